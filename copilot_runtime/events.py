@@ -1,0 +1,157 @@
+"""The core's event vocabulary: AG-UI events, carried as plain JSON-ready dicts.
+
+Every agent produces AG-UI events and every wire protocol translates them. On the hot path an
+event is the dict that goes on the wire (camelCase keys, optional fields omitted), so encoding
+one costs a single `orjson.dumps`; the `ag_ui.core` pydantic models are used at the edges
+(request validation) and in tests, where their 4 µs per event does not matter.
+
+Agents yield *batches* (lists of events): one batch per upstream read, so a protocol edge can
+write a whole batch to the socket at once instead of once per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Final
+
+from ag_ui.core import EventType
+
+__all__ = [
+    "Event",
+    "EventBatches",
+    "EventType",
+    "custom",
+    "run_error",
+    "run_finished",
+    "run_started",
+    "state_delta",
+    "state_snapshot",
+    "step_finished",
+    "step_started",
+    "text_message_content",
+    "text_message_end",
+    "text_message_start",
+    "tool_call_args",
+    "tool_call_end",
+    "tool_call_result",
+    "tool_call_start",
+]
+
+#: One AG-UI event as it appears on the wire.
+Event = dict[str, Any]
+#: What agents produce: batches of events, in order.
+EventBatches = AsyncIterator[Sequence[Event]]
+
+# Plain strings, not enum members: comparing and serialising them is free.
+RUN_STARTED: Final = EventType.RUN_STARTED.value
+RUN_FINISHED: Final = EventType.RUN_FINISHED.value
+RUN_ERROR: Final = EventType.RUN_ERROR.value
+TEXT_MESSAGE_START: Final = EventType.TEXT_MESSAGE_START.value
+TEXT_MESSAGE_CONTENT: Final = EventType.TEXT_MESSAGE_CONTENT.value
+TEXT_MESSAGE_END: Final = EventType.TEXT_MESSAGE_END.value
+TEXT_MESSAGE_CHUNK: Final = EventType.TEXT_MESSAGE_CHUNK.value
+TOOL_CALL_START: Final = EventType.TOOL_CALL_START.value
+TOOL_CALL_ARGS: Final = EventType.TOOL_CALL_ARGS.value
+TOOL_CALL_END: Final = EventType.TOOL_CALL_END.value
+TOOL_CALL_CHUNK: Final = EventType.TOOL_CALL_CHUNK.value
+TOOL_CALL_RESULT: Final = EventType.TOOL_CALL_RESULT.value
+STATE_SNAPSHOT: Final = EventType.STATE_SNAPSHOT.value
+STATE_DELTA: Final = EventType.STATE_DELTA.value
+MESSAGES_SNAPSHOT: Final = EventType.MESSAGES_SNAPSHOT.value
+STEP_STARTED: Final = EventType.STEP_STARTED.value
+STEP_FINISHED: Final = EventType.STEP_FINISHED.value
+CUSTOM: Final = EventType.CUSTOM.value
+REASONING_START: Final = EventType.REASONING_START.value
+REASONING_END: Final = EventType.REASONING_END.value
+REASONING_MESSAGE_START: Final = EventType.REASONING_MESSAGE_START.value
+REASONING_MESSAGE_CONTENT: Final = EventType.REASONING_MESSAGE_CONTENT.value
+REASONING_MESSAGE_END: Final = EventType.REASONING_MESSAGE_END.value
+
+TERMINAL_TYPES: Final = frozenset({RUN_FINISHED, RUN_ERROR})
+
+
+def run_started(thread_id: str, run_id: str, input: dict[str, Any] | None = None) -> Event:
+    event: Event = {"type": RUN_STARTED, "threadId": thread_id, "runId": run_id}
+    if input is not None:
+        event["input"] = input
+    return event
+
+
+def run_finished(
+    thread_id: str, run_id: str, *, result: Any = None, outcome: dict[str, Any] | None = None
+) -> Event:
+    event: Event = {"type": RUN_FINISHED, "threadId": thread_id, "runId": run_id}
+    if result is not None:
+        event["result"] = result
+    if outcome is not None:
+        event["outcome"] = outcome
+    return event
+
+
+def run_error(
+    message: str, *, code: str | None = None, thread_id: str | None = None,
+    run_id: str | None = None,
+) -> Event:
+    event: Event = {"type": RUN_ERROR, "message": message}
+    if code is not None:
+        event["code"] = code
+    if thread_id is not None:
+        event["threadId"] = thread_id
+    if run_id is not None:
+        event["runId"] = run_id
+    return event
+
+
+def text_message_start(message_id: str, role: str = "assistant") -> Event:
+    return {"type": TEXT_MESSAGE_START, "messageId": message_id, "role": role}
+
+
+def text_message_content(message_id: str, delta: str) -> Event:
+    return {"type": TEXT_MESSAGE_CONTENT, "messageId": message_id, "delta": delta}
+
+
+def text_message_end(message_id: str) -> Event:
+    return {"type": TEXT_MESSAGE_END, "messageId": message_id}
+
+
+def tool_call_start(
+    tool_call_id: str, tool_call_name: str, parent_message_id: str | None = None
+) -> Event:
+    event: Event = {"type": TOOL_CALL_START, "toolCallId": tool_call_id,
+                    "toolCallName": tool_call_name}
+    if parent_message_id is not None:
+        event["parentMessageId"] = parent_message_id
+    return event
+
+
+def tool_call_args(tool_call_id: str, delta: str) -> Event:
+    return {"type": TOOL_CALL_ARGS, "toolCallId": tool_call_id, "delta": delta}
+
+
+def tool_call_end(tool_call_id: str) -> Event:
+    return {"type": TOOL_CALL_END, "toolCallId": tool_call_id}
+
+
+def tool_call_result(message_id: str, tool_call_id: str, content: str) -> Event:
+    return {"type": TOOL_CALL_RESULT, "messageId": message_id, "toolCallId": tool_call_id,
+            "content": content, "role": "tool"}
+
+
+def state_snapshot(snapshot: Any) -> Event:
+    return {"type": STATE_SNAPSHOT, "snapshot": snapshot}
+
+
+def state_delta(delta: list[dict[str, Any]]) -> Event:
+    return {"type": STATE_DELTA, "delta": delta}
+
+
+def step_started(step_name: str) -> Event:
+    return {"type": STEP_STARTED, "stepName": step_name}
+
+
+def step_finished(step_name: str) -> Event:
+    return {"type": STEP_FINISHED, "stepName": step_name}
+
+
+def custom(name: str, value: Any) -> Event:
+    return {"type": CUSTOM, "name": name, "value": value}

@@ -1,0 +1,3 @@
+from copilot_runtime.testing.mock_openai import main
+
+main()

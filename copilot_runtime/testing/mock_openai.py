@@ -1,0 +1,277 @@
+"""A deterministic loopback server that speaks OpenAI's Chat Completions wire format.
+
+It lets the real `openai` SDK (and any other OpenAI client, such as the TypeScript runtime's)
+run end to end without a network or a key. What it answers depends on the last message:
+
+* a user message ``call:NAME {json}``: a tool call to NAME with those arguments, the arguments
+  streamed in pieces; several ``call:`` lines give several tool calls in one answer;
+* ``error:NNN``: HTTP NNN with an OpenAI error body;
+* ``breaks:N text``: N content pieces, then the connection is cut mid-stream;
+* ``slow:MS text``: MS milliseconds between pieces (to stop or disconnect mid-stream);
+* anything else: ``echo: <text of the last message>`` (a tool result's content included),
+  split into ``chunks`` pieces on code-point boundaries.
+
+Chunk ids derive from a hash of the request, so the same request gets the same bytes.
+Run it alone with ``python -m copilot_runtime.testing.mock_openai --port 8090``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+__all__ = ["MockOpenAIServer"]
+
+_CREATED = 1700000000
+_CALL = re.compile(r"^call:([A-Za-z0-9_\-]+)\s*(.*)$", re.S)
+_DIRECTIVE = re.compile(r"^(error|breaks|slow):(\d+)\s*(.*)$", re.S)
+
+
+def _text_of(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""
+
+
+def _split(text: str, pieces: int) -> list[str]:
+    if not text:
+        return [""]
+    n = max(1, min(pieces, len(text)))
+    return [text[i * len(text) // n : (i + 1) * len(text) // n] for i in range(n)]
+
+
+@dataclass
+class _Plan:
+    text: str = ""
+    tool_calls: list[tuple[str, str]] = field(default_factory=list)
+    error_status: int | None = None
+    break_after: int | None = None
+    delay: float = 0.0
+
+
+def _plan(body: dict[str, Any], delay: float) -> _Plan:
+    messages = body.get("messages") or [{}]
+    last = messages[-1] if isinstance(messages[-1], dict) else {}
+    text = _text_of(last).strip()
+    plan = _Plan(delay=delay)
+    if last.get("role") == "user":
+        calls = [_CALL.match(line.strip()) for line in text.splitlines() if line.strip()]
+        if calls and all(calls):
+            for match in calls:
+                assert match is not None
+                raw_args = match.group(2).strip() or "{}"
+                try:
+                    raw_args = orjson.dumps(orjson.loads(raw_args)).decode()
+                except orjson.JSONDecodeError:
+                    pass  # malformed arguments pass through verbatim, as a real model may send
+                plan.tool_calls.append((match.group(1), raw_args))
+            return plan
+        directive = _DIRECTIVE.match(text)
+        if directive:
+            kind, number = directive.group(1), int(directive.group(2))
+            if kind == "error":
+                plan.error_status = number
+            elif kind == "breaks":
+                plan.break_after = number
+            else:
+                plan.delay = number / 1000
+    plan.text = "echo: " + _text_of(last)
+    return plan
+
+
+class MockOpenAIServer:
+    """The mock as an object: ``async with MockOpenAIServer() as llm: llm.base_url``.
+
+    ``requests`` holds every request body received, parsed, for assertions.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, chunks: int = 10,
+                 delay_ms: float = 0) -> None:
+        self.host = host
+        self.port = port
+        self.chunks = chunks
+        self.delay = delay_ms / 1000
+        self.requests: list[dict[str, Any]] = []
+        self.record = True
+        self.active_streams = 0
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/healthz", self._health)
+        return app
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = site._server
+        assert server is not None
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> MockOpenAIServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": "gpt-4o", "object": "model", "created": _CREATED, "owned_by": "mock"}]})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return _error(400, "invalid JSON body", "invalid_request_error")
+        if self.record:
+            self.requests.append(body)
+        chunks = int(request.query.get("chunks", self.chunks))
+        plan = _plan(body, self.delay)
+        if plan.error_status is not None:
+            return _error(plan.error_status, f"mock error {plan.error_status}", "server_error")
+        digest = hashlib.sha256(raw).hexdigest()
+        completion_id = "chatcmpl-mock" + digest[:20]
+        model = body.get("model", "gpt-4o")
+        if not body.get("stream"):
+            return web.json_response(_complete(plan, completion_id, model, digest, body))
+        frames = _stream_frames(plan, completion_id, model, digest, body, chunks)
+        response = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        self.active_streams += 1
+        try:
+            if plan.break_after is not None:
+                for frame in frames[: plan.break_after + 1]:
+                    await response.write(frame)
+                await asyncio.sleep(0.01)
+                if request.transport is not None:
+                    request.transport.abort()  # cut the stream without [DONE]
+                return response
+            if plan.delay:
+                for frame in frames:
+                    await response.write(frame)
+                    await asyncio.sleep(plan.delay)
+            else:
+                await response.write(b"".join(frames))
+            await response.write_eof()
+        finally:
+            self.active_streams -= 1
+        return response
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "param": None, "code": None}}, status=status)
+
+
+def _usage(body: dict[str, Any], out: str) -> dict[str, int]:
+    prompt = sum(len(_text_of(m)) for m in body.get("messages") or [] if isinstance(m, dict))
+    prompt, completion = prompt // 4 + 1, len(out) // 4 + 1
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _call_id(digest: str, index: int) -> str:
+    return f"call_{digest[20:40]}{index:02d}"
+
+
+def _complete(plan: _Plan, cid: str, model: str, digest: str,
+              body: dict[str, Any]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": plan.text or None, "refusal": None}
+    if plan.tool_calls:
+        message["tool_calls"] = [
+            {"id": _call_id(digest, i), "type": "function",
+             "function": {"name": name, "arguments": args}}
+            for i, (name, args) in enumerate(plan.tool_calls)]
+    out = plan.text or "".join(a for _, a in plan.tool_calls)
+    return {"id": cid, "object": "chat.completion", "created": _CREATED, "model": model,
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": "tool_calls" if plan.tool_calls else "stop"}],
+            "usage": _usage(body, out)}
+
+
+def _stream_frames(plan: _Plan, cid: str, model: str, digest: str, body: dict[str, Any],
+                   chunks: int) -> list[bytes]:
+    def frame(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        chunk = {"id": cid, "object": "chat.completion.chunk", "created": _CREATED,
+                 "model": model, "system_fingerprint": "fp_mock",
+                 "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                              "finish_reason": finish}]}
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    frames: list[bytes] = []
+    if plan.tool_calls:
+        for index, (name, args) in enumerate(plan.tool_calls):
+            head: dict[str, Any] = {"index": index, "id": _call_id(digest, index),
+                                    "type": "function",
+                                    "function": {"name": name, "arguments": ""}}
+            delta: dict[str, Any] = {"tool_calls": [head]}
+            if index == 0:
+                delta = {"role": "assistant", "content": None, **delta, "refusal": None}
+            frames.append(frame(delta))
+            for piece in _split(args, max(2, min(chunks, 8))):
+                frames.append(frame({"tool_calls": [
+                    {"index": index, "function": {"arguments": piece}}]}))
+        finish, out = "tool_calls", "".join(a for _, a in plan.tool_calls)
+    else:
+        frames.append(frame({"role": "assistant", "content": "", "refusal": None}))
+        frames.extend(frame({"content": piece}) for piece in _split(plan.text, chunks))
+        finish, out = "stop", plan.text
+    frames.append(frame({}, finish))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        frames.append(b"data: " + orjson.dumps({
+            "id": cid, "object": "chat.completion.chunk", "created": _CREATED, "model": model,
+            "system_fingerprint": "fp_mock", "choices": [], "usage": _usage(body, out)}) + b"\n\n")
+    frames.append(b"data: [DONE]\n\n")
+    return frames
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8090)
+    parser.add_argument("--chunks", type=int, default=10)
+    parser.add_argument("--delay-ms", type=float, default=0)
+    args = parser.parse_args(argv)
+    server = MockOpenAIServer(args.host, args.port, chunks=args.chunks, delay_ms=args.delay_ms)
+    server.record = False  # a long-running mock must not grow without bound
+
+    async def serve() -> None:
+        await server.start()
+        print(f"mock OpenAI listening on {server.base_url}", flush=True)
+        await asyncio.Event().wait()
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
