@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -68,10 +69,9 @@ def _plan(body: dict[str, Any], delay: float) -> _Plan:
             for match in calls:
                 assert match is not None
                 raw_args = match.group(2).strip() or "{}"
-                try:
+                # Malformed arguments pass through verbatim, as a real model may send them.
+                with contextlib.suppress(orjson.JSONDecodeError):
                     raw_args = orjson.dumps(orjson.loads(raw_args)).decode()
-                except orjson.JSONDecodeError:
-                    pass  # malformed arguments pass through verbatim, as a real model may send
                 plan.tool_calls.append((match.group(1), raw_args))
             return plan
         directive = _DIRECTIVE.match(text)
@@ -267,10 +267,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"mock OpenAI listening on {server.base_url}", flush=True)
         await asyncio.Event().wait()
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve())
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

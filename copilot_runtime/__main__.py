@@ -1,0 +1,3 @@
+from copilot_runtime.cli import main
+
+main()

@@ -1,0 +1,132 @@
+"""Folding a run's events into the smallest equivalent sequence, and into messages.
+
+A stored run keeps one START/CONTENT/END per message with the deltas joined, tool-call
+arguments joined the same way, and its state changes folded into one `STATE_SNAPSHOT` just
+before the run's terminal event, which is what a reconnecting client needs to rebuild the
+conversation. `events_to_messages` rebuilds the AG-UI messages of a thread from its runs.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import jsonpatch
+
+from copilot_runtime import events as ev
+from copilot_runtime.events import Event
+
+__all__ = ["apply_state_delta", "compact_events", "events_to_messages"]
+
+
+def apply_state_delta(state: Any, delta: list[dict[str, Any]]) -> Any:
+    """Apply an RFC 6902 patch; a patch that does not apply leaves the state unchanged."""
+    try:
+        return jsonpatch.apply_patch(state, delta, in_place=False)
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError):
+        return state
+
+
+def compact_events(events: Sequence[Event]) -> list[Event]:
+    out: list[Event | None] = []
+    text: dict[str, tuple[Event, list[str]]] = {}
+    args: dict[str, tuple[Event, list[str]]] = {}
+    state: Any = None
+    state_seen = False
+    for event in events:
+        kind = event["type"]
+        if kind == ev.TEXT_MESSAGE_CONTENT:
+            entry = text.get(event["messageId"])
+            if entry is None:  # content without a start: keep it as it came
+                out.append(event)
+            else:
+                entry[1].append(event["delta"])
+        elif kind == ev.TOOL_CALL_ARGS:
+            entry = args.get(event["toolCallId"])
+            if entry is None:
+                out.append(event)
+            else:
+                entry[1].append(event["delta"])
+        elif kind == ev.TEXT_MESSAGE_START:
+            out.append(event)
+            slot: Event = {"type": ev.TEXT_MESSAGE_CONTENT, "messageId": event["messageId"]}
+            text[event["messageId"]] = (slot, [])
+            out.append(slot)
+        elif kind == ev.TOOL_CALL_START:
+            out.append(event)
+            slot = {"type": ev.TOOL_CALL_ARGS, "toolCallId": event["toolCallId"]}
+            args[event["toolCallId"]] = (slot, [])
+            out.append(slot)
+        elif kind == ev.STATE_SNAPSHOT:
+            state, state_seen = copy.deepcopy(event.get("snapshot")), True
+        elif kind == ev.STATE_DELTA:
+            state = apply_state_delta(state if state_seen else {}, event.get("delta") or [])
+            state_seen = True
+        elif kind in ev.TERMINAL_TYPES:
+            if state_seen:
+                out.append(ev.state_snapshot(state))
+                state_seen = False
+            out.append(event)
+        else:
+            out.append(event)
+    if state_seen:
+        out.append(ev.state_snapshot(state))
+    for slot, pieces in (*text.values(), *args.values()):
+        slot["delta"] = "".join(pieces)
+    return [e for e in out if e is not None and not (
+        e["type"] in (ev.TEXT_MESSAGE_CONTENT, ev.TOOL_CALL_ARGS) and not e.get("delta"))]
+
+
+def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
+    """The AG-UI messages of a thread: each run's new input messages, then what it produced."""
+    messages: list[dict[str, Any]] = []
+    by_id: dict[str, dict[str, Any]] = {}
+    calls: dict[str, dict[str, Any]] = {}
+
+    def add(message: dict[str, Any]) -> dict[str, Any]:
+        existing = by_id.get(message["id"])
+        if existing is not None:
+            return existing
+        by_id[message["id"]] = message
+        messages.append(message)
+        return message
+
+    for run in runs:
+        for event in run:
+            kind = event["type"]
+            if kind == ev.RUN_STARTED:
+                for message in (event.get("input") or {}).get("messages") or ():
+                    if isinstance(message, dict) and "id" in message:
+                        add(copy.deepcopy(message))
+            elif kind == ev.TEXT_MESSAGE_START:
+                add({"id": event["messageId"], "role": event.get("role", "assistant"),
+                     "content": ""})
+            elif kind == ev.TEXT_MESSAGE_CONTENT:
+                target = by_id.get(event["messageId"])
+                if target is not None:
+                    target["content"] = (target.get("content") or "") + event["delta"]
+            elif kind == ev.TOOL_CALL_START:
+                parent_id = event.get("parentMessageId") or event["toolCallId"]
+                parent = add({"id": parent_id, "role": "assistant"})
+                call = {"id": event["toolCallId"], "type": "function",
+                        "function": {"name": event["toolCallName"], "arguments": ""}}
+                parent.setdefault("toolCalls", []).append(call)
+                calls[event["toolCallId"]] = call
+            elif kind == ev.TOOL_CALL_ARGS:
+                target_call = calls.get(event["toolCallId"])
+                if target_call is not None:
+                    target_call["function"]["arguments"] += event["delta"]
+            elif kind == ev.TOOL_CALL_RESULT:
+                add({"id": event["messageId"], "role": "tool",
+                     "toolCallId": event["toolCallId"], "content": event["content"]})
+            elif kind == ev.MESSAGES_SNAPSHOT:
+                messages.clear()
+                by_id.clear()
+                for message in event.get("messages") or ():
+                    add(copy.deepcopy(message))
+    for message in messages:
+        if message.get("role") == "assistant" and message.get("content") == "" \
+                and message.get("toolCalls"):
+            del message["content"]
+    return messages

@@ -1,0 +1,85 @@
+"""Parsing and validating AG-UI `RunAgentInput` as both client generations send it.
+
+`@ag-ui/client` 0.0.x always sends `tools` and `context` and may send pre-1.0 `binary`
+content parts; 1.0 may omit the lists and sends media parts. Both are accepted: legacy parts
+are rewritten into their 1.0 form before `ag_ui.core.RunAgentInput` validates the body.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pydantic
+from ag_ui.core import RunAgentInput
+
+from copilot_runtime._exceptions import InvalidRequestError
+
+__all__ = ["RunInput", "parse_run_input", "validation_details"]
+
+
+@dataclass(slots=True)
+class RunInput:
+    """A validated run request: the typed model, and the JSON it came from (for echoing)."""
+
+    model: RunAgentInput
+    raw: dict[str, Any]
+
+    @property
+    def thread_id(self) -> str:
+        return self.model.thread_id
+
+    @property
+    def run_id(self) -> str:
+        return self.model.run_id
+
+
+def parse_json_body(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        detail = "Request body is empty" if not body.strip() else f"Malformed JSON: {exc.msg}"
+        raise InvalidRequestError("Invalid request body", detail) from None
+
+
+def parse_run_input(data: Any) -> RunInput:
+    """Validate decoded JSON as a `RunAgentInput`; raise `InvalidRequestError` with details."""
+    if not isinstance(data, dict):
+        raise InvalidRequestError("Invalid request body", "The body must be a JSON object")
+    for message in data.get("messages") or ():
+        if isinstance(message, dict) and isinstance(message.get("content"), list):
+            message["content"] = [_upgrade_part(p) for p in message["content"]]
+    try:
+        model = RunAgentInput.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise InvalidRequestError("Invalid request body", validation_details(exc)) from None
+    return RunInput(model, data)
+
+
+def validation_details(exc: pydantic.ValidationError) -> str:
+    """The errors as JSON text: where, what and why, without echoing the input back."""
+    issues = [
+        {"path": list(err["loc"]), "code": err["type"], "message": err["msg"]}
+        for err in exc.errors(include_url=False)[:20]
+    ]
+    return orjson.dumps(issues, option=orjson.OPT_INDENT_2).decode()
+
+
+_MEDIA = ("image", "audio", "video")
+
+
+def _upgrade_part(part: Any) -> Any:
+    if not isinstance(part, dict) or part.get("type") != "binary":
+        return part
+    mime = part.get("mimeType") or "application/octet-stream"
+    kind = mime.split("/", 1)[0]
+    kind = kind if kind in _MEDIA else "document"
+    if part.get("url"):
+        source = {"type": "url", "value": part["url"], "mimeType": mime}
+    else:
+        source = {"type": "data", "value": part.get("data") or "", "mimeType": mime}
+    upgraded: dict[str, Any] = {"type": kind, "source": source}
+    if part.get("id"):
+        upgraded["id"] = part["id"]
+    return upgraded

@@ -1,0 +1,289 @@
+"""Runs in flight: one per thread, with their envelope, their listeners and their end.
+
+A run is driven by the request that started it, in that request's task: the agent's batches
+go straight to the writer with no queue or extra task in between. `stop` and a client
+disconnect cancel that task; `ActiveRun.drive` catches the cancellation, closes the agent
+(which cancels its upstream request), closes what was left open and ends the run the way
+the TypeScript runtime does (a plain `RUN_FINISHED` after a stop). Every run, however it
+ended, is compacted into the thread store, so `connect` can replay it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import structlog
+
+from copilot_runtime import events as ev
+from copilot_runtime._compaction import compact_events
+from copilot_runtime._exceptions import CopilotRuntimeError, ThreadBusyError
+from copilot_runtime._input import RunInput
+from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.events import Event
+from copilot_runtime.threads.base import StoredRun, ThreadStore
+
+__all__ = ["ActiveRun", "RunManager"]
+
+_log = structlog.get_logger("copilot_runtime.runs")
+
+Writer = Callable[[Sequence[Event]], Awaitable[None]]
+_INPUT_KEYS = ("threadId", "runId", "parentRunId", "state", "messages", "tools", "context",
+               "forwardedProps", "resume")
+
+
+class ActiveRun:
+    def __init__(self, manager: RunManager, agent_id: str, agent: Agent, input: RunInput,
+                 context: RunContext, seen_message_ids: set[str]) -> None:
+        self.manager = manager
+        self.agent_id = agent_id
+        self.agent = agent
+        self.input = input
+        self.context = context
+        self.thread_id = input.thread_id
+        self.run_id = input.run_id
+        self.events: list[Event] = []
+        self.listeners: list[asyncio.Queue[Sequence[Event] | None]] = []
+        self.task: asyncio.Task[Any] | None = None
+        self.cancel_reason: str | None = None
+        self.terminated = False
+        self._open_text: dict[str, None] = {}
+        self._open_calls: dict[str, None] = {}
+        self._open_steps: dict[str, None] = {}
+        self._seen = seen_message_ids
+        self._finished = False
+        self.created_at = time.time()
+
+    # -- control -----------------------------------------------------------------------
+
+    def cancel(self, reason: str) -> bool:
+        """Stop the run from outside (`"stop"`) or because its client left (`"disconnect"`)."""
+        if self.task is None or self.task.done() or self._finished or self.cancel_reason:
+            return False
+        self.cancel_reason = reason
+        self.task.cancel()
+        return True
+
+    def subscribe(self) -> tuple[list[Event], asyncio.Queue[Sequence[Event] | None]]:
+        """The events so far and a queue of the ones to come (None at the end)."""
+        queue: asyncio.Queue[Sequence[Event] | None] = asyncio.Queue()
+        if self._finished:
+            queue.put_nowait(None)
+        else:
+            self.listeners.append(queue)
+        return list(self.events), queue
+
+    def unsubscribe(self, queue: asyncio.Queue[Sequence[Event] | None]) -> None:
+        if queue in self.listeners:
+            self.listeners.remove(queue)
+
+    # -- driving -----------------------------------------------------------------------
+
+    async def drive(self, write: Writer) -> None:
+        """Run the agent to its end, handing each batch to `write`."""
+        self.task = asyncio.current_task()
+        stream = self._stream()
+        try:
+            async for batch in stream:
+                await write(batch)
+        except asyncio.CancelledError:
+            reason = self.cancel_reason
+            if reason is None or self.task is None:
+                raise  # the server is shutting down: not ours to swallow
+            self.task.uncancel()
+            await stream.aclose()
+            tail = self._closing_events()
+            if not self.terminated:
+                tail.append(ev.run_finished(self.thread_id, self.run_id))
+                self.terminated = True
+            self._publish(tail)
+            if reason == "stop":
+                await write(tail)
+        finally:
+            await stream.aclose()
+            await self._finish()
+
+    async def _stream(self) -> AsyncGenerator[Sequence[Event], None]:
+        first = [ev.run_started(self.thread_id, self.run_id, self._input_echo())]
+        self._publish(first)
+        yield first
+        iterator = self.agent.run(self.input, self.context)
+        tail: list[Event]
+        try:
+            async for batch in iterator:
+                out = self._guard(batch)
+                if out:
+                    self._publish(out)
+                    yield out
+                if self.terminated:
+                    return
+        except CopilotRuntimeError as exc:
+            tail = self._closing_events()
+            tail.append(ev.run_error(exc.message, code=exc.code))
+        except Exception:
+            # The stack goes to the log; the client gets a message without internals.
+            _log.exception("agent failed", agent=self.agent_id, thread_id=self.thread_id,
+                           run_id=self.run_id)
+            tail = self._closing_events()
+            tail.append(ev.run_error(f"Agent '{self.agent_id}' failed unexpectedly",
+                                     code="AGENT_ERROR"))
+        else:
+            tail = self._closing_events()
+            tail.append(ev.run_finished(self.thread_id, self.run_id))
+        finally:
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        self.terminated = True
+        self._publish(tail)
+        yield tail
+
+    def _publish(self, batch: Sequence[Event]) -> None:
+        self.events.extend(batch)
+        for queue in self.listeners:
+            queue.put_nowait(batch)
+
+    def _guard(self, batch: Sequence[Event]) -> Sequence[Event]:
+        """Keep the client's ordering rules whatever the agent yields.
+
+        Tracks what is open, drops empty deltas, a second RUN_STARTED and anything after a
+        terminal event, and closes open messages before an agent's own terminal event. The
+        common case (content and argument deltas) costs two comparisons per event.
+        """
+        out: list[Event] | None = None
+        for index, event in enumerate(batch):
+            kind = event["type"]
+            drop = False
+            extra: list[Event] | None = None
+            if kind == ev.TEXT_MESSAGE_CONTENT or kind == ev.TOOL_CALL_ARGS:
+                drop = not event.get("delta")
+            elif self.terminated:
+                drop = True
+            elif kind == ev.TEXT_MESSAGE_START:
+                self._open_text[event["messageId"]] = None
+            elif kind == ev.TEXT_MESSAGE_END:
+                drop = self._open_text.pop(event["messageId"], 0) is not None
+            elif kind == ev.TOOL_CALL_START:
+                self._open_calls[event["toolCallId"]] = None
+            elif kind == ev.TOOL_CALL_END:
+                drop = self._open_calls.pop(event["toolCallId"], 0) is not None
+            elif kind == ev.STEP_STARTED:
+                self._open_steps[event.get("stepName", "")] = None
+            elif kind == ev.STEP_FINISHED:
+                self._open_steps.pop(event.get("stepName", ""), None)
+            elif kind == ev.RUN_STARTED:
+                drop = True  # the runtime already sent the run's RUN_STARTED
+            elif kind in ev.TERMINAL_TYPES:
+                extra = self._closing_events()
+                if kind == ev.RUN_FINISHED:
+                    event = {**event, "threadId": self.thread_id, "runId": self.run_id}
+                self.terminated = True
+            if drop or extra or out is not None:
+                if out is None:
+                    out = list(batch[:index])
+                if extra:
+                    out.extend(extra)
+                if not drop:
+                    out.append(event)
+        return batch if out is None else out
+
+    def _closing_events(self) -> list[Event]:
+        tail: list[Event] = [ev.text_message_end(m) for m in self._open_text]
+        tail.extend(ev.tool_call_end(c) for c in self._open_calls)
+        tail.extend(ev.step_finished(s) for s in self._open_steps)
+        self._open_text.clear()
+        self._open_calls.clear()
+        self._open_steps.clear()
+        return tail
+
+    def _input_echo(self) -> dict[str, Any]:
+        """The run's input as RUN_STARTED carries it: only the messages new to the thread."""
+        raw = self.input.raw
+        echo: dict[str, Any] = {}
+        for key in _INPUT_KEYS:
+            if key == "messages":
+                echo[key] = [m for m in raw.get("messages") or ()
+                             if not (isinstance(m, dict) and m.get("id") in self._seen)]
+            elif key in raw and raw[key] is not None:
+                echo[key] = raw[key]
+            elif key in ("tools", "context"):
+                echo[key] = []
+        return echo
+
+    async def _finish(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self.manager._release(self)
+        for queue in self.listeners:
+            queue.put_nowait(None)
+        self.listeners.clear()
+        try:
+            compacted = compact_events(self.events)
+            ids = {m["id"] for m in self.input.raw.get("messages") or ()
+                   if isinstance(m, dict) and isinstance(m.get("id"), str)}
+            for event in compacted:
+                for key in ("messageId", "parentMessageId"):
+                    value = event.get(key)
+                    if isinstance(value, str):
+                        ids.add(value)
+            await self.manager.store.append_run(
+                self.thread_id, self.agent_id,
+                StoredRun(self.run_id, compacted, self.created_at), ids)
+        except Exception:
+            _log.exception("could not store run", thread_id=self.thread_id, run_id=self.run_id)
+
+
+class RunManager:
+    """The runs active in this process, at most one per thread."""
+
+    def __init__(self, store: ThreadStore) -> None:
+        self.store = store
+        self.active: dict[str, ActiveRun] = {}
+
+    async def begin(self, agent_id: str, agent: Agent, input: RunInput,
+                    context: RunContext) -> ActiveRun:
+        thread_id = input.thread_id
+        if thread_id in self.active:
+            raise ThreadBusyError(thread_id)
+        # Reserve the thread before the first await, so a concurrent request sees it busy.
+        placeholder = ActiveRun(self, agent_id, agent, input, context, set())
+        self.active[thread_id] = placeholder
+        try:
+            record = await self.store.get(thread_id)
+        except BaseException:
+            del self.active[thread_id]
+            raise
+        if record is not None:
+            placeholder._seen = record.message_ids
+        return placeholder
+
+    def stop(self, thread_id: str, run_id: str | None = None) -> bool:
+        run = self.active.get(thread_id)
+        if run is None or (run_id is not None and run.run_id != run_id):
+            return False
+        return run.cancel("stop")
+
+    async def replay(self, thread_id: str) -> AsyncIterator[Sequence[Event]]:
+        """A thread's stored runs, then the live run if there is one, to its end."""
+        record = await self.store.get(thread_id)
+        stored = [e for run in record.runs for e in run.events] if record else []
+        live = self.active.get(thread_id)
+        if live is None:
+            if stored:
+                yield stored
+            return
+        so_far, queue = live.subscribe()
+        try:
+            if stored or so_far:
+                yield stored + so_far
+            while (batch := await queue.get()) is not None:
+                yield batch
+        finally:
+            live.unsubscribe(queue)
+
+    def _release(self, run: ActiveRun) -> None:
+        if self.active.get(run.thread_id) is run:
+            del self.active[run.thread_id]

@@ -1,0 +1,177 @@
+"""Server-side actions: Python functions the model can call during a run.
+
+`Action` takes an explicit JSON schema; `@action` derives one from the handler's type hints
+with pydantic. Either way the arguments are validated before the handler runs, and a bad
+argument or a failing handler becomes an `ActionError` whose message the model sees as the
+tool's result, so a broken tool never crashes the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, overload
+
+import jsonschema
+import orjson
+import pydantic
+import structlog
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from copilot_runtime._exceptions import ActionError, ConfigurationError
+
+__all__ = ["Action", "action"]
+
+_log = structlog.get_logger("copilot_runtime.actions")
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI accepts for a function name
+
+
+class Action:
+    """A tool that runs on the server.
+
+    `handler` is called with the validated arguments as keyword arguments; it may be sync
+    (run in a worker thread so it cannot block the event loop) or async. Its return value is
+    sent to the model as JSON.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        handler: Callable[..., Any],
+        *,
+        description: str = "",
+        parameters: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not _NAME.match(name):
+            raise ConfigurationError(
+                f"Action name {name!r} must be 1-64 letters, digits, '_' or '-'")
+        self.name = name
+        self.description = description
+        self.parameters: dict[str, Any] = dict(
+            parameters or {"type": "object", "properties": {}})
+        try:
+            validator_class = jsonschema.validators.validator_for(self.parameters)
+            validator_class.check_schema(self.parameters)
+        except jsonschema.SchemaError as exc:
+            raise ConfigurationError(
+                f"Action {name!r} has an invalid parameters schema: {exc.message}") from exc
+        self._validator = validator_class(self.parameters)
+        self.handler = handler
+        self._is_async = inspect.iscoroutinefunction(handler)
+
+    def __repr__(self) -> str:
+        return f"Action(name={self.name!r})"
+
+    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Check `arguments` against the schema; return the keyword arguments for the handler."""
+        errors = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
+        if errors:
+            raise ActionError("; ".join(_describe(e) for e in errors[:5]))
+        return arguments
+
+    async def execute(self, arguments_json: str) -> str:
+        """Run the action on the model's raw argument string; return the result as JSON text.
+
+        Raises `ActionError` with a message meant for the model.
+        """
+        try:
+            arguments = orjson.loads(arguments_json or "{}")
+        except orjson.JSONDecodeError as exc:
+            raise ActionError(f"arguments are not valid JSON ({exc.msg})") from None
+        if not isinstance(arguments, dict):
+            raise ActionError("arguments must be a JSON object")
+        kwargs = self.validate(arguments)
+        try:
+            if self._is_async:
+                result = await self.handler(**kwargs)
+            else:
+                result = await asyncio.to_thread(self.handler, **kwargs)
+        except ActionError:
+            raise
+        except Exception as exc:
+            # The stack goes to the server log; the model gets the error's own message only.
+            _log.warning("action failed", action=self.name, exc_info=True)
+            raise ActionError(f"{type(exc).__name__}: {exc}") from None
+        try:
+            return orjson.dumps(result, default=to_jsonable_python).decode()
+        except (TypeError, PydanticSerializationError) as exc:
+            raise ActionError(f"the result could not be encoded as JSON ({exc})") from None
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    where = "/".join(str(p) for p in error.path)
+    return f"{where}: {error.message}" if where else error.message
+
+
+class _ModelAction(Action):
+    """An `Action` whose schema and validation come from a pydantic model of the signature."""
+
+    def __init__(self, name: str, handler: Callable[..., Any], description: str,
+                 model: type[pydantic.BaseModel]) -> None:
+        schema = model.model_json_schema()
+        schema.pop("title", None)
+        super().__init__(name, handler, description=description, parameters=schema)
+        self._model = model
+
+    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        try:
+            parsed = self._model.model_validate(arguments)
+        except pydantic.ValidationError as exc:
+            problems = [
+                f"{'/'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
+                for err in exc.errors(include_url=False)[:5]
+            ]
+            raise ActionError("; ".join(problems)) from None
+        return {field: getattr(parsed, field) for field in type(parsed).model_fields}
+
+
+def _model_for(handler: Callable[..., Any]) -> type[pydantic.BaseModel]:
+    signature = inspect.signature(handler)
+    hints = inspect.get_annotations(handler, eval_str=True)
+    fields: dict[str, Any] = {}
+    for param in signature.parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (annotation, default)
+    config = pydantic.ConfigDict(extra="forbid")
+    model: type[pydantic.BaseModel] = pydantic.create_model(
+        f"{handler.__name__}_arguments", __config__=config, **fields)
+    return model
+
+
+@overload
+def action(handler: Callable[..., Any], /) -> Action: ...
+@overload
+def action(
+    *, name: str | None = None, description: str | None = None
+) -> Callable[[Callable[..., Any]], Action]: ...
+
+
+def action(
+    handler: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+) -> Action | Callable[[Callable[..., Any]], Action]:
+    """Turn a function into an `Action`, its JSON schema derived from its type hints.
+
+    The description defaults to the docstring. Use as `@action` or `@action(name=...)`.
+    """
+
+    def build(fn: Callable[..., Any]) -> Action:
+        try:
+            model = _model_for(fn)
+        except (pydantic.PydanticSchemaGenerationError, NameError, TypeError) as exc:
+            raise ConfigurationError(
+                f"Cannot derive a schema for action {fn.__name__!r}: {exc}") from exc
+        doc = inspect.getdoc(fn) or ""
+        return _ModelAction(name or fn.__name__, fn, description or doc, model)
+
+    if handler is not None:
+        return build(handler)
+    return build

@@ -1,0 +1,84 @@
+"""The interface every LLM provider adapter implements.
+
+An adapter turns one `ChatRequest` (provider-neutral: AG-UI messages, tool specs, model
+parameters) into the provider's request, and the provider's stream into batches of small
+`ChatDelta` values, one batch per upstream read. It raises `UpstreamError` for anything the
+provider does wrong, with a message fit for the client. Closing the iterator early (a stop or
+a disconnect) must cancel the upstream request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+from ag_ui.core import Message
+
+__all__ = [
+    "ChatDelta",
+    "ChatRequest",
+    "ServiceAdapter",
+    "StreamEnd",
+    "TextDelta",
+    "ToolCallDelta",
+    "ToolSpec",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool declared to the model: a server-side action or a frontend tool."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    messages: list[Message]
+    tools: list[ToolSpec] = field(default_factory=list)
+    system_prompt: str | None = None
+    model: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    stop: list[str] | None = None
+    #: "auto", "none", "required", or the name of one tool the model must call.
+    tool_choice: str | None = None
+
+
+class TextDelta(NamedTuple):
+    text: str
+
+
+class ToolCallDelta(NamedTuple):
+    """A piece of a tool call; `call_index` tells parallel calls apart, `id`/`name` come first."""
+
+    call_index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+class StreamEnd(NamedTuple):
+    finish_reason: str | None
+    usage: dict[str, Any] | None = None
+
+
+ChatDelta = TextDelta | ToolCallDelta | StreamEnd
+
+
+@runtime_checkable
+class ServiceAdapter(Protocol):
+    """An LLM provider. `provider` names it in errors and telemetry."""
+
+    provider: str
+
+    def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
+        """Stream the model's answer as batches of deltas."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...

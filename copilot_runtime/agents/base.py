@@ -1,0 +1,51 @@
+"""The agent interface: whatever produces AG-UI events for a run.
+
+An agent receives the validated `RunInput` and a `RunContext`, and yields batches of events.
+The runtime owns the run's envelope: it sends `RUN_STARTED` before the agent starts (so the
+client hears back at once), closes what the agent left open, and appends `RUN_FINISHED`, or
+`RUN_ERROR` if the agent raises. An agent may end the run itself with `RUN_FINISHED` (to set
+`result` or an interrupt `outcome`) or `RUN_ERROR`. A `RUN_STARTED` it yields first is merged
+into the runtime's.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from copilot_runtime._input import RunInput
+from copilot_runtime.events import EventBatches
+
+__all__ = ["Agent", "RunContext"]
+
+
+@dataclass(slots=True)
+class RunContext:
+    """What an agent may know about the request beyond its input."""
+
+    agent_id: str
+    #: Request headers, lower-cased; the protocol edge decides which ones are passed on.
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class Agent(abc.ABC):
+    """Base class of every agent kind."""
+
+    #: Shown to clients as `className` in `/info`.
+    class_name: str = "Agent"
+
+    def __init__(self, *, description: str = "") -> None:
+        self.description = description
+
+    def capabilities(self) -> dict[str, Any] | None:
+        """AG-UI `AgentCapabilities` advertised in `/info`, or None."""
+        return None
+
+    @abc.abstractmethod
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        """Yield the run's events in batches (see the module docstring for the contract)."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release resources held by the agent (called when the runtime shuts down)."""

@@ -1,0 +1,167 @@
+"""The runtime as an ASGI application: one base URL, every protocol.
+
+`CopilotEndpoint` routes by path and, on a POST to the base path, by body: JSON with
+`method` is the AG-UI single-route envelope (and JSON with `query` will be GraphQL). It
+answers CORS, enforces the body limit, and never lets an exception's internals reach a
+client. `create_app` makes a standalone app; `mount_runtime` adds the endpoint to an
+existing FastAPI or Starlette app.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+from starlette.routing import Route
+
+from copilot_runtime._exceptions import InvalidRequestError, PayloadTooLargeError
+from copilot_runtime._input import parse_json_body
+from copilot_runtime.protocols._http import (
+    CORSPolicy,
+    Receive,
+    Request,
+    Scope,
+    Send,
+    read_body,
+    send_bytes,
+    send_json,
+)
+from copilot_runtime.protocols.agui.handlers import AGUIProtocol
+from copilot_runtime.runtime import CopilotRuntime
+
+__all__ = ["CopilotEndpoint", "create_app", "mount_runtime"]
+
+_log = structlog.get_logger("copilot_runtime.asgi")
+DEFAULT_MAX_BODY_SIZE = 8 * 1024 * 1024
+
+
+class CopilotEndpoint:
+    """An ASGI app serving `runtime` under `path`."""
+
+    def __init__(
+        self,
+        runtime: CopilotRuntime,
+        path: str = "/copilotkit",
+        *,
+        max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+        cors: CORSPolicy | None = None,
+        lifespan: bool = True,
+    ) -> None:
+        self.runtime = runtime
+        self.path = "/" + path.strip("/") if path.strip("/") else ""
+        self.max_body_size = max_body_size
+        self.cors = cors or CORSPolicy()
+        self.agui = AGUIProtocol(runtime, max_body_size=max_body_size)
+        self._lifespan = lifespan
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._handle_lifespan(receive, send)
+            return
+        if kind != "http":
+            return
+        path: str = scope["path"]
+        root: str = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):]
+        request = Request(scope, receive, send, path, [])
+        request.cors = self.cors.headers(request.headers)
+        try:
+            await self._dispatch(request, path)
+        except Exception:
+            # Logged with its stack; the client learns only that the server failed.
+            _log.exception("unhandled error", path=path, method=request.method)
+            with contextlib.suppress(Exception):
+                await send_json(request, 500, {"error": "internal_error",
+                                               "message": "The runtime failed to handle "
+                                                          "the request"})
+
+    async def _dispatch(self, request: Request, path: str) -> None:
+        base = self.path
+        if base and not (path == base or path.startswith(base + "/")):
+            await send_json(request, 404, {"error": "Not found"})
+            return
+        relative = path[len(base):].strip("/")
+        if request.method == "OPTIONS":
+            await send_bytes(request, 204, b"", self.cors.preflight(request.headers)[
+                len(request.cors):])
+            return
+        if not relative:
+            await self._base(request)
+            return
+        segments = relative.split("/")
+        if not await self.agui.handle(request, segments):
+            await send_json(request, 404, {"error": "Not found"})
+
+    async def _base(self, request: Request) -> None:
+        """POST to the base path: the body says which protocol it speaks."""
+        if request.method != "POST":
+            await send_json(request, 405, {"error": "Method not allowed"}, [(b"allow", b"POST")])
+            return
+        if not request.is_json():
+            await send_json(request, 415, {
+                "error": "invalid_request",
+                "message": "Single-route endpoint expects JSON payloads"})
+            return
+        try:
+            body = await read_body(request, self.max_body_size)
+            data = parse_json_body(body)
+        except PayloadTooLargeError as exc:
+            await send_json(request, 413, {"error": "Payload too large", "message": exc.message,
+                                           "code": exc.code})
+            return
+        except InvalidRequestError:
+            await send_json(request, 400, {"error": "invalid_request",
+                                           "message": "Invalid JSON payload"})
+            return
+        except ConnectionAbortedError:
+            return
+        await self.agui.envelope(request, data)
+
+    async def _handle_lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._lifespan:
+                    await self.runtime.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def create_app(
+    runtime: CopilotRuntime,
+    path: str = "/copilotkit",
+    *,
+    max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+    cors: CORSPolicy | None = None,
+) -> CopilotEndpoint:
+    """A standalone ASGI app serving `runtime` under `path` (run it with any ASGI server)."""
+    return CopilotEndpoint(runtime, path, max_body_size=max_body_size, cors=cors)
+
+
+def mount_runtime(
+    app: Any,
+    runtime: CopilotRuntime,
+    path: str = "/copilotkit",
+    *,
+    max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+    cors: CORSPolicy | None = None,
+) -> CopilotEndpoint:
+    """Serve `runtime` under `path` inside an existing FastAPI or Starlette app.
+
+    Call `await runtime.aclose()` from the app's lifespan to release connections at shutdown.
+    """
+    endpoint = CopilotEndpoint(runtime, path, max_body_size=max_body_size, cors=cors,
+                               lifespan=False)
+    base = endpoint.path or "/"
+    routes: Sequence[Route] = [
+        Route(base, endpoint=endpoint, methods=None),
+        Route(base.rstrip("/") + "/{rest:path}", endpoint=endpoint, methods=None),
+    ]
+    app.router.routes.extend(routes)
+    return endpoint

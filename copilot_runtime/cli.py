@@ -1,0 +1,141 @@
+"""The `copilot-runtime` command: `serve` a runtime, or run the `demo`."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import importlib
+import os
+import socket
+import sys
+from typing import Any
+
+from copilot_runtime._version import __version__
+
+__all__ = ["main"]
+
+
+class CLIError(Exception):
+    """A problem to report in one line, without a traceback."""
+
+
+def _load_target(target: str) -> Any:
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise CLIError(f"TARGET must look like 'module:attribute', got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise CLIError(f"cannot import module {module_name!r}") from None
+        raise CLIError(f"importing {module_name!r} failed: {exc}") from None
+    obj: Any = module
+    for part in attribute.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise CLIError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    return obj
+
+
+def _to_app(obj: Any, path: str, max_body_size: int) -> Any:
+    from copilot_runtime.asgi import create_app
+    from copilot_runtime.runtime import CopilotRuntime
+
+    if isinstance(obj, CopilotRuntime):
+        return create_app(obj, path, max_body_size=max_body_size)
+    if callable(obj):
+        return obj
+    raise CLIError(f"{type(obj).__name__} is neither a CopilotRuntime nor an ASGI app")
+
+
+def _check_port(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise CLIError(f"port {port} on {host} is already in use") from None
+            raise CLIError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def _serve(app: Any, host: str, port: int, log_level: str) -> None:
+    import uvicorn
+
+    _check_port(host, port)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
+                lifespan="on", timeout_graceful_shutdown=5)
+
+
+def _print_next_steps(host: str, port: int, path: str, model: str | None) -> None:
+    url = f"http://{host}:{port}{path}"
+    lines = [
+        f"copilot-runtime {__version__} serving {url}",
+    ]
+    if model:
+        lines.append(f"default agent: {model}")
+    lines += [
+        "try:",
+        f"  curl {url}/info",
+        f"  curl -N -X POST {url}/agent/default/run -H 'Content-Type: application/json' \\",
+        "    -d '{\"threadId\":\"t1\",\"runId\":\"r1\",\"messages\":[{\"id\":\"m1\","
+        "\"role\":\"user\",\"content\":\"What is the weather in Paris?\"}]}'",
+        f"React: <CopilotKit runtimeUrl=\"{url}\"> (react-core 1.50+)",
+    ]
+    print("\n".join(lines), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="copilot-runtime",
+                                     description="The CopilotKit runtime, in Python.")
+    parser.add_argument("--version", action="version", version=__version__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def common(sub: argparse.ArgumentParser, port: int) -> None:
+        sub.add_argument("--host", default="127.0.0.1")
+        sub.add_argument("--port", type=int, default=port)
+        sub.add_argument("--path", default="/copilotkit", help="base path of the runtime")
+        sub.add_argument("--log-level", default="warning",
+                         choices=["critical", "error", "warning", "info", "debug"])
+        sub.add_argument("--max-body-size", type=int, default=8 * 1024 * 1024,
+                         help="largest request body accepted, in bytes")
+
+    serve = commands.add_parser("serve", help="serve a CopilotRuntime or an ASGI app")
+    serve.add_argument("target", metavar="TARGET",
+                       help="module:attribute naming a CopilotRuntime or an ASGI app")
+    common(serve, 8000)
+    demo = commands.add_parser("demo", help="serve the demo runtime")
+    common(demo, 8000)
+    demo.add_argument("--db", default=os.environ.get("COPILOT_RUNTIME_DB",
+                                                     "copilot-runtime-demo.sqlite3"),
+                      help="SQLite file for threads (':memory:' keeps nothing)")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "serve":
+            app = _to_app(_load_target(args.target), args.path, args.max_body_size)
+            _check_port(args.host, args.port)
+            _print_next_steps(args.host, args.port, args.path, None)
+        else:
+            from copilot_runtime.asgi import create_app
+            from copilot_runtime.demo import build_demo_runtime
+
+            _check_port(args.host, args.port)
+            store = None
+            if args.db != ":memory:":
+                from copilot_runtime.threads.sqlite import SQLiteThreadStore
+
+                store = SQLiteThreadStore(args.db)
+            runtime, model = build_demo_runtime(store)
+            app = create_app(runtime, args.path, max_body_size=args.max_body_size)
+            _print_next_steps(args.host, args.port, args.path, model)
+        _serve(app, args.host, args.port, args.log_level)
+    except CLIError as exc:
+        print(f"copilot-runtime: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,220 @@
+"""The few ASGI building blocks every protocol edge shares: bodies, JSON answers, CORS, SSE.
+
+Written against bare ASGI: the streaming path is the runtime's hot loop, and Starlette's
+`StreamingResponse` would add a task group and a per-chunk wrapper to every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from copilot_runtime._exceptions import PayloadTooLargeError
+from copilot_runtime._runs import ActiveRun
+from copilot_runtime.events import Event
+
+__all__ = [
+    "ASGIApp",
+    "CORSPolicy",
+    "Receive",
+    "Request",
+    "Scope",
+    "Send",
+    "encode_sse",
+    "read_body",
+    "send_json",
+    "stream_events",
+    "stream_run",
+]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+
+_SSE_HEADERS: Headers = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"connection", b"keep-alive"),
+    (b"x-accel-buffering", b"no"),
+]
+_JSON = (b"content-type", b"application/json")
+
+
+@dataclass(frozen=True, slots=True)
+class CORSPolicy:
+    """Which browser origins may call the runtime.
+
+    The default, like the TypeScript runtime's `cors: true`, allows every origin without
+    credentials. With `origins`, only those are answered (reflected, with `Vary: Origin`),
+    and `allow_credentials` lets cookies through.
+    """
+
+    origins: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    max_age: int = 600
+
+    def headers(self, request_headers: Mapping[bytes, bytes]) -> Headers:
+        origin = request_headers.get(b"origin")
+        if "*" in self.origins and not self.allow_credentials:
+            return [(b"access-control-allow-origin", b"*")]
+        if origin is None or ("*" not in self.origins
+                              and origin.decode("latin-1") not in self.origins):
+            return [(b"vary", b"Origin")]
+        out = [(b"access-control-allow-origin", origin), (b"vary", b"Origin")]
+        if self.allow_credentials:
+            out.append((b"access-control-allow-credentials", b"true"))
+        return out
+
+    def preflight(self, request_headers: Mapping[bytes, bytes]) -> Headers:
+        requested = request_headers.get(b"access-control-request-headers")
+        return [
+            *self.headers(request_headers),
+            (b"access-control-allow-methods", b"GET, HEAD, PUT, POST, DELETE, PATCH, OPTIONS"),
+            # Reflecting the requested headers lets `Authorization` through, which `*` does not.
+            (b"access-control-allow-headers", requested or b"*"),
+            (b"access-control-max-age", str(self.max_age).encode()),
+            (b"vary", b"Access-Control-Request-Headers, Access-Control-Request-Method"),
+        ]
+
+
+class Request:
+    """What the handlers need of an HTTP request, parsed once."""
+
+    __slots__ = ("cors", "headers", "method", "path", "query", "receive", "scope", "send")
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send, path: str,
+                 cors: Headers) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        self.method: str = scope["method"]
+        self.path = path
+        self.headers: dict[bytes, bytes] = {k.lower(): v for k, v in scope["headers"]}
+        self.query: bytes = scope.get("query_string", b"")
+        self.cors = cors
+
+    def header(self, name: str) -> str | None:
+        value = self.headers.get(name.encode())
+        return value.decode("latin-1") if value is not None else None
+
+    def is_json(self) -> bool:
+        content_type = self.headers.get(b"content-type", b"")
+        return content_type.split(b";", 1)[0].strip().lower() in (
+            b"application/json", b"application/graphql-response+json")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, or `PayloadTooLargeError` as soon as it is known to exceed `limit`."""
+    declared = request.headers.get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError(limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionAbortedError
+        body = message.get("body", b"")
+        if body:
+            size += len(body)
+            if size > limit:
+                raise PayloadTooLargeError(limit)
+            chunks.append(body)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def send_json(request: Request, status: int, payload: Any,
+                    extra_headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    body = orjson.dumps(payload)
+    await send_bytes(request, status, body, [_JSON, *extra_headers])
+
+
+async def send_bytes(request: Request, status: int, body: bytes,
+                     headers: Iterable[tuple[bytes, bytes]]) -> None:
+    await request.send({
+        "type": "http.response.start", "status": status,
+        "headers": [*headers, (b"content-length", str(len(body)).encode()), *request.cors],
+    })
+    await request.send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def encode_sse(batch: Sequence[Event]) -> bytes:
+    """A batch of events as SSE frames, `data: <json>\\n\\n` each, in one buffer."""
+    dumps = orjson.dumps
+    if len(batch) == 1:
+        return b"data: " + dumps(batch[0]) + b"\n\n"
+    return b"data: " + b"\n\ndata: ".join([dumps(e) for e in batch]) + b"\n\n"
+
+
+async def _start_sse(request: Request) -> None:
+    await request.send({"type": "http.response.start", "status": 200,
+                        "headers": [*_SSE_HEADERS, *request.cors]})
+
+
+async def _end(request: Request) -> None:
+    await request.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _watch_disconnect(receive: Receive, on_disconnect: Callable[[], object]) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            on_disconnect()
+            return
+
+
+async def stream_run(request: Request, run: ActiveRun,
+                     encode: Callable[[Sequence[Event]], bytes] = encode_sse) -> None:
+    """Drive `run`, writing each batch as one chunk; a disconnect cancels the run."""
+    send = request.send
+    await _start_sse(request)
+
+    async def write(batch: Sequence[Event]) -> None:
+        await send({"type": "http.response.body", "body": encode(batch), "more_body": True})
+
+    watcher = asyncio.create_task(
+        _watch_disconnect(request.receive, lambda: run.cancel("disconnect")))
+    try:
+        await run.drive(write)
+    finally:
+        watcher.cancel()
+    await _end(request)
+
+
+async def stream_events(request: Request, batches: Any) -> None:
+    """Write an async iterator of event batches as SSE; stop reading when the client leaves."""
+    await _start_sse(request)
+    task = asyncio.current_task()
+    left = False
+
+    def on_disconnect() -> None:
+        nonlocal left
+        left = True
+        if task is not None:
+            task.cancel()
+
+    watcher = asyncio.create_task(_watch_disconnect(request.receive, on_disconnect))
+    try:
+        async for batch in batches:
+            if batch:
+                await request.send({"type": "http.response.body", "body": encode_sse(batch),
+                                    "more_body": True})
+    except asyncio.CancelledError:
+        if not left or task is None:
+            raise
+        task.uncancel()
+        return
+    finally:
+        watcher.cancel()
+        aclose = getattr(batches, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    await _end(request)

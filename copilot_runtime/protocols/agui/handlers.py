@@ -1,0 +1,273 @@
+"""The AG-UI protocol of CopilotKit 1.50+: multi-route REST and the single-route envelope.
+
+Routes, relative to the runtime's base path (matched on their last segments, as the
+TypeScript router does):
+
+    GET  info                         RuntimeInfo
+    POST agent/{agentId}/run          RunAgentInput in, AG-UI events out (SSE)
+    POST agent/{agentId}/connect      the thread's runs replayed (compacted), then the live run
+    POST agent/{agentId}/stop/{id}    stop the thread's active run
+    GET  threads[?agentId=]           threads, newest first
+    GET  threads/{id}/messages|events|state
+    POST (the base path)              {method, params, body}: the same operations in one route
+
+Error bodies match the TypeScript runtime's where it has one; where it leaves the client
+hanging (a second run on a busy thread) we answer 409 instead.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from datetime import UTC, datetime
+from typing import Any
+
+from copilot_runtime._compaction import events_to_messages
+from copilot_runtime._exceptions import (
+    AgentNotFoundError,
+    InvalidRequestError,
+    RequestError,
+)
+from copilot_runtime._input import parse_json_body, parse_run_input
+from copilot_runtime.protocols._http import (
+    Request,
+    read_body,
+    send_json,
+    stream_events,
+    stream_run,
+)
+from copilot_runtime.runtime import CopilotRuntime
+
+__all__ = ["AGUIProtocol", "forwardable_headers"]
+
+_THREAD_ENDPOINTS = {"list": True, "inspect": True, "mutations": False,
+                     "realtimeMetadata": False}
+_NO_THREAD_ENDPOINTS = dict.fromkeys(_THREAD_ENDPOINTS, False)
+_ENVELOPE_METHODS = ("info", "agent/run", "agent/connect", "agent/stop")
+# Never passed on to agents: they describe the hop to us, or are secrets of this runtime.
+_DENIED_HEADERS = frozenset({
+    "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port",
+    "x-real-ip", "x-copilotcloud-public-api-key", "x-copilotkit-runtime-client-gql-version",
+})
+
+
+def forwardable_headers(request: Request) -> dict[str, str]:
+    """`authorization` and `x-*` request headers, minus the deny list; never cookies."""
+    out: dict[str, str] = {}
+    for key, value in request.headers.items():
+        name = key.decode("latin-1")
+        if (name == "authorization" or name.startswith("x-")) and name not in _DENIED_HEADERS:
+            out[name] = value.decode("latin-1")
+    return out
+
+
+def _error(status: int, error: str, message: str | None = None, **extra: Any) -> tuple[
+        int, dict[str, Any]]:
+    body: dict[str, Any] = {"error": error}
+    if message is not None:
+        body["message"] = message
+    body.update(extra)
+    return status, body
+
+
+class AGUIProtocol:
+    def __init__(self, runtime: CopilotRuntime, *, max_body_size: int) -> None:
+        self.runtime = runtime
+        self.max_body_size = max_body_size
+
+    # -- multi-route -------------------------------------------------------------------
+
+    async def handle(self, request: Request, segments: list[str]) -> bool:
+        """Serve a multi-route request; False if `segments` name no AG-UI route."""
+        tail = segments[-4:]
+        method = request.method
+        if segments[-1:] == ["info"]:
+            if method not in ("GET", "HEAD"):
+                await self._method_not_allowed(request, b"GET")
+            else:
+                await send_json(request, 200, self.info(single_route=False))
+            return True
+        if len(tail) >= 3 and tail[-3] == "agent" and tail[-1] in ("run", "connect"):
+            if method != "POST":
+                await self._method_not_allowed(request, b"POST")
+                return True
+            agent_id = urllib.parse.unquote(tail[-2])
+            await self._guarded(request, self._run_or_connect(request, agent_id, tail[-1]))
+            return True
+        if len(tail) == 4 and tail[0] == "agent" and tail[2] == "stop":
+            if method != "POST":
+                await self._method_not_allowed(request, b"POST")
+                return True
+            agent_id = urllib.parse.unquote(tail[1])
+            thread_id = urllib.parse.unquote(tail[3])
+            await self._guarded(request, self._stop_rest(request, agent_id, thread_id))
+            return True
+        threads = _thread_route(segments)
+        if threads is not None:
+            if method not in ("GET", "HEAD"):
+                await self._method_not_allowed(request, b"GET")
+            else:
+                await self._guarded(request, self._threads(request, *threads))
+            return True
+        return False
+
+    def info(self, *, single_route: bool) -> dict[str, Any]:
+        info = self.runtime.info()
+        info.update({
+            "audioFileTranscriptionEnabled": False,
+            "mode": "sse",
+            "threadEndpoints": _NO_THREAD_ENDPOINTS if single_route else _THREAD_ENDPOINTS,
+            "suggestions": False,
+            "a2uiEnabled": False,
+            "openGenerativeUIEnabled": False,
+            "telemetryDisabled": True,
+        })
+        if single_route:
+            info["singleRoute"] = {"resourceOperations": False,
+                                   "threadEndpoints": _THREAD_ENDPOINTS}
+        return info
+
+    async def _run_or_connect(self, request: Request, agent_id: str, what: str) -> None:
+        self.runtime.agent(agent_id)  # 404 before reading a body we would not use
+        body = await read_body(request, self.max_body_size)
+        await self._start(request, agent_id, what, parse_json_body(body))
+
+    async def _start(self, request: Request, agent_id: str, what: str, data: Any) -> None:
+        run_input = parse_run_input(data)
+        if what == "connect":
+            await stream_events(request, self.runtime.connect(agent_id, run_input.thread_id))
+            return
+        run = await self.runtime.start_run(agent_id, run_input, forwardable_headers(request))
+        await stream_run(request, run)
+
+    async def _stop_rest(self, request: Request, agent_id: str, thread_id: str) -> None:
+        self.runtime.agent(agent_id)
+        body = await read_body(request, self.max_body_size)
+        run_id: str | None = None
+        if body.strip():
+            try:
+                data = parse_json_body(body)
+            except InvalidRequestError:
+                await send_json(request, 400, {"error": "Invalid stop request"})
+                return
+            if not isinstance(data, dict) or set(data) - {"runId"}:
+                await send_json(request, 400, {"error": "Invalid stop request"})
+                return
+            run_id = data.get("runId")
+            if run_id is not None and (not isinstance(run_id, str) or not run_id):
+                await send_json(request, 400, {"error": "Invalid runId"})
+                return
+        await self._stop(request, agent_id, thread_id, run_id)
+
+    async def _stop(self, request: Request, agent_id: str, thread_id: str,
+                    run_id: str | None) -> None:
+        if self.runtime.stop_run(agent_id, thread_id, run_id):
+            await send_json(request, 200, {"stopped": True, "interrupt": {
+                "type": "RUN_ERROR", "message": "Run stopped by user", "code": "STOPPED"}})
+        else:
+            await send_json(request, 200, {
+                "stopped": False, "message": f"No active run for thread '{thread_id}'."})
+
+    async def _threads(self, request: Request, thread_id: str | None, what: str | None) -> None:
+        store = self.runtime.store
+        if thread_id is None:
+            query = urllib.parse.parse_qs(request.query.decode("latin-1"))
+            agent_ids = query.get("agentId")
+            agent_id = agent_ids[0] if agent_ids else None
+            records = await store.list(agent_id)
+            await send_json(request, 200, {"threads": [{
+                "id": r.thread_id, "name": None, "agentId": r.agent_id,
+                "organizationId": "", "createdById": "", "archived": False,
+                "createdAt": _iso(r.created_at), "updatedAt": _iso(r.updated_at),
+            } for r in records], "nextCursor": None})
+            return
+        record = await store.get(thread_id)
+        if record is None:
+            await send_json(request, 404, {"error": "Thread not found",
+                                           "message": f"Thread '{thread_id}' does not exist"})
+        elif what == "messages":
+            messages = events_to_messages(r.events for r in record.runs)
+            await send_json(request, 200, {"messages": messages})
+        elif what == "events":
+            await send_json(request, 200, {"events": [e for r in record.runs for e in r.events]})
+        else:
+            await send_json(request, 200, {"state": record.state})
+
+    # -- single-route envelope ---------------------------------------------------------
+
+    async def envelope(self, request: Request, data: Any) -> None:
+        """Serve `{method, params, body}` already decoded from a POST to the base path."""
+        await self._guarded(request, self._envelope(request, data), single=True)
+
+    async def _envelope(self, request: Request, data: Any) -> None:
+        method = data.get("method") if isinstance(data, dict) else None
+        if not isinstance(method, str) or not method:
+            await _invalid(request, "Missing method field")
+            return
+        if method not in _ENVELOPE_METHODS:
+            await _invalid(request, f"Unsupported method '{method}'")
+            return
+        if method == "info":
+            await send_json(request, 200, self.info(single_route=True))
+            return
+        params = data.get("params")
+        params = params if isinstance(params, dict) else {}
+        agent_id = params.get("agentId")
+        if not isinstance(agent_id, str) or not agent_id:
+            await _invalid(request, "Missing or invalid parameter 'agentId'")
+            return
+        self.runtime.agent(agent_id)
+        if method == "agent/stop":
+            thread_id = params.get("threadId")
+            if not isinstance(thread_id, str) or not thread_id:
+                await _invalid(request, "Missing or invalid parameter 'threadId'")
+                return
+            body = data.get("body")
+            run_id = body.get("runId") if isinstance(body, dict) else None
+            await self._stop(request, agent_id, thread_id,
+                             run_id if isinstance(run_id, str) and run_id else None)
+            return
+        await self._start(request, agent_id, method.removeprefix("agent/"), data.get("body"))
+
+    # -- errors ------------------------------------------------------------------------
+
+    async def _guarded(self, request: Request, work: Any, *, single: bool = False) -> None:
+        """Run a handler, answering a `RequestError` raised before the response started."""
+        try:
+            await work
+        except AgentNotFoundError as exc:
+            await send_json(request, 404, {"error": "Agent not found", "message": exc.message})
+        except InvalidRequestError as exc:
+            body: dict[str, Any] = {"error": exc.message}
+            if exc.details is not None:
+                body["details"] = exc.details
+            await send_json(request, 400, body)
+        except RequestError as exc:
+            status, payload = _error(exc.status, _TITLES.get(exc.status, "Bad request"),
+                                     exc.message, code=exc.code)
+            await send_json(request, status, payload)
+        except ConnectionAbortedError:
+            return  # the client left while sending its body
+
+    async def _method_not_allowed(self, request: Request, allow: bytes) -> None:
+        await send_json(request, 405, {"error": "Method not allowed"}, [(b"allow", allow)])
+
+
+_TITLES = {409: "Thread busy", 413: "Payload too large"}
+
+
+async def _invalid(request: Request, message: str) -> None:
+    await send_json(request, 400, {"error": "invalid_request", "message": message})
+
+
+def _thread_route(segments: list[str]) -> tuple[str | None, str | None] | None:
+    if segments[-1:] == ["threads"]:
+        return None, None
+    if len(segments) >= 3 and segments[-3] == "threads" and segments[-1] in (
+            "messages", "events", "state"):
+        return urllib.parse.unquote(segments[-2]), segments[-1]
+    return None
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
