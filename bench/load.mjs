@@ -257,8 +257,8 @@ function sampleTree(root) {
 }
 function machineBusyS() {
   const f = fs.readFileSync("/proc/stat", "utf8").split("\n")[0].trim().split(/\s+/).slice(1).map(Number);
-  // user nice system irq softirq steal (idle and iowait are not busy)
-  return (f[0] + f[1] + f[2] + f[5] + f[6] + f[7]) / CLK_TCK;
+  // user nice system irq softirq (idle and iowait are not busy; steal is the hypervisor's)
+  return (f[0] + f[1] + f[2] + f[5] + f[6]) / CLK_TCK;
 }
 const selfCpuS = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1e6; };
 function snapshot() {
@@ -294,6 +294,24 @@ const result = {
 };
 const noteFailure = (r) => { result.failures++; if (result.failureSamples.length < 5) result.failureSamples.push(r.sample); };
 const writeOut = () => { if (opts.json) fs.writeFileSync(opts.json, JSON.stringify(result, null, 2) + "\n"); };
+
+// Before anything else, wait (up to --quiet-wait seconds) until the rest of the machine is quiet:
+// less than --quiet-cores of CPU used by processes other than ours over a 1 s window.
+{
+  const maxWait = Number(opts["quiet-wait"] ?? 0), limit = Number(opts["quiet-cores"] ?? 0.15);
+  const t0 = performance.now();
+  let busy = null;
+  while (maxWait > 0) {
+    const a = snapshot();
+    await new Promise((r) => setTimeout(r, 1000));
+    const b = snapshot();
+    const d = cpuBetween(a, b, 0);
+    busy = d.otherS / d.wallS;
+    if (busy < limit || performance.now() - t0 > maxWait * 1000) break;
+  }
+  result.quiet = { waitedS: r2((performance.now() - t0) / 1000), otherCoresBeforeStart: r2(busy), limit, reached: busy === null || busy < limit };
+  if (maxWait > 0) log(`machine quiet check: other processes used ${r2(busy)} cores (limit ${limit}) after ${result.quiet.waitedS} s${result.quiet.reached ? "" : " - NOT quiet, going on"}`);
+}
 
 // idle: before the first request
 const idle = snapshot();

@@ -132,6 +132,10 @@ for (const t of [...cols, ...(runs.mock ? ["mock"] : [])]) {
     p(`| ${t}, c=${l.concurrency} | ${fmt(l.cpu.server?.coresBusy)} | ${fmt(l.cpu.mock?.cpuMsPerReq)} | ${fmt(l.cpu.loadgenS)} | ${fmt(l.cpu.otherS)} | ${fmt(l.cpu.wallS)} |`);
   }
 }
+const quietNotes = [...cols, ...(runs.mock ? ["mock"] : [])].filter((t) => runs[t].quiet?.otherCoresBeforeStart != null)
+  .map((t) => `${t} ${fmt(runs[t].quiet.otherCoresBeforeStart)} cores${runs[t].quiet.reached ? "" : " (not quiet)"}` +
+    (runs[t].quiet.waitedS > 1.5 ? ` after waiting ${fmt(runs[t].quiet.waitedS)} s` : ""));
+if (quietNotes.length) p(`\nOther processes' CPU just before each target started: ${quietNotes.join(", ")}.`);
 const noiseTable = lines.splice(0);
 
 // goal: >= 1.5x the requests/s of 1.10.6 at c=10 and c=50, with less than half its memory

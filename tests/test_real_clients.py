@@ -96,10 +96,12 @@ def _ensure_node_modules() -> None:
         pytest.fail(f"`npm ci` in {JS_DIR} did not finish within {NPM_TIMEOUT_S:.0f} s",
                     pytrace=False)
     if proc.returncode != 0:
-        pytest.fail(f"`npm ci` in {JS_DIR} failed with exit code {proc.returncode}. The "
-                    f"real-client tests need the npm registry once, to install the pinned "
-                    f"client packages.\n"
-                    f"--- npm output ---\n{(proc.stdout + proc.stderr)[-4000:]}", pytrace=False)
+        output = "\n".join(line for line in (proc.stderr + proc.stdout).splitlines()
+                           if line.strip() and "Unknown user config" not in line)
+        pytest.fail(f"`npm ci` in {JS_DIR} failed with exit code {proc.returncode}, so the real "
+                    f"client packages are not installed (npm needs its registry once, and "
+                    f"package-lock.json must match package.json).\n"
+                    f"--- npm output ---\n{output[:4000]}", pytrace=False)
 
 
 def _child_env(**extra: str) -> dict[str, str]:
@@ -330,6 +332,16 @@ def test_info_single_route_transport(rc: RealClientEnv) -> None:
     assert (info["method"], info["url"], info["status"]) == ("POST", rc.single_url, 200)
     assert info["requestBody"] == {"method": "info"}
     assert info["responseBody"]["agents"]["default"]["name"] == "default"
+    assert result["coreErrors"] == []
+
+
+def test_info_auto_transport_settles_on_rest(rc: RealClientEnv) -> None:
+    # "auto" (the default of the React provider since 1.55) tries GET {url}/info first
+    result = rc.drive("info", transport="auto")
+    assert result["status"] == "connected", result["coreErrors"]
+    assert result["transport"] == "rest"
+    assert "default" in result["agents"]
+    assert [(h["method"], h["url"]) for h in result["http"]] == [("GET", f"{rc.url}/info")]
     assert result["coreErrors"] == []
 
 

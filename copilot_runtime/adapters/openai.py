@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
+import aiohttp
+import httpx2
 import openai
 import orjson
 from ag_ui.core import (
@@ -33,6 +35,8 @@ from copilot_runtime.adapters.base import (
 )
 
 __all__ = ["OpenAIAdapter"]
+
+_E = TypeVar("_E", bound=BaseException)
 
 
 class OpenAIAdapter:
@@ -136,12 +140,19 @@ class OpenAIAdapter:
             raise UpstreamError(
                 f"OpenAI request failed with HTTP {exc.status_code}: {_error_message(exc)}",
                 status=exc.status_code) from None
-        except openai.APITimeoutError:
-            raise UpstreamTimeoutError("OpenAI request timed out") from None
         except openai.APIConnectionError as exc:
+            refused = _find_cause(exc, aiohttp.ClientConnectorError)
+            if refused is not None:
+                raise UpstreamError(f"Could not reach the OpenAI API: {refused}") from None
+            if isinstance(exc, openai.APITimeoutError):
+                raise UpstreamTimeoutError("OpenAI request timed out") from None
             raise UpstreamError(f"Could not reach the OpenAI API: {_cause(exc)}") from None
         except openai.OpenAIError as exc:
             raise UpstreamError(f"OpenAI request failed: {exc}") from None
+        except httpx2.TransportError as exc:
+            # Raised by the byte stream itself: the connection broke mid-answer.
+            raise UpstreamError(
+                f"The OpenAI stream broke off: {exc or type(exc).__name__}") from None
 
 
 def _error_message(exc: openai.APIStatusError) -> str:
@@ -151,6 +162,15 @@ def _error_message(exc: openai.APIStatusError) -> str:
         if isinstance(message, str):
             return message
     return exc.message
+
+
+def _find_cause(exc: BaseException, kind: type[_E]) -> _E | None:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _cause(exc: BaseException) -> str:

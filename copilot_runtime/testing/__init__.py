@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MockOpenAIServer"]
+__all__ = ["EventOrderError", "MockOpenAIServer", "verify_events"]
 
 
 def __getattr__(name: str) -> Any:
@@ -13,4 +13,8 @@ def __getattr__(name: str) -> Any:
         from copilot_runtime.testing.mock_openai import MockOpenAIServer
 
         return MockOpenAIServer
+    if name in ("EventOrderError", "verify_events"):
+        from copilot_runtime.testing import verify
+
+        return getattr(verify, name)
     raise AttributeError(name)

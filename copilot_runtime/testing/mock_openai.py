@@ -4,7 +4,8 @@ It lets the real `openai` SDK (and any other OpenAI client, such as the TypeScri
 run end to end without a network or a key. What it answers depends on the last message:
 
 * a user message ``call:NAME {json}``: a tool call to NAME with those arguments, the arguments
-  streamed in pieces; several ``call:`` lines give several tool calls in one answer;
+  streamed in pieces; several ``call:`` lines give several tool calls in one answer (unless
+  the request says ``tool_choice: "none"``);
 * ``error:NNN``: HTTP NNN with an OpenAI error body;
 * ``breaks:N text``: N content pieces, then the connection is cut mid-stream;
 * ``slow:MS text``: MS milliseconds between pieces (to stop or disconnect mid-stream);
@@ -63,9 +64,10 @@ def _plan(body: dict[str, Any], delay: float) -> _Plan:
     last = messages[-1] if isinstance(messages[-1], dict) else {}
     text = _text_of(last).strip()
     plan = _Plan(delay=delay)
+    tools_allowed = body.get("tool_choice") != "none"
     if last.get("role") == "user":
         calls = [_CALL.match(line.strip()) for line in text.splitlines() if line.strip()]
-        if calls and all(calls):
+        if tools_allowed and calls and all(calls):
             for match in calls:
                 assert match is not None
                 raw_args = match.group(2).strip() or "{}"
@@ -102,6 +104,8 @@ class MockOpenAIServer:
         self.requests: list[dict[str, Any]] = []
         self.record = True
         self.active_streams = 0
+        #: Streams the client abandoned before their end (a stop or a disconnect upstream).
+        self.cancelled_streams = 0
         self._runner: web.AppRunner | None = None
 
     @property
@@ -176,13 +180,28 @@ class MockOpenAIServer:
             if plan.delay:
                 for frame in frames:
                     await response.write(frame)
-                    await asyncio.sleep(plan.delay)
+                    if not await _pause(request, plan.delay):
+                        self.cancelled_streams += 1
+                        return response
             else:
                 await response.write(b"".join(frames))
             await response.write_eof()
+        except ConnectionResetError:
+            self.cancelled_streams += 1
         finally:
             self.active_streams -= 1
         return response
+
+
+async def _pause(request: web.Request, seconds: float) -> bool:
+    """Sleep, but return False as soon as the client has closed the connection."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return False
+        await asyncio.sleep(min(left, 0.01))
+    return True
 
 
 def _error(status: int, message: str, kind: str) -> web.Response:

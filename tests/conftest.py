@@ -1,0 +1,132 @@
+"""Shared fixtures: the loopback mock LLM, and runtimes served by a real uvicorn server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+import uvicorn
+
+from copilot_runtime import CopilotRuntime, OpenAIAdapter, action, create_app
+from copilot_runtime.testing import MockOpenAIServer
+
+
+@action
+def getWeather(city: str) -> dict[str, Any]:  # noqa: N802 - the name the model sees
+    """Get the current weather for a city."""
+    return {"city": city, "temperature": 21, "unit": "celsius", "conditions": "sunny"}
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[MockOpenAIServer]:
+    async with MockOpenAIServer(chunks=5) as server:
+        yield server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Served:
+    url: str
+    runtime: CopilotRuntime
+    session: aiohttp.ClientSession
+
+    async def post(self, path: str, body: Any = None, *, raw: bytes | None = None,
+                   headers: dict[str, str] | None = None) -> aiohttp.ClientResponse:
+        data = raw if raw is not None else orjson.dumps(body)
+        return await self.session.post(
+            self.url + path, data=data,
+            headers={"Content-Type": "application/json", **(headers or {})})
+
+    async def run(self, body: dict[str, Any], agent: str = "default",
+                  path: str | None = None) -> list[dict[str, Any]]:
+        response = await self.post(f"/agent/{agent}/run" if path is None else path, body)
+        assert response.status == 200, await response.text()
+        assert response.headers["content-type"] == "text/event-stream"
+        return parse_sse(await response.read())
+
+
+def parse_sse(data: bytes) -> list[dict[str, Any]]:
+    events = []
+    for frame in data.split(b"\n\n"):
+        if frame.startswith(b"data: "):
+            events.append(orjson.loads(frame[6:]))
+        else:
+            assert not frame.strip(), f"unexpected SSE frame {frame!r}"
+    return events
+
+
+@contextlib.asynccontextmanager
+async def serve(app: Any) -> AsyncIterator[str]:
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                            lifespan="on")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+        if task.done():
+            task.result()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+ServeRuntime = Callable[..., contextlib.AbstractAsyncContextManager[Served]]
+
+
+@pytest.fixture
+def serve_runtime() -> ServeRuntime:
+    @contextlib.asynccontextmanager
+    async def make(runtime: CopilotRuntime, path: str = "/api/copilotkit",
+                   **options: Any) -> AsyncIterator[Served]:
+        async with serve(create_app(runtime, path, **options)) as url, \
+                aiohttp.ClientSession() as session:
+            yield Served(url + path, runtime, session)
+
+    return make
+
+
+def openai_runtime(llm: MockOpenAIServer, **options: Any) -> CopilotRuntime:
+    options.setdefault("actions", [getWeather])
+    return CopilotRuntime(
+        service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0),
+        **options)
+
+
+@pytest.fixture
+async def served(llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> AsyncIterator[Served]:
+    async with serve_runtime(openai_runtime(llm)) as s:
+        yield s
+
+
+def run_input(text: str, thread: str = "thread-1", run: str = "run-1",
+              **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "threadId": thread, "runId": run, "tools": [], "context": [], "forwardedProps": {},
+        "state": {}, "messages": [{"id": f"{run}-u", "role": "user", "content": text}],
+    }
+    body.update(extra)
+    return body
+
+
+def types(events: list[dict[str, Any]]) -> list[str]:
+    return [e["type"] for e in events]
+
+
+def text_of(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
