@@ -24,7 +24,7 @@ from copilot_runtime.agents import Agent, BuiltInAgent, RunContext
 from copilot_runtime.asgi import CopilotEndpoint, create_app, mount_runtime
 from copilot_runtime.protocols._http import CORSPolicy
 from copilot_runtime.runtime import CopilotRuntime
-from copilot_runtime.threads import InMemoryThreadStore, ThreadStore
+from copilot_runtime.threads import InMemoryThreadStore, SQLiteThreadStore, ThreadStore
 
 __all__ = [
     "Action",
@@ -45,6 +45,7 @@ __all__ = [
     "RequestError",
     "RunContext",
     "RunInput",
+    "SQLiteThreadStore",
     "ServiceAdapter",
     "ThreadBusyError",
     "ThreadStore",

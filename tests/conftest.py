@@ -19,7 +19,7 @@ from copilot_runtime.testing import MockOpenAIServer
 
 
 @action
-def getWeather(city: str) -> dict[str, Any]:  # noqa: N802 - the name the model sees
+def getWeather(city: str) -> dict[str, Any]:
     """Get the current weather for a city."""
     return {"city": city, "temperature": 21, "unit": "celsius", "conditions": "sunny"}
 

@@ -9,7 +9,7 @@ from copilot_runtime import CopilotRuntime, OpenAIAdapter, action
 
 
 @action
-def getWeather(city: str) -> dict[str, Any]:  # noqa: N802 - the name the model sees
+def getWeather(city: str) -> dict[str, Any]:
     """Get the current weather for a city."""
     return {"city": city, "temperature": 21, "unit": "celsius", "conditions": "sunny"}
 

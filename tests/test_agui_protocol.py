@@ -49,12 +49,14 @@ async def test_chat_streams_text_in_order(served: Served, llm: MockOpenAIServer)
                              "TEXT_MESSAGE_END", "RUN_FINISHED"]
     assert text_of(events) == "echo: Hello, CopilotKit!"
     started = events[0]
-    assert started["threadId"] == "thread-1" and started["runId"] == "run-1"
+    assert started["threadId"] == "thread-1"
+    assert started["runId"] == "run-1"
     assert list(started["input"]) == ["threadId", "runId", "state", "messages", "tools",
                                       "context", "forwardedProps"]
     assert events[-1] == {"type": "RUN_FINISHED", "threadId": "thread-1", "runId": "run-1"}
     sent = llm.requests[-1]
-    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+    assert sent["stream"] is True
+    assert sent["stream_options"] == {"include_usage": True}
     assert sent["messages"] == [{"role": "user", "content": "Hello, CopilotKit!"}]
 
 
@@ -65,7 +67,8 @@ async def test_sse_headers(served: Served) -> None:
     assert response.headers["x-accel-buffering"] == "no"
     assert response.headers["access-control-allow-origin"] == "*"
     body = await response.read()
-    assert b"event:" not in body and b"null" not in body
+    assert b"event:" not in body
+    assert b"null" not in body
 
 
 async def test_second_turn_echoes_only_new_messages(served: Served) -> None:
@@ -84,9 +87,11 @@ async def test_server_action_then_model_answers(served: Served, llm: MockOpenAIS
     verify_events(events)
     assert types(events)[:2] == ["RUN_STARTED", "TOOL_CALL_START"]
     start = events[1]
-    assert start["toolCallName"] == "getWeather" and "parentMessageId" in start
+    assert start["toolCallName"] == "getWeather"
+    assert "parentMessageId" in start
     result = next(e for e in events if e["type"] == "TOOL_CALL_RESULT")
-    assert result["toolCallId"] == start["toolCallId"] and result["role"] == "tool"
+    assert result["toolCallId"] == start["toolCallId"]
+    assert result["role"] == "tool"
     assert orjson.loads(result["content"]) == {
         "city": "Paris", "temperature": 21, "unit": "celsius", "conditions": "sunny"}
     # Unlike the TypeScript runtime, the model is called again and answers.
@@ -103,7 +108,8 @@ async def test_bad_action_arguments_reach_the_model_as_a_tool_error(served: Serv
     events = await served.run(run_input('call:getWeather {"town":"Paris"}'))
     verify_events(events)
     error = orjson.loads(next(e for e in events if e["type"] == "TOOL_CALL_RESULT")["content"])
-    assert "city" in error["error"] and "town" in error["error"]
+    assert "city" in error["error"]
+    assert "town" in error["error"]
     assert events[-1]["type"] == "RUN_FINISHED"
 
 
@@ -217,7 +223,8 @@ async def test_llm_stream_cut_after_text_closes_the_message(served: Served) -> N
     verify_events(events)
     assert types(events)[-2:] == ["TEXT_MESSAGE_END", "RUN_ERROR"]
     assert text_of(events)  # the text that arrived is kept
-    assert ".py" not in events[-1]["message"] and "Traceback" not in events[-1]["message"]
+    assert ".py" not in events[-1]["message"]
+    assert "Traceback" not in events[-1]["message"]
     # and the server keeps serving
     assert text_of(await served.run(run_input("still there?", thread="t-after"))) == \
         "echo: still there?"
@@ -281,7 +288,8 @@ async def test_invalid_fields_are_detailed(served: Served) -> None:
     assert response.status == 400
     details = orjson.loads((await response.json())["details"])
     paths = [d["path"] for d in details]
-    assert ["runId"] in paths and any(p[:2] == ["messages", 0] for p in paths)
+    assert ["runId"] in paths
+    assert any(p[:2] == ["messages", 0] for p in paths)
     assert all("input" not in d for d in details)
 
 
@@ -298,7 +306,8 @@ async def test_busy_thread_gets_409(served: Served) -> None:
                                                                  run="r2"))
     assert response.status == 409
     body = await response.json()
-    assert body["code"] == "THREAD_BUSY" and "busy" in body["message"]
+    assert body["code"] == "THREAD_BUSY"
+    assert "busy" in body["message"]
     assert (await slow)[-1]["type"] == "RUN_FINISHED"
 
 
@@ -338,11 +347,14 @@ async def test_cors_with_credentials(llm: MockOpenAIServer, serve_runtime: Serve
 
 async def test_routing_errors(served: Served) -> None:
     get_run = await served.session.get(served.url + "/agent/default/run")
-    assert get_run.status == 405 and get_run.headers["allow"] == "POST"
+    assert get_run.status == 405
+    assert get_run.headers["allow"] == "POST"
     post_info = await served.post("/info", {})
-    assert post_info.status == 405 and post_info.headers["allow"] == "GET"
+    assert post_info.status == 405
+    assert post_info.headers["allow"] == "GET"
     unknown = await served.session.get(served.url + "/nope")
-    assert unknown.status == 404 and await unknown.json() == {"error": "Not found"}
+    assert unknown.status == 404
+    assert await unknown.json() == {"error": "Not found"}
     outside = await served.session.get(served.url.rsplit("/", 1)[0] + "/elsewhere")
     assert outside.status == 404
 
@@ -382,8 +394,8 @@ async def test_envelope_run_and_connect(served: Served) -> None:
 
 # -- stop, disconnect, connect ------------------------------------------------------------
 
-async def _until(condition: Any, timeout: float = 2.0) -> None:
-    for _ in range(int(timeout / 0.01)):
+async def _until(condition: Any, within: float = 2.0) -> None:
+    for _ in range(int(within / 0.01)):
         if condition():
             return
         await asyncio.sleep(0.01)
@@ -422,9 +434,11 @@ async def test_stop_answers(served: Served) -> None:
     assert await idle.json() == {"stopped": False,
                                  "message": "No active run for thread 't-idle'."}
     bad = await served.post("/agent/default/stop/t", {"runId": "r", "extra": 1})
-    assert bad.status == 400 and await bad.json() == {"error": "Invalid stop request"}
+    assert bad.status == 400
+    assert await bad.json() == {"error": "Invalid stop request"}
     empty = await served.post("/agent/default/stop/t", {"runId": ""})
-    assert empty.status == 400 and await empty.json() == {"error": "Invalid runId"}
+    assert empty.status == 400
+    assert await empty.json() == {"error": "Invalid runId"}
     single = await served.post("", {"method": "agent/stop",
                                     "params": {"agentId": "default", "threadId": "t-idle"}})
     assert (await single.json())["stopped"] is False
@@ -469,7 +483,8 @@ async def test_connect_replays_compacted_history(served: Served) -> None:
 
 async def test_connect_unknown_thread_is_empty(served: Served) -> None:
     response = await served.post("/agent/default/connect", run_input("", thread="never"))
-    assert response.status == 200 and await response.read() == b""
+    assert response.status == 200
+    assert await response.read() == b""
 
 
 async def test_connect_while_running_follows_the_live_run(served: Served) -> None:

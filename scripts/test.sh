@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Set up and run every test: the Python suite (with ruff and mypy --strict) and the real
+# CopilotKit clients from npm. Extra args go to pytest.
+set -euo pipefail
+source "$(dirname "$0")/_venv.sh" "test"
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    if command -v apt-get >/dev/null; then
+        apt-get install -y -q nodejs npm >/dev/null
+    else
+        echo "The real-client tests need Node.js 20+ and npm" >&2
+        exit 1
+    fi
+fi
+if [ ! -d tests/js/node_modules ] || [ tests/js/package-lock.json -nt tests/js/node_modules ]; then
+    (cd tests/js && npm ci --no-audit --no-fund --loglevel=error)
+fi
+exec .venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,126 @@
+"""Server-side actions: schemas, validation, sync and async handlers, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Literal
+
+import orjson
+import pydantic
+import pytest
+
+from copilot_runtime import Action, ActionError, ConfigurationError, action
+
+
+def test_action_derives_schema_from_type_hints() -> None:
+    @action
+    def book(city: str, nights: int = 1, kind: Literal["hotel", "hostel"] = "hotel") -> str:
+        """Book a room."""
+        return f"{city}:{nights}:{kind}"
+
+    assert book.name == "book"
+    assert book.description == "Book a room."
+    schema = book.parameters
+    assert schema["required"] == ["city"]
+    assert schema["properties"]["nights"]["type"] == "integer"
+    assert schema["properties"]["kind"]["enum"] == ["hotel", "hostel"]
+    assert schema["additionalProperties"] is False
+
+
+def test_decorator_with_options() -> None:
+    @action(name="lookup-user", description="Find a user")
+    async def find(user_id: int) -> dict[str, int]:
+        return {"id": user_id}
+
+    assert (find.name, find.description) == ("lookup-user", "Find a user")
+
+
+class Address(pydantic.BaseModel):
+    street: str
+    zip: str
+
+
+async def test_pydantic_arguments_and_results() -> None:
+    @action
+    async def ship(to: Address, items: list[str]) -> Address:
+        return to
+
+    result = await ship.execute('{"to": {"street": "Main", "zip": "1"}, "items": ["a"]}')
+    assert orjson.loads(result) == {"street": "Main", "zip": "1"}
+
+
+async def test_sync_handlers_run_off_the_event_loop() -> None:
+    seen: list[str] = []
+
+    @action
+    def where() -> str:
+        seen.append(threading.current_thread().name)
+        return "ok"
+
+    assert await where.execute("{}") == '"ok"'
+    assert seen
+    assert seen[0] != threading.main_thread().name
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    ("{oops", "arguments are not valid JSON"),
+    ("[1]", "arguments must be a JSON object"),
+    ("{}", "city: Field required"),
+    ('{"city": 3}', "city: Input should be a valid string"),
+    ('{"city": "x", "extra": 1}', "extra: Extra inputs are not permitted"),
+])
+async def test_bad_arguments(arguments: str, message: str) -> None:
+    @action
+    def weather(city: str) -> str:
+        return city
+
+    with pytest.raises(ActionError, match=message):
+        await weather.execute(arguments)
+
+
+async def test_json_schema_action_validates() -> None:
+    calls: list[dict[str, object]] = []
+
+    async def handler(**kwargs: object) -> dict[str, object]:
+        calls.append(kwargs)
+        return {"ok": True}
+
+    explicit = Action("add", handler, description="Add numbers", parameters={
+        "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        "required": ["a", "b"]})
+    assert await explicit.execute('{"a": 1, "b": 2}') == '{"ok":true}'
+    assert calls == [{"a": 1, "b": 2}]
+    with pytest.raises(ActionError, match="'b' is a required property"):
+        await explicit.execute('{"a": 1}')
+    with pytest.raises(ActionError, match="a: 'x' is not of type 'number'"):
+        await explicit.execute('{"a": "x", "b": 1}')
+
+
+async def test_handler_exception_becomes_action_error_without_internals() -> None:
+    @action
+    async def explode() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("bad input value")
+
+    with pytest.raises(ActionError) as info:
+        await explode.execute("{}")
+    assert info.value.message == "ValueError: bad input value"
+    assert info.value.__cause__ is None
+    assert info.value.__suppress_context__
+
+
+async def test_unserialisable_result() -> None:
+    @action
+    def weird() -> object:
+        return object()
+
+    with pytest.raises(ActionError, match="could not be encoded as JSON"):
+        await weird.execute("{}")
+
+
+def test_configuration_errors() -> None:
+    with pytest.raises(ConfigurationError, match="must be 1-64"):
+        Action("has space", lambda: None)
+    with pytest.raises(ConfigurationError, match="invalid parameters schema"):
+        Action("x", lambda: None, parameters={"type": "nonsense"})

@@ -1,0 +1,136 @@
+"""The command line: serving targets, one-line errors, and the offline demo."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx2
+import orjson
+import pytest
+
+from copilot_runtime import CopilotRuntime, DemoAdapter
+from copilot_runtime.demo import build_demo_runtime, get_weather, roll_dice
+from copilot_runtime.testing import verify_events
+from tests.conftest import ServeRuntime, free_port, parse_sse, run_input, text_of
+
+CLI = [sys.executable, "-m", "copilot_runtime"]
+
+
+def _fails_with(args: list[str], message: str) -> None:
+    result = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result
+    assert result.stderr.strip() == f"copilot-runtime: error: {message}"
+
+
+def test_bad_targets() -> None:
+    _fails_with(["serve", "nocolon"], "TARGET must look like 'module:attribute', got 'nocolon'")
+    _fails_with(["serve", "no_such_module:app"], "cannot import module 'no_such_module'")
+    _fails_with(["serve", "copilot_runtime:nothing"],
+                "module 'copilot_runtime' has no attribute 'nothing'")
+    _fails_with(["serve", "copilot_runtime:__version__"],
+                "str is neither a CopilotRuntime nor an ASGI app")
+
+
+def test_port_in_use() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        _fails_with(["demo", "--port", str(port), "--db", ":memory:"],
+                    f"port {port} on 127.0.0.1 is already in use")
+
+
+@pytest.fixture
+def demo_server(tmp_path: object) -> Iterator[str]:
+    port = free_port()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": "."}
+    process = subprocess.Popen([*CLI, "demo", "--port", str(port), "--db", ":memory:"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    url = f"http://127.0.0.1:{port}/copilotkit"
+    try:
+        for _ in range(200):
+            try:
+                httpx2.get(url + "/info", timeout=1)
+                break
+            except httpx2.TransportError:
+                time.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        out, err = process.communicate(timeout=10)
+        assert b"Traceback" not in err, err
+        assert b"offline demo model" in out
+
+
+def test_demo_runs_offline(demo_server: str) -> None:
+    info = httpx2.get(demo_server + "/info").json()
+    assert info["agents"]["default"]["className"] == "BuiltInAgent"
+    response = httpx2.post(demo_server + "/agent/default/run",
+                           json=run_input("What is the weather in Paris?"), timeout=30)
+    events = parse_sse(response.content)
+    verify_events(events)
+    result = next(e for e in events if e["type"] == "TOOL_CALL_RESULT")
+    assert orjson.loads(result["content"])["city"] == "Paris"
+    assert "get_weather returned" in text_of(events)
+    hello = parse_sse(httpx2.post(demo_server + "/agent/default/run",
+                                  json=run_input("hello", thread="t2"), timeout=30).content)
+    assert "offline demo model" in text_of(hello)
+
+
+async def test_demo_runtime_dice_and_frontend_tools(serve_runtime: ServeRuntime) -> None:
+    runtime, description = build_demo_runtime()
+    assert "offline" in description
+    assert isinstance(runtime.agents["default"], object)
+    runtime.agents["default"].adapter = DemoAdapter(delay=0)  # type: ignore[attr-defined]
+    async with serve_runtime(runtime) as served:
+        dice = await served.run(run_input("Roll a die please"))
+        verify_events(dice)
+        rolled = orjson.loads(next(e for e in dice if e["type"] == "TOOL_CALL_RESULT")["content"])
+        assert 1 <= rolled["total"] <= 6
+        tool = {"name": "changeTheme", "description": "Change the colour theme",
+                "parameters": {"type": "object", "properties": {"color": {"type": "string"}},
+                               "required": ["color"]}}
+        frontend = await served.run(run_input("please changeTheme", thread="t-f",
+                                              tools=[tool]))
+        verify_events(frontend)
+        assert [e["type"] for e in frontend][-2:] == ["TOOL_CALL_END", "RUN_FINISHED"]
+
+
+async def test_demo_actions() -> None:
+    weather = orjson.loads(await get_weather.execute('{"city":"Oslo"}'))
+    assert weather == orjson.loads(await get_weather.execute('{"city":"Oslo"}'))
+    rolls = orjson.loads(await roll_dice.execute('{"sides": 20, "count": 3}'))
+    assert len(rolls["rolls"]) == 3
+    assert all(1 <= r <= 20 for r in rolls["rolls"])
+    with pytest.raises(Exception, match="sides must be"):
+        await roll_dice.execute('{"sides": 1}')
+
+
+async def test_mount_into_fastapi() -> None:
+    from fastapi import FastAPI
+
+    from copilot_runtime import mount_runtime
+    from tests.conftest import serve
+
+    app = FastAPI()
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"ok": "yes"}
+
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0))
+    mount_runtime(app, runtime, "/api/copilotkit")
+    async with serve(app) as url, httpx2.AsyncClient() as client:
+        assert (await client.get(url + "/health")).json() == {"ok": "yes"}
+        info = await client.get(url + "/api/copilotkit/info")
+        assert info.json()["agents"]["default"]["name"] == "default"
+        single = await client.post(url + "/api/copilotkit", json={"method": "info"})
+        assert "singleRoute" in single.json()
+        run = await client.post(url + "/api/copilotkit/agent/default/run",
+                                json=run_input("hi"))
+        assert "offline demo model" in text_of(parse_sse(run.content))
+    await runtime.aclose()

@@ -1,0 +1,95 @@
+"""The OpenAI adapter: request building, the stream parser, and upstream failures."""
+
+from __future__ import annotations
+
+import pytest
+from ag_ui.core import AssistantMessage, FunctionCall, ToolCall, ToolMessage, UserMessage
+
+from copilot_runtime import ConfigurationError, OpenAIAdapter, UpstreamError
+from copilot_runtime.adapters import ChatRequest, StreamEnd, TextDelta, ToolCallDelta, ToolSpec
+from copilot_runtime.adapters.openai import ChatCompletionsStreamParser
+from copilot_runtime.testing import MockOpenAIServer
+
+
+def _frame(body: str) -> bytes:
+    return f"data: {body}\n\n".encode()
+
+
+def test_parser_handles_frames_split_anywhere() -> None:
+    stream = (
+        _frame('{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}')
+        + _frame('{"choices":[{"index":0,"delta":{"content":"h\\u00e9llo \\ud83d\\ude00"}}]}')
+        + _frame('{"choices":[{"index":0,"delta":{"content":"caf\u00e9 \U0001f600"}}]}')
+        + _frame('{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}')
+        + _frame('{"choices":[],"usage":{"total_tokens":3}}')
+        + b"data: [DONE]\n\n"
+    )
+    for step in (1, 2, 3, 7, len(stream)):
+        parser = ChatCompletionsStreamParser()
+        out = []
+        for i in range(0, len(stream), step):
+            out.extend(parser.feed(stream[i:i + step]))
+        assert out == [TextDelta("h\u00e9llo \U0001f600"), TextDelta("caf\u00e9 \U0001f600"),
+                       StreamEnd("stop", {"total_tokens": 3})]
+        assert parser.done
+
+
+def test_parser_tool_calls_and_comments() -> None:
+    parser = ChatCompletionsStreamParser()
+    out = parser.feed(
+        b": keep-alive\n\n"
+        + _frame('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1",'
+                 '"function":{"name":"f","arguments":""}}]}}]}')
+        + _frame('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,'
+                 '"function":{"arguments":"{}"}}]}}]}'))
+    assert out == [ToolCallDelta(0, "c1", "f", ""), ToolCallDelta(0, None, None, "{}")]
+
+
+def test_parser_errors() -> None:
+    with pytest.raises(UpstreamError, match="malformed JSON"):
+        ChatCompletionsStreamParser().feed(b"data: {nope\n\n")
+    with pytest.raises(UpstreamError, match="error mid-stream: overloaded"):
+        ChatCompletionsStreamParser().feed(_frame('{"error":{"message":"overloaded"}}'))
+
+
+def test_request_building() -> None:
+    adapter = OpenAIAdapter(base_url="http://127.0.0.1:1/v1")
+    params = adapter.build_params(ChatRequest(
+        messages=[UserMessage(id="u", content="hi"),
+                  AssistantMessage(id="a", tool_calls=[ToolCall(
+                      id="c", function=FunctionCall(name="f", arguments="{}"))]),
+                  ToolMessage(id="t", tool_call_id="c", content="", error="boom")],
+        tools=[ToolSpec("f", "does f", {"type": "object"})],
+        system_prompt="sys", tool_choice="f", max_tokens=5))
+    assert params["messages"][0] == {"role": "system", "content": "sys"}
+    assert params["messages"][-1] == {"role": "tool", "tool_call_id": "c",
+                                      "content": "Error: boom"}
+    assert params["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    assert params["max_tokens"] == 5
+    assert params["model"] == "gpt-4o"
+
+
+def test_needs_a_key_or_a_base_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ConfigurationError, match="api_key"):
+        OpenAIAdapter()
+
+
+async def test_stream_against_the_mock(llm: MockOpenAIServer) -> None:
+    adapter = OpenAIAdapter(base_url=llm.base_url, max_retries=0)
+    try:
+        deltas = [d async for batch in adapter.stream(ChatRequest(
+            messages=[UserMessage(id="u", content="hello")])) for d in batch]
+        assert "".join(d.text for d in deltas if isinstance(d, TextDelta)) == "echo: hello"
+        end = deltas[-1]
+        assert isinstance(end, StreamEnd)
+        assert end.finish_reason == "stop"
+        assert end.usage is not None
+        assert end.usage["total_tokens"] > 0
+        with pytest.raises(UpstreamError, match="HTTP 429: mock error 429") as info:
+            async for _ in adapter.stream(ChatRequest(
+                    messages=[UserMessage(id="u", content="error:429")])):
+                pass
+        assert info.value.status == 429
+    finally:
+        await adapter.aclose()

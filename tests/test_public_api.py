@@ -1,0 +1,37 @@
+"""The public API is exactly what `copilot_runtime.__all__` says; changing it is deliberate."""
+
+from __future__ import annotations
+
+import copilot_runtime
+from copilot_runtime import testing
+
+EXPECTED = [
+    "Action", "ActionError", "Agent", "AgentNotFoundError", "BuiltInAgent", "CORSPolicy",
+    "ConfigurationError", "CopilotEndpoint", "CopilotRuntime", "CopilotRuntimeError",
+    "DemoAdapter", "InMemoryThreadStore", "InvalidRequestError", "OpenAIAdapter",
+    "PayloadTooLargeError", "RequestError", "RunContext", "RunInput", "SQLiteThreadStore",
+    "ServiceAdapter", "ThreadBusyError", "ThreadStore", "UpstreamError", "UpstreamTimeoutError",
+    "__version__", "action", "create_app", "mount_runtime",
+]
+
+
+def test_all_is_pinned() -> None:
+    assert sorted(copilot_runtime.__all__) == sorted(EXPECTED)
+    for name in copilot_runtime.__all__:
+        assert getattr(copilot_runtime, name) is not None
+
+
+def test_exception_hierarchy() -> None:
+    base = copilot_runtime.CopilotRuntimeError
+    for name in ("ActionError", "AgentNotFoundError", "ConfigurationError", "RequestError",
+                 "InvalidRequestError", "PayloadTooLargeError", "ThreadBusyError",
+                 "UpstreamError", "UpstreamTimeoutError"):
+        assert issubclass(getattr(copilot_runtime, name), base)
+    assert copilot_runtime.ThreadBusyError("t").status == 409
+    assert copilot_runtime.PayloadTooLargeError(1).status == 413
+
+
+def test_testing_helpers() -> None:
+    assert sorted(testing.__all__) == ["EventOrderError", "MockOpenAIServer", "verify_events"]
+    for name in testing.__all__:
+        assert getattr(testing, name) is not None

@@ -1,0 +1,108 @@
+"""Compaction, message reconstruction, and thread stores (in memory and SQLite)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from copilot_runtime import CopilotRuntime, DemoAdapter
+from copilot_runtime import events as ev
+from copilot_runtime._compaction import compact_events, events_to_messages
+from copilot_runtime.testing import verify_events
+from copilot_runtime.threads import InMemoryThreadStore, SQLiteThreadStore, StoredRun
+from tests.conftest import ServeRuntime, run_input, text_of
+
+
+def _run() -> list[ev.Event]:
+    return [
+        ev.run_started("t", "r", {"threadId": "t", "runId": "r", "messages": [
+            {"id": "u1", "role": "user", "content": "hi"}]}),
+        ev.state_snapshot({"n": 1}),
+        ev.text_message_start("m1"),
+        ev.text_message_content("m1", "Hel"),
+        ev.text_message_content("m1", "lo"),
+        ev.text_message_end("m1"),
+        ev.state_delta([{"op": "replace", "path": "/n", "value": 2}]),
+        ev.tool_call_start("c1", "f", "m2"),
+        ev.tool_call_args("c1", '{"a"'),
+        ev.tool_call_args("c1", ":1}"),
+        ev.tool_call_end("c1"),
+        ev.tool_call_result("m3", "c1", '"ok"'),
+        ev.run_finished("t", "r"),
+    ]
+
+
+def test_compaction_joins_deltas_and_folds_state() -> None:
+    compacted = compact_events(_run())
+    verify_events(compacted)
+    assert [e["type"] for e in compacted] == [
+        "RUN_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END",
+        "TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT",
+        "STATE_SNAPSHOT", "RUN_FINISHED"]
+    assert compacted[2]["delta"] == "Hello"
+    assert compacted[5]["delta"] == '{"a":1}'
+    assert compacted[8]["snapshot"] == {"n": 2}
+
+
+def test_events_to_messages() -> None:
+    messages = events_to_messages([compact_events(_run())])
+    assert messages == [
+        {"id": "u1", "role": "user", "content": "hi"},
+        {"id": "m1", "role": "assistant", "content": "Hello"},
+        {"id": "m2", "role": "assistant", "toolCalls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}]},
+        {"id": "m3", "role": "tool", "toolCallId": "c1", "content": '"ok"'},
+    ]
+
+
+async def test_memory_store_evicts_least_recently_used() -> None:
+    store = InMemoryThreadStore(max_threads=2, max_runs_per_thread=1)
+    for thread in ("a", "b"):
+        await store.append_run(thread, "default", StoredRun("r1", [], 1.0), ["m"])
+    await store.get("a")
+    await store.append_run("c", "default", StoredRun("r1", [], 2.0), [])
+    assert await store.get("b") is None
+    await store.append_run("a", "default", StoredRun("r2", [], 3.0), ["n"])
+    record = await store.get("a")
+    assert record is not None
+    assert [r.run_id for r in record.runs] == ["r2"]
+    assert record.message_ids == {"m", "n"}
+    assert [r.thread_id for r in await store.list()] == ["a", "c"]
+
+
+async def test_sqlite_store_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "threads.sqlite3"
+    store = SQLiteThreadStore(path)
+    await store.append_run("t1", "default", StoredRun("r1", compact_events(_run()), 1.0),
+                           ["u1", "m1"])
+    await store.append_run("t2", "other", StoredRun("r1", [], 2.0), [])
+    await store.append_run("t1", "default", StoredRun("r2", [], 3.0), ["u2"])
+    await store.aclose()
+
+    reopened = SQLiteThreadStore(path)
+    record = await reopened.get("t1")
+    assert record is not None
+    assert [r.run_id for r in record.runs] == ["r1", "r2"]
+    assert record.message_ids == {"u1", "m1", "u2"}
+    assert record.state == {"n": 2}
+    assert [r.thread_id for r in await reopened.list()] == ["t1", "t2"]
+    assert [r.thread_id for r in await reopened.list("other")] == ["t2"]
+    assert await reopened.get("nope") is None
+    await reopened.aclose()
+
+
+async def test_history_survives_a_restart(tmp_path: Path, serve_runtime: ServeRuntime) -> None:
+    path = tmp_path / "threads.sqlite3"
+    first = CopilotRuntime(service_adapter=DemoAdapter(delay=0),
+                           thread_store=SQLiteThreadStore(path))
+    async with serve_runtime(first) as served:
+        before = await served.run(run_input("remember this", thread="durable"))
+    second = CopilotRuntime(service_adapter=DemoAdapter(delay=0),
+                            thread_store=SQLiteThreadStore(path))
+    async with serve_runtime(second) as served:
+        replay = await served.run(run_input("", thread="durable"),
+                                  path="/agent/default/connect")
+        verify_events(replay)
+        assert text_of(replay) == text_of(before)
+        again = await served.run({**run_input("more", thread="durable", run="r2")})
+        assert again[0]["input"]["messages"] == [
+            {"id": "r2-u", "role": "user", "content": "more"}]
