@@ -76,10 +76,12 @@ class CopilotRuntime:
         return {"version": COMPATIBLE_VERSION, "agents": agents}
 
     async def start_run(self, agent_id: str, input: RunInput,
-                        headers: Mapping[str, str] | None = None) -> ActiveRun:
+                        headers: Mapping[str, str] | None = None, *,
+                        follow_up_server_tools: bool = True) -> ActiveRun:
         """Reserve the thread and prepare a run; drive it with `ActiveRun.drive`."""
         agent = self.agent(agent_id)
-        context = RunContext(agent_id=agent_id, headers=dict(headers or {}))
+        context = RunContext(agent_id=agent_id, headers=dict(headers or {}),
+                             follow_up_server_tools=follow_up_server_tools)
         return await self.runs.begin(agent_id, agent, input, context)
 
     def stop_run(self, agent_id: str, thread_id: str, run_id: str | None = None) -> bool:

@@ -28,6 +28,9 @@ class RunContext:
     agent_id: str
     #: Request headers, lower-cased; the protocol edge decides which ones are passed on.
     headers: Mapping[str, str] = field(default_factory=dict)
+    #: False ends the run after server-side tool results instead of calling the model again
+    #: (the turn semantics of the GraphQL protocol, where the client sends the follow-up).
+    follow_up_server_tools: bool = True
 
 
 class Agent(abc.ABC):

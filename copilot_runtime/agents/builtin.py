@@ -92,9 +92,9 @@ class BuiltInAgent(Agent):
         await self.adapter.aclose()
 
     def run(self, input: RunInput, context: RunContext) -> EventBatches:
-        return self._run(input)
+        return self._run(input, context.follow_up_server_tools)
 
-    async def _run(self, input: RunInput) -> EventBatches:
+    async def _run(self, input: RunInput, follow_up: bool) -> EventBatches:
         model = input.model
         settings = model_settings(model.forwarded_props)
         tools = [ToolSpec(a.name, a.description, a.parameters) for a in self.actions.values()]
@@ -107,7 +107,7 @@ class BuiltInAgent(Agent):
         system_prompt = self._system_prompt(model.context or ())
 
         for step in range(self.max_steps):
-            last_step = step == self.max_steps - 1
+            last_step = follow_up and step == self.max_steps - 1
             request = ChatRequest(
                 messages=history, tools=tools, system_prompt=system_prompt,
                 model=settings.get("model"), temperature=settings.get("temperature"),
@@ -179,8 +179,8 @@ class BuiltInAgent(Agent):
                 batch.append(tool_call_result(result_id, call.id, content))
                 history.append(ToolMessage(id=result_id, tool_call_id=call.id, content=content))
             yield batch
-            if len(server_calls) < len(calls):
-                return  # frontend tools are pending too: hand over to the client now
+            if len(server_calls) < len(calls) or not follow_up:
+                return  # the client has tools to run, or sends the follow-up itself
 
     async def _execute(self, call: _Call) -> str:
         action = self.actions.get(call.name)
