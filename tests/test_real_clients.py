@@ -285,15 +285,15 @@ def run_requests(result: Json, env: RealClientEnv) -> list[Json]:
     return requests_to(result, "POST", f"{env.url}/agent/default/run")
 
 
-def assert_one_complete_run(events: list[Json], thread_id: str) -> None:
+def assert_one_complete_run(events: list[Json], thread: str) -> None:
     types = event_types(events)
     assert types[0] == "RUN_STARTED", types
     assert types[-1] == "RUN_FINISHED", types
     assert types.count("RUN_STARTED") == 1, types
     assert types.count("RUN_FINISHED") == 1, types
     assert "RUN_ERROR" not in types, events
-    assert events[0]["threadId"] == thread_id
-    assert events[-1]["threadId"] == thread_id
+    assert events[0]["threadId"] == thread
+    assert events[-1]["threadId"] == thread
     assert events[-1]["runId"] == events[0]["runId"]
 
 

@@ -102,7 +102,7 @@ async function waitFor(predicate, ms, what) {
   }
 }
 
-async function newCore(url, transport = "rest") {
+async function startCore(url, transport = "rest") {
   const core = new CopilotKitCore({ runtimeUrl: url, runtimeTransport: transport });
   core.subscribe({
     onError: ({ code, error, context }) =>
@@ -127,7 +127,7 @@ function runtimeAgent(core, agentId = "default") {
   return agent;
 }
 
-function useThread(agent, threadId) {
+function freshThread(agent, threadId) {
   agent.threadId = threadId;
   agent.setMessages([]);
   agent.setState({});
@@ -184,7 +184,7 @@ async function rawRequest({ method = "POST", url, path = "", headers, body, json
 const scenarios = {
   // CopilotKitCore discovers the runtime over the chosen transport.
   async info({ transport = "rest" }) {
-    const core = await newCore(runtimeUrl, transport);
+    const core = await startCore(runtimeUrl, transport);
     return {
       status: core.runtimeConnectionStatus,
       transport: core.runtimeTransport,
@@ -198,8 +198,8 @@ const scenarios = {
 
   // One user message through CopilotKitCore.runAgent (frontend tools are followed up automatically).
   async chat({ transport = "rest", threadId = uid("thread"), text = "Hello", agentId = "default" }) {
-    const core = await newCore(runtimeUrl, transport);
-    const agent = useThread(runtimeAgent(core, agentId), threadId);
+    const core = await startCore(runtimeUrl, transport);
+    const agent = freshThread(runtimeAgent(core, agentId), threadId);
     const recorder = recordEvents(agent);
     agent.addMessage(userMessage(text));
     const result = await core.runAgent({ agent });
@@ -215,7 +215,7 @@ const scenarios = {
   // A frontend tool registered on the core; the model calls it, the core runs the handler and
   // starts the follow-up run by itself.
   async frontend_tool({ transport = "rest", threadId = uid("thread"), text }) {
-    const core = await newCore(runtimeUrl, transport);
+    const core = await startCore(runtimeUrl, transport);
     const handlerCalls = [];
     const toolExecutions = [];
     core.subscribe({
@@ -232,7 +232,7 @@ const scenarios = {
         return { greeting: `Hello, ${args.name}!` };
       },
     });
-    const agent = useThread(runtimeAgent(core), threadId);
+    const agent = freshThread(runtimeAgent(core), threadId);
     const recorder = recordEvents(agent);
     agent.addMessage(userMessage(text ?? 'call:sayHello {"name":"Ada"}'));
     const result = await core.runAgent({ agent });
@@ -250,7 +250,7 @@ const scenarios = {
   // A fresh CopilotKitCore (as after a page reload) restores an existing thread.
   async connect({ transport = "rest", threadId }) {
     if (!threadId) throw new Error("connect needs options.threadId");
-    const core = await newCore(runtimeUrl, transport);
+    const core = await startCore(runtimeUrl, transport);
     const agent = runtimeAgent(core);
     agent.threadId = threadId;
     const recorder = recordEvents(agent);
@@ -266,8 +266,8 @@ const scenarios = {
 
   // Stop a slow run after its first text piece (CopilotKitCore.stopAgent), then run again.
   async stop({ transport = "rest", threadId = uid("thread"), text = "slow:200 please stop", followUp = "Hello again" }) {
-    const core = await newCore(runtimeUrl, transport);
-    const agent = useThread(runtimeAgent(core), threadId);
+    const core = await startCore(runtimeUrl, transport);
+    const agent = freshThread(runtimeAgent(core), threadId);
     const recorder = recordEvents(agent);
     let firstPiece;
     const firstPieceSeen = new Promise((resolve) => {
@@ -309,8 +309,8 @@ const scenarios = {
 
   // A second run on a thread whose run is still streaming: raw fetch, then a plain HttpAgent.
   async busy_thread({ threadId = uid("thread"), text = "slow:150 keep me busy" }) {
-    const core = await newCore(runtimeUrl, "rest");
-    const agent = useThread(runtimeAgent(core), threadId);
+    const core = await startCore(runtimeUrl, "rest");
+    const agent = freshThread(runtimeAgent(core), threadId);
     const recorder = recordEvents(agent);
     let firstPiece;
     const firstPieceSeen = new Promise((resolve) => {
@@ -346,7 +346,7 @@ const scenarios = {
 
   // An agent id the runtime does not have: through the core, through HttpAgent, and raw.
   async unknown_agent({ agentId = "nope" }) {
-    const core = await newCore(runtimeUrl, "rest");
+    const core = await startCore(runtimeUrl, "rest");
     const threadId = uid("thread");
     const proxied = new ProxiedCopilotRuntimeAgent({ runtimeUrl, agentId, transport: "rest" });
     proxied.threadId = threadId;
