@@ -1,10 +1,22 @@
-"""Test doubles shipped with the library: a loopback OpenAI server and a scripted adapter."""
+"""Test doubles shipped with the library.
+
+`MockOpenAIServer` speaks OpenAI's wire format on loopback, so the real SDK runs end to end;
+`ScriptedAdapter` is an in-process model with written answers; `verify_events` checks the
+ordering rules AG-UI clients enforce.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EventOrderError", "MockOpenAIServer", "verify_events"]
+__all__ = [
+    "EventOrderError",
+    "MockOpenAIServer",
+    "ScriptedAdapter",
+    "text_turn",
+    "tool_turn",
+    "verify_events",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -13,6 +25,10 @@ def __getattr__(name: str) -> Any:
         from copilot_runtime.testing.mock_openai import MockOpenAIServer
 
         return MockOpenAIServer
+    if name in ("ScriptedAdapter", "text_turn", "tool_turn"):
+        from copilot_runtime.testing import scripted
+
+        return getattr(scripted, name)
     if name in ("EventOrderError", "verify_events"):
         from copilot_runtime.testing import verify
 
