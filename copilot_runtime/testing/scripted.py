@@ -25,7 +25,8 @@ Turn = Sequence[Sequence[ChatDelta]] | Callable[[ChatRequest], Sequence[Sequence
 
 def text_turn(*pieces: str) -> list[list[ChatDelta]]:
     """A turn that answers with `pieces` of text, one batch each."""
-    return [[TextDelta(p)] for p in pieces] + [[StreamEnd("stop")]]
+    batches: list[list[ChatDelta]] = [[TextDelta(p)] for p in pieces]
+    return [*batches, [StreamEnd("stop")]]
 
 
 def tool_turn(*calls: tuple[str, str], call_id_prefix: str = "call") -> list[list[ChatDelta]]:
