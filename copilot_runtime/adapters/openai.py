@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import aiohttp
 import httpx2
@@ -120,14 +120,19 @@ class OpenAIAdapter:
         return params
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
-        params = self.build_params(request)
-        completions = self.client.chat.completions
+        # The SDK's documented route for raw requests (`client.post`) still gives us its
+        # authentication, base URL, retries and error types, but skips the per-request walk
+        # of its TypedDict annotations: the body is already plain JSON, so it is sent as is.
+        body = orjson.dumps({**self.build_params(request), "stream": True, **self._extra_body})
         try:
-            async with completions.with_streaming_response.create(
-                **params, stream=True, extra_body=self._extra_body or None,
-            ) as response:
+            # With `cast_to=Response` the SDK hands back the unread HTTP response.
+            response = cast(httpx2.Response, await self.client.post(
+                "/chat/completions", cast_to=httpx2.Response, content=body,
+                options={"headers": {"Content-Type": "application/json"}},
+                stream=True, stream_cls=openai.AsyncStream[Any]))
+            try:
                 parser = ChatCompletionsStreamParser()
-                async for data in response.iter_bytes():
+                async for data in response.aiter_bytes():
                     deltas = parser.feed(data)
                     if deltas:
                         yield deltas
@@ -136,6 +141,8 @@ class OpenAIAdapter:
                 if not parser.done:
                     raise UpstreamError(
                         "The OpenAI stream ended before the answer was complete")
+            finally:
+                await response.aclose()
         except openai.APIStatusError as exc:
             raise UpstreamError(
                 f"OpenAI request failed with HTTP {exc.status_code}: {_error_message(exc)}",
