@@ -7,6 +7,8 @@ from copilot_runtime import testing
 
 EXPECTED = [
     "Action", "ActionError", "Agent", "AgentNotFoundError", "BuiltInAgent", "CORSPolicy",
+    "CopilotKitRemoteEndpoint", "HeaderPolicy", "HttpAgent", "LangGraphAgent",
+    "LangGraphPlatformAgent", "RemoteDiscovery", "RemoteEndpointAgent", "RetryPolicy", "Timeouts",
     "ConfigurationError", "CopilotEndpoint", "CopilotRuntime", "CopilotRuntimeError",
     "DemoAdapter", "InMemoryThreadStore", "InvalidRequestError", "OpenAIAdapter",
     "PayloadTooLargeError", "RequestError", "RunContext", "RunInput", "SQLiteThreadStore",

@@ -1,6 +1,56 @@
-"""Agent kinds, one module each, behind the `Agent` interface."""
+"""Agent kinds, one module each, behind the `Agent` interface.
 
+`LangGraphAgent` and `LangGraphPlatformAgent` need the `langgraph` / `platform` extras and
+are imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from copilot_runtime.agents._headers import HeaderPolicy
+from copilot_runtime.agents._http_client import Timeouts
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.agents.builtin import BuiltInAgent
+from copilot_runtime.agents.http import HttpAgent
+from copilot_runtime.agents.remote_endpoint import (
+    CopilotKitRemoteEndpoint,
+    RemoteDiscovery,
+    RemoteEndpointAgent,
+    RetryPolicy,
+)
 
-__all__ = ["Agent", "BuiltInAgent", "RunContext"]
+__all__ = [
+    "Agent",
+    "BuiltInAgent",
+    "CopilotKitRemoteEndpoint",
+    "HeaderPolicy",
+    "HttpAgent",
+    "LangGraphAgent",
+    "LangGraphPlatformAgent",
+    "RemoteDiscovery",
+    "RemoteEndpointAgent",
+    "RetryPolicy",
+    "RunContext",
+    "Timeouts",
+]
+
+_OPTIONAL = {
+    "LangGraphAgent": ("copilot_runtime.agents.langgraph", "langgraph"),
+    "LangGraphPlatformAgent": ("copilot_runtime.agents.langgraph_platform", "platform"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _OPTIONAL:
+        import importlib
+
+        module_name, extra = _OPTIONAL[name]
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ImportError(
+                f"{name} needs the '{extra}' extra: pip install 'copilot-runtime[{extra}]' "
+                f"({exc})") from exc
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,7 +26,8 @@ def _null_path(value: Any, path: str = "") -> str | None:
         return path or "<event>"
     if isinstance(value, dict):
         for key, item in value.items():
-            if key in ("snapshot", "value", "result", "state", "input", "payload", "delta"):
+            if key in ("snapshot", "value", "result", "state", "input", "payload", "delta",
+                       "event", "rawEvent"):
                 continue  # user data may hold nulls
             found = _null_path(item, f"{path}.{key}" if path else key)
             if found:

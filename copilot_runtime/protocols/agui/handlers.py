@@ -28,6 +28,7 @@ from copilot_runtime._exceptions import (
     RequestError,
 )
 from copilot_runtime._input import parse_json_body, parse_run_input
+from copilot_runtime.agents._headers import HOP_BY_HOP
 from copilot_runtime.protocols._http import (
     Request,
     read_body,
@@ -43,19 +44,16 @@ _THREAD_ENDPOINTS = {"list": True, "inspect": True, "mutations": False,
                      "realtimeMetadata": False}
 _NO_THREAD_ENDPOINTS = dict.fromkeys(_THREAD_ENDPOINTS, False)
 _ENVELOPE_METHODS = ("info", "agent/run", "agent/connect", "agent/stop")
-# Never passed on to agents: they describe the hop to us, or are secrets of this runtime.
-_DENIED_HEADERS = frozenset({
-    "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port",
-    "x-real-ip", "x-copilotcloud-public-api-key", "x-copilotkit-runtime-client-gql-version",
-})
-
-
 def forwardable_headers(request: Request) -> dict[str, str]:
-    """`authorization` and `x-*` request headers, minus the deny list; never cookies."""
+    """The request's headers for the agent, lower-cased, minus those of this connection.
+
+    Agents that call other services pass on only what their `HeaderPolicy` allows (by
+    default `authorization` and `x-*`, never cookies), as the TypeScript runtime does.
+    """
     out: dict[str, str] = {}
     for key, value in request.headers.items():
         name = key.decode("latin-1")
-        if (name == "authorization" or name.startswith("x-")) and name not in _DENIED_HEADERS:
+        if name not in HOP_BY_HOP:
             out[name] = value.decode("latin-1")
     return out
 

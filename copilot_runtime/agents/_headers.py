@@ -1,0 +1,67 @@
+"""Which request headers an agent passes on to the service behind it.
+
+The TypeScript runtime forwards `authorization` and every `x-*` header of the client's
+request to remote agents, except a few that describe the hop to the runtime or are the
+runtime's own secrets. `HeaderPolicy()` is that behaviour; its fields widen or narrow it.
+Cookies are never forwarded unless a policy names `cookie` explicitly, because a session
+cookie of the frontend's origin is a credential the remote service was never meant to see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_DENIED_HEADERS", "HOP_BY_HOP", "HeaderPolicy"]
+
+#: Never forwarded by the default policy: they describe the client's hop to this runtime,
+#: or are credentials of the runtime itself.
+DEFAULT_DENIED_HEADERS: frozenset[str] = frozenset({
+    "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port",
+    "x-real-ip", "x-copilotcloud-public-api-key", "x-copilotkit-runtime-client-gql-version",
+})
+# Headers that belong to one HTTP connection and must never be copied to another.
+HOP_BY_HOP: frozenset[str] = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+    "trailer", "transfer-encoding", "upgrade", "host", "content-length", "content-type",
+    "accept", "accept-encoding",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderPolicy:
+    """An allow list (exact names and name prefixes) minus a deny list.
+
+    `HeaderPolicy()` forwards `authorization` and `x-*` minus `DEFAULT_DENIED_HEADERS`, as
+    the TypeScript runtime does. `HeaderPolicy(allow=("authorization", "x-tenant"),
+    allow_prefixes=())` forwards exactly those two; `HeaderPolicy.none()` forwards nothing.
+    `forward_cookies=True` adds `cookie`. Names are compared lower-cased.
+    """
+
+    allow: tuple[str, ...] = ("authorization",)
+    allow_prefixes: tuple[str, ...] = ("x-",)
+    deny: frozenset[str] = DEFAULT_DENIED_HEADERS
+    forward_cookies: bool = False
+
+    def __post_init__(self) -> None:
+        # Names are matched lower-cased; normalise what the user wrote once, here.
+        object.__setattr__(self, "allow", tuple(n.lower() for n in self.allow))
+        object.__setattr__(self, "allow_prefixes", tuple(p.lower() for p in self.allow_prefixes))
+        object.__setattr__(self, "deny", frozenset(n.lower() for n in self.deny))
+
+    @classmethod
+    def none(cls) -> HeaderPolicy:
+        """A policy that forwards no header at all."""
+        return cls(allow=(), allow_prefixes=())
+
+    def allows(self, name: str) -> bool:
+        name = name.lower()
+        if name in HOP_BY_HOP or name in self.deny:
+            return False
+        if name == "cookie":
+            return self.forward_cookies
+        return name in self.allow or name.startswith(self.allow_prefixes)
+
+    def select(self, headers: Mapping[str, str]) -> dict[str, str]:
+        """The headers of `headers` this policy forwards, with lower-cased names."""
+        return {name.lower(): value for name, value in headers.items() if self.allows(name)}

@@ -1,0 +1,93 @@
+"""The HTTP plumbing the remote agent kinds share: sessions, timeouts, failures as errors.
+
+Every remote call goes through aiohttp (already the runtime's transport), with one
+connection pool per agent. Failures become `UpstreamError`/`UpstreamTimeoutError` with a
+message for the client that says what went wrong without the remote's URL or internals;
+the URL and the underlying exception go to the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+import structlog
+
+from copilot_runtime._exceptions import UpstreamError, UpstreamTimeoutError
+
+__all__ = ["SessionHolder", "Timeouts", "error_for_exception", "error_for_status"]
+
+_log = structlog.get_logger("copilot_runtime.agents")
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """How long a remote call may take, in seconds (None: no limit).
+
+    `connect` bounds opening the connection; `read` bounds each silence while waiting for
+    the answer's next bytes (a streaming agent that thinks for a long time between events
+    needs a generous one); `total` bounds the whole call, stream included.
+    """
+
+    connect: float | None = 10.0
+    read: float | None = 300.0
+    total: float | None = None
+
+    def client_timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=self.total, sock_connect=self.connect,
+                                     sock_read=self.read)
+
+
+class SessionHolder:
+    """One aiohttp session per agent, opened lazily inside the running event loop."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def get(self) -> aiohttp.ClientSession:
+        session, loop = self._session, asyncio.get_running_loop()
+        if session is None or session.closed or self._loop is not loop:
+            # A runtime reused across event loops (tests, notebooks) needs a fresh pool.
+            session = aiohttp.ClientSession()
+            self._session, self._loop = session, loop
+        return session
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+
+def error_for_exception(exc: BaseException, what: str, url: str) -> UpstreamError:
+    """The client-facing error for a failed call to `what` (e.g. "Agent 'x'")."""
+    _log.warning("remote call failed", target=what, url=url, error=repr(exc))
+    if isinstance(exc, TimeoutError):
+        return UpstreamTimeoutError(f"{what} did not answer in time")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return UpstreamError(f"{what} could not be reached (connection failed)")
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError
+                  | aiohttp.ClientOSError):
+        return UpstreamError(f"{what} closed the connection before the answer was complete")
+    return UpstreamError(f"{what} failed ({type(exc).__name__})")
+
+
+async def error_for_status(response: aiohttp.ClientResponse, what: str) -> UpstreamError:
+    """The client-facing error for an HTTP error answer, with the remote's own message."""
+    detail = ""
+    try:
+        body = await response.content.read(4096)
+        payload: Any = orjson.loads(body)
+        if isinstance(payload, dict):
+            for key in ("message", "error", "detail"):
+                value = payload.get(key)
+                if isinstance(value, str) and value:
+                    detail = f": {value[:200]}"
+                    break
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, ValueError):
+        pass
+    return UpstreamError(f"{what} answered HTTP {response.status}{detail}",
+                         status=response.status)

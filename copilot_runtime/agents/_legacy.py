@@ -1,0 +1,314 @@
+"""The legacy CopilotKit remote-endpoint formats, to and from AG-UI.
+
+Outbound: AG-UI messages as the typed message JSON (`TextMessage`, `ActionExecutionMessage`,
+`ResultMessage`) that `/agents/execute` expects, and CopilotKit `Parameter` lists from
+`/info` as JSON schemas. Inbound: the `/agents/execute` JSONL stream in both its forms,
+as AG-UI events: LangChain `astream_events` plus `on_copilotkit_*` events (agents of type
+`langgraph`), or CopilotKit runtime events (any other type). Node changes in state syncs
+become STEP events and the synced state a STATE_SNAPSHOT/DELTA, which is what the GraphQL
+protocol later turns back into `AgentStateMessage`s.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from copilot_runtime import events as ev
+from copilot_runtime._exceptions import UpstreamError
+from copilot_runtime.agents._wire import StateDeltaEncoder
+from copilot_runtime.events import Event
+
+__all__ = ["LangGraphJsonlTranslator", "RuntimeEventTranslator", "legacy_messages",
+           "parameters_schema"]
+
+_CREATED_AT = "1970-01-01T00:00:00.000Z"  # the SDK requires the field, never reads it
+
+
+# -- outbound -------------------------------------------------------------------------
+
+def legacy_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """AG-UI messages (as JSON) in the remote endpoint's typed message format."""
+    out: list[dict[str, Any]] = []
+    call_names: dict[str, str] = {}
+    for message in messages:
+        role, message_id = message.get("role"), str(message.get("id") or uuid.uuid4())
+        content = message.get("content")
+        if isinstance(content, list):  # multimodal parts: the legacy format has text only
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if role in ("user", "system", "developer") or (role == "assistant" and content):
+            out.append({"id": message_id, "createdAt": _CREATED_AT, "type": "TextMessage",
+                        "role": "system" if role == "developer" else role,
+                        "content": content or ""})
+        if role == "assistant":
+            for call in message.get("toolCalls") or ():
+                function = call.get("function") or {}
+                call_names[call["id"]] = function.get("name", "")
+                try:
+                    arguments = orjson.loads(function.get("arguments") or "{}")
+                except orjson.JSONDecodeError:
+                    arguments = {}
+                out.append({"id": call["id"], "createdAt": _CREATED_AT,
+                            "type": "ActionExecutionMessage", "name": function.get("name", ""),
+                            "arguments": arguments, "parentMessageId": message_id})
+        elif role == "tool":
+            call_id = str(message.get("toolCallId") or "")
+            out.append({"id": message_id, "createdAt": _CREATED_AT, "type": "ResultMessage",
+                        "actionExecutionId": call_id,
+                        "actionName": call_names.get(call_id, ""),
+                        "result": content if isinstance(content, str) else ""})
+    return out
+
+
+def parameters_schema(parameters: Any) -> dict[str, Any]:
+    """A CopilotKit `Parameter` list (`{name, type, description, required, enum,
+    attributes}`, types like `string`, `object`, `number[]`) as a JSON schema object."""
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for parameter in parameters or ():
+        if not isinstance(parameter, dict) or not isinstance(parameter.get("name"), str):
+            continue
+        properties[parameter["name"]] = _parameter_schema(parameter)
+        if parameter.get("required", True) is not False:
+            required.append(parameter["name"])
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def _parameter_schema(parameter: dict[str, Any]) -> dict[str, Any]:
+    kind = str(parameter.get("type") or "string")
+    array = kind.endswith("[]")
+    base = kind[:-2] if array else kind
+    if base == "object":
+        schema = parameters_schema(parameter.get("attributes"))
+    else:
+        schema = {"type": base if base in ("string", "number", "boolean") else "string"}
+        if isinstance(parameter.get("enum"), list):
+            schema["enum"] = parameter["enum"]
+    if array:
+        schema = {"type": "array", "items": schema}
+    if parameter.get("description"):
+        schema["description"] = parameter["description"]
+    return schema
+
+
+# -- inbound --------------------------------------------------------------------------
+
+class _Translator:
+    """What both JSONL forms share: open message/call tracking, steps and state."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.text: str | None = None
+        self.call: str | None = None
+        self.step: str | None = None
+        self.announced_calls: set[str] = set()
+        self.states = StateDeltaEncoder()
+
+    def close_text(self, out: list[Event]) -> None:
+        if self.text is not None:
+            out.append(ev.text_message_end(self.text))
+            self.text = None
+
+    def close_call(self, out: list[Event]) -> None:
+        if self.call is not None:
+            out.append(ev.tool_call_end(self.call))
+            self.call = None
+
+    def start_call(self, call_id: str, name: str, parent: str | None, out: list[Event]) -> None:
+        self.close_text(out)
+        self.close_call(out)
+        out.append(ev.tool_call_start(call_id, name, parent))
+        self.call = call_id
+        self.announced_calls.add(call_id)
+
+    def text_delta(self, message_id: str, delta: str, out: list[Event]) -> None:
+        self.close_call(out)
+        if self.text != message_id:
+            self.close_text(out)
+            out.append(ev.text_message_start(message_id))
+            self.text = message_id
+        out.append(ev.text_message_content(message_id, delta))
+
+    def state_sync(self, node: str | None, active: bool, state: Any, out: list[Event]) -> None:
+        """A state sync of the remote: node transitions as steps, then the state."""
+        node = None if node in (None, "__end__") else node
+        if active and node is not None and node != self.step:
+            self.finish_step(out)
+            out.append(ev.step_started(node))
+            self.step = node
+        if isinstance(state, dict):
+            state = {k: v for k, v in state.items() if k != "messages"}
+        event = self.states.encode(state)
+        if event is not None:
+            out.append(event)
+        if not active and node is not None and node == self.step:
+            self.finish_step(out)
+
+    def finish_step(self, out: list[Event]) -> None:
+        if self.step is not None:
+            out.append(ev.step_finished(self.step))
+            self.step = None
+
+    def failure(self, kind: Any) -> UpstreamError:
+        detail = f" ({kind})" if isinstance(kind, str) and kind else ""
+        return UpstreamError(f"{self.source} failed{detail}")
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _lc_fields(value: Any) -> dict[str, Any]:
+    """The fields of a LangChain object as `langchain_core.load.dumps` serialises it."""
+    if isinstance(value, dict):
+        kwargs = value.get("kwargs")
+        return kwargs if value.get("lc") == 1 and isinstance(kwargs, dict) else value
+    return {}
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: the first text part, as the TS runtime
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                return str(part.get("text") or "")
+    return ""
+
+
+class LangGraphJsonlTranslator(_Translator):
+    """`/agents/execute` lines of a `langgraph` agent (LangChain events) as AG-UI events."""
+
+    def translate(self, line: dict[str, Any]) -> list[Event]:
+        out: list[Event] = []
+        kind = line.get("event")
+        data, metadata = _dict(line.get("data")), _dict(line.get("metadata"))
+        if kind == "on_copilotkit_state_sync":
+            self.state_sync(line.get("node_name"), bool(line.get("active")),
+                            line.get("state"), out)
+        elif kind == "on_chat_model_stream":
+            self._model_chunk(_lc_fields(data.get("chunk")), metadata, out)
+        elif kind == "on_chat_model_end":
+            self.close_text(out)
+            self.close_call(out)
+        elif kind == "on_tool_end":
+            self._tool_result(_lc_fields(data.get("output")), out)
+        elif kind == "on_custom_event":
+            self._custom(str(line.get("name")), data, out)
+        elif kind in ("on_interrupt", "on_copilotkit_interrupt"):
+            self.close_text(out)
+            self.close_call(out)
+            out.append(ev.custom(kind, line.get("value", data)))
+        elif kind in ("on_copilotkit_error", "error"):
+            raise self.failure(_dict(data.get("error")).get("type"))
+        return out
+
+    def _model_chunk(self, chunk: dict[str, Any], metadata: dict[str, Any],
+                     out: list[Event]) -> None:
+        message_id = str(chunk.get("id") or "")
+        finish = (chunk.get("response_metadata") or {}).get("finish_reason")
+        emit_messages = metadata.get("copilotkit:emit-messages", True) is not False
+        wanted = metadata.get("copilotkit:emit-tool-calls", True)
+        for call in chunk.get("tool_call_chunks") or ():
+            if call.get("name") and call.get("id"):
+                visible = wanted if isinstance(wanted, bool) else (
+                    call["name"] == wanted if isinstance(wanted, str) else call["name"] in wanted)
+                if visible:
+                    self.start_call(call["id"], call["name"], message_id or None, out)
+                else:
+                    self.close_call(out)
+            if call.get("args") and self.call is not None:
+                out.append(ev.tool_call_args(self.call, call["args"]))
+        content = _text(chunk.get("content"))
+        if content and not chunk.get("tool_call_chunks") and emit_messages and message_id:
+            self.text_delta(message_id, content, out)
+        if finish:
+            self.close_text(out)
+            self.close_call(out)
+
+    def _tool_result(self, output: dict[str, Any], out: list[Event]) -> None:
+        call_id = output.get("tool_call_id")
+        if not isinstance(call_id, str) or call_id not in self.announced_calls:
+            return  # a result for a call the client never saw
+        self.close_text(out)
+        self.close_call(out)
+        content = output.get("content")
+        out.append(ev.tool_call_result(str(output.get("id") or f"result-{call_id}"), call_id,
+                                       content if isinstance(content, str)
+                                       else orjson.dumps(content).decode()))
+
+    def _custom(self, name: str, data: Any, out: list[Event]) -> None:
+        if name == "copilotkit_manually_emit_message" and isinstance(data, dict):
+            message_id = str(data.get("message_id") or uuid.uuid4())
+            self.close_text(out)
+            self.text_delta(message_id, str(data.get("message") or ""), out)
+            self.close_text(out)
+        elif name == "copilotkit_manually_emit_tool_call" and isinstance(data, dict):
+            call_id = str(data.get("id") or uuid.uuid4())
+            args = data.get("args")
+            self.start_call(call_id, str(data.get("name") or ""), call_id, out)
+            out.append(ev.tool_call_args(call_id, args if isinstance(args, str)
+                                         else orjson.dumps(args).decode()))
+            self.close_call(out)
+        elif name == "copilotkit_exit":
+            out.append(ev.custom("Exit", True))
+        elif name != "copilotkit_manually_emit_intermediate_state":
+            # (intermediate state already arrives as a state sync)
+            out.append(ev.custom(name, data))
+
+
+class RuntimeEventTranslator(_Translator):
+    """`/agents/execute` lines of other agents (CopilotKit runtime events) as AG-UI events."""
+
+    def translate(self, line: dict[str, Any]) -> list[Event]:
+        out: list[Event] = []
+        kind = line.get("type")
+        if kind == "TextMessageStart":
+            self.close_text(out)
+            out.append(ev.text_message_start(str(line.get("messageId"))))
+            self.text = str(line.get("messageId"))
+        elif kind == "TextMessageContent":
+            if line.get("content"):
+                out.append(ev.text_message_content(str(line.get("messageId")),
+                                                   str(line["content"])))
+        elif kind == "TextMessageEnd":
+            out.append(ev.text_message_end(str(line.get("messageId"))))
+            self.text = None
+        elif kind == "ActionExecutionStart":
+            self.start_call(str(line.get("actionExecutionId")), str(line.get("actionName")),
+                            line.get("parentMessageId"), out)
+        elif kind == "ActionExecutionArgs":
+            if line.get("args"):
+                out.append(ev.tool_call_args(str(line.get("actionExecutionId")),
+                                             str(line["args"])))
+        elif kind == "ActionExecutionEnd":
+            out.append(ev.tool_call_end(str(line.get("actionExecutionId"))))
+            self.call = None
+        elif kind == "ActionExecutionResult":
+            call_id = str(line.get("actionExecutionId"))
+            result = line.get("result")
+            out.append(ev.tool_call_result(f"result-{call_id}", call_id, result
+                                           if isinstance(result, str)
+                                           else orjson.dumps(result).decode()))
+        elif kind == "AgentStateMessage":
+            state = line.get("state")
+            if isinstance(state, str):
+                try:
+                    state = orjson.loads(state)
+                except orjson.JSONDecodeError:
+                    state = {}
+            self.state_sync(line.get("nodeName"), bool(line.get("active")), state, out)
+        elif kind == "MetaEvent":
+            out.append(ev.custom(str(line.get("name")), line.get("value")))
+        elif kind == "RunError":
+            error = ev.run_error(str(line.get("message") or f"{self.source} failed"))
+            if isinstance(line.get("code"), str):
+                error["code"] = line["code"]
+            out.append(error)
+        return out

@@ -1,0 +1,180 @@
+"""ag-ui-langgraph's LangGraph → AG-UI state machine, taught CopilotKit's conventions.
+
+`ag_ui_langgraph.LangGraphAgent` already turns a graph's `astream_events` into AG-UI
+events: text and tool-call streaming, steps per node, state and messages snapshots,
+interrupts, regeneration, and the frontend's tools in `state["copilotkit"]["actions"]`.
+It keeps per-run state on the instance, so `LangGraphAgent` clones it for every run.
+What it lacks, and this subclass adds (the same hooks the `copilotkit` SDK's own subclass
+overrides):
+
+* the `copilotkit:*` config metadata (`copilotkit:emit-messages`,
+  `copilotkit:emit-tool-calls` with its list-of-names form, and
+  `copilotkit:emit-intermediate-state`), translated to the keys the base reads;
+* the `copilotkit_*` custom events of `copilotkit.langgraph`: manually emitted messages and
+  tool calls, intermediate state (merged into the current state, as the SDK documents,
+  instead of replacing it), and `copilotkit_exit` as the `Exit` custom event;
+* `state["copilotkit"]["context"]`, the other half of the `CopilotKitState` convention;
+* `get_schema_keys()` without the config and context schemas: the base reads them through
+  LangGraph APIs deprecated in 1.0 (a `DeprecationWarning` per run) and never uses them;
+* `stream()`, the base's `run()` without its catch-all: the base turns any exception into a
+  `RUN_ERROR` carrying `str(exc)`, which can leak internals to the client; the runtime's
+  own error policy decides instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+from ag_ui.core import CustomEvent, EventType, RunAgentInput
+from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
+from ag_ui_langgraph.utils import camel_to_snake  # type: ignore[import-untyped]
+
+__all__ = ["CopilotKitLangGraphBridge"]
+
+# CopilotKit's custom event names and the ag-ui-langgraph names that mean the same thing.
+_RENAMED_CUSTOM_EVENTS: Final = {
+    "copilotkit_manually_emit_message": "manually_emit_message",
+    "copilotkit_manually_emit_tool_call": "manually_emit_tool_call",
+    "copilotkit_manually_emit_intermediate_state": "manually_emit_state",
+}
+_EXIT_EVENT: Final = "copilotkit_exit"
+
+
+class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
+    """One run's translator; see the module docstring. Use `clone()` per run."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # Tool calls whose announcement `copilotkit:emit-tool-calls` withheld: their
+        # results are withheld too, or the client would get a result for a call it never saw.
+        self._hidden_tool_calls: set[str] = set()
+
+    # -- entry point -------------------------------------------------------------------
+
+    async def stream(self, input: RunAgentInput) -> AsyncIterator[Any]:
+        """The run's AG-UI events (pydantic models); exceptions propagate."""
+        forwarded = input.forwarded_props if isinstance(input.forwarded_props, dict) else {}
+        graph_messages = []
+        subagent_messages = []
+        for message in input.messages or ():
+            if getattr(message, "subagent_run_id", None) is None:
+                graph_messages.append(message)
+            else:
+                subagent_messages.append(message)
+        # Read by the base's run set-up (it re-emits them in MESSAGES_SNAPSHOT).
+        self._inbound_subagent_messages = subagent_messages
+        update: dict[str, Any] = {
+            "forwarded_props": {camel_to_snake(k): v for k, v in forwarded.items()}}
+        if input.messages:
+            update["messages"] = graph_messages
+        async for event in self._handle_stream_events(input.model_copy(update=update)):
+            if event is not None:  # the base yields None for events it withheld
+                yield event
+
+    # -- hooks of the base -------------------------------------------------------------
+
+    async def prepare_stream(self, input: RunAgentInput, agent_state: Any,
+                             config: Any) -> Any:
+        prepared = await super().prepare_stream(input=input, agent_state=agent_state,
+                                                config=config)
+        if prepared.get("stream") is not None:
+            prepared["stream"] = self._translate_metadata(prepared["stream"])
+        return prepared
+
+    def get_schema_keys(self, config: Any) -> dict[str, list[str]]:
+        constant: list[str] = list(self.constant_schema_keys)
+        try:
+            inputs = list(self.graph.get_input_jsonschema(config).get("properties") or ())
+            outputs = list(self.graph.get_output_jsonschema(config).get("properties") or ())
+        except (AttributeError, TypeError, KeyError, ValueError, NotImplementedError):
+            # As the base does: without schemas, only the protocol's own keys pass.
+            inputs, outputs = [], []
+        return {"input": [*inputs, *constant], "output": [*outputs, *constant],
+                "config": [], "context": []}
+
+    def langgraph_default_merge_state(self, state: Any, messages: Any,
+                                      input: RunAgentInput) -> Any:
+        merged = super().langgraph_default_merge_state(state, messages, input)
+        context = [{"description": c.description, "value": c.value}
+                   for c in input.context or ()]
+        merged["copilotkit"] = {**merged.get("copilotkit", {}), "context": context}
+        return merged
+
+    async def _handle_single_event(self, event: Any, state: Any) -> AsyncIterator[Any]:
+        if event.get("event") == "on_custom_event":
+            name = event.get("name")
+            if name == _EXIT_EVENT:
+                yield self._dispatch_event(CustomEvent(type=EventType.CUSTOM, name="Exit",
+                                                       value=True))
+                return
+            renamed = _RENAMED_CUSTOM_EVENTS.get(name)
+            if renamed is not None:
+                data = event.get("data")
+                if renamed == "manually_emit_state" and isinstance(data, dict) \
+                        and isinstance(state, dict):
+                    data = {**state, **data}
+                event = {**event, "name": renamed, "data": data}
+                async for out in super()._handle_single_event(event, state):
+                    # The translated events stand for the custom event; drop its echo.
+                    if not (out is not None and out.type == EventType.CUSTOM
+                            and out.name == renamed):
+                        yield out
+                return
+        async for out in super()._handle_single_event(event, state):
+            yield out
+
+    def _dispatch_event(self, event: Any) -> Any:
+        if event is not None and event.type == EventType.TOOL_CALL_RESULT \
+                and event.tool_call_id in self._hidden_tool_calls:
+            return None
+        return super()._dispatch_event(event)
+
+    # -- CopilotKit metadata -----------------------------------------------------------
+
+    async def _translate_metadata(self, stream: AsyncIterator[dict[str, Any]]
+                                  ) -> AsyncIterator[dict[str, Any]]:
+        async for event in stream:
+            metadata = event.get("metadata")
+            if event.get("event") == "on_chain_end" and metadata \
+                    and event.get("name") == metadata.get("langgraph_node") \
+                    and self.active_run is not None:
+                # Intermediate state lasts until its node ends, as in the SDK.
+                self.active_run["manually_emitted_state"] = None
+            if metadata and any(key.startswith("copilotkit:") for key in metadata):
+                event = {**event, "metadata": self._base_metadata(event, metadata)}
+            yield event
+
+    def _base_metadata(self, event: dict[str, Any], metadata: dict[str, Any]
+                       ) -> dict[str, Any]:
+        out = dict(metadata)
+        if "copilotkit:emit-messages" in metadata:
+            out["emit-messages"] = bool(metadata["copilotkit:emit-messages"])
+        if "copilotkit:emit-intermediate-state" in metadata:
+            out["predict_state"] = metadata["copilotkit:emit-intermediate-state"]
+        wanted = metadata.get("copilotkit:emit-tool-calls")
+        if wanted is None or event.get("event") != "on_chat_model_stream":
+            return out
+        names = None if isinstance(wanted, bool) else (
+            {wanted} if isinstance(wanted, str) else set(wanted))
+        if names is None:
+            out["emit-tool-calls"] = wanted
+        for call in _tool_call_chunks(event):
+            call_name, call_id = _get(call, "name"), _get(call, "id")
+            if not call_name:
+                continue  # an argument chunk: it follows whatever its call's start did
+            emit = wanted if names is None else call_name in names
+            out["emit-tool-calls"] = emit
+            if not emit and call_id:
+                self._hidden_tool_calls.add(call_id)
+        return out
+
+
+def _get(item: Any, key: str) -> Any:
+    return item.get(key) if isinstance(item, dict) else getattr(item, key, None)
+
+
+def _tool_call_chunks(event: dict[str, Any]) -> list[Any]:
+    chunk = (event.get("data") or {}).get("chunk")
+    chunks = _get(chunk, "tool_call_chunks") if chunk is not None else None
+    return list(chunks or ())

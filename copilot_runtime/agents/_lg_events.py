@@ -1,0 +1,64 @@
+"""ag-ui-langgraph's pydantic events as the runtime's wire dicts, and its state as deltas.
+
+The bridge yields `ag_ui.core` models; the runtime carries plain camelCase dicts without
+null fields. Content and argument deltas (most of a run) are built by hand; the rest go
+through `model_dump`, except application data (snapshots, custom values, results), which
+keep their nulls and are made JSON-safe with the bridge's own `make_json_safe`.
+
+State snapshots leave out what is plumbing rather than application state: `messages`
+(they travel as message events and `MESSAGES_SNAPSHOT`), and the frontend's tools and
+context the bridge copies into `tools`, `copilotkit` and `ag-ui`. After the first snapshot
+of a run, a changed state goes out as an RFC 6902 `STATE_DELTA` when that is smaller, and
+an unchanged one not at all.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from ag_ui.core import BaseEvent
+from ag_ui_langgraph import make_json_safe  # type: ignore[import-untyped]
+
+from copilot_runtime import events as ev
+from copilot_runtime.agents._wire import StateDeltaEncoder
+from copilot_runtime.events import Event
+
+__all__ = ["PLUMBING_STATE_KEYS", "WireEncoder"]
+
+#: State keys that never reach the client in snapshots (see the module docstring).
+PLUMBING_STATE_KEYS: Final = frozenset({"messages", "tools", "copilotkit", "ag-ui"})
+# Event fields that hold application data: kept as they are, nulls included.
+_DATA_FIELDS: Final = {"snapshot": "snapshot", "delta": "delta", "value": "value",
+                       "event": "event", "result": "result"}
+
+
+class WireEncoder:
+    """Encodes one run's events; holds the last state sent, for deltas."""
+
+    def __init__(self, *, state_deltas: bool = True) -> None:
+        self._states = StateDeltaEncoder(deltas=state_deltas)
+
+    def encode(self, event: BaseEvent) -> Event | None:
+        kind: str = event.type.value
+        if kind == ev.TEXT_MESSAGE_CONTENT:
+            return ev.text_message_content(event.message_id, event.delta)  # type: ignore[attr-defined]
+        if kind == ev.TOOL_CALL_ARGS:
+            return ev.tool_call_args(event.tool_call_id, event.delta)  # type: ignore[attr-defined]
+        if kind == ev.STATE_SNAPSHOT:
+            snapshot = getattr(event, "snapshot", None)
+            if isinstance(snapshot, dict):
+                snapshot = {k: v for k, v in snapshot.items() if k not in PLUMBING_STATE_KEYS}
+            return self._states.encode(make_json_safe(snapshot))
+        return _dump(event)
+
+
+def _dump(event: BaseEvent) -> Event:
+    fields = type(event).model_fields
+    data_fields = [name for name in _DATA_FIELDS if name in fields]
+    out: Event = event.model_dump(mode="json", by_alias=True, exclude_none=True,
+                                  exclude={"raw_event", *data_fields})
+    for name in data_fields:
+        value = getattr(event, name)
+        if value is not None:
+            out[_DATA_FIELDS[name]] = make_json_safe(value)
+    return out

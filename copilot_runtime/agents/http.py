@@ -1,0 +1,104 @@
+"""`HttpAgent`: any AG-UI agent server reachable over HTTP.
+
+A run POSTs the client's `RunAgentInput` to `url` with `Accept: text/event-stream` and
+relays the SSE answer as it arrives, one batch per network read. The events are normalised
+and checked on the way (`_wire.RemoteEventChecker`), so a remote agent that breaks the
+protocol, dies mid-stream, answers an HTTP error or cannot be reached ends the run with a
+`RUN_ERROR` that says so. Stopping the run or losing the client closes the upstream
+connection, which is how an AG-UI server learns to stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+
+from copilot_runtime._exceptions import ConfigurationError, UpstreamError
+from copilot_runtime._input import RunInput
+from copilot_runtime.agents._headers import HeaderPolicy
+from copilot_runtime.agents._http_client import (
+    SessionHolder,
+    Timeouts,
+    error_for_exception,
+    error_for_status,
+)
+from copilot_runtime.agents._wire import RemoteEventChecker, SSEDecoder
+from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.events import EventBatches
+
+__all__ = ["HttpAgent"]
+
+# What an AG-UI server may assume it receives, even from a client that omitted them.
+_INPUT_DEFAULTS: dict[str, Any] = {"tools": [], "context": [], "state": {},
+                                   "forwardedProps": {}}
+
+
+class HttpAgent(Agent):
+    """A remote AG-UI agent at `url`.
+
+    `headers` are sent with every request and win over forwarded ones (the operator's
+    configuration must not be overridable by a browser). `header_policy` picks which of the
+    client's request headers are forwarded (default: as the TypeScript runtime does).
+    """
+
+    class_name = "HttpAgent"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        header_policy: HeaderPolicy | None = None,
+        description: str = "",
+        timeouts: Timeouts | None = None,
+    ) -> None:
+        super().__init__(description=description)
+        if not url.startswith(("http://", "https://")):
+            raise ConfigurationError(f"HttpAgent url must be http(s), got {url!r}")
+        self.url = url
+        self.headers = {name.lower(): value for name, value in (headers or {}).items()}
+        self.header_policy = header_policy or HeaderPolicy()
+        self.timeouts = timeouts or Timeouts()
+        self._sessions = SessionHolder()
+
+    def capabilities(self) -> dict[str, Any]:
+        return {"transport": {"streaming": True}}
+
+    def request_headers(self, context: RunContext) -> dict[str, str]:
+        """The headers of the upstream request for a run with `context`."""
+        return {**self.header_policy.select(context.headers), **self.headers,
+                "content-type": "application/json", "accept": "text/event-stream"}
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._run(input, context)
+
+    async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
+        what = f"Remote agent '{context.agent_id}'"
+        body = orjson.dumps({**_INPUT_DEFAULTS, **input.raw})
+        checker = RemoteEventChecker(what)
+        session = self._sessions.get()
+        try:
+            async with session.post(self.url, data=body, headers=self.request_headers(context),
+                                    timeout=self.timeouts.client_timeout()) as response:
+                if response.status >= 400:
+                    raise await error_for_status(response, what)
+                content_type = response.headers.get("content-type", "")
+                if not content_type.startswith("text/event-stream"):
+                    raise UpstreamError(f"{what} answered with content type "
+                                        f"{content_type or 'none'!r}, not an event stream")
+                decoder = SSEDecoder()
+                async for chunk in response.content.iter_any():
+                    batch = checker.payloads(decoder.feed(chunk))
+                    if batch:
+                        yield batch
+                    if checker.finished:
+                        return  # the run is over even if the server keeps the stream open
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise error_for_exception(exc, what, self.url) from None
+        checker.end_of_stream()
+
+    async def aclose(self) -> None:
+        await self._sessions.aclose()

@@ -1,0 +1,328 @@
+"""`LangGraphPlatformAgent`: a graph deployed on LangGraph Platform (or `langgraph dev`).
+
+The same translator as the in-process `LangGraphAgent` (`_lg_bridge`) drives the remote
+graph through `_PlatformGraph`, a stand-in for a compiled graph whose every call is a
+`langgraph-sdk` request, so both kinds stream, snapshot state, interrupt and honour the
+CopilotKit conventions alike. What is particular to the platform:
+
+* **Threads.** Platform thread ids are UUIDs. An AG-UI `threadId` that is a UUID (a `ck-`
+  prefix stripped, as the TypeScript runtime does) is used as it is; any other id maps to
+  a stable UUID5, so the same conversation always lands on the same platform thread. A
+  thread that does not exist yet is created on first use.
+* **Assistant.** `graph_id` is resolved once with `assistants.search`, and its input and
+  output schemas with `assistants.get_schemas`; the client's state is filtered to the input
+  schema's keys before it is sent, as the translator does in-process.
+* **Runs.** `runs.stream(..., stream_mode="events")`: the graph's `astream_events` as JSON,
+  which the translator needs (the state comes from those events and the final thread
+  state, so the `values`/`updates` modes would only double the traffic). `on_disconnect=
+  "cancel"`: stopping the run in the runtime cancels it on the platform.
+* **Headers.** `api_key` and `headers` go with every request, and the client's request
+  headers allowed by `header_policy` too.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Final
+
+import httpx
+import structlog
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    HumanMessageChunk,
+    RemoveMessage,
+    SystemMessage,
+    ToolMessage,
+    ToolMessageChunk,
+)
+from langgraph.types import Command, Interrupt, PregelTask, StateSnapshot
+from langgraph_sdk.client import LangGraphClient
+from langgraph_sdk.errors import NotFoundError
+
+from copilot_runtime._exceptions import ConfigurationError, UpstreamError
+from copilot_runtime._input import RunInput
+from copilot_runtime.agents._headers import HeaderPolicy
+from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
+from copilot_runtime.agents._lg_events import WireEncoder
+from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.agents.langgraph import translate_bridge_run
+from copilot_runtime.events import EventBatches
+
+__all__ = ["LangGraphPlatformAgent", "platform_thread_id"]
+
+_log = structlog.get_logger("copilot_runtime.agents")
+
+# UUID5 namespace for AG-UI thread ids that are not UUIDs (fixed: the mapping must be stable).
+_THREAD_NAMESPACE: Final = uuid.UUID("6f0b8f8e-6f3c-4d7e-9a57-0c0a7c9f4e21")
+
+
+def platform_thread_id(thread_id: str) -> str:
+    """The platform thread for an AG-UI thread id (see the module docstring)."""
+    candidate = thread_id.removeprefix("ck-")
+    try:
+        return str(uuid.UUID(candidate))
+    except ValueError:
+        return str(uuid.uuid5(_THREAD_NAMESPACE, thread_id))
+
+
+class LangGraphPlatformAgent(Agent):
+    """The graph `graph_id` of the deployment at `deployment_url`.
+
+    `assistant_id` picks one of the graph's assistants (default: the first found).
+    `headers` (and `api_key`, sent as `x-api-key`) go with every request; `timeout` bounds
+    each read, `connect_retries` the attempts to connect.
+    """
+
+    class_name = "LangGraphPlatformAgent"
+
+    def __init__(
+        self,
+        *,
+        deployment_url: str,
+        graph_id: str,
+        api_key: str | None = None,
+        assistant_id: str | None = None,
+        name: str | None = None,
+        description: str = "",
+        config: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        header_policy: HeaderPolicy | None = None,
+        timeout: float = 300.0,
+        connect_retries: int = 2,
+        state_deltas: bool = True,
+        emit_interrupt_outcome: bool = False,
+        legacy_interrupt_events: bool = True,
+    ) -> None:
+        super().__init__(description=description)
+        if not deployment_url.startswith(("http://", "https://")):
+            raise ConfigurationError(
+                f"deployment_url must be http(s), got {deployment_url!r}")
+        self.deployment_url = deployment_url.rstrip("/")
+        self.graph_id = graph_id
+        self.assistant_id = assistant_id
+        self.name = name or graph_id
+        self.config = dict(config or {})
+        self.header_policy = header_policy or HeaderPolicy()
+        self.state_deltas = state_deltas
+        self._bridge_flags = {"emit_interrupt_outcome": emit_interrupt_outcome,
+                              "enable_legacy_on_interrupt_event": legacy_interrupt_events}
+        static = {name.lower(): value for name, value in (headers or {}).items()}
+        if api_key:
+            static["x-api-key"] = api_key
+        # The SDK's own client, but with the connection retries ours to choose: its default
+        # (5, with backoff) makes an unreachable deployment take ~8 s to report.
+        self._client = LangGraphClient(httpx.AsyncClient(
+            base_url=self.deployment_url, headers=static,
+            transport=httpx.AsyncHTTPTransport(retries=connect_retries),
+            timeout=httpx.Timeout(timeout, connect=10.0)))
+        self._resolved: tuple[str, dict[str, Any]] | None = None
+
+    def capabilities(self) -> dict[str, Any]:
+        return {"identity": {"type": "langgraph"},
+                "humanInTheLoop": {"supported": True, "interrupts": True},
+                "state": {"snapshots": True, "deltas": self.state_deltas,
+                          "persistentState": True},
+                "tools": {"supported": True, "clientProvided": True},
+                "transport": {"streaming": True}}
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._run(input, context)
+
+    async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
+        headers = self.header_policy.select(context.headers)
+        what = f"LangGraph Platform agent '{context.agent_id}'"
+        try:
+            assistant_id, schemas = await self._assistant(headers)
+            graph = _PlatformGraph(self._client, assistant_id, schemas, headers)
+            bridge = CopilotKitLangGraphBridge(
+                name=self.name, graph=graph, description=self.description or None,
+                config=dict(self.config) or None, emit_raw_events=False, **self._bridge_flags)
+            async for batch in translate_bridge_run(
+                    bridge, input, WireEncoder(state_deltas=self.state_deltas)):
+                yield batch
+        except httpx.TimeoutException:
+            raise UpstreamError(f"{what} did not answer in time") from None
+        except httpx.HTTPStatusError as exc:
+            raise UpstreamError(f"{what} answered HTTP {exc.response.status_code}",
+                                status=exc.response.status_code) from None
+        except httpx.TransportError:
+            raise UpstreamError(f"{what} could not be reached") from None
+
+    async def _assistant(self, headers: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
+        """The assistant to run and its schemas, looked up once."""
+        if self._resolved is None:
+            try:
+                found = await self._client.assistants.search(
+                    graph_id=self.graph_id, limit=100, headers=headers)
+            except NotFoundError:  # the server answers 404 for a graph it does not know
+                found = []
+            chosen = next((a for a in found if self.assistant_id in (None, a["assistant_id"])),
+                          None)
+            if chosen is None:
+                raise UpstreamError(f"The LangGraph deployment has no assistant for graph "
+                                    f"'{self.graph_id}'")
+            assistant_id = str(chosen["assistant_id"])
+            schemas = dict(await self._client.assistants.get_schemas(assistant_id,
+                                                                     headers=headers))
+            self._resolved = (assistant_id, schemas)
+        return self._resolved
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+# -- the remote graph ------------------------------------------------------------------
+
+_MESSAGE_TYPES: Final[dict[str, type[BaseMessage]]] = {
+    "human": HumanMessage, "ai": AIMessage, "system": SystemMessage, "tool": ToolMessage,
+    "remove": RemoveMessage, "AIMessageChunk": AIMessageChunk,
+    "HumanMessageChunk": HumanMessageChunk, "ToolMessageChunk": ToolMessageChunk,
+}
+# Recomputed by the chunk class from `tool_call_chunks`; passing them too would conflict.
+_DERIVED_CHUNK_FIELDS: Final = ("tool_calls", "invalid_tool_calls")
+
+
+def revive(value: Any) -> Any:
+    """Platform JSON with the LangChain messages in it made message objects again."""
+    if isinstance(value, dict):
+        kind = value.get("type")
+        cls = _MESSAGE_TYPES.get(kind) if isinstance(kind, str) and "content" in value \
+            else None
+        if cls is not None:
+            fields = {k: v for k, v in value.items() if v is not None and k != "type"}
+            if kind is not None and kind.endswith("Chunk"):
+                for key in _DERIVED_CHUNK_FIELDS:
+                    fields.pop(key, None)
+            try:
+                return cls(**fields)
+            except (TypeError, ValueError):
+                return value
+        return {key: revive(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [revive(item) for item in value]
+    return value
+
+
+def _snapshot(thread_id: str, state: Mapping[str, Any]) -> StateSnapshot:
+    checkpoint = state.get("checkpoint") or {}
+    configurable: dict[str, Any] = {"thread_id": thread_id,
+                                    "checkpoint_ns": checkpoint.get("checkpoint_ns", "")}
+    if checkpoint.get("checkpoint_id"):
+        configurable["checkpoint_id"] = checkpoint["checkpoint_id"]
+    tasks = tuple(
+        PregelTask(id=task.get("id", ""), name=task.get("name", ""), path=(),
+                   error=task.get("error"), state=None, result=task.get("result"),
+                   interrupts=tuple(Interrupt(value=i.get("value"), id=i.get("id") or "")
+                                    for i in task.get("interrupts") or ()))
+        for task in state.get("tasks") or ())
+    return StateSnapshot(
+        values=revive(state.get("values") or {}), next=tuple(state.get("next") or ()),
+        config={"configurable": configurable}, metadata=state.get("metadata"),
+        created_at=state.get("created_at"), parent_config=None, tasks=tasks,
+        interrupts=tuple(i for task in tasks for i in task.interrupts))
+
+
+class _PlatformGraph:
+    """What the translator uses of a compiled graph, answered by the platform's API."""
+
+    #: No subgraph detection: nodes bound to subgraphs are not visible over the API.
+    nodes: dict[str, Any] = {}  # noqa: RUF012 - read-only, as the translator reads it
+    context_schema = None
+
+    def __init__(self, client: LangGraphClient, assistant_id: str, schemas: dict[str, Any],
+                 headers: Mapping[str, str]) -> None:
+        self.client = client
+        self.assistant_id = assistant_id
+        self.schemas = schemas
+        self.headers = dict(headers)
+
+    # schemas
+    def get_input_jsonschema(self, config: Any = None) -> dict[str, Any]:
+        schema = self.schemas.get("input_schema") or self.schemas.get("state_schema") or {}
+        return dict(schema)
+
+    def get_output_jsonschema(self, config: Any = None) -> dict[str, Any]:
+        schema = self.schemas.get("output_schema") or self.schemas.get("state_schema") or {}
+        return dict(schema)
+
+    # threads
+    @staticmethod
+    def _thread(config: Mapping[str, Any]) -> str:
+        return platform_thread_id(str(config["configurable"]["thread_id"]))
+
+    async def aget_state(self, config: Mapping[str, Any]) -> StateSnapshot:
+        thread = self._thread(config)
+        try:
+            state = await self.client.threads.get_state(thread, headers=self.headers)
+        except NotFoundError:
+            await self.client.threads.create(thread_id=thread, if_exists="do_nothing",
+                                             headers=self.headers)
+            state = await self.client.threads.get_state(thread, headers=self.headers)
+        return _snapshot(config["configurable"]["thread_id"], state)
+
+    async def aget_state_history(self, config: Mapping[str, Any]
+                                 ) -> AsyncIterator[StateSnapshot]:
+        history = await self.client.threads.get_history(self._thread(config), limit=1000,
+                                                        headers=self.headers)
+        for state in history:
+            yield _snapshot(config["configurable"]["thread_id"], state)
+
+    async def aupdate_state(self, config: Mapping[str, Any], values: Any,
+                            as_node: str | None = None) -> dict[str, Any]:
+        configurable = config["configurable"]
+        answer = await self.client.threads.update_state(
+            self._thread(config), values, as_node=as_node,
+            checkpoint_id=configurable.get("checkpoint_id"), headers=self.headers)
+        checkpoint = answer.get("checkpoint") or {}
+        return {"configurable": {"thread_id": configurable["thread_id"],
+                                 "checkpoint_ns": checkpoint.get("checkpoint_ns", ""),
+                                 "checkpoint_id": checkpoint.get("checkpoint_id")}}
+
+    # runs
+    async def astream_events(self, input: Any, config: Mapping[str, Any] | None = None, *,
+                             subgraphs: bool = False, version: str = "v2",
+                             context: Mapping[str, Any] | None = None
+                             ) -> AsyncIterator[dict[str, Any]]:
+        config = dict(config or {})
+        configurable = dict(config.get("configurable") or {})
+        thread = platform_thread_id(str(configurable.pop("thread_id")))
+        checkpoint_id = configurable.pop("checkpoint_id", None)
+        configurable.pop("checkpoint_ns", None)
+        run_config = {key: value for key, value in config.items()
+                      if key in ("tags", "recursion_limit", "metadata")}
+        if configurable:
+            run_config["configurable"] = configurable
+        command: dict[str, Any] | None = None
+        if isinstance(input, Command):
+            command = {key: value for key, value in (
+                ("resume", input.resume), ("update", input.update),
+                ("goto", input.goto or None)) if value is not None}
+            input = None
+        # (the SDK types `command` and `config` as TypedDicts; these dicts are their shape)
+        runs: Any = self.client.runs
+        stream = runs.stream(
+            thread, self.assistant_id, input=input, command=command, stream_mode="events",
+            stream_subgraphs=subgraphs, config=run_config or None, checkpoint_id=checkpoint_id,
+            on_disconnect="cancel", headers=self.headers)
+        async for part in stream:
+            if part.event == "events" or part.event.startswith("events|"):
+                event = dict(part.data)
+                data = event.get("data")
+                if isinstance(data, dict):
+                    event["data"] = {key: revive(item) if key in ("chunk", "output") else item
+                                     for key, item in data.items()}
+                yield event
+            elif part.event == "error":
+                # The platform's message is the graph's exception text: log it, and tell
+                # the client only what kind of failure it was.
+                error = part.data if isinstance(part.data, dict) else {}
+                _log.warning("LangGraph Platform run failed", assistant=self.assistant_id,
+                             error=error)
+                kind = error.get("error") if isinstance(error.get("error"), str) else None
+                yield {"event": "error", "data": {"message": (
+                    f"The graph failed on the LangGraph Platform ({kind})" if kind
+                    else "The graph failed on the LangGraph Platform")}}
