@@ -14,4 +14,12 @@ fi
 if [ ! -d tests/js/node_modules ] || [ tests/js/package-lock.json -nt tests/js/node_modules ]; then
     (cd tests/js && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# The persistence tests use the machine's PostgreSQL and Redis; start them if they are down.
+if command -v pg_isready >/dev/null && ! pg_isready -q -h 127.0.0.1 -p 5432; then
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start || true
+fi
+if command -v redis-cli >/dev/null && ! redis-cli -h 127.0.0.1 ping >/dev/null 2>&1; then
+    redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+        --dir /var/lib/redis --logfile /var/log/redis/ci.log || true
+fi
 exec .venv/bin/python -m pytest -q "$@"
