@@ -1,7 +1,7 @@
 """The runtime as an ASGI application: one base URL, every protocol.
 
-`CopilotEndpoint` routes by path and, on a POST to the base path, by body: JSON with
-`method` is the AG-UI single-route envelope (and JSON with `query` will be GraphQL). It
+`CopilotEndpoint` routes by path and, on the base path, by body: JSON with `method` is the
+AG-UI single-route envelope, JSON with `query` (or a GET with `?query=`) is GraphQL. It
 answers CORS, enforces the body limit, and never lets an exception's internals reach a
 client. `create_app` makes a standalone app; `mount_runtime` adds the endpoint to an
 existing FastAPI or Starlette app.
@@ -29,6 +29,7 @@ from copilot_runtime.protocols._http import (
     send_json,
 )
 from copilot_runtime.protocols.agui.handlers import AGUIProtocol
+from copilot_runtime.protocols.graphql import GraphQLProtocol
 from copilot_runtime.runtime import CopilotRuntime
 
 __all__ = ["CopilotEndpoint", "create_app", "mount_runtime"]
@@ -54,6 +55,7 @@ class CopilotEndpoint:
         self.max_body_size = max_body_size
         self.cors = cors or CORSPolicy()
         self.agui = AGUIProtocol(runtime, max_body_size=max_body_size)
+        self.graphql = GraphQLProtocol(runtime)
         self._lifespan = lifespan
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -98,6 +100,10 @@ class CopilotEndpoint:
 
     async def _base(self, request: Request) -> None:
         """POST to the base path: the body says which protocol it speaks."""
+        query = request.query
+        if request.method == "GET" and (query.startswith(b"query=") or b"&query=" in query):
+            await self.graphql.get(request)
+            return
         if request.method != "POST":
             await send_json(request, 405, {"error": "Method not allowed"}, [(b"allow", b"POST")])
             return
@@ -114,10 +120,16 @@ class CopilotEndpoint:
                                            "code": exc.code})
             return
         except InvalidRequestError:
+            if b"x-copilotkit-runtime-client-gql-version" in request.headers:
+                await self.graphql.invalid_json(request)  # a GraphQL client: its error form
+                return
             await send_json(request, 400, {"error": "invalid_request",
                                            "message": "Invalid JSON payload"})
             return
         except ConnectionAbortedError:
+            return
+        if isinstance(data, dict) and "query" in data and "method" not in data:
+            await self.graphql.post(request, data)
             return
         await self.agui.envelope(request, data)
 

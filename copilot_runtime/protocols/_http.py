@@ -172,13 +172,21 @@ async def _watch_disconnect(receive: Receive, on_disconnect: Callable[[], object
 
 
 async def stream_run(request: Request, run: ActiveRun,
-                     encode: Callable[[Sequence[Event]], bytes] = encode_sse) -> None:
-    """Drive `run`, writing each batch as one chunk; a disconnect cancels the run."""
+                     encode: Callable[[Sequence[Event]], bytes] = encode_sse,
+                     headers: Headers = _SSE_HEADERS) -> None:
+    """Drive `run`, writing each batch as one chunk; a disconnect cancels the run.
+
+    `encode` may return no bytes for a batch (a protocol that writes only at the end):
+    nothing is sent then.
+    """
     send = request.send
-    await _start_sse(request)
+    await request.send({"type": "http.response.start", "status": 200,
+                        "headers": [*headers, *request.cors]})
 
     async def write(batch: Sequence[Event]) -> None:
-        await send({"type": "http.response.body", "body": encode(batch), "more_body": True})
+        body = encode(batch)
+        if body:
+            await send({"type": "http.response.body", "body": body, "more_body": True})
 
     watcher = asyncio.create_task(
         _watch_disconnect(request.receive, lambda: run.cancel("disconnect")))

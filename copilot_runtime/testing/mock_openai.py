@@ -9,6 +9,7 @@ run end to end without a network or a key. What it answers depends on the last m
 * ``error:NNN``: HTTP NNN with an OpenAI error body;
 * ``breaks:N text``: N content pieces, then the connection is cut mid-stream;
 * ``slow:MS text``: MS milliseconds between pieces (to stop or disconnect mid-stream);
+* ``chunks:N text``: the answer in N pieces, whatever the server's ``chunks`` setting;
 * anything else: ``echo: <text of the last message>`` (a tool result's content included),
   split into ``chunks`` pieces on code-point boundaries.
 
@@ -33,7 +34,7 @@ __all__ = ["MockOpenAIServer"]
 
 _CREATED = 1700000000
 _CALL = re.compile(r"^call:([A-Za-z0-9_\-]+)\s*(.*)$", re.S)
-_DIRECTIVE = re.compile(r"^(error|breaks|slow):(\d+)\s*(.*)$", re.S)
+_DIRECTIVE = re.compile(r"^(error|breaks|slow|chunks):(\d+)\s*(.*)$", re.S)
 
 
 def _text_of(message: dict[str, Any]) -> str:
@@ -57,6 +58,7 @@ class _Plan:
     error_status: int | None = None
     break_after: int | None = None
     delay: float = 0.0
+    chunks: int | None = None
 
 
 def _plan(body: dict[str, Any], delay: float) -> _Plan:
@@ -83,6 +85,8 @@ def _plan(body: dict[str, Any], delay: float) -> _Plan:
                 plan.error_status = number
             elif kind == "breaks":
                 plan.break_after = number
+            elif kind == "chunks":
+                plan.chunks = max(1, number)
             else:
                 plan.delay = number / 1000
     plan.text = "echo: " + _text_of(last)
@@ -155,8 +159,8 @@ class MockOpenAIServer:
             return _error(400, "invalid JSON body", "invalid_request_error")
         if self.record:
             self.requests.append(body)
-        chunks = int(request.query.get("chunks", self.chunks))
         plan = _plan(body, self.delay)
+        chunks = plan.chunks or int(request.query.get("chunks", self.chunks))
         if plan.error_status is not None:
             return _error(plan.error_status, f"mock error {plan.error_status}", "server_error")
         digest = hashlib.sha256(raw).hexdigest()

@@ -1,0 +1,104 @@
+"""Errors in the shapes the 1.10 client reads: resolver errors and failed response statuses.
+
+The client (`@copilotkit/runtime-client-gql` and react-core 1.10) routes an error by
+`extensions.visibility` and explains it by `extensions.code`, so resolver errors carry the
+same `{name, statusCode, code, visibility, severity, troubleshootingUrl, originalError}`
+extensions as the TypeScript runtime's, and a failed run reports the same
+`FailedResponseStatus.details`. Unlike that runtime we never attach a stack trace or a path:
+`originalError` holds the message only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from copilot_runtime._exceptions import (
+    AgentNotFoundError,
+    ConfigurationError,
+    CopilotRuntimeError,
+    RequestError,
+    ThreadBusyError,
+    UpstreamError,
+)
+
+__all__ = [
+    "failed_status",
+    "interrupted_status",
+    "kit_code",
+    "kit_code_of",
+    "kit_extensions",
+]
+
+_DOCS = "https://docs.copilotkit.ai"
+# code -> (statusCode, visibility, severity, troubleshootingUrl), as the 1.10 client knows them;
+# THREAD_BUSY is ours (that runtime has no such condition).
+_KIT: dict[str, tuple[int, str, str, str | None]] = {
+    "AGENT_NOT_FOUND": (500, "banner", "critical",
+                        f"{_DOCS}/coagents/troubleshooting/common-issues"
+                        "#i-am-getting-agent-not-found-error"),
+    "NETWORK_ERROR": (503, "banner", "critical",
+                      f"{_DOCS}/troubleshooting/common-issues"
+                      "#i-am-getting-a-network-errors--api-not-found"),
+    "MISUSE": (400, "dev_only", "warning", None),
+    "CONFIGURATION_ERROR": (400, "banner", "warning", None),
+    "THREAD_BUSY": (409, "toast", "warning", None),
+    "UNKNOWN": (500, "toast", "critical", None),
+}
+# The runtime's own codes (RUN_ERROR.code, CopilotRuntimeError.code) -> the client's.
+_FROM_RUNTIME = {
+    "UPSTREAM_ERROR": "NETWORK_ERROR",
+    "UPSTREAM_TIMEOUT": "NETWORK_ERROR",
+    "AGENT_NOT_FOUND": "AGENT_NOT_FOUND",
+    "THREAD_BUSY": "THREAD_BUSY",
+    "INVALID_REQUEST": "MISUSE",
+    "PAYLOAD_TOO_LARGE": "MISUSE",
+    "CONFIGURATION_ERROR": "CONFIGURATION_ERROR",
+}
+
+
+def kit_code(runtime_code: str | None) -> str:
+    return _FROM_RUNTIME.get(runtime_code or "", "UNKNOWN")
+
+
+def kit_code_of(exc: CopilotRuntimeError) -> str:
+    if isinstance(exc, AgentNotFoundError):
+        return "AGENT_NOT_FOUND"
+    if isinstance(exc, ThreadBusyError):
+        return "THREAD_BUSY"
+    if isinstance(exc, RequestError):
+        return "MISUSE"
+    if isinstance(exc, ConfigurationError):
+        return "CONFIGURATION_ERROR"
+    if isinstance(exc, UpstreamError):
+        return "NETWORK_ERROR"
+    return "UNKNOWN"
+
+
+def kit_extensions(code: str, message: str) -> dict[str, Any]:
+    status, visibility, severity, url = _KIT.get(code, _KIT["UNKNOWN"])
+    return {"name": "CopilotError", "statusCode": status, "code": code,
+            "visibility": visibility, "severity": severity, "troubleshootingUrl": url,
+            "originalError": {"message": message}}
+
+
+def failed_status(message: str, runtime_code: str | None) -> dict[str, Any]:
+    """`FailedResponseStatus` fields for a run that ended with RUN_ERROR."""
+    code = kit_code(runtime_code)
+    extensions = kit_extensions(code, message)
+    return {"code": "Failed", "reason": "UNKNOWN_ERROR", "details": {
+        "description": message,
+        "originalError": {
+            "code": code, "statusCode": extensions["statusCode"],
+            "severity": extensions["severity"], "visibility": extensions["visibility"],
+            "originalErrorType": runtime_code or "RUNTIME_ERROR",
+            "extensions": extensions,
+        },
+    }}
+
+
+def interrupted_status(message_id: str) -> dict[str, Any]:
+    """`FailedResponseStatus` fields for a run stopped while `message_id` was streaming."""
+    return {"code": "Failed", "reason": "MESSAGE_STREAM_INTERRUPTED", "details": {
+        "messageId": message_id,
+        "description": "The run was stopped before this message was complete; its status "
+                       "says more."}}

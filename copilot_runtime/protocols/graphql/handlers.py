@@ -1,0 +1,200 @@
+"""The GraphQL protocol of CopilotKit 1.0 to 1.10 on the runtime's base URL.
+
+    POST {base}  {"query", "variables", "operationName"}   any operation
+    GET  {base}?query=...&variables=...&operationName=...   queries only
+
+Queries (`hello`, `availableAgents`, `loadAgentState`, introspection) run through
+graphql-core. `generateCopilotResponse` does not: its document is parsed, validated and
+compiled once (`documents`), its variables are coerced once per request, and the run's
+events are encoded straight into increments (`increments`) while `stream_run` drives the
+run, so a client that leaves cancels it and its upstream LLM request.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from inspect import isawaitable
+from typing import Any
+
+import orjson
+from graphql import (
+    ExecutionResult,
+    GraphQLError,
+    OperationDefinitionNode,
+    OperationType,
+    experimental_execute_incrementally,
+    get_operation_ast,
+)
+from graphql.execution.values import get_argument_values, get_variable_values
+
+from copilot_runtime._exceptions import CopilotRuntimeError
+from copilot_runtime.protocols._http import Request, stream_run
+from copilot_runtime.protocols.agui.handlers import forwardable_headers
+from copilot_runtime.protocols.graphql.documents import DocumentCache, Prepared
+from copilot_runtime.protocols.graphql.errors import kit_code_of, kit_extensions
+from copilot_runtime.protocols.graphql.increments import ResponseEncoder
+from copilot_runtime.protocols.graphql.inputs import run_request
+from copilot_runtime.protocols.graphql.plan import ROOT_FIELD, OperationPlan
+from copilot_runtime.protocols.graphql.queries import agent_not_found, query_root
+from copilot_runtime.protocols.graphql.schema import copilot_schema
+from copilot_runtime.protocols.graphql.transport import (
+    MULTIPART,
+    accepts_multipart,
+    json_content_type,
+    request_errors,
+    send_result,
+    version_header,
+)
+from copilot_runtime.runtime import CopilotRuntime
+
+__all__ = ["GraphQLProtocol"]
+
+
+class _BadRequest(Exception):
+    """A request that cannot be executed: answered 400 (or `status`) with these errors."""
+
+    def __init__(self, payload: dict[str, Any], status: int = 400,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__()
+        self.payload = payload
+        self.status = status
+        self.headers = headers or []
+
+
+def _bad(message: str, status: int = 400, allow: bytes | None = None) -> _BadRequest:
+    errors = {"errors": [{"message": message, "extensions": {"code": "BAD_REQUEST"}}]}
+    return _BadRequest(errors, status, [(b"allow", allow)] if allow else [])
+
+
+class GraphQLProtocol:
+    def __init__(self, runtime: CopilotRuntime) -> None:
+        self.runtime = runtime
+        self.schema = copilot_schema()
+        self.documents = DocumentCache(self.schema)
+        self._root = query_root(runtime)
+
+    # -- entry points --------------------------------------------------------------------
+
+    async def post(self, request: Request, data: dict[str, Any]) -> None:
+        """Serve a decoded POST body that has a `query`."""
+        try:
+            query = data.get("query")
+            variables = data.get("variables")
+            name = data.get("operationName")
+            if not isinstance(query, str) or not query.strip():
+                raise _bad("The request has no GraphQL query")
+            if variables is not None and not isinstance(variables, dict):
+                raise _bad("'variables' must be a JSON object")
+            if name is not None and not isinstance(name, str):
+                raise _bad("'operationName' must be a string")
+            await self._serve(request, query, variables or {}, name, via_get=False)
+        except _BadRequest as exc:
+            await send_result(request, exc.status, orjson.dumps(exc.payload), exc.headers)
+
+    async def get(self, request: Request) -> None:
+        """Serve `GET ?query=` (queries only, as GraphQL over HTTP allows)."""
+        params = urllib.parse.parse_qs(request.query.decode("latin-1"))
+        try:
+            query = params.get("query", [""])[0]
+            variables: Any = None
+            if params.get("variables", [""])[0]:
+                try:
+                    variables = orjson.loads(params["variables"][0])
+                except orjson.JSONDecodeError:
+                    raise _bad("'variables' is not valid JSON") from None
+            if variables is not None and not isinstance(variables, dict):
+                raise _bad("'variables' must be a JSON object")
+            if not query.strip():
+                raise _bad("The request has no GraphQL query")
+            name = params.get("operationName", [None])[0]
+            await self._serve(request, query, variables or {}, name, via_get=True)
+        except _BadRequest as exc:
+            await send_result(request, exc.status, orjson.dumps(exc.payload), exc.headers)
+
+    async def invalid_json(self, request: Request) -> None:
+        """The answer to a GraphQL client whose body is not JSON."""
+        await send_result(request, 400, orjson.dumps(
+            {"errors": [{"message": "The request body is not valid JSON",
+                         "extensions": {"code": "BAD_REQUEST"}}]}))
+
+    # -- operations ----------------------------------------------------------------------
+
+    async def _serve(self, request: Request, query: str, variables: dict[str, Any],
+                     name: str | None, *, via_get: bool) -> None:
+        prepared = self.documents.get(query)
+        if prepared.document is None:
+            raise _BadRequest(request_errors(prepared.errors, prepared.code))
+        operation = get_operation_ast(prepared.document, name)
+        if operation is None:
+            raise _bad(f"Unknown operation named '{name}'" if name else
+                       "The document has several operations: name one in 'operationName'")
+        if operation.operation != OperationType.QUERY and via_get:
+            raise _bad("Only queries may be sent with GET; use POST", 405, allow=b"POST")
+        coerced = get_variable_values(self.schema, operation.variable_definitions or (),
+                                      variables)
+        if isinstance(coerced, list):
+            raise _BadRequest(request_errors(coerced))
+        if operation.operation == OperationType.MUTATION:
+            plan = self._plan(prepared, operation, coerced)
+            await self._generate(request, plan, coerced)
+        else:
+            await self._query(request, prepared, operation, variables)
+
+    async def _query(self, request: Request, prepared: Prepared,
+                     operation: OperationDefinitionNode, variables: dict[str, Any]) -> None:
+        name = operation.name.value if operation.name else None
+        # The schema has @defer/@stream, which graphql-core's plain `execute` refuses; the
+        # document has them removed, so the result always comes in one piece.
+        result = experimental_execute_incrementally(
+            self.schema, prepared.plain(), root_value=self._root, variable_values=variables,
+            operation_name=name)
+        if isawaitable(result):
+            result = await result
+        assert isinstance(result, ExecutionResult)
+        payload: dict[str, Any] = {}
+        if result.errors:
+            payload["errors"] = [e.formatted for e in result.errors]
+        payload["data"] = result.data
+        await send_result(request, 200, orjson.dumps(payload))
+
+    def _plan(self, prepared: Prepared, operation: OperationDefinitionNode,
+              coerced: Any) -> OperationPlan:
+        try:
+            return prepared.plan(self.schema, operation, coerced)
+        except GraphQLError as exc:
+            raise _BadRequest(request_errors([exc], "GRAPHQL_VALIDATION_FAILED")) from None
+
+    async def _generate(self, request: Request, plan: OperationPlan, coerced: Any) -> None:
+        mutation = self.schema.mutation_type
+        assert mutation is not None
+        try:
+            args = get_argument_values(mutation.fields[ROOT_FIELD], plan.field_node, coerced)
+        except GraphQLError as exc:
+            raise _BadRequest(request_errors([exc])) from None
+        runtime = self.runtime
+        try:
+            wanted = run_request(
+                args["data"], args.get("properties"),
+                server_actions=[a.name for a in runtime.actions],
+                has_public_key=b"x-copilotcloud-public-api-key" in request.headers)
+            if wanted.agent_id not in runtime.agents:
+                raise agent_not_found(wanted.agent_id, runtime)
+            run = await runtime.start_run(wanted.agent_id, wanted.input,
+                                          forwardable_headers(request),
+                                          follow_up_server_tools=False)
+        except CopilotRuntimeError as exc:
+            error = GraphQLError(exc.message, plan.field_node, path=[plan.root_key],
+                                 extensions=kit_extensions(kit_code_of(exc), exc.message))
+            await send_result(request, 200, orjson.dumps(
+                {"errors": [error.formatted], "data": None}))
+            return
+        encoder = ResponseEncoder(
+            plan, thread_id=wanted.input.thread_id, run_id=wanted.client_run_id,
+            frontend_tools=wanted.frontend_tools,
+            stopped=lambda: run.cancel_reason == "stop",
+            incremental=accepts_multipart(request))
+        if encoder.incremental:
+            headers = [MULTIPART, *version_header(request)]
+        else:
+            headers = [(b"content-type", json_content_type(request)), *version_header(request)]
+        await stream_run(request, run, encoder.encode, headers)

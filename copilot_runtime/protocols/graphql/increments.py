@@ -1,0 +1,396 @@
+"""AG-UI event batches → the GraphQL response of `generateCopilotResponse`.
+
+`ResponseEncoder.encode` is handed each batch of the run and returns the bytes to write for
+it (one write per batch). Incrementally it writes the 2022 `multipart/mixed` format that the
+1.10 client (urql) merges:
+
+* the first part is `{"data": {...}, "hasNext": true}` with the streamed lists empty;
+* a message is an item of `messages` (`{"items": [...], "path": [..., "messages", i]}`) as
+  soon as it starts; its text or arguments are items of `content`/`arguments`, the pieces of
+  one batch in one entry; its deferred `status` is a `{"data", "path"}` patch when it ends;
+* the response's deferred `status` comes with the last part, which says `"hasNext": false`.
+
+When the operation selects something that is only known at the end (or the client does not
+accept multipart), the whole result is written once, at the end, as a single JSON body.
+
+Turn semantics follow the 1.10 runtime: a server-side action's result message directly
+follows its call. The core streams every tool call of an answer before running the actions,
+so events after a server-side call are held back until its result has been sent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+
+from copilot_runtime import events as ev
+from copilot_runtime.events import Event
+from copilot_runtime.protocols.graphql.errors import failed_status, interrupted_status
+from copilot_runtime.protocols.graphql.plan import Field, ObjectPlan, OperationPlan
+from copilot_runtime.protocols.graphql.project import Obj, project, project_fields
+from copilot_runtime.protocols.graphql.transport import (
+    encode_part,
+    multipart_end,
+    multipart_start,
+)
+
+__all__ = ["ResponseEncoder", "encode_result"]
+
+_ROLES = frozenset({"assistant", "developer", "system", "tool", "user"})
+_SUCCESS: Obj = ("SuccessMessageStatus", {"code": "Success"})
+_MESSAGE_EVENTS = frozenset({
+    ev.TEXT_MESSAGE_START, ev.TEXT_MESSAGE_CONTENT, ev.TEXT_MESSAGE_END, ev.TEXT_MESSAGE_CHUNK,
+    ev.TOOL_CALL_START, ev.TOOL_CALL_ARGS, ev.TOOL_CALL_END, ev.TOOL_CALL_CHUNK,
+})
+_TEXT_FAILED = "The run failed before this message was complete"
+_ARGUMENTS_FAILED = "The run failed before these arguments were complete"
+_STOPPED = "The run was stopped before this message was complete"
+
+
+def _now() -> str:
+    now = time.time()
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(now))}.{int(now * 1000) % 1000:03d}Z"
+
+
+def encode_result(content: str) -> str:
+    """A tool result as the 1.10 protocol encodes it.
+
+    The built-in agent reports a failed action as `{"error": "<message>"}`; the 1.10 client
+    expects `{"error": {"code", "message"}, "result": ""}`.
+    """
+    if not content.startswith('{"error":'):
+        return content
+    try:
+        parsed = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return content
+    if isinstance(parsed, dict) and len(parsed) == 1 and isinstance(parsed["error"], str):
+        return orjson.dumps({"error": {"code": "HANDLER_ERROR", "message": parsed["error"]},
+                             "result": ""}).decode()
+    return content
+
+
+class _Message:
+    __slots__ = ("call_name", "entry", "index", "piece_key", "piece_label", "pieces",
+                 "typename", "values")
+
+    def __init__(self, index: int, typename: str, values: dict[str, Any],
+                 pieces: list[str] | None) -> None:
+        self.index = index
+        self.typename = typename
+        self.values = values
+        self.pieces = pieces
+        #: The response key its pieces are streamed under, when they are.
+        self.piece_key: str | None = None
+        self.piece_label: str | None = None
+        #: The last `items` entry written for it, while more pieces may join it.
+        self.entry: dict[str, Any] | None = None
+        self.call_name = ""
+
+
+class ResponseEncoder:
+    """Translates one run's batches; `encode` is the `stream_run` encoder."""
+
+    def __init__(self, plan: OperationPlan, *, thread_id: str, run_id: str | None,
+                 frontend_tools: frozenset[str], stopped: Callable[[], bool],
+                 incremental: bool) -> None:
+        self.plan = plan
+        self.incremental = incremental and plan.incremental is not None
+        self.frontend_tools = frontend_tools
+        self.stopped = stopped
+        self.done = False
+        self._started = False
+        self._messages: list[_Message] = []
+        self._meta: list[Obj] = []
+        self._texts: dict[str, _Message] = {}
+        self._calls: dict[str, _Message] = {}
+        self._call_names: dict[str, str] = {}
+        self._closing: list[_Message] = []
+        self._awaiting: set[str] = set()
+        self._held: list[Event] | None = None
+        self._failed = False
+        self._status: Obj | None = None
+        self._root: dict[str, Any] = {"threadId": thread_id, "runId": run_id,
+                                      "extensions": None, "status": None}
+        root = plan.incremental if self.incremental else None
+        self._root_plan = root
+        messages = root.streamed.get("messages") if root else None
+        meta = root.streamed.get("metaEvents") if root else None
+        self._message_field: Field | None = messages
+        self._meta_field: Field | None = meta
+        self._root_key = plan.root_key
+
+    # -- output ----------------------------------------------------------------------------
+
+    def encode(self, batch: Sequence[Event]) -> bytes:
+        if self.done:
+            return b""  # the response is complete (a stop after the end writes an empty tail)
+        out: list[dict[str, Any]] = []
+        self._feed(batch, out)
+        self._settle(out)
+        if not self.incremental:
+            return orjson.dumps({"data": self._data(self._complete_root())}) if (
+                self.done) else b""
+        head = b""
+        if not self._started:
+            self._started = True
+            head = multipart_start + encode_part({"data": self._data(self._initial_root()),
+                                                  "hasNext": True})
+        if self.done:
+            tail = {"incremental": out, "hasNext": False} if out else {"hasNext": False}
+            return head + encode_part(tail) + multipart_end
+        if out:
+            return head + encode_part({"incremental": out, "hasNext": True})
+        return head
+
+    def _data(self, root: dict[str, Any]) -> dict[str, Any]:
+        return {key: root if kind == "root" else "Mutation" for kind, key in self.plan.top}
+
+    def _root_values(self) -> dict[str, Any]:
+        values = dict(self._root)
+        values["messages"] = [(m.typename, m.values) for m in self._messages]
+        values["metaEvents"] = list(self._meta)
+        return values
+
+    def _initial_root(self) -> dict[str, Any]:
+        assert self._root_plan is not None
+        return project(self._root_plan, "CopilotResponse", self._root_values(), streaming=True)
+
+    def _complete_root(self) -> dict[str, Any]:
+        return project(self.plan.flat, "CopilotResponse", self._root_values())
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _feed(self, batch: Sequence[Event], out: list[dict[str, Any]]) -> None:
+        for event in batch:
+            kind = event["type"]
+            if self._held is not None and (kind in _MESSAGE_EVENTS or (
+                    kind == ev.TOOL_CALL_RESULT
+                    and event.get("toolCallId") not in self._call_names)):
+                self._held.append(event)
+            elif kind == ev.TEXT_MESSAGE_CONTENT:
+                self._piece(self._texts.get(event["messageId"]), event["delta"], out)
+            elif kind == ev.TOOL_CALL_ARGS:
+                self._piece(self._calls.get(event["toolCallId"]), event["delta"], out)
+            elif kind == ev.TEXT_MESSAGE_START:
+                self._start_text(event["messageId"], event.get("role"), out)
+            elif kind == ev.TEXT_MESSAGE_END:
+                self._end(self._texts.pop(event["messageId"], None))
+            elif kind == ev.TOOL_CALL_START:
+                self._start_call(event, out)
+            elif kind == ev.TOOL_CALL_END:
+                self._end_call(event["toolCallId"])
+            elif kind == ev.TOOL_CALL_RESULT:
+                self._result(event, out)
+            elif kind == ev.TEXT_MESSAGE_CHUNK:
+                self._text_chunk(event, out)
+            elif kind == ev.TOOL_CALL_CHUNK:
+                self._call_chunk(event, out)
+            elif kind == ev.CUSTOM:
+                self._custom(event, out)
+            elif kind == ev.RUN_ERROR:
+                self._release(out)
+                self._failed = True
+                self._status = ("FailedResponseStatus", failed_status(
+                    str(event.get("message") or "The run failed"), event.get("code")))
+                self.done = True
+            elif kind == ev.RUN_FINISHED:
+                self._release(out)
+                self._finish()
+            if self.done:
+                return
+
+    def _start_text(self, message_id: str, role: Any, out: list[dict[str, Any]]) -> None:
+        pieces: list[str] = []
+        values = {"id": message_id, "createdAt": _now(), "content": pieces,
+                  "role": role if role in _ROLES else "assistant", "parentMessageId": None}
+        self._texts[message_id] = self._add("TextMessageOutput", values, "content", out)
+
+    def _start_call(self, event: Event, out: list[dict[str, Any]]) -> None:
+        call_id = event["toolCallId"]
+        name = event.get("toolCallName") or ""
+        pieces: list[str] = []
+        values = {"id": call_id, "createdAt": _now(), "name": name, "arguments": pieces,
+                  "parentMessageId": event.get("parentMessageId"), "scope": None}
+        message = self._add("ActionExecutionMessageOutput", values, "arguments", out)
+        message.call_name = name
+        self._calls[call_id] = message
+        self._call_names[call_id] = name
+
+    def _end_call(self, call_id: str) -> None:
+        message = self._calls.pop(call_id, None)
+        self._end(message)
+        if message is not None and message.call_name not in self.frontend_tools:
+            # A server-side action: its result comes next in a 1.10 response.
+            self._awaiting.add(call_id)
+            if self._held is None:
+                self._held = []
+
+    def _result(self, event: Event, out: list[dict[str, Any]]) -> None:
+        call_id = event["toolCallId"]
+        values = {"id": "result-" + call_id, "createdAt": _now(),
+                  "result": encode_result(str(event.get("content", ""))),
+                  "actionExecutionId": call_id, "actionName": self._call_names.get(call_id, ""),
+                  "status": _SUCCESS}
+        message = self._add("ResultMessageOutput", values, None, out)
+        self._deferred(message, out)
+        self._awaiting.discard(call_id)
+        if not self._awaiting and self._held is not None:
+            held, self._held = self._held, None
+            self._feed(held, out)
+
+    def _text_chunk(self, event: Event, out: list[dict[str, Any]]) -> None:
+        # A chunk opens its message if it names a new one, then adds its delta.
+        message_id = event.get("messageId") or (next(reversed(self._texts), None))
+        if message_id is None:
+            return
+        if message_id not in self._texts:
+            for open_id in list(self._texts):
+                self._end(self._texts.pop(open_id))
+            self._start_text(message_id, event.get("role"), out)
+        if event.get("delta"):
+            self._piece(self._texts[message_id], event["delta"], out)
+
+    def _call_chunk(self, event: Event, out: list[dict[str, Any]]) -> None:
+        call_id = event.get("toolCallId") or (next(reversed(self._calls), None))
+        if call_id is None:
+            return
+        if call_id not in self._calls:
+            for open_id in list(self._calls):
+                self._end_call(open_id)
+            self._start_call({"toolCallId": call_id, "toolCallName": event.get("toolCallName"),
+                              "parentMessageId": event.get("parentMessageId")}, out)
+        if event.get("delta"):
+            self._piece(self._calls[call_id], event["delta"], out)
+
+    def _custom(self, event: Event, out: list[dict[str, Any]]) -> None:
+        # LangGraph agents report an interrupt as the custom event `on_interrupt`; 1.10
+        # clients expect it as a meta event.
+        if event.get("name") not in ("on_interrupt", "LangGraphInterruptEvent"):
+            return
+        value = event.get("value")
+        text = value if isinstance(value, str) else orjson.dumps(value).decode()
+        meta: Obj = ("LangGraphInterruptEvent", {"type": "MetaEvent",
+                                                 "name": "LangGraphInterruptEvent",
+                                                 "value": text, "response": None})
+        index = len(self._meta)
+        self._meta.append(meta)
+        field = self._meta_field
+        if field is not None and field.sub is not None:
+            entry: dict[str, Any] = {
+                "items": [project(field.sub[meta[0]], meta[0], meta[1])],
+                "path": [self._root_key, field.key, index]}
+            if field.label:
+                entry["label"] = field.label
+            out.append(entry)
+
+    # -- messages --------------------------------------------------------------------------
+
+    def _add(self, typename: str, values: dict[str, Any], pieces_field: str | None,
+             out: list[dict[str, Any]]) -> _Message:
+        pieces = values[pieces_field] if pieces_field else None
+        message = _Message(len(self._messages), typename, values, pieces)
+        self._messages.append(message)
+        field = self._message_field
+        if field is not None and field.sub is not None:
+            plan = field.sub[typename]
+            entry: dict[str, Any] = {
+                "items": [project(plan, typename, values, streaming=True)],
+                "path": [self._root_key, field.key, message.index]}
+            if field.label:
+                entry["label"] = field.label
+            out.append(entry)
+            streamed = plan.streamed.get(pieces_field) if pieces_field else None
+            if streamed is not None:
+                message.piece_key = streamed.key
+                message.piece_label = streamed.label
+        return message
+
+    def _piece(self, message: _Message | None, delta: str, out: list[dict[str, Any]]) -> None:
+        if message is None or message.pieces is None:
+            return
+        message.pieces.append(delta)
+        key = message.piece_key
+        if key is None:
+            return
+        entry = message.entry
+        if entry is not None and out and out[-1] is entry:
+            entry["items"].append(delta)  # consecutive pieces of one batch: one entry
+            return
+        field = self._message_field
+        assert field is not None
+        entry = {"items": [delta], "path": [self._root_key, field.key, message.index, key,
+                                            len(message.pieces) - 1]}
+        if message.piece_label:
+            entry["label"] = message.piece_label
+        message.entry = entry
+        out.append(entry)
+
+    def _end(self, message: _Message | None) -> None:
+        if message is not None:
+            self._closing.append(message)
+
+    def _release(self, out: list[dict[str, Any]]) -> None:
+        """At the end, send what was held for a result that never came."""
+        self._awaiting.clear()
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._feed(held, out)
+
+    def _finish(self) -> None:
+        cut = self.stopped() and self._closing
+        if cut:
+            self._status = ("FailedResponseStatus", interrupted_status(
+                str(self._closing[0].values["id"])))
+        else:
+            self._status = ("SuccessResponseStatus", {"code": "Success"})
+        self.done = True
+
+    def _settle(self, out: list[dict[str, Any]]) -> None:
+        """Statuses of the messages that ended in this batch, and the run's at the end."""
+        if self.done:
+            # The core closes every open message before the end; this is for other agents.
+            self._closing.extend(m for m in self._messages if m.values.get("status") is None
+                                 and m not in self._closing)
+        interrupted = self.done and self._status is not None and (
+            self._status[1].get("reason") == "MESSAGE_STREAM_INTERRUPTED")
+        for message in self._closing:
+            if self._failed or interrupted:
+                reason = _STOPPED if interrupted else (
+                    _TEXT_FAILED if message.typename == "TextMessageOutput"
+                    else _ARGUMENTS_FAILED)
+                message.values["status"] = ("FailedMessageStatus",
+                                            {"code": "Failed", "reason": reason})
+            else:
+                message.values["status"] = _SUCCESS
+            message.entry = None
+            self._deferred(message, out)
+        self._closing.clear()
+        if self.done:
+            self._root["status"] = self._status
+            root = self._root_plan
+            if root is not None and root.deferred:
+                values = self._root_values()
+                for group in root.deferred:
+                    entry: dict[str, Any] = {
+                        "data": project_fields(group.fields, "CopilotResponse", values),
+                        "path": [self._root_key]}
+                    if group.label:
+                        entry["label"] = group.label
+                    out.append(entry)
+
+    def _deferred(self, message: _Message, out: list[dict[str, Any]]) -> None:
+        field = self._message_field
+        if field is None or field.sub is None:
+            return
+        plan: ObjectPlan = field.sub[message.typename]
+        for group in plan.deferred:
+            entry: dict[str, Any] = {
+                "data": project_fields(group.fields, message.typename, message.values),
+                "path": [self._root_key, field.key, message.index]}
+            if group.label:
+                entry["label"] = group.label
+            out.append(entry)

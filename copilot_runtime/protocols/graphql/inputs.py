@@ -1,0 +1,200 @@
+"""`generateCopilotResponse(data, properties)` → the core's `RunInput`.
+
+The translation follows what the 1.10 runtime does with a request:
+
+* `system` text messages reach the model as `developer` messages (that runtime's OpenAI
+  adapter sends them so); agent-state messages are UI state and are left out; an action
+  execution becomes a tool call of the assistant message it belongs to (`parentMessageId`),
+  so the calls of one answer travel in one message, as models expect; a result without a
+  call, or a second result for one call, is dropped;
+* frontend actions become the run's tools, except `disabled` ones and `remote` ones (which
+  the model must not see); their `jsonSchema` is the tool's parameters;
+* `forwardedParameters` become the model settings the core reads from `forwardedProps`,
+  `properties` are merged into `forwardedProps` (as that runtime forwards them to agents),
+  and an `agentSession` names the agent to run, with its state from `agentStates`, its
+  `nodeName`, its `config` and, from `metaEvents`, the value to resume an interrupt with.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from copilot_runtime._exceptions import InvalidRequestError
+from copilot_runtime._input import RunInput, parse_run_input
+
+__all__ = ["RunRequest", "run_request"]
+
+_EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
+# Model settings the core would also read from the top level of `forwardedProps`: set here
+# (None when not forwarded) so that `properties` never change the model's settings.
+_SETTINGS = ("model", "temperature", "maxTokens", "max_tokens", "stop", "toolChoice",
+             "tool_choice")
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    agent_id: str
+    input: RunInput
+    #: `runId` as the client sent it: the response echoes it.
+    client_run_id: str | None
+    #: Names of the tools the client runs itself (a call to any other is answered here).
+    frontend_tools: frozenset[str]
+
+
+def run_request(data: Mapping[str, Any], properties: Mapping[str, Any] | None,
+                *, server_actions: Collection[str], has_public_key: bool) -> RunRequest:
+    """Translate coerced GraphQL input; raise `InvalidRequestError` for what cannot run."""
+    if data.get("cloud") and not has_public_key:
+        raise InvalidRequestError(
+            "Copilot Cloud options (data.cloud) need the X-CopilotCloud-Public-API-Key header")
+    session = data.get("agentSession") or {}
+    agent_id = session.get("agentName") or "default"
+    thread_id = data.get("threadId") or session.get("threadId") or str(uuid.uuid4())
+    client_run_id = data.get("runId")
+    actions = [a for a in (data.get("frontend") or {}).get("actions") or ()
+               if a.get("available") != "disabled"]
+    tools = [{"name": a["name"], "description": a.get("description") or "",
+              "parameters": _schema(a.get("jsonSchema"))}
+             for a in actions if a.get("available") != "remote"]
+    state, agent_props = _agent_state(data, agent_id, session)
+    forwarded: dict[str, Any] = {**agent_props, **(properties or {}),
+                                 "forwardedParameters": _settings(data)}
+    raw = {
+        "threadId": thread_id,
+        "runId": client_run_id or str(uuid.uuid4()),
+        "state": state,
+        "messages": to_agui_messages(data.get("messages") or ()),
+        "tools": tools,
+        "context": [{"description": c["description"], "value": c["value"]}
+                    for c in data.get("context") or ()],
+        "forwardedProps": forwarded,
+    }
+    frontend = frozenset(a["name"] for a in actions) - frozenset(server_actions)
+    return RunRequest(agent_id, parse_run_input(raw), client_run_id, frontend)
+
+
+def _schema(text: Any) -> dict[str, Any]:
+    # The 1.10 runtime falls back to an empty schema when it cannot parse one; so do we.
+    try:
+        schema = orjson.loads(text) if isinstance(text, str) else None
+    except orjson.JSONDecodeError:
+        schema = None
+    return schema if isinstance(schema, dict) else dict(_EMPTY_SCHEMA)
+
+
+def _settings(data: Mapping[str, Any]) -> dict[str, Any]:
+    settings: dict[str, Any] = dict.fromkeys(_SETTINGS)
+    given = data.get("forwardedParameters") or {}
+    for key in ("model", "temperature", "stop"):
+        if given.get(key) is not None:
+            settings[key] = given[key]
+    max_tokens = given.get("maxTokens")
+    if max_tokens is not None:
+        # A GraphQL Float; the model wants a whole number of tokens.
+        settings["maxTokens"] = int(max_tokens) if float(max_tokens).is_integer() else max_tokens
+    choice = given.get("toolChoice")
+    if choice == "function":
+        choice = given.get("toolChoiceFunctionName")  # the one tool the model must call
+    if choice is not None:
+        settings["toolChoice"] = choice
+    return settings
+
+
+def _json_object(text: Any, what: str) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        value = orjson.loads(text)
+    except (orjson.JSONDecodeError, TypeError):
+        raise InvalidRequestError(f"{what} must be a JSON object encoded as a string") from None
+    if not isinstance(value, dict):
+        raise InvalidRequestError(f"{what} must be a JSON object encoded as a string")
+    return value
+
+
+def _agent_state(data: Mapping[str, Any], agent_id: str,
+                 session: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The agent's state from `agentStates`, and what the run passes on to the agent."""
+    state: dict[str, Any] = {}
+    props: dict[str, Any] = {}
+    for entry in data.get("agentStates") or ():
+        if entry.get("agentName") == agent_id:
+            state = _json_object(entry.get("state"), "agentStates[].state")
+            config = _json_object(entry.get("config"), "agentStates[].config")
+            if "streamSubgraphs" in config:
+                props["streamSubgraphs"] = config.pop("streamSubgraphs")
+            props["config"] = config
+            break
+    if session.get("nodeName"):
+        props["nodeName"] = session["nodeName"]
+    meta_events = data.get("metaEvents") or ()
+    if meta_events:
+        props["command"] = {"resume": meta_events[0].get("response")}
+    return state, props
+
+
+def to_agui_messages(messages: Collection[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """GraphQL `MessageInput`s → AG-UI messages (JSON form), in model-ready order."""
+    out: list[dict[str, Any]] = []
+    ids: set[str] = set()
+    turn: dict[str, dict[str, Any]] = {}  # the current answer's assistant messages, by id
+    calls: set[str] = set()
+    answered: set[str] = set()
+
+    def add(message: dict[str, Any]) -> dict[str, Any]:
+        out.append(message)
+        ids.add(message["id"])
+        return message
+
+    for item in messages:
+        message_id = item["id"]
+        text = item.get("textMessage")
+        call = item.get("actionExecutionMessage")
+        result = item.get("resultMessage")
+        image = item.get("imageMessage")
+        if text is not None:
+            role = text["role"]
+            if role == "assistant":
+                existing = turn.get(message_id)
+                if existing is not None:  # its tool calls came first
+                    existing["content"] = text["content"]
+                else:
+                    turn[message_id] = add({"id": message_id, "role": "assistant",
+                                            "content": text["content"]})
+                continue
+            if role == "tool":
+                continue  # a tool message needs the call it answers, which text cannot name
+            turn = {}
+            add({"id": message_id, "role": "user" if role == "user" else "developer",
+                 "content": text["content"]})
+        elif call is not None:
+            parent = call.get("parentMessageId")
+            target = turn.get(parent) if parent else None
+            if target is None:
+                own_id = parent if parent and parent not in ids else message_id
+                target = add({"id": own_id, "role": "assistant"})
+                turn[own_id] = target
+                if parent:
+                    turn[parent] = target
+            target.setdefault("toolCalls", []).append({
+                "id": message_id, "type": "function",
+                "function": {"name": call["name"], "arguments": call["arguments"]}})
+            calls.add(message_id)
+        elif result is not None:
+            call_id = result["actionExecutionId"]
+            if call_id in calls and call_id not in answered:
+                answered.add(call_id)
+                add({"id": message_id, "role": "tool", "toolCallId": call_id,
+                     "content": result["result"]})
+        elif image is not None:
+            turn = {}
+            add({"id": message_id, "role": "user", "content": [{
+                "type": "image", "source": {"type": "data", "value": image["bytes"],
+                                            "mimeType": f"image/{image['format']}"}}]})
+        # agentStateMessage: UI state, never model input
+    return out

@@ -1,0 +1,93 @@
+"""GraphQL over HTTP as the 1.10 runtime answers it: content types, statuses, headers.
+
+* Single results are `application/graphql-response+json` or `application/json` (whichever
+  the `Accept` header names first; `application/json` when it names neither), with
+  `charset=utf-8`.
+* A request that cannot be executed (bad JSON, parse, validation or variable errors)
+  gets 400 with `{"errors": [...]}`; an error while resolving gets 200 with `data: null`.
+* Every answer carries `x-copilotkit-runtime-version`: the client's own
+  `x-copilotkit-runtime-client-gql-version` echoed, so no 1.x client reports a version
+  mismatch (it compares the two), or 1.10.6, the version whose protocol this is.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+from graphql import GraphQLError
+
+from copilot_runtime.protocols._http import Request, send_bytes
+
+__all__ = [
+    "MULTIPART",
+    "PROTOCOL_VERSION",
+    "accepts_multipart",
+    "encode_part",
+    "json_content_type",
+    "multipart_end",
+    "multipart_start",
+    "request_errors",
+    "send_result",
+    "version_header",
+]
+
+MULTIPART = (b"content-type", b'multipart/mixed; boundary="-"')
+_GRAPHQL_JSON = b"application/graphql-response+json; charset=utf-8"
+_JSON = b"application/json; charset=utf-8"
+_VERSION = re.compile(rb"[0-9A-Za-z.+\-]{1,40}")
+PROTOCOL_VERSION = b"1.10.6"
+
+
+# `multipart/mixed; boundary="-"` as the 1.10 runtime frames it: the body opens with the
+# boundary line, every part ends with it, and `--` after the last one closes the stream.
+multipart_start = b"\r\n---"
+multipart_end = b"--\r\n"
+
+
+def encode_part(payload: Any) -> bytes:
+    """One part: its headers, its JSON, and the boundary line that ends it."""
+    body = orjson.dumps(payload)
+    return (b"\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: %d\r\n\r\n"
+            % len(body)) + body + b"\r\n---"
+
+
+def json_content_type(request: Request) -> bytes:
+    accept = request.headers.get(b"accept", b"")
+    for media_range in accept.split(b","):
+        media_type = media_range.split(b";", 1)[0].strip().lower()
+        if media_type == b"application/graphql-response+json":
+            return _GRAPHQL_JSON
+        if media_type == b"application/json":
+            return _JSON
+    return _JSON
+
+
+def accepts_multipart(request: Request) -> bool:
+    return b"multipart/mixed" in request.headers.get(b"accept", b"").lower()
+
+
+def version_header(request: Request) -> list[tuple[bytes, bytes]]:
+    version = request.headers.get(b"x-copilotkit-runtime-client-gql-version")
+    if version is None or not _VERSION.fullmatch(version):
+        version = PROTOCOL_VERSION
+    return [(b"x-copilotkit-runtime-version", version)]
+
+
+async def send_result(request: Request, status: int, body: bytes,
+                      extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    headers = [(b"content-type", json_content_type(request)), *version_header(request),
+               *(extra or ())]
+    await send_bytes(request, status, body, headers)
+
+
+def request_errors(errors: list[GraphQLError], code: str | None = None) -> dict[str, Any]:
+    """`{"errors": [...]}` for a request that could not be executed."""
+    formatted = []
+    for error in errors:
+        entry: dict[str, Any] = dict(error.formatted)
+        if code is not None:
+            entry["extensions"] = {**(error.extensions or {}), "code": code}
+        formatted.append(entry)
+    return {"errors": formatted}

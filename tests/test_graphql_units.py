@@ -1,0 +1,287 @@
+"""The GraphQL edge's pieces on their own: plans, the event encoder, input translation."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from graphql import OperationDefinitionNode, parse
+from graphql.execution.values import get_variable_values
+
+from copilot_runtime import events as ev
+from copilot_runtime._exceptions import InvalidRequestError
+from copilot_runtime.protocols.graphql.increments import ResponseEncoder, encode_result
+from copilot_runtime.protocols.graphql.inputs import run_request, to_agui_messages
+from copilot_runtime.protocols.graphql.plan import OperationPlan, compile_operation
+from copilot_runtime.protocols.graphql.queries import to_copilotkit_messages
+from copilot_runtime.protocols.graphql.schema import copilot_schema
+from tests.gql.wire import (
+    CHAT_DOCUMENT,
+    call_message,
+    chat_data,
+    merge,
+    parse_multipart,
+    result_message,
+    text_message,
+    user_turn,
+)
+
+Batch = list[dict[str, Any]]
+
+
+def compiled(document: str = CHAT_DOCUMENT) -> OperationPlan:
+    operation = parse(document).definitions[0]
+    assert isinstance(operation, OperationDefinitionNode)
+    return compile_operation(copilot_schema(), operation, {}, None)
+
+
+def encode(batches: list[Batch], *, frontend: frozenset[str] = frozenset(),
+           stopped: bool = False, incremental: bool = True,
+           plan: OperationPlan | None = None) -> tuple[bytes, list[bytes]]:
+    encoder = ResponseEncoder(plan or compiled(), thread_id="t", run_id=None,
+                              frontend_tools=frontend, stopped=lambda: stopped,
+                              incremental=incremental)
+    writes = [encoder.encode(batch) for batch in [[ev.run_started("t", "r")], *batches]]
+    return b"".join(writes), writes
+
+
+def streamed(batches: list[Batch], **options: Any) -> dict[str, Any]:
+    body, _ = encode(batches, **options)
+    result: dict[str, Any] = merge(parse_multipart(body))["data"]["generateCopilotResponse"]
+    return result
+
+
+def call(call_id: str, name: str, *args: str) -> Batch:
+    return [ev.tool_call_start(call_id, name, "answer"),
+            *(ev.tool_call_args(call_id, a) for a in args), ev.tool_call_end(call_id)]
+
+
+FINISHED = [ev.run_finished("t", "r")]
+
+
+# ---- plans ------------------------------------------------------------------------------------
+
+
+def test_the_client_document_streams() -> None:
+    plan = compiled()
+    assert plan.incremental is not None
+    assert plan.root_key == "generateCopilotResponse"
+    root = plan.incremental
+    assert set(root.streamed) == {"messages", "metaEvents"}
+    assert [f.name for d in root.deferred for f in d.fields] == ["status"]
+    text = root.streamed["messages"].sub["TextMessageOutput"]  # type: ignore[index]
+    assert [f.key for f in text.fields] == ["__typename", "id", "createdAt", "content", "role",
+                                             "parentMessageId"]
+    assert not text.waits
+    assert [f.key for f in plan.flat.fields][:3] == ["threadId", "runId", "extensions"]
+
+
+@pytest.mark.parametrize("selection", [
+    "status { __typename } messages @stream { __typename }",
+    "messages { __typename }",
+    "messages @stream { ... on TextMessageOutput { content status { __typename } } }",
+    "messages @stream { ... on TextMessageOutput { content } }",
+])
+def test_what_must_wait_is_sent_in_one_piece(selection: str) -> None:
+    document = ("mutation($data: GenerateCopilotResponseInput!) { "
+                f"generateCopilotResponse(data: $data) {{ {selection} }} }}")
+    assert compiled(document).incremental is None
+
+
+def test_one_run_per_operation() -> None:
+    document = """mutation($data: GenerateCopilotResponseInput!) {
+      a: generateCopilotResponse(data: $data) { threadId }
+      b: generateCopilotResponse(data: $data) { threadId } }"""
+    with pytest.raises(Exception, match="only once"):
+        compiled(document)
+
+
+# ---- the encoder --------------------------------------------------------------------------------
+
+
+def test_initial_part_then_one_part_per_batch() -> None:
+    _, writes = encode([
+        [ev.text_message_start("m"), ev.text_message_content("m", "a"),
+         ev.text_message_content("m", "b")],
+        [ev.text_message_content("m", "c"), ev.text_message_end("m")], FINISHED])
+    assert writes[0].startswith(b"\r\n---\r\nContent-Type: application/json; charset=utf-8\r\n")
+    assert writes[0].count(b"\r\n---") == 2  # the prefix and the initial part
+    first, second = (json.loads(w.split(b"\r\n\r\n", 1)[1][:-len(b"\r\n---")])
+                     for w in writes[1:3])
+    assert first["incremental"][1] == {
+        "items": ["a", "b"], "path": ["generateCopilotResponse", "messages", 0, "content", 0]}
+    assert second["incremental"][0]["items"] == ["c"]
+    assert second["incremental"][0]["path"][-1] == 2
+    assert second["incremental"][1]["data"]["status"]["code"] == "Success"
+    assert writes[-1].endswith(b'"hasNext":false}\r\n-----\r\n')
+
+
+def test_results_follow_their_calls_as_in_1_10() -> None:
+    result = streamed([
+        call("c1", "getWeather", '{"city":', '"Paris"}') + call("c2", "notify", "{}")
+        + call("c3", "getWeather", '{"city":"Rome"}'),
+        [ev.tool_call_result("x1", "c1", '{"t":1}'), ev.tool_call_result("x3", "c3", '{"t":3}')],
+        FINISHED], frontend=frozenset({"notify"}))
+    kinds = [(m["__typename"], m["id"]) for m in result["messages"]]
+    assert kinds == [("ActionExecutionMessageOutput", "c1"), ("ResultMessageOutput", "result-c1"),
+                     ("ActionExecutionMessageOutput", "c2"), ("ActionExecutionMessageOutput", "c3"),
+                     ("ResultMessageOutput", "result-c3")]
+    assert result["messages"][0]["arguments"] == ['{"city":', '"Paris"}']
+    assert result["messages"][1]["actionName"] == "getWeather"
+    assert all(m["status"]["code"] == "Success" for m in result["messages"])
+
+
+def test_held_messages_are_sent_when_no_result_comes() -> None:
+    result = streamed([[*call("c1", "lookup", "{}"), ev.text_message_start("m"),
+                        ev.text_message_content("m", "after")], FINISHED])
+    assert [m["__typename"] for m in result["messages"]] == [
+        "ActionExecutionMessageOutput", "TextMessageOutput"]
+    assert result["messages"][1]["content"] == ["after"]
+
+
+def test_failure_marks_open_messages_failed() -> None:
+    result = streamed([
+        [ev.text_message_start("m"), ev.text_message_content("m", "partial")],
+        [ev.text_message_end("m"), ev.run_error("upstream broke", code="UPSTREAM_ERROR")]])
+    (message,) = result["messages"]
+    assert message["status"]["code"] == "Failed"
+    assert message["status"]["reason"]
+    status = result["status"]
+    assert (status["code"], status["reason"]) == ("Failed", "UNKNOWN_ERROR")
+    assert status["details"]["description"] == "upstream broke"
+    assert status["details"]["originalError"]["code"] == "NETWORK_ERROR"
+
+
+def test_a_stopped_run_reports_the_interrupted_message() -> None:
+    result = streamed([[ev.text_message_start("m"), ev.text_message_content("m", "par")],
+                       [ev.text_message_end("m"), *FINISHED]], stopped=True)
+    assert result["messages"][0]["status"]["code"] == "Failed"
+    assert result["status"]["reason"] == "MESSAGE_STREAM_INTERRUPTED"
+    assert result["status"]["details"]["messageId"] == "m"
+
+
+def test_chunk_events_open_and_fill_messages() -> None:
+    result = streamed([[
+        {"type": ev.TEXT_MESSAGE_CHUNK, "messageId": "m", "role": "assistant", "delta": "he"},
+        {"type": ev.TEXT_MESSAGE_CHUNK, "delta": "llo"},
+        {"type": ev.TOOL_CALL_CHUNK, "toolCallId": "c", "toolCallName": "go", "delta": "{}"},
+    ], FINISHED], frontend=frozenset({"go"}))
+    text, action = result["messages"]
+    assert text["content"] == ["he", "llo"]
+    assert (action["name"], action["arguments"]) == ("go", ["{}"])
+    assert text["status"]["code"] == action["status"]["code"] == "Success"
+
+
+def test_single_result_mode_writes_once() -> None:
+    body, writes = encode([[ev.text_message_start("m"), ev.text_message_content("m", "hi")],
+                           [ev.text_message_end("m")], FINISHED], incremental=False)
+    assert writes[:-1] == [b"", b"", b""]
+    result = json.loads(body)["data"]["generateCopilotResponse"]
+    assert result["messages"][0]["content"] == ["hi"]
+    assert result["status"] == {"code": "Success", "__typename": "SuccessResponseStatus"}
+
+
+def test_result_encoding() -> None:
+    assert encode_result('{"error":"bad"}') == (
+        '{"error":{"code":"HANDLER_ERROR","message":"bad"},"result":""}')
+    for unchanged in ('{"error":"x","other":1}', '{"ok":true}', "plain", '{"error":{"a":1}}'):
+        assert encode_result(unchanged) == unchanged
+
+
+# ---- inputs -----------------------------------------------------------------------------------
+
+
+def test_history_becomes_model_ready_messages() -> None:
+    messages = to_agui_messages([
+        text_message("s", "system", "rules"),
+        text_message("u", "user", "go"),
+        text_message("a", "assistant", "calling"),
+        call_message("c1", "f", "{}", parent="a"),
+        result_message("r1", "c1", "f", "one"),
+        call_message("c2", "f", "{}", parent="a"),
+        result_message("r2", "c2", "f", "two"),
+        result_message("r2-again", "c2", "f", "dup"),
+        result_message("orphan", "nope", "f", "x"),
+        text_message("t", "tool", "no call to answer"),
+        call_message("c3", "g", '{"x":1}'),
+        {"id": "img", "createdAt": "2025-01-01T00:00:00Z",
+         "imageMessage": {"format": "png", "bytes": "AAA", "role": "user"}},
+    ])
+    assert [(m["role"], m["id"]) for m in messages] == [
+        ("developer", "s"), ("user", "u"), ("assistant", "a"), ("tool", "r1"), ("tool", "r2"),
+        ("assistant", "c3"), ("user", "img")]
+    assert [c["id"] for c in messages[2]["toolCalls"]] == ["c1", "c2"]
+    assert messages[2]["content"] == "calling"
+    assert messages[6]["content"][0]["source"] == {"type": "data", "value": "AAA",
+                                                   "mimeType": "image/png"}
+
+
+def test_run_request_translation() -> None:
+    data = user_turn(
+        "hi", thread=None, actions=[
+            {"name": "ui", "description": "d", "jsonSchema": '{"type":"object"}'},
+            {"name": "getWeather", "description": "shadowed", "jsonSchema": "{}"}],
+        forwardedParameters={"maxTokens": 12.0, "toolChoice": "auto"},
+        context=[{"description": "page", "value": "home"}])
+    request = run_request(data, {"tenant": "t1", "temperature": 9},
+                          server_actions=["getWeather"], has_public_key=False)
+    assert request.agent_id == "default"
+    assert request.client_run_id is None
+    assert request.frontend_tools == frozenset({"ui"})
+    raw = request.input.raw
+    assert raw["threadId"]  # made up when the client sends none
+    assert raw["runId"]
+    assert raw["forwardedProps"]["tenant"] == "t1"
+    assert raw["forwardedProps"]["forwardedParameters"] == {
+        "model": None, "temperature": None, "maxTokens": 12, "max_tokens": None, "stop": None,
+        "toolChoice": "auto", "tool_choice": None}
+    assert raw["context"] == [{"description": "page", "value": "home"}]
+    assert [t["name"] for t in raw["tools"]] == ["ui", "getWeather"]
+
+
+def test_run_request_refusals() -> None:
+    with pytest.raises(InvalidRequestError):
+        run_request(user_turn("x", agentStates=[{"agentName": "default", "state": "[1]"}]),
+                    None, server_actions=(), has_public_key=False)
+    with pytest.raises(InvalidRequestError):
+        run_request(user_turn("x", cloud={"guardrails": None}), None, server_actions=(),
+                    has_public_key=False)
+    assert run_request(user_turn("x", cloud={"guardrails": None}), None, server_actions=(),
+                       has_public_key=True).agent_id == "default"
+
+
+def test_stored_messages_for_load_agent_state() -> None:
+    loaded = to_copilotkit_messages([
+        {"id": "s", "role": "developer", "content": "rules"},
+        {"id": "u", "role": "user", "content": "go"},
+        {"id": "a", "role": "assistant", "toolCalls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x":1}'}}]},
+        {"id": "t1", "role": "tool", "toolCallId": "c", "content": "done"},
+        {"id": "t2", "role": "tool", "toolCallId": "c", "content": "done"},
+        {"id": "b", "role": "assistant", "content": "ok"},
+    ])
+    assert loaded == [
+        {"id": "u", "role": "user", "content": "go"},
+        {"id": "c", "name": "f", "arguments": {"x": 1}, "parentMessageId": "a"},
+        {"id": "t1", "actionExecutionId": "c", "actionName": "f", "result": "done"},
+        {"id": "b", "role": "assistant", "content": "ok", "parentMessageId": "b"},
+    ]
+
+
+# ---- scalars ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("variables", "ok"), [
+    ({"data": chat_data([text_message("u", "user", "x")])}, True),
+    ({"data": chat_data([{**text_message("u", "user", "x"), "createdAt": "2025-01-01"}])}, False),
+    ({"data": chat_data([{**text_message("u", "user", "x"),
+                          "createdAt": "2025-01-01T10:00:00"}])}, False),
+    ({"data": chat_data([]), "properties": {"a": [1]}}, True),
+    ({"data": chat_data([]), "properties": "text"}, False),
+])
+def test_scalars_coerce_variables(variables: dict[str, Any], ok: bool) -> None:
+    operation = parse(CHAT_DOCUMENT).definitions[0]
+    assert isinstance(operation, OperationDefinitionNode)
+    coerced = get_variable_values(copilot_schema(), operation.variable_definitions, variables)
+    assert isinstance(coerced, list) is not ok
