@@ -49,12 +49,13 @@ class CopilotEndpoint:
         max_body_size: int = DEFAULT_MAX_BODY_SIZE,
         cors: CORSPolicy | None = None,
         lifespan: bool = True,
+        keepalive: float | None = 15.0,
     ) -> None:
         self.runtime = runtime
         self.path = "/" + path.strip("/") if path.strip("/") else ""
         self.max_body_size = max_body_size
         self.cors = cors or CORSPolicy()
-        self.agui = AGUIProtocol(runtime, max_body_size=max_body_size)
+        self.agui = AGUIProtocol(runtime, max_body_size=max_body_size, keepalive=keepalive)
         self.graphql = GraphQLProtocol(runtime)
         self._lifespan = lifespan
 
@@ -151,9 +152,15 @@ def create_app(
     *,
     max_body_size: int = DEFAULT_MAX_BODY_SIZE,
     cors: CORSPolicy | None = None,
+    keepalive: float | None = 15.0,
 ) -> CopilotEndpoint:
-    """A standalone ASGI app serving `runtime` under `path` (run it with any ASGI server)."""
-    return CopilotEndpoint(runtime, path, max_body_size=max_body_size, cors=cors)
+    """A standalone ASGI app serving `runtime` under `path` (run it with any ASGI server).
+
+    `keepalive`: seconds of silence after which an SSE stream gets a `: keep-alive` comment
+    (None: never).
+    """
+    return CopilotEndpoint(runtime, path, max_body_size=max_body_size, cors=cors,
+                           keepalive=keepalive)
 
 
 def mount_runtime(

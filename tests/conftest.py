@@ -63,6 +63,8 @@ def parse_sse(data: bytes) -> list[dict[str, Any]]:
     for frame in data.split(b"\n\n"):
         if frame.startswith(b"data: "):
             events.append(orjson.loads(frame[6:]))
+        elif frame.startswith(b":"):
+            continue  # an SSE comment (keep-alive)
         else:
             assert not frame.strip(), f"unexpected SSE frame {frame!r}"
     return events

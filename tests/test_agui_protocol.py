@@ -527,3 +527,21 @@ async def test_broken_stream_message(served: Served) -> None:
     events = await served.run(run_input("breaks:1 cut"))
     assert events[-1]["type"] == "RUN_ERROR"
     assert events[-1]["message"].startswith("The OpenAI stream broke off"), events[-1]
+
+
+class _SlowAgent(Agent):
+    async def run(self, input: RunInput, context: RunContext) -> EventBatches:  # type: ignore[override]
+        yield [text_message_start("m1"), text_message_content("m1", "thinking")]
+        await asyncio.sleep(0.35)
+        yield [text_message_content("m1", " done")]
+
+
+async def test_keepalive_comments_during_silence(serve_runtime: ServeRuntime) -> None:
+    async with serve_runtime(CopilotRuntime(agents={"slow": _SlowAgent()}),
+                             keepalive=0.1) as served:
+        response = await served.post("/agent/slow/run", run_input("x"))
+        body = await response.read()
+    assert body.count(b": keep-alive\n\n") >= 2
+    events = parse_sse(body)
+    verify_events(events)
+    assert text_of(events) == "thinking done"

@@ -171,30 +171,75 @@ async def _watch_disconnect(receive: Receive, on_disconnect: Callable[[], object
             return
 
 
+class _Stream:
+    """The state a response stream shares with its watcher task."""
+
+    __slots__ = ("ended", "last_write")
+
+    def __init__(self) -> None:
+        self.ended = False
+        self.last_write = 0.0
+
+
+_KEEPALIVE = {"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True}
+
+
+async def _watch(request: Request, on_disconnect: Callable[[], object], stream: _Stream,
+                 keepalive: float | None) -> None:
+    """Wait for the client to leave; meanwhile, after `keepalive` seconds without a write,
+    send an SSE comment so proxies do not close a connection that is only waiting."""
+    if not keepalive:
+        await _watch_disconnect(request.receive, on_disconnect)
+        return
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            async with asyncio.timeout(keepalive):
+                message = await request.receive()
+        except TimeoutError:
+            if not stream.ended and loop.time() - stream.last_write >= keepalive * 0.9:
+                stream.last_write = loop.time()
+                await request.send(_KEEPALIVE)
+            continue
+        if message["type"] == "http.disconnect":
+            on_disconnect()
+            return
+
+
 async def stream_run(request: Request, run: ActiveRun,
                      encode: Callable[[Sequence[Event]], bytes] = encode_sse,
-                     headers: Headers = _SSE_HEADERS) -> None:
+                     headers: Headers = _SSE_HEADERS, *,
+                     keepalive: float | None = None) -> None:
     """Drive `run`, writing each batch as one chunk; a disconnect cancels the run.
 
     `encode` may return no bytes for a batch (a protocol that writes only at the end):
-    nothing is sent then.
+    nothing is sent then. The batch that ends the run also ends the body, in one write.
+    `keepalive` (SSE only) sends a comment after that many seconds of silence.
     """
     send = request.send
     await request.send({"type": "http.response.start", "status": 200,
                         "headers": [*headers, *request.cors]})
+    stream = _Stream()
+    loop = asyncio.get_running_loop()
 
     async def write(batch: Sequence[Event]) -> None:
         body = encode(batch)
-        if body:
-            await send({"type": "http.response.body", "body": body, "more_body": True})
+        last = run.terminated
+        if body or last:
+            stream.ended = last
+            stream.last_write = loop.time()
+            await send({"type": "http.response.body", "body": body, "more_body": not last})
 
+    stream.last_write = loop.time()
     watcher = asyncio.create_task(
-        _watch_disconnect(request.receive, lambda: run.cancel("disconnect")))
+        _watch(request, lambda: run.cancel("disconnect"), stream, keepalive))
     try:
         await run.drive(write)
     finally:
         watcher.cancel()
-    await _end(request)
+    if not stream.ended:
+        stream.ended = True
+        await _end(request)
 
 
 async def stream_events(request: Request, batches: Any) -> None:

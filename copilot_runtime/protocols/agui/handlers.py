@@ -68,9 +68,11 @@ def _error(status: int, error: str, message: str | None = None, **extra: Any) ->
 
 
 class AGUIProtocol:
-    def __init__(self, runtime: CopilotRuntime, *, max_body_size: int) -> None:
+    def __init__(self, runtime: CopilotRuntime, *, max_body_size: int,
+                 keepalive: float | None = 15.0) -> None:
         self.runtime = runtime
         self.max_body_size = max_body_size
+        self.keepalive = keepalive
 
     # -- multi-route -------------------------------------------------------------------
 
@@ -135,7 +137,7 @@ class AGUIProtocol:
             await stream_events(request, self.runtime.connect(agent_id, run_input.thread_id))
             return
         run = await self.runtime.start_run(agent_id, run_input, forwardable_headers(request))
-        await stream_run(request, run)
+        await stream_run(request, run, keepalive=self.keepalive)
 
     async def _stop_rest(self, request: Request, agent_id: str, thread_id: str) -> None:
         self.runtime.agent(agent_id)
