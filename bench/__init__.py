@@ -1,1 +1,1 @@
-"""Benchmark harness (see bench/run and docs/benchmarks.md); `bench.app` is the server under test."""
+"""Benchmark harness (bench/run, docs/benchmarks.md); `bench.app` is the server it measures."""

@@ -11,7 +11,7 @@ from copilot_runtime import CopilotRuntime, OpenAIAdapter, action
 
 
 @action
-def getWeather(city: str) -> dict:  # noqa: N802 - the action's wire name
+def getWeather(city: str) -> dict:  # camelCase: the name the client and the LLM see
     """Get the current weather for a city."""
     return {"city": city, "temperature": 21, "unit": "celsius", "conditions": "sunny"}
 

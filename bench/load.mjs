@@ -1,18 +1,27 @@
 // bench/load.mjs: closed-loop load generator for bench/run (no dependencies beyond Node itself).
 //
-//   node bench/load.mjs --target NAME --protocol agui|graphql|openai --url URL
-//        [--template FILE]          graphql: the request the real client sends (bench/ts-graphql/make-request.mjs)
-//        [--conc 1,10,50] [--seconds 10] [--warmup 300] [--serial 100] [--text-len 200]
-//        [--pid server=PID] [--pid mock=PID] [--clk-tck 100] [--json OUT]
+//   node bench/load.mjs --target name=N,protocol=P,url=U[,pid=PID][,template=FILE] [--target ...]
+//        [--pid mock=PID] [--conc 1,10,50] [--seconds 10] [--rounds 2] [--warmup 300] [--serial 100]
+//        [--text-len 200] [--clk-tck 100] [--quiet-wait 30] [--quiet-cores 0.15]
+//        [--noisy-cores 0.3] [--retries 2] [--retry-budget 60] [--out-prefix PATH]
+//
+// Several targets are measured in one process, interleaved: each concurrency level is cut into
+// --rounds slices of --seconds/--rounds, and the slices of the targets alternate (the order rotates
+// from slice to slice). CPU used by anything else on the machine comes and goes; interleaving
+// spreads it over all targets instead of letting it land on one, and a slice during which other
+// processes used more than --noisy-cores is thrown away and run again (at most --retries times,
+// and for at most --retry-budget seconds over the whole run; the discarded slices are listed in
+// the JSON). A target's `pid` is its server,
+// sampled in /proc together with its descendants; `--pid mock=PID` is sampled for every target.
 //
 // Protocols (every request is a new conversation, so no server keeps growing one history):
-//   agui     POST URL: an AG-UI RunAgentInput, what @copilotkit/core sends for the first message of
+//   agui     POST url: an AG-UI RunAgentInput, what @copilotkit/core sends for the first message of
 //            a chat: {threadId, runId, tools:[], context:[], forwardedProps:{}, state:{}, messages:[user]},
 //            fresh UUIDs for the thread, the run and the message.
-//   graphql  POST URL: the generateCopilotResponse mutation exactly as @copilotkit/runtime-client-gql
-//            1.10.6 (driven the way react-core 1.10.6 drives it) sends it: react-core's default
-//            system message plus the user message, fresh thread and message ids, the client's headers.
-//   openai   POST URL (a chat/completions endpoint): the mock LLM on its own, the floor.
+//   graphql  POST url: the generateCopilotResponse mutation exactly as @copilotkit/runtime-client-gql
+//            1.10.6 sends it when react-core 1.10.6 starts a chat (template from
+//            bench/ts-graphql/make-request.mjs), with fresh thread and message ids per request.
+//   openai   POST url (a chat/completions endpoint): the mock LLM on its own, the floor.
 //
 // Each response is validated, and a response that fails any check counts as a failure:
 //   agui     200, text/event-stream, RUN_STARTED first, RUN_FINISHED last, no RUN_ERROR, and the
@@ -22,12 +31,13 @@
 //            join to exactly "echo: " + text, and the last part says hasNext:false;
 //   openai   200, the content deltas join to "echo: " + text, and [DONE] ends the stream.
 //
-// Phases: warm-up (--warmup requests on 4 workers; aborts if most fail), --serial sequential
-// requests (latency, time to headers / first complete event / first text), then one closed loop
-// of c workers for --seconds per concurrency level. Sockets are keep-alive (one node:http Agent
-// per phase, maxSockets = workers). From /proc it samples, per phase, the CPU time (utime+stime)
-// of each --pid and its descendants, VmRSS, VmHWM, this process's own CPU and the whole machine's
-// busy time, so CPU used by anything else ("other") is visible as noise.
+// Phases: a quiet check (wait up to --quiet-wait s for the rest of the machine to use less than
+// --quiet-cores), the idle sample, then per target: warm-up (--warmup requests on 4 workers;
+// a target whose warm-up mostly fails is dropped), --serial sequential requests (latency, time to
+// headers / first complete event / first text); then the interleaved closed loops of c workers.
+// Sockets are keep-alive (one node:http Agent per slice, maxSockets = workers). Per slice it
+// samples the CPU time (utime+stime) of the server and the mock, this process's own CPU and the
+// machine's busy time, so CPU used by anything else ("other") is visible as noise.
 import http from "node:http";
 import fs from "node:fs";
 import { randomUUID } from "node:crypto";
@@ -35,65 +45,68 @@ import { randomUUID } from "node:crypto";
 // ---------------------------------------------------------------------------------------------
 // options
 const args = process.argv.slice(2);
-const pidSpecs = [];
+const targetSpecs = [], pidSpecs = [];
 const opts = {};
 for (let i = 0; i < args.length; i++) {
   const a = args[i];
   if (!a.startsWith("--")) throw new Error(`unexpected argument ${a}`);
-  const key = a.slice(2);
-  const value = args[++i];
+  const key = a.slice(2), value = args[++i];
   if (value === undefined) throw new Error(`--${key} needs a value`);
-  if (key === "pid") pidSpecs.push(value.split("=").map((s, j) => (j ? Number(s) : s)));
+  if (key === "target") targetSpecs.push(Object.fromEntries(value.split(",").map((kv) => { const j = kv.indexOf("="); return [kv.slice(0, j), kv.slice(j + 1)]; })));
+  else if (key === "pid") { const [n, p] = value.split("="); pidSpecs.push([n, Number(p)]); }
   else opts[key] = value;
 }
-const TARGET = opts.target ?? "target";
-const PROTOCOL = opts.protocol ?? "agui";
-if (!["agui", "graphql", "openai"].includes(PROTOCOL)) throw new Error(`unknown --protocol ${PROTOCOL}`);
-const URL_ = new URL(opts.url ?? "http://127.0.0.1:4100/api/copilotkit/agent/default/run");
-if (!["127.0.0.1", "localhost", "[::1]"].includes(URL_.hostname)) throw new Error("loopback targets only");
+if (!targetSpecs.length) throw new Error("at least one --target name=...,protocol=...,url=... is needed");
 const LEVELS = (opts.conc ?? "1,10,50").split(",").filter(Boolean).map(Number);
 const SECONDS = Number(opts.seconds ?? 10);
+const ROUNDS = Math.max(1, Number(opts.rounds ?? 2));
 const WARMUP = Number(opts.warmup ?? 300);
 const SERIAL = Number(opts.serial ?? 100);
 const TEXT_LEN = Number(opts["text-len"] ?? 200);
 const CLK_TCK = Number(opts["clk-tck"] ?? 100);
 const REQUEST_TIMEOUT_MS = Number(opts["timeout-ms"] ?? 30000);
-const MAX_PER_LEVEL = 200000;
+const MAX_PER_SLICE = 200000;
+const NOISY_CORES = Number(opts["noisy-cores"] ?? 0.3); // a slice is repeated when others used more
+const RETRIES = Number(opts.retries ?? 2); //                 ... at most this many times
+const RETRY_BUDGET = Number(opts["retry-budget"] ?? 60); //   ... and for at most this many seconds in all
+let retrySeconds = 0;
 
-// The user's message: plain ASCII, no JSON escapes, no "ech" (so the first-text probe below only
-// fires on the answer), no surrounding whitespace (some servers trim).
+// The user's message: plain ASCII (no JSON escapes), no surrounding whitespace (some servers trim).
 const SENTENCE = "Please summarise the quarterly figures for the northern region and list three risks. ";
 const TEXT = SENTENCE.repeat(Math.ceil(TEXT_LEN / SENTENCE.length) + 1).slice(0, TEXT_LEN).trim().padEnd(TEXT_LEN, "x");
 const EXPECTED = "echo: " + TEXT;
-const FIRST_TEXT_PROBE = '"ech'; // the first streamed piece of the answer, in any of the protocols
+// the first streamed piece of the answer, as each protocol carries it
+const FIRST_TEXT_PROBE = { agui: /"TEXT_MESSAGE_(?:CONTENT|CHUNK)"/, graphql: /"content",0\]/, openai: /"content":"[^"]/ };
 
 // ---------------------------------------------------------------------------------------------
 // request bodies
-let makeRequest; // () => { body: Buffer, headers }
-if (PROTOCOL === "agui") {
-  makeRequest = () => {
-    const body = Buffer.from(JSON.stringify({
-      threadId: randomUUID(), runId: randomUUID(), tools: [], context: [], forwardedProps: {}, state: {},
-      messages: [{ id: randomUUID(), role: "user", content: TEXT }],
-    }));
-    return { body, headers: { "Content-Type": "application/json", Accept: "text/event-stream", "content-length": body.length } };
-  };
-} else if (PROTOCOL === "openai") {
-  makeRequest = () => {
-    const body = Buffer.from(JSON.stringify({
-      model: "gpt-4o", messages: [{ role: "user", content: TEXT }], stream: true, stream_options: { include_usage: true },
-    }));
-    return { body, headers: { "content-type": "application/json", accept: "application/json", "content-length": body.length } };
-  };
-} else {
-  if (!opts.template) throw new Error("--protocol graphql needs --template (made by bench/ts-graphql/make-request.mjs)");
-  const tpl = JSON.parse(fs.readFileSync(opts.template, "utf8"));
+function requestMaker(protocol, template) {
+  if (protocol === "agui") {
+    return () => {
+      const body = Buffer.from(JSON.stringify({
+        threadId: randomUUID(), runId: randomUUID(), tools: [], context: [], forwardedProps: {}, state: {},
+        messages: [{ id: randomUUID(), role: "user", content: TEXT }],
+      }));
+      return { body, headers: { "Content-Type": "application/json", Accept: "text/event-stream", "content-length": body.length } };
+    };
+  }
+  if (protocol === "openai") {
+    return () => {
+      const body = Buffer.from(JSON.stringify({
+        model: "gpt-4o", messages: [{ role: "user", content: TEXT }], stream: true, stream_options: { include_usage: true },
+      }));
+      return { body, headers: { "content-type": "application/json", accept: "application/json", "content-length": body.length } };
+    };
+  }
+  if (protocol !== "graphql") throw new Error(`unknown protocol ${protocol}`);
+  if (!template) throw new Error("a graphql target needs template=FILE (made by bench/ts-graphql/make-request.mjs)");
+  const tpl = JSON.parse(fs.readFileSync(template, "utf8"));
   // The template is the client's exact body with placeholders where a real session differs:
   // thread id, message ids, createdAt and the user's text. They sit inside JSON strings.
   const userText = JSON.stringify(TEXT).slice(1, -1);
   const parts = tpl.body.split(/(__BENCH_[A-Z0-9_]+__)/);
   const headerEntries = tpl.headers.filter(([k]) => !["host", "connection", "content-length"].includes(k.toLowerCase()));
-  makeRequest = () => {
+  return () => {
     const values = {
       __BENCH_THREAD_ID__: randomUUID(), __BENCH_SYSTEM_ID__: "ck-" + randomUUID(), __BENCH_USER_ID__: "ck-" + randomUUID(),
       __BENCH_CREATED_AT__: new Date().toISOString(), __BENCH_USER_TEXT__: userText,
@@ -107,16 +120,16 @@ if (PROTOCOL === "agui") {
 
 // ---------------------------------------------------------------------------------------------
 // response validation; returns null when the response is right, else the reason
-function validate(status, contentType, text) {
+function validate(protocol, status, contentType, text) {
   if (status !== 200) return `HTTP ${status}`;
-  if (PROTOCOL === "graphql") return validateMultipart(contentType, text);
+  if (protocol === "graphql") return validateMultipart(contentType, text);
   if (!/text\/event-stream/i.test(contentType ?? "")) return `content-type ${contentType}`;
   const frames = [];
   for (const block of text.split(/\r?\n\r?\n/)) {
     const data = block.split(/\r?\n/).filter((l) => l.startsWith("data:")).map((l) => l.slice(l[5] === " " ? 6 : 5));
     if (data.length) frames.push(data.join("\n"));
   }
-  if (PROTOCOL === "openai") {
+  if (protocol === "openai") {
     if (frames.at(-1) !== "[DONE]") return "no [DONE]";
     const got = frames.slice(0, -1).map((f) => JSON.parse(f).choices?.[0]?.delta?.content ?? "").join("");
     return got === EXPECTED ? null : `text mismatch: ${JSON.stringify(got.slice(0, 80))}`;
@@ -133,9 +146,8 @@ function validate(status, contentType, text) {
 function validateMultipart(contentType, text) {
   const m = /multipart\/mixed.*boundary="?([^";]+)"?/i.exec(contentType ?? "");
   if (!m) return `content-type ${contentType}`;
-  const delimiter = "\r\n--" + m[1];
-  const segments = text.split(delimiter);
-  // segments[0] is the preamble, the last one starts with "--" (the closing delimiter)
+  const segments = text.split("\r\n--" + m[1]);
+  // segments[0] is the preamble; the last one starts with "--" (the closing delimiter)
   if (!segments.at(-1).startsWith("--")) return "no closing delimiter";
   const parts = [];
   for (const seg of segments.slice(1, -1)) {
@@ -151,9 +163,9 @@ function validateMultipart(contentType, text) {
     for (const inc of part.incremental ?? []) {
       if (inc.errors) return `errors: ${JSON.stringify(inc.errors).slice(0, 200)}`;
       if (inc.items) {
-        const arr = walk(result, inc.path.slice(0, -1));
-        if (!Array.isArray(arr)) return `stream path ${inc.path} is not a list`;
-        arr.splice(inc.path.at(-1), inc.items.length, ...inc.items);
+        const list = walk(result, inc.path.slice(0, -1));
+        if (!Array.isArray(list)) return `stream path ${inc.path} is not a list`;
+        list.splice(inc.path.at(-1), inc.items.length, ...inc.items);
       } else if (inc.data) {
         const obj = walk(result, inc.path);
         if (!obj || typeof obj !== "object") return `defer path ${inc.path} missing`;
@@ -179,14 +191,31 @@ function deepMerge(dst, src) {
 
 // time to the first complete event: an SSE frame ends with a blank line; a multipart part ends
 // where the next delimiter starts (after the first part's JSON)
-const firstEventDone = PROTOCOL === "graphql"
+const firstEventCheck = (protocol) => (protocol === "graphql"
   ? (s) => { const a = s.indexOf("\r\n\r\n{"); return a >= 0 && s.indexOf("\r\n--", a) >= 0; }
-  : (s) => /\n\r?\n/.test(s);
+  : (s) => /\n\r?\n/.test(s));
+
+// ---------------------------------------------------------------------------------------------
+// targets
+const targets = targetSpecs.map((s) => {
+  if (!s.name || !s.protocol || !s.url) throw new Error(`a target needs name, protocol and url: ${JSON.stringify(s)}`);
+  const url = new URL(s.url);
+  if (!["127.0.0.1", "localhost", "[::1]"].includes(url.hostname)) throw new Error("loopback targets only");
+  const t = { name: s.name, protocol: s.protocol, url, pid: s.pid ? Number(s.pid) : null,
+    makeRequest: requestMaker(s.protocol, s.template), firstEventDone: firstEventCheck(s.protocol) };
+  t.procs = [...(t.pid ? [["server", t.pid]] : []), ...pidSpecs];
+  t.result = { target: t.name, protocol: t.protocol, url: url.href, textLen: TEXT.length, requestBytes: t.makeRequest().body.length,
+    node: process.version, startedAt: new Date().toISOString(),
+    settings: { levels: LEVELS, seconds: SECONDS, rounds: ROUNDS, warmup: WARMUP, serial: SERIAL, clkTck: CLK_TCK,
+      noisyCores: NOISY_CORES, retries: RETRIES, retryBudgetS: RETRY_BUDGET },
+    failures: 0, failureSamples: [] };
+  return t;
+});
 
 // ---------------------------------------------------------------------------------------------
 // one request
-function once(agent) {
-  const { body, headers } = makeRequest();
+function once(t, agent) {
+  const { body, headers } = t.makeRequest();
   return new Promise((resolve) => {
     const t0 = performance.now();
     let tHeaders = NaN, tFirstEvent = NaN, tFirstText = NaN, head = "", done = false;
@@ -194,28 +223,26 @@ function once(agent) {
     const finish = (reason, status, ctype, text, nbytes = 0) => {
       if (done) return;
       done = true;
-      resolve({ ok: reason === null, reason, status, total: performance.now() - t0, headers: tHeaders - t0,
-        firstEvent: tFirstEvent - t0, firstText: tFirstText - t0, bytes: nbytes,
-        sample: reason === null ? undefined : `${reason} | ${String(text ?? "").slice(0, 600)}`, ctype });
+      resolve({ ok: reason === null, total: performance.now() - t0, headers: tHeaders - t0,
+        firstEvent: tFirstEvent - t0, firstText: tFirstText - t0, bytes: nbytes, ctype,
+        sample: reason === null ? undefined : `${reason} | ${String(text ?? "").slice(0, 600)}` });
     };
-    const req = http.request({ host: URL_.hostname, port: URL_.port, path: URL_.pathname + URL_.search,
+    const req = http.request({ host: t.url.hostname, port: t.url.port, path: t.url.pathname + t.url.search,
       method: "POST", headers, agent }, (res) => {
       tHeaders = performance.now();
       res.on("data", (d) => {
         chunks.push(d);
         if (Number.isNaN(tFirstText)) {
-          // probes look at the first few KB only
-          if (head.length < 16384) head += d.toString("latin1");
+          if (head.length < 16384) head += d.toString("latin1"); // the probes look at the first KB only
           const now = performance.now();
-          if (Number.isNaN(tFirstEvent) && firstEventDone(head)) tFirstEvent = now;
-          if (head.includes(FIRST_TEXT_PROBE)) tFirstText = now;
+          if (Number.isNaN(tFirstEvent) && t.firstEventDone(head)) tFirstEvent = now;
+          if (FIRST_TEXT_PROBE[t.protocol].test(head)) tFirstText = now;
         }
       });
       res.on("end", () => {
-        const raw = Buffer.concat(chunks);
-        const text = raw.toString("utf8");
+        const raw = Buffer.concat(chunks), text = raw.toString("utf8");
         let reason;
-        try { reason = validate(res.statusCode, res.headers["content-type"], text); } catch (e) { reason = `unparsable: ${e.message}`; }
+        try { reason = validate(t.protocol, res.statusCode, res.headers["content-type"], text); } catch (e) { reason = `unparsable: ${e.message}`; }
         finish(reason, res.statusCode, res.headers["content-type"], text, raw.length);
       });
       res.on("error", (e) => finish(`response error: ${e.message}`, res.statusCode, undefined, Buffer.concat(chunks).toString("utf8")));
@@ -224,6 +251,24 @@ function once(agent) {
     req.on("error", (e) => finish(`request error: ${e.message}`, 0, undefined, ""));
     req.end(body);
   });
+}
+
+// closed loop: `workers` loops, each sending its next request when the last one has ended
+async function closedLoop(t, workers, stop) {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: workers });
+  const lat = [], fails = [];
+  let sent = 0;
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: workers }, async () => {
+    while (!stop(sent, t0) && sent < MAX_PER_SLICE) {
+      sent++;
+      const r = await once(t, agent);
+      if (r.ok) lat.push(r.total); else fails.push(r);
+    }
+  }));
+  const seconds = (performance.now() - t0) / 1000;
+  agent.destroy();
+  return { lat, fails, seconds };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -250,9 +295,8 @@ function tree(root) {
   return out;
 }
 function sampleTree(root) {
-  const pids = tree(root);
   let cpuS = 0, rssMB = 0, hwmMB = 0, alive = 0;
-  for (const pid of pids) { const p = readProc(pid); if (p) { alive++; cpuS += p.cpuS; rssMB += p.rssMB; hwmMB += p.hwmMB; } }
+  for (const pid of tree(root)) { const p = readProc(pid); if (p) { alive++; cpuS += p.cpuS; rssMB += p.rssMB; hwmMB += p.hwmMB; } }
   return alive ? { cpuS, rssMB, hwmMB, processes: alive } : null;
 }
 function machineBusyS() {
@@ -261,42 +305,38 @@ function machineBusyS() {
   return (f[0] + f[1] + f[2] + f[5] + f[6]) / CLK_TCK;
 }
 const selfCpuS = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1e6; };
+// every pid we know of is sampled, so idle servers' CPU is not counted as "other"
+const allPids = [...new Map([...targets.filter((t) => t.pid).map((t) => [t.pid, `${t.name}`]), ...pidSpecs.map(([n, p]) => [p, n])])];
 function snapshot() {
-  const s = { t: performance.now(), machine: machineBusyS(), loadgen: selfCpuS(), procs: {} };
-  for (const [name, pid] of pidSpecs) s.procs[name] = sampleTree(pid);
+  const s = { t: performance.now(), machine: machineBusyS(), loadgen: selfCpuS(), byPid: {} };
+  for (const [pid] of allPids) s.byPid[pid] = sampleTree(pid);
   return s;
 }
 const r2 = (x) => (Number.isFinite(x) ? Math.round(x * 100) / 100 : null);
-function cpuBetween(a, b, requests) {
-  const out = { wallS: r2((b.t - a.t) / 1000), machineBusyS: r2(b.machine - a.machine), loadgenS: r2(b.loadgen - a.loadgen) };
+// CPU between two snapshots: the target's named processes, this process, and everything else
+function cpuBetween(t, a, b, requests) {
+  const wall = (b.t - a.t) / 1000;
+  const out = { wallS: r2(wall), machineBusyS: r2(b.machine - a.machine), loadgenS: r2(b.loadgen - a.loadgen) };
   let accounted = b.loadgen - a.loadgen;
-  for (const [name] of pidSpecs) {
-    const x = a.procs[name], y = b.procs[name];
+  for (const [pid] of allPids) if (a.byPid[pid] && b.byPid[pid]) accounted += b.byPid[pid].cpuS - a.byPid[pid].cpuS;
+  for (const [name, pid] of t?.procs ?? []) {
+    const x = a.byPid[pid], y = b.byPid[pid];
     if (!x || !y) { out[name] = null; continue; }
     const d = y.cpuS - x.cpuS;
-    accounted += d;
-    out[name] = { cpuS: r2(d), cpuMsPerReq: requests ? r2((d * 1000) / requests) : null, coresBusy: r2(d / ((b.t - a.t) / 1000)) };
+    out[name] = { cpuS: r2(d), cpuMsPerReq: requests ? r2((d * 1000) / requests) : null, coresBusy: r2(d / wall) };
   }
   out.otherS = r2(b.machine - a.machine - accounted);
   return out;
 }
 const pct = (sorted, p) => (sorted.length ? sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))] : NaN);
 const median = (xs) => pct([...xs].filter(Number.isFinite).sort((a, b) => a - b), 50);
+const noteFailure = (t, r) => { t.result.failures++; if (t.result.failureSamples.length < 5) t.result.failureSamples.push(r.sample); };
+const writeOut = (t) => { if (opts["out-prefix"]) fs.writeFileSync(`${opts["out-prefix"]}${t.name}.json`, JSON.stringify(t.result, null, 2) + "\n"); };
+const log = (t, ...m) => console.log(`[${t?.name ?? "load"}]`, ...m);
 
 // ---------------------------------------------------------------------------------------------
-// phases
-const log = (...m) => console.log(`[${TARGET}]`, ...m);
-const result = {
-  target: TARGET, protocol: PROTOCOL, url: URL_.href, textLen: TEXT.length, expected: EXPECTED.slice(0, 40) + "…",
-  requestBytes: makeRequest().body.length, node: process.version, startedAt: new Date().toISOString(),
-  settings: { levels: LEVELS, seconds: SECONDS, warmup: WARMUP, serial: SERIAL, clkTck: CLK_TCK },
-  failures: 0, failureSamples: [],
-};
-const noteFailure = (r) => { result.failures++; if (result.failureSamples.length < 5) result.failureSamples.push(r.sample); };
-const writeOut = () => { if (opts.json) fs.writeFileSync(opts.json, JSON.stringify(result, null, 2) + "\n"); };
-
-// Before anything else, wait (up to --quiet-wait seconds) until the rest of the machine is quiet:
-// less than --quiet-cores of CPU used by processes other than ours over a 1 s window.
+// quiet check: wait (up to --quiet-wait s) until the rest of the machine uses less than
+// --quiet-cores over a 1 s window
 {
   const maxWait = Number(opts["quiet-wait"] ?? 0), limit = Number(opts["quiet-cores"] ?? 0.15);
   const t0 = performance.now();
@@ -305,87 +345,110 @@ const writeOut = () => { if (opts.json) fs.writeFileSync(opts.json, JSON.stringi
     const a = snapshot();
     await new Promise((r) => setTimeout(r, 1000));
     const b = snapshot();
-    const d = cpuBetween(a, b, 0);
+    const d = cpuBetween(null, a, b, 0);
     busy = d.otherS / d.wallS;
     if (busy < limit || performance.now() - t0 > maxWait * 1000) break;
   }
-  result.quiet = { waitedS: r2((performance.now() - t0) / 1000), otherCoresBeforeStart: r2(busy), limit, reached: busy === null || busy < limit };
-  if (maxWait > 0) log(`machine quiet check: other processes used ${r2(busy)} cores (limit ${limit}) after ${result.quiet.waitedS} s${result.quiet.reached ? "" : " - NOT quiet, going on"}`);
+  const quiet = { waitedS: r2((performance.now() - t0) / 1000), otherCoresBeforeStart: r2(busy), limit, reached: busy === null || busy < limit };
+  for (const t of targets) t.result.quiet = quiet;
+  if (maxWait > 0) log(null, `quiet check: other processes used ${r2(busy)} cores (limit ${limit}) after ${quiet.waitedS} s${quiet.reached ? "" : " - NOT quiet, going on"}`);
 }
 
-// idle: before the first request
-const idle = snapshot();
-result.idle = Object.fromEntries(pidSpecs.map(([n]) => [n, idle.procs[n] && { rssMB: r2(idle.procs[n].rssMB), processes: idle.procs[n].processes }]));
-log(`idle RSS: ${pidSpecs.map(([n]) => `${n} ${r2(idle.procs[n]?.rssMB)} MB`).join(", ")}`);
-
-async function closedLoop(workers, stopAt) {
-  const agent = new http.Agent({ keepAlive: true, maxSockets: workers });
-  const lat = [], fails = [];
-  let sent = 0;
-  const t0 = performance.now();
-  await Promise.all(Array.from({ length: workers }, async () => {
-    while (stopAt(sent, t0) === false && sent < MAX_PER_LEVEL) {
-      sent++;
-      const r = await once(agent);
-      if (r.ok) lat.push(r.total); else fails.push(r);
-    }
-  }));
-  const seconds = (performance.now() - t0) / 1000;
-  agent.destroy();
-  return { lat, fails, seconds };
-}
-
-{ // warm-up
-  const w = await closedLoop(Math.min(4, Math.max(1, WARMUP)), (sent) => sent >= WARMUP);
-  result.warmup = { requests: WARMUP, failed: w.fails.length, seconds: r2(w.seconds) };
-  w.fails.forEach(noteFailure);
-  log(`warm-up: ${WARMUP} requests in ${r2(w.seconds)} s, ${w.fails.length} failed`);
-  if (WARMUP && w.fails.length > WARMUP / 2) {
-    result.aborted = `most warm-up requests failed; first: ${w.fails[0].sample}`;
-    writeOut();
-    console.error(`[${TARGET}] ${result.aborted}`);
-    process.exit(2);
+// idle memory: before any target's first request
+{
+  const idle = snapshot();
+  for (const t of targets) {
+    t.result.idle = Object.fromEntries(t.procs.map(([n, pid]) => [n, idle.byPid[pid] && { rssMB: r2(idle.byPid[pid].rssMB), processes: idle.byPid[pid].processes }]));
+    log(t, `idle RSS: ${t.procs.map(([n]) => `${n} ${t.result.idle[n]?.rssMB} MB`).join(", ")}`);
   }
 }
 
-if (SERIAL > 0) { // sequential requests: latency and time to first event
-  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
-  const a = snapshot(); const rs = [];
-  for (let i = 0; i < SERIAL; i++) rs.push(await once(agent));
-  const b = snapshot();
-  agent.destroy();
-  const good = rs.filter((r) => r.ok);
-  rs.filter((r) => !r.ok).forEach(noteFailure);
-  const tot = good.map((r) => r.total).sort((x, y) => x - y);
-  result.serial = { n: SERIAL, failed: SERIAL - good.length, responseBytes: good[0]?.bytes ?? null,
-    contentType: good[0]?.ctype ?? null,
-    medianMs: r2(pct(tot, 50)), p90Ms: r2(pct(tot, 90)),
-    medianHeadersMs: r2(median(good.map((r) => r.headers))), medianFirstEventMs: r2(median(good.map((r) => r.firstEvent))),
-    medianFirstTextMs: r2(median(good.map((r) => r.firstText))), cpu: cpuBetween(a, b, SERIAL) };
-  const s = result.serial;
-  log(`serial x${SERIAL}: median ${s.medianMs} ms (p90 ${s.p90Ms}), headers ${s.medianHeadersMs} ms, first event ${s.medianFirstEventMs} ms, first text ${s.medianFirstTextMs} ms, ${s.failed} failed`);
+// warm-up and sequential requests, one target after the other
+const live = [];
+for (const t of targets) {
+  const w = await closedLoop(t, Math.min(4, Math.max(1, WARMUP)), (sent) => sent >= WARMUP);
+  t.result.warmup = { requests: WARMUP, failed: w.fails.length, seconds: r2(w.seconds) };
+  w.fails.forEach((r) => noteFailure(t, r));
+  log(t, `warm-up: ${WARMUP} requests in ${r2(w.seconds)} s, ${w.fails.length} failed`);
+  if (WARMUP && w.fails.length > WARMUP / 2) {
+    t.result.aborted = `most warm-up requests failed; first: ${w.fails[0].sample}`;
+    console.error(`[${t.name}] ${t.result.aborted}`);
+    writeOut(t);
+    continue;
+  }
+  live.push(t);
+  if (SERIAL > 0) {
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    const a = snapshot(), rs = [];
+    for (let i = 0; i < SERIAL; i++) rs.push(await once(t, agent));
+    const b = snapshot();
+    agent.destroy();
+    const good = rs.filter((r) => r.ok);
+    rs.filter((r) => !r.ok).forEach((r) => noteFailure(t, r));
+    const tot = good.map((r) => r.total).sort((x, y) => x - y);
+    t.result.serial = { n: SERIAL, failed: SERIAL - good.length, responseBytes: good[0]?.bytes ?? null, contentType: good[0]?.ctype ?? null,
+      medianMs: r2(pct(tot, 50)), p90Ms: r2(pct(tot, 90)),
+      medianHeadersMs: r2(median(good.map((r) => r.headers))), medianFirstEventMs: r2(median(good.map((r) => r.firstEvent))),
+      medianFirstTextMs: r2(median(good.map((r) => r.firstText))), cpu: cpuBetween(t, a, b, SERIAL) };
+    const s = t.result.serial;
+    log(t, `serial x${SERIAL}: median ${s.medianMs} ms (p90 ${s.p90Ms}), headers ${s.medianHeadersMs} ms, first event ${s.medianFirstEventMs} ms, first text ${s.medianFirstTextMs} ms, ${s.failed} failed`);
+  }
 }
 
-result.levels = [];
+// the closed loops, interleaved: level by level, round by round, target by target
+const acc = new Map(live.map((t) => [t, new Map(LEVELS.map((c) => [c, { lat: [], fails: 0, seconds: 0, cpu: [] }]))]));
+const slice = SECONDS / ROUNDS;
+let turn = 0;
 for (const c of LEVELS) {
-  const a = snapshot();
-  const run = await closedLoop(c, (_sent, t0) => performance.now() - t0 >= SECONDS * 1000);
-  const b = snapshot();
-  run.fails.forEach(noteFailure);
-  const lat = run.lat.sort((x, y) => x - y);
-  const n = lat.length + run.fails.length;
-  const row = { concurrency: c, seconds: r2(run.seconds), completed: lat.length, failed: run.fails.length,
-    rps: r2(lat.length / run.seconds), p50Ms: r2(pct(lat, 50)), p90Ms: r2(pct(lat, 90)), p99Ms: r2(pct(lat, 99)),
-    maxMs: r2(lat.at(-1)), cpu: cpuBetween(a, b, n),
-    rssEndMB: Object.fromEntries(pidSpecs.map(([nm]) => [nm, r2(b.procs[nm]?.rssMB)])) };
-  result.levels.push(row);
-  const srv = pidSpecs.map(([nm]) => `${nm} ${row.cpu[nm]?.cpuMsPerReq} ms`).join(", ");
-  log(`c=${String(c).padStart(3)}: ${row.rps} req/s, p50 ${row.p50Ms} ms, p99 ${row.p99Ms} ms, ${row.completed} ok, ${row.failed} failed; ` +
-    `CPU/req ${srv}; loadgen ${row.cpu.loadgenS} s, other processes ${row.cpu.otherS} s`);
+  for (let round = 0; round < ROUNDS; round++) {
+    const order = live.map((_, i) => live[(i + turn) % live.length]);
+    turn++;
+    for (const t of order) {
+      let a, b, run;
+      for (let attempt = 0; ; attempt++) {
+        a = snapshot();
+        run = await closedLoop(t, c, (_sent, t0) => performance.now() - t0 >= slice * 1000);
+        b = snapshot();
+        run.fails.forEach((r) => noteFailure(t, r));
+        // a slice during which other processes took a good part of the machine is run again
+        const other = cpuBetween(t, a, b, 0);
+        if (other.otherS / other.wallS <= NOISY_CORES || attempt >= RETRIES || retrySeconds + slice > RETRY_BUDGET) break;
+        retrySeconds += slice;
+        (t.result.discardedSlices ??= []).push({ concurrency: c, round: round + 1, otherS: other.otherS, wallS: other.wallS,
+          completed: run.lat.length, rps: r2(run.lat.length / run.seconds) });
+        log(t, `c=${c} slice ${round + 1}: other processes used ${r2(other.otherS / other.wallS)} cores; running it again`);
+      }
+      const x = acc.get(t).get(c);
+      x.lat.push(...run.lat); x.fails += run.fails.length; x.seconds += run.seconds;
+      x.cpu.push(cpuBetween(t, a, b, run.lat.length + run.fails.length));
+      x.rssEnd = Object.fromEntries(t.procs.map(([n, pid]) => [n, r2(b.byPid[pid]?.rssMB)]));
+    }
+  }
+  for (const t of live) {
+    const x = acc.get(t).get(c);
+    const lat = x.lat.sort((p, q) => p - q), n = lat.length + x.fails;
+    // CPU of the slices summed
+    const sum = (get) => x.cpu.reduce((s, v) => s + (get(v) ?? 0), 0);
+    const cpu = { wallS: r2(sum((v) => v.wallS)), machineBusyS: r2(sum((v) => v.machineBusyS)), loadgenS: r2(sum((v) => v.loadgenS)), otherS: r2(sum((v) => v.otherS)) };
+    for (const [name] of t.procs) {
+      const s = sum((v) => v[name]?.cpuS);
+      cpu[name] = { cpuS: r2(s), cpuMsPerReq: n ? r2((s * 1000) / n) : null, coresBusy: r2(s / cpu.wallS) };
+    }
+    const row = { concurrency: c, seconds: r2(x.seconds), rounds: ROUNDS, completed: lat.length, failed: x.fails,
+      rps: r2(lat.length / x.seconds), p50Ms: r2(pct(lat, 50)), p90Ms: r2(pct(lat, 90)), p99Ms: r2(pct(lat, 99)),
+      maxMs: r2(lat.at(-1)), cpu, slices: x.cpu.map((v, i) => ({ round: i + 1, otherS: v.otherS, server: v.server?.cpuMsPerReq ?? null })),
+      rssEndMB: x.rssEnd };
+    (t.result.levels ??= []).push(row);
+    const srv = t.procs.map(([nm]) => `${nm} ${cpu[nm]?.cpuMsPerReq} ms`).join(", ");
+    log(t, `c=${String(c).padStart(3)}: ${row.rps} req/s, p50 ${row.p50Ms} ms, p99 ${row.p99Ms} ms, ${row.completed} ok, ${row.failed} failed; ` +
+      `CPU/req ${srv}; loadgen ${cpu.loadgenS} s, other processes ${cpu.otherS} s`);
+  }
 }
 
 const end = snapshot();
-result.peak = Object.fromEntries(pidSpecs.map(([n]) => [n, end.procs[n] && { hwmMB: r2(end.procs[n].hwmMB), rssMB: r2(end.procs[n].rssMB), processes: end.procs[n].processes }]));
-log(`peak RSS (VmHWM): ${pidSpecs.map(([n]) => `${n} ${result.peak[n]?.hwmMB} MB`).join(", ")}; failures ${result.failures}`);
-result.finishedAt = new Date().toISOString();
-writeOut();
+for (const t of targets) {
+  t.result.peak = Object.fromEntries(t.procs.map(([n, pid]) => [n, end.byPid[pid] && { hwmMB: r2(end.byPid[pid].hwmMB), rssMB: r2(end.byPid[pid].rssMB), processes: end.byPid[pid].processes }]));
+  if (live.includes(t)) log(t, `peak RSS (VmHWM): ${t.procs.map(([n]) => `${n} ${t.result.peak[n]?.hwmMB} MB`).join(", ")}; failures ${t.result.failures}`);
+  t.result.finishedAt = new Date().toISOString();
+  writeOut(t);
+}

@@ -20,6 +20,7 @@ const LABEL = {
   python: "ours (Python, AG-UI)",
   "ts-agui": "TS 1.75.0 (AG-UI)",
   "ts-graphql": "TS 1.10.6 (GraphQL)",
+  "python-graphql": "ours (Python, GraphQL)",
   mock: "mock LLM alone",
 };
 const runs = {};
@@ -72,9 +73,14 @@ const fmtRatio = (r) => (r === null ? "–" : `${r.toFixed(2)}×`);
 const level = (r, c) => r?.levels?.find((l) => l.concurrency === c);
 const levels = settings.levels ?? [1, 10, 50];
 
-const cols = ["python", "ts-agui", "ts-graphql"].filter((t) => runs[t]);
+const cols = ["python", "ts-agui", "ts-graphql", "python-graphql"].filter((t) => runs[t]);
 const ours = runs.python;
-const tsCols = ["ts-agui", "ts-graphql"].filter((t) => runs[t]);
+// ratio columns: [ours, theirs, header]
+const ratioCols = [
+  ...(ours && runs["ts-agui"] ? [["python", "ts-agui", "ours ÷ 1.75"]] : []),
+  ...(ours && runs["ts-graphql"] ? [["python", "ts-graphql", "ours ÷ 1.10.6"]] : []),
+  ...(runs["python-graphql"] && runs["ts-graphql"] ? [["python-graphql", "ts-graphql", "ours GraphQL ÷ 1.10.6"]] : []),
+];
 
 // one row: label, getter(run) -> number|[numbers], unit, whether to add ratio columns
 function row(label, get, unit = "") {
@@ -82,17 +88,17 @@ function row(label, get, unit = "") {
     const v = get(runs[t]);
     return Array.isArray(v) ? v.map((x) => fmt(x, unit)).join(" / ") : fmt(v, unit);
   });
-  const ratios = ours ? tsCols.map((t) => {
-    const a = get(ours), b = get(runs[t]);
+  const ratios = ratioCols.map(([o, t]) => {
+    const a = get(runs[o]), b = get(runs[t]);
     if (Array.isArray(a)) return a.map((x, i) => fmtRatio(ratio(x, b?.[i]))).join(" / ");
     return fmtRatio(ratio(a, b));
-  }) : [];
+  });
   return `| ${label} | ${cells.join(" | ")} |${ratios.length ? ` ${ratios.join(" | ")} |` : ""}`;
 }
 
 const lines = [];
 const p = (s = "") => lines.push(s);
-const header = ["", ...cols.map((t) => LABEL[t]), ...(ours ? tsCols.map((t) => `ours ÷ ${t === "ts-agui" ? "1.75" : "1.10.6"}`) : [])];
+const header = ["", ...cols.map((t) => LABEL[t]), ...ratioCols.map(([, , h]) => h)];
 p(`| ${header.join(" | ")} |`);
 p(`|${header.map(() => " --- ").join("|")}|`);
 for (const c of levels) p(row(`requests/s, c=${c}`, (r) => level(r, c)?.rps));
@@ -104,8 +110,9 @@ p(row("full response, sequential median (ms)", (r) => r?.serial?.medianMs));
 p(row("idle memory, VmRSS after start-up (MB)", (r) => r?.idle?.server?.rssMB));
 p(row("peak memory, VmHWM at the end (MB)", (r) => r?.peak?.server?.hwmMB));
 p(row("start-up to first HTTP answer (s)", (r) => r?.startupS));
-p(`| request / response size (bytes) | ${cols.map((t) => `${runs[t].requestBytes ?? "–"} / ${runs[t].serial?.responseBytes ?? "–"}`).join(" | ")} |${ours ? tsCols.map(() => " |").join("") : ""}`);
-p(`| failed responses / total | ${cols.map((t) => `${runs[t].failures} / ${totalRequests(runs[t])}`).join(" | ")} |${ours ? tsCols.map(() => " |").join("") : ""}`);
+const blanks = ratioCols.map(() => " |").join("");
+p(`| request / response size (bytes) | ${cols.map((t) => `${runs[t].requestBytes ?? "–"} / ${runs[t].serial?.responseBytes ?? "–"}`).join(" | ")} |${blanks}`);
+p(`| failed responses / total | ${cols.map((t) => `${runs[t].failures} / ${totalRequests(runs[t])}`).join(" | ")} |${blanks}`);
 const mainTable = lines.splice(0);
 
 function totalRequests(r) {
@@ -132,10 +139,9 @@ for (const t of [...cols, ...(runs.mock ? ["mock"] : [])]) {
     p(`| ${t}, c=${l.concurrency} | ${fmt(l.cpu.server?.coresBusy)} | ${fmt(l.cpu.mock?.cpuMsPerReq)} | ${fmt(l.cpu.loadgenS)} | ${fmt(l.cpu.otherS)} | ${fmt(l.cpu.wallS)} |`);
   }
 }
-const quietNotes = [...cols, ...(runs.mock ? ["mock"] : [])].filter((t) => runs[t].quiet?.otherCoresBeforeStart != null)
-  .map((t) => `${t} ${fmt(runs[t].quiet.otherCoresBeforeStart)} cores${runs[t].quiet.reached ? "" : " (not quiet)"}` +
-    (runs[t].quiet.waitedS > 1.5 ? ` after waiting ${fmt(runs[t].quiet.waitedS)} s` : ""));
-if (quietNotes.length) p(`\nOther processes' CPU just before each target started: ${quietNotes.join(", ")}.`);
+const q = Object.values(runs).find((r) => r.quiet?.otherCoresBeforeStart != null)?.quiet;
+if (q) p(`\nJust before the load started, other processes used ${fmt(q.otherCoresBeforeStart)} cores` +
+  `${q.waitedS > 1.5 ? ` (after waiting ${fmt(q.waitedS)} s for the machine to quieten)` : ""}${q.reached ? "" : " (**the machine was not quiet**)"}.`);
 const noiseTable = lines.splice(0);
 
 // goal: >= 1.5x the requests/s of 1.10.6 at c=10 and c=50, with less than half its memory
@@ -157,6 +163,7 @@ if (ours && runs["ts-graphql"]) {
 const noisy = [...cols, ...(runs.mock ? ["mock"] : [])].flatMap((t) => (runs[t].levels ?? [])
   .filter((l) => (l.cpu.otherS ?? 0) > 0.05 * l.cpu.wallS * machine.cores).map((l) => `${t} c=${l.concurrency} (${fmt(l.cpu.otherS)} s)`));
 
+const discarded = Object.values(runs).reduce((n, r) => n + (r.discardedSlices?.length ?? 0), 0);
 const v = versions;
 const pyPk = Object.entries(v.pythonPackages).map(([k, x]) => `${k} ${x}`).join(", ");
 const agPk = Object.entries(v["ts-agui"]).map(([k, x]) => `\`${k}\` ${x}`).join(", ");
@@ -171,7 +178,10 @@ const section = [
     (agPk ? `TS AG-UI: ${agPk}. ` : "") + (gqPk ? `TS GraphQL: ${gqPk}.` : ""),
   "",
   `Load: mock LLM \`${opts.mock ?? "?"}\`, ${settings.warmup} warm-up requests, ${settings.serial} sequential requests, ` +
-    `then closed loops of ${levels.join(" / ")} workers for ${settings.seconds} s each, keep-alive sockets. ` +
+    `then closed loops of ${levels.join(" / ")} workers for ${settings.seconds} s per level and server, run as ${settings.rounds ?? 1} interleaved slices ` +
+    `(the servers take turns, so load from elsewhere on the machine is spread over all of them), keep-alive sockets` +
+    (settings.noisyCores != null ? `; a slice during which other processes used more than ${settings.noisyCores} cores was thrown away and run again ` +
+      `(at most ${settings.retries} times and ${settings.retryBudgetS ?? "?"} s in all; ${discarded ? `${discarded} slice${discarded > 1 ? "s" : ""} discarded in this run` : "none was needed in this run"})` : "") + ". " +
     `Ratios are ours ÷ theirs: above 1 is better for requests/s, below 1 is better for latency, CPU and memory.`,
   "",
   ...aborted, ...(aborted.length ? [""] : []),
