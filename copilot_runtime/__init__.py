@@ -24,6 +24,7 @@ from copilot_runtime.actions import Action, action
 from copilot_runtime.adapters import DemoAdapter, OpenAIAdapter, ServiceAdapter
 from copilot_runtime.agents import (
     Agent,
+    AgentThreadState,
     BuiltInAgent,
     CopilotKitRemoteEndpoint,
     HeaderPolicy,
@@ -44,6 +45,7 @@ __all__ = [
     "ActionError",
     "Agent",
     "AgentNotFoundError",
+    "AgentThreadState",
     "BuiltInAgent",
     "CORSPolicy",
     "ConfigurationError",

@@ -77,12 +77,17 @@ class CopilotRuntime:
 
     async def start_run(self, agent_id: str, input: RunInput,
                         headers: Mapping[str, str] | None = None, *,
-                        follow_up_server_tools: bool = True) -> ActiveRun:
-        """Reserve the thread and prepare a run; drive it with `ActiveRun.drive`."""
-        agent = self.agent(agent_id)
+                        follow_up_server_tools: bool = True,
+                        agent: Agent | None = None) -> ActiveRun:
+        """Reserve the thread and prepare a run; drive it with `ActiveRun.drive`.
+
+        `agent` runs in place of the registered one (a protocol edge may wrap it, e.g. to
+        offer it tools); the run still belongs to `agent_id`.
+        """
+        registered = self.agent(agent_id)
         context = RunContext(agent_id=agent_id, headers=dict(headers or {}),
                              follow_up_server_tools=follow_up_server_tools)
-        return await self.runs.begin(agent_id, agent, input, context)
+        return await self.runs.begin(agent_id, agent or registered, input, context)
 
     def stop_run(self, agent_id: str, thread_id: str, run_id: str | None = None) -> bool:
         self.agent(agent_id)

@@ -6,7 +6,8 @@ import copilot_runtime
 from copilot_runtime import testing
 
 EXPECTED = [
-    "Action", "ActionError", "Agent", "AgentNotFoundError", "BuiltInAgent", "CORSPolicy",
+    "Action", "ActionError", "Agent", "AgentNotFoundError", "AgentThreadState", "BuiltInAgent",
+    "CORSPolicy",
     "CopilotKitRemoteEndpoint", "HeaderPolicy", "HttpAgent", "LangGraphAgent",
     "LangGraphPlatformAgent", "RemoteDiscovery", "RemoteEndpointAgent", "RetryPolicy", "Timeouts",
     "ConfigurationError", "CopilotEndpoint", "CopilotRuntime", "CopilotRuntimeError",

@@ -10,7 +10,7 @@ from typing import Any
 
 from copilot_runtime.agents._headers import HeaderPolicy
 from copilot_runtime.agents._http_client import Timeouts
-from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.agents.http import HttpAgent
 from copilot_runtime.agents.remote_endpoint import (
@@ -22,6 +22,7 @@ from copilot_runtime.agents.remote_endpoint import (
 
 __all__ = [
     "Agent",
+    "AgentThreadState",
     "BuiltInAgent",
     "CopilotKitRemoteEndpoint",
     "HeaderPolicy",

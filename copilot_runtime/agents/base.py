@@ -6,6 +6,9 @@ client hears back at once), closes what the agent left open, and appends `RUN_FI
 `RUN_ERROR` if the agent raises. An agent may end the run itself with `RUN_FINISHED` (to set
 `result` or an interrupt `outcome`) or `RUN_ERROR`. A `RUN_STARTED` it yields first is merged
 into the runtime's.
+
+An agent that keeps its own threads (a LangGraph checkpointer, a remote service) may also
+answer `load_state`, which the protocols use to show a thread the runtime never ran itself.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 from copilot_runtime._input import RunInput
 from copilot_runtime.events import EventBatches
 
-__all__ = ["Agent", "RunContext"]
+__all__ = ["Agent", "AgentThreadState", "RunContext"]
 
 
 @dataclass(slots=True)
@@ -31,6 +34,20 @@ class RunContext:
     #: False ends the run after server-side tool results instead of calling the model again
     #: (the turn semantics of the GraphQL protocol, where the client sends the follow-up).
     follow_up_server_tools: bool = True
+
+
+@dataclass(slots=True)
+class AgentThreadState:
+    """A thread as the agent itself remembers it, in the core's vocabulary.
+
+    `state` leaves out `messages`; `messages` are AG-UI messages as JSON-ready dicts
+    (camelCase keys, like the `messages` of `RunAgentInput`).
+    """
+
+    thread_id: str
+    exists: bool
+    state: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Agent(abc.ABC):
@@ -49,6 +66,15 @@ class Agent(abc.ABC):
     @abc.abstractmethod
     def run(self, input: RunInput, context: RunContext) -> EventBatches:
         """Yield the run's events in batches (see the module docstring for the contract)."""
+
+    async def load_state(self, thread_id: str, *,
+                         headers: Mapping[str, str] | None = None) -> AgentThreadState | None:
+        """The thread as the agent keeps it, or None to let the runtime's thread store answer.
+
+        `headers` are the client's request headers (lower-cased), for agents that forward
+        them as they do for runs. Failures raise `CopilotRuntimeError`s, like runs do.
+        """
+        return None
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release resources held by the agent (called when the runtime shuts down)."""

@@ -48,7 +48,8 @@ from copilot_runtime._input import RunInput
 from copilot_runtime.agents._headers import HeaderPolicy
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
 from copilot_runtime.agents._lg_events import WireEncoder
-from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.agents._lg_state import thread_state_from_values
+from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.agents.langgraph import translate_bridge_run
 from copilot_runtime.events import EventBatches
 
@@ -151,6 +152,28 @@ class LangGraphPlatformAgent(Agent):
                                 status=exc.response.status_code) from None
         except httpx.TransportError:
             raise UpstreamError(f"{what} could not be reached") from None
+
+    async def load_state(self, thread_id: str, *,
+                         headers: Mapping[str, str] | None = None) -> AgentThreadState:
+        """The platform thread's current values (`threads.get_state`); a thread the
+        platform does not know does not exist."""
+        forwarded = self.header_policy.select(headers or {})
+        what = f"LangGraph Platform agent '{self.name}'"
+        try:
+            state = await self._client.threads.get_state(platform_thread_id(thread_id),
+                                                         headers=forwarded)
+        except NotFoundError:
+            return AgentThreadState(thread_id, exists=False)
+        except httpx.TimeoutException:
+            raise UpstreamError(f"{what} did not answer in time") from None
+        except httpx.HTTPStatusError as exc:
+            raise UpstreamError(f"{what} answered HTTP {exc.response.status_code}",
+                                status=exc.response.status_code) from None
+        except httpx.TransportError:
+            raise UpstreamError(f"{what} could not be reached") from None
+        values = state.get("values")
+        return thread_state_from_values(thread_id, revive(values) if isinstance(
+            values, dict) else None)
 
     async def _assistant(self, headers: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
         """The assistant to run and its schemas, looked up once."""

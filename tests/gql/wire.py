@@ -48,6 +48,76 @@ mutation chat($data: GenerateCopilotResponseInput!, $properties: JSONObject) {
 }
 """
 
+# The 1.10 client's own document (protocol.md §3.1): every message type, agent states and
+# both interrupt meta events.
+CLIENT_DOCUMENT = """
+mutation generateCopilotResponse($data: GenerateCopilotResponseInput!, $properties: JSONObject) {
+  generateCopilotResponse(data: $data, properties: $properties) {
+    threadId
+    runId
+    extensions { openaiAssistantAPI { runId threadId __typename } __typename }
+    ... on CopilotResponse @defer {
+      status {
+        ... on BaseResponseStatus { code __typename }
+        ... on FailedResponseStatus { reason details __typename }
+        __typename
+      }
+      __typename
+    }
+    messages @stream {
+      __typename
+      ... on BaseMessageOutput { id createdAt __typename }
+      ... on BaseMessageOutput @defer {
+        status {
+          ... on SuccessMessageStatus { code __typename }
+          ... on FailedMessageStatus { code reason __typename }
+          ... on PendingMessageStatus { code __typename }
+          __typename
+        }
+        __typename
+      }
+      ... on TextMessageOutput { content @stream role parentMessageId __typename }
+      ... on ImageMessageOutput { format bytes role parentMessageId __typename }
+      ... on ActionExecutionMessageOutput { name arguments @stream parentMessageId __typename }
+      ... on ResultMessageOutput { result actionExecutionId actionName __typename }
+      ... on AgentStateMessageOutput {
+        threadId state running agentName nodeName runId active role __typename
+      }
+    }
+    metaEvents @stream {
+      ... on LangGraphInterruptEvent { type name value __typename }
+      ... on CopilotKitLangGraphInterruptEvent {
+        type
+        name
+        data {
+          messages {
+            __typename
+            ... on BaseMessageOutput { id createdAt __typename }
+            ... on BaseMessageOutput @defer {
+              status {
+                ... on SuccessMessageStatus { code __typename }
+                ... on FailedMessageStatus { code reason __typename }
+                ... on PendingMessageStatus { code __typename }
+                __typename
+              }
+              __typename
+            }
+            ... on TextMessageOutput { content role parentMessageId __typename }
+            ... on ActionExecutionMessageOutput { name arguments parentMessageId __typename }
+            ... on ResultMessageOutput { result actionExecutionId actionName __typename }
+          }
+          value
+          __typename
+        }
+        __typename
+      }
+      __typename
+    }
+    __typename
+  }
+}
+"""
+
 CREATED = "2025-01-01T00:00:00.000Z"
 
 

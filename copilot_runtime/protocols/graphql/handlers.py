@@ -30,12 +30,12 @@ from graphql.execution.values import get_argument_values, get_variable_values
 from copilot_runtime._exceptions import CopilotRuntimeError
 from copilot_runtime.protocols._http import Request, stream_run
 from copilot_runtime.protocols.agui.handlers import forwardable_headers
+from copilot_runtime.protocols.graphql.agent_tools import session_run
 from copilot_runtime.protocols.graphql.documents import DocumentCache, Prepared
 from copilot_runtime.protocols.graphql.errors import kit_code_of, kit_extensions
 from copilot_runtime.protocols.graphql.increments import ResponseEncoder
-from copilot_runtime.protocols.graphql.inputs import run_request
 from copilot_runtime.protocols.graphql.plan import ROOT_FIELD, OperationPlan
-from copilot_runtime.protocols.graphql.queries import agent_not_found, query_root
+from copilot_runtime.protocols.graphql.queries import QueryContext, agent_not_found, query_root
 from copilot_runtime.protocols.graphql.schema import copilot_schema
 from copilot_runtime.protocols.graphql.transport import (
     MULTIPART,
@@ -147,7 +147,7 @@ class GraphQLProtocol:
         # document has them removed, so the result always comes in one piece.
         result = experimental_execute_incrementally(
             self.schema, prepared.plain(), root_value=self._root, variable_values=variables,
-            operation_name=name)
+            operation_name=name, context_value=QueryContext(forwardable_headers(request)))
         if isawaitable(result):
             result = await result
         assert isinstance(result, ExecutionResult)
@@ -173,15 +173,15 @@ class GraphQLProtocol:
             raise _BadRequest(request_errors([exc])) from None
         runtime = self.runtime
         try:
-            wanted = run_request(
-                args["data"], args.get("properties"),
-                server_actions=[a.name for a in runtime.actions],
+            wanted, agent = session_run(
+                runtime, args["data"], args.get("properties"),
                 has_public_key=b"x-copilotcloud-public-api-key" in request.headers)
             if wanted.agent_id not in runtime.agents:
                 raise agent_not_found(wanted.agent_id, runtime)
-            run = await runtime.start_run(wanted.agent_id, wanted.input,
-                                          forwardable_headers(request),
-                                          follow_up_server_tools=False)
+            forwarded = forwardable_headers(request)
+            # `agent`, when set, is the session's agent wrapped with its server-side tools.
+            run = await runtime.start_run(wanted.agent_id, wanted.input, forwarded,
+                                          follow_up_server_tools=False, agent=agent)
         except CopilotRuntimeError as exc:
             error = GraphQLError(exc.message, plan.field_node, path=[plan.root_key],
                                  extensions=kit_extensions(kit_code_of(exc), exc.message))
@@ -192,7 +192,9 @@ class GraphQLProtocol:
             plan, thread_id=wanted.input.thread_id, run_id=wanted.client_run_id,
             frontend_tools=wanted.frontend_tools,
             stopped=lambda: run.cancel_reason == "stop",
-            incremental=accepts_multipart(request))
+            incremental=accepts_multipart(request),
+            agent_name=wanted.agent_id, agent_run_id=wanted.input.run_id,
+            agent_state=wanted.input.raw.get("state"))
         if encoder.incremental:
             headers = [MULTIPART, *version_header(request)]
         else:

@@ -15,20 +15,27 @@ accept multipart), the whole result is written once, at the end, as a single JSO
 
 Turn semantics follow the 1.10 runtime: a server-side action's result message directly
 follows its call. The core streams every tool call of an answer before running the actions,
-so events after a server-side call are held back until its result has been sent.
+so message events after a server-side call are held back until its result has been sent.
+
+An agent's steps and state become agent-state messages (`agent_state`), added to `messages`
+as they happen (never held back: they are the live view of the agent), and its interrupts
+become `metaEvents` (`meta_events`).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from copilot_runtime import events as ev
+from copilot_runtime._server_tools import AGENT_FINISHED, AGENT_STARTED
 from copilot_runtime.events import Event
+from copilot_runtime.protocols.graphql.agent_state import STATE_EVENTS, AgentStates
+from copilot_runtime.protocols.graphql.agent_state import now_iso as _now
 from copilot_runtime.protocols.graphql.errors import failed_status, interrupted_status
+from copilot_runtime.protocols.graphql.meta_events import meta_event
 from copilot_runtime.protocols.graphql.plan import Field, ObjectPlan, OperationPlan
 from copilot_runtime.protocols.graphql.project import Obj, project, project_fields
 from copilot_runtime.protocols.graphql.transport import (
@@ -48,11 +55,6 @@ _MESSAGE_EVENTS = frozenset({
 _TEXT_FAILED = "The run failed before this message was complete"
 _ARGUMENTS_FAILED = "The run failed before these arguments were complete"
 _STOPPED = "The run was stopped before this message was complete"
-
-
-def _now() -> str:
-    now = time.time()
-    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(now))}.{int(now * 1000) % 1000:03d}Z"
 
 
 def encode_result(content: str) -> str:
@@ -92,11 +94,18 @@ class _Message:
 
 
 class ResponseEncoder:
-    """Translates one run's batches; `encode` is the `stream_run` encoder."""
+    """Translates one run's batches; `encode` is the `stream_run` encoder.
+
+    `agent_name` and `agent_run_id` name the agent in its agent-state messages, and
+    `agent_state` is the state the run started from; without a name the run's state events
+    make none.
+    """
 
     def __init__(self, plan: OperationPlan, *, thread_id: str, run_id: str | None,
                  frontend_tools: frozenset[str], stopped: Callable[[], bool],
-                 incremental: bool) -> None:
+                 incremental: bool, agent_name: str | None = None,
+                 agent_run_id: str | None = None,
+                 agent_state: Mapping[str, Any] | None = None) -> None:
         self.plan = plan
         self.incremental = incremental and plan.incremental is not None
         self.frontend_tools = frontend_tools
@@ -122,6 +131,13 @@ class ResponseEncoder:
         self._message_field: Field | None = messages
         self._meta_field: Field | None = meta
         self._root_key = plan.root_key
+        self._thread_id = thread_id
+        #: The agents whose events are being translated, innermost last (see `_custom`).
+        self._agents: list[AgentStates] = []
+        if agent_name is not None:
+            self._agents.append(AgentStates(agent_name, thread_id, agent_run_id or run_id or "",
+                                            agent_state))
+        self._agent: AgentStates | None = self._agents[-1] if self._agents else None
 
     # -- output ----------------------------------------------------------------------------
 
@@ -175,6 +191,10 @@ class ResponseEncoder:
                 self._piece(self._texts.get(event["messageId"]), event["delta"], out)
             elif kind == ev.TOOL_CALL_ARGS:
                 self._piece(self._calls.get(event["toolCallId"]), event["delta"], out)
+                agent = self._agent
+                if agent is not None and agent.predict is not None:
+                    self._agent_message(agent.call_arguments(event["toolCallId"],
+                                                             event["delta"]), out)
             elif kind == ev.TEXT_MESSAGE_START:
                 self._start_text(event["messageId"], event.get("role"), out)
             elif kind == ev.TEXT_MESSAGE_END:
@@ -189,6 +209,9 @@ class ResponseEncoder:
                 self._text_chunk(event, out)
             elif kind == ev.TOOL_CALL_CHUNK:
                 self._call_chunk(event, out)
+            elif kind in STATE_EVENTS:
+                if self._agent is not None:
+                    self._agent_message(self._agent.feed(event), out)
             elif kind == ev.CUSTOM:
                 self._custom(event, out)
             elif kind == ev.RUN_ERROR:
@@ -199,6 +222,8 @@ class ResponseEncoder:
                 self.done = True
             elif kind == ev.RUN_FINISHED:
                 self._release(out)
+                while self._agents:
+                    self._agent_message(self._pop_agent().finish(), out)
                 self._finish()
             if self.done:
                 return
@@ -219,6 +244,9 @@ class ResponseEncoder:
         message.call_name = name
         self._calls[call_id] = message
         self._call_names[call_id] = name
+        agent = self._agent
+        if agent is not None and agent.predict is not None:
+            agent.call_started(call_id, name)
 
     def _end_call(self, call_id: str) -> None:
         message = self._calls.pop(call_id, None)
@@ -267,15 +295,26 @@ class ResponseEncoder:
             self._piece(self._calls[call_id], event["delta"], out)
 
     def _custom(self, event: Event, out: list[dict[str, Any]]) -> None:
-        # LangGraph agents report an interrupt as the custom event `on_interrupt`; 1.10
-        # clients expect it as a meta event.
-        if event.get("name") not in ("on_interrupt", "LangGraphInterruptEvent"):
+        name, value = event.get("name"), event.get("value")
+        if name in (AGENT_STARTED, AGENT_FINISHED):
+            if not self._agents:
+                return  # not an agent run: nobody to attribute the messages to
+            if name == AGENT_FINISHED:
+                if len(self._agents) > 1:
+                    self._agent_message(self._pop_agent().finish(), out)
+                return
+            started = value if isinstance(value, dict) else {}
+            self._agents.append(AgentStates(str(started.get("agentName") or ""),
+                                            self._thread_id, str(started.get("runId") or "")))
+            self._agent = self._agents[-1]
             return
-        value = event.get("value")
-        text = value if isinstance(value, str) else orjson.dumps(value).decode()
-        meta: Obj = ("LangGraphInterruptEvent", {"type": "MetaEvent",
-                                                 "name": "LangGraphInterruptEvent",
-                                                 "value": text, "response": None})
+        if self._agent is not None:
+            self._agent.custom(name, value)
+        meta = meta_event(name, value, _now())
+        if meta is None:
+            return
+        if self._agent is not None:
+            self._agent.interrupted = True
         index = len(self._meta)
         self._meta.append(meta)
         field = self._meta_field
@@ -286,6 +325,19 @@ class ResponseEncoder:
             if field.label:
                 entry["label"] = field.label
             out.append(entry)
+
+    def _pop_agent(self) -> AgentStates:
+        agent = self._agents.pop()
+        self._agent = self._agents[-1] if self._agents else None
+        return agent
+
+    def _agent_message(self, values: dict[str, Any] | None, out: list[dict[str, Any]]) -> None:
+        """Add an agent-state message: complete when it starts, so its status follows."""
+        if values is None:
+            return
+        values["status"] = _SUCCESS
+        message = self._add("AgentStateMessageOutput", values, None, out)
+        self._deferred(message, out)
 
     # -- messages --------------------------------------------------------------------------
 

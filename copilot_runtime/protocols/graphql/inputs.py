@@ -18,7 +18,7 @@ The translation follows what the 1.10 runtime does with a request:
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,8 +47,14 @@ class RunRequest:
 
 
 def run_request(data: Mapping[str, Any], properties: Mapping[str, Any] | None,
-                *, server_actions: Collection[str], has_public_key: bool) -> RunRequest:
-    """Translate coerced GraphQL input; raise `InvalidRequestError` for what cannot run."""
+                *, server_actions: Collection[str], has_public_key: bool,
+                offered_tools: Sequence[Mapping[str, Any]] = ()) -> RunRequest:
+    """Translate coerced GraphQL input; raise `InvalidRequestError` for what cannot run.
+
+    `offered_tools` are the server-side tools of an agent session (`_server_tools`): they
+    come first, and a frontend action with the same name as one of them is not offered
+    again (the 1.10 runtime keeps the first of each name, server-side ones first).
+    """
     if data.get("cloud") and not has_public_key:
         raise InvalidRequestError(
             "Copilot Cloud options (data.cloud) need the X-CopilotCloud-Public-API-Key header")
@@ -58,9 +64,11 @@ def run_request(data: Mapping[str, Any], properties: Mapping[str, Any] | None,
     client_run_id = data.get("runId")
     actions = [a for a in (data.get("frontend") or {}).get("actions") or ()
                if a.get("available") != "disabled"]
-    tools = [{"name": a["name"], "description": a.get("description") or "",
-              "parameters": _schema(a.get("jsonSchema"))}
-             for a in actions if a.get("available") != "remote"]
+    offered = {t["name"] for t in offered_tools}
+    tools = [*offered_tools, *({"name": a["name"], "description": a.get("description") or "",
+                                "parameters": _schema(a.get("jsonSchema"))}
+                               for a in actions if a.get("available") != "remote"
+                               and a["name"] not in offered)]
     state, agent_props = _agent_state(data, agent_id, session)
     forwarded: dict[str, Any] = {**agent_props, **(properties or {}),
                                  "forwardedParameters": _settings(data)}
@@ -74,7 +82,7 @@ def run_request(data: Mapping[str, Any], properties: Mapping[str, Any] | None,
                     for c in data.get("context") or ()],
         "forwardedProps": forwarded,
     }
-    frontend = frozenset(a["name"] for a in actions) - frozenset(server_actions)
+    frontend = frozenset(a["name"] for a in actions) - frozenset(server_actions) - offered
     return RunRequest(agent_id, parse_run_input(raw), client_run_id, frontend)
 
 
@@ -125,6 +133,9 @@ def _agent_state(data: Mapping[str, Any], agent_id: str,
     for entry in data.get("agentStates") or ():
         if entry.get("agentName") == agent_id:
             state = _json_object(entry.get("state"), "agentStates[].state")
+            # The client echoes the agent-state messages' state, conversation included;
+            # the conversation travels as `messages`, and a graph must not get it twice.
+            state.pop("messages", None)
             config = _json_object(entry.get("config"), "agentStates[].config")
             if "streamSubgraphs" in config:
                 props["streamSubgraphs"] = config.pop("streamSubgraphs")

@@ -8,6 +8,7 @@ errors with the client's extensions, anything else is logged and reported as une
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -18,12 +19,13 @@ from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._exceptions import AgentNotFoundError, CopilotRuntimeError
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.protocols.graphql.errors import kit_code_of, kit_extensions
+from copilot_runtime.protocols.graphql.messages import to_copilotkit_messages
 from copilot_runtime.runtime import CopilotRuntime
 
-__all__ = ["agent_not_found", "query_root", "to_copilotkit_messages"]
+__all__ = ["QueryContext", "agent_not_found", "is_service_adapter", "listed_agents",
+           "query_root", "to_copilotkit_messages"]
 
 _log = structlog.get_logger("copilot_runtime.graphql")
-_HIDDEN_ROLES = frozenset({"system", "developer"})
 
 
 def agent_not_found(agent_id: str, runtime: CopilotRuntime) -> AgentNotFoundError:
@@ -42,96 +44,74 @@ def as_graphql_error(exc: CopilotRuntimeError) -> GraphQLError:
     return GraphQLError(exc.message, extensions=kit_extensions(kit_code_of(exc), exc.message))
 
 
-def listed_agents(runtime: CopilotRuntime) -> list[dict[str, str]]:
-    """The agents `availableAgents` lists.
+def is_service_adapter(runtime: CopilotRuntime, agent_id: str) -> bool:
+    """Whether `agent_id` is the runtime's own built-in agent.
 
-    The runtime's own built-in agent stands for the 1.10 runtime's service adapter, which
-    that runtime does not list as an agent (react-core would treat it as a CoAgent).
+    It stands for the 1.10 runtime's service adapter, which that runtime does not list as an
+    agent (react-core would treat it as a CoAgent) nor offer to agents as a tool.
     """
-    listed = []
-    for agent_id, agent in runtime.agents.items():
-        if (agent_id == "default" and isinstance(agent, BuiltInAgent)
-                and runtime.service_adapter is not None
-                and agent.adapter is runtime.service_adapter):
-            continue
-        listed.append({"name": agent_id, "id": agent_id, "description": agent.description})
-    return listed
+    agent = runtime.agents.get(agent_id)
+    return (agent_id == "default" and isinstance(agent, BuiltInAgent)
+            and runtime.service_adapter is not None and agent.adapter is runtime.service_adapter)
 
 
-async def load_agent_state(runtime: CopilotRuntime, data: Mapping[str, Any]) -> dict[str, Any]:
+def listed_agents(runtime: CopilotRuntime) -> list[dict[str, str]]:
+    """The agents `availableAgents` lists: by their ids, which is all a client needs to
+    start a session (where an agent lives, a URL or an assistant id, stays here)."""
+    return [{"name": agent_id, "id": agent_id, "description": agent.description}
+            for agent_id, agent in runtime.agents.items()
+            if not is_service_adapter(runtime, agent_id)]
+
+
+async def load_agent_state(runtime: CopilotRuntime, data: Mapping[str, Any],
+                           headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The thread as the agent keeps it (`Agent.load_state`), else as the runtime stored it.
+
+    `state` and `messages` are JSON strings; `state` never holds `messages`.
+    """
     thread_id: str = data["threadId"]
     agent_id: str = data["agentName"]
-    if agent_id not in runtime.agents:
+    agent = runtime.agents.get(agent_id)
+    if agent is None:
         raise agent_not_found(agent_id, runtime)
+    loaded = await agent.load_state(thread_id, headers=headers or {})
+    if loaded is not None:
+        if not loaded.exists:
+            return _no_thread(thread_id)
+        return _thread(thread_id, loaded.state, loaded.messages)
     record = await runtime.store.get(thread_id)
     if record is None:
-        return {"threadId": thread_id, "threadExists": False, "state": "{}", "messages": "[]"}
+        return _no_thread(thread_id)
     state = record.state
-    state = {k: v for k, v in state.items() if k != "messages"} if isinstance(
-        state, dict) else {}
-    messages = to_copilotkit_messages(events_to_messages(r.events for r in record.runs))
+    return _thread(thread_id, state if isinstance(state, dict) else {},
+                   events_to_messages(r.events for r in record.runs))
+
+
+def _no_thread(thread_id: str) -> dict[str, Any]:
+    return {"threadId": thread_id, "threadExists": False, "state": "{}", "messages": "[]"}
+
+
+def _thread(thread_id: str, state: Mapping[str, Any],
+            messages: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    state = {k: v for k, v in state.items() if k != "messages"}
     return {"threadId": thread_id, "threadExists": True,
-            "state": orjson.dumps(state).decode(), "messages": orjson.dumps(messages).decode()}
-
-
-def to_copilotkit_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """AG-UI messages → the JSON form react-core 1.10 loads (it sniffs the keys).
-
-    System and developer messages are left out: the 1.10 client rebuilds its system prompt
-    for every request, so a loaded one would be sent twice.
-    """
-    out: list[dict[str, Any]] = []
-    names: dict[str, str] = {}
-    answered: set[str] = set()
-    for message in messages:
-        role = message.get("role")
-        message_id = message.get("id")
-        if role in _HIDDEN_ROLES or not isinstance(message_id, str):
-            continue
-        if role == "tool":
-            call_id = message.get("toolCallId")
-            if not isinstance(call_id, str) or call_id in answered:
-                continue  # the same result stored twice (by the run and by the follow-up)
-            answered.add(call_id)
-            out.append({"id": message_id, "actionExecutionId": call_id,
-                        "actionName": names.get(call_id, ""),
-                        "result": _text(message.get("content"))})
-            continue
-        content = _text(message.get("content"))
-        calls = message.get("toolCalls") or ()
-        if role in ("user", "assistant") and (content or not calls):
-            item: dict[str, Any] = {"id": message_id, "role": role, "content": content}
-            if role == "assistant":
-                item["parentMessageId"] = message_id
-            out.append(item)
-        for call in calls:
-            function = call.get("function") or {}
-            names[call["id"]] = function.get("name", "")
-            try:
-                arguments = orjson.loads(function.get("arguments") or "{}")
-            except orjson.JSONDecodeError:
-                arguments = {}
-            out.append({"id": call["id"], "name": function.get("name", ""),
-                        "arguments": arguments, "parentMessageId": message_id})
-    return out
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content
-                       if isinstance(p, dict) and p.get("type") == "text")
-    return ""
+            "state": orjson.dumps(state, option=orjson.OPT_NON_STR_KEYS).decode(),
+            "messages": orjson.dumps(to_copilotkit_messages(messages)).decode()}
 
 
 Resolver = Callable[..., Awaitable[Any]]
 
 
+@dataclass(frozen=True, slots=True)
+class QueryContext:
+    #: The client's headers the agents may forward (lower-cased), as for runs.
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
 def _guarded(work: Callable[..., Awaitable[Any]]) -> Resolver:
     async def resolve(info: GraphQLResolveInfo[Any], **args: Any) -> Any:
         try:
-            return await work(**args)
+            return await work(info.context, **args)
         except CopilotRuntimeError as exc:
             raise as_graphql_error(exc) from None
         except GraphQLError:
@@ -146,16 +126,19 @@ def _guarded(work: Callable[..., Awaitable[Any]]) -> Resolver:
 
 
 def query_root(runtime: CopilotRuntime) -> dict[str, Resolver]:
-    """The root value for executing queries (graphql-core calls its callables)."""
+    """The root value for executing queries (graphql-core calls its callables).
 
-    async def hello() -> str:
+    The execution's context is a `QueryContext`.
+    """
+
+    async def hello(context: QueryContext) -> str:
         return "Hello World"
 
-    async def available_agents() -> dict[str, Any]:
+    async def available_agents(context: QueryContext) -> dict[str, Any]:
         return {"agents": listed_agents(runtime)}
 
-    async def load_state(data: Mapping[str, Any]) -> dict[str, Any]:
-        return await load_agent_state(runtime, data)
+    async def load_state(context: QueryContext, data: Mapping[str, Any]) -> dict[str, Any]:
+        return await load_agent_state(runtime, data, context.headers)
 
     return {"hello": _guarded(hello), "availableAgents": _guarded(available_agents),
             "loadAgentState": _guarded(load_state)}

@@ -1,0 +1,158 @@
+"""Server-side tools for agents: runtime actions and other agents, answered by the runtime.
+
+CopilotKit 1.x runtimes gave an agent more tools than the frontend's: the runtime's
+server-side actions, and every other agent (never the agent itself, which could then call
+itself without end). When the agent calls one of them, the runtime answers in the same run:
+
+* an action runs here, and its result (or its error, for the model) follows the call;
+* another agent is handed the conversation: the call's result says that the agent started,
+  then that agent's run streams into the same run, between the custom events
+  `AGENT_STARTED` and `AGENT_FINISHED` (so a protocol can attribute its state to it); its
+  own RUN_STARTED and RUN_FINISHED are left out, and its RUN_ERROR ends the whole run.
+
+`ServerToolsAgent` wraps the agent of such a run. Which runs get it is the protocol's
+choice: the GraphQL protocol of 1.x does this, the AG-UI protocol of 1.50+ does not.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from copilot_runtime import events as ev
+from copilot_runtime._exceptions import ActionError
+from copilot_runtime._input import RunInput
+from copilot_runtime.actions import Action
+from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.events import Event, EventBatches
+
+__all__ = ["AGENT_FINISHED", "AGENT_STARTED", "ServerTools", "ServerToolsAgent"]
+
+AGENT_STARTED: Final = "copilot_runtime.agent_started"
+AGENT_FINISHED: Final = "copilot_runtime.agent_finished"
+_NO_PARAMETERS: Final = {"type": "object", "properties": {}}
+
+#: Given another agent's id: that agent, ready to run (wrapped again if it has tools too),
+#: and its input for this conversation.
+StartAgent = Callable[[str], tuple[Agent, RunInput]]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTools:
+    """What one agent is offered besides the frontend's tools."""
+
+    actions: Mapping[str, Action] = field(default_factory=dict)
+    #: The other agents, by id, with the description the model sees.
+    agents: Mapping[str, str] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.actions or self.agents)
+
+    def specs(self) -> list[dict[str, Any]]:
+        """The tools as `RunAgentInput.tools` lists them, actions first."""
+        tools = [{"name": a.name, "description": a.description, "parameters": a.parameters}
+                 for a in self.actions.values()]
+        tools.extend({"name": agent_id,
+                      "description": description or f"Hands the conversation to the agent "
+                                                    f"'{agent_id}'",
+                      "parameters": dict(_NO_PARAMETERS)}
+                     for agent_id, description in self.agents.items()
+                     if agent_id not in self.actions)
+        return tools
+
+
+class ServerToolsAgent(Agent):
+    """`agent`, with its calls to `tools` answered by the runtime (see the module doc)."""
+
+    class_name = "ServerToolsAgent"
+
+    def __init__(self, agent: Agent, tools: ServerTools, start_agent: StartAgent) -> None:
+        super().__init__(description=agent.description)
+        self.agent = agent
+        self.tools = tools
+        self.start_agent = start_agent
+
+    def capabilities(self) -> dict[str, Any] | None:
+        return self.agent.capabilities()
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._run(input, context)
+
+    async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
+        handled = {*self.tools.actions, *self.tools.agents}
+        calls: dict[str, tuple[str, list[str]]] = {}
+        async with _closing(self.agent.run(input, context)) as batches:
+            async for batch in batches:
+                start = 0
+                for index, event in enumerate(batch):
+                    kind = event["type"]
+                    if kind == ev.TOOL_CALL_START:
+                        if event.get("toolCallName") in handled:
+                            calls[event["toolCallId"]] = (event["toolCallName"], [])
+                    elif kind == ev.TOOL_CALL_ARGS:
+                        call = calls.get(event["toolCallId"])
+                        if call is not None:
+                            call[1].append(event["delta"])
+                    elif kind == ev.TOOL_CALL_END and event["toolCallId"] in calls:
+                        # The call as far as it goes, then its answer, then the rest.
+                        yield batch[start:index + 1]
+                        start = index + 1
+                        name, pieces = calls.pop(event["toolCallId"])
+                        async for answer in self._answer(event["toolCallId"], name,
+                                                         "".join(pieces), context):
+                            yield answer
+                if start == 0:
+                    yield batch
+                elif start < len(batch):
+                    yield batch[start:]
+
+    async def _answer(self, call_id: str, name: str, arguments: str,
+                      context: RunContext) -> EventBatches:
+        action = self.tools.actions.get(name)
+        if action is not None:
+            try:
+                content = await action.execute(arguments)
+            except ActionError as exc:
+                content = orjson.dumps({"error": exc.message}).decode()
+            yield [ev.tool_call_result(str(uuid.uuid4()), call_id, content)]
+            return
+        agent, input = self.start_agent(name)
+        yield [ev.tool_call_result(str(uuid.uuid4()), call_id, f"{name} agent started"),
+               ev.custom(AGENT_STARTED, {"agentName": name, "runId": input.run_id})]
+        sub_context = RunContext(agent_id=name, headers=context.headers,
+                                 follow_up_server_tools=context.follow_up_server_tools)
+        async with _closing(agent.run(input, sub_context)) as batches:
+            async for batch in batches:
+                out: list[Event] = []
+                ended = False
+                for event in batch:
+                    kind = event["type"]
+                    if kind == ev.RUN_ERROR:
+                        yield [*out, event]  # ends the whole run: nothing is read after it
+                        return
+                    if kind == ev.RUN_FINISHED:
+                        ended = True  # the end of that agent's part, not of the run
+                        break
+                    if kind != ev.RUN_STARTED:
+                        out.append(event)
+                if out:
+                    yield out
+                if ended:
+                    break
+        yield [ev.custom(AGENT_FINISHED, {"agentName": name})]
+
+
+@asynccontextmanager
+async def _closing(batches: EventBatches) -> AsyncIterator[EventBatches]:
+    """Close an agent's stream however the reading ends (its upstream request with it)."""
+    try:
+        yield batches
+    finally:
+        aclose = getattr(batches, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -1,0 +1,80 @@
+"""What the agent of an `agentSession` is offered, as the 1.x runtimes offered it.
+
+Besides the frontend's actions, the agent of a session gets the runtime's server-side
+actions and every other agent as tools, never itself (`copilot_runtime._server_tools`
+answers those calls). The built-in agent that stands for the service adapter is neither
+wrapped nor offered: it runs its own actions, and 1.10 had no such agent to offer. A
+handed-over agent is offered the same, except that after `MAX_HANDOFFS` hand-overs in one
+run no more agents are offered (two agents could otherwise hand the conversation back and
+forth until the client gives up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from copilot_runtime._input import RunInput
+from copilot_runtime._server_tools import ServerTools, ServerToolsAgent
+from copilot_runtime.actions import Action
+from copilot_runtime.agents.base import Agent
+from copilot_runtime.agents.builtin import BuiltInAgent
+from copilot_runtime.protocols.graphql.inputs import RunRequest, run_request
+from copilot_runtime.protocols.graphql.queries import is_service_adapter
+from copilot_runtime.runtime import CopilotRuntime
+
+__all__ = ["MAX_HANDOFFS", "server_actions", "session_run"]
+
+MAX_HANDOFFS: Final = 2
+
+
+def server_actions(runtime: CopilotRuntime) -> dict[str, Action]:
+    """The runtime's server-side actions: its own, and those of a built-in `default` agent
+    made by hand (where actions discovered from remote endpoints are usually put)."""
+    default = runtime.agents.get("default")
+    found: dict[str, Action] = {}
+    for action in [*runtime.actions,
+                   *(default.actions.values() if isinstance(default, BuiltInAgent) else ())]:
+        found.setdefault(action.name, action)
+    return found
+
+
+def _offered(runtime: CopilotRuntime, agent_id: str, actions: Mapping[str, Action],
+             with_agents: bool) -> ServerTools:
+    if agent_id not in runtime.agents or is_service_adapter(runtime, agent_id):
+        return ServerTools()
+    others = {other: agent.description for other, agent in runtime.agents.items()
+              if other != agent_id and not is_service_adapter(runtime, other)
+              } if with_agents else {}
+    return ServerTools(actions, others)
+
+
+def session_run(runtime: CopilotRuntime, data: Mapping[str, Any],
+                properties: Mapping[str, Any] | None, *, has_public_key: bool
+                ) -> tuple[RunRequest, Agent | None]:
+    """The run a request asks for, and its agent wrapped with the server-side tools it is
+    offered (None when it is offered none: then the runtime's agent runs as it is)."""
+    actions = server_actions(runtime)
+    names = list(actions)
+
+    def prepare(agent_data: Mapping[str, Any], agent_id: str,
+                handoffs: int) -> tuple[RunRequest, Agent | None]:
+        tools = _offered(runtime, agent_id, actions, with_agents=handoffs < MAX_HANDOFFS)
+        request = run_request(agent_data, properties, server_actions=names,
+                              has_public_key=has_public_key, offered_tools=tools.specs())
+        if not tools:
+            return request, None
+
+        def start(other: str) -> tuple[Agent, RunInput]:
+            # The other agent takes the same conversation on the same thread, as a new run.
+            handed, wrapped = prepare({**data, "agentSession": {"agentName": other},
+                                       "runId": None}, other, handoffs + 1)
+            return wrapped or runtime.agents[other], handed.input
+
+        return request, ServerToolsAgent(runtime.agents[agent_id], tools, start)
+
+    session = data.get("agentSession")
+    if not session:
+        return run_request(data, properties, server_actions=names,
+                           has_public_key=has_public_key), None
+    return prepare(data, str(session.get("agentName") or "default"), 0)

@@ -1,0 +1,485 @@
+"""Agents over the GraphQL protocol, in-process over real HTTP: real LangGraph graphs on the
+loopback mock LLM, a scripted remote AG-UI agent, a fake CopilotKit remote endpoint, and
+scripted agents where a test needs exact events.
+
+Requests use the 1.10 client's own document (`CLIENT_DOCUMENT`) and are merged as urql
+merges them; `tests/test_graphql_agents_real_client.py` drives the real client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from aiohttp import web
+from copilotkit import CopilotKitState
+from copilotkit.langgraph import copilotkit_interrupt
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+
+from copilot_runtime import Agent, BuiltInAgent, CopilotRuntime, OpenAIAdapter, RunContext, RunInput
+from copilot_runtime import events as ev
+from copilot_runtime.agents._lg_state import load_graph_state
+from copilot_runtime.agents.http import HttpAgent
+from copilot_runtime.agents.langgraph import LangGraphAgent
+from copilot_runtime.agents.langgraph_platform import LangGraphPlatformAgent
+from copilot_runtime.agents.remote_endpoint import CopilotKitRemoteEndpoint
+from copilot_runtime.events import EventBatches
+from copilot_runtime.testing import MockOpenAIServer
+from tests.agents_support import graphs
+from tests.agents_support.agui_server import ScriptedAGUIServer
+from tests.conftest import Served, ServeRuntime, openai_runtime
+from tests.gql.checkpoint_agent import CheckpointLangGraphAgent
+from tests.gql.wire import (
+    CLIENT_DOCUMENT,
+    CLIENT_HEADERS,
+    call_message,
+    chat_data,
+    merge,
+    parse_multipart,
+    result_message,
+    text_message,
+)
+
+LOAD_STATE = """query load($data: LoadAgentStateInput!) {
+  loadAgentState(data: $data) { threadId threadExists state messages } }"""
+AGENTS = "query { availableAgents { agents { name id description } } }"
+SAY_HELLO = {"name": "sayHello", "description": "Says hello", "available": "enabled",
+             "jsonSchema": '{"type":"object","properties":{"name":{"type":"string"}}}'}
+
+Json = dict[str, Any]
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as http:
+        yield http
+
+
+async def turn(served: Served, data: Json, headers: dict[str, str] | None = None) -> Json:
+    """One `generateCopilotResponse` as the client sends it, merged as the client merges it."""
+    response = await served.session.post(served.url, data=orjson.dumps(
+        {"query": CLIENT_DOCUMENT, "variables": {"data": data}}),
+        headers={**CLIENT_HEADERS, **(headers or {})})
+    assert response.status == 200, await response.text()
+    merged = merge(parse_multipart(await response.read()))
+    assert "errors" not in merged
+    result: Json = merged["data"]["generateCopilotResponse"]
+    return result
+
+
+def session(agent: str, text: str, thread: str, **extra: Any) -> Json:
+    messages = [text_message("sys", "system", "Be brief."), text_message(f"{thread}-u", "user",
+                                                                        text)]
+    return chat_data(messages, thread=thread, agentSession={"agentName": agent}, **extra)
+
+
+async def query(served: Served, text: str, variables: Json | None = None,
+                headers: dict[str, str] | None = None) -> Any:
+    response = await served.session.post(served.url, data=orjson.dumps(
+        {"query": text, "variables": variables or {}}), headers={**CLIENT_HEADERS,
+                                                                 **(headers or {})})
+    assert response.status == 200, await response.text()
+    return await response.json()
+
+
+def states(response: Json) -> list[Json]:
+    return [{**m, "state": orjson.loads(m["state"])} for m in response["messages"]
+            if m["__typename"] == "AgentStateMessageOutput"]
+
+
+def kinds(response: Json) -> list[str]:
+    return [m["__typename"].removesuffix("MessageOutput") for m in response["messages"]]
+
+
+def texts(response: Json) -> list[str]:
+    return ["".join(m["content"]) for m in response["messages"]
+            if m["__typename"] == "TextMessageOutput"]
+
+
+def history_of(final: Json) -> list[Json]:
+    """The client's history after a response: the conversation in the last state message,
+    as `MessageInput`s (what react-core sends next)."""
+    items = []
+    for item in final["state"]["messages"]:
+        if "content" in item:
+            items.append(text_message(item["id"], item["role"], item["content"]))
+        elif "arguments" in item:
+            items.append(call_message(item["id"], item["name"], json.dumps(item["arguments"]),
+                                      item.get("parentMessageId")))
+        else:
+            items.append(result_message(item["id"], item["actionExecutionId"],
+                                        item["actionName"], item["result"]))
+    return items
+
+
+class Scripted(Agent):
+    """Yields the given batches; remembers each run's input and context."""
+
+    def __init__(self, *batches: list[Json], description: str = "scripted") -> None:
+        super().__init__(description=description)
+        self.batches = batches
+        self.seen: list[tuple[RunInput, RunContext]] = []
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        self.seen.append((input, context))
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[list[Json]]:
+        for batch in self.batches:
+            yield batch
+
+
+class FakeEndpoint:
+    """A CopilotKit remote endpoint (`add_fastapi_endpoint`) with one action and one agent."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, str], Json]] = []
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> FakeEndpoint:
+        app = web.Application()
+        app.router.add_post("/copilotkit/{route:.*}", self._answer)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        self.url = f"http://127.0.0.1:{port}/copilotkit"
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    async def _answer(self, request: web.Request) -> web.Response:
+        route = request.match_info["route"]
+        body = await request.json()
+        self.requests.append((route, {k.lower(): v for k, v in request.headers.items()}, body))
+        if route == "info":
+            return web.json_response({
+                "actions": [{"name": "add", "description": "Add two numbers", "parameters": [
+                    {"name": "a", "type": "number"}, {"name": "b", "type": "number"}]}],
+                "agents": [{"name": "researcher", "description": "Researches things",
+                            "type": "langgraph"}],
+                "sdkVersion": "0.1.87"})
+        if route == "actions/execute":
+            arguments = body["arguments"]
+            return web.json_response({"result": {"sum": arguments["a"] + arguments["b"]}})
+        assert route == "agents/state"
+        messages = [{"role": "user", "content": "Find it", "id": "u1"},
+                    {"role": "assistant", "content": "Found", "id": "a1",
+                     "parentMessageId": "a1"}]
+        return web.json_response({"threadId": body["threadId"], "threadExists": True,
+                                  "state": {"topic": "otters", "messages": messages},
+                                  "messages": messages})
+
+
+def approval_graph() -> Any:
+    """Asks for approval the `copilotkit` SDK's way, then answers with the reply."""
+
+    async def ask(state: CopilotKitState) -> Json:
+        answer, _ = copilotkit_interrupt(action="approveTransfer", args={"amount": 3})
+        return {"messages": [AIMessage(content=f"approved: {answer}")]}
+
+    graph = StateGraph(CopilotKitState)
+    graph.add_node("ask", ask)
+    graph.add_edge(START, "ask")
+    graph.add_edge("ask", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+# ---- availableAgents ------------------------------------------------------------------------
+
+
+async def test_available_agents_without_internals(llm: MockOpenAIServer,
+                                                  serve_runtime: ServeRuntime) -> None:
+    async with FakeEndpoint() as fake:
+        found = await CopilotKitRemoteEndpoint(fake.url).discover()
+        platform = LangGraphPlatformAgent(deployment_url="http://10.9.8.7:2024", graph_id="g",
+                                          description="On the platform")
+        runtime = openai_runtime(llm, agents={
+            "remote": HttpAgent("http://10.9.8.7:9/secret/agent", description="Remote"),
+            "platform": platform, **found.agents})
+        async with serve_runtime(runtime) as served:
+            answer = await query(served, AGENTS)
+    assert answer["data"]["availableAgents"]["agents"] == [
+        {"name": "remote", "id": "remote", "description": "Remote"},
+        {"name": "platform", "id": "platform", "description": "On the platform"},
+        {"name": "researcher", "id": "researcher", "description": "Researches things"},
+    ]  # the built-in agent stands for the service adapter and stays hidden
+    assert "10.9.8.7" not in json.dumps(answer)
+    assert fake.url not in json.dumps(answer)
+
+
+# ---- LangGraph over GraphQL -----------------------------------------------------------------
+
+
+async def test_langgraph_chat_with_agent_state_messages(
+        llm: MockOpenAIServer, client: httpx.AsyncClient, serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(
+        name="lg", graph=graphs.chat_graph(llm.base_url, client))})
+    async with serve_runtime(runtime) as served:
+        first = await turn(served, session("lg", "Hello", "t-chat"))
+        final = states(first)[-1]
+        # The client keeps the session at the node it was told, with the synced history.
+        follow = chat_data([text_message("sys", "system", "Be brief."), *history_of(final),
+                            text_message("u2", "user", "Again")], thread="t-chat",
+                           agentSession={"agentName": "lg", "threadId": final["threadId"],
+                                         "nodeName": final["nodeName"]})
+        second = await turn(served, follow)
+    assert first["status"] == {"code": "Success", "__typename": "SuccessResponseStatus"}
+    assert texts(first) == ["echo: Hello"]
+    assert texts(second) == ["echo: Again"]
+    assert kinds(first) == ["AgentState", "Text", "AgentState", "AgentState", "AgentState",
+                            "AgentState"]
+    timeline = [(s["nodeName"], s["active"], s["running"]) for s in states(first)]
+    assert timeline == [("chat", True, True), ("chat", True, True), ("chat", False, True),
+                        ("chat", True, True), ("__end__", False, True)]
+    for message in states(first):
+        assert message["agentName"] == "lg"
+        assert message["threadId"] == "t-chat"
+        assert message["role"] == "assistant"
+        assert message["runId"] == states(first)[0]["runId"]
+        assert message["status"] == {"code": "Success", "__typename": "SuccessMessageStatus"}
+    (answer,) = [m for m in first["messages"] if m["__typename"] == "TextMessageOutput"]
+    assert final["state"] == {"messages": [
+        {"id": "t-chat-u", "role": "user", "content": "Hello"},
+        {"id": answer["id"], "role": "assistant", "content": "echo: Hello",
+         "parentMessageId": answer["id"]}]}
+    assert [m["content"] for m in states(second)[-1]["state"]["messages"]] == [
+        "Hello", "echo: Hello", "Again", "echo: Again"]
+    assert states(second)[0]["runId"] != states(first)[0]["runId"]
+
+
+async def test_tool_calling_graph(llm: MockOpenAIServer, client: httpx.AsyncClient,
+                                  serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(
+        name="lg", graph=graphs.chat_graph(llm.base_url, client))})
+    async with serve_runtime(runtime) as served:
+        server = await turn(served, session("lg", 'call:get_weather {"city": "Paris"}', "t-srv"))
+        frontend = await turn(served, session("lg", 'call:sayHello {"name": "Ada"}', "t-fe",
+                                              frontend={"actions": [SAY_HELLO]}))
+        final = states(frontend)[-1]
+        (call,) = [m for m in frontend["messages"]
+                   if m["__typename"] == "ActionExecutionMessageOutput"]
+        follow = chat_data([*history_of(final), result_message("res-1", call["id"], "sayHello",
+                                                               '"Hello, Ada!"')],
+                           thread="t-fe", frontend={"actions": [SAY_HELLO]},
+                           agentSession={"agentName": "lg", "nodeName": final["nodeName"]})
+        answered = await turn(served, follow)
+    # The graph's own tool: its call, its result right after, then the answer.
+    order = [k for k in kinds(server) if k != "AgentState"]
+    assert order == ["ActionExecution", "Result", "Text"]
+    (result,) = [m for m in server["messages"] if m["__typename"] == "ResultMessageOutput"]
+    assert json.loads(result["result"]) == {"city": "Paris", "temperature": 18,
+                                            "conditions": "cloudy"}
+    nodes = [s["nodeName"] for s in states(server) if s["active"]]
+    assert "tools" in nodes
+    # A frontend action: the call completes (status Success, so the client runs it), no result.
+    assert call["name"] == "sayHello"
+    assert "".join(call["arguments"]) == '{"name":"Ada"}'
+    assert call["status"]["code"] == "Success"
+    assert "Result" not in kinds(frontend)
+    assert final["state"]["messages"][-1]["name"] == "sayHello"
+    assert texts(answered) == ['echo: "Hello, Ada!"']
+
+
+async def test_shared_state_read_and_written(llm: MockOpenAIServer, client: httpx.AsyncClient,
+                                             serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(agents={"planner": LangGraphAgent(
+        name="planner", graph=graphs.shared_state_graph(llm.base_url, client))})
+    async with serve_runtime(runtime) as served:
+        first = await turn(served, session("planner", "Plan", "t-state", agentStates=[
+            {"agentName": "planner", "state": '{"items": ["from the page"], "counter": 5}'}]))
+        written = states(first)[-1]["state"]
+        # The page edits the state it got back (conversation included, as the client keeps it).
+        edited = {**written, "items": ["edited"], "counter": 10}
+        second = await turn(served, chat_data(
+            [*history_of(states(first)[-1]), text_message("u2", "user", "Again")],
+            thread="t-state", agentSession={"agentName": "planner", "nodeName": "__end__"},
+            agentStates=[{"agentName": "planner", "state": json.dumps(edited)}]))
+    assert states(first)[0]["state"] == {"items": ["from the page"], "counter": 5}
+    assert {k: v for k, v in written.items() if k != "messages"} == {
+        "items": ["from the page", "item 2"], "counter": 6, "note": "2 items"}
+    assert texts(first) == ["echo: items=['from the page', 'item 2']"]
+    assert states(second)[-1]["state"]["counter"] == 11
+    assert texts(second) == ["echo: items=['edited', 'item 2']"]
+    assert [m["content"] for m in states(second)[-1]["state"]["messages"]] == [
+        "Plan", "echo: items=['from the page', 'item 2']", "Again",
+        "echo: items=['edited', 'item 2']"]
+
+
+async def test_two_agents_side_by_side(llm: MockOpenAIServer, client: httpx.AsyncClient,
+                                       serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(agents={
+        "lg": LangGraphAgent(name="lg", graph=graphs.chat_graph(llm.base_url, client)),
+        "planner": LangGraphAgent(name="planner",
+                                  graph=graphs.shared_state_graph(llm.base_url, client))})
+    async with serve_runtime(runtime) as served:
+        left, right = await asyncio.gather(
+            turn(served, session("lg", "Left", "t-left")),
+            turn(served, session("planner", "Right", "t-right")))
+    assert texts(left) == ["echo: Left"]
+    assert texts(right) == ["echo: items=['item 1']"]
+    assert {(s["agentName"], s["threadId"]) for s in states(left)} == {("lg", "t-left")}
+    assert {(s["agentName"], s["threadId"]) for s in states(right)} == {("planner", "t-right")}
+    assert "items" not in states(left)[-1]["state"]
+
+
+async def test_copilotkit_interrupt_becomes_its_meta_event(serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(agents={"approver": LangGraphAgent(name="approver",
+                                                                graph=approval_graph())})
+    async with serve_runtime(runtime) as served:
+        response = await turn(served, session("approver", "Send it", "t-approve"))
+    (meta,) = response["metaEvents"]
+    assert meta["__typename"] == meta["name"] == "CopilotKitLangGraphInterruptEvent"
+    assert json.loads(meta["data"]["value"]) == {"action": "approveTransfer",
+                                                 "args": {"amount": 3}}
+    (call,) = meta["data"]["messages"]
+    assert (call["__typename"], call["name"], call["arguments"]) == (
+        "ActionExecutionMessageOutput", "approveTransfer", ['{"amount":3}'])
+    # Paused at the interrupt: the session stays at the node that asked.
+    assert (states(response)[-1]["nodeName"], states(response)[-1]["running"]) == ("ask", True)
+
+
+# ---- remote agents --------------------------------------------------------------------------
+
+
+async def test_remote_agent_that_dies_mid_stream(serve_runtime: ServeRuntime) -> None:
+    async with ScriptedAGUIServer() as remote:
+        runtime = CopilotRuntime(agents={"remote": HttpAgent(remote.url)})
+        async with serve_runtime(runtime) as served:
+            response = await turn(served, session("remote", "die:3 hello", "t-dies"))
+    status = response["status"]
+    assert (status["__typename"], status["reason"]) == ("FailedResponseStatus", "UNKNOWN_ERROR")
+    assert status["details"]["originalError"]["code"] == "NETWORK_ERROR"
+    assert "closed the connection" in status["details"]["description"]
+    assert "127.0.0.1" not in json.dumps(response)
+    # What came before the failure was sent; no final state follows a failure.
+    assert [(s["nodeName"], s["active"], s["state"].get("stage")) for s in states(response)] == [
+        ("plan", True, None), ("plan", True, "planning"), ("plan", True, "answering"),
+        ("plan", False, "answering")]
+
+
+async def test_agents_get_server_actions_and_other_agents_as_tools(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    caller = Scripted(
+        [ev.step_started("route"), ev.tool_call_start("c1", "getWeather", "m1"),
+         ev.tool_call_args("c1", '{"city": "Oslo"}'), ev.tool_call_end("c1")],
+        [ev.tool_call_start("c2", "helper", "m1"), ev.tool_call_end("c2")],
+        [ev.text_message_start("m2"), ev.text_message_content("m2", "handed over"),
+         ev.text_message_end("m2"), ev.step_finished("route")])
+    helper = Scripted(
+        [ev.run_started("ignored", "ignored"), ev.step_started("help"),
+         ev.state_snapshot({"helped": True})],
+        [ev.text_message_start("h1"), ev.text_message_content("h1", "helping"),
+         ev.text_message_end("h1"), ev.step_finished("help"),
+         ev.run_finished("ignored", "ignored")],
+        description="Helps out")
+    runtime = openai_runtime(llm, agents={"caller": caller, "helper": helper})
+    frontend = [SAY_HELLO, {**SAY_HELLO, "name": "getWeather"}]
+    async with serve_runtime(runtime) as served:
+        response = await turn(served, session("caller", "go", "t-tools",
+                                              frontend={"actions": frontend}))
+    ((caller_input, _),) = caller.seen
+    ((helper_input, helper_context),) = helper.seen
+    tools = {t.name: t for t in caller_input.model.tools or ()}
+    assert list(tools) == ["getWeather", "helper", "sayHello"]  # never itself, nor `default`
+    # the server's schema, not the page's
+    assert (tools["getWeather"].parameters or {})["required"] == ["city"]
+    assert tools["helper"].description == "Helps out"
+    assert [t.name for t in helper_input.model.tools or ()] == ["getWeather", "caller",
+                                                               "sayHello"]
+    assert helper_context.agent_id == "helper"
+    assert helper_input.thread_id == "t-tools"
+    assert [m.content for m in helper_input.model.messages] == ["Be brief.", "go"]
+    outputs = [(m["__typename"].removesuffix("MessageOutput"),
+                m.get("name") or m.get("result") or m.get("agentName")
+                or "".join(m.get("content", ())))
+               for m in response["messages"]]
+    weather = json.dumps({"city": "Oslo", "temperature": 21, "unit": "celsius",
+                          "conditions": "sunny"}, separators=(",", ":"))
+    assert outputs == [
+        ("AgentState", "caller"), ("ActionExecution", "getWeather"), ("Result", weather),
+        ("ActionExecution", "helper"), ("Result", "helper agent started"),
+        ("AgentState", "helper"), ("AgentState", "helper"), ("Text", "helping"),
+        ("AgentState", "helper"), ("AgentState", "helper"),
+        ("Text", "handed over"), ("AgentState", "caller"), ("AgentState", "caller")]
+    assert response["status"]["code"] == "Success"
+
+
+async def test_remote_endpoint_actions_agents_and_state(llm: MockOpenAIServer,
+                                                        serve_runtime: ServeRuntime) -> None:
+    caller = Scripted([ev.tool_call_start("c1", "add", "m1"),
+                       ev.tool_call_args("c1", '{"a": 2, "b": 3}'), ev.tool_call_end("c1")])
+    async with FakeEndpoint() as fake:
+        found = await CopilotKitRemoteEndpoint(fake.url).discover()
+        default = BuiltInAgent(OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock",
+                                             max_retries=0), actions=found.actions)
+        runtime = CopilotRuntime(agents={"default": default, "caller": caller, **found.agents})
+        async with serve_runtime(runtime) as served:
+            response = await turn(served, session("caller", "add", "t-remote"))
+            loaded = await query(served, LOAD_STATE, {"data": {
+                "threadId": "t-remote-9", "agentName": "researcher"}},
+                headers={"Authorization": "Bearer token-1", "Cookie": "session=secret"})
+    ((caller_input, _),) = caller.seen
+    assert "add" in [t.name for t in caller_input.model.tools or ()]
+    (result,) = [m for m in response["messages"] if m["__typename"] == "ResultMessageOutput"]
+    assert (result["actionName"], json.loads(result["result"])) == ("add", {"sum": 5})
+    state = loaded["data"]["loadAgentState"]
+    assert state["threadExists"] is True
+    assert state["threadId"] == "t-remote-9"
+    assert json.loads(state["state"]) == {"topic": "otters"}
+    assert json.loads(state["messages"]) == [
+        {"id": "u1", "role": "user", "content": "Find it"},
+        {"id": "a1", "role": "assistant", "content": "Found", "parentMessageId": "a1"}]
+    route, headers, body = fake.requests[-1]
+    assert route == "agents/state"
+    assert body["name"] == "researcher"
+    assert headers["authorization"] == "Bearer token-1"
+    assert "cookie" not in headers
+
+
+# ---- loadAgentState for LangGraph threads ---------------------------------------------------
+
+
+async def test_load_agent_state_of_a_langgraph_thread(
+        llm: MockOpenAIServer, client: httpx.AsyncClient, serve_runtime: ServeRuntime) -> None:
+    graph = graphs.chat_graph(llm.base_url, client)
+    # A thread this runtime never ran: only the checkpointer knows it.
+    await graph.ainvoke({"messages": [HumanMessage(content="From a script", id="h1")]},
+                        {"configurable": {"thread_id": "t-outside"}})
+    direct = await load_graph_state(graph, "t-outside")
+    assert direct.exists
+    assert direct.state == {}
+    assert [(m["role"], m["content"]) for m in direct.messages] == [
+        ("user", "From a script"), ("assistant", "echo: From a script")]
+    assert not (await load_graph_state(graph, "t-nowhere")).exists
+
+    runtime = CopilotRuntime(agents={"lg": CheckpointLangGraphAgent(name="lg", graph=graph)})
+    async with serve_runtime(runtime) as served:
+        await turn(served, session("lg", "Through the runtime", "t-inside"))
+        outside, inside, nowhere = [
+            (await query(served, LOAD_STATE, {"data": {"threadId": thread,
+                                                        "agentName": "lg"}}))["data"][
+                "loadAgentState"] for thread in ("t-outside", "t-inside", "t-nowhere")]
+    assert outside["threadExists"] is True
+    assert json.loads(outside["state"]) == {}
+    loaded = json.loads(outside["messages"])
+    assert loaded[0] == {"id": "h1", "role": "user", "content": "From a script"}
+    assert loaded[1]["content"] == "echo: From a script"
+    assert loaded[1]["parentMessageId"] == loaded[1]["id"]
+    assert [m["content"] for m in json.loads(inside["messages"])] == [
+        "Through the runtime", "echo: Through the runtime"]  # the system prompt is not kept
+    assert nowhere == {"threadId": "t-nowhere", "threadExists": False, "state": "{}",
+                       "messages": "[]"}

@@ -1,0 +1,70 @@
+"""A LangGraph Platform agent over GraphQL, against a real `langgraph dev` server (in-memory):
+its agent-state messages, and `loadAgentState` read from the platform's thread.
+
+A module fixture starts the mock LLM and `langgraph dev` serving
+`tests/agents_support/platform_graphs.py` as child processes, on loopback, offline.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from copilot_runtime import CopilotRuntime
+from copilot_runtime.agents.langgraph_platform import LangGraphPlatformAgent
+from tests.agents_support.processes import REPO_ROOT, VENV_BIN, child_process, free_port, mock_llm
+from tests.conftest import ServeRuntime
+from tests.gql.wire import chat_data, text_message
+from tests.test_graphql_agents import LOAD_STATE, history_of, query, session, states, texts, turn
+
+GRAPHS = REPO_ROOT / "tests" / "agents_support" / "platform_graphs.py"
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    workdir = tmp_path_factory.mktemp("langgraph-dev-graphql")
+    (workdir / "langgraph.json").write_text(json.dumps({
+        "dependencies": [str(REPO_ROOT)], "graphs": {"planner": f"{GRAPHS}:planner"}}))
+    port = free_port()
+    with mock_llm(workdir) as llm_url, child_process(
+            "langgraph-dev",
+            [str(VENV_BIN / "langgraph"), "dev", "--no-browser", "--no-reload",
+             "--host", "127.0.0.1", "--port", str(port), "--n-jobs-per-worker", "2",
+             "--config", str(workdir / "langgraph.json")],
+            ready_url=f"http://127.0.0.1:{port}/ok", log_dir=workdir, cwd=workdir,
+            env={"LLM_BASE_URL": llm_url, "PYTHONPATH": str(REPO_ROOT),
+                 "LANGSMITH_TRACING": "false", "LANGCHAIN_TRACING_V2": "false"}):
+        yield f"http://127.0.0.1:{port}"
+
+
+async def test_platform_agent_session_and_its_saved_thread(
+        deployment: str, serve_runtime: ServeRuntime) -> None:
+    agent = LangGraphPlatformAgent(deployment_url=deployment, graph_id="planner")
+    runtime = CopilotRuntime(agents={"platform": agent})
+    async with serve_runtime(runtime) as served:
+        first = await turn(served, session("platform", "Plan", "t-platform", agentStates=[
+            {"agentName": "platform", "state": '{"items": ["from the page"]}'}]))
+        final = states(first)[-1]
+        second = await turn(served, chat_data(
+            [*history_of(final), text_message("u2", "user", "Again")], thread="t-platform",
+            agentSession={"agentName": "platform", "nodeName": final["nodeName"]},
+            agentStates=[{"agentName": "platform", "state": json.dumps(final["state"])}]))
+        loaded = (await query(served, LOAD_STATE, {"data": {
+            "threadId": "t-platform", "agentName": "platform"}}))["data"]["loadAgentState"]
+        missing = (await query(served, LOAD_STATE, {"data": {
+            "threadId": "t-platform-never", "agentName": "platform"}}))["data"][
+            "loadAgentState"]
+    assert texts(first) == ["echo: items=['from the page', 'item 2']"]
+    assert (final["agentName"], final["nodeName"], final["active"]) == (
+        "platform", "__end__", False)
+    assert texts(second) == ["echo: items=['from the page', 'item 2', 'item 3']"]
+    assert loaded["threadExists"] is True
+    assert json.loads(loaded["state"]) == {"items": ["from the page", "item 2", "item 3"],
+                                           "counter": 2, "note": "3 items"}
+    assert [m["content"] for m in json.loads(loaded["messages"])] == [
+        "Plan", "echo: items=['from the page', 'item 2']", "Again",
+        "echo: items=['from the page', 'item 2', 'item 3']"]
+    assert missing == {"threadId": "t-platform-never", "threadExists": False, "state": "{}",
+                       "messages": "[]"}
