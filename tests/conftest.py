@@ -14,14 +14,9 @@ import orjson
 import pytest
 import uvicorn
 
-from copilot_runtime import CopilotRuntime, OpenAIAdapter, action, create_app
+from copilot_runtime import CopilotRuntime, OpenAIAdapter, create_app
 from copilot_runtime.testing import MockOpenAIServer
-
-
-@action
-def getWeather(city: str) -> dict[str, Any]:
-    """Get the current weather for a city."""
-    return {"city": city, "temperature": 21, "unit": "celsius", "conditions": "sunny"}
+from tests.realclient_app import getWeather
 
 
 @pytest.fixture

@@ -35,7 +35,8 @@ def test_exception_hierarchy() -> None:
 
 
 def test_testing_helpers() -> None:
-    assert sorted(testing.__all__) == ["EventOrderError", "MockOpenAIServer", "ScriptedAdapter",
+    assert sorted(testing.__all__) == ["EventOrderError", "LoopbackServer", "MockOpenAIServer",
+                                       "ScriptedAdapter",
                                        "text_turn", "tool_turn", "verify_events"]
     for name in testing.__all__:
         assert getattr(testing, name) is not None

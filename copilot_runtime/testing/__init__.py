@@ -11,6 +11,7 @@ from typing import Any
 
 __all__ = [
     "EventOrderError",
+    "LoopbackServer",
     "MockOpenAIServer",
     "ScriptedAdapter",
     "text_turn",
@@ -25,6 +26,10 @@ def __getattr__(name: str) -> Any:
         from copilot_runtime.testing.mock_openai import MockOpenAIServer
 
         return MockOpenAIServer
+    if name == "LoopbackServer":
+        from copilot_runtime.testing.loopback import LoopbackServer
+
+        return LoopbackServer
     if name in ("ScriptedAdapter", "text_turn", "tool_turn"):
         from copilot_runtime.testing import scripted
 

@@ -30,6 +30,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from copilot_runtime.testing.loopback import LoopbackServer, pause
+
 __all__ = ["MockOpenAIServer"]
 
 _CREATED = 1700000000
@@ -93,7 +95,7 @@ def _plan(body: dict[str, Any], delay: float) -> _Plan:
     return plan
 
 
-class MockOpenAIServer:
+class MockOpenAIServer(LoopbackServer):
     """The mock as an object: ``async with MockOpenAIServer() as llm: llm.base_url``.
 
     ``requests`` holds every request body received, parsed, for assertions.
@@ -101,8 +103,7 @@ class MockOpenAIServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, chunks: int = 10,
                  delay_ms: float = 0) -> None:
-        self.host = host
-        self.port = port
+        super().__init__(host, port)
         self.chunks = chunks
         self.delay = delay_ms / 1000
         self.requests: list[dict[str, Any]] = []
@@ -110,39 +111,15 @@ class MockOpenAIServer:
         self.active_streams = 0
         #: Streams the client abandoned before their end (a stop or a disconnect upstream).
         self.cancelled_streams = 0
-        self._runner: web.AppRunner | None = None
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
-    def app(self) -> web.Application:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/healthz", self._health)
-        return app
-
-    async def start(self) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        server = site._server
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-
-    async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> MockOpenAIServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -184,7 +161,7 @@ class MockOpenAIServer:
             if plan.delay:
                 for frame in frames:
                     await response.write(frame)
-                    if not await _pause(request, plan.delay):
+                    if not await pause(request, plan.delay):
                         self.cancelled_streams += 1
                         return response
             else:
@@ -195,17 +172,6 @@ class MockOpenAIServer:
         finally:
             self.active_streams -= 1
         return response
-
-
-async def _pause(request: web.Request, seconds: float) -> bool:
-    """Sleep, but return False as soon as the client has closed the connection."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while (left := deadline - asyncio.get_running_loop().time()) > 0:
-        transport = request.transport
-        if transport is None or transport.is_closing():
-            return False
-        await asyncio.sleep(min(left, 0.01))
-    return True
 
 
 def _error(status: int, message: str, kind: str) -> web.Response:

@@ -31,6 +31,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from copilot_runtime.testing.loopback import LoopbackServer, pause
+
 _DIRECTIVE = re.compile(r"^(die|error|slow):(\d+)\s*(.*)$", re.S)
 _TOOL = re.compile(r"^tool:([A-Za-z0-9_-]+)\s*(.*)$", re.S)
 
@@ -114,40 +116,18 @@ def script(body: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             finished], how
 
 
-class ScriptedAGUIServer:
+class ScriptedAGUIServer(LoopbackServer):
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.host = host
-        self.port = port
+        super().__init__(host, port)
         self.requests: list[dict[str, Any]] = []
         self.disconnects = 0
-        self._runner: web.AppRunner | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/agent"
 
-    async def start(self) -> None:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/agent", self._agent)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        server = site._server
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-
-    async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> ScriptedAGUIServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def _agent(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
@@ -167,27 +147,16 @@ class ScriptedAGUIServer:
                     request.transport.abort()  # as if the agent's process died
                     return response
                 await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
-                if how.get("delay") and not await _pause(request, how["delay"]):
+                if how.get("delay") and not await pause(request, how["delay"]):
                     self.disconnects += 1
                     return response
-            if how.get("hang") and not await _pause(request, 3600):
+            if how.get("hang") and not await pause(request, 3600):
                 self.disconnects += 1
                 return response
             await response.write_eof()
         except ConnectionResetError:
             self.disconnects += 1
         return response
-
-
-async def _pause(request: web.Request, seconds: float) -> bool:
-    """Sleep, but return False as soon as the client has closed the connection."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while (left := deadline - asyncio.get_running_loop().time()) > 0:
-        transport = request.transport
-        if transport is None or transport.is_closing():
-            return False
-        await asyncio.sleep(min(left, 0.01))
-    return True
 
 
 def main(argv: list[str] | None = None) -> None:
