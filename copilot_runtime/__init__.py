@@ -46,6 +46,7 @@ __all__ = [
     "Agent",
     "AgentNotFoundError",
     "AgentThreadState",
+    "ApprovalPolicy",
     "BuiltInAgent",
     "CORSPolicy",
     "ConfigurationError",
@@ -54,6 +55,7 @@ __all__ = [
     "CopilotRuntime",
     "CopilotRuntimeError",
     "DemoAdapter",
+    "DurableCheckpointer",
     "HeaderPolicy",
     "HttpAgent",
     "InMemoryThreadStore",
@@ -61,15 +63,18 @@ __all__ = [
     "LangGraphAgent",
     "LangGraphPlatformAgent",
     "OpenAIAdapter",
+    "Orchestrator",
     "PayloadTooLargeError",
     "RemoteDiscovery",
     "RemoteEndpointAgent",
     "RequestError",
     "RetryPolicy",
+    "ReviewLoop",
     "RunContext",
     "RunInput",
     "SQLiteThreadStore",
     "ServiceAdapter",
+    "Step",
     "ThreadBusyError",
     "ThreadStore",
     "Timeouts",
@@ -77,15 +82,33 @@ __all__ = [
     "UpstreamTimeoutError",
     "__version__",
     "action",
+    "approval_service",
+    "checkpointer",
     "create_app",
+    "existing_agent",
     "mount_runtime",
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # The LangGraph agents need optional extras; import them only when asked for.
-    if name in ("LangGraphAgent", "LangGraphPlatformAgent"):
-        from copilot_runtime import agents
+_LAZY = {
+    # These need optional extras (langgraph, platform, postgres): imported when asked for.
+    "LangGraphAgent": "copilot_runtime.agents",
+    "LangGraphPlatformAgent": "copilot_runtime.agents",
+    "checkpointer": "copilot_runtime.checkpointers",
+    "DurableCheckpointer": "copilot_runtime.checkpointers",
+    "ReviewLoop": "copilot_runtime.workflows",
+    "Orchestrator": "copilot_runtime.workflows",
+    "Step": "copilot_runtime.workflows",
+    "ApprovalPolicy": "copilot_runtime.workflows",
+    "existing_agent": "copilot_runtime.workflows",
+    "approval_service": "copilot_runtime.workflows",
+}
 
-        return getattr(agents, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

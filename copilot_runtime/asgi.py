@@ -31,6 +31,7 @@ from copilot_runtime.protocols._http import (
 from copilot_runtime.protocols.agui.handlers import AGUIProtocol
 from copilot_runtime.protocols.graphql import GraphQLProtocol
 from copilot_runtime.runtime import CopilotRuntime
+from copilot_runtime.workflows.service import approval_service
 
 __all__ = ["CopilotEndpoint", "create_app", "mount_runtime"]
 
@@ -138,8 +139,12 @@ class CopilotEndpoint:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                # Approvals that expired while the server was down are timed out, and answers
+                # a crash cut off are sent again, without waiting for a first request.
+                await approval_service(self.runtime).start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                await approval_service(self.runtime).aclose()  # before the checkpointers close
                 if self._lifespan:
                     await self.runtime.aclose()
                 await send({"type": "lifespan.shutdown.complete"})

@@ -1,4 +1,8 @@
-"""The `copilot-runtime` command: `serve` a runtime, or run the `demo`."""
+"""The `copilot-runtime` command: `serve` a runtime, or run the `demo`.
+
+Serving a `CopilotRuntime`, the command also starts its approval service with the server
+(the expiry timer, and the answers a crash left unsent) and stops it first at shutdown.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import importlib
 import os
 import socket
 import sys
+import urllib.parse
+from pathlib import Path
 from typing import Any
 
 from copilot_runtime._version import __version__
@@ -71,13 +77,16 @@ def _serve(app: Any, host: str, port: int, log_level: str) -> None:
                 lifespan="on", timeout_graceful_shutdown=5)
 
 
-def _print_next_steps(host: str, port: int, path: str, model: str | None) -> None:
+def _print_next_steps(host: str, port: int, path: str, model: str | None,
+                      workflows: str | None = None) -> None:
     url = f"http://{host}:{port}{path}"
     lines = [
         f"copilot-runtime {__version__} serving {url}",
     ]
     if model:
         lines.append(f"default agent: {model}")
+    if workflows:
+        lines.append(workflows)
     lines += [
         "try:",
         f"  curl {url}/info",
@@ -86,7 +95,30 @@ def _print_next_steps(host: str, port: int, path: str, model: str | None) -> Non
         "\"role\":\"user\",\"content\":\"What is the weather in Paris?\"}]}'",
         f"React: <CopilotKit runtimeUrl=\"{url}\"> (react-core 1.50+)",
     ]
+    if workflows:
+        lines += [
+            "human in the loop: run agent review_loop or account_review, then",
+            f"  curl {url}/approvals",
+            f"  curl -X POST {url}/approvals/<id> -H 'Content-Type: application/json' "
+            "-d '{\"action\":\"approve\"}'",
+        ]
     print("\n".join(lines), flush=True)
+
+
+def _checkpoints_beside(db: str) -> str:
+    """The demo's checkpoint URL: a SQLite file next to its thread database."""
+    if db == ":memory:":
+        return "memory"
+    path = Path(db)
+    return "sqlite:///" + str(path.with_name(path.stem + ".checkpoints.sqlite3"))
+
+
+def _redacted(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(
+        netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -113,6 +145,12 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument("--db", default=os.environ.get("COPILOT_RUNTIME_DB",
                                                      "copilot-runtime-demo.sqlite3"),
                       help="SQLite file for threads (':memory:' keeps nothing)")
+    demo.add_argument("--checkpoints", default=os.environ.get("COPILOT_RUNTIME_CHECKPOINTS"),
+                      help="where the workflows keep their graphs and approvals: a "
+                           "sqlite:///path, postgresql://... or memory URL (default: a "
+                           "SQLite file next to --db)")
+    demo.add_argument("--approval-timeout", type=float, default=300.0,
+                      help="seconds before an account_review approval times out")
     args = parser.parse_args(argv)
 
     try:
@@ -121,7 +159,6 @@ def main(argv: list[str] | None = None) -> None:
             _check_port(args.host, args.port)
             _print_next_steps(args.host, args.port, args.path, None)
         else:
-            from copilot_runtime.asgi import create_app
             from copilot_runtime.demo import build_demo_runtime
 
             _check_port(args.host, args.port)
@@ -130,9 +167,14 @@ def main(argv: list[str] | None = None) -> None:
                 from copilot_runtime.threads.sqlite import SQLiteThreadStore
 
                 store = SQLiteThreadStore(args.db)
-            runtime, model = build_demo_runtime(store)
-            app = create_app(runtime, args.path, max_body_size=args.max_body_size)
-            _print_next_steps(args.host, args.port, args.path, model)
+            checkpoints = args.checkpoints or _checkpoints_beside(args.db)
+            runtime, model = build_demo_runtime(store, checkpoints=checkpoints,
+                                                approval_timeout=args.approval_timeout)
+            app = _to_app(runtime, args.path, args.max_body_size)
+            workflows = sorted(set(runtime.agents) - {"default"})
+            _print_next_steps(args.host, args.port, args.path, model,
+                              f"workflows: {', '.join(workflows)} (checkpoints: "
+                              f"{_redacted(checkpoints)})" if workflows else None)
         _serve(app, args.host, args.port, args.log_level)
     except CLIError as exc:
         print(f"copilot-runtime: error: {exc}", file=sys.stderr)

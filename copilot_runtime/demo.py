@@ -1,7 +1,22 @@
-"""The demo runtime behind `copilot-runtime demo`: a default agent and two example actions.
+"""The demo runtime behind `copilot-runtime demo`: a default agent, two example actions, and
+the two human-in-the-loop workflows.
 
 With `OPENAI_API_KEY` or `OPENAI_BASE_URL` set it talks to that model (`OPENAI_MODEL`,
-default gpt-4o-mini); without, to the offline demo model, so it runs with no key or network.
+default gpt-4o-mini); without, to the offline demo models, so it runs with no key or network.
+
+Agents:
+
+* `default`: the built-in agent with `get_weather` and `roll_dice`.
+* `review_loop` (seed 003): a planner sends the task to the Invoice, Closing or Audit
+  specialist, and a person approves the result or asks for a revision, as often as needed.
+  The client may set `state.review = false` to skip the review for a task.
+* `account_review` (seed 000): three agents analyse a demo account (`ACME-001`,
+  `GLOBEX-002`, `INITECH-003`), then a person approves the first recommendation within
+  `approval_timeout` seconds.
+
+The workflows need the `langgraph` extra; without it the demo serves `default` only. Their
+graphs are checkpointed at `checkpoints` (a `copilot_runtime.checkpointers` URL), so a
+pending approval survives a restart of the demo.
 """
 
 from __future__ import annotations
@@ -14,10 +29,11 @@ from copilot_runtime.actions import action
 from copilot_runtime.adapters.base import ServiceAdapter
 from copilot_runtime.adapters.demo import DemoAdapter
 from copilot_runtime.adapters.openai import OpenAIAdapter
+from copilot_runtime.agents.base import Agent
 from copilot_runtime.runtime import CopilotRuntime
 from copilot_runtime.threads.base import ThreadStore
 
-__all__ = ["build_demo_runtime", "get_weather", "roll_dice"]
+__all__ = ["build_demo_runtime", "demo_workflows", "get_weather", "roll_dice"]
 
 _CONDITIONS = ("sunny", "cloudy", "rainy", "windy", "snowy")
 
@@ -39,22 +55,61 @@ def roll_dice(sides: int = 6, count: int = 1) -> dict[str, Any]:
     return {"rolls": rolls, "total": sum(rolls)}
 
 
-def demo_adapter() -> tuple[ServiceAdapter, str]:
-    """The configured model, or the offline one; and a line saying which."""
+def _configured_model() -> tuple[OpenAIAdapter, str] | None:
     base_url = os.environ.get("OPENAI_BASE_URL")
     if os.environ.get("OPENAI_API_KEY") or base_url:
         model = os.environ.get("OPENAI_MODEL", "gpt-4o-mini")
         where = base_url or "api.openai.com"
         return OpenAIAdapter(model=model, base_url=base_url), f"model {model} at {where}"
+    return None
+
+
+def demo_adapter() -> tuple[ServiceAdapter, str]:
+    """The configured model, or the offline one; and a line saying which."""
+    configured = _configured_model()
+    if configured is not None:
+        return configured
     return DemoAdapter(), "the offline demo model (set OPENAI_API_KEY for a real one)"
 
 
-def build_demo_runtime(thread_store: ThreadStore | None = None) -> tuple[CopilotRuntime, str]:
+def demo_workflows(checkpoints: str = "memory", *, approval_timeout: float | None = 300,
+                   adapter: ServiceAdapter | None = None) -> dict[str, Agent]:
+    """The review loop and the account review as agents, checkpointed at `checkpoints`.
+
+    `adapter` is the specialists' model; by default the configured one, else the offline
+    specialist model. Empty when the `langgraph` extra is not installed.
+    """
+    try:
+        from copilot_runtime.checkpointers import checkpointer
+        from copilot_runtime.workflows.account_review import account_review
+        from copilot_runtime.workflows.models import AdapterChatModel, OfflineSpecialistAdapter
+        from copilot_runtime.workflows.review_loop import ReviewLoop
+        from copilot_runtime.workflows.specialists import finance_specialists
+    except ImportError:
+        return {}
+    if adapter is None:
+        configured = _configured_model()
+        adapter = configured[0] if configured else OfflineSpecialistAdapter()
+    saver = checkpointer(checkpoints)  # one database for both graphs and their approvals
+    model = AdapterChatModel(adapter=adapter)
+    review: Agent = ReviewLoop(finance_specialists(model)).agent(
+        name="review_loop", checkpointer=saver,
+        description="Invoice, Closing and Audit specialists; you approve or revise")
+    accounts: Agent = account_review(timeout_seconds=approval_timeout).agent(
+        name="account_review", checkpointer=saver,
+        description="Account snapshot, history and recommendations; you approve")
+    return {"review_loop": review, "account_review": accounts}
+
+
+def build_demo_runtime(thread_store: ThreadStore | None = None, *,
+                       checkpoints: str = "memory",
+                       approval_timeout: float | None = 300) -> tuple[CopilotRuntime, str]:
     adapter, description = demo_adapter()
     runtime = CopilotRuntime(
         service_adapter=adapter,
         actions=[get_weather, roll_dice],
         instructions="You are the assistant of the copilot-runtime demo. Be brief.",
         thread_store=thread_store,
+        agents=demo_workflows(checkpoints, approval_timeout=approval_timeout),
     )
     return runtime, description

@@ -35,7 +35,6 @@ from copilot_runtime.testing import MockOpenAIServer
 from tests.agents_support import graphs
 from tests.agents_support.agui_server import ScriptedAGUIServer
 from tests.conftest import Served, ServeRuntime, openai_runtime
-from tests.gql.checkpoint_agent import CheckpointLangGraphAgent
 from tests.gql.wire import (
     CLIENT_DOCUMENT,
     CLIENT_HEADERS,
@@ -466,7 +465,7 @@ async def test_load_agent_state_of_a_langgraph_thread(
         ("user", "From a script"), ("assistant", "echo: From a script")]
     assert not (await load_graph_state(graph, "t-nowhere")).exists
 
-    runtime = CopilotRuntime(agents={"lg": CheckpointLangGraphAgent(name="lg", graph=graph)})
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
     async with serve_runtime(runtime) as served:
         await turn(served, session("lg", "Through the runtime", "t-inside"))
         outside, inside, nowhere = [

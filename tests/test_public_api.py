@@ -15,6 +15,8 @@ EXPECTED = [
     "PayloadTooLargeError", "RequestError", "RunContext", "RunInput", "SQLiteThreadStore",
     "ServiceAdapter", "ThreadBusyError", "ThreadStore", "UpstreamError", "UpstreamTimeoutError",
     "__version__", "action", "create_app", "mount_runtime",
+    "ApprovalPolicy", "DurableCheckpointer", "Orchestrator", "ReviewLoop", "Step",
+    "approval_service", "checkpointer", "existing_agent",
 ]
 
 

@@ -66,6 +66,11 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         self._inbound_subagent_messages = subagent_messages
         update: dict[str, Any] = {
             "forwarded_props": {camel_to_snake(k): v for k, v in forwarded.items()}}
+        if isinstance(input.state, dict):
+            # The base writes the checkpoint's LangChain messages into the state it is
+            # given; a copy keeps them out of the client's input, which the runtime echoes
+            # in RUN_STARTED and stores as JSON.
+            update["state"] = dict(input.state)
         if input.messages:
             update["messages"] = graph_messages
         async for event in self._handle_stream_events(input.model_copy(update=update)):

@@ -10,11 +10,15 @@ State snapshots leave out what is plumbing rather than application state: `messa
 context the bridge copies into `tools`, `copilotkit` and `ag-ui`. After the first snapshot
 of a run, a changed state goes out as an RFC 6902 `STATE_DELTA` when that is smaller, and
 an unchanged one not at all.
+
+Interrupts: the bridge ends an interrupted run with both of its forms, the `on_interrupt`
+custom event and the AG-UI 1.0 interrupt outcome on `RUN_FINISHED`; `filter_interrupt_event`
+keeps the one the client understands (see `agents.langgraph` for how that is decided).
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 
 from ag_ui.core import BaseEvent
 from ag_ui_langgraph import make_json_safe  # type: ignore[import-untyped]
@@ -23,7 +27,12 @@ from copilot_runtime import events as ev
 from copilot_runtime.agents._wire import StateDeltaEncoder
 from copilot_runtime.events import Event
 
-__all__ = ["PLUMBING_STATE_KEYS", "WireEncoder"]
+__all__ = ["PLUMBING_STATE_KEYS", "InterruptChannel", "WireEncoder", "channel_for",
+           "filter_interrupt_event"]
+
+InterruptChannel = Literal["outcome", "legacy", "both"]
+#: The custom event of ag-ui-langgraph (and CopilotKit's `useInterrupt`) for an interrupt.
+LEGACY_INTERRUPT_EVENT: Final = "on_interrupt"
 
 #: State keys that never reach the client in snapshots (see the module docstring).
 PLUMBING_STATE_KEYS: Final = frozenset({"messages", "tools", "copilotkit", "ag-ui"})
@@ -62,3 +71,30 @@ def _dump(event: BaseEvent) -> Event:
         if value is not None:
             out[_DATA_FIELDS[name]] = make_json_safe(value)
     return out
+
+
+def channel_for(mode: str, protocol_version: str | None) -> InterruptChannel:
+    """How to tell a client about interrupts: by `mode`, or for "auto" by its version.
+
+    `@ag-ui/client` 1.0 declares `protocolVersion` ("1.0") and understands the outcome;
+    0.0.x clients declare nothing and get the custom event.
+    """
+    if mode == "outcome":
+        return "outcome"
+    if mode == "legacy":
+        return "legacy"
+    if mode == "both":
+        return "both"
+    major = (protocol_version or "").split(".", 1)[0]
+    return "outcome" if major.isdigit() and int(major) >= 1 else "legacy"
+
+
+def filter_interrupt_event(event: Event, channel: InterruptChannel) -> Event | None:
+    """`event` without the interrupt form `channel` leaves out (None to drop it)."""
+    kind = event["type"]
+    if kind == ev.CUSTOM and channel == "outcome" \
+            and event.get("name") == LEGACY_INTERRUPT_EVENT:
+        return None
+    if kind == ev.RUN_FINISHED and channel == "legacy" and "outcome" in event:
+        return {k: v for k, v in event.items() if k != "outcome"}
+    return event

@@ -4,29 +4,50 @@ Built on `ag-ui-langgraph` (see `_lg_bridge` for what it does and what is added 
 every run clones the translator, so concurrent runs share nothing but the graph and its
 checkpointer. The graph must have a checkpointer, because the translator reads the thread's
 checkpoint to merge the client's messages and to find interrupts; the thread id is the
-AG-UI `threadId`.
+AG-UI `threadId`. With a `copilot_runtime.checkpointers` checkpointer (SQLite or
+PostgreSQL), threads and pending interrupts survive a restart.
 
 Frontend tools reach the graph as `state["copilotkit"]["actions"]` (and `state["tools"]`),
 the context as `state["copilotkit"]["context"]`: the `CopilotKitState` convention of the
 `copilotkit` SDK. The client's `state` is the graph's input state (filtered to the keys of
 its input schema); state changes come back as `STATE_SNAPSHOT`, then `STATE_DELTA`.
 Raw LangChain events stay off the wire unless `emit_raw_events=True`.
+
+Interrupts (`langgraph.types.interrupt(value)`) end the run. How the client hears of them
+depends on what it understands (`interrupts="auto"`): a client that declares an AG-UI
+`protocolVersion` (`@ag-ui/client` 1.0) gets `RUN_FINISHED` with the interrupt outcome and
+resumes with `RunAgentInput.resume`; older clients (`@ag-ui/client` 0.0.x, which send no
+version) get the `on_interrupt` custom event CopilotKit's `useInterrupt` listens for, and
+resume with `forwardedProps.command.resume`. 0.0.59 would parse the outcome too, but then
+refuses a next run that does not answer it through `resume`, which the custom-event UIs
+never send: so they are not given it. Each interrupt is recorded as a pending approval
+(see `copilot_runtime.workflows.approvals`) before the client hears of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import openai
 import structlog
+from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
 
+from copilot_runtime import events as ev
 from copilot_runtime._exceptions import ConfigurationError, UpstreamError, UpstreamTimeoutError
 from copilot_runtime._input import RunInput
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
-from copilot_runtime.agents._lg_events import WireEncoder
-from copilot_runtime.agents.base import Agent, RunContext
-from copilot_runtime.events import EventBatches
+from copilot_runtime.agents._lg_events import (
+    InterruptChannel,
+    WireEncoder,
+    channel_for,
+    filter_interrupt_event,
+)
+from copilot_runtime.agents._lg_state import load_graph_state
+from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
+from copilot_runtime.events import Event, EventBatches
+from copilot_runtime.workflows._resume import Claims, claim_resume, record_interrupts
+from copilot_runtime.workflows.approvals import ApprovalStore, MemoryApprovalStore
 
 __all__ = ["LangGraphAgent"]
 
@@ -37,10 +58,11 @@ class LangGraphAgent(Agent):
     """A LangGraph graph compiled with a checkpointer.
 
     `name` is the agent's name inside the graph's events; `config` is the base
-    `RunnableConfig` of every run. `emit_interrupt_outcome` ends an interrupted run with the
-    AG-UI interrupt outcome (clients on `@ag-ui/client` 0.0.59+ resume with `resume`);
-    `legacy_interrupt_events` also sends the `on_interrupt` custom event older CopilotKit
-    frontends listen for. `state_deltas=False` sends every state change as a snapshot.
+    `RunnableConfig` of every run. `interrupts` chooses how interrupts reach clients:
+    `"auto"` (see the module docstring), `"outcome"`, `"legacy"` or `"both"`.
+    `approvals` is the approval ledger; by default the checkpointer's own
+    (`DurableCheckpointer.approvals`), else one in memory. `state_deltas=False` sends every
+    state change as a snapshot.
     """
 
     class_name = "LangGraphAgent"
@@ -53,23 +75,32 @@ class LangGraphAgent(Agent):
         description: str = "",
         config: Mapping[str, Any] | None = None,
         emit_raw_events: bool = False,
-        emit_interrupt_outcome: bool = False,
-        legacy_interrupt_events: bool = True,
+        interrupts: Literal["auto", "outcome", "legacy", "both"] = "auto",
+        approvals: ApprovalStore | None = None,
         state_deltas: bool = True,
     ) -> None:
         super().__init__(description=description)
-        if getattr(graph, "checkpointer", None) is None:
+        checkpointer = getattr(graph, "checkpointer", None)
+        if checkpointer is None:
             raise ConfigurationError(
                 f"LangGraphAgent {name!r} needs a graph compiled with a checkpointer, "
-                "e.g. graph.compile(checkpointer=InMemorySaver())")
+                "e.g. graph.compile(checkpointer=copilot_runtime.checkpointers.checkpointer())")
         self.name = name
         self.graph = graph
         self.state_deltas = state_deltas
+        self.interrupts = interrupts
+        self.config = dict(config) if config else {}
+        self._approvals: ApprovalStore = approvals or getattr(
+            checkpointer, "approvals", None) or MemoryApprovalStore()
+        # Both interrupt forms are produced; `filter_interrupt_event` keeps the client's.
         self._template = CopilotKitLangGraphBridge(
             name=name, graph=graph, description=description or None,
             config=dict(config) if config else None, emit_raw_events=emit_raw_events,
-            emit_interrupt_outcome=emit_interrupt_outcome,
-            enable_legacy_on_interrupt_event=legacy_interrupt_events)
+            emit_interrupt_outcome=True, enable_legacy_on_interrupt_event=True)
+
+    @property
+    def approvals(self) -> ApprovalStore:
+        return self._approvals
 
     def capabilities(self) -> dict[str, Any]:
         capabilities: dict[str, Any] = self._template.get_capabilities()
@@ -77,9 +108,91 @@ class LangGraphAgent(Agent):
         capabilities["tools"] = {"supported": True, "clientProvided": True}
         return capabilities
 
+    async def pending_interrupts(self, thread_id: str) -> dict[str, Any]:
+        """The interrupts the thread's graph waits on, by id, with their values."""
+        state = await self.graph.aget_state(self._graph_config(thread_id))
+        return {i.id: i.value for i in _BaseBridge._collect_interrupts(state.tasks or ())
+                if getattr(i, "id", None)}
+
+    async def pending_interrupt_ids(self, thread_id: str) -> set[str]:
+        return set(await self.pending_interrupts(thread_id))
+
+    async def load_state(self, thread_id: str, *,
+                         headers: Mapping[str, str] | None = None) -> AgentThreadState:
+        """The thread as the graph's checkpointer has it (GraphQL `loadAgentState`)."""
+        return await load_graph_state(self.graph, thread_id, self.config)
+
+    def _graph_config(self, thread_id: str) -> dict[str, Any]:
+        configurable = {**(self.config.get("configurable") or {}), "thread_id": thread_id}
+        return {**self.config, "configurable": configurable}
+
     def run(self, input: RunInput, context: RunContext) -> EventBatches:
-        return translate_bridge_run(self._template.clone(), input,
-                                    WireEncoder(state_deltas=self.state_deltas))
+        return self._run(input, context)
+
+    async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
+        channel = channel_for(self.interrupts, input.model.protocol_version)
+        ledger_channel: Literal["outcome", "legacy"] = \
+            "legacy" if channel == "legacy" else "outcome"
+        thread_id = input.thread_id
+        claims = Claims(input)
+        if input.model.resume or _has_legacy_resume(input):
+            pending = await self.pending_interrupts(thread_id)
+            claims = await claim_resume(self._approvals, agent_id=context.agent_id,
+                                        input=input, pending=set(pending),
+                                        channel=ledger_channel, values=pending)
+        settled = not claims.ids
+        try:
+            async for batch in translate_bridge_run(
+                    self._template.clone(), claims.input,
+                    WireEncoder(state_deltas=self.state_deltas)):
+                out = await self._interrupts_of(batch, channel, ledger_channel, thread_id,
+                                                context.agent_id)
+                if not settled and any(e["type"] in ev.TERMINAL_TYPES for e in out):
+                    # The graph is done: settle before the client hears the run ended.
+                    settled = True
+                    await self._settle(claims, thread_id)
+                if out:
+                    yield out
+        finally:
+            if not settled:  # stopped, failed or cancelled before its end
+                await self._settle(claims, thread_id)
+
+    async def _interrupts_of(self, batch: Sequence[Event],
+                             channel: InterruptChannel,
+                             ledger_channel: Literal["outcome", "legacy"], thread_id: str,
+                             agent_id: str) -> list[Event]:
+        """The batch as the client should see it; a run's interrupts go to the ledger first."""
+        out: list[Event] = []
+        for event in batch:
+            if event["type"] == ev.RUN_FINISHED:
+                outcome = event.get("outcome")
+                if isinstance(outcome, dict) and outcome.get("type") == "interrupt":
+                    await self._approvals.add(record_interrupts(
+                        outcome.get("interrupts") or (), thread_id=thread_id,
+                        agent_id=agent_id, channel=ledger_channel))
+            kept = filter_interrupt_event(event, channel)
+            if kept is not None:
+                out.append(kept)
+        return out
+
+    async def _settle(self, claims: Claims, thread_id: str) -> None:
+        try:
+            await claims.settle(self._approvals, await self.pending_interrupt_ids(thread_id))
+        except Exception:
+            # The ledger stays "answered, not applied": the next start sends the answer
+            # again if the graph still waits, which is what a crash here would need too.
+            _log.exception("could not settle approvals", thread_id=thread_id)
+
+    async def aclose(self) -> None:
+        close = getattr(self.graph.checkpointer, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def _has_legacy_resume(input: RunInput) -> bool:
+    props = input.model.forwarded_props
+    command = props.get("command") if isinstance(props, dict) else None
+    return isinstance(command, dict) and command.get("resume") is not None
 
 
 async def translate_bridge_run(bridge: CopilotKitLangGraphBridge, input: RunInput,

@@ -9,6 +9,7 @@ TypeScript router does):
     POST agent/{agentId}/stop/{id}    stop the thread's active run
     GET  threads[?agentId=]           threads, newest first
     GET  threads/{id}/messages|events|state
+    GET  approvals, GET|POST approvals/{id}   pending approvals (see `approvals`)
     POST (the base path)              {method, params, body}: the same operations in one route
 
 Error bodies match the TypeScript runtime's where it has one; where it leaves the client
@@ -36,7 +37,9 @@ from copilot_runtime.protocols._http import (
     stream_events,
     stream_run,
 )
+from copilot_runtime.protocols.agui.approvals import ApprovalRoutes, approval_route
 from copilot_runtime.runtime import CopilotRuntime
+from copilot_runtime.workflows.service import approval_service
 
 __all__ = ["AGUIProtocol", "forwardable_headers"]
 
@@ -72,6 +75,7 @@ class AGUIProtocol:
                  keepalive: float | None = 15.0) -> None:
         self.runtime = runtime
         self.max_body_size = max_body_size
+        self.approvals = ApprovalRoutes(approval_service(runtime), max_body_size=max_body_size)
         self.keepalive = keepalive
 
     # -- multi-route -------------------------------------------------------------------
@@ -80,6 +84,8 @@ class AGUIProtocol:
         """Serve a multi-route request; False if `segments` name no AG-UI route."""
         tail = segments[-4:]
         method = request.method
+        # The approval timer and crash recovery need the server's loop: start on first use.
+        await self.approvals.service.start()
         if segments[-1:] == ["info"]:
             if method not in ("GET", "HEAD"):
                 await self._method_not_allowed(request, b"GET")
@@ -107,6 +113,10 @@ class AGUIProtocol:
                 await self._method_not_allowed(request, b"GET")
             else:
                 await self._guarded(request, self._threads(request, *threads))
+            return True
+        approval_id = approval_route(segments)
+        if approval_id is not None:
+            await self._guarded(request, self.approvals.handle(request, approval_id))
             return True
         return False
 
@@ -199,6 +209,7 @@ class AGUIProtocol:
         await self._guarded(request, self._envelope(request, data), single=True)
 
     async def _envelope(self, request: Request, data: Any) -> None:
+        await self.approvals.service.start()
         method = data.get("method") if isinstance(data, dict) else None
         if not isinstance(method, str) or not method:
             await _invalid(request, "Missing method field")

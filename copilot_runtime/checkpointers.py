@@ -1,0 +1,332 @@
+"""Durable LangGraph checkpointers from one URL, so interrupted graphs survive a restart.
+
+    checkpointer()                                     SQLite, copilot-runtime-checkpoints.sqlite3
+    checkpointer("sqlite:///data/checkpoints.sqlite3") SQLite, a path relative to the cwd
+    checkpointer("sqlite:////var/lib/app/cp.sqlite3")  SQLite, an absolute path
+    checkpointer("postgresql://user@host:5432/db?schema=hitl")   PostgreSQL (schema optional)
+    checkpointer("memory")                             in this process only (tests, demos)
+
+`checkpointer()` without a URL reads `COPILOT_RUNTIME_CHECKPOINTS`, then falls back to the
+SQLite file. The result is a `DurableCheckpointer`: compile graphs with it
+(`graph.compile(checkpointer=cp)`) at import time, with no event loop running; it opens its
+connection (aiosqlite, or a psycopg pool) on first use inside the server's loop, and stays
+bound to that loop. The same database holds the approval ledger (`cp.approvals`), which the
+runtime uses to list pending approvals and to resume them after a restart.
+
+SQLite needs `langgraph-checkpoint-sqlite` (the `langgraph` extra), PostgreSQL
+`langgraph-checkpoint-postgres` and psycopg (the `postgres` extra).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import copy
+import os
+import random
+import urllib.parse
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    DeltaChannelHistory,
+)
+from langgraph.checkpoint.memory import InMemorySaver
+
+from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime.workflows._sql_approvals import (
+    PostgresApprovalStore,
+    SQLiteApprovalStore,
+    check_identifier,
+)
+from copilot_runtime.workflows.approvals import ApprovalStore, MemoryApprovalStore
+
+__all__ = ["DEFAULT_URL", "DurableCheckpointer", "checkpointer"]
+
+DEFAULT_URL = "sqlite:///copilot-runtime-checkpoints.sqlite3"
+ENV_VAR = "COPILOT_RUNTIME_CHECKPOINTS"
+
+
+def checkpointer(url: str | None = None, *, pool_size: int = 10) -> DurableCheckpointer:
+    """A checkpointer for `url` (see the module docstring); nothing is opened yet."""
+    url = url or os.environ.get(ENV_VAR) or DEFAULT_URL
+    scheme, _, rest = url.partition(":")
+    scheme = scheme.lower()
+    if url in ("memory", ":memory:") or scheme == "memory":
+        return DurableCheckpointer(_MemoryBackend(), url)
+    if scheme in ("postgres", "postgresql"):
+        return DurableCheckpointer(_PostgresBackend(url, pool_size=pool_size), _redact(url))
+    if scheme == "sqlite":
+        if not rest.startswith("///"):
+            raise ConfigurationError(
+                f"A SQLite checkpoint URL looks like sqlite:///relative/path or "
+                f"sqlite:////absolute/path, got {url!r}")
+        path = urllib.parse.unquote(rest[3:].split("?", 1)[0])
+    elif "://" in url:
+        raise ConfigurationError(
+            f"Unsupported checkpoint URL {_redact(url)!r}: use sqlite:///..., "
+            "postgresql://... or memory")
+    else:
+        path = url  # a bare file path
+    if path in ("", ":memory:"):
+        return DurableCheckpointer(_MemoryBackend(), url)
+    return DurableCheckpointer(_SQLiteBackend(path), url)
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+class _Backend(abc.ABC):
+    """Opens the real saver once, in the loop that first needs it."""
+
+    def __init__(self) -> None:
+        self._saver: BaseCheckpointSaver[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock: asyncio.Lock | None = None
+        self.approvals: ApprovalStore = MemoryApprovalStore()
+
+    async def saver(self) -> BaseCheckpointSaver[Any]:
+        loop = asyncio.get_running_loop()
+        if self._saver is not None:
+            if loop is not self._loop:
+                raise RuntimeError(
+                    "This checkpointer is bound to the event loop it was first used in; "
+                    "create one checkpointer per event loop (per server)")
+            return self._saver
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._saver is None:
+                self._saver = await self._open()
+                self._loop = loop
+        return self._saver
+
+    @abc.abstractmethod
+    async def _open(self) -> BaseCheckpointSaver[Any]:
+        ...
+
+    async def aclose(self) -> None:
+        await self.approvals.aclose()
+        self._saver, saver = None, self._saver
+        if saver is not None:
+            await self._close(saver)
+
+    async def _close(self, saver: BaseCheckpointSaver[Any]) -> None:
+        return None
+
+
+class _MemoryBackend(_Backend):
+    def __init__(self) -> None:
+        super().__init__()
+        self._memory = InMemorySaver()
+        self._saver = self._memory  # no connection, no loop: usable at once, from any loop
+
+    async def saver(self) -> BaseCheckpointSaver[Any]:
+        return self._memory
+
+    async def _open(self) -> BaseCheckpointSaver[Any]:
+        return self._memory
+
+
+class _SQLiteBackend(_Backend):
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+        self.approvals = SQLiteApprovalStore(path, self.saver)
+
+    async def _open(self) -> BaseCheckpointSaver[Any]:
+        try:
+            import aiosqlite
+            from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+        except ImportError as exc:  # pragma: no cover - depends on the installed extras
+            raise ConfigurationError(
+                "SQLite checkpoints need langgraph-checkpoint-sqlite: "
+                "pip install 'copilot-runtime[langgraph]'") from exc
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        # A generous busy timeout: the approval ledger writes to the same file.
+        conn = await aiosqlite.connect(self.path, timeout=30)
+        saver = AsyncSqliteSaver(conn)
+        await saver.setup()
+        return saver
+
+    async def _close(self, saver: BaseCheckpointSaver[Any]) -> None:
+        await saver.conn.close()  # type: ignore[attr-defined]
+
+
+class _PostgresBackend(_Backend):
+    def __init__(self, url: str, *, pool_size: int) -> None:
+        super().__init__()
+        parts = urllib.parse.urlsplit(url)
+        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        schema = [v for k, v in query if k == "schema"]
+        self.schema = check_identifier(schema[-1]) if schema else None
+        rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "schema"])
+        self.conninfo = urllib.parse.urlunsplit(parts._replace(scheme="postgresql", query=rest))
+        self.pool_size = pool_size
+        self._pool: Any = None
+        self.approvals = PostgresApprovalStore(self._open_pool)
+
+    async def _open_pool(self) -> Any:
+        await self.saver()
+        return self._pool
+
+    async def _open(self) -> BaseCheckpointSaver[Any]:
+        try:
+            from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+            from psycopg import AsyncConnection
+            from psycopg.rows import dict_row
+            from psycopg_pool import AsyncConnectionPool
+        except ImportError as exc:  # pragma: no cover - depends on the installed extras
+            raise ConfigurationError(
+                "PostgreSQL checkpoints need langgraph-checkpoint-postgres and psycopg: "
+                "pip install 'copilot-runtime[postgres]'") from exc
+        kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0,
+                                  "row_factory": dict_row}
+        if self.schema:
+            async with await AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
+                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+            kwargs["options"] = f"-c search_path={self.schema}"
+        pool = AsyncConnectionPool(self.conninfo, open=False, min_size=1,
+                                   max_size=self.pool_size, kwargs=kwargs)
+        await pool.open(wait=True, timeout=30)
+        saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+        await saver.setup()
+        self._pool = pool
+        return saver
+
+    async def _close(self, saver: BaseCheckpointSaver[Any]) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+
+class DurableCheckpointer(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer that opens its database lazily; see the module docstring.
+
+    It forwards every operation to the real saver (`AsyncSqliteSaver`,
+    `AsyncPostgresSaver` or `InMemorySaver`) with its own serializer, so the msgpack
+    allow-list LangGraph derives from a graph's state schema (on a shallow copy of this
+    object) applies to the real saver too. Synchronous calls work only for the in-memory
+    kind: serve graphs with `ainvoke`/`astream`, as the runtime does.
+    """
+
+    def __init__(self, backend: _Backend, url: str) -> None:
+        super().__init__()
+        self._backend = backend
+        self.url = url
+        # (serializer, real saver, the saver to call): rebuilt when either changes.
+        self._bound: tuple[Any, Any, BaseCheckpointSaver[Any]] | None = None
+
+    @property
+    def approvals(self) -> ApprovalStore:
+        """The approval ledger in the same database."""
+        return self._backend.approvals
+
+    async def aclose(self) -> None:
+        """Close the connection (or pool); a later use opens it again."""
+        self._bound = None
+        await self._backend.aclose()
+
+    async def _target(self) -> BaseCheckpointSaver[Any]:
+        saver = await self._backend.saver()
+        bound = self._bound
+        if bound is not None and bound[0] is self.serde and bound[1] is saver:
+            return bound[2]
+        target = saver
+        if saver.serde is not self.serde:
+            target = copy.copy(saver)
+            target.serde = self.serde
+        self._bound = (self.serde, saver, target)
+        return target
+
+    def _sync_target(self) -> BaseCheckpointSaver[Any]:
+        saver = self._backend._saver
+        if saver is None:
+            raise NotImplementedError(
+                "DurableCheckpointer is asynchronous: run graphs with ainvoke/astream")
+        return saver
+
+    # -- asynchronous API: what LangGraph uses when graphs run with ainvoke/astream ------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await (await self._target()).aget_tuple(config)
+
+    async def alist(self, config: RunnableConfig | None, *,
+                    filter: dict[str, Any] | None = None,
+                    before: RunnableConfig | None = None,
+                    limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
+        target = await self._target()
+        async for item in target.alist(config, filter=filter, before=before, limit=limit):
+            yield item
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
+                   metadata: CheckpointMetadata, new_versions: ChannelVersions
+                   ) -> RunnableConfig:
+        return await (await self._target()).aput(config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                          task_id: str, task_path: str = "") -> None:
+        await (await self._target()).aput_writes(config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await (await self._target()).adelete_thread(thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await (await self._target()).adelete_for_runs(run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await (await self._target()).acopy_thread(source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *,
+                     strategy: str = "keep_latest") -> None:
+        await (await self._target()).aprune(thread_ids, strategy=strategy)
+
+    async def aget_delta_channel_history(self, *, config: RunnableConfig,
+                                         channels: Sequence[str]
+                                         ) -> Mapping[str, DeltaChannelHistory]:
+        return await (await self._target()).aget_delta_channel_history(
+            config=config, channels=channels)
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        # The format every bundled saver uses: a zero-padded counter, then a random part.
+        if current is None:
+            counter = 0
+        elif isinstance(current, int):
+            counter = current
+        else:
+            counter = int(str(current).split(".")[0])
+        return f"{counter + 1:032}.{random.random():016}"
+
+    # -- synchronous API: the in-memory kind only ----------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self._sync_target().get_tuple(config)
+
+    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+             before: RunnableConfig | None = None, limit: int | None = None
+             ) -> Iterator[CheckpointTuple]:
+        return self._sync_target().list(config, filter=filter, before=before, limit=limit)
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint,
+            metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
+        return self._sync_target().put(config, checkpoint, metadata, new_versions)
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                   task_id: str, task_path: str = "") -> None:
+        self._sync_target().put_writes(config, writes, task_id, task_path)
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._sync_target().delete_thread(thread_id)

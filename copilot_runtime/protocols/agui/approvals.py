@@ -1,0 +1,144 @@
+"""Pending approvals over plain HTTP, for clients that are not a chat (a mail link, a bot).
+
+Routes, relative to the runtime's base path:
+
+    GET  approvals[?status=&agentId=&threadId=]   {"approvals": [...]}, oldest first;
+                                                  status: pending (default), answered,
+                                                  expired, withdrawn or all
+    GET  approvals/{id}                           {"approval": {...}}
+    POST approvals/{id}   (also approval/{id})    answer it: {"action": "approve" | "reject"
+                                                  | "revise", "payload"?, "reason"?,
+                                                  "userId"?, "wait"?: true}
+
+An answer resumes the graph on the server; its run goes to the thread's history (`connect`
+shows it). With `wait` (the default) the response comes when that run has ended and says
+how (`finished`, `interrupted` again, or `error`); `"wait": false` answers 202 at once.
+Answering an approval that is already answered, or withdrawn, is 409; after it expired, 410;
+an unknown id, 404; a thread with a run in progress, 409.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Any, Final
+
+from copilot_runtime._exceptions import InvalidRequestError, ThreadBusyError
+from copilot_runtime._input import parse_json_body
+from copilot_runtime.protocols._http import Request, read_body, send_json
+from copilot_runtime.workflows.approvals import (
+    ApprovalClosedError,
+    ApprovalError,
+    ApprovalStatus,
+)
+from copilot_runtime.workflows.service import ApprovalService
+
+__all__ = ["ApprovalRoutes", "approval_route"]
+
+_ACTIONS: Final = ("approve", "reject", "revise")
+_STATUSES: Final[dict[str, ApprovalStatus | None]] = {
+    "pending": "pending", "answered": "answered", "expired": "expired",
+    "withdrawn": "withdrawn", "all": None}
+_TITLES: Final = {404: "Approval not found", 410: "Approval expired"}
+
+
+def approval_route(segments: list[str]) -> str | None:
+    """The approval id ("" for the list), or None when `segments` name no approval route."""
+    if segments[-1:] == ["approvals"]:
+        return ""
+    if len(segments) >= 2 and segments[-2] in ("approvals", "approval") and segments[-1]:
+        return urllib.parse.unquote(segments[-1])
+    return None
+
+
+class ApprovalRoutes:
+    def __init__(self, service: ApprovalService, *, max_body_size: int) -> None:
+        self.service = service
+        self.max_body_size = max_body_size
+
+    async def handle(self, request: Request, approval_id: str) -> None:
+        await self.service.start()
+        try:
+            if not approval_id:
+                if request.method in ("GET", "HEAD"):
+                    await self._list(request)
+                else:
+                    await _not_allowed(request, b"GET")
+            elif request.method in ("GET", "HEAD"):
+                approval, _, _ = await self.service.get(approval_id)
+                await send_json(request, 200, {"approval": approval.to_json()})
+            elif request.method == "POST":
+                await self._answer(request, approval_id)
+            else:
+                await _not_allowed(request, b"GET, POST")
+        except ApprovalError as exc:
+            body: dict[str, Any] = {"error": _title(exc), "message": exc.message,
+                                    "code": exc.code}
+            if isinstance(exc, ApprovalClosedError):
+                body["approval"] = exc.approval.to_json()
+            await send_json(request, exc.status, body)
+        except ThreadBusyError as exc:
+            await send_json(request, 409, {"error": "Thread busy", "message": exc.message,
+                                           "code": exc.code})
+
+    async def _list(self, request: Request) -> None:
+        query = urllib.parse.parse_qs(request.query.decode("latin-1"))
+        status_name = (query.get("status") or ["pending"])[0]
+        if status_name not in _STATUSES:
+            await send_json(request, 400, {
+                "error": "Invalid status",
+                "message": f"status must be one of {', '.join(_STATUSES)}"})
+            return
+        agent_ids, thread_ids = query.get("agentId"), query.get("threadId")
+        approvals = await self.service.list(
+            status=_STATUSES[status_name], agent_id=agent_ids[0] if agent_ids else None,
+            thread_id=thread_ids[0] if thread_ids else None)
+        await send_json(request, 200, {"approvals": [a.to_json() for a in approvals]})
+
+    async def _answer(self, request: Request, approval_id: str) -> None:
+        data = parse_json_body(await read_body(request, self.max_body_size))
+        answer, wait = _parse_answer(data)
+        user = answer.get("userId")
+        result = await self.service.answer(
+            approval_id, answer, answered_by=user if isinstance(user, str) else None,
+            wait=wait)
+        await send_json(request, 200 if wait else 202, result)
+
+
+def _parse_answer(data: Any) -> tuple[dict[str, Any], bool]:
+    if not isinstance(data, dict):
+        raise InvalidRequestError("Invalid approval answer", "The body must be a JSON object")
+    action = data.get("action")
+    if action not in _ACTIONS:
+        raise InvalidRequestError("Invalid approval answer",
+                                  f"action must be one of {', '.join(_ACTIONS)}")
+    payload, reason = data.get("payload"), data.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise InvalidRequestError("Invalid approval answer", "reason must be a string")
+    user = data.get("userId")
+    if user is not None and (not isinstance(user, str) or not user):
+        raise InvalidRequestError("Invalid approval answer", "userId must be a string")
+    if action == "revise" and not (
+            (isinstance(payload, str) and payload.strip()) or isinstance(payload, dict)
+            or (reason and reason.strip())):
+        raise InvalidRequestError("Invalid approval answer",
+                                  "revise needs a payload (what to change)")
+    wait = data.get("wait", True)
+    if not isinstance(wait, bool):
+        raise InvalidRequestError("Invalid approval answer", "wait must be a boolean")
+    answer = {k: v for k, v in (("action", action), ("payload", payload), ("reason", reason),
+                                ("userId", user)) if v is not None}
+    return answer, wait
+
+
+def _title(exc: ApprovalError) -> str:
+    if exc.code == "APPROVAL_ALREADY_ANSWERED":
+        return "Approval already answered"
+    if exc.code == "APPROVAL_WITHDRAWN":
+        return "Approval withdrawn"
+    if exc.code == "INTERRUPT_NOT_PENDING":
+        return "Nothing to resume"
+    return _TITLES.get(exc.status, "Approval error")
+
+
+async def _not_allowed(request: Request, allow: bytes) -> None:
+    await send_json(request, 405, {"error": "Method not allowed"}, [(b"allow", allow)])

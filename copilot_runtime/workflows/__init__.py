@@ -1,0 +1,61 @@
+"""Human-in-the-loop workflows, and the approval machinery they share.
+
+* `ReviewLoop` (seed 003): planner → specialist → a person approves or asks for a revision.
+* `Orchestrator` (seed 000): existing agents in sequence, then an approval with a timeout;
+  `account_review()` is its example on offline demo data, `existing_agent` the wrapper that
+  turns one existing agent into a `LangGraphAgent`.
+* Approvals: every LangGraph interrupt is a pending approval in a ledger beside the
+  checkpoints (`approvals`), answerable from a chat or over plain HTTP, timed out when it
+  expires and resumed after a restart (`service`).
+
+Everything but `approvals`, `decisions` and `service` needs the `langgraph` extra; names are
+imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "AdapterChatModel",
+    "Approval",
+    "ApprovalPolicy",
+    "ApprovalService",
+    "ApprovalStore",
+    "Decision",
+    "ModelSpecialist",
+    "OfflineSpecialistAdapter",
+    "Orchestrator",
+    "ReviewLoop",
+    "SpecialistRequest",
+    "Step",
+    "account_review",
+    "approval_service",
+    "existing_agent",
+    "finance_specialists",
+    "keyword_router",
+    "parse_decision",
+    "run_existing_agent",
+    "wrap_existing_agent",
+]
+
+_WHERE = {
+    "AdapterChatModel": "models", "OfflineSpecialistAdapter": "models",
+    "Approval": "approvals", "ApprovalStore": "approvals",
+    "ApprovalPolicy": "orchestrator", "Orchestrator": "orchestrator", "Step": "orchestrator",
+    "ApprovalService": "service", "approval_service": "service",
+    "Decision": "decisions", "parse_decision": "decisions",
+    "ModelSpecialist": "specialists", "SpecialistRequest": "specialists",
+    "finance_specialists": "specialists", "keyword_router": "specialists",
+    "ReviewLoop": "review_loop", "account_review": "account_review",
+    "existing_agent": "existing", "run_existing_agent": "existing",
+    "wrap_existing_agent": "existing",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,0 +1,178 @@
+"""What a LangGraph run does with the approval ledger around its graph.
+
+Before the graph runs, a run that resumes (`RunAgentInput.resume`, or the legacy
+`forwardedProps.command.resume`) claims the approvals it answers: only interrupts the
+checkpoint still waits on can be answered, and only once. The answer the graph receives
+is the one the ledger holds: the caller's if it won the claim, the timeout answer if the
+deadline had passed, or the answer stored before a crash, which is sent again. After the
+run, each claim is settled against the checkpoint: applied if the graph moved past the
+interrupt, reopened if it did not (the run was stopped first). Interrupts a run ends on
+are recorded as pending approvals before the client hears of them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ag_ui.core import ResumeEntry, RunAgentInput
+
+from copilot_runtime._input import RunInput
+from copilot_runtime.workflows.approvals import (
+    Approval,
+    ApprovalClosedError,
+    ApprovalStore,
+    Channel,
+    NothingToResumeError,
+    iso_time,
+    parse_time,
+)
+from copilot_runtime.workflows.decisions import timeout_answer
+
+__all__ = ["Claims", "claim_resume", "record_interrupts"]
+
+# ag-ui-langgraph's resume value for a cancelled `ResumeEntry`.
+_CANCELLED = "__agui_cancelled__"
+
+
+@dataclass(slots=True)
+class Claims:
+    """The run's input as the graph must see it, and the approvals it answers."""
+
+    input: RunInput
+    ids: list[str] = field(default_factory=list)
+
+    async def settle(self, store: ApprovalStore, pending_after: set[str]) -> None:
+        for approval_id in self.ids:
+            await store.settle(approval_id,
+                               "reopen" if approval_id in pending_after else "applied")
+
+
+async def claim_resume(store: ApprovalStore, *, agent_id: str, input: RunInput,
+                       pending: set[str], channel: Channel,
+                       values: Mapping[str, Any] | None = None) -> Claims:
+    """Claim the approvals `input` answers; raise an `ApprovalError` when it may not."""
+    model = input.model
+    # LangGraph cannot resume with None (it fails) or {} (it takes it for an empty map of
+    # answers): such an entry is no answer, and the graph asks its question again.
+    entries = [e for e in model.resume or ()
+               if e.status == "cancelled" or e.payload not in (None, {})]
+    if len(entries) != len(model.resume or ()):
+        model = model.model_copy(update={"resume": entries or None})
+        input = RunInput(model, input.raw)
+    command = _legacy_command(model)
+    if command == {}:
+        command = None
+        props = {k: v for k, v in (model.forwarded_props or {}).items() if k != "command"}
+        model = model.model_copy(update={"forwarded_props": props})
+        input = RunInput(model, input.raw)
+    if not entries and command is None:
+        return Claims(input)
+    if not entries:
+        if not pending:
+            raise NothingToResumeError(
+                f"Thread '{model.thread_id}' is not waiting for an answer: there is nothing "
+                "to resume")
+        if len(pending) > 1:
+            # Which interrupt a bare answer is for is LangGraph's call; record it for all.
+            for approval_id in sorted(pending):
+                await _claim(store, approval_id, command, "chat", now=time.time(),
+                             agent_id=agent_id, thread_id=model.thread_id, channel=channel,
+                             value=(values or {}).get(approval_id))
+            return Claims(input, sorted(pending))
+        # The legacy form names no interrupt: it answers the one the thread waits on. As a
+        # standard entry the bridge takes its documented path (and logs no deprecation).
+        entries = [ResumeEntry(interrupt_id=next(iter(pending)), status="resolved",
+                               payload=_json_or_text(command))]
+        props = {k: v for k, v in (model.forwarded_props or {}).items() if k != "command"}
+        model = model.model_copy(update={"forwarded_props": props})
+    now = time.time()
+    answers: dict[str, Any] = {}
+    for entry in entries:
+        if entry.interrupt_id not in pending:
+            raise await _not_pending(store, entry.interrupt_id, model.thread_id)
+        given = entry.payload if entry.status == "resolved" else {
+            _CANCELLED: True, "interrupt_id": entry.interrupt_id}
+        by = (entry.metadata or {}).get("answeredBy")
+        answers[entry.interrupt_id] = await _claim(
+            store, entry.interrupt_id, given, by if isinstance(by, str) else "chat",
+            now=now, agent_id=agent_id, thread_id=model.thread_id, channel=channel,
+            value=(values or {}).get(entry.interrupt_id))
+    resume = [entry.model_copy(update={"payload": answers[entry.interrupt_id],
+                                       "status": "resolved"}) for entry in entries]
+    updated = model.model_copy(update={"resume": resume})
+    return Claims(RunInput(updated, input.raw), list(answers))
+
+
+def _json_or_text(value: Any) -> Any:
+    """A legacy resume sent as JSON text is meant as the value it encodes."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+async def _claim(store: ApprovalStore, approval_id: str, given: Any, by: str, *, now: float,
+                 agent_id: str, thread_id: str, channel: Channel, value: Any) -> Any:
+    """The answer the graph gets for `approval_id`."""
+    approval = await store.get(approval_id)
+    if approval is None:
+        # Waiting in the checkpoint but not in the ledger (it was lost, or the interrupt
+        # was raised before the ledger existed): record it now so the answer is kept.
+        approval = Approval(approval_id, thread_id, agent_id, value, now, channel=channel)
+        await store.add([approval])
+    if approval.status == "pending":
+        if approval.expired_at(now):
+            answer = timeout_answer(iso_time(approval.expires_at or now))
+            claimed = await store.claim(approval_id, "expired", answer, "runtime", now)
+        else:
+            answer = given
+            claimed = await store.claim(approval_id, "answered", given, by, now)
+        if claimed is None:  # another request won between our read and our claim
+            raise ApprovalClosedError(await store.get(approval_id) or approval)
+        return answer
+    # Claimed earlier but the graph still waits: that answer never reached it (a crash or
+    # a stop in between), so it is the one to send, whoever asks.
+    if approval.status in ("answered", "expired"):
+        return approval.answer
+    raise ApprovalClosedError(approval)
+
+
+async def _not_pending(store: ApprovalStore, approval_id: str,
+                       thread_id: str) -> Exception:
+    approval = await store.get(approval_id)
+    if approval is not None and approval.status != "pending":
+        return ApprovalClosedError(approval)
+    return NothingToResumeError(
+        f"Interrupt '{approval_id}' is not pending on thread '{thread_id}': there is "
+        "nothing to resume")
+
+
+def _legacy_command(model: RunAgentInput) -> Any:
+    props = model.forwarded_props if isinstance(model.forwarded_props, dict) else {}
+    command = props.get("command")
+    if isinstance(command, dict):
+        return command.get("resume")
+    return None
+
+
+def record_interrupts(interrupts: Iterable[Mapping[str, Any]], *, thread_id: str,
+                      agent_id: str, channel: Channel) -> list[Approval]:
+    """Approvals for the AG-UI interrupts of a run's interrupt outcome."""
+    now = time.time()
+    out = []
+    for interrupt in interrupts:
+        interrupt_id = interrupt.get("id")
+        if not isinstance(interrupt_id, str) or not interrupt_id:
+            continue
+        raw = ((interrupt.get("metadata") or {}).get("langgraph") or {}).get("raw")
+        value = raw if raw is not None else {
+            k: v for k, v in interrupt.items() if k not in ("id", "metadata")}
+        out.append(Approval(interrupt_id, thread_id, agent_id, value, now,
+                            parse_time(interrupt.get("expiresAt")), channel=channel))
+    return out

@@ -1,0 +1,237 @@
+"""The approval ledger in SQL: SQLite (aiosqlite) or PostgreSQL (psycopg), beside the checkpoints.
+
+One table, `<prefix>approvals`. The compare-and-set of `claim` is a single conditional
+`UPDATE ... WHERE status = 'pending'`, so it holds across processes sharing the database,
+not only within one event loop. Values and answers are stored as JSON text.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal
+
+import orjson
+
+from copilot_runtime.workflows.approvals import (
+    Approval,
+    ApprovalStatus,
+    _Listeners,
+)
+
+__all__ = ["PostgresApprovalStore", "SQLiteApprovalStore"]
+
+_COLUMNS = ("id, thread_id, agent_id, value, created_at, expires_at, channel, status, "
+            "answer, answered_by, answered_at, applied")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_identifier(name: str) -> str:
+    """Table prefixes and schema names go into SQL text, so only plain identifiers pass."""
+    if not _IDENTIFIER.match(name):
+        raise ValueError(f"{name!r} is not a plain SQL identifier")
+    return name
+
+
+class _SQLApprovalStore(_Listeners, abc.ABC):
+    #: The SQL type of the `applied` flag and of times differ per database.
+    _FLOAT = "DOUBLE PRECISION"
+    _BOOL = "BOOLEAN"
+
+    def __init__(self, prefix: str = "copilot_") -> None:
+        super().__init__()
+        self.table = check_identifier(prefix) + "approvals"
+
+    # -- the backend: statements with `?` placeholders ---------------------------------
+
+    @abc.abstractmethod
+    async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run a statement, return the number of rows it changed."""
+
+    @abc.abstractmethod
+    async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        ...
+
+    def _schema(self) -> list[str]:
+        t = self.table
+        return [
+            f"CREATE TABLE IF NOT EXISTS {t} (id TEXT PRIMARY KEY, thread_id TEXT NOT NULL, "
+            f"agent_id TEXT NOT NULL, value TEXT NOT NULL, created_at {self._FLOAT} NOT NULL, "
+            f"expires_at {self._FLOAT}, channel TEXT NOT NULL, status TEXT NOT NULL, "
+            f"answer TEXT, answered_by TEXT, answered_at {self._FLOAT}, "
+            f"applied {self._BOOL} NOT NULL DEFAULT FALSE)",
+            f"CREATE INDEX IF NOT EXISTS {t}_by_status ON {t} (status, created_at)",
+        ]
+
+    # -- the store ---------------------------------------------------------------------
+
+    async def add(self, approvals: Sequence[Approval]) -> None:
+        added = 0
+        for a in approvals:
+            added += await self._execute(
+                f"INSERT INTO {self.table} ({_COLUMNS}) VALUES ({', '.join('?' * 12)}) "
+                "ON CONFLICT (id) DO NOTHING",
+                (a.id, a.thread_id, a.agent_id, _dump(a.value), a.created_at, a.expires_at,
+                 a.channel, a.status, _dump(a.answer) if a.answer is not None else None,
+                 a.answered_by, a.answered_at, a.applied))
+        if added:
+            self._notify()
+
+    async def get(self, approval_id: str) -> Approval | None:
+        rows = await self._fetch(f"SELECT {_COLUMNS} FROM {self.table} WHERE id = ?",
+                                 (approval_id,))
+        return _row(rows[0]) if rows else None
+
+    async def find(self, *, status: ApprovalStatus | None = "pending",
+                   thread_id: str | None = None, agent_id: str | None = None
+                   ) -> list[Approval]:
+        where, params = [], []
+        for column, value in (("status", status), ("thread_id", thread_id),
+                              ("agent_id", agent_id)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        condition = f" WHERE {' AND '.join(where)}" if where else ""
+        rows = await self._fetch(
+            f"SELECT {_COLUMNS} FROM {self.table}{condition} ORDER BY created_at, id", params)
+        return [_row(r) for r in rows]
+
+    async def claim(self, approval_id: str, status: Literal["answered", "expired"],
+                    answer: Any, answered_by: str | None, at: float) -> Approval | None:
+        changed = await self._execute(
+            f"UPDATE {self.table} SET status = ?, answer = ?, answered_by = ?, "
+            "answered_at = ?, applied = FALSE WHERE id = ? AND status = 'pending'",
+            (status, _dump(answer), answered_by, at, approval_id))
+        return await self.get(approval_id) if changed else None
+
+    async def settle(self, approval_id: str, outcome: Literal["applied", "reopen",
+                                                              "withdrawn"]) -> None:
+        if outcome == "applied":
+            await self._execute(f"UPDATE {self.table} SET applied = TRUE WHERE id = ?",
+                                (approval_id,))
+        elif outcome == "withdrawn":
+            await self._execute(f"UPDATE {self.table} SET status = 'withdrawn' WHERE id = ?",
+                                (approval_id,))
+        else:
+            await self._execute(
+                f"UPDATE {self.table} SET status = 'pending', answer = NULL, "
+                "answered_by = NULL, answered_at = NULL, applied = FALSE WHERE id = ?",
+                (approval_id,))
+            self._notify()
+
+    async def unapplied(self) -> list[Approval]:
+        rows = await self._fetch(
+            f"SELECT {_COLUMNS} FROM {self.table} WHERE status IN ('answered', 'expired') "
+            "AND NOT applied ORDER BY created_at, id")
+        return [_row(r) for r in rows]
+
+
+class SQLiteApprovalStore(_SQLApprovalStore):
+    """The ledger in a SQLite file, on its own aiosqlite connection (the checkpointer's
+    connection keeps its own transactions, which these statements must not join).
+
+    `ready` opens the checkpointer first: its set-up switches the file to WAL, which must
+    not race with another connection's statements.
+    """
+
+    _FLOAT = "REAL"
+    _BOOL = "INTEGER"
+
+    def __init__(self, path: str, ready: Callable[[], Awaitable[Any]],
+                 prefix: str = "copilot_") -> None:
+        super().__init__(prefix)
+        self.path = path
+        self._ready = ready
+        self._conn: Any = None
+        self._lock: asyncio.Lock | None = None
+
+    async def _connection(self) -> Any:
+        if self._conn is not None:
+            return self._conn
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # one connection, however many callers arrive at once
+            if self._conn is None:
+                import aiosqlite
+
+                await self._ready()
+                # Autocommit: each statement is its own transaction, so `claim` is atomic.
+                conn = await aiosqlite.connect(self.path, isolation_level=None, timeout=30)
+                for statement in self._schema():
+                    await conn.execute(statement.replace("DEFAULT FALSE", "DEFAULT 0"))
+                self._conn = conn
+        return self._conn
+
+    async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        conn = await self._connection()
+        cursor = await conn.execute(sql, tuple(params))
+        count: int = cursor.rowcount
+        await cursor.close()
+        return count
+
+    async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        conn = await self._connection()
+        async with conn.execute(sql, tuple(params)) as cursor:
+            return [tuple(row) for row in await cursor.fetchall()]
+
+    async def aclose(self) -> None:
+        self._lock = None  # a reopened store may live in another event loop
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await conn.close()
+
+
+class PostgresApprovalStore(_SQLApprovalStore):
+    """The ledger in PostgreSQL, on the checkpointer's connection pool (autocommit)."""
+
+    def __init__(self, pool: Callable[[], Awaitable[Any]], prefix: str = "copilot_") -> None:
+        super().__init__(prefix)
+        self._pool = pool
+        self._ready = False
+
+    async def _open(self) -> Any:
+        pool = await self._pool()
+        if not self._ready:
+            async with pool.connection() as conn:
+                for statement in self._schema():
+                    await conn.execute(statement)
+            self._ready = True
+        return pool
+
+    async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        pool = await self._open()
+        async with pool.connection() as conn:
+            cursor = await conn.execute(sql.replace("?", "%s"), tuple(params))
+            count: int = cursor.rowcount
+            return count
+
+    async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        pool = await self._open()
+        async with pool.connection() as conn:
+            cursor = await conn.execute(sql.replace("?", "%s"), tuple(params))
+            rows = await cursor.fetchall()
+        # The pool hands out dict rows (the checkpointer needs them); keep column order.
+        return [tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in rows]
+
+    async def aclose(self) -> None:
+        return None  # the pool belongs to the checkpointer, which closes it
+
+
+def _dump(value: Any) -> str:
+    return orjson.dumps(value, default=str).decode()
+
+
+def _row(row: tuple[Any, ...]) -> Approval:
+    (id_, thread_id, agent_id, value, created_at, expires_at, channel, status, answer,
+     answered_by, answered_at, applied) = row
+    return Approval(
+        id=id_, thread_id=thread_id, agent_id=agent_id, value=orjson.loads(value),
+        created_at=float(created_at),
+        expires_at=float(expires_at) if expires_at is not None else None,
+        channel=channel, status=status,
+        answer=orjson.loads(answer) if answer is not None else None,
+        answered_by=answered_by,
+        answered_at=float(answered_at) if answered_at is not None else None,
+        applied=bool(applied))

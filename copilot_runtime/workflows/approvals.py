@@ -1,0 +1,275 @@
+"""Approvals: the runtime's ledger of the LangGraph interrupts waiting for a person.
+
+The graph's checkpoint is the source of truth for *whether* a graph waits; the ledger adds
+what a checkpoint cannot say: which agent and thread an interrupt belongs to (so pending
+approvals can be listed across threads), when it expires, and who answered it with what.
+An approval's id is the LangGraph interrupt id, which is also the AG-UI `Interrupt.id` a
+chat client resumes with, so both channels name the same thing.
+
+Life of an approval::
+
+    pending --answer--> answered --the graph took it--> applied
+    pending --deadline passed--> expired --timeout reached the graph--> applied
+    pending --the interrupt vanished without an answer--> withdrawn
+
+`claim` is the one compare-and-set from `pending`: whoever wins it decides, a second
+answer is refused. An answer is stored before it is sent to the graph, so one that a crash
+interrupted is sent again at the next start (`unapplied`); if the graph did not take it
+(the run was stopped), `reopen` puts the approval back to pending.
+
+This module has no LangGraph import: the protocol edges use it whatever is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from copilot_runtime._exceptions import RequestError
+
+__all__ = [
+    "Approval",
+    "ApprovalClosedError",
+    "ApprovalError",
+    "ApprovalNotFoundError",
+    "ApprovalStatus",
+    "ApprovalStore",
+    "MemoryApprovalStore",
+    "NothingToResumeError",
+    "SupportsApprovals",
+    "iso_time",
+    "parse_time",
+]
+
+ApprovalStatus = Literal["pending", "answered", "expired", "withdrawn"]
+#: How the client that saw the interrupt was told: the AG-UI 1.0 interrupt outcome, or the
+#: legacy `on_interrupt` custom event. A run resumed server-side answers in the same form.
+Channel = Literal["outcome", "legacy"]
+
+
+@dataclass(slots=True)
+class Approval:
+    id: str
+    thread_id: str
+    agent_id: str
+    #: The value the graph passed to `interrupt()` (JSON-ready).
+    value: Any
+    created_at: float
+    expires_at: float | None = None
+    channel: Channel = "outcome"
+    status: ApprovalStatus = "pending"
+    #: The resume payload that answered it (a timeout's payload for an expired one).
+    answer: Any = None
+    answered_by: str | None = None
+    answered_at: float | None = None
+    #: The answer reached the graph (the run it resumed got past the interrupt).
+    applied: bool = False
+
+    def expired_at(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    def to_json(self) -> dict[str, Any]:
+        """The approval as the HTTP routes show it (camelCase, ISO times)."""
+        value = self.value
+        out: dict[str, Any] = {
+            "id": self.id, "threadId": self.thread_id, "agentId": self.agent_id,
+            "status": self.status, "value": value, "createdAt": iso_time(self.created_at),
+            "expiresAt": iso_time(self.expires_at) if self.expires_at is not None else None,
+        }
+        if isinstance(value, dict):
+            for key in ("reason", "message"):
+                if isinstance(value.get(key), str):
+                    out[key] = value[key]
+        if self.status != "pending":
+            out.update(answer=self.answer, answeredBy=self.answered_by,
+                       answeredAt=iso_time(self.answered_at) if self.answered_at else None,
+                       applied=self.applied)
+        return out
+
+
+def iso_time(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
+def parse_time(value: Any) -> float | None:
+    """An ISO 8601 time (as AG-UI's `expiresAt`) or epoch seconds; None if neither."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)  # a time without a zone is taken as UTC
+    return parsed.timestamp()
+
+
+@runtime_checkable
+class ApprovalStore(Protocol):
+    """Where approvals live; SQL stores sit in the same database as the checkpoints."""
+
+    async def add(self, approvals: Sequence[Approval]) -> None:
+        """Record new pending approvals; ids already known are left as they are."""
+        ...
+
+    async def get(self, approval_id: str) -> Approval | None:
+        ...
+
+    async def find(self, *, status: ApprovalStatus | None = "pending",
+                   thread_id: str | None = None, agent_id: str | None = None
+                   ) -> list[Approval]:
+        """Approvals, oldest first."""
+        ...
+
+    async def claim(self, approval_id: str, status: Literal["answered", "expired"],
+                    answer: Any, answered_by: str | None, at: float) -> Approval | None:
+        """Move a pending approval to `status`; None if it was not pending (someone won)."""
+        ...
+
+    async def settle(self, approval_id: str, outcome: Literal["applied", "reopen",
+                                                              "withdrawn"]) -> None:
+        """After the run: the answer was applied, did not take (back to pending), or the
+        interrupt is gone without an answer."""
+        ...
+
+    async def unapplied(self) -> list[Approval]:
+        """Answered or expired approvals whose answer has not reached the graph yet."""
+        ...
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call `listener` whenever approvals are added (the expiry timer re-plans)."""
+        ...
+
+    async def aclose(self) -> None:
+        ...
+
+
+@runtime_checkable
+class SupportsApprovals(Protocol):
+    """An agent whose runs can stop for an approval (a `LangGraphAgent`)."""
+
+    @property
+    def approvals(self) -> ApprovalStore:
+        ...
+
+    async def pending_interrupt_ids(self, thread_id: str) -> set[str]:
+        """The ids of the interrupts the thread's graph waits on, from its checkpoint."""
+        ...
+
+
+class _Listeners:
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[], None]] = []
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def _notify(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+
+class MemoryApprovalStore(_Listeners):
+    """Approvals in this process, for graphs whose checkpoints are in memory too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._items: dict[str, Approval] = {}
+        self._lock = asyncio.Lock()
+
+    async def add(self, approvals: Sequence[Approval]) -> None:
+        added = False
+        for approval in approvals:
+            if approval.id not in self._items:
+                self._items[approval.id] = replace(approval)
+                added = True
+        if added:
+            self._notify()
+
+    async def get(self, approval_id: str) -> Approval | None:
+        found = self._items.get(approval_id)
+        return replace(found) if found else None
+
+    async def find(self, *, status: ApprovalStatus | None = "pending",
+                   thread_id: str | None = None, agent_id: str | None = None
+                   ) -> list[Approval]:
+        return [replace(a) for a in sorted(self._items.values(), key=lambda a: a.created_at)
+                if (status is None or a.status == status)
+                and (thread_id is None or a.thread_id == thread_id)
+                and (agent_id is None or a.agent_id == agent_id)]
+
+    async def claim(self, approval_id: str, status: Literal["answered", "expired"],
+                    answer: Any, answered_by: str | None, at: float) -> Approval | None:
+        async with self._lock:
+            found = self._items.get(approval_id)
+            if found is None or found.status != "pending":
+                return None
+            found.status, found.answer, found.answered_by = status, answer, answered_by
+            found.answered_at, found.applied = at, False
+            return replace(found)
+
+    async def settle(self, approval_id: str, outcome: Literal["applied", "reopen",
+                                                              "withdrawn"]) -> None:
+        found = self._items.get(approval_id)
+        if found is None:
+            return
+        if outcome == "applied":
+            found.applied = True
+        elif outcome == "withdrawn":
+            found.status = "withdrawn"
+        else:
+            found.status, found.answer, found.answered_by = "pending", None, None
+            found.answered_at, found.applied = None, False
+            self._notify()
+
+    async def unapplied(self) -> list[Approval]:
+        return [replace(a) for a in self._items.values()
+                if a.status in ("answered", "expired") and not a.applied]
+
+    async def aclose(self) -> None:
+        return None
+
+
+class ApprovalError(RequestError):
+    """An approval cannot be answered; `status` is the HTTP status the route answers with."""
+
+    code = "APPROVAL_ERROR"
+
+
+class ApprovalNotFoundError(ApprovalError):
+    status = 404
+    code = "APPROVAL_NOT_FOUND"
+
+    def __init__(self, approval_id: str) -> None:
+        super().__init__(f"No approval '{approval_id}'")
+
+
+class ApprovalClosedError(ApprovalError):
+    """Answered already (409), expired (410), or withdrawn (409)."""
+
+    def __init__(self, approval: Approval) -> None:
+        self.approval = approval
+        if approval.status == "expired":
+            self.status, self.code = 410, "APPROVAL_EXPIRED"
+            when = iso_time(approval.expires_at) if approval.expires_at else "its deadline"
+            message = f"Approval '{approval.id}' expired at {when}"
+        elif approval.status == "withdrawn":
+            self.status, self.code = 409, "APPROVAL_WITHDRAWN"
+            message = f"Approval '{approval.id}' is no longer waiting for an answer"
+        else:
+            self.status, self.code = 409, "APPROVAL_ALREADY_ANSWERED"
+            by = f" by {approval.answered_by}" if approval.answered_by else ""
+            when = f" at {iso_time(approval.answered_at)}" if approval.answered_at else ""
+            message = f"Approval '{approval.id}' was already answered{by}{when}"
+        super().__init__(message)
+
+
+class NothingToResumeError(ApprovalError):
+    status = 409
+    code = "INTERRUPT_NOT_PENDING"

@@ -1,0 +1,122 @@
+"""A person's answer to an approval request, whichever way it arrived.
+
+Answers come from the approval HTTP route (`{"action": "approve" | "reject" | "revise",
+"payload": ..., "reason": ..., "userId": ...}`), from CopilotKit frontends
+(`resolve({approved: true})`, a plain string typed into a chat box, the seed's
+`{"answer": "OK", "is_approval": true}`), from the AG-UI cancel sentinel, or from the
+runtime itself when an approval times out. `parse_decision` reads them all into one
+`Decision`, or None when it cannot tell what the person meant: the workflows then ask
+again rather than guess.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+__all__ = ["Action", "Decision", "parse_decision", "timeout_answer"]
+
+Action = Literal["approve", "reject", "revise", "timeout"]
+
+_APPROVE: Final = frozenset({"approve", "approved", "ok", "okay", "yes", "y", "lgtm",
+                             "accept", "accepted", "confirm", "confirmed"})
+_REJECT: Final = frozenset({"reject", "rejected", "no", "n", "deny", "denied", "decline",
+                            "declined", "cancel", "cancelled", "canceled"})
+_REVISE: Final = frozenset({"revise", "revision", "edit", "change", "changes"})
+_TIMEOUT: Final = frozenset({"timeout", "timed_out", "expired"})
+# ag-ui-langgraph's resume value for an AG-UI `ResumeEntry` with status "cancelled".
+_CANCELLED_SENTINEL: Final = "__agui_cancelled__"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    action: Action
+    #: The revision to make (revise), or the reason given (reject, approve, timeout).
+    feedback: str | None = None
+    #: Structured data that came with the answer (edits, a form's values).
+    payload: Any = None
+    by: str | None = None
+
+
+def timeout_answer(expires_at: str | None = None) -> dict[str, Any]:
+    """The resume payload the runtime sends when nobody answered in time."""
+    reason = "Nobody answered before the deadline" + (f" ({expires_at})" if expires_at else "")
+    return {"action": "timeout", "reason": reason}
+
+
+def parse_decision(value: Any) -> Decision | None:
+    """The decision `value` expresses, or None when it is malformed."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("{"):
+            try:
+                return parse_decision(json.loads(text))
+            except ValueError:
+                pass
+        return _from_text(text)
+    if not isinstance(value, dict):
+        return None
+    if value.get(_CANCELLED_SENTINEL):
+        return Decision("reject", "Cancelled by the user")
+    by = _text(value.get("userId")) or _text(value.get("by")) or _text(value.get("user"))
+    reason = _text(value.get("reason"))
+    action = value.get("action", value.get("decision", value.get("status")))
+    if isinstance(action, str):
+        return _from_action(action.strip().lower(), value, reason, by)
+    approved = value.get("approved", value.get("is_approval", value.get("isApproval")))
+    answer = value.get("answer", value.get("feedback", value.get("text")))
+    if isinstance(approved, bool):
+        if approved:
+            return Decision("approve", reason, value.get("payload"), by)
+        feedback = _text(answer) or reason
+        # The seed's shape: not an approval plus a text is a revision; no text, a refusal.
+        return Decision("revise", feedback, value.get("payload"), by) if feedback \
+            else Decision("reject", None, value.get("payload"), by)
+    if answer is not None:
+        decided = parse_decision(answer)
+        return None if decided is None else Decision(
+            decided.action, decided.feedback, decided.payload, by or decided.by)
+    return None
+
+
+def _from_action(action: str, value: dict[str, Any], reason: str | None,
+                 by: str | None) -> Decision | None:
+    payload = value.get("payload")
+    if action in _APPROVE:
+        return Decision("approve", reason, payload, by)
+    if action in _REJECT:
+        return Decision("reject", reason, payload, by)
+    if action in _TIMEOUT:
+        return Decision("timeout", reason, payload, by)
+    if action in _REVISE:
+        feedback = (_text(payload) or _feedback_in(payload) or _text(value.get("feedback"))
+                    or reason)
+        if not feedback and not isinstance(payload, dict):
+            return None  # a revision that says nothing cannot be carried out
+        return Decision("revise", feedback, payload, by)
+    return None
+
+
+def _feedback_in(payload: Any) -> str | None:
+    if isinstance(payload, dict):
+        for key in ("feedback", "text", "instructions", "answer", "reason"):
+            found = _text(payload.get(key))
+            if found:
+                return found
+    return None
+
+
+def _from_text(text: str) -> Decision | None:
+    if not text:
+        return None
+    word = text.lower().rstrip(".!")
+    if word in _APPROVE:
+        return Decision("approve")
+    if word in _REJECT:
+        return Decision("reject")
+    return Decision("revise", text)  # any other text is what to change (the seed's rule)
+
+
+def _text(value: Any) -> str | None:
+    return (value.strip() or None) if isinstance(value, str) else None

@@ -1,0 +1,233 @@
+"""Existing agents (seed 000): objects whose `execute_with_events(context)` yields events.
+
+An existing agent yields dicts `{"event": <name>, "data": {...}}` with the seed's names:
+`agent_started`, `agent_stream`, `tool_call`, `tool_result`, `agent_completed` (its
+`output`), `approval_required` (what needs approving), `agent_error` (`error_message`).
+`run_existing_agent` consumes them inside a LangGraph node: each one reaches the client as
+an AG-UI `CUSTOM` event of the same name while the agent works, and the outcome comes back
+as an `AgentRun`. `wrap_existing_agent` is the seed's wrapper: a one-agent LangGraph graph
+(and `existing_agent` a `LangGraphAgent`) that runs it and, when the agent asks for it,
+stops for an approval with a timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Protocol, runtime_checkable
+
+import structlog
+from langchain_core.callbacks.manager import adispatch_custom_event
+from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.types import Command, interrupt
+from typing_extensions import TypedDict
+
+from copilot_runtime.workflows._emit import say
+from copilot_runtime.workflows.approvals import iso_time
+from copilot_runtime.workflows.decisions import Decision, parse_decision
+
+__all__ = [
+    "AgentExecutionError",
+    "AgentRun",
+    "ExistingAgent",
+    "WrappedAgentState",
+    "approval_outcome",
+    "approval_request",
+    "existing_agent",
+    "run_existing_agent",
+    "wrap_existing_agent",
+]
+
+_log = structlog.get_logger("copilot_runtime.workflows")
+
+#: The answer an approval expects (the interrupt's `responseSchema`).
+APPROVAL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"action": {"enum": ["approve", "reject"]}, "reason": {"type": "string"}},
+    "required": ["action"],
+}
+
+
+@runtime_checkable
+class ExistingAgent(Protocol):
+    def execute_with_events(self, context: dict[str, Any]
+                            ) -> AsyncIterator[Mapping[str, Any]]:
+        ...
+
+
+class AgentExecutionError(Exception):
+    """The agent reported `agent_error`, or ended without a result."""
+
+    def __init__(self, agent: str, message: str, data: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.agent = agent
+        self.message = message
+        self.data = dict(data or {})
+
+
+@dataclass(slots=True)
+class AgentRun:
+    output: Any = None
+    #: What the agent asked to have approved (`approval_required`), if anything.
+    approval: dict[str, Any] | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def run_existing_agent(agent: ExistingAgent, name: str, context: dict[str, Any],
+                             config: RunnableConfig | None = None) -> AgentRun:
+    """Run `agent` to its `agent_completed`; raise `AgentExecutionError` on `agent_error`.
+
+    With `config` (inside a graph node), each event is also dispatched as a LangChain
+    custom event, which the runtime sends to the client as an AG-UI `CUSTOM` event.
+    """
+    run = AgentRun()
+    completed = False
+    async for event in agent.execute_with_events(context):
+        kind = str(event.get("event") or "agent_event")
+        data = dict(event.get("data") or {})
+        run.events.append({"event": kind, "data": data})
+        if config is not None:
+            await adispatch_custom_event(kind, {"agent": name, **data}, config=config)
+        if kind == "agent_completed":
+            run.output, completed = data.get("output"), True
+        elif kind == "approval_required":
+            run.approval = data
+        elif kind == "agent_error":
+            raise AgentExecutionError(name, str(data.get("error_message") or
+                                                f"{name} reported an error"), data)
+    if not completed:
+        raise AgentExecutionError(name, f"{name} ended without a result")
+    return run
+
+
+def failure_text(name: str, exc: BaseException) -> str:
+    """What the client may read about a failure: the agent's own words, else the kind."""
+    if isinstance(exc, AgentExecutionError):
+        return exc.message
+    return f"{name} failed ({type(exc).__name__})"
+
+
+# -- approvals with a timeout (seed 000's RequestApproval) --------------------------------
+
+def approval_request(subject: Mapping[str, Any], *, message: str,
+                     timeout_seconds: float | None, notice: str | None = None,
+                     **extra: Any) -> dict[str, Any]:
+    """The interrupt value of an approval: the seed's `approval_required` payload, with the
+    AG-UI `Interrupt` fields (`reason`, `message`, `expiresAt`, `responseSchema`)."""
+    now = time.time()
+    request: dict[str, Any] = {
+        "type": "approval_required", "reason": "approval",
+        "message": f"{notice} {message}" if notice else message,
+        "responseSchema": APPROVAL_SCHEMA, **subject, **extra,
+    }
+    if timeout_seconds is not None:
+        # Computed when the node first runs; when it runs again on resume, `interrupt`
+        # returns the answer and this value is not used, so the deadline does not move.
+        request["timeout_seconds"] = timeout_seconds
+        request["expiresAt"] = iso_time(now + timeout_seconds)
+    return request
+
+
+def approval_outcome(decision: Decision) -> dict[str, Any]:
+    """The seed's `ApprovalResult` for a decision (approve, reject or timeout)."""
+    status = {"approve": "approved", "reject": "rejected", "timeout": "timeout",
+              "revise": "revision_requested"}[decision.action]
+    result: dict[str, Any] = {"status": status, "responded_at": iso_time(time.time())}
+    if decision.action == "approve":
+        result["approved_by"] = decision.by
+    elif decision.action == "reject":
+        result["rejected_by"] = decision.by
+    result["reason"] = decision.feedback or (
+        "Approval request timed out" if decision.action == "timeout" else None)
+    return result
+
+
+# -- the wrapper (seed 000's CreateLangGraphWrapper) --------------------------------------
+
+class WrappedAgentState(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    context: dict[str, Any]
+    approval_required: bool
+    approval_response: dict[str, Any] | None
+    agent_outputs: dict[str, Any]
+    error: str | None
+    notice: str | None
+
+
+def wrap_existing_agent(agent: ExistingAgent, name: str, *,
+                        approval_timeout_seconds: float | None = 300,
+                        approval_message: str = "Approve this?") -> StateGraph[Any]:
+    """The seed's wrapper: a graph with one node running `agent`, then (if it asked for
+    one) an approval. Compile it with a checkpointer, or use `existing_agent`."""
+
+    async def run_agent(state: WrappedAgentState, config: RunnableConfig) -> Command[str]:
+        context = {**(state.get("context") or {}),
+                   "user_message": _last_user_text(state.get("messages") or [])}
+        outputs = dict(state.get("agent_outputs") or {})
+        try:
+            run = await run_existing_agent(agent, name, context, config)
+        except Exception as exc:
+            _log.warning("existing agent failed", agent=name, error=repr(exc))
+            error = failure_text(name, exc)
+            return Command(goto=END, update={
+                "error": error, "messages": [await say(f"{name}: {error}", config)]})
+        outputs[name] = run.output
+        update: dict[str, Any] = {"agent_outputs": outputs, "error": None,
+                                  "messages": [await say(_summary(run.output), config)]}
+        if run.approval is None:
+            return Command(goto=END, update={**update, "approval_required": False})
+        context["approval_data"] = run.approval
+        return Command(goto="approval", update={**update, "approval_required": True,
+                                                "context": context})
+
+    async def approval(state: WrappedAgentState, config: RunnableConfig) -> Command[str]:
+        data = (state.get("context") or {}).get("approval_data") or {}
+        answer = interrupt(approval_request(
+            {"data": data}, message=approval_message,
+            timeout_seconds=approval_timeout_seconds, notice=state.get("notice")))
+        decision = parse_decision(answer)
+        if decision is None or decision.action == "revise":
+            return Command(goto="approval", update={
+                "notice": "Answer approve or reject."})
+        result = approval_outcome(decision)
+        return Command(goto=END, update={
+            "approval_response": result, "notice": None,
+            "messages": [await say(f"Approval {result['status']}.", config)]})
+
+    graph: StateGraph[Any] = StateGraph(WrappedAgentState)
+    graph.add_node(name, run_agent)
+    graph.add_node("approval", approval)
+    graph.add_edge(START, name)
+    return graph
+
+
+def existing_agent(agent: ExistingAgent, *, name: str, checkpointer: Any,
+                   description: str = "", approval_timeout_seconds: float | None = 300,
+                   **options: Any) -> Any:
+    """`agent` as a `LangGraphAgent` the runtime can serve (the seed's LangGraphAgent)."""
+    from copilot_runtime.agents.langgraph import LangGraphAgent
+
+    graph = wrap_existing_agent(agent, name,
+                                approval_timeout_seconds=approval_timeout_seconds)
+    return LangGraphAgent(name=name, graph=graph.compile(checkpointer=checkpointer),
+                          description=description, **options)
+
+
+def _summary(output: Any) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, Mapping) and isinstance(output.get("summary"), str):
+        return str(output["summary"])
+    return f"Result: {output!r}"
+
+
+def _last_user_text(messages: list[AnyMessage] | list[BaseMessage]) -> str:
+    for message in reversed(messages):
+        if isinstance(message, HumanMessage):
+            text = message.text
+            return text.strip() if isinstance(text, str) else ""
+    return ""

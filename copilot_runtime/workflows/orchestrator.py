@@ -1,0 +1,231 @@
+"""The orchestrator (seed 000): existing agents in sequence over a shared state, then an
+approval with a timeout.
+
+    start ─▶ step 1 ─▶ step 2 ─▶ … ─▶ approval ─┬─ approve / reject / timeout ─▶ finish
+                ╰─ a required step fails ───────┼──────────────────────────────▶ finish
+                                      ▲          └─ revise: the step that produced the
+                                      └───────────  approved key runs again, with feedback
+
+Each `Step` names an existing agent (`execute_with_events(context)`), the keys of the
+shared state it reads (`input_keys`) and the key its output is stored under (`output_key`).
+A required step that fails stops the run, which finishes with the partial results; an
+optional one is logged in `errors` and the run goes on. When the `ApprovalPolicy`'s key has
+a value, a person is asked to approve it; the request expires after `timeout_seconds`,
+after which the runtime answers it with a timeout. The final output is the seed's
+(`status`, `agents_completed`, `results`, `approval`, `errors`), in `state["result"]`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import structlog
+from langchain_core.messages import AnyMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.types import Command, interrupt
+from typing_extensions import TypedDict
+
+from copilot_runtime.workflows._emit import say
+from copilot_runtime.workflows.decisions import parse_decision
+from copilot_runtime.workflows.existing import (
+    ExistingAgent,
+    _last_user_text,
+    approval_outcome,
+    approval_request,
+    failure_text,
+    run_existing_agent,
+)
+
+__all__ = ["ApprovalPolicy", "Orchestrator", "OrchestratorState", "Step", "account_inputs"]
+
+_log = structlog.get_logger("copilot_runtime.workflows")
+
+Inputs = Callable[[str, Mapping[str, Any]], dict[str, Any]]
+_RESERVED = frozenset({"start", "approval", "finish"})
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    agent: str
+    runner: ExistingAgent
+    input_keys: tuple[str, ...]
+    output_key: str
+    required: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalPolicy:
+    #: The shared-state key whose value needs approving (skipped when it is empty).
+    key: str = "recommendations"
+    timeout_seconds: float | None = 300
+    message: str = "Approve the recommendation?"
+
+
+class OrchestratorState(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    #: The seed's `shared_state`: inputs, each step's output, `agents_completed`, `errors`.
+    shared: dict[str, Any]
+    #: Which step runs next (an index into the steps).
+    next_step: int
+    status: Literal["running", "awaiting_approval", "completed", "error"]
+    notice: str | None
+    #: The seed's final output.
+    result: dict[str, Any]
+
+
+_ACCOUNT = re.compile(r"\b[A-Z][A-Z0-9]*-\d{2,}\b")
+
+
+def account_inputs(message: str, state: Mapping[str, Any]) -> dict[str, Any]:
+    """The seed's inputs from a chat turn: an account id (`ACME-001`) from the message or
+    the client's state, and the message itself."""
+    found = _ACCOUNT.search(message)
+    account = found.group(0) if found else state.get("account_id")
+    return {"account_id": account, "user_message": message}
+
+
+class Orchestrator:
+    def __init__(self, steps: Sequence[Step], *, approval: ApprovalPolicy | None = None,
+                 workflow: str = "account_analysis", inputs: Inputs = account_inputs) -> None:
+        names = [s.agent for s in steps]
+        if not steps or len(set(names)) != len(names) or _RESERVED & set(names):
+            raise ValueError(f"steps need unique agent names, none of {sorted(_RESERVED)}")
+        self.steps = list(steps)
+        self.approval = approval
+        self.workflow = workflow
+        self.inputs = inputs
+
+    def graph(self) -> StateGraph[OrchestratorState]:
+        graph: StateGraph[OrchestratorState] = StateGraph(OrchestratorState)
+        graph.add_node("start", self._start)
+        for step in self.steps:
+            graph.add_node(step.agent, self._step)  # the state says which step runs
+        graph.add_node("approval", self._approval)
+        graph.add_node("finish", self._finish)
+        graph.add_edge(START, "start")
+        graph.add_edge("finish", END)
+        return graph
+
+    def compile(self, checkpointer: Any) -> Any:
+        return self.graph().compile(checkpointer=checkpointer)
+
+    def agent(self, *, name: str = "orchestrator", checkpointer: Any,
+              description: str = "Agents in sequence, then an approval", **options: Any
+              ) -> Any:
+        from copilot_runtime.agents.langgraph import LangGraphAgent
+
+        return LangGraphAgent(name=name, graph=self.compile(checkpointer),
+                              description=description, **options)
+
+    # -- nodes -------------------------------------------------------------------------
+
+    def _start(self, state: OrchestratorState, config: RunnableConfig) -> Command[str]:
+        message = _last_user_text(state.get("messages") or [])
+        session = (config.get("configurable") or {}).get("thread_id")
+        shared = {**self.inputs(message, state), "session_id": session,
+                  "workflow": self.workflow, "step": 0, "agents_completed": [], "errors": []}
+        return Command(goto=self.steps[0].agent, update={
+            "shared": shared, "next_step": 0, "status": "running", "notice": None,
+            "result": {}})
+
+    async def _step(self, state: OrchestratorState, config: RunnableConfig) -> Command[str]:
+        index = state.get("next_step", 0)
+        step = self.steps[index]
+        shared = dict(state.get("shared") or {})
+        shared["step"] = int(shared.get("step", 0)) + 1
+        context = {key: shared.get(key) for key in step.input_keys}
+        context.update(step=shared["step"], session_id=shared.get("session_id"))
+        if shared.get("feedback"):
+            context["feedback"] = shared["feedback"]
+        following = self.steps[index + 1].agent if index + 1 < len(self.steps) else (
+            "approval" if self.approval else "finish")
+        try:
+            run = await run_existing_agent(step.runner, step.agent, context, config)
+        except Exception as exc:
+            error = failure_text(step.agent, exc)
+            shared["errors"] = [*shared.get("errors", []), {
+                "agent": step.agent, "error": error, "critical": step.required}]
+            if step.required:  # a critical failure: stop with what we have
+                _log.warning("required step failed", agent=step.agent, error=repr(exc))
+                return Command(goto="finish", update={
+                    "shared": shared, "status": "error",
+                    "messages": [await say(f"{step.agent} failed: {error}", config)]})
+            _log.warning("optional step failed", agent=step.agent, error=repr(exc))
+            return Command(goto=following, update={
+                "shared": shared, "next_step": index + 1,
+                "messages": [await say(f"{step.agent} failed (optional, continuing): "
+                                       f"{error}", config)]})
+        shared[step.output_key] = run.output
+        completed = list(shared.get("agents_completed", []))
+        if step.agent not in completed:  # a step run again for a revision counts once
+            completed.append(step.agent)
+        shared["agents_completed"] = completed
+        summary = _summary(run.output)
+        return Command(goto=following, update={
+            "shared": shared, "next_step": index + 1,
+            "status": "awaiting_approval" if following == "approval" else "running",
+            "messages": [await say(f"{step.agent}: {summary}", config)]})
+
+    def _approval(self, state: OrchestratorState) -> Command[str]:
+        assert self.approval is not None
+        shared = dict(state.get("shared") or {})
+        subject = shared.get(self.approval.key)
+        if not subject:
+            return Command(goto="finish")
+        first = subject[0] if isinstance(subject, list) and subject else subject
+        answer = interrupt(approval_request(
+            {"recommendation": first, "recommendations": subject,
+             "session_id": shared.get("session_id"), "account_id": shared.get("account_id")},
+            message=self.approval.message, timeout_seconds=self.approval.timeout_seconds,
+            notice=state.get("notice")))
+        decision = parse_decision(answer)
+        if decision is None:
+            return Command(goto="approval", update={
+                "notice": "That answer was neither an approval nor a rejection."})
+        if decision.action == "revise":
+            # The step that produced what is being approved runs again with the feedback.
+            producer = next((i for i, s in enumerate(self.steps)
+                             if s.output_key == self.approval.key), len(self.steps) - 1)
+            shared["feedback"] = decision.feedback or str(decision.payload)
+            return Command(goto=self.steps[producer].agent, update={
+                "shared": shared, "next_step": producer, "notice": None})
+        shared["approval"] = approval_outcome(decision)
+        shared.pop("feedback", None)
+        return Command(goto="finish", update={"shared": shared, "notice": None})
+
+    async def _finish(self, state: OrchestratorState, config: RunnableConfig
+                      ) -> dict[str, Any]:
+        shared = dict(state.get("shared") or {})
+        critical = next((e for e in shared.get("errors", []) if e.get("critical")), None)
+        if critical is not None:
+            result = {"status": "error",
+                      "message": f"Critical agent {critical['agent']} failed",
+                      "error": critical["error"], "partial_results": shared}
+            text = f"Stopped: {result['message']} ({critical['error']})."
+        else:
+            approval = shared.get("approval")
+            result = {
+                "status": "completed", "account_id": shared.get("account_id"),
+                "workflow": shared.get("workflow"),
+                "agents_completed": shared.get("agents_completed", []),
+                "results": {s.output_key: shared.get(s.output_key) for s in self.steps},
+                "approval": approval, "errors": shared.get("errors", []),
+            }
+            verdict = f"approval: {approval['status']}" if approval else "no approval needed"
+            text = (f"Completed {len(result['agents_completed'])} of {len(self.steps)} "
+                    f"steps; {verdict}.")
+        return {"result": result, "status": result["status"],
+                "messages": [await say(text, config)]}
+
+
+def _summary(output: Any) -> str:
+    if isinstance(output, dict) and isinstance(output.get("summary"), str):
+        return str(output["summary"])
+    if isinstance(output, list):
+        return f"{len(output)} item{'s' if len(output) != 1 else ''}"
+    return "done"

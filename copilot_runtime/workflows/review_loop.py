@@ -1,0 +1,291 @@
+"""The review loop (seed 003): planner → specialist → a person approves or asks for a revision.
+
+    task ─▶ planner ─▶ specialist ─▶ review ─┬─ approve ─▶ complete
+                           ▲                  ├─ reject / timeout ─▶ complete (not approved)
+                           └──── revise ──────┘
+                                (directly, with the original task and the full history)
+
+* The planner routes each new task (the latest user message) to one specialist
+  (`router`, by default `keyword_router`) and starts its execution history.
+* A specialist's result always goes to review when review is on, so nothing completes
+  without a clarification request (the seed's property 1); `state["review"] = False`, set
+  by the client for a task, completes right after the specialist (property 5).
+* Review is a LangGraph `interrupt` carrying the seed's clarification request; it is
+  checkpointed, so a pending review survives a restart. An approval completes the task
+  without another specialist run (3); a revision goes straight back to the same specialist
+  with the original task, the full history and the revision (2, 4), as often as the person
+  asks (6: no limit; each answer is a new graph invocation, so LangGraph's recursion limit
+  does not cap the loop).
+* Error rules, after the seed: a specialist that fails sends the error to review so the
+  person can revise again (without review the task fails); if the clarification request
+  cannot be built, the task completes with the result. One deliberate change: an answer
+  that is neither an approval nor a revision is asked again (`on_malformed="ask_again"`),
+  because taking it as an approval would approve work nobody approved;
+  `on_malformed="approve"` restores the seed's behaviour.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+import orjson
+import structlog
+from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.types import Command, interrupt
+from typing_extensions import TypedDict
+
+from copilot_runtime.workflows._emit import say
+from copilot_runtime.workflows.approvals import iso_time
+from copilot_runtime.workflows.decisions import Decision, parse_decision
+from copilot_runtime.workflows.specialists import (
+    Specialist,
+    SpecialistRequest,
+    keyword_router,
+)
+
+__all__ = ["ANSWER_SCHEMA", "ReviewLoop", "ReviewState"]
+
+_log = structlog.get_logger("copilot_runtime.workflows")
+
+Router = Callable[[str, Sequence[Specialist]], tuple[str, str]]
+Status = Literal["working", "awaiting_review", "completed", "rejected", "timed_out", "failed"]
+
+#: What a review answer looks like (sent to clients as the interrupt's `responseSchema`).
+ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "action": {"enum": ["approve", "revise", "reject"]},
+        "payload": {"type": "string", "description": "what to change, for revise"},
+    },
+    "required": ["action"],
+}
+
+
+class ReviewState(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    #: The task as first given; revisions never replace it.
+    task: str
+    plan_id: str
+    specialist: str
+    #: Review switch for the task (the client may set it); the loop's default otherwise.
+    review: bool
+    iteration: int
+    draft: str
+    history: list[dict[str, Any]]
+    status: Status
+    feedback: str | None
+    #: Said with the next clarification request (an answer not understood, a failure).
+    notice: str | None
+
+
+class ReviewLoop:
+    """The review loop as a LangGraph graph; see the module docstring."""
+
+    def __init__(self, specialists: Sequence[Specialist], *, router: Router = keyword_router,
+                 review: bool = True,
+                 on_malformed: Literal["ask_again", "approve"] = "ask_again",
+                 question: str = "Please approve or provide revision",
+                 timeout_seconds: float | None = None) -> None:
+        if not specialists:
+            raise ValueError("the review loop needs at least one specialist")
+        names = [s.name for s in specialists]
+        reserved = {"planner", "review", "complete"}
+        if len(set(names)) != len(names) or reserved & set(names):
+            raise ValueError(f"specialist names must be unique and not {sorted(reserved)}")
+        self.specialists = {s.name: s for s in specialists}
+        self.router = router
+        self.review = review
+        self.on_malformed = on_malformed
+        self.question = question
+        self.timeout_seconds = timeout_seconds
+
+    # -- the graph ---------------------------------------------------------------------
+
+    def graph(self) -> StateGraph[ReviewState]:
+        """The uncompiled graph; compile it with a checkpointer (`compile`)."""
+        graph: StateGraph[ReviewState] = StateGraph(ReviewState)
+        graph.add_node("planner", self._planner)
+        for name in self.specialists:
+            # One node per specialist (its steps carry its name); the state says which runs.
+            graph.add_node(name, self._specialist)
+        graph.add_node("review", self._review)
+        graph.add_node("complete", self._complete)
+        graph.add_edge(START, "planner")
+        graph.add_edge("complete", END)
+        return graph
+
+    def compile(self, checkpointer: Any) -> Any:
+        return self.graph().compile(checkpointer=checkpointer)
+
+    def agent(self, *, name: str = "review_loop", checkpointer: Any,
+              description: str = "Planner, specialists and a human review loop",
+              **options: Any) -> Any:
+        """A `LangGraphAgent` serving this loop."""
+        from copilot_runtime.agents.langgraph import LangGraphAgent
+
+        return LangGraphAgent(name=name, graph=self.compile(checkpointer),
+                              description=description, **options)
+
+    # -- nodes -------------------------------------------------------------------------
+
+    async def _planner(self, state: ReviewState, config: RunnableConfig) -> Command[str]:
+        task = _last_user_text(state.get("messages") or [])
+        if not task:
+            return Command(goto="complete", update={
+                "status": "failed", "notice": "There is no task: send one as a message."})
+        name, reason = self.router(task, list(self.specialists.values()))
+        if name not in self.specialists:
+            name = next(iter(self.specialists))
+        routed = f"Routed to {name}: {reason}"
+        return Command(goto=name, update={
+            "task": task, "plan_id": uuid.uuid4().hex, "specialist": name, "iteration": 1,
+            "history": [{"iteration": 1, "agent": "Planner", "result": routed}],
+            "status": "working", "feedback": None, "notice": None, "draft": "",
+            "messages": [await say(f"Planner: the {name} specialist takes this task "
+                                   f"({reason}).", config)],
+        })
+
+    async def _specialist(self, state: ReviewState, config: RunnableConfig) -> Command[str]:
+        name = state.get("specialist") or next(iter(self.specialists))
+        specialist = self.specialists[name]
+        iteration = state.get("iteration", 1)
+        history = list(state.get("history") or [])
+        request = SpecialistRequest(task=state.get("task", ""), iteration=iteration,
+                                    history=tuple(history), feedback=state.get("feedback"))
+        reviewing = self._reviewing(state)
+        try:
+            result = await specialist.run(request)
+        except Exception as exc:
+            _log.exception("specialist failed", specialist=name)
+            failure = f"The {name} specialist failed ({type(exc).__name__})"
+            history.append({"iteration": iteration, "agent": name, "error": failure})
+            if reviewing:  # the seed: send the error and let the person revise again
+                return Command(goto="review", update={
+                    "history": history, "status": "awaiting_review",
+                    "notice": f"{failure}. Revise the task to try again, or reject it."})
+            return Command(goto="complete", update={
+                "history": history, "status": "failed", "notice": failure})
+        # A model's message streamed as it was written; text is streamed now.
+        message = result if isinstance(result, BaseMessage) else await say(result, config)
+        draft = message.text if isinstance(message.text, str) else str(message.content)
+        history.append({"iteration": iteration, "agent": name, "result": draft})
+        return Command(goto="review", update={
+            "draft": draft, "history": history, "messages": [message], "notice": None,
+            "status": "awaiting_review" if reviewing else "working"})
+
+    def _reviewing(self, state: Mapping[str, Any]) -> bool:
+        review = state.get("review")
+        return self.review if review is None else bool(review)
+
+    def _review(self, state: ReviewState) -> Command[str]:
+        iteration = state.get("iteration", 1)
+        history = list(state.get("history") or [])
+        if not self._reviewing(state):
+            return Command(goto="complete", update={"status": "completed"})
+        try:
+            request = self.clarification_request(state)
+        except Exception:
+            # The seed: when the review step itself fails, complete with the result.
+            _log.exception("could not build the clarification request")
+            return Command(goto="complete", update={"status": "completed"})
+        answer = interrupt(request)  # the graph stops here until a person answers
+        decision = parse_decision(answer)
+        if decision is None and self.on_malformed == "approve":
+            decision = Decision("approve", "an answer that could not be read, taken as "
+                                           "approval (on_malformed='approve')")
+        if decision is None:
+            history.append({"iteration": iteration, "agent": "HITL",
+                            "user_feedback": _shown(answer), "malformed": True})
+            return Command(goto="review", update={
+                "history": history,
+                "notice": "That answer was neither an approval nor a revision. Approve, "
+                          "or say what to change."})
+        if decision.action == "revise":
+            feedback = decision.feedback or _shown(decision.payload)
+            history.append(_feedback_entry(iteration, feedback, decision.by))
+            return Command(goto=state.get("specialist") or next(iter(self.specialists)),
+                           update={"history": history, "iteration": iteration + 1,
+                                   "feedback": feedback, "status": "working",
+                                   "notice": None})
+        status: Status = {"approve": "completed", "reject": "rejected",
+                          "timeout": "timed_out"}[decision.action]  # type: ignore[assignment]
+        history.append(_feedback_entry(
+            iteration, decision.action if not decision.feedback
+            else f"{decision.action}: {decision.feedback}", decision.by))
+        return Command(goto="complete", update={"history": history, "status": status,
+                                                "notice": decision.feedback})
+
+    def clarification_request(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """The seed's `user_clarification_request`, as the interrupt's value.
+
+        `reason`, `message`, `responseSchema` and `expiresAt` are the AG-UI `Interrupt`
+        fields a client reads; `data` is the seed's payload.
+        """
+        notice = state.get("notice")
+        question = f"{notice} {self.question}" if notice else self.question
+        iteration = state.get("iteration", 1)
+        now = time.time()
+        request: dict[str, Any] = {
+            "type": "user_clarification_request",
+            "reason": "review",
+            "message": question,
+            "responseSchema": ANSWER_SCHEMA,
+            "data": {
+                "request_id": f"{state.get('plan_id', '')}:{iteration}:"
+                              f"{len(state.get('history') or ())}",
+                "plan_id": state.get("plan_id", ""),
+                "agent": state.get("specialist"),
+                "agent_result": state.get("draft", ""),
+                "question": question,
+                "iteration": iteration,
+                "timestamp": datetime.fromtimestamp(now, UTC).isoformat(),
+            },
+        }
+        if self.timeout_seconds is not None:
+            request["expiresAt"] = iso_time(now + self.timeout_seconds)
+        return request
+
+    async def _complete(self, state: ReviewState, config: RunnableConfig) -> dict[str, Any]:
+        status = state.get("status", "completed")
+        name = state.get("specialist", "specialist")
+        notice = state.get("notice")
+        if status == "completed":
+            text = (f"Approved: the {name} specialist's result is final." if
+                    self._reviewing(state) else
+                    f"Done: the {name} specialist's result is final (review was off).")
+        elif status == "rejected":
+            text = "Rejected" + (f" ({notice})" if notice else "") + ": the task stops here."
+        elif status == "timed_out":
+            text = "Nobody answered in time: the task stops without approval."
+        else:
+            text = f"The task failed: {notice or 'no result'}."
+        return {"status": status if status != "working" else "completed",
+                "messages": [await say(text, config)]}
+
+
+def _feedback_entry(iteration: int, feedback: str, by: str | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"iteration": iteration, "agent": "HITL", "user_feedback": feedback}
+    if by:
+        entry["by"] = by
+    return entry
+
+
+def _last_user_text(messages: Sequence[BaseMessage]) -> str:
+    for message in reversed(messages):
+        if isinstance(message, HumanMessage):
+            text = message.text
+            return text.strip() if isinstance(text, str) else ""
+    return ""
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()

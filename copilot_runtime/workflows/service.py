@@ -1,0 +1,309 @@
+"""The runtime's pending approvals: listed, answered over plain HTTP, timed out, recovered.
+
+`approval_service(runtime)` is the one `ApprovalService` of a runtime. It looks after every
+agent that keeps an approval ledger (`SupportsApprovals`: `LangGraphAgent`). Answering an
+approval resumes its graph on the server, as a run of the runtime like any other: it takes
+the thread (a busy thread is refused), and its events are stored in the thread's history,
+so a client that `connect`s later sees what happened. The run's own claim on the ledger is
+what decides a race between two answers; this service checks first only to answer clearly.
+
+`start()` (idempotent; the AG-UI routes call it on every request, the CLI at start-up)
+sends again the answers a crash interrupted, and runs the expiry timer: when an approval's
+`expiresAt` passes, its graph is resumed with a timeout answer (`decisions.timeout_answer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import structlog
+
+from copilot_runtime import events as ev
+from copilot_runtime._exceptions import CopilotRuntimeError, ThreadBusyError
+from copilot_runtime._input import parse_run_input
+from copilot_runtime.events import Event
+from copilot_runtime.runtime import CopilotRuntime
+from copilot_runtime.workflows.approvals import (
+    Approval,
+    ApprovalClosedError,
+    ApprovalNotFoundError,
+    ApprovalStatus,
+    ApprovalStore,
+    SupportsApprovals,
+    iso_time,
+)
+from copilot_runtime.workflows.decisions import timeout_answer
+
+__all__ = ["ApprovalService", "approval_service"]
+
+_log = structlog.get_logger("copilot_runtime.approvals")
+_services: weakref.WeakKeyDictionary[CopilotRuntime, ApprovalService] = \
+    weakref.WeakKeyDictionary()
+
+
+def approval_service(runtime: CopilotRuntime) -> ApprovalService:
+    """The runtime's approval service (created on first use)."""
+    service = _services.get(runtime)
+    if service is None:
+        service = _services[runtime] = ApprovalService(runtime)
+    return service
+
+
+class ApprovalService:
+    #: How long the timer sleeps when nothing is due, and how soon it retries a busy thread.
+    idle_interval = 60.0
+    retry_interval = 1.0
+    #: False where another process runs the expiry timer and the recovery (one of several
+    #: servers on one PostgreSQL database, say); answers over HTTP work either way.
+    run_timer = True
+
+    def __init__(self, runtime: CopilotRuntime) -> None:
+        self.runtime = runtime
+        self._timer: asyncio.Task[None] | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._runs: set[asyncio.Task[Any]] = set()
+        self._expiring: set[str] = set()
+        self._started = False
+        self._subscribed: list[ApprovalStore] = []
+
+    # -- what it looks after -----------------------------------------------------------
+
+    def agents(self) -> dict[str, SupportsApprovals]:
+        return {agent_id: agent for agent_id, agent in self.runtime.agents.items()
+                if isinstance(agent, SupportsApprovals)}
+
+    def _stores(self) -> list[tuple[ApprovalStore, dict[str, SupportsApprovals]]]:
+        """Each ledger once, with the agents (by id) that write to it."""
+        out: list[tuple[ApprovalStore, dict[str, SupportsApprovals]]] = []
+        for agent_id, agent in self.agents().items():
+            for store, owners in out:
+                if store is agent.approvals:
+                    owners[agent_id] = agent
+                    break
+            else:
+                out.append((agent.approvals, {agent_id: agent}))
+        return out
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._started:
+            return  # every request calls this: keep it to one check
+        self._started = True
+        stores = self._stores()
+        if not stores or not self.run_timer:
+            return
+        self._wakeup = asyncio.Event()
+        for store, _ in stores:
+            if not any(store is known for known in self._subscribed):
+                store.subscribe(self._wake)  # a new approval may be due before the others
+                self._subscribed.append(store)
+        self._timer = asyncio.create_task(self._run_timer(), name="approval-timer")
+
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    async def aclose(self) -> None:
+        """Stop the timer and the server-side runs still going."""
+        tasks = [t for t in (self._timer, *self._runs) if t is not None and not t.done()]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._timer = None
+        self._started = False
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def list(self, *, status: ApprovalStatus | None = "pending",
+                   agent_id: str | None = None, thread_id: str | None = None
+                   ) -> list[Approval]:
+        """Approvals, oldest first. Pending ones are checked against their checkpoint; one
+        whose interrupt is gone without an answer (the thread was reset) is withdrawn."""
+        out: list[Approval] = []
+        for store, owners in self._stores():
+            found = await store.find(status=status, thread_id=thread_id, agent_id=agent_id)
+            for approval in found:
+                agent = owners.get(approval.agent_id)
+                if agent is None:
+                    continue  # written by an agent this runtime does not serve
+                if approval.status == "pending" and not await self._still_waiting(
+                        store, agent, approval):
+                    if status == "pending":
+                        continue
+                    approval = replace(approval, status="withdrawn")
+                out.append(approval)
+        out.sort(key=lambda a: (a.created_at, a.id))
+        return out
+
+    async def _still_waiting(self, store: ApprovalStore, agent: SupportsApprovals,
+                             approval: Approval) -> bool:
+        if approval.thread_id in self.runtime.runs.active:
+            return True  # a run is on it: its checkpoint is in flux, trust the ledger
+        if approval.id in await agent.pending_interrupt_ids(approval.thread_id):
+            return True
+        await store.settle(approval.id, "withdrawn")
+        return False
+
+    async def get(self, approval_id: str) -> tuple[Approval, str, SupportsApprovals]:
+        for store, owners in self._stores():
+            approval = await store.get(approval_id)
+            if approval is not None and approval.agent_id in owners:
+                return approval, approval.agent_id, owners[approval.agent_id]
+        raise ApprovalNotFoundError(approval_id)
+
+    # -- answering ---------------------------------------------------------------------
+
+    async def answer(self, approval_id: str, answer: Mapping[str, Any], *,
+                     answered_by: str | None = None, wait: bool = True,
+                     headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """Answer a pending approval and resume its graph on the server.
+
+        Raises `ApprovalNotFoundError` (404), `ApprovalClosedError` (409 answered or
+        withdrawn, 410 expired) or `ThreadBusyError` (409). With `wait`, returns once the
+        resumed run has ended, with its outcome; otherwise as soon as it has started.
+        """
+        approval, _, agent = await self.get(approval_id)
+        if approval.status != "pending":
+            raise ApprovalClosedError(approval)
+        if approval.expired_at(time.time()):
+            self._wake()  # the timer resumes the graph with the timeout answer
+            raise ApprovalClosedError(replace(approval, status="expired"))
+        if approval.thread_id not in self.runtime.runs.active and approval.id not in \
+                await agent.pending_interrupt_ids(approval.thread_id):
+            await agent.approvals.settle(approval.id, "withdrawn")
+            raise ApprovalClosedError(replace(approval, status="withdrawn"))
+        task = await self._resume(approval, dict(answer), answered_by or "http", headers)
+        summary: dict[str, Any] = {"threadId": approval.thread_id, "status": "running",
+                                   "runId": task.get_name()}
+        if wait:
+            summary = await asyncio.shield(task)
+            error = summary.get("error") or {}
+            if str(error.get("code", "")).startswith("APPROVAL_"):
+                # Another answer won the claim between our check and the run's.
+                raise ApprovalClosedError(await agent.approvals.get(approval.id) or approval)
+            if summary["status"] == "interrupted":
+                waiting = await agent.approvals.find(thread_id=approval.thread_id)
+                summary["approvals"] = [a.to_json() for a in waiting]
+        settled = await agent.approvals.get(approval.id) or approval
+        return {"approval": settled.to_json(), "run": summary}
+
+    async def _resume(self, approval: Approval, payload: Any, answered_by: str,
+                      headers: Mapping[str, str] | None) -> asyncio.Task[dict[str, Any]]:
+        """Start the run that resumes `approval`'s graph with `payload` (in a task)."""
+        run_id = f"approval-{uuid.uuid4()}"
+        body: dict[str, Any] = {
+            "threadId": approval.thread_id, "runId": run_id, "messages": [], "state": {},
+            "tools": [], "context": [], "forwardedProps": {},
+            "resume": [{"interruptId": approval.id, "status": "resolved", "payload": payload,
+                        "metadata": {"answeredBy": answered_by}}],
+        }
+        if approval.channel == "outcome":
+            body["protocolVersion"] = "1.0"  # answer in the form its client understood
+        run = await self.runtime.start_run(approval.agent_id, parse_run_input(body),
+                                           headers)
+        task = asyncio.create_task(_drive(run), name=run_id)
+        self._runs.add(task)
+        task.add_done_callback(self._runs.discard)
+        return task
+
+    # -- the timer: expiry and recovery ------------------------------------------------
+
+    async def _run_timer(self) -> None:
+        assert self._wakeup is not None
+        try:
+            await self._recover()
+        except Exception:
+            _log.exception("could not recover unapplied approvals")
+        while True:
+            try:
+                due = await self._expire_due()
+            except Exception:
+                _log.exception("approval timer failed")
+                due = time.time() + self.retry_interval
+            delay = self.idle_interval if due is None else max(0.0, due - time.time())
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(delay, self.idle_interval)):
+                    await self._wakeup.wait()
+
+    async def _expire_due(self) -> float | None:
+        """Resume the graphs of expired approvals; the next deadline, if any."""
+        now = time.time()
+        next_due: float | None = None
+        for store, owners in self._stores():
+            for approval in await store.find(status="pending"):
+                if approval.expires_at is None or approval.agent_id not in owners:
+                    continue
+                if approval.expires_at > now:
+                    next_due = min(next_due or approval.expires_at, approval.expires_at)
+                    continue
+                if approval.id in self._expiring:
+                    continue
+                if not await self._still_waiting(store, owners[approval.agent_id], approval):
+                    continue  # its thread was reset: nothing to time out (now withdrawn)
+                if not await self._try_resume(approval, timeout_answer(
+                        iso_time(approval.expires_at)), "runtime"):
+                    next_due = min(next_due or now, now + self.retry_interval)
+        return next_due
+
+    async def _try_resume(self, approval: Approval, payload: Any, answered_by: str) -> bool:
+        """Resume in the background; False when the thread is busy (try again later)."""
+        try:
+            task = await self._resume(approval, payload, answered_by, None)
+        except ThreadBusyError:
+            return False
+        self._expiring.add(approval.id)
+        task.add_done_callback(lambda _: self._expiring.discard(approval.id))
+        return True
+
+    async def _recover(self) -> None:
+        """Send again the answers a crash stopped before they reached the graph."""
+        for store, owners in self._stores():
+            for approval in await store.unapplied():
+                agent = owners.get(approval.agent_id)
+                if agent is None:
+                    continue
+                if approval.id in await agent.pending_interrupt_ids(approval.thread_id):
+                    _log.info("resending an approval answer", approval_id=approval.id)
+                    await self._try_resume(approval, approval.answer,
+                                           approval.answered_by or "runtime")
+                else:
+                    await store.settle(approval.id, "applied")
+
+
+async def _drive(run: Any) -> dict[str, Any]:
+    """Drive a server-side run to its end; what became of it."""
+    terminal: list[Event] = []
+    legacy_interrupt = False
+
+    async def write(batch: Sequence[Event]) -> None:
+        nonlocal legacy_interrupt
+        terminal.extend(e for e in batch if e["type"] in ev.TERMINAL_TYPES)
+        legacy_interrupt = legacy_interrupt or any(
+            e["type"] == ev.CUSTOM and e.get("name") == "on_interrupt" for e in batch)
+
+    summary: dict[str, Any] = {"threadId": run.thread_id, "runId": run.run_id}
+    try:
+        await run.drive(write)
+    except CopilotRuntimeError as exc:  # pragma: no cover - drive turns these into events
+        return {**summary, "status": "error", "error": {"message": exc.message,
+                                                        "code": exc.code}}
+    last = terminal[-1] if terminal else {}
+    if last.get("type") == ev.RUN_ERROR:
+        return {**summary, "status": "error",
+                "error": {"message": last.get("message"), "code": last.get("code")}}
+    outcome = last.get("outcome")
+    if legacy_interrupt or (isinstance(outcome, dict) and outcome.get("type") == "interrupt"):
+        return {**summary, "status": "interrupted"}
+    return {**summary, "status": "finished"}
+

@@ -1,0 +1,120 @@
+"""Specialists for the review loop, and the planner's default way of choosing one.
+
+A specialist is anything with a `name`, a `description` and an async `run(request)` that
+returns its result: text (the loop streams it to the client), or the message a LangChain
+chat model returned (it streamed while it was written, under that message's id). It gets
+the original task, the iteration, the full execution history and the latest revision, so a
+revision is done with everything that came before it. `ModelSpecialist` asks a chat model;
+`finance_specialists` are the seed's Invoice, Closing and Audit specialists.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+
+__all__ = [
+    "ModelSpecialist",
+    "Specialist",
+    "SpecialistRequest",
+    "finance_specialists",
+    "keyword_router",
+    "specialist_prompt",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SpecialistRequest:
+    #: The task as the user first gave it: a revision never replaces it.
+    task: str
+    iteration: int
+    #: Every step so far: `{"iteration", "agent", "result" | "user_feedback" | "error"}`.
+    history: tuple[Mapping[str, Any], ...]
+    #: What the person asked to change (None on the first pass).
+    feedback: str | None = None
+
+
+@runtime_checkable
+class Specialist(Protocol):
+    @property
+    def name(self) -> str:
+        ...
+
+    @property
+    def description(self) -> str:
+        ...
+
+    async def run(self, request: SpecialistRequest) -> str | BaseMessage:
+        ...
+
+
+def specialist_prompt(request: SpecialistRequest) -> str:
+    """The request as text for a model: task, iteration, history, revision."""
+    lines = [f"Task: {request.task}", f"Iteration: {request.iteration}", "Execution history:"]
+    for entry in request.history:
+        said = entry.get("result") or entry.get("user_feedback") or entry.get("error") or ""
+        lines.append(f"- iteration {entry.get('iteration')}, {entry.get('agent')}: {said}")
+    if request.feedback:
+        lines.append(f"Revision requested: {request.feedback}")
+    return "\n".join(lines)
+
+
+@dataclass
+class ModelSpecialist:
+    """A specialist that asks `model`; its answer streams to the client as it is written."""
+
+    name: str
+    description: str
+    instructions: str
+    model: BaseChatModel
+    #: Words in a task that send it to this specialist (the default router).
+    keywords: tuple[str, ...] = field(default_factory=tuple)
+
+    async def run(self, request: SpecialistRequest) -> BaseMessage:
+        messages = [
+            SystemMessage(content=f"You are the {self.name} specialist. {self.instructions} "
+                                  "Answer with the result only. When a revision is "
+                                  "requested, redo the task with it, keeping the rest."),
+            HumanMessage(content=specialist_prompt(request)),
+        ]
+        return await self.model.ainvoke(messages)
+
+
+def finance_specialists(model: BaseChatModel) -> list[ModelSpecialist]:
+    """The seed's specialists: Invoice, Closing and Audit, on `model`."""
+    return [
+        ModelSpecialist(
+            "Invoice", "Prepares and corrects invoices",
+            "You prepare invoices: line items, amounts, taxes and payment terms.", model,
+            ("invoice", "bill", "billing", "payment", "vat", "tax", "receivable")),
+        ModelSpecialist(
+            "Closing", "Runs the month-end close",
+            "You run the financial close: reconciliations, accruals and the checklist.",
+            model, ("close", "closing", "month-end", "month end", "reconcil", "accrual",
+                    "ledger")),
+        ModelSpecialist(
+            "Audit", "Reviews controls and compliance",
+            "You audit: controls, samples, findings and their severity.", model,
+            ("audit", "control", "compliance", "sox", "review", "finding")),
+    ]
+
+
+def keyword_router(task: str, specialists: Sequence[Specialist]) -> tuple[str, str]:
+    """The specialist whose `keywords` (or name) the task mentions most; else the first."""
+    lowered = task.lower()
+    best, best_hits = specialists[0].name, 0
+    matched: list[str] = []
+    for specialist in specialists:
+        words = list(dict.fromkeys([specialist.name.lower(),
+                                    *getattr(specialist, "keywords", ())]))
+        hits = [w for w in words if re.search(rf"\b{re.escape(w)}", lowered)]
+        if len(hits) > best_hits:
+            best, best_hits, matched = specialist.name, len(hits), hits
+    reason = f"the task mentions {', '.join(repr(w) for w in matched)}" if matched \
+        else "no specialist matched, so the first one takes it"
+    return best, reason

@@ -1,0 +1,198 @@
+"""Durable checkpointers from a URL, and the approval ledger beside them."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+from typing_extensions import TypedDict
+
+from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime.checkpointers import DEFAULT_URL, DurableCheckpointer, checkpointer
+from copilot_runtime.workflows.approvals import Approval, ApprovalStore
+from tests.hitl_support.postgres import SERVER, postgres_schema
+
+
+class State(TypedDict, total=False):
+    asked: int
+    answer: Any
+
+
+def ask(state: State) -> dict[str, Any]:
+    return {"answer": interrupt({"message": "ok?"}), "asked": state.get("asked", 0) + 1}
+
+
+def graph(saver: Any) -> Any:
+    builder: StateGraph[State] = StateGraph(State)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    return builder.compile(checkpointer=saver)
+
+
+CONFIG: Any = {"configurable": {"thread_id": "t1"}}
+
+
+# -- URLs -----------------------------------------------------------------------------
+
+def test_url_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    def kind(url: str | None) -> str:
+        return type(checkpointer(url)._backend).__name__
+
+    assert kind("memory") == kind(":memory:") == kind("sqlite:///:memory:") == "_MemoryBackend"
+    assert checkpointer("sqlite:///data/cp.sqlite3")._backend.path == "data/cp.sqlite3"  # type: ignore[attr-defined]
+    assert checkpointer("sqlite:////var/cp.sqlite3")._backend.path == "/var/cp.sqlite3"  # type: ignore[attr-defined]
+    assert checkpointer("local.db")._backend.path == "local.db"  # type: ignore[attr-defined]
+    postgres = checkpointer("postgres://app:s3cret@db:5432/main?schema=hitl&sslmode=disable")
+    assert postgres.url == "postgres://app:***@db:5432/main?schema=hitl&sslmode=disable"
+    backend: Any = postgres._backend
+    assert backend.schema == "hitl"
+    assert backend.conninfo == "postgresql://app:s3cret@db:5432/main?sslmode=disable"
+    monkeypatch.delenv("COPILOT_RUNTIME_CHECKPOINTS", raising=False)
+    assert checkpointer().url == DEFAULT_URL
+    monkeypatch.setenv("COPILOT_RUNTIME_CHECKPOINTS", "memory")
+    assert kind(None) == "_MemoryBackend"
+    for bad in ("sqlite://relative", "redis://localhost:6379"):
+        with pytest.raises(ConfigurationError):
+            checkpointer(bad)
+    with pytest.raises(ValueError, match="plain SQL identifier"):
+        checkpointer("postgresql://db/x?schema=a;drop")
+
+
+# -- durability -----------------------------------------------------------------------
+
+async def interrupted_then_reopened(url: str) -> None:
+    first = checkpointer(url)
+    await graph(first).ainvoke({}, CONFIG)
+    approval = Approval("a1", "t1", "agent", {"message": "ok?"}, time.time(), time.time() + 60)
+    await first.approvals.add([approval])
+    await first.aclose()  # what a restart leaves: the database, nothing in memory
+
+    second = checkpointer(url)
+    resumed = graph(second)
+    state = await resumed.aget_state(CONFIG)
+    assert [i.value for i in state.interrupts] == [{"message": "ok?"}]
+    found = await second.approvals.get("a1")
+    assert found is not None
+    assert found.status == "pending"
+    assert found.expires_at == pytest.approx(approval.expires_at)
+    assert await resumed.ainvoke(Command(resume="yes"), CONFIG) == {"asked": 1,
+                                                                     "answer": "yes"}
+    await second.aclose()
+
+
+async def test_sqlite_keeps_interrupts_and_approvals(tmp_path: Path) -> None:
+    await interrupted_then_reopened(f"sqlite:///{tmp_path}/nested/cp.sqlite3")
+
+
+async def test_postgres_keeps_interrupts_and_approvals() -> None:
+    with postgres_schema() as url:
+        await interrupted_then_reopened(url)
+        schema = url.rsplit("=", 1)[1]
+        with psycopg.connect(SERVER) as conn:
+            tables = {r[0] for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+                (schema,))}
+        assert {"checkpoints", "checkpoint_writes", "copilot_approvals"} <= tables
+
+
+def test_a_checkpointer_stays_in_its_loop(tmp_path: Path) -> None:
+    saver = checkpointer(f"sqlite:///{tmp_path}/cp.sqlite3")
+    asyncio.run(graph(saver).ainvoke({}, CONFIG))
+    try:
+        with pytest.raises(RuntimeError, match="bound to the event loop"):
+            asyncio.run(graph(saver).aget_state(CONFIG))
+    finally:
+        asyncio.run(saver.aclose())  # aiosqlite's thread answers any loop
+
+
+def test_copies_share_the_database(tmp_path: Path) -> None:
+    saver = checkpointer(f"sqlite:///{tmp_path}/cp.sqlite3")
+    clone = copy.copy(saver)  # what LangGraph's allow-list does with a checkpointer
+    assert isinstance(clone, DurableCheckpointer)
+    assert clone.approvals is saver.approvals
+
+    async def go() -> None:
+        await graph(saver).ainvoke({}, CONFIG)
+        assert (await graph(clone).aget_state(CONFIG)).interrupts
+        await saver.aclose()
+
+    asyncio.run(go())
+
+
+def test_memory_works_without_a_loop() -> None:
+    saver = checkpointer("memory")
+    built = graph(saver)
+    built.invoke({}, CONFIG)  # the in-memory kind also serves synchronous calls
+    assert built.get_state(CONFIG).interrupts
+
+
+# -- the ledger -----------------------------------------------------------------------
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+async def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ApprovalStore]:
+    with _url(request.param, tmp_path) as url:
+        saver = checkpointer(url)
+        yield saver.approvals
+        await saver.aclose()
+
+
+def _url(kind: str, tmp_path: Path) -> Any:
+    import contextlib
+
+    if kind == "postgres":
+        return postgres_schema()
+
+    @contextlib.contextmanager
+    def fixed() -> Iterator[str]:
+        yield "memory" if kind == "memory" else f"sqlite:///{tmp_path}/cp.sqlite3"
+
+    return fixed()
+
+
+async def test_ledger(ledger: ApprovalStore) -> None:
+    notified: list[int] = []
+    ledger.subscribe(lambda: notified.append(1))
+    now = time.time()
+    first = Approval("a1", "t1", "review", {"q": 1}, now, now + 30, channel="legacy")
+    second = Approval("a2", "t2", "orders", {"q": 2}, now + 1)
+    await ledger.add([first, second])
+    await ledger.add([Approval("a1", "t9", "x", {}, now)])  # known ids are left alone
+    assert len(notified) == 1
+    assert [a.id for a in await ledger.find()] == ["a1", "a2"]
+    assert [a.id for a in await ledger.find(agent_id="orders")] == ["a2"]
+    assert [a.id for a in await ledger.find(thread_id="t1")] == ["a1"]
+    stored = await ledger.get("a1")
+    assert stored == first
+
+    # two answers at once: exactly one wins
+    wins = await asyncio.gather(*(ledger.claim("a1", "answered", {"n": n}, f"u{n}", now + 2)
+                                  for n in range(5)))
+    winners = [w for w in wins if w is not None]
+    assert len(winners) == 1
+    assert winners[0].status == "answered"
+    assert winners[0].applied is False
+    assert await ledger.claim("a1", "expired", {}, None, now) is None
+    assert [a.id for a in await ledger.unapplied()] == ["a1"]
+    await ledger.settle("a1", "applied")
+    assert await ledger.unapplied() == []
+    assert (await ledger.get("a1")).applied is True  # type: ignore[union-attr]
+
+    assert await ledger.claim("a2", "expired", {"action": "timeout"}, "runtime", now) is not None
+    await ledger.settle("a2", "reopen")  # the answer did not take: pending again
+    reopened = await ledger.get("a2")
+    assert reopened is not None
+    assert (reopened.status, reopened.answer, reopened.answered_by) == ("pending", None, None)
+    assert len(notified) == 2
+    await ledger.settle("a2", "withdrawn")
+    assert [a.id for a in await ledger.find(status="withdrawn")] == ["a2"]
+    assert [a.id for a in await ledger.find(status=None)] == ["a1", "a2"]
+    assert await ledger.get("nope") is None
