@@ -93,7 +93,8 @@ def _print_next_steps(host: str, port: int, path: str, model: str | None,
         f"  curl -N -X POST {url}/agent/default/run -H 'Content-Type: application/json' \\",
         "    -d '{\"threadId\":\"t1\",\"runId\":\"r1\",\"messages\":[{\"id\":\"m1\","
         "\"role\":\"user\",\"content\":\"What is the weather in Paris?\"}]}'",
-        f"React: <CopilotKit runtimeUrl=\"{url}\"> (react-core 1.50+)",
+        f"React: <CopilotKit runtimeUrl=\"{url}\"> (any react-core: 1.50+ speak AG-UI, "
+        "older ones GraphQL)",
     ]
     if workflows:
         lines += [
