@@ -145,13 +145,8 @@ class LangGraphPlatformAgent(Agent):
             async for batch in translate_bridge_run(
                     bridge, input, WireEncoder(state_deltas=self.state_deltas)):
                 yield batch
-        except httpx.TimeoutException:
-            raise UpstreamError(f"{what} did not answer in time") from None
-        except httpx.HTTPStatusError as exc:
-            raise UpstreamError(f"{what} answered HTTP {exc.response.status_code}",
-                                status=exc.response.status_code) from None
-        except httpx.TransportError:
-            raise UpstreamError(f"{what} could not be reached") from None
+        except httpx.HTTPError as exc:
+            raise _upstream_error(what, exc) from None
 
     async def load_state(self, thread_id: str, *,
                          headers: Mapping[str, str] | None = None) -> AgentThreadState:
@@ -164,13 +159,8 @@ class LangGraphPlatformAgent(Agent):
                                                          headers=forwarded)
         except NotFoundError:
             return AgentThreadState(thread_id, exists=False)
-        except httpx.TimeoutException:
-            raise UpstreamError(f"{what} did not answer in time") from None
-        except httpx.HTTPStatusError as exc:
-            raise UpstreamError(f"{what} answered HTTP {exc.response.status_code}",
-                                status=exc.response.status_code) from None
-        except httpx.TransportError:
-            raise UpstreamError(f"{what} could not be reached") from None
+        except httpx.HTTPError as exc:
+            raise _upstream_error(what, exc) from None
         values = state.get("values")
         return thread_state_from_values(thread_id, revive(values) if isinstance(
             values, dict) else None)
@@ -247,6 +237,16 @@ def _snapshot(thread_id: str, state: Mapping[str, Any]) -> StateSnapshot:
         config={"configurable": configurable}, metadata=state.get("metadata"),
         created_at=state.get("created_at"), parent_config=None, tasks=tasks,
         interrupts=tuple(i for task in tasks for i in task.interrupts))
+
+
+def _upstream_error(what: str, exc: httpx.HTTPError) -> UpstreamError:
+    """The platform's HTTP failure as a message fit for the client (no URL, no internals)."""
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamError(f"{what} did not answer in time")
+    if isinstance(exc, httpx.HTTPStatusError):
+        return UpstreamError(f"{what} answered HTTP {exc.response.status_code}",
+                             status=exc.response.status_code)
+    return UpstreamError(f"{what} could not be reached")
 
 
 class _PlatformGraph:
