@@ -87,6 +87,10 @@ class ActiveRun:
         stream = self._stream()
         try:
             async for batch in stream:
+                if self.terminated:
+                    # Stored before the client hears the end: whoever has the whole answer
+                    # can count on the run being in the thread (a crash just after included).
+                    await self._finish()
                 await write(batch)
         except asyncio.CancelledError:
             reason = self.cancel_reason
@@ -99,6 +103,7 @@ class ActiveRun:
                 tail.append(ev.run_finished(self.thread_id, self.run_id))
                 self.terminated = True
             self._publish(tail)
+            await self._finish()
             if reason == "stop":
                 await write(tail)
         finally:
