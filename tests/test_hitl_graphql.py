@@ -20,7 +20,7 @@ import pytest
 
 from tests.hitl_support.counting import calls
 from tests.hitl_support.gql_driver import drive_gql, drive_gql_across
-from tests.hitl_support.server import Server, server
+from tests.hitl_support.server import Server, sqlite_server, task_for
 
 APPROVE = {"action": "approve"}
 SUCCESS = {"code": "Success", "__typename": "SuccessResponseStatus"}
@@ -28,16 +28,8 @@ SUCCESS = {"code": "Success", "__typename": "SuccessResponseStatus"}
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
-    where = tmp_path_factory.mktemp("hitl-graphql")
-    with server({"HITL_CHECKPOINTS": f"sqlite:///{where}/checkpoints.sqlite3",
-                 "HITL_THREADS": str(where / "threads.sqlite3"),
-                 "HITL_CALLS": str(where / "calls.jsonl"), "HITL_TIMEOUT": "1.5"},
-                where) as running:
-        yield running, where / "calls.jsonl"
-
-
-def task_for(name: str) -> str:
-    return f"Prepare the invoice for {name} {time.monotonic_ns()}"
+    with sqlite_server(tmp_path_factory.mktemp("hitl-graphql")) as running:
+        yield running
 
 
 def check_step(step: dict[str, Any], *, interrupted: bool) -> None:

@@ -23,7 +23,7 @@ from copilot_runtime.testing import verify_events
 from tests.hitl_support.counting import calls
 from tests.hitl_support.driver import drive
 from tests.hitl_support.postgres import postgres_schema
-from tests.hitl_support.server import Server, server
+from tests.hitl_support.server import Server, sqlite_server, task_for
 
 APPROVE = {"legacy": {"approved": True}, "v1": {"action": "approve"}}
 CLIENTS = ["legacy", "v1"]
@@ -31,16 +31,8 @@ CLIENTS = ["legacy", "v1"]
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
-    where = tmp_path_factory.mktemp("hitl-real-client")
-    with server({"HITL_CHECKPOINTS": f"sqlite:///{where}/checkpoints.sqlite3",
-                 "HITL_THREADS": str(where / "threads.sqlite3"),
-                 "HITL_CALLS": str(where / "calls.jsonl"), "HITL_TIMEOUT": "1.5"},
-                where) as running:
-        yield running, where / "calls.jsonl"
-
-
-def task_for(name: str) -> str:
-    return f"Prepare the invoice for {name} {time.monotonic_ns()}"
+    with sqlite_server(tmp_path_factory.mktemp("hitl-real-client")) as running:
+        yield running
 
 
 def check_step(step: dict[str, Any], client: str, *, interrupted: bool) -> None:

@@ -100,3 +100,19 @@ def server(env: Mapping[str, str], log_dir: Path) -> Iterator[Server]:
         yield running
     finally:
         running.stop()
+
+
+@contextlib.contextmanager
+def sqlite_server(where: Path) -> Iterator[tuple[Server, Path]]:
+    """A HITL server whose checkpoints and threads are SQLite files in `where` (1.5 s
+    approval timeout), and the file its model calls are logged to."""
+    calls_file = where / "calls.jsonl"
+    with server({"HITL_CHECKPOINTS": f"sqlite:///{where}/checkpoints.sqlite3",
+                 "HITL_THREADS": str(where / "threads.sqlite3"),
+                 "HITL_CALLS": str(calls_file), "HITL_TIMEOUT": "1.5"}, where) as running:
+        yield running, calls_file
+
+
+def task_for(name: str) -> str:
+    """A review task unique to this call, so tests never share a thread's history."""
+    return f"Prepare the invoice for {name} {time.monotonic_ns()}"
