@@ -171,11 +171,14 @@ def main(argv: list[str] | None = None) -> None:
             checkpoints = args.checkpoints or _checkpoints_beside(args.db)
             runtime, model = build_demo_runtime(store, checkpoints=checkpoints,
                                                 approval_timeout=args.approval_timeout)
-            app = _to_app(runtime, args.path, args.max_body_size)
+            from copilot_runtime.demo_pages import DemoPages, pages_note
+
+            app = DemoPages(_to_app(runtime, args.path, args.max_body_size), args.path)
             workflows = sorted(set(runtime.agents) - {"default"})
             _print_next_steps(args.host, args.port, args.path, model,
                               f"workflows: {', '.join(workflows)} (checkpoints: "
                               f"{_redacted(checkpoints)})" if workflows else None)
+            print(pages_note(app, args.host, args.port), flush=True)
         _serve(app, args.host, args.port, args.log_level)
     except CLIError as exc:
         print(f"copilot-runtime: error: {exc}", file=sys.stderr)

@@ -1,8 +1,10 @@
 """An offline, deterministic stand-in for an LLM, for demos and tests without a key.
 
 It says plainly that it is not a real model. It calls a declared tool when the user names
-it (or asks about the weather or for a dice roll and such tools exist), and after a tool
-result it reports what the tool returned. Answers stream word by word.
+it, as it is or in words in order ("set the accent colour" for `set_accent_color`; an enum
+argument takes the value the user named), or asks about the weather or for a dice roll and
+such tools exist; after a tool result it reports what the tool returned. Answers stream
+word by word.
 """
 
 from __future__ import annotations
@@ -71,8 +73,11 @@ def _choose_tool(request: ChatRequest) -> tuple[str, str] | None:
     text = _last_user_text(request)
     lowered = text.lower()
     tools = {t.name: t for t in request.tools}
+    spoken = lowered.replace("colour", "color")
     for name, tool in tools.items():
-        if name.lower() in lowered:
+        # "set_accent_color" is named either as it is or in words ("set the accent colour").
+        words = name.lower().replace("-", "_").split("_")
+        if name.lower() in lowered or _in_order(words, spoken):
             return name, orjson.dumps(_arguments_for(tool, text)).decode()
     if "weather" in lowered:
         for name, tool in tools.items():
@@ -83,6 +88,13 @@ def _choose_tool(request: ChatRequest) -> tuple[str, str] | None:
             if "dice" in name.lower() or "roll" in name.lower():
                 return name, orjson.dumps(_arguments_for(tool, text)).decode()
     return None
+
+
+def _in_order(words: list[str], text: str) -> bool:
+    """Whether all of `words` (two or more) appear in `text` as words, in that order."""
+    if len(words) < 2 or not all(words):
+        return False
+    return re.search(r"\b" + r"\b.*?\b".join(map(re.escape, words)) + r"\b", text) is not None
 
 
 def _arguments_for(tool: ToolSpec, text: str) -> dict[str, Any]:
@@ -101,7 +113,9 @@ def _arguments_for(tool: ToolSpec, text: str) -> dict[str, Any]:
         elif kind == "boolean":
             arguments[name] = True
         elif spec.get("enum"):
-            arguments[name] = spec["enum"][0]
+            named = [v for v in spec["enum"] if isinstance(v, str) and re.search(
+                rf"\b{re.escape(v.lower())}\b", text.lower())]
+            arguments[name] = named[0] if named else spec["enum"][0]
         else:
             arguments[name] = city.group(1).strip() if city else "demo"
     return arguments

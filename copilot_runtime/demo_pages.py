@@ -1,0 +1,113 @@
+"""The demo's web pages beside the runtime: the stock CopilotKit chat of both generations.
+
+`web/` builds them (`npm ci && npm run build`, Node.js 20+) into `copilot_runtime/demo_web/`,
+which the wheel carries, so an installed package serves them without Node:
+
+* `/`: react-core 1.74 with its v2 chat, over AG-UI;
+* `/classic`: react-core and react-ui 1.10.6, over GraphQL;
+
+both at the same origin as the runtime, so no CORS is involved. Without a build, `/` says how
+to make one and the runtime is served as usual.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["BUILD_HINT", "DemoPages", "built_pages", "pages_note"]
+
+PAGES_DIR = Path(__file__).with_name("demo_web")
+BUILD_HINT = "cd web && npm ci && npm run build   (Node.js 20+; ./scripts/demo.sh does it)"
+# The meta tag the pages read the runtime's URL from (see web/src/shared/demo.jsx).
+_URL_META = '<meta name="copilot-runtime-url" content="/copilotkit" />'
+_PAGES = {"/": "index.html", "/classic/": "classic/index.html"}
+
+
+def built_pages(directory: Path = PAGES_DIR) -> Path | None:
+    """`directory` when it holds a build of both pages, else None."""
+    if all((directory / page).is_file() for page in _PAGES.values()):
+        return directory
+    return None
+
+
+def pages_note(pages: DemoPages, host: str, port: int) -> str:
+    """What the demo prints about its pages."""
+    if pages.directory is None:
+        return f"web pages not built: {BUILD_HINT}"
+    return (f"open http://{host}:{port}/ (CopilotKit 1.74, AG-UI) or "
+            f"http://{host}:{port}/classic (1.10.6, GraphQL)")
+
+
+class DemoPages:
+    """An ASGI app: requests under `runtime_path` go to `app`; the rest are the pages."""
+
+    def __init__(self, app: ASGIApp, runtime_path: str = "/copilotkit",
+                 directory: Path | None = PAGES_DIR) -> None:
+        self.app = app
+        self.runtime_path = "/" + runtime_path.strip("/") if runtime_path.strip("/") else ""
+        self.directory = built_pages(directory) if directory is not None else None
+        self._meta = _URL_META.replace("/copilotkit", html.escape(self.runtime_path or "/"))
+        self._assets: ASGIApp | None = None
+        if self.directory is not None:
+            self._assets = StaticFiles(directory=self.directory / "assets")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if scope["type"] != "http" or self._is_runtime(path):
+            await self.app(scope, receive, send)
+            return
+        response: ASGIApp
+        if self.directory is None:
+            response = self._not_built() if path == "/" else Response("Not Found", 404)
+        elif path == "/classic":
+            response = RedirectResponse("/classic/", 307)
+        elif path in _PAGES:
+            # Read per request (a few hundred bytes), so a rebuild shows without a restart.
+            try:
+                page = (self.directory / _PAGES[path]).read_text(encoding="utf-8")
+            except OSError:  # the build was removed while serving
+                response = self._not_built()
+            else:
+                response = HTMLResponse(page.replace(_URL_META, self._meta),
+                                        headers={"Cache-Control": "no-cache"})
+        elif self._is_asset(path) and self._assets is not None:
+            # Names carry a content hash: they never change, so browsers may keep them.
+            scope = {**scope, "path": path[len("/assets"):], "root_path": ""}
+            await self._assets(scope, receive, _cache_forever(send))
+            return
+        else:
+            response = Response("Not Found", 404)
+        await response(scope, receive, send)
+
+    def _is_asset(self, path: str) -> bool:
+        name = path[len("/assets/"):] if path.startswith("/assets/") else ""
+        # The build writes flat, hashed names; anything else is not one of its files.
+        return (bool(name) and "/" not in name and not name.startswith(".")
+                and self.directory is not None and (self.directory / "assets" / name).is_file())
+
+    def _is_runtime(self, path: str) -> bool:
+        base = self.runtime_path
+        return not base or path == base or path.startswith(base + "/")
+
+    def _not_built(self) -> Response:
+        return HTMLResponse(
+            "<!doctype html><title>copilot-runtime demo</title>"
+            "<p>The demo's web pages are not built. From a clone of the repository:</p>"
+            f"<pre>{html.escape(BUILD_HINT)}</pre>"
+            f"<p>The runtime itself is at <code>{html.escape(self.runtime_path)}</code>.</p>",
+            status_code=404)
+
+
+def _cache_forever(send: Send) -> Send:
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start" and message.get("status") == 200:
+            message = {**message, "headers": [
+                *message.get("headers", []),
+                (b"cache-control", b"public, max-age=31536000, immutable")]}
+        await send(message)
+    return sending

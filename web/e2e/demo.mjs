@@ -1,0 +1,323 @@
+// Drives the demo's two pages in Debian's headless chromium with playwright-core (no browser
+// download), as a person would click them. Used by tests/test_demo_web.py.
+//
+//   node e2e/demo.mjs <baseUrl> <phase> [options-json]
+//
+//   phase "main":    on both pages: a chat answer, the weather card, the frontend tool's
+//                    effect, a refresh restoring the thread, new thread and switching back,
+//                    stop mid-answer, the review loop revised twice then approved, the
+//                    account review approved (its timeout shown); leaves a review-loop
+//                    approval pending on the current page for the restart phase.
+//   phase "restart": after the server was restarted: the threads of phase one come back on
+//                    both pages, and the pending approval is answered.
+//
+// Writes ONE JSON line: {phase, steps: [{page, step, ok, error?, ms}], consoleErrors,
+// failedRequests, threads}. Screenshots go to options.screenshots (a directory).
+import { chromium } from "playwright-core";
+
+const writeStdout = process.stdout.write.bind(process.stdout);
+for (const level of ["log", "info", "warn", "debug"]) console[level] = (...args) => console.error(...args);
+
+const [baseArg, phase, optionsArg] = process.argv.slice(2);
+const base = (baseArg ?? "").replace(/\/+$/, "");
+const options = optionsArg ? JSON.parse(optionsArg) : {};
+const TIMEOUT = options.timeoutMs ?? 20000;
+
+const BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+  "--disable-component-update", "--disable-sync", "--no-first-run"];
+
+const consoleErrors = [];
+const failedRequests = [];
+const steps = [];
+const threads = { ...(options.threads ?? {}) };
+
+// What each generation's stock chat looks like in the DOM.
+const UI = {
+  current: {
+    path: "/",
+    input: '[data-testid="copilot-chat-textarea"]',
+    assistant: '[data-testid="copilot-assistant-message"]',
+    user: '[data-testid="copilot-user-message"]',
+    idle: '[data-testid="copilot-chat"][data-copilot-running="false"]',
+    running: '[data-testid="copilot-chat"][data-copilot-running="true"]',
+    stop: '[data-testid="copilot-send-button"]',
+  },
+  classic: {
+    path: "/classic/",
+    input: ".copilotKitInput textarea",
+    assistant: ".copilotKitAssistantMessage",
+    user: ".copilotKitUserMessage",
+    idle: '[data-test-id="copilot-chat-ready"]',
+    running: '[data-test-id="copilot-chat-request-in-progress"]',
+    stop: '[data-test-id="copilot-chat-request-in-progress"]',
+  },
+};
+
+class DemoPage {
+  constructor(kind, page) {
+    this.kind = kind;
+    this.ui = UI[kind];
+    this.page = page;
+    // A request the client aborts itself after reading all it needed (the classic client
+    // aborts its fetch once the last multipart part is in; the current one may abort a
+    // `connect` when a run starts) is not a failure; one the server failed is.
+    const answered = new Map();
+    page.on("response", (response) => {
+      answered.set(response.request(), response.status());
+      if (response.status() >= 400) {
+        failedRequests.push({ page: kind, url: response.url(), status: response.status() });
+      }
+    });
+    page.on("requestfailed", (request) => {
+      const error = request.failure()?.errorText ?? "";
+      const status = answered.get(request);
+      const selfAborted = error === "net::ERR_ABORTED" && (status === 200
+        || (kind === "current" && /\/agent\/[^/]+\/connect$/.test(request.url())));
+      if (!selfAborted) failedRequests.push({ page: kind, url: request.url(), error, status });
+    });
+    page.on("console", (message) => {
+      if (message.type() === "error") consoleErrors.push({ page: kind, text: message.text().slice(0, 500) });
+    });
+    page.on("pageerror", (error) => consoleErrors.push({ page: kind, text: String(error).slice(0, 500) }));
+  }
+
+  async open(query = "") {
+    await this.page.goto(`${base}${this.ui.path}${query}`);
+    await this.page.locator(this.ui.input).waitFor({ timeout: TIMEOUT });
+    await this.idle();
+  }
+
+  address() {
+    const url = new URL(this.page.url());
+    return { agent: url.searchParams.get("agent"), thread: url.searchParams.get("thread") };
+  }
+
+  async idle() {
+    await this.page.locator(this.ui.idle).first().waitFor({ timeout: TIMEOUT });
+  }
+
+  async send(text, { wait = true } = {}) {
+    const input = this.page.locator(this.ui.input);
+    await input.fill(text);
+    await input.press("Enter");
+    if (wait) {
+      await this.page.locator(this.ui.user, { hasText: text.slice(0, 40) }).last().waitFor({ timeout: TIMEOUT });
+      await this.settled();
+    }
+  }
+
+  // The run and any follow-up run (after a tool) have ended.
+  async settled() {
+    await this.page.waitForTimeout(300);
+    await this.idle();
+    await this.page.waitForTimeout(300);
+    await this.idle();
+  }
+
+  assistantTexts() {
+    return this.page.locator(this.ui.assistant).allInnerTexts();
+  }
+
+  async expectAssistant(pattern) {
+    await this.page.locator(this.ui.assistant, { hasText: pattern }).last().waitFor({ timeout: TIMEOUT });
+  }
+
+  async chooseAgent(agent) {
+    await this.page.locator('[data-testid="agent-picker"]').selectOption(agent);
+    await this.page.waitForURL((url) => url.searchParams.get("agent") === agent, { timeout: TIMEOUT });
+    await this.page.locator(this.ui.input).waitFor({ timeout: TIMEOUT });
+    await this.idle();
+  }
+
+  panel() {
+    return this.page.locator('[data-testid="approval-panel"]').last();
+  }
+
+  // Waits for the approval panel showing `pattern`, and answers it.
+  async answer(pattern, decision, feedback) {
+    const panel = this.page.locator('[data-testid="approval-panel"]', { hasText: pattern }).last();
+    await panel.waitFor({ timeout: TIMEOUT });
+    if (feedback) await panel.locator('[data-testid="approval-feedback"]').fill(feedback);
+    await panel.locator(`[data-testid="${decision}"]`).click();
+    await this.settled();
+  }
+
+  async shot(name) {
+    if (!options.screenshots) return;
+    await this.page.screenshot({ path: `${options.screenshots}/${name}.png` });
+  }
+}
+
+function assert(condition, message) {
+  if (!condition) throw new Error(message);
+}
+
+async function step(page, name, work) {
+  const started = Date.now();
+  try {
+    await work();
+    steps.push({ page: page.kind, step: name, ok: true, ms: Date.now() - started });
+  } catch (error) {
+    steps.push({ page: page.kind, step: name, ok: false, ms: Date.now() - started,
+                 error: String(error?.message ?? error).slice(0, 1500) });
+    await page.shot(`failed-${page.kind}-${name}`).catch(() => {});
+  }
+}
+
+// ---- phase one ------------------------------------------------------------------------------
+async function mainPhase(p) {
+  const kind = p.kind;
+  await step(p, "chat", async () => {
+    await p.open("?agent=default");
+    await p.send("Hello, who are you?");
+    await p.expectAssistant("offline demo model");
+  });
+
+  await step(p, "weather card", async () => {
+    await p.send("What is the weather in Paris?");
+    const card = p.page.locator('[data-testid="weather-card"][data-status="complete"]').last();
+    await card.waitFor({ timeout: TIMEOUT });
+    const text = await card.innerText();
+    assert(/Paris/.test(text) && /°C/.test(text), `the card shows ${JSON.stringify(text)}`);
+    await p.expectAssistant("get_weather returned");
+  });
+
+  await step(p, "frontend tool", async () => {
+    await p.send("Set the accent colour to crimson");
+    await p.page.locator('[data-testid="accent"]', { hasText: "accent: crimson" }).waitFor({ timeout: TIMEOUT });
+    const background = await p.page.locator(".demo-header").evaluate((e) => getComputedStyle(e).backgroundColor);
+    assert(background === "rgb(220, 20, 60)", `the header is ${background}, not crimson`);
+    await p.expectAssistant("set_accent_color returned");
+    await p.shot(kind);
+    threads[`${kind}:chat`] = p.address().thread;
+  });
+
+  await step(p, "refresh restores the thread", async () => {
+    const before = p.address().thread;
+    await p.page.reload();
+    await p.page.locator(p.ui.user, { hasText: "What is the weather in Paris?" }).waitFor({ timeout: TIMEOUT });
+    await p.page.locator('[data-testid="weather-card"]').first().waitFor({ timeout: TIMEOUT });
+    await p.expectAssistant("get_weather returned");
+    assert(p.address().thread === before, "the thread changed on reload");
+  });
+
+  await step(p, "new thread and switching back", async () => {
+    const first = p.address().thread;
+    await p.page.locator('[data-testid="new-thread"]').click();
+    await p.page.waitForURL((url) => url.searchParams.get("thread") !== first, { timeout: TIMEOUT });
+    await p.page.locator(p.ui.input).waitFor({ timeout: TIMEOUT });
+    assert((await p.page.locator(p.ui.user).count()) === 0, "the new thread is not empty");
+    await p.send("Roll a die");
+    await p.expectAssistant("roll_dice returned");
+    const second = p.address().thread;
+    const listed = p.page.locator(`[data-testid="thread-item"][data-thread-id="${first}"] button`);
+    await listed.waitFor({ timeout: TIMEOUT });
+    await p.page.locator(`[data-testid="thread-item"][data-thread-id="${second}"]`).waitFor({ timeout: TIMEOUT });
+    await listed.click();
+    await p.page.waitForURL((url) => url.searchParams.get("thread") === first, { timeout: TIMEOUT });
+    await p.page.locator(p.ui.user, { hasText: "What is the weather in Paris?" }).waitFor({ timeout: TIMEOUT });
+    assert((await p.page.locator(p.ui.user, { hasText: "Roll a die" }).count()) === 0,
+           "the other thread's messages are shown");
+  });
+
+  await step(p, "stop mid-answer", async () => {
+    await p.page.locator('[data-testid="new-thread"]').click();
+    await p.page.locator(p.ui.input).waitFor({ timeout: TIMEOUT });
+    // The demo model repeats what it was told, word by word: a long message, a long answer.
+    const long = `Please repeat this: ${"lorem ipsum dolor sit amet ".repeat(60)}the end.`;
+    await p.send(long, { wait: false });
+    await p.page.locator(p.ui.assistant, { hasText: "offline demo model" }).last().waitFor({ timeout: TIMEOUT });
+    await p.page.locator(p.ui.stop).click();
+    await p.idle();
+    await p.page.waitForTimeout(1500); // had the run gone on, more words would arrive now
+    const texts = await p.assistantTexts();
+    const last = texts[texts.length - 1] ?? "";
+    assert(!last.includes("the end."), "the answer was not stopped");
+    assert(!last.includes("Roll a die"), "the answer ran to its end");
+    const again = (await p.assistantTexts()).at(-1);
+    assert(again === last, "words still arrive after stop");
+    await p.send("Are you still there?");
+    await p.expectAssistant("Are you still there?");
+  });
+
+  await step(p, "review loop: revise twice, then approve", async () => {
+    await p.chooseAgent("review_loop");
+    await p.send("Draft an invoice for ACME, 3 hours of consulting");
+    await p.answer("draft 1", "revise", "Add the VAT line");
+    await p.answer("draft 2", "revise", "Make the due date 30 days");
+    await p.shot(`${kind}-approval`);
+    await p.answer("draft 3", "approve");
+    await p.expectAssistant("Approved");
+    assert((await p.page.locator('[data-testid="approval-panel"] [data-testid="approve"]:enabled').count()) === 0,
+           "an approval is still offered");
+    threads[`${kind}:review`] = p.address().thread;
+  });
+
+  await step(p, "account review: approve", async () => {
+    await p.chooseAgent("account_review");
+    await p.send("Review account ACME-001");
+    const panel = p.page.locator('[data-testid="approval-panel"]').last();
+    await panel.waitFor({ timeout: TIMEOUT });
+    const timeout = await panel.locator('[data-testid="approval-timeout"]').innerText({ timeout: TIMEOUT });
+    assert(/Answer within \d+ s/.test(timeout), `no visible timeout: ${timeout}`);
+    await p.answer("ACME-001", "approve");
+    await p.expectAssistant(/approv/i);
+  });
+
+  if (kind === "current") {
+    await step(p, "an approval left pending for the restart", async () => {
+      await p.chooseAgent("review_loop");
+      await p.send("Draft an invoice for GLOBEX, one day of auditing");
+      await p.panel().waitFor({ timeout: TIMEOUT });
+      threads[`${kind}:pending`] = p.address().thread;
+    });
+  }
+}
+
+// ---- phase two: after a restart of the server -------------------------------------------------
+async function restartPhase(p) {
+  const kind = p.kind;
+  await step(p, "restart restores the thread", async () => {
+    const thread = threads[`${kind}:chat`];
+    assert(thread, "no thread from phase one");
+    await p.open(`?agent=default&thread=${thread}`);
+    await p.page.locator(p.ui.user, { hasText: "What is the weather in Paris?" }).waitFor({ timeout: TIMEOUT });
+    await p.expectAssistant("set_accent_color returned");
+    await p.page.locator(`[data-testid="thread-item"][data-thread-id="${thread}"]`).waitFor({ timeout: TIMEOUT });
+  });
+
+  await step(p, "restart restores the review loop", async () => {
+    const thread = threads[`${kind}:review`];
+    await p.open(`?agent=review_loop&thread=${thread}`);
+    await p.expectAssistant("Approved");
+  });
+
+  if (kind === "current") {
+    await step(p, "a pending approval survives the restart", async () => {
+      await p.open(`?agent=review_loop&thread=${threads[`${kind}:pending`]}`);
+      await p.answer("draft 1", "approve");
+      await p.expectAssistant("Approved");
+    });
+  }
+}
+
+const browser = await chromium.launch({ executablePath: options.chromium ?? "/usr/bin/chromium",
+                                        args: BROWSER_FLAGS });
+let exitCode = 0;
+try {
+  const kinds = options.pages ?? ["current", "classic"];
+  for (const kind of kinds) {
+    const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+    const page = new DemoPage(kind, await context.newPage());
+    page.page.setDefaultTimeout(TIMEOUT);
+    await (phase === "restart" ? restartPhase : mainPhase)(page);
+    await context.close();
+  }
+} catch (error) {
+  steps.push({ page: null, step: "driver", ok: false, error: String(error?.stack ?? error) });
+  exitCode = 1;
+} finally {
+  await browser.close();
+}
+writeStdout(`${JSON.stringify({ phase, steps, consoleErrors, failedRequests, threads })}\n`,
+            () => process.exit(exitCode));

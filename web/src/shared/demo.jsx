@@ -1,0 +1,221 @@
+// What both pages share, plain React with no CopilotKit import: the page frame, the agent
+// picker, the thread list (from the runtime's thread routes), the weather card and the approval
+// panel. Each page wires them to its own generation's CopilotKit hooks.
+import { useCallback, useEffect, useState } from "react";
+
+export const AGENTS = [
+  { id: "default", label: "Assistant (default)" },
+  { id: "review_loop", label: "Review loop" },
+  { id: "account_review", label: "Account review" },
+];
+
+export const ACCENTS = ["teal", "crimson", "indigo", "orange", "green", "purple"];
+
+// The runtime's URL: the server writes it into the page's meta tag (same origin).
+export const RUNTIME_URL =
+  document.querySelector('meta[name="copilot-runtime-url"]')?.getAttribute("content") || "/copilotkit";
+
+const newThreadId = () => crypto.randomUUID();
+
+// The agent and thread live in the address (?agent=&thread=), so a reload keeps them.
+export function useThreadAddress() {
+  const read = () => {
+    const query = new URLSearchParams(window.location.search);
+    const agent = AGENTS.some((a) => a.id === query.get("agent")) ? query.get("agent") : "default";
+    return { agent, threadId: query.get("thread") || newThreadId() };
+  };
+  const [address, setAddress] = useState(read);
+  useEffect(() => {
+    const query = new URLSearchParams({ agent: address.agent, thread: address.threadId });
+    window.history.replaceState(null, "", `${window.location.pathname}?${query}`);
+  }, [address]);
+  return {
+    ...address,
+    selectAgent: (agent) => setAddress({ agent, threadId: newThreadId() }),
+    selectThread: (threadId, agent) => setAddress((a) => ({ agent: agent || a.agent, threadId })),
+    newThread: () => setAddress((a) => ({ ...a, threadId: newThreadId() })),
+  };
+}
+
+export function useAccent() {
+  const [accent, setAccent] = useState("teal");
+  useEffect(() => {
+    document.documentElement.style.setProperty("--demo-accent", accent);
+    document.documentElement.dataset.accent = accent;
+  }, [accent]);
+  return [accent, setAccent];
+}
+
+export function Frame({ generation, other, accent, address, refreshKey, children }) {
+  return (
+    <div className="demo">
+      <header className="demo-header">
+        <div>
+          <h1>copilot-runtime demo</h1>
+          <p className="generation">{generation}</p>
+        </div>
+        <div className="header-side">
+          <span className="accent-chip" data-testid="accent">accent: {accent}</span>
+          <a href={other.href} data-testid="other-page">{other.label}</a>
+        </div>
+      </header>
+      <div className="demo-body">
+        <aside className="demo-side">
+          <label className="picker">
+            Agent
+            <select data-testid="agent-picker" value={address.agent}
+                    onChange={(e) => address.selectAgent(e.target.value)}>
+              {AGENTS.map((a) => <option key={a.id} value={a.id}>{a.label}</option>)}
+            </select>
+          </label>
+          <ThreadList address={address} refreshKey={refreshKey} />
+          <Hints agent={address.agent} />
+        </aside>
+        <main className="demo-chat">{children}</main>
+      </div>
+    </div>
+  );
+}
+
+function Hints({ agent }) {
+  const hints = {
+    default: ["What is the weather in Paris?", "Set the accent colour to crimson", "Roll a die"],
+    review_loop: ["Draft an invoice for ACME, 3 hours of consulting"],
+    account_review: ["Review account ACME-001"],
+  }[agent];
+  return (
+    <div className="hints">
+      <h2>Try</h2>
+      <ul>{hints.map((h) => <li key={h}>{h}</li>)}</ul>
+    </div>
+  );
+}
+
+// Threads of the chosen agent, newest first, from GET {runtime}/threads?agentId=.
+function ThreadList({ address, refreshKey }) {
+  const [threads, setThreads] = useState([]);
+  const [error, setError] = useState(null);
+  const load = useCallback(async () => {
+    try {
+      const response = await fetch(`${RUNTIME_URL}/threads?agentId=${encodeURIComponent(address.agent)}`);
+      if (!response.ok) throw new Error(`HTTP ${response.status}`);
+      setThreads((await response.json()).threads);
+      setError(null);
+    } catch (e) {
+      setError(String(e.message || e));
+    }
+  }, [address.agent]);
+  useEffect(() => { load(); }, [load, refreshKey, address.threadId]);
+  const listed = threads.some((t) => t.id === address.threadId);
+  return (
+    <div className="threads">
+      <div className="threads-head">
+        <h2>Threads</h2>
+        <button type="button" data-testid="new-thread" onClick={address.newThread}>New thread</button>
+      </div>
+      {error && <p className="error">Threads unavailable: {error}</p>}
+      <ul data-testid="thread-list">
+        {!listed && (
+          <li className="thread current" data-testid="thread-item" data-thread-id={address.threadId}>
+            <span>new thread</span><small>{address.threadId.slice(0, 8)}</small>
+          </li>
+        )}
+        {threads.map((t) => (
+          <li key={t.id} data-testid="thread-item" data-thread-id={t.id}
+              className={`thread${t.id === address.threadId ? " current" : ""}`}>
+            <button type="button" onClick={() => address.selectThread(t.id, t.agentId)}>
+              <span>{new Date(t.updatedAt).toLocaleTimeString()}</span>
+              <small>{t.id.slice(0, 8)}</small>
+            </button>
+          </li>
+        ))}
+      </ul>
+    </div>
+  );
+}
+
+export function WeatherCard({ args, result, done }) {
+  const data = typeof result === "string" ? safeParse(result) : result;
+  return (
+    <div className="weather-card" data-testid="weather-card" data-status={done ? "complete" : "running"}>
+      <div className="weather-city">{data?.city || args?.city || "…"}</div>
+      {done && data ? (
+        <div className="weather-body">
+          <span className="weather-temp">{data.temperature}°{data.unit === "celsius" ? "C" : "F"}</span>
+          <span className="weather-conditions">{data.conditions}</span>
+        </div>
+      ) : <div className="weather-body">fetching the weather…</div>}
+    </div>
+  );
+}
+
+export function safeParse(value) {
+  if (typeof value !== "string") return value;
+  try { return JSON.parse(value); } catch { return value; }
+}
+
+// The approval request of either workflow, as the graph's interrupt value carries it.
+export function describeRequest(value) {
+  const v = safeParse(value) || {};
+  if (v.type === "user_clarification_request") {
+    return {
+      kind: "review_loop",
+      title: `${v.data?.agent ?? "Specialist"} result, iteration ${v.data?.iteration ?? 1}`,
+      body: v.data?.agent_result ?? "",
+      notice: v.data?.notice ?? v.notice,
+      expiresAt: v.expiresAt ?? v.data?.expiresAt,
+    };
+  }
+  const subject = v.subject ?? v.data ?? v;
+  const recommendation = subject?.recommendation ?? v.recommendation;
+  return {
+    kind: "approval",
+    title: v.message ?? "Approval needed",
+    body: typeof recommendation === "string" ? recommendation : JSON.stringify(recommendation ?? subject, null, 1),
+    notice: v.notice,
+    expiresAt: v.expiresAt ?? v.expires_at,
+  };
+}
+
+function useSecondsLeft(expiresAt) {
+  const [now, setNow] = useState(Date.now());
+  useEffect(() => {
+    if (!expiresAt) return undefined;
+    const timer = setInterval(() => setNow(Date.now()), 1000);
+    return () => clearInterval(timer);
+  }, [expiresAt]);
+  if (!expiresAt) return null;
+  return Math.max(0, Math.round((Date.parse(expiresAt) - now) / 1000));
+}
+
+// Approve, revise with feedback (as often as wanted), or reject. `answer` gets
+// {action: "approve" | "revise" | "reject", feedback?}.
+export function ApprovalPanel({ value, answer }) {
+  const request = describeRequest(value);
+  const [feedback, setFeedback] = useState("");
+  const [sent, setSent] = useState(false);
+  const secondsLeft = useSecondsLeft(request.expiresAt);
+  const send = (decision) => { setSent(true); answer(decision); };
+  return (
+    <div className="approval" data-testid="approval-panel" data-kind={request.kind}>
+      <div className="approval-title">{request.title}</div>
+      <pre className="approval-body" data-testid="approval-body">{request.body}</pre>
+      {request.notice && <p className="approval-notice">{request.notice}</p>}
+      {secondsLeft !== null && (
+        <p className="approval-timeout" data-testid="approval-timeout">
+          {secondsLeft > 0 ? `Answer within ${secondsLeft} s (then it times out)` : "Timed out"}
+        </p>
+      )}
+      <textarea data-testid="approval-feedback" placeholder="What should change?"
+                value={feedback} onChange={(e) => setFeedback(e.target.value)} disabled={sent} />
+      <div className="approval-buttons">
+        <button type="button" data-testid="approve" disabled={sent}
+                onClick={() => send({ action: "approve" })}>Approve</button>
+        <button type="button" data-testid="revise" disabled={sent || !feedback.trim()}
+                onClick={() => send({ action: "revise", feedback: feedback.trim() })}>Revise</button>
+        <button type="button" data-testid="reject" disabled={sent}
+                onClick={() => send({ action: "reject" })}>Reject</button>
+      </div>
+    </div>
+  );
+}
