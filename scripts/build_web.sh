@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 out=copilot_runtime/demo_web
 if ! command -v node >/dev/null || ! command -v npm >/dev/null \
     || [ "$(node -p 'process.versions.node.split(".")[0]')" -lt 20 ]; then
+    if [ -f "$out/index.html" ] && [ -f "$out/classic/index.html" ]; then
+        exit 0  # built before; without Node they cannot be rebuilt, and need not be
+    fi
     echo "Building the demo's web pages needs Node.js 20+ and npm (https://nodejs.org)." >&2
     exit 3
 fi

@@ -14,6 +14,11 @@ fi
 if [ ! -d tests/js/node_modules ] || [ tests/js/package-lock.json -nt tests/js/node_modules ]; then
     (cd tests/js && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# The browser tests drive Debian's chromium (never a downloaded browser build).
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
+    apt-get install -y -q chromium >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+fi
 # The persistence tests use the machine's PostgreSQL and Redis; start them if they are down.
 if command -v pg_isready >/dev/null && ! pg_isready -q -h 127.0.0.1 -p 5432; then
     pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start || true

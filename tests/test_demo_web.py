@@ -11,6 +11,7 @@ same files and the threads must come back. Screenshots land in a temporary direc
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -26,8 +28,11 @@ from typing import Any
 
 import httpx
 import pytest
+from ag_ui.core import UserMessage
 from starlette.responses import PlainTextResponse
 
+from copilot_runtime.adapters.base import ChatRequest, ToolCallDelta, ToolSpec
+from copilot_runtime.adapters.demo import DemoAdapter
 from copilot_runtime.demo_pages import DemoPages
 from tests.agents_support.processes import REPO_ROOT, free_port
 
@@ -156,7 +161,8 @@ def test_no_console_errors_and_no_failed_requests(main_phase: dict[str, Any]) ->
 def test_screenshots_are_saved(main_phase: dict[str, Any], screenshots: Path) -> None:
     for name in SCREENSHOTS:
         shot = screenshots / f"{name}.png"
-        assert shot.is_file() and shot.stat().st_size > 10_000, name
+        assert shot.is_file(), name
+        assert shot.stat().st_size > 10_000, name
         if os.environ.get("UPDATE_SCREENSHOTS") == "1":
             target = REPO_ROOT / "docs" / "screenshots"
             target.mkdir(parents=True, exist_ok=True)
@@ -198,7 +204,8 @@ async def test_pages_beside_the_runtime(built_pages: Path) -> None:
         moved = await client.get("/classic")
         assert (moved.status_code, moved.headers["location"]) == (307, "/classic/")
         classic = await client.get("/classic/")
-        assert "1.10.6" in classic.text and "/api/kit" in classic.text
+        assert "1.10.6" in classic.text
+        assert "/api/kit" in classic.text
         asset = re.search(r'src="(/assets/[^"]+\.js)"', page.text)
         assert asset is not None
         script = await client.get(asset.group(1))
@@ -215,6 +222,54 @@ async def test_without_pages_the_api_is_served_and_says_how_to_build(tmp_path: P
                                  base_url="http://demo") as client:
         hint = await client.get("/")
         assert hint.status_code == 404
-        assert "npm run build" in hint.text and "Node.js 20+" in hint.text
+        assert "npm run build" in hint.text
+        assert "Node.js 20+" in hint.text
         assert (await client.get("/copilotkit/info")).text == "runtime /copilotkit/info"
         assert (await client.get("/classic/")).status_code == 404
+
+
+# -- the offline model calls the page's tool --------------------------------------------------
+
+ACCENT_TOOL = ToolSpec(
+    name="set_accent_color", description="Change the accent colour of the demo page.",
+    parameters={"type": "object", "required": ["color"], "properties": {
+        "color": {"type": "string", "enum": ["teal", "crimson", "indigo"]}}})
+
+
+async def _first_call(text: str) -> tuple[str | None, str] | None:
+    request = ChatRequest(messages=[UserMessage(id="u1", role="user", content=text)],
+                          tools=[ACCENT_TOOL])
+    async for deltas in DemoAdapter(delay=0).stream(request):
+        for delta in deltas:
+            if isinstance(delta, ToolCallDelta):
+                return delta.name, delta.arguments
+    return None
+
+
+@pytest.mark.parametrize(("text", "color"), [
+    ("Set the accent colour to crimson", "crimson"),
+    ("please SET the Accent color, indigo!", "indigo"),
+    ("call set_accent_color", "teal"),  # no colour named: the first one
+])
+async def test_the_offline_model_calls_a_tool_named_in_words(text: str, color: str) -> None:
+    assert await _first_call(text) == ("set_accent_color", json.dumps({"color": color},
+                                                                       separators=(",", ":")))
+
+
+@pytest.mark.parametrize("text", ["accent colour?", "set the colour", "color the accent set",
+                                  "sets the accented colors"])
+async def test_the_offline_model_leaves_tools_not_named(text: str) -> None:
+    assert await _first_call(text) is None
+
+
+def test_the_wheel_carries_every_built_file(built_pages: Path) -> None:
+    """pyproject's package data names every file of the build (setuptools globs: `*` stays
+    within one folder)."""
+    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["copilot_runtime"]
+    files = [p.relative_to(built_pages.parent).as_posix()
+             for p in built_pages.rglob("*") if p.is_file()]
+    assert len(files) > 10
+    missed = [f for f in files if not any(
+        fnmatch.fnmatchcase(f, p) and f.count("/") == p.count("/") for p in patterns)]
+    assert missed == []

@@ -38,7 +38,7 @@ function useAccentTool(setAccent) {
                    description: "the new accent colour" }],
     handler: async ({ color }) => {
       setAccent(color);
-      return `The accent colour is now ${color}.`;
+      return { accent: color };
     },
   }, [setAccent]);
 }

@@ -36,7 +36,7 @@ function useAccentTool(setAccent) {
     parameters: z.object({ color: z.enum(ACCENTS).describe("the new accent colour") }),
     handler: async ({ color }) => {
       setAccent(color);
-      return `The accent colour is now ${color}.`;
+      return { accent: color };
     },
   }, [setAccent]);
 }

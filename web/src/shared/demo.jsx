@@ -1,7 +1,7 @@
 // What both pages share, plain React with no CopilotKit import: the page frame, the agent
 // picker, the thread list (from the runtime's thread routes), the weather card and the approval
 // panel. Each page wires them to its own generation's CopilotKit hooks.
-import { useCallback, useEffect, useState } from "react";
+import { useCallback, useEffect, useRef, useState } from "react";
 
 export const AGENTS = [
   { id: "default", label: "Assistant (default)" },
@@ -106,6 +106,7 @@ function ThreadList({ address, refreshKey }) {
     }
   }, [address.agent]);
   useEffect(() => { load(); }, [load, refreshKey, address.threadId]);
+  const titles = useThreadTitles(threads);
   const listed = threads.some((t) => t.id === address.threadId);
   return (
     <div className="threads">
@@ -123,15 +124,38 @@ function ThreadList({ address, refreshKey }) {
         {threads.map((t) => (
           <li key={t.id} data-testid="thread-item" data-thread-id={t.id}
               className={`thread${t.id === address.threadId ? " current" : ""}`}>
-            <button type="button" onClick={() => address.selectThread(t.id, t.agentId)}>
-              <span>{new Date(t.updatedAt).toLocaleTimeString()}</span>
-              <small>{t.id.slice(0, 8)}</small>
+            <button type="button" title={t.id} onClick={() => address.selectThread(t.id, t.agentId)}>
+              <span className="thread-title">{titles[t.id] || t.id.slice(0, 8)}</span>
+              <small>{new Date(t.updatedAt).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })}</small>
             </button>
           </li>
         ))}
       </ul>
     </div>
   );
+}
+
+// A thread's title: its first user message, from GET {runtime}/threads/{id}/messages (each
+// thread asked once).
+function useThreadTitles(threads) {
+  const [titles, setTitles] = useState({});
+  const asked = useRef(new Set());
+  useEffect(() => {
+    for (const thread of threads.slice(0, 30)) {
+      if (asked.current.has(thread.id)) continue;
+      asked.current.add(thread.id);
+      fetch(`${RUNTIME_URL}/threads/${encodeURIComponent(thread.id)}/messages`)
+        .then((response) => (response.ok ? response.json() : { messages: [] }))
+        .then(({ messages }) => {
+          const first = messages.find((m) => m.role === "user");
+          const text = typeof first?.content === "string" ? first.content
+            : (first?.content ?? []).map((part) => part.text ?? "").join(" ");
+          if (text) setTitles((known) => ({ ...known, [thread.id]: text.slice(0, 60) }));
+        })
+        .catch(() => asked.current.delete(thread.id));
+    }
+  }, [threads]);
+  return titles;
 }
 
 export function WeatherCard({ args, result, done }) {
