@@ -7,9 +7,9 @@
 //                    effect, a refresh restoring the thread, new thread and switching back,
 //                    stop mid-answer, the review loop revised twice then approved, the
 //                    account review approved (its timeout shown); leaves a review-loop
-//                    approval pending on the current page for the restart phase.
+//                    approval pending on each page for the restart phase.
 //   phase "restart": after the server was restarted: the threads of phase one come back on
-//                    both pages, and the pending approval is answered.
+//                    both pages, and the pending approvals are revised, then approved.
 //
 // Writes ONE JSON line: {phase, steps: [{page, step, ok, error?, ms}], consoleErrors,
 // failedRequests, threads}. Screenshots go to options.screenshots (a directory).
@@ -264,7 +264,7 @@ async function mainPhase(p) {
     await p.expectAssistant(/approv/i);
   });
 
-  if (kind === "current") {
+  {
     await step(p, "an approval left pending for the restart", async () => {
       await p.chooseAgent("review_loop");
       await p.send("Draft an invoice for GLOBEX, one day of auditing");
@@ -292,13 +292,16 @@ async function restartPhase(p) {
     await p.expectAssistant("Approved");
   });
 
-  if (kind === "current") {
-    await step(p, "a pending approval survives the restart", async () => {
-      await p.open(`?agent=review_loop&thread=${threads[`${kind}:pending`]}`);
-      await p.answer("draft 1", "approve");
-      await p.expectAssistant("Approved");
-    });
-  }
+  await step(p, "a pending approval survives the restart", async () => {
+    await p.open(`?agent=review_loop&thread=${threads[`${kind}:pending`]}`);
+    await p.page.locator(p.ui.user, { hasText: "Draft an invoice for GLOBEX" }).waitFor({ timeout: TIMEOUT });
+    await p.answer("draft 1", "revise", "Add the purchase order number");
+    await p.answer("draft 2", "approve");
+    await p.expectAssistant("Approved");
+    await p.expectAssistant("purchase order number");
+    assert((await p.page.locator('[data-testid="approve"]:enabled').count()) === 0,
+           "an approval is still offered");
+  });
 }
 
 const browser = await chromium.launch({ executablePath: options.chromium ?? "/usr/bin/chromium",

@@ -1,6 +1,6 @@
 // The classic generation: @copilotkit/react-core and @copilotkit/react-ui 1.10.6, over GraphQL.
 // (The build points these names at the 1.10.6 packages; see build.mjs.)
-import { useEffect, useRef, useState } from "react";
+import { useCallback, useEffect, useRef, useState } from "react";
 import { createRoot } from "react-dom/client";
 import {
   CopilotKit,
@@ -52,21 +52,72 @@ function useApprovals() {
   });
 }
 
+// The thread's messages as the runtime's `loadAgentState` query gives them (the query
+// react-core 1.10 itself sends; asked directly here, so no client cache answers instead).
+async function loadThread(agentName, threadId) {
+  const response = await fetch(RUNTIME_URL, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({
+      query: "query loadAgentState($data: LoadAgentStateInput!) { loadAgentState(data: $data) "
+        + "{ threadId threadExists state messages } }",
+      variables: { data: { threadId, agentName } },
+    }),
+  });
+  const loaded = response.ok ? (await response.json()).data?.loadAgentState : null;
+  return loaded?.threadExists ? loadMessagesFromJsonRepresentation(JSON.parse(loaded.messages || "[]")) : null;
+}
+
 // react-core 1.10 reloads a thread by itself only for agents (through loadAgentState); for the
-// default agent this asks the runtime the same way and hands the messages to the chat.
+// default agent the page asks the runtime the same way and hands the messages to the chat.
 function useRestoreDefaultThread(agent, threadId) {
-  const { runtimeClient } = useCopilotContext();
   const { setMessages } = useCopilotMessagesContext();
   useEffect(() => {
     if (agent !== "default") return undefined;
     let cancelled = false;
-    runtimeClient.loadAgentState({ threadId, agentName: "default" }).then((result) => {
-      const loaded = result.data?.loadAgentState;
-      if (cancelled || !loaded?.threadExists) return;
-      setMessages(loadMessagesFromJsonRepresentation(JSON.parse(loaded.messages || "[]")));
+    loadThread("default", threadId).then((messages) => {
+      if (!cancelled && messages) setMessages(messages);
     });
     return () => { cancelled = true; };
   }, [agent, threadId]); // eslint-disable-line react-hooks/exhaustive-deps
+}
+
+// react-core 1.10 hears of an interrupt only in the response of the run that reached it. After
+// a reload (or a restart of the server) the page finds the thread's pending approval through
+// the runtime's approvals route, answers it there, and reloads the thread.
+function PendingApproval({ agent, threadId }) {
+  const { langGraphInterruptAction } = useCopilotContext();
+  const { setMessages } = useCopilotMessagesContext();
+  const [pending, setPending] = useState(null);
+  const check = useCallback(async (previous) => {
+    const query = new URLSearchParams({ threadId, agentId: agent });
+    const response = await fetch(`${RUNTIME_URL}/approvals?${query}`);
+    const found = response.ok ? ((await response.json()).approvals[0] ?? null) : null;
+    setPending(found && found.id !== previous ? found : null);
+    return found;
+  }, [agent, threadId]);
+  useEffect(() => { if (agent !== "default") check(); }, [agent, check]);
+  if (!pending || langGraphInterruptAction?.event) return null;
+  const answer = async ({ action, feedback }) => {
+    await fetch(`${RUNTIME_URL}/approvals/${encodeURIComponent(pending.id)}`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ action, payload: feedback }),
+    });
+    const messages = await loadThread(agent, threadId);
+    if (messages) setMessages(messages);
+    // A revision leads to a new draft and a new approval; look until it is listed.
+    for (let tries = action === "revise" ? 20 : 1; tries > 0; tries -= 1) {
+      const found = await check(pending.id);
+      if (found && found.id !== pending.id) break;
+      if (tries > 1) await new Promise((resolve) => setTimeout(resolve, 250));
+    }
+  };
+  return (
+    <div className="pending-approval">
+      <ApprovalPanel key={pending.id} value={pending.value} expiresAt={pending.expiresAt} answer={answer} />
+    </div>
+  );
 }
 
 function useRunsFinished(onFinished) {
@@ -84,7 +135,12 @@ function Chat({ address, setAccent, onRunFinished }) {
   useApprovals();
   useRestoreDefaultThread(address.agent, address.threadId);
   useRunsFinished(onRunFinished);
-  return <CopilotChat labels={{ placeholder: "Ask the demo…", initial: "Hi! Ask me something." }} />;
+  return (
+    <div className="classic-chat">
+      <PendingApproval agent={address.agent} threadId={address.threadId} />
+      <CopilotChat labels={{ placeholder: "Ask the demo…", initial: "Hi! Ask me something." }} />
+    </div>
+  );
 }
 
 function App() {

@@ -214,8 +214,9 @@ function useSecondsLeft(expiresAt) {
 
 // Approve, revise with feedback (as often as wanted), or reject. `answer` gets
 // {action: "approve" | "revise" | "reject", feedback?}.
-export function ApprovalPanel({ value, answer }) {
+export function ApprovalPanel({ value, answer, expiresAt }) {
   const request = describeRequest(value);
+  if (expiresAt) request.expiresAt = expiresAt;
   const [feedback, setFeedback] = useState("");
   const [sent, setSent] = useState(false);
   const secondsLeft = useSecondsLeft(request.expiresAt);
