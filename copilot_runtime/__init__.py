@@ -9,6 +9,9 @@ from typing import Any
 from copilot_runtime._exceptions import (
     ActionError,
     AgentNotFoundError,
+    ApprovalClosedError,
+    ApprovalError,
+    ApprovalNotFoundError,
     ConfigurationError,
     CopilotRuntimeError,
     InvalidRequestError,
@@ -37,7 +40,7 @@ from copilot_runtime.agents import (
 )
 from copilot_runtime.asgi import CopilotEndpoint, create_app, mount_runtime
 from copilot_runtime.protocols._http import CORSPolicy
-from copilot_runtime.runtime import CopilotRuntime
+from copilot_runtime.runtime import CopilotRuntime, approval_service
 from copilot_runtime.threads import InMemoryThreadStore, SQLiteThreadStore, ThreadStore
 
 __all__ = [
@@ -46,6 +49,9 @@ __all__ = [
     "Agent",
     "AgentNotFoundError",
     "AgentThreadState",
+    "ApprovalClosedError",
+    "ApprovalError",
+    "ApprovalNotFoundError",
     "ApprovalPolicy",
     "BuiltInAgent",
     "CORSPolicy",
@@ -101,7 +107,6 @@ _LAZY = {
     "Step": ("copilot_runtime.workflows", "langgraph"),
     "ApprovalPolicy": ("copilot_runtime.workflows", "langgraph"),
     "existing_agent": ("copilot_runtime.workflows", "langgraph"),
-    "approval_service": ("copilot_runtime.workflows", "langgraph"),
 }
 
 

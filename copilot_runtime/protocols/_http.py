@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from copilot_runtime._exceptions import PayloadTooLargeError
+from copilot_runtime._exceptions import ClientDisconnected, PayloadTooLargeError
 from copilot_runtime._runs import ActiveRun
 from copilot_runtime.events import Event
 
@@ -120,7 +120,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            raise ConnectionAbortedError
+            raise ClientDisconnected
         body = message.get("body", b"")
         if body:
             size += len(body)

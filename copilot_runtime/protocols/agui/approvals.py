@@ -22,15 +22,15 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any, Final
 
-from copilot_runtime._exceptions import InvalidRequestError, ThreadBusyError
-from copilot_runtime._input import parse_json_body
-from copilot_runtime.protocols._http import Request, read_body, send_json
-from copilot_runtime.workflows.approvals import (
+from copilot_runtime._exceptions import (
     ApprovalClosedError,
     ApprovalError,
-    ApprovalStatus,
+    InvalidRequestError,
+    ThreadBusyError,
 )
-from copilot_runtime.workflows.service import ApprovalService
+from copilot_runtime._input import parse_json_body
+from copilot_runtime.approvals import ApprovalService, ApprovalStatus
+from copilot_runtime.protocols._http import Request, read_body, send_json
 
 __all__ = ["ApprovalRoutes", "approval_route"]
 

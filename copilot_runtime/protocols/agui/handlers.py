@@ -25,6 +25,7 @@ from typing import Any
 from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._exceptions import (
     AgentNotFoundError,
+    ClientDisconnected,
     InvalidRequestError,
     RequestError,
 )
@@ -39,7 +40,6 @@ from copilot_runtime.protocols._http import (
 )
 from copilot_runtime.protocols.agui.approvals import ApprovalRoutes, approval_route
 from copilot_runtime.runtime import CopilotRuntime
-from copilot_runtime.workflows.service import approval_service
 
 __all__ = ["AGUIProtocol", "forwardable_headers"]
 
@@ -75,7 +75,7 @@ class AGUIProtocol:
                  keepalive: float | None = 15.0) -> None:
         self.runtime = runtime
         self.max_body_size = max_body_size
-        self.approvals = ApprovalRoutes(approval_service(runtime), max_body_size=max_body_size)
+        self.approvals = ApprovalRoutes(runtime.approvals, max_body_size=max_body_size)
         self.keepalive = keepalive
 
     # -- multi-route -------------------------------------------------------------------
@@ -84,8 +84,6 @@ class AGUIProtocol:
         """Serve a multi-route request; False if `segments` name no AG-UI route."""
         tail = segments[-4:]
         method = request.method
-        # The approval timer and crash recovery need the server's loop: start on first use.
-        await self.approvals.service.start()
         if segments[-1:] == ["info"]:
             if method not in ("GET", "HEAD"):
                 await self._method_not_allowed(request, b"GET")
@@ -209,7 +207,6 @@ class AGUIProtocol:
         await self._guarded(request, self._envelope(request, data), single=True)
 
     async def _envelope(self, request: Request, data: Any) -> None:
-        await self.approvals.service.start()
         method = data.get("method") if isinstance(data, dict) else None
         if not isinstance(method, str) or not method:
             await _invalid(request, "Missing method field")
@@ -256,7 +253,7 @@ class AGUIProtocol:
             status, payload = _error(exc.status, _TITLES.get(exc.status, "Bad request"),
                                      exc.message, code=exc.code)
             await send_json(request, status, payload)
-        except ConnectionAbortedError:
+        except ClientDisconnected:
             return  # the client left while sending its body
 
     async def _method_not_allowed(self, request: Request, allow: bytes) -> None:
