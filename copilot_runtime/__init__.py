@@ -39,7 +39,7 @@ from copilot_runtime.agents import (
     Timeouts,
 )
 from copilot_runtime.asgi import CopilotEndpoint, create_app, mount_runtime
-from copilot_runtime.protocols._http import CORSPolicy
+from copilot_runtime.protocols.http import CORSPolicy
 from copilot_runtime.runtime import CopilotRuntime, approval_service
 from copilot_runtime.threads import InMemoryThreadStore, SQLiteThreadStore, ThreadStore
 

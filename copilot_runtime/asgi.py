@@ -22,7 +22,9 @@ from copilot_runtime._exceptions import (
     PayloadTooLargeError,
 )
 from copilot_runtime._input import parse_json_body
-from copilot_runtime.protocols._http import (
+from copilot_runtime.protocols.agui.handlers import AGUIProtocol
+from copilot_runtime.protocols.graphql import GraphQLProtocol
+from copilot_runtime.protocols.http import (
     CORSPolicy,
     Receive,
     Request,
@@ -32,8 +34,6 @@ from copilot_runtime.protocols._http import (
     send_bytes,
     send_json,
 )
-from copilot_runtime.protocols.agui.handlers import AGUIProtocol
-from copilot_runtime.protocols.graphql import GraphQLProtocol
 from copilot_runtime.runtime import CopilotRuntime
 
 __all__ = ["CopilotEndpoint", "create_app", "mount_runtime"]

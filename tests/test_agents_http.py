@@ -10,10 +10,10 @@ import orjson
 import pytest
 
 from copilot_runtime import CopilotRuntime
-from copilot_runtime.agents._headers import HeaderPolicy
 from copilot_runtime.agents._http_client import Timeouts
 from copilot_runtime.agents._wire import RemoteEventChecker, SSEDecoder
 from copilot_runtime.agents.http import HttpAgent
+from copilot_runtime.headers import HeaderPolicy
 from copilot_runtime.testing import verify_events
 from tests.agents_support.agui_server import ScriptedAGUIServer
 from tests.conftest import ServeRuntime, free_port, run_input, text_of, types

@@ -27,7 +27,6 @@ import structlog
 from copilot_runtime._exceptions import ActionError, ConfigurationError, UpstreamError
 from copilot_runtime._input import RunInput
 from copilot_runtime.actions import Action
-from copilot_runtime.agents._headers import HeaderPolicy
 from copilot_runtime.agents._http_client import (
     SessionHolder,
     Timeouts,
@@ -43,6 +42,7 @@ from copilot_runtime.agents._legacy import (
 from copilot_runtime.agents._wire import RemoteEventChecker
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.events import EventBatches
+from copilot_runtime.headers import HeaderPolicy
 
 __all__ = ["CopilotKitRemoteEndpoint", "RemoteDiscovery", "RemoteEndpointAgent",
            "RetryPolicy", "agui_messages"]

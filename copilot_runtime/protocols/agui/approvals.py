@@ -30,7 +30,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._input import parse_json_body
 from copilot_runtime.approvals import ApprovalService, ApprovalStatus
-from copilot_runtime.protocols._http import Request, read_body, send_json
+from copilot_runtime.protocols.http import Request, read_body, send_json
 
 __all__ = ["ApprovalRoutes", "approval_route"]
 

@@ -30,35 +30,22 @@ from copilot_runtime._exceptions import (
     RequestError,
 )
 from copilot_runtime._input import parse_json_body, parse_run_input
-from copilot_runtime.agents._headers import HOP_BY_HOP
-from copilot_runtime.protocols._http import (
+from copilot_runtime.protocols.agui.approvals import ApprovalRoutes, approval_route
+from copilot_runtime.protocols.http import (
     Request,
     read_body,
     send_json,
     stream_events,
     stream_run,
 )
-from copilot_runtime.protocols.agui.approvals import ApprovalRoutes, approval_route
 from copilot_runtime.runtime import CopilotRuntime
 
-__all__ = ["AGUIProtocol", "forwardable_headers"]
+__all__ = ["AGUIProtocol"]
 
 _THREAD_ENDPOINTS = {"list": True, "inspect": True, "mutations": False,
                      "realtimeMetadata": False}
 _NO_THREAD_ENDPOINTS = dict.fromkeys(_THREAD_ENDPOINTS, False)
 _ENVELOPE_METHODS = ("info", "agent/run", "agent/connect", "agent/stop")
-def forwardable_headers(request: Request) -> dict[str, str]:
-    """The request's headers for the agent, lower-cased, minus those of this connection.
-
-    Agents that call other services pass on only what their `HeaderPolicy` allows (by
-    default `authorization` and `x-*`, never cookies), as the TypeScript runtime does.
-    """
-    out: dict[str, str] = {}
-    for key, value in request.headers.items():
-        name = key.decode("latin-1")
-        if name not in HOP_BY_HOP:
-            out[name] = value.decode("latin-1")
-    return out
 
 
 def _error(status: int, error: str, message: str | None = None, **extra: Any) -> tuple[
@@ -144,7 +131,7 @@ class AGUIProtocol:
         if what == "connect":
             await stream_events(request, self.runtime.connect(agent_id, run_input.thread_id))
             return
-        run = await self.runtime.start_run(agent_id, run_input, forwardable_headers(request))
+        run = await self.runtime.start_run(agent_id, run_input, request.forwardable_headers())
         await stream_run(request, run, keepalive=self.keepalive)
 
     async def _stop_rest(self, request: Request, agent_id: str, thread_id: str) -> None:

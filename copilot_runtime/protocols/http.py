@@ -16,6 +16,7 @@ import orjson
 from copilot_runtime._exceptions import ClientDisconnected, PayloadTooLargeError
 from copilot_runtime._runs import ActiveRun
 from copilot_runtime.events import Event
+from copilot_runtime.headers import forwardable
 
 __all__ = [
     "ASGIApp",
@@ -103,6 +104,10 @@ class Request:
     def header(self, name: str) -> str | None:
         value = self.headers.get(name.encode())
         return value.decode("latin-1") if value is not None else None
+
+    def forwardable_headers(self) -> dict[str, str]:
+        """The headers an agent receives (each passes on only what its policy allows)."""
+        return forwardable(self.headers.items())
 
     def is_json(self) -> bool:
         content_type = self.headers.get(b"content-type", b"")
