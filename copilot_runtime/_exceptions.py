@@ -136,6 +136,10 @@ class ApprovalNotFoundError(ApprovalError):
 class ApprovalClosedError(ApprovalError):
     """Answered already (409), expired (410), or withdrawn (409)."""
 
+    #: Its codes: a run that ends with one of them lost the approval to another answer.
+    CODES: frozenset[str] = frozenset({"APPROVAL_EXPIRED", "APPROVAL_WITHDRAWN",
+                                       "APPROVAL_ALREADY_ANSWERED"})
+
     def __init__(self, approval: Approval) -> None:
         self.approval = approval
         if approval.status == "expired":

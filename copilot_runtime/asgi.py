@@ -33,6 +33,7 @@ from copilot_runtime.protocols.http import (
     read_body,
     send_bytes,
     send_json,
+    send_method_not_allowed,
 )
 from copilot_runtime.runtime import CopilotRuntime
 
@@ -112,7 +113,7 @@ class CopilotEndpoint:
             await self.graphql.get(request)
             return
         if request.method != "POST":
-            await send_json(request, 405, {"error": "Method not allowed"}, [(b"allow", b"POST")])
+            await send_method_not_allowed(request, b"POST")
             return
         if not request.is_json():
             await send_json(request, 415, {

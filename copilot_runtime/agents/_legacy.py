@@ -201,7 +201,7 @@ class LangGraphJsonlTranslator(_Translator):
             self._tool_result(_lc_fields(data.get("output")), out)
         elif kind == "on_custom_event":
             self._custom(str(line.get("name")), data, out)
-        elif kind in ("on_interrupt", "on_copilotkit_interrupt"):
+        elif kind in (ev.LEGACY_INTERRUPT, ev.COPILOTKIT_INTERRUPT):
             self.close_text(out)
             self.close_call(out)
             out.append(ev.custom(kind, line.get("value", data)))

@@ -31,8 +31,6 @@ __all__ = ["PLUMBING_STATE_KEYS", "InterruptChannel", "WireEncoder", "channel_fo
            "filter_interrupt_event"]
 
 InterruptChannel = Literal["outcome", "legacy", "both"]
-#: The custom event of ag-ui-langgraph (and CopilotKit's `useInterrupt`) for an interrupt.
-LEGACY_INTERRUPT_EVENT: Final = "on_interrupt"
 
 #: State keys that never reach the client in snapshots (see the module docstring).
 PLUMBING_STATE_KEYS: Final = frozenset({"messages", "tools", "copilotkit", "ag-ui"})
@@ -93,7 +91,7 @@ def filter_interrupt_event(event: Event, channel: InterruptChannel) -> Event | N
     """`event` without the interrupt form `channel` leaves out (None to drop it)."""
     kind = event["type"]
     if kind == ev.CUSTOM and channel == "outcome" \
-            and event.get("name") == LEGACY_INTERRUPT_EVENT:
+            and event.get("name") == ev.LEGACY_INTERRUPT:
         return None
     if kind == ev.RUN_FINISHED and channel == "legacy" and "outcome" in event:
         return {k: v for k, v in event.items() if k != "outcome"}

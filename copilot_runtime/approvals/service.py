@@ -204,7 +204,7 @@ class ApprovalService:
         if wait:
             summary = await asyncio.shield(task)
             error = summary.get("error") or {}
-            if str(error.get("code", "")).startswith("APPROVAL_"):
+            if error.get("code") in ApprovalClosedError.CODES:
                 # Another answer won the claim between our check and the run's.
                 raise ApprovalClosedError(await agent.approvals.get(approval.id) or approval)
             if summary["status"] == "interrupted":
@@ -306,7 +306,7 @@ async def _drive(run: HostedRun) -> dict[str, Any]:
         nonlocal legacy_interrupt
         terminal.extend(e for e in batch if e["type"] in ev.TERMINAL_TYPES)
         legacy_interrupt = legacy_interrupt or any(
-            e["type"] == ev.CUSTOM and e.get("name") == "on_interrupt" for e in batch)
+            e["type"] == ev.CUSTOM and e.get("name") == ev.LEGACY_INTERRUPT for e in batch)
 
     summary: dict[str, Any] = {"threadId": run.thread_id, "runId": run.run_id}
     try:

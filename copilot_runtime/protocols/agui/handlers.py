@@ -24,7 +24,6 @@ from typing import Any
 
 from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._exceptions import (
-    AgentNotFoundError,
     ClientDisconnected,
     InvalidRequestError,
     RequestError,
@@ -34,7 +33,9 @@ from copilot_runtime.protocols.agui.approvals import ApprovalRoutes, approval_ro
 from copilot_runtime.protocols.http import (
     Request,
     read_body,
+    send_error,
     send_json,
+    send_method_not_allowed,
     stream_events,
     stream_run,
 )
@@ -46,15 +47,6 @@ _THREAD_ENDPOINTS = {"list": True, "inspect": True, "mutations": False,
                      "realtimeMetadata": False}
 _NO_THREAD_ENDPOINTS = dict.fromkeys(_THREAD_ENDPOINTS, False)
 _ENVELOPE_METHODS = ("info", "agent/run", "agent/connect", "agent/stop")
-
-
-def _error(status: int, error: str, message: str | None = None, **extra: Any) -> tuple[
-        int, dict[str, Any]]:
-    body: dict[str, Any] = {"error": error}
-    if message is not None:
-        body["message"] = message
-    body.update(extra)
-    return status, body
 
 
 class AGUIProtocol:
@@ -73,20 +65,20 @@ class AGUIProtocol:
         method = request.method
         if segments[-1:] == ["info"]:
             if method not in ("GET", "HEAD"):
-                await self._method_not_allowed(request, b"GET")
+                await send_method_not_allowed(request, b"GET")
             else:
                 await send_json(request, 200, self.info(single_route=False))
             return True
         if len(tail) >= 3 and tail[-3] == "agent" and tail[-1] in ("run", "connect"):
             if method != "POST":
-                await self._method_not_allowed(request, b"POST")
+                await send_method_not_allowed(request, b"POST")
                 return True
             agent_id = urllib.parse.unquote(tail[-2])
             await self._guarded(request, self._run_or_connect(request, agent_id, tail[-1]))
             return True
         if len(tail) == 4 and tail[0] == "agent" and tail[2] == "stop":
             if method != "POST":
-                await self._method_not_allowed(request, b"POST")
+                await send_method_not_allowed(request, b"POST")
                 return True
             agent_id = urllib.parse.unquote(tail[1])
             thread_id = urllib.parse.unquote(tail[3])
@@ -95,7 +87,7 @@ class AGUIProtocol:
         threads = _thread_route(segments)
         if threads is not None:
             if method not in ("GET", "HEAD"):
-                await self._method_not_allowed(request, b"GET")
+                await send_method_not_allowed(request, b"GET")
             else:
                 await self._guarded(request, self._threads(request, *threads))
             return True
@@ -229,25 +221,11 @@ class AGUIProtocol:
         """Run a handler, answering a `RequestError` raised before the response started."""
         try:
             await work
-        except AgentNotFoundError as exc:
-            await send_json(request, 404, {"error": "Agent not found", "message": exc.message})
-        except InvalidRequestError as exc:
-            body: dict[str, Any] = {"error": exc.message}
-            if exc.details is not None:
-                body["details"] = exc.details
-            await send_json(request, 400, body)
         except RequestError as exc:
-            status, payload = _error(exc.status, _TITLES.get(exc.status, "Bad request"),
-                                     exc.message, code=exc.code)
-            await send_json(request, status, payload)
+            await send_error(request, exc)
         except ClientDisconnected:
             return  # the client left while sending its body
 
-    async def _method_not_allowed(self, request: Request, allow: bytes) -> None:
-        await send_json(request, 405, {"error": "Method not allowed"}, [(b"allow", allow)])
-
-
-_TITLES = {409: "Thread busy", 413: "Payload too large"}
 
 
 async def _invalid(request: Request, message: str) -> None:
