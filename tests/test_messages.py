@@ -133,4 +133,5 @@ def test_hidden_and_multimodal_content() -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "image", "source": {
         "type": "url", "value": "http://x/y.png"}}, {"type": "text", "text": "b"}]
     assert text_of(parts) == "ab"
-    assert text_of(None) == "" and text_of(42) == ""
+    assert text_of(None) == ""
+    assert text_of(42) == ""
