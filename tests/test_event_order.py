@@ -94,7 +94,7 @@ def test_the_checker_names_the_mistake() -> None:
         "for message 'x', which is not open")
     assert checker.check(ev.tool_call_start("c", "f")) is None
     assert checker.check(ev.run_finished("t", "r")) == "while c are still open"
-    with pytest.raises(EventOrderError, match="TEXT_MESSAGE_END.*which is not open"):
+    with pytest.raises(EventOrderError, match=r"TEXT_MESSAGE_END.*which is not open"):
         verify_events([ev.run_started("t", "r"), ev.text_message_end("m")])
 
 
