@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     # 0. core: the vocabulary every piece speaks
     "_exceptions": 0, "_time": 0, "_version": 0, "_input": 0, "events": 0, "headers": 0,
     "actions": 0, "_compaction": 0, "threads": 0, "approvals": 0, "messages": 0,
+    "event_order": 0,
     # 1. model providers
     "adapters": 1,
     # 2. agents, and the LangGraph checkpointers they run on
