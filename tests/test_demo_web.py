@@ -40,12 +40,14 @@ CHROMIUM = Path("/usr/bin/chromium")
 WEB = REPO_ROOT / "web"
 PAGES = REPO_ROOT / "copilot_runtime" / "demo_web"
 SCREENSHOTS = ("current", "classic", "current-approval", "classic-approval")
+# The first test also builds the pages: on a fresh clone `npm ci` and the build take ~2 min.
+pytestmark = pytest.mark.timeout(720)
 
 
 @pytest.fixture(scope="session")
 def built_pages() -> Path:
     done = subprocess.run([str(REPO_ROOT / "scripts" / "build_web.sh")], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=900, check=False)
+                          capture_output=True, text=True, timeout=420, check=False)
     if done.returncode != 0:
         pytest.fail(f"building the web pages failed:\n{done.stdout[-2000:]}\n"
                     f"{done.stderr[-3000:]}", pytrace=False)

@@ -20,17 +20,11 @@ from typing import Any
 
 from ag_ui.core import ResumeEntry, RunAgentInput
 
+from copilot_runtime._exceptions import ApprovalClosedError, NothingToResumeError
 from copilot_runtime._input import RunInput
-from copilot_runtime.workflows.approvals import (
-    Approval,
-    ApprovalClosedError,
-    ApprovalStore,
-    Channel,
-    NothingToResumeError,
-    iso_time,
-    parse_time,
-)
-from copilot_runtime.workflows.decisions import timeout_answer
+from copilot_runtime._time import iso_time, parse_time
+from copilot_runtime.approvals.decisions import timeout_answer
+from copilot_runtime.approvals.ledger import Approval, ApprovalStore, Channel
 
 __all__ = ["Claims", "claim_resume", "record_interrupts"]
 
