@@ -7,7 +7,7 @@ which the wheel carries, so an installed package serves them without Node:
 * `/classic`: react-core and react-ui 1.10.6, over GraphQL;
 
 both at the same origin as the runtime, so no CORS is involved. Without a build, `/` says how
-to make one and the runtime is served as usual.
+to make one (and shows the pages as soon as one appears) and the runtime is served as usual.
 """
 
 from __future__ import annotations
@@ -50,11 +50,18 @@ class DemoPages:
                  directory: Path | None = PAGES_DIR) -> None:
         self.app = app
         self.runtime_path = "/" + runtime_path.strip("/") if runtime_path.strip("/") else ""
-        self.directory = built_pages(directory) if directory is not None else None
+        self._candidate = directory
+        self.directory: Path | None = None
         self._meta = _URL_META.replace("/copilotkit", html.escape(self.runtime_path or "/"))
         self._assets: ASGIApp | None = None
-        if self.directory is not None:
-            self._assets = StaticFiles(directory=self.directory / "assets")
+        self._discover()
+
+    def _discover(self) -> None:
+        """Serve the pages once they are built (`demo.sh` may build them while serving)."""
+        if self.directory is None and self._candidate is not None:
+            self.directory = built_pages(self._candidate)
+            if self.directory is not None:
+                self._assets = StaticFiles(directory=self.directory / "assets")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
@@ -62,6 +69,7 @@ class DemoPages:
             await self.app(scope, receive, send)
             return
         response: ASGIApp
+        self._discover()
         if self.directory is None:
             response = self._not_built() if path == "/" else Response("Not Found", 404)
         elif path == "/classic":
@@ -95,9 +103,13 @@ class DemoPages:
         return not base or path == base or path.startswith(base + "/")
 
     def _not_built(self) -> Response:
+        # It reloads itself: ./scripts/demo.sh may be building the pages right now.
         return HTMLResponse(
             "<!doctype html><title>copilot-runtime demo</title>"
-            "<p>The demo's web pages are not built. From a clone of the repository:</p>"
+            '<meta http-equiv="refresh" content="10">'
+            "<p>The demo's web pages are not built yet. <code>./scripts/demo.sh</code> builds "
+            "them on first use (this page reloads itself until they are there); by hand, "
+            "from a clone of the repository:</p>"
             f"<pre>{html.escape(BUILD_HINT)}</pre>"
             f"<p>The runtime itself is at <code>{html.escape(self.runtime_path)}</code>.</p>",
             status_code=404)

@@ -274,3 +274,14 @@ def test_the_wheel_carries_every_built_file(built_pages: Path) -> None:
     missed = [f for f in files if not any(
         fnmatch.fnmatchcase(f, p) and f.count("/") == p.count("/") for p in patterns)]
     assert missed == []
+
+
+async def test_pages_built_while_serving_are_served(built_pages: Path, tmp_path: Path) -> None:
+    app = DemoPages(_runtime, "/copilotkit", tmp_path / "demo_web")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://demo") as client:
+        assert (await client.get("/")).status_code == 404
+        shutil.copytree(built_pages, tmp_path / "demo_web")
+        page = await client.get("/")
+        assert page.status_code == 200
+        assert "copilot-runtime-url" in page.text
