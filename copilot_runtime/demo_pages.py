@@ -38,7 +38,8 @@ def built_pages(directory: Path = PAGES_DIR) -> Path | None:
 def pages_note(pages: DemoPages, host: str, port: int) -> str:
     """What the demo prints about its pages."""
     if pages.directory is None:
-        return f"web pages not built: {BUILD_HINT}"
+        return (f"web pages not built yet: http://{host}:{port}/ shows them once they are "
+                f"({BUILD_HINT})")
     return (f"open http://{host}:{port}/ (CopilotKit 1.74, AG-UI) or "
             f"http://{host}:{port}/classic (1.10.6, GraphQL)")
 

@@ -11,7 +11,7 @@ status=0
 ./scripts/build_web.sh --check || status=$?
 if [ "$status" = 1 ]; then
     echo "building the demo's web pages in the background (a few minutes the first time;" \
-         "log: web/build.log); http://127.0.0.1:8000/ shows them when they are ready" >&2
+         "log: web/build.log); the demo's / shows them when they are ready" >&2
     { ./scripts/build_web.sh >web/build.log 2>&1 \
         || echo "building the web pages failed: see web/build.log" >&2; } &
 fi
