@@ -39,7 +39,8 @@ from tests.agents_support.processes import REPO_ROOT, free_port
 CHROMIUM = Path("/usr/bin/chromium")
 WEB = REPO_ROOT / "web"
 PAGES = REPO_ROOT / "copilot_runtime" / "demo_web"
-SCREENSHOTS = ("current", "classic", "current-approval", "classic-approval")
+SCREENSHOTS = ("current", "classic", "current-approval", "classic-approval",
+               "current-account-review", "classic-account-review")
 # The first test also builds the pages: on a fresh clone `npm ci` and the build take ~2 min.
 pytestmark = pytest.mark.timeout(720)
 

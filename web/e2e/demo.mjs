@@ -260,6 +260,7 @@ async function mainPhase(p) {
     await panel.waitFor({ timeout: TIMEOUT });
     const timeout = await panel.locator('[data-testid="approval-timeout"]').innerText({ timeout: TIMEOUT });
     assert(/Answer within \d+ s/.test(timeout), `no visible timeout: ${timeout}`);
+    await p.shot(`${kind}-account-review`);
     await p.answer("ACME-001", "approve");
     await p.expectAssistant(/approv/i);
   });
