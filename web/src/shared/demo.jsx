@@ -178,6 +178,10 @@ export function safeParse(value) {
   try { return JSON.parse(value); } catch { return value; }
 }
 
+const describe = (value) => (typeof value === "string" ? value : Object.entries(value ?? {})
+  .map(([key, item]) => `${key}: ${typeof item === "string" ? item : JSON.stringify(item)}`)
+  .join("\n"));
+
 // The approval request of either workflow, as the graph's interrupt value carries it.
 export function describeRequest(value) {
   const v = safeParse(value) || {};
@@ -190,12 +194,11 @@ export function describeRequest(value) {
       expiresAt: v.expiresAt ?? v.data?.expiresAt,
     };
   }
-  const subject = v.subject ?? v.data ?? v;
-  const recommendation = subject?.recommendation ?? v.recommendation;
+  const recommendation = v.recommendation ?? v.data?.recommendation;
   return {
     kind: "approval",
-    title: v.message ?? "Approval needed",
-    body: typeof recommendation === "string" ? recommendation : JSON.stringify(recommendation ?? subject, null, 1),
+    title: `${v.message ?? "Approval needed"}${v.account_id ? ` (account ${v.account_id})` : ""}`,
+    body: describe(recommendation ?? v.data ?? v),
     notice: v.notice,
     expiresAt: v.expiresAt ?? v.expires_at,
   };
