@@ -9,6 +9,7 @@ from typing import Any
 from copilot_runtime._exceptions import (
     ActionError,
     AgentNotFoundError,
+    AuthenticationError,
     ConfigurationError,
     CopilotRuntimeError,
     InvalidRequestError,
@@ -36,6 +37,9 @@ from copilot_runtime.agents import (
     Timeouts,
 )
 from copilot_runtime.asgi import CopilotEndpoint, create_app, mount_runtime
+from copilot_runtime.auth import BearerTokenAuth, JWTAuth, Principal
+from copilot_runtime.guardrails import PatternGuardrail, TopicGuardrail, Verdict
+from copilot_runtime.limits import RateLimit
 from copilot_runtime.protocols._http import CORSPolicy
 from copilot_runtime.runtime import CopilotRuntime
 from copilot_runtime.threads import InMemoryThreadStore, SQLiteThreadStore, ThreadStore
@@ -47,6 +51,8 @@ __all__ = [
     "AgentNotFoundError",
     "AgentThreadState",
     "ApprovalPolicy",
+    "AuthenticationError",
+    "BearerTokenAuth",
     "BuiltInAgent",
     "CORSPolicy",
     "ConfigurationError",
@@ -60,11 +66,15 @@ __all__ = [
     "HttpAgent",
     "InMemoryThreadStore",
     "InvalidRequestError",
+    "JWTAuth",
     "LangGraphAgent",
     "LangGraphPlatformAgent",
     "OpenAIAdapter",
     "Orchestrator",
+    "PatternGuardrail",
     "PayloadTooLargeError",
+    "Principal",
+    "RateLimit",
     "RemoteDiscovery",
     "RemoteEndpointAgent",
     "RequestError",
@@ -78,8 +88,10 @@ __all__ = [
     "ThreadBusyError",
     "ThreadStore",
     "Timeouts",
+    "TopicGuardrail",
     "UpstreamError",
     "UpstreamTimeoutError",
+    "Verdict",
     "__version__",
     "action",
     "approval_service",

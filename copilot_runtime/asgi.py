@@ -16,7 +16,11 @@ from typing import Any
 import structlog
 from starlette.routing import Route
 
-from copilot_runtime._exceptions import InvalidRequestError, PayloadTooLargeError
+from copilot_runtime._exceptions import (
+    InvalidRequestError,
+    PayloadTooLargeError,
+    RequestError,
+)
 from copilot_runtime._input import parse_json_body
 from copilot_runtime.protocols._http import (
     CORSPolicy,
@@ -25,6 +29,7 @@ from copilot_runtime.protocols._http import (
     Scope,
     Send,
     read_body,
+    request_info,
     send_bytes,
     send_json,
 )
@@ -74,7 +79,10 @@ class CopilotEndpoint:
         request = Request(scope, receive, send, path, [])
         request.cors = self.cors.headers(request.headers)
         try:
-            await self._dispatch(request, path)
+            if self.runtime.wants_request_info and request.method != "OPTIONS":
+                await self._identified(request, path)
+            else:
+                await self._dispatch(request, path)
         except Exception:
             # Logged with its stack; the client learns only that the server failed.
             _log.exception("unhandled error", path=path, method=request.method)
@@ -82,6 +90,35 @@ class CopilotEndpoint:
                 await send_json(request, 500, {"error": "internal_error",
                                                "message": "The runtime failed to handle "
                                                           "the request"})
+
+    async def _identified(self, request: Request, path: str) -> None:
+        """Dispatch once the runtime knows who asks (a 401 or a hook's refusal otherwise)."""
+        info = request.info = request_info(request)
+        telemetry = self.runtime.telemetry
+        if telemetry is None:
+            if await self._identify(request):
+                await self._dispatch(request, path)
+            return
+        with telemetry.request_span(info):
+            if await self._identify(request):
+                await self._dispatch(request, path)
+
+    async def _identify(self, request: Request) -> bool:
+        assert request.info is not None
+        try:
+            await self.runtime.identify(request.info)
+        except RequestError as exc:
+            headers = [(b"www-authenticate", b'Bearer realm="copilotkit"')] if (
+                exc.status == 401) else []
+            if b"x-copilotkit-runtime-client-gql-version" in request.headers:
+                body: dict[str, Any] = {"errors": [{"message": exc.message, "extensions": {
+                    "code": exc.code, "statusCode": exc.status}}], "data": None}
+            else:
+                body = {"error": "Unauthorized" if exc.status == 401 else "Forbidden",
+                        "message": exc.message, "code": exc.code}
+            await send_json(request, exc.status, body, headers)
+            return False
+        return True
 
     async def _dispatch(self, request: Request, path: str) -> None:
         base = self.path

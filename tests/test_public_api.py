@@ -17,6 +17,8 @@ EXPECTED = [
     "__version__", "action", "create_app", "mount_runtime",
     "ApprovalPolicy", "DurableCheckpointer", "Orchestrator", "ReviewLoop", "Step",
     "approval_service", "checkpointer", "existing_agent",
+    "AuthenticationError", "BearerTokenAuth", "JWTAuth", "PatternGuardrail", "Principal",
+    "RateLimit", "TopicGuardrail", "Verdict",
 ]
 
 

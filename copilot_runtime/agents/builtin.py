@@ -24,7 +24,12 @@ from ag_ui.core import (
     ToolMessage,
 )
 
-from copilot_runtime._exceptions import ActionError, ConfigurationError, InvalidRequestError
+from copilot_runtime._exceptions import (
+    ActionError,
+    ConfigurationError,
+    InvalidRequestError,
+    ModelNotAllowedError,
+)
 from copilot_runtime._input import RunInput
 from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import (
@@ -71,8 +76,11 @@ class BuiltInAgent(Agent):
         description: str = "",
         instructions: str | None = None,
         max_steps: int = 10,
+        allowed_models: Iterable[str] | None = None,
     ) -> None:
         super().__init__(description=description)
+        #: The models a client may pick with `forwardedProps.model` (None: any).
+        self.allowed_models = list(allowed_models) if allowed_models is not None else None
         if max_steps < 1:
             raise ConfigurationError("max_steps must be at least 1")
         self.adapter = adapter
@@ -92,11 +100,16 @@ class BuiltInAgent(Agent):
         await self.adapter.aclose()
 
     def run(self, input: RunInput, context: RunContext) -> EventBatches:
-        return self._run(input, context.follow_up_server_tools)
+        return self._run(input, context)
 
-    async def _run(self, input: RunInput, follow_up: bool) -> EventBatches:
+    async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
+        follow_up = context.follow_up_server_tools
         model = input.model
         settings = model_settings(model.forwarded_props)
+        wanted = settings.get("model")
+        if wanted is not None and self.allowed_models is not None and (
+                wanted not in self.allowed_models):
+            raise ModelNotAllowedError(wanted, self.allowed_models)
         tools = [ToolSpec(a.name, a.description, a.parameters) for a in self.actions.values()]
         for tool in model.tools or ():
             if tool.name not in self.actions:
@@ -120,39 +133,50 @@ class BuiltInAgent(Agent):
             by_index: dict[int, _Call] = {}
             text_open = False
             open_call: _Call | None = None
-
-            async for deltas in self.adapter.stream(request):
-                batch: list[Event] = []
-                for delta in deltas:
-                    if type(delta) is TextDelta:
-                        if not text_open:
-                            if open_call is not None or calls:
-                                continue  # text after tool calls: not shown by any client
-                            batch.append(text_message_start(message_id))
-                            text_open = True
-                        text.append(delta.text)
-                        batch.append(text_message_content(message_id, delta.text))
-                    elif type(delta) is ToolCallDelta:
-                        call = by_index.get(delta.call_index)
-                        if call is None:
-                            if text_open:
-                                batch.append(text_message_end(message_id))
-                                text_open = False
-                            if open_call is not None:
-                                batch.append(tool_call_end(open_call.id))
-                            call = _Call(delta.id or f"call_{uuid.uuid4().hex[:24]}",
-                                         delta.name or "")
-                            by_index[delta.call_index] = call
-                            calls.append(call)
-                            open_call = call
-                            batch.append(tool_call_start(call.id, call.name, message_id))
-                        if delta.arguments:
-                            call.arguments.append(delta.arguments)
-                            batch.append(tool_call_args(call.id, delta.arguments))
-                    else:
-                        assert type(delta) is StreamEnd
-                if batch:
-                    yield batch
+            end: StreamEnd | None = None
+            span = context.telemetry.model_call(self.adapter.provider, request.model) if (
+                context.telemetry is not None) else None
+            try:
+                async for deltas in self.adapter.stream(request):
+                    batch: list[Event] = []
+                    for delta in deltas:
+                        if type(delta) is TextDelta:
+                            if not text_open:
+                                if open_call is not None or calls:
+                                    continue  # text after tool calls: not shown by any client
+                                batch.append(text_message_start(message_id))
+                                text_open = True
+                            text.append(delta.text)
+                            batch.append(text_message_content(message_id, delta.text))
+                        elif type(delta) is ToolCallDelta:
+                            call = by_index.get(delta.call_index)
+                            if call is None:
+                                if text_open:
+                                    batch.append(text_message_end(message_id))
+                                    text_open = False
+                                if open_call is not None:
+                                    batch.append(tool_call_end(open_call.id))
+                                call = _Call(delta.id or f"call_{uuid.uuid4().hex[:24]}",
+                                             delta.name or "")
+                                by_index[delta.call_index] = call
+                                calls.append(call)
+                                open_call = call
+                                batch.append(tool_call_start(call.id, call.name, message_id))
+                            if delta.arguments:
+                                call.arguments.append(delta.arguments)
+                                batch.append(tool_call_args(call.id, delta.arguments))
+                        else:
+                            end = delta  # type: ignore[assignment]
+                    if batch:
+                        yield batch
+            except BaseException as exc:
+                if span is not None:
+                    span.end(None, None, exc)
+                raise
+            if end is not None and end.usage:
+                _add_usage(context.usage, end.usage)
+            if span is not None:
+                span.end(end.finish_reason if end else None, end.usage if end else None)
 
             tail: list[Event] = []
             if text_open:
@@ -172,7 +196,8 @@ class BuiltInAgent(Agent):
                 yield tail
             if not server_calls:
                 return  # only frontend tools: the client runs them and starts the next run
-            results = await asyncio.gather(*(self._execute(c) for c in server_calls))
+            results = await asyncio.gather(*(self._execute(c, context.telemetry)
+                                             for c in server_calls))
             batch = []
             for call, content in zip(server_calls, results, strict=True):
                 result_id = str(uuid.uuid4())
@@ -182,10 +207,18 @@ class BuiltInAgent(Agent):
             if len(server_calls) < len(calls) or not follow_up:
                 return  # the client has tools to run, or sends the follow-up itself
 
-    async def _execute(self, call: _Call) -> str:
+    async def _execute(self, call: _Call, telemetry: Any = None) -> str:
         action = self.actions.get(call.name)
         if action is None:
             return _tool_error(f"there is no tool named {call.name!r}")
+        if telemetry is not None:
+            with telemetry.tool_call(call.name) as span:
+                span.set_attribute("gen_ai.tool.call.id", call.id)
+                return await self._execute_action(action, call)
+        return await self._execute_action(action, call)
+
+    @staticmethod
+    async def _execute_action(action: Action, call: _Call) -> str:
         try:
             return await action.execute("".join(call.arguments))
         except ActionError as exc:
@@ -197,6 +230,16 @@ class BuiltInAgent(Agent):
             lines = [f"- {c.description}: {c.value}" for c in context]
             parts.append("The application shared this context with you:\n" + "\n".join(lines))
         return "\n\n".join(parts) or None
+
+
+def _add_usage(total: dict[str, int], usage: dict[str, Any]) -> None:
+    """Sum an OpenAI-style usage object into the run's `input_tokens`/`output_tokens`."""
+    for source, name in (("prompt_tokens", "input_tokens"), ("completion_tokens",
+                                                             "output_tokens"),
+                         ("input_tokens", "input_tokens"), ("output_tokens", "output_tokens")):
+        value = usage.get(source)
+        if isinstance(value, int) and not isinstance(value, bool):
+            total[name] = total.get(name, 0) + value
 
 
 def _tool_error(message: str) -> str:

@@ -15,6 +15,7 @@ import orjson
 
 from copilot_runtime._exceptions import PayloadTooLargeError
 from copilot_runtime._runs import ActiveRun
+from copilot_runtime.auth import RequestInfo
 from copilot_runtime.events import Event
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "Send",
     "encode_sse",
     "read_body",
+    "request_info",
     "send_json",
     "stream_events",
     "stream_run",
@@ -87,7 +89,8 @@ class CORSPolicy:
 class Request:
     """What the handlers need of an HTTP request, parsed once."""
 
-    __slots__ = ("cors", "headers", "method", "path", "query", "receive", "scope", "send")
+    __slots__ = ("cors", "headers", "info", "method", "path", "query", "receive", "scope",
+                 "send")
 
     def __init__(self, scope: Scope, receive: Receive, send: Send, path: str,
                  cors: Headers) -> None:
@@ -99,6 +102,8 @@ class Request:
         self.headers: dict[bytes, bytes] = {k.lower(): v for k, v in scope["headers"]}
         self.query: bytes = scope.get("query_string", b"")
         self.cors = cors
+        #: Who asks, when the runtime needs to know (identity, hooks, limits, telemetry).
+        self.info: RequestInfo | None = None
 
     def header(self, name: str) -> str | None:
         value = self.headers.get(name.encode())
@@ -108,6 +113,15 @@ class Request:
         content_type = self.headers.get(b"content-type", b"")
         return content_type.split(b";", 1)[0].strip().lower() in (
             b"application/json", b"application/graphql-response+json")
+
+
+def request_info(request: Request) -> RequestInfo:
+    """The request as authenticators, hooks and limits see it."""
+    client = request.scope.get("client")
+    return RequestInfo(
+        method=request.method, path=request.path,
+        headers={k.decode("latin-1"): v.decode("latin-1") for k, v in request.headers.items()},
+        client=client[0] if client else None)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

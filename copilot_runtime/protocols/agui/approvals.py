@@ -26,8 +26,10 @@ from copilot_runtime._exceptions import InvalidRequestError, ThreadBusyError
 from copilot_runtime._input import parse_json_body
 from copilot_runtime.protocols._http import Request, read_body, send_json
 from copilot_runtime.workflows.approvals import (
+    Approval,
     ApprovalClosedError,
     ApprovalError,
+    ApprovalNotFoundError,
     ApprovalStatus,
 )
 from copilot_runtime.workflows.service import ApprovalService
@@ -65,6 +67,7 @@ class ApprovalRoutes:
                     await _not_allowed(request, b"GET")
             elif request.method in ("GET", "HEAD"):
                 approval, _, _ = await self.service.get(approval_id)
+                await self._check_access(request, approval)
                 await send_json(request, 200, {"approval": approval.to_json()})
             elif request.method == "POST":
                 await self._answer(request, approval_id)
@@ -92,16 +95,34 @@ class ApprovalRoutes:
         approvals = await self.service.list(
             status=_STATUSES[status_name], agent_id=agent_ids[0] if agent_ids else None,
             thread_id=thread_ids[0] if thread_ids else None)
+        if request.info is not None and request.info.principal is not None:
+            runtime = self.service.runtime
+            allowed: dict[str, bool] = {}
+            for approval in approvals:
+                if approval.thread_id not in allowed:
+                    allowed[approval.thread_id] = await runtime.can_approve(
+                        request.info, approval.thread_id)
+            approvals = [a for a in approvals if allowed[a.thread_id]]
         await send_json(request, 200, {"approvals": [a.to_json() for a in approvals]})
 
     async def _answer(self, request: Request, approval_id: str) -> None:
         data = parse_json_body(await read_body(request, self.max_body_size))
         answer, wait = _parse_answer(data)
+        approval, _, _ = await self.service.get(approval_id)
+        await self._check_access(request, approval)
         user = answer.get("userId")
+        if request.info is not None and request.info.principal is not None:
+            user = answer["userId"] = request.info.principal.id  # who it is, not who it says
         result = await self.service.answer(
             approval_id, answer, answered_by=user if isinstance(user, str) else None,
             wait=wait)
         await send_json(request, 200 if wait else 202, result)
+
+
+    async def _check_access(self, request: Request, approval: Approval) -> None:
+        """Someone else's approval does not exist for the caller (the same 404)."""
+        if not await self.service.runtime.can_approve(request.info, approval.thread_id):
+            raise ApprovalNotFoundError(approval.id)
 
 
 def _parse_answer(data: Any) -> tuple[dict[str, Any], bool]:

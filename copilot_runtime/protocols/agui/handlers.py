@@ -26,7 +26,9 @@ from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._exceptions import (
     AgentNotFoundError,
     InvalidRequestError,
+    RateLimitedError,
     RequestError,
+    ThreadNotFoundError,
 )
 from copilot_runtime._input import parse_json_body, parse_run_input
 from copilot_runtime.agents._headers import HOP_BY_HOP
@@ -144,9 +146,11 @@ class AGUIProtocol:
     async def _start(self, request: Request, agent_id: str, what: str, data: Any) -> None:
         run_input = parse_run_input(data)
         if what == "connect":
-            await stream_events(request, self.runtime.connect(agent_id, run_input.thread_id))
+            await stream_events(request, self.runtime.connect(
+                agent_id, run_input.thread_id, request=request.info))
             return
-        run = await self.runtime.start_run(agent_id, run_input, forwardable_headers(request))
+        run = await self.runtime.start_run(agent_id, run_input, forwardable_headers(request),
+                                           request=request.info)
         await stream_run(request, run, keepalive=self.keepalive)
 
     async def _stop_rest(self, request: Request, agent_id: str, thread_id: str) -> None:
@@ -170,7 +174,10 @@ class AGUIProtocol:
 
     async def _stop(self, request: Request, agent_id: str, thread_id: str,
                     run_id: str | None) -> None:
-        if self.runtime.stop_run(agent_id, thread_id, run_id):
+        if self.runtime.owner_filter(request.info) is not None and \
+                not await self.runtime.can_see(request.info, thread_id):
+            raise ThreadNotFoundError(thread_id)  # someone else's, or none: the same answer
+        if self.runtime.stop_run(agent_id, thread_id, run_id, request=request.info):
             await send_json(request, 200, {"stopped": True, "interrupt": {
                 "type": "RUN_ERROR", "message": "Run stopped by user", "code": "STOPPED"}})
         else:
@@ -183,7 +190,7 @@ class AGUIProtocol:
             query = urllib.parse.parse_qs(request.query.decode("latin-1"))
             agent_ids = query.get("agentId")
             agent_id = agent_ids[0] if agent_ids else None
-            records = await store.list(agent_id)
+            records = await store.list(agent_id, owner=self.runtime.owner_filter(request.info))
             await send_json(request, 200, {"threads": [{
                 "id": r.thread_id, "name": None, "agentId": r.agent_id,
                 "organizationId": "", "createdById": "", "archived": False,
@@ -191,7 +198,8 @@ class AGUIProtocol:
             } for r in records], "nextCursor": None})
             return
         record = await store.get(thread_id)
-        if record is None:
+        owner = self.runtime.owner_filter(request.info)
+        if record is None or (owner is not None and record.owner != owner):
             await send_json(request, 404, {"error": "Thread not found",
                                            "message": f"Thread '{thread_id}' does not exist"})
         elif what == "messages":
@@ -247,6 +255,12 @@ class AGUIProtocol:
             await work
         except AgentNotFoundError as exc:
             await send_json(request, 404, {"error": "Agent not found", "message": exc.message})
+        except ThreadNotFoundError as exc:
+            await send_json(request, 404, {"error": "Thread not found", "message": exc.message})
+        except RateLimitedError as exc:
+            await send_json(request, 429, {"error": "Too many requests", "message": exc.message,
+                                           "code": exc.code},
+                            [(b"retry-after", str(exc.retry_after).encode())])
         except InvalidRequestError as exc:
             body: dict[str, Any] = {"error": exc.message}
             if exc.details is not None:

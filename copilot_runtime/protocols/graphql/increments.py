@@ -34,7 +34,11 @@ from copilot_runtime._server_tools import AGENT_FINISHED, AGENT_STARTED
 from copilot_runtime.events import Event
 from copilot_runtime.protocols.graphql.agent_state import STATE_EVENTS, AgentStates
 from copilot_runtime.protocols.graphql.agent_state import now_iso as _now
-from copilot_runtime.protocols.graphql.errors import failed_status, interrupted_status
+from copilot_runtime.protocols.graphql.errors import (
+    failed_status,
+    guardrails_status,
+    interrupted_status,
+)
 from copilot_runtime.protocols.graphql.meta_events import meta_event
 from copilot_runtime.protocols.graphql.plan import Field, ObjectPlan, OperationPlan
 from copilot_runtime.protocols.graphql.project import Obj, project, project_fields
@@ -105,8 +109,11 @@ class ResponseEncoder:
                  frontend_tools: frozenset[str], stopped: Callable[[], bool],
                  incremental: bool, agent_name: str | None = None,
                  agent_run_id: str | None = None,
-                 agent_state: Mapping[str, Any] | None = None) -> None:
+                 agent_state: Mapping[str, Any] | None = None,
+                 refusal: str | None = None) -> None:
         self.plan = plan
+        #: A guardrail's reason for refusing the input: the response fails with it.
+        self.refusal = refusal
         self.incremental = incremental and plan.incremental is not None
         self.frontend_tools = frontend_tools
         self.stopped = stopped
@@ -394,7 +401,9 @@ class ResponseEncoder:
 
     def _finish(self) -> None:
         cut = self.stopped() and self._closing
-        if cut:
+        if self.refusal is not None:
+            self._status = ("FailedResponseStatus", guardrails_status(self.refusal))
+        elif cut:
             self._status = ("FailedResponseStatus", interrupted_status(
                 str(self._closing[0].values["id"])))
         else:
