@@ -147,7 +147,8 @@ class GraphQLProtocol:
         # document has them removed, so the result always comes in one piece.
         result = experimental_execute_incrementally(
             self.schema, prepared.plain(), root_value=self._root, variable_values=variables,
-            operation_name=name, context_value=QueryContext(forwardable_headers(request)))
+            operation_name=name,
+            context_value=QueryContext(forwardable_headers(request), request.info))
         if isawaitable(result):
             result = await result
         assert isinstance(result, ExecutionResult)
