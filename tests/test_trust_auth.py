@@ -140,7 +140,9 @@ async def test_stores_record_and_filter_owners(kind: str, tmp_path: Path) -> Non
     await store.append_run("a1", "default", StoredRun("r2", [], 4.0), [],
                            owner=ThreadOwner("bob"))
     record = await store.get("a1")
-    assert record is not None and record.owner == alice and len(record.runs) == 2
+    assert record is not None
+    assert record.owner == alice
+    assert len(record.runs) == 2
     assert [r.thread_id for r in await store.list(owner=alice)] == ["a1"]
     assert [r.thread_id for r in await store.list(owner=acme_alice)] == ["a2"]
     assert [r.thread_id for r in await store.list(owner=ThreadOwner("bob"))] == []
@@ -167,7 +169,9 @@ async def test_an_sqlite_database_from_before_owners_opens(tmp_path: Path) -> No
     db.close()
     store = SQLiteThreadStore(path)
     record = await store.get("old")
-    assert record is not None and record.owner is None and len(record.runs) == 1
+    assert record is not None
+    assert record.owner is None
+    assert len(record.runs) == 1
     await store.append_run("new", "default", StoredRun("r1", [], 2.0), [],
                            owner=ThreadOwner("alice"))
     assert [r.thread_id for r in await store.list(owner=ThreadOwner("alice"))] == ["new"]

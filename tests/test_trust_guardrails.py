@@ -139,7 +139,8 @@ async def test_check_input_rules() -> None:
             raise RuntimeError("boom")
 
     failed = await check_input([Broken()], [user], alice)  # fails closed
-    assert not failed.allowed and "could not be checked" in failed.reason
+    assert not failed.allowed
+    assert "could not be checked" in failed.reason
     unclear = TopicGuardrail(ScriptedAdapter(text_turn("maybe?")), deny=["x"])
     assert not (await check_input([unclear], [user], alice)).allowed
     # Topics from a request without a configured judge are ignored (and logged).
@@ -149,5 +150,6 @@ async def test_check_input_rules() -> None:
 
 async def test_guardrails_cost_nothing_when_absent(served: Served) -> None:
     runtime = served.runtime
-    assert not runtime.guardrails and not runtime.wants_request_info
+    assert not runtime.guardrails
+    assert not runtime.wants_request_info
     assert text_of(await served.run(run_input("password please"))) == "echo: password please"

@@ -133,7 +133,8 @@ async def test_every_agui_route_on_anothers_thread_is_404(two_users: Served,
     events = await run_as(served, ALICE, "alice-1", "Hello from Alice")
     assert text_of(events) == "echo: Hello from Alice"
     record = await served.runtime.store.get("alice-1")
-    assert record is not None and record.owner == ThreadOwner("alice")
+    assert record is not None
+    assert record.owner == ThreadOwner("alice")
     before = await snapshot(served, "alice-1")
     calls = len(llm.requests)
 
@@ -155,11 +156,14 @@ async def test_every_agui_route_on_anothers_thread_is_404(two_users: Served,
         assert orjson.loads(mine[1])["error"] == "Thread not found"
     # Stop: 404 for both.
     mine, ghost = await as_both("POST", "/agent/default/stop/alice-1", {})
-    assert mine == ghost and mine[0] == 404
+    assert mine == ghost
+    assert mine[0] == 404
     # Connect: nothing to replay, as for a thread never run (clients connect to new threads).
     mine, ghost = await as_both("POST", "/agent/default/connect",
                                 run_input("", thread="alice-1"))
-    assert mine == ghost and mine[0] == 200 and parse_sse(mine[1]) == []
+    assert mine == ghost
+    assert mine[0] == 200
+    assert parse_sse(mine[1]) == []
     # Run: 404 (a new thread id would start a thread of bob's own).
     status, body, _ = await call(served, "POST", "/agent/default/run", BOB,
                                  run_input("Bob was here", thread="alice-1", run="b1"))
@@ -257,9 +261,11 @@ async def test_approvals_are_the_owners_and_the_approvers(two_users: Served) -> 
     # The owner answers the next one; the resumed runs stay in alice's thread.
     status, body, _ = await call(served, "POST", f"/approvals/{next_one['id']}", ALICE,
                                  {"action": "approve"})
-    assert status == 200 and orjson.loads(body)["run"]["status"] == "finished"
+    assert status == 200
+    assert orjson.loads(body)["run"]["status"] == "finished"
     record = await served.runtime.store.get("alice-review")
-    assert record is not None and record.owner == ThreadOwner("alice")
+    assert record is not None
+    assert record.owner == ThreadOwner("alice")
     assert len(record.runs) == 3
     status, body, _ = await call(served, "GET", "/threads", CAROL)
     assert orjson.loads(body)["threads"] == []  # approving is not owning
