@@ -22,6 +22,7 @@ from copilot_runtime._exceptions import (
     RequestError,
 )
 from copilot_runtime._input import parse_json_body
+from copilot_runtime.hooks import ErrorInfo
 from copilot_runtime.protocols._http import (
     CORSPolicy,
     Receive,
@@ -86,6 +87,10 @@ class CopilotEndpoint:
         except Exception:
             # Logged with its stack; the client learns only that the server failed.
             _log.exception("unhandled error", path=path, method=request.method)
+            if request.info is not None:
+                self.runtime.hooks.error(ErrorInfo(
+                    "The runtime failed to handle the request", "INTERNAL_ERROR",
+                    principal=request.info.principal, request_id=request.info.request_id))
             with contextlib.suppress(Exception):
                 await send_json(request, 500, {"error": "internal_error",
                                                "message": "The runtime failed to handle "
@@ -95,13 +100,14 @@ class CopilotEndpoint:
         """Dispatch once the runtime knows who asks (a 401 or a hook's refusal otherwise)."""
         info = request.info = request_info(request)
         telemetry = self.runtime.telemetry
-        if telemetry is None:
-            if await self._identify(request):
-                await self._dispatch(request, path)
-            return
-        with telemetry.request_span(info):
-            if await self._identify(request):
-                await self._dispatch(request, path)
+        with structlog.contextvars.bound_contextvars(request_id=info.request_id):
+            if telemetry is None:
+                if await self._identify(request):
+                    await self._dispatch(request, path)
+                return
+            with telemetry.request_span(info):
+                if await self._identify(request):
+                    await self._dispatch(request, path)
 
     async def _identify(self, request: Request) -> bool:
         assert request.info is not None
