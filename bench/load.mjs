@@ -80,6 +80,8 @@ const FIRST_TEXT_PROBE = { agui: /"TEXT_MESSAGE_(?:CONTENT|CHUNK)"/, graphql: /"
 
 // ---------------------------------------------------------------------------------------------
 // request bodies
+// BENCH_TOKEN: a bearer token every AG-UI and GraphQL request carries (bench/app.py with BENCH_TRUST).
+const AUTH = process.env.BENCH_TOKEN ? { Authorization: `Bearer ${process.env.BENCH_TOKEN}` } : {};
 function requestMaker(protocol, template) {
   if (protocol === "agui") {
     return () => {
@@ -87,7 +89,7 @@ function requestMaker(protocol, template) {
         threadId: randomUUID(), runId: randomUUID(), tools: [], context: [], forwardedProps: {}, state: {},
         messages: [{ id: randomUUID(), role: "user", content: TEXT }],
       }));
-      return { body, headers: { "Content-Type": "application/json", Accept: "text/event-stream", "content-length": body.length } };
+      return { body, headers: { "Content-Type": "application/json", Accept: "text/event-stream", "content-length": body.length, ...AUTH } };
     };
   }
   if (protocol === "openai") {
@@ -112,7 +114,7 @@ function requestMaker(protocol, template) {
       __BENCH_CREATED_AT__: new Date().toISOString(), __BENCH_USER_TEXT__: userText,
     };
     const body = Buffer.from(parts.map((p) => (p in values ? values[p] : p)).join(""));
-    const headers = Object.fromEntries(headerEntries);
+    const headers = { ...Object.fromEntries(headerEntries), ...AUTH };
     headers["content-length"] = body.length;
     return { body, headers };
   };
