@@ -150,7 +150,7 @@ class JWTAuth:
     ) -> None:
         try:
             import jwt
-        except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        except ImportError as exc:
             raise ConfigurationError(
                 "JWTAuth needs PyJWT: pip install 'copilot-runtime[auth]'") from exc
         if (key is None) == (jwks_url is None):

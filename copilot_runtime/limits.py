@@ -135,7 +135,7 @@ class RedisCounters:
     def __init__(self, url: str, *, prefix: str = "copilot-runtime:limits:") -> None:
         try:
             import redis.asyncio as aioredis
-        except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        except ImportError as exc:
             raise ConfigurationError(
                 "Redis rate limits need redis-py: pip install 'copilot-runtime[redis]'") from exc
         self.prefix = prefix

@@ -39,7 +39,7 @@ class Telemetry:
     def __init__(self, tracer_provider: Any = None, meter_provider: Any = None) -> None:
         try:
             from opentelemetry import metrics, trace
-        except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        except ImportError as exc:
             raise ConfigurationError(
                 "Telemetry needs the OpenTelemetry API: pip install 'copilot-runtime[otel]'"
             ) from exc

@@ -179,3 +179,43 @@ async def test_an_sqlite_database_from_before_owners_opens(tmp_path: Path) -> No
     again = SQLiteThreadStore(path)  # the migration runs once
     assert {r.thread_id for r in await again.list()} == {"old", "new"}
     await again.aclose()
+
+
+_WITHOUT_EXTRAS = """
+import sys
+
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"jwt", "opentelemetry", "redis"}:
+            raise ImportError(f"no module named {name!r} (blocked)")
+
+sys.meta_path.insert(0, Blocked())
+import copilot_runtime as cr
+from copilot_runtime.telemetry import Telemetry, configure_logging
+
+cr.CopilotRuntime(service_adapter=cr.DemoAdapter(), auth=cr.BearerTokenAuth({"tok-1234567": "a"}),
+                  rate_limit=cr.RateLimit(runs_per_minute=1),
+                  guardrails=[cr.PatternGuardrail(deny=["x"])])
+for make in (lambda: cr.JWTAuth("k", algorithms=["HS256"]), Telemetry,
+             lambda: cr.CopilotRuntime(rate_limit=cr.RateLimit(runs_per_minute=1,
+                                                               backend="redis://127.0.0.1"))):
+    try:
+        make()
+    except cr.ConfigurationError as exc:
+        print(exc)
+"""
+
+
+def test_the_core_works_without_the_extras() -> None:
+    """auth, otel and redis are extras: without them the rest works, and each feature that
+    needs one says which to install."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _WITHOUT_EXTRAS], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "JWTAuth needs PyJWT: pip install 'copilot-runtime[auth]'",
+        "Telemetry needs the OpenTelemetry API: pip install 'copilot-runtime[otel]'",
+        "Redis rate limits need redis-py: pip install 'copilot-runtime[redis]'"]
