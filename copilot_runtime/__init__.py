@@ -103,24 +103,32 @@ __all__ = [
 
 
 _LAZY = {
-    # These need optional extras (langgraph, platform, postgres): imported when asked for.
-    "LangGraphAgent": "copilot_runtime.agents",
-    "LangGraphPlatformAgent": "copilot_runtime.agents",
-    "checkpointer": "copilot_runtime.checkpointers",
-    "DurableCheckpointer": "copilot_runtime.checkpointers",
-    "ReviewLoop": "copilot_runtime.workflows",
-    "Orchestrator": "copilot_runtime.workflows",
-    "Step": "copilot_runtime.workflows",
-    "ApprovalPolicy": "copilot_runtime.workflows",
-    "existing_agent": "copilot_runtime.workflows",
-    "approval_service": "copilot_runtime.workflows",
+    # These need optional extras: imported when asked for. name: (module, extra)
+    "LangGraphAgent": ("copilot_runtime.agents", "langgraph"),
+    "LangGraphPlatformAgent": ("copilot_runtime.agents", "platform"),
+    "checkpointer": ("copilot_runtime.checkpointers", "langgraph"),
+    "DurableCheckpointer": ("copilot_runtime.checkpointers", "langgraph"),
+    "ReviewLoop": ("copilot_runtime.workflows", "langgraph"),
+    "Orchestrator": ("copilot_runtime.workflows", "langgraph"),
+    "Step": ("copilot_runtime.workflows", "langgraph"),
+    "ApprovalPolicy": ("copilot_runtime.workflows", "langgraph"),
+    "existing_agent": ("copilot_runtime.workflows", "langgraph"),
+    "approval_service": ("copilot_runtime.workflows", "langgraph"),
 }
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    entry = _LAZY.get(name)
+    if entry is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    module, extra = entry
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and exc.name.split(".")[0] == "copilot_runtime":
+            raise
+        raise ImportError(f"{name} needs the {extra} extra: pip install "
+                          f"'copilot-runtime[{extra}]' (missing: {exc.name})",
+                          name=exc.name) from exc

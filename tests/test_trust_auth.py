@@ -24,9 +24,6 @@ from copilot_runtime import (
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.testing import LoopbackServer
 from copilot_runtime.threads import InMemoryThreadStore, StoredRun, ThreadOwner
-from tests.trust_support import deadline
-
-__all__ = ["deadline"]
 
 SECRET = "a-test-secret-of-at-least-32-bytes!!"
 

@@ -19,9 +19,6 @@ from copilot_runtime.adapters.base import ChatDelta, ChatRequest
 from copilot_runtime.guardrails import check_input
 from copilot_runtime.testing import MockOpenAIServer, ScriptedAdapter, text_turn, verify_events
 from tests.conftest import Served, ServeRuntime, run_input, text_of, types
-from tests.trust_support import deadline
-
-__all__ = ["deadline"]
 
 
 def judge_turn(request: ChatRequest) -> Sequence[Sequence[ChatDelta]]:

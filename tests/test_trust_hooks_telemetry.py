@@ -27,9 +27,6 @@ from copilot_runtime.telemetry import Telemetry, configure_logging, redact_secre
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import ServeRuntime, parse_sse, run_input, text_of, types
 from tests.realclient_app import getWeather
-from tests.trust_support import deadline
-
-__all__ = ["deadline"]
 
 TOKEN = "tok-alice-0001"
 

@@ -22,9 +22,6 @@ from copilot_runtime.auth import Principal, RequestInfo
 from copilot_runtime.limits import RateLimiter, RedisCounters
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import Served, ServeRuntime, parse_sse, run_input, text_of, types
-from tests.trust_support import deadline
-
-__all__ = ["deadline"]
 
 ALICE, BOB = "tok-alice-0001", "tok-bob-00002"
 USERS = BearerTokenAuth({ALICE: "alice", BOB: "bob"})

@@ -28,10 +28,6 @@ from copilot_runtime.workflows.review_loop import ReviewLoop
 from copilot_runtime.workflows.service import approval_service
 from tests.conftest import Served, ServeRuntime, parse_sse, run_input, text_of, types
 from tests.test_hitl_agui import Drafting
-from tests.trust_support import deadline
-
-__all__ = ["deadline"]
-
 
 ALICE, BOB, CAROL, MALLORY = ("tok-alice-0001", "tok-bob-00002", "tok-carol-0003",
                               "tok-mallory-04")

@@ -25,9 +25,6 @@ from copilot_runtime.threads import ThreadOwner
 from tests.conftest import Served, ServeRuntime
 from tests.test_graphql_real_client import _npm_ci
 from tests.test_real_clients import _ensure_node_modules
-from tests.trust_support import deadline
-
-__all__ = ["deadline"]
 
 TESTS = Path(__file__).resolve().parent
 ALICE, BOB = "tok-alice-0001", "tok-bob-00002"

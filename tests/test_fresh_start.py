@@ -1,0 +1,190 @@
+"""The install paths a newcomer takes, from nothing.
+
+* Each extra of `pyproject.toml` (and none) in a fresh virtual environment holding only the
+  package and that extra: no test dependency can hide a missing requirement.
+* The README's first command, as written, from a fresh `git clone` of HEAD.
+
+They reuse pip's cache, so they cost about a minute on a warm machine; the first run on a
+cold one downloads every dependency once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import httpx2
+import orjson
+import pytest
+
+from tests.conftest import free_port, parse_sse
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECK = Path(__file__).resolve().parent / "fresh_start" / "check_extra.py"
+INSTALL_TIMEOUT = 420
+pytestmark = pytest.mark.timeout(INSTALL_TIMEOUT + 120)
+
+
+def extras() -> list[str]:
+    """Every extra a user may install ("" for none); `test` is the suite's own."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    return ["", *sorted(name for name in declared if name != "test")]
+
+
+def _run(args: list[str], *, cwd: Path | None = None, timeout: float = INSTALL_TIMEOUT,
+         env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=env)
+    if done.returncode != 0:
+        pytest.fail(f"{' '.join(args)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
+                    f"{done.stderr[-3000:]}", pytrace=False)
+    return done.stdout
+
+
+def _clean_env() -> dict[str, str]:
+    """The environment of a newcomer's shell: no key, no virtual environment of ours."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OPENAI_", "ANTHROPIC_", "GOOGLE_", "GEMINI_", "VIRTUAL_ENV",
+                                "COPILOT_RUNTIME_", "PYTHON"))}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if ".venv" not in p)
+    return env
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package as pip would get it from an index, built once."""
+    out = tmp_path_factory.mktemp("wheel")
+    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out),
+          str(ROOT)], env=_clean_env())
+    (built,) = out.glob("copilot_runtime-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def environments(wheel: Path, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[dict[str, Future[Path]]]:
+    """One fresh virtual environment per extra, installed two at a time."""
+    base = tmp_path_factory.mktemp("venvs")
+
+    def install(extra: str) -> Path:
+        venv = base / (extra or "base")
+        # The suite's pip installs into it (no copy of pip bootstrapped, no bytecode
+        # compiled ahead: neither changes what gets installed, both cost time).
+        _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], env=_clean_env())
+        requirement = f"{wheel}[{extra}]" if extra else str(wheel)
+        _run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
+              "install", "--quiet", "--no-compile", "--disable-pip-version-check",
+              requirement], env=_clean_env())
+        return venv
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {extra: pool.submit(install, extra) for extra in extras()}
+
+
+def test_every_extra_has_a_check() -> None:
+    source = CHECK.read_text()
+    checked = set(re.findall(r'^    "(\w*)": check_\w+,$', source, re.MULTILINE))
+    assert checked == set(extras()), "add a check to tests/fresh_start/check_extra.py"
+
+
+@pytest.mark.parametrize("extra", extras())
+def test_extra_installs_and_works_alone(extra: str,
+                                        environments: dict[str, Future[Path]]) -> None:
+    venv = environments[extra].result(timeout=INSTALL_TIMEOUT)
+    out = _run([str(venv / "bin" / "python"), str(CHECK), extra], cwd=venv, timeout=120,
+               env=_clean_env())
+    assert out.strip().endswith(f"ok {extra or 'base'}")
+
+
+@contextlib.contextmanager
+def _serving(args: list[str], cwd: Path, port: int, timeout: float) -> Iterator[list[str]]:
+    """Run a command that serves on `port`; yield the lines it printed once /info answers."""
+    log = cwd / f"serve-{port}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(args, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                   env=_clean_env(), start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"{' '.join(args)} exited with {process.returncode}:\n"
+                            f"{log.read_text()[-4000:]}", pytrace=False)
+            if time.monotonic() > deadline:
+                pytest.fail(f"{' '.join(args)} did not serve within {timeout:.0f} s:\n"
+                            f"{log.read_text()[-4000:]}", pytrace=False)
+            with contextlib.suppress(httpx2.TransportError):
+                if httpx2.get(f"http://127.0.0.1:{port}/copilotkit/info",
+                              timeout=2).status_code == 200:
+                    break
+            time.sleep(0.5)
+        yield log.read_text().splitlines()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=5)
+
+
+def test_demo_without_extras_says_which_extra_adds_the_workflows(
+        environments: dict[str, Future[Path]]) -> None:
+    venv = environments[""].result(timeout=INSTALL_TIMEOUT)
+    port = free_port()
+    with _serving([str(venv / "bin" / "copilot-runtime"), "demo", "--port", str(port),
+                   "--db", ":memory:"], venv, port, 60) as printed:
+        info = httpx2.get(f"http://127.0.0.1:{port}/copilotkit/info", timeout=5).json()
+    assert set(info["agents"]) == {"default"}
+    assert not any("Traceback" in line for line in printed), printed
+    notices = [line for line in printed if "extra" in line]
+    assert notices == ["the review_loop and account_review workflows need the langgraph "
+                       "extra: pip install 'copilot-runtime[langgraph]' (missing: "
+                       "ag_ui_langgraph)"], printed
+
+
+def test_readme_first_command_from_a_fresh_clone(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    first = re.search(r"```bash\n(\S+)", readme)
+    assert first is not None
+    command = first.group(1)
+    assert command == "./scripts/demo.sh"
+    clone = tmp_path / "clone"
+    _run(["git", "clone", "--quiet", str(ROOT), str(clone)], timeout=120, env=_clean_env())
+    port = free_port()
+    with _serving([command, "--port", str(port)], clone, port, INSTALL_TIMEOUT) as printed:
+        base = f"http://127.0.0.1:{port}/copilotkit"
+        info = httpx2.get(f"{base}/info", timeout=5).json()
+        assert {"default", "review_loop", "account_review"} <= set(info["agents"])
+        body = {"threadId": "fresh-1", "runId": "r1", "state": {}, "tools": [],
+                "context": [], "forwardedProps": {},
+                "messages": [{"id": "m1", "role": "user",
+                              "content": "What is the weather in Paris?"}]}
+        answer = httpx2.post(f"{base}/agent/default/run", json=body, timeout=60,
+                             headers={"Accept": "text/event-stream"})
+        assert answer.status_code == 200, answer.text
+        events = parse_sse(answer.content)
+        kinds = [event["type"] for event in events]
+        assert kinds[-1] == "RUN_FINISHED", kinds
+        result_at = kinds.index("TOOL_CALL_RESULT")
+        assert "TEXT_MESSAGE_CONTENT" in kinds[result_at:], kinds
+        query = {"query": "query { availableAgents { agents { name id description } } }"}
+        graphql = httpx2.post(base, json=query, timeout=10)
+        assert graphql.status_code == 200, graphql.text
+        names = {a["name"] for a in orjson.loads(graphql.content)["data"]["availableAgents"][
+            "agents"]}
+        assert {"review_loop", "account_review"} <= names
+    assert not any("Traceback" in line for line in printed), printed
+    shutil.rmtree(clone, ignore_errors=True)
