@@ -64,8 +64,8 @@ class RequestInfo:
 
     method: str
     path: str
-    #: Lower-cased names.
-    headers: Mapping[str, str]
+    #: Lower-cased names. Kept out of `repr`: they hold the caller's credentials.
+    headers: Mapping[str, str] = field(repr=False)
     #: The client's address as the ASGI server reports it (behind a proxy: the proxy's).
     client: str | None = None
     principal: Principal | None = None
