@@ -5,8 +5,8 @@ OpenAI adapter talks to the loopback mock LLM at ``$LLM_BASE_URL``. The one serv
 matches the TypeScript servers in bench/ts-agui and bench/ts-graphql.
 
 With ``BENCH_TRUST=1`` the runtime authenticates a bearer token (``$BENCH_TOKEN``, which
-the ``python-trust`` target of bench/run sends) and checks input with a pattern guardrail: the cost of serving
-many users, measured against the plain runtime.
+the ``python-trust`` target of bench/run sends) and checks input with a pattern guardrail:
+the cost of serving many users, measured against the plain runtime.
 """
 
 import os

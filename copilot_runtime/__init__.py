@@ -9,6 +9,9 @@ from typing import Any
 from copilot_runtime._exceptions import (
     ActionError,
     AgentNotFoundError,
+    ApprovalClosedError,
+    ApprovalError,
+    ApprovalNotFoundError,
     AuthenticationError,
     ConfigurationError,
     CopilotRuntimeError,
@@ -40,8 +43,8 @@ from copilot_runtime.asgi import CopilotEndpoint, create_app, mount_runtime
 from copilot_runtime.auth import BearerTokenAuth, JWTAuth, Principal
 from copilot_runtime.guardrails import PatternGuardrail, TopicGuardrail, Verdict
 from copilot_runtime.limits import RateLimit
-from copilot_runtime.protocols._http import CORSPolicy
-from copilot_runtime.runtime import CopilotRuntime
+from copilot_runtime.protocols.http import CORSPolicy
+from copilot_runtime.runtime import CopilotRuntime, approval_service
 from copilot_runtime.threads import InMemoryThreadStore, SQLiteThreadStore, ThreadStore
 
 __all__ = [
@@ -50,6 +53,9 @@ __all__ = [
     "Agent",
     "AgentNotFoundError",
     "AgentThreadState",
+    "ApprovalClosedError",
+    "ApprovalError",
+    "ApprovalNotFoundError",
     "ApprovalPolicy",
     "AuthenticationError",
     "BearerTokenAuth",
@@ -113,7 +119,6 @@ _LAZY = {
     "Step": ("copilot_runtime.workflows", "langgraph"),
     "ApprovalPolicy": ("copilot_runtime.workflows", "langgraph"),
     "existing_agent": ("copilot_runtime.workflows", "langgraph"),
-    "approval_service": ("copilot_runtime.workflows", "langgraph"),
 }
 
 

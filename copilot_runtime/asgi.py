@@ -10,34 +10,37 @@ existing FastAPI or Starlette app.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import structlog
 from starlette.routing import Route
 
 from copilot_runtime._exceptions import (
+    ClientDisconnected,
     InvalidRequestError,
     PayloadTooLargeError,
     RequestError,
 )
 from copilot_runtime._input import parse_json_body
 from copilot_runtime.hooks import ErrorInfo
-from copilot_runtime.protocols._http import (
+from copilot_runtime.protocols.agui.handlers import AGUIProtocol
+from copilot_runtime.protocols.graphql import GraphQLProtocol
+from copilot_runtime.protocols.http import (
     CORSPolicy,
     Receive,
     Request,
     Scope,
     Send,
+    error_body,
+    error_headers,
     read_body,
     request_info,
     send_bytes,
     send_json,
+    send_method_not_allowed,
 )
-from copilot_runtime.protocols.agui.handlers import AGUIProtocol
-from copilot_runtime.protocols.graphql import GraphQLProtocol
 from copilot_runtime.runtime import CopilotRuntime
-from copilot_runtime.workflows.service import approval_service
 
 __all__ = ["CopilotEndpoint", "create_app", "mount_runtime"]
 
@@ -55,7 +58,6 @@ class CopilotEndpoint:
         *,
         max_body_size: int = DEFAULT_MAX_BODY_SIZE,
         cors: CORSPolicy | None = None,
-        lifespan: bool = True,
         keepalive: float | None = 15.0,
     ) -> None:
         self.runtime = runtime
@@ -64,7 +66,6 @@ class CopilotEndpoint:
         self.cors = cors or CORSPolicy()
         self.agui = AGUIProtocol(runtime, max_body_size=max_body_size, keepalive=keepalive)
         self.graphql = GraphQLProtocol(runtime)
-        self._lifespan = lifespan
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -73,6 +74,10 @@ class CopilotEndpoint:
             return
         if kind != "http":
             return
+        if not self.runtime.started:
+            # Served without our lifespan (a host app that does not run it, or a test
+            # client): what runs beside the requests starts with the first one.
+            await self.runtime.start()
         path: str = scope["path"]
         root: str = scope.get("root_path", "")
         if root and path.startswith(root):
@@ -114,15 +119,12 @@ class CopilotEndpoint:
         try:
             await self.runtime.identify(request.info)
         except RequestError as exc:
-            headers = [(b"www-authenticate", b'Bearer realm="copilotkit"')] if (
-                exc.status == 401) else []
             if b"x-copilotkit-runtime-client-gql-version" in request.headers:
                 body: dict[str, Any] = {"errors": [{"message": exc.message, "extensions": {
                     "code": exc.code, "statusCode": exc.status}}], "data": None}
             else:
-                body = {"error": "Unauthorized" if exc.status == 401 else "Forbidden",
-                        "message": exc.message, "code": exc.code}
-            await send_json(request, exc.status, body, headers)
+                body = error_body(exc)
+            await send_json(request, exc.status, body, error_headers(exc))
             return False
         return True
 
@@ -150,7 +152,7 @@ class CopilotEndpoint:
             await self.graphql.get(request)
             return
         if request.method != "POST":
-            await send_json(request, 405, {"error": "Method not allowed"}, [(b"allow", b"POST")])
+            await send_method_not_allowed(request, b"POST")
             return
         if not request.is_json():
             await send_json(request, 415, {
@@ -171,7 +173,7 @@ class CopilotEndpoint:
             await send_json(request, 400, {"error": "invalid_request",
                                            "message": "Invalid JSON payload"})
             return
-        except ConnectionAbortedError:
+        except ClientDisconnected:
             return
         if isinstance(data, dict) and "query" in data and "method" not in data:
             await self.graphql.post(request, data)
@@ -184,12 +186,10 @@ class CopilotEndpoint:
             if message["type"] == "lifespan.startup":
                 # Approvals that expired while the server was down are timed out, and answers
                 # a crash cut off are sent again, without waiting for a first request.
-                await approval_service(self.runtime).start()
+                await self.runtime.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                await approval_service(self.runtime).aclose()  # before the checkpointers close
-                if self._lifespan:
-                    await self.runtime.aclose()
+                await self.runtime.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -221,14 +221,27 @@ def mount_runtime(
 ) -> CopilotEndpoint:
     """Serve `runtime` under `path` inside an existing FastAPI or Starlette app.
 
-    Call `await runtime.aclose()` from the app's lifespan to release connections at shutdown.
+    The runtime starts and closes with the host app: its lifespan is wrapped, so the
+    runtime starts after the host's own start-up and is closed (`runtime.aclose()`)
+    before the host's own shutdown.
     """
-    endpoint = CopilotEndpoint(runtime, path, max_body_size=max_body_size, cors=cors,
-                               lifespan=False)
+    endpoint = CopilotEndpoint(runtime, path, max_body_size=max_body_size, cors=cors)
     base = endpoint.path or "/"
     routes: Sequence[Route] = [
         Route(base, endpoint=endpoint, methods=None),
         Route(base.rstrip("/") + "/{rest:path}", endpoint=endpoint, methods=None),
     ]
     app.router.routes.extend(routes)
+    host_lifespan = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(host: Any) -> AsyncIterator[Any]:
+        async with host_lifespan(host) as state:
+            await runtime.start()
+            try:
+                yield state
+            finally:
+                await runtime.aclose()
+
+    app.router.lifespan_context = lifespan
     return endpoint

@@ -66,8 +66,12 @@ def _clean_env() -> dict[str, str]:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The package as pip would get it from an index, built once."""
     out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy: a build in the checkout would leave build/ behind in it.
+    source = tmp_path_factory.mktemp("source") / "copilot-runtime"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".*", "build", "*.egg-info", "node_modules", "tests", "bench", "docs", "web"))
     _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out),
-          str(ROOT)], env=_clean_env())
+          str(source)], env=_clean_env())
     (built,) = out.glob("copilot_runtime-*.whl")
     return built
 

@@ -22,10 +22,10 @@ from copilot_runtime import (
 )
 from copilot_runtime.agents import BuiltInAgent
 from copilot_runtime.checkpointers import checkpointer
+from copilot_runtime.runtime import approval_service
 from copilot_runtime.testing import MockOpenAIServer
 from copilot_runtime.threads import ThreadOwner
 from copilot_runtime.workflows.review_loop import ReviewLoop
-from copilot_runtime.workflows.service import approval_service
 from tests.conftest import Served, ServeRuntime, parse_sse, run_input, text_of, types
 from tests.test_hitl_agui import Drafting
 

@@ -20,19 +20,25 @@ an unknown id, 404; a thread with a run in progress, 409.
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-from copilot_runtime._exceptions import InvalidRequestError, ThreadBusyError
-from copilot_runtime._input import parse_json_body
-from copilot_runtime.protocols._http import Request, read_body, send_json
-from copilot_runtime.workflows.approvals import (
-    Approval,
-    ApprovalClosedError,
+from copilot_runtime._exceptions import (
     ApprovalError,
     ApprovalNotFoundError,
-    ApprovalStatus,
+    InvalidRequestError,
+    ThreadBusyError,
 )
-from copilot_runtime.workflows.service import ApprovalService
+from copilot_runtime._input import parse_json_body
+from copilot_runtime.approvals import Approval, ApprovalService, ApprovalStatus
+from copilot_runtime.auth import RequestInfo
+from copilot_runtime.protocols.http import (
+    Request,
+    read_body,
+    send_error,
+    send_json,
+    send_method_not_allowed,
+)
 
 __all__ = ["ApprovalRoutes", "approval_route"]
 
@@ -40,7 +46,6 @@ _ACTIONS: Final = ("approve", "reject", "revise")
 _STATUSES: Final[dict[str, ApprovalStatus | None]] = {
     "pending": "pending", "answered": "answered", "expired": "expired",
     "withdrawn": "withdrawn", "all": None}
-_TITLES: Final = {404: "Approval not found", 410: "Approval expired"}
 
 
 def approval_route(segments: list[str]) -> str | None:
@@ -53,9 +58,13 @@ def approval_route(segments: list[str]) -> str | None:
 
 
 class ApprovalRoutes:
-    def __init__(self, service: ApprovalService, *, max_body_size: int) -> None:
+    def __init__(self, service: ApprovalService, *, max_body_size: int,
+                 can_approve: Callable[[RequestInfo | None, str], Awaitable[bool]] | None = None
+                 ) -> None:
         self.service = service
         self.max_body_size = max_body_size
+        #: Whether a caller may see and answer the approvals of a thread (None: everybody).
+        self.can_approve = can_approve
 
     async def handle(self, request: Request, approval_id: str) -> None:
         await self.service.start()
@@ -64,7 +73,7 @@ class ApprovalRoutes:
                 if request.method in ("GET", "HEAD"):
                     await self._list(request)
                 else:
-                    await _not_allowed(request, b"GET")
+                    await send_method_not_allowed(request, b"GET")
             elif request.method in ("GET", "HEAD"):
                 approval, _, _ = await self.service.get(approval_id)
                 await self._check_access(request, approval)
@@ -72,16 +81,9 @@ class ApprovalRoutes:
             elif request.method == "POST":
                 await self._answer(request, approval_id)
             else:
-                await _not_allowed(request, b"GET, POST")
-        except ApprovalError as exc:
-            body: dict[str, Any] = {"error": _title(exc), "message": exc.message,
-                                    "code": exc.code}
-            if isinstance(exc, ApprovalClosedError):
-                body["approval"] = exc.approval.to_json()
-            await send_json(request, exc.status, body)
-        except ThreadBusyError as exc:
-            await send_json(request, 409, {"error": "Thread busy", "message": exc.message,
-                                           "code": exc.code})
+                await send_method_not_allowed(request, b"GET, POST")
+        except (ApprovalError, ThreadBusyError) as exc:
+            await send_error(request, exc)
 
     async def _list(self, request: Request) -> None:
         query = urllib.parse.parse_qs(request.query.decode("latin-1"))
@@ -95,12 +97,12 @@ class ApprovalRoutes:
         approvals = await self.service.list(
             status=_STATUSES[status_name], agent_id=agent_ids[0] if agent_ids else None,
             thread_id=thread_ids[0] if thread_ids else None)
-        if request.info is not None and request.info.principal is not None:
-            runtime = self.service.runtime
+        if self.can_approve is not None and request.info is not None and (
+                request.info.principal is not None):
             allowed: dict[str, bool] = {}
             for approval in approvals:
                 if approval.thread_id not in allowed:
-                    allowed[approval.thread_id] = await runtime.can_approve(
+                    allowed[approval.thread_id] = await self.can_approve(
                         request.info, approval.thread_id)
             approvals = [a for a in approvals if allowed[a.thread_id]]
         await send_json(request, 200, {"approvals": [a.to_json() for a in approvals]})
@@ -118,10 +120,10 @@ class ApprovalRoutes:
             wait=wait)
         await send_json(request, 200 if wait else 202, result)
 
-
     async def _check_access(self, request: Request, approval: Approval) -> None:
         """Someone else's approval does not exist for the caller (the same 404)."""
-        if not await self.service.runtime.can_approve(request.info, approval.thread_id):
+        if self.can_approve is not None and not await self.can_approve(
+                request.info, approval.thread_id):
             raise ApprovalNotFoundError(approval.id)
 
 
@@ -149,17 +151,3 @@ def _parse_answer(data: Any) -> tuple[dict[str, Any], bool]:
     answer = {k: v for k, v in (("action", action), ("payload", payload), ("reason", reason),
                                 ("userId", user)) if v is not None}
     return answer, wait
-
-
-def _title(exc: ApprovalError) -> str:
-    if exc.code == "APPROVAL_ALREADY_ANSWERED":
-        return "Approval already answered"
-    if exc.code == "APPROVAL_WITHDRAWN":
-        return "Approval withdrawn"
-    if exc.code == "INTERRUPT_NOT_PENDING":
-        return "Nothing to resume"
-    return _TITLES.get(exc.status, "Approval error")
-
-
-async def _not_allowed(request: Request, allow: bytes) -> None:
-    await send_json(request, 405, {"error": "Method not allowed"}, [(b"allow", allow)])
