@@ -217,9 +217,10 @@ def test_single_result_mode_writes_once() -> None:
 
 
 def test_result_encoding() -> None:
-    assert encode_result('{"error":"bad"}') == (
+    assert encode_result('{"error":"bad"}', "bad") == (
         '{"error":{"code":"HANDLER_ERROR","message":"bad"},"result":""}')
-    for unchanged in ('{"error":"x","other":1}', '{"ok":true}', "plain", '{"error":{"a":1}}'):
+    # Only a failure the event declares is one: content that looks like one is a result.
+    for unchanged in ('{"error":"x"}', '{"ok":true}', "plain", '{"error":{"a":1}}'):
         assert encode_result(unchanged) == unchanged
 
 

@@ -15,7 +15,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from ag_ui.core import (
     AssistantMessage,
     FunctionCall,
@@ -40,6 +39,7 @@ from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.events import (
     Event,
     EventBatches,
+    failed_tool_content,
     text_message_content,
     text_message_end,
     text_message_start,
@@ -222,20 +222,23 @@ class BuiltInAgent(Agent):
         """Run `calls` concurrently; their results as events, and in the history."""
         results = await asyncio.gather(*(self._execute(c) for c in calls))
         batch: list[Event] = []
-        for call, content in zip(calls, results, strict=True):
+        for call, (content, error) in zip(calls, results, strict=True):
             result_id = str(uuid.uuid4())
-            batch.append(tool_call_result(result_id, call.id, content))
-            history.append(ToolMessage(id=result_id, tool_call_id=call.id, content=content))
+            batch.append(tool_call_result(result_id, call.id, content, error=error))
+            history.append(ToolMessage(id=result_id, tool_call_id=call.id, content=content,
+                                       error=error))
         return batch
 
-    async def _execute(self, call: _Call) -> str:
+    async def _execute(self, call: _Call) -> tuple[str, str | None]:
+        """The tool's result, and why it failed (None when it did not)."""
         action = self.actions.get(call.name)
         if action is None:
-            return _tool_error(f"there is no tool named {call.name!r}")
+            message = f"there is no tool named {call.name!r}"
+            return failed_tool_content(message), message
         try:
-            return await action.execute("".join(call.arguments))
+            return await action.execute("".join(call.arguments)), None
         except ActionError as exc:
-            return _tool_error(exc.message)
+            return failed_tool_content(exc.message), exc.message
 
     def _system_prompt(self, context: Sequence[Any]) -> str | None:
         parts = [self.instructions] if self.instructions else []
@@ -243,10 +246,6 @@ class BuiltInAgent(Agent):
             lines = [f"- {c.description}: {c.value}" for c in context]
             parts.append("The application shared this context with you:\n" + "\n".join(lines))
         return "\n\n".join(parts) or None
-
-
-def _tool_error(message: str) -> str:
-    return orjson.dumps({"error": message}).decode()
 
 
 _SETTING_KEYS = {
