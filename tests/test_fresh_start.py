@@ -21,6 +21,7 @@ import time
 import tomllib
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx2
@@ -77,9 +78,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def environments(wheel: Path, tmp_path_factory: pytest.TempPathFactory
-                 ) -> Iterator[dict[str, Future[Path]]]:
-    """One fresh virtual environment per extra, installed two at a time."""
+def environments(wheel: Path, tmp_path_factory: pytest.TempPathFactory,
+                 fresh_clone: Serving) -> Iterator[dict[str, Future[Path]]]:
+    """One fresh virtual environment per extra, installed two at a time (while the fresh
+    clone installs itself)."""
     base = tmp_path_factory.mktemp("venvs")
 
     def install(extra: str) -> Path:
@@ -112,45 +114,79 @@ def test_extra_installs_and_works_alone(extra: str,
     assert out.strip().endswith(f"ok {extra or 'base'}")
 
 
-@contextlib.contextmanager
-def _serving(args: list[str], cwd: Path, port: int, timeout: float) -> Iterator[list[str]]:
-    """Run a command that serves on `port`; yield the lines it printed once /info answers."""
-    log = cwd / f"serve-{port}.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(args, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                   env=_clean_env(), start_new_session=True)
-    try:
+@dataclass
+class Serving:
+    """A command that serves the runtime on `port`, started in the background."""
+
+    args: list[str]
+    process: subprocess.Popen[bytes]
+    log: Path
+    port: int
+
+    def wait(self, timeout: float) -> list[str]:
+        """The lines it printed, once `/info` answers."""
         deadline = time.monotonic() + timeout
         while True:
-            if process.poll() is not None:
-                pytest.fail(f"{' '.join(args)} exited with {process.returncode}:\n"
-                            f"{log.read_text()[-4000:]}", pytrace=False)
+            if self.process.poll() is not None:
+                pytest.fail(f"{' '.join(self.args)} exited with {self.process.returncode}:\n"
+                            f"{self.log.read_text()[-4000:]}", pytrace=False)
             if time.monotonic() > deadline:
-                pytest.fail(f"{' '.join(args)} did not serve within {timeout:.0f} s:\n"
-                            f"{log.read_text()[-4000:]}", pytrace=False)
+                pytest.fail(f"{' '.join(self.args)} did not serve within {timeout:.0f} s:\n"
+                            f"{self.log.read_text()[-4000:]}", pytrace=False)
             with contextlib.suppress(httpx2.TransportError):
-                if httpx2.get(f"http://127.0.0.1:{port}/copilotkit/info",
+                if httpx2.get(f"http://127.0.0.1:{self.port}/copilotkit/info",
                               timeout=2).status_code == 200:
-                    break
+                    return self.log.read_text().splitlines()
             time.sleep(0.5)
-        yield log.read_text().splitlines()
-    finally:
+
+    def stop(self) -> None:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
+            os.killpg(self.process.pid, signal.SIGTERM)
         try:
-            process.wait(timeout=15)
+            self.process.wait(timeout=15)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=5)
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def _serving(args: list[str], cwd: Path) -> Iterator[Serving]:
+    port = free_port()
+    log = cwd / f"serve-{port}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen([*args, "--port", str(port)], cwd=cwd, stdout=out,
+                                   stderr=subprocess.STDOUT, env=_clean_env(),
+                                   start_new_session=True)
+    serving = Serving(args, process, log, port)
+    try:
+        yield serving
+    finally:
+        serving.stop()
+
+
+@pytest.fixture(scope="module")
+def fresh_clone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serving]:
+    """The README's first command, started from a fresh clone as soon as the module needs
+    it (it installs while the extras' environments do)."""
+    readme = (ROOT / "README.md").read_text()
+    first = re.search(r"```bash\n(\S+)", readme)
+    assert first is not None
+    command = first.group(1)
+    assert command == "./scripts/demo.sh"
+    clone = tmp_path_factory.mktemp("fresh") / "clone"
+    _run(["git", "clone", "--quiet", str(ROOT), str(clone)], timeout=120, env=_clean_env())
+    with _serving([command], clone) as serving:
+        yield serving
 
 
 def test_demo_without_extras_says_which_extra_adds_the_workflows(
         environments: dict[str, Future[Path]]) -> None:
     venv = environments[""].result(timeout=INSTALL_TIMEOUT)
-    port = free_port()
-    with _serving([str(venv / "bin" / "copilot-runtime"), "demo", "--port", str(port),
-                   "--db", ":memory:"], venv, port, 60) as printed:
-        info = httpx2.get(f"http://127.0.0.1:{port}/copilotkit/info", timeout=5).json()
+    with _serving([str(venv / "bin" / "copilot-runtime"), "demo", "--db", ":memory:"],
+                  venv) as serving:
+        printed = serving.wait(60)
+        info = httpx2.get(f"http://127.0.0.1:{serving.port}/copilotkit/info",
+                          timeout=5).json()
     assert set(info["agents"]) == {"default"}
     assert not any("Traceback" in line for line in printed), printed
     notices = [line for line in printed if "extra" in line]
@@ -159,36 +195,27 @@ def test_demo_without_extras_says_which_extra_adds_the_workflows(
                        "ag_ui_langgraph)"], printed
 
 
-def test_readme_first_command_from_a_fresh_clone(tmp_path: Path) -> None:
-    readme = (ROOT / "README.md").read_text()
-    first = re.search(r"```bash\n(\S+)", readme)
-    assert first is not None
-    command = first.group(1)
-    assert command == "./scripts/demo.sh"
-    clone = tmp_path / "clone"
-    _run(["git", "clone", "--quiet", str(ROOT), str(clone)], timeout=120, env=_clean_env())
-    port = free_port()
-    with _serving([command, "--port", str(port)], clone, port, INSTALL_TIMEOUT) as printed:
-        base = f"http://127.0.0.1:{port}/copilotkit"
-        info = httpx2.get(f"{base}/info", timeout=5).json()
-        assert {"default", "review_loop", "account_review"} <= set(info["agents"])
-        body = {"threadId": "fresh-1", "runId": "r1", "state": {}, "tools": [],
-                "context": [], "forwardedProps": {},
-                "messages": [{"id": "m1", "role": "user",
-                              "content": "What is the weather in Paris?"}]}
-        answer = httpx2.post(f"{base}/agent/default/run", json=body, timeout=60,
-                             headers={"Accept": "text/event-stream"})
-        assert answer.status_code == 200, answer.text
-        events = parse_sse(answer.content)
-        kinds = [event["type"] for event in events]
-        assert kinds[-1] == "RUN_FINISHED", kinds
-        result_at = kinds.index("TOOL_CALL_RESULT")
-        assert "TEXT_MESSAGE_CONTENT" in kinds[result_at:], kinds
-        query = {"query": "query { availableAgents { agents { name id description } } }"}
-        graphql = httpx2.post(base, json=query, timeout=10)
-        assert graphql.status_code == 200, graphql.text
-        names = {a["name"] for a in orjson.loads(graphql.content)["data"]["availableAgents"][
-            "agents"]}
-        assert {"review_loop", "account_review"} <= names
+def test_readme_first_command_from_a_fresh_clone(fresh_clone: Serving) -> None:
+    printed = fresh_clone.wait(INSTALL_TIMEOUT)
+    base = f"http://127.0.0.1:{fresh_clone.port}/copilotkit"
+    info = httpx2.get(f"{base}/info", timeout=5).json()
+    assert {"default", "review_loop", "account_review"} <= set(info["agents"])
+    body = {"threadId": "fresh-1", "runId": "r1", "state": {}, "tools": [],
+            "context": [], "forwardedProps": {},
+            "messages": [{"id": "m1", "role": "user",
+                          "content": "What is the weather in Paris?"}]}
+    answer = httpx2.post(f"{base}/agent/default/run", json=body, timeout=60,
+                         headers={"Accept": "text/event-stream"})
+    assert answer.status_code == 200, answer.text
+    events = parse_sse(answer.content)
+    kinds = [event["type"] for event in events]
+    assert kinds[-1] == "RUN_FINISHED", kinds
+    result_at = kinds.index("TOOL_CALL_RESULT")
+    assert "TEXT_MESSAGE_CONTENT" in kinds[result_at:], kinds
+    query = {"query": "query { availableAgents { agents { name id description } } }"}
+    graphql = httpx2.post(base, json=query, timeout=10)
+    assert graphql.status_code == 200, graphql.text
+    names = {a["name"] for a in orjson.loads(graphql.content)["data"]["availableAgents"][
+        "agents"]}
+    assert {"review_loop", "account_review"} <= names
     assert not any("Traceback" in line for line in printed), printed
-    shutil.rmtree(clone, ignore_errors=True)
