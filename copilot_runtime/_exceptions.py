@@ -19,6 +19,7 @@
     ├── UpstreamError               an LLM provider or remote agent failed             → RUN_ERROR
     │   └── UpstreamTimeoutError    ... by not answering in time
     ├── ActionError                 a server-side action failed (the model sees it as a tool error)
+    ├── ChunkError                  a *_CHUNK event that opens nothing (a remote's: UpstreamError)
     ├── ClientDisconnected          the client left before its request body arrived (no answer)
     └── AgentExecutionError         a wrapped existing agent reported an error or no result
 
@@ -43,6 +44,7 @@ __all__ = [
     "ApprovalError",
     "ApprovalNotFoundError",
     "AuthenticationError",
+    "ChunkError",
     "ClientDisconnected",
     "ConfigurationError",
     "CopilotRuntimeError",
@@ -242,6 +244,13 @@ class UpstreamTimeoutError(UpstreamError):
 
 class ActionError(CopilotRuntimeError):
     code = "ACTION_ERROR"
+
+
+class ChunkError(CopilotRuntimeError):
+    """A first `*_CHUNK` event that cannot open its message or tool call. Never reaches a
+    client: a remote agent's becomes an `UpstreamError`, an in-process agent's is dropped."""
+
+    code = "CHUNK_ERROR"
 
 
 class AgentExecutionError(CopilotRuntimeError):

@@ -31,9 +31,9 @@ import orjson
 
 from copilot_runtime import events as ev
 from copilot_runtime._server_tools import AGENT_FINISHED, AGENT_STARTED
+from copilot_runtime._time import now_iso as _now
 from copilot_runtime.events import Event
 from copilot_runtime.protocols.graphql.agent_state import STATE_EVENTS, AgentStates
-from copilot_runtime.protocols.graphql.agent_state import now_iso as _now
 from copilot_runtime.protocols.graphql.errors import (
     failed_status,
     guardrails_status,
