@@ -3,11 +3,16 @@
 Served with ``python -m copilot_runtime serve bench.app:runtime --path /api/copilotkit``; the
 OpenAI adapter talks to the loopback mock LLM at ``$LLM_BASE_URL``. The one server-side action
 matches the TypeScript servers in bench/ts-agui and bench/ts-graphql.
+
+With ``BENCH_TRUST=1`` the runtime authenticates a bearer token (``$BENCH_TOKEN``, which
+the ``python-trust`` target of bench/run sends) and checks input with a pattern guardrail:
+the cost of serving many users, measured against the plain runtime.
 """
 
 import os
+from typing import Any
 
-from copilot_runtime import CopilotRuntime, OpenAIAdapter, action
+from copilot_runtime import BearerTokenAuth, CopilotRuntime, OpenAIAdapter, PatternGuardrail, action
 
 
 @action
@@ -16,9 +21,15 @@ def getWeather(city: str) -> dict:  # camelCase: the name the client and the LLM
     return {"city": city, "temperature": 21, "unit": "celsius", "conditions": "sunny"}
 
 
+trust: dict[str, Any] = {}
+if os.environ.get("BENCH_TRUST"):
+    trust = {"auth": BearerTokenAuth({os.environ["BENCH_TOKEN"]: "bench-user"}),
+             "guardrails": [PatternGuardrail(deny=[r"\bpassword\b", r"ignore (all )?previous"])]}
+
 runtime = CopilotRuntime(
     service_adapter=OpenAIAdapter(
         model="gpt-4o", base_url=os.environ["LLM_BASE_URL"], api_key="sk-mock"
     ),
     actions=[getWeather],
+    **trust,
 )

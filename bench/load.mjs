@@ -1,6 +1,7 @@
 // bench/load.mjs: closed-loop load generator for bench/run (no dependencies beyond Node itself).
 //
-//   node bench/load.mjs --target name=N,protocol=P,url=U[,pid=PID][,template=FILE] [--target ...]
+//   node bench/load.mjs --target name=N,protocol=P,url=U[,pid=PID][,template=FILE][,token=T] [--target ...]
+//   (token: a bearer token the target's requests carry)
 //        [--pid mock=PID] [--conc 1,10,50] [--seconds 10] [--rounds 2] [--warmup 300] [--serial 100]
 //        [--text-len 200] [--clk-tck 100] [--quiet-wait 30] [--quiet-cores 0.15]
 //        [--noisy-cores 0.3] [--retries 2] [--retry-budget 60] [--out-prefix PATH]
@@ -80,14 +81,15 @@ const FIRST_TEXT_PROBE = { agui: /"TEXT_MESSAGE_(?:CONTENT|CHUNK)"/, graphql: /"
 
 // ---------------------------------------------------------------------------------------------
 // request bodies
-function requestMaker(protocol, template) {
+function requestMaker(protocol, template, token) {
+  const auth = token ? { Authorization: `Bearer ${token}` } : {};
   if (protocol === "agui") {
     return () => {
       const body = Buffer.from(JSON.stringify({
         threadId: randomUUID(), runId: randomUUID(), tools: [], context: [], forwardedProps: {}, state: {},
         messages: [{ id: randomUUID(), role: "user", content: TEXT }],
       }));
-      return { body, headers: { "Content-Type": "application/json", Accept: "text/event-stream", "content-length": body.length } };
+      return { body, headers: { "Content-Type": "application/json", Accept: "text/event-stream", "content-length": body.length, ...auth } };
     };
   }
   if (protocol === "openai") {
@@ -112,7 +114,7 @@ function requestMaker(protocol, template) {
       __BENCH_CREATED_AT__: new Date().toISOString(), __BENCH_USER_TEXT__: userText,
     };
     const body = Buffer.from(parts.map((p) => (p in values ? values[p] : p)).join(""));
-    const headers = Object.fromEntries(headerEntries);
+    const headers = { ...Object.fromEntries(headerEntries), ...auth };
     headers["content-length"] = body.length;
     return { body, headers };
   };
@@ -202,7 +204,7 @@ const targets = targetSpecs.map((s) => {
   const url = new URL(s.url);
   if (!["127.0.0.1", "localhost", "[::1]"].includes(url.hostname)) throw new Error("loopback targets only");
   const t = { name: s.name, protocol: s.protocol, url, pid: s.pid ? Number(s.pid) : null,
-    makeRequest: requestMaker(s.protocol, s.template), firstEventDone: firstEventCheck(s.protocol) };
+    makeRequest: requestMaker(s.protocol, s.template, s.token), firstEventDone: firstEventCheck(s.protocol) };
   t.procs = [...(t.pid ? [["server", t.pid]] : []), ...pidSpecs];
   t.result = { target: t.name, protocol: t.protocol, url: url.href, textLen: TEXT.length, requestBytes: t.makeRequest().body.length,
     node: process.version, startedAt: new Date().toISOString(),

@@ -12,6 +12,7 @@ from copilot_runtime._exceptions import (
     ApprovalClosedError,
     ApprovalError,
     ApprovalNotFoundError,
+    AuthenticationError,
     ConfigurationError,
     CopilotRuntimeError,
     InvalidRequestError,
@@ -39,6 +40,9 @@ from copilot_runtime.agents import (
     Timeouts,
 )
 from copilot_runtime.asgi import CopilotEndpoint, create_app, mount_runtime
+from copilot_runtime.auth import BearerTokenAuth, JWTAuth, Principal
+from copilot_runtime.guardrails import PatternGuardrail, TopicGuardrail, Verdict
+from copilot_runtime.limits import RateLimit
 from copilot_runtime.protocols.http import CORSPolicy
 from copilot_runtime.runtime import CopilotRuntime, approval_service
 from copilot_runtime.threads import InMemoryThreadStore, SQLiteThreadStore, ThreadStore
@@ -53,6 +57,8 @@ __all__ = [
     "ApprovalError",
     "ApprovalNotFoundError",
     "ApprovalPolicy",
+    "AuthenticationError",
+    "BearerTokenAuth",
     "BuiltInAgent",
     "CORSPolicy",
     "ConfigurationError",
@@ -66,11 +72,15 @@ __all__ = [
     "HttpAgent",
     "InMemoryThreadStore",
     "InvalidRequestError",
+    "JWTAuth",
     "LangGraphAgent",
     "LangGraphPlatformAgent",
     "OpenAIAdapter",
     "Orchestrator",
+    "PatternGuardrail",
     "PayloadTooLargeError",
+    "Principal",
+    "RateLimit",
     "RemoteDiscovery",
     "RemoteEndpointAgent",
     "RequestError",
@@ -84,8 +94,10 @@ __all__ = [
     "ThreadBusyError",
     "ThreadStore",
     "Timeouts",
+    "TopicGuardrail",
     "UpstreamError",
     "UpstreamTimeoutError",
+    "Verdict",
     "__version__",
     "action",
     "approval_service",

@@ -7,6 +7,11 @@
     │   ├── AgentNotFoundError      the agent id is not registered                     → 404
     │   ├── ThreadBusyError         a run is already active on the thread              → 409
     │   ├── PayloadTooLargeError    the body exceeds the configured limit              → 413
+    │   ├── AuthenticationError     no credentials, or bad ones                        → 401
+    │   ├── RequestRejectedError    an `on_request` hook refused the request           → 403
+    │   ├── ThreadNotFoundError     no such thread, or not the caller's                → 404
+    │   ├── RateLimitedError        the caller has used up its runs for now            → 429
+    │   ├── ModelNotAllowedError    a model the agent does not allow                   → 400
     │   └── ApprovalError           an approval cannot be answered
     │       ├── ApprovalNotFoundError  no such approval                                → 404
     │       ├── ApprovalClosedError    answered or withdrawn (409), expired (410)
@@ -14,6 +19,7 @@
     ├── UpstreamError               an LLM provider or remote agent failed             → RUN_ERROR
     │   └── UpstreamTimeoutError    ... by not answering in time
     ├── ActionError                 a server-side action failed (the model sees it as a tool error)
+    ├── ChunkError                  a *_CHUNK event that opens nothing (a remote's: UpstreamError)
     ├── ClientDisconnected          the client left before its request body arrived (no answer)
     └── AgentExecutionError         a wrapped existing agent reported an error or no result
 
@@ -37,14 +43,20 @@ __all__ = [
     "ApprovalClosedError",
     "ApprovalError",
     "ApprovalNotFoundError",
+    "AuthenticationError",
+    "ChunkError",
     "ClientDisconnected",
     "ConfigurationError",
     "CopilotRuntimeError",
     "InvalidRequestError",
+    "ModelNotAllowedError",
     "NothingToResumeError",
     "PayloadTooLargeError",
+    "RateLimitedError",
     "RequestError",
+    "RequestRejectedError",
     "ThreadBusyError",
+    "ThreadNotFoundError",
     "UpstreamError",
     "UpstreamTimeoutError",
 ]
@@ -108,6 +120,60 @@ class PayloadTooLargeError(RequestError):
     def __init__(self, limit: int) -> None:
         super().__init__(f"Request body exceeds the limit of {limit} bytes")
         self.limit = limit
+
+
+class AuthenticationError(RequestError):
+    """The request carries no credentials, or ones that do not check out (401).
+
+    The message reaches the client: say what is wrong with the credentials, never why a
+    secret did not match.
+    """
+
+    status = 401
+    code = "AUTHENTICATION_ERROR"
+
+    def __init__(self, message: str = "Authentication required") -> None:
+        super().__init__(message)
+
+
+class RequestRejectedError(RequestError):
+    """An `on_request` hook refused the request; `status` defaults to 403."""
+
+    code = "REQUEST_REJECTED"
+
+    def __init__(self, message: str = "Request rejected", *, status: int = 403) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ThreadNotFoundError(RequestError):
+    """The thread does not exist, or belongs to someone else: the two look the same."""
+
+    status = 404
+    code = "THREAD_NOT_FOUND"
+
+    def __init__(self, thread_id: str) -> None:
+        super().__init__(f"Thread '{thread_id}' does not exist")
+        self.thread_id = thread_id
+
+
+class RateLimitedError(RequestError):
+    """Too many runs for the caller; `retry_after` is in whole seconds."""
+
+    status = 429
+    code = "RATE_LIMITED"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = max(1, retry_after)
+
+
+class ModelNotAllowedError(InvalidRequestError):
+    code = "MODEL_NOT_ALLOWED"
+
+    def __init__(self, model: str, allowed: list[str]) -> None:
+        super().__init__(f"Model '{model}' is not allowed here; allowed: {', '.join(allowed)}")
+        self.model = model
 
 
 class ClientDisconnected(CopilotRuntimeError):
@@ -178,6 +244,13 @@ class UpstreamTimeoutError(UpstreamError):
 
 class ActionError(CopilotRuntimeError):
     code = "ACTION_ERROR"
+
+
+class ChunkError(CopilotRuntimeError):
+    """A first `*_CHUNK` event that cannot open its message or tool call. Never reaches a
+    client: a remote agent's becomes an `UpstreamError`, an in-process agent's is dropped."""
+
+    code = "CHUNK_ERROR"
 
 
 class AgentExecutionError(CopilotRuntimeError):

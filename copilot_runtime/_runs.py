@@ -19,12 +19,16 @@ import structlog
 
 from copilot_runtime import events as ev
 from copilot_runtime._compaction import compact_events
-from copilot_runtime._exceptions import CopilotRuntimeError, ThreadBusyError
+from copilot_runtime._exceptions import (
+    CopilotRuntimeError,
+    ThreadBusyError,
+    ThreadNotFoundError,
+)
 from copilot_runtime._input import RunInput
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event
-from copilot_runtime.threads.base import StoredRun, ThreadStore
+from copilot_runtime.threads.base import StoredRun, ThreadOwner, ThreadStore
 
 __all__ = ["ActiveRun", "RunManager"]
 
@@ -54,6 +58,13 @@ class ActiveRun:
         self._seen = seen_message_ids
         self._finished = False
         self.created_at = time.time()
+        #: The thread's owner (None: started without authentication).
+        self.owner: ThreadOwner | None = None
+        #: Called once when the run has ended and been stored (limits, hooks, telemetry).
+        self.on_end: Callable[[ActiveRun], None] | None = None
+        #: Why a guardrail refused the run's input (its agent was not called), or None.
+        self.refusal: str | None = None
+        self.compacted: list[Event] = []
 
     @property
     def terminated(self) -> bool:
@@ -177,7 +188,7 @@ class ActiveRun:
             queue.put_nowait(None)
         self.listeners.clear()
         try:
-            compacted = compact_events(self.events)
+            compacted = self.compacted = compact_events(self.events)
             ids = {m["id"] for m in self.input.raw.get("messages") or ()
                    if isinstance(m, dict) and isinstance(m.get("id"), str)}
             for event in compacted:
@@ -187,9 +198,14 @@ class ActiveRun:
                         ids.add(value)
             await self.manager.store.append_run(
                 self.thread_id, self.agent_id,
-                StoredRun(self.run_id, compacted, self.created_at), ids)
+                StoredRun(self.run_id, compacted, self.created_at), ids, owner=self.owner)
         except Exception:
             _log.exception("could not store run", thread_id=self.thread_id, run_id=self.run_id)
+        if self.on_end is not None:
+            try:
+                self.on_end(self)
+            except Exception:
+                _log.exception("run end observer failed", run_id=self.run_id)
 
 
 class RunManager:
@@ -200,20 +216,29 @@ class RunManager:
         self.active: dict[str, ActiveRun] = {}
 
     async def begin(self, agent_id: str, agent: Agent, input: RunInput,
-                    context: RunContext) -> ActiveRun:
+                    context: RunContext, owner: ThreadOwner | None = None) -> ActiveRun:
+        """Reserve the thread for a run. With `owner`, a thread someone else owns, running
+        or stored, does not exist (`ThreadNotFoundError`); a new thread becomes `owner`'s."""
         thread_id = input.thread_id
-        if thread_id in self.active:
+        running = self.active.get(thread_id)
+        if running is not None:
+            if owner is not None and running.owner != owner:
+                raise ThreadNotFoundError(thread_id)
             raise ThreadBusyError(thread_id)
         # Reserve the thread before the first await, so a concurrent request sees it busy.
         placeholder = ActiveRun(self, agent_id, agent, input, context, set())
+        placeholder.owner = owner
         self.active[thread_id] = placeholder
         try:
             record = await self.store.get(thread_id)
+            if record is not None and owner is not None and record.owner != owner:
+                raise ThreadNotFoundError(thread_id)
         except BaseException:
             del self.active[thread_id]
             raise
         if record is not None:
             placeholder._seen = record.message_ids
+            placeholder.owner = record.owner
         return placeholder
 
     def stop(self, thread_id: str, run_id: str | None = None) -> bool:

@@ -20,8 +20,10 @@ from copilot_runtime._exceptions import (
     ClientDisconnected,
     InvalidRequestError,
     PayloadTooLargeError,
+    RequestError,
 )
 from copilot_runtime._input import parse_json_body
+from copilot_runtime.hooks import ErrorInfo
 from copilot_runtime.protocols.agui.handlers import AGUIProtocol
 from copilot_runtime.protocols.graphql import GraphQLProtocol
 from copilot_runtime.protocols.http import (
@@ -30,7 +32,10 @@ from copilot_runtime.protocols.http import (
     Request,
     Scope,
     Send,
+    error_body,
+    error_headers,
     read_body,
+    request_info,
     send_bytes,
     send_json,
     send_method_not_allowed,
@@ -80,14 +85,48 @@ class CopilotEndpoint:
         request = Request(scope, receive, send, path, [])
         request.cors = self.cors.headers(request.headers)
         try:
-            await self._dispatch(request, path)
+            if self.runtime.wants_request_info and request.method != "OPTIONS":
+                await self._identified(request, path)
+            else:
+                await self._dispatch(request, path)
         except Exception:
             # Logged with its stack; the client learns only that the server failed.
             _log.exception("unhandled error", path=path, method=request.method)
+            if request.info is not None:
+                self.runtime.hooks.error(ErrorInfo(
+                    "The runtime failed to handle the request", "INTERNAL_ERROR",
+                    principal=request.info.principal, request_id=request.info.request_id))
             with contextlib.suppress(Exception):
                 await send_json(request, 500, {"error": "internal_error",
                                                "message": "The runtime failed to handle "
                                                           "the request"})
+
+    async def _identified(self, request: Request, path: str) -> None:
+        """Dispatch once the runtime knows who asks (a 401 or a hook's refusal otherwise)."""
+        info = request.info = request_info(request)
+        telemetry = self.runtime.telemetry
+        with structlog.contextvars.bound_contextvars(request_id=info.request_id):
+            if telemetry is None:
+                if await self._identify(request):
+                    await self._dispatch(request, path)
+                return
+            with telemetry.request_span(info):
+                if await self._identify(request):
+                    await self._dispatch(request, path)
+
+    async def _identify(self, request: Request) -> bool:
+        assert request.info is not None
+        try:
+            await self.runtime.identify(request.info)
+        except RequestError as exc:
+            if b"x-copilotkit-runtime-client-gql-version" in request.headers:
+                body: dict[str, Any] = {"errors": [{"message": exc.message, "extensions": {
+                    "code": exc.code, "statusCode": exc.status}}], "data": None}
+            else:
+                body = error_body(exc)
+            await send_json(request, exc.status, body, error_headers(exc))
+            return False
+        return True
 
     async def _dispatch(self, request: Request, path: str) -> None:
         base = self.path

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
+from copilot_runtime import _trust
 from copilot_runtime._exceptions import AgentNotFoundError, ConfigurationError
 from copilot_runtime._input import RunInput
 from copilot_runtime._runs import ActiveRun, RunManager
@@ -13,8 +14,12 @@ from copilot_runtime.adapters.base import ServiceAdapter
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.approvals.service import ApprovalService
+from copilot_runtime.auth import Authenticator, RequestInfo, owner_of
 from copilot_runtime.events import Event
-from copilot_runtime.threads.base import ThreadStore
+from copilot_runtime.guardrails import Guardrail
+from copilot_runtime.hooks import HookRunner, OnError, OnRequest, OnRunFinished
+from copilot_runtime.limits import RateLimit, RateLimiter
+from copilot_runtime.threads.base import ThreadOwner, ThreadStore
 from copilot_runtime.threads.memory import InMemoryThreadStore
 
 __all__ = ["CopilotRuntime", "approval_service"]
@@ -29,6 +34,13 @@ class CopilotRuntime:
     `agents` maps agent ids to agents. With `service_adapter`, a `BuiltInAgent` over it
     serves as the `default` agent (unless `agents` names one `default` already) with the
     server-side `actions`.
+
+    Serving many users (all optional; without them nothing is checked or counted):
+    `auth` identifies callers and makes threads private to whoever started them;
+    `approver_roles` lets principals with one of those roles see and answer the approvals
+    of their tenant's threads; `guardrails` check input before any agent runs; `rate_limit`
+    bounds each caller's runs; `on_request`, `on_run_finished` and `on_error` are hooks
+    (`copilot_runtime.hooks`); `telemetry` traces and measures (`copilot_runtime.telemetry`).
     """
 
     def __init__(
@@ -40,6 +52,14 @@ class CopilotRuntime:
         thread_store: ThreadStore | None = None,
         instructions: str | None = None,
         max_steps: int = 10,
+        auth: Authenticator | None = None,
+        approver_roles: Iterable[str] = (),
+        guardrails: Iterable[Guardrail] = (),
+        rate_limit: RateLimit | None = None,
+        on_request: OnRequest | None = None,
+        on_run_finished: OnRunFinished | None = None,
+        on_error: OnError | None = None,
+        telemetry: Any = None,
     ) -> None:
         self.agents: dict[str, Agent] = dict(agents or {})
         self.actions = list(actions)
@@ -57,6 +77,21 @@ class CopilotRuntime:
             raise ConfigurationError("actions need a service_adapter for the default agent")
         self.store: ThreadStore = thread_store or InMemoryThreadStore()
         self.runs = RunManager(self.store)
+        if auth is not None and not isinstance(auth, Authenticator):
+            raise ConfigurationError("auth needs an async authenticate(request) method")
+        self.auth = auth
+        self.approver_roles = frozenset(approver_roles)
+        self.guardrails: list[Guardrail] = list(guardrails)
+        self.limiter = RateLimiter(rate_limit) if rate_limit is not None else None
+        self.hooks = HookRunner(on_request, on_run_finished, on_error)
+        #: A `copilot_runtime.telemetry.Telemetry`, or None.
+        self.telemetry = telemetry
+        #: Whether the edges must describe each request (`RequestInfo`): only then is there
+        #: per-request work for identity, hooks, limits or telemetry.
+        self.wants_request_info = bool(auth is not None or on_request is not None
+                                       or self.limiter is not None or telemetry is not None)
+        self._observed = bool(self.limiter is not None or on_run_finished is not None
+                              or on_error is not None or telemetry is not None)
         #: The pending approvals of the agents that keep a ledger (LangGraph interrupts).
         self.approvals = ApprovalService(self)
         self._started = False
@@ -100,27 +135,76 @@ class CopilotRuntime:
             agents[agent_id] = entry
         return {"version": COMPATIBLE_VERSION, "agents": agents}
 
+    # -- who is asking ------------------------------------------------------------------
+
+    async def identify(self, request: RequestInfo) -> None:
+        """Authenticate `request` (setting its principal) and run `on_request`: raises
+        `AuthenticationError` (401) or the hook's `RequestError`."""
+        if self.auth is not None:
+            request.principal = await self.auth.authenticate(request)
+        await self.hooks.request(request)
+
+    def owner_filter(self, request: RequestInfo | None) -> ThreadOwner | None:
+        """The owner whose threads `request` may list (None: all of them)."""
+        if request is None or request.principal is None:
+            return None
+        return owner_of(request.principal)
+
+    async def can_see(self, request: RequestInfo | None, thread_id: str) -> bool:
+        """Whether the thread exists for `request`'s caller (always, without auth)."""
+        owner = self.owner_filter(request)
+        return owner is None or await _trust.thread_owner(self, thread_id) == owner
+
+    async def can_approve(self, request: RequestInfo | None, thread_id: str) -> bool:
+        """Whether `request`'s caller may see and answer the thread's approvals: its owner,
+        or a principal of the same tenant with one of `approver_roles`."""
+        if request is None or request.principal is None:
+            return True
+        return _trust.may_approve(request.principal, self.approver_roles,
+                                  await _trust.thread_owner(self, thread_id))
+
+    # -- runs ----------------------------------------------------------------------------
+
     async def start_run(self, agent_id: str, input: RunInput,
                         headers: Mapping[str, str] | None = None, *,
                         follow_up_server_tools: bool = True,
-                        agent: Agent | None = None) -> ActiveRun:
+                        agent: Agent | None = None,
+                        request: RequestInfo | None = None,
+                        topics: tuple[Sequence[str], Sequence[str]] | None = None
+                        ) -> ActiveRun:
         """Reserve the thread and prepare a run; drive it with `ActiveRun.drive`.
 
         `agent` runs in place of the registered one (a protocol edge may wrap it, e.g. to
-        offer it tools); the run still belongs to `agent_id`.
+        offer it tools); the run still belongs to `agent_id`. `request` says who asks (its
+        principal must own the thread; its limits apply); `topics` (allowed, denied) are
+        the request's own rules for the `TopicGuardrail`.
         """
         registered = self.agent(agent_id)
         context = RunContext(agent_id=agent_id, headers=dict(headers or {}),
                              follow_up_server_tools=follow_up_server_tools)
-        return await self.runs.begin(agent_id, agent or registered, input, context)
+        if request is None and not self.guardrails and topics is None and not self._observed:
+            return await self.runs.begin(agent_id, agent or registered, input, context)
+        return await _trust.start_run(self, agent_id, agent or registered, input, context,
+                                      request, topics)
 
-    def stop_run(self, agent_id: str, thread_id: str, run_id: str | None = None) -> bool:
+    def stop_run(self, agent_id: str, thread_id: str, run_id: str | None = None, *,
+                 request: RequestInfo | None = None) -> bool:
         self.agent(agent_id)
+        owner = self.owner_filter(request)
+        if owner is not None:
+            running = self.runs.active.get(thread_id)
+            if running is None or running.owner != owner:
+                return False
         return self.runs.stop(thread_id, run_id)
 
-    def connect(self, agent_id: str, thread_id: str) -> AsyncIterator[Sequence[Event]]:
+    def connect(self, agent_id: str, thread_id: str, *,
+                request: RequestInfo | None = None) -> AsyncIterator[Sequence[Event]]:
+        """The thread's runs, then its live run; for a caller who may not see the thread,
+        nothing (what a thread that does not exist gives)."""
         self.agent(agent_id)
-        return self.runs.replay(thread_id)
+        if self.owner_filter(request) is None:
+            return self.runs.replay(thread_id)
+        return _trust.replay_visible(self, thread_id, request)
 
     async def aclose(self) -> None:
         """Stop the approvals' timer, then active runs; release agents, adapters and the store.
@@ -135,6 +219,9 @@ class CopilotRuntime:
         self._closed = True
         for run in list(self.runs.active.values()):
             run.cancel("stop")
+        await self.hooks.drain()
+        if self.limiter is not None:
+            await self.limiter.aclose()
         closed: set[int] = set()
         for agent in self.agents.values():
             if id(agent) not in closed:

@@ -18,6 +18,8 @@ EXPECTED = [
     "ApprovalPolicy", "DurableCheckpointer", "Orchestrator", "ReviewLoop", "Step",
     "approval_service", "checkpointer", "existing_agent",
     "ApprovalClosedError", "ApprovalError", "ApprovalNotFoundError",
+    "AuthenticationError", "BearerTokenAuth", "JWTAuth", "PatternGuardrail", "Principal",
+    "RateLimit", "TopicGuardrail", "Verdict",
 ]
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from copilot_runtime._input import RunInput
+from copilot_runtime.auth import Principal
 from copilot_runtime.events import EventBatches
 
 __all__ = ["Agent", "AgentThreadState", "RunContext"]
@@ -34,6 +35,17 @@ class RunContext:
     #: False ends the run after server-side tool results instead of calling the model again
     #: (the turn semantics of the GraphQL protocol, where the client sends the follow-up).
     follow_up_server_tools: bool = True
+    #: Who asked for the run (None without authentication). Never sent to remote agents
+    #: by the runtime; their `HeaderPolicy` decides which of the client's headers go.
+    principal: Principal | None = None
+    #: What `on_request` hooks added about the request.
+    annotations: Mapping[str, Any] = field(default_factory=dict)
+    #: Token counts of the run's model calls (`input_tokens`, `output_tokens`), summed by
+    #: agents that know them.
+    usage: dict[str, int] = field(default_factory=dict)
+    #: The run's telemetry (`copilot_runtime.telemetry.RunTelemetry`) when configured:
+    #: agents open model and tool spans under it.
+    telemetry: Any = None
 
 
 @dataclass(slots=True)

@@ -16,12 +16,15 @@ import orjson
 from copilot_runtime._exceptions import (
     AgentNotFoundError,
     ApprovalClosedError,
+    AuthenticationError,
     ClientDisconnected,
     InvalidRequestError,
     PayloadTooLargeError,
+    RateLimitedError,
     RequestError,
 )
 from copilot_runtime._runs import ActiveRun
+from copilot_runtime.auth import RequestInfo
 from copilot_runtime.events import Event
 from copilot_runtime.headers import forwardable
 
@@ -34,7 +37,9 @@ __all__ = [
     "Send",
     "encode_sse",
     "error_body",
+    "error_headers",
     "read_body",
+    "request_info",
     "send_error",
     "send_json",
     "send_method_not_allowed",
@@ -98,7 +103,8 @@ class CORSPolicy:
 class Request:
     """What the handlers need of an HTTP request, parsed once."""
 
-    __slots__ = ("cors", "headers", "method", "path", "query", "receive", "scope", "send")
+    __slots__ = ("cors", "headers", "info", "method", "path", "query", "receive", "scope",
+                 "send")
 
     def __init__(self, scope: Scope, receive: Receive, send: Send, path: str,
                  cors: Headers) -> None:
@@ -110,6 +116,8 @@ class Request:
         self.headers: dict[bytes, bytes] = {k.lower(): v for k, v in scope["headers"]}
         self.query: bytes = scope.get("query_string", b"")
         self.cors = cors
+        #: Who asks, when the runtime needs to know (identity, hooks, limits, telemetry).
+        self.info: RequestInfo | None = None
 
     def header(self, name: str) -> str | None:
         value = self.headers.get(name.encode())
@@ -123,6 +131,15 @@ class Request:
         content_type = self.headers.get(b"content-type", b"")
         return content_type.split(b";", 1)[0].strip().lower() in (
             b"application/json", b"application/graphql-response+json")
+
+
+def request_info(request: Request) -> RequestInfo:
+    """The request as authenticators, hooks and limits see it."""
+    client = request.scope.get("client")
+    return RequestInfo(
+        method=request.method, path=request.path,
+        headers={k.decode("latin-1"): v.decode("latin-1") for k, v in request.headers.items()},
+        client=client[0] if client else None)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -162,6 +179,10 @@ _TITLES = {
     "APPROVAL_ALREADY_ANSWERED": "Approval already answered",
     "APPROVAL_WITHDRAWN": "Approval withdrawn",
     "INTERRUPT_NOT_PENDING": "Nothing to resume",
+    "THREAD_NOT_FOUND": "Thread not found",
+    "RATE_LIMITED": "Too many requests",
+    "AUTHENTICATION_ERROR": "Unauthorized",
+    "REQUEST_REJECTED": "Forbidden",
 }
 
 
@@ -183,7 +204,17 @@ def error_body(exc: RequestError) -> dict[str, Any]:
 
 
 async def send_error(request: Request, exc: RequestError) -> None:
-    await send_json(request, exc.status, error_body(exc))
+    await send_json(request, exc.status, error_body(exc), error_headers(exc))
+
+
+def error_headers(exc: RequestError) -> list[tuple[bytes, bytes]]:
+    """The headers that go with an error answer: `Retry-After` of a 429,
+    `WWW-Authenticate` of a 401."""
+    if isinstance(exc, RateLimitedError):
+        return [(b"retry-after", str(exc.retry_after).encode())]
+    if isinstance(exc, AuthenticationError):
+        return [(b"www-authenticate", b'Bearer realm="copilotkit"')]
+    return []
 
 
 async def send_method_not_allowed(request: Request, allow: bytes) -> None:

@@ -14,7 +14,19 @@ from typing import Any, Protocol, runtime_checkable
 
 from copilot_runtime.events import Event
 
-__all__ = ["StoredRun", "ThreadRecord", "ThreadStore"]
+__all__ = ["StoredRun", "ThreadOwner", "ThreadRecord", "ThreadStore"]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadOwner:
+    """Who started a thread: a principal id, within a tenant when there are tenants.
+
+    Set when the thread's first run is stored and never changed. A thread without an owner
+    was started with no authentication configured.
+    """
+
+    principal_id: str
+    tenant: str | None = None
 
 
 @dataclass(slots=True)
@@ -32,6 +44,7 @@ class ThreadRecord:
     updated_at: float
     runs: list[StoredRun] = field(default_factory=list)
     message_ids: set[str] = field(default_factory=set)
+    owner: ThreadOwner | None = None
 
     @property
     def state(self) -> Any:
@@ -50,12 +63,17 @@ class ThreadStore(Protocol):
         ...
 
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
-                         message_ids: Iterable[str]) -> None:
-        """Record a finished run and the message ids it saw or produced."""
+                         message_ids: Iterable[str], *, owner: ThreadOwner | None = None
+                         ) -> None:
+        """Record a finished run and the message ids it saw or produced.
+
+        `owner` is recorded only when the run creates the thread.
+        """
         ...
 
-    async def list(self, agent_id: str | None = None, limit: int = 100) -> list[ThreadRecord]:
-        """Threads, newest first, optionally only those of one agent."""
+    async def list(self, agent_id: str | None = None, limit: int = 100, *,
+                   owner: ThreadOwner | None = None) -> list[ThreadRecord]:
+        """Threads, newest first, optionally only those of one agent and of one owner."""
         ...
 
     async def aclose(self) -> None:

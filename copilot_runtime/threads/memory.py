@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from copilot_runtime.threads.base import StoredRun, ThreadRecord
+from copilot_runtime.threads.base import StoredRun, ThreadOwner, ThreadRecord
 
 __all__ = ["InMemoryThreadStore"]
 
@@ -25,10 +25,12 @@ class InMemoryThreadStore:
         return record
 
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
-                         message_ids: Iterable[str]) -> None:
+                         message_ids: Iterable[str], *, owner: ThreadOwner | None = None
+                         ) -> None:
         record = self._threads.get(thread_id)
         if record is None:
-            record = ThreadRecord(thread_id, agent_id, run.created_at, run.created_at)
+            record = ThreadRecord(thread_id, agent_id, run.created_at, run.created_at,
+                                  owner=owner)
             self._threads[thread_id] = record
             while len(self._threads) > self.max_threads:
                 self._threads.popitem(last=False)
@@ -39,9 +41,11 @@ class InMemoryThreadStore:
         record.updated_at = run.created_at
         record.message_ids.update(message_ids)
 
-    async def list(self, agent_id: str | None = None, limit: int = 100) -> list[ThreadRecord]:
+    async def list(self, agent_id: str | None = None, limit: int = 100, *,
+                   owner: ThreadOwner | None = None) -> list[ThreadRecord]:
         records = sorted(self._threads.values(), key=lambda r: r.updated_at, reverse=True)
-        return [r for r in records if agent_id is None or r.agent_id == agent_id][:limit]
+        return [r for r in records if (agent_id is None or r.agent_id == agent_id)
+                and (owner is None or r.owner == owner)][:limit]
 
     async def aclose(self) -> None:
         self._threads.clear()

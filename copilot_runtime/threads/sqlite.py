@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from copilot_runtime.threads.base import StoredRun, ThreadRecord
+from copilot_runtime.threads.base import StoredRun, ThreadOwner, ThreadRecord
 
 __all__ = ["SQLiteThreadStore"]
 
@@ -57,6 +57,7 @@ class SQLiteThreadStore:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(_SCHEMA)
+            _add_owner_columns(self._db)
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         def locked() -> Any:
@@ -71,11 +72,11 @@ class SQLiteThreadStore:
 
     def _get(self, thread_id: str) -> ThreadRecord | None:
         row = self._db.execute(
-            "SELECT agent_id, created_at, updated_at FROM threads WHERE thread_id = ?",
-            (thread_id,)).fetchone()
+            "SELECT agent_id, created_at, updated_at, owner_id, tenant FROM threads "
+            "WHERE thread_id = ?", (thread_id,)).fetchone()
         if row is None:
             return None
-        record = ThreadRecord(thread_id, row[0], row[1], row[2])
+        record = ThreadRecord(thread_id, row[0], row[1], row[2], owner=_owner(row[3], row[4]))
         for run_id, created_at, events in self._db.execute(
                 "SELECT run_id, created_at, events FROM runs WHERE thread_id = ? ORDER BY seq",
                 (thread_id,)):
@@ -85,18 +86,21 @@ class SQLiteThreadStore:
         return record
 
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
-                         message_ids: Iterable[str]) -> None:
-        await self._call(self._append, thread_id, agent_id, run, list(message_ids))
+                         message_ids: Iterable[str], *, owner: ThreadOwner | None = None
+                         ) -> None:
+        await self._call(self._append, thread_id, agent_id, run, list(message_ids), owner)
 
     def _append(self, thread_id: str, agent_id: str, run: StoredRun,
-                message_ids: list[str]) -> None:
+                message_ids: list[str], owner: ThreadOwner | None) -> None:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
             db.execute(
-                "INSERT INTO threads (thread_id, agent_id, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT (thread_id) DO UPDATE SET updated_at = "
-                "excluded.updated_at", (thread_id, agent_id, run.created_at, run.created_at))
+                "INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, "
+                "tenant) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id) DO UPDATE SET "
+                "updated_at = excluded.updated_at",
+                (thread_id, agent_id, run.created_at, run.created_at,
+                 owner.principal_id if owner else None, owner.tenant if owner else None))
             (seq,) = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM runs WHERE thread_id = ?",
                                 (thread_id,)).fetchone()
             db.execute("INSERT INTO runs (thread_id, seq, run_id, created_at, events) "
@@ -109,21 +113,45 @@ class SQLiteThreadStore:
             db.execute("ROLLBACK")
             raise
 
-    async def list(self, agent_id: str | None = None, limit: int = 100) -> list[ThreadRecord]:
-        result: list[ThreadRecord] = await self._call(self._list, agent_id, limit)
+    async def list(self, agent_id: str | None = None, limit: int = 100, *,
+                   owner: ThreadOwner | None = None) -> list[ThreadRecord]:
+        result: list[ThreadRecord] = await self._call(self._list, agent_id, limit, owner)
         return result
 
-    def _list(self, agent_id: str | None, limit: int) -> builtins.list[ThreadRecord]:
-        if agent_id is None:
-            rows = self._db.execute(
-                "SELECT thread_id, agent_id, created_at, updated_at FROM threads "
-                "ORDER BY updated_at DESC LIMIT ?", (limit,))
-        else:
-            rows = self._db.execute(
-                "SELECT thread_id, agent_id, created_at, updated_at FROM threads "
-                "WHERE agent_id = ? ORDER BY updated_at DESC LIMIT ?", (agent_id, limit))
-        return [ThreadRecord(*row) for row in rows]
+    def _list(self, agent_id: str | None, limit: int,
+              owner: ThreadOwner | None) -> builtins.list[ThreadRecord]:
+        where: builtins.list[str] = []
+        args: builtins.list[Any] = []
+        if agent_id is not None:
+            where.append("agent_id = ?")
+            args.append(agent_id)
+        if owner is not None:
+            where.append("owner_id = ? AND tenant IS ?")
+            args.extend((owner.principal_id, owner.tenant))
+        rows = self._db.execute(
+            "SELECT thread_id, agent_id, created_at, updated_at, owner_id, tenant FROM threads "
+            + ("WHERE " + " AND ".join(where) + " " if where else "")
+            + "ORDER BY updated_at DESC LIMIT ?", (*args, limit))
+        return [ThreadRecord(row[0], row[1], row[2], row[3], owner=_owner(row[4], row[5]))
+                for row in rows]
 
     async def aclose(self) -> None:
         with self._lock:
             self._db.close()
+
+
+# -- thread owners (issue 11): two nullable columns, added to databases made before them ----
+
+def _add_owner_columns(db: sqlite3.Connection) -> None:
+    """Add `owner_id` and `tenant` to a `threads` table that lacks them (rows keep NULL:
+    threads started without authentication have no owner)."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(threads)")}
+    for name in ("owner_id", "tenant"):
+        if name not in columns:
+            db.execute(f"ALTER TABLE threads ADD COLUMN {name} TEXT")
+    db.execute("CREATE INDEX IF NOT EXISTS threads_by_owner ON threads "
+               "(owner_id, tenant, updated_at)")
+
+
+def _owner(owner_id: str | None, tenant: str | None) -> ThreadOwner | None:
+    return ThreadOwner(owner_id, tenant) if owner_id is not None else None

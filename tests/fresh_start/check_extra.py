@@ -146,8 +146,53 @@ async def check_platform() -> None:
     assert "127.0.0.1" not in json.dumps(events[-1]), events[-1]
 
 
+async def check_auth() -> None:
+    import time
+
+    import jwt
+
+    from copilot_runtime import JWTAuth
+    from copilot_runtime.auth import RequestInfo
+
+    secret = "a-fresh-start-secret-of-32-bytes!!"
+    token = jwt.encode({"sub": "alice", "exp": int(time.time()) + 60}, secret,
+                       algorithm="HS256")
+    principal = await JWTAuth(secret, algorithms=["HS256"]).authenticate(
+        RequestInfo("POST", "/run", {"authorization": f"Bearer {token}"}))
+    assert principal.id == "alice", principal
+
+
+async def check_otel() -> None:
+    from copilot_runtime import CopilotRuntime, DemoAdapter
+    from copilot_runtime.telemetry import Telemetry
+
+    # The API alone (no SDK): spans and metrics go nowhere, and the run is unchanged.
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(), telemetry=Telemetry())
+    events = await run_events(runtime, "default", "hi")
+    assert types(events)[-1] == "RUN_FINISHED", types(events)
+
+
+async def check_redis() -> None:
+    from copilot_runtime import RateLimit
+    from copilot_runtime.auth import RequestInfo
+    from copilot_runtime.limits import RateLimiter, RedisCounters
+
+    url = os.environ.get("COPILOT_TEST_REDIS", "redis://127.0.0.1:6379/0")
+    counters = RedisCounters(url, prefix=f"fresh-{uuid.uuid4().hex}:")
+    limiter = RateLimiter(RateLimit(concurrent_runs=1, backend=counters))
+    try:
+        lease = await limiter.acquire(RequestInfo("POST", "/run", {}, "127.0.0.1"))
+        assert lease is not None
+        await lease.release()
+    finally:
+        await limiter.aclose()
+
+
 CHECKS: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
     "": check_base,
+    "auth": check_auth,
+    "otel": check_otel,
+    "redis": check_redis,
     "langgraph": check_langgraph,
     "postgres": check_postgres,
     "platform": check_platform,

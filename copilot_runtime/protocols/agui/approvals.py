@@ -20,15 +20,18 @@ an unknown id, 404; a thread with a run in progress, 409.
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from copilot_runtime._exceptions import (
     ApprovalError,
+    ApprovalNotFoundError,
     InvalidRequestError,
     ThreadBusyError,
 )
 from copilot_runtime._input import parse_json_body
-from copilot_runtime.approvals import ApprovalService, ApprovalStatus
+from copilot_runtime.approvals import Approval, ApprovalService, ApprovalStatus
+from copilot_runtime.auth import RequestInfo
 from copilot_runtime.protocols.http import (
     Request,
     read_body,
@@ -55,9 +58,13 @@ def approval_route(segments: list[str]) -> str | None:
 
 
 class ApprovalRoutes:
-    def __init__(self, service: ApprovalService, *, max_body_size: int) -> None:
+    def __init__(self, service: ApprovalService, *, max_body_size: int,
+                 can_approve: Callable[[RequestInfo | None, str], Awaitable[bool]] | None = None
+                 ) -> None:
         self.service = service
         self.max_body_size = max_body_size
+        #: Whether a caller may see and answer the approvals of a thread (None: everybody).
+        self.can_approve = can_approve
 
     async def handle(self, request: Request, approval_id: str) -> None:
         await self.service.start()
@@ -69,6 +76,7 @@ class ApprovalRoutes:
                     await send_method_not_allowed(request, b"GET")
             elif request.method in ("GET", "HEAD"):
                 approval, _, _ = await self.service.get(approval_id)
+                await self._check_access(request, approval)
                 await send_json(request, 200, {"approval": approval.to_json()})
             elif request.method == "POST":
                 await self._answer(request, approval_id)
@@ -89,16 +97,34 @@ class ApprovalRoutes:
         approvals = await self.service.list(
             status=_STATUSES[status_name], agent_id=agent_ids[0] if agent_ids else None,
             thread_id=thread_ids[0] if thread_ids else None)
+        if self.can_approve is not None and request.info is not None and (
+                request.info.principal is not None):
+            allowed: dict[str, bool] = {}
+            for approval in approvals:
+                if approval.thread_id not in allowed:
+                    allowed[approval.thread_id] = await self.can_approve(
+                        request.info, approval.thread_id)
+            approvals = [a for a in approvals if allowed[a.thread_id]]
         await send_json(request, 200, {"approvals": [a.to_json() for a in approvals]})
 
     async def _answer(self, request: Request, approval_id: str) -> None:
         data = parse_json_body(await read_body(request, self.max_body_size))
         answer, wait = _parse_answer(data)
+        approval, _, _ = await self.service.get(approval_id)
+        await self._check_access(request, approval)
         user = answer.get("userId")
+        if request.info is not None and request.info.principal is not None:
+            user = answer["userId"] = request.info.principal.id  # who it is, not who it says
         result = await self.service.answer(
             approval_id, answer, answered_by=user if isinstance(user, str) else None,
             wait=wait)
         await send_json(request, 200 if wait else 202, result)
+
+    async def _check_access(self, request: Request, approval: Approval) -> None:
+        """Someone else's approval does not exist for the caller (the same 404)."""
+        if self.can_approve is not None and not await self.can_approve(
+                request.info, approval.thread_id):
+            raise ApprovalNotFoundError(approval.id)
 
 
 def _parse_answer(data: Any) -> tuple[dict[str, Any], bool]:

@@ -19,7 +19,6 @@ hanging (a second run on a busy thread) we answer 409 instead.
 from __future__ import annotations
 
 import urllib.parse
-from datetime import UTC, datetime
 from typing import Any
 
 from copilot_runtime._compaction import events_to_messages
@@ -27,8 +26,10 @@ from copilot_runtime._exceptions import (
     ClientDisconnected,
     InvalidRequestError,
     RequestError,
+    ThreadNotFoundError,
 )
 from copilot_runtime._input import parse_json_body, parse_run_input
+from copilot_runtime._time import iso_time
 from copilot_runtime.protocols.agui.approvals import ApprovalRoutes, approval_route
 from copilot_runtime.protocols.http import (
     Request,
@@ -54,7 +55,8 @@ class AGUIProtocol:
                  keepalive: float | None = 15.0) -> None:
         self.runtime = runtime
         self.max_body_size = max_body_size
-        self.approvals = ApprovalRoutes(runtime.approvals, max_body_size=max_body_size)
+        self.approvals = ApprovalRoutes(runtime.approvals, max_body_size=max_body_size,
+                                        can_approve=runtime.can_approve)
         self.keepalive = keepalive
 
     # -- multi-route -------------------------------------------------------------------
@@ -121,9 +123,11 @@ class AGUIProtocol:
     async def _start(self, request: Request, agent_id: str, what: str, data: Any) -> None:
         run_input = parse_run_input(data)
         if what == "connect":
-            await stream_events(request, self.runtime.connect(agent_id, run_input.thread_id))
+            await stream_events(request, self.runtime.connect(
+                agent_id, run_input.thread_id, request=request.info))
             return
-        run = await self.runtime.start_run(agent_id, run_input, request.forwardable_headers())
+        run = await self.runtime.start_run(agent_id, run_input, request.forwardable_headers(),
+                                           request=request.info)
         await stream_run(request, run, keepalive=self.keepalive)
 
     async def _stop_rest(self, request: Request, agent_id: str, thread_id: str) -> None:
@@ -147,7 +151,10 @@ class AGUIProtocol:
 
     async def _stop(self, request: Request, agent_id: str, thread_id: str,
                     run_id: str | None) -> None:
-        if self.runtime.stop_run(agent_id, thread_id, run_id):
+        if self.runtime.owner_filter(request.info) is not None and \
+                not await self.runtime.can_see(request.info, thread_id):
+            raise ThreadNotFoundError(thread_id)  # someone else's, or none: the same answer
+        if self.runtime.stop_run(agent_id, thread_id, run_id, request=request.info):
             await send_json(request, 200, {"stopped": True, "interrupt": {
                 "type": "RUN_ERROR", "message": "Run stopped by user", "code": "STOPPED"}})
         else:
@@ -160,15 +167,16 @@ class AGUIProtocol:
             query = urllib.parse.parse_qs(request.query.decode("latin-1"))
             agent_ids = query.get("agentId")
             agent_id = agent_ids[0] if agent_ids else None
-            records = await store.list(agent_id)
+            records = await store.list(agent_id, owner=self.runtime.owner_filter(request.info))
             await send_json(request, 200, {"threads": [{
                 "id": r.thread_id, "name": None, "agentId": r.agent_id,
                 "organizationId": "", "createdById": "", "archived": False,
-                "createdAt": _iso(r.created_at), "updatedAt": _iso(r.updated_at),
+                "createdAt": iso_time(r.created_at), "updatedAt": iso_time(r.updated_at),
             } for r in records], "nextCursor": None})
             return
         record = await store.get(thread_id)
-        if record is None:
+        owner = self.runtime.owner_filter(request.info)
+        if record is None or (owner is not None and record.owner != owner):
             await send_json(request, 404, {"error": "Thread not found",
                                            "message": f"Thread '{thread_id}' does not exist"})
         elif what == "messages":
@@ -239,8 +247,3 @@ def _thread_route(segments: list[str]) -> tuple[str | None, str | None] | None:
             "messages", "events", "state"):
         return urllib.parse.unquote(segments[-2]), segments[-1]
     return None
-
-
-def _iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z")

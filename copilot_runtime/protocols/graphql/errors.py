@@ -18,11 +18,13 @@ from copilot_runtime._exceptions import (
     CopilotRuntimeError,
     RequestError,
     ThreadBusyError,
+    ThreadNotFoundError,
     UpstreamError,
 )
 
 __all__ = [
     "failed_status",
+    "guardrails_status",
     "interrupted_status",
     "kit_code",
     "kit_code_of",
@@ -39,6 +41,8 @@ _KIT: dict[str, tuple[int, str, str, str | None]] = {
     "NETWORK_ERROR": (503, "banner", "critical",
                       f"{_DOCS}/troubleshooting/common-issues"
                       "#i-am-getting-a-network-errors--api-not-found"),
+    "NOT_FOUND": (404, "banner", "critical", None),
+    "AUTHENTICATION_ERROR": (401, "banner", "critical", None),
     "MISUSE": (400, "dev_only", "warning", None),
     "CONFIGURATION_ERROR": (400, "banner", "warning", None),
     "THREAD_BUSY": (409, "toast", "warning", None),
@@ -50,6 +54,8 @@ _FROM_RUNTIME = {
     "UPSTREAM_TIMEOUT": "NETWORK_ERROR",
     "AGENT_NOT_FOUND": "AGENT_NOT_FOUND",
     "THREAD_BUSY": "THREAD_BUSY",
+    "THREAD_NOT_FOUND": "NOT_FOUND",
+    "AUTHENTICATION_ERROR": "AUTHENTICATION_ERROR",
     "INVALID_REQUEST": "MISUSE",
     "PAYLOAD_TOO_LARGE": "MISUSE",
     "CONFIGURATION_ERROR": "CONFIGURATION_ERROR",
@@ -65,6 +71,8 @@ def kit_code_of(exc: CopilotRuntimeError) -> str:
         return "AGENT_NOT_FOUND"
     if isinstance(exc, ThreadBusyError):
         return "THREAD_BUSY"
+    if isinstance(exc, ThreadNotFoundError):
+        return "NOT_FOUND"
     if isinstance(exc, RequestError):
         return "MISUSE"
     if isinstance(exc, ConfigurationError):
@@ -94,6 +102,13 @@ def failed_status(message: str, runtime_code: str | None) -> dict[str, Any]:
             "extensions": extensions,
         },
     }}
+
+
+def guardrails_status(reason: str) -> dict[str, Any]:
+    """`FailedResponseStatus` fields for input a guardrail refused: the 1.10 client shows
+    `details.guardrailsReason` as the assistant's answer."""
+    return {"code": "Failed", "reason": "GUARDRAILS_VALIDATION_FAILED",
+            "details": {"guardrailsReason": reason}}
 
 
 def interrupted_status(message_id: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from graphql import (
 )
 from graphql.execution.values import get_argument_values, get_variable_values
 
-from copilot_runtime._exceptions import CopilotRuntimeError
+from copilot_runtime._exceptions import CopilotRuntimeError, RateLimitedError
 from copilot_runtime.protocols.graphql.agent_tools import session_run
 from copilot_runtime.protocols.graphql.documents import DocumentCache, Prepared
 from copilot_runtime.protocols.graphql.errors import kit_code_of, kit_extensions
@@ -146,7 +146,8 @@ class GraphQLProtocol:
         # document has them removed, so the result always comes in one piece.
         result = experimental_execute_incrementally(
             self.schema, prepared.plain(), root_value=self._root, variable_values=variables,
-            operation_name=name, context_value=QueryContext(request.forwardable_headers()))
+            operation_name=name,
+            context_value=QueryContext(request.forwardable_headers(), request.info))
         if isawaitable(result):
             result = await result
         assert isinstance(result, ExecutionResult)
@@ -180,7 +181,16 @@ class GraphQLProtocol:
             forwarded = request.forwardable_headers()
             # `agent`, when set, is the session's agent wrapped with its server-side tools.
             run = await runtime.start_run(wanted.agent_id, wanted.input, forwarded,
-                                          follow_up_server_tools=False, agent=agent)
+                                          follow_up_server_tools=False, agent=agent,
+                                          request=request.info, topics=_topics(args["data"]))
+        except RateLimitedError as exc:
+            # Before anything streamed: the plain HTTP answer, so clients and proxies see it.
+            error = GraphQLError(exc.message, plan.field_node, path=[plan.root_key],
+                                 extensions={"code": exc.code, "statusCode": 429})
+            await send_result(request, 429, orjson.dumps(
+                {"errors": [error.formatted], "data": None}),
+                [(b"retry-after", str(exc.retry_after).encode())])
+            return
         except CopilotRuntimeError as exc:
             error = GraphQLError(exc.message, plan.field_node, path=[plan.root_key],
                                  extensions=kit_extensions(kit_code_of(exc), exc.message))
@@ -193,9 +203,19 @@ class GraphQLProtocol:
             stopped=lambda: run.cancel_reason == "stop",
             incremental=accepts_multipart(request),
             agent_name=wanted.agent_id, agent_run_id=wanted.input.run_id,
-            agent_state=wanted.input.raw.get("state"))
+            agent_state=wanted.input.raw.get("state"), refusal=run.refusal)
         if encoder.incremental:
             headers = [MULTIPART, *version_header(request)]
         else:
             headers = [(b"content-type", json_content_type(request)), *version_header(request)]
         await stream_run(request, run, encoder.encode, headers)
+
+
+def _topics(data: Any) -> tuple[list[str], list[str]] | None:
+    """`cloud.guardrails.inputValidationRules` as (allowed, denied) topics, if asked for."""
+    guardrails = ((data.get("cloud") or {}).get("guardrails") or {}) if isinstance(
+        data, dict) else {}
+    rules = guardrails.get("inputValidationRules") or {}
+    allow = [t for t in rules.get("allowList") or () if isinstance(t, str)]
+    deny = [t for t in rules.get("denyList") or () if isinstance(t, str)]
+    return (allow, deny) if allow or deny else None

@@ -31,10 +31,14 @@ import orjson
 
 from copilot_runtime import events as ev
 from copilot_runtime._server_tools import AGENT_FINISHED, AGENT_STARTED
+from copilot_runtime._time import now_iso as _now
 from copilot_runtime.events import Event
 from copilot_runtime.protocols.graphql.agent_state import STATE_EVENTS, AgentStates
-from copilot_runtime.protocols.graphql.agent_state import now_iso as _now
-from copilot_runtime.protocols.graphql.errors import failed_status, interrupted_status
+from copilot_runtime.protocols.graphql.errors import (
+    failed_status,
+    guardrails_status,
+    interrupted_status,
+)
 from copilot_runtime.protocols.graphql.meta_events import meta_event
 from copilot_runtime.protocols.graphql.plan import Field, ObjectPlan, OperationPlan
 from copilot_runtime.protocols.graphql.project import Obj, project, project_fields
@@ -57,22 +61,13 @@ _ARGUMENTS_FAILED = "The run failed before these arguments were complete"
 _STOPPED = "The run was stopped before this message was complete"
 
 
-def encode_result(content: str) -> str:
-    """A tool result as the 1.10 protocol encodes it.
-
-    The built-in agent reports a failed action as `{"error": "<message>"}`; the 1.10 client
-    expects `{"error": {"code", "message"}, "result": ""}`.
-    """
-    if not content.startswith('{"error":'):
+def encode_result(content: str, error: str | None = None) -> str:
+    """A tool result as the 1.10 protocol encodes it: a failed one (the event's `error`) as
+    `{"error": {"code", "message"}, "result": ""}`, which the 1.10 client reads."""
+    if error is None:
         return content
-    try:
-        parsed = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return content
-    if isinstance(parsed, dict) and len(parsed) == 1 and isinstance(parsed["error"], str):
-        return orjson.dumps({"error": {"code": "HANDLER_ERROR", "message": parsed["error"]},
-                             "result": ""}).decode()
-    return content
+    return orjson.dumps({"error": {"code": "HANDLER_ERROR", "message": error},
+                         "result": ""}).decode()
 
 
 class _Message:
@@ -105,8 +100,11 @@ class ResponseEncoder:
                  frontend_tools: frozenset[str], stopped: Callable[[], bool],
                  incremental: bool, agent_name: str | None = None,
                  agent_run_id: str | None = None,
-                 agent_state: Mapping[str, Any] | None = None) -> None:
+                 agent_state: Mapping[str, Any] | None = None,
+                 refusal: str | None = None) -> None:
         self.plan = plan
+        #: A guardrail's reason for refusing the input: the response fails with it.
+        self.refusal = refusal
         self.incremental = incremental and plan.incremental is not None
         self.frontend_tools = frontend_tools
         self.stopped = stopped
@@ -256,7 +254,7 @@ class ResponseEncoder:
     def _result(self, event: Event, out: list[dict[str, Any]]) -> None:
         call_id = event["toolCallId"]
         values = {"id": "result-" + call_id, "createdAt": _now(),
-                  "result": encode_result(str(event.get("content", ""))),
+                  "result": encode_result(str(event.get("content", "")), event.get("error")),
                   "actionExecutionId": call_id, "actionName": self._call_names.get(call_id, ""),
                   "status": _SUCCESS}
         message = self._add("ResultMessageOutput", values, None, out)
@@ -366,7 +364,9 @@ class ResponseEncoder:
 
     def _finish(self) -> None:
         cut = self.stopped() and self._closing
-        if cut:
+        if self.refusal is not None:
+            self._status = ("FailedResponseStatus", guardrails_status(self.refusal))
+        elif cut:
             self._status = ("FailedResponseStatus", interrupted_status(
                 str(self._closing[0].values["id"])))
         else:

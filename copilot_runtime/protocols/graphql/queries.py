@@ -18,6 +18,7 @@ from graphql import GraphQLError, GraphQLResolveInfo
 from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._exceptions import AgentNotFoundError, CopilotRuntimeError
 from copilot_runtime.agents.builtin import BuiltInAgent
+from copilot_runtime.auth import RequestInfo
 from copilot_runtime.messages import to_json_representation
 from copilot_runtime.protocols.graphql.errors import kit_code_of, kit_extensions
 from copilot_runtime.runtime import CopilotRuntime
@@ -64,7 +65,8 @@ def listed_agents(runtime: CopilotRuntime) -> list[dict[str, str]]:
 
 
 async def load_agent_state(runtime: CopilotRuntime, data: Mapping[str, Any],
-                           headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+                           headers: Mapping[str, str] | None = None,
+                           request: RequestInfo | None = None) -> dict[str, Any]:
     """The thread as the agent keeps it (`Agent.load_state`), else as the runtime stored it.
 
     `state` and `messages` are JSON strings; `state` never holds `messages`.
@@ -74,6 +76,9 @@ async def load_agent_state(runtime: CopilotRuntime, data: Mapping[str, Any],
     agent = runtime.agents.get(agent_id)
     if agent is None:
         raise agent_not_found(agent_id, runtime)
+    if runtime.owner_filter(request) is not None and not await runtime.can_see(
+            request, thread_id):
+        return _no_thread(thread_id)  # someone else's thread does not exist for this caller
     loaded = await agent.load_state(thread_id, headers=headers or {})
     if loaded is not None:
         if not loaded.exists:
@@ -106,6 +111,8 @@ Resolver = Callable[..., Awaitable[Any]]
 class QueryContext:
     #: The client's headers the agents may forward (lower-cased), as for runs.
     headers: Mapping[str, str] = field(default_factory=dict)
+    #: Who asks (None when the runtime does not need to know).
+    request: RequestInfo | None = None
 
 
 def _guarded(work: Callable[..., Awaitable[Any]]) -> Resolver:
@@ -138,7 +145,7 @@ def query_root(runtime: CopilotRuntime) -> dict[str, Resolver]:
         return {"agents": listed_agents(runtime)}
 
     async def load_state(context: QueryContext, data: Mapping[str, Any]) -> dict[str, Any]:
-        return await load_agent_state(runtime, data, context.headers)
+        return await load_agent_state(runtime, data, context.headers, context.request)
 
     return {"hello": _guarded(hello), "availableAgents": _guarded(available_agents),
             "loadAgentState": _guarded(load_state)}

@@ -1,0 +1,173 @@
+"""What `CopilotRuntime` does for a run when it serves many users: ownership, limits,
+guardrails, and what happens when the run ends (hooks, telemetry, the caller's slot).
+
+Kept out of `runtime` so that a runtime without any of it takes its one short path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from copilot_runtime import events as ev
+from copilot_runtime._compaction import events_to_messages
+from copilot_runtime._input import RunInput
+from copilot_runtime._runs import ActiveRun
+from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.auth import Principal, RequestInfo, owner_of
+from copilot_runtime.events import Event, EventBatches
+from copilot_runtime.guardrails import check_input
+from copilot_runtime.hooks import ErrorInfo, RunFinished
+from copilot_runtime.limits import Lease
+from copilot_runtime.threads.base import ThreadOwner
+
+if TYPE_CHECKING:
+    from copilot_runtime.runtime import CopilotRuntime
+
+__all__ = ["may_approve", "replay_visible", "start_run", "thread_owner"]
+
+_log = structlog.get_logger("copilot_runtime.runs")
+
+
+async def thread_owner(runtime: CopilotRuntime, thread_id: str) -> ThreadOwner | None:
+    """The owner of the thread, running or stored; None for a thread with no owner and for
+    one that does not exist (neither matches any principal)."""
+    running = runtime.runs.active.get(thread_id)
+    if running is not None:
+        return running.owner
+    record = await runtime.store.get(thread_id)
+    return record.owner if record is not None else None
+
+
+def may_approve(principal: Principal, approver_roles: frozenset[str],
+                owner: ThreadOwner | None) -> bool:
+    if owner is None:
+        return False
+    if owner == owner_of(principal):
+        return True
+    return bool(approver_roles & principal.roles) and owner.tenant == principal.tenant
+
+
+async def replay_visible(runtime: CopilotRuntime, thread_id: str,
+                         request: RequestInfo | None) -> AsyncIterator[Sequence[Event]]:
+    if not await runtime.can_see(request, thread_id):
+        return
+    async for batch in runtime.runs.replay(thread_id):
+        yield batch
+
+
+class RefusalAgent(Agent):
+    """Stands in for the agent when a guardrail refused the input: says why, and ends."""
+
+    class_name = "RefusalAgent"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.reason = reason
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._run()
+
+    async def _run(self) -> EventBatches:
+        message_id = f"guardrail-{uuid.uuid4()}"
+        yield [ev.text_message_start(message_id), ev.text_message_content(message_id, self.reason),
+               ev.text_message_end(message_id)]
+
+
+async def start_run(runtime: CopilotRuntime, agent_id: str, agent: Agent, input: RunInput,
+                    context: RunContext, request: RequestInfo | None,
+                    topics: tuple[Sequence[str], Sequence[str]] | None) -> ActiveRun:
+    principal = request.principal if request is not None else None
+    context.principal = principal
+    if request is not None:
+        context.annotations = request.annotations
+    lease: Lease | None = None
+    if runtime.limiter is not None and request is not None:
+        lease = await runtime.limiter.acquire(request)
+    try:
+        run = await runtime.runs.begin(agent_id, agent, input, context,
+                                       owner_of(principal) if principal is not None else None)
+    except BaseException:
+        if lease is not None:
+            await lease.release()
+        raise
+    try:
+        if runtime.guardrails or topics is not None:
+            messages = input.raw.get("messages") or []
+            verdict = await check_input(runtime.guardrails, messages, principal, topics)
+            if not verdict.allowed:
+                run.agent = RefusalAgent(verdict.reason)
+                run.refusal = verdict.reason
+                _log.info("guardrail refused a run", agent=agent_id, thread_id=run.thread_id,
+                          run_id=run.run_id)
+    except BaseException:
+        runtime.runs._release(run)
+        if lease is not None:
+            await lease.release()
+        raise
+    if runtime._observed:
+        telemetry = runtime.telemetry
+        if telemetry is not None:
+            context.telemetry = telemetry.run_started(
+                agent_id, run.thread_id, run.run_id, principal.id if principal else None)
+        started = time.monotonic()
+
+        def ended(run: ActiveRun) -> None:
+            _ended(runtime, run, lease, request, time.monotonic() - started)
+
+        run.on_end = ended
+    return run
+
+
+def _outcome(run: ActiveRun) -> tuple[str, dict[str, Any] | None]:
+    last: Event = {}
+    for event in reversed(run.events):
+        if event["type"] in ev.TERMINAL_TYPES:
+            last = event
+            break
+    if last.get("type") == ev.RUN_ERROR:
+        return "error", {"message": last.get("message"), "code": last.get("code")}
+    if run.refusal is not None:
+        return "refused", None
+    if run.cancel_reason == "stop":
+        return "stopped", None
+    if run.cancel_reason == "disconnect":
+        return "disconnected", None
+    outcome = last.get("outcome")
+    if (isinstance(outcome, dict) and outcome.get("type") == "interrupt") or any(
+            e["type"] == ev.CUSTOM and e.get("name") == "on_interrupt" for e in run.compacted):
+        return "interrupted", None
+    return "finished", None
+
+
+def _ended(runtime: CopilotRuntime, run: ActiveRun, lease: Lease | None,
+           request: RequestInfo | None, duration: float) -> None:
+    if lease is not None:
+        task = asyncio.get_running_loop().create_task(lease.release())
+        _pending.add(task)
+        task.add_done_callback(_pending.discard)
+    outcome, error = _outcome(run)
+    context = run.context
+    if context.telemetry is not None:
+        context.telemetry.end(outcome, error)
+    hooks = runtime.hooks
+    principal = context.principal
+    if hooks.on_run_finished is not None:
+        hooks.run_finished(RunFinished(
+            agent_id=run.agent_id, thread_id=run.thread_id, run_id=run.run_id,
+            principal=principal, new_messages=events_to_messages([run.compacted]),
+            usage=dict(context.usage), outcome=outcome, duration=duration, error=error,
+            annotations=context.annotations))
+    if error is not None and hooks.on_error is not None:
+        hooks.error(ErrorInfo(
+            message=str(error.get("message") or ""), code=str(error.get("code") or ""),
+            agent_id=run.agent_id, thread_id=run.thread_id, run_id=run.run_id,
+            principal=principal, request_id=request.request_id if request else None))
+
+
+_pending: set[asyncio.Task[None]] = set()

@@ -1,0 +1,200 @@
+"""Who is calling: principals, the authenticators that find them, and who may see a thread.
+
+`CopilotRuntime(auth=...)` takes any object with `async def authenticate(request) ->
+Principal` that raises `AuthenticationError` (answered 401). The request it gets is a
+`RequestInfo`: method, path, lower-cased headers and the client's address. Two ship here:
+`BearerTokenAuth` for static API tokens and `JWTAuth` for signed tokens (PyJWT, the `auth`
+extra), with a key or a JWKS URL.
+
+Without `auth` the runtime has one anonymous user and checks nothing: every thread is
+everyone's, as before. With it, a thread belongs to the principal (and tenant) whose run
+created it (`ThreadOwner`), and for anybody else it does not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from copilot_runtime._exceptions import AuthenticationError, ConfigurationError
+from copilot_runtime.threads.base import ThreadOwner
+
+__all__ = [
+    "Authenticator",
+    "BearerTokenAuth",
+    "JWTAuth",
+    "Principal",
+    "RequestInfo",
+    "bearer_token",
+    "owner_of",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated caller. `roles` name what the application lets it do beyond its own
+    threads (see `CopilotRuntime(approver_roles=...)`); `claims` keeps what the token said."""
+
+    id: str
+    tenant: str | None = None
+    roles: frozenset[str] = frozenset()
+    claims: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ConfigurationError("A principal needs a non-empty string id")
+        if not isinstance(self.roles, frozenset):
+            object.__setattr__(self, "roles", frozenset(self.roles))
+
+    def __repr__(self) -> str:  # claims may hold personal data: keep them out of logs
+        return f"Principal(id={self.id!r}, tenant={self.tenant!r}, roles={sorted(self.roles)!r})"
+
+
+@dataclass(slots=True)
+class RequestInfo:
+    """What authenticators, hooks and limits know about a request.
+
+    `annotations` is what `on_request` hooks added; agents see it as
+    `RunContext.annotations`.
+    """
+
+    method: str
+    path: str
+    #: Lower-cased names. Kept out of `repr`: they hold the caller's credentials.
+    headers: Mapping[str, str] = field(repr=False)
+    #: The client's address as the ASGI server reports it (behind a proxy: the proxy's).
+    client: str | None = None
+    principal: Principal | None = None
+    annotations: dict[str, Any] = field(default_factory=dict)
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@runtime_checkable
+class Authenticator(Protocol):
+    async def authenticate(self, request: RequestInfo) -> Principal:
+        """The caller, or `AuthenticationError`."""
+        ...
+
+
+def bearer_token(request: RequestInfo) -> str:
+    """The token of an `Authorization: Bearer` header, or `AuthenticationError`."""
+    value = request.headers.get("authorization")
+    if not value:
+        raise AuthenticationError("Missing bearer token")
+    scheme, _, token = value.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise AuthenticationError("The Authorization header must be 'Bearer <token>'")
+    return token
+
+
+def owner_of(principal: Principal) -> ThreadOwner:
+    return ThreadOwner(principal.id, principal.tenant)
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+class BearerTokenAuth:
+    """Static API tokens: `{token: user_id}` (or `{token: Principal}` for tenants and roles).
+
+    Tokens are kept as SHA-256 digests, so a lookup's timing says nothing about how much of
+    a wrong token matched.
+    """
+
+    def __init__(self, tokens: Mapping[str, str | Principal]) -> None:
+        if not tokens:
+            raise ConfigurationError("BearerTokenAuth needs at least one token")
+        self._principals: dict[bytes, Principal] = {}
+        for token, who in tokens.items():
+            if not isinstance(token, str) or len(token) < 8:
+                raise ConfigurationError("Bearer tokens must be strings of 8 characters or more")
+            self._principals[_digest(token)] = who if isinstance(who, Principal) else Principal(
+                who)
+
+    async def authenticate(self, request: RequestInfo) -> Principal:
+        principal = self._principals.get(_digest(bearer_token(request)))
+        if principal is None:
+            raise AuthenticationError("Invalid bearer token")
+        return principal
+
+
+class JWTAuth:
+    """Signed JSON Web Tokens, checked by PyJWT (install the `auth` extra).
+
+    Give either `key` (a shared secret for HS*, a PEM public key for RS*/ES*/EdDSA) or
+    `jwks_url` (the issuer's key set, fetched and cached; a token's `kid` picks the key).
+    `audience` and `issuer`, when given, must match; `exp` is always required. The principal
+    is `sub` (or `principal_claim`), its tenant `tenant_claim` and its roles `roles_claim`
+    (a list or a space-separated string).
+    """
+
+    def __init__(
+        self,
+        key: Any = None,
+        *,
+        algorithms: Collection[str] = ("RS256",),
+        audience: str | Iterable[str] | None = None,
+        issuer: str | None = None,
+        jwks_url: str | None = None,
+        principal_claim: str = "sub",
+        tenant_claim: str | None = None,
+        roles_claim: str | None = "roles",
+        leeway: float = 0.0,
+        jwks_cache_seconds: int = 300,
+    ) -> None:
+        try:
+            import jwt
+        except ImportError as exc:
+            raise ConfigurationError(
+                "JWTAuth needs PyJWT: pip install 'copilot-runtime[auth]'") from exc
+        if (key is None) == (jwks_url is None):
+            raise ConfigurationError("JWTAuth needs exactly one of key and jwks_url")
+        if not algorithms or "none" in {a.lower() for a in algorithms}:
+            raise ConfigurationError("JWTAuth needs signing algorithms, never 'none'")
+        self._jwt = jwt
+        self.key = key
+        self.algorithms = list(algorithms)
+        self.audience = audience if audience is None or isinstance(audience, str) else list(
+            audience)
+        self.issuer = issuer
+        self.principal_claim = principal_claim
+        self.tenant_claim = tenant_claim
+        self.roles_claim = roles_claim
+        self.leeway = leeway
+        self._jwks = jwt.PyJWKClient(jwks_url, cache_keys=True, lifespan=jwks_cache_seconds,
+                                     timeout=10) if jwks_url else None
+
+    async def authenticate(self, request: RequestInfo) -> Principal:
+        token = bearer_token(request)
+        jwt = self._jwt
+        key = self.key
+        try:
+            if self._jwks is not None:
+                # PyJWKClient fetches with urllib: keep the event loop free while it does.
+                key = (await asyncio.to_thread(self._jwks.get_signing_key_from_jwt, token)).key
+            claims: dict[str, Any] = jwt.decode(
+                token, key, algorithms=self.algorithms, audience=self.audience,
+                issuer=self.issuer, leeway=self.leeway,
+                options={"require": ["exp"], "verify_aud": self.audience is not None})
+        except jwt.ExpiredSignatureError:
+            raise AuthenticationError("The token has expired") from None
+        except jwt.PyJWKClientConnectionError:
+            raise AuthenticationError("The token's signing keys could not be fetched") from None
+        except jwt.PyJWTError:
+            raise AuthenticationError("Invalid token") from None
+        subject = claims.get(self.principal_claim)
+        if not isinstance(subject, str) or not subject:
+            raise AuthenticationError(f"The token has no '{self.principal_claim}' claim")
+        tenant = claims.get(self.tenant_claim) if self.tenant_claim else None
+        roles: Any = claims.get(self.roles_claim) if self.roles_claim else None
+        if isinstance(roles, str):
+            roles = roles.split()
+        return Principal(subject, tenant=str(tenant) if tenant is not None else None,
+                         roles=frozenset(r for r in roles or () if isinstance(r, str)),
+                         claims=claims)

@@ -1,0 +1,115 @@
+"""Hooks: the application's code around requests and runs (the TypeScript middleware).
+
+    on_request(request: RequestInfo) -> Mapping | None     before a request is served
+    on_run_finished(run: RunFinished) -> None             after a run has been stored
+    on_error(error: ErrorInfo) -> None                    a run ended with an error
+
+`on_request` runs after authentication: it may refuse the request by raising a
+`RequestError` (say `RequestRejectedError`, 403), or return annotations that agents see as
+`RunContext.annotations`. The other two run in the background, so they never hold up or
+break a stream; whatever they raise is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from copilot_runtime._exceptions import RequestError
+from copilot_runtime.auth import Principal, RequestInfo
+
+__all__ = ["ErrorInfo", "HookRunner", "OnError", "OnRequest", "OnRunFinished", "RunFinished"]
+
+_log = structlog.get_logger("copilot_runtime.hooks")
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinished:
+    agent_id: str
+    thread_id: str
+    run_id: str
+    principal: Principal | None
+    #: The messages the run added (AG-UI messages as dicts), the user's input included.
+    new_messages: list[dict[str, Any]]
+    #: Token counts summed over the run's model calls (`input_tokens`, `output_tokens`),
+    #: where the agent reports them.
+    usage: Mapping[str, int]
+    #: finished, error, stopped, disconnected, interrupted or refused (by a guardrail).
+    outcome: str
+    duration: float
+    error: Mapping[str, Any] | None = None
+    annotations: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    message: str
+    code: str
+    agent_id: str | None = None
+    thread_id: str | None = None
+    run_id: str | None = None
+    principal: Principal | None = None
+    request_id: str | None = None
+
+
+OnRequest = Callable[[RequestInfo], Awaitable[Mapping[str, Any] | None]]
+OnRunFinished = Callable[[RunFinished], Awaitable[None]]
+OnError = Callable[[ErrorInfo], Awaitable[None]]
+
+
+class HookRunner:
+    def __init__(self, on_request: OnRequest | None, on_run_finished: OnRunFinished | None,
+                 on_error: OnError | None) -> None:
+        self.on_request = on_request
+        self.on_run_finished = on_run_finished
+        self.on_error = on_error
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def request(self, info: RequestInfo) -> None:
+        if self.on_request is None:
+            return
+        try:
+            annotations = await self.on_request(info)
+        except RequestError:
+            raise
+        except Exception:
+            _log.exception("on_request hook failed", request_id=info.request_id)
+            return
+        if annotations:
+            info.annotations.update(annotations)
+
+    def run_finished(self, run: RunFinished) -> None:
+        if self.on_run_finished is not None:
+            self._spawn(self.on_run_finished(run), "on_run_finished")
+
+    def error(self, error: ErrorInfo) -> None:
+        if self.on_error is not None:
+            self._spawn(self.on_error(error), "on_error")
+
+    def _spawn(self, work: Awaitable[None], name: str) -> None:
+        async def guarded() -> None:
+            try:
+                await work
+            except Exception:
+                _log.exception(f"{name} hook failed")
+
+        task = asyncio.get_running_loop().create_task(guarded(), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self, timeout: float = 5.0) -> None:  # noqa: ASYNC109 - a grace period
+        """Wait for the hooks still running (at shutdown), cancelling them after `timeout`."""
+        tasks = list(self._tasks)
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        for task in pending:
+            task.cancel()
+        for task in pending:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

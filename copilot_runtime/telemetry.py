@@ -1,0 +1,202 @@
+"""Tracing, metrics and logs (the `otel` extra: the OpenTelemetry API only).
+
+`CopilotRuntime(telemetry=Telemetry())` uses the global tracer and meter providers (or the
+ones given): the application picks the SDK and the exporters. It records
+
+* a span per HTTP request (`copilotkit.request`) and, inside it, per run
+  (`copilotkit.run`: agent, thread, run, principal id, outcome);
+* under a run, a span per model call with the GenAI semantic conventions
+  (`chat {model}`: `gen_ai.system`, `gen_ai.request.model`, `gen_ai.usage.input_tokens`,
+  `gen_ai.usage.output_tokens`, `gen_ai.response.finish_reasons`) and per server-side tool
+  call (`execute_tool {name}`);
+* exceptions on the spans (never in answers to clients);
+* metrics: `copilotkit.runs` and `copilotkit.run.errors` (counters),
+  `copilotkit.run.duration` (seconds), `gen_ai.client.token.usage` and
+  `gen_ai.client.operation.duration`.
+
+Without `telemetry` none of this code runs. `configure_logging` makes the runtime's
+structlog logs JSON (or console) lines with secrets redacted.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from typing import Any
+
+import structlog
+
+from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._version import __version__
+from copilot_runtime.auth import RequestInfo
+
+__all__ = ["ModelCall", "RunTelemetry", "Telemetry", "configure_logging", "redact_secrets"]
+
+
+class Telemetry:
+    def __init__(self, tracer_provider: Any = None, meter_provider: Any = None) -> None:
+        try:
+            from opentelemetry import metrics, trace
+        except ImportError as exc:
+            raise ConfigurationError(
+                "Telemetry needs the OpenTelemetry API: pip install 'copilot-runtime[otel]'"
+            ) from exc
+        self._trace = trace
+        self.tracer = trace.get_tracer("copilot_runtime", __version__,
+                                       tracer_provider=tracer_provider)
+        meter = metrics.get_meter("copilot_runtime", __version__, meter_provider=meter_provider)
+        self.runs = meter.create_counter("copilotkit.runs", unit="{run}",
+                                         description="Runs ended, by agent and outcome")
+        self.errors = meter.create_counter("copilotkit.run.errors", unit="{run}",
+                                           description="Runs that ended with an error")
+        self.duration = meter.create_histogram("copilotkit.run.duration", unit="s",
+                                               description="Run duration")
+        self.tokens = meter.create_histogram("gen_ai.client.token.usage", unit="{token}",
+                                             description="Tokens per model call")
+        self.operation = meter.create_histogram("gen_ai.client.operation.duration", unit="s",
+                                                description="Model call duration")
+
+    @contextmanager
+    def request_span(self, request: RequestInfo) -> Iterator[Any]:
+        with self.tracer.start_as_current_span(
+                "copilotkit.request", kind=self._trace.SpanKind.SERVER,
+                attributes={"http.request.method": request.method, "url.path": request.path,
+                            "copilotkit.request_id": request.request_id},
+                record_exception=True) as span:
+            yield span
+            if request.principal is not None:
+                span.set_attribute("enduser.id", request.principal.id)
+
+    def run_started(self, agent_id: str, thread_id: str, run_id: str,
+                    principal_id: str | None) -> RunTelemetry:
+        attributes: dict[str, Any] = {"copilotkit.agent_id": agent_id,
+                                      "copilotkit.thread_id": thread_id,
+                                      "copilotkit.run_id": run_id}
+        if principal_id is not None:
+            attributes["enduser.id"] = principal_id
+        span = self.tracer.start_span("copilotkit.run", attributes=attributes)
+        return RunTelemetry(self, span, agent_id)
+
+
+class ModelCall:
+    """One model call's span; `end` records what the adapter's stream end said."""
+
+    __slots__ = ("_attributes", "_run", "_started", "span")
+
+    def __init__(self, run: RunTelemetry, provider: str, model: str | None) -> None:
+        self._run = run
+        self._started = time.monotonic()
+        self._attributes = {"gen_ai.system": provider, "gen_ai.operation.name": "chat",
+                            "gen_ai.request.model": model or "default"}
+        self.span = run.telemetry.tracer.start_span(
+            f"chat {model or provider}", context=run.context,
+            kind=run.telemetry._trace.SpanKind.CLIENT, attributes=self._attributes)
+
+    def end(self, finish_reason: str | None, usage: Mapping[str, Any] | None,
+            error: BaseException | None = None) -> None:
+        span = self.span
+        telemetry = self._run.telemetry
+        if finish_reason:
+            span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+        if usage:
+            for key, kind in (("prompt_tokens", "input"), ("completion_tokens", "output")):
+                value = usage.get(key)
+                if isinstance(value, int):
+                    span.set_attribute(f"gen_ai.usage.{kind}_tokens", value)
+                    telemetry.tokens.record(value, {**self._attributes,
+                                                    "gen_ai.token.type": kind})
+        if error is not None:
+            span.record_exception(error)
+            span.set_status(telemetry._trace.StatusCode.ERROR, type(error).__name__)
+        telemetry.operation.record(time.monotonic() - self._started, self._attributes)
+        span.end()
+
+
+class RunTelemetry:
+    """The span of one run, and the parent of its model and tool spans."""
+
+    def __init__(self, telemetry: Telemetry, span: Any, agent_id: str) -> None:
+        self.telemetry = telemetry
+        self.span = span
+        self.agent_id = agent_id
+        self.context = telemetry._trace.set_span_in_context(span)
+        self._started = time.monotonic()
+
+    def model_call(self, provider: str, model: str | None) -> ModelCall:
+        return ModelCall(self, provider, model)
+
+    @contextmanager
+    def tool_call(self, name: str) -> Iterator[Any]:
+        with self.telemetry.tracer.start_as_current_span(
+                f"execute_tool {name}", context=self.context,
+                attributes={"gen_ai.operation.name": "execute_tool",
+                            "gen_ai.tool.name": name}) as span:
+            yield span
+
+    def end(self, outcome: str, error: Mapping[str, Any] | None) -> None:
+        telemetry = self.telemetry
+        attributes = {"copilotkit.agent_id": self.agent_id, "copilotkit.outcome": outcome}
+        self.span.set_attribute("copilotkit.outcome", outcome)
+        if error is not None:
+            code = str(error.get("code") or "RUN_ERROR")
+            self.span.set_status(telemetry._trace.StatusCode.ERROR, code)
+            self.span.set_attribute("error.type", code)
+            telemetry.errors.add(1, {**attributes, "error.type": code})
+        telemetry.runs.add(1, attributes)
+        telemetry.duration.record(time.monotonic() - self._started, attributes)
+        self.span.end()
+
+
+# -- logs ------------------------------------------------------------------------------------
+
+_SECRET_KEYS = re.compile(
+    r"(authorization|cookie|api[-_]?key|token|secret|password|credential)", re.IGNORECASE)
+_SECRET_VALUES = re.compile(
+    r"(Bearer\s+[A-Za-z0-9._~+/=-]+|sk-[A-Za-z0-9_-]{8,}|eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9._-]+)")
+REDACTED = "[REDACTED]"
+
+
+def _redact(value: Any, depth: int = 0) -> Any:
+    if depth > 4:
+        return value
+    if isinstance(value, str):
+        return _SECRET_VALUES.sub(REDACTED, value) if len(value) > 10 else value
+    if isinstance(value, Mapping):
+        return {k: REDACTED if isinstance(k, str) and _SECRET_KEYS.search(k) else
+                _redact(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redact(v, depth + 1) for v in value]
+    return value
+
+
+def redact_secrets(logger: Any, method: str, event: MutableMapping[str, Any]
+                   ) -> MutableMapping[str, Any]:
+    """A structlog processor: values under secret-looking keys (authorization, cookie,
+    api_key, token, ...) and bearer tokens, API keys and JWTs inside strings are replaced."""
+    for key in list(event):
+        if key != "event" and _SECRET_KEYS.search(key):
+            event[key] = REDACTED
+        else:
+            event[key] = _redact(event[key])
+    return event
+
+
+def configure_logging(*, json: bool = True, level: int | None = None) -> None:
+    """Structured logs for the runtime: request and run ids bound by the runtime, secrets
+    redacted, one JSON object a line (or readable console lines with `json=False`)."""
+    import logging
+
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+        redact_secrets,
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(),
+    ]
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(level or logging.INFO),
+        cache_logger_on_first_use=False)

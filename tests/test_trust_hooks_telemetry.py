@@ -1,0 +1,218 @@
+"""Hooks get the right data and never break a stream; spans and metrics are captured with
+the OpenTelemetry SDK's in-memory exporters; logs redact secrets."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+import pytest
+import structlog
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from copilot_runtime import BearerTokenAuth, CopilotRuntime, OpenAIAdapter, RequestError
+from copilot_runtime._exceptions import RequestRejectedError
+from copilot_runtime.auth import RequestInfo
+from copilot_runtime.hooks import ErrorInfo, RunFinished
+from copilot_runtime.telemetry import Telemetry, configure_logging, redact_secrets
+from copilot_runtime.testing import MockOpenAIServer
+from tests.conftest import ServeRuntime, parse_sse, run_input, text_of, types
+from tests.realclient_app import getWeather
+
+TOKEN = "tok-alice-0001"
+
+
+async def wait_for(condition: Any, what: str) -> None:
+    for _ in range(300):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_hooks(serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    finished: list[RunFinished] = []
+    errors: list[ErrorInfo] = []
+    seen: list[RequestInfo] = []
+
+    async def on_request(request: RequestInfo) -> Mapping[str, Any] | None:
+        seen.append(request)
+        if request.headers.get("x-block"):
+            raise RequestRejectedError("Blocked by policy")
+        return {"plan": "pro"}
+
+    async def on_run_finished(run: RunFinished) -> None:
+        finished.append(run)
+
+    async def on_error(error: ErrorInfo) -> None:
+        errors.append(error)
+
+    runtime = CopilotRuntime(
+        service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0),
+        actions=[getWeather], auth=BearerTokenAuth({TOKEN: "alice"}), on_request=on_request,
+        on_run_finished=on_run_finished, on_error=on_error)
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    async with serve_runtime(runtime) as served:
+        response = await served.session.post(
+            served.url + "/agent/default/run", headers=headers,
+            data=orjson.dumps(run_input('call:getWeather {"city":"Paris"}', thread="h1")))
+        events = parse_sse(await response.read())
+        assert types(events)[-1] == "RUN_FINISHED"
+        await wait_for(lambda: finished, "on_run_finished")
+        (run,) = finished
+        assert (run.agent_id, run.thread_id, run.run_id, run.outcome) == (
+            "default", "h1", "run-1", "finished")
+        assert run.principal is not None
+        assert run.principal.id == "alice"
+        assert run.annotations == {"plan": "pro"}
+        assert [m["role"] for m in run.new_messages] == ["user", "assistant", "tool",
+                                                         "assistant"]
+        assert run.usage["input_tokens"] > 0
+        assert run.usage["output_tokens"] > 0
+        assert run.duration > 0
+        assert seen[0].principal is not None
+        assert seen[0].principal.id == "alice"
+
+        response = await served.session.post(
+            served.url + "/agent/default/run", headers=headers,
+            data=orjson.dumps(run_input("error:500", thread="h2")))
+        assert parse_sse(await response.read())[-1]["type"] == "RUN_ERROR"
+        await wait_for(lambda: errors and len(finished) == 2, "on_error")
+        assert (errors[0].thread_id, errors[0].code) == ("h2", "UPSTREAM_ERROR")
+        assert errors[0].request_id == seen[-1].request_id
+        assert finished[-1].outcome == "error"
+
+        response = await served.session.get(served.url + "/threads",
+                                            headers={**headers, "X-Block": "1"})
+        assert response.status == 403
+        assert (await response.json())["message"] == "Blocked by policy"
+
+
+async def test_failing_hooks_are_logged_and_never_break_a_stream(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    async def broken(_: Any) -> Any:
+        raise RuntimeError("hook bug")
+
+    runtime = CopilotRuntime(
+        service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0),
+        on_request=broken, on_run_finished=broken, on_error=broken)
+    async with serve_runtime(runtime) as served:
+        with structlog.testing.capture_logs() as logs:
+            assert text_of(await served.run(run_input("Hi"))) == "echo: Hi"
+            events = await served.run(run_input("error:500", thread="t2"))
+            assert events[-1]["type"] == "RUN_ERROR"
+            await wait_for(lambda: sum("hook failed" in e["event"] for e in logs) >= 5,
+                           "the hook failures in the log")
+        assert {e["event"] for e in logs if "hook" in e["event"]} == {
+            "on_request hook failed", "on_run_finished hook failed", "on_error hook failed"}
+    assert issubclass(RequestRejectedError, RequestError)
+
+
+async def test_spans_and_metrics(serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    runtime = CopilotRuntime(
+        service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0),
+        actions=[getWeather], auth=BearerTokenAuth({TOKEN: "alice"}),
+        telemetry=Telemetry(tracer_provider, meter_provider))
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    try:
+        async with serve_runtime(runtime) as served:
+            response = await served.session.post(
+                served.url + "/agent/default/run", headers=headers,
+                data=orjson.dumps(run_input('call:getWeather {"city":"Paris"}', thread="s1")))
+            assert types(parse_sse(await response.read()))[-1] == "RUN_FINISHED"
+            response = await served.session.post(
+                served.url + "/agent/default/run", headers=headers,
+                data=orjson.dumps(run_input("error:500", thread="s2", run="run-2")))
+            await response.read()
+            await wait_for(lambda: sum(s.name == "copilotkit.request"
+                                       for s in exporter.get_finished_spans()) >= 2,
+                           "the request spans")
+        spans = exporter.get_finished_spans()
+        by_name: dict[str, list[Any]] = {}
+        for span in spans:
+            by_name.setdefault(span.name, []).append(span)
+        request_span = by_name["copilotkit.request"][0]
+        assert request_span.kind == SpanKind.SERVER
+        assert request_span.attributes["enduser.id"] == "alice"
+        ok_run, failed_run = sorted(by_name["copilotkit.run"],
+                                    key=lambda s: s.attributes["copilotkit.run_id"])
+        assert ok_run.parent.span_id == request_span.context.span_id
+        assert ok_run.attributes["copilotkit.thread_id"] == "s1"
+        assert ok_run.attributes["copilotkit.outcome"] == "finished"
+        assert ok_run.attributes["enduser.id"] == "alice"
+        chats = [s for s in spans if s.name.startswith("chat ")
+                 and s.parent.span_id == ok_run.context.span_id]
+        assert len(chats) == 2  # the tool call, then the answer
+        first = chats[0].attributes
+        assert first["gen_ai.system"] == "openai"
+        assert first["gen_ai.usage.input_tokens"] > 0
+        assert first["gen_ai.usage.output_tokens"] > 0
+        assert tuple(first["gen_ai.response.finish_reasons"]) == ("tool_calls",)
+        (tool,) = by_name["execute_tool getWeather"]
+        assert tool.parent.span_id == ok_run.context.span_id
+        assert failed_run.status.status_code == StatusCode.ERROR
+        assert failed_run.attributes["error.type"] == "UPSTREAM_ERROR"
+        failed_chat = next(s for s in spans if s.name.startswith("chat ")
+                           and s.parent.span_id == failed_run.context.span_id)
+        assert failed_chat.status.status_code == StatusCode.ERROR
+        assert failed_chat.events[0].name == "exception"
+
+        metrics = {m.name: m for rm in reader.get_metrics_data().resource_metrics
+                   for sm in rm.scope_metrics for m in sm.metrics}
+        runs = {p.attributes["copilotkit.outcome"]: p.value
+                for p in metrics["copilotkit.runs"].data.data_points}
+        assert runs == {"finished": 1, "error": 1}
+        (error_point,) = metrics["copilotkit.run.errors"].data.data_points
+        assert error_point.attributes["error.type"] == "UPSTREAM_ERROR"
+        tokens = {p.attributes["gen_ai.token.type"]: p.sum
+                  for p in metrics["gen_ai.client.token.usage"].data.data_points}
+        assert tokens["input"] > 0
+        assert tokens["output"] > 0
+        assert sum(p.count for p in metrics["copilotkit.run.duration"].data.data_points) == 2
+    finally:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+
+
+def test_secrets_are_redacted() -> None:
+    event = redact_secrets(None, "info", {
+        "event": "calling Bearer abc.def.ghi", "authorization": "Bearer s3cr3t-token",
+        "headers": {"Cookie": "session=1", "x-api-key": "k", "accept": "json"},
+        "detail": "key sk-abcdefghijklmnop and eyJhbGciOi.eyJzdWIiOiJh.sig in text",
+        "count": 3})
+    assert event["authorization"] == "[REDACTED]"
+    assert event["headers"] == {"Cookie": "[REDACTED]", "x-api-key": "[REDACTED]",
+                                "accept": "json"}
+    assert "sk-abc" not in event["detail"]
+    assert "eyJ" not in event["detail"]
+    assert event["event"] == "calling [REDACTED]"
+    assert event["count"] == 3
+
+
+@pytest.mark.parametrize("as_json", [True])
+def test_configure_logging_writes_json(as_json: bool) -> None:
+    out = io.StringIO()
+    try:
+        configure_logging(json=as_json)
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(out))
+        structlog.get_logger("t").info("hello", authorization="Bearer x", run_id="r1")
+        line = json.loads(out.getvalue())
+        assert line["event"] == "hello"
+        assert line["authorization"] == "[REDACTED]"
+        assert line["run_id"] == "r1"
+    finally:
+        structlog.reset_defaults()

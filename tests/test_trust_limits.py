@@ -1,0 +1,164 @@
+"""Rate limits: a caller over its limit gets 429 with Retry-After on both protocols while
+another caller still works; counters in this process and in Redis; allowed models."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+
+from copilot_runtime import (
+    BearerTokenAuth,
+    CopilotRuntime,
+    OpenAIAdapter,
+    RateLimit,
+)
+from copilot_runtime._exceptions import ConfigurationError, RateLimitedError
+from copilot_runtime.agents import BuiltInAgent
+from copilot_runtime.auth import Principal, RequestInfo
+from copilot_runtime.limits import RateLimiter, RedisCounters
+from copilot_runtime.testing import MockOpenAIServer
+from tests.conftest import Served, ServeRuntime, parse_sse, run_input, text_of, types
+
+ALICE, BOB = "tok-alice-0001", "tok-bob-00002"
+USERS = BearerTokenAuth({ALICE: "alice", BOB: "bob"})
+
+
+def adapter(llm: MockOpenAIServer) -> OpenAIAdapter:
+    return OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0)
+
+
+async def run(served: Served, token: str | None, thread: str, text: str = "Hi"
+              ) -> tuple[int, bytes, dict[str, str]]:
+    response = await served.session.post(
+        served.url + "/agent/default/run", data=orjson.dumps(run_input(text, thread=thread)),
+        headers={"Content-Type": "application/json",
+                 **({"Authorization": f"Bearer {token}"} if token else {})})
+    return response.status, await response.read(), dict(response.headers)
+
+
+@pytest.fixture
+async def limited(serve_runtime: ServeRuntime, llm: MockOpenAIServer
+                  ) -> AsyncIterator[Served]:
+    runtime = CopilotRuntime(service_adapter=adapter(llm), auth=USERS,
+                             rate_limit=RateLimit(runs_per_minute=2))
+    async with serve_runtime(runtime) as served:
+        yield served
+
+
+async def test_runs_per_minute_per_principal(limited: Served, llm: MockOpenAIServer) -> None:
+    served = limited
+    for n in range(2):
+        status, _, _ = await run(served, ALICE, f"a{n}")
+        assert status == 200
+    status, body, headers = await run(served, ALICE, "a3")
+    assert status == 429
+    assert 1 <= int(headers["Retry-After"]) <= 60
+    assert orjson.loads(body)["code"] == "RATE_LIMITED"
+    assert await served.runtime.store.get("a3") is None
+    calls = len(llm.requests)
+    # Bob is not affected.
+    status, body, _ = await run(served, BOB, "b1", "Still here")
+    assert status == 200
+    assert text_of(parse_sse(body)) == "echo: Still here"
+    assert len(llm.requests) == calls + 1
+    # Over GraphQL: the same HTTP answer, before anything streams.
+    response = await served.session.post(served.url, data=orjson.dumps({
+        "query": "mutation($data: GenerateCopilotResponseInput!) { generateCopilotResponse("
+                 "data: $data) { threadId } }",
+        "variables": {"data": {"threadId": "g1", "frontend": {"actions": []},
+                               "metadata": {"requestType": "Chat"}, "messages": []}}}),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {ALICE}",
+                 "X-CopilotKit-Runtime-Client-GQL-Version": "1.10.6"})
+    assert response.status == 429
+    assert int(response.headers["Retry-After"]) >= 1
+    assert (await response.json())["errors"][0]["extensions"]["code"] == "RATE_LIMITED"
+
+
+async def test_concurrent_runs_and_anonymous_callers(serve_runtime: ServeRuntime,
+                                                     llm: MockOpenAIServer) -> None:
+    runtime = CopilotRuntime(service_adapter=adapter(llm), auth=USERS,
+                             rate_limit=RateLimit(concurrent_runs=1))
+    async with serve_runtime(runtime) as served:
+        slow = asyncio.create_task(run(served, ALICE, "slow", "slow:100 a b c d"))
+        for _ in range(300):
+            if "slow" in runtime.runs.active:
+                break
+            await asyncio.sleep(0.01)
+        status, _, headers = await run(served, ALICE, "other")
+        assert (status, headers["Retry-After"]) == (429, "1")
+        assert (await run(served, BOB, "bob"))[0] == 200
+        status, body, _ = await slow
+        assert status == 200
+        assert types(parse_sse(body))[-1] == "RUN_FINISHED"
+        for _ in range(100):  # the slot is given back just after the end
+            status, _, _ = await run(served, ALICE, f"again-{_}")
+            if status == 200:
+                break
+            await asyncio.sleep(0.02)
+        assert status == 200
+
+    anonymous = CopilotRuntime(service_adapter=adapter(llm),
+                               rate_limit=RateLimit(runs_per_minute=1))
+    assert anonymous.wants_request_info
+    async with serve_runtime(anonymous) as served:
+        assert (await run(served, None, "x1"))[0] == 200
+        assert (await run(served, None, "x2"))[0] == 429  # by client address
+
+
+async def test_allowed_models(serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    runtime = CopilotRuntime(agents={"default": BuiltInAgent(
+        adapter(llm), allowed_models=["gpt-4o-mini"])})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("Hi", forwardedProps={"model": "gpt-4o"}))
+        assert events[-1]["type"] == "RUN_ERROR"
+        assert events[-1]["code"] == "MODEL_NOT_ALLOWED"
+        assert "gpt-4o-mini" in events[-1]["message"]
+        assert llm.requests == []
+        events = await served.run(run_input("Hi", thread="t2",
+                                            forwardedProps={"model": "gpt-4o-mini"}))
+        assert text_of(events) == "echo: Hi"
+        assert llm.requests[-1]["model"] == "gpt-4o-mini"
+
+
+def caller(principal: str) -> RequestInfo:
+    return RequestInfo("POST", "/run", {}, "10.0.0.1", principal=Principal(principal))
+
+
+async def test_redis_counters_are_shared_by_workers() -> None:
+    prefix = f"copilot-runtime-test:{uuid.uuid4().hex}:"
+    url = "redis://127.0.0.1:6379/0"
+    workers = [RateLimiter(RateLimit(runs_per_minute=3, concurrent_runs=2,
+                                     backend=RedisCounters(url, prefix=prefix)))
+               for _ in range(2)]
+    try:
+        first = await workers[0].acquire(caller("alice"))
+        second = await workers[1].acquire(caller("alice"))
+        with pytest.raises(RateLimitedError, match="at once"):
+            await workers[0].acquire(caller("alice"))
+        assert first is not None
+        assert second is not None
+        await first.release()
+        await first.release()  # once only
+        third = await workers[1].acquire(caller("alice"))  # the 3rd start this minute
+        assert third is not None
+        await second.release()
+        await third.release()
+        with pytest.raises(RateLimitedError, match="a minute") as caught:
+            await workers[0].acquire(caller("alice"))
+        assert 1 <= caught.value.retry_after <= 61
+        assert await workers[1].acquire(caller("bob")) is not None
+    finally:
+        redis = workers[0].backend._redis  # type: ignore[attr-defined]
+        keys = [k async for k in redis.scan_iter(match=prefix + "*")]
+        if keys:
+            await redis.delete(*keys)
+        for worker in workers:
+            await worker.aclose()
+    with pytest.raises(ConfigurationError):
+        RateLimit()
+    with pytest.raises(ConfigurationError):
+        RateLimiter(RateLimit(runs_per_minute=1, backend="http://nope"))
