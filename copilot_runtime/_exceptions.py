@@ -4,6 +4,7 @@
     ├── ConfigurationError          a runtime, agent or action set up wrongly (raised at start-up)
     ├── RequestError                the client sent something we cannot serve (answered with 4xx)
     │   ├── InvalidRequestError     malformed JSON, wrong types, missing fields        → 400
+    │   │   └── JSONTooDeepError    JSON nested deeper than the runtime can re-encode  → 400
     │   ├── AgentNotFoundError      the agent id is not registered                     → 404
     │   ├── ThreadBusyError         a run is already active on the thread              → 409
     │   └── PayloadTooLargeError    the body exceeds the configured limit              → 413
@@ -24,6 +25,7 @@ __all__ = [
     "ConfigurationError",
     "CopilotRuntimeError",
     "InvalidRequestError",
+    "JSONTooDeepError",
     "PayloadTooLargeError",
     "RequestError",
     "ThreadBusyError",
@@ -60,6 +62,17 @@ class InvalidRequestError(RequestError):
     def __init__(self, message: str, details: Any = None) -> None:
         super().__init__(message)
         self.details = details
+
+
+class JSONTooDeepError(InvalidRequestError):
+    """JSON in a request (a body, or JSON text in a GraphQL argument) nests too deep."""
+
+    code = "JSON_TOO_DEEP"
+
+    def __init__(self, what: str, limit: int) -> None:
+        message = f"{what} is nested too deep (at most {limit} levels)"
+        super().__init__(message, message)
+        self.limit = limit
 
 
 class AgentNotFoundError(RequestError):

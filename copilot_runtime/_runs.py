@@ -21,6 +21,7 @@ from copilot_runtime import events as ev
 from copilot_runtime._compaction import compact_events
 from copilot_runtime._exceptions import CopilotRuntimeError, ThreadBusyError
 from copilot_runtime._input import RunInput
+from copilot_runtime._limits import readable
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.events import Event
 from copilot_runtime.threads.base import StoredRun, ThreadStore
@@ -274,6 +275,8 @@ class RunManager:
     async def replay(self, thread_id: str) -> AsyncIterator[Sequence[Event]]:
         """A thread's stored runs, then the live run if there is one, to its end."""
         record = await self.store.get(thread_id)
+        if record is not None:
+            record = readable(record)  # a thread stored broken is still replayed
         stored = [e for run in record.runs for e in run.events] if record else []
         live = self.active.get(thread_id)
         if live is None:

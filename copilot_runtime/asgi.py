@@ -16,7 +16,11 @@ from typing import Any
 import structlog
 from starlette.routing import Route
 
-from copilot_runtime._exceptions import InvalidRequestError, PayloadTooLargeError
+from copilot_runtime._exceptions import (
+    InvalidRequestError,
+    JSONTooDeepError,
+    PayloadTooLargeError,
+)
 from copilot_runtime._input import parse_json_body
 from copilot_runtime.protocols._http import (
     CORSPolicy,
@@ -121,12 +125,14 @@ class CopilotEndpoint:
             await send_json(request, 413, {"error": "Payload too large", "message": exc.message,
                                            "code": exc.code})
             return
-        except InvalidRequestError:
+        except InvalidRequestError as exc:
+            too_deep = isinstance(exc, JSONTooDeepError)
             if b"x-copilotkit-runtime-client-gql-version" in request.headers:
-                await self.graphql.invalid_json(request)  # a GraphQL client: its error form
+                # a GraphQL client: its error form
+                await self.graphql.invalid_json(request, exc.message if too_deep else None)
                 return
-            await send_json(request, 400, {"error": "invalid_request",
-                                           "message": "Invalid JSON payload"})
+            await send_json(request, 400, {"error": "invalid_request", "message":
+                                           exc.message if too_deep else "Invalid JSON payload"})
             return
         except ConnectionAbortedError:
             return

@@ -29,6 +29,7 @@ from copilot_runtime._exceptions import (
     RequestError,
 )
 from copilot_runtime._input import parse_json_body, parse_run_input
+from copilot_runtime._limits import readable
 from copilot_runtime.agents._headers import HOP_BY_HOP
 from copilot_runtime.protocols._http import (
     Request,
@@ -191,6 +192,8 @@ class AGUIProtocol:
             } for r in records], "nextCursor": None})
             return
         record = await store.get(thread_id)
+        if record is not None:
+            record = readable(record)  # a thread stored broken is still read
         if record is None:
             await send_json(request, 404, {"error": "Thread not found",
                                            "message": f"Thread '{thread_id}' does not exist"})

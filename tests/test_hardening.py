@@ -1,0 +1,194 @@
+"""Regression tests for hostile input, broken upstreams and stored threads (issue 14).
+
+Each test names the fault it pins down; every one failed on the code before its fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from typing import Any
+
+import orjson
+import pytest
+
+from copilot_runtime._limits import MAX_JSON_DEPTH
+from copilot_runtime.events import Event
+from copilot_runtime.testing import MockOpenAIServer
+from copilot_runtime.threads import InMemoryThreadStore, SQLiteThreadStore, StoredRun
+from tests.conftest import Served, ServeRuntime, openai_runtime, parse_sse, run_input, types
+from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, chat_data, text_message
+
+pytestmark = pytest.mark.asyncio
+
+TIMEOUT = 30
+
+
+def nested(depth: int) -> Any:
+    """A JSON value `depth` containers deep."""
+    value: Any = 1
+    for i in range(depth):
+        value = {"k": value} if i % 2 else [value]
+    return value
+
+
+async def sse(served: Served, path: str, body: Any) -> tuple[int, bytes]:
+    response = await served.post(path, body)
+    return response.status, await response.read()
+
+
+def assert_clean(body: bytes) -> None:
+    """No stack trace or file path reaches a client."""
+    for marker in (b"Traceback", b'File "', b".py", b"/site-packages/", b"Error:"):
+        assert marker not in body, body[:400]
+
+
+# -- 1: the input is validated before it is iterated --------------------------------------
+
+
+@pytest.mark.parametrize("messages", [True, -1, 1.5, "text", {"id": "x"}])
+async def test_non_list_messages_get_400_on_both_agui_routes(
+        served: Served, messages: Any) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        body = {"threadId": "t1", "runId": "r1", "messages": messages}
+        response = await served.post("/agent/default/run", body)
+        assert response.status == 400, await response.text()
+        assert_clean(await response.read())
+        response = await served.post("", {"method": "agent/run",
+                                          "params": {"agentId": "default"}, "body": body})
+        assert response.status == 400, await response.text()
+        assert_clean(await response.read())
+        assert types(await served.run(run_input("still fine"))) [-1] == "RUN_FINISHED"
+
+
+# -- 2, 3: depth is bounded at the edge; the thread stays readable ------------------------
+
+
+@pytest.mark.parametrize("where", ["state", "forwardedProps", "tool", "envelope"])
+async def test_too_deep_bodies_are_refused_before_streaming(served: Served, where: str) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        deep = nested(260)
+        body = run_input("hello", thread=f"deep-{where}")
+        if where == "tool":
+            body["tools"] = [{"name": "t", "description": "", "parameters": {"d": deep}}]
+        elif where != "envelope":
+            body[where] = {"d": deep}
+        if where == "envelope":
+            response = await served.post("", raw=_dumps_deep({
+                "method": "agent/run", "params": {"agentId": "default"}, "body": body,
+                "extra": deep}))
+        else:
+            response = await served.post("/agent/default/run", raw=_dumps_deep(body))
+        assert response.status == 400, await response.text()
+        answer = await response.json()
+        assert "deep" in orjson.dumps(answer).decode()
+        # Nothing was stored; the thread routes answer, and a normal run works on it.
+        response = await served.session.get(served.url + f"/threads/deep-{where}/events")
+        assert response.status == 404
+        events = await served.run(run_input("hi", thread=f"deep-{where}"))
+        assert types(events)[-1] == "RUN_FINISHED"
+
+
+async def test_the_deepest_accepted_state_streams_and_replays(served: Served) -> None:
+    """At the limit, every later stage (echo, store, replay) can still encode it."""
+    async with asyncio.timeout(TIMEOUT):
+        body = run_input("hello", thread="at-limit")
+        body["state"] = nested(MAX_JSON_DEPTH - 1)
+        assert orjson.loads(orjson.dumps(body))  # the body is exactly at the limit
+        events = await served.run(body)
+        assert types(events)[0] == "RUN_STARTED"
+        assert types(events)[-1] == "RUN_FINISHED"
+        response = await served.session.get(served.url + "/threads/at-limit/events")
+        assert response.status == 200
+        response = await served.post("/agent/default/connect", run_input("", thread="at-limit"))
+        assert response.status == 200
+        assert types(parse_sse(await response.read()))[-1] == "RUN_FINISHED"
+
+
+def broken_run(thread: str) -> StoredRun:
+    """A run as a store may hold it from before the depth bound: unencodable by orjson."""
+    deep = nested(300)
+    events: list[Event] = [
+        {"type": "RUN_STARTED", "threadId": thread, "runId": "old",
+         "input": {"state": deep, "messages": [{"id": "u0", "role": "user",
+                                                "content": "old question"}]}},
+        {"type": "STATE_SNAPSHOT", "snapshot": deep},
+        {"type": "TEXT_MESSAGE_START", "messageId": "a0", "role": "assistant"},
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": "a0", "delta": "old answer"},
+        {"type": "TEXT_MESSAGE_END", "messageId": "a0"},
+        {"type": "RUN_FINISHED", "threadId": thread, "runId": "old"},
+    ]
+    return StoredRun("old", events, time.time())
+
+
+async def check_readable(served: Served, thread: str) -> None:
+    for what in ("events", "messages", "state"):
+        response = await served.session.get(served.url + f"/threads/{thread}/{what}")
+        assert response.status == 200, (what, await response.text())
+    events = (await (await served.session.get(
+        served.url + f"/threads/{thread}/events")).json())["events"]
+    assert types(events)[0] == "RUN_STARTED"
+    assert "old answer" in orjson.dumps(events).decode()
+    response = await served.post("/agent/default/connect", run_input("", thread=thread))
+    assert response.status == 200
+    replayed = parse_sse(await response.read())
+    assert types(replayed)[-1] == "RUN_FINISHED"
+    events = await served.run(run_input("new question", thread=thread, run="new"))
+    assert types(events)[-1] == "RUN_FINISHED"
+
+
+async def test_threads_already_broken_in_memory_stay_readable(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        store = InMemoryThreadStore()
+        await store.append_run("broken", "default", broken_run("broken"), ["u0", "a0"])
+        async with serve_runtime(openai_runtime(llm, thread_store=store)) as served:
+            await check_readable(served, "broken")
+
+
+async def test_threads_already_broken_on_disk_stay_readable(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime, tmp_path: Any) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        path = tmp_path / "threads.db"
+        store = SQLiteThreadStore(str(path))
+        # Written as an older version did: orjson reads 1,024 levels but writes only ~254.
+        await store.append_run("broken", "default", StoredRun("x", [], time.time()), [])
+        run = broken_run("broken")
+        raw = _dumps_deep(run.events)
+        with sqlite3.connect(path) as db:
+            db.execute("UPDATE runs SET events = ? WHERE thread_id = ?", (raw, "broken"))
+        async with serve_runtime(openai_runtime(llm, thread_store=store)) as served:
+            await check_readable(served, "broken")
+
+
+def _dumps_deep(value: Any) -> bytes:
+    """JSON text of any depth (the stdlib encoder has no depth limit of its own)."""
+    import json
+    import sys
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(10_000)
+    try:
+        return json.dumps(value).encode()
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+# -- 4: GraphQL agent state ----------------------------------------------------------------
+
+
+async def test_graphql_too_deep_agent_state_is_a_graphql_error(served: Served) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        # 260 levels as the text of a JSON string: the body itself is shallow.
+        deep = '{"d":' * 130 + "1" + "}" * 130
+        data = chat_data([text_message("u1", "user", "hi")], thread="gql-deep",
+                         agentStates=[{"agentName": "default", "state": deep}])
+        response = await served.session.post(
+            served.url, data=orjson.dumps({"query": CHAT_DOCUMENT, "variables": {"data": data}}),
+            headers=CLIENT_HEADERS)
+        body = await response.read()
+        assert response.status in (200, 400), body[:300]
+        assert_clean(body)
+        assert b"deep" in body
+        response = await served.session.get(served.url + "/threads/gql-deep/events")
+        assert response.status == 404
