@@ -22,12 +22,23 @@ import structlog
 from copilot_runtime._exceptions import JSONTooDeepError
 from copilot_runtime.threads.base import StoredRun, ThreadRecord
 
-__all__ = ["MAX_JSON_DEPTH", "check_json_depth", "check_json_text", "readable", "replayable"]
+__all__ = [
+    "DEFAULT_MAX_RUN_BYTES",
+    "MAX_JSON_DEPTH",
+    "check_json_depth",
+    "check_json_text",
+    "readable",
+    "replayable",
+    "storable",
+]
 
 _log = structlog.get_logger("copilot_runtime.limits")
 
 #: The most containers (objects and arrays) a request's JSON may nest, counting the body.
 MAX_JSON_DEPTH = 64
+#: The most bytes (as encoded JSON) one run keeps in a thread store.
+DEFAULT_MAX_RUN_BYTES = 16 * 1024 * 1024
+_TRUNCATED = "…[truncated]"
 
 # The run-level events whose identity fields a client needs even when their payload is lost.
 _KEEP_FIELDS = {
@@ -100,7 +111,7 @@ def replayable(events: Sequence[Any]) -> list[Any]:
             _log.warning("dropped an event that cannot be encoded", type=kind,
                          reduced=keep is not None)
             if keep is not None:
-                out.append({k: event[k] for k in keep if k in event})
+                out.append(_reduced(event))
         else:
             out.append(event)
     return out
@@ -119,3 +130,47 @@ def readable(record: ThreadRecord) -> ThreadRecord:
             for run in record.runs]
     return ThreadRecord(record.thread_id, record.agent_id, record.created_at,
                         record.updated_at, runs, record.message_ids)
+
+
+def storable(events: list[Any], max_bytes: int) -> tuple[list[Any], int]:
+    """A run's events as a store may keep them, and their size as encoded JSON.
+
+    What cannot be encoded is reduced (`replayable`); a run over `max_bytes` has its
+    longest strings cut (a huge pasted message or answer), then, if that is not enough,
+    keeps only its run-level events. Either way the run stays replayable and is logged.
+    Costs one encoding when the run is fine.
+    """
+    try:
+        size = len(orjson.dumps(events))
+    except (orjson.JSONEncodeError, TypeError):
+        events = replayable(events)
+        size = len(orjson.dumps(events))
+    if size <= max_bytes:
+        return events, size
+    original = size
+    cut = max_bytes // 2
+    while size > max_bytes and cut >= 256:
+        events = [_cut_strings(event, cut) for event in events]
+        size = len(orjson.dumps(events))
+        cut //= 4
+    if size > max_bytes:
+        events = [_reduced(event) for event in events
+                  if isinstance(event, dict) and event.get("type") in _KEEP_FIELDS]
+        size = len(orjson.dumps(events))
+    _log.warning("run over the byte limit stored cut", bytes=original, stored=size,
+                 limit=max_bytes)
+    return events, size
+
+
+def _reduced(event: dict[str, Any]) -> dict[str, Any]:
+    return {k: event[k] for k in _KEEP_FIELDS[event["type"]] if k in event}
+
+
+def _cut_strings(value: Any, limit: int) -> Any:
+    if isinstance(value, str):
+        return value if len(value) <= limit else value[:limit] + _TRUNCATED
+    if isinstance(value, dict):
+        return {k: _cut_strings(v, limit) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut_strings(v, limit) for v in value]
+    return value

@@ -21,7 +21,7 @@ from copilot_runtime import events as ev
 from copilot_runtime._compaction import compact_events
 from copilot_runtime._exceptions import CopilotRuntimeError, ThreadBusyError
 from copilot_runtime._input import RunInput
-from copilot_runtime._limits import readable
+from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, readable, storable
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.events import Event
 from copilot_runtime.threads.base import StoredRun, ThreadStore
@@ -227,7 +227,9 @@ class ActiveRun:
             queue.put_nowait(None)
         self.listeners.clear()
         try:
-            compacted = compact_events(self.events)
+            # Never store what cannot be replayed, nor more than a run's byte bound.
+            compacted, size = storable(compact_events(self.events),
+                                       self.manager.max_run_bytes)
             ids = {m["id"] for m in self.input.raw.get("messages") or ()
                    if isinstance(m, dict) and isinstance(m.get("id"), str)}
             for event in compacted:
@@ -237,7 +239,7 @@ class ActiveRun:
                         ids.add(value)
             await self.manager.store.append_run(
                 self.thread_id, self.agent_id,
-                StoredRun(self.run_id, compacted, self.created_at), ids)
+                StoredRun(self.run_id, compacted, self.created_at, size), ids)
         except Exception:
             _log.exception("could not store run", thread_id=self.thread_id, run_id=self.run_id)
 
@@ -245,8 +247,9 @@ class ActiveRun:
 class RunManager:
     """The runs active in this process, at most one per thread."""
 
-    def __init__(self, store: ThreadStore) -> None:
+    def __init__(self, store: ThreadStore, max_run_bytes: int = DEFAULT_MAX_RUN_BYTES) -> None:
         self.store = store
+        self.max_run_bytes = max_run_bytes
         self.active: dict[str, ActiveRun] = {}
 
     async def begin(self, agent_id: str, agent: Agent, input: RunInput,

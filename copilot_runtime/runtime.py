@@ -7,6 +7,7 @@ from typing import Any
 
 from copilot_runtime._exceptions import AgentNotFoundError, ConfigurationError
 from copilot_runtime._input import RunInput
+from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES
 from copilot_runtime._runs import ActiveRun, RunManager
 from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import ServiceAdapter
@@ -27,7 +28,8 @@ class CopilotRuntime:
 
     `agents` maps agent ids to agents. With `service_adapter`, a `BuiltInAgent` over it
     serves as the `default` agent (unless `agents` names one `default` already) with the
-    server-side `actions`.
+    server-side `actions`. `max_run_bytes` bounds what one run keeps in the thread store
+    (as encoded JSON; longer strings are cut, and the cut logged).
     """
 
     def __init__(
@@ -39,6 +41,7 @@ class CopilotRuntime:
         thread_store: ThreadStore | None = None,
         instructions: str | None = None,
         max_steps: int = 10,
+        max_run_bytes: int = DEFAULT_MAX_RUN_BYTES,
     ) -> None:
         self.agents: dict[str, Agent] = dict(agents or {})
         self.actions = list(actions)
@@ -55,7 +58,7 @@ class CopilotRuntime:
         elif self.actions and service_adapter is None:
             raise ConfigurationError("actions need a service_adapter for the default agent")
         self.store: ThreadStore = thread_store or InMemoryThreadStore()
-        self.runs = RunManager(self.store)
+        self.runs = RunManager(self.store, max_run_bytes)
 
     def agent(self, agent_id: str) -> Agent:
         try:

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from copilot_runtime._exceptions import PayloadTooLargeError
+from copilot_runtime._limits import replayable
 from copilot_runtime._runs import ActiveRun
 from copilot_runtime.events import Event
 
@@ -223,7 +224,12 @@ async def stream_run(request: Request, run: ActiveRun,
     loop = asyncio.get_running_loop()
 
     async def write(batch: Sequence[Event]) -> None:
-        body = encode(batch)
+        try:
+            body = encode(batch)
+        except (orjson.JSONEncodeError, TypeError):
+            # An agent produced what JSON cannot carry: send the rest, not a broken stream.
+            safe = replayable(batch)
+            body = encode(safe) if safe else b""
         last = run.terminated
         if body or last:
             stream.ended = last
@@ -258,8 +264,14 @@ async def stream_events(request: Request, batches: Any) -> None:
     try:
         async for batch in batches:
             if batch:
-                await request.send({"type": "http.response.body", "body": encode_sse(batch),
-                                    "more_body": True})
+                try:
+                    body = encode_sse(batch)
+                except (orjson.JSONEncodeError, TypeError):
+                    safe = replayable(batch)
+                    body = encode_sse(safe) if safe else b""
+                if body:
+                    await request.send({"type": "http.response.body", "body": body,
+                                        "more_body": True})
     except asyncio.CancelledError:
         if not left or task is None:
             raise
