@@ -285,7 +285,8 @@ async def test_runs_are_stored_within_their_byte_bound(
             assert store.bytes <= 150 * 1024
             assert await store.get("m1") is None
             record = await store.get("m4")
-            assert record is not None and record.runs[0].size <= 256 * 1024
+            assert record is not None
+            assert record.runs[0].size <= 256 * 1024
             response = await served.session.get(served.url + "/threads/m4/messages")
             assert response.status == 200
             assert "[truncated]" in await response.text()
