@@ -9,7 +9,9 @@
     │   ├── ThreadBusyError         a run is already active on the thread              → 409
     │   └── PayloadTooLargeError    the body exceeds the configured limit              → 413
     ├── UpstreamError               an LLM provider or remote agent failed             → RUN_ERROR
-    │   └── UpstreamTimeoutError    ... by not answering in time
+    │   ├── UpstreamTimeoutError    ... by going silent (before or during its answer)
+    │   ├── UpstreamConnectionError ... by refusing or closing the connection
+    │   └── UpstreamProtocolError   ... by answering with something its protocol forbids
     └── ActionError                 a server-side action failed (the model sees it as a tool error)
 
 Messages are written for the client: they never contain stack traces or file paths.
@@ -29,7 +31,9 @@ __all__ = [
     "PayloadTooLargeError",
     "RequestError",
     "ThreadBusyError",
+    "UpstreamConnectionError",
     "UpstreamError",
+    "UpstreamProtocolError",
     "UpstreamTimeoutError",
 ]
 
@@ -116,7 +120,21 @@ class UpstreamError(CopilotRuntimeError):
 
 
 class UpstreamTimeoutError(UpstreamError):
+    """The upstream stopped sending for longer than its timeout, before or mid-answer."""
+
     code = "UPSTREAM_TIMEOUT"
+
+
+class UpstreamConnectionError(UpstreamError):
+    """The connection could not be made, or was closed before the answer was complete."""
+
+    code = "UPSTREAM_CONNECTION_ERROR"
+
+
+class UpstreamProtocolError(UpstreamError):
+    """The upstream answered, but not in its protocol (a malformed chunk, a missing end)."""
+
+    code = "UPSTREAM_PROTOCOL_ERROR"
 
 
 class ActionError(CopilotRuntimeError):

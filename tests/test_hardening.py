@@ -6,6 +6,7 @@ Each test names the fault it pins down; every one failed on the code before its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import sqlite3
 import time
@@ -15,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from copilot_runtime import Agent, CopilotRuntime, RunContext, RunInput
+from copilot_runtime import Agent, CopilotRuntime, OpenAIAdapter, RunContext, RunInput
 from copilot_runtime._limits import MAX_JSON_DEPTH
 from copilot_runtime.events import (
     Event,
@@ -290,3 +291,92 @@ async def test_runs_are_stored_within_their_byte_bound(
             response = await served.session.get(served.url + "/threads/m4/messages")
             assert response.status == 200
             assert "[truncated]" in await response.text()
+
+
+# -- 5, 6: upstream faults get precise codes, without transport internals -------------------
+
+
+_GOOD = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class FaultyLLM:
+    """A raw HTTP server that fails the way upstreams do, one way per `mode`."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.requests = 0
+        self.server: asyncio.Server | None = None
+        self._hung: set[asyncio.StreamWriter] = set()
+
+    async def __aenter__(self) -> FaultyLLM:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for writer in self._hung:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        await self.server.wait_closed()
+
+    @property
+    def base_url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.requests += 1
+        self._hung.add(writer)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        await reader.readexactly(length)
+        mode = self.mode
+        if mode == "close":
+            writer.close()
+            return
+        if mode == "stall_first":
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        if mode == "malformed":
+            writer.write(_chunk(b'data: {"id":"c","choices":5}\n\n') + b"0\r\n\r\n")
+        elif mode == "cut":
+            writer.write(_chunk(_GOOD) + b"100\r\nabc")
+            await writer.drain()
+            writer.close()
+            return
+        elif mode == "stall_mid":
+            writer.write(_chunk(_GOOD))
+        await writer.drain()
+
+
+@pytest.mark.parametrize(("mode", "code", "message"), [
+    ("malformed", "UPSTREAM_PROTOCOL_ERROR", "does not match the Chat Completions format"),
+    ("close", "UPSTREAM_CONNECTION_ERROR", "closed the connection without answering"),
+    ("cut", "UPSTREAM_CONNECTION_ERROR", "broke off before the answer was complete"),
+    ("stall_first", "UPSTREAM_TIMEOUT", "sent nothing for 0.5 s"),
+    ("stall_mid", "UPSTREAM_TIMEOUT", "sent nothing for 0.5 s"),
+])
+async def test_upstream_faults_have_precise_codes(
+        serve_runtime: ServeRuntime, mode: str, code: str, message: str) -> None:
+    async with asyncio.timeout(TIMEOUT), FaultyLLM(mode) as upstream:
+        runtime = CopilotRuntime(service_adapter=OpenAIAdapter(
+            base_url=upstream.base_url, api_key="k", timeout=0.5, max_retries=1))
+        async with serve_runtime(runtime) as served:
+            response = await served.post("/agent/default/run", run_input("hi"))
+            body = await response.read()
+            assert_clean(body)
+            for internal in (b"aiohttp", b"<", b"Transfer", b"socket"):
+                assert internal not in body, body
+            events = parse_sse(body)
+            assert types(events)[0] == "RUN_STARTED"
+            assert events[-1]["type"] == "RUN_ERROR"
+            assert events[-1]["code"] == code
+            assert message in events[-1]["message"]
