@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import socket
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -15,8 +16,16 @@ from typing import Any
 
 import orjson
 import pytest
+import uvicorn
 
-from copilot_runtime import Agent, CopilotRuntime, OpenAIAdapter, RunContext, RunInput
+from copilot_runtime import (
+    Agent,
+    CopilotRuntime,
+    OpenAIAdapter,
+    RunContext,
+    RunInput,
+    create_app,
+)
 from copilot_runtime._limits import MAX_JSON_DEPTH
 from copilot_runtime.events import (
     Event,
@@ -31,6 +40,7 @@ from copilot_runtime.threads import InMemoryThreadStore, SQLiteThreadStore, Stor
 from tests.conftest import (
     Served,
     ServeRuntime,
+    free_port,
     openai_runtime,
     parse_sse,
     run_input,
@@ -380,3 +390,64 @@ async def test_upstream_faults_have_precise_codes(
             assert events[-1]["type"] == "RUN_ERROR"
             assert events[-1]["code"] == code
             assert message in events[-1]["message"]
+
+
+# -- 7: an over-limit upload always gets its 413 --------------------------------------------
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_over_limit_uploads_get_413_not_a_reset(served: Served, chunked: bool) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        blob = b'{"threadId":"t","runId":"r","messages":[],"pad":"' + b"x" * (50 * 2**20) + b'"}'
+
+        async def body() -> AsyncIterator[bytes]:
+            for start in range(0, len(blob), 2**20):
+                yield blob[start:start + 2**20]
+
+        for path in ("/agent/default/run", "", "/agent/default/run", ""):
+            response = await served.session.post(
+                served.url + path, data=body() if chunked else io.BytesIO(blob),
+                headers={"Content-Type": "application/json"})
+            assert response.status == 413
+            assert (await response.json())["code"] == "PAYLOAD_TOO_LARGE"
+        assert types(await served.run(run_input("after"))) [-1] == "RUN_FINISHED"
+
+
+def _upload_then_read(port: int, path: str, size: int, chunked: bool) -> bytes:
+    """A client that reads its answer only after sending the whole body (as `requests`,
+    httpx's sync client and many proxies do), pausing mid-upload like a slow link."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        framing = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % size
+        sock.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: t\r\n"
+                     b"Content-Type: application/json\r\n" + framing + b"\r\n\r\n")
+        piece = b"x" * 65536
+        # The pause comes when the server has just answered (at once for a declared length;
+        # after 1 MiB and a piece, for a chunked body), and outlasts its keep-alive timeout.
+        pause_at = 17 * len(piece) if chunked else 0
+        for sent in range(0, size, len(piece)):
+            if sent == pause_at:
+                time.sleep(0.5)
+            sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+        if chunked:
+            sock.sendall(b"0\r\n\r\n")
+        return sock.recv(200)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_slow_over_limit_upload_reads_its_413(llm: MockOpenAIServer, chunked: bool) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        app = create_app(openai_runtime(llm), "/api", max_body_size=2**20)
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                               log_level="warning", timeout_keep_alive=0.2))
+        task = asyncio.create_task(server.serve())
+        try:
+            while not server.started:  # noqa: ASYNC110 (uvicorn offers no event)
+                await asyncio.sleep(0.01)
+            for path in ("/api/agent/default/run", "/api"):
+                answer = await asyncio.to_thread(_upload_then_read, port, path, 12 * 2**20,
+                                                 chunked)
+                assert answer.startswith(b"HTTP/1.1 413 "), answer
+        finally:
+            server.should_exit = True
+            await task

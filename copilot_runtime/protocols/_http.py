@@ -7,6 +7,7 @@ Written against bare ASGI: the streaming path is the runtime's hot loop, and Sta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -111,10 +112,17 @@ class Request:
             b"application/json", b"application/graphql-response+json")
 
 
+# How much of an over-limit body is read (and discarded) before answering 413, and for how
+# long: see `_drain`.
+_DRAIN_BYTES = 64 * 1024 * 1024
+_DRAIN_SECONDS = 30.0
+
+
 async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, or `PayloadTooLargeError` as soon as it is known to exceed `limit`."""
+    """The whole body, or `PayloadTooLargeError` once it is known to exceed `limit`."""
     declared = request.headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
+        await _drain(request, int(declared))
         raise PayloadTooLargeError(limit)
     chunks: list[bytes] = []
     size = 0
@@ -123,13 +131,38 @@ async def read_body(request: Request, limit: int) -> bytes:
         if message["type"] == "http.disconnect":
             raise ConnectionAbortedError
         body = message.get("body", b"")
+        more = message.get("more_body", False)
         if body:
             size += len(body)
             if size > limit:
+                if more:
+                    await _drain(request, None)
                 raise PayloadTooLargeError(limit)
             chunks.append(body)
-        if not message.get("more_body", False):
+        if not more:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _drain(request: Request, declared: int | None) -> None:
+    """Read and discard the rest of an over-limit body before the 413 is sent.
+
+    Many clients read the answer only after sending the whole body; a server that answers
+    early and then closes (or lets keep-alive expire) with the body unread resets the
+    connection, and such a client sees the reset, not the 413. Bounded in bytes and time:
+    a body far over the limit is cut off as before.
+    """
+    if declared is not None and declared > _DRAIN_BYTES:
+        return
+    drained = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_DRAIN_SECONDS):
+            while drained <= _DRAIN_BYTES:
+                message = await request.receive()
+                if message["type"] == "http.disconnect":
+                    return
+                drained += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
 
 
 async def send_json(request: Request, status: int, payload: Any,
