@@ -115,6 +115,9 @@ class ActiveRun:
         first = [ev.run_started(self.thread_id, self.run_id, self._input_echo())]
         self._publish(first)
         yield first
+        # Let runs that arrived together write their RUN_STARTED before this one's agent
+        # spends the loop on building its upstream request.
+        await asyncio.sleep(0)
         iterator = self.agent.run(self.input, self.context)
         tail: list[Event]
         try:

@@ -451,3 +451,56 @@ async def test_slow_over_limit_upload_reads_its_413(llm: MockOpenAIServer, chunk
         finally:
             server.should_exit = True
             await task
+
+
+# -- 9: a run's first event is not held up by other runs' work ------------------------------
+
+
+class BusyAgent(Agent):
+    """An agent whose first step is synchronous work (building an upstream request)."""
+
+    def __init__(self, order: list[str]) -> None:
+        super().__init__(description="busy")
+        self.order = order
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._events(input.thread_id)
+
+    async def _events(self, thread: str) -> AsyncIterator[list[Event]]:
+        self.order.append(f"work {thread}")
+        deadline = time.perf_counter() + 0.002
+        while time.perf_counter() < deadline:
+            pass
+        yield [text_message_start(f"{thread}-a"), text_message_content(f"{thread}-a", "ok")]
+
+
+async def test_runs_started_together_send_run_started_before_any_agent_works() -> None:
+    """With many requests ready at once, each client hears RUN_STARTED before the loop
+    spends time on any run's agent (issue 14: p99 first event was 1.6 s at 1,000 streams)."""
+    order: list[str] = []
+    app = create_app(CopilotRuntime(agents={"default": BusyAgent(order)}), "/api")
+
+    async def one(i: int) -> None:
+        body = orjson.dumps(run_input("hi", thread=f"t{i}"))
+        received = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal received
+            if not received:
+                received = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()  # the client stays
+            raise AssertionError
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and b"RUN_STARTED" in message["body"]:
+                order.append(f"started t{i}")
+
+        scope = {"type": "http", "method": "POST", "path": "/api/agent/default/run",
+                 "headers": [(b"content-type", b"application/json")], "query_string": b""}
+        await app(scope, receive, send)
+
+    async with asyncio.timeout(TIMEOUT):
+        await asyncio.gather(*(one(i) for i in range(50)))
+    first_work = next(i for i, step in enumerate(order) if step.startswith("work"))
+    assert sum(step.startswith("started") for step in order[:first_work]) == 50, order[:8]
