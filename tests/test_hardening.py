@@ -504,3 +504,28 @@ async def test_runs_started_together_send_run_started_before_any_agent_works() -
         await asyncio.gather(*(one(i) for i in range(50)))
     first_work = next(i for i, step in enumerate(order) if step.startswith("work"))
     assert sum(step.startswith("started") for step in order[:first_work]) == 50, order[:8]
+
+
+async def test_deep_json_text_in_a_stored_thread_loads_over_graphql(served: Served) -> None:
+    """Tool-call arguments are text (any depth is fine) until the 1.10 protocol decodes them."""
+    async with asyncio.timeout(TIMEOUT):
+        arguments = '{"d":' * 300 + "1" + "}" * 300
+        body = run_input("thanks", thread="deep-args")
+        body["messages"] = [
+            {"id": "u0", "role": "user", "content": "go"},
+            {"id": "a0", "role": "assistant", "toolCalls": [{
+                "id": "c0", "type": "function",
+                "function": {"name": "getWeather", "arguments": arguments}}]},
+            {"id": "r0", "role": "tool", "toolCallId": "c0", "content": "sunny"},
+            *body["messages"]]
+        assert types(await served.run(body))[-1] == "RUN_FINISHED"
+        query = ("query load($data: LoadAgentStateInput!) { loadAgentState(data: $data) "
+                 "{ threadId threadExists state messages } }")
+        response = await served.session.post(served.url, data=orjson.dumps({
+            "query": query, "variables": {"data": {"threadId": "deep-args",
+                                                   "agentName": "default"}}}),
+            headers=CLIENT_HEADERS)
+        assert response.status == 200
+        answer = await response.json()
+        assert "errors" not in answer, answer
+        assert answer["data"]["loadAgentState"]["threadExists"] is True

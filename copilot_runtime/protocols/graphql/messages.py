@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from copilot_runtime._exceptions import JSONTooDeepError
+from copilot_runtime._limits import check_json_text
 from copilot_runtime.protocols.graphql.project import Obj
 
 __all__ = ["interrupt_messages", "to_copilotkit_messages"]
@@ -61,8 +63,8 @@ def to_copilotkit_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[s
             function = call.get("function") or {}
             names[call["id"]] = function.get("name", "")
             try:
-                arguments = orjson.loads(function.get("arguments") or "{}")
-            except orjson.JSONDecodeError:
+                arguments = check_json_text(function.get("arguments") or "{}", "Arguments")
+            except (orjson.JSONDecodeError, JSONTooDeepError):
                 arguments = {}
             out.append({"id": call["id"], "name": function.get("name", ""),
                         "arguments": arguments, "parentMessageId": message_id})
