@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from starlette.routing import Route
@@ -33,9 +33,11 @@ from copilot_runtime.protocols._http import (
     send_json,
 )
 from copilot_runtime.protocols.agui.handlers import AGUIProtocol
-from copilot_runtime.protocols.graphql import GraphQLProtocol
 from copilot_runtime.runtime import CopilotRuntime
 from copilot_runtime.workflows.service import approval_service
+
+if TYPE_CHECKING:
+    from copilot_runtime.protocols.graphql import GraphQLProtocol
 
 __all__ = ["CopilotEndpoint", "create_app", "mount_runtime"]
 
@@ -61,8 +63,18 @@ class CopilotEndpoint:
         self.max_body_size = max_body_size
         self.cors = cors or CORSPolicy()
         self.agui = AGUIProtocol(runtime, max_body_size=max_body_size, keepalive=keepalive)
-        self.graphql = GraphQLProtocol(runtime)
+        self._graphql: GraphQLProtocol | None = None
         self._lifespan = lifespan
+
+    @property
+    def graphql(self) -> GraphQLProtocol:
+        """The GraphQL protocol, imported and built on first use: a deployment whose clients
+        all speak AG-UI never loads graphql-core (several MB of an idle worker)."""
+        if self._graphql is None:
+            from copilot_runtime.protocols.graphql import GraphQLProtocol
+
+            self._graphql = GraphQLProtocol(self.runtime)
+        return self._graphql
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
