@@ -9,6 +9,9 @@ from typing import Any
 from copilot_runtime._exceptions import (
     ActionError,
     AgentNotFoundError,
+    ApprovalClosedError,
+    ApprovalError,
+    ApprovalNotFoundError,
     ConfigurationError,
     CopilotRuntimeError,
     InvalidRequestError,
@@ -36,8 +39,8 @@ from copilot_runtime.agents import (
     Timeouts,
 )
 from copilot_runtime.asgi import CopilotEndpoint, create_app, mount_runtime
-from copilot_runtime.protocols._http import CORSPolicy
-from copilot_runtime.runtime import CopilotRuntime
+from copilot_runtime.protocols.http import CORSPolicy
+from copilot_runtime.runtime import CopilotRuntime, approval_service
 from copilot_runtime.threads import InMemoryThreadStore, SQLiteThreadStore, ThreadStore
 
 __all__ = [
@@ -46,6 +49,9 @@ __all__ = [
     "Agent",
     "AgentNotFoundError",
     "AgentThreadState",
+    "ApprovalClosedError",
+    "ApprovalError",
+    "ApprovalNotFoundError",
     "ApprovalPolicy",
     "BuiltInAgent",
     "CORSPolicy",
@@ -91,24 +97,31 @@ __all__ = [
 
 
 _LAZY = {
-    # These need optional extras (langgraph, platform, postgres): imported when asked for.
-    "LangGraphAgent": "copilot_runtime.agents",
-    "LangGraphPlatformAgent": "copilot_runtime.agents",
-    "checkpointer": "copilot_runtime.checkpointers",
-    "DurableCheckpointer": "copilot_runtime.checkpointers",
-    "ReviewLoop": "copilot_runtime.workflows",
-    "Orchestrator": "copilot_runtime.workflows",
-    "Step": "copilot_runtime.workflows",
-    "ApprovalPolicy": "copilot_runtime.workflows",
-    "existing_agent": "copilot_runtime.workflows",
-    "approval_service": "copilot_runtime.workflows",
+    # These need optional extras: imported when asked for. name: (module, extra)
+    "LangGraphAgent": ("copilot_runtime.agents", "langgraph"),
+    "LangGraphPlatformAgent": ("copilot_runtime.agents", "platform"),
+    "checkpointer": ("copilot_runtime.checkpointers", "langgraph"),
+    "DurableCheckpointer": ("copilot_runtime.checkpointers", "langgraph"),
+    "ReviewLoop": ("copilot_runtime.workflows", "langgraph"),
+    "Orchestrator": ("copilot_runtime.workflows", "langgraph"),
+    "Step": ("copilot_runtime.workflows", "langgraph"),
+    "ApprovalPolicy": ("copilot_runtime.workflows", "langgraph"),
+    "existing_agent": ("copilot_runtime.workflows", "langgraph"),
 }
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    entry = _LAZY.get(name)
+    if entry is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    module, extra = entry
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and exc.name.split(".")[0] == "copilot_runtime":
+            raise
+        raise ImportError(f"{name} needs the {extra} extra: pip install "
+                          f"'copilot-runtime[{extra}]' (missing: {exc.name})",
+                          name=exc.name) from exc

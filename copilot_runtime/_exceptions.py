@@ -7,27 +7,45 @@
     │   │   └── JSONTooDeepError    JSON nested deeper than the runtime can re-encode  → 400
     │   ├── AgentNotFoundError      the agent id is not registered                     → 404
     │   ├── ThreadBusyError         a run is already active on the thread              → 409
-    │   └── PayloadTooLargeError    the body exceeds the configured limit              → 413
+    │   ├── PayloadTooLargeError    the body exceeds the configured limit              → 413
+    │   └── ApprovalError           an approval cannot be answered
+    │       ├── ApprovalNotFoundError  no such approval                                → 404
+    │       ├── ApprovalClosedError    answered or withdrawn (409), expired (410)
+    │       └── NothingToResumeError   a resume names no interrupt that waits          → 409
     ├── UpstreamError               an LLM provider or remote agent failed             → RUN_ERROR
     │   ├── UpstreamTimeoutError    ... by going silent (before or during its answer)
     │   ├── UpstreamConnectionError ... by refusing or closing the connection
     │   └── UpstreamProtocolError   ... by answering with something its protocol forbids
-    └── ActionError                 a server-side action failed (the model sees it as a tool error)
+    ├── ActionError                 a server-side action failed (the model sees it as a tool error)
+    ├── ClientDisconnected          the client left before its request body arrived (no answer)
+    └── AgentExecutionError         a wrapped existing agent reported an error or no result
 
 Messages are written for the client: they never contain stack traces or file paths.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from copilot_runtime._time import iso_time
+
+if TYPE_CHECKING:
+    from copilot_runtime.approvals.ledger import Approval
 
 __all__ = [
     "ActionError",
+    "AgentExecutionError",
     "AgentNotFoundError",
+    "ApprovalClosedError",
+    "ApprovalError",
+    "ApprovalNotFoundError",
+    "ClientDisconnected",
     "ConfigurationError",
     "CopilotRuntimeError",
     "InvalidRequestError",
     "JSONTooDeepError",
+    "NothingToResumeError",
     "PayloadTooLargeError",
     "RequestError",
     "ThreadBusyError",
@@ -109,6 +127,58 @@ class PayloadTooLargeError(RequestError):
         self.limit = limit
 
 
+class ClientDisconnected(CopilotRuntimeError):
+    """The client went away while its request was read: there is nobody left to answer."""
+
+    code = "CLIENT_DISCONNECTED"
+
+    def __init__(self) -> None:
+        super().__init__("The client disconnected")
+
+
+class ApprovalError(RequestError):
+    """An approval cannot be answered; `status` is the HTTP status the route answers with."""
+
+    code = "APPROVAL_ERROR"
+
+
+class ApprovalNotFoundError(ApprovalError):
+    status = 404
+    code = "APPROVAL_NOT_FOUND"
+
+    def __init__(self, approval_id: str) -> None:
+        super().__init__(f"No approval '{approval_id}'")
+
+
+class ApprovalClosedError(ApprovalError):
+    """Answered already (409), expired (410), or withdrawn (409)."""
+
+    #: Its codes: a run that ends with one of them lost the approval to another answer.
+    CODES: frozenset[str] = frozenset({"APPROVAL_EXPIRED", "APPROVAL_WITHDRAWN",
+                                       "APPROVAL_ALREADY_ANSWERED"})
+
+    def __init__(self, approval: Approval) -> None:
+        self.approval = approval
+        if approval.status == "expired":
+            self.status, self.code = 410, "APPROVAL_EXPIRED"
+            when = iso_time(approval.expires_at) if approval.expires_at else "its deadline"
+            message = f"Approval '{approval.id}' expired at {when}"
+        elif approval.status == "withdrawn":
+            self.status, self.code = 409, "APPROVAL_WITHDRAWN"
+            message = f"Approval '{approval.id}' is no longer waiting for an answer"
+        else:
+            self.status, self.code = 409, "APPROVAL_ALREADY_ANSWERED"
+            by = f" by {approval.answered_by}" if approval.answered_by else ""
+            when = f" at {iso_time(approval.answered_at)}" if approval.answered_at else ""
+            message = f"Approval '{approval.id}' was already answered{by}{when}"
+        super().__init__(message)
+
+
+class NothingToResumeError(ApprovalError):
+    status = 409
+    code = "INTERRUPT_NOT_PENDING"
+
+
 class UpstreamError(CopilotRuntimeError):
     """An LLM provider or a remote agent failed; `status` is its HTTP status when it had one."""
 
@@ -139,3 +209,14 @@ class UpstreamProtocolError(UpstreamError):
 
 class ActionError(CopilotRuntimeError):
     code = "ACTION_ERROR"
+
+
+class AgentExecutionError(CopilotRuntimeError):
+    """A wrapped existing agent reported `agent_error`, or ended without a result."""
+
+    code = "AGENT_EXECUTION_ERROR"
+
+    def __init__(self, agent: str, message: str, data: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.agent = agent
+        self.data = dict(data or {})

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pydantic
 from ag_ui.core import RunAgentInput
+from pydantic.alias_generators import to_camel
 
 from copilot_runtime._exceptions import InvalidRequestError
 from copilot_runtime._limits import check_json_depth
@@ -34,6 +35,20 @@ class RunInput:
     @property
     def run_id(self) -> str:
         return self.model.run_id
+
+    def replace(self, **fields: Any) -> RunInput:
+        """A copy with `fields` (`RunAgentInput` field names) changed in the model and in
+        the JSON alike, so what the agent runs on and what `RUN_STARTED` echoes agree."""
+        model = self.model.model_copy(update=fields)
+        raw = dict(self.raw)
+        dumped = model.model_dump(mode="json", by_alias=True, include=set(fields))
+        for name in fields:
+            key = to_camel(name)
+            if dumped.get(key) is None:
+                raw.pop(key, None)
+            else:
+                raw[key] = dumped[key]
+        return RunInput(model, raw)
 
 
 def parse_json_body(body: bytes) -> Any:

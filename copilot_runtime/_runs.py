@@ -23,6 +23,7 @@ from copilot_runtime._exceptions import CopilotRuntimeError, ThreadBusyError
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, readable, storable
 from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event
 from copilot_runtime.threads.base import StoredRun, ThreadStore
 
@@ -49,13 +50,16 @@ class ActiveRun:
         self.listeners: list[asyncio.Queue[Sequence[Event] | None]] = []
         self.task: asyncio.Task[Any] | None = None
         self.cancel_reason: str | None = None
-        self.terminated = False
-        self._open_text: dict[str, None] = {}
-        self._open_calls: dict[str, None] = {}
-        self._open_steps: dict[str, None] = {}
+        #: The run's events kept in the order clients accept, whatever the agent yields.
+        self.order = RunEventOrder(self.thread_id, self.run_id)
         self._seen = seen_message_ids
         self._finished = False
         self.created_at = time.time()
+
+    @property
+    def terminated(self) -> bool:
+        """Whether the run's terminal event has been produced."""
+        return self.order.terminated
 
     # -- control -----------------------------------------------------------------------
 
@@ -88,7 +92,7 @@ class ActiveRun:
         stream = self._stream()
         try:
             async for batch in stream:
-                if self.terminated:
+                if self.order.terminated:
                     # Stored before the client hears the end: whoever has the whole answer
                     # can count on the run being in the thread (a crash just after included).
                     await self._finish()
@@ -99,10 +103,10 @@ class ActiveRun:
                 raise  # the server is shutting down: not ours to swallow
             self.task.uncancel()
             await stream.aclose()
-            tail = self._closing_events()
-            if not self.terminated:
+            tail = self.order.closing_events()
+            if not self.order.terminated:
                 tail.append(ev.run_finished(self.thread_id, self.run_id))
-                self.terminated = True
+                self.order.terminated = True
             self._publish(tail)
             await self._finish()
             if reason == "stop":
@@ -122,30 +126,30 @@ class ActiveRun:
         tail: list[Event]
         try:
             async for batch in iterator:
-                out = self._guard(batch)
+                out = self.order.normalize(batch)
                 if out:
                     self._publish(out)
                     yield out
-                if self.terminated:
+                if self.order.terminated:
                     return
         except CopilotRuntimeError as exc:
-            tail = self._closing_events()
+            tail = self.order.closing_events()
             tail.append(ev.run_error(exc.message, code=exc.code))
         except Exception:
             # The stack goes to the log; the client gets a message without internals.
             _log.exception("agent failed", agent=self.agent_id, thread_id=self.thread_id,
                            run_id=self.run_id)
-            tail = self._closing_events()
+            tail = self.order.closing_events()
             tail.append(ev.run_error(f"Agent '{self.agent_id}' failed unexpectedly",
                                      code="AGENT_ERROR"))
         else:
-            tail = self._closing_events()
+            tail = self.order.closing_events()
             tail.append(ev.run_finished(self.thread_id, self.run_id))
         finally:
             aclose = getattr(iterator, "aclose", None)
             if aclose is not None:
                 await aclose()
-        self.terminated = True
+        self.order.terminated = True
         self._publish(tail)
         yield tail
 
@@ -153,59 +157,6 @@ class ActiveRun:
         self.events.extend(batch)
         for queue in self.listeners:
             queue.put_nowait(batch)
-
-    def _guard(self, batch: Sequence[Event]) -> Sequence[Event]:
-        """Keep the client's ordering rules whatever the agent yields.
-
-        Tracks what is open, drops empty deltas, a second RUN_STARTED and anything after a
-        terminal event, and closes open messages before an agent's own terminal event. The
-        common case (content and argument deltas) costs two comparisons per event.
-        """
-        out: list[Event] | None = None
-        for index, event in enumerate(batch):
-            kind = event["type"]
-            drop = False
-            extra: list[Event] | None = None
-            if kind == ev.TEXT_MESSAGE_CONTENT or kind == ev.TOOL_CALL_ARGS:
-                drop = not event.get("delta")
-            elif self.terminated:
-                drop = True
-            elif kind == ev.TEXT_MESSAGE_START:
-                self._open_text[event["messageId"]] = None
-            elif kind == ev.TEXT_MESSAGE_END:
-                drop = self._open_text.pop(event["messageId"], 0) is not None
-            elif kind == ev.TOOL_CALL_START:
-                self._open_calls[event["toolCallId"]] = None
-            elif kind == ev.TOOL_CALL_END:
-                drop = self._open_calls.pop(event["toolCallId"], 0) is not None
-            elif kind == ev.STEP_STARTED:
-                self._open_steps[event.get("stepName", "")] = None
-            elif kind == ev.STEP_FINISHED:
-                self._open_steps.pop(event.get("stepName", ""), None)
-            elif kind == ev.RUN_STARTED:
-                drop = True  # the runtime already sent the run's RUN_STARTED
-            elif kind in ev.TERMINAL_TYPES:
-                extra = self._closing_events()
-                if kind == ev.RUN_FINISHED:
-                    event = {**event, "threadId": self.thread_id, "runId": self.run_id}
-                self.terminated = True
-            if drop or extra or out is not None:
-                if out is None:
-                    out = list(batch[:index])
-                if extra:
-                    out.extend(extra)
-                if not drop:
-                    out.append(event)
-        return batch if out is None else out
-
-    def _closing_events(self) -> list[Event]:
-        tail: list[Event] = [ev.text_message_end(m) for m in self._open_text]
-        tail.extend(ev.tool_call_end(c) for c in self._open_calls)
-        tail.extend(ev.step_finished(s) for s in self._open_steps)
-        self._open_text.clear()
-        self._open_calls.clear()
-        self._open_steps.clear()
-        return tail
 
     def _input_echo(self) -> dict[str, Any]:
         """The run's input as RUN_STARTED carries it: only the messages new to the thread."""

@@ -10,19 +10,21 @@ existing FastAPI or Starlette app.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
 from starlette.routing import Route
 
 from copilot_runtime._exceptions import (
+    ClientDisconnected,
     InvalidRequestError,
     JSONTooDeepError,
     PayloadTooLargeError,
 )
 from copilot_runtime._input import parse_json_body
-from copilot_runtime.protocols._http import (
+from copilot_runtime.protocols.agui.handlers import AGUIProtocol
+from copilot_runtime.protocols.http import (
     CORSPolicy,
     Receive,
     Request,
@@ -31,10 +33,9 @@ from copilot_runtime.protocols._http import (
     read_body,
     send_bytes,
     send_json,
+    send_method_not_allowed,
 )
-from copilot_runtime.protocols.agui.handlers import AGUIProtocol
 from copilot_runtime.runtime import CopilotRuntime
-from copilot_runtime.workflows.service import approval_service
 
 if TYPE_CHECKING:
     from copilot_runtime.protocols.graphql import GraphQLProtocol
@@ -55,7 +56,6 @@ class CopilotEndpoint:
         *,
         max_body_size: int = DEFAULT_MAX_BODY_SIZE,
         cors: CORSPolicy | None = None,
-        lifespan: bool = True,
         keepalive: float | None = 15.0,
     ) -> None:
         self.runtime = runtime
@@ -64,7 +64,6 @@ class CopilotEndpoint:
         self.cors = cors or CORSPolicy()
         self.agui = AGUIProtocol(runtime, max_body_size=max_body_size, keepalive=keepalive)
         self._graphql: GraphQLProtocol | None = None
-        self._lifespan = lifespan
 
     @property
     def graphql(self) -> GraphQLProtocol:
@@ -83,6 +82,10 @@ class CopilotEndpoint:
             return
         if kind != "http":
             return
+        if not self.runtime.started:
+            # Served without our lifespan (a host app that does not run it, or a test
+            # client): what runs beside the requests starts with the first one.
+            await self.runtime.start()
         path: str = scope["path"]
         root: str = scope.get("root_path", "")
         if root and path.startswith(root):
@@ -123,7 +126,7 @@ class CopilotEndpoint:
             await self.graphql.get(request)
             return
         if request.method != "POST":
-            await send_json(request, 405, {"error": "Method not allowed"}, [(b"allow", b"POST")])
+            await send_method_not_allowed(request, b"POST")
             return
         if not request.is_json():
             await send_json(request, 415, {
@@ -146,7 +149,7 @@ class CopilotEndpoint:
             await send_json(request, 400, {"error": "invalid_request", "message":
                                            exc.message if too_deep else "Invalid JSON payload"})
             return
-        except ConnectionAbortedError:
+        except ClientDisconnected:
             return
         if isinstance(data, dict) and "query" in data and "method" not in data:
             await self.graphql.post(request, data)
@@ -159,12 +162,10 @@ class CopilotEndpoint:
             if message["type"] == "lifespan.startup":
                 # Approvals that expired while the server was down are timed out, and answers
                 # a crash cut off are sent again, without waiting for a first request.
-                await approval_service(self.runtime).start()
+                await self.runtime.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                await approval_service(self.runtime).aclose()  # before the checkpointers close
-                if self._lifespan:
-                    await self.runtime.aclose()
+                await self.runtime.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -196,14 +197,27 @@ def mount_runtime(
 ) -> CopilotEndpoint:
     """Serve `runtime` under `path` inside an existing FastAPI or Starlette app.
 
-    Call `await runtime.aclose()` from the app's lifespan to release connections at shutdown.
+    The runtime starts and closes with the host app: its lifespan is wrapped, so the
+    runtime starts after the host's own start-up and is closed (`runtime.aclose()`)
+    before the host's own shutdown.
     """
-    endpoint = CopilotEndpoint(runtime, path, max_body_size=max_body_size, cors=cors,
-                               lifespan=False)
+    endpoint = CopilotEndpoint(runtime, path, max_body_size=max_body_size, cors=cors)
     base = endpoint.path or "/"
     routes: Sequence[Route] = [
         Route(base, endpoint=endpoint, methods=None),
         Route(base.rstrip("/") + "/{rest:path}", endpoint=endpoint, methods=None),
     ]
     app.router.routes.extend(routes)
+    host_lifespan = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(host: Any) -> AsyncIterator[Any]:
+        async with host_lifespan(host) as state:
+            await runtime.start()
+            try:
+                yield state
+            finally:
+                await runtime.aclose()
+
+    app.router.lifespan_context = lifespan
     return endpoint

@@ -41,12 +41,12 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.memory import InMemorySaver
 
 from copilot_runtime._exceptions import ConfigurationError
-from copilot_runtime.workflows._sql_approvals import (
+from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
+from copilot_runtime.approvals.sql import (
     PostgresApprovalStore,
     SQLiteApprovalStore,
     check_identifier,
 )
-from copilot_runtime.workflows.approvals import ApprovalStore, MemoryApprovalStore
 
 __all__ = ["DEFAULT_URL", "DurableCheckpointer", "checkpointer"]
 

@@ -92,7 +92,7 @@ def _serve(app: Any, host: str, port: int, log_level: str) -> None:
 
 
 def _print_next_steps(host: str, port: int, path: str, model: str | None,
-                      workflows: str | None = None) -> None:
+                      workflows: str | None = None, notice: str | None = None) -> None:
     url = f"http://{host}:{port}{path}"
     lines = [
         f"copilot-runtime {__version__} serving {url}",
@@ -101,6 +101,8 @@ def _print_next_steps(host: str, port: int, path: str, model: str | None,
         lines.append(f"default agent: {model}")
     if workflows:
         lines.append(workflows)
+    if notice:
+        lines.append(notice)
     lines += [
         "try:",
         f"  curl {url}/info",
@@ -174,7 +176,11 @@ def main(argv: list[str] | None = None) -> None:
             _check_port(args.host, args.port)
             _print_next_steps(args.host, args.port, args.path, None)
         else:
-            from copilot_runtime.demo import build_demo_runtime
+            from copilot_runtime.demo import (
+                WORKFLOWS_NEED_EXTRA,
+                build_demo_runtime,
+                missing_workflow_dependency,
+            )
 
             _check_port(args.host, args.port)
             store = None
@@ -187,9 +193,12 @@ def main(argv: list[str] | None = None) -> None:
                                                 approval_timeout=args.approval_timeout)
             app = _to_app(runtime, args.path, args.max_body_size)
             workflows = sorted(set(runtime.agents) - {"default"})
+            missing = None if workflows else missing_workflow_dependency()
             _print_next_steps(args.host, args.port, args.path, model,
                               f"workflows: {', '.join(workflows)} (checkpoints: "
-                              f"{_redacted(checkpoints)})" if workflows else None)
+                              f"{_redacted(checkpoints)})" if workflows else None,
+                              f"{WORKFLOWS_NEED_EXTRA} (missing: {missing})" if missing
+                              else None)
         _serve(app, args.host, args.port, args.log_level)
     except CLIError as exc:
         print(f"copilot-runtime: error: {exc}", file=sys.stderr)

@@ -33,7 +33,14 @@ from copilot_runtime.agents.base import Agent
 from copilot_runtime.runtime import CopilotRuntime
 from copilot_runtime.threads.base import ThreadStore
 
-__all__ = ["build_demo_runtime", "demo_workflows", "get_weather", "roll_dice"]
+__all__ = [
+    "WORKFLOWS_NEED_EXTRA",
+    "build_demo_runtime",
+    "demo_workflows",
+    "get_weather",
+    "missing_workflow_dependency",
+    "roll_dice",
+]
 
 _CONDITIONS = ("sunny", "cloudy", "rainy", "windy", "snowy")
 
@@ -72,21 +79,45 @@ def demo_adapter() -> tuple[ServiceAdapter, str]:
     return DemoAdapter(), "the offline demo model (set OPENAI_API_KEY for a real one)"
 
 
+#: What a user without the `langgraph` extra is told, once, when the demo starts.
+WORKFLOWS_NEED_EXTRA = ("the review_loop and account_review workflows need the langgraph "
+                        "extra: pip install 'copilot-runtime[langgraph]'")
+
+
+def missing_workflow_dependency() -> str | None:
+    """The top-level module the workflows need and cannot import, or None if they can run.
+
+    Everything the workflows import is tried here, before any agent is built, so a missing
+    piece (the extra, or a dependency of the translator) is found in one place.
+    """
+    try:
+        import copilot_runtime.agents.langgraph
+        import copilot_runtime.checkpointers
+        import copilot_runtime.workflows.account_review
+        import copilot_runtime.workflows.models
+        import copilot_runtime.workflows.review_loop
+        import copilot_runtime.workflows.specialists  # noqa: F401
+    except ImportError as exc:
+        return (exc.name or "?").split(".")[0]
+    return None
+
+
 def demo_workflows(checkpoints: str = "memory", *, approval_timeout: float | None = 300,
                    adapter: ServiceAdapter | None = None) -> dict[str, Agent]:
     """The review loop and the account review as agents, checkpointed at `checkpoints`.
 
     `adapter` is the specialists' model; by default the configured one, else the offline
-    specialist model. Empty when the `langgraph` extra is not installed.
+    specialist model. Empty when the `langgraph` extra is not installed
+    (`missing_workflow_dependency()` says what is missing).
     """
-    try:
-        from copilot_runtime.checkpointers import checkpointer
-        from copilot_runtime.workflows.account_review import account_review
-        from copilot_runtime.workflows.models import AdapterChatModel, OfflineSpecialistAdapter
-        from copilot_runtime.workflows.review_loop import ReviewLoop
-        from copilot_runtime.workflows.specialists import finance_specialists
-    except ImportError:
+    if missing_workflow_dependency() is not None:
         return {}
+    from copilot_runtime.checkpointers import checkpointer
+    from copilot_runtime.workflows.account_review import account_review
+    from copilot_runtime.workflows.models import AdapterChatModel, OfflineSpecialistAdapter
+    from copilot_runtime.workflows.review_loop import ReviewLoop
+    from copilot_runtime.workflows.specialists import finance_specialists
+
     if adapter is None:
         configured = _configured_model()
         adapter = configured[0] if configured else OfflineSpecialistAdapter()

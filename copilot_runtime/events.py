@@ -69,6 +69,19 @@ REASONING_MESSAGE_END: Final = EventType.REASONING_MESSAGE_END.value
 
 TERMINAL_TYPES: Final = frozenset({RUN_FINISHED, RUN_ERROR})
 
+#: Event fields whose values are the application's data, kept exactly as they came: a null
+#: inside them means something (elsewhere nulls are dropped, as the clients require).
+APPLICATION_DATA_KEYS: Final = frozenset({
+    "snapshot", "delta", "value", "result", "state", "input", "payload", "event",
+    "rawEvent", "content", "patch", "forwardedProps",
+})
+
+# Names of CUSTOM events with a meaning across the runtime.
+#: A LangGraph interrupt, told the way CopilotKit's interrupt hooks (before AG-UI 1.0) read it.
+LEGACY_INTERRUPT: Final = "on_interrupt"
+#: The same, from a `copilotkit` SDK remote endpoint that used `copilotkit_interrupt`.
+COPILOTKIT_INTERRUPT: Final = "on_copilotkit_interrupt"
+
 
 def run_started(thread_id: str, run_id: str, input: dict[str, Any] | None = None) -> Event:
     event: Event = {"type": RUN_STARTED, "threadId": thread_id, "runId": run_id}

@@ -13,11 +13,12 @@ from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import ServiceAdapter
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.agents.builtin import BuiltInAgent
+from copilot_runtime.approvals.service import ApprovalService
 from copilot_runtime.events import Event
 from copilot_runtime.threads.base import ThreadStore
 from copilot_runtime.threads.memory import InMemoryThreadStore
 
-__all__ = ["CopilotRuntime"]
+__all__ = ["CopilotRuntime", "approval_service"]
 
 #: The CopilotKit runtime version whose protocol this runtime speaks; `/info` reports it.
 COMPATIBLE_VERSION = "1.75.0"
@@ -59,6 +60,30 @@ class CopilotRuntime:
             raise ConfigurationError("actions need a service_adapter for the default agent")
         self.store: ThreadStore = thread_store or InMemoryThreadStore()
         self.runs = RunManager(self.store, max_run_bytes)
+        #: The pending approvals of the agents that keep a ledger (LangGraph interrupts).
+        self.approvals = ApprovalService(self)
+        self._started = False
+        self._closed = False
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    async def start(self) -> None:
+        """Start what runs beside the requests: the approvals' expiry timer and recovery.
+
+        Idempotent. The ASGI app calls it at start-up (and, when mounted into a host app,
+        from the host's lifespan or its first request); call it yourself when you drive
+        the runtime without an app.
+        """
+        if self._started:
+            return
+        self._started = True
+        await self.approvals.start()
+
+    def is_running(self, thread_id: str) -> bool:
+        """Whether a run is on the thread now."""
+        return thread_id in self.runs.active
 
     def agent(self, agent_id: str) -> Agent:
         try:
@@ -101,7 +126,16 @@ class CopilotRuntime:
         return self.runs.replay(thread_id)
 
     async def aclose(self) -> None:
-        """Stop active runs and release agents, adapters and the store."""
+        """Stop the approvals' timer, then active runs; release agents, adapters and the store.
+
+        The approval service stops first: its timer and its runs use the checkpointers the
+        agents close. Closing twice is harmless.
+        """
+        self._started = False
+        await self.approvals.aclose()
+        if self._closed:
+            return
+        self._closed = True
         for run in list(self.runs.active.values()):
             run.cancel("stop")
         closed: set[int] = set()
@@ -110,3 +144,8 @@ class CopilotRuntime:
                 closed.add(id(agent))
                 await agent.aclose()
         await self.store.aclose()
+
+
+def approval_service(runtime: CopilotRuntime) -> ApprovalService:
+    """The runtime's approval service (the same as `runtime.approvals`)."""
+    return runtime.approvals

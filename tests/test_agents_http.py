@@ -9,11 +9,11 @@ from typing import Any
 import orjson
 import pytest
 
-from copilot_runtime import CopilotRuntime
-from copilot_runtime.agents._headers import HeaderPolicy
+from copilot_runtime import CopilotRuntime, UpstreamError
 from copilot_runtime.agents._http_client import Timeouts
 from copilot_runtime.agents._wire import RemoteEventChecker, SSEDecoder
 from copilot_runtime.agents.http import HttpAgent
+from copilot_runtime.headers import HeaderPolicy
 from copilot_runtime.testing import verify_events
 from tests.agents_support.agui_server import ScriptedAGUIServer
 from tests.conftest import ServeRuntime, free_port, run_input, text_of, types
@@ -235,11 +235,12 @@ def test_sse_decoder_any_split() -> None:
 def test_checker_rejects_duplicate_starts_and_nameless_events() -> None:
     checker = RemoteEventChecker("Remote agent 'x'")
     start = {"type": "TOOL_CALL_START", "toolCallId": "c", "toolCallName": "f"}
-    with pytest.raises(Exception, match="started tool call 'c' twice"):
+    with pytest.raises(UpstreamError, match="TOOL_CALL_START for tool call 'c', which is "
+                                            "already open"):
         checker.check([start, start])
-    with pytest.raises(Exception, match="without a string 'type'"):
+    with pytest.raises(UpstreamError, match="without a string 'type'"):
         RemoteEventChecker("Remote agent 'x'").check([{"kind": "x"}])
-    with pytest.raises(Exception, match="without a string 'messageId'"):
+    with pytest.raises(UpstreamError, match="without a string 'messageId'"):
         RemoteEventChecker("Remote agent 'x'").check([{"type": "TEXT_MESSAGE_START"}])
     unknown = RemoteEventChecker("Remote agent 'x'").check([{"type": "FUTURE_EVENT"}])
     assert unknown == []

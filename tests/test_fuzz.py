@@ -37,6 +37,7 @@ BASE = "/api/copilotkit"
 LONG = os.environ.get("COPILOT_FUZZ") == "long"
 EXAMPLES = int(os.environ.get("COPILOT_FUZZ_EXAMPLES", "1000" if LONG else "25"))
 PEAK_RSS_LIMIT_KIB = 200 * 1024
+pytestmark = pytest.mark.timeout(7200 if LONG else 300)
 
 settings.register_profile(
     "fuzz", max_examples=EXAMPLES, deadline=None, database=None, derandomize=not LONG,

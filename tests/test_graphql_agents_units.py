@@ -13,11 +13,10 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from copilot_runtime import events as ev
 from copilot_runtime._server_tools import AGENT_FINISHED, AGENT_STARTED
 from copilot_runtime.agents._lg_state import thread_state_from_values
-from copilot_runtime.agents.remote_endpoint import agui_messages
+from copilot_runtime.messages import from_json_representation, to_json_representation
 from copilot_runtime.protocols.graphql.agent_state import partial_json
 from copilot_runtime.protocols.graphql.increments import ResponseEncoder
 from copilot_runtime.protocols.graphql.inputs import run_request
-from copilot_runtime.protocols.graphql.messages import to_copilotkit_messages
 from copilot_runtime.protocols.graphql.plan import OperationPlan, compile_operation
 from copilot_runtime.protocols.graphql.schema import copilot_schema
 from tests.gql.wire import CLIENT_DOCUMENT, chat_data, merge, parse_multipart, text_message
@@ -230,7 +229,7 @@ def test_langgraph_values_become_a_thread() -> None:
     thread = thread_state_from_values("t-9", values)
     assert thread.exists
     assert thread.state == {"items": ["x"]}
-    assert to_copilotkit_messages(thread.messages) == [
+    assert to_json_representation(thread.messages) == [
         {"id": "h1", "role": "user", "content": "Weather?"},
         {"id": "c1", "name": "get_weather", "arguments": {"city": "Oslo"},
          "parentMessageId": "a1"},
@@ -251,7 +250,7 @@ def test_remote_endpoint_messages_become_agui_messages() -> None:
         {"state": {"x": 1}, "id": "s1"},
         "not a message",
     ]
-    assert agui_messages(sdk_form) == [
+    assert from_json_representation(sdk_form) == [
         {"id": "u1", "role": "user", "content": "Hi"},
         {"id": "a1", "role": "assistant", "content": "", "toolCalls": [
             {"id": "c1", "type": "function", "function": {"name": "add",
@@ -261,7 +260,7 @@ def test_remote_endpoint_messages_become_agui_messages() -> None:
             {"id": "c2", "type": "function", "function": {"name": "orphan",
                                                           "arguments": "{}"}}]},
     ]
-    assert agui_messages(None) == []
+    assert from_json_representation(None) == []
 
 
 @pytest.mark.parametrize("kind", ["ai", "human", "tool"])

@@ -11,10 +11,11 @@ from graphql.execution.values import get_variable_values
 
 from copilot_runtime import events as ev
 from copilot_runtime._exceptions import InvalidRequestError
+from copilot_runtime.event_order import RunEventOrder
+from copilot_runtime.messages import from_graphql_inputs, to_json_representation
 from copilot_runtime.protocols.graphql.increments import ResponseEncoder, encode_result
-from copilot_runtime.protocols.graphql.inputs import run_request, to_agui_messages
+from copilot_runtime.protocols.graphql.inputs import run_request
 from copilot_runtime.protocols.graphql.plan import OperationPlan, compile_operation
-from copilot_runtime.protocols.graphql.queries import to_copilotkit_messages
 from copilot_runtime.protocols.graphql.schema import copilot_schema
 from tests.gql.wire import (
     CHAT_DOCUMENT,
@@ -162,11 +163,13 @@ def test_a_stopped_run_reports_the_interrupted_message() -> None:
 
 
 def test_chunk_events_open_and_fill_messages() -> None:
-    result = streamed([[
+    # The edge sees a run's events after the core's ordering, which expands chunks.
+    order = RunEventOrder("t", "r")
+    result = streamed([list(order.normalize(batch)) for batch in [[
         {"type": ev.TEXT_MESSAGE_CHUNK, "messageId": "m", "role": "assistant", "delta": "he"},
         {"type": ev.TEXT_MESSAGE_CHUNK, "delta": "llo"},
         {"type": ev.TOOL_CALL_CHUNK, "toolCallId": "c", "toolCallName": "go", "delta": "{}"},
-    ], FINISHED], frontend=frozenset({"go"}))
+    ], FINISHED]], frontend=frozenset({"go"}))
     text, action = result["messages"]
     assert text["content"] == ["he", "llo"]
     assert (action["name"], action["arguments"]) == ("go", ["{}"])
@@ -193,7 +196,7 @@ def test_result_encoding() -> None:
 
 
 def test_history_becomes_model_ready_messages() -> None:
-    messages = to_agui_messages([
+    messages = from_graphql_inputs([
         text_message("s", "system", "rules"),
         text_message("u", "user", "go"),
         text_message("a", "assistant", "calling"),
@@ -252,7 +255,7 @@ def test_run_request_refusals() -> None:
 
 
 def test_stored_messages_for_load_agent_state() -> None:
-    loaded = to_copilotkit_messages([
+    loaded = to_json_representation([
         {"id": "s", "role": "developer", "content": "rules"},
         {"id": "u", "role": "user", "content": "go"},
         {"id": "a", "role": "assistant", "toolCalls": [

@@ -18,10 +18,10 @@ import pytest
 
 from copilot_runtime import CopilotRuntime, SQLiteThreadStore
 from copilot_runtime.checkpointers import checkpointer
+from copilot_runtime.runtime import approval_service
 from copilot_runtime.testing import verify_events
 from copilot_runtime.workflows.account_review import account_review
 from copilot_runtime.workflows.review_loop import ReviewLoop
-from copilot_runtime.workflows.service import approval_service
 from copilot_runtime.workflows.specialists import SpecialistRequest
 from tests.conftest import Served, ServeRuntime, parse_sse, run_input, types
 
@@ -392,7 +392,7 @@ def store_of(runtime: CopilotRuntime) -> Any:
 
 
 def test_approval_json_is_plain() -> None:
-    from copilot_runtime.workflows.approvals import Approval
+    from copilot_runtime.approvals.ledger import Approval
 
     approval = Approval("a", "t", "agent", {"message": "ok?"}, 0.0, 60.0)
     assert orjson.loads(orjson.dumps(approval.to_json())) == {

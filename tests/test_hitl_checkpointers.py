@@ -16,8 +16,8 @@ from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
 from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime.approvals.ledger import Approval, ApprovalStore
 from copilot_runtime.checkpointers import DEFAULT_URL, DurableCheckpointer, checkpointer
-from copilot_runtime.workflows.approvals import Approval, ApprovalStore
 from tests.hitl_support.postgres import SERVER, postgres_schema
 
 
@@ -63,7 +63,7 @@ def test_url_forms(monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in ("sqlite://relative", "redis://localhost:6379"):
         with pytest.raises(ConfigurationError):
             checkpointer(bad)
-    with pytest.raises(ValueError, match="plain SQL identifier"):
+    with pytest.raises(ConfigurationError, match="plain SQL identifier"):
         checkpointer("postgresql://db/x?schema=a;drop")
 
 

@@ -17,6 +17,7 @@ EXPECTED = [
     "__version__", "action", "create_app", "mount_runtime",
     "ApprovalPolicy", "DurableCheckpointer", "Orchestrator", "ReviewLoop", "Step",
     "approval_service", "checkpointer", "existing_agent",
+    "ApprovalClosedError", "ApprovalError", "ApprovalNotFoundError",
 ]
 
 
@@ -28,7 +29,8 @@ def test_all_is_pinned() -> None:
 
 def test_exception_hierarchy() -> None:
     base = copilot_runtime.CopilotRuntimeError
-    for name in ("ActionError", "AgentNotFoundError", "ConfigurationError", "RequestError",
+    for name in ("ActionError", "AgentNotFoundError", "ApprovalError", "ApprovalClosedError",
+                 "ApprovalNotFoundError", "ConfigurationError", "RequestError",
                  "InvalidRequestError", "PayloadTooLargeError", "ThreadBusyError",
                  "UpstreamError", "UpstreamTimeoutError"):
         assert issubclass(getattr(copilot_runtime, name), base)

@@ -49,3 +49,18 @@ async def test_thread_is_reserved_before_the_first_await(llm: MockOpenAIServer) 
     verify_events(events)
     assert "thread-1" not in runtime.runs.active
     await runtime.aclose()
+
+
+def test_a_replaced_input_keeps_model_and_echo_in_step() -> None:
+    from copilot_runtime._input import parse_run_input
+
+    first = parse_run_input({"threadId": "t", "runId": "r", "messages": [],
+                             "forwardedProps": {"command": {"resume": "yes"}, "keep": 1},
+                             "resume": [{"interruptId": "i", "status": "resolved",
+                                         "payload": {"ok": True}}]})
+    changed = first.replace(forwarded_props={"keep": 1}, resume=None)
+    assert changed.model.forwarded_props == {"keep": 1}
+    assert changed.raw["forwardedProps"] == {"keep": 1}
+    assert changed.model.resume is None
+    assert "resume" not in changed.raw
+    assert first.raw["forwardedProps"]["command"] == {"resume": "yes"}  # a copy

@@ -19,7 +19,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
-from copilot_runtime.workflows.decisions import Decision, parse_decision
+from copilot_runtime.approvals.decisions import Decision, parse_decision
 from copilot_runtime.workflows.review_loop import ReviewLoop
 from copilot_runtime.workflows.specialists import (
     SpecialistRequest,

@@ -16,14 +16,6 @@ import aiohttp
 import httpx2
 import openai
 import orjson
-from ag_ui.core import (
-    AssistantMessage,
-    DeveloperMessage,
-    Message,
-    SystemMessage,
-    ToolMessage,
-    UserMessage,
-)
 
 from copilot_runtime._exceptions import (
     ConfigurationError,
@@ -39,6 +31,7 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
 )
+from copilot_runtime.messages import to_openai
 
 __all__ = ["OpenAIAdapter"]
 
@@ -99,7 +92,7 @@ class OpenAIAdapter:
         messages: list[dict[str, Any]] = []
         if request.system_prompt:
             messages.append({"role": "system", "content": request.system_prompt})
-        messages.extend(to_openai_messages(request.messages))
+        messages.extend(to_openai(request.messages))
         params: dict[str, Any] = {
             "model": request.model or self.model,
             "messages": messages,
@@ -278,62 +271,3 @@ class ChatCompletionsStreamParser:
                 self.finish_reason = reason
 
 
-def to_openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """AG-UI history → Chat Completions messages."""
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        if isinstance(message, UserMessage):
-            out.append({"role": "user", "content": _user_content(message.content)})
-        elif isinstance(message, AssistantMessage):
-            item: dict[str, Any] = {"role": "assistant", "content": _text(message.content)}
-            if message.tool_calls:
-                item["tool_calls"] = [
-                    {"id": c.id, "type": "function",
-                     "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                    for c in message.tool_calls
-                ]
-            if item["content"] is None and "tool_calls" not in item:
-                item["content"] = ""
-            out.append(item)
-        elif isinstance(message, ToolMessage):
-            content = _text(message.content) or ""
-            if message.error:
-                content = content or f"Error: {message.error}"
-            out.append({"role": "tool", "tool_call_id": message.tool_call_id,
-                        "content": content})
-        elif isinstance(message, SystemMessage):
-            out.append({"role": "system", "content": _text(message.content) or ""})
-        elif isinstance(message, DeveloperMessage):
-            out.append({"role": "developer", "content": _text(message.content) or ""})
-        # activity and reasoning messages are UI state, not model input
-    return out
-
-
-def _text(content: Any) -> str | None:
-    if content is None or isinstance(content, str):
-        return content
-    parts = [getattr(p, "text", None) for p in content]
-    return "".join(p for p in parts if p)
-
-
-def _user_content(content: Any) -> Any:
-    if isinstance(content, str):
-        return content
-    parts: list[dict[str, Any]] = []
-    for part in content:
-        kind = getattr(part, "type", None)
-        if kind == "text":
-            parts.append({"type": "text", "text": part.text})
-        elif kind == "image":
-            source = part.source
-            if source.type == "url":
-                url = source.value
-            else:
-                url = f"data:{source.mime_type or 'image/png'};base64,{source.value}"
-            parts.append({"type": "image_url", "image_url": {"url": url}})
-        elif kind == "document" and getattr(part.source, "type", None) == "data":
-            parts.append({"type": "file", "file": {
-                "file_data": f"data:{part.source.mime_type or 'application/pdf'};base64,"
-                             f"{part.source.value}"}})
-        # audio and video have no Chat Completions input form; they are left out
-    return parts

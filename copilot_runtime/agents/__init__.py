@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from copilot_runtime.agents._headers import HeaderPolicy
 from copilot_runtime.agents._http_client import Timeouts
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.agents.builtin import BuiltInAgent
@@ -19,6 +18,7 @@ from copilot_runtime.agents.remote_endpoint import (
     RemoteEndpointAgent,
     RetryPolicy,
 )
+from copilot_runtime.headers import HeaderPolicy
 
 __all__ = [
     "Agent",

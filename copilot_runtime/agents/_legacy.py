@@ -12,7 +12,6 @@ protocol later turns back into `AgentStateMessage`s.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -22,46 +21,11 @@ from copilot_runtime._exceptions import UpstreamError
 from copilot_runtime.agents._wire import StateDeltaEncoder
 from copilot_runtime.events import Event
 
-__all__ = ["LangGraphJsonlTranslator", "RuntimeEventTranslator", "legacy_messages",
-           "parameters_schema"]
+__all__ = ["LangGraphJsonlTranslator", "RuntimeEventTranslator", "parameters_schema"]
 
-_CREATED_AT = "1970-01-01T00:00:00.000Z"  # the SDK requires the field, never reads it
 
 
 # -- outbound -------------------------------------------------------------------------
-
-def legacy_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """AG-UI messages (as JSON) in the remote endpoint's typed message format."""
-    out: list[dict[str, Any]] = []
-    call_names: dict[str, str] = {}
-    for message in messages:
-        role, message_id = message.get("role"), str(message.get("id") or uuid.uuid4())
-        content = message.get("content")
-        if isinstance(content, list):  # multimodal parts: the legacy format has text only
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        if role in ("user", "system", "developer") or (role == "assistant" and content):
-            out.append({"id": message_id, "createdAt": _CREATED_AT, "type": "TextMessage",
-                        "role": "system" if role == "developer" else role,
-                        "content": content or ""})
-        if role == "assistant":
-            for call in message.get("toolCalls") or ():
-                function = call.get("function") or {}
-                call_names[call["id"]] = function.get("name", "")
-                try:
-                    arguments = orjson.loads(function.get("arguments") or "{}")
-                except orjson.JSONDecodeError:
-                    arguments = {}
-                out.append({"id": call["id"], "createdAt": _CREATED_AT,
-                            "type": "ActionExecutionMessage", "name": function.get("name", ""),
-                            "arguments": arguments, "parentMessageId": message_id})
-        elif role == "tool":
-            call_id = str(message.get("toolCallId") or "")
-            out.append({"id": message_id, "createdAt": _CREATED_AT, "type": "ResultMessage",
-                        "actionExecutionId": call_id,
-                        "actionName": call_names.get(call_id, ""),
-                        "result": content if isinstance(content, str) else ""})
-    return out
-
 
 def parameters_schema(parameters: Any) -> dict[str, Any]:
     """A CopilotKit `Parameter` list (`{name, type, description, required, enum,
@@ -201,7 +165,7 @@ class LangGraphJsonlTranslator(_Translator):
             self._tool_result(_lc_fields(data.get("output")), out)
         elif kind == "on_custom_event":
             self._custom(str(line.get("name")), data, out)
-        elif kind in ("on_interrupt", "on_copilotkit_interrupt"):
+        elif kind in (ev.LEGACY_INTERRUPT, ev.COPILOTKIT_INTERRUPT):
             self.close_text(out)
             self.close_call(out)
             out.append(ev.custom(kind, line.get("value", data)))

@@ -31,14 +31,14 @@ __all__ = ["PLUMBING_STATE_KEYS", "InterruptChannel", "WireEncoder", "channel_fo
            "filter_interrupt_event"]
 
 InterruptChannel = Literal["outcome", "legacy", "both"]
-#: The custom event of ag-ui-langgraph (and CopilotKit's `useInterrupt`) for an interrupt.
-LEGACY_INTERRUPT_EVENT: Final = "on_interrupt"
 
 #: State keys that never reach the client in snapshots (see the module docstring).
 PLUMBING_STATE_KEYS: Final = frozenset({"messages", "tools", "copilotkit", "ag-ui"})
-# Event fields that hold application data: kept as they are, nulls included.
-_DATA_FIELDS: Final = {"snapshot": "snapshot", "delta": "delta", "value": "value",
-                       "event": "event", "result": "result"}
+# The application-data fields (`events.APPLICATION_DATA_KEYS`) that the translator's event
+# models type as `Any`: dumped with its `make_json_safe`, nulls included, not by pydantic.
+# Their Python and wire names are the same word.
+_ANY_DATA_FIELDS: Final = ev.APPLICATION_DATA_KEYS & {"snapshot", "delta", "value", "event",
+                                                      "result"}
 
 
 class WireEncoder:
@@ -63,13 +63,13 @@ class WireEncoder:
 
 def _dump(event: BaseEvent) -> Event:
     fields = type(event).model_fields
-    data_fields = [name for name in _DATA_FIELDS if name in fields]
+    data_fields = [name for name in _ANY_DATA_FIELDS if name in fields]
     out: Event = event.model_dump(mode="json", by_alias=True, exclude_none=True,
                                   exclude={"raw_event", *data_fields})
     for name in data_fields:
         value = getattr(event, name)
         if value is not None:
-            out[_DATA_FIELDS[name]] = make_json_safe(value)
+            out[name] = make_json_safe(value)
     return out
 
 
@@ -93,7 +93,7 @@ def filter_interrupt_event(event: Event, channel: InterruptChannel) -> Event | N
     """`event` without the interrupt form `channel` leaves out (None to drop it)."""
     kind = event["type"]
     if kind == ev.CUSTOM and channel == "outcome" \
-            and event.get("name") == LEGACY_INTERRUPT_EVENT:
+            and event.get("name") == ev.LEGACY_INTERRUPT:
         return None
     if kind == ev.RUN_FINISHED and channel == "legacy" and "outcome" in event:
         return {k: v for k, v in event.items() if k != "outcome"}

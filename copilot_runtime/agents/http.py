@@ -18,7 +18,6 @@ import orjson
 
 from copilot_runtime._exceptions import ConfigurationError, UpstreamError
 from copilot_runtime._input import RunInput
-from copilot_runtime.agents._headers import HeaderPolicy
 from copilot_runtime.agents._http_client import (
     SessionHolder,
     Timeouts,
@@ -28,6 +27,7 @@ from copilot_runtime.agents._http_client import (
 from copilot_runtime.agents._wire import RemoteEventChecker, SSEDecoder
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.events import EventBatches
+from copilot_runtime.headers import HeaderPolicy
 
 __all__ = ["HttpAgent"]
 

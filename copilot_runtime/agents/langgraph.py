@@ -21,7 +21,7 @@ version) get the `on_interrupt` custom event CopilotKit's `useInterrupt` listens
 resume with `forwardedProps.command.resume`. 0.0.59 would parse the outcome too, but then
 refuses a next run that does not answer it through `resume`, which the custom-event UIs
 never send: so they are not given it. Each interrupt is recorded as a pending approval
-(see `copilot_runtime.workflows.approvals`) before the client hears of it.
+(see `copilot_runtime.approvals.ledger`) before the client hears of it.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ from copilot_runtime.agents._lg_events import (
 )
 from copilot_runtime.agents._lg_state import load_graph_state
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
+from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
+from copilot_runtime.approvals.resume import Claims, claim_resume, record_interrupts
 from copilot_runtime.events import Event, EventBatches
-from copilot_runtime.workflows._resume import Claims, claim_resume, record_interrupts
-from copilot_runtime.workflows.approvals import ApprovalStore, MemoryApprovalStore
 
 __all__ = ["LangGraphAgent"]
 

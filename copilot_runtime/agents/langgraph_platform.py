@@ -45,13 +45,13 @@ from langgraph_sdk.errors import NotFoundError
 
 from copilot_runtime._exceptions import ConfigurationError, UpstreamError
 from copilot_runtime._input import RunInput
-from copilot_runtime.agents._headers import HeaderPolicy
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
 from copilot_runtime.agents._lg_events import WireEncoder
 from copilot_runtime.agents._lg_state import thread_state_from_values
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.agents.langgraph import translate_bridge_run
 from copilot_runtime.events import EventBatches
+from copilot_runtime.headers import HeaderPolicy
 
 __all__ = ["LangGraphPlatformAgent", "platform_thread_id"]
 

@@ -27,7 +27,6 @@ import structlog
 from copilot_runtime._exceptions import ActionError, ConfigurationError, UpstreamError
 from copilot_runtime._input import RunInput
 from copilot_runtime.actions import Action
-from copilot_runtime.agents._headers import HeaderPolicy
 from copilot_runtime.agents._http_client import (
     SessionHolder,
     Timeouts,
@@ -37,15 +36,16 @@ from copilot_runtime.agents._http_client import (
 from copilot_runtime.agents._legacy import (
     LangGraphJsonlTranslator,
     RuntimeEventTranslator,
-    legacy_messages,
     parameters_schema,
 )
 from copilot_runtime.agents._wire import RemoteEventChecker
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.events import EventBatches
+from copilot_runtime.headers import HeaderPolicy
+from copilot_runtime.messages import from_json_representation, to_legacy
 
 __all__ = ["CopilotKitRemoteEndpoint", "RemoteDiscovery", "RemoteEndpointAgent",
-           "RetryPolicy", "agui_messages"]
+           "RetryPolicy"]
 
 _log = structlog.get_logger("copilot_runtime.agents")
 
@@ -268,7 +268,7 @@ class RemoteEndpointAgent(Agent):
             thread_id, exists=bool(answer.get("threadExists")),
             state={k: v for k, v in state.items() if k != "messages"}
             if isinstance(state, dict) else {},
-            messages=agui_messages(answer.get("messages")))
+            messages=from_json_representation(answer.get("messages")))
 
     async def aclose(self) -> None:
         # The endpoint's connections are shared by its agents and actions; closing them
@@ -282,7 +282,7 @@ class RemoteEndpointAgent(Agent):
         body: dict[str, Any] = {
             "name": self.name, "threadId": model.thread_id,
             "state": raw.get("state") if isinstance(raw.get("state"), dict) else {},
-            "messages": legacy_messages(raw.get("messages") or ()),
+            "messages": to_legacy(raw.get("messages") or ()),
             "actions": [{"name": t.name, "description": t.description,
                          "parameters": t.parameters or {"type": "object", "properties": {}}}
                         for t in model.tools or ()],
@@ -298,44 +298,6 @@ class RemoteEndpointAgent(Agent):
             body["metaEvents"] = [{"name": "LangGraphInterruptEvent", "value": "",
                                    "response": resume}]
         return body
-
-
-def agui_messages(items: Any) -> list[dict[str, Any]]:
-    """The SDK's JSON message representation (what `/agents/state` answers) as AG-UI messages.
-
-    Its items are told apart by their keys: `content` a text, `arguments` a tool call of the
-    assistant message `parentMessageId`, `result` a tool result; agent-state items are not
-    conversation and are left out.
-    """
-    out: list[dict[str, Any]] = []
-    by_id: dict[str, dict[str, Any]] = {}
-    for item in items if isinstance(items, list) else ():
-        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
-            continue
-        if "arguments" in item:
-            parent_id = str(item.get("parentMessageId") or item["id"])
-            parent = by_id.get(parent_id)
-            if parent is None or parent.get("role") != "assistant":
-                parent = by_id[parent_id] = {"id": parent_id, "role": "assistant"}
-                out.append(parent)
-            arguments = item["arguments"]
-            parent.setdefault("toolCalls", []).append({
-                "id": item["id"], "type": "function", "function": {
-                    "name": str(item.get("name") or ""),
-                    "arguments": arguments if isinstance(arguments, str)
-                    else orjson.dumps(arguments).decode()}})
-        elif "result" in item:
-            result = item["result"]
-            out.append({"id": item["id"], "role": "tool",
-                        "toolCallId": str(item.get("actionExecutionId") or ""),
-                        "content": result if isinstance(result, str)
-                        else orjson.dumps(result).decode()})
-        elif "content" in item and item.get("role") in ("user", "assistant", "system"):
-            message = {"id": item["id"], "role": item["role"],
-                       "content": str(item.get("content") or "")}
-            by_id[item["id"]] = message
-            out.append(message)
-    return out
 
 
 def _resume_value(input: RunInput) -> Any:

@@ -41,16 +41,18 @@ __all__ = [
 ]
 
 _WHERE = {
-    "AdapterChatModel": "models", "OfflineSpecialistAdapter": "models",
-    "Approval": "approvals", "ApprovalStore": "approvals",
-    "ApprovalPolicy": "orchestrator", "Orchestrator": "orchestrator", "Step": "orchestrator",
-    "ApprovalService": "service", "approval_service": "service",
-    "Decision": "decisions", "parse_decision": "decisions",
-    "ModelSpecialist": "specialists", "SpecialistRequest": "specialists",
-    "finance_specialists": "specialists", "keyword_router": "specialists",
-    "ReviewLoop": "review_loop", "account_review": "account_review",
-    "existing_agent": "existing", "run_existing_agent": "existing",
-    "wrap_existing_agent": "existing",
+    "AdapterChatModel": "workflows.models", "OfflineSpecialistAdapter": "workflows.models",
+    "ApprovalPolicy": "workflows.orchestrator", "Orchestrator": "workflows.orchestrator",
+    "Step": "workflows.orchestrator",
+    "ModelSpecialist": "workflows.specialists", "SpecialistRequest": "workflows.specialists",
+    "finance_specialists": "workflows.specialists", "keyword_router": "workflows.specialists",
+    "ReviewLoop": "workflows.review_loop", "account_review": "workflows.account_review",
+    "existing_agent": "workflows.existing", "run_existing_agent": "workflows.existing",
+    "wrap_existing_agent": "workflows.existing",
+    # The approvals subsystem sits in the core (`copilot_runtime.approvals`); the workflows
+    # re-export what their users reach for.
+    "Approval": "approvals", "ApprovalStore": "approvals", "ApprovalService": "approvals",
+    "Decision": "approvals", "parse_decision": "approvals", "approval_service": "runtime",
 }
 
 
@@ -58,4 +60,4 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    return getattr(importlib.import_module(f"copilot_runtime.{module}"), name)

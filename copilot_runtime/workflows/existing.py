@@ -26,9 +26,10 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
+from copilot_runtime._exceptions import AgentExecutionError
+from copilot_runtime._time import iso_time
+from copilot_runtime.approvals.decisions import Decision, parse_decision
 from copilot_runtime.workflows._emit import say
-from copilot_runtime.workflows.approvals import iso_time
-from copilot_runtime.workflows.decisions import Decision, parse_decision
 
 __all__ = [
     "AgentExecutionError",
@@ -57,16 +58,6 @@ class ExistingAgent(Protocol):
     def execute_with_events(self, context: dict[str, Any]
                             ) -> AsyncIterator[Mapping[str, Any]]:
         ...
-
-
-class AgentExecutionError(Exception):
-    """The agent reported `agent_error`, or ended without a result."""
-
-    def __init__(self, agent: str, message: str, data: Mapping[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.agent = agent
-        self.message = message
-        self.data = dict(data or {})
 
 
 @dataclass(slots=True)

@@ -30,8 +30,9 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
+from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime.approvals.decisions import parse_decision
 from copilot_runtime.workflows._emit import say
-from copilot_runtime.workflows.decisions import parse_decision
 from copilot_runtime.workflows.existing import (
     ExistingAgent,
     _last_user_text,
@@ -94,7 +95,8 @@ class Orchestrator:
                  workflow: str = "account_analysis", inputs: Inputs = account_inputs) -> None:
         names = [s.agent for s in steps]
         if not steps or len(set(names)) != len(names) or _RESERVED & set(names):
-            raise ValueError(f"steps need unique agent names, none of {sorted(_RESERVED)}")
+            raise ConfigurationError(
+                f"steps need unique agent names, none of {sorted(_RESERVED)}")
         self.steps = list(steps)
         self.approval = approval
         self.workflow = workflow

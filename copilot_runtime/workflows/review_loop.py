@@ -41,9 +41,10 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
+from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._time import iso_time
+from copilot_runtime.approvals.decisions import Decision, parse_decision
 from copilot_runtime.workflows._emit import say
-from copilot_runtime.workflows.approvals import iso_time
-from copilot_runtime.workflows.decisions import Decision, parse_decision
 from copilot_runtime.workflows.specialists import (
     Specialist,
     SpecialistRequest,
@@ -94,11 +95,12 @@ class ReviewLoop:
                  question: str = "Please approve or provide revision",
                  timeout_seconds: float | None = None) -> None:
         if not specialists:
-            raise ValueError("the review loop needs at least one specialist")
+            raise ConfigurationError("the review loop needs at least one specialist")
         names = [s.name for s in specialists]
         reserved = {"planner", "review", "complete"}
         if len(set(names)) != len(names) or reserved & set(names):
-            raise ValueError(f"specialist names must be unique and not {sorted(reserved)}")
+            raise ConfigurationError(
+                f"specialist names must be unique and not {sorted(reserved)}")
         self.specialists = {s.name: s for s in specialists}
         self.router = router
         self.review = review

@@ -22,15 +22,20 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any, Final
 
-from copilot_runtime._exceptions import InvalidRequestError, ThreadBusyError
-from copilot_runtime._input import parse_json_body
-from copilot_runtime.protocols._http import Request, read_body, send_json
-from copilot_runtime.workflows.approvals import (
-    ApprovalClosedError,
+from copilot_runtime._exceptions import (
     ApprovalError,
-    ApprovalStatus,
+    InvalidRequestError,
+    ThreadBusyError,
 )
-from copilot_runtime.workflows.service import ApprovalService
+from copilot_runtime._input import parse_json_body
+from copilot_runtime.approvals import ApprovalService, ApprovalStatus
+from copilot_runtime.protocols.http import (
+    Request,
+    read_body,
+    send_error,
+    send_json,
+    send_method_not_allowed,
+)
 
 __all__ = ["ApprovalRoutes", "approval_route"]
 
@@ -38,7 +43,6 @@ _ACTIONS: Final = ("approve", "reject", "revise")
 _STATUSES: Final[dict[str, ApprovalStatus | None]] = {
     "pending": "pending", "answered": "answered", "expired": "expired",
     "withdrawn": "withdrawn", "all": None}
-_TITLES: Final = {404: "Approval not found", 410: "Approval expired"}
 
 
 def approval_route(segments: list[str]) -> str | None:
@@ -62,23 +66,16 @@ class ApprovalRoutes:
                 if request.method in ("GET", "HEAD"):
                     await self._list(request)
                 else:
-                    await _not_allowed(request, b"GET")
+                    await send_method_not_allowed(request, b"GET")
             elif request.method in ("GET", "HEAD"):
                 approval, _, _ = await self.service.get(approval_id)
                 await send_json(request, 200, {"approval": approval.to_json()})
             elif request.method == "POST":
                 await self._answer(request, approval_id)
             else:
-                await _not_allowed(request, b"GET, POST")
-        except ApprovalError as exc:
-            body: dict[str, Any] = {"error": _title(exc), "message": exc.message,
-                                    "code": exc.code}
-            if isinstance(exc, ApprovalClosedError):
-                body["approval"] = exc.approval.to_json()
-            await send_json(request, exc.status, body)
-        except ThreadBusyError as exc:
-            await send_json(request, 409, {"error": "Thread busy", "message": exc.message,
-                                           "code": exc.code})
+                await send_method_not_allowed(request, b"GET, POST")
+        except (ApprovalError, ThreadBusyError) as exc:
+            await send_error(request, exc)
 
     async def _list(self, request: Request) -> None:
         query = urllib.parse.parse_qs(request.query.decode("latin-1"))
@@ -128,17 +125,3 @@ def _parse_answer(data: Any) -> tuple[dict[str, Any], bool]:
     answer = {k: v for k, v in (("action", action), ("payload", payload), ("reason", reason),
                                 ("userId", user)) if v is not None}
     return answer, wait
-
-
-def _title(exc: ApprovalError) -> str:
-    if exc.code == "APPROVAL_ALREADY_ANSWERED":
-        return "Approval already answered"
-    if exc.code == "APPROVAL_WITHDRAWN":
-        return "Approval withdrawn"
-    if exc.code == "INTERRUPT_NOT_PENDING":
-        return "Nothing to resume"
-    return _TITLES.get(exc.status, "Approval error")
-
-
-async def _not_allowed(request: Request, allow: bytes) -> None:
-    await send_json(request, 405, {"error": "Method not allowed"}, [(b"allow", allow)])

@@ -24,51 +24,30 @@ from typing import Any
 
 from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._exceptions import (
-    AgentNotFoundError,
+    ClientDisconnected,
     InvalidRequestError,
     RequestError,
 )
 from copilot_runtime._input import parse_json_body, parse_run_input
 from copilot_runtime._limits import readable
-from copilot_runtime.agents._headers import HOP_BY_HOP
-from copilot_runtime.protocols._http import (
+from copilot_runtime.protocols.agui.approvals import ApprovalRoutes, approval_route
+from copilot_runtime.protocols.http import (
     Request,
     read_body,
+    send_error,
     send_json,
+    send_method_not_allowed,
     stream_events,
     stream_run,
 )
-from copilot_runtime.protocols.agui.approvals import ApprovalRoutes, approval_route
 from copilot_runtime.runtime import CopilotRuntime
-from copilot_runtime.workflows.service import approval_service
 
-__all__ = ["AGUIProtocol", "forwardable_headers"]
+__all__ = ["AGUIProtocol"]
 
 _THREAD_ENDPOINTS = {"list": True, "inspect": True, "mutations": False,
                      "realtimeMetadata": False}
 _NO_THREAD_ENDPOINTS = dict.fromkeys(_THREAD_ENDPOINTS, False)
 _ENVELOPE_METHODS = ("info", "agent/run", "agent/connect", "agent/stop")
-def forwardable_headers(request: Request) -> dict[str, str]:
-    """The request's headers for the agent, lower-cased, minus those of this connection.
-
-    Agents that call other services pass on only what their `HeaderPolicy` allows (by
-    default `authorization` and `x-*`, never cookies), as the TypeScript runtime does.
-    """
-    out: dict[str, str] = {}
-    for key, value in request.headers.items():
-        name = key.decode("latin-1")
-        if name not in HOP_BY_HOP:
-            out[name] = value.decode("latin-1")
-    return out
-
-
-def _error(status: int, error: str, message: str | None = None, **extra: Any) -> tuple[
-        int, dict[str, Any]]:
-    body: dict[str, Any] = {"error": error}
-    if message is not None:
-        body["message"] = message
-    body.update(extra)
-    return status, body
 
 
 class AGUIProtocol:
@@ -76,7 +55,7 @@ class AGUIProtocol:
                  keepalive: float | None = 15.0) -> None:
         self.runtime = runtime
         self.max_body_size = max_body_size
-        self.approvals = ApprovalRoutes(approval_service(runtime), max_body_size=max_body_size)
+        self.approvals = ApprovalRoutes(runtime.approvals, max_body_size=max_body_size)
         self.keepalive = keepalive
 
     # -- multi-route -------------------------------------------------------------------
@@ -85,24 +64,22 @@ class AGUIProtocol:
         """Serve a multi-route request; False if `segments` name no AG-UI route."""
         tail = segments[-4:]
         method = request.method
-        # The approval timer and crash recovery need the server's loop: start on first use.
-        await self.approvals.service.start()
         if segments[-1:] == ["info"]:
             if method not in ("GET", "HEAD"):
-                await self._method_not_allowed(request, b"GET")
+                await send_method_not_allowed(request, b"GET")
             else:
                 await send_json(request, 200, self.info(single_route=False))
             return True
         if len(tail) >= 3 and tail[-3] == "agent" and tail[-1] in ("run", "connect"):
             if method != "POST":
-                await self._method_not_allowed(request, b"POST")
+                await send_method_not_allowed(request, b"POST")
                 return True
             agent_id = urllib.parse.unquote(tail[-2])
             await self._guarded(request, self._run_or_connect(request, agent_id, tail[-1]))
             return True
         if len(tail) == 4 and tail[0] == "agent" and tail[2] == "stop":
             if method != "POST":
-                await self._method_not_allowed(request, b"POST")
+                await send_method_not_allowed(request, b"POST")
                 return True
             agent_id = urllib.parse.unquote(tail[1])
             thread_id = urllib.parse.unquote(tail[3])
@@ -111,7 +88,7 @@ class AGUIProtocol:
         threads = _thread_route(segments)
         if threads is not None:
             if method not in ("GET", "HEAD"):
-                await self._method_not_allowed(request, b"GET")
+                await send_method_not_allowed(request, b"GET")
             else:
                 await self._guarded(request, self._threads(request, *threads))
             return True
@@ -147,7 +124,7 @@ class AGUIProtocol:
         if what == "connect":
             await stream_events(request, self.runtime.connect(agent_id, run_input.thread_id))
             return
-        run = await self.runtime.start_run(agent_id, run_input, forwardable_headers(request))
+        run = await self.runtime.start_run(agent_id, run_input, request.forwardable_headers())
         await stream_run(request, run, keepalive=self.keepalive)
 
     async def _stop_rest(self, request: Request, agent_id: str, thread_id: str) -> None:
@@ -212,7 +189,6 @@ class AGUIProtocol:
         await self._guarded(request, self._envelope(request, data), single=True)
 
     async def _envelope(self, request: Request, data: Any) -> None:
-        await self.approvals.service.start()
         method = data.get("method") if isinstance(data, dict) else None
         if not isinstance(method, str) or not method:
             await _invalid(request, "Missing method field")
@@ -248,25 +224,11 @@ class AGUIProtocol:
         """Run a handler, answering a `RequestError` raised before the response started."""
         try:
             await work
-        except AgentNotFoundError as exc:
-            await send_json(request, 404, {"error": "Agent not found", "message": exc.message})
-        except InvalidRequestError as exc:
-            body: dict[str, Any] = {"error": exc.message}
-            if exc.details is not None:
-                body["details"] = exc.details
-            await send_json(request, 400, body)
         except RequestError as exc:
-            status, payload = _error(exc.status, _TITLES.get(exc.status, "Bad request"),
-                                     exc.message, code=exc.code)
-            await send_json(request, status, payload)
-        except ConnectionAbortedError:
+            await send_error(request, exc)
+        except ClientDisconnected:
             return  # the client left while sending its body
 
-    async def _method_not_allowed(self, request: Request, allow: bytes) -> None:
-        await send_json(request, 405, {"error": "Method not allowed"}, [(b"allow", allow)])
-
-
-_TITLES = {409: "Thread busy", 413: "Payload too large"}
 
 
 async def _invalid(request: Request, message: str) -> None:

@@ -30,7 +30,7 @@ the agents this runtime serves:
   the state is not empty), so the client never keeps a stale `nodeName`.
 
 `state` is sent as a JSON string; `messages` inside it are in the JSON representation the
-client loads (`to_copilotkit_messages`). That runtime put AG-UI-shaped messages in the
+client loads (`to_json_representation`). That runtime put AG-UI-shaped messages in the
 MESSAGES_SNAPSHOT message, which the client would misread were it the last one; the same
 JSON representation is used for both here.
 
@@ -51,7 +51,7 @@ import orjson
 from copilot_runtime import events as ev
 from copilot_runtime._compaction import apply_state_delta
 from copilot_runtime.events import Event
-from copilot_runtime.protocols.graphql.messages import to_copilotkit_messages
+from copilot_runtime.messages import to_json_representation
 
 __all__ = ["STATE_EVENTS", "AgentStates", "now_iso"]
 
@@ -169,7 +169,7 @@ class AgentStates:
         self._sent = True
         state: Mapping[str, Any] = self.state
         if with_messages and self.messages is not None:
-            state = {**state, "messages": to_copilotkit_messages(self.messages)}
+            state = {**state, "messages": to_json_representation(self.messages)}
         return {"id": f"ck-{uuid.uuid4()}", "createdAt": now_iso(), "threadId": self.thread_id,
                 "agentName": self.agent_name, "nodeName": self.node, "runId": self.run_id,
                 "active": active, "role": "assistant", "running": self.running,

@@ -29,8 +29,6 @@ from graphql.execution.values import get_argument_values, get_variable_values
 
 from copilot_runtime._exceptions import CopilotRuntimeError, InvalidRequestError
 from copilot_runtime._limits import check_json_text
-from copilot_runtime.protocols._http import Request, stream_run
-from copilot_runtime.protocols.agui.handlers import forwardable_headers
 from copilot_runtime.protocols.graphql.agent_tools import session_run
 from copilot_runtime.protocols.graphql.documents import DocumentCache, Prepared
 from copilot_runtime.protocols.graphql.errors import kit_code_of, kit_extensions
@@ -46,6 +44,7 @@ from copilot_runtime.protocols.graphql.transport import (
     send_result,
     version_header,
 )
+from copilot_runtime.protocols.http import Request, stream_run
 from copilot_runtime.runtime import CopilotRuntime
 
 __all__ = ["GraphQLProtocol"]
@@ -150,7 +149,7 @@ class GraphQLProtocol:
         # document has them removed, so the result always comes in one piece.
         result = experimental_execute_incrementally(
             self.schema, prepared.plain(), root_value=self._root, variable_values=variables,
-            operation_name=name, context_value=QueryContext(forwardable_headers(request)))
+            operation_name=name, context_value=QueryContext(request.forwardable_headers()))
         if isawaitable(result):
             result = await result
         assert isinstance(result, ExecutionResult)
@@ -181,7 +180,7 @@ class GraphQLProtocol:
                 has_public_key=b"x-copilotcloud-public-api-key" in request.headers)
             if wanted.agent_id not in runtime.agents:
                 raise agent_not_found(wanted.agent_id, runtime)
-            forwarded = forwardable_headers(request)
+            forwarded = request.forwardable_headers()
             # `agent`, when set, is the session's agent wrapped with its server-side tools.
             run = await runtime.start_run(wanted.agent_id, wanted.input, forwarded,
                                           follow_up_server_tools=False, agent=agent)

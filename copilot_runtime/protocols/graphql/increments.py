@@ -49,8 +49,8 @@ __all__ = ["ResponseEncoder", "encode_result"]
 _ROLES = frozenset({"assistant", "developer", "system", "tool", "user"})
 _SUCCESS: Obj = ("SuccessMessageStatus", {"code": "Success"})
 _MESSAGE_EVENTS = frozenset({
-    ev.TEXT_MESSAGE_START, ev.TEXT_MESSAGE_CONTENT, ev.TEXT_MESSAGE_END, ev.TEXT_MESSAGE_CHUNK,
-    ev.TOOL_CALL_START, ev.TOOL_CALL_ARGS, ev.TOOL_CALL_END, ev.TOOL_CALL_CHUNK,
+    ev.TEXT_MESSAGE_START, ev.TEXT_MESSAGE_CONTENT, ev.TEXT_MESSAGE_END,
+    ev.TOOL_CALL_START, ev.TOOL_CALL_ARGS, ev.TOOL_CALL_END,
 })
 _TEXT_FAILED = "The run failed before this message was complete"
 _ARGUMENTS_FAILED = "The run failed before these arguments were complete"
@@ -205,10 +205,6 @@ class ResponseEncoder:
                 self._end_call(event["toolCallId"])
             elif kind == ev.TOOL_CALL_RESULT:
                 self._result(event, out)
-            elif kind == ev.TEXT_MESSAGE_CHUNK:
-                self._text_chunk(event, out)
-            elif kind == ev.TOOL_CALL_CHUNK:
-                self._call_chunk(event, out)
             elif kind in STATE_EVENTS:
                 if self._agent is not None:
                     self._agent_message(self._agent.feed(event), out)
@@ -269,30 +265,6 @@ class ResponseEncoder:
         if not self._awaiting and self._held is not None:
             held, self._held = self._held, None
             self._feed(held, out)
-
-    def _text_chunk(self, event: Event, out: list[dict[str, Any]]) -> None:
-        # A chunk opens its message if it names a new one, then adds its delta.
-        message_id = event.get("messageId") or (next(reversed(self._texts), None))
-        if message_id is None:
-            return
-        if message_id not in self._texts:
-            for open_id in list(self._texts):
-                self._end(self._texts.pop(open_id))
-            self._start_text(message_id, event.get("role"), out)
-        if event.get("delta"):
-            self._piece(self._texts[message_id], event["delta"], out)
-
-    def _call_chunk(self, event: Event, out: list[dict[str, Any]]) -> None:
-        call_id = event.get("toolCallId") or (next(reversed(self._calls), None))
-        if call_id is None:
-            return
-        if call_id not in self._calls:
-            for open_id in list(self._calls):
-                self._end_call(open_id)
-            self._start_call({"toolCallId": call_id, "toolCallName": event.get("toolCallName"),
-                              "parentMessageId": event.get("parentMessageId")}, out)
-        if event.get("delta"):
-            self._piece(self._calls[call_id], event["delta"], out)
 
     def _custom(self, event: Event, out: list[dict[str, Any]]) -> None:
         name, value = event.get("name"), event.get("value")

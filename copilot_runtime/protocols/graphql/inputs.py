@@ -27,6 +27,7 @@ import orjson
 from copilot_runtime._exceptions import InvalidRequestError
 from copilot_runtime._input import RunInput, parse_run_input
 from copilot_runtime._limits import check_json_text
+from copilot_runtime.messages import from_graphql_inputs
 
 __all__ = ["RunRequest", "run_request"]
 
@@ -77,7 +78,7 @@ def run_request(data: Mapping[str, Any], properties: Mapping[str, Any] | None,
         "threadId": thread_id,
         "runId": client_run_id or str(uuid.uuid4()),
         "state": state,
-        "messages": to_agui_messages(data.get("messages") or ()),
+        "messages": from_graphql_inputs(data.get("messages") or ()),
         "tools": tools,
         "context": [{"description": c["description"], "value": c["value"]}
                     for c in data.get("context") or ()],
@@ -151,63 +152,3 @@ def _agent_state(data: Mapping[str, Any], agent_id: str,
     return state, props
 
 
-def to_agui_messages(messages: Collection[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """GraphQL `MessageInput`s → AG-UI messages (JSON form), in model-ready order."""
-    out: list[dict[str, Any]] = []
-    ids: set[str] = set()
-    turn: dict[str, dict[str, Any]] = {}  # the current answer's assistant messages, by id
-    calls: set[str] = set()
-    answered: set[str] = set()
-
-    def add(message: dict[str, Any]) -> dict[str, Any]:
-        out.append(message)
-        ids.add(message["id"])
-        return message
-
-    for item in messages:
-        message_id = item["id"]
-        text = item.get("textMessage")
-        call = item.get("actionExecutionMessage")
-        result = item.get("resultMessage")
-        image = item.get("imageMessage")
-        if text is not None:
-            role = text["role"]
-            if role == "assistant":
-                existing = turn.get(message_id)
-                if existing is not None:  # its tool calls came first
-                    existing["content"] = text["content"]
-                else:
-                    turn[message_id] = add({"id": message_id, "role": "assistant",
-                                            "content": text["content"]})
-                continue
-            if role == "tool":
-                continue  # a tool message needs the call it answers, which text cannot name
-            turn = {}
-            add({"id": message_id, "role": "user" if role == "user" else "developer",
-                 "content": text["content"]})
-        elif call is not None:
-            parent = call.get("parentMessageId")
-            target = turn.get(parent) if parent else None
-            if target is None:
-                own_id = parent if parent and parent not in ids else message_id
-                target = add({"id": own_id, "role": "assistant"})
-                turn[own_id] = target
-                if parent:
-                    turn[parent] = target
-            target.setdefault("toolCalls", []).append({
-                "id": message_id, "type": "function",
-                "function": {"name": call["name"], "arguments": call["arguments"]}})
-            calls.add(message_id)
-        elif result is not None:
-            call_id = result["actionExecutionId"]
-            if call_id in calls and call_id not in answered:
-                answered.add(call_id)
-                add({"id": message_id, "role": "tool", "toolCallId": call_id,
-                     "content": result["result"]})
-        elif image is not None:
-            turn = {}
-            add({"id": message_id, "role": "user", "content": [{
-                "type": "image", "source": {"type": "data", "value": image["bytes"],
-                                            "mimeType": f"image/{image['format']}"}}]})
-        # agentStateMessage: UI state, never model input
-    return out

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import orjson
 
+from copilot_runtime import events as ev
 from copilot_runtime._exceptions import JSONTooDeepError
 from copilot_runtime._limits import check_json_text
 from copilot_runtime.protocols.graphql.messages import interrupt_messages
@@ -28,8 +29,8 @@ from copilot_runtime.protocols.graphql.project import Obj
 
 __all__ = ["meta_event"]
 
-_PLAIN: Final = frozenset({"on_interrupt", "LangGraphInterruptEvent"})
-_COPILOTKIT: Final = frozenset({"on_copilotkit_interrupt", "CopilotKitLangGraphInterruptEvent"})
+_PLAIN: Final = frozenset({ev.LEGACY_INTERRUPT, "LangGraphInterruptEvent"})
+_COPILOTKIT: Final = frozenset({ev.COPILOTKIT_INTERRUPT, "CopilotKitLangGraphInterruptEvent"})
 _VALUE_KEY: Final = "__copilotkit_interrupt_value__"
 _MESSAGES_KEY: Final = "__copilotkit_messages__"
 

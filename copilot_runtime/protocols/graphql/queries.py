@@ -19,12 +19,12 @@ from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._exceptions import AgentNotFoundError, CopilotRuntimeError
 from copilot_runtime._limits import readable
 from copilot_runtime.agents.builtin import BuiltInAgent
+from copilot_runtime.messages import to_json_representation
 from copilot_runtime.protocols.graphql.errors import kit_code_of, kit_extensions
-from copilot_runtime.protocols.graphql.messages import to_copilotkit_messages
 from copilot_runtime.runtime import CopilotRuntime
 
 __all__ = ["QueryContext", "agent_not_found", "is_service_adapter", "listed_agents",
-           "query_root", "to_copilotkit_messages"]
+           "query_root"]
 
 _log = structlog.get_logger("copilot_runtime.graphql")
 
@@ -98,7 +98,7 @@ def _thread(thread_id: str, state: Mapping[str, Any],
     state = {k: v for k, v in state.items() if k != "messages"}
     return {"threadId": thread_id, "threadExists": True,
             "state": orjson.dumps(state, option=orjson.OPT_NON_STR_KEYS).decode(),
-            "messages": orjson.dumps(to_copilotkit_messages(messages)).decode()}
+            "messages": orjson.dumps(to_json_representation(messages)).decode()}
 
 
 Resolver = Callable[..., Awaitable[Any]]

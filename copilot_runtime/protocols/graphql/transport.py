@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from graphql import GraphQLError
 
-from copilot_runtime.protocols._http import Request, send_bytes
+from copilot_runtime.protocols.http import Request, send_bytes
 
 __all__ = [
     "MULTIPART",

@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 import orjson
 
-from copilot_runtime.workflows.approvals import (
+from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime.approvals.ledger import (
     Approval,
     ApprovalStatus,
     _Listeners,
@@ -31,7 +32,7 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 def check_identifier(name: str) -> str:
     """Table prefixes and schema names go into SQL text, so only plain identifiers pass."""
     if not _IDENTIFIER.match(name):
-        raise ValueError(f"{name!r} is not a plain SQL identifier")
+        raise ConfigurationError(f"{name!r} is not a plain SQL identifier")
     return name
 
 

@@ -1,15 +1,17 @@
 """The runtime's pending approvals: listed, answered over plain HTTP, timed out, recovered.
 
-`approval_service(runtime)` is the one `ApprovalService` of a runtime. It looks after every
+`runtime.approvals` is the one `ApprovalService` of a runtime, started and stopped with
+it (`CopilotRuntime.start()` / `aclose()`). It looks after every
 agent that keeps an approval ledger (`SupportsApprovals`: `LangGraphAgent`). Answering an
 approval resumes its graph on the server, as a run of the runtime like any other: it takes
 the thread (a busy thread is refused), and its events are stored in the thread's history,
 so a client that `connect`s later sees what happened. The run's own claim on the ledger is
 what decides a race between two answers; this service checks first only to answer clearly.
 
-`start()` (idempotent; the AG-UI routes call it on every request, the CLI at start-up)
-sends again the answers a crash interrupted, and runs the expiry timer: when an approval's
-`expiresAt` passes, its graph is resumed with a timeout answer (`decisions.timeout_answer`).
+`start()` (idempotent) sends again the answers a crash interrupted, and runs the expiry
+timer: when an approval's `expiresAt` passes, its graph is resumed with a timeout answer
+(`decisions.timeout_answer`). The service sits below the runtime: it reaches the runtime's
+agents and runs through the small `RunHost` interface, which `CopilotRuntime` implements.
 """
 
 from __future__ import annotations
@@ -18,42 +20,56 @@ import asyncio
 import contextlib
 import time
 import uuid
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
 from copilot_runtime import events as ev
-from copilot_runtime._exceptions import CopilotRuntimeError, ThreadBusyError
-from copilot_runtime._input import parse_run_input
-from copilot_runtime.events import Event
-from copilot_runtime.runtime import CopilotRuntime
-from copilot_runtime.workflows.approvals import (
-    Approval,
+from copilot_runtime._exceptions import (
     ApprovalClosedError,
     ApprovalNotFoundError,
+    CopilotRuntimeError,
+    ThreadBusyError,
+)
+from copilot_runtime._input import RunInput, parse_run_input
+from copilot_runtime._time import iso_time
+from copilot_runtime.approvals.decisions import timeout_answer
+from copilot_runtime.approvals.ledger import (
+    Approval,
     ApprovalStatus,
     ApprovalStore,
     SupportsApprovals,
-    iso_time,
 )
-from copilot_runtime.workflows.decisions import timeout_answer
+from copilot_runtime.events import Event
 
-__all__ = ["ApprovalService", "approval_service"]
+__all__ = ["ApprovalService", "HostedRun", "RunHost"]
 
 _log = structlog.get_logger("copilot_runtime.approvals")
-_services: weakref.WeakKeyDictionary[CopilotRuntime, ApprovalService] = \
-    weakref.WeakKeyDictionary()
 
 
-def approval_service(runtime: CopilotRuntime) -> ApprovalService:
-    """The runtime's approval service (created on first use)."""
-    service = _services.get(runtime)
-    if service is None:
-        service = _services[runtime] = ApprovalService(runtime)
-    return service
+class HostedRun(Protocol):
+    """A run the host has started: driven to its end by whoever holds it."""
+
+    thread_id: str
+    run_id: str
+
+    async def drive(self, write: Callable[[Sequence[Event]], Awaitable[None]]) -> None: ...
+
+
+class RunHost(Protocol):
+    """What the service needs of the runtime that owns it."""
+
+    @property
+    def agents(self) -> Mapping[str, object]: ...
+
+    def is_running(self, thread_id: str) -> bool:
+        """Whether a run is on the thread now (its checkpoint is in flux)."""
+        ...
+
+    async def start_run(self, agent_id: str, input: RunInput,
+                        headers: Mapping[str, str] | None = None) -> HostedRun: ...
 
 
 class ApprovalService:
@@ -64,8 +80,8 @@ class ApprovalService:
     #: servers on one PostgreSQL database, say); answers over HTTP work either way.
     run_timer = True
 
-    def __init__(self, runtime: CopilotRuntime) -> None:
-        self.runtime = runtime
+    def __init__(self, host: RunHost) -> None:
+        self.host = host
         self._timer: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
         self._runs: set[asyncio.Task[Any]] = set()
@@ -76,7 +92,7 @@ class ApprovalService:
     # -- what it looks after -----------------------------------------------------------
 
     def agents(self) -> dict[str, SupportsApprovals]:
-        return {agent_id: agent for agent_id, agent in self.runtime.agents.items()
+        return {agent_id: agent for agent_id, agent in self.host.agents.items()
                 if isinstance(agent, SupportsApprovals)}
 
     def _stores(self) -> list[tuple[ApprovalStore, dict[str, SupportsApprovals]]]:
@@ -147,7 +163,7 @@ class ApprovalService:
 
     async def _still_waiting(self, store: ApprovalStore, agent: SupportsApprovals,
                              approval: Approval) -> bool:
-        if approval.thread_id in self.runtime.runs.active:
+        if self.host.is_running(approval.thread_id):
             return True  # a run is on it: its checkpoint is in flux, trust the ledger
         if approval.id in await agent.pending_interrupt_ids(approval.thread_id):
             return True
@@ -178,7 +194,7 @@ class ApprovalService:
         if approval.expired_at(time.time()):
             self._wake()  # the timer resumes the graph with the timeout answer
             raise ApprovalClosedError(replace(approval, status="expired"))
-        if approval.thread_id not in self.runtime.runs.active and approval.id not in \
+        if not self.host.is_running(approval.thread_id) and approval.id not in \
                 await agent.pending_interrupt_ids(approval.thread_id):
             await agent.approvals.settle(approval.id, "withdrawn")
             raise ApprovalClosedError(replace(approval, status="withdrawn"))
@@ -188,7 +204,7 @@ class ApprovalService:
         if wait:
             summary = await asyncio.shield(task)
             error = summary.get("error") or {}
-            if str(error.get("code", "")).startswith("APPROVAL_"):
+            if error.get("code") in ApprovalClosedError.CODES:
                 # Another answer won the claim between our check and the run's.
                 raise ApprovalClosedError(await agent.approvals.get(approval.id) or approval)
             if summary["status"] == "interrupted":
@@ -209,7 +225,7 @@ class ApprovalService:
         }
         if approval.channel == "outcome":
             body["protocolVersion"] = "1.0"  # answer in the form its client understood
-        run = await self.runtime.start_run(approval.agent_id, parse_run_input(body),
+        run = await self.host.start_run(approval.agent_id, parse_run_input(body),
                                            headers)
         task = asyncio.create_task(_drive(run), name=run_id)
         self._runs.add(task)
@@ -281,7 +297,7 @@ class ApprovalService:
                     await store.settle(approval.id, "applied")
 
 
-async def _drive(run: Any) -> dict[str, Any]:
+async def _drive(run: HostedRun) -> dict[str, Any]:
     """Drive a server-side run to its end; what became of it."""
     terminal: list[Event] = []
     legacy_interrupt = False
@@ -290,7 +306,7 @@ async def _drive(run: Any) -> dict[str, Any]:
         nonlocal legacy_interrupt
         terminal.extend(e for e in batch if e["type"] in ev.TERMINAL_TYPES)
         legacy_interrupt = legacy_interrupt or any(
-            e["type"] == ev.CUSTOM and e.get("name") == "on_interrupt" for e in batch)
+            e["type"] == ev.CUSTOM and e.get("name") == ev.LEGACY_INTERRUPT for e in batch)
 
     summary: dict[str, Any] = {"threadId": run.thread_id, "runId": run.run_id}
     try:

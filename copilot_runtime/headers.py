@@ -1,4 +1,8 @@
-"""Which request headers an agent passes on to the service behind it.
+"""Which request headers reach an agent, and which it passes on to the service behind it.
+
+Every edge hands an agent the client's headers minus those of the connection
+(`forwardable`); each agent that calls another service passes on only what its
+`HeaderPolicy` allows.
 
 The TypeScript runtime forwards `authorization` and every `x-*` header of the client's
 request to remote agents, except a few that describe the hop to the runtime or are the
@@ -9,10 +13,10 @@ cookie of the frontend's origin is a credential the remote service was never mea
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_DENIED_HEADERS", "HOP_BY_HOP", "HeaderPolicy"]
+__all__ = ["DEFAULT_DENIED_HEADERS", "HOP_BY_HOP", "HeaderPolicy", "forwardable"]
 
 #: Never forwarded by the default policy: they describe the client's hop to this runtime,
 #: or are credentials of the runtime itself.
@@ -65,3 +69,13 @@ class HeaderPolicy:
     def select(self, headers: Mapping[str, str]) -> dict[str, str]:
         """The headers of `headers` this policy forwards, with lower-cased names."""
         return {name.lower(): value for name, value in headers.items() if self.allows(name)}
+
+
+def forwardable(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """A request's headers (ASGI pairs) for its agent: lower-cased, minus this connection's."""
+    out: dict[str, str] = {}
+    for key, value in raw:
+        name = key.decode("latin-1").lower()
+        if name not in HOP_BY_HOP:
+            out[name] = value.decode("latin-1")
+    return out

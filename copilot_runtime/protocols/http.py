@@ -14,10 +14,18 @@ from typing import Any
 
 import orjson
 
-from copilot_runtime._exceptions import PayloadTooLargeError
+from copilot_runtime._exceptions import (
+    AgentNotFoundError,
+    ApprovalClosedError,
+    ClientDisconnected,
+    InvalidRequestError,
+    PayloadTooLargeError,
+    RequestError,
+)
 from copilot_runtime._limits import replayable
 from copilot_runtime._runs import ActiveRun
 from copilot_runtime.events import Event
+from copilot_runtime.headers import forwardable
 
 __all__ = [
     "ASGIApp",
@@ -27,8 +35,11 @@ __all__ = [
     "Scope",
     "Send",
     "encode_sse",
+    "error_body",
     "read_body",
+    "send_error",
     "send_json",
+    "send_method_not_allowed",
     "stream_events",
     "stream_run",
 ]
@@ -106,6 +117,10 @@ class Request:
         value = self.headers.get(name.encode())
         return value.decode("latin-1") if value is not None else None
 
+    def forwardable_headers(self) -> dict[str, str]:
+        """The headers an agent receives (each passes on only what its policy allows)."""
+        return forwardable(self.headers.items())
+
     def is_json(self) -> bool:
         content_type = self.headers.get(b"content-type", b"")
         return content_type.split(b";", 1)[0].strip().lower() in (
@@ -129,7 +144,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            raise ConnectionAbortedError
+            raise ClientDisconnected
         body = message.get("body", b"")
         more = message.get("more_body", False)
         if body:
@@ -169,6 +184,44 @@ async def send_json(request: Request, status: int, payload: Any,
                     extra_headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
     body = orjson.dumps(payload)
     await send_bytes(request, status, body, [_JSON, *extra_headers])
+
+
+#: The `error` title of an answer, by code: the TypeScript runtime's words where it has them.
+_TITLES = {
+    "THREAD_BUSY": "Thread busy",
+    "PAYLOAD_TOO_LARGE": "Payload too large",
+    "APPROVAL_ERROR": "Approval error",
+    "APPROVAL_NOT_FOUND": "Approval not found",
+    "APPROVAL_EXPIRED": "Approval expired",
+    "APPROVAL_ALREADY_ANSWERED": "Approval already answered",
+    "APPROVAL_WITHDRAWN": "Approval withdrawn",
+    "INTERRUPT_NOT_PENDING": "Nothing to resume",
+}
+
+
+def error_body(exc: RequestError) -> dict[str, Any]:
+    """The JSON answer of a request that cannot be served (the one mapping every edge uses
+    for plain HTTP answers; its status is `exc.status`)."""
+    if isinstance(exc, InvalidRequestError):
+        body: dict[str, Any] = {"error": exc.message}
+        if exc.details is not None:
+            body["details"] = exc.details
+        return body
+    if isinstance(exc, AgentNotFoundError):
+        return {"error": "Agent not found", "message": exc.message}
+    body = {"error": _TITLES.get(exc.code, "Bad request"), "message": exc.message,
+            "code": exc.code}
+    if isinstance(exc, ApprovalClosedError):
+        body["approval"] = exc.approval.to_json()
+    return body
+
+
+async def send_error(request: Request, exc: RequestError) -> None:
+    await send_json(request, exc.status, error_body(exc))
+
+
+async def send_method_not_allowed(request: Request, allow: bytes) -> None:
+    await send_json(request, 405, {"error": "Method not allowed"}, [(b"allow", allow)])
 
 
 async def send_bytes(request: Request, status: int, body: bytes,

@@ -20,17 +20,11 @@ from typing import Any
 
 from ag_ui.core import ResumeEntry, RunAgentInput
 
+from copilot_runtime._exceptions import ApprovalClosedError, NothingToResumeError
 from copilot_runtime._input import RunInput
-from copilot_runtime.workflows.approvals import (
-    Approval,
-    ApprovalClosedError,
-    ApprovalStore,
-    Channel,
-    NothingToResumeError,
-    iso_time,
-    parse_time,
-)
-from copilot_runtime.workflows.decisions import timeout_answer
+from copilot_runtime._time import iso_time, parse_time
+from copilot_runtime.approvals.decisions import timeout_answer
+from copilot_runtime.approvals.ledger import Approval, ApprovalStore, Channel
 
 __all__ = ["Claims", "claim_resume", "record_interrupts"]
 
@@ -61,14 +55,14 @@ async def claim_resume(store: ApprovalStore, *, agent_id: str, input: RunInput,
     entries = [e for e in model.resume or ()
                if e.status == "cancelled" or e.payload not in (None, {})]
     if len(entries) != len(model.resume or ()):
-        model = model.model_copy(update={"resume": entries or None})
-        input = RunInput(model, input.raw)
+        input = input.replace(resume=entries or None)
+        model = input.model
     command = _legacy_command(model)
     if command == {}:
         command = None
-        props = {k: v for k, v in (model.forwarded_props or {}).items() if k != "command"}
-        model = model.model_copy(update={"forwarded_props": props})
-        input = RunInput(model, input.raw)
+        input = input.replace(forwarded_props={
+            k: v for k, v in (model.forwarded_props or {}).items() if k != "command"})
+        model = input.model
     if not entries and command is None:
         return Claims(input)
     if not entries:
@@ -87,8 +81,9 @@ async def claim_resume(store: ApprovalStore, *, agent_id: str, input: RunInput,
         # standard entry the bridge takes its documented path (and logs no deprecation).
         entries = [ResumeEntry(interrupt_id=next(iter(pending)), status="resolved",
                                payload=_json_or_text(command))]
-        props = {k: v for k, v in (model.forwarded_props or {}).items() if k != "command"}
-        model = model.model_copy(update={"forwarded_props": props})
+        input = input.replace(forwarded_props={
+            k: v for k, v in (model.forwarded_props or {}).items() if k != "command"})
+        model = input.model
     now = time.time()
     answers: dict[str, Any] = {}
     for entry in entries:
@@ -103,8 +98,7 @@ async def claim_resume(store: ApprovalStore, *, agent_id: str, input: RunInput,
             value=(values or {}).get(entry.interrupt_id))
     resume = [entry.model_copy(update={"payload": answers[entry.interrupt_id],
                                        "status": "resolved"}) for entry in entries]
-    updated = model.model_copy(update={"resume": resume})
-    return Claims(RunInput(updated, input.raw), list(answers))
+    return Claims(input.replace(resume=resume), list(answers))
 
 
 def _json_or_text(value: Any) -> Any:

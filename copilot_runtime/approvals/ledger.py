@@ -25,23 +25,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from copilot_runtime._exceptions import RequestError
+from copilot_runtime._time import iso_time
 
 __all__ = [
     "Approval",
-    "ApprovalClosedError",
-    "ApprovalError",
-    "ApprovalNotFoundError",
     "ApprovalStatus",
     "ApprovalStore",
+    "Channel",
     "MemoryApprovalStore",
-    "NothingToResumeError",
     "SupportsApprovals",
-    "iso_time",
-    "parse_time",
 ]
 
 ApprovalStatus = Literal["pending", "answered", "expired", "withdrawn"]
@@ -88,26 +82,6 @@ class Approval:
                        answeredAt=iso_time(self.answered_at) if self.answered_at else None,
                        applied=self.applied)
         return out
-
-
-def iso_time(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z")
-
-
-def parse_time(value: Any) -> float | None:
-    """An ISO 8601 time (as AG-UI's `expiresAt`) or epoch seconds; None if neither."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)  # a time without a zone is taken as UTC
-    return parsed.timestamp()
 
 
 @runtime_checkable
@@ -234,42 +208,3 @@ class MemoryApprovalStore(_Listeners):
 
     async def aclose(self) -> None:
         return None
-
-
-class ApprovalError(RequestError):
-    """An approval cannot be answered; `status` is the HTTP status the route answers with."""
-
-    code = "APPROVAL_ERROR"
-
-
-class ApprovalNotFoundError(ApprovalError):
-    status = 404
-    code = "APPROVAL_NOT_FOUND"
-
-    def __init__(self, approval_id: str) -> None:
-        super().__init__(f"No approval '{approval_id}'")
-
-
-class ApprovalClosedError(ApprovalError):
-    """Answered already (409), expired (410), or withdrawn (409)."""
-
-    def __init__(self, approval: Approval) -> None:
-        self.approval = approval
-        if approval.status == "expired":
-            self.status, self.code = 410, "APPROVAL_EXPIRED"
-            when = iso_time(approval.expires_at) if approval.expires_at else "its deadline"
-            message = f"Approval '{approval.id}' expired at {when}"
-        elif approval.status == "withdrawn":
-            self.status, self.code = 409, "APPROVAL_WITHDRAWN"
-            message = f"Approval '{approval.id}' is no longer waiting for an answer"
-        else:
-            self.status, self.code = 409, "APPROVAL_ALREADY_ANSWERED"
-            by = f" by {approval.answered_by}" if approval.answered_by else ""
-            when = f" at {iso_time(approval.answered_at)}" if approval.answered_at else ""
-            message = f"Approval '{approval.id}' was already answered{by}{when}"
-        super().__init__(message)
-
-
-class NothingToResumeError(ApprovalError):
-    status = 409
-    code = "INTERRUPT_NOT_PENDING"

@@ -1,0 +1,34 @@
+"""Timestamps as the wire protocols write them: ISO 8601 in UTC with milliseconds and `Z`."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = ["iso_time", "now_iso", "parse_time"]
+
+
+def iso_time(timestamp: float) -> str:
+    """`2026-01-02T03:04:05.678Z` for epoch seconds."""
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
+def now_iso() -> str:
+    return iso_time(time.time())
+
+
+def parse_time(value: Any) -> float | None:
+    """An ISO 8601 time (as AG-UI's `expiresAt`) or epoch seconds; None if neither."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)  # a time without a zone is taken as UTC
+    return parsed.timestamp()

@@ -1,0 +1,283 @@
+"""The order of one run's events, kept once, in the core, for every agent and both edges.
+
+AG-UI clients fail a run whose events break their rules (content only inside an open
+message, arguments only inside an open tool call, nothing after the run's end, ...), and
+agents produce events in several ways: the built-in agent, LangGraph graphs through their
+translator, remote AG-UI servers. Two tools keep every run in order:
+
+* `RunEventOrder` is what the runtime applies to each run, whatever its agent: `*_CHUNK`
+  events expanded into START/CONTENT/END (as the clients' own `transformChunks` does),
+  empty deltas, a second `RUN_STARTED` and anything after the end dropped, and whatever is
+  still open closed before the run ends. It repairs; it never fails a run. The wire edges
+  and the thread stores see its output only, so none of them handles chunks.
+* `OrderChecker` says what is wrong with an event, for the places that must not repair:
+  a remote agent that breaks the rules fails its run with a message naming the mistake
+  (`agents.http`), and `testing.verify_events` fails a test.
+
+The common event (a content or argument delta) costs two comparisons in `RunEventOrder`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from copilot_runtime import events as ev
+from copilot_runtime.events import Event
+
+__all__ = [
+    "REQUIRED_FIELDS",
+    "ChunkError",
+    "ChunkState",
+    "OrderChecker",
+    "RunEventOrder",
+    "expand_chunk",
+    "expand_chunks",
+]
+
+_CHUNKS: Final = frozenset({ev.TEXT_MESSAGE_CHUNK, ev.TOOL_CALL_CHUNK})
+# The string fields each tracked event must carry for the order rules to make sense.
+REQUIRED_FIELDS: Final[dict[str, tuple[str, ...]]] = {
+    ev.TEXT_MESSAGE_START: ("messageId",),
+    ev.TEXT_MESSAGE_CONTENT: ("messageId", "delta"),
+    ev.TEXT_MESSAGE_END: ("messageId",),
+    ev.TOOL_CALL_START: ("toolCallId", "toolCallName"),
+    ev.TOOL_CALL_ARGS: ("toolCallId", "delta"),
+    ev.TOOL_CALL_END: ("toolCallId",),
+    ev.TOOL_CALL_RESULT: ("messageId", "toolCallId", "content"),
+    ev.RUN_ERROR: ("message",),
+}
+
+
+class ChunkError(ValueError):
+    """A first `*_CHUNK` event that cannot open its message or call (internal: the caller
+    turns it into its own error, or drops the event)."""
+
+
+class ChunkState:
+    """Which message and tool call the `*_CHUNK` events of a run are filling."""
+
+    __slots__ = ("call", "text")
+
+    def __init__(self) -> None:
+        self.text: str | None = None
+        self.call: str | None = None
+
+    def close(self, next_event: Event | None, out: list[Event]) -> None:
+        """End a chunked message or call when another kind of event follows it."""
+        if self.text is not None:
+            if not (next_event is not None and next_event["type"] == ev.TEXT_MESSAGE_END
+                    and next_event.get("messageId") == self.text):
+                out.append(ev.text_message_end(self.text))
+            self.text = None
+        if self.call is not None:
+            if not (next_event is not None and next_event["type"] == ev.TOOL_CALL_END
+                    and next_event.get("toolCallId") == self.call):
+                out.append(ev.tool_call_end(self.call))
+            self.call = None
+
+
+def expand_chunk(event: Event, chunks: ChunkState, out: list[Event]) -> None:
+    """One `*_CHUNK` event as the START/CONTENT (or ARGS) events it stands for."""
+    if event["type"] == ev.TEXT_MESSAGE_CHUNK:
+        message_id = event.get("messageId") or chunks.text
+        if not isinstance(message_id, str):
+            raise ChunkError("a first TEXT_MESSAGE_CHUNK without a messageId")
+        if message_id != chunks.text:
+            chunks.close(None, out)
+            out.append(ev.text_message_start(message_id, event.get("role") or "assistant"))
+            chunks.text = message_id
+        if event.get("delta"):
+            out.append(ev.text_message_content(message_id, event["delta"]))
+        return
+    call_id = event.get("toolCallId") or chunks.call
+    if not isinstance(call_id, str):
+        raise ChunkError("a first TOOL_CALL_CHUNK without a toolCallId")
+    if call_id != chunks.call:
+        chunks.close(None, out)
+        name = event.get("toolCallName")
+        if not isinstance(name, str):
+            raise ChunkError("a first TOOL_CALL_CHUNK without a toolCallName")
+        out.append(ev.tool_call_start(call_id, name, event.get("parentMessageId")))
+        chunks.call = call_id
+    if event.get("delta"):
+        out.append(ev.tool_call_args(call_id, event["delta"]))
+
+
+def expand_chunks(events: Sequence[Event], chunks: ChunkState) -> list[Event]:
+    """`events` with their chunks expanded (and chunked messages closed when others follow)."""
+    out: list[Event] = []
+    for event in events:
+        if event["type"] in _CHUNKS:
+            expand_chunk(event, chunks, out)
+        else:
+            chunks.close(event, out)
+            out.append(event)
+    return out
+
+
+class RunEventOrder:
+    """Keeps one run's events in the order clients accept, repairing what an agent left.
+
+    `normalize(batch)` returns the batch to send (the same list when nothing changes);
+    `closing_events()` the ends of whatever is still open, for a run that ends early.
+    """
+
+    __slots__ = ("_calls", "_chunks", "_steps", "_text", "run_id", "terminated", "thread_id")
+
+    def __init__(self, thread_id: str, run_id: str) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.terminated = False
+        self._text: dict[str, None] = {}
+        self._calls: dict[str, None] = {}
+        self._steps: dict[str, None] = {}
+        self._chunks = ChunkState()
+
+    def normalize(self, batch: Sequence[Event]) -> Sequence[Event]:
+        return self._pass(batch, self._chunks)
+
+    def _pass(self, batch: Sequence[Event], chunks: ChunkState | None) -> Sequence[Event]:
+        """`normalize`; without `chunks` for events that came out of the chunk expansion."""
+        out: list[Event] | None = None
+        for index, event in enumerate(batch):
+            kind = event["type"]
+            drop = False
+            extra: list[Event] | None = None
+            if kind == ev.TEXT_MESSAGE_CONTENT or kind == ev.TOOL_CALL_ARGS:
+                if chunks is None or (chunks.text is None and chunks.call is None) \
+                        or self.terminated:
+                    drop = not event.get("delta")
+                else:
+                    extra, drop = self._expand(event), True
+            elif self.terminated:
+                drop = True
+            elif chunks is not None and (kind in _CHUNKS or chunks.text is not None
+                                         or chunks.call is not None):
+                extra, drop = self._expand(event), True
+            elif kind == ev.TEXT_MESSAGE_START:
+                self._text[event["messageId"]] = None
+            elif kind == ev.TEXT_MESSAGE_END:
+                drop = self._text.pop(event["messageId"], 0) is not None
+            elif kind == ev.TOOL_CALL_START:
+                self._calls[event["toolCallId"]] = None
+            elif kind == ev.TOOL_CALL_END:
+                drop = self._calls.pop(event["toolCallId"], 0) is not None
+            elif kind == ev.STEP_STARTED:
+                self._steps[event.get("stepName", "")] = None
+            elif kind == ev.STEP_FINISHED:
+                self._steps.pop(event.get("stepName", ""), None)
+            elif kind == ev.RUN_STARTED:
+                drop = True  # the runtime already sent the run's RUN_STARTED
+            elif kind in ev.TERMINAL_TYPES:
+                extra = self.closing_events()
+                if kind == ev.RUN_FINISHED and (event.get("threadId") != self.thread_id
+                                                or event.get("runId") != self.run_id):
+                    event = {**event, "threadId": self.thread_id, "runId": self.run_id}
+                    out = list(batch[:index]) if out is None else out
+                self.terminated = True
+            if drop or extra or out is not None:
+                if out is None:
+                    out = list(batch[:index])
+                if extra:
+                    out.extend(extra)
+                if not drop:
+                    out.append(event)
+        return batch if out is None else out
+
+    def _expand(self, event: Event) -> list[Event]:
+        """A chunk, or the first event after chunks, through the chunk expansion; the
+        expanded events pass through `normalize` so they are tracked like any other."""
+        expanded: list[Event] = []
+        if event["type"] in _CHUNKS:
+            try:
+                expand_chunk(event, self._chunks, expanded)
+            except ChunkError:
+                return []  # a chunk that names nothing to fill: nothing a client could show
+        else:
+            self._chunks.close(event, expanded)
+            expanded.append(event)
+        return list(self._pass(expanded, None))
+
+    def closing_events(self) -> list[Event]:
+        tail: list[Event] = [ev.text_message_end(m) for m in self._text]
+        tail.extend(ev.tool_call_end(c) for c in self._calls)
+        tail.extend(ev.step_finished(s) for s in self._steps)
+        self._text.clear()
+        self._calls.clear()
+        self._steps.clear()
+        self._chunks.text = self._chunks.call = None
+        return tail
+
+
+class OrderChecker:
+    """The order rules as checks: `check(event)` says what is wrong with it, or None (the
+    answer reads after the event's type: "TEXT_MESSAGE_END for message 'm', which is not
+    open").
+
+    Chunks must be expanded first (`expand_chunks`). With `run_started_first`, the events
+    must start with `RUN_STARTED` (a whole stream, as `verify_events` sees it); without,
+    they are the middle of a run (what a remote agent sends after its own start).
+    """
+
+    __slots__ = ("_calls", "_steps", "_text", "finished", "running")
+
+    def __init__(self, *, run_started_first: bool = True) -> None:
+        self.running = not run_started_first
+        self.finished = False
+        self._text: set[str] = set()
+        self._calls: set[str] = set()
+        self._steps: set[str] = set()
+
+    @property
+    def open(self) -> list[str]:
+        return sorted(self._text) + sorted(self._calls) + sorted(self._steps)
+
+    def check(self, event: Event) -> str | None:
+        kind = event.get("type")
+        for key in REQUIRED_FIELDS.get(str(kind), ()):
+            if not isinstance(event.get(key), str):
+                return f"without a string '{key}'"
+        if kind == ev.RUN_STARTED:
+            if self.running:
+                return "while a run is already started"
+            self.running, self.finished = True, False
+            return None
+        if not self.running:
+            return "after the run ended" if self.finished else "before RUN_STARTED"
+        if kind == ev.TEXT_MESSAGE_START:
+            if event["messageId"] in self._text:
+                return f"for message '{event['messageId']}', which is already open"
+            self._text.add(event["messageId"])
+        elif kind == ev.TEXT_MESSAGE_CONTENT or kind == ev.TEXT_MESSAGE_END:
+            if event["messageId"] not in self._text:
+                return f"for message '{event['messageId']}', which is not open"
+            if kind == ev.TEXT_MESSAGE_END:
+                self._text.discard(event["messageId"])
+            elif not event["delta"]:
+                return "with an empty delta"
+        elif kind == ev.TOOL_CALL_START:
+            if event["toolCallId"] in self._calls:
+                return f"for tool call '{event['toolCallId']}', which is already open"
+            self._calls.add(event["toolCallId"])
+        elif kind == ev.TOOL_CALL_ARGS or kind == ev.TOOL_CALL_END:
+            if event["toolCallId"] not in self._calls:
+                return f"for tool call '{event['toolCallId']}', which is not open"
+            if kind == ev.TOOL_CALL_END:
+                self._calls.discard(event["toolCallId"])
+        elif kind == ev.STEP_STARTED:
+            self._steps.add(str(event.get("stepName")))
+        elif kind == ev.STEP_FINISHED:
+            if str(event.get("stepName")) not in self._steps:
+                return f"for step '{event.get('stepName')}', which is not open"
+            self._steps.discard(str(event.get("stepName")))
+        elif kind == ev.RUN_FINISHED:
+            if self.open:
+                return f"while {', '.join(self.open)} are still open"
+            self.running, self.finished = False, True
+        elif kind == ev.RUN_ERROR:
+            self.running, self.finished = False, True
+            self._text.clear()
+            self._calls.clear()
+            self._steps.clear()
+        return None

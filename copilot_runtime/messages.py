@@ -1,0 +1,304 @@
+"""Every conversion of a conversation between the shapes it takes, in one place.
+
+The runtime's own shape is the AG-UI message as JSON (camelCase dicts: `{"id", "role",
+"content", "toolCalls", "toolCallId"}`); each other shape converts to or from it here:
+
+* `from_graphql_inputs`: the `MessageInput`s of a 1.x GraphQL request.
+* `to_json_representation` / `from_json_representation`: the JSON representation react-core
+  1.10 loads and saves, and a `copilotkit` SDK remote endpoint answers `/agents/state` with.
+* `to_legacy`: the typed messages a `copilotkit` SDK remote endpoint reads.
+* `to_openai`: Chat Completions messages (from the validated `ag_ui.core` models).
+* `text_of`: the text of any message content.
+
+Streams of events become messages in `_compaction.events_to_messages`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+import orjson
+from ag_ui.core import (
+    AssistantMessage,
+    DeveloperMessage,
+    Message,
+    SystemMessage,
+    ToolMessage,
+    UserMessage,
+)
+
+from copilot_runtime._exceptions import JSONTooDeepError
+from copilot_runtime._limits import check_json_text
+
+__all__ = [
+    "from_graphql_inputs",
+    "from_json_representation",
+    "text_of",
+    "to_json_representation",
+    "to_legacy",
+    "to_openai",
+]
+
+# The SDK requires `createdAt` on legacy messages and never reads it.
+_CREATED_AT = "1970-01-01T00:00:00.000Z"
+# Not sent back to a 1.10 client: it rebuilds its system prompt for every request.
+_HIDDEN_ROLES = frozenset({"system", "developer"})
+
+
+def to_legacy(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """AG-UI messages → the typed messages a `copilotkit` SDK remote endpoint reads
+    (`/agents/execute`): `TextMessage`, `ActionExecutionMessage`, `ResultMessage`."""
+    out: list[dict[str, Any]] = []
+    call_names: dict[str, str] = {}
+    for message in messages:
+        role, message_id = message.get("role"), str(message.get("id") or uuid.uuid4())
+        content = message.get("content")
+        if isinstance(content, list):  # multimodal parts: the legacy format has text only
+            content = text_of(content)
+        if role in ("user", "system", "developer") or (role == "assistant" and content):
+            out.append({"id": message_id, "createdAt": _CREATED_AT, "type": "TextMessage",
+                        "role": "system" if role == "developer" else role,
+                        "content": content or ""})
+        if role == "assistant":
+            for call in message.get("toolCalls") or ():
+                function = call.get("function") or {}
+                call_names[call["id"]] = function.get("name", "")
+                arguments = _arguments(function.get("arguments"))
+                out.append({"id": call["id"], "createdAt": _CREATED_AT,
+                            "type": "ActionExecutionMessage", "name": function.get("name", ""),
+                            "arguments": arguments, "parentMessageId": message_id})
+        elif role == "tool":
+            call_id = str(message.get("toolCallId") or "")
+            out.append({"id": message_id, "createdAt": _CREATED_AT, "type": "ResultMessage",
+                        "actionExecutionId": call_id,
+                        "actionName": call_names.get(call_id, ""),
+                        "result": content if isinstance(content, str) else ""})
+    return out
+
+
+def from_json_representation(items: Any) -> list[dict[str, Any]]:
+    """The JSON message representation (what a remote endpoint's `/agents/state` answers,
+    what react-core 1.10 saves) → AG-UI messages.
+
+    Its items are told apart by their keys: `content` a text, `arguments` a tool call of the
+    assistant message `parentMessageId`, `result` a tool result; agent-state items are not
+    conversation and are left out.
+    """
+    out: list[dict[str, Any]] = []
+    by_id: dict[str, dict[str, Any]] = {}
+    for item in items if isinstance(items, list) else ():
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+            continue
+        if "arguments" in item:
+            parent_id = str(item.get("parentMessageId") or item["id"])
+            parent = by_id.get(parent_id)
+            if parent is None or parent.get("role") != "assistant":
+                parent = by_id[parent_id] = {"id": parent_id, "role": "assistant"}
+                out.append(parent)
+            arguments = item["arguments"]
+            parent.setdefault("toolCalls", []).append({
+                "id": item["id"], "type": "function", "function": {
+                    "name": str(item.get("name") or ""),
+                    "arguments": arguments if isinstance(arguments, str)
+                    else orjson.dumps(arguments).decode()}})
+        elif "result" in item:
+            result = item["result"]
+            out.append({"id": item["id"], "role": "tool",
+                        "toolCallId": str(item.get("actionExecutionId") or ""),
+                        "content": result if isinstance(result, str)
+                        else orjson.dumps(result).decode()})
+        elif "content" in item and item.get("role") in ("user", "assistant", "system"):
+            message = {"id": item["id"], "role": item["role"],
+                       "content": str(item.get("content") or "")}
+            by_id[item["id"]] = message
+            out.append(message)
+    return out
+
+
+def to_json_representation(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """AG-UI messages → the JSON representation react-core 1.10 loads
+    (`loadMessagesFromJsonRepresentation`, which tells items apart by their keys:
+    `content` a text, `arguments` a tool call, `result` a tool result).
+
+    System and developer messages are left out: the 1.10 client rebuilds its system prompt
+    for every request, so a loaded one would be sent twice.
+    """
+    out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}
+    answered: set[str] = set()
+    for message in messages:
+        role = message.get("role")
+        message_id = message.get("id")
+        if role in _HIDDEN_ROLES or not isinstance(message_id, str):
+            continue
+        if role == "tool":
+            call_id = message.get("toolCallId")
+            if not isinstance(call_id, str) or call_id in answered:
+                continue  # the same result stored twice (by the run and by the follow-up)
+            answered.add(call_id)
+            out.append({"id": message_id, "actionExecutionId": call_id,
+                        "actionName": names.get(call_id, ""),
+                        "result": text_of(message.get("content"))})
+            continue
+        content = text_of(message.get("content"))
+        calls = message.get("toolCalls") or ()
+        if role in ("user", "assistant") and (content or not calls):
+            item: dict[str, Any] = {"id": message_id, "role": role, "content": content}
+            if role == "assistant":
+                item["parentMessageId"] = message_id
+            out.append(item)
+        for call in calls:
+            function = call.get("function") or {}
+            names[call["id"]] = function.get("name", "")
+            arguments = _arguments(function.get("arguments"))
+            out.append({"id": call["id"], "name": function.get("name", ""),
+                        "arguments": arguments, "parentMessageId": message_id})
+    return out
+
+
+def text_of(content: Any) -> str:
+    """The text of a message's content: a string as it is, or its text parts joined
+    (parts as JSON dicts or `ag_ui.core` models); "" for anything else."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, Mapping):
+                if part.get("type") == "text":
+                    texts.append(str(part.get("text") or ""))
+            elif getattr(part, "type", None) == "text":
+                texts.append(str(getattr(part, "text", "") or ""))
+        return "".join(texts)
+    return ""
+
+
+def from_graphql_inputs(messages: Collection[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The 1.x GraphQL `MessageInput`s → AG-UI messages, in model-ready order."""
+    out: list[dict[str, Any]] = []
+    ids: set[str] = set()
+    turn: dict[str, dict[str, Any]] = {}  # the current answer's assistant messages, by id
+    calls: set[str] = set()
+    answered: set[str] = set()
+
+    def add(message: dict[str, Any]) -> dict[str, Any]:
+        out.append(message)
+        ids.add(message["id"])
+        return message
+
+    for item in messages:
+        message_id = item["id"]
+        text = item.get("textMessage")
+        call = item.get("actionExecutionMessage")
+        result = item.get("resultMessage")
+        image = item.get("imageMessage")
+        if text is not None:
+            role = text["role"]
+            if role == "assistant":
+                existing = turn.get(message_id)
+                if existing is not None:  # its tool calls came first
+                    existing["content"] = text["content"]
+                else:
+                    turn[message_id] = add({"id": message_id, "role": "assistant",
+                                            "content": text["content"]})
+                continue
+            if role == "tool":
+                continue  # a tool message needs the call it answers, which text cannot name
+            turn = {}
+            add({"id": message_id, "role": "user" if role == "user" else "developer",
+                 "content": text["content"]})
+        elif call is not None:
+            parent = call.get("parentMessageId")
+            target = turn.get(parent) if parent else None
+            if target is None:
+                own_id = parent if parent and parent not in ids else message_id
+                target = add({"id": own_id, "role": "assistant"})
+                turn[own_id] = target
+                if parent:
+                    turn[parent] = target
+            target.setdefault("toolCalls", []).append({
+                "id": message_id, "type": "function",
+                "function": {"name": call["name"], "arguments": call["arguments"]}})
+            calls.add(message_id)
+        elif result is not None:
+            call_id = result["actionExecutionId"]
+            if call_id in calls and call_id not in answered:
+                answered.add(call_id)
+                add({"id": message_id, "role": "tool", "toolCallId": call_id,
+                     "content": result["result"]})
+        elif image is not None:
+            turn = {}
+            add({"id": message_id, "role": "user", "content": [{
+                "type": "image", "source": {"type": "data", "value": image["bytes"],
+                                            "mimeType": f"image/{image['format']}"}}]})
+        # agentStateMessage: UI state, never model input
+    return out
+
+
+def to_openai(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """AG-UI messages (`ag_ui.core` models) → Chat Completions messages."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if isinstance(message, UserMessage):
+            out.append({"role": "user", "content": _openai_user_content(message.content)})
+        elif isinstance(message, AssistantMessage):
+            item: dict[str, Any] = {"role": "assistant", "content": _text(message.content)}
+            if message.tool_calls:
+                item["tool_calls"] = [
+                    {"id": c.id, "type": "function",
+                     "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                    for c in message.tool_calls
+                ]
+            if item["content"] is None and "tool_calls" not in item:
+                item["content"] = ""
+            out.append(item)
+        elif isinstance(message, ToolMessage):
+            content = _text(message.content) or ""
+            if message.error:
+                content = content or f"Error: {message.error}"
+            out.append({"role": "tool", "tool_call_id": message.tool_call_id,
+                        "content": content})
+        elif isinstance(message, SystemMessage):
+            out.append({"role": "system", "content": _text(message.content) or ""})
+        elif isinstance(message, DeveloperMessage):
+            out.append({"role": "developer", "content": _text(message.content) or ""})
+        # activity and reasoning messages are UI state, not model input
+    return out
+
+
+def _text(content: Any) -> str | None:
+    return None if content is None else text_of(content)
+
+
+def _openai_user_content(content: Any) -> Any:
+    if isinstance(content, str):
+        return content
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        kind = getattr(part, "type", None)
+        if kind == "text":
+            parts.append({"type": "text", "text": part.text})
+        elif kind == "image":
+            source = part.source
+            if source.type == "url":
+                url = source.value
+            else:
+                url = f"data:{source.mime_type or 'image/png'};base64,{source.value}"
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        elif kind == "document" and getattr(part.source, "type", None) == "data":
+            parts.append({"type": "file", "file": {
+                "file_data": f"data:{part.source.mime_type or 'application/pdf'};base64,"
+                             f"{part.source.value}"}})
+        # audio and video have no Chat Completions input form; they are left out
+    return parts
+
+
+def _arguments(text: Any) -> Any:
+    """Tool-call arguments decoded for the 1.10 protocol; {} when malformed or nested too
+    deep to re-encode (as text they may be any depth; decoded, they are held to the bound)."""
+    try:
+        return check_json_text(text or "{}", "Arguments")
+    except (orjson.JSONDecodeError, JSONTooDeepError, TypeError):
+        return {}

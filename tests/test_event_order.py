@@ -1,0 +1,122 @@
+"""One run's events in the order clients accept, kept once in the core (`event_order`).
+
+Whatever an agent yields (chunks, missing ends, empty deltas, its own RUN_STARTED, events
+after its end), the run that reaches the edges and the thread store verifies; and the
+strict checker names what a broken stream did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from copilot_runtime import Agent, CopilotRuntime, RunContext, RunInput
+from copilot_runtime import events as ev
+from copilot_runtime.event_order import OrderChecker, RunEventOrder
+from copilot_runtime.events import EventBatches
+from copilot_runtime.testing import EventOrderError, verify_events
+from tests.conftest import ServeRuntime, run_input, text_of
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@st.composite
+def agent_streams(draw: st.DrawFn) -> list[list[dict[str, Any]]]:
+    """What an agent might yield: well-formed pieces, chunked pieces, pieces left open."""
+    events: list[dict[str, Any]] = []
+    for n in range(draw(st.integers(0, 6))):
+        kind = draw(st.sampled_from(["text", "call", "text_chunks", "call_chunks", "step",
+                                     "noise"]))
+        deltas = draw(st.lists(st.sampled_from(["", "a", "bc", "{}"]), max_size=3))
+        closed = draw(st.booleans())
+        if kind == "text":
+            events.append(ev.text_message_start(f"m{n}"))
+            events += [ev.text_message_content(f"m{n}", d) for d in deltas]
+            events += [ev.text_message_end(f"m{n}")] if closed else []
+        elif kind == "call":
+            events.append(ev.tool_call_start(f"c{n}", "tool"))
+            events += [ev.tool_call_args(f"c{n}", d) for d in deltas]
+            events += [ev.tool_call_end(f"c{n}")] if closed else []
+        elif kind == "text_chunks":
+            events.append({"type": ev.TEXT_MESSAGE_CHUNK, "messageId": f"m{n}", "delta": "x"})
+            events += [{"type": ev.TEXT_MESSAGE_CHUNK, "delta": d} for d in deltas]
+            events += [ev.text_message_end(f"m{n}")] if closed else []
+        elif kind == "call_chunks":
+            events.append({"type": ev.TOOL_CALL_CHUNK, "toolCallId": f"c{n}",
+                           "toolCallName": "tool", "delta": "{"})
+            events += [{"type": ev.TOOL_CALL_CHUNK, "delta": d} for d in deltas]
+        elif kind == "step":
+            events.append(ev.step_started(f"s{n}"))
+            events += [ev.step_finished(f"s{n}")] if closed else []
+        else:
+            events.append(ev.run_started("other", "run"))
+            events.append(ev.state_snapshot({"n": n}))
+    if draw(st.booleans()):
+        events.append(ev.run_finished("agent-thread", "agent-run"))
+        events.append(ev.text_message_start("late"))  # after the end: dropped
+    cuts = sorted(draw(st.sets(st.integers(0, len(events)), max_size=4)))
+    return [events[a:b] for a, b in zip([0, *cuts], [*cuts, len(events)], strict=True)]
+
+
+def run_through_the_core(batches: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    order = RunEventOrder("t", "r")
+    out = [ev.run_started("t", "r")]
+    for batch in batches:
+        out += order.normalize(batch)
+    if not order.terminated:  # what the run manager adds when the agent just stops
+        out += [*order.closing_events(), ev.run_finished("t", "r")]
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(agent_streams())
+def test_whatever_an_agent_yields_the_run_verifies(batches: list[list[dict[str, Any]]]) -> None:
+    events = run_through_the_core(batches)
+    verify_events(events)
+    assert not {e["type"] for e in events} & {ev.TEXT_MESSAGE_CHUNK, ev.TOOL_CALL_CHUNK}
+    assert events[-1] == ev.run_finished("t", "r")
+
+
+def test_a_well_formed_batch_is_passed_through_untouched() -> None:
+    batch = [ev.text_message_start("m"), ev.text_message_content("m", "hi")]
+    assert RunEventOrder("t", "r").normalize(batch) is batch
+
+
+def test_the_checker_names_the_mistake() -> None:
+    checker = OrderChecker()
+    assert checker.check(ev.text_message_start("m")) == "before RUN_STARTED"
+    assert checker.check(ev.run_started("t", "r")) is None
+    assert checker.check(ev.text_message_content("x", "a")) == (
+        "for message 'x', which is not open")
+    assert checker.check(ev.tool_call_start("c", "f")) is None
+    assert checker.check(ev.run_finished("t", "r")) == "while c are still open"
+    with pytest.raises(EventOrderError, match=r"TEXT_MESSAGE_END.*which is not open"):
+        verify_events([ev.run_started("t", "r"), ev.text_message_end("m")])
+
+
+class ChunkingAgent(Agent):
+    """An in-process agent that speaks in chunks (as some LangGraph translators do)."""
+
+    async def run(self, input: RunInput, context: RunContext) -> EventBatches:  # type: ignore[override]
+        yield [{"type": ev.TEXT_MESSAGE_CHUNK, "messageId": "answer", "delta": "Hello, "}]
+        yield [{"type": ev.TEXT_MESSAGE_CHUNK, "delta": "chunks"},
+               {"type": ev.TOOL_CALL_CHUNK, "toolCallId": "c1", "toolCallName": "show",
+                "parentMessageId": "answer", "delta": '{"a":1}'}]
+
+
+async def test_chunks_of_an_in_process_agent_reach_clients_and_the_store_expanded(
+        serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(agents={"chunky": ChunkingAgent()})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hi", thread="t-chunks"), agent="chunky")
+        verify_events(events)
+        assert text_of(events) == "Hello, chunks"
+        messages = await (await served.session.get(
+            served.url + "/threads/t-chunks/messages")).json()
+    answer = next(m for m in messages["messages"] if m["id"] == "answer")
+    assert answer["content"] == "Hello, chunks"
+    assert answer["toolCalls"][0]["function"] == {"name": "show", "arguments": '{"a":1}'}
