@@ -118,8 +118,10 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
                 if target_call is not None:
                     target_call["function"]["arguments"] += event["delta"]
             elif kind == ev.TOOL_CALL_RESULT:
-                add({"id": event["messageId"], "role": "tool",
-                     "toolCallId": event["toolCallId"], "content": event["content"]})
+                result = add({"id": event["messageId"], "role": "tool",
+                              "toolCallId": event["toolCallId"], "content": event["content"]})
+                if event.get("error") is not None:
+                    result["error"] = event["error"]
             elif kind == ev.MESSAGES_SNAPSHOT:
                 messages.clear()
                 by_id.clear()

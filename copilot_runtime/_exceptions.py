@@ -17,6 +17,7 @@
     │   ├── UpstreamConnectionError ... by refusing or closing the connection
     │   └── UpstreamProtocolError   ... by answering with something its protocol forbids
     ├── ActionError                 a server-side action failed (the model sees it as a tool error)
+    ├── ChunkError                  a *_CHUNK event that opens nothing (a remote's: UpstreamError)
     ├── ClientDisconnected          the client left before its request body arrived (no answer)
     └── AgentExecutionError         a wrapped existing agent reported an error or no result
 
@@ -40,6 +41,7 @@ __all__ = [
     "ApprovalClosedError",
     "ApprovalError",
     "ApprovalNotFoundError",
+    "ChunkError",
     "ClientDisconnected",
     "ConfigurationError",
     "CopilotRuntimeError",
@@ -209,6 +211,13 @@ class UpstreamProtocolError(UpstreamError):
 
 class ActionError(CopilotRuntimeError):
     code = "ACTION_ERROR"
+
+
+class ChunkError(CopilotRuntimeError):
+    """A first `*_CHUNK` event that cannot open its message or tool call. Never reaches a
+    client: a remote agent's becomes an `UpstreamError`, an in-process agent's is dropped."""
+
+    code = "CHUNK_ERROR"
 
 
 class AgentExecutionError(CopilotRuntimeError):

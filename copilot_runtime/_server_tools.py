@@ -22,8 +22,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import orjson
-
 from copilot_runtime import events as ev
 from copilot_runtime._exceptions import ActionError
 from copilot_runtime._input import RunInput
@@ -115,11 +113,12 @@ class ServerToolsAgent(Agent):
                       context: RunContext) -> EventBatches:
         action = self.tools.actions.get(name)
         if action is not None:
+            error = None
             try:
                 content = await action.execute(arguments)
             except ActionError as exc:
-                content = orjson.dumps({"error": exc.message}).decode()
-            yield [ev.tool_call_result(str(uuid.uuid4()), call_id, content)]
+                content, error = ev.failed_tool_content(exc.message), exc.message
+            yield [ev.tool_call_result(str(uuid.uuid4()), call_id, content, error=error)]
             return
         agent, input = self.start_agent(name)
         yield [ev.tool_call_result(str(uuid.uuid4()), call_id, f"{name} agent started"),

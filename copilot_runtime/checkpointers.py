@@ -221,6 +221,10 @@ class DurableCheckpointer(BaseCheckpointSaver[str]):
     allow-list LangGraph derives from a graph's state schema (on a shallow copy of this
     object) applies to the real saver too. Synchronous calls work only for the in-memory
     kind: serve graphs with `ainvoke`/`astream`, as the runtime does.
+
+    Every public method of `BaseCheckpointSaver` is forwarded here, or inherited on purpose
+    because it only calls the forwarded ones; tests/test_checkpointer_delegation.py checks
+    both against the installed langgraph, so a new or changed method fails a test.
     """
 
     def __init__(self, backend: _Backend, url: str) -> None:
@@ -330,3 +334,16 @@ class DurableCheckpointer(BaseCheckpointSaver[str]):
 
     def delete_thread(self, thread_id: str) -> None:
         self._sync_target().delete_thread(thread_id)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self._sync_target().delete_for_runs(run_ids)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._sync_target().copy_thread(source_thread_id, target_thread_id)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self._sync_target().prune(thread_ids, strategy=strategy)
+
+    def get_delta_channel_history(self, *, config: RunnableConfig, channels: Sequence[str]
+                                  ) -> Mapping[str, DeltaChannelHistory]:
+        return self._sync_target().get_delta_channel_history(config=config, channels=channels)

@@ -7,10 +7,10 @@ default gpt-4o-mini); without, to the offline demo models, so it runs with no ke
 Agents:
 
 * `default`: the built-in agent with `get_weather` and `roll_dice`.
-* `review_loop` (seed 003): a planner sends the task to the Invoice, Closing or Audit
+* `review_loop`: a planner sends the task to the Invoice, Closing or Audit
   specialist, and a person approves the result or asks for a revision, as often as needed.
   The client may set `state.review = false` to skip the review for a task.
-* `account_review` (seed 000): three agents analyse a demo account (`ACME-001`,
+* `account_review`: three agents analyse a demo account (`ACME-001`,
   `GLOBEX-002`, `INITECH-003`), then a person approves the first recommendation within
   `approval_timeout` seconds.
 

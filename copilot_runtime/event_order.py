@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from typing import Final
 
 from copilot_runtime import events as ev
+from copilot_runtime._exceptions import ChunkError
 from copilot_runtime.events import Event
 
 __all__ = [
     "REQUIRED_FIELDS",
-    "ChunkError",
     "ChunkState",
     "OrderChecker",
     "RunEventOrder",
@@ -47,11 +47,6 @@ REQUIRED_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     ev.TOOL_CALL_RESULT: ("messageId", "toolCallId", "content"),
     ev.RUN_ERROR: ("message",),
 }
-
-
-class ChunkError(ValueError):
-    """A first `*_CHUNK` event that cannot open its message or call (internal: the caller
-    turns it into its own error, or drops the event)."""
 
 
 class ChunkState:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 
+import orjson
 from ag_ui.core import EventType
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "EventBatches",
     "EventType",
     "custom",
+    "failed_tool_content",
     "run_error",
     "run_finished",
     "run_started",
@@ -145,9 +147,20 @@ def tool_call_end(tool_call_id: str) -> Event:
     return {"type": TOOL_CALL_END, "toolCallId": tool_call_id}
 
 
-def tool_call_result(message_id: str, tool_call_id: str, content: str) -> Event:
-    return {"type": TOOL_CALL_RESULT, "messageId": message_id, "toolCallId": tool_call_id,
-            "content": content, "role": "tool"}
+def tool_call_result(message_id: str, tool_call_id: str, content: str, *,
+                     error: str | None = None) -> Event:
+    """A tool's result; `error` says the tool failed and why (the `error` of AG-UI's tool
+    message), so no consumer has to guess failure from the content."""
+    event: Event = {"type": TOOL_CALL_RESULT, "messageId": message_id,
+                    "toolCallId": tool_call_id, "content": content, "role": "tool"}
+    if error is not None:
+        event["error"] = error
+    return event
+
+
+def failed_tool_content(message: str) -> str:
+    """What a model reads as the result of a tool that failed."""
+    return orjson.dumps({"error": message}).decode()
 
 
 def state_snapshot(snapshot: Any) -> Event:

@@ -107,10 +107,15 @@ async def test_server_action_then_model_answers(served: Served, llm: MockOpenAIS
 async def test_bad_action_arguments_reach_the_model_as_a_tool_error(served: Served) -> None:
     events = await served.run(run_input('call:getWeather {"town":"Paris"}'))
     verify_events(events)
-    error = orjson.loads(next(e for e in events if e["type"] == "TOOL_CALL_RESULT")["content"])
+    result = next(e for e in events if e["type"] == "TOOL_CALL_RESULT")
+    error = orjson.loads(result["content"])
     assert "city" in error["error"]
     assert "town" in error["error"]
+    assert result["error"] == error["error"]  # the failure is a field, not a guess
     assert events[-1]["type"] == "RUN_FINISHED"
+    stored = await (await served.session.get(served.url + "/threads/thread-1/messages")).json()
+    (tool,) = [m for m in stored["messages"] if m["role"] == "tool"]
+    assert tool["error"] == error["error"]
 
 
 async def test_frontend_tool_ends_the_run(served: Served, llm: MockOpenAIServer) -> None:

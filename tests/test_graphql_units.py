@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from graphql import OperationDefinitionNode, parse
+from graphql import FragmentDefinitionNode, GraphQLError, OperationDefinitionNode, parse
 from graphql.execution.values import get_variable_values
 
 from copilot_runtime import events as ev
@@ -19,6 +19,7 @@ from copilot_runtime.protocols.graphql.plan import OperationPlan, compile_operat
 from copilot_runtime.protocols.graphql.schema import copilot_schema
 from tests.gql.wire import (
     CHAT_DOCUMENT,
+    CLIENT_DOCUMENT,
     call_message,
     chat_data,
     merge,
@@ -32,9 +33,10 @@ Batch = list[dict[str, Any]]
 
 
 def compiled(document: str = CHAT_DOCUMENT) -> OperationPlan:
-    operation = parse(document).definitions[0]
+    operation, *definitions = parse(document).definitions
     assert isinstance(operation, OperationDefinitionNode)
-    return compile_operation(copilot_schema(), operation, {}, None)
+    fragments = {d.name.value: d for d in definitions if isinstance(d, FragmentDefinitionNode)}
+    return compile_operation(copilot_schema(), operation, fragments, None)
 
 
 def encode(batches: list[Batch], *, frontend: frozenset[str] = frozenset(),
@@ -78,6 +80,35 @@ def test_the_client_document_streams() -> None:
     assert [f.key for f in plan.flat.fields][:3] == ["threadId", "runId", "extensions"]
 
 
+def test_each_payload_lists_its_keys_in_selection_order() -> None:
+    # The client's document selects `__typename` inside its deferred fragment before the
+    # streamed lists; the initial payload still ends with it, as the TypeScript runtime's does.
+    root = compiled(CLIENT_DOCUMENT).incremental
+    assert root is not None
+    assert [f.key for f in root.fields] == ["threadId", "runId", "extensions", "messages",
+                                            "metaEvents", "__typename"]
+    assert [f.key for f in root.deferred[0].fields] == ["status", "__typename"]
+
+
+def test_nested_defers_and_fragments() -> None:
+    document = """mutation($data: GenerateCopilotResponseInput!) {
+      generateCopilotResponse(data: $data) {
+        a: threadId
+        ... @defer(label: "outer") { runId ... @defer(label: "inner") { threadId a: threadId } }
+        ... F @include(if: true) ... G @skip(if: true)
+      } }
+      fragment F on CopilotResponse { runId ... on CopilotResponse @defer { status { code } } }
+      fragment G on CopilotResponse { extensions { __typename } }"""
+    plan = compiled(document)
+    root = plan.incremental
+    assert root is not None
+    assert [f.key for f in root.fields] == ["a", "runId"]
+    assert [(d.label, [f.key for f in d.fields]) for d in root.deferred] == [
+        ("outer", ["runId"]), ("inner", ["threadId", "a"]), (None, ["status"])]
+    assert [f.key for f in plan.flat.fields] == ["a", "runId", "threadId", "status"]
+    assert plan.flat.deferred == ()
+
+
 @pytest.mark.parametrize("selection", [
     "status { __typename } messages @stream { __typename }",
     "messages { __typename }",
@@ -94,7 +125,7 @@ def test_one_run_per_operation() -> None:
     document = """mutation($data: GenerateCopilotResponseInput!) {
       a: generateCopilotResponse(data: $data) { threadId }
       b: generateCopilotResponse(data: $data) { threadId } }"""
-    with pytest.raises(Exception, match="only once"):
+    with pytest.raises(GraphQLError, match="only once"):
         compiled(document)
 
 
@@ -186,9 +217,10 @@ def test_single_result_mode_writes_once() -> None:
 
 
 def test_result_encoding() -> None:
-    assert encode_result('{"error":"bad"}') == (
+    assert encode_result('{"error":"bad"}', "bad") == (
         '{"error":{"code":"HANDLER_ERROR","message":"bad"},"result":""}')
-    for unchanged in ('{"error":"x","other":1}', '{"ok":true}', "plain", '{"error":{"a":1}}'):
+    # Only a failure the event declares is one: content that looks like one is a result.
+    for unchanged in ('{"error":"x"}', '{"ok":true}', "plain", '{"error":{"a":1}}'):
         assert encode_result(unchanged) == unchanged
 
 

@@ -224,7 +224,7 @@ async def test_list_and_answer_over_http(hitl: tuple[Served, list[Drafting]]) ->
     assert "by ann" in twice["message"]
 
     status, done = await answer(served, next_one["id"], {"action": "approve"},
-                                route="approval")  # the seed's spelling of the route
+                                route="approval")  # the singular alias, approval/{id}
     assert (status, done["run"]["status"]) == (200, "finished")
 
     # The server-side runs are in the thread's history: a reload shows them.

@@ -1,5 +1,5 @@
-"""The orchestrator of seed 000: steps over a shared state, required and optional failures,
-the approval with its timeout, and the wrapper for existing agents."""
+"""The orchestrator (`workflows.orchestrator`): steps over a shared state, required and
+optional failures, the approval with its timeout, and the wrapper for existing agents."""
 
 from __future__ import annotations
 

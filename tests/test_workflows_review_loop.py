@@ -1,5 +1,5 @@
-"""The review loop of seed 003: its six correctness properties (Hypothesis, 100+ examples
-each) and its error rules.
+"""The review loop (`workflows.review_loop`): its six correctness properties (Hypothesis,
+100+ examples each) and its error rules.
 
 Every example runs the real LangGraph graph (checkpointed in memory) with recording
 specialists, answering each clarification request from a generated script.
@@ -238,7 +238,7 @@ def test_a_malformed_answer_is_asked_again(answer: Any) -> None:
     assert trace.state["history"][-2]["malformed"] is True
 
 
-def test_the_seed_behaviour_on_malformed_answers_is_an_option() -> None:
+def test_approving_malformed_answers_is_an_option() -> None:
     trace = run_loop("Prepare the invoice", [{"what": "?"}], on_malformed="approve")
     assert trace.state["status"] == "completed"
     assert len(trace.requests) == 1

@@ -19,6 +19,10 @@ overrides):
 * `stream()`, the base's `run()` without its catch-all: the base turns any exception into a
   `RUN_ERROR` carrying `str(exc)`, which can leak internals to the client; the runtime's
   own error policy decides instead.
+
+The hooks overridden here are private to ag-ui-langgraph (its version is pinned in
+pyproject); tests/test_lg_bridge_contract.py checks their names and signatures against the
+installed release, so a bump that moves one fails there, naming it.
 """
 
 from __future__ import annotations

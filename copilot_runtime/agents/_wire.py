@@ -20,8 +20,8 @@ import orjson
 import structlog
 
 from copilot_runtime import events as ev
-from copilot_runtime._exceptions import UpstreamError
-from copilot_runtime.event_order import ChunkError, ChunkState, OrderChecker, expand_chunks
+from copilot_runtime._exceptions import ChunkError, UpstreamError
+from copilot_runtime.event_order import ChunkState, OrderChecker, expand_chunks
 from copilot_runtime.events import Event, EventType
 
 __all__ = ["RemoteEventChecker", "SSEDecoder", "StateDeltaEncoder", "strip_nulls"]

@@ -15,7 +15,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from ag_ui.core import (
     AssistantMessage,
     FunctionCall,
@@ -28,6 +27,7 @@ from copilot_runtime._exceptions import ActionError, ConfigurationError, Invalid
 from copilot_runtime._input import RunInput
 from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import (
+    ChatDelta,
     ChatRequest,
     ServiceAdapter,
     StreamEnd,
@@ -39,6 +39,7 @@ from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.events import (
     Event,
     EventBatches,
+    failed_tool_content,
     text_message_content,
     text_message_end,
     text_message_start,
@@ -56,6 +57,84 @@ class _Call:
     id: str
     name: str
     arguments: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Turn:
+    """What every step of one run sends the model: tools, settings, the growing history."""
+
+    tools: list[ToolSpec]
+    #: The tools the client runs (the rest are this agent's server-side actions).
+    frontend: set[str]
+    history: list[Message]
+    system_prompt: str | None
+    settings: dict[str, Any]
+
+
+@dataclass(slots=True)
+class _Answer:
+    """One streamed model answer: its events as deltas arrive, then its message."""
+
+    message_id: str
+    text: list[str] = field(default_factory=list)
+    calls: list[_Call] = field(default_factory=list)
+    by_index: dict[int, _Call] = field(default_factory=dict)
+    text_open: bool = False
+    open_call: _Call | None = None
+
+    def translate(self, deltas: Sequence[ChatDelta]) -> list[Event]:
+        """The events of one batch of deltas.
+
+        The hot path: the state lives in locals for the loop and is stored once per batch.
+        """
+        batch: list[Event] = []
+        message_id, text, calls, by_index = self.message_id, self.text, self.calls, self.by_index
+        text_open, open_call = self.text_open, self.open_call
+        for delta in deltas:
+            if type(delta) is TextDelta:
+                if not text_open:
+                    if open_call is not None or calls:
+                        continue  # text after tool calls: not shown by any client
+                    batch.append(text_message_start(message_id))
+                    text_open = True
+                text.append(delta.text)
+                batch.append(text_message_content(message_id, delta.text))
+            elif type(delta) is ToolCallDelta:
+                call = by_index.get(delta.call_index)
+                if call is None:
+                    if text_open:
+                        batch.append(text_message_end(message_id))
+                        text_open = False
+                    if open_call is not None:
+                        batch.append(tool_call_end(open_call.id))
+                    call = _Call(delta.id or f"call_{uuid.uuid4().hex[:24]}", delta.name or "")
+                    by_index[delta.call_index] = call
+                    calls.append(call)
+                    open_call = call
+                    batch.append(tool_call_start(call.id, call.name, message_id))
+                if delta.arguments:
+                    call.arguments.append(delta.arguments)
+                    batch.append(tool_call_args(call.id, delta.arguments))
+            else:
+                assert type(delta) is StreamEnd
+        self.text_open, self.open_call = text_open, open_call
+        return batch
+
+    def close(self) -> list[Event]:
+        """The end events of the text or tool call still open when the stream ended."""
+        tail: list[Event] = []
+        if self.text_open:
+            tail.append(text_message_end(self.message_id))
+        if self.open_call is not None:
+            tail.append(tool_call_end(self.open_call.id))
+        return tail
+
+    def message(self) -> AssistantMessage:
+        """The answer as the assistant message the next step's history holds."""
+        return AssistantMessage(
+            id=self.message_id, content="".join(self.text) or None,
+            tool_calls=[ToolCall(id=c.id, function=FunctionCall(
+                name=c.name, arguments="".join(c.arguments))) for c in self.calls] or None)
 
 
 class BuiltInAgent(Agent):
@@ -95,101 +174,71 @@ class BuiltInAgent(Agent):
         return self._run(input, context.follow_up_server_tools)
 
     async def _run(self, input: RunInput, follow_up: bool) -> EventBatches:
+        turn = self._turn(input)
+        for step in range(self.max_steps):
+            # The streaming step: one model answer, its events as they arrive.
+            answer = _Answer(str(uuid.uuid4()))
+            last_step = follow_up and step == self.max_steps - 1
+            async for deltas in self.adapter.stream(self._request(turn, last_step=last_step)):
+                batch = answer.translate(deltas)
+                if batch:
+                    yield batch
+            tail = answer.close()
+            turn.history.append(answer.message())
+            if tail:
+                yield tail
+            # The tool step: run the server-side actions the answer called.
+            server_calls = [c for c in answer.calls if c.name not in turn.frontend]
+            if not server_calls:
+                return  # a plain answer, or only frontend tools: the client runs them
+            yield await self._run_tools(server_calls, turn.history)
+            if len(server_calls) < len(answer.calls) or not follow_up:
+                return  # the client has tools to run, or sends the follow-up itself
+
+    def _turn(self, input: RunInput) -> _Turn:
         model = input.model
-        settings = model_settings(model.forwarded_props)
         tools = [ToolSpec(a.name, a.description, a.parameters) for a in self.actions.values()]
         for tool in model.tools or ():
             if tool.name not in self.actions:
                 tools.append(ToolSpec(tool.name, tool.description,
                                       tool.parameters or {"type": "object", "properties": {}}))
-        frontend = {t.name for t in tools} - self.actions.keys()
-        history: list[Message] = list(model.messages)
-        system_prompt = self._system_prompt(model.context or ())
+        return _Turn(tools=tools, frontend={t.name for t in tools} - self.actions.keys(),
+                     history=list(model.messages),
+                     system_prompt=self._system_prompt(model.context or ()),
+                     settings=model_settings(model.forwarded_props))
 
-        for step in range(self.max_steps):
-            last_step = follow_up and step == self.max_steps - 1
-            request = ChatRequest(
-                messages=history, tools=tools, system_prompt=system_prompt,
-                model=settings.get("model"), temperature=settings.get("temperature"),
-                max_tokens=settings.get("max_tokens"), stop=settings.get("stop"),
-                tool_choice="none" if last_step and tools else settings.get("tool_choice"),
-            )
-            message_id = str(uuid.uuid4())
-            text: list[str] = []
-            calls: list[_Call] = []
-            by_index: dict[int, _Call] = {}
-            text_open = False
-            open_call: _Call | None = None
+    @staticmethod
+    def _request(turn: _Turn, *, last_step: bool) -> ChatRequest:
+        """The next step's request; the last step of a follow-up run forbids tools."""
+        settings = turn.settings
+        return ChatRequest(
+            messages=turn.history, tools=turn.tools, system_prompt=turn.system_prompt,
+            model=settings.get("model"), temperature=settings.get("temperature"),
+            max_tokens=settings.get("max_tokens"), stop=settings.get("stop"),
+            tool_choice="none" if last_step and turn.tools else settings.get("tool_choice"),
+        )
 
-            async for deltas in self.adapter.stream(request):
-                batch: list[Event] = []
-                for delta in deltas:
-                    if type(delta) is TextDelta:
-                        if not text_open:
-                            if open_call is not None or calls:
-                                continue  # text after tool calls: not shown by any client
-                            batch.append(text_message_start(message_id))
-                            text_open = True
-                        text.append(delta.text)
-                        batch.append(text_message_content(message_id, delta.text))
-                    elif type(delta) is ToolCallDelta:
-                        call = by_index.get(delta.call_index)
-                        if call is None:
-                            if text_open:
-                                batch.append(text_message_end(message_id))
-                                text_open = False
-                            if open_call is not None:
-                                batch.append(tool_call_end(open_call.id))
-                            call = _Call(delta.id or f"call_{uuid.uuid4().hex[:24]}",
-                                         delta.name or "")
-                            by_index[delta.call_index] = call
-                            calls.append(call)
-                            open_call = call
-                            batch.append(tool_call_start(call.id, call.name, message_id))
-                        if delta.arguments:
-                            call.arguments.append(delta.arguments)
-                            batch.append(tool_call_args(call.id, delta.arguments))
-                    else:
-                        assert type(delta) is StreamEnd
-                if batch:
-                    yield batch
+    async def _run_tools(self, calls: list[_Call], history: list[Message]) -> list[Event]:
+        """Run `calls` concurrently; their results as events, and in the history."""
+        results = await asyncio.gather(*(self._execute(c) for c in calls))
+        batch: list[Event] = []
+        for call, (content, error) in zip(calls, results, strict=True):
+            result_id = str(uuid.uuid4())
+            batch.append(tool_call_result(result_id, call.id, content, error=error))
+            history.append(ToolMessage(id=result_id, tool_call_id=call.id, content=content,
+                                       error=error))
+        return batch
 
-            tail: list[Event] = []
-            if text_open:
-                tail.append(text_message_end(message_id))
-            if open_call is not None:
-                tail.append(tool_call_end(open_call.id))
-            history.append(AssistantMessage(
-                id=message_id, content="".join(text) or None,
-                tool_calls=[ToolCall(id=c.id, function=FunctionCall(
-                    name=c.name, arguments="".join(c.arguments))) for c in calls] or None))
-            server_calls = [c for c in calls if c.name not in frontend]
-            if not calls:
-                if tail:
-                    yield tail
-                return
-            if tail:
-                yield tail
-            if not server_calls:
-                return  # only frontend tools: the client runs them and starts the next run
-            results = await asyncio.gather(*(self._execute(c) for c in server_calls))
-            batch = []
-            for call, content in zip(server_calls, results, strict=True):
-                result_id = str(uuid.uuid4())
-                batch.append(tool_call_result(result_id, call.id, content))
-                history.append(ToolMessage(id=result_id, tool_call_id=call.id, content=content))
-            yield batch
-            if len(server_calls) < len(calls) or not follow_up:
-                return  # the client has tools to run, or sends the follow-up itself
-
-    async def _execute(self, call: _Call) -> str:
+    async def _execute(self, call: _Call) -> tuple[str, str | None]:
+        """The tool's result, and why it failed (None when it did not)."""
         action = self.actions.get(call.name)
         if action is None:
-            return _tool_error(f"there is no tool named {call.name!r}")
+            message = f"there is no tool named {call.name!r}"
+            return failed_tool_content(message), message
         try:
-            return await action.execute("".join(call.arguments))
+            return await action.execute("".join(call.arguments)), None
         except ActionError as exc:
-            return _tool_error(exc.message)
+            return failed_tool_content(exc.message), exc.message
 
     def _system_prompt(self, context: Sequence[Any]) -> str | None:
         parts = [self.instructions] if self.instructions else []
@@ -197,10 +246,6 @@ class BuiltInAgent(Agent):
             lines = [f"- {c.description}: {c.value}" for c in context]
             parts.append("The application shared this context with you:\n" + "\n".join(lines))
         return "\n\n".join(parts) or None
-
-
-def _tool_error(message: str) -> str:
-    return orjson.dumps({"error": message}).decode()
 
 
 _SETTING_KEYS = {

@@ -123,6 +123,11 @@ class ApprovalService:
                 self._subscribed.append(store)
         self._timer = asyncio.create_task(self._run_timer(), name="approval-timer")
 
+    @property
+    def timer_running(self) -> bool:
+        """Whether the expiry timer (and crash recovery) runs in this process now."""
+        return self._timer is not None and not self._timer.done()
+
     def _wake(self) -> None:
         if self._wakeup is not None:
             self._wakeup.set()

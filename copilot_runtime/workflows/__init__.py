@@ -1,7 +1,7 @@
 """Human-in-the-loop workflows, and the approval machinery they share.
 
-* `ReviewLoop` (seed 003): planner → specialist → a person approves or asks for a revision.
-* `Orchestrator` (seed 000): existing agents in sequence, then an approval with a timeout;
+* `ReviewLoop`: planner → specialist → a person approves or asks for a revision.
+* `Orchestrator`: existing agents in sequence, then an approval with a timeout;
   `account_review()` is its example on offline demo data, `existing_agent` the wrapper that
   turns one existing agent into a `LangGraphAgent`.
 * Approvals: every LangGraph interrupt is a pending approval in a ledger beside the

@@ -1,6 +1,6 @@
-"""The orchestrator's example from seed 000, on offline demo data.
+"""An example `Orchestrator`: reviewing a customer account, on offline demo data.
 
-Three existing agents in the seed's shape (`execute_with_events(context)`), each working
+Three existing agents (`execute_with_events(context)`, see `existing`), each working
 from the demo accounts below instead of a CRM and a memory store:
 
     zoho_scout             account_id, session_id            → account_snapshot
@@ -133,7 +133,7 @@ def _recommendation(account_id: Any, index: int, action: str, priority: str, rea
 
 
 def account_review(*, timeout_seconds: float | None = 300) -> Orchestrator:
-    """The seed's account analysis: snapshot → history → recommendations → approval."""
+    """The account review: snapshot → history → recommendations → approval."""
     return Orchestrator(
         [Step("zoho_scout", ZohoDataScout(), ("account_id", "session_id"),
               "account_snapshot"),

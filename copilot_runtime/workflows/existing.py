@@ -1,11 +1,12 @@
-"""Existing agents (seed 000): objects whose `execute_with_events(context)` yields events.
+"""Existing agents, written before LangGraph: objects whose `execute_with_events(context)`
+yields events.
 
-An existing agent yields dicts `{"event": <name>, "data": {...}}` with the seed's names:
+An existing agent yields dicts `{"event": <name>, "data": {...}}` with these names:
 `agent_started`, `agent_stream`, `tool_call`, `tool_result`, `agent_completed` (its
 `output`), `approval_required` (what needs approving), `agent_error` (`error_message`).
 `run_existing_agent` consumes them inside a LangGraph node: each one reaches the client as
 an AG-UI `CUSTOM` event of the same name while the agent works, and the outcome comes back
-as an `AgentRun`. `wrap_existing_agent` is the seed's wrapper: a one-agent LangGraph graph
+as an `AgentRun`. `wrap_existing_agent` is the wrapper: a one-agent LangGraph graph
 (and `existing_agent` a `LangGraphAgent`) that runs it and, when the agent asks for it,
 stops for an approval with a timeout.
 """
@@ -102,13 +103,14 @@ def failure_text(name: str, exc: BaseException) -> str:
     return f"{name} failed ({type(exc).__name__})"
 
 
-# -- approvals with a timeout (seed 000's RequestApproval) --------------------------------
+# -- approvals with a timeout: the `approval_required` request and its answer -----------
 
 def approval_request(subject: Mapping[str, Any], *, message: str,
                      timeout_seconds: float | None, notice: str | None = None,
                      **extra: Any) -> dict[str, Any]:
-    """The interrupt value of an approval: the seed's `approval_required` payload, with the
-    AG-UI `Interrupt` fields (`reason`, `message`, `expiresAt`, `responseSchema`)."""
+    """The interrupt value of an approval: the `approval_required` payload an existing agent
+    asked for, with the AG-UI `Interrupt` fields (`reason`, `message`, `expiresAt`,
+    `responseSchema`)."""
     now = time.time()
     request: dict[str, Any] = {
         "type": "approval_required", "reason": "approval",
@@ -124,7 +126,7 @@ def approval_request(subject: Mapping[str, Any], *, message: str,
 
 
 def approval_outcome(decision: Decision) -> dict[str, Any]:
-    """The seed's `ApprovalResult` for a decision (approve, reject or timeout)."""
+    """The `ApprovalResult` an existing agent gets for a decision (approve, reject or timeout)."""
     status = {"approve": "approved", "reject": "rejected", "timeout": "timeout",
               "revise": "revision_requested"}[decision.action]
     result: dict[str, Any] = {"status": status, "responded_at": iso_time(time.time())}
@@ -137,7 +139,7 @@ def approval_outcome(decision: Decision) -> dict[str, Any]:
     return result
 
 
-# -- the wrapper (seed 000's CreateLangGraphWrapper) --------------------------------------
+# -- the wrapper: one existing agent as a LangGraph graph --------------------------------
 
 class WrappedAgentState(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
@@ -152,7 +154,7 @@ class WrappedAgentState(TypedDict, total=False):
 def wrap_existing_agent(agent: ExistingAgent, name: str, *,
                         approval_timeout_seconds: float | None = 300,
                         approval_message: str = "Approve this?") -> StateGraph[Any]:
-    """The seed's wrapper: a graph with one node running `agent`, then (if it asked for
+    """The wrapper: a graph with one node running `agent`, then (if it asked for
     one) an approval. Compile it with a checkpointer, or use `existing_agent`."""
 
     async def run_agent(state: WrappedAgentState, config: RunnableConfig) -> Command[str]:
@@ -199,7 +201,7 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
 def existing_agent(agent: ExistingAgent, *, name: str, checkpointer: Any,
                    description: str = "", approval_timeout_seconds: float | None = 300,
                    **options: Any) -> Any:
-    """`agent` as a `LangGraphAgent` the runtime can serve (the seed's LangGraphAgent)."""
+    """`agent` as a `LangGraphAgent` the runtime can serve."""
     from copilot_runtime.agents.langgraph import LangGraphAgent
 
     graph = wrap_existing_agent(agent, name,

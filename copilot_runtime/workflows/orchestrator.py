@@ -1,4 +1,4 @@
-"""The orchestrator (seed 000): existing agents in sequence over a shared state, then an
+"""The orchestrator: existing agents in sequence over a shared state, then an
 approval with a timeout.
 
     start ─▶ step 1 ─▶ step 2 ─▶ … ─▶ approval ─┬─ approve / reject / timeout ─▶ finish
@@ -11,7 +11,7 @@ shared state it reads (`input_keys`) and the key its output is stored under (`ou
 A required step that fails stops the run, which finishes with the partial results; an
 optional one is logged in `errors` and the run goes on. When the `ApprovalPolicy`'s key has
 a value, a person is asked to approve it; the request expires after `timeout_seconds`,
-after which the runtime answers it with a timeout. The final output is the seed's
+after which the runtime answers it with a timeout. The final output
 (`status`, `agents_completed`, `results`, `approval`, `errors`), in `state["result"]`.
 """
 
@@ -69,13 +69,13 @@ class ApprovalPolicy:
 
 class OrchestratorState(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
-    #: The seed's `shared_state`: inputs, each step's output, `agents_completed`, `errors`.
+    #: The state the steps share: inputs, each step's output, `agents_completed`, `errors`.
     shared: dict[str, Any]
     #: Which step runs next (an index into the steps).
     next_step: int
     status: Literal["running", "awaiting_approval", "completed", "error"]
     notice: str | None
-    #: The seed's final output.
+    #: The final output: `status`, `agents_completed`, `results`, `approval`, `errors`.
     result: dict[str, Any]
 
 
@@ -83,7 +83,7 @@ _ACCOUNT = re.compile(r"\b[A-Z][A-Z0-9]*-\d{2,}\b")
 
 
 def account_inputs(message: str, state: Mapping[str, Any]) -> dict[str, Any]:
-    """The seed's inputs from a chat turn: an account id (`ACME-001`) from the message or
+    """The account review's inputs from a chat turn: an account id (`ACME-001`) from the message or
     the client's state, and the message itself."""
     found = _ACCOUNT.search(message)
     account = found.group(0) if found else state.get("account_id")

@@ -1,4 +1,4 @@
-"""The review loop (seed 003): planner → specialist → a person approves or asks for a revision.
+"""The review loop: planner → specialist → a person approves or asks for a revision.
 
     task ─▶ planner ─▶ specialist ─▶ review ─┬─ approve ─▶ complete
                            ▲                  ├─ reject / timeout ─▶ complete (not approved)
@@ -8,20 +8,21 @@
 * The planner routes each new task (the latest user message) to one specialist
   (`router`, by default `keyword_router`) and starts its execution history.
 * A specialist's result always goes to review when review is on, so nothing completes
-  without a clarification request (the seed's property 1); `state["review"] = False`, set
+  without a clarification request (property 1; the numbers are the loop's six correctness
+  properties, each tested); `state["review"] = False`, set
   by the client for a task, completes right after the specialist (property 5).
-* Review is a LangGraph `interrupt` carrying the seed's clarification request; it is
+* Review is a LangGraph `interrupt` carrying a clarification request; it is
   checkpointed, so a pending review survives a restart. An approval completes the task
   without another specialist run (3); a revision goes straight back to the same specialist
   with the original task, the full history and the revision (2, 4), as often as the person
   asks (6: no limit; each answer is a new graph invocation, so LangGraph's recursion limit
   does not cap the loop).
-* Error rules, after the seed: a specialist that fails sends the error to review so the
+* Error rules: a specialist that fails sends the error to review so the
   person can revise again (without review the task fails); if the clarification request
   cannot be built, the task completes with the result. One deliberate change: an answer
   that is neither an approval nor a revision is asked again (`on_malformed="ask_again"`),
   because taking it as an approval would approve work nobody approved;
-  `on_malformed="approve"` restores the seed's behaviour.
+  `on_malformed="approve"` approves it instead.
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ class ReviewLoop:
             _log.exception("specialist failed", specialist=name)
             failure = f"The {name} specialist failed ({type(exc).__name__})"
             history.append({"iteration": iteration, "agent": name, "error": failure})
-            if reviewing:  # the seed: send the error and let the person revise again
+            if reviewing:  # send the error and let the person revise again
                 return Command(goto="review", update={
                     "history": history, "status": "awaiting_review",
                     "notice": f"{failure}. Revise the task to try again, or reject it."})
@@ -194,7 +195,7 @@ class ReviewLoop:
         try:
             request = self.clarification_request(state)
         except Exception:
-            # The seed: when the review step itself fails, complete with the result.
+            # When the review step itself fails, complete with the result.
             _log.exception("could not build the clarification request")
             return Command(goto="complete", update={"status": "completed"})
         answer = interrupt(request)  # the graph stops here until a person answers
@@ -225,10 +226,11 @@ class ReviewLoop:
                                                 "notice": decision.feedback})
 
     def clarification_request(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        """The seed's `user_clarification_request`, as the interrupt's value.
+        """The `user_clarification_request` a client shows, as the interrupt's value.
 
         `reason`, `message`, `responseSchema` and `expiresAt` are the AG-UI `Interrupt`
-        fields a client reads; `data` is the seed's payload.
+        fields a client reads; `data` names the specialist, its result, the question and
+        the iteration.
         """
         notice = state.get("notice")
         question = f"{notice} {self.question}" if notice else self.question

@@ -5,7 +5,7 @@ returns its result: text (the loop streams it to the client), or the message a L
 chat model returned (it streamed while it was written, under that message's id). It gets
 the original task, the iteration, the full execution history and the latest revision, so a
 revision is done with everything that came before it. `ModelSpecialist` asks a chat model;
-`finance_specialists` are the seed's Invoice, Closing and Audit specialists.
+`finance_specialists` are the example Invoice, Closing and Audit specialists.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class ModelSpecialist:
 
 
 def finance_specialists(model: BaseChatModel) -> list[ModelSpecialist]:
-    """The seed's specialists: Invoice, Closing and Audit, on `model`."""
+    """The example specialists: Invoice, Closing and Audit, on `model`."""
     return [
         ModelSpecialist(
             "Invoice", "Prepares and corrects invoices",

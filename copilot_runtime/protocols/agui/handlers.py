@@ -19,7 +19,6 @@ hanging (a second run on a busy thread) we answer 409 instead.
 from __future__ import annotations
 
 import urllib.parse
-from datetime import UTC, datetime
 from typing import Any
 
 from copilot_runtime._compaction import events_to_messages
@@ -30,6 +29,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._input import parse_json_body, parse_run_input
 from copilot_runtime._limits import readable
+from copilot_runtime._time import iso_time
 from copilot_runtime.protocols.agui.approvals import ApprovalRoutes, approval_route
 from copilot_runtime.protocols.http import (
     Request,
@@ -165,7 +165,7 @@ class AGUIProtocol:
             await send_json(request, 200, {"threads": [{
                 "id": r.thread_id, "name": None, "agentId": r.agent_id,
                 "organizationId": "", "createdById": "", "archived": False,
-                "createdAt": _iso(r.created_at), "updatedAt": _iso(r.updated_at),
+                "createdAt": iso_time(r.created_at), "updatedAt": iso_time(r.updated_at),
             } for r in records], "nextCursor": None})
             return
         record = await store.get(thread_id)
@@ -242,8 +242,3 @@ def _thread_route(segments: list[str]) -> tuple[str | None, str | None] | None:
             "messages", "events", "state"):
         return urllib.parse.unquote(segments[-2]), segments[-1]
     return None
-
-
-def _iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z")

@@ -41,7 +41,6 @@ events with the custom events `AGENT_STARTED` and `AGENT_FINISHED`; the encoder 
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Mapping
 from typing import Any, Final
@@ -50,19 +49,15 @@ import orjson
 
 from copilot_runtime import events as ev
 from copilot_runtime._compaction import apply_state_delta
+from copilot_runtime._time import now_iso
 from copilot_runtime.events import Event
 from copilot_runtime.messages import to_json_representation
 
-__all__ = ["STATE_EVENTS", "AgentStates", "now_iso"]
+__all__ = ["STATE_EVENTS", "AgentStates"]
 
 #: The events every one of which makes an agent-state message.
 STATE_EVENTS: Final = frozenset({ev.STEP_STARTED, ev.STEP_FINISHED, ev.STATE_SNAPSHOT,
                                  ev.STATE_DELTA, ev.MESSAGES_SNAPSHOT})
-
-
-def now_iso() -> str:
-    now = time.time()
-    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(now))}.{int(now * 1000) % 1000:03d}Z"
 
 
 class AgentStates:

@@ -31,9 +31,9 @@ import orjson
 
 from copilot_runtime import events as ev
 from copilot_runtime._server_tools import AGENT_FINISHED, AGENT_STARTED
+from copilot_runtime._time import now_iso as _now
 from copilot_runtime.events import Event
 from copilot_runtime.protocols.graphql.agent_state import STATE_EVENTS, AgentStates
-from copilot_runtime.protocols.graphql.agent_state import now_iso as _now
 from copilot_runtime.protocols.graphql.errors import failed_status, interrupted_status
 from copilot_runtime.protocols.graphql.meta_events import meta_event
 from copilot_runtime.protocols.graphql.plan import Field, ObjectPlan, OperationPlan
@@ -57,22 +57,13 @@ _ARGUMENTS_FAILED = "The run failed before these arguments were complete"
 _STOPPED = "The run was stopped before this message was complete"
 
 
-def encode_result(content: str) -> str:
-    """A tool result as the 1.10 protocol encodes it.
-
-    The built-in agent reports a failed action as `{"error": "<message>"}`; the 1.10 client
-    expects `{"error": {"code", "message"}, "result": ""}`.
-    """
-    if not content.startswith('{"error":'):
+def encode_result(content: str, error: str | None = None) -> str:
+    """A tool result as the 1.10 protocol encodes it: a failed one (the event's `error`) as
+    `{"error": {"code", "message"}, "result": ""}`, which the 1.10 client reads."""
+    if error is None:
         return content
-    try:
-        parsed = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return content
-    if isinstance(parsed, dict) and len(parsed) == 1 and isinstance(parsed["error"], str):
-        return orjson.dumps({"error": {"code": "HANDLER_ERROR", "message": parsed["error"]},
-                             "result": ""}).decode()
-    return content
+    return orjson.dumps({"error": {"code": "HANDLER_ERROR", "message": error},
+                         "result": ""}).decode()
 
 
 class _Message:
@@ -256,7 +247,7 @@ class ResponseEncoder:
     def _result(self, event: Event, out: list[dict[str, Any]]) -> None:
         call_id = event["toolCallId"]
         values = {"id": "result-" + call_id, "createdAt": _now(),
-                  "result": encode_result(str(event.get("content", ""))),
+                  "result": encode_result(str(event.get("content", "")), event.get("error")),
                   "actionExecutionId": call_id, "actionName": self._call_names.get(call_id, ""),
                   "status": _SUCCESS}
         message = self._add("ResultMessageOutput", values, None, out)

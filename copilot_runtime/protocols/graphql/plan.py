@@ -3,8 +3,9 @@
 The streaming path never executes GraphQL: it builds each response object by walking a plan
 compiled from the operation's selection set (per concrete type: which response keys, from
 which fields, with which sub-selections, and which ones `@defer` or `@stream` ask to send
-later). Compiling honours aliases, fragments, type conditions, `@include`/`@skip` and the
-labels of `@defer`/`@stream`.
+later). graphql-core's own field collection (the one its executor uses) applies aliases,
+fragments, type conditions, `@include`/`@skip` and `@defer`; compiling adds where `@defer`
+and `@stream` are honoured, and their labels.
 
 `@defer` is honoured where something is worth waiting for: on `CopilotResponse` (its
 `status` is known when the run ends) and on messages (their `status` is known when they end).
@@ -18,27 +19,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from graphql import (
     FieldNode,
     FragmentDefinitionNode,
     FragmentSpreadNode,
-    GraphQLDeferDirective,
     GraphQLError,
-    GraphQLIncludeDirective,
     GraphQLNamedType,
     GraphQLObjectType,
     GraphQLSchema,
-    GraphQLSkipDirective,
     GraphQLStreamDirective,
     InlineFragmentNode,
-    NamedTypeNode,
     OperationDefinitionNode,
     SelectionSetNode,
     get_named_type,
     is_abstract_type,
     is_composite_type,
+)
+from graphql.execution.collect_fields import (
+    CollectedFields,
+    FieldDetails,
+    FragmentDetails,
+    collect_fields,
+    collect_subfields,
 )
 from graphql.execution.values import VariableValues, get_directive_values
 
@@ -117,34 +120,45 @@ _ROOT = _Level(True, frozenset({"messages", "metaEvents"}), {"messages": _MESSAG
 
 
 class _Compiler:
-    def __init__(self, schema: GraphQLSchema, fragments: Mapping[str, FragmentDefinitionNode],
+    """Plans of selection sets, with graphql-core collecting each level's fields.
+
+    graphql-core's collection applies `@include`/`@skip`, fragments, type conditions and
+    `@defer`; the compiler only decides where `@defer` and `@stream` are honoured.
+    """
+
+    def __init__(self, schema: GraphQLSchema, operation: OperationDefinitionNode,
+                 fragments: Mapping[str, FragmentDefinitionNode],
                  variables: VariableValues | None, honour: bool) -> None:
         self.schema = schema
-        self.fragments = fragments
-        self.variables = variables
+        self.operation = operation
+        self.fragments = {name: FragmentDetails(node) for name, node in fragments.items()}
+        self.variables = variables if variables is not None else VariableValues({}, {})
         self.honour = honour
+        self._place: Mapping[int, int] | None = None
 
     # -- selection sets ------------------------------------------------------------------
 
-    def selection(self, type_: GraphQLNamedType, sets: Sequence[SelectionSetNode],
+    def selection(self, type_: GraphQLNamedType, nodes: Sequence[FieldNode],
                   level: _Level) -> Selection:
         if is_abstract_type(type_):
             concrete = self.schema.get_possible_types(type_)
         else:
             assert isinstance(type_, GraphQLObjectType)
             concrete = [type_]
-        return {t.name: self.object(t, sets, level) for t in concrete}
+        return {t.name: self.object(t, nodes, level) for t in concrete}
 
-    def object(self, type_: GraphQLObjectType, sets: Sequence[SelectionSetNode],
+    def object(self, type_: GraphQLObjectType, nodes: Sequence[FieldNode],
                level: _Level) -> ObjectPlan:
-        initial: dict[str, list[FieldNode]] = {}
-        groups: list[tuple[str | None, dict[str, list[FieldNode]]]] = []
-        for selection_set in sets:
-            self._collect(type_, selection_set, initial, groups, level, set())
-        fields = tuple(self._field(type_, key, nodes, level) for key, nodes in initial.items())
+        """The plan of the sub-selections of `nodes` (fields of one key) on `type_`."""
+        # The parents' defer usages stay out: each level decides its own `@defer`.
+        collected = collect_subfields(self.schema, self.fragments, self.variables,
+                                      self.operation, type_,
+                                      [FieldDetails(node, None) for node in nodes])
+        initial, groups = self._split(collected, honour_defer=self.honour and level.defer)
+        fields = tuple(self._field(type_, key, group, level) for key, group in initial.items())
         deferred = tuple(
-            Deferred(tuple(self._field(type_, key, nodes, level, in_defer=True)
-                           for key, nodes in group.items()), label)
+            Deferred(tuple(self._field(type_, key, group_nodes, level, in_defer=True)
+                           for key, group_nodes in group.items()), label)
             for label, group in groups if group)
         streamed: dict[str, Field] = {}
         waits = False
@@ -157,36 +171,66 @@ class _Compiler:
                 waits = True
         return ObjectPlan(fields, deferred, streamed, waits)
 
-    def _collect(self, type_: GraphQLObjectType, selection_set: SelectionSetNode,
-                 into: dict[str, list[FieldNode]],
-                 groups: list[tuple[str | None, dict[str, list[FieldNode]]]],
-                 level: _Level, visited: set[str]) -> None:
-        for node in selection_set.selections:
-            if not self._included(node):
-                continue
-            if isinstance(node, FieldNode):
-                key = node.alias.value if node.alias else node.name.value
-                into.setdefault(key, []).append(node)
-                continue
-            if isinstance(node, InlineFragmentNode):
-                condition, inner = node.type_condition, node.selection_set
-            else:
-                assert isinstance(node, FragmentSpreadNode)
-                name = node.name.value
-                fragment = self.fragments.get(name)
-                if fragment is None or name in visited:
+    def _split(self, collected: CollectedFields, *, honour_defer: bool
+               ) -> tuple[dict[str, list[FieldNode]],
+                          list[tuple[str | None, dict[str, list[FieldNode]]]]]:
+        """Field nodes by response key: those sent at once, and one group per `@defer`.
+
+        A field belongs to its innermost `@defer`; where `@defer` is not honoured, inline.
+        """
+        if not honour_defer or not collected.new_defer_usages:
+            return {key: [detail.node for detail in details]
+                    for key, details in collected.grouped_field_set.items()}, []
+        initial: dict[str, list[FieldNode]] = {}
+        groups: list[tuple[str | None, dict[str, list[FieldNode]]]] = [
+            (usage.label or None, {}) for usage in collected.new_defer_usages]
+        index = {id(usage): i for i, usage in enumerate(collected.new_defer_usages)}
+        for key, details in collected.grouped_field_set.items():
+            for detail in details:
+                into = initial
+                if detail.defer_usage is not None:
+                    into = groups[index[id(detail.defer_usage)]][1]
+                into.setdefault(key, []).append(detail.node)
+        # graphql-core orders keys by their first selection anywhere; each payload lists its
+        # keys in the order they are selected within it (as the TypeScript runtime sends them).
+        place = self._places()
+        return (self._in_order(initial, place),
+                [(label, self._in_order(group, place)) for label, group in groups])
+
+    @staticmethod
+    def _in_order(group: dict[str, list[FieldNode]], place: Mapping[int, int]
+                  ) -> dict[str, list[FieldNode]]:
+        return dict(sorted(group.items(), key=lambda item: place[id(item[1][0])]))
+
+    def _places(self) -> Mapping[int, int]:
+        """Each field node's place in a depth-first reading of the operation.
+
+        Each fragment is read once, at its first spread, so a document cannot make this
+        walk grow beyond its own size.
+        """
+        if self._place is None:
+            place: dict[int, int] = {}
+            read: set[str] = set()
+            stack = [iter(self.operation.selection_set.selections)]
+            while stack:
+                node = next(stack[-1], None)
+                if node is None:
+                    stack.pop()
                     continue
-                visited = visited | {name}
-                condition, inner = fragment.type_condition, fragment.selection_set
-            if not self._applies(condition, type_):
-                continue
-            label = self._defer(node) if level.defer else None
-            if label is not None:
-                group: dict[str, list[FieldNode]] = {}
-                groups.append((label or None, group))
-                self._collect(type_, inner, group, groups, level, visited)
-            else:
-                self._collect(type_, inner, into, groups, level, visited)
+                inner: SelectionSetNode | None = None
+                if isinstance(node, FieldNode):
+                    place.setdefault(id(node), len(place))
+                    inner = node.selection_set
+                elif isinstance(node, InlineFragmentNode):
+                    inner = node.selection_set
+                elif isinstance(node, FragmentSpreadNode) and node.name.value not in read:
+                    read.add(node.name.value)
+                    fragment = self.fragments.get(node.name.value)
+                    inner = fragment.definition.selection_set if fragment else None
+                if inner is not None:
+                    stack.append(iter(inner.selections))
+            self._place = place
+        return self._place
 
     def _field(self, parent: GraphQLObjectType, key: str, nodes: list[FieldNode],
                level: _Level, *, in_defer: bool = False) -> Field:
@@ -196,8 +240,7 @@ class _Compiler:
         field_type = get_named_type(parent.fields[name].type)
         sub: Selection | None = None
         if is_composite_type(field_type):
-            sets = [n.selection_set for n in nodes if n.selection_set is not None]
-            sub = self.selection(field_type, sets, level.children.get(name, _PLAIN))
+            sub = self.selection(field_type, nodes, level.children.get(name, _PLAIN))
         stream_label: str | None = None
         if name in level.stream and not in_defer:
             stream_label = self._stream(nodes)
@@ -205,24 +248,8 @@ class _Compiler:
 
     # -- directives ----------------------------------------------------------------------
 
-    def _included(self, node: FieldNode | InlineFragmentNode | Any) -> bool:
-        skip = get_directive_values(GraphQLSkipDirective, node, self.variables)
-        if skip is not None and skip.get("if") is True:
-            return False
-        include = get_directive_values(GraphQLIncludeDirective, node, self.variables)
-        return include is None or include.get("if") is not False
-
-    def _defer(self, node: InlineFragmentNode | FragmentSpreadNode) -> str | None:
-        """The label ("" when none) if `node` is deferred, else None."""
-        if not self.honour:
-            return None
-        args = get_directive_values(GraphQLDeferDirective, node, self.variables)
-        if args is None or args.get("if") is False:
-            return None
-        label = args.get("label")
-        return label if isinstance(label, str) else ""
-
     def _stream(self, nodes: list[FieldNode]) -> str | None:
+        """The label ("" when none) if one of `nodes` is streamed and honoured, else None."""
         if not self.honour:
             return None
         for node in nodes:
@@ -231,16 +258,6 @@ class _Compiler:
                 label = args.get("label")
                 return label if isinstance(label, str) else ""
         return None
-
-    def _applies(self, condition: NamedTypeNode | None, type_: GraphQLObjectType) -> bool:
-        if condition is None:
-            return True
-        named = self.schema.get_type(condition.name.value)
-        if named is None:
-            return False
-        if named is type_:
-            return True
-        return is_abstract_type(named) and self.schema.is_sub_type(named, type_)
 
 
 def _waits(root: ObjectPlan) -> bool:
@@ -262,20 +279,21 @@ def compile_operation(schema: GraphQLSchema, operation: OperationDefinitionNode,
     assert mutation is not None
     root_type = schema.get_type(ROOT_TYPE)
     assert isinstance(root_type, GraphQLObjectType)
-    flat_compiler = _Compiler(schema, fragments, variables, honour=False)
-    top: dict[str, list[FieldNode]] = {}
-    flat_compiler._collect(mutation, operation.selection_set, top, [], _PLAIN, set())
-    roots = [(key, nodes) for key, nodes in top.items() if nodes[0].name.value == ROOT_FIELD]
+    flat_compiler = _Compiler(schema, operation, fragments, variables, honour=False)
+    top = collect_fields(schema, flat_compiler.fragments, flat_compiler.variables, mutation,
+                         operation).grouped_field_set
+    roots = [(key, details) for key, details in top.items()
+             if details[0].node.name.value == ROOT_FIELD]
     if len(roots) != 1:
         raise GraphQLError("An operation may run generateCopilotResponse only once",
                            operation)
-    root_key, root_nodes = roots[0]
-    sets = [n.selection_set for n in root_nodes if n.selection_set is not None]
-    flat = flat_compiler.object(root_type, sets, _ROOT)
-    incremental: ObjectPlan | None = _Compiler(schema, fragments, variables, honour=True).object(
-        root_type, sets, _ROOT)
+    root_key, root_details = roots[0]
+    root_nodes = [detail.node for detail in root_details]
+    flat = flat_compiler.object(root_type, root_nodes, _ROOT)
+    incremental: ObjectPlan | None = _Compiler(
+        schema, operation, fragments, variables, honour=True).object(root_type, root_nodes, _ROOT)
     if incremental is not None and _waits(incremental):
         incremental = None
-    order = tuple(("root" if nodes[0].name.value == ROOT_FIELD else "__typename", key)
-                  for key, nodes in top.items())
+    order = tuple(("root" if details[0].node.name.value == ROOT_FIELD else "__typename", key)
+                  for key, details in top.items())
     return OperationPlan(order, root_key, root_nodes[0], flat, incremental)
