@@ -4,6 +4,7 @@
     ├── ConfigurationError          a runtime, agent or action set up wrongly (raised at start-up)
     ├── RequestError                the client sent something we cannot serve (answered with 4xx)
     │   ├── InvalidRequestError     malformed JSON, wrong types, missing fields        → 400
+    │   │   └── JSONTooDeepError    JSON nested deeper than the runtime can re-encode  → 400
     │   ├── AgentNotFoundError      the agent id is not registered                     → 404
     │   ├── ThreadBusyError         a run is already active on the thread              → 409
     │   ├── PayloadTooLargeError    the body exceeds the configured limit              → 413
@@ -17,7 +18,9 @@
     │       ├── ApprovalClosedError    answered or withdrawn (409), expired (410)
     │       └── NothingToResumeError   a resume names no interrupt that waits          → 409
     ├── UpstreamError               an LLM provider or remote agent failed             → RUN_ERROR
-    │   └── UpstreamTimeoutError    ... by not answering in time
+    │   ├── UpstreamTimeoutError    ... by going silent (before or during its answer)
+    │   ├── UpstreamConnectionError ... by refusing or closing the connection
+    │   └── UpstreamProtocolError   ... by answering with something its protocol forbids
     ├── ActionError                 a server-side action failed (the model sees it as a tool error)
     ├── ChunkError                  a *_CHUNK event that opens nothing (a remote's: UpstreamError)
     ├── ClientDisconnected          the client left before its request body arrived (no answer)
@@ -49,6 +52,7 @@ __all__ = [
     "ConfigurationError",
     "CopilotRuntimeError",
     "InvalidRequestError",
+    "JSONTooDeepError",
     "ModelNotAllowedError",
     "NothingToResumeError",
     "PayloadTooLargeError",
@@ -57,7 +61,9 @@ __all__ = [
     "RequestRejectedError",
     "ThreadBusyError",
     "ThreadNotFoundError",
+    "UpstreamConnectionError",
     "UpstreamError",
+    "UpstreamProtocolError",
     "UpstreamTimeoutError",
 ]
 
@@ -90,6 +96,17 @@ class InvalidRequestError(RequestError):
     def __init__(self, message: str, details: Any = None) -> None:
         super().__init__(message)
         self.details = details
+
+
+class JSONTooDeepError(InvalidRequestError):
+    """JSON in a request (a body, or JSON text in a GraphQL argument) nests too deep."""
+
+    code = "JSON_TOO_DEEP"
+
+    def __init__(self, what: str, limit: int) -> None:
+        message = f"{what} is nested too deep (at most {limit} levels)"
+        super().__init__(message, message)
+        self.limit = limit
 
 
 class AgentNotFoundError(RequestError):
@@ -239,7 +256,21 @@ class UpstreamError(CopilotRuntimeError):
 
 
 class UpstreamTimeoutError(UpstreamError):
+    """The upstream stopped sending for longer than its timeout, before or mid-answer."""
+
     code = "UPSTREAM_TIMEOUT"
+
+
+class UpstreamConnectionError(UpstreamError):
+    """The connection could not be made, or was closed before the answer was complete."""
+
+    code = "UPSTREAM_CONNECTION_ERROR"
+
+
+class UpstreamProtocolError(UpstreamError):
+    """The upstream answered, but not in its protocol (a malformed chunk, a missing end)."""
+
+    code = "UPSTREAM_PROTOCOL_ERROR"
 
 
 class ActionError(CopilotRuntimeError):

@@ -16,6 +16,7 @@ from ag_ui.core import RunAgentInput
 from pydantic.alias_generators import to_camel
 
 from copilot_runtime._exceptions import InvalidRequestError
+from copilot_runtime._limits import check_json_depth
 
 __all__ = ["RunInput", "parse_run_input", "validation_details"]
 
@@ -51,20 +52,25 @@ class RunInput:
 
 
 def parse_json_body(body: bytes) -> Any:
+    """Decode a request body, held to `MAX_JSON_DEPTH` (every JSON body enters here)."""
     try:
-        return orjson.loads(body)
+        data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         detail = "Request body is empty" if not body.strip() else f"Malformed JSON: {exc.msg}"
         raise InvalidRequestError("Invalid request body", detail) from None
+    check_json_depth(data, body)
+    return data
 
 
 def parse_run_input(data: Any) -> RunInput:
     """Validate decoded JSON as a `RunAgentInput`; raise `InvalidRequestError` with details."""
     if not isinstance(data, dict):
         raise InvalidRequestError("Invalid request body", "The body must be a JSON object")
-    for message in data.get("messages") or ():
-        if isinstance(message, dict) and isinstance(message.get("content"), list):
-            message["content"] = [_upgrade_part(p) for p in message["content"]]
+    messages = data.get("messages")
+    if isinstance(messages, list):  # anything else is left for the model to reject
+        for message in messages:
+            if isinstance(message, dict) and isinstance(message.get("content"), list):
+                message["content"] = [_upgrade_part(p) for p in message["content"]]
     try:
         model = RunAgentInput.model_validate(data)
     except pydantic.ValidationError as exc:

@@ -25,6 +25,7 @@ from copilot_runtime._exceptions import (
     ThreadNotFoundError,
 )
 from copilot_runtime._input import RunInput
+from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, readable, storable
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event
@@ -129,6 +130,9 @@ class ActiveRun:
         first = [ev.run_started(self.thread_id, self.run_id, self._input_echo())]
         self._publish(first)
         yield first
+        # Let runs that arrived together write their RUN_STARTED before this one's agent
+        # spends the loop on building its upstream request.
+        await asyncio.sleep(0)
         iterator = self.agent.run(self.input, self.context)
         tail: list[Event]
         try:
@@ -188,7 +192,10 @@ class ActiveRun:
             queue.put_nowait(None)
         self.listeners.clear()
         try:
-            compacted = self.compacted = compact_events(self.events)
+            # Never store what cannot be replayed, nor more than a run's byte bound.
+            compacted, size = storable(compact_events(self.events),
+                                       self.manager.max_run_bytes)
+            self.compacted = compacted
             ids = {m["id"] for m in self.input.raw.get("messages") or ()
                    if isinstance(m, dict) and isinstance(m.get("id"), str)}
             for event in compacted:
@@ -198,7 +205,8 @@ class ActiveRun:
                         ids.add(value)
             await self.manager.store.append_run(
                 self.thread_id, self.agent_id,
-                StoredRun(self.run_id, compacted, self.created_at), ids, owner=self.owner)
+                StoredRun(self.run_id, compacted, self.created_at, size), ids,
+                owner=self.owner)
         except Exception:
             _log.exception("could not store run", thread_id=self.thread_id, run_id=self.run_id)
         if self.on_end is not None:
@@ -211,8 +219,9 @@ class ActiveRun:
 class RunManager:
     """The runs active in this process, at most one per thread."""
 
-    def __init__(self, store: ThreadStore) -> None:
+    def __init__(self, store: ThreadStore, max_run_bytes: int = DEFAULT_MAX_RUN_BYTES) -> None:
         self.store = store
+        self.max_run_bytes = max_run_bytes
         self.active: dict[str, ActiveRun] = {}
 
     async def begin(self, agent_id: str, agent: Agent, input: RunInput,
@@ -250,6 +259,8 @@ class RunManager:
     async def replay(self, thread_id: str) -> AsyncIterator[Sequence[Event]]:
         """A thread's stored runs, then the live run if there is one, to its end."""
         record = await self.store.get(thread_id)
+        if record is not None:
+            record = readable(record)  # a thread stored broken is still replayed
         stored = [e for run in record.runs for e in run.events] if record else []
         live = self.active.get(thread_id)
         if live is None:

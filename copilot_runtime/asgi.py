@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from starlette.routing import Route
@@ -19,13 +19,13 @@ from starlette.routing import Route
 from copilot_runtime._exceptions import (
     ClientDisconnected,
     InvalidRequestError,
+    JSONTooDeepError,
     PayloadTooLargeError,
     RequestError,
 )
 from copilot_runtime._input import parse_json_body
 from copilot_runtime.hooks import ErrorInfo
 from copilot_runtime.protocols.agui.handlers import AGUIProtocol
-from copilot_runtime.protocols.graphql import GraphQLProtocol
 from copilot_runtime.protocols.http import (
     CORSPolicy,
     Receive,
@@ -41,6 +41,9 @@ from copilot_runtime.protocols.http import (
     send_method_not_allowed,
 )
 from copilot_runtime.runtime import CopilotRuntime
+
+if TYPE_CHECKING:
+    from copilot_runtime.protocols.graphql import GraphQLProtocol
 
 __all__ = ["CopilotEndpoint", "create_app", "mount_runtime"]
 
@@ -65,7 +68,17 @@ class CopilotEndpoint:
         self.max_body_size = max_body_size
         self.cors = cors or CORSPolicy()
         self.agui = AGUIProtocol(runtime, max_body_size=max_body_size, keepalive=keepalive)
-        self.graphql = GraphQLProtocol(runtime)
+        self._graphql: GraphQLProtocol | None = None
+
+    @property
+    def graphql(self) -> GraphQLProtocol:
+        """The GraphQL protocol, imported and built on first use: a deployment whose clients
+        all speak AG-UI never loads graphql-core (several MB of an idle worker)."""
+        if self._graphql is None:
+            from copilot_runtime.protocols.graphql import GraphQLProtocol
+
+            self._graphql = GraphQLProtocol(self.runtime)
+        return self._graphql
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -166,12 +179,14 @@ class CopilotEndpoint:
             await send_json(request, 413, {"error": "Payload too large", "message": exc.message,
                                            "code": exc.code})
             return
-        except InvalidRequestError:
+        except InvalidRequestError as exc:
+            too_deep = isinstance(exc, JSONTooDeepError)
             if b"x-copilotkit-runtime-client-gql-version" in request.headers:
-                await self.graphql.invalid_json(request)  # a GraphQL client: its error form
+                # a GraphQL client: its error form
+                await self.graphql.invalid_json(request, exc.message if too_deep else None)
                 return
-            await send_json(request, 400, {"error": "invalid_request",
-                                           "message": "Invalid JSON payload"})
+            await send_json(request, 400, {"error": "invalid_request", "message":
+                                           exc.message if too_deep else "Invalid JSON payload"})
             return
         except ClientDisconnected:
             return

@@ -29,6 +29,9 @@ from ag_ui.core import (
     UserMessage,
 )
 
+from copilot_runtime._exceptions import JSONTooDeepError
+from copilot_runtime._limits import check_json_text
+
 __all__ = [
     "from_graphql_inputs",
     "from_json_representation",
@@ -62,10 +65,7 @@ def to_legacy(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             for call in message.get("toolCalls") or ():
                 function = call.get("function") or {}
                 call_names[call["id"]] = function.get("name", "")
-                try:
-                    arguments = orjson.loads(function.get("arguments") or "{}")
-                except orjson.JSONDecodeError:
-                    arguments = {}
+                arguments = _arguments(function.get("arguments"))
                 out.append({"id": call["id"], "createdAt": _CREATED_AT,
                             "type": "ActionExecutionMessage", "name": function.get("name", ""),
                             "arguments": arguments, "parentMessageId": message_id})
@@ -152,10 +152,7 @@ def to_json_representation(messages: Iterable[Mapping[str, Any]]) -> list[dict[s
         for call in calls:
             function = call.get("function") or {}
             names[call["id"]] = function.get("name", "")
-            try:
-                arguments = orjson.loads(function.get("arguments") or "{}")
-            except orjson.JSONDecodeError:
-                arguments = {}
+            arguments = _arguments(function.get("arguments"))
             out.append({"id": call["id"], "name": function.get("name", ""),
                         "arguments": arguments, "parentMessageId": message_id})
     return out
@@ -296,3 +293,12 @@ def _openai_user_content(content: Any) -> Any:
                              f"{part.source.value}"}})
         # audio and video have no Chat Completions input form; they are left out
     return parts
+
+
+def _arguments(text: Any) -> Any:
+    """Tool-call arguments decoded for the 1.10 protocol; {} when malformed or nested too
+    deep to re-encode (as text they may be any depth; decoded, they are held to the bound)."""
+    try:
+        return check_json_text(text or "{}", "Arguments")
+    except (orjson.JSONDecodeError, JSONTooDeepError, TypeError):
+        return {}

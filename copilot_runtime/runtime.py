@@ -8,6 +8,7 @@ from typing import Any
 from copilot_runtime import _trust
 from copilot_runtime._exceptions import AgentNotFoundError, ConfigurationError
 from copilot_runtime._input import RunInput
+from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES
 from copilot_runtime._runs import ActiveRun, RunManager
 from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import ServiceAdapter
@@ -33,7 +34,8 @@ class CopilotRuntime:
 
     `agents` maps agent ids to agents. With `service_adapter`, a `BuiltInAgent` over it
     serves as the `default` agent (unless `agents` names one `default` already) with the
-    server-side `actions`.
+    server-side `actions`. `max_run_bytes` bounds what one run keeps in the thread store
+    (as encoded JSON; longer strings are cut, and the cut logged).
 
     Serving many users (all optional; without them nothing is checked or counted):
     `auth` identifies callers and makes threads private to whoever started them;
@@ -60,6 +62,7 @@ class CopilotRuntime:
         on_run_finished: OnRunFinished | None = None,
         on_error: OnError | None = None,
         telemetry: Any = None,
+        max_run_bytes: int = DEFAULT_MAX_RUN_BYTES,
     ) -> None:
         self.agents: dict[str, Agent] = dict(agents or {})
         self.actions = list(actions)
@@ -76,7 +79,7 @@ class CopilotRuntime:
         elif self.actions and service_adapter is None:
             raise ConfigurationError("actions need a service_adapter for the default agent")
         self.store: ThreadStore = thread_store or InMemoryThreadStore()
-        self.runs = RunManager(self.store)
+        self.runs = RunManager(self.store, max_run_bytes)
         if auth is not None and not isinstance(auth, Authenticator):
             raise ConfigurationError("auth needs an async authenticate(request) method")
         self.auth = auth

@@ -23,7 +23,7 @@ LAYERS: dict[str, int] = {
     # 0. core: the vocabulary every piece speaks
     "_exceptions": 0, "_time": 0, "_version": 0, "_input": 0, "events": 0, "headers": 0,
     "actions": 0, "_compaction": 0, "threads": 0, "approvals": 0, "messages": 0,
-    "event_order": 0, "auth": 0, "hooks": 0, "limits": 0, "telemetry": 0,
+    "event_order": 0, "_limits": 0, "auth": 0, "hooks": 0, "limits": 0, "telemetry": 0,
     # 1. model providers, and the guardrails that may use one as a judge
     "adapters": 1, "guardrails": 1,
     # 2. agents, and the LangGraph checkpointers they run on

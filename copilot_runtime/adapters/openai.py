@@ -17,7 +17,13 @@ import httpx2
 import openai
 import orjson
 
-from copilot_runtime._exceptions import ConfigurationError, UpstreamError, UpstreamTimeoutError
+from copilot_runtime._exceptions import (
+    ConfigurationError,
+    UpstreamConnectionError,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeoutError,
+)
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -132,7 +138,7 @@ class OpenAIAdapter:
                     if parser.done:
                         break
                 if not parser.done:
-                    raise UpstreamError(
+                    raise UpstreamProtocolError(
                         "The OpenAI stream ended before the answer was complete")
             finally:
                 await response.aclose()
@@ -141,18 +147,29 @@ class OpenAIAdapter:
                 f"OpenAI request failed with HTTP {exc.status_code}: {_error_message(exc)}",
                 status=exc.status_code) from None
         except openai.APIConnectionError as exc:
-            refused = _find_cause(exc, aiohttp.ClientConnectorError)
-            if refused is not None:
-                raise UpstreamError(f"Could not reach the OpenAI API: {refused}") from None
-            if isinstance(exc, openai.APITimeoutError):
-                raise UpstreamTimeoutError("OpenAI request timed out") from None
-            raise UpstreamError(f"Could not reach the OpenAI API: {_cause(exc)}") from None
+            # Told apart by aiohttp's cause: the SDK reports a server that hung up as a
+            # timeout. Messages name what happened, never the transport's internals.
+            if _find_cause(exc, aiohttp.ClientConnectorError) is not None:
+                raise UpstreamConnectionError(
+                    "Could not reach the OpenAI API (connection failed)") from None
+            if _find_cause(exc, aiohttp.ServerDisconnectedError) is not None:
+                raise UpstreamConnectionError(
+                    "The OpenAI API closed the connection without answering") from None
+            if isinstance(exc, openai.APITimeoutError) or _find_cause(
+                    exc, TimeoutError) is not None:
+                raise UpstreamTimeoutError(self._silent()) from None
+            raise UpstreamConnectionError("Could not reach the OpenAI API") from None
         except openai.OpenAIError as exc:
             raise UpstreamError(f"OpenAI request failed: {exc}") from None
-        except httpx2.TransportError as exc:
+        except httpx2.TimeoutException:
+            raise UpstreamTimeoutError(self._silent()) from None
+        except httpx2.TransportError:
             # Raised by the byte stream itself: the connection broke mid-answer.
-            raise UpstreamError(
-                f"The OpenAI stream broke off: {exc or type(exc).__name__}") from None
+            raise UpstreamConnectionError(
+                "The OpenAI stream broke off before the answer was complete") from None
+
+    def _silent(self) -> str:
+        return f"The OpenAI API sent nothing for {self._timeout:g} s"
 
 
 def _error_message(exc: openai.APIStatusError) -> str:
@@ -171,11 +188,6 @@ def _find_cause(exc: BaseException, kind: type[_E]) -> _E | None:
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
-
-
-def _cause(exc: BaseException) -> str:
-    cause = exc.__cause__ or exc.__context__
-    return str(cause) if cause is not None and str(cause) else str(exc)
 
 
 class ChatCompletionsStreamParser:
@@ -213,19 +225,27 @@ class ChatCompletionsStreamParser:
             try:
                 chunk = orjson.loads(payload)
             except orjson.JSONDecodeError:
-                raise UpstreamError("The OpenAI stream sent malformed JSON") from None
-            self._chunk(chunk, out)
+                raise UpstreamProtocolError("The OpenAI stream sent malformed JSON") from None
+            try:
+                self._chunk(chunk, out)
+            except (AttributeError, TypeError, ValueError):
+                # A field of the wrong type (`choices` not a list, `delta` not an object).
+                raise UpstreamProtocolError(
+                    "The OpenAI stream sent a chunk that does not match the Chat Completions "
+                    "format") from None
         return out
 
     def _chunk(self, chunk: Any, out: list[ChatDelta]) -> None:
         if not isinstance(chunk, dict):
-            raise UpstreamError("The OpenAI stream sent an unexpected frame")
+            raise UpstreamProtocolError("The OpenAI stream sent an unexpected frame")
         error = chunk.get("error")
         if error:
             message = error.get("message") if isinstance(error, dict) else str(error)
             raise UpstreamError(f"OpenAI reported an error mid-stream: {message}")
         usage = chunk.get("usage")
         if usage:
+            if not isinstance(usage, dict):
+                raise TypeError
             self.usage = usage
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
@@ -233,13 +253,21 @@ class ChatCompletionsStreamParser:
             delta = choice.get("delta") or {}
             content = delta.get("content")
             if content:
+                if not isinstance(content, str):
+                    raise TypeError
                 out.append(TextDelta(content))
             for call in delta.get("tool_calls") or ():
                 function = call.get("function") or {}
-                out.append(ToolCallDelta(call.get("index", 0), call.get("id"),
-                                         function.get("name"), function.get("arguments") or ""))
+                index, call_id = call.get("index", 0), call.get("id")
+                name, arguments = function.get("name"), function.get("arguments") or ""
+                if not (isinstance(index, int) and isinstance(arguments, str)
+                        and isinstance(call_id, str | None) and isinstance(name, str | None)):
+                    raise TypeError
+                out.append(ToolCallDelta(index, call_id, name, arguments))
             reason = choice.get("finish_reason")
             if reason:
+                if not isinstance(reason, str):
+                    raise TypeError
                 self.finish_reason = reason
 
 

@@ -7,6 +7,7 @@ Written against bare ASGI: the streaming path is the runtime's hot loop, and Sta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from copilot_runtime._exceptions import (
     RateLimitedError,
     RequestError,
 )
+from copilot_runtime._limits import replayable
 from copilot_runtime._runs import ActiveRun
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.events import Event
@@ -140,12 +142,17 @@ def request_info(request: Request) -> RequestInfo:
         method=request.method, path=request.path,
         headers={k.decode("latin-1"): v.decode("latin-1") for k, v in request.headers.items()},
         client=client[0] if client else None)
+# How much of an over-limit body is read (and discarded) before answering 413, and for how
+# long: see `_drain`.
+_DRAIN_BYTES = 64 * 1024 * 1024
+_DRAIN_SECONDS = 30.0
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, or `PayloadTooLargeError` as soon as it is known to exceed `limit`."""
+    """The whole body, or `PayloadTooLargeError` once it is known to exceed `limit`."""
     declared = request.headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
+        await _drain(request, int(declared))
         raise PayloadTooLargeError(limit)
     chunks: list[bytes] = []
     size = 0
@@ -154,13 +161,38 @@ async def read_body(request: Request, limit: int) -> bytes:
         if message["type"] == "http.disconnect":
             raise ClientDisconnected
         body = message.get("body", b"")
+        more = message.get("more_body", False)
         if body:
             size += len(body)
             if size > limit:
+                if more:
+                    await _drain(request, None)
                 raise PayloadTooLargeError(limit)
             chunks.append(body)
-        if not message.get("more_body", False):
+        if not more:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _drain(request: Request, declared: int | None) -> None:
+    """Read and discard the rest of an over-limit body before the 413 is sent.
+
+    Many clients read the answer only after sending the whole body; a server that answers
+    early and then closes (or lets keep-alive expire) with the body unread resets the
+    connection, and such a client sees the reset, not the 413. Bounded in bytes and time:
+    a body far over the limit is cut off as before.
+    """
+    if declared is not None and declared > _DRAIN_BYTES:
+        return
+    drained = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_DRAIN_SECONDS):
+            while drained <= _DRAIN_BYTES:
+                message = await request.receive()
+                if message["type"] == "http.disconnect":
+                    return
+                drained += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
 
 
 async def send_json(request: Request, status: int, payload: Any,
@@ -307,7 +339,12 @@ async def stream_run(request: Request, run: ActiveRun,
     loop = asyncio.get_running_loop()
 
     async def write(batch: Sequence[Event]) -> None:
-        body = encode(batch)
+        try:
+            body = encode(batch)
+        except (orjson.JSONEncodeError, TypeError):
+            # An agent produced what JSON cannot carry: send the rest, not a broken stream.
+            safe = replayable(batch)
+            body = encode(safe) if safe else b""
         last = run.terminated
         if body or last:
             stream.ended = last
@@ -342,8 +379,14 @@ async def stream_events(request: Request, batches: Any) -> None:
     try:
         async for batch in batches:
             if batch:
-                await request.send({"type": "http.response.body", "body": encode_sse(batch),
-                                    "more_body": True})
+                try:
+                    body = encode_sse(batch)
+                except (orjson.JSONEncodeError, TypeError):
+                    safe = replayable(batch)
+                    body = encode_sse(safe) if safe else b""
+                if body:
+                    await request.send({"type": "http.response.body", "body": body,
+                                        "more_body": True})
     except asyncio.CancelledError:
         if not left or task is None:
             raise

@@ -34,6 +34,8 @@ class StoredRun:
     run_id: str
     events: list[Event]
     created_at: float
+    #: The events' size as encoded JSON, when the writer measured it (0: not measured).
+    size: int = 0
 
 
 @dataclass(slots=True)

@@ -1,22 +1,41 @@
-"""The default thread store: a bounded dict in this process (lost on restart)."""
+"""The default thread store: a dict in this process bounded by count and bytes (lost on restart)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
 
+import orjson
+import structlog
+
+from copilot_runtime.events import Event
 from copilot_runtime.threads.base import StoredRun, ThreadOwner, ThreadRecord
 
-__all__ = ["InMemoryThreadStore"]
+__all__ = ["DEFAULT_MAX_BYTES", "InMemoryThreadStore"]
+
+_log = structlog.get_logger("copilot_runtime.threads")
+
+#: The default budget of the whole store, counted as the runs' encoded JSON.
+DEFAULT_MAX_BYTES = 128 * 1024 * 1024
 
 
 class InMemoryThreadStore:
-    """Keeps up to `max_threads` threads, evicting the least recently used."""
+    """Keeps up to `max_threads` threads and `max_bytes` of runs, evicting the least recently
+    used thread first (and logging it).
 
-    def __init__(self, max_threads: int = 10_000, max_runs_per_thread: int = 200) -> None:
+    Sizes are the runs' encoded JSON (measured by the runtime when it stores a run); Python
+    holds them in somewhat more memory than that, so `max_bytes` is a budget, not a ceiling.
+    A single thread over the budget loses its oldest runs instead.
+    """
+
+    def __init__(self, max_threads: int = 10_000, max_runs_per_thread: int = 200,
+                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_threads = max_threads
         self.max_runs_per_thread = max_runs_per_thread
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self._threads: OrderedDict[str, ThreadRecord] = OrderedDict()
+        self._sizes: dict[str, int] = {}
 
     async def get(self, thread_id: str) -> ThreadRecord | None:
         record = self._threads.get(thread_id)
@@ -27,19 +46,44 @@ class InMemoryThreadStore:
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
                          message_ids: Iterable[str], *, owner: ThreadOwner | None = None
                          ) -> None:
+        if not run.size:
+            run.size = _size(run.events)
         record = self._threads.get(thread_id)
         if record is None:
             record = ThreadRecord(thread_id, agent_id, run.created_at, run.created_at,
                                   owner=owner)
             self._threads[thread_id] = record
-            while len(self._threads) > self.max_threads:
-                self._threads.popitem(last=False)
+            self._sizes[thread_id] = 0
         else:
             self._threads.move_to_end(thread_id)
         record.runs.append(run)
-        del record.runs[: -self.max_runs_per_thread]
+        self._grow(thread_id, run.size)
+        if len(record.runs) > self.max_runs_per_thread:
+            dropped = record.runs[: -self.max_runs_per_thread]
+            del record.runs[: -self.max_runs_per_thread]
+            self._grow(thread_id, -sum(r.size for r in dropped))
         record.updated_at = run.created_at
         record.message_ids.update(message_ids)
+        self._evict(thread_id)
+
+    def _grow(self, thread_id: str, size: int) -> None:
+        self._sizes[thread_id] += size
+        self.bytes += size
+
+    def _evict(self, keep: str) -> None:
+        while len(self._threads) > self.max_threads or (
+                self.bytes > self.max_bytes and len(self._threads) > 1):
+            thread_id, record = self._threads.popitem(last=False)
+            size = self._sizes.pop(thread_id)
+            self.bytes -= size
+            _log.info("thread evicted from memory", thread_id=thread_id, bytes=size,
+                      runs=len(record.runs), store_bytes=self.bytes)
+        record = self._threads[keep]
+        while self.bytes > self.max_bytes and len(record.runs) > 1:
+            run = record.runs.pop(0)
+            self._grow(keep, -run.size)
+            _log.info("run evicted from memory", thread_id=keep, run_id=run.run_id,
+                      bytes=run.size, store_bytes=self.bytes)
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
                    owner: ThreadOwner | None = None) -> list[ThreadRecord]:
@@ -49,3 +93,12 @@ class InMemoryThreadStore:
 
     async def aclose(self) -> None:
         self._threads.clear()
+        self._sizes.clear()
+        self.bytes = 0
+
+
+def _size(events: list[Event]) -> int:
+    try:
+        return len(orjson.dumps(events))
+    except (orjson.JSONEncodeError, TypeError):
+        return len(repr(events))  # what JSON cannot carry (the runtime never stores such)

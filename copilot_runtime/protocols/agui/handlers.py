@@ -29,6 +29,7 @@ from copilot_runtime._exceptions import (
     ThreadNotFoundError,
 )
 from copilot_runtime._input import parse_json_body, parse_run_input
+from copilot_runtime._limits import readable
 from copilot_runtime._time import iso_time
 from copilot_runtime.protocols.agui.approvals import ApprovalRoutes, approval_route
 from copilot_runtime.protocols.http import (
@@ -175,6 +176,8 @@ class AGUIProtocol:
             } for r in records], "nextCursor": None})
             return
         record = await store.get(thread_id)
+        if record is not None:
+            record = readable(record)  # a thread stored broken is still read
         owner = self.runtime.owner_filter(request.info)
         if record is None or (owner is not None and record.owner != owner):
             await send_json(request, 404, {"error": "Thread not found",

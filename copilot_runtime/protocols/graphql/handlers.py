@@ -27,7 +27,12 @@ from graphql import (
 )
 from graphql.execution.values import get_argument_values, get_variable_values
 
-from copilot_runtime._exceptions import CopilotRuntimeError, RateLimitedError
+from copilot_runtime._exceptions import (
+    CopilotRuntimeError,
+    InvalidRequestError,
+    RateLimitedError,
+)
+from copilot_runtime._limits import check_json_text
 from copilot_runtime.protocols.graphql.agent_tools import session_run
 from copilot_runtime.protocols.graphql.documents import DocumentCache, Prepared
 from copilot_runtime.protocols.graphql.errors import kit_code_of, kit_extensions
@@ -98,9 +103,11 @@ class GraphQLProtocol:
             variables: Any = None
             if params.get("variables", [""])[0]:
                 try:
-                    variables = orjson.loads(params["variables"][0])
+                    variables = check_json_text(params["variables"][0], "'variables'")
                 except orjson.JSONDecodeError:
                     raise _bad("'variables' is not valid JSON") from None
+                except InvalidRequestError as exc:
+                    raise _bad(exc.message) from None
             if variables is not None and not isinstance(variables, dict):
                 raise _bad("'variables' must be a JSON object")
             if not query.strip():
@@ -110,11 +117,11 @@ class GraphQLProtocol:
         except _BadRequest as exc:
             await send_result(request, exc.status, orjson.dumps(exc.payload), exc.headers)
 
-    async def invalid_json(self, request: Request) -> None:
-        """The answer to a GraphQL client whose body is not JSON."""
+    async def invalid_json(self, request: Request, message: str | None = None) -> None:
+        """The answer to a GraphQL client whose body is not JSON (or nests too deep)."""
+        message = message or "The request body is not valid JSON"
         await send_result(request, 400, orjson.dumps(
-            {"errors": [{"message": "The request body is not valid JSON",
-                         "extensions": {"code": "BAD_REQUEST"}}]}))
+            {"errors": [{"message": message, "extensions": {"code": "BAD_REQUEST"}}]}))
 
     # -- operations ----------------------------------------------------------------------
 

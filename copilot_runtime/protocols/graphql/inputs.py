@@ -26,6 +26,7 @@ import orjson
 
 from copilot_runtime._exceptions import InvalidRequestError
 from copilot_runtime._input import RunInput, parse_run_input
+from copilot_runtime._limits import check_json_text
 from copilot_runtime.messages import from_graphql_inputs
 
 __all__ = ["RunRequest", "run_request"]
@@ -90,7 +91,8 @@ def run_request(data: Mapping[str, Any], properties: Mapping[str, Any] | None,
 def _schema(text: Any) -> dict[str, Any]:
     # The 1.10 runtime falls back to an empty schema when it cannot parse one; so do we.
     try:
-        schema = orjson.loads(text) if isinstance(text, str) else None
+        schema = check_json_text(text, "An action's jsonSchema") if isinstance(
+            text, str) else None
     except orjson.JSONDecodeError:
         schema = None
     return schema if isinstance(schema, dict) else dict(_EMPTY_SCHEMA)
@@ -118,7 +120,7 @@ def _json_object(text: Any, what: str) -> dict[str, Any]:
     if text is None:
         return {}
     try:
-        value = orjson.loads(text)
+        value = check_json_text(text, what)
     except (orjson.JSONDecodeError, TypeError):
         raise InvalidRequestError(f"{what} must be a JSON object encoded as a string") from None
     if not isinstance(value, dict):

@@ -22,6 +22,8 @@ from typing import Any, Final
 import orjson
 
 from copilot_runtime import events as ev
+from copilot_runtime._exceptions import JSONTooDeepError
+from copilot_runtime._limits import check_json_text
 from copilot_runtime.protocols.graphql.messages import interrupt_messages
 from copilot_runtime.protocols.graphql.project import Obj
 
@@ -43,9 +45,9 @@ def meta_event(name: Any, value: Any, created_at: str) -> Obj | None:
         parsed = value
         if isinstance(value, str) and value.startswith("{"):
             try:
-                parsed = orjson.loads(value)
-            except orjson.JSONDecodeError:
-                parsed = None
+                parsed = check_json_text(value, "An interrupt's value")
+            except (orjson.JSONDecodeError, JSONTooDeepError):
+                parsed = None  # sent on as text, which any depth can be
         if isinstance(parsed, dict) and _VALUE_KEY in parsed:
             return _copilotkit(parsed[_VALUE_KEY], parsed.get(_MESSAGES_KEY), created_at)
         return ("LangGraphInterruptEvent", {"type": "MetaEvent",

@@ -17,6 +17,7 @@ from graphql import GraphQLError, GraphQLResolveInfo
 
 from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._exceptions import AgentNotFoundError, CopilotRuntimeError
+from copilot_runtime._limits import readable
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.messages import to_json_representation
@@ -87,6 +88,7 @@ async def load_agent_state(runtime: CopilotRuntime, data: Mapping[str, Any],
     record = await runtime.store.get(thread_id)
     if record is None:
         return _no_thread(thread_id)
+    record = readable(record)  # a thread stored broken is still read
     state = record.state
     return _thread(thread_id, state if isinstance(state, dict) else {},
                    events_to_messages(r.events for r in record.runs))

@@ -1,0 +1,176 @@
+"""How deep a request's JSON may nest, and what to do with stored JSON that nests deeper.
+
+orjson reads 1,024 levels but writes only 254, and every later stage re-encodes what a
+request carried a few levels deeper than it came (`RUN_STARTED.input` echoes the body one
+level down, the thread routes wrap the events two more, a store writes them as one list).
+So depth is bounded once, where JSON enters (a body, or JSON text inside a GraphQL
+argument), well below what every stage can write: what is accepted can always be streamed,
+stored and replayed.
+
+Threads stored before this bound (or by an agent that produced something unencodable) are
+read through `replayable`, which drops what cannot be encoded instead of failing the read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import structlog
+
+from copilot_runtime._exceptions import JSONTooDeepError
+from copilot_runtime.threads.base import StoredRun, ThreadRecord
+
+__all__ = [
+    "DEFAULT_MAX_RUN_BYTES",
+    "MAX_JSON_DEPTH",
+    "check_json_depth",
+    "check_json_text",
+    "readable",
+    "replayable",
+    "storable",
+]
+
+_log = structlog.get_logger("copilot_runtime.limits")
+
+#: The most containers (objects and arrays) a request's JSON may nest, counting the body.
+MAX_JSON_DEPTH = 64
+#: The most bytes (as encoded JSON) one run keeps in a thread store.
+DEFAULT_MAX_RUN_BYTES = 16 * 1024 * 1024
+_TRUNCATED = "…[truncated]"
+
+# The run-level events whose identity fields a client needs even when their payload is lost.
+_KEEP_FIELDS = {
+    "RUN_STARTED": ("type", "threadId", "runId", "parentRunId", "timestamp"),
+    "RUN_FINISHED": ("type", "threadId", "runId", "timestamp"),
+    "RUN_ERROR": ("type", "message", "code", "timestamp"),
+}
+
+
+def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True if `value` nests more than `limit` containers deep (iterative: no recursion)."""
+    if not isinstance(value, dict | list):
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        container, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = container.values() if isinstance(container, dict) else container
+        for child in children:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+    return False
+
+
+def check_json_depth(data: Any, text: bytes | str, what: str = "The request body") -> None:
+    """Raise `JSONTooDeepError` if `data` (decoded from `text`) nests too deep.
+
+    A text with fewer opening brackets than the limit cannot nest deeper (the common
+    case, decided at C speed); only the rest is walked.
+    """
+    if isinstance(text, str):
+        count = text.count("{") + text.count("[")
+    else:
+        count = text.count(b"{") + text.count(b"[")
+    if count > MAX_JSON_DEPTH and too_deep(data):
+        raise JSONTooDeepError(what, MAX_JSON_DEPTH)
+
+
+def check_json_text(text: str | bytes, what: str) -> Any:
+    """Decode JSON text found inside a request, holding it to the same depth bound.
+
+    Raises `orjson.JSONDecodeError` for malformed text, like `orjson.loads`.
+    """
+    value = orjson.loads(text)
+    check_json_depth(value, text, what)
+    return value
+
+
+def replayable(events: Sequence[Any]) -> list[Any]:
+    """`events` as they can be encoded: an event that cannot be is reduced or left out.
+
+    A run-level event keeps its identity (a client needs every run's start and end); any
+    other unencodable event (a state snapshot, a custom value) is dropped and logged.
+    Costs one encoding of the list when everything is fine.
+    """
+    try:
+        orjson.dumps(events)
+    except (orjson.JSONEncodeError, TypeError):
+        pass
+    else:
+        return list(events)
+    out: list[Any] = []
+    for event in events:
+        try:
+            orjson.dumps(event)
+        except (orjson.JSONEncodeError, TypeError):
+            kind = event.get("type") if isinstance(event, dict) else None
+            keep = _KEEP_FIELDS.get(kind) if isinstance(kind, str) else None
+            _log.warning("dropped an event that cannot be encoded", type=kind,
+                         reduced=keep is not None)
+            if keep is not None:
+                out.append(_reduced(event))
+        else:
+            out.append(event)
+    return out
+
+
+def readable(record: ThreadRecord) -> ThreadRecord:
+    """`record` with every run `replayable`: the same object when nothing needed fixing."""
+    try:
+        orjson.dumps([run.events for run in record.runs])
+    except (orjson.JSONEncodeError, TypeError):
+        pass
+    else:
+        return record
+    _log.warning("thread holds events that cannot be encoded", thread_id=record.thread_id)
+    runs = [StoredRun(run.run_id, replayable(run.events), run.created_at)
+            for run in record.runs]
+    return ThreadRecord(record.thread_id, record.agent_id, record.created_at,
+                        record.updated_at, runs, record.message_ids)
+
+
+def storable(events: list[Any], max_bytes: int) -> tuple[list[Any], int]:
+    """A run's events as a store may keep them, and their size as encoded JSON.
+
+    What cannot be encoded is reduced (`replayable`); a run over `max_bytes` has its
+    longest strings cut (a huge pasted message or answer), then, if that is not enough,
+    keeps only its run-level events. Either way the run stays replayable and is logged.
+    Costs one encoding when the run is fine.
+    """
+    try:
+        size = len(orjson.dumps(events))
+    except (orjson.JSONEncodeError, TypeError):
+        events = replayable(events)
+        size = len(orjson.dumps(events))
+    if size <= max_bytes:
+        return events, size
+    original = size
+    cut = max_bytes // 2
+    while size > max_bytes and cut >= 256:
+        events = [_cut_strings(event, cut) for event in events]
+        size = len(orjson.dumps(events))
+        cut //= 4
+    if size > max_bytes:
+        events = [_reduced(event) for event in events
+                  if isinstance(event, dict) and event.get("type") in _KEEP_FIELDS]
+        size = len(orjson.dumps(events))
+    _log.warning("run over the byte limit stored cut", bytes=original, stored=size,
+                 limit=max_bytes)
+    return events, size
+
+
+def _reduced(event: dict[str, Any]) -> dict[str, Any]:
+    return {k: event[k] for k in _KEEP_FIELDS[event["type"]] if k in event}
+
+
+def _cut_strings(value: Any, limit: int) -> Any:
+    if isinstance(value, str):
+        return value if len(value) <= limit else value[:limit] + _TRUNCATED
+    if isinstance(value, dict):
+        return {k: _cut_strings(v, limit) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut_strings(v, limit) for v in value]
+    return value
