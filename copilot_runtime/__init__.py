@@ -21,7 +21,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._input import RunInput
 from copilot_runtime._version import __version__
 from copilot_runtime.actions import Action, action
-from copilot_runtime.adapters import DemoAdapter, OpenAIAdapter, ServiceAdapter
+from copilot_runtime.adapters import DemoAdapter, EmptyAdapter, OpenAIAdapter, ServiceAdapter
 from copilot_runtime.agents import (
     Agent,
     AgentThreadState,
@@ -45,6 +45,7 @@ __all__ = [
     "ActionError",
     "Agent",
     "AgentNotFoundError",
+    "AnthropicAdapter",
     "AgentThreadState",
     "ApprovalPolicy",
     "BuiltInAgent",
@@ -56,10 +57,13 @@ __all__ = [
     "CopilotRuntimeError",
     "DemoAdapter",
     "DurableCheckpointer",
+    "EmptyAdapter",
+    "GoogleGenAIAdapter",
     "HeaderPolicy",
     "HttpAgent",
     "InMemoryThreadStore",
     "InvalidRequestError",
+    "LangChainAdapter",
     "LangGraphAgent",
     "LangGraphPlatformAgent",
     "OpenAIAdapter",
@@ -91,7 +95,11 @@ __all__ = [
 
 
 _LAZY = {
-    # These need optional extras (langgraph, platform, postgres): imported when asked for.
+    # These need optional extras (langgraph, platform, postgres, anthropic, google,
+    # langchain): imported when asked for.
+    "AnthropicAdapter": "copilot_runtime.adapters",
+    "GoogleGenAIAdapter": "copilot_runtime.adapters",
+    "LangChainAdapter": "copilot_runtime.adapters",
     "LangGraphAgent": "copilot_runtime.agents",
     "LangGraphPlatformAgent": "copilot_runtime.agents",
     "checkpointer": "copilot_runtime.checkpointers",
