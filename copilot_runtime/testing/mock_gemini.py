@@ -115,7 +115,9 @@ def validate(body: Any, signed: set[str]) -> None:
                 raise _Refused(f"contents[{i}]: functionCall in a user turn")
             if not isinstance(call.get("args", {}), dict):
                 raise _Refused(f"contents[{i}].functionCall.args: must be an object")
-            if call.get("name") in signed and part.get("thoughtSignature") != _SIGNATURE:
+            # Gemini 3 signs the first call of a turn, and checks that one comes back.
+            if not calls and call.get("name") in signed \
+                    and part.get("thoughtSignature") != _SIGNATURE:
                 raise _Refused(f"Function call is missing a thought_signature in functionCall "
                                f"parts. (contents[{i}])")
             calls += 1
