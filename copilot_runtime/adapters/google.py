@@ -78,6 +78,7 @@ class GoogleGenAIAdapter:
     ) -> None:
         self.model = model
         self._client = client
+        self._session: aiohttp.ClientSession | None = None
         self._api_key = (api_key or os.environ.get("GOOGLE_API_KEY")
                          or os.environ.get("GEMINI_API_KEY"))
         self._base_url = base_url
@@ -94,14 +95,20 @@ class GoogleGenAIAdapter:
         if self._client is None:
             retry = (genai_types.HttpRetryOptions(attempts=self._max_retries + 1)
                      if self._max_retries else None)
+            # Our own aiohttp session: the SDK's default one subclasses ClientSession, which
+            # aiohttp deprecates (a warning on every first request). Made inside the loop.
+            self._session = aiohttp.ClientSession()
             self._client = genai.Client(api_key=self._api_key, http_options=genai_types.HttpOptions(
                 base_url=self._base_url, timeout=int(self._timeout * 1000),
-                retry_options=retry))
+                retry_options=retry, aiohttp_client=self._session))
         return self._client
 
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.aio.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     def build_config(self, request: ChatRequest) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """(contents, config) of the `generate_content_stream` call for `request`."""

@@ -156,6 +156,9 @@ class OpenAIAdapter:
             raise UpstreamError(f"Could not reach the OpenAI API: {_cause(exc)}") from None
         except openai.OpenAIError as exc:
             raise UpstreamError(f"OpenAI request failed: {exc}") from None
+        except httpx2.TimeoutException:
+            # Raised by the byte stream itself: the answer stalled longer than the timeout.
+            raise UpstreamTimeoutError("OpenAI request timed out") from None
         except httpx2.TransportError as exc:
             # Raised by the byte stream itself: the connection broke mid-answer.
             raise UpstreamError(
