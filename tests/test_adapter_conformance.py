@@ -26,8 +26,8 @@ import pytest
 from ag_ui.core import (
     AssistantMessage,
     DataSource,
-    ImagePart,
     FunctionCall,
+    ImagePart,
     TextPart,
     ToolCall,
     ToolMessage,

@@ -211,8 +211,16 @@ class AnthropicStreamParser:
     numbered by the API (`index`); tool-use blocks are renumbered 0, 1, ... as call indexes.
     """
 
-    __slots__ = ("_args_seen", "_buffer", "_calls", "done", "finish_reason", "input_tokens",
-                 "output_tokens", "extra_usage")
+    __slots__ = (
+        "_args_seen",
+        "_buffer",
+        "_calls",
+        "done",
+        "extra_usage",
+        "finish_reason",
+        "input_tokens",
+        "output_tokens",
+    )
 
     def __init__(self) -> None:
         self._buffer = b""

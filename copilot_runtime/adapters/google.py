@@ -20,7 +20,7 @@ import os
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -149,9 +149,10 @@ class GoogleGenAIAdapter:
         calls = 0
         meta: Any = None
         try:
+            # Plain dicts in the SDK's field names: it validates them into its own types.
             chunks = await self.client.aio.models.generate_content_stream(
-                model=request.model or self.model, contents=contents,  # type: ignore[arg-type]
-                config=config)  # type: ignore[arg-type]
+                model=request.model or self.model, contents=cast(Any, contents),
+                config=cast(Any, config))
             async for chunk in chunks:
                 out: list[ChatDelta] = []
                 if chunk.usage_metadata is not None:

@@ -100,7 +100,7 @@ class LangChainAdapter:
                 if text:
                     out.append(TextDelta(text))
                 for call in chunk.tool_call_chunks:
-                    key = call.get("index")
+                    key: Any = call.get("index")
                     if key is None:
                         key = call.get("id") or len(calls)
                     index = calls.get(key)
@@ -109,7 +109,7 @@ class LangChainAdapter:
                         out.append(ToolCallDelta(index, call.get("id"), call.get("name") or "",
                                                  call.get("args") or ""))
                     elif call.get("args"):
-                        out.append(ToolCallDelta(index, None, None, call["args"]))
+                        out.append(ToolCallDelta(index, None, None, call.get("args") or ""))
                 reason = (chunk.response_metadata or {}).get("finish_reason") \
                     or (chunk.response_metadata or {}).get("stop_reason")
                 if reason:

@@ -256,7 +256,8 @@ def _complete(plan: Any, body: dict[str, Any], digest: str,
 def _frames(plan: Any, body: dict[str, Any], digest: str, chunks: int,
             thinking: str | None) -> list[bytes]:
     def frame(event: dict[str, Any]) -> bytes:
-        return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+        kind: str = event["type"]
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
     frames = [frame({"type": "message_start", "message": {
         "id": "msg_mock" + digest[:20], "type": "message", "role": "assistant",
