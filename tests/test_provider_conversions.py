@@ -397,3 +397,31 @@ async def test_empty_adapter_serves_agents_only() -> None:
     with pytest.raises(InvalidRequestError, match="no language model"):
         async for _ in EmptyAdapter().stream(ChatRequest(messages=[])):
             pass
+
+
+async def test_anthropic_on_vertex_streams_through_the_sdk_iterator() -> None:
+    import anthropic
+
+    from copilot_runtime.testing import MockAnthropicServer
+
+    async with asyncio.timeout(TIMEOUT_S), MockAnthropicServer(chunks=3) as server:
+        client = anthropic.AsyncAnthropicVertex(
+            region="us-east5", project_id="proj", access_token="token",
+            base_url=server.base_url + "/v1", max_retries=0)
+        adapter = AnthropicAdapter(model="claude-on-vertex", client=client)
+        try:
+            text = [d async for b in adapter.stream(ChatRequest(
+                messages=[UserMessage(id="u", content="hello")])) for d in b]
+            calls = [d async for b in adapter.stream(ChatRequest(
+                messages=[UserMessage(id="u", content='call:f {"a":1}')],
+                tools=[ToolSpec("f", "", {"type": "object"})])) for d in b]
+            with pytest.raises(UpstreamError, match="HTTP 429"):
+                async for _ in adapter.stream(ChatRequest(
+                        messages=[UserMessage(id="u", content="error:429")])):
+                    pass
+        finally:
+            await adapter.aclose()
+    assert "".join(d.text for d in text if isinstance(d, TextDelta)) == "echo: hello"
+    assert text[-1].finish_reason == "stop"
+    assert "".join(d.arguments for d in calls if isinstance(d, ToolCallDelta)) == '{"a":1}'
+    assert server.requests[0]["model"] == "claude-on-vertex"

@@ -160,17 +160,29 @@ class MockAnthropicServer(LoopbackServer):
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/messages", self._messages)
+        # Claude on Vertex AI: the model in the path, the version in the body.
+        app.router.add_post(
+            "/v1/projects/{project}/locations/{region}/publishers/anthropic/models/{call}",
+            self._messages)
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
+        vertex = "call" in request.match_info
         if not request.headers.get("x-api-key") and not request.headers.get("authorization"):
             return _error(401, "x-api-key header is required")
-        if not request.headers.get("anthropic-version"):
+        if not vertex and not request.headers.get("anthropic-version"):
             return _error(400, "anthropic-version: header is required")
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
             return _error(400, "There was an error parsing the body of your request")
+        if vertex:
+            model, _, method = request.match_info["call"].partition(":")
+            if not isinstance(body, dict) or "anthropic_version" not in body \
+                    or "model" in body or method not in ("rawPredict", "streamRawPredict"):
+                return _error(400, "a Vertex request names the model in its path and the "
+                                   "anthropic_version in its body")
+            body["model"] = model
         if self.record:
             self.requests.append(body)
             self.headers.append(dict(request.headers))
