@@ -425,3 +425,24 @@ async def test_anthropic_on_vertex_streams_through_the_sdk_iterator() -> None:
     assert text[-1].finish_reason == "stop"
     assert "".join(d.arguments for d in calls if isinstance(d, ToolCallDelta)) == '{"a":1}'
     assert server.requests[0]["model"] == "claude-on-vertex"
+
+
+def test_demo_provider_from_the_environment() -> None:
+    from copilot_runtime import OpenAIAdapter
+    from copilot_runtime.adapters.from_env import adapter_from_env
+
+    assert adapter_from_env({}) is None
+    adapter, line = adapter_from_env({"ANTHROPIC_API_KEY": "k", "ANTHROPIC_MODEL": "c-1"}) or (
+        None, "")
+    assert isinstance(adapter, AnthropicAdapter)
+    assert line == "model c-1 at Anthropic"
+    adapter, _ = adapter_from_env({"GEMINI_API_KEY": "k"}) or (None, "")
+    assert isinstance(adapter, GoogleGenAIAdapter)
+    adapter, _ = adapter_from_env({"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k"}) or (
+        None, "")
+    assert isinstance(adapter, OpenAIAdapter)
+    adapter, _ = adapter_from_env({"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k",
+                                   "COPILOT_RUNTIME_PROVIDER": "anthropic"}) or (None, "")
+    assert isinstance(adapter, AnthropicAdapter)
+    with pytest.raises(ConfigurationError, match="COPILOT_RUNTIME_PROVIDER"):
+        adapter_from_env({"COPILOT_RUNTIME_PROVIDER": "nope"})
