@@ -33,7 +33,14 @@ from copilot_runtime import (
     LangChainAdapter,
     UpstreamError,
 )
-from copilot_runtime.adapters import ChatRequest, StreamEnd, TextDelta, ToolCallDelta, ToolSpec
+from copilot_runtime.adapters import (
+    ChatRequest,
+    ReasoningDelta,
+    StreamEnd,
+    TextDelta,
+    ToolCallDelta,
+    ToolSpec,
+)
 from copilot_runtime.adapters.anthropic import AnthropicStreamParser, to_anthropic_messages
 from copilot_runtime.adapters.google import to_gemini_contents, to_gemini_schema
 from copilot_runtime.agents import HttpAgent
@@ -193,6 +200,7 @@ def test_anthropic_parser_handles_frames_split_anywhere() -> None:
         for i in range(0, len(_STREAM), step):
             out.extend(parser.feed(_STREAM[i:i + step]))
         assert out == [
+            ReasoningDelta("hmm"),
             TextDelta("h\u00e9llo \U0001f600"),
             ToolCallDelta(0, "toolu_1", "f", ""), ToolCallDelta(0, None, None, '{"a":'),
             ToolCallDelta(0, None, None, "1}"),
@@ -200,6 +208,8 @@ def test_anthropic_parser_handles_frames_split_anywhere() -> None:
             StreamEnd("tool_calls", {"prompt_tokens": 9, "completion_tokens": 5,
                                      "total_tokens": 14})]
         assert parser.done
+        assert parser.thinking == [{"type": "thinking", "thinking": "hmm", "signature": ""}]
+        assert parser.tool_ids == ["toolu_1", "toolu_2"]
 
 
 def test_anthropic_parser_errors() -> None:
@@ -446,3 +456,39 @@ def test_demo_provider_from_the_environment() -> None:
     assert isinstance(adapter, AnthropicAdapter)
     with pytest.raises(ConfigurationError, match="COPILOT_RUNTIME_PROVIDER"):
         adapter_from_env({"COPILOT_RUNTIME_PROVIDER": "nope"})
+
+
+# ---- thinking → REASONING_* for AG-UI 1.0 clients only ---------------------------------------
+
+
+async def test_anthropic_thinking_streams_as_reasoning_to_new_clients_only(
+        serve_runtime: Any) -> None:
+    from copilot_runtime.testing import MockAnthropicServer, verify_events
+    from tests.conftest import run_input, text_of, types
+
+    async with asyncio.timeout(TIMEOUT_S), MockAnthropicServer(chunks=3) as server:
+        runtime = CopilotRuntime(service_adapter=AnthropicAdapter(
+            api_key="k", base_url=server.base_url, max_retries=0,
+            thinking={"type": "enabled", "budget_tokens": 1024}), actions=[getWeather])
+        async with serve_runtime(runtime) as served:
+            new = await served.run(run_input("think: hello", protocolVersion="1.0"))
+            old = await served.run(run_input("think: hello", run="run-2"))
+            # the tool loop goes on with thinking on: the signed block is sent back
+            loop = await served.run(run_input('think: call:getWeather {"city":"Oslo"}',
+                                              run="run-3", protocolVersion="1.0"))
+    kinds = types(new)
+    assert kinds[1:6] == ["REASONING_START", "REASONING_MESSAGE_START",
+                          "REASONING_MESSAGE_CONTENT", "REASONING_MESSAGE_CONTENT",
+                          "REASONING_MESSAGE_CONTENT"], kinds
+    assert kinds[6:8] == ["REASONING_MESSAGE_END", "REASONING_END"]
+    assert "".join(e["delta"] for e in new if e["type"] == "REASONING_MESSAGE_CONTENT") == \
+        "Thinking about: hello"
+    assert text_of(new) == "echo: hello"
+    verify_events(new)
+    assert not [k for k in types(old) if k.startswith("REASONING")]
+    assert text_of(old) == "echo: hello"
+    assert types(loop)[-1] == "RUN_FINISHED", loop
+    assert "TOOL_CALL_RESULT" in types(loop)
+    replayed = server.requests[-1]["messages"][1]["content"]
+    assert replayed[0]["type"] == "thinking"
+    assert replayed[0]["signature"]

@@ -11,6 +11,7 @@ from typing import Any
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
+    ReasoningDelta,
     ServiceAdapter,
     StreamEnd,
     TextDelta,
@@ -30,6 +31,7 @@ __all__ = [
     "GoogleGenAIAdapter",
     "LangChainAdapter",
     "OpenAIAdapter",
+    "ReasoningDelta",
     "ServiceAdapter",
     "StreamEnd",
     "TextDelta",

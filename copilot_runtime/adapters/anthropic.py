@@ -15,6 +15,7 @@ merged.
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
@@ -43,6 +44,7 @@ from copilot_runtime.adapters._common import (
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
+    ReasoningDelta,
     StreamEnd,
     TextDelta,
     ToolCallDelta,
@@ -52,6 +54,7 @@ __all__ = ["AnthropicAdapter", "AnthropicStreamParser", "to_anthropic_messages"]
 
 #: The API requires `max_tokens`; this is used when neither the app nor the client set one.
 DEFAULT_MAX_TOKENS = 4096
+_THINKING_KEPT = 1024
 _MISSING_RESULT = "The tool call was not answered: no result was recorded for it."
 _FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls",
                    "max_tokens": "length", "refusal": "content_filter", "pause_turn": "stop"}
@@ -90,6 +93,9 @@ class AnthropicAdapter:
         self.max_tokens = max_tokens
         self.thinking = thinking
         self._extra_body = extra_body or {}
+        # first tool_use id of an answer → its thinking blocks: with thinking on, the API
+        # wants them back, signed, before the tool calls when the loop continues
+        self._thinking: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
         if client is None and not self._api_key:
             raise ConfigurationError("AnthropicAdapter needs api_key (or ANTHROPIC_API_KEY)")
 
@@ -109,7 +115,7 @@ class AnthropicAdapter:
 
     def build_params(self, request: ChatRequest) -> dict[str, Any]:
         """The Messages request body for `request` (without `stream`)."""
-        system, messages = to_anthropic_messages(request.messages)
+        system, messages = to_anthropic_messages(request.messages, self._thinking)
         if request.system_prompt:
             system.insert(0, request.system_prompt)
         params: dict[str, Any] = {
@@ -175,6 +181,10 @@ class AnthropicAdapter:
                     await events.close()
             if not parser.done:
                 raise UpstreamError("The Anthropic stream ended before the answer was complete")
+            if parser.thinking and parser.tool_ids:
+                self._thinking[parser.tool_ids[0]] = parser.thinking
+                if len(self._thinking) > _THINKING_KEPT:
+                    self._thinking.popitem(last=False)
         except anthropic.APIStatusError as exc:
             raise UpstreamError(
                 f"Anthropic request failed with HTTP {exc.status_code}: "
@@ -211,19 +221,15 @@ class AnthropicStreamParser:
     numbered by the API (`index`); tool-use blocks are renumbered 0, 1, ... as call indexes.
     """
 
-    __slots__ = (
-        "_args_seen",
-        "_buffer",
-        "_calls",
-        "done",
-        "extra_usage",
-        "finish_reason",
-        "input_tokens",
-        "output_tokens",
-    )
+    __slots__ = ("_args_seen", "_buffer", "_calls", "_open_thinking", "done", "extra_usage",
+                 "finish_reason", "input_tokens", "output_tokens", "thinking", "tool_ids")
 
     def __init__(self) -> None:
         self._buffer = b""
+        #: The answer's thinking blocks, whole and signed, and its tool_use ids.
+        self.thinking: list[dict[str, Any]] = []
+        self.tool_ids: list[str] = []
+        self._open_thinking: dict[int, tuple[list[str], list[str]]] = {}
         self._calls: dict[int, int] = {}
         self._args_seen: set[int] = set()
         self.done = False
@@ -268,14 +274,30 @@ class AnthropicStreamParser:
                 if call is not None and delta.get("partial_json"):
                     self._args_seen.add(index)
                     out.append(ToolCallDelta(call, None, None, delta["partial_json"]))
-            # thinking and signature deltas are not part of the answer
+            elif delta_kind == "thinking_delta":
+                text = delta.get("thinking")
+                open_block = self._open_thinking.get(event.get("index", 0))
+                if text and open_block is not None:
+                    open_block[0].append(text)
+                    out.append(ReasoningDelta(text))
+            elif delta_kind == "signature_delta":
+                open_block = self._open_thinking.get(event.get("index", 0))
+                if open_block is not None and delta.get("signature"):
+                    open_block[1].append(delta["signature"])
         elif kind == "content_block_start":
             block = event.get("content_block") or {}
             index = event.get("index", 0)
             if block.get("type") == "text":
                 if block.get("text"):
                     out.append(TextDelta(block["text"]))
+            elif block.get("type") == "thinking":
+                self._open_thinking[index] = ([block.get("thinking") or ""],
+                                              [block.get("signature") or ""])
+            elif block.get("type") == "redacted_thinking":
+                self.thinking.append({"type": "redacted_thinking", "data": block.get("data")})
             elif block.get("type") == "tool_use":
+                if block.get("id"):
+                    self.tool_ids.append(block["id"])
                 call = self._calls[index] = len(self._calls)
                 out.append(ToolCallDelta(call, block.get("id"), block.get("name"), ""))
                 if block.get("input"):
@@ -284,6 +306,10 @@ class AnthropicStreamParser:
                                              orjson.dumps(block["input"]).decode()))
         elif kind == "content_block_stop":
             index = event.get("index", 0)
+            thinking = self._open_thinking.pop(index, None)
+            if thinking is not None:
+                self.thinking.append({"type": "thinking", "thinking": "".join(thinking[0]),
+                                      "signature": "".join(thinking[1])})
             call = self._calls.get(index)
             if call is not None and index not in self._args_seen:
                 self._args_seen.add(index)
@@ -318,8 +344,14 @@ class AnthropicStreamParser:
 
 
 def to_anthropic_messages(
-        messages: Sequence[Message]) -> tuple[list[str], list[dict[str, Any]]]:
-    """AG-UI history → (system texts, Messages turns), repaired as the module says."""
+        messages: Sequence[Message],
+        thinking: dict[str, list[dict[str, Any]]] | None = None,
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """AG-UI history → (system texts, Messages turns), repaired as the module says.
+
+    `thinking` maps the first tool_use id of an answer to that answer's thinking blocks,
+    which are put back in front of its tool calls.
+    """
     system: list[str] = []
     turns: list[dict[str, Any]] = []
     for message in messages:
@@ -327,6 +359,8 @@ def to_anthropic_messages(
             _append(turns, "user", _user_blocks(message.content))
         elif isinstance(message, AssistantMessage):
             blocks: list[dict[str, Any]] = []
+            if thinking and message.tool_calls and message.tool_calls[0].id in thinking:
+                blocks.extend(thinking[message.tool_calls[0].id])
             text = text_of(message.content)
             if text and not text.isspace():  # the API refuses blank text blocks
                 blocks.append({"type": "text", "text": text})

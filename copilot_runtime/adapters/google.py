@@ -41,6 +41,7 @@ from copilot_runtime.adapters._common import arguments_object, text_of, usage
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
+    ReasoningDelta,
     StreamEnd,
     TextDelta,
     ToolCallDelta,
@@ -61,7 +62,8 @@ class GoogleGenAIAdapter:
 
     `client` may be a ready `google.genai.Client` (for Vertex AI:
     ``genai.Client(vertexai=True, project=..., location=...)``); otherwise one is made for the
-    Gemini API with `api_key` (or `GOOGLE_API_KEY` / `GEMINI_API_KEY`).
+    Gemini API with `api_key` (or `GOOGLE_API_KEY` / `GEMINI_API_KEY`). `thinking` is
+    Gemini's thinking config (``{"include_thoughts": True}`` streams its thought summaries).
     """
 
     provider = "google"
@@ -75,8 +77,10 @@ class GoogleGenAIAdapter:
         client: genai.Client | None = None,
         timeout: float = 120.0,
         max_retries: int = 2,
+        thinking: dict[str, Any] | None = None,
     ) -> None:
         self.model = model
+        self.thinking = thinking
         self._client = client
         self._session: aiohttp.ClientSession | None = None
         self._api_key = (api_key or os.environ.get("GOOGLE_API_KEY")
@@ -135,6 +139,8 @@ class GoogleGenAIAdapter:
             elif choice:
                 config["tool_config"] = {"function_calling_config": {
                     "mode": "ANY", "allowed_function_names": [choice]}}
+        if self.thinking is not None:
+            config["thinking_config"] = self.thinking
         if request.temperature is not None:
             config["temperature"] = request.temperature
         if request.max_tokens is not None:
@@ -167,8 +173,9 @@ class GoogleGenAIAdapter:
                             out.append(ToolCallDelta(calls, call_id, call.name or "",
                                                      orjson.dumps(call.args or {}).decode()))
                             calls += 1
-                        elif part.text and not part.thought:
-                            out.append(TextDelta(part.text))
+                        elif part.text:
+                            out.append(ReasoningDelta(part.text) if part.thought
+                                       else TextDelta(part.text))
                     if candidate.finish_reason is not None:
                         reason = str(candidate.finish_reason.value)
                         if reason == "MALFORMED_FUNCTION_CALL":

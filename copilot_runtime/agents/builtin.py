@@ -29,6 +29,7 @@ from copilot_runtime._input import RunInput
 from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import (
     ChatRequest,
+    ReasoningDelta,
     ServiceAdapter,
     StreamEnd,
     TextDelta,
@@ -39,6 +40,9 @@ from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.events import (
     Event,
     EventBatches,
+    reasoning_content,
+    reasoning_end,
+    reasoning_start,
     text_message_content,
     text_message_end,
     text_message_start,
@@ -105,6 +109,9 @@ class BuiltInAgent(Agent):
         frontend = {t.name for t in tools} - self.actions.keys()
         history: list[Message] = list(model.messages)
         system_prompt = self._system_prompt(model.context or ())
+        # REASONING_* events only for clients that declare AG-UI 1.0 (older ones throw on
+        # unknown event types; the GraphQL edge declares no version): others never see them.
+        show_reasoning = (model.protocol_version or "0").split(".", 1)[0] not in ("", "0")
 
         for step in range(self.max_steps):
             last_step = follow_up and step == self.max_steps - 1
@@ -120,10 +127,14 @@ class BuiltInAgent(Agent):
             by_index: dict[int, _Call] = {}
             text_open = False
             open_call: _Call | None = None
+            reasoning_id: str | None = None
 
             async for deltas in self.adapter.stream(request):
                 batch: list[Event] = []
                 for delta in deltas:
+                    if reasoning_id is not None and type(delta) is not ReasoningDelta:
+                        batch.extend(reasoning_end(reasoning_id))
+                        reasoning_id = None
                     if type(delta) is TextDelta:
                         if not text_open:
                             if open_call is not None or calls:
@@ -149,12 +160,20 @@ class BuiltInAgent(Agent):
                         if delta.arguments:
                             call.arguments.append(delta.arguments)
                             batch.append(tool_call_args(call.id, delta.arguments))
+                    elif type(delta) is ReasoningDelta:
+                        if show_reasoning and delta.text:
+                            if reasoning_id is None:
+                                reasoning_id = str(uuid.uuid4())
+                                batch.extend(reasoning_start(reasoning_id))
+                            batch.append(reasoning_content(reasoning_id, delta.text))
                     else:
                         assert type(delta) is StreamEnd
                 if batch:
                     yield batch
 
             tail: list[Event] = []
+            if reasoning_id is not None:
+                tail.extend(reasoning_end(reasoning_id))
             if text_open:
                 tail.append(text_message_end(message_id))
             if open_call is not None:

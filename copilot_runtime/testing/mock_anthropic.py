@@ -101,6 +101,18 @@ def validate(body: Any) -> None:
     messages = body["messages"]
     if not isinstance(messages, list) or not messages:
         raise _Refused("messages: at least one message is required")
+    thinking_on = isinstance(thinking, dict) and thinking.get("type") == "enabled"
+    assistants = [m for m in messages if m.get("role") == "assistant"
+                  and isinstance(m.get("content"), list)]
+    if thinking_on and assistants and messages[-1].get("role") == "user" and any(
+            b.get("type") == "tool_use" for b in assistants[-1]["content"]):
+        first = assistants[-1]["content"][0]
+        if first.get("type") not in ("thinking", "redacted_thinking") or (
+                first.get("type") == "thinking" and not first.get("signature")):
+            raise _Refused(
+                "messages: Expected `thinking` or `redacted_thinking`, but found "
+                f"`{first.get('type')}`. When `thinking` is enabled, a final `assistant` "
+                "message must start with a thinking block.")
     pending: list[str] = []
     for i, message in enumerate(messages):
         role = message.get("role")
