@@ -66,6 +66,8 @@ __all__ = [
     "LangChainAdapter",
     "LangGraphAgent",
     "LangGraphPlatformAgent",
+    "MCPServer",
+    "MCPToolset",
     "OpenAIAdapter",
     "Orchestrator",
     "PayloadTooLargeError",
@@ -96,10 +98,12 @@ __all__ = [
 
 _LAZY = {
     # These need optional extras (langgraph, platform, postgres, anthropic, google,
-    # langchain): imported when asked for.
+    # langchain, mcp): imported when asked for.
     "AnthropicAdapter": "copilot_runtime.adapters",
     "GoogleGenAIAdapter": "copilot_runtime.adapters",
     "LangChainAdapter": "copilot_runtime.adapters",
+    "MCPServer": "copilot_runtime.mcp_tools",
+    "MCPToolset": "copilot_runtime.mcp_tools",
     "LangGraphAgent": "copilot_runtime.agents",
     "LangGraphPlatformAgent": "copilot_runtime.agents",
     "checkpointer": "copilot_runtime.checkpointers",

@@ -7,7 +7,8 @@ from copilot_runtime import testing
 
 EXPECTED = [
     "Action", "ActionError", "Agent", "AgentNotFoundError", "AnthropicAdapter", "EmptyAdapter",
-    "GoogleGenAIAdapter", "LangChainAdapter", "AgentThreadState", "BuiltInAgent",
+    "GoogleGenAIAdapter", "LangChainAdapter", "MCPServer", "MCPToolset", "AgentThreadState",
+    "BuiltInAgent",
     "CORSPolicy",
     "CopilotKitRemoteEndpoint", "HeaderPolicy", "HttpAgent", "LangGraphAgent",
     "LangGraphPlatformAgent", "RemoteDiscovery", "RemoteEndpointAgent", "RetryPolicy", "Timeouts",
