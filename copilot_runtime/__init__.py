@@ -25,7 +25,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._input import RunInput
 from copilot_runtime._version import __version__
 from copilot_runtime.actions import Action, action
-from copilot_runtime.adapters import DemoAdapter, OpenAIAdapter, ServiceAdapter
+from copilot_runtime.adapters import DemoAdapter, EmptyAdapter, OpenAIAdapter, ServiceAdapter
 from copilot_runtime.agents import (
     Agent,
     AgentThreadState,
@@ -53,6 +53,7 @@ __all__ = [
     "Agent",
     "AgentNotFoundError",
     "AgentThreadState",
+    "AnthropicAdapter",
     "ApprovalClosedError",
     "ApprovalError",
     "ApprovalNotFoundError",
@@ -68,13 +69,18 @@ __all__ = [
     "CopilotRuntimeError",
     "DemoAdapter",
     "DurableCheckpointer",
+    "EmptyAdapter",
+    "GoogleGenAIAdapter",
     "HeaderPolicy",
     "HttpAgent",
     "InMemoryThreadStore",
     "InvalidRequestError",
     "JWTAuth",
+    "LangChainAdapter",
     "LangGraphAgent",
     "LangGraphPlatformAgent",
+    "MCPServer",
+    "MCPToolset",
     "OpenAIAdapter",
     "Orchestrator",
     "PatternGuardrail",
@@ -110,6 +116,11 @@ __all__ = [
 
 _LAZY = {
     # These need optional extras: imported when asked for. name: (module, extra)
+    "AnthropicAdapter": ("copilot_runtime.adapters", "anthropic"),
+    "GoogleGenAIAdapter": ("copilot_runtime.adapters", "google"),
+    "LangChainAdapter": ("copilot_runtime.adapters", "langchain"),
+    "MCPServer": ("copilot_runtime.mcp_tools", "mcp"),
+    "MCPToolset": ("copilot_runtime.mcp_tools", "mcp"),
     "LangGraphAgent": ("copilot_runtime.agents", "langgraph"),
     "LangGraphPlatformAgent": ("copilot_runtime.agents", "platform"),
     "checkpointer": ("copilot_runtime.checkpointers", "langgraph"),

@@ -1,8 +1,9 @@
 """The demo runtime behind `copilot-runtime demo`: a default agent, two example actions, and
 the two human-in-the-loop workflows.
 
-With `OPENAI_API_KEY` or `OPENAI_BASE_URL` set it talks to that model (`OPENAI_MODEL`,
-default gpt-4o-mini); without, to the offline demo models, so it runs with no key or network.
+With `OPENAI_API_KEY` / `OPENAI_BASE_URL`, `ANTHROPIC_API_KEY` or `GOOGLE_API_KEY` set it
+talks to that provider's model (see `copilot_runtime.adapters.from_env`); without, to the
+offline demo models, so it runs with no key or network.
 
 Agents:
 
@@ -21,14 +22,13 @@ pending approval survives a restart of the demo.
 
 from __future__ import annotations
 
-import os
 import random
 from typing import Any
 
 from copilot_runtime.actions import action
 from copilot_runtime.adapters.base import ServiceAdapter
 from copilot_runtime.adapters.demo import DemoAdapter
-from copilot_runtime.adapters.openai import OpenAIAdapter
+from copilot_runtime.adapters.from_env import adapter_from_env
 from copilot_runtime.agents.base import Agent
 from copilot_runtime.runtime import CopilotRuntime
 from copilot_runtime.threads.base import ThreadStore
@@ -62,13 +62,8 @@ def roll_dice(sides: int = 6, count: int = 1) -> dict[str, Any]:
     return {"rolls": rolls, "total": sum(rolls)}
 
 
-def _configured_model() -> tuple[OpenAIAdapter, str] | None:
-    base_url = os.environ.get("OPENAI_BASE_URL")
-    if os.environ.get("OPENAI_API_KEY") or base_url:
-        model = os.environ.get("OPENAI_MODEL", "gpt-4o-mini")
-        where = base_url or "api.openai.com"
-        return OpenAIAdapter(model=model, base_url=base_url), f"model {model} at {where}"
-    return None
+def _configured_model() -> tuple[ServiceAdapter, str] | None:
+    return adapter_from_env()  # OpenAI, Anthropic or Gemini, from the environment
 
 
 def demo_adapter() -> tuple[ServiceAdapter, str]:
@@ -76,7 +71,8 @@ def demo_adapter() -> tuple[ServiceAdapter, str]:
     configured = _configured_model()
     if configured is not None:
         return configured
-    return DemoAdapter(), "the offline demo model (set OPENAI_API_KEY for a real one)"
+    return DemoAdapter(), ("the offline demo model (set OPENAI_API_KEY, ANTHROPIC_API_KEY or "
+                           "GOOGLE_API_KEY for a real one)")
 
 
 #: What a user without the `langgraph` extra is told, once, when the demo starts.

@@ -23,6 +23,9 @@ __all__ = [
     "EventType",
     "custom",
     "failed_tool_content",
+    "reasoning_content",
+    "reasoning_end",
+    "reasoning_start",
     "run_error",
     "run_finished",
     "run_started",
@@ -177,6 +180,21 @@ def step_started(step_name: str) -> Event:
 
 def step_finished(step_name: str) -> Event:
     return {"type": STEP_FINISHED, "stepName": step_name}
+
+
+def reasoning_start(message_id: str) -> list[Event]:
+    """The opening of a reasoning span and of its one message."""
+    return [{"type": REASONING_START, "messageId": message_id},
+            {"type": REASONING_MESSAGE_START, "messageId": message_id, "role": "reasoning"}]
+
+
+def reasoning_content(message_id: str, delta: str) -> Event:
+    return {"type": REASONING_MESSAGE_CONTENT, "messageId": message_id, "delta": delta}
+
+
+def reasoning_end(message_id: str) -> list[Event]:
+    return [{"type": REASONING_MESSAGE_END, "messageId": message_id},
+            {"type": REASONING_END, "messageId": message_id}]
 
 
 def custom(name: str, value: Any) -> Event:

@@ -12,6 +12,7 @@ from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES
 from copilot_runtime._runs import ActiveRun, RunManager
 from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import ServiceAdapter
+from copilot_runtime.adapters.empty import EmptyAdapter
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.approvals.service import ApprovalService
@@ -72,7 +73,10 @@ class CopilotRuntime:
                 raise ConfigurationError(f"Invalid agent id {agent_id!r}")
             if not isinstance(agent, Agent):
                 raise ConfigurationError(f"Agent {agent_id!r} is not an Agent")
-        if service_adapter is not None and "default" not in self.agents:
+        if isinstance(service_adapter, EmptyAdapter):
+            if self.actions:
+                raise ConfigurationError("actions need a model; EmptyAdapter has none")
+        elif service_adapter is not None and "default" not in self.agents:
             self.agents["default"] = BuiltInAgent(
                 service_adapter, actions=self.actions, instructions=instructions,
                 max_steps=max_steps)

@@ -1,12 +1,13 @@
 """The runtime the real-client tests serve: the built-in agent on the loopback mock LLM with
-the server-side action `getWeather`, as the TypeScript anchor runtimes have."""
+the server-side action `getWeather`, as the TypeScript anchor runtimes have. `LLM_PROVIDER`
+(openai, anthropic, google) picks the adapter and so the mock's wire format."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from copilot_runtime import CopilotRuntime, OpenAIAdapter, action
+from copilot_runtime import CopilotRuntime, OpenAIAdapter, ServiceAdapter, action
 
 
 @action
@@ -15,15 +16,26 @@ def getWeather(city: str) -> dict[str, Any]:
     return {"city": city, "temperature": 21, "unit": "celsius", "conditions": "sunny"}
 
 
+def mock_llm_adapter() -> ServiceAdapter:
+    """The adapter `LLM_PROVIDER` names (openai by default), on the mock at `LLM_BASE_URL`."""
+    provider = os.environ.get("LLM_PROVIDER", "openai")
+    base_url = os.environ.get("LLM_BASE_URL", "http://127.0.0.1:8090/v1")
+    if provider == "anthropic":
+        from copilot_runtime import AnthropicAdapter
+
+        return AnthropicAdapter(model="claude-mock", base_url=base_url, api_key="sk-mock",
+                                max_retries=0)
+    if provider == "google":
+        from copilot_runtime import GoogleGenAIAdapter
+
+        return GoogleGenAIAdapter(model="gemini-mock", base_url=base_url, api_key="mock-key",
+                                  max_retries=0)
+    return OpenAIAdapter(model="gpt-4o", base_url=base_url, api_key="sk-mock", max_retries=0)
+
+
 def mock_llm_runtime() -> CopilotRuntime:
     """A runtime whose default agent talks to the mock at `LLM_BASE_URL`."""
-    return CopilotRuntime(
-        service_adapter=OpenAIAdapter(
-            model="gpt-4o",
-            base_url=os.environ.get("LLM_BASE_URL", "http://127.0.0.1:8090/v1"),
-            api_key="sk-mock", max_retries=0),
-        actions=[getWeather],
-    )
+    return CopilotRuntime(service_adapter=mock_llm_adapter(), actions=[getWeather])
 
 
 runtime = mock_llm_runtime()

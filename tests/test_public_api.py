@@ -6,7 +6,9 @@ import copilot_runtime
 from copilot_runtime import testing
 
 EXPECTED = [
-    "Action", "ActionError", "Agent", "AgentNotFoundError", "AgentThreadState", "BuiltInAgent",
+    "Action", "ActionError", "Agent", "AgentNotFoundError", "AnthropicAdapter", "EmptyAdapter",
+    "GoogleGenAIAdapter", "LangChainAdapter", "MCPServer", "MCPToolset", "AgentThreadState",
+    "BuiltInAgent",
     "CORSPolicy",
     "CopilotKitRemoteEndpoint", "HeaderPolicy", "HttpAgent", "LangGraphAgent",
     "LangGraphPlatformAgent", "RemoteDiscovery", "RemoteEndpointAgent", "RetryPolicy", "Timeouts",
@@ -41,7 +43,8 @@ def test_exception_hierarchy() -> None:
 
 
 def test_testing_helpers() -> None:
-    assert sorted(testing.__all__) == ["EventOrderError", "LoopbackServer", "MockOpenAIServer",
+    assert sorted(testing.__all__) == ["EventOrderError", "LoopbackServer", "MockAnthropicServer",
+                                       "MockGeminiServer", "MockOpenAIServer",
                                        "ScriptedAdapter",
                                        "text_turn", "tool_turn", "verify_events"]
     for name in testing.__all__:

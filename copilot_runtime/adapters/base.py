@@ -18,6 +18,7 @@ from ag_ui.core import Message
 __all__ = [
     "ChatDelta",
     "ChatRequest",
+    "ReasoningDelta",
     "ServiceAdapter",
     "StreamEnd",
     "TextDelta",
@@ -61,12 +62,18 @@ class ToolCallDelta(NamedTuple):
     arguments: str
 
 
+class ReasoningDelta(NamedTuple):
+    """A piece of the model's visible reasoning (Claude's thinking, Gemini's thoughts)."""
+
+    text: str
+
+
 class StreamEnd(NamedTuple):
     finish_reason: str | None
     usage: dict[str, Any] | None = None
 
 
-ChatDelta = TextDelta | ToolCallDelta | StreamEnd
+ChatDelta = TextDelta | ToolCallDelta | ReasoningDelta | StreamEnd
 
 
 @runtime_checkable

@@ -34,6 +34,7 @@ from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
+    ReasoningDelta,
     ServiceAdapter,
     StreamEnd,
     TextDelta,
@@ -45,6 +46,9 @@ from copilot_runtime.events import (
     Event,
     EventBatches,
     failed_tool_content,
+    reasoning_content,
+    reasoning_end,
+    reasoning_start,
     text_message_content,
     text_message_end,
     text_message_start,
@@ -88,6 +92,10 @@ class _Answer:
     open_call: _Call | None = None
     #: How the stream ended (finish reason, token usage), once it has.
     end: StreamEnd | None = None
+    #: Whether the client understands REASONING_* events (AG-UI 1.0 clients declare it);
+    #: for the others the model's reasoning is left out.
+    show_reasoning: bool = False
+    reasoning_id: str | None = None
 
     def translate(self, deltas: Sequence[ChatDelta]) -> list[Event]:
         """The events of one batch of deltas.
@@ -98,6 +106,9 @@ class _Answer:
         message_id, text, calls, by_index = self.message_id, self.text, self.calls, self.by_index
         text_open, open_call = self.text_open, self.open_call
         for delta in deltas:
+            if self.reasoning_id is not None and type(delta) is not ReasoningDelta:
+                batch.extend(reasoning_end(self.reasoning_id))  # reasoning comes first
+                self.reasoning_id = None
             if type(delta) is TextDelta:
                 if not text_open:
                     if open_call is not None or calls:
@@ -122,6 +133,12 @@ class _Answer:
                 if delta.arguments:
                     call.arguments.append(delta.arguments)
                     batch.append(tool_call_args(call.id, delta.arguments))
+            elif type(delta) is ReasoningDelta:
+                if self.show_reasoning and delta.text:
+                    if self.reasoning_id is None:
+                        self.reasoning_id = str(uuid.uuid4())
+                        batch.extend(reasoning_start(self.reasoning_id))
+                    batch.append(reasoning_content(self.reasoning_id, delta.text))
             else:
                 self.end = delta  # type: ignore[assignment]
         self.text_open, self.open_call = text_open, open_call
@@ -130,6 +147,9 @@ class _Answer:
     def close(self) -> list[Event]:
         """The end events of the text or tool call still open when the stream ended."""
         tail: list[Event] = []
+        if self.reasoning_id is not None:
+            tail.extend(reasoning_end(self.reasoning_id))
+            self.reasoning_id = None
         if self.text_open:
             tail.append(text_message_end(self.message_id))
         if self.open_call is not None:
@@ -191,9 +211,13 @@ class BuiltInAgent(Agent):
                 wanted not in self.allowed_models):
             raise ModelNotAllowedError(wanted, self.allowed_models)
         telemetry = context.telemetry
+        # REASONING_* events only for clients that declare AG-UI 1.0 (older ones throw on
+        # unknown event types; the GraphQL edge declares no version): others never see them.
+        version = input.model.protocol_version or "0"
+        show_reasoning = version.split(".", 1)[0] not in ("", "0")
         for step in range(self.max_steps):
             # The streaming step: one model answer, its events as they arrive.
-            answer = _Answer(str(uuid.uuid4()))
+            answer = _Answer(str(uuid.uuid4()), show_reasoning=show_reasoning)
             last_step = follow_up and step == self.max_steps - 1
             request = self._request(turn, last_step=last_step)
             span = telemetry.model_call(self.adapter.provider, request.model) if (

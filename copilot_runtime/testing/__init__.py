@@ -1,6 +1,7 @@
 """Test doubles shipped with the library.
 
-`MockOpenAIServer` speaks OpenAI's wire format on loopback, so the real SDK runs end to end;
+`MockOpenAIServer`, `MockAnthropicServer` and `MockGeminiServer` speak each provider's wire
+format on loopback, so the real SDKs run end to end;
 `ScriptedAdapter` is an in-process model with written answers; `verify_events` checks the
 ordering rules AG-UI clients enforce.
 """
@@ -12,6 +13,8 @@ from typing import Any
 __all__ = [
     "EventOrderError",
     "LoopbackServer",
+    "MockAnthropicServer",
+    "MockGeminiServer",
     "MockOpenAIServer",
     "ScriptedAdapter",
     "text_turn",
@@ -26,6 +29,14 @@ def __getattr__(name: str) -> Any:
         from copilot_runtime.testing.mock_openai import MockOpenAIServer
 
         return MockOpenAIServer
+    if name == "MockAnthropicServer":
+        from copilot_runtime.testing.mock_anthropic import MockAnthropicServer
+
+        return MockAnthropicServer
+    if name == "MockGeminiServer":
+        from copilot_runtime.testing.mock_gemini import MockGeminiServer
+
+        return MockGeminiServer
     if name == "LoopbackServer":
         from copilot_runtime.testing.loopback import LoopbackServer
 

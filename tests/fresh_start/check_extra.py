@@ -188,6 +188,54 @@ async def check_redis() -> None:
         await limiter.aclose()
 
 
+async def check_unreachable_provider(adapter: Any) -> None:
+    """A provider's official SDK, installed alone, builds and sends a real request: to a
+    loopback port where nothing listens, so the run ends with a clear upstream error."""
+    from copilot_runtime import CopilotRuntime
+
+    events = await run_events(CopilotRuntime(service_adapter=adapter), "default", "hi")
+    assert types(events)[-1] == "RUN_ERROR", types(events)
+    assert str(events[-1].get("code", "")).startswith("UPSTREAM_"), events[-1]
+
+
+async def check_anthropic() -> None:
+    from copilot_runtime import AnthropicAdapter
+
+    await check_unreachable_provider(AnthropicAdapter(
+        model="claude-sonnet-4-5", api_key="sk-test", base_url="http://127.0.0.1:9",
+        max_retries=0))
+
+
+async def check_google() -> None:
+    from copilot_runtime import GoogleGenAIAdapter
+
+    await check_unreachable_provider(GoogleGenAIAdapter(
+        model="gemini-2.5-flash", api_key="test", base_url="http://127.0.0.1:9",
+        max_retries=0))
+
+
+async def check_langchain() -> None:
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    from copilot_runtime import CopilotRuntime, LangChainAdapter
+
+    model = FakeListChatModel(responses=["hello from LangChain"])
+    events = await run_events(CopilotRuntime(service_adapter=LangChainAdapter(model)),
+                              "default", "hi")
+    assert types(events)[-1] == "RUN_FINISHED", types(events)
+    said = "".join(e.get("delta", "") for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert said == "hello from LangChain", events
+
+
+async def check_mcp() -> None:
+    from copilot_runtime import MCPServer, MCPToolset
+
+    server = MCPServer(url="http://127.0.0.1:9/mcp")
+    MCPToolset([server])
+    stdio = MCPServer.stdio(sys.executable, ["-c", "pass"])
+    assert stdio.label
+
+
 CHECKS: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
     "": check_base,
     "auth": check_auth,
@@ -196,6 +244,10 @@ CHECKS: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
     "langgraph": check_langgraph,
     "postgres": check_postgres,
     "platform": check_platform,
+    "anthropic": check_anthropic,
+    "google": check_google,
+    "langchain": check_langchain,
+    "mcp": check_mcp,
 }
 
 if __name__ == "__main__":

@@ -1,0 +1,465 @@
+"""Anthropic's Messages API (Claude), also through the SDK's Bedrock and Vertex clients.
+
+The official `anthropic` SDK builds, authenticates and sends the request. With the SDK's own
+client the streamed answer is parsed here from the raw bytes, as the OpenAI adapter does (the
+SDK's iterator builds a pydantic model per event); a Bedrock or Vertex client streams through
+the SDK's event iterator instead, since Bedrock frames its stream in AWS's binary format.
+
+The history is repaired on the way out, because the API refuses what clients routinely send:
+every `tool_use` gets a `tool_result` in the very next user turn (a synthetic error result
+when the client lost it), a result without its call becomes plain text, tool arguments are
+always JSON objects, system and developer messages go to `system`, and turns of one role are
+merged.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, cast
+
+import aiohttp
+import anthropic
+import httpx2
+import orjson
+from ag_ui.core import (
+    AssistantMessage,
+    DeveloperMessage,
+    Message,
+    SystemMessage,
+    ToolMessage,
+    UserMessage,
+)
+
+from copilot_runtime._exceptions import ConfigurationError, UpstreamError, UpstreamTimeoutError
+from copilot_runtime.adapters._common import (
+    arguments_object,
+    cause_text,
+    error_body_message,
+    find_cause,
+    text_of,
+    usage,
+)
+from copilot_runtime.adapters.base import (
+    ChatDelta,
+    ChatRequest,
+    ReasoningDelta,
+    StreamEnd,
+    TextDelta,
+    ToolCallDelta,
+)
+
+__all__ = ["AnthropicAdapter", "AnthropicStreamParser", "to_anthropic_messages"]
+
+#: The API requires `max_tokens`; this is used when neither the app nor the client set one.
+DEFAULT_MAX_TOKENS = 4096
+_THINKING_KEPT = 1024
+_MISSING_RESULT = "The tool call was not answered: no result was recorded for it."
+_FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls",
+                   "max_tokens": "length", "refusal": "content_filter", "pause_turn": "stop"}
+
+
+class AnthropicAdapter:
+    """Claude through the Messages API, streaming text and tool use.
+
+    `client` may be any async client of the SDK: `AsyncAnthropic`, `AsyncAnthropicBedrock`
+    or `AsyncAnthropicVertex`. `thinking` is passed through (for example
+    ``{"type": "enabled", "budget_tokens": 2048}``).
+    """
+
+    provider = "anthropic"
+
+    def __init__(
+        self,
+        *,
+        model: str = "claude-sonnet-4-5",
+        api_key: str | None = None,
+        base_url: str | None = None,
+        client: anthropic.AsyncAnthropic | anthropic.AsyncAnthropicBedrock
+        | anthropic.AsyncAnthropicVertex | None = None,
+        timeout: float = 120.0,
+        max_retries: int = 2,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        thinking: dict[str, Any] | None = None,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self._client = client
+        self._api_key = api_key or os.environ.get("ANTHROPIC_API_KEY")
+        self._base_url = base_url
+        self._timeout = timeout
+        self._max_retries = max_retries
+        self.max_tokens = max_tokens
+        self.thinking = thinking
+        self._extra_body = extra_body or {}
+        # first tool_use id of an answer → its thinking blocks: with thinking on, the API
+        # wants them back, signed, before the tool calls when the loop continues
+        self._thinking: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        if client is None and not self._api_key:
+            raise ConfigurationError("AnthropicAdapter needs api_key (or ANTHROPIC_API_KEY)")
+
+    @property
+    def client(self) -> Any:
+        # Created on first use: its aiohttp session must be made inside the running loop.
+        if self._client is None:
+            self._client = anthropic.AsyncAnthropic(
+                api_key=self._api_key, base_url=self._base_url, timeout=self._timeout,
+                max_retries=self._max_retries,
+                http_client=anthropic.DefaultAioHttpClient(timeout=self._timeout))
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    def build_params(self, request: ChatRequest) -> dict[str, Any]:
+        """The Messages request body for `request` (without `stream`)."""
+        system, messages = to_anthropic_messages(request.messages, self._thinking)
+        if request.system_prompt:
+            system.insert(0, request.system_prompt)
+        params: dict[str, Any] = {
+            "model": request.model or self.model,
+            "max_tokens": request.max_tokens or self.max_tokens,
+            "messages": messages,
+        }
+        if system:
+            params["system"] = "\n\n".join(system)
+        if request.tools:
+            params["tools"] = [{"name": t.name, "description": t.description,
+                                "input_schema": _input_schema(t.parameters)}
+                               for t in request.tools]
+            choice = request.tool_choice
+            if choice in ("auto", "none"):
+                params["tool_choice"] = {"type": choice}
+            elif choice == "required":
+                params["tool_choice"] = {"type": "any"}
+            elif choice:
+                params["tool_choice"] = {"type": "tool", "name": choice}
+        if request.temperature is not None:
+            # Anthropic's range is 0..1 (OpenAI's 0..2): clamp rather than fail the run.
+            params["temperature"] = min(max(float(request.temperature), 0.0), 1.0)
+        if request.stop:
+            params["stop_sequences"] = request.stop
+        if self.thinking is not None:
+            params["thinking"] = self.thinking
+            params.pop("temperature", None)  # extended thinking only runs at the default
+        return params
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
+        params = {**self.build_params(request), **self._extra_body}
+        client = self.client
+        try:
+            parser = AnthropicStreamParser()
+            if type(client) is anthropic.AsyncAnthropic:
+                # The SDK's raw route: its authentication, retries and errors, our parser.
+                response = cast(httpx2.Response, await client.post(
+                    "/v1/messages", cast_to=httpx2.Response,
+                    content=orjson.dumps({**params, "stream": True}),
+                    options={"headers": {"Content-Type": "application/json"}},
+                    stream=True, stream_cls=anthropic.AsyncStream[Any]))
+                try:
+                    async for data in response.aiter_bytes():
+                        deltas = parser.feed(data)
+                        if deltas:
+                            yield deltas
+                        if parser.done:
+                            break
+                finally:
+                    await response.aclose()
+            else:
+                events = await client.messages.create(**params, stream=True)
+                try:
+                    async for event in events:
+                        deltas = []
+                        parser.event(event.model_dump(mode="json"), deltas)
+                        if deltas:
+                            yield deltas
+                        if parser.done:
+                            break
+                finally:
+                    await events.close()
+            if not parser.done:
+                raise UpstreamError("The Anthropic stream ended before the answer was complete")
+            if parser.thinking and parser.tool_ids:
+                self._thinking[parser.tool_ids[0]] = parser.thinking
+                if len(self._thinking) > _THINKING_KEPT:
+                    self._thinking.popitem(last=False)
+        except anthropic.APIStatusError as exc:
+            raise UpstreamError(
+                f"Anthropic request failed with HTTP {exc.status_code}: "
+                f"{error_body_message(exc.body, exc.message)}", status=exc.status_code) from None
+        except anthropic.APIConnectionError as exc:
+            refused = find_cause(exc, aiohttp.ClientConnectorError)
+            if refused is not None:
+                raise UpstreamError(f"Could not reach the Anthropic API: {refused}") from None
+            if isinstance(exc, anthropic.APITimeoutError):
+                raise UpstreamTimeoutError("Anthropic request timed out") from None
+            raise UpstreamError(f"Could not reach the Anthropic API: {cause_text(exc)}") from None
+        except anthropic.AnthropicError as exc:
+            raise UpstreamError(f"Anthropic request failed: {exc}") from None
+        except httpx2.TimeoutException:
+            raise UpstreamTimeoutError("Anthropic request timed out") from None
+        except httpx2.TransportError as exc:
+            raise UpstreamError(
+                f"The Anthropic stream broke off: {exc or type(exc).__name__}") from None
+
+
+def _input_schema(parameters: dict[str, Any]) -> dict[str, Any]:
+    # The API insists on an object schema at the top.
+    if parameters.get("type") == "object":
+        return parameters
+    if not parameters:
+        return {"type": "object", "properties": {}}
+    return {"type": "object", **{k: v for k, v in parameters.items() if k != "type"}}
+
+
+class AnthropicStreamParser:
+    """Incremental parser of a Messages SSE stream into `ChatDelta`s.
+
+    Fed raw bytes as they arrive; only events whose frame ended are decoded. Blocks are
+    numbered by the API (`index`); tool-use blocks are renumbered 0, 1, ... as call indexes.
+    """
+
+    __slots__ = ("_args_seen", "_buffer", "_calls", "_open_thinking", "done", "extra_usage",
+                 "finish_reason", "input_tokens", "output_tokens", "thinking", "tool_ids")
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        #: The answer's thinking blocks, whole and signed, and its tool_use ids.
+        self.thinking: list[dict[str, Any]] = []
+        self.tool_ids: list[str] = []
+        self._open_thinking: dict[int, tuple[list[str], list[str]]] = {}
+        self._calls: dict[int, int] = {}
+        self._args_seen: set[int] = set()
+        self.done = False
+        self.finish_reason: str | None = None
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.extra_usage: dict[str, Any] = {}
+
+    def feed(self, data: bytes) -> list[ChatDelta]:
+        buffer = self._buffer + data if self._buffer else data
+        end = buffer.rfind(b"\n\n")
+        if end < 0:
+            self._buffer = buffer
+            return []
+        self._buffer = buffer[end + 2 :]
+        out: list[ChatDelta] = []
+        for line in buffer[:end].split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue  # `event:` lines repeat the JSON's own `type`
+            try:
+                event = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                raise UpstreamError("The Anthropic stream sent malformed JSON") from None
+            if not isinstance(event, dict):
+                raise UpstreamError("The Anthropic stream sent an unexpected frame")
+            self.event(event, out)
+            if self.done:
+                break
+        return out
+
+    def event(self, event: dict[str, Any], out: list[ChatDelta]) -> None:
+        kind = event.get("type")
+        if kind == "content_block_delta":
+            delta = event.get("delta") or {}
+            delta_kind = delta.get("type")
+            if delta_kind == "text_delta":
+                if delta.get("text"):
+                    out.append(TextDelta(delta["text"]))
+            elif delta_kind == "input_json_delta":
+                index = event.get("index", 0)
+                call = self._calls.get(index)
+                if call is not None and delta.get("partial_json"):
+                    self._args_seen.add(index)
+                    out.append(ToolCallDelta(call, None, None, delta["partial_json"]))
+            elif delta_kind == "thinking_delta":
+                text = delta.get("thinking")
+                open_block = self._open_thinking.get(event.get("index", 0))
+                if text and open_block is not None:
+                    open_block[0].append(text)
+                    out.append(ReasoningDelta(text))
+            elif delta_kind == "signature_delta":
+                open_block = self._open_thinking.get(event.get("index", 0))
+                if open_block is not None and delta.get("signature"):
+                    open_block[1].append(delta["signature"])
+        elif kind == "content_block_start":
+            block = event.get("content_block") or {}
+            index = event.get("index", 0)
+            if block.get("type") == "text":
+                if block.get("text"):
+                    out.append(TextDelta(block["text"]))
+            elif block.get("type") == "thinking":
+                self._open_thinking[index] = ([block.get("thinking") or ""],
+                                              [block.get("signature") or ""])
+            elif block.get("type") == "redacted_thinking":
+                self.thinking.append({"type": "redacted_thinking", "data": block.get("data")})
+            elif block.get("type") == "tool_use":
+                if block.get("id"):
+                    self.tool_ids.append(block["id"])
+                call = self._calls[index] = len(self._calls)
+                out.append(ToolCallDelta(call, block.get("id"), block.get("name"), ""))
+                if block.get("input"):
+                    self._args_seen.add(index)
+                    out.append(ToolCallDelta(call, None, None,
+                                             orjson.dumps(block["input"]).decode()))
+        elif kind == "content_block_stop":
+            index = event.get("index", 0)
+            thinking = self._open_thinking.pop(index, None)
+            if thinking is not None:
+                self.thinking.append({"type": "thinking", "thinking": "".join(thinking[0]),
+                                      "signature": "".join(thinking[1])})
+            call = self._calls.get(index)
+            if call is not None and index not in self._args_seen:
+                self._args_seen.add(index)
+                out.append(ToolCallDelta(call, None, None, "{}"))  # a call without input
+        elif kind == "message_start":
+            self._usage((event.get("message") or {}).get("usage"))
+        elif kind == "message_delta":
+            reason = (event.get("delta") or {}).get("stop_reason")
+            if reason:
+                self.finish_reason = _FINISH_REASONS.get(reason, reason)
+            self._usage(event.get("usage"))
+        elif kind == "message_stop":
+            self.done = True
+            out.append(StreamEnd(self.finish_reason, usage(
+                self.input_tokens, self.output_tokens, **self.extra_usage)))
+        elif kind == "error":
+            error = event.get("error") or {}
+            message = error.get("message") if isinstance(error, dict) else str(error)
+            raise UpstreamError(f"Anthropic reported an error mid-stream: {message}")
+        # `ping` and unknown future events are ignored
+
+    def _usage(self, data: Any) -> None:
+        if not isinstance(data, dict):
+            return
+        if data.get("input_tokens") is not None:
+            self.input_tokens = data["input_tokens"]
+        if data.get("output_tokens") is not None:
+            self.output_tokens = data["output_tokens"]
+        for key in ("cache_creation_input_tokens", "cache_read_input_tokens"):
+            if data.get(key):
+                self.extra_usage[key] = data[key]
+
+
+def to_anthropic_messages(
+        messages: Sequence[Message],
+        thinking: dict[str, list[dict[str, Any]]] | None = None,
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """AG-UI history → (system texts, Messages turns), repaired as the module says.
+
+    `thinking` maps the first tool_use id of an answer to that answer's thinking blocks,
+    which are put back in front of its tool calls.
+    """
+    system: list[str] = []
+    turns: list[dict[str, Any]] = []
+    for message in messages:
+        if isinstance(message, UserMessage):
+            _append(turns, "user", _user_blocks(message.content))
+        elif isinstance(message, AssistantMessage):
+            blocks: list[dict[str, Any]] = []
+            if thinking and message.tool_calls and message.tool_calls[0].id in thinking:
+                blocks.extend(thinking[message.tool_calls[0].id])
+            text = text_of(message.content)
+            if text and not text.isspace():  # the API refuses blank text blocks
+                blocks.append({"type": "text", "text": text})
+            for call in message.tool_calls or ():
+                blocks.append({"type": "tool_use", "id": call.id, "name": call.function.name,
+                               "input": arguments_object(call.function.arguments)})
+            if blocks:
+                _append(turns, "assistant", blocks)
+        elif isinstance(message, ToolMessage):
+            content = text_of(message.content) or ""
+            result: dict[str, Any] = {"type": "tool_result",
+                                      "tool_use_id": message.tool_call_id, "content": content}
+            if message.error:
+                result.update(content=content or f"Error: {message.error}", is_error=True)
+            _append(turns, "user", [result])
+        elif isinstance(message, SystemMessage | DeveloperMessage):
+            text = text_of(message.content)
+            if text:
+                system.append(text)
+        # activity and reasoning messages are UI state, not model input
+    return system, _pair_tool_results(turns)
+
+
+def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
+    if not blocks:
+        return
+    if turns and turns[-1]["role"] == role:
+        turns[-1]["content"].extend(blocks)
+    else:
+        turns.append({"role": role, "content": blocks})
+
+
+def _pair_tool_results(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every tool_use answered in the next user turn, results first; orphans become text."""
+    out: list[dict[str, Any]] = []
+    results: dict[str, dict[str, Any]] = {}
+    for turn in turns:
+        if turn["role"] == "user":
+            for block in turn["content"]:
+                if block["type"] == "tool_result":
+                    results.setdefault(block["tool_use_id"], block)
+    pending: list[str] = []  # tool_use ids of the previous assistant turn
+    for turn in turns:
+        if turn["role"] == "assistant":
+            if pending:
+                out.append({"role": "user", "content": [_result_for(i, results) for i in pending]})
+            pending = [b["id"] for b in turn["content"] if b["type"] == "tool_use"]
+            out.append(turn)
+            continue
+        answered = [_result_for(i, results) for i in pending]
+        rest: list[dict[str, Any]] = []
+        for block in turn["content"]:
+            if block["type"] != "tool_result":
+                rest.append(block)
+            elif block["tool_use_id"] not in pending:
+                rest.append({"type": "text", "text": f"(Result of tool call "
+                             f"{block['tool_use_id']}: {_result_text(block)})"})
+        pending = []
+        if answered or rest:
+            out.append({"role": "user", "content": answered + rest})
+    if pending:
+        out.append({"role": "user", "content": [_result_for(i, results) for i in pending]})
+    return out
+
+
+def _result_for(tool_use_id: str, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return results.get(tool_use_id) or {"type": "tool_result", "tool_use_id": tool_use_id,
+                                        "content": _MISSING_RESULT, "is_error": True}
+
+
+def _result_text(block: dict[str, Any]) -> str:
+    content = block.get("content")
+    return content if isinstance(content, str) else orjson.dumps(content).decode()
+
+
+def _user_blocks(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    blocks: list[dict[str, Any]] = []
+    for part in content:
+        kind = getattr(part, "type", None)
+        if kind == "text":
+            if part.text:
+                blocks.append({"type": "text", "text": part.text})
+        elif kind in ("image", "document"):
+            source = _source(part.source, "image/png" if kind == "image" else "application/pdf")
+            if source is not None:
+                blocks.append({"type": kind, "source": source})
+        # audio and video have no Messages input form; they are left out
+    return blocks
+
+
+def _source(source: Any, default_mime: str) -> dict[str, Any] | None:
+    kind = getattr(source, "type", None)
+    if kind == "data":
+        return {"type": "base64", "media_type": source.mime_type or default_mime,
+                "data": source.value}
+    if kind == "url":
+        return {"type": "url", "url": source.value}
+    if kind == "file":
+        return {"type": "file", "file_id": source.value}
+    return None

@@ -1,0 +1,197 @@
+"""Any LangChain chat model (`BaseChatModel`): every provider LangChain has an integration for.
+
+The model is streamed with `astream`, tools bound with `bind_tools` (in the OpenAI function
+format, which every integration accepts), and its tool-call chunks merged by index (or by id,
+for integrations that send whole calls without one). LangChain streams carry no terminal
+event: the end of the iterator is the end of the answer, and the finish reason is read from
+the chunks' metadata when the integration reports one.
+
+Per-request model settings LangChain cannot apply generically (a different model, temperature
+or token limit) are refused with a clear error; `stop` and `tool_choice` are applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from ag_ui.core import (
+    AssistantMessage,
+    DeveloperMessage,
+    Message,
+    SystemMessage,
+    ToolMessage,
+    UserMessage,
+)
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+)
+from langchain_core.messages import SystemMessage as LCSystemMessage
+from langchain_core.messages import ToolMessage as LCToolMessage
+
+from copilot_runtime._exceptions import (
+    CopilotRuntimeError,
+    InvalidRequestError,
+    UpstreamError,
+    UpstreamTimeoutError,
+)
+from copilot_runtime.adapters._common import arguments_object, error_body_message, text_of, usage
+from copilot_runtime.adapters.base import (
+    ChatDelta,
+    ChatRequest,
+    StreamEnd,
+    TextDelta,
+    ToolCallDelta,
+)
+
+__all__ = ["LangChainAdapter", "to_langchain_messages"]
+
+
+class LangChainAdapter:
+    """A LangChain chat model behind the `ServiceAdapter` interface."""
+
+    provider = "langchain"
+
+    def __init__(self, chat_model: BaseChatModel) -> None:
+        self.chat_model = chat_model
+
+    async def aclose(self) -> None:
+        return None  # the application owns the model and its clients
+
+    def runnable(self, request: ChatRequest) -> Any:
+        """The model with the request's tools bound (none when tools are forbidden)."""
+        unsupported = [name for name, value in (("model", request.model),
+                                                ("temperature", request.temperature),
+                                                ("maxTokens", request.max_tokens))
+                       if value is not None]
+        if unsupported:
+            raise InvalidRequestError(
+                f"LangChainAdapter cannot change {', '.join(unsupported)} per request; "
+                f"configure them on the chat model")
+        if not request.tools or request.tool_choice == "none":
+            return self.chat_model
+        tools = [{"type": "function", "function": {
+            "name": t.name, "description": t.description, "parameters": t.parameters}}
+            for t in request.tools]
+        if request.tool_choice in (None, "auto"):
+            return self.chat_model.bind_tools(tools)
+        return self.chat_model.bind_tools(tools, tool_choice=request.tool_choice)
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
+        runnable = self.runnable(request)
+        messages = to_langchain_messages(request.messages)
+        if request.system_prompt:
+            messages.insert(0, LCSystemMessage(content=request.system_prompt))
+        options = {"stop": request.stop} if request.stop else {}
+        calls: dict[Any, int] = {}
+        finish: str | None = None
+        tokens: dict[str, Any] | None = None
+        try:
+            async for chunk in runnable.astream(messages, **options):
+                if not isinstance(chunk, AIMessageChunk):
+                    continue
+                out: list[ChatDelta] = []
+                text = _chunk_text(chunk.content)
+                if text:
+                    out.append(TextDelta(text))
+                for call in chunk.tool_call_chunks:
+                    key: Any = call.get("index")
+                    if key is None:
+                        key = call.get("id") or len(calls)
+                    index = calls.get(key)
+                    if index is None:
+                        index = calls[key] = len(calls)
+                        out.append(ToolCallDelta(index, call.get("id"), call.get("name") or "",
+                                                 call.get("args") or ""))
+                    elif call.get("args"):
+                        out.append(ToolCallDelta(index, None, None, call.get("args") or ""))
+                reason = (chunk.response_metadata or {}).get("finish_reason") \
+                    or (chunk.response_metadata or {}).get("stop_reason")
+                if reason:
+                    finish = str(reason)
+                if chunk.usage_metadata:
+                    tokens = dict(chunk.usage_metadata)
+                if out:
+                    yield out
+        except CopilotRuntimeError:
+            raise
+        except Exception as exc:  # integrations raise their provider SDK's errors
+            raise _upstream_error(exc) from None
+        if finish is None:
+            finish = "tool_calls" if calls else "stop"
+        yield [StreamEnd(finish, usage(tokens.get("input_tokens"), tokens.get("output_tokens"))
+                         if tokens else None)]
+
+
+def _upstream_error(exc: Exception) -> UpstreamError:
+    status = getattr(exc, "status_code", None) or getattr(exc, "code", None)
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError) or "Timeout" in type(exc).__name__:
+        return UpstreamTimeoutError("The LangChain model timed out")
+    if isinstance(status, int) and 400 <= status < 600:
+        message = error_body_message(getattr(exc, "body", None),
+                                     getattr(exc, "message", None) or str(exc))
+        return UpstreamError(f"LangChain model request failed with HTTP {status}: {message}",
+                             status=status)
+    return UpstreamError(f"The LangChain model failed: {type(exc).__name__}: {exc}")
+
+
+def _chunk_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content or ():
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict) and block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+    return "".join(parts)
+
+
+def to_langchain_messages(messages: Sequence[Message]) -> list[BaseMessage]:
+    """AG-UI history → LangChain messages (tool arguments as objects)."""
+    out: list[BaseMessage] = []
+    for message in messages:
+        if isinstance(message, UserMessage):
+            out.append(HumanMessage(content=_user_content(message.content)))
+        elif isinstance(message, AssistantMessage):
+            out.append(AIMessage(content=text_of(message.content) or "", tool_calls=[
+                {"id": c.id, "name": c.function.name,
+                 "args": arguments_object(c.function.arguments), "type": "tool_call"}
+                for c in message.tool_calls or ()]))
+        elif isinstance(message, ToolMessage):
+            content = text_of(message.content) or ""
+            if message.error:
+                out.append(LCToolMessage(content=content or f"Error: {message.error}",
+                                         tool_call_id=message.tool_call_id, status="error"))
+            else:
+                out.append(LCToolMessage(content=content, tool_call_id=message.tool_call_id))
+        elif isinstance(message, SystemMessage | DeveloperMessage):
+            out.append(LCSystemMessage(content=text_of(message.content) or ""))
+    return out
+
+
+def _user_content(content: Any) -> Any:
+    if isinstance(content, str):
+        return content
+    blocks: list[Any] = []
+    for part in content:
+        kind = getattr(part, "type", None)
+        if kind == "text":
+            blocks.append({"type": "text", "text": part.text})
+        elif kind in ("image", "audio", "video", "document"):
+            source = part.source
+            block_type = "file" if kind == "document" else kind
+            if source.type == "data":
+                blocks.append({"type": block_type, "base64": source.value,
+                               "mime_type": source.mime_type})
+            elif source.type == "url":
+                blocks.append({"type": block_type, "url": source.value,
+                               **({"mime_type": source.mime_type} if source.mime_type else {})})
+            elif source.type == "file":
+                blocks.append({"type": block_type, "file_id": source.value})
+    return blocks

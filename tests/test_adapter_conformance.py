@@ -1,0 +1,354 @@
+"""One behaviour for every LLM adapter: the same tests, run against each provider's real SDK
+talking to the loopback mock of that provider's wire format.
+
+openai: `OpenAIAdapter` on `MockOpenAIServer`; anthropic: `AnthropicAdapter` on
+`MockAnthropicServer`; google: `GoogleGenAIAdapter` on `MockGeminiServer`; langchain:
+`LangChainAdapter(ChatOpenAI(...))` (langchain-openai) on `MockOpenAIServer`.
+
+Each case: plain text with usage, one and two tool calls, the server-side tool loop and a
+frontend tool through the runtime, the `forwardedProps` model settings (mapped into the
+provider's request, or refused with a clear error), an image in the user's message, and the
+upstream failures (401, 429, 5xx, a cut stream, a timeout, a refused connection), which must
+be the same `UpstreamError`s, with the same message shape, as OpenAI's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pytest
+from ag_ui.core import (
+    AssistantMessage,
+    DataSource,
+    FunctionCall,
+    ImagePart,
+    TextPart,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+)
+
+from copilot_runtime import CopilotRuntime, UpstreamError, UpstreamTimeoutError
+from copilot_runtime.adapters import (
+    ChatRequest,
+    ServiceAdapter,
+    StreamEnd,
+    TextDelta,
+    ToolCallDelta,
+    ToolSpec,
+)
+from copilot_runtime.testing import MockAnthropicServer, MockGeminiServer, MockOpenAIServer
+from tests.conftest import ServeRuntime, run_input, text_of, types
+from tests.realclient_app import getWeather
+
+TIMEOUT_S = 30
+WEATHER_TOOL = ToolSpec("getWeather", "Get the weather", {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n-not-really-an-image").decode()
+
+
+@dataclass
+class Harness:
+    name: str
+    server: Any
+    make: Callable[..., ServiceAdapter]
+    #: The model settings as the provider's recorded request body carries them.
+    settings: Callable[[Any], dict[str, Any]]
+    #: The base64 data of the first image in the recorded request, if any.
+    image: Callable[[Any], str | None]
+    #: The mock refuses a history the provider would refuse (so repairs are proven).
+    strict_history: bool = False
+
+
+def _openai_settings(body: dict[str, Any]) -> dict[str, Any]:
+    return {"model": body.get("model"), "temperature": body.get("temperature"),
+            "max_tokens": body.get("max_tokens") or body.get("max_completion_tokens"),
+            "stop": body.get("stop"),
+            "tool": ((body.get("tool_choice") or {}).get("function") or {}).get("name")}
+
+
+def _openai_image(body: dict[str, Any]) -> str | None:
+    for part in body["messages"][-1]["content"]:
+        if isinstance(part, dict) and part.get("type") == "image_url":
+            return str(part["image_url"]["url"]).split("base64,")[-1]
+    return None
+
+
+def _anthropic_settings(body: dict[str, Any]) -> dict[str, Any]:
+    return {"model": body.get("model"), "temperature": body.get("temperature"),
+            "max_tokens": body.get("max_tokens"), "stop": body.get("stop_sequences"),
+            "tool": (body.get("tool_choice") or {}).get("name")}
+
+
+def _anthropic_image(body: dict[str, Any]) -> str | None:
+    for block in body["messages"][-1]["content"]:
+        if block.get("type") == "image":
+            return str(block["source"]["data"])
+    return None
+
+
+def _gemini_settings(server: MockGeminiServer) -> dict[str, Any]:
+    body, path = server.requests[-1], server.paths[-1]
+    generation = body.get("generationConfig") or {}
+    names = (((body.get("toolConfig") or {}).get("functionCallingConfig") or {})
+             .get("allowedFunctionNames") or [None])
+    return {"model": path.split("/models/")[1].split(":")[0],
+            "temperature": generation.get("temperature"),
+            "max_tokens": generation.get("maxOutputTokens"),
+            "stop": generation.get("stopSequences"), "tool": names[0]}
+
+
+def _gemini_image(server: MockGeminiServer) -> str | None:
+    for part in server.requests[-1]["contents"][-1]["parts"]:
+        if "inlineData" in part:
+            return str(part["inlineData"]["data"])
+    return None
+
+
+@pytest.fixture(params=["openai", "anthropic", "google", "langchain"])
+async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    name: str = request.param
+    if name == "anthropic":
+        from copilot_runtime import AnthropicAdapter
+
+        async with MockAnthropicServer(chunks=4) as server:
+            yield Harness(name, server, lambda timeout=10.0, base_url=None: AnthropicAdapter(
+                api_key="sk-mock", base_url=base_url or server.base_url, max_retries=0,
+                timeout=timeout), lambda s: _anthropic_settings(s.requests[-1]),
+                lambda s: _anthropic_image(s.requests[-1]), strict_history=True)
+    elif name == "google":
+        from copilot_runtime import GoogleGenAIAdapter
+
+        async with MockGeminiServer(chunks=4) as server:
+            yield Harness(name, server, lambda timeout=10.0, base_url=None: GoogleGenAIAdapter(
+                api_key="mock-key", base_url=base_url or server.base_url, max_retries=0,
+                timeout=timeout), _gemini_settings, _gemini_image, strict_history=True)
+    elif name == "langchain":
+        from langchain_openai import ChatOpenAI
+
+        from copilot_runtime import LangChainAdapter
+
+        async with MockOpenAIServer(chunks=4) as server:
+            yield Harness(name, server, lambda timeout=10.0, base_url=None: LangChainAdapter(
+                ChatOpenAI(model="gpt-4o", api_key="sk-mock",  # type: ignore[arg-type]
+                           base_url=base_url or server.base_url, max_retries=0,
+                           timeout=timeout, stream_usage=True)),
+                lambda s: _openai_settings(s.requests[-1]),
+                lambda s: _openai_image(s.requests[-1]))
+    else:
+        from copilot_runtime import OpenAIAdapter
+
+        async with MockOpenAIServer(chunks=4) as server:
+            yield Harness(name, server, lambda timeout=10.0, base_url=None: OpenAIAdapter(
+                api_key="sk-mock", base_url=base_url or server.base_url, max_retries=0,
+                timeout=timeout), lambda s: _openai_settings(s.requests[-1]),
+                lambda s: _openai_image(s.requests[-1]))
+
+
+async def collect(adapter: ServiceAdapter, request: ChatRequest) -> list[Any]:
+    async with asyncio.timeout(TIMEOUT_S):
+        return [d async for batch in adapter.stream(request) for d in batch]
+
+
+async def answer(harness: Harness, request: ChatRequest, **options: Any) -> list[Any]:
+    adapter = harness.make(**options)
+    try:
+        return await collect(adapter, request)
+    finally:
+        await adapter.aclose()
+
+
+def user(text: str) -> UserMessage:
+    return UserMessage(id="u1", content=text)
+
+
+def merged_calls(deltas: list[Any]) -> list[tuple[str, str, Any]]:
+    calls: dict[int, list[Any]] = {}
+    for d in deltas:
+        if isinstance(d, ToolCallDelta):
+            entry = calls.setdefault(d.call_index, [None, None, ""])
+            entry[0] = entry[0] or d.id
+            entry[1] = entry[1] or d.name
+            entry[2] += d.arguments
+    return [(i, n, orjson.loads(a)) for i, n, a in calls.values()]
+
+
+# ---- the model's answer ----------------------------------------------------------------------
+
+
+async def test_text_and_usage(harness: Harness) -> None:
+    deltas = await answer(harness, ChatRequest(messages=[user("hello there")]))
+    assert "".join(d.text for d in deltas if isinstance(d, TextDelta)) == "echo: hello there"
+    end = deltas[-1]
+    assert isinstance(end, StreamEnd)
+    assert end.finish_reason == "stop"
+    assert end.usage is not None
+    assert end.usage["prompt_tokens"] > 0
+    assert end.usage["completion_tokens"] > 0
+    assert end.usage["total_tokens"] == end.usage["prompt_tokens"] + end.usage[
+        "completion_tokens"]
+
+
+async def test_one_tool_call(harness: Harness) -> None:
+    deltas = await answer(harness, ChatRequest(
+        messages=[user('call:getWeather {"city":"Paris"}')], tools=[WEATHER_TOOL]))
+    ((call_id, name, args),) = merged_calls(deltas)
+    assert call_id
+    assert (name, args) == ("getWeather", {"city": "Paris"})
+    assert isinstance(deltas[-1], StreamEnd)
+    assert deltas[-1].finish_reason == "tool_calls"
+
+
+async def test_two_tool_calls_in_one_answer(harness: Harness) -> None:
+    deltas = await answer(harness, ChatRequest(
+        messages=[user('call:getWeather {"city":"Paris"}\ncall:getWeather {"city":"Rome"}')],
+        tools=[WEATHER_TOOL]))
+    calls = merged_calls(deltas)
+    assert [args for _, _, args in calls] == [{"city": "Paris"}, {"city": "Rome"}]
+    assert len({call_id for call_id, _, _ in calls}) == 2
+
+
+async def test_image_reaches_the_model(harness: Harness) -> None:
+    message = UserMessage(id="u1", content=[
+        TextPart(text="what is this?"),
+        ImagePart(source=DataSource(value=PNG, mime_type="image/png"))])
+    deltas = await answer(harness, ChatRequest(messages=[message]))
+    assert "".join(d.text for d in deltas if isinstance(d, TextDelta)) == "echo: what is this?"
+    assert harness.image(harness.server) == PNG
+
+
+async def test_repaired_history_is_accepted(harness: Harness) -> None:
+    # A call whose result the client lost, arguments that are not an object, a result
+    # without its call: what the TypeScript runtime's users report the providers refusing.
+    history = [
+        user("first"),
+        AssistantMessage(id="a1", tool_calls=[ToolCall(id="call_lost", function=FunctionCall(
+            name="getWeather", arguments="[1, 2]"))]),
+        ToolMessage(id="t0", tool_call_id="call_unknown", content="stray"),
+        UserMessage(id="u2", content="second"),
+    ]
+    deltas = await answer(harness, ChatRequest(messages=history, tools=[WEATHER_TOOL]))
+    assert "".join(d.text for d in deltas if isinstance(d, TextDelta)).startswith("echo: ")
+    assert isinstance(deltas[-1], StreamEnd)
+    if harness.strict_history:
+        assert len(harness.server.requests) == 1  # accepted at once, by a strict mock
+
+
+# ---- through the runtime ---------------------------------------------------------------------
+
+
+async def test_server_tool_loop(harness: Harness, serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(service_adapter=harness.make(), actions=[getWeather])
+    async with asyncio.timeout(TIMEOUT_S), serve_runtime(runtime) as served:
+        events = await served.run(run_input('call:getWeather {"city":"Paris"}'))
+    kinds = types(events)
+    assert kinds[-1] == "RUN_FINISHED", events
+    result = events[kinds.index("TOOL_CALL_RESULT")]
+    assert orjson.loads(result["content"])["city"] == "Paris"
+    assert text_of(events) == "echo: " + result["content"]
+
+
+async def test_frontend_tool_then_follow_up(harness: Harness,
+                                            serve_runtime: ServeRuntime) -> None:
+    tool = {"name": "sayHello", "description": "Greets",
+            "parameters": {"type": "object", "properties": {"name": {"type": "string"}}}}
+    runtime = CopilotRuntime(service_adapter=harness.make())
+    async with asyncio.timeout(TIMEOUT_S), serve_runtime(runtime) as served:
+        first = await served.run(run_input('call:sayHello {"name":"Ada"}', tools=[tool]))
+        kinds = types(first)
+        assert kinds[-1] == "RUN_FINISHED", first
+        assert "TOOL_CALL_RESULT" not in kinds
+        start = first[kinds.index("TOOL_CALL_START")]
+        args = "".join(e["delta"] for e in first if e["type"] == "TOOL_CALL_ARGS")
+        assert orjson.loads(args) == {"name": "Ada"}
+        body = run_input("", run="run-2", tools=[tool])
+        body["messages"] = [
+            {"id": "u", "role": "user", "content": 'call:sayHello {"name":"Ada"}'},
+            {"id": "a", "role": "assistant", "toolCalls": [{
+                "id": start["toolCallId"], "type": "function",
+                "function": {"name": "sayHello", "arguments": args}}]},
+            {"id": "t", "role": "tool", "toolCallId": start["toolCallId"],
+             "content": '{"greeting":"Hello, Ada!"}'}]
+        second = await served.run(body)
+    assert types(second)[-1] == "RUN_FINISHED", second
+    assert text_of(second) == 'echo: {"greeting":"Hello, Ada!"}'
+
+
+async def test_forwarded_model_settings_mapped_or_refused(
+        harness: Harness, serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(service_adapter=harness.make(), actions=[getWeather])
+    props = {"model": "model-x", "temperature": 0.5, "maxTokens": 77, "stop": ["END"],
+             "toolChoice": "getWeather"}
+    async with asyncio.timeout(TIMEOUT_S), serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", forwardedProps=props))
+        if harness.name == "langchain":
+            # LangChain cannot switch model, temperature or limit per request: refused clearly
+            assert types(events)[-1] == "RUN_ERROR", events
+            assert events[-1]["code"] == "INVALID_REQUEST"
+            assert "cannot change model, temperature, maxTokens" in events[-1]["message"]
+            events = await served.run(run_input("hello", run="run-2", forwardedProps={
+                "stop": ["END"], "toolChoice": "getWeather"}))
+            assert types(events)[-1] == "RUN_FINISHED", events
+            assert harness.settings(harness.server)["stop"] == ["END"]
+            assert harness.settings(harness.server)["tool"] == "getWeather"
+            return
+    assert types(events)[-1] == "RUN_FINISHED", events
+    assert harness.settings(harness.server) == {
+        "model": "model-x", "temperature": 0.5, "max_tokens": 77, "stop": ["END"],
+        "tool": "getWeather"}
+
+
+# ---- failures --------------------------------------------------------------------------------
+
+_PROVIDER_WORDS = {"openai": "OpenAI", "anthropic": "Anthropic", "google": "Gemini",
+                   "langchain": "LangChain model"}
+
+
+@pytest.mark.parametrize("status", [401, 429, 500, 503])
+async def test_http_failures(harness: Harness, status: int) -> None:
+    with pytest.raises(UpstreamError) as info:
+        await answer(harness, ChatRequest(messages=[user(f"error:{status}")]))
+    assert type(info.value) is UpstreamError
+    assert info.value.status == status
+    assert info.value.code == "UPSTREAM_ERROR"
+    assert re.fullmatch(rf"{_PROVIDER_WORDS[harness.name]} request failed with HTTP "
+                        rf"{status}: mock error {status}", info.value.message), info.value.message
+
+
+async def test_failure_is_a_run_error(harness: Harness, serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(service_adapter=harness.make())
+    async with asyncio.timeout(TIMEOUT_S), serve_runtime(runtime) as served:
+        events = await served.run(run_input("error:429"))
+    assert types(events) == ["RUN_STARTED", "RUN_ERROR"], events
+    assert events[-1]["code"] == "UPSTREAM_ERROR"
+    assert "HTTP 429" in events[-1]["message"]
+
+
+async def test_cut_stream(harness: Harness) -> None:
+    with pytest.raises(UpstreamError) as info:
+        await answer(harness, ChatRequest(messages=[user("breaks:2 a long enough answer")]))
+    assert type(info.value) is UpstreamError
+    assert info.value.status is None
+
+
+async def test_timeout(harness: Harness) -> None:
+    with pytest.raises(UpstreamTimeoutError) as info:
+        await answer(harness, ChatRequest(messages=[user("slow:3000 too slow")]), timeout=0.5)
+    assert info.value.code == "UPSTREAM_TIMEOUT"
+
+
+async def test_refused_connection(harness: Harness) -> None:
+    from tests.conftest import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    if harness.name in ("openai", "langchain"):
+        dead += "/v1"
+    with pytest.raises(UpstreamError) as info:
+        await answer(harness, ChatRequest(messages=[user("hello")]), base_url=dead)
+    assert type(info.value) is UpstreamError

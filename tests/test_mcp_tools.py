@@ -1,0 +1,70 @@
+"""MCP servers' tools as server-side actions, against real MCP servers built with the SDK:
+one over streamable HTTP on loopback, one over stdio (a child process)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from copilot_runtime import (
+    ActionError,
+    ConfigurationError,
+    CopilotRuntime,
+    MCPServer,
+    MCPToolset,
+    OpenAIAdapter,
+)
+from copilot_runtime.testing import MockOpenAIServer
+from tests.conftest import ServeRuntime, run_input, serve, text_of, types
+from tests.mcp_support.servers import weather_server
+
+TIMEOUT_S = 60
+SERVERS = Path(__file__).parent / "mcp_support" / "servers.py"
+
+
+async def test_streamable_http_and_stdio_tools_become_actions(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    async with asyncio.timeout(TIMEOUT_S), serve(weather_server().streamable_http_app()) as url:
+        toolset = MCPToolset([
+            MCPServer(url=url + "/mcp", headers={"Authorization": "Bearer t"}),
+            MCPServer.stdio(sys.executable, [str(SERVERS), "clock"], name="clock")])
+        await toolset.start()
+        try:
+            names = sorted(a.name for a in toolset.actions)
+            # `add` is published by both: namespaced; the others keep their names
+            assert names == ["127_0_0_1__add", "clock__add", "explode", "forecast"]
+            by_name = {a.name: a for a in toolset.actions}
+            assert by_name["forecast"].parameters["properties"]["city"]["type"] == "string"
+            assert orjson.loads(await by_name["forecast"].execute('{"city":"Oslo"}')) == {
+                "city": "Oslo", "days": 1, "sky": "clear"}
+            added = await by_name["clock__add"].execute('{"a":1,"b":2}')
+            assert orjson.loads(added) == {"result": 1003}
+            with pytest.raises(ActionError, match="exploded: now"):
+                await by_name["explode"].execute('{"reason":"now"}')
+
+            runtime = CopilotRuntime(
+                service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="k",
+                                              max_retries=0), actions=toolset.actions)
+            async with serve_runtime(runtime) as served:
+                events = await served.run(run_input('call:forecast {"city":"Rome","days":2}'))
+                failed = await served.run(run_input('call:explode {"reason":"x"}', run="r2"))
+        finally:
+            await toolset.aclose()
+    assert types(events)[-1] == "RUN_FINISHED"
+    result = next(e for e in events if e["type"] == "TOOL_CALL_RESULT")
+    assert orjson.loads(result["content"]) == {"city": "Rome", "days": 2, "sky": "clear"}
+    assert text_of(events) == "echo: " + result["content"]
+    error = next(e for e in failed if e["type"] == "TOOL_CALL_RESULT")
+    assert "exploded: x" in orjson.loads(error["content"])["error"]
+    assert types(failed)[-1] == "RUN_FINISHED"
+
+
+def test_server_needs_one_transport() -> None:
+    with pytest.raises(ConfigurationError):
+        MCPServer()
+    with pytest.raises(ConfigurationError):
+        MCPServer(url="http://x", command="y")

@@ -1,0 +1,494 @@
+"""Provider conversions: Anthropic's history repair and stream parser, Gemini's schema subset,
+contents and thought signatures, LangChain's stream end, and the EmptyAdapter."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+from ag_ui.core import (
+    AssistantMessage,
+    DataSource,
+    DeveloperMessage,
+    DocumentPart,
+    FunctionCall,
+    ImagePart,
+    SystemMessage,
+    TextPart,
+    ToolCall,
+    ToolMessage,
+    UrlSource,
+    UserMessage,
+)
+
+from copilot_runtime import (
+    AnthropicAdapter,
+    ConfigurationError,
+    CopilotRuntime,
+    EmptyAdapter,
+    GoogleGenAIAdapter,
+    InvalidRequestError,
+    LangChainAdapter,
+    UpstreamError,
+)
+from copilot_runtime.adapters import (
+    ChatRequest,
+    ReasoningDelta,
+    StreamEnd,
+    TextDelta,
+    ToolCallDelta,
+    ToolSpec,
+)
+from copilot_runtime.adapters.anthropic import AnthropicStreamParser, to_anthropic_messages
+from copilot_runtime.adapters.google import to_gemini_contents, to_gemini_schema
+from copilot_runtime.agents import HttpAgent
+from copilot_runtime.testing import MockGeminiServer
+from tests.realclient_app import getWeather
+
+TIMEOUT_S = 20
+
+
+def call(call_id: str, name: str = "f", arguments: str = "{}") -> ToolCall:
+    return ToolCall(id=call_id, function=FunctionCall(name=name, arguments=arguments))
+
+
+# ---- Anthropic: history ----------------------------------------------------------------------
+
+
+def test_anthropic_system_and_developer_go_to_system() -> None:
+    system, turns = to_anthropic_messages([
+        SystemMessage(id="s", content="be brief"), DeveloperMessage(id="d", content="use tools"),
+        UserMessage(id="u", content="hi")])
+    assert system == ["be brief", "use tools"]
+    assert turns == [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+
+
+def test_anthropic_dangling_tool_use_gets_an_error_result() -> None:
+    _, turns = to_anthropic_messages([
+        UserMessage(id="u", content="go"),
+        AssistantMessage(id="a", content="calling", tool_calls=[call("c1"), call("c2")]),
+        ToolMessage(id="t", tool_call_id="c2", content="two"),
+        UserMessage(id="u2", content="next")])
+    assert [t["role"] for t in turns] == ["user", "assistant", "user"]
+    results = turns[2]["content"]
+    assert [(b["type"], b.get("tool_use_id")) for b in results] == [
+        ("tool_result", "c1"), ("tool_result", "c2"), ("text", None)]
+    assert results[0]["is_error"] is True
+    assert results[1]["content"] == "two"
+    assert results[2]["text"] == "next"
+
+
+def test_anthropic_dangling_tool_use_at_the_end_is_answered() -> None:
+    _, turns = to_anthropic_messages([
+        UserMessage(id="u", content="go"), AssistantMessage(id="a", tool_calls=[call("c1")])])
+    assert turns[-1]["role"] == "user"
+    assert turns[-1]["content"][0]["tool_use_id"] == "c1"
+
+
+def test_anthropic_orphan_result_becomes_text() -> None:
+    _, turns = to_anthropic_messages([
+        UserMessage(id="u", content="go"), ToolMessage(id="t", tool_call_id="zz", content="x")])
+    assert turns == [{"role": "user", "content": [
+        {"type": "text", "text": "go"},
+        {"type": "text", "text": "(Result of tool call zz: x)"}]}]
+
+
+@pytest.mark.parametrize(("arguments", "expected"), [
+    ("", {}), ('{"a": 1}', {"a": 1}), ("[1, 2]", {"value": [1, 2]}), ('"s"', {"value": "s"}),
+    ("{broken", {"raw_arguments": "{broken"})])
+def test_anthropic_tool_arguments_are_always_objects(arguments: str, expected: Any) -> None:
+    _, turns = to_anthropic_messages([
+        UserMessage(id="u", content="go"),
+        AssistantMessage(id="a", tool_calls=[call("c1", arguments=arguments)]),
+        ToolMessage(id="t", tool_call_id="c1", content="ok")])
+    assert turns[1]["content"][0]["input"] == expected
+
+
+def test_anthropic_blank_text_and_errors() -> None:
+    _, turns = to_anthropic_messages([
+        UserMessage(id="u", content="go"),
+        AssistantMessage(id="a", content="  ", tool_calls=[call("c1")]),
+        ToolMessage(id="t", tool_call_id="c1", content="", error="boom")])
+    assert turns[1]["content"] == [{"type": "tool_use", "id": "c1", "name": "f", "input": {}}]
+    assert turns[2]["content"] == [{"type": "tool_result", "tool_use_id": "c1",
+                                    "content": "Error: boom", "is_error": True}]
+
+
+def test_anthropic_multimodal_blocks() -> None:
+    _, turns = to_anthropic_messages([UserMessage(id="u", content=[
+        TextPart(text="look"),
+        ImagePart(source=DataSource(value="aGk=", mime_type="image/jpeg")),
+        ImagePart(source=UrlSource(value="https://example.test/a.png")),
+        DocumentPart(source=DataSource(value="JVBE", mime_type="application/pdf"))])])
+    assert turns[0]["content"][1:] == [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg",
+                                     "data": "aGk="}},
+        {"type": "image", "source": {"type": "url", "url": "https://example.test/a.png"}},
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                        "data": "JVBE"}}]
+
+
+def test_anthropic_request_parameters() -> None:
+    adapter = AnthropicAdapter(api_key="k", max_tokens=100)
+    tools = [ToolSpec("f", "d", {"properties": {"x": {"type": "string"}}}), ToolSpec("g", "", {})]
+    params = adapter.build_params(ChatRequest(
+        messages=[UserMessage(id="u", content="hi")], tools=tools, system_prompt="sys",
+        temperature=1.7, stop=["END"], tool_choice="required"))
+    assert params["max_tokens"] == 100  # always set: the API requires it
+    assert params["system"] == "sys"
+    assert params["temperature"] == 1.0  # Anthropic's range is 0..1
+    assert params["stop_sequences"] == ["END"]
+    assert params["tool_choice"] == {"type": "any"}
+    assert params["tools"][0]["input_schema"] == {"type": "object",
+                                                  "properties": {"x": {"type": "string"}}}
+    assert params["tools"][1]["input_schema"] == {"type": "object", "properties": {}}
+    named = adapter.build_params(ChatRequest(messages=[], tools=tools, tool_choice="g"))
+    assert named["tool_choice"] == {"type": "tool", "name": "g"}
+    thinking = AnthropicAdapter(api_key="k", thinking={"type": "enabled", "budget_tokens": 64})
+    params = thinking.build_params(ChatRequest(messages=[], temperature=0.3))
+    assert "temperature" not in params  # refused by the API with thinking on
+    assert params["thinking"]["budget_tokens"] == 64
+
+
+def test_anthropic_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with pytest.raises(ConfigurationError, match="api_key"):
+        AnthropicAdapter()
+
+
+# ---- Anthropic: stream parser ----------------------------------------------------------------
+
+
+def _sse(*events: dict[str, Any]) -> bytes:
+    return b"".join(b"event: " + str(e["type"]).encode() + b"\ndata: " + orjson.dumps(e)
+                    + b"\n\n" for e in events)
+
+
+_STREAM = _sse(
+    {"type": "message_start", "message": {"usage": {"input_tokens": 9, "output_tokens": 1}}},
+    {"type": "ping"},
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking",
+                                                                  "thinking": ""}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta",
+                                                          "thinking": "hmm"}},
+    {"type": "content_block_stop", "index": 0},
+    {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta",
+                                                          "text": "h\u00e9llo \U0001f600"}},
+    {"type": "content_block_stop", "index": 1},
+    {"type": "content_block_start", "index": 2, "content_block": {
+        "type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}},
+    {"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta",
+                                                          "partial_json": '{"a":'}},
+    {"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta",
+                                                          "partial_json": "1}"}},
+    {"type": "content_block_stop", "index": 2},
+    {"type": "content_block_start", "index": 3, "content_block": {
+        "type": "tool_use", "id": "toolu_2", "name": "g", "input": {}}},
+    {"type": "content_block_stop", "index": 3},
+    {"type": "message_delta", "delta": {"stop_reason": "tool_use"},
+     "usage": {"output_tokens": 5}},
+    {"type": "message_stop"})
+
+
+def test_anthropic_parser_handles_frames_split_anywhere() -> None:
+    for step in (1, 2, 5, 13, len(_STREAM)):
+        parser = AnthropicStreamParser()
+        out: list[Any] = []
+        for i in range(0, len(_STREAM), step):
+            out.extend(parser.feed(_STREAM[i:i + step]))
+        assert out == [
+            ReasoningDelta("hmm"),
+            TextDelta("h\u00e9llo \U0001f600"),
+            ToolCallDelta(0, "toolu_1", "f", ""), ToolCallDelta(0, None, None, '{"a":'),
+            ToolCallDelta(0, None, None, "1}"),
+            ToolCallDelta(1, "toolu_2", "g", ""), ToolCallDelta(1, None, None, "{}"),
+            StreamEnd("tool_calls", {"prompt_tokens": 9, "completion_tokens": 5,
+                                     "total_tokens": 14})]
+        assert parser.done
+        assert parser.thinking == [{"type": "thinking", "thinking": "hmm", "signature": ""}]
+        assert parser.tool_ids == ["toolu_1", "toolu_2"]
+
+
+def test_anthropic_parser_errors() -> None:
+    with pytest.raises(UpstreamError, match="error mid-stream: Overloaded"):
+        AnthropicStreamParser().feed(_sse({"type": "error", "error": {
+            "type": "overloaded_error", "message": "Overloaded"}}))
+    with pytest.raises(UpstreamError, match="malformed JSON"):
+        AnthropicStreamParser().feed(b"data: {nope\n\n")
+
+
+# ---- Gemini: schemas, one rule each ----------------------------------------------------------
+
+
+def test_gemini_schema_types_are_upper_case_and_required_is_filtered() -> None:
+    assert to_gemini_schema({"type": "object", "properties": {"a": {"type": "integer"}},
+                             "required": ["a", "ghost"]}) == {
+        "type": "OBJECT", "properties": {"a": {"type": "INTEGER"}}, "required": ["a"]}
+
+
+def test_gemini_schema_drops_unsupported_keywords() -> None:
+    out = to_gemini_schema({
+        "$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+        "additionalProperties": False, "properties": {"a": {
+            "type": "string", "not": {"const": "x"}, "examples": ["y"], "format": "email"}}})
+    assert out == {"type": "OBJECT", "properties": {"a": {"type": "STRING"}}}
+
+
+def test_gemini_schema_keeps_supported_formats() -> None:
+    assert to_gemini_schema({"type": "string", "format": "date-time"})["format"] == "date-time"
+    assert to_gemini_schema({"type": "integer", "format": "int64"})["format"] == "int64"
+    assert "format" not in to_gemini_schema({"type": "number", "format": "int64"})
+
+
+def test_gemini_schema_inlines_refs() -> None:
+    out = to_gemini_schema({"type": "object", "$defs": {"City": {
+        "type": "object", "properties": {"name": {"type": "string"}}}},
+        "properties": {"city": {"$ref": "#/$defs/City", "description": "where"}}})
+    assert out["properties"]["city"] == {"type": "OBJECT", "description": "where",
+                                         "properties": {"name": {"type": "STRING"}}}
+
+
+def test_gemini_schema_recursive_ref_ends() -> None:
+    out = to_gemini_schema({"type": "object", "definitions": {"Node": {
+        "type": "object", "properties": {"child": {"$ref": "#/definitions/Node"}}}},
+        "properties": {"root": {"$ref": "#/definitions/Node"}}})
+    assert out["properties"]["root"]["properties"]["child"] == {"type": "OBJECT"}
+
+
+def test_gemini_schema_nullable_from_type_list_and_any_of() -> None:
+    assert to_gemini_schema({"type": ["string", "null"]}) == {"type": "STRING",
+                                                               "nullable": True}
+    assert to_gemini_schema({"anyOf": [{"type": "integer"}, {"type": "null"}]}) == {
+        "type": "INTEGER", "nullable": True}
+
+
+def test_gemini_schema_one_of_becomes_any_of() -> None:
+    assert to_gemini_schema({"oneOf": [{"type": "string"}, {"type": "integer"}]}) == {
+        "anyOf": [{"type": "STRING"}, {"type": "INTEGER"}]}
+
+
+def test_gemini_schema_all_of_is_merged() -> None:
+    out = to_gemini_schema({"allOf": [
+        {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+        {"properties": {"b": {"type": "boolean"}}}]})
+    assert out == {"type": "OBJECT", "properties": {"a": {"type": "STRING"},
+                                                     "b": {"type": "BOOLEAN"}},
+                   "required": ["a"]}
+
+
+def test_gemini_schema_const_and_enums() -> None:
+    assert to_gemini_schema({"const": "on"}) == {"type": "STRING", "enum": ["on"]}
+    assert to_gemini_schema({"type": "integer", "enum": [1, 2], "description": "n"}) == {
+        "type": "INTEGER", "description": "n (one of: 1, 2)"}
+
+
+def test_gemini_schema_arrays_get_items_and_typeless_gets_a_type() -> None:
+    assert to_gemini_schema({"type": "array"}) == {"type": "ARRAY",
+                                                    "items": {"type": "STRING"}}
+    assert to_gemini_schema({"properties": {"a": {}}}) == {
+        "type": "OBJECT", "properties": {"a": {"type": "STRING"}}}
+
+
+def test_gemini_schema_exclusive_bounds_and_object_defaults() -> None:
+    assert to_gemini_schema({"type": "number", "exclusiveMinimum": 0}) == {
+        "type": "NUMBER", "minimum": 0}
+    assert to_gemini_schema({"type": "object", "default": {}}) == {"type": "OBJECT"}
+
+
+async def test_gemini_strict_mock_accepts_a_hostile_schema() -> None:
+    schema = {"$schema": "x", "type": "object", "additionalProperties": False,
+              "$defs": {"Unit": {"enum": ["c", "f"]}},
+              "properties": {"city": {"type": ["string", "null"], "format": "uri"},
+                             "unit": {"$ref": "#/$defs/Unit"},
+                             "days": {"type": "integer", "enum": [1, 3, 7]},
+                             "tags": {"type": "array"},
+                             "extra": {"type": "object", "properties": {}}}}
+    async with asyncio.timeout(TIMEOUT_S), MockGeminiServer() as server:
+        adapter = GoogleGenAIAdapter(api_key="k", base_url=server.base_url, max_retries=0)
+        try:
+            deltas = [d async for b in adapter.stream(ChatRequest(
+                messages=[UserMessage(id="u", content="hi")],
+                tools=[ToolSpec("f", "d", schema), ToolSpec("noargs", "d", {"type": "object"})]))
+                for d in b]
+        finally:
+            await adapter.aclose()
+    assert isinstance(deltas[-1], StreamEnd)
+    declarations = server.requests[0]["tools"][0]["functionDeclarations"]
+    assert "parameters" not in declarations[1]  # Gemini refuses empty object parameters
+    assert declarations[0]["parameters"]["properties"]["unit"]["enum"] == ["c", "f"]
+
+
+# ---- Gemini: contents and signatures ---------------------------------------------------------
+
+
+def test_gemini_contents_function_responses() -> None:
+    system, contents = to_gemini_contents([
+        SystemMessage(id="s", content="sys"), UserMessage(id="u", content="go"),
+        AssistantMessage(id="a", tool_calls=[call("c1", "f", '{"x":1}'), call("c2", "g", "7")]),
+        ToolMessage(id="t1", tool_call_id="c1", content='{"ok":true}'),
+        ToolMessage(id="t2", tool_call_id="c2", content="plain", error="bad")])
+    assert system == ["sys"]
+    assert contents[1] == {"role": "model", "parts": [
+        {"function_call": {"name": "f", "args": {"x": 1}}},
+        {"function_call": {"name": "g", "args": {"value": 7}}}]}
+    assert contents[2] == {"role": "user", "parts": [
+        {"function_response": {"name": "f", "response": {"ok": True}}},
+        {"function_response": {"name": "g", "response": {"error": "bad", "output": "plain"}}}]}
+
+
+def test_gemini_contents_missing_response_is_filled() -> None:
+    _, contents = to_gemini_contents([
+        UserMessage(id="u", content="go"), AssistantMessage(id="a", tool_calls=[call("c1")]),
+        UserMessage(id="u2", content="again")])
+    assert contents[2]["parts"][0]["function_response"]["response"]["error"]
+    assert contents[2]["parts"][1] == {"text": "again"}
+
+
+def test_gemini_inline_data_is_decoded() -> None:
+    _, contents = to_gemini_contents([UserMessage(id="u", content=[
+        ImagePart(source=DataSource(value="aGk=", mime_type="image/png")),
+        ImagePart(source=DataSource(value="%%%not base64", mime_type="image/png"))])])
+    assert contents[0]["parts"] == [{"inline_data": {"mime_type": "image/png", "data": b"hi"}}]
+
+
+async def test_gemini_thought_signature_comes_back() -> None:
+    # The mock signs the call, as Gemini 3 does, and refuses a replay without the signature.
+    tools = [ToolSpec("getWeather", "w", {"type": "object", "properties": {
+        "city": {"type": "string"}}})]
+    async with asyncio.timeout(TIMEOUT_S), MockGeminiServer(sign_calls=True) as server:
+        adapter = GoogleGenAIAdapter(api_key="k", base_url=server.base_url, max_retries=0)
+        try:
+            first = [d async for b in adapter.stream(ChatRequest(
+                messages=[UserMessage(id="u", content='call:getWeather {"city":"Rome"}')],
+                tools=tools)) for d in b]
+            (head,) = [d for d in first if isinstance(d, ToolCallDelta)]
+            assert head.id is not None
+            follow = [d async for b in adapter.stream(ChatRequest(messages=[
+                UserMessage(id="u", content='call:getWeather {"city":"Rome"}'),
+                AssistantMessage(id="a", tool_calls=[call(head.id, "getWeather",
+                                                          head.arguments)]),
+                ToolMessage(id="t", tool_call_id=head.id, content='{"t":21}')],
+                tools=tools)) for d in b]
+        finally:
+            await adapter.aclose()
+    assert "".join(d.text for d in follow if isinstance(d, TextDelta)) == 'echo: {"t":21}'
+    replayed = server.requests[1]["contents"][1]["parts"][0]
+    assert replayed["thoughtSignature"]
+
+
+# ---- LangChain and Empty ---------------------------------------------------------------------
+
+
+async def test_langchain_stream_without_terminal_event_ends_cleanly() -> None:
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+
+    model = GenericFakeChatModel(messages=iter([AIMessage(content="one two three")]))
+    adapter = LangChainAdapter(model)
+    async with asyncio.timeout(TIMEOUT_S):
+        deltas = [d async for b in adapter.stream(ChatRequest(
+            messages=[UserMessage(id="u", content="hi")], system_prompt="sys")) for d in b]
+    assert "".join(d.text for d in deltas if isinstance(d, TextDelta)) == "one two three"
+    assert deltas[-1] == StreamEnd("stop", None)
+
+
+async def test_empty_adapter_serves_agents_only() -> None:
+    agent = HttpAgent(url="http://127.0.0.1:9/agent")
+    runtime = CopilotRuntime(service_adapter=EmptyAdapter(), agents={"remote": agent})
+    try:
+        assert list(runtime.agents) == ["remote"]
+    finally:
+        await runtime.aclose()
+    with pytest.raises(ConfigurationError, match="EmptyAdapter"):
+        CopilotRuntime(service_adapter=EmptyAdapter(), actions=[getWeather])
+    with pytest.raises(InvalidRequestError, match="no language model"):
+        async for _ in EmptyAdapter().stream(ChatRequest(messages=[])):
+            pass
+
+
+async def test_anthropic_on_vertex_streams_through_the_sdk_iterator() -> None:
+    import anthropic
+
+    from copilot_runtime.testing import MockAnthropicServer
+
+    async with asyncio.timeout(TIMEOUT_S), MockAnthropicServer(chunks=3) as server:
+        client = anthropic.AsyncAnthropicVertex(
+            region="us-east5", project_id="proj", access_token="token",
+            base_url=server.base_url + "/v1", max_retries=0)
+        adapter = AnthropicAdapter(model="claude-on-vertex", client=client)
+        try:
+            text = [d async for b in adapter.stream(ChatRequest(
+                messages=[UserMessage(id="u", content="hello")])) for d in b]
+            calls = [d async for b in adapter.stream(ChatRequest(
+                messages=[UserMessage(id="u", content='call:f {"a":1}')],
+                tools=[ToolSpec("f", "", {"type": "object"})])) for d in b]
+            with pytest.raises(UpstreamError, match="HTTP 429"):
+                async for _ in adapter.stream(ChatRequest(
+                        messages=[UserMessage(id="u", content="error:429")])):
+                    pass
+        finally:
+            await adapter.aclose()
+    assert "".join(d.text for d in text if isinstance(d, TextDelta)) == "echo: hello"
+    assert text[-1].finish_reason == "stop"
+    assert "".join(d.arguments for d in calls if isinstance(d, ToolCallDelta)) == '{"a":1}'
+    assert server.requests[0]["model"] == "claude-on-vertex"
+
+
+def test_demo_provider_from_the_environment() -> None:
+    from copilot_runtime import OpenAIAdapter
+    from copilot_runtime.adapters.from_env import adapter_from_env
+
+    assert adapter_from_env({}) is None
+    adapter, line = adapter_from_env({"ANTHROPIC_API_KEY": "k", "ANTHROPIC_MODEL": "c-1"}) or (
+        None, "")
+    assert isinstance(adapter, AnthropicAdapter)
+    assert line == "model c-1 at Anthropic"
+    adapter, _ = adapter_from_env({"GEMINI_API_KEY": "k"}) or (None, "")
+    assert isinstance(adapter, GoogleGenAIAdapter)
+    adapter, _ = adapter_from_env({"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k"}) or (
+        None, "")
+    assert isinstance(adapter, OpenAIAdapter)
+    adapter, _ = adapter_from_env({"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k",
+                                   "COPILOT_RUNTIME_PROVIDER": "anthropic"}) or (None, "")
+    assert isinstance(adapter, AnthropicAdapter)
+    with pytest.raises(ConfigurationError, match="COPILOT_RUNTIME_PROVIDER"):
+        adapter_from_env({"COPILOT_RUNTIME_PROVIDER": "nope"})
+
+
+# ---- thinking → REASONING_* for AG-UI 1.0 clients only ---------------------------------------
+
+
+async def test_anthropic_thinking_streams_as_reasoning_to_new_clients_only(
+        serve_runtime: Any) -> None:
+    from copilot_runtime.testing import MockAnthropicServer, verify_events
+    from tests.conftest import run_input, text_of, types
+
+    async with asyncio.timeout(TIMEOUT_S), MockAnthropicServer(chunks=3) as server:
+        runtime = CopilotRuntime(service_adapter=AnthropicAdapter(
+            api_key="k", base_url=server.base_url, max_retries=0,
+            thinking={"type": "enabled", "budget_tokens": 1024}), actions=[getWeather])
+        async with serve_runtime(runtime) as served:
+            new = await served.run(run_input("think: hello", protocolVersion="1.0"))
+            old = await served.run(run_input("think: hello", run="run-2"))
+            # the tool loop goes on with thinking on: the signed block is sent back
+            loop = await served.run(run_input('think: call:getWeather {"city":"Oslo"}',
+                                              run="run-3", protocolVersion="1.0"))
+    kinds = types(new)
+    assert kinds[1:6] == ["REASONING_START", "REASONING_MESSAGE_START",
+                          "REASONING_MESSAGE_CONTENT", "REASONING_MESSAGE_CONTENT",
+                          "REASONING_MESSAGE_CONTENT"], kinds
+    assert kinds[6:8] == ["REASONING_MESSAGE_END", "REASONING_END"]
+    assert "".join(e["delta"] for e in new if e["type"] == "REASONING_MESSAGE_CONTENT") == \
+        "Thinking about: hello"
+    assert text_of(new) == "echo: hello"
+    verify_events(new)
+    assert not [k for k in types(old) if k.startswith("REASONING")]
+    assert text_of(old) == "echo: hello"
+    assert types(loop)[-1] == "RUN_FINISHED", loop
+    assert "TOOL_CALL_RESULT" in types(loop)
+    replayed = server.requests[-1]["messages"][1]["content"]
+    assert replayed[0]["type"] == "thinking"
+    assert replayed[0]["signature"]
