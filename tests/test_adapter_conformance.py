@@ -35,6 +35,7 @@ from ag_ui.core import (
 )
 
 from copilot_runtime import CopilotRuntime, UpstreamError, UpstreamTimeoutError
+from copilot_runtime._exceptions import UpstreamConnectionError
 from copilot_runtime.adapters import (
     ChatRequest,
     ServiceAdapter,
@@ -333,7 +334,8 @@ async def test_failure_is_a_run_error(harness: Harness, serve_runtime: ServeRunt
 async def test_cut_stream(harness: Harness) -> None:
     with pytest.raises(UpstreamError) as info:
         await answer(harness, ChatRequest(messages=[user("breaks:2 a long enough answer")]))
-    assert type(info.value) is UpstreamError
+    if harness.name != "langchain":  # a LangChain model's own errors are all it reports
+        assert type(info.value) is UpstreamConnectionError
     assert info.value.status is None
 
 
@@ -351,4 +353,5 @@ async def test_refused_connection(harness: Harness) -> None:
         dead += "/v1"
     with pytest.raises(UpstreamError) as info:
         await answer(harness, ChatRequest(messages=[user("hello")]), base_url=dead)
-    assert type(info.value) is UpstreamError
+    if harness.name != "langchain":
+        assert type(info.value) is UpstreamConnectionError

@@ -12,7 +12,7 @@ import httpx2
 import orjson
 import pytest
 
-from copilot_runtime import CopilotRuntime, DemoAdapter
+from copilot_runtime import ActionError, CopilotRuntime, DemoAdapter
 from copilot_runtime.demo import build_demo_runtime, get_weather, roll_dice
 from copilot_runtime.testing import verify_events
 from tests.conftest import ServeRuntime, free_port, parse_sse, run_input, text_of
@@ -106,7 +106,7 @@ async def test_demo_actions() -> None:
     rolls = orjson.loads(await roll_dice.execute('{"sides": 20, "count": 3}'))
     assert len(rolls["rolls"]) == 3
     assert all(1 <= r <= 20 for r in rolls["rolls"])
-    with pytest.raises(Exception, match="sides must be"):
+    with pytest.raises(ActionError, match="sides must be"):
         await roll_dice.execute('{"sides": 1}')
 
 

@@ -32,10 +32,14 @@ from ag_ui.core import (
     UserMessage,
 )
 
-from copilot_runtime._exceptions import ConfigurationError, UpstreamError, UpstreamTimeoutError
+from copilot_runtime._exceptions import (
+    ConfigurationError,
+    UpstreamConnectionError,
+    UpstreamError,
+    UpstreamTimeoutError,
+)
 from copilot_runtime.adapters._common import (
     arguments_object,
-    cause_text,
     error_body_message,
     find_cause,
     text_of,
@@ -180,7 +184,8 @@ class AnthropicAdapter:
                 finally:
                     await events.close()
             if not parser.done:
-                raise UpstreamError("The Anthropic stream ended before the answer was complete")
+                raise UpstreamConnectionError(
+                    "The Anthropic stream ended before the answer was complete")
             if parser.thinking and parser.tool_ids:
                 self._thinking[parser.tool_ids[0]] = parser.thinking
                 if len(self._thinking) > _THINKING_KEPT:
@@ -192,17 +197,17 @@ class AnthropicAdapter:
         except anthropic.APIConnectionError as exc:
             refused = find_cause(exc, aiohttp.ClientConnectorError)
             if refused is not None:
-                raise UpstreamError(f"Could not reach the Anthropic API: {refused}") from None
+                raise UpstreamConnectionError("Could not reach the Anthropic API") from None
             if isinstance(exc, anthropic.APITimeoutError):
                 raise UpstreamTimeoutError("Anthropic request timed out") from None
-            raise UpstreamError(f"Could not reach the Anthropic API: {cause_text(exc)}") from None
+            raise UpstreamConnectionError("Could not reach the Anthropic API") from None
         except anthropic.AnthropicError as exc:
             raise UpstreamError(f"Anthropic request failed: {exc}") from None
         except httpx2.TimeoutException:
             raise UpstreamTimeoutError("Anthropic request timed out") from None
-        except httpx2.TransportError as exc:
-            raise UpstreamError(
-                f"The Anthropic stream broke off: {exc or type(exc).__name__}") from None
+        except httpx2.TransportError:
+            raise UpstreamConnectionError(
+                "The Anthropic stream broke off before the answer was complete") from None
 
 
 def _input_schema(parameters: dict[str, Any]) -> dict[str, Any]:

@@ -36,7 +36,12 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 
-from copilot_runtime._exceptions import ConfigurationError, UpstreamError, UpstreamTimeoutError
+from copilot_runtime._exceptions import (
+    ConfigurationError,
+    UpstreamConnectionError,
+    UpstreamError,
+    UpstreamTimeoutError,
+)
 from copilot_runtime.adapters._common import arguments_object, text_of, usage
 from copilot_runtime.adapters.base import (
     ChatDelta,
@@ -187,7 +192,8 @@ class GoogleGenAIAdapter:
                 if out:
                     yield out
             if finish is None:
-                raise UpstreamError("The Gemini stream ended before the answer was complete")
+                raise UpstreamConnectionError(
+                    "The Gemini stream ended before the answer was complete")
             if calls and finish == "stop":
                 finish = "tool_calls"
             yield [StreamEnd(finish, usage(
@@ -199,11 +205,11 @@ class GoogleGenAIAdapter:
                                 f"{exc.message or exc.status}", status=exc.code) from None
         except (TimeoutError, aiohttp.ServerTimeoutError):
             raise UpstreamTimeoutError("Gemini request timed out") from None
-        except aiohttp.ClientConnectorError as exc:
-            raise UpstreamError(f"Could not reach the Gemini API: {exc}") from None
-        except aiohttp.ClientError as exc:
-            raise UpstreamError(
-                f"The Gemini stream broke off: {exc or type(exc).__name__}") from None
+        except aiohttp.ClientConnectorError:
+            raise UpstreamConnectionError("Could not reach the Gemini API") from None
+        except aiohttp.ClientError:
+            raise UpstreamConnectionError(
+                "The Gemini stream broke off before the answer was complete") from None
 
     def _remember(self, call_id: str, signature: bytes) -> None:
         self._signatures[call_id] = signature
