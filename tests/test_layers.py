@@ -26,6 +26,8 @@ LAYERS: dict[str, int] = {
     "event_order": 0, "_limits": 0, "auth": 0, "hooks": 0, "limits": 0, "telemetry": 0,
     # 1. model providers, and the guardrails that may use one as a judge
     "adapters": 1, "guardrails": 1,
+    # MCP servers' tools as actions for the agents
+    "mcp_tools": 1,
     # 2. agents, and the LangGraph checkpointers they run on
     "agents": 2, "checkpointers": 2,
     # 3. the runtime: agents, runs, threads
