@@ -67,7 +67,9 @@ def closed_run(thread_id: str, run_id: str, first_position: int,
         streamed.extend(chunk.events)
         next_position = chunk.first_position + len(chunk.events)
     if not streamed:
-        streamed = [ev.run_started(thread_id, run_id, {})]
+        streamed = [ev.run_started(thread_id, run_id, {
+            "threadId": thread_id, "runId": run_id, "messages": [], "tools": [],
+            "context": []})]
     tail = interrupted_tail(streamed, thread_id, run_id)
     return tail, next_position, compact_events(streamed + tail), next_position + len(tail) - 1
 
