@@ -19,6 +19,7 @@ import pytest
 from copilot_runtime import events as ev
 from copilot_runtime import thread_store
 from copilot_runtime._compaction import compact_events
+from copilot_runtime.testing import verify_events
 from copilot_runtime.threads import (
     INTERRUPTED_CODE,
     DurableThreadStore,
@@ -27,7 +28,6 @@ from copilot_runtime.threads import (
     ThreadOwner,
     ThreadStore,
 )
-from copilot_runtime.testing import verify_events
 from tests.hitl_support.postgres import SERVER, postgres_schema
 
 KINDS = ["memory", "sqlite", "postgresql"]
@@ -95,7 +95,8 @@ async def test_finished_runs_and_positions(store: ThreadStore) -> None:
     assert record.next_position == len(one) + len(two)
     assert record.message_ids >= {"u-r1", "m-r1", "u-r2", "m-r2"}
     assert record.title == "hello there"
-    assert record.runs[0].first_position == 0 and record.runs[0].last_position == len(one) - 1
+    assert record.runs[0].first_position == 0
+    assert record.runs[0].last_position == len(one) - 1
     everything = await store.events_after("t", -1)
     # Compacted runs: no positions inside, the run's last position on its last event.
     assert [p for p, _ in everything if p is not None] == [len(one) - 1,
@@ -120,7 +121,8 @@ async def test_list_pages_names_and_delete(store: ThreadStore) -> None:
     assert await store.rename("t3", "Plans") is True
     assert await store.rename("nope", "x") is False
     listed = {r.thread_id: r for r in await store.list()}
-    assert listed["t3"].name == "Plans" and listed["t2"].name is None
+    assert listed["t3"].name == "Plans"
+    assert listed["t2"].name is None
     assert listed["t3"].title == "hello there"
     assert listed["t3"].owner == bob
     assert await store.delete("t3") is True
@@ -162,12 +164,13 @@ async def test_interrupted_run_is_closed_with_what_it_streamed(store: ThreadStor
     assert await durable.close_interrupted("t", "r1") is False
     assert await durable.open_runs() == []
     record = await durable.get("t")
-    assert record is not None and record.owner == ThreadOwner("alice")
+    assert record is not None
+    assert record.owner == ThreadOwner("alice")
     (run,) = record.runs
     verify_events(run.events)
     assert run.events[-1]["type"] == "RUN_ERROR"
     assert run.events[-1]["code"] == INTERRUPTED_CODE
-    assert [e for e in run.events if e["type"] == "TEXT_MESSAGE_CONTENT"][0]["delta"] == \
+    assert next(e for e in run.events if e["type"] == "TEXT_MESSAGE_CONTENT")["delta"] == \
         "partialanswer"
     assert record.next_position == run.last_position + 1
     assert "m-r1" in record.message_ids
@@ -208,7 +211,9 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
         CREATE TABLE message_ids (thread_id TEXT NOT NULL, message_id TEXT NOT NULL,
             PRIMARY KEY (thread_id, message_id)) WITHOUT ROWID;
         INSERT INTO threads VALUES ('old', 'default', 1.0, 1.0);
-        INSERT INTO runs VALUES ('old', 1, 'r0', 1.0, '[{"type":"RUN_STARTED","threadId":"old","runId":"r0"},{"type":"RUN_FINISHED","threadId":"old","runId":"r0"}]');
+        INSERT INTO runs VALUES ('old', 1, 'r0', 1.0, '[{"type":"RUN_STARTED",
+            "threadId":"old","runId":"r0"},{"type":"RUN_FINISHED","threadId":"old",
+            "runId":"r0"}]');
         INSERT INTO message_ids VALUES ('old', 'u0');
     """)
     db.close()
@@ -216,8 +221,10 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     try:
         assert store.schema_version == 2
         record = await store.get("old")
-        assert record is not None and [r.run_id for r in record.runs] == ["r0"]
-        assert record.owner is None and record.name is None
+        assert record is not None
+        assert [r.run_id for r in record.runs] == ["r0"]
+        assert record.owner is None
+        assert record.name is None
         assert [e["type"] for _, e in await store.events_after("old", -1)] == [
             "RUN_STARTED", "RUN_FINISHED"]
         await _finish(store, "old", "r1", _run("old", "r1", "new"), 0)

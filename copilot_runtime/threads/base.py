@@ -22,6 +22,8 @@ position None and the run's last event has its last position.
 
 from __future__ import annotations
 
+import builtins
+
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -125,7 +127,8 @@ class ThreadStore(Protocol):
         of one owner; `offset` skips that many (pages)."""
         ...
 
-    async def events_after(self, thread_id: str, position: int) -> list[Positioned]:
+    async def events_after(self, thread_id: str, position: int
+                           ) -> builtins.list[Positioned]:
         """The thread's events after `position` (-1: all), a running run's included."""
         ...
 
@@ -155,7 +158,14 @@ class DurableThreadStore(ThreadStore, Protocol):
         opens the run (and creates the thread for `owner`)."""
         ...
 
-    async def open_runs(self) -> list[tuple[str, str]]:
+    async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
+                         message_ids: Iterable[str], *, owner: ThreadOwner | None = None,
+                         raw_first: int = -1, raw: Sequence[Event] = ()) -> None:
+        """`ThreadStore.append_run`, with the run's raw events not written yet (the first at
+        `raw_first`) written in the same transaction."""
+        ...
+
+    async def open_runs(self) -> builtins.list[tuple[str, str]]:
         """(thread id, run id) of every run opened and never closed."""
         ...
 

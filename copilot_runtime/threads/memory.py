@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -101,7 +103,8 @@ class InMemoryThreadStore:
         return [r for r in records if (agent_id is None or r.agent_id == agent_id)
                 and (owner is None or r.owner == owner)][offset:offset + limit]
 
-    async def events_after(self, thread_id: str, position: int) -> list[Positioned]:
+    async def events_after(self, thread_id: str, position: int
+                           ) -> builtins.list[Positioned]:
         record = self._threads.get(thread_id)
         return positioned_runs(record.runs, position) if record is not None else []
 

@@ -111,8 +111,8 @@ class PostgresThreadStore:
         await asyncio.shield(self._opened)
 
     async def _open(self) -> None:
-        async with await AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
-            async with conn.transaction():
+        async with await AsyncConnection.connect(self.conninfo, autocommit=True) as conn, \
+                conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
                                    ("copilot_runtime.threads:" + self.schema,))
                 await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
@@ -210,32 +210,41 @@ class PostgresThreadStore:
                             created_at: float, first_position: int, events: Sequence[Event],
                             *, owner: ThreadOwner | None = None) -> None:
         await self.open()
-        blob = orjson.dumps(events)
         async with self._pool.connection() as conn, conn.transaction():
-            await _thread(conn, thread_id, agent_id, created_at, owner, events)
-            if await _open_seq(conn, thread_id, run_id) is None:
-                await conn.execute(
-                    "INSERT INTO runs (thread_id, seq, run_id, created_at, events, open, "
-                    "first_position) SELECT %s, COALESCE(MAX(seq), 0) + 1, %s, %s, '\\x5b5d', "
-                    "TRUE, %s FROM runs WHERE thread_id = %s",
-                    (thread_id, run_id, created_at, first_position, thread_id))
-            if events:
-                last = first_position + len(events) - 1
-                await conn.execute(
-                    "INSERT INTO run_events (thread_id, first_position, last_position, run_id, "
-                    "events) VALUES (%s, %s, %s, %s, %s) ON CONFLICT (thread_id, first_position) "
-                    "DO UPDATE SET events = excluded.events, last_position = "
-                    "excluded.last_position", (thread_id, first_position, last, run_id, blob))
-                await _advance(conn, thread_id, last)
+            await self._append_events(conn, thread_id, agent_id, run_id, created_at,
+                                      first_position, events, owner)
+
+    async def _append_events(self, conn: AsyncConnection[Any], thread_id: str, agent_id: str,
+                             run_id: str, created_at: float, first_position: int,
+                             events: Sequence[Event], owner: ThreadOwner | None) -> None:
+        await _thread(conn, thread_id, agent_id, created_at, owner, events)
+        if await _open_seq(conn, thread_id, run_id) is None:
+            await conn.execute(
+                "INSERT INTO runs (thread_id, seq, run_id, created_at, events, open, "
+                "first_position) SELECT %s, COALESCE(MAX(seq), 0) + 1, %s, %s, '\\x5b5d', "
+                "TRUE, %s FROM runs WHERE thread_id = %s",
+                (thread_id, run_id, created_at, first_position, thread_id))
+        if events:
+            last = first_position + len(events) - 1
+            await conn.execute(
+                "INSERT INTO run_events (thread_id, first_position, last_position, run_id, "
+                "events) VALUES (%s, %s, %s, %s, %s) ON CONFLICT (thread_id, first_position) "
+                "DO UPDATE SET events = excluded.events, last_position = "
+                "excluded.last_position",
+                (thread_id, first_position, last, run_id, orjson.dumps(events)))
+            await _advance(conn, thread_id, last)
 
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
-                         message_ids: Iterable[str], *, owner: ThreadOwner | None = None
-                         ) -> None:
+                         message_ids: Iterable[str], *, owner: ThreadOwner | None = None,
+                         raw_first: int = -1, raw: Sequence[Event] = ()) -> None:
         await self.open()
         blob = orjson.dumps(run.events)
         ids = [(thread_id, m) for m in message_ids]
         now = time.time()
         async with self._pool.connection() as conn, conn.transaction():
+            if raw and raw_first >= 0:
+                await self._append_events(conn, thread_id, agent_id, run.run_id,
+                                          run.created_at, raw_first, raw, owner)
             await _thread(conn, thread_id, agent_id, run.created_at, owner, run.events)
             seq = await _open_seq(conn, thread_id, run.run_id)
             if seq is None:

@@ -289,14 +289,19 @@ class SQLiteThreadStore:
             self._advance(thread_id, first_position + len(events) - 1)
 
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
-                         message_ids: Iterable[str], *, owner: ThreadOwner | None = None
-                         ) -> None:
+                         message_ids: Iterable[str], *, owner: ThreadOwner | None = None,
+                         raw_first: int = -1, raw: Sequence[Event] = ()) -> None:
         await self._call(self._write, self._append, thread_id, agent_id, run,
-                         orjson.dumps(run.events), builtins.list(message_ids), owner)
+                         orjson.dumps(run.events), builtins.list(message_ids), owner,
+                         raw_first, orjson.dumps(raw) if raw else b"", raw)
 
     def _append(self, thread_id: str, agent_id: str, run: StoredRun, blob: bytes,
-                message_ids: builtins.list[str], owner: ThreadOwner | None) -> None:
+                message_ids: builtins.list[str], owner: ThreadOwner | None,
+                raw_first: int, raw_blob: bytes, raw: Sequence[Event]) -> None:
         db = self._db
+        if raw and raw_first >= 0:
+            self._append_events(thread_id, agent_id, run.run_id, run.created_at, raw_first,
+                                raw_blob, raw, owner)
         self._thread(thread_id, agent_id, run.created_at, owner, run.events)
         seq = self._open_seq(thread_id, run.run_id)
         now = time.time()
