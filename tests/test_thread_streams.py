@@ -61,8 +61,8 @@ async def _read_until(response: aiohttp.ClientResponse, wanted: str
                 return whole, events
 
 
-async def _eventually(check: Any, message: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
+async def _eventually(check: Any, message: str, within: float = 20) -> None:
+    deadline = time.monotonic() + within
     while not await check():
         assert time.monotonic() < deadline, message
         await asyncio.sleep(0.05)
@@ -173,7 +173,8 @@ async def test_a_durable_store_holds_a_run_while_it_streams(
         whole = seen + parse_sse_ids(await running.read())
         assert await store.open_runs() == []
         record = await store.get("t")
-        assert record is not None and record.next_position == len(whole)
+        assert record is not None
+        assert record.next_position == len(whole)
 
 
 async def test_a_run_a_crash_left_open_is_closed_as_interrupted(
@@ -193,7 +194,8 @@ async def test_a_run_a_crash_left_open_is_closed_as_interrupted(
             "/agent/default/connect", run_input("", thread="t"))).read())]
         verify_events(replay)
         assert text_of(replay) == "half an ans"
-        assert replay[-1]["type"] == "RUN_ERROR" and replay[-1]["code"] == INTERRUPTED_CODE
+        assert replay[-1]["type"] == "RUN_ERROR"
+        assert replay[-1]["code"] == INTERRUPTED_CODE
         again = await served.run(run_input("again", thread="t", run="r2"))
         assert again[-1]["type"] == "RUN_FINISHED"
         messages = await (await served.session.get(
@@ -238,7 +240,8 @@ async def test_threads_pages_names_and_deletion(two_users: Served) -> None:
     second = await page(f"?limit=2&cursor={first['nextCursor']}")
     assert [t["id"] for t in second["threads"]] == ["t2", "t1"]
     last = await page(f"?limit=2&cursor={second['nextCursor']}")
-    assert [t["id"] for t in last["threads"]] == ["t0"] and last["nextCursor"] is None
+    assert [t["id"] for t in last["threads"]] == ["t0"]
+    assert last["nextCursor"] is None
     assert [t["id"] for t in (await page("", "token-bob"))["threads"]] == ["b1"]
     for bad in ("?limit=0", "?limit=x", "?cursor=-1", "?limit=100000"):
         response = await session.get(f"{url}/threads{bad}", headers=_as("token-alice"))
@@ -246,7 +249,8 @@ async def test_threads_pages_names_and_deletion(two_users: Served) -> None:
 
     renamed = await session.patch(f"{url}/threads/t3", json={"name": "Plans"},
                                   headers=_as("token-alice"))
-    assert renamed.status == 200 and (await renamed.json())["name"] == "Plans"
+    assert renamed.status == 200
+    assert (await renamed.json())["name"] == "Plans"
     assert (await page("?limit=2"))["threads"][1]["name"] == "Plans"
     for bad_body in ({"name": 5}, {"title": "x"}, [], {"name": "x" * 201}):
         response = await session.patch(f"{url}/threads/t3", json=bad_body,

@@ -23,7 +23,6 @@ position None and the run's last event has its last position.
 from __future__ import annotations
 
 import builtins
-
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable

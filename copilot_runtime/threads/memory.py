@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import builtins
-
 from collections import OrderedDict
 from collections.abc import Iterable
 
