@@ -84,6 +84,7 @@ class _Connection(asyncio.Protocol):
         self.body: list[bytes] = []
         self.buffered = 0
         self.head_done = False
+        self.keep_alive = False
         self.complete = False
         self.got_bytes = False
         self.error: HTTPClientError | None = None
@@ -141,6 +142,8 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
+        # Asked here: once the message is complete the parser has forgotten it.
+        self.keep_alive = self.parser.should_keep_alive()
         self.head_done = True
 
     def on_body(self, body: bytes) -> None:
@@ -220,7 +223,7 @@ class _Connection(asyncio.Protocol):
         """Done with this request: keep the connection if it can serve another."""
         self._cancel_timer()
         if (self.closed or self.error is not None or not self.head_done
-                or not self.parser.should_keep_alive()):
+                or not self.keep_alive):
             self.abort()
         elif self.complete:
             self.body.clear()  # whatever the reader left after the end it wanted
