@@ -179,8 +179,8 @@ class OpenAIAdapter:
     async def _stream_direct(self, route: _DirectRoute,
                              body: bytes) -> AsyncIterator[Sequence[ChatDelta]]:
         response = await route.send(body)
+        parser = ChatCompletionsStreamParser()
         try:
-            parser = ChatCompletionsStreamParser()
             async for data in response.chunks():
                 deltas = parser.feed(data)
                 if deltas:
@@ -196,7 +196,10 @@ class OpenAIAdapter:
             raise UpstreamConnectionError(
                 "The OpenAI stream broke off before the answer was complete") from None
         finally:
-            response.release()
+            if parser.done:
+                response.release()  # read to its end: the connection serves the next one
+            else:
+                response.abort()  # a stop, a disconnect or a failure: cancel upstream
 
     async def _stream_sdk(self, body: bytes) -> AsyncIterator[Sequence[ChatDelta]]:
         # The SDK's documented route for raw requests (`client.post`) still gives us its

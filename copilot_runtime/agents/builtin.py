@@ -152,8 +152,10 @@ class _Answer:
             self.reasoning_id = None
         if self.text_open:
             tail.append(text_message_end(self.message_id))
+            self.text_open = False
         if self.open_call is not None:
             tail.append(tool_call_end(self.open_call.id))
+            self.open_call = None
         return tail
 
     def message(self) -> AssistantMessage:
@@ -225,6 +227,9 @@ class BuiltInAgent(Agent):
             try:
                 async for deltas in self.adapter.stream(request):
                     batch = answer.translate(deltas)
+                    if answer.end is not None:
+                        # The stream's last read: its closing events go in the same write.
+                        batch.extend(answer.close())
                     if batch:
                         yield batch
             except BaseException as exc:
