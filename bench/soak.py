@@ -210,7 +210,7 @@ def plot(samples: list[dict[str, Any]], path: Path, title: str) -> bool:
         print("soak: matplotlib is not installed; no plot (pip install matplotlib)")
         return False
     runs = [s["runs"] / 1000 for s in samples if "p99_ms" in s]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    fig, (top, bottom, cpu) = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
     top.plot([s["runs"] / 1000 for s in samples], [s["rss_mb"] for s in samples], marker="o")
     top.set_ylabel("server RSS (MB)")
     top.set_ylim(bottom=0)
@@ -220,10 +220,17 @@ def plot(samples: list[dict[str, Any]], path: Path, title: str) -> bool:
     bottom.plot(runs, [s["p50_ms"] for s in samples if "p50_ms" in s], marker=".",
                 label="p50 run latency")
     bottom.set_ylabel("latency (ms)")
-    bottom.set_xlabel("runs (thousands)")
     bottom.set_ylim(bottom=0)
     bottom.grid(alpha=0.3)
     bottom.legend()
+    cpu.plot(runs, [s["server_cpu_ms_per_run"] for s in samples if "p99_ms" in s], marker="o",
+             label="server CPU per run (ms)")
+    cpu.plot(runs, [s["machine_busy_cores"] for s in samples if "p99_ms" in s], marker=".",
+             label="whole machine busy (cores of 2)")
+    cpu.set_xlabel("runs (thousands)")
+    cpu.set_ylim(bottom=0)
+    cpu.grid(alpha=0.3)
+    cpu.legend()
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
