@@ -291,3 +291,66 @@ def test_sdk_route_and_remote_agents_import_on_first_use() -> None:
         assert "openai" in sys.modules
     """)
     subprocess.run([sys.executable, "-c", code], timeout=60, check=True)
+
+
+# -- TLS ---------------------------------------------------------------------------------------
+
+
+def _self_signed(directory: Any) -> tuple[str, str]:
+    """A certificate for localhost that is its own CA: (certificate file, key file)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([
+            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256()))
+    cert_file, key_file = directory / "cert.pem", directory / "key.pem"
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_file), str(key_file)
+
+
+async def test_https_with_certificate_verification(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ssl
+
+    from aiohttp import web
+
+    cert, key = _self_signed(tmp_path)
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(cert, key)
+    mock = MockOpenAIServer(chunks=3)
+    runner = web.AppRunner(mock.app(), access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=server_context).start()
+    try:
+        # Not trusted yet: the certificate is refused, as the SDK would refuse it.
+        error = await failure(OpenAIAdapter(base_url=f"https://localhost:{port}/v1",
+                                            api_key="k", max_retries=0))
+        assert type(error) is UpstreamConnectionError
+        monkeypatch.setenv("SSL_CERT_FILE", cert)
+        adapter = OpenAIAdapter(base_url=f"https://localhost:{port}/v1", api_key="k",
+                                max_retries=0)
+        assert adapter.transport == "direct"
+        assert await answer(adapter, "over TLS") == "echo: over TLS"
+        assert mock.headers[-1]["host"] == f"localhost:{port}"
+    finally:
+        await runner.cleanup()
