@@ -101,12 +101,13 @@ async def test_same_headers_as_the_sdk(mock: MockOpenAIServer, settings: dict[st
     assert mock.requests[0] == mock.requests[1]
 
 
-async def test_organisation_and_project_from_the_environment(
+async def test_key_base_url_organisation_and_project_from_the_environment(
         mock: MockOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_ORG_ID", "org-env")
     monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-env")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
-    for adapter in both(base_url=mock.base_url, max_retries=0):
+    monkeypatch.setenv("OPENAI_BASE_URL", mock.base_url)
+    for adapter in both(max_retries=0):
         await answer(adapter)
     direct, sdk = mock.headers
     assert direct == sdk
