@@ -39,7 +39,13 @@ from copilot_runtime.guardrails import PatternGuardrail, TopicGuardrail, Verdict
 from copilot_runtime.limits import RateLimit
 from copilot_runtime.protocols.http import CORSPolicy
 from copilot_runtime.runtime import CopilotRuntime, approval_service
-from copilot_runtime.threads import InMemoryThreadStore, SQLiteThreadStore, ThreadStore
+from copilot_runtime.threads import (
+    DurableThreadStore,
+    InMemoryThreadStore,
+    SQLiteThreadStore,
+    ThreadStore,
+    thread_store,
+)
 
 if TYPE_CHECKING:
     from copilot_runtime.agents import (
@@ -73,6 +79,7 @@ __all__ = [
     "CopilotRuntimeError",
     "DemoAdapter",
     "DurableCheckpointer",
+    "DurableThreadStore",
     "EmptyAdapter",
     "GoogleGenAIAdapter",
     "HeaderPolicy",
@@ -89,6 +96,7 @@ __all__ = [
     "Orchestrator",
     "PatternGuardrail",
     "PayloadTooLargeError",
+    "PostgresThreadStore",
     "Principal",
     "RateLimit",
     "RemoteDiscovery",
@@ -115,6 +123,7 @@ __all__ = [
     "create_app",
     "existing_agent",
     "mount_runtime",
+    "thread_store",
 ]
 
 
@@ -136,6 +145,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "LangGraphPlatformAgent": ("copilot_runtime.agents", "platform"),
     "checkpointer": ("copilot_runtime.checkpointers", "langgraph"),
     "DurableCheckpointer": ("copilot_runtime.checkpointers", "langgraph"),
+    "PostgresThreadStore": ("copilot_runtime.threads.postgres", "postgres"),
     "ReviewLoop": ("copilot_runtime.workflows", "langgraph"),
     "Orchestrator": ("copilot_runtime.workflows", "langgraph"),
     "Step": ("copilot_runtime.workflows", "langgraph"),

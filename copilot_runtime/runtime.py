@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
+import structlog
+
 from copilot_runtime import _trust
 from copilot_runtime._exceptions import AgentNotFoundError, ConfigurationError
 from copilot_runtime._input import RunInput
@@ -17,11 +19,10 @@ from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.approvals.service import ApprovalService
 from copilot_runtime.auth import Authenticator, RequestInfo, owner_of
-from copilot_runtime.events import Event
 from copilot_runtime.guardrails import Guardrail
 from copilot_runtime.hooks import HookRunner, OnError, OnRequest, OnRunFinished
 from copilot_runtime.limits import RateLimit, RateLimiter
-from copilot_runtime.threads.base import ThreadOwner, ThreadStore
+from copilot_runtime.threads.base import Positioned, ThreadOwner, ThreadStore
 from copilot_runtime.threads.memory import InMemoryThreadStore
 
 __all__ = ["CopilotRuntime", "approval_service"]
@@ -29,6 +30,8 @@ __all__ = ["CopilotRuntime", "approval_service"]
 #: The CopilotKit runtime version whose protocol this runtime speaks; `/info` reports it.
 COMPATIBLE_VERSION = "1.75.0"
 
+
+_log = structlog.get_logger("copilot_runtime.runtime")
 
 class CopilotRuntime:
     """The protocol-neutral runtime.
@@ -118,6 +121,11 @@ class CopilotRuntime:
         if self._started:
             return
         self._started = True
+        try:
+            # Runs a crash of this process left open in a durable store end as interrupted.
+            await self.runs.recover()
+        except Exception:
+            _log.exception("could not close the runs a previous process left open")
         await self.approvals.start()
 
     def is_running(self, thread_id: str) -> bool:
@@ -204,14 +212,15 @@ class CopilotRuntime:
                 return False
         return self.runs.stop(thread_id, run_id)
 
-    def connect(self, agent_id: str, thread_id: str, *,
-                request: RequestInfo | None = None) -> AsyncIterator[Sequence[Event]]:
-        """The thread's runs, then its live run; for a caller who may not see the thread,
-        nothing (what a thread that does not exist gives)."""
+    def connect(self, agent_id: str, thread_id: str, *, request: RequestInfo | None = None,
+                after: int = -1) -> AsyncIterator[Sequence[Positioned]]:
+        """The thread's events after position `after` (all for -1), then its live run's, each
+        with its position; for a caller who may not see the thread, nothing (what a thread
+        that does not exist gives)."""
         self.agent(agent_id)
         if self.owner_filter(request) is None:
-            return self.runs.replay(thread_id)
-        return _trust.replay_visible(self, thread_id, request)
+            return self.runs.replay(thread_id, after)
+        return _trust.replay_visible(self, thread_id, request, after)
 
     async def aclose(self) -> None:
         """Stop the approvals' timer, then active runs; release agents, adapters and the store.
