@@ -4,7 +4,7 @@ The public API is what this module exports; everything in a module whose name st
 an underscore is private and may change.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from copilot_runtime._exceptions import (
     ActionError,
@@ -30,14 +30,8 @@ from copilot_runtime.agents import (
     Agent,
     AgentThreadState,
     BuiltInAgent,
-    CopilotKitRemoteEndpoint,
     HeaderPolicy,
-    HttpAgent,
-    RemoteDiscovery,
-    RemoteEndpointAgent,
-    RetryPolicy,
     RunContext,
-    Timeouts,
 )
 from copilot_runtime.asgi import CopilotEndpoint, create_app, mount_runtime
 from copilot_runtime.auth import BearerTokenAuth, JWTAuth, Principal
@@ -52,6 +46,16 @@ from copilot_runtime.threads import (
     ThreadStore,
     thread_store,
 )
+
+if TYPE_CHECKING:
+    from copilot_runtime.agents import (
+        CopilotKitRemoteEndpoint,
+        HttpAgent,
+        RemoteDiscovery,
+        RemoteEndpointAgent,
+        RetryPolicy,
+        Timeouts,
+    )
 
 __all__ = [
     "Action",
@@ -123,8 +127,15 @@ __all__ = [
 ]
 
 
-_LAZY = {
-    # These need optional extras: imported when asked for. name: (module, extra)
+_LAZY: dict[str, tuple[str, str | None]] = {
+    # Remote agents: on first use (their HTTP client is aiohttp). name: (module, extra)
+    "HttpAgent": ("copilot_runtime.agents", None),
+    "Timeouts": ("copilot_runtime.agents", None),
+    "CopilotKitRemoteEndpoint": ("copilot_runtime.agents", None),
+    "RemoteDiscovery": ("copilot_runtime.agents", None),
+    "RemoteEndpointAgent": ("copilot_runtime.agents", None),
+    "RetryPolicy": ("copilot_runtime.agents", None),
+    # These need optional extras: imported when asked for.
     "AnthropicAdapter": ("copilot_runtime.adapters", "anthropic"),
     "GoogleGenAIAdapter": ("copilot_runtime.adapters", "google"),
     "LangChainAdapter": ("copilot_runtime.adapters", "langchain"),
@@ -153,7 +164,8 @@ def __getattr__(name: str) -> Any:
     try:
         return getattr(importlib.import_module(module), name)
     except ModuleNotFoundError as exc:
-        if exc.name is not None and exc.name.split(".")[0] == "copilot_runtime":
+        if extra is None or (exc.name is not None
+                             and exc.name.split(".")[0] == "copilot_runtime"):
             raise
         raise ImportError(f"{name} needs the {extra} extra: pip install "
                           f"'copilot-runtime[{extra}]' (missing: {exc.name})",

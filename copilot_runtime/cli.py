@@ -87,8 +87,10 @@ def _serve(app: Any, host: str, port: int, log_level: str) -> None:
 
     _check_port(host, port)
     _tune_gc()
+    # ws="none": the runtime serves no WebSocket, and the `websockets` library would cost
+    # every idle worker ~2 MB.
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                lifespan="on", timeout_graceful_shutdown=5)
+                lifespan="on", timeout_graceful_shutdown=5, ws="none")
 
 
 def _print_next_steps(host: str, port: int, path: str, model: str | None,
