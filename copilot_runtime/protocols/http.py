@@ -279,6 +279,8 @@ def encode_sse(batch: Sequence[Event], first: int | None = None) -> bytes:
         if len(batch) == 1:
             return b"data: " + dumps(batch[0]) + b"\n\n"
         return b"data: " + b"\n\ndata: ".join([dumps(e) for e in batch]) + b"\n\n"
+    if len(batch) == 1:
+        return b"id: %d\ndata: %b\n\n" % (first, dumps(batch[0]))
     return b"".join([b"id: %d\ndata: %b\n\n" % (first + i, dumps(e))
                      for i, e in enumerate(batch)])
 
