@@ -311,7 +311,7 @@ class RunManager:
         placeholder.owner = owner
         self.active[thread_id] = placeholder
         try:
-            record = await self.store.get(thread_id)
+            record = await self.store.summary(thread_id)
             if record is not None and owner is not None and record.owner != owner:
                 raise ThreadNotFoundError(thread_id)
         except BaseException:

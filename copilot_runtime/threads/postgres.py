@@ -89,6 +89,39 @@ _UPSERT_THREAD = (
     "next_position) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (thread_id) DO UPDATE "
     "SET updated_at = GREATEST(threads.updated_at, excluded.updated_at), next_position = "
     "GREATEST(threads.next_position, excluded.next_position)")
+#: A finished run: the thread created or touched, the run that its first events opened closed
+#: (or a new row when none were written while it ran), its last raw events, its message ids.
+_FINISH_RUN = """
+WITH thread AS (
+    INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title,
+                         next_position)
+    VALUES (%(thread)s, %(agent)s, %(created)s, %(created)s, %(owner)s, %(tenant)s, %(title)s,
+            %(next)s)
+    ON CONFLICT (thread_id) DO UPDATE SET
+        updated_at = GREATEST(threads.updated_at, excluded.updated_at),
+        next_position = GREATEST(threads.next_position, excluded.next_position)
+), closed AS (
+    UPDATE runs SET events = %(events)s, open = FALSE, last_position = %(last)s,
+                    ended_at = %(now)s
+    WHERE thread_id = %(thread)s AND run_id = %(run)s AND open
+    RETURNING 1
+), added AS (
+    INSERT INTO runs (thread_id, seq, run_id, created_at, events, first_position,
+                      last_position, ended_at)
+    SELECT %(thread)s, COALESCE((SELECT MAX(seq) FROM runs WHERE thread_id = %(thread)s), 0) + 1,
+           %(run)s, %(created)s, %(events)s, %(first)s, %(last)s, %(now)s
+    WHERE NOT EXISTS (SELECT 1 FROM closed)
+), chunk AS (
+    INSERT INTO run_events (thread_id, first_position, last_position, run_id, events)
+    SELECT %(thread)s, %(raw_first)s, %(raw_last)s, %(run)s, %(raw)s
+    WHERE %(raw_first)s::bigint IS NOT NULL
+    ON CONFLICT (thread_id, first_position) DO UPDATE SET events = excluded.events,
+        last_position = excluded.last_position
+)
+INSERT INTO message_ids (thread_id, message_id)
+SELECT %(thread)s, unnest(%(ids)s::text[])
+ON CONFLICT DO NOTHING
+"""
 _INSERT_CHUNK = (
     "INSERT INTO run_events (thread_id, first_position, last_position, run_id, events) "
     "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (thread_id, first_position) DO UPDATE SET "
@@ -176,6 +209,19 @@ class PostgresThreadStore:
             record.message_ids = {m for (m,) in await ids.fetchall()}
         return record
 
+    async def summary(self, thread_id: str) -> ThreadRecord | None:
+        await self.open()
+        async with self._pool.connection() as conn:
+            row = await (await conn.execute(
+                f"SELECT {_THREAD_COLUMNS}, ARRAY(SELECT message_id FROM message_ids m "
+                "WHERE m.thread_id = t.thread_id) FROM threads t WHERE thread_id = %s",
+                (thread_id,))).fetchone()
+        if row is None:
+            return None
+        record = _record(thread_id, row[:-1])
+        record.message_ids = set(row[-1])
+        return record
+
     async def events_after(self, thread_id: str, position: int) -> list[Positioned]:
         await self.open()
         async with self._pool.connection() as conn:
@@ -252,39 +298,21 @@ class PostgresThreadStore:
                          raw_first: int = -1, raw: Sequence[Event] = ()) -> None:
         await self.open()
         now = time.time()
-        prune = now - self._pruned > _PRUNE_EVERY
-        if prune:
-            self._pruned = now
-        blob = orjson.dumps(run.events)
-        # One transaction, pipelined: a finished run costs one round trip.
-        async with self._pool.connection() as conn, conn.pipeline(), conn.transaction():
-            await conn.execute(_UPSERT_THREAD, (
-                thread_id, agent_id, run.created_at, run.created_at,
-                owner.principal_id if owner else None, owner.tenant if owner else None,
-                title_of(run.events), run.last_position + 1))
-            await conn.execute(
-                "UPDATE runs SET events = %s, open = FALSE, last_position = %s, ended_at = %s "
-                "WHERE thread_id = %s AND run_id = %s AND open",
-                (blob, run.last_position, now, thread_id, run.run_id))
-            # A new row unless the UPDATE just closed the run opened by its first events
-            # (its ended_at is this very `now`).
-            await conn.execute(
-                "INSERT INTO runs (thread_id, seq, run_id, created_at, events, first_position, "
-                "last_position, ended_at) SELECT %s, COALESCE((SELECT MAX(seq) FROM runs "
-                "WHERE thread_id = %s), 0) + 1, %s, %s, %s, %s, %s, %s WHERE NOT EXISTS ("
-                "SELECT 1 FROM runs WHERE thread_id = %s AND run_id = %s AND ended_at = %s)",
-                (thread_id, thread_id, run.run_id, run.created_at, blob, run.first_position,
-                 run.last_position, now, thread_id, run.run_id, now))
-            if raw and raw_first >= 0:
-                await conn.execute(_INSERT_CHUNK, (thread_id, raw_first,
-                                                   raw_first + len(raw) - 1, run.run_id,
-                                                   orjson.dumps(raw)))
-            ids = list(message_ids)
-            if ids:
-                await conn.execute(
-                    "INSERT INTO message_ids (thread_id, message_id) SELECT %s, unnest(%s::text[])"
-                    " ON CONFLICT DO NOTHING", (thread_id, ids))
-            if prune:
+        has_raw = bool(raw) and raw_first >= 0
+        async with self._pool.connection() as conn:
+            # One statement (its parts are applied together, or not at all).
+            await conn.execute(_FINISH_RUN, {
+                "thread": thread_id, "agent": agent_id, "created": run.created_at,
+                "owner": owner.principal_id if owner else None,
+                "tenant": owner.tenant if owner else None, "title": title_of(run.events),
+                "next": run.last_position + 1, "run": run.run_id,
+                "events": orjson.dumps(run.events), "first": run.first_position,
+                "last": run.last_position, "now": now, "ids": list(message_ids),
+                "raw_first": raw_first if has_raw else None,
+                "raw_last": raw_first + len(raw) - 1 if has_raw else None,
+                "raw": orjson.dumps(raw) if has_raw else None})
+            if now - self._pruned > _PRUNE_EVERY:
+                self._pruned = now
                 await conn.execute(
                     "DELETE FROM run_events e USING runs r WHERE r.thread_id = e.thread_id "
                     "AND r.run_id = e.run_id AND NOT r.open AND r.ended_at < %s",

@@ -192,6 +192,20 @@ class SQLiteThreadStore:
             "SELECT message_id FROM message_ids WHERE thread_id = ?", (thread_id,))}
         return record
 
+    async def summary(self, thread_id: str) -> ThreadRecord | None:
+        return await self._call(self._summary, thread_id)
+
+    def _summary(self, thread_id: str) -> ThreadRecord | None:
+        row = self._db.execute(
+            "SELECT agent_id, created_at, updated_at, owner_id, tenant, name, title, "
+            "next_position FROM threads WHERE thread_id = ?", (thread_id,)).fetchone()
+        if row is None:
+            return None
+        record = _record(thread_id, row)
+        record.message_ids = {m for (m,) in self._db.execute(
+            "SELECT message_id FROM message_ids WHERE thread_id = ?", (thread_id,))}
+        return record
+
     async def events_after(self, thread_id: str, position: int) -> list[Positioned]:
         return await self._call(self._events_after, thread_id, position)
 

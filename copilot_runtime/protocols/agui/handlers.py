@@ -212,7 +212,7 @@ class AGUIProtocol:
         body = await read_body(request, self.max_body_size) if request.method == "PATCH" \
             else b""
         owner = self.runtime.owner_filter(request.info)
-        record = await self.runtime.store.get(thread_id)
+        record = await self.runtime.store.summary(thread_id)
         if record is None or (owner is not None and record.owner != owner):
             raise ThreadNotFoundError(thread_id)
         if request.method == "DELETE":
