@@ -134,9 +134,10 @@ class Request:
         value = self.headers.get(name.encode())
         return value.decode("latin-1") if value is not None else None
 
-    def forwardable_headers(self) -> dict[str, str]:
-        """The headers an agent receives (each passes on only what its policy allows)."""
-        return forwardable(self.headers.items())
+    def forwardable_headers(self, *, credentials: bool = True) -> dict[str, str]:
+        """The headers an agent receives (each passes on only what its policy allows);
+        without `credentials`, not those that authenticated the caller to the runtime."""
+        return forwardable(self.headers.items(), credentials=credentials)
 
     def is_json(self) -> bool:
         content_type = self.headers.get(b"content-type", b"")
