@@ -157,3 +157,17 @@ class GatedAgent(Agent):
         yield [ev.text_message_start(message), ev.text_message_content(message, "one ")]
         await self.gate.wait()
         yield [ev.text_message_content(message, "two"), ev.text_message_end(message)]
+
+
+async def poll(within: float = 30.0, every: float = 0.05) -> AsyncIterator[int]:
+    """Yield every `every` seconds until `within` seconds have passed: a polling loop whose
+    budget holds on a loaded machine; the assertion after the loop says what never came."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    attempt = 0
+    while True:
+        yield attempt
+        attempt += 1
+        if loop.time() >= deadline:
+            return
+        await asyncio.sleep(every)
