@@ -25,7 +25,13 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._input import RunInput
 from copilot_runtime._version import __version__
 from copilot_runtime.actions import Action, action
-from copilot_runtime.adapters import DemoAdapter, EmptyAdapter, OpenAIAdapter, ServiceAdapter
+from copilot_runtime.adapters import (
+    DemoAdapter,
+    EmptyAdapter,
+    OpenAIAdapter,
+    OpenAITranscription,
+    ServiceAdapter,
+)
 from copilot_runtime.agents import (
     Agent,
     AgentThreadState,
@@ -93,6 +99,7 @@ __all__ = [
     "MCPServer",
     "MCPToolset",
     "OpenAIAdapter",
+    "OpenAITranscription",
     "Orchestrator",
     "PatternGuardrail",
     "PayloadTooLargeError",

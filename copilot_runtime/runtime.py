@@ -15,6 +15,7 @@ from copilot_runtime._runs import ActiveRun, RunManager
 from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import ServiceAdapter
 from copilot_runtime.adapters.empty import EmptyAdapter
+from copilot_runtime.adapters.transcription import Transcriber
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.approvals.service import ApprovalService
@@ -61,6 +62,7 @@ class CopilotRuntime:
         auth: Authenticator | None = None,
         approver_roles: Iterable[str] = (),
         forward_credentials: bool = False,
+        transcription: Transcriber | None = None,
         guardrails: Iterable[Guardrail] = (),
         rate_limit: RateLimit | None = None,
         on_request: OnRequest | None = None,
@@ -91,6 +93,8 @@ class CopilotRuntime:
         if auth is not None and not isinstance(auth, Authenticator):
             raise ConfigurationError("auth needs an async authenticate(request) method")
         self.auth = auth
+        #: Speech to text for the chat's microphone (`POST transcribe`), or None.
+        self.transcription = transcription
         #: Whether agents see the caller's credential headers (always, without `auth`).
         self.forwards_credentials = auth is None or forward_credentials
         self.approver_roles = frozenset(approver_roles)
@@ -241,6 +245,8 @@ class CopilotRuntime:
         await self.hooks.drain()
         if self.limiter is not None:
             await self.limiter.aclose()
+        if self.transcription is not None:
+            await self.transcription.aclose()
         closed: set[int] = set()
         for agent in self.agents.values():
             if id(agent) not in closed:

@@ -10,6 +10,7 @@ TypeScript router does):
     GET  threads[?agentId=&limit=&cursor=]   threads, newest first, a page at a time
     GET  threads/{id}/messages|events|state
     PATCH threads/{id} {"name"}, DELETE threads/{id}   rename, forget
+    POST transcribe                   audio (multipart `audio`, or JSON base64) → its text
     GET  approvals, GET|POST approvals/{id}   pending approvals (see `approvals`)
     POST (the base path)              {method, params, body}: the same operations in one route
 
@@ -34,6 +35,7 @@ from copilot_runtime._input import parse_json_body, parse_run_input
 from copilot_runtime._limits import readable
 from copilot_runtime._time import iso_time
 from copilot_runtime.protocols.agui.approvals import ApprovalRoutes, approval_route
+from copilot_runtime.protocols.agui.transcribe import serve_transcription
 from copilot_runtime.protocols.http import (
     Request,
     read_body,
@@ -54,7 +56,7 @@ _NO_THREAD_ENDPOINTS = dict.fromkeys(_THREAD_ENDPOINTS, False)
 _PAGE = 100
 _MAX_PAGE = 500
 _MAX_NAME = 200
-_ENVELOPE_METHODS = ("info", "agent/run", "agent/connect", "agent/stop")
+_ENVELOPE_METHODS = ("info", "agent/run", "agent/connect", "agent/stop", "transcribe")
 
 
 class AGUIProtocol:
@@ -108,12 +110,19 @@ class AGUIProtocol:
         if approval_id is not None:
             await self._guarded(request, self.approvals.handle(request, approval_id))
             return True
+        if segments[-1:] == ["transcribe"]:
+            if method != "POST":
+                await send_method_not_allowed(request, b"POST")
+            else:
+                await self._guarded(request, serve_transcription(
+                    request, self.runtime.transcription, self.max_body_size))
+            return True
         return False
 
     def info(self, *, single_route: bool) -> dict[str, Any]:
         info = self.runtime.info()
         info.update({
-            "audioFileTranscriptionEnabled": False,
+            "audioFileTranscriptionEnabled": self.runtime.transcription is not None,
             "mode": "sse",
             "threadEndpoints": _NO_THREAD_ENDPOINTS if single_route else _THREAD_ENDPOINTS,
             "suggestions": False,
@@ -247,6 +256,10 @@ class AGUIProtocol:
             return
         if method == "info":
             await send_json(request, 200, self.info(single_route=True))
+            return
+        if method == "transcribe":
+            await serve_transcription(request, self.runtime.transcription, self.max_body_size,
+                                      data.get("body"), single=True)
             return
         params = data.get("params")
         params = params if isinstance(params, dict) else {}
