@@ -53,7 +53,8 @@ async def test_json_base64_audio_and_the_envelope(transcribing: Served) -> None:
     status, body = await _post(transcribing, json={
         "audio": "data:audio/webm;base64," + encoded, "mimeType": "audio/webm; codecs=opus"})
     assert status == 200, body
-    assert body["size"] == len(AUDIO) and body["type"] == "audio/webm; codecs=opus"
+    assert body["size"] == len(AUDIO)
+    assert body["type"] == "audio/webm; codecs=opus"
     async with transcribing.session.post(transcribing.url, json={
             "method": "transcribe", "body": {"audio": encoded, "mimeType": "audio/ogg",
                                              "filename": "a.ogg"}}) as response:
