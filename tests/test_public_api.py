@@ -22,6 +22,7 @@ EXPECTED = [
     "ApprovalClosedError", "ApprovalError", "ApprovalNotFoundError",
     "AuthenticationError", "BearerTokenAuth", "JWTAuth", "PatternGuardrail", "Principal",
     "RateLimit", "TopicGuardrail", "Verdict",
+    "Coordinator", "coordinator",
 ]
 
 
