@@ -27,6 +27,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, readable, storable
 from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.coordination import Coordinator, Lease, Signal
 from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event
 from copilot_runtime.threads.base import StoredRun, ThreadOwner, ThreadStore
@@ -66,6 +67,8 @@ class ActiveRun:
         #: Why a guardrail refused the run's input (its agent was not called), or None.
         self.refusal: str | None = None
         self.compacted: list[Event] = []
+        #: The thread's lease across workers (shared coordinators only).
+        self.lease: Lease | None = None
 
     @property
     def terminated(self) -> bool:
@@ -209,6 +212,8 @@ class ActiveRun:
                 owner=self.owner)
         except Exception:
             _log.exception("could not store run", thread_id=self.thread_id, run_id=self.run_id)
+        if self.lease is not None:
+            await self.manager.let_go(self.lease)
         if self.on_end is not None:
             try:
                 self.on_end(self)
@@ -219,10 +224,16 @@ class ActiveRun:
 class RunManager:
     """The runs active in this process, at most one per thread."""
 
-    def __init__(self, store: ThreadStore, max_run_bytes: int = DEFAULT_MAX_RUN_BYTES) -> None:
+    def __init__(self, store: ThreadStore, max_run_bytes: int = DEFAULT_MAX_RUN_BYTES,
+                 coordinator: Coordinator | None = None) -> None:
         self.store = store
         self.max_run_bytes = max_run_bytes
         self.active: dict[str, ActiveRun] = {}
+        #: The coordinator other workers share, or None (this process alone: no cost).
+        self.coordinator = coordinator if coordinator is not None and coordinator.shared \
+            else None
+        if self.coordinator is not None:
+            self.coordinator.on_stop(self._stop_signalled)
 
     async def begin(self, agent_id: str, agent: Agent, input: RunInput,
                     context: RunContext, owner: ThreadOwner | None = None) -> ActiveRun:
@@ -248,7 +259,43 @@ class RunManager:
         if record is not None:
             placeholder._seen = record.message_ids
             placeholder.owner = record.owner
+        if self.coordinator is not None:
+            try:
+                placeholder.lease = await self.coordinator.acquire(thread_id, input.run_id)
+            except BaseException:
+                del self.active[thread_id]
+                raise
+            if placeholder.lease is None:  # a run on another worker has the thread
+                del self.active[thread_id]
+                raise ThreadBusyError(thread_id)
         return placeholder
+
+    async def let_go(self, lease: Lease) -> None:
+        """Release a finished run's lease and tell followers on other workers it ended."""
+        coordinator = self.coordinator
+        if coordinator is None:
+            return
+        try:
+            await coordinator.release(lease)
+            await coordinator.publish(Signal("end", lease.thread_id, lease.run_id))
+        except Exception:
+            # The lease expires by itself; followers poll the store.
+            _log.exception("could not release a lease", thread_id=lease.thread_id)
+
+    async def stop_anywhere(self, thread_id: str, run_id: str | None = None) -> bool:
+        """Stop the thread's run, here or on the worker that drives it."""
+        if self.stop(thread_id, run_id):
+            return True
+        if self.coordinator is None or thread_id in self.active:
+            return False
+        holder = await self.coordinator.holder(thread_id)
+        if holder is None or (run_id is not None and holder != run_id):
+            return False
+        await self.coordinator.publish(Signal("stop", thread_id, holder))
+        return True
+
+    def _stop_signalled(self, signal: Signal) -> None:
+        self.stop(signal.thread_id, signal.run_id)
 
     def stop(self, thread_id: str, run_id: str | None = None) -> bool:
         run = self.active.get(thread_id)

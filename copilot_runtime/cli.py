@@ -17,9 +17,10 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime._version import __version__
 
-__all__ = ["main"]
+__all__ = ["main", "worker_app"]
 
 
 class CLIError(Exception):
@@ -82,13 +83,32 @@ def _tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def _serve(app: Any, host: str, port: int, log_level: str) -> None:
+def _serve(app: Any, host: str, port: int, log_level: str, workers: int = 1) -> None:
     import uvicorn
 
     _check_port(host, port)
+    if workers > 1:
+        # Each worker process imports `worker_app`, which builds its own runtime from the
+        # target named in the environment; they share one listening socket.
+        uvicorn.run("copilot_runtime.cli:worker_app", factory=True, workers=workers,
+                    host=host, port=port, log_level=log_level, access_log=False,
+                    lifespan="on", timeout_graceful_shutdown=5)
+        return
     _tune_gc()
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
                 lifespan="on", timeout_graceful_shutdown=5)
+
+
+#: How `serve --workers N` tells its worker processes what to serve.
+_WORKER_ENV = "COPILOT_RUNTIME_SERVE"
+
+
+def worker_app() -> Any:
+    """The app of one `serve --workers N` process (uvicorn calls it in each worker)."""
+    target, path, max_body_size = os.environ[_WORKER_ENV].split("\n")
+    app = _to_app(_load_target(target), path, int(max_body_size))
+    _tune_gc()
+    return app
 
 
 def _print_next_steps(host: str, port: int, path: str, model: str | None,
@@ -156,6 +176,10 @@ def main(argv: list[str] | None = None) -> None:
     serve = commands.add_parser("serve", help="serve a CopilotRuntime or an ASGI app")
     serve.add_argument("target", metavar="TARGET",
                        help="module:attribute naming a CopilotRuntime or an ASGI app")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="worker processes sharing the port, each importing TARGET "
+                            "(with more than one, give the runtime a shared thread store "
+                            "and coordinator)")
     common(serve, 8000)
     demo = commands.add_parser("demo", help="serve the demo runtime")
     common(demo, 8000)
@@ -166,13 +190,24 @@ def main(argv: list[str] | None = None) -> None:
                       help="where the workflows keep their graphs and approvals: a "
                            "sqlite:///path, postgresql://... or memory URL (default: a "
                            "SQLite file next to --db)")
+    demo.add_argument("--coordinator", default=os.environ.get("COPILOT_RUNTIME_COORDINATOR"),
+                      help="how workers share runs: local (default), postgresql://... or "
+                           "redis://... (see copilot_runtime.coordination)")
     demo.add_argument("--approval-timeout", type=float, default=300.0,
                       help="seconds before an account_review approval times out")
     args = parser.parse_args(argv)
+    workers = 1
 
     try:
         if args.command == "serve":
+            workers = args.workers
+            if workers < 1:
+                raise CLIError("--workers must be at least 1")
             app = _to_app(_load_target(args.target), args.path, args.max_body_size)
+            if workers > 1:
+                os.environ[_WORKER_ENV] = "\n".join(
+                    [args.target, args.path, str(args.max_body_size)])
+                app = None  # each worker builds its own
             _check_port(args.host, args.port)
             _print_next_steps(args.host, args.port, args.path, None)
         else:
@@ -190,7 +225,8 @@ def main(argv: list[str] | None = None) -> None:
                 store = SQLiteThreadStore(args.db)
             checkpoints = args.checkpoints or _checkpoints_beside(args.db)
             runtime, model = build_demo_runtime(store, checkpoints=checkpoints,
-                                                approval_timeout=args.approval_timeout)
+                                                approval_timeout=args.approval_timeout,
+                                                coordinator=args.coordinator)
             from copilot_runtime.demo_pages import DemoPages, pages_note
 
             app = DemoPages(_to_app(runtime, args.path, args.max_body_size), args.path)
@@ -202,9 +238,12 @@ def main(argv: list[str] | None = None) -> None:
                               f"{WORKFLOWS_NEED_EXTRA} (missing: {missing})" if missing
                               else None)
             print(pages_note(app, args.host, args.port), flush=True)
-        _serve(app, args.host, args.port, args.log_level)
+        _serve(app, args.host, args.port, args.log_level, workers)
     except CLIError as exc:
         print(f"copilot-runtime: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except ConfigurationError as exc:
+        print(f"copilot-runtime: error: {exc.message}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         pass

@@ -17,6 +17,8 @@ from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.approvals.service import ApprovalService
 from copilot_runtime.auth import Authenticator, RequestInfo, owner_of
+from copilot_runtime.coordination import Coordinator
+from copilot_runtime.coordination import coordinator as coordinator_for
 from copilot_runtime.events import Event
 from copilot_runtime.guardrails import Guardrail
 from copilot_runtime.hooks import HookRunner, OnError, OnRequest, OnRunFinished
@@ -64,6 +66,7 @@ class CopilotRuntime:
         on_error: OnError | None = None,
         telemetry: Any = None,
         max_run_bytes: int = DEFAULT_MAX_RUN_BYTES,
+        coordinator: Coordinator | str | None = None,
     ) -> None:
         self.agents: dict[str, Agent] = dict(agents or {})
         self.actions = list(actions)
@@ -83,7 +86,15 @@ class CopilotRuntime:
         elif self.actions and service_adapter is None:
             raise ConfigurationError("actions need a service_adapter for the default agent")
         self.store: ThreadStore = thread_store or InMemoryThreadStore()
-        self.runs = RunManager(self.store, max_run_bytes)
+        #: How the workers serving this runtime share runs (`copilot_runtime.coordination`).
+        self.coordinator: Coordinator = coordinator if not isinstance(coordinator, str | None) \
+            else coordinator_for(coordinator)
+        if self.coordinator.shared and isinstance(self.store, InMemoryThreadStore):
+            raise ConfigurationError(
+                "a shared coordinator needs a thread store every worker can read: pass "
+                "thread_store=thread_store('postgresql://...') (the in-memory store is this "
+                "process's alone)")
+        self.runs = RunManager(self.store, max_run_bytes, self.coordinator)
         if auth is not None and not isinstance(auth, Authenticator):
             raise ConfigurationError("auth needs an async authenticate(request) method")
         self.auth = auth
@@ -118,6 +129,7 @@ class CopilotRuntime:
         if self._started:
             return
         self._started = True
+        await self.coordinator.start()
         await self.approvals.start()
 
     def is_running(self, thread_id: str) -> bool:
@@ -204,6 +216,13 @@ class CopilotRuntime:
                 return False
         return self.runs.stop(thread_id, run_id)
 
+    async def stop(self, agent_id: str, thread_id: str, run_id: str | None = None, *,
+                   request: RequestInfo | None = None) -> bool:
+        """`stop_run` on whichever worker drives the thread's run."""
+        if self.stop_run(agent_id, thread_id, run_id, request=request):
+            return True
+        return await self.runs.stop_anywhere(thread_id, run_id)
+
     def connect(self, agent_id: str, thread_id: str, *,
                 request: RequestInfo | None = None) -> AsyncIterator[Sequence[Event]]:
         """The thread's runs, then its live run; for a caller who may not see the thread,
@@ -234,6 +253,7 @@ class CopilotRuntime:
             if id(agent) not in closed:
                 closed.add(id(agent))
                 await agent.aclose()
+        await self.coordinator.aclose()
         await self.store.aclose()
 
 

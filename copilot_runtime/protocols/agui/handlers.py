@@ -155,7 +155,7 @@ class AGUIProtocol:
         if self.runtime.owner_filter(request.info) is not None and \
                 not await self.runtime.can_see(request.info, thread_id):
             raise ThreadNotFoundError(thread_id)  # someone else's, or none: the same answer
-        if self.runtime.stop_run(agent_id, thread_id, run_id, request=request.info):
+        if await self.runtime.stop(agent_id, thread_id, run_id, request=request.info):
             await send_json(request, 200, {"stopped": True, "interrupt": {
                 "type": "RUN_ERROR", "message": "Run stopped by user", "code": "STOPPED"}})
         else:

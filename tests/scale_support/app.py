@@ -1,0 +1,20 @@
+"""The runtime each worker of the multi-worker tests serves: the built-in agent on the mock
+LLM at `LLM_BASE_URL`, threads at `SCALE_THREADS`, runs coordinated by `SCALE_COORDINATOR`."""
+
+from __future__ import annotations
+
+import os
+
+from copilot_runtime import CopilotRuntime
+from tests.realclient_app import getWeather, mock_llm_adapter
+
+
+def _store() -> object:
+    from copilot_runtime import thread_store  # type: ignore[attr-defined]
+
+    return thread_store(os.environ["SCALE_THREADS"])
+
+
+runtime = CopilotRuntime(service_adapter=mock_llm_adapter(), actions=[getWeather],
+                         thread_store=_store(),  # type: ignore[arg-type]
+                         coordinator=os.environ.get("SCALE_COORDINATOR"))
