@@ -23,6 +23,7 @@ from tests.conftest import free_port
 REPO = Path(__file__).resolve().parents[2]
 BASE_PATH = "/api/copilotkit"
 STARTUP_S = 40.0
+APP = "tests.scale_support.app:runtime"
 
 
 @dataclass
@@ -41,7 +42,7 @@ class Worker:
         self.port = free_port()
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "copilot_runtime", "serve", "tests.scale_support.app:runtime",
+                [sys.executable, "-m", "copilot_runtime", "serve", APP,
                  "--port", str(self.port), "--path", BASE_PATH, "--log-level", "warning"],
                 cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT)
 
