@@ -10,9 +10,14 @@ from tests.realclient_app import getWeather, mock_llm_adapter
 
 
 def _store() -> object:
+    url = os.environ["SCALE_THREADS"]
+    if url.startswith("sqlite:///"):
+        from copilot_runtime import SQLiteThreadStore
+
+        return SQLiteThreadStore(url.removeprefix("sqlite:///"))
     from copilot_runtime import thread_store  # type: ignore[attr-defined]
 
-    return thread_store(os.environ["SCALE_THREADS"])
+    return thread_store(url)
 
 
 runtime = CopilotRuntime(service_adapter=mock_llm_adapter(), actions=[getWeather],
