@@ -305,6 +305,12 @@ class RunManager:
 
     async def replay(self, thread_id: str) -> AsyncIterator[Sequence[Event]]:
         """A thread's stored runs, then the live run if there is one, to its end."""
+        if self.coordinator is not None and thread_id not in self.active:
+            from copilot_runtime._shared_runs import follow
+
+            async for followed in follow(self, thread_id):
+                yield followed
+            return
         record = await self.store.get(thread_id)
         if record is not None:
             record = readable(record)  # a thread stored broken is still replayed

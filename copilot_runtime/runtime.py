@@ -10,6 +10,7 @@ from copilot_runtime._exceptions import AgentNotFoundError, ConfigurationError
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES
 from copilot_runtime._runs import ActiveRun, RunManager
+from copilot_runtime._shared_runs import RecoverySweep
 from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import ServiceAdapter
 from copilot_runtime.adapters.empty import EmptyAdapter
@@ -95,6 +96,8 @@ class CopilotRuntime:
                 "thread_store=thread_store('postgresql://...') (the in-memory store is this "
                 "process's alone)")
         self.runs = RunManager(self.store, max_run_bytes, self.coordinator)
+        self._sweep: RecoverySweep | None = RecoverySweep(self.runs, self.coordinator) \
+            if self.coordinator.shared else None
         if auth is not None and not isinstance(auth, Authenticator):
             raise ConfigurationError("auth needs an async authenticate(request) method")
         self.auth = auth
@@ -130,6 +133,8 @@ class CopilotRuntime:
             return
         self._started = True
         await self.coordinator.start()
+        if self._sweep is not None:
+            self._sweep.start()
         await self.approvals.start()
 
     def is_running(self, thread_id: str) -> bool:
@@ -253,6 +258,8 @@ class CopilotRuntime:
             if id(agent) not in closed:
                 closed.add(id(agent))
                 await agent.aclose()
+        if self._sweep is not None:
+            await self._sweep.aclose()
         await self.coordinator.aclose()
         await self.store.aclose()
 
