@@ -10,25 +10,25 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import pytest_asyncio
 
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import run_input
-from tests.scale_support.cluster import Cluster, eventually, make_cluster, sse_frames
+from tests.scale_support.cluster import Cluster, drive, eventually, make_cluster, sse_frames
 from tests.scale_support.services import postgres_schema, redis_prefix
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
 
 #: Leases expire this long after their worker dies (short, for the test).
 TTL = 1.5
 
 
-@pytest.fixture(params=["postgresql", "redis"])
-def urls(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+@pytest.fixture(scope="module", params=["postgresql", "redis"])
+def urls(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     """(threads URL, coordinator URL)."""
     with postgres_schema("scale") as threads:
         if request.param == "postgresql":
@@ -38,18 +38,21 @@ def urls(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, 
                 yield threads, f"{coordination}&lease_ttl={TTL}"
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def llm() -> AsyncIterator[MockOpenAIServer]:
     async with MockOpenAIServer(chunks=10) as server:
         yield server
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cluster(urls: tuple[str, str], llm: MockOpenAIServer,
-                  tmp_path: Path) -> AsyncIterator[Cluster]:
+                  tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
+    """Three workers (A, B, C) sharing the services; a test that kills or restarts some
+    leaves them all running again."""
     threads, coordination = urls
+    logs = tmp_path_factory.mktemp("workers")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        cluster = make_cluster(3, tmp_path, session, llm_url=llm.base_url, threads=threads,
+        cluster = make_cluster(3, logs, session, llm_url=llm.base_url, threads=threads,
                                coordinator=coordination)
         try:
             await cluster.start()
@@ -110,3 +113,129 @@ async def test_stop_on_one_worker_ends_the_run_on_another(cluster: Cluster,
     # Nothing to stop any more, wherever asked.
     again = await cluster.post(cluster.workers[2], f"/agent/default/stop/{thread}", {})
     assert (await again.json())["stopped"] is False
+
+
+def connect_body(thread: str) -> dict[str, Any]:
+    return {"threadId": thread, "runId": f"c-{uuid.uuid4().hex[:6]}", "messages": [],
+            "tools": [], "context": [], "state": {}, "forwardedProps": {}}
+
+
+async def connect(cluster: Cluster, worker_index: int, thread: str,
+                  last_event_id: str | None = None) -> list[tuple[str | None, dict[str, Any]]]:
+    headers = {"Last-Event-ID": last_event_id} if last_event_id is not None else None
+    response = await cluster.post(cluster.workers[worker_index], "/agent/default/connect",
+                                  connect_body(thread), headers)
+    assert response.status == 200, await response.text()
+    return await read_all(response)
+
+
+def data(frames: list[tuple[str | None, dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [event for _, event in frames]
+
+
+async def stored_events(cluster: Cluster, worker_index: int, thread: str) -> list[Any]:
+    async with cluster.session.get(
+            f"{cluster.workers[worker_index].url}/threads/{thread}/events") as response:
+        if response.status != 200:
+            return []
+        events: list[Any] = (await response.json())["events"]
+        return events
+
+
+async def test_connect_on_another_worker_follows_the_run_to_its_end(
+        cluster: Cluster, llm: MockOpenAIServer) -> None:
+    thread = thread_id()
+    first = await start_run(cluster, 2, thread, "r0", "hello")  # a run already stored
+    await read_all(first)
+    running = await start_run(cluster, 0, thread, "r1", "slow:80 follow me there")
+    own = asyncio.create_task(read_all(running))
+    await eventually(lambda: llm.active_streams, what="the run's upstream request")
+    followed = await connect(cluster, 1, thread)
+    own_frames = await own
+    replay = data(followed)
+    # The stored run first, then the live run exactly as its own client saw it.
+    assert replay[-len(own_frames):] == data(own_frames)
+    assert replay[0]["type"] == "RUN_STARTED"
+    assert replay[-1]["type"] == "RUN_FINISHED"
+    assert sum(e["type"] == "RUN_STARTED" for e in replay) == 2
+    # And the same, from the third worker, once it is over; threads listed anywhere.
+    assert data(await connect(cluster, 2, thread)) == replay
+    async with cluster.session.get(cluster.workers[2].url + "/threads") as listing:
+        assert thread in [t["id"] for t in (await listing.json())["threads"]]
+
+
+async def test_a_killed_workers_run_is_closed_as_interrupted(
+        cluster: Cluster, llm: MockOpenAIServer) -> None:
+    thread = thread_id()
+    running = await start_run(cluster, 0, thread, "r1", "slow:400 a long answer to be cut")
+    # Some of the answer has streamed, and is stored.
+    await eventually(lambda: _has_text(stored_events(cluster, 1, thread)), deadline=10,
+                     what="part of the answer stored")
+    cluster.workers[0].kill()
+    killed = time.monotonic()
+    running.close()
+    busy = await cluster.post(cluster.workers[1], "/agent/default/run",
+                              run_input("now?", thread=thread, run="r2"))
+    assert busy.status == 409  # the lease outlives its worker for a while
+    replay = await eventually(lambda: _interrupted(connect(cluster, 2, thread)),
+                              deadline=TTL + 10, what="the run closed as interrupted")
+    assert replay[0]["type"] == "RUN_STARTED"
+    assert any(e["type"] == "TEXT_MESSAGE_CONTENT" for e in replay)
+    accepted = await start_run(cluster, 1, thread, "r3", "and now")
+    assert data(await read_all(accepted))[-1]["type"] == "RUN_FINISHED"
+    assert time.monotonic() - killed < TTL + 10
+    cluster.workers[0].start()
+    await cluster.workers[0].ready(cluster.session)
+
+
+async def _has_text(events: Any) -> bool:
+    return any(e["type"] == "TEXT_MESSAGE_CONTENT" for e in await events)
+
+
+async def _interrupted(frames: Any) -> list[dict[str, Any]] | None:
+    events = data(await frames)
+    if events and events[-1]["type"] in ("RUN_ERROR", "RUN_FINISHED") and any(
+            "interrupt" in str(e).lower() for e in events[-2:]):
+        return events
+    return None
+
+
+async def test_every_thread_replays_the_same_after_all_workers_restart(
+        cluster: Cluster) -> None:
+    threads = [thread_id() for _ in range(3)]
+    for index, thread in enumerate(threads):
+        for run in range(2):
+            response = await start_run(cluster, (index + run) % 3, thread, f"r{run}",
+                                       f"message {run} of {thread}")
+            await read_all(response)
+    before = {t: await connect(cluster, i % 3, t) for i, t in enumerate(threads)}
+    await cluster.restart()
+    for index, thread in enumerate(threads):
+        assert await connect(cluster, (index + 1) % 3, thread) == before[thread]
+
+
+async def test_a_resumed_connect_sends_only_what_came_after(cluster: Cluster) -> None:
+    thread = thread_id()
+    for run in range(2):
+        await read_all(await start_run(cluster, run, thread, f"r{run}", f"part {run}"))
+    full = await connect(cluster, 2, thread)
+    ids = [event_id for event_id, _ in full]
+    assert all(ids), "every event carries an id"
+    cut = len(full) // 2
+    resumed = await connect(cluster, 1, thread, last_event_id=ids[cut])
+    assert resumed == full[cut + 1:]
+
+
+async def test_the_real_client_connects_on_another_worker_mid_run(
+        cluster: Cluster, llm: MockOpenAIServer) -> None:
+    thread = thread_id()
+    running = await start_run(cluster, 0, thread, "r1", "slow:60 Hello")
+    own = asyncio.create_task(read_all(running))
+    await eventually(lambda: llm.active_streams, what="the run's upstream request")
+    # CopilotKitCore of @copilotkit/core 1.75 restoring the thread on another worker (as after
+    # a page reload): it follows the live run there to its end.
+    result = await drive("connect", cluster.workers[1].url, threadId=thread)
+    await own
+    assert [(m["role"], m.get("content")) for m in result["messages"]] == [
+        ("user", "slow:60 Hello"), ("assistant", "echo: slow:60 Hello")]
+    assert not result["coreErrors"]

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -143,3 +145,29 @@ async def eventually(check: Callable[[], Any], deadline: float = 15.0,
         if time.monotonic() > end:
             pytest.fail(f"{what} not reached within {deadline} s")
         await asyncio.sleep(0.05)
+
+
+async def drive(scenario: str, url: str, **options: Any) -> dict[str, Any]:
+    """Run a scenario of tests/js/drive.mjs (the real CopilotKit client) against `url`,
+    without blocking the event loop (the mock LLM may be serving in it)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("the real-client tests need Node.js on PATH", pytrace=False)
+    js = REPO / "tests" / "js"
+    process = await asyncio.create_subprocess_exec(
+        node, str(js / "drive.mjs"), scenario, url, json.dumps(options), cwd=js,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "COPILOTKIT_TELEMETRY_DISABLED": "true", "DO_NOT_TRACK": "1"})
+    try:
+        async with asyncio.timeout(40):
+            out, err = await process.communicate()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        pytest.fail(f"driver scenario {scenario} hung", pytrace=False)
+    lines = [line for line in out.decode().splitlines() if line.strip()]
+    result: dict[str, Any] = json.loads(lines[-1]) if lines else {}
+    if not result.get("ok"):
+        pytest.fail(f"driver scenario {scenario} failed: {result.get('error')}\n"
+                    f"{err.decode()[-2000:]}", pytrace=False)
+    return result
