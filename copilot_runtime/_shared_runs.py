@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from copilot_runtime._limits import readable
 from copilot_runtime.coordination import Coordinator, Signal
 from copilot_runtime.events import Event
 
@@ -61,7 +62,17 @@ async def follow(runs: RunManager, thread_id: str, after: int | None = None
 
 
 async def _read(store: Any, thread_id: str, position: int) -> tuple[list[Event], int]:
-    rows: list[tuple[int, Event]] = await store.events_after(thread_id, position)
+    """The events stored after `position`, and the position of the last one."""
+    events_after = getattr(store, "events_after", None)
+    if events_after is None:
+        # A store without positions: a run's events appear when it has ended; their index in
+        # the thread serves as position.
+        record = await store.get(thread_id)
+        if record is None:
+            return [], position
+        stored = [event for run in readable(record).runs for event in run.events]
+        return stored[position + 1:], len(stored) - 1
+    rows: list[tuple[int, Event]] = await events_after(thread_id, position)
     if not rows:
         return [], position
     return [event for _, event in rows], rows[-1][0]
