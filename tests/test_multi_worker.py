@@ -239,3 +239,27 @@ async def test_the_real_client_connects_on_another_worker_mid_run(
     assert [(m["role"], m.get("content")) for m in result["messages"]] == [
         ("user", "slow:60 Hello"), ("assistant", "echo: slow:60 Hello")]
     assert not result["coreErrors"]
+
+
+async def test_threads_stay_their_owners_on_every_worker(cluster: Cluster,
+                                                         llm: MockOpenAIServer) -> None:
+    thread = thread_id()
+    alice, bob = {"Authorization": "Bearer alice"}, {"Authorization": "Bearer bob"}
+    running = await cluster.post(cluster.workers[0], "/agent/default/run",
+                                 run_input("slow:150 mine", thread=thread, run="r1"), alice)
+    assert running.status == 200
+    own = asyncio.create_task(read_all(running))
+    await eventually(lambda: llm.active_streams, what="the run's upstream request")
+    # For bob the thread does not exist, wherever he asks.
+    theirs = await cluster.post(cluster.workers[1], "/agent/default/run",
+                                run_input("mine now", thread=thread, run="r2"), bob)
+    assert theirs.status == 404
+    stop = await cluster.post(cluster.workers[2], f"/agent/default/stop/{thread}", {}, bob)
+    assert stop.status == 404
+    followed = await cluster.post(cluster.workers[2], "/agent/default/connect",
+                                  connect_body(thread), bob)
+    assert data(await read_all(followed)) == []
+    # Its owner stops it from a third worker.
+    stop = await cluster.post(cluster.workers[2], f"/agent/default/stop/{thread}", {}, alice)
+    assert (await stop.json())["stopped"] is True
+    assert data(await own)[-1]["type"] == "RUN_FINISHED"

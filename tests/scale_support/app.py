@@ -1,11 +1,15 @@
 """The runtime each worker of the multi-worker tests serves: the built-in agent on the mock
-LLM at `LLM_BASE_URL`, threads at `SCALE_THREADS`, runs coordinated by `SCALE_COORDINATOR`."""
+LLM at `LLM_BASE_URL`, threads at `SCALE_THREADS`, runs coordinated by `SCALE_COORDINATOR`.
+
+Callers are identified, so ownership is checked across workers: `Authorization: Bearer
+<name>` is principal `<name>`; a request without it (the real client's) is principal `anon`."""
 
 from __future__ import annotations
 
 import os
 
-from copilot_runtime import CopilotRuntime
+from copilot_runtime import CopilotRuntime, Principal
+from copilot_runtime.auth import RequestInfo
 from tests.realclient_app import getWeather, mock_llm_adapter
 
 
@@ -20,6 +24,13 @@ def _store() -> object:
     return thread_store(url)
 
 
-runtime = CopilotRuntime(service_adapter=mock_llm_adapter(), actions=[getWeather],
+class NamedCallers:
+    async def authenticate(self, request: RequestInfo) -> Principal:
+        value = request.headers.get("authorization", "")
+        return Principal(value.removeprefix("Bearer ").strip() or "anon")
+
+
+runtime = CopilotRuntime(auth=NamedCallers(), service_adapter=mock_llm_adapter(),
+                         actions=[getWeather],
                          thread_store=_store(),  # type: ignore[arg-type]
                          coordinator=os.environ.get("SCALE_COORDINATOR"))
