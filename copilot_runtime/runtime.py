@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from copilot_runtime import _trust
@@ -103,6 +104,9 @@ class CopilotRuntime:
         self.auth = auth
         self.approver_roles = frozenset(approver_roles)
         self.guardrails: list[Guardrail] = list(guardrails)
+        if rate_limit is not None and rate_limit.backend is None:
+            # Workers that share runs share their callers' counters too.
+            rate_limit = replace(rate_limit, backend=self.coordinator.counters())
         self.limiter = RateLimiter(rate_limit) if rate_limit is not None else None
         self.hooks = HookRunner(on_request, on_run_finished, on_error)
         #: A `copilot_runtime.telemetry.Telemetry`, or None.

@@ -181,3 +181,25 @@ def test_urls_name_the_coordinator() -> None:
     rd = coordinator("redis://h:6379/2?prefix=app:")
     assert rd.lease_ttl == 10.0
     assert rd.prefix == "app:"
+
+
+@pytest.mark.parametrize("limit", [2])
+async def test_rate_limits_are_shared_through_the_coordinator(pair: Pair, limit: int) -> None:
+    a, b = pair
+    first, second = a.counters(), b.counters()
+    if first is None or second is None:
+        assert not a.shared  # local: the limiter counts in this process
+        return
+    try:
+        assert await first.acquire("k", limit)
+        assert await second.acquire("k", limit)
+        assert not await first.acquire("k", limit)  # two taken, on two workers
+        await second.release("k")
+        assert await first.acquire("k", limit)
+        assert await first.hit("h", 2, 60) == 0.0
+        assert await second.hit("h", 2, 60) == 0.0
+        wait = await first.hit("h", 2, 60)
+        assert 0 < wait <= 60
+    finally:
+        await first.aclose()
+        await second.aclose()

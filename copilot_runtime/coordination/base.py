@@ -18,6 +18,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 import orjson
 
+from copilot_runtime.limits import CounterBackend
+
 __all__ = ["Coordinator", "Lease", "Signal", "SignalHub", "Subscription", "new_token"]
 
 SignalKind = Literal["progress", "end", "stop"]
@@ -151,6 +153,10 @@ class Coordinator(Protocol):
 
     def on_stop(self, handler: Callable[[Signal], object]) -> None:
         """Call `handler` with every `stop` signal this process receives."""
+        ...
+
+    def counters(self) -> CounterBackend | None:
+        """Rate-limit counters every worker shares (None: this process's own)."""
         ...
 
     async def aclose(self) -> None:

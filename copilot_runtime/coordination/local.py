@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from copilot_runtime.coordination.base import Lease, Signal, SignalHub, Subscription, new_token
+from copilot_runtime.limits import CounterBackend
 
 __all__ = ["LocalCoordinator"]
 
@@ -45,6 +46,9 @@ class LocalCoordinator:
 
     def on_stop(self, handler: Callable[[Signal], object]) -> None:
         self._hub.stop_handler = handler
+
+    def counters(self) -> CounterBackend | None:
+        return None  # the rate limiter's own, in this process
 
     async def aclose(self) -> None:
         return None

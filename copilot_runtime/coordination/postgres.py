@@ -20,6 +20,7 @@ from copilot_runtime.coordination._shared import (
     split_options,
 )
 from copilot_runtime.coordination.base import Lease, Signal, new_token
+from copilot_runtime.limits import CounterBackend
 
 __all__ = ["PostgresCoordinator"]
 
@@ -66,6 +67,15 @@ class PostgresCoordinator(SharedCoordinator):
                 f"CREATE TABLE IF NOT EXISTS {self.table} (thread_id text PRIMARY KEY, "
                 "run_id text NOT NULL, token text NOT NULL, worker text NOT NULL, "
                 "expires_at timestamptz NOT NULL)")
+            await conn.execute(
+                f'CREATE TABLE IF NOT EXISTS "{self.schema}".rate_hits (key text NOT NULL, '
+                "at float8 NOT NULL, id text PRIMARY KEY)")
+            await conn.execute(
+                f'CREATE INDEX IF NOT EXISTS rate_hits_key ON "{self.schema}".rate_hits '
+                "(key, at)")
+            await conn.execute(
+                f'CREATE TABLE IF NOT EXISTS "{self.schema}".rate_slots (key text PRIMARY KEY, '
+                "taken integer NOT NULL, expires_at timestamptz NOT NULL)")
 
     async def _listen(self, ready: asyncio.Future[None]) -> None:
         import psycopg
@@ -96,7 +106,8 @@ class PostgresCoordinator(SharedCoordinator):
             await self._pool.close()
             self._pool = None
 
-    async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    async def _fetch(self, query: str, params: tuple[Any, ...] | dict[str, Any]
+                     ) -> list[tuple[Any, ...]]:
         await self.start()
         async with self._pool.connection() as conn:
             cursor = await conn.execute(query, params)
@@ -128,6 +139,11 @@ class PostgresCoordinator(SharedCoordinator):
             f"SELECT run_id FROM {self.table} WHERE thread_id = %s AND expires_at >= now()",
             (thread_id,))
         return str(rows[0][0]) if rows else None
+
+    def counters(self) -> CounterBackend:
+        from copilot_runtime.coordination._pg_counters import PostgresCounters
+
+        return PostgresCounters(self)
 
     async def publish(self, signal: Signal) -> None:
         payload = signal.encode().decode()

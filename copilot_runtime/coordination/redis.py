@@ -17,6 +17,7 @@ from copilot_runtime.coordination._shared import (
     split_options,
 )
 from copilot_runtime.coordination.base import Lease, Signal, new_token
+from copilot_runtime.limits import CounterBackend, RedisCounters
 
 __all__ = ["RedisCoordinator"]
 
@@ -112,6 +113,9 @@ class RedisCoordinator(SharedCoordinator):
         await self.start()
         value = await self._redis.get(self._key(thread_id))
         return value[32:].decode() if value else None
+
+    def counters(self) -> CounterBackend:
+        return RedisCounters(self.url, prefix=f"{self.prefix}limits:")
 
     async def publish(self, signal: Signal) -> None:
         await self.start()
