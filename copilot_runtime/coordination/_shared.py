@@ -126,7 +126,10 @@ class SharedCoordinator:
             for thread_id in lost:
                 lease = self._held.pop(thread_id, None)
                 if lease is not None:
-                    _log.warning("lease lost", thread_id=thread_id, run_id=lease.run_id)
+                    # Another worker may start a run on the thread now: stop ours.
+                    _log.warning("lease lost; stopping its run", thread_id=thread_id,
+                                 run_id=lease.run_id)
+                    self._hub.deliver(Signal("stop", thread_id, lease.run_id))
 
     async def aclose(self) -> None:
         if self._closed:
