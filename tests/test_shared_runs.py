@@ -22,6 +22,7 @@ from copilot_runtime._shared_runs import RecoverySweep
 from copilot_runtime.events import Event
 from copilot_runtime.testing import ScriptedAdapter, text_turn
 from copilot_runtime.threads.base import StoredRun, ThreadOwner, ThreadRecord
+from tests.scale_support.cluster import eventually
 from tests.scale_support.services import postgres_schema
 
 pytestmark = pytest.mark.timeout(60)
@@ -108,9 +109,8 @@ async def test_busy_and_stop_across_runtimes(workers: Any) -> None:
     driving = asyncio.create_task(run.drive(write))
     await asyncio.sleep(0.05)
     assert await b.stop("default", "t1") is True
-    async with asyncio.timeout(1):  # the signal reaches the driving worker within 1 s
-        while run.cancel_reason != "stop":
-            await asyncio.sleep(0.01)
+    # The signal reaches the driving worker within 1 s.
+    await eventually(lambda: run.cancel_reason == "stop", deadline=1.0, what="the stop")
     gate.set()
     async with asyncio.timeout(5):
         await driving
