@@ -150,6 +150,22 @@ def _checkpoints_beside(db: str) -> str:
     return "sqlite:///" + str(path.with_name(path.stem + ".checkpoints.sqlite3"))
 
 
+def _thread_store(url: str) -> Any:
+    """The thread store `url` names (`copilot_runtime.threads.thread_store`)."""
+    from copilot_runtime import threads
+
+    make = getattr(threads, "thread_store", None)
+    if make is not None:
+        return make(url)
+    if url.startswith("sqlite:///"):
+        from copilot_runtime.threads.sqlite import SQLiteThreadStore
+
+        return SQLiteThreadStore(url.removeprefix("sqlite:///"))
+    if url in ("memory", "memory://"):
+        return None
+    raise CLIError(f"unsupported thread store URL {_redacted(url)!r}")
+
+
 def _redacted(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.password is None:
@@ -190,6 +206,9 @@ def main(argv: list[str] | None = None) -> None:
                       help="where the workflows keep their graphs and approvals: a "
                            "sqlite:///path, postgresql://... or memory URL (default: a "
                            "SQLite file next to --db)")
+    demo.add_argument("--threads", default=os.environ.get("COPILOT_RUNTIME_THREADS"),
+                      help="where threads live, as a thread store URL (sqlite:///path, "
+                           "postgresql://...?schema=NAME, memory://); overrides --db")
     demo.add_argument("--coordinator", default=os.environ.get("COPILOT_RUNTIME_COORDINATOR"),
                       help="how workers share runs: local (default), postgresql://... or "
                            "redis://... (see copilot_runtime.coordination)")
@@ -219,11 +238,15 @@ def main(argv: list[str] | None = None) -> None:
 
             _check_port(args.host, args.port)
             store = None
-            if args.db != ":memory:":
+            if args.threads:
+                store = _thread_store(args.threads)
+            elif args.db != ":memory:":
                 from copilot_runtime.threads.sqlite import SQLiteThreadStore
 
                 store = SQLiteThreadStore(args.db)
-            checkpoints = args.checkpoints or _checkpoints_beside(args.db)
+            checkpoints = args.checkpoints or (
+                args.threads if (args.threads or "").startswith(("postgresql:", "postgres:"))
+                else _checkpoints_beside(args.db))
             runtime, model = build_demo_runtime(store, checkpoints=checkpoints,
                                                 approval_timeout=args.approval_timeout,
                                                 coordinator=args.coordinator)

@@ -177,3 +177,31 @@ def test_demo_refuses_a_shared_coordinator_over_memory_threads() -> None:
                 "a shared coordinator needs a thread store every worker can read: pass "
                 "thread_store=thread_store('postgresql://...') (the in-memory store is this "
                 "process's alone)")
+
+
+def test_demo_on_shared_threads_and_a_coordinator(tmp_path: Path) -> None:
+    # The one line of the README, on a SQLite file here (PostgreSQL: tests/test_multi_worker).
+    port = free_port()
+    threads = f"sqlite:///{tmp_path}/threads.sqlite3"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ".", "COPILOT_RUNTIME_THREADS": threads,
+           "COPILOT_RUNTIME_COORDINATOR": "redis://127.0.0.1:6379/0?prefix=cli-demo-test:"}
+    process = subprocess.Popen([*CLI, "demo", "--port", str(port)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    url = f"http://127.0.0.1:{port}/copilotkit"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx2.get(url + "/info", timeout=1)
+                break
+            except httpx2.TransportError:
+                assert process.poll() is None, process.communicate(timeout=10)
+                assert time.monotonic() < deadline, "the demo did not start"
+                time.sleep(0.05)
+        run = httpx2.post(url + "/agent/default/run", json=run_input("hi", thread="t-demo"))
+        assert parse_sse(run.content)[-1]["type"] == "RUN_FINISHED"
+    finally:
+        process.terminate()
+        _out, err = process.communicate(timeout=30)
+    assert b"Traceback" not in err, err
+    assert (tmp_path / "threads.sqlite3").exists()
