@@ -282,6 +282,16 @@ class RunManager:
             # The lease expires by itself; followers poll the store.
             _log.exception("could not release a lease", thread_id=lease.thread_id)
 
+    async def progressed(self, run: ActiveRun, position: int) -> None:
+        """Tell followers on other workers that `run`'s events up to `position` are stored
+        (called after each batched write of a run's events)."""
+        if self.coordinator is not None:
+            try:
+                await self.coordinator.publish(
+                    Signal("progress", run.thread_id, run.run_id, position))
+            except Exception:
+                _log.warning("could not signal progress", thread_id=run.thread_id)
+
     async def stop_anywhere(self, thread_id: str, run_id: str | None = None) -> bool:
         """Stop the thread's run, here or on the worker that drives it."""
         if self.stop(thread_id, run_id):
