@@ -5,7 +5,8 @@
 Measures, on this machine, against the loopback mock LLM:
 
 1. requests/s and server CPU per request of `copilot-runtime serve --workers 2` against
-   `--workers 1`, at concurrency `--conc`, each request a new thread (a short chat);
+   `--workers 1`, at concurrency `--conc`, each request a new thread (a short chat); and
+   one worker on the same store with the `local` coordinator (what coordinating costs);
 2. the time from `stop` on one worker to the end of the run's stream on another (two
    single-process workers sharing the thread store and the coordinator);
 3. the time from SIGKILL of the worker streaming a run until another worker accepts a new run
@@ -229,6 +230,10 @@ async def main() -> None:
             result["throughput"] = [
                 await throughput(env, session, workers, args.seconds, args.conc)
                 for workers in (1, 2)]
+            # The same store, one worker, no coordination: what coordinating costs a run.
+            local = {**env, "SCALE_COORDINATOR": "local"}
+            result["throughput_local_coordinator"] = await throughput(
+                local, session, 1, args.seconds, args.conc)
             result["stop_across_workers"] = await stop_latency(env, session, args.stops)
             result["lease_expiry_after_sigkill"] = await lease_expiry(env, session)
     finally:
