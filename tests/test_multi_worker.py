@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+import copilot_runtime.threads
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import run_input
 from tests.scale_support.cluster import Cluster, drive, eventually, make_cluster, sse_frames
@@ -27,12 +28,22 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")
 TTL = 1.5
 
 
+#: Whether the PostgreSQL thread store (positions, batched writes) is here; without it the
+#: workers share a SQLite file and the tests that need positions are skipped.
+POSITIONS = hasattr(copilot_runtime.threads, "thread_store")
+needs_positions = pytest.mark.skipif(not POSITIONS, reason="needs the PostgreSQL thread store "
+                                     "with positions and batched writes")
+
+
 @pytest.fixture(scope="module", params=["postgresql", "redis"])
-def urls(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+def urls(request: pytest.FixtureRequest,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(threads URL, coordinator URL)."""
-    with postgres_schema("scale") as threads:
+    with postgres_schema("scale") as postgres:
+        threads = postgres if POSITIONS else \
+            f"sqlite:///{tmp_path_factory.mktemp('threads')}/threads.sqlite3"
         if request.param == "postgresql":
-            yield threads, f"{threads}&lease_ttl={TTL}"
+            yield threads, f"{postgres}&lease_ttl={TTL}"
         else:
             with redis_prefix() as coordination:
                 yield threads, f"{coordination}&lease_ttl={TTL}"
@@ -53,7 +64,7 @@ async def cluster(urls: tuple[str, str], llm: MockOpenAIServer,
     logs = tmp_path_factory.mktemp("workers")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         cluster = make_cluster(3, logs, session, llm_url=llm.base_url, threads=threads,
-                               coordinator=coordination)
+                               coordinator=coordination, auth=POSITIONS)
         try:
             await cluster.start()
             yield cluster
@@ -142,6 +153,7 @@ async def stored_events(cluster: Cluster, worker_index: int, thread: str) -> lis
         return events
 
 
+@needs_positions
 async def test_connect_on_another_worker_follows_the_run_to_its_end(
         cluster: Cluster, llm: MockOpenAIServer) -> None:
     thread = thread_id()
@@ -164,6 +176,7 @@ async def test_connect_on_another_worker_follows_the_run_to_its_end(
         assert thread in [t["id"] for t in (await listing.json())["threads"]]
 
 
+@needs_positions
 async def test_a_killed_workers_run_is_closed_as_interrupted(
         cluster: Cluster, llm: MockOpenAIServer) -> None:
     thread = thread_id()
@@ -214,6 +227,7 @@ async def test_every_thread_replays_the_same_after_all_workers_restart(
         assert await connect(cluster, (index + 1) % 3, thread) == before[thread]
 
 
+@needs_positions
 async def test_a_resumed_connect_sends_only_what_came_after(cluster: Cluster) -> None:
     thread = thread_id()
     for run in range(2):
@@ -241,6 +255,7 @@ async def test_the_real_client_connects_on_another_worker_mid_run(
     assert not result["coreErrors"]
 
 
+@needs_positions
 async def test_threads_stay_their_owners_on_every_worker(cluster: Cluster,
                                                          llm: MockOpenAIServer) -> None:
     thread = thread_id()

@@ -1,8 +1,9 @@
 """The runtime each worker of the multi-worker tests serves: the built-in agent on the mock
 LLM at `LLM_BASE_URL`, threads at `SCALE_THREADS`, runs coordinated by `SCALE_COORDINATOR`.
 
-Callers are identified, so ownership is checked across workers: `Authorization: Bearer
-<name>` is principal `<name>`; a request without it (the real client's) is principal `anon`."""
+With `SCALE_AUTH=1` callers are identified, so ownership is checked across workers:
+`Authorization: Bearer <name>` is principal `<name>`; a request without it (the real
+client's) is principal `anon`."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ class NamedCallers:
         return Principal(value.removeprefix("Bearer ").strip() or "anon")
 
 
-runtime = CopilotRuntime(auth=NamedCallers(), service_adapter=mock_llm_adapter(),
+runtime = CopilotRuntime(auth=NamedCallers() if os.environ.get("SCALE_AUTH") else None,
+                         service_adapter=mock_llm_adapter(),
                          actions=[getWeather],
                          thread_store=_store(),  # type: ignore[arg-type]
                          coordinator=os.environ.get("SCALE_COORDINATOR"))

@@ -108,9 +108,10 @@ class Cluster:
 
 
 def make_cluster(count: int, tmp_path: Path, session: aiohttp.ClientSession, *,
-                 llm_url: str, threads: str, coordinator: str) -> Cluster:
+                 llm_url: str, threads: str, coordinator: str, auth: bool = True) -> Cluster:
     env = {**os.environ, "PYTHONPATH": str(REPO), "LLM_BASE_URL": llm_url,
-           "SCALE_THREADS": threads, "SCALE_COORDINATOR": coordinator}
+           "SCALE_THREADS": threads, "SCALE_COORDINATOR": coordinator,
+           "SCALE_AUTH": "1" if auth else ""}
     workers = [Worker(chr(ord("A") + i), env, tmp_path / f"worker-{i}.log")
                for i in range(count)]
     return Cluster(workers, session)
