@@ -276,8 +276,7 @@ class RunManager:
         if coordinator is None:
             return
         try:
-            await coordinator.release(lease)
-            await coordinator.publish(Signal("end", lease.thread_id, lease.run_id))
+            await coordinator.finish(lease)
         except Exception:
             # The lease expires by itself; followers poll the store.
             _log.exception("could not release a lease", thread_id=lease.thread_id)

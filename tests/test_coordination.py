@@ -203,3 +203,17 @@ async def test_rate_limits_are_shared_through_the_coordinator(pair: Pair, limit:
     finally:
         await first.aclose()
         await second.aclose()
+
+
+async def test_finish_releases_and_signals_the_end(pair: Pair) -> None:
+    a, b = pair
+    lease = await a.acquire("t1", "r1")
+    assert lease is not None
+    with b.subscribe("t1") as followers:
+        await a.finish(lease)
+        end = await followers.get(5)
+    assert end == Signal("end", "t1", "r1")
+    assert await b.holder("t1") is None
+    again = await b.acquire("t1", "r2")
+    assert again is not None
+    await b.release(again)

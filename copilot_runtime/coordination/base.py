@@ -139,6 +139,10 @@ class Coordinator(Protocol):
         """Give the lease back (nothing happens if it was lost meanwhile)."""
         ...
 
+    async def finish(self, lease: Lease) -> None:
+        """Release `lease` and signal `end` for its run (one round trip where possible)."""
+        ...
+
     async def holder(self, thread_id: str) -> str | None:
         """The run id holding the thread's lease now, or None."""
         ...

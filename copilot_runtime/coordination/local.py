@@ -34,6 +34,10 @@ class LocalCoordinator:
         if self._leases.get(lease.thread_id) == lease:
             del self._leases[lease.thread_id]
 
+    async def finish(self, lease: Lease) -> None:
+        await self.release(lease)
+        self._hub.deliver(Signal("end", lease.thread_id, lease.run_id))
+
     async def holder(self, thread_id: str) -> str | None:
         lease = self._leases.get(thread_id)
         return lease.run_id if lease is not None else None

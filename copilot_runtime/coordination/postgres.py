@@ -134,6 +134,14 @@ class PostgresCoordinator(SharedCoordinator):
         await self._fetch(f"DELETE FROM {self.table} WHERE thread_id = %s AND token = %s",
                           (lease.thread_id, lease.token))
 
+    async def finish(self, lease: Lease) -> None:
+        self._drop(lease)
+        await self._fetch(
+            f"WITH gone AS (DELETE FROM {self.table} WHERE thread_id = %s AND token = %s) "
+            "SELECT pg_notify(%s, %s)",
+            (lease.thread_id, lease.token, self.channel,
+             Signal("end", lease.thread_id, lease.run_id).encode().decode()))
+
     async def holder(self, thread_id: str) -> str | None:
         rows = await self._fetch(
             f"SELECT run_id FROM {self.table} WHERE thread_id = %s AND expires_at >= now()",

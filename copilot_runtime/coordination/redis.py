@@ -109,6 +109,15 @@ class RedisCoordinator(SharedCoordinator):
         await self.start()
         await self._release_script(keys=[self._key(lease.thread_id)], args=[lease.token])
 
+    async def finish(self, lease: Lease) -> None:
+        self._drop(lease)
+        await self.start()
+        async with self._redis.pipeline(transaction=False) as pipe:
+            await self._release_script(keys=[self._key(lease.thread_id)], args=[lease.token],
+                                       client=pipe)
+            pipe.publish(self.channel, Signal("end", lease.thread_id, lease.run_id).encode())
+            await pipe.execute()
+
     async def holder(self, thread_id: str) -> str | None:
         await self.start()
         value = await self._redis.get(self._key(thread_id))
