@@ -7,6 +7,9 @@ matches the TypeScript servers in bench/ts-agui and bench/ts-graphql.
 With ``BENCH_TRUST=1`` the runtime authenticates a bearer token (``$BENCH_TOKEN``, which
 the ``python-trust`` target of bench/run sends) and checks input with a pattern guardrail:
 the cost of serving many users, measured against the plain runtime.
+
+``BENCH_STORE`` picks a durable thread store (bench/soak.py sets it): a SQLite file path, or a
+``postgresql://`` URL once `copilot_runtime.thread_store` can open one.
 """
 
 import os
@@ -21,15 +24,32 @@ def getWeather(city: str) -> dict:  # camelCase: the name the client and the LLM
     return {"city": city, "temperature": 21, "unit": "celsius", "conditions": "sunny"}
 
 
-trust: dict[str, Any] = {}
+options: dict[str, Any] = {}
 if os.environ.get("BENCH_TRUST"):
-    trust = {"auth": BearerTokenAuth({os.environ["BENCH_TOKEN"]: "bench-user"}),
-             "guardrails": [PatternGuardrail(deny=[r"\bpassword\b", r"ignore (all )?previous"])]}
+    options = {"auth": BearerTokenAuth({os.environ["BENCH_TOKEN"]: "bench-user"}),
+               "guardrails": [PatternGuardrail(deny=[r"\bpassword\b", r"ignore (all )?previous"])]}
+
+
+def _store(spec: str) -> Any:
+    if spec.startswith(("postgresql://", "postgres://")):
+        import copilot_runtime
+
+        opener = getattr(copilot_runtime, "thread_store", None)
+        if opener is None:
+            raise SystemExit("BENCH_STORE: this copilot-runtime has no thread_store() for URLs")
+        return opener(spec)
+    from copilot_runtime.threads import SQLiteThreadStore
+
+    return SQLiteThreadStore(spec.removeprefix("sqlite:"))
+
+
+if os.environ.get("BENCH_STORE"):
+    options["thread_store"] = _store(os.environ["BENCH_STORE"])
 
 runtime = CopilotRuntime(
     service_adapter=OpenAIAdapter(
         model="gpt-4o", base_url=os.environ["LLM_BASE_URL"], api_key="sk-mock"
     ),
     actions=[getWeather],
-    **trust,
+    **options,
 )

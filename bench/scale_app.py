@@ -11,11 +11,7 @@ def _store():  # type: ignore[no-untyped-def]
     url = os.environ.get("SCALE_THREADS")
     if not url:
         return None
-    if url.startswith("sqlite:///"):
-        from copilot_runtime import SQLiteThreadStore
-
-        return SQLiteThreadStore(url.removeprefix("sqlite:///"))
-    from copilot_runtime import thread_store  # type: ignore[attr-defined]
+    from copilot_runtime import thread_store
 
     return thread_store(url)
 

@@ -4,7 +4,7 @@ The public API is what this module exports; everything in a module whose name st
 an underscore is private and may change.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from copilot_runtime._exceptions import (
     ActionError,
@@ -30,14 +30,8 @@ from copilot_runtime.agents import (
     Agent,
     AgentThreadState,
     BuiltInAgent,
-    CopilotKitRemoteEndpoint,
     HeaderPolicy,
-    HttpAgent,
-    RemoteDiscovery,
-    RemoteEndpointAgent,
-    RetryPolicy,
     RunContext,
-    Timeouts,
 )
 from copilot_runtime.asgi import CopilotEndpoint, create_app, mount_runtime
 from copilot_runtime.auth import BearerTokenAuth, JWTAuth, Principal
@@ -46,7 +40,23 @@ from copilot_runtime.guardrails import PatternGuardrail, TopicGuardrail, Verdict
 from copilot_runtime.limits import RateLimit
 from copilot_runtime.protocols.http import CORSPolicy
 from copilot_runtime.runtime import CopilotRuntime, approval_service
-from copilot_runtime.threads import InMemoryThreadStore, SQLiteThreadStore, ThreadStore
+from copilot_runtime.threads import (
+    DurableThreadStore,
+    InMemoryThreadStore,
+    SQLiteThreadStore,
+    ThreadStore,
+    thread_store,
+)
+
+if TYPE_CHECKING:
+    from copilot_runtime.agents import (
+        CopilotKitRemoteEndpoint,
+        HttpAgent,
+        RemoteDiscovery,
+        RemoteEndpointAgent,
+        RetryPolicy,
+        Timeouts,
+    )
 
 __all__ = [
     "Action",
@@ -71,6 +81,7 @@ __all__ = [
     "CopilotRuntimeError",
     "DemoAdapter",
     "DurableCheckpointer",
+    "DurableThreadStore",
     "EmptyAdapter",
     "GoogleGenAIAdapter",
     "HeaderPolicy",
@@ -87,6 +98,7 @@ __all__ = [
     "Orchestrator",
     "PatternGuardrail",
     "PayloadTooLargeError",
+    "PostgresThreadStore",
     "Principal",
     "RateLimit",
     "RemoteDiscovery",
@@ -114,11 +126,19 @@ __all__ = [
     "create_app",
     "existing_agent",
     "mount_runtime",
+    "thread_store",
 ]
 
 
-_LAZY = {
-    # These need optional extras: imported when asked for. name: (module, extra)
+_LAZY: dict[str, tuple[str, str | None]] = {
+    # Remote agents: on first use (their HTTP client is aiohttp). name: (module, extra)
+    "HttpAgent": ("copilot_runtime.agents", None),
+    "Timeouts": ("copilot_runtime.agents", None),
+    "CopilotKitRemoteEndpoint": ("copilot_runtime.agents", None),
+    "RemoteDiscovery": ("copilot_runtime.agents", None),
+    "RemoteEndpointAgent": ("copilot_runtime.agents", None),
+    "RetryPolicy": ("copilot_runtime.agents", None),
+    # These need optional extras: imported when asked for.
     "AnthropicAdapter": ("copilot_runtime.adapters", "anthropic"),
     "GoogleGenAIAdapter": ("copilot_runtime.adapters", "google"),
     "LangChainAdapter": ("copilot_runtime.adapters", "langchain"),
@@ -128,6 +148,7 @@ _LAZY = {
     "LangGraphPlatformAgent": ("copilot_runtime.agents", "platform"),
     "checkpointer": ("copilot_runtime.checkpointers", "langgraph"),
     "DurableCheckpointer": ("copilot_runtime.checkpointers", "langgraph"),
+    "PostgresThreadStore": ("copilot_runtime.threads.postgres", "postgres"),
     "ReviewLoop": ("copilot_runtime.workflows", "langgraph"),
     "Orchestrator": ("copilot_runtime.workflows", "langgraph"),
     "Step": ("copilot_runtime.workflows", "langgraph"),
@@ -146,7 +167,8 @@ def __getattr__(name: str) -> Any:
     try:
         return getattr(importlib.import_module(module), name)
     except ModuleNotFoundError as exc:
-        if exc.name is not None and exc.name.split(".")[0] == "copilot_runtime":
+        if extra is None or (exc.name is not None
+                             and exc.name.split(".")[0] == "copilot_runtime"):
             raise
         raise ImportError(f"{name} needs the {extra} extra: pip install "
                           f"'copilot-runtime[{extra}]' (missing: {exc.name})",

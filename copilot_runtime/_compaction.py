@@ -12,8 +12,6 @@ import copy
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import jsonpatch
-
 from copilot_runtime import events as ev
 from copilot_runtime.events import Event
 
@@ -22,6 +20,8 @@ __all__ = ["apply_state_delta", "compact_events", "events_to_messages"]
 
 def apply_state_delta(state: Any, delta: list[dict[str, Any]]) -> Any:
     """Apply an RFC 6902 patch; a patch that does not apply leaves the state unchanged."""
+    import jsonpatch  # only threads with STATE_DELTA need it (and difflib, which it loads)
+
     try:
         return jsonpatch.apply_patch(state, delta, in_place=False)
     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError):

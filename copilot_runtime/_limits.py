@@ -13,6 +13,7 @@ read through `replayable`, which drops what cannot be encoded instead of failing
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ import orjson
 import structlog
 
 from copilot_runtime._exceptions import JSONTooDeepError
-from copilot_runtime.threads.base import StoredRun, ThreadRecord
+from copilot_runtime.threads.base import ThreadRecord
 
 __all__ = [
     "DEFAULT_MAX_RUN_BYTES",
@@ -126,10 +127,8 @@ def readable(record: ThreadRecord) -> ThreadRecord:
     else:
         return record
     _log.warning("thread holds events that cannot be encoded", thread_id=record.thread_id)
-    runs = [StoredRun(run.run_id, replayable(run.events), run.created_at)
-            for run in record.runs]
-    return ThreadRecord(record.thread_id, record.agent_id, record.created_at,
-                        record.updated_at, runs, record.message_ids)
+    runs = [dataclasses.replace(run, events=replayable(run.events)) for run in record.runs]
+    return dataclasses.replace(record, runs=runs)
 
 
 def storable(events: list[Any], max_bytes: int) -> tuple[list[Any], int]:

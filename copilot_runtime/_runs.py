@@ -30,13 +30,25 @@ from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.coordination import Coordinator, Lease, Signal
 from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event
-from copilot_runtime.threads.base import StoredRun, ThreadOwner, ThreadStore
+from copilot_runtime.threads.base import (
+    DurableThreadStore,
+    Positioned,
+    StoredRun,
+    ThreadOwner,
+    ThreadRecord,
+    ThreadStore,
+    positioned_runs,
+)
 
 __all__ = ["ActiveRun", "RunManager"]
 
 _log = structlog.get_logger("copilot_runtime.runs")
 
 Writer = Callable[[Sequence[Event]], Awaitable[None]]
+#: A run's events as listeners get them: the position of the first, and the events.
+Published = tuple[int, Sequence[Event]]
+#: Seconds between writes of a running run's events to a durable store.
+FLUSH_INTERVAL = 0.2
 _INPUT_KEYS = ("threadId", "runId", "parentRunId", "state", "messages", "tools", "context",
                "forwardedProps", "resume")
 
@@ -52,7 +64,12 @@ class ActiveRun:
         self.thread_id = input.thread_id
         self.run_id = input.run_id
         self.events: list[Event] = []
-        self.listeners: list[asyncio.Queue[Sequence[Event] | None]] = []
+        self.listeners: list[asyncio.Queue[Published | None]] = []
+        #: The position in the thread of the run's first event (its RUN_STARTED).
+        self.first_position = 0
+        self._flushed = 0
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._flushing: asyncio.Task[None] | None = None
         self.task: asyncio.Task[Any] | None = None
         self.cancel_reason: str | None = None
         #: The run's events kept in the order clients accept, whatever the agent yields.
@@ -85,16 +102,16 @@ class ActiveRun:
         self.task.cancel()
         return True
 
-    def subscribe(self) -> tuple[list[Event], asyncio.Queue[Sequence[Event] | None]]:
+    def subscribe(self) -> tuple[list[Event], asyncio.Queue[Published | None]]:
         """The events so far and a queue of the ones to come (None at the end)."""
-        queue: asyncio.Queue[Sequence[Event] | None] = asyncio.Queue()
+        queue: asyncio.Queue[Published | None] = asyncio.Queue()
         if self._finished:
             queue.put_nowait(None)
         else:
             self.listeners.append(queue)
         return list(self.events), queue
 
-    def unsubscribe(self, queue: asyncio.Queue[Sequence[Event] | None]) -> None:
+    def unsubscribe(self, queue: asyncio.Queue[Published | None]) -> None:
         if queue in self.listeners:
             self.listeners.remove(queue)
 
@@ -167,10 +184,50 @@ class ActiveRun:
         self._publish(tail)
         yield tail
 
+    def batch_position(self, batch: Sequence[Event]) -> int:
+        """The position of the first event of `batch`, the run's latest batch."""
+        return self.first_position + len(self.events) - len(batch)
+
     def _publish(self, batch: Sequence[Event]) -> None:
+        first = self.first_position + len(self.events)
         self.events.extend(batch)
         for queue in self.listeners:
-            queue.put_nowait(batch)
+            queue.put_nowait((first, batch))
+        if self.manager.durable is not None and self._flush_timer is None \
+                and self._flushing is None and not self._finished:
+            # With other workers, the run's start is written at once: they see the thread
+            # (and its owner) and can follow the run from its first event.
+            delay = 0.0 if first == self.first_position and \
+                self.manager.coordinator is not None else FLUSH_INTERVAL
+            self._flush_timer = asyncio.get_running_loop().call_later(delay, self._start_flush)
+
+    # -- writing as the run goes (durable stores) --------------------------------------
+
+    def _start_flush(self) -> None:
+        self._flush_timer = None
+        if not self._finished:
+            self._flushing = asyncio.ensure_future(self._flush())
+
+    async def _flush(self) -> None:
+        """Write the events streamed since the last write, so another worker can follow
+        the run and a crash loses nothing already sent."""
+        store = self.manager.durable
+        assert store is not None
+        start, events = self._flushed, self.events[self._flushed:]
+        try:
+            await store.append_events(self.thread_id, self.agent_id, self.run_id,
+                                      self.created_at, self.first_position + start, events,
+                                      owner=self.owner)
+            self._flushed = start + len(events)
+            self.manager.flushed(self, self.first_position + self._flushed - 1)
+        except Exception:
+            _log.exception("could not write a running run's events",
+                           thread_id=self.thread_id, run_id=self.run_id)
+        finally:
+            self._flushing = None
+        if len(self.events) > self._flushed and not self._finished:
+            self._flush_timer = asyncio.get_running_loop().call_later(
+                FLUSH_INTERVAL, self._start_flush)
 
     def _input_echo(self) -> dict[str, Any]:
         """The run's input as RUN_STARTED carries it: only the messages new to the thread."""
@@ -190,10 +247,15 @@ class ActiveRun:
         if self._finished:
             return
         self._finished = True
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
         self.manager._release(self)
         for queue in self.listeners:
             queue.put_nowait(None)
         self.listeners.clear()
+        if self._flushing is not None:
+            await asyncio.shield(self._flushing)
         try:
             # Never store what cannot be replayed, nor more than a run's byte bound.
             compacted, size = storable(compact_events(self.events),
@@ -206,10 +268,19 @@ class ActiveRun:
                     value = event.get(key)
                     if isinstance(value, str):
                         ids.add(value)
-            await self.manager.store.append_run(
-                self.thread_id, self.agent_id,
-                StoredRun(self.run_id, compacted, self.created_at, size), ids,
-                owner=self.owner)
+            stored = StoredRun(self.run_id, compacted, self.created_at, size,
+                               self.first_position,
+                               self.first_position + len(self.events) - 1)
+            durable = self.manager.durable
+            if durable is not None:
+                # The unwritten rest of the raw events too, for exact resumes.
+                await durable.append_run(
+                    self.thread_id, self.agent_id, stored, ids, owner=self.owner,
+                    raw_first=self.first_position + self._flushed,
+                    raw=self.events[self._flushed:])
+            else:
+                await self.manager.store.append_run(self.thread_id, self.agent_id, stored, ids,
+                                                    owner=self.owner)
         except Exception:
             _log.exception("could not store run", thread_id=self.thread_id, run_id=self.run_id)
         if self.lease is not None:
@@ -229,11 +300,18 @@ class RunManager:
         self.store = store
         self.max_run_bytes = max_run_bytes
         self.active: dict[str, ActiveRun] = {}
+        #: The store when it keeps running runs' events (written as runs go), else None.
+        self.durable: DurableThreadStore | None = \
+            store if isinstance(store, DurableThreadStore) else None
+        #: Called with a run and the last position written to the store, after each write.
+        self.on_flushed: Callable[[ActiveRun, int], None] | None = None
         #: The coordinator other workers share, or None (this process alone: no cost).
         self.coordinator = coordinator if coordinator is not None and coordinator.shared \
             else None
         if self.coordinator is not None:
             self.coordinator.on_stop(self._stop_signalled)
+            self.on_flushed = self._progressed
+        self._signals: set[asyncio.Task[None]] = set()
 
     async def begin(self, agent_id: str, agent: Agent, input: RunInput,
                     context: RunContext, owner: ThreadOwner | None = None) -> ActiveRun:
@@ -249,6 +327,8 @@ class RunManager:
         placeholder = ActiveRun(self, agent_id, agent, input, context, set())
         placeholder.owner = owner
         self.active[thread_id] = placeholder
+        if self.coordinator is not None:
+            return await self._begin_shared(placeholder, owner)
         try:
             record = await self.store.get(thread_id)
             if record is not None and owner is not None and record.owner != owner:
@@ -259,16 +339,45 @@ class RunManager:
         if record is not None:
             placeholder._seen = record.message_ids
             placeholder.owner = record.owner
-        if self.coordinator is not None:
-            try:
-                placeholder.lease = await self.coordinator.acquire(thread_id, input.run_id)
-            except BaseException:
-                del self.active[thread_id]
-                raise
-            if placeholder.lease is None:  # a run on another worker has the thread
-                del self.active[thread_id]
-                raise ThreadBusyError(thread_id)
+            placeholder.first_position = record.next_position
         return placeholder
+
+    async def _begin_shared(self, placeholder: ActiveRun, owner: ThreadOwner | None
+                            ) -> ActiveRun:
+        """`begin` across workers: the thread's lease first, then what the store says (read
+        under the lease, so no run ends in between)."""
+        coordinator = self.coordinator
+        assert coordinator is not None
+        thread_id = placeholder.thread_id
+        lease: Lease | None = None
+        try:
+            lease = await coordinator.acquire(thread_id, placeholder.run_id)
+            record = await self.store.get(thread_id)
+            if record is not None and owner is not None and record.owner != owner:
+                raise ThreadNotFoundError(thread_id)
+            if lease is None:  # a run on another worker has the thread
+                raise ThreadBusyError(thread_id)
+            if record is not None and self.durable is not None and _left_open(record):
+                # A dead worker's run the sweep has not closed yet: close it first.
+                await self._close_left_open(self.durable, thread_id)
+                record = await self.store.get(thread_id)
+        except BaseException:
+            del self.active[thread_id]
+            if lease is not None:
+                await coordinator.release(lease)
+            raise
+        placeholder.lease = lease
+        if record is not None:
+            placeholder._seen = record.message_ids
+            placeholder.owner = record.owner
+            placeholder.first_position = record.next_position
+        return placeholder
+
+    async def _close_left_open(self, durable: DurableThreadStore, thread_id: str) -> None:
+        for open_thread, run_id in await durable.open_runs():
+            if open_thread == thread_id and await durable.close_interrupted(thread_id, run_id):
+                _log.warning("closed a run its worker left open", thread_id=thread_id,
+                             run_id=run_id)
 
     async def let_go(self, lease: Lease) -> None:
         """Release a finished run's lease and tell followers on other workers it ended."""
@@ -281,15 +390,19 @@ class RunManager:
             # The lease expires by itself; followers poll the store.
             _log.exception("could not release a lease", thread_id=lease.thread_id)
 
-    async def progressed(self, run: ActiveRun, position: int) -> None:
-        """Tell followers on other workers that `run`'s events up to `position` are stored
-        (called after each batched write of a run's events)."""
-        if self.coordinator is not None:
-            try:
-                await self.coordinator.publish(
-                    Signal("progress", run.thread_id, run.run_id, position))
-            except Exception:
-                _log.warning("could not signal progress", thread_id=run.thread_id)
+    def _progressed(self, run: ActiveRun, position: int) -> None:
+        """After each batched write of a run's events: tell followers on other workers."""
+        task = asyncio.ensure_future(self._signal_progress(run, position))
+        self._signals.add(task)
+        task.add_done_callback(self._signals.discard)
+
+    async def _signal_progress(self, run: ActiveRun, position: int) -> None:
+        assert self.coordinator is not None
+        try:
+            await self.coordinator.publish(
+                Signal("progress", run.thread_id, run.run_id, position))
+        except Exception:
+            _log.warning("could not signal progress", thread_id=run.thread_id)
 
     async def stop_anywhere(self, thread_id: str, run_id: str | None = None) -> bool:
         """Stop the thread's run, here or on the worker that drives it."""
@@ -306,38 +419,73 @@ class RunManager:
     def _stop_signalled(self, signal: Signal) -> None:
         self.stop(signal.thread_id, signal.run_id)
 
+    def flushed(self, run: ActiveRun, position: int) -> None:
+        if self.on_flushed is not None:
+            try:
+                self.on_flushed(run, position)
+            except Exception:
+                _log.exception("flush observer failed", run_id=run.run_id)
+
+    async def recover(self) -> int:
+        """Close the runs a previous process left open in a durable store, as interrupted
+        (for one process alone: with several workers, the coordinator's sweep does it)."""
+        if self.durable is None:
+            return 0
+        closed = 0
+        for thread_id, run_id in await self.durable.open_runs():
+            if thread_id not in self.active and \
+                    await self.durable.close_interrupted(thread_id, run_id):
+                _log.warning("closed a run left open by a previous process",
+                             thread_id=thread_id, run_id=run_id)
+                closed += 1
+        return closed
+
     def stop(self, thread_id: str, run_id: str | None = None) -> bool:
         run = self.active.get(thread_id)
         if run is None or (run_id is not None and run.run_id != run_id):
             return False
         return run.cancel("stop")
 
-    async def replay(self, thread_id: str) -> AsyncIterator[Sequence[Event]]:
-        """A thread's stored runs, then the live run if there is one, to its end."""
+    async def replay(self, thread_id: str, after: int = -1
+                     ) -> AsyncIterator[Sequence[Positioned]]:
+        """A thread's events after position `after` (all for -1): its stored runs, then the
+        live run if there is one, to its end."""
         if self.coordinator is not None and thread_id not in self.active:
             from copilot_runtime._shared_runs import follow
 
-            async for followed in follow(self, thread_id):
+            async for followed in follow(self, thread_id, after):
                 yield followed
+            return
+        live = self.active.get(thread_id)
+        if live is None:
+            stored = await self.store.events_after(thread_id, after)
+            if stored:
+                yield stored
             return
         record = await self.store.get(thread_id)
         if record is not None:
             record = readable(record)  # a thread stored broken is still replayed
-        stored = [e for run in record.runs for e in run.events] if record else []
-        live = self.active.get(thread_id)
-        if live is None:
-            if stored:
-                yield stored
-            return
         so_far, queue = live.subscribe()
         try:
-            if stored or so_far:
-                yield stored + so_far
-            while (batch := await queue.get()) is not None:
-                yield batch
+            runs = [r for r in record.runs if r.run_id != live.run_id] if record else []
+            start = live.first_position
+            out = positioned_runs(runs, after)
+            out.extend((start + i, e) for i, e in enumerate(so_far) if start + i > after)
+            if out:
+                yield out
+            while (item := await queue.get()) is not None:
+                first, batch = item
+                if first + len(batch) - 1 > after:
+                    yield [(first + i, e) for i, e in enumerate(batch) if first + i > after]
         finally:
             live.unsubscribe(queue)
 
     def _release(self, run: ActiveRun) -> None:
         if self.active.get(run.thread_id) is run:
             del self.active[run.thread_id]
+
+
+def _left_open(record: ThreadRecord) -> bool:
+    """Whether the thread has events past its finished runs: a run still open in the store."""
+    last = max((run.last_position for run in record.runs), default=-1)
+    return record.next_position > last + 1

@@ -12,13 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
-from copilot_runtime._limits import readable
 from copilot_runtime.coordination import Coordinator, Signal
-from copilot_runtime.events import Event
+from copilot_runtime.threads.base import DurableThreadStore, Positioned, ThreadStore
 
 if TYPE_CHECKING:
     from copilot_runtime._runs import RunManager
@@ -31,16 +30,15 @@ _log = structlog.get_logger("copilot_runtime.runs")
 POLL = 1.0
 
 
-async def follow(runs: RunManager, thread_id: str, after: int | None = None
-                 ) -> AsyncIterator[Sequence[Event]]:
-    """The thread's stored events after position `after` (all without it), then those of
-    its live run on any worker, to the run's end."""
+async def follow(runs: RunManager, thread_id: str, after: int = -1
+                 ) -> AsyncIterator[Sequence[Positioned]]:
+    """The thread's stored events after position `after` (all for -1), then those of its
+    live run on any worker, to the run's end; each with its position."""
     coordinator = runs.coordinator
     assert coordinator is not None
-    store: Any = runs.store
+    store = runs.store
     with coordinator.subscribe(thread_id) as signals:
-        position = after if after is not None else -1
-        batch, position = await _read(store, thread_id, position)
+        batch, position = await _read(store, thread_id, after)
         live = await coordinator.holder(thread_id)
         if batch:
             yield batch
@@ -61,21 +59,14 @@ async def follow(runs: RunManager, thread_id: str, after: int | None = None
             yield batch
 
 
-async def _read(store: Any, thread_id: str, position: int) -> tuple[list[Event], int]:
-    """The events stored after `position`, and the position of the last one."""
-    events_after = getattr(store, "events_after", None)
-    if events_after is None:
-        # A store without positions: a run's events appear when it has ended; their index in
-        # the thread serves as position.
-        record = await store.get(thread_id)
-        if record is None:
-            return [], position
-        stored = [event for run in readable(record).runs for event in run.events]
-        return stored[position + 1:], len(stored) - 1
-    rows: list[tuple[int, Event]] = await events_after(thread_id, position)
-    if not rows:
-        return [], position
-    return [event for _, event in rows], rows[-1][0]
+async def _read(store: ThreadStore, thread_id: str, position: int
+                ) -> tuple[list[Positioned], int]:
+    """The events stored after `position`, and the position to read after next."""
+    rows = await store.events_after(thread_id, position)
+    for row_position, _ in reversed(rows):
+        if row_position is not None:
+            return rows, row_position
+    return rows, position
 
 
 class RecoverySweep:
@@ -90,7 +81,7 @@ class RecoverySweep:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        if self._task is None and hasattr(self.runs.store, "open_runs"):
+        if self._task is None and self.runs.durable is not None:
             self._task = asyncio.create_task(self._loop())
 
     async def aclose(self) -> None:
@@ -110,7 +101,9 @@ class RecoverySweep:
 
     async def sweep(self) -> int:
         """Close the runs whose worker is gone; how many this worker closed."""
-        store: Any = self.runs.store
+        store: DurableThreadStore | None = self.runs.durable
+        if store is None:
+            return 0
         closed = 0
         for thread_id, run_id in await store.open_runs():
             if thread_id in self.runs.active or \

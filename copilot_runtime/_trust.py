@@ -24,7 +24,7 @@ from copilot_runtime.events import Event, EventBatches
 from copilot_runtime.guardrails import check_input
 from copilot_runtime.hooks import ErrorInfo, RunFinished
 from copilot_runtime.limits import Lease
-from copilot_runtime.threads.base import ThreadOwner
+from copilot_runtime.threads.base import Positioned, ThreadOwner
 
 if TYPE_CHECKING:
     from copilot_runtime.runtime import CopilotRuntime
@@ -54,10 +54,11 @@ def may_approve(principal: Principal, approver_roles: frozenset[str],
 
 
 async def replay_visible(runtime: CopilotRuntime, thread_id: str,
-                         request: RequestInfo | None) -> AsyncIterator[Sequence[Event]]:
+                         request: RequestInfo | None, after: int = -1
+                         ) -> AsyncIterator[Sequence[Positioned]]:
     if not await runtime.can_see(request, thread_id):
         return
-    async for batch in runtime.runs.replay(thread_id):
+    async for batch in runtime.runs.replay(thread_id, after):
         yield batch
 
 

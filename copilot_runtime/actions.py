@@ -12,15 +12,17 @@ import asyncio
 import inspect
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
-import jsonschema
 import orjson
 import pydantic
 import structlog
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from copilot_runtime._exceptions import ActionError, ConfigurationError
+
+if TYPE_CHECKING:
+    import jsonschema
 
 __all__ = ["Action", "action"]
 
@@ -51,21 +53,33 @@ class Action:
         self.description = description
         self.parameters: dict[str, Any] = dict(
             parameters or {"type": "object", "properties": {}})
+        self._validator = self._schema_validator() if self._checks_schema else None
+        self.handler = handler
+        self._is_async = inspect.iscoroutinefunction(handler)
+
+    #: Whether the schema is checked (and arguments validated) with jsonschema, imported
+    #: only then: an `@action`'s schema comes from pydantic, which also validates.
+    _checks_schema = True
+
+    def _schema_validator(self) -> Any:
+        import jsonschema
+
         try:
             validator_class = jsonschema.validators.validator_for(self.parameters)
             validator_class.check_schema(self.parameters)
         except jsonschema.SchemaError as exc:
             raise ConfigurationError(
-                f"Action {name!r} has an invalid parameters schema: {exc.message}") from exc
-        self._validator = validator_class(self.parameters)
-        self.handler = handler
-        self._is_async = inspect.iscoroutinefunction(handler)
+                f"Action {self.name!r} has an invalid parameters schema: {exc.message}"
+            ) from exc
+        return validator_class(self.parameters)
 
     def __repr__(self) -> str:
         return f"Action(name={self.name!r})"
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Check `arguments` against the schema; return the keyword arguments for the handler."""
+        if self._validator is None:
+            self._validator = self._schema_validator()
         errors = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
         if errors:
             raise ActionError("; ".join(_describe(e) for e in errors[:5]))
@@ -107,6 +121,8 @@ def _describe(error: jsonschema.ValidationError) -> str:
 
 class _ModelAction(Action):
     """An `Action` whose schema and validation come from a pydantic model of the signature."""
+
+    _checks_schema = False
 
     def __init__(self, name: str, handler: Callable[..., Any], description: str,
                  model: type[pydantic.BaseModel]) -> None:

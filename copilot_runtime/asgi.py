@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from starlette.routing import Route
 
 from copilot_runtime._exceptions import (
     ClientDisconnected,
@@ -43,6 +42,8 @@ from copilot_runtime.protocols.http import (
 from copilot_runtime.runtime import CopilotRuntime
 
 if TYPE_CHECKING:
+    from starlette.routing import Route
+
     from copilot_runtime.protocols.graphql import GraphQLProtocol
 
 __all__ = ["CopilotEndpoint", "create_app", "mount_runtime"]
@@ -240,6 +241,8 @@ def mount_runtime(
     runtime starts after the host's own start-up and is closed (`runtime.aclose()`)
     before the host's own shutdown.
     """
+    from starlette.routing import Route  # the host app is Starlette: loaded already
+
     endpoint = CopilotEndpoint(runtime, path, max_body_size=max_body_size, cors=cors)
     base = endpoint.path or "/"
     routes: Sequence[Route] = [

@@ -95,8 +95,10 @@ def _serve(app: Any, host: str, port: int, log_level: str, workers: int = 1) -> 
                     lifespan="on", timeout_graceful_shutdown=5)
         return
     _tune_gc()
+    # ws="none": the runtime serves no WebSocket, and the `websockets` library would cost
+    # every idle worker ~2 MB.
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                lifespan="on", timeout_graceful_shutdown=5)
+                lifespan="on", timeout_graceful_shutdown=5, ws="none")
 
 
 #: How `serve --workers N` tells its worker processes what to serve.
@@ -151,19 +153,9 @@ def _checkpoints_beside(db: str) -> str:
 
 
 def _thread_store(url: str) -> Any:
-    """The thread store `url` names (`copilot_runtime.threads.thread_store`)."""
-    from copilot_runtime import threads
+    from copilot_runtime.threads import thread_store
 
-    make = getattr(threads, "thread_store", None)
-    if make is not None:
-        return make(url)
-    if url.startswith("sqlite:///"):
-        from copilot_runtime.threads.sqlite import SQLiteThreadStore
-
-        return SQLiteThreadStore(url.removeprefix("sqlite:///"))
-    if url in ("memory", "memory://"):
-        return None
-    raise CLIError(f"unsupported thread store URL {_redacted(url)!r}")
+    return thread_store(url)
 
 
 def _redacted(url: str) -> str:

@@ -6,6 +6,8 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import structlog
+
 from copilot_runtime import _trust
 from copilot_runtime._exceptions import AgentNotFoundError, ConfigurationError
 from copilot_runtime._input import RunInput
@@ -21,11 +23,10 @@ from copilot_runtime.approvals.service import ApprovalService
 from copilot_runtime.auth import Authenticator, RequestInfo, owner_of
 from copilot_runtime.coordination import Coordinator
 from copilot_runtime.coordination import coordinator as coordinator_for
-from copilot_runtime.events import Event
 from copilot_runtime.guardrails import Guardrail
 from copilot_runtime.hooks import HookRunner, OnError, OnRequest, OnRunFinished
 from copilot_runtime.limits import RateLimit, RateLimiter
-from copilot_runtime.threads.base import ThreadOwner, ThreadStore
+from copilot_runtime.threads.base import DurableThreadStore, Positioned, ThreadOwner, ThreadStore
 from copilot_runtime.threads.memory import InMemoryThreadStore
 
 __all__ = ["CopilotRuntime", "approval_service"]
@@ -33,6 +34,8 @@ __all__ = ["CopilotRuntime", "approval_service"]
 #: The CopilotKit runtime version whose protocol this runtime speaks; `/info` reports it.
 COMPATIBLE_VERSION = "1.75.0"
 
+
+_log = structlog.get_logger("copilot_runtime.runtime")
 
 class CopilotRuntime:
     """The protocol-neutral runtime.
@@ -91,7 +94,7 @@ class CopilotRuntime:
         #: How the workers serving this runtime share runs (`copilot_runtime.coordination`).
         self.coordinator: Coordinator = coordinator if not isinstance(coordinator, str | None) \
             else coordinator_for(coordinator)
-        if self.coordinator.shared and isinstance(self.store, InMemoryThreadStore):
+        if self.coordinator.shared and not isinstance(self.store, DurableThreadStore):
             raise ConfigurationError(
                 "a shared coordinator needs a thread store every worker can read: pass "
                 "thread_store=thread_store('postgresql://...') (the in-memory store is this "
@@ -136,14 +139,28 @@ class CopilotRuntime:
         if self._started:
             return
         self._started = True
-        await self.coordinator.start()
-        if self._sweep is not None:
-            self._sweep.start()
+        if self.coordinator.shared:
+            await self.coordinator.start()
+            if self._sweep is not None:
+                self._sweep.start()  # other workers' runs are not ours to close at start
+        else:
+            try:
+                # Runs a crash of this process left open in a durable store end as interrupted.
+                await self.runs.recover()
+            except Exception:
+                _log.exception("could not close the runs a previous process left open")
         await self.approvals.start()
 
     def is_running(self, thread_id: str) -> bool:
-        """Whether a run is on the thread now."""
+        """Whether a run is on the thread now, in this process."""
         return thread_id in self.runs.active
+
+    async def is_running_anywhere(self, thread_id: str) -> bool:
+        """Whether a run is on the thread now, on any worker."""
+        if thread_id in self.runs.active:
+            return True
+        coordinator = self.runs.coordinator
+        return coordinator is not None and await coordinator.holder(thread_id) is not None
 
     def agent(self, agent_id: str) -> Agent:
         try:
@@ -232,14 +249,15 @@ class CopilotRuntime:
             return True
         return await self.runs.stop_anywhere(thread_id, run_id)
 
-    def connect(self, agent_id: str, thread_id: str, *,
-                request: RequestInfo | None = None) -> AsyncIterator[Sequence[Event]]:
-        """The thread's runs, then its live run; for a caller who may not see the thread,
-        nothing (what a thread that does not exist gives)."""
+    def connect(self, agent_id: str, thread_id: str, *, request: RequestInfo | None = None,
+                after: int = -1) -> AsyncIterator[Sequence[Positioned]]:
+        """The thread's events after position `after` (all for -1), then its live run's, each
+        with its position; for a caller who may not see the thread, nothing (what a thread
+        that does not exist gives)."""
         self.agent(agent_id)
         if self.owner_filter(request) is None:
-            return self.runs.replay(thread_id)
-        return _trust.replay_visible(self, thread_id, request)
+            return self.runs.replay(thread_id, after)
+        return _trust.replay_visible(self, thread_id, request, after)
 
     async def aclose(self) -> None:
         """Stop the approvals' timer, then active runs; release agents, adapters and the store.

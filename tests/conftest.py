@@ -54,10 +54,20 @@ class Served:
 
 
 def parse_sse(data: bytes) -> list[dict[str, Any]]:
-    events = []
+    return [event for _, event in parse_sse_ids(data)]
+
+
+def parse_sse_ids(data: bytes) -> list[tuple[int | None, dict[str, Any]]]:
+    """The events of an SSE body, each with its `id:` as an int (None without one)."""
+    events: list[tuple[int | None, dict[str, Any]]] = []
     for frame in data.split(b"\n\n"):
+        event_id: int | None = None
+        if frame.startswith(b"id: "):
+            line, _, frame = frame.partition(b"\n")
+            event_id = int(line[4:])
+            assert frame.startswith(b"data: "), f"an id without data {line!r}"
         if frame.startswith(b"data: "):
-            events.append(orjson.loads(frame[6:]))
+            events.append((event_id, orjson.loads(frame[6:])))
         elif frame.startswith(b":"):
             continue  # an SSE comment (keep-alive)
         else:

@@ -1,7 +1,8 @@
 """One behaviour for every LLM adapter: the same tests, run against each provider's real SDK
 talking to the loopback mock of that provider's wire format.
 
-openai: `OpenAIAdapter` on `MockOpenAIServer`; anthropic: `AnthropicAdapter` on
+openai: `OpenAIAdapter` on `MockOpenAIServer` (openai-sdk: the same, sending through the
+`openai` SDK instead of its own HTTP client); anthropic: `AnthropicAdapter` on
 `MockAnthropicServer`; google: `GoogleGenAIAdapter` on `MockGeminiServer`; langchain:
 `LangChainAdapter(ChatOpenAI(...))` (langchain-openai) on `MockOpenAIServer`.
 
@@ -112,7 +113,7 @@ def _gemini_image(server: MockGeminiServer) -> str | None:
     return None
 
 
-@pytest.fixture(params=["openai", "anthropic", "google", "langchain"])
+@pytest.fixture(params=["openai", "openai-sdk", "anthropic", "google", "langchain"])
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     name: str = request.param
     if name == "anthropic":
@@ -145,10 +146,11 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     else:
         from copilot_runtime import OpenAIAdapter
 
+        route = "sdk" if name == "openai-sdk" else "direct"
         async with MockOpenAIServer(chunks=4) as server:
             yield Harness(name, server, lambda timeout=10.0, base_url=None: OpenAIAdapter(
                 api_key="sk-mock", base_url=base_url or server.base_url, max_retries=0,
-                timeout=timeout), lambda s: _openai_settings(s.requests[-1]),
+                timeout=timeout, transport=route), lambda s: _openai_settings(s.requests[-1]),
                 lambda s: _openai_image(s.requests[-1]))
 
 
@@ -307,8 +309,8 @@ async def test_forwarded_model_settings_mapped_or_refused(
 
 # ---- failures --------------------------------------------------------------------------------
 
-_PROVIDER_WORDS = {"openai": "OpenAI", "anthropic": "Anthropic", "google": "Gemini",
-                   "langchain": "LangChain model"}
+_PROVIDER_WORDS = {"openai": "OpenAI", "openai-sdk": "OpenAI", "anthropic": "Anthropic",
+                   "google": "Gemini", "langchain": "LangChain model"}
 
 
 @pytest.mark.parametrize("status", [401, 429, 500, 503])
@@ -349,7 +351,7 @@ async def test_refused_connection(harness: Harness) -> None:
     from tests.conftest import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
-    if harness.name in ("openai", "langchain"):
+    if harness.name in ("openai", "openai-sdk", "langchain"):
         dead += "/v1"
     with pytest.raises(UpstreamError) as info:
         await answer(harness, ChatRequest(messages=[user("hello")]), base_url=dead)

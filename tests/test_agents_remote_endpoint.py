@@ -257,8 +257,8 @@ async def test_agent_runs_forward_headers_by_policy(flaky: tuple[FlakyEndpoint, 
         response = await served.post("/agent/bot/run", run_input("Ada"), headers={
             "Authorization": "Bearer u", "X-Tenant": "acme", "Cookie": "s=1",
             "X-Forwarded-For": "1.2.3.4"})
-        events = [orjson.loads(frame[6:]) for frame in (await response.read()).split(b"\n\n")
-                  if frame.startswith(b"data: ")]
+        events = [orjson.loads(frame[frame.index(b"data: ") + 6:])
+                  for frame in (await response.read()).split(b"\n\n") if b"data: " in frame]
     verify_events(events)
     assert text_of(events) == "hi Ada"
     assert fake.calls["agents/execute"] == 2  # 503: the run had not started, so retried

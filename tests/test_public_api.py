@@ -22,6 +22,7 @@ EXPECTED = [
     "ApprovalClosedError", "ApprovalError", "ApprovalNotFoundError",
     "AuthenticationError", "BearerTokenAuth", "JWTAuth", "PatternGuardrail", "Principal",
     "RateLimit", "TopicGuardrail", "Verdict",
+    "DurableThreadStore", "PostgresThreadStore", "thread_store",
     "Coordinator", "coordinator",
 ]
 

@@ -57,6 +57,11 @@ class SSEDecoder:
             if frame.startswith(b"data: ") and b"\n" not in frame:
                 payloads.append(frame[6:])
                 continue
+            if frame.startswith(b"id: "):  # this runtime's frames: `id: N` then one data line
+                data = frame.find(b"\ndata: ") + 1
+                if data and frame.find(b"\n", data) < 0:
+                    payloads.append(frame[data + 6:])
+                    continue
             lines = [line for line in frame.split(b"\n") if line.startswith(b"data:")]
             if lines:
                 payloads.append(b"\n".join(

@@ -152,8 +152,10 @@ class _Answer:
             self.reasoning_id = None
         if self.text_open:
             tail.append(text_message_end(self.message_id))
+            self.text_open = False
         if self.open_call is not None:
             tail.append(tool_call_end(self.open_call.id))
+            self.open_call = None
         return tail
 
     def message(self) -> AssistantMessage:
@@ -225,6 +227,9 @@ class BuiltInAgent(Agent):
             try:
                 async for deltas in self.adapter.stream(request):
                     batch = answer.translate(deltas)
+                    if answer.end is not None:
+                        # The stream's last read: its closing events go in the same write.
+                        batch.extend(answer.close())
                     if batch:
                         yield batch
             except BaseException as exc:
@@ -237,13 +242,13 @@ class BuiltInAgent(Agent):
             if span is not None:
                 span.end(end.finish_reason if end else None, end.usage if end else None)
             tail = answer.close()
-            turn.history.append(answer.message())
             if tail:
                 yield tail
             # The tool step: run the server-side actions the answer called.
             server_calls = [c for c in answer.calls if c.name not in turn.frontend]
             if not server_calls:
                 return  # a plain answer, or only frontend tools: the client runs them
+            turn.history.append(answer.message())  # only a next step reads the history
             yield await self._run_tools(server_calls, turn.history, telemetry)
             if len(server_calls) < len(answer.calls) or not follow_up:
                 return  # the client has tools to run, or sends the follow-up itself

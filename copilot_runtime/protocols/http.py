@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +37,7 @@ from copilot_runtime._runs import ActiveRun
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.events import Event
 from copilot_runtime.headers import forwardable
+from copilot_runtime.threads.base import Positioned
 
 __all__ = [
     "ASGIApp",
@@ -262,12 +271,23 @@ async def send_bytes(request: Request, status: int, body: bytes,
     await request.send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def encode_sse(batch: Sequence[Event]) -> bytes:
-    """A batch of events as SSE frames, `data: <json>\\n\\n` each, in one buffer."""
+def encode_sse(batch: Sequence[Event], first: int | None = None) -> bytes:
+    """A batch of events as SSE frames, `data: <json>\\n\\n` each, in one buffer; with
+    `first`, each frame carries its position in the thread as `id:` (first, first + 1, ...)."""
     dumps = orjson.dumps
-    if len(batch) == 1:
-        return b"data: " + dumps(batch[0]) + b"\n\n"
-    return b"data: " + b"\n\ndata: ".join([dumps(e) for e in batch]) + b"\n\n"
+    if first is None:
+        if len(batch) == 1:
+            return b"data: " + dumps(batch[0]) + b"\n\n"
+        return b"data: " + b"\n\ndata: ".join([dumps(e) for e in batch]) + b"\n\n"
+    return b"".join([b"id: %d\ndata: %b\n\n" % (first + i, dumps(e))
+                     for i, e in enumerate(batch)])
+
+
+def encode_positioned(items: Sequence[Positioned]) -> bytes:
+    """Events with their positions as SSE frames; an event without one has no `id:`."""
+    dumps = orjson.dumps
+    return b"".join([b"data: %b\n\n" % dumps(e) if p is None
+                     else b"id: %d\ndata: %b\n\n" % (p, dumps(e)) for p, e in items])
 
 
 async def _start_sse(request: Request) -> None:
@@ -338,9 +358,11 @@ async def stream_run(request: Request, run: ActiveRun,
     stream = _Stream()
     loop = asyncio.get_running_loop()
 
+    with_ids = encode is encode_sse
+
     async def write(batch: Sequence[Event]) -> None:
         try:
-            body = encode(batch)
+            body = encode_sse(batch, run.batch_position(batch)) if with_ids else encode(batch)
         except (orjson.JSONEncodeError, TypeError):
             # An agent produced what JSON cannot carry: send the rest, not a broken stream.
             safe = replayable(batch)
@@ -363,8 +385,10 @@ async def stream_run(request: Request, run: ActiveRun,
         await _end(request)
 
 
-async def stream_events(request: Request, batches: Any) -> None:
-    """Write an async iterator of event batches as SSE; stop reading when the client leaves."""
+async def stream_events(request: Request, batches: AsyncIterator[Sequence[Positioned]]
+                        ) -> None:
+    """Write an async iterator of batches of positioned events as SSE (the position as each
+    frame's `id:`); stop reading when the client leaves."""
     await _start_sse(request)
     task = asyncio.current_task()
     left = False
@@ -380,9 +404,9 @@ async def stream_events(request: Request, batches: Any) -> None:
         async for batch in batches:
             if batch:
                 try:
-                    body = encode_sse(batch)
+                    body = encode_positioned(batch)
                 except (orjson.JSONEncodeError, TypeError):
-                    safe = replayable(batch)
+                    safe = replayable([e for _, e in batch])
                     body = encode_sse(safe) if safe else b""
                 if body:
                     await request.send({"type": "http.response.body", "body": body,

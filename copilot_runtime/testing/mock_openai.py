@@ -98,7 +98,10 @@ def _plan(body: dict[str, Any], delay: float) -> _Plan:
 class MockOpenAIServer(LoopbackServer):
     """The mock as an object: ``async with MockOpenAIServer() as llm: llm.base_url``.
 
-    ``requests`` holds every request body received, parsed, for assertions.
+    ``requests`` holds every request body received, parsed, for assertions; ``headers`` the
+    headers of each (names lower-cased), and ``statuses`` a status to answer the next
+    requests with before their plan (e.g. ``[503, 429]``: two failures, then the answer;
+    ``retry_after`` adds that `Retry-After` to them).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, chunks: int = 10,
@@ -107,6 +110,9 @@ class MockOpenAIServer(LoopbackServer):
         self.chunks = chunks
         self.delay = delay_ms / 1000
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.statuses: list[int] = []
+        self.retry_after: str | None = None
         self.record = True
         self.active_streams = 0
         #: Streams the client abandoned before their end (a stop or a disconnect upstream).
@@ -136,6 +142,13 @@ class MockOpenAIServer(LoopbackServer):
             return _error(400, "invalid JSON body", "invalid_request_error")
         if self.record:
             self.requests.append(body)
+            self.headers.append({k.lower(): v for k, v in request.headers.items()})
+        if self.statuses:
+            status = self.statuses.pop(0)
+            failure = _error(status, f"mock error {status}", "server_error")
+            if self.retry_after is not None:
+                failure.headers["Retry-After"] = self.retry_after
+            return failure
         plan = _plan(body, self.delay)
         chunks = plan.chunks or int(request.query.get("chunks", self.chunks))
         if plan.error_status is not None:

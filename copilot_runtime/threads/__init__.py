@@ -1,8 +1,67 @@
-"""Thread storage: the interface and its implementations."""
+"""Thread storage: the interface, its implementations, and `thread_store(url)`."""
 
-from copilot_runtime.threads.base import StoredRun, ThreadOwner, ThreadRecord, ThreadStore
+from __future__ import annotations
+
+import urllib.parse
+from typing import TYPE_CHECKING
+
+from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime.threads.base import (
+    INTERRUPTED_CODE,
+    DurableThreadStore,
+    Positioned,
+    StoredRun,
+    ThreadOwner,
+    ThreadRecord,
+    ThreadStore,
+)
 from copilot_runtime.threads.memory import InMemoryThreadStore
 from copilot_runtime.threads.sqlite import SQLiteThreadStore
 
-__all__ = ["InMemoryThreadStore", "SQLiteThreadStore", "StoredRun", "ThreadOwner", "ThreadRecord",
-           "ThreadStore"]
+if TYPE_CHECKING:
+    from copilot_runtime.threads.postgres import PostgresThreadStore
+
+__all__ = ["INTERRUPTED_CODE", "DurableThreadStore", "InMemoryThreadStore", "Positioned",
+           "PostgresThreadStore", "SQLiteThreadStore", "StoredRun", "ThreadOwner",
+           "ThreadRecord", "ThreadStore", "thread_store"]
+
+
+def thread_store(url: str) -> ThreadStore:
+    """The store `url` names: `memory://`, `sqlite:///relative/path` (or
+    `sqlite:////absolute/path`), or `postgresql://user@host:port/db?schema=NAME` (the
+    `postgres` extra; the schema is created if missing, `public` by default)."""
+    scheme, _, rest = url.partition(":")
+    scheme = scheme.lower()
+    if scheme == "memory":
+        return InMemoryThreadStore()
+    if scheme == "sqlite":
+        if not rest.startswith("///") or len(rest) <= 3:
+            raise ConfigurationError(
+                "A SQLite thread store URL looks like sqlite:///relative/path or "
+                f"sqlite:////absolute/path, got {url!r}")
+        return SQLiteThreadStore(urllib.parse.unquote(rest[3:].split("?", 1)[0]))
+    if scheme in ("postgres", "postgresql"):
+        parts = urllib.parse.urlsplit(url)
+        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        schema = next((v for k, v in query if k == "schema"), "public") or "public"
+        conninfo = urllib.parse.urlunsplit(parts._replace(
+            scheme="postgresql", query=urllib.parse.urlencode(
+                [(k, v) for k, v in query if k != "schema"])))
+        try:
+            from copilot_runtime.threads.postgres import PostgresThreadStore
+        except ImportError as exc:
+            raise ConfigurationError(
+                "thread_store('postgresql://...') needs the postgres extra: pip install "
+                f"'copilot-runtime[postgres]' ({exc.name} is missing)") from None
+        return PostgresThreadStore(conninfo, schema=schema)
+    raise ConfigurationError(
+        f"Unsupported thread store URL {url.split('@')[-1]!r}: use memory://, "
+        "sqlite:///path or postgresql://user@host:port/db?schema=NAME")
+
+
+def __getattr__(name: str) -> object:
+    if name == "PostgresThreadStore":
+        from copilot_runtime.threads.postgres import PostgresThreadStore
+
+        return PostgresThreadStore
+    raise AttributeError(name)

@@ -1,20 +1,57 @@
 """Where threads live between runs: the interface every store implements.
 
 A thread is the runs made on it (each kept as its compacted events) plus the ids of the
-messages it has seen. The runtime writes a run once, when it ends; `connect` and the thread
-routes read them back. Stores are async so durable ones (SQLite, PostgreSQL, Redis) fit the
-same interface; the in-memory store is the default.
+messages it has seen. Every event of a thread has a *position*: an integer that increases
+through the thread, given by the runtime as the run streams (the SSE `id:` of `run` and
+`connect`). A finished run keeps the positions of its first and last event; its compacted
+events have no positions of their own in between.
+
+Durable stores (SQLite, PostgreSQL) also keep a running run's events, written in batches
+while it streams (`append_events`), so another worker can follow the run and nothing that
+was streamed is lost if its worker dies: `open_runs` lists the runs left open and
+`close_interrupted` ends one with what had been streamed, the events that close what was
+left open, and a `RUN_ERROR` coded `RUN_INTERRUPTED`. Those raw events are kept for
+`raw_retention` seconds after their run ends, so a client that resumes with
+`Last-Event-ID` in the middle of a run gets exactly the rest of it; after that window a
+resume inside that run replays it whole.
+
+`events_after(thread_id, position)` is what `connect` reads: the events after `position`
+(all of them for -1) as pairs (position, event); events inside a compacted run have the
+position None and the run's last event has its last position.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import builtins
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from copilot_runtime import events as ev
+from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event
 
-__all__ = ["StoredRun", "ThreadOwner", "ThreadRecord", "ThreadStore"]
+__all__ = [
+    "INTERRUPTED_CODE",
+    "DurableThreadStore",
+    "Positioned",
+    "StoredRun",
+    "ThreadOwner",
+    "ThreadRecord",
+    "ThreadStore",
+    "interrupted_tail",
+    "positioned_runs",
+    "title_of",
+]
+
+#: The code of the `RUN_ERROR` that ends a run whose worker stopped before it did.
+INTERRUPTED_CODE = "RUN_INTERRUPTED"
+_INTERRUPTED_MESSAGE = "The run was interrupted: the server driving it stopped"
+#: Longest thread title, in characters.
+_TITLE_LENGTH = 80
+
+#: An event and its position in the thread (None inside a compacted run).
+Positioned = tuple[int | None, Event]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +73,9 @@ class StoredRun:
     created_at: float
     #: The events' size as encoded JSON, when the writer measured it (0: not measured).
     size: int = 0
+    #: Positions in the thread of the run's first and last streamed event (-1: unknown).
+    first_position: int = -1
+    last_position: int = -1
 
 
 @dataclass(slots=True)
@@ -47,6 +87,12 @@ class ThreadRecord:
     runs: list[StoredRun] = field(default_factory=list)
     message_ids: set[str] = field(default_factory=set)
     owner: ThreadOwner | None = None
+    #: A name given with `rename`, or None.
+    name: str | None = None
+    #: The first user message's text, shortened: what a list of threads shows.
+    title: str = ""
+    #: The position the thread's next event gets.
+    next_position: int = 0
 
     @property
     def state(self) -> Any:
@@ -61,22 +107,114 @@ class ThreadRecord:
 @runtime_checkable
 class ThreadStore(Protocol):
     async def get(self, thread_id: str) -> ThreadRecord | None:
-        """The thread, or None if it never finished a run."""
+        """The thread with its finished runs, or None if it never started a run."""
         ...
 
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
                          message_ids: Iterable[str], *, owner: ThreadOwner | None = None
                          ) -> None:
-        """Record a finished run and the message ids it saw or produced.
+        """Record a finished run (compacted) and the message ids it saw or produced; a run
+        whose events `append_events` wrote is closed.
 
         `owner` is recorded only when the run creates the thread.
         """
         ...
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
-                   owner: ThreadOwner | None = None) -> list[ThreadRecord]:
-        """Threads, newest first, optionally only those of one agent and of one owner."""
+                   owner: ThreadOwner | None = None, offset: int = 0) -> list[ThreadRecord]:
+        """Threads without their runs, newest first, optionally only those of one agent and
+        of one owner; `offset` skips that many (pages)."""
+        ...
+
+    async def events_after(self, thread_id: str, position: int
+                           ) -> builtins.list[Positioned]:
+        """The thread's events after `position` (-1: all), a running run's included."""
+        ...
+
+    async def rename(self, thread_id: str, name: str | None) -> bool:
+        """Give the thread a name (None: none); False if there is no such thread."""
+        ...
+
+    async def delete(self, thread_id: str) -> bool:
+        """Forget the thread and everything in it; False if there was none."""
         ...
 
     async def aclose(self) -> None:
         ...
+
+
+@runtime_checkable
+class DurableThreadStore(ThreadStore, Protocol):
+    """A store other processes can read, that keeps running runs' events as they stream."""
+
+    #: Seconds a finished run's raw events are kept for exact resumes.
+    raw_retention: float
+
+    async def append_events(self, thread_id: str, agent_id: str, run_id: str,
+                            created_at: float, first_position: int, events: Sequence[Event],
+                            *, owner: ThreadOwner | None = None) -> None:
+        """Write a running run's next events, the first at `first_position`; the first call
+        opens the run (and creates the thread for `owner`)."""
+        ...
+
+    async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
+                         message_ids: Iterable[str], *, owner: ThreadOwner | None = None,
+                         raw_first: int = -1, raw: Sequence[Event] = ()) -> None:
+        """`ThreadStore.append_run`, with the run's raw events not written yet (the first at
+        `raw_first`) written in the same transaction."""
+        ...
+
+    async def open_runs(self) -> builtins.list[tuple[str, str]]:
+        """(thread id, run id) of every run opened and never closed."""
+        ...
+
+    async def close_interrupted(self, thread_id: str, run_id: str) -> bool:
+        """Close an open run with what it had streamed, marked as interrupted; False if it
+        was not open (another worker closed it first)."""
+        ...
+
+
+def title_of(events: Sequence[Event]) -> str:
+    """The text of the first user message a run's input carried, shortened."""
+    for event in events:
+        if event.get("type") != ev.RUN_STARTED:
+            continue
+        messages = (event.get("input") or {}).get("messages") or ()
+        for message in messages:
+            if isinstance(message, dict) and message.get("role") == "user":
+                content = message.get("content")
+                if isinstance(content, list):
+                    content = " ".join(part.get("text", "") for part in content
+                                       if isinstance(part, dict)
+                                       and isinstance(part.get("text"), str))
+                if isinstance(content, str) and content.strip():
+                    text = " ".join(content.split())
+                    return text if len(text) <= _TITLE_LENGTH \
+                        else text[:_TITLE_LENGTH - 1] + "…"
+        break
+    return ""
+
+
+def interrupted_tail(events: Sequence[Event], thread_id: str, run_id: str) -> list[Event]:
+    """What closes a run cut off after `events`: the ends of what was left open, then a
+    `RUN_ERROR` saying it was interrupted (nothing if it had already ended)."""
+    order = RunEventOrder(thread_id, run_id)
+    order.normalize(events)
+    if order.terminated:
+        return []
+    tail = order.closing_events()
+    tail.append(ev.run_error(_INTERRUPTED_MESSAGE, code=INTERRUPTED_CODE))
+    return tail
+
+
+def positioned_runs(runs: Iterable[StoredRun], position: int) -> list[Positioned]:
+    """The events of finished runs after `position`, as `events_after` returns them.
+
+    A run that `position` falls inside is replayed whole (its raw events are gone)."""
+    out: list[Positioned] = []
+    for run in runs:
+        if not run.events or (run.last_position >= 0 and run.last_position <= position):
+            continue
+        out.extend((None, event) for event in run.events[:-1])
+        out.append((run.last_position if run.last_position >= 0 else None, run.events[-1]))
+    return out

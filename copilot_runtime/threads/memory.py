@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -9,7 +10,14 @@ import orjson
 import structlog
 
 from copilot_runtime.events import Event
-from copilot_runtime.threads.base import StoredRun, ThreadOwner, ThreadRecord
+from copilot_runtime.threads.base import (
+    Positioned,
+    StoredRun,
+    ThreadOwner,
+    ThreadRecord,
+    positioned_runs,
+    title_of,
+)
 
 __all__ = ["DEFAULT_MAX_BYTES", "InMemoryThreadStore"]
 
@@ -51,7 +59,7 @@ class InMemoryThreadStore:
         record = self._threads.get(thread_id)
         if record is None:
             record = ThreadRecord(thread_id, agent_id, run.created_at, run.created_at,
-                                  owner=owner)
+                                  owner=owner, title=title_of(run.events))
             self._threads[thread_id] = record
             self._sizes[thread_id] = 0
         else:
@@ -63,6 +71,8 @@ class InMemoryThreadStore:
             del record.runs[: -self.max_runs_per_thread]
             self._grow(thread_id, -sum(r.size for r in dropped))
         record.updated_at = run.created_at
+        if run.last_position >= 0:
+            record.next_position = max(record.next_position, run.last_position + 1)
         record.message_ids.update(message_ids)
         self._evict(thread_id)
 
@@ -86,10 +96,30 @@ class InMemoryThreadStore:
                       bytes=run.size, store_bytes=self.bytes)
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
-                   owner: ThreadOwner | None = None) -> list[ThreadRecord]:
-        records = sorted(self._threads.values(), key=lambda r: r.updated_at, reverse=True)
+                   owner: ThreadOwner | None = None, offset: int = 0) -> list[ThreadRecord]:
+        records = sorted(self._threads.values(), key=lambda r: (r.updated_at, r.thread_id),
+                         reverse=True)
         return [r for r in records if (agent_id is None or r.agent_id == agent_id)
-                and (owner is None or r.owner == owner)][:limit]
+                and (owner is None or r.owner == owner)][offset:offset + limit]
+
+    async def events_after(self, thread_id: str, position: int
+                           ) -> builtins.list[Positioned]:
+        record = self._threads.get(thread_id)
+        return positioned_runs(record.runs, position) if record is not None else []
+
+    async def rename(self, thread_id: str, name: str | None) -> bool:
+        record = self._threads.get(thread_id)
+        if record is None:
+            return False
+        record.name = name
+        return True
+
+    async def delete(self, thread_id: str) -> bool:
+        record = self._threads.pop(thread_id, None)
+        if record is None:
+            return False
+        self.bytes -= self._sizes.pop(thread_id)
+        return True
 
     async def aclose(self) -> None:
         self._threads.clear()

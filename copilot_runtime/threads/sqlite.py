@@ -1,8 +1,10 @@
 """A thread store in an embedded SQLite file: threads survive a restart, no server needed.
 
 The standard library's `sqlite3` runs in a worker thread so the event loop never waits on
-the disk; a store makes one write transaction per finished run. WAL mode lets readers
-(`connect`, the thread routes) proceed while a run is written.
+the disk. WAL mode lets readers (`connect`, the thread routes) proceed while a run is
+written, and lets the worker processes of one machine share the file. The schema is
+versioned; `_MIGRATIONS` run at start-up inside one write transaction, so processes that
+open the same new file together migrate it once.
 """
 
 from __future__ import annotations
@@ -11,19 +13,35 @@ import asyncio
 import builtins
 import sqlite3
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
 
-from copilot_runtime.threads.base import StoredRun, ThreadOwner, ThreadRecord
+from copilot_runtime.events import Event
+from copilot_runtime.threads._rows import (
+    Chunk,
+    RunRow,
+    closed_run,
+    events_after,
+    message_ids_of,
+)
+from copilot_runtime.threads.base import (
+    Positioned,
+    StoredRun,
+    ThreadOwner,
+    ThreadRecord,
+    title_of,
+)
 
 __all__ = ["SQLiteThreadStore"]
 
 _T = TypeVar("_T")
 
-_SCHEMA = """
+#: Version 1: the tables of the first releases (owners added to files made before them).
+_V1 = """
 CREATE TABLE IF NOT EXISTS threads (
     thread_id TEXT PRIMARY KEY,
     agent_id TEXT NOT NULL,
@@ -46,80 +64,161 @@ CREATE TABLE IF NOT EXISTS message_ids (
 ) WITHOUT ROWID;
 """
 
+#: Version 2: names and titles, positions, runs written while they stream.
+_V2 = """
+ALTER TABLE threads ADD COLUMN name TEXT;
+ALTER TABLE threads ADD COLUMN title TEXT NOT NULL DEFAULT '';
+ALTER TABLE threads ADD COLUMN next_position INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN open INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN first_position INTEGER NOT NULL DEFAULT -1;
+ALTER TABLE runs ADD COLUMN last_position INTEGER NOT NULL DEFAULT -1;
+ALTER TABLE runs ADD COLUMN ended_at REAL;
+CREATE INDEX runs_open ON runs (open) WHERE open = 1;
+CREATE TABLE run_events (
+    thread_id TEXT NOT NULL REFERENCES threads (thread_id) ON DELETE CASCADE,
+    first_position INTEGER NOT NULL,
+    last_position INTEGER NOT NULL,
+    run_id TEXT NOT NULL,
+    events BLOB NOT NULL,
+    PRIMARY KEY (thread_id, first_position)
+);
+"""
+
+
+def _v1(db: sqlite3.Connection) -> None:
+    for statement in _V1.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    columns = {row[1] for row in db.execute("PRAGMA table_info(threads)")}
+    for name in ("owner_id", "tenant"):
+        if name not in columns:
+            db.execute(f"ALTER TABLE threads ADD COLUMN {name} TEXT")
+    db.execute("CREATE INDEX IF NOT EXISTS threads_by_owner ON threads "
+               "(owner_id, tenant, updated_at)")
+
+
+def _v2(db: sqlite3.Connection) -> None:
+    for statement in _V2.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2)
+
 
 class SQLiteThreadStore:
-    def __init__(self, path: str | Path) -> None:
+    #: Seconds a finished run's raw events are kept, for exact `Last-Event-ID` resumes.
+    raw_retention = 600.0
+
+    def __init__(self, path: str | Path, *, raw_retention: float | None = None) -> None:
         self.path = str(path)
+        if raw_retention is not None:
+            self.raw_retention = raw_retention
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                   timeout=30)
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.executescript(_SCHEMA)
-            _add_owner_columns(self._db)
+            self._migrate()
 
-    async def _call(self, fn: Any, *args: Any) -> Any:
-        def locked() -> Any:
-            with self._lock:
-                return fn(*args)
-
-        return await asyncio.to_thread(locked)
-
-    async def get(self, thread_id: str) -> ThreadRecord | None:
-        result: ThreadRecord | None = await self._call(self._get, thread_id)
-        return result
-
-    def _get(self, thread_id: str) -> ThreadRecord | None:
-        row = self._db.execute(
-            "SELECT agent_id, created_at, updated_at, owner_id, tenant FROM threads "
-            "WHERE thread_id = ?", (thread_id,)).fetchone()
-        if row is None:
-            return None
-        record = ThreadRecord(thread_id, row[0], row[1], row[2], owner=_owner(row[3], row[4]))
-        for run_id, created_at, events in self._db.execute(
-                "SELECT run_id, created_at, events FROM runs WHERE thread_id = ? ORDER BY seq",
-                (thread_id,)):
-            record.runs.append(StoredRun(run_id, orjson.loads(events), created_at))
-        record.message_ids = {m for (m,) in self._db.execute(
-            "SELECT message_id FROM message_ids WHERE thread_id = ?", (thread_id,))}
-        return record
-
-    async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
-                         message_ids: Iterable[str], *, owner: ThreadOwner | None = None
-                         ) -> None:
-        await self._call(self._append, thread_id, agent_id, run, list(message_ids), owner)
-
-    def _append(self, thread_id: str, agent_id: str, run: StoredRun,
-                message_ids: list[str], owner: ThreadOwner | None) -> None:
+    def _migrate(self) -> None:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            db.execute(
-                "INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, "
-                "tenant) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id) DO UPDATE SET "
-                "updated_at = excluded.updated_at",
-                (thread_id, agent_id, run.created_at, run.created_at,
-                 owner.principal_id if owner else None, owner.tenant if owner else None))
-            (seq,) = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM runs WHERE thread_id = ?",
-                                (thread_id,)).fetchone()
-            db.execute("INSERT INTO runs (thread_id, seq, run_id, created_at, events) "
-                       "VALUES (?, ?, ?, ?, ?)",
-                       (thread_id, seq, run.run_id, run.created_at, orjson.dumps(run.events)))
-            db.executemany("INSERT OR IGNORE INTO message_ids (thread_id, message_id) "
-                           "VALUES (?, ?)", [(thread_id, m) for m in message_ids])
+            db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = db.execute("SELECT version FROM schema_version").fetchone()
+            version = row[0] if row else 0
+            for number, migration in enumerate(_MIGRATIONS, start=1):
+                if number > version:
+                    migration(db)
+            if row is None:
+                db.execute("INSERT INTO schema_version VALUES (?)", (len(_MIGRATIONS),))
+            else:
+                db.execute("UPDATE schema_version SET version = ?",
+                           (max(version, len(_MIGRATIONS)),))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
 
-    async def list(self, agent_id: str | None = None, limit: int = 100, *,
-                   owner: ThreadOwner | None = None) -> list[ThreadRecord]:
-        result: list[ThreadRecord] = await self._call(self._list, agent_id, limit, owner)
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            (version,) = self._db.execute("SELECT version FROM schema_version").fetchone()
+        return int(version)
+
+    async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
+        def locked() -> _T:
+            with self._lock:
+                return fn(*args)
+
+        return await asyncio.to_thread(locked)
+
+    def _write(self, fn: Callable[..., _T], *args: Any) -> _T:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(*args)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
         return result
 
-    def _list(self, agent_id: str | None, limit: int,
-              owner: ThreadOwner | None) -> builtins.list[ThreadRecord]:
+    # -- reading -----------------------------------------------------------------------
+
+    async def get(self, thread_id: str) -> ThreadRecord | None:
+        return await self._call(self._get, thread_id)
+
+    def _get(self, thread_id: str) -> ThreadRecord | None:
+        row = self._db.execute(
+            "SELECT agent_id, created_at, updated_at, owner_id, tenant, name, title, "
+            "next_position FROM threads WHERE thread_id = ?", (thread_id,)).fetchone()
+        if row is None:
+            return None
+        record = _record(thread_id, row)
+        for run_id, created_at, events, first, last in self._db.execute(
+                "SELECT run_id, created_at, events, first_position, last_position FROM runs "
+                "WHERE thread_id = ? AND open = 0 ORDER BY seq", (thread_id,)):
+            record.runs.append(StoredRun(run_id, orjson.loads(events), created_at,
+                                         len(events), first, last))
+        record.message_ids = {m for (m,) in self._db.execute(
+            "SELECT message_id FROM message_ids WHERE thread_id = ?", (thread_id,))}
+        return record
+
+    async def events_after(self, thread_id: str, position: int) -> list[Positioned]:
+        return await self._call(self._events_after, thread_id, position)
+
+    def _events_after(self, thread_id: str, position: int) -> builtins.list[Positioned]:
+        runs = [RunRow(run_id, bool(is_open), first, last,
+                       [] if is_open or (0 <= last <= position) else orjson.loads(events))
+                for run_id, is_open, first, last, events in self._db.execute(
+                    "SELECT run_id, open, first_position, last_position, events FROM runs "
+                    "WHERE thread_id = ? AND (open = 1 OR last_position < 0 "
+                    "OR last_position > ?) ORDER BY seq", (thread_id, position))]
+        chunks = self._chunks(thread_id, position)
+        return events_after(runs, chunks, position)
+
+    def _chunks(self, thread_id: str, position: int,
+                run_id: str | None = None) -> builtins.list[Chunk]:
+        query = ("SELECT run_id, first_position, events FROM run_events WHERE thread_id = ? "
+                 "AND last_position > ?")
+        args: builtins.list[Any] = [thread_id, position]
+        if run_id is not None:
+            query += " AND run_id = ?"
+            args.append(run_id)
+        return [Chunk(r, first, orjson.loads(events))
+                for r, first, events in self._db.execute(query, args)]
+
+    async def list(self, agent_id: str | None = None, limit: int = 100, *,
+                   owner: ThreadOwner | None = None, offset: int = 0
+                   ) -> builtins.list[ThreadRecord]:
+        return await self._call(self._list, agent_id, limit, owner, offset)
+
+    def _list(self, agent_id: str | None, limit: int, owner: ThreadOwner | None,
+              offset: int) -> builtins.list[ThreadRecord]:
         where: builtins.list[str] = []
         args: builtins.list[Any] = []
         if agent_id is not None:
@@ -129,29 +228,140 @@ class SQLiteThreadStore:
             where.append("owner_id = ? AND tenant IS ?")
             args.extend((owner.principal_id, owner.tenant))
         rows = self._db.execute(
-            "SELECT thread_id, agent_id, created_at, updated_at, owner_id, tenant FROM threads "
+            "SELECT thread_id, agent_id, created_at, updated_at, owner_id, tenant, name, "
+            "title, next_position FROM threads "
             + ("WHERE " + " AND ".join(where) + " " if where else "")
-            + "ORDER BY updated_at DESC LIMIT ?", (*args, limit))
-        return [ThreadRecord(row[0], row[1], row[2], row[3], owner=_owner(row[4], row[5]))
-                for row in rows]
+            + "ORDER BY updated_at DESC, thread_id DESC LIMIT ? OFFSET ?",
+            (*args, limit, offset))
+        return [_record(row[0], row[1:]) for row in rows]
+
+    async def open_runs(self) -> builtins.list[tuple[str, str]]:
+        return await self._call(lambda: [
+            (t, r) for t, r in self._db.execute(
+                "SELECT thread_id, run_id FROM runs WHERE open = 1 ORDER BY created_at")])
+
+    # -- writing -----------------------------------------------------------------------
+
+    def _thread(self, thread_id: str, agent_id: str, created_at: float,
+                owner: ThreadOwner | None, events: Sequence[Event]) -> None:
+        self._db.execute(
+            "INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, "
+            "tenant, title) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id) DO UPDATE "
+            "SET updated_at = max(threads.updated_at, excluded.updated_at)",
+            (thread_id, agent_id, created_at, created_at,
+             owner.principal_id if owner else None, owner.tenant if owner else None,
+             title_of(events)))
+
+    def _open_seq(self, thread_id: str, run_id: str) -> int | None:
+        row = self._db.execute("SELECT seq FROM runs WHERE thread_id = ? AND run_id = ? "
+                               "AND open = 1", (thread_id, run_id)).fetchone()
+        return None if row is None else int(row[0])
+
+    def _next_seq(self, thread_id: str) -> int:
+        (seq,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM runs "
+                                  "WHERE thread_id = ?", (thread_id,)).fetchone()
+        return int(seq)
+
+    def _advance(self, thread_id: str, last_position: int) -> None:
+        self._db.execute("UPDATE threads SET next_position = max(next_position, ?) "
+                         "WHERE thread_id = ?", (last_position + 1, thread_id))
+
+    async def append_events(self, thread_id: str, agent_id: str, run_id: str,
+                            created_at: float, first_position: int, events: Sequence[Event],
+                            *, owner: ThreadOwner | None = None) -> None:
+        await self._call(self._write, self._append_events, thread_id, agent_id, run_id,
+                         created_at, first_position, orjson.dumps(events), events, owner)
+
+    def _append_events(self, thread_id: str, agent_id: str, run_id: str, created_at: float,
+                       first_position: int, blob: bytes, events: Sequence[Event],
+                       owner: ThreadOwner | None) -> None:
+        self._thread(thread_id, agent_id, created_at, owner, events)
+        if self._open_seq(thread_id, run_id) is None:
+            self._db.execute(
+                "INSERT INTO runs (thread_id, seq, run_id, created_at, events, open, "
+                "first_position) VALUES (?, ?, ?, ?, x'5b5d', 1, ?)",
+                (thread_id, self._next_seq(thread_id), run_id, created_at, first_position))
+        if events:
+            self._db.execute("INSERT OR REPLACE INTO run_events (thread_id, first_position, "
+                             "last_position, run_id, events) VALUES (?, ?, ?, ?, ?)",
+                             (thread_id, first_position, first_position + len(events) - 1,
+                              run_id, blob))
+            self._advance(thread_id, first_position + len(events) - 1)
+
+    async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
+                         message_ids: Iterable[str], *, owner: ThreadOwner | None = None,
+                         raw_first: int = -1, raw: Sequence[Event] = ()) -> None:
+        await self._call(self._write, self._append, thread_id, agent_id, run,
+                         orjson.dumps(run.events), builtins.list(message_ids), owner,
+                         raw_first, orjson.dumps(raw) if raw else b"", raw)
+
+    def _append(self, thread_id: str, agent_id: str, run: StoredRun, blob: bytes,
+                message_ids: builtins.list[str], owner: ThreadOwner | None,
+                raw_first: int, raw_blob: bytes, raw: Sequence[Event]) -> None:
+        db = self._db
+        if raw and raw_first >= 0:
+            self._append_events(thread_id, agent_id, run.run_id, run.created_at, raw_first,
+                                raw_blob, raw, owner)
+        self._thread(thread_id, agent_id, run.created_at, owner, run.events)
+        seq = self._open_seq(thread_id, run.run_id)
+        now = time.time()
+        if seq is None:
+            db.execute("INSERT INTO runs (thread_id, seq, run_id, created_at, events, "
+                       "first_position, last_position, ended_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (thread_id, self._next_seq(thread_id), run.run_id, run.created_at, blob,
+                        run.first_position, run.last_position, now))
+        else:
+            db.execute("UPDATE runs SET events = ?, open = 0, last_position = ?, ended_at = ? "
+                       "WHERE thread_id = ? AND seq = ?",
+                       (blob, run.last_position, now, thread_id, seq))
+        if run.last_position >= 0:
+            self._advance(thread_id, run.last_position)
+        db.executemany("INSERT OR IGNORE INTO message_ids (thread_id, message_id) "
+                       "VALUES (?, ?)", [(thread_id, m) for m in message_ids])
+        db.execute("DELETE FROM run_events WHERE thread_id = ? AND run_id IN (SELECT run_id "
+                   "FROM runs WHERE thread_id = ? AND open = 0 AND ended_at < ?)",
+                   (thread_id, thread_id, now - self.raw_retention))
+
+    async def close_interrupted(self, thread_id: str, run_id: str) -> bool:
+        return await self._call(self._write, self._close_interrupted, thread_id, run_id)
+
+    def _close_interrupted(self, thread_id: str, run_id: str) -> bool:
+        row = self._db.execute(
+            "SELECT seq, first_position, created_at FROM runs WHERE thread_id = ? "
+            "AND run_id = ? AND open = 1", (thread_id, run_id)).fetchone()
+        if row is None:
+            return False
+        seq, first, _created = row
+        chunks = self._chunks(thread_id, -1, run_id)
+        tail, tail_first, compacted, last = closed_run(thread_id, run_id, first, chunks)
+        if tail:
+            self._db.execute("INSERT OR REPLACE INTO run_events (thread_id, first_position, "
+                             "last_position, run_id, events) VALUES (?, ?, ?, ?, ?)",
+                             (thread_id, tail_first, last, run_id, orjson.dumps(tail)))
+        self._db.execute("UPDATE runs SET events = ?, open = 0, last_position = ?, "
+                         "ended_at = ? WHERE thread_id = ? AND seq = ?",
+                         (orjson.dumps(compacted), last, time.time(), thread_id, seq))
+        self._advance(thread_id, last)
+        self._db.executemany("INSERT OR IGNORE INTO message_ids (thread_id, message_id) "
+                             "VALUES (?, ?)", [(thread_id, m) for m in message_ids_of(compacted)])
+        return True
+
+    async def rename(self, thread_id: str, name: str | None) -> bool:
+        return await self._call(self._write, lambda: self._db.execute(
+            "UPDATE threads SET name = ? WHERE thread_id = ?", (name, thread_id)
+        ).rowcount > 0)
+
+    async def delete(self, thread_id: str) -> bool:
+        return await self._call(self._write, lambda: self._db.execute(
+            "DELETE FROM threads WHERE thread_id = ?", (thread_id,)).rowcount > 0)
 
     async def aclose(self) -> None:
         with self._lock:
             self._db.close()
 
 
-# -- thread owners (issue 11): two nullable columns, added to databases made before them ----
-
-def _add_owner_columns(db: sqlite3.Connection) -> None:
-    """Add `owner_id` and `tenant` to a `threads` table that lacks them (rows keep NULL:
-    threads started without authentication have no owner)."""
-    columns = {row[1] for row in db.execute("PRAGMA table_info(threads)")}
-    for name in ("owner_id", "tenant"):
-        if name not in columns:
-            db.execute(f"ALTER TABLE threads ADD COLUMN {name} TEXT")
-    db.execute("CREATE INDEX IF NOT EXISTS threads_by_owner ON threads "
-               "(owner_id, tenant, updated_at)")
-
-
-def _owner(owner_id: str | None, tenant: str | None) -> ThreadOwner | None:
-    return ThreadOwner(owner_id, tenant) if owner_id is not None else None
+def _record(thread_id: str, row: Sequence[Any]) -> ThreadRecord:
+    agent_id, created_at, updated_at, owner_id, tenant, name, title, next_position = row
+    return ThreadRecord(thread_id, agent_id, created_at, updated_at,
+                        owner=ThreadOwner(owner_id, tenant) if owner_id is not None else None,
+                        name=name, title=title or "", next_position=next_position)

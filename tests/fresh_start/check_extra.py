@@ -130,6 +130,18 @@ async def check_postgres() -> None:
     schema = f"fresh_{uuid.uuid4().hex[:12]}"
     try:
         await run_graph_on(f"{server}?schema={schema}")
+        # The thread store on the same schema: a chat is stored and read back.
+        from copilot_runtime import CopilotRuntime, DemoAdapter, thread_store
+
+        store = thread_store(f"{server}?schema={schema}")
+        events = await run_events(CopilotRuntime(service_adapter=DemoAdapter(delay=0),
+                                                 thread_store=store), "default", "hi")
+        assert types(events)[-1] == "RUN_FINISHED", types(events)
+        reread = thread_store(f"{server}?schema={schema}")
+        record = await reread.get(events[0]["threadId"])
+        await reread.aclose()
+        assert record is not None
+        assert len(record.runs) == 1, record
     finally:
         with psycopg.connect(server, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

@@ -9,20 +9,9 @@ from __future__ import annotations
 
 import os
 
-from copilot_runtime import CopilotRuntime, Principal
+from copilot_runtime import CopilotRuntime, Principal, thread_store
 from copilot_runtime.auth import RequestInfo
 from tests.realclient_app import getWeather, mock_llm_adapter
-
-
-def _store() -> object:
-    url = os.environ["SCALE_THREADS"]
-    if url.startswith("sqlite:///"):
-        from copilot_runtime import SQLiteThreadStore
-
-        return SQLiteThreadStore(url.removeprefix("sqlite:///"))
-    from copilot_runtime import thread_store  # type: ignore[attr-defined]
-
-    return thread_store(url)
 
 
 class NamedCallers:
@@ -34,5 +23,5 @@ class NamedCallers:
 runtime = CopilotRuntime(auth=NamedCallers() if os.environ.get("SCALE_AUTH") else None,
                          service_adapter=mock_llm_adapter(),
                          actions=[getWeather],
-                         thread_store=_store(),  # type: ignore[arg-type]
+                         thread_store=thread_store(os.environ["SCALE_THREADS"]),
                          coordinator=os.environ.get("SCALE_COORDINATOR"))

@@ -7,8 +7,9 @@ TypeScript router does):
     POST agent/{agentId}/run          RunAgentInput in, AG-UI events out (SSE)
     POST agent/{agentId}/connect      the thread's runs replayed (compacted), then the live run
     POST agent/{agentId}/stop/{id}    stop the thread's active run
-    GET  threads[?agentId=]           threads, newest first
+    GET  threads[?agentId=&limit=&cursor=]   threads, newest first, a page at a time
     GET  threads/{id}/messages|events|state
+    PATCH threads/{id} {"name"}, DELETE threads/{id}   rename, forget
     GET  approvals, GET|POST approvals/{id}   pending approvals (see `approvals`)
     POST (the base path)              {method, params, body}: the same operations in one route
 
@@ -26,6 +27,7 @@ from copilot_runtime._exceptions import (
     ClientDisconnected,
     InvalidRequestError,
     RequestError,
+    ThreadBusyError,
     ThreadNotFoundError,
 )
 from copilot_runtime._input import parse_json_body, parse_run_input
@@ -45,9 +47,13 @@ from copilot_runtime.runtime import CopilotRuntime
 
 __all__ = ["AGUIProtocol"]
 
-_THREAD_ENDPOINTS = {"list": True, "inspect": True, "mutations": False,
+_THREAD_ENDPOINTS = {"list": True, "inspect": True, "mutations": True,
                      "realtimeMetadata": False}
 _NO_THREAD_ENDPOINTS = dict.fromkeys(_THREAD_ENDPOINTS, False)
+#: Threads per page of `GET threads` (`limit` may ask for up to `_MAX_PAGE`).
+_PAGE = 100
+_MAX_PAGE = 500
+_MAX_NAME = 200
 _ENVELOPE_METHODS = ("info", "agent/run", "agent/connect", "agent/stop")
 
 
@@ -89,8 +95,12 @@ class AGUIProtocol:
             return True
         threads = _thread_route(segments)
         if threads is not None:
-            if method not in ("GET", "HEAD"):
-                await send_method_not_allowed(request, b"GET")
+            changed, what = threads
+            if method in ("PATCH", "DELETE") and changed is not None and what is None:
+                await self._guarded(request, self._change_thread(request, changed))
+            elif method not in ("GET", "HEAD") or (changed is not None and what is None):
+                await send_method_not_allowed(
+                    request, b"PATCH, DELETE" if what is None and changed else b"GET")
             else:
                 await self._guarded(request, self._threads(request, *threads))
             return True
@@ -125,7 +135,8 @@ class AGUIProtocol:
         run_input = parse_run_input(data)
         if what == "connect":
             await stream_events(request, self.runtime.connect(
-                agent_id, run_input.thread_id, request=request.info))
+                agent_id, run_input.thread_id, request=request.info,
+                after=_last_event_id(request)))
             return
         run = await self.runtime.start_run(agent_id, run_input, request.forwardable_headers(),
                                            request=request.info)
@@ -168,12 +179,17 @@ class AGUIProtocol:
             query = urllib.parse.parse_qs(request.query.decode("latin-1"))
             agent_ids = query.get("agentId")
             agent_id = agent_ids[0] if agent_ids else None
-            records = await store.list(agent_id, owner=self.runtime.owner_filter(request.info))
+            offset = _query_int(query, "cursor", 0, 0, 2**31)
+            limit = _query_int(query, "limit", _PAGE, 1, _MAX_PAGE)
+            records = await store.list(agent_id, limit + 1, offset=offset,
+                                       owner=self.runtime.owner_filter(request.info))
             await send_json(request, 200, {"threads": [{
-                "id": r.thread_id, "name": None, "agentId": r.agent_id,
-                "organizationId": "", "createdById": "", "archived": False,
+                "id": r.thread_id, "name": r.name, "title": r.title, "agentId": r.agent_id,
+                "organizationId": "", "createdById": r.owner.principal_id if r.owner else "",
+                "archived": False,
                 "createdAt": iso_time(r.created_at), "updatedAt": iso_time(r.updated_at),
-            } for r in records], "nextCursor": None})
+            } for r in records[:limit]],
+                "nextCursor": str(offset + limit) if len(records) > limit else None})
             return
         record = await store.get(thread_id)
         if record is not None:
@@ -189,6 +205,31 @@ class AGUIProtocol:
             await send_json(request, 200, {"events": [e for r in record.runs for e in r.events]})
         else:
             await send_json(request, 200, {"state": record.state})
+
+    async def _change_thread(self, request: Request, thread_id: str) -> None:
+        """PATCH `{"name": ...}` renames a thread, DELETE forgets it; someone else's thread,
+        or a running one, is answered as the TypeScript runtime answers a missing one."""
+        body = await read_body(request, self.max_body_size) if request.method == "PATCH" \
+            else b""
+        owner = self.runtime.owner_filter(request.info)
+        record = await self.runtime.store.get(thread_id)
+        if record is None or (owner is not None and record.owner != owner):
+            raise ThreadNotFoundError(thread_id)
+        if request.method == "DELETE":
+            if await self.runtime.is_running_anywhere(thread_id):
+                raise ThreadBusyError(thread_id)
+            await self.runtime.store.delete(thread_id)
+            await send_json(request, 200, {"deleted": True, "id": thread_id})
+            return
+        data = parse_json_body(body)
+        name = data.get("name") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or set(data) - {"name"} or "name" not in data or not (
+                name is None or (isinstance(name, str) and len(name) <= _MAX_NAME)):
+            raise InvalidRequestError(
+                f"A thread update is {{\"name\": string of at most {_MAX_NAME} characters "
+                "or null}")
+        await self.runtime.store.rename(thread_id, name)
+        await send_json(request, 200, {"id": thread_id, "name": name})
 
     # -- single-route envelope ---------------------------------------------------------
 
@@ -243,9 +284,40 @@ async def _invalid(request: Request, message: str) -> None:
     await send_json(request, 400, {"error": "invalid_request", "message": message})
 
 
+def _last_event_id(request: Request) -> int:
+    """The position a resuming client saw last (`Last-Event-ID`), or -1 for everything."""
+    value = request.header("last-event-id")
+    if value is None or not value.strip():
+        return -1
+    try:
+        position = int(value.strip())
+    except ValueError:
+        raise InvalidRequestError("Last-Event-ID must be an event id this server sent"
+                                  ) from None
+    if position < -1 or position > 2**62:
+        raise InvalidRequestError("Last-Event-ID must be an event id this server sent")
+    return position
+
+
+def _query_int(query: dict[str, list[str]], name: str, default: int, low: int,
+               high: int) -> int:
+    values = query.get(name)
+    if not values:
+        return default
+    try:
+        value = int(values[0])
+    except ValueError:
+        raise InvalidRequestError(f"'{name}' must be an integer") from None
+    if not low <= value <= high:
+        raise InvalidRequestError(f"'{name}' must be between {low} and {high}")
+    return value
+
+
 def _thread_route(segments: list[str]) -> tuple[str | None, str | None] | None:
     if segments[-1:] == ["threads"]:
         return None, None
+    if len(segments) >= 2 and segments[-2] == "threads":
+        return urllib.parse.unquote(segments[-1]), None
     if len(segments) >= 3 and segments[-3] == "threads" and segments[-1] in (
             "messages", "events", "state"):
         return urllib.parse.unquote(segments[-2]), segments[-1]

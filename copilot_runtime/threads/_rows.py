@@ -1,0 +1,92 @@
+"""What the SQL stores share: reading a thread's events after a position from its rows,
+and closing a run left open."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import orjson
+
+from copilot_runtime import events as ev
+from copilot_runtime._compaction import compact_events
+from copilot_runtime.events import Event
+from copilot_runtime.threads.base import Positioned, interrupted_tail
+
+__all__ = ["Chunk", "RunRow", "closed_run", "events_after", "message_ids_of"]
+
+
+@dataclass(slots=True)
+class RunRow:
+    run_id: str
+    open: bool
+    first_position: int
+    last_position: int
+    events: list[Event]
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Raw events a running run wrote at once: positions first..first+len-1."""
+
+    run_id: str
+    first_position: int
+    events: list[Event]
+
+
+def events_after(runs: Sequence[RunRow], chunks: Iterable[Chunk],
+                 position: int) -> list[Positioned]:
+    """`ThreadStore.events_after` from a thread's runs (in order) and the raw chunks kept."""
+    raw: dict[str, list[Positioned]] = {}
+    for chunk in sorted(chunks, key=lambda c: c.first_position):
+        out = raw.setdefault(chunk.run_id, [])
+        for offset, event in enumerate(chunk.events):
+            if chunk.first_position + offset > position:
+                out.append((chunk.first_position + offset, event))
+    result: list[Positioned] = []
+    for run in runs:
+        if run.open:
+            result.extend(raw.get(run.run_id, ()))
+        elif run.last_position < 0 or run.last_position > position:
+            if 0 <= run.first_position <= position and run.run_id in raw:
+                result.extend(raw[run.run_id])  # resumed inside the run: the exact rest
+            elif run.events:
+                result.extend((None, event) for event in run.events[:-1])
+                result.append((run.last_position if run.last_position >= 0 else None,
+                               run.events[-1]))
+    return result
+
+
+def closed_run(thread_id: str, run_id: str, first_position: int,
+               chunks: Iterable[Chunk]) -> tuple[list[Event], int, list[Event], int]:
+    """An interrupted run's closing events, the position of the first of them, its
+    compacted events and its last position."""
+    streamed: list[Event] = []
+    next_position = first_position
+    for chunk in sorted(chunks, key=lambda c: c.first_position):
+        streamed.extend(chunk.events)
+        next_position = chunk.first_position + len(chunk.events)
+    if not streamed:
+        streamed = [ev.run_started(thread_id, run_id, {
+            "threadId": thread_id, "runId": run_id, "messages": [], "tools": [],
+            "context": []})]
+    tail = interrupted_tail(streamed, thread_id, run_id)
+    return tail, next_position, compact_events(streamed + tail), next_position + len(tail) - 1
+
+
+def message_ids_of(events: Iterable[Event]) -> set[str]:
+    ids: set[str] = set()
+    for event in events:
+        if event.get("type") == ev.RUN_STARTED:
+            for message in (event.get("input") or {}).get("messages") or ():
+                if isinstance(message, dict) and isinstance(message.get("id"), str):
+                    ids.add(message["id"])
+        for key in ("messageId", "parentMessageId"):
+            value = event.get(key)
+            if isinstance(value, str):
+                ids.add(value)
+    return ids
+
+
+def dumps(events: Sequence[Event]) -> bytes:
+    return orjson.dumps(events)

@@ -1,0 +1,259 @@
+"""Every thread store behaves the same: memory, SQLite and the real PostgreSQL.
+
+Positions, runs written while they stream, runs closed as interrupted, names, deletion,
+pages, owners and migrations are checked against each store through the one interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from copilot_runtime import events as ev
+from copilot_runtime import thread_store
+from copilot_runtime._compaction import compact_events
+from copilot_runtime.testing import verify_events
+from copilot_runtime.threads import (
+    INTERRUPTED_CODE,
+    DurableThreadStore,
+    SQLiteThreadStore,
+    StoredRun,
+    ThreadOwner,
+    ThreadStore,
+)
+from tests.hitl_support.postgres import SERVER, postgres_schema
+
+KINDS = ["memory", "sqlite", "postgresql"]
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    with postgres_schema() as url:
+        yield url
+
+
+@pytest.fixture(params=KINDS)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ThreadStore]:
+    if request.param == "memory":
+        made = thread_store("memory://")
+    elif request.param == "sqlite":
+        made = thread_store(f"sqlite:///{tmp_path}/threads.sqlite3")
+    else:
+        schema = f"store_{uuid.uuid4().hex[:10]}"
+        made = thread_store(f"{SERVER}?schema={schema}")
+    try:
+        yield made
+    finally:
+        await made.aclose()
+        if request.param == "postgresql":
+            with psycopg.connect(SERVER, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def _run(thread: str, run: str, text: str, user: str = "hello there") -> list[ev.Event]:
+    return [
+        ev.run_started(thread, run, {"threadId": thread, "runId": run, "messages": [
+            {"id": f"u-{run}", "role": "user", "content": user}]}),
+        ev.text_message_start(f"m-{run}"),
+        *[ev.text_message_content(f"m-{run}", piece) for piece in text.split(" ")],
+        ev.text_message_end(f"m-{run}"),
+        ev.run_finished(thread, run),
+    ]
+
+
+async def _finish(store: ThreadStore, thread: str, run: str, events: list[ev.Event],
+                  first: int, created: float = 1.0, owner: ThreadOwner | None = None) -> None:
+    compacted = compact_events(events)
+    await store.append_run(thread, "default", StoredRun(
+        run, compacted, created, 0, first, first + len(events) - 1),
+        [f"u-{run}", f"m-{run}"], owner=owner)
+
+
+def _durable(store: ThreadStore) -> DurableThreadStore:
+    if not isinstance(store, DurableThreadStore):
+        pytest.skip("the in-memory store keeps no running runs")
+    return store
+
+
+async def test_finished_runs_and_positions(store: ThreadStore) -> None:
+    assert await store.get("t") is None
+    assert await store.events_after("t", -1) == []
+    one = _run("t", "r1", "a b c")
+    await _finish(store, "t", "r1", one, 0)
+    two = _run("t", "r2", "d e")
+    await _finish(store, "t", "r2", two, len(one), created=2.0)
+    record = await store.get("t")
+    assert record is not None
+    assert [r.run_id for r in record.runs] == ["r1", "r2"]
+    assert record.next_position == len(one) + len(two)
+    assert record.message_ids >= {"u-r1", "m-r1", "u-r2", "m-r2"}
+    assert record.title == "hello there"
+    assert record.runs[0].first_position == 0
+    assert record.runs[0].last_position == len(one) - 1
+    everything = await store.events_after("t", -1)
+    # Compacted runs: no positions inside, the run's last position on its last event.
+    assert [p for p, _ in everything if p is not None] == [len(one) - 1,
+                                                          len(one) + len(two) - 1]
+    verify_events([e for _, e in everything][:len(compact_events(one))])
+    after_first = await store.events_after("t", len(one) - 1)
+    assert [e for _, e in after_first] == compact_events(two)
+    assert await store.events_after("t", len(one) + len(two) - 1) == []
+
+
+async def test_list_pages_names_and_delete(store: ThreadStore) -> None:
+    alice, bob = ThreadOwner("alice"), ThreadOwner("bob", "acme")
+    for index in range(5):
+        await _finish(store, f"t{index}", "r", _run(f"t{index}", "r", "x"), 0,
+                      created=10.0 + index, owner=alice if index % 2 == 0 else bob)
+    assert [r.thread_id for r in await store.list()] == ["t4", "t3", "t2", "t1", "t0"]
+    assert [r.thread_id for r in await store.list(limit=2, offset=2)] == ["t2", "t1"]
+    assert [r.thread_id for r in await store.list(owner=alice)] == ["t4", "t2", "t0"]
+    assert [r.thread_id for r in await store.list(owner=bob)] == ["t3", "t1"]
+    assert await store.list(owner=ThreadOwner("bob")) == []
+    assert await store.list(agent_id="other") == []
+    assert await store.rename("t3", "Plans") is True
+    assert await store.rename("nope", "x") is False
+    listed = {r.thread_id: r for r in await store.list()}
+    assert listed["t3"].name == "Plans"
+    assert listed["t2"].name is None
+    assert listed["t3"].title == "hello there"
+    assert listed["t3"].owner == bob
+    assert await store.delete("t3") is True
+    assert await store.delete("t3") is False
+    assert await store.get("t3") is None
+    assert await store.events_after("t3", -1) == []
+    assert [r.thread_id for r in await store.list()] == ["t4", "t2", "t1", "t0"]
+
+
+async def test_running_run_is_readable_while_it_streams(store: ThreadStore) -> None:
+    durable = _durable(store)
+    events = _run("t", "r1", "one two three four")
+    await durable.append_events("t", "default", "r1", 1.0, 0, events[:3])
+    assert await durable.open_runs() == [("t", "r1")]
+    assert await durable.get("t") is not None
+    assert (await durable.get("t")).runs == []  # type: ignore[union-attr]
+    assert await durable.events_after("t", -1) == list(enumerate(events[:3]))
+    await durable.append_events("t", "default", "r1", 1.0, 3, events[3:5])
+    assert await durable.events_after("t", 2) == [(3, events[3]), (4, events[4])]
+    # The run ends: the last events, then the compacted run.
+    await durable.append_events("t", "default", "r1", 1.0, 5, events[5:])
+    await _finish(durable, "t", "r1", events, 0)
+    assert await durable.open_runs() == []
+    # A resume inside the finished run gets exactly its rest (raw events still kept) ...
+    rest = await durable.events_after("t", 3)
+    assert rest == [(p, events[p]) for p in range(4, len(events))]
+    # ... and a resume at a run boundary gets the compacted runs after it.
+    await _finish(durable, "t", "r2", _run("t", "r2", "z"), len(events))
+    assert [e["runId"] for _, e in await durable.events_after("t", len(events) - 1)
+            if e["type"] == "RUN_STARTED"] == ["r2"]
+
+
+async def test_interrupted_run_is_closed_with_what_it_streamed(store: ThreadStore) -> None:
+    durable = _durable(store)
+    events = _run("t", "r1", "partial answer here")[:4]  # started, text open, two deltas
+    await durable.append_events("t", "default", "r1", 1.0, 0, events,
+                                owner=ThreadOwner("alice"))
+    assert await durable.close_interrupted("t", "r1") is True
+    assert await durable.close_interrupted("t", "r1") is False
+    assert await durable.open_runs() == []
+    record = await durable.get("t")
+    assert record is not None
+    assert record.owner == ThreadOwner("alice")
+    (run,) = record.runs
+    verify_events(run.events)
+    assert run.events[-1]["type"] == "RUN_ERROR"
+    assert run.events[-1]["code"] == INTERRUPTED_CODE
+    assert next(e for e in run.events if e["type"] == "TEXT_MESSAGE_CONTENT")["delta"] == \
+        "partialanswer"
+    assert record.next_position == run.last_position + 1
+    assert "m-r1" in record.message_ids
+    # A client that saw the first events gets exactly the rest, the closing ones included.
+    rest = await durable.events_after("t", 1)
+    assert [e["type"] for _, e in rest] == ["TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_CONTENT",
+                                            "TEXT_MESSAGE_END", "RUN_ERROR"]
+    assert [p for p, _ in rest] == [2, 3, 4, 5]
+    # The thread takes new runs after it.
+    await _finish(durable, "t", "r2", _run("t", "r2", "again"), record.next_position)
+    assert [r.run_id for r in (await durable.get("t")).runs] == ["r1", "r2"]  # type: ignore[union-attr]
+
+
+async def test_interrupted_before_any_event(store: ThreadStore) -> None:
+    durable = _durable(store)
+    await durable.append_events("t", "default", "r1", 1.0, 0, [])
+    assert await durable.open_runs() == [("t", "r1")]
+    assert await durable.close_interrupted("t", "r1") is True
+    (run,) = (await durable.get("t")).runs  # type: ignore[union-attr]
+    verify_events(run.events)
+    assert run.events[-1]["code"] == INTERRUPTED_CODE
+
+
+async def test_many_threads_written_at_once(store: ThreadStore) -> None:
+    await asyncio.gather(*[_finish(store, f"t{i}", "r", _run(f"t{i}", "r", "a b"), 0)
+                           for i in range(20)])
+    assert len(await store.list(limit=100)) == 20
+
+
+async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE threads (thread_id TEXT PRIMARY KEY, agent_id TEXT NOT NULL,
+            created_at REAL NOT NULL, updated_at REAL NOT NULL);
+        CREATE TABLE runs (thread_id TEXT NOT NULL, seq INTEGER NOT NULL, run_id TEXT NOT NULL,
+            created_at REAL NOT NULL, events BLOB NOT NULL, PRIMARY KEY (thread_id, seq));
+        CREATE TABLE message_ids (thread_id TEXT NOT NULL, message_id TEXT NOT NULL,
+            PRIMARY KEY (thread_id, message_id)) WITHOUT ROWID;
+        INSERT INTO threads VALUES ('old', 'default', 1.0, 1.0);
+        INSERT INTO runs VALUES ('old', 1, 'r0', 1.0, '[{"type":"RUN_STARTED",
+            "threadId":"old","runId":"r0"},{"type":"RUN_FINISHED","threadId":"old",
+            "runId":"r0"}]');
+        INSERT INTO message_ids VALUES ('old', 'u0');
+    """)
+    db.close()
+    store = SQLiteThreadStore(path)
+    try:
+        assert store.schema_version == 2
+        record = await store.get("old")
+        assert record is not None
+        assert [r.run_id for r in record.runs] == ["r0"]
+        assert record.owner is None
+        assert record.name is None
+        assert [e["type"] for _, e in await store.events_after("old", -1)] == [
+            "RUN_STARTED", "RUN_FINISHED"]
+        await _finish(store, "old", "r1", _run("old", "r1", "new"), 0)
+        assert len((await store.get("old")).runs) == 2  # type: ignore[union-attr]
+    finally:
+        await store.aclose()
+    reopened = SQLiteThreadStore(path)
+    assert reopened.schema_version == 2
+    await reopened.aclose()
+
+
+async def test_postgres_workers_starting_together_migrate_once() -> None:
+    schema = f"store_{uuid.uuid4().hex[:10]}"
+    stores: list[Any] = [thread_store(f"{SERVER}?schema={schema}") for _ in range(4)]
+    try:
+        versions = await asyncio.gather(*[s.schema_version() for s in stores])
+        assert versions == [1, 1, 1, 1]
+        await _finish(stores[0], "t", "r", _run("t", "r", "x"), 0)
+        assert (await stores[3].get("t")) is not None
+    finally:
+        for made in stores:
+            await made.aclose()
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.mark.parametrize("url", ["redis://x", "sqlite://relative", "nonsense"])
+def test_unknown_urls_are_refused(url: str) -> None:
+    from copilot_runtime import ConfigurationError
+
+    with pytest.raises(ConfigurationError):
+        thread_store(url)
