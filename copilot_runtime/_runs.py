@@ -84,6 +84,7 @@ class ActiveRun:
         #: Why a guardrail refused the run's input (its agent was not called), or None.
         self.refusal: str | None = None
         self.compacted: list[Event] = []
+        self._started_event: Event | None = None
         #: The thread's lease across workers (shared coordinators only).
         self.lease: Lease | None = None
 
@@ -147,7 +148,7 @@ class ActiveRun:
             await self._finish()
 
     async def _stream(self) -> AsyncGenerator[Sequence[Event], None]:
-        first = [ev.run_started(self.thread_id, self.run_id, self._input_echo())]
+        first = [self.started_event()]
         self._publish(first)
         yield first
         # Let runs that arrived together write their RUN_STARTED before this one's agent
@@ -184,6 +185,13 @@ class ActiveRun:
         self._publish(tail)
         yield tail
 
+    def started_event(self) -> Event:
+        """The run's `RUN_STARTED` (made once: a shared run writes it before it streams)."""
+        if self._started_event is None:
+            self._started_event = ev.run_started(self.thread_id, self.run_id,
+                                                 self._input_echo())
+        return self._started_event
+
     def batch_position(self, batch: Sequence[Event]) -> int:
         """The position of the first event of `batch`, the run's latest batch."""
         return self.first_position + len(self.events) - len(batch)
@@ -195,11 +203,8 @@ class ActiveRun:
             queue.put_nowait((first, batch))
         if self.manager.durable is not None and self._flush_timer is None \
                 and self._flushing is None and not self._finished:
-            # With other workers, the run's start is written at once: they see the thread
-            # (and its owner) and can follow the run from its first event.
-            delay = 0.0 if first == self.first_position and \
-                self.manager.coordinator is not None else FLUSH_INTERVAL
-            self._flush_timer = asyncio.get_running_loop().call_later(delay, self._start_flush)
+            self._flush_timer = asyncio.get_running_loop().call_later(
+                FLUSH_INTERVAL, self._start_flush)
 
     # -- writing as the run goes (durable stores) --------------------------------------
 
@@ -361,16 +366,24 @@ class RunManager:
                 # A dead worker's run the sweep has not closed yet: close it first.
                 await self._close_left_open(self.durable, thread_id)
                 record = await self.store.get(thread_id)
+            if record is not None:
+                placeholder._seen = record.message_ids
+                placeholder.owner = record.owner
+                placeholder.first_position = record.next_position
+            if self.durable is not None:
+                # The run's start, written before it streams: every worker sees the thread
+                # (and its owner) at once, and can follow the run from its first event.
+                await self.durable.append_events(
+                    thread_id, placeholder.agent_id, placeholder.run_id,
+                    placeholder.created_at, placeholder.first_position,
+                    [placeholder.started_event()], owner=placeholder.owner)
+                placeholder._flushed = 1
         except BaseException:
             del self.active[thread_id]
             if lease is not None:
                 await coordinator.release(lease)
             raise
         placeholder.lease = lease
-        if record is not None:
-            placeholder._seen = record.message_ids
-            placeholder.owner = record.owner
-            placeholder.first_position = record.next_position
         return placeholder
 
     async def _close_left_open(self, durable: DurableThreadStore, thread_id: str) -> None:
@@ -483,6 +496,20 @@ class RunManager:
     def _release(self, run: ActiveRun) -> None:
         if self.active.get(run.thread_id) is run:
             del self.active[run.thread_id]
+        if run.lease is not None and not run._finished:
+            # Reserved, never driven (refused after `begin`): give the thread back.
+            run._finished = True
+            task = asyncio.ensure_future(self._abandon(run, run.lease))
+            self._signals.add(task)
+            task.add_done_callback(self._signals.discard)
+
+    async def _abandon(self, run: ActiveRun, lease: Lease) -> None:
+        try:
+            if self.durable is not None and run._flushed:
+                await self.durable.close_interrupted(run.thread_id, run.run_id)
+        except Exception:
+            _log.exception("could not close a run never driven", run_id=run.run_id)
+        await self.let_go(lease)
 
 
 def _left_open(record: ThreadRecord) -> bool:
