@@ -335,7 +335,7 @@ class RunManager:
         if self.coordinator is not None:
             return await self._begin_shared(placeholder, owner)
         try:
-            record = await self.store.get(thread_id)
+            record = await self.store.summary(thread_id)
             if record is not None and owner is not None and record.owner != owner:
                 raise ThreadNotFoundError(thread_id)
         except BaseException:

@@ -64,6 +64,7 @@ class CopilotRuntime:
         max_steps: int = 10,
         auth: Authenticator | None = None,
         approver_roles: Iterable[str] = (),
+        forward_credentials: bool = False,
         guardrails: Iterable[Guardrail] = (),
         rate_limit: RateLimit | None = None,
         on_request: OnRequest | None = None,
@@ -105,6 +106,8 @@ class CopilotRuntime:
         if auth is not None and not isinstance(auth, Authenticator):
             raise ConfigurationError("auth needs an async authenticate(request) method")
         self.auth = auth
+        #: Whether agents see the caller's credential headers (always, without `auth`).
+        self.forwards_credentials = auth is None or forward_credentials
         self.approver_roles = frozenset(approver_roles)
         self.guardrails: list[Guardrail] = list(guardrails)
         if rate_limit is not None and rate_limit.backend is None:

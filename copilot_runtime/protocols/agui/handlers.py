@@ -138,8 +138,8 @@ class AGUIProtocol:
                 agent_id, run_input.thread_id, request=request.info,
                 after=_last_event_id(request)))
             return
-        run = await self.runtime.start_run(agent_id, run_input, request.forwardable_headers(),
-                                           request=request.info)
+        headers = request.forwardable_headers(credentials=self.runtime.forwards_credentials)
+        run = await self.runtime.start_run(agent_id, run_input, headers, request=request.info)
         await stream_run(request, run, keepalive=self.keepalive)
 
     async def _stop_rest(self, request: Request, agent_id: str, thread_id: str) -> None:
@@ -212,7 +212,7 @@ class AGUIProtocol:
         body = await read_body(request, self.max_body_size) if request.method == "PATCH" \
             else b""
         owner = self.runtime.owner_filter(request.info)
-        record = await self.runtime.store.get(thread_id)
+        record = await self.runtime.store.summary(thread_id)
         if record is None or (owner is not None and record.owner != owner):
             raise ThreadNotFoundError(thread_id)
         if request.method == "DELETE":
