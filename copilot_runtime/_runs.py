@@ -35,7 +35,6 @@ from copilot_runtime.threads.base import (
     Positioned,
     StoredRun,
     ThreadOwner,
-    ThreadRecord,
     ThreadStore,
     positioned_runs,
 )
@@ -357,15 +356,15 @@ class RunManager:
         lease: Lease | None = None
         try:
             lease = await coordinator.acquire(thread_id, placeholder.run_id)
-            record = await self.store.get(thread_id)
+            record = await self.store.summary(thread_id)
             if record is not None and owner is not None and record.owner != owner:
                 raise ThreadNotFoundError(thread_id)
             if lease is None:  # a run on another worker has the thread
                 raise ThreadBusyError(thread_id)
-            if record is not None and self.durable is not None and _left_open(record):
-                # A dead worker's run the sweep has not closed yet: close it first.
+            if lease.inherited and record is not None and self.durable is not None:
+                # A dead worker's run the sweep may not have closed yet: close it first.
                 await self._close_left_open(self.durable, thread_id)
-                record = await self.store.get(thread_id)
+                record = await self.store.summary(thread_id)
             if record is not None:
                 placeholder._seen = record.message_ids
                 placeholder.owner = record.owner
@@ -510,9 +509,3 @@ class RunManager:
         except Exception:
             _log.exception("could not close a run never driven", run_id=run.run_id)
         await self.let_go(lease)
-
-
-def _left_open(record: ThreadRecord) -> bool:
-    """Whether the thread has events past its finished runs: a run still open in the store."""
-    last = max((run.last_position for run in record.runs), default=-1)
-    return record.next_position > last + 1

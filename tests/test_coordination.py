@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -47,15 +48,16 @@ async def pair(coordinator_url: str) -> AsyncIterator[Pair]:
         await second.aclose()
 
 
-async def eventually(check: Callable[[], object], deadline: float = 10.0) -> None:
-    """Poll an async or sync `check` until it returns true, failing after `deadline` s."""
+async def eventually(check: Callable[[], object], deadline: float = 10.0) -> Any:
+    """Poll an async or sync `check` until it returns something true (returned), failing
+    after `deadline` s."""
     end = time.monotonic() + deadline
     while True:
         result = check()
         if asyncio.iscoroutine(result):
             result = await result
         if result:
-            return
+            return result
         if time.monotonic() > end:
             pytest.fail(f"not true within {deadline} s")
         await asyncio.sleep(0.05)
@@ -66,6 +68,7 @@ async def test_a_lease_is_exclusive_until_released(pair: Pair) -> None:
     lease = await a.acquire("t1", "r1")
     assert lease is not None
     assert lease.run_id == "r1"
+    assert not lease.inherited
     assert await b.acquire("t1", "r2") is None
     assert await a.acquire("t1", "r3") is None
     assert await b.holder("t1") == "r1"
@@ -101,9 +104,15 @@ async def test_a_dead_workers_lease_expires(pair: Pair) -> None:
     started = time.monotonic()
     await a.aclose()  # renewals stop, as when the worker dies
     assert await b.acquire("t1", "r2") is None
-    await eventually(lambda: b.acquire("t1", "r2"), deadline=TTL + 5)
+    taken = await eventually(lambda: b.acquire("t1", "r2"), deadline=TTL + 5)
     assert time.monotonic() - started >= TTL * 0.8
     assert await b.holder("t1") == "r2"
+    assert taken.inherited  # its run may still be open in the store
+    await b.release(taken)
+    clean = await b.acquire("t1", "r3")
+    assert clean is not None
+    assert not clean.inherited  # released, not expired
+    await b.release(clean)
 
 
 async def test_only_the_holder_releases(pair: Pair) -> None:

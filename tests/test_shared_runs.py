@@ -118,3 +118,39 @@ def test_a_shared_coordinator_needs_shared_threads() -> None:
     with pytest.raises(ConfigurationError, match="thread store every worker can read"):
         CopilotRuntime(coordinator="redis://127.0.0.1:6379/0")
     CopilotRuntime(coordinator="local")  # the default, over the in-memory store
+
+
+async def test_a_new_run_closes_a_dead_workers_run_first(url: str, tmp_path: Path) -> None:
+    # No sweep runs here (the runtime is never started): the new run finds the lease expired
+    # unreleased, and closes the dead run before it takes the next positions.
+    store = thread_store(f"sqlite:///{tmp_path}/threads.db")
+    runtime = CopilotRuntime(service_adapter=ScriptedAdapter(text_turn("fresh")),
+                             thread_store=store, coordinator=url)
+    dead = coordinator(url)
+    try:
+        assert await dead.acquire("t-left", "r-dead") is not None
+        await store.append_events("t-left", "default", "r-dead", time.time(), 0, [  # type: ignore[attr-defined]
+            ev.run_started("t-left", "r-dead", {}), ev.text_message_start("m1"),
+            ev.text_message_content("m1", "cut sho")])
+        await dead.aclose()
+        with pytest.raises(ThreadBusyError):
+            await runtime.start_run("default", run_input("t-left", "r-new"))
+        run = await eventually(lambda: _start_or_none(runtime, "t-left", "r-new"),
+                               deadline=5, what="the lease expired")
+        await run.drive(_ignore)
+        replay = [(p, e) async for batch in runtime.connect("default", "t-left") for p, e in batch]
+        types = [e["type"] for _, e in replay]
+        assert types.count("RUN_STARTED") == 2
+        assert types[types.index("RUN_ERROR") - 1] == "TEXT_MESSAGE_END"
+        assert replay[types.index("RUN_ERROR")][1]["code"] == INTERRUPTED_CODE
+        positions = [p for p, _ in replay if p is not None]
+        assert positions == sorted(set(positions))
+    finally:
+        await runtime.aclose()
+
+
+async def _start_or_none(runtime: CopilotRuntime, thread: str, run: str) -> Any:
+    try:
+        return await runtime.start_run("default", run_input(thread, run))
+    except ThreadBusyError:
+        return None

@@ -32,6 +32,9 @@ class Lease:
     thread_id: str
     run_id: str
     token: str
+    #: Whether the thread's previous lease expired instead of being released: its run's
+    #: worker died, and the run may still be open in the thread store.
+    inherited: bool = False
 
 
 @dataclass(frozen=True, slots=True)

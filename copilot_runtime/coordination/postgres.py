@@ -124,10 +124,11 @@ class PostgresCoordinator(SharedCoordinator):
             "ON CONFLICT (thread_id) DO UPDATE SET run_id = excluded.run_id, "
             "token = excluded.token, worker = excluded.worker, "
             "expires_at = excluded.expires_at WHERE held.expires_at < now() "
-            "RETURNING token", (thread_id, run_id, token, self.worker, self.lease_ttl))
+            # xmax is set on a row the statement updated: an expired lease, never released.
+            "RETURNING xmax <> 0", (thread_id, run_id, token, self.worker, self.lease_ttl))
         if not rows:
             return None
-        return self._hold(Lease(thread_id, run_id, token))
+        return self._hold(Lease(thread_id, run_id, token, bool(rows[0][0])))
 
     async def release(self, lease: Lease) -> None:
         self._drop(lease)

@@ -28,8 +28,18 @@ if string.sub(redis.call('GET', KEYS[1]) or '', 1, 32) == ARGV[1] then
 end
 return 0
 """
+#: KEYS[2] marks a thread whose lease is held or expired unreleased (its worker died).
+_ACQUIRE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local inherited = redis.call('EXISTS', KEYS[2])
+  redis.call('SET', KEYS[2], '1')
+  return 1 + inherited
+end
+return 0
+"""
 _RELEASE = """
 if string.sub(redis.call('GET', KEYS[1]) or '', 1, 32) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
   return redis.call('DEL', KEYS[1])
 end
 return 0
@@ -53,9 +63,13 @@ class RedisCoordinator(SharedCoordinator):
         self._redis: Any = None
         self._renew_script: Any = None
         self._release_script: Any = None
+        self._acquire_script: Any = None
 
     def _key(self, thread_id: str) -> str:
         return f"{self.prefix}lease:{thread_id}"
+
+    def _open_key(self, thread_id: str) -> str:
+        return f"{self.prefix}open:{thread_id}"
 
     async def _connect(self) -> None:
         import redis.asyncio as aioredis
@@ -64,6 +78,7 @@ class RedisCoordinator(SharedCoordinator):
         await self._redis.ping()
         self._renew_script = self._redis.register_script(_RENEW)
         self._release_script = self._redis.register_script(_RELEASE)
+        self._acquire_script = self._redis.register_script(_ACQUIRE)
 
     async def _listen(self, ready: asyncio.Future[None]) -> None:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
@@ -98,23 +113,26 @@ class RedisCoordinator(SharedCoordinator):
     async def acquire(self, thread_id: str, run_id: str) -> Lease | None:
         await self.start()
         token = new_token()
-        taken = await self._redis.set(self._key(thread_id), token + run_id, nx=True,
-                                      px=int(self.lease_ttl * 1000))
+        taken = await self._acquire_script(
+            keys=[self._key(thread_id), self._open_key(thread_id)],
+            args=[token + run_id, int(self.lease_ttl * 1000)])
         if not taken:
             return None
-        return self._hold(Lease(thread_id, run_id, token))
+        return self._hold(Lease(thread_id, run_id, token, int(taken) == 2))
 
     async def release(self, lease: Lease) -> None:
         self._drop(lease)
         await self.start()
-        await self._release_script(keys=[self._key(lease.thread_id)], args=[lease.token])
+        await self._release_script(keys=[self._key(lease.thread_id),
+                                         self._open_key(lease.thread_id)], args=[lease.token])
 
     async def finish(self, lease: Lease) -> None:
         self._drop(lease)
         await self.start()
         async with self._redis.pipeline(transaction=False) as pipe:
-            await self._release_script(keys=[self._key(lease.thread_id)], args=[lease.token],
-                                       client=pipe)
+            await self._release_script(keys=[self._key(lease.thread_id),
+                                             self._open_key(lease.thread_id)],
+                                       args=[lease.token], client=pipe)
             pipe.publish(self.channel, Signal("end", lease.thread_id, lease.run_id).encode())
             await pipe.execute()
 
