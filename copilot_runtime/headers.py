@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["CREDENTIAL_HEADERS", "DEFAULT_DENIED_HEADERS", "HOP_BY_HOP", "HeaderPolicy", "forwardable"]
+__all__ = ["CREDENTIAL_HEADERS", "DEFAULT_DENIED_HEADERS", "HOP_BY_HOP", "HeaderPolicy",
+           "forwardable"]
 
 #: Never forwarded by the default policy: they describe the client's hop to this runtime,
 #: or are credentials of the runtime itself.
