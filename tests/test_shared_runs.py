@@ -21,6 +21,7 @@ from copilot_runtime import (
     thread_store,
 )
 from copilot_runtime import events as ev
+from copilot_runtime._exceptions import RateLimitedError
 from copilot_runtime._input import parse_run_input
 from copilot_runtime._shared_runs import RecoverySweep
 from copilot_runtime.events import Event
@@ -154,3 +155,29 @@ async def _start_or_none(runtime: CopilotRuntime, thread: str, run: str) -> Any:
         return await runtime.start_run("default", run_input(thread, run))
     except ThreadBusyError:
         return None
+
+
+async def test_rate_limits_count_across_workers_through_the_coordinator(
+        url: str, tmp_path: Path) -> None:
+    from copilot_runtime import RateLimit
+    from copilot_runtime.auth import RequestInfo
+
+    made = [CopilotRuntime(service_adapter=ScriptedAdapter(text_turn("hi")),
+                           thread_store=thread_store(f"sqlite:///{tmp_path}/threads.db"),
+                           coordinator=url, rate_limit=RateLimit(concurrent_runs=1))
+            for _ in range(2)]
+    request = RequestInfo(method="POST", path="/", headers={}, client="10.0.0.7")
+    try:
+        assert made[0].limiter is not None
+        assert made[1].limiter is not None
+        first = await made[0].limiter.acquire(request)
+        with pytest.raises(RateLimitedError):  # the same caller, on the other worker
+            await made[1].limiter.acquire(request)
+        assert first is not None
+        await first.release()
+        second = await made[1].limiter.acquire(request)
+        assert second is not None
+        await second.release()
+    finally:
+        for runtime in made:
+            await runtime.aclose()
