@@ -41,6 +41,7 @@ from copilot_runtime.agents import (
 )
 from copilot_runtime.asgi import CopilotEndpoint, create_app, mount_runtime
 from copilot_runtime.auth import BearerTokenAuth, JWTAuth, Principal
+from copilot_runtime.coordination import Coordinator, coordinator
 from copilot_runtime.guardrails import PatternGuardrail, TopicGuardrail, Verdict
 from copilot_runtime.limits import RateLimit
 from copilot_runtime.protocols.http import CORSPolicy
@@ -79,6 +80,7 @@ __all__ = [
     "BuiltInAgent",
     "CORSPolicy",
     "ConfigurationError",
+    "Coordinator",
     "CopilotEndpoint",
     "CopilotKitRemoteEndpoint",
     "CopilotRuntime",
@@ -127,6 +129,7 @@ __all__ = [
     "action",
     "approval_service",
     "checkpointer",
+    "coordinator",
     "create_app",
     "existing_agent",
     "mount_runtime",

@@ -23,6 +23,7 @@ EXPECTED = [
     "AuthenticationError", "BearerTokenAuth", "JWTAuth", "PatternGuardrail", "Principal",
     "RateLimit", "TopicGuardrail", "Verdict",
     "DurableThreadStore", "PostgresThreadStore", "thread_store", "OpenAITranscription",
+    "Coordinator", "coordinator",
 ]
 
 

@@ -175,7 +175,7 @@ class AGUIProtocol:
         if self.runtime.owner_filter(request.info) is not None and \
                 not await self.runtime.can_see(request.info, thread_id):
             raise ThreadNotFoundError(thread_id)  # someone else's, or none: the same answer
-        if self.runtime.stop_run(agent_id, thread_id, run_id, request=request.info):
+        if await self.runtime.stop(agent_id, thread_id, run_id, request=request.info):
             await send_json(request, 200, {"stopped": True, "interrupt": {
                 "type": "RUN_ERROR", "message": "Run stopped by user", "code": "STOPPED"}})
         else:
@@ -225,7 +225,7 @@ class AGUIProtocol:
         if record is None or (owner is not None and record.owner != owner):
             raise ThreadNotFoundError(thread_id)
         if request.method == "DELETE":
-            if self.runtime.is_running(thread_id):
+            if await self.runtime.is_running_anywhere(thread_id):
                 raise ThreadBusyError(thread_id)
             await self.runtime.store.delete(thread_id)
             await send_json(request, 200, {"deleted": True, "id": thread_id})
