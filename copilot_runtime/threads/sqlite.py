@@ -177,19 +177,14 @@ class SQLiteThreadStore:
         return await self._call(self._get, thread_id)
 
     def _get(self, thread_id: str) -> ThreadRecord | None:
-        row = self._db.execute(
-            "SELECT agent_id, created_at, updated_at, owner_id, tenant, name, title, "
-            "next_position FROM threads WHERE thread_id = ?", (thread_id,)).fetchone()
-        if row is None:
+        record = self._summary(thread_id)
+        if record is None:
             return None
-        record = _record(thread_id, row)
         for run_id, created_at, events, first, last in self._db.execute(
                 "SELECT run_id, created_at, events, first_position, last_position FROM runs "
                 "WHERE thread_id = ? AND open = 0 ORDER BY seq", (thread_id,)):
             record.runs.append(StoredRun(run_id, orjson.loads(events), created_at,
                                          len(events), first, last))
-        record.message_ids = {m for (m,) in self._db.execute(
-            "SELECT message_id FROM message_ids WHERE thread_id = ?", (thread_id,))}
         return record
 
     async def summary(self, thread_id: str) -> ThreadRecord | None:
