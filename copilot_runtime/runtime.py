@@ -67,6 +67,7 @@ class CopilotRuntime:
         approver_roles: Iterable[str] = (),
         forward_credentials: bool = False,
         transcription: Transcriber | None = None,
+        mcp_servers: Sequence[Any] = (),
         guardrails: Iterable[Guardrail] = (),
         rate_limit: RateLimit | None = None,
         on_request: OnRequest | None = None,
@@ -110,6 +111,12 @@ class CopilotRuntime:
         self.auth = auth
         #: Speech to text for the chat's microphone (`POST transcribe`), or None.
         self.transcription = transcription
+        #: The MCP servers whose tools the built-in agents get when the runtime starts.
+        self.mcp: Any = None
+        if mcp_servers:
+            from copilot_runtime.mcp_tools import MCPToolset  # the `mcp` extra
+
+            self.mcp = MCPToolset(mcp_servers)
         #: Whether agents see the caller's credential headers (always, without `auth`).
         self.forwards_credentials = auth is None or forward_credentials
         self.approver_roles = frozenset(approver_roles)
@@ -156,7 +163,22 @@ class CopilotRuntime:
                 await self.runs.recover()
             except Exception:
                 _log.exception("could not close the runs a previous process left open")
+        if self.mcp is not None:
+            await self._start_mcp()
         await self.approvals.start()
+
+    async def _start_mcp(self) -> None:
+        """Connect to the MCP servers and offer their tools as server-side actions (an
+        action of the application keeps its name; a tool of the same name is left out)."""
+        await self.mcp.start()
+        taken = {a.name for a in self.actions}
+        tools = [a for a in self.mcp.actions if a.name not in taken]
+        self.actions.extend(tools)
+        for agent in self.agents.values():
+            if isinstance(agent, BuiltInAgent):
+                for tool in tools:
+                    agent.actions.setdefault(tool.name, tool)
+        _log.info("MCP tools offered", tools=[a.name for a in tools])
 
     def is_running(self, thread_id: str) -> bool:
         """Whether a run is on the thread now, in this process."""
@@ -284,6 +306,11 @@ class CopilotRuntime:
             await self.limiter.aclose()
         if self.transcription is not None:
             await self.transcription.aclose()
+        if self.mcp is not None:
+            try:
+                await self.mcp.aclose()
+            except Exception:  # e.g. closed from another task than the one that started it
+                _log.exception("could not close the MCP sessions")
         closed: set[int] = set()
         for agent in self.agents.values():
             if id(agent) not in closed:
