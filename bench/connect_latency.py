@@ -18,7 +18,6 @@ import asyncio
 import statistics
 import time
 import uuid
-from typing import Any
 
 import aiohttp
 import orjson
@@ -86,7 +85,7 @@ async def main() -> None:
     server = uvicorn.Server(uvicorn.Config(create_app(runtime, "/api/copilotkit"),
                                            host="127.0.0.1", port=0, log_level="warning"))
     task = asyncio.create_task(server.serve())
-    while not server.started:
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for it
         await asyncio.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
     base = f"http://127.0.0.1:{port}/api/copilotkit/agent/default/connect"

@@ -25,7 +25,13 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._input import RunInput
 from copilot_runtime._version import __version__
 from copilot_runtime.actions import Action, action
-from copilot_runtime.adapters import DemoAdapter, EmptyAdapter, OpenAIAdapter, ServiceAdapter
+from copilot_runtime.adapters import (
+    DemoAdapter,
+    EmptyAdapter,
+    OpenAIAdapter,
+    OpenAITranscription,
+    ServiceAdapter,
+)
 from copilot_runtime.agents import (
     Agent,
     AgentThreadState,
@@ -35,6 +41,7 @@ from copilot_runtime.agents import (
 )
 from copilot_runtime.asgi import CopilotEndpoint, create_app, mount_runtime
 from copilot_runtime.auth import BearerTokenAuth, JWTAuth, Principal
+from copilot_runtime.coordination import Coordinator, coordinator
 from copilot_runtime.guardrails import PatternGuardrail, TopicGuardrail, Verdict
 from copilot_runtime.limits import RateLimit
 from copilot_runtime.protocols.http import CORSPolicy
@@ -73,6 +80,7 @@ __all__ = [
     "BuiltInAgent",
     "CORSPolicy",
     "ConfigurationError",
+    "Coordinator",
     "CopilotEndpoint",
     "CopilotKitRemoteEndpoint",
     "CopilotRuntime",
@@ -93,6 +101,7 @@ __all__ = [
     "MCPServer",
     "MCPToolset",
     "OpenAIAdapter",
+    "OpenAITranscription",
     "Orchestrator",
     "PatternGuardrail",
     "PayloadTooLargeError",
@@ -120,6 +129,7 @@ __all__ = [
     "action",
     "approval_service",
     "checkpointer",
+    "coordinator",
     "create_app",
     "existing_agent",
     "mount_runtime",

@@ -13,6 +13,7 @@
     │   ├── ThreadNotFoundError     no such thread, or not the caller's                → 404
     │   ├── RateLimitedError        the caller has used up its runs for now            → 429
     │   ├── ModelNotAllowedError    a model the agent does not allow                   → 400
+    │   ├── TranscriptionError      audio that cannot be transcribed, or a failed service
     │   └── ApprovalError           an approval cannot be answered
     │       ├── ApprovalNotFoundError  no such approval                                → 404
     │       ├── ApprovalClosedError    answered or withdrawn (409), expired (410)
@@ -32,7 +33,7 @@ Messages are written for the client: they never contain stack traces or file pat
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from copilot_runtime._time import iso_time
 
@@ -61,6 +62,7 @@ __all__ = [
     "RequestRejectedError",
     "ThreadBusyError",
     "ThreadNotFoundError",
+    "TranscriptionError",
     "UpstreamConnectionError",
     "UpstreamError",
     "UpstreamProtocolError",
@@ -293,3 +295,24 @@ class AgentExecutionError(CopilotRuntimeError):
         super().__init__(message)
         self.agent = agent
         self.data = dict(data or {})
+
+
+class TranscriptionError(RequestError):
+    """The `transcribe` route's failures, with the codes the CopilotKit clients know."""
+
+    STATUS: ClassVar[Mapping[str, int]] = {
+        "service_not_configured": 503, "invalid_request": 400, "invalid_audio_format": 400,
+        "audio_too_long": 400, "audio_too_short": 400, "rate_limited": 429,
+        "auth_failed": 401, "provider_error": 500, "network_error": 502,
+    }
+    RETRYABLE = frozenset({"rate_limited", "provider_error", "network_error"})
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = self.STATUS.get(code, 500)
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return {"error": self.code, "message": self.message,
+                "retryable": self.code in self.RETRYABLE}

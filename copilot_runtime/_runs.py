@@ -27,6 +27,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, readable, storable
 from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.coordination import Coordinator, Lease, Signal
 from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event
 from copilot_runtime.threads.base import (
@@ -82,6 +83,9 @@ class ActiveRun:
         #: Why a guardrail refused the run's input (its agent was not called), or None.
         self.refusal: str | None = None
         self.compacted: list[Event] = []
+        self._started_event: Event | None = None
+        #: The thread's lease across workers (shared coordinators only).
+        self.lease: Lease | None = None
 
     @property
     def terminated(self) -> bool:
@@ -143,7 +147,7 @@ class ActiveRun:
             await self._finish()
 
     async def _stream(self) -> AsyncGenerator[Sequence[Event], None]:
-        first = [ev.run_started(self.thread_id, self.run_id, self._input_echo())]
+        first = [self.started_event()]
         self._publish(first)
         yield first
         # Let runs that arrived together write their RUN_STARTED before this one's agent
@@ -179,6 +183,13 @@ class ActiveRun:
         self.order.terminated = True
         self._publish(tail)
         yield tail
+
+    def started_event(self) -> Event:
+        """The run's `RUN_STARTED` (made once: a shared run writes it before it streams)."""
+        if self._started_event is None:
+            self._started_event = ev.run_started(self.thread_id, self.run_id,
+                                                 self._input_echo())
+        return self._started_event
 
     def batch_position(self, batch: Sequence[Event]) -> int:
         """The position of the first event of `batch`, the run's latest batch."""
@@ -276,6 +287,8 @@ class ActiveRun:
                                                     owner=self.owner)
         except Exception:
             _log.exception("could not store run", thread_id=self.thread_id, run_id=self.run_id)
+        if self.lease is not None:
+            await self.manager.let_go(self.lease)
         if self.on_end is not None:
             try:
                 self.on_end(self)
@@ -286,7 +299,8 @@ class ActiveRun:
 class RunManager:
     """The runs active in this process, at most one per thread."""
 
-    def __init__(self, store: ThreadStore, max_run_bytes: int = DEFAULT_MAX_RUN_BYTES) -> None:
+    def __init__(self, store: ThreadStore, max_run_bytes: int = DEFAULT_MAX_RUN_BYTES,
+                 coordinator: Coordinator | None = None) -> None:
         self.store = store
         self.max_run_bytes = max_run_bytes
         self.active: dict[str, ActiveRun] = {}
@@ -295,6 +309,13 @@ class RunManager:
             store if isinstance(store, DurableThreadStore) else None
         #: Called with a run and the last position written to the store, after each write.
         self.on_flushed: Callable[[ActiveRun, int], None] | None = None
+        #: The coordinator other workers share, or None (this process alone: no cost).
+        self.coordinator = coordinator if coordinator is not None and coordinator.shared \
+            else None
+        if self.coordinator is not None:
+            self.coordinator.on_stop(self._stop_signalled)
+            self.on_flushed = self._progressed
+        self._signals: set[asyncio.Task[None]] = set()
 
     async def begin(self, agent_id: str, agent: Agent, input: RunInput,
                     context: RunContext, owner: ThreadOwner | None = None) -> ActiveRun:
@@ -310,8 +331,10 @@ class RunManager:
         placeholder = ActiveRun(self, agent_id, agent, input, context, set())
         placeholder.owner = owner
         self.active[thread_id] = placeholder
+        if self.coordinator is not None:
+            return await self._begin_shared(placeholder, owner)
         try:
-            record = await self.store.get(thread_id)
+            record = await self.store.summary(thread_id)
             if record is not None and owner is not None and record.owner != owner:
                 raise ThreadNotFoundError(thread_id)
         except BaseException:
@@ -322,6 +345,91 @@ class RunManager:
             placeholder.owner = record.owner
             placeholder.first_position = record.next_position
         return placeholder
+
+    async def _begin_shared(self, placeholder: ActiveRun, owner: ThreadOwner | None
+                            ) -> ActiveRun:
+        """`begin` across workers: the thread's lease first, then what the store says (read
+        under the lease, so no run ends in between)."""
+        coordinator = self.coordinator
+        assert coordinator is not None
+        thread_id = placeholder.thread_id
+        lease: Lease | None = None
+        try:
+            lease = await coordinator.acquire(thread_id, placeholder.run_id)
+            record = await self.store.summary(thread_id)
+            if record is not None and owner is not None and record.owner != owner:
+                raise ThreadNotFoundError(thread_id)
+            if lease is None:  # a run on another worker has the thread
+                raise ThreadBusyError(thread_id)
+            if lease.inherited and record is not None and self.durable is not None:
+                # A dead worker's run the sweep may not have closed yet: close it first.
+                await self._close_left_open(self.durable, thread_id)
+                record = await self.store.summary(thread_id)
+            if record is not None:
+                placeholder._seen = record.message_ids
+                placeholder.owner = record.owner
+                placeholder.first_position = record.next_position
+            if self.durable is not None:
+                # The run's start, written before it streams: every worker sees the thread
+                # (and its owner) at once, and can follow the run from its first event.
+                await self.durable.append_events(
+                    thread_id, placeholder.agent_id, placeholder.run_id,
+                    placeholder.created_at, placeholder.first_position,
+                    [placeholder.started_event()], owner=placeholder.owner)
+                placeholder._flushed = 1
+        except BaseException:
+            del self.active[thread_id]
+            if lease is not None:
+                await coordinator.release(lease)
+            raise
+        placeholder.lease = lease
+        return placeholder
+
+    async def _close_left_open(self, durable: DurableThreadStore, thread_id: str) -> None:
+        for open_thread, run_id in await durable.open_runs():
+            if open_thread == thread_id and await durable.close_interrupted(thread_id, run_id):
+                _log.warning("closed a run its worker left open", thread_id=thread_id,
+                             run_id=run_id)
+
+    async def let_go(self, lease: Lease) -> None:
+        """Release a finished run's lease and tell followers on other workers it ended."""
+        coordinator = self.coordinator
+        if coordinator is None:
+            return
+        try:
+            await coordinator.finish(lease)
+        except Exception:
+            # The lease expires by itself; followers poll the store.
+            _log.exception("could not release a lease", thread_id=lease.thread_id)
+
+    def _progressed(self, run: ActiveRun, position: int) -> None:
+        """After each batched write of a run's events: tell followers on other workers."""
+        task = asyncio.ensure_future(self._signal_progress(run, position))
+        self._signals.add(task)
+        task.add_done_callback(self._signals.discard)
+
+    async def _signal_progress(self, run: ActiveRun, position: int) -> None:
+        assert self.coordinator is not None
+        try:
+            await self.coordinator.publish(
+                Signal("progress", run.thread_id, run.run_id, position))
+        except Exception:
+            _log.warning("could not signal progress", thread_id=run.thread_id)
+
+    async def stop_anywhere(self, thread_id: str, run_id: str | None = None) -> bool:
+        """Stop the thread's run, here or on the worker that drives it."""
+        if self.stop(thread_id, run_id):
+            return True
+        if self.coordinator is None or thread_id in self.active:
+            return False
+        holder = await self.coordinator.holder(thread_id)
+        if holder is None or (run_id is not None and holder != run_id):
+            return False
+        await self.coordinator.publish(Signal("stop", thread_id, holder))
+        return True
+
+    def _stop_signalled(self, signal: Signal) -> None:
+        self.stop(signal.thread_id, signal.run_id)
 
     def flushed(self, run: ActiveRun, position: int) -> None:
         if self.on_flushed is not None:
@@ -354,6 +462,12 @@ class RunManager:
                      ) -> AsyncIterator[Sequence[Positioned]]:
         """A thread's events after position `after` (all for -1): its stored runs, then the
         live run if there is one, to its end."""
+        if self.coordinator is not None and thread_id not in self.active:
+            from copilot_runtime._shared_runs import follow
+
+            async for followed in follow(self, thread_id, after):
+                yield followed
+            return
         live = self.active.get(thread_id)
         if live is None:
             stored = await self.store.events_after(thread_id, after)
@@ -381,3 +495,17 @@ class RunManager:
     def _release(self, run: ActiveRun) -> None:
         if self.active.get(run.thread_id) is run:
             del self.active[run.thread_id]
+        if run.lease is not None and not run._finished:
+            # Reserved, never driven (refused after `begin`): give the thread back.
+            run._finished = True
+            task = asyncio.ensure_future(self._abandon(run, run.lease))
+            self._signals.add(task)
+            task.add_done_callback(self._signals.discard)
+
+    async def _abandon(self, run: ActiveRun, lease: Lease) -> None:
+        try:
+            if self.durable is not None and run._flushed:
+                await self.durable.close_interrupted(run.thread_id, run.run_id)
+        except Exception:
+            _log.exception("could not close a run never driven", run_id=run.run_id)
+        await self.let_go(lease)

@@ -40,7 +40,7 @@ async def thread_owner(runtime: CopilotRuntime, thread_id: str) -> ThreadOwner |
     running = runtime.runs.active.get(thread_id)
     if running is not None:
         return running.owner
-    record = await runtime.store.get(thread_id)
+    record = await runtime.store.summary(thread_id)
     return record.owner if record is not None else None
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import copy
 import os
 import random
@@ -120,6 +121,12 @@ class _Backend(abc.ABC):
 
     async def aclose(self) -> None:
         await self.approvals.aclose()
+        lock, self._lock = self._lock, None
+        if lock is not None and lock.locked():
+            # An opening in flight: let it finish, so its connection is closed here.
+            with contextlib.suppress(RuntimeError):
+                async with lock:
+                    pass
         self._saver, saver = None, self._saver
         if saver is not None:
             await self._close(saver)
@@ -159,7 +166,11 @@ class _SQLiteBackend(_Backend):
         # A generous busy timeout: the approval ledger writes to the same file.
         conn = await aiosqlite.connect(self.path, timeout=30)
         saver = AsyncSqliteSaver(conn)
-        await saver.setup()
+        try:
+            await saver.setup()
+        except BaseException:
+            await asyncio.shield(conn.close())  # never leave a connection open
+            raise
         return saver
 
     async def _close(self, saver: BaseCheckpointSaver[Any]) -> None:

@@ -17,9 +17,10 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime._version import __version__
 
-__all__ = ["main"]
+__all__ = ["main", "worker_app"]
 
 
 class CLIError(Exception):
@@ -82,15 +83,34 @@ def _tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def _serve(app: Any, host: str, port: int, log_level: str) -> None:
+def _serve(app: Any, host: str, port: int, log_level: str, workers: int = 1) -> None:
     import uvicorn
 
     _check_port(host, port)
+    if workers > 1:
+        # Each worker process imports `worker_app`, which builds its own runtime from the
+        # target named in the environment; they share one listening socket.
+        uvicorn.run("copilot_runtime.cli:worker_app", factory=True, workers=workers,
+                    host=host, port=port, log_level=log_level, access_log=False,
+                    lifespan="on", timeout_graceful_shutdown=5)
+        return
     _tune_gc()
     # ws="none": the runtime serves no WebSocket, and the `websockets` library would cost
     # every idle worker ~2 MB.
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
                 lifespan="on", timeout_graceful_shutdown=5, ws="none")
+
+
+#: How `serve --workers N` tells its worker processes what to serve.
+_WORKER_ENV = "COPILOT_RUNTIME_SERVE"
+
+
+def worker_app() -> Any:
+    """The app of one `serve --workers N` process (uvicorn calls it in each worker)."""
+    target, path, max_body_size = os.environ[_WORKER_ENV].split("\n")
+    app = _to_app(_load_target(target), path, int(max_body_size))
+    _tune_gc()
+    return app
 
 
 def _print_next_steps(host: str, port: int, path: str, model: str | None,
@@ -132,6 +152,12 @@ def _checkpoints_beside(db: str) -> str:
     return "sqlite:///" + str(path.with_name(path.stem + ".checkpoints.sqlite3"))
 
 
+def _thread_store(url: str) -> Any:
+    from copilot_runtime.threads import thread_store
+
+    return thread_store(url)
+
+
 def _redacted(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.password is None:
@@ -158,6 +184,10 @@ def main(argv: list[str] | None = None) -> None:
     serve = commands.add_parser("serve", help="serve a CopilotRuntime or an ASGI app")
     serve.add_argument("target", metavar="TARGET",
                        help="module:attribute naming a CopilotRuntime or an ASGI app")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="worker processes sharing the port, each importing TARGET "
+                            "(with more than one, give the runtime a shared thread store "
+                            "and coordinator)")
     common(serve, 8000)
     demo = commands.add_parser("demo", help="serve the demo runtime")
     common(demo, 8000)
@@ -168,13 +198,27 @@ def main(argv: list[str] | None = None) -> None:
                       help="where the workflows keep their graphs and approvals: a "
                            "sqlite:///path, postgresql://... or memory URL (default: a "
                            "SQLite file next to --db)")
+    demo.add_argument("--threads", default=os.environ.get("COPILOT_RUNTIME_THREADS"),
+                      help="where threads live, as a thread store URL (sqlite:///path, "
+                           "postgresql://...?schema=NAME, memory://); overrides --db")
+    demo.add_argument("--coordinator", default=os.environ.get("COPILOT_RUNTIME_COORDINATOR"),
+                      help="how workers share runs: local (default), postgresql://... or "
+                           "redis://... (see copilot_runtime.coordination)")
     demo.add_argument("--approval-timeout", type=float, default=300.0,
                       help="seconds before an account_review approval times out")
     args = parser.parse_args(argv)
+    workers = 1
 
     try:
         if args.command == "serve":
+            workers = args.workers
+            if workers < 1:
+                raise CLIError("--workers must be at least 1")
             app = _to_app(_load_target(args.target), args.path, args.max_body_size)
+            if workers > 1:
+                os.environ[_WORKER_ENV] = "\n".join(
+                    [args.target, args.path, str(args.max_body_size)])
+                app = None  # each worker builds its own
             _check_port(args.host, args.port)
             _print_next_steps(args.host, args.port, args.path, None)
         else:
@@ -186,13 +230,18 @@ def main(argv: list[str] | None = None) -> None:
 
             _check_port(args.host, args.port)
             store = None
-            if args.db != ":memory:":
+            if args.threads:
+                store = _thread_store(args.threads)
+            elif args.db != ":memory:":
                 from copilot_runtime.threads.sqlite import SQLiteThreadStore
 
                 store = SQLiteThreadStore(args.db)
-            checkpoints = args.checkpoints or _checkpoints_beside(args.db)
+            checkpoints = args.checkpoints or (
+                args.threads if (args.threads or "").startswith(("postgresql:", "postgres:"))
+                else _checkpoints_beside(args.db))
             runtime, model = build_demo_runtime(store, checkpoints=checkpoints,
-                                                approval_timeout=args.approval_timeout)
+                                                approval_timeout=args.approval_timeout,
+                                                coordinator=args.coordinator)
             from copilot_runtime.demo_pages import DemoPages, pages_note
 
             app = DemoPages(_to_app(runtime, args.path, args.max_body_size), args.path)
@@ -204,9 +253,12 @@ def main(argv: list[str] | None = None) -> None:
                               f"{WORKFLOWS_NEED_EXTRA} (missing: {missing})" if missing
                               else None)
             print(pages_note(app, args.host, args.port), flush=True)
-        _serve(app, args.host, args.port, args.log_level)
+        _serve(app, args.host, args.port, args.log_level, workers)
     except CLIError as exc:
         print(f"copilot-runtime: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except ConfigurationError as exc:
+        print(f"copilot-runtime: error: {exc.message}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         pass

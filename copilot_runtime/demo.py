@@ -130,13 +130,15 @@ def demo_workflows(checkpoints: str = "memory", *, approval_timeout: float | Non
 
 def build_demo_runtime(thread_store: ThreadStore | None = None, *,
                        checkpoints: str = "memory",
-                       approval_timeout: float | None = 300) -> tuple[CopilotRuntime, str]:
+                       approval_timeout: float | None = 300,
+                       coordinator: str | None = None) -> tuple[CopilotRuntime, str]:
     adapter, description = demo_adapter()
     runtime = CopilotRuntime(
         service_adapter=adapter,
         actions=[get_weather, roll_dice],
         instructions="You are the assistant of the copilot-runtime demo. Be brief.",
         thread_store=thread_store,
+        coordinator=coordinator,
         agents=demo_workflows(checkpoints, approval_timeout=approval_timeout),
     )
     return runtime, description

@@ -9,6 +9,9 @@ request to remote agents, except a few that describe the hop to the runtime or a
 runtime's own secrets. `HeaderPolicy()` is that behaviour; its fields widen or narrow it.
 Cookies are never forwarded unless a policy names `cookie` explicitly, because a session
 cookie of the frontend's origin is a credential the remote service was never meant to see.
+With `CopilotRuntime(auth=...)` the caller's `authorization` (and `cookie`) authenticate
+them to this runtime, so agents never see them unless the runtime is built with
+`forward_credentials=True` (each agent's policy still applies then).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_DENIED_HEADERS", "HOP_BY_HOP", "HeaderPolicy", "forwardable"]
+__all__ = ["CREDENTIAL_HEADERS", "DEFAULT_DENIED_HEADERS", "HOP_BY_HOP", "HeaderPolicy",
+           "forwardable"]
 
 #: Never forwarded by the default policy: they describe the client's hop to this runtime,
 #: or are credentials of the runtime itself.
@@ -71,11 +75,17 @@ class HeaderPolicy:
         return {name.lower(): value for name, value in headers.items() if self.allows(name)}
 
 
-def forwardable(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
-    """A request's headers (ASGI pairs) for its agent: lower-cased, minus this connection's."""
+#: What authenticates a caller to this runtime: kept from agents when the runtime checks it.
+CREDENTIAL_HEADERS: frozenset[str] = frozenset({"authorization", "cookie"})
+
+
+def forwardable(raw: Iterable[tuple[bytes, bytes]], *,
+                credentials: bool = True) -> dict[str, str]:
+    """A request's headers (ASGI pairs) for its agent: lower-cased, minus this connection's;
+    without `credentials`, minus those that authenticated the caller to this runtime."""
     out: dict[str, str] = {}
     for key, value in raw:
         name = key.decode("latin-1").lower()
-        if name not in HOP_BY_HOP:
+        if name not in HOP_BY_HOP and (credentials or name not in CREDENTIAL_HEADERS):
             out[name] = value.decode("latin-1")
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -12,17 +13,21 @@ from copilot_runtime._exceptions import AgentNotFoundError, ConfigurationError
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES
 from copilot_runtime._runs import ActiveRun, RunManager
+from copilot_runtime._shared_runs import RecoverySweep
 from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import ServiceAdapter
 from copilot_runtime.adapters.empty import EmptyAdapter
+from copilot_runtime.adapters.transcription import Transcriber
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.approvals.service import ApprovalService
 from copilot_runtime.auth import Authenticator, RequestInfo, owner_of
+from copilot_runtime.coordination import Coordinator
+from copilot_runtime.coordination import coordinator as coordinator_for
 from copilot_runtime.guardrails import Guardrail
 from copilot_runtime.hooks import HookRunner, OnError, OnRequest, OnRunFinished
 from copilot_runtime.limits import RateLimit, RateLimiter
-from copilot_runtime.threads.base import Positioned, ThreadOwner, ThreadStore
+from copilot_runtime.threads.base import DurableThreadStore, Positioned, ThreadOwner, ThreadStore
 from copilot_runtime.threads.memory import InMemoryThreadStore
 
 __all__ = ["CopilotRuntime", "approval_service"]
@@ -60,6 +65,9 @@ class CopilotRuntime:
         max_steps: int = 10,
         auth: Authenticator | None = None,
         approver_roles: Iterable[str] = (),
+        forward_credentials: bool = False,
+        transcription: Transcriber | None = None,
+        mcp_servers: Sequence[Any] = (),
         guardrails: Iterable[Guardrail] = (),
         rate_limit: RateLimit | None = None,
         on_request: OnRequest | None = None,
@@ -67,6 +75,7 @@ class CopilotRuntime:
         on_error: OnError | None = None,
         telemetry: Any = None,
         max_run_bytes: int = DEFAULT_MAX_RUN_BYTES,
+        coordinator: Coordinator | str | None = None,
     ) -> None:
         self.agents: dict[str, Agent] = dict(agents or {})
         self.actions = list(actions)
@@ -86,12 +95,35 @@ class CopilotRuntime:
         elif self.actions and service_adapter is None:
             raise ConfigurationError("actions need a service_adapter for the default agent")
         self.store: ThreadStore = thread_store or InMemoryThreadStore()
-        self.runs = RunManager(self.store, max_run_bytes)
+        #: How the workers serving this runtime share runs (`copilot_runtime.coordination`).
+        self.coordinator: Coordinator = coordinator if not isinstance(coordinator, str | None) \
+            else coordinator_for(coordinator)
+        if self.coordinator.shared and not isinstance(self.store, DurableThreadStore):
+            raise ConfigurationError(
+                "a shared coordinator needs a thread store every worker can read: pass "
+                "thread_store=thread_store('postgresql://...') (the in-memory store is this "
+                "process's alone)")
+        self.runs = RunManager(self.store, max_run_bytes, self.coordinator)
+        self._sweep: RecoverySweep | None = RecoverySweep(self.runs, self.coordinator) \
+            if self.coordinator.shared else None
         if auth is not None and not isinstance(auth, Authenticator):
             raise ConfigurationError("auth needs an async authenticate(request) method")
         self.auth = auth
+        #: Speech to text for the chat's microphone (`POST transcribe`), or None.
+        self.transcription = transcription
+        #: The MCP servers whose tools the built-in agents get when the runtime starts.
+        self.mcp: Any = None
+        if mcp_servers:
+            from copilot_runtime.mcp_tools import MCPToolset  # the `mcp` extra
+
+            self.mcp = MCPToolset(mcp_servers)
+        #: Whether agents see the caller's credential headers (always, without `auth`).
+        self.forwards_credentials = auth is None or forward_credentials
         self.approver_roles = frozenset(approver_roles)
         self.guardrails: list[Guardrail] = list(guardrails)
+        if rate_limit is not None and rate_limit.backend is None:
+            # Workers that share runs share their callers' counters too.
+            rate_limit = replace(rate_limit, backend=self.coordinator.counters())
         self.limiter = RateLimiter(rate_limit) if rate_limit is not None else None
         self.hooks = HookRunner(on_request, on_run_finished, on_error)
         #: A `copilot_runtime.telemetry.Telemetry`, or None.
@@ -121,16 +153,43 @@ class CopilotRuntime:
         if self._started:
             return
         self._started = True
-        try:
-            # Runs a crash of this process left open in a durable store end as interrupted.
-            await self.runs.recover()
-        except Exception:
-            _log.exception("could not close the runs a previous process left open")
+        if self.coordinator.shared:
+            await self.coordinator.start()
+            if self._sweep is not None:
+                self._sweep.start()  # other workers' runs are not ours to close at start
+        else:
+            try:
+                # Runs a crash of this process left open in a durable store end as interrupted.
+                await self.runs.recover()
+            except Exception:
+                _log.exception("could not close the runs a previous process left open")
+        if self.mcp is not None:
+            await self._start_mcp()
         await self.approvals.start()
 
+    async def _start_mcp(self) -> None:
+        """Connect to the MCP servers and offer their tools as server-side actions (an
+        action of the application keeps its name; a tool of the same name is left out)."""
+        await self.mcp.start()
+        taken = {a.name for a in self.actions}
+        tools = [a for a in self.mcp.actions if a.name not in taken]
+        self.actions.extend(tools)
+        for agent in self.agents.values():
+            if isinstance(agent, BuiltInAgent):
+                for tool in tools:
+                    agent.actions.setdefault(tool.name, tool)
+        _log.info("MCP tools offered", tools=[a.name for a in tools])
+
     def is_running(self, thread_id: str) -> bool:
-        """Whether a run is on the thread now."""
+        """Whether a run is on the thread now, in this process."""
         return thread_id in self.runs.active
+
+    async def is_running_anywhere(self, thread_id: str) -> bool:
+        """Whether a run is on the thread now, on any worker."""
+        if thread_id in self.runs.active:
+            return True
+        coordinator = self.runs.coordinator
+        return coordinator is not None and await coordinator.holder(thread_id) is not None
 
     def agent(self, agent_id: str) -> Agent:
         try:
@@ -212,6 +271,13 @@ class CopilotRuntime:
                 return False
         return self.runs.stop(thread_id, run_id)
 
+    async def stop(self, agent_id: str, thread_id: str, run_id: str | None = None, *,
+                   request: RequestInfo | None = None) -> bool:
+        """`stop_run` on whichever worker drives the thread's run."""
+        if self.stop_run(agent_id, thread_id, run_id, request=request):
+            return True
+        return await self.runs.stop_anywhere(thread_id, run_id)
+
     def connect(self, agent_id: str, thread_id: str, *, request: RequestInfo | None = None,
                 after: int = -1) -> AsyncIterator[Sequence[Positioned]]:
         """The thread's events after position `after` (all for -1), then its live run's, each
@@ -238,11 +304,21 @@ class CopilotRuntime:
         await self.hooks.drain()
         if self.limiter is not None:
             await self.limiter.aclose()
+        if self.transcription is not None:
+            await self.transcription.aclose()
+        if self.mcp is not None:
+            try:
+                await self.mcp.aclose()
+            except Exception:  # e.g. closed from another task than the one that started it
+                _log.exception("could not close the MCP sessions")
         closed: set[int] = set()
         for agent in self.agents.values():
             if id(agent) not in closed:
                 closed.add(id(agent))
                 await agent.aclose()
+        if self._sweep is not None:
+            await self._sweep.aclose()
+        await self.coordinator.aclose()
         await self.store.aclose()
 
 

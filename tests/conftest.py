@@ -14,7 +14,10 @@ import orjson
 import pytest
 import uvicorn
 
-from copilot_runtime import CopilotRuntime, OpenAIAdapter, create_app
+from copilot_runtime import CopilotRuntime, OpenAIAdapter, RunInput, create_app
+from copilot_runtime import events as ev
+from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.events import EventBatches
 from copilot_runtime.testing import MockOpenAIServer
 from tests.realclient_app import getWeather
 
@@ -137,3 +140,34 @@ def types(events: list[dict[str, Any]]) -> list[str]:
 
 def text_of(events: list[dict[str, Any]]) -> str:
     return "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+
+
+class GatedAgent(Agent):
+    """Says "one ", waits for `gate`, then says "two" and ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._run(input.run_id)
+
+    async def _run(self, run_id: str) -> Any:
+        message = f"m-{run_id}"
+        yield [ev.text_message_start(message), ev.text_message_content(message, "one ")]
+        await self.gate.wait()
+        yield [ev.text_message_content(message, "two"), ev.text_message_end(message)]
+
+
+async def poll(within: float = 30.0, every: float = 0.05) -> AsyncIterator[int]:
+    """Yield every `every` seconds until `within` seconds have passed: a polling loop whose
+    budget holds on a loaded machine; the assertion after the loop says what never came."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    attempt = 0
+    while True:
+        yield attempt
+        attempt += 1
+        if loop.time() >= deadline:
+            return
+        await asyncio.sleep(every)

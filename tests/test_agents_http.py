@@ -100,6 +100,27 @@ async def test_header_policy_narrows_what_is_forwarded(
     assert not [name for name in sent if name.startswith("x-")], sent
 
 
+@pytest.mark.parametrize("forward", [False, True])
+async def test_with_auth_the_callers_credentials_stay_here(
+        forward: bool, remote: ScriptedAGUIServer, serve_runtime: ServeRuntime) -> None:
+    """The bearer token that authenticated the caller to this runtime never reaches a remote
+    agent unless the runtime is told to forward credentials (over both protocols' path)."""
+    from copilot_runtime import BearerTokenAuth
+
+    runtime = CopilotRuntime(agents={"remote": HttpAgent(remote.url)},
+                             auth=BearerTokenAuth({"user-token": "alice"}),
+                             forward_credentials=forward)
+    headers = {**_CLIENT_HEADERS, "Authorization": "Bearer user-token"}
+    async with serve_runtime(runtime) as served:
+        response = await served.post("/agent/remote/run", run_input("Hi"), headers=headers)
+        assert response.status == 200
+        await response.read()
+    sent = remote.requests[0]["headers"]
+    assert sent["x-tenant"] == "acme"
+    assert ("authorization" in sent) is forward
+    assert "cookie" not in sent  # the policy's own rule, either way
+
+
 def test_header_policy_rules() -> None:
     incoming = {k.lower(): v for k, v in _CLIENT_HEADERS.items()}
     assert HeaderPolicy().select(incoming) == {

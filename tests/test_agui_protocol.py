@@ -12,6 +12,7 @@ from copilot_runtime import Agent, CopilotRuntime, RunContext, RunInput
 from copilot_runtime.events import EventBatches, text_message_content, text_message_start
 from copilot_runtime.testing import MockOpenAIServer, verify_events
 from tests.conftest import (
+    GatedAgent,
     Served,
     ServeRuntime,
     openai_runtime,
@@ -492,13 +493,27 @@ async def test_connect_unknown_thread_is_empty(served: Served) -> None:
     assert await response.read() == b""
 
 
-async def test_connect_while_running_follows_the_live_run(served: Served) -> None:
-    task = asyncio.create_task(served.run(run_input("slow:50 live one", thread="t-live")))
-    await asyncio.sleep(0.12)
-    replay = await served.run(run_input("", thread="t-live"), path="/agent/default/connect")
-    original = await task
+async def test_connect_while_running_follows_the_live_run(
+        serve_runtime: ServeRuntime) -> None:
+    """`connect` gets the events so far while the run is provably still running (its agent
+    waits at a gate the test holds), then the rest live, to the run's end."""
+    agent = GatedAgent()
+    async with serve_runtime(CopilotRuntime(agents={"default": agent})) as served:
+        running = await served.post("/agent/default/run", run_input("hi", thread="t-live"))
+        first = await running.content.readuntil(b"\n\n")  # RUN_STARTED is out: it runs
+        connect = await served.post("/agent/default/connect", run_input("", thread="t-live"))
+        so_far = b""
+        async with asyncio.timeout(20):
+            while b"one " not in so_far:
+                so_far += await connect.content.readany()
+        assert served.runtime.is_running("t-live")
+        assert b"RUN_FINISHED" not in so_far
+        agent.gate.set()
+        replay = parse_sse(so_far + await connect.read())
+        original = parse_sse(first + await running.read())
     verify_events(replay)
-    assert text_of(replay) == text_of(original) == "echo: slow:50 live one"
+    assert replay == original
+    assert text_of(replay) == "one two"
 
 
 async def test_thread_routes(served: Served) -> None:
@@ -534,19 +549,18 @@ async def test_broken_stream_message(served: Served) -> None:
     assert events[-1]["message"].startswith("The OpenAI stream broke off"), events[-1]
 
 
-class _SlowAgent(Agent):
-    async def run(self, input: RunInput, context: RunContext) -> EventBatches:  # type: ignore[override]
-        yield [text_message_start("m1"), text_message_content("m1", "thinking")]
-        await asyncio.sleep(0.35)
-        yield [text_message_content("m1", " done")]
-
-
 async def test_keepalive_comments_during_silence(serve_runtime: ServeRuntime) -> None:
-    async with serve_runtime(CopilotRuntime(agents={"slow": _SlowAgent()}),
-                             keepalive=0.1) as served:
+    """While the agent is silent (held at a gate until two keep-alives came, however slow the
+    machine), the stream carries SSE comments; the run then ends as usual."""
+    agent = GatedAgent()
+    async with serve_runtime(CopilotRuntime(agents={"slow": agent}), keepalive=0.1) as served:
         response = await served.post("/agent/slow/run", run_input("x"))
-        body = await response.read()
-    assert body.count(b": keep-alive\n\n") >= 2
+        body = b""
+        async with asyncio.timeout(20):
+            while body.count(b": keep-alive\n\n") < 2:
+                body += await response.content.readany()
+        agent.gate.set()
+        body += await response.read()
     events = parse_sse(body)
     verify_events(events)
-    assert text_of(events) == "thinking done"
+    assert text_of(events) == "one two"

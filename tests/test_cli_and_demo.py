@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx2
 import orjson
@@ -134,3 +135,73 @@ async def test_mount_into_fastapi() -> None:
                                 json=run_input("hi"))
         assert "offline demo model" in text_of(parse_sse(run.content))
     await runtime.aclose()
+
+
+def test_serve_with_workers_runs_several_processes_on_one_port() -> None:
+    port = free_port()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ".", "LLM_BASE_URL": "http://127.0.0.1:9/v1"}
+    process = subprocess.Popen([*CLI, "serve", "tests.realclient_app:runtime", "--port", str(port),
+                                "--workers", "2"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    url = f"http://127.0.0.1:{port}/copilotkit"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text()
+            try:
+                if len(children.split()) >= 2 and \
+                        httpx2.get(url + "/info", timeout=1).status_code == 200:
+                    break
+            except httpx2.TransportError:
+                pass
+            assert process.poll() is None, process.communicate(timeout=10)
+            assert time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.1)
+        # Each worker built its own runtime from TARGET, and answers on the shared port.
+        for _ in range(4):
+            assert httpx2.get(url + "/info", timeout=5).json()["agents"]["default"]
+    finally:
+        process.terminate()
+        _out, err = process.communicate(timeout=30)
+    assert b"Traceback" not in err, err
+
+
+def test_workers_must_be_positive() -> None:
+    _fails_with(["serve", "tests.realclient_app:runtime", "--workers", "0"],
+                "--workers must be at least 1")
+
+
+def test_demo_refuses_a_shared_coordinator_over_memory_threads() -> None:
+    _fails_with(["demo", "--port", str(free_port()), "--db", ":memory:", "--coordinator",
+                 "redis://127.0.0.1:6379/0"],
+                "a shared coordinator needs a thread store every worker can read: pass "
+                "thread_store=thread_store('postgresql://...') (the in-memory store is this "
+                "process's alone)")
+
+
+def test_demo_on_shared_threads_and_a_coordinator(tmp_path: Path) -> None:
+    # The one line of the README, on a SQLite file here (PostgreSQL: tests/test_multi_worker).
+    port = free_port()
+    threads = f"sqlite:///{tmp_path}/threads.sqlite3"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ".", "COPILOT_RUNTIME_THREADS": threads,
+           "COPILOT_RUNTIME_COORDINATOR": "redis://127.0.0.1:6379/0?prefix=cli-demo-test:"}
+    process = subprocess.Popen([*CLI, "demo", "--port", str(port)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    url = f"http://127.0.0.1:{port}/copilotkit"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx2.get(url + "/info", timeout=1)
+                break
+            except httpx2.TransportError:
+                assert process.poll() is None, process.communicate(timeout=10)
+                assert time.monotonic() < deadline, "the demo did not start"
+                time.sleep(0.05)
+        run = httpx2.post(url + "/agent/default/run", json=run_input("hi", thread="t-demo"))
+        assert parse_sse(run.content)[-1]["type"] == "RUN_FINISHED"
+    finally:
+        process.terminate()
+        _out, err = process.communicate(timeout=30)
+    assert b"Traceback" not in err, err
+    assert (tmp_path / "threads.sqlite3").exists()

@@ -23,7 +23,7 @@ from copilot_runtime.testing import verify_events
 from copilot_runtime.workflows.account_review import account_review
 from copilot_runtime.workflows.review_loop import ReviewLoop
 from copilot_runtime.workflows.specialists import SpecialistRequest
-from tests.conftest import Served, ServeRuntime, parse_sse, run_input, types
+from tests.conftest import Served, ServeRuntime, parse_sse, poll, run_input, types
 
 V1 = {"protocolVersion": "1.0"}
 
@@ -247,11 +247,10 @@ async def test_answering_without_waiting(hitl: tuple[Served, list[Drafting]]) ->
     status, body = await answer(served, pending["id"], {"action": "reject", "wait": False})
     assert status == 202
     assert body["run"]["status"] == "running"
-    for _ in range(100):
+    async for _ in poll():
         _, listed = await get(served, "/approvals?status=answered&threadId=h2")
         if listed["approvals"] and listed["approvals"][0]["applied"]:
             break
-        await asyncio.sleep(0.05)
     assert listed["approvals"][0]["answer"] == {"action": "reject"}
 
 
@@ -302,11 +301,10 @@ async def test_an_approval_times_out(hitl: tuple[Served, list[Drafting]]) -> Non
     interrupt = interrupt_of(started)
     assert interrupt["reason"] == "approval"
     expires = interrupt["expiresAt"]
-    for _ in range(100):  # the timer resumes the graph once the second is up
+    async for _ in poll():  # the timer resumes the graph once the second is up
         _, listed = await get(served, "/approvals?status=expired&threadId=late")
         if listed["approvals"] and listed["approvals"][0]["applied"]:
             break
-        await asyncio.sleep(0.05)
     (expired,) = listed["approvals"]
     assert expired["expiresAt"] == expires
     assert expired["answer"]["action"] == "timeout"
@@ -349,11 +347,10 @@ async def test_an_expired_approval_of_a_reset_thread_is_withdrawn(
     await service.aclose()  # forget the start without a timer
     service.run_timer = True
     await service.start()
-    for _ in range(60):
+    async for _ in poll():
         _, listed = await get(served, "/approvals?status=withdrawn&threadId=reset")
         if listed["approvals"]:
             break
-        await asyncio.sleep(0.05)
     assert [a["status"] for a in listed["approvals"]] == ["withdrawn"]
     _, events = await get(served, "/threads/reset/events")
     assert [e["type"] for e in events["events"]].count("RUN_STARTED") == 1  # no timeout run
@@ -373,11 +370,10 @@ async def test_an_answer_a_crash_interrupted_is_sent_again(serve_runtime: ServeR
     async with serve_runtime(second) as served:
         service = approval_service(second)
         await service.start()
-        for _ in range(100):
+        async for _ in poll():
             approval = await store_of(second).get(pending["id"])
             if approval is not None and approval.applied:
                 break
-            await asyncio.sleep(0.05)
         assert approval is not None
         assert (approval.status, approval.answered_by) == ("answered", "ann")
         agent: Any = second.agents["review"]

@@ -68,3 +68,65 @@ def test_server_needs_one_transport() -> None:
         MCPServer()
     with pytest.raises(ConfigurationError):
         MCPServer(url="http://x", command="y")
+
+
+async def test_runtime_offers_its_mcp_servers_tools(llm: MockOpenAIServer,
+                                                    serve_runtime: ServeRuntime) -> None:
+    """`CopilotRuntime(mcp_servers=...)` connects when it starts (the app's lifespan), gives
+    the built-in agent the tools, and closes the sessions when it stops."""
+
+    async with asyncio.timeout(TIMEOUT_S), serve(weather_server().streamable_http_app()) as url:
+        from copilot_runtime import action
+
+        @action
+        def explode(reason: str) -> str:
+            """The application's own action of the same name as a tool: it wins."""
+            return f"kept: {reason}"
+
+        runtime = CopilotRuntime(
+            service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="k", max_retries=0),
+            actions=[explode], mcp_servers=[MCPServer(url=url + "/mcp")])
+        async with serve_runtime(runtime) as served:
+            assert sorted(a.name for a in runtime.actions) == ["add", "explode", "forecast"]
+            events = await served.run(run_input('call:forecast {"city":"Rome","days":2}'))
+            own = await served.run(run_input('call:explode {"reason":"x"}', run="r2"))
+        assert runtime.mcp._stack is None  # closed with the app
+    result = next(e for e in events if e["type"] == "TOOL_CALL_RESULT")
+    assert orjson.loads(result["content"]) == {"city": "Rome", "days": 2, "sky": "clear"}
+    assert types(events)[-1] == "RUN_FINISHED"
+    assert next(e for e in own if e["type"] == "TOOL_CALL_RESULT")["content"] == '"kept: x"'
+
+
+async def test_servers_a_request_names_are_never_contacted(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """A request cannot make the runtime connect anywhere: the 1.x `properties.mcpServers`
+    and AG-UI `forwardedProps.mcpServers` are ignored (no allow-list of per-request servers
+    exists yet), and a listening socket of the test sees no connection."""
+    from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, user_turn
+
+    connections = 0
+
+    async def count(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        writer.close()
+
+    listener = await asyncio.start_server(count, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    named = [{"endpoint": f"http://127.0.0.1:{port}/mcp", "apiKey": "k"}]
+    runtime = CopilotRuntime(
+        service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="k", max_retries=0))
+    try:
+        async with serve_runtime(runtime) as served:
+            answer = await served.session.post(served.url, headers=CLIENT_HEADERS, json={
+                "query": CHAT_DOCUMENT, "variables": {
+                    "data": user_turn("hello"), "properties": {"mcpServers": named}}})
+            assert answer.status == 200
+            await answer.read()
+            events = await served.run(run_input("hello", forwardedProps={"mcpServers": named}))
+        assert types(events)[-1] == "RUN_FINISHED"
+        await asyncio.sleep(0.2)
+        assert connections == 0
+    finally:
+        listener.close()
+        await listener.wait_closed()

@@ -22,7 +22,8 @@ EXPECTED = [
     "ApprovalClosedError", "ApprovalError", "ApprovalNotFoundError",
     "AuthenticationError", "BearerTokenAuth", "JWTAuth", "PatternGuardrail", "Principal",
     "RateLimit", "TopicGuardrail", "Verdict",
-    "DurableThreadStore", "PostgresThreadStore", "thread_store",
+    "DurableThreadStore", "PostgresThreadStore", "thread_store", "OpenAITranscription",
+    "Coordinator", "coordinator",
 ]
 
 

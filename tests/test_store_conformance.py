@@ -95,6 +95,11 @@ async def test_finished_runs_and_positions(store: ThreadStore) -> None:
     assert record.next_position == len(one) + len(two)
     assert record.message_ids >= {"u-r1", "m-r1", "u-r2", "m-r2"}
     assert record.title == "hello there"
+    summary = await store.summary("t")
+    assert summary is not None
+    assert (summary.next_position, summary.message_ids, summary.title) == (
+        record.next_position, record.message_ids, record.title)
+    assert await store.summary("nope") is None
     assert record.runs[0].first_position == 0
     assert record.runs[0].last_position == len(one) - 1
     everything = await store.events_after("t", -1)

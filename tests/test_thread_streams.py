@@ -16,31 +16,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from copilot_runtime import BearerTokenAuth, CopilotRuntime, DemoAdapter, RunInput
+from copilot_runtime import BearerTokenAuth, CopilotRuntime, DemoAdapter
 from copilot_runtime import events as ev
-from copilot_runtime.agents.base import Agent, RunContext
-from copilot_runtime.events import EventBatches
 from copilot_runtime.testing import verify_events
 from copilot_runtime.threads import INTERRUPTED_CODE, SQLiteThreadStore, ThreadStore
 from copilot_runtime.threads.memory import InMemoryThreadStore
-from tests.conftest import Served, ServeRuntime, parse_sse_ids, run_input, text_of
-
-
-class GatedAgent(Agent):
-    """Says "one ", waits for `gate`, then says "two" and ends."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = asyncio.Event()
-
-    def run(self, input: RunInput, context: RunContext) -> EventBatches:
-        return self._run(input.run_id)
-
-    async def _run(self, run_id: str) -> Any:
-        message = f"m-{run_id}"
-        yield [ev.text_message_start(message), ev.text_message_content(message, "one ")]
-        await self.gate.wait()
-        yield [ev.text_message_content(message, "two"), ev.text_message_end(message)]
+from tests.conftest import GatedAgent, Served, ServeRuntime, parse_sse_ids, run_input, text_of
 
 
 def _store(kind: str, tmp_path: Path) -> ThreadStore:

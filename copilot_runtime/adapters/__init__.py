@@ -21,6 +21,7 @@ from copilot_runtime.adapters.base import (
 from copilot_runtime.adapters.demo import DemoAdapter
 from copilot_runtime.adapters.empty import EmptyAdapter
 from copilot_runtime.adapters.openai import OpenAIAdapter
+from copilot_runtime.adapters.transcription import OpenAITranscription, Transcriber
 
 __all__ = [
     "AnthropicAdapter",
@@ -31,12 +32,14 @@ __all__ = [
     "GoogleGenAIAdapter",
     "LangChainAdapter",
     "OpenAIAdapter",
+    "OpenAITranscription",
     "ReasoningDelta",
     "ServiceAdapter",
     "StreamEnd",
     "TextDelta",
     "ToolCallDelta",
     "ToolSpec",
+    "Transcriber",
 ]
 
 _OPTIONAL = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
@@ -160,8 +161,12 @@ class SQLiteApprovalStore(_SQLApprovalStore):
                 await self._ready()
                 # Autocommit: each statement is its own transaction, so `claim` is atomic.
                 conn = await aiosqlite.connect(self.path, isolation_level=None, timeout=30)
-                for statement in self._schema():
-                    await conn.execute(statement.replace("DEFAULT FALSE", "DEFAULT 0"))
+                try:
+                    for statement in self._schema():
+                        await conn.execute(statement.replace("DEFAULT FALSE", "DEFAULT 0"))
+                except BaseException:
+                    await asyncio.shield(conn.close())  # never leave a connection open
+                    raise
                 self._conn = conn
         return self._conn
 
@@ -178,7 +183,8 @@ class SQLiteApprovalStore(_SQLApprovalStore):
             return [tuple(row) for row in await cursor.fetchall()]
 
     async def aclose(self) -> None:
-        self._lock = None  # a reopened store may live in another event loop
+        lock, self._lock = self._lock, None  # a reopened store may live in another event loop
+        await _settled(lock)
         if self._conn is not None:
             conn, self._conn = self._conn, None
             await conn.close()
@@ -236,3 +242,12 @@ def _row(row: tuple[Any, ...]) -> Approval:
         answered_by=answered_by,
         answered_at=float(answered_at) if answered_at is not None else None,
         applied=bool(applied))
+
+
+async def _settled(lock: asyncio.Lock | None) -> None:
+    """Wait for an opening in flight under `lock` to finish, so what it opened is closed by
+    the caller instead of outliving it (a lock of another event loop is not waited for)."""
+    if lock is not None and lock.locked():
+        with contextlib.suppress(RuntimeError):
+            async with lock:
+                pass

@@ -134,9 +134,10 @@ class Request:
         value = self.headers.get(name.encode())
         return value.decode("latin-1") if value is not None else None
 
-    def forwardable_headers(self) -> dict[str, str]:
-        """The headers an agent receives (each passes on only what its policy allows)."""
-        return forwardable(self.headers.items())
+    def forwardable_headers(self, *, credentials: bool = True) -> dict[str, str]:
+        """The headers an agent receives (each passes on only what its policy allows);
+        without `credentials`, not those that authenticated the caller to the runtime."""
+        return forwardable(self.headers.items(), credentials=credentials)
 
     def is_json(self) -> bool:
         content_type = self.headers.get(b"content-type", b"")
@@ -279,6 +280,8 @@ def encode_sse(batch: Sequence[Event], first: int | None = None) -> bytes:
         if len(batch) == 1:
             return b"data: " + dumps(batch[0]) + b"\n\n"
         return b"data: " + b"\n\ndata: ".join([dumps(e) for e in batch]) + b"\n\n"
+    if len(batch) == 1:
+        return b"id: %d\ndata: %b\n\n" % (first, dumps(batch[0]))
     return b"".join([b"id: %d\ndata: %b\n\n" % (first + i, dumps(e))
                      for i, e in enumerate(batch)])
 

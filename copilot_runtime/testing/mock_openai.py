@@ -125,7 +125,25 @@ class MockOpenAIServer(LoopbackServer):
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/audio/transcriptions", self._transcriptions)
         app.router.add_get("/healthz", self._health)
+
+    async def _transcriptions(self, request: web.Request) -> web.Response:
+        """OpenAI's transcription API: multipart `file` and `model` in, `{"text"}` out; the
+        text says what arrived (`heard <bytes> bytes of <type> as <model>`)."""
+        form = await request.post()
+        upload, model = form.get("file"), form.get("model")
+        if self.record:
+            self.headers.append({k.lower(): v for k, v in request.headers.items()})
+        if not isinstance(upload, web.FileField) or not isinstance(model, str):
+            return _error(400, "file and model are required", "invalid_request_error")
+        if self.statuses:
+            return _error(self.statuses.pop(0), "mock error", "server_error")
+        data = upload.file.read()
+        if not data:
+            return _error(400, "Audio file is empty or unreadable", "invalid_request_error")
+        return web.json_response(
+            {"text": f"heard {len(data)} bytes of {upload.content_type} as {model}"})
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")

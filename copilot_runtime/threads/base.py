@@ -110,6 +110,10 @@ class ThreadStore(Protocol):
         """The thread with its finished runs, or None if it never started a run."""
         ...
 
+    async def summary(self, thread_id: str) -> ThreadRecord | None:
+        """The thread without its runs (its owner, message ids, next position), or None."""
+        ...
+
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
                          message_ids: Iterable[str], *, owner: ThreadOwner | None = None
                          ) -> None:

@@ -51,6 +51,9 @@ class InMemoryThreadStore:
             self._threads.move_to_end(thread_id)
         return record
 
+    async def summary(self, thread_id: str) -> ThreadRecord | None:
+        return self._threads.get(thread_id)
+
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
                          message_ids: Iterable[str], *, owner: ThreadOwner | None = None
                          ) -> None:

@@ -82,6 +82,50 @@ _MIGRATIONS: tuple[str, ...] = (
     """,
 )
 
+#: Seconds between deletions of the raw events whose retention ended.
+_PRUNE_EVERY = 30.0
+_UPSERT_THREAD = (
+    "INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title, "
+    "next_position) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (thread_id) DO UPDATE "
+    "SET updated_at = GREATEST(threads.updated_at, excluded.updated_at), next_position = "
+    "GREATEST(threads.next_position, excluded.next_position)")
+#: A finished run: the thread created or touched, the run that its first events opened closed
+#: (or a new row when none were written while it ran), its last raw events, its message ids.
+_FINISH_RUN = """
+WITH thread AS (
+    INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title,
+                         next_position)
+    VALUES (%(thread)s, %(agent)s, %(created)s, %(created)s, %(owner)s, %(tenant)s, %(title)s,
+            %(next)s)
+    ON CONFLICT (thread_id) DO UPDATE SET
+        updated_at = GREATEST(threads.updated_at, excluded.updated_at),
+        next_position = GREATEST(threads.next_position, excluded.next_position)
+), closed AS (
+    UPDATE runs SET events = %(events)s, open = FALSE, last_position = %(last)s,
+                    ended_at = %(now)s
+    WHERE thread_id = %(thread)s AND run_id = %(run)s AND open
+    RETURNING 1
+), added AS (
+    INSERT INTO runs (thread_id, seq, run_id, created_at, events, first_position,
+                      last_position, ended_at)
+    SELECT %(thread)s, COALESCE((SELECT MAX(seq) FROM runs WHERE thread_id = %(thread)s), 0) + 1,
+           %(run)s, %(created)s, %(events)s, %(first)s, %(last)s, %(now)s
+    WHERE NOT EXISTS (SELECT 1 FROM closed)
+), chunk AS (
+    INSERT INTO run_events (thread_id, first_position, last_position, run_id, events)
+    SELECT %(thread)s, %(raw_first)s, %(raw_last)s, %(run)s, %(raw)s
+    WHERE %(raw_first)s::bigint IS NOT NULL
+    ON CONFLICT (thread_id, first_position) DO UPDATE SET events = excluded.events,
+        last_position = excluded.last_position
+)
+INSERT INTO message_ids (thread_id, message_id)
+SELECT %(thread)s, unnest(%(ids)s::text[])
+ON CONFLICT DO NOTHING
+"""
+_INSERT_CHUNK = (
+    "INSERT INTO run_events (thread_id, first_position, last_position, run_id, events) "
+    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (thread_id, first_position) DO UPDATE SET "
+    "events = excluded.events, last_position = excluded.last_position")
 _THREAD_COLUMNS = ("agent_id, created_at, updated_at, owner_id, tenant, name, title, "
                    "next_position")
 
@@ -100,6 +144,7 @@ class PostgresThreadStore:
                                          open=False, kwargs={"autocommit": True},
                                          configure=self._configure)
         self._opened: asyncio.Task[None] | None = None
+        self._pruned = 0.0
 
     async def _configure(self, conn: AsyncConnection[Any]) -> None:
         await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
@@ -145,22 +190,36 @@ class PostgresThreadStore:
 
     async def get(self, thread_id: str) -> ThreadRecord | None:
         await self.open()
-        async with self._pool.connection() as conn:
-            row = await (await conn.execute(
+        async with self._pool.connection() as conn, conn.pipeline():
+            # Three queries, one round trip.
+            thread = await conn.execute(
                 f"SELECT {_THREAD_COLUMNS} FROM threads WHERE thread_id = %s", (thread_id,))
-            ).fetchone()
+            runs = await conn.execute(
+                "SELECT run_id, created_at, events, first_position, last_position FROM runs "
+                "WHERE thread_id = %s AND NOT open ORDER BY seq", (thread_id,))
+            ids = await conn.execute(
+                "SELECT message_id FROM message_ids WHERE thread_id = %s", (thread_id,))
+            row = await thread.fetchone()
             if row is None:
                 return None
             record = _record(thread_id, row)
-            cursor = await conn.execute(
-                "SELECT run_id, created_at, events, first_position, last_position FROM runs "
-                "WHERE thread_id = %s AND NOT open ORDER BY seq", (thread_id,))
-            for run_id, created_at, events, first, last in await cursor.fetchall():
+            for run_id, created_at, events, first, last in await runs.fetchall():
                 record.runs.append(StoredRun(run_id, orjson.loads(events), created_at,
                                              len(events), first, last))
-            cursor = await conn.execute(
-                "SELECT message_id FROM message_ids WHERE thread_id = %s", (thread_id,))
-            record.message_ids = {m for (m,) in await cursor.fetchall()}
+            record.message_ids = {m for (m,) in await ids.fetchall()}
+        return record
+
+    async def summary(self, thread_id: str) -> ThreadRecord | None:
+        await self.open()
+        async with self._pool.connection() as conn:
+            row = await (await conn.execute(
+                f"SELECT {_THREAD_COLUMNS}, ARRAY(SELECT message_id FROM message_ids m "
+                "WHERE m.thread_id = t.thread_id) FROM threads t WHERE thread_id = %s",
+                (thread_id,))).fetchone()
+        if row is None:
+            return None
+        record = _record(thread_id, row[:-1])
+        record.message_ids = set(row[-1])
         return record
 
     async def events_after(self, thread_id: str, position: int) -> list[Positioned]:
@@ -238,39 +297,26 @@ class PostgresThreadStore:
                          message_ids: Iterable[str], *, owner: ThreadOwner | None = None,
                          raw_first: int = -1, raw: Sequence[Event] = ()) -> None:
         await self.open()
-        blob = orjson.dumps(run.events)
-        ids = [(thread_id, m) for m in message_ids]
         now = time.time()
-        async with self._pool.connection() as conn, conn.transaction():
-            if raw and raw_first >= 0:
-                await self._append_events(conn, thread_id, agent_id, run.run_id,
-                                          run.created_at, raw_first, raw, owner)
-            await _thread(conn, thread_id, agent_id, run.created_at, owner, run.events)
-            seq = await _open_seq(conn, thread_id, run.run_id)
-            if seq is None:
+        has_raw = bool(raw) and raw_first >= 0
+        async with self._pool.connection() as conn:
+            # One statement (its parts are applied together, or not at all).
+            await conn.execute(_FINISH_RUN, {
+                "thread": thread_id, "agent": agent_id, "created": run.created_at,
+                "owner": owner.principal_id if owner else None,
+                "tenant": owner.tenant if owner else None, "title": title_of(run.events),
+                "next": run.last_position + 1, "run": run.run_id,
+                "events": orjson.dumps(run.events), "first": run.first_position,
+                "last": run.last_position, "now": now, "ids": list(message_ids),
+                "raw_first": raw_first if has_raw else None,
+                "raw_last": raw_first + len(raw) - 1 if has_raw else None,
+                "raw": orjson.dumps(raw) if has_raw else None})
+            if now - self._pruned > _PRUNE_EVERY:
+                self._pruned = now
                 await conn.execute(
-                    "INSERT INTO runs (thread_id, seq, run_id, created_at, events, "
-                    "first_position, last_position, ended_at) SELECT %s, "
-                    "COALESCE(MAX(seq), 0) + 1, %s, %s, %s, %s, %s, %s FROM runs "
-                    "WHERE thread_id = %s",
-                    (thread_id, run.run_id, run.created_at, blob, run.first_position,
-                     run.last_position, now, thread_id))
-            else:
-                await conn.execute(
-                    "UPDATE runs SET events = %s, open = FALSE, last_position = %s, "
-                    "ended_at = %s WHERE thread_id = %s AND seq = %s",
-                    (blob, run.last_position, now, thread_id, seq))
-            if run.last_position >= 0:
-                await _advance(conn, thread_id, run.last_position)
-            if ids:
-                async with conn.cursor() as cursor:
-                    await cursor.executemany(
-                        "INSERT INTO message_ids (thread_id, message_id) VALUES (%s, %s) "
-                        "ON CONFLICT DO NOTHING", ids)
-            await conn.execute(
-                "DELETE FROM run_events e USING runs r WHERE e.thread_id = %s "
-                "AND r.thread_id = e.thread_id AND r.run_id = e.run_id AND NOT r.open "
-                "AND r.ended_at < %s", (thread_id, now - self.raw_retention))
+                    "DELETE FROM run_events e USING runs r WHERE r.thread_id = e.thread_id "
+                    "AND r.run_id = e.run_id AND NOT r.open AND r.ended_at < %s",
+                    (now - self.raw_retention,))
 
     async def close_interrupted(self, thread_id: str, run_id: str) -> bool:
         await self.open()

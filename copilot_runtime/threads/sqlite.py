@@ -103,6 +103,9 @@ def _v2(db: sqlite3.Connection) -> None:
             db.execute(statement)
 
 
+#: Seconds between deletions of the raw events whose retention ended.
+_PRUNE_EVERY = 30.0
+
 _MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2)
 
 
@@ -115,6 +118,7 @@ class SQLiteThreadStore:
         if raw_retention is not None:
             self.raw_retention = raw_retention
         self._lock = threading.Lock()
+        self._pruned = 0.0
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
                                    timeout=30)
         with self._lock:
@@ -173,17 +177,26 @@ class SQLiteThreadStore:
         return await self._call(self._get, thread_id)
 
     def _get(self, thread_id: str) -> ThreadRecord | None:
+        record = self._summary(thread_id)
+        if record is None:
+            return None
+        for run_id, created_at, events, first, last in self._db.execute(
+                "SELECT run_id, created_at, events, first_position, last_position FROM runs "
+                "WHERE thread_id = ? AND open = 0 ORDER BY seq", (thread_id,)):
+            record.runs.append(StoredRun(run_id, orjson.loads(events), created_at,
+                                         len(events), first, last))
+        return record
+
+    async def summary(self, thread_id: str) -> ThreadRecord | None:
+        return await self._call(self._summary, thread_id)
+
+    def _summary(self, thread_id: str) -> ThreadRecord | None:
         row = self._db.execute(
             "SELECT agent_id, created_at, updated_at, owner_id, tenant, name, title, "
             "next_position FROM threads WHERE thread_id = ?", (thread_id,)).fetchone()
         if row is None:
             return None
         record = _record(thread_id, row)
-        for run_id, created_at, events, first, last in self._db.execute(
-                "SELECT run_id, created_at, events, first_position, last_position FROM runs "
-                "WHERE thread_id = ? AND open = 0 ORDER BY seq", (thread_id,)):
-            record.runs.append(StoredRun(run_id, orjson.loads(events), created_at,
-                                         len(events), first, last))
         record.message_ids = {m for (m,) in self._db.execute(
             "SELECT message_id FROM message_ids WHERE thread_id = ?", (thread_id,))}
         return record
@@ -299,28 +312,38 @@ class SQLiteThreadStore:
                 message_ids: builtins.list[str], owner: ThreadOwner | None,
                 raw_first: int, raw_blob: bytes, raw: Sequence[Event]) -> None:
         db = self._db
-        if raw and raw_first >= 0:
-            self._append_events(thread_id, agent_id, run.run_id, run.created_at, raw_first,
-                                raw_blob, raw, owner)
-        self._thread(thread_id, agent_id, run.created_at, owner, run.events)
-        seq = self._open_seq(thread_id, run.run_id)
         now = time.time()
-        if seq is None:
+        db.execute(
+            "INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, "
+            "tenant, title, next_position) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT "
+            "(thread_id) DO UPDATE SET updated_at = max(threads.updated_at, "
+            "excluded.updated_at), next_position = max(threads.next_position, "
+            "excluded.next_position)",
+            (thread_id, agent_id, run.created_at, run.created_at,
+             owner.principal_id if owner else None, owner.tenant if owner else None,
+             title_of(run.events), run.last_position + 1))
+        closed = db.execute(
+            "UPDATE runs SET events = ?, open = 0, last_position = ?, ended_at = ? "
+            "WHERE thread_id = ? AND run_id = ? AND open = 1",
+            (blob, run.last_position, now, thread_id, run.run_id)).rowcount
+        if not closed:  # no events were written while it ran
             db.execute("INSERT INTO runs (thread_id, seq, run_id, created_at, events, "
-                       "first_position, last_position, ended_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       (thread_id, self._next_seq(thread_id), run.run_id, run.created_at, blob,
-                        run.first_position, run.last_position, now))
-        else:
-            db.execute("UPDATE runs SET events = ?, open = 0, last_position = ?, ended_at = ? "
-                       "WHERE thread_id = ? AND seq = ?",
-                       (blob, run.last_position, now, thread_id, seq))
-        if run.last_position >= 0:
-            self._advance(thread_id, run.last_position)
+                       "first_position, last_position, ended_at) SELECT ?, "
+                       "COALESCE(MAX(seq), 0) + 1, ?, ?, ?, ?, ?, ? FROM runs "
+                       "WHERE thread_id = ?",
+                       (thread_id, run.run_id, run.created_at, blob, run.first_position,
+                        run.last_position, now, thread_id))
+        if raw and raw_first >= 0:
+            db.execute("INSERT OR REPLACE INTO run_events (thread_id, first_position, "
+                       "last_position, run_id, events) VALUES (?, ?, ?, ?, ?)",
+                       (thread_id, raw_first, raw_first + len(raw) - 1, run.run_id, raw_blob))
         db.executemany("INSERT OR IGNORE INTO message_ids (thread_id, message_id) "
                        "VALUES (?, ?)", [(thread_id, m) for m in message_ids])
-        db.execute("DELETE FROM run_events WHERE thread_id = ? AND run_id IN (SELECT run_id "
-                   "FROM runs WHERE thread_id = ? AND open = 0 AND ended_at < ?)",
-                   (thread_id, thread_id, now - self.raw_retention))
+        if now - self._pruned > _PRUNE_EVERY:
+            self._pruned = now
+            db.execute("DELETE FROM run_events WHERE EXISTS (SELECT 1 FROM runs r WHERE "
+                       "r.thread_id = run_events.thread_id AND r.run_id = run_events.run_id "
+                       "AND r.open = 0 AND r.ended_at < ?)", (now - self.raw_retention,))
 
     async def close_interrupted(self, thread_id: str, run_id: str) -> bool:
         return await self._call(self._write, self._close_interrupted, thread_id, run_id)

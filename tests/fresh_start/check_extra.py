@@ -140,7 +140,8 @@ async def check_postgres() -> None:
         reread = thread_store(f"{server}?schema={schema}")
         record = await reread.get(events[0]["threadId"])
         await reread.aclose()
-        assert record is not None and len(record.runs) == 1, record
+        assert record is not None
+        assert len(record.runs) == 1, record
     finally:
         with psycopg.connect(server, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

@@ -10,6 +10,7 @@ TypeScript router does):
     GET  threads[?agentId=&limit=&cursor=]   threads, newest first, a page at a time
     GET  threads/{id}/messages|events|state
     PATCH threads/{id} {"name"}, DELETE threads/{id}   rename, forget
+    POST transcribe                   audio (multipart `audio`, or JSON base64) → its text
     GET  approvals, GET|POST approvals/{id}   pending approvals (see `approvals`)
     POST (the base path)              {method, params, body}: the same operations in one route
 
@@ -34,6 +35,7 @@ from copilot_runtime._input import parse_json_body, parse_run_input
 from copilot_runtime._limits import readable
 from copilot_runtime._time import iso_time
 from copilot_runtime.protocols.agui.approvals import ApprovalRoutes, approval_route
+from copilot_runtime.protocols.agui.transcribe import serve_transcription
 from copilot_runtime.protocols.http import (
     Request,
     read_body,
@@ -54,7 +56,7 @@ _NO_THREAD_ENDPOINTS = dict.fromkeys(_THREAD_ENDPOINTS, False)
 _PAGE = 100
 _MAX_PAGE = 500
 _MAX_NAME = 200
-_ENVELOPE_METHODS = ("info", "agent/run", "agent/connect", "agent/stop")
+_ENVELOPE_METHODS = ("info", "agent/run", "agent/connect", "agent/stop", "transcribe")
 
 
 class AGUIProtocol:
@@ -108,12 +110,19 @@ class AGUIProtocol:
         if approval_id is not None:
             await self._guarded(request, self.approvals.handle(request, approval_id))
             return True
+        if segments[-1:] == ["transcribe"]:
+            if method != "POST":
+                await send_method_not_allowed(request, b"POST")
+            else:
+                await self._guarded(request, serve_transcription(
+                    request, self.runtime.transcription, self.max_body_size))
+            return True
         return False
 
     def info(self, *, single_route: bool) -> dict[str, Any]:
         info = self.runtime.info()
         info.update({
-            "audioFileTranscriptionEnabled": False,
+            "audioFileTranscriptionEnabled": self.runtime.transcription is not None,
             "mode": "sse",
             "threadEndpoints": _NO_THREAD_ENDPOINTS if single_route else _THREAD_ENDPOINTS,
             "suggestions": False,
@@ -138,8 +147,8 @@ class AGUIProtocol:
                 agent_id, run_input.thread_id, request=request.info,
                 after=_last_event_id(request)))
             return
-        run = await self.runtime.start_run(agent_id, run_input, request.forwardable_headers(),
-                                           request=request.info)
+        headers = request.forwardable_headers(credentials=self.runtime.forwards_credentials)
+        run = await self.runtime.start_run(agent_id, run_input, headers, request=request.info)
         await stream_run(request, run, keepalive=self.keepalive)
 
     async def _stop_rest(self, request: Request, agent_id: str, thread_id: str) -> None:
@@ -166,7 +175,7 @@ class AGUIProtocol:
         if self.runtime.owner_filter(request.info) is not None and \
                 not await self.runtime.can_see(request.info, thread_id):
             raise ThreadNotFoundError(thread_id)  # someone else's, or none: the same answer
-        if self.runtime.stop_run(agent_id, thread_id, run_id, request=request.info):
+        if await self.runtime.stop(agent_id, thread_id, run_id, request=request.info):
             await send_json(request, 200, {"stopped": True, "interrupt": {
                 "type": "RUN_ERROR", "message": "Run stopped by user", "code": "STOPPED"}})
         else:
@@ -212,11 +221,11 @@ class AGUIProtocol:
         body = await read_body(request, self.max_body_size) if request.method == "PATCH" \
             else b""
         owner = self.runtime.owner_filter(request.info)
-        record = await self.runtime.store.get(thread_id)
+        record = await self.runtime.store.summary(thread_id)
         if record is None or (owner is not None and record.owner != owner):
             raise ThreadNotFoundError(thread_id)
         if request.method == "DELETE":
-            if self.runtime.is_running(thread_id):
+            if await self.runtime.is_running_anywhere(thread_id):
                 raise ThreadBusyError(thread_id)
             await self.runtime.store.delete(thread_id)
             await send_json(request, 200, {"deleted": True, "id": thread_id})
@@ -247,6 +256,10 @@ class AGUIProtocol:
             return
         if method == "info":
             await send_json(request, 200, self.info(single_route=True))
+            return
+        if method == "transcribe":
+            await serve_transcription(request, self.runtime.transcription, self.max_body_size,
+                                      data.get("body"), single=True)
             return
         params = data.get("params")
         params = params if isinstance(params, dict) else {}

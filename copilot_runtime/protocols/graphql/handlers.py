@@ -154,7 +154,8 @@ class GraphQLProtocol:
         result = experimental_execute_incrementally(
             self.schema, prepared.plain(), root_value=self._root, variable_values=variables,
             operation_name=name,
-            context_value=QueryContext(request.forwardable_headers(), request.info))
+            context_value=QueryContext(request.forwardable_headers(
+                credentials=self.runtime.forwards_credentials), request.info))
         if isawaitable(result):
             result = await result
         assert isinstance(result, ExecutionResult)
@@ -185,7 +186,8 @@ class GraphQLProtocol:
                 has_public_key=b"x-copilotcloud-public-api-key" in request.headers)
             if wanted.agent_id not in runtime.agents:
                 raise agent_not_found(wanted.agent_id, runtime)
-            forwarded = request.forwardable_headers()
+            forwarded = request.forwardable_headers(
+                credentials=runtime.forwards_credentials)
             # `agent`, when set, is the session's agent wrapped with its server-side tools.
             run = await runtime.start_run(wanted.agent_id, wanted.input, forwarded,
                                           follow_up_server_tools=False, agent=agent,

@@ -1,0 +1,123 @@
+"""What a runtime does for runs that other workers drive (shared coordinators only).
+
+`follow` replays a thread from the shared store and then follows its live run wherever it
+runs: every progress signal (and, should signals be lost, a slow poll) reads the events
+stored after the last position read, until the run ends. `RecoverySweep` closes, through the
+store, the runs left open by a worker that died: their lease expired, so nobody renews it.
+The sweeper takes the thread's lease while it closes the run, so one worker wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+import structlog
+
+from copilot_runtime.coordination import Coordinator, Signal
+from copilot_runtime.threads.base import DurableThreadStore, Positioned, ThreadStore
+
+if TYPE_CHECKING:
+    from copilot_runtime._runs import RunManager
+
+__all__ = ["RecoverySweep", "follow"]
+
+_log = structlog.get_logger("copilot_runtime.runs")
+
+#: Seconds between reads of the store while no signal comes (a lost signal costs this).
+POLL = 1.0
+
+
+async def follow(runs: RunManager, thread_id: str, after: int = -1
+                 ) -> AsyncIterator[Sequence[Positioned]]:
+    """The thread's stored events after position `after` (all for -1), then those of its
+    live run on any worker, to the run's end; each with its position."""
+    coordinator = runs.coordinator
+    assert coordinator is not None
+    store = runs.store
+    with coordinator.subscribe(thread_id) as signals:
+        batch, position = await _read(store, thread_id, after)
+        live = await coordinator.holder(thread_id)
+        if batch:
+            yield batch
+        while live is not None:
+            signal = await signals.get(POLL)
+            if signal is None or (signal.kind == "progress" and (
+                    signal.position is None or signal.position > position)):
+                batch, position = await _read(store, thread_id, position)
+                if batch:
+                    yield batch
+            if signal is None:
+                live = await coordinator.holder(thread_id)
+            elif signal.kind == "end" and signal.run_id == live:
+                live = None
+        # The run's last events were stored before its lease was released.
+        batch, position = await _read(store, thread_id, position)
+        if batch:
+            yield batch
+
+
+async def _read(store: ThreadStore, thread_id: str, position: int
+                ) -> tuple[list[Positioned], int]:
+    """The events stored after `position`, and the position to read after next."""
+    rows = await store.events_after(thread_id, position)
+    for row_position, _ in reversed(rows):
+        if row_position is not None:
+            return rows, row_position
+    return rows, position
+
+
+class RecoverySweep:
+    """Every `interval` seconds, close the open runs whose lease expired as interrupted."""
+
+    def __init__(self, runs: RunManager, coordinator: Coordinator,
+                 interval: float | None = None) -> None:
+        self.runs = runs
+        self.coordinator = coordinator
+        self.interval = interval if interval is not None else min(5.0,
+                                                                  coordinator.lease_ttl / 2)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None and self.runs.durable is not None:
+            self._task = asyncio.create_task(self._loop())
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.sweep()
+            except Exception:
+                _log.exception("recovery sweep failed")
+
+    async def sweep(self) -> int:
+        """Close the runs whose worker is gone; how many this worker closed."""
+        store: DurableThreadStore | None = self.runs.durable
+        if store is None:
+            return 0
+        closed = 0
+        for thread_id, run_id in await store.open_runs():
+            if thread_id in self.runs.active or \
+                    await self.coordinator.holder(thread_id) is not None:
+                continue
+            lease = await self.coordinator.acquire(thread_id, f"recovery:{run_id}")
+            if lease is None:
+                continue  # another worker is at it, or a new run started
+            try:
+                if await store.close_interrupted(thread_id, run_id):
+                    closed += 1
+                    _log.warning("closed a run its worker left open", thread_id=thread_id,
+                                 run_id=run_id)
+            finally:
+                await self.coordinator.release(lease)
+            await self.coordinator.publish(Signal("end", thread_id, run_id))
+        return closed

@@ -1,0 +1,161 @@
+"""Coordination on PostgreSQL: leases in a table, signals by LISTEN/NOTIFY.
+
+`postgresql://user@host:port/db?schema=NAME&lease_ttl=SECONDS` (needs psycopg 3 and
+psycopg_pool, in the `postgres` extra). The lease table lives in `schema` (created if
+missing), beside the thread store's tables when both use the same URL. Expiry is decided by
+the database's clock, so workers' clocks need not agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime.coordination._shared import (
+    DEFAULT_LEASE_TTL,
+    SharedCoordinator,
+    lease_ttl_option,
+    split_options,
+)
+from copilot_runtime.coordination.base import Lease, Signal, new_token
+from copilot_runtime.limits import CounterBackend
+
+__all__ = ["PostgresCoordinator"]
+
+_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,40}")
+#: NOTIFY payloads must stay under 8000 bytes; a longer signal is not sent (followers poll).
+_MAX_PAYLOAD = 7900
+
+
+class PostgresCoordinator(SharedCoordinator):
+    def __init__(self, url: str, *, schema: str | None = None,
+                 lease_ttl: float | None = None, max_connections: int = 4) -> None:
+        try:
+            import psycopg  # noqa: F401
+            import psycopg_pool  # noqa: F401
+        except ImportError as exc:
+            raise ImportError("the PostgreSQL coordinator needs psycopg and psycopg_pool: pip "
+                              "install 'copilot-runtime[postgres]'", name=exc.name) from exc
+        conninfo, options = split_options(url, ("schema", "lease_ttl"))
+        super().__init__(lease_ttl if lease_ttl is not None
+                         else lease_ttl_option(options, DEFAULT_LEASE_TTL))
+        self.schema = schema or options.get("schema") or "copilot_runtime"
+        if not _SCHEMA.fullmatch(self.schema):
+            raise ConfigurationError(f"schema must be a lower-case SQL name, got "
+                                     f"{self.schema!r}")
+        self.conninfo = conninfo
+        self.channel = f"copilot_runtime_{self.schema}"
+        self.table = f'"{self.schema}".run_leases'
+        self.max_connections = max_connections
+        self._pool: Any = None
+
+    async def _connect(self) -> None:
+        from psycopg_pool import AsyncConnectionPool
+
+        pool = AsyncConnectionPool(self.conninfo, min_size=1, max_size=self.max_connections,
+                                   kwargs={"autocommit": True}, open=False)
+        await pool.open(wait=True, timeout=15)
+        self._pool = pool
+        async with pool.connection() as conn, conn.transaction():
+            # Workers starting together take turns creating the schema and the table.
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                               (f"copilot_runtime.coordination.{self.schema}",))
+            await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+            await conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {self.table} (thread_id text PRIMARY KEY, "
+                "run_id text NOT NULL, token text NOT NULL, worker text NOT NULL, "
+                "expires_at timestamptz NOT NULL)")
+            await conn.execute(
+                f'CREATE TABLE IF NOT EXISTS "{self.schema}".rate_hits (key text NOT NULL, '
+                "at float8 NOT NULL, id text PRIMARY KEY)")
+            await conn.execute(
+                f'CREATE INDEX IF NOT EXISTS rate_hits_key ON "{self.schema}".rate_hits '
+                "(key, at)")
+            await conn.execute(
+                f'CREATE TABLE IF NOT EXISTS "{self.schema}".rate_slots (key text PRIMARY KEY, '
+                "taken integer NOT NULL, expires_at timestamptz NOT NULL)")
+
+    async def _listen(self, ready: asyncio.Future[None]) -> None:
+        import psycopg
+
+        conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+        try:
+            await conn.execute(f'LISTEN "{self.channel}"')
+            if not ready.done():
+                ready.set_result(None)
+            async for notify in conn.notifies():
+                signal = Signal.decode(notify.payload)
+                if signal is not None:
+                    self._hub.deliver(signal)
+        finally:
+            await conn.close()
+
+    async def _renew(self, leases: list[Lease]) -> set[str]:
+        rows = await self._fetch(
+            f"UPDATE {self.table} SET expires_at = now() + make_interval(secs => %s) "
+            "WHERE (thread_id, token) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
+            "RETURNING thread_id",
+            (self.lease_ttl, [x.thread_id for x in leases], [x.token for x in leases]))
+        kept = {row[0] for row in rows}
+        return {x.thread_id for x in leases} - kept
+
+    async def _disconnect(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def _fetch(self, query: str, params: tuple[Any, ...] | dict[str, Any]
+                     ) -> list[tuple[Any, ...]]:
+        await self.start()
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(query, params)
+            if cursor.description is None:
+                return []
+            rows: list[tuple[Any, ...]] = await cursor.fetchall()
+            return rows
+
+    async def acquire(self, thread_id: str, run_id: str) -> Lease | None:
+        token = new_token()
+        rows = await self._fetch(
+            f"INSERT INTO {self.table} AS held (thread_id, run_id, token, worker, expires_at) "
+            "VALUES (%s, %s, %s, %s, now() + make_interval(secs => %s)) "
+            "ON CONFLICT (thread_id) DO UPDATE SET run_id = excluded.run_id, "
+            "token = excluded.token, worker = excluded.worker, "
+            "expires_at = excluded.expires_at WHERE held.expires_at < now() "
+            # xmax is set on a row the statement updated: an expired lease, never released.
+            "RETURNING xmax <> 0", (thread_id, run_id, token, self.worker, self.lease_ttl))
+        if not rows:
+            return None
+        return self._hold(Lease(thread_id, run_id, token, bool(rows[0][0])))
+
+    async def release(self, lease: Lease) -> None:
+        self._drop(lease)
+        await self._fetch(f"DELETE FROM {self.table} WHERE thread_id = %s AND token = %s",
+                          (lease.thread_id, lease.token))
+
+    async def finish(self, lease: Lease) -> None:
+        self._drop(lease)
+        await self._fetch(
+            f"WITH gone AS (DELETE FROM {self.table} WHERE thread_id = %s AND token = %s) "
+            "SELECT pg_notify(%s, %s)",
+            (lease.thread_id, lease.token, self.channel,
+             Signal("end", lease.thread_id, lease.run_id).encode().decode()))
+
+    async def holder(self, thread_id: str) -> str | None:
+        rows = await self._fetch(
+            f"SELECT run_id FROM {self.table} WHERE thread_id = %s AND expires_at >= now()",
+            (thread_id,))
+        return str(rows[0][0]) if rows else None
+
+    def counters(self) -> CounterBackend:
+        from copilot_runtime.coordination._pg_counters import PostgresCounters
+
+        return PostgresCounters(self)
+
+    async def publish(self, signal: Signal) -> None:
+        payload = signal.encode().decode()
+        if len(payload.encode()) > _MAX_PAYLOAD:
+            return
+        await self._fetch("SELECT pg_notify(%s, %s)", (self.channel, payload))

@@ -1,0 +1,149 @@
+"""Coordination on Redis: leases by `SET NX PX` with a token, signals by pub/sub.
+
+`redis://host:port/N?prefix=P&lease_ttl=SECONDS` (the `redis` extra). A lease is renewed,
+and released, only by the holder of its token (a compare-and-set script), so a worker whose
+lease expired cannot extend or delete its successor's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from copilot_runtime.coordination._shared import (
+    DEFAULT_LEASE_TTL,
+    SharedCoordinator,
+    lease_ttl_option,
+    split_options,
+)
+from copilot_runtime.coordination.base import Lease, Signal, new_token
+from copilot_runtime.limits import CounterBackend, RedisCounters
+
+__all__ = ["RedisCoordinator"]
+
+#: A lease's value: the holder's 32-character token, then the run id.
+_RENEW = """
+if string.sub(redis.call('GET', KEYS[1]) or '', 1, 32) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+#: KEYS[2] marks a thread whose lease is held or expired unreleased (its worker died).
+_ACQUIRE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local inherited = redis.call('EXISTS', KEYS[2])
+  redis.call('SET', KEYS[2], '1')
+  return 1 + inherited
+end
+return 0
+"""
+_RELEASE = """
+if string.sub(redis.call('GET', KEYS[1]) or '', 1, 32) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class RedisCoordinator(SharedCoordinator):
+    def __init__(self, url: str, *, prefix: str | None = None,
+                 lease_ttl: float | None = None) -> None:
+        try:
+            import redis.asyncio  # noqa: F401
+        except ImportError as exc:
+            raise ImportError("the Redis coordinator needs redis-py: pip install "
+                              "'copilot-runtime[redis]'", name=exc.name) from exc
+        self.url, options = split_options(url, ("prefix", "lease_ttl"))
+        super().__init__(lease_ttl if lease_ttl is not None
+                         else lease_ttl_option(options, DEFAULT_LEASE_TTL))
+        self.prefix = prefix if prefix is not None else options.get("prefix",
+                                                                    "copilot-runtime:")
+        self.channel = f"{self.prefix}signals"
+        self._redis: Any = None
+        self._renew_script: Any = None
+        self._release_script: Any = None
+        self._acquire_script: Any = None
+
+    def _key(self, thread_id: str) -> str:
+        return f"{self.prefix}lease:{thread_id}"
+
+    def _open_key(self, thread_id: str) -> str:
+        return f"{self.prefix}open:{thread_id}"
+
+    async def _connect(self) -> None:
+        import redis.asyncio as aioredis
+
+        self._redis = aioredis.from_url(self.url)
+        await self._redis.ping()
+        self._renew_script = self._redis.register_script(_RENEW)
+        self._release_script = self._redis.register_script(_RELEASE)
+        self._acquire_script = self._redis.register_script(_ACQUIRE)
+
+    async def _listen(self, ready: asyncio.Future[None]) -> None:
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(self.channel)
+            if not ready.done():
+                ready.set_result(None)
+            while True:
+                message = await pubsub.get_message(timeout=30.0)
+                if message is None or message.get("type") != "message":
+                    continue
+                signal = Signal.decode(message["data"])
+                if signal is not None:
+                    self._hub.deliver(signal)
+        finally:
+            await pubsub.aclose()
+
+    async def _renew(self, leases: list[Lease]) -> set[str]:
+        ttl_ms = int(self.lease_ttl * 1000)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for lease in leases:
+                await self._renew_script(keys=[self._key(lease.thread_id)],
+                                         args=[lease.token, ttl_ms], client=pipe)
+            results = await pipe.execute()
+        return {lease.thread_id for lease, ok in zip(leases, results, strict=True) if not ok}
+
+    async def _disconnect(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+
+    async def acquire(self, thread_id: str, run_id: str) -> Lease | None:
+        await self.start()
+        token = new_token()
+        taken = await self._acquire_script(
+            keys=[self._key(thread_id), self._open_key(thread_id)],
+            args=[token + run_id, int(self.lease_ttl * 1000)])
+        if not taken:
+            return None
+        return self._hold(Lease(thread_id, run_id, token, int(taken) == 2))
+
+    async def release(self, lease: Lease) -> None:
+        self._drop(lease)
+        await self.start()
+        await self._release_script(keys=[self._key(lease.thread_id),
+                                         self._open_key(lease.thread_id)], args=[lease.token])
+
+    async def finish(self, lease: Lease) -> None:
+        self._drop(lease)
+        await self.start()
+        async with self._redis.pipeline(transaction=False) as pipe:
+            await self._release_script(keys=[self._key(lease.thread_id),
+                                             self._open_key(lease.thread_id)],
+                                       args=[lease.token], client=pipe)
+            pipe.publish(self.channel, Signal("end", lease.thread_id, lease.run_id).encode())
+            await pipe.execute()
+
+    async def holder(self, thread_id: str) -> str | None:
+        await self.start()
+        value = await self._redis.get(self._key(thread_id))
+        return value[32:].decode() if value else None
+
+    def counters(self) -> CounterBackend:
+        return RedisCounters(self.url, prefix=f"{self.prefix}limits:")
+
+    async def publish(self, signal: Signal) -> None:
+        await self.start()
+        await self._redis.publish(self.channel, signal.encode())

@@ -1,0 +1,228 @@
+"""Every coordinator keeps the same promises: exclusive leases that are renewed while held,
+expire when their worker is gone, and are released only by their holder; signals reach every
+worker's subscriptions, and stop signals the stop handler. Run against `local`, PostgreSQL
+and Redis (the real services of this machine), each test on a schema or prefix of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from copilot_runtime import ConfigurationError, coordinator
+from copilot_runtime.coordination import Coordinator, LocalCoordinator, Signal
+from tests.scale_support.services import postgres_schema, redis_prefix
+
+pytestmark = pytest.mark.timeout(60)
+
+TTL = 1.0
+
+Pair = tuple[Coordinator, Coordinator]
+
+
+@pytest.fixture(params=["local", "postgresql", "redis"])
+def coordinator_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "local":
+        yield "local"
+    elif request.param == "postgresql":
+        with postgres_schema("coord") as url:
+            yield f"{url}&lease_ttl={TTL}"
+    else:
+        with redis_prefix() as url:
+            yield f"{url}&lease_ttl={TTL}"
+
+
+@pytest.fixture
+async def pair(coordinator_url: str) -> AsyncIterator[Pair]:
+    """Two workers: two coordinators on the same URL (one, for `local`)."""
+    first = coordinator(coordinator_url)
+    second = first if not first.shared else coordinator(coordinator_url)
+    await asyncio.gather(first.start(), second.start())
+    try:
+        yield first, second
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+async def eventually(check: Callable[[], object], deadline: float = 10.0) -> Any:
+    """Poll an async or sync `check` until it returns something true (returned), failing
+    after `deadline` s."""
+    end = time.monotonic() + deadline
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > end:
+            pytest.fail(f"not true within {deadline} s")
+        await asyncio.sleep(0.05)
+
+
+async def test_a_lease_is_exclusive_until_released(pair: Pair) -> None:
+    a, b = pair
+    lease = await a.acquire("t1", "r1")
+    assert lease is not None
+    assert lease.run_id == "r1"
+    assert not lease.inherited
+    assert await b.acquire("t1", "r2") is None
+    assert await a.acquire("t1", "r3") is None
+    assert await b.holder("t1") == "r1"
+    other = await b.acquire("t2", "r4")  # another thread is free
+    assert other is not None
+    await a.release(lease)
+    assert await b.holder("t1") is None
+    again = await b.acquire("t1", "r2")
+    assert again is not None
+    assert await a.holder("t1") == "r2"
+    await b.release(again)
+    await b.release(other)
+
+
+async def test_a_held_lease_is_renewed(pair: Pair) -> None:
+    a, b = pair
+    lease = await a.acquire("t1", "r1")
+    assert lease is not None
+    end = time.monotonic() + (2.5 * TTL if a.shared else 0.3)
+    while time.monotonic() < end:
+        assert await b.acquire("t1", "r2") is None
+        assert await b.holder("t1") == "r1"
+        await asyncio.sleep(0.2)
+    await a.release(lease)
+
+
+async def test_a_dead_workers_lease_expires(pair: Pair) -> None:
+    a, b = pair
+    if not a.shared:
+        pytest.skip("one process: its leases die with it")
+    lease = await a.acquire("t1", "r1")
+    assert lease is not None
+    started = time.monotonic()
+    await a.aclose()  # renewals stop, as when the worker dies
+    assert await b.acquire("t1", "r2") is None
+    taken = await eventually(lambda: b.acquire("t1", "r2"), deadline=TTL + 5)
+    assert time.monotonic() - started >= TTL * 0.8
+    assert await b.holder("t1") == "r2"
+    assert taken.inherited  # its run may still be open in the store
+    await b.release(taken)
+    clean = await b.acquire("t1", "r3")
+    assert clean is not None
+    assert not clean.inherited  # released, not expired
+    await b.release(clean)
+
+
+async def test_only_the_holder_releases(pair: Pair) -> None:
+    a, b = pair
+    if not a.shared:
+        pytest.skip("one process: its leases die with it")
+    lease = await a.acquire("t1", "r1")
+    assert lease is not None
+    await a.aclose()
+    await eventually(lambda: b.acquire("t1", "r2"), deadline=TTL + 5)
+    third = coordinator(_url_of(a))
+    try:
+        await third.release(lease)  # the old token: the successor keeps the thread
+        assert await b.holder("t1") == "r2"
+    finally:
+        await third.aclose()
+
+
+def _url_of(coordinator_: Coordinator) -> str:
+    url = getattr(coordinator_, "url", None)
+    if url is not None:  # Redis
+        return f"{url}{'&' if '?' in url else '?'}prefix={coordinator_.prefix}"  # type: ignore[attr-defined]
+    return f"{coordinator_.conninfo}?schema={coordinator_.schema}"  # type: ignore[attr-defined]
+
+
+async def test_signals_reach_every_workers_subscriptions(pair: Pair) -> None:
+    a, b = pair
+    with b.subscribe("t1") as mine, b.subscribe("t2") as other, a.subscribe("t1") as own:
+        sent = Signal("progress", "t1", "r1", 42)
+        await a.publish(sent)
+        assert await mine.get(5) == sent
+        assert await own.get(5) == sent  # the sender's own workers hear it too
+        await a.publish(Signal("end", "t1", "r1"))
+        end = await mine.get(5)
+        assert end is not None
+        assert end.kind == "end"
+        assert await other.get(0.2) is None
+    assert await mine.get(0.05) is None  # closed: no more
+
+
+async def test_stop_reaches_the_stop_handler_fast(pair: Pair) -> None:
+    a, b = pair
+    stops: list[tuple[Signal, float]] = []
+    b.on_stop(lambda signal: stops.append((signal, time.monotonic())))
+    sent = time.monotonic()
+    await a.publish(Signal("stop", "t1", "r1"))
+    await eventually(lambda: stops, deadline=5)
+    signal, at = stops[0]
+    assert (signal.kind, signal.thread_id, signal.run_id) == ("stop", "t1", "r1")
+    assert at - sent < 1.0
+
+
+def test_signals_survive_their_encoding() -> None:
+    signal = Signal("progress", "thread ✓", "run", 7)
+    assert Signal.decode(signal.encode()) == signal
+    for bad in (b"", b"[]", b'{"k": "boom", "t": "x"}', b'{"k": "end", "t": 1}',
+                b'{"k": "end", "t": "x", "p": "9"}'):
+        assert Signal.decode(bad) is None
+
+
+def test_urls_name_the_coordinator() -> None:
+    assert isinstance(coordinator(), LocalCoordinator)
+    assert isinstance(coordinator("local"), LocalCoordinator)
+    assert not coordinator("local").shared
+    with pytest.raises(ConfigurationError, match="Unknown coordinator URL"):
+        coordinator("mysql://db")
+    with pytest.raises(ConfigurationError, match="lease_ttl"):
+        coordinator("redis://127.0.0.1:6379/0?lease_ttl=soon")
+    with pytest.raises(ConfigurationError, match="schema"):
+        coordinator("postgresql://db/x?schema=a;drop")
+    pg = coordinator("postgresql://u@db:5432/x?schema=app&lease_ttl=3&sslmode=disable")
+    assert pg.lease_ttl == 3.0
+    assert pg.shared
+    assert pg.conninfo == "postgresql://u@db:5432/x?sslmode=disable"  # type: ignore[attr-defined]
+    rd = coordinator("redis://h:6379/2?prefix=app:")
+    assert rd.lease_ttl == 10.0
+    assert rd.prefix == "app:"
+
+
+@pytest.mark.parametrize("limit", [2])
+async def test_rate_limits_are_shared_through_the_coordinator(pair: Pair, limit: int) -> None:
+    a, b = pair
+    first, second = a.counters(), b.counters()
+    if first is None or second is None:
+        assert not a.shared  # local: the limiter counts in this process
+        return
+    try:
+        assert await first.acquire("k", limit)
+        assert await second.acquire("k", limit)
+        assert not await first.acquire("k", limit)  # two taken, on two workers
+        await second.release("k")
+        assert await first.acquire("k", limit)
+        assert await first.hit("h", 2, 60) == 0.0
+        assert await second.hit("h", 2, 60) == 0.0
+        wait = await first.hit("h", 2, 60)
+        assert 0 < wait <= 60
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_finish_releases_and_signals_the_end(pair: Pair) -> None:
+    a, b = pair
+    lease = await a.acquire("t1", "r1")
+    assert lease is not None
+    with b.subscribe("t1") as followers:
+        await a.finish(lease)
+        end = await followers.get(5)
+    assert end == Signal("end", "t1", "r1")
+    assert await b.holder("t1") is None
+    again = await b.acquire("t1", "r2")
+    assert again is not None
+    await b.release(again)
