@@ -68,6 +68,7 @@ class CopilotRuntime:
         forward_credentials: bool = False,
         transcription: Transcriber | None = None,
         mcp_servers: Sequence[Any] = (),
+        mcp_allowed_urls: Iterable[str] = (),
         guardrails: Iterable[Guardrail] = (),
         rate_limit: RateLimit | None = None,
         on_request: OnRequest | None = None,
@@ -113,6 +114,15 @@ class CopilotRuntime:
         self.transcription = transcription
         #: The MCP servers whose tools the built-in agents get when the runtime starts.
         self.mcp: Any = None
+        #: MCP servers a request may name (the 1.x `properties.mcpServers`); none by default.
+        self.mcp_allowed_urls = frozenset(url.rstrip("/") for url in mcp_allowed_urls)
+        if self.mcp_allowed_urls:
+            try:
+                import copilot_runtime.mcp_tools  # noqa: F401
+            except ImportError as exc:
+                raise ConfigurationError("mcp_allowed_urls needs the mcp extra: pip install "
+                                         f"'copilot-runtime[mcp]' ({exc.name} is missing)"
+                                         ) from None
         if mcp_servers:
             from copilot_runtime.mcp_tools import MCPToolset  # the `mcp` extra
 

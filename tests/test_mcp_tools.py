@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -99,9 +100,9 @@ async def test_runtime_offers_its_mcp_servers_tools(llm: MockOpenAIServer,
 
 async def test_servers_a_request_names_are_never_contacted(
         llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
-    """A request cannot make the runtime connect anywhere: the 1.x `properties.mcpServers`
-    and AG-UI `forwardedProps.mcpServers` are ignored (no allow-list of per-request servers
-    exists yet), and a listening socket of the test sees no connection."""
+    """Without `mcp_allowed_urls` a request cannot make the runtime connect anywhere: the
+    1.x `properties.mcpServers` and AG-UI `forwardedProps.mcpServers` are ignored, and a
+    listening socket of the test sees no connection."""
     from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, user_turn
 
     connections = 0
@@ -130,3 +131,50 @@ async def test_servers_a_request_names_are_never_contacted(
     finally:
         listener.close()
         await listener.wait_closed()
+
+
+async def test_servers_a_request_names_need_the_applications_allow_list(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """With `mcp_allowed_urls`, a 1.x request's `properties.mcpServers` on the list are offered
+    for that run (connected in the run, closed after it); one off the list refuses the request
+    with a GraphQL error before anything is connected."""
+    from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, merge, parse_multipart, user_turn
+
+    connections = 0
+
+    async def count(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        writer.close()
+
+    listener = await asyncio.start_server(count, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        async with asyncio.timeout(TIMEOUT_S), \
+                serve(weather_server().streamable_http_app()) as url:
+            runtime = CopilotRuntime(
+                service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="k",
+                                              max_retries=0),
+                mcp_allowed_urls=[url + "/mcp/"])
+            async with serve_runtime(runtime) as served:
+                async def chat(text: str, endpoint: str) -> Any:
+                    answer = await served.session.post(served.url, headers=CLIENT_HEADERS, json={
+                        "query": CHAT_DOCUMENT, "variables": {
+                            "data": user_turn(text),
+                            "properties": {"mcpServers": [{"endpoint": endpoint}]}}})
+                    assert answer.status == 200
+                    body = await answer.read()
+                    if answer.content_type.startswith("multipart"):
+                        return merge(parse_multipart(body))
+                    return orjson.loads(body)
+
+                allowed = await chat('call:forecast {"city":"Rome","days":2}', url + "/mcp")
+                refused = await chat("hello", f"http://127.0.0.1:{port}/mcp")
+            assert runtime.actions == []  # nothing stays offered after the run
+    finally:
+        listener.close()
+        await listener.wait_closed()
+    assert '\\"sky\\":\\"clear\\"' in orjson.dumps(allowed).decode(), allowed
+    assert refused["data"] is None
+    assert "is not allowed by this runtime" in refused["errors"][0]["message"]
+    assert connections == 0

@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from copilot_runtime._exceptions import InvalidRequestError
 from copilot_runtime._input import RunInput
 from copilot_runtime._server_tools import ServerTools, ServerToolsAgent
 from copilot_runtime.actions import Action
 from copilot_runtime.agents.base import Agent
 from copilot_runtime.agents.builtin import BuiltInAgent
+from copilot_runtime.agents.mcp_request import RequestMCPAgent
 from copilot_runtime.protocols.graphql.inputs import RunRequest, run_request
 from copilot_runtime.protocols.graphql.queries import is_service_adapter
 from copilot_runtime.runtime import CopilotRuntime
@@ -78,3 +80,32 @@ def session_run(runtime: CopilotRuntime, data: Mapping[str, Any],
         return run_request(data, properties, server_actions=names,
                            has_public_key=has_public_key), None
     return prepare(data, str(session.get("agentName") or "default"), 0)
+
+
+def with_request_mcp(runtime: CopilotRuntime, properties: Mapping[str, Any] | None,
+                     agent_id: str, agent: Agent | None) -> Agent | None:
+    """`agent` offered the MCP servers of `properties.mcpServers` (the 1.x form), when the
+    runtime allows servers per request; a server it does not allow refuses the request."""
+    named = (properties or {}).get("mcpServers") or (properties or {}).get("mcpEndpoints")
+    if not named or not runtime.mcp_allowed_urls:
+        return agent  # nothing named, or per-request servers not enabled: never contacted
+    if not isinstance(named, list):
+        raise InvalidRequestError("properties.mcpServers must be a list")
+    from copilot_runtime.mcp_tools import MCPServer
+
+    servers = []
+    for entry in named:
+        endpoint = entry.get("endpoint") if isinstance(entry, dict) else None
+        if not isinstance(endpoint, str) or not endpoint:
+            raise InvalidRequestError("Each of properties.mcpServers needs an 'endpoint'")
+        if endpoint.rstrip("/") not in runtime.mcp_allowed_urls:
+            raise InvalidRequestError(
+                f"The MCP server {endpoint[:200]!r} is not allowed by this runtime")
+        key = entry.get("apiKey")
+        servers.append(MCPServer(url=endpoint, headers={"Authorization": f"Bearer {key}"}
+                                 if isinstance(key, str) and key else {}))
+    inner = runtime.agents[agent_id]
+    if agent is not None or not isinstance(inner, BuiltInAgent):
+        raise InvalidRequestError("MCP servers named per request work with the built-in "
+                                  "agent only")
+    return RequestMCPAgent(inner, servers)

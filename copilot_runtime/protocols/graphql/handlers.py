@@ -33,7 +33,7 @@ from copilot_runtime._exceptions import (
     RateLimitedError,
 )
 from copilot_runtime._limits import check_json_text
-from copilot_runtime.protocols.graphql.agent_tools import session_run
+from copilot_runtime.protocols.graphql.agent_tools import session_run, with_request_mcp
 from copilot_runtime.protocols.graphql.documents import DocumentCache, Prepared
 from copilot_runtime.protocols.graphql.errors import kit_code_of, kit_extensions
 from copilot_runtime.protocols.graphql.increments import ResponseEncoder
@@ -186,6 +186,7 @@ class GraphQLProtocol:
                 has_public_key=b"x-copilotcloud-public-api-key" in request.headers)
             if wanted.agent_id not in runtime.agents:
                 raise agent_not_found(wanted.agent_id, runtime)
+            agent = with_request_mcp(runtime, args.get("properties"), wanted.agent_id, agent)
             forwarded = request.forwardable_headers(
                 credentials=runtime.forwards_credentials)
             # `agent`, when set, is the session's agent wrapped with its server-side tools.

@@ -1,0 +1,50 @@
+"""A built-in agent that, for one run, is also offered the tools of MCP servers the request
+named and the application allowed (`CopilotRuntime(mcp_allowed_urls=...)`).
+
+The servers are connected when the run starts and closed when it ends, in the run's own
+task (the `mcp` SDK's sessions must close in the task that opened them). A request can
+never make the runtime connect to an address outside the application's list: the GraphQL
+edge refuses such a request before anything is connected or streamed.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from copilot_runtime._input import RunInput
+from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.agents.builtin import BuiltInAgent
+from copilot_runtime.events import Event, EventBatches
+
+if TYPE_CHECKING:
+    from copilot_runtime.mcp_tools import MCPServer
+
+__all__ = ["RequestMCPAgent"]
+
+
+class RequestMCPAgent(Agent):
+    def __init__(self, inner: BuiltInAgent, servers: Sequence[MCPServer]) -> None:
+        super().__init__(description=inner.description)
+        self.class_name = inner.class_name
+        self.inner = inner
+        self.servers = list(servers)
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._run(input, context)
+
+    async def _run(self, input: RunInput, context: RunContext
+                   ) -> AsyncIterator[Sequence[Event]]:
+        from copilot_runtime.mcp_tools import MCPToolset
+
+        toolset = MCPToolset(self.servers)
+        await toolset.start()
+        try:
+            agent: Any = copy.copy(self.inner)
+            # The application's own actions keep their names.
+            agent.actions = {**{a.name: a for a in toolset.actions}, **self.inner.actions}
+            async for batch in agent.run(input, context):
+                yield batch
+        finally:
+            await toolset.aclose()
