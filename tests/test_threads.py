@@ -69,6 +69,20 @@ async def test_memory_store_evicts_least_recently_used() -> None:
     assert [r.thread_id for r in await store.list()] == ["a", "c"]
 
 
+async def test_memory_store_reports_evictions_without_a_line_for_each() -> None:
+    from structlog.testing import capture_logs
+
+    store = InMemoryThreadStore(max_threads=10)
+    with capture_logs() as logs:
+        for index in range(500):
+            await store.append_run(f"t{index}", "default", StoredRun("r", [], 1.0), [])
+    reports = [e for e in logs if e["event"] == "threads evicted from memory"]
+    # The first eviction is said at once; the next 489 wait for the minute to pass.
+    assert len(reports) == 1
+    assert reports[0]["threads"] == 1
+    assert reports[0]["store_threads"] == 10
+
+
 async def test_sqlite_store_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "threads.sqlite3"
     store = SQLiteThreadStore(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -23,13 +24,16 @@ __all__ = ["DEFAULT_MAX_BYTES", "InMemoryThreadStore"]
 
 _log = structlog.get_logger("copilot_runtime.threads")
 
+#: Seconds between two reports of evicted threads.
+_REPORT_EVERY = 60.0
 #: The default budget of the whole store, counted as the runs' encoded JSON.
 DEFAULT_MAX_BYTES = 128 * 1024 * 1024
 
 
 class InMemoryThreadStore:
     """Keeps up to `max_threads` threads and `max_bytes` of runs, evicting the least recently
-    used thread first (and logging it).
+    used thread first (and logging it: the first eviction at once, then a count at most
+    once a minute).
 
     Sizes are the runs' encoded JSON (measured by the runtime when it stores a run); Python
     holds them in somewhat more memory than that, so `max_bytes` is a budget, not a ceiling.
@@ -44,6 +48,8 @@ class InMemoryThreadStore:
         self.bytes = 0
         self._threads: OrderedDict[str, ThreadRecord] = OrderedDict()
         self._sizes: dict[str, int] = {}
+        self._evicted = self._evicted_bytes = 0
+        self._reported = -_REPORT_EVERY
 
     async def get(self, thread_id: str) -> ThreadRecord | None:
         record = self._threads.get(thread_id)
@@ -79,6 +85,20 @@ class InMemoryThreadStore:
         record.message_ids.update(message_ids)
         self._evict(thread_id)
 
+    def _report(self, thread_id: str, size: int) -> None:
+        """Say that threads were evicted: the first at once, then at most once a minute with
+        how many (a log line per eviction cost a busy store several per cent of a chat)."""
+        self._evicted += 1
+        self._evicted_bytes += size
+        now = time.monotonic()
+        if now - self._reported < _REPORT_EVERY:
+            return
+        _log.info("threads evicted from memory", threads=self._evicted,
+                  bytes=self._evicted_bytes, last_thread_id=thread_id,
+                  store_bytes=self.bytes, store_threads=len(self._threads))
+        self._reported = now
+        self._evicted = self._evicted_bytes = 0
+
     def _grow(self, thread_id: str, size: int) -> None:
         self._sizes[thread_id] += size
         self.bytes += size
@@ -89,8 +109,7 @@ class InMemoryThreadStore:
             thread_id, record = self._threads.popitem(last=False)
             size = self._sizes.pop(thread_id)
             self.bytes -= size
-            _log.info("thread evicted from memory", thread_id=thread_id, bytes=size,
-                      runs=len(record.runs), store_bytes=self.bytes)
+            self._report(thread_id, size)
         record = self._threads[keep]
         while self.bytes > self.max_bytes and len(record.runs) > 1:
             run = record.runs.pop(0)
