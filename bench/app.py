@@ -8,6 +8,9 @@ With ``BENCH_TRUST=1`` the runtime authenticates a bearer token (``$BENCH_TOKEN`
 the ``python-trust`` target of bench/run sends) and checks input with a pattern guardrail:
 the cost of serving many users, measured against the plain runtime.
 
+``BENCH_PROVIDER=anthropic|gemini`` puts the Anthropic or Gemini adapter on that provider's
+mock at ``$LLM_BASE_URL`` instead (the python-anthropic and python-gemini targets).
+
 ``BENCH_STORE`` picks a durable thread store (bench/soak.py sets it): a SQLite file path, or a
 ``postgresql://`` URL once `copilot_runtime.thread_store` can open one.
 """
@@ -46,10 +49,17 @@ def _store(spec: str) -> Any:
 if os.environ.get("BENCH_STORE"):
     options["thread_store"] = _store(os.environ["BENCH_STORE"])
 
-runtime = CopilotRuntime(
-    service_adapter=OpenAIAdapter(
-        model="gpt-4o", base_url=os.environ["LLM_BASE_URL"], api_key="sk-mock"
-    ),
-    actions=[getWeather],
-    **options,
-)
+def _adapter() -> Any:
+    provider, url = os.environ.get("BENCH_PROVIDER", "openai"), os.environ["LLM_BASE_URL"]
+    if provider == "anthropic":
+        from copilot_runtime import AnthropicAdapter
+
+        return AnthropicAdapter(api_key="sk-mock", base_url=url)
+    if provider == "gemini":
+        from copilot_runtime import GoogleGenAIAdapter
+
+        return GoogleGenAIAdapter(api_key="mock-key", base_url=url)
+    return OpenAIAdapter(model="gpt-4o", base_url=url, api_key="sk-mock")
+
+
+runtime = CopilotRuntime(service_adapter=_adapter(), actions=[getWeather], **options)

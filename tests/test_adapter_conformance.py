@@ -3,7 +3,8 @@ talking to the loopback mock of that provider's wire format.
 
 openai: `OpenAIAdapter` on `MockOpenAIServer` (openai-sdk: the same, sending through the
 `openai` SDK instead of its own HTTP client); anthropic: `AnthropicAdapter` on
-`MockAnthropicServer`; google: `GoogleGenAIAdapter` on `MockGeminiServer`; langchain:
+`MockAnthropicServer`; google: `GoogleGenAIAdapter` on `MockGeminiServer` (google-sdk:
+through the `google-genai` SDK instead of its own HTTP client); langchain:
 `LangChainAdapter(ChatOpenAI(...))` (langchain-openai) on `MockOpenAIServer`.
 
 Each case: plain text with usage, one and two tool calls, the server-side tool loop and a
@@ -113,7 +114,8 @@ def _gemini_image(server: MockGeminiServer) -> str | None:
     return None
 
 
-@pytest.fixture(params=["openai", "openai-sdk", "anthropic", "google", "langchain"])
+@pytest.fixture(params=["openai", "openai-sdk", "anthropic", "google", "google-sdk",
+                        "langchain"])
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     name: str = request.param
     if name == "anthropic":
@@ -124,13 +126,15 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
                 api_key="sk-mock", base_url=base_url or server.base_url, max_retries=0,
                 timeout=timeout), lambda s: _anthropic_settings(s.requests[-1]),
                 lambda s: _anthropic_image(s.requests[-1]), strict_history=True)
-    elif name == "google":
+    elif name in ("google", "google-sdk"):
         from copilot_runtime import GoogleGenAIAdapter
 
+        gemini_route = "sdk" if name == "google-sdk" else "direct"
         async with MockGeminiServer(chunks=4) as server:
             yield Harness(name, server, lambda timeout=10.0, base_url=None: GoogleGenAIAdapter(
                 api_key="mock-key", base_url=base_url or server.base_url, max_retries=0,
-                timeout=timeout), _gemini_settings, _gemini_image, strict_history=True)
+                timeout=timeout, transport=gemini_route), _gemini_settings, _gemini_image,
+                strict_history=True)
     elif name == "langchain":
         from langchain_openai import ChatOpenAI
 
@@ -310,7 +314,7 @@ async def test_forwarded_model_settings_mapped_or_refused(
 # ---- failures --------------------------------------------------------------------------------
 
 _PROVIDER_WORDS = {"openai": "OpenAI", "openai-sdk": "OpenAI", "anthropic": "Anthropic",
-                   "google": "Gemini", "langchain": "LangChain model"}
+                   "google": "Gemini", "google-sdk": "Gemini", "langchain": "LangChain model"}
 
 
 @pytest.mark.parametrize("status", [401, 429, 500, 503])

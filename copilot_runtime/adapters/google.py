@@ -1,8 +1,13 @@
-"""Google Gemini, on the Gemini API or Vertex AI, through the official `google-genai` SDK.
+"""Google Gemini, on the Gemini API or Vertex AI, with the official `google-genai` SDK.
 
-The SDK builds, authenticates and sends `streamGenerateContent` and decodes its answer;
-there is no supported way to read its raw bytes, so its response objects are read here,
-only the fields the answer needs.
+Two ways to send a request, one behaviour, as for OpenAI. With an API key (the Gemini API),
+the adapter by default sends `streamGenerateContent` itself over the small keep-alive client
+of `_http1`, with the URL, headers, timeout and retry policy the SDK would use (a test proves
+the request is the SDK's, byte for byte once parsed), and parses the SSE answer here: the SDK
+validates every request into its pydantic types and builds a response model per chunk, which
+cost about fifteen times the CPU of an OpenAI chat. A ready `client=` (Vertex AI, custom
+credentials) or `transport="sdk"` sends through the SDK; its chunks go through the same
+parser.
 
 What Gemini refuses is repaired on the way out: tool parameter schemas are converted to the
 OpenAPI subset it accepts (`to_gemini_schema`, each rule tested), every function call gets a
@@ -14,15 +19,19 @@ the signatures of the calls it streamed, by call id, and puts them back.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import math
 import os
+import random
+import sys
+import urllib.parse
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, cast
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, cast
 
-import aiohttp
 import orjson
 from ag_ui.core import (
     AssistantMessage,
@@ -32,16 +41,15 @@ from ag_ui.core import (
     ToolMessage,
     UserMessage,
 )
-from google import genai
-from google.genai import errors as genai_errors
-from google.genai import types as genai_types
 
 from copilot_runtime._exceptions import (
     ConfigurationError,
     UpstreamConnectionError,
     UpstreamError,
+    UpstreamProtocolError,
     UpstreamTimeoutError,
 )
+from copilot_runtime.adapters import _http1
 from copilot_runtime.adapters._common import arguments_object, text_of, usage
 from copilot_runtime.adapters.base import (
     ChatDelta,
@@ -52,7 +60,12 @@ from copilot_runtime.adapters.base import (
     ToolCallDelta,
 )
 
-__all__ = ["GoogleGenAIAdapter", "to_gemini_contents", "to_gemini_schema"]
+if TYPE_CHECKING:
+    import aiohttp
+    from google import genai
+
+__all__ = ["GeminiStreamParser", "GoogleGenAIAdapter", "rest_body", "to_gemini_contents",
+           "to_gemini_schema"]
 
 _MISSING_RESULT = "The tool call was not answered: no result was recorded for it."
 _FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length", "SAFETY": "content_filter",
@@ -60,6 +73,14 @@ _FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length", "SAFETY": "content_fi
                    "PROHIBITED_CONTENT": "content_filter", "SPII": "content_filter",
                    "IMAGE_SAFETY": "content_filter"}
 _SIGNATURES_KEPT = 4096
+_DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com/"
+# The SDK's defaults (google.genai._api_client): API version, and the retry policy of
+# `HttpRetryOptions`: these statuses and transport failures, exponential waits from 1 s
+# (doubling, plus up to 1 s of jitter, at most 60 s).
+_DEFAULT_API_VERSION = "v1"
+_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_RETRY_INITIAL = 1.0
+_RETRY_MAX = 60.0
 
 
 class GoogleGenAIAdapter:
@@ -69,6 +90,7 @@ class GoogleGenAIAdapter:
     ``genai.Client(vertexai=True, project=..., location=...)``); otherwise one is made for the
     Gemini API with `api_key` (or `GOOGLE_API_KEY` / `GEMINI_API_KEY`). `thinking` is
     Gemini's thinking config (``{"include_thoughts": True}`` streams its thought summaries).
+    `transport="sdk"` sends through the SDK even when the adapter could send itself.
     """
 
     provider = "google"
@@ -83,6 +105,7 @@ class GoogleGenAIAdapter:
         timeout: float = 120.0,
         max_retries: int = 2,
         thinking: dict[str, Any] | None = None,
+        transport: Literal["auto", "direct", "sdk"] = "auto",
     ) -> None:
         self.model = model
         self.thinking = thinking
@@ -98,9 +121,26 @@ class GoogleGenAIAdapter:
         if client is None and not self._api_key:
             raise ConfigurationError(
                 "GoogleGenAIAdapter needs api_key (or GOOGLE_API_KEY / GEMINI_API_KEY)")
+        if transport not in ("auto", "direct", "sdk"):
+            raise ConfigurationError("transport must be 'auto', 'direct' or 'sdk'")
+        if transport == "direct" and client is not None:
+            raise ConfigurationError("transport='direct' sends without the SDK: pass the "
+                                     "settings, not a client")
+        self._direct: _DirectRoute | None = None
+        if client is None and transport != "sdk":
+            self._direct = _DirectRoute(self)
+
+    @property
+    def transport(self) -> str:
+        """How requests are sent: "direct" (this package's client) or "sdk"."""
+        return "direct" if self._direct is not None else "sdk"
 
     @property
     def client(self) -> genai.Client:
+        import aiohttp
+        from google import genai
+        from google.genai import types as genai_types
+
         if self._client is None:
             retry = (genai_types.HttpRetryOptions(attempts=self._max_retries + 1)
                      if self._max_retries else None)
@@ -113,6 +153,8 @@ class GoogleGenAIAdapter:
         return self._client
 
     async def aclose(self) -> None:
+        if self._direct is not None and self._direct.close():
+            await asyncio.sleep(0)  # the closed sockets are released on the loop's next turn
         if self._client is not None:
             await self._client.aio.aclose()
         if self._session is not None:
@@ -154,52 +196,54 @@ class GoogleGenAIAdapter:
             config["stop_sequences"] = request.stop
         return contents, config
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
+    def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
         contents, config = self.build_config(request)
-        finish: str | None = None
-        calls = 0
-        meta: Any = None
+        model = request.model or self.model
+        if self._direct is not None:
+            return self._stream_direct(self._direct, model, contents, config)
+        return self._stream_sdk(model, contents, config)
+
+    async def _stream_direct(self, route: _DirectRoute, model: str,
+                             contents: list[dict[str, Any]], config: dict[str, Any]
+                             ) -> AsyncIterator[Sequence[ChatDelta]]:
+        response = await route.send(model, rest_body(contents, config))
+        parser = GeminiStreamParser(self._remember)
+        complete = False
+        try:
+            async for data in response.chunks():
+                deltas = parser.feed(data)
+                if deltas:
+                    yield deltas
+            yield parser.end()
+            complete = True
+        except _http1.ReadTimeout:
+            raise UpstreamTimeoutError("Gemini request timed out") from None
+        except _http1.HTTPClientError:
+            raise UpstreamConnectionError(
+                "The Gemini stream broke off before the answer was complete") from None
+        finally:
+            if complete:
+                response.release()  # read to its end: the connection serves the next one
+            else:
+                response.abort()  # a stop, a disconnect or a failure: cancel upstream
+
+    async def _stream_sdk(self, model: str, contents: list[dict[str, Any]],
+                          config: dict[str, Any]) -> AsyncIterator[Sequence[ChatDelta]]:
+        import aiohttp
+        from google.genai import errors as genai_errors
+
+        parser = GeminiStreamParser(self._remember)
         try:
             # Plain dicts in the SDK's field names: it validates them into its own types.
             chunks = await self.client.aio.models.generate_content_stream(
-                model=request.model or self.model, contents=cast(Any, contents),
-                config=cast(Any, config))
+                model=model, contents=cast(Any, contents), config=cast(Any, config))
             async for chunk in chunks:
                 out: list[ChatDelta] = []
-                if chunk.usage_metadata is not None:
-                    meta = chunk.usage_metadata
-                for candidate in (chunk.candidates or ())[:1]:
-                    for part in (candidate.content.parts or ()) if candidate.content else ():
-                        if part.function_call is not None:
-                            call = part.function_call
-                            call_id = call.id or f"call_{uuid.uuid4().hex[:24]}"
-                            if part.thought_signature:
-                                self._remember(call_id, part.thought_signature)
-                            out.append(ToolCallDelta(calls, call_id, call.name or "",
-                                                     orjson.dumps(call.args or {}).decode()))
-                            calls += 1
-                        elif part.text:
-                            out.append(ReasoningDelta(part.text) if part.thought
-                                       else TextDelta(part.text))
-                    if candidate.finish_reason is not None:
-                        reason = str(candidate.finish_reason.value)
-                        if reason == "MALFORMED_FUNCTION_CALL":
-                            raise UpstreamError("Gemini produced a malformed function call")
-                        finish = _FINISH_REASONS.get(reason, reason.lower())
-                if chunk.prompt_feedback is not None and chunk.prompt_feedback.block_reason:
-                    raise UpstreamError(
-                        f"Gemini blocked the prompt: {chunk.prompt_feedback.block_reason.value}")
+                parser.chunk(chunk.model_dump(mode="json", by_alias=True, exclude_none=True),
+                             out)
                 if out:
                     yield out
-            if finish is None:
-                raise UpstreamConnectionError(
-                    "The Gemini stream ended before the answer was complete")
-            if calls and finish == "stop":
-                finish = "tool_calls"
-            yield [StreamEnd(finish, usage(
-                meta.prompt_token_count if meta else None,
-                meta.candidates_token_count if meta else None,
-                reasoning_tokens=meta.thoughts_token_count if meta else None))]
+            yield parser.end()
         except genai_errors.APIError as exc:
             raise UpstreamError(f"Gemini request failed with HTTP {exc.code}: "
                                 f"{exc.message or exc.status}", status=exc.code) from None
@@ -215,6 +259,246 @@ class GoogleGenAIAdapter:
         self._signatures[call_id] = signature
         if len(self._signatures) > _SIGNATURES_KEPT:
             self._signatures.popitem(last=False)
+
+
+class _DirectRoute:
+    """The SDK's `streamGenerateContent` request for the Gemini API, worked out once."""
+
+    def __init__(self, adapter: GoogleGenAIAdapter) -> None:
+        base = adapter._base_url or os.environ.get("GOOGLE_GEMINI_BASE_URL") \
+            or _DEFAULT_BASE_URL
+        url = urllib.parse.urlsplit(base)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ConfigurationError(
+                f"GoogleGenAIAdapter: base_url {base!r} is not an http(s) URL")
+        version = os.environ.get("GOOGLE_GENAI_API_VERSION") or _DEFAULT_API_VERSION
+        if version == "beta":
+            version = "v1beta"
+        default_port = 443 if url.scheme == "https" else 80
+        port = url.port or default_port
+        host = url.hostname if ":" not in url.hostname else f"[{url.hostname}]"
+        self.prefix = f"{url.path.rstrip('/')}/{version}/models/"
+        self.timeout = adapter._timeout
+        self.attempts = adapter._max_retries + 1
+        self.pool = _http1.HTTPPool(url.scheme, url.hostname, port,
+                                    connect_timeout=adapter._timeout)
+        key = (adapter._api_key or "").strip()
+        label = f"google-genai-sdk/{_sdk_version()} gl-python/{sys.version.split()[0]}"
+        headers = {"Host": host + (f":{port}" if port != default_port else ""),
+                   "Content-Type": "application/json", "x-goog-api-key": key,
+                   "User-Agent": label, "x-goog-api-client": label,
+                   "X-Server-Timeout": str(math.ceil(adapter._timeout)), "Accept": "*/*",
+                   "Accept-Encoding": "gzip, deflate"}
+        for name, value in headers.items():
+            if any(c in value for c in "\r\n\0"):
+                raise ConfigurationError(f"GoogleGenAIAdapter: header {name!r} is not valid")
+        self.headers = "".join(f"{n}: {v}\r\n" for n, v in headers.items()).encode("latin-1")
+
+    def close(self) -> bool:
+        return self.pool.close()
+
+    async def send(self, model: str, body: bytes) -> _http1.Response:
+        """The answer's head, after the SDK's retries; an `UpstreamError` when it failed."""
+        path = urllib.parse.quote(f"{self.prefix}{model}:streamGenerateContent", safe="/:")
+        data = b"".join((f"POST {path}?alt=sse HTTP/1.1\r\n".encode("latin-1"), self.headers,
+                         b"Content-Length: %d\r\n\r\n" % len(body), body))
+        attempt = 1
+        while True:
+            try:
+                response = await self.pool.request(data, self.timeout)
+            except _http1.ConnectError as exc:
+                error: UpstreamError = UpstreamTimeoutError("Gemini request timed out") if (
+                    exc.timeout) else UpstreamConnectionError("Could not reach the Gemini API")
+                retry = True
+            except _http1.Disconnected:
+                error, retry = UpstreamConnectionError(
+                    "The Gemini API closed the connection without answering"), True
+            except _http1.ReadTimeout:
+                error, retry = UpstreamTimeoutError("Gemini request timed out"), False
+            except _http1.HTTPClientError:
+                error, retry = UpstreamProtocolError(
+                    "The Gemini API sent a malformed HTTP answer"), False
+            else:
+                if 200 <= response.status < 300:
+                    return response
+                try:
+                    text = await response.read()
+                except _http1.HTTPClientError:
+                    text = b""
+                response.release()
+                error = UpstreamError(f"Gemini request failed with HTTP {response.status}: "
+                                      f"{_error_text(text, response.status)}",
+                                      status=response.status)
+                retry = response.status in _RETRY_STATUSES
+            if not retry or attempt >= self.attempts:
+                raise error
+            # tenacity's wait_exponential_jitter with the SDK's defaults
+            await asyncio.sleep(min(_RETRY_INITIAL * 2.0 ** (attempt - 1) + random.random(),
+                                    _RETRY_MAX))
+            attempt += 1
+
+
+def _sdk_version() -> str:
+    # The version the SDK reports, from its distribution's metadata (no import).
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("google-genai")
+    except PackageNotFoundError:  # pragma: no cover - the extra installs it
+        return "unknown"
+
+
+def _error_text(text: bytes, status: int) -> str:
+    """What the SDK's `APIError` says for this error body: its message, else its status."""
+    try:
+        body = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return f"HTTP {status}"
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        for key in ("message", "status"):
+            if isinstance(error.get(key), str) and error[key]:
+                return str(error[key])
+    return f"HTTP {status}"
+
+
+class GeminiStreamParser:
+    """`streamGenerateContent` SSE frames (raw bytes, or the SDK's chunks as REST JSON) to
+    `ChatDelta`s: text, thought summaries, function calls, then usage and the finish."""
+
+    __slots__ = ("_buffer", "_meta", "_remember", "calls", "finish")
+
+    def __init__(self, remember: Callable[[str, bytes], None] | None = None) -> None:
+        self._buffer = b""
+        self._remember = remember
+        self._meta: dict[str, Any] = {}
+        self.calls = 0
+        self.finish: str | None = None
+
+    def feed(self, data: bytes) -> list[ChatDelta]:
+        buffer = self._buffer + data if self._buffer else data
+        end = buffer.rfind(b"\n")
+        if end < 0:
+            self._buffer = buffer
+            return []
+        self._buffer = buffer[end + 1 :]
+        out: list[ChatDelta] = []
+        for line in buffer[:end].split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue  # blank separators (\r\n\r\n or \n\n) and comments
+            try:
+                chunk = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                raise UpstreamProtocolError("The Gemini stream sent malformed JSON") from None
+            if not isinstance(chunk, dict):
+                raise UpstreamProtocolError("The Gemini stream sent an unexpected frame")
+            self.chunk(chunk, out)
+        return out
+
+    def chunk(self, chunk: dict[str, Any], out: list[ChatDelta]) -> None:
+        error = chunk.get("error")
+        if error is not None:
+            message = error.get("message") if isinstance(error, dict) else None
+            raise UpstreamError(f"Gemini reported an error mid-stream: {message or error}")
+        meta = chunk.get("usageMetadata")
+        if isinstance(meta, dict):
+            self._meta = meta
+        candidates = chunk.get("candidates")
+        if candidates:
+            try:
+                self._candidate(candidates[0], out)
+            except (AttributeError, TypeError, KeyError, IndexError):
+                raise UpstreamProtocolError(
+                    "The Gemini stream sent a chunk of an unexpected shape") from None
+        feedback = chunk.get("promptFeedback")
+        if isinstance(feedback, dict) and feedback.get("blockReason"):
+            raise UpstreamError(f"Gemini blocked the prompt: {feedback['blockReason']}")
+
+    def _candidate(self, candidate: dict[str, Any], out: list[ChatDelta]) -> None:
+        for part in (candidate.get("content") or {}).get("parts") or ():
+            call = part.get("functionCall")
+            if call is not None:
+                call_id = call.get("id") or f"call_{uuid.uuid4().hex[:24]}"
+                signature = part.get("thoughtSignature")
+                if signature and self._remember is not None:
+                    self._remember(call_id, base64.b64decode(signature))
+                out.append(ToolCallDelta(self.calls, call_id, call.get("name") or "",
+                                         orjson.dumps(call.get("args") or {}).decode()))
+                self.calls += 1
+            elif part.get("text"):
+                out.append(ReasoningDelta(part["text"]) if part.get("thought")
+                           else TextDelta(part["text"]))
+        reason = candidate.get("finishReason")
+        if reason is not None:
+            if reason == "MALFORMED_FUNCTION_CALL":
+                raise UpstreamError("Gemini produced a malformed function call")
+            self.finish = _FINISH_REASONS.get(reason, str(reason).lower())
+
+    def end(self) -> list[ChatDelta]:
+        """The answer's end, once the stream has ended."""
+        if self.finish is None:
+            raise UpstreamConnectionError(
+                "The Gemini stream ended before the answer was complete")
+        finish = "tool_calls" if self.calls and self.finish == "stop" else self.finish
+        meta = self._meta
+        return [StreamEnd(finish, usage(meta.get("promptTokenCount"),
+                                        meta.get("candidatesTokenCount"),
+                                        reasoning_tokens=meta.get("thoughtsTokenCount")))]
+
+
+def rest_body(contents: list[dict[str, Any]], config: dict[str, Any]) -> bytes:
+    """The JSON body the SDK sends for `generate_content_stream(contents, config)`, with the
+    contents and config `build_config` makes (the REST API's camelCase names)."""
+    body: dict[str, Any] = {"contents": [
+        {"parts": [_rest_part(p) for p in turn["parts"]], "role": turn["role"]}
+        for turn in contents]}
+    if "system_instruction" in config:
+        body["systemInstruction"] = {"parts": [{"text": config["system_instruction"]}],
+                                     "role": "user"}
+    if "tools" in config:
+        body["tools"] = [{"functionDeclarations": t["function_declarations"]}
+                         for t in config["tools"]]
+    if "tool_config" in config:
+        calling = config["tool_config"]["function_calling_config"]
+        rest: dict[str, Any] = {"mode": calling["mode"]}
+        if "allowed_function_names" in calling:
+            rest["allowedFunctionNames"] = calling["allowed_function_names"]
+        body["toolConfig"] = {"functionCallingConfig": rest}
+    generation: dict[str, Any] = {}
+    for ours, theirs in (("temperature", "temperature"), ("max_output_tokens",
+                         "maxOutputTokens"), ("stop_sequences", "stopSequences")):
+        if config.get(ours) is not None:
+            generation[theirs] = config[ours]
+    if config.get("thinking_config") is not None:
+        # the SDK writes the thinking config with its own (snake_case) field names
+        generation["thinkingConfig"] = {_THINKING_FIELDS.get(k, k): v
+                                        for k, v in config["thinking_config"].items()}
+    if config:  # the SDK sends a generation config, empty or not, whenever it has a config
+        body["generationConfig"] = generation
+    return orjson.dumps(body)
+
+
+_THINKING_FIELDS = {"includeThoughts": "include_thoughts", "thinkingBudget": "thinking_budget",
+                    "thinkingLevel": "thinking_level"}
+
+
+def _rest_part(part: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in part.items():
+        if key == "function_call":
+            out["functionCall"] = value
+        elif key == "function_response":
+            out["functionResponse"] = value
+        elif key == "thought_signature":
+            out["thoughtSignature"] = base64.b64encode(value).decode()
+        elif key == "inline_data":  # the SDK keeps the inner names as they are
+            out["inlineData"] = {"data": base64.b64encode(value["data"]).decode(),
+                                 "mime_type": value["mime_type"]}
+        elif key == "file_data":
+            out["fileData"] = value
+        else:
+            out[key] = value
+    return out
 
 
 # ---- history ---------------------------------------------------------------------------------

@@ -144,7 +144,9 @@ def _last_turn(body: dict[str, Any]) -> dict[str, Any]:
 class MockGeminiServer(LoopbackServer):
     """The mock as an object: ``async with MockGeminiServer() as llm: llm.base_url``.
 
-    ``requests`` holds every request body received, parsed; ``paths`` their paths. With
+    ``requests`` holds every request body received, parsed; ``paths`` their paths;
+    ``headers`` their headers (names lower-cased). ``statuses`` is a status to answer the next
+    requests with before their plan (e.g. ``[503, 429]``: two failures, then the answer). With
     ``sign_calls`` (the default) function calls carry a thought signature, as Gemini 3's do.
     """
 
@@ -156,6 +158,8 @@ class MockGeminiServer(LoopbackServer):
         self.sign_calls = sign_calls
         self.requests: list[dict[str, Any]] = []
         self.paths: list[str] = []
+        self.headers: list[dict[str, str]] = []
+        self.statuses: list[int] = []
         self.record = True
         self.cancelled_streams = 0
         self._signed: set[str] = set()  # names of functions whose calls were signed
@@ -181,6 +185,10 @@ class MockGeminiServer(LoopbackServer):
         if self.record:
             self.requests.append(body)
             self.paths.append(request.path_qs)
+            self.headers.append({k.lower(): v for k, v in request.headers.items()})
+        if self.statuses:
+            status = self.statuses.pop(0)
+            return _error(status, f"mock error {status}")
         try:
             validate(body, self._signed)
         except _Refused as exc:

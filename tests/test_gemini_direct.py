@@ -1,0 +1,362 @@
+"""The Gemini adapter's own HTTP/1.1 route sends what the `google-genai` SDK sends, and fails
+alike.
+
+Each request goes through both routes (`transport="direct"`, the default with an API key,
+and `transport="sdk"`) against the loopback mock, which records bodies, paths and headers;
+they must match once parsed. Then the retries, the failures a raw server can produce
+(malformed frames, an error frame, a stream without its finish, a cut, a stall), and a stop
+that must cancel the upstream request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+from ag_ui.core import (
+    AssistantMessage,
+    DataSource,
+    DocumentPart,
+    FunctionCall,
+    ImagePart,
+    SystemMessage,
+    TextPart,
+    ToolCall,
+    ToolMessage,
+    UrlSource,
+    UserMessage,
+)
+from aiohttp import web
+
+from copilot_runtime import ConfigurationError, GoogleGenAIAdapter, UpstreamError
+from copilot_runtime._exceptions import (
+    UpstreamConnectionError,
+    UpstreamProtocolError,
+    UpstreamTimeoutError,
+)
+from copilot_runtime.adapters import ChatRequest, ReasoningDelta, TextDelta, ToolCallDelta
+from copilot_runtime.adapters.base import StreamEnd, ToolSpec
+from copilot_runtime.testing import MockGeminiServer
+from tests.conftest import free_port
+from tests.test_hardening import FaultyLLM
+
+TIMEOUT_S = 30
+ROUTES = ("direct", "sdk")
+WEATHER = ToolSpec("getWeather", "The weather in a city", {
+    "type": "object", "additionalProperties": False,
+    "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]},
+                   "days": {"type": "integer", "minimum": 1},
+                   "units": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                   "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["city"]})
+
+
+@pytest.fixture
+async def mock() -> AsyncIterator[MockGeminiServer]:
+    async with MockGeminiServer(chunks=4) as server:
+        yield server
+
+
+def adapter(route: str, **options: Any) -> GoogleGenAIAdapter:
+    options.setdefault("api_key", "mock-key")
+    options.setdefault("max_retries", 0)
+    return GoogleGenAIAdapter(transport=route, **options)  # type: ignore[arg-type]
+
+
+async def deltas(gemini: GoogleGenAIAdapter, request: ChatRequest) -> list[Any]:
+    async with asyncio.timeout(TIMEOUT_S):
+        return [d async for batch in gemini.stream(request) for d in batch]
+
+
+async def failure(gemini: GoogleGenAIAdapter, text: str = "hello") -> UpstreamError:
+    try:
+        with pytest.raises(UpstreamError) as info:
+            await deltas(gemini, ChatRequest(messages=[UserMessage(id="u", content=text)]))
+    finally:
+        await gemini.aclose()
+    return info.value
+
+
+def user(text: str) -> UserMessage:
+    return UserMessage(id="u", content=text)
+
+
+async def test_default_route_is_direct_and_sdk_is_an_option(mock: MockGeminiServer) -> None:
+    import aiohttp
+    from google import genai
+
+    assert GoogleGenAIAdapter(api_key="k", base_url=mock.base_url).transport == "direct"
+    assert adapter("sdk", base_url=mock.base_url).transport == "sdk"
+    session = aiohttp.ClientSession()
+    client = genai.Client(api_key="k", http_options={"base_url": mock.base_url,
+                                                     "aiohttp_client": session})
+    ready = GoogleGenAIAdapter(client=client)
+    assert ready.transport == "sdk"  # Vertex AI and custom credentials: the SDK's route
+    found = await deltas(ready, ChatRequest(messages=[user("hi")]))
+    assert "".join(d.text for d in found if isinstance(d, TextDelta)) == "echo: hi"
+    await client.aio.aclose()
+    await session.close()
+    with pytest.raises(ConfigurationError, match="transport"):
+        adapter("h2")
+    with pytest.raises(ConfigurationError, match="without the SDK"):
+        GoogleGenAIAdapter(client=client, transport="direct")
+    with pytest.raises(ConfigurationError, match="http"):
+        GoogleGenAIAdapter(api_key="k", base_url="ftp://example")
+
+
+REQUESTS: dict[str, ChatRequest] = {
+    "plain": ChatRequest(messages=[user("hello")]),
+    "everything": ChatRequest(
+        messages=[SystemMessage(id="s", content="Be brief."), user("weather?"),
+                  AssistantMessage(id="a", content="Looking.", tool_calls=[ToolCall(
+                      id="c1", function=FunctionCall(name="getWeather",
+                                                     arguments='{"city": "Paris"}'))]),
+                  ToolMessage(id="t", content='{"sky": "clear"}', tool_call_id="c1"),
+                  ToolMessage(id="t2", content="orphan", tool_call_id="c9"),
+                  user("and tomorrow?")],
+        tools=[WEATHER], system_prompt="You help.", model="gemini-x", temperature=0.4,
+        max_tokens=64, stop=["END"], tool_choice="getWeather"),
+    "required-tool": ChatRequest(messages=[user("go")], tools=[WEATHER],
+                                 tool_choice="required"),
+    "media": ChatRequest(messages=[UserMessage(id="u", content=[
+        TextPart(text="what is this?"),
+        ImagePart(source=DataSource(value="aGVsbG8=", mime_type="image/png")),
+        DocumentPart(source=UrlSource(value="gs://bucket/doc.pdf",
+                                      mime_type="application/pdf"))])]),
+}
+
+
+@pytest.mark.parametrize("thinking", [None, {"includeThoughts": True, "thinkingBudget": 128}])
+@pytest.mark.parametrize("name", list(REQUESTS))
+async def test_same_request_as_the_sdk(mock: MockGeminiServer, name: str,
+                                       thinking: dict[str, Any] | None) -> None:
+    for route in ROUTES:
+        gemini = adapter(route, base_url=mock.base_url, timeout=30, thinking=thinking)
+        try:
+            await deltas(gemini, REQUESTS[name])
+        finally:
+            await gemini.aclose()
+    direct, sdk = mock.requests
+    assert direct == sdk
+    assert mock.paths[0] == mock.paths[1]
+    assert mock.paths[0].endswith(":streamGenerateContent?alt=sse")
+    first, second = ({k: v for k, v in h.items() if k != "content-length"}
+                     for h in mock.headers)
+    assert first == second
+    assert first["x-goog-api-key"] == "mock-key"
+    assert first["x-server-timeout"] == "30"
+
+
+async def test_signed_calls_replayed_alike(mock: MockGeminiServer) -> None:
+    """Gemini 3 signs its function calls: the next request must carry the signature back."""
+    for route in ROUTES:
+        gemini = adapter(route, base_url=mock.base_url)
+        try:
+            found = await deltas(gemini, ChatRequest(
+                messages=[user('call:getWeather {"city": "Oslo"}')], tools=[WEATHER]))
+            call = next(d for d in found if isinstance(d, ToolCallDelta))
+            assert call.name == "getWeather"
+            assert orjson.loads(call.arguments) == {"city": "Oslo"}
+            assert call.id is not None
+            history = [user('call:getWeather {"city": "Oslo"}'), AssistantMessage(
+                id="a", tool_calls=[ToolCall(id=call.id, function=FunctionCall(
+                    name="getWeather", arguments=call.arguments))]),
+                ToolMessage(id="t", content="cold", tool_call_id=call.id)]
+            found = await deltas(gemini, ChatRequest(messages=history, tools=[WEATHER]))
+            assert "".join(d.text for d in found if isinstance(d, TextDelta)) == "echo: cold"
+        finally:
+            await gemini.aclose()
+    replays = [r for r in mock.requests if len(r["contents"]) == 3]
+    assert len(replays) == 2
+    assert replays[0] == replays[1]
+    assert "thoughtSignature" in replays[0]["contents"][1]["parts"][0]
+
+
+async def test_api_version_from_the_environment(mock: MockGeminiServer,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GOOGLE_GENAI_API_VERSION", "beta")
+    for route in ROUTES:
+        gemini = adapter(route, base_url=mock.base_url)
+        try:
+            await deltas(gemini, REQUESTS["plain"])
+        finally:
+            await gemini.aclose()
+    assert [p.split("/models/")[0] for p in mock.paths] == ["/v1beta", "/v1beta"]
+
+
+async def test_retries_5xx_and_429(mock: MockGeminiServer,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import copilot_runtime.adapters.google as google
+
+    monkeypatch.setattr(google, "_RETRY_INITIAL", 0.01)
+    monkeypatch.setattr(google.random, "random", lambda: 0.0)
+    mock.statuses = [503, 429]
+    gemini = adapter("direct", base_url=mock.base_url, max_retries=2)
+    try:
+        found = await deltas(gemini, REQUESTS["plain"])
+    finally:
+        await gemini.aclose()
+    assert "".join(d.text for d in found if isinstance(d, TextDelta)) == "echo: hello"
+    assert len(mock.headers) == 3
+
+
+async def test_retries_run_out_with_the_same_error(mock: MockGeminiServer) -> None:
+    errors = []
+    for route in ROUTES:
+        mock.statuses = [503, 503]
+        errors.append(await failure(adapter(route, base_url=mock.base_url, max_retries=1)))
+    assert len(mock.headers) == 4  # two attempts each
+    direct, sdk = errors
+    assert (type(direct), direct.status, direct.message) == (type(sdk), sdk.status, sdk.message)
+    assert direct.message == "Gemini request failed with HTTP 503: mock error 503"
+
+
+@pytest.mark.parametrize("status", [400, 401, 404])
+async def test_client_errors_are_not_retried(mock: MockGeminiServer, status: int) -> None:
+    errors = [await failure(adapter(route, base_url=mock.base_url, max_retries=2),
+                            f"error:{status}") for route in ROUTES]
+    assert len(mock.headers) == 2  # one attempt each
+    assert errors[0].message == errors[1].message
+    assert errors[0].status == errors[1].status == status
+
+
+async def test_refused_connection() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    for route in ROUTES:
+        error = await failure(adapter(route, base_url=dead))
+        assert type(error) is UpstreamConnectionError
+        assert error.message == "Could not reach the Gemini API"
+
+
+@pytest.mark.parametrize(("mode", "kind", "message", "attempts"), [
+    ("close", UpstreamConnectionError, "closed the connection without answering", 2),
+    ("cut", UpstreamConnectionError, "broke off before the answer was complete", 1),
+    ("stall_first", UpstreamTimeoutError, "Gemini request timed out", 1),
+    ("stall_mid", UpstreamTimeoutError, "Gemini request timed out", 1),
+])
+async def test_transport_faults(mode: str, kind: type[UpstreamError], message: str,
+                                attempts: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import copilot_runtime.adapters.google as google
+
+    monkeypatch.setattr(google, "_RETRY_INITIAL", 0.01)
+    monkeypatch.setattr(google.random, "random", lambda: 0.0)
+    async with FaultyLLM(mode) as upstream:
+        error = await failure(adapter("direct", base_url=upstream.base_url, timeout=0.5,
+                                      max_retries=1))
+        assert upstream.requests == attempts
+    assert type(error) is kind
+    assert message in error.message
+    assert "aiohttp" not in error.message
+    assert "Error" not in error.message
+
+
+def _frames(*chunks: Any) -> bytes:
+    return b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks)
+
+
+_TEXT = {"candidates": [{"content": {"parts": [{"text": "hi"}], "role": "model"}}]}
+_END = {"candidates": [{"content": {"parts": [{"text": "!"}], "role": "model"},
+                        "finishReason": "STOP"}],
+        "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 2,
+                          "thoughtsTokenCount": 1}}
+
+
+@contextlib.asynccontextmanager
+async def raw_server(body: bytes, status: int = 200) -> AsyncIterator[str]:
+    async def answer(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=status,
+                                      headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(body)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_lf_framed_stream_with_thoughts_and_usage() -> None:
+    thought = {"candidates": [{"content": {"parts": [{"text": "hmm", "thought": True}]}}]}
+    async with raw_server(_frames(thought, _TEXT, _END)) as url:
+        gemini = adapter("direct", base_url=url)
+        try:
+            found = await deltas(gemini, REQUESTS["plain"])
+        finally:
+            await gemini.aclose()
+    assert [type(d).__name__ for d in found] == ["ReasoningDelta", "TextDelta", "TextDelta",
+                                                 "StreamEnd"]
+    assert isinstance(found[0], ReasoningDelta)
+    assert found[0].text == "hmm"
+    end = found[-1]
+    assert isinstance(end, StreamEnd)
+    assert end.finish_reason == "stop"
+    assert end.usage == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                         "reasoning_tokens": 1}
+
+
+@pytest.mark.parametrize(("body", "kind", "message"), [
+    (b"data: {not json\n\n", UpstreamProtocolError, "malformed JSON"),
+    (b"data: [1, 2]\n\n", UpstreamProtocolError, "unexpected frame"),
+    (_frames({"candidates": 5}), UpstreamProtocolError, "unexpected shape"),
+    (_frames({"candidates": [{"content": {"parts": "text"}}]}), UpstreamProtocolError,
+     "unexpected shape"),
+    (_frames(_TEXT, {"error": {"code": 503, "message": "overloaded"}}), UpstreamError,
+     "error mid-stream: overloaded"),
+    (_frames(_TEXT), UpstreamConnectionError, "ended before the answer was complete"),
+    (_frames({"promptFeedback": {"blockReason": "SAFETY"}}), UpstreamError,
+     "blocked the prompt: SAFETY"),
+    (_frames({"candidates": [{"finishReason": "MALFORMED_FUNCTION_CALL"}]}), UpstreamError,
+     "malformed function call"),
+])
+async def test_bad_streams_are_precise_errors(body: bytes, kind: type[UpstreamError],
+                                              message: str) -> None:
+    async with raw_server(body) as url:
+        error = await failure(adapter("direct", base_url=url))
+    assert type(error) is kind
+    assert message in error.message
+
+
+async def test_an_error_body_that_is_not_json() -> None:
+    async with raw_server(b"<html>bad gateway</html>", status=502) as url:
+        error = await failure(adapter("direct", base_url=url))
+    assert error.status == 502
+    assert error.message == "Gemini request failed with HTTP 502: HTTP 502"
+
+
+async def _until(check: Callable[[], bool], what: str) -> None:
+    for _ in range(250):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"never happened: {what}")
+
+
+async def test_connections_are_kept_alive_and_a_stop_cancels_upstream(
+        mock: MockGeminiServer) -> None:
+    gemini = adapter("direct", base_url=mock.base_url)
+    route = gemini._direct
+    assert route is not None
+    try:
+        for _ in range(3):
+            await deltas(gemini, REQUESTS["plain"])
+        assert len(route.pool._idle) == 1  # one connection served all three
+        stream = gemini.stream(ChatRequest(messages=[user("slow:200 a b c d")]))
+        await anext(aiter(stream))
+        aclose: Callable[[], Awaitable[None]] = stream.aclose  # type: ignore[attr-defined]
+        await aclose()
+        await _until(lambda: mock.cancelled_streams == 1, "the upstream stream cancelled")
+    finally:
+        await gemini.aclose()
