@@ -1,11 +1,10 @@
 """One behaviour for every LLM adapter: the same tests, run against each provider's real SDK
 talking to the loopback mock of that provider's wire format.
 
-openai: `OpenAIAdapter` on `MockOpenAIServer` (openai-sdk: the same, sending through the
-`openai` SDK instead of its own HTTP client); anthropic: `AnthropicAdapter` on
-`MockAnthropicServer`; google: `GoogleGenAIAdapter` on `MockGeminiServer` (google-sdk:
-through the `google-genai` SDK instead of its own HTTP client); langchain:
-`LangChainAdapter(ChatOpenAI(...))` (langchain-openai) on `MockOpenAIServer`.
+openai: `OpenAIAdapter` on `MockOpenAIServer`; anthropic: `AnthropicAdapter` on
+`MockAnthropicServer`; google: `GoogleGenAIAdapter` on `MockGeminiServer`; each also as
+NAME-sdk, sending through the provider's SDK instead of the adapter's own HTTP client;
+langchain: `LangChainAdapter(ChatOpenAI(...))` (langchain-openai) on `MockOpenAIServer`.
 
 Each case: plain text with usage, one and two tool calls, the server-side tool loop and a
 frontend tool through the runtime, the `forwardedProps` model settings (mapped into the
@@ -114,17 +113,19 @@ def _gemini_image(server: MockGeminiServer) -> str | None:
     return None
 
 
-@pytest.fixture(params=["openai", "openai-sdk", "anthropic", "google", "google-sdk",
-                        "langchain"])
+@pytest.fixture(params=["openai", "openai-sdk", "anthropic", "anthropic-sdk", "google",
+                        "google-sdk", "langchain"])
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     name: str = request.param
-    if name == "anthropic":
+    if name in ("anthropic", "anthropic-sdk"):
         from copilot_runtime import AnthropicAdapter
 
+        anthropic_route = "sdk" if name == "anthropic-sdk" else "direct"
         async with MockAnthropicServer(chunks=4) as server:
             yield Harness(name, server, lambda timeout=10.0, base_url=None: AnthropicAdapter(
                 api_key="sk-mock", base_url=base_url or server.base_url, max_retries=0,
-                timeout=timeout), lambda s: _anthropic_settings(s.requests[-1]),
+                timeout=timeout, transport=anthropic_route),
+                lambda s: _anthropic_settings(s.requests[-1]),
                 lambda s: _anthropic_image(s.requests[-1]), strict_history=True)
     elif name in ("google", "google-sdk"):
         from copilot_runtime import GoogleGenAIAdapter
@@ -314,6 +315,7 @@ async def test_forwarded_model_settings_mapped_or_refused(
 # ---- failures --------------------------------------------------------------------------------
 
 _PROVIDER_WORDS = {"openai": "OpenAI", "openai-sdk": "OpenAI", "anthropic": "Anthropic",
+                   "anthropic-sdk": "Anthropic",
                    "google": "Gemini", "google-sdk": "Gemini", "langchain": "LangChain model"}
 
 

@@ -1,9 +1,14 @@
 """Anthropic's Messages API (Claude), also through the SDK's Bedrock and Vertex clients.
 
-The official `anthropic` SDK builds, authenticates and sends the request. With the SDK's own
-client the streamed answer is parsed here from the raw bytes, as the OpenAI adapter does (the
-SDK's iterator builds a pydantic model per event); a Bedrock or Vertex client streams through
-the SDK's event iterator instead, since Bedrock frames its stream in AWS's binary format.
+The official `anthropic` SDK is the source of the configuration: key or token, base URL and
+every header come from its client (`default_headers`). By default the adapter then sends the
+pre-encoded request itself over the keep-alive client of `_http1`, with the SDK's retry policy
+(`_sdk_retry`; a test proves the same request, headers and retries against the mock), and
+parses the streamed answer here from the raw bytes: sending through the SDK cost more CPU
+than all the rest of a chat, and its iterator builds a pydantic model per event. With
+`transport="sdk"` or an HTTP proxy in the environment the SDK sends it (its raw route, same
+parser); a Bedrock or Vertex client streams through the SDK's event iterator, since Bedrock
+frames its stream in AWS's binary format.
 
 The history is repaired on the way out, because the API refuses what clients routinely send:
 every `tool_use` gets a `tool_result` in the very next user turn (a synthetic error result
@@ -14,10 +19,12 @@ merged.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import aiohttp
 import anthropic
@@ -36,8 +43,10 @@ from copilot_runtime._exceptions import (
     ConfigurationError,
     UpstreamConnectionError,
     UpstreamError,
+    UpstreamProtocolError,
     UpstreamTimeoutError,
 )
+from copilot_runtime.adapters import _http1, _sdk_retry
 from copilot_runtime.adapters._common import (
     arguments_object,
     error_body_message,
@@ -60,6 +69,12 @@ __all__ = ["AnthropicAdapter", "AnthropicStreamParser", "to_anthropic_messages"]
 DEFAULT_MAX_TOKENS = 4096
 _THINKING_KEPT = 1024
 _MISSING_RESULT = "The tool call was not answered: no result was recorded for it."
+_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                    "all_proxy")
+_FAILURES = _sdk_retry.Failures(
+    "Anthropic", "Anthropic request timed out", "Could not reach the Anthropic API",
+    "The Anthropic API closed the connection without answering",
+    "The Anthropic API sent a malformed HTTP answer")
 _FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls",
                    "max_tokens": "length", "refusal": "content_filter", "pause_turn": "stop"}
 
@@ -69,7 +84,8 @@ class AnthropicAdapter:
 
     `client` may be any async client of the SDK: `AsyncAnthropic`, `AsyncAnthropicBedrock`
     or `AsyncAnthropicVertex`. `thinking` is passed through (for example
-    ``{"type": "enabled", "budget_tokens": 2048}``).
+    ``{"type": "enabled", "budget_tokens": 2048}``). `transport="sdk"` sends through the SDK
+    even when the adapter could send itself.
     """
 
     provider = "anthropic"
@@ -87,6 +103,7 @@ class AnthropicAdapter:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         thinking: dict[str, Any] | None = None,
         extra_body: dict[str, Any] | None = None,
+        transport: Literal["auto", "direct", "sdk"] = "auto",
     ) -> None:
         self.model = model
         self._client = client
@@ -102,6 +119,21 @@ class AnthropicAdapter:
         self._thinking: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
         if client is None and not self._api_key:
             raise ConfigurationError("AnthropicAdapter needs api_key (or ANTHROPIC_API_KEY)")
+        if transport not in ("auto", "direct", "sdk"):
+            raise ConfigurationError("transport must be 'auto', 'direct' or 'sdk'")
+        if transport == "direct" and client is not None:
+            raise ConfigurationError("transport='direct' sends without the SDK: pass the "
+                                     "settings, not a client")
+        #: Whether this adapter sends requests itself (built on first use, from the client).
+        self._sends_directly = client is None and (
+            transport == "direct" or (transport == "auto" and not any(
+                os.environ.get(name) for name in _PROXY_VARIABLES)))
+        self._direct: _DirectRoute | None = None
+
+    @property
+    def transport(self) -> str:
+        """How requests are sent: "direct" (this package's client) or "sdk"."""
+        return "direct" if self._sends_directly else "sdk"
 
     @property
     def client(self) -> Any:
@@ -114,6 +146,8 @@ class AnthropicAdapter:
         return self._client
 
     async def aclose(self) -> None:
+        if self._direct is not None and self._direct.close():
+            await asyncio.sleep(0)  # the closed sockets are released on the loop's next turn
         if self._client is not None:
             await self._client.close()
 
@@ -150,8 +184,47 @@ class AnthropicAdapter:
             params.pop("temperature", None)  # extended thinking only runs at the default
         return params
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
+    def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
         params = {**self.build_params(request), **self._extra_body}
+        if self._sends_directly:
+            if self._direct is None:
+                self._direct = _DirectRoute(self, self.client)
+            return self._stream_direct(self._direct, params)
+        return self._stream_sdk(params)
+
+    async def _stream_direct(self, route: _DirectRoute, params: dict[str, Any]
+                             ) -> AsyncIterator[Sequence[ChatDelta]]:
+        response = await route.send(orjson.dumps({**params, "stream": True}))
+        parser = AnthropicStreamParser()
+        try:
+            async for data in response.chunks():
+                deltas = parser.feed(data)
+                if deltas:
+                    yield deltas
+                if parser.done:
+                    break
+            if not parser.done:
+                raise UpstreamProtocolError(
+                    "The Anthropic stream ended before the answer was complete")
+            self._keep_thinking(parser)
+        except _http1.ReadTimeout:
+            raise UpstreamTimeoutError("Anthropic request timed out") from None
+        except _http1.HTTPClientError:
+            raise UpstreamConnectionError(
+                "The Anthropic stream broke off before the answer was complete") from None
+        finally:
+            if parser.done:
+                response.release()  # read to its end: the connection serves the next one
+            else:
+                response.abort()  # a stop, a disconnect or a failure: cancel upstream
+
+    def _keep_thinking(self, parser: AnthropicStreamParser) -> None:
+        if parser.thinking and parser.tool_ids:
+            self._thinking[parser.tool_ids[0]] = parser.thinking
+            if len(self._thinking) > _THINKING_KEPT:
+                self._thinking.popitem(last=False)
+
+    async def _stream_sdk(self, params: dict[str, Any]) -> AsyncIterator[Sequence[ChatDelta]]:
         client = self.client
         try:
             parser = AnthropicStreamParser()
@@ -186,10 +259,7 @@ class AnthropicAdapter:
             if not parser.done:
                 raise UpstreamConnectionError(
                     "The Anthropic stream ended before the answer was complete")
-            if parser.thinking and parser.tool_ids:
-                self._thinking[parser.tool_ids[0]] = parser.thinking
-                if len(self._thinking) > _THINKING_KEPT:
-                    self._thinking.popitem(last=False)
+            self._keep_thinking(parser)
         except anthropic.APIStatusError as exc:
             raise UpstreamError(
                 f"Anthropic request failed with HTTP {exc.status_code}: "
@@ -208,6 +278,44 @@ class AnthropicAdapter:
         except httpx2.TransportError:
             raise UpstreamConnectionError(
                 "The Anthropic stream broke off before the answer was complete") from None
+
+
+class _DirectRoute:
+    """The SDK's Messages request, pre-encoded: URL and headers read from its client once."""
+
+    def __init__(self, adapter: AnthropicAdapter, client: anthropic.AsyncAnthropic) -> None:
+        url = urllib.parse.urlsplit(str(client.base_url))
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ConfigurationError(
+                f"AnthropicAdapter: base_url {str(client.base_url)!r} is not an http(s) URL")
+        default_port = 443 if url.scheme == "https" else 80
+        port = url.port or default_port
+        host = url.hostname if ":" not in url.hostname else f"[{url.hostname}]"
+        self.timeout = adapter._timeout
+        self.max_retries = adapter._max_retries
+        self.pool = _http1.HTTPPool(url.scheme, url.hostname, port,
+                                    connect_timeout=adapter._timeout)
+        # What the SDK's client sends with every request of a `messages.create` call that
+        # sets no per-call timeout, in its order; the retry count goes in between.
+        head = {"Host": host + (f":{port}" if port != default_port else ""),
+                "Accept-Encoding": "gzip, deflate", "Connection": "keep-alive",
+                "x-stainless-timeout": "NOT_GIVEN"}
+        tail = {"x-stainless-read-timeout": str(adapter._timeout), **client.default_headers}
+        for name, value in [*head.items(), *tail.items()]:
+            if not isinstance(value, str) or any(c in name + value for c in "\r\n\0"):
+                raise ConfigurationError(f"AnthropicAdapter: header {name!r} is not valid")
+        path = url.path.rstrip("/") + "/v1/messages"
+        self.head = (f"POST {path} HTTP/1.1\r\n"
+                     + "".join(f"{n}: {v}\r\n" for n, v in head.items())).encode("latin-1")
+        self.tail = "".join(f"{n}: {v}\r\n" for n, v in tail.items()).encode("latin-1")
+
+    def close(self) -> bool:
+        return self.pool.close()
+
+    async def send(self, body: bytes) -> _http1.Response:
+        return await _sdk_retry.send(
+            self.pool, self.head, self.tail, body, read_timeout=self.timeout,
+            max_retries=self.max_retries, failures=_FAILURES, max_retry_after=None)
 
 
 def _input_schema(parameters: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
-import random
 import re
 import sys
 import urllib.parse
@@ -33,7 +32,7 @@ from copilot_runtime._exceptions import (
     UpstreamProtocolError,
     UpstreamTimeoutError,
 )
-from copilot_runtime.adapters import _http1
+from copilot_runtime.adapters import _http1, _sdk_retry
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -51,10 +50,7 @@ __all__ = ["OpenAIAdapter"]
 _E = TypeVar("_E", bound=BaseException)
 
 _DEFAULT_BASE_URL = "https://api.openai.com/v1"
-# The SDK's retry schedule (openai._constants): exponential from 0.5 s to 8 s with up to 25 %
-# jitter, or the server's Retry-After when it is at most two minutes.
-_INITIAL_RETRY_DELAY = 0.5
-_MAX_RETRY_DELAY = 8.0
+# The SDK gives up rather than wait for a Retry-After above two minutes (see _sdk_retry).
 _MAX_RETRY_AFTER = 120.0
 _PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
                     "all_proxy")
@@ -299,49 +295,19 @@ class _DirectRoute:
                 raise ConfigurationError(f"OpenAIAdapter: header {name!r} is not valid")
             lines.append(f"{name}: {value}")
         self.head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
+        self.failures = _sdk_retry.Failures(
+            "OpenAI", adapter._silent(), _CONNECT_FAILED, _HUNG_UP,
+            "The OpenAI API sent a malformed HTTP answer")
 
     def close(self) -> bool:
         return self.pool.close()
 
     async def send(self, body: bytes) -> _http1.Response:
         """The answer's head, after the SDK's retries; an `UpstreamError` when it failed."""
-        tail = self.tail + b"Content-Length: %d\r\n\r\n" % len(body)
-        attempt = 0
-        while True:
-            data = b"".join((self.head, b"X-Stainless-Retry-Count: %d\r\n" % attempt,
-                             tail, body))
-            retry_after: float | None = None
-            try:
-                response = await self.pool.request(data, self.timeout)
-            except _http1.ConnectError as exc:
-                error: UpstreamError = UpstreamTimeoutError(self.adapter._silent()) if (
-                    exc.timeout) else UpstreamConnectionError(_CONNECT_FAILED)
-                retry = True
-            except _http1.Disconnected:
-                error, retry = UpstreamConnectionError(_HUNG_UP), True
-            except _http1.ReadTimeout:
-                error, retry = UpstreamTimeoutError(self.adapter._silent()), True
-            except _http1.HTTPClientError:
-                error, retry = UpstreamProtocolError(
-                    "The OpenAI API sent a malformed HTTP answer"), False
-            else:
-                if 200 <= response.status < 300:
-                    return response
-                try:
-                    text = await response.read()
-                except _http1.HTTPClientError:
-                    text = b""
-                response.release()
-                error = UpstreamError(
-                    f"OpenAI request failed with HTTP {response.status}: "
-                    f"{_body_message(text, response.status)}", status=response.status)
-                retry_after = _retry_after(response)
-                retry = _should_retry(response, retry_after)
-            if not retry or attempt >= self.max_retries:
-                raise error
-            await asyncio.sleep(_retry_delay(self.max_retries - attempt, self.max_retries,
-                                             retry_after))
-            attempt += 1
+        return await _sdk_retry.send(
+            self.pool, self.head, self.tail, body, read_timeout=self.timeout,
+            max_retries=self.max_retries, failures=self.failures,
+            max_retry_after=_MAX_RETRY_AFTER)
 
 
 def sdk_headers(*, api_key: str, organization: str | None, project: str | None,
@@ -404,62 +370,6 @@ def _architecture() -> str:
     if sys.maxsize <= 2**32:
         return "x32"
     return f"other:{machine}" if machine else "unknown"
-
-
-def _body_message(text: bytes, status: int) -> str:
-    """What the SDK's `_error_message` gives for this error body."""
-    try:
-        body = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        body = None
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict):
-            message = error.get("message")
-            if isinstance(message, str) and message:
-                return message
-    return f"Error code: {status}"
-
-
-def _retry_after(response: _http1.Response) -> float | None:
-    """The server's Retry-After (`retry-after-ms` first), in seconds; as the SDK reads it."""
-    for name, divisor in (("retry-after-ms", 1000), ("retry-after", 1)):
-        value = response.header(name)
-        if value is None:
-            continue
-        try:
-            return float(value) / divisor
-        except ValueError:
-            continue
-    value = response.header("retry-after")
-    if value:
-        import email.utils
-        import time
-
-        try:
-            parsed = email.utils.parsedate_tz(value)
-            if parsed is not None:
-                return float(email.utils.mktime_tz(parsed) - time.time())
-        except (TypeError, ValueError, OverflowError):
-            return None
-    return None
-
-
-def _should_retry(response: _http1.Response, retry_after: float | None) -> bool:
-    if retry_after is not None and retry_after > _MAX_RETRY_AFTER:
-        return False
-    should = response.header("x-should-retry")
-    if should in ("true", "false"):
-        return should == "true"
-    return response.status in (408, 409, 429) or response.status >= 500
-
-
-def _retry_delay(remaining: int, max_retries: int, retry_after: float | None) -> float:
-    if retry_after is not None and 0 < retry_after <= _MAX_RETRY_AFTER:
-        return retry_after
-    step = min(max_retries - remaining, 1000)
-    delay = min(_INITIAL_RETRY_DELAY * 2.0**step, _MAX_RETRY_DELAY)
-    return delay * (1 - 0.25 * random.random())  # jitter, not a secret
 
 
 def _error_message(exc: openai.APIStatusError) -> str:

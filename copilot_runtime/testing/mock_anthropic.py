@@ -154,6 +154,8 @@ class MockAnthropicServer(LoopbackServer):
     """The mock as an object: ``async with MockAnthropicServer() as llm: llm.base_url``.
 
     ``requests`` holds every request body received, parsed; ``headers`` their headers.
+    ``statuses`` is a status to answer the next requests with before their plan (e.g.
+    ``[529, 429]``: two failures, then the answer); ``retry_after`` adds that `Retry-After`.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, chunks: int = 10,
@@ -163,6 +165,8 @@ class MockAnthropicServer(LoopbackServer):
         self.delay = delay_ms / 1000
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.statuses: list[int] = []
+        self.retry_after: str | None = None
         self.record = True
         self.cancelled_streams = 0
 
@@ -198,6 +202,12 @@ class MockAnthropicServer(LoopbackServer):
         if self.record:
             self.requests.append(body)
             self.headers.append(dict(request.headers))
+        if self.statuses:
+            status = self.statuses.pop(0)
+            failure = _error(status, f"mock error {status}")
+            if self.retry_after is not None:
+                failure.headers["Retry-After"] = self.retry_after
+            return failure
         try:
             validate(body)
         except _Refused as exc:
