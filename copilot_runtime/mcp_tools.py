@@ -306,8 +306,8 @@ def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
         try:
             result = await client.call_tool(remote, arguments)
         except Exception as exc:
-            raise ActionError(f"the MCP tool {remote} failed: {type(exc).__name__}: {exc}"
-                              ) from None
+            raise ActionError(f"the MCP tool {remote} of {conn.server.label} failed: "
+                              f"{type(exc).__name__}: {exc}") from None
         text = "".join(getattr(block, "text", "") for block in result.content)
         if result.is_error:
             raise ActionError(text or f"the MCP tool {remote} reported an error")

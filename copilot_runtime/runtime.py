@@ -333,7 +333,7 @@ class CopilotRuntime:
         if self.mcp is not None:
             try:
                 await self.mcp.aclose()
-            except Exception:  # e.g. closed from another task than the one that started it
+            except Exception:
                 _log.exception("could not close the MCP sessions")
         closed: set[int] = set()
         for agent in self.agents.values():

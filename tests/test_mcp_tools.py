@@ -223,7 +223,9 @@ async def killable(app: Any) -> AsyncIterator[tuple[str, Callable[[], Awaitable[
             task.result()
 
     async def kill() -> None:
-        server.should_exit = server.force_exit = True
+        server.should_exit = True
+        for connection in list(server.server_state.connections):
+            connection.transport.abort()  # as a crash would: no goodbye on open streams
         await task
 
     try:
@@ -361,3 +363,16 @@ async def test_a_server_that_goes_away_leaves_tool_errors(
         error = orjson.loads(tool_results(events)[0])["error"]
         assert f"the MCP tool {tool} " in error, error
     assert text_of(still) == "echo: hello"
+
+
+async def test_a_server_that_cannot_be_reached_fails_the_start() -> None:
+    from copilot_runtime import UpstreamError
+
+    async with asyncio.timeout(TIMEOUT_S), \
+            serve(weather_server().streamable_http_app()) as url:
+        toolset = MCPToolset([MCPServer(url=url + "/mcp"),
+                              MCPServer(url=f"http://127.0.0.1:{free_port()}/mcp")])
+        with pytest.raises(UpstreamError, match="could not be connected"):
+            await toolset.start()
+        assert not toolset.started
+        assert toolset.actions == []

@@ -1,8 +1,8 @@
 """A built-in agent that, for one run, is also offered the tools of MCP servers the request
 named and the application allowed (`CopilotRuntime(mcp_allowed_urls=...)`).
 
-The servers are connected when the run starts and closed when it ends, in the run's own
-task (the `mcp` SDK's sessions must close in the task that opened them). A request can
+The servers are connected when the run starts and closed when it ends; a server whose tool
+list changes during the run offers the new list from the run's next step. A request can
 never make the runtime connect to an address outside the application's list: the GraphQL
 edge refuses such a request before anything is connected or streamed.
 """
