@@ -135,7 +135,10 @@ class MCPToolset:
                                             name=f"mcp:{conn.server.label}")
             ready.append(future)
         try:
-            await asyncio.gather(*ready)
+            await asyncio.wait(ready)  # every outcome read: no failure left unretrieved
+            errors = [e for future in ready if (e := future.exception()) is not None]
+            if errors:
+                raise errors[0]
         except BaseException:
             await _close(connections)
             raise

@@ -376,3 +376,7 @@ async def test_a_server_that_cannot_be_reached_fails_the_start() -> None:
             await toolset.start()
         assert not toolset.started
         assert toolset.actions == []
+        toolset = MCPToolset([MCPServer(url=f"http://127.0.0.1:{free_port()}/mcp", name="a"),
+                              MCPServer(url=f"http://127.0.0.1:{free_port()}/mcp", name="b")])
+        with pytest.raises(UpstreamError, match="MCP server a could not be connected"):
+            await toolset.start()  # both fail: the first server's error, in their order
