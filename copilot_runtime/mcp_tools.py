@@ -10,7 +10,7 @@ a tool error. Two servers publishing the same name are told apart by a prefix.
     await toolset.start()
     runtime = CopilotRuntime(service_adapter=..., actions=[*my_actions, *toolset.actions])
     ...
-    await toolset.aclose()   # in the same task as start(), as the SDK's sessions require
+    await toolset.aclose()
 
 Servers are named by the application only: nothing here connects to an address a request
 chose.
@@ -18,24 +18,32 @@ chose.
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx2
+import mcp.types as types
+import structlog
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import ListenNotSupportedError
 
 from copilot_runtime._exceptions import ActionError, ConfigurationError, UpstreamError
 from copilot_runtime.actions import Action
 
 __all__ = ["MCPServer", "MCPToolset"]
 
+_log = structlog.get_logger("copilot_runtime.mcp_tools")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+#: Pages of one tool listing read at most (a server whose cursor never ends is cut off).
+_MAX_PAGES = 100
 
 
 @dataclass(frozen=True)
@@ -69,70 +77,240 @@ class MCPServer:
         return (self.command or "mcp").rsplit("/", 1)[-1]
 
 
+class _Connection:
+    """One server's session, held open by a task of its own (see `MCPToolset`)."""
+
+    def __init__(self, server: MCPServer, prefix: str) -> None:
+        self.server = server
+        #: The prefix of this server's tool names that another server publishes too.
+        self.prefix = prefix
+        self.client: Client | None = None
+        self.tools: list[Any] = []
+        #: Why the session ended, once it has: its tools then fail at once with this.
+        self.gone: str | None = None
+        #: Set by a change notification, cleared by the listing that follows it: notifications
+        #: arriving during a listing cost one more listing, not one each.
+        self.stale = False
+        self.lock = asyncio.Lock()
+        self.closing = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+
 class MCPToolset:
-    """Connected MCP servers and their tools as `actions`."""
+    """Connected MCP servers and their tools as `actions`.
+
+    Each server's tools are listed once, at `start()`, and again only when that server says
+    its list changed (`notifications/tools/list_changed`): then `actions` is rebuilt and each
+    `on_change` callback is called with the new list.
+
+    Each session lives in a task of its own: the SDK runs a session's reader in a task group
+    whose failure (the server going away) cancels the task that entered it, which must not
+    be the caller's (an app's lifespan, a run). The session's tools then answer with a tool
+    error naming the cause.
+    """
 
     def __init__(self, servers: Sequence[MCPServer]) -> None:
         self.servers = list(servers)
         self.actions: list[Action] = []
-        self._stack: AsyncExitStack | None = None
+        #: Called with the new `actions` after a server's tools were listed again.
+        self.on_change: list[Callable[[list[Action]], None]] = []
+        self._connections: list[_Connection] = []
+
+    @property
+    def started(self) -> bool:
+        return bool(self._connections)
 
     async def start(self) -> None:
-        """Connect to every server and list its tools (once)."""
-        if self._stack is not None:
+        """Connect to every server (at once), list its tools and ask to hear of changes."""
+        if self._connections:
             return
-        stack = AsyncExitStack()
-        listed: list[tuple[MCPServer, Client, Any]] = []
+        connections = [_Connection(server, prefix)
+                       for server, prefix in zip(self.servers, _prefixes(self.servers),
+                                                 strict=True)]
+        loop = asyncio.get_running_loop()
+        ready: list[asyncio.Future[None]] = []
+        for conn in connections:
+            future: asyncio.Future[None] = loop.create_future()
+            conn.task = asyncio.create_task(self._hold(conn, future),
+                                            name=f"mcp:{conn.server.label}")
+            ready.append(future)
         try:
-            for server in self.servers:
-                client = await stack.enter_async_context(self._client(server, stack))
+            await asyncio.wait(ready)  # every outcome read: no failure left unretrieved
+            errors = [e for future in ready if (e := future.exception()) is not None]
+            if errors:
+                raise errors[0]
+        except BaseException:
+            await _close(connections)
+            raise
+        self._connections = connections
+        self.actions = self._build()
+
+    async def _hold(self, conn: _Connection, ready: asyncio.Future[None]) -> None:
+        """Open the session, list its tools, then keep it open until `aclose()`."""
+        server = conn.server
+        try:
+            async with AsyncExitStack() as stack:
+                client = await stack.enter_async_context(self._client(conn, stack))
+                conn.client = client
                 try:
-                    tools = (await client.list_tools()).tools
+                    conn.tools = await _list_tools(client, refresh=False)
                 except Exception as exc:
                     raise UpstreamError(f"MCP server {server.label} could not list its tools: "
                                         f"{type(exc).__name__}: {exc}") from None
-                listed.extend((server, client, tool) for tool in tools)
-        except BaseException:
-            await stack.aclose()
-            raise
-        self._stack = stack
-        counts: dict[str, int] = {}
-        for _, _, tool in listed:
-            counts[tool.name] = counts.get(tool.name, 0) + 1
-        self.actions = [
-            _tool_action(client, tool, server if counts[tool.name] > 1 else None)
-            for server, client, tool in listed]
+                await _listen_for_changes(client, server, stack)
+                ready.set_result(None)
+                await conn.closing.wait()
+        except BaseException as exc:
+            reason = _reason(exc)
+            conn.gone = reason
+            if not ready.done():
+                ready.set_exception(exc if isinstance(exc, UpstreamError) else UpstreamError(
+                    f"MCP server {server.label} could not be connected: {reason}"))
+            elif not conn.closing.is_set():
+                _log.warning("MCP server connection lost", server=server.label, error=reason)
+        finally:
+            conn.gone = conn.gone or "the session is closed"
 
-    def _client(self, server: MCPServer, stack: AsyncExitStack) -> Client:
+    def _client(self, conn: _Connection, stack: AsyncExitStack) -> Client:
+        server = conn.server
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                await self._relist(conn)
+            elif isinstance(message, Exception):
+                _log.warning("MCP server connection fault", server=server.label,
+                             error=f"{type(message).__name__}: {message}")
+
         if server.url is not None:
             http = httpx2.AsyncClient(headers=dict(server.headers),
                                       timeout=httpx2.Timeout(server.timeout))
             stack.push_async_callback(http.aclose)
             return Client(streamable_http_client(server.url, http_client=http),
-                          read_timeout_seconds=server.timeout)
+                          read_timeout_seconds=server.timeout, message_handler=on_message)
         assert server.command is not None
         return Client(StdioServerParameters(command=server.command, args=list(server.args),
                                             env=dict(server.env) if server.env else None),
-                      read_timeout_seconds=server.timeout)
+                      read_timeout_seconds=server.timeout, message_handler=on_message)
+
+    async def _relist(self, conn: _Connection) -> None:
+        conn.stale = True
+        async with conn.lock:
+            if not conn.stale or conn.client is None or conn not in self._connections:
+                return  # listed since the notification, or still starting, or closed
+            conn.stale = False
+            try:
+                conn.tools = await _list_tools(conn.client, refresh=True)
+            except Exception as exc:
+                # The previous list stays: its tools answer with a tool error if the server
+                # really is gone.
+                _log.warning("MCP server could not list its changed tools",
+                             server=conn.server.label, error=f"{type(exc).__name__}: {exc}")
+                return
+        self.actions = self._build()
+        _log.info("MCP tools changed", server=conn.server.label,
+                  tools=[a.name for a in self.actions])
+        for callback in list(self.on_change):
+            try:
+                callback(self.actions)
+            except Exception:
+                _log.exception("an MCP tools on_change callback failed")
+
+    def _build(self) -> list[Action]:
+        """The actions of every server's tools, in the servers' order; a name two servers
+        publish gets each server's prefix, so the result does not depend on timing."""
+        counts = Counter(tool.name for conn in self._connections for tool in conn.tools)
+        actions: dict[str, Action] = {}
+        for conn in self._connections:
+            for tool in conn.tools:
+                action = _tool_action(conn, tool, conn.prefix if counts[tool.name] > 1 else None)
+                if action.name in actions:  # e.g. `a.b` and `a_b` once made safe
+                    _log.warning("MCP tool left out: its name is taken",
+                                 server=conn.server.label, tool=tool.name)
+                    continue
+                actions[action.name] = action
+        return list(actions.values())
 
     async def aclose(self) -> None:
-        if self._stack is not None:
-            stack, self._stack = self._stack, None
-            await stack.aclose()
+        """Close every session (from any task)."""
+        connections, self._connections = self._connections, []
+        await _close(connections)
 
 
-def _tool_action(client: Client, tool: Any, namespace: MCPServer | None) -> Action:
+async def _close(connections: Sequence[_Connection]) -> None:
+    for conn in connections:
+        conn.closing.set()
+    tasks = [conn.task for conn in connections if conn.task is not None]
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _reason(exc: BaseException) -> str:
+    """The first cause of a session's end, its exception groups opened."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, UpstreamError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _prefixes(servers: Sequence[MCPServer]) -> list[str]:
+    """Each server's prefix: its label made safe, numbered in the servers' order when two
+    servers have the same label (two unnamed servers on one host)."""
+    labels = [_UNSAFE.sub("_", server.label) for server in servers]
+    counts = Counter(labels)
+    seen: Counter[str] = Counter()
+    prefixes = []
+    for label in labels:
+        seen[label] += 1
+        prefixes.append(f"{label}_{seen[label]}" if counts[label] > 1 else label)
+    return prefixes
+
+
+async def _list_tools(client: Client, *, refresh: bool) -> list[Any]:
+    tools: list[Any] = []
+    cursor: str | None = None
+    for _ in range(_MAX_PAGES):
+        page = await client.list_tools(cursor=cursor, cache_mode="refresh" if refresh else "use")
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return tools
+
+
+async def _listen_for_changes(client: Client, server: MCPServer, stack: AsyncExitStack
+                              ) -> None:
+    """Ask a 2026-07-28 server for its tool list changes. The stream's notifications reach
+    the client's message handler like an earlier server's, which sends them unasked."""
+    tools = client.server_capabilities.tools
+    if tools is None or not tools.list_changed:
+        return
+    try:
+        await stack.enter_async_context(client.listen(tools_list_changed=True))
+    except ListenNotSupportedError:
+        pass  # an earlier protocol: no stream to ask for
+    except Exception as exc:
+        _log.warning("MCP server's tool changes will not be heard", server=server.label,
+                     error=f"{type(exc).__name__}: {exc}")
+
+
+def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
     name = _UNSAFE.sub("_", tool.name)
-    if namespace is not None:
-        name = f"{_UNSAFE.sub('_', namespace.label)}__{name}"
+    if prefix is not None:
+        name = f"{prefix}__{name}"
     remote = tool.name
+    client = conn.client
+    assert client is not None
 
     async def call(**arguments: Any) -> Any:
+        if conn.gone is not None:
+            raise ActionError(f"the MCP tool {remote} is unavailable: the MCP server "
+                              f"{conn.server.label} is gone ({conn.gone})")
         try:
             result = await client.call_tool(remote, arguments)
         except Exception as exc:
-            raise ActionError(f"the MCP tool {remote} failed: {type(exc).__name__}: {exc}"
-                              ) from None
+            raise ActionError(f"the MCP tool {remote} of {conn.server.label} failed: "
+                              f"{type(exc).__name__}: {exc}") from None
         text = "".join(getattr(block, "text", "") for block in result.content)
         if result.is_error:
             raise ActionError(text or f"the MCP tool {remote} reported an error")

@@ -114,6 +114,7 @@ class CopilotRuntime:
         self.transcription = transcription
         #: The MCP servers whose tools the built-in agents get when the runtime starts.
         self.mcp: Any = None
+        self._mcp_offered: list[Action] = []
         #: MCP servers a request may name (the 1.x `properties.mcpServers`); none by default.
         self.mcp_allowed_urls = frozenset(url.rstrip("/") for url in mcp_allowed_urls)
         if self.mcp_allowed_urls:
@@ -178,17 +179,30 @@ class CopilotRuntime:
         await self.approvals.start()
 
     async def _start_mcp(self) -> None:
-        """Connect to the MCP servers and offer their tools as server-side actions (an
-        action of the application keeps its name; a tool of the same name is left out)."""
+        """Connect to the MCP servers and offer their tools as server-side actions; offer
+        the new list whenever a server's tools change."""
         await self.mcp.start()
-        taken = {a.name for a in self.actions}
-        tools = [a for a in self.mcp.actions if a.name not in taken]
-        self.actions.extend(tools)
+        self._offer_mcp(self.mcp.actions)
+        self.mcp.on_change.append(self._offer_mcp)
+
+    def _offer_mcp(self, tools: list[Action]) -> None:
+        """Replace the MCP tools offered so far by `tools` (an action of the application
+        keeps its name; a tool of the same name is left out). Agents get new dicts, not
+        edited ones: a run reading its agent's actions never sees them half-replaced."""
+        previous = {id(a) for a in self._mcp_offered}
+        own = [a for a in self.actions if id(a) not in previous]
+        taken = {a.name for a in own}
+        offered = [a for a in tools if a.name not in taken]
+        self.actions[:] = [*own, *offered]
         for agent in self.agents.values():
             if isinstance(agent, BuiltInAgent):
-                for tool in tools:
-                    agent.actions.setdefault(tool.name, tool)
-        _log.info("MCP tools offered", tools=[a.name for a in tools])
+                actions = {name: a for name, a in agent.actions.items()
+                           if id(a) not in previous}
+                for tool in offered:
+                    actions.setdefault(tool.name, tool)
+                agent.actions = actions
+        self._mcp_offered = offered
+        _log.info("MCP tools offered", tools=[a.name for a in offered])
 
     def is_running(self, thread_id: str) -> bool:
         """Whether a run is on the thread now, in this process."""
@@ -319,7 +333,7 @@ class CopilotRuntime:
         if self.mcp is not None:
             try:
                 await self.mcp.aclose()
-            except Exception:  # e.g. closed from another task than the one that started it
+            except Exception:
                 _log.exception("could not close the MCP sessions")
         closed: set[int] = set()
         for agent in self.agents.values():

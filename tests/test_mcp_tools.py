@@ -1,15 +1,21 @@
 """MCP servers' tools as server-side actions, against real MCP servers built with the SDK:
-one over streamable HTTP on loopback, one over stdio (a child process)."""
+over streamable HTTP on loopback and over stdio (a child process). Tools are listed once and
+again only when a server says its list changed; a server that goes away leaves tool errors."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import sys
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+import uvicorn
 
 from copilot_runtime import (
     ActionError,
@@ -19,9 +25,10 @@ from copilot_runtime import (
     MCPToolset,
     OpenAIAdapter,
 )
+from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.testing import MockOpenAIServer
-from tests.conftest import ServeRuntime, run_input, serve, text_of, types
-from tests.mcp_support.servers import weather_server
+from tests.conftest import ServeRuntime, free_port, run_input, serve, text_of, types
+from tests.mcp_support.servers import changing_server, clock_server, weather_server
 
 TIMEOUT_S = 60
 SERVERS = Path(__file__).parent / "mcp_support" / "servers.py"
@@ -91,7 +98,7 @@ async def test_runtime_offers_its_mcp_servers_tools(llm: MockOpenAIServer,
             assert sorted(a.name for a in runtime.actions) == ["add", "explode", "forecast"]
             events = await served.run(run_input('call:forecast {"city":"Rome","days":2}'))
             own = await served.run(run_input('call:explode {"reason":"x"}', run="r2"))
-        assert runtime.mcp._stack is None  # closed with the app
+        assert not runtime.mcp.started  # closed with the app
     result = next(e for e in events if e["type"] == "TOOL_CALL_RESULT")
     assert orjson.loads(result["content"]) == {"city": "Rome", "days": 2, "sky": "clear"}
     assert types(events)[-1] == "RUN_FINISHED"
@@ -178,3 +185,198 @@ async def test_servers_a_request_names_need_the_applications_allow_list(
     assert refused["data"] is None
     assert "is not allowed by this runtime" in refused["errors"][0]["message"]
     assert connections == 0
+
+
+def counting(app: Any, methods: Counter[str]) -> Any:
+    """`app`, counting the JSON-RPC methods its clients post."""
+
+    async def wrapped(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
+                      send: Any) -> None:
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        body = bytearray()
+
+        async def spy() -> Any:
+            message = await receive()
+            if message["type"] == "http.request":
+                body.extend(message.get("body", b""))
+                if not message.get("more_body") and body:
+                    sent = orjson.loads(body)
+                    for item in sent if isinstance(sent, list) else [sent]:
+                        methods[item.get("method")] += 1
+            return message
+
+        await app(scope, spy, send)
+
+    return wrapped
+
+
+@contextlib.asynccontextmanager
+async def killable(app: Any) -> AsyncIterator[tuple[str, Callable[[], Awaitable[None]]]]:
+    """`app` on loopback, and a function that stops it at once, open streams and all."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(),
+                                           log_level="critical", lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+        if task.done():
+            task.result()
+
+    async def kill() -> None:
+        server.should_exit = True
+        for connection in list(server.server_state.connections):
+            connection.transport.abort()  # as a crash would: no goodbye on open streams
+        await task
+
+    try:
+        yield f"http://127.0.0.1:{server.config.port}", kill
+    finally:
+        if not task.done():
+            await kill()
+
+
+def tool_results(events: list[dict[str, Any]]) -> list[str]:
+    return [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
+
+
+async def test_changed_tools_are_listed_again_and_offered_to_the_next_run(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """Tools are listed once at start, not per run; when the server says its list changed
+    (`notifications/tools/list_changed`, here on its 2026-07-28 `subscriptions/listen`
+    stream) the runtime lists them again and the next run is offered the new list."""
+    methods: Counter[str] = Counter()
+    app = counting(changing_server().streamable_http_app(), methods)
+    async with asyncio.timeout(TIMEOUT_S), serve(app) as url:
+        runtime = CopilotRuntime(
+            service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="k", max_retries=0),
+            mcp_servers=[MCPServer(url=url + "/mcp")])
+        async with serve_runtime(runtime) as served:
+            changed = asyncio.Event()
+            runtime.mcp.on_change.append(lambda _: changed.set())
+            assert [a.name for a in runtime.actions] == ["old", "swap", "vanish"]
+            first = await served.run(run_input("call:old {}"))
+            await served.run(run_input("hello", run="r2"))
+            assert methods["tools/list"] == 1
+            assert methods["subscriptions/listen"] == 1
+
+            swapped = await served.run(run_input("call:swap {}", run="r3"))
+            await changed.wait()
+            assert [a.name for a in runtime.actions] == ["swap", "vanish", "new"]
+            agent = runtime.agents["default"]
+            assert isinstance(agent, BuiltInAgent)
+            assert "old" not in agent.actions
+            assert "new" in agent.actions
+            new = await served.run(run_input('call:new {"word":"hi"}', run="r4"))
+            assert methods["tools/list"] == 2
+    assert [orjson.loads(r) for r in tool_results(first)] == [{"result": "old"}]
+    assert [orjson.loads(r) for r in tool_results(swapped)] == [{"result": "swapped"}]
+    assert [orjson.loads(r) for r in tool_results(new)] == [{"result": "new: hi"}]
+    assert types(new)[-1] == "RUN_FINISHED"
+
+
+async def test_changed_tools_over_stdio() -> None:
+    async with asyncio.timeout(TIMEOUT_S):
+        toolset = MCPToolset([MCPServer.stdio(sys.executable, [str(SERVERS), "changing"])])
+        changed = asyncio.Event()
+        toolset.on_change.append(lambda _: changed.set())
+        await toolset.start()
+        try:
+            assert [a.name for a in toolset.actions] == ["old", "swap", "vanish"]
+            swap = next(a for a in toolset.actions if a.name == "swap")
+            assert orjson.loads(await swap.execute("{}")) == {"result": "swapped"}
+            await changed.wait()
+            assert [a.name for a in toolset.actions] == ["swap", "vanish", "new"]
+            new = next(a for a in toolset.actions if a.name == "new")
+            assert orjson.loads(await new.execute('{"word":"x"}')) == {"result": "new: x"}
+        finally:
+            await toolset.aclose()
+
+
+async def test_changed_tools_from_a_server_of_an_earlier_protocol(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2025 server sends `notifications/tools/list_changed` on its own, with no stream to
+    ask for: the session's message handler hears it just the same."""
+    from mcp.client.client import Client
+
+    import copilot_runtime.mcp_tools
+
+    monkeypatch.setattr(copilot_runtime.mcp_tools, "Client",
+                        functools.partial(Client, mode="legacy"))
+    methods: Counter[str] = Counter()
+    app = counting(changing_server().streamable_http_app(), methods)
+    async with asyncio.timeout(TIMEOUT_S), serve(app) as url:
+        toolset = MCPToolset([MCPServer(url=url + "/mcp")])
+        changed = asyncio.Event()
+        toolset.on_change.append(lambda _: changed.set())
+        await toolset.start()
+        try:
+            await next(a for a in toolset.actions if a.name == "swap").execute("{}")
+            await changed.wait()
+            assert [a.name for a in toolset.actions] == ["swap", "vanish", "new"]
+        finally:
+            await toolset.aclose()
+    assert methods["initialize"] == 1
+    assert methods["subscriptions/listen"] == 0
+    assert methods["tools/list"] == 2
+
+
+async def test_a_clash_between_unnamed_servers_is_numbered_in_the_servers_order() -> None:
+    """Two servers on one host without a name publish `add`: each gets its own prefix, the
+    same whichever answers first."""
+    async with asyncio.timeout(TIMEOUT_S), \
+            serve(weather_server().streamable_http_app()) as weather, \
+            serve(clock_server().streamable_http_app()) as clock:
+        for urls, clock_prefix in (([weather, clock], "127_0_0_1_2"),
+                                   ([clock, weather], "127_0_0_1_1")):
+            toolset = MCPToolset([MCPServer(url=url + "/mcp") for url in urls])
+            await toolset.start()
+            try:
+                by_name = {a.name: a for a in toolset.actions}
+                assert sorted(by_name) == sorted(
+                    ["127_0_0_1_1__add", "127_0_0_1_2__add", "explode", "forecast"])
+                added = await by_name[f"{clock_prefix}__add"].execute('{"a":1,"b":2}')
+                assert orjson.loads(added) == {"result": 1003}
+            finally:
+                await toolset.aclose()
+
+
+async def test_a_server_that_goes_away_leaves_tool_errors(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """An HTTP server stopped and a stdio server that exited mid-call: their tools answer with
+    a tool error, the runs finish, and the runtime goes on serving."""
+    async with asyncio.timeout(TIMEOUT_S), \
+            killable(weather_server().streamable_http_app()) as (url, kill):
+        runtime = CopilotRuntime(
+            service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="k", max_retries=0),
+            mcp_servers=[MCPServer(url=url + "/mcp", name="weather"),
+                         MCPServer.stdio(sys.executable, [str(SERVERS), "changing"])])
+        async with serve_runtime(runtime) as served:
+            before = await served.run(run_input('call:forecast {"city":"Oslo"}'))
+            await kill()
+            after = await served.run(run_input('call:forecast {"city":"Oslo"}', run="r2"))
+            vanished = await served.run(run_input("call:vanish {}", run="r3"))
+            again = await served.run(run_input("call:old {}", run="r4"))
+            still = await served.run(run_input("hello", run="r5"))
+    assert orjson.loads(tool_results(before)[0])["sky"] == "clear"
+    for events, tool in ((after, "forecast"), (vanished, "vanish"), (again, "old")):
+        assert types(events)[-1] == "RUN_FINISHED"
+        error = orjson.loads(tool_results(events)[0])["error"]
+        assert f"the MCP tool {tool} " in error, error
+    assert text_of(still) == "echo: hello"
+
+
+async def test_a_server_that_cannot_be_reached_fails_the_start() -> None:
+    from copilot_runtime import UpstreamError
+
+    async with asyncio.timeout(TIMEOUT_S), \
+            serve(weather_server().streamable_http_app()) as url:
+        toolset = MCPToolset([MCPServer(url=url + "/mcp"),
+                              MCPServer(url=f"http://127.0.0.1:{free_port()}/mcp")])
+        with pytest.raises(UpstreamError, match="could not be connected"):
+            await toolset.start()
+        assert not toolset.started
+        assert toolset.actions == []
+        toolset = MCPToolset([MCPServer(url=f"http://127.0.0.1:{free_port()}/mcp", name="a"),
+                              MCPServer(url=f"http://127.0.0.1:{free_port()}/mcp", name="b")])
+        with pytest.raises(UpstreamError, match="MCP server a could not be connected"):
+            await toolset.start()  # both fail: the first server's error, in their order

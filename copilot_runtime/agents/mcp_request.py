@@ -1,8 +1,8 @@
 """A built-in agent that, for one run, is also offered the tools of MCP servers the request
 named and the application allowed (`CopilotRuntime(mcp_allowed_urls=...)`).
 
-The servers are connected when the run starts and closed when it ends, in the run's own
-task (the `mcp` SDK's sessions must close in the task that opened them). A request can
+The servers are connected when the run starts and closed when it ends; a server whose tool
+list changes during the run offers the new list from the run's next step. A request can
 never make the runtime connect to an address outside the application's list: the GraphQL
 edge refuses such a request before anything is connected or streamed.
 """
@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from copilot_runtime._input import RunInput
+from copilot_runtime.actions import Action
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.events import Event, EventBatches
@@ -42,8 +43,13 @@ class RequestMCPAgent(Agent):
         await toolset.start()
         try:
             agent: Any = copy.copy(self.inner)
-            # The application's own actions keep their names.
-            agent.actions = {**{a.name: a for a in toolset.actions}, **self.inner.actions}
+
+            def offer(tools: list[Action]) -> None:
+                # The application's own actions keep their names.
+                agent.actions = {**{a.name: a for a in tools}, **self.inner.actions}
+
+            offer(toolset.actions)
+            toolset.on_change.append(offer)  # a server's changed tools, from the next step
             async for batch in agent.run(input, context):
                 yield batch
         finally:

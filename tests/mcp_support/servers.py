@@ -1,11 +1,14 @@
 """Real MCP servers built with the SDK, for the MCP tests: `weather` (streamable HTTP or
-stdio) and `clock`, which also publishes `add` (a name clash with `weather`'s)."""
+stdio), `clock`, which also publishes `add` (a name clash with `weather`'s), and `changing`,
+whose `swap` tool replaces its `old` tool by a `new` one and says so, and whose `vanish`
+tool ends its process."""
 
 from __future__ import annotations
 
+import os
 import sys
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 
@@ -41,5 +44,38 @@ def clock_server() -> MCPServer:
     return server
 
 
+def changing_server() -> MCPServer:
+    server = MCPServer("changing")
+
+    @server.tool()
+    def old() -> str:
+        """A tool `swap` removes."""
+        return "old"
+
+    def new(word: str) -> str:
+        """A tool `swap` adds."""
+        return f"new: {word}"
+
+    @server.tool()
+    async def swap(ctx: Context) -> str:
+        """Replace `old` by `new`, then tell the client the tool list changed."""
+        server.remove_tool("old")
+        server.add_tool(new)
+        # A 2026-07-28 client hears it on its subscriptions/listen stream; an earlier
+        # one on the session (each call is dropped where it does not apply).
+        await ctx.notify_tools_changed()
+        await ctx.request_context.session.send_tool_list_changed()
+        return "swapped"
+
+    @server.tool()
+    def vanish() -> str:
+        """Exit the server's process, as a crash would."""
+        os._exit(3)
+
+    return server
+
+
+SERVERS = {"weather": weather_server, "clock": clock_server, "changing": changing_server}
+
 if __name__ == "__main__":
-    (clock_server() if "clock" in sys.argv[1:] else weather_server()).run("stdio")
+    SERVERS[sys.argv[1] if sys.argv[1:] else "weather"]().run("stdio")
