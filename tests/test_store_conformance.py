@@ -246,12 +246,40 @@ async def test_postgres_workers_starting_together_migrate_once() -> None:
     stores: list[Any] = [thread_store(f"{SERVER}?schema={schema}") for _ in range(4)]
     try:
         versions = await asyncio.gather(*[s.schema_version() for s in stores])
-        assert versions == [1, 1, 1, 1]
+        assert versions == [2, 2, 2, 2]
         await _finish(stores[0], "t", "r", _run("t", "r", "x"), 0)
         assert (await stores[3].get("t")) is not None
     finally:
         for made in stores:
             await made.aclose()
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def test_postgres_schema_of_the_first_version_is_migrated() -> None:
+    from copilot_runtime.threads.postgres import _MIGRATIONS
+
+    schema = f"store_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(SERVER, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'SET search_path TO "{schema}"')
+        conn.execute(_MIGRATIONS[0].encode())
+        conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        conn.execute("INSERT INTO schema_version VALUES (1)")
+    store: Any = thread_store(f"{SERVER}?schema={schema}")
+    try:
+        assert await store.schema_version() == len(_MIGRATIONS) == 2
+        events = _run("t", "r", "x " * 2000)  # big enough to be compressed
+        await store.append_run("t", "default", StoredRun(
+            "r", compact_events(events), 1.0, 0, 0, len(events) - 1), ["u"],
+            raw_first=0, raw=events)
+        record = await store.get("t")
+        assert record is not None
+        assert [r.run_id for r in record.runs] == ["r"]
+        assert record.runs[0].events == compact_events(events)
+        assert [e for _, e in await store.events_after("t", 1)] == events[2:]
+    finally:
+        await store.aclose()
         with psycopg.connect(SERVER, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 

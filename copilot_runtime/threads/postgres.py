@@ -80,6 +80,18 @@ _MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (thread_id, message_id)
     );
     """,
+    # 2: events compressed with lz4 rather than pglz, where the server has it (14+, built
+    # with lz4): a run's raw events (several KB) are compressed as they are stored, and pglz
+    # took a good part of PostgreSQL's CPU per run. Only values written from now on change.
+    """
+    DO $$
+    BEGIN
+        EXECUTE 'ALTER TABLE runs ALTER COLUMN events SET COMPRESSION lz4';
+        EXECUTE 'ALTER TABLE run_events ALTER COLUMN events SET COMPRESSION lz4';
+    EXCEPTION WHEN OTHERS THEN
+        NULL;
+    END $$;
+    """,
 )
 
 #: Seconds between deletions of the raw events whose retention ended.
@@ -91,35 +103,36 @@ _UPSERT_THREAD = (
     "GREATEST(threads.next_position, excluded.next_position)")
 #: A finished run: the thread created or touched, the run that its first events opened closed
 #: (or a new row when none were written while it ran), its last raw events, its message ids.
-_FINISH_RUN = """
-WITH thread AS (
+_FINISH_RUN = b"""
+WITH p AS (
+    SELECT %b::text AS thread, %b::text AS run, %b::float8 AS created, %b::float8 AS now,
+           %b::bigint AS first, %b::bigint AS last, %b::bytea AS events,
+           %b::bigint AS raw_first, %b::bigint AS raw_last, %b::bytea AS raw
+), thread AS (
     INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title,
                          next_position)
-    VALUES (%(thread)s, %(agent)s, %(created)s, %(created)s, %(owner)s, %(tenant)s, %(title)s,
-            %(next)s)
+    SELECT p.thread, %b, p.created, p.created, %b, %b, %b, p.last + 1 FROM p
     ON CONFLICT (thread_id) DO UPDATE SET
         updated_at = GREATEST(threads.updated_at, excluded.updated_at),
         next_position = GREATEST(threads.next_position, excluded.next_position)
 ), closed AS (
-    UPDATE runs SET events = %(events)s, open = FALSE, last_position = %(last)s,
-                    ended_at = %(now)s
-    WHERE thread_id = %(thread)s AND run_id = %(run)s AND open
+    UPDATE runs SET events = p.events, open = FALSE, last_position = p.last, ended_at = p.now
+    FROM p WHERE runs.thread_id = p.thread AND runs.run_id = p.run AND runs.open
     RETURNING 1
 ), added AS (
     INSERT INTO runs (thread_id, seq, run_id, created_at, events, first_position,
                       last_position, ended_at)
-    SELECT %(thread)s, COALESCE((SELECT MAX(seq) FROM runs WHERE thread_id = %(thread)s), 0) + 1,
-           %(run)s, %(created)s, %(events)s, %(first)s, %(last)s, %(now)s
-    WHERE NOT EXISTS (SELECT 1 FROM closed)
+    SELECT p.thread, COALESCE((SELECT MAX(seq) FROM runs WHERE thread_id = p.thread), 0) + 1,
+           p.run, p.created, p.events, p.first, p.last, p.now
+    FROM p WHERE NOT EXISTS (SELECT 1 FROM closed)
 ), chunk AS (
     INSERT INTO run_events (thread_id, first_position, last_position, run_id, events)
-    SELECT %(thread)s, %(raw_first)s, %(raw_last)s, %(run)s, %(raw)s
-    WHERE %(raw_first)s::bigint IS NOT NULL
+    SELECT p.thread, p.raw_first, p.raw_last, p.run, p.raw FROM p WHERE p.raw_first IS NOT NULL
     ON CONFLICT (thread_id, first_position) DO UPDATE SET events = excluded.events,
         last_position = excluded.last_position
 )
 INSERT INTO message_ids (thread_id, message_id)
-SELECT %(thread)s, unnest(%(ids)s::text[])
+SELECT p.thread, unnest(%b::text[]) FROM p
 ON CONFLICT DO NOTHING
 """
 _INSERT_CHUNK = (
@@ -215,7 +228,7 @@ class PostgresThreadStore:
             row = await (await conn.execute(
                 f"SELECT {_THREAD_COLUMNS}, ARRAY(SELECT message_id FROM message_ids m "
                 "WHERE m.thread_id = t.thread_id) FROM threads t WHERE thread_id = %s",
-                (thread_id,))).fetchone()
+                (thread_id,), prepare=True)).fetchone()
         if row is None:
             return None
         record = _record(thread_id, row[:-1])
@@ -301,16 +314,14 @@ class PostgresThreadStore:
         has_raw = bool(raw) and raw_first >= 0
         async with self._pool.connection() as conn:
             # One statement (its parts are applied together, or not at all).
-            await conn.execute(_FINISH_RUN, {
-                "thread": thread_id, "agent": agent_id, "created": run.created_at,
-                "owner": owner.principal_id if owner else None,
-                "tenant": owner.tenant if owner else None, "title": title_of(run.events),
-                "next": run.last_position + 1, "run": run.run_id,
-                "events": orjson.dumps(run.events), "first": run.first_position,
-                "last": run.last_position, "now": now, "ids": list(message_ids),
-                "raw_first": raw_first if has_raw else None,
-                "raw_last": raw_first + len(raw) - 1 if has_raw else None,
-                "raw": orjson.dumps(raw) if has_raw else None})
+            await conn.execute(_FINISH_RUN, (
+                thread_id, run.run_id, run.created_at, now, run.first_position,
+                run.last_position, orjson.dumps(run.events),
+                raw_first if has_raw else None, raw_first + len(raw) - 1 if has_raw else None,
+                orjson.dumps(raw) if has_raw else None,
+                agent_id, owner.principal_id if owner else None,
+                owner.tenant if owner else None, title_of(run.events), list(message_ids)),
+                prepare=True)
             if now - self._pruned > _PRUNE_EVERY:
                 self._pruned = now
                 await conn.execute(
