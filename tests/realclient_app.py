@@ -1,6 +1,8 @@
 """The runtime the real-client tests serve: the built-in agent on the loopback mock LLM with
 the server-side action `getWeather`, as the TypeScript anchor runtimes have. `LLM_PROVIDER`
-(openai, anthropic, google) picks the adapter and so the mock's wire format."""
+(openai, anthropic, google) picks the adapter and so the mock's wire format. With
+`MCP_WEATHER=1` the same `getWeather` comes from a real MCP server (a stdio child process)
+instead of a Python action."""
 
 from __future__ import annotations
 
@@ -35,6 +37,15 @@ def mock_llm_adapter() -> ServiceAdapter:
 
 def mock_llm_runtime() -> CopilotRuntime:
     """A runtime whose default agent talks to the mock at `LLM_BASE_URL`."""
+    if os.environ.get("MCP_WEATHER"):
+        import sys
+        from pathlib import Path
+
+        from copilot_runtime import MCPServer
+
+        servers = Path(__file__).parent / "mcp_support" / "servers.py"
+        return CopilotRuntime(service_adapter=mock_llm_adapter(), mcp_servers=[
+            MCPServer.stdio(sys.executable, [str(servers), "getweather"])])
     return CopilotRuntime(service_adapter=mock_llm_adapter(), actions=[getWeather])
 
 

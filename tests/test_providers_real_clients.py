@@ -1,8 +1,12 @@
-"""The real CopilotKit clients of both generations, chatting through each provider adapter.
+"""The real CopilotKit clients of both generations, chatting through each provider adapter,
+and through MCP tools.
 
 The same runtime as the other real-client tests (`tests/realclient_app.py`: the built-in agent
 with `getWeather`), but with `LLM_PROVIDER` naming the adapter and the loopback mock of that
-provider's wire format behind it, so the provider's real SDK runs end to end.
+provider's wire format behind it, so the provider's real SDK runs end to end. In the
+`openai-mcp` case the adapter is OpenAI's and `getWeather` is a tool of a real MCP server
+(built with the SDK, a stdio child of the runtime), so the clients see an MCP tool's call and
+result exactly as the TypeScript runtime's for its own action.
 
 * GraphQL, `@copilotkit/runtime-client-gql` 1.10.6: every chat case of `tests/gql/drive.mjs`
   must give the client exactly what the TypeScript runtime 1.10.6 gave it on OpenAI
@@ -54,9 +58,10 @@ from tests.test_real_clients import (
     user_and_assistant,
 )
 
-PROVIDERS = ["anthropic", "google"]
+PROVIDERS = ["anthropic", "google", "openai-mcp"]
 _MOCKS = {"anthropic": "copilot_runtime.testing.mock_anthropic",
-          "google": "copilot_runtime.testing.mock_gemini"}
+          "google": "copilot_runtime.testing.mock_gemini",
+          "openai-mcp": "copilot_runtime.testing"}
 _READY = re.compile(r"mock \w+ listening on (http://\S+)")
 
 Json = dict[str, Any]
@@ -72,6 +77,12 @@ def _joined_arguments(value: Any) -> Any:
         return value
     return {k: ["".join(v)] if k == "arguments" and isinstance(v, list)
             else _joined_arguments(v) for k, v in value.items()}
+
+
+def _provider_env(provider: str) -> dict[str, str]:
+    if provider == "openai-mcp":
+        return {"LLM_PROVIDER": "openai", "MCP_WEATHER": "1"}
+    return {"LLM_PROVIDER": provider}
 
 
 def _mock_command(provider: str) -> list[str]:
@@ -102,7 +113,7 @@ def gql_results(request: pytest.FixtureRequest,
         port = _free_port()
         server = _Child([sys.executable, "-m", "copilot_runtime", "serve", "tests.gql.app:app",
                          "--host", "127.0.0.1", "--port", str(port)], logs / "server.log",
-                        {**env, "LLM_BASE_URL": match.group(1), "LLM_PROVIDER": provider})
+                        {**env, "LLM_BASE_URL": match.group(1), **_provider_env(provider)})
         children.append(server)
         url = f"http://127.0.0.1:{port}/copilotkit"
         server.wait_for(lambda: _answers(url), "our runtime")
@@ -165,7 +176,7 @@ def agui(request: pytest.FixtureRequest,
             [sys.executable, "-m", "copilot_runtime", "serve", "tests.realclient_app:runtime",
              "--host", "127.0.0.1", "--port", str(port), "--path", BASE_PATH],
             log_dir / "runtime.log",
-            _child_env(LLM_BASE_URL=match.group(1), LLM_PROVIDER=provider))
+            _child_env(LLM_BASE_URL=match.group(1), **_provider_env(provider)))
         processes.append(server)
         url = f"http://127.0.0.1:{port}{BASE_PATH}"
         server.wait_until(lambda: _info_answers(url), f"the runtime ({url}/info)")

@@ -1,7 +1,8 @@
 """Real MCP servers built with the SDK, for the MCP tests: `weather` (streamable HTTP or
-stdio), `clock`, which also publishes `add` (a name clash with `weather`'s), and `changing`,
-whose `swap` tool replaces its `old` tool by a `new` one and says so, and whose `vanish`
-tool ends its process."""
+stdio); `getweather`, the real-client apps' `getWeather` action as an MCP tool; `clock`, which
+also publishes `add` (a name clash with `weather`'s); and `changing`, whose `swap` tool
+replaces its `old` tool by a `new` one and says so, and whose `vanish` tool ends its
+process."""
 
 from __future__ import annotations
 
@@ -29,6 +30,18 @@ def weather_server() -> MCPServer:
     def explode(reason: str) -> str:
         """Always fails."""
         raise ToolError(f"exploded: {reason}")
+
+    return server
+
+
+def get_weather_server() -> MCPServer:
+    """`getWeather` as the real-client tests' apps define it, served over MCP instead."""
+    server = MCPServer("getweather")
+
+    @server.tool()
+    def getWeather(city: str) -> dict[str, object]:  # the name the clients see
+        """Get the current weather for a city."""
+        return {"city": city, "temperature": 21, "unit": "celsius", "conditions": "sunny"}
 
     return server
 
@@ -75,7 +88,8 @@ def changing_server() -> MCPServer:
     return server
 
 
-SERVERS = {"weather": weather_server, "clock": clock_server, "changing": changing_server}
+SERVERS = {"weather": weather_server, "clock": clock_server, "changing": changing_server,
+           "getweather": get_weather_server}
 
 if __name__ == "__main__":
     SERVERS[sys.argv[1] if sys.argv[1:] else "weather"]().run("stdio")
