@@ -3,7 +3,7 @@
 The official `anthropic` SDK is the source of the configuration: key or token, base URL and
 every header come from its client (`default_headers`). By default the adapter then sends the
 pre-encoded request itself over the keep-alive client of `_http1`, with the SDK's retry policy
-(`_sdk_retry`; a test proves the same request, headers and retries against the mock), and
+(`_direct`; a test proves the same request, headers and retries against the mock), and
 parses the streamed answer here from the raw bytes: sending through the SDK cost more CPU
 than all the rest of a chat, and its iterator builds a pydantic model per event. With
 `transport="sdk"` or an HTTP proxy in the environment the SDK sends it (its raw route, same
@@ -46,7 +46,7 @@ from copilot_runtime._exceptions import (
     UpstreamProtocolError,
     UpstreamTimeoutError,
 )
-from copilot_runtime.adapters import _http1, _sdk_retry
+from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
     arguments_object,
     error_body_message,
@@ -71,10 +71,13 @@ _THINKING_KEPT = 1024
 _MISSING_RESULT = "The tool call was not answered: no result was recorded for it."
 _PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
                     "all_proxy")
-_FAILURES = _sdk_retry.Failures(
+_FAILURES = _direct.Failures(
     "Anthropic", "Anthropic request timed out", "Could not reach the Anthropic API",
     "The Anthropic API closed the connection without answering",
-    "The Anthropic API sent a malformed HTTP answer")
+    "The Anthropic API sent a malformed HTTP answer",
+    "The Anthropic stream broke off before the answer was complete")
+#: Unlike OpenAI's, the SDK waits for any Retry-After.
+_RETRIES = _direct.SDKRetries(max_retry_after=None)
 _FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls",
                    "max_tokens": "length", "refusal": "content_filter", "pause_turn": "stop"}
 
@@ -196,27 +199,9 @@ class AnthropicAdapter:
                              ) -> AsyncIterator[Sequence[ChatDelta]]:
         response = await route.send(orjson.dumps({**params, "stream": True}))
         parser = AnthropicStreamParser()
-        try:
-            async for data in response.chunks():
-                deltas = parser.feed(data)
-                if deltas:
-                    yield deltas
-                if parser.done:
-                    break
-            if not parser.done:
-                raise UpstreamProtocolError(
-                    "The Anthropic stream ended before the answer was complete")
-            self._keep_thinking(parser)
-        except _http1.ReadTimeout:
-            raise UpstreamTimeoutError("Anthropic request timed out") from None
-        except _http1.HTTPClientError:
-            raise UpstreamConnectionError(
-                "The Anthropic stream broke off before the answer was complete") from None
-        finally:
-            if parser.done:
-                response.release()  # read to its end: the connection serves the next one
-            else:
-                response.abort()  # a stop, a disconnect or a failure: cancel upstream
+        async for deltas in _direct.stream(response, parser, _FAILURES):
+            yield deltas
+        self._keep_thinking(parser)
 
     def _keep_thinking(self, parser: AnthropicStreamParser) -> None:
         if parser.thinking and parser.tool_ids:
@@ -313,9 +298,9 @@ class _DirectRoute:
         return self.pool.close()
 
     async def send(self, body: bytes) -> _http1.Response:
-        return await _sdk_retry.send(
+        return await _direct.send(
             self.pool, self.head, self.tail, body, read_timeout=self.timeout,
-            max_retries=self.max_retries, failures=_FAILURES, max_retry_after=None)
+            max_retries=self.max_retries, failures=_FAILURES, policy=_RETRIES)
 
 
 def _input_schema(parameters: dict[str, Any]) -> dict[str, Any]:
@@ -372,6 +357,14 @@ class AnthropicStreamParser:
             if self.done:
                 break
         return out
+
+    def finish(self) -> list[ChatDelta]:
+        """Nothing more, once the body has ended; an error when it ended before
+        `message_stop`."""
+        if not self.done:
+            raise UpstreamProtocolError(
+                "The Anthropic stream ended before the answer was complete")
+        return []
 
     def event(self, event: dict[str, Any], out: list[ChatDelta]) -> None:
         kind = event.get("type")

@@ -49,7 +49,7 @@ from copilot_runtime._exceptions import (
     UpstreamProtocolError,
     UpstreamTimeoutError,
 )
-from copilot_runtime.adapters import _http1
+from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import arguments_object, text_of, usage
 from copilot_runtime.adapters.base import (
     ChatDelta,
@@ -81,6 +81,11 @@ _DEFAULT_API_VERSION = "v1"
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _RETRY_INITIAL = 1.0
 _RETRY_MAX = 60.0
+_FAILURES = _direct.Failures(
+    "Gemini", "Gemini request timed out", "Could not reach the Gemini API",
+    "The Gemini API closed the connection without answering",
+    "The Gemini API sent a malformed HTTP answer",
+    "The Gemini stream broke off before the answer was complete")
 
 
 class GoogleGenAIAdapter:
@@ -207,25 +212,9 @@ class GoogleGenAIAdapter:
                              contents: list[dict[str, Any]], config: dict[str, Any]
                              ) -> AsyncIterator[Sequence[ChatDelta]]:
         response = await route.send(model, rest_body(contents, config))
-        parser = GeminiStreamParser(self._remember)
-        complete = False
-        try:
-            async for data in response.chunks():
-                deltas = parser.feed(data)
-                if deltas:
-                    yield deltas
-            yield parser.end()
-            complete = True
-        except _http1.ReadTimeout:
-            raise UpstreamTimeoutError("Gemini request timed out") from None
-        except _http1.HTTPClientError:
-            raise UpstreamConnectionError(
-                "The Gemini stream broke off before the answer was complete") from None
-        finally:
-            if complete:
-                response.release()  # read to its end: the connection serves the next one
-            else:
-                response.abort()  # a stop, a disconnect or a failure: cancel upstream
+        async for deltas in _direct.stream(response, GeminiStreamParser(self._remember),
+                                           _FAILURES):
+            yield deltas
 
     async def _stream_sdk(self, model: str, contents: list[dict[str, Any]],
                           config: dict[str, Any]) -> AsyncIterator[Sequence[ChatDelta]]:
@@ -243,7 +232,7 @@ class GoogleGenAIAdapter:
                              out)
                 if out:
                     yield out
-            yield parser.end()
+            yield parser.finish()
         except genai_errors.APIError as exc:
             raise UpstreamError(f"Gemini request failed with HTTP {exc.code}: "
                                 f"{exc.message or exc.status}", status=exc.code) from None
@@ -300,42 +289,27 @@ class _DirectRoute:
     async def send(self, model: str, body: bytes) -> _http1.Response:
         """The answer's head, after the SDK's retries; an `UpstreamError` when it failed."""
         path = urllib.parse.quote(f"{self.prefix}{model}:streamGenerateContent", safe="/:")
-        data = b"".join((f"POST {path}?alt=sse HTTP/1.1\r\n".encode("latin-1"), self.headers,
-                         b"Content-Length: %d\r\n\r\n" % len(body), body))
-        attempt = 1
-        while True:
-            try:
-                response = await self.pool.request(data, self.timeout)
-            except _http1.ConnectError as exc:
-                error: UpstreamError = UpstreamTimeoutError("Gemini request timed out") if (
-                    exc.timeout) else UpstreamConnectionError("Could not reach the Gemini API")
-                retry = True
-            except _http1.Disconnected:
-                error, retry = UpstreamConnectionError(
-                    "The Gemini API closed the connection without answering"), True
-            except _http1.ReadTimeout:
-                error, retry = UpstreamTimeoutError("Gemini request timed out"), False
-            except _http1.HTTPClientError:
-                error, retry = UpstreamProtocolError(
-                    "The Gemini API sent a malformed HTTP answer"), False
-            else:
-                if 200 <= response.status < 300:
-                    return response
-                try:
-                    text = await response.read()
-                except _http1.HTTPClientError:
-                    text = b""
-                response.release()
-                error = UpstreamError(f"Gemini request failed with HTTP {response.status}: "
-                                      f"{_error_text(text, response.status)}",
-                                      status=response.status)
-                retry = response.status in _RETRY_STATUSES
-            if not retry or attempt >= self.attempts:
-                raise error
-            # tenacity's wait_exponential_jitter with the SDK's defaults
-            await asyncio.sleep(min(_RETRY_INITIAL * 2.0 ** (attempt - 1) + random.random(),
-                                    _RETRY_MAX))
-            attempt += 1
+        head = f"POST {path}?alt=sse HTTP/1.1\r\n".encode("latin-1") + self.headers
+        return await _direct.send(self.pool, head, b"", body, read_timeout=self.timeout,
+                                  max_retries=self.attempts - 1, failures=_FAILURES,
+                                  policy=_GeminiRetries())
+
+
+class _GeminiRetries:
+    """The SDK's `HttpRetryOptions` policy: its statuses and transport failures, waits of
+    tenacity's `wait_exponential_jitter` with the SDK's defaults, no attempt header."""
+
+    counts_attempts = False
+    retries_silence = False
+
+    def status_error(self, status: int, text: bytes) -> str:
+        return _error_text(text, status)
+
+    def retry_after(self, response: _http1.Response) -> float | None:
+        return 0.0 if response.status in _RETRY_STATUSES else None
+
+    def backoff(self, attempt: int) -> float:
+        return min(_RETRY_INITIAL * 2.0 ** attempt + random.random(), _RETRY_MAX)
 
 
 def _sdk_version() -> str:
@@ -366,14 +340,17 @@ class GeminiStreamParser:
     """`streamGenerateContent` SSE frames (raw bytes, or the SDK's chunks as REST JSON) to
     `ChatDelta`s: text, thought summaries, function calls, then usage and the finish."""
 
-    __slots__ = ("_buffer", "_meta", "_remember", "calls", "finish")
+    __slots__ = ("_buffer", "_meta", "_remember", "calls", "done", "reason")
 
     def __init__(self, remember: Callable[[str, bytes], None] | None = None) -> None:
         self._buffer = b""
         self._remember = remember
         self._meta: dict[str, Any] = {}
         self.calls = 0
-        self.finish: str | None = None
+        #: The candidate's finish reason, once a chunk gave it.
+        self.reason: str | None = None
+        #: Set by `finish`: the stream has no end marker, so the body is read to its end.
+        self.done = False
 
     def feed(self, data: bytes) -> list[ChatDelta]:
         buffer = self._buffer + data if self._buffer else data
@@ -432,14 +409,15 @@ class GeminiStreamParser:
         if reason is not None:
             if reason == "MALFORMED_FUNCTION_CALL":
                 raise UpstreamError("Gemini produced a malformed function call")
-            self.finish = _FINISH_REASONS.get(reason, str(reason).lower())
+            self.reason = _FINISH_REASONS.get(reason, str(reason).lower())
 
-    def end(self) -> list[ChatDelta]:
+    def finish(self) -> list[ChatDelta]:
         """The answer's end, once the stream has ended."""
-        if self.finish is None:
+        if self.reason is None:
             raise UpstreamConnectionError(
                 "The Gemini stream ended before the answer was complete")
-        finish = "tool_calls" if self.calls and self.finish == "stop" else self.finish
+        self.done = True
+        finish = "tool_calls" if self.calls and self.reason == "stop" else self.reason
         meta = self._meta
         return [StreamEnd(finish, usage(meta.get("promptTokenCount"),
                                         meta.get("candidatesTokenCount"),

@@ -32,7 +32,7 @@ from copilot_runtime._exceptions import (
     UpstreamProtocolError,
     UpstreamTimeoutError,
 )
-from copilot_runtime.adapters import _http1, _sdk_retry
+from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -50,7 +50,7 @@ __all__ = ["OpenAIAdapter"]
 _E = TypeVar("_E", bound=BaseException)
 
 _DEFAULT_BASE_URL = "https://api.openai.com/v1"
-# The SDK gives up rather than wait for a Retry-After above two minutes (see _sdk_retry).
+# The SDK gives up rather than wait for a Retry-After above two minutes (see _direct).
 _MAX_RETRY_AFTER = 120.0
 _PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
                     "all_proxy")
@@ -175,27 +175,9 @@ class OpenAIAdapter:
     async def _stream_direct(self, route: _DirectRoute,
                              body: bytes) -> AsyncIterator[Sequence[ChatDelta]]:
         response = await route.send(body)
-        parser = ChatCompletionsStreamParser()
-        try:
-            async for data in response.chunks():
-                deltas = parser.feed(data)
-                if deltas:
-                    yield deltas
-                if parser.done:
-                    break
-            if not parser.done:
-                raise UpstreamProtocolError(
-                    "The OpenAI stream ended before the answer was complete")
-        except _http1.ReadTimeout:
-            raise UpstreamTimeoutError(self._silent()) from None
-        except _http1.HTTPClientError:
-            raise UpstreamConnectionError(
-                "The OpenAI stream broke off before the answer was complete") from None
-        finally:
-            if parser.done:
-                response.release()  # read to its end: the connection serves the next one
-            else:
-                response.abort()  # a stop, a disconnect or a failure: cancel upstream
+        async for deltas in _direct.stream(response, ChatCompletionsStreamParser(),
+                                           route.failures):
+            yield deltas
 
     async def _stream_sdk(self, body: bytes) -> AsyncIterator[Sequence[ChatDelta]]:
         # The SDK's documented route for raw requests (`client.post`) still gives us its
@@ -253,6 +235,7 @@ class OpenAIAdapter:
 
 
 _CONNECT_FAILED = "Could not reach the OpenAI API (connection failed)"
+_RETRIES = _direct.SDKRetries(max_retry_after=_MAX_RETRY_AFTER)
 _HUNG_UP = "The OpenAI API closed the connection without answering"
 
 
@@ -295,19 +278,19 @@ class _DirectRoute:
                 raise ConfigurationError(f"OpenAIAdapter: header {name!r} is not valid")
             lines.append(f"{name}: {value}")
         self.head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
-        self.failures = _sdk_retry.Failures(
+        self.failures = _direct.Failures(
             "OpenAI", adapter._silent(), _CONNECT_FAILED, _HUNG_UP,
-            "The OpenAI API sent a malformed HTTP answer")
+            "The OpenAI API sent a malformed HTTP answer",
+            "The OpenAI stream broke off before the answer was complete")
 
     def close(self) -> bool:
         return self.pool.close()
 
     async def send(self, body: bytes) -> _http1.Response:
         """The answer's head, after the SDK's retries; an `UpstreamError` when it failed."""
-        return await _sdk_retry.send(
+        return await _direct.send(
             self.pool, self.head, self.tail, body, read_timeout=self.timeout,
-            max_retries=self.max_retries, failures=self.failures,
-            max_retry_after=_MAX_RETRY_AFTER)
+            max_retries=self.max_retries, failures=self.failures, policy=_RETRIES)
 
 
 def sdk_headers(*, api_key: str, organization: str | None, project: str | None,
@@ -490,6 +473,12 @@ class ChatCompletionsStreamParser:
         if self.done:
             out.append(StreamEnd(self.finish_reason, self.usage))
         return out
+
+    def finish(self) -> list[ChatDelta]:
+        """Nothing more, once the body has ended; an error when it ended before `[DONE]`."""
+        if not self.done:
+            raise UpstreamProtocolError("The OpenAI stream ended before the answer was complete")
+        return []
 
     def _chunks(self, chunks: list[_Chunk], out: list[ChatDelta]) -> None:
         append = out.append

@@ -1,0 +1,229 @@
+"""An adapter's own route to its provider: one pre-encoded request, retried the way the
+provider's SDK retries it, and its streamed answer read through the adapter's parser.
+
+The OpenAI and Anthropic SDKs come from one generator and share a retry policy
+(`SDKRetries`): 408, 409, 429 and 5xx are retried (an `x-should-retry` header overrides), as
+are connections that fail or close without an answer; the wait honours `retry-after-ms` /
+`Retry-After`, else grows from 0.5 s to 8 s with up to 25 % jitter; each attempt says its
+number in `X-Stainless-Retry-Count`. They differ in one bound: OpenAI gives up on a
+Retry-After above two minutes, Anthropic waits for it. The Gemini adapter brings its SDK's
+policy of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import NamedTuple, Protocol
+
+import orjson
+
+from copilot_runtime._exceptions import (
+    UpstreamConnectionError,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeoutError,
+)
+from copilot_runtime.adapters import _http1
+from copilot_runtime.adapters.base import ChatDelta
+
+__all__ = ["Failures", "RetryPolicy", "SDKRetries", "StreamParser", "body_message", "send",
+           "stream"]
+
+_INITIAL_RETRY_DELAY = 0.5
+_MAX_RETRY_DELAY = 8.0
+
+
+class Failures(NamedTuple):
+    """What each failure of one provider's requests is called."""
+
+    #: Begins "… request failed with HTTP 429: …".
+    provider: str
+    #: Nothing arrived for the read timeout.
+    silent: str
+    connect_failed: str
+    hung_up: str
+    malformed: str
+    #: The connection broke in the middle of the answer.
+    broke_off: str
+
+
+class RetryPolicy(Protocol):
+    #: Whether each attempt carries `X-Stainless-Retry-Count: N` (after `head`).
+    counts_attempts: bool
+    #: Whether a request that got no answer head within the read timeout is tried again.
+    retries_silence: bool
+
+    def status_error(self, status: int, text: bytes) -> str:
+        """What follows "… request failed with HTTP {status}: " for this error body."""
+        ...
+
+    def retry_after(self, response: _http1.Response) -> float | None:
+        """Seconds to wait before trying an answer of this status again, or None: never."""
+        ...
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt `attempt` (0: the first) without an answer."""
+        ...
+
+
+class StreamParser(Protocol):
+    """An incremental parser of a provider's streamed answer."""
+
+    @property
+    def done(self) -> bool:
+        """Whether the answer's end was read (the rest of the body is not needed)."""
+        ...
+
+    def feed(self, data: bytes) -> Sequence[ChatDelta]:
+        ...
+
+    def finish(self) -> Sequence[ChatDelta]:
+        """What the answer's end adds once the body has ended; raises when it was cut short."""
+        ...
+
+
+async def send(pool: _http1.HTTPPool, head: bytes, tail: bytes, body: bytes, *,
+               read_timeout: float, max_retries: int, failures: Failures,
+               policy: RetryPolicy) -> _http1.Response:
+    """The answer's head after the policy's retries, or the `UpstreamError` of the last try.
+
+    `head` is the request line and headers before the attempt count, `tail` those after it
+    (without Content-Length).
+    """
+    tail += b"Content-Length: %d\r\n\r\n" % len(body)
+    attempt = 0
+    while True:
+        data = b"".join((head, b"X-Stainless-Retry-Count: %d\r\n" % attempt, tail, body)) \
+            if policy.counts_attempts else b"".join((head, tail, body))
+        wait: float | None = None
+        try:
+            response = await pool.request(data, read_timeout)
+        except _http1.ConnectError as exc:
+            error: UpstreamError = UpstreamTimeoutError(failures.silent) if (
+                exc.timeout) else UpstreamConnectionError(failures.connect_failed)
+        except _http1.Disconnected:
+            error = UpstreamConnectionError(failures.hung_up)
+        except _http1.ReadTimeout:
+            error = UpstreamTimeoutError(failures.silent)
+            if not policy.retries_silence:
+                raise error from None
+        except _http1.HTTPClientError:
+            raise UpstreamProtocolError(failures.malformed) from None
+        else:
+            if 200 <= response.status < 300:
+                return response
+            try:
+                text = await response.read()
+            except _http1.HTTPClientError:
+                text = b""
+            response.release()
+            message = policy.status_error(response.status, text)
+            error = UpstreamError(f"{failures.provider} request failed with HTTP "
+                                  f"{response.status}: {message}", status=response.status)
+            wait = policy.retry_after(response)
+            if wait is None:
+                raise error
+        if attempt >= max_retries:
+            raise error
+        await asyncio.sleep(policy.backoff(attempt) if wait is None or wait <= 0 else wait)
+        attempt += 1
+
+
+async def stream(response: _http1.Response, parser: StreamParser,
+                 failures: Failures) -> AsyncIterator[Sequence[ChatDelta]]:
+    """The parser's deltas, one batch per read of the body, up to the answer's end.
+
+    The connection goes back to the pool once the answer is read; a consumer that stops
+    early (a stop, a disconnect) or a failure closes it, which cancels the upstream request.
+    """
+    try:
+        async for data in response.chunks():
+            deltas = parser.feed(data)
+            if deltas:
+                yield deltas
+            if parser.done:
+                break
+        deltas = parser.finish()
+        if deltas:
+            yield deltas
+    except _http1.ReadTimeout:
+        raise UpstreamTimeoutError(failures.silent) from None
+    except _http1.HTTPClientError:
+        raise UpstreamConnectionError(failures.broke_off) from None
+    finally:
+        if parser.done:
+            response.release()  # read to its end: the connection serves the next one
+        else:
+            response.abort()
+
+
+class SDKRetries:
+    """The retry policy of the OpenAI and Anthropic SDKs (see the module doc)."""
+
+    counts_attempts = True
+    retries_silence = True
+
+    def __init__(self, max_retry_after: float | None) -> None:
+        #: The longest Retry-After still waited for (None: any).
+        self.max_retry_after = max_retry_after
+
+    def status_error(self, status: int, text: bytes) -> str:
+        return body_message(text, status)
+
+    def retry_after(self, response: _http1.Response) -> float | None:
+        wait = _retry_after(response)
+        if wait is not None and self.max_retry_after is not None \
+                and wait > self.max_retry_after:
+            return None
+        should = response.header("x-should-retry")
+        if should in ("true", "false"):
+            retry = should == "true"
+        else:
+            retry = response.status in (408, 409, 429) or response.status >= 500
+        if not retry:
+            return None
+        return min(wait, 4_294_967.0) if wait is not None and wait > 0 else 0.0
+
+    def backoff(self, attempt: int) -> float:
+        delay = min(_INITIAL_RETRY_DELAY * 2.0 ** min(attempt, 1000), _MAX_RETRY_DELAY)
+        return delay * (1 - 0.25 * random.random())  # jitter, not a secret
+
+
+def body_message(text: bytes, status: int) -> str:
+    """What the SDKs' error message is for this error body."""
+    try:
+        body = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict):
+            message = error.get("message")
+            if isinstance(message, str) and message:
+                return message
+    return f"Error code: {status}"
+
+
+def _retry_after(response: _http1.Response) -> float | None:
+    """The server's Retry-After (`retry-after-ms` first), in seconds, as the SDKs read it."""
+    for name, divisor in (("retry-after-ms", 1000), ("retry-after", 1)):
+        value = response.header(name)
+        if value is None:
+            continue
+        try:
+            return float(value) / divisor
+        except ValueError:
+            continue
+    value = response.header("retry-after")
+    if value:
+        try:
+            parsed = email.utils.parsedate_tz(value)
+            if parsed is not None:
+                return float(email.utils.mktime_tz(parsed) - time.time())
+        except (TypeError, ValueError, OverflowError):
+            return None
+    return None
