@@ -26,7 +26,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime.adapters import ChatRequest, TextDelta
 from copilot_runtime.adapters.base import ToolSpec
 from copilot_runtime.testing import MockAnthropicServer
-from tests.conftest import free_port
+from tests.conftest import free_port, poll
 from tests.test_hardening import FaultyLLM
 
 TIMEOUT_S = 30
@@ -197,14 +197,6 @@ async def test_a_stream_without_its_end_is_a_protocol_error(mock: MockAnthropicS
     assert "ended before the answer was complete" in error.message
 
 
-async def _until(check: Callable[[], bool], what: str) -> None:
-    for _ in range(250):
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"never happened: {what}")
-
-
 async def test_connections_are_kept_alive_and_a_stop_cancels_upstream(
         mock: MockAnthropicServer) -> None:
     claude = adapter("direct", base_url=mock.base_url)
@@ -221,6 +213,9 @@ async def test_connections_are_kept_alive_and_a_stop_cancels_upstream(
         await anext(aiter(stream))
         aclose: Callable[[], Awaitable[None]] = stream.aclose  # type: ignore[attr-defined]
         await aclose()
-        await _until(lambda: mock.cancelled_streams == 1, "the upstream stream cancelled")
+        async for _ in poll():
+            if mock.cancelled_streams:
+                break
+        assert mock.cancelled_streams == 1  # the upstream stream was cancelled
     finally:
         await claude.aclose()

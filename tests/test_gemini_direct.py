@@ -41,7 +41,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime.adapters import ChatRequest, ReasoningDelta, TextDelta, ToolCallDelta
 from copilot_runtime.adapters.base import StreamEnd, ToolSpec
 from copilot_runtime.testing import MockGeminiServer
-from tests.conftest import free_port
+from tests.conftest import free_port, poll
 from tests.test_hardening import FaultyLLM
 
 TIMEOUT_S = 30
@@ -336,14 +336,6 @@ async def test_an_error_body_that_is_not_json() -> None:
     assert error.message == "Gemini request failed with HTTP 502: HTTP 502"
 
 
-async def _until(check: Callable[[], bool], what: str) -> None:
-    for _ in range(250):
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"never happened: {what}")
-
-
 async def test_connections_are_kept_alive_and_a_stop_cancels_upstream(
         mock: MockGeminiServer) -> None:
     gemini = adapter("direct", base_url=mock.base_url)
@@ -357,6 +349,9 @@ async def test_connections_are_kept_alive_and_a_stop_cancels_upstream(
         await anext(aiter(stream))
         aclose: Callable[[], Awaitable[None]] = stream.aclose  # type: ignore[attr-defined]
         await aclose()
-        await _until(lambda: mock.cancelled_streams == 1, "the upstream stream cancelled")
+        async for _ in poll():
+            if mock.cancelled_streams:
+                break
+        assert mock.cancelled_streams == 1  # the upstream stream was cancelled
     finally:
         await gemini.aclose()
