@@ -6,6 +6,10 @@ disconnect cancel that task; `ActiveRun.drive` catches the cancellation, closes 
 (which cancels its upstream request), closes what was left open and ends the run the way
 the TypeScript runtime does (a plain `RUN_FINISHED` after a stop). Every run, however it
 ended, is compacted into the thread store, so `connect` can replay it.
+
+A run is reserved (`RunManager.begin`) before it is driven; whoever reserved it and does not
+drive it (a failure or a cancellation in between) gives it back with `ActiveRun.abandon`, or
+by driving it inside `async with run:`, so its thread never stays busy.
 """
 
 from __future__ import annotations
@@ -86,6 +90,9 @@ class ActiveRun:
         self._started_event: Event | None = None
         #: The thread's lease across workers (shared coordinators only).
         self.lease: Lease | None = None
+        #: Awaited once if the run is given back without being driven (`abandon`).
+        self.on_abandon: Callable[[ActiveRun], Awaitable[None]] | None = None
+        self._driven = False
 
     @property
     def terminated(self) -> bool:
@@ -115,10 +122,40 @@ class ActiveRun:
         if queue in self.listeners:
             self.listeners.remove(queue)
 
+    # -- a reservation never driven ----------------------------------------------------
+
+    async def abandon(self) -> None:
+        """Give the thread back if the run was reserved but never driven: free it in this
+        process at once, then close the run's start already written and release its lease
+        (shared coordinators) and call `on_abandon`. Nothing once `drive` has begun."""
+        if self._driven or self._finished:
+            return
+        self._finished = True
+        self.manager._release(self)
+        for queue in self.listeners:
+            queue.put_nowait(None)
+        self.listeners.clear()
+        if self.lease is None and self.on_abandon is None:
+            return
+        # In a task of its own: a second cancellation of the caller does not stop it.
+        task = asyncio.ensure_future(self.manager._give_back(self))
+        self.manager._signals.add(task)
+        task.add_done_callback(self.manager._signals.discard)
+        await asyncio.shield(task)
+
+    async def __aenter__(self) -> ActiveRun:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.abandon()
+
     # -- driving -----------------------------------------------------------------------
 
     async def drive(self, write: Writer) -> None:
         """Run the agent to its end, handing each batch to `write`."""
+        if self._finished:
+            raise RuntimeError("the run's thread was given back: it cannot be driven")
+        self._driven = True
         self.task = asyncio.current_task()
         stream = self._stream()
         try:
@@ -495,17 +532,21 @@ class RunManager:
     def _release(self, run: ActiveRun) -> None:
         if self.active.get(run.thread_id) is run:
             del self.active[run.thread_id]
-        if run.lease is not None and not run._finished:
-            # Reserved, never driven (refused after `begin`): give the thread back.
-            run._finished = True
-            task = asyncio.ensure_future(self._abandon(run, run.lease))
-            self._signals.add(task)
-            task.add_done_callback(self._signals.discard)
 
-    async def _abandon(self, run: ActiveRun, lease: Lease) -> None:
-        try:
-            if self.durable is not None and run._flushed:
-                await self.durable.close_interrupted(run.thread_id, run.run_id)
-        except Exception:
-            _log.exception("could not close a run never driven", run_id=run.run_id)
-        await self.let_go(lease)
+    async def _give_back(self, run: ActiveRun) -> None:
+        """What `ActiveRun.abandon` leaves to be awaited: the store, the lease, observers."""
+        lease = run.lease
+        if lease is not None:
+            try:
+                if self.durable is not None and run._flushed:
+                    # Its RUN_STARTED is in the shared store: close it, so the thread reads
+                    # as every other worker's runs do.
+                    await self.durable.close_interrupted(run.thread_id, run.run_id)
+            except Exception:
+                _log.exception("could not close a run never driven", run_id=run.run_id)
+            await self.let_go(lease)
+        if run.on_abandon is not None:
+            try:
+                await run.on_abandon(run)
+            except Exception:
+                _log.exception("run abandon observer failed", run_id=run.run_id)

@@ -97,6 +97,8 @@ async def start_run(runtime: CopilotRuntime, agent_id: str, agent: Agent, input:
         if lease is not None:
             await lease.release()
         raise
+    # From here on, a run never driven gives back the caller's slot and ends its span.
+    run.on_abandon = lambda run: _abandoned(run, lease)
     try:
         if runtime.guardrails or topics is not None:
             messages = input.raw.get("messages") or []
@@ -106,23 +108,29 @@ async def start_run(runtime: CopilotRuntime, agent_id: str, agent: Agent, input:
                 run.refusal = verdict.reason
                 _log.info("guardrail refused a run", agent=agent_id, thread_id=run.thread_id,
                           run_id=run.run_id)
+        if runtime._observed:
+            telemetry = runtime.telemetry
+            if telemetry is not None:
+                context.telemetry = telemetry.run_started(
+                    agent_id, run.thread_id, run.run_id, principal.id if principal else None)
+            started = time.monotonic()
+
+            def ended(run: ActiveRun) -> None:
+                _ended(runtime, run, lease, request, time.monotonic() - started)
+
+            run.on_end = ended
     except BaseException:
-        runtime.runs._release(run)
-        if lease is not None:
-            await lease.release()
+        await run.abandon()
         raise
-    if runtime._observed:
-        telemetry = runtime.telemetry
-        if telemetry is not None:
-            context.telemetry = telemetry.run_started(
-                agent_id, run.thread_id, run.run_id, principal.id if principal else None)
-        started = time.monotonic()
-
-        def ended(run: ActiveRun) -> None:
-            _ended(runtime, run, lease, request, time.monotonic() - started)
-
-        run.on_end = ended
     return run
+
+
+async def _abandoned(run: ActiveRun, lease: Lease | None) -> None:
+    """A run reserved and never driven: its caller's slot and its span end with it."""
+    if lease is not None:
+        await lease.release()
+    if run.context.telemetry is not None:
+        run.context.telemetry.end("abandoned", None)
 
 
 def _outcome(run: ActiveRun) -> tuple[str, dict[str, Any] | None]:

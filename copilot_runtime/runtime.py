@@ -270,7 +270,9 @@ class CopilotRuntime:
                         request: RequestInfo | None = None,
                         topics: tuple[Sequence[str], Sequence[str]] | None = None
                         ) -> ActiveRun:
-        """Reserve the thread and prepare a run; drive it with `ActiveRun.drive`.
+        """Reserve the thread and prepare a run; drive it with `ActiveRun.drive`. A run
+        that may not be driven (something can fail or be cancelled first) is given back with
+        `ActiveRun.abandon`, or by `async with run:` around what leads to `drive`.
 
         `agent` runs in place of the registered one (a protocol edge may wrap it, e.g. to
         offer it tools); the run still belongs to `agent_id`. `request` says who asks (its

@@ -226,3 +226,59 @@ async def test_finish_releases_and_signals_the_end(pair: Pair) -> None:
     again = await b.acquire("t1", "r2")
     assert again is not None
     await b.release(again)
+
+
+# -- Redis: the `open:` marker that says a lease expired unreleased --------------------------
+
+
+@pytest.fixture
+async def redis_pair() -> AsyncIterator[tuple[Any, Any, Any]]:
+    """Two Redis coordinators on one prefix, and a plain client to look at their keys."""
+    import redis.asyncio as aioredis
+
+    with redis_prefix() as url:
+        made = [coordinator(f"{url}&lease_ttl={TTL}") for _ in range(2)]
+        client = aioredis.from_url(url.split("?")[0])
+        try:
+            yield made[0], made[1], client
+        finally:
+            for one in made:
+                await one.aclose()
+            await client.aclose()
+
+
+async def test_a_dead_workers_open_marker_does_not_stay_forever(
+        redis_pair: tuple[Any, Any, Any]) -> None:
+    a, b, client = redis_pair
+    lease = await a.acquire("t1", "r1")
+    assert lease is not None
+    marker = f"{a.prefix}open:t1"
+    assert await client.exists(marker)
+    await asyncio.sleep(TTL * 0.8)
+    # While the lease is renewed, the marker lasts at least as long as it.
+    assert await client.pttl(marker) > TTL * 1000
+    await a.aclose()  # the worker dies before its run wrote anything the sweep could close
+
+    async def expired() -> bool:
+        return await b.holder("t1") is None
+
+    await eventually(expired, deadline=TTL + 5)
+    # The next run on the thread would learn it inherits; until then the marker waits, but
+    # not forever (one for every thread a dead worker had, else).
+    ttl = await client.pttl(marker)
+    assert 0 < ttl <= (a.lease_ttl + a.open_ttl) * 1000
+    taken = await b.acquire("t1", "r2")
+    assert taken is not None
+    assert taken.inherited
+    await b.finish(taken)
+    assert not await client.exists(marker)
+
+
+async def test_a_released_lease_leaves_no_marker(redis_pair: tuple[Any, Any, Any]) -> None:
+    a, _, client = redis_pair
+    for release in (a.release, a.finish):
+        lease = await a.acquire("t1", "r1")
+        assert lease is not None
+        await release(lease)
+        assert not await client.exists(f"{a.prefix}open:t1")
+        assert not await client.exists(f"{a.prefix}lease:t1")

@@ -28,7 +28,7 @@ from copilot_runtime.events import Event
 from copilot_runtime.testing import ScriptedAdapter, text_turn
 from copilot_runtime.threads import INTERRUPTED_CODE
 from tests.scale_support.cluster import eventually
-from tests.scale_support.services import postgres_schema
+from tests.scale_support.services import REDIS, postgres_schema, redis_prefix
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -180,4 +180,32 @@ async def test_rate_limits_count_across_workers_through_the_coordinator(
         await second.release()
     finally:
         for runtime in made:
+            await runtime.aclose()
+
+
+async def test_the_sweep_clears_a_dead_workers_redis_marker(tmp_path: Path) -> None:
+    # Redis remembers that a lease expired unreleased with an `open:` key; once the sweep
+    # has closed the dead worker's run, nothing of it is left in Redis.
+    import redis.asyncio as aioredis
+
+    with redis_prefix() as base:
+        url = f"{base}&lease_ttl=0.6"
+        store = thread_store(f"sqlite:///{tmp_path}/threads.db")
+        runtime = CopilotRuntime(service_adapter=ScriptedAdapter(text_turn("x")),
+                                 thread_store=store, coordinator=url)
+        dead = coordinator(url)
+        client = aioredis.from_url(REDIS)
+        try:
+            assert await dead.acquire("t-dead", "r-dead") is not None
+            await store.append_events("t-dead", "default", "r-dead", time.time(), 0, [  # type: ignore[attr-defined]
+                ev.run_started("t-dead", "r-dead", {})])
+            await dead.aclose()
+            sweep = RecoverySweep(runtime.runs, runtime.runs.coordinator)  # type: ignore[arg-type]
+            closed = await eventually(sweep.sweep, deadline=5, what="the sweep closed it")
+            assert closed == 1
+            assert await store.open_runs() == []  # type: ignore[attr-defined]
+            prefix = base.split("prefix=")[1]
+            assert await client.keys(f"{prefix}*") == []
+        finally:
+            await client.aclose()
             await runtime.aclose()

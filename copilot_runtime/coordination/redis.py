@@ -21,9 +21,16 @@ from copilot_runtime.limits import CounterBackend, RedisCounters
 
 __all__ = ["RedisCoordinator"]
 
-#: A lease's value: the holder's 32-character token, then the run id.
+#: How long a dead worker's `open:` marker outlives its lease (seconds): the sweep of any
+#: live worker closes the run, and removes the marker, within seconds; this bounds what an
+#: outage of every worker leaves behind, one key for each thread a dead worker held.
+OPEN_TTL = 24 * 3600.0
+
+#: A lease's value: the holder's 32-character token, then the run id. The marker (KEYS[2])
+#: is renewed with the lease, so it lasts as long as the lease, then `open_ttl` more.
 _RENEW = """
 if string.sub(redis.call('GET', KEYS[1]) or '', 1, 32) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
@@ -32,7 +39,7 @@ return 0
 _ACQUIRE = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local inherited = redis.call('EXISTS', KEYS[2])
-  redis.call('SET', KEYS[2], '1')
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
   return 1 + inherited
 end
 return 0
@@ -60,6 +67,8 @@ class RedisCoordinator(SharedCoordinator):
         self.prefix = prefix if prefix is not None else options.get("prefix",
                                                                     "copilot-runtime:")
         self.channel = f"{self.prefix}signals"
+        #: Seconds an `open:` marker outlives its lease (`OPEN_TTL`).
+        self.open_ttl = OPEN_TTL
         self._redis: Any = None
         self._renew_script: Any = None
         self._release_script: Any = None
@@ -96,12 +105,16 @@ class RedisCoordinator(SharedCoordinator):
         finally:
             await pubsub.aclose()
 
+    def _open_ms(self) -> int:
+        return int((self.lease_ttl + self.open_ttl) * 1000)
+
     async def _renew(self, leases: list[Lease]) -> set[str]:
         ttl_ms = int(self.lease_ttl * 1000)
         async with self._redis.pipeline(transaction=False) as pipe:
             for lease in leases:
-                await self._renew_script(keys=[self._key(lease.thread_id)],
-                                         args=[lease.token, ttl_ms], client=pipe)
+                await self._renew_script(
+                    keys=[self._key(lease.thread_id), self._open_key(lease.thread_id)],
+                    args=[lease.token, ttl_ms, self._open_ms()], client=pipe)
             results = await pipe.execute()
         return {lease.thread_id for lease, ok in zip(leases, results, strict=True) if not ok}
 
@@ -115,7 +128,7 @@ class RedisCoordinator(SharedCoordinator):
         token = new_token()
         taken = await self._acquire_script(
             keys=[self._key(thread_id), self._open_key(thread_id)],
-            args=[token + run_id, int(self.lease_ttl * 1000)])
+            args=[token + run_id, int(self.lease_ttl * 1000), self._open_ms()])
         if not taken:
             return None
         return self._hold(Lease(thread_id, run_id, token, int(taken) == 2))

@@ -149,7 +149,8 @@ class AGUIProtocol:
             return
         headers = request.forwardable_headers(credentials=self.runtime.forwards_credentials)
         run = await self.runtime.start_run(agent_id, run_input, headers, request=request.info)
-        await stream_run(request, run, keepalive=self.keepalive)
+        async with run:  # given back if the stream fails or is cancelled before it drives
+            await stream_run(request, run, keepalive=self.keepalive)
 
     async def _stop_rest(self, request: Request, agent_id: str, thread_id: str) -> None:
         self.runtime.agent(agent_id)

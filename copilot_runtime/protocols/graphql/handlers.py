@@ -207,18 +207,19 @@ class GraphQLProtocol:
             await send_result(request, 200, orjson.dumps(
                 {"errors": [error.formatted], "data": None}))
             return
-        encoder = ResponseEncoder(
-            plan, thread_id=wanted.input.thread_id, run_id=wanted.client_run_id,
-            frontend_tools=wanted.frontend_tools,
-            stopped=lambda: run.cancel_reason == "stop",
-            incremental=accepts_multipart(request),
-            agent_name=wanted.agent_id, agent_run_id=wanted.input.run_id,
-            agent_state=wanted.input.raw.get("state"), refusal=run.refusal)
-        if encoder.incremental:
-            headers = [MULTIPART, *version_header(request)]
-        else:
-            headers = [(b"content-type", json_content_type(request)), *version_header(request)]
-        await stream_run(request, run, encoder.encode, headers)
+        async with run:  # given back if anything fails or is cancelled before it drives
+            encoder = ResponseEncoder(
+                plan, thread_id=wanted.input.thread_id, run_id=wanted.client_run_id,
+                frontend_tools=wanted.frontend_tools,
+                stopped=lambda: run.cancel_reason == "stop",
+                incremental=accepts_multipart(request),
+                agent_name=wanted.agent_id, agent_run_id=wanted.input.run_id,
+                agent_state=wanted.input.raw.get("state"), refusal=run.refusal)
+            if encoder.incremental:
+                headers = [MULTIPART, *version_header(request)]
+            else:
+                headers = [(b"content-type", json_content_type(request)), *version_header(request)]
+            await stream_run(request, run, encoder.encode, headers)
 
 
 def _topics(data: Any) -> tuple[list[str], list[str]] | None:
