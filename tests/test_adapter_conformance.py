@@ -141,13 +141,22 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
 
         from copilot_runtime import LangChainAdapter
 
+        models: list[ChatOpenAI] = []
+
+        def chat_model(timeout: float = 10.0, base_url: str | None = None) -> LangChainAdapter:
+            model = ChatOpenAI(model="gpt-4o", api_key="sk-mock",  # type: ignore[arg-type]
+                               base_url=base_url or server.base_url, max_retries=0,
+                               timeout=timeout, stream_usage=True)
+            models.append(model)
+            return LangChainAdapter(model)
+
         async with MockOpenAIServer(chunks=4) as server:
-            yield Harness(name, server, lambda timeout=10.0, base_url=None: LangChainAdapter(
-                ChatOpenAI(model="gpt-4o", api_key="sk-mock",  # type: ignore[arg-type]
-                           base_url=base_url or server.base_url, max_retries=0,
-                           timeout=timeout, stream_usage=True)),
-                lambda s: _openai_settings(s.requests[-1]),
-                lambda s: _openai_image(s.requests[-1]))
+            yield Harness(name, server, chat_model,
+                          lambda s: _openai_settings(s.requests[-1]),
+                          lambda s: _openai_image(s.requests[-1]))
+            # The application owns its model's clients (the adapter leaves them open).
+            for model in models:
+                await model.root_async_client.close()
     else:
         from copilot_runtime import OpenAIAdapter
 
