@@ -33,7 +33,7 @@ from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, readable, storable
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.coordination import Coordinator, Lease, Signal
 from copilot_runtime.event_order import RunEventOrder
-from copilot_runtime.events import Event
+from copilot_runtime.events import Event, LastBatch
 from copilot_runtime.threads.base import (
     DurableThreadStore,
     Positioned,
@@ -87,6 +87,8 @@ class ActiveRun:
         #: Why a guardrail refused the run's input (its agent was not called), or None.
         self.refusal: str | None = None
         self.compacted: list[Event] = []
+        #: The agent's `LastBatch`, normalized but not yet published (see `_stream`).
+        self._held: list[Event] = []
         self._started_event: Event | None = None
         #: The thread's lease across workers (shared coordinators only).
         self.lease: Lease | None = None
@@ -171,7 +173,7 @@ class ActiveRun:
                 raise  # the server is shutting down: not ours to swallow
             self.task.uncancel()
             await stream.aclose()
-            tail = self.order.closing_events()
+            tail, self._held = self._held + self.order.closing_events(), []
             if not self.order.terminated:
                 tail.append(ev.run_finished(self.thread_id, self.run_id))
                 self.order.terminated = True
@@ -195,6 +197,10 @@ class ActiveRun:
         try:
             async for batch in iterator:
                 out = self.order.normalize(batch)
+                if isinstance(batch, LastBatch) and not self.order.terminated:
+                    # Held back to go out with the run's closing events, in one write.
+                    self._held.extend(out)
+                    continue
                 if out:
                     self._publish(out)
                     yield out
@@ -218,6 +224,7 @@ class ActiveRun:
             if aclose is not None:
                 await aclose()
         self.order.terminated = True
+        tail, self._held = self._held + tail, []
         self._publish(tail)
         yield tail
 

@@ -21,6 +21,7 @@ __all__ = [
     "Event",
     "EventBatches",
     "EventType",
+    "LastBatch",
     "custom",
     "failed_tool_content",
     "reasoning_content",
@@ -46,6 +47,13 @@ __all__ = [
 Event = dict[str, Any]
 #: What agents produce: batches of events, in order.
 EventBatches = AsyncIterator[Sequence[Event]]
+
+
+class LastBatch(list[Event]):
+    """A batch its agent yields last, and says so: the run's own closing events can then go
+    to the client in the same write (one system call fewer per run)."""
+
+    __slots__ = ()
 
 # Plain strings, not enum members: comparing and serialising them is free.
 RUN_STARTED: Final = EventType.RUN_STARTED.value

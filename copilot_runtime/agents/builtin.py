@@ -45,6 +45,7 @@ from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.events import (
     Event,
     EventBatches,
+    LastBatch,
     failed_tool_content,
     reasoning_content,
     reasoning_end,
@@ -228,8 +229,12 @@ class BuiltInAgent(Agent):
                 async for deltas in self.adapter.stream(request):
                     batch = answer.translate(deltas)
                     if answer.end is not None:
-                        # The stream's last read: its closing events go in the same write.
+                        # The stream's last read: its closing events go in the same write,
+                        # and so do the run's when no server-side action is left to run.
                         batch.extend(answer.close())
+                        if batch and not any(c.name not in turn.frontend
+                                             for c in answer.calls):
+                            batch = LastBatch(batch)
                     if batch:
                         yield batch
             except BaseException as exc:
