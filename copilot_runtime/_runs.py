@@ -104,11 +104,16 @@ class ActiveRun:
     # -- control -----------------------------------------------------------------------
 
     def cancel(self, reason: str) -> bool:
-        """Stop the run from outside (`"stop"`) or because its client left (`"disconnect"`)."""
-        if self.task is None or self.task.done() or self._finished or self.cancel_reason:
+        """Stop the run from outside (`"stop"`) or because its client left (`"disconnect"`).
+
+        A run reserved but not driven yet is stopped as soon as `drive` begins: its stream
+        still starts and ends as a stop's does, and its agent is never asked."""
+        if self._finished or self.cancel_reason or (
+                self.task is not None and self.task.done()):
             return False
         self.cancel_reason = reason
-        self.task.cancel()
+        if self.task is not None:
+            self.task.cancel()
         return True
 
     def subscribe(self) -> tuple[list[Event], asyncio.Queue[Published | None]]:
@@ -159,6 +164,8 @@ class ActiveRun:
             raise RuntimeError("the run's thread was given back: it cannot be driven")
         self._driven = True
         self.task = asyncio.current_task()
+        if self.cancel_reason is not None and self.task is not None:
+            self.task.cancel()  # stopped before it was driven (see `cancel`)
         stream = self._stream()
         try:
             async for batch in stream:

@@ -309,3 +309,31 @@ async def test_the_lease_is_released(workers: tuple[CopilotRuntime, CopilotRunti
     durable = b.runs.durable
     assert durable is not None
     assert await durable.open_runs() == []
+
+
+async def test_a_stop_before_the_run_is_driven_stops_it() -> None:
+    """A stop that lands while the run is reserved but its response not started yet stops
+    it: the stream starts and ends as a stop's does, and the model is never asked."""
+    adapter = ScriptedAdapter(*[text_turn("hello")] * 3)
+    runtime = CopilotRuntime(service_adapter=adapter)
+    app = create_app(runtime, PATH)
+    entered, go = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        entered.set()
+        await go.wait()
+
+    running = asyncio.create_task(request(app, *agui(), on_start=hold))
+    async with asyncio.timeout(10):
+        await entered.wait()
+    status, data = await request(app, f"{PATH}/agent/default/stop/{THREAD}", {})
+    assert status == 200
+    assert orjson.loads(data)["stopped"] is True
+    go.set()
+    async with asyncio.timeout(10):
+        status, data = await running
+    assert status == 200
+    assert types(parse_sse(data)) == ["RUN_STARTED", "RUN_FINISHED"]
+    assert len(adapter.turns) == 3  # no turn was taken: the model was never asked
+    await assert_runs_again(app, runtime)
+    await runtime.aclose()
