@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 __all__ = ["RecoverySweep", "follow"]
 
 _log = structlog.get_logger("copilot_runtime.runs")
+#: Seconds after its expiry that a lease never released (its worker died) is deleted.
+_FORGET_AFTER = 3600.0
 
 #: Seconds between reads of the store while no signal comes (a lost signal costs this).
 POLL = 1.0
@@ -79,6 +81,7 @@ class RecoverySweep:
         self.interval = interval if interval is not None else min(5.0,
                                                                   coordinator.lease_ttl / 2)
         self._task: asyncio.Task[None] | None = None
+        self._forgot = float("-inf")
 
     def start(self) -> None:
         if self._task is None and self.runs.durable is not None:
@@ -120,4 +123,11 @@ class RecoverySweep:
             finally:
                 await self.coordinator.release(lease)
             await self.coordinator.publish(Signal("end", thread_id, run_id))
+        # Leases of workers that died before their run's start was written have no run for
+        # the loop above: long after any sweep would have closed one, they are only clutter.
+        now = asyncio.get_running_loop().time()
+        if now - self._forgot >= _FORGET_AFTER / 10:
+            self._forgot = now
+            await self.coordinator.forget_expired(
+                max(_FORGET_AFTER, 10 * self.coordinator.lease_ttl))
         return closed

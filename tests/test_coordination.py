@@ -282,3 +282,33 @@ async def test_a_released_lease_leaves_no_marker(redis_pair: tuple[Any, Any, Any
         await release(lease)
         assert not await client.exists(f"{a.prefix}open:t1")
         assert not await client.exists(f"{a.prefix}lease:t1")
+
+
+async def test_long_expired_leases_are_forgotten(pair: Pair) -> None:
+    """A lease its worker never released (it died before its run's start was written, so no
+    sweep closes anything for it) is deleted once it has been expired long enough."""
+    from copilot_runtime.coordination.postgres import PostgresCoordinator
+
+    a, b = pair
+    if not a.shared:
+        pytest.skip("one process: its leases die with it")
+    lease = await a.acquire("t-dead", "r1")
+    assert lease is not None
+    live = await b.acquire("t-live", "r2")
+    assert live is not None
+    await a.aclose()  # renewals stop, as when the worker dies
+    await eventually(lambda: _expired(b, "t-dead"), deadline=TTL + 5)
+    assert await b.forget_expired(3600) == 0  # expired, but not long enough ago
+    on_postgres = isinstance(b, PostgresCoordinator)
+    assert await b.forget_expired(0) == (1 if on_postgres else 0)  # Redis expires its own
+    assert await b.holder("t-live") == "r2"  # a live lease is never touched
+    taken = await b.acquire("t-dead", "r3")
+    assert taken is not None
+    if on_postgres:
+        assert not taken.inherited  # the row is gone: nothing is left to inherit
+    await b.release(taken)
+    await b.release(live)
+
+
+async def _expired(coordinator: Any, thread_id: str) -> bool:
+    return await coordinator.holder(thread_id) is None

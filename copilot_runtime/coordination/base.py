@@ -150,6 +150,11 @@ class Coordinator(Protocol):
         """The run id holding the thread's lease now, or None."""
         ...
 
+    async def forget_expired(self, older_than: float) -> int:
+        """Delete leases that expired more than `older_than` seconds ago and were never
+        released (their workers died); how many. A no-op where leases expire by themselves."""
+        ...
+
     async def publish(self, signal: Signal) -> None:
         """Send `signal` to every worker, this one included."""
         ...

@@ -42,6 +42,9 @@ class LocalCoordinator:
         lease = self._leases.get(thread_id)
         return lease.run_id if lease is not None else None
 
+    async def forget_expired(self, older_than: float) -> int:
+        return 0  # this process's leases end with their runs
+
     async def publish(self, signal: Signal) -> None:
         self._hub.deliver(signal)
 

@@ -149,6 +149,12 @@ class PostgresCoordinator(SharedCoordinator):
             (thread_id,))
         return str(rows[0][0]) if rows else None
 
+    async def forget_expired(self, older_than: float) -> int:
+        rows = await self._fetch(
+            f"WITH gone AS (DELETE FROM {self.table} WHERE expires_at < now() - "
+            "make_interval(secs => %s) RETURNING 1) SELECT count(*) FROM gone", (older_than,))
+        return int(rows[0][0]) if rows else 0
+
     def counters(self) -> CounterBackend:
         from copilot_runtime.coordination._pg_counters import PostgresCounters
 
