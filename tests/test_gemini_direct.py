@@ -355,3 +355,29 @@ async def test_connections_are_kept_alive_and_a_stop_cancels_upstream(
         assert mock.cancelled_streams == 1  # the upstream stream was cancelled
     finally:
         await gemini.aclose()
+
+
+async def test_model_names_as_the_sdk_writes_them(mock: MockGeminiServer) -> None:
+    for route in ROUTES:
+        gemini = adapter(route, base_url=mock.base_url)
+        try:
+            for model in ("gemini-x", "models/gemini-y"):
+                await deltas(gemini, ChatRequest(messages=[user("hi")], model=model))
+        finally:
+            await gemini.aclose()
+    assert [p.split("/", 2)[2].split(":")[0] for p in mock.paths] == [
+        "models/gemini-x", "models/gemini-y"] * 2
+
+
+@pytest.mark.parametrize("model", ["../../v1/files", "gemini?key=x", "a&b", "x#y"])
+async def test_a_model_name_cannot_leave_the_models_path(mock: MockGeminiServer,
+                                                        model: str) -> None:
+    gemini = adapter("direct", base_url=mock.base_url)
+    try:
+        with pytest.raises(UpstreamError) as info:
+            await deltas(gemini, ChatRequest(messages=[user("hi")], model=model))
+    finally:
+        await gemini.aclose()
+    assert info.value.status == 400
+    assert "not a Gemini model name" in info.value.message
+    assert mock.paths == []

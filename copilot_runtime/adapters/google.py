@@ -266,7 +266,7 @@ class _DirectRoute:
         default_port = 443 if url.scheme == "https" else 80
         port = url.port or default_port
         host = url.hostname if ":" not in url.hostname else f"[{url.hostname}]"
-        self.prefix = f"{url.path.rstrip('/')}/{version}/models/"
+        self.prefix = f"{url.path.rstrip('/')}/{version}/"
         self.timeout = adapter._timeout
         self.attempts = adapter._max_retries + 1
         self.pool = _http1.HTTPPool(url.scheme, url.hostname, port,
@@ -288,6 +288,11 @@ class _DirectRoute:
 
     async def send(self, model: str, body: bytes) -> _http1.Response:
         """The answer's head, after the SDK's retries; an `UpstreamError` when it failed."""
+        if not model or any(bad in model for bad in ("..", "?", "&", "#")):
+            # The name goes into the URL's path: never let it reach another endpoint.
+            raise UpstreamError(f"{model!r} is not a Gemini model name", status=400)
+        if not model.startswith(("models/", "tunedModels/")):  # as the SDK names them
+            model = f"models/{model}"
         path = urllib.parse.quote(f"{self.prefix}{model}:streamGenerateContent", safe="/:")
         head = f"POST {path}?alt=sse HTTP/1.1\r\n".encode("latin-1") + self.headers
         return await _direct.send(self.pool, head, b"", body, read_timeout=self.timeout,
