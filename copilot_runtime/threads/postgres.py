@@ -165,6 +165,9 @@ class PostgresThreadStore:
         self._pruned = 0.0
         self._queued: builtins.list[_Pending] = []
         self._writer: asyncio.Future[None] | None = None
+        self._writing = False  # a write of finished runs is in flight
+        self._idle = asyncio.Event()  # set while none is
+        self._idle.set()
 
     async def _configure(self, conn: AsyncConnection[Any]) -> None:
         await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
@@ -325,13 +328,32 @@ class PostgresThreadStore:
             orjson.dumps(raw) if has_raw else None,
             agent_id, owner.principal_id if owner else None,
             owner.tenant if owner else None, title_of(run.events), list(message_ids))
+        if not self._writing:
+            # Nothing in flight: this run is written at once, by its caller.
+            self._writing = True
+            self._idle.clear()
+            try:
+                async with self._pool.connection() as conn:
+                    # One statement (its parts are applied together, or not at all).
+                    await conn.execute(_FINISH_RUN, params, prepare=True)
+                    await self._prune(conn)
+            finally:
+                self._drain()
+            return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queued.append((params, done))
-        if self._writer is None:
-            self._writer = asyncio.ensure_future(self._write_queued())
         # Returns once the transaction holding this run committed. A caller cancelled here
         # leaves its run queued: it is written with the others all the same.
         await done
+
+    def _drain(self) -> None:
+        """The write in flight is over: the runs queued meanwhile are written next, by a
+        task of their own (so that no caller's cancellation can stop their write)."""
+        if self._queued:
+            self._writer = asyncio.ensure_future(self._write_queued())
+        else:
+            self._writing = False
+            self._idle.set()
 
     async def _write_queued(self) -> None:
         """Group commit: runs that finished while a write was in flight are written together,
@@ -355,6 +377,8 @@ class PostgresThreadStore:
             raise
         finally:
             self._writer = None
+            self._writing = False
+            self._idle.set()
 
     async def _write_batch(self, batch: builtins.list[_Pending]) -> None:
         if len(batch) > 1:
@@ -447,10 +471,7 @@ class PostgresThreadStore:
             return cursor.rowcount > 0
 
     async def aclose(self) -> None:
-        if self._writer is not None:
-            # The queued runs are written first (their callers get any error).
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._writer)
+        await self._idle.wait()  # the runs finished or queued are written first
         if self._opened is not None:
             await self._pool.close()
 
