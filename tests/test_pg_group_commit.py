@@ -50,8 +50,7 @@ async def _in_flight(store: PostgresThreadStore, thread: str, run: StoredRun
                      ) -> asyncio.Future[None]:
     """A run whose write has begun: what finishes next waits for it."""
     task = asyncio.ensure_future(_finish(store, thread, run))
-    for _ in range(3):
-        await asyncio.sleep(0)
+    await asyncio.sleep(0)  # it has begun (its reply takes a round trip, not one loop turn)
     assert store._writing
     assert not store._queued
     return task
