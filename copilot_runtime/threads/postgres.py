@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -139,6 +140,10 @@ _INSERT_CHUNK = (
     "INSERT INTO run_events (thread_id, first_position, last_position, run_id, events) "
     "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (thread_id, first_position) DO UPDATE SET "
     "events = excluded.events, last_position = excluded.last_position")
+#: At most this many finished runs are written in one transaction.
+_MAX_BATCH = 32
+#: A queued finished run: `_FINISH_RUN`'s parameters and what its caller awaits.
+_Pending = tuple[tuple[Any, ...], "asyncio.Future[None]"]
 _THREAD_COLUMNS = ("agent_id, created_at, updated_at, owner_id, tenant, name, title, "
                    "next_position")
 
@@ -158,6 +163,11 @@ class PostgresThreadStore:
                                          configure=self._configure)
         self._opened: asyncio.Task[None] | None = None
         self._pruned = 0.0
+        self._queued: builtins.list[_Pending] = []
+        self._writer: asyncio.Future[None] | None = None
+        self._writing = False  # a write of finished runs is in flight
+        self._idle = asyncio.Event()  # set while none is
+        self._idle.set()
 
     async def _configure(self, conn: AsyncConnection[Any]) -> None:
         await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
@@ -310,20 +320,108 @@ class PostgresThreadStore:
                          message_ids: Iterable[str], *, owner: ThreadOwner | None = None,
                          raw_first: int = -1, raw: Sequence[Event] = ()) -> None:
         await self.open()
-        now = time.time()
         has_raw = bool(raw) and raw_first >= 0
-        async with self._pool.connection() as conn:
-            # One statement (its parts are applied together, or not at all).
-            await conn.execute(_FINISH_RUN, (
-                thread_id, run.run_id, run.created_at, now, run.first_position,
-                run.last_position, orjson.dumps(run.events),
-                raw_first if has_raw else None, raw_first + len(raw) - 1 if has_raw else None,
-                orjson.dumps(raw) if has_raw else None,
-                agent_id, owner.principal_id if owner else None,
-                owner.tenant if owner else None, title_of(run.events), list(message_ids)),
-                prepare=True)
-            if now - self._pruned > _PRUNE_EVERY:
-                self._pruned = now
+        params: tuple[Any, ...] = (
+            thread_id, run.run_id, run.created_at, time.time(), run.first_position,
+            run.last_position, orjson.dumps(run.events),
+            raw_first if has_raw else None, raw_first + len(raw) - 1 if has_raw else None,
+            orjson.dumps(raw) if has_raw else None,
+            agent_id, owner.principal_id if owner else None,
+            owner.tenant if owner else None, title_of(run.events), list(message_ids))
+        if not self._writing:
+            # Nothing in flight: this run is written at once, by its caller.
+            self._writing = True
+            self._idle.clear()
+            try:
+                async with self._pool.connection() as conn:
+                    # One statement (its parts are applied together, or not at all).
+                    await conn.execute(_FINISH_RUN, params, prepare=True)
+                    await self._prune(conn)
+            finally:
+                self._drain()
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queued.append((params, done))
+        # Returns once the transaction holding this run committed. A caller cancelled here
+        # leaves its run queued: it is written with the others all the same.
+        await done
+
+    def _drain(self) -> None:
+        """The write in flight is over: the runs queued meanwhile are written next, by a
+        task of their own (so that no caller's cancellation can stop their write)."""
+        if self._queued:
+            self._writer = asyncio.ensure_future(self._write_queued())
+        else:
+            self._writing = False
+            self._idle.set()
+
+    async def _write_queued(self) -> None:
+        """Group commit: runs that finished while a write was in flight are written together,
+        one transaction and one round trip, as soon as it completes (a lone run at once)."""
+        batch: builtins.list[_Pending] = []
+        try:
+            while self._queued:
+                batch = self._queued[:_MAX_BATCH]
+                del self._queued[:_MAX_BATCH]
+                await self._write_batch(batch)
+                batch = []
+        except BaseException as e:  # cancelled with the loop, or a bug: no caller waits forever
+            for _, done in batch + self._queued:
+                if done.done():
+                    continue
+                if isinstance(e, asyncio.CancelledError):
+                    done.cancel()
+                else:
+                    done.set_exception(e)
+            self._queued.clear()
+            raise
+        finally:
+            self._writer = None
+            self._writing = False
+            self._idle.set()
+
+    async def _write_batch(self, batch: builtins.list[_Pending]) -> None:
+        if len(batch) > 1:
+            # Runs of one thread keep their order (their seq); threads are locked in one
+            # order, so batches of several workers do not deadlock each other.
+            batch.sort(key=lambda pending: str(pending[0][0]))
+            try:
+                async with self._pool.connection() as conn:
+                    try:
+                        async with conn.pipeline(), conn.transaction():
+                            for params, _ in batch:
+                                await conn.execute(_FINISH_RUN, params, prepare=True)
+                    except Exception as e:
+                        if conn.broken:
+                            # The commit may or may not have happened: writing the runs
+                            # again could store them twice, so each caller gets the error.
+                            _settle(batch, e)
+                            return
+                    else:
+                        _settle(batch, None)
+                        await self._prune(conn)
+                        return
+            except Exception as e:  # no connection
+                _settle(batch, e)
+                return
+            # The server rolled the batch back: each run alone, so that one bad run fails
+            # only its own caller.
+        for pending in batch:
+            try:
+                async with self._pool.connection() as conn:
+                    # One statement (its parts are applied together, or not at all).
+                    await conn.execute(_FINISH_RUN, pending[0], prepare=True)
+                    _settle([pending], None)
+                    await self._prune(conn)
+            except Exception as e:
+                _settle([pending], e)
+
+    async def _prune(self, conn: AsyncConnection[Any]) -> None:
+        now = time.time()
+        if now - self._pruned > _PRUNE_EVERY:
+            self._pruned = now
+            # The runs are committed already: a failed prune is only retried later.
+            with contextlib.suppress(Exception):
                 await conn.execute(
                     "DELETE FROM run_events e USING runs r WHERE r.thread_id = e.thread_id "
                     "AND r.run_id = e.run_id AND NOT r.open AND r.ended_at < %s",
@@ -373,6 +471,7 @@ class PostgresThreadStore:
             return cursor.rowcount > 0
 
     async def aclose(self) -> None:
+        await self._idle.wait()  # the runs finished or queued are written first
         if self._opened is not None:
             await self._pool.close()
 
@@ -410,6 +509,17 @@ async def _chunks(conn: AsyncConnection[Any], thread_id: str, position: int,
         args.append(run_id)
     rows = await (await conn.execute(query.encode(), args)).fetchall()
     return [Chunk(r, first, orjson.loads(events)) for r, first, events in rows]
+
+
+def _settle(batch: Sequence[_Pending], error: BaseException | None) -> None:
+    """Wake the callers of these runs (a cancelled caller is no longer waiting)."""
+    for _, done in batch:
+        if done.done():
+            continue
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
 
 
 def _record(thread_id: str, row: Sequence[Any]) -> ThreadRecord:

@@ -1,0 +1,163 @@
+"""Group commit of finished runs in the PostgreSQL store: runs that finish while a write is in
+flight are written together in one transaction, each caller returning once it committed; a
+bad run fails only its own caller, and a cancelled caller loses nobody's run."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from copilot_runtime import events as ev
+from copilot_runtime._compaction import compact_events
+from copilot_runtime.threads import StoredRun
+from copilot_runtime.threads.postgres import PostgresThreadStore
+from tests.hitl_support.postgres import SERVER
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[PostgresThreadStore]:
+    schema = f"group_{uuid.uuid4().hex[:10]}"
+    made = PostgresThreadStore(SERVER, schema=schema, max_size=4)
+    await made.open()
+    try:
+        yield made
+    finally:
+        await made.aclose()
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+def batches(store: PostgresThreadStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every batch the store writes."""
+    sizes: list[int] = []
+    write = store._write_batch
+
+    async def counted(batch: list[Any]) -> None:
+        sizes.append(len(batch))
+        await write(batch)
+
+    monkeypatch.setattr(store, "_write_batch", counted)
+    return sizes
+
+
+async def _in_flight(store: PostgresThreadStore, thread: str, run: StoredRun
+                     ) -> asyncio.Future[None]:
+    """A run whose write has begun: what finishes next waits for it."""
+    task = asyncio.ensure_future(_finish(store, thread, run))
+    await asyncio.sleep(0)  # it has begun (its reply takes a round trip, not one loop turn)
+    assert store._writing
+    assert not store._queued
+    return task
+
+
+def _run(thread: str, run: str, first: int = 0, last: int | None = None) -> StoredRun:
+    events = [ev.run_started(thread, run, {"threadId": thread, "runId": run, "messages": [
+                  {"id": f"u-{run}", "role": "user", "content": "hi"}]}),
+              ev.text_message_start(f"m-{run}"), ev.text_message_content(f"m-{run}", run),
+              ev.text_message_end(f"m-{run}"), ev.run_finished(thread, run)]
+    return StoredRun(run, compact_events(events), 1.0, 0, first,
+                     first + len(events) - 1 if last is None else last)
+
+
+async def _finish(store: PostgresThreadStore, thread: str, run: StoredRun) -> None:
+    await store.append_run(thread, "default", run, [f"u-{run.run_id}", f"m-{run.run_id}"])
+
+
+async def test_concurrent_runs_are_batched_and_all_stored(
+        store: PostgresThreadStore, batches: list[int]) -> None:
+    threads = [f"t{i}" for i in range(20)]
+    # Three runs per thread, queued in order: a thread's runs keep that order in a batch.
+    runs = [(t, _run(t, f"{t}-r{n}", 5 * n)) for n in range(3) for t in threads]
+    # The first is written at once; the others queue behind it: batches of at most 32.
+    await asyncio.gather(*(_finish(store, t, r) for t, r in runs))
+    assert batches == [32, 27]
+    for t in threads:
+        record = await store.get(t)
+        assert record is not None
+        assert [r.run_id for r in record.runs] == [f"{t}-r0", f"{t}-r1", f"{t}-r2"]
+        assert record.next_position == 15
+        assert f"m-{t}-r2" in record.message_ids
+
+
+async def test_a_lone_run_is_written_alone(store: PostgresThreadStore,
+                                           batches: list[int]) -> None:
+    for n in range(3):
+        await _finish(store, "lone", _run("lone", f"r{n}", 5 * n))
+    assert batches == []  # each written at once by its caller
+    record = await store.get("lone")
+    assert record is not None
+    assert len(record.runs) == 3
+
+
+async def test_a_bad_run_fails_only_its_caller(store: PostgresThreadStore,
+                                               batches: list[int]) -> None:
+    # Its next position overflows a bigint: the server refuses it, and the whole batch.
+    bad = _run("bad", "bad-run", 0, 2**63 - 1)
+    good = [(f"g{i}", _run(f"g{i}", f"g{i}-run")) for i in range(8)]
+    first = await _in_flight(store, "first", _run("first", "first-run"))
+    results = await asyncio.gather(first, *(_finish(store, t, r) for t, r in good[:4]),
+                                   _finish(store, "bad", bad),
+                                   *(_finish(store, t, r) for t, r in good[4:]),
+                                   return_exceptions=True)
+    assert batches[:1] == [9]
+    assert isinstance(results[5], psycopg.errors.NumericValueOutOfRange)
+    assert [r for i, r in enumerate(results) if i != 5] == [None] * 9
+    for t, r in [("first", _run("first", "first-run")), *good]:
+        record = await store.get(t)
+        assert record is not None
+        assert [s.run_id for s in record.runs] == [r.run_id]
+    assert await store.get("bad") is None
+    # The store goes on writing batches afterwards.
+    await asyncio.gather(*(_finish(store, f"after{i}", _run(f"after{i}", "r"))
+                           for i in range(3)))
+    assert await store.get("after2") is not None
+
+
+async def test_each_caller_gets_its_own_error(store: PostgresThreadStore) -> None:
+    results = await asyncio.gather(
+        await _in_flight(store, "first", _run("first", "first-run")),
+        *(_finish(store, f"bad{i}", _run(f"bad{i}", "r", 0, 2**63 - 1)) for i in range(2)),
+        return_exceptions=True)
+    assert results[0] is None
+    assert all(isinstance(e, psycopg.errors.NumericValueOutOfRange) for e in results[1:])
+    assert results[1] is not results[2]
+
+
+async def test_a_cancelled_caller_loses_no_run(store: PostgresThreadStore,
+                                               batches: list[int]) -> None:
+    tasks = [await _in_flight(store, "c0", _run("c0", "r"))]
+    tasks += [asyncio.ensure_future(_finish(store, f"c{i}", _run(f"c{i}", "r")))
+              for i in range(1, 6)]
+    await asyncio.sleep(0)  # all queued while the first is being written
+    tasks[3].cancel()
+    tasks[0].cancel()  # its write was in flight: it is abandoned, the queued ones are not
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError)
+    assert isinstance(results[3], asyncio.CancelledError)
+    assert batches == [5]
+    # A queued run does not depend on its caller still waiting.
+    for i in range(1, 6):
+        record = await store.get(f"c{i}")
+        assert record is not None
+        assert [r.run_id for r in record.runs] == ["r"]
+
+
+async def test_closing_writes_what_is_queued(store: PostgresThreadStore) -> None:
+    first = await _in_flight(store, "q0", _run("q0", "r"))
+    tasks = [asyncio.ensure_future(_finish(store, f"q{i}", _run(f"q{i}", "r")))
+             for i in range(1, 5)]
+    await asyncio.sleep(0)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await store.aclose()
+    assert first.done()
+    with psycopg.connect(SERVER, autocommit=True) as conn:
+        count = conn.execute(f'SELECT count(*) FROM "{store.schema}".runs').fetchone()
+    assert count == (5,)
