@@ -29,6 +29,7 @@ from graphql.execution.values import VariableValues
 from graphql.language.visitor import REMOVE
 
 from copilot_runtime.protocols.graphql.plan import OperationPlan, compile_operation
+from copilot_runtime.protocols.graphql.variables import Signatures, VariableCoercer
 
 __all__ = ["DocumentCache", "Prepared"]
 
@@ -67,6 +68,18 @@ class Prepared:
     variable_directives: bool = False
     _plans: dict[str | None, OperationPlan | GraphQLError] = field(default_factory=dict)
     _plain: DocumentNode | None = None
+    _signatures: dict[str | None, Signatures | None] = field(default_factory=dict)
+
+    def coerce(self, coercer: VariableCoercer, operation: OperationDefinitionNode,
+               variables: dict[str, Any]) -> VariableValues | list[GraphQLError]:
+        """The operation's variables coerced (its signatures are worked out once)."""
+        name = operation.name.value if operation.name else None
+        definitions = operation.variable_definitions or ()
+        try:
+            signatures = self._signatures[name]
+        except KeyError:
+            signatures = self._signatures[name] = coercer.signatures(definitions)
+        return coercer.coerce(definitions, variables, signatures)
 
     def plain(self) -> DocumentNode:
         """The document without `@defer`/`@stream`, for one-piece execution."""

@@ -25,7 +25,7 @@ from graphql import (
     experimental_execute_incrementally,
     get_operation_ast,
 )
-from graphql.execution.values import get_argument_values, get_variable_values
+from graphql.execution.values import get_argument_values
 
 from copilot_runtime._exceptions import (
     CopilotRuntimeError,
@@ -48,6 +48,7 @@ from copilot_runtime.protocols.graphql.transport import (
     send_result,
     version_header,
 )
+from copilot_runtime.protocols.graphql.variables import VariableCoercer
 from copilot_runtime.protocols.http import Request, stream_run
 from copilot_runtime.runtime import CopilotRuntime
 
@@ -75,6 +76,7 @@ class GraphQLProtocol:
         self.runtime = runtime
         self.schema = copilot_schema()
         self.documents = DocumentCache(self.schema)
+        self.variables = VariableCoercer(self.schema)
         self._root = query_root(runtime)
 
     # -- entry points --------------------------------------------------------------------
@@ -136,8 +138,7 @@ class GraphQLProtocol:
                        "The document has several operations: name one in 'operationName'")
         if operation.operation != OperationType.QUERY and via_get:
             raise _bad("Only queries may be sent with GET; use POST", 405, allow=b"POST")
-        coerced = get_variable_values(self.schema, operation.variable_definitions or (),
-                                      variables)
+        coerced = prepared.coerce(self.variables, operation, variables)
         if isinstance(coerced, list):
             raise _BadRequest(request_errors(coerced))
         if operation.operation == OperationType.MUTATION:

@@ -179,14 +179,35 @@ class ResponseEncoder:
     # -- events ----------------------------------------------------------------------------
 
     def _feed(self, batch: Sequence[Event], out: list[dict[str, Any]]) -> None:
-        for event in batch:
+        index, count = 0, len(batch)
+        while index < count:
+            event = batch[index]
+            index += 1
             kind = event["type"]
             if self._held is not None and (kind in _MESSAGE_EVENTS or (
                     kind == ev.TOOL_CALL_RESULT
                     and event.get("toolCallId") not in self._call_names)):
                 self._held.append(event)
             elif kind == ev.TEXT_MESSAGE_CONTENT:
-                self._piece(self._texts.get(event["messageId"]), event["delta"], out)
+                message_id = event["messageId"]
+                message = self._texts.get(message_id)
+                self._piece(message, event["delta"], out)
+                if message is None or message.entry is None or message.pieces is None:
+                    continue
+                entry = message.entry
+                if out and out[-1] is entry:
+                    # The text pieces that follow go into the same entry (as `_piece` would
+                    # put them), taken here in one loop: most of a batch is such a run.
+                    pieces, items = message.pieces, entry["items"]
+                    while index < count:
+                        event = batch[index]
+                        if event["type"] != ev.TEXT_MESSAGE_CONTENT or (
+                                event["messageId"] != message_id):
+                            break
+                        index += 1
+                        delta = event["delta"]
+                        pieces.append(delta)
+                        items.append(delta)
             elif kind == ev.TOOL_CALL_ARGS:
                 self._piece(self._calls.get(event["toolCallId"]), event["delta"], out)
                 agent = self._agent
