@@ -114,7 +114,9 @@ async def one_run(session: aiohttp.ClientSession, url: str, thread: Thread, n: i
         return
     elapsed = time.perf_counter() - started
     raw = b"".join(chunks)
-    frames = [f[6:] for f in raw.split(b"\n\n") if f.startswith(b"data: ")]
+    # Each SSE frame is `id: N` and `data: {...}` lines.
+    frames = [line[6:] for f in raw.split(b"\n\n") for line in f.split(b"\n")
+              if line.startswith(b"data: ")]
     match = _MESSAGE_ID.search(raw)
     ok = (frames and b'"RUN_STARTED"' in frames[0][:40] and b'"RUN_FINISHED"' in frames[-1][:40]
           and match is not None)

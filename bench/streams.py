@@ -63,7 +63,9 @@ async def one_stream(session: aiohttp.ClientSession, url: str, delay: float,
     except aiohttp.ClientError as exc:
         return {"ok": False, "error": type(exc).__name__}
     end = time.perf_counter() - sent
-    frames = [json.loads(f[6:]) for f in bytes(raw).split(b"\n\n") if f.startswith(b"data: ")]
+    # Each SSE frame is `id: N` and `data: {...}` lines (keep-alive comments have no data).
+    frames = [json.loads(line[6:]) for f in bytes(raw).split(b"\n\n")
+              for line in f.split(b"\n") if line.startswith(b"data: ")]
     answer = "".join(f.get("delta", "") for f in frames if f["type"] == "TEXT_MESSAGE_CONTENT")
     ok = bool(frames) and frames[0]["type"] == "RUN_STARTED" and (
         frames[-1]["type"] == "RUN_FINISHED") and answer == "echo: " + text
