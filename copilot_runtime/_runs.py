@@ -208,6 +208,8 @@ class ActiveRun:
                     # Held back to go out with the run's closing events, in one write.
                     self._held.extend(out)
                     continue
+                if self._held:  # an agent that said "last" too early: keep the order
+                    out, self._held = [*self._held, *out], []
                 if out:
                     self._publish(out)
                     yield out

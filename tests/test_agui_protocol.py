@@ -564,3 +564,29 @@ async def test_keepalive_comments_during_silence(serve_runtime: ServeRuntime) ->
     events = parse_sse(body)
     verify_events(events)
     assert text_of(events) == "one two"
+
+
+class EarlyLastAgent(Agent):
+    """Marks a batch `LastBatch` and then yields another: a broken promise the run survives."""
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._run(input.run_id)
+
+    async def _run(self, run_id: str) -> Any:
+        from copilot_runtime import events as ev
+
+        message = f"m-{run_id}"
+        yield ev.LastBatch([ev.text_message_start(message),
+                            ev.text_message_content(message, "one ")])
+        yield [ev.text_message_content(message, "two"), ev.text_message_end(message)]
+
+
+async def test_a_batch_marked_last_too_early_keeps_the_order(
+        serve_runtime: ServeRuntime) -> None:
+    async with serve_runtime(CopilotRuntime(agents={"default": EarlyLastAgent()})) as served:
+        events = await served.run(run_input("hi", thread="t-early-last"))
+    verify_events(events)
+    assert text_of(events) == "one two"
+    assert [e["type"] for e in events] == ["RUN_STARTED", "TEXT_MESSAGE_START",
+                                          "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_CONTENT",
+                                          "TEXT_MESSAGE_END", "RUN_FINISHED"]
