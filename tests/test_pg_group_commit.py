@@ -74,15 +74,24 @@ async def test_concurrent_runs_are_batched_and_all_stored(
     threads = [f"t{i}" for i in range(20)]
     # Three runs per thread, queued in order: a thread's runs keep that order in a batch.
     runs = [(t, _run(t, f"{t}-r{n}", 5 * n)) for n in range(3) for t in threads]
-    # The first is written at once; the others queue behind it: batches of at most 32.
+    # The first is written at once; the others queue behind it, batched one run per thread
+    # (a thread's later runs wait for the next batch).
     await asyncio.gather(*(_finish(store, t, r) for t, r in runs))
-    assert batches == [32, 27]
+    assert batches == [20, 20, 19]
     for t in threads:
         record = await store.get(t)
         assert record is not None
         assert [r.run_id for r in record.runs] == [f"{t}-r0", f"{t}-r1", f"{t}-r2"]
         assert record.next_position == 15
         assert f"m-{t}-r2" in record.message_ids
+
+
+async def test_a_batch_holds_at_most_32_runs(store: PostgresThreadStore,
+                                             batches: list[int]) -> None:
+    first = await _in_flight(store, "big", _run("big", "first"))
+    await asyncio.gather(first, *(_finish(store, f"b{i}", _run(f"b{i}", "r")) for i in range(40)))
+    assert batches == [32, 8]
+    assert all([await store.get(f"b{i}") is not None for i in range(40)])
 
 
 async def test_a_lone_run_is_written_alone(store: PostgresThreadStore,

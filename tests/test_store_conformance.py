@@ -246,7 +246,7 @@ async def test_postgres_workers_starting_together_migrate_once() -> None:
     stores: list[Any] = [thread_store(f"{SERVER}?schema={schema}") for _ in range(4)]
     try:
         versions = await asyncio.gather(*[s.schema_version() for s in stores])
-        assert versions == [2, 2, 2, 2]
+        assert versions == [3, 3, 3, 3]
         await _finish(stores[0], "t", "r", _run("t", "r", "x"), 0)
         assert (await stores[3].get("t")) is not None
     finally:
@@ -266,9 +266,27 @@ async def test_postgres_schema_of_the_first_version_is_migrated() -> None:
         conn.execute(_MIGRATIONS[0].encode())
         conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
         conn.execute("INSERT INTO schema_version VALUES (1)")
+        # A thread stored by the first version, with its keys checked then.
+        conn.execute("INSERT INTO threads (thread_id, agent_id, created_at, updated_at, "
+                     "next_position) VALUES ('old', 'default', 1, 1, 5)")
+        conn.execute("INSERT INTO runs (thread_id, seq, run_id, created_at, events, "
+                     "first_position, last_position) VALUES ('old', 1, 'r0', 1, '[]', 0, 4)")
+        conn.execute("INSERT INTO message_ids VALUES ('old', 'u0')")
     store: Any = thread_store(f"{SERVER}?schema={schema}")
     try:
-        assert await store.schema_version() == len(_MIGRATIONS) == 2
+        assert await store.schema_version() == len(_MIGRATIONS) == 3
+        old = await store.summary("old")
+        assert old is not None
+        assert (old.next_position, old.message_ids) == (5, {"u0"})
+        # Deleting a thread takes all its rows with it (no foreign key does it any more).
+        await store.append_run("old", "default", StoredRun(
+            "r1", compact_events(_run("old", "r1", "y")), 2.0, 0, 5, 9), ["u1"],
+            raw_first=5, raw=_run("old", "r1", "y"))
+        assert await store.delete("old")
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            for table in ("threads", "runs", "run_events", "message_ids"):
+                assert conn.execute(f'SELECT count(*) FROM "{schema}".{table} '
+                                    "WHERE thread_id = 'old'").fetchone() == (0,), table
         events = _run("t", "r", "x " * 2000)  # big enough to be compressed
         await store.append_run("t", "default", StoredRun(
             "r", compact_events(events), 1.0, 0, 0, len(events) - 1), ["u"],

@@ -93,6 +93,19 @@ _MIGRATIONS: tuple[str, ...] = (
         NULL;
     END $$;
     """,
+    # 3: no foreign keys, and the owners' index only over threads that have an owner. A
+    # finished run writes its thread's row in the same statement as its own rows, and a
+    # thread is deleted with its rows in one statement, so the keys never caught anything;
+    # checking them took four lookups and a row lock on the thread per run. Without
+    # authentication no thread has an owner, and the index had an entry for each all the same.
+    """
+    ALTER TABLE runs DROP CONSTRAINT IF EXISTS runs_thread_id_fkey;
+    ALTER TABLE run_events DROP CONSTRAINT IF EXISTS run_events_thread_id_fkey;
+    ALTER TABLE message_ids DROP CONSTRAINT IF EXISTS message_ids_thread_id_fkey;
+    DROP INDEX threads_by_owner;
+    CREATE INDEX threads_by_owner ON threads (owner_id, tenant, updated_at DESC)
+        WHERE owner_id IS NOT NULL;
+    """,
 )
 
 #: Seconds between deletions of the raw events whose retention ended.
@@ -102,30 +115,42 @@ _UPSERT_THREAD = (
     "next_position) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (thread_id) DO UPDATE "
     "SET updated_at = GREATEST(threads.updated_at, excluded.updated_at), next_position = "
     "GREATEST(threads.next_position, excluded.next_position)")
-#: A finished run: the thread created or touched, the run that its first events opened closed
-#: (or a new row when none were written while it ran), its last raw events, its message ids.
-_FINISH_RUN = b"""
-WITH p AS (
-    SELECT %b::text AS thread, %b::text AS run, %b::float8 AS created, %b::float8 AS now,
-           %b::bigint AS first, %b::bigint AS last, %b::bytea AS events,
-           %b::bigint AS raw_first, %b::bigint AS raw_last, %b::bytea AS raw
+#: Finished runs, any number of them, one statement (its parts are applied together, or not
+#: at all): each run's thread created or touched, the run its first events opened closed (or
+#: a new row when none were written while it ran), its last raw events and its message ids.
+#: At most one run per thread (a thread's row is written once per statement, and its next
+#: run's `seq` reads this one's). The runs come packed in three arrays, `_RUN_TEXTS` texts
+#: and two blobs per run and (thread, message id) pairs: psycopg adapts an array parameter
+#: in a few microseconds, so eighteen of them cost more than the statement's own work.
+_FINISH_RUNS = b"""
+WITH a AS (
+    SELECT %b::text[] AS t, %b::bytea[] AS b, %b::text[] AS m
+), p AS (
+    SELECT t[k + 1] AS thread, t[k + 2] AS run, t[k + 3]::float8 AS created,
+           t[k + 4]::float8 AS now, t[k + 5]::int8 AS first, t[k + 6]::int8 AS last,
+           t[k + 7] AS agent, t[k + 8] AS owner, t[k + 9] AS tenant, t[k + 10] AS title,
+           t[k + 11]::int8 AS raw_first, t[k + 12]::int8 AS raw_last,
+           b[2 * i + 1] AS events, b[2 * i + 2] AS raw
+    FROM a, generate_series(0, cardinality(a.b) / 2 - 1) AS i, LATERAL (SELECT 12 * i AS k) AS o
 ), thread AS (
     INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title,
                          next_position)
-    SELECT p.thread, %b, p.created, p.created, %b, %b, %b, p.last + 1 FROM p
+    SELECT p.thread, p.agent, p.created, p.created, p.owner, p.tenant, p.title, p.last + 1
+    FROM p
     ON CONFLICT (thread_id) DO UPDATE SET
         updated_at = GREATEST(threads.updated_at, excluded.updated_at),
         next_position = GREATEST(threads.next_position, excluded.next_position)
 ), closed AS (
     UPDATE runs SET events = p.events, open = FALSE, last_position = p.last, ended_at = p.now
     FROM p WHERE runs.thread_id = p.thread AND runs.run_id = p.run AND runs.open
-    RETURNING 1
+    RETURNING runs.thread_id, runs.run_id
 ), added AS (
     INSERT INTO runs (thread_id, seq, run_id, created_at, events, first_position,
                       last_position, ended_at)
     SELECT p.thread, COALESCE((SELECT MAX(seq) FROM runs WHERE thread_id = p.thread), 0) + 1,
            p.run, p.created, p.events, p.first, p.last, p.now
-    FROM p WHERE NOT EXISTS (SELECT 1 FROM closed)
+    FROM p WHERE NOT EXISTS (SELECT 1 FROM closed
+                             WHERE closed.thread_id = p.thread AND closed.run_id = p.run)
 ), chunk AS (
     INSERT INTO run_events (thread_id, first_position, last_position, run_id, events)
     SELECT p.thread, p.raw_first, p.raw_last, p.run, p.raw FROM p WHERE p.raw_first IS NOT NULL
@@ -133,7 +158,7 @@ WITH p AS (
         last_position = excluded.last_position
 )
 INSERT INTO message_ids (thread_id, message_id)
-SELECT p.thread, unnest(%b::text[]) FROM p
+SELECT m[2 * i + 1], m[2 * i + 2] FROM a, generate_series(0, cardinality(a.m) / 2 - 1) AS i
 ON CONFLICT DO NOTHING
 """
 _INSERT_CHUNK = (
@@ -142,10 +167,12 @@ _INSERT_CHUNK = (
     "events = excluded.events, last_position = excluded.last_position")
 #: At most this many finished runs are written in one transaction.
 _MAX_BATCH = 32
-#: A queued finished run: `_FINISH_RUN`'s parameters and what its caller awaits.
-_Pending = tuple[tuple[Any, ...], "asyncio.Future[None]"]
 _THREAD_COLUMNS = ("agent_id, created_at, updated_at, owner_id, tenant, name, title, "
                    "next_position")
+#: Threads' heads (their columns and message ids), any number at once.
+_SUMMARIES = (f"SELECT thread_id, {_THREAD_COLUMNS}, ARRAY(SELECT message_id FROM message_ids "
+              "m WHERE m.thread_id = t.thread_id) FROM threads t "
+              "WHERE thread_id = ANY(%b::text[])").encode()
 
 
 class PostgresThreadStore:
@@ -163,14 +190,23 @@ class PostgresThreadStore:
                                          configure=self._configure)
         self._opened: asyncio.Task[None] | None = None
         self._pruned = 0.0
-        self._queued: builtins.list[_Pending] = []
+        self._queued: builtins.list[_Finished] = []
         self._writer: asyncio.Future[None] | None = None
         self._writing = False  # a write of finished runs is in flight
         self._idle = asyncio.Event()  # set while none is
         self._idle.set()
+        self._reading = False  # a read of threads' heads is in flight
+        self._to_read: dict[str, builtins.list[asyncio.Future[ThreadRecord | None]]] = {}
+        self._reader: asyncio.Future[None] | None = None
 
     async def _configure(self, conn: AsyncConnection[Any]) -> None:
         await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        # The statements are prepared once per connection. PostgreSQL's default plans them
+        # again at every execution when a plan for the actual parameters looks cheaper than
+        # the generic one, which it always does for the arrays of a batch: planning the
+        # finished-runs statement took about half of PostgreSQL's CPU per run. Every query
+        # here is a key lookup, for which the generic plan is the plan.
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
 
     async def open(self) -> None:
         """Connect and migrate (idempotent; every method opens the store on first use)."""
@@ -234,16 +270,50 @@ class PostgresThreadStore:
 
     async def summary(self, thread_id: str) -> ThreadRecord | None:
         await self.open()
+        if self._reading:
+            # Asked while another read is in flight: read with the others asked meanwhile,
+            # in one query, as soon as it is back (a run's start reads its thread's head).
+            waiting: asyncio.Future[ThreadRecord | None] = \
+                asyncio.get_running_loop().create_future()
+            self._to_read.setdefault(thread_id, []).append(waiting)
+            return await waiting
+        self._reading = True
+        try:
+            return _summary(thread_id, (await self._summaries([thread_id])).get(thread_id))
+        finally:
+            if self._to_read:
+                self._reader = asyncio.ensure_future(self._read_waiting())
+            else:
+                self._reading = False
+
+    async def _read_waiting(self) -> None:
+        try:
+            while self._to_read:
+                waiting, self._to_read = self._to_read, {}
+                try:
+                    rows = await self._summaries(builtins.list(waiting))
+                except BaseException as e:
+                    for futures in waiting.values():
+                        for future in futures:
+                            if not future.done():
+                                future.set_exception(e)
+                    if not isinstance(e, Exception):
+                        raise
+                    continue
+                for thread_id, futures in waiting.items():
+                    for future in futures:
+                        if not future.done():  # its caller may have been cancelled
+                            future.set_result(_summary(thread_id, rows.get(thread_id)))
+        finally:
+            self._reader = None
+            self._reading = False
+
+    async def _summaries(self, thread_ids: builtins.list[str]
+                         ) -> dict[str, tuple[Any, ...]]:
         async with self._pool.connection() as conn:
-            row = await (await conn.execute(
-                f"SELECT {_THREAD_COLUMNS}, ARRAY(SELECT message_id FROM message_ids m "
-                "WHERE m.thread_id = t.thread_id) FROM threads t WHERE thread_id = %s",
-                (thread_id,), prepare=True)).fetchone()
-        if row is None:
-            return None
-        record = _record(thread_id, row[:-1])
-        record.message_ids = set(row[-1])
-        return record
+            rows = await (await conn.execute(_SUMMARIES, (thread_ids,), prepare=True)
+                          ).fetchall()
+        return {row[0]: row[1:] for row in rows}
 
     async def events_after(self, thread_id: str, position: int) -> list[Positioned]:
         await self.open()
@@ -320,31 +390,28 @@ class PostgresThreadStore:
                          message_ids: Iterable[str], *, owner: ThreadOwner | None = None,
                          raw_first: int = -1, raw: Sequence[Event] = ()) -> None:
         await self.open()
-        has_raw = bool(raw) and raw_first >= 0
-        params: tuple[Any, ...] = (
+        finished = _Finished(
             thread_id, run.run_id, run.created_at, time.time(), run.first_position,
-            run.last_position, orjson.dumps(run.events),
-            raw_first if has_raw else None, raw_first + len(raw) - 1 if has_raw else None,
-            orjson.dumps(raw) if has_raw else None,
-            agent_id, owner.principal_id if owner else None,
-            owner.tenant if owner else None, title_of(run.events), list(message_ids))
+            run.last_position, orjson.dumps(run.events), agent_id,
+            owner.principal_id if owner else None, owner.tenant if owner else None,
+            title_of(run.events), raw_first if raw and raw_first >= 0 else -1,
+            orjson.dumps(raw) if raw and raw_first >= 0 else b"", len(raw),
+            builtins.list(message_ids))
         if not self._writing:
             # Nothing in flight: this run is written at once, by its caller.
             self._writing = True
             self._idle.clear()
             try:
                 async with self._pool.connection() as conn:
-                    # One statement (its parts are applied together, or not at all).
-                    await conn.execute(_FINISH_RUN, params, prepare=True)
+                    await _finish_runs(conn, [finished])
                     await self._prune(conn)
             finally:
                 self._drain()
             return
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queued.append((params, done))
-        # Returns once the transaction holding this run committed. A caller cancelled here
+        self._queued.append(finished)
+        # Returns once the statement holding this run committed. A caller cancelled here
         # leaves its run queued: it is written with the others all the same.
-        await done
+        await finished.done
 
     def _drain(self) -> None:
         """The write in flight is over: the runs queued meanwhile are written next, by a
@@ -357,22 +424,21 @@ class PostgresThreadStore:
 
     async def _write_queued(self) -> None:
         """Group commit: runs that finished while a write was in flight are written together,
-        one transaction and one round trip, as soon as it completes (a lone run at once)."""
-        batch: builtins.list[_Pending] = []
+        one statement and one round trip, as soon as it completes (a lone run at once)."""
+        batch: builtins.list[_Finished] = []
         try:
             while self._queued:
-                batch = self._queued[:_MAX_BATCH]
-                del self._queued[:_MAX_BATCH]
+                batch = _next_batch(self._queued)
                 await self._write_batch(batch)
                 batch = []
         except BaseException as e:  # cancelled with the loop, or a bug: no caller waits forever
-            for _, done in batch + self._queued:
-                if done.done():
+            for finished in batch + self._queued:
+                if finished.done.done():
                     continue
                 if isinstance(e, asyncio.CancelledError):
-                    done.cancel()
+                    finished.done.cancel()
                 else:
-                    done.set_exception(e)
+                    finished.done.set_exception(e)
             self._queued.clear()
             raise
         finally:
@@ -380,17 +446,15 @@ class PostgresThreadStore:
             self._writing = False
             self._idle.set()
 
-    async def _write_batch(self, batch: builtins.list[_Pending]) -> None:
+    async def _write_batch(self, batch: builtins.list[_Finished]) -> None:
         if len(batch) > 1:
-            # Runs of one thread keep their order (their seq); threads are locked in one
-            # order, so batches of several workers do not deadlock each other.
-            batch.sort(key=lambda pending: str(pending[0][0]))
+            # Threads are locked in one order, so batches of several workers do not
+            # deadlock each other.
+            batch.sort(key=lambda finished: finished.thread_id)
             try:
                 async with self._pool.connection() as conn:
                     try:
-                        async with conn.pipeline(), conn.transaction():
-                            for params, _ in batch:
-                                await conn.execute(_FINISH_RUN, params, prepare=True)
+                        await _finish_runs(conn, batch)
                     except Exception as e:
                         if conn.broken:
                             # The commit may or may not have happened: writing the runs
@@ -404,17 +468,16 @@ class PostgresThreadStore:
             except Exception as e:  # no connection
                 _settle(batch, e)
                 return
-            # The server rolled the batch back: each run alone, so that one bad run fails
+            # The server refused the statement: each run alone, so that one bad run fails
             # only its own caller.
-        for pending in batch:
+        for finished in batch:
             try:
                 async with self._pool.connection() as conn:
-                    # One statement (its parts are applied together, or not at all).
-                    await conn.execute(_FINISH_RUN, pending[0], prepare=True)
-                    _settle([pending], None)
+                    await _finish_runs(conn, [finished])
+                    _settle([finished], None)
                     await self._prune(conn)
             except Exception as e:
-                _settle([pending], e)
+                _settle([finished], e)
 
     async def _prune(self, conn: AsyncConnection[Any]) -> None:
         now = time.time()
@@ -466,8 +529,12 @@ class PostgresThreadStore:
     async def delete(self, thread_id: str) -> bool:
         await self.open()
         async with self._pool.connection() as conn:
-            cursor = await conn.execute("DELETE FROM threads WHERE thread_id = %s",
-                                        (thread_id,))
+            # One statement: the thread and its rows go together, or not at all.
+            cursor = await conn.execute(
+                "WITH runs AS (DELETE FROM runs WHERE thread_id = %(t)s), "
+                "events AS (DELETE FROM run_events WHERE thread_id = %(t)s), "
+                "ids AS (DELETE FROM message_ids WHERE thread_id = %(t)s) "
+                "DELETE FROM threads WHERE thread_id = %(t)s", {"t": thread_id})
             return cursor.rowcount > 0
 
     async def aclose(self) -> None:
@@ -511,15 +578,88 @@ async def _chunks(conn: AsyncConnection[Any], thread_id: str, position: int,
     return [Chunk(r, first, orjson.loads(events)) for r, first, events in rows]
 
 
-def _settle(batch: Sequence[_Pending], error: BaseException | None) -> None:
+def _settle(batch: Sequence[_Finished], error: BaseException | None) -> None:
     """Wake the callers of these runs (a cancelled caller is no longer waiting)."""
-    for _, done in batch:
-        if done.done():
+    for finished in batch:
+        if finished.done.done():
             continue
         if error is None:
-            done.set_result(None)
+            finished.done.set_result(None)
         else:
-            done.set_exception(error)
+            finished.done.set_exception(error)
+
+
+class _Finished:
+    """A finished run on its way to the database, and what its caller awaits."""
+
+    __slots__ = ("agent_id", "created_at", "done", "ended_at", "events", "first_position",
+                 "last_position", "message_ids", "owner_id", "raw", "raw_count", "raw_first",
+                 "run_id", "tenant", "thread_id", "title")
+
+    def __init__(self, thread_id: str, run_id: str, created_at: float, ended_at: float,
+                 first_position: int, last_position: int, events: bytes, agent_id: str,
+                 owner_id: str | None, tenant: str | None, title: str, raw_first: int,
+                 raw: bytes, raw_count: int, message_ids: builtins.list[str]) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.created_at = created_at
+        self.ended_at = ended_at
+        self.first_position = first_position
+        self.last_position = last_position
+        self.events = events
+        self.agent_id = agent_id
+        self.owner_id = owner_id
+        self.tenant = tenant
+        self.title = title
+        self.raw_first = raw_first  # -1: no raw events left to write
+        self.raw = raw
+        self.raw_count = raw_count
+        self.message_ids = message_ids
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+
+def _next_batch(queued: builtins.list[_Finished]) -> builtins.list[_Finished]:
+    """Take the next batch off the queue, in order: at most `_MAX_BATCH` runs and one per
+    thread (a thread's later runs wait for the next batch, keeping their order)."""
+    batch: builtins.list[_Finished] = []
+    threads: set[str] = set()
+    rest: builtins.list[_Finished] = []
+    for finished in queued:
+        if len(batch) < _MAX_BATCH and finished.thread_id not in threads:
+            threads.add(finished.thread_id)
+            batch.append(finished)
+        else:
+            threads.add(finished.thread_id)  # its later runs wait too
+            rest.append(finished)
+    queued[:] = rest
+    return batch
+
+
+async def _finish_runs(conn: AsyncConnection[Any], batch: Sequence[_Finished]) -> None:
+    """Write finished runs of distinct threads in one statement."""
+    texts: builtins.list[str | None] = []
+    blobs: builtins.list[bytes] = []
+    ids: builtins.list[str] = []
+    for f in batch:
+        has_raw = f.raw_first >= 0
+        # Numbers travel as text (PostgreSQL casts them back exactly: repr of a float
+        # round-trips), so that one array carries them all.
+        texts += (f.thread_id, f.run_id, repr(f.created_at), repr(f.ended_at),
+                  str(f.first_position), str(f.last_position), f.agent_id, f.owner_id,
+                  f.tenant, f.title, str(f.raw_first) if has_raw else None,
+                  str(f.raw_first + f.raw_count - 1) if has_raw else None)
+        blobs += (f.events, f.raw)
+        for message_id in f.message_ids:
+            ids += (f.thread_id, message_id)
+    await conn.execute(_FINISH_RUNS, (texts, blobs, ids), prepare=True)
+
+
+def _summary(thread_id: str, row: Sequence[Any] | None) -> ThreadRecord | None:
+    if row is None:
+        return None
+    record = _record(thread_id, row[:-1])
+    record.message_ids = set(row[-1])
+    return record
 
 
 def _record(thread_id: str, row: Sequence[Any]) -> ThreadRecord:
