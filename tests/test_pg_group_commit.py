@@ -1,6 +1,7 @@
 """Group commit of finished runs in the PostgreSQL store: runs that finish while a write is in
-flight are written together in one transaction, each caller returning once it committed; a
-bad run fails only its own caller, and a cancelled caller loses nobody's run."""
+flight are written together in one statement, each caller returning once it committed; a bad
+run fails only its own caller, and a cancelled caller loses nobody's run. Threads' heads asked
+for while a read is in flight are read together in one query, the same way."""
 
 from __future__ import annotations
 
@@ -170,3 +171,83 @@ async def test_closing_writes_what_is_queued(store: PostgresThreadStore) -> None
     with psycopg.connect(SERVER, autocommit=True) as conn:
         count = conn.execute(f'SELECT count(*) FROM "{store.schema}".runs').fetchone()
     assert count == (5,)
+
+
+# -- heads read together -------------------------------------------------------------------
+
+
+@pytest.fixture
+def reads(store: PostgresThreadStore, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The thread ids of every query that reads threads' heads."""
+    asked: list[list[str]] = []
+    read = store._summaries
+
+    async def counted(thread_ids: list[str]) -> dict[str, tuple[Any, ...]]:
+        asked.append(sorted(thread_ids))
+        return await read(thread_ids)
+
+    monkeypatch.setattr(store, "_summaries", counted)
+    return asked
+
+
+async def test_heads_asked_for_meanwhile_are_read_in_one_query(
+        store: PostgresThreadStore, reads: list[list[str]]) -> None:
+    for t in ("h1", "h2"):
+        await _finish(store, t, _run(t, f"{t}-r"))
+    first = asyncio.ensure_future(store.summary("h1"))
+    await asyncio.sleep(0)  # its query is in flight
+    results = await asyncio.gather(first, store.summary("h2"), store.summary("h2"),
+                                   store.summary("missing"), store.summary("h1"))
+    assert reads == [["h1"], ["h1", "h2", "missing"]]
+    h1, h2, h2_again, missing, h1_again = results
+    assert missing is None
+    assert h1 is not None
+    assert h1_again is not None
+    assert h2 is not None
+    assert h2_again is not None
+    assert (h1.next_position, h1.message_ids) == (5, {"u-h1-r", "m-h1-r"})
+    assert h2.message_ids == {"u-h2-r", "m-h2-r"}
+    # Each caller gets a record of its own (a run's start keeps and extends its set).
+    assert h2 is not h2_again
+    assert h2.message_ids is not h2_again.message_ids
+
+
+async def test_a_cancelled_reader_does_not_stop_the_others(
+        store: PostgresThreadStore, reads: list[list[str]]) -> None:
+    await _finish(store, "c1", _run("c1", "r"))
+    first = asyncio.ensure_future(store.summary("c1"))
+    await asyncio.sleep(0)
+    waiting = [asyncio.ensure_future(store.summary("c1")) for _ in range(3)]
+    await asyncio.sleep(0)
+    first.cancel()
+    waiting[1].cancel()
+    results = await asyncio.gather(first, *waiting, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError)
+    assert isinstance(results[2], asyncio.CancelledError)
+    assert all(r is not None and r.thread_id == "c1" for r in (results[1], results[3]))
+    assert await store.summary("c1") is not None  # and the store reads on
+
+
+async def test_a_failed_read_fails_its_callers_only(
+        store: PostgresThreadStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    await _finish(store, "f1", _run("f1", "r"))
+    read = store._summaries
+    calls = 0
+
+    async def second_fails(thread_ids: list[str]) -> dict[str, tuple[Any, ...]]:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise psycopg.OperationalError("connection lost")
+        return await read(thread_ids)
+
+    monkeypatch.setattr(store, "_summaries", second_fails)
+    first = asyncio.ensure_future(store.summary("f1"))
+    await asyncio.sleep(0)
+    results = await asyncio.gather(first, store.summary("f1"), store.summary("x"),
+                                   return_exceptions=True)
+    assert results[0] is not None
+    assert not isinstance(results[0], BaseException)
+    assert all(isinstance(r, psycopg.OperationalError) for r in results[1:])
+    assert not store._reading
+    assert await store.summary("f1") is not None
