@@ -307,12 +307,27 @@ class ActiveRun:
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
-        self.manager._release(self)
         for queue in self.listeners:
             queue.put_nowait(None)
         self.listeners.clear()
-        if self._flushing is not None:
-            await asyncio.shield(self._flushing)
+        try:
+            if self._flushing is not None:
+                await asyncio.shield(self._flushing)
+            await self._store()
+        finally:
+            # The thread is given back only once its run is stored: a run begun on it
+            # meanwhile would read its head without this run, and a `connect` would miss it
+            # (until then it replays the run from memory).
+            self.manager._release(self)
+            if self.lease is not None:
+                await self.manager.let_go(self.lease)
+        if self.on_end is not None:
+            try:
+                self.on_end(self)
+            except Exception:
+                _log.exception("run end observer failed", run_id=self.run_id)
+
+    async def _store(self) -> None:
         try:
             # Never store what cannot be replayed, nor more than a run's byte bound.
             compacted, size = storable(compact_events(self.events),
@@ -340,13 +355,6 @@ class ActiveRun:
                                                     owner=self.owner)
         except Exception:
             _log.exception("could not store run", thread_id=self.thread_id, run_id=self.run_id)
-        if self.lease is not None:
-            await self.manager.let_go(self.lease)
-        if self.on_end is not None:
-            try:
-                self.on_end(self)
-            except Exception:
-                _log.exception("run end observer failed", run_id=self.run_id)
 
 
 class RunManager:

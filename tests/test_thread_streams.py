@@ -271,3 +271,44 @@ async def test_a_running_thread_cannot_be_deleted(tmp_path: Path,
         agent.gate.set()
         await running.read()
         assert (await served.session.delete(served.url + "/threads/t")).status == 200
+
+
+class _SlowToStore(InMemoryThreadStore):
+    """Holds each finished run at the door until `opened` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.storing = asyncio.Event()
+        self.opened = asyncio.Event()
+
+    async def append_run(self, *args: Any, **kwargs: Any) -> None:
+        self.storing.set()
+        await self.opened.wait()
+        await super().append_run(*args, **kwargs)
+
+
+@pytest.mark.timeout(30)
+async def test_a_thread_is_given_back_only_once_its_run_is_stored(
+        serve_runtime: ServeRuntime) -> None:
+    """Between a run's end and its store write, a new run on the thread is refused (it would
+    read the thread without that run, and number its events over it) and `connect` replays
+    the run from memory (the store does not have it yet)."""
+    store = _SlowToStore()
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0), thread_store=store)
+    async with serve_runtime(runtime) as served:
+        first = asyncio.ensure_future(served.post("/agent/default/run",
+                                                  run_input("hello", thread="w")))
+        async with asyncio.timeout(20):
+            await store.storing.wait()
+        busy = await served.post("/agent/default/run", run_input("next", thread="w", run="r2"))
+        assert busy.status == 409
+        replay = parse_sse_ids(await (await served.post(
+            "/agent/default/connect", run_input("", thread="w"))).read())
+        assert [e["type"] for _, e in replay][::len(replay) - 1] == ["RUN_STARTED",
+                                                                    "RUN_FINISHED"]
+        store.opened.set()
+        ran = parse_sse_ids(await (await first).read())
+        assert [p for p, _ in replay] == [p for p, _ in ran]
+        second = parse_sse_ids(await (await served.post(
+            "/agent/default/run", run_input("next", thread="w", run="r2"))).read())
+        assert second[0][0] == len(ran)  # numbered after the first run, which is stored
