@@ -6,18 +6,23 @@ checkpoint still waits on can be answered, and only once. The answer the graph r
 is the one the ledger holds: the caller's if it won the claim, the timeout answer if the
 deadline had passed, or the answer stored before a crash, which is sent again. After the
 run, each claim is settled against the checkpoint: applied if the graph moved past the
-interrupt, reopened if it did not (the run was stopped first). Interrupts a run ends on
+interrupt, reopened if it did not (the run was stopped first). Claims a run cannot go on
+with (another of its answers refused, a stop or a shutdown while it claims) are reopened at
+once, so no answer is left claimed that no run will send. Interrupts a run ends on
 are recorded as pending approvals before the client hears of them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
 from ag_ui.core import ResumeEntry, RunAgentInput
 
 from copilot_runtime._exceptions import ApprovalClosedError, NothingToResumeError
@@ -27,6 +32,8 @@ from copilot_runtime.approvals.decisions import timeout_answer
 from copilot_runtime.approvals.ledger import Approval, ApprovalStore, Channel
 
 __all__ = ["Claims", "claim_resume", "record_interrupts"]
+
+_log = structlog.get_logger("copilot_runtime.approvals")
 
 # ag-ui-langgraph's resume value for a cancelled `ResumeEntry`.
 _CANCELLED = "__agui_cancelled__"
@@ -48,7 +55,33 @@ class Claims:
 async def claim_resume(store: ApprovalStore, *, agent_id: str, input: RunInput,
                        pending: set[str], channel: Channel,
                        values: Mapping[str, Any] | None = None) -> Claims:
-    """Claim the approvals `input` answers; raise an `ApprovalError` when it may not."""
+    """Claim the approvals `input` answers; raise an `ApprovalError` when it may not.
+
+    All or nothing: if it raises, or is cancelled, after winning some claims (one entry of
+    several refused, a stop or a shutdown in between), those go back to pending, since no
+    run will take their answers; the caller settles only the claims it was returned."""
+    won: list[str] = []
+    try:
+        return await _claim_all(store, agent_id=agent_id, input=input, pending=pending,
+                                channel=channel, values=values, won=won)
+    except BaseException:
+        if won:  # shielded: a second cancellation must not leave them claimed either
+            await asyncio.shield(_reopen(store, won))
+        raise
+
+
+async def _reopen(store: ApprovalStore, approval_ids: list[str]) -> None:
+    for approval_id in approval_ids:
+        try:
+            await store.settle(approval_id, "reopen")
+        except Exception:
+            # Left answered, not applied: the next start sends that answer (`unapplied`).
+            _log.exception("could not reopen an approval", approval_id=approval_id)
+
+
+async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
+                     pending: set[str], channel: Channel, values: Mapping[str, Any] | None,
+                     won: list[str]) -> Claims:
     model = input.model
     # LangGraph cannot resume with None (it fails) or {} (it takes it for an empty map of
     # answers): such an entry is no answer, and the graph asks its question again.
@@ -75,7 +108,7 @@ async def claim_resume(store: ApprovalStore, *, agent_id: str, input: RunInput,
             for approval_id in sorted(pending):
                 await _claim(store, approval_id, command, "chat", now=time.time(),
                              agent_id=agent_id, thread_id=model.thread_id, channel=channel,
-                             value=(values or {}).get(approval_id))
+                             value=(values or {}).get(approval_id), won=won)
             return Claims(input, sorted(pending))
         # The legacy form names no interrupt: it answers the one the thread waits on. As a
         # standard entry the bridge takes its documented path (and logs no deprecation).
@@ -95,7 +128,7 @@ async def claim_resume(store: ApprovalStore, *, agent_id: str, input: RunInput,
         answers[entry.interrupt_id] = await _claim(
             store, entry.interrupt_id, given, by if isinstance(by, str) else "chat",
             now=now, agent_id=agent_id, thread_id=model.thread_id, channel=channel,
-            value=(values or {}).get(entry.interrupt_id))
+            value=(values or {}).get(entry.interrupt_id), won=won)
     resume = [entry.model_copy(update={"payload": answers[entry.interrupt_id],
                                        "status": "resolved"}) for entry in entries]
     return Claims(input.replace(resume=resume), list(answers))
@@ -112,8 +145,10 @@ def _json_or_text(value: Any) -> Any:
 
 
 async def _claim(store: ApprovalStore, approval_id: str, given: Any, by: str, *, now: float,
-                 agent_id: str, thread_id: str, channel: Channel, value: Any) -> Any:
-    """The answer the graph gets for `approval_id`."""
+                 agent_id: str, thread_id: str, channel: Channel, value: Any,
+                 won: list[str]) -> Any:
+    """The answer the graph gets for `approval_id`; its id goes to `won` if this claimed it
+    (not if it was claimed before: that answer, stored, is resent until a run takes it)."""
     approval = await store.get(approval_id)
     if approval is None:
         # Waiting in the checkpoint but not in the ledger (it was lost, or the interrupt
@@ -123,10 +158,11 @@ async def _claim(store: ApprovalStore, approval_id: str, given: Any, by: str, *,
     if approval.status == "pending":
         if approval.expired_at(now):
             answer = timeout_answer(iso_time(approval.expires_at or now))
-            claimed = await store.claim(approval_id, "expired", answer, "runtime", now)
+            claiming = store.claim(approval_id, "expired", answer, "runtime", now)
         else:
             answer = given
-            claimed = await store.claim(approval_id, "answered", given, by, now)
+            claiming = store.claim(approval_id, "answered", given, by, now)
+        claimed = await _to_its_end(claiming, approval_id, won)
         if claimed is None:  # another request won between our read and our claim
             raise ApprovalClosedError(await store.get(approval_id) or approval)
         return answer
@@ -135,6 +171,23 @@ async def _claim(store: ApprovalStore, approval_id: str, given: Any, by: str, *,
     if approval.status in ("answered", "expired"):
         return approval.answer
     raise ApprovalClosedError(approval)
+
+
+async def _to_its_end(claiming: Awaitable[Approval | None], approval_id: str,
+                      won: list[str]) -> Approval | None:
+    """Await a claim to its end even if the run is cancelled meanwhile (then cancelled
+    after), so one that won is known, and put back."""
+    task = asyncio.ensure_future(claiming)
+    try:
+        claimed = await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):  # a claim that failed won nothing
+            if await task is not None:
+                won.append(approval_id)
+        raise
+    if claimed is not None:
+        won.append(approval_id)
+    return claimed
 
 
 async def _not_pending(store: ApprovalStore, approval_id: str,

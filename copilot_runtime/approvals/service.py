@@ -7,6 +7,8 @@ approval resumes its graph on the server, as a run of the runtime like any other
 the thread (a busy thread is refused), and its events are stored in the thread's history,
 so a client that `connect`s later sees what happened. The run's own claim on the ledger is
 what decides a race between two answers; this service checks first only to answer clearly.
+A run stopped before its agent started (the service closing just after it reserved the
+thread) gives the thread back and claimed nothing: the approval is left as it was.
 
 `start()` (idempotent) sends again the answers a crash interrupted, and runs the expiry
 timer: when an approval's `expiresAt` passes, its graph is resumed with a timeout answer
@@ -50,12 +52,21 @@ _log = structlog.get_logger("copilot_runtime.approvals")
 
 
 class HostedRun(Protocol):
-    """A run the host has started: driven to its end by whoever holds it."""
+    """A run the host has started: driven to its end by whoever holds it, or given back
+    (`abandon`, or `async with run:` around what leads to `drive`) if it never is."""
 
     thread_id: str
     run_id: str
 
     async def drive(self, write: Callable[[Sequence[Event]], Awaitable[None]]) -> None: ...
+
+    async def abandon(self) -> None:
+        """Give the thread back if the run was never driven (nothing once it was)."""
+        ...
+
+    async def __aenter__(self) -> object: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
 
 
 class RunHost(Protocol):
@@ -85,6 +96,8 @@ class ApprovalService:
         self._timer: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
         self._runs: set[asyncio.Task[Any]] = set()
+        #: Runs cancelled before they were driven, giving their threads back (see `_resume`).
+        self._giving_back: set[asyncio.Future[None]] = set()
         self._expiring: set[str] = set()
         self._started = False
         self._subscribed: list[ApprovalStore] = []
@@ -133,13 +146,19 @@ class ApprovalService:
             self._wakeup.set()
 
     async def aclose(self) -> None:
-        """Stop the timer and the server-side runs still going."""
-        tasks = [t for t in (self._timer, *self._runs) if t is not None and not t.done()]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        """Stop the timer and the server-side runs still going; a run stopped before it was
+        driven has given its thread back when this returns."""
+        # Again until none is left: the timer may start a run as it is being cancelled.
+        while tasks := [t for t in (self._timer, *self._runs)
+                        if t is not None and not t.done()]:
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+            for task in tasks:
+                if not task.cancelled():
+                    task.exception()  # retrieved: closing says nothing of how a run ended
+        while self._giving_back:
+            await asyncio.wait(set(self._giving_back))  # not cancelled: they are short
         self._timer = None
         self._started = False
 
@@ -207,7 +226,15 @@ class ApprovalService:
         summary: dict[str, Any] = {"threadId": approval.thread_id, "status": "running",
                                    "runId": task.get_name()}
         if wait:
-            summary = await asyncio.shield(task)
+            try:
+                summary = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if not task.cancelled() or (current is not None and current.cancelling()):
+                    raise  # the caller was cancelled: the run goes on without it
+                # The service closed first and cancelled the run: what the graph took
+                # is settled in the ledger, which the reply below reads.
+                summary = {**summary, "status": "cancelled"}
             error = summary.get("error") or {}
             if error.get("code") in ApprovalClosedError.CODES:
                 # Another answer won the claim between our check and the run's.
@@ -232,10 +259,23 @@ class ApprovalService:
             body["protocolVersion"] = "1.0"  # answer in the form its client understood
         run = await self.host.start_run(approval.agent_id, parse_run_input(body),
                                            headers)
+        # No await from here to the task: the run is the task's to drive or give back.
         task = asyncio.create_task(_drive(run), name=run_id)
         self._runs.add(task)
         task.add_done_callback(self._runs.discard)
+        task.add_done_callback(lambda done: self._give_back_if_cancelled(run, done))
         return task
+
+    def _give_back_if_cancelled(self, run: HostedRun, task: asyncio.Task[Any]) -> None:
+        """A task cancelled before its first step never runs `_drive` (nor its `async
+        with`): give its run back here. The run's agent never ran, so it claimed nothing:
+        the ledger still holds the approval as it was (pending, or answered and resent at
+        the next start)."""
+        if not task.cancelled():
+            return
+        giving_back = asyncio.ensure_future(run.abandon())  # nothing if it was driven
+        self._giving_back.add(giving_back)
+        giving_back.add_done_callback(self._giving_back.discard)
 
     # -- the timer: expiry and recovery ------------------------------------------------
 
@@ -315,7 +355,8 @@ async def _drive(run: HostedRun) -> dict[str, Any]:
 
     summary: dict[str, Any] = {"threadId": run.thread_id, "runId": run.run_id}
     try:
-        await run.drive(write)
+        async with run:  # given back if it is cancelled before it drives
+            await run.drive(write)
     except CopilotRuntimeError as exc:  # pragma: no cover - drive turns these into events
         return {**summary, "status": "error", "error": {"message": exc.message,
                                                         "code": exc.code}}

@@ -12,7 +12,9 @@ Routes, relative to the runtime's base path:
 
 An answer resumes the graph on the server; its run goes to the thread's history (`connect`
 shows it). With `wait` (the default) the response comes when that run has ended and says
-how (`finished`, `interrupted` again, or `error`); `"wait": false` answers 202 at once.
+how (`finished`, `interrupted` again, `error`, or `cancelled`: the runtime shut down first,
+and the approval is as the graph left it, pending if the answer did not reach it);
+`"wait": false` answers 202 at once.
 Answering an approval that is already answered, or withdrawn, is 409; after it expired, 410;
 an unknown id, 404; a thread with a run in progress, 409.
 """
