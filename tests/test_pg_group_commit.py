@@ -251,3 +251,37 @@ async def test_a_failed_read_fails_its_callers_only(
     assert all(isinstance(r, psycopg.OperationalError) for r in results[1:])
     assert not store._reading
     assert await store.summary("f1") is not None
+
+
+async def test_plans_made_on_empty_tables_scan_no_table(store: PostgresThreadStore) -> None:
+    """The store's statements are planned once per connection, on whatever the tables hold
+    then: made on a new deployment's empty tables, a plan that scans a whole table would
+    stay the plan as they grow (each run's write slower than the one before)."""
+    import re
+
+    from copilot_runtime.threads.postgres import _FINISH_RUNS, _SUMMARIES
+
+    def numbered(query: bytes) -> str:
+        count = 0
+
+        def next_number(_: re.Match[str]) -> str:
+            nonlocal count
+            count += 1
+            return f"${count}"
+
+        return re.sub("%b", next_number, query.decode())
+
+    async with store._pool.connection() as conn:  # configured as the store's own
+        cursor = psycopg.AsyncClientCursor(conn)
+        plans = []
+        for name, query, args in (
+                ("finish", _FINISH_RUNS, "'{t,r,1,2,0,5,a,NULL,NULL,x,0,5}'::text[], "
+                                         "'{\\\\x5b5d,\\\\x5b5d}'::bytea[], '{t,m}'::text[]"),
+                ("heads", _SUMMARIES, "'{t}'::text[]")):
+            await cursor.execute(f"PREPARE {name} AS {numbered(query)}".encode())
+            await conn.execute("BEGIN")
+            await cursor.execute(f"EXPLAIN EXECUTE {name}({args})".encode())
+            plans.append("\n".join(row[0] for row in await cursor.fetchall()))
+            await conn.execute("ROLLBACK")
+    for plan in plans:
+        assert "Seq Scan" not in plan, plan

@@ -201,12 +201,16 @@ class PostgresThreadStore:
 
     async def _configure(self, conn: AsyncConnection[Any]) -> None:
         await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
-        # The statements are prepared once per connection. PostgreSQL's default plans them
-        # again at every execution when a plan for the actual parameters looks cheaper than
-        # the generic one, which it always does for the arrays of a batch: planning the
-        # finished-runs statement took about half of PostgreSQL's CPU per run. Every query
-        # here is a key lookup, for which the generic plan is the plan.
+        # The statements are prepared once per connection and planned once (by default
+        # PostgreSQL plans them again at each execution whenever a plan for the actual
+        # parameters looks cheaper, as it always does for a batch's arrays: reading a head
+        # cost twice as much). A plan made once must not depend on how big the tables were
+        # then: on the empty tables of a new deployment, scanning a whole table is the
+        # cheapest plan, and it would stay the plan as they grow (the finished-runs statement
+        # became slower with every run). Every query here has an index for it, so sequential
+        # scans are ruled out.
         await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute("SET enable_seqscan = off")
 
     async def open(self) -> None:
         """Connect and migrate (idempotent; every method opens the store on first use)."""
