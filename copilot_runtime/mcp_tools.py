@@ -122,6 +122,12 @@ class _Connection:
         self.opened_at: float | None = None
         self.task: asyncio.Task[None] | None = None
 
+    def unavailable(self) -> str:
+        if self.closing.is_set():
+            return f"the session with the MCP server {self.server.label} is closed"
+        return (f"the MCP server {self.server.label} is gone "
+                f"({self.gone or 'the session ended'}); reconnecting")
+
     def lose(self, client: Client, reason: str) -> None:
         """A call on `client` found the connection gone: end that session (not a newer one)."""
         if self.client is client and self.gone is None:
@@ -189,6 +195,13 @@ class MCPToolset:
 
     async def _hold(self, conn: _Connection, ready: asyncio.Future[None]) -> None:
         """Open the session and keep it open until `aclose()`, reopening it when it ends."""
+        try:
+            await self._keep_open(conn, ready)
+        finally:
+            if not ready.done():
+                ready.cancel()  # closed before it was ever connected
+
+    async def _keep_open(self, conn: _Connection, ready: asyncio.Future[None]) -> None:
         server = conn.server
         loop = asyncio.get_running_loop()
         attempt = 0  # reconnect attempts since the last session that lasted
@@ -201,8 +214,6 @@ class MCPToolset:
                 reason = conn.gone or "the session ended"
             except BaseException as exc:
                 if conn.closing.is_set():  # closed (maybe cancelled by `aclose()`) meanwhile
-                    if not ready.done():
-                        ready.cancel()
                     return
                 task = asyncio.current_task()
                 if isinstance(exc, asyncio.CancelledError) and task and task.cancelling():
@@ -451,9 +462,7 @@ def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
     async def call(**arguments: Any) -> Any:
         client = conn.client  # the session of the moment: a reconnect replaces it
         if conn.gone is not None or client is None:
-            reason = conn.gone or "it is not connected"
-            raise ActionError(f"the MCP tool {remote} is unavailable: the MCP server "
-                              f"{conn.server.label} is gone ({reason}); reconnecting")
+            raise ActionError(f"the MCP tool {remote} is unavailable: {conn.unavailable()}")
         try:
             result = await client.call_tool(remote, arguments)
         except Exception as exc:

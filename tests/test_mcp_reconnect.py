@@ -263,6 +263,8 @@ async def test_closing_while_waiting_to_reconnect_is_prompt() -> None:
             await toolset.aclose()
     assert time.monotonic() - started < 1.0
     assert all(task is not None and task.done() and not task.cancelled() for task in tasks)
+    with pytest.raises(ActionError, match="the session with the MCP server weather is closed"):
+        await tools["forecast"].execute('{"city":"Oslo"}')
 
 
 async def test_closing_while_a_reconnect_attempt_hangs_is_prompt() -> None:
