@@ -282,6 +282,7 @@ async def test_closing_while_a_reconnect_attempt_hangs_is_prompt() -> None:
         async with killable(weather_server().streamable_http_app(), port) as (url, _):
             toolset = MCPToolset([MCPServer(url=url + "/mcp", name="weather")], **FAST)
             await toolset.start()
+        tasks = [conn.task for conn in toolset._connections]
         with pytest.raises(ActionError):
             await by_name(toolset.actions)["forecast"].execute('{"city":"Oslo"}')
         listener = await asyncio.start_server(hang, "127.0.0.1", port)
@@ -296,7 +297,8 @@ async def test_closing_while_a_reconnect_attempt_hangs_is_prompt() -> None:
                 writer.close()
             listener.close()
             await listener.wait_closed()
-    assert all(conn.task is None or conn.task.done() for conn in toolset._connections)
+    assert tasks
+    assert all(task is not None and task.done() for task in tasks)
 
 
 def test_the_backoff_doubles_up_to_its_cap_with_jitter() -> None:
