@@ -12,6 +12,10 @@ a tool error. Two servers publishing the same name are told apart by a prefix.
     ...
     await toolset.aclose()
 
+A server that goes away (its process exits, its endpoint closes) is reconnected by its task
+with a capped exponential backoff; its tools answer with a tool error meanwhile, and are
+listed again once it is back.
+
 Servers are named by the application only: nothing here connects to an address a request
 chose.
 """
@@ -19,6 +23,8 @@ chose.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -27,13 +33,15 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import httpx2
 import mcp.types as types
 import structlog
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
-from mcp.client.subscriptions import ListenNotSupportedError
+from mcp.client.subscriptions import ListenNotSupportedError, Subscription
+from mcp.shared.exceptions import MCPError
 
 from copilot_runtime._exceptions import ActionError, ConfigurationError, UpstreamError
 from copilot_runtime.actions import Action
@@ -44,6 +52,15 @@ _log = structlog.get_logger("copilot_runtime.mcp_tools")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 #: Pages of one tool listing read at most (a server whose cursor never ends is cut off).
 _MAX_PAGES = 100
+#: A lost server's first reconnect attempt comes after about this many seconds; each failed
+#: attempt doubles the wait, up to `RECONNECT_MAX_DELAY_S` (`MCPToolset` takes both).
+RECONNECT_DELAY_S = 0.5
+RECONNECT_MAX_DELAY_S = 30.0
+#: What a call's failure says about the session: these mean the connection is gone (an
+#: answer from a live server, e.g. an unknown tool, does not).
+_CONNECTION_ERRORS = (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError,
+                      anyio.EndOfStream, httpx2.TransportError)
+_SESSION_UNKNOWN = frozenset({"Session not found", "Session terminated"})
 
 
 @dataclass(frozen=True)
@@ -78,22 +95,44 @@ class MCPServer:
 
 
 class _Connection:
-    """One server's session, held open by a task of its own (see `MCPToolset`)."""
+    """One server's session, held open (and reopened) by a task of its own (see `MCPToolset`)."""
 
     def __init__(self, server: MCPServer, prefix: str) -> None:
         self.server = server
         #: The prefix of this server's tool names that another server publishes too.
         self.prefix = prefix
+        #: The open session's client; None while there is none.
         self.client: Client | None = None
         self.tools: list[Any] = []
-        #: Why the session ended, once it has: its tools then fail at once with this.
+        #: Why the session ended, while it is down: its tools then fail at once with this.
         self.gone: str | None = None
         #: Set by a change notification, cleared by the listing that follows it: notifications
         #: arriving during a listing cost one more listing, not one each.
         self.stale = False
         self.lock = asyncio.Lock()
         self.closing = asyncio.Event()
+        #: Wakes the task holding the session: closing, or a call found the connection gone.
+        self.wake = asyncio.Event()
+        #: Whether a session is open: closing lets it close itself.
+        self.open = False
+        #: Whether the task is opening a session, which may take up to the server's timeout:
+        #: closing cancels it. (Waiting to reconnect, it wakes on closing.)
+        self.connecting = False
+        #: When the current session opened (the loop's clock), or None.
+        self.opened_at: float | None = None
         self.task: asyncio.Task[None] | None = None
+
+    def unavailable(self) -> str:
+        if self.closing.is_set():
+            return f"the session with the MCP server {self.server.label} is closed"
+        return (f"the MCP server {self.server.label} is gone "
+                f"({self.gone or 'the session ended'}); reconnecting")
+
+    def lose(self, client: Client, reason: str) -> None:
+        """A call on `client` found the connection gone: end that session (not a newer one)."""
+        if self.client is client and self.gone is None:
+            self.gone = reason
+            self.wake.set()
 
 
 class MCPToolset:
@@ -105,12 +144,21 @@ class MCPToolset:
 
     Each session lives in a task of its own: the SDK runs a session's reader in a task group
     whose failure (the server going away) cancels the task that entered it, which must not
-    be the caller's (an app's lifespan, a run). The session's tools then answer with a tool
-    error naming the cause.
+    be the caller's (an app's lifespan, a run). When a session ends, or a call finds its
+    connection gone, the task reconnects after `reconnect_delay` seconds, doubled after each
+    failed attempt up to `reconnect_max_delay` (with jitter), and lists the tools again
+    (`on_change` hears of them); meanwhile the server's tools answer at once with a tool error
+    naming the cause. A server that cannot be connected at `start()` fails the start.
     """
 
-    def __init__(self, servers: Sequence[MCPServer]) -> None:
+    def __init__(self, servers: Sequence[MCPServer], *,
+                 reconnect_delay: float = RECONNECT_DELAY_S,
+                 reconnect_max_delay: float = RECONNECT_MAX_DELAY_S) -> None:
+        if not 0 < reconnect_delay <= reconnect_max_delay:
+            raise ConfigurationError("MCPToolset needs 0 < reconnect_delay <= reconnect_max_delay")
         self.servers = list(servers)
+        self.reconnect_delay = reconnect_delay
+        self.reconnect_max_delay = reconnect_max_delay
         self.actions: list[Action] = []
         #: Called with the new `actions` after a server's tools were listed again.
         self.on_change: list[Callable[[list[Action]], None]] = []
@@ -146,30 +194,102 @@ class MCPToolset:
         self.actions = self._build()
 
     async def _hold(self, conn: _Connection, ready: asyncio.Future[None]) -> None:
-        """Open the session, list its tools, then keep it open until `aclose()`."""
+        """Open the session and keep it open until `aclose()`, reopening it when it ends."""
+        try:
+            await self._keep_open(conn, ready)
+        finally:
+            if not ready.done():
+                ready.cancel()  # closed before it was ever connected
+
+    async def _keep_open(self, conn: _Connection, ready: asyncio.Future[None]) -> None:
         server = conn.server
+        loop = asyncio.get_running_loop()
+        attempt = 0  # reconnect attempts since the last session that lasted
+        while True:
+            conn.opened_at = None
+            try:
+                await self._session(conn, None if ready.done() else ready)
+                if conn.closing.is_set():
+                    return
+                reason = conn.gone or "the session ended"
+            except BaseException as exc:
+                if conn.closing.is_set():  # closed (maybe cancelled by `aclose()`) meanwhile
+                    return
+                task = asyncio.current_task()
+                if isinstance(exc, asyncio.CancelledError) and task and task.cancelling():
+                    raise  # cancelled from outside, not by the session's own task group
+                reason = _reason(exc)
+                if not ready.done():  # never connected: the start fails, no reconnecting
+                    conn.gone = reason
+                    ready.set_exception(exc if isinstance(exc, UpstreamError) else UpstreamError(
+                        f"MCP server {server.label} could not be connected: {reason}"))
+                    return
+            conn.gone = reason
+            if conn.opened_at is not None:  # a session was lost (not an attempt that failed)
+                _log.warning("MCP server connection lost; reconnecting", server=server.label,
+                             error=reason)
+                if loop.time() - conn.opened_at >= self.reconnect_max_delay:
+                    attempt = 0  # it lasted: this outage starts again from the first delay
+            attempt += 1
+            delay = self._backoff(attempt)
+            if attempt & (attempt - 1) == 0 and conn.opened_at is None:
+                # after 1, 3, 7, 15... failed attempts: a long outage logs less and less often
+                _log.warning("MCP server reconnect failed", server=server.label,
+                             attempts=attempt - 1, error=reason, retry_in=round(delay, 2))
+            else:
+                _log.debug("MCP server reconnect scheduled", server=server.label,
+                           attempt=attempt, error=reason, retry_in=round(delay, 2))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await conn.closing.wait()
+            if conn.closing.is_set():
+                return
+
+    def _backoff(self, attempt: int) -> float:
+        """The wait before reconnect attempt `attempt` (1, 2...): doubling, capped, and
+        jittered (between half and all of it) so servers lost together are not retried in
+        step."""
+        delay = min(self.reconnect_max_delay, self.reconnect_delay * 2.0 ** min(attempt - 1, 32))
+        return delay * random.uniform(0.5, 1.0)
+
+    async def _session(self, conn: _Connection, ready: asyncio.Future[None] | None) -> None:
+        """One session: open it, list its tools, then wait for `aclose()` or a call that
+        found the connection gone. `ready` hears of the first one; a later one (a reconnect)
+        publishes its tools."""
+        server = conn.server
+        conn.connecting = True
         try:
             async with AsyncExitStack() as stack:
                 client = await stack.enter_async_context(self._client(conn, stack))
-                conn.client = client
                 try:
-                    conn.tools = await _list_tools(client, refresh=False)
+                    tools = await _list_tools(client, refresh=ready is None)
                 except Exception as exc:
                     raise UpstreamError(f"MCP server {server.label} could not list its tools: "
                                         f"{type(exc).__name__}: {exc}") from None
-                await _listen_for_changes(client, server, stack)
-                ready.set_result(None)
-                await conn.closing.wait()
-        except BaseException as exc:
-            reason = _reason(exc)
-            conn.gone = reason
-            if not ready.done():
-                ready.set_exception(exc if isinstance(exc, UpstreamError) else UpstreamError(
-                    f"MCP server {server.label} could not be connected: {reason}"))
-            elif not conn.closing.is_set():
-                _log.warning("MCP server connection lost", server=server.label, error=reason)
+                changes = await _listen_for_changes(client, server, stack)
+                conn.wake.clear()
+                if conn.closing.is_set():
+                    return
+                conn.client, conn.tools, conn.gone = client, tools, None
+                conn.open, conn.connecting = True, False
+                conn.opened_at = asyncio.get_running_loop().time()
+                watch = None if changes is None else asyncio.create_task(
+                    _watch(conn, client, changes), name=f"mcp-changes:{server.label}")
+                try:
+                    if ready is not None:
+                        ready.set_result(None)
+                    else:
+                        _log.info("MCP server reconnected", server=server.label,
+                                  tools=[tool.name for tool in tools])
+                        self._publish()
+                    await conn.wake.wait()
+                finally:
+                    conn.client = None
+                    if watch is not None:
+                        watch.cancel()
+                        await asyncio.wait([watch])  # (a cancellation of this task goes on)
         finally:
-            conn.gone = conn.gone or "the session is closed"
+            conn.open = conn.connecting = False
 
     def _client(self, conn: _Connection, stack: AsyncExitStack) -> Client:
         server = conn.server
@@ -195,20 +315,30 @@ class MCPToolset:
     async def _relist(self, conn: _Connection) -> None:
         conn.stale = True
         async with conn.lock:
-            if not conn.stale or conn.client is None or conn not in self._connections:
+            client = conn.client
+            if not conn.stale or client is None or conn not in self._connections:
                 return  # listed since the notification, or still starting, or closed
             conn.stale = False
             try:
-                conn.tools = await _list_tools(conn.client, refresh=True)
+                tools = await _list_tools(client, refresh=True)
             except Exception as exc:
                 # The previous list stays: its tools answer with a tool error if the server
                 # really is gone.
                 _log.warning("MCP server could not list its changed tools",
                              server=conn.server.label, error=f"{type(exc).__name__}: {exc}")
                 return
-        self.actions = self._build()
+            if conn.client is not client:
+                return  # the session ended meanwhile: its successor lists the tools itself
+            conn.tools = tools
         _log.info("MCP tools changed", server=conn.server.label,
-                  tools=[a.name for a in self.actions])
+                  tools=[tool.name for tool in tools])
+        self._publish()
+
+    def _publish(self) -> None:
+        """Rebuild `actions` from every server's tools and tell each `on_change`."""
+        if not self._connections:
+            return  # still starting (`start()` builds them) or closed
+        self.actions = self._build()
         for callback in list(self.on_change):
             try:
                 callback(self.actions)
@@ -239,6 +369,9 @@ class MCPToolset:
 async def _close(connections: Sequence[_Connection]) -> None:
     for conn in connections:
         conn.closing.set()
+        conn.wake.set()
+        if conn.connecting and conn.task is not None:
+            conn.task.cancel()  # nothing to close gracefully yet, and it may take long
     tasks = [conn.task for conn in connections if conn.task is not None]
     if tasks:
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -251,6 +384,18 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, UpstreamError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _connection_gone(exc: Exception) -> bool:
+    """Whether a call's failure means the session's connection is gone (not that a live
+    server refused the call)."""
+    if isinstance(exc, MCPError):
+        # The SDK's stand-in for a lost transport; and a restarted server's answer to a
+        # session id it no longer knows (HTTP 404: the SDK server's message, else the
+        # client's), after which the spec has the client start a new session.
+        return exc.code == types.CONNECTION_CLOSED or (
+            exc.code == types.INVALID_REQUEST and exc.message in _SESSION_UNKNOWN)
+    return isinstance(exc, _CONNECTION_ERRORS)
 
 
 def _prefixes(servers: Sequence[MCPServer]) -> list[str]:
@@ -279,19 +424,33 @@ async def _list_tools(client: Client, *, refresh: bool) -> list[Any]:
 
 
 async def _listen_for_changes(client: Client, server: MCPServer, stack: AsyncExitStack
-                              ) -> None:
+                              ) -> Subscription | None:
     """Ask a 2026-07-28 server for its tool list changes. The stream's notifications reach
     the client's message handler like an earlier server's, which sends them unasked."""
     tools = client.server_capabilities.tools
     if tools is None or not tools.list_changed:
-        return
+        return None
     try:
-        await stack.enter_async_context(client.listen(tools_list_changed=True))
+        return await stack.enter_async_context(client.listen(tools_list_changed=True))
     except ListenNotSupportedError:
-        pass  # an earlier protocol: no stream to ask for
+        return None  # an earlier protocol: no stream to ask for
     except Exception as exc:
         _log.warning("MCP server's tool changes will not be heard", server=server.label,
                      error=f"{type(exc).__name__}: {exc}")
+        return None
+
+
+async def _watch(conn: _Connection, client: Client, changes: Subscription) -> None:
+    """End the session when its change stream ends. Over HTTP at 2026-07-28 the session
+    outlives a server that went away (each call is a request of its own) but the stream does
+    not: reconnecting listens again, and lists the tools of the server that came back."""
+    try:
+        async for _ in changes:
+            pass  # each event reaches the message handler too
+        reason = "the server closed its tool change stream"
+    except Exception as exc:
+        reason = _reason(exc.__cause__ or exc)
+    conn.lose(client, reason)
 
 
 def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
@@ -299,16 +458,16 @@ def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
     if prefix is not None:
         name = f"{prefix}__{name}"
     remote = tool.name
-    client = conn.client
-    assert client is not None
 
     async def call(**arguments: Any) -> Any:
-        if conn.gone is not None:
-            raise ActionError(f"the MCP tool {remote} is unavailable: the MCP server "
-                              f"{conn.server.label} is gone ({conn.gone})")
+        client = conn.client  # the session of the moment: a reconnect replaces it
+        if conn.gone is not None or client is None:
+            raise ActionError(f"the MCP tool {remote} is unavailable: {conn.unavailable()}")
         try:
             result = await client.call_tool(remote, arguments)
         except Exception as exc:
+            if _connection_gone(exc):
+                conn.lose(client, f"{type(exc).__name__}: {exc}")
             raise ActionError(f"the MCP tool {remote} of {conn.server.label} failed: "
                               f"{type(exc).__name__}: {exc}") from None
         text = "".join(getattr(block, "text", "") for block in result.content)

@@ -1,21 +1,20 @@
 """MCP servers' tools as server-side actions, against real MCP servers built with the SDK:
 over streamable HTTP on loopback and over stdio (a child process). Tools are listed once and
-again only when a server says its list changed; a server that goes away leaves tool errors."""
+again only when a server says its list changed; a server that goes away leaves tool errors
+until it is back (test_mcp_reconnect.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-import uvicorn
 
 from copilot_runtime import (
     ActionError,
@@ -29,6 +28,7 @@ from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import ServeRuntime, free_port, run_input, serve, text_of, types
 from tests.mcp_support.servers import changing_server, clock_server, weather_server
+from tests.mcp_support.serving import killable
 
 TIMEOUT_S = 60
 SERVERS = Path(__file__).parent / "mcp_support" / "servers.py"
@@ -211,30 +211,6 @@ def counting(app: Any, methods: Counter[str]) -> Any:
     return wrapped
 
 
-@contextlib.asynccontextmanager
-async def killable(app: Any) -> AsyncIterator[tuple[str, Callable[[], Awaitable[None]]]]:
-    """`app` on loopback, and a function that stops it at once, open streams and all."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(),
-                                           log_level="critical", lifespan="on"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-        if task.done():
-            task.result()
-
-    async def kill() -> None:
-        server.should_exit = True
-        for connection in list(server.server_state.connections):
-            connection.transport.abort()  # as a crash would: no goodbye on open streams
-        await task
-
-    try:
-        yield f"http://127.0.0.1:{server.config.port}", kill
-    finally:
-        if not task.done():
-            await kill()
-
-
 def tool_results(events: list[dict[str, Any]]) -> list[str]:
     return [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
 
@@ -343,13 +319,15 @@ async def test_a_clash_between_unnamed_servers_is_numbered_in_the_servers_order(
 async def test_a_server_that_goes_away_leaves_tool_errors(
         llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
     """An HTTP server stopped and a stdio server that exited mid-call: their tools answer with
-    a tool error, the runs finish, and the runtime goes on serving."""
+    a tool error, the runs finish, and the runtime goes on serving (and closes at once while
+    waiting to reconnect; reconnecting is tested in test_mcp_reconnect.py)."""
     async with asyncio.timeout(TIMEOUT_S), \
             killable(weather_server().streamable_http_app()) as (url, kill):
         runtime = CopilotRuntime(
             service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="k", max_retries=0),
             mcp_servers=[MCPServer(url=url + "/mcp", name="weather"),
                          MCPServer.stdio(sys.executable, [str(SERVERS), "changing"])])
+        runtime.mcp.reconnect_delay = runtime.mcp.reconnect_max_delay = 60.0  # down throughout
         async with serve_runtime(runtime) as served:
             before = await served.run(run_input('call:forecast {"city":"Oslo"}'))
             await kill()
