@@ -259,7 +259,7 @@ async def test_plans_made_on_empty_tables_scan_no_table(store: PostgresThreadSto
     stay the plan as they grow (each run's write slower than the one before)."""
     import re
 
-    from copilot_runtime.threads.postgres import _FINISH_RUNS, _SUMMARIES
+    from copilot_runtime.threads.postgres import _APPEND_EVENTS, _FINISH_RUNS, _SUMMARIES
 
     def numbered(query: bytes) -> str:
         count = 0
@@ -277,7 +277,9 @@ async def test_plans_made_on_empty_tables_scan_no_table(store: PostgresThreadSto
         for name, query, args in (
                 ("finish", _FINISH_RUNS, "'{t,r,1,2,0,5,a,NULL,NULL,x,0,5}'::text[], "
                                          "'{\\\\x5b5d,\\\\x5b5d}'::bytea[], '{t,m}'::text[]"),
-                ("heads", _SUMMARIES, "'{t}'::text[]")):
+                ("heads", _SUMMARIES, "'{t}'::text[]"),
+                ("running", _APPEND_EVENTS, "'t', 'r', 1, 0, 3, '\\x5b5d'::bytea, 'a', NULL, "
+                                            "NULL, 'x'")):
             await cursor.execute(f"PREPARE {name} AS {numbered(query)}".encode())
             await conn.execute("BEGIN")
             await cursor.execute(f"EXPLAIN EXECUTE {name}({args})".encode())

@@ -110,11 +110,6 @@ _MIGRATIONS: tuple[str, ...] = (
 
 #: Seconds between deletions of the raw events whose retention ended.
 _PRUNE_EVERY = 30.0
-_UPSERT_THREAD = (
-    "INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title, "
-    "next_position) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (thread_id) DO UPDATE "
-    "SET updated_at = GREATEST(threads.updated_at, excluded.updated_at), next_position = "
-    "GREATEST(threads.next_position, excluded.next_position)")
 #: Finished runs, any number of them, one statement (its parts are applied together, or not
 #: at all): each run's thread created or touched, the run its first events opened closed (or
 #: a new row when none were written while it ran), its last raw events and its message ids.
@@ -161,11 +156,33 @@ INSERT INTO message_ids (thread_id, message_id)
 SELECT m[2 * i + 1], m[2 * i + 2] FROM a, generate_series(0, cardinality(a.m) / 2 - 1) AS i
 ON CONFLICT DO NOTHING
 """
-_INSERT_CHUNK = (
-    "INSERT INTO run_events (thread_id, first_position, last_position, run_id, events) "
-    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (thread_id, first_position) DO UPDATE SET "
-    "events = excluded.events, last_position = excluded.last_position")
-#: At most this many finished runs are written in one transaction.
+#: A running run's next events (its first call opens the run, and creates the thread), one
+#: statement: a run streams for seconds and writes every 200 ms, so this is what a deployment
+#: mostly sends.
+_APPEND_EVENTS = b"""
+WITH p AS (
+    SELECT %b::text AS thread, %b::text AS run, %b::float8 AS created, %b::int8 AS first,
+           %b::int8 AS last, %b::bytea AS events
+), thread AS (
+    INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title,
+                         next_position)
+    SELECT p.thread, %b, p.created, p.created, %b, %b, %b, COALESCE(p.last + 1, 0) FROM p
+    ON CONFLICT (thread_id) DO UPDATE SET
+        updated_at = GREATEST(threads.updated_at, excluded.updated_at),
+        next_position = GREATEST(threads.next_position, excluded.next_position)
+), opened AS (
+    INSERT INTO runs (thread_id, seq, run_id, created_at, events, open, first_position)
+    SELECT p.thread, COALESCE((SELECT MAX(seq) FROM runs WHERE thread_id = p.thread), 0) + 1,
+           p.run, p.created, '\\x5b5d', TRUE, p.first
+    FROM p WHERE NOT EXISTS (SELECT 1 FROM runs
+                             WHERE thread_id = p.thread AND run_id = p.run AND open)
+)
+INSERT INTO run_events (thread_id, first_position, last_position, run_id, events)
+SELECT p.thread, p.first, p.last, p.run, p.events FROM p WHERE p.events IS NOT NULL
+ON CONFLICT (thread_id, first_position) DO UPDATE SET events = excluded.events,
+    last_position = excluded.last_position
+"""
+#: At most this many finished runs are written in one statement.
 _MAX_BATCH = 32
 _THREAD_COLUMNS = ("agent_id, created_at, updated_at, owner_id, tenant, name, title, "
                    "next_position")
@@ -366,29 +383,14 @@ class PostgresThreadStore:
                             created_at: float, first_position: int, events: Sequence[Event],
                             *, owner: ThreadOwner | None = None) -> None:
         await self.open()
-        async with self._pool.connection() as conn, conn.transaction():
-            await self._append_events(conn, thread_id, agent_id, run_id, created_at,
-                                      first_position, events, owner)
-
-    async def _append_events(self, conn: AsyncConnection[Any], thread_id: str, agent_id: str,
-                             run_id: str, created_at: float, first_position: int,
-                             events: Sequence[Event], owner: ThreadOwner | None) -> None:
-        await _thread(conn, thread_id, agent_id, created_at, owner, events)
-        if await _open_seq(conn, thread_id, run_id) is None:
-            await conn.execute(
-                "INSERT INTO runs (thread_id, seq, run_id, created_at, events, open, "
-                "first_position) SELECT %s, COALESCE(MAX(seq), 0) + 1, %s, %s, '\\x5b5d', "
-                "TRUE, %s FROM runs WHERE thread_id = %s",
-                (thread_id, run_id, created_at, first_position, thread_id))
-        if events:
-            last = first_position + len(events) - 1
-            await conn.execute(
-                "INSERT INTO run_events (thread_id, first_position, last_position, run_id, "
-                "events) VALUES (%s, %s, %s, %s, %s) ON CONFLICT (thread_id, first_position) "
-                "DO UPDATE SET events = excluded.events, last_position = "
-                "excluded.last_position",
-                (thread_id, first_position, last, run_id, orjson.dumps(events)))
-            await _advance(conn, thread_id, last)
+        has_events = bool(events)
+        async with self._pool.connection() as conn:
+            await conn.execute(_APPEND_EVENTS, (
+                thread_id, run_id, created_at, first_position,
+                first_position + len(events) - 1 if has_events else None,
+                orjson.dumps(events) if has_events else None, agent_id,
+                owner.principal_id if owner else None, owner.tenant if owner else None,
+                title_of(events)), prepare=True)
 
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
                          message_ids: Iterable[str], *, owner: ThreadOwner | None = None,
@@ -545,24 +547,6 @@ class PostgresThreadStore:
         await self._idle.wait()  # the runs finished or queued are written first
         if self._opened is not None:
             await self._pool.close()
-
-
-async def _thread(conn: AsyncConnection[Any], thread_id: str, agent_id: str,
-                  created_at: float, owner: ThreadOwner | None,
-                  events: Sequence[Event]) -> None:
-    await conn.execute(
-        "INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, "
-        "title) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (thread_id) DO UPDATE SET "
-        "updated_at = GREATEST(threads.updated_at, excluded.updated_at)",
-        (thread_id, agent_id, created_at, created_at, owner.principal_id if owner else None,
-         owner.tenant if owner else None, title_of(events)))
-
-
-async def _open_seq(conn: AsyncConnection[Any], thread_id: str, run_id: str) -> int | None:
-    row = await (await conn.execute(
-        "SELECT seq FROM runs WHERE thread_id = %s AND run_id = %s AND open",
-        (thread_id, run_id))).fetchone()
-    return None if row is None else int(row[0])
 
 
 async def _advance(conn: AsyncConnection[Any], thread_id: str, last_position: int) -> None:
