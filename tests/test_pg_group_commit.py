@@ -37,13 +37,13 @@ async def store() -> AsyncIterator[PostgresThreadStore]:
 def batches(store: PostgresThreadStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The size of every batch the store writes."""
     sizes: list[int] = []
-    write = store._write_batch
+    write = store._finished._write_batch
 
     async def counted(batch: list[Any]) -> None:
         sizes.append(len(batch))
         await write(batch)
 
-    monkeypatch.setattr(store, "_write_batch", counted)
+    monkeypatch.setattr(store._finished, "_write_batch", counted)
     return sizes
 
 
@@ -52,8 +52,8 @@ async def _in_flight(store: PostgresThreadStore, thread: str, run: StoredRun
     """A run whose write has begun: what finishes next waits for it."""
     task = asyncio.ensure_future(_finish(store, thread, run))
     await asyncio.sleep(0)  # it has begun (its reply takes a round trip, not one loop turn)
-    assert store._writing
-    assert not store._queued
+    assert store._finished._writing
+    assert not store._finished._queued
     return task
 
 
@@ -278,8 +278,8 @@ async def test_plans_made_on_empty_tables_scan_no_table(store: PostgresThreadSto
                 ("finish", _FINISH_RUNS, "'{t,r,1,2,0,5,a,NULL,NULL,x,0,5}'::text[], "
                                          "'{\\\\x5b5d,\\\\x5b5d}'::bytea[], '{t,m}'::text[]"),
                 ("heads", _SUMMARIES, "'{t}'::text[]"),
-                ("running", _APPEND_EVENTS, "'t', 'r', 1, 0, 3, '\\x5b5d'::bytea, 'a', NULL, "
-                                            "NULL, 'x'")):
+                ("running", _APPEND_EVENTS, "'{t,r,1,0,3,a,NULL,NULL,x}'::text[], "
+                                            "'{\\\\x5b5d}'::bytea[]")):
             await cursor.execute(f"PREPARE {name} AS {numbered(query)}".encode())
             await conn.execute("BEGIN")
             await cursor.execute(f"EXPLAIN EXECUTE {name}({args})".encode())
@@ -287,3 +287,49 @@ async def test_plans_made_on_empty_tables_scan_no_table(store: PostgresThreadSto
             await conn.execute("ROLLBACK")
     for plan in plans:
         assert "Seq Scan" not in plan, plan
+
+
+# -- running runs' events written together -------------------------------------------------
+
+
+async def test_running_runs_events_asked_for_meanwhile_are_written_together(
+        store: PostgresThreadStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes: list[int] = []
+    write = store._running._write_batch
+
+    async def counted(batch: list[Any]) -> None:
+        sizes.append(len(batch))
+        await write(batch)
+
+    monkeypatch.setattr(store._running, "_write_batch", counted)
+
+    def streamed(thread: str) -> list[ev.Event]:
+        return [ev.run_started(thread, "r", {"threadId": thread, "runId": "r", "messages": [
+                    {"id": f"u-{thread}", "role": "user", "content": f"hi {thread}"}]}),
+                ev.text_message_start(f"m-{thread}"),
+                ev.text_message_content(f"m-{thread}", "so far")]
+
+    first = asyncio.ensure_future(store.append_events("s0", "default", "r", 1.0, 0,
+                                                      streamed("s0")))
+    await asyncio.sleep(0)
+    assert store._running._writing
+    threads = [f"s{i}" for i in range(1, 9)]
+    await asyncio.gather(first, *(store.append_events(t, "default", "r", 1.0, 0, streamed(t))
+                                  for t in threads),
+                         store.append_events("opened", "default", "r", 1.0, 0, []))
+    assert sizes == [9]
+    assert sorted(await store.open_runs()) == sorted(
+        [("opened", "r"), ("s0", "r"), *((t, "r") for t in threads)])
+    for t in ["s0", *threads]:
+        assert [(p, e) for p, e in await store.events_after(t, -1)] == list(
+            enumerate(streamed(t)))
+        head = await store.summary(t)
+        assert head is not None
+        assert (head.next_position, head.title) == (3, f"hi {t}")
+    opened = await store.summary("opened")
+    assert opened is not None
+    assert opened.next_position == 0
+    # The next events of a run go on where it stopped, and its end closes it.
+    await store.append_events("s1", "default", "r", 1.0, 3,
+                              [ev.text_message_content("m-s1", " and more")])
+    assert [p for p, _ in await store.events_after("s1", 1)] == [2, 3]

@@ -20,6 +20,7 @@ from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 
 from copilot_runtime.events import Event
+from copilot_runtime.threads._grouped import GroupedWriter
 from copilot_runtime.threads._rows import (
     Chunk,
     RunRow,
@@ -156,17 +157,24 @@ INSERT INTO message_ids (thread_id, message_id)
 SELECT m[2 * i + 1], m[2 * i + 2] FROM a, generate_series(0, cardinality(a.m) / 2 - 1) AS i
 ON CONFLICT DO NOTHING
 """
-#: A running run's next events (its first call opens the run, and creates the thread), one
-#: statement: a run streams for seconds and writes every 200 ms, so this is what a deployment
-#: mostly sends.
+#: Running runs' next events (a run's first call opens it, and creates its thread), any
+#: number of runs, one statement: a run streams for seconds and writes every 200 ms, so this
+#: is what a deployment mostly sends. At most one run per thread; packed as `_FINISH_RUNS`,
+#: nine texts and one blob per run (no blob, and NULL as the last position: no events).
 _APPEND_EVENTS = b"""
-WITH p AS (
-    SELECT %b::text AS thread, %b::text AS run, %b::float8 AS created, %b::int8 AS first,
-           %b::int8 AS last, %b::bytea AS events
+WITH a AS (
+    SELECT %b::text[] AS t, %b::bytea[] AS b
+), p AS (
+    SELECT t[k + 1] AS thread, t[k + 2] AS run, t[k + 3]::float8 AS created,
+           t[k + 4]::int8 AS first, t[k + 5]::int8 AS last, t[k + 6] AS agent,
+           t[k + 7] AS owner, t[k + 8] AS tenant, t[k + 9] AS title, b[i + 1] AS events
+    FROM a, generate_series(0, cardinality(a.b) - 1) AS i, LATERAL (SELECT 9 * i AS k) AS o
 ), thread AS (
     INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title,
                          next_position)
-    SELECT p.thread, %b, p.created, p.created, %b, %b, %b, COALESCE(p.last + 1, 0) FROM p
+    SELECT p.thread, p.agent, p.created, p.created, p.owner, p.tenant, p.title,
+           COALESCE(p.last + 1, 0)
+    FROM p
     ON CONFLICT (thread_id) DO UPDATE SET
         updated_at = GREATEST(threads.updated_at, excluded.updated_at),
         next_position = GREATEST(threads.next_position, excluded.next_position)
@@ -178,7 +186,7 @@ WITH p AS (
                              WHERE thread_id = p.thread AND run_id = p.run AND open)
 )
 INSERT INTO run_events (thread_id, first_position, last_position, run_id, events)
-SELECT p.thread, p.first, p.last, p.run, p.events FROM p WHERE p.events IS NOT NULL
+SELECT p.thread, p.first, p.last, p.run, p.events FROM p WHERE p.last IS NOT NULL
 ON CONFLICT (thread_id, first_position) DO UPDATE SET events = excluded.events,
     last_position = excluded.last_position
 """
@@ -207,11 +215,10 @@ class PostgresThreadStore:
                                          configure=self._configure)
         self._opened: asyncio.Task[None] | None = None
         self._pruned = 0.0
-        self._queued: builtins.list[_Finished] = []
-        self._writer: asyncio.Future[None] | None = None
-        self._writing = False  # a write of finished runs is in flight
-        self._idle = asyncio.Event()  # set while none is
-        self._idle.set()
+        # Writes asked for while one of their kind is in flight go together, next.
+        self._finished = GroupedWriter(self._pool, _finish_runs, max_batch=_MAX_BATCH,
+                                       after=self._prune)
+        self._running = GroupedWriter(self._pool, _append_events, max_batch=_MAX_BATCH)
         self._reading = False  # a read of threads' heads is in flight
         self._to_read: dict[str, builtins.list[asyncio.Future[ThreadRecord | None]]] = {}
         self._reader: asyncio.Future[None] | None = None
@@ -383,14 +390,12 @@ class PostgresThreadStore:
                             created_at: float, first_position: int, events: Sequence[Event],
                             *, owner: ThreadOwner | None = None) -> None:
         await self.open()
-        has_events = bool(events)
-        async with self._pool.connection() as conn:
-            await conn.execute(_APPEND_EVENTS, (
-                thread_id, run_id, created_at, first_position,
-                first_position + len(events) - 1 if has_events else None,
-                orjson.dumps(events) if has_events else None, agent_id,
-                owner.principal_id if owner else None, owner.tenant if owner else None,
-                title_of(events)), prepare=True)
+        await self._running.write(_Running(
+            thread_id, run_id, created_at, first_position,
+            first_position + len(events) - 1 if events else None,
+            orjson.dumps(events) if events else b"", agent_id,
+            owner.principal_id if owner else None, owner.tenant if owner else None,
+            title_of(events)))
 
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
                          message_ids: Iterable[str], *, owner: ThreadOwner | None = None,
@@ -403,87 +408,8 @@ class PostgresThreadStore:
             title_of(run.events), raw_first if raw and raw_first >= 0 else -1,
             orjson.dumps(raw) if raw and raw_first >= 0 else b"", len(raw),
             builtins.list(message_ids))
-        if not self._writing:
-            # Nothing in flight: this run is written at once, by its caller.
-            self._writing = True
-            self._idle.clear()
-            try:
-                async with self._pool.connection() as conn:
-                    await _finish_runs(conn, [finished])
-                    await self._prune(conn)
-            finally:
-                self._drain()
-            return
-        self._queued.append(finished)
-        # Returns once the statement holding this run committed. A caller cancelled here
-        # leaves its run queued: it is written with the others all the same.
-        await finished.done
-
-    def _drain(self) -> None:
-        """The write in flight is over: the runs queued meanwhile are written next, by a
-        task of their own (so that no caller's cancellation can stop their write)."""
-        if self._queued:
-            self._writer = asyncio.ensure_future(self._write_queued())
-        else:
-            self._writing = False
-            self._idle.set()
-
-    async def _write_queued(self) -> None:
-        """Group commit: runs that finished while a write was in flight are written together,
-        one statement and one round trip, as soon as it completes (a lone run at once)."""
-        batch: builtins.list[_Finished] = []
-        try:
-            while self._queued:
-                batch = _next_batch(self._queued)
-                await self._write_batch(batch)
-                batch = []
-        except BaseException as e:  # cancelled with the loop, or a bug: no caller waits forever
-            for finished in batch + self._queued:
-                if finished.done.done():
-                    continue
-                if isinstance(e, asyncio.CancelledError):
-                    finished.done.cancel()
-                else:
-                    finished.done.set_exception(e)
-            self._queued.clear()
-            raise
-        finally:
-            self._writer = None
-            self._writing = False
-            self._idle.set()
-
-    async def _write_batch(self, batch: builtins.list[_Finished]) -> None:
-        if len(batch) > 1:
-            # Threads are locked in one order, so batches of several workers do not
-            # deadlock each other.
-            batch.sort(key=lambda finished: finished.thread_id)
-            try:
-                async with self._pool.connection() as conn:
-                    try:
-                        await _finish_runs(conn, batch)
-                    except Exception as e:
-                        if conn.broken:
-                            # The commit may or may not have happened: writing the runs
-                            # again could store them twice, so each caller gets the error.
-                            _settle(batch, e)
-                            return
-                    else:
-                        _settle(batch, None)
-                        await self._prune(conn)
-                        return
-            except Exception as e:  # no connection
-                _settle(batch, e)
-                return
-            # The server refused the statement: each run alone, so that one bad run fails
-            # only its own caller.
-        for finished in batch:
-            try:
-                async with self._pool.connection() as conn:
-                    await _finish_runs(conn, [finished])
-                    _settle([finished], None)
-                    await self._prune(conn)
-            except Exception as e:
-                _settle([finished], e)
+        # Returns once the statement holding this run committed.
+        await self._finished.write(finished)
 
     async def _prune(self, conn: AsyncConnection[Any]) -> None:
         now = time.time()
@@ -544,7 +470,9 @@ class PostgresThreadStore:
             return cursor.rowcount > 0
 
     async def aclose(self) -> None:
-        await self._idle.wait()  # the runs finished or queued are written first
+        # What was finished or streamed, written or queued, is written first.
+        await self._finished.wait_idle()
+        await self._running.wait_idle()
         if self._opened is not None:
             await self._pool.close()
 
@@ -564,17 +492,6 @@ async def _chunks(conn: AsyncConnection[Any], thread_id: str, position: int,
         args.append(run_id)
     rows = await (await conn.execute(query.encode(), args)).fetchall()
     return [Chunk(r, first, orjson.loads(events)) for r, first, events in rows]
-
-
-def _settle(batch: Sequence[_Finished], error: BaseException | None) -> None:
-    """Wake the callers of these runs (a cancelled caller is no longer waiting)."""
-    for finished in batch:
-        if finished.done.done():
-            continue
-        if error is None:
-            finished.done.set_result(None)
-        else:
-            finished.done.set_exception(error)
 
 
 class _Finished:
@@ -606,21 +523,36 @@ class _Finished:
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
 
-def _next_batch(queued: builtins.list[_Finished]) -> builtins.list[_Finished]:
-    """Take the next batch off the queue, in order: at most `_MAX_BATCH` runs and one per
-    thread (a thread's later runs wait for the next batch, keeping their order)."""
-    batch: builtins.list[_Finished] = []
-    threads: set[str] = set()
-    rest: builtins.list[_Finished] = []
-    for finished in queued:
-        if len(batch) < _MAX_BATCH and finished.thread_id not in threads:
-            threads.add(finished.thread_id)
-            batch.append(finished)
-        else:
-            threads.add(finished.thread_id)  # its later runs wait too
-            rest.append(finished)
-    queued[:] = rest
-    return batch
+class _Running:
+    """A running run's next events on their way to the database."""
+
+    __slots__ = ("agent_id", "created_at", "done", "events", "first_position",
+                 "last_position", "owner_id", "run_id", "tenant", "thread_id", "title")
+
+    def __init__(self, thread_id: str, run_id: str, created_at: float, first_position: int,
+                 last_position: int | None, events: bytes, agent_id: str,
+                 owner_id: str | None, tenant: str | None, title: str) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.created_at = created_at
+        self.first_position = first_position
+        self.last_position = last_position  # None: no events (the run is only opened)
+        self.events = events
+        self.agent_id = agent_id
+        self.owner_id = owner_id
+        self.tenant = tenant
+        self.title = title
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+
+async def _append_events(conn: AsyncConnection[Any], batch: Sequence[_Running]) -> None:
+    """Write running runs' next events (runs of distinct threads) in one statement."""
+    texts: builtins.list[str | None] = []
+    for r in batch:
+        texts += (r.thread_id, r.run_id, repr(r.created_at), str(r.first_position),
+                  None if r.last_position is None else str(r.last_position), r.agent_id,
+                  r.owner_id, r.tenant, r.title)
+    await conn.execute(_APPEND_EVENTS, (texts, [r.events for r in batch]), prepare=True)
 
 
 async def _finish_runs(conn: AsyncConnection[Any], batch: Sequence[_Finished]) -> None:

@@ -1,0 +1,159 @@
+"""Group commit for a store's writes: what is asked for while a write is in flight is written
+together next, in one statement, as soon as it completes (a lone write goes at once).
+
+Each caller returns once the statement holding its item committed. A statement the server
+refuses is written again item by item, so a bad item fails only its own caller; a caller
+cancelled while it waits leaves its item queued, and it is written all the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+__all__ = ["GroupedWriter", "Pending"]
+
+
+class Pending(Protocol):
+    """An item to write: the thread it belongs to, and what its caller awaits."""
+
+    thread_id: str
+    done: asyncio.Future[None]
+
+
+ItemT = TypeVar("ItemT", bound=Pending)
+#: Writes a batch (items of distinct threads) in one statement.
+Write = Callable[[AsyncConnection[Any], Sequence[ItemT]], Awaitable[None]]
+#: What to do on the connection after a batch committed (housekeeping; must not raise).
+After = Callable[[AsyncConnection[Any]], Awaitable[None]]
+
+
+class GroupedWriter(Generic[ItemT]):
+    def __init__(self, pool: AsyncConnectionPool[Any], write: Write[ItemT], *,
+                 max_batch: int = 32, after: After | None = None) -> None:
+        self._pool = pool
+        self._write = write
+        self._max_batch = max_batch
+        self._after = after
+        self._queued: list[ItemT] = []
+        self._writer: asyncio.Future[None] | None = None
+        self._writing = False  # a write is in flight
+        self._idle = asyncio.Event()  # set while none is
+        self._idle.set()
+
+    async def write(self, item: ItemT) -> None:
+        if not self._writing:
+            # Nothing in flight: this item is written at once, by its caller.
+            self._writing = True
+            self._idle.clear()
+            try:
+                async with self._pool.connection() as conn:
+                    await self._write(conn, [item])
+                    if self._after is not None:
+                        await self._after(conn)
+            finally:
+                self._drain()
+            return
+        self._queued.append(item)
+        # A caller cancelled here leaves its item queued: it is written all the same.
+        await item.done
+
+    async def wait_idle(self) -> None:
+        """Until everything written or queued so far is written."""
+        await self._idle.wait()
+
+    def _drain(self) -> None:
+        """The write in flight is over: what was queued meanwhile is written next, by a task
+        of its own (so that no caller's cancellation can stop its write)."""
+        if self._queued:
+            self._writer = asyncio.ensure_future(self._write_queued())
+        else:
+            self._writing = False
+            self._idle.set()
+
+    async def _write_queued(self) -> None:
+        batch: list[ItemT] = []
+        try:
+            while self._queued:
+                batch = self._next_batch()
+                await self._write_batch(batch)
+                batch = []
+        except BaseException as e:  # cancelled with the loop, or a bug: no caller waits forever
+            for item in batch + self._queued:
+                if item.done.done():
+                    continue
+                if isinstance(e, asyncio.CancelledError):
+                    item.done.cancel()
+                else:
+                    item.done.set_exception(e)
+            self._queued.clear()
+            raise
+        finally:
+            self._writer = None
+            self._writing = False
+            self._idle.set()
+
+    def _next_batch(self) -> list[ItemT]:
+        """The next batch off the queue, in order: at most `max_batch` items and one per
+        thread (a thread's later items wait for the next batch, keeping their order)."""
+        batch: list[ItemT] = []
+        threads: set[str] = set()
+        rest: list[ItemT] = []
+        for item in self._queued:
+            if len(batch) < self._max_batch and item.thread_id not in threads:
+                batch.append(item)
+            else:
+                rest.append(item)
+            threads.add(item.thread_id)  # its later items wait too
+        self._queued[:] = rest
+        return batch
+
+    async def _write_batch(self, batch: list[ItemT]) -> None:
+        if len(batch) > 1:
+            # Threads are locked in one order, so batches of several workers do not
+            # deadlock each other.
+            batch.sort(key=lambda item: item.thread_id)
+            try:
+                async with self._pool.connection() as conn:
+                    try:
+                        await self._write(conn, batch)
+                    except Exception as e:
+                        if conn.broken:
+                            # The commit may or may not have happened: writing the items
+                            # again could store them twice, so each caller gets the error.
+                            _settle(batch, e)
+                            return
+                    else:
+                        _settle(batch, None)
+                        if self._after is not None:
+                            await self._after(conn)
+                        return
+            except Exception as e:  # no connection
+                _settle(batch, e)
+                return
+            # The server refused the statement: each item alone, so that one bad item fails
+            # only its own caller.
+        for item in batch:
+            try:
+                async with self._pool.connection() as conn:
+                    await self._write(conn, [item])
+                    _settle([item], None)
+                    if self._after is not None:
+                        await self._after(conn)
+            except Exception as e:
+                _settle([item], e)
+
+
+def _settle(batch: Sequence[Pending], error: BaseException | None) -> None:
+    """Wake the callers of these items (a cancelled caller is no longer waiting)."""
+    for item in batch:
+        if item.done.done():
+            continue
+        if error is None:
+            item.done.set_result(None)
+        else:
+            item.done.set_exception(error)
