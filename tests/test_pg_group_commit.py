@@ -33,18 +33,23 @@ async def store() -> AsyncIterator[PostgresThreadStore]:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-@pytest.fixture
-def batches(store: PostgresThreadStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The size of every batch the store writes."""
+def _count_batches(writer: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every batch `writer` (a store's group writer) writes from now on."""
     sizes: list[int] = []
-    write = store._finished._write_batch
+    write = writer._write_batch
 
     async def counted(batch: list[Any]) -> None:
         sizes.append(len(batch))
         await write(batch)
 
-    monkeypatch.setattr(store._finished, "_write_batch", counted)
+    monkeypatch.setattr(writer, "_write_batch", counted)
     return sizes
+
+
+@pytest.fixture
+def batches(store: PostgresThreadStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every batch of finished runs the store writes."""
+    return _count_batches(store._finished, monkeypatch)
 
 
 async def _in_flight(store: PostgresThreadStore, thread: str, run: StoredRun
@@ -294,14 +299,7 @@ async def test_plans_made_on_empty_tables_scan_no_table(store: PostgresThreadSto
 
 async def test_running_runs_events_asked_for_meanwhile_are_written_together(
         store: PostgresThreadStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    sizes: list[int] = []
-    write = store._running._write_batch
-
-    async def counted(batch: list[Any]) -> None:
-        sizes.append(len(batch))
-        await write(batch)
-
-    monkeypatch.setattr(store._running, "_write_batch", counted)
+    sizes = _count_batches(store._running, monkeypatch)
 
     def streamed(thread: str) -> list[ev.Event]:
         return [ev.run_started(thread, "r", {"threadId": thread, "runId": "r", "messages": [
