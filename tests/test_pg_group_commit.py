@@ -331,3 +331,52 @@ async def test_running_runs_events_asked_for_meanwhile_are_written_together(
     await store.append_events("s1", "default", "r", 1.0, 3,
                               [ev.text_message_content("m-s1", " and more")])
     assert [p for p, _ in await store.events_after("s1", 1)] == [2, 3]
+
+
+# -- lanes: a connection of their own ------------------------------------------------------
+
+
+async def test_a_lane_left_mid_query_starts_clean_next_time(store: PostgresThreadStore) -> None:
+    lane = store._heads
+    reading = asyncio.ensure_future(_sleep_on(lane))
+    await asyncio.sleep(0.2)  # the query is running on the server
+    reading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+    await _finish(store, "after", _run("after", "r"))
+    head = await store.summary("after")  # the lane connected again
+    assert head is not None
+    assert head.next_position == 5
+
+
+async def test_a_lane_whose_connection_was_killed_connects_again(
+        store: PostgresThreadStore) -> None:
+    await _finish(store, "k", _run("k", "r"))
+    assert await store.summary("k") is not None
+    async with store._heads as cursor:
+        await cursor.execute("SELECT pg_backend_pid()")
+        row = await cursor.fetchone()
+        assert row is not None
+        pid = row[0]
+    with psycopg.connect(SERVER, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(psycopg.OperationalError):
+        await store.summary("k")  # the call that finds it dead fails, and says why
+    assert await store.summary("k") is not None
+    # The writers' lanes too.
+    for lane in (store._finished.lane, store._running.lane):
+        async with lane as cursor:
+            await cursor.execute("SELECT pg_backend_pid()")
+            row = await cursor.fetchone()
+            assert row is not None
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+    with pytest.raises(psycopg.OperationalError):
+        await _finish(store, "k2", _run("k2", "r"))
+    await _finish(store, "k2", _run("k2", "r"))
+    assert await store.summary("k2") is not None
+
+
+async def _sleep_on(lane: Any) -> None:
+    async with lane as cursor:
+        await cursor.execute("SELECT pg_sleep(5)")

@@ -16,11 +16,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection, AsyncCursor, sql
 from psycopg_pool import AsyncConnectionPool
 
 from copilot_runtime.events import Event
-from copilot_runtime.threads._grouped import GroupedWriter
+from copilot_runtime.threads._grouped import GroupedWriter, Lane
 from copilot_runtime.threads._rows import (
     Chunk,
     RunRow,
@@ -215,13 +215,26 @@ class PostgresThreadStore:
                                          configure=self._configure)
         self._opened: asyncio.Task[None] | None = None
         self._pruned = 0.0
-        # Writes asked for while one of their kind is in flight go together, next.
-        self._finished = GroupedWriter(self._pool, _finish_runs, max_batch=_MAX_BATCH,
+        # What every run asks for (its thread's head as it starts, its events as it streams,
+        # the finished run) goes through three connections of its own, one call at a time;
+        # what is asked for while a call is in flight goes together in the next one.
+        self._heads = Lane(self._connect)
+        self._finished = GroupedWriter(Lane(self._connect), _finish_runs, max_batch=_MAX_BATCH,
                                        after=self._prune)
-        self._running = GroupedWriter(self._pool, _append_events, max_batch=_MAX_BATCH)
+        self._running = GroupedWriter(Lane(self._connect), _append_events,
+                                      max_batch=_MAX_BATCH)
         self._reading = False  # a read of threads' heads is in flight
         self._to_read: dict[str, builtins.list[asyncio.Future[ThreadRecord | None]]] = {}
         self._reader: asyncio.Future[None] | None = None
+
+    async def _connect(self) -> AsyncConnection[Any]:
+        conn = await AsyncConnection.connect(self.conninfo, autocommit=True)
+        try:
+            await self._configure(conn)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
 
     async def _configure(self, conn: AsyncConnection[Any]) -> None:
         await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
@@ -338,9 +351,9 @@ class PostgresThreadStore:
 
     async def _summaries(self, thread_ids: builtins.list[str]
                          ) -> dict[str, tuple[Any, ...]]:
-        async with self._pool.connection() as conn:
-            rows = await (await conn.execute(_SUMMARIES, (thread_ids,), prepare=True)
-                          ).fetchall()
+        async with self._heads as cursor:
+            await cursor.execute(_SUMMARIES, (thread_ids,), prepare=True)
+            rows = await cursor.fetchall()
         return {row[0]: row[1:] for row in rows}
 
     async def events_after(self, thread_id: str, position: int) -> list[Positioned]:
@@ -411,13 +424,13 @@ class PostgresThreadStore:
         # Returns once the statement holding this run committed.
         await self._finished.write(finished)
 
-    async def _prune(self, conn: AsyncConnection[Any]) -> None:
+    async def _prune(self, cursor: AsyncCursor[Any]) -> None:
         now = time.time()
         if now - self._pruned > _PRUNE_EVERY:
             self._pruned = now
             # The runs are committed already: a failed prune is only retried later.
             with contextlib.suppress(Exception):
-                await conn.execute(
+                await cursor.execute(
                     "DELETE FROM run_events e USING runs r WHERE r.thread_id = e.thread_id "
                     "AND r.run_id = e.run_id AND NOT r.open AND r.ended_at < %s",
                     (now - self.raw_retention,))
@@ -473,6 +486,8 @@ class PostgresThreadStore:
         # What was finished or streamed, written or queued, is written first.
         await self._finished.wait_idle()
         await self._running.wait_idle()
+        for lane in (self._heads, self._finished.lane, self._running.lane):
+            await lane.aclose()
         if self._opened is not None:
             await self._pool.close()
 
@@ -545,17 +560,17 @@ class _Running:
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
 
-async def _append_events(conn: AsyncConnection[Any], batch: Sequence[_Running]) -> None:
+async def _append_events(cursor: AsyncCursor[Any], batch: Sequence[_Running]) -> None:
     """Write running runs' next events (runs of distinct threads) in one statement."""
     texts: builtins.list[str | None] = []
     for r in batch:
         texts += (r.thread_id, r.run_id, repr(r.created_at), str(r.first_position),
                   None if r.last_position is None else str(r.last_position), r.agent_id,
                   r.owner_id, r.tenant, r.title)
-    await conn.execute(_APPEND_EVENTS, (texts, [r.events for r in batch]), prepare=True)
+    await cursor.execute(_APPEND_EVENTS, (texts, [r.events for r in batch]), prepare=True)
 
 
-async def _finish_runs(conn: AsyncConnection[Any], batch: Sequence[_Finished]) -> None:
+async def _finish_runs(cursor: AsyncCursor[Any], batch: Sequence[_Finished]) -> None:
     """Write finished runs of distinct threads in one statement."""
     texts: builtins.list[str | None] = []
     blobs: builtins.list[bytes] = []
@@ -571,7 +586,7 @@ async def _finish_runs(conn: AsyncConnection[Any], batch: Sequence[_Finished]) -
         blobs += (f.events, f.raw)
         for message_id in f.message_ids:
             ids += (f.thread_id, message_id)
-    await conn.execute(_FINISH_RUNS, (texts, blobs, ids), prepare=True)
+    await cursor.execute(_FINISH_RUNS, (texts, blobs, ids), prepare=True)
 
 
 def _summary(thread_id: str, row: Sequence[Any] | None) -> ThreadRecord | None:
