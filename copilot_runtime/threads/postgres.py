@@ -1,9 +1,13 @@
 """A thread store in PostgreSQL: every worker of a deployment reads and writes the same threads.
 
-Async `psycopg` 3 with its connection pool. The tables live in one schema (`public` unless
-the URL names another with `?schema=`), created if missing, so several applications or test
-runs share a database. The schema is versioned; migrations run when the store opens, under
-a transaction-level advisory lock, so workers that start together migrate it once.
+Async `psycopg` 3. What every run asks for (its thread's head as it starts, its events as it
+streams, the finished run) goes over three connections of the store's own, one statement at
+a time, what is asked for meanwhile going together in the next statement; the rest (reading
+threads, listing, closing interrupted runs) over psycopg's pool (`min_size`..`max_size`). So
+a process holds at most `max_size` + 3 connections. The tables live in one schema (`public`
+unless the URL names another with `?schema=`), created if missing, so several applications
+or test runs share a database. The schema is versioned; migrations run when the store opens,
+under a transaction-level advisory lock, so workers that start together migrate it once.
 """
 
 from __future__ import annotations
