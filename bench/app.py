@@ -12,7 +12,9 @@ the cost of serving many users, measured against the plain runtime.
 mock at ``$LLM_BASE_URL`` instead (the python-anthropic and python-gemini targets).
 
 ``BENCH_STORE`` picks a durable thread store (bench/soak.py sets it): a SQLite file path, or a
-``postgresql://`` URL once `copilot_runtime.thread_store` can open one.
+``postgresql://`` URL once `copilot_runtime.thread_store` can open one. ``BENCH_COORDINATOR``
+names a shared coordinator (``postgresql://...`` or ``redis://...``) for one worker that
+coordinates as if others were there (what `bench/profile` needs to see its cost).
 """
 
 import os
@@ -48,6 +50,8 @@ def _store(spec: str) -> Any:
 
 if os.environ.get("BENCH_STORE"):
     options["thread_store"] = _store(os.environ["BENCH_STORE"])
+if os.environ.get("BENCH_COORDINATOR"):
+    options["coordinator"] = os.environ["BENCH_COORDINATOR"]
 
 def _adapter() -> Any:
     provider, url = os.environ.get("BENCH_PROVIDER", "openai"), os.environ["LLM_BASE_URL"]

@@ -312,3 +312,28 @@ async def test_long_expired_leases_are_forgotten(pair: Pair) -> None:
 
 async def _expired(coordinator: Any, thread_id: str) -> bool:
     return await coordinator.holder(thread_id) is None
+
+
+async def test_leases_asked_for_together(pair: Pair) -> None:
+    """Many runs starting and ending at once (PostgreSQL takes and gives back the leases asked
+    for meanwhile in one statement): each thread has one winner, each finish signals its end."""
+    a, b = pair
+    threads = [f"many{i}" for i in range(12)]
+    subscriptions = [b.subscribe(t) for t in threads]
+    asked = await asyncio.gather(*(a.acquire(t, f"{t}-a") for t in threads),
+                                 *(b.acquire(t, f"{t}-b") for t in threads))
+    for i, t in enumerate(threads):
+        won = [lease for lease in (asked[i], asked[len(threads) + i]) if lease is not None]
+        assert len(won) == 1, t
+        assert await a.holder(t) == won[0].run_id
+    winners = [lease for lease in asked if lease is not None]
+    mine = [lease for lease in winners if lease.run_id.endswith("-a")]
+    theirs = [lease for lease in winners if lease.run_id.endswith("-b")]
+    await asyncio.gather(*(a.finish(x) for x in mine), *(b.finish(x) for x in theirs))
+    for t, subscription in zip(threads, subscriptions, strict=True):
+        assert await a.holder(t) is None
+        if a.shared:
+            signal = await subscription.get(5.0)
+            assert signal is not None
+            assert (signal.kind, signal.thread_id) == ("end", t)
+        subscription.close()

@@ -9,9 +9,11 @@ the database's clock, so workers' clocks need not agree.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from typing import Any
 
+from copilot_runtime._batching import Batcher
 from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime.coordination._shared import (
     DEFAULT_LEASE_TTL,
@@ -50,6 +52,11 @@ class PostgresCoordinator(SharedCoordinator):
         self.table = f'"{self.schema}".run_leases'
         self.max_connections = max_connections
         self._pool: Any = None
+        # Every run takes a lease as it starts and gives it back as it ends: those asked for
+        # while one is in flight go together in the next statement.
+        self._acquiring: Batcher[tuple[str, str, str], Lease | None] = Batcher(
+            self._acquire_many, orphan=self._give_back)
+        self._finishing: Batcher[Lease, None] = Batcher(self._finish_many)
 
     async def _connect(self) -> None:
         from psycopg_pool import AsyncConnectionPool
@@ -117,18 +124,36 @@ class PostgresCoordinator(SharedCoordinator):
             return rows
 
     async def acquire(self, thread_id: str, run_id: str) -> Lease | None:
-        token = new_token()
+        lease = await self._acquiring((thread_id, run_id, new_token()))
+        return None if lease is None else self._hold(lease)
+
+    async def _acquire_many(self, asked: list[tuple[str, str, str]]) -> list[Lease | None]:
+        """The lease for each (thread, run, token) asked for, or None: held elsewhere."""
+        first: dict[str, tuple[str, str, str]] = {}
+        for item in asked:
+            first.setdefault(item[0], item)  # a thread asked for twice: only one can win
         rows = await self._fetch(
             f"INSERT INTO {self.table} AS held (thread_id, run_id, token, worker, expires_at) "
-            "VALUES (%s, %s, %s, %s, now() + make_interval(secs => %s)) "
+            "SELECT t, r, k, %s, now() + make_interval(secs => %s) "
+            "FROM unnest(%s::text[], %s::text[], %s::text[]) AS u(t, r, k) "
             "ON CONFLICT (thread_id) DO UPDATE SET run_id = excluded.run_id, "
             "token = excluded.token, worker = excluded.worker, "
             "expires_at = excluded.expires_at WHERE held.expires_at < now() "
             # xmax is set on a row the statement updated: an expired lease, never released.
-            "RETURNING xmax <> 0", (thread_id, run_id, token, self.worker, self.lease_ttl))
-        if not rows:
-            return None
-        return self._hold(Lease(thread_id, run_id, token, bool(rows[0][0])))
+            "RETURNING token, xmax <> 0",
+            (self.worker, self.lease_ttl, [t for t, _, _ in first.values()],
+             [r for _, r, _ in first.values()], [k for _, _, k in first.values()]))
+        won = {token: bool(expired) for token, expired in rows}
+        return [Lease(thread, run, token, won[token]) if token in won else None
+                for thread, run, token in asked]
+
+    async def _give_back(self, lease: Lease | None) -> None:
+        """A lease taken for a caller that left (cancelled while it waited): released, so
+        the thread does not stay busy until it expires."""
+        if lease is None:
+            return
+        with contextlib.suppress(Exception):  # else it expires by itself: nobody renews it
+            await self.release(lease)
 
     async def release(self, lease: Lease) -> None:
         self._drop(lease)
@@ -137,11 +162,16 @@ class PostgresCoordinator(SharedCoordinator):
 
     async def finish(self, lease: Lease) -> None:
         self._drop(lease)
+        await self._finishing(lease)
+
+    async def _finish_many(self, leases: list[Lease]) -> list[None]:
         await self._fetch(
-            f"WITH gone AS (DELETE FROM {self.table} WHERE thread_id = %s AND token = %s) "
-            "SELECT pg_notify(%s, %s)",
-            (lease.thread_id, lease.token, self.channel,
-             Signal("end", lease.thread_id, lease.run_id).encode().decode()))
+            f"WITH gone AS (DELETE FROM {self.table} WHERE (thread_id, token) IN "
+            "(SELECT * FROM unnest(%s::text[], %s::text[]))) "
+            "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p",
+            ([x.thread_id for x in leases], [x.token for x in leases], self.channel,
+             [Signal("end", x.thread_id, x.run_id).encode().decode() for x in leases]))
+        return [None] * len(leases)
 
     async def holder(self, thread_id: str) -> str | None:
         rows = await self._fetch(
