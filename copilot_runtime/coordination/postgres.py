@@ -117,7 +117,8 @@ class PostgresCoordinator(SharedCoordinator):
                      ) -> list[tuple[Any, ...]]:
         await self.start()
         async with self._pool.connection() as conn:
-            cursor = await conn.execute(query, params)
+            # Prepared: the same few statements, for every run.
+            cursor = await conn.execute(query, params, prepare=True)
             if cursor.description is None:
                 return []
             rows: list[tuple[Any, ...]] = await cursor.fetchall()
