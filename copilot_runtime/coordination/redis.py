@@ -8,8 +8,10 @@ lease expired cannot extend or delete its successor's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
+from copilot_runtime._batching import Batcher
 from copilot_runtime.coordination._shared import (
     DEFAULT_LEASE_TTL,
     SharedCoordinator,
@@ -73,6 +75,11 @@ class RedisCoordinator(SharedCoordinator):
         self._renew_script: Any = None
         self._release_script: Any = None
         self._acquire_script: Any = None
+        # Leases taken and given back while a call is in flight go together next, in one
+        # pipeline (one round trip for the runs starting or ending meanwhile).
+        self._acquiring: Batcher[tuple[str, str, str], Lease | None] = Batcher(
+            self._acquire_many, orphan=self._give_back)
+        self._finishing: Batcher[Lease, None] = Batcher(self._finish_many)
 
     def _key(self, thread_id: str) -> str:
         return f"{self.prefix}lease:{thread_id}"
@@ -125,13 +132,27 @@ class RedisCoordinator(SharedCoordinator):
 
     async def acquire(self, thread_id: str, run_id: str) -> Lease | None:
         await self.start()
-        token = new_token()
-        taken = await self._acquire_script(
-            keys=[self._key(thread_id), self._open_key(thread_id)],
-            args=[token + run_id, int(self.lease_ttl * 1000), self._open_ms()])
-        if not taken:
-            return None
-        return self._hold(Lease(thread_id, run_id, token, int(taken) == 2))
+        lease = await self._acquiring((thread_id, run_id, new_token()))
+        return None if lease is None else self._hold(lease)
+
+    async def _acquire_many(self, asked: list[tuple[str, str, str]]) -> list[Lease | None]:
+        """The lease for each (thread, run, token) asked for, or None: held elsewhere."""
+        ttl_ms, open_ms = int(self.lease_ttl * 1000), self._open_ms()
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for thread_id, run_id, token in asked:
+                await self._acquire_script(
+                    keys=[self._key(thread_id), self._open_key(thread_id)],
+                    args=[token + run_id, ttl_ms, open_ms], client=pipe)
+            results = await pipe.execute()
+        return [Lease(thread_id, run_id, token, int(taken) == 2) if taken else None
+                for (thread_id, run_id, token), taken in zip(asked, results, strict=True)]
+
+    async def _give_back(self, lease: Lease | None) -> None:
+        """A lease taken for a caller that left (cancelled while it waited): released, so
+        the thread does not stay busy until it expires."""
+        if lease is not None:
+            with contextlib.suppress(Exception):  # else it expires: nobody renews it
+                await self.release(lease)
 
     async def release(self, lease: Lease) -> None:
         self._drop(lease)
@@ -142,12 +163,18 @@ class RedisCoordinator(SharedCoordinator):
     async def finish(self, lease: Lease) -> None:
         self._drop(lease)
         await self.start()
+        await self._finishing(lease)
+
+    async def _finish_many(self, leases: list[Lease]) -> list[None]:
         async with self._redis.pipeline(transaction=False) as pipe:
-            await self._release_script(keys=[self._key(lease.thread_id),
-                                             self._open_key(lease.thread_id)],
-                                       args=[lease.token], client=pipe)
-            pipe.publish(self.channel, Signal("end", lease.thread_id, lease.run_id).encode())
+            for lease in leases:
+                await self._release_script(keys=[self._key(lease.thread_id),
+                                                 self._open_key(lease.thread_id)],
+                                           args=[lease.token], client=pipe)
+                pipe.publish(self.channel,
+                             Signal("end", lease.thread_id, lease.run_id).encode())
             await pipe.execute()
+        return [None] * len(leases)
 
     async def holder(self, thread_id: str) -> str | None:
         await self.start()
