@@ -337,3 +337,12 @@ async def test_leases_asked_for_together(pair: Pair) -> None:
             assert signal is not None
             assert (signal.kind, signal.thread_id) == ("end", t)
         subscription.close()
+
+
+async def test_signals_published_together_arrive_all_in_order(pair: Pair) -> None:
+    a, b = pair
+    subscription = b.subscribe("burst")
+    await asyncio.gather(*(a.publish(Signal("progress", "burst", "r", n)) for n in range(20)))
+    got = [await subscription.get(5.0) for _ in range(20)]
+    assert [s.position if s is not None else None for s in got] == list(range(20))
+    subscription.close()

@@ -57,6 +57,8 @@ class PostgresCoordinator(SharedCoordinator):
         self._acquiring: Batcher[tuple[str, str, str], Lease | None] = Batcher(
             self._acquire_many, orphan=self._give_back)
         self._finishing: Batcher[Lease, None] = Batcher(self._finish_many)
+        # Signals too (a running run's progress goes out after each of its writes).
+        self._publishing: Batcher[str, None] = Batcher(self._publish_many)
 
     async def _connect(self) -> None:
         from psycopg_pool import AsyncConnectionPool
@@ -195,4 +197,9 @@ class PostgresCoordinator(SharedCoordinator):
         payload = signal.encode().decode()
         if len(payload.encode()) > _MAX_PAYLOAD:
             return
-        await self._fetch("SELECT pg_notify(%s, %s)", (self.channel, payload))
+        await self._publishing(payload)
+
+    async def _publish_many(self, payloads: list[str]) -> list[None]:
+        await self._fetch("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p",
+                          (self.channel, payloads))
+        return [None] * len(payloads)

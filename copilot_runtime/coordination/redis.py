@@ -80,6 +80,8 @@ class RedisCoordinator(SharedCoordinator):
         self._acquiring: Batcher[tuple[str, str, str], Lease | None] = Batcher(
             self._acquire_many, orphan=self._give_back)
         self._finishing: Batcher[Lease, None] = Batcher(self._finish_many)
+        # Signals too (a running run's progress goes out after each of its writes).
+        self._publishing: Batcher[bytes, None] = Batcher(self._publish_many)
 
     def _key(self, thread_id: str) -> str:
         return f"{self.prefix}lease:{thread_id}"
@@ -189,4 +191,11 @@ class RedisCoordinator(SharedCoordinator):
 
     async def publish(self, signal: Signal) -> None:
         await self.start()
-        await self._redis.publish(self.channel, signal.encode())
+        await self._publishing(signal.encode())
+
+    async def _publish_many(self, payloads: list[bytes]) -> list[None]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for payload in payloads:
+                pipe.publish(self.channel, payload)
+            await pipe.execute()
+        return [None] * len(payloads)
