@@ -226,3 +226,34 @@ async def test_running_runs_events_and_finished_runs_commit_together(
         assert head is not None
         assert (head.next_position, head.title) == (3, f"hi {t}")
     assert await store.get("done2") is not None
+
+
+def test_a_store_outlives_the_event_loop_of_a_call_in_flight(tmp_path: Path) -> None:
+    store = SQLiteThreadStore(tmp_path / "threads.sqlite3")
+
+    async def abandon() -> None:
+        # The store's thread waits for the lock, so the call is on it when this loop closes.
+        task = asyncio.ensure_future(_finish(store, "left", _run("left", "r")))
+        await asyncio.sleep(0)
+        assert store._calls._busy
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    first = asyncio.new_event_loop()
+    with store._lock:
+        first.run_until_complete(abandon())
+        first.close()
+
+    async def go_on() -> None:
+        await _finish(store, "next", _run("next", "r"))
+        left, following = await store.get("left"), await store.get("next")
+        assert left is not None
+        assert following is not None
+        await store.aclose()
+
+    second = asyncio.new_event_loop()
+    try:
+        second.run_until_complete(go_on())
+    finally:
+        second.close()

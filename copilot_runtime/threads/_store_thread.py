@@ -48,6 +48,7 @@ class StoreThread:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
         self._queued: list[Call[Any]] = []
         self._busy = False  # a batch is on the thread
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it was sent from
         self._idle: list[asyncio.Future[None]] = []  # what waits until none is
         self._closed = False
 
@@ -58,14 +59,14 @@ class StoreThread:
         done: asyncio.Future[_T] = loop.create_future()
         call.done = done
         self._queued.append(call)
-        if not self._busy:
+        if not self._busy_on(loop):
             self._start(loop)
         # A caller cancelled here leaves its call queued: it is run all the same.
         return await done
 
     async def wait_idle(self) -> None:
         """Until everything asked for so far has run."""
-        while self._busy:
+        while self._busy_on(asyncio.get_running_loop()):
             idle = asyncio.get_running_loop().create_future()
             self._idle.append(idle)
             await idle
@@ -76,10 +77,22 @@ class StoreThread:
         self._closed = True
         self._executor.shutdown(wait=False)
 
+    def _busy_on(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether a batch is on the thread, and will be back on a loop that still runs."""
+        if self._busy and self._loop is not loop and self._loop is not None \
+                and self._loop.is_closed():
+            # Sent from a loop closed since (a store outlives an event loop in tests and
+            # under some servers): its return will never be seen. The thread runs batches
+            # one after the other, so the next one can go.
+            self._busy = False
+            self._idle = [idle for idle in self._idle if not idle.get_loop().is_closed()]
+        return self._busy
+
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         batch = self._queued[:self._max_batch]
         del self._queued[:self._max_batch]
         self._busy = True
+        self._loop = loop
         try:
             hop = loop.run_in_executor(self._executor, self._run, batch)
         except BaseException as e:  # the executor is shut down
@@ -159,7 +172,7 @@ def _settle(batch: list[Call[Any]], error: BaseException | None) -> None:
     """Wake the callers of these calls (a cancelled caller is no longer waiting)."""
     for call in batch:
         done = call.done
-        if done is None or done.done():
+        if done is None or done.done() or done.get_loop().is_closed():
             continue
         failed = call.error or error
         if isinstance(failed, asyncio.CancelledError):  # the loop is going away
