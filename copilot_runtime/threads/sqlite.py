@@ -1,15 +1,15 @@
 """A thread store in an embedded SQLite file: threads survive a restart, no server needed.
 
-The standard library's `sqlite3` runs in a worker thread so the event loop never waits on
-the disk. WAL mode lets readers (`connect`, the thread routes) proceed while a run is
-written, and lets the worker processes of one machine share the file. The schema is
-versioned; `_MIGRATIONS` run at start-up inside one write transaction, so processes that
-open the same new file together migrate it once.
+The standard library's `sqlite3` runs on a thread of the store's own so the event loop never
+waits on the disk; calls asked for while others are on that thread go together next, writes
+in one transaction (`_store_thread`). WAL mode lets readers (`connect`, the thread routes)
+proceed while a run is written, and lets the worker processes of one machine share the file.
+The schema is versioned; `_MIGRATIONS` run at start-up inside one write transaction, so
+processes that open the same new file together migrate it once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import sqlite3
 import threading
@@ -28,6 +28,7 @@ from copilot_runtime.threads._rows import (
     events_after,
     message_ids_of,
 )
+from copilot_runtime.threads._store_thread import Call, StoreThread
 from copilot_runtime.threads.base import (
     Positioned,
     StoredRun,
@@ -126,6 +127,7 @@ class SQLiteThreadStore:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
+        self._calls = StoreThread(self._db, self._lock)
 
     def _migrate(self) -> None:
         db = self._db
@@ -154,22 +156,13 @@ class SQLiteThreadStore:
         return int(version)
 
     async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
-        def locked() -> _T:
-            with self._lock:
-                return fn(*args)
+        """`fn(*args)` on the store's thread, with the calls asked for meanwhile."""
+        return await self._calls.submit(Call(fn, args, False))
 
-        return await asyncio.to_thread(locked)
-
-    def _write(self, fn: Callable[..., _T], *args: Any) -> _T:
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            result = fn(*args)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        return result
+    async def _write(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """`fn(*args)` in a write transaction on the store's thread, with the writes asked
+        for meanwhile (one commit for them all); returns once its transaction committed."""
+        return await self._calls.submit(Call(fn, args, True))
 
     # -- reading -----------------------------------------------------------------------
 
@@ -282,7 +275,7 @@ class SQLiteThreadStore:
     async def append_events(self, thread_id: str, agent_id: str, run_id: str,
                             created_at: float, first_position: int, events: Sequence[Event],
                             *, owner: ThreadOwner | None = None) -> None:
-        await self._call(self._write, self._append_events, thread_id, agent_id, run_id,
+        await self._write(self._append_events, thread_id, agent_id, run_id,
                          created_at, first_position, orjson.dumps(events), events, owner)
 
     def _append_events(self, thread_id: str, agent_id: str, run_id: str, created_at: float,
@@ -304,7 +297,7 @@ class SQLiteThreadStore:
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
                          message_ids: Iterable[str], *, owner: ThreadOwner | None = None,
                          raw_first: int = -1, raw: Sequence[Event] = ()) -> None:
-        await self._call(self._write, self._append, thread_id, agent_id, run,
+        await self._write(self._append, thread_id, agent_id, run,
                          orjson.dumps(run.events), builtins.list(message_ids), owner,
                          raw_first, orjson.dumps(raw) if raw else b"", raw)
 
@@ -346,7 +339,7 @@ class SQLiteThreadStore:
                        "AND r.open = 0 AND r.ended_at < ?)", (now - self.raw_retention,))
 
     async def close_interrupted(self, thread_id: str, run_id: str) -> bool:
-        return await self._call(self._write, self._close_interrupted, thread_id, run_id)
+        return await self._write(self._close_interrupted, thread_id, run_id)
 
     def _close_interrupted(self, thread_id: str, run_id: str) -> bool:
         row = self._db.execute(
@@ -370,15 +363,17 @@ class SQLiteThreadStore:
         return True
 
     async def rename(self, thread_id: str, name: str | None) -> bool:
-        return await self._call(self._write, lambda: self._db.execute(
+        return await self._write(lambda: self._db.execute(
             "UPDATE threads SET name = ? WHERE thread_id = ?", (name, thread_id)
         ).rowcount > 0)
 
     async def delete(self, thread_id: str) -> bool:
-        return await self._call(self._write, lambda: self._db.execute(
+        return await self._write(lambda: self._db.execute(
             "DELETE FROM threads WHERE thread_id = ?", (thread_id,)).rowcount > 0)
 
     async def aclose(self) -> None:
+        # What was asked for before is run (and committed) first.
+        await self._calls.aclose()
         with self._lock:
             self._db.close()
 
