@@ -104,7 +104,7 @@ class PostgresCoordinator(SharedCoordinator):
     async def _renew(self, leases: list[Lease]) -> set[str]:
         rows = await self._fetch(
             f"UPDATE {self.table} SET expires_at = now() + make_interval(secs => %s) "
-            "WHERE (thread_id, token) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
+            "WHERE (thread_id, token) IN (SELECT * FROM unnest(%b::text[], %b::text[])) "
             "RETURNING thread_id",
             (self.lease_ttl, [x.thread_id for x in leases], [x.token for x in leases]))
         kept = {row[0] for row in rows}
@@ -119,7 +119,8 @@ class PostgresCoordinator(SharedCoordinator):
                      ) -> list[tuple[Any, ...]]:
         await self.start()
         async with self._pool.connection() as conn:
-            # Prepared: the same few statements, for every run.
+            # Prepared: the same few statements, for every run. Arrays go in binary (%b):
+            # psycopg's text form escapes each element with a regular expression.
             cursor = await conn.execute(query, params, prepare=True)
             if cursor.description is None:
                 return []
@@ -138,7 +139,7 @@ class PostgresCoordinator(SharedCoordinator):
         rows = await self._fetch(
             f"INSERT INTO {self.table} AS held (thread_id, run_id, token, worker, expires_at) "
             "SELECT t, r, k, %s, now() + make_interval(secs => %s) "
-            "FROM unnest(%s::text[], %s::text[], %s::text[]) AS u(t, r, k) "
+            "FROM unnest(%b::text[], %b::text[], %b::text[]) AS u(t, r, k) "
             "ON CONFLICT (thread_id) DO UPDATE SET run_id = excluded.run_id, "
             "token = excluded.token, worker = excluded.worker, "
             "expires_at = excluded.expires_at WHERE held.expires_at < now() "
@@ -170,8 +171,8 @@ class PostgresCoordinator(SharedCoordinator):
     async def _finish_many(self, leases: list[Lease]) -> list[None]:
         await self._fetch(
             f"WITH gone AS (DELETE FROM {self.table} WHERE (thread_id, token) IN "
-            "(SELECT * FROM unnest(%s::text[], %s::text[]))) "
-            "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p",
+            "(SELECT * FROM unnest(%b::text[], %b::text[]))) "
+            "SELECT pg_notify(%s, p) FROM unnest(%b::text[]) AS p",
             ([x.thread_id for x in leases], [x.token for x in leases], self.channel,
              [Signal("end", x.thread_id, x.run_id).encode().decode() for x in leases]))
         return [None] * len(leases)
@@ -200,6 +201,6 @@ class PostgresCoordinator(SharedCoordinator):
         await self._publishing(payload)
 
     async def _publish_many(self, payloads: list[str]) -> list[None]:
-        await self._fetch("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p",
+        await self._fetch("SELECT pg_notify(%s, p) FROM unnest(%b::text[]) AS p",
                           (self.channel, payloads))
         return [None] * len(payloads)
