@@ -254,7 +254,7 @@ async def test_a_failed_read_fails_its_callers_only(
     assert results[0] is not None
     assert not isinstance(results[0], BaseException)
     assert all(isinstance(r, psycopg.OperationalError) for r in results[1:])
-    assert not store._reading
+    assert not store._head_reads._busy
     assert await store.summary("f1") is not None
 
 

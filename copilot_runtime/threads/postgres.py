@@ -23,6 +23,7 @@ import orjson
 from psycopg import AsyncConnection, AsyncCursor, sql
 from psycopg_pool import AsyncConnectionPool
 
+from copilot_runtime._batching import Batcher
 from copilot_runtime.events import Event
 from copilot_runtime.threads._grouped import GroupedWriter, Lane
 from copilot_runtime.threads._rows import (
@@ -223,13 +224,11 @@ class PostgresThreadStore:
         # the finished run) goes through three connections of its own, one call at a time;
         # what is asked for while a call is in flight goes together in the next one.
         self._heads = Lane(self._connect)
+        self._head_reads: Batcher[str, ThreadRecord | None] = Batcher(self._read_heads)
         self._finished = GroupedWriter(Lane(self._connect), _finish_runs, max_batch=_MAX_BATCH,
                                        after=self._prune)
         self._running = GroupedWriter(Lane(self._connect), _append_events,
                                       max_batch=_MAX_BATCH)
-        self._reading = False  # a read of threads' heads is in flight
-        self._to_read: dict[str, builtins.list[asyncio.Future[ThreadRecord | None]]] = {}
-        self._reader: asyncio.Future[None] | None = None
 
     async def _connect(self) -> AsyncConnection[Any]:
         conn = await AsyncConnection.connect(self.conninfo, autocommit=True)
@@ -315,43 +314,15 @@ class PostgresThreadStore:
 
     async def summary(self, thread_id: str) -> ThreadRecord | None:
         await self.open()
-        if self._reading:
-            # Asked while another read is in flight: read with the others asked meanwhile,
-            # in one query, as soon as it is back (a run's start reads its thread's head).
-            waiting: asyncio.Future[ThreadRecord | None] = \
-                asyncio.get_running_loop().create_future()
-            self._to_read.setdefault(thread_id, []).append(waiting)
-            return await waiting
-        self._reading = True
-        try:
-            return _summary(thread_id, (await self._summaries([thread_id])).get(thread_id))
-        finally:
-            if self._to_read:
-                self._reader = asyncio.ensure_future(self._read_waiting())
-            else:
-                self._reading = False
+        # Asked for while another read is in flight: read with the others asked meanwhile,
+        # in one query, as soon as it is back (a run's start reads its thread's head).
+        return await self._head_reads(thread_id)
 
-    async def _read_waiting(self) -> None:
-        try:
-            while self._to_read:
-                waiting, self._to_read = self._to_read, {}
-                try:
-                    rows = await self._summaries(builtins.list(waiting))
-                except BaseException as e:
-                    for futures in waiting.values():
-                        for future in futures:
-                            if not future.done():
-                                future.set_exception(e)
-                    if not isinstance(e, Exception):
-                        raise
-                    continue
-                for thread_id, futures in waiting.items():
-                    for future in futures:
-                        if not future.done():  # its caller may have been cancelled
-                            future.set_result(_summary(thread_id, rows.get(thread_id)))
-        finally:
-            self._reader = None
-            self._reading = False
+    async def _read_heads(self, thread_ids: builtins.list[str]
+                          ) -> builtins.list[ThreadRecord | None]:
+        rows = await self._summaries(builtins.list(dict.fromkeys(thread_ids)))
+        # A record for each caller: a run's start keeps and extends its set of message ids.
+        return [_summary(thread_id, rows.get(thread_id)) for thread_id in thread_ids]
 
     async def _summaries(self, thread_ids: builtins.list[str]
                          ) -> dict[str, tuple[Any, ...]]:
