@@ -1,9 +1,12 @@
 """What the shared coordinators have in common: the leases this process holds, renewed in one
-batch every third of their time to live, and one task receiving every worker's signals."""
+batch every third of their time to live, and one task receiving every worker's signals. Leases
+taken and given back, and signals published, while a call of their kind is in flight go
+together in the next one (one round trip for the runs starting or ending meanwhile)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import urllib.parse
@@ -11,8 +14,9 @@ from collections.abc import Callable
 
 import structlog
 
+from copilot_runtime._batching import Batcher
 from copilot_runtime._exceptions import ConfigurationError
-from copilot_runtime.coordination.base import Lease, Signal, SignalHub, Subscription
+from copilot_runtime.coordination.base import Lease, Signal, SignalHub, Subscription, new_token
 
 __all__ = ["SharedCoordinator", "split_options"]
 
@@ -61,8 +65,26 @@ class SharedCoordinator:
         self._tasks: list[asyncio.Task[None]] = []
         self._started: asyncio.Future[None] | None = None
         self._closed = False
+        self._acquiring: Batcher[tuple[str, str, str], Lease | None] = Batcher(
+            self._acquire_many, orphan=self._give_back)
+        self._finishing: Batcher[Lease, None] = Batcher(self._finish_many)
+        self._publishing: Batcher[Signal, None] = Batcher(self._publish_many)
 
     # -- what each backend provides ------------------------------------------------------
+
+    async def _acquire_many(self, asked: list[tuple[str, str, str]]) -> list[Lease | None]:
+        """The lease for each (thread, run, token) asked for, or None: held elsewhere."""
+        raise NotImplementedError
+
+    async def _finish_many(self, leases: list[Lease]) -> list[None]:
+        """Release `leases` and signal each run's end."""
+        raise NotImplementedError
+
+    async def _publish_many(self, signals: list[Signal]) -> list[None]:
+        raise NotImplementedError
+
+    async def release(self, lease: Lease) -> None:
+        raise NotImplementedError
 
     async def _connect(self) -> None:
         raise NotImplementedError
@@ -142,7 +164,30 @@ class SharedCoordinator:
         if self._started is not None:
             await self._disconnect()
 
+    # -- leases --------------------------------------------------------------------------
+
+    async def acquire(self, thread_id: str, run_id: str) -> Lease | None:
+        await self.start()
+        lease = await self._acquiring((thread_id, run_id, new_token()))
+        return None if lease is None else self._hold(lease)
+
+    async def finish(self, lease: Lease) -> None:
+        self._drop(lease)
+        await self.start()
+        await self._finishing(lease)
+
+    async def _give_back(self, lease: Lease | None) -> None:
+        """A lease taken for a caller that left (cancelled while it waited): released, so
+        the thread does not stay busy until it expires."""
+        if lease is not None:
+            with contextlib.suppress(Exception):  # else it expires: nobody renews it
+                await self.release(lease)
+
     # -- signals -------------------------------------------------------------------------
+
+    async def publish(self, signal: Signal) -> None:
+        await self.start()
+        await self._publishing(signal)
 
     def subscribe(self, thread_id: str) -> Subscription:
         return self._hub.subscribe(thread_id)

@@ -9,11 +9,9 @@ the database's clock, so workers' clocks need not agree.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 from typing import Any
 
-from copilot_runtime._batching import Batcher
 from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime.coordination._shared import (
     DEFAULT_LEASE_TTL,
@@ -21,7 +19,7 @@ from copilot_runtime.coordination._shared import (
     lease_ttl_option,
     split_options,
 )
-from copilot_runtime.coordination.base import Lease, Signal, new_token
+from copilot_runtime.coordination.base import Lease, Signal
 from copilot_runtime.limits import CounterBackend
 
 __all__ = ["PostgresCoordinator"]
@@ -52,13 +50,6 @@ class PostgresCoordinator(SharedCoordinator):
         self.table = f'"{self.schema}".run_leases'
         self.max_connections = max_connections
         self._pool: Any = None
-        # Every run takes a lease as it starts and gives it back as it ends: those asked for
-        # while one is in flight go together in the next statement.
-        self._acquiring: Batcher[tuple[str, str, str], Lease | None] = Batcher(
-            self._acquire_many, orphan=self._give_back)
-        self._finishing: Batcher[Lease, None] = Batcher(self._finish_many)
-        # Signals too (a running run's progress goes out after each of its writes).
-        self._publishing: Batcher[str, None] = Batcher(self._publish_many)
 
     async def _connect(self) -> None:
         from psycopg_pool import AsyncConnectionPool
@@ -127,12 +118,7 @@ class PostgresCoordinator(SharedCoordinator):
             rows: list[tuple[Any, ...]] = await cursor.fetchall()
             return rows
 
-    async def acquire(self, thread_id: str, run_id: str) -> Lease | None:
-        lease = await self._acquiring((thread_id, run_id, new_token()))
-        return None if lease is None else self._hold(lease)
-
     async def _acquire_many(self, asked: list[tuple[str, str, str]]) -> list[Lease | None]:
-        """The lease for each (thread, run, token) asked for, or None: held elsewhere."""
         first: dict[str, tuple[str, str, str]] = {}
         for item in asked:
             first.setdefault(item[0], item)  # a thread asked for twice: only one can win
@@ -151,22 +137,10 @@ class PostgresCoordinator(SharedCoordinator):
         return [Lease(thread, run, token, won[token]) if token in won else None
                 for thread, run, token in asked]
 
-    async def _give_back(self, lease: Lease | None) -> None:
-        """A lease taken for a caller that left (cancelled while it waited): released, so
-        the thread does not stay busy until it expires."""
-        if lease is None:
-            return
-        with contextlib.suppress(Exception):  # else it expires by itself: nobody renews it
-            await self.release(lease)
-
     async def release(self, lease: Lease) -> None:
         self._drop(lease)
         await self._fetch(f"DELETE FROM {self.table} WHERE thread_id = %s AND token = %s",
                           (lease.thread_id, lease.token))
-
-    async def finish(self, lease: Lease) -> None:
-        self._drop(lease)
-        await self._finishing(lease)
 
     async def _finish_many(self, leases: list[Lease]) -> list[None]:
         await self._fetch(
@@ -194,13 +168,9 @@ class PostgresCoordinator(SharedCoordinator):
 
         return PostgresCounters(self)
 
-    async def publish(self, signal: Signal) -> None:
-        payload = signal.encode().decode()
-        if len(payload.encode()) > _MAX_PAYLOAD:
-            return
-        await self._publishing(payload)
-
-    async def _publish_many(self, payloads: list[str]) -> list[None]:
+    async def _publish_many(self, signals: list[Signal]) -> list[None]:
+        # A signal too long for NOTIFY is not sent (followers poll the store).
+        payloads = [p for p in (signal.encode() for signal in signals) if len(p) <= _MAX_PAYLOAD]
         await self._fetch("SELECT pg_notify(%s, p) FROM unnest(%b::text[]) AS p",
-                          (self.channel, payloads))
-        return [None] * len(payloads)
+                          (self.channel, [p.decode() for p in payloads]))
+        return [None] * len(signals)

@@ -8,17 +8,15 @@ lease expired cannot extend or delete its successor's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
-from copilot_runtime._batching import Batcher
 from copilot_runtime.coordination._shared import (
     DEFAULT_LEASE_TTL,
     SharedCoordinator,
     lease_ttl_option,
     split_options,
 )
-from copilot_runtime.coordination.base import Lease, Signal, new_token
+from copilot_runtime.coordination.base import Lease, Signal
 from copilot_runtime.limits import CounterBackend, RedisCounters
 
 __all__ = ["RedisCoordinator"]
@@ -75,13 +73,6 @@ class RedisCoordinator(SharedCoordinator):
         self._renew_script: Any = None
         self._release_script: Any = None
         self._acquire_script: Any = None
-        # Leases taken and given back while a call is in flight go together next, in one
-        # pipeline (one round trip for the runs starting or ending meanwhile).
-        self._acquiring: Batcher[tuple[str, str, str], Lease | None] = Batcher(
-            self._acquire_many, orphan=self._give_back)
-        self._finishing: Batcher[Lease, None] = Batcher(self._finish_many)
-        # Signals too (a running run's progress goes out after each of its writes).
-        self._publishing: Batcher[bytes, None] = Batcher(self._publish_many)
 
     def _key(self, thread_id: str) -> str:
         return f"{self.prefix}lease:{thread_id}"
@@ -132,13 +123,7 @@ class RedisCoordinator(SharedCoordinator):
             await self._redis.aclose()
             self._redis = None
 
-    async def acquire(self, thread_id: str, run_id: str) -> Lease | None:
-        await self.start()
-        lease = await self._acquiring((thread_id, run_id, new_token()))
-        return None if lease is None else self._hold(lease)
-
     async def _acquire_many(self, asked: list[tuple[str, str, str]]) -> list[Lease | None]:
-        """The lease for each (thread, run, token) asked for, or None: held elsewhere."""
         ttl_ms, open_ms = int(self.lease_ttl * 1000), self._open_ms()
         async with self._redis.pipeline(transaction=False) as pipe:
             for thread_id, run_id, token in asked:
@@ -149,23 +134,11 @@ class RedisCoordinator(SharedCoordinator):
         return [Lease(thread_id, run_id, token, int(taken) == 2) if taken else None
                 for (thread_id, run_id, token), taken in zip(asked, results, strict=True)]
 
-    async def _give_back(self, lease: Lease | None) -> None:
-        """A lease taken for a caller that left (cancelled while it waited): released, so
-        the thread does not stay busy until it expires."""
-        if lease is not None:
-            with contextlib.suppress(Exception):  # else it expires: nobody renews it
-                await self.release(lease)
-
     async def release(self, lease: Lease) -> None:
         self._drop(lease)
         await self.start()
         await self._release_script(keys=[self._key(lease.thread_id),
                                          self._open_key(lease.thread_id)], args=[lease.token])
-
-    async def finish(self, lease: Lease) -> None:
-        self._drop(lease)
-        await self.start()
-        await self._finishing(lease)
 
     async def _finish_many(self, leases: list[Lease]) -> list[None]:
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -189,13 +162,9 @@ class RedisCoordinator(SharedCoordinator):
     def counters(self) -> CounterBackend:
         return RedisCounters(self.url, prefix=f"{self.prefix}limits:")
 
-    async def publish(self, signal: Signal) -> None:
-        await self.start()
-        await self._publishing(signal.encode())
-
-    async def _publish_many(self, payloads: list[bytes]) -> list[None]:
+    async def _publish_many(self, signals: list[Signal]) -> list[None]:
         async with self._redis.pipeline(transaction=False) as pipe:
-            for payload in payloads:
-                pipe.publish(self.channel, payload)
+            for signal in signals:
+                pipe.publish(self.channel, signal.encode())
             await pipe.execute()
-        return [None] * len(payloads)
+        return [None] * len(signals)

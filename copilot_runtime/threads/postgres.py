@@ -17,6 +17,7 @@ import builtins
 import contextlib
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -484,55 +485,47 @@ async def _chunks(conn: AsyncConnection[Any], thread_id: str, position: int,
     return [Chunk(r, first, orjson.loads(events)) for r, first, events in rows]
 
 
+def _future() -> asyncio.Future[None]:
+    return asyncio.get_running_loop().create_future()
+
+
+@dataclass(slots=True)
 class _Finished:
     """A finished run on its way to the database, and what its caller awaits."""
 
-    __slots__ = ("agent_id", "created_at", "done", "ended_at", "events", "first_position",
-                 "last_position", "message_ids", "owner_id", "raw", "raw_count", "raw_first",
-                 "run_id", "tenant", "thread_id", "title")
-
-    def __init__(self, thread_id: str, run_id: str, created_at: float, ended_at: float,
-                 first_position: int, last_position: int, events: bytes, agent_id: str,
-                 owner_id: str | None, tenant: str | None, title: str, raw_first: int,
-                 raw: bytes, raw_count: int, message_ids: builtins.list[str]) -> None:
-        self.thread_id = thread_id
-        self.run_id = run_id
-        self.created_at = created_at
-        self.ended_at = ended_at
-        self.first_position = first_position
-        self.last_position = last_position
-        self.events = events
-        self.agent_id = agent_id
-        self.owner_id = owner_id
-        self.tenant = tenant
-        self.title = title
-        self.raw_first = raw_first  # -1: no raw events left to write
-        self.raw = raw
-        self.raw_count = raw_count
-        self.message_ids = message_ids
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    thread_id: str
+    run_id: str
+    created_at: float
+    ended_at: float
+    first_position: int
+    last_position: int
+    events: bytes
+    agent_id: str
+    owner_id: str | None
+    tenant: str | None
+    title: str
+    raw_first: int  # -1: no raw events left to write
+    raw: bytes
+    raw_count: int
+    message_ids: builtins.list[str]
+    done: asyncio.Future[None] = field(default_factory=_future)
 
 
+@dataclass(slots=True)
 class _Running:
     """A running run's next events on their way to the database."""
 
-    __slots__ = ("agent_id", "created_at", "done", "events", "first_position",
-                 "last_position", "owner_id", "run_id", "tenant", "thread_id", "title")
-
-    def __init__(self, thread_id: str, run_id: str, created_at: float, first_position: int,
-                 last_position: int | None, events: bytes, agent_id: str,
-                 owner_id: str | None, tenant: str | None, title: str) -> None:
-        self.thread_id = thread_id
-        self.run_id = run_id
-        self.created_at = created_at
-        self.first_position = first_position
-        self.last_position = last_position  # None: no events (the run is only opened)
-        self.events = events
-        self.agent_id = agent_id
-        self.owner_id = owner_id
-        self.tenant = tenant
-        self.title = title
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    thread_id: str
+    run_id: str
+    created_at: float
+    first_position: int
+    last_position: int | None  # None: no events (the run is only opened)
+    events: bytes
+    agent_id: str
+    owner_id: str | None
+    tenant: str | None
+    title: str
+    done: asyncio.Future[None] = field(default_factory=_future)
 
 
 async def _append_events(cursor: AsyncCursor[Any], batch: Sequence[_Running]) -> None:
