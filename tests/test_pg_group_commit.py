@@ -294,6 +294,115 @@ async def test_plans_made_on_empty_tables_scan_no_table(store: PostgresThreadSto
         assert "Seq Scan" not in plan, plan
 
 
+def _numbered(query: bytes) -> str:
+    import re
+
+    count = 0
+
+    def next_number(_: re.Match[str]) -> str:
+        nonlocal count
+        count += 1
+        return f"${count}"
+
+    return re.sub("%b", next_number, query.decode())
+
+
+async def _finish_plan(store: PostgresThreadStore, thread: str, run: str) -> tuple[str, int]:
+    """The plan the store's finished-runs statement runs for `thread`'s open run `run`
+    (rolled back), and the buffers it touched."""
+    import re
+
+    from copilot_runtime.threads.postgres import _FINISH_RUNS
+
+    args = (f"'{{{thread},{run},1,2,0,5,a,NULL,NULL,x,6,6}}'::text[], "
+            "'{\\\\x5b5d,\\\\x5b5d}'::bytea[], '{}'::text[]")
+    async with store._pool.connection() as conn:  # configured as the store's own
+        cursor = psycopg.AsyncClientCursor(conn)
+        await cursor.execute(f"PREPARE finish AS {_numbered(_FINISH_RUNS)}".encode())
+        await conn.execute("BEGIN")
+        await cursor.execute(
+            f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE finish({args})".encode())
+        plan = "\n".join(row[0] for row in await cursor.fetchall())
+        await conn.execute("ROLLBACK")
+        await conn.execute("DEALLOCATE finish")
+    # Every node's buffers (those of its children included: counted again, as both runs are).
+    touched = sum(int(n) for n in re.findall(r"shared hit=(\d+)", plan))
+    return plan, touched
+
+
+async def test_finding_an_open_run_costs_the_same_after_thousands_of_runs(
+        store: PostgresThreadStore) -> None:
+    """A run written while it streamed is looked up by its thread and id when it ends. Each
+    such run leaves dead index entries behind until the table is vacuumed (never, here): the
+    lookup must not read them all (it read the open-runs index whole: 1 ms per run after
+    5,000 runs)."""
+    async with store._pool.connection() as conn:
+        for table in ("runs", "run_events"):
+            await conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)".encode())
+
+    async def streamed_then_finished(count: int, prefix: str) -> None:
+        for i in range(count):
+            thread = f"{prefix}{i}"
+            await store.append_events(thread, "default", "r", 1.0, 0, [])
+        await asyncio.gather(*(_finish(store, f"{prefix}{i}", _run(f"{prefix}{i}", "r"))
+                               for i in range(count)))
+
+    await streamed_then_finished(20, "a")
+    await store.append_events("probe", "default", "r", 1.0, 0, [])
+    _, before = await _finish_plan(store, "probe", "r")
+    await streamed_then_finished(1500, "b")
+    plan, after = await _finish_plan(store, "probe", "r")
+    assert after <= before + 10, plan
+    for line in plan.splitlines():
+        assert not any(word in line for word in ("Bitmap", "Hash Join", "Merge Join",
+                                                 "Hash Anti Join", "Seq Scan")), plan
+    assert await store.open_runs() == [("probe", "r")]
+
+
+async def test_raw_events_are_deleted_once_their_retention_ended(
+        store: PostgresThreadStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Raw events (kept for exact resumes) go `raw_retention` seconds after their run ended,
+    those written while it streamed included; a running run's stay."""
+    from copilot_runtime.threads import postgres
+
+    def streamed(thread: str, texts: list[str]) -> list[ev.Event]:
+        return [ev.run_started(thread, "r", {"threadId": thread, "runId": "r"}),
+                ev.text_message_start(f"m-{thread}"),
+                *(ev.text_message_content(f"m-{thread}", t) for t in texts)]
+
+    # An ended run whose raw events were written in three parts (two as it streamed), a run
+    # still streaming, and one closed as interrupted.
+    ended = [*streamed("ended", ["a", "b", "c"]), ev.text_message_end("m-ended"),
+             ev.run_finished("ended", "r")]
+    await store.append_events("ended", "default", "r", 1.0, 0, ended[:3])
+    await store.append_events("ended", "default", "r", 1.0, 3, ended[3:5])
+    await store.append_run("ended", "default", StoredRun(
+        "r", compact_events(ended), 1.0, 0, 0, len(ended) - 1), ["m-ended"],
+        raw_first=5, raw=ended[5:])
+    await store.append_events("live", "default", "r", 1.0, 0, streamed("live", ["x"]))
+    await store.append_events("cut", "default", "r", 1.0, 0, streamed("cut", ["y"]))
+    assert await store.close_interrupted("cut", "r")
+
+    async def raw_rows() -> dict[str, int]:
+        async with store._pool.connection() as conn:
+            rows = await (await conn.execute(
+                "SELECT thread_id, count(*) FROM run_events GROUP BY thread_id")).fetchall()
+        return dict(rows)
+
+    assert await raw_rows() == {"ended": 3, "live": 1, "cut": 2}
+    assert [p for p, _ in await store.events_after("ended", 3)] == [4, 5, 6]
+    # Retention over: the next finished run's write deletes them.
+    store.raw_retention = 0.0
+    monkeypatch.setattr(postgres, "_PRUNE_EVERY", 0.0)
+    await _finish(store, "next", _run("next", "r"))
+    assert await raw_rows() == {"live": 1}
+    # The ended run is still whole, from its compacted form.
+    record = await store.get("ended")
+    assert record is not None
+    assert [e["type"] for e in record.runs[0].events][-1] == "RUN_FINISHED"
+    assert await store.events_after("ended", -1)
+
+
 # -- running runs' events written together -------------------------------------------------
 
 

@@ -246,7 +246,7 @@ async def test_postgres_workers_starting_together_migrate_once() -> None:
     stores: list[Any] = [thread_store(f"{SERVER}?schema={schema}") for _ in range(4)]
     try:
         versions = await asyncio.gather(*[s.schema_version() for s in stores])
-        assert versions == [3, 3, 3, 3]
+        assert versions == [4, 4, 4, 4]
         await _finish(stores[0], "t", "r", _run("t", "r", "x"), 0)
         assert (await stores[3].get("t")) is not None
     finally:
@@ -272,12 +272,18 @@ async def test_postgres_schema_of_the_first_version_is_migrated() -> None:
         conn.execute("INSERT INTO runs (thread_id, seq, run_id, created_at, events, "
                      "first_position, last_position) VALUES ('old', 1, 'r0', 1, '[]', 0, 4)")
         conn.execute("INSERT INTO message_ids VALUES ('old', 'u0')")
+        # Its raw events, still kept: they are given their run's end (to be deleted by it).
+        conn.execute("UPDATE runs SET ended_at = 7 WHERE thread_id = 'old'")
+        conn.execute("INSERT INTO run_events VALUES ('old', 0, 4, 'r0', '[]')")
     store: Any = thread_store(f"{SERVER}?schema={schema}")
     try:
-        assert await store.schema_version() == len(_MIGRATIONS) == 3
+        assert await store.schema_version() == len(_MIGRATIONS) == 4
         old = await store.summary("old")
         assert old is not None
         assert (old.next_position, old.message_ids) == (5, {"u0"})
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            assert conn.execute(f'SELECT ended_at FROM "{schema}".run_events').fetchall() == [
+                (7.0,)]
         # Deleting a thread takes all its rows with it (no foreign key does it any more).
         await store.append_run("old", "default", StoredRun(
             "r1", compact_events(_run("old", "r1", "y")), 2.0, 0, 5, 9), ["u1"],
