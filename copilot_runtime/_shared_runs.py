@@ -41,7 +41,8 @@ async def follow(runs: RunManager, thread_id: str, after: int = -1
     store = runs.store
     with coordinator.subscribe(thread_id) as signals:
         batch, position = await _read(store, thread_id, after)
-        live = await coordinator.holder(thread_id)
+        # Followed from now on: its worker signals its progress and end to us.
+        live = await coordinator.follow(thread_id)
         if batch:
             yield batch
         while live is not None:
@@ -52,7 +53,7 @@ async def follow(runs: RunManager, thread_id: str, after: int = -1
                 if batch:
                     yield batch
             if signal is None:
-                live = await coordinator.holder(thread_id)
+                live = await coordinator.follow(thread_id)
             elif signal.kind == "end" and signal.run_id == live:
                 live = None
         # The run's last events were stored before its lease was released.

@@ -140,6 +140,8 @@ def _url_of(coordinator_: Coordinator) -> str:
 
 async def test_signals_reach_every_workers_subscriptions(pair: Pair) -> None:
     a, b = pair
+    assert await a.acquire("t1", "r1") is not None
+    assert await b.follow("t1") == "r1"
     with b.subscribe("t1") as mine, b.subscribe("t2") as other, a.subscribe("t1") as own:
         sent = Signal("progress", "t1", "r1", 42)
         await a.publish(sent)
@@ -219,6 +221,8 @@ async def test_finish_releases_and_signals_the_end(pair: Pair) -> None:
     lease = await a.acquire("t1", "r1")
     assert lease is not None
     with b.subscribe("t1") as followers:
+        assert await b.follow("t1") == "r1"
+        assert await b.follow("t1") == "r1"  # again: still followed
         await a.finish(lease)
         end = await followers.get(5)
     assert end == Signal("end", "t1", "r1")
@@ -326,6 +330,7 @@ async def test_leases_asked_for_together(pair: Pair) -> None:
         won = [lease for lease in (asked[i], asked[len(threads) + i]) if lease is not None]
         assert len(won) == 1, t
         assert await a.holder(t) == won[0].run_id
+        assert await b.follow(t) == won[0].run_id
     winners = [lease for lease in asked if lease is not None]
     mine = [lease for lease in winners if lease.run_id.endswith("-a")]
     theirs = [lease for lease in winners if lease.run_id.endswith("-b")]
@@ -341,8 +346,54 @@ async def test_leases_asked_for_together(pair: Pair) -> None:
 
 async def test_signals_published_together_arrive_all_in_order(pair: Pair) -> None:
     a, b = pair
+    assert await a.acquire("burst", "r") is not None
+    assert await b.follow("burst") == "r"
     subscription = b.subscribe("burst")
     await asyncio.gather(*(a.publish(Signal("progress", "burst", "r", n)) for n in range(20)))
     got = [await subscription.get(5.0) for _ in range(20)]
     assert [s.position if s is not None else None for s in got] == list(range(20))
     subscription.close()
+
+
+async def test_following_a_thread_without_a_run(pair: Pair) -> None:
+    a, b = pair
+    assert await b.follow("idle") is None
+    lease = await a.acquire("idle", "r1")
+    assert lease is not None
+    assert await b.follow("idle") == "r1"
+    await a.release(lease)
+    assert await b.follow("idle") is None
+
+
+async def test_postgresql_notifies_only_the_runs_someone_follows(coordinator_url: str) -> None:
+    """NOTIFY is delivered to every listening worker and PostgreSQL serializes the commits
+    that send it: a run nobody follows sends none (its progress nor its end); a stop always
+    goes, and a lease taken over after it expired is not followed by its old followers."""
+    if not coordinator_url.startswith("postgresql"):
+        pytest.skip("Redis and the local coordinator send every signal (publishing is cheap)")
+    a, b = coordinator(coordinator_url), coordinator(coordinator_url)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        with b.subscribe("quiet") as quiet, b.subscribe("busy") as busy:
+            lease = await a.acquire("quiet", "r1")
+            assert lease is not None
+            await a.publish(Signal("progress", "quiet", "r1", 3))
+            await a.finish(lease)
+            assert await quiet.get(0.3) is None
+            await a.publish(Signal("stop", "quiet", "r1"))
+            stop = await quiet.get(5)
+            assert stop is not None
+            assert stop.kind == "stop"
+            # A followed lease that expires (its worker died) and is taken by a new run.
+            dead = coordinator(coordinator_url)
+            assert await dead.acquire("busy", "r1") is not None
+            assert await b.follow("busy") == "r1"
+            await dead.aclose()  # stops renewing: the lease expires
+            taken = await eventually(lambda: a.acquire("busy", "r2"), deadline=10)
+            await a.publish(Signal("progress", "busy", "r2", 1))
+            assert await busy.get(0.3) is None
+            await a.finish(taken)
+            assert await busy.get(0.3) is None
+    finally:
+        await a.aclose()
+        await b.aclose()

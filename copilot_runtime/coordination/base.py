@@ -150,6 +150,12 @@ class Coordinator(Protocol):
         """The run id holding the thread's lease now, or None."""
         ...
 
+    async def follow(self, thread_id: str) -> str | None:
+        """`holder`, and from now on the `progress` and `end` signals of the run holding the
+        thread reach this process's subscriptions. A coordinator may send a run's signals
+        only once someone follows it (`stop` signals are always sent)."""
+        ...
+
     async def forget_expired(self, older_than: float) -> int:
         """Delete leases that expired more than `older_than` seconds ago and were never
         released (their workers died); how many. A no-op where leases expire by themselves."""

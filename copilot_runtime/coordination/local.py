@@ -42,6 +42,9 @@ class LocalCoordinator:
         lease = self._leases.get(thread_id)
         return lease.run_id if lease is not None else None
 
+    async def follow(self, thread_id: str) -> str | None:
+        return await self.holder(thread_id)  # every signal is delivered here anyway
+
     async def forget_expired(self, older_than: float) -> int:
         return 0  # this process's leases end with their runs
 

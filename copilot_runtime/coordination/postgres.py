@@ -1,5 +1,9 @@
 """Coordination on PostgreSQL: leases in a table, signals by LISTEN/NOTIFY.
 
+A run's `progress` and `end` are only notified once another worker follows it (a flag on its
+lease): a notification is delivered to, and decoded by, every listening worker, and
+PostgreSQL serializes the commits that notify; a run nobody follows needs none.
+
 `postgresql://user@host:port/db?schema=NAME&lease_ttl=SECONDS` (needs psycopg 3 and
 psycopg_pool, in the `postgres` extra). The lease table lives in `schema` (created if
 missing), beside the thread store's tables when both use the same URL. Expiry is decided by
@@ -67,6 +71,8 @@ class PostgresCoordinator(SharedCoordinator):
                 f"CREATE TABLE IF NOT EXISTS {self.table} (thread_id text PRIMARY KEY, "
                 "run_id text NOT NULL, token text NOT NULL, worker text NOT NULL, "
                 "expires_at timestamptz NOT NULL)")
+            await conn.execute(f"ALTER TABLE {self.table} ADD COLUMN IF NOT EXISTS "
+                               "followed boolean NOT NULL DEFAULT false")
             await conn.execute(
                 f'CREATE TABLE IF NOT EXISTS "{self.schema}".rate_hits (key text NOT NULL, '
                 "at float8 NOT NULL, id text PRIMARY KEY)")
@@ -128,7 +134,8 @@ class PostgresCoordinator(SharedCoordinator):
             "FROM unnest(%b::text[], %b::text[], %b::text[]) AS u(t, r, k) "
             "ON CONFLICT (thread_id) DO UPDATE SET run_id = excluded.run_id, "
             "token = excluded.token, worker = excluded.worker, "
-            "expires_at = excluded.expires_at WHERE held.expires_at < now() "
+            "expires_at = excluded.expires_at, followed = false "
+            "WHERE held.expires_at < now() "
             # xmax is set on a row the statement updated: an expired lease, never released.
             "RETURNING token, xmax <> 0",
             (self.worker, self.lease_ttl, [t for t, _, _ in first.values()],
@@ -143,18 +150,34 @@ class PostgresCoordinator(SharedCoordinator):
                           (lease.thread_id, lease.token))
 
     async def _finish_many(self, leases: list[Lease]) -> list[None]:
+        # Released in one statement, which notifies the end of the runs someone follows (the
+        # flag read from the row it deletes: a follower marking it meanwhile is waited for).
         await self._fetch(
-            f"WITH gone AS (DELETE FROM {self.table} WHERE (thread_id, token) IN "
-            "(SELECT * FROM unnest(%b::text[], %b::text[]))) "
-            "SELECT pg_notify(%s, p) FROM unnest(%b::text[]) AS p",
-            ([x.thread_id for x in leases], [x.token for x in leases], self.channel,
-             [Signal("end", x.thread_id, x.run_id).encode().decode() for x in leases]))
+            "WITH ended AS (SELECT * FROM unnest(%b::text[], %b::text[], %b::text[]) "
+            f"AS e(thread_id, token, signal)), gone AS (DELETE FROM {self.table} l "
+            "USING ended WHERE l.thread_id = ended.thread_id AND l.token = ended.token "
+            "RETURNING l.thread_id, l.followed) "
+            "SELECT pg_notify(%s, ended.signal) FROM ended JOIN gone "
+            "ON gone.thread_id = ended.thread_id WHERE gone.followed",
+            ([x.thread_id for x in leases], [x.token for x in leases],
+             [Signal("end", x.thread_id, x.run_id).encode().decode() for x in leases],
+             self.channel))
         return [None] * len(leases)
 
     async def holder(self, thread_id: str) -> str | None:
         rows = await self._fetch(
             f"SELECT run_id FROM {self.table} WHERE thread_id = %s AND expires_at >= now()",
             (thread_id,))
+        return str(rows[0][0]) if rows else None
+
+    async def follow(self, thread_id: str) -> str | None:
+        # Marked once (a follower polls this): rows already marked are only read.
+        rows = await self._fetch(
+            f"WITH marked AS (UPDATE {self.table} SET followed = true WHERE thread_id = %(t)s "
+            "AND expires_at >= now() AND NOT followed RETURNING run_id) "
+            "SELECT run_id FROM marked UNION ALL "
+            f"SELECT run_id FROM {self.table} WHERE thread_id = %(t)s "
+            "AND expires_at >= now() AND followed", {"t": thread_id})
         return str(rows[0][0]) if rows else None
 
     async def forget_expired(self, older_than: float) -> int:
@@ -169,8 +192,13 @@ class PostgresCoordinator(SharedCoordinator):
         return PostgresCounters(self)
 
     async def _publish_many(self, signals: list[Signal]) -> list[None]:
-        # A signal too long for NOTIFY is not sent (followers poll the store).
-        payloads = [p for p in (signal.encode() for signal in signals) if len(p) <= _MAX_PAYLOAD]
-        await self._fetch("SELECT pg_notify(%s, p) FROM unnest(%b::text[]) AS p",
-                          (self.channel, [p.decode() for p in payloads]))
+        # A signal too long for NOTIFY is not sent (followers poll the store). A run's
+        # progress goes only to followers (its thread is given; other signals always go).
+        sent = [(p.decode(), s.thread_id if s.kind == "progress" else None)
+                for s, p in ((s, s.encode()) for s in signals) if len(p) <= _MAX_PAYLOAD]
+        await self._fetch(
+            "SELECT pg_notify(%s, s.signal) FROM unnest(%b::text[], %b::text[]) "
+            "AS s(signal, thread_id) WHERE s.thread_id IS NULL OR EXISTS "
+            f"(SELECT 1 FROM {self.table} l WHERE l.thread_id = s.thread_id AND l.followed)",
+            (self.channel, [p for p, _ in sent], [t for _, t in sent]))
         return [None] * len(signals)
