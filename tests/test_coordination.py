@@ -397,3 +397,27 @@ async def test_postgresql_notifies_only_the_runs_someone_follows(coordinator_url
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_postgresql_lease_table_of_the_previous_version_gets_followers() -> None:
+    """A deployment's lease table made before runs could be followed is given the column."""
+    import psycopg
+
+    with postgres_schema("coordold") as url:
+        schema = url.split("schema=")[1].split("&")[0]
+        server = url.split("?")[0]
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            conn.execute(f'CREATE TABLE "{schema}".run_leases (thread_id text PRIMARY KEY, '
+                         "run_id text NOT NULL, token text NOT NULL, worker text NOT NULL, "
+                         "expires_at timestamptz NOT NULL)")
+            conn.execute(f"INSERT INTO \"{schema}\".run_leases VALUES ('t', 'r0', 'k', 'w', "
+                         "now() + interval '1 hour')")
+        made = coordinator(url)
+        try:
+            assert await made.follow("t") == "r0"
+            lease = await made.acquire("t2", "r1")
+            assert lease is not None
+            assert await made.follow("t2") == "r1"
+        finally:
+            await made.aclose()

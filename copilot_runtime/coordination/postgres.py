@@ -70,9 +70,15 @@ class PostgresCoordinator(SharedCoordinator):
             await conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {self.table} (thread_id text PRIMARY KEY, "
                 "run_id text NOT NULL, token text NOT NULL, worker text NOT NULL, "
-                "expires_at timestamptz NOT NULL)")
-            await conn.execute(f"ALTER TABLE {self.table} ADD COLUMN IF NOT EXISTS "
-                               "followed boolean NOT NULL DEFAULT false")
+                "expires_at timestamptz NOT NULL, followed boolean NOT NULL DEFAULT false)")
+            # A table made before runs could be followed gets the column (altered only
+            # then: ALTER TABLE locks out the running workers' leases while it waits).
+            found = await (await conn.execute(
+                "SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass "
+                "AND attname = 'followed' AND NOT attisdropped", (self.table,))).fetchone()
+            if found is None:
+                await conn.execute(f"ALTER TABLE {self.table} ADD COLUMN followed boolean "
+                                   "NOT NULL DEFAULT false")
             await conn.execute(
                 f'CREATE TABLE IF NOT EXISTS "{self.schema}".rate_hits (key text NOT NULL, '
                 "at float8 NOT NULL, id text PRIMARY KEY)")
