@@ -54,6 +54,10 @@ class PostgresCoordinator(SharedCoordinator):
         self.table = f'"{self.schema}".run_leases'
         self.max_connections = max_connections
         self._pool: Any = None
+        # Leases taken, and leases given back with signals sent, go one statement at a time
+        # (their batchers') over a connection of their own each: no check-out from the pool.
+        self._taking: Any = None
+        self._ending: Any = None
 
     async def _connect(self) -> None:
         from psycopg_pool import AsyncConnectionPool
@@ -62,6 +66,9 @@ class PostgresCoordinator(SharedCoordinator):
                                    kwargs={"autocommit": True}, open=False)
         await pool.open(wait=True, timeout=15)
         self._pool = pool
+        from copilot_runtime._pg_lane import Lane
+
+        self._taking, self._ending = Lane(self._connect_one), Lane(self._connect_one)
         async with pool.connection() as conn, conn.transaction():
             # Workers starting together take turns creating the schema and the table.
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
@@ -113,7 +120,15 @@ class PostgresCoordinator(SharedCoordinator):
         kept = {row[0] for row in rows}
         return {x.thread_id for x in leases} - kept
 
+    async def _connect_one(self) -> Any:
+        import psycopg
+
+        return await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+
     async def _disconnect(self) -> None:
+        for lane in (self._taking, self._ending):
+            if lane is not None:
+                await lane.aclose()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -122,19 +137,19 @@ class PostgresCoordinator(SharedCoordinator):
                      ) -> list[tuple[Any, ...]]:
         await self.start()
         async with self._pool.connection() as conn:
-            # Prepared: the same few statements, for every run. Arrays go in binary (%b):
-            # psycopg's text form escapes each element with a regular expression.
-            cursor = await conn.execute(query, params, prepare=True)
-            if cursor.description is None:
-                return []
-            rows: list[tuple[Any, ...]] = await cursor.fetchall()
-            return rows
+            return await _rows(conn.cursor(), query, params)
+
+    async def _fetch_on(self, lane: Any, query: str, params: tuple[Any, ...]
+                        ) -> list[tuple[Any, ...]]:
+        async with lane as cursor:
+            return await _rows(cursor, query, params)
 
     async def _acquire_many(self, asked: list[tuple[str, str, str]]) -> list[Lease | None]:
         first: dict[str, tuple[str, str, str]] = {}
         for item in asked:
             first.setdefault(item[0], item)  # a thread asked for twice: only one can win
-        rows = await self._fetch(
+        rows = await self._fetch_on(
+            self._taking,
             f"INSERT INTO {self.table} AS held (thread_id, run_id, token, worker, expires_at) "
             "SELECT t, r, k, %s, now() + make_interval(secs => %s) "
             "FROM unnest(%b::text[], %b::text[], %b::text[]) AS u(t, r, k) "
@@ -158,8 +173,8 @@ class PostgresCoordinator(SharedCoordinator):
     async def _finish_many(self, leases: list[Lease]) -> list[None]:
         # Released in one statement, which notifies the end of the runs someone follows (the
         # flag read from the row it deletes: a follower marking it meanwhile is waited for).
-        await self._fetch(
-            "WITH ended AS (SELECT * FROM unnest(%b::text[], %b::text[], %b::text[]) "
+        await self._fetch_on(
+            self._ending, "WITH ended AS (SELECT * FROM unnest(%b::text[], %b::text[], %b::text[]) "
             f"AS e(thread_id, token, signal)), gone AS (DELETE FROM {self.table} l "
             "USING ended WHERE l.thread_id = ended.thread_id AND l.token = ended.token "
             "RETURNING l.thread_id, l.followed) "
@@ -202,9 +217,20 @@ class PostgresCoordinator(SharedCoordinator):
         # progress goes only to followers (its thread is given; other signals always go).
         sent = [(p.decode(), s.thread_id if s.kind == "progress" else None)
                 for s, p in ((s, s.encode()) for s in signals) if len(p) <= _MAX_PAYLOAD]
-        await self._fetch(
-            "SELECT pg_notify(%s, s.signal) FROM unnest(%b::text[], %b::text[]) "
+        await self._fetch_on(
+            self._ending, "SELECT pg_notify(%s, s.signal) FROM unnest(%b::text[], %b::text[]) "
             "AS s(signal, thread_id) WHERE s.thread_id IS NULL OR EXISTS "
             f"(SELECT 1 FROM {self.table} l WHERE l.thread_id = s.thread_id AND l.followed)",
             (self.channel, [p for p, _ in sent], [t for _, t in sent]))
         return [None] * len(signals)
+
+
+async def _rows(cursor: Any, query: str, params: tuple[Any, ...] | dict[str, Any]
+                ) -> list[tuple[Any, ...]]:
+    # Prepared: the same few statements, for every run. Arrays go in binary (%b): psycopg's
+    # text form escapes each element with a regular expression.
+    await cursor.execute(query, params, prepare=True)
+    if cursor.description is None:
+        return []
+    rows: list[tuple[Any, ...]] = await cursor.fetchall()
+    return rows

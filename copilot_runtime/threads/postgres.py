@@ -25,8 +25,9 @@ from psycopg import AsyncConnection, AsyncCursor, sql
 from psycopg_pool import AsyncConnectionPool
 
 from copilot_runtime._batching import Batcher
+from copilot_runtime._pg_lane import Lane
 from copilot_runtime.events import Event
-from copilot_runtime.threads._grouped import GroupedWriter, Lane
+from copilot_runtime.threads._grouped import GroupedWriter
 from copilot_runtime.threads._rows import (
     Chunk,
     RunRow,
