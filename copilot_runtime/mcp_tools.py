@@ -14,7 +14,10 @@ a tool error. Two servers publishing the same name are told apart by a prefix.
 
 A server that goes away (its process exits, its endpoint closes) is reconnected by its task
 with a capped exponential backoff; its tools answer with a tool error meanwhile, and are
-listed again once it is back.
+listed again once it is back. A call that finds the session dead before its request reached
+the server (see `_tool_action`) asks for a reconnect attempt at once and, if it succeeds
+within the call's timeout, goes to the new session (once): a server restarted between two
+calls serves the second.
 
 Servers are named by the application only: nothing here connects to an address a request
 chose.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import random
 import re
 from collections import Counter
@@ -61,6 +65,47 @@ RECONNECT_MAX_DELAY_S = 30.0
 _CONNECTION_ERRORS = (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError,
                       anyio.EndOfStream, httpx2.TransportError)
 _SESSION_UNKNOWN = frozenset({"Session not found", "Session terminated"})
+#: A transport failure before any byte of the request left: the server never saw it.
+_NOT_CONNECTED = (httpx2.ConnectError, httpx2.ConnectTimeout)
+
+
+class _Sending:
+    """What became of one call's HTTP requests, noted by `_NotingTransport`."""
+
+    def __init__(self) -> None:
+        #: A request of the call could not connect (so it never reached the server).
+        self.unconnected = False
+        #: A request of the call was answered (the server saw it).
+        self.answered = False
+
+
+#: The call whose requests are being sent. The SDK sends each request from a task of its own
+#: that starts with a copy of the caller's context, so the transport sees the call's record.
+_SENDING: contextvars.ContextVar[_Sending | None] = contextvars.ContextVar(
+    "copilot_runtime_mcp_sending", default=None)
+
+
+class _NotingTransport(httpx2.AsyncBaseTransport):
+    """An HTTP transport that notes, for the call sending through it, whether a request could
+    not connect: only then is it certain that the server never saw the call."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
+        self.inner = inner
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        sending = _SENDING.get()
+        try:
+            response = await self.inner.handle_async_request(request)
+        except _NOT_CONNECTED:
+            if sending is not None:
+                sending.unconnected = True
+            raise
+        if sending is not None:
+            sending.answered = True
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 @dataclass(frozen=True)
@@ -120,6 +165,17 @@ class _Connection:
         self.connecting = False
         #: When the current session opened (the loop's clock), or None.
         self.opened_at: float | None = None
+        #: When the last attempt to open a session failed (the loop's clock), while the server
+        #: is down.
+        self.failed_at = float("-inf")
+        #: A call asks for an attempt now instead of after the backoff (closing sets it too).
+        self.hurry = asyncio.Event()
+        #: The outcome of the attempt under way, or of the next one when a call waits for it:
+        #: the new session's client, or None when it failed.
+        self.outcome: asyncio.Future[Client | None] | None = None
+        #: Calls ask for no attempt within this many seconds of a failed one
+        #: (`MCPToolset.reconnect_delay`): while the server stays down, most fail at once.
+        self.hurry_spacing = RECONNECT_DELAY_S
         self.task: asyncio.Task[None] | None = None
 
     def unavailable(self) -> str:
@@ -133,6 +189,36 @@ class _Connection:
         if self.client is client and self.gone is None:
             self.gone = reason
             self.wake.set()
+
+    def settle(self, client: Client | None) -> None:
+        """The task's attempt ended: with the new session's client, or None."""
+        self.failed_at = asyncio.get_running_loop().time() if client is None else float("-inf")
+        outcome, self.outcome = self.outcome, None
+        if outcome is not None and not outcome.done():
+            outcome.set_result(client)
+
+    async def reconnected(self, dead: Client | None, deadline: float) -> Client | None:
+        """A session to send a call on instead of `dead`: one opened since, or the outcome
+        of the attempt under way, or of one asked for now (unless calls asked for one
+        lately); None if there is none by `deadline`."""
+        if self.closing.is_set():
+            return None
+        client = self.client
+        if client is not None and client is not dead and self.gone is None:
+            return client
+        loop = asyncio.get_running_loop()
+        if not self.connecting:
+            if loop.time() - self.failed_at < self.hurry_spacing:
+                return None  # the server was found down just now: fail at once
+            self.hurry.set()
+        if self.outcome is None:
+            self.outcome = loop.create_future()
+        outcome = self.outcome
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await asyncio.shield(outcome)
+        except TimeoutError:
+            return None
 
 
 class MCPToolset:
@@ -148,7 +234,10 @@ class MCPToolset:
     connection gone, the task reconnects after `reconnect_delay` seconds, doubled after each
     failed attempt up to `reconnect_max_delay` (with jitter), and lists the tools again
     (`on_change` hears of them); meanwhile the server's tools answer at once with a tool error
-    naming the cause. A server that cannot be connected at `start()` fails the start.
+    naming the cause, except that a call finding the session dead (before its request reached
+    the server) asks for an attempt at once, unless one failed within `reconnect_delay`, and
+    goes to the new session if there is one within the server's timeout. A server that
+    cannot be connected at `start()` fails the start.
     """
 
     def __init__(self, servers: Sequence[MCPServer], *,
@@ -175,6 +264,8 @@ class MCPToolset:
         connections = [_Connection(server, prefix)
                        for server, prefix in zip(self.servers, _prefixes(self.servers),
                                                  strict=True)]
+        for conn in connections:
+            conn.hurry_spacing = self.reconnect_delay
         loop = asyncio.get_running_loop()
         ready: list[asyncio.Future[None]] = []
         for conn in connections:
@@ -198,6 +289,7 @@ class MCPToolset:
         try:
             await self._keep_open(conn, ready)
         finally:
+            conn.settle(None)  # a call waiting for an attempt fails now
             if not ready.done():
                 ready.cancel()  # closed before it was ever connected
 
@@ -207,6 +299,7 @@ class MCPToolset:
         attempt = 0  # reconnect attempts since the last session that lasted
         while True:
             conn.opened_at = None
+            conn.hurry.clear()
             try:
                 await self._session(conn, None if ready.done() else ready)
                 if conn.closing.is_set():
@@ -225,7 +318,9 @@ class MCPToolset:
                         f"MCP server {server.label} could not be connected: {reason}"))
                     return
             conn.gone = reason
-            if conn.opened_at is not None:  # a session was lost (not an attempt that failed)
+            if conn.opened_at is None:
+                conn.settle(None)  # an attempt failed: a call waiting for it fails
+            else:  # a session was lost (not an attempt that failed)
                 _log.warning("MCP server connection lost; reconnecting", server=server.label,
                              error=reason)
                 if loop.time() - conn.opened_at >= self.reconnect_max_delay:
@@ -241,7 +336,7 @@ class MCPToolset:
                            attempt=attempt, error=reason, retry_in=round(delay, 2))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
-                    await conn.closing.wait()
+                    await conn.hurry.wait()  # (closing sets it too)
             if conn.closing.is_set():
                 return
 
@@ -281,7 +376,8 @@ class MCPToolset:
                     else:
                         _log.info("MCP server reconnected", server=server.label,
                                   tools=[tool.name for tool in tools])
-                        self._publish()
+                        self._publish()  # (before a waiting call goes on: it sees them)
+                    conn.settle(client)
                     await conn.wake.wait()
                 finally:
                     conn.client = None
@@ -302,8 +398,12 @@ class MCPToolset:
                              error=f"{type(message).__name__}: {message}")
 
         if server.url is not None:
+            # A mount, not `transport=`: that would drop the proxies the environment names
+            # (a request through one is not noted, and not retried).
+            noting = _NotingTransport(httpx2.AsyncHTTPTransport())
             http = httpx2.AsyncClient(headers=dict(server.headers),
-                                      timeout=httpx2.Timeout(server.timeout))
+                                      timeout=httpx2.Timeout(server.timeout),
+                                      mounts={"all://": noting})
             stack.push_async_callback(http.aclose)
             return Client(streamable_http_client(server.url, http_client=http),
                           read_timeout_seconds=server.timeout, message_handler=on_message)
@@ -370,6 +470,7 @@ async def _close(connections: Sequence[_Connection]) -> None:
     for conn in connections:
         conn.closing.set()
         conn.wake.set()
+        conn.hurry.set()
         if conn.connecting and conn.task is not None:
             conn.task.cancel()  # nothing to close gracefully yet, and it may take long
     tasks = [conn.task for conn in connections if conn.task is not None]
@@ -460,23 +561,72 @@ def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
     remote = tool.name
 
     async def call(**arguments: Any) -> Any:
+        deadline = asyncio.get_running_loop().time() + conn.server.timeout
         client = conn.client  # the session of the moment: a reconnect replaces it
-        if conn.gone is not None or client is None:
+        if conn.gone is None and client is not None:
+            sending = _Sending()
+            try:
+                result = await _call_tool(client, remote, arguments, sending)
+            except Exception as exc:
+                failure = _failure(conn, client, remote, exc)
+                if not _never_reached(exc, sending):
+                    raise failure from None
+            else:
+                return _answer(remote, result)
+        # Sending it again cannot run the tool twice: the session was known dead before the
+        # request was sent, or the request certainly did not reach the server. A call that
+        # broke after its request left (the connection closed mid-call, a timeout) may have
+        # run, and is not sent again.
+        fresh = await conn.reconnected(client, deadline)
+        if fresh is None:
             raise ActionError(f"the MCP tool {remote} is unavailable: {conn.unavailable()}")
+        remaining = deadline - asyncio.get_running_loop().time()
         try:
-            result = await client.call_tool(remote, arguments)
+            result = await _call_tool(fresh, remote, arguments, None, read_timeout=remaining)
         except Exception as exc:
-            if _connection_gone(exc):
-                conn.lose(client, f"{type(exc).__name__}: {exc}")
-            raise ActionError(f"the MCP tool {remote} of {conn.server.label} failed: "
-                              f"{type(exc).__name__}: {exc}") from None
-        text = "".join(getattr(block, "text", "") for block in result.content)
-        if result.is_error:
-            raise ActionError(text or f"the MCP tool {remote} reported an error")
-        if result.structured_content is not None:
-            return result.structured_content
-        return text
+            raise _failure(conn, fresh, remote, exc) from None
+        return _answer(remote, result)
 
     schema = tool.input_schema if isinstance(tool.input_schema, dict) else None
     return Action(name[:64], call, description=tool.description or "",
                   parameters=schema or {"type": "object", "properties": {}})
+
+
+async def _call_tool(client: Client, remote: str, arguments: dict[str, Any],
+                     sending: _Sending | None, *, read_timeout: float | None = None
+                     ) -> types.CallToolResult:
+    """`client.call_tool`, its requests noted in `sending` (see `_NotingTransport`)."""
+    token = _SENDING.set(sending)
+    try:
+        return await client.call_tool(remote, arguments, read_timeout_seconds=read_timeout)
+    finally:
+        _SENDING.reset(token)
+
+
+def _failure(conn: _Connection, client: Client, remote: str, exc: Exception) -> ActionError:
+    """The tool error of a call that raised `exc`; a connection found gone ends its session."""
+    if _connection_gone(exc):
+        conn.lose(client, f"{type(exc).__name__}: {exc}")
+    return ActionError(f"the MCP tool {remote} of {conn.server.label} failed: "
+                       f"{type(exc).__name__}: {exc}")
+
+
+def _never_reached(exc: Exception, sending: _Sending) -> bool:
+    """Whether a call that raised `exc` certainly did not run on the server: its request
+    could not connect (the server down or restarting), and no request of it was answered
+    (none of its rounds ran); or a server that no longer knows the session refused it."""
+    if not isinstance(exc, MCPError):
+        return False
+    if exc.code == types.CONNECTION_CLOSED:
+        return sending.unconnected and not sending.answered
+    return exc.code == types.INVALID_REQUEST and exc.message in _SESSION_UNKNOWN
+
+
+def _answer(remote: str, result: types.CallToolResult) -> Any:
+    """A tool's result as the action's: its structured content, else its text."""
+    text = "".join(getattr(block, "text", "") for block in result.content)
+    if result.is_error:
+        raise ActionError(text or f"the MCP tool {remote} reported an error")
+    if result.structured_content is not None:
+        return result.structured_content
+    return text

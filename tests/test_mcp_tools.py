@@ -318,9 +318,10 @@ async def test_a_clash_between_unnamed_servers_is_numbered_in_the_servers_order(
 
 async def test_a_server_that_goes_away_leaves_tool_errors(
         llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
-    """An HTTP server stopped and a stdio server that exited mid-call: their tools answer with
+    """An HTTP server stopped and a stdio server that exited mid-call: those calls answer with
     a tool error, the runs finish, and the runtime goes on serving (and closes at once while
-    waiting to reconnect; reconnecting is tested in test_mcp_reconnect.py)."""
+    waiting to reconnect; reconnecting is tested in test_mcp_reconnect.py). The next call of
+    the stdio server's tools starts it again (test_mcp_call_retry.py)."""
     async with asyncio.timeout(TIMEOUT_S), \
             killable(weather_server().streamable_http_app()) as (url, kill):
         runtime = CopilotRuntime(
@@ -336,10 +337,11 @@ async def test_a_server_that_goes_away_leaves_tool_errors(
             again = await served.run(run_input("call:old {}", run="r4"))
             still = await served.run(run_input("hello", run="r5"))
     assert orjson.loads(tool_results(before)[0])["sky"] == "clear"
-    for events, tool in ((after, "forecast"), (vanished, "vanish"), (again, "old")):
+    for events, tool in ((after, "forecast"), (vanished, "vanish")):
         assert types(events)[-1] == "RUN_FINISHED"
         error = orjson.loads(tool_results(events)[0])["error"]
         assert f"the MCP tool {tool} " in error, error
+    assert orjson.loads(tool_results(again)[0]) == {"result": "old"}
     assert text_of(still) == "echo: hello"
 
 

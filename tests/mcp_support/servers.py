@@ -6,15 +6,17 @@ process."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
+from pathlib import Path
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 
-def weather_server() -> MCPServer:
-    server = MCPServer("weather")
+def weather_server(*, quiet: bool = False) -> MCPServer:
+    server = MCPServer("weather", subscriptions=False if quiet else None)
 
     @server.tool()
     def forecast(city: str, days: int = 1) -> dict[str, object]:
@@ -46,8 +48,8 @@ def get_weather_server() -> MCPServer:
     return server
 
 
-def clock_server() -> MCPServer:
-    server = MCPServer("clock")
+def clock_server(*, quiet: bool = False) -> MCPServer:
+    server = MCPServer("clock", subscriptions=False if quiet else None)
 
     @server.tool()
     def add(a: int, b: int) -> int:
@@ -88,8 +90,37 @@ def changing_server() -> MCPServer:
     return server
 
 
+def process_server() -> MCPServer:
+    server = MCPServer("process")
+
+    @server.tool()
+    def pid() -> int:
+        """This server's process id."""
+        return os.getpid()
+
+    return server
+
+
+def slow_server(started: list[str]) -> MCPServer:
+    """`slow` notes each call in `started` (shared by the instances a test starts); the first
+    never ends, a later one answers."""
+    server = MCPServer("slow")
+
+    @server.tool()
+    async def slow(tag: str) -> str:
+        """Never ends the first time."""
+        started.append(tag)
+        if len(started) == 1:
+            await asyncio.Event().wait()
+        return tag
+
+    return server
+
+
 SERVERS = {"weather": weather_server, "clock": clock_server, "changing": changing_server,
-           "getweather": get_weather_server}
+           "getweather": get_weather_server, "process": process_server}
 
 if __name__ == "__main__":
+    if sys.argv[2:] and Path(sys.argv[2]).exists():
+        sys.exit(1)  # down: the test's marker says so
     SERVERS[sys.argv[1] if sys.argv[1:] else "weather"]().run("stdio")
