@@ -5,7 +5,9 @@ The approval service reserves the thread (`start_run`) and drives the run in a t
 own. A task cancelled before its first step (the service closing just after an answer, the
 timer's resend or its timeout) never runs its code: the run is given back all the same. Its
 agent never ran, so it claimed nothing: an answer over HTTP leaves the approval pending (to
-be answered again), a stored answer stays stored and is sent at the next start. A run
+be answered again), a stored answer stays stored and is sent at the next start. An answer
+that does not wait is recorded by its run before the caller hears back: closed after that,
+it is sent at the next start (of this process or of a new one on the same database). A run
 cancelled while it claims puts back what it claimed. After each, the thread takes a new
 run at once and the approval's answer reaches the graph.
 """
@@ -23,15 +25,19 @@ import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
+from structlog.testing import capture_logs
 from typing_extensions import TypedDict
 
 from copilot_runtime import CopilotRuntime, create_app, thread_store
+from copilot_runtime._exceptions import ApprovalClosedError
 from copilot_runtime._input import parse_run_input
 from copilot_runtime.agents.langgraph import LangGraphAgent
-from copilot_runtime.approvals import Approval, MemoryApprovalStore
+from copilot_runtime.approvals import Approval, ApprovalStore, MemoryApprovalStore
+from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.events import Event
 from copilot_runtime.threads import INTERRUPTED_CODE
 from tests.conftest import poll, run_input, types
+from tests.hitl_support.postgres import postgres_schema as hitl_postgres_schema
 from tests.scale_support.services import postgres_schema, redis_prefix
 
 pytestmark = pytest.mark.timeout(60)
@@ -166,7 +172,8 @@ async def test_an_answer_whose_run_is_cancelled_before_it_drives(wait: bool) -> 
     async with asyncio.timeout(10):
         result = await answering
     # The run never drove: the answer did not reach the graph, and the ledger says so.
-    assert result["run"]["status"] == ("cancelled" if wait else "running")
+    assert result["run"]["status"] == "cancelled"
+    assert result["approval"]["status"] == "pending"
     assert THREAD not in runtime.runs.active
     still, _, agent = await runtime.approvals.get(approval.id)
     assert still.status == "pending"
@@ -192,8 +199,11 @@ async def test_the_lease_is_released(coordinator_url: str, tmp_path: Path) -> No
     await runtime.start()
     approval = await interrupted(runtime)
     reserved = on_reserve(runtime)
-    await runtime.approvals.answer(approval.id, {"action": "approve"}, wait=False)
+    answering = asyncio.create_task(runtime.approvals.answer(
+        approval.id, {"action": "approve"}, wait=False))
     await closed_once_reserved(runtime, reserved)
+    async with asyncio.timeout(10):
+        assert (await answering)["run"]["status"] == "cancelled"
     coordinator = runtime.runs.coordinator
     durable = runtime.runs.durable
     assert coordinator is not None
@@ -230,6 +240,31 @@ async def test_the_http_route_when_the_run_is_cancelled_before_it_drives() -> No
     assert data["run"]["status"] == "finished"
     assert data["approval"]["status"] == "answered"
     await assert_applied(runtime, approval.id, {"action": "reject", "reason": "no"})
+    await runtime.aclose()
+
+
+async def test_the_http_route_without_waiting_when_the_runtime_closes_first() -> None:
+    runtime = approving_runtime()
+    app = create_app(runtime, PATH)
+    approval = await interrupted(runtime)
+    reserved = on_reserve(runtime)
+    answering = asyncio.create_task(post(app, f"{PATH}/approvals/{approval.id}",
+                                         {"action": "approve", "wait": False}))
+    await closed_once_reserved(runtime, reserved)
+    async with asyncio.timeout(10):
+        status, data = await answering
+    # Not "202 accepted": nothing was recorded, and the reply says so.
+    assert status == 200, data
+    assert (data["run"]["status"], data["approval"]["status"]) == ("cancelled", "pending")
+    status, data = await post(app, f"{PATH}/approvals/{approval.id}",
+                              {"action": "approve", "wait": False})
+    assert status == 202, data
+    assert data["approval"]["status"] == "answered"
+    async for _ in poll(20):
+        settled, _, _ = await runtime.approvals.get(approval.id)
+        if settled.applied and THREAD not in runtime.runs.active:
+            break
+    await assert_applied(runtime, approval.id, {"action": "approve"})
     await runtime.aclose()
 
 
@@ -359,5 +394,99 @@ async def test_a_resume_refused_after_a_claim_puts_it_back() -> None:
     assert still.status == "pending"
     events = await drive(runtime, resume_body("r-again", (approval.id, {"action": "approve"})))
     assert types(events)[-1] == "RUN_FINISHED"
+    await assert_applied(runtime, approval.id, {"action": "approve"})
+    await runtime.aclose()
+
+
+# -- an answer that does not wait: recorded first, so a close does not lose it -----------
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+def checkpoints_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "postgresql":
+        with hitl_postgres_schema() as url:
+            yield url
+    else:
+        yield "memory" if request.param == "memory" else f"sqlite:///{tmp_path}/cp.db"
+
+
+def durable_runtime(url: str) -> CopilotRuntime:
+    """The graph on `url`'s checkpoints, its approvals in the ledger beside them."""
+    builder: StateGraph[State] = StateGraph(State)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    graph = builder.compile(checkpointer=checkpointer(url))
+    return CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+
+
+def held_after_claims(ledger: ApprovalStore) -> asyncio.Event:
+    """Make `ledger`'s claims wait, once made, for ever: set when one is made."""
+    claimed = asyncio.Event()
+    claim = ledger.claim
+
+    async def holding(*args: Any) -> Approval | None:
+        made = await claim(*args)
+        claimed.set()
+        await asyncio.Event().wait()
+        return made
+
+    ledger.claim = holding  # type: ignore[method-assign]
+    return claimed
+
+
+async def test_an_answer_without_waiting_survives_a_close(checkpoints_url: str) -> None:
+    runtime = durable_runtime(checkpoints_url)
+    approval = await interrupted(runtime)
+    _, _, agent = await runtime.approvals.get(approval.id)
+    assert isinstance(agent, LangGraphAgent)
+    ledger = agent.approvals
+    claimed = held_after_claims(ledger)
+    answer = {"action": "approve", "userId": "ann"}
+    with capture_logs() as logs:
+        answering = asyncio.create_task(runtime.approvals.answer(
+            approval.id, answer, answered_by="ann", wait=False))
+        async with asyncio.timeout(10):
+            await claimed.wait()  # recorded: the run is about to drive
+        await runtime.approvals.aclose()
+        async with asyncio.timeout(10):
+            result = await answering
+    assert result["run"]["status"] == "cancelled"
+    assert (result["approval"]["status"], result["approval"]["applied"]) == ("answered",
+                                                                              False)
+    assert any("sent at the next start" in log["event"] for log in logs)
+    assert THREAD not in runtime.runs.active
+    # What a GET shows: answered by ann, not applied yet; a second answer is refused.
+    kept, _, _ = await runtime.approvals.get(approval.id)
+    assert (kept.status, kept.answer, kept.answered_by, kept.applied) == (
+        "answered", answer, "ann", False)
+    with pytest.raises(ApprovalClosedError):
+        await runtime.approvals.answer(approval.id, {"action": "reject"})
+    if checkpoints_url != "memory":
+        # A new process on the same database: its start sends the recorded answer.
+        await runtime.aclose()
+        runtime = durable_runtime(checkpoints_url)
+    else:
+        del ledger.claim  # type: ignore[method-assign]  # the instance's, not the class's
+    await runtime.start()
+    async for _ in poll(20):
+        settled, _, _ = await runtime.approvals.get(approval.id)
+        if settled.applied and THREAD not in runtime.runs.active:
+            break
+    await assert_applied(runtime, approval.id, answer)
+    await runtime.aclose()
+
+
+async def test_an_answer_without_waiting_is_recorded_when_accepted(
+        checkpoints_url: str) -> None:
+    runtime = durable_runtime(checkpoints_url)
+    approval = await interrupted(runtime)
+    result = await runtime.approvals.answer(approval.id, {"action": "approve"}, wait=False)
+    assert result["run"]["status"] == "running"
+    assert result["approval"]["status"] == "answered"  # in the ledger before the reply
+    async for _ in poll(20):
+        settled, _, _ = await runtime.approvals.get(approval.id)
+        if settled.applied and THREAD not in runtime.runs.active:
+            break
     await assert_applied(runtime, approval.id, {"action": "approve"})
     await runtime.aclose()

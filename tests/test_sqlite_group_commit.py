@@ -1,12 +1,15 @@
 """Group commit in the SQLite store: calls asked for while a batch is on the store's thread go
 together in the next one (one hop, and one transaction for its writes), each caller returning
 once its call committed; a bad run fails only its own caller, a cancelled caller loses nobody's
-run, and a thread's runs keep their order."""
+run, and a thread's runs keep their order. The thread itself does not outlive the store's
+use: it ends when idle or when the store is dropped, and comes back on demand."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import sqlite3
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,8 @@ import pytest
 from copilot_runtime import events as ev
 from copilot_runtime._compaction import compact_events
 from copilot_runtime.threads import SQLiteThreadStore, StoredRun
+from copilot_runtime.threads._store_thread import StoreThread
+from tests.conftest import poll
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -257,3 +262,48 @@ def test_a_store_outlives_the_event_loop_of_a_call_in_flight(tmp_path: Path) -> 
         second.run_until_complete(go_on())
     finally:
         second.close()
+
+
+def _store_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "sqlite-store"}
+
+
+async def _ended(threads: set[threading.Thread]) -> list[threading.Thread]:
+    """Those of `threads` still alive after a while (none, if they end)."""
+    async for _ in poll(10):
+        if not any(t.is_alive() for t in threads):
+            break
+    return [t for t in threads if t.is_alive()]
+
+
+async def test_stores_dropped_without_closing_leave_no_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(StoreThread, "idle_timeout", 60.0)  # not what ends them here
+    before = _store_threads()
+    for i in range(20):
+        store = SQLiteThreadStore(tmp_path / f"dropped{i}.sqlite3")
+        await _finish(store, "t", _run("t", "r"))
+        assert await store.get("t") is not None
+        del store  # never closed
+    gc.collect()
+    assert await _ended(_store_threads() - before) == []
+
+
+async def test_an_idle_thread_ends_and_comes_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(StoreThread, "idle_timeout", 0.1)
+    before = _store_threads()
+    stores = [SQLiteThreadStore(tmp_path / f"idle{i}.sqlite3") for i in range(10)]
+    for store in stores:  # kept, never closed: as a module's global store would be
+        await _finish(store, "t", _run("t", "r1"))
+    started = _store_threads() - before
+    assert started
+    assert await _ended(started) == []
+    for store in stores:  # each call after idling starts a thread again
+        await _finish(store, "t", _run("t", "r2", first=5))
+        record = await store.get("t")
+        assert record is not None
+        assert [r.run_id for r in record.runs] == ["r1", "r2"]
+    assert await _ended(_store_threads() - before) == []
+    for store in stores:
+        await store.aclose()

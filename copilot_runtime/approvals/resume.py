@@ -48,8 +48,13 @@ class Claims:
 
     async def settle(self, store: ApprovalStore, pending_after: set[str]) -> None:
         for approval_id in self.ids:
-            await store.settle(approval_id,
-                               "reopen" if approval_id in pending_after else "applied")
+            if approval_id in pending_after:
+                # Told, since the one who answered may not be waiting for the run.
+                _log.info("approval reopened: its answer did not reach the graph",
+                          approval_id=approval_id)
+                await store.settle(approval_id, "reopen")
+            else:
+                await store.settle(approval_id, "applied")
 
 
 async def claim_resume(store: ApprovalStore, *, agent_id: str, input: RunInput,

@@ -8,7 +8,10 @@ the thread (a busy thread is refused), and its events are stored in the thread's
 so a client that `connect`s later sees what happened. The run's own claim on the ledger is
 what decides a race between two answers; this service checks first only to answer clearly.
 A run stopped before its agent started (the service closing just after it reserved the
-thread) gives the thread back and claimed nothing: the approval is left as it was.
+thread) gives the thread back and claimed nothing: the approval is left as it was. An
+answer that does not wait is the exception: its run claims the approval before it drives,
+and the caller hears back once the answer is recorded, so a close after that leaves it for
+the next start to send, not lost (`_answer_in_background`).
 
 `start()` (idempotent) sends again the answers a crash interrupted, and runs the expiry
 timer: when an approval's `expiresAt` passes, its graph is resumed with a timeout answer
@@ -210,7 +213,9 @@ class ApprovalService:
 
         Raises `ApprovalNotFoundError` (404), `ApprovalClosedError` (409 answered or
         withdrawn, 410 expired) or `ThreadBusyError` (409). With `wait`, returns once the
-        resumed run has ended, with its outcome; otherwise as soon as it has started.
+        resumed run has ended, with its outcome; otherwise as soon as the answer is
+        recorded in the ledger (run status `running`), or with run status `cancelled` if
+        the service closed first (the approval as the ledger has it).
         """
         approval, _, agent = await self.get(approval_id)
         if approval.status != "pending":
@@ -222,32 +227,80 @@ class ApprovalService:
                 await agent.pending_interrupt_ids(approval.thread_id):
             await agent.approvals.settle(approval.id, "withdrawn")
             raise ApprovalClosedError(replace(approval, status="withdrawn"))
+        if not wait:
+            return await self._answer_in_background(approval, agent.approvals, dict(answer),
+                                                    answered_by or "http", headers)
         task = await self._resume(approval, dict(answer), answered_by or "http", headers)
         summary: dict[str, Any] = {"threadId": approval.thread_id, "status": "running",
                                    "runId": task.get_name()}
-        if wait:
-            try:
-                summary = await asyncio.shield(task)
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if not task.cancelled() or (current is not None and current.cancelling()):
-                    raise  # the caller was cancelled: the run goes on without it
-                # The service closed first and cancelled the run: what the graph took
-                # is settled in the ledger, which the reply below reads.
-                summary = {**summary, "status": "cancelled"}
-            error = summary.get("error") or {}
-            if error.get("code") in ApprovalClosedError.CODES:
-                # Another answer won the claim between our check and the run's.
-                raise ApprovalClosedError(await agent.approvals.get(approval.id) or approval)
-            if summary["status"] == "interrupted":
-                waiting = await agent.approvals.find(thread_id=approval.thread_id)
-                summary["approvals"] = [a.to_json() for a in waiting]
+        try:
+            summary = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not task.cancelled() or (current is not None and current.cancelling()):
+                raise  # the caller was cancelled: the run goes on without it
+            # The service closed first and cancelled the run: what the graph took
+            # is settled in the ledger, which the reply below reads.
+            summary = {**summary, "status": "cancelled"}
+        error = summary.get("error") or {}
+        if error.get("code") in ApprovalClosedError.CODES:
+            # Another answer won the claim between our check and the run's.
+            raise ApprovalClosedError(await agent.approvals.get(approval.id) or approval)
+        if summary["status"] == "interrupted":
+            waiting = await agent.approvals.find(thread_id=approval.thread_id)
+            summary["approvals"] = [a.to_json() for a in waiting]
         settled = await agent.approvals.get(approval.id) or approval
         return {"approval": settled.to_json(), "run": summary}
 
+    async def _answer_in_background(self, approval: Approval, store: ApprovalStore,
+                                    answer: dict[str, Any], answered_by: str,
+                                    headers: Mapping[str, str] | None) -> dict[str, Any]:
+        """Record the answer, then resume the graph in the background.
+
+        The run's task claims the approval before it drives, and the caller is answered
+        once that claim is in the ledger: a service that closes before the run takes the
+        answer leaves it "answered, not applied", and the next start sends it
+        (`_recover`). One that closes before the claim leaves the approval pending, to be
+        answered again; the reply says which (run status `cancelled`)."""
+        recorded: asyncio.Future[Approval | None] = \
+            asyncio.get_running_loop().create_future()
+
+        async def record() -> bool:
+            claimed = await store.claim(approval.id, "answered", answer, answered_by,
+                                        time.time())
+            recorded.set_result(claimed)
+            return claimed is not None
+
+        task = await self._resume(approval, answer, answered_by, headers, first=record)
+        # Not cancelled with the caller: the answer goes on without it.
+        steps: set[asyncio.Future[Any]] = {recorded, task}
+        await asyncio.wait(steps, return_when=asyncio.FIRST_COMPLETED)
+        summary: dict[str, Any] = {"threadId": approval.thread_id, "status": "running",
+                                   "runId": task.get_name()}
+        if recorded.done():
+            claimed = recorded.result()
+            if claimed is None:  # another answer won between our check and our claim
+                raise ApprovalClosedError(await store.get(approval.id) or approval)
+            return {"approval": claimed.to_json(), "run": summary}
+        if not task.cancelled():
+            task.result()  # the claim failed: raise why
+        # The service closed before the run took its first steps.
+        settled = await store.get(approval.id) or approval
+        if settled.status == "pending":
+            _log.warning("approval answer dropped: the service closed before it was "
+                         "recorded; the approval can be answered again",
+                         approval_id=approval.id)
+        else:  # claimed as the task was cancelled: the ledger kept it
+            _log.warning("approval answer recorded but not sent: the service closed; it is "
+                         "sent at the next start", approval_id=approval.id)
+        return {"approval": settled.to_json(), "run": {**summary, "status": "cancelled"}}
+
     async def _resume(self, approval: Approval, payload: Any, answered_by: str,
-                      headers: Mapping[str, str] | None) -> asyncio.Task[dict[str, Any]]:
-        """Start the run that resumes `approval`'s graph with `payload` (in a task)."""
+                      headers: Mapping[str, str] | None,
+                      first: Callable[[], Awaitable[bool]] | None = None
+                      ) -> asyncio.Task[dict[str, Any]]:
+        """Start the run that resumes `approval`'s graph with `payload` (in a task); the
+        task awaits `first` before it drives, and gives the run back if that is False."""
         run_id = f"approval-{uuid.uuid4()}"
         body: dict[str, Any] = {
             "threadId": approval.thread_id, "runId": run_id, "messages": [], "state": {},
@@ -260,7 +313,7 @@ class ApprovalService:
         run = await self.host.start_run(approval.agent_id, parse_run_input(body),
                                            headers)
         # No await from here to the task: the run is the task's to drive or give back.
-        task = asyncio.create_task(_drive(run), name=run_id)
+        task = asyncio.create_task(_drive(run, first), name=run_id)
         self._runs.add(task)
         task.add_done_callback(self._runs.discard)
         task.add_done_callback(lambda done: self._give_back_if_cancelled(run, done))
@@ -342,8 +395,9 @@ class ApprovalService:
                     await store.settle(approval.id, "applied")
 
 
-async def _drive(run: HostedRun) -> dict[str, Any]:
-    """Drive a server-side run to its end; what became of it."""
+async def _drive(run: HostedRun,
+                 first: Callable[[], Awaitable[bool]] | None = None) -> dict[str, Any]:
+    """Drive a server-side run to its end (unless `first` says not to); what became of it."""
     terminal: list[Event] = []
     legacy_interrupt = False
 
@@ -355,7 +409,9 @@ async def _drive(run: HostedRun) -> dict[str, Any]:
 
     summary: dict[str, Any] = {"threadId": run.thread_id, "runId": run.run_id}
     try:
-        async with run:  # given back if it is cancelled before it drives
+        async with run:  # given back if it is cancelled (or refused) before it drives
+            if first is not None and not await first():
+                return {**summary, "status": "refused"}
             await run.drive(write)
     except CopilotRuntimeError as exc:  # pragma: no cover - drive turns these into events
         return {**summary, "status": "error", "error": {"message": exc.message,

@@ -9,15 +9,23 @@ once the transaction holding its call committed. A caller cancelled while it wai
 call queued, and it is run all the same. Calls run in the order they were asked for, so a
 thread's runs keep theirs; a read in a batch with writes sees the writes queued before it,
 and returns only once they committed.
+
+The thread is a daemon started on demand: idle for `idle_timeout` seconds, it ends, and the
+next call starts another; the store's `release()` ends it at once (a store closed, or
+garbage-collected). A store dropped without `aclose()` so leaves no thread behind. At the
+process's exit, each thread is let finish the batch it runs (as a daemon it would be cut
+short there, its transaction rolled back).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
+import queue
 import sqlite3
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 __all__ = ["Call", "StoreThread"]
@@ -39,13 +47,35 @@ class Call(Generic[_T]):
         self.done: asyncio.Future[_T] | None = None
 
 
+#: A batch for the thread: its calls, and the loop and future to tell when it is done.
+_Hop = tuple[list[Call[Any]], asyncio.AbstractEventLoop, asyncio.Future[None]]
+
+#: The threads there now, each with what it takes batches from (for the exit).
+_running: dict[threading.Thread, queue.SimpleQueue[_Hop | None]] = {}
+#: Seconds the exit waits for a thread's batch (SQLite's busy timeout is 30).
+_EXIT_WAIT = 35.0
+
+
+@atexit.register
+def _let_batches_finish() -> None:
+    for hops in list(_running.values()):
+        hops.put(None)  # after the batch sent before: it runs first
+    for worker in list(_running):
+        worker.join(_EXIT_WAIT)
+
+
 class StoreThread:
+    #: Seconds the thread waits for work before it ends (the next call starts a new one).
+    idle_timeout = 10.0
+
     def __init__(self, db: sqlite3.Connection, lock: threading.Lock, *,
                  max_batch: int = 64) -> None:
         self._db = db
         self._lock = lock
         self._max_batch = max_batch
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
+        self._hops: queue.SimpleQueue[_Hop | None] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._worker_lock = threading.Lock()  # whether a thread is there to take a hop
         self._queued: list[Call[Any]] = []
         self._busy = False  # a batch is on the thread
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop it was sent from
@@ -75,7 +105,12 @@ class StoreThread:
         """Once everything asked for so far has run, stop the thread."""
         await self.wait_idle()
         self._closed = True
-        self._executor.shutdown(wait=False)
+        self.release()
+
+    def release(self) -> None:
+        """End the thread once it has run what it was sent, not once it has idled (the
+        store is closed, or gone); a call after this starts another."""
+        self._hops.put(None)
 
     def _busy_on(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Whether a batch is on the thread, and will be back on a loop that still runs."""
@@ -93,12 +128,19 @@ class StoreThread:
         del self._queued[:self._max_batch]
         self._busy = True
         self._loop = loop
-        try:
-            hop = loop.run_in_executor(self._executor, self._run, batch)
-        except BaseException as e:  # the executor is shut down
+        if self._closed:  # pragma: no cover - aclose waits for the calls asked for
             self._busy = False
-            _settle(batch, e)
-            raise
+            error = sqlite3.ProgrammingError("Cannot operate on a closed database.")
+            _settle(batch, error)
+            raise error
+        hop: asyncio.Future[None] = loop.create_future()
+        self._hops.put((batch, loop, hop))
+        with self._worker_lock:
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._serve, name="sqlite-store",
+                                                daemon=True)
+                _running[self._worker] = self._hops
+                self._worker.start()
         hop.add_done_callback(lambda hop: self._back(loop, batch, hop))
 
     def _back(self, loop: asyncio.AbstractEventLoop, batch: list[Call[Any]],
@@ -116,6 +158,41 @@ class StoreThread:
         self._idle.clear()
 
     # -- on the store's thread ------------------------------------------------------------
+
+    def _serve(self) -> None:
+        """Run batches until idle for `idle_timeout` seconds, or released."""
+        try:
+            self._serve_batches()
+        finally:
+            _running.pop(threading.current_thread(), None)
+
+    def _serve_batches(self) -> None:
+        while True:
+            try:
+                hop = self._hops.get(timeout=self.idle_timeout)
+            except queue.Empty:
+                with self._worker_lock:
+                    if self._hops.empty():  # else a hop came just now: it is ours
+                        self._worker = None
+                        return
+                continue
+            if hop is None:  # released
+                with self._worker_lock:
+                    self._worker = None
+                return
+            self._take(*hop)
+            # Not kept while idle: the batch's calls hold the store, which may be dropped.
+            del hop
+
+    def _take(self, batch: list[Call[Any]], loop: asyncio.AbstractEventLoop,
+              done: asyncio.Future[None]) -> None:
+        error: BaseException | None = None
+        try:
+            self._run(batch)
+        except BaseException as e:
+            error = e
+        with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits
+            loop.call_soon_threadsafe(_finish, done, error)
 
     def _run(self, batch: list[Call[Any]]) -> None:
         with self._lock:
@@ -159,6 +236,15 @@ class StoreThread:
                 raise
             db.execute("ROLLBACK TO call")
         db.execute("RELEASE call")
+
+
+def _finish(done: asyncio.Future[None], error: BaseException | None) -> None:
+    if done.done():
+        return
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)
 
 
 def _apply(call: Call[Any]) -> None:

@@ -14,6 +14,7 @@ import builtins
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -128,6 +129,8 @@ class SQLiteThreadStore:
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
         self._calls = StoreThread(self._db, self._lock)
+        # Dropped without `aclose()`: its thread ends now rather than once it has idled.
+        weakref.finalize(self, self._calls.release)
 
     def _migrate(self) -> None:
         db = self._db

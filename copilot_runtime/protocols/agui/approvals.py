@@ -14,7 +14,9 @@ An answer resumes the graph on the server; its run goes to the thread's history 
 shows it). With `wait` (the default) the response comes when that run has ended and says
 how (`finished`, `interrupted` again, `error`, or `cancelled`: the runtime shut down first,
 and the approval is as the graph left it, pending if the answer did not reach it);
-`"wait": false` answers 202 at once.
+`"wait": false` answers 202 as soon as the answer is recorded (a runtime that stops before
+its run takes it sends it at the next start); 200 with run status `cancelled` if the
+runtime shut down before it was recorded (the approval shows whether it was).
 Answering an approval that is already answered, or withdrawn, is 409; after it expired, 410;
 an unknown id, 404; a thread with a run in progress, 409.
 """
@@ -120,7 +122,8 @@ class ApprovalRoutes:
         result = await self.service.answer(
             approval_id, answer, answered_by=user if isinstance(user, str) else None,
             wait=wait)
-        await send_json(request, 200 if wait else 202, result)
+        accepted = not wait and result["run"]["status"] == "running"
+        await send_json(request, 202 if accepted else 200, result)
 
     async def _check_access(self, request: Request, approval: Approval) -> None:
         """Someone else's approval does not exist for the caller (the same 404)."""
