@@ -3,11 +3,18 @@ the run begins, `append_run` when it ends), at a given concurrency, with the CPU
 process and of the PostgreSQL server's processes per run.
 
     python -m bench.pg_store [--runs 3000] [--concurrency 10] [--url postgresql://...]
+                             [--streamed] [--phases 1]
 
 The payload is a bench chat's: a 200-character user message, 50 text deltas, the raw events
 (~5.8 KB) and their compacted form (~1.2 KB). PostgreSQL's CPU is read from /proc, so it is
 only counted when the server runs on this machine. The schema `bench_pg_store` is emptied
 first. Used for docs/benchmarks.md's "Thread stores" section.
+
+`--streamed`: each run writes its first events while it streams (as every run longer than
+200 ms does: its row is opened), then finishes. `--phases N` reports the runs in N
+consecutive parts, to see whether a run costs more as the runs before it accumulate (dead
+rows and index entries stay until the table is vacuumed; the tables' autovacuum setting is
+printed).
 """
 
 from __future__ import annotations
@@ -68,32 +75,45 @@ def _payload() -> _Chat:
             ids, raw)
 
 
-async def _one(store: PostgresThreadStore, chat: _Chat) -> None:
+async def _one(store: PostgresThreadStore, chat: _Chat, streamed: bool) -> None:
     thread_id, run, ids, raw = chat
     if await store.summary(thread_id) is not None:
         raise RuntimeError("a new thread exists")
-    await store.append_run(thread_id, "default", run, ids, raw_first=0, raw=raw)
+    first = 0
+    if streamed:
+        first = len(raw) // 2
+        await store.append_events(thread_id, "default", run.run_id, run.created_at, 0,
+                                  raw[:first])
+    await store.append_run(thread_id, "default", run, ids, raw_first=first, raw=raw[first:])
 
 
-async def main(url: str, runs: int, concurrency: int) -> None:
+async def main(url: str, runs: int, concurrency: int, streamed: bool = False,
+               phases: int = 1) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {_SCHEMA} CASCADE")
     store = PostgresThreadStore(url, schema=_SCHEMA, max_size=concurrency)
     try:
         async def worker(chats: list[_Chat]) -> None:
             for chat in chats:
-                await _one(store, chat)
+                await _one(store, chat, streamed)
 
         await asyncio.gather(*(worker([_payload() for _ in range(50)])
                                for _ in range(concurrency)))  # warm-up
-        work = [[_payload() for _ in range(runs // concurrency)] for _ in range(concurrency)]
-        cpu, pg, start = time.process_time(), _postgres_cpu(), time.perf_counter()
-        await asyncio.gather(*(worker(chats) for chats in work))
-        done = runs // concurrency * concurrency
-        wall = time.perf_counter() - start
-        print(f"{done / wall:.0f} runs/s at c={concurrency}; CPU per run: this process "
-              f"{1000 * (time.process_time() - cpu) / done:.3f} ms, PostgreSQL "
-              f"{1000 * (_postgres_cpu() - pg) / done:.3f} ms")
+        with psycopg.connect(url, autocommit=True) as conn:
+            vacuumed = conn.execute("SHOW autovacuum").fetchone()
+        print(f"autovacuum {vacuumed[0] if vacuumed else '?'}; "
+              f"{'streamed' if streamed else 'short'} runs")
+        each = runs // concurrency // phases
+        for phase in range(phases):
+            work = [[_payload() for _ in range(each)] for _ in range(concurrency)]
+            cpu, pg, start = time.process_time(), _postgres_cpu(), time.perf_counter()
+            await asyncio.gather(*(worker(chats) for chats in work))
+            done = each * concurrency
+            wall = time.perf_counter() - start
+            print(f"runs {phase * done + 1}-{(phase + 1) * done}: {done / wall:.0f} runs/s at "
+                  f"c={concurrency}; CPU per run: this process "
+                  f"{1000 * (time.process_time() - cpu) / done:.3f} ms, PostgreSQL "
+                  f"{1000 * (_postgres_cpu() - pg) / done:.3f} ms")
     finally:
         await store.aclose()
 
@@ -104,10 +124,14 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--url", default=os.environ.get(
         "BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test"))
+    parser.add_argument("--streamed", action="store_true",
+                        help="each run writes its first events while it streams")
+    parser.add_argument("--phases", type=int, default=1)
     args = parser.parse_args()
+    measured = main(args.url, args.runs, args.concurrency, args.streamed, args.phases)
     try:
         import uvloop
 
-        uvloop.run(main(args.url, args.runs, args.concurrency))
+        uvloop.run(measured)
     except ImportError:
-        asyncio.run(main(args.url, args.runs, args.concurrency))
+        asyncio.run(measured)

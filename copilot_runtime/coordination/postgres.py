@@ -123,7 +123,11 @@ class PostgresCoordinator(SharedCoordinator):
     async def _connect_one(self) -> Any:
         import psycopg
 
-        return await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+        conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+        # Its statements are planned once: never worth compiling (JIT), whatever the
+        # estimates of the day.
+        await conn.execute("SET jit = off")
+        return conn
 
     async def _disconnect(self) -> None:
         for lane in (self._taking, self._ending):

@@ -280,6 +280,9 @@ class PostgresThreadStore:
         await conn.execute("SET enable_bitmapscan = off")
         await conn.execute("SET enable_hashjoin = off")
         await conn.execute("SET enable_mergejoin = off")
+        # Nor compiled: a generic plan's estimates (a thousand runs a batch) pass the JIT's
+        # threshold once the tables have grown, and compiling took 20-50 ms a statement.
+        await conn.execute("SET jit = off")
 
     async def open(self) -> None:
         """Connect and migrate (idempotent; every method opens the store on first use)."""
