@@ -421,3 +421,18 @@ async def test_postgresql_lease_table_of_the_previous_version_gets_followers() -
             assert await made.follow("t2") == "r1"
         finally:
             await made.aclose()
+
+
+async def test_postgresql_coordinator_statements_are_never_compiled(coordinator_url: str) -> None:
+    """Its statements touch a lease or a few; a plan's estimate over a lease table full of
+    dead rows must not make PostgreSQL compile them (JIT: tens of ms a statement)."""
+    if not coordinator_url.startswith("postgresql"):
+        pytest.skip("PostgreSQL only")
+    made: Any = coordinator(coordinator_url)
+    await made.start()
+    try:
+        assert await made._fetch("SHOW jit", ()) == [("off",)]
+        for lane in (made._taking, made._ending):
+            assert await made._fetch_on(lane, "SHOW jit", ()) == [("off",)]
+    finally:
+        await made.aclose()

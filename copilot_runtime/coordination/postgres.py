@@ -63,7 +63,8 @@ class PostgresCoordinator(SharedCoordinator):
         from psycopg_pool import AsyncConnectionPool
 
         pool = AsyncConnectionPool(self.conninfo, min_size=1, max_size=self.max_connections,
-                                   kwargs={"autocommit": True}, open=False)
+                                   kwargs={"autocommit": True}, open=False,
+                                   configure=_configure)
         await pool.open(wait=True, timeout=15)
         self._pool = pool
         from copilot_runtime._pg_lane import Lane
@@ -124,9 +125,7 @@ class PostgresCoordinator(SharedCoordinator):
         import psycopg
 
         conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
-        # Its statements are planned once: never worth compiling (JIT), whatever the
-        # estimates of the day.
-        await conn.execute("SET jit = off")
+        await _configure(conn)
         return conn
 
     async def _disconnect(self) -> None:
@@ -238,3 +237,9 @@ async def _rows(cursor: Any, query: str, params: tuple[Any, ...] | dict[str, Any
         return []
     rows: list[tuple[Any, ...]] = await cursor.fetchall()
     return rows
+
+
+async def _configure(conn: Any) -> None:
+    # A lease statement touches a row or a few: never worth compiling (JIT), whatever a
+    # plan's estimates say once the lease table is full of dead rows.
+    await conn.execute("SET jit = off")
