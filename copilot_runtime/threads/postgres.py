@@ -119,7 +119,10 @@ _MIGRATIONS: tuple[str, ...] = (
     # while it streamed leaves one until the table is vacuumed, so every run's writes grew
     # slower with the runs before it (1 ms each after 5,000 runs). And raw events carry
     # their run's end, so those whose retention ended are found through an index of their
-    # own instead of a join with every run ever stored.
+    # own instead of a join with every run ever stored. (Building the index reads `runs`
+    # whole while holding off its writes: seconds on a table of millions of runs. Runs that
+    # workers of the previous version close during a rolling upgrade keep their raw events
+    # unstamped, so never deleted before their thread.)
     """
     DROP INDEX runs_open;
     CREATE INDEX runs_open ON runs (thread_id, run_id) WHERE open;
