@@ -258,43 +258,8 @@ async def test_a_failed_read_fails_its_callers_only(
     assert await store.summary("f1") is not None
 
 
-async def test_plans_made_on_empty_tables_scan_no_table(store: PostgresThreadStore) -> None:
-    """The store's statements are planned once per connection, on whatever the tables hold
-    then: made on a new deployment's empty tables, a plan that scans a whole table would
-    stay the plan as they grow (each run's write slower than the one before)."""
-    import re
-
-    from copilot_runtime.threads.postgres import _APPEND_EVENTS, _FINISH_RUNS, _SUMMARIES
-
-    def numbered(query: bytes) -> str:
-        count = 0
-
-        def next_number(_: re.Match[str]) -> str:
-            nonlocal count
-            count += 1
-            return f"${count}"
-
-        return re.sub("%b", next_number, query.decode())
-
-    async with store._pool.connection() as conn:  # configured as the store's own
-        cursor = psycopg.AsyncClientCursor(conn)
-        plans = []
-        for name, query, args in (
-                ("finish", _FINISH_RUNS, "'{t,r,1,2,0,5,a,NULL,NULL,x,0,5}'::text[], "
-                                         "'{\\\\x5b5d,\\\\x5b5d}'::bytea[], '{t,m}'::text[]"),
-                ("heads", _SUMMARIES, "'{t}'::text[]"),
-                ("running", _APPEND_EVENTS, "'{t,r,1,0,3,a,NULL,NULL,x}'::text[], "
-                                            "'{\\\\x5b5d}'::bytea[]")):
-            await cursor.execute(f"PREPARE {name} AS {numbered(query)}".encode())
-            await conn.execute("BEGIN")
-            await cursor.execute(f"EXPLAIN EXECUTE {name}({args})".encode())
-            plans.append("\n".join(row[0] for row in await cursor.fetchall()))
-            await conn.execute("ROLLBACK")
-    for plan in plans:
-        assert "Seq Scan" not in plan, plan
-
-
 def _numbered(query: bytes) -> str:
+    """`query` with its `%b` placeholders numbered, to PREPARE it by hand."""
     import re
 
     count = 0
@@ -305,6 +270,30 @@ def _numbered(query: bytes) -> str:
         return f"${count}"
 
     return re.sub("%b", next_number, query.decode())
+
+
+async def test_plans_made_on_empty_tables_scan_no_table(store: PostgresThreadStore) -> None:
+    """The store's statements are planned once per connection, on whatever the tables hold
+    then: made on a new deployment's empty tables, a plan that scans a whole table would
+    stay the plan as they grow (each run's write slower than the one before)."""
+    from copilot_runtime.threads.postgres import _APPEND_EVENTS, _FINISH_RUNS, _SUMMARIES
+
+    async with store._pool.connection() as conn:  # configured as the store's own
+        cursor = psycopg.AsyncClientCursor(conn)
+        plans = []
+        for name, query, args in (
+                ("finish", _FINISH_RUNS, "'{t,r,1,2,0,5,a,NULL,NULL,x,0,5}'::text[], "
+                                         "'{\\\\x5b5d,\\\\x5b5d}'::bytea[], '{t,m}'::text[]"),
+                ("heads", _SUMMARIES, "'{t}'::text[]"),
+                ("running", _APPEND_EVENTS, "'{t,r,1,0,3,a,NULL,NULL,x}'::text[], "
+                                            "'{\\\\x5b5d}'::bytea[]")):
+            await cursor.execute(f"PREPARE {name} AS {_numbered(query)}".encode())
+            await conn.execute("BEGIN")
+            await cursor.execute(f"EXPLAIN EXECUTE {name}({args})".encode())
+            plans.append("\n".join(row[0] for row in await cursor.fetchall()))
+            await conn.execute("ROLLBACK")
+    for plan in plans:
+        assert "Seq Scan" not in plan, plan
 
 
 async def _finish_plan(store: PostgresThreadStore, thread: str, run: str,
