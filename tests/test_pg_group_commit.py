@@ -498,3 +498,24 @@ async def test_a_lane_whose_connection_was_killed_connects_again(
 async def _sleep_on(lane: Any) -> None:
     async with lane as cursor:
         await cursor.execute("SELECT pg_sleep(5)")
+
+
+async def test_a_server_without_autovacuum_is_pointed_out() -> None:
+    """Every run leaves dead rows; a deployment whose PostgreSQL never vacuums is told so
+    when the store opens (this machine's runs without autovacuum)."""
+    from structlog.testing import capture_logs
+
+    with psycopg.connect(SERVER, autocommit=True) as conn:
+        setting = conn.execute("SHOW autovacuum").fetchone()
+    schema = f"group_{uuid.uuid4().hex[:10]}"
+    made = PostgresThreadStore(SERVER, schema=schema)
+    try:
+        with capture_logs() as logs:
+            await made.open()
+    finally:
+        await made.aclose()
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    told = [log for log in logs if "autovacuum off" in log["event"]]
+    assert len(told) == (1 if setting == ("off",) else 0), logs
+    assert all(log["log_level"] == "warning" and log["schema"] == schema for log in told)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import structlog
 from psycopg import AsyncConnection, AsyncCursor, sql
 from psycopg_pool import AsyncConnectionPool
 
@@ -44,6 +45,8 @@ from copilot_runtime.threads.base import (
 )
 
 __all__ = ["PostgresThreadStore"]
+
+_log = structlog.get_logger("copilot_runtime.threads")
 
 _MIGRATIONS: tuple[str, ...] = (
     # 1: threads, their runs (open while they stream), raw events, message ids.
@@ -316,6 +319,12 @@ class PostgresThreadStore:
                 elif version < len(_MIGRATIONS):
                     await conn.execute("UPDATE schema_version SET version = %s",
                                        (len(_MIGRATIONS),))
+                vacuumed = await (await conn.execute("SHOW autovacuum")).fetchone()
+        if vacuumed is not None and vacuumed[0] != "on":
+            # Every run leaves dead rows (a thread's row updated, an open run closed, raw
+            # events deleted): without vacuum the tables and their indexes only grow.
+            _log.warning("PostgreSQL runs with autovacuum off: the thread store's tables "
+                         "will keep growing unless they are vacuumed", schema=self.schema)
         await self._pool.open()
 
     async def schema_version(self) -> int:
