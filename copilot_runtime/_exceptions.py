@@ -2,7 +2,7 @@
 
     CopilotRuntimeError
     ├── ConfigurationError          a runtime, agent or action set up wrongly (raised at start-up)
-    ├── RequestError                the client sent something we cannot serve (answered with 4xx)
+    ├── RequestError                a request we cannot serve (answered with its status, 4xx or 503)
     │   ├── InvalidRequestError     malformed JSON, wrong types, missing fields        → 400
     │   │   └── JSONTooDeepError    JSON nested deeper than the runtime can re-encode  → 400
     │   ├── AgentNotFoundError      the agent id is not registered                     → 404
@@ -12,6 +12,7 @@
     │   ├── RequestRejectedError    an `on_request` hook refused the request           → 403
     │   ├── ThreadNotFoundError     no such thread, or not the caller's                → 404
     │   ├── RateLimitedError        the caller has used up its runs for now            → 429
+    │   ├── ServiceUnavailableError the thread store or coordinator cannot be reached  → 503
     │   ├── ModelNotAllowedError    a model the agent does not allow                   → 400
     │   ├── TranscriptionError      audio that cannot be transcribed, or a failed service
     │   └── ApprovalError           an approval cannot be answered
@@ -60,6 +61,7 @@ __all__ = [
     "RateLimitedError",
     "RequestError",
     "RequestRejectedError",
+    "ServiceUnavailableError",
     "ThreadBusyError",
     "ThreadNotFoundError",
     "TranscriptionError",
@@ -163,6 +165,16 @@ class RequestRejectedError(RequestError):
     def __init__(self, message: str = "Request rejected", *, status: int = 403) -> None:
         super().__init__(message)
         self.status = status
+
+
+class ServiceUnavailableError(RequestError):
+    """A service the runtime keeps its state in (its thread store, its coordinator) did not
+    answer in time or refused the connection: nothing was started, the request may be sent
+    again shortly (`retry_after` seconds)."""
+
+    status = 503
+    code = "SERVICE_UNAVAILABLE"
+    retry_after = 1
 
 
 class ThreadNotFoundError(RequestError):

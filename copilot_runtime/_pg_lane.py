@@ -7,13 +7,53 @@ Needs psycopg (the `postgres` extra): imported only by the PostgreSQL store and 
 from __future__ import annotations
 
 import asyncio
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection, AsyncCursor, pq
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-__all__ = ["Lane"]
+__all__ = ["Lane", "check_alive", "dropped", "with_connect_timeout"]
+
+
+def with_connect_timeout(conninfo: str, seconds: float) -> str:
+    """`conninfo` (a URL or key=value pairs) with a `connect_timeout`, unless it has one:
+    libpq waits for the operating system's TCP timeout (minutes) for a server that does
+    not answer. A URL stays a URL."""
+    if "connect_timeout" in conninfo_to_dict(conninfo):
+        return conninfo
+    timeout = max(2, round(seconds))  # libpq's least
+    if "://" in conninfo:
+        parts = urllib.parse.urlsplit(conninfo)
+        query = f"{parts.query}&" if parts.query else ""
+        return urllib.parse.urlunsplit(parts._replace(query=f"{query}connect_timeout={timeout}"))
+    return make_conninfo(conninfo, connect_timeout=timeout)
+
+
+def dropped(conn: AsyncConnection[Any]) -> bool:
+    """Whether the server closed `conn` while it sat idle (it restarted, or an administrator
+    ended the session): reads what arrived meanwhile, without waiting. A statement sent on
+    such a connection fails, and whether it ran could not be told apart from a connection
+    lost while it ran; found before sending, a new connection is made instead."""
+    if conn.closed or conn.broken:
+        return True
+    try:
+        # Twice: a server ending the session sends its reason first, then closes; the first
+        # read takes the reason, the second finds the connection closed.
+        conn.pgconn.consume_input()
+        conn.pgconn.consume_input()
+    except psycopg.OperationalError:
+        return True
+    return conn.pgconn.status != pq.ConnStatus.OK
+
+
+async def check_alive(conn: AsyncConnection[Any]) -> None:
+    """A pool's `check`: a dropped connection is replaced as it is taken (no round trip)."""
+    if dropped(conn):
+        raise psycopg.OperationalError("the server closed the connection")
 
 
 class Lane:
@@ -21,8 +61,9 @@ class Lane:
 
     Checking a connection out of the pool and back, and making a cursor, cost ~0.1 ms of
     CPU per query (psycopg_pool's locks and checks, the cursor's adaptation context): as
-    much as the query. The lane connects on first use, and again after its connection broke
-    or was left in the middle of a query (a caller cancelled), so the next call starts clean.
+    much as the query. The lane connects on first use, and again after its connection broke,
+    was left in the middle of a query (a caller cancelled) or was dropped by the server while
+    idle, so the next call starts clean.
     """
 
     def __init__(self, connect: Callable[[], Awaitable[AsyncConnection[Any]]]) -> None:
@@ -34,7 +75,10 @@ class Lane:
     async def __aenter__(self) -> AsyncCursor[Any]:
         await self._lock.acquire()
         try:
-            if self._conn is None or self._conn.closed:
+            if self._conn is not None and dropped(self._conn):
+                conn, self._conn, self._cursor = self._conn, None, None
+                await conn.close()
+            if self._conn is None:
                 self._conn = await self._connect()
                 self._cursor = self._conn.cursor()
         except BaseException:

@@ -135,7 +135,8 @@ def _url_of(coordinator_: Coordinator) -> str:
     url = getattr(coordinator_, "url", None)
     if url is not None:  # Redis
         return f"{url}{'&' if '?' in url else '?'}prefix={coordinator_.prefix}"  # type: ignore[attr-defined]
-    return f"{coordinator_.conninfo}?schema={coordinator_.schema}"  # type: ignore[attr-defined]
+    conninfo: str = coordinator_.conninfo  # type: ignore[attr-defined]
+    return f"{conninfo}{'&' if '?' in conninfo else '?'}schema={coordinator_.schema}"  # type: ignore[attr-defined]
 
 
 async def test_signals_reach_every_workers_subscriptions(pair: Pair) -> None:
@@ -188,7 +189,9 @@ def test_urls_name_the_coordinator() -> None:
     pg = coordinator("postgresql://u@db:5432/x?schema=app&lease_ttl=3&sslmode=disable")
     assert pg.lease_ttl == 3.0
     assert pg.shared
-    assert pg.conninfo == "postgresql://u@db:5432/x?sslmode=disable"  # type: ignore[attr-defined]
+    # A server that does not answer fails a connection attempt within seconds.
+    assert pg.conninfo == (  # type: ignore[attr-defined]
+        "postgresql://u@db:5432/x?sslmode=disable&connect_timeout=5")
     rd = coordinator("redis://h:6379/2?prefix=app:")
     assert rd.lease_ttl == 10.0
     assert rd.prefix == "app:"

@@ -6,6 +6,7 @@ for while a read is in flight are read together in one query, the same way."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from copilot_runtime import ServiceUnavailableError
 from copilot_runtime import events as ev
 from copilot_runtime._compaction import compact_events
 from copilot_runtime.threads import StoredRun
@@ -253,7 +255,9 @@ async def test_a_failed_read_fails_its_callers_only(
                                    return_exceptions=True)
     assert results[0] is not None
     assert not isinstance(results[0], BaseException)
-    assert all(isinstance(r, psycopg.OperationalError) for r in results[1:])
+    for failed in results[1:]:
+        assert isinstance(failed, ServiceUnavailableError)
+        assert isinstance(failed.__cause__, psycopg.OperationalError)
     assert not store._head_reads._busy
     assert await store.summary("f1") is not None
 
@@ -467,32 +471,65 @@ async def test_a_lane_left_mid_query_starts_clean_next_time(store: PostgresThrea
     assert head.next_position == 5
 
 
-async def test_a_lane_whose_connection_was_killed_connects_again(
-        store: PostgresThreadStore) -> None:
-    await _finish(store, "k", _run("k", "r"))
-    assert await store.summary("k") is not None
-    async with store._heads as cursor:
+def _terminate(pid: int) -> None:
+    """End a server process (as a restart or an administrator does) and wait until it is gone
+    (its connection closed by the server)."""
+    with psycopg.connect(SERVER, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        for _ in range(200):
+            if conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                            (pid,)).fetchone() is None:
+                return
+            time.sleep(0.01)
+    pytest.fail(f"backend {pid} did not end")
+
+
+async def _backend_of(lane: Any) -> int:
+    async with lane as cursor:
         await cursor.execute("SELECT pg_backend_pid()")
         row = await cursor.fetchone()
         assert row is not None
-        pid = row[0]
-    with psycopg.connect(SERVER, autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-    with pytest.raises(psycopg.OperationalError):
-        await store.summary("k")  # the call that finds it dead fails, and says why
+        return int(row[0])
+
+
+async def test_a_lane_whose_connection_was_killed_connects_again(
+        store: PostgresThreadStore) -> None:
+    """A connection the server closed while it sat idle (a restart, an administrator) is
+    found closed before a statement is sent on it: the call goes on a new connection and
+    succeeds, a write included (sent on the dead one, whether it ran could not be told)."""
+    await _finish(store, "k", _run("k", "r"))
     assert await store.summary("k") is not None
+    killed = await _backend_of(store._heads)
+    _terminate(killed)
+    assert await store.summary("k") is not None
+    assert await _backend_of(store._heads) != killed
     # The writers' lanes too.
     for lane in (store._finished.lane, store._running.lane):
-        async with lane as cursor:
-            await cursor.execute("SELECT pg_backend_pid()")
-            row = await cursor.fetchone()
-            assert row is not None
-        with psycopg.connect(SERVER, autocommit=True) as conn:
-            conn.execute("SELECT pg_terminate_backend(%s)", (row[0],))
-    with pytest.raises(psycopg.OperationalError):
-        await _finish(store, "k2", _run("k2", "r"))
+        _terminate(await _backend_of(lane))
+    await store.append_events("k3", "default", "r", 1.0, 0, [])
     await _finish(store, "k2", _run("k2", "r"))
     assert await store.summary("k2") is not None
+    assert await store.open_runs() == [("k3", "r")]
+
+
+async def test_a_lane_whose_connection_broke_mid_call_fails_that_call_only(
+        store: PostgresThreadStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed while its statement runs: that call fails (503), the next one connects again."""
+    await _finish(store, "k", _run("k", "r"))
+    pid = await _backend_of(store._heads)
+
+    async def killed_meanwhile(thread_ids: list[str]) -> dict[str, tuple[Any, ...]]:
+        async with store._heads as cursor:
+            await asyncio.gather(cursor.execute("SELECT pg_sleep(2)"),
+                                 asyncio.to_thread(_terminate, pid))
+        return {}
+
+    read = store._summaries
+    monkeypatch.setattr(store, "_summaries", killed_meanwhile)
+    with pytest.raises(ServiceUnavailableError):
+        await store.summary("k")
+    monkeypatch.setattr(store, "_summaries", read)
+    assert await store.summary("k") is not None
 
 
 async def _sleep_on(lane: Any) -> None:

@@ -15,7 +15,8 @@ EXPECTED = [
     "ConfigurationError", "CopilotEndpoint", "CopilotRuntime", "CopilotRuntimeError",
     "DemoAdapter", "InMemoryThreadStore", "InvalidRequestError", "OpenAIAdapter",
     "PayloadTooLargeError", "RequestError", "RunContext", "RunInput", "SQLiteThreadStore",
-    "ServiceAdapter", "ThreadBusyError", "ThreadStore", "UpstreamError", "UpstreamTimeoutError",
+    "ServiceAdapter", "ServiceUnavailableError", "ThreadBusyError", "ThreadStore",
+    "UpstreamError", "UpstreamTimeoutError",
     "__version__", "action", "create_app", "mount_runtime",
     "ApprovalPolicy", "DurableCheckpointer", "Orchestrator", "ReviewLoop", "Step",
     "approval_service", "checkpointer", "existing_agent",
@@ -37,10 +38,12 @@ def test_exception_hierarchy() -> None:
     base = copilot_runtime.CopilotRuntimeError
     for name in ("ActionError", "AgentNotFoundError", "ApprovalError", "ApprovalClosedError",
                  "ApprovalNotFoundError", "ConfigurationError", "RequestError",
-                 "InvalidRequestError", "PayloadTooLargeError", "ThreadBusyError",
+                 "InvalidRequestError", "PayloadTooLargeError", "ServiceUnavailableError",
+                 "ThreadBusyError",
                  "UpstreamError", "UpstreamTimeoutError"):
         assert issubclass(getattr(copilot_runtime, name), base)
     assert copilot_runtime.ThreadBusyError("t").status == 409
+    assert copilot_runtime.ServiceUnavailableError("down").status == 503
     assert copilot_runtime.PayloadTooLargeError(1).status == 413
 
 

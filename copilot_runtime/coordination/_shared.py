@@ -10,12 +10,12 @@ import contextlib
 import os
 import socket
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import structlog
 
 from copilot_runtime._batching import Batcher
-from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
 from copilot_runtime.coordination.base import Lease, Signal, SignalHub, Subscription, new_token
 
 __all__ = ["SharedCoordinator", "split_options"]
@@ -55,6 +55,8 @@ def lease_ttl_option(options: dict[str, str], default: float) -> float:
 
 class SharedCoordinator:
     shared = True
+    #: What the backend's client raises when its server cannot be reached (set by each).
+    unreachable: tuple[type[BaseException], ...] = ()
 
     def __init__(self, lease_ttl: float) -> None:
         self.lease_ttl = lease_ttl
@@ -103,7 +105,19 @@ class SharedCoordinator:
 
     # -- lifecycle -----------------------------------------------------------------------
 
+    @contextlib.asynccontextmanager
+    async def _reachable(self) -> AsyncIterator[None]:
+        """The block, its backend's connection failures a ServiceUnavailableError (503)."""
+        try:
+            yield
+        except self.unreachable as exc:
+            raise ServiceUnavailableError("The coordinator cannot be reached") from exc
+
     async def start(self) -> None:
+        started = self._started
+        if started is not None and started.done() and not self._closed and (
+                started.cancelled() or started.exception() is not None):
+            self._started = None  # the server was down: try again
         if self._started is None:
             self._started = asyncio.get_running_loop().create_future()
             try:
@@ -167,14 +181,16 @@ class SharedCoordinator:
     # -- leases --------------------------------------------------------------------------
 
     async def acquire(self, thread_id: str, run_id: str) -> Lease | None:
-        await self.start()
-        lease = await self._acquiring((thread_id, run_id, new_token()))
+        async with self._reachable():
+            await self.start()
+            lease = await self._acquiring((thread_id, run_id, new_token()))
         return None if lease is None else self._hold(lease)
 
     async def finish(self, lease: Lease) -> None:
         self._drop(lease)
-        await self.start()
-        await self._finishing(lease)
+        async with self._reachable():
+            await self.start()
+            await self._finishing(lease)
 
     async def _give_back(self, lease: Lease | None) -> None:
         """A lease taken for a caller that left (cancelled while it waited): released, so
@@ -186,8 +202,9 @@ class SharedCoordinator:
     # -- signals -------------------------------------------------------------------------
 
     async def publish(self, signal: Signal) -> None:
-        await self.start()
-        await self._publishing(signal)
+        async with self._reachable():
+            await self.start()
+            await self._publishing(signal)
 
     def subscribe(self, thread_id: str) -> Subscription:
         return self._hub.subscribe(thread_id)

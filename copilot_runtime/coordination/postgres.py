@@ -37,12 +37,16 @@ class PostgresCoordinator(SharedCoordinator):
     def __init__(self, url: str, *, schema: str | None = None,
                  lease_ttl: float | None = None, max_connections: int = 4) -> None:
         try:
-            import psycopg  # noqa: F401
+            import psycopg
             import psycopg_pool  # noqa: F401
         except ImportError as exc:
             raise ImportError("the PostgreSQL coordinator needs psycopg and psycopg_pool: pip "
                               "install 'copilot-runtime[postgres]'", name=exc.name) from exc
         conninfo, options = split_options(url, ("schema", "lease_ttl"))
+        self.unreachable = (psycopg.OperationalError, psycopg.InterfaceError)
+        from copilot_runtime._pg_lane import with_connect_timeout
+
+        conninfo = with_connect_timeout(conninfo, 5)
         super().__init__(lease_ttl if lease_ttl is not None
                          else lease_ttl_option(options, DEFAULT_LEASE_TTL))
         self.schema = schema or options.get("schema") or "copilot_runtime"
@@ -62,10 +66,16 @@ class PostgresCoordinator(SharedCoordinator):
     async def _connect(self) -> None:
         from psycopg_pool import AsyncConnectionPool
 
+        from copilot_runtime._pg_lane import check_alive
+
         pool = AsyncConnectionPool(self.conninfo, min_size=1, max_size=self.max_connections,
                                    kwargs={"autocommit": True}, open=False,
-                                   configure=_configure)
-        await pool.open(wait=True, timeout=15)
+                                   configure=_configure, check=check_alive)
+        try:
+            await pool.open(wait=True, timeout=15)
+        except BaseException:
+            await pool.close()  # else it keeps trying to connect, for nobody
+            raise
         self._pool = pool
         from copilot_runtime._pg_lane import Lane
 
@@ -138,13 +148,14 @@ class PostgresCoordinator(SharedCoordinator):
 
     async def _fetch(self, query: str, params: tuple[Any, ...] | dict[str, Any]
                      ) -> list[tuple[Any, ...]]:
-        await self.start()
-        async with self._pool.connection() as conn:
-            return await _rows(conn.cursor(), query, params)
+        async with self._reachable():
+            await self.start()
+            async with self._pool.connection() as conn:
+                return await _rows(conn.cursor(), query, params)
 
     async def _fetch_on(self, lane: Any, query: str, params: tuple[Any, ...]
                         ) -> list[tuple[Any, ...]]:
-        async with lane as cursor:
+        async with self._reachable(), lane as cursor:
             return await _rows(cursor, query, params)
 
     async def _acquire_many(self, asked: list[tuple[str, str, str]]) -> list[Lease | None]:

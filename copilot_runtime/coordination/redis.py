@@ -57,11 +57,13 @@ class RedisCoordinator(SharedCoordinator):
     def __init__(self, url: str, *, prefix: str | None = None,
                  lease_ttl: float | None = None) -> None:
         try:
-            import redis.asyncio  # noqa: F401
+            import redis.asyncio
+            import redis.exceptions
         except ImportError as exc:
             raise ImportError("the Redis coordinator needs redis-py: pip install "
                               "'copilot-runtime[redis]'", name=exc.name) from exc
         self.url, options = split_options(url, ("prefix", "lease_ttl"))
+        self.unreachable = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
         super().__init__(lease_ttl if lease_ttl is not None
                          else lease_ttl_option(options, DEFAULT_LEASE_TTL))
         self.prefix = prefix if prefix is not None else options.get("prefix",
@@ -83,7 +85,8 @@ class RedisCoordinator(SharedCoordinator):
     async def _connect(self) -> None:
         import redis.asyncio as aioredis
 
-        self._redis = aioredis.from_url(self.url)
+        # A server that does not answer fails a connection attempt in seconds.
+        self._redis = aioredis.from_url(self.url, socket_connect_timeout=5)
         await self._redis.ping()
         self._renew_script = self._redis.register_script(_RENEW)
         self._release_script = self._redis.register_script(_RELEASE)
@@ -156,8 +159,9 @@ class RedisCoordinator(SharedCoordinator):
         return await self.holder(thread_id)
 
     async def holder(self, thread_id: str) -> str | None:
-        await self.start()
-        value = await self._redis.get(self._key(thread_id))
+        async with self._reachable():
+            await self.start()
+            value = await self._redis.get(self._key(thread_id))
         return value[32:].decode() if value else None
 
     async def forget_expired(self, older_than: float) -> int:

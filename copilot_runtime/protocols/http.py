@@ -31,6 +31,7 @@ from copilot_runtime._exceptions import (
     PayloadTooLargeError,
     RateLimitedError,
     RequestError,
+    ServiceUnavailableError,
 )
 from copilot_runtime._limits import replayable
 from copilot_runtime._runs import ActiveRun
@@ -223,6 +224,7 @@ _TITLES = {
     "INTERRUPT_NOT_PENDING": "Nothing to resume",
     "THREAD_NOT_FOUND": "Thread not found",
     "RATE_LIMITED": "Too many requests",
+    "SERVICE_UNAVAILABLE": "Service unavailable",
     "AUTHENTICATION_ERROR": "Unauthorized",
     "REQUEST_REJECTED": "Forbidden",
 }
@@ -250,9 +252,9 @@ async def send_error(request: Request, exc: RequestError) -> None:
 
 
 def error_headers(exc: RequestError) -> list[tuple[bytes, bytes]]:
-    """The headers that go with an error answer: `Retry-After` of a 429,
+    """The headers that go with an error answer: `Retry-After` of a 429 or a 503,
     `WWW-Authenticate` of a 401."""
-    if isinstance(exc, RateLimitedError):
+    if isinstance(exc, RateLimitedError | ServiceUnavailableError):
         return [(b"retry-after", str(exc.retry_after).encode())]
     if isinstance(exc, AuthenticationError):
         return [(b"www-authenticate", b'Bearer realm="copilotkit"')]

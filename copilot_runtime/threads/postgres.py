@@ -16,17 +16,19 @@ import asyncio
 import builtins
 import contextlib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import psycopg
 import structlog
 from psycopg import AsyncConnection, AsyncCursor, sql
 from psycopg_pool import AsyncConnectionPool
 
 from copilot_runtime._batching import Batcher
-from copilot_runtime._pg_lane import Lane
+from copilot_runtime._exceptions import ServiceUnavailableError
+from copilot_runtime._pg_lane import Lane, check_alive, with_connect_timeout
 from copilot_runtime.events import Event
 from copilot_runtime.threads._grouped import GroupedWriter
 from copilot_runtime.threads._rows import (
@@ -239,14 +241,23 @@ class PostgresThreadStore:
     raw_retention = 600.0
 
     def __init__(self, conninfo: str, *, schema: str = "public", min_size: int = 1,
-                 max_size: int = 10, raw_retention: float | None = None) -> None:
+                 max_size: int = 10, raw_retention: float | None = None,
+                 timeout: float = 10.0) -> None:
+        # A server that does not answer fails a connection attempt within `timeout` (libpq
+        # waits for the operating system's TCP timeout, minutes, by default), and a read
+        # within it too; the caller gets ServiceUnavailableError (503), never a hang.
+        conninfo = with_connect_timeout(conninfo, timeout)
         self.conninfo = conninfo
         self.schema = schema
+        self.timeout = timeout
         if raw_retention is not None:
             self.raw_retention = raw_retention
+        # A pooled connection is checked as it is taken: one the server dropped (it
+        # restarted) is replaced instead of failing what it was taken for.
         self._pool = AsyncConnectionPool(conninfo, min_size=min_size, max_size=max_size,
                                          open=False, kwargs={"autocommit": True},
-                                         configure=self._configure)
+                                         configure=self._configure, timeout=timeout,
+                                         check=check_alive)
         self._opened: asyncio.Task[None] | None = None
         self._pruned = 0.0
         # What every run asks for (its thread's head as it starts, its events as it streams,
@@ -291,10 +302,24 @@ class PostgresThreadStore:
         await conn.execute("SET jit = off")
 
     async def open(self) -> None:
-        """Connect and migrate (idempotent; every method opens the store on first use)."""
-        if self._opened is None:
+        """Connect and migrate (idempotent; every method opens the store on first use, and
+        tries again after an attempt that failed: the server was down)."""
+        if self._opened is None or (self._opened.done() and (
+                self._opened.cancelled() or self._opened.exception() is not None)):
             self._opened = asyncio.ensure_future(self._open())
         await asyncio.shield(self._opened)
+
+    @contextlib.asynccontextmanager
+    async def _reachable(self, *, bounded: bool = True) -> AsyncIterator[None]:
+        """Open the store, then the block: a server that cannot be reached (or, `bounded`,
+        does not answer within `timeout`) is a ServiceUnavailableError. Writes are not
+        bounded: a write given up on could still commit, after its thread was given back."""
+        try:
+            async with asyncio.timeout(self.timeout if bounded else None):
+                await self.open()
+                yield
+        except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError) as exc:
+            raise ServiceUnavailableError("The thread store cannot be reached") from exc
 
     async def _open(self) -> None:
         async with await AsyncConnection.connect(self.conninfo, autocommit=True) as conn, \
@@ -328,39 +353,39 @@ class PostgresThreadStore:
         await self._pool.open()
 
     async def schema_version(self) -> int:
-        await self.open()
-        async with self._pool.connection() as conn:
-            row = await (await conn.execute("SELECT version FROM schema_version")).fetchone()
-        return int(row[0]) if row else 0
+        async with self._reachable():
+            async with self._pool.connection() as conn:
+                row = await (await conn.execute("SELECT version FROM schema_version")).fetchone()
+            return int(row[0]) if row else 0
 
     # -- reading -----------------------------------------------------------------------
 
     async def get(self, thread_id: str) -> ThreadRecord | None:
-        await self.open()
-        async with self._pool.connection() as conn, conn.pipeline():
-            # Three queries, one round trip.
-            thread = await conn.execute(
-                f"SELECT {_THREAD_COLUMNS} FROM threads WHERE thread_id = %s", (thread_id,))
-            runs = await conn.execute(
-                "SELECT run_id, created_at, events, first_position, last_position FROM runs "
-                "WHERE thread_id = %s AND NOT open ORDER BY seq", (thread_id,))
-            ids = await conn.execute(
-                "SELECT message_id FROM message_ids WHERE thread_id = %s", (thread_id,))
-            row = await thread.fetchone()
-            if row is None:
-                return None
-            record = _record(thread_id, row)
-            for run_id, created_at, events, first, last in await runs.fetchall():
-                record.runs.append(StoredRun(run_id, orjson.loads(events), created_at,
-                                             len(events), first, last))
-            record.message_ids = {m for (m,) in await ids.fetchall()}
-        return record
+        async with self._reachable():
+            async with self._pool.connection() as conn, conn.pipeline():
+                # Three queries, one round trip.
+                thread = await conn.execute(
+                    f"SELECT {_THREAD_COLUMNS} FROM threads WHERE thread_id = %s", (thread_id,))
+                runs = await conn.execute(
+                    "SELECT run_id, created_at, events, first_position, last_position FROM runs "
+                    "WHERE thread_id = %s AND NOT open ORDER BY seq", (thread_id,))
+                ids = await conn.execute(
+                    "SELECT message_id FROM message_ids WHERE thread_id = %s", (thread_id,))
+                row = await thread.fetchone()
+                if row is None:
+                    return None
+                record = _record(thread_id, row)
+                for run_id, created_at, events, first, last in await runs.fetchall():
+                    record.runs.append(StoredRun(run_id, orjson.loads(events), created_at,
+                                                 len(events), first, last))
+                record.message_ids = {m for (m,) in await ids.fetchall()}
+            return record
 
     async def summary(self, thread_id: str) -> ThreadRecord | None:
-        await self.open()
-        # Asked for while another read is in flight: read with the others asked meanwhile,
-        # in one query, as soon as it is back (a run's start reads its thread's head).
-        return await self._head_reads(thread_id)
+        async with self._reachable():
+            # Asked for while another read is in flight: read with the others asked meanwhile,
+            # in one query, as soon as it is back (a run's start reads its thread's head).
+            return await self._head_reads(thread_id)
 
     async def _read_heads(self, thread_ids: builtins.list[str]
                           ) -> builtins.list[ThreadRecord | None]:
@@ -376,72 +401,72 @@ class PostgresThreadStore:
         return {row[0]: row[1:] for row in rows}
 
     async def events_after(self, thread_id: str, position: int) -> list[Positioned]:
-        await self.open()
-        async with self._pool.connection() as conn:
-            cursor = await conn.execute(
-                "SELECT run_id, open, first_position, last_position, "
-                "CASE WHEN open OR (last_position >= 0 AND last_position <= %s) THEN NULL "
-                "ELSE events END FROM runs WHERE thread_id = %s AND (open OR last_position < 0 "
-                "OR last_position > %s) ORDER BY seq", (position, thread_id, position))
-            runs = [RunRow(run_id, is_open, first, last,
-                           orjson.loads(events) if events is not None else [])
-                    for run_id, is_open, first, last, events in await cursor.fetchall()]
-            chunks = await _chunks(conn, thread_id, position)
-        return events_after(runs, chunks, position)
+        async with self._reachable():
+            async with self._pool.connection() as conn:
+                cursor = await conn.execute(
+                    "SELECT run_id, open, first_position, last_position, "
+                    "CASE WHEN open OR (last_position >= 0 AND last_position <= %s) THEN NULL "
+                    "ELSE events END FROM runs WHERE thread_id = %s AND (open OR last_position < 0 "
+                    "OR last_position > %s) ORDER BY seq", (position, thread_id, position))
+                runs = [RunRow(run_id, is_open, first, last,
+                               orjson.loads(events) if events is not None else [])
+                        for run_id, is_open, first, last, events in await cursor.fetchall()]
+                chunks = await _chunks(conn, thread_id, position)
+            return events_after(runs, chunks, position)
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
                    owner: ThreadOwner | None = None, offset: int = 0
                    ) -> builtins.list[ThreadRecord]:
-        await self.open()
-        where: builtins.list[str] = []
-        args: builtins.list[Any] = []
-        if agent_id is not None:
-            where.append("agent_id = %s")
-            args.append(agent_id)
-        if owner is not None:
-            where.append("owner_id = %s AND tenant IS NOT DISTINCT FROM %s")
-            args.extend((owner.principal_id, owner.tenant))
-        query = (f"SELECT thread_id, {_THREAD_COLUMNS} FROM threads "
-                 + ("WHERE " + " AND ".join(where) + " " if where else "")
-                 + "ORDER BY updated_at DESC, thread_id DESC LIMIT %s OFFSET %s")
-        async with self._pool.connection() as conn:
-            rows = await (await conn.execute(query.encode(), (*args, limit, offset))
-                          ).fetchall()
-        return [_record(row[0], row[1:]) for row in rows]
+        async with self._reachable():
+            where: builtins.list[str] = []
+            args: builtins.list[Any] = []
+            if agent_id is not None:
+                where.append("agent_id = %s")
+                args.append(agent_id)
+            if owner is not None:
+                where.append("owner_id = %s AND tenant IS NOT DISTINCT FROM %s")
+                args.extend((owner.principal_id, owner.tenant))
+            query = (f"SELECT thread_id, {_THREAD_COLUMNS} FROM threads "
+                     + ("WHERE " + " AND ".join(where) + " " if where else "")
+                     + "ORDER BY updated_at DESC, thread_id DESC LIMIT %s OFFSET %s")
+            async with self._pool.connection() as conn:
+                rows = await (await conn.execute(query.encode(), (*args, limit, offset))
+                              ).fetchall()
+            return [_record(row[0], row[1:]) for row in rows]
 
     async def open_runs(self) -> builtins.list[tuple[str, str]]:
-        await self.open()
-        async with self._pool.connection() as conn:
-            rows = await (await conn.execute(
-                "SELECT thread_id, run_id FROM runs WHERE open ORDER BY created_at")).fetchall()
-        return [(t, r) for t, r in rows]
+        async with self._reachable():
+            async with self._pool.connection() as conn:
+                rows = await (await conn.execute(
+                    "SELECT thread_id, run_id FROM runs WHERE open ORDER BY created_at")).fetchall()
+            return [(t, r) for t, r in rows]
 
     # -- writing -----------------------------------------------------------------------
 
     async def append_events(self, thread_id: str, agent_id: str, run_id: str,
                             created_at: float, first_position: int, events: Sequence[Event],
                             *, owner: ThreadOwner | None = None) -> None:
-        await self.open()
-        await self._running.write(_Running(
-            thread_id, run_id, created_at, first_position,
-            first_position + len(events) - 1 if events else None,
-            orjson.dumps(events) if events else b"", agent_id,
-            owner.principal_id if owner else None, owner.tenant if owner else None,
-            title_of(events)))
+        async with self._reachable(bounded=False):
+            await self._running.write(_Running(
+                thread_id, run_id, created_at, first_position,
+                first_position + len(events) - 1 if events else None,
+                orjson.dumps(events) if events else b"", agent_id,
+                owner.principal_id if owner else None, owner.tenant if owner else None,
+                title_of(events)))
 
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
                          message_ids: Iterable[str], *, owner: ThreadOwner | None = None,
                          raw_first: int = -1, raw: Sequence[Event] = ()) -> None:
-        await self.open()
-        finished = _Finished(
-            thread_id, run.run_id, run.created_at, time.time(), run.first_position,
-            run.last_position, orjson.dumps(run.events), agent_id,
-            owner.principal_id if owner else None, owner.tenant if owner else None,
-            title_of(run.events), raw_first if raw and raw_first >= 0 else -1,
-            orjson.dumps(raw) if raw and raw_first >= 0 else b"", len(raw),
-            builtins.list(message_ids))
-        # Returns once the statement holding this run committed.
-        await self._finished.write(finished)
+        async with self._reachable(bounded=False):
+            finished = _Finished(
+                thread_id, run.run_id, run.created_at, time.time(), run.first_position,
+                run.last_position, orjson.dumps(run.events), agent_id,
+                owner.principal_id if owner else None, owner.tenant if owner else None,
+                title_of(run.events), raw_first if raw and raw_first >= 0 else -1,
+                orjson.dumps(raw) if raw and raw_first >= 0 else b"", len(raw),
+                builtins.list(message_ids))
+            # Returns once the statement holding this run committed.
+            await self._finished.write(finished)
 
     async def _prune(self, cursor: AsyncCursor[Any]) -> None:
         now = time.time()
@@ -453,48 +478,46 @@ class PostgresThreadStore:
                                      (now - self.raw_retention,))
 
     async def close_interrupted(self, thread_id: str, run_id: str) -> bool:
-        await self.open()
-        async with self._pool.connection() as conn, conn.transaction():
-            row = await (await conn.execute(
-                "SELECT seq, first_position FROM runs WHERE thread_id = %s AND run_id = %s "
-                "AND open FOR UPDATE", (thread_id, run_id))).fetchone()
-            if row is None:
-                return False
-            seq, first = row
-            chunks = await _chunks(conn, thread_id, -1, run_id)
-            tail, tail_first, compacted, last = closed_run(thread_id, run_id, first, chunks)
-            now = time.time()
-            if tail:
+        async with self._reachable(bounded=False):
+            async with self._pool.connection() as conn, conn.transaction():
+                row = await (await conn.execute(
+                    "SELECT seq, first_position FROM runs WHERE thread_id = %s AND run_id = %s "
+                    "AND open FOR UPDATE", (thread_id, run_id))).fetchone()
+                if row is None:
+                    return False
+                seq, first = row
+                chunks = await _chunks(conn, thread_id, -1, run_id)
+                tail, tail_first, compacted, last = closed_run(thread_id, run_id, first, chunks)
+                now = time.time()
+                if tail:
+                    await conn.execute(
+                        "INSERT INTO run_events (thread_id, first_position, last_position, run_id, "
+                        "events) VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                        (thread_id, tail_first, last, run_id, orjson.dumps(tail)))
                 await conn.execute(
-                    "INSERT INTO run_events (thread_id, first_position, last_position, run_id, "
-                    "events) VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                    (thread_id, tail_first, last, run_id, orjson.dumps(tail)))
-            await conn.execute(
-                "UPDATE run_events SET ended_at = %s WHERE thread_id = %s AND run_id = %s",
-                (now, thread_id, run_id))
-            await conn.execute(
-                "UPDATE runs SET events = %s, open = FALSE, last_position = %s, ended_at = %s "
-                "WHERE thread_id = %s AND seq = %s",
-                (orjson.dumps(compacted), last, now, thread_id, seq))
-            await _advance(conn, thread_id, last)
-            ids = [(thread_id, m) for m in message_ids_of(compacted)]
-            if ids:
-                async with conn.cursor() as cursor:
-                    await cursor.executemany(
-                        "INSERT INTO message_ids (thread_id, message_id) VALUES (%s, %s) "
-                        "ON CONFLICT DO NOTHING", ids)
-        return True
+                    "UPDATE run_events SET ended_at = %s WHERE thread_id = %s AND run_id = %s",
+                    (now, thread_id, run_id))
+                await conn.execute(
+                    "UPDATE runs SET events = %s, open = FALSE, last_position = %s, ended_at = %s "
+                    "WHERE thread_id = %s AND seq = %s",
+                    (orjson.dumps(compacted), last, now, thread_id, seq))
+                await _advance(conn, thread_id, last)
+                ids = [(thread_id, m) for m in message_ids_of(compacted)]
+                if ids:
+                    async with conn.cursor() as cursor:
+                        await cursor.executemany(
+                            "INSERT INTO message_ids (thread_id, message_id) VALUES (%s, %s) "
+                            "ON CONFLICT DO NOTHING", ids)
+            return True
 
     async def rename(self, thread_id: str, name: str | None) -> bool:
-        await self.open()
-        async with self._pool.connection() as conn:
+        async with self._reachable(bounded=False), self._pool.connection() as conn:
             cursor = await conn.execute("UPDATE threads SET name = %s WHERE thread_id = %s",
                                         (name, thread_id))
             return cursor.rowcount > 0
 
     async def delete(self, thread_id: str) -> bool:
-        await self.open()
-        async with self._pool.connection() as conn:
+        async with self._reachable(bounded=False), self._pool.connection() as conn:
             # One statement: the thread and its rows go together, or not at all.
             cursor = await conn.execute(
                 "WITH runs AS (DELETE FROM runs WHERE thread_id = %(t)s), "

@@ -17,6 +17,7 @@ from copilot_runtime._exceptions import (
     ConfigurationError,
     CopilotRuntimeError,
     RequestError,
+    ServiceUnavailableError,
     ThreadBusyError,
     ThreadNotFoundError,
     UpstreamError,
@@ -54,6 +55,7 @@ _FROM_RUNTIME = {
     "UPSTREAM_TIMEOUT": "NETWORK_ERROR",
     "UPSTREAM_CONNECTION_ERROR": "NETWORK_ERROR",
     "UPSTREAM_PROTOCOL_ERROR": "NETWORK_ERROR",
+    "SERVICE_UNAVAILABLE": "NETWORK_ERROR",
     "JSON_TOO_DEEP": "MISUSE",
     "AGENT_NOT_FOUND": "AGENT_NOT_FOUND",
     "THREAD_BUSY": "THREAD_BUSY",
@@ -76,6 +78,8 @@ def kit_code_of(exc: CopilotRuntimeError) -> str:
         return "THREAD_BUSY"
     if isinstance(exc, ThreadNotFoundError):
         return "NOT_FOUND"
+    if isinstance(exc, ServiceUnavailableError):
+        return "NETWORK_ERROR"
     if isinstance(exc, RequestError):
         return "MISUSE"
     if isinstance(exc, ConfigurationError):

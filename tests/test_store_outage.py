@@ -1,0 +1,209 @@
+"""A thread store that cannot be reached: PostgreSQL refusing connections, accepting them but
+never answering, and coming back. Each request gets a precise 503 (a GraphQL error on the
+1.10 protocol) within the store's timeout, never a hang or a stack trace, the server keeps
+serving, and the store works again once its server is back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from copilot_runtime import ServiceUnavailableError
+from copilot_runtime.testing import MockOpenAIServer
+from copilot_runtime.threads import PostgresThreadStore
+from tests.conftest import ServeRuntime, free_port, openai_runtime
+from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, user_turn
+from tests.hitl_support.postgres import SERVER
+
+pytestmark = pytest.mark.timeout(60)
+
+#: The store's timeout in these tests (seconds): connection attempts and reads.
+TIMEOUT = 2.0
+
+
+def _run(thread: str) -> dict[str, Any]:
+    return {"threadId": thread, "runId": "r", "messages": [
+        {"id": "u1", "role": "user", "content": "hi"}], "tools": [], "context": [],
+        "state": {}, "forwardedProps": {}}
+
+
+def _store(port: int, schema: str = "outage") -> PostgresThreadStore:
+    return PostgresThreadStore(f"postgresql://postgres@127.0.0.1:{port}/test",
+                               schema=schema, timeout=TIMEOUT)
+
+
+@pytest.fixture
+def refusing() -> int:
+    """A port nothing listens on."""
+    return free_port()
+
+
+@pytest.fixture
+def silent() -> Iterator[int]:
+    """A port that accepts connections and never answers (a hung server)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield listener.getsockname()[1]
+
+
+class Proxy:
+    """PostgreSQL behind a TCP proxy that can be taken down (connections refused, those open
+    cut) and brought back on the same port."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.schema = f"outage_{uuid.uuid4().hex[:10]}"
+        self._server: asyncio.Server | None = None
+        self._links: set[asyncio.Task[None]] = set()
+
+    async def up(self) -> None:
+        self._server = await asyncio.start_server(self._link, "127.0.0.1", self.port)
+
+    async def down(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for link in list(self._links):
+            link.cancel()
+        await asyncio.gather(*self._links, return_exceptions=True)
+
+    async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._links.add(task)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", 5432)
+        except OSError:
+            writer.close()
+            self._links.discard(task)
+            return
+
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            sink.close()
+
+        try:
+            await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+        finally:
+            writer.close()
+            up_writer.close()
+            self._links.discard(task)
+
+
+@pytest.fixture
+async def proxy() -> AsyncIterator[Proxy]:
+    made = Proxy()
+    try:
+        yield made
+    finally:
+        await made.down()
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{made.schema}" CASCADE')
+
+
+def _assert_unavailable(status: int, headers: Any, body: bytes) -> None:
+    assert status == 503, body
+    assert headers["retry-after"] == "1"
+    assert orjson.loads(body) == {"error": "Service unavailable",
+                                  "message": "The thread store cannot be reached",
+                                  "code": "SERVICE_UNAVAILABLE"}
+
+
+@pytest.mark.parametrize("server", ["refusing", "silent"])
+async def test_a_store_that_cannot_be_reached_answers_503(
+        server: str, llm: MockOpenAIServer, serve_runtime: ServeRuntime,
+        request: pytest.FixtureRequest) -> None:
+    port = request.getfixturevalue(server)
+    runtime = openai_runtime(llm, thread_store=_store(port))
+    async with serve_runtime(runtime) as served:
+        for attempt in range(2):  # the first attempt opens the store; the next tries again
+            started = time.monotonic()
+            response = await served.post("/agent/default/run", _run(f"t{attempt}"))
+            _assert_unavailable(response.status, response.headers, await response.read())
+            assert time.monotonic() - started < 3 * TIMEOUT + 1
+        # Reading threads too; and the server goes on serving what needs no store.
+        listed = await served.session.get(served.url + "/threads?agentId=default")
+        _assert_unavailable(listed.status, listed.headers, await listed.read())
+        info = await served.session.get(served.url + "/info")
+        assert info.status == 200
+        # The 1.10 protocol: a GraphQL error the client shows as a network error.
+        graphql = await served.session.post(
+            served.url, data=orjson.dumps({"query": CHAT_DOCUMENT,
+                                           "variables": {"data": user_turn("hi")}}),
+            headers=CLIENT_HEADERS)
+        text = await graphql.read()
+        assert b"The thread store cannot be reached" in text
+        assert b"NETWORK_ERROR" in text
+        assert b"Traceback" not in text
+        assert b".py" not in text
+    assert not runtime.runs.active
+
+
+async def test_the_store_works_again_once_its_server_is_back(
+        proxy: Proxy, llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """Down when the first request comes (the store cannot even open), then back: the next
+    request opens it and its run is stored; down again mid-life, back again."""
+    store = _store(proxy.port, proxy.schema)
+    runtime = openai_runtime(llm, thread_store=store)
+    async with serve_runtime(runtime) as served:
+        response = await served.post("/agent/default/run", _run("first"))
+        _assert_unavailable(response.status, response.headers, await response.read())
+        await proxy.up()
+        events = await served.run(_run("first"))
+        assert events[-1]["type"] == "RUN_FINISHED"
+        assert await store.get("first") is not None
+        await proxy.down()
+        response = await served.post("/agent/default/run", _run("second"))
+        _assert_unavailable(response.status, response.headers, await response.read())
+        await proxy.up()
+        events = await served.run(_run("second"))
+        assert events[-1]["type"] == "RUN_FINISHED"
+        assert [t.thread_id for t in await store.list()] == ["second", "first"]
+
+
+async def test_reads_give_up_after_the_timeout(silent: int) -> None:
+    store = _store(silent)
+    started = time.monotonic()
+    with pytest.raises(ServiceUnavailableError) as raised:
+        await store.summary("t")
+    assert time.monotonic() - started < 3 * TIMEOUT + 1
+    assert isinstance(raised.value.__cause__, psycopg.OperationalError | TimeoutError)
+    await store.aclose()
+
+
+async def test_a_coordinator_that_cannot_be_reached_answers_503(
+        proxy: Proxy, llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """The coordinator's PostgreSQL goes away while the runtime serves (the thread store's
+    stays): runs are refused with a 503 naming the coordinator, and taken again once it is
+    back."""
+    await proxy.up()
+    store = PostgresThreadStore(SERVER, schema=proxy.schema, timeout=TIMEOUT)
+    runtime = openai_runtime(llm, thread_store=store, coordinator=(
+        f"postgresql://postgres@127.0.0.1:{proxy.port}/test?schema={proxy.schema}"))
+    async with serve_runtime(runtime) as served:
+        events = await served.run(_run("before"))
+        assert events[-1]["type"] == "RUN_FINISHED"
+        await proxy.down()
+        response = await served.post("/agent/default/run", _run("during"))
+        assert response.status == 503, await response.text()
+        assert response.headers["retry-after"] == "1"
+        assert (await response.json())["message"] == "The coordinator cannot be reached"
+        assert "during" not in runtime.runs.active
+        await proxy.up()
+        events = await served.run(_run("after"))
+        assert events[-1]["type"] == "RUN_FINISHED"
+        assert {t.thread_id for t in await store.list()} == {"before", "after"}
