@@ -57,10 +57,11 @@ def silent() -> Iterator[int]:
 
 
 class Proxy:
-    """PostgreSQL behind a TCP proxy that can be taken down (connections refused, those open
-    cut) and brought back on the same port."""
+    """A server of this machine (PostgreSQL by default) behind a TCP proxy that can be taken
+    down (connections refused, those open cut) and brought back on the same port."""
 
-    def __init__(self) -> None:
+    def __init__(self, target: int = 5432) -> None:
+        self.target = target
         self.port = free_port()
         self.schema = f"outage_{uuid.uuid4().hex[:10]}"
         self._server: asyncio.Server | None = None
@@ -83,7 +84,7 @@ class Proxy:
         assert task is not None
         self._links.add(task)
         try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", 5432)
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
         except OSError:
             writer.close()
             self._links.discard(task)
@@ -104,9 +105,9 @@ class Proxy:
             self._links.discard(task)
 
 
-@pytest.fixture
-async def proxy() -> AsyncIterator[Proxy]:
-    made = Proxy()
+@pytest.fixture(params=[5432])
+async def proxy(request: pytest.FixtureRequest) -> AsyncIterator[Proxy]:
+    made = Proxy(request.param)
     try:
         yield made
     finally:
@@ -185,15 +186,18 @@ async def test_reads_give_up_after_the_timeout(silent: int) -> None:
     await store.aclose()
 
 
+@pytest.mark.parametrize("proxy", [5432, 6379], ids=["postgresql", "redis"], indirect=True)
 async def test_a_coordinator_that_cannot_be_reached_answers_503(
         proxy: Proxy, llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
-    """The coordinator's PostgreSQL goes away while the runtime serves (the thread store's
-    stays): runs are refused with a 503 naming the coordinator, and taken again once it is
-    back."""
+    """The coordinator's server (PostgreSQL or Redis) goes away while the runtime serves (the
+    thread store's stays): runs are refused with a 503 naming the coordinator, and taken
+    again once it is back."""
     await proxy.up()
     store = PostgresThreadStore(SERVER, schema=proxy.schema, timeout=TIMEOUT)
-    runtime = openai_runtime(llm, thread_store=store, coordinator=(
-        f"postgresql://postgres@127.0.0.1:{proxy.port}/test?schema={proxy.schema}"))
+    url = (f"postgresql://postgres@127.0.0.1:{proxy.port}/test?schema={proxy.schema}"
+           if proxy.target == 5432 else
+           f"redis://127.0.0.1:{proxy.port}/0?prefix={proxy.schema}:")
+    runtime = openai_runtime(llm, thread_store=store, coordinator=url)
     async with serve_runtime(runtime) as served:
         events = await served.run(_run("before"))
         assert events[-1]["type"] == "RUN_FINISHED"
