@@ -556,3 +556,51 @@ async def test_a_server_without_autovacuum_is_pointed_out() -> None:
     told = [log for log in logs if "autovacuum off" in log["event"]]
     assert len(told) == (1 if setting == ("off",) else 0), logs
     assert all(log["log_level"] == "warning" and log["schema"] == schema for log in told)
+
+
+def _breaking_once(real: Any, *, committed: bool) -> Any:
+    """A write function whose first call loses its connection, after its statement committed
+    or before it was sent."""
+    calls = 0
+
+    async def write(cursor: Any, batch: list[Any]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            await real(cursor, batch)
+            return
+        if committed:
+            await real(cursor, batch)
+        await asyncio.to_thread(_terminate, cursor.connection.info.backend_pid)
+        await cursor.execute("SELECT 1")  # the connection is gone: OperationalError
+
+    return write
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "not-sent"])
+@pytest.mark.parametrize("opened", [True, False], ids=["opened", "short"])
+async def test_a_write_whose_connection_broke_is_sent_again_and_stored_once(
+        store: PostgresThreadStore, committed: bool, opened: bool) -> None:
+    """Whether a statement whose connection broke had committed cannot be told: it is sent
+    again on a new connection, and the run is stored once either way (the statements are
+    idempotent), its running writes too."""
+    from copilot_runtime.threads import postgres
+
+    run = _run("b", "r")
+    if opened:
+        store._running._write = _breaking_once(postgres._append_events, committed=committed)
+        await store.append_events("b", "default", "r", 1.0, 0, run.events[:2])
+        assert await store.open_runs() == [("b", "r")]
+    store._finished._write = _breaking_once(postgres._finish_runs, committed=committed)
+    await _finish(store, "b", run)
+    record = await store.get("b")
+    assert record is not None
+    assert [r.run_id for r in record.runs] == ["r"]
+    assert record.runs[0].events == run.events
+    assert record.next_position == run.last_position + 1
+    assert await store.open_runs() == []
+    # The thread's next run follows it, once.
+    await _finish(store, "b", _run("b", "r2", first=record.next_position))
+    record = await store.get("b")
+    assert record is not None
+    assert [r.run_id for r in record.runs] == ["r", "r2"]

@@ -3,7 +3,10 @@ together next, in one statement, as soon as it completes (a lone write goes at o
 
 Each caller returns once the statement holding its item committed. A statement the server
 refuses is written again item by item, so a bad item fails only its own caller; a caller
-cancelled while it waits leaves its item queued, and it is written all the same.
+cancelled while it waits leaves its item queued, and it is written all the same. A statement
+whose connection broke (the server restarted, the network failed) may or may not have
+committed: it is sent once more on a new connection, so the write functions must be
+idempotent (a batch written twice is stored once).
 
 Each writer writes through a `Lane` (`copilot_runtime._pg_lane`): a connection of its own.
 """
@@ -14,6 +17,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
+import psycopg
 from psycopg import AsyncCursor
 
 from copilot_runtime._pg_lane import Lane
@@ -54,10 +58,7 @@ class GroupedWriter(Generic[ItemT]):
             self._writing = True
             self._idle.clear()
             try:
-                async with self.lane as cursor:
-                    await self._write(cursor, [item])
-                    if self._after is not None:
-                        await self._after(cursor)
+                await self._written([item])
             finally:
                 self._drain()
             return
@@ -115,40 +116,49 @@ class GroupedWriter(Generic[ItemT]):
         self._queued[:] = rest
         return batch
 
+    async def _written(self, batch: list[ItemT]) -> None:
+        """Write `batch` in one statement, and once more on a new connection if its
+        connection broke (it may have committed: the write is idempotent). Its callers are
+        woken once it committed, then `after` runs."""
+        for attempt in (1, 2):
+            async with self.lane as cursor:
+                try:
+                    await self._write(cursor, batch)
+                except Exception:
+                    if attempt == 1 and cursor.connection.broken:
+                        continue  # the lane connects again
+                    raise
+                _settle(batch, None)
+                if self._after is not None:
+                    await self._after(cursor)
+                return
+
     async def _write_batch(self, batch: list[ItemT]) -> None:
         if len(batch) > 1:
             # Threads are locked in one order, so batches of several workers do not
             # deadlock each other.
             batch.sort(key=lambda item: item.thread_id)
             try:
-                async with self.lane as cursor:
-                    try:
-                        await self._write(cursor, batch)
-                    except Exception as e:
-                        if cursor.connection.broken:
-                            # The commit may or may not have happened: writing the items
-                            # again could store them twice, so each caller gets the error.
-                            _settle(batch, e)
-                            return
-                    else:
-                        _settle(batch, None)
-                        if self._after is not None:
-                            await self._after(cursor)
-                        return
-            except Exception as e:  # no connection
-                _settle(batch, e)
+                await self._written(batch)
                 return
+            except Exception as e:
+                if not _refused(e):
+                    _settle(batch, e)  # no connection: no item to single out
+                    return
             # The server refused the statement: each item alone, so that one bad item fails
             # only its own caller.
         for item in batch:
             try:
-                async with self.lane as cursor:
-                    await self._write(cursor, [item])
-                    _settle([item], None)
-                    if self._after is not None:
-                        await self._after(cursor)
+                await self._written([item])
             except Exception as e:
                 _settle([item], e)
+
+
+def _refused(error: Exception) -> bool:
+    """Whether the server refused a statement (its data or its form), rather than the
+    connection failing or the server being unable to run it now."""
+    return isinstance(error, psycopg.DatabaseError) and not isinstance(
+        error, psycopg.OperationalError)
 
 
 def _settle(batch: Sequence[Pending], error: BaseException | None) -> None:

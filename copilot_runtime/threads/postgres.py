@@ -144,7 +144,9 @@ _PRUNE_EVERY = 30.0
 #: at all): each run's thread created or touched, the run its first events opened closed (or
 #: a new row when none were written while it ran) with the end stamped on its raw events
 #: written meanwhile (except the chunk rewritten here), its last raw events and its message
-#: ids.
+#: ids. Written twice (sent again after its connection broke, having committed), it changes
+#: nothing more: the open run is closed already, and a run that was never open is added
+#: only while its thread's positions have not passed it.
 #: At most one run per thread (a thread's row is written once per statement, and its next
 #: run's `seq` reads this one's). The runs come packed in three arrays, `_RUN_TEXTS` texts
 #: and two blobs per run and (thread, message id) pairs: psycopg adapts an array parameter
@@ -182,6 +184,8 @@ WITH a AS (
            p.run, p.created, p.events, p.first, p.last, p.now
     FROM p WHERE NOT EXISTS (SELECT 1 FROM closed
                              WHERE closed.thread_id = p.thread AND closed.run_id = p.run)
+    AND NOT EXISTS (SELECT 1 FROM threads t
+                    WHERE t.thread_id = p.thread AND t.next_position > p.last)
 ), chunk AS (
     INSERT INTO run_events (thread_id, first_position, last_position, run_id, events, ended_at)
     SELECT p.thread, p.raw_first, p.raw_last, p.run, p.raw, p.now FROM p
@@ -197,6 +201,7 @@ ON CONFLICT DO NOTHING
 #: number of runs, one statement: a run streams for seconds and writes every 200 ms, so this
 #: is what a deployment mostly sends. At most one run per thread; packed as `_FINISH_RUNS`,
 #: nine texts and one blob per run (no blob, and NULL as the last position: no events).
+#: Written twice, it changes nothing more (the run is open already, its events upserted).
 _APPEND_EVENTS = b"""
 WITH a AS (
     SELECT %b::text[] AS t, %b::bytea[] AS b
