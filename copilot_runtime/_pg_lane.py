@@ -40,14 +40,24 @@ def dropped(conn: AsyncConnection[Any]) -> bool:
     lost while it ran; found before sending, a new connection is made instead."""
     if conn.closed or conn.broken:
         return True
+    # A server ending the session sends its reason (a FATAL, which arrives as a notice on an
+    # idle connection) and then closes it: either says the connection is gone.
+    fatal: list[bool] = []
+
+    def on_notice(diagnostic: psycopg.errors.Diagnostic) -> None:
+        if diagnostic.severity_nonlocalized == "FATAL":
+            fatal.append(True)
+
+    conn.add_notice_handler(on_notice)
     try:
-        # Twice: a server ending the session sends its reason first, then closes; the first
-        # read takes the reason, the second finds the connection closed.
         conn.pgconn.consume_input()
+        conn.pgconn.is_busy()  # parses what arrived: a FATAL reaches `on_notice`
         conn.pgconn.consume_input()
     except psycopg.OperationalError:
         return True
-    return conn.pgconn.status != pq.ConnStatus.OK
+    finally:
+        conn.remove_notice_handler(on_notice)
+    return bool(fatal) or conn.pgconn.status != pq.ConnStatus.OK
 
 
 async def check_alive(conn: AsyncConnection[Any]) -> None:

@@ -62,6 +62,8 @@ class Proxy:
 
     def __init__(self, target: int = 5432) -> None:
         self.target = target
+        #: Seconds the client's side stays open after the server closed its own.
+        self.linger = 0.0
         self.port = free_port()
         self.schema = f"outage_{uuid.uuid4().hex[:10]}"
         self._server: asyncio.Server | None = None
@@ -90,15 +92,18 @@ class Proxy:
             self._links.discard(task)
             return
 
-        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter,
+                       linger: float = 0.0) -> None:
             with contextlib.suppress(OSError):
                 while data := await source.read(65536):
                     sink.write(data)
                     await sink.drain()
+            await asyncio.sleep(linger)
             sink.close()
 
         try:
-            await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+            await asyncio.gather(pump(reader, up_writer),
+                                 pump(up_reader, writer, self.linger))
         finally:
             writer.close()
             up_writer.close()
@@ -211,3 +216,27 @@ async def test_a_coordinator_that_cannot_be_reached_answers_503(
         events = await served.run(_run("after"))
         assert events[-1]["type"] == "RUN_FINISHED"
         assert {t.thread_id for t in await store.list()} == {"before", "after"}
+
+
+async def test_a_session_the_server_ends_is_left_before_its_connection_closes(
+        proxy: Proxy) -> None:
+    """A server ending a session (an administrator, a shutdown) sends its reason, then closes
+    the connection: a statement sent in between would wait for an answer that never comes.
+    Here the connection's close is held back: the reason alone must do."""
+    from tests.test_pg_group_commit import _terminate
+
+    proxy.linger = 30.0
+    await proxy.up()
+    store = _store(proxy.port, proxy.schema)
+    try:
+        assert await store.summary("t") is None
+        async with store._heads as cursor:
+            await cursor.execute("SELECT pg_backend_pid()")
+            row = await cursor.fetchone()
+        assert row is not None
+        await asyncio.to_thread(_terminate, row[0])
+        started = time.monotonic()
+        assert await store.summary("t") is None
+        assert time.monotonic() - started < 1.0
+    finally:
+        await store.aclose()
