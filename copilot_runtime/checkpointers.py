@@ -207,14 +207,29 @@ class _PostgresBackend(_Backend):
         kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0,
                                   "row_factory": dict_row}
         if self.schema:
-            async with await AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
-                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
             kwargs["options"] = f"-c search_path={self.schema}"
         pool = AsyncConnectionPool(self.conninfo, open=False, min_size=1,
                                    max_size=self.pool_size, kwargs=kwargs)
-        await pool.open(wait=True, timeout=30)
-        saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
-        await saver.setup()
+        # Workers starting together take turns (a lock held by this connection until it
+        # closes): CREATE SCHEMA IF NOT EXISTS and LangGraph's migrations, run at once from
+        # two connections, fail one of them (a duplicate key in the catalogs). The lock is
+        # tried, not waited for: a migration's CREATE INDEX CONCURRENTLY waits for every
+        # statement under way, a waiting lock request included, which would wait for it.
+        async with await AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
+            key = f"copilot_runtime.checkpoints:{self.schema or ''}"
+            while True:
+                if await _locked(conn, key):
+                    break
+                await asyncio.sleep(0.05)  # another worker migrates: its turn ends soon
+            if self.schema:
+                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+            try:
+                await pool.open(wait=True, timeout=30)
+                saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+                await saver.setup()
+            except BaseException:
+                await pool.close()
+                raise
         self._pool = pool
         return saver
 
@@ -358,3 +373,10 @@ class DurableCheckpointer(BaseCheckpointSaver[str]):
     def get_delta_channel_history(self, *, config: RunnableConfig, channels: Sequence[str]
                                   ) -> Mapping[str, DeltaChannelHistory]:
         return self._sync_target().get_delta_channel_history(config=config, channels=channels)
+
+
+async def _locked(conn: Any, key: str) -> bool:
+    """Whether `conn` took the session-level advisory lock named `key` (not waiting)."""
+    row = await (await conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
+                                    (key,))).fetchone()
+    return bool(row and row[0])

@@ -93,6 +93,22 @@ async def test_sqlite_keeps_interrupts_and_approvals(tmp_path: Path) -> None:
     await interrupted_then_reopened(f"sqlite:///{tmp_path}/nested/cp.sqlite3")
 
 
+async def test_postgres_workers_starting_together_all_open() -> None:
+    """Servers starting together on a new schema: CREATE SCHEMA IF NOT EXISTS, LangGraph's
+    migrations and the ledger's tables, run at once, failed all but one of them (a duplicate
+    key in the catalogs: the failed run answered AGENT_ERROR). They take turns now, without
+    deadlocking on the migrations' CREATE INDEX CONCURRENTLY."""
+    with postgres_schema() as url:
+        savers = [checkpointer(url) for _ in range(4)]
+        try:
+            async with asyncio.timeout(60):
+                await asyncio.gather(*(s.approvals.find() for s in savers),
+                                     *(graph(s).ainvoke({}, CONFIG) for s in savers[:2]))
+        finally:
+            for made in savers:
+                await made.aclose()
+
+
 async def test_postgres_keeps_interrupts_and_approvals() -> None:
     with postgres_schema() as url:
         await interrupted_then_reopened(url)

@@ -201,7 +201,11 @@ class PostgresApprovalStore(_SQLApprovalStore):
     async def _open(self) -> Any:
         pool = await self._pool()
         if not self._ready:
-            async with pool.connection() as conn:
+            async with pool.connection() as conn, conn.transaction():
+                # Servers starting together take turns: CREATE ... IF NOT EXISTS run at once
+                # from two connections fails one of them.
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                                   (f"copilot_runtime.approvals:{self.table}",))
                 for statement in self._schema():
                     await conn.execute(statement)
             self._ready = True
