@@ -490,3 +490,38 @@ async def test_an_answer_without_waiting_is_recorded_when_accepted(
             break
     await assert_applied(runtime, approval.id, {"action": "approve"})
     await runtime.aclose()
+
+
+async def test_an_answer_left_by_a_closed_server_is_sent_by_another_one_running(
+        checkpoints_url: str) -> None:
+    """Two servers on one database: the one that took an answer closes before its run
+    drives; the other, up all along, sends it once it has been left long enough (it does
+    not wait for a restart)."""
+    if checkpoints_url == "memory":
+        pytest.skip("one process's memory: no other server shares it")
+    other = durable_runtime(checkpoints_url)
+    other.approvals.recover_interval = other.approvals.recover_after = 0.3
+    runtime = durable_runtime(checkpoints_url)
+    try:
+        await other.start()
+        approval = await interrupted(runtime)
+        _, _, agent = await runtime.approvals.get(approval.id)
+        assert isinstance(agent, LangGraphAgent)
+        claimed = held_after_claims(agent.approvals)
+        answer = {"action": "approve", "userId": "ann"}
+        answering = asyncio.create_task(runtime.approvals.answer(
+            approval.id, answer, answered_by="ann", wait=False))
+        async with asyncio.timeout(10):
+            await claimed.wait()
+        await runtime.approvals.aclose()
+        async with asyncio.timeout(10):
+            assert (await answering)["run"]["status"] == "cancelled"
+        await runtime.aclose()
+        async for _ in poll(20):
+            settled, _, _ = await other.approvals.get(approval.id)
+            if settled.applied and THREAD not in other.runs.active:
+                break
+        await assert_applied(other, approval.id, answer)
+    finally:
+        await runtime.aclose()
+        await other.aclose()

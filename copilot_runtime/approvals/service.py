@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -90,6 +91,11 @@ class ApprovalService:
     #: How long the timer sleeps when nothing is due, and how soon it retries a busy thread.
     idle_interval = 60.0
     retry_interval = 1.0
+    #: Every this many seconds, answers recorded at least `recover_after` seconds ago and
+    #: never applied (the server that took them closed or died before their run) are sent
+    #: again: another server of the deployment need not wait for a restart to apply them.
+    recover_interval = 30.0
+    recover_after = 30.0
     #: False where another process runs the expiry timer and the recovery (one of several
     #: servers on one PostgreSQL database, say); answers over HTTP work either way.
     run_timer = True
@@ -334,11 +340,18 @@ class ApprovalService:
 
     async def _run_timer(self) -> None:
         assert self._wakeup is not None
-        try:
-            await self._recover()
-        except Exception:
-            _log.exception("could not recover unapplied approvals")
+        recovered = -math.inf
         while True:
+            if time.monotonic() - recovered >= self.recover_interval:
+                # At start every unapplied answer (this process is new: none of them is
+                # under way here); later only those left long enough that the server that
+                # took them is not about to send them itself.
+                older = 0.0 if recovered == -math.inf else self.recover_after
+                recovered = time.monotonic()
+                try:
+                    await self._recover(older)
+                except Exception:
+                    _log.exception("could not recover unapplied approvals")
             try:
                 due = await self._expire_due()
             except Exception:
@@ -347,7 +360,8 @@ class ApprovalService:
             delay = self.idle_interval if due is None else max(0.0, due - time.time())
             self._wakeup.clear()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(delay, self.idle_interval)):
+                async with asyncio.timeout(min(delay, self.idle_interval,
+                                               self.recover_interval)):
                     await self._wakeup.wait()
 
     async def _expire_due(self) -> float | None:
@@ -380,12 +394,17 @@ class ApprovalService:
         task.add_done_callback(lambda _: self._expiring.discard(approval.id))
         return True
 
-    async def _recover(self) -> None:
-        """Send again the answers a crash stopped before they reached the graph."""
+    async def _recover(self, older: float = 0.0) -> None:
+        """Send again the answers a crash or a close stopped before they reached the graph
+        (those recorded at least `older` seconds ago; one under way elsewhere finds its
+        thread busy, and is tried again later)."""
+        now = time.time()
         for store, owners in self._stores():
             for approval in await store.unapplied():
                 agent = owners.get(approval.agent_id)
-                if agent is None:
+                if agent is None or approval.id in self._expiring:
+                    continue
+                if older and (approval.answered_at or now) > now - older:
                     continue
                 if approval.id in await agent.pending_interrupt_ids(approval.thread_id):
                     _log.info("resending an approval answer", approval_id=approval.id)
