@@ -496,9 +496,10 @@ async def test_an_answer_left_by_a_closed_server_is_sent_by_another_one_running(
         checkpoints_url: str) -> None:
     """Two servers on one database: the one that took an answer closes before its run
     drives; the other, up all along, sends it once it has been left long enough (it does
-    not wait for a restart)."""
-    if checkpoints_url == "memory":
-        pytest.skip("one process's memory: no other server shares it")
+    not wait for a restart). Several servers share PostgreSQL (two on one SQLite file can
+    find it locked while the other opens it)."""
+    if not checkpoints_url.startswith("postgres"):
+        pytest.skip("servers of one deployment share PostgreSQL")
     other = durable_runtime(checkpoints_url)
     other.approvals.recover_interval = other.approvals.recover_after = 0.3
     runtime = durable_runtime(checkpoints_url)
