@@ -139,6 +139,15 @@ async def assert_applied(runtime: CopilotRuntime, approval_id: str, answer: Any)
     assert await agent.pending_interrupt_ids(THREAD) == set()
 
 
+async def applied_in_time(runtime: CopilotRuntime, approval_id: str, answer: Any) -> None:
+    """Wait (20 s at most) until the approval is applied and its run is over, then check it."""
+    async for _ in poll(20):
+        settled, _, _ = await runtime.approvals.get(approval_id)
+        if settled.applied and THREAD not in runtime.runs.active:
+            break
+    await assert_applied(runtime, approval_id, answer)
+
+
 async def post(app: Any, path: str, body: Any) -> tuple[int | None, Any]:
     """POST `body` to the ASGI `app` in this process."""
     sent: list[dict[str, Any]] = []
@@ -260,11 +269,7 @@ async def test_the_http_route_without_waiting_when_the_runtime_closes_first() ->
                               {"action": "approve", "wait": False})
     assert status == 202, data
     assert data["approval"]["status"] == "answered"
-    async for _ in poll(20):
-        settled, _, _ = await runtime.approvals.get(approval.id)
-        if settled.applied and THREAD not in runtime.runs.active:
-            break
-    await assert_applied(runtime, approval.id, {"action": "approve"})
+    await applied_in_time(runtime, approval.id, {"action": "approve"})
     await runtime.aclose()
 
 
@@ -469,11 +474,7 @@ async def test_an_answer_without_waiting_survives_a_close(checkpoints_url: str) 
     else:
         del ledger.claim  # type: ignore[method-assign]  # the instance's, not the class's
     await runtime.start()
-    async for _ in poll(20):
-        settled, _, _ = await runtime.approvals.get(approval.id)
-        if settled.applied and THREAD not in runtime.runs.active:
-            break
-    await assert_applied(runtime, approval.id, answer)
+    await applied_in_time(runtime, approval.id, answer)
     await runtime.aclose()
 
 
@@ -484,11 +485,7 @@ async def test_an_answer_without_waiting_is_recorded_when_accepted(
     result = await runtime.approvals.answer(approval.id, {"action": "approve"}, wait=False)
     assert result["run"]["status"] == "running"
     assert result["approval"]["status"] == "answered"  # in the ledger before the reply
-    async for _ in poll(20):
-        settled, _, _ = await runtime.approvals.get(approval.id)
-        if settled.applied and THREAD not in runtime.runs.active:
-            break
-    await assert_applied(runtime, approval.id, {"action": "approve"})
+    await applied_in_time(runtime, approval.id, {"action": "approve"})
     await runtime.aclose()
 
 
@@ -518,11 +515,7 @@ async def test_an_answer_left_by_a_closed_server_is_sent_by_another_one_running(
         async with asyncio.timeout(10):
             assert (await answering)["run"]["status"] == "cancelled"
         await runtime.aclose()
-        async for _ in poll(20):
-            settled, _, _ = await other.approvals.get(approval.id)
-            if settled.applied and THREAD not in other.runs.active:
-                break
-        await assert_applied(other, approval.id, answer)
+        await applied_in_time(other, approval.id, answer)
     finally:
         await runtime.aclose()
         await other.aclose()
