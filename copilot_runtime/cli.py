@@ -113,6 +113,24 @@ def worker_app() -> Any:
     return app
 
 
+def _warn_unshared(target: Any, workers: int) -> None:
+    """Several workers with a runtime that keeps its runs (or threads) to one process serve,
+    but each worker sees only its own: say so before it surprises anyone."""
+    from copilot_runtime.runtime import CopilotRuntime
+    from copilot_runtime.threads import InMemoryThreadStore
+
+    if not isinstance(target, CopilotRuntime) or target.coordinator.shared:
+        return
+    lines = [f"copilot-runtime: warning: --workers {workers} with a local coordinator: a "
+             "thread's second run is refused, and connect and stop reach a run, only on the "
+             "worker that runs it; give the runtime coordinator='postgresql://...' or "
+             "'redis://...' (README: Many workers, several machines)"]
+    if isinstance(target.store, InMemoryThreadStore):
+        lines.append("copilot-runtime: warning: threads kept in memory are each worker's "
+                     "own; give the runtime thread_store=thread_store('postgresql://...')")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
 def _print_next_steps(host: str, port: int, path: str, model: str | None,
                       workflows: str | None = None, notice: str | None = None) -> None:
     url = f"http://{host}:{port}{path}"
@@ -214,8 +232,10 @@ def main(argv: list[str] | None = None) -> None:
             workers = args.workers
             if workers < 1:
                 raise CLIError("--workers must be at least 1")
-            app = _to_app(_load_target(args.target), args.path, args.max_body_size)
+            target = _load_target(args.target)
+            app = _to_app(target, args.path, args.max_body_size)
             if workers > 1:
+                _warn_unshared(target, workers)
                 os.environ[_WORKER_ENV] = "\n".join(
                     [args.target, args.path, str(args.max_body_size)])
                 app = None  # each worker builds its own

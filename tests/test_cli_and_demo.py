@@ -164,6 +164,31 @@ def test_serve_with_workers_runs_several_processes_on_one_port() -> None:
         process.terminate()
         _out, err = process.communicate(timeout=30)
     assert b"Traceback" not in err, err
+    # That runtime keeps its runs and threads to each process: the operator is told so.
+    assert b"warning: --workers 2 with a local coordinator" in err, err
+    assert b"threads kept in memory are each worker's own" in err, err
+
+
+def test_workers_of_a_shared_runtime_are_not_warned_about(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from copilot_runtime.cli import _warn_unshared
+    from copilot_runtime.coordination import LocalCoordinator
+    from copilot_runtime.threads.sqlite import SQLiteThreadStore
+
+    class Shared(LocalCoordinator):
+        shared = True  # what a PostgreSQL or Redis coordinator says
+
+    store = SQLiteThreadStore(":memory:")
+    _warn_unshared(CopilotRuntime(service_adapter=DemoAdapter(delay=0), thread_store=store,
+                                  coordinator=Shared()), 3)
+    assert capsys.readouterr().err == ""
+    # A durable store on one machine with a local coordinator: only the coordinator is named.
+    _warn_unshared(CopilotRuntime(service_adapter=DemoAdapter(delay=0), thread_store=store), 3)
+    err = capsys.readouterr().err
+    assert "--workers 3 with a local coordinator" in err
+    assert "threads kept in memory" not in err
+    _warn_unshared(lambda *_: None, 3)  # an ASGI app: nothing to tell about
+    assert capsys.readouterr().err == ""
 
 
 def test_workers_must_be_positive() -> None:
