@@ -3,6 +3,10 @@
 `redis://host:port/N?prefix=P&lease_ttl=SECONDS` (the `redis` extra). A lease is renewed,
 and released, only by the holder of its token (a compare-and-set script), so a worker whose
 lease expired cannot extend or delete its successor's.
+
+A run's `progress` and `end` are published only once another worker follows it (`follow`
+marks the thread with the run's id, and the scripts that publish them read the mark): every
+worker subscribed to the channel receives, and decodes, every message published on it.
 """
 
 from __future__ import annotations
@@ -35,19 +39,44 @@ if string.sub(redis.call('GET', KEYS[1]) or '', 1, 32) == ARGV[1] then
 end
 return 0
 """
-#: KEYS[2] marks a thread whose lease is held or expired unreleased (its worker died).
+#: KEYS[2] marks a thread whose lease is held or expired unreleased (its worker died);
+#: KEYS[3], the run a worker follows on it, is a previous run's: forgotten.
 _ACQUIRE = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local inherited = redis.call('EXISTS', KEYS[2])
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+  redis.call('DEL', KEYS[3])
   return 1 + inherited
 end
 return 0
 """
+#: Released by its holder; its `end` (ARGV[3]) published on ARGV[2] if someone follows the
+#: run (ARGV[2] empty: never).
 _RELEASE = """
-if string.sub(redis.call('GET', KEYS[1]) or '', 1, 32) == ARGV[1] then
+local held = redis.call('GET', KEYS[1]) or ''
+if string.sub(held, 1, 32) == ARGV[1] then
   redis.call('DEL', KEYS[2])
+  if redis.call('GET', KEYS[3]) == string.sub(held, 33) then
+    redis.call('DEL', KEYS[3])
+    if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
+  end
   return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+#: The thread's run (the lease's value after its token) marked as followed, until its lease
+#: is released or taken over (or as long as an unreleased lease's marker lasts).
+_FOLLOW = """
+local held = redis.call('GET', KEYS[1])
+if held then
+  redis.call('SET', KEYS[2], string.sub(held, 33), 'PX', ARGV[1])
+end
+return held
+"""
+#: A run's progress, published only if someone follows that run.
+_PROGRESS = """
+if redis.call('GET', KEYS[1]) == ARGV[2] then
+  return redis.call('PUBLISH', ARGV[1], ARGV[3])
 end
 return 0
 """
@@ -75,12 +104,20 @@ class RedisCoordinator(SharedCoordinator):
         self._renew_script: Any = None
         self._release_script: Any = None
         self._acquire_script: Any = None
+        self._follow_script: Any = None
+        self._progress_script: Any = None
 
     def _key(self, thread_id: str) -> str:
         return f"{self.prefix}lease:{thread_id}"
 
     def _open_key(self, thread_id: str) -> str:
         return f"{self.prefix}open:{thread_id}"
+
+    def _followed_key(self, thread_id: str) -> str:
+        return f"{self.prefix}followed:{thread_id}"
+
+    def _keys(self, thread_id: str) -> list[str]:
+        return [self._key(thread_id), self._open_key(thread_id), self._followed_key(thread_id)]
 
     async def _connect(self) -> None:
         import redis.asyncio as aioredis
@@ -91,6 +128,8 @@ class RedisCoordinator(SharedCoordinator):
         self._renew_script = self._redis.register_script(_RENEW)
         self._release_script = self._redis.register_script(_RELEASE)
         self._acquire_script = self._redis.register_script(_ACQUIRE)
+        self._follow_script = self._redis.register_script(_FOLLOW)
+        self._progress_script = self._redis.register_script(_PROGRESS)
 
     async def _listen(self, ready: asyncio.Future[None]) -> None:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
@@ -130,9 +169,8 @@ class RedisCoordinator(SharedCoordinator):
         ttl_ms, open_ms = int(self.lease_ttl * 1000), self._open_ms()
         async with self._redis.pipeline(transaction=False) as pipe:
             for thread_id, run_id, token in asked:
-                await self._acquire_script(
-                    keys=[self._key(thread_id), self._open_key(thread_id)],
-                    args=[token + run_id, ttl_ms, open_ms], client=pipe)
+                await self._acquire_script(keys=self._keys(thread_id),
+                                           args=[token + run_id, ttl_ms, open_ms], client=pipe)
             results = await pipe.execute()
         return [Lease(thread_id, run_id, token, int(taken) == 2) if taken else None
                 for (thread_id, run_id, token), taken in zip(asked, results, strict=True)]
@@ -140,23 +178,26 @@ class RedisCoordinator(SharedCoordinator):
     async def release(self, lease: Lease) -> None:
         self._drop(lease)
         await self.start()
-        await self._release_script(keys=[self._key(lease.thread_id),
-                                         self._open_key(lease.thread_id)], args=[lease.token])
+        await self._release_script(keys=self._keys(lease.thread_id),
+                                   args=[lease.token, "", ""])
 
     async def _finish_many(self, leases: list[Lease]) -> list[None]:
         async with self._redis.pipeline(transaction=False) as pipe:
             for lease in leases:
-                await self._release_script(keys=[self._key(lease.thread_id),
-                                                 self._open_key(lease.thread_id)],
-                                           args=[lease.token], client=pipe)
-                pipe.publish(self.channel,
-                             Signal("end", lease.thread_id, lease.run_id).encode())
+                await self._release_script(
+                    keys=self._keys(lease.thread_id),
+                    args=[lease.token, self.channel,
+                          Signal("end", lease.thread_id, lease.run_id).encode()], client=pipe)
             await pipe.execute()
         return [None] * len(leases)
 
     async def follow(self, thread_id: str) -> str | None:
-        # Publishing costs Redis next to nothing: every run's signals are sent anyway.
-        return await self.holder(thread_id)
+        async with self._reachable():
+            await self.start()
+            value = await self._follow_script(
+                keys=[self._key(thread_id), self._followed_key(thread_id)],
+                args=[self._open_ms()])
+        return value[32:].decode() if value else None
 
     async def holder(self, thread_id: str) -> str | None:
         async with self._reachable():
@@ -173,6 +214,11 @@ class RedisCoordinator(SharedCoordinator):
     async def _publish_many(self, signals: list[Signal]) -> list[None]:
         async with self._redis.pipeline(transaction=False) as pipe:
             for signal in signals:
-                pipe.publish(self.channel, signal.encode())
+                if signal.kind == "progress":  # only to followers of that run
+                    await self._progress_script(
+                        keys=[self._followed_key(signal.thread_id)],
+                        args=[self.channel, signal.run_id or "", signal.encode()], client=pipe)
+                else:
+                    pipe.publish(self.channel, signal.encode())
             await pipe.execute()
         return [None] * len(signals)
