@@ -24,6 +24,12 @@ from tests.conftest import ServeRuntime, free_port, openai_runtime
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, user_turn
 from tests.hitl_support.postgres import SERVER
 
+# Imported here, not inside the test: pytest rewrites a test module as it is first imported
+# (ast.parse), and CPython 3.11.7's AST conversion keeps its recursion depth in state every
+# thread shares, so a parse racing another thread's fails with "AST constructor recursion
+# depth mismatch" (seen in a test importing this from its body).
+from tests.test_pg_group_commit import _terminate
+
 pytestmark = pytest.mark.timeout(60)
 
 #: The store's timeout in these tests (seconds): connection attempts and reads.
@@ -223,8 +229,6 @@ async def test_a_session_the_server_ends_is_left_before_its_connection_closes(
     """A server ending a session (an administrator, a shutdown) sends its reason, then closes
     the connection: a statement sent in between would wait for an answer that never comes.
     Here the connection's close is held back: the reason alone must do."""
-    from tests.test_pg_group_commit import _terminate
-
     proxy.linger = 30.0
     await proxy.up()
     store = _store(proxy.port, proxy.schema)
