@@ -16,21 +16,28 @@ import psycopg
 from psycopg import AsyncConnection, AsyncCursor, pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-__all__ = ["Lane", "check_alive", "dropped", "with_connect_timeout"]
+__all__ = ["Lane", "check_alive", "dropped", "with_session_defaults"]
 
 
-def with_connect_timeout(conninfo: str, seconds: float) -> str:
-    """`conninfo` (a URL or key=value pairs) with a `connect_timeout`, unless it has one:
-    libpq waits for the operating system's TCP timeout (minutes) for a server that does
-    not answer. A URL stays a URL."""
-    if "connect_timeout" in conninfo_to_dict(conninfo):
+def with_session_defaults(conninfo: str, *, connect_timeout: float, application_name: str
+                          ) -> str:
+    """`conninfo` (a URL or key=value pairs) with a `connect_timeout` and an
+    `application_name`, each unless it has one: libpq waits for the operating system's TCP
+    timeout (minutes) for a server that does not answer, and an operator reading
+    `pg_stat_activity` sees which part of the runtime holds each connection. A URL stays a
+    URL."""
+    given = conninfo_to_dict(conninfo)
+    defaults = {"connect_timeout": str(max(2, round(connect_timeout))),  # libpq's least
+                "application_name": application_name}
+    missing = {key: value for key, value in defaults.items() if key not in given}
+    if not missing:
         return conninfo
-    timeout = max(2, round(seconds))  # libpq's least
     if "://" in conninfo:
         parts = urllib.parse.urlsplit(conninfo)
         query = f"{parts.query}&" if parts.query else ""
-        return urllib.parse.urlunsplit(parts._replace(query=f"{query}connect_timeout={timeout}"))
-    return make_conninfo(conninfo, connect_timeout=timeout)
+        return urllib.parse.urlunsplit(parts._replace(
+            query=query + urllib.parse.urlencode(missing, quote_via=urllib.parse.quote)))
+    return make_conninfo(conninfo, **missing)
 
 
 def dropped(conn: AsyncConnection[Any]) -> bool:

@@ -3,7 +3,9 @@
     checkpointer()                                     SQLite, copilot-runtime-checkpoints.sqlite3
     checkpointer("sqlite:///data/checkpoints.sqlite3") SQLite, a path relative to the cwd
     checkpointer("sqlite:////var/lib/app/cp.sqlite3")  SQLite, an absolute path
-    checkpointer("postgresql://user@host:5432/db?schema=hitl")   PostgreSQL (schema optional)
+    checkpointer("postgresql://user@host:5432/db?schema=hitl")   PostgreSQL (schema optional;
+                                                                 &pool_size=N: at most N
+                                                                 connections, 10 by default)
     checkpointer("memory")                             in this process only (tests, demos)
 
 `checkpointer()` without a URL reads `COPILOT_RUNTIME_CHECKPOINTS`, then falls back to the
@@ -42,6 +44,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.memory import InMemorySaver
 
 from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._url_options import pool_size_option, split_options
 from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
 from copilot_runtime.approvals.sql import (
     PostgresApprovalStore,
@@ -180,13 +183,12 @@ class _SQLiteBackend(_Backend):
 class _PostgresBackend(_Backend):
     def __init__(self, url: str, *, pool_size: int) -> None:
         super().__init__()
-        parts = urllib.parse.urlsplit(url)
-        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-        schema = [v for k, v in query if k == "schema"]
-        self.schema = check_identifier(schema[-1]) if schema else None
-        rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "schema"])
-        self.conninfo = urllib.parse.urlunsplit(parts._replace(scheme="postgresql", query=rest))
-        self.pool_size = pool_size
+        conninfo, options = split_options("postgresql:" + url.partition(":")[2],
+                                          ("schema", "pool_size"))
+        schema = options.get("schema")
+        self.schema = check_identifier(schema) if schema else None
+        self.conninfo = conninfo
+        self.pool_size = pool_size_option(options, pool_size)
         self._pool: Any = None
         self.approvals = PostgresApprovalStore(self._open_pool)
 
@@ -204,18 +206,22 @@ class _PostgresBackend(_Backend):
             raise ConfigurationError(
                 "PostgreSQL checkpoints need langgraph-checkpoint-postgres and psycopg: "
                 "pip install 'copilot-runtime[postgres]'") from exc
+        from copilot_runtime._pg_lane import with_session_defaults
+
+        conninfo = with_session_defaults(self.conninfo, connect_timeout=10,
+                                         application_name="copilot-runtime checkpoints")
         kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0,
                                   "row_factory": dict_row}
         if self.schema:
             kwargs["options"] = f"-c search_path={self.schema}"
-        pool = AsyncConnectionPool(self.conninfo, open=False, min_size=1,
+        pool = AsyncConnectionPool(conninfo, open=False, min_size=1,
                                    max_size=self.pool_size, kwargs=kwargs)
         # Workers starting together take turns (a lock held by this connection until it
         # closes): CREATE SCHEMA IF NOT EXISTS and LangGraph's migrations, run at once from
         # two connections, fail one of them (a duplicate key in the catalogs). The lock is
         # tried, not waited for: a migration's CREATE INDEX CONCURRENTLY waits for every
         # statement under way, a waiting lock request included, which would wait for it.
-        async with await AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
+        async with await AsyncConnection.connect(conninfo, autocommit=True) as conn:
             key = f"copilot_runtime.checkpoints:{self.schema or ''}"
             while True:
                 if await _locked(conn, key):

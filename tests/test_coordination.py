@@ -191,7 +191,8 @@ def test_urls_name_the_coordinator() -> None:
     assert pg.shared
     # A server that does not answer fails a connection attempt within seconds.
     assert pg.conninfo == (  # type: ignore[attr-defined]
-        "postgresql://u@db:5432/x?sslmode=disable&connect_timeout=5")
+        "postgresql://u@db:5432/x?sslmode=disable&connect_timeout=5"
+        "&application_name=copilot-runtime%20coordinator")
     rd = coordinator("redis://h:6379/2?prefix=app:")
     assert rd.lease_ttl == 10.0
     assert rd.prefix == "app:"

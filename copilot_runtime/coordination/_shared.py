@@ -9,13 +9,13 @@ import asyncio
 import contextlib
 import os
 import socket
-import urllib.parse
 from collections.abc import AsyncIterator, Callable
 
 import structlog
 
 from copilot_runtime._batching import Batcher
 from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
+from copilot_runtime._url_options import split_options
 from copilot_runtime.coordination.base import Lease, Signal, SignalHub, Subscription, new_token
 
 __all__ = ["SharedCoordinator", "split_options"]
@@ -26,18 +26,6 @@ _log = structlog.get_logger("copilot_runtime.coordination")
 DEFAULT_LEASE_TTL = 10.0
 #: The longest wait before retrying a lost connection for signals.
 _RETRY = 1.0
-
-
-def split_options(url: str, names: tuple[str, ...]) -> tuple[str, dict[str, str]]:
-    """`url` without the query parameters in `names`, and their values."""
-    parts = urllib.parse.urlsplit(url)
-    kept, options = [], {}
-    for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-        if key in names:
-            options[key] = value
-        else:
-            kept.append((key, value))
-    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(kept))), options
 
 
 def lease_ttl_option(options: dict[str, str], default: float) -> float:

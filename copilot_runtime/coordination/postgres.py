@@ -4,8 +4,9 @@ A run's `progress` and `end` are only notified once another worker follows it (a
 lease): a notification is delivered to, and decoded by, every listening worker, and
 PostgreSQL serializes the commits that notify; a run nobody follows needs none.
 
-`postgresql://user@host:port/db?schema=NAME&lease_ttl=SECONDS` (needs psycopg 3 and
-psycopg_pool, in the `postgres` extra). The lease table lives in `schema` (created if
+`postgresql://user@host:port/db?schema=NAME&lease_ttl=SECONDS&pool_size=N` (needs psycopg 3
+and psycopg_pool, in the `postgres` extra; `pool_size`: the most pooled connections, 4 by
+default, beside the three of its own). The lease table lives in `schema` (created if
 missing), beside the thread store's tables when both use the same URL. Expiry is decided by
 the database's clock, so workers' clocks need not agree.
 """
@@ -17,11 +18,11 @@ import re
 from typing import Any
 
 from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._url_options import pool_size_option, split_options
 from copilot_runtime.coordination._shared import (
     DEFAULT_LEASE_TTL,
     SharedCoordinator,
     lease_ttl_option,
-    split_options,
 )
 from copilot_runtime.coordination.base import Lease, Signal
 from copilot_runtime.limits import CounterBackend
@@ -35,18 +36,19 @@ _MAX_PAYLOAD = 7900
 
 class PostgresCoordinator(SharedCoordinator):
     def __init__(self, url: str, *, schema: str | None = None,
-                 lease_ttl: float | None = None, max_connections: int = 4) -> None:
+                 lease_ttl: float | None = None, max_connections: int | None = None) -> None:
         try:
             import psycopg
             import psycopg_pool  # noqa: F401
         except ImportError as exc:
             raise ImportError("the PostgreSQL coordinator needs psycopg and psycopg_pool: pip "
                               "install 'copilot-runtime[postgres]'", name=exc.name) from exc
-        conninfo, options = split_options(url, ("schema", "lease_ttl"))
+        conninfo, options = split_options(url, ("schema", "lease_ttl", "pool_size"))
         self.unreachable = (psycopg.OperationalError, psycopg.InterfaceError)
-        from copilot_runtime._pg_lane import with_connect_timeout
+        from copilot_runtime._pg_lane import with_session_defaults
 
-        conninfo = with_connect_timeout(conninfo, 5)
+        conninfo = with_session_defaults(conninfo, connect_timeout=5,
+                                         application_name="copilot-runtime coordinator")
         super().__init__(lease_ttl if lease_ttl is not None
                          else lease_ttl_option(options, DEFAULT_LEASE_TTL))
         self.schema = schema or options.get("schema") or "copilot_runtime"
@@ -56,7 +58,8 @@ class PostgresCoordinator(SharedCoordinator):
         self.conninfo = conninfo
         self.channel = f"copilot_runtime_{self.schema}"
         self.table = f'"{self.schema}".run_leases'
-        self.max_connections = max_connections
+        self.max_connections = max_connections if max_connections is not None \
+            else pool_size_option(options, 4)
         self._pool: Any = None
         # Leases taken, and leases given back with signals sent, go one statement at a time
         # (their batchers') over a connection of their own each: no check-out from the pool.

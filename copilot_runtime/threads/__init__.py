@@ -6,6 +6,7 @@ import urllib.parse
 from typing import TYPE_CHECKING
 
 from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._url_options import pool_size_option, split_options
 from copilot_runtime.threads.base import (
     INTERRUPTED_CODE,
     DurableThreadStore,
@@ -28,8 +29,9 @@ __all__ = ["INTERRUPTED_CODE", "DurableThreadStore", "InMemoryThreadStore", "Pos
 
 def thread_store(url: str) -> ThreadStore:
     """The store `url` names: `memory://`, `sqlite:///relative/path` (or
-    `sqlite:////absolute/path`), or `postgresql://user@host:port/db?schema=NAME` (the
-    `postgres` extra; the schema is created if missing, `public` by default)."""
+    `sqlite:////absolute/path`), or `postgresql://user@host:port/db?schema=NAME&pool_size=N`
+    (the `postgres` extra; the schema is created if missing, `public` by default; `pool_size`:
+    the most pooled connections, 10 by default, beside the three of its own)."""
     scheme, _, rest = url.partition(":")
     scheme = scheme.lower()
     if scheme == "memory":
@@ -41,19 +43,16 @@ def thread_store(url: str) -> ThreadStore:
                 f"sqlite:////absolute/path, got {url!r}")
         return SQLiteThreadStore(urllib.parse.unquote(rest[3:].split("?", 1)[0]))
     if scheme in ("postgres", "postgresql"):
-        parts = urllib.parse.urlsplit(url)
-        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-        schema = next((v for k, v in query if k == "schema"), "public") or "public"
-        conninfo = urllib.parse.urlunsplit(parts._replace(
-            scheme="postgresql", query=urllib.parse.urlencode(
-                [(k, v) for k, v in query if k != "schema"])))
+        conninfo, options = split_options("postgresql:" + rest, ("schema", "pool_size"))
+        pool_size = pool_size_option(options, 10)
         try:
             from copilot_runtime.threads.postgres import PostgresThreadStore
         except ImportError as exc:
             raise ConfigurationError(
                 "thread_store('postgresql://...') needs the postgres extra: pip install "
                 f"'copilot-runtime[postgres]' ({exc.name} is missing)") from None
-        return PostgresThreadStore(conninfo, schema=schema)
+        return PostgresThreadStore(conninfo, schema=options.get("schema") or "public",
+                                   max_size=pool_size)
     raise ConfigurationError(
         f"Unsupported thread store URL {url.split('@')[-1]!r}: use memory://, "
         "sqlite:///path or postgresql://user@host:port/db?schema=NAME")

@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from copilot_runtime._batching import Batcher
 from copilot_runtime._exceptions import ServiceUnavailableError
-from copilot_runtime._pg_lane import Lane, check_alive, with_connect_timeout
+from copilot_runtime._pg_lane import Lane, check_alive, with_session_defaults
 from copilot_runtime.events import Event
 from copilot_runtime.threads._grouped import GroupedWriter
 from copilot_runtime.threads._rows import (
@@ -251,7 +251,8 @@ class PostgresThreadStore:
         # A server that does not answer fails a connection attempt within `timeout` (libpq
         # waits for the operating system's TCP timeout, minutes, by default), and a read
         # within it too; the caller gets ServiceUnavailableError (503), never a hang.
-        conninfo = with_connect_timeout(conninfo, timeout)
+        conninfo = with_session_defaults(conninfo, connect_timeout=timeout,
+                                         application_name="copilot-runtime threads")
         self.conninfo = conninfo
         self.schema = schema
         self.timeout = timeout

@@ -1,0 +1,41 @@
+"""Options the runtime reads from a connection URL's query (`schema`, `pool_size`,
+`lease_ttl`, ...), taken out before the rest goes to the driver, which would refuse them."""
+
+from __future__ import annotations
+
+import urllib.parse
+
+from copilot_runtime._exceptions import ConfigurationError
+
+__all__ = ["pool_size_option", "split_options"]
+
+#: The most connections a `pool_size` option may ask for.
+_MOST_POOLED = 100
+
+
+def split_options(url: str, names: tuple[str, ...]) -> tuple[str, dict[str, str]]:
+    """`url` without the query parameters in `names`, and their values (the last one of
+    each)."""
+    parts = urllib.parse.urlsplit(url)
+    kept, options = [], {}
+    for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+        if key in names:
+            options[key] = value
+        else:
+            kept.append((key, value))
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(kept))), options
+
+
+def pool_size_option(options: dict[str, str], default: int) -> int:
+    """The `pool_size` option (the most connections a pool opens), or `default`."""
+    raw = options.get("pool_size")
+    if raw is None:
+        return default
+    try:
+        size = int(raw)
+    except ValueError:
+        size = 0
+    if not 1 <= size <= _MOST_POOLED:
+        raise ConfigurationError(
+            f"pool_size must be a whole number from 1 to {_MOST_POOLED}, got {raw!r}")
+    return size
