@@ -101,11 +101,8 @@ class RedisCoordinator(SharedCoordinator):
         #: Seconds an `open:` marker outlives its lease (`OPEN_TTL`).
         self.open_ttl = OPEN_TTL
         self._redis: Any = None
-        self._renew_script: Any = None
         self._release_script: Any = None
-        self._acquire_script: Any = None
         self._follow_script: Any = None
-        self._progress_script: Any = None
 
     def _key(self, thread_id: str) -> str:
         return f"{self.prefix}lease:{thread_id}"
@@ -125,11 +122,10 @@ class RedisCoordinator(SharedCoordinator):
         # A server that does not answer fails a connection attempt in seconds.
         self._redis = aioredis.from_url(self.url, socket_connect_timeout=5)
         await self._redis.ping()
-        self._renew_script = self._redis.register_script(_RENEW)
+        # Called alone (EVALSHA, loaded again if the server lost them); in pipelines the
+        # scripts go as text (`_queue`).
         self._release_script = self._redis.register_script(_RELEASE)
-        self._acquire_script = self._redis.register_script(_ACQUIRE)
         self._follow_script = self._redis.register_script(_FOLLOW)
-        self._progress_script = self._redis.register_script(_PROGRESS)
 
     async def _listen(self, ready: asyncio.Future[None]) -> None:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
@@ -154,9 +150,9 @@ class RedisCoordinator(SharedCoordinator):
         ttl_ms = int(self.lease_ttl * 1000)
         async with self._redis.pipeline(transaction=False) as pipe:
             for lease in leases:
-                await self._renew_script(
-                    keys=[self._key(lease.thread_id), self._open_key(lease.thread_id)],
-                    args=[lease.token, ttl_ms, self._open_ms()], client=pipe)
+                _queue(pipe, _RENEW, [self._key(lease.thread_id),
+                                      self._open_key(lease.thread_id)],
+                       [lease.token, ttl_ms, self._open_ms()])
             results = await pipe.execute()
         return {lease.thread_id for lease, ok in zip(leases, results, strict=True) if not ok}
 
@@ -169,8 +165,7 @@ class RedisCoordinator(SharedCoordinator):
         ttl_ms, open_ms = int(self.lease_ttl * 1000), self._open_ms()
         async with self._redis.pipeline(transaction=False) as pipe:
             for thread_id, run_id, token in asked:
-                await self._acquire_script(keys=self._keys(thread_id),
-                                           args=[token + run_id, ttl_ms, open_ms], client=pipe)
+                _queue(pipe, _ACQUIRE, self._keys(thread_id), [token + run_id, ttl_ms, open_ms])
             results = await pipe.execute()
         return [Lease(thread_id, run_id, token, int(taken) == 2) if taken else None
                 for (thread_id, run_id, token), taken in zip(asked, results, strict=True)]
@@ -184,10 +179,9 @@ class RedisCoordinator(SharedCoordinator):
     async def _finish_many(self, leases: list[Lease]) -> list[None]:
         async with self._redis.pipeline(transaction=False) as pipe:
             for lease in leases:
-                await self._release_script(
-                    keys=self._keys(lease.thread_id),
-                    args=[lease.token, self.channel,
-                          Signal("end", lease.thread_id, lease.run_id).encode()], client=pipe)
+                _queue(pipe, _RELEASE, self._keys(lease.thread_id),
+                       [lease.token, self.channel,
+                        Signal("end", lease.thread_id, lease.run_id).encode()])
             await pipe.execute()
         return [None] * len(leases)
 
@@ -215,10 +209,16 @@ class RedisCoordinator(SharedCoordinator):
         async with self._redis.pipeline(transaction=False) as pipe:
             for signal in signals:
                 if signal.kind == "progress":  # only to followers of that run
-                    await self._progress_script(
-                        keys=[self._followed_key(signal.thread_id)],
-                        args=[self.channel, signal.run_id or "", signal.encode()], client=pipe)
+                    _queue(pipe, _PROGRESS, [self._followed_key(signal.thread_id)],
+                           [self.channel, signal.run_id or "", signal.encode()])
                 else:
                     pipe.publish(self.channel, signal.encode())
             await pipe.execute()
         return [None] * len(signals)
+
+
+def _queue(pipe: Any, script: str, keys: list[str], args: list[Any]) -> None:
+    """Queue `script` on a pipeline as its text: redis-py checks the registered scripts of a
+    pipeline with a SCRIPT EXISTS round trip before each execution (one round trip more
+    per batch), and an EVALSHA of a script the server lost (a restart) would fail it."""
+    pipe.eval(script, len(keys), *keys, *args)
