@@ -122,8 +122,8 @@ class RedisCoordinator(SharedCoordinator):
         # A server that does not answer fails a connection attempt in seconds.
         self._redis = aioredis.from_url(self.url, socket_connect_timeout=5)
         await self._redis.ping()
-        # Called alone (EVALSHA, loaded again if the server lost them); in pipelines the
-        # scripts go as text (`_queue`).
+        # Called alone (EVALSHA, loaded again if the server lost them); in batches the
+        # scripts go as text (`_eval`).
         self._release_script = self._redis.register_script(_RELEASE)
         self._follow_script = self._redis.register_script(_FOLLOW)
 
@@ -148,12 +148,9 @@ class RedisCoordinator(SharedCoordinator):
 
     async def _renew(self, leases: list[Lease]) -> set[str]:
         ttl_ms = int(self.lease_ttl * 1000)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for lease in leases:
-                _queue(pipe, _RENEW, [self._key(lease.thread_id),
-                                      self._open_key(lease.thread_id)],
-                       [lease.token, ttl_ms, self._open_ms()])
-            results = await pipe.execute()
+        results = await self._send([
+            _eval(_RENEW, [self._key(lease.thread_id), self._open_key(lease.thread_id)],
+                  [lease.token, ttl_ms, self._open_ms()]) for lease in leases])
         return {lease.thread_id for lease, ok in zip(leases, results, strict=True) if not ok}
 
     async def _disconnect(self) -> None:
@@ -163,10 +160,9 @@ class RedisCoordinator(SharedCoordinator):
 
     async def _acquire_many(self, asked: list[tuple[str, str, str]]) -> list[Lease | None]:
         ttl_ms, open_ms = int(self.lease_ttl * 1000), self._open_ms()
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for thread_id, run_id, token in asked:
-                _queue(pipe, _ACQUIRE, self._keys(thread_id), [token + run_id, ttl_ms, open_ms])
-            results = await pipe.execute()
+        results = await self._send([
+            _eval(_ACQUIRE, self._keys(thread_id), [token + run_id, ttl_ms, open_ms])
+            for thread_id, run_id, token in asked])
         return [Lease(thread_id, run_id, token, int(taken) == 2) if taken else None
                 for (thread_id, run_id, token), taken in zip(asked, results, strict=True)]
 
@@ -177,12 +173,11 @@ class RedisCoordinator(SharedCoordinator):
                                    args=[lease.token, "", ""])
 
     async def _finish_many(self, leases: list[Lease]) -> list[None]:
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for lease in leases:
-                _queue(pipe, _RELEASE, self._keys(lease.thread_id),
-                       [lease.token, self.channel,
-                        Signal("end", lease.thread_id, lease.run_id).encode()])
-            await pipe.execute()
+        await self._send([
+            _eval(_RELEASE, self._keys(lease.thread_id),
+                  [lease.token, self.channel,
+                   Signal("end", lease.thread_id, lease.run_id).encode()])
+            for lease in leases])
         return [None] * len(leases)
 
     async def follow(self, thread_id: str) -> str | None:
@@ -206,19 +201,28 @@ class RedisCoordinator(SharedCoordinator):
         return RedisCounters(self.url, prefix=f"{self.prefix}limits:")
 
     async def _publish_many(self, signals: list[Signal]) -> list[None]:
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for signal in signals:
-                if signal.kind == "progress":  # only to followers of that run
-                    _queue(pipe, _PROGRESS, [self._followed_key(signal.thread_id)],
-                           [self.channel, signal.run_id or "", signal.encode()])
-                else:
-                    pipe.publish(self.channel, signal.encode())
-            await pipe.execute()
+        # A run's progress only to followers of that run; other signals to every worker.
+        await self._send([
+            _eval(_PROGRESS, [self._followed_key(signal.thread_id)],
+                  [self.channel, signal.run_id or "", signal.encode()])
+            if signal.kind == "progress" else ("PUBLISH", self.channel, signal.encode())
+            for signal in signals])
         return [None] * len(signals)
 
+    async def _send(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """`commands` in one round trip: a lone one as it is (redis-py's pipeline costs
+        several times a command's own work), several in a pipeline."""
+        if len(commands) == 1:
+            return [await self._redis.execute_command(*commands[0])]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            return list(await pipe.execute())
 
-def _queue(pipe: Any, script: str, keys: list[str], args: list[Any]) -> None:
-    """Queue `script` on a pipeline as its text: redis-py checks the registered scripts of a
-    pipeline with a SCRIPT EXISTS round trip before each execution (one round trip more
-    per batch), and an EVALSHA of a script the server lost (a restart) would fail it."""
-    pipe.eval(script, len(keys), *keys, *args)
+
+def _eval(script: str, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
+    """`script` run on `keys` and `args`, sent as its text: redis-py checks the registered
+    scripts of a pipeline with a SCRIPT EXISTS round trip before each execution (one round
+    trip more per batch), and an EVALSHA of a script the server lost (a restart) would fail
+    the batch."""
+    return ("EVAL", script, len(keys), *keys, *args)
