@@ -7,7 +7,7 @@ import urllib.parse
 
 from copilot_runtime._exceptions import ConfigurationError
 
-__all__ = ["pool_size_option", "split_options"]
+__all__ = ["lease_ttl_option", "pool_size_option", "split_options"]
 
 #: The most connections a `pool_size` option may ask for.
 _MOST_POOLED = 100
@@ -39,3 +39,18 @@ def pool_size_option(options: dict[str, str], default: int) -> int:
         raise ConfigurationError(
             f"pool_size must be a whole number from 1 to {_MOST_POOLED}, got {raw!r}")
     return size
+
+
+def lease_ttl_option(options: dict[str, str], default: float) -> float:
+    """The `lease_ttl` option (seconds a coordinator's lease outlives its renewal), or
+    `default`."""
+    raw = options.get("lease_ttl")
+    if raw is None:
+        return default
+    try:
+        ttl = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"lease_ttl must be a number of seconds, got {raw!r}") from None
+    if not 0.2 <= ttl <= 3600:
+        raise ConfigurationError("lease_ttl must be between 0.2 and 3600 seconds")
+    return ttl

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 import structlog
 
 from copilot_runtime._batching import Batcher
-from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
+from copilot_runtime._exceptions import ServiceUnavailableError
 from copilot_runtime._url_options import split_options
 from copilot_runtime.coordination.base import Lease, Signal, SignalHub, Subscription, new_token
 
@@ -26,19 +26,6 @@ _log = structlog.get_logger("copilot_runtime.coordination")
 DEFAULT_LEASE_TTL = 10.0
 #: The longest wait before retrying a lost connection for signals.
 _RETRY = 1.0
-
-
-def lease_ttl_option(options: dict[str, str], default: float) -> float:
-    raw = options.get("lease_ttl")
-    if raw is None:
-        return default
-    try:
-        ttl = float(raw)
-    except ValueError:
-        raise ConfigurationError(f"lease_ttl must be a number of seconds, got {raw!r}") from None
-    if not 0.2 <= ttl <= 3600:
-        raise ConfigurationError("lease_ttl must be between 0.2 and 3600 seconds")
-    return ttl
 
 
 class SharedCoordinator:

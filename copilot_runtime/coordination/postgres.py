@@ -18,11 +18,10 @@ import re
 from typing import Any
 
 from copilot_runtime._exceptions import ConfigurationError
-from copilot_runtime._url_options import pool_size_option, split_options
+from copilot_runtime._url_options import lease_ttl_option, pool_size_option, split_options
 from copilot_runtime.coordination._shared import (
     DEFAULT_LEASE_TTL,
     SharedCoordinator,
-    lease_ttl_option,
 )
 from copilot_runtime.coordination.base import Lease, Signal
 from copilot_runtime.limits import CounterBackend

@@ -14,11 +14,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from copilot_runtime._url_options import split_options
+from copilot_runtime._url_options import lease_ttl_option, split_options
 from copilot_runtime.coordination._shared import (
     DEFAULT_LEASE_TTL,
     SharedCoordinator,
-    lease_ttl_option,
 )
 from copilot_runtime.coordination.base import Lease, Signal
 from copilot_runtime.limits import CounterBackend, RedisCounters
