@@ -195,7 +195,7 @@ def test_urls_name_the_coordinator() -> None:
         "&application_name=copilot-runtime%20coordinator")
     rd = coordinator("redis://h:6379/2?prefix=app:")
     assert rd.lease_ttl == 10.0
-    assert rd.prefix == "app:"
+    assert rd.prefix == "app:"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("limit", [2])
