@@ -60,8 +60,13 @@ class DemoPage {
     this.page = page;
     // A request the client aborts itself after reading all it needed (the classic client
     // aborts its fetch once the last multipart part is in; the current one may abort a
-    // `connect` when a run starts) is not a failure; one the server failed is.
+    // `connect` when a run starts), or that the browser dropped because the test went to
+    // another page meanwhile (a thread list's title fetches), is not a failure; one the
+    // server failed is.
     const answered = new Map();
+    const openedIn = new Map();
+    this.pagesOpened = 0;
+    page.on("request", (request) => openedIn.set(request, this.pagesOpened));
     page.on("response", (response) => {
       answered.set(response.request(), response.status());
       if (response.status() >= 400) {
@@ -71,7 +76,8 @@ class DemoPage {
     page.on("requestfailed", (request) => {
       const error = request.failure()?.errorText ?? "";
       const status = answered.get(request);
-      const selfAborted = error === "net::ERR_ABORTED" && (status === 200
+      const leftBehind = (openedIn.get(request) ?? this.pagesOpened) < this.pagesOpened;
+      const selfAborted = error === "net::ERR_ABORTED" && (status === 200 || leftBehind
         || (kind === "current" && /\/agent\/[^/]+\/connect$/.test(request.url())));
       if (!selfAborted) failedRequests.push({ page: kind, url: request.url(), error, status });
     });
@@ -82,6 +88,7 @@ class DemoPage {
   }
 
   async open(query = "") {
+    this.pagesOpened += 1;
     await this.page.goto(`${base}${this.ui.path}${query}`);
     await this.page.locator(this.ui.input).waitFor({ timeout: TIMEOUT });
     await this.idle();
@@ -194,6 +201,7 @@ async function mainPhase(p) {
 
   await step(p, "refresh restores the thread", async () => {
     const before = p.address().thread;
+    p.pagesOpened += 1;
     await p.page.reload();
     await p.page.locator(p.ui.user, { hasText: "What is the weather in Paris?" }).waitFor({ timeout: TIMEOUT });
     await p.page.locator('[data-testid="weather-card"]').first().waitFor({ timeout: TIMEOUT });
