@@ -441,3 +441,36 @@ async def test_postgresql_coordinator_statements_are_never_compiled(coordinator_
             assert await made._fetch_on(lane, "SHOW jit", ()) == [("off",)]
     finally:
         await made.aclose()
+
+
+async def test_redis_scripts_the_server_lost_are_sent_again() -> None:
+    """A Redis server that restarted (or whose scripts were flushed) knows none of the
+    coordinator's scripts: batches send theirs as text, calls made alone load them again,
+    and nothing fails."""
+    import redis.asyncio as aioredis
+
+    with redis_prefix() as url:
+        a, b = coordinator(url), coordinator(url)
+        await asyncio.gather(a.start(), b.start())
+        admin = aioredis.from_url(url.split("?")[0])
+        try:
+            with b.subscribe("t") as signals:
+                for run in ("r1", "r2"):
+                    await admin.script_flush()
+                    lease = await a.acquire("t", run)
+                    assert lease is not None
+                    assert await b.follow("t") == run
+                    await a.publish(Signal("progress", "t", run, 1))
+                    await a.finish(lease)
+                    kinds = [await signals.get(5), await signals.get(5)]
+                    assert [(s.kind, s.run_id) for s in kinds if s is not None] == [
+                        ("progress", run), ("end", run)]
+                await admin.script_flush()
+                lease = await a.acquire("t", "r3")
+                assert lease is not None
+                await a.release(lease)
+                assert await b.holder("t") is None
+        finally:
+            await admin.aclose()
+            await a.aclose()
+            await b.aclose()
