@@ -15,10 +15,9 @@ import structlog
 
 from copilot_runtime._batching import Batcher
 from copilot_runtime._exceptions import ServiceUnavailableError
-from copilot_runtime._url_options import split_options
 from copilot_runtime.coordination.base import Lease, Signal, SignalHub, Subscription, new_token
 
-__all__ = ["SharedCoordinator", "split_options"]
+__all__ = ["SharedCoordinator"]
 
 _log = structlog.get_logger("copilot_runtime.coordination")
 
