@@ -445,8 +445,7 @@ async def test_postgresql_coordinator_statements_are_never_compiled(coordinator_
 
 async def test_redis_scripts_the_server_lost_are_sent_again() -> None:
     """A Redis server that restarted (or whose scripts were flushed) knows none of the
-    coordinator's scripts: batches send theirs as text, calls made alone load them again,
-    and nothing fails."""
+    coordinator's scripts: they are sent as text, so nothing fails."""
     import redis.asyncio as aioredis
 
     with redis_prefix() as url:

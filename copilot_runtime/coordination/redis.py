@@ -100,8 +100,6 @@ class RedisCoordinator(SharedCoordinator):
         #: Seconds an `open:` marker outlives its lease (`OPEN_TTL`).
         self.open_ttl = OPEN_TTL
         self._redis: Any = None
-        self._release_script: Any = None
-        self._follow_script: Any = None
 
     def _key(self, thread_id: str) -> str:
         return f"{self.prefix}lease:{thread_id}"
@@ -121,10 +119,6 @@ class RedisCoordinator(SharedCoordinator):
         # A server that does not answer fails a connection attempt in seconds.
         self._redis = aioredis.from_url(self.url, socket_connect_timeout=5)
         await self._redis.ping()
-        # Called alone (EVALSHA, loaded again if the server lost them); in batches the
-        # scripts go as text (`_eval`).
-        self._release_script = self._redis.register_script(_RELEASE)
-        self._follow_script = self._redis.register_script(_FOLLOW)
 
     async def _listen(self, ready: asyncio.Future[None]) -> None:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
@@ -168,8 +162,7 @@ class RedisCoordinator(SharedCoordinator):
     async def release(self, lease: Lease) -> None:
         self._drop(lease)
         await self.start()
-        await self._release_script(keys=self._keys(lease.thread_id),
-                                   args=[lease.token, "", ""])
+        await self._send([_eval(_RELEASE, self._keys(lease.thread_id), [lease.token, "", ""])])
 
     async def _finish_many(self, leases: list[Lease]) -> list[None]:
         await self._send([
@@ -182,9 +175,9 @@ class RedisCoordinator(SharedCoordinator):
     async def follow(self, thread_id: str) -> str | None:
         async with self._reachable():
             await self.start()
-            value = await self._follow_script(
-                keys=[self._key(thread_id), self._followed_key(thread_id)],
-                args=[self._open_ms()])
+            [value] = await self._send([_eval(
+                _FOLLOW, [self._key(thread_id), self._followed_key(thread_id)],
+                [self._open_ms()])])
         return value[32:].decode() if value else None
 
     async def holder(self, thread_id: str) -> str | None:
@@ -220,8 +213,8 @@ class RedisCoordinator(SharedCoordinator):
 
 
 def _eval(script: str, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
-    """`script` run on `keys` and `args`, sent as its text: redis-py checks the registered
-    scripts of a pipeline with a SCRIPT EXISTS round trip before each execution (one round
-    trip more per batch), and an EVALSHA of a script the server lost (a restart) would fail
-    the batch."""
+    """`script` run on `keys` and `args`, sent as its text (Redis caches it by its hash):
+    redis-py checks the registered scripts of a pipeline with a SCRIPT EXISTS round trip
+    before each execution (one round trip more per batch), and an EVALSHA of a script the
+    server lost (a restart) would fail."""
     return ("EVAL", script, len(keys), *keys, *args)
