@@ -17,6 +17,7 @@ from pydantic.alias_generators import to_camel
 
 from copilot_runtime._exceptions import InvalidRequestError
 from copilot_runtime._limits import check_json_depth
+from copilot_runtime.threads.base import id_problem
 
 __all__ = ["RunInput", "parse_run_input", "validation_details"]
 
@@ -75,6 +76,13 @@ def parse_run_input(data: Any) -> RunInput:
         model = RunAgentInput.model_validate(data)
     except pydantic.ValidationError as exc:
         raise InvalidRequestError("Invalid request body", validation_details(exc)) from None
+    issues = [{"path": [key], "code": "invalid_id", "message": f"The id {problem}"}
+              for key, value in (("threadId", model.thread_id), ("runId", model.run_id),
+                                 ("parentRunId", model.parent_run_id))
+              if value is not None and (problem := id_problem(value)) is not None]
+    if issues:
+        raise InvalidRequestError("Invalid request body",
+                                  orjson.dumps(issues, option=orjson.OPT_INDENT_2).decode())
     return RunInput(model, data)
 
 

@@ -41,6 +41,7 @@ from copilot_runtime.threads.base import (
     ThreadOwner,
     ThreadStore,
     positioned_runs,
+    storable_ids,
 )
 
 __all__ = ["ActiveRun", "RunManager"]
@@ -340,6 +341,7 @@ class ActiveRun:
                     value = event.get(key)
                     if isinstance(value, str):
                         ids.add(value)
+            ids = storable_ids(ids)
             stored = StoredRun(self.run_id, compacted, self.created_at, size,
                                self.first_position,
                                self.first_position + len(self.events) - 1)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from copilot_runtime._exceptions import AuthenticationError, ConfigurationError
-from copilot_runtime.threads.base import ThreadOwner
+from copilot_runtime.threads.base import ThreadOwner, id_problem
 
 __all__ = [
     "Authenticator",
@@ -192,6 +192,11 @@ class JWTAuth:
         if not isinstance(subject, str) or not subject:
             raise AuthenticationError(f"The token has no '{self.principal_claim}' claim")
         tenant = claims.get(self.tenant_claim) if self.tenant_claim else None
+        # Both name a thread's owner in every store: ids a store could not keep are refused
+        # here rather than failing the run's write after it streamed.
+        for name, value in ((self.principal_claim, subject), (self.tenant_claim, tenant)):
+            if value is not None and id_problem(str(value)) is not None:
+                raise AuthenticationError(f"The token's '{name}' claim is not a usable id")
         roles: Any = claims.get(self.roles_claim) if self.roles_claim else None
         if isinstance(roles, str):
             roles = roles.split()

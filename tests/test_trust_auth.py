@@ -75,6 +75,10 @@ async def test_jwt_with_a_shared_key() -> None:
         "no exp": jwt.encode({"sub": "a", "aud": "copilot", "iss": "https://idp"}, SECRET,
                              algorithm="HS256"),
         "no sub": token(sub="", aud="copilot", iss="https://idp"),
+        # What no thread store can keep as an owner (PostgreSQL's text cannot hold NUL).
+        "NUL in sub": token(sub="ali\x00ce", aud="copilot", iss="https://idp"),
+        "long sub": token(sub="a" * 257, aud="copilot", iss="https://idp"),
+        "NUL in tenant": token(aud="copilot", iss="https://idp", org="ac\x00me"),
         "alg none": jwt.encode({"sub": "a", "exp": int(time.time()) + 60, "aud": "copilot",
                                 "iss": "https://idp"}, None, algorithm="none"),
         "garbage": "not.a.jwt",

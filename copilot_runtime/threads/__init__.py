@@ -9,6 +9,7 @@ from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime._url_options import pool_size_option, split_options
 from copilot_runtime.threads.base import (
     INTERRUPTED_CODE,
+    MAX_ID_LENGTH,
     DurableThreadStore,
     Positioned,
     StoredRun,
@@ -22,7 +23,8 @@ from copilot_runtime.threads.sqlite import SQLiteThreadStore
 if TYPE_CHECKING:
     from copilot_runtime.threads.postgres import PostgresThreadStore
 
-__all__ = ["INTERRUPTED_CODE", "DurableThreadStore", "InMemoryThreadStore", "Positioned",
+__all__ = ["INTERRUPTED_CODE", "MAX_ID_LENGTH", "DurableThreadStore", "InMemoryThreadStore",
+           "Positioned",
            "PostgresThreadStore", "SQLiteThreadStore", "StoredRun", "ThreadOwner",
            "ThreadRecord", "ThreadStore", "thread_store"]
 

@@ -11,7 +11,7 @@ import orjson
 from copilot_runtime import events as ev
 from copilot_runtime._compaction import compact_events
 from copilot_runtime.events import Event
-from copilot_runtime.threads.base import Positioned, interrupted_tail
+from copilot_runtime.threads.base import Positioned, interrupted_tail, storable_ids
 
 __all__ = ["Chunk", "RunRow", "closed_run", "events_after", "message_ids_of"]
 
@@ -85,7 +85,7 @@ def message_ids_of(events: Iterable[Event]) -> set[str]:
             value = event.get(key)
             if isinstance(value, str):
                 ids.add(value)
-    return ids
+    return storable_ids(ids)
 
 
 def dumps(events: Sequence[Event]) -> bytes:

@@ -23,6 +23,7 @@ position None and the run's last event has its last position.
 from __future__ import annotations
 
 import builtins
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -32,15 +33,19 @@ from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event
 
 __all__ = [
+    "CONTROL_CHARACTERS",
     "INTERRUPTED_CODE",
+    "MAX_ID_LENGTH",
     "DurableThreadStore",
     "Positioned",
     "StoredRun",
     "ThreadOwner",
     "ThreadRecord",
     "ThreadStore",
+    "id_problem",
     "interrupted_tail",
     "positioned_runs",
+    "storable_ids",
     "title_of",
 ]
 
@@ -49,6 +54,12 @@ INTERRUPTED_CODE = "RUN_INTERRUPTED"
 _INTERRUPTED_MESSAGE = "The run was interrupted: the server driving it stopped"
 #: Longest thread title, in characters.
 _TITLE_LENGTH = 80
+#: The longest id (of a thread, a run or a message) a store keeps, in characters. Every
+#: store must hold every id it accepts: PostgreSQL indexes two ids in one entry, at most
+#: 2,704 bytes, and a character takes up to 4.
+MAX_ID_LENGTH = 256
+#: What no id, title or name holds (PostgreSQL's text cannot even hold NUL).
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 
 #: An event and its position in the thread (None inside a compacted run).
 Positioned = tuple[int | None, Event]
@@ -178,6 +189,22 @@ class DurableThreadStore(ThreadStore, Protocol):
         ...
 
 
+def id_problem(value: str) -> str | None:
+    """Why `value` cannot be an id every store keeps, or None if it can."""
+    if len(value) > MAX_ID_LENGTH:
+        return f"is longer than {MAX_ID_LENGTH} characters"
+    if CONTROL_CHARACTERS.search(value):
+        return "contains a control character"
+    return None
+
+
+def storable_ids(ids: Iterable[str]) -> set[str]:
+    """The message ids of `ids` that every store can keep. Agents make message ids and
+    clients send them back, so ids no store can keep are left out rather than refused:
+    such a message is only not recognised as already seen."""
+    return {i for i in ids if len(i) <= MAX_ID_LENGTH and not CONTROL_CHARACTERS.search(i)}
+
+
 def title_of(events: Sequence[Event]) -> str:
     """The text of the first user message a run's input carried, shortened."""
     for event in events:
@@ -191,8 +218,9 @@ def title_of(events: Sequence[Event]) -> str:
                     content = " ".join(part.get("text", "") for part in content
                                        if isinstance(part, dict)
                                        and isinstance(part.get("text"), str))
-                if isinstance(content, str) and content.strip():
-                    text = " ".join(content.split())
+                text = " ".join(CONTROL_CHARACTERS.sub(" ", content).split()) \
+                    if isinstance(content, str) else ""
+                if text:
                     return text if len(text) <= _TITLE_LENGTH \
                         else text[:_TITLE_LENGTH - 1] + "…"
         break

@@ -43,6 +43,7 @@ from copilot_runtime.protocols.http import (
     send_json,
     send_method_not_allowed,
 )
+from copilot_runtime.threads.base import MAX_ID_LENGTH, id_problem
 
 __all__ = ["ApprovalRoutes", "approval_route"]
 
@@ -78,6 +79,9 @@ class ApprovalRoutes:
                     await self._list(request)
                 else:
                     await send_method_not_allowed(request, b"GET")
+            elif id_problem(approval_id) is not None:
+                # No approval has such an id, and a SQL ledger could not even look it up.
+                raise ApprovalNotFoundError(approval_id)
             elif request.method in ("GET", "HEAD"):
                 approval, _, _ = await self.service.get(approval_id)
                 await self._check_access(request, approval)
@@ -98,6 +102,9 @@ class ApprovalRoutes:
                 "message": f"status must be one of {', '.join(_STATUSES)}"})
             return
         agent_ids, thread_ids = query.get("agentId"), query.get("threadId")
+        if any(id_problem(ids[0]) is not None for ids in (agent_ids, thread_ids) if ids):
+            await send_json(request, 200, {"approvals": []})  # none can be filed under it
+            return
         approvals = await self.service.list(
             status=_STATUSES[status_name], agent_id=agent_ids[0] if agent_ids else None,
             thread_id=thread_ids[0] if thread_ids else None)
@@ -143,8 +150,11 @@ def _parse_answer(data: Any) -> tuple[dict[str, Any], bool]:
     if reason is not None and not isinstance(reason, str):
         raise InvalidRequestError("Invalid approval answer", "reason must be a string")
     user = data.get("userId")
-    if user is not None and (not isinstance(user, str) or not user):
-        raise InvalidRequestError("Invalid approval answer", "userId must be a string")
+    if user is not None and (not isinstance(user, str) or not user
+                             or id_problem(user) is not None):
+        raise InvalidRequestError("Invalid approval answer", "userId must be a non-empty "
+                                  "string without control characters, at most "
+                                  f"{MAX_ID_LENGTH} characters long")
     if action == "revise" and not (
             (isinstance(payload, str) and payload.strip()) or isinstance(payload, dict)
             or (reason and reason.strip())):

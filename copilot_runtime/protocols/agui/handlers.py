@@ -46,6 +46,7 @@ from copilot_runtime.protocols.http import (
     stream_run,
 )
 from copilot_runtime.runtime import CopilotRuntime
+from copilot_runtime.threads.base import CONTROL_CHARACTERS, id_problem
 
 __all__ = ["AGUIProtocol"]
 
@@ -173,8 +174,9 @@ class AGUIProtocol:
 
     async def _stop(self, request: Request, agent_id: str, thread_id: str,
                     run_id: str | None) -> None:
-        if self.runtime.owner_filter(request.info) is not None and \
-                not await self.runtime.can_see(request.info, thread_id):
+        if id_problem(thread_id) is not None or (
+                self.runtime.owner_filter(request.info) is not None
+                and not await self.runtime.can_see(request.info, thread_id)):
             raise ThreadNotFoundError(thread_id)  # someone else's, or none: the same answer
         if await self.runtime.stop(agent_id, thread_id, run_id, request=request.info):
             await send_json(request, 200, {"stopped": True, "interrupt": {
@@ -191,8 +193,9 @@ class AGUIProtocol:
             agent_id = agent_ids[0] if agent_ids else None
             offset = _query_int(query, "cursor", 0, 0, 2**31)
             limit = _query_int(query, "limit", _PAGE, 1, _MAX_PAGE)
-            records = await store.list(agent_id, limit + 1, offset=offset,
-                                       owner=self.runtime.owner_filter(request.info))
+            records = [] if agent_id is not None and id_problem(agent_id) is not None \
+                else await store.list(agent_id, limit + 1, offset=offset,
+                                      owner=self.runtime.owner_filter(request.info))
             await send_json(request, 200, {"threads": [{
                 "id": r.thread_id, "name": r.name, "title": r.title, "agentId": r.agent_id,
                 "organizationId": "", "createdById": r.owner.principal_id if r.owner else "",
@@ -201,7 +204,8 @@ class AGUIProtocol:
             } for r in records[:limit]],
                 "nextCursor": str(offset + limit) if len(records) > limit else None})
             return
-        record = await store.get(thread_id)
+        # An id no store can keep names no thread (and PostgreSQL cannot even look it up).
+        record = await store.get(thread_id) if id_problem(thread_id) is None else None
         if record is not None:
             record = readable(record)  # a thread stored broken is still read
         owner = self.runtime.owner_filter(request.info)
@@ -222,7 +226,8 @@ class AGUIProtocol:
         body = await read_body(request, self.max_body_size) if request.method == "PATCH" \
             else b""
         owner = self.runtime.owner_filter(request.info)
-        record = await self.runtime.store.summary(thread_id)
+        record = await self.runtime.store.summary(thread_id) \
+            if id_problem(thread_id) is None else None
         if record is None or (owner is not None and record.owner != owner):
             raise ThreadNotFoundError(thread_id)
         if request.method == "DELETE":
@@ -234,10 +239,11 @@ class AGUIProtocol:
         data = parse_json_body(body)
         name = data.get("name") if isinstance(data, dict) else None
         if not isinstance(data, dict) or set(data) - {"name"} or "name" not in data or not (
-                name is None or (isinstance(name, str) and len(name) <= _MAX_NAME)):
+                name is None or (isinstance(name, str) and len(name) <= _MAX_NAME
+                                 and not CONTROL_CHARACTERS.search(name))):
             raise InvalidRequestError(
                 f"A thread update is {{\"name\": string of at most {_MAX_NAME} characters "
-                "or null}")
+                "without control characters, or null}")
         await self.runtime.store.rename(thread_id, name)
         await send_json(request, 200, {"id": thread_id, "name": name})
 

@@ -23,6 +23,7 @@ from copilot_runtime.auth import RequestInfo
 from copilot_runtime.messages import to_json_representation
 from copilot_runtime.protocols.graphql.errors import kit_code_of, kit_extensions
 from copilot_runtime.runtime import CopilotRuntime
+from copilot_runtime.threads.base import id_problem
 
 __all__ = ["QueryContext", "agent_not_found", "is_service_adapter", "listed_agents",
            "query_root"]
@@ -77,9 +78,11 @@ async def load_agent_state(runtime: CopilotRuntime, data: Mapping[str, Any],
     agent = runtime.agents.get(agent_id)
     if agent is None:
         raise agent_not_found(agent_id, runtime)
-    if runtime.owner_filter(request) is not None and not await runtime.can_see(
-            request, thread_id):
-        return _no_thread(thread_id)  # someone else's thread does not exist for this caller
+    if id_problem(thread_id) is not None or (
+            runtime.owner_filter(request) is not None
+            and not await runtime.can_see(request, thread_id)):
+        # Someone else's thread does not exist for this caller, nor one no store can keep.
+        return _no_thread(thread_id)
     loaded = await agent.load_state(thread_id, headers=headers or {})
     if loaded is not None:
         if not loaded.exists:
