@@ -1,9 +1,10 @@
 """Generated requests against every route of both protocols (Hypothesis).
 
-The server runs in a process of its own (`fuzz_support.server`). Whatever is sent: no 5xx,
-no stack trace or file path in an answer, every JSON answer parses, every started event
-stream (SSE or GraphQL multipart) ends properly, the server logs no unhandled error, and a
-normal chat works afterwards on both protocols. Its peak RSS stays under 200 MB.
+The server runs in a process of its own (`fuzz_support.server`), its threads and
+coordination on PostgreSQL (the strictest store). Whatever is sent: no 5xx, no stack trace or
+file path in an answer, every JSON answer parses, every started event stream (SSE or GraphQL
+multipart) ends properly, the server logs no unhandled error and no run it could not store,
+and a normal chat works afterwards on both protocols. Its peak RSS stays under 200 MB.
 
 The fast profile (fixed seed, 25 examples a test, 100 on the routes that start runs; the
 issue-14 faults as explicit examples) runs in the test command. The long one is random:
@@ -31,6 +32,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import free_port
+from tests.hitl_support.postgres import postgres_schema
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, chat_data, text_message
 
 BASE = "/api/copilotkit"
@@ -86,11 +88,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     port = free_port()
     log = tmp_path_factory.mktemp("fuzz") / "server.log"
     root = Path(__file__).resolve().parent.parent
-    with open(log, "wb") as out:
+    with postgres_schema() as store, open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.fuzz_support.server", str(port)], cwd=root,
+            [sys.executable, "-m", "tests.fuzz_support.server", str(port), store], cwd=root,
             stdout=out, stderr=subprocess.STDOUT)
-    served = Server(port, process, log)
+        yield from _serving(Server(port, process, log))
+
+
+def _serving(served: Server) -> Iterator[Server]:
+    process, log = served.process, served.log
     try:
         deadline = time.monotonic() + 60
         while b"ready" not in log.read_bytes():
@@ -139,7 +145,9 @@ def check_sse(route: str, data: bytes) -> None:
 
 def check_log(server: Server) -> None:
     log = server.log.read_bytes()
-    assert b"unhandled error" not in log, log[-3000:].decode(errors="replace")
+    # Nor a run that streamed and then could not be stored.
+    for fault in (b"unhandled error", b"could not store", b"could not write"):
+        assert fault not in log, log[-3000:].decode(errors="replace")
 
 
 # -- generated values ------------------------------------------------------------------------
@@ -239,6 +247,11 @@ JSON = {"Content-Type": "application/json"}
     260, 1), False)).encode())
 @example(agent="default", action="run", data=json.dumps(mutate("f3", "tools", [{
     "name": "t", "description": "", "parameters": nested(255, 1)}], False)).encode())
+# What PostgreSQL's text cannot hold (NUL) in ids and in a run's first message (its title).
+@example(agent="default", action="run", data=json.dumps(mutate("f5\x00", "messages", [
+    {"id": "u\x00", "role": "user", "content": "hi\x00"}], False)).encode())
+@example(agent="default", action="connect", data=json.dumps(mutate("f6", "runId", "r\x00",
+                                                                    False)).encode())
 def test_fuzz_agent_run_and_connect(server: Server, agent: str, action: str,
                                     data: bytes) -> None:
     status, _ = check(server, f"agent/{action}", "POST",
@@ -274,6 +287,7 @@ def test_fuzz_agent_stop(server: Server, agent: str, thread: str, data: bytes,
 @FUZZ
 @given(thread=ids, what=st.sampled_from(["messages", "events", "state", "x"]),
        agent=st.one_of(st.none(), ids), method=st.sampled_from(["GET", "HEAD", "POST"]))
+@example(thread="t\x00", what="messages", agent="\x00", method="GET")
 def test_fuzz_threads_and_info(server: Server, thread: str, what: str, agent: str | None,
                                method: str) -> None:
     query = f"?agentId={quote(agent)}" if agent is not None else ""
@@ -286,6 +300,7 @@ def test_fuzz_threads_and_info(server: Server, thread: str, what: str, agent: st
 @given(approval=ids, data=st.one_of(st.just(b""), body, json_values.map(
     lambda v: json.dumps({"decision": v}).encode())),
        method=st.sampled_from(["GET", "POST", "DELETE"]))
+@example(approval="\x00", data=b"", method="GET")
 def test_fuzz_approvals(server: Server, approval: str, data: bytes, method: str) -> None:
     check(server, "approvals", "GET", f"{BASE}/approvals")
     check(server, "approvals/x", method, f"{BASE}/approvals/{quote(approval)}", data, JSON)
