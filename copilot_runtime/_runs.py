@@ -31,7 +31,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, readable, storable
 from copilot_runtime.agents.base import Agent, RunContext
-from copilot_runtime.coordination import Coordinator, Lease, Signal
+from copilot_runtime.coordination import LEASE_LOST_CODE, Coordinator, Lease, Signal
 from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event, LastBatch
 from copilot_runtime.threads.base import (
@@ -53,6 +53,8 @@ Writer = Callable[[Sequence[Event]], Awaitable[None]]
 Published = tuple[int, Sequence[Event]]
 #: Seconds between writes of a running run's events to a durable store.
 FLUSH_INTERVAL = 0.2
+_LEASE_LOST_MESSAGE = ("The run was stopped: this server could not keep its hold on the "
+                       "thread, which another server may now take")
 _INPUT_KEYS = ("threadId", "runId", "parentRunId", "state", "messages", "tools", "context",
                "forwardedProps", "resume")
 
@@ -105,7 +107,9 @@ class ActiveRun:
     # -- control -----------------------------------------------------------------------
 
     def cancel(self, reason: str) -> bool:
-        """Stop the run from outside (`"stop"`) or because its client left (`"disconnect"`).
+        """Stop the run from outside (`"stop"`), because its client left (`"disconnect"`) or
+        because this process could not keep the thread's lease (`"lost"`: it ends with a
+        `RUN_ERROR` coded `LEASE_LOST`, as another worker may take the thread).
 
         A run reserved but not driven yet is stopped as soon as `drive` begins: its stream
         still starts and ends as a stop's does, and its agent is never asked."""
@@ -183,11 +187,13 @@ class ActiveRun:
             await stream.aclose()
             tail, self._held = self._held + self.order.closing_events(), []
             if not self.order.terminated:
-                tail.append(ev.run_finished(self.thread_id, self.run_id))
+                tail.append(ev.run_error(_LEASE_LOST_MESSAGE, code=LEASE_LOST_CODE)
+                            if reason == "lost" else
+                            ev.run_finished(self.thread_id, self.run_id))
                 self.order.terminated = True
             self._publish(tail)
             await self._finish()
-            if reason == "stop":
+            if reason != "disconnect":
                 await write(tail)
         finally:
             await stream.aclose()
@@ -492,7 +498,15 @@ class RunManager:
         return True
 
     def _stop_signalled(self, signal: Signal) -> None:
-        self.stop(signal.thread_id, signal.run_id)
+        if signal.kind == "lost":
+            run = self.active.get(signal.thread_id)
+            if run is not None and run.run_id == signal.run_id:
+                # Not released: given up already, and its server may not answer (the run's
+                # end would wait for it).
+                run.lease = None
+                run.cancel("lost")
+        else:
+            self.stop(signal.thread_id, signal.run_id)
 
     def flushed(self, run: ActiveRun, position: int) -> None:
         if self.on_flushed is not None:

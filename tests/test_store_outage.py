@@ -17,10 +17,11 @@ import orjson
 import psycopg
 import pytest
 
-from copilot_runtime import ServiceUnavailableError
+from copilot_runtime import CopilotRuntime, ServiceUnavailableError
+from copilot_runtime.coordination import LEASE_LOST_CODE
 from copilot_runtime.testing import MockOpenAIServer
 from copilot_runtime.threads import PostgresThreadStore
-from tests.conftest import ServeRuntime, free_port, openai_runtime
+from tests.conftest import GatedAgent, ServeRuntime, free_port, openai_runtime, poll
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, user_turn
 from tests.hitl_support.postgres import SERVER
 
@@ -74,9 +75,18 @@ class Proxy:
         self.schema = f"outage_{uuid.uuid4().hex[:10]}"
         self._server: asyncio.Server | None = None
         self._links: set[asyncio.Task[None]] = set()
+        #: Cleared by `hang`: what either side sends is held, connections stay open.
+        self._flowing = asyncio.Event()
+        self._flowing.set()
 
     async def up(self) -> None:
-        self._server = await asyncio.start_server(self._link, "127.0.0.1", self.port)
+        self._flowing.set()
+        if self._server is None:
+            self._server = await asyncio.start_server(self._link, "127.0.0.1", self.port)
+
+    def hang(self) -> None:
+        """The server stops answering, without closing or refusing anything."""
+        self._flowing.clear()
 
     async def down(self) -> None:
         if self._server is not None:
@@ -102,6 +112,7 @@ class Proxy:
                        linger: float = 0.0) -> None:
             with contextlib.suppress(OSError):
                 while data := await source.read(65536):
+                    await self._flowing.wait()
                     sink.write(data)
                     await sink.drain()
             await asyncio.sleep(linger)
@@ -222,6 +233,57 @@ async def test_a_coordinator_that_cannot_be_reached_answers_503(
         events = await served.run(_run("after"))
         assert events[-1]["type"] == "RUN_FINISHED"
         assert {t.thread_id for t in await store.list()} == {"before", "after"}
+
+
+@pytest.mark.parametrize("how", ["down", "hung"])
+@pytest.mark.parametrize("proxy", [5432, 6379], ids=["postgresql", "redis"], indirect=True)
+async def test_a_run_whose_lease_cannot_be_renewed_stops_before_the_lease_expires(
+        proxy: Proxy, serve_runtime: ServeRuntime, how: str) -> None:
+    """The coordinator goes away (or stops answering) while a run streams: the run's lease
+    cannot be renewed, and once it could expire before the next try the run ends (`RUN_ERROR`
+    coded `LEASE_LOST`, stored like any run) rather than streaming on while another worker
+    may take its thread (before, it streamed on for as long as its agent did)."""
+    ttl = 1.5
+    await proxy.up()
+    store = PostgresThreadStore(SERVER, schema=proxy.schema, timeout=TIMEOUT)
+    url = (f"postgresql://postgres@127.0.0.1:{proxy.port}/test?schema={proxy.schema}"
+           if proxy.target == 5432 else
+           f"redis://127.0.0.1:{proxy.port}/0?prefix={proxy.schema}:")
+    agent = GatedAgent()
+    runtime = CopilotRuntime(agents={"default": agent}, thread_store=store,
+                             coordinator=f"{url}&lease_ttl={ttl}")
+    async with serve_runtime(runtime) as served:
+        streaming = asyncio.create_task(served.run(_run("held")))
+        async for _ in poll(10):
+            if "held" in runtime.runs.active and len(runtime.runs.active["held"].events) > 1:
+                break
+        if how == "down":
+            await proxy.down()
+        else:
+            proxy.hang()
+        cut = time.monotonic()
+        events = await asyncio.wait_for(streaming, 10)
+        elapsed = time.monotonic() - cut
+        assert events[-1]["type"] == "RUN_ERROR", events
+        assert events[-1]["code"] == LEASE_LOST_CODE
+        assert [e["type"] for e in events[-3:-1]] == ["TEXT_MESSAGE_CONTENT",
+                                                       "TEXT_MESSAGE_END"]
+        # Before the lease could expire (the last renewal was at most a third of it ago).
+        assert elapsed < ttl, elapsed
+        record = await store.get("held")
+        assert record is not None
+        assert record.runs[-1].events[-1]["code"] == LEASE_LOST_CODE
+        # Once the coordinator is back (and the lease it kept has expired) the thread runs.
+        if how == "hung":
+            await proxy.down()  # what hung is cut: the clients open new connections
+        await proxy.up()
+        agent.gate.set()
+        async for _ in poll(10):
+            response = await served.post("/agent/default/run", {**_run("held"), "runId": "r2"})
+            if response.status == 200:
+                assert b'"RUN_FINISHED"' in await response.read()
+                break
+            assert response.status == 409, await response.text()
 
 
 async def test_a_session_the_server_ends_is_left_before_its_connection_closes(

@@ -14,10 +14,17 @@ dies a thread's run still blocks the thread.
 from __future__ import annotations
 
 from copilot_runtime._exceptions import ConfigurationError
-from copilot_runtime.coordination.base import Coordinator, Lease, Signal, Subscription
+from copilot_runtime.coordination.base import (
+    LEASE_LOST_CODE,
+    Coordinator,
+    Lease,
+    Signal,
+    Subscription,
+)
 from copilot_runtime.coordination.local import LocalCoordinator
 
-__all__ = ["Coordinator", "Lease", "LocalCoordinator", "Signal", "Subscription", "coordinator"]
+__all__ = ["LEASE_LOST_CODE", "Coordinator", "Lease", "LocalCoordinator", "Signal",
+           "Subscription", "coordinator"]
 
 
 def coordinator(url: str | None = None) -> Coordinator:

@@ -9,7 +9,9 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 import structlog
 
@@ -27,6 +29,11 @@ DEFAULT_LEASE_TTL = 10.0
 _RETRY = 1.0
 
 
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: a call given up on may still fail later
+
+
 class SharedCoordinator:
     shared = True
     #: What the backend's client raises when its server cannot be reached (set by each).
@@ -37,8 +44,12 @@ class SharedCoordinator:
         #: Who this process is, in the lease table (host, pid).
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self._held: dict[str, Lease] = {}
+        #: When each held lease was last confirmed (monotonic time its acquisition or last
+        #: renewal was sent): the server keeps it at least `lease_ttl` past that.
+        self._confirmed: dict[str, float] = {}
         self._hub = SignalHub()
         self._tasks: list[asyncio.Task[None]] = []
+        self._given_up: set[asyncio.Task[set[str]]] = set()
         self._started: asyncio.Future[None] | None = None
         self._closed = False
         self._acquiring: Batcher[tuple[str, str, str], Lease | None] = Batcher(
@@ -123,23 +134,48 @@ class SharedCoordinator:
             await asyncio.sleep(_RETRY)
 
     async def _renew_forever(self) -> None:
+        interval = self.lease_ttl / 3
         while True:
-            await asyncio.sleep(self.lease_ttl / 3)
+            await asyncio.sleep(interval)
             held = list(self._held.values())
             if not held:
                 continue
+            sent = time.monotonic()
+            oldest = min(self._confirmed.get(x.thread_id, sent) for x in held)
             try:
-                lost = await self._renew(held)
+                lost = await self._bounded(self._renew(held),
+                                           max(oldest + self.lease_ttl - sent, interval))
             except Exception as exc:
-                _log.warning("could not renew leases", error=str(exc))
-                continue
-            for thread_id in lost:
-                lease = self._held.pop(thread_id, None)
-                if lease is not None:
-                    # Another worker may start a run on the thread now: stop ours.
-                    _log.warning("lease lost; stopping its run", thread_id=thread_id,
+                _log.warning("could not renew leases", error=str(exc) or type(exc).__name__)
+                # A lease that may expire before the next try could be taken by another
+                # worker meanwhile: its run stops now, whatever the server says later.
+                deadline = time.monotonic() + interval
+                lost = {x.thread_id for x in held
+                        if self._confirmed.get(x.thread_id, sent) + self.lease_ttl <= deadline}
+            else:
+                for lease in held:
+                    if lease.thread_id not in lost and self._held.get(lease.thread_id) == lease:
+                        self._confirmed[lease.thread_id] = sent
+            for lease in held:
+                if lease.thread_id in lost and self._held.get(lease.thread_id) == lease:
+                    self._drop(lease)
+                    _log.warning("lease lost; stopping its run", thread_id=lease.thread_id,
                                  run_id=lease.run_id)
-                    self._hub.deliver(Signal("stop", thread_id, lease.run_id))
+                    self._hub.deliver(Signal("lost", lease.thread_id, lease.run_id))
+
+    async def _bounded(self, call: Coroutine[Any, Any, set[str]], seconds: float) -> set[str]:
+        """`call`'s result, or TimeoutError after `seconds`: a server that stopped answering
+        must not hold the renewals past the leases' life. The call is cancelled but not
+        waited for (a driver may take seconds more to give up on a hung server)."""
+        task = asyncio.ensure_future(call)
+        done, _ = await asyncio.wait([task], timeout=seconds)
+        if task in done:
+            return task.result()
+        task.cancel()
+        self._given_up.add(task)  # held until it ends: a pending task may not be collected
+        task.add_done_callback(self._given_up.discard)
+        task.add_done_callback(_retrieved)
+        raise TimeoutError
 
     async def aclose(self) -> None:
         if self._closed:
@@ -149,6 +185,7 @@ class SharedCoordinator:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._held.clear()
+        self._confirmed.clear()
         if self._started is not None:
             await self._disconnect()
 
@@ -157,8 +194,9 @@ class SharedCoordinator:
     async def acquire(self, thread_id: str, run_id: str) -> Lease | None:
         async with self._reachable():
             await self.start()
+            asked = time.monotonic()  # sent no sooner: the lease lives at least ttl from here
             lease = await self._acquiring((thread_id, run_id, new_token()))
-        return None if lease is None else self._hold(lease)
+        return None if lease is None else self._hold(lease, asked)
 
     async def finish(self, lease: Lease) -> None:
         self._drop(lease)
@@ -186,10 +224,12 @@ class SharedCoordinator:
     def on_stop(self, handler: Callable[[Signal], object]) -> None:
         self._hub.stop_handler = handler
 
-    def _hold(self, lease: Lease) -> Lease:
+    def _hold(self, lease: Lease, confirmed: float) -> Lease:
         self._held[lease.thread_id] = lease
+        self._confirmed[lease.thread_id] = confirmed
         return lease
 
     def _drop(self, lease: Lease) -> None:
         if self._held.get(lease.thread_id) == lease:
             del self._held[lease.thread_id]
+            self._confirmed.pop(lease.thread_id, None)

@@ -20,9 +20,16 @@ import orjson
 
 from copilot_runtime.limits import CounterBackend
 
-__all__ = ["Coordinator", "Lease", "Signal", "SignalHub", "Subscription", "new_token"]
+__all__ = ["LEASE_LOST_CODE", "Coordinator", "Lease", "Signal", "SignalHub", "Subscription",
+           "new_token"]
 
-SignalKind = Literal["progress", "end", "stop"]
+#: The code of the `RUN_ERROR` that ends a run whose worker could not keep its thread's
+#: lease (the coordinator unreachable for the lease's life, or the lease taken over).
+LEASE_LOST_CODE = "LEASE_LOST"
+
+#: `lost` never crosses workers: this process could not keep a thread's lease, so it stops
+#: the thread's run before another worker may start one.
+SignalKind = Literal["progress", "end", "stop", "lost"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +122,7 @@ class SignalHub:
                 del self._subscriptions[subscription.thread_id]
 
     def deliver(self, signal: Signal) -> None:
-        if signal.kind == "stop" and self.stop_handler is not None:
+        if signal.kind in ("stop", "lost") and self.stop_handler is not None:
             self.stop_handler(signal)
         for subscription in self._subscriptions.get(signal.thread_id, ()):
             subscription.queue.put_nowait(signal)
