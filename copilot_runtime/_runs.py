@@ -30,6 +30,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, readable, storable
+from copilot_runtime._shared_runs import follow
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.coordination import LEASE_LOST_CODE, Coordinator, Lease, Signal
 from copilot_runtime.event_order import RunEventOrder
@@ -540,9 +541,7 @@ class RunManager:
         """A thread's events after position `after` (all for -1): its stored runs, then the
         live run if there is one, to its end."""
         if self.coordinator is not None and thread_id not in self.active:
-            from copilot_runtime._shared_runs import follow
-
-            async for followed in follow(self, thread_id, after):
+            async for followed in follow(self.coordinator, self.store, thread_id, after):
                 yield followed
             return
         live = self.active.get(thread_id)

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Container, Sequence
 
 import structlog
 
 from copilot_runtime.coordination import Coordinator, Signal
 from copilot_runtime.threads.base import DurableThreadStore, Positioned, ThreadStore
-
-if TYPE_CHECKING:
-    from copilot_runtime._runs import RunManager
 
 __all__ = ["RecoverySweep", "follow"]
 
@@ -32,13 +28,10 @@ _FORGET_AFTER = 3600.0
 POLL = 1.0
 
 
-async def follow(runs: RunManager, thread_id: str, after: int = -1
+async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, after: int = -1
                  ) -> AsyncIterator[Sequence[Positioned]]:
     """The thread's stored events after position `after` (all for -1), then those of its
     live run on any worker, to the run's end; each with its position."""
-    coordinator = runs.coordinator
-    assert coordinator is not None
-    store = runs.store
     with coordinator.subscribe(thread_id) as signals:
         batch, position = await _read(store, thread_id, after)
         # Followed from now on: its worker signals its progress and end to us.
@@ -73,11 +66,13 @@ async def _read(store: ThreadStore, thread_id: str, position: int
 
 
 class RecoverySweep:
-    """Every `interval` seconds, close the open runs whose lease expired as interrupted."""
+    """Every `interval` seconds, close the open runs whose lease expired as interrupted
+    (none of `active`, the threads whose runs this process drives)."""
 
-    def __init__(self, runs: RunManager, coordinator: Coordinator,
-                 interval: float | None = None) -> None:
-        self.runs = runs
+    def __init__(self, store: DurableThreadStore | None, active: Container[str],
+                 coordinator: Coordinator, interval: float | None = None) -> None:
+        self.store = store
+        self.active = active
         self.coordinator = coordinator
         self.interval = interval if interval is not None else min(5.0,
                                                                   coordinator.lease_ttl / 2)
@@ -85,7 +80,7 @@ class RecoverySweep:
         self._forgot = float("-inf")
 
     def start(self) -> None:
-        if self._task is None and self.runs.durable is not None:
+        if self._task is None and self.store is not None:
             self._task = asyncio.create_task(self._loop())
 
     async def aclose(self) -> None:
@@ -105,12 +100,12 @@ class RecoverySweep:
 
     async def sweep(self) -> int:
         """Close the runs whose worker is gone; how many this worker closed."""
-        store: DurableThreadStore | None = self.runs.durable
+        store = self.store
         if store is None:
             return 0
         closed = 0
         for thread_id, run_id in await store.open_runs():
-            if thread_id in self.runs.active or \
+            if thread_id in self.active or \
                     await self.coordinator.holder(thread_id) is not None:
                 continue
             lease = await self.coordinator.acquire(thread_id, f"recovery:{run_id}")

@@ -19,7 +19,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from copilot_runtime._exceptions import ConfigurationError, RateLimitedError
+from copilot_runtime._exceptions import (
+    ConfigurationError,
+    RateLimitedError,
+    ServiceUnavailableError,
+)
 from copilot_runtime.auth import RequestInfo
 
 __all__ = [
@@ -132,29 +136,42 @@ class RedisCounters:
     Each check is one Lua script, so concurrent workers cannot both take the last slot.
     """
 
-    def __init__(self, url: str, *, prefix: str = "copilot-runtime:limits:") -> None:
+    def __init__(self, url: str, *, prefix: str = "copilot-runtime:limits:",
+                 name: str = "The rate limits' Redis", timeout: float = 5.0) -> None:
         try:
             import redis.asyncio as aioredis
+            from redis.exceptions import ConnectionError, TimeoutError
         except ImportError as exc:
             raise ConfigurationError(
                 "Redis rate limits need redis-py: pip install 'copilot-runtime[redis]'") from exc
         self.prefix = prefix
-        self._redis: Any = aioredis.from_url(url)
+        #: Who cannot be reached, in the 503 a request gets while Redis is away.
+        self.name = name
+        self._unreachable = (ConnectionError, TimeoutError)
+        # Bounded: a request waits on these before its run starts.
+        self._redis: Any = aioredis.from_url(url, socket_connect_timeout=timeout,
+                                             socket_timeout=timeout)
         self._hit = self._redis.register_script(_HIT)
         self._acquire = self._redis.register_script(_ACQUIRE)
         self._release = self._redis.register_script(_RELEASE)
 
     async def hit(self, key: str, limit: int, window: float) -> float:
-        # Redis' clock, not ours: every worker then measures the window the same way.
-        seconds, micros = await self._redis.time()
-        now = seconds + micros / 1e6
-        result = await self._hit(keys=[self.prefix + "rate:" + key],
-                                 args=[now, window, limit, f"{now}:{uuid.uuid4().hex[:8]}"])
+        try:
+            # Redis' clock, not ours: every worker then measures the window the same way.
+            seconds, micros = await self._redis.time()
+            now = seconds + micros / 1e6
+            result = await self._hit(keys=[self.prefix + "rate:" + key],
+                                     args=[now, window, limit, f"{now}:{uuid.uuid4().hex[:8]}"])
+        except self._unreachable as exc:
+            raise ServiceUnavailableError(f"{self.name} cannot be reached") from exc
         return float(result)
 
     async def acquire(self, key: str, limit: int) -> bool:
-        return bool(await self._acquire(keys=[self.prefix + "slots:" + key],
-                                        args=[limit, _SLOT_TTL]))
+        try:
+            return bool(await self._acquire(keys=[self.prefix + "slots:" + key],
+                                            args=[limit, _SLOT_TTL]))
+        except self._unreachable as exc:
+            raise ServiceUnavailableError(f"{self.name} cannot be reached") from exc
 
     async def release(self, key: str) -> None:
         await self._release(keys=[self.prefix + "slots:" + key])

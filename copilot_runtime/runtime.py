@@ -105,7 +105,8 @@ class CopilotRuntime:
                 "thread_store=thread_store('postgresql://...') (the in-memory store is this "
                 "process's alone)")
         self.runs = RunManager(self.store, max_run_bytes, self.coordinator)
-        self._sweep: RecoverySweep | None = RecoverySweep(self.runs, self.coordinator) \
+        self._sweep: RecoverySweep | None = RecoverySweep(
+            self.runs.durable, self.runs.active, self.coordinator) \
             if self.coordinator.shared else None
         if auth is not None and not isinstance(auth, Authenticator):
             raise ConfigurationError("auth needs an async authenticate(request) method")

@@ -102,7 +102,8 @@ async def test_the_sweep_closes_a_dead_workers_run_once(workers: Any, url: str) 
         ev.run_started("t-dead", "r-dead", {}), ev.text_message_start("m1"),
         ev.text_message_content("m1", "half an ans")])
     await dead.aclose()  # the worker dies: nobody renews its lease
-    sweeps = [RecoverySweep(a.runs, a.coordinator), RecoverySweep(b.runs, b.coordinator)]
+    sweeps = [RecoverySweep(a.runs.durable, a.runs.active, a.coordinator),
+              RecoverySweep(b.runs.durable, b.runs.active, b.coordinator)]
     assert sum(await asyncio.gather(*(s.sweep() for s in sweeps))) == 0  # not expired yet
     assert await store.open_runs() == [("t-dead", "r-dead")]
     await asyncio.sleep(0.8)
@@ -200,7 +201,8 @@ async def test_the_sweep_clears_a_dead_workers_redis_marker(tmp_path: Path) -> N
             await store.append_events("t-dead", "default", "r-dead", time.time(), 0, [  # type: ignore[attr-defined]
                 ev.run_started("t-dead", "r-dead", {})])
             await dead.aclose()
-            sweep = RecoverySweep(runtime.runs, runtime.runs.coordinator)  # type: ignore[arg-type]
+            sweep = RecoverySweep(runtime.runs.durable, runtime.runs.active,
+                                  runtime.runs.coordinator)  # type: ignore[arg-type]
             closed = await eventually(sweep.sweep, deadline=5, what="the sweep closed it")
             assert closed == 1
             assert await store.open_runs() == []  # type: ignore[attr-defined]

@@ -17,7 +17,7 @@ import orjson
 import psycopg
 import pytest
 
-from copilot_runtime import CopilotRuntime, ServiceUnavailableError
+from copilot_runtime import CopilotRuntime, RateLimit, ServiceUnavailableError, coordinator
 from copilot_runtime.coordination import LEASE_LOST_CODE
 from copilot_runtime.testing import MockOpenAIServer
 from copilot_runtime.threads import PostgresThreadStore
@@ -208,9 +208,10 @@ async def test_reads_give_up_after_the_timeout(silent: int) -> None:
     await store.aclose()
 
 
+@pytest.mark.parametrize("how", ["down", "hung"])
 @pytest.mark.parametrize("proxy", [5432, 6379], ids=["postgresql", "redis"], indirect=True)
 async def test_a_coordinator_that_cannot_be_reached_answers_503(
-        proxy: Proxy, llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+        proxy: Proxy, llm: MockOpenAIServer, serve_runtime: ServeRuntime, how: str) -> None:
     """The coordinator's server (PostgreSQL or Redis) goes away while the runtime serves (the
     thread store's stays): runs are refused with a 503 naming the coordinator, and taken
     again once it is back."""
@@ -219,20 +220,60 @@ async def test_a_coordinator_that_cannot_be_reached_answers_503(
     url = (f"postgresql://postgres@127.0.0.1:{proxy.port}/test?schema={proxy.schema}"
            if proxy.target == 5432 else
            f"redis://127.0.0.1:{proxy.port}/0?prefix={proxy.schema}:")
-    runtime = openai_runtime(llm, thread_store=store, coordinator=url)
+    shared = coordinator(url)
+    shared.timeout = TIMEOUT  # type: ignore[attr-defined]
+    runtime = openai_runtime(llm, thread_store=store, coordinator=shared)
     async with serve_runtime(runtime) as served:
         events = await served.run(_run("before"))
         assert events[-1]["type"] == "RUN_FINISHED"
-        await proxy.down()
+        if how == "down":
+            await proxy.down()
+        else:
+            proxy.hang()
+        started = time.monotonic()
         response = await served.post("/agent/default/run", _run("during"))
         assert response.status == 503, await response.text()
+        assert time.monotonic() - started < 3 * TIMEOUT
         assert response.headers["retry-after"] == "1"
         assert (await response.json())["message"] == "The coordinator cannot be reached"
         assert "during" not in runtime.runs.active
+        if how == "hung":
+            await proxy.down()
         await proxy.up()
         events = await served.run(_run("after"))
         assert events[-1]["type"] == "RUN_FINISHED"
         assert {t.thread_id for t in await store.list()} == {"before", "after"}
+
+
+@pytest.mark.parametrize("limit", ["runs_per_minute", "concurrent_runs"])
+@pytest.mark.parametrize("proxy", [5432, 6379], ids=["postgresql", "redis"], indirect=True)
+async def test_rate_limits_counted_by_a_coordinator_that_cannot_be_reached_answer_503(
+        proxy: Proxy, llm: MockOpenAIServer, serve_runtime: ServeRuntime, limit: str) -> None:
+    """Rate limits counted in the coordinator's server: while it is down a run is refused
+    with the coordinator's 503 (on PostgreSQL a per-minute limit was a 500 before), and
+    counted again once it is back."""
+    await proxy.up()
+    store = PostgresThreadStore(SERVER, schema=proxy.schema, timeout=TIMEOUT)
+    url = (f"postgresql://postgres@127.0.0.1:{proxy.port}/test?schema={proxy.schema}"
+           if proxy.target == 5432 else
+           f"redis://127.0.0.1:{proxy.port}/0?prefix={proxy.schema}:")
+    shared = coordinator(url)
+    shared.timeout = TIMEOUT  # type: ignore[attr-defined]
+    runtime = openai_runtime(llm, thread_store=store, coordinator=shared,
+                             rate_limit=RateLimit(**{limit: 100}))
+    async with serve_runtime(runtime) as served:
+        assert (await served.run(_run("before")))[-1]["type"] == "RUN_FINISHED"
+        await proxy.down()
+        response = await served.post("/agent/default/run", _run("during"))
+        assert response.status == 503, await response.text()
+        assert (await response.json())["message"] == "The coordinator cannot be reached"
+        await proxy.up()
+        async for _ in poll(10):
+            response = await served.post("/agent/default/run", _run("after"))
+            if response.status == 200:
+                break
+            assert response.status == 503, await response.text()
+        assert b'"RUN_FINISHED"' in await response.read()
 
 
 @pytest.mark.parametrize("how", ["down", "hung"])

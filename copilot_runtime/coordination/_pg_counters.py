@@ -4,28 +4,33 @@
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from copilot_runtime.coordination.postgres import PostgresCoordinator
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 __all__ = ["PostgresCounters"]
+
+#: Runs a statement on a pooled connection: its rows (the server unreachable: a 503).
+Fetch = Callable[[str, tuple[Any, ...] | dict[str, Any]], Awaitable[list[tuple[Any, ...]]]]
 
 #: A concurrency slot a crashed worker never gave back frees itself after this long.
 _SLOT_TTL = 3600
 
 
 class PostgresCounters:
-    def __init__(self, coordinator: PostgresCoordinator) -> None:
-        self.coordinator = coordinator
-        schema = coordinator.schema
+    """The counters in `schema`, through the coordinator's connections: `fetch` runs one
+    statement, `transaction` gives a connection inside a transaction."""
+
+    def __init__(self, schema: str, fetch: Fetch,
+                 transaction: Callable[[], AbstractAsyncContextManager[Any]]) -> None:
+        self._fetch = fetch
+        self._transaction = transaction
         self.hits = f'"{schema}".rate_hits'
         self.slots = f'"{schema}".rate_slots'
 
     async def hit(self, key: str, limit: int, window: float) -> float:
-        await self.coordinator.start()
         # Serialized per key by a transaction lock; measured by the database's clock.
-        async with self.coordinator._pool.connection() as conn, conn.transaction():
+        async with self._transaction() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (key,))
             cursor = await conn.execute(
                 f"SELECT extract(epoch FROM clock_timestamp())::float8, count(*), "
@@ -43,7 +48,7 @@ class PostgresCounters:
         return 0.0
 
     async def acquire(self, key: str, limit: int) -> bool:
-        rows = await self.coordinator._fetch(
+        rows = await self._fetch(
             f"INSERT INTO {self.slots} AS s (key, taken, expires_at) VALUES "
             f"(%(key)s, 1, now() + make_interval(secs => %(ttl)s)) ON CONFLICT (key) DO UPDATE "
             f"SET taken = CASE WHEN s.expires_at < now() THEN 1 ELSE s.taken + 1 END, "
@@ -53,7 +58,7 @@ class PostgresCounters:
         return bool(rows)
 
     async def release(self, key: str) -> None:
-        await self.coordinator._fetch(
+        await self._fetch(
             f"UPDATE {self.slots} SET taken = greatest(taken - 1, 0) WHERE key = %s", (key,))
 
     async def aclose(self) -> None:

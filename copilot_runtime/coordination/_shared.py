@@ -11,7 +11,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -21,15 +21,20 @@ from copilot_runtime.coordination.base import Lease, Signal, SignalHub, Subscrip
 
 __all__ = ["SharedCoordinator"]
 
+R = TypeVar("R")
+
 _log = structlog.get_logger("copilot_runtime.coordination")
 
 #: A lease's default time to live: a dead worker's thread is free again within this long.
 DEFAULT_LEASE_TTL = 10.0
 #: The longest wait before retrying a lost connection for signals.
 _RETRY = 1.0
+#: The longest a call waits for the coordinator's server by default (one that stopped
+#: answering, behind a network that drops packets, would hold it for minutes).
+DEFAULT_TIMEOUT = 10.0
 
 
-def _retrieved(task: asyncio.Task[Any]) -> None:
+def _retrieved(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()  # retrieved: a call given up on may still fail later
 
@@ -41,6 +46,9 @@ class SharedCoordinator:
 
     def __init__(self, lease_ttl: float) -> None:
         self.lease_ttl = lease_ttl
+        #: Seconds a call (a lease taken or given back, a signal sent) waits for the server
+        #: before it fails as unreachable.
+        self.timeout = DEFAULT_TIMEOUT
         #: Who this process is, in the lease table (host, pid).
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self._held: dict[str, Lease] = {}
@@ -49,7 +57,7 @@ class SharedCoordinator:
         self._confirmed: dict[str, float] = {}
         self._hub = SignalHub()
         self._tasks: list[asyncio.Task[None]] = []
-        self._given_up: set[asyncio.Task[set[str]]] = set()
+        self._given_up: set[asyncio.Future[Any]] = set()
         self._started: asyncio.Future[None] | None = None
         self._closed = False
         self._acquiring: Batcher[tuple[str, str, str], Lease | None] = Batcher(
@@ -92,10 +100,13 @@ class SharedCoordinator:
 
     @contextlib.asynccontextmanager
     async def _reachable(self) -> AsyncIterator[None]:
-        """The block, its backend's connection failures a ServiceUnavailableError (503)."""
+        """The block, within `timeout`; its backend's connection failures, and a server
+        that does not answer in time, a ServiceUnavailableError (503)."""
+        failures: tuple[type[BaseException], ...] = (TimeoutError, *self.unreachable)
         try:
-            yield
-        except self.unreachable as exc:
+            async with asyncio.timeout(self.timeout):
+                yield
+        except failures as exc:
             raise ServiceUnavailableError("The coordinator cannot be reached") from exc
 
     async def start(self) -> None:
@@ -104,21 +115,18 @@ class SharedCoordinator:
                 started.cancelled() or started.exception() is not None):
             self._started = None  # the server was down: try again
         if self._started is None:
-            self._started = asyncio.get_running_loop().create_future()
-            try:
-                await self._connect()
-                ready = asyncio.get_running_loop().create_future()
-                self._tasks = [asyncio.create_task(self._listen_forever(ready)),
-                               asyncio.create_task(self._renew_forever())]
-                await asyncio.wait([ready, self._tasks[0]],
-                                   return_when=asyncio.FIRST_COMPLETED)
-                self._started.set_result(None)
-            except BaseException as exc:
-                self._started.set_exception(exc)
-                self._started.exception()  # retrieved: later callers re-raise it
-                raise
-        else:
-            await asyncio.shield(self._started)
+            # A task of its own: a caller that stops waiting (its timeout) does not cut the
+            # connecting short for the others.
+            self._started = asyncio.ensure_future(self._start())
+            self._started.add_done_callback(_retrieved)
+        await asyncio.shield(self._started)
+
+    async def _start(self) -> None:
+        await self._connect()
+        ready = asyncio.get_running_loop().create_future()
+        self._tasks = [asyncio.create_task(self._listen_forever(ready)),
+                       asyncio.create_task(self._renew_forever())]
+        await asyncio.wait([ready, self._tasks[0]], return_when=asyncio.FIRST_COMPLETED)
 
     async def _listen_forever(self, ready: asyncio.Future[None]) -> None:
         while True:
@@ -143,8 +151,10 @@ class SharedCoordinator:
             sent = time.monotonic()
             oldest = min(self._confirmed.get(x.thread_id, sent) for x in held)
             try:
-                lost = await self._bounded(self._renew(held),
-                                           max(oldest + self.lease_ttl - sent, interval))
+                # Bounded: a server that stopped answering must not hold the renewals past
+                # the leases' life.
+                async with asyncio.timeout(max(oldest + self.lease_ttl - sent, interval)):
+                    lost = await self._renew(held)
             except Exception as exc:
                 _log.warning("could not renew leases", error=str(exc) or type(exc).__name__)
                 # A lease that may expire before the next try could be taken by another
@@ -163,24 +173,27 @@ class SharedCoordinator:
                                  run_id=lease.run_id)
                     self._hub.deliver(Signal("lost", lease.thread_id, lease.run_id))
 
-    async def _bounded(self, call: Coroutine[Any, Any, set[str]], seconds: float) -> set[str]:
-        """`call`'s result, or TimeoutError after `seconds`: a server that stopped answering
-        must not hold the renewals past the leases' life. The call is cancelled but not
-        waited for (a driver may take seconds more to give up on a hung server)."""
+    async def _detached(self, call: Coroutine[Any, Any, R]) -> R:
+        """`call`'s result, the call made in a task of its own: a caller that stops waiting
+        (its timeout) cancels it without waiting for it to end, as a driver may take seconds
+        more to give up on a server that stopped answering (psycopg's cancel request)."""
         task = asyncio.ensure_future(call)
-        done, _ = await asyncio.wait([task], timeout=seconds)
-        if task in done:
-            return task.result()
-        task.cancel()
-        self._given_up.add(task)  # held until it ends: a pending task may not be collected
-        task.add_done_callback(self._given_up.discard)
-        task.add_done_callback(_retrieved)
-        raise TimeoutError
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()
+            self._given_up.add(task)  # held until it ends: a pending task may be collected
+            task.add_done_callback(self._given_up.discard)
+            task.add_done_callback(_retrieved)
+            raise
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._started is not None and not self._started.done():
+            self._started.cancel()
+            await asyncio.gather(self._started, return_exceptions=True)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

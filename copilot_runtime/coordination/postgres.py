@@ -14,11 +14,14 @@ the database's clock, so workers' clocks need not agree.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime._url_options import lease_ttl_option, pool_size_option, split_options
+from copilot_runtime.coordination._pg_counters import PostgresCounters
 from copilot_runtime.coordination._shared import (
     DEFAULT_LEASE_TTL,
     SharedCoordinator,
@@ -70,8 +73,10 @@ class PostgresCoordinator(SharedCoordinator):
 
         from copilot_runtime._pg_lane import check_alive
 
+        # A check-out waits at most as long as a connection attempt (the pool's default,
+        # 30 s, held a request that long while the server was down).
         pool = AsyncConnectionPool(self.conninfo, min_size=1, max_size=self.max_connections,
-                                   kwargs={"autocommit": True}, open=False,
+                                   kwargs={"autocommit": True}, open=False, timeout=5.0,
                                    configure=_configure, check=check_alive)
         try:
             await pool.open(wait=True, timeout=15)
@@ -152,13 +157,17 @@ class PostgresCoordinator(SharedCoordinator):
                      ) -> list[tuple[Any, ...]]:
         async with self._reachable():
             await self.start()
-            async with self._pool.connection() as conn:
-                return await _rows(conn.cursor(), query, params)
+            return await self._detached(self._pooled(query, params))
+
+    async def _pooled(self, query: str, params: tuple[Any, ...] | dict[str, Any]
+                      ) -> list[tuple[Any, ...]]:
+        async with self._pool.connection() as conn:
+            return await _rows(conn.cursor(), query, params)
 
     async def _fetch_on(self, lane: Any, query: str, params: tuple[Any, ...]
                         ) -> list[tuple[Any, ...]]:
-        async with self._reachable(), lane as cursor:
-            return await _rows(cursor, query, params)
+        async with self._reachable():
+            return await self._detached(_rows_on(lane, query, params))
 
     async def _acquire_many(self, asked: list[tuple[str, str, str]]) -> list[Lease | None]:
         first: dict[str, tuple[str, str, str]] = {}
@@ -224,9 +233,14 @@ class PostgresCoordinator(SharedCoordinator):
         return int(rows[0][0]) if rows else 0
 
     def counters(self) -> CounterBackend:
-        from copilot_runtime.coordination._pg_counters import PostgresCounters
+        return PostgresCounters(self.schema, self._fetch, self._transaction)
 
-        return PostgresCounters(self)
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[Any]:
+        async with self._reachable():
+            await self.start()
+            async with self._pool.connection() as conn, conn.transaction():
+                yield conn
 
     async def _publish_many(self, signals: list[Signal]) -> list[None]:
         # A signal too long for NOTIFY is not sent (followers poll the store). A run's
@@ -239,6 +253,11 @@ class PostgresCoordinator(SharedCoordinator):
             f"(SELECT 1 FROM {self.table} l WHERE l.thread_id = s.thread_id AND l.followed)",
             (self.channel, [p for p, _ in sent], [t for _, t in sent]))
         return [None] * len(signals)
+
+
+async def _rows_on(lane: Any, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    async with lane as cursor:
+        return await _rows(cursor, query, params)
 
 
 async def _rows(cursor: Any, query: str, params: tuple[Any, ...] | dict[str, Any]

@@ -190,7 +190,8 @@ class RedisCoordinator(SharedCoordinator):
         return 0  # Redis drops an expired lease (and, a day later, its marker) by itself
 
     def counters(self) -> CounterBackend:
-        return RedisCounters(self.url, prefix=f"{self.prefix}limits:")
+        return RedisCounters(self.url, prefix=f"{self.prefix}limits:",
+                             name="The coordinator")
 
     async def _publish_many(self, signals: list[Signal]) -> list[None]:
         # A run's progress only to followers of that run; other signals to every worker.
