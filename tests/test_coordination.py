@@ -14,6 +14,7 @@ import pytest
 
 from copilot_runtime import ConfigurationError, coordinator
 from copilot_runtime.coordination import Coordinator, LocalCoordinator, Signal
+from copilot_runtime.coordination._shared import within
 from tests.scale_support.services import postgres_schema, redis_prefix
 
 pytestmark = pytest.mark.timeout(60)
@@ -473,3 +474,39 @@ async def test_redis_scripts_the_server_lost_are_sent_again() -> None:
             await admin.aclose()
             await a.aclose()
             await b.aclose()
+
+
+async def test_a_deadline_holds_against_a_block_that_cleans_up_slowly() -> None:
+    """`within` is `asyncio.timeout` for a block that, cancelled, takes its time to clean up
+    (psycopg asks a hung server to cancel the statement and waits up to 5 s): cancelled
+    again, it gives up, and the caller gets its TimeoutError at the deadline."""
+    task = asyncio.current_task()
+    assert task is not None
+
+    async def slow_to_give_up() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(5)  # interrupted by the second cancellation
+            raise
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        async with within(0.2):
+            await slow_to_give_up()
+    assert time.monotonic() - started < 1.0
+    assert task.cancelling() == 0  # the cancellations it sent are taken back
+    async with within(0.2):
+        await asyncio.sleep(0.01)  # in time: nothing happens
+    await asyncio.sleep(0.3)  # and nothing after the block either
+
+    # A cancellation from outside stays one.
+    async def cancelled_from_outside() -> None:
+        async with within(5):
+            await asyncio.sleep(30)
+
+    outside = asyncio.create_task(cancelled_from_outside())
+    await asyncio.sleep(0.05)
+    outside.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await outside

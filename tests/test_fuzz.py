@@ -32,8 +32,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import free_port
-from tests.hitl_support.postgres import postgres_schema
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, chat_data, text_message
+from tests.hitl_support.postgres import postgres_schema
 
 BASE = "/api/copilotkit"
 LONG = os.environ.get("COPILOT_FUZZ") == "long"

@@ -10,8 +10,8 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import structlog
 
@@ -21,7 +21,6 @@ from copilot_runtime.coordination.base import Lease, Signal, SignalHub, Subscrip
 
 __all__ = ["SharedCoordinator"]
 
-R = TypeVar("R")
 
 _log = structlog.get_logger("copilot_runtime.coordination")
 
@@ -32,6 +31,45 @@ _RETRY = 1.0
 #: The longest a call waits for the coordinator's server by default (one that stopped
 #: answering, behind a network that drops packets, would hold it for minutes).
 DEFAULT_TIMEOUT = 10.0
+
+
+#: How often a block still running past its deadline is cancelled again.
+_AGAIN = 0.05
+
+
+@contextlib.asynccontextmanager
+async def within(seconds: float) -> AsyncIterator[None]:
+    """The block, cancelled after `seconds` (then TimeoutError), like `asyncio.timeout`; but
+    a block still running after its cancellation is cancelled again, every `_AGAIN` seconds.
+    psycopg answers a cancelled statement by asking the server to cancel it and waiting up
+    to 5 s for that: from a server that stopped answering, those 5 s would be added to the
+    deadline. Cancelled again, it closes the connection at once."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    sent = 0
+    handle: asyncio.TimerHandle
+
+    def cancel() -> None:
+        nonlocal handle, sent
+        sent += 1
+        task.cancel()
+        handle = loop.call_later(_AGAIN, cancel)
+
+    handle = loop.call_later(seconds, cancel)
+    try:
+        yield
+    except asyncio.CancelledError:
+        if sent == 0:
+            raise
+        handle.cancel()
+        for _ in range(sent):
+            task.uncancel()
+        if task.cancelling():
+            raise  # cancelled by someone else too: theirs to handle
+        raise TimeoutError from None
+    finally:
+        handle.cancel()
 
 
 def _retrieved(task: asyncio.Future[Any]) -> None:
@@ -57,7 +95,6 @@ class SharedCoordinator:
         self._confirmed: dict[str, float] = {}
         self._hub = SignalHub()
         self._tasks: list[asyncio.Task[None]] = []
-        self._given_up: set[asyncio.Future[Any]] = set()
         self._started: asyncio.Future[None] | None = None
         self._closed = False
         self._acquiring: Batcher[tuple[str, str, str], Lease | None] = Batcher(
@@ -104,7 +141,7 @@ class SharedCoordinator:
         that does not answer in time, a ServiceUnavailableError (503)."""
         failures: tuple[type[BaseException], ...] = (TimeoutError, *self.unreachable)
         try:
-            async with asyncio.timeout(self.timeout):
+            async with within(self.timeout):
                 yield
         except failures as exc:
             raise ServiceUnavailableError("The coordinator cannot be reached") from exc
@@ -153,7 +190,7 @@ class SharedCoordinator:
             try:
                 # Bounded: a server that stopped answering must not hold the renewals past
                 # the leases' life.
-                async with asyncio.timeout(max(oldest + self.lease_ttl - sent, interval)):
+                async with within(max(oldest + self.lease_ttl - sent, interval)):
                     lost = await self._renew(held)
             except Exception as exc:
                 _log.warning("could not renew leases", error=str(exc) or type(exc).__name__)
@@ -172,20 +209,6 @@ class SharedCoordinator:
                     _log.warning("lease lost; stopping its run", thread_id=lease.thread_id,
                                  run_id=lease.run_id)
                     self._hub.deliver(Signal("lost", lease.thread_id, lease.run_id))
-
-    async def _detached(self, call: Coroutine[Any, Any, R]) -> R:
-        """`call`'s result, the call made in a task of its own: a caller that stops waiting
-        (its timeout) cancels it without waiting for it to end, as a driver may take seconds
-        more to give up on a server that stopped answering (psycopg's cancel request)."""
-        task = asyncio.ensure_future(call)
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            task.cancel()
-            self._given_up.add(task)  # held until it ends: a pending task may be collected
-            task.add_done_callback(self._given_up.discard)
-            task.add_done_callback(_retrieved)
-            raise
 
     async def aclose(self) -> None:
         if self._closed:

@@ -157,17 +157,13 @@ class PostgresCoordinator(SharedCoordinator):
                      ) -> list[tuple[Any, ...]]:
         async with self._reachable():
             await self.start()
-            return await self._detached(self._pooled(query, params))
-
-    async def _pooled(self, query: str, params: tuple[Any, ...] | dict[str, Any]
-                      ) -> list[tuple[Any, ...]]:
-        async with self._pool.connection() as conn:
-            return await _rows(conn.cursor(), query, params)
+            async with self._pool.connection() as conn:
+                return await _rows(conn.cursor(), query, params)
 
     async def _fetch_on(self, lane: Any, query: str, params: tuple[Any, ...]
                         ) -> list[tuple[Any, ...]]:
-        async with self._reachable():
-            return await self._detached(_rows_on(lane, query, params))
+        async with self._reachable(), lane as cursor:
+            return await _rows(cursor, query, params)
 
     async def _acquire_many(self, asked: list[tuple[str, str, str]]) -> list[Lease | None]:
         first: dict[str, tuple[str, str, str]] = {}
@@ -253,11 +249,6 @@ class PostgresCoordinator(SharedCoordinator):
             f"(SELECT 1 FROM {self.table} l WHERE l.thread_id = s.thread_id AND l.followed)",
             (self.channel, [p for p, _ in sent], [t for _, t in sent]))
         return [None] * len(signals)
-
-
-async def _rows_on(lane: Any, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-    async with lane as cursor:
-        return await _rows(cursor, query, params)
 
 
 async def _rows(cursor: Any, query: str, params: tuple[Any, ...] | dict[str, Any]
