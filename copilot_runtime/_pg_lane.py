@@ -21,14 +21,20 @@ __all__ = ["Lane", "check_alive", "dropped", "with_session_defaults"]
 
 def with_session_defaults(conninfo: str, *, connect_timeout: float, application_name: str
                           ) -> str:
-    """`conninfo` (a URL or key=value pairs) with a `connect_timeout` and an
-    `application_name`, each unless it has one: libpq waits for the operating system's TCP
-    timeout (minutes) for a server that does not answer, and an operator reading
-    `pg_stat_activity` sees which part of the runtime holds each connection. A URL stays a
-    URL."""
+    """`conninfo` (a URL or key=value pairs) with a `connect_timeout`, an
+    `application_name` and TCP keepalives and a user timeout, each unless it has one.
+
+    libpq waits for the operating system's TCP timeouts for a server that does not answer:
+    minutes for a connection attempt, a quarter of an hour for a connection whose packets
+    stop getting through (a failover, a network partition), during which a run's end waits
+    on its write. With these, such a connection fails within about a minute. An operator
+    reading `pg_stat_activity` sees which part of the runtime holds each connection. A URL
+    stays a URL."""
     given = conninfo_to_dict(conninfo)
     defaults = {"connect_timeout": str(max(2, round(connect_timeout))),  # libpq's least
-                "application_name": application_name}
+                "application_name": application_name,
+                "keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3",
+                "tcp_user_timeout": "60000"}
     missing = {key: value for key, value in defaults.items() if key not in given}
     if not missing:
         return conninfo

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from copilot_runtime import ConfigurationError, coordinator
+from copilot_runtime._deadline import within
 from copilot_runtime.coordination import Coordinator, LocalCoordinator, Signal
-from copilot_runtime.coordination._shared import within
 from tests.scale_support.services import postgres_schema, redis_prefix
 
 pytestmark = pytest.mark.timeout(60)
@@ -193,7 +193,8 @@ def test_urls_name_the_coordinator() -> None:
     # A server that does not answer fails a connection attempt within seconds.
     assert pg.conninfo == (  # type: ignore[attr-defined]
         "postgresql://u@db:5432/x?sslmode=disable&connect_timeout=5"
-        "&application_name=copilot-runtime%20coordinator")
+        "&application_name=copilot-runtime%20coordinator&keepalives_idle=30"
+        "&keepalives_interval=10&keepalives_count=3&tcp_user_timeout=60000")
     rd = coordinator("redis://h:6379/2?prefix=app:")
     assert rd.lease_ttl == 10.0
     assert rd.prefix == "app:"  # type: ignore[attr-defined]

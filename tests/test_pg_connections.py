@@ -30,15 +30,19 @@ def test_session_defaults_are_added_unless_given() -> None:
     url = with_session_defaults("postgresql://u@h:5432/db?sslmode=disable",
                                 connect_timeout=10, application_name="copilot-runtime threads")
     assert url == ("postgresql://u@h:5432/db?sslmode=disable&connect_timeout=10"
-                   "&application_name=copilot-runtime%20threads")
+                   "&application_name=copilot-runtime%20threads&keepalives_idle=30"
+                   "&keepalives_interval=10&keepalives_count=3&tcp_user_timeout=60000")
     assert psycopg.conninfo.conninfo_to_dict(url)["application_name"] == \
         "copilot-runtime threads"
-    given = "postgresql://u@h/db?application_name=billing&connect_timeout=3"
+    given = ("postgresql://u@h/db?application_name=billing&connect_timeout=3"
+             "&keepalives_idle=5&keepalives_interval=1&keepalives_count=9&tcp_user_timeout=0")
     assert with_session_defaults(given, connect_timeout=10, application_name="x") == given
-    pairs = with_session_defaults("host=h dbname=db application_name=mine",
+    pairs = with_session_defaults("host=h dbname=db application_name=mine keepalives=0",
                                   connect_timeout=0.5, application_name="x")
     assert psycopg.conninfo.conninfo_to_dict(pairs) == {
-        "host": "h", "dbname": "db", "application_name": "mine", "connect_timeout": "2"}
+        "host": "h", "dbname": "db", "application_name": "mine", "connect_timeout": "2",
+        "keepalives": "0", "keepalives_idle": "30", "keepalives_interval": "10",
+        "keepalives_count": "3", "tcp_user_timeout": "60000"}
 
 
 @pytest.mark.parametrize("size", ["0", "101", "ten", ""])
@@ -211,3 +215,21 @@ async def test_a_connection_refused_for_lack_of_slots_is_service_unavailable_at_
             admin.execute(f'DROP SCHEMA IF EXISTS "{schema}_limited" CASCADE')
             admin.execute(f"REVOKE CREATE ON DATABASE test FROM {role}")
             admin.execute(f"DROP ROLE {role}")
+
+
+async def test_the_stores_connections_fail_when_packets_stop_getting_through(
+        schema_url: str) -> None:
+    """Keepalives and a TCP user timeout on the real connections: a server behind a network
+    that drops packets fails them within about a minute, not a quarter of an hour."""
+    store = thread_store(schema_url)
+    assert isinstance(store, PostgresThreadStore)
+    try:
+        assert await store.summary("t") is None
+        async with store._heads as cursor:
+            parameters = cursor.connection.info.get_parameters()
+        assert {key: parameters.get(key) for key in (
+            "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout")
+        } == {"keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3",
+              "tcp_user_timeout": "60000"}
+    finally:
+        await store.aclose()

@@ -198,6 +198,26 @@ async def test_the_store_works_again_once_its_server_is_back(
         assert [t.thread_id for t in await store.list()] == ["second", "first"]
 
 
+async def test_a_store_that_stops_answering_mid_life_answers_503_at_its_timeout(
+        proxy: Proxy, llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """Its connections open, the server stops answering (a network that drops packets):
+    the run's head read gives up at the store's timeout, not 5 s later (psycopg waits that
+    long for the server to cancel the read, unless cancelled again), with a 503."""
+    await proxy.up()
+    store = _store(proxy.port, proxy.schema)
+    runtime = openai_runtime(llm, thread_store=store)
+    async with serve_runtime(runtime) as served:
+        assert (await served.run(_run("before")))[-1]["type"] == "RUN_FINISHED"
+        proxy.hang()
+        started = time.monotonic()
+        response = await served.post("/agent/default/run", _run("during"))
+        _assert_unavailable(response.status, response.headers, await response.read())
+        assert time.monotonic() - started < TIMEOUT + 1.5
+        await proxy.down()
+        await proxy.up()
+        assert (await served.run(_run("after")))[-1]["type"] == "RUN_FINISHED"
+
+
 async def test_reads_give_up_after_the_timeout(silent: int) -> None:
     store = _store(silent)
     started = time.monotonic()

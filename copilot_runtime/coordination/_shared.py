@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from copilot_runtime._batching import Batcher
+from copilot_runtime._deadline import within
 from copilot_runtime._exceptions import ServiceUnavailableError
 from copilot_runtime.coordination.base import Lease, Signal, SignalHub, Subscription, new_token
 
@@ -31,45 +32,6 @@ _RETRY = 1.0
 #: The longest a call waits for the coordinator's server by default (one that stopped
 #: answering, behind a network that drops packets, would hold it for minutes).
 DEFAULT_TIMEOUT = 10.0
-
-
-#: How often a block still running past its deadline is cancelled again.
-_AGAIN = 0.05
-
-
-@contextlib.asynccontextmanager
-async def within(seconds: float) -> AsyncIterator[None]:
-    """The block, cancelled after `seconds` (then TimeoutError), like `asyncio.timeout`; but
-    a block still running after its cancellation is cancelled again, every `_AGAIN` seconds.
-    psycopg answers a cancelled statement by asking the server to cancel it and waiting up
-    to 5 s for that: from a server that stopped answering, those 5 s would be added to the
-    deadline. Cancelled again, it closes the connection at once."""
-    task = asyncio.current_task()
-    assert task is not None
-    loop = asyncio.get_running_loop()
-    sent = 0
-    handle: asyncio.TimerHandle
-
-    def cancel() -> None:
-        nonlocal handle, sent
-        sent += 1
-        task.cancel()
-        handle = loop.call_later(_AGAIN, cancel)
-
-    handle = loop.call_later(seconds, cancel)
-    try:
-        yield
-    except asyncio.CancelledError:
-        if sent == 0:
-            raise
-        handle.cancel()
-        for _ in range(sent):
-            task.uncancel()
-        if task.cancelling():
-            raise  # cancelled by someone else too: theirs to handle
-        raise TimeoutError from None
-    finally:
-        handle.cancel()
 
 
 def _retrieved(task: asyncio.Future[Any]) -> None:
@@ -180,6 +142,7 @@ class SharedCoordinator:
 
     async def _renew_forever(self) -> None:
         interval = self.lease_ttl / 3
+        margin = min(interval / 2, 1.0)
         while True:
             await asyncio.sleep(interval)
             held = list(self._held.values())
@@ -188,9 +151,9 @@ class SharedCoordinator:
             sent = time.monotonic()
             oldest = min(self._confirmed.get(x.thread_id, sent) for x in held)
             try:
-                # Bounded: a server that stopped answering must not hold the renewals past
-                # the leases' life.
-                async with within(max(oldest + self.lease_ttl - sent, interval)):
+                # Bounded: given up on a server that stopped answering while the oldest
+                # lease still has `margin` to live, so its run stops before it expires.
+                async with within(max(oldest + self.lease_ttl - margin - sent, margin)):
                     lost = await self._renew(held)
             except Exception as exc:
                 _log.warning("could not renew leases", error=str(exc) or type(exc).__name__)

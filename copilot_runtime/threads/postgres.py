@@ -27,6 +27,7 @@ from psycopg import AsyncConnection, AsyncCursor, sql
 from psycopg_pool import AsyncConnectionPool
 
 from copilot_runtime._batching import Batcher
+from copilot_runtime._deadline import within
 from copilot_runtime._exceptions import ServiceUnavailableError
 from copilot_runtime._pg_lane import Lane, check_alive, with_session_defaults
 from copilot_runtime.events import Event
@@ -321,7 +322,7 @@ class PostgresThreadStore:
         does not answer within `timeout`) is a ServiceUnavailableError. Writes are not
         bounded: a write given up on could still commit, after its thread was given back."""
         try:
-            async with asyncio.timeout(self.timeout if bounded else None):
+            async with within(self.timeout) if bounded else contextlib.nullcontext():
                 await self.open()
                 yield
         except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError) as exc:
