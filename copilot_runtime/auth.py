@@ -47,6 +47,11 @@ class Principal:
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise ConfigurationError("A principal needs a non-empty string id")
+        # Both name the owner of every thread the principal starts, in every store.
+        for name, value in (("id", self.id), ("tenant", self.tenant)):
+            problem = id_problem(value) if isinstance(value, str) else None
+            if problem is not None:
+                raise ConfigurationError(f"A principal's {name} {problem}")
         if not isinstance(self.roles, frozenset):
             object.__setattr__(self, "roles", frozenset(self.roles))
 

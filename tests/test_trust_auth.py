@@ -48,6 +48,10 @@ async def test_bearer_tokens() -> None:
         assert caught.value.status == 401
     with pytest.raises(ConfigurationError):
         BearerTokenAuth({"short": "x"})
+    # What no thread store could keep as a thread's owner.
+    for bad in ({"id": "a" * 257}, {"id": "a\x00b"}, {"id": "a", "tenant": "t\nx"}):
+        with pytest.raises(ConfigurationError, match="A principal's"):
+            Principal(**bad)
     assert "claims" not in repr(Principal("p", claims={"email": "p@example.com"}))
 
 
