@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from copilot_runtime import CopilotRuntime, RateLimit, ServiceUnavailableError, coordinator
-from copilot_runtime.coordination import LEASE_LOST_CODE
+from copilot_runtime.coordination import LEASE_LOST_CODE, Coordinator
 from copilot_runtime.testing import MockOpenAIServer
 from copilot_runtime.threads import PostgresThreadStore
 from tests.conftest import GatedAgent, ServeRuntime, free_port, openai_runtime, poll
@@ -83,6 +83,15 @@ class Proxy:
         self._flowing.set()
         if self._server is None:
             self._server = await asyncio.start_server(self._link, "127.0.0.1", self.port)
+
+    def coordinator(self, options: str = "") -> Coordinator:
+        """A coordinator on the server behind this proxy, its calls bounded by `TIMEOUT`."""
+        url = (f"postgresql://postgres@127.0.0.1:{self.port}/test?schema={self.schema}"
+               if self.target == 5432 else
+               f"redis://127.0.0.1:{self.port}/0?prefix={self.schema}:")
+        made = coordinator(url + options)
+        made.timeout = TIMEOUT  # type: ignore[attr-defined]
+        return made
 
     def hang(self) -> None:
         """The server stops answering, without closing or refusing anything."""
@@ -237,12 +246,7 @@ async def test_a_coordinator_that_cannot_be_reached_answers_503(
     again once it is back."""
     await proxy.up()
     store = PostgresThreadStore(SERVER, schema=proxy.schema, timeout=TIMEOUT)
-    url = (f"postgresql://postgres@127.0.0.1:{proxy.port}/test?schema={proxy.schema}"
-           if proxy.target == 5432 else
-           f"redis://127.0.0.1:{proxy.port}/0?prefix={proxy.schema}:")
-    shared = coordinator(url)
-    shared.timeout = TIMEOUT  # type: ignore[attr-defined]
-    runtime = openai_runtime(llm, thread_store=store, coordinator=shared)
+    runtime = openai_runtime(llm, thread_store=store, coordinator=proxy.coordinator())
     async with serve_runtime(runtime) as served:
         events = await served.run(_run("before"))
         assert events[-1]["type"] == "RUN_FINISHED"
@@ -274,12 +278,7 @@ async def test_rate_limits_counted_by_a_coordinator_that_cannot_be_reached_answe
     counted again once it is back."""
     await proxy.up()
     store = PostgresThreadStore(SERVER, schema=proxy.schema, timeout=TIMEOUT)
-    url = (f"postgresql://postgres@127.0.0.1:{proxy.port}/test?schema={proxy.schema}"
-           if proxy.target == 5432 else
-           f"redis://127.0.0.1:{proxy.port}/0?prefix={proxy.schema}:")
-    shared = coordinator(url)
-    shared.timeout = TIMEOUT  # type: ignore[attr-defined]
-    runtime = openai_runtime(llm, thread_store=store, coordinator=shared,
+    runtime = openai_runtime(llm, thread_store=store, coordinator=proxy.coordinator(),
                              rate_limit=RateLimit(**{limit: 100}))
     async with serve_runtime(runtime) as served:
         assert (await served.run(_run("before")))[-1]["type"] == "RUN_FINISHED"
@@ -307,12 +306,9 @@ async def test_a_run_whose_lease_cannot_be_renewed_stops_before_the_lease_expire
     ttl = 1.5
     await proxy.up()
     store = PostgresThreadStore(SERVER, schema=proxy.schema, timeout=TIMEOUT)
-    url = (f"postgresql://postgres@127.0.0.1:{proxy.port}/test?schema={proxy.schema}"
-           if proxy.target == 5432 else
-           f"redis://127.0.0.1:{proxy.port}/0?prefix={proxy.schema}:")
     agent = GatedAgent()
     runtime = CopilotRuntime(agents={"default": agent}, thread_store=store,
-                             coordinator=f"{url}&lease_ttl={ttl}")
+                             coordinator=proxy.coordinator(f"&lease_ttl={ttl}"))
     async with serve_runtime(runtime) as served:
         streaming = asyncio.create_task(served.run(_run("held")))
         async for _ in poll(10):
