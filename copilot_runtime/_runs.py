@@ -25,6 +25,7 @@ from copilot_runtime import events as ev
 from copilot_runtime._compaction import compact_events
 from copilot_runtime._exceptions import (
     CopilotRuntimeError,
+    ServiceUnavailableError,
     ThreadBusyError,
     ThreadNotFoundError,
 )
@@ -54,6 +55,8 @@ Writer = Callable[[Sequence[Event]], Awaitable[None]]
 Published = tuple[int, Sequence[Event]]
 #: Seconds between writes of a running run's events to a durable store.
 FLUSH_INTERVAL = 0.2
+#: Seconds a finished run's write is tried again while its durable store cannot be reached.
+STORE_RETRY_FOR = 10.0
 _LEASE_LOST_MESSAGE = ("The run was stopped: this server could not keep its hold on the "
                        "thread, which another server may now take")
 _INPUT_KEYS = ("threadId", "runId", "parentRunId", "state", "messages", "tools", "context",
@@ -355,15 +358,47 @@ class ActiveRun:
             durable = self.manager.durable
             if durable is not None:
                 # The unwritten rest of the raw events too, for exact resumes.
-                await durable.append_run(
-                    self.thread_id, self.agent_id, stored, ids, owner=self.owner,
-                    raw_first=self.first_position + self._flushed,
-                    raw=self.events[self._flushed:])
+                def write() -> Awaitable[None]:
+                    return durable.append_run(
+                        self.thread_id, self.agent_id, stored, ids, owner=self.owner,
+                        raw_first=self.first_position + self._flushed,
+                        raw=self.events[self._flushed:])
+
+                try:
+                    await write()
+                except ServiceUnavailableError:
+                    # A store restarting or failing over: written once it is back, within
+                    # `STORE_RETRY_FOR`, while the client waits for the run's last events
+                    # (a write that committed before its connection broke is not repeated:
+                    # the store's write is idempotent). In a task: a client that leaves
+                    # meanwhile does not cut it short.
+                    retrying = asyncio.ensure_future(_written_once_back(write, self.run_id))
+                    self.manager._signals.add(retrying)
+                    retrying.add_done_callback(self.manager._signals.discard)
+                    await asyncio.shield(retrying)
             else:
                 await self.manager.store.append_run(self.thread_id, self.agent_id, stored, ids,
                                                     owner=self.owner)
         except Exception:
             _log.exception("could not store run", thread_id=self.thread_id, run_id=self.run_id)
+
+
+async def _written_once_back(write: Callable[[], Awaitable[None]], run_id: str) -> None:
+    """`write` again, backing off, until it succeeds or `STORE_RETRY_FOR` seconds passed
+    (then the store's last error)."""
+    deadline = time.monotonic() + STORE_RETRY_FOR
+    pause = 0.25
+    while True:
+        await asyncio.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
+        try:
+            await write()
+        except ServiceUnavailableError:
+            if time.monotonic() >= deadline:
+                raise
+            pause = min(pause * 2, 2.0)
+        else:
+            _log.info("stored a run once the store was back", run_id=run_id)
+            return
 
 
 class RunManager:

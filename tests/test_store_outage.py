@@ -227,6 +227,34 @@ async def test_a_store_that_stops_answering_mid_life_answers_503_at_its_timeout(
         assert (await served.run(_run("after")))[-1]["type"] == "RUN_FINISHED"
 
 
+async def test_a_run_ending_while_the_store_restarts_is_stored_once_it_is_back(
+        proxy: Proxy, serve_runtime: ServeRuntime) -> None:
+    """The store goes away while a run streams and comes back a second after the run
+    ended: the finished run is written once it is back (the client waits for its last
+    events meanwhile) instead of being lost with a log line, as it was before."""
+    await proxy.up()
+    store = _store(proxy.port, proxy.schema)
+    agent = GatedAgent()
+    runtime = CopilotRuntime(agents={"default": agent}, thread_store=store)
+    async with serve_runtime(runtime) as served:
+        streaming = asyncio.create_task(served.run(_run("restarted")))
+        async for _ in poll(10):
+            if "restarted" in runtime.runs.active and \
+                    len(runtime.runs.active["restarted"].events) > 1:
+                break
+        await proxy.down()
+        agent.gate.set()  # the run ends while the store is away
+        await asyncio.sleep(1.0)
+        assert not streaming.done()  # its last events wait for the write
+        await proxy.up()
+        events = await asyncio.wait_for(streaming, 10)
+        assert events[-1]["type"] == "RUN_FINISHED"
+        record = await store.get("restarted")
+        assert record is not None
+        (run,) = record.runs
+        assert "".join(e.get("delta", "") for e in run.events) == "one two"
+
+
 async def test_reads_give_up_after_the_timeout(silent: int) -> None:
     store = _store(silent)
     started = time.monotonic()
