@@ -559,11 +559,19 @@ async def test_keepalive_comments_during_silence(serve_runtime: ServeRuntime) ->
         async with asyncio.timeout(20):
             while body.count(b": keep-alive\n\n") < 2:
                 body += await response.content.readany()
+        # A `connect` following the silent run gets them too (a proxy would cut it else).
+        following = await served.post("/agent/slow/connect", run_input(""))
+        followed = b""
+        async with asyncio.timeout(20):
+            while followed.count(b": keep-alive\n\n") < 2:
+                followed += await following.content.readany()
         agent.gate.set()
         body += await response.read()
+        followed += await following.read()
     events = parse_sse(body)
     verify_events(events)
     assert text_of(events) == "one two"
+    assert parse_sse(followed) == events
 
 
 class EarlyLastAgent(Agent):

@@ -390,13 +390,17 @@ async def stream_run(request: Request, run: ActiveRun,
         await _end(request)
 
 
-async def stream_events(request: Request, batches: AsyncIterator[Sequence[Positioned]]
-                        ) -> None:
+async def stream_events(request: Request, batches: AsyncIterator[Sequence[Positioned]],
+                        *, keepalive: float | None = None) -> None:
     """Write an async iterator of batches of positioned events as SSE (the position as each
-    frame's `id:`); stop reading when the client leaves."""
+    frame's `id:`); stop reading when the client leaves. `keepalive`: a comment after that
+    many seconds of silence (a followed run may be quiet for long: a tool at work)."""
     await _start_sse(request)
     task = asyncio.current_task()
     left = False
+    stream = _Stream()
+    loop = asyncio.get_running_loop()
+    stream.last_write = loop.time()
 
     def on_disconnect() -> None:
         nonlocal left
@@ -404,7 +408,7 @@ async def stream_events(request: Request, batches: AsyncIterator[Sequence[Positi
         if task is not None:
             task.cancel()
 
-    watcher = asyncio.create_task(_watch_disconnect(request.receive, on_disconnect))
+    watcher = asyncio.create_task(_watch(request, on_disconnect, stream, keepalive))
     try:
         async for batch in batches:
             if batch:
@@ -414,6 +418,7 @@ async def stream_events(request: Request, batches: AsyncIterator[Sequence[Positi
                     safe = replayable([e for _, e in batch])
                     body = encode_sse(safe) if safe else b""
                 if body:
+                    stream.last_write = loop.time()
                     await request.send({"type": "http.response.body", "body": body,
                                         "more_body": True})
     except asyncio.CancelledError:
@@ -422,6 +427,7 @@ async def stream_events(request: Request, batches: AsyncIterator[Sequence[Positi
         task.uncancel()
         return
     finally:
+        stream.ended = True
         watcher.cancel()
         aclose = getattr(batches, "aclose", None)
         if aclose is not None:

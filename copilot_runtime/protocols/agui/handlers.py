@@ -146,7 +146,7 @@ class AGUIProtocol:
         if what == "connect":
             await stream_events(request, self.runtime.connect(
                 agent_id, run_input.thread_id, request=request.info,
-                after=_last_event_id(request)))
+                after=_last_event_id(request)), keepalive=self.keepalive)
             return
         headers = request.forwardable_headers(credentials=self.runtime.forwards_credentials)
         run = await self.runtime.start_run(agent_id, run_input, headers, request=request.info)
