@@ -154,10 +154,7 @@ class ActiveRun:
         if self.lease is None and self.on_abandon is None:
             return
         # In a task of its own: a second cancellation of the caller does not stop it.
-        task = asyncio.ensure_future(self.manager._give_back(self))
-        self.manager._signals.add(task)
-        task.add_done_callback(self.manager._signals.discard)
-        await asyncio.shield(task)
+        await asyncio.shield(self.manager._adopt(self.manager._give_back(self)))
 
     async def __aenter__(self) -> ActiveRun:
         return self
@@ -372,10 +369,7 @@ class ActiveRun:
                     # (a write that committed before its connection broke is not repeated:
                     # the store's write is idempotent). In a task: a client that leaves
                     # meanwhile does not cut it short.
-                    retrying = asyncio.ensure_future(_written_once_back(write, self.run_id))
-                    self.manager._signals.add(retrying)
-                    retrying.add_done_callback(self.manager._signals.discard)
-                    await asyncio.shield(retrying)
+                    await asyncio.shield(self.manager._adopt(_retried(write, STORE_RETRY_FOR)))
             else:
                 await self.manager.store.append_run(self.thread_id, self.agent_id, stored, ids,
                                                     owner=self.owner)
@@ -383,21 +377,20 @@ class ActiveRun:
             _log.exception("could not store run", thread_id=self.thread_id, run_id=self.run_id)
 
 
-async def _written_once_back(write: Callable[[], Awaitable[None]], run_id: str) -> None:
-    """`write` again, backing off, until it succeeds or `STORE_RETRY_FOR` seconds passed
-    (then the store's last error)."""
-    deadline = time.monotonic() + STORE_RETRY_FOR
+async def _retried(call: Callable[[], Awaitable[None]], seconds: float) -> None:
+    """`call` again, backing off, while its server cannot be reached (ServiceUnavailableError),
+    until it succeeds or `seconds` passed (then its last error)."""
+    deadline = time.monotonic() + seconds
     pause = 0.25
     while True:
         await asyncio.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
         try:
-            await write()
+            await call()
         except ServiceUnavailableError:
             if time.monotonic() >= deadline:
                 raise
             pause = min(pause * 2, 2.0)
         else:
-            _log.info("stored a run once the store was back", run_id=run_id)
             return
 
 
@@ -420,7 +413,8 @@ class RunManager:
         if self.coordinator is not None:
             self.coordinator.on_stop(self._stop_signalled)
             self.on_flushed = self._progressed
-        self._signals: set[asyncio.Task[None]] = set()
+        #: Work that outlives the call that started it (see `_adopt`).
+        self._background: set[asyncio.Future[None]] = set()
 
     async def begin(self, agent_id: str, agent: Agent, input: RunInput,
                     context: RunContext, owner: ThreadOwner | None = None) -> ActiveRun:
@@ -503,15 +497,41 @@ class RunManager:
             return
         try:
             await coordinator.finish(lease)
+        except ServiceUnavailableError:
+            # Given back once the coordinator is back, while the lease lives (a next run on
+            # the thread would be refused as busy until it expired); the run's end does not
+            # wait for it. Giving back twice is harmless: the lease goes with its token.
+            self._adopt(self._finish_later(coordinator, lease))
         except Exception:
             # The lease expires by itself; followers poll the store.
             _log.exception("could not release a lease", thread_id=lease.thread_id)
 
+    async def _finish_later(self, coordinator: Coordinator, lease: Lease) -> None:
+        try:
+            await _retried(lambda: coordinator.finish(lease), coordinator.lease_ttl)
+        except Exception:
+            _log.warning("could not release a lease; it expires by itself",
+                         thread_id=lease.thread_id)
+
+    async def drain(self, seconds: float) -> None:
+        """Let the work left in the background (writes and releases tried again, signals)
+        end within `seconds`; then cancel the rest."""
+        if self._background:
+            _, late = await asyncio.wait(set(self._background), timeout=seconds)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+    def _adopt(self, work: Awaitable[None]) -> asyncio.Future[None]:
+        """`work` in a task of its own, held until it ends."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
     def _progressed(self, run: ActiveRun, position: int) -> None:
         """After each batched write of a run's events: tell followers on other workers."""
-        task = asyncio.ensure_future(self._signal_progress(run, position))
-        self._signals.add(task)
-        task.add_done_callback(self._signals.discard)
+        self._adopt(self._signal_progress(run, position))
 
     async def _signal_progress(self, run: ActiveRun, position: int) -> None:
         assert self.coordinator is not None

@@ -345,6 +345,7 @@ class CopilotRuntime:
                 await agent.aclose()
         if self._sweep is not None:
             await self._sweep.aclose()
+        await self.runs.drain(5.0)  # runs' writes and releases waiting for their servers
         await self.coordinator.aclose()
         await self.store.aclose()
 

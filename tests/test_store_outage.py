@@ -372,6 +372,38 @@ async def test_a_run_whose_lease_cannot_be_renewed_stops_before_the_lease_expire
             assert response.status == 409, await response.text()
 
 
+@pytest.mark.parametrize("proxy", [5432, 6379], ids=["postgresql", "redis"], indirect=True)
+async def test_a_lease_ended_while_its_coordinator_is_away_is_given_back_once_it_is_back(
+        proxy: Proxy, serve_runtime: ServeRuntime) -> None:
+    """A run ends during a coordinator blip: its end does not wait for the release, and the
+    lease is given back as soon as the coordinator is back, so the thread takes its next run
+    then, not once the lease expired (10 s later, every run on it refused as busy)."""
+    await proxy.up()
+    store = PostgresThreadStore(SERVER, schema=proxy.schema, timeout=TIMEOUT)
+    agent = GatedAgent()
+    runtime = CopilotRuntime(agents={"default": agent}, thread_store=store,
+                             coordinator=proxy.coordinator())
+    async with serve_runtime(runtime) as served:
+        streaming = asyncio.create_task(served.run(_run("blip")))
+        async for _ in poll(10):
+            if "blip" in runtime.runs.active and len(runtime.runs.active["blip"].events) > 1:
+                break
+        await proxy.down()
+        agent.gate.set()
+        events = await asyncio.wait_for(streaming, 10)
+        assert events[-1]["type"] == "RUN_FINISHED"
+        await asyncio.sleep(0.5)
+        await proxy.up()
+        back = time.monotonic()
+        async for _ in poll(8):
+            response = await served.post("/agent/default/run", {**_run("blip"), "runId": "r2"})
+            if response.status != 409:
+                break
+        assert response.status == 200, await response.text()
+        assert time.monotonic() - back < 5
+        assert b'"RUN_FINISHED"' in await response.read()
+
+
 async def test_a_session_the_server_ends_is_left_before_its_connection_closes(
         proxy: Proxy) -> None:
     """A server ending a session (an administrator, a shutdown) sends its reason, then closes
