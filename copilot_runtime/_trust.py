@@ -10,37 +10,50 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 
 from copilot_runtime import events as ev
 from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._input import RunInput
-from copilot_runtime._runs import ActiveRun
+from copilot_runtime._runs import ActiveRun, RunManager
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.auth import Principal, RequestInfo, owner_of
 from copilot_runtime.events import Event, EventBatches
-from copilot_runtime.guardrails import check_input
-from copilot_runtime.hooks import ErrorInfo, RunFinished
-from copilot_runtime.limits import Lease
+from copilot_runtime.guardrails import Guardrail, check_input
+from copilot_runtime.hooks import ErrorInfo, HookRunner, RunFinished
+from copilot_runtime.limits import Lease, RateLimiter
+from copilot_runtime.telemetry import Telemetry
 from copilot_runtime.threads.base import Positioned, ThreadOwner
 
-if TYPE_CHECKING:
-    from copilot_runtime.runtime import CopilotRuntime
-
-__all__ = ["may_approve", "replay_visible", "start_run", "thread_owner"]
+__all__ = ["Host", "may_approve", "replay_visible", "start_run", "thread_owner"]
 
 _log = structlog.get_logger("copilot_runtime.runs")
 
 
-async def thread_owner(runtime: CopilotRuntime, thread_id: str) -> ThreadOwner | None:
+class Host(Protocol):
+    """What a run served to many users needs of its runtime."""
+
+    runs: RunManager
+    limiter: RateLimiter | None
+    guardrails: list[Guardrail]
+    telemetry: Telemetry | None
+    hooks: HookRunner
+
+    @property
+    def observed(self) -> bool:
+        """Whether a run's end is observed (limits, hooks, telemetry)."""
+        ...
+
+
+async def thread_owner(runs: RunManager, thread_id: str) -> ThreadOwner | None:
     """The owner of the thread, running or stored; None for a thread with no owner and for
     one that does not exist (neither matches any principal)."""
-    running = runtime.runs.active.get(thread_id)
+    running = runs.active.get(thread_id)
     if running is not None:
         return running.owner
-    record = await runtime.store.summary(thread_id)
+    record = await runs.store.summary(thread_id)
     return record.owner if record is not None else None
 
 
@@ -53,12 +66,13 @@ def may_approve(principal: Principal, approver_roles: frozenset[str],
     return bool(approver_roles & principal.roles) and owner.tenant == principal.tenant
 
 
-async def replay_visible(runtime: CopilotRuntime, thread_id: str,
-                         request: RequestInfo | None, after: int = -1
-                         ) -> AsyncIterator[Sequence[Positioned]]:
-    if not await runtime.can_see(request, thread_id):
+async def replay_visible(runs: RunManager, owner: ThreadOwner, thread_id: str,
+                         after: int = -1) -> AsyncIterator[Sequence[Positioned]]:
+    """`runs.replay` of the thread if `owner` owns it; else nothing (as if it did not
+    exist)."""
+    if await thread_owner(runs, thread_id) != owner:
         return
-    async for batch in runtime.runs.replay(thread_id, after):
+    async for batch in runs.replay(thread_id, after):
         yield batch
 
 
@@ -80,7 +94,7 @@ class RefusalAgent(Agent):
                ev.text_message_end(message_id)]
 
 
-async def start_run(runtime: CopilotRuntime, agent_id: str, agent: Agent, input: RunInput,
+async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
                     context: RunContext, request: RequestInfo | None,
                     topics: tuple[Sequence[str], Sequence[str]] | None) -> ActiveRun:
     principal = request.principal if request is not None else None
@@ -108,7 +122,7 @@ async def start_run(runtime: CopilotRuntime, agent_id: str, agent: Agent, input:
                 run.refusal = verdict.reason
                 _log.info("guardrail refused a run", agent=agent_id, thread_id=run.thread_id,
                           run_id=run.run_id)
-        if runtime._observed:
+        if runtime.observed:
             telemetry = runtime.telemetry
             if telemetry is not None:
                 context.telemetry = telemetry.run_started(
@@ -154,7 +168,7 @@ def _outcome(run: ActiveRun) -> tuple[str, dict[str, Any] | None]:
     return "finished", None
 
 
-def _ended(runtime: CopilotRuntime, run: ActiveRun, lease: Lease | None,
+def _ended(runtime: Host, run: ActiveRun, lease: Lease | None,
            request: RequestInfo | None, duration: float) -> None:
     if lease is not None:
         task = asyncio.get_running_loop().create_task(lease.release())

@@ -152,6 +152,12 @@ class CopilotRuntime:
         self._closed = False
 
     @property
+    def observed(self) -> bool:
+        """Whether each run's end is observed (limits, hooks or telemetry): only then does a
+        run take the longer path that reports it."""
+        return self._observed
+
+    @property
     def started(self) -> bool:
         return self._started
 
@@ -252,7 +258,7 @@ class CopilotRuntime:
     async def can_see(self, request: RequestInfo | None, thread_id: str) -> bool:
         """Whether the thread exists for `request`'s caller (always, without auth)."""
         owner = self.owner_filter(request)
-        return owner is None or await _trust.thread_owner(self, thread_id) == owner
+        return owner is None or await _trust.thread_owner(self.runs, thread_id) == owner
 
     async def can_approve(self, request: RequestInfo | None, thread_id: str) -> bool:
         """Whether `request`'s caller may see and answer the thread's approvals: its owner,
@@ -260,7 +266,7 @@ class CopilotRuntime:
         if request is None or request.principal is None:
             return True
         return _trust.may_approve(request.principal, self.approver_roles,
-                                  await _trust.thread_owner(self, thread_id))
+                                  await _trust.thread_owner(self.runs, thread_id))
 
     # -- runs ----------------------------------------------------------------------------
 
@@ -283,7 +289,7 @@ class CopilotRuntime:
         registered = self.agent(agent_id)
         context = RunContext(agent_id=agent_id, headers=dict(headers or {}),
                              follow_up_server_tools=follow_up_server_tools)
-        if request is None and not self.guardrails and topics is None and not self._observed:
+        if request is None and not self.guardrails and topics is None and not self.observed:
             return await self.runs.begin(agent_id, agent or registered, input, context)
         return await _trust.start_run(self, agent_id, agent or registered, input, context,
                                       request, topics)
@@ -311,9 +317,10 @@ class CopilotRuntime:
         with its position; for a caller who may not see the thread, nothing (what a thread
         that does not exist gives)."""
         self.agent(agent_id)
-        if self.owner_filter(request) is None:
+        owner = self.owner_filter(request)
+        if owner is None:
             return self.runs.replay(thread_id, after)
-        return _trust.replay_visible(self, thread_id, request, after)
+        return _trust.replay_visible(self.runs, owner, thread_id, after)
 
     async def aclose(self) -> None:
         """Stop the approvals' timer, then active runs; release agents, adapters and the store.
