@@ -34,12 +34,9 @@ Messages are written for the client: they never contain stack traces or file pat
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from copilot_runtime._time import iso_time
-
-if TYPE_CHECKING:
-    from copilot_runtime.approvals.ledger import Approval
 
 __all__ = [
     "ActionError",
@@ -230,6 +227,22 @@ class ApprovalNotFoundError(ApprovalError):
         super().__init__(f"No approval '{approval_id}'")
 
 
+class ClosedApproval(Protocol):
+    """What `ApprovalClosedError` tells of the approval it names (an `approvals.Approval`)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def expires_at(self) -> float | None: ...
+    @property
+    def answered_by(self) -> str | None: ...
+    @property
+    def answered_at(self) -> float | None: ...
+    def to_json(self) -> dict[str, Any]: ...
+
+
 class ApprovalClosedError(ApprovalError):
     """Answered already (409), expired (410), or withdrawn (409)."""
 
@@ -237,7 +250,7 @@ class ApprovalClosedError(ApprovalError):
     CODES: frozenset[str] = frozenset({"APPROVAL_EXPIRED", "APPROVAL_WITHDRAWN",
                                        "APPROVAL_ALREADY_ANSWERED"})
 
-    def __init__(self, approval: Approval) -> None:
+    def __init__(self, approval: ClosedApproval) -> None:
         self.approval = approval
         if approval.status == "expired":
             self.status, self.code = 410, "APPROVAL_EXPIRED"
