@@ -38,7 +38,6 @@ async def within(seconds: float) -> AsyncIterator[None]:
     except asyncio.CancelledError:
         if sent == 0:
             raise
-        handle.cancel()
         for _ in range(sent):
             task.uncancel()
         if task.cancelling():

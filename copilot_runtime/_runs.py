@@ -121,6 +121,10 @@ class ActiveRun:
                 self.task is not None and self.task.done()):
             return False
         self.cancel_reason = reason
+        if reason == "lost":
+            # Not given back: given up already, and its server may not answer (the run's
+            # end would wait for it).
+            self.lease = None
         if self.task is not None:
             self.task.cancel()
         return True
@@ -554,15 +558,7 @@ class RunManager:
         return True
 
     def _stop_signalled(self, signal: Signal) -> None:
-        if signal.kind == "lost":
-            run = self.active.get(signal.thread_id)
-            if run is not None and run.run_id == signal.run_id:
-                # Not released: given up already, and its server may not answer (the run's
-                # end would wait for it).
-                run.lease = None
-                run.cancel("lost")
-        else:
-            self.stop(signal.thread_id, signal.run_id)
+        self.stop(signal.thread_id, signal.run_id, "lost" if signal.kind == "lost" else "stop")
 
     def flushed(self, run: ActiveRun, position: int) -> None:
         if self.on_flushed is not None:
@@ -585,11 +581,11 @@ class RunManager:
                 closed += 1
         return closed
 
-    def stop(self, thread_id: str, run_id: str | None = None) -> bool:
+    def stop(self, thread_id: str, run_id: str | None = None, reason: str = "stop") -> bool:
         run = self.active.get(thread_id)
         if run is None or (run_id is not None and run.run_id != run_id):
             return False
-        return run.cancel("stop")
+        return run.cancel(reason)
 
     async def replay(self, thread_id: str, after: int = -1
                      ) -> AsyncIterator[Sequence[Positioned]]:

@@ -13,9 +13,11 @@ rate across a minute boundary.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -156,20 +158,24 @@ class RedisCounters:
         self._release = self._redis.register_script(_RELEASE)
 
     async def hit(self, key: str, limit: int, window: float) -> float:
-        try:
+        with self._reachable():
             # Redis' clock, not ours: every worker then measures the window the same way.
             seconds, micros = await self._redis.time()
             now = seconds + micros / 1e6
             result = await self._hit(keys=[self.prefix + "rate:" + key],
                                      args=[now, window, limit, f"{now}:{uuid.uuid4().hex[:8]}"])
-        except self._unreachable as exc:
-            raise ServiceUnavailableError(f"{self.name} cannot be reached") from exc
         return float(result)
 
     async def acquire(self, key: str, limit: int) -> bool:
-        try:
+        with self._reachable():
             return bool(await self._acquire(keys=[self.prefix + "slots:" + key],
                                             args=[limit, _SLOT_TTL]))
+
+    @contextlib.contextmanager
+    def _reachable(self) -> Iterator[None]:
+        """The block, Redis' connection failures and timeouts a ServiceUnavailableError."""
+        try:
+            yield
         except self._unreachable as exc:
             raise ServiceUnavailableError(f"{self.name} cannot be reached") from exc
 
