@@ -1,17 +1,30 @@
 """`LoopbackServer`: the base of the test servers, an aiohttp app on a free loopback port.
 
 Subclasses add their routes in `routes`; `pause` sleeps inside a streaming handler but
-returns early when the client has gone, so a server notices a cancelled request.
+returns early when the client has gone, so a server notices a cancelled request. The mocked
+providers share `Refused` (a request the provider would refuse), `stream` (how a mocked
+answer is written: whole, paced or cut) and `serve_from_command_line`.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
 from typing import Self
 
 from aiohttp import web
 
-__all__ = ["LoopbackServer", "pause"]
+__all__ = ["LoopbackServer", "Refused", "pause", "serve_from_command_line", "stream"]
+
+
+class Refused(Exception):
+    """A request the mocked provider refuses, with the status it answers."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class LoopbackServer:
@@ -61,3 +74,51 @@ async def pause(request: web.Request, seconds: float) -> bool:
             return False
         await asyncio.sleep(min(left, 0.01))
     return True
+
+
+async def stream(request: web.Request, response: web.StreamResponse, frames: Sequence[bytes],
+                 *, cut_after: int | None = None, delay: float = 0) -> bool:
+    """Write `frames` to the prepared `response`: all at once, one every `delay` seconds, or
+    only the first `cut_after` and then the connection cut without an end. False if the client
+    left first."""
+    try:
+        if cut_after is not None:
+            for frame in frames[:cut_after]:
+                await response.write(frame)
+            await asyncio.sleep(0.01)
+            if request.transport is not None:
+                request.transport.abort()
+            return True
+        if delay:
+            for frame in frames:
+                await response.write(frame)
+                if not await pause(request, delay):
+                    return False
+        else:
+            await response.write(b"".join(frames))
+        await response.write_eof()
+    except ConnectionResetError:
+        return False
+    return True
+
+
+def serve_from_command_line(make: Callable[..., LoopbackServer], *, name: str, port: int,
+                            description: str | None, argv: list[str] | None) -> None:
+    """Serve the mock `make(host, port, chunks=, delay_ms=)` builds until interrupted."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=port)
+    parser.add_argument("--chunks", type=int, default=10)
+    parser.add_argument("--delay-ms", type=float, default=0)
+    args = parser.parse_args(argv)
+    server = make(args.host, args.port, chunks=args.chunks, delay_ms=args.delay_ms)
+    server.record = False  # type: ignore[attr-defined]  # a long-running mock must not grow
+
+    async def serve() -> None:
+        await server.start()
+        print(f"mock {name} listening on {getattr(server, 'base_url', server.port)}",
+              flush=True)
+        await asyncio.Event().wait()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())

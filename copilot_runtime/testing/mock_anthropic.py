@@ -16,16 +16,18 @@ objects, ``tool_choice`` without tools, a temperature outside 0..1. A 429 carrie
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import contextlib
 import hashlib
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from copilot_runtime.testing.loopback import LoopbackServer, pause
+from copilot_runtime.testing.loopback import (
+    LoopbackServer,
+    Refused,
+    serve_from_command_line,
+    stream,
+)
 from copilot_runtime.testing.mock_openai import _plan, _split
 
 __all__ = ["MockAnthropicServer"]
@@ -34,11 +36,6 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                 403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                 429: "rate_limit_error", 500: "api_error", 529: "overloaded_error"}
 
-
-class _Refused(Exception):
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _block_text(block: Any) -> str:
@@ -75,32 +72,32 @@ def _last_turn(body: dict[str, Any]) -> dict[str, Any]:
 def validate(body: Any) -> None:
     """Refuse, as the real API does, the requests it would refuse."""
     if not isinstance(body, dict):
-        raise _Refused("request body must be a JSON object")
+        raise Refused("request body must be a JSON object")
     for key in ("model", "max_tokens", "messages"):
         if key not in body:
-            raise _Refused(f"{key}: Field required")
+            raise Refused(f"{key}: Field required")
     if not isinstance(body["max_tokens"], int) or body["max_tokens"] < 1:
-        raise _Refused("max_tokens: must be a positive integer")
+        raise Refused("max_tokens: must be a positive integer")
     temperature = body.get("temperature")
     if temperature is not None and not 0 <= temperature <= 1:
-        raise _Refused("temperature: must be between 0 and 1")
+        raise Refused("temperature: must be between 0 and 1")
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") == "enabled" \
             and temperature not in (None, 1):
-        raise _Refused("temperature may only be set to 1 when thinking is enabled")
+        raise Refused("temperature may only be set to 1 when thinking is enabled")
     system = body.get("system")
     if system is not None and not isinstance(system, str | list):
-        raise _Refused("system: Input should be a valid string or list")
+        raise Refused("system: Input should be a valid string or list")
     tools = body.get("tools") or []
     for i, tool in enumerate(tools):
         schema = tool.get("input_schema")
         if not isinstance(schema, dict) or schema.get("type") != "object":
-            raise _Refused(f"tools.{i}.custom.input_schema.type: Field required")
+            raise Refused(f"tools.{i}.custom.input_schema.type: Field required")
     if body.get("tool_choice") is not None and not tools:
-        raise _Refused("tool_choice may only be specified while providing tools")
+        raise Refused("tool_choice may only be specified while providing tools")
     messages = body["messages"]
     if not isinstance(messages, list) or not messages:
-        raise _Refused("messages: at least one message is required")
+        raise Refused("messages: at least one message is required")
     thinking_on = isinstance(thinking, dict) and thinking.get("type") == "enabled"
     assistants = [m for m in messages if m.get("role") == "assistant"
                   and isinstance(m.get("content"), list)]
@@ -109,7 +106,7 @@ def validate(body: Any) -> None:
         first = assistants[-1]["content"][0]
         if first.get("type") not in ("thinking", "redacted_thinking") or (
                 first.get("type") == "thinking" and not first.get("signature")):
-            raise _Refused(
+            raise Refused(
                 "messages: Expected `thinking` or `redacted_thinking`, but found "
                 f"`{first.get('type')}`. When `thinking` is enabled, a final `assistant` "
                 "message must start with a thinking block.")
@@ -117,35 +114,35 @@ def validate(body: Any) -> None:
     for i, message in enumerate(messages):
         role = message.get("role")
         if role not in ("user", "assistant"):
-            raise _Refused(f'messages.{i}.role: Input should be "user" or "assistant"')
+            raise Refused(f'messages.{i}.role: Input should be "user" or "assistant"')
         content = message.get("content")
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list) or not blocks:
-            raise _Refused(f"messages.{i}: all messages must have non-empty content")
+            raise Refused(f"messages.{i}: all messages must have non-empty content")
         results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
         if pending:
             missing = [p for p in pending if p not in results]
             if role != "user" or missing:
-                raise _Refused(
+                raise Refused(
                     f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
                     f"immediately after: {', '.join(missing or pending)}. Each `tool_use` "
                     f"block must have a corresponding `tool_result` block in the next message.")
         for result in results:
             if result not in pending:
-                raise _Refused(f"messages.{i}.content: unexpected `tool_use_id` found in "
+                raise Refused(f"messages.{i}.content: unexpected `tool_use_id` found in "
                                f"`tool_result` blocks: {result}. Each `tool_result` block must "
                                f"have a corresponding `tool_use` block in the previous message.")
         pending = []
         for j, block in enumerate(blocks):
             kind = block.get("type")
             if kind == "text" and not str(block.get("text", "")).strip():
-                raise _Refused(f"messages.{i}.content.{j}.text: text content blocks must "
+                raise Refused(f"messages.{i}.content.{j}.text: text content blocks must "
                                f"contain non-whitespace text")
             if kind == "tool_use":
                 if role != "assistant":
-                    raise _Refused(f"messages.{i}.content.{j}: tool_use in a user turn")
+                    raise Refused(f"messages.{i}.content.{j}: tool_use in a user turn")
                 if not isinstance(block.get("input"), dict):
-                    raise _Refused(f"messages.{i}.content.{j}.tool_use.input: Input should be "
+                    raise Refused(f"messages.{i}.content.{j}.tool_use.input: Input should be "
                                    f"a valid dictionary")
                 pending.append(block.get("id"))
 
@@ -210,7 +207,7 @@ class MockAnthropicServer(LoopbackServer):
             return failure
         try:
             validate(body)
-        except _Refused as exc:
+        except Refused as exc:
             return _error(exc.status, str(exc))
         script = _last_turn(body)
         text = script["messages"][0]["content"]
@@ -232,24 +229,9 @@ class MockAnthropicServer(LoopbackServer):
             "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
             "request-id": "req_mock" + digest[:16]})
         await response.prepare(request)
-        try:
-            if plan.break_after is not None:
-                for frame in frames[: plan.break_after + 3]:
-                    await response.write(frame)
-                await asyncio.sleep(0.01)
-                if request.transport is not None:
-                    request.transport.abort()  # cut the stream before message_stop
-                return response
-            if plan.delay:
-                for frame in frames:
-                    await response.write(frame)
-                    if not await pause(request, plan.delay):
-                        self.cancelled_streams += 1
-                        return response
-            else:
-                await response.write(b"".join(frames))
-            await response.write_eof()
-        except ConnectionResetError:
+        if not await stream(request, response, frames, delay=plan.delay,
+                            cut_after=None if plan.break_after is None
+                            else plan.break_after + 3):
             self.cancelled_streams += 1
         return response
 
@@ -338,23 +320,9 @@ def _frames(plan: Any, body: dict[str, Any], digest: str, chunks: int,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8091)
-    parser.add_argument("--chunks", type=int, default=10)
-    parser.add_argument("--delay-ms", type=float, default=0)
-    args = parser.parse_args(argv)
-    server = MockAnthropicServer(args.host, args.port, chunks=args.chunks,
-                                 delay_ms=args.delay_ms)
-    server.record = False  # a long-running mock must not grow without bound
-
-    async def serve() -> None:
-        await server.start()
-        print(f"mock Anthropic listening on {server.base_url}", flush=True)
-        await asyncio.Event().wait()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
+    serve_from_command_line(MockAnthropicServer, name="Anthropic", port=8091,
+                            description=__doc__.splitlines()[0] if __doc__ else None,
+                            argv=argv)
 
 
 if __name__ == "__main__":

@@ -17,17 +17,19 @@ Run it alone with ``python -m copilot_runtime.testing.mock_gemini``.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import base64
-import contextlib
 import hashlib
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from copilot_runtime.testing.loopback import LoopbackServer, pause
+from copilot_runtime.testing.loopback import (
+    LoopbackServer,
+    Refused,
+    serve_from_command_line,
+    stream,
+)
 from copilot_runtime.testing.mock_openai import _plan, _split
 
 __all__ = ["MockGeminiServer"]
@@ -44,29 +46,24 @@ _TYPES = frozenset({"STRING", "NUMBER", "INTEGER", "BOOLEAN", "ARRAY", "OBJECT"}
 _SIGNATURE = base64.b64encode(b"mock-thought-signature").decode()
 
 
-class _Refused(Exception):
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-
 
 def _check_schema(schema: Any, where: str) -> None:
     if not isinstance(schema, dict):
-        raise _Refused(f"Invalid JSON payload received. {where}: expected an object")
+        raise Refused(f"Invalid JSON payload received. {where}: expected an object")
     for key in schema:
         if key not in _SCHEMA_KEYS:
-            raise _Refused(f'Invalid JSON payload received. Unknown name "{key}" at '
+            raise Refused(f'Invalid JSON payload received. Unknown name "{key}" at '
                            f"'{where}': Cannot find field.")
     kind = str(schema.get("type", "")).upper()
     if kind and kind not in _TYPES:
-        raise _Refused(f"{where}.type: invalid value {schema.get('type')!r}")
+        raise Refused(f"{where}.type: invalid value {schema.get('type')!r}")
     if "enum" in schema and kind != "STRING":
-        raise _Refused(f"{where}.enum: only allowed for STRING type")
+        raise Refused(f"{where}.enum: only allowed for STRING type")
     if kind == "ARRAY" and "items" not in schema:
-        raise _Refused(f"{where}.items: missing field.")
+        raise Refused(f"{where}.items: missing field.")
     if "properties" in schema:
         if not schema["properties"]:
-            raise _Refused(f"{where}.properties: should be non-empty for OBJECT type")
+            raise Refused(f"{where}.properties: should be non-empty for OBJECT type")
         for name, value in schema["properties"].items():
             _check_schema(value, f"{where}.properties[{name}]")
     if "items" in schema:
@@ -78,10 +75,10 @@ def _check_schema(schema: Any, where: str) -> None:
 def validate(body: Any, signed: set[str]) -> None:
     """Refuse, as the real API does, the requests it would refuse."""
     if not isinstance(body, dict):
-        raise _Refused("Invalid JSON payload received.")
+        raise Refused("Invalid JSON payload received.")
     contents = body.get("contents")
     if not isinstance(contents, list) or not contents:
-        raise _Refused("* GenerateContentRequest.contents: contents is not specified")
+        raise Refused("* GenerateContentRequest.contents: contents is not specified")
     for t, tool in enumerate(body.get("tools") or ()):
         for f, declaration in enumerate(tool.get("functionDeclarations") or ()):
             if "parameters" in declaration:
@@ -89,36 +86,36 @@ def validate(body: Any, signed: set[str]) -> None:
                               f"tools[{t}].function_declarations[{f}].parameters")
     temperature = (body.get("generationConfig") or {}).get("temperature")
     if temperature is not None and not 0 <= temperature <= 2:
-        raise _Refused("generation_config.temperature: must be in [0.0, 2.0]")
+        raise Refused("generation_config.temperature: must be in [0.0, 2.0]")
     calls = 0
     for i, content in enumerate(contents):
         role = content.get("role", "user")
         if role not in ("user", "model"):
-            raise _Refused(f"Please use a valid role: user, model. (contents[{i}])")
+            raise Refused(f"Please use a valid role: user, model. (contents[{i}])")
         parts = content.get("parts")
         if not isinstance(parts, list) or not parts:
-            raise _Refused(f"* GenerateContentRequest.contents[{i}].parts: contents.parts "
+            raise Refused(f"* GenerateContentRequest.contents[{i}].parts: contents.parts "
                            f"must not be empty.")
         responses = [p for p in parts if "functionResponse" in p]
         if calls and len(responses) != calls:
-            raise _Refused("Please ensure that the number of function response parts is equal "
+            raise Refused("Please ensure that the number of function response parts is equal "
                            "to the number of function call parts of the function call turn.")
         for part in responses:
             if not isinstance(part["functionResponse"].get("response"), dict):
-                raise _Refused(f"contents[{i}].functionResponse.response: must be an object")
+                raise Refused(f"contents[{i}].functionResponse.response: must be an object")
         calls = 0
         for part in parts:
             call = part.get("functionCall")
             if call is None:
                 continue
             if role != "model":
-                raise _Refused(f"contents[{i}]: functionCall in a user turn")
+                raise Refused(f"contents[{i}]: functionCall in a user turn")
             if not isinstance(call.get("args", {}), dict):
-                raise _Refused(f"contents[{i}].functionCall.args: must be an object")
+                raise Refused(f"contents[{i}].functionCall.args: must be an object")
             # Gemini 3 signs the first call of a turn, and checks that one comes back.
             if not calls and call.get("name") in signed \
                     and part.get("thoughtSignature") != _SIGNATURE:
-                raise _Refused(f"Function call is missing a thought_signature in functionCall "
+                raise Refused(f"Function call is missing a thought_signature in functionCall "
                                f"parts. (contents[{i}])")
             calls += 1
 
@@ -191,7 +188,7 @@ class MockGeminiServer(LoopbackServer):
             return _error(status, f"mock error {status}")
         try:
             validate(body, self._signed)
-        except _Refused as exc:
+        except Refused as exc:
             return _error(exc.status, str(exc))
         plan = _plan(_last_turn(body), self.delay)
         if plan.error_status is not None:
@@ -206,24 +203,9 @@ class MockGeminiServer(LoopbackServer):
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         frames = [b"data: " + orjson.dumps(c) + b"\r\n\r\n" for c in chunks]
-        try:
-            if plan.break_after is not None:
-                for frame in frames[: plan.break_after]:
-                    await response.write(frame)
-                await asyncio.sleep(0.01)
-                if request.transport is not None:
-                    request.transport.abort()  # cut before the chunk with finishReason
-                return response
-            if plan.delay:
-                for frame in frames:
-                    await response.write(frame)
-                    if not await pause(request, plan.delay):
-                        self.cancelled_streams += 1
-                        return response
-            else:
-                await response.write(b"".join(frames))
-            await response.write_eof()
-        except ConnectionResetError:
+        if not await stream(request, response, frames, delay=plan.delay,
+                            cut_after=None if plan.break_after is None
+                            else plan.break_after):
             self.cancelled_streams += 1
         return response
 
@@ -278,22 +260,9 @@ def _merge(chunks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8092)
-    parser.add_argument("--chunks", type=int, default=10)
-    parser.add_argument("--delay-ms", type=float, default=0)
-    args = parser.parse_args(argv)
-    server = MockGeminiServer(args.host, args.port, chunks=args.chunks, delay_ms=args.delay_ms)
-    server.record = False  # a long-running mock must not grow without bound
-
-    async def serve() -> None:
-        await server.start()
-        print(f"mock Gemini listening on {server.base_url}", flush=True)
-        await asyncio.Event().wait()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
+    serve_from_command_line(MockGeminiServer, name="Gemini", port=8092,
+                            description=__doc__.splitlines()[0] if __doc__ else None,
+                            argv=argv)
 
 
 if __name__ == "__main__":

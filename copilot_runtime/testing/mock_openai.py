@@ -19,8 +19,6 @@ Run it alone with ``python -m copilot_runtime.testing.mock_openai --port 8090``.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import contextlib
 import hashlib
 import re
@@ -30,7 +28,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from copilot_runtime.testing.loopback import LoopbackServer, pause
+from copilot_runtime.testing.loopback import (
+    LoopbackServer,
+    serve_from_command_line,
+    stream,
+)
 
 __all__ = ["MockOpenAIServer"]
 
@@ -182,24 +184,10 @@ class MockOpenAIServer(LoopbackServer):
         await response.prepare(request)
         self.active_streams += 1
         try:
-            if plan.break_after is not None:
-                for frame in frames[: plan.break_after + 1]:
-                    await response.write(frame)
-                await asyncio.sleep(0.01)
-                if request.transport is not None:
-                    request.transport.abort()  # cut the stream without [DONE]
-                return response
-            if plan.delay:
-                for frame in frames:
-                    await response.write(frame)
-                    if not await pause(request, plan.delay):
-                        self.cancelled_streams += 1
-                        return response
-            else:
-                await response.write(b"".join(frames))
-            await response.write_eof()
-        except ConnectionResetError:
-            self.cancelled_streams += 1
+            if not await stream(request, response, frames, delay=plan.delay,
+                                cut_after=None if plan.break_after is None
+                                else plan.break_after + 1):
+                self.cancelled_streams += 1
         finally:
             self.active_streams -= 1
         return response
@@ -273,22 +261,9 @@ def _stream_frames(plan: _Plan, cid: str, model: str, digest: str, body: dict[st
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8090)
-    parser.add_argument("--chunks", type=int, default=10)
-    parser.add_argument("--delay-ms", type=float, default=0)
-    args = parser.parse_args(argv)
-    server = MockOpenAIServer(args.host, args.port, chunks=args.chunks, delay_ms=args.delay_ms)
-    server.record = False  # a long-running mock must not grow without bound
-
-    async def serve() -> None:
-        await server.start()
-        print(f"mock OpenAI listening on {server.base_url}", flush=True)
-        await asyncio.Event().wait()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
+    serve_from_command_line(MockOpenAIServer, name="OpenAI", port=8090,
+                            description=__doc__.splitlines()[0] if __doc__ else None,
+                            argv=argv)
 
 
 if __name__ == "__main__":
