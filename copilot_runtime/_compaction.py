@@ -24,8 +24,18 @@ def apply_state_delta(state: Any, delta: list[dict[str, Any]]) -> Any:
 
     try:
         return jsonpatch.apply_patch(state, delta, in_place=False)
-    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError):
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError,
+            ValueError, RecursionError):  # a string "patch" is parsed as JSON text
         return state
+
+
+def _copied(value: Any) -> Any:
+    """A deep copy without recursion limits on what JSON holds (orjson reads 1,024 levels,
+    `copy.deepcopy` fails at about 330); what cannot be copied is kept as it is."""
+    try:
+        return copy.deepcopy(value)
+    except RecursionError:
+        return value
 
 
 def compact_events(events: Sequence[Event]) -> list[Event]:
@@ -59,7 +69,7 @@ def compact_events(events: Sequence[Event]) -> list[Event]:
             args[event["toolCallId"]] = (slot, [])
             out.append(slot)
         elif kind == ev.STATE_SNAPSHOT:
-            state, state_seen = copy.deepcopy(event.get("snapshot")), True
+            state, state_seen = _copied(event.get("snapshot")), True
         elif kind == ev.STATE_DELTA:
             state = apply_state_delta(state if state_seen else {}, event.get("delta") or [])
             state_seen = True
@@ -123,10 +133,14 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
                 if event.get("error") is not None:
                     result["error"] = event["error"]
             elif kind == ev.MESSAGES_SNAPSHOT:
+                snapshot = event.get("messages")
+                if not isinstance(snapshot, list):
+                    continue  # not a snapshot a client could have applied
                 messages.clear()
                 by_id.clear()
-                for message in event.get("messages") or ():
-                    add(copy.deepcopy(message))
+                for message in snapshot:
+                    if isinstance(message, dict) and isinstance(message.get("id"), str):
+                        add(copy.deepcopy(message))
     for message in messages:
         if message.get("role") == "assistant" and message.get("content") == "" \
                 and message.get("toolCalls"):

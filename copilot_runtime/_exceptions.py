@@ -8,6 +8,7 @@
     │   ├── AgentNotFoundError      the agent id is not registered                     → 404
     │   ├── ThreadBusyError         a run is already active on the thread              → 409
     │   ├── PayloadTooLargeError    the body exceeds the configured limit              → 413
+    │   ├── RequestTimeoutError     the body stopped arriving                          → 408
     │   ├── AuthenticationError     no credentials, or bad ones                        → 401
     │   ├── RequestRejectedError    an `on_request` hook refused the request           → 403
     │   ├── ThreadNotFoundError     no such thread, or not the caller's                → 404
@@ -28,11 +29,13 @@
     ├── ClientDisconnected          the client left before its request body arrived (no answer)
     └── AgentExecutionError         a wrapped existing agent reported an error or no result
 
-Messages are written for the client: they never contain stack traces or file paths.
+Messages are written for the client: they never contain stack traces or file paths. What an
+upstream said is passed on only through `quoted`, which withholds text that holds either.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
@@ -58,6 +61,7 @@ __all__ = [
     "RateLimitedError",
     "RequestError",
     "RequestRejectedError",
+    "RequestTimeoutError",
     "ServiceUnavailableError",
     "ThreadBusyError",
     "ThreadNotFoundError",
@@ -66,7 +70,22 @@ __all__ = [
     "UpstreamError",
     "UpstreamProtocolError",
     "UpstreamTimeoutError",
+    "quoted",
 ]
+
+# What marks text as a program's insides: a Python or Node stack, or a source file's path.
+_INTERNALS = re.compile(
+    r"Traceback \(most recent call last\)|File \"[^\"]*\", line \d"
+    r"|\n\s+at \S.*\(.*:\d+:\d+\)"
+    r"|(?:[A-Za-z]:\\|/)[\w.@ -]*(?:[\\/][\w.@ -]+)*\.(?:py|pyc|js|mjs|cjs|ts|go|rb|java|rs|php)\b")
+
+
+def quoted(text: str, limit: int = 200) -> str | None:
+    """What an upstream said, fit to pass on to a client: at most `limit` characters, or
+    None when it holds a stack trace or a source file's path (a remote's own crash report)."""
+    if len(text) > limit:
+        text = text[:limit - 1] + "…"
+    return None if _INTERNALS.search(text) else text
 
 
 class CopilotRuntimeError(Exception):
@@ -138,6 +157,18 @@ class PayloadTooLargeError(RequestError):
     def __init__(self, limit: int) -> None:
         super().__init__(f"Request body exceeds the limit of {limit} bytes")
         self.limit = limit
+
+
+class RequestTimeoutError(RequestError):
+    """The client stopped sending its body part way (a stalled upload, or a client holding
+    the connection open on purpose)."""
+
+    status = 408
+    code = "REQUEST_TIMEOUT"
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"The request body stopped arriving for {seconds:g} s")
+        self.seconds = seconds
 
 
 class AuthenticationError(RequestError):

@@ -28,6 +28,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "check_json_depth",
     "check_json_text",
+    "nests_too_deep",
     "readable",
     "replayable",
     "storable",
@@ -65,8 +66,8 @@ def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
-def check_json_depth(data: Any, text: bytes | str, what: str = "The request body") -> None:
-    """Raise `JSONTooDeepError` if `data` (decoded from `text`) nests too deep.
+def nests_too_deep(data: Any, text: bytes | str) -> bool:
+    """True if `data` (decoded from `text`) nests deeper than `MAX_JSON_DEPTH`.
 
     A text with fewer opening brackets than the limit cannot nest deeper (the common
     case, decided at C speed); only the rest is walked.
@@ -75,7 +76,12 @@ def check_json_depth(data: Any, text: bytes | str, what: str = "The request body
         count = text.count("{") + text.count("[")
     else:
         count = text.count(b"{") + text.count(b"[")
-    if count > MAX_JSON_DEPTH and too_deep(data):
+    return count > MAX_JSON_DEPTH and too_deep(data)
+
+
+def check_json_depth(data: Any, text: bytes | str, what: str = "The request body") -> None:
+    """Raise `JSONTooDeepError` if `data` (decoded from `text`) nests too deep."""
+    if nests_too_deep(data, text):
         raise JSONTooDeepError(what, MAX_JSON_DEPTH)
 
 

@@ -30,7 +30,7 @@ from copilot_runtime._exceptions import (
     ThreadNotFoundError,
 )
 from copilot_runtime._input import RunInput
-from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, readable, storable
+from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, readable, replayable, storable
 from copilot_runtime._shared_runs import follow
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.coordination import LEASE_LOST_CODE, Coordinator, Lease, Signal
@@ -284,9 +284,14 @@ class ActiveRun:
         assert store is not None
         start, events = self._flushed, self.events[self._flushed:]
         try:
-            await store.append_events(self.thread_id, self.agent_id, self.run_id,
-                                      self.created_at, self.first_position + start, events,
-                                      owner=self.owner)
+            try:
+                await store.append_events(self.thread_id, self.agent_id, self.run_id,
+                                          self.created_at, self.first_position + start,
+                                          events, owner=self.owner)
+            except TypeError:  # orjson.JSONEncodeError: an event JSON cannot carry
+                await store.append_events(self.thread_id, self.agent_id, self.run_id,
+                                          self.created_at, self.first_position + start,
+                                          _encodable(events), owner=self.owner)
             self._flushed = start + len(events)
             self.manager.flushed(self, self.first_position + self._flushed - 1)
         except Exception:
@@ -359,14 +364,19 @@ class ActiveRun:
             durable = self.manager.durable
             if durable is not None:
                 # The unwritten rest of the raw events too, for exact resumes.
+                raw = self.events[self._flushed:]
+
                 def write() -> Awaitable[None]:
                     return durable.append_run(
                         self.thread_id, self.agent_id, stored, ids, owner=self.owner,
-                        raw_first=self.first_position + self._flushed,
-                        raw=self.events[self._flushed:])
+                        raw_first=self.first_position + self._flushed, raw=raw)
 
                 try:
-                    await write()
+                    try:
+                        await write()
+                    except TypeError:  # orjson.JSONEncodeError: a raw event JSON cannot carry
+                        raw = _encodable(raw)
+                        await write()
                 except ServiceUnavailableError:
                     # A store restarting or failing over: written once it is back, within
                     # `STORE_RETRY_FOR`, while the client waits for the run's last events
@@ -379,6 +389,16 @@ class ActiveRun:
                                                     owner=self.owner)
         except Exception:
             _log.exception("could not store run", thread_id=self.thread_id, run_id=self.run_id)
+
+
+def _encodable(events: Sequence[Event]) -> list[Event]:
+    """`events` one for one (their positions are kept), each as a store can encode it: one
+    that cannot be is reduced as `replayable` reduces it, or replaced by a marker."""
+    out: list[Event] = []
+    for event in events:
+        kept = replayable([event])
+        out.append(kept[0] if kept else ev.custom("copilot_runtime.dropped", None))
+    return out
 
 
 async def _retried(call: Callable[[], Awaitable[None]], seconds: float) -> None:

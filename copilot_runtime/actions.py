@@ -80,7 +80,12 @@ class Action:
         """Check `arguments` against the schema; return the keyword arguments for the handler."""
         if self._validator is None:
             self._validator = self._schema_validator()
-        errors = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
+        try:
+            errors = sorted(self._validator.iter_errors(arguments),
+                            key=lambda e: list(e.path))
+        except RecursionError:
+            raise ActionError("the arguments could not be checked: the tool's schema "
+                              "refers to itself without end") from None
         if errors:
             raise ActionError("; ".join(_describe(e) for e in errors[:5]))
         return arguments

@@ -10,6 +10,8 @@ existing FastAPI or Starlette app.
 from __future__ import annotations
 
 import contextlib
+import re
+import urllib.parse
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +23,7 @@ from copilot_runtime._exceptions import (
     JSONTooDeepError,
     PayloadTooLargeError,
     RequestError,
+    RequestTimeoutError,
 )
 from copilot_runtime._input import parse_json_body
 from copilot_runtime.hooks import ErrorInfo
@@ -36,6 +39,7 @@ from copilot_runtime.protocols.http import (
     read_body,
     request_info,
     send_bytes,
+    send_error,
     send_json,
     send_method_not_allowed,
 )
@@ -92,7 +96,7 @@ class CopilotEndpoint:
             # Served without our lifespan (a host app that does not run it, or a test
             # client): what runs beside the requests starts with the first one.
             await self.runtime.start()
-        path: str = scope["path"]
+        path = _routing_path(scope)
         root: str = scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root):]
@@ -189,6 +193,9 @@ class CopilotEndpoint:
             await send_json(request, 400, {"error": "invalid_request", "message":
                                            exc.message if too_deep else "Invalid JSON payload"})
             return
+        except RequestTimeoutError as exc:
+            await send_error(request, exc)
+            return
         except ClientDisconnected:
             return
         if isinstance(data, dict) and "query" in data and "method" not in data:
@@ -208,6 +215,30 @@ class CopilotEndpoint:
                 await self.runtime.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+_KEEP_ENCODED = re.compile(r"(%2[fF]|%25)")
+
+
+def _routing_path(scope: Scope) -> str:
+    """The path to route on, decoded once except for `%2F` and `%25`.
+
+    The server's `path` is percent-decoded already, and the routes unquote each segment
+    (a thread id may hold `/`): decoding twice made `threads/a%2541` name thread `aA`
+    (reading, renaming or deleting the wrong thread) and left an id with `/` unreachable.
+    From `raw_path`, an encoded `/` stays inside its segment and an encoded `%` is decoded
+    once, by the route. A `raw_path` that does not match `path` (rewritten by something in
+    front of this app) is not used.
+    """
+    path = str(scope["path"])
+    raw = scope.get("raw_path")
+    if not raw or b"%" not in raw:
+        return path
+    text = raw.split(b"?", 1)[0].decode("utf-8", "replace")
+    if urllib.parse.unquote(text) != path:
+        return path
+    return "".join(part.upper() if _KEEP_ENCODED.fullmatch(part) else urllib.parse.unquote(part)
+                   for part in _KEEP_ENCODED.split(text))
 
 
 def create_app(

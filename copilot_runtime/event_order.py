@@ -46,6 +46,8 @@ REQUIRED_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     ev.TOOL_CALL_END: ("toolCallId",),
     ev.TOOL_CALL_RESULT: ("messageId", "toolCallId", "content"),
     ev.RUN_ERROR: ("message",),
+    ev.STEP_STARTED: ("stepName",),
+    ev.STEP_FINISHED: ("stepName",),
 }
 
 
@@ -159,9 +161,9 @@ class RunEventOrder:
             elif kind == ev.TOOL_CALL_END:
                 drop = self._calls.pop(event["toolCallId"], 0) is not None
             elif kind == ev.STEP_STARTED:
-                self._steps[event.get("stepName", "")] = None
+                self._steps[str(event.get("stepName", ""))] = None
             elif kind == ev.STEP_FINISHED:
-                self._steps.pop(event.get("stepName", ""), None)
+                self._steps.pop(str(event.get("stepName", "")), None)
             elif kind == ev.RUN_STARTED:
                 drop = True  # the runtime already sent the run's RUN_STARTED
             elif kind in ev.TERMINAL_TYPES:

@@ -452,7 +452,13 @@ class MCPToolset:
         actions: dict[str, Action] = {}
         for conn in self._connections:
             for tool in conn.tools:
-                action = _tool_action(conn, tool, conn.prefix if counts[tool.name] > 1 else None)
+                try:
+                    action = _tool_action(conn, tool,
+                                          conn.prefix if counts[tool.name] > 1 else None)
+                except ConfigurationError as exc:  # an invalid schema, an empty name...
+                    _log.warning("MCP tool left out", server=conn.server.label,
+                                 tool=tool.name, error=str(exc))
+                    continue
                 if action.name in actions:  # e.g. `a.b` and `a_b` once made safe
                     _log.warning("MCP tool left out: its name is taken",
                                  server=conn.server.label, tool=tool.name)

@@ -35,6 +35,7 @@ from copilot_runtime.events import (
     text_message_end,
     text_message_start,
 )
+from copilot_runtime.protocols import http as http_edge
 from copilot_runtime.testing import MockOpenAIServer
 from copilot_runtime.threads import InMemoryThreadStore, SQLiteThreadStore, StoredRun
 from tests.conftest import (
@@ -451,6 +452,37 @@ async def test_slow_over_limit_upload_reads_its_413(llm: MockOpenAIServer, chunk
         finally:
             server.should_exit = True
             await task
+
+
+async def _stall_mid_body(port: int, method: str, path: str) -> bytes:
+    """Send the head and a third of the declared body, then nothing: the answer it gets."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json"
+                     "\r\nContent-Length: 30\r\n\r\n{\"threadId\":".encode())
+        await writer.drain()
+        return await reader.read(400)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("POST", "/api/agent/default/run"), ("POST", "/api"), ("PATCH", "/api/threads/t"),
+    ("POST", "/api/approvals/a")])
+async def test_a_body_that_stops_arriving_is_answered_408(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime, monkeypatch: pytest.MonkeyPatch,
+        method: str, path: str) -> None:
+    """A client that sends part of a body and stops held its request open for ever."""
+    monkeypatch.setattr(http_edge, "BODY_IDLE_SECONDS", 0.3)
+    async with asyncio.timeout(TIMEOUT), \
+            serve_runtime(openai_runtime(llm), "/api") as served:
+        port = int(served.url.rsplit(":", 1)[1].split("/", 1)[0])
+        started = time.monotonic()
+        answer = await _stall_mid_body(port, method, path)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert b'"code":"REQUEST_TIMEOUT"' in answer
+        assert time.monotonic() - started < 3
+        assert types(await served.run(run_input("after"))) [-1] == "RUN_FINISHED"
 
 
 # -- 9: a run's first event is not held up by other runs' work ------------------------------

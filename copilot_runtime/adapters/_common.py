@@ -6,7 +6,38 @@ from typing import Any, TypeVar
 
 import orjson
 
+from copilot_runtime._exceptions import UpstreamProtocolError, quoted
+
 _E = TypeVar("_E", bound=BaseException)
+
+#: The largest event a provider's stream may send (far beyond any real one).
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+#: An unfinished event longer than this is kept as its reads (`LongEvent`).
+LONG_EVENT_BYTES = 64 * 1024
+
+
+class LongEvent:
+    """An event still arriving past `LONG_EVENT_BYTES`, kept as its reads and joined only
+    when a read could end it (joining at every read costs the square of its length); one
+    over `MAX_EVENT_BYTES` is the upstream's error."""
+
+    __slots__ = ("_parts", "_size", "_what")
+
+    def __init__(self, head: bytes, what: str) -> None:
+        self._parts, self._size, self._what = [head], 0, what
+        self._grow(len(head))
+
+    def add(self, data: bytes) -> bytes | None:
+        """Everything so far once `data` holds a line end, else None (still arriving)."""
+        self._parts.append(data)
+        self._grow(len(data))
+        return b"".join(self._parts) if b"\n" in data else None
+
+    def _grow(self, size: int) -> None:
+        self._size += size
+        if self._size > MAX_EVENT_BYTES:
+            raise UpstreamProtocolError(
+                f"{self._what} sent an event larger than {MAX_EVENT_BYTES} bytes")
 
 
 def find_cause(exc: BaseException, kind: type[_E]) -> _E | None:
@@ -55,7 +86,7 @@ def error_body_message(body: Any, fallback: str) -> str:
         if not isinstance(message, str) and isinstance(error, dict):
             message = error.get("message")
         if isinstance(message, str) and message:
-            return message
+            return quoted(message, 500) or fallback
     return fallback
 
 

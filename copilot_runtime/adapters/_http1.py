@@ -123,8 +123,8 @@ class _Connection(asyncio.Protocol):
         if not self.complete and self.error is None:
             if not self.head_done:
                 self.error = Disconnected("closed before answering")
-            elif self._reads_to_close():
-                self.complete = True  # a body delimited by the connection's end
+            elif self._reads_to_close() and exc is None:
+                self.complete = True  # a body delimited by the connection's (clean) end
             else:
                 self.error = BodyError("closed before the end of the body")
         self._cancel_timer()

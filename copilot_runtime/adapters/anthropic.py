@@ -45,9 +45,12 @@ from copilot_runtime._exceptions import (
     UpstreamError,
     UpstreamProtocolError,
     UpstreamTimeoutError,
+    quoted,
 )
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
+    LONG_EVENT_BYTES,
+    LongEvent,
     arguments_object,
     error_body_message,
     find_cause,
@@ -258,6 +261,9 @@ class AnthropicAdapter:
             raise UpstreamConnectionError("Could not reach the Anthropic API") from None
         except anthropic.AnthropicError as exc:
             raise UpstreamError(f"Anthropic request failed: {exc}") from None
+        except httpx2.DecodingError:
+            raise UpstreamProtocolError(
+                "The Anthropic API sent a body that could not be decoded") from None
         except httpx2.TimeoutException:
             raise UpstreamTimeoutError("Anthropic request timed out") from None
         except httpx2.TransportError:
@@ -319,11 +325,13 @@ class AnthropicStreamParser:
     numbered by the API (`index`); tool-use blocks are renumbered 0, 1, ... as call indexes.
     """
 
-    __slots__ = ("_args_seen", "_buffer", "_calls", "_open_thinking", "done", "extra_usage",
+    __slots__ = ("_args_seen", "_buffer", "_calls", "_long", "_open_thinking", "done",
+                 "extra_usage",
                  "finish_reason", "input_tokens", "output_tokens", "thinking", "tool_ids")
 
     def __init__(self) -> None:
         self._buffer = b""
+        self._long: LongEvent | None = None
         #: The answer's thinking blocks, whole and signed, and its tool_use ids.
         self.thinking: list[dict[str, Any]] = []
         self.tool_ids: list[str] = []
@@ -337,10 +345,21 @@ class AnthropicStreamParser:
         self.extra_usage: dict[str, Any] = {}
 
     def feed(self, data: bytes) -> list[ChatDelta]:
-        buffer = self._buffer + data if self._buffer else data
+        if self._long is not None:
+            joined = self._long.add(data)
+            if joined is None:
+                return []
+            buffer, self._long = joined, None
+        else:
+            buffer = self._buffer + data if self._buffer else data
+        if b"\r" in buffer:  # CRLF line ends, which the SSE spec allows (JSON has no raw CR)
+            buffer = buffer.replace(b"\r\n", b"\n")
         end = buffer.rfind(b"\n\n")
         if end < 0:
-            self._buffer = buffer
+            if len(buffer) > LONG_EVENT_BYTES:
+                self._long, self._buffer = LongEvent(buffer, "The Anthropic stream"), b""
+            else:
+                self._buffer = buffer
             return []
         self._buffer = buffer[end + 2 :]
         out: list[ChatDelta] = []
@@ -367,34 +386,42 @@ class AnthropicStreamParser:
         return []
 
     def event(self, event: dict[str, Any], out: list[ChatDelta]) -> None:
+        """One decoded event; a field of the wrong type is an `UpstreamProtocolError`."""
+        try:
+            self._event(event, out)
+        except (AttributeError, TypeError, KeyError, ValueError):
+            raise UpstreamProtocolError(
+                "The Anthropic stream sent an event of an unexpected shape") from None
+
+    def _event(self, event: dict[str, Any], out: list[ChatDelta]) -> None:
         kind = event.get("type")
         if kind == "content_block_delta":
             delta = event.get("delta") or {}
             delta_kind = delta.get("type")
             if delta_kind == "text_delta":
-                if delta.get("text"):
+                if _text(delta.get("text")):
                     out.append(TextDelta(delta["text"]))
             elif delta_kind == "input_json_delta":
                 index = event.get("index", 0)
                 call = self._calls.get(index)
-                if call is not None and delta.get("partial_json"):
+                if call is not None and _text(delta.get("partial_json")):
                     self._args_seen.add(index)
                     out.append(ToolCallDelta(call, None, None, delta["partial_json"]))
             elif delta_kind == "thinking_delta":
-                text = delta.get("thinking")
+                text = _text(delta.get("thinking"))
                 open_block = self._open_thinking.get(event.get("index", 0))
                 if text and open_block is not None:
                     open_block[0].append(text)
                     out.append(ReasoningDelta(text))
             elif delta_kind == "signature_delta":
                 open_block = self._open_thinking.get(event.get("index", 0))
-                if open_block is not None and delta.get("signature"):
+                if open_block is not None and _text(delta.get("signature")):
                     open_block[1].append(delta["signature"])
         elif kind == "content_block_start":
             block = event.get("content_block") or {}
             index = event.get("index", 0)
             if block.get("type") == "text":
-                if block.get("text"):
+                if _text(block.get("text")):
                     out.append(TextDelta(block["text"]))
             elif block.get("type") == "thinking":
                 self._open_thinking[index] = ([block.get("thinking") or ""],
@@ -402,6 +429,7 @@ class AnthropicStreamParser:
             elif block.get("type") == "redacted_thinking":
                 self.thinking.append({"type": "redacted_thinking", "data": block.get("data")})
             elif block.get("type") == "tool_use":
+                _text(block.get("id")), _text(block.get("name"))
                 if block.get("id"):
                     self.tool_ids.append(block["id"])
                 call = self._calls[index] = len(self._calls)
@@ -434,19 +462,31 @@ class AnthropicStreamParser:
         elif kind == "error":
             error = event.get("error") or {}
             message = error.get("message") if isinstance(error, dict) else str(error)
-            raise UpstreamError(f"Anthropic reported an error mid-stream: {message}")
+            raise UpstreamError(f"Anthropic reported an error mid-stream: "
+                                f"{quoted(str(message), 500) or 'no message fit to show'}")
         # `ping` and unknown future events are ignored
 
     def _usage(self, data: Any) -> None:
+        """Token counts; one of another type is left out rather than failing the answer."""
         if not isinstance(data, dict):
             return
-        if data.get("input_tokens") is not None:
-            self.input_tokens = data["input_tokens"]
-        if data.get("output_tokens") is not None:
-            self.output_tokens = data["output_tokens"]
+        for key in ("input_tokens", "output_tokens"):
+            if _count(data.get(key)):
+                setattr(self, key, data[key])
         for key in ("cache_creation_input_tokens", "cache_read_input_tokens"):
-            if data.get(key):
+            if _count(data.get(key)) and data[key]:
                 self.extra_usage[key] = data[key]
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _text(value: Any) -> str | None:
+    """A string field of a streamed event, or None when absent; any other type is refused."""
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError("not a string")
 
 
 def to_anthropic_messages(

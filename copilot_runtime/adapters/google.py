@@ -48,9 +48,16 @@ from copilot_runtime._exceptions import (
     UpstreamError,
     UpstreamProtocolError,
     UpstreamTimeoutError,
+    quoted,
 )
 from copilot_runtime.adapters import _direct, _http1
-from copilot_runtime.adapters._common import arguments_object, text_of, usage
+from copilot_runtime.adapters._common import (
+    LONG_EVENT_BYTES,
+    LongEvent,
+    arguments_object,
+    text_of,
+    usage,
+)
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -345,10 +352,11 @@ class GeminiStreamParser:
     """`streamGenerateContent` SSE frames (raw bytes, or the SDK's chunks as REST JSON) to
     `ChatDelta`s: text, thought summaries, function calls, then usage and the finish."""
 
-    __slots__ = ("_buffer", "_meta", "_remember", "calls", "done", "reason")
+    __slots__ = ("_buffer", "_long", "_meta", "_remember", "calls", "done", "reason")
 
     def __init__(self, remember: Callable[[str, bytes], None] | None = None) -> None:
         self._buffer = b""
+        self._long: LongEvent | None = None
         self._remember = remember
         self._meta: dict[str, Any] = {}
         self.calls = 0
@@ -358,10 +366,19 @@ class GeminiStreamParser:
         self.done = False
 
     def feed(self, data: bytes) -> list[ChatDelta]:
-        buffer = self._buffer + data if self._buffer else data
+        if self._long is not None:
+            joined = self._long.add(data)
+            if joined is None:
+                return []
+            buffer, self._long = joined, None
+        else:
+            buffer = self._buffer + data if self._buffer else data
         end = buffer.rfind(b"\n")
         if end < 0:
-            self._buffer = buffer
+            if len(buffer) > LONG_EVENT_BYTES:
+                self._long, self._buffer = LongEvent(buffer, "The Gemini stream"), b""
+            else:
+                self._buffer = buffer
             return []
         self._buffer = buffer[end + 1 :]
         out: list[ChatDelta] = []
@@ -381,15 +398,19 @@ class GeminiStreamParser:
         error = chunk.get("error")
         if error is not None:
             message = error.get("message") if isinstance(error, dict) else None
-            raise UpstreamError(f"Gemini reported an error mid-stream: {message or error}")
+            said = quoted(str(message or error), 500) or "no message fit to show"
+            raise UpstreamError(f"Gemini reported an error mid-stream: {said}")
         meta = chunk.get("usageMetadata")
         if isinstance(meta, dict):
-            self._meta = meta
+            # counts of another type are left out rather than failing a finished answer
+            self._meta = {k: v for k, v in meta.items()
+                          if isinstance(v, int) and not isinstance(v, bool)}
         candidates = chunk.get("candidates")
         if candidates:
             try:
                 self._candidate(candidates[0], out)
-            except (AttributeError, TypeError, KeyError, IndexError):
+            except (AttributeError, TypeError, KeyError, IndexError, ValueError):
+                # ValueError: binascii.Error of a thought signature that is not base64
                 raise UpstreamProtocolError(
                     "The Gemini stream sent a chunk of an unexpected shape") from None
         feedback = chunk.get("promptFeedback")
@@ -400,6 +421,9 @@ class GeminiStreamParser:
         for part in (candidate.get("content") or {}).get("parts") or ():
             call = part.get("functionCall")
             if call is not None:
+                if not isinstance(call.get("id") or "", str) or not isinstance(
+                        call.get("name") or "", str):
+                    raise TypeError("a function call's id or name is not a string")
                 call_id = call.get("id") or f"call_{uuid.uuid4().hex[:24]}"
                 signature = part.get("thoughtSignature")
                 if signature and self._remember is not None:
@@ -408,6 +432,8 @@ class GeminiStreamParser:
                                          orjson.dumps(call.get("args") or {}).decode()))
                 self.calls += 1
             elif part.get("text"):
+                if not isinstance(part["text"], str):
+                    raise TypeError("a text part that is not a string")
                 out.append(ReasoningDelta(part["text"]) if part.get("thought")
                            else TextDelta(part["text"]))
         reason = candidate.get("finishReason")

@@ -33,6 +33,7 @@ from copilot_runtime._exceptions import (
     UpstreamTimeoutError,
 )
 from copilot_runtime.adapters import _direct, _http1
+from copilot_runtime.adapters._common import LONG_EVENT_BYTES, LongEvent
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -223,6 +224,9 @@ class OpenAIAdapter:
             raise UpstreamConnectionError("Could not reach the OpenAI API") from None
         except openai.OpenAIError as exc:
             raise UpstreamError(f"OpenAI request failed: {exc}") from None
+        except httpx2.DecodingError:
+            raise UpstreamProtocolError(
+                "The OpenAI API sent a body that could not be decoded") from None
         except httpx2.TimeoutException:
             raise UpstreamTimeoutError(self._silent()) from None
         except httpx2.TransportError:
@@ -435,19 +439,31 @@ class ChatCompletionsStreamParser:
     per-chunk cost is what the hot path pays 50 times per answer.
     """
 
-    __slots__ = ("_buffer", "done", "finish_reason", "usage")
+    __slots__ = ("_buffer", "_long", "done", "finish_reason", "usage")
 
     def __init__(self) -> None:
         self._buffer = b""
+        self._long: LongEvent | None = None
         self.done = False
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
 
     def feed(self, data: bytes) -> list[ChatDelta]:
-        buffer = self._buffer + data if self._buffer else data
+        if self._long is not None:
+            joined = self._long.add(data)
+            if joined is None:
+                return []
+            buffer, self._long = joined, None
+        else:
+            buffer = self._buffer + data if self._buffer else data
+        if b"\r" in buffer:  # CRLF line ends, which the SSE spec allows (JSON has no raw CR)
+            buffer = buffer.replace(b"\r\n", b"\n")
         end = buffer.rfind(b"\n\n")
         if end < 0:
-            self._buffer = buffer
+            if len(buffer) > LONG_EVENT_BYTES:
+                self._long, self._buffer = LongEvent(buffer, "The OpenAI stream"), b""
+            else:
+                self._buffer = buffer
             return []
         self._buffer = buffer[end + 2 :]
         block = buffer[:end]
@@ -467,7 +483,8 @@ class ChatCompletionsStreamParser:
                 raise UpstreamProtocolError(
                     "The OpenAI stream sent a chunk that does not match the Chat Completions "
                     "format") from None
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, UnicodeDecodeError):
+                # msgspec reports bytes that are not UTF-8 as a UnicodeDecodeError
                 raise UpstreamProtocolError("The OpenAI stream sent malformed JSON") from None
             self._chunks(chunks, out)
         if self.done:

@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 import structlog
 
-from copilot_runtime._exceptions import UpstreamError, UpstreamTimeoutError
+from copilot_runtime._exceptions import UpstreamError, UpstreamTimeoutError, quoted
 
 __all__ = ["SessionHolder", "Timeouts", "error_for_exception", "error_for_status"]
 
@@ -85,7 +85,8 @@ async def error_for_status(response: aiohttp.ClientResponse, what: str) -> Upstr
             for key in ("message", "error", "detail"):
                 value = payload.get(key)
                 if isinstance(value, str) and value:
-                    detail = f": {value[:200]}"
+                    said = quoted(value)  # None: a crash report, not for the client
+                    detail = f": {said}" if said else ""
                     break
     except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, ValueError):
         pass

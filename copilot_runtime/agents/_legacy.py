@@ -17,7 +17,8 @@ from typing import Any
 import orjson
 
 from copilot_runtime import events as ev
-from copilot_runtime._exceptions import UpstreamError
+from copilot_runtime._exceptions import UpstreamError, quoted
+from copilot_runtime._limits import MAX_JSON_DEPTH, nests_too_deep
 from copilot_runtime.agents._wire import StateDeltaEncoder
 from copilot_runtime.events import Event
 
@@ -120,7 +121,8 @@ class _Translator:
             self.step = None
 
     def failure(self, kind: Any) -> UpstreamError:
-        detail = f" ({kind})" if isinstance(kind, str) and kind else ""
+        said = quoted(kind, 100) if isinstance(kind, str) and kind else None
+        detail = f" ({said})" if said else ""
         return UpstreamError(f"{self.source} failed{detail}")
 
 
@@ -264,9 +266,13 @@ class RuntimeEventTranslator(_Translator):
             state = line.get("state")
             if isinstance(state, str):
                 try:
-                    state = orjson.loads(state)
+                    text, state = state, orjson.loads(state)
                 except orjson.JSONDecodeError:
                     state = {}
+                else:
+                    if nests_too_deep(state, text):
+                        raise UpstreamError(f"{self.source} sent state nested deeper than "
+                                            f"{MAX_JSON_DEPTH} levels")
             self.state_sync(line.get("nodeName"), bool(line.get("active")), state, out)
         elif kind == "MetaEvent":
             out.append(ev.custom(str(line.get("name")), line.get("value")))

@@ -20,7 +20,8 @@ import orjson
 import structlog
 
 from copilot_runtime import events as ev
-from copilot_runtime._exceptions import ChunkError, UpstreamError
+from copilot_runtime._exceptions import ChunkError, UpstreamError, quoted
+from copilot_runtime._limits import MAX_JSON_DEPTH, nests_too_deep
 from copilot_runtime.event_order import ChunkState, OrderChecker, expand_chunks
 from copilot_runtime.events import Event, EventType
 
@@ -29,29 +30,50 @@ __all__ = ["RemoteEventChecker", "SSEDecoder", "StateDeltaEncoder", "strip_nulls
 _log = structlog.get_logger("copilot_runtime.agents")
 
 _KNOWN_TYPES: Final = frozenset(t.value for t in EventType)
-# Fields whose values are the application's data: a null inside them is meaningful.
-
+#: The largest SSE frame (one event) a remote agent may send.
+MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
 
 
 class SSEDecoder:
-    """Incremental SSE parser: `feed(bytes)` returns the complete `data:` payloads so far."""
+    """Incremental SSE parser: `feed(bytes)` returns the complete `data:` payloads so far.
 
-    __slots__ = ("_buffer",)
+    Each read is looked at once: the reads of an unfinished frame are kept apart and joined
+    when it ends (joining them at every read would cost the square of a long frame's
+    length), and a frame longer than `MAX_FRAME_BYTES` fails as the remote's error.
+    """
 
-    def __init__(self) -> None:
-        self._buffer = b""
+    __slots__ = ("_cr", "_parts", "_size", "_source")
+
+    def __init__(self, source: str = "The remote agent") -> None:
+        self._source = source
+        self._parts: list[bytes] = []  # the reads of the unfinished frame
+        self._size = 0
+        self._cr = False  # the last read ended with a CR: maybe half of a CRLF
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        buffer = self._buffer + chunk if self._buffer else chunk
-        if b"\r" in buffer:
-            # A CR at the very end may be the first half of a CRLF split across reads.
-            keep_cr = buffer.endswith(b"\r")
-            buffer = buffer[:-1] if keep_cr else buffer
-            buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-            if keep_cr:
-                buffer += b"\r"
-        frames = buffer.split(b"\n\n")
-        self._buffer = frames.pop()
+        if self._cr:
+            chunk, self._cr = b"\r" + chunk, False
+        if b"\r" in chunk:
+            if chunk.endswith(b"\r"):
+                chunk, self._cr = chunk[:-1], True
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        parts = self._parts
+        # A frame ends at a blank line, which may straddle the previous read's end.
+        if b"\n\n" not in chunk and not (
+                chunk.startswith(b"\n") and parts and parts[-1].endswith(b"\n")):
+            if chunk:
+                parts.append(chunk)
+                self._size += len(chunk)
+                if self._size > MAX_FRAME_BYTES:
+                    raise UpstreamError(f"{self._source} sent an event larger than "
+                                        f"{MAX_FRAME_BYTES} bytes")
+            return []
+        frames = (b"".join((*parts, chunk)) if parts else chunk).split(b"\n\n")
+        rest = frames.pop()
+        self._parts, self._size = ([rest], len(rest)) if rest else ([], 0)
+        if self._size > MAX_FRAME_BYTES:
+            raise UpstreamError(f"{self._source} sent an event larger than "
+                                f"{MAX_FRAME_BYTES} bytes")
         payloads: list[bytes] = []
         for frame in frames:
             if frame.startswith(b"data: ") and b"\n" not in frame:
@@ -70,7 +92,7 @@ class SSEDecoder:
 
     def pending(self) -> bool:
         """True when bytes of an unfinished frame are buffered."""
-        return bool(self._buffer.strip())
+        return any(part.strip() for part in self._parts)
 
 
 def strip_nulls(value: Any) -> Any:
@@ -81,6 +103,25 @@ def strip_nulls(value: Any) -> Any:
     if isinstance(value, list):
         return [strip_nulls(item) for item in value]
     return value
+
+
+def _shape_problem(event: dict[str, Any]) -> str | None:
+    """What makes a remote event unusable downstream (clients' schemas, the thread routes,
+    the encoder's depth), beyond the order rules; None if nothing."""
+    kind = event["type"]
+    if kind == ev.MESSAGES_SNAPSHOT:
+        messages = event.get("messages")
+        if not isinstance(messages, list) or not all(
+                isinstance(m, dict) and isinstance(m.get("id"), str)
+                and isinstance(m.get("role"), str) for m in messages):
+            return "whose 'messages' is not a list of messages with string ids and roles"
+    elif kind == ev.STATE_DELTA:
+        delta = event.get("delta")
+        if not isinstance(delta, list) or not all(isinstance(op, dict) for op in delta):
+            return "whose 'delta' is not a JSON Patch (a list of operations)"
+    elif kind == ev.RUN_ERROR and "code" in event and not isinstance(event["code"], str):
+        return "with a 'code' that is not a string"
+    return None
 
 
 def _needs_strip(event: dict[str, Any]) -> bool:
@@ -115,6 +156,8 @@ class RemoteEventChecker:
             except orjson.JSONDecodeError:
                 raise self._error(f"sent an event that is not valid JSON: {payload[:80]!r}") \
                     from None
+            if nests_too_deep(event, payload):  # before anything walks it recursively
+                raise self._error(f"sent an event nested deeper than {MAX_JSON_DEPTH} levels")
             events.append(event)
         return self.check(events)
 
@@ -129,6 +172,14 @@ class RemoteEventChecker:
                 _log.warning("dropping an event of unknown type", source=self.source,
                              type=event["type"])
                 continue
+            problem = _shape_problem(event)
+            if problem is not None:
+                raise self._error(f"sent {event['type']} {problem}")
+            if event["type"] == ev.RUN_ERROR and isinstance(event.get("message"), str):
+                said = quoted(event["message"], 500)
+                if said != event["message"]:
+                    event = {**event, "message": said or f"{self.source} failed (its message "
+                             "is withheld: it held a stack trace or a file path)"}
             known.append(event)
         try:
             expanded = expand_chunks(known, self._chunks)

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from ag_ui.core import (
     AssistantMessage,
     FunctionCall,
@@ -62,11 +63,32 @@ from copilot_runtime.events import (
 __all__ = ["BuiltInAgent"]
 
 
+# What a tool call's events have said so far.
+_HELD, _OPEN, _ENDED = 0, 1, 2
+
+
 @dataclass(slots=True)
 class _Call:
     id: str
     name: str
     arguments: list[str] = field(default_factory=list)
+    #: `_HELD` until its name is known (TOOL_CALL_START needs it), then `_OPEN`, `_ENDED`.
+    said: int = _HELD
+
+    def start(self, message_id: str, out: list[Event]) -> None:
+        """Its TOOL_CALL_START, and the arguments that came before its name."""
+        self.said = _OPEN
+        out.append(tool_call_start(self.id, self.name, message_id))
+        if self.arguments:
+            out.append(tool_call_args(self.id, "".join(self.arguments)))
+
+    def complete(self) -> bool:
+        """Whether its arguments so far are a whole JSON value (no piece can follow)."""
+        try:
+            orjson.loads("".join(self.arguments))
+        except orjson.JSONDecodeError:
+            return False
+        return True
 
 
 @dataclass(slots=True)
@@ -124,16 +146,24 @@ class _Answer:
                     if text_open:
                         batch.append(text_message_end(message_id))
                         text_open = False
-                    if open_call is not None:
+                    # The call before ends here unless its arguments are unfinished: then
+                    # the provider interleaves parallel calls (0, 1, 0, 1) and it ends with
+                    # the answer, as no piece may follow a call's TOOL_CALL_END.
+                    if open_call is not None and open_call.said == _OPEN \
+                            and open_call.complete():
+                        open_call.said = _ENDED
                         batch.append(tool_call_end(open_call.id))
-                    call = _Call(delta.id or f"call_{uuid.uuid4().hex[:24]}", delta.name or "")
+                    call = _Call(delta.id or f"call_{uuid.uuid4().hex[:24]}", "")
                     by_index[delta.call_index] = call
                     calls.append(call)
                     open_call = call
-                    batch.append(tool_call_start(call.id, call.name, message_id))
                 if delta.arguments:
                     call.arguments.append(delta.arguments)
-                    batch.append(tool_call_args(call.id, delta.arguments))
+                    if call.said == _OPEN:
+                        batch.append(tool_call_args(call.id, delta.arguments))
+                if call.said == _HELD and delta.name:
+                    call.name = delta.name  # it may come after the id, as the SDK allows
+                    call.start(message_id, batch)
             elif type(delta) is ReasoningDelta:
                 if self.show_reasoning and delta.text:
                     if self.reasoning_id is None:
@@ -154,9 +184,13 @@ class _Answer:
         if self.text_open:
             tail.append(text_message_end(self.message_id))
             self.text_open = False
-        if self.open_call is not None:
-            tail.append(tool_call_end(self.open_call.id))
-            self.open_call = None
+        for call in self.calls:
+            if call.said == _HELD:
+                call.start(self.message_id, tail)  # no name ever came: said as it is
+            if call.said == _OPEN:
+                call.said = _ENDED
+                tail.append(tool_call_end(call.id))
+        self.open_call = None
         return tail
 
     def message(self) -> AssistantMessage:

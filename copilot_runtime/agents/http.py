@@ -89,7 +89,7 @@ class HttpAgent(Agent):
                 if not content_type.startswith("text/event-stream"):
                     raise UpstreamError(f"{what} answered with content type "
                                         f"{content_type or 'none'!r}, not an event stream")
-                decoder = SSEDecoder()
+                decoder = SSEDecoder(what)
                 async for chunk in response.content.iter_any():
                     batch = checker.payloads(decoder.feed(chunk))
                     if batch:

@@ -26,6 +26,7 @@ import structlog
 
 from copilot_runtime._exceptions import ActionError, ConfigurationError, UpstreamError
 from copilot_runtime._input import RunInput
+from copilot_runtime._limits import MAX_JSON_DEPTH, nests_too_deep
 from copilot_runtime.actions import Action
 from copilot_runtime.agents._http_client import (
     SessionHolder,
@@ -48,6 +49,8 @@ __all__ = ["CopilotKitRemoteEndpoint", "RemoteDiscovery", "RemoteEndpointAgent",
            "RetryPolicy"]
 
 _log = structlog.get_logger("copilot_runtime.agents")
+#: The longest JSONL line (one event) a remote endpoint may send.
+MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +163,8 @@ class CopilotKitRemoteEndpoint:
                     forwarded: Mapping[str, str] | None, *, safe: bool) -> dict[str, Any]:
         async with self.post(path, body, what, forwarded, safe=safe) as response:
             try:
-                answer = orjson.loads(await response.read())
+                text = await response.read()
+                answer = orjson.loads(text)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise error_for_exception(exc, what, self.url + path) from None
             except orjson.JSONDecodeError:
@@ -168,6 +172,9 @@ class CopilotKitRemoteEndpoint:
                     from None
         if not isinstance(answer, dict):
             raise UpstreamError(f"{what} answered with something other than a JSON object")
+        if nests_too_deep(answer, text):
+            raise UpstreamError(f"{what} answered with JSON nested deeper than {MAX_JSON_DEPTH} "
+                                "levels")
         return answer
 
     def post(self, path: str, body: dict[str, Any], what: str,
@@ -248,7 +255,12 @@ class RemoteEndpointAgent(Agent):
                                       context.headers, safe=False) as response:
             try:
                 async for line in _json_lines(response.content):
-                    batch = checker.check(translator.translate(line))
+                    try:
+                        translated = translator.translate(line)
+                    except (AttributeError, TypeError, KeyError, ValueError):
+                        raise UpstreamError(f"{what} sent a line of an unexpected shape") \
+                            from None
+                    batch = checker.check(translated)
                     if batch:
                         yield batch
                     if checker.finished:
@@ -320,16 +332,27 @@ def _closing(translator: LangGraphJsonlTranslator | RuntimeEventTranslator) -> l
 
 
 async def _json_lines(content: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]]:
-    """The objects of a JSONL body, as lines complete (blank lines skipped)."""
-    buffer = b""
+    """The objects of a JSONL body, as lines complete (blank lines skipped). The reads of an
+    unfinished line are joined once it ends (not at every read: a long line would cost the
+    square of its length); a line longer than `MAX_LINE_BYTES` is the remote's error."""
+    parts: list[bytes] = []
+    size = 0
     async for chunk in content.iter_any():
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
+        if b"\n" not in chunk:
+            parts.append(chunk)
+            size += len(chunk)
+            if size > MAX_LINE_BYTES:
+                raise UpstreamError(f"The remote agent sent a line longer than {MAX_LINE_BYTES} "
+                                    "bytes")
+            continue
+        *lines, rest = (b"".join((*parts, chunk)) if parts else chunk).split(b"\n")
+        parts, size = ([rest], len(rest)) if rest else ([], 0)
         for line in lines:
             if line.strip():
                 yield _parse_line(line)
-    if buffer.strip():
-        yield _parse_line(buffer)
+    rest = b"".join(parts)
+    if rest.strip():
+        yield _parse_line(rest)
 
 
 def _parse_line(line: bytes) -> dict[str, Any]:
@@ -339,4 +362,7 @@ def _parse_line(line: bytes) -> dict[str, Any]:
         raise UpstreamError("The remote agent sent a line that is not JSON") from None
     if not isinstance(value, dict):
         raise UpstreamError("The remote agent sent a line that is not a JSON object")
+    if nests_too_deep(value, line):
+        raise UpstreamError(f"The remote agent sent a line nested deeper than {MAX_JSON_DEPTH} "
+                            "levels")
     return value

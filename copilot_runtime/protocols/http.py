@@ -31,6 +31,7 @@ from copilot_runtime._exceptions import (
     PayloadTooLargeError,
     RateLimitedError,
     RequestError,
+    RequestTimeoutError,
     ServiceUnavailableError,
 )
 from copilot_runtime._limits import replayable
@@ -157,10 +158,14 @@ def request_info(request: Request) -> RequestInfo:
 # long: see `_drain`.
 _DRAIN_BYTES = 64 * 1024 * 1024
 _DRAIN_SECONDS = 30.0
+#: The longest silence while a body arrives: past it the request is answered 408, so a
+#: client that sends part of a body and stops cannot hold its request open for ever.
+BODY_IDLE_SECONDS = 30.0
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, or `PayloadTooLargeError` once it is known to exceed `limit`."""
+    """The whole body, or `PayloadTooLargeError` once it is known to exceed `limit`
+    (`RequestTimeoutError` if it stops arriving for `BODY_IDLE_SECONDS`)."""
     declared = request.headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         await _drain(request, int(declared))
@@ -168,7 +173,11 @@ async def read_body(request: Request, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await request.receive()
+        try:
+            async with asyncio.timeout(BODY_IDLE_SECONDS):
+                message = await request.receive()
+        except TimeoutError:
+            raise RequestTimeoutError(BODY_IDLE_SECONDS) from None
         if message["type"] == "http.disconnect":
             raise ClientDisconnected
         body = message.get("body", b"")
@@ -216,6 +225,7 @@ async def send_json(request: Request, status: int, payload: Any,
 _TITLES = {
     "THREAD_BUSY": "Thread busy",
     "PAYLOAD_TOO_LARGE": "Payload too large",
+    "REQUEST_TIMEOUT": "Request timeout",
     "APPROVAL_ERROR": "Approval error",
     "APPROVAL_NOT_FOUND": "Approval not found",
     "APPROVAL_EXPIRED": "Approval expired",

@@ -106,8 +106,10 @@ def _settings(data: Mapping[str, Any]) -> dict[str, Any]:
             settings[key] = given[key]
     max_tokens = given.get("maxTokens")
     if max_tokens is not None:
-        # A GraphQL Float; the model wants a whole number of tokens.
-        settings["maxTokens"] = int(max_tokens) if float(max_tokens).is_integer() else max_tokens
+        # A GraphQL Float; the model wants a whole number of tokens. One beyond 64 bits
+        # stays a float (refused as not a whole number): no stage could encode it.
+        settings["maxTokens"] = int(max_tokens) if float(max_tokens).is_integer() and abs(
+            max_tokens) < 2**63 else max_tokens
     choice = given.get("toolChoice")
     if choice == "function":
         choice = given.get("toolChoiceFunctionName")  # the one tool the model must call

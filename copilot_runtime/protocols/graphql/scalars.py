@@ -21,6 +21,8 @@ from graphql import (
     value_from_ast_untyped,
 )
 
+from copilot_runtime._limits import MAX_JSON_DEPTH, too_deep
+
 __all__ = ["install_scalars"]
 
 
@@ -56,10 +58,34 @@ def _parse_object(value: Any) -> dict[str, Any]:
     return value
 
 
+#: The integers orjson (every later stage: the stream, the stores) can encode.
+_MIN_INT, _MAX_INT = -(2**63), 2**64 - 1
+
+
+def _json_literal(node: ValueNode, variables: Any) -> Any:
+    """A literal as JSON, held to what a JSON body may carry: GraphQL's integer literals have
+    no size limit and its literals nest up to the parser's 200 levels, but orjson writes
+    only 64-bit integers, and every JSON input is bounded to `MAX_JSON_DEPTH`."""
+    value = value_from_ast_untyped(node, variables)
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, int) and not isinstance(item, bool) and not (
+                _MIN_INT <= item <= _MAX_INT):
+            raise GraphQLError("JSON integers must fit in 64 bits")
+    if too_deep(value, MAX_JSON_DEPTH):
+        raise GraphQLError(f"JSON is nested too deep (at most {MAX_JSON_DEPTH} levels)")
+    return value
+
+
 def _parse_object_literal(node: ValueNode, variables: Any = None) -> dict[str, Any]:
     if not isinstance(node, ObjectValueNode):
         raise GraphQLError(f"JSONObject expects an object, got {print_ast(node)}")
-    return _parse_object(value_from_ast_untyped(node, variables))
+    return _parse_object(_json_literal(node, variables))
 
 
 def _identity(value: Any) -> Any:
@@ -67,7 +93,7 @@ def _identity(value: Any) -> Any:
 
 
 def _parse_json_literal(node: ValueNode, variables: Any = None) -> Any:
-    return value_from_ast_untyped(node, variables)
+    return _json_literal(node, variables)
 
 
 def install_scalars(schema: GraphQLSchema) -> None:

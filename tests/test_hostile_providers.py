@@ -1,0 +1,490 @@
+"""A misbehaving LLM provider cannot break the AG-UI stream, the thread, or the next run.
+
+A raw loopback upstream answers each request with a script of bytes, pauses and a TCP reset
+(OpenAI Chat Completions, Anthropic Messages and Gemini SSE wire formats), and the runtime is
+served by uvicorn. Covered: fields of the wrong type (a number where text belongs), chunks of
+an unexpected shape, token counts that are strings, bytes that are not UTF-8, a thought
+signature that is not base64, interleaved parallel tool calls, a tool call whose name comes in
+a later delta, CRLF-framed SSE, and a reset of a body delimited by the connection's close.
+Every client stream must pass `verify_events`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+
+from copilot_runtime import CopilotRuntime, OpenAIAdapter
+from copilot_runtime.adapters import ServiceAdapter
+from copilot_runtime.adapters.anthropic import AnthropicAdapter
+from copilot_runtime.adapters.google import GoogleGenAIAdapter
+from copilot_runtime.testing import verify_events
+from tests.conftest import Served, ServeRuntime, parse_sse, run_input, text_of, types
+from tests.test_hardening import assert_clean
+
+pytestmark = pytest.mark.timeout(60)
+
+TIMEOUT_S = 30
+RESET = "reset"  # a step of a script: end the connection with a TCP RST
+Step = bytes | float | str  # bytes are written, a float is a pause in seconds, or RESET
+
+SET_COLOR = {"name": "setColor", "description": "Sets the colour",
+             "parameters": {"type": "object", "properties": {"c": {"type": "string"}}}}
+PROVIDER_WORDS = {"openai": "OpenAI", "anthropic": "Anthropic", "google": "Gemini"}
+
+
+# ---- a scripted upstream ---------------------------------------------------------------------
+
+
+class ScriptedUpstream:
+    """Answers request N with script N (the last one again after that), then closes."""
+
+    def __init__(self, *scripts: list[Step]) -> None:
+        self.scripts = scripts
+        self.requests: list[bytes] = []
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> ScriptedUpstream:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            self.requests.append(head + await reader.readexactly(length))
+            for step in self.scripts[min(len(self.requests), len(self.scripts)) - 1]:
+                if isinstance(step, bytes):
+                    writer.write(step)
+                    await writer.drain()
+                elif isinstance(step, float):
+                    await asyncio.sleep(step)
+                else:
+                    assert step == RESET
+                    sock = writer.get_extra_info("socket")
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    writer.transport.abort()
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+#: A 200 answer whose body ends with the connection (no Content-Length, not chunked).
+HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        b"Connection: close\r\n\r\n")
+
+
+def sse(data: Any) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def crlf(script: list[Step]) -> list[Step]:
+    """The script with every SSE line ended by CRLF (the HTTP head is already)."""
+    return [script[0], *(s.replace(b"\n", b"\r\n") if isinstance(s, bytes) else s
+                         for s in script[1:])]
+
+
+# OpenAI Chat Completions
+
+def oa_text(text: str) -> bytes:
+    return sse({"id": "c", "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
+
+
+def oa_tool(index: int, call_id: str | None = None, name: str | None = None,
+            arguments: str | None = None) -> bytes:
+    function: dict[str, Any] = {}
+    if name is not None:
+        function["name"] = name
+    if arguments is not None:
+        function["arguments"] = arguments
+    call: dict[str, Any] = {"index": index, "type": "function", "function": function}
+    if call_id is not None:
+        call["id"] = call_id
+    return sse({"id": "c", "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {"tool_calls": [call]},
+                             "finish_reason": None}]})
+
+
+def oa_finish(reason: str = "stop") -> bytes:
+    return sse({"id": "c", "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
+
+
+OA_DONE = b"data: [DONE]\n\n"
+
+
+def oa_answer(text: str) -> list[Step]:
+    return [HEAD, oa_text(text), oa_finish(), OA_DONE]
+
+
+# Anthropic Messages
+
+def an(event: dict[str, Any]) -> bytes:
+    return f"event: {event['type']}\n".encode() + sse(event)
+
+
+AN_START = an({"type": "message_start", "message": {
+    "id": "msg_1", "type": "message", "role": "assistant", "content": [],
+    "usage": {"input_tokens": 3, "output_tokens": 0}}})
+AN_OPEN_TEXT = an({"type": "content_block_start", "index": 0,
+                   "content_block": {"type": "text", "text": ""}})
+
+
+def an_delta(delta: Any, index: Any = 0) -> bytes:
+    return an({"type": "content_block_delta", "index": index, "delta": delta})
+
+
+def an_stop(index: int = 0) -> bytes:
+    return an({"type": "content_block_stop", "index": index})
+
+
+def an_text_block(text: str) -> list[Step]:
+    return [AN_OPEN_TEXT, an_delta({"type": "text_delta", "text": text}), an_stop()]
+
+
+def an_tool_start(index: int, call_id: Any = "toolu_1", name: Any = "setColor") -> bytes:
+    return an({"type": "content_block_start", "index": index, "content_block": {
+        "type": "tool_use", "id": call_id, "name": name, "input": {}}})
+
+
+def an_args(index: int, piece: Any) -> bytes:
+    return an_delta({"type": "input_json_delta", "partial_json": piece}, index)
+
+
+def an_end(reason: str = "end_turn") -> list[Step]:
+    return [an({"type": "message_delta", "delta": {"stop_reason": reason},
+                "usage": {"output_tokens": 2}}), an({"type": "message_stop"})]
+
+
+def an_answer(text: str) -> list[Step]:
+    return [HEAD, AN_START, *an_text_block(text), *an_end()]
+
+
+# Gemini streamGenerateContent
+
+def gm_parts(*parts: Any, reason: str | None = None, usage: Any = None) -> bytes:
+    candidate: dict[str, Any] = {"content": {"parts": list(parts), "role": "model"}}
+    if reason is not None:
+        candidate["finishReason"] = reason
+    chunk: dict[str, Any] = {"candidates": [candidate]}
+    if usage is not None:
+        chunk["usageMetadata"] = usage
+    return sse(chunk)
+
+
+def gm_call(name: Any = "setColor", call_id: Any = None, signature: str | None = None
+            ) -> dict[str, Any]:
+    call: dict[str, Any] = {"name": name, "args": {"c": "red"}}
+    if call_id is not None:
+        call["id"] = call_id
+    part: dict[str, Any] = {"functionCall": call}
+    if signature is not None:
+        part["thoughtSignature"] = signature
+    return part
+
+
+def gm_answer(text: str) -> list[Step]:
+    return [HEAD, gm_parts({"text": text}), gm_parts(reason="STOP", usage={
+        "promptTokenCount": 3, "candidatesTokenCount": 2})]
+
+
+ANSWER = {"openai": oa_answer, "anthropic": an_answer, "google": gm_answer}
+
+
+# ---- the runtime in front of it --------------------------------------------------------------
+
+
+def make_adapter(provider: str, url: str, transport: str) -> ServiceAdapter:
+    options: dict[str, Any] = {"max_retries": 0, "timeout": 10, "transport": transport}
+    if provider == "openai":
+        return OpenAIAdapter(base_url=url + "/v1", api_key="sk-mock", **options)
+    if provider == "anthropic":
+        return AnthropicAdapter(base_url=url, api_key="sk-mock", **options)
+    return GoogleGenAIAdapter(base_url=url, api_key="mock-key", **options)
+
+
+@contextlib.asynccontextmanager
+async def hostile(serve_runtime: ServeRuntime, provider: str, *scripts: list[Step],
+                  transport: str = "direct") -> AsyncIterator[tuple[Served, ScriptedUpstream]]:
+    async with asyncio.timeout(TIMEOUT_S), ScriptedUpstream(*scripts) as upstream:
+        runtime = CopilotRuntime(service_adapter=make_adapter(provider, upstream.url,
+                                                              transport))
+        async with serve_runtime(runtime) as served:
+            yield served, upstream
+
+
+async def run(served: Served, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The client's events of one run, checked: valid AG-UI, nothing internal leaked."""
+    response = await served.post("/agent/default/run", body)
+    assert response.status == 200, await response.text()
+    raw = await response.read()
+    assert_clean(raw)
+    events = parse_sse(raw)
+    verify_events(events)
+    return events
+
+
+def protocol_error(events: list[dict[str, Any]], provider: str) -> None:
+    assert types(events)[-1] == "RUN_ERROR", events
+    assert events[-1]["code"] == "UPSTREAM_PROTOCOL_ERROR", events[-1]
+    assert PROVIDER_WORDS[provider] in events[-1]["message"], events[-1]
+
+
+def tool_calls(events: list[dict[str, Any]]) -> dict[str, tuple[str, Any]]:
+    """Each tool call's name and parsed arguments, by id, as the client assembles them."""
+    names = {e["toolCallId"]: e["toolCallName"] for e in events
+             if e["type"] == "TOOL_CALL_START"}
+    args = {call_id: "".join(e["delta"] for e in events
+                             if e["type"] == "TOOL_CALL_ARGS" and e["toolCallId"] == call_id)
+            for call_id in names}
+    return {call_id: (names[call_id], orjson.loads(args[call_id])) for call_id in names}
+
+
+def tool_order(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(e["type"].removeprefix("TOOL_CALL_"), e["toolCallId"]) for e in events
+            if e["type"] in ("TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END")]
+
+
+# ---- A: a number where text belongs ----------------------------------------------------------
+
+NON_STRING: dict[str, tuple[str, list[Step]]] = {
+    "anthropic-text_delta": ("anthropic", [
+        HEAD, AN_START, AN_OPEN_TEXT, an_delta({"type": "text_delta", "text": 5}), an_stop(),
+        *an_end()]),
+    "anthropic-partial_json": ("anthropic", [
+        HEAD, AN_START, an_tool_start(0), an_args(0, 5), an_stop(), *an_end("tool_use")]),
+    "anthropic-tool_id": ("anthropic", [
+        HEAD, AN_START, an_tool_start(0, call_id=7), an_args(0, '{"c":"red"}'), an_stop(),
+        *an_end("tool_use")]),
+    "anthropic-tool_name": ("anthropic", [
+        HEAD, AN_START, an_tool_start(0, name=7), an_args(0, '{"c":"red"}'), an_stop(),
+        *an_end("tool_use")]),
+    "google-text": ("google", [HEAD, gm_parts({"text": 5}), gm_parts(reason="STOP")]),
+    "google-call_id": ("google", [HEAD, gm_parts(gm_call(call_id=5), reason="STOP")]),
+    "google-call_name": ("google", [HEAD, gm_parts(gm_call(name=5), reason="STOP")]),
+}
+
+
+@pytest.mark.parametrize("case", NON_STRING)
+async def test_a_number_where_text_belongs_is_a_protocol_error(
+        serve_runtime: ServeRuntime, case: str) -> None:
+    provider, script = NON_STRING[case]
+    thread = f"t-{case}"
+    async with hostile(serve_runtime, provider, script, ANSWER[provider]("all good")) \
+            as (served, _):
+        events = await run(served, run_input("hi", thread=thread, tools=[SET_COLOR]))
+        protocol_error(events, provider)
+        response = await served.session.get(served.url + f"/threads/{thread}/messages")
+        assert response.status == 200, await response.text()
+        stored = (await response.json())["messages"]
+        assert [m["content"] for m in stored if m["role"] == "user"] == ["hi"]
+        follow_up = await run(served, run_input("again", thread=thread, run="run-2",
+                                                tools=[SET_COLOR]))
+    assert types(follow_up)[-1] == "RUN_FINISHED", follow_up
+    assert text_of(follow_up) == "all good"
+
+
+# ---- B: chunks of an unexpected shape --------------------------------------------------------
+
+MALFORMED: dict[str, tuple[str, list[Step]]] = {
+    "openai-not_utf8": ("openai", [
+        HEAD, oa_text("a"),
+        b'data: {"choices":[{"index":0,"delta":{"content":"\xff\xfe bad"}}]}\n\n',
+        oa_finish(), OA_DONE]),
+    "anthropic-delta_not_object": ("anthropic", [
+        HEAD, AN_START, AN_OPEN_TEXT, an_delta("oops"), an_stop(), *an_end()]),
+    "anthropic-content_block_not_object": ("anthropic", [
+        HEAD, AN_START, an({"type": "content_block_start", "index": 0, "content_block": [1]}),
+        *an_end()]),
+    "anthropic-index_a_list": ("anthropic", [
+        HEAD, AN_START, an({"type": "content_block_start", "index": [0], "content_block": {
+            "type": "tool_use", "id": "toolu_1", "name": "setColor", "input": {}}}),
+        *an_end("tool_use")]),
+    "google-signature_not_base64": ("google", [
+        HEAD, gm_parts(gm_call(signature="!!!not base64!!!"), reason="STOP")]),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+async def test_a_malformed_chunk_is_a_protocol_error_not_an_agent_crash(
+        serve_runtime: ServeRuntime, case: str) -> None:
+    provider, script = MALFORMED[case]
+    async with hostile(serve_runtime, provider, script, ANSWER[provider]("all good")) \
+            as (served, _):
+        events = await run(served, run_input("hi", thread=f"t-{case}", tools=[SET_COLOR]))
+        protocol_error(events, provider)
+        follow_up = await run(served, run_input("again", thread=f"t-{case}", run="run-2"))
+    assert text_of(follow_up) == "all good"
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_body_that_does_not_decompress_is_a_protocol_error(
+        serve_runtime: ServeRuntime, provider: str) -> None:
+    """Through the SDK's route, whose HTTP client decodes a gzip body as it reads it."""
+    script: list[Step] = [HEAD.replace(b"Connection:", b"Content-Encoding: gzip\r\nConnection:"),
+                          b"\x1f\x8b\x08\x00garbage, not gzip"]
+    async with hostile(serve_runtime, provider, script, ANSWER[provider]("all good"),
+                       transport="sdk") as (served, _):
+        events = await run(served, run_input("hi"))
+        protocol_error(events, provider)
+        follow_up = await run(served, run_input("again", run="run-2"))
+    assert text_of(follow_up) == "all good"
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "google"])
+async def test_token_counts_that_are_strings_are_ignored(serve_runtime: ServeRuntime,
+                                                         provider: str) -> None:
+    if provider == "anthropic":
+        script: list[Step] = [
+            HEAD, an({"type": "message_start", "message": {
+                "id": "msg_1", "type": "message", "role": "assistant", "content": [],
+                "usage": {"input_tokens": "12", "output_tokens": 0,
+                          "cache_read_input_tokens": "4"}}}),
+            *an_text_block("the answer"), *an_end()]
+    else:
+        script = [HEAD, gm_parts({"text": "the answer"}), gm_parts(reason="STOP", usage={
+            "promptTokenCount": "3", "candidatesTokenCount": 2})]
+    async with hostile(serve_runtime, provider, script) as (served, _):
+        events = await run(served, run_input("hi"))
+    assert types(events)[-1] == "RUN_FINISHED", events
+    assert text_of(events) == "the answer"
+
+
+# ---- C: parallel tool calls whose argument pieces interleave ---------------------------------
+
+INTERLEAVED: dict[str, list[Step]] = {
+    "openai": [HEAD, oa_tool(0, "c1", "setColor", ""), oa_tool(1, "c2", "setColor", ""),
+               oa_tool(0, arguments='{"c":'), oa_tool(1, arguments='{"c":'),
+               oa_tool(0, arguments='"red"}'), oa_tool(1, arguments='"blue"}'),
+               oa_finish("tool_calls"), OA_DONE],
+    "anthropic": [HEAD, AN_START, an_tool_start(0, "c1"), an_tool_start(1, "c2"),
+                  an_args(0, '{"c":'), an_args(1, '{"c":'), an_args(0, '"red"}'),
+                  an_args(1, '"blue"}'), an_stop(0), an_stop(1), *an_end("tool_use")],
+}
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_interleaved_parallel_tool_calls_get_all_their_arguments(
+        serve_runtime: ServeRuntime, provider: str) -> None:
+    async with hostile(serve_runtime, provider, INTERLEAVED[provider]) as (served, upstream):
+        events = await run(served, run_input("paint", thread="t-par", tools=[SET_COLOR]))
+        stored = await (await served.session.get(
+            served.url + "/threads/t-par/messages")).json()
+    assert types(events)[-1] == "RUN_FINISHED", events
+    assert tool_calls(events) == {"c1": ("setColor", {"c": "red"}),
+                                  "c2": ("setColor", {"c": "blue"})}
+    order = tool_order(events)
+    for call_id in ("c1", "c2"):  # no piece of a call after its end (verify_events too)
+        assert order.index(("END", call_id)) > max(
+            i for i, step in enumerate(order) if step == ("ARGS", call_id))
+    assert "TOOL_CALL_RESULT" not in types(events)  # frontend tools: the client runs them
+    assert len(upstream.requests) == 1
+    (assistant,) = [m for m in stored["messages"] if m.get("toolCalls")]
+    assert {c["id"]: orjson.loads(c["function"]["arguments"])
+            for c in assistant["toolCalls"]} == {"c1": {"c": "red"}, "c2": {"c": "blue"}}
+
+
+@pytest.mark.parametrize("split", [False, True])
+async def test_sequential_tool_calls_keep_their_order(serve_runtime: ServeRuntime,
+                                                      split: bool) -> None:
+    """Regression guard, passes on the old code too: a call whose arguments are complete
+    JSON still ends when the next call starts (START, ARGS, END of c1, then of c2)."""
+    if split:
+        calls = [oa_tool(0, "c1", "setColor", ""), oa_tool(0, arguments='{"c":'),
+                 oa_tool(0, arguments='"red"}'), oa_tool(1, "c2", "setColor", ""),
+                 oa_tool(1, arguments='{"c":"blue"}')]
+    else:
+        calls = [oa_tool(0, "c1", "setColor", '{"c":"red"}'),
+                 oa_tool(1, "c2", "setColor", '{"c":"blue"}')]
+    script: list[Step] = [HEAD, *calls, oa_finish("tool_calls"), OA_DONE]
+    async with hostile(serve_runtime, "openai", script) as (served, _):
+        events = await run(served, run_input("paint", tools=[SET_COLOR]))
+    assert types(events)[-1] == "RUN_FINISHED", events
+    order = [step for i, step in enumerate(tool_order(events))
+             if i == 0 or step != tool_order(events)[i - 1]]  # ARGS pieces as one
+    assert order == [("START", "c1"), ("ARGS", "c1"), ("END", "c1"),
+                     ("START", "c2"), ("ARGS", "c2"), ("END", "c2")]
+    assert tool_calls(events) == {"c1": ("setColor", {"c": "red"}),
+                                  "c2": ("setColor", {"c": "blue"})}
+
+
+# ---- D: a tool call's name in a later delta --------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["direct", "sdk"])
+async def test_a_tool_name_in_a_later_delta_calls_that_frontend_tool(
+        serve_runtime: ServeRuntime, transport: str) -> None:
+    script: list[Step] = [HEAD, oa_tool(0, "c1"), oa_tool(0, name="setColor"),
+                          oa_tool(0, arguments='{"c":"red"}'), oa_finish("tool_calls"), OA_DONE]
+    async with hostile(serve_runtime, "openai", script, oa_answer("the model again"),
+                       transport=transport) as (served, upstream):
+        events = await run(served, run_input("paint", tools=[SET_COLOR]))
+    assert types(events)[-1] == "RUN_FINISHED", events
+    (start,) = [e for e in events if e["type"] == "TOOL_CALL_START"]
+    assert (start["toolCallId"], start["toolCallName"]) == ("c1", "setColor")
+    assert tool_calls(events) == {"c1": ("setColor", {"c": "red"})}
+    # the client runs its tool: no server-side attempt, no second request to the model
+    assert "TOOL_CALL_RESULT" not in types(events)
+    assert len(upstream.requests) == 1
+    assert text_of(events) == ""
+
+
+# ---- E: SSE framed with CRLF -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_crlf_framed_sse_is_an_answer(serve_runtime: ServeRuntime, provider: str) -> None:
+    async with hostile(serve_runtime, provider, crlf(ANSWER[provider]("hello"))) as (served, _):
+        events = await run(served, run_input("hi"))
+    assert types(events)[-1] == "RUN_FINISHED", events
+    assert text_of(events) == "hello"
+
+
+async def test_crlf_split_between_reads_is_an_answer(serve_runtime: ServeRuntime) -> None:
+    r"""An event's "\r\n\r\n" arriving in two reads ("\r" | "\n\r\n") still ends it."""
+    first, second = oa_text("hel").replace(b"\n", b"\r\n"), oa_text("lo").replace(b"\n", b"\r\n")
+    script: list[Step] = [HEAD, first[:-3], 0.05, first[-3:] + second[:-1], 0.05, second[-1:],
+                          *crlf([HEAD, oa_finish(), OA_DONE])[1:]]
+    async with hostile(serve_runtime, "openai", script) as (served, _):
+        events = await run(served, run_input("hi"))
+    assert types(events)[-1] == "RUN_FINISHED", events
+    assert text_of(events) == "hello"
+
+
+# ---- F: a reset of a body delimited by the connection's close --------------------------------
+
+RESET_MID: dict[str, list[Step]] = {
+    "openai": [HEAD, oa_text("a"), 0.1, RESET],
+    "anthropic": [HEAD, AN_START, *an_text_block("a"), 0.1, RESET],
+}
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_reset_mid_body_is_a_connection_error(serve_runtime: ServeRuntime,
+                                                      provider: str) -> None:
+    async with hostile(serve_runtime, provider, RESET_MID[provider]) as (served, _):
+        events = await run(served, run_input("hi"))
+    assert types(events)[-1] == "RUN_ERROR", events
+    assert events[-1]["code"] == "UPSTREAM_CONNECTION_ERROR", events[-1]

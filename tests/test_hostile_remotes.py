@@ -1,0 +1,590 @@
+"""Misbehaving upstreams cannot break a run, a thread or the client's stream.
+
+A remote AG-UI agent (`HttpAgent`) that sends events of the wrong shape, or nested deeper than
+any stage can carry, ends its run with one `RUN_ERROR` (UPSTREAM_ERROR) that says what was
+wrong, and the thread stays readable and usable; a remote's own crash report (a stack trace, a
+file path) never reaches the client, while a plain message still does. The SSE decoder joins a
+long frame once (linear, not quadratic) and caps a frame's size. A legacy remote endpoint's
+JSONL lines of an unexpected shape, a too deep `/agents/state` answer and a too long line are
+the remote's error, said as such. An MCP tool whose input schema is invalid is left out (the
+server's other tools stay offered, at start and after `tools/list_changed`), and one whose
+schema refers to itself answers the model with a tool error instead of failing the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver import MCPServer as SDKServer
+from mcp.types import Tool
+from structlog.testing import capture_logs
+
+from copilot_runtime import (
+    CopilotRuntime,
+    MCPServer,
+    MCPToolset,
+    OpenAIAdapter,
+    UpstreamError,
+)
+from copilot_runtime._limits import MAX_JSON_DEPTH
+from copilot_runtime.agents import _wire, remote_endpoint
+from copilot_runtime.agents._http_client import Timeouts
+from copilot_runtime.agents._wire import SSEDecoder
+from copilot_runtime.agents.http import HttpAgent
+from copilot_runtime.agents.remote_endpoint import (
+    CopilotKitRemoteEndpoint,
+    RemoteEndpointAgent,
+    RetryPolicy,
+)
+from copilot_runtime.testing import MockOpenAIServer, verify_events
+from copilot_runtime.testing.loopback import LoopbackServer, pause
+from tests.conftest import Served, ServeRuntime, run_input, serve, text_of, types
+
+TIMEOUT_S = 60
+Json = dict[str, Any]
+# What a remote's own crash report would show, and what the client must never see.
+_INTERNALS = ("Traceback", 'File "', ".py")
+_TRACEBACK = ('Traceback (most recent call last):\n  File "/srv/agent/app.py", line 12, in run'
+              "\n    raise ValueError(\"boom\")\nValueError: boom")
+
+
+def sse(event: Json) -> bytes:
+    return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+def raw_sse(text: str) -> bytes:
+    """A frame of JSON text as it is (orjson cannot write what nests over 254 levels)."""
+    return b"data: " + text.encode() + b"\n\n"
+
+
+def deep(levels: int) -> str:
+    return '{"d":' * levels + "1" + "}" * levels
+
+
+def leaks(events: list[Json]) -> list[str]:
+    blob = orjson.dumps(events).decode()
+    return [marker for marker in _INTERNALS if marker in blob]
+
+
+STARTED: Json = {"type": "RUN_STARTED", "threadId": "T", "runId": "R"}
+FINISHED: Json = {"type": "RUN_FINISHED", "threadId": "T", "runId": "R"}
+START: Json = {"type": "TEXT_MESSAGE_START", "messageId": "m1", "role": "assistant"}
+CONTENT: Json = {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": "hello"}
+END: Json = {"type": "TEXT_MESSAGE_END", "messageId": "m1"}
+
+
+def snapshot(messages: Any) -> list[bytes]:
+    return [sse(STARTED), sse({"type": "MESSAGES_SNAPSHOT", "messages": messages}), sse(FINISHED)]
+
+
+_NOT_MESSAGES = "sent MESSAGES_SNAPSHOT whose 'messages' is not a list of messages with string ids"
+_TOO_DEEP = f"sent an event nested deeper than {MAX_JSON_DEPTH} levels"
+
+# name -> (the remote's SSE body, what the client's RUN_ERROR must say after "Remote agent 'name' ")
+SHAPES: dict[str, tuple[list[bytes], str]] = {
+    "snapshot-of-strings": (snapshot(["garbage", 5]), _NOT_MESSAGES),
+    "snapshot-without-id": (snapshot([{"role": "assistant", "content": "x"}]), _NOT_MESSAGES),
+    "snapshot-dict": (snapshot({"a": {"id": "x", "role": "user", "content": "x"}}),
+                      _NOT_MESSAGES),
+    "snapshot-int": (snapshot(7), _NOT_MESSAGES),
+    "delta-string": ([sse(STARTED), sse({"type": "STATE_SNAPSHOT", "snapshot": {"a": 1}}),
+                      sse({"type": "STATE_DELTA", "delta": "not a patch"}), sse(FINISHED)],
+                     "sent STATE_DELTA whose 'delta' is not a JSON Patch"),
+    "error-code-int": ([sse(STARTED), sse({"type": "RUN_ERROR", "message": "boom", "code": 500})],
+                       "sent RUN_ERROR with a 'code' that is not a string"),
+    "step-name-list": ([sse(STARTED), sse({"type": "STEP_STARTED", "stepName": ["a"]}),
+                        sse({"type": "STEP_FINISHED", "stepName": ["a"]}), sse(FINISHED)],
+                       "sent STEP_STARTED without a string 'stepName'"),
+    "step-name-dict": ([sse(STARTED), sse({"type": "STEP_STARTED", "stepName": "plan"}),
+                        sse({"type": "STEP_FINISHED", "stepName": {"a": 1}}), sse(FINISHED)],
+                       "sent STEP_FINISHED without a string 'stepName'"),
+    "deep-state-snapshot": ([sse(STARTED), raw_sse(
+        f'{{"type":"STATE_SNAPSHOT","snapshot":{deep(600)}}}'),
+        sse(START), sse(CONTENT), sse(END), sse(FINISHED)], _TOO_DEEP),
+    "deep-extra-on-start": ([sse(STARTED), raw_sse(
+        '{"type":"TEXT_MESSAGE_START","messageId":"m1","role":"assistant",'
+        f'"extra":{deep(600)}}}'), sse(CONTENT), sse(END), sse(FINISHED)], _TOO_DEEP),
+    "deep-custom": ([sse(STARTED), raw_sse(f'{{"type":"CUSTOM","name":"x","extra":{deep(1000)}}}'),
+                     sse(FINISHED)], _TOO_DEEP),
+}
+
+# name -> (HTTP status, the remote's SSE body or its JSON error body)
+CRASH_REPORTS: dict[str, tuple[int, list[bytes] | Json]] = {
+    "run-error-traceback": (200, [sse(STARTED), sse(
+        {"type": "RUN_ERROR", "message": _TRACEBACK, "code": "CRASHED"})]),
+    "run-error-path": (200, [sse(STARTED), sse(
+        {"type": "RUN_ERROR", "message": "could not read /srv/agent/settings.py",
+         "code": "CRASHED"})]),
+    "run-error-plain": (200, [sse(STARTED), sse(
+        {"type": "RUN_ERROR", "message": "model overloaded", "code": "CRASHED"})]),
+    "http-traceback": (502, {"detail": _TRACEBACK}),
+    "http-plain": (502, {"detail": "model overloaded"}),
+}
+
+
+class HostileAGUIServer(LoopbackServer):
+    """`POST /s/{name}` answers scenario `name` of `SHAPES` or `CRASH_REPORTS` as it is, or a
+    well-formed answer ("fine") when the last message says "normal"."""
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/s/{name}", self._agent)
+
+    def url(self, name: str) -> str:
+        return f"http://{self.host}:{self.port}/s/{name}"
+
+    async def _agent(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        name = request.match_info["name"]
+        status, frames = CRASH_REPORTS.get(name) or (200, SHAPES[name][0])
+        if body["messages"][-1].get("content") == "normal":
+            thread, run = body["threadId"], body["runId"]
+            status, frames = 200, [
+                sse({"type": "RUN_STARTED", "threadId": thread, "runId": run}),
+                sse({**START, "messageId": f"m-{run}"}),
+                sse({**CONTENT, "messageId": f"m-{run}", "delta": "fine"}),
+                sse({**END, "messageId": f"m-{run}"}),
+                sse({"type": "RUN_FINISHED", "threadId": thread, "runId": run})]
+        if isinstance(frames, dict):
+            return web.json_response(frames, status=status)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for frame in frames:
+            await response.write(frame)
+        await response.write_eof()
+        return response
+
+
+@pytest.fixture
+async def hostile() -> AsyncIterator[HostileAGUIServer]:
+    async with HostileAGUIServer() as server:
+        yield server
+
+
+def remote_runtime(server: HostileAGUIServer, names: list[str]) -> CopilotRuntime:
+    return CopilotRuntime(agents={
+        name: HttpAgent(server.url(name), timeouts=Timeouts(read=10, total=30))
+        for name in names})
+
+
+def one_run_error(events: list[Json]) -> Json:
+    """The stream is valid AG-UI and ends with its only terminal event, a RUN_ERROR."""
+    verify_events(events)
+    terminal = [e for e in events if e["type"] in ("RUN_FINISHED", "RUN_ERROR")]
+    assert terminal == [events[-1]], types(events)
+    assert events[-1]["type"] == "RUN_ERROR", types(events)
+    assert not leaks(events), events[-1]
+    return events[-1]
+
+
+async def get_json(served: Served, path: str) -> Any:
+    response = await served.session.get(served.url + path)
+    assert response.status == 200, (path, await response.text())
+    return await response.json()
+
+
+# ---- a remote AG-UI agent's events of the wrong shape ---------------------------------------
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize("name", list(SHAPES))
+async def test_remote_event_of_a_wrong_shape_fails_the_run_not_the_thread(
+        name: str, hostile: HostileAGUIServer, serve_runtime: ServeRuntime) -> None:
+    thread = f"t-{name}"
+    async with serve_runtime(remote_runtime(hostile, [name])) as served:
+        events = await served.run(run_input("hello", thread=thread, run="r1"), agent=name)
+        error = one_run_error(events)
+        assert error["code"] == "UPSTREAM_ERROR", error
+        assert error["message"].startswith(f"Remote agent '{name}' {SHAPES[name][1]}"), error
+        # the thread's stored run reads back, whatever the remote sent
+        for what in ("messages", "events", "state"):
+            await get_json(served, f"/threads/{thread}/{what}")
+        follow_up = await served.run(run_input("normal", thread=thread, run="r2"), agent=name)
+        messages = orjson.dumps(await get_json(served, f"/threads/{thread}/messages"))
+    verify_events(follow_up)
+    assert types(follow_up)[-1] == "RUN_FINISHED"
+    assert text_of(follow_up) == "fine"
+    assert b'"fine"' in messages
+
+
+# ---- what a remote says about its own failure ------------------------------------------------
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize(("name", "message"), [
+    ("run-error-traceback", "Remote agent 'run-error-traceback' failed (its message is "
+                            "withheld: it held a stack trace or a file path)"),
+    ("run-error-path", "Remote agent 'run-error-path' failed (its message is withheld: it "
+                       "held a stack trace or a file path)"),
+    ("http-traceback", "Remote agent 'http-traceback' answered HTTP 502"),
+    # controls: a plain message is passed on, as before
+    ("run-error-plain", "model overloaded"),
+    ("http-plain", "Remote agent 'http-plain' answered HTTP 502: model overloaded"),
+])
+async def test_a_remotes_crash_report_is_withheld_a_plain_message_passed_on(
+        name: str, message: str, hostile: HostileAGUIServer,
+        serve_runtime: ServeRuntime) -> None:
+    async with serve_runtime(remote_runtime(hostile, [name])) as served:
+        events = await served.run(run_input("hello", thread=f"t-{name}"), agent=name)
+    error = one_run_error(events)
+    assert error["message"] == message
+    assert error["code"] == ("CRASHED" if name.startswith("run-error") else "UPSTREAM_ERROR")
+
+
+# ---- the SSE decoder -------------------------------------------------------------------------
+
+
+_STREAM = (b'data: {"type":"A"}\r\n\r\n: keep-alive\r\n\r\ndata: {"type":\r\ndata: "B"}\r\r'
+           b'event: x\nid: 3\ndata: {"type":"C"}\n\ndata: {"type":"D"}\r\n\r\n')
+_PAYLOADS = [b'{"type":"A"}', b'{"type":\n"B"}', b'{"type":"C"}', b'{"type":"D"}']
+
+
+def feed_all(decoder: SSEDecoder, reads: list[bytes]) -> list[bytes]:
+    payloads: list[bytes] = []
+    for read in reads:
+        payloads += decoder.feed(read)
+    return payloads
+
+
+def in_reads(data: bytes, size: int = 65536) -> list[bytes]:
+    return [data[i:i + size] for i in range(0, len(data), size)]
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+def test_sse_decoder_gives_the_same_payloads_however_the_reads_split() -> None:
+    """(A guard for the rewritten decoder: the old one, which re-joined its buffer at each
+    read, split correctly too.) Every split into two and three reads, and byte by byte,
+    including a CRLF and a blank line cut between reads."""
+    assert SSEDecoder().feed(_STREAM) == _PAYLOADS
+    splits: list[tuple[int, ...]] = [(cut,) for cut in range(1, len(_STREAM))] + [
+        (cut, second) for cut in range(1, len(_STREAM)) for second in range(cut + 1, len(_STREAM))]
+    splits.append(tuple(range(1, len(_STREAM))))
+    for cuts in splits:
+        decoder = SSEDecoder()
+        bounds = [0, *cuts, len(_STREAM)]
+        got = feed_all(decoder, [_STREAM[a:b] for a, b in itertools.pairwise(bounds)])
+        assert got == _PAYLOADS, cuts
+        assert not decoder.pending()
+    decoder = SSEDecoder()
+    assert decoder.feed(b'data: {"type":"A"}\r') == []
+    assert decoder.pending()
+    assert decoder.feed(b"\n\r\n") == [b'{"type":"A"}']
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+def test_sse_frame_larger_than_the_cap_is_the_remotes_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cap = 1 << 20
+    monkeypatch.setattr(_wire, "MAX_FRAME_BYTES", cap, raising=False)
+    # just under the cap: decoded
+    frame = b'data: {"v":"' + b"y" * (cap - 100) + b'"}\n\n'
+    assert [len(p) for p in feed_all(SSEDecoder(), in_reads(frame))] == [len(frame) - 8]
+    # over it, arriving in reads (and never ending): refused
+    with pytest.raises(UpstreamError, match=f"sent an event larger than {cap} bytes"):
+        feed_all(SSEDecoder(), in_reads(b"data: " + b"y" * (2 * cap)))
+    # in one read, after a complete frame
+    with pytest.raises(UpstreamError, match="larger than"):
+        SSEDecoder().feed(b'data: {"type":"A"}\n\ndata: ' + b"y" * (cap + 10))
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+def test_sse_decoder_joins_a_long_frame_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 24 MiB frame in 64 KiB reads takes a fraction of a second; joining the buffer at
+    every read (the old decoder) took seconds, growing with the square of the size."""
+    monkeypatch.setattr(_wire, "MAX_FRAME_BYTES", 64 << 20, raising=False)  # (not the subject)
+    size, limit = 24 << 20, 1.5
+    frame = b'data: {"type":"CUSTOM","name":"x","value":"' + b"y" * size + b'"}\n\n'
+    reads = in_reads(frame)
+    decoder = SSEDecoder()
+    got: list[bytes] = []
+    started = time.perf_counter()
+    for count, read in enumerate(reads, 1):
+        got += decoder.feed(read)
+        elapsed = time.perf_counter() - started
+        assert elapsed < limit, f"{count} of {len(reads)} reads took {elapsed:.2f}s"
+    assert len(got) == 1
+    assert len(orjson.loads(got[0])["value"]) == size
+
+
+# ---- a legacy remote endpoint (CopilotKitRemoteEndpoint) -------------------------------------
+
+
+def jsonl(*lines: Json) -> bytes:
+    return b"".join(orjson.dumps(line) + b"\n" for line in lines)
+
+
+def model_chunk(metadata: Json | None = None, **chunk: Any) -> Json:
+    return {"event": "on_chat_model_stream", "metadata": metadata or {},
+            "data": {"chunk": {"id": "m1", "content": "", **chunk}}}
+
+
+_SHAPE = "sent a line of an unexpected shape"
+# name -> (langgraph JSONL lines, what the RUN_ERROR says after "Remote agent 'name' ")
+LEGACY: dict[str, tuple[bytes, str]] = {
+    "response-metadata-string": (jsonl(model_chunk(response_metadata="stop")), _SHAPE),
+    "tool-call-chunk-string": (jsonl(model_chunk(tool_call_chunks=["garbage"])), _SHAPE),
+    "tool-call-chunks-int": (jsonl(model_chunk(tool_call_chunks=5)), _SHAPE),
+    "emit-tool-calls-int": (jsonl(model_chunk(
+        {"copilotkit:emit-tool-calls": 5},
+        tool_call_chunks=[{"name": "f", "id": "c1", "args": "{}"}])), _SHAPE),
+    "node-name-dict": (jsonl({"event": "on_copilotkit_state_sync", "node_name": {"a": 1},
+                              "active": True, "state": {"x": 1}}),
+                       "sent STEP_STARTED without a string 'stepName'"),
+    "error-traceback": (jsonl(model_chunk(content="hi"), {"event": "error", "data": {
+        "error": {"type": 'Traceback File "/srv/x.py"'}}}), "failed"),
+    # a control: a plain kind of error is still named
+    "error-plain": (jsonl(model_chunk(content="hi"), {"event": "error", "data": {
+        "error": {"type": "RateLimitError"}}}), "failed (RateLimitError)"),
+}
+_PADDING = 256 << 10
+
+
+class LegacyEndpoint(LoopbackServer):
+    """`/e/{name}/agents/execute` answers `LEGACY[name]`; `/e/huge/agents/execute` sends one
+    line of 256 KiB in pieces and, a pause later, the rest of a good run;
+    `/e/{name}/agents/state` answers a state nested 300 levels."""
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/e/{name}/agents/execute", self._execute)
+        app.router.add_post("/e/{name}/agents/state", self._state)
+
+    def url(self, name: str) -> str:
+        return f"http://{self.host}:{self.port}/e/{name}"
+
+    async def _execute(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        name = request.match_info["name"]
+        if name != "huge":
+            return web.Response(body=LEGACY[name][0], content_type="application/x-ndjson")
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        line = orjson.dumps({"type": "TextMessageStart", "messageId": "m",
+                             "padding": "y" * _PADDING})
+        for i in range(0, len(line), 16384):  # no newline until the pause is over
+            await response.write(line[i:i + 16384])
+        if await pause(request, 2.0):  # (ends early once the runtime has hung up)
+            await response.write(b"\n" + jsonl(
+                {"type": "TextMessageContent", "messageId": "m", "content": "big"},
+                {"type": "TextMessageEnd", "messageId": "m"}))
+        return response
+
+    async def _state(self, request: web.Request) -> web.Response:
+        await request.read()
+        body = ('{"threadId":"t1","threadExists":true,"messages":[],"state":'
+                f"{deep(300)}}}")
+        return web.Response(text=body, content_type="application/json")
+
+
+@pytest.fixture
+async def legacy() -> AsyncIterator[LegacyEndpoint]:
+    async with LegacyEndpoint() as server:
+        yield server
+
+
+def legacy_agent(server: LegacyEndpoint, name: str, kind: str = "langgraph") -> RemoteEndpointAgent:
+    endpoint = CopilotKitRemoteEndpoint(server.url(name), retry=RetryPolicy(retries=0),
+                                        timeouts=Timeouts(read=10, total=30))
+    return RemoteEndpointAgent(endpoint, name, kind=kind)
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize("name", list(LEGACY))
+async def test_legacy_line_of_an_unexpected_shape_is_the_remotes_error(
+        name: str, legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(agents={name: legacy_agent(legacy, name)})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread=f"t-{name}"), agent=name)
+        for what in ("messages", "events", "state"):
+            await get_json(served, f"/threads/t-{name}/{what}")
+    error = one_run_error(events)
+    assert (error["code"], error["message"]) == (
+        "UPSTREAM_ERROR", f"Remote agent '{name}' {LEGACY[name][1]}")
+
+
+_LOAD_STATE = """query load($data: LoadAgentStateInput!) {
+  loadAgentState(data: $data) { threadId threadExists state messages } }"""
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_legacy_state_nested_too_deep_is_a_precise_error(
+        legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(agents={"deep": legacy_agent(legacy, "deep")})
+    async with serve_runtime(runtime) as served:
+        response = await served.post("", {"query": _LOAD_STATE, "variables": {
+            "data": {"threadId": "t1", "agentName": "deep"}}})
+        assert response.status == 200
+        answer = await response.json()
+    (error,) = answer["errors"]
+    assert answer["data"] is None
+    assert error["message"] == ("Remote agent 'deep' answered with JSON nested deeper than "
+                                f"{MAX_JSON_DEPTH} levels")
+    assert error["extensions"]["code"] == "NETWORK_ERROR"  # the remote's fault, not UNKNOWN
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_legacy_line_longer_than_the_cap_fails_the_run(
+        monkeypatch: pytest.MonkeyPatch, legacy: LegacyEndpoint,
+        serve_runtime: ServeRuntime) -> None:
+    cap = 64 << 10
+    monkeypatch.setattr(remote_endpoint, "MAX_LINE_BYTES", cap, raising=False)
+    runtime = CopilotRuntime(agents={"huge": legacy_agent(legacy, "huge", kind="")})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread="t-huge"), agent="huge")
+    error = one_run_error(events)
+    assert (error["code"], error["message"]) == (
+        "UPSTREAM_ERROR", f"The remote agent sent a line longer than {cap} bytes")
+
+
+# ---- MCP tools with hostile input schemas ----------------------------------------------------
+
+
+class SchemaServer(SDKServer):
+    """An SDK MCP server that lists the tools named in `schemas` with that input schema."""
+
+    def __init__(self, name: str, schemas: dict[str, Json]) -> None:
+        super().__init__(name)
+        self.schemas = schemas
+
+    async def list_tools(self) -> list[Tool]:
+        return [tool.model_copy(update={"input_schema": self.schemas[tool.name]})
+                if tool.name in self.schemas else tool for tool in await super().list_tools()]
+
+
+_INVALID_SCHEMA: Json = {"type": "object", "properties": 5}  # jsonschema refuses it
+
+
+def schema_server() -> SchemaServer:
+    """`good`; `invalid`, with a schema jsonschema refuses; `selfref`, whose schema refers to
+    itself; `add_invalid`, which adds `broken` (refused too) and `later`, and says so."""
+    server = SchemaServer("hostile", {"invalid": _INVALID_SCHEMA, "broken": _INVALID_SCHEMA,
+                                      "selfref": {"$ref": "#", "type": "object"}})
+
+    @server.tool()
+    def good(city: str) -> str:
+        """A well-behaved tool."""
+        return f"fine in {city}"
+
+    @server.tool()
+    def invalid(x: int = 0) -> str:
+        """Listed with an invalid schema."""
+        return "invalid ran"
+
+    @server.tool()
+    def selfref(x: int = 0) -> str:
+        """Listed with a schema that refers to itself."""
+        return "selfref ran"
+
+    def broken(x: int = 0) -> str:
+        """Added later, listed with an invalid schema."""
+        return "broken ran"
+
+    def later(word: str) -> str:
+        """Added later, well-behaved."""
+        return f"later: {word}"
+
+    @server.tool()
+    async def add_invalid(ctx: Context) -> str:
+        """Add `broken` and `later`, then say the tool list changed."""
+        server.add_tool(broken)
+        server.add_tool(later)
+        await ctx.notify_tools_changed()
+        await ctx.request_context.session.send_tool_list_changed()
+        return "added"
+
+    return server
+
+
+def llm_runtime(llm: MockOpenAIServer, toolset: MCPToolset) -> CopilotRuntime:
+    return CopilotRuntime(
+        service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="k", max_retries=0),
+        actions=toolset.actions)
+
+
+def tool_result(events: list[Json]) -> str:
+    (result,) = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    return str(result)
+
+
+async def with_toolset(url: str, body: Callable[[MCPToolset], Awaitable[None]]) -> None:
+    toolset = MCPToolset([MCPServer(url=url + "/mcp", timeout=10)])
+    await toolset.start()
+    try:
+        await body(toolset)
+    finally:
+        await toolset.aclose()
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_mcp_tool_with_an_invalid_schema_is_left_out_at_start(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    async def body(toolset: MCPToolset) -> None:
+        assert [a.name for a in toolset.actions] == ["good", "selfref", "add_invalid"]
+        async with serve_runtime(llm_runtime(llm, toolset)) as served:
+            events = await served.run(run_input('call:good {"city":"Paris"}'))
+        verify_events(events)
+        assert types(events)[-1] == "RUN_FINISHED"
+        assert orjson.loads(tool_result(events)) == {"result": "fine in Paris"}
+
+    async with serve(schema_server().streamable_http_app()) as url:
+        with capture_logs() as logs:
+            await with_toolset(url, body)
+    left_out = [(e["event"], e["tool"]) for e in logs if e["log_level"] == "warning"]
+    assert ("MCP tool left out", "invalid") in left_out
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_mcp_tool_with_an_invalid_schema_is_left_out_after_the_list_changed(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    server = schema_server()
+    del server.schemas["invalid"]  # everything is fine at start
+
+    async def body(toolset: MCPToolset) -> None:
+        changed = asyncio.Event()
+        toolset.on_change.append(lambda _: changed.set())
+        by_name = {a.name: a for a in toolset.actions}
+        assert list(by_name) == ["good", "invalid", "selfref", "add_invalid"]
+        with capture_logs() as logs:
+            assert orjson.loads(await by_name["add_invalid"].execute("{}")) == {
+                "result": "added"}
+            await asyncio.wait_for(changed.wait(), 5)
+        assert [a.name for a in toolset.actions] == [
+            "good", "invalid", "selfref", "add_invalid", "later"]
+        assert ("MCP tool left out", "broken") in [
+            (e["event"], e.get("tool")) for e in logs if e["log_level"] == "warning"]
+        assert orjson.loads(await by_name["good"].execute('{"city":"Oslo"}')) == {
+            "result": "fine in Oslo"}
+        async with serve_runtime(llm_runtime(llm, toolset)) as served:
+            events = await served.run(run_input('call:later {"word":"hi"}'))
+        assert types(events)[-1] == "RUN_FINISHED"
+        assert orjson.loads(tool_result(events)) == {"result": "later: hi"}
+
+    async with serve(server.streamable_http_app()) as url:
+        await with_toolset(url, body)
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_mcp_tool_whose_schema_refers_to_itself_answers_the_model_with_an_error(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    server = schema_server()
+    del server.schemas["invalid"]
+
+    async def body(toolset: MCPToolset) -> None:
+        async with serve_runtime(llm_runtime(llm, toolset)) as served:
+            events = await served.run(run_input('call:selfref {"x": 1}'))
+            after = await served.run(run_input('call:good {"city":"Rome"}', run="r2"))
+        verify_events(events)
+        assert types(events)[-1] == "RUN_FINISHED", events[-1]
+        result = tool_result(events)
+        assert "refers to itself" in orjson.loads(result)["error"]
+        assert text_of(events) == "echo: " + result  # the model read it and went on
+        assert orjson.loads(tool_result(after)) == {"result": "fine in Rome"}
+
+    async with serve(server.streamable_http_app()) as url:
+        await with_toolset(url, body)
