@@ -173,11 +173,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
-        try:
-            async with asyncio.timeout(BODY_IDLE_SECONDS):
-                message = await request.receive()
-        except TimeoutError:
-            raise RequestTimeoutError(BODY_IDLE_SECONDS) from None
+        message = await _receive_within(request, BODY_IDLE_SECONDS)
         if message["type"] == "http.disconnect":
             raise ClientDisconnected
         body = message.get("body", b"")
@@ -191,6 +187,31 @@ async def read_body(request: Request, limit: int) -> bytes:
             chunks.append(body)
         if not more:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _receive_within(request: Request, seconds: float) -> MutableMapping[str, Any]:
+    """The next message of the request, or `RequestTimeoutError` after `seconds` without one.
+
+    A timer that cancels this task, not `asyncio.timeout`: every request pays it, and it
+    costs half as much."""
+    task = asyncio.current_task()
+    assert task is not None
+    stalled = False
+
+    def stall() -> None:
+        nonlocal stalled
+        stalled = True
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(seconds, stall)
+    try:
+        return await request.receive()
+    except asyncio.CancelledError:
+        if stalled and task.uncancel() == 0:
+            raise RequestTimeoutError(seconds) from None
+        raise
+    finally:
+        timer.cancel()
 
 
 async def _drain(request: Request, declared: int | None) -> None:
