@@ -227,16 +227,18 @@ def _routing_path(scope: Scope) -> str:
     (a thread id may hold `/`): decoding twice made `threads/a%2541` name thread `aA`
     (reading, renaming or deleting the wrong thread) and left an id with `/` unreachable.
     From `raw_path`, an encoded `/` stays inside its segment and an encoded `%` is decoded
-    once, by the route. A `raw_path` that does not match `path` (rewritten by something in
-    front of this app) is not used.
+    once, by the route. Without a `raw_path` that matches `path` (it is optional in ASGI, and
+    something in front of this app may rewrite `path`), `path` is used with its `%` encoded
+    again, so the route's unquote gives it back as it is (an id holding `/` is then out of
+    reach).
     """
     path = str(scope["path"])
     raw = scope.get("raw_path")
     if not raw or b"%" not in raw:
-        return path
+        return path.replace("%", "%25") if "%" in path else path
     text = raw.split(b"?", 1)[0].decode("utf-8", "replace")
     if urllib.parse.unquote(text) != path:
-        return path
+        return path.replace("%", "%25")
     return "".join(part.upper() if _KEEP_ENCODED.fullmatch(part) else urllib.parse.unquote(part)
                    for part in _KEEP_ENCODED.split(text))
 

@@ -35,13 +35,14 @@ from copilot_runtime import (
     RunContext,
     RunInput,
     coordinator,
+    create_app,
     thread_store,
 )
 from copilot_runtime import events as ev
 from copilot_runtime._limits import MAX_JSON_DEPTH
 from copilot_runtime.events import EventBatches
 from copilot_runtime.testing import MockOpenAIServer
-from copilot_runtime.threads import ThreadStore
+from copilot_runtime.threads import StoredRun, ThreadStore
 from tests.conftest import (
     GatedAgent,
     Served,
@@ -466,3 +467,45 @@ async def test_approval_route_names_the_id_sent(llm: MockOpenAIServer,
             status, body = await answer_httpx(client, served, "POST", f"/approvals/{path}",
                                               {"action": "approve"})
             assert (status, orjson.loads(body)) == (404, expected), path
+
+
+async def _get_without_raw_path(app: Any, path: str) -> tuple[int, Any]:
+    """GET `path` (as a server decodes it) through `app`, with no `raw_path` in the scope
+    (ASGI makes it optional)."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "GET", "scheme": "http", "path": path, "root_path": "",
+             "query_string": b"", "headers": [], "client": ("127.0.0.1", 1),
+             "server": ("127.0.0.1", 80)}
+    await app(scope, receive, send)
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], orjson.loads(body)
+
+
+@pytest.mark.timeout(60)
+async def test_a_path_without_raw_path_is_decoded_once(llm: MockOpenAIServer) -> None:
+    """Without `raw_path`, the decoded `path` names the thread as it is: `a%41` is not
+    decoded again into `aA`."""
+    runtime = openai_runtime(llm)
+    app = create_app(runtime, "/api")
+    for thread in ("aA", "a%41"):
+        await runtime.store.append_run(
+            thread, "default", StoredRun(f"r-{thread}", [
+                ev.run_started(thread, f"r-{thread}"), ev.text_message_start(f"m-{thread}"),
+                ev.text_message_content(f"m-{thread}", thread),
+                ev.text_message_end(f"m-{thread}"), ev.run_finished(thread, f"r-{thread}")],
+                0.0), [f"m-{thread}"])
+    try:
+        for thread in ("aA", "a%41"):
+            status, messages = await _get_without_raw_path(app, f"/api/threads/{thread}/messages")
+            assert status == 200, messages
+            assert [m["content"] for m in messages["messages"]] == [thread]
+    finally:
+        await runtime.aclose()
