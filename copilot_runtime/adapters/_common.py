@@ -12,26 +12,45 @@ _E = TypeVar("_E", bound=BaseException)
 
 #: The largest event a provider's stream may send (far beyond any real one).
 MAX_EVENT_BYTES = 16 * 1024 * 1024
-#: An unfinished event longer than this is kept as its reads (`LongEvent`).
-LONG_EVENT_BYTES = 64 * 1024
+#: An unfinished event longer than this is kept as its reads, joined once it can end.
+_LONG_EVENT_BYTES = 64 * 1024
 
 
-class LongEvent:
-    """An event still arriving past `LONG_EVENT_BYTES`, kept as its reads and joined only
+class HeldBytes:
+    """What a stream parser holds between reads: the start of an unfinished event.
+
+    `take(data)` gives it back followed by `data`; `hold(rest)` keeps what follows the last
+    complete event. An event still arriving past 64 KiB is kept as its reads and joined only
     when a read could end it (joining at every read costs the square of its length); one
-    over `MAX_EVENT_BYTES` is the upstream's error."""
+    over `MAX_EVENT_BYTES` is the upstream's error.
+    """
 
-    __slots__ = ("_parts", "_size", "_what")
+    __slots__ = ("_head", "_parts", "_size", "_what")
 
-    def __init__(self, head: bytes, what: str) -> None:
-        self._parts, self._size, self._what = [head], 0, what
-        self._grow(len(head))
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._head = b""
+        self._parts: list[bytes] | None = None  # the reads of a long event
+        self._size = 0
 
-    def add(self, data: bytes) -> bytes | None:
-        """Everything so far once `data` holds a line end, else None (still arriving)."""
-        self._parts.append(data)
+    def take(self, data: bytes) -> bytes | None:
+        """What is held followed by `data`, or None while a long event is still arriving."""
+        parts = self._parts
+        if parts is None:
+            return self._head + data if self._head else data
+        parts.append(data)
         self._grow(len(data))
-        return b"".join(self._parts) if b"\n" in data else None
+        if b"\n" not in data:
+            return None
+        self._parts = None
+        return b"".join(parts)
+
+    def hold(self, rest: bytes) -> None:
+        if len(rest) <= _LONG_EVENT_BYTES:
+            self._head = rest
+        else:
+            self._head, self._parts, self._size = b"", [rest], 0
+            self._grow(len(rest))
 
     def _grow(self, size: int) -> None:
         self._size += size

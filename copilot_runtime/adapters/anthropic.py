@@ -49,8 +49,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
-    LONG_EVENT_BYTES,
-    LongEvent,
+    HeldBytes,
     arguments_object,
     error_body_message,
     find_cause,
@@ -325,13 +324,12 @@ class AnthropicStreamParser:
     numbered by the API (`index`); tool-use blocks are renumbered 0, 1, ... as call indexes.
     """
 
-    __slots__ = ("_args_seen", "_buffer", "_calls", "_long", "_open_thinking", "done",
+    __slots__ = ("_args_seen", "_calls", "_held", "_open_thinking", "done",
                  "extra_usage",
                  "finish_reason", "input_tokens", "output_tokens", "thinking", "tool_ids")
 
     def __init__(self) -> None:
-        self._buffer = b""
-        self._long: LongEvent | None = None
+        self._held = HeldBytes("The Anthropic stream")
         #: The answer's thinking blocks, whole and signed, and its tool_use ids.
         self.thinking: list[dict[str, Any]] = []
         self.tool_ids: list[str] = []
@@ -345,23 +343,16 @@ class AnthropicStreamParser:
         self.extra_usage: dict[str, Any] = {}
 
     def feed(self, data: bytes) -> list[ChatDelta]:
-        if self._long is not None:
-            joined = self._long.add(data)
-            if joined is None:
-                return []
-            buffer, self._long = joined, None
-        else:
-            buffer = self._buffer + data if self._buffer else data
+        buffer = self._held.take(data)
+        if buffer is None:
+            return []
         if b"\r" in buffer:  # CRLF line ends, which the SSE spec allows (JSON has no raw CR)
             buffer = buffer.replace(b"\r\n", b"\n")
         end = buffer.rfind(b"\n\n")
         if end < 0:
-            if len(buffer) > LONG_EVENT_BYTES:
-                self._long, self._buffer = LongEvent(buffer, "The Anthropic stream"), b""
-            else:
-                self._buffer = buffer
+            self._held.hold(buffer)
             return []
-        self._buffer = buffer[end + 2 :]
+        self._held.hold(buffer[end + 2 :])
         out: list[ChatDelta] = []
         for line in buffer[:end].split(b"\n"):
             if not line.startswith(b"data:"):

@@ -52,8 +52,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
-    LONG_EVENT_BYTES,
-    LongEvent,
+    HeldBytes,
     arguments_object,
     text_of,
     usage,
@@ -352,11 +351,10 @@ class GeminiStreamParser:
     """`streamGenerateContent` SSE frames (raw bytes, or the SDK's chunks as REST JSON) to
     `ChatDelta`s: text, thought summaries, function calls, then usage and the finish."""
 
-    __slots__ = ("_buffer", "_long", "_meta", "_remember", "calls", "done", "reason")
+    __slots__ = ("_held", "_meta", "_remember", "calls", "done", "reason")
 
     def __init__(self, remember: Callable[[str, bytes], None] | None = None) -> None:
-        self._buffer = b""
-        self._long: LongEvent | None = None
+        self._held = HeldBytes("The Gemini stream")
         self._remember = remember
         self._meta: dict[str, Any] = {}
         self.calls = 0
@@ -366,21 +364,14 @@ class GeminiStreamParser:
         self.done = False
 
     def feed(self, data: bytes) -> list[ChatDelta]:
-        if self._long is not None:
-            joined = self._long.add(data)
-            if joined is None:
-                return []
-            buffer, self._long = joined, None
-        else:
-            buffer = self._buffer + data if self._buffer else data
+        buffer = self._held.take(data)
+        if buffer is None:
+            return []
         end = buffer.rfind(b"\n")
         if end < 0:
-            if len(buffer) > LONG_EVENT_BYTES:
-                self._long, self._buffer = LongEvent(buffer, "The Gemini stream"), b""
-            else:
-                self._buffer = buffer
+            self._held.hold(buffer)
             return []
-        self._buffer = buffer[end + 1 :]
+        self._held.hold(buffer[end + 1 :])
         out: list[ChatDelta] = []
         for line in buffer[:end].split(b"\n"):
             if not line.startswith(b"data:"):

@@ -33,7 +33,7 @@ from copilot_runtime._exceptions import (
     UpstreamTimeoutError,
 )
 from copilot_runtime.adapters import _direct, _http1
-from copilot_runtime.adapters._common import LONG_EVENT_BYTES, LongEvent
+from copilot_runtime.adapters._common import HeldBytes
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -439,33 +439,25 @@ class ChatCompletionsStreamParser:
     per-chunk cost is what the hot path pays 50 times per answer.
     """
 
-    __slots__ = ("_buffer", "_long", "done", "finish_reason", "usage")
+    __slots__ = ("_held", "done", "finish_reason", "usage")
 
     def __init__(self) -> None:
-        self._buffer = b""
-        self._long: LongEvent | None = None
+        self._held = HeldBytes("The OpenAI stream")
         self.done = False
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
 
     def feed(self, data: bytes) -> list[ChatDelta]:
-        if self._long is not None:
-            joined = self._long.add(data)
-            if joined is None:
-                return []
-            buffer, self._long = joined, None
-        else:
-            buffer = self._buffer + data if self._buffer else data
+        buffer = self._held.take(data)
+        if buffer is None:
+            return []
         if b"\r" in buffer:  # CRLF line ends, which the SSE spec allows (JSON has no raw CR)
             buffer = buffer.replace(b"\r\n", b"\n")
         end = buffer.rfind(b"\n\n")
         if end < 0:
-            if len(buffer) > LONG_EVENT_BYTES:
-                self._long, self._buffer = LongEvent(buffer, "The OpenAI stream"), b""
-            else:
-                self._buffer = buffer
+            self._held.hold(buffer)
             return []
-        self._buffer = buffer[end + 2 :]
+        self._held.hold(buffer[end + 2 :])
         block = buffer[:end]
         done = _done_line(block)
         if done >= 0:
