@@ -16,7 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Sequence,
+)
 from typing import Any
 
 import structlog
@@ -89,6 +96,9 @@ class ActiveRun:
         self.created_at = time.time()
         #: The thread's owner (None: started without authentication).
         self.owner: ThreadOwner | None = None
+        #: False while `begin` has not yet checked the thread's stored owner: until then
+        #: `owner` is only who asks, and must not be taken as the thread's owner.
+        self.confirmed = False
         #: Called once when the run has ended and been stored (limits, hooks, telemetry).
         self.on_end: Callable[[ActiveRun], None] | None = None
         #: Why a guardrail refused the run's input (its agent was not called), or None.
@@ -248,6 +258,11 @@ class ActiveRun:
         tail, self._held = self._held + tail, []
         self._publish(tail)
         yield tail
+
+    @property
+    def seen_message_ids(self) -> Collection[str]:
+        """The ids of the messages the thread held when the run began."""
+        return self._seen
 
     def started_event(self) -> Event:
         """The run's `RUN_STARTED` (made once: a shared run writes it before it streams)."""
@@ -447,7 +462,8 @@ class RunManager:
         thread_id = input.thread_id
         running = self.active.get(thread_id)
         if running is not None:
-            if owner is not None and running.owner != owner:
+            # A reservation not yet confirmed names only who asked: busy for everyone.
+            if owner is not None and running.confirmed and running.owner != owner:
                 raise ThreadNotFoundError(thread_id)
             raise ThreadBusyError(thread_id)
         # Reserve the thread before the first await, so a concurrent request sees it busy.
@@ -461,13 +477,23 @@ class RunManager:
             if record is not None and owner is not None and record.owner != owner:
                 raise ThreadNotFoundError(thread_id)
         except BaseException:
-            del self.active[thread_id]
+            self._withdraw(placeholder)
             raise
         if record is not None:
             placeholder._seen = record.message_ids
             placeholder.owner = record.owner
             placeholder.first_position = record.next_position
+        placeholder.confirmed = True
         return placeholder
+
+    def _withdraw(self, placeholder: ActiveRun) -> None:
+        """A reservation `begin` refused: free the thread and end its followers' streams."""
+        if self.active.get(placeholder.thread_id) is placeholder:
+            del self.active[placeholder.thread_id]
+        placeholder._finished = True
+        for queue in placeholder.listeners:
+            queue.put_nowait(None)
+        placeholder.listeners.clear()
 
     async def _begin_shared(self, placeholder: ActiveRun, owner: ThreadOwner | None
                             ) -> ActiveRun:
@@ -501,11 +527,12 @@ class RunManager:
                     [placeholder.started_event()], owner=placeholder.owner)
                 placeholder._flushed = 1
         except BaseException:
-            del self.active[thread_id]
+            self._withdraw(placeholder)
             if lease is not None:
                 await coordinator.release(lease)
             raise
         placeholder.lease = lease
+        placeholder.confirmed = True
         return placeholder
 
     async def _close_left_open(self, durable: DurableThreadStore, thread_id: str) -> None:

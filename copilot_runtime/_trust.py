@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any, Protocol
 
 import structlog
@@ -21,7 +21,7 @@ from copilot_runtime._runs import ActiveRun, RunManager
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.auth import Principal, RequestInfo, owner_of
 from copilot_runtime.events import Event, EventBatches
-from copilot_runtime.guardrails import Guardrail, check_input
+from copilot_runtime.guardrails import ALLOWED, Guardrail, check_input
 from copilot_runtime.hooks import ErrorInfo, HookRunner, RunFinished
 from copilot_runtime.limits import Lease, RateLimiter
 from copilot_runtime.telemetry import Telemetry
@@ -51,8 +51,9 @@ async def thread_owner(runs: RunManager, thread_id: str) -> ThreadOwner | None:
     """The owner of the thread, running or stored; None for a thread with no owner and for
     one that does not exist (neither matches any principal)."""
     running = runs.active.get(thread_id)
-    if running is not None:
+    if running is not None and running.confirmed:
         return running.owner
+    # A run still being begun names only who asks: the store says whose the thread is.
     record = await runs.store.summary(thread_id)
     return record.owner if record is not None else None
 
@@ -94,6 +95,28 @@ class RefusalAgent(Agent):
                ev.text_message_end(message_id)]
 
 
+#: The roles whose text a client writes: guardrails judge each such message new to a thread.
+_CLIENT_ROLES = frozenset({"user", "developer", "system"})
+
+
+def judged(messages: list[Any], seen: Collection[str]) -> list[list[Any]]:
+    """What guardrails judge, as the lists they take (each ends with the message judged):
+    every message new to the thread whose text the client wrote, presented as the user's.
+
+    Judging only the last message let a client hide a refused one behind any other message
+    (a made-up assistant turn, a tool result), or send the refused text in a `system` or
+    `developer` message, or in an earlier user message of a new thread. Messages the thread
+    holds were judged by the run that brought them; a request with no new such message (a
+    tool result, an approval) is judged as it is.
+    """
+    out: list[list[Any]] = []
+    for index, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") in _CLIENT_ROLES \
+                and message.get("id") not in seen:
+            out.append([*messages[:index], {**message, "role": "user"}])
+    return out or [messages]
+
+
 async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
                     context: RunContext, request: RequestInfo | None,
                     topics: tuple[Sequence[str], Sequence[str]] | None) -> ActiveRun:
@@ -115,8 +138,11 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
     run.on_abandon = lambda run: _abandoned(run, lease)
     try:
         if runtime.guardrails or topics is not None:
-            messages = input.raw.get("messages") or []
-            verdict = await check_input(runtime.guardrails, messages, principal, topics)
+            verdict = ALLOWED
+            for messages in judged(input.raw.get("messages") or [], run.seen_message_ids):
+                verdict = await check_input(runtime.guardrails, messages, principal, topics)
+                if not verdict.allowed:
+                    break
             if not verdict.allowed:
                 run.agent = RefusalAgent(verdict.reason)
                 run.refusal = verdict.reason

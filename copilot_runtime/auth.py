@@ -189,7 +189,10 @@ class JWTAuth:
                 options={"require": ["exp"], "verify_aud": self.audience is not None})
         except jwt.ExpiredSignatureError:
             raise AuthenticationError("The token has expired") from None
-        except jwt.PyJWKClientConnectionError:
+        except (jwt.PyJWKClientConnectionError, OSError, ValueError, RecursionError):
+            # PyJWKClient lets a body that is not JSON (an HTML error page, a truncated or
+            # over-nested body: ValueError/RecursionError) and a reset connection (OSError)
+            # through: all mean the keys could not be fetched, never a 500.
             raise AuthenticationError("The token's signing keys could not be fetched") from None
         except jwt.PyJWTError:
             raise AuthenticationError("Invalid token") from None
@@ -205,6 +208,11 @@ class JWTAuth:
         roles: Any = claims.get(self.roles_claim) if self.roles_claim else None
         if isinstance(roles, str):
             roles = roles.split()
+        elif roles is not None and not isinstance(roles, list):
+            # A number or a boolean cannot be iterated, and a mapping's keys are not roles
+            # ({"approver": false} must not grant "approver").
+            raise AuthenticationError(f"The token's '{self.roles_claim}' claim is not a "
+                                      "list of roles")
         return Principal(subject, tenant=str(tenant) if tenant is not None else None,
                          roles=frozenset(r for r in roles or () if isinstance(r, str)),
                          claims=claims)

@@ -80,6 +80,10 @@ class HookRunner:
         except Exception:
             _log.exception("on_request hook failed", request_id=info.request_id)
             return
+        if annotations is not None and not isinstance(annotations, Mapping):
+            _log.error("on_request hook returned neither a mapping nor None: ignored",
+                       returned=type(annotations).__name__, request_id=info.request_id)
+            return
         if annotations:
             info.annotations.update(annotations)
 

@@ -207,7 +207,10 @@ class RateLimit:
 def limit_key(request: RequestInfo) -> str:
     principal = request.principal
     if principal is not None:
-        return f"p:{principal.tenant or ''}:{principal.id}"
+        # Lengths first: ids and tenants may hold ':', and must not run into each other.
+        tenant = principal.tenant
+        return (f"p:{len(principal.id)}:{principal.id}" if tenant is None
+                else f"t:{len(tenant)}:{tenant}:{principal.id}")
     return f"a:{request.client or 'unknown'}"
 
 

@@ -34,7 +34,12 @@ import structlog
 from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
 
 from copilot_runtime import events as ev
-from copilot_runtime._exceptions import ConfigurationError, UpstreamError, UpstreamTimeoutError
+from copilot_runtime._exceptions import (
+    ConfigurationError,
+    InvalidRequestError,
+    UpstreamError,
+    UpstreamTimeoutError,
+)
 from copilot_runtime._input import RunInput
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
 from copilot_runtime.agents._lg_events import (
@@ -130,6 +135,9 @@ class LangGraphAgent(Agent):
         return self._run(input, context)
 
     async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
+        if not isinstance(input.model.state, dict | None):
+            # The graph's input state: ag-ui-langgraph assigns keys into it.
+            raise InvalidRequestError("A LangGraph agent's state must be a JSON object")
         channel = channel_for(self.interrupts, input.model.protocol_version)
         ledger_channel: Literal["outcome", "legacy"] = \
             "legacy" if channel == "legacy" else "outcome"

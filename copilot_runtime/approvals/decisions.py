@@ -11,9 +11,12 @@ again rather than guess.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Final, Literal
+
+import orjson
+
+from copilot_runtime._limits import too_deep
 
 __all__ = ["Action", "Decision", "parse_decision", "timeout_answer"]
 
@@ -51,9 +54,12 @@ def parse_decision(value: Any) -> Decision | None:
         text = value.strip()
         if text.startswith("{"):
             try:
-                return parse_decision(json.loads(text))
-            except ValueError:
-                pass
+                decoded = orjson.loads(text)  # bounded: no RecursionError on hostile text
+            except orjson.JSONDecodeError:
+                decoded = text
+            if decoded is not text:
+                # JSON nested deeper than a request may be is not an answer anyone wrote.
+                return None if too_deep(decoded) else parse_decision(decoded)
         return _from_text(text)
     if not isinstance(value, dict):
         return None

@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import structlog
 from ag_ui.core import ResumeEntry, RunAgentInput
 
 from copilot_runtime._exceptions import ApprovalClosedError, NothingToResumeError
 from copilot_runtime._input import RunInput
+from copilot_runtime._limits import check_json_text
 from copilot_runtime._time import iso_time, parse_time
 from copilot_runtime.approvals.decisions import timeout_answer
 from copilot_runtime.approvals.ledger import Approval, ApprovalStore, Channel
@@ -140,11 +141,14 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
 
 
 def _json_or_text(value: Any) -> Any:
-    """A legacy resume sent as JSON text is meant as the value it encodes."""
+    """A legacy resume sent as JSON text is meant as the value it encodes.
+
+    Held to the same depth bound as any JSON in a request (`JSONTooDeepError`, a precise
+    RUN_ERROR): what the ledger stores must stay encodable when the approval is listed."""
     if isinstance(value, str):
         try:
-            return json.loads(value)
-        except ValueError:
+            return check_json_text(value, "The resume answer")
+        except orjson.JSONDecodeError:
             return value
     return value
 

@@ -292,4 +292,7 @@ def _last_user_text(messages: Sequence[BaseMessage]) -> str:
 def _shown(value: Any) -> str:
     if isinstance(value, str):
         return value
-    return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+    try:
+        return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+    except (orjson.JSONEncodeError, TypeError):
+        return "(an answer that could not be shown)"

@@ -8,6 +8,7 @@ the status of their code, as the CopilotKit clients expect (503 when no service 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import email.parser
@@ -28,6 +29,9 @@ _log = structlog.get_logger("copilot_runtime.transcription")
 #: What the route accepts (the part before any `;`), besides no type at all.
 AUDIO_TYPES = ("audio/mpeg", "audio/mp3", "audio/mp4", "audio/wav", "audio/webm",
                "audio/ogg", "audio/flac", "audio/aac")
+#: A form with more parts than this is not a recording upload.
+MAX_PARTS = 64
+_MAX_TYPE = 255
 
 
 async def serve_transcription(request: Request, transcriber: Transcriber | None,
@@ -58,7 +62,11 @@ async def _from_request(request: Request, max_body_size: int) -> tuple[bytes, st
     content_type = request.header("content-type") or ""
     if content_type.lower().startswith("multipart/form-data"):
         body = await read_body(request, max_body_size)
-        return _from_form(content_type, body)
+        if body.count(b"\n--") > MAX_PARTS:  # each part starts with a boundary line
+            raise TranscriptionError("invalid_request", f"The form has more than {MAX_PARTS} "
+                                     "parts")
+        # The standard library's parser is synchronous: keep it off the event loop.
+        return await asyncio.to_thread(_from_form, content_type, body)
     if content_type.lower().startswith("application/json"):
         body = await read_body(request, max_body_size)  # too large: the usual 413
         try:
@@ -108,6 +116,12 @@ def _from_json(data: Any) -> tuple[bytes, str, str]:
 
 
 def _checked(audio: bytes, mime_type: str, filename: str) -> tuple[bytes, str, str]:
+    if len(mime_type) > _MAX_TYPE or any(ord(c) < 0x20 or ord(c) == 0x7F for c in mime_type):
+        raise TranscriptionError("invalid_audio_format", "The audio type must be a MIME type "
+                                 f"of at most {_MAX_TYPE} characters, without control characters")
+    # The name only goes to the provider's form: keep it printable and short.
+    filename = "".join(c for c in filename if ord(c) >= 0x20 and ord(c) != 0x7F)[:255] \
+        or "recording.webm"
     base = mime_type.split(";", 1)[0].strip().lower()
     if base and base not in AUDIO_TYPES and base != "application/octet-stream":
         raise TranscriptionError("invalid_audio_format", f"Unsupported audio format "
