@@ -56,10 +56,9 @@ def parse_decision(value: Any) -> Decision | None:
             try:
                 decoded = orjson.loads(text)  # bounded: no RecursionError on hostile text
             except orjson.JSONDecodeError:
-                decoded = text
-            if decoded is not text:
-                # JSON nested deeper than a request may be is not an answer anyone wrote.
-                return None if too_deep(decoded) else parse_decision(decoded)
+                return _from_text(text)  # not JSON (or deeper than orjson reads): words
+            # JSON nested deeper than a request may be is not an answer anyone wrote.
+            return None if too_deep(decoded) else parse_decision(decoded)
         return _from_text(text)
     if not isinstance(value, dict):
         return None
