@@ -7,7 +7,7 @@ import contextlib
 import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 import orjson
@@ -140,6 +140,31 @@ def types(events: list[dict[str, Any]]) -> list[str]:
 
 def text_of(events: list[dict[str, Any]]) -> str:
     return "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+
+
+class RawServer:
+    """A loopback TCP server for faults no HTTP server makes: `serve` handles each
+    connection, byte by byte as the test wants."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Self:
+        self.server = await asyncio.start_server(self.serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
 
 
 class GatedAgent(Agent):

@@ -24,7 +24,6 @@ import io
 import itertools
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -34,11 +33,14 @@ from structlog.testing import capture_logs
 
 from copilot_runtime import CopilotRuntime, DemoAdapter, OpenAITranscription
 from copilot_runtime.approvals.decisions import parse_decision
-from copilot_runtime.runtime import approval_service
+from tests import test_hitl_agui
 from tests.conftest import Served, ServeRuntime, free_port
-from tests.test_hitl_agui import Drafting, build, get, interrupt_of, run
+from tests.test_hitl_agui import Drafting, get, interrupt_of, run
 
 pytestmark = pytest.mark.timeout(60)
+
+#: The review loop served with its approvals, as the AG-UI approval tests have it.
+hitl = test_hitl_agui.hitl
 
 V1 = {"protocolVersion": "1.0"}
 TASK = "Prepare the invoice for ACME"
@@ -70,15 +72,6 @@ def objects(depth: int) -> str:
 
 def errors_logged(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [entry for entry in logs if entry.get("log_level") in ("error", "critical")]
-
-
-@pytest.fixture
-async def hitl(serve_runtime: ServeRuntime, tmp_path: Path
-               ) -> AsyncIterator[tuple[Served, list[Drafting]]]:
-    runtime, specialists = build(tmp_path)
-    async with serve_runtime(runtime) as served:
-        yield served, specialists
-        await approval_service(runtime).aclose()
 
 
 async def legacy_resume(served: Served, thread: str, resume: Any) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ from copilot_runtime.adapters.base import ChatDelta, TextDelta
 from copilot_runtime.adapters.google import GeminiStreamParser, GoogleGenAIAdapter
 from copilot_runtime.adapters.openai import ChatCompletionsStreamParser
 from copilot_runtime.testing import verify_events
-from tests.conftest import Served, ServeRuntime, parse_sse, run_input, text_of, types
+from tests.conftest import RawServer, Served, ServeRuntime, parse_sse, run_input, text_of, types
 from tests.test_hardening import assert_clean
 
 pytestmark = pytest.mark.timeout(60)
@@ -48,29 +48,15 @@ PROVIDER_WORDS = {"openai": "OpenAI", "anthropic": "Anthropic", "google": "Gemin
 # ---- a scripted upstream ---------------------------------------------------------------------
 
 
-class ScriptedUpstream:
+class ScriptedUpstream(RawServer):
     """Answers request N with script N (the last one again after that), then closes."""
 
     def __init__(self, *scripts: list[Step]) -> None:
+        super().__init__()
         self.scripts = scripts
         self.requests: list[bytes] = []
-        self.server: asyncio.Server | None = None
 
-    async def __aenter__(self) -> ScriptedUpstream:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.server is not None
-        self.server.close()
-        await self.server.wait_closed()
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")

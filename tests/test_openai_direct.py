@@ -25,7 +25,7 @@ from copilot_runtime import ConfigurationError, OpenAIAdapter, UpstreamError
 from copilot_runtime._exceptions import UpstreamConnectionError, UpstreamTimeoutError
 from copilot_runtime.adapters import ChatRequest, TextDelta
 from copilot_runtime.testing import MockOpenAIServer
-from tests.conftest import free_port
+from tests.conftest import RawServer, free_port
 from tests.test_hardening import FaultyLLM
 
 TIMEOUT_S = 30
@@ -148,29 +148,19 @@ async def test_client_errors_are_not_retried(mock: MockOpenAIServer, status: int
     assert errors[0].status == errors[1].status == status
 
 
-class HangUpOnce:
+class HangUpOnce(RawServer):
     """A server that closes its first connection without answering, then proxies to `target`."""
 
     def __init__(self, target: MockOpenAIServer) -> None:
+        super().__init__()
         self.target = target
         self.connections = 0
-        self.server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> HangUpOnce:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.server is not None
-        self.server.close()
-        await self.server.wait_closed()
 
     @property
     def base_url(self) -> str:
-        assert self.server is not None
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1"
+        return f"{self.url}/v1"
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         if self.connections == 1:
             await reader.readuntil(b"\r\n\r\n")
