@@ -209,7 +209,15 @@ class CopilotEndpoint:
             if message["type"] == "lifespan.startup":
                 # Approvals that expired while the server was down are timed out, and answers
                 # a crash cut off are sent again, without waiting for a first request.
-                await self.runtime.start()
+                try:
+                    await self.runtime.start()
+                except Exception as exc:  # an unreachable coordinator, say: one line, no stack
+                    with contextlib.suppress(Exception):
+                        await self.runtime.aclose()  # what had started
+                    await send({"type": "lifespan.startup.failed",
+                                "message": f"copilot-runtime: error: cannot start: "
+                                           f"{type(exc).__name__}: {exc}"})
+                    return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.runtime.aclose()

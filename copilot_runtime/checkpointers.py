@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import structlog
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     BaseCheckpointSaver,
@@ -43,7 +44,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.memory import InMemorySaver
 
-from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
 from copilot_runtime._url_options import pool_size_option, split_options
 from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
 from copilot_runtime.approvals.sql import (
@@ -53,6 +54,8 @@ from copilot_runtime.approvals.sql import (
 )
 
 __all__ = ["DEFAULT_URL", "DurableCheckpointer", "checkpointer"]
+
+_log = structlog.get_logger("copilot_runtime.checkpoints")
 
 DEFAULT_URL = "sqlite:///copilot-runtime-checkpoints.sqlite3"
 ENV_VAR = "COPILOT_RUNTIME_CHECKPOINTS"
@@ -114,7 +117,16 @@ class _Backend(abc.ABC):
             self._lock = asyncio.Lock()
         async with self._lock:
             if self._saver is None:
-                self._saver = await self._open()
+                try:
+                    self._saver = await self._open()
+                except (ConfigurationError, asyncio.CancelledError):
+                    raise
+                except Exception as exc:
+                    # A server that refuses, a file that cannot be opened: the client gets
+                    # the 503 a thread store gives for the same outage, not a 500.
+                    _log.warning("the checkpoint store cannot be opened", error=str(exc))
+                    raise ServiceUnavailableError(
+                        "The checkpoint store cannot be reached") from exc
                 self._loop = loop
         return self._saver
 

@@ -10,8 +10,11 @@ import argparse
 import errno
 import gc
 import importlib
+import inspect
+import math
 import os
 import socket
+import sqlite3
 import sys
 import urllib.parse
 from pathlib import Path
@@ -39,12 +42,16 @@ def _load_target(target: str) -> Any:
         if exc.name and module_name.startswith(exc.name):
             raise CLIError(f"cannot import module {module_name!r}") from None
         raise CLIError(f"importing {module_name!r} failed: {exc}") from None
+    except Exception as exc:  # the module's own error, a SyntaxError, a relative name
+        raise CLIError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
     obj: Any = module
     for part in attribute.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise CLIError(f"module {module_name!r} has no attribute {attribute!r}") from None
+        except Exception as exc:
+            raise CLIError(f"reading {attribute!r} of {module_name!r} failed: {exc}") from None
     return obj
 
 
@@ -54,12 +61,27 @@ def _to_app(obj: Any, path: str, max_body_size: int) -> Any:
 
     if isinstance(obj, CopilotRuntime):
         return create_app(obj, path, max_body_size=max_body_size)
-    if callable(obj):
+    if callable(obj) and _takes_three_arguments(obj):
         return obj
     raise CLIError(f"{type(obj).__name__} is neither a CopilotRuntime nor an ASGI app")
 
 
+def _takes_three_arguments(obj: Any) -> bool:
+    """Whether `obj(scope, receive, send)` could be called (an ASGI 3 app)."""
+    if inspect.isclass(obj):
+        return False
+    try:
+        inspect.signature(obj).bind(None, None, None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (a builtin): let the server try it
+        return True
+    return True
+
+
 def _check_port(host: str, port: int) -> None:
+    if not 0 <= port <= 65535:
+        raise CLIError(f"--port must be 0-65535, got {port}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -184,6 +206,16 @@ def _redacted(url: str) -> str:
         netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="copilot-runtime",
                                      description="The CopilotKit runtime, in Python.")
@@ -222,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument("--coordinator", default=os.environ.get("COPILOT_RUNTIME_COORDINATOR"),
                       help="how workers share runs: local (default), postgresql://... or "
                            "redis://... (see copilot_runtime.coordination)")
-    demo.add_argument("--approval-timeout", type=float, default=300.0,
+    demo.add_argument("--approval-timeout", type=_positive_seconds, default=300.0,
                       help="seconds before an account_review approval times out")
     args = parser.parse_args(argv)
     workers = 1
@@ -249,6 +281,12 @@ def main(argv: list[str] | None = None) -> None:
             )
 
             _check_port(args.host, args.port)
+            base = "/" + args.path.strip("/")
+            if base == "/" or base.split("/")[1] in ("classic", "assets"):
+                raise CLIError(f"--path {args.path!r} would hide the demo's pages: give "
+                               "another base path (the default is /copilotkit)")
+            if args.db == "" and not args.threads:
+                raise CLIError("--db must name a file, or ':memory:'")
             store = None
             if args.threads:
                 store = _thread_store(args.threads)
@@ -275,10 +313,13 @@ def main(argv: list[str] | None = None) -> None:
             print(pages_note(app, args.host, args.port), flush=True)
         _serve(app, args.host, args.port, args.log_level, workers)
     except CLIError as exc:
-        print(f"copilot-runtime: error: {exc}", file=sys.stderr)
+        print(f"copilot-runtime: error: cannot start: {exc}", file=sys.stderr)
         sys.exit(2)
     except ConfigurationError as exc:
         print(f"copilot-runtime: error: {exc.message}", file=sys.stderr)
+        sys.exit(2)
+    except (OSError, sqlite3.Error) as exc:  # a database file that cannot be opened
+        print(f"copilot-runtime: error: cannot start: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         pass

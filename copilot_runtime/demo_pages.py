@@ -15,7 +15,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.exceptions import HTTPException
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -71,8 +72,10 @@ class DemoPages:
             return
         response: ASGIApp
         self._discover()
-        if self.directory is None:
-            response = self._not_built() if path == "/" else Response("Not Found", 404)
+        if scope.get("method", "GET") not in ("GET", "HEAD"):
+            response = PlainTextResponse("Method Not Allowed", 405, headers={"Allow": "GET, HEAD"})
+        elif self.directory is None:
+            response = self._not_built() if path == "/" else PlainTextResponse("Not Found", 404)
         elif path == "/classic":
             response = RedirectResponse("/classic/", 307)
         elif path in _PAGES:
@@ -87,17 +90,24 @@ class DemoPages:
         elif self._is_asset(path) and self._assets is not None:
             # Names carry a content hash: they never change, so browsers may keep them.
             scope = {**scope, "path": path[len("/assets"):], "root_path": ""}
-            await self._assets(scope, receive, _cache_forever(send))
-            return
+            try:
+                await self._assets(scope, receive, _cache_forever(send))
+                return
+            except HTTPException as exc:  # StaticFiles raises them (405, 404 for a link)
+                response = PlainTextResponse(exc.detail, exc.status_code, headers=exc.headers)
         else:
-            response = Response("Not Found", 404)
+            response = PlainTextResponse("Not Found", 404)
         await response(scope, receive, send)
 
     def _is_asset(self, path: str) -> bool:
         name = path[len("/assets/"):] if path.startswith("/assets/") else ""
         # The build writes flat, hashed names; anything else is not one of its files.
-        return (bool(name) and "/" not in name and not name.startswith(".")
-                and self.directory is not None and (self.directory / "assets" / name).is_file())
+        if not name or "/" in name or name.startswith(".") or self.directory is None:
+            return False
+        try:
+            return (self.directory / "assets" / name).is_file()
+        except (OSError, ValueError):  # a name too long for the file system, say
+            return False
 
     def _is_runtime(self, path: str) -> bool:
         base = self.runtime_path

@@ -1,0 +1,231 @@
+"""Hostile input to the command line, the demo's pages, the lifespan and the checkpointers.
+
+Each case ends in one line and a 4xx/5xx the client can act on, never a traceback or a 500.
+The CLI runs in-process with `_serve` replaced, so a command that was wrongly accepted fails
+the test instead of serving.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.responses import PlainTextResponse
+
+from copilot_runtime import CopilotRuntime, create_app
+from copilot_runtime import cli as cli_module
+from copilot_runtime._exceptions import ServiceUnavailableError
+from copilot_runtime.checkpointers import checkpointer
+from copilot_runtime.demo_pages import DemoPages
+from copilot_runtime.workflows.account_review import account_review
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.timeout(60)
+
+ASSET = "/assets/app-Abc123.js"
+
+
+# -- the demo's pages -------------------------------------------------------------------------
+
+async def _runtime(scope: Any, receive: Any, send: Any) -> None:
+    await PlainTextResponse("runtime " + scope["path"])(scope, receive, send)
+
+
+@pytest.fixture
+def pages(tmp_path: Path) -> Path:
+    """A stand-in for the web build: both pages and one hashed asset."""
+    (tmp_path / "classic").mkdir()
+    (tmp_path / "assets").mkdir()
+    (tmp_path / "index.html").write_text("<html><head></head><body>current</body></html>")
+    (tmp_path / "classic" / "index.html").write_text("<html><head></head><body>1.10.6</body>")
+    (tmp_path / ASSET.lstrip("/")).write_text("console.log(1)")
+    return tmp_path
+
+
+def _client(app: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://demo")
+
+
+async def test_an_asset_name_too_long_for_the_file_system_is_404(pages: Path) -> None:
+    async with _client(DemoPages(_runtime, "/copilotkit", pages)) as client:
+        assert (await client.get(ASSET)).status_code == 200
+        response = await client.get("/assets/" + "a" * 300)
+        assert response.status_code == 404
+        assert response.headers["content-type"].startswith("text/plain")
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("POST", ASSET), ("OPTIONS", ASSET), ("PUT", ASSET),
+    ("DELETE", "/"), ("POST", "/"), ("POST", "/classic/"),
+])
+async def test_other_methods_on_pages_and_assets_are_405(pages: Path, method: str,
+                                                         path: str) -> None:
+    async with _client(DemoPages(_runtime, "/copilotkit", pages)) as client:
+        response = await client.request(method, path)
+        assert response.status_code == 405, response.text
+        assert response.headers["allow"] == "GET, HEAD"
+        assert response.text == "Method Not Allowed"
+        # GET and HEAD still serve it; the runtime still gets every method.
+        assert (await client.head(path)).status_code == 200
+        assert (await client.get(path)).status_code == 200
+        assert (await client.post("/copilotkit/info")).text == "runtime /copilotkit/info"
+
+
+async def test_not_found_is_plain_text(pages: Path, tmp_path: Path) -> None:
+    unbuilt = tmp_path / "unbuilt"
+    for app in (DemoPages(_runtime, "/copilotkit", pages),
+                DemoPages(_runtime, "/copilotkit", unbuilt)):
+        async with _client(app) as client:
+            response = await client.get("/nope")
+            assert response.status_code == 404
+            assert response.headers["content-type"] == "text/plain; charset=utf-8"
+            assert response.text == "Not Found"
+
+
+# -- the command line -------------------------------------------------------------------------
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`main` in `tmp_path` (where TARGET modules are imported from), never serving."""
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the command was accepted and would serve")
+
+    monkeypatch.setattr(cli_module, "_serve", refuse)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.chdir(tmp_path)
+
+
+def _fails_with(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
+    """The one-line error `main(args)` exits with (code 2)."""
+    with pytest.raises(SystemExit) as exited:
+        cli_module.main(args)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(("source", "target", "expected"), [
+    ('raise RuntimeError("boom at import")\n', "hostile_raises:app",
+     "copilot-runtime: error: importing 'hostile_raises' failed: RuntimeError: boom at import"),
+    ("def x(:\n", "hostile_syntax:app",
+     "copilot-runtime: error: importing 'hostile_syntax' failed: SyntaxError: "),
+    ("", ".hostile_relative:app",
+     "copilot-runtime: error: importing '.hostile_relative' failed: TypeError: "),
+], ids=["raises-at-import", "syntax-error", "relative-name"])
+def test_serve_a_module_that_fails_to_import(cli: None, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str], source: str,
+                                             target: str, expected: str) -> None:
+    (tmp_path / (target.lstrip(".").partition(":")[0] + ".py")).write_text(source)
+    line = _fails_with(capsys, ["serve", target, "--port", str(free_port())])
+    assert line.startswith(expected), line
+
+
+@pytest.mark.parametrize(("target", "kind"), [
+    ("copilot_runtime:CopilotRuntime", "type"),  # a class: calling it builds one, not a reply
+    ("os.path:basename", "function"),  # one argument: not app(scope, receive, send)
+])
+def test_serve_refuses_what_is_not_an_asgi_app(cli: None, capsys: pytest.CaptureFixture[str],
+                                               target: str, kind: str) -> None:
+    # The port is taken, so code that accepted the target stops at the port check.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = _fails_with(capsys, ["serve", target, "--port", str(port)])
+    assert line == f"copilot-runtime: error: {kind} is neither a CopilotRuntime nor an ASGI app"
+
+
+@pytest.mark.parametrize("port", ["70000", "-5", "65536"])
+def test_a_port_out_of_range_is_one_line(cli: None, capsys: pytest.CaptureFixture[str],
+                                         port: str) -> None:
+    line = _fails_with(capsys, ["demo", "--port", port, "--db", ":memory:"])
+    assert line == f"copilot-runtime: error: --port must be 0-65535, got {port}"
+
+
+def test_demo_db_in_a_missing_directory_is_one_line(cli: None,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    line = _fails_with(capsys, ["demo", "--port", str(free_port()),
+                                "--db", "/nonexistent/dir/x.sqlite3"])
+    assert line.startswith("copilot-runtime: error: cannot start: "), line
+
+
+def test_demo_db_empty_is_refused(cli: None, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _fails_with(capsys, ["demo", "--port", str(free_port()), "--db", ""])
+    assert line == "copilot-runtime: error: --db must name a file, or ':memory:'"
+
+
+@pytest.mark.parametrize("path", ["/", "", "/classic", "classic/", "/assets", "/assets/x"])
+def test_demo_path_that_hides_the_pages_is_refused(cli: None,
+                                                   capsys: pytest.CaptureFixture[str],
+                                                   path: str) -> None:
+    line = _fails_with(capsys, ["demo", "--port", str(free_port()), "--db", ":memory:",
+                                "--checkpoints", "memory", "--path", path])
+    assert line == (f"copilot-runtime: error: --path {path!r} would hide the demo's pages: "
+                    "give another base path (the default is /copilotkit)")
+
+
+@pytest.mark.parametrize("timeout", ["nan", "0", "-1", "inf", "-inf"])
+def test_demo_approval_timeout_must_be_positive_and_finite(
+        cli: None, capsys: pytest.CaptureFixture[str], timeout: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli_module.main(["demo", "--port", str(free_port()), "--db", ":memory:",
+                         "--checkpoints", "memory", f"--approval-timeout={timeout}"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert (f"argument --approval-timeout: must be a positive number of seconds, "
+            f"got {timeout!r}") in err
+
+
+# -- the lifespan -----------------------------------------------------------------------------
+
+async def test_a_runtime_that_cannot_start_fails_the_lifespan_in_one_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = CopilotRuntime()
+
+    async def refused() -> None:
+        raise ConnectionRefusedError("[Errno 111] Connection refused")
+
+    monkeypatch.setattr(runtime, "start", refused)
+    app = create_app(runtime)
+    incoming = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
+    assert sent == [{"type": "lifespan.startup.failed",
+                     "message": "copilot-runtime: error: cannot start: "
+                                "ConnectionRefusedError: [Errno 111] Connection refused"}]
+    await runtime.aclose()
+
+
+# -- a checkpoint store that cannot be opened -------------------------------------------------
+
+@pytest.mark.parametrize("url", ["sqlite:////proc/nope/c.db", "postgresql://127.0.0.1:1/db"])
+async def test_an_unusable_checkpoint_store_is_503(url: str) -> None:
+    saver = checkpointer(url)
+    with pytest.raises(ServiceUnavailableError):
+        await saver._backend.saver()
+    runtime = CopilotRuntime(agents={"accounts": account_review(timeout_seconds=60).agent(
+        name="accounts", checkpointer=checkpointer(url))})
+    try:
+        async with _client(create_app(runtime, "/copilotkit")) as client:
+            response = await client.get("/copilotkit/approvals")
+        assert response.status_code == 503, response.text
+        assert response.headers["retry-after"]
+        assert response.json()["code"] == "SERVICE_UNAVAILABLE"
+    finally:
+        await runtime.aclose()
