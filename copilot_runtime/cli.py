@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
             print(pages_note(app, args.host, args.port), flush=True)
         _serve(app, args.host, args.port, args.log_level, workers)
     except CLIError as exc:
-        print(f"copilot-runtime: error: cannot start: {exc}", file=sys.stderr)
+        print(f"copilot-runtime: error: {exc}", file=sys.stderr)
         sys.exit(2)
     except ConfigurationError as exc:
         print(f"copilot-runtime: error: {exc.message}", file=sys.stderr)
