@@ -103,6 +103,9 @@ class ActiveRun:
         self.on_end: Callable[[ActiveRun], None] | None = None
         #: Why a guardrail refused the run's input (its agent was not called), or None.
         self.refusal: str | None = None
+        #: Ids kept with the thread's message ids when the run is stored (what its
+        #: guardrails let through).
+        self.extra_ids: set[str] = set()
         self.compacted: list[Event] = []
         #: The agent's `LastBatch`, normalized but not yet published (see `_stream`).
         self._held: list[Event] = []
@@ -366,7 +369,7 @@ class ActiveRun:
                                        self.manager.max_run_bytes)
             self.compacted = compacted
             ids = {m["id"] for m in self.input.raw.get("messages") or ()
-                   if isinstance(m, dict) and isinstance(m.get("id"), str)}
+                   if isinstance(m, dict) and isinstance(m.get("id"), str)} | self.extra_ids
             for event in compacted:
                 for key in ("messageId", "parentMessageId"):
                     value = event.get(key)

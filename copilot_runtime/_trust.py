@@ -7,11 +7,13 @@ Kept out of `runtime` so that a runtime without any of it takes its one short pa
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any, Protocol
 
+import orjson
 import structlog
 
 from copilot_runtime import events as ev
@@ -99,22 +101,33 @@ class RefusalAgent(Agent):
 _CLIENT_ROLES = frozenset({"user", "developer", "system"})
 
 
-def judged(messages: list[Any], seen: Collection[str]) -> list[list[Any]]:
-    """What guardrails judge, as the lists they take (each ends with the message judged):
-    every message new to the thread whose text the client wrote, presented as the user's.
+def judged_mark(message: dict[str, Any]) -> str:
+    """What a thread keeps, among its message ids, of a client message its guardrails let
+    through: a digest of the message's role and content, so the same text is not judged
+    again, and other text under the same id is."""
+    digest = hashlib.blake2b(orjson.dumps([message.get("role"), message.get("content")],
+                                          default=str), digest_size=16).hexdigest()
+    return f"judged:{digest}"
+
+
+def judged(messages: list[Any], seen: Collection[str]) -> list[tuple[str, list[Any]]]:
+    """What guardrails judge: for each message whose text the client writes (`user`,
+    `system`, `developer`) and that the thread has not let through before, its mark and the
+    list guardrails take, ending with it presented as the user's.
 
     Judging only the last message let a client hide a refused one behind any other message
     (a made-up assistant turn, a tool result), or send the refused text in a `system` or
-    `developer` message, or in an earlier user message of a new thread. Messages the thread
-    holds were judged by the run that brought them; a request with no new such message (a
-    tool result, an approval) is judged as it is.
+    `developer` message, or in an earlier user message of a new thread; judging by message
+    id let it send new text under the id of a message the thread holds. A request with
+    nothing new to judge (a tool result, an approval) is judged as it is.
     """
-    out: list[list[Any]] = []
+    out: list[tuple[str, list[Any]]] = []
     for index, message in enumerate(messages):
-        if isinstance(message, dict) and message.get("role") in _CLIENT_ROLES \
-                and message.get("id") not in seen:
-            out.append([*messages[:index], {**message, "role": "user"}])
-    return out or [messages]
+        if isinstance(message, dict) and message.get("role") in _CLIENT_ROLES:
+            mark = judged_mark(message)
+            if mark not in seen:
+                out.append((mark, [*messages[:index], {**message, "role": "user"}]))
+    return out or [("", messages)]
 
 
 async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
@@ -139,10 +152,13 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
     try:
         if runtime.guardrails or topics is not None:
             verdict = ALLOWED
-            for messages in judged(input.raw.get("messages") or [], run.seen_message_ids):
+            for mark, messages in judged(input.raw.get("messages") or [],
+                                         run.seen_message_ids):
                 verdict = await check_input(runtime.guardrails, messages, principal, topics)
                 if not verdict.allowed:
                     break
+                if mark:
+                    run.extra_ids.add(mark)  # kept with the thread once the run is stored
             if not verdict.allowed:
                 run.agent = RefusalAgent(verdict.reason)
                 run.refusal = verdict.reason
