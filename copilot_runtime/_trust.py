@@ -23,7 +23,7 @@ from copilot_runtime._runs import ActiveRun, RunManager
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.auth import Principal, RequestInfo, owner_of
 from copilot_runtime.events import Event, EventBatches
-from copilot_runtime.guardrails import ALLOWED, Guardrail, check_input
+from copilot_runtime.guardrails import ALLOWED, Guardrail, Verdict, check_input
 from copilot_runtime.hooks import ErrorInfo, HookRunner, RunFinished
 from copilot_runtime.limits import Lease, RateLimiter
 from copilot_runtime.telemetry import Telemetry
@@ -99,6 +99,19 @@ class RefusalAgent(Agent):
 
 #: The roles whose text a client writes: guardrails judge each such message new to a thread.
 _CLIENT_ROLES = frozenset({"user", "developer", "system"})
+#: How many earlier messages a judged message takes along as context.
+_CONTEXT = 20
+#: The most messages judged for one run (one judge call each): a request bringing more new
+#: text than this is refused, not judged piece by piece.
+_MOST_JUDGED = 32
+
+
+class _TooMuchToJudge(Exception):
+    pass
+
+
+_TOO_MUCH_TO_JUDGE = Verdict(False, f"Your request brings more than {_MOST_JUDGED} new "
+                                   "messages to check, so it was not sent.")
 
 
 def judged_mark(message: dict[str, Any]) -> str:
@@ -126,7 +139,12 @@ def judged(messages: list[Any], seen: Collection[str]) -> list[tuple[str, list[A
         if isinstance(message, dict) and message.get("role") in _CLIENT_ROLES:
             mark = judged_mark(message)
             if mark not in seen:
-                out.append((mark, [*messages[:index], {**message, "role": "user"}]))
+                if len(out) == _MOST_JUDGED:
+                    raise _TooMuchToJudge
+                # The messages just before it, as context (a judge reads a few of them):
+                # whole prefixes would cost the square of the request's length.
+                context = messages[max(0, index - _CONTEXT):index]
+                out.append((mark, [*context, {**message, "role": "user"}]))
     return out or [("", messages)]
 
 
@@ -152,8 +170,11 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
     try:
         if runtime.guardrails or topics is not None:
             verdict = ALLOWED
-            for mark, messages in judged(input.raw.get("messages") or [],
-                                         run.seen_message_ids):
+            try:
+                to_judge = judged(input.raw.get("messages") or [], run.seen_message_ids)
+            except _TooMuchToJudge:
+                to_judge, verdict = [], _TOO_MUCH_TO_JUDGE
+            for mark, messages in to_judge:
                 verdict = await check_input(runtime.guardrails, messages, principal, topics)
                 if not verdict.allowed:
                     break

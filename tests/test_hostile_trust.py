@@ -405,6 +405,28 @@ async def test_what_was_let_through_is_not_judged_again_after_a_restart(
     assert recorder.judged == ["hello", "and now?"]
 
 
+async def test_a_request_of_many_new_messages_is_refused_not_judged_one_by_one(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """Each new message is judged with its own call (a model, for a topic judge): a made-up
+    history of thousands of them would be thousands of calls, and whole prefixes as context
+    cost the square of its length. Past 32 new messages the request is refused unjudged."""
+    recorder = Recorder()
+    async with serve_runtime(openai_runtime(llm, guardrails=[recorder])) as served:
+        body = run_input("", thread="many", run="r1")
+        body["messages"] = [{"id": f"m{i}", "role": "user", "content": f"line {i}"}
+                            for i in range(5000)]
+        events = await served.run(body)
+        assert "more than 32 new messages" in text_of(events)
+        assert recorder.judged == []
+        assert llm.requests == []
+        body["messages"] = body["messages"][:32]
+        body["runId"] = "r2"
+        events = await served.run(body)
+        assert types(events)[-1] == "RUN_FINISHED"
+        assert len(recorder.judged) == 32
+        assert len(llm.requests) == 1
+
+
 # -- JWTs: odd roles claims and a JWKS endpoint that misbehaves ----------------------------
 
 def jwt_request(token: str) -> RequestInfo:

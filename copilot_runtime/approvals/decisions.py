@@ -16,7 +16,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from copilot_runtime._limits import too_deep
+from copilot_runtime._limits import nests_too_deep
 
 __all__ = ["Action", "Decision", "parse_decision", "timeout_answer"]
 
@@ -58,7 +58,7 @@ def parse_decision(value: Any) -> Decision | None:
             except orjson.JSONDecodeError:
                 return _from_text(text)  # not JSON (or deeper than orjson reads): words
             # JSON nested deeper than a request may be is not an answer anyone wrote.
-            return None if too_deep(decoded) else parse_decision(decoded)
+            return None if nests_too_deep(decoded, text) else parse_decision(decoded)
         return _from_text(text)
     if not isinstance(value, dict):
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import orjson
 from graphql import (
     GraphQLError,
     GraphQLScalarType,
@@ -58,8 +59,6 @@ def _parse_object(value: Any) -> dict[str, Any]:
     return value
 
 
-#: The integers orjson (every later stage: the stream, the stores) can encode.
-_MIN_INT, _MAX_INT = -(2**63), 2**64 - 1
 
 
 def _json_literal(node: ValueNode, variables: Any) -> Any:
@@ -67,18 +66,12 @@ def _json_literal(node: ValueNode, variables: Any) -> Any:
     no size limit and its literals nest up to the parser's 200 levels, but orjson writes
     only 64-bit integers, and every JSON input is bounded to `MAX_JSON_DEPTH`."""
     value = value_from_ast_untyped(node, variables)
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, int) and not isinstance(item, bool) and not (
-                _MIN_INT <= item <= _MAX_INT):
-            raise GraphQLError("JSON integers must fit in 64 bits")
     if too_deep(value, MAX_JSON_DEPTH):
         raise GraphQLError(f"JSON is nested too deep (at most {MAX_JSON_DEPTH} levels)")
+    try:
+        orjson.dumps(value)  # what every later stage does with it
+    except orjson.JSONEncodeError:
+        raise GraphQLError("JSON integers must fit in 64 bits") from None
     return value
 
 
