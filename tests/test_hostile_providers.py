@@ -24,8 +24,8 @@ import pytest
 
 from copilot_runtime import CopilotRuntime, OpenAIAdapter
 from copilot_runtime._exceptions import UpstreamProtocolError
+from copilot_runtime._held import MAX_UPSTREAM_EVENT_BYTES as MAX_EVENT_BYTES
 from copilot_runtime.adapters import ServiceAdapter
-from copilot_runtime.adapters._common import MAX_EVENT_BYTES
 from copilot_runtime.adapters.anthropic import AnthropicAdapter, AnthropicStreamParser
 from copilot_runtime.adapters.base import ChatDelta, TextDelta
 from copilot_runtime.adapters.google import GeminiStreamParser, GoogleGenAIAdapter

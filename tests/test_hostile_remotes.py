@@ -33,9 +33,9 @@ from copilot_runtime import (
     MCPToolset,
     OpenAIAdapter,
     UpstreamError,
+    _held,
 )
 from copilot_runtime._limits import MAX_JSON_DEPTH
-from copilot_runtime.agents import _wire, remote_endpoint
 from copilot_runtime.agents._http_client import Timeouts
 from copilot_runtime.agents._wire import SSEDecoder
 from copilot_runtime.agents.http import HttpAgent
@@ -282,7 +282,7 @@ def test_sse_decoder_gives_the_same_payloads_however_the_reads_split() -> None:
 def test_sse_frame_larger_than_the_cap_is_the_remotes_error(
         monkeypatch: pytest.MonkeyPatch) -> None:
     cap = 1 << 20
-    monkeypatch.setattr(_wire, "MAX_FRAME_BYTES", cap, raising=False)
+    monkeypatch.setattr(_held, "MAX_UPSTREAM_EVENT_BYTES", cap)
     # just under the cap: decoded
     frame = b'data: {"v":"' + b"y" * (cap - 100) + b'"}\n\n'
     assert [len(p) for p in feed_all(SSEDecoder(), in_reads(frame))] == [len(frame) - 8]
@@ -298,7 +298,7 @@ def test_sse_frame_larger_than_the_cap_is_the_remotes_error(
 def test_sse_decoder_joins_a_long_frame_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 24 MiB frame in 64 KiB reads takes a fraction of a second; joining the buffer at
     every read (the old decoder) took seconds, growing with the square of the size."""
-    monkeypatch.setattr(_wire, "MAX_FRAME_BYTES", 64 << 20, raising=False)  # (not the subject)
+    monkeypatch.setattr(_held, "MAX_UPSTREAM_EVENT_BYTES", 64 << 20)  # (not the subject)
     size, limit = 24 << 20, 1.5
     frame = b'data: {"type":"CUSTOM","name":"x","value":"' + b"y" * size + b'"}\n\n'
     reads = in_reads(frame)
@@ -433,13 +433,13 @@ async def test_legacy_line_longer_than_the_cap_fails_the_run(
         monkeypatch: pytest.MonkeyPatch, legacy: LegacyEndpoint,
         serve_runtime: ServeRuntime) -> None:
     cap = 64 << 10
-    monkeypatch.setattr(remote_endpoint, "MAX_LINE_BYTES", cap, raising=False)
+    monkeypatch.setattr(_held, "MAX_UPSTREAM_EVENT_BYTES", cap)
     runtime = CopilotRuntime(agents={"huge": legacy_agent(legacy, "huge", kind="")})
     async with serve_runtime(runtime) as served:
         events = await served.run(run_input("hello", thread="t-huge"), agent="huge")
     error = one_run_error(events)
     assert (error["code"], error["message"]) == (
-        "UPSTREAM_ERROR", f"The remote agent sent a line longer than {cap} bytes")
+        "UPSTREAM_ERROR", f"The remote agent sent a line larger than {cap} bytes")
 
 
 # ---- MCP tools with hostile input schemas ----------------------------------------------------

@@ -6,58 +6,9 @@ from typing import Any, TypeVar
 
 import orjson
 
-from copilot_runtime._exceptions import UpstreamProtocolError, quoted
+from copilot_runtime._exceptions import quoted
 
 _E = TypeVar("_E", bound=BaseException)
-
-#: The largest event a provider's stream may send (far beyond any real one).
-MAX_EVENT_BYTES = 16 * 1024 * 1024
-#: An unfinished event longer than this is kept as its reads, joined once it can end.
-_LONG_EVENT_BYTES = 64 * 1024
-
-
-class HeldBytes:
-    """What a stream parser holds between reads: the start of an unfinished event.
-
-    `take(data)` gives it back followed by `data`; `hold(rest)` keeps what follows the last
-    complete event. An event still arriving past 64 KiB is kept as its reads and joined only
-    when a read could end it (joining at every read costs the square of its length); one
-    over `MAX_EVENT_BYTES` is the upstream's error.
-    """
-
-    __slots__ = ("_head", "_parts", "_size", "_what")
-
-    def __init__(self, what: str) -> None:
-        self._what = what
-        self._head = b""
-        self._parts: list[bytes] | None = None  # the reads of a long event
-        self._size = 0
-
-    def take(self, data: bytes) -> bytes | None:
-        """What is held followed by `data`, or None while a long event is still arriving."""
-        parts = self._parts
-        if parts is None:
-            return self._head + data if self._head else data
-        parts.append(data)
-        self._grow(len(data))
-        if b"\n" not in data:
-            return None
-        self._parts = None
-        return b"".join(parts)
-
-    def hold(self, rest: bytes) -> None:
-        if len(rest) <= _LONG_EVENT_BYTES:
-            self._head = rest
-        else:
-            self._head, self._parts, self._size = b"", [rest], 0
-            self._grow(len(rest))
-
-    def _grow(self, size: int) -> None:
-        self._size += size
-        if self._size > MAX_EVENT_BYTES:
-            raise UpstreamProtocolError(
-                f"{self._what} sent an event larger than {MAX_EVENT_BYTES} bytes")
-
 
 def find_cause(exc: BaseException, kind: type[_E]) -> _E | None:
     """The first exception of `kind` in the cause/context chain of `exc`."""

@@ -47,9 +47,9 @@ from copilot_runtime._exceptions import (
     UpstreamTimeoutError,
     quoted,
 )
+from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
-    HeldBytes,
     arguments_object,
     error_body_message,
     find_cause,
@@ -329,7 +329,7 @@ class AnthropicStreamParser:
                  "finish_reason", "input_tokens", "output_tokens", "thinking", "tool_ids")
 
     def __init__(self) -> None:
-        self._held = HeldBytes("The Anthropic stream")
+        self._held = HeldBytes("The Anthropic stream", UpstreamProtocolError)
         #: The answer's thinking blocks, whole and signed, and its tool_use ids.
         self.thinking: list[dict[str, Any]] = []
         self.tool_ids: list[str] = []

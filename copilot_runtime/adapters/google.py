@@ -50,9 +50,9 @@ from copilot_runtime._exceptions import (
     UpstreamTimeoutError,
     quoted,
 )
+from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
-    HeldBytes,
     arguments_object,
     text_of,
     usage,
@@ -354,7 +354,7 @@ class GeminiStreamParser:
     __slots__ = ("_held", "_meta", "_remember", "calls", "done", "reason")
 
     def __init__(self, remember: Callable[[str, bytes], None] | None = None) -> None:
-        self._held = HeldBytes("The Gemini stream")
+        self._held = HeldBytes("The Gemini stream", UpstreamProtocolError)
         self._remember = remember
         self._meta: dict[str, Any] = {}
         self.calls = 0

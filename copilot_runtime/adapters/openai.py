@@ -32,8 +32,8 @@ from copilot_runtime._exceptions import (
     UpstreamProtocolError,
     UpstreamTimeoutError,
 )
+from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
-from copilot_runtime.adapters._common import HeldBytes
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -442,7 +442,7 @@ class ChatCompletionsStreamParser:
     __slots__ = ("_held", "done", "finish_reason", "usage")
 
     def __init__(self) -> None:
-        self._held = HeldBytes("The OpenAI stream")
+        self._held = HeldBytes("The OpenAI stream", UpstreamProtocolError)
         self.done = False
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None

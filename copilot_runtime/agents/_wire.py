@@ -21,6 +21,7 @@ import structlog
 
 from copilot_runtime import events as ev
 from copilot_runtime._exceptions import ChunkError, UpstreamError, quoted
+from copilot_runtime._held import HeldBytes
 from copilot_runtime._limits import MAX_JSON_DEPTH, nests_too_deep
 from copilot_runtime.event_order import ChunkState, OrderChecker, expand_chunks
 from copilot_runtime.events import Event, EventType
@@ -30,24 +31,19 @@ __all__ = ["RemoteEventChecker", "SSEDecoder", "StateDeltaEncoder", "strip_nulls
 _log = structlog.get_logger("copilot_runtime.agents")
 
 _KNOWN_TYPES: Final = frozenset(t.value for t in EventType)
-#: The largest SSE frame (one event) a remote agent may send.
-MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
 
 
 class SSEDecoder:
     """Incremental SSE parser: `feed(bytes)` returns the complete `data:` payloads so far.
 
-    Each read is looked at once: the reads of an unfinished frame are kept apart and joined
-    when it ends (joining them at every read would cost the square of a long frame's
-    length), and a frame longer than `MAX_FRAME_BYTES` fails as the remote's error.
+    Each read is looked at once (`HeldBytes` keeps an unfinished frame's reads apart until
+    one can end it), and a frame longer than the bound fails as the remote's error.
     """
 
-    __slots__ = ("_cr", "_parts", "_size", "_source")
+    __slots__ = ("_cr", "_held")
 
     def __init__(self, source: str = "The remote agent") -> None:
-        self._source = source
-        self._parts: list[bytes] = []  # the reads of the unfinished frame
-        self._size = 0
+        self._held = HeldBytes(source, UpstreamError, end=b"\n\n")
         self._cr = False  # the last read ended with a CR: maybe half of a CRLF
 
     def feed(self, chunk: bytes) -> list[bytes]:
@@ -57,23 +53,11 @@ class SSEDecoder:
             if chunk.endswith(b"\r"):
                 chunk, self._cr = chunk[:-1], True
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        parts = self._parts
-        # A frame ends at a blank line, which may straddle the previous read's end.
-        if b"\n\n" not in chunk and not (
-                chunk.startswith(b"\n") and parts and parts[-1].endswith(b"\n")):
-            if chunk:
-                parts.append(chunk)
-                self._size += len(chunk)
-                if self._size > MAX_FRAME_BYTES:
-                    raise UpstreamError(f"{self._source} sent an event larger than "
-                                        f"{MAX_FRAME_BYTES} bytes")
+        joined = self._held.take(chunk)
+        if joined is None:
             return []
-        frames = (b"".join((*parts, chunk)) if parts else chunk).split(b"\n\n")
-        rest = frames.pop()
-        self._parts, self._size = ([rest], len(rest)) if rest else ([], 0)
-        if self._size > MAX_FRAME_BYTES:
-            raise UpstreamError(f"{self._source} sent an event larger than "
-                                f"{MAX_FRAME_BYTES} bytes")
+        frames = joined.split(b"\n\n")
+        self._held.hold(frames.pop())
         payloads: list[bytes] = []
         for frame in frames:
             if frame.startswith(b"data: ") and b"\n" not in frame:
@@ -92,7 +76,7 @@ class SSEDecoder:
 
     def pending(self) -> bool:
         """True when bytes of an unfinished frame are buffered."""
-        return any(part.strip() for part in self._parts)
+        return self._held.held()
 
 
 def strip_nulls(value: Any) -> Any:

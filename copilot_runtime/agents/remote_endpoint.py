@@ -25,6 +25,7 @@ import orjson
 import structlog
 
 from copilot_runtime._exceptions import ActionError, ConfigurationError, UpstreamError
+from copilot_runtime._held import HeldBytes
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import MAX_JSON_DEPTH, nests_too_deep
 from copilot_runtime.actions import Action
@@ -49,8 +50,6 @@ __all__ = ["CopilotKitRemoteEndpoint", "RemoteDiscovery", "RemoteEndpointAgent",
            "RetryPolicy"]
 
 _log = structlog.get_logger("copilot_runtime.agents")
-#: The longest JSONL line (one event) a remote endpoint may send.
-MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,25 +331,19 @@ def _closing(translator: LangGraphJsonlTranslator | RuntimeEventTranslator) -> l
 
 
 async def _json_lines(content: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]]:
-    """The objects of a JSONL body, as lines complete (blank lines skipped). The reads of an
-    unfinished line are joined once it ends (not at every read: a long line would cost the
-    square of its length); a line longer than `MAX_LINE_BYTES` is the remote's error."""
-    parts: list[bytes] = []
-    size = 0
+    """The objects of a JSONL body, as lines complete (blank lines skipped); a line held past
+    the bound (`HeldBytes`) is the remote's error."""
+    held = HeldBytes("The remote agent", UpstreamError, record="a line")
     async for chunk in content.iter_any():
-        if b"\n" not in chunk:
-            parts.append(chunk)
-            size += len(chunk)
-            if size > MAX_LINE_BYTES:
-                raise UpstreamError(f"The remote agent sent a line longer than {MAX_LINE_BYTES} "
-                                    "bytes")
+        data = held.take(chunk)
+        if data is None:
             continue
-        *lines, rest = (b"".join((*parts, chunk)) if parts else chunk).split(b"\n")
-        parts, size = ([rest], len(rest)) if rest else ([], 0)
+        *lines, rest = data.split(b"\n")
+        held.hold(rest)
         for line in lines:
             if line.strip():
                 yield _parse_line(line)
-    rest = b"".join(parts)
+    rest = held.rest()
     if rest.strip():
         yield _parse_line(rest)
 
