@@ -608,3 +608,35 @@ async def test_rate_limits_of_look_alike_principals_are_their_own(
         status, body = await call(served, "POST", "/agent/default/run", next(iter(tokens)),
                                   run_input("Hi", thread="l-again"))
         assert status == 429, body
+
+
+class CookieAuth:
+    """Knows a caller by two cookies, which HTTP/2 clients may send as two `Cookie` lines."""
+
+    async def authenticate(self, request: RequestInfo) -> Principal:
+        cookies = dict(part.strip().partition("=")[::2]
+                       for part in request.headers.get("cookie", "").split(";"))
+        if cookies.get("session") != "s3cret" or cookies.get("tenant") != "acme":
+            raise AuthenticationError("Unknown session")
+        return Principal("alice", tenant="acme")
+
+
+async def test_a_repeated_authorization_header_is_refused_and_cookie_lines_are_joined(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """Two `Authorization` lines, one valid, are a 401 in either order. Before, the last line
+    won: a proxy in front that checked the first line (Starlette's `headers.get` reads the
+    first) could pass a request the runtime then ran as someone else. `Cookie` lines are
+    joined with "; " (before, all but the last were lost)."""
+    async with serve_runtime(openai_runtime(llm, auth=BearerTokenAuth(
+            {"token-of-alice": "alice"}))) as served:
+        lines = [("Authorization", "Bearer token-of-alice"), ("Authorization", "Bearer forged")]
+        for headers in (lines, lines[::-1]):
+            response = await served.session.get(served.url + "/info", headers=headers)
+            assert response.status == 401, headers
+            assert orjson.loads(await response.read())["code"] == "AUTHENTICATION_ERROR"
+        response = await served.session.get(served.url + "/info", headers=lines[:1])
+        assert response.status == 200
+    async with serve_runtime(openai_runtime(llm, auth=CookieAuth())) as served:
+        response = await served.session.get(served.url + "/info", headers=[
+            ("Cookie", "session=s3cret"), ("Cookie", "tenant=acme")])
+        assert response.status == 200, await response.text()

@@ -126,7 +126,9 @@ class Request:
         self.send = send
         self.method: str = scope["method"]
         self.path = path
-        self.headers: dict[bytes, bytes] = {k.lower(): v for k, v in scope["headers"]}
+        raw = scope["headers"]
+        headers = {k.lower(): v for k, v in raw}
+        self.headers: dict[bytes, bytes] = headers if len(headers) == len(raw) else _combined(raw)
         self.query: bytes = scope.get("query_string", b"")
         self.cors = cors
         #: Who asks, when the runtime needs to know (identity, hooks, limits, telemetry).
@@ -145,6 +147,18 @@ class Request:
         content_type = self.headers.get(b"content-type", b"")
         return content_type.split(b";", 1)[0].strip().lower() in (
             b"application/json", b"application/graphql-response+json")
+
+
+def _combined(raw: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
+    """Headers with each repeated field's lines combined, in order, as HTTP does (cookies
+    with "; ", the rest with ", "). A singleton such as `Authorization` sent twice then reads
+    as one malformed value, refused, instead of whichever copy came first or last (a proxy
+    in front may have checked the other one)."""
+    lines: dict[bytes, list[bytes]] = {}
+    for name, value in raw:
+        lines.setdefault(name.lower(), []).append(value)
+    return {name: (b"; " if name == b"cookie" else b", ").join(values)
+            for name, values in lines.items()}
 
 
 def request_info(request: Request) -> RequestInfo:
