@@ -70,6 +70,7 @@ __all__ = [
     "UpstreamError",
     "UpstreamProtocolError",
     "UpstreamTimeoutError",
+    "failure_text",
     "quoted",
 ]
 
@@ -86,6 +87,23 @@ def quoted(text: str, limit: int = 200) -> str | None:
     if len(text) > limit:
         text = text[:limit - 1] + "…"
     return None if _INTERNALS.search(text) else text
+
+
+# A URL's `user:password@` part, and an absolute file path (of two parts or more, not the
+# path of a URL): what an exception's message may carry that no client should read.
+_URL_CREDENTIALS = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^\s/@]*@", re.IGNORECASE)
+_FILE_PATH = re.compile(r"(?<![\w:/.~-])(?:/[\w.@~-]+){2,}|\b[A-Za-z]:\\[\w.@ \\-]+")
+
+
+def failure_text(exc: BaseException, limit: int = 300) -> str:
+    """An exception raised by code the runtime calls (an action, a tool), as the model and,
+    through its tool result, the client read it: its type and message, with credentials in
+    URLs and file paths blanked, at most `limit` characters; its type alone when the message
+    holds a stack trace."""
+    kind = type(exc).__name__
+    message = _FILE_PATH.sub("<path>", _URL_CREDENTIALS.sub(r"\1<credentials>@", str(exc)))
+    text = f"{kind}: {message}" if message else kind
+    return quoted(text, limit) or f"{kind} (its message is withheld: see the server's log)"
 
 
 class CopilotRuntimeError(Exception):

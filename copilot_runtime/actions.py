@@ -19,7 +19,7 @@ import pydantic
 import structlog
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from copilot_runtime._exceptions import ActionError, ConfigurationError
+from copilot_runtime._exceptions import ActionError, ConfigurationError, failure_text
 
 if TYPE_CHECKING:
     import jsonschema
@@ -28,6 +28,9 @@ __all__ = ["Action", "action"]
 
 _log = structlog.get_logger("copilot_runtime.actions")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI accepts for a function name
+#: The largest result (as JSON) an action may return: it goes to the model in the next
+#: request and to the client in the stream, whole.
+MAX_ACTION_RESULT_BYTES = 1024 * 1024
 
 
 class Action:
@@ -109,14 +112,22 @@ class Action:
                 result = await asyncio.to_thread(self.handler, **kwargs)
         except ActionError:
             raise
-        except Exception as exc:
-            # The stack goes to the server log; the model gets the error's own message only.
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            # SystemExit too (`sys.exit`, argparse's `parser.error`, click in a handler): out
+            # of the event loop it would end the server, and every user's run with it. The
+            # stack goes to the server log; the model (and the client, through the tool
+            # result) gets the error's message without paths or credentials.
             _log.warning("action failed", action=self.name, exc_info=True)
-            raise ActionError(f"{type(exc).__name__}: {exc}") from None
+            raise ActionError(failure_text(exc)) from None
         try:
-            return orjson.dumps(result, default=to_jsonable_python).decode()
+            encoded = orjson.dumps(result, default=to_jsonable_python)
         except (TypeError, PydanticSerializationError) as exc:
             raise ActionError(f"the result could not be encoded as JSON ({exc})") from None
+        if len(encoded) > MAX_ACTION_RESULT_BYTES:
+            _log.warning("action result over the bound", action=self.name, size=len(encoded))
+            raise ActionError(f"the result ({len(encoded)} bytes of JSON) is larger than "
+                              f"{MAX_ACTION_RESULT_BYTES} bytes")
+        return encoded.decode()
 
 
 def _describe(error: jsonschema.ValidationError) -> str:

@@ -47,7 +47,13 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError, Subscription
 from mcp.shared.exceptions import MCPError
 
-from copilot_runtime._exceptions import ActionError, ConfigurationError, UpstreamError
+from copilot_runtime._exceptions import (
+    ActionError,
+    ConfigurationError,
+    UpstreamError,
+    failure_text,
+    quoted,
+)
 from copilot_runtime.actions import Action
 
 __all__ = ["MCPServer", "MCPToolset"]
@@ -488,9 +494,7 @@ def _reason(exc: BaseException) -> str:
     """The first cause of a session's end, its exception groups opened."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
-    if isinstance(exc, UpstreamError):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return str(exc) if isinstance(exc, UpstreamError) else failure_text(exc)
 
 
 def _connection_gone(exc: Exception) -> bool:
@@ -611,10 +615,10 @@ async def _call_tool(client: Client, remote: str, arguments: dict[str, Any],
 
 def _failure(conn: _Connection, client: Client, remote: str, exc: Exception) -> ActionError:
     """The tool error of a call that raised `exc`; a connection found gone ends its session."""
+    said = failure_text(exc)
     if _connection_gone(exc):
-        conn.lose(client, f"{type(exc).__name__}: {exc}")
-    return ActionError(f"the MCP tool {remote} of {conn.server.label} failed: "
-                       f"{type(exc).__name__}: {exc}")
+        conn.lose(client, said)
+    return ActionError(f"the MCP tool {remote} of {conn.server.label} failed: {said}")
 
 
 def _never_reached(exc: Exception, sending: _Sending) -> bool:
@@ -632,7 +636,12 @@ def _answer(remote: str, result: types.CallToolResult) -> Any:
     """A tool's result as the action's: its structured content, else its text."""
     text = "".join(getattr(block, "text", "") for block in result.content)
     if result.is_error:
-        raise ActionError(text or f"the MCP tool {remote} reported an error")
+        # The server's own words, passed on as a remote agent's are: cut, and withheld when
+        # they hold its stack or a source file's path (then only the log has them).
+        said = quoted(text, 500) if text else None
+        if text and said is None:
+            _log.warning("MCP tool error withheld", tool=remote, error=text[:2000])
+        raise ActionError(said or f"the MCP tool {remote} reported an error")
     if result.structured_content is not None:
         return result.structured_content
     return text

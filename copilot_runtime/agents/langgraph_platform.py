@@ -22,6 +22,7 @@ CopilotKit conventions alike. What is particular to the platform:
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
@@ -43,7 +44,7 @@ from langgraph.types import Command, Interrupt, PregelTask, StateSnapshot
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import NotFoundError
 
-from copilot_runtime._exceptions import ConfigurationError, UpstreamError
+from copilot_runtime._exceptions import ConfigurationError, UpstreamError, quoted
 from copilot_runtime._input import RunInput
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
 from copilot_runtime.agents._lg_events import WireEncoder
@@ -331,21 +332,33 @@ class _PlatformGraph:
             thread, self.assistant_id, input=input, command=command, stream_mode="events",
             stream_subgraphs=subgraphs, config=run_config or None, checkpoint_id=checkpoint_id,
             on_disconnect="cancel", headers=self.headers)
-        async for part in stream:
-            if part.event == "events" or part.event.startswith("events|"):
-                event = dict(part.data)
-                data = event.get("data")
-                if isinstance(data, dict):
-                    event["data"] = {key: revive(item) if key in ("chunk", "output") else item
-                                     for key, item in data.items()}
-                yield event
-            elif part.event == "error":
-                # The platform's message is the graph's exception text: log it, and tell
-                # the client only what kind of failure it was.
-                error = part.data if isinstance(part.data, dict) else {}
-                _log.warning("LangGraph Platform run failed", assistant=self.assistant_id,
-                             error=error)
-                kind = error.get("error") if isinstance(error.get("error"), str) else None
-                yield {"event": "error", "data": {"message": (
-                    f"The graph failed on the LangGraph Platform ({kind})" if kind
-                    else "The graph failed on the LangGraph Platform")}}
+        try:
+            async for part in stream:
+                if part.event == "events" or part.event.startswith("events|"):
+                    yield _stream_event(part.data)
+                elif part.event == "error":
+                    # The platform's message is the graph's exception text: logged; the
+                    # client learns what kind of failure it was (its class, if it looks
+                    # like one).
+                    error = part.data if isinstance(part.data, dict) else {}
+                    _log.warning("LangGraph Platform run failed", assistant=self.assistant_id,
+                                 error=error)
+                    kind = error.get("error")
+                    kind = quoted(kind, 80) if isinstance(kind, str) else None
+                    raise UpstreamError(f"The graph failed on the LangGraph Platform ({kind})"
+                                        if kind else "The graph failed on the LangGraph Platform")
+        except json.JSONDecodeError:  # the SDK's SSE decoder met a frame that is no JSON
+            raise UpstreamError("The LangGraph Platform sent an event that is not JSON") from None
+
+
+def _stream_event(data: Any) -> dict[str, Any]:
+    """One of the platform's LangChain stream events, its chunks and outputs revived."""
+    if not isinstance(data, dict) or not isinstance(data.get("event"), str):
+        raise UpstreamError("The LangGraph Platform sent an event that is not a LangChain "
+                            "stream event")
+    event = dict(data)
+    inner = event.get("data")
+    if isinstance(inner, dict):
+        event["data"] = {key: revive(item) if key in ("chunk", "output") else item
+                         for key, item in inner.items()}
+    return event
