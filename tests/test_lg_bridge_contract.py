@@ -26,7 +26,8 @@ RELEASE = f"ag-ui-langgraph {version('ag-ui-langgraph')}"
 
 #: The base's methods the bridge overrides.
 HOOKS = ("prepare_stream", "get_schema_keys", "langgraph_default_merge_state",
-         "_handle_single_event", "_dispatch_event")
+         "_handle_single_event", "_dispatch_event", "_filter_orphan_tool_messages",
+         "_interrupts_to_agui", "_prepare_interrupt_tail")
 #: The bridge's own methods: the base must not have them, or the bridge would shadow it.
 OWN = ("stream", "_translate_metadata", "_base_metadata")
 #: The base's methods the bridge or `agents/langgraph*.py` call, with their parameters.

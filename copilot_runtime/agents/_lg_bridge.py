@@ -16,6 +16,10 @@ overrides):
 * `state["copilotkit"]["context"]`, the other half of the `CopilotKitState` convention;
 * `get_schema_keys()` without the config and context schemas: the base reads them through
   LangGraph APIs deprecated in 1.0 (a `DeprecationWarning` per run) and never uses them;
+  and from the graph's channels when pydantic cannot describe its state;
+* interrupts' payloads and the checkpoint's messages made what the base can convert
+  (`_lg_values`): keys that are not text, and message classes it does not know, failed
+  every later run of their thread;
 * `stream()`, the base's `run()` without its catch-all: the base turns any exception into a
   `RUN_ERROR` carrying `str(exc)`, which can leak internals to the client; the runtime's
   own error policy decides instead.
@@ -27,12 +31,16 @@ installed release, so a bump that moves one fails there, naming it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
 from ag_ui.core import CustomEvent, EventType, RunAgentInput
 from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
 from ag_ui_langgraph.utils import camel_to_snake  # type: ignore[import-untyped]
+from langgraph.types import Interrupt
+
+from copilot_runtime.agents._lg_values import json_safe, known_messages
 
 __all__ = ["CopilotKitLangGraphBridge"]
 
@@ -96,9 +104,12 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         try:
             inputs = list(self.graph.get_input_jsonschema(config).get("properties") or ())
             outputs = list(self.graph.get_output_jsonschema(config).get("properties") or ())
-        except (AttributeError, TypeError, KeyError, ValueError, NotImplementedError):
-            # As the base does: without schemas, only the protocol's own keys pass.
-            inputs, outputs = [], []
+        except Exception:  # pydantic's schema errors are RuntimeErrors
+            # A state schema pydantic cannot describe (`typing.TypedDict` before Python
+            # 3.12, a field of an arbitrary class) runs fine in LangGraph: the compiled
+            # graph's channels say the same, instead of failing every run.
+            inputs = _channels(getattr(self.graph, "input_channels", None))
+            outputs = _channels(getattr(self.graph, "output_channels", None))
         return {"input": [*inputs, *constant], "output": [*outputs, *constant],
                 "config": [], "context": []}
 
@@ -132,6 +143,15 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
                 return
         async for out in super()._handle_single_event(event, state):
             yield out
+
+    def _filter_orphan_tool_messages(self, messages: list) -> list:  # type: ignore[type-arg]
+        return list(super()._filter_orphan_tool_messages(known_messages(messages)))
+
+    def _interrupts_to_agui(self, lg_interrupts: Any) -> Any:
+        return super()._interrupts_to_agui(_safe_interrupts(lg_interrupts))
+
+    def _prepare_interrupt_tail(self, lg_interrupts: Any) -> list:  # type: ignore[type-arg]
+        return list(super()._prepare_interrupt_tail(_safe_interrupts(lg_interrupts)))
 
     def _dispatch_event(self, event: Any) -> Any:
         if event is not None and event.type == EventType.TOOL_CALL_RESULT \
@@ -177,6 +197,20 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             if not emit and call_id:
                 self._hidden_tool_calls.add(call_id)
         return out
+
+
+def _channels(channels: Any) -> list[str]:
+    if isinstance(channels, str):
+        return [channels]
+    return [name for name in channels or () if isinstance(name, str)
+            and not name.startswith("__")]
+
+
+def _safe_interrupts(lg_interrupts: Any) -> list[Any]:
+    """Interrupts whose payloads are JSON (`json_safe`): the base encodes them with a
+    function that fails on keys that are not text, every run of the thread over again."""
+    return [dataclasses.replace(i, value=json_safe(i.value)) if isinstance(i, Interrupt) else i
+            for i in lg_interrupts or ()]
 
 
 def _get(item: Any, key: str) -> Any:

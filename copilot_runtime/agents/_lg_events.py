@@ -3,7 +3,7 @@
 The bridge yields `ag_ui.core` models; the runtime carries plain camelCase dicts without
 null fields. Content and argument deltas (most of a run) are built by hand; the rest go
 through `model_dump`, except application data (snapshots, custom values, results), which
-keep their nulls and are made JSON-safe with the bridge's own `make_json_safe`.
+keep their nulls and every key (`_lg_values.json_safe`).
 
 State snapshots leave out what is plumbing rather than application state: `messages`
 (they travel as message events and `MESSAGES_SNAPSHOT`), and the frontend's tools and
@@ -21,9 +21,9 @@ from __future__ import annotations
 from typing import Final, Literal
 
 from ag_ui.core import BaseEvent
-from ag_ui_langgraph import make_json_safe  # type: ignore[import-untyped]
 
 from copilot_runtime import events as ev
+from copilot_runtime.agents._lg_values import json_safe
 from copilot_runtime.agents._wire import StateDeltaEncoder
 from copilot_runtime.events import Event
 
@@ -35,7 +35,7 @@ InterruptChannel = Literal["outcome", "legacy", "both"]
 #: State keys that never reach the client in snapshots (see the module docstring).
 PLUMBING_STATE_KEYS: Final = frozenset({"messages", "tools", "copilotkit", "ag-ui"})
 # The application-data fields (`events.APPLICATION_DATA_KEYS`) that the translator's event
-# models type as `Any`: dumped with its `make_json_safe`, nulls included, not by pydantic.
+# models type as `Any`: dumped by `json_safe`, nulls included, not by pydantic.
 # Their Python and wire names are the same word.
 _ANY_DATA_FIELDS: Final = ev.APPLICATION_DATA_KEYS & {"snapshot", "delta", "value", "event",
                                                       "result"}
@@ -57,7 +57,7 @@ class WireEncoder:
             snapshot = getattr(event, "snapshot", None)
             if isinstance(snapshot, dict):
                 snapshot = {k: v for k, v in snapshot.items() if k not in PLUMBING_STATE_KEYS}
-            return self._states.encode(make_json_safe(snapshot))
+            return self._states.encode(json_safe(snapshot))
         return _dump(event)
 
 
@@ -69,7 +69,7 @@ def _dump(event: BaseEvent) -> Event:
     for name in data_fields:
         value = getattr(event, name)
         if value is not None:
-            out[name] = make_json_safe(value)
+            out[name] = json_safe(value)
     return out
 
 

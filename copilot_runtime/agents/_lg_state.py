@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ag_ui_langgraph import make_json_safe  # type: ignore[import-untyped]
 from ag_ui_langgraph.utils import langchain_messages_to_agui  # type: ignore[import-untyped]
 
 from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
+from copilot_runtime.agents._lg_values import json_safe, known_messages
 from copilot_runtime.agents.base import AgentThreadState
 
 __all__ = ["load_graph_state", "thread_state_from_values"]
@@ -30,11 +30,11 @@ def thread_state_from_values(thread_id: str, values: Mapping[str, Any] | None
     """
     if not values:
         return AgentThreadState(thread_id, exists=False)
-    state = {key: make_json_safe(value) for key, value in values.items()
+    state = {key: json_safe(value) for key, value in values.items()
              if key not in PLUMBING_STATE_KEYS}
     raw = values.get("messages")
     messages = [m.model_dump(mode="json", by_alias=True, exclude_none=True)
-                for m in langchain_messages_to_agui(list(raw))] if raw else []
+                for m in langchain_messages_to_agui(known_messages(raw))] if raw else []
     return AgentThreadState(thread_id, exists=True, state=state, messages=messages)
 
 

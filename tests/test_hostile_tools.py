@@ -1,0 +1,500 @@
+"""Actions, MCP tools and a LangGraph Platform deployment that fail in hostile ways cannot end
+the server, leak what their failures hold, or leave a run without a precise error.
+
+A server-side action whose handler calls `sys.exit` (directly, or through argparse's
+`parser.error`) is a tool error, and the server goes on serving (it ended the process: the
+handler runs in a child process here, as the server would). An action's failure reaches the
+model and the client without the file paths and URL credentials its message held, without a
+stack trace, and cut; a result over 1 MiB of JSON is a tool error naming the bound, not a
+stream that carries it whole. An MCP tool's own crash report is withheld (a plain error text
+is passed on). A LangGraph Platform deployment's `error` event, and a stream event that is not
+a LangChain stream event or not JSON at all, end the run with one RUN_ERROR (UPSTREAM_ERROR)
+that says so, and the thread is still readable, the next run still served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from mcp.server.mcpserver import MCPServer as SDKServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+import copilot_runtime
+from copilot_runtime import ActionError, CopilotRuntime, MCPServer, action
+from copilot_runtime.agents.langgraph_platform import LangGraphPlatformAgent, platform_thread_id
+from copilot_runtime.testing import ScriptedAdapter, text_turn, tool_turn, verify_events
+from copilot_runtime.testing.loopback import LoopbackServer
+from tests.conftest import (
+    Served,
+    ServeRuntime,
+    free_port,
+    parse_sse,
+    run_input,
+    serve,
+    text_of,
+    types,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+Json = dict[str, Any]
+MIB = 1024 * 1024  # copilot_runtime.actions.MAX_ACTION_RESULT_BYTES (not in the old code)
+# What a crash report shows, and what no client (and no model) may read.
+_INTERNALS = ("Traceback", 'File "', ".py")
+
+
+def tool_results(events: list[Json]) -> dict[str, Json]:
+    """The TOOL_CALL_RESULT events of a stream, by tool call id."""
+    return {e["toolCallId"]: e for e in events if e["type"] == "TOOL_CALL_RESULT"}
+
+
+def tool_errors(events: list[Json]) -> dict[str, str]:
+    """The tool errors of a stream, as the client reads them, by tool call id (each of its
+    tool results must be one)."""
+    errors: dict[str, str] = {}
+    for call, result in tool_results(events).items():
+        content = orjson.loads(result["content"])
+        error = content.get("error") if isinstance(content, dict) else None
+        assert isinstance(error, str), f"{call} is not a tool error: {result['content'][:200]}"
+        errors[call] = error
+    return errors
+
+
+def sent_to_model(model: ScriptedAdapter) -> list[str]:
+    """The tool results the model was sent (in its requests after the first)."""
+    return [str(message.content) for request in model.requests[1:]
+            for message in request.messages if message.role == "tool"]
+
+
+async def get_json(served: Served, path: str) -> Any:
+    response = await served.session.get(served.url + path)
+    assert response.status == 200, (path, await response.text())
+    return await response.json()
+
+
+# ---- an action that ends the program (a server in a child process) --------------------------
+
+_CHILD = '''
+import argparse, asyncio, socket, sys
+
+import uvicorn
+
+from copilot_runtime import CopilotRuntime, action, create_app
+from copilot_runtime.testing import ScriptedAdapter, text_turn, tool_turn
+
+
+@action
+async def quit_now() -> str:
+    """Ends the program, as a script does."""
+    sys.exit(2)
+
+
+@action
+def parse_flags(flags: str) -> str:
+    """Parses command-line flags (a sync handler: runs in a worker thread)."""
+    parser = argparse.ArgumentParser(prog="flags")
+    parser.add_argument("--n", type=int)
+    return str(parser.parse_args(flags.split()))  # a bad flag: parser.error, sys.exit(2)
+
+
+CALLS = {"sys.exit": ("quit_now", "{}"),
+         "argparse": ("parse_flags", '{"flags": "--n notanumber"}')}
+port, case = int(sys.argv[1]), sys.argv[2]
+model = ScriptedAdapter(tool_turn(CALLS[case]), text_turn("done"))
+runtime = CopilotRuntime(service_adapter=model, actions=[quit_now, parse_flags])
+server = uvicorn.Server(uvicorn.Config(create_app(runtime, "/api"), log_level="critical",
+                                       lifespan="on"))
+listener = socket.socket()
+listener.bind(("127.0.0.1", port))
+listener.listen(16)  # connections wait in the backlog until uvicorn accepts them
+print("ready", flush=True)
+asyncio.run(server.serve(sockets=[listener]))
+'''
+
+
+# Where the package this test imports lives: the child imports the same one.
+_PACKAGE_ROOT = str(Path(copilot_runtime.__file__).resolve().parents[1])
+
+
+@contextlib.asynccontextmanager
+async def child_runtime(case: str, workdir: Path
+                        ) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
+    """A runtime whose scripted model calls the action of `case`, served by uvicorn in a
+    child process (the package this test imports), and the URL it is served at."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": _PACKAGE_ROOT, "PYTHONDONTWRITEBYTECODE": "1"}
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CHILD, str(port), case, cwd=workdir, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        assert child.stdout is not None
+        line = await child.stdout.readline()
+        assert line == b"ready\n", line + await child.stdout.read()
+        yield f"http://127.0.0.1:{port}/api", child
+    finally:
+        if child.returncode is None:
+            child.terminate()
+        await child.communicate()
+
+
+@pytest.mark.parametrize("case", ["sys.exit", "argparse"])
+async def test_action_that_exits_is_a_tool_error_and_the_server_lives_on(
+        case: str, tmp_path: Path) -> None:
+    """A handler raising SystemExit (`sys.exit(2)`; argparse's `parser.error` on a bad flag)
+    escaped `Action.execute` (it catches `Exception`), then the event loop: the run's stream
+    broke off and the server process exited with status 2, every user's run with it. Now
+    the model reads "SystemExit: 2" as the tool's error, the run finishes, and `/info`
+    still answers."""
+    async with child_runtime(case, tmp_path) as (url, child), aiohttp.ClientSession() as session:
+        try:
+            response = await session.post(
+                url + "/agent/default/run", data=orjson.dumps(run_input("go", thread=f"t-{case}")),
+                headers={"Content-Type": "application/json"})
+            assert response.status == 200, await response.text()
+            body = await response.read()
+        except aiohttp.ClientError as exc:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(child.wait(), 10)
+            pytest.fail(f"the run's stream broke off ({type(exc).__name__}); the server's "
+                        f"exit status: {child.returncode}")
+        info = await session.get(url + "/info")
+        assert info.status == 200
+        await info.read()
+        assert child.returncode is None
+    events = parse_sse(body)
+    verify_events(events)
+    assert types(events)[-1] == "RUN_FINISHED", events[-1]
+    (result,) = tool_results(events).values()
+    assert orjson.loads(result["content"]) == {"error": "SystemExit: 2"}
+    assert text_of(events) == "done"
+
+
+async def test_keyboard_interrupt_from_a_handler_is_a_tool_error() -> None:
+    """KeyboardInterrupt raised by a handler (async, or sync in its worker thread) escaped
+    `Action.execute` as SystemExit did; now it is the tool's error."""
+    @action
+    async def interrupted() -> str:
+        """Interrupted."""
+        raise KeyboardInterrupt("stop")
+
+    @action
+    def interrupted_in_a_thread() -> str:
+        """Interrupted in its worker thread."""
+        raise KeyboardInterrupt
+
+    said: list[str] = []
+    for handler in (interrupted, interrupted_in_a_thread):
+        try:
+            with pytest.raises(ActionError) as caught:
+                await handler.execute("{}")
+        except KeyboardInterrupt:
+            pytest.fail(f"KeyboardInterrupt escaped the action {handler.name}")
+        said.append(str(caught.value))
+    assert said == ["KeyboardInterrupt: stop", "KeyboardInterrupt"]
+
+
+# ---- what an action's failure says ------------------------------------------------------------
+
+_MISSING = "/nonexistent-copilot-test/app/config/prod-secrets.yaml"
+
+
+@action
+async def connect_db() -> str:
+    """Queries the database."""
+    raise ConnectionError("could not connect to postgresql://admin:S3cr3t@10.0.0.5:5432/prod "
+                          "(settings in /srv/app/config/db.yaml)")
+
+
+@action
+def read_config() -> str:
+    """Reads the configuration."""
+    return Path(_MISSING).read_text()
+
+
+@action
+async def crash() -> str:
+    """Fails with a stack trace in its message."""
+    raise RuntimeError('worker crashed:\nTraceback (most recent call last):\n  File '
+                       '"/srv/app/worker.py", line 12, in run\n    raise ValueError("boom")\n'
+                       "ValueError: boom")
+
+
+@action
+async def verbose() -> str:
+    """Fails with a long message."""
+    raise ValueError("x" * 5000)
+
+
+@action
+async def huge() -> str:
+    """Returns 2 MiB of text."""
+    return "z" * (2 * MIB)
+
+
+def scripted_runtime(*calls: tuple[str, str]) -> tuple[CopilotRuntime, ScriptedAdapter]:
+    """A runtime whose model calls `calls` in one turn, then says "done"."""
+    model = ScriptedAdapter(tool_turn(*calls), text_turn("done"))
+    return CopilotRuntime(service_adapter=model,
+                          actions=[connect_db, read_config, crash, verbose, huge]), model
+
+
+async def test_action_failure_loses_file_paths_and_url_credentials(
+        serve_runtime: ServeRuntime) -> None:
+    """An action's exception went to the model and, in TOOL_CALL_RESULT, to the client as
+    it was: a FileNotFoundError with the file's path, a ConnectionError with the database
+    URL's user and password. Now both are blanked, in the stream, in what the model is
+    sent and in the thread's stored events; the rest of the message is kept."""
+    runtime, model = scripted_runtime(("connect_db", "{}"), ("read_config", "{}"))
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("go", thread="t-leaky"))
+        stored = await get_json(served, "/threads/t-leaky/events")
+    verify_events(events)
+    assert types(events)[-1] == "RUN_FINISHED"
+    expected = {
+        "call_0": "ConnectionError: could not connect to postgresql://<credentials>@"
+                  "10.0.0.5:5432/prod (settings in <path>)",
+        "call_1": "FileNotFoundError: [Errno 2] No such file or directory: '<path>'"}
+    assert tool_errors(events) == expected
+    assert sorted(sent_to_model(model)) == sorted(
+        orjson.dumps({"error": error}).decode() for error in expected.values())
+    for where in (orjson.dumps(events).decode(), orjson.dumps(stored).decode(),
+                  "\n".join(sent_to_model(model))):
+        for secret in ("S3cr3t", "admin", "/srv/", "prod-secrets", "nonexistent-copilot"):
+            assert secret not in where
+
+
+async def test_action_failure_with_a_stack_trace_is_withheld_and_a_long_one_cut(
+        serve_runtime: ServeRuntime) -> None:
+    """An exception whose message held a Python stack trace (a worker's crash report) was
+    passed on whole, source paths and all, and a 5000-character message went whole to the
+    model and the client. Now the first is withheld to its type, the second cut to 300
+    characters."""
+    runtime, model = scripted_runtime(("crash", "{}"), ("verbose", "{}"))
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("go", thread="t-crash"))
+    verify_events(events)
+    assert types(events)[-1] == "RUN_FINISHED"
+    errors = tool_errors(events)
+    assert errors["call_0"] == "RuntimeError (its message is withheld: see the server's log)"
+    assert errors["call_1"] == "ValueError: " + "x" * 287 + "…"
+    for where in (orjson.dumps(events).decode(), "\n".join(sent_to_model(model))):
+        assert not [marker for marker in _INTERNALS if marker in where], where
+        assert "boom" not in where
+
+
+async def test_action_result_over_a_mebibyte_is_a_tool_error(
+        serve_runtime: ServeRuntime) -> None:
+    """A result of any size was streamed whole to the client (a 30 MB result made a 30 MB
+    stream) and sent whole to the model in the next request. Now a result over 1 MiB of
+    JSON is a tool error that names the bound; one of 1 MiB exactly is kept whole."""
+    runtime, model = scripted_runtime(("huge", "{}"))
+    async with serve_runtime(runtime) as served:
+        response = await served.post("/agent/default/run", run_input("go", thread="t-huge"))
+        assert response.status == 200
+        body = await response.read()
+    assert len(body) < 16 * 1024, f"the stream carried {len(body)} bytes"
+    assert sum(len(sent) for sent in sent_to_model(model)) < 1024
+    events = parse_sse(body)
+    verify_events(events)
+    assert types(events)[-1] == "RUN_FINISHED"
+    assert tool_errors(events) == {
+        "call_0": f"the result ({2 * MIB + 2} bytes of JSON) is larger than {MIB} bytes"}
+    assert text_of(events) == "done"
+
+    @action
+    async def just_fits() -> str:
+        """Returns 1 MiB of JSON exactly."""
+        return "y" * (MIB - 2)
+
+    assert len(await just_fits.execute("{}")) == MIB
+
+
+# ---- an MCP tool's error text ----------------------------------------------------------------
+
+_CRASH_REPORT = ('Traceback (most recent call last):\n  File "/opt/mcp/server.py", line 12, in '
+                 'handler\n    token = "sk-live-abcdef123456"\nKeyError: x')
+
+
+def failing_mcp_server() -> SDKServer:
+    """`crash_report` fails with the server's stack trace; `quota`, with a plain message."""
+    server = SDKServer("hostile")
+
+    @server.tool()
+    def crash_report() -> str:
+        """Fails with a crash report."""
+        raise ToolError(_CRASH_REPORT)
+
+    @server.tool()
+    def quota() -> str:
+        """Fails with a plain message."""
+        raise ToolError("quota exceeded for today")
+
+    return server
+
+
+async def test_mcp_tools_crash_report_is_withheld_a_plain_error_passed_on(
+        serve_runtime: ServeRuntime) -> None:
+    """An MCP tool's error text (`isError`) went to the model and the client whole: the
+    server's stack trace, its source path, the token in it. Now text that holds a stack
+    trace or a source path is withheld ("the MCP tool ... reported an error"); a plain
+    error text is still passed on as the server wrote it."""
+    model = ScriptedAdapter(tool_turn(("crash_report", "{}"), ("quota", "{}")),
+                            text_turn("done"))
+    async with serve(failing_mcp_server().streamable_http_app()) as url:
+        runtime = CopilotRuntime(service_adapter=model, mcp_servers=[
+            MCPServer(url=url + "/mcp", name="hostile", timeout=10)])
+        async with serve_runtime(runtime) as served:
+            events = await served.run(run_input("go", thread="t-mcp"))
+    verify_events(events)
+    assert types(events)[-1] == "RUN_FINISHED"
+    assert tool_errors(events) == {
+        "call_0": "the MCP tool crash_report reported an error",
+        "call_1": "Error executing tool quota: quota exceeded for today"}
+    for where in (orjson.dumps(events).decode(), "\n".join(sent_to_model(model))):
+        assert not [marker for marker in (*_INTERNALS, "sk-live") if marker in where], where
+
+
+# ---- a LangGraph Platform deployment's failures and malformed events --------------------------
+
+_ASSISTANT = str(uuid.UUID(int=7))
+_SCHEMA: Json = {"type": "object", "properties": {"messages": {}}}
+
+
+def sse(event: str, data: Any) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def chain_event(kind: str, data: Json | None = None) -> Json:
+    return {"event": kind, "name": "LangGraph", "run_id": "r-graph", "tags": [],
+            "metadata": {"langgraph_node": "agent"}, "data": data or {}, "parent_ids": []}
+
+
+_GRAPH_FAILED = "The graph failed on the LangGraph Platform"
+_NOT_AN_EVENT = "The LangGraph Platform sent an event that is not a LangChain stream event"
+_NOT_JSON = "The LangGraph Platform sent an event that is not JSON"
+
+# name -> (what the platform sends after the run's start, the RUN_ERROR's message)
+PLATFORM: dict[str, tuple[bytes, str]] = {
+    "error-with-a-path": (sse("error", {"error": "/srv/graph/secret_module.py:12 KeyError",
+                                        "message": "Traceback ... token=sk-live-123"}),
+                          _GRAPH_FAILED),
+    "error-huge": (sse("error", {"error": "E" * 100_000, "message": "m"}),
+                   f"{_GRAPH_FAILED} ({'E' * 79}…)"),
+    "error-plain": (sse("error", {"error": "RateLimitError", "message": "m"}),
+                    f"{_GRAPH_FAILED} (RateLimitError)"),
+    "data-a-list": (sse("events", [1, 2, 3]), _NOT_AN_EVENT),
+    "data-a-string": (sse("events", "just a string"), _NOT_AN_EVENT),
+    "data-without-event": (sse("events", {"name": "x", "data": {}}), _NOT_AN_EVENT),
+    "event-not-a-string": (sse("events", {**chain_event("on_chain_stream"), "event": 5}),
+                           _NOT_AN_EVENT),
+    "not-json": (b"event: events\ndata: {not json at all\n\n", _NOT_JSON),
+    "error-not-json": (b"event: error\ndata: plain text error with /etc/passwd\n\n", _NOT_JSON),
+}
+
+
+class FakeDeployment(LoopbackServer):
+    """A LangGraph Platform deployment of one graph, as far as the runtime calls it. A run
+    on a platform thread marked in `modes` sends `PLATFORM[mode]`; any other run answers
+    "fine"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.modes: dict[str, str] = {}
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/assistants/search", self._search)
+        app.router.add_get("/assistants/{assistant}/schemas", self._schemas)
+        app.router.add_get("/threads/{thread}/state", self._state)
+        app.router.add_post("/threads/{thread}/state", self._state)
+        app.router.add_post("/threads/{thread}/history", self._history)
+        app.router.add_post("/threads", self._thread)
+        app.router.add_post("/threads/{thread}/runs/stream", self._stream)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def _search(self, request: web.Request) -> web.Response:
+        return web.json_response([{"assistant_id": _ASSISTANT, "graph_id": "g", "name": "g"}])
+
+    async def _schemas(self, request: web.Request) -> web.Response:
+        return web.json_response({"input_schema": _SCHEMA, "output_schema": _SCHEMA,
+                                  "state_schema": _SCHEMA, "config_schema": {}})
+
+    async def _state(self, request: web.Request) -> web.Response:
+        return web.json_response({"values": {"messages": []}, "next": [], "tasks": [],
+                                  "checkpoint": {"checkpoint_id": "c1", "checkpoint_ns": ""},
+                                  "metadata": {}, "created_at": None})
+
+    async def _history(self, request: web.Request) -> web.Response:
+        return web.json_response([])
+
+    async def _thread(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"thread_id": body.get("thread_id") or str(uuid.uuid4())})
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(sse("metadata", {"run_id": str(uuid.uuid4())}))
+        await response.write(sse("events", chain_event("on_chain_start")))
+        mode = self.modes.get(request.match_info["thread"])
+        if mode is not None:
+            await response.write(PLATFORM[mode][0])
+        else:
+            await response.write(sse("events", chain_event("on_chain_end")))
+        await response.write_eof()
+        return response
+
+
+@pytest.fixture
+async def deployment() -> AsyncIterator[FakeDeployment]:
+    async with FakeDeployment() as server:
+        yield server
+
+
+@pytest.mark.parametrize("name", list(PLATFORM))
+async def test_platform_error_or_malformed_event_is_an_upstream_error(
+        name: str, deployment: FakeDeployment, serve_runtime: ServeRuntime) -> None:
+    """The platform's `error` event became a RUN_ERROR without a code whose message held
+    the platform's `error` field whole (a source path; 100 KB); event data that is not a
+    LangChain stream event (a list, a string, no string `event`) and a frame that is not
+    JSON failed the run as "Agent 'p' failed unexpectedly" (AGENT_ERROR). Now each is one
+    RUN_ERROR, UPSTREAM_ERROR, that says what the platform did (its error's kind quoted, cut
+    to 80 characters, withheld when it holds a source path); the thread's run replays on
+    `connect` and the next run, on another thread, is served."""
+    thread = f"t-{name}"
+    deployment.modes[platform_thread_id(thread)] = name
+    agent = LangGraphPlatformAgent(deployment_url=deployment.url, graph_id="g", timeout=10)
+    async with serve_runtime(CopilotRuntime(agents={"p": agent})) as served:
+        events = await served.run(run_input("hi", thread=thread), agent="p")
+        replayed = await served.run(run_input("", thread=thread, run="connect-1", messages=[]),
+                                    path="/agent/p/connect")
+        follow_up = await served.run(run_input("hi", thread=f"t-{name}-next", run="r2"),
+                                     agent="p")
+    verify_events(events)
+    terminal = [e for e in events if e["type"] in ("RUN_FINISHED", "RUN_ERROR")]
+    assert terminal == [events[-1]], types(events)
+    error = events[-1]
+    assert (error["type"], error.get("code"), error["message"]) == (
+        "RUN_ERROR", "UPSTREAM_ERROR", PLATFORM[name][1])
+    blob = orjson.dumps(events).decode()
+    assert not [marker for marker in (*_INTERNALS, "sk-live", "/etc/", "/srv/")
+                if marker in blob], error
+    assert len(blob) < 4096, len(blob)  # (the 100 KB error is not carried)
+    assert replayed[-1] == error
+    verify_events(follow_up)
+    assert types(follow_up)[-1] == "RUN_FINISHED", follow_up[-1]
