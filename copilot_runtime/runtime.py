@@ -222,6 +222,16 @@ class CopilotRuntime:
         coordinator = self.runs.coordinator
         return coordinator is not None and await coordinator.holder(thread_id) is not None
 
+    async def forget_thread(self, thread_id: str) -> None:
+        """Have every agent forget what it keeps of a deleted thread (a graph's checkpoints):
+        the thread id is free again, and may become another principal's."""
+        for agent_id, agent in self.agents.items():
+            try:
+                await agent.forget_thread(thread_id)
+            except Exception:
+                _log.exception("an agent could not forget a thread", agent=agent_id,
+                               thread_id=thread_id)
+
     def agent(self, agent_id: str) -> Agent:
         try:
             return self.agents[agent_id]

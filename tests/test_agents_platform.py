@@ -122,6 +122,26 @@ async def test_shared_state(deployment: str, serve_runtime: ServeRuntime) -> Non
     assert text_of(second) == "echo: items=['edited', 'item 2']"
 
 
+async def test_deleting_a_thread_deletes_the_platforms_thread(
+        deployment: str, serve_runtime: ServeRuntime) -> None:
+    """`DELETE /threads/{id}` forgets the thread on the platform too: before, the platform
+    kept the conversation, and whoever started a thread of that id next was handed it."""
+    conversation = thread()
+    runtime = platform_runtime(deployment)
+    agent = runtime.agents["platform"]
+    async with serve_runtime(runtime) as served:
+        await served.run(run_input("remember 4711", thread=conversation), agent="platform")
+        assert (await agent.load_state(conversation)).exists
+        response = await served.session.delete(f"{served.url}/threads/{conversation}")
+        assert response.status == 200, await response.text()
+        assert not (await agent.load_state(conversation)).exists
+        again = await served.run(run_input("hello again", thread=conversation, run="run-2"),
+                                 agent="platform")
+        await agent.forget_thread(thread())  # one the platform never had: nothing to do
+    (snapshot,) = of_type(again, "MESSAGES_SNAPSHOT")
+    assert "remember 4711" not in json.dumps(snapshot)
+
+
 async def test_failing_graph_without_internals(deployment: str,
                                                serve_runtime: ServeRuntime) -> None:
     async with serve_runtime(platform_runtime(deployment, "failing")) as served:

@@ -88,5 +88,8 @@ class Agent(abc.ABC):
         """
         return None
 
+    async def forget_thread(self, thread_id: str) -> None:  # noqa: B027 - optional hook
+        """Forget what the agent keeps of a thread the runtime deleted (nothing by default)."""
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release resources held by the agent (called when the runtime shuts down)."""

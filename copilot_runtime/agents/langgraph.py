@@ -127,6 +127,12 @@ class LangGraphAgent(Agent):
         """The thread as the graph's checkpointer has it (GraphQL `loadAgentState`)."""
         return await load_graph_state(self.graph, thread_id, self.config)
 
+    async def forget_thread(self, thread_id: str) -> None:
+        """Delete the thread's checkpoints."""
+        saver = getattr(self.graph, "checkpointer", None)
+        if saver is not None and hasattr(saver, "adelete_thread"):
+            await saver.adelete_thread(thread_id)
+
     def _graph_config(self, thread_id: str) -> dict[str, Any]:
         configurable = {**(self.config.get("configurable") or {}), "thread_id": thread_id}
         return {**self.config, "configurable": configurable}

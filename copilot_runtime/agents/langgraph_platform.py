@@ -166,6 +166,15 @@ class LangGraphPlatformAgent(Agent):
         return thread_state_from_values(thread_id, revive(values) if isinstance(
             values, dict) else None)
 
+    async def forget_thread(self, thread_id: str) -> None:
+        """Delete the platform's thread (one it does not know is forgotten already)."""
+        try:
+            await self._client.threads.delete(platform_thread_id(thread_id))
+        except NotFoundError:
+            return
+        except httpx.HTTPError as exc:
+            raise _upstream_error(f"LangGraph Platform agent '{self.name}'", exc) from None
+
     async def _assistant(self, headers: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
         """The assistant to run and its schemas, looked up once."""
         if self._resolved is None:

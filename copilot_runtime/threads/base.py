@@ -104,6 +104,8 @@ class ThreadRecord:
     title: str = ""
     #: The position the thread's next event gets.
     next_position: int = 0
+    #: How many of its oldest finished runs a bounded read (`get(max_bytes=)`) left out.
+    omitted_runs: int = 0
 
     @property
     def state(self) -> Any:
@@ -117,8 +119,11 @@ class ThreadRecord:
 
 @runtime_checkable
 class ThreadStore(Protocol):
-    async def get(self, thread_id: str) -> ThreadRecord | None:
-        """The thread with its finished runs, or None if it never started a run."""
+    async def get(self, thread_id: str, *, max_bytes: int | None = None
+                  ) -> ThreadRecord | None:
+        """The thread with its finished runs, or None if it never started a run; with
+        `max_bytes`, only its newest runs whose stored events fit (at least the last one),
+        the others counted in `omitted_runs`."""
         ...
 
     async def summary(self, thread_id: str) -> ThreadRecord | None:
@@ -187,6 +192,19 @@ class DurableThreadStore(ThreadStore, Protocol):
         """Close an open run with what it had streamed, marked as interrupted; False if it
         was not open (another worker closed it first)."""
         ...
+
+
+def newest_within(sizes: Sequence[int], max_bytes: int | None) -> int:
+    """How many of the newest runs (sizes newest first) fit in `max_bytes` (at least one)."""
+    if max_bytes is None:
+        return len(sizes)
+    total = kept = 0
+    for size in sizes:
+        total += size
+        if kept and total > max_bytes:
+            break
+        kept += 1
+    return kept
 
 
 def id_problem(value: str) -> str | None:

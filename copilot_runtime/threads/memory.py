@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -16,6 +17,7 @@ from copilot_runtime.threads.base import (
     StoredRun,
     ThreadOwner,
     ThreadRecord,
+    newest_within,
     positioned_runs,
     title_of,
 )
@@ -51,10 +53,15 @@ class InMemoryThreadStore:
         self._evicted = self._evicted_bytes = 0
         self._reported = -_REPORT_EVERY
 
-    async def get(self, thread_id: str) -> ThreadRecord | None:
+    async def get(self, thread_id: str, *, max_bytes: int | None = None
+                  ) -> ThreadRecord | None:
         record = self._threads.get(thread_id)
         if record is not None:
             self._threads.move_to_end(thread_id)
+            kept = newest_within([r.size for r in reversed(record.runs)], max_bytes)
+            if kept < len(record.runs):
+                record = dataclasses.replace(record, runs=record.runs[-kept:],
+                                             omitted_runs=len(record.runs) - kept)
         return record
 
     async def summary(self, thread_id: str) -> ThreadRecord | None:

@@ -44,6 +44,7 @@ from copilot_runtime.threads.base import (
     StoredRun,
     ThreadOwner,
     ThreadRecord,
+    newest_within,
     title_of,
 )
 
@@ -367,25 +368,37 @@ class PostgresThreadStore:
 
     # -- reading -----------------------------------------------------------------------
 
-    async def get(self, thread_id: str) -> ThreadRecord | None:
+    async def get(self, thread_id: str, *, max_bytes: int | None = None
+                  ) -> ThreadRecord | None:
         async with self._reachable():
-            async with self._pool.connection() as conn, conn.pipeline():
-                # Three queries, one round trip.
-                thread = await conn.execute(
-                    f"SELECT {_THREAD_COLUMNS} FROM threads WHERE thread_id = %s", (thread_id,))
-                runs = await conn.execute(
-                    "SELECT run_id, created_at, events, first_position, last_position FROM runs "
-                    "WHERE thread_id = %s AND NOT open ORDER BY seq", (thread_id,))
-                ids = await conn.execute(
-                    "SELECT message_id FROM message_ids WHERE thread_id = %s", (thread_id,))
-                row = await thread.fetchone()
+            async with self._pool.connection() as conn:
+                async with conn.pipeline():
+                    # Three queries, one round trip (octet_length reads a value's header,
+                    # not the value).
+                    thread = await conn.execute(
+                        f"SELECT {_THREAD_COLUMNS} FROM threads WHERE thread_id = %s",
+                        (thread_id,))
+                    sizes_of = await conn.execute(
+                        "SELECT seq, octet_length(events) FROM runs WHERE thread_id = %s "
+                        "AND NOT open ORDER BY seq DESC", (thread_id,))
+                    ids = await conn.execute(
+                        "SELECT message_id FROM message_ids WHERE thread_id = %s", (thread_id,))
+                    row = await thread.fetchone()
+                    sizes = await sizes_of.fetchall()
+                    message_ids = {m for (m,) in await ids.fetchall()}
                 if row is None:
                     return None
                 record = _record(thread_id, row)
+                record.message_ids = message_ids
+                kept = newest_within([size for _, size in sizes], max_bytes)
+                record.omitted_runs = len(sizes) - kept
+                runs = await conn.execute(
+                    "SELECT run_id, created_at, events, first_position, last_position FROM runs "
+                    "WHERE thread_id = %s AND NOT open AND seq >= %s ORDER BY seq",
+                    (thread_id, sizes[kept - 1][0] if kept else 0))
                 for run_id, created_at, events, first, last in await runs.fetchall():
                     record.runs.append(StoredRun(run_id, orjson.loads(events), created_at,
                                                  len(events), first, last))
-                record.message_ids = {m for (m,) in await ids.fetchall()}
             return record
 
     async def summary(self, thread_id: str) -> ThreadRecord | None:

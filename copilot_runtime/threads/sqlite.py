@@ -35,6 +35,7 @@ from copilot_runtime.threads.base import (
     StoredRun,
     ThreadOwner,
     ThreadRecord,
+    newest_within,
     title_of,
 )
 
@@ -169,16 +170,23 @@ class SQLiteThreadStore:
 
     # -- reading -----------------------------------------------------------------------
 
-    async def get(self, thread_id: str) -> ThreadRecord | None:
-        return await self._call(self._get, thread_id)
+    async def get(self, thread_id: str, *, max_bytes: int | None = None
+                  ) -> ThreadRecord | None:
+        return await self._call(self._get, thread_id, max_bytes)
 
-    def _get(self, thread_id: str) -> ThreadRecord | None:
+    def _get(self, thread_id: str, max_bytes: int | None = None) -> ThreadRecord | None:
         record = self._summary(thread_id)
         if record is None:
             return None
+        sizes = self._db.execute("SELECT seq, length(events) FROM runs WHERE thread_id = ? "
+                                 "AND open = 0 ORDER BY seq DESC", (thread_id,)).fetchall()
+        kept = newest_within([size for _, size in sizes], max_bytes)
+        record.omitted_runs = len(sizes) - kept
+        oldest = sizes[kept - 1][0] if kept else 0
         for run_id, created_at, events, first, last in self._db.execute(
                 "SELECT run_id, created_at, events, first_position, last_position FROM runs "
-                "WHERE thread_id = ? AND open = 0 ORDER BY seq", (thread_id,)):
+                "WHERE thread_id = ? AND open = 0 AND seq >= ? ORDER BY seq",
+                (thread_id, oldest)):
             record.runs.append(StoredRun(run_id, orjson.loads(events), created_at,
                                          len(events), first, last))
         return record

@@ -57,6 +57,10 @@ _NO_THREAD_ENDPOINTS = dict.fromkeys(_THREAD_ENDPOINTS, False)
 _PAGE = 100
 _MAX_PAGE = 500
 _MAX_NAME = 200
+#: The most stored events (as encoded JSON) a thread route reads and answers: a thread's
+#: newest runs that fit, the older ones left out (`omittedRuns`). Every durable store keeps
+#: any number of runs of 16 MiB each, and a read costs several times its size in memory.
+MAX_THREAD_READ_BYTES = 32 * 1024 * 1024
 _ENVELOPE_METHODS = ("info", "agent/run", "agent/connect", "agent/stop", "transcribe")
 
 
@@ -75,6 +79,18 @@ class AGUIProtocol:
         """Serve a multi-route request; False if `segments` name no AG-UI route."""
         tail = segments[-4:]
         method = request.method
+        # Thread routes first: a thread may be named like any route word ("info", "threads").
+        threads = _thread_route(segments, method)
+        if threads is not None:
+            changed, what = threads
+            if method in ("PATCH", "DELETE") and changed is not None and what is None:
+                await self._guarded(request, self._change_thread(request, changed))
+            elif method not in ("GET", "HEAD") or (changed is not None and what is None):
+                await send_method_not_allowed(
+                    request, b"PATCH, DELETE" if what is None and changed else b"GET")
+            else:
+                await self._guarded(request, self._threads(request, *threads))
+            return True
         if segments[-1:] == ["info"]:
             if method not in ("GET", "HEAD"):
                 await send_method_not_allowed(request, b"GET")
@@ -95,17 +111,6 @@ class AGUIProtocol:
             agent_id = urllib.parse.unquote(tail[1])
             thread_id = urllib.parse.unquote(tail[3])
             await self._guarded(request, self._stop_rest(request, agent_id, thread_id))
-            return True
-        threads = _thread_route(segments)
-        if threads is not None:
-            changed, what = threads
-            if method in ("PATCH", "DELETE") and changed is not None and what is None:
-                await self._guarded(request, self._change_thread(request, changed))
-            elif method not in ("GET", "HEAD") or (changed is not None and what is None):
-                await send_method_not_allowed(
-                    request, b"PATCH, DELETE" if what is None and changed else b"GET")
-            else:
-                await self._guarded(request, self._threads(request, *threads))
             return True
         approval_id = approval_route(segments)
         if approval_id is not None:
@@ -205,18 +210,20 @@ class AGUIProtocol:
                 "nextCursor": str(offset + limit) if len(records) > limit else None})
             return
         # An id no store can keep names no thread (and PostgreSQL cannot even look it up).
-        record = await store.get(thread_id) if id_problem(thread_id) is None else None
+        record = await store.get(thread_id, max_bytes=MAX_THREAD_READ_BYTES) \
+            if id_problem(thread_id) is None else None
         if record is not None:
             record = readable(record)  # a thread stored broken is still read
         owner = self.runtime.owner_filter(request.info)
         if record is None or (owner is not None and record.owner != owner):
-            await send_json(request, 404, {"error": "Thread not found",
-                                           "message": f"Thread '{thread_id}' does not exist"})
+            raise ThreadNotFoundError(thread_id)  # the same 404 body as PATCH and DELETE
         elif what == "messages":
             messages = events_to_messages(r.events for r in record.runs)
-            await send_json(request, 200, {"messages": messages})
+            await send_json(request, 200, {"messages": messages,
+                                           "omittedRuns": record.omitted_runs})
         elif what == "events":
-            await send_json(request, 200, {"events": [e for r in record.runs for e in r.events]})
+            await send_json(request, 200, {"events": [e for r in record.runs for e in r.events],
+                                           "omittedRuns": record.omitted_runs})
         else:
             await send_json(request, 200, {"state": record.state})
 
@@ -226,14 +233,24 @@ class AGUIProtocol:
         body = await read_body(request, self.max_body_size) if request.method == "PATCH" \
             else b""
         owner = self.runtime.owner_filter(request.info)
-        record = await self.runtime.store.summary(thread_id) \
-            if id_problem(thread_id) is None else None
+        if id_problem(thread_id) is not None:
+            raise ThreadNotFoundError(thread_id)
+        if request.method == "DELETE" and await self.runtime.is_running_anywhere(thread_id) \
+                and await self.runtime.can_see(request.info, thread_id):
+            # Busy on every store, its first run's events written yet or not (the in-memory
+            # store has no record of a thread before its first run ends).
+            raise ThreadBusyError(thread_id)
+        record = await self.runtime.store.summary(thread_id)
         if record is None or (owner is not None and record.owner != owner):
             raise ThreadNotFoundError(thread_id)
         if request.method == "DELETE":
             if await self.runtime.is_running_anywhere(thread_id):
                 raise ThreadBusyError(thread_id)
-            await self.runtime.store.delete(thread_id)
+            if not await self.runtime.store.delete(thread_id):
+                raise ThreadNotFoundError(thread_id)  # deleted meanwhile, by another request
+            # What the agents keep of the thread goes with it: a checkpointed graph would
+            # otherwise hand the conversation to whoever starts a thread with this id next.
+            await self.runtime.forget_thread(thread_id)
             await send_json(request, 200, {"deleted": True, "id": thread_id})
             return
         data = parse_json_body(body)
@@ -244,7 +261,8 @@ class AGUIProtocol:
             raise InvalidRequestError(
                 f"A thread update is {{\"name\": string of at most {_MAX_NAME} characters "
                 "without control characters, or null}")
-        await self.runtime.store.rename(thread_id, name)
+        if not await self.runtime.store.rename(thread_id, name):
+            raise ThreadNotFoundError(thread_id)  # deleted meanwhile
         await send_json(request, 200, {"id": thread_id, "name": name})
 
     # -- single-route envelope ---------------------------------------------------------
@@ -333,12 +351,19 @@ def _query_int(query: dict[str, list[str]], name: str, default: int, low: int,
     return value
 
 
-def _thread_route(segments: list[str]) -> tuple[str | None, str | None] | None:
-    if segments[-1:] == ["threads"]:
-        return None, None
-    if len(segments) >= 2 and segments[-2] == "threads":
-        return urllib.parse.unquote(segments[-1]), None
+def _thread_route(segments: list[str], method: str = "GET"
+                  ) -> tuple[str | None, str | None] | None:
+    """(thread id or None for the list, what or None), or None: not a thread route.
+
+    The longest reading wins, so a thread may be named like a route word: `threads/threads/
+    messages` is thread "threads"'s messages, and PATCH/DELETE `threads/threads` (or
+    `threads/info`) change thread "threads" ("info"), not the list (the info route)."""
     if len(segments) >= 3 and segments[-3] == "threads" and segments[-1] in (
             "messages", "events", "state"):
         return urllib.parse.unquote(segments[-2]), segments[-1]
+    if len(segments) >= 2 and segments[-2] == "threads" and (
+            segments[-1] != "threads" or method in ("PATCH", "DELETE")):
+        return urllib.parse.unquote(segments[-1]), None
+    if segments[-1:] == ["threads"]:
+        return None, None
     return None
