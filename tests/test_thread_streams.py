@@ -124,7 +124,8 @@ async def test_resume_inside_a_run_that_ended_is_exact_on_a_durable_store(
         assert rest == [item for item in whole if item[0] is not None and item[0] > cut]
 
 
-@pytest.mark.parametrize("value", ["abc", "1.5", "-7", "99999999999999999999"])
+@pytest.mark.parametrize("value", ["abc", "1.5", "-7", "99999999999999999999",
+                                   "3_0", "+3", "0x10"])
 async def test_a_bad_last_event_id_is_a_400(value: str, serve_runtime: ServeRuntime) -> None:
     runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0))
     async with serve_runtime(runtime) as served:
@@ -224,7 +225,11 @@ async def test_threads_pages_names_and_deletion(two_users: Served) -> None:
     assert [t["id"] for t in last["threads"]] == ["t0"]
     assert last["nextCursor"] is None
     assert [t["id"] for t in (await page("", "token-bob"))["threads"]] == ["b1"]
-    for bad in ("?limit=0", "?limit=x", "?cursor=-1", "?limit=100000"):
+    # (Python's int() read "1_0" as 10, "+2" and a full-width two as 2, and took the
+    # first of repeated parameters.)
+    for bad in ("?limit=0", "?limit=x", "?cursor=-1", "?limit=100000", "?limit=1_0",
+                "?limit=+2", "?limit=%EF%BC%92", "?limit=2&limit=3", "?cursor=0&cursor=2",
+                "?agentId=a&agentId=b"):
         response = await session.get(f"{url}/threads{bad}", headers=_as("token-alice"))
         assert response.status == 400, bad
 

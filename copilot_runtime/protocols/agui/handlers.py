@@ -20,6 +20,7 @@ hanging (a second run on a busy thread) we answer 409 instead.
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from typing import Any
 
@@ -57,6 +58,7 @@ _NO_THREAD_ENDPOINTS = dict.fromkeys(_THREAD_ENDPOINTS, False)
 _PAGE = 100
 _MAX_PAGE = 500
 _MAX_NAME = 200
+_INTEGER = re.compile(r"-?[0-9]{1,19}")
 #: The most stored events (as encoded JSON) a thread route reads and answers: a thread's
 #: newest runs that fit, the older ones left out (`omittedRuns`). Every durable store keeps
 #: any number of runs of 16 MiB each, and a read costs several times its size in memory.
@@ -195,6 +197,8 @@ class AGUIProtocol:
         if thread_id is None:
             query = urllib.parse.parse_qs(request.query.decode("latin-1"))
             agent_ids = query.get("agentId")
+            if agent_ids and len(agent_ids) > 1:
+                raise InvalidRequestError("'agentId' is given more than once")
             agent_id = agent_ids[0] if agent_ids else None
             offset = _query_int(query, "cursor", 0, 0, 2**31)
             limit = _query_int(query, "limit", _PAGE, 1, _MAX_PAGE)
@@ -327,14 +331,16 @@ def _last_event_id(request: Request) -> int:
     value = request.header("last-event-id")
     if value is None or not value.strip():
         return -1
-    try:
-        position = int(value.strip())
-    except ValueError:
-        raise InvalidRequestError("Last-Event-ID must be an event id this server sent"
-                                  ) from None
-    if position < -1 or position > 2**62:
+    position = _integer(value.strip())
+    if position is None or position < -1 or position > 2**62:
         raise InvalidRequestError("Last-Event-ID must be an event id this server sent")
     return position
+
+
+def _integer(text: str) -> int | None:
+    """`text` as an integer written in ASCII digits, or None (Python's `int` also reads
+    "+2", "1_0" and other scripts' digits, which no client sends for an id or a page)."""
+    return int(text) if _INTEGER.fullmatch(text) else None
 
 
 def _query_int(query: dict[str, list[str]], name: str, default: int, low: int,
@@ -342,10 +348,11 @@ def _query_int(query: dict[str, list[str]], name: str, default: int, low: int,
     values = query.get(name)
     if not values:
         return default
-    try:
-        value = int(values[0])
-    except ValueError:
-        raise InvalidRequestError(f"'{name}' must be an integer") from None
+    if len(values) > 1:
+        raise InvalidRequestError(f"'{name}' is given more than once")
+    value = _integer(values[0])
+    if value is None:
+        raise InvalidRequestError(f"'{name}' must be an integer")
     if not low <= value <= high:
         raise InvalidRequestError(f"'{name}' must be between {low} and {high}")
     return value
