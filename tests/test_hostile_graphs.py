@@ -350,9 +350,6 @@ async def test_a_state_schema_pydantic_cannot_describe_still_runs(
 
 
 @UNDESCRIBABLE
-@pytest.mark.xfail(strict=True, reason=(
-    "the fallback's input keys are the compiled graph's `input_channels`, which for a "
-    "StateGraph is the string '__start__': the client's state keys are filtered out"))
 async def test_the_clients_state_reaches_a_graph_pydantic_cannot_describe(
         state: type[Any], serve_runtime: ServeRuntime) -> None:
     """Before: no run of such a graph got as far as the graph (AGENT_ERROR). The state a

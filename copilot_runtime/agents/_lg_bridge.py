@@ -108,8 +108,8 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             # A state schema pydantic cannot describe (`typing.TypedDict` before Python
             # 3.12, a field of an arbitrary class) runs fine in LangGraph: the compiled
             # graph's channels say the same, instead of failing every run.
-            inputs = _channels(getattr(self.graph, "input_channels", None))
-            outputs = _channels(getattr(self.graph, "output_channels", None))
+            inputs = _schema_channels(self.graph, "input")
+            outputs = _schema_channels(self.graph, "output")
         return {"input": [*inputs, *constant], "output": [*outputs, *constant],
                 "config": [], "context": []}
 
@@ -199,11 +199,17 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         return out
 
 
-def _channels(channels: Any) -> list[str]:
-    if isinstance(channels, str):
-        return [channels]
-    return [name for name in channels or () if isinstance(name, str)
-            and not name.startswith("__")]
+def _schema_channels(graph: Any, which: str) -> list[str]:
+    """The state keys of a compiled graph's input or output schema, read from its builder
+    (a compiled graph's `input_channels` is only its start node), else all its channels."""
+    builder = getattr(graph, "builder", None)
+    schemas = getattr(builder, "schemas", None)
+    schema = getattr(builder, f"{which}_schema", None)
+    channels = schemas.get(schema) if isinstance(schemas, dict) else None
+    if channels is None:
+        channels = getattr(graph, "channels", None) or ()
+    return [name for name in channels if isinstance(name, str) and not name.startswith("__")
+            and not name.startswith("branch:")]
 
 
 def _safe_interrupts(lg_interrupts: Any) -> list[Any]:
