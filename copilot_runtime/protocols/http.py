@@ -156,7 +156,9 @@ def _combined(raw: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
     in front may have checked the other one)."""
     lines: dict[bytes, list[bytes]] = {}
     for name, value in raw:
-        lines.setdefault(name.lower(), []).append(value)
+        values = lines.setdefault(name.lower(), [])
+        if value not in values:  # the same line twice says it once (proxies repeat lines)
+            values.append(value)
     return {name: (b"; " if name == b"cookie" else b", ").join(values)
             for name, values in lines.items()}
 
