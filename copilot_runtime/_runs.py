@@ -15,6 +15,7 @@ by driving it inside `async with run:`, so its thread never stays busy.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import (
     AsyncGenerator,
@@ -44,6 +45,7 @@ from copilot_runtime.coordination import LEASE_LOST_CODE, Coordinator, Lease, Si
 from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event, LastBatch
 from copilot_runtime.threads.base import (
+    INTERRUPTED_CODE,
     DurableThreadStore,
     Positioned,
     StoredRun,
@@ -64,6 +66,7 @@ Published = tuple[int, Sequence[Event]]
 FLUSH_INTERVAL = 0.2
 #: Seconds a finished run's write is tried again while its durable store cannot be reached.
 STORE_RETRY_FOR = 10.0
+_SHUTDOWN_MESSAGE = "The run was interrupted: the server driving it shut down"
 _LEASE_LOST_MESSAGE = ("The run was stopped: this server could not keep its hold on the "
                        "thread, which another server may now take")
 _INPUT_KEYS = ("threadId", "runId", "parentRunId", "state", "messages", "tools", "context",
@@ -199,17 +202,29 @@ class ActiveRun:
                 await write(batch)
         except asyncio.CancelledError:
             reason = self.cancel_reason
-            if reason is None or self.task is None:
-                raise  # the server is shutting down: not ours to swallow
-            self.task.uncancel()
+            shutdown = reason in (None, "shutdown") or self.task is None
+            if not shutdown and self.task is not None:
+                self.task.uncancel()
             await stream.aclose()
             tail, self._held = self._held + self.order.closing_events(), []
             if not self.order.terminated:
-                tail.append(ev.run_error(_LEASE_LOST_MESSAGE, code=LEASE_LOST_CODE)
-                            if reason == "lost" else
-                            ev.run_finished(self.thread_id, self.run_id))
+                if shutdown:
+                    # Stored closed, like a run whose worker died: never a run without
+                    # its end (every later replay of the thread would break clients).
+                    tail.append(ev.run_error(_SHUTDOWN_MESSAGE, code=INTERRUPTED_CODE))
+                elif reason == "lost":
+                    tail.append(ev.run_error(_LEASE_LOST_MESSAGE, code=LEASE_LOST_CODE))
+                else:
+                    tail.append(ev.run_finished(self.thread_id, self.run_id))
                 self.order.terminated = True
             self._publish(tail)
+            if shutdown:
+                # In a task of its own, which `RunManager.drain` waits for: a second
+                # cancellation does not cut the store's write or the lease's release.
+                await asyncio.shield(self.manager._adopt(self._finish()))
+                with contextlib.suppress(Exception):
+                    await write(tail)  # the client, if it is still there, hears the end
+                raise
             await self._finish()
             if reason != "disconnect":
                 await write(tail)
@@ -640,16 +655,15 @@ class RunManager:
     async def replay(self, thread_id: str, after: int = -1
                      ) -> AsyncIterator[Sequence[Positioned]]:
         """A thread's events after position `after` (all for -1): its stored runs, then the
-        live run if there is one, to its end."""
+        live run if there is one, to its end. The first batch comes as soon as the thread
+        was read, even empty: a store that cannot be read fails before anything is sent."""
         if self.coordinator is not None and thread_id not in self.active:
             async for followed in follow(self.coordinator, self.store, thread_id, after):
                 yield followed
             return
         live = self.active.get(thread_id)
         if live is None:
-            stored = await self.store.events_after(thread_id, after)
-            if stored:
-                yield stored
+            yield await self.store.events_after(thread_id, after)
             return
         record = await self.store.get(thread_id)
         if record is not None:
@@ -660,8 +674,7 @@ class RunManager:
             start = live.first_position
             out = positioned_runs(runs, after)
             out.extend((start + i, e) for i, e in enumerate(so_far) if start + i > after)
-            if out:
-                yield out
+            yield out
             while (item := await queue.get()) is not None:
                 first, batch = item
                 if first + len(batch) - 1 > after:

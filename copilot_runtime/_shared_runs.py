@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Container, Sequence
 
 import structlog
 
+from copilot_runtime._exceptions import ServiceUnavailableError
 from copilot_runtime.coordination import Coordinator, Signal
 from copilot_runtime.threads.base import DurableThreadStore, Positioned, ThreadStore
 
@@ -26,6 +27,7 @@ _FORGET_AFTER = 3600.0
 
 #: Seconds between reads of the store while no signal comes (a lost signal costs this).
 POLL = 1.0
+_TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
 
 
 async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, after: int = -1
@@ -36,23 +38,41 @@ async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, a
         batch, position = await _read(store, thread_id, after)
         # Followed from now on: its worker signals its progress and end to us.
         live = await coordinator.follow(thread_id)
-        if batch:
-            yield batch
+        yield batch  # even empty: the thread could be read (see `RunManager.replay`)
+        ended = live is None
+        last: Positioned | None = batch[-1] if batch else None
         while live is not None:
             signal = await signals.get(POLL)
             if signal is None or (signal.kind == "progress" and (
                     signal.position is None or signal.position > position)):
                 batch, position = await _read(store, thread_id, position)
                 if batch:
+                    last = batch[-1]
                     yield batch
             if signal is None:
-                live = await coordinator.follow(thread_id)
+                try:
+                    live = await coordinator.follow(thread_id)
+                except ServiceUnavailableError:
+                    continue  # the coordinator is away: the store still has the events
             elif signal.kind == "end" and signal.run_id == live:
-                live = None
+                live, ended = None, True
         # The run's last events were stored before its lease was released.
         batch, position = await _read(store, thread_id, position)
         if batch:
+            last = batch[-1]
             yield batch
+        if not ended and last is not None and last[1].get("type") not in _TERMINAL:
+            # Its lease expired (its worker died): the run is closed as interrupted by a
+            # sweep within `lease_ttl` or so. Wait for that, bounded, so the follower gets
+            # the RUN_ERROR instead of a stream cut in the middle of a message.
+            deadline = asyncio.get_running_loop().time() + coordinator.lease_ttl + 10
+            while asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(POLL)
+                batch, position = await _read(store, thread_id, position)
+                if batch:
+                    yield batch
+                    if any(e.get("type") in _TERMINAL for _, e in batch):
+                        break
 
 
 async def _read(store: ThreadStore, thread_id: str, position: int

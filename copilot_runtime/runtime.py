@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -343,8 +344,12 @@ class CopilotRuntime:
         if self._closed:
             return
         self._closed = True
-        for run in list(self.runs.active.values()):
-            run.cancel("stop")
+        running = list(self.runs.active.values())
+        for run in running:
+            run.cancel("shutdown")  # closed as interrupted, stored, its lease released
+        tasks = [r.task for r in running if r.task is not None and not r.task.done()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
         await self.hooks.drain()
         if self.limiter is not None:
             await self.limiter.aclose()

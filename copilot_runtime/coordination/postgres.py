@@ -77,7 +77,12 @@ class PostgresCoordinator(SharedCoordinator):
         # 30 s, held a request that long while the server was down).
         pool = AsyncConnectionPool(self.conninfo, min_size=1, max_size=self.max_connections,
                                    kwargs={"autocommit": True}, open=False, timeout=5.0,
-                                   configure=_configure, check=check_alive)
+                                   configure=_configure, check=check_alive,
+                                   # psycopg_pool backs off 1, 2, 4, 8, 16 s...: after a
+                                   # long outage its next attempt came up to the outage's
+                                   # length after the server was back. Given up within
+                                   # seconds, the next check-out starts again at 1 s.
+                                   reconnect_timeout=5.0)
         try:
             await pool.open(wait=True, timeout=15)
         except BaseException:
@@ -220,6 +225,13 @@ class PostgresCoordinator(SharedCoordinator):
             "SELECT run_id FROM marked UNION ALL "
             f"SELECT run_id FROM {self.table} WHERE thread_id = %(t)s "
             "AND expires_at >= now() AND followed", {"t": thread_id})
+        if not rows:
+            # Another follower marking the row at the same moment: this statement's UPDATE
+            # waited for it and then skipped the row (already followed), while its SELECT
+            # still read the snapshot from before (not followed yet). Read it again.
+            rows = await self._fetch(
+                f"SELECT run_id FROM {self.table} WHERE thread_id = %s "
+                "AND expires_at >= now()", (thread_id,))
         return str(rows[0][0]) if rows else None
 
     async def forget_expired(self, older_than: float) -> int:

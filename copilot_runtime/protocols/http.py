@@ -442,6 +442,13 @@ async def stream_events(request: Request, batches: AsyncIterator[Sequence[Positi
     """Write an async iterator of batches of positioned events as SSE (the position as each
     frame's `id:`); stop reading when the client leaves. `keepalive`: a comment after that
     many seconds of silence (a followed run may be quiet for long: a tool at work)."""
+    # The first batch (the thread as stored, maybe nothing) is read before the response
+    # starts: a store or coordinator that cannot be reached is then a 503 (its RequestError
+    # reaches the caller), not a 200 whose body is cut.
+    try:
+        head: Sequence[Positioned] | None = await anext(batches)
+    except StopAsyncIteration:
+        head = None
     await _start_sse(request)
     task = asyncio.current_task()
     left = False
@@ -455,19 +462,25 @@ async def stream_events(request: Request, batches: AsyncIterator[Sequence[Positi
         if task is not None:
             task.cancel()
 
+    async def write(batch: Sequence[Positioned]) -> None:
+        try:
+            body = encode_positioned(batch)
+        except (orjson.JSONEncodeError, TypeError):
+            safe = replayable([e for _, e in batch])
+            body = encode_sse(safe) if safe else b""
+        if body:
+            stream.last_write = loop.time()
+            await request.send({"type": "http.response.body", "body": body,
+                                "more_body": True})
+
     watcher = asyncio.create_task(_watch(request, on_disconnect, stream, keepalive))
     try:
-        async for batch in batches:
-            if batch:
-                try:
-                    body = encode_positioned(batch)
-                except (orjson.JSONEncodeError, TypeError):
-                    safe = replayable([e for _, e in batch])
-                    body = encode_sse(safe) if safe else b""
-                if body:
-                    stream.last_write = loop.time()
-                    await request.send({"type": "http.response.body", "body": body,
-                                        "more_body": True})
+        if head:
+            await write(head)
+        if head is not None:
+            async for batch in batches:
+                if batch:
+                    await write(batch)
     except asyncio.CancelledError:
         if not left or task is None:
             raise

@@ -265,7 +265,10 @@ class PostgresThreadStore:
         self._pool = AsyncConnectionPool(conninfo, min_size=min_size, max_size=max_size,
                                          open=False, kwargs={"autocommit": True},
                                          configure=self._configure, timeout=timeout,
-                                         check=check_alive)
+                                         check=check_alive,
+                                         # see the coordinator's pool: no minutes-long
+                                         # backoff once the server is back
+                                         reconnect_timeout=timeout)
         self._opened: asyncio.Task[None] | None = None
         self._pruned = 0.0
         # What every run asks for (its thread's head as it starts, its events as it streams,
