@@ -185,6 +185,31 @@ async def test_a_run_a_crash_left_open_is_closed_as_interrupted(
         assert [m["content"] for m in messages["messages"]][:2] == ["hi", "half an ans"]
 
 
+async def test_a_run_cut_by_a_shutdown_is_stored_as_interrupted(
+        tmp_path: Path, serve_runtime: ServeRuntime) -> None:
+    """A runtime closed while a run streams (a restart of the one process) closes the run
+    as interrupted. Before, a shutdown stopped it like a user's stop: its half answer was
+    stored under a RUN_FINISHED, as if complete (and when the server cancelled the request
+    first, stored with no end at all, which broke every later replay of the thread)."""
+    path = tmp_path / "threads.sqlite3"
+    runtime = CopilotRuntime(agents={"default": GatedAgent()},
+                             thread_store=SQLiteThreadStore(path))
+    async with serve_runtime(runtime) as served:
+        running = await served.post("/agent/default/run", run_input("hi", thread="t"))
+        await _read_until(running, "TEXT_MESSAGE_CONTENT")
+        await runtime.aclose()  # what the lifespan's shutdown does
+    again = CopilotRuntime(service_adapter=DemoAdapter(delay=0),
+                           thread_store=SQLiteThreadStore(path))
+    async with serve_runtime(again) as served:
+        replay = [e for _, e in parse_sse_ids(await (await served.post(
+            "/agent/default/connect", run_input("", thread="t"))).read())]
+        verify_events(replay)
+        assert text_of(replay) == "one "
+        assert (replay[-1]["type"], replay[-1].get("code")) == ("RUN_ERROR", INTERRUPTED_CODE)
+        after = await served.run(run_input("again", thread="t", run="r2"))
+        assert after[-1]["type"] == "RUN_FINISHED"
+
+
 # -- the threads API -------------------------------------------------------------------
 
 @pytest.fixture
