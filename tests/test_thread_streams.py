@@ -29,6 +29,14 @@ def _store(kind: str, tmp_path: Path) -> ThreadStore:
         SQLiteThreadStore(tmp_path / "threads.sqlite3")
 
 
+async def _replayed(served: Served, thread: str) -> list[dict[str, Any]]:
+    """The thread as `connect` replays it, checked against the clients' ordering rules."""
+    replay = [e for _, e in parse_sse_ids(await (await served.post(
+        "/agent/default/connect", run_input("", thread=thread))).read())]
+    verify_events(replay)
+    return replay
+
+
 async def _read_until(response: aiohttp.ClientResponse, wanted: str
                       ) -> tuple[bytes, list[tuple[int | None, dict[str, Any]]]]:
     """Read a stream until an event of type `wanted` has arrived (whole frames only)."""
@@ -172,9 +180,7 @@ async def test_a_run_a_crash_left_open_is_closed_as_interrupted(
     runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0),
                              thread_store=SQLiteThreadStore(path))
     async with serve_runtime(runtime) as served:
-        replay = [e for _, e in parse_sse_ids(await (await served.post(
-            "/agent/default/connect", run_input("", thread="t"))).read())]
-        verify_events(replay)
+        replay = await _replayed(served, "t")
         assert text_of(replay) == "half an ans"
         assert replay[-1]["type"] == "RUN_ERROR"
         assert replay[-1]["code"] == INTERRUPTED_CODE
@@ -201,9 +207,7 @@ async def test_a_run_cut_by_a_shutdown_is_stored_as_interrupted(
     again = CopilotRuntime(service_adapter=DemoAdapter(delay=0),
                            thread_store=SQLiteThreadStore(path))
     async with serve_runtime(again) as served:
-        replay = [e for _, e in parse_sse_ids(await (await served.post(
-            "/agent/default/connect", run_input("", thread="t"))).read())]
-        verify_events(replay)
+        replay = await _replayed(served, "t")
         assert text_of(replay) == "one "
         assert (replay[-1]["type"], replay[-1].get("code")) == ("RUN_ERROR", INTERRUPTED_CODE)
         after = await served.run(run_input("again", thread="t", run="r2"))
