@@ -72,6 +72,7 @@ __all__ = [
     "UpstreamTimeoutError",
     "failure_text",
     "quoted",
+    "scrub_secrets",
 ]
 
 # What marks text as a program's insides: a Python or Node stack, or a source file's path.
@@ -82,8 +83,10 @@ _INTERNALS = re.compile(
 
 
 def quoted(text: str, limit: int = 200) -> str | None:
-    """What an upstream said, fit to pass on to a client: at most `limit` characters, or
-    None when it holds a stack trace or a source file's path (a remote's own crash report)."""
+    """What an upstream said, fit to pass on to a client: secret-looking values blanked
+    (`scrub_secrets`), at most `limit` characters, or None when it holds a stack trace or a
+    source file's path (a remote's own crash report)."""
+    text = scrub_secrets(text)
     if len(text) > limit:
         text = text[:limit - 1] + "…"
     return None if _INTERNALS.search(text) else text
@@ -95,13 +98,32 @@ _URL_CREDENTIALS = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^\s/@]*@", re.IGNORECAS
 _FILE_PATH = re.compile(r"(?<![\w:/.~-])(?:/[\w.@~-]+){2,}|\b[A-Za-z]:\\[\w.@ \\-]+")
 
 
+#: Secret-looking values an upstream may echo (its own error body, a URL it was given).
+_SECRETS = re.compile(
+    r"(?i)\b(?:bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"
+    r"|\b(?:sk|rk|pk|gsk|xai|ghp|gho|glpat)[-_][A-Za-z0-9_-]{8,}"
+    r"|\bAIza[0-9A-Za-z_-]{20,}"
+    r"|\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9._-]+"
+    r"|(?<=[?&;])(?:api[-_]?key|key|token|access_token|secret|password|sig|signature)=[^&\s\"']+")
+
+
+def scrub_secrets(text: str, *known: str | None) -> str:
+    """`text` with `known` secrets (the key the runtime itself sent), URL credentials and
+    secret-looking values replaced: for upstream words passed on to clients, spans and logs."""
+    for secret in known:
+        if secret and len(secret) >= 6:
+            text = text.replace(secret, "[REDACTED]")
+    text = _URL_CREDENTIALS.sub(r"\1[REDACTED]@", text)
+    return _SECRETS.sub("[REDACTED]", text)
+
+
 def failure_text(exc: BaseException, limit: int = 300) -> str:
     """An exception raised by code the runtime calls (an action, a tool), as the model and,
     through its tool result, the client read it: its type and message, with credentials in
     URLs and file paths blanked, at most `limit` characters; its type alone when the message
     holds a stack trace."""
     kind = type(exc).__name__
-    message = _FILE_PATH.sub("<path>", _URL_CREDENTIALS.sub(r"\1<credentials>@", str(exc)))
+    message = _FILE_PATH.sub("<path>", str(exc))  # (and `quoted` blanks the secrets)
     text = f"{kind}: {message}" if message else kind
     return quoted(text, limit) or f"{kind} (its message is withheld: see the server's log)"
 

@@ -16,6 +16,7 @@ equivalent of Copilot Cloud's guardrails, which a GraphQL client's
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -113,7 +114,8 @@ class TopicGuardrail:
 
     def __init__(self, adapter: ServiceAdapter, *, allow: Iterable[str] = (),
                  deny: Iterable[str] = (), model: str | None = None,
-                 history: int = 6) -> None:
+                 history: int = 6, timeout: float = 30.0) -> None:
+        self.timeout = timeout
         self.adapter = adapter
         self.allow = [t for t in allow if t.strip()]
         self.deny = [t for t in deny if t.strip()]
@@ -142,17 +144,38 @@ class TopicGuardrail:
             f"Latest user message:\n{text}")
         request = ChatRequest(messages=[UserMessage(id="judge", content=prompt)],
                               system_prompt=_JUDGE_PROMPT.format(rules="\n".join(rules)),
-                              model=self.model, temperature=0)
+                              model=self.model, temperature=0, max_tokens=_JUDGE_MAX_TOKENS)
         answer: list[str] = []
-        async for deltas in self.adapter.stream(request):
-            answer.extend(d.text for d in deltas if type(d) is TextDelta)
-        return _parse_judgement("".join(answer))
+        size = 0
+        # A judge that never ends (a slow trickle is not silence, so the adapter's timeout
+        # never fires) must not hold the thread, the caller's slot and the request for ever;
+        # failing, it refuses.
+        stream = self.adapter.stream(request)
+        try:
+            async with asyncio.timeout(self.timeout):
+                async for deltas in stream:
+                    for d in deltas:
+                        if type(d) is TextDelta:
+                            answer.append(d.text)
+                            size += len(d.text)
+                    if size > _JUDGE_MAX_CHARS:  # one line is asked for: enough read
+                        break
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        return _parse_judgement("".join(answer)[:_JUDGE_MAX_CHARS])
+
+
+#: What a judge may answer: one line is asked for.
+_JUDGE_MAX_TOKENS = 100
+_JUDGE_MAX_CHARS = 2000
 
 
 def _parse_judgement(answer: str) -> Verdict:
     line = answer.strip()
     upper = line.upper()
-    if upper.startswith("ALLOWED"):
+    if upper.startswith("ALLOWED") and "DENIED" not in upper:  # not "ALLOWED ... DENIED"
         return ALLOWED
     if upper.startswith("DENIED"):
         reason = line[len("DENIED"):].lstrip(" :-").strip()

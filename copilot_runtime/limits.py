@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 import uuid
 from collections import deque
@@ -74,6 +75,11 @@ class InMemoryCounters:
         if log is None:
             if len(self._hits) >= self.max_keys:
                 self._prune(now, window)
+                # Still full of live keys (many callers, or many addresses of one): evict the
+                # oldest tenth rather than scan them all again for the next new caller.
+                if len(self._hits) >= self.max_keys:
+                    for old in list(itertools.islice(self._hits, self.max_keys // 10 or 1)):
+                        del self._hits[old]
             log = self._hits[key] = deque()
         while log and log[0] <= now - window:
             log.popleft()
@@ -121,8 +127,11 @@ return '0'
 _ACQUIRE = """
 local taken = tonumber(redis.call('GET', KEYS[1]) or '0')
 if taken >= tonumber(ARGV[1]) then return 0 end
-redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], ARGV[2])
+if redis.call('INCR', KEYS[1]) == 1 then
+  -- set once per busy period: a slot a dead worker kept frees itself at the latest
+  -- `ttl` after the period began, however active its caller stays
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
+end
 return 1
 """
 _RELEASE = """
@@ -180,7 +189,8 @@ class RedisCounters:
             raise ServiceUnavailableError(f"{self.name} cannot be reached") from exc
 
     async def release(self, key: str) -> None:
-        await self._release(keys=[self.prefix + "slots:" + key])
+        with self._reachable():
+            await self._release(keys=[self.prefix + "slots:" + key])
 
     async def aclose(self) -> None:
         await self._redis.aclose()
@@ -225,9 +235,33 @@ class Lease:
         self._released = False
 
     async def release(self) -> None:
-        if not self._released:
-            self._released = True
+        if self._released:
+            return
+        self._released = True
+        try:
             await self._backend.release(self._key)
+        except Exception:
+            # The backend is away for a moment: the slot must not stay taken for an hour.
+            self._released = False
+            _retry_release(self)
+            raise
+
+
+_retrying: set[asyncio.Task[None]] = set()
+
+
+def _retry_release(lease: Lease, attempts: int = 30, delay: float = 2.0) -> None:
+    async def again() -> None:
+        for _ in range(attempts):
+            await asyncio.sleep(delay)
+            with contextlib.suppress(Exception):
+                await lease.release()
+                return
+
+    with contextlib.suppress(RuntimeError):  # no running loop: nothing to retry with
+        task = asyncio.get_running_loop().create_task(again())
+        _retrying.add(task)
+        task.add_done_callback(_retrying.discard)
 
 
 class RateLimiter:
@@ -256,7 +290,13 @@ class RateLimiter:
                     "wait for one to finish", 1)
             lease = Lease(self.backend, key)
         if limit.runs_per_minute is not None:
-            wait = await self.backend.hit(key, limit.runs_per_minute, _WINDOW)
+            try:
+                wait = await self.backend.hit(key, limit.runs_per_minute, _WINDOW)
+            except BaseException:
+                if lease is not None:  # the slot taken above goes back with the 503
+                    with contextlib.suppress(Exception):
+                        await lease.release()
+                raise
             if wait > 0:
                 if lease is not None:
                     await lease.release()

@@ -34,6 +34,11 @@ from copilot_runtime.auth import RequestInfo
 
 __all__ = ["ModelCall", "RunTelemetry", "Telemetry", "configure_logging", "redact_secrets"]
 
+#: Distinct model names spans and metrics keep (a client may choose the model).
+MAX_MODELS = 64
+#: The longest value of a client-given span attribute (a path, a model name).
+MAX_ATTRIBUTE = 256
+
 
 class Telemetry:
     def __init__(self, tracer_provider: Any = None, meter_provider: Any = None) -> None:
@@ -57,12 +62,25 @@ class Telemetry:
                                              description="Tokens per model call")
         self.operation = meter.create_histogram("gen_ai.client.operation.duration", unit="s",
                                                 description="Model call duration")
+        self._models: set[str] = set()
+
+    def model_label(self, model: str | None) -> str | None:
+        """`model` as spans and metrics name it: a client may choose it, so only the first
+        `MAX_MODELS` distinct names of at most `MAX_ATTRIBUTE` characters are kept (each is
+        a metric series for the life of the process); the others read "_OTHER"."""
+        if model is None or model in self._models:
+            return model
+        if len(model) > MAX_ATTRIBUTE or len(self._models) >= MAX_MODELS:
+            return "_OTHER"
+        self._models.add(model)
+        return model
 
     @contextmanager
     def request_span(self, request: RequestInfo) -> Iterator[Any]:
         with self.tracer.start_as_current_span(
                 "copilotkit.request", kind=self._trace.SpanKind.SERVER,
-                attributes={"http.request.method": request.method, "url.path": request.path,
+                attributes={"http.request.method": request.method,
+                            "url.path": request.path[:MAX_ATTRIBUTE],
                             "copilotkit.request_id": request.request_id},
                 record_exception=True) as span:
             yield span
@@ -88,6 +106,9 @@ class ModelCall:
     def __init__(self, run: RunTelemetry, provider: str, model: str | None) -> None:
         self._run = run
         self._started = time.monotonic()
+        # A client may choose the model (forwardedProps.model): bound its length and the
+        # number of distinct values the metrics keep (each one a time series for ever).
+        model = run.telemetry.model_label(model)
         self._attributes = {"gen_ai.system": provider, "gen_ai.operation.name": "chat",
                             "gen_ai.request.model": model or "default"}
         self.span = run.telemetry.tracer.start_span(
@@ -152,17 +173,29 @@ class RunTelemetry:
 # -- logs ------------------------------------------------------------------------------------
 
 _SECRET_KEYS = re.compile(
-    r"(authorization|cookie|api[-_]?key|token|secret|password|credential)", re.IGNORECASE)
+    r"(authorization|cookie|api[-_]?key|(?<!_)token(?!s)|secret|password|passwd|credential|dsn)",
+    re.IGNORECASE)
 _SECRET_VALUES = re.compile(
-    r"(Bearer\s+[A-Za-z0-9._~+/=-]+|sk-[A-Za-z0-9_-]{8,}|eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9._-]+)")
+    r"(?i:\b(?:bearer|basic)\s+[A-Za-z0-9._~+/=-]+)"
+    r"|\b(?:sk|rk|gsk|xai|ghp|gho|glpat)[-_][A-Za-z0-9_-]{8,}"
+    r"|\bAIza[0-9A-Za-z_-]{20,}"
+    r"|eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9._-]+"
+    # a URL's user:password@, and secret query parameters (?api_key=, &token=, ...)
+    r"|(?<=://)[^\s/@:]*:[^\s/@]*(?=@)"
+    r"|(?i:(?<=[?&;])(?:api[-_]?key|key|token|access_token|secret|password|sig|signature)"
+    r"=[^&\s\"']+)"
+    r"|(?i:(?:authorization|cookie|x-api-key|api[-_]?key|password|secret)"
+    r"[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic)\s+)?[^\s,;\"'}]{6,})")
 REDACTED = "[REDACTED]"
 
 
 def _redact(value: Any, depth: int = 0) -> Any:
-    if depth > 4:
-        return value
+    if depth > 8:  # deeper than this: not inspected, so not logged either
+        return REDACTED
     if isinstance(value, str):
         return _SECRET_VALUES.sub(REDACTED, value) if len(value) > 10 else value
+    if isinstance(value, bytes):
+        return _redact(value.decode("latin-1"), depth)
     if isinstance(value, Mapping):
         return {k: REDACTED if isinstance(k, str) and _SECRET_KEYS.search(k) else
                 _redact(v, depth + 1) for k, v in value.items()}

@@ -263,7 +263,7 @@ async def test_action_failure_loses_file_paths_and_url_credentials(
     verify_events(events)
     assert types(events)[-1] == "RUN_FINISHED"
     expected = {
-        "call_0": "ConnectionError: could not connect to postgresql://<credentials>@"
+        "call_0": "ConnectionError: could not connect to postgresql://[REDACTED]@"
                   "10.0.0.5:5432/prod (settings in <path>)",
         "call_1": "FileNotFoundError: [Errno 2] No such file or directory: '<path>'"}
     assert tool_errors(events) == expected

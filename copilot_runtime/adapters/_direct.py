@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import random
+import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import NamedTuple, Protocol
@@ -26,6 +27,7 @@ from copilot_runtime._exceptions import (
     UpstreamError,
     UpstreamProtocolError,
     UpstreamTimeoutError,
+    scrub_secrets,
 )
 from copilot_runtime.adapters import _http1
 from copilot_runtime.adapters.base import ChatDelta
@@ -35,6 +37,16 @@ __all__ = ["Failures", "RetryPolicy", "SDKRetries", "StreamParser", "body_messag
 
 _INITIAL_RETRY_DELAY = 0.5
 _MAX_RETRY_DELAY = 8.0
+
+
+_CREDENTIAL_LINES = re.compile(
+    rb"(?im)^(?:authorization|x-api-key|api-key|x-goog-api-key)[ \t]*:[ \t]*"
+    rb"(?:(?:bearer|basic)[ \t]+)?([^\r\n]+)")
+
+
+def _credentials(head: bytes) -> list[str]:
+    """The credentials a request's head carries (to keep them out of error messages)."""
+    return [m.decode("latin-1").strip() for m in _CREDENTIAL_LINES.findall(head)]
 
 
 class Failures(NamedTuple):
@@ -121,7 +133,9 @@ async def send(pool: _http1.HTTPPool, head: bytes, tail: bytes, body: bytes, *,
             except _http1.HTTPClientError:
                 text = b""
             response.release()
-            message = policy.status_error(response.status, text)
+            # An error body may echo the credential it was sent: never pass that on.
+            message = scrub_secrets(policy.status_error(response.status, text),
+                                    *_credentials(head))
             error = UpstreamError(f"{failures.provider} request failed with HTTP "
                                   f"{response.status}: {message}", status=response.status)
             wait = policy.retry_after(response)

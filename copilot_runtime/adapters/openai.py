@@ -31,6 +31,7 @@ from copilot_runtime._exceptions import (
     UpstreamError,
     UpstreamProtocolError,
     UpstreamTimeoutError,
+    scrub_secrets,
 )
 from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
@@ -209,7 +210,8 @@ class OpenAIAdapter:
                 await response.aclose()
         except openai.APIStatusError as exc:
             raise UpstreamError(
-                f"OpenAI request failed with HTTP {exc.status_code}: {_error_message(exc)}",
+                f"OpenAI request failed with HTTP {exc.status_code}: "
+                f"{scrub_secrets(_error_message(exc), self._api_key)}",
                 status=exc.status_code) from None
         except openai.APIConnectionError as exc:
             # Told apart by aiohttp's cause: the SDK reports a server that hung up as a
@@ -223,7 +225,8 @@ class OpenAIAdapter:
                 raise UpstreamTimeoutError(self._silent()) from None
             raise UpstreamConnectionError("Could not reach the OpenAI API") from None
         except openai.OpenAIError as exc:
-            raise UpstreamError(f"OpenAI request failed: {exc}") from None
+            raise UpstreamError(
+                f"OpenAI request failed: {scrub_secrets(str(exc), self._api_key)}") from None
         except httpx2.DecodingError:
             raise UpstreamProtocolError(
                 "The OpenAI API sent a body that could not be decoded") from None
@@ -496,7 +499,8 @@ class ChatCompletionsStreamParser:
             if chunk.error:
                 error = chunk.error
                 message = error.get("message") if isinstance(error, dict) else str(error)
-                raise UpstreamError(f"OpenAI reported an error mid-stream: {message}")
+                raise UpstreamError(
+                    f"OpenAI reported an error mid-stream: {scrub_secrets(str(message))}")
             if chunk.usage:
                 self.usage = chunk.usage
             for choice in chunk.choices or ():

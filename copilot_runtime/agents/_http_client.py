@@ -16,7 +16,12 @@ import aiohttp
 import orjson
 import structlog
 
-from copilot_runtime._exceptions import UpstreamError, UpstreamTimeoutError, quoted
+from copilot_runtime._exceptions import (
+    UpstreamError,
+    UpstreamTimeoutError,
+    quoted,
+    scrub_secrets,
+)
 
 __all__ = ["SessionHolder", "Timeouts", "error_for_exception", "error_for_status"]
 
@@ -64,7 +69,8 @@ class SessionHolder:
 
 def error_for_exception(exc: BaseException, what: str, url: str) -> UpstreamError:
     """The client-facing error for a failed call to `what` (e.g. "Agent 'x'")."""
-    _log.warning("remote call failed", target=what, url=url, error=repr(exc))
+    _log.warning("remote call failed", target=what, url=scrub_secrets(url),
+                 error=scrub_secrets(repr(exc)))
     if isinstance(exc, TimeoutError):
         return UpstreamTimeoutError(f"{what} did not answer in time")
     if isinstance(exc, aiohttp.ClientConnectorError):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -43,6 +44,11 @@ class PostgresCounters:
                 return max(float(oldest) + window - float(now), 0.001)
             await conn.execute(f"DELETE FROM {self.hits} WHERE key = %s AND at <= %s",
                                (key, float(now) - window))
+            if random.random() < 0.01:  # now and then, every caller's old rows too
+                await conn.execute(f"DELETE FROM {self.hits} WHERE at <= %s",
+                                   (float(now) - window,))
+                await conn.execute(f"DELETE FROM {self.slots} WHERE taken = 0 "
+                                   "OR expires_at < now()")
             await conn.execute(f"INSERT INTO {self.hits} (key, at, id) VALUES (%s, %s, %s)",
                                (key, now, uuid.uuid4().hex))
         return 0.0
@@ -52,7 +58,10 @@ class PostgresCounters:
             f"INSERT INTO {self.slots} AS s (key, taken, expires_at) VALUES "
             f"(%(key)s, 1, now() + make_interval(secs => %(ttl)s)) ON CONFLICT (key) DO UPDATE "
             f"SET taken = CASE WHEN s.expires_at < now() THEN 1 ELSE s.taken + 1 END, "
-            f"expires_at = excluded.expires_at "
+            # renewed only when the period starts again (taken back to 0, or expired): a
+            # slot a dead worker kept must expire however active its caller stays
+            f"expires_at = CASE WHEN s.expires_at < now() OR s.taken = 0 "
+            f"THEN excluded.expires_at ELSE s.expires_at END "
             f"WHERE s.expires_at < now() OR s.taken < %(limit)s RETURNING taken",
             {"key": key, "ttl": _SLOT_TTL, "limit": limit})
         return bool(rows)
