@@ -135,7 +135,7 @@ async def send(pool: _http1.HTTPPool, head: bytes, tail: bytes, body: bytes, *,
             response.release()
             # An error body may echo the credential it was sent: never pass that on.
             message = scrub_secrets(policy.status_error(response.status, text),
-                                    *_credentials(head))
+                                    *_credentials(head + tail))
             error = UpstreamError(f"{failures.provider} request failed with HTTP "
                                   f"{response.status}: {message}", status=response.status)
             wait = policy.retry_after(response)
