@@ -46,6 +46,7 @@ from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event, LastBatch
 from copilot_runtime.threads.base import (
     INTERRUPTED_CODE,
+    MAX_REPLAY_BYTES,
     DurableThreadStore,
     Positioned,
     StoredRun,
@@ -665,7 +666,8 @@ class RunManager:
         if live is None:
             yield await self.store.events_after(thread_id, after)
             return
-        record = await self.store.get(thread_id)
+        record = await self.store.get(thread_id, max_bytes=getattr(
+            self.store, "replay_bytes", MAX_REPLAY_BYTES))
         if record is not None:
             record = readable(record)  # a thread stored broken is still replayed
         so_far, queue = live.subscribe()

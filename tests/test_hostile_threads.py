@@ -27,7 +27,7 @@ from copilot_runtime import BearerTokenAuth, CopilotRuntime, DemoAdapter, coordi
 from copilot_runtime.agents import BuiltInAgent
 from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.protocols.agui import handlers
-from copilot_runtime.testing import MockOpenAIServer
+from copilot_runtime.testing import MockOpenAIServer, verify_events
 from copilot_runtime.threads import DurableThreadStore, ThreadStore
 from tests import test_store_conformance as conformance
 from tests.agents_support import graphs
@@ -256,6 +256,53 @@ async def test_store_get_with_max_bytes_keeps_the_newest_runs(any_store: ThreadS
         assert (record.next_position, record.message_ids, record.title) == (
             whole.next_position, whole.message_ids, whole.title), bound
     assert await any_store.get("nope", max_bytes=1) is None
+
+
+async def test_connect_replays_only_the_newest_runs_that_fit(served: Served) -> None:
+    """`connect` read every run of the thread too (what the thread routes now bound), the
+    whole of it for every connection: the same bound holds there, the last run always."""
+    for index in range(5):
+        await served.run(run_input(f"q{index} {_FILLER}", thread="big", run=f"r{index}"))
+
+    async def replayed() -> list[str]:
+        response = await served.post("/agent/default/connect", run_input("", thread="big"))
+        events = parse_sse(await response.read())
+        verify_events(events)
+        return [e["runId"] for e in events if e["type"] == "RUN_STARTED"]
+
+    assert await replayed() == ["r0", "r1", "r2", "r3", "r4"]
+    store: Any = served.runtime.store  # (a built-in store: it has `replay_bytes`)
+    store.replay_bytes = 50_000  # each run stores ~21 KB
+    assert await replayed() == ["r3", "r4"]
+    store.replay_bytes = 1
+    assert await replayed() == ["r4"]
+    await served.run(run_input("q5 short", thread="big", run="r5"))
+    assert await replayed() == ["r5"]
+
+
+async def test_store_events_after_keeps_the_newest_runs(any_store: ThreadStore) -> None:
+    """Each store's `events_after`, the read behind `connect`: the newest finished runs
+    within its `replay_bytes`, at least the last, whatever position it resumes after."""
+    position, firsts = 0, []
+    for index in range(4):
+        events = conformance._run("t", f"r{index}", "a b", user=f"u{index} {_FILLER}")
+        await conformance._finish(any_store, "t", f"r{index}", events, position,
+                                  created=1.0 + index)
+        firsts.append(position)
+        position += len(events)
+
+    async def runs_after(after: int) -> list[str]:
+        return [e["runId"] for _, e in await any_store.events_after("t", after)
+                if e["type"] == "RUN_STARTED"]
+
+    assert await runs_after(-1) == ["r0", "r1", "r2", "r3"]
+    store: Any = any_store  # (a built-in store: it has `replay_bytes`)
+    store.replay_bytes = 25_000  # a run: ~10 KB
+    assert await runs_after(-1) == ["r2", "r3"]
+    assert await runs_after(firsts[3] - 1) == ["r3"]  # after r2: only what follows counts
+    store.replay_bytes = 1
+    assert await runs_after(-1) == ["r3"]
+    assert await any_store.events_after("nope", -1) == []
 
 
 # -- 4. a change that loses a race is a 404 -----------------------------------------------------

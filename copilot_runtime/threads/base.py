@@ -36,6 +36,7 @@ __all__ = [
     "CONTROL_CHARACTERS",
     "INTERRUPTED_CODE",
     "MAX_ID_LENGTH",
+    "MAX_REPLAY_BYTES",
     "DurableThreadStore",
     "Positioned",
     "StoredRun",
@@ -44,6 +45,7 @@ __all__ = [
     "ThreadStore",
     "id_problem",
     "interrupted_tail",
+    "newest_within",
     "positioned_runs",
     "storable_ids",
     "title_of",
@@ -148,7 +150,8 @@ class ThreadStore(Protocol):
 
     async def events_after(self, thread_id: str, position: int
                            ) -> builtins.list[Positioned]:
-        """The thread's events after `position` (-1: all), a running run's included."""
+        """The thread's events after `position` (-1: all), a running run's included; of its
+        finished runs, the newest within `MAX_REPLAY_BYTES` (the built-in stores)."""
         ...
 
     async def rename(self, thread_id: str, name: str | None) -> bool:
@@ -192,6 +195,12 @@ class DurableThreadStore(ThreadStore, Protocol):
         """Close an open run with what it had streamed, marked as interrupted; False if it
         was not open (another worker closed it first)."""
         ...
+
+
+#: What one replay (`events_after`: a `connect`) reads of a thread's finished runs: its
+#: newest runs whose stored events fit, at least the last. A store keeps any number of runs
+#: of up to 16 MiB each, and a read costs several times its size in memory.
+MAX_REPLAY_BYTES = 32 * 1024 * 1024
 
 
 def newest_within(sizes: Sequence[int], max_bytes: int | None) -> int:

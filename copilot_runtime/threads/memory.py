@@ -13,6 +13,7 @@ import structlog
 
 from copilot_runtime.events import Event
 from copilot_runtime.threads.base import (
+    MAX_REPLAY_BYTES,
     Positioned,
     StoredRun,
     ThreadOwner,
@@ -52,6 +53,8 @@ class InMemoryThreadStore:
         self._sizes: dict[str, int] = {}
         self._evicted = self._evicted_bytes = 0
         self._reported = -_REPORT_EVERY
+        #: What `events_after` reads of a thread's finished runs (`MAX_REPLAY_BYTES`).
+        self.replay_bytes = MAX_REPLAY_BYTES
 
     async def get(self, thread_id: str, *, max_bytes: int | None = None
                   ) -> ThreadRecord | None:
@@ -134,7 +137,12 @@ class InMemoryThreadStore:
     async def events_after(self, thread_id: str, position: int
                            ) -> builtins.list[Positioned]:
         record = self._threads.get(thread_id)
-        return positioned_runs(record.runs, position) if record is not None else []
+        if record is None:
+            return []
+        runs = [r for r in record.runs if r.events
+                and not 0 <= r.last_position <= position]
+        kept = newest_within([r.size for r in reversed(runs)], self.replay_bytes)
+        return positioned_runs(runs[len(runs) - kept:], position)
 
     async def rename(self, thread_id: str, name: str | None) -> bool:
         record = self._threads.get(thread_id)

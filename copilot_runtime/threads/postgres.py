@@ -40,6 +40,7 @@ from copilot_runtime.threads._rows import (
     message_ids_of,
 )
 from copilot_runtime.threads.base import (
+    MAX_REPLAY_BYTES,
     Positioned,
     StoredRun,
     ThreadOwner,
@@ -246,6 +247,8 @@ _SUMMARIES = (f"SELECT thread_id, {_THREAD_COLUMNS}, ARRAY(SELECT message_id FRO
 class PostgresThreadStore:
     #: Seconds a finished run's raw events are kept, for exact `Last-Event-ID` resumes.
     raw_retention = 600.0
+    #: What `events_after` reads of a thread's finished runs (`MAX_REPLAY_BYTES`).
+    replay_bytes = MAX_REPLAY_BYTES
 
     def __init__(self, conninfo: str, *, schema: str = "public", min_size: int = 1,
                  max_size: int = 10, raw_retention: float | None = None,
@@ -426,11 +429,19 @@ class PostgresThreadStore:
     async def events_after(self, thread_id: str, position: int) -> list[Positioned]:
         async with self._reachable():
             async with self._pool.connection() as conn:
+                # Of the finished runs, the newest within `replay_bytes` (at least the last):
+                # the size of each and of those after it (octet_length reads a value's
+                # header, not the value).
                 cursor = await conn.execute(
                     "SELECT run_id, open, first_position, last_position, "
                     "CASE WHEN open OR (last_position >= 0 AND last_position <= %s) THEN NULL "
-                    "ELSE events END FROM runs WHERE thread_id = %s AND (open OR last_position < 0 "
-                    "OR last_position > %s) ORDER BY seq", (position, thread_id, position))
+                    "ELSE events END FROM (SELECT seq, run_id, open, first_position, "
+                    "last_position, events, CASE WHEN open THEN 0 ELSE octet_length(events) "
+                    "END AS own, sum(CASE WHEN open THEN 0 ELSE octet_length(events) END) "
+                    "OVER (ORDER BY seq DESC) AS newer FROM runs WHERE thread_id = %s AND "
+                    "(open OR last_position < 0 OR last_position > %s)) r "
+                    "WHERE open OR newer <= %s OR newer = own ORDER BY seq",
+                    (position, thread_id, position, self.replay_bytes))
                 runs = [RunRow(run_id, is_open, first, last,
                                orjson.loads(events) if events is not None else [])
                         for run_id, is_open, first, last, events in await cursor.fetchall()]

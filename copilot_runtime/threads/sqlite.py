@@ -31,6 +31,7 @@ from copilot_runtime.threads._rows import (
 )
 from copilot_runtime.threads._store_thread import Call, StoreThread
 from copilot_runtime.threads.base import (
+    MAX_REPLAY_BYTES,
     Positioned,
     StoredRun,
     ThreadOwner,
@@ -115,6 +116,8 @@ _MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2)
 class SQLiteThreadStore:
     #: Seconds a finished run's raw events are kept, for exact `Last-Event-ID` resumes.
     raw_retention = 600.0
+    #: What `events_after` reads of a thread's finished runs (`MAX_REPLAY_BYTES`).
+    replay_bytes = MAX_REPLAY_BYTES
 
     def __init__(self, path: str | Path, *, raw_retention: float | None = None) -> None:
         self.path = str(path)
@@ -209,12 +212,19 @@ class SQLiteThreadStore:
         return await self._call(self._events_after, thread_id, position)
 
     def _events_after(self, thread_id: str, position: int) -> builtins.list[Positioned]:
+        # Of the finished runs, the newest within `replay_bytes` (at least the last): the
+        # size of each and of those after it, read without reading the events.
         runs = [RunRow(run_id, bool(is_open), first, last,
                        [] if is_open or (0 <= last <= position) else orjson.loads(events))
                 for run_id, is_open, first, last, events in self._db.execute(
-                    "SELECT run_id, open, first_position, last_position, events FROM runs "
+                    "SELECT run_id, open, first_position, last_position, events FROM ("
+                    "SELECT seq, run_id, open, first_position, last_position, events, "
+                    "CASE WHEN open = 1 THEN 0 ELSE length(events) END AS own, "
+                    "sum(CASE WHEN open = 1 THEN 0 ELSE length(events) END) "
+                    "OVER (ORDER BY seq DESC) AS newer FROM runs "
                     "WHERE thread_id = ? AND (open = 1 OR last_position < 0 "
-                    "OR last_position > ?) ORDER BY seq", (thread_id, position))]
+                    "OR last_position > ?)) WHERE open = 1 OR newer <= ? OR newer = own "
+                    "ORDER BY seq", (thread_id, position, self.replay_bytes))]
         chunks = self._chunks(thread_id, position)
         return events_after(runs, chunks, position)
 
