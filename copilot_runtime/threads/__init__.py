@@ -10,6 +10,7 @@ from copilot_runtime._url_options import pool_size_option, split_options
 from copilot_runtime.threads.base import (
     INTERRUPTED_CODE,
     MAX_ID_LENGTH,
+    MAX_REPLAY_BYTES,
     DurableThreadStore,
     Positioned,
     StoredRun,
@@ -23,7 +24,8 @@ from copilot_runtime.threads.sqlite import SQLiteThreadStore
 if TYPE_CHECKING:
     from copilot_runtime.threads.postgres import PostgresThreadStore
 
-__all__ = ["INTERRUPTED_CODE", "MAX_ID_LENGTH", "DurableThreadStore", "InMemoryThreadStore",
+__all__ = ["INTERRUPTED_CODE", "MAX_ID_LENGTH", "MAX_REPLAY_BYTES", "DurableThreadStore",
+           "InMemoryThreadStore",
            "Positioned",
            "PostgresThreadStore", "SQLiteThreadStore", "StoredRun", "ThreadOwner",
            "ThreadRecord", "ThreadStore", "thread_store"]
