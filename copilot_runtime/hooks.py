@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,9 +58,12 @@ class ErrorInfo:
     request_id: str | None = None
 
 
-OnRequest = Callable[[RequestInfo], Awaitable[Mapping[str, Any] | None]]
-OnRunFinished = Callable[[RunFinished], Awaitable[None]]
-OnError = Callable[[ErrorInfo], Awaitable[None]]
+# Each hook may be an async function or a plain one (which then runs on the event loop:
+# keep it quick).
+OnRequest = Callable[[RequestInfo],
+                     Awaitable[Mapping[str, Any] | None] | Mapping[str, Any] | None]
+OnRunFinished = Callable[[RunFinished], Awaitable[None] | None]
+OnError = Callable[[ErrorInfo], Awaitable[None] | None]
 
 
 class HookRunner:
@@ -74,7 +78,9 @@ class HookRunner:
         if self.on_request is None:
             return
         try:
-            annotations = await self.on_request(info)
+            annotations: Any = self.on_request(info)
+            if inspect.isawaitable(annotations):  # (a plain function's answer is used as is)
+                annotations = await annotations
         except RequestError:
             raise
         except Exception:
@@ -89,13 +95,23 @@ class HookRunner:
 
     def run_finished(self, run: RunFinished) -> None:
         if self.on_run_finished is not None:
-            self._spawn(self.on_run_finished(run), "on_run_finished")
+            self._spawn(self.on_run_finished, run, "on_run_finished")
 
     def error(self, error: ErrorInfo) -> None:
         if self.on_error is not None:
-            self._spawn(self.on_error(error), "on_error")
+            self._spawn(self.on_error, error, "on_error")
 
-    def _spawn(self, work: Awaitable[None], name: str) -> None:
+    def _spawn(self, hook: Callable[[Any], Any], argument: Any, name: str) -> None:
+        """Run `hook` in the background; a plain function (not async) has run by the time
+        it returns, and its failure is logged like an async one's."""
+        try:
+            work = hook(argument)
+        except Exception:
+            _log.exception(f"{name} hook failed")
+            return
+        if not inspect.isawaitable(work):
+            return
+
         async def guarded() -> None:
             try:
                 await work

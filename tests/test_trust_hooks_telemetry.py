@@ -117,6 +117,47 @@ async def test_failing_hooks_are_logged_and_never_break_a_stream(
     assert issubclass(RequestRejectedError, RequestError)
 
 
+async def test_plain_function_hooks_work_as_async_ones_do(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """Hooks written as plain functions: before, `on_request`'s annotations were dropped (its
+    dict was awaited, which failed and was logged), and a plain `on_run_finished` ran and was
+    then reported as failed; a plain hook that raises is logged, as an async one is."""
+    finished: list[RunFinished] = []
+
+    def on_request(request: RequestInfo) -> Mapping[str, Any]:
+        return {"team": "blue"}
+
+    def on_run_finished(run: RunFinished) -> None:
+        finished.append(run)
+
+    def on_error(error: Any) -> None:
+        raise RuntimeError("hook bug")
+
+    seen: list[Any] = []
+    runtime = CopilotRuntime(
+        service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0),
+        on_request=on_request, on_run_finished=on_run_finished, on_error=on_error)
+    original = runtime.hooks.request
+
+    async def spy(info: RequestInfo) -> None:
+        await original(info)
+        seen.append(dict(info.annotations))
+
+    runtime.hooks.request = spy  # type: ignore[method-assign]
+    async with serve_runtime(runtime) as served:
+        with structlog.testing.capture_logs() as logs:
+            assert text_of(await served.run(run_input("Hi"))) == "echo: Hi"
+            await wait_for(lambda: finished, "on_run_finished")
+            events = await served.run(run_input("error:500", thread="t2"))
+            assert events[-1]["type"] == "RUN_ERROR"
+            await wait_for(lambda: any(e["event"] == "on_error hook failed" for e in logs),
+                           "the plain on_error's failure in the log")
+        assert {e["event"] for e in logs if "hook" in e["event"]} == {"on_error hook failed"}
+    assert seen
+    assert all(annotations == {"team": "blue"} for annotations in seen)
+    assert finished[0].outcome == "finished"
+
+
 async def test_spans_and_metrics(serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
     exporter = InMemorySpanExporter()
     tracer_provider = TracerProvider()
