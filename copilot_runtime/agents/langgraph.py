@@ -153,7 +153,9 @@ class LangGraphAgent(Agent):
             pending = await self.pending_interrupts(thread_id)
             claims = await claim_resume(self._approvals, agent_id=context.agent_id,
                                         input=input, pending=set(pending),
-                                        channel=ledger_channel, values=pending)
+                                        channel=ledger_channel, values=pending,
+                                        principal_id=context.principal.id
+                                        if context.principal is not None else None)
         settled = not claims.ids
         try:
             async for batch in translate_bridge_run(

@@ -109,7 +109,9 @@ class ApprovalStore(Protocol):
     async def settle(self, approval_id: str, outcome: Literal["applied", "reopen",
                                                               "withdrawn"]) -> None:
         """After the run: the answer was applied, did not take (back to pending), or the
-        interrupt is gone without an answer."""
+        interrupt is gone without an answer. "withdrawn" changes only a pending approval,
+        "reopen" only an answered or expired one not applied (compare-and-set, like
+        `claim`: the caller's read may be stale)."""
         ...
 
     async def unapplied(self) -> list[Approval]:
@@ -196,8 +198,9 @@ class MemoryApprovalStore(_Listeners):
         if outcome == "applied":
             found.applied = True
         elif outcome == "withdrawn":
-            found.status = "withdrawn"
-        else:
+            if found.status == "pending":  # an answer that won meanwhile stays
+                found.status = "withdrawn"
+        elif found.status in ("answered", "expired") and not found.applied:
             found.status, found.answer, found.answered_by = "pending", None, None
             found.answered_at, found.applied = None, False
             self._notify()

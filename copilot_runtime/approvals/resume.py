@@ -31,6 +31,7 @@ from copilot_runtime._limits import check_json_text
 from copilot_runtime._time import iso_time, parse_time
 from copilot_runtime.approvals.decisions import timeout_answer
 from copilot_runtime.approvals.ledger import Approval, ApprovalStore, Channel
+from copilot_runtime.threads.base import id_problem
 
 __all__ = ["Claims", "claim_resume", "record_interrupts"]
 
@@ -60,7 +61,8 @@ class Claims:
 
 async def claim_resume(store: ApprovalStore, *, agent_id: str, input: RunInput,
                        pending: set[str], channel: Channel,
-                       values: Mapping[str, Any] | None = None) -> Claims:
+                       values: Mapping[str, Any] | None = None,
+                       principal_id: str | None = None) -> Claims:
     """Claim the approvals `input` answers; raise an `ApprovalError` when it may not.
 
     All or nothing: if it raises, or is cancelled, after winning some claims (one entry of
@@ -69,7 +71,8 @@ async def claim_resume(store: ApprovalStore, *, agent_id: str, input: RunInput,
     won: list[str] = []
     try:
         return await _claim_all(store, agent_id=agent_id, input=input, pending=pending,
-                                channel=channel, values=values, won=won)
+                                channel=channel, values=values, won=won,
+                                principal_id=principal_id)
     except BaseException:
         if won:  # shielded: a second cancellation must not leave them claimed either
             await asyncio.shield(_reopen(store, won))
@@ -87,7 +90,7 @@ async def _reopen(store: ApprovalStore, approval_ids: list[str]) -> None:
 
 async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
                      pending: set[str], channel: Channel, values: Mapping[str, Any] | None,
-                     won: list[str]) -> Claims:
+                     won: list[str], principal_id: str | None = None) -> Claims:
     model = input.model
     # LangGraph cannot resume with None (it fails) or {} (it takes it for an empty map of
     # answers): such an entry is no answer, and the graph asks its question again.
@@ -130,9 +133,13 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
             raise await _not_pending(store, entry.interrupt_id, model.thread_id)
         given = entry.payload if entry.status == "resolved" else {
             _CANCELLED: True, "interrupt_id": entry.interrupt_id}
-        by = (entry.metadata or {}).get("answeredBy")
+        # Who answered: the caller when authenticated (as over HTTP, whatever the client
+        # says); else the entry's own word, if it is something the ledger can keep.
+        by = principal_id or (entry.metadata or {}).get("answeredBy")
+        if not isinstance(by, str) or not by or id_problem(by) is not None:
+            by = "chat"
         answers[entry.interrupt_id] = await _claim(
-            store, entry.interrupt_id, given, by if isinstance(by, str) else "chat",
+            store, entry.interrupt_id, given, by,
             now=now, agent_id=agent_id, thread_id=model.thread_id, channel=channel,
             value=(values or {}).get(entry.interrupt_id), won=won)
     resume = [entry.model_copy(update={"payload": answers[entry.interrupt_id],
@@ -201,9 +208,15 @@ async def _to_its_end(claiming: Awaitable[Approval | None], approval_id: str,
 
 async def _not_pending(store: ApprovalStore, approval_id: str,
                        thread_id: str) -> Exception:
-    approval = await store.get(approval_id)
+    # An id no store can keep (a NUL byte, too long) names no approval: do not look it up
+    # (PostgreSQL refuses NUL in text, which failed the run as AGENT_ERROR), nor echo it.
+    approval = None if id_problem(approval_id) is not None else await store.get(approval_id)
     if approval is not None and approval.status != "pending":
         return ApprovalClosedError(approval)
+    if id_problem(approval_id) is not None:
+        return NothingToResumeError(
+            f"That interrupt is not pending on thread '{thread_id}': there is nothing to "
+            "resume")
     return NothingToResumeError(
         f"Interrupt '{approval_id}' is not pending on thread '{thread_id}': there is "
         "nothing to resume")

@@ -187,9 +187,12 @@ class ApprovalService:
                     continue  # written by an agent this runtime does not serve
                 if approval.status == "pending" and not await self._still_waiting(
                         store, agent, approval):
-                    if status == "pending":
+                    # Withdrawn, unless an answer or a timeout claimed it since our read
+                    # (its run may be on another worker): show what the ledger has now.
+                    approval = await store.get(approval.id) or replace(
+                        approval, status="withdrawn")
+                    if status is not None and approval.status != status:
                         continue
-                    approval = replace(approval, status="withdrawn")
                 out.append(approval)
         out.sort(key=lambda a: (a.created_at, a.id))
         return out
@@ -232,7 +235,9 @@ class ApprovalService:
         if not self.host.is_running(approval.thread_id) and approval.id not in \
                 await agent.pending_interrupt_ids(approval.thread_id):
             await agent.approvals.settle(approval.id, "withdrawn")
-            raise ApprovalClosedError(replace(approval, status="withdrawn"))
+            # Another answer may have won since our read: say which (409 answered).
+            raise ApprovalClosedError(await agent.approvals.get(approval.id)
+                                      or replace(approval, status="withdrawn"))
         if not wait:
             return await self._answer_in_background(approval, agent.approvals, dict(answer),
                                                     answered_by or "http", headers)

@@ -114,14 +114,18 @@ class _SQLApprovalStore(_Listeners, abc.ABC):
             await self._execute(f"UPDATE {self.table} SET applied = TRUE WHERE id = ?",
                                 (approval_id,))
         elif outcome == "withdrawn":
-            await self._execute(f"UPDATE {self.table} SET status = 'withdrawn' WHERE id = ?",
-                                (approval_id,))
+            # Only a pending approval can be withdrawn: a caller that read it pending and
+            # then found its interrupt gone may have raced an answer (or a timeout) that
+            # another run, here or on another worker, has just claimed and applied.
+            await self._execute(f"UPDATE {self.table} SET status = 'withdrawn' "
+                                "WHERE id = ? AND status = 'pending'", (approval_id,))
         else:
-            await self._execute(
-                f"UPDATE {self.table} SET status = 'pending', answer = NULL, "
-                "answered_by = NULL, answered_at = NULL, applied = FALSE WHERE id = ?",
-                (approval_id,))
-            self._notify()
+            if await self._execute(
+                    f"UPDATE {self.table} SET status = 'pending', answer = NULL, "
+                    "answered_by = NULL, answered_at = NULL, applied = FALSE "
+                    "WHERE id = ? AND status IN ('answered', 'expired') AND NOT applied",
+                    (approval_id,)):
+                self._notify()
 
     async def unapplied(self) -> list[Approval]:
         rows = await self._fetch(

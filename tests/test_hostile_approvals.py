@@ -1,0 +1,121 @@
+"""Approvals whose answer races another worker's read, and resumes that say who answered.
+
+Several workers share one approval ledger: a list, an expiry timer or an answer on one of
+them may read an approval as pending while another worker's run claims and applies it, then
+find its interrupt gone from the checkpoint and withdraw it. Settling is therefore a
+compare-and-set, like claiming. Over AG-UI, who answered is the authenticated caller (as over
+HTTP), not what the resume's metadata claims.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from copilot_runtime._exceptions import ApprovalError
+from copilot_runtime._input import parse_run_input
+from copilot_runtime.approvals import ApprovalStore
+from copilot_runtime.approvals.ledger import Approval
+from copilot_runtime.approvals.resume import claim_resume
+from copilot_runtime.checkpointers import DurableCheckpointer, checkpointer
+from tests.hitl_support.postgres import postgres_schema
+
+pytestmark = pytest.mark.timeout(60)
+
+KINDS = ["memory", "sqlite", "postgresql"]
+
+
+@pytest.fixture(params=KINDS)
+def checkpoints_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "postgresql":
+        with postgres_schema() as url:
+            yield url
+    elif request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'checkpoints.sqlite3'}"
+    else:
+        yield "memory"
+
+
+@pytest.fixture
+async def ledger(checkpoints_url: str) -> AsyncIterator[ApprovalStore]:
+    saver: DurableCheckpointer = checkpointer(checkpoints_url)
+    try:
+        yield saver.approvals
+    finally:
+        await saver.aclose()
+
+
+def pending(approval_id: str, thread: str = "t") -> Approval:
+    return Approval(approval_id, thread, "flow", {"question": "Approve?"}, time.time())
+
+
+async def test_an_answer_that_won_is_never_withdrawn_or_reopened(ledger: ApprovalStore) -> None:
+    """A worker that read an approval as pending, then found its interrupt gone (another
+    worker's run had claimed and applied the answer), withdrew it: the ledger ended
+    `withdrawn, applied` and a second answer got 409 APPROVAL_WITHDRAWN. "withdrawn" now
+    changes only a pending approval, "reopen" only an answered one not yet applied."""
+    await ledger.add([pending("a1"), pending("a2"), pending("a3")])
+    claimed = await ledger.claim("a1", "answered", {"action": "approve"}, "bob", time.time())
+    assert claimed is not None
+    await ledger.settle("a1", "applied")
+    await ledger.settle("a1", "withdrawn")  # the stale reader's settle
+    await ledger.settle("a1", "reopen")
+    after = await ledger.get("a1")
+    assert after is not None
+    assert (after.status, after.applied, after.answered_by) == ("answered", True, "bob")
+
+    # A pending one is withdrawn; an answered one not applied can still be reopened.
+    await ledger.settle("a2", "withdrawn")
+    withdrawn = await ledger.get("a2")
+    assert withdrawn is not None
+    assert withdrawn.status == "withdrawn"
+    assert await ledger.claim("a3", "expired", {"action": "timeout"}, None, time.time())
+    await ledger.settle("a3", "reopen")
+    reopened = await ledger.get("a3")
+    assert reopened is not None
+    assert (reopened.status, reopened.answer) == ("pending", None)
+
+
+def resume_input(interrupt_id: str, metadata: dict[str, Any]) -> Any:
+    return parse_run_input({
+        "threadId": "t", "runId": "r2", "messages": [], "tools": [], "context": [],
+        "state": {}, "forwardedProps": {},
+        "resume": [{"interruptId": interrupt_id, "status": "resolved",
+                    "payload": {"action": "approve"}, "metadata": metadata}]})
+
+
+async def test_a_resume_records_the_caller_not_its_own_claim(ledger: ApprovalStore) -> None:
+    """With `auth`, an AG-UI resume whose metadata said `answeredBy: "cfo"` was recorded as
+    the cfo's answer (over HTTP the principal is recorded, whatever the body says). Without
+    a principal the claim is kept only if the ledger can keep it (a NUL byte failed the run
+    on PostgreSQL)."""
+    await ledger.add([pending("i1"), pending("i2")])
+    await claim_resume(ledger, agent_id="flow", input=resume_input("i1", {"answeredBy": "cfo"}),
+                       pending={"i1"}, channel="outcome", principal_id="bob")
+    answered = await ledger.get("i1")
+    assert answered is not None
+    assert (answered.status, answered.answered_by) == ("answered", "bob")
+    await claim_resume(ledger, agent_id="flow",
+                       input=resume_input("i2", {"answeredBy": "eve\x00"}),
+                       pending={"i2"}, channel="outcome")
+    second = await ledger.get("i2")
+    assert second is not None
+    assert second.answered_by == "chat"
+
+
+async def test_an_interrupt_id_no_ledger_can_keep_is_a_precise_error(
+        ledger: ApprovalStore) -> None:
+    """A NUL byte in a resume's `interruptId` was looked up (PostgreSQL refuses NUL in text:
+    the run failed with AGENT_ERROR and a stack in the log), and a 100,000-character id was
+    echoed whole in the error."""
+    for bad in ("i\x00d", "x" * 100_000):
+        with pytest.raises(ApprovalError) as caught:
+            await claim_resume(ledger, agent_id="flow", input=resume_input(bad, {}),
+                               pending=set(), channel="outcome")
+        assert caught.value.code == "INTERRUPT_NOT_PENDING"
+        assert len(caught.value.message) < 200
+        assert "\x00" not in caught.value.message
