@@ -9,19 +9,26 @@ HTTP), not what the resume's metadata claims.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
 
+from copilot_runtime import CopilotRuntime
 from copilot_runtime._exceptions import ApprovalError
 from copilot_runtime._input import parse_run_input
+from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.approvals import ApprovalStore
 from copilot_runtime.approvals.ledger import Approval
 from copilot_runtime.approvals.resume import claim_resume
 from copilot_runtime.checkpointers import DurableCheckpointer, checkpointer
+from tests.conftest import ServeRuntime, run_input
 from tests.hitl_support.postgres import postgres_schema
 
 pytestmark = pytest.mark.timeout(60)
@@ -119,3 +126,64 @@ async def test_an_interrupt_id_no_ledger_can_keep_is_a_precise_error(
         assert caught.value.code == "INTERRUPT_NOT_PENDING"
         assert len(caught.value.message) < 200
         assert "\x00" not in caught.value.message
+
+
+class SlowSaver(InMemorySaver):
+    """Checkpoints that take a moment to store, the end of each write logged."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        self.log = log
+
+    async def aput(self, config: Any, checkpoint: Any, metadata: Any,
+                   new_versions: Any) -> Any:
+        await asyncio.sleep(0.1)
+        stored = await super().aput(config, checkpoint, metadata, new_versions)
+        self.log.append("stored")
+        return stored
+
+
+def approving_graph(log: list[str]) -> Any:
+    """`ask` interrupts for an approval; `act` is the approved action (a payment, a mail)."""
+    class State(TypedDict, total=False):
+        approved: bool
+
+    def ask(state: State) -> State:
+        return {"approved": bool(interrupt({"question": "Pay the invoice?"}))}
+
+    def act(state: State) -> State:
+        log.append("act")
+        return {}
+
+    builder = StateGraph(State)
+    builder.add_node("ask", ask)
+    builder.add_node("act", act)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", "act")
+    builder.add_edge("act", END)
+    return builder.compile(checkpointer=SlowSaver(log))
+
+
+@pytest.mark.parametrize(("durability", "stored_first"), [("sync", True), ("async", False)])
+async def test_the_answered_step_is_stored_before_the_approved_action_runs(
+        serve_runtime: ServeRuntime, durability: str, stored_first: bool) -> None:
+    """By default the checkpoint that says the interrupt was answered is stored before the
+    approved action runs. LangGraph's own default ("async") stored it while the action ran:
+    a worker killed then left the interrupt pending with the action done, and recovery sent
+    the answer again (the prober's repro: 20 of 20 answers applied twice)."""
+    log: list[str] = []
+    options: dict[str, Any] = {} if durability == "sync" else {"durability": durability}
+    runtime = CopilotRuntime(agents={"pay": LangGraphAgent(
+        name="pay", graph=approving_graph(log), **options)})
+    async with serve_runtime(runtime) as served:
+        asked = await served.run(run_input("pay it", thread="t", run="r1",
+                                           protocolVersion="1.0"), agent="pay")
+        (question,) = asked[-1]["outcome"]["interrupts"]
+        log.clear()
+        answered = await served.run(run_input("", thread="t", run="r2", protocolVersion="1.0",
+                                              resume=[{"interruptId": question["id"],
+                                                       "status": "resolved",
+                                                       "payload": True}]), agent="pay")
+    assert answered[-1]["type"] == "RUN_FINISHED"
+    assert "act" in log
+    assert (log[0] == "stored") is stored_first, log

@@ -112,3 +112,17 @@ def test_the_custom_events_the_bridge_renames_to_still_exist() -> None:
     assert renamed <= known, (
         f"{RELEASE} no longer handles the custom events {sorted(renamed - known)}, which "
         f"agents/_lg_bridge.py translates CopilotKit's events into")
+
+
+def test_langgraph_still_reads_the_durability_key_the_agent_sets() -> None:
+    """`LangGraphAgent` sets each run's checkpoint durability through the configurable key
+    LangGraph reads when a run is given none (how subgraphs inherit it)."""
+    from langgraph._internal._constants import CONFIG_KEY_DURABILITY
+    from langgraph.pregel import main
+
+    from copilot_runtime.agents.langgraph import DURABILITY_KEY
+
+    assert CONFIG_KEY_DURABILITY == DURABILITY_KEY, (
+        f"langgraph {version('langgraph')} reads durability from {CONFIG_KEY_DURABILITY!r}; "
+        f"agents/langgraph.py sets {DURABILITY_KEY!r}")
+    assert "CONFIG_KEY_DURABILITY" in inspect.getsource(main)

@@ -54,6 +54,9 @@ from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
 from copilot_runtime.approvals.resume import Claims, claim_resume, record_interrupts
 from copilot_runtime.events import Event, EventBatches
 
+#: The `configurable` key LangGraph reads a run's checkpoint durability from.
+DURABILITY_KEY = "__pregel_durability"
+
 __all__ = ["LangGraphAgent"]
 
 _log = structlog.get_logger("copilot_runtime.agents")
@@ -67,7 +70,10 @@ class LangGraphAgent(Agent):
     `"auto"` (see the module docstring), `"outcome"`, `"legacy"` or `"both"`.
     `approvals` is the approval ledger; by default the checkpointer's own
     (`DurableCheckpointer.approvals`), else one in memory. `state_deltas=False` sends every
-    state change as a snapshot.
+    state change as a snapshot. `durability` is LangGraph's checkpoint durability for every
+    run: "sync" by default (each step stored before the next runs: an approved action done
+    just before a crash is not done again), "async" (LangGraph's own default) or "exit"; a
+    `config` that sets it wins.
     """
 
     class_name = "LangGraphAgent"
@@ -83,6 +89,7 @@ class LangGraphAgent(Agent):
         interrupts: Literal["auto", "outcome", "legacy", "both"] = "auto",
         approvals: ApprovalStore | None = None,
         state_deltas: bool = True,
+        durability: Literal["sync", "async", "exit"] = "sync",
     ) -> None:
         super().__init__(description=description)
         checkpointer = getattr(graph, "checkpointer", None)
@@ -94,13 +101,21 @@ class LangGraphAgent(Agent):
         self.graph = graph
         self.state_deltas = state_deltas
         self.interrupts = interrupts
-        self.config = dict(config) if config else {}
+        # "sync": each step's checkpoint is stored before the next step runs. With LangGraph's
+        # default ("async") the node after an interrupt ran, its effects done, while the
+        # checkpoint saying the interrupt was answered was still being written: a crash then
+        # left the interrupt pending, and recovery sent the answer (and applied it) again.
+        # LangGraph reads the mode from this configurable key when none is passed to a run
+        # (it is how subgraphs inherit it); tests/test_lg_bridge_contract.py pins the name.
+        base = dict(config) if config else {}
+        base["configurable"] = {DURABILITY_KEY: durability, **(base.get("configurable") or {})}
+        self.config = base
         self._approvals: ApprovalStore = approvals or getattr(
             checkpointer, "approvals", None) or MemoryApprovalStore()
         # Both interrupt forms are produced; `filter_interrupt_event` keeps the client's.
         self._template = CopilotKitLangGraphBridge(
             name=name, graph=graph, description=description or None,
-            config=dict(config) if config else None, emit_raw_events=emit_raw_events,
+            config=dict(base), emit_raw_events=emit_raw_events,
             emit_interrupt_outcome=True, enable_legacy_on_interrupt_event=True)
 
     @property
