@@ -42,6 +42,7 @@ from typing import Any, ClassVar, Protocol
 from copilot_runtime._time import iso_time
 
 __all__ = [
+    "SECRET_VALUES",
     "ActionError",
     "AgentExecutionError",
     "AgentNotFoundError",
@@ -92,28 +93,30 @@ def quoted(text: str, limit: int = 200) -> str | None:
     return None if _INTERNALS.search(text) else text
 
 
-# A URL's `user:password@` part, and an absolute file path (of two parts or more, not the
-# path of a URL): what an exception's message may carry that no client should read.
-_URL_CREDENTIALS = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^\s/@]*@", re.IGNORECASE)
+# An absolute file path (of two parts or more, not the path of a URL): what an exception's
+# message may carry that no client should read.
 _FILE_PATH = re.compile(r"(?<![\w:/.~-])(?:/[\w.@~-]+){2,}|\b[A-Za-z]:\\[\w.@ \\-]+")
 
-
-#: Secret-looking values an upstream may echo (its own error body, a URL it was given).
-_SECRETS = re.compile(
-    r"(?i)\b(?:bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"
+#: Secret-looking values, as a pattern every redaction shares (upstream words passed on,
+#: logs): a URL's `user:password`, bearer and Basic credentials, provider and code-forge
+#: keys, JWTs, secret query parameters.
+SECRET_VALUES = (
+    r"(?<=://)[^\s/@]+(?=@)"
+    r"|(?i:\b(?:bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,})"
     r"|\b(?:sk|rk|pk|gsk|xai|ghp|gho|glpat)[-_][A-Za-z0-9_-]{8,}"
     r"|\bAIza[0-9A-Za-z_-]{20,}"
     r"|\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9._-]+"
-    r"|(?<=[?&;])(?:api[-_]?key|key|token|access_token|secret|password|sig|signature)=[^&\s\"']+")
+    r"|(?i:(?<=[?&;])(?:api[-_]?key|key|token|access_token|secret|password|sig|signature)"
+    r"=[^&\s\"']+)")
+_SECRETS = re.compile(SECRET_VALUES)
 
 
 def scrub_secrets(text: str, *known: str | None) -> str:
-    """`text` with `known` secrets (the key the runtime itself sent), URL credentials and
-    secret-looking values replaced: for upstream words passed on to clients, spans and logs."""
+    """`text` with `known` secrets (the key the runtime itself sent) and secret-looking
+    values (`SECRET_VALUES`) replaced: for upstream words passed on to clients and spans."""
     for secret in known:
         if secret and len(secret) >= 6:
             text = text.replace(secret, "[REDACTED]")
-    text = _URL_CREDENTIALS.sub(r"\1[REDACTED]@", text)
     return _SECRETS.sub("[REDACTED]", text)
 
 

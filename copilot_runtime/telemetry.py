@@ -28,7 +28,7 @@ from typing import Any
 
 import structlog
 
-from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._exceptions import SECRET_VALUES, ConfigurationError
 from copilot_runtime._version import __version__
 from copilot_runtime.auth import RequestInfo
 
@@ -175,16 +175,11 @@ class RunTelemetry:
 _SECRET_KEYS = re.compile(
     r"(authorization|cookie|api[-_]?key|(?<!_)token(?!s)|secret|password|passwd|credential|dsn)",
     re.IGNORECASE)
+# What `_exceptions.SECRET_VALUES` knows, and a secret given as `name: value` or
+# `name=value` inside a string (a header dump, a connection string).
 _SECRET_VALUES = re.compile(
-    r"(?i:\b(?:bearer|basic)\s+[A-Za-z0-9._~+/=-]+)"
-    r"|\b(?:sk|rk|gsk|xai|ghp|gho|glpat)[-_][A-Za-z0-9_-]{8,}"
-    r"|\bAIza[0-9A-Za-z_-]{20,}"
-    r"|eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9._-]+"
-    # a URL's user:password@, and secret query parameters (?api_key=, &token=, ...)
-    r"|(?<=://)[^\s/@:]*:[^\s/@]*(?=@)"
-    r"|(?i:(?<=[?&;])(?:api[-_]?key|key|token|access_token|secret|password|sig|signature)"
-    r"=[^&\s\"']+)"
-    r"|(?i:(?:authorization|cookie|x-api-key|api[-_]?key|password|secret)"
+    SECRET_VALUES
+    + r"|(?i:(?:authorization|cookie|x-api-key|api[-_]?key|password|secret)"
     r"[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic)\s+)?[^\s,;\"'}]{6,})")
 REDACTED = "[REDACTED]"
 
