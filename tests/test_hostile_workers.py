@@ -31,7 +31,7 @@ from copilot_runtime._shared_runs import POLL
 from copilot_runtime.testing import MockOpenAIServer, verify_events
 from copilot_runtime.threads.base import INTERRUPTED_CODE
 from tests.conftest import poll, run_input, text_of
-from tests.scale_support.cluster import Cluster, eventually, make_cluster
+from tests.scale_support.cluster import Cluster, eventually, started_cluster
 from tests.scale_support.services import POSTGRES, postgres_schema, redis_prefix
 from tests.test_multi_worker import (
     TTL,
@@ -65,18 +65,11 @@ async def llm() -> AsyncIterator[MockOpenAIServer]:
         yield server
 
 
-@contextlib.asynccontextmanager
-async def workers(count: int, logs: Path, llm: MockOpenAIServer, threads: str,
-                  coordination: str) -> AsyncIterator[Cluster]:
+def workers(count: int, logs: Path, llm: MockOpenAIServer, threads: str,
+            coordination: str) -> contextlib.AbstractAsyncContextManager[Cluster]:
     """`count` worker processes sharing `threads` and `coordination`, stopped at the end."""
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        cluster = make_cluster(count, logs, session, llm_url=llm.base_url, threads=threads,
-                               coordinator=coordination, auth=False)
-        try:
-            await cluster.start()
-            yield cluster
-        finally:
-            cluster.close()
+    return started_cluster(count, logs, llm_url=llm.base_url, threads=threads,
+                           coordinator=coordination, auth=False)
 
 
 @contextlib.asynccontextmanager

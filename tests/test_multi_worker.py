@@ -20,7 +20,7 @@ import pytest_asyncio
 import copilot_runtime.threads
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import run_input
-from tests.scale_support.cluster import Cluster, drive, eventually, make_cluster, sse_frames
+from tests.scale_support.cluster import Cluster, drive, eventually, sse_frames, started_cluster
 from tests.scale_support.services import postgres_schema, redis_prefix
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
@@ -62,15 +62,10 @@ async def cluster(urls: tuple[str, str], llm: MockOpenAIServer,
     """Three workers (A, B, C) sharing the services; a test that kills or restarts some
     leaves them all running again."""
     threads, coordination = urls
-    logs = tmp_path_factory.mktemp("workers")
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        cluster = make_cluster(3, logs, session, llm_url=llm.base_url, threads=threads,
-                               coordinator=coordination, auth=POSITIONS)
-        try:
-            await cluster.start()
-            yield cluster
-        finally:
-            cluster.close()
+    async with started_cluster(3, tmp_path_factory.mktemp("workers"), llm_url=llm.base_url,
+                               threads=threads, coordinator=coordination,
+                               auth=POSITIONS) as cluster:
+        yield cluster
 
 
 def only_once(urls: tuple[str, str]) -> None:

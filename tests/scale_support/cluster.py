@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -11,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,20 @@ def make_cluster(count: int, tmp_path: Path, session: aiohttp.ClientSession, *,
     workers = [Worker(chr(ord("A") + i), env, tmp_path / f"worker-{i}.log")
                for i in range(count)]
     return Cluster(workers, session)
+
+
+@contextlib.asynccontextmanager
+async def started_cluster(count: int, logs: Path, *, llm_url: str, threads: str,
+                          coordinator: str, auth: bool = True) -> AsyncIterator[Cluster]:
+    """`count` workers sharing `threads` and `coordinator`, started; stopped at the end."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        cluster = make_cluster(count, logs, session, llm_url=llm_url, threads=threads,
+                               coordinator=coordinator, auth=auth)
+        try:
+            await cluster.start()
+            yield cluster
+        finally:
+            cluster.close()
 
 
 def sse_frames(data: bytes) -> list[tuple[str | None, dict[str, Any]]]:
