@@ -242,20 +242,22 @@ class Lease:
             await self._backend.release(self._key)
         except Exception:
             # The backend is away for a moment: the slot must not stay taken for an hour.
-            self._released = False
-            _retry_release(self)
+            _retry_release(self._backend, self._key)
             raise
 
 
 _retrying: set[asyncio.Task[None]] = set()
 
 
-def _retry_release(lease: Lease, attempts: int = 30, delay: float = 2.0) -> None:
+def _retry_release(backend: CounterBackend, key: str, attempts: int = 30,
+                   delay: float = 2.0) -> None:
+    """Give `key`'s slot back in the background, trying `attempts` times `delay` apart
+    (one task: each failed attempt is not a new one)."""
     async def again() -> None:
         for _ in range(attempts):
             await asyncio.sleep(delay)
             with contextlib.suppress(Exception):
-                await lease.release()
+                await backend.release(key)
                 return
 
     with contextlib.suppress(RuntimeError):  # no running loop: nothing to retry with
