@@ -26,7 +26,6 @@ import pytest
 from copilot_runtime import BearerTokenAuth, CopilotRuntime, DemoAdapter, coordinator, thread_store
 from copilot_runtime.agents import BuiltInAgent
 from copilot_runtime.agents.langgraph import LangGraphAgent
-from copilot_runtime.protocols.agui import handlers
 from copilot_runtime.testing import MockOpenAIServer, verify_events
 from copilot_runtime.threads import DurableThreadStore, ThreadStore
 from tests import test_store_conformance as conformance
@@ -189,7 +188,7 @@ async def test_a_thread_route_reads_only_the_newest_runs_that_fit(
         served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: SQLite and PostgreSQL loaded every run of the thread for every read (gigabytes
     of memory for a few concurrent reads of a thread of big runs) and the answer held them
-    all; now the routes read at most MAX_THREAD_READ_BYTES of the newest runs, the last one
+    all; now the routes read at most the store's `replay_bytes` of the newest runs, the last one
     always, and say how many older ones they left out (`omittedRuns`)."""
     for index in range(5):
         await served.run(run_input(f"q{index} {_FILLER}", thread="big", run=f"r{index}"))
@@ -200,7 +199,7 @@ async def test_a_thread_route_reads_only_the_newest_runs_that_fit(
         "q0", "q1", "q2", "q3", "q4"]
 
     # Each run stores about 21 KB (the question, and the demo's echo of it): two fit, not three.
-    monkeypatch.setattr(handlers, "MAX_THREAD_READ_BYTES", 50_000, raising=False)
+    monkeypatch.setattr(served.runtime.store, "replay_bytes", 50_000, raising=False)
     status, got = await answer(served, "GET", "/threads/big/messages")
     assert status == 200
     assert got["omittedRuns"] == 3
@@ -212,7 +211,7 @@ async def test_a_thread_route_reads_only_the_newest_runs_that_fit(
     assert [e["runId"] for e in got["events"] if e["type"] == "RUN_STARTED"] == ["r3", "r4"]
 
     # A bound smaller than any run: the last run all the same.
-    monkeypatch.setattr(handlers, "MAX_THREAD_READ_BYTES", 1, raising=False)
+    monkeypatch.setattr(served.runtime.store, "replay_bytes", 1, raising=False)
     status, got = await answer(served, "GET", "/threads/big/events")
     assert status == 200
     assert got["omittedRuns"] == 4

@@ -47,7 +47,7 @@ from copilot_runtime.protocols.http import (
     stream_run,
 )
 from copilot_runtime.runtime import CopilotRuntime
-from copilot_runtime.threads.base import CONTROL_CHARACTERS, id_problem
+from copilot_runtime.threads.base import CONTROL_CHARACTERS, MAX_REPLAY_BYTES, id_problem
 
 __all__ = ["AGUIProtocol"]
 
@@ -59,10 +59,6 @@ _PAGE = 100
 _MAX_PAGE = 500
 _MAX_NAME = 200
 _INTEGER = re.compile(r"-?[0-9]{1,19}")
-#: The most stored events (as encoded JSON) a thread route reads and answers: a thread's
-#: newest runs that fit, the older ones left out (`omittedRuns`). Every durable store keeps
-#: any number of runs of 16 MiB each, and a read costs several times its size in memory.
-MAX_THREAD_READ_BYTES = 32 * 1024 * 1024
 _ENVELOPE_METHODS = ("info", "agent/run", "agent/connect", "agent/stop", "transcribe")
 
 
@@ -215,7 +211,9 @@ class AGUIProtocol:
                 "nextCursor": str(offset + limit) if len(records) > limit else None})
             return
         # An id no store can keep names no thread (and PostgreSQL cannot even look it up).
-        record = await store.get(thread_id, max_bytes=MAX_THREAD_READ_BYTES) \
+        # The newest runs a replay reads (the store's `replay_bytes`), the rest counted.
+        record = await store.get(thread_id, max_bytes=getattr(
+            store, "replay_bytes", MAX_REPLAY_BYTES)) \
             if id_problem(thread_id) is None else None
         if record is not None:
             record = readable(record)  # a thread stored broken is still read
