@@ -6,8 +6,11 @@
 
 `on_request` runs after authentication: it may refuse the request by raising a
 `RequestError` (say `RequestRejectedError`, 403), or return annotations that agents see as
-`RunContext.annotations`. The other two run in the background, so they never hold up or
-break a stream; whatever they raise is logged.
+`RunContext.annotations`. It is a policy, so it fails closed: if it raises anything else, or
+has not answered within `request_timeout` seconds, the request is refused with 503 (a policy
+whose backing service is down must not admit everyone, nor hold requests without end). The
+other two run in the background, so they never hold up or break a stream; whatever they
+raise is logged.
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ from typing import Any
 
 import structlog
 
-from copilot_runtime._exceptions import RequestError
+from copilot_runtime._exceptions import RequestError, ServiceUnavailableError
 from copilot_runtime.auth import Principal, RequestInfo
 
 __all__ = ["ErrorInfo", "HookRunner", "OnError", "OnRequest", "OnRunFinished", "RunFinished"]
 
 _log = structlog.get_logger("copilot_runtime.hooks")
+
+#: Seconds `on_request` may take before its request is refused (503).
+DEFAULT_REQUEST_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +72,16 @@ OnRunFinished = Callable[[RunFinished], Awaitable[None] | None]
 OnError = Callable[[ErrorInfo], Awaitable[None] | None]
 
 
+def _unchecked() -> ServiceUnavailableError:
+    return ServiceUnavailableError("The request could not be checked; try again shortly")
+
+
 class HookRunner:
     def __init__(self, on_request: OnRequest | None, on_run_finished: OnRunFinished | None,
-                 on_error: OnError | None) -> None:
+                 on_error: OnError | None, *,
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
         self.on_request = on_request
+        self.request_timeout = request_timeout
         self.on_run_finished = on_run_finished
         self.on_error = on_error
         self._tasks: set[asyncio.Task[None]] = set()
@@ -78,14 +90,20 @@ class HookRunner:
         if self.on_request is None:
             return
         try:
-            annotations: Any = self.on_request(info)
-            if inspect.isawaitable(annotations):  # (a plain function's answer is used as is)
-                annotations = await annotations
+            async with asyncio.timeout(self.request_timeout):
+                annotations: Any = self.on_request(info)
+                if inspect.isawaitable(annotations):  # (a plain function's answer is used as is)
+                    annotations = await annotations
         except RequestError:
             raise
+        except TimeoutError:
+            _log.error("on_request hook timed out: request refused",
+                       timeout=self.request_timeout, request_id=info.request_id)
+            raise _unchecked() from None
         except Exception:
-            _log.exception("on_request hook failed", request_id=info.request_id)
-            return
+            _log.exception("on_request hook failed: request refused",
+                           request_id=info.request_id)
+            raise _unchecked() from None
         if annotations is not None and not isinstance(annotations, Mapping):
             _log.error("on_request hook returned neither a mapping nor None: ignored",
                        returned=type(annotations).__name__, request_id=info.request_id)

@@ -26,7 +26,13 @@ from copilot_runtime.auth import Authenticator, RequestInfo, owner_of
 from copilot_runtime.coordination import Coordinator
 from copilot_runtime.coordination import coordinator as coordinator_for
 from copilot_runtime.guardrails import Guardrail
-from copilot_runtime.hooks import HookRunner, OnError, OnRequest, OnRunFinished
+from copilot_runtime.hooks import (
+    DEFAULT_REQUEST_TIMEOUT,
+    HookRunner,
+    OnError,
+    OnRequest,
+    OnRunFinished,
+)
 from copilot_runtime.limits import RateLimit, RateLimiter
 from copilot_runtime.threads.base import DurableThreadStore, Positioned, ThreadOwner, ThreadStore
 from copilot_runtime.threads.memory import InMemoryThreadStore
@@ -52,7 +58,9 @@ class CopilotRuntime:
     `approver_roles` lets principals with one of those roles see and answer the approvals
     of their tenant's threads; `guardrails` check input before any agent runs; `rate_limit`
     bounds each caller's runs; `on_request`, `on_run_finished` and `on_error` are hooks
-    (`copilot_runtime.hooks`); `telemetry` traces and measures (`copilot_runtime.telemetry`).
+    (`copilot_runtime.hooks`; a failing `on_request`, or one slower than
+    `on_request_timeout` seconds, refuses its request with 503); `telemetry` traces and
+    measures (`copilot_runtime.telemetry`).
     """
 
     def __init__(
@@ -75,6 +83,7 @@ class CopilotRuntime:
         on_request: OnRequest | None = None,
         on_run_finished: OnRunFinished | None = None,
         on_error: OnError | None = None,
+        on_request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         telemetry: Any = None,
         max_run_bytes: int = DEFAULT_MAX_RUN_BYTES,
         coordinator: Coordinator | str | None = None,
@@ -138,7 +147,8 @@ class CopilotRuntime:
             # Workers that share runs share their callers' counters too.
             rate_limit = replace(rate_limit, backend=self.coordinator.counters())
         self.limiter = RateLimiter(rate_limit) if rate_limit is not None else None
-        self.hooks = HookRunner(on_request, on_run_finished, on_error)
+        self.hooks = HookRunner(on_request, on_run_finished, on_error,
+                                request_timeout=on_request_timeout)
         #: A `copilot_runtime.telemetry.Telemetry`, or None.
         self.telemetry = telemetry
         #: Whether the edges must describe each request (`RequestInfo`): only then is there

@@ -573,6 +573,53 @@ async def test_an_on_request_hook_returning_no_mapping_is_ignored(
     assert annotations == [{}, {}]
 
 
+# -- an on_request hook that fails or hangs --------------------------------------------------
+
+@pytest.mark.parametrize("failure", ["raises", "hangs"])
+async def test_an_on_request_hook_that_fails_or_hangs_refuses_the_request(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer, failure: str) -> None:
+    """`on_request` is a policy, so it fails closed: a hook that raises (its backing service
+    down) or does not answer refuses the request with 503 and `Retry-After` on both
+    protocols, says nothing of the failure, and the model is never asked; once it works
+    again, requests go through. Before the fix a raising hook admitted every request and a
+    hanging one held its request without end."""
+    broken = True
+
+    async def on_request(request: RequestInfo) -> dict[str, Any] | None:
+        if broken and failure == "raises":
+            raise ConnectionError("policy service at /srv/policy/db.sock is down")
+        if broken:
+            await asyncio.sleep(3600)
+        return None
+
+    runtime = openai_runtime(llm, on_request=on_request, on_request_timeout=0.3)
+    async with serve_runtime(runtime) as served:
+        with structlog.testing.capture_logs() as logs:
+            started = time.monotonic()
+            response = await served.post("/agent/default/run", run_input("Hi", thread="p-1"))
+            body = await response.read()
+            assert response.status == 503, body
+            assert response.headers["Retry-After"] == "1"
+            assert orjson.loads(body)["message"] == (
+                "The request could not be checked; try again shortly")
+            assert time.monotonic() - started < 5
+            data = {"threadId": "p-2", "frontend": {"actions": []},
+                    "metadata": {"requestType": "Chat"},
+                    "messages": [gql_text("u1", "user", "Hi")]}
+            status, body = await call(served, "POST", "", None,
+                                      {"query": _GENERATE, "variables": {"data": data}}, GQL)
+            assert status == 503, body
+            assert b"policy" not in body
+            assert b"sock" not in body
+            assert llm.requests == []
+            broken = False
+            assert text_of(await served.run(run_input("Hi", thread="p-3"))) == "echo: Hi"
+    refused = [e for e in logs if e["event"].startswith("on_request hook")]
+    assert [e["event"] for e in refused] == [
+        "on_request hook failed: request refused" if failure == "raises"
+        else "on_request hook timed out: request refused"] * 2
+
+
 # -- rate-limit keys -----------------------------------------------------------------------
 
 def limited(principal: Principal) -> RequestInfo:

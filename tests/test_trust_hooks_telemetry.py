@@ -99,21 +99,23 @@ async def test_hooks(serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None
 
 async def test_failing_hooks_are_logged_and_never_break_a_stream(
         serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """The hooks after a run: what they raise is logged. (A failing `on_request` refuses
+    its request: tests/test_hostile_trust.py.)"""
     async def broken(_: Any) -> Any:
         raise RuntimeError("hook bug")
 
     runtime = CopilotRuntime(
         service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0),
-        on_request=broken, on_run_finished=broken, on_error=broken)
+        on_run_finished=broken, on_error=broken)
     async with serve_runtime(runtime) as served:
         with structlog.testing.capture_logs() as logs:
             assert text_of(await served.run(run_input("Hi"))) == "echo: Hi"
             events = await served.run(run_input("error:500", thread="t2"))
             assert events[-1]["type"] == "RUN_ERROR"
-            await wait_for(lambda: sum("hook failed" in e["event"] for e in logs) >= 5,
+            await wait_for(lambda: sum("hook failed" in e["event"] for e in logs) >= 3,
                            "the hook failures in the log")
         assert {e["event"] for e in logs if "hook" in e["event"]} == {
-            "on_request hook failed", "on_run_finished hook failed", "on_error hook failed"}
+            "on_run_finished hook failed", "on_error hook failed"}
     assert issubclass(RequestRejectedError, RequestError)
 
 
