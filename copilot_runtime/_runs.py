@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import (
     AsyncGenerator,
@@ -65,7 +66,8 @@ Writer = Callable[[Sequence[Event]], Awaitable[None]]
 Published = tuple[int, Sequence[Event]]
 #: Seconds between writes of a running run's events to a durable store.
 FLUSH_INTERVAL = 0.2
-#: Seconds a finished run's write is tried again while its durable store cannot be reached.
+#: Seconds a run's end (its client) waits for its write while its durable store is away
+#: or does not answer; the write goes on in the background until the store is back.
 STORE_RETRY_FOR = 10.0
 _SHUTDOWN_MESSAGE = "The run was interrupted: the server driving it shut down"
 _LEASE_LOST_MESSAGE = ("The run was stopped: this server could not keep its hold on the "
@@ -361,6 +363,31 @@ class ActiveRun:
         for queue in self.listeners:
             queue.put_nowait(None)
         self.listeners.clear()
+        if self.manager.durable is None:  # in this process: nothing to wait for
+            try:
+                await self._store_and_give_back()
+            finally:
+                self._ended()
+            return
+        # In a task of its own, waited for at most `STORE_RETRY_FOR`: a store that is away,
+        # or does not answer, must not hold the run's end (and its client) longer. The write
+        # goes on until the store is back, and the thread is given back only then (a write
+        # given up on could still commit after a next run had read the thread's head).
+        stored = self.manager._adopt(self._store_and_give_back())
+        stored.add_done_callback(self._ended)
+        await asyncio.wait((stored,), timeout=STORE_RETRY_FOR)
+        if not stored.done():
+            _log.warning("run not stored yet: written once its store is back, its thread "
+                         "busy until then", thread_id=self.thread_id, run_id=self.run_id)
+
+    def _ended(self, _: object = None) -> None:
+        if self.on_end is not None:
+            try:
+                self.on_end(self)
+            except Exception:
+                _log.exception("run end observer failed", run_id=self.run_id)
+
+    async def _store_and_give_back(self) -> None:
         try:
             if self._flushing is not None:
                 await asyncio.shield(self._flushing)
@@ -372,11 +399,6 @@ class ActiveRun:
             self.manager._release(self)
             if self.lease is not None:
                 await self.manager.let_go(self.lease)
-        if self.on_end is not None:
-            try:
-                self.on_end(self)
-            except Exception:
-                _log.exception("run end observer failed", run_id=self.run_id)
 
     async def _store(self) -> None:
         try:
@@ -412,12 +434,12 @@ class ActiveRun:
                         raw = _encodable(raw)
                         await write()
                 except ServiceUnavailableError:
-                    # A store restarting or failing over: written once it is back, within
-                    # `STORE_RETRY_FOR`, while the client waits for the run's last events
-                    # (a write that committed before its connection broke is not repeated:
-                    # the store's write is idempotent). In a task: a client that leaves
-                    # meanwhile does not cut it short.
-                    await asyncio.shield(self.manager._adopt(_retried(write, STORE_RETRY_FOR)))
+                    # A store restarting or failing over: written once it is back (the
+                    # client waits for the run's last events up to `STORE_RETRY_FOR`; a
+                    # write that committed before its connection broke is not repeated:
+                    # the store's write is idempotent). Given up on only by shutdown's
+                    # drain: the next start's recovery then closes the run.
+                    await asyncio.shield(self.manager._adopt(_retried(write, math.inf)))
             else:
                 await self.manager.store.append_run(self.thread_id, self.agent_id, stored, ids,
                                                     owner=self.owner)
@@ -473,6 +495,9 @@ class RunManager:
             self.on_flushed = self._progressed
         #: Work that outlives the call that started it (see `_adopt`).
         self._background: set[asyncio.Future[None]] = set()
+        #: Whether `recover` closed the runs a previous process left open (this process
+        #: alone): until it did (its store was away at start-up), runs and replays try again.
+        self.recovered = self.durable is None or self.coordinator is not None
 
     async def begin(self, agent_id: str, agent: Agent, input: RunInput,
                     context: RunContext, owner: ThreadOwner | None = None) -> ActiveRun:
@@ -492,6 +517,8 @@ class RunManager:
         if self.coordinator is not None:
             return await self._begin_shared(placeholder, owner)
         try:
+            if not self.recovered:
+                await self.recover()
             record = await self.store.summary(thread_id)
             if record is not None and owner is not None and record.owner != owner:
                 raise ThreadNotFoundError(thread_id)
@@ -640,11 +667,14 @@ class RunManager:
             return 0
         closed = 0
         for thread_id, run_id in await self.durable.open_runs():
-            if thread_id not in self.active and \
+            running = self.active.get(thread_id)
+            # A reservation not yet confirmed has written nothing: the open run is not its.
+            if (running is None or not running.confirmed) and \
                     await self.durable.close_interrupted(thread_id, run_id):
                 _log.warning("closed a run left open by a previous process",
                              thread_id=thread_id, run_id=run_id)
                 closed += 1
+        self.recovered = True
         return closed
 
     def stop(self, thread_id: str, run_id: str | None = None, reason: str = "stop") -> bool:
@@ -662,6 +692,8 @@ class RunManager:
             async for followed in follow(self.coordinator, self.store, thread_id, after):
                 yield followed
             return
+        if not self.recovered:
+            await self.recover()
         live = self.active.get(thread_id)
         if live is None:
             yield await self.store.events_after(thread_id, after)

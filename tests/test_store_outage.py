@@ -424,3 +424,118 @@ async def test_a_session_the_server_ends_is_left_before_its_connection_closes(
         assert time.monotonic() - started < 1.0
     finally:
         await store.aclose()
+
+
+# -- a run's end while its store is away for longer than its client waits ------------------
+
+def _text(events: list[dict[str, Any]]) -> str:
+    return "".join(e.get("delta", "") for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+
+
+async def _replayed(served: Any, thread: str) -> list[dict[str, Any]]:
+    from copilot_runtime.testing import verify_events
+    from tests.conftest import parse_sse
+
+    response = await served.post("/agent/default/connect", _run(thread))
+    assert response.status == 200, await response.read()
+    events = parse_sse(await response.read())
+    verify_events(events)  # a replay a client can read
+    return events
+
+
+@pytest.mark.parametrize("outage", ["hangs", "down"])
+async def test_a_run_ending_during_a_long_store_outage_ends_for_its_client_and_is_stored_later(
+        proxy: Proxy, serve_runtime: ServeRuntime, monkeypatch: pytest.MonkeyPatch,
+        outage: str) -> None:
+    """The store stops answering (`hangs`: connections open, nothing comes back) or goes
+    away (`down`) while a run streams, for longer than a client waits for a run's end: the
+    client gets the whole answer and the run's end after `STORE_RETRY_FOR`; the thread stays
+    busy (409) until the run is written, which happens once the store is back; then the
+    thread reads whole and takes its next run. Before the fix, `hangs` held the client's
+    stream (and the thread) for the whole outage, and `down` gave the write up after 10 s:
+    the run stayed open in the store for good, its messages missing and every replay of
+    the thread invalid."""
+    from copilot_runtime import _runs
+
+    monkeypatch.setattr(_runs, "STORE_RETRY_FOR", 1.0)
+    await proxy.up()
+    store = _store(proxy.port, proxy.schema)
+    agent = GatedAgent()
+    runtime = CopilotRuntime(agents={"default": agent}, thread_store=store)
+    async with serve_runtime(runtime) as served:
+        streaming = asyncio.create_task(served.run(_run("long")))
+        async for _ in poll(10):
+            if "long" in runtime.runs.active and runtime.runs.active["long"]._flushed > 1:
+                break
+        assert runtime.runs.active["long"]._flushed > 1  # part of it written as it went
+        if outage == "hangs":
+            proxy.hang()
+        else:
+            await proxy.down()
+        started = time.monotonic()
+        agent.gate.set()
+        events = await asyncio.wait_for(streaming, 10)
+        assert time.monotonic() - started < 1.0 + 2.0
+        assert events[-1]["type"] == "RUN_FINISHED"
+        assert _text(events) == "one two"
+        await asyncio.sleep(1.5)  # longer than the client waited
+        busy = await served.post("/agent/default/run", _run("long"))
+        assert busy.status == 409, await busy.read()
+        await proxy.down()
+        await proxy.up()
+        async for _ in poll(20):
+            if "long" not in runtime.runs.active:
+                break
+        assert "long" not in runtime.runs.active, "the thread is still busy"
+        assert await store.open_runs() == []
+        record = await store.get("long")
+        assert record is not None
+        (run,) = record.runs
+        assert _text(run.events) == "one two"
+        replay = await _replayed(served, "long")
+        assert _text(replay) == "one two"
+        assert replay[-1]["type"] == "RUN_FINISHED"
+        agent.gate.set()
+        again = await served.run({**_run("long"), "runId": "r2"})
+        assert again[-1]["type"] == "RUN_FINISHED"
+
+
+async def test_runs_left_open_are_closed_once_a_store_away_at_start_up_is_back(
+        proxy: Proxy, serve_runtime: ServeRuntime) -> None:
+    """A runtime alone (no shared coordinator) closes the runs a crashed process left open
+    when it starts; if its store was away then (a host restarting, the application up
+    before the database), its first run or replay closes them. Before the fix nothing did
+    until the next restart: the thread's replays were invalid (a run without its end,
+    then the next run's start) and its messages missing."""
+    from copilot_runtime import events as ev
+
+    await proxy.up()
+    crashed = _store(proxy.port, proxy.schema)
+    started = ev.run_started("left", "r0", {"threadId": "left", "runId": "r0", "messages": [
+        {"id": "u0", "role": "user", "content": "before the crash"}]})
+    for thread in ("left", "other"):
+        await crashed.append_events(thread, "default", "r0", time.time(), 0, [
+            {**started, "threadId": thread}, ev.text_message_start("m0"),
+            ev.text_message_content("m0", "half an ans")])
+    await crashed.aclose()
+    await proxy.down()
+    store = _store(proxy.port, proxy.schema)
+    agent = GatedAgent()
+    agent.gate.set()
+    runtime = CopilotRuntime(agents={"default": agent}, thread_store=store)
+    async with serve_runtime(runtime) as served:
+        response = await served.post("/agent/default/run", _run("left"))
+        assert response.status == 503, await response.read()
+        await proxy.up()
+        replay = await _replayed(served, "other")  # a replay closes them too
+        assert [e["type"] for e in replay][-1] == "RUN_ERROR"
+        assert replay[-1]["code"] == "RUN_INTERRUPTED"
+        assert await store.open_runs() == []
+        events = await served.run(_run("left"))
+        assert events[-1]["type"] == "RUN_FINISHED"
+        replay = await _replayed(served, "left")
+        assert [e["type"] for e in replay if e["type"].startswith("RUN_")] == [
+            "RUN_STARTED", "RUN_ERROR", "RUN_STARTED", "RUN_FINISHED"]
+        messages = await served.session.get(served.url + "/threads/left/messages")
+        contents = [m.get("content") for m in (await messages.json())["messages"]]
+        assert contents[:2] == ["before the crash", "half an ans"]
