@@ -140,6 +140,7 @@ class ActiveRun:
                 self.task is not None and self.task.done()):
             return False
         self.cancel_reason = reason
+        self.context.cut_reason = reason
         if reason == "lost":
             # Not given back: given up already, and its server may not answer (the run's
             # end would wait for it).

@@ -46,6 +46,10 @@ class RunContext:
     #: The run's telemetry (`copilot_runtime.telemetry.RunTelemetry`) when configured:
     #: agents open model and tool spans under it.
     telemetry: Any = None
+    #: Why the run is being cut short from outside, set before its task is cancelled:
+    #: "stop" (its caller asked), "disconnect" (its client left), "lost" (this process lost
+    #: the thread's lease) or "shutdown"; None for a cancellation nobody explained.
+    cut_reason: str | None = None
 
 
 @dataclass(slots=True)

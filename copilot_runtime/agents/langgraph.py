@@ -26,6 +26,7 @@ never send: so they are not given it. Each interrupt is recorded as a pending ap
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -130,12 +131,23 @@ class LangGraphAgent(Agent):
 
     async def pending_interrupts(self, thread_id: str) -> dict[str, Any]:
         """The interrupts the thread's graph waits on, by id, with their values."""
-        state = await self.graph.aget_state(self._graph_config(thread_id))
-        return {i.id: i.value for i in _BaseBridge._collect_interrupts(state.tasks or ())
-                if getattr(i, "id", None)}
+        return (await self._waits(thread_id))[0]
 
     async def pending_interrupt_ids(self, thread_id: str) -> set[str]:
         return set(await self.pending_interrupts(thread_id))
+
+    async def parked(self, thread_id: str) -> bool:
+        """Whether the thread's graph stopped between steps: steps left to run and none of
+        them waiting on an interrupt (the run driving it was cut short)."""
+        return (await self._waits(thread_id))[1]
+
+    async def _waits(self, thread_id: str) -> tuple[dict[str, Any], bool]:
+        """The interrupts the graph waits on (by id, with their values), and whether it is
+        parked (see `parked`)."""
+        state = await self.graph.aget_state(self._graph_config(thread_id))
+        interrupts = _BaseBridge._collect_interrupts(state.tasks or ())
+        return ({i.id: i.value for i in interrupts if getattr(i, "id", None)},
+                bool(state.next) and not interrupts)
 
     async def load_state(self, thread_id: str, *,
                          headers: Mapping[str, str] | None = None) -> AgentThreadState:
@@ -165,13 +177,14 @@ class LangGraphAgent(Agent):
         thread_id = input.thread_id
         claims = Claims(input)
         if input.model.resume or _has_legacy_resume(input):
-            pending = await self.pending_interrupts(thread_id)
+            pending, parked = await self._waits(thread_id)
             claims = await claim_resume(self._approvals, agent_id=context.agent_id,
                                         input=input, pending=set(pending),
-                                        channel=ledger_channel, values=pending,
+                                        channel=ledger_channel, values=pending, parked=parked,
                                         principal_id=context.principal.id
                                         if context.principal is not None else None)
         settled = not claims.ids
+        cut_short = False
         try:
             async for batch in translate_bridge_run(
                     self._template.clone(), claims.input,
@@ -184,9 +197,14 @@ class LangGraphAgent(Agent):
                     await self._settle(claims, thread_id)
                 if out:
                     yield out
+        except (asyncio.CancelledError, GeneratorExit):
+            # A stop is the caller's choice: what the graph took is applied. A client that
+            # left, a lost lease or a shutdown is not: the graph is carried on later.
+            cut_short = context.cut_reason != "stop"
+            raise
         finally:
             if not settled:  # stopped, failed or cancelled before its end
-                await self._settle(claims, thread_id)
+                await self._settle(claims, thread_id, cut_short=cut_short)
 
     async def _interrupts_of(self, batch: Sequence[Event],
                              channel: InterruptChannel,
@@ -206,9 +224,11 @@ class LangGraphAgent(Agent):
                 out.append(kept)
         return out
 
-    async def _settle(self, claims: Claims, thread_id: str) -> None:
+    async def _settle(self, claims: Claims, thread_id: str, *, cut_short: bool = False
+                      ) -> None:
         try:
-            await claims.settle(self._approvals, await self.pending_interrupt_ids(thread_id))
+            pending, parked = await self._waits(thread_id)
+            await claims.settle(self._approvals, set(pending), unfinished=cut_short and parked)
         except Exception:
             # The ledger stays "answered, not applied": the next start sends the answer
             # again if the graph still waits, which is what a crash here would need too.

@@ -138,6 +138,11 @@ class SupportsApprovals(Protocol):
         """The ids of the interrupts the thread's graph waits on, from its checkpoint."""
         ...
 
+    async def parked(self, thread_id: str) -> bool:
+        """Whether the thread's graph has steps left and waits on no interrupt: a run that
+        took an answer was cut short, and resuming with that answer carries it on."""
+        ...
+
 
 class _Listeners:
     def __init__(self) -> None:

@@ -48,13 +48,22 @@ class Claims:
     input: RunInput
     ids: list[str] = field(default_factory=list)
 
-    async def settle(self, store: ApprovalStore, pending_after: set[str]) -> None:
+    async def settle(self, store: ApprovalStore, pending_after: set[str], *,
+                     unfinished: bool = False) -> None:
+        """After the run: an answer whose interrupt still waits did not reach the graph
+        (reopened); one the graph took is applied, unless `unfinished`: the run was cut
+        short (not stopped by its caller) while the graph was between steps, so its
+        answer stays unapplied and recovery sends it again, which carries the graph on
+        from the step it stopped at."""
         for approval_id in self.ids:
             if approval_id in pending_after:
                 # Told, since the one who answered may not be waiting for the run.
                 _log.info("approval reopened: its answer did not reach the graph",
                           approval_id=approval_id)
                 await store.settle(approval_id, "reopen")
+            elif unfinished:
+                _log.info("approval left unapplied: its run was cut short mid-graph",
+                          approval_id=approval_id)
             else:
                 await store.settle(approval_id, "applied")
 
@@ -62,8 +71,12 @@ class Claims:
 async def claim_resume(store: ApprovalStore, *, agent_id: str, input: RunInput,
                        pending: set[str], channel: Channel,
                        values: Mapping[str, Any] | None = None,
-                       principal_id: str | None = None) -> Claims:
+                       principal_id: str | None = None, parked: bool = False) -> Claims:
     """Claim the approvals `input` answers; raise an `ApprovalError` when it may not.
+
+    `parked`: the graph waits on no interrupt but has steps left (a run that took an
+    answer was cut short): an entry for an approval answered and not applied carries it on
+    with the stored answer.
 
     All or nothing: if it raises, or is cancelled, after winning some claims (one entry of
     several refused, a stop or a shutdown in between), those go back to pending, since no
@@ -72,7 +85,7 @@ async def claim_resume(store: ApprovalStore, *, agent_id: str, input: RunInput,
     try:
         return await _claim_all(store, agent_id=agent_id, input=input, pending=pending,
                                 channel=channel, values=values, won=won,
-                                principal_id=principal_id)
+                                principal_id=principal_id, parked=parked)
     except BaseException:
         if won:  # shielded: a second cancellation must not leave them claimed either
             await asyncio.shield(_reopen(store, won))
@@ -90,7 +103,8 @@ async def _reopen(store: ApprovalStore, approval_ids: list[str]) -> None:
 
 async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
                      pending: set[str], channel: Channel, values: Mapping[str, Any] | None,
-                     won: list[str], principal_id: str | None = None) -> Claims:
+                     won: list[str], principal_id: str | None = None,
+                     parked: bool = False) -> Claims:
     model = input.model
     # LangGraph cannot resume with None (it fails) or {} (it takes it for an empty map of
     # answers): such an entry is no answer, and the graph asks its question again.
@@ -130,7 +144,11 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
     answers: dict[str, Any] = {}
     for entry in entries:
         if entry.interrupt_id not in pending:
-            raise await _not_pending(store, entry.interrupt_id, model.thread_id)
+            taken = await _taken_unfinished(store, entry.interrupt_id) if parked else None
+            if taken is None:
+                raise await _not_pending(store, entry.interrupt_id, model.thread_id)
+            answers[entry.interrupt_id] = taken.answer  # the graph took it: the same one
+            continue
         given = entry.payload if entry.status == "resolved" else {
             _CANCELLED: True, "interrupt_id": entry.interrupt_id}
         # Who answered: the caller when authenticated (as over HTTP, whatever the client
@@ -187,6 +205,17 @@ async def _claim(store: ApprovalStore, approval_id: str, given: Any, by: str, *,
     if approval.status in ("answered", "expired"):
         return approval.answer
     raise ApprovalClosedError(approval)
+
+
+async def _taken_unfinished(store: ApprovalStore, approval_id: str) -> Approval | None:
+    """The approval, if its answer was recorded and the run that took it never finished."""
+    if id_problem(approval_id) is not None:
+        return None
+    approval = await store.get(approval_id)
+    if approval is not None and approval.status in ("answered", "expired") \
+            and not approval.applied:
+        return approval
+    return None
 
 
 async def _to_its_end(claiming: Awaitable[Approval | None], approval_id: str,

@@ -61,6 +61,8 @@ class HostedRun(Protocol):
 
     thread_id: str
     run_id: str
+    #: Why it was cut short from outside ("stop": its caller asked), or None.
+    cancel_reason: str | None
 
     async def drive(self, write: Callable[[Sequence[Event]], Awaitable[None]]) -> None: ...
 
@@ -415,6 +417,13 @@ class ApprovalService:
                     _log.info("resending an approval answer", approval_id=approval.id)
                     await self._try_resume(approval, approval.answer,
                                            approval.answered_by or "runtime")
+                elif await agent.parked(approval.thread_id):
+                    # The graph took the answer, then its run died between steps (a crash,
+                    # a shutdown): nothing else runs the rest, the approved action maybe.
+                    _log.info("carrying on a graph an approval's run left mid-way",
+                              approval_id=approval.id)
+                    await self._try_resume(approval, approval.answer,
+                                           approval.answered_by or "runtime")
                 else:
                     await store.settle(approval.id, "applied")
 
@@ -440,6 +449,8 @@ async def _drive(run: HostedRun,
     except CopilotRuntimeError as exc:  # pragma: no cover - drive turns these into events
         return {**summary, "status": "error", "error": {"message": exc.message,
                                                         "code": exc.code}}
+    if run.cancel_reason == "stop":  # it ends as a finished run does: say what happened
+        return {**summary, "status": "stopped"}
     last = terminal[-1] if terminal else {}
     if last.get("type") == ev.RUN_ERROR:
         return {**summary, "status": "error",

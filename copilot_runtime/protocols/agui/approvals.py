@@ -12,8 +12,10 @@ Routes, relative to the runtime's base path:
 
 An answer resumes the graph on the server; its run goes to the thread's history (`connect`
 shows it). With `wait` (the default) the response comes when that run has ended and says
-how (`finished`, `interrupted` again, `error`, or `cancelled`: the runtime shut down first,
-and the approval is as the graph left it, pending if the answer did not reach it);
+how (`finished`, `interrupted` again, `error`, `stopped` by a `stop` of its thread (what
+the graph had done stands, the rest is not carried on), or `cancelled`: the runtime shut
+down first, and the approval is as the graph left it, pending if the answer did not reach
+it, carried on at the next start if the graph had taken it);
 `"wait": false` answers 202 as soon as the answer is recorded (a runtime that stops before
 its run takes it sends it at the next start); 200 with run status `cancelled` if the
 runtime shut down before it was recorded (the approval shows whether it was).

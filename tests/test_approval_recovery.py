@@ -1,0 +1,208 @@
+"""A graph that took an approval's answer and whose run died between two steps is carried on.
+
+With "sync" durability the step that took the answer is stored before the approved action
+runs. A worker killed after that (or shut down, or whose client left) leaves the checkpoint
+with steps to run and no interrupt waiting. Recovery read "no interrupt" as "the answer was
+applied", marked it so, and nothing ran the rest of the graph: the approved action never
+ran, while the approval said it had (the prober's repro: 7 of 7). Recovery now resends the
+stored answer, which carries the graph on from the step it stopped at; a `stop` of the
+thread, the caller's choice, is not carried on, and its answer says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+from typing_extensions import TypedDict
+
+from copilot_runtime import CopilotRuntime
+from copilot_runtime._input import parse_run_input
+from copilot_runtime.agents.langgraph import LangGraphAgent
+from copilot_runtime.approvals import Approval
+from copilot_runtime.checkpointers import checkpointer
+from tests.conftest import poll, run_input
+from tests.hitl_support.postgres import postgres_schema
+
+pytestmark = pytest.mark.timeout(60)
+
+THREAD = "t-pay"
+ANSWER = {"action": "approve", "userId": "ann"}
+
+
+class State(TypedDict, total=False):
+    answer: Any
+    paid: bool
+
+
+@dataclass
+class Payments:
+    """The approved action's side of things: when it starts, and what it completed."""
+
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    done: list[Any] = field(default_factory=list)
+
+
+def paying_runtime(url: str, payments: Payments) -> CopilotRuntime:
+    """ask (an interrupt) -> pay (the approved action, held by `payments.gate`) -> END."""
+
+    def ask(state: State) -> dict[str, Any]:
+        return {"answer": interrupt({"message": "Pay the invoice?"})}
+
+    async def pay(state: State) -> dict[str, Any]:
+        payments.started.set()
+        await payments.gate.wait()
+        payments.done.append(state["answer"])
+        return {"paid": True}
+
+    builder: StateGraph[State] = StateGraph(State)
+    builder.add_node("ask", ask)
+    builder.add_node("pay", pay)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", "pay")
+    builder.add_edge("pay", END)
+    graph = builder.compile(checkpointer=checkpointer(url))
+    return CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def checkpoints_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "postgresql":
+        with postgres_schema() as url:
+            yield url
+    else:
+        yield f"sqlite:///{tmp_path}/cp.db"
+
+
+def agent_of(runtime: CopilotRuntime) -> LangGraphAgent:
+    agent = runtime.agents["lg"]
+    assert isinstance(agent, LangGraphAgent)
+    return agent
+
+
+async def asked(runtime: CopilotRuntime) -> Approval:
+    """A run that stops at the question: the approval it left pending."""
+    run = await runtime.start_run("lg", parse_run_input(
+        run_input("Pay it", thread=THREAD, protocolVersion="1.0")))
+    events: list[Any] = []
+
+    async def write(batch: Any) -> None:
+        events.extend(batch)
+
+    async with run:
+        await run.drive(write)
+    assert events[-1]["outcome"]["type"] == "interrupt"
+    (approval,) = await runtime.approvals.list()
+    return approval
+
+
+async def parked_at_pay(runtime: CopilotRuntime) -> None:
+    state = await agent_of(runtime).graph.aget_state({"configurable": {"thread_id": THREAD}})
+    assert state.next == ("pay",)
+    assert not any(task.interrupts for task in state.tasks)
+
+
+async def carried_on(url: str, approval_id: str, *, unapplied_at_start: bool = False
+                     ) -> Payments:
+    """A new process on the same database: its start carries the graph on, once."""
+    payments = Payments()
+    payments.gate.set()
+    runtime = paying_runtime(url, payments)
+    try:
+        if unapplied_at_start:
+            left = await agent_of(runtime).approvals.get(approval_id)
+            assert left is not None
+            assert (left.status, left.applied) == ("answered", False)
+        await runtime.start()
+        async for _ in poll(20):
+            settled, _, _ = await runtime.approvals.get(approval_id)
+            if settled.applied and THREAD not in runtime.runs.active:
+                break
+        assert settled.applied, "the approval was never applied"
+        state = await agent_of(runtime).graph.aget_state(
+            {"configurable": {"thread_id": THREAD}})
+        assert state.next == ()
+        assert state.values["paid"] is True
+        assert payments.done == [ANSWER]  # the approved action ran, once
+        assert await runtime.approvals.list() == []  # nothing offered again
+    finally:
+        await runtime.aclose()
+    return payments
+
+
+async def test_a_graph_whose_worker_died_after_it_took_the_answer_is_carried_on(
+        checkpoints_url: str) -> None:
+    """What a SIGKILL leaves: the answer recorded (not applied), the step that took it
+    stored, the approved action cut off. Before the fix the next start marked the
+    approval applied and never ran the action."""
+    payments = Payments()
+    runtime = paying_runtime(checkpoints_url, payments)
+    approval = await asked(runtime)
+    agent = agent_of(runtime)
+    claimed = await agent.approvals.claim(approval.id, "answered", ANSWER, "ann", time.time())
+    assert claimed is not None
+    # The graph takes the answer as the killed worker's run did; it dies in `pay`.
+    resumed = asyncio.create_task(agent.graph.ainvoke(
+        Command(resume={approval.id: ANSWER}), agent._graph_config(THREAD)))
+    async with asyncio.timeout(10):
+        await payments.started.wait()
+    resumed.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await resumed
+    await parked_at_pay(runtime)
+    await runtime.aclose()
+    await carried_on(checkpoints_url, approval.id)
+
+
+async def test_a_graph_whose_run_was_shut_down_mid_action_is_carried_on(
+        checkpoints_url: str) -> None:
+    """An answer over HTTP's route (not waiting), the runtime shut down while the approved
+    action runs: the answer stays unapplied (it was marked applied before the fix), and
+    the next start carries the graph on."""
+    payments = Payments()
+    runtime = paying_runtime(checkpoints_url, payments)
+    approval = await asked(runtime)
+    result = await runtime.approvals.answer(approval.id, ANSWER, answered_by="ann",
+                                            wait=False)
+    assert result["run"]["status"] == "running"
+    async with asyncio.timeout(10):
+        await payments.started.wait()
+    await runtime.aclose()
+    assert payments.done == []
+    await carried_on(checkpoints_url, approval.id, unapplied_at_start=True)
+
+
+async def test_a_stop_while_the_approved_action_runs_is_not_carried_on(
+        checkpoints_url: str) -> None:
+    """A `stop` of the thread is the caller's choice: the answer's run says `stopped` (it
+    said `finished`), the approval is applied (the graph took it), and recovery leaves the
+    graph where the stop left it."""
+    payments = Payments()
+    runtime = paying_runtime(checkpoints_url, payments)
+    try:
+        approval = await asked(runtime)
+        answering = asyncio.create_task(runtime.approvals.answer(
+            approval.id, ANSWER, answered_by="ann"))
+        async with asyncio.timeout(10):
+            await payments.started.wait()
+        assert runtime.runs.stop(THREAD)
+        async with asyncio.timeout(10):
+            result = await answering
+        assert result["run"]["status"] == "stopped"
+        assert result["approval"]["applied"] is True
+        await runtime.approvals._recover()
+        await asyncio.sleep(0.2)
+        assert THREAD not in runtime.runs.active
+        assert payments.done == []
+        await parked_at_pay(runtime)
+    finally:
+        payments.gate.set()
+        await runtime.aclose()
