@@ -177,6 +177,10 @@ _DRAIN_SECONDS = 30.0
 #: The longest silence while a body arrives: past it the request is answered 408, so a
 #: client that sends part of a body and stops cannot hold its request open for ever.
 BODY_IDLE_SECONDS = 30.0
+#: The longest a response's write may wait on a client that reads nothing (its socket full,
+#: the connection open): past it the client counts as gone, as on a disconnect (its run
+#: stopped and stored, a followed stream ended), so it cannot hold its thread for ever.
+SEND_IDLE_SECONDS = 30.0
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -351,22 +355,16 @@ async def _end(request: Request) -> None:
     await request.send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _watch_disconnect(receive: Receive, on_disconnect: Callable[[], object]) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            on_disconnect()
-            return
-
-
 class _Stream:
     """The state a response stream shares with its watcher task."""
 
-    __slots__ = ("ended", "last_write")
+    __slots__ = ("ended", "last_write", "sending")
 
     def __init__(self) -> None:
         self.ended = False
         self.last_write = 0.0
+        #: A write is waiting on the client (since `last_write`).
+        self.sending = False
 
 
 _KEEPALIVE = {"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True}
@@ -374,20 +372,34 @@ _KEEPALIVE = {"type": "http.response.body", "body": b": keep-alive\n\n", "more_b
 
 async def _watch(request: Request, on_disconnect: Callable[[], object], stream: _Stream,
                  keepalive: float | None) -> None:
-    """Wait for the client to leave; meanwhile, after `keepalive` seconds without a write,
-    send an SSE comment so proxies do not close a connection that is only waiting."""
-    if not keepalive:
-        await _watch_disconnect(request.receive, on_disconnect)
-        return
+    """Wait for the client to leave, or to stop reading (a write waiting on it for
+    `SEND_IDLE_SECONDS`: gone as well); meanwhile, after `keepalive` seconds without a
+    write, send an SSE comment so proxies do not close a connection that is only waiting."""
     loop = asyncio.get_running_loop()
+    # Awake at least every `SEND_IDLE_SECONDS`: a write stuck since just after a check is
+    # noticed within twice that.
+    every = min(keepalive, SEND_IDLE_SECONDS) if keepalive else SEND_IDLE_SECONDS
+    delay = every
     while True:
         try:
-            async with asyncio.timeout(keepalive):
+            async with asyncio.timeout(delay):
                 message = await request.receive()
         except TimeoutError:
-            if not stream.ended and loop.time() - stream.last_write >= keepalive * 0.9:
+            delay = every
+            silent = loop.time() - stream.last_write
+            if stream.sending:
+                if silent >= SEND_IDLE_SECONDS:
+                    on_disconnect()
+                    return
+                delay = min(delay, SEND_IDLE_SECONDS - silent)
+            elif keepalive and not stream.ended and silent >= keepalive * 0.9:
                 stream.last_write = loop.time()
-                await request.send(_KEEPALIVE)
+                try:
+                    async with asyncio.timeout(SEND_IDLE_SECONDS):
+                        await request.send(_KEEPALIVE)
+                except TimeoutError:
+                    on_disconnect()
+                    return
             continue
         if message["type"] == "http.disconnect":
             on_disconnect()
@@ -423,7 +435,9 @@ async def stream_run(request: Request, run: ActiveRun,
         if body or last:
             stream.ended = last
             stream.last_write = loop.time()
+            stream.sending = True
             await send({"type": "http.response.body", "body": body, "more_body": not last})
+            stream.sending = False
 
     stream.last_write = loop.time()
     watcher = asyncio.create_task(
@@ -470,8 +484,10 @@ async def stream_events(request: Request, batches: AsyncIterator[Sequence[Positi
             body = encode_sse(safe) if safe else b""
         if body:
             stream.last_write = loop.time()
+            stream.sending = True
             await request.send({"type": "http.response.body", "body": body,
                                 "more_body": True})
+            stream.sending = False
 
     watcher = asyncio.create_task(_watch(request, on_disconnect, stream, keepalive))
     try:

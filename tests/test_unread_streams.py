@@ -1,0 +1,134 @@
+"""A client that stops reading a stream, its connection left open, is treated as gone.
+
+uvicorn's `send` waits while the client's socket is full, for as long as the client keeps
+the connection open and reads nothing. Before, a run whose client did that waited with it:
+the run, its thread (every other run on it 409), its lease and its upstream request were
+held until the client closed; a `connect` follower kept its replay in memory as long. Now a
+write that waits `SEND_IDLE_SECONDS` counts as a disconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+import pytest
+
+from copilot_runtime import CopilotRuntime
+from copilot_runtime import events as ev
+from copilot_runtime._input import RunInput
+from copilot_runtime.agents.base import Agent, EventBatches, RunContext
+from copilot_runtime.protocols import http
+from tests.conftest import ServeRuntime, poll, run_input, text_of
+
+pytestmark = pytest.mark.timeout(60)
+
+#: What each event carries: a few of them fill any socket's buffers.
+CHUNK = "x" * 256 * 1024
+
+
+class Flood(Agent):
+    """Streams large text deltas (`pause` seconds apart) until `stop` is set or `limit`
+    were sent, then ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stop = asyncio.Event()
+        self.sent = 0
+        self.limit = 400
+        self.pause = 0.0
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._run(input.run_id)
+
+    async def _run(self, run_id: str) -> Any:
+        message = f"m-{run_id}"
+        yield [ev.text_message_start(message)]
+        while not self.stop.is_set() and self.sent < self.limit:
+            self.sent += 1
+            yield [ev.text_message_content(message, CHUNK)]
+            await asyncio.sleep(self.pause)
+        yield [ev.text_message_content(message, "done"), ev.text_message_end(message)]
+
+
+@pytest.fixture
+def send_idle(monkeypatch: pytest.MonkeyPatch) -> float:
+    monkeypatch.setattr(http, "SEND_IDLE_SECONDS", 1.0)
+    return 1.0
+
+
+@contextlib.asynccontextmanager
+async def unread_request(url: str, path: str, body: dict[str, Any]) -> AsyncIterator[None]:
+    """POST `body` and never read the answer, the connection left open."""
+    parts = urlsplit(url)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (parts.hostname, parts.port))
+    data = orjson.dumps(body)
+    head = (f"POST {parts.path}{path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n")
+    await loop.sock_sendall(sock, head.encode() + data)
+    try:
+        yield
+    finally:
+        sock.close()
+
+
+async def test_a_run_whose_client_stops_reading_ends_as_on_a_disconnect(
+        serve_runtime: ServeRuntime, send_idle: float) -> None:
+    """The run stops once a write has waited `SEND_IDLE_SECONDS`, is stored as a
+    disconnected run is, and the thread takes its next run; before, it stayed busy (409)
+    until the client closed."""
+    agent = Flood()
+    runtime = CopilotRuntime(agents={"default": agent})
+    async with serve_runtime(runtime) as served, unread_request(
+            served.url, "/agent/default/run", run_input("flood", thread="unread")):
+        async for _ in poll(15):
+            if agent.sent and "unread" not in runtime.runs.active:
+                break
+        assert "unread" not in runtime.runs.active, "the run still holds its thread"
+        assert 0 < agent.sent < 400  # stopped, not run to its end
+        record = await runtime.store.get("unread")
+        assert record is not None
+        (stored,) = record.runs
+        assert stored.events[-1]["type"] == "RUN_FINISHED"
+        agent.stop.set()
+        events = await served.run(run_input("again", thread="unread", run="run-2"))
+        assert text_of(events) == "done"
+
+
+async def test_a_follower_that_stops_reading_is_let_go(
+        serve_runtime: ServeRuntime, send_idle: float) -> None:
+    """A `connect` whose client stops reading while it follows a live run is ended (its
+    replay freed); the run goes on, and a reading client still follows it to its end."""
+    agent = Flood()
+    runtime = CopilotRuntime(agents={"default": agent})
+    async with serve_runtime(runtime) as served:
+        running = asyncio.create_task(served.run(run_input("flood", thread="followed")))
+        agent.limit = 10_000
+        async for _ in poll(10):
+            if agent.sent > 40:  # a replay larger than any socket's buffers
+                break
+        agent.pause = 0.05  # then a slow stream while the follower is watched
+        live = runtime.runs.active["followed"]
+        async with unread_request(served.url, "/agent/default/connect",
+                                  run_input("", thread="followed", run="c")):
+            async for _ in poll(5):
+                if live.listeners:
+                    break
+            assert live.listeners, "the follower never subscribed"
+            async for _ in poll(15):
+                if not live.listeners:
+                    break
+            assert not live.listeners, "the follower that reads nothing is still held"
+            assert "followed" in runtime.runs.active  # the run itself goes on
+        agent.stop.set()
+        events = await asyncio.wait_for(running, 20)
+        assert events[-1]["type"] == "RUN_FINISHED"
