@@ -539,3 +539,14 @@ async def test_runs_left_open_are_closed_once_a_store_away_at_start_up_is_back(
         messages = await served.session.get(served.url + "/threads/left/messages")
         contents = [m.get("content") for m in (await messages.json())["messages"]]
         assert contents[:2] == ["before the crash", "half an ans"]
+
+
+@pytest.mark.parametrize("code", [LEASE_LOST_CODE, "RUN_INTERRUPTED", "SERVICE_UNAVAILABLE"])
+def test_runs_cut_by_an_outage_read_as_network_errors_over_graphql(code: str) -> None:
+    """A run cut by a lost lease or a worker's end is as passing as a store away: the 1.10
+    client's network error (503), not UNKNOWN (500, critical) as before."""
+    from copilot_runtime.protocols.graphql.errors import failed_status
+
+    error = failed_status("The run was interrupted", code)["details"]["originalError"]
+    assert (error["code"], error["statusCode"], error["originalErrorType"]) == (
+        "NETWORK_ERROR", 503, code)

@@ -56,6 +56,9 @@ _FROM_RUNTIME = {
     "UPSTREAM_CONNECTION_ERROR": "NETWORK_ERROR",
     "UPSTREAM_PROTOCOL_ERROR": "NETWORK_ERROR",
     "SERVICE_UNAVAILABLE": "NETWORK_ERROR",
+    # A run cut by its worker's death or shutdown, or by a lost lease: try again shortly.
+    "RUN_INTERRUPTED": "NETWORK_ERROR",
+    "LEASE_LOST": "NETWORK_ERROR",
     "JSON_TOO_DEEP": "MISUSE",
     "AGENT_NOT_FOUND": "AGENT_NOT_FOUND",
     "THREAD_BUSY": "THREAD_BUSY",
