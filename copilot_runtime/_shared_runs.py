@@ -39,40 +39,47 @@ async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, a
         # Followed from now on: its worker signals its progress and end to us.
         live = await coordinator.follow(thread_id)
         yield batch  # even empty: the thread could be read (see `RunManager.replay`)
-        ended = live is None
         last: Positioned | None = batch[-1] if batch else None
-        while live is not None:
-            signal = await signals.get(POLL)
-            if signal is None or (signal.kind == "progress" and (
-                    signal.position is None or signal.position > position)):
-                batch, position = await _read(store, thread_id, position)
-                if batch:
-                    last = batch[-1]
-                    yield batch
-            if signal is None:
-                try:
-                    live = await coordinator.follow(thread_id)
-                except ServiceUnavailableError:
-                    continue  # the coordinator is away: the store still has the events
-            elif signal.kind == "end" and signal.run_id == live:
-                live, ended = None, True
-        # The run's last events were stored before its lease was released.
-        batch, position = await _read(store, thread_id, position)
-        if batch:
-            last = batch[-1]
-            yield batch
-        if not ended and last is not None and last[1].get("type") not in _TERMINAL:
-            # Its lease expired (its worker died): the run is closed as interrupted by a
-            # sweep within `lease_ttl` or so. Wait for that, bounded, so the follower gets
-            # the RUN_ERROR instead of a stream cut in the middle of a message.
-            deadline = asyncio.get_running_loop().time() + coordinator.lease_ttl + 10
-            while asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(POLL)
-                batch, position = await _read(store, thread_id, position)
-                if batch:
-                    yield batch
-                    if any(e.get("type") in _TERMINAL for _, e in batch):
-                        break
+        deadline: float | None = None
+        while True:
+            while live is not None:
+                signal = await signals.get(POLL)
+                if signal is None or (signal.kind == "progress" and (
+                        signal.position is None or signal.position > position)):
+                    batch, position = await _read(store, thread_id, position)
+                    if batch:
+                        last = batch[-1]
+                        yield batch
+                if signal is None:
+                    try:
+                        live = await coordinator.follow(thread_id)
+                    except ServiceUnavailableError:
+                        continue  # the coordinator is away: the store still has the events
+                elif signal.kind == "end" and signal.run_id == live:
+                    live = None
+            # The run's last events were stored before its lease was released.
+            batch, position = await _read(store, thread_id, position)
+            if batch:
+                last = batch[-1]
+                yield batch
+            if last is None or last[1].get("type") in _TERMINAL:
+                return
+            # The stream stops inside a run: the thread's next run, begun on some worker
+            # since the end of the one followed (followed too, to its end), or a run whose
+            # worker died, closed as interrupted by a sweep within `lease_ttl` or so (waited
+            # for, bounded, so the follower gets the RUN_ERROR instead of a stream cut in the
+            # middle of a message).
+            with contextlib.suppress(ServiceUnavailableError):
+                live = await coordinator.follow(thread_id)
+            if live is not None:
+                deadline = None
+                continue
+            now = asyncio.get_running_loop().time()
+            if deadline is None:
+                deadline = now + coordinator.lease_ttl + 10
+            elif now >= deadline:
+                return
+            await asyncio.sleep(POLL)
 
 
 async def _read(store: ThreadStore, thread_id: str, position: int

@@ -164,6 +164,10 @@ WITH a AS (
            t[k + 11]::int8 AS raw_first, t[k + 12]::int8 AS raw_last,
            b[2 * i + 1] AS events, b[2 * i + 2] AS raw
     FROM a, generate_series(0, cardinality(a.b) / 2 - 1) AS i, LATERAL (SELECT 12 * i AS k) AS o
+    -- Fenced: a run already closed (by this write before, or by a sweep that found its
+    -- lease expired while its worker stalled) is never written again.
+    WHERE NOT EXISTS (SELECT 1 FROM runs s WHERE s.thread_id = t[k + 1] AND s.run_id = t[k + 2]
+                      AND NOT s.open AND s.first_position = t[k + 5]::int8)
 ), thread AS (
     INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title,
                          next_position)
@@ -213,6 +217,10 @@ WITH a AS (
            t[k + 4]::int8 AS first, t[k + 5]::int8 AS last, t[k + 6] AS agent,
            t[k + 7] AS owner, t[k + 8] AS tenant, t[k + 9] AS title, b[i + 1] AS events
     FROM a, generate_series(0, cardinality(a.b) - 1) AS i, LATERAL (SELECT 9 * i AS k) AS o
+    -- Fenced: events of a run closed meanwhile (a sweep found its lease expired while its
+    -- worker stalled) neither reopen it nor overwrite the positions a later run took.
+    WHERE NOT EXISTS (SELECT 1 FROM runs s WHERE s.thread_id = t[k + 1] AND s.run_id = t[k + 2]
+                      AND NOT s.open AND s.last_position >= t[k + 4]::int8)
 ), thread AS (
     INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title,
                          next_position)

@@ -289,6 +289,14 @@ class SQLiteThreadStore:
                                   "WHERE thread_id = ?", (thread_id,)).fetchone()
         return int(seq)
 
+    def _closed(self, thread_id: str, run_id: str, where: str, position: int) -> bool:
+        """Whether the run is closed already (a sweep closed it while its worker stalled,
+        or this write was made before): a late write of it must change nothing, neither
+        reopen it nor overwrite the positions a later run took."""
+        return self._db.execute(
+            f"SELECT 1 FROM runs WHERE thread_id = ? AND run_id = ? AND open = 0 AND {where}",
+            (thread_id, run_id, position)).fetchone() is not None
+
     def _advance(self, thread_id: str, last_position: int) -> None:
         self._db.execute("UPDATE threads SET next_position = max(next_position, ?) "
                          "WHERE thread_id = ?", (last_position + 1, thread_id))
@@ -302,6 +310,8 @@ class SQLiteThreadStore:
     def _append_events(self, thread_id: str, agent_id: str, run_id: str, created_at: float,
                        first_position: int, blob: bytes, events: Sequence[Event],
                        owner: ThreadOwner | None) -> None:
+        if self._closed(thread_id, run_id, "last_position >= ?", first_position):
+            return
         self._thread(thread_id, agent_id, created_at, owner, events)
         if self._open_seq(thread_id, run_id) is None:
             self._db.execute(
@@ -326,6 +336,8 @@ class SQLiteThreadStore:
                 message_ids: builtins.list[str], owner: ThreadOwner | None,
                 raw_first: int, raw_blob: bytes, raw: Sequence[Event]) -> None:
         db = self._db
+        if self._closed(thread_id, run.run_id, "first_position = ?", run.first_position):
+            return
         now = time.time()
         db.execute(
             "INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, "
