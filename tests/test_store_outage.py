@@ -550,3 +550,23 @@ def test_runs_cut_by_an_outage_read_as_network_errors_over_graphql(code: str) ->
     error = failed_status("The run was interrupted", code)["details"]["originalError"]
     assert (error["code"], error["statusCode"], error["originalErrorType"]) == (
         "NETWORK_ERROR", 503, code)
+
+
+async def test_a_lease_released_while_redis_hangs_gives_up_at_the_timeout() -> None:
+    """Releasing a lease was the one Redis call without the coordinator's bound: with the
+    server hung it held its caller (a run refused after taking its lease, a caller that
+    left) for as long as the server did."""
+    proxy = Proxy(6379)
+    await proxy.up()
+    held = proxy.coordinator()
+    try:
+        lease = await held.acquire("t-hung", "r")
+        assert lease is not None
+        proxy.hang()
+        started = time.monotonic()
+        with pytest.raises(ServiceUnavailableError):
+            await held.release(lease)
+        assert time.monotonic() - started < TIMEOUT + 1.5
+    finally:
+        await proxy.down()
+        await held.aclose()

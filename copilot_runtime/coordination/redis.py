@@ -161,8 +161,10 @@ class RedisCoordinator(SharedCoordinator):
 
     async def release(self, lease: Lease) -> None:
         self._drop(lease)
-        await self.start()
-        await self._send([_eval(_RELEASE, self._keys(lease.thread_id), [lease.token, "", ""])])
+        async with self._reachable():  # bounded, as every call: a hung server held its caller
+            await self.start()
+            await self._send([_eval(_RELEASE, self._keys(lease.thread_id),
+                                    [lease.token, "", ""])])
 
     async def _finish_many(self, leases: list[Lease]) -> list[None]:
         await self._send([
