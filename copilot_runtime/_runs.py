@@ -69,6 +69,9 @@ FLUSH_INTERVAL = 0.2
 #: Seconds a run's end (its client) waits for its write while its durable store is away
 #: or does not answer; the write goes on in the background until the store is back.
 STORE_RETRY_FOR = 10.0
+#: Seconds before a `stop` signal is sent again while the stopped run holds its thread
+#: (then twice as long each time, up to 2 s).
+_STOP_AGAIN = 0.5
 _SHUTDOWN_MESSAGE = "The run was interrupted: the server driving it shut down"
 _LEASE_LOST_MESSAGE = ("The run was stopped: this server could not keep its hold on the "
                        "thread, which another server may now take")
@@ -561,6 +564,12 @@ class RunManager:
                 # A dead worker's run the sweep may not have closed yet: close it first.
                 await self._close_left_open(self.durable, thread_id)
                 record = await self.store.summary(thread_id)
+            elif record is not None and record.open_run is not None:
+                # A fresh lease over a run still open: the coordinator lost what it held (a
+                # restart without persistence, a failover, a restore), and that run may still
+                # stream on its worker, which notices only at its next renewal. Busy until
+                # that worker stops it (LEASE_LOST) or the sweep closes it.
+                raise ThreadBusyError(thread_id)
             if record is not None:
                 placeholder._seen = record.message_ids
                 placeholder.owner = record.owner
@@ -649,7 +658,28 @@ class RunManager:
         if holder is None or (run_id is not None and holder != run_id):
             return False
         await self.coordinator.publish(Signal("stop", thread_id, holder))
+        # A signal is not kept: one sent while the driving worker's signal connection was
+        # being opened again is lost. Sent again while the run still holds the thread.
+        self._adopt(self._stop_again(thread_id, holder))
         return True
+
+    async def _stop_again(self, thread_id: str, run_id: str) -> None:
+        coordinator = self.coordinator
+        assert coordinator is not None
+        # Long enough for a worker to notice a signal connection dropped without a word
+        # and open it again (a Redis worker pings after 10 s of silence).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + coordinator.lease_ttl + 10
+        pause = _STOP_AGAIN
+        while loop.time() < deadline:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
+            try:
+                if await coordinator.holder(thread_id) != run_id:
+                    return
+                await coordinator.publish(Signal("stop", thread_id, run_id))
+            except Exception:
+                return
 
     def _stop_signalled(self, signal: Signal) -> None:
         self.stop(signal.thread_id, signal.run_id, "lost" if signal.kind == "lost" else "stop")

@@ -105,6 +105,8 @@ class RecoverySweep:
                                                                   coordinator.lease_ttl / 2)
         self._task: asyncio.Task[None] | None = None
         self._forgot = float("-inf")
+        #: Open runs found without a lease holder, and when first found so (loop time).
+        self._orphans: dict[tuple[str, str], float] = {}
 
     def start(self) -> None:
         if self._task is None and self.store is not None:
@@ -131,9 +133,18 @@ class RecoverySweep:
         if store is None:
             return 0
         closed = 0
+        now = asyncio.get_running_loop().time()
+        orphans, self._orphans = self._orphans, {}
         for thread_id, run_id in await store.open_runs():
             if thread_id in self.active or \
                     await self.coordinator.holder(thread_id) is not None:
+                continue
+            # No holder is not yet a dead worker: a coordinator that lost its state (a
+            # restart without persistence, a failover, a restore) has no holder either, while
+            # the run's worker streams on until its next renewal. Closed once it stayed so
+            # for a lease's life: by then a live worker has stopped it (LEASE_LOST).
+            found = self._orphans[(thread_id, run_id)] = orphans.get((thread_id, run_id), now)
+            if now - found < self.coordinator.lease_ttl:
                 continue
             lease = await self.coordinator.acquire(thread_id, f"recovery:{run_id}")
             if lease is None:

@@ -190,6 +190,8 @@ class CopilotRuntime:
             try:
                 # Runs a crash of this process left open in a durable store end as interrupted.
                 await self.runs.recover()
+            except ConfigurationError:
+                raise  # a store this release cannot use (migrated by a newer one): say so now
             except Exception:
                 _log.exception("could not close the runs a previous process left open")
         if self.mcp is not None:

@@ -43,6 +43,7 @@ from copilot_runtime.events import Event
 from copilot_runtime.testing import MockOpenAIServer, ScriptedAdapter, text_turn, verify_events
 from copilot_runtime.threads import INTERRUPTED_CODE, DurableThreadStore, StoredRun
 from copilot_runtime.threads.base import Positioned
+from tests.conftest import poll
 from tests.scale_support.cluster import eventually, started_cluster
 from tests.scale_support.services import POSTGRES, postgres_schema
 from tests.test_multi_worker import answering, connect, data, read_all, start_run, thread_id
@@ -99,7 +100,7 @@ async def test_a_stalled_workers_late_writes_leave_the_swept_run_closed(
     """Run r1's worker stalled after writing positions 0..2; the sweep closed r1 as
     interrupted (its closing events at 3 and 4); run r2 started at 5 (`next-run`). Then the
     stalled worker wakes up and writes late: its pending flush of r1's positions 3..5
-    (`flush`), its finished r1 (0..7, raw events 3..7 or, after the flush, 6..7: `finish`,
+    and 6..7 (`flush`), its finished r1 (0..7, raw events 3..7: `finish`,
     the flush timer cancelled by the lease's loss), or both. Before, on PostgreSQL, the
     flush reopened r1 (listed by `open_runs` again, so swept again) and overwrote the
     sweep's closing chunk at 3; the finished run was stored as a second r1 (r1 ended twice:
@@ -125,7 +126,11 @@ async def test_a_stalled_workers_late_writes_leave_the_swept_run_closed(
     flushed = 3
     if late in ("flush", "both"):
         await store.append_events(THREAD, "default", "r1", 1.0, 3, r1[3:6])
-        flushed = 6
+        assert (THREAD, "r1") not in await store.open_runs(), "r1 was reopened"
+        # ... and the next one, past the positions the sweep wrote (a fence by position
+        # alone let it reopen r1 and overwrite r2's chunk at 6).
+        await store.append_events(THREAD, "default", "r1", 1.0, 6, r1[6:8])
+        flushed = 8
         assert (THREAD, "r1") not in await store.open_runs(), "r1 was reopened"
     # ... and its finished run, with its raw events not flushed yet.
     if late in ("finish", "both"):
@@ -365,8 +370,15 @@ async def test_connect_to_a_run_left_open_waits_for_the_sweep(
         await eventually(lambda: len(received) == 3, deadline=5, what="the run so far")
         # Before, the follower had ended by now (it waits for nothing).
         await asyncio.wait({follower}, timeout=0.5)
+        # (A sweep closes a run without a holder once it has stayed so for a lease's life:
+        # a coordinator that lost its state has no holder either for a live run.)
         sweep = RecoverySweep(store, runtime.runs.active, runtime.coordinator)
-        assert await sweep.sweep() == 1
+        closed = 0
+        async for _ in poll(10, every=0.2):
+            closed += await sweep.sweep()
+            if closed:
+                break
+        assert closed == 1
         async with asyncio.timeout(10):
             await follower
         verify_events(received)

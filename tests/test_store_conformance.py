@@ -314,3 +314,44 @@ def test_unknown_urls_are_refused(url: str) -> None:
 
     with pytest.raises(ConfigurationError):
         thread_store(url)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_a_store_migrated_by_a_newer_release_is_refused(kind: str, tmp_path: Path) -> None:
+    """A roll-back, or an old worker left behind, opened a store a newer release had
+    migrated as if it were its own (SQLite even wrote the newer version back): a newer
+    schema may mean something else (migration 3 dropped the foreign keys older releases
+    deleted threads through: their DELETE left the thread's runs behind, and the next run
+    on its id replayed the deleted conversation). It is refused now, at start-up."""
+    from copilot_runtime import ConfigurationError, CopilotRuntime
+    from copilot_runtime.testing import ScriptedAdapter
+
+    schema = f"store_{uuid.uuid4().hex[:10]}"
+    url = f"sqlite:///{tmp_path}/new.sqlite3" if kind == "sqlite" else \
+        f"{SERVER}?schema={schema}"
+    current: Any = thread_store(url)
+    try:
+        known = current.schema_version if kind == "sqlite" else await current.schema_version()
+    finally:
+        await current.aclose()
+    if kind == "sqlite":
+        with sqlite3.connect(tmp_path / "new.sqlite3") as db:
+            db.execute("UPDATE schema_version SET version = ?", (known + 1,))
+    else:
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'UPDATE "{schema}".schema_version SET version = %s', (known + 1,))
+
+    async def start_on_it() -> None:
+        later: Any = thread_store(url)  # (SQLite reads its schema here)
+        try:
+            await CopilotRuntime(service_adapter=ScriptedAdapter(), thread_store=later).start()
+        finally:
+            await later.aclose()
+
+    try:
+        with pytest.raises(ConfigurationError, match="newer than this release knows"):
+            await start_on_it()
+    finally:
+        if kind == "postgresql":
+            with psycopg.connect(SERVER, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

@@ -29,6 +29,11 @@ __all__ = ["RedisCoordinator"]
 #: outage of every worker leaves behind, one key for each thread a dead worker held.
 OPEN_TTL = 24 * 3600.0
 
+#: Seconds without any message on the signal connection before it is pinged, and the most
+#: its answer may take before the connection is taken as dead (and opened again).
+_PING_EVERY = 10.0
+_PONG_WITHIN = 5.0
+
 #: A lease's value: the holder's 32-character token, then the run id. The marker (KEYS[2])
 #: is renewed with the lease, so it lasts as long as the lease, then `open_ttl` more.
 _RENEW = """
@@ -126,8 +131,20 @@ class RedisCoordinator(SharedCoordinator):
             await pubsub.subscribe(self.channel)
             if not ready.done():
                 ready.set_result(None)
+            loop = asyncio.get_running_loop()
+            heard, pinged = loop.time(), None
             while True:
-                message = await pubsub.get_message(timeout=30.0)
+                message = await pubsub.get_message(timeout=_PING_EVERY / 2)
+                now = loop.time()
+                if message is not None:
+                    heard, pinged = now, None
+                if pinged is not None and now - pinged > _PONG_WITHIN:
+                    # A connection a NAT or a failover dropped without a word: nothing is
+                    # written on it, so nothing fails; every signal (stops) went missing.
+                    raise ConnectionError("the signal connection stopped answering")
+                if pinged is None and now - heard >= _PING_EVERY:
+                    await pubsub.ping()
+                    pinged = now
                 if message is None or message.get("type") != "message":
                     continue
                 signal = Signal.decode(message["data"])

@@ -108,6 +108,9 @@ class ThreadRecord:
     next_position: int = 0
     #: How many of its oldest finished runs a bounded read (`get(max_bytes=)`) left out.
     omitted_runs: int = 0
+    #: A run of the thread opened and not closed yet (its events written as it streams), as
+    #: `summary` of a durable store reads it; None otherwise.
+    open_run: str | None = None
 
     @property
     def state(self) -> Any:

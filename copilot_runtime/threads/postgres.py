@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from copilot_runtime._batching import Batcher
 from copilot_runtime._deadline import within
-from copilot_runtime._exceptions import ServiceUnavailableError
+from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
 from copilot_runtime._pg_lane import Lane, check_alive, with_session_defaults
 from copilot_runtime.events import Event
 from copilot_runtime.threads._grouped import GroupedWriter
@@ -181,7 +181,7 @@ WITH a AS (
     FROM p WHERE runs.thread_id = p.thread AND runs.run_id = p.run AND runs.open
     RETURNING runs.thread_id, runs.run_id, p.now, p.raw_first
 ), ended AS (
-    UPDATE run_events SET ended_at = closed.now FROM closed
+    UPDATE run_events SET ended_at = extract(epoch FROM now()) FROM closed
     WHERE run_events.thread_id = closed.thread_id AND run_events.run_id = closed.run_id
       AND run_events.first_position IS DISTINCT FROM closed.raw_first
 ), added AS (
@@ -195,7 +195,7 @@ WITH a AS (
                     WHERE t.thread_id = p.thread AND t.next_position > p.last)
 ), chunk AS (
     INSERT INTO run_events (thread_id, first_position, last_position, run_id, events, ended_at)
-    SELECT p.thread, p.raw_first, p.raw_last, p.run, p.raw, p.now FROM p
+    SELECT p.thread, p.raw_first, p.raw_last, p.run, p.raw, extract(epoch FROM now()) FROM p
     WHERE p.raw_first IS NOT NULL
     ON CONFLICT (thread_id, first_position) DO UPDATE SET events = excluded.events,
         last_position = excluded.last_position, ended_at = excluded.ended_at
@@ -218,9 +218,11 @@ WITH a AS (
            t[k + 7] AS owner, t[k + 8] AS tenant, t[k + 9] AS title, b[i + 1] AS events
     FROM a, generate_series(0, cardinality(a.b) - 1) AS i, LATERAL (SELECT 9 * i AS k) AS o
     -- Fenced: events of a run closed meanwhile (a sweep found its lease expired while its
-    -- worker stalled) neither reopen it nor overwrite the positions a later run took.
+    -- worker stalled) neither reopen it nor overwrite the positions a later run took:
+    -- every late chunk of it, not only the first (the run is known by its start time).
     WHERE NOT EXISTS (SELECT 1 FROM runs s WHERE s.thread_id = t[k + 1] AND s.run_id = t[k + 2]
-                      AND NOT s.open AND s.last_position >= t[k + 4]::int8)
+                      AND NOT s.open AND (s.last_position >= t[k + 4]::int8
+                                          OR s.created_at = t[k + 3]::float8))
 ), thread AS (
     INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title,
                          next_position)
@@ -247,7 +249,9 @@ _MAX_BATCH = 32
 _THREAD_COLUMNS = ("agent_id, created_at, updated_at, owner_id, tenant, name, title, "
                    "next_position")
 #: Threads' heads (their columns and message ids), any number at once.
-_SUMMARIES = (f"SELECT thread_id, {_THREAD_COLUMNS}, ARRAY(SELECT message_id FROM message_ids "
+_SUMMARIES = (f"SELECT thread_id, {_THREAD_COLUMNS}, (SELECT run_id FROM runs r WHERE "
+              "r.thread_id = t.thread_id AND r.open LIMIT 1), "
+              "ARRAY(SELECT message_id FROM message_ids "
               "m WHERE m.thread_id = t.thread_id) FROM threads t "
               "WHERE thread_id = ANY(%b::text[])").encode()
 
@@ -357,6 +361,15 @@ class PostgresThreadStore:
                 row = await (await conn.execute("SELECT version FROM schema_version")
                              ).fetchone()
                 version = row[0] if row else 0
+                if version > len(_MIGRATIONS):
+                    # A newer release migrated this schema (a roll-back, or an old worker
+                    # left behind): its meaning may have changed (migration 3 dropped the
+                    # foreign keys older releases deleted threads through), so say so
+                    # instead of reading and writing it as if it were ours.
+                    raise ConfigurationError(
+                        f"the thread store's schema {self.schema!r} is at version {version}, "
+                        f"newer than this release knows ({len(_MIGRATIONS)}): run the "
+                        "release that migrated it, or a newer one")
                 for number, migration in enumerate(_MIGRATIONS, start=1):
                     if number > version:
                         await conn.execute(migration.encode())
@@ -516,8 +529,11 @@ class PostgresThreadStore:
             self._pruned = now
             # The runs are committed already: a failed prune is only retried later.
             with contextlib.suppress(Exception):
-                await cursor.execute("DELETE FROM run_events WHERE ended_at < %s",
-                                     (now - self.raw_retention,))
+                # The database's clock, as the stamps: a worker whose clock is ahead
+                # deleted every worker's raw events at once (a resume inside a run just
+                # ended replayed the whole run again).
+                await cursor.execute("DELETE FROM run_events WHERE ended_at < "
+                                     "extract(epoch FROM now()) - %s", (self.raw_retention,))
 
     async def close_interrupted(self, thread_id: str, run_id: str) -> bool:
         async with self._reachable(bounded=False):
@@ -537,8 +553,8 @@ class PostgresThreadStore:
                         "events) VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
                         (thread_id, tail_first, last, run_id, orjson.dumps(tail)))
                 await conn.execute(
-                    "UPDATE run_events SET ended_at = %s WHERE thread_id = %s AND run_id = %s",
-                    (now, thread_id, run_id))
+                    "UPDATE run_events SET ended_at = extract(epoch FROM now()) "
+                    "WHERE thread_id = %s AND run_id = %s", (thread_id, run_id))
                 await conn.execute(
                     "UPDATE runs SET events = %s, open = FALSE, last_position = %s, ended_at = %s "
                     "WHERE thread_id = %s AND seq = %s",
@@ -670,7 +686,8 @@ async def _finish_runs(cursor: AsyncCursor[Any], batch: Sequence[_Finished]) -> 
 def _summary(thread_id: str, row: Sequence[Any] | None) -> ThreadRecord | None:
     if row is None:
         return None
-    record = _record(thread_id, row[:-1])
+    record = _record(thread_id, row[:-2])
+    record.open_run = row[-2]
     record.message_ids = set(row[-1])
     return record
 

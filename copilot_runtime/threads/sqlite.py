@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime.events import Event
 from copilot_runtime.threads._rows import (
     Chunk,
@@ -143,14 +144,18 @@ class SQLiteThreadStore:
             db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = db.execute("SELECT version FROM schema_version").fetchone()
             version = row[0] if row else 0
+            if version > len(_MIGRATIONS):
+                raise ConfigurationError(
+                    f"the thread store {self.path!r} is at schema version {version}, newer "
+                    f"than this release knows ({len(_MIGRATIONS)}): run the release that "
+                    "migrated it, or a newer one")
             for number, migration in enumerate(_MIGRATIONS, start=1):
                 if number > version:
                     migration(db)
             if row is None:
                 db.execute("INSERT INTO schema_version VALUES (?)", (len(_MIGRATIONS),))
             else:
-                db.execute("UPDATE schema_version SET version = ?",
-                           (max(version, len(_MIGRATIONS)),))
+                db.execute("UPDATE schema_version SET version = ?", (len(_MIGRATIONS),))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -206,6 +211,9 @@ class SQLiteThreadStore:
         record = _record(thread_id, row)
         record.message_ids = {m for (m,) in self._db.execute(
             "SELECT message_id FROM message_ids WHERE thread_id = ?", (thread_id,))}
+        open_run = self._db.execute("SELECT run_id FROM runs WHERE thread_id = ? AND open = 1 "
+                                    "LIMIT 1", (thread_id,)).fetchone()
+        record.open_run = None if open_run is None else open_run[0]
         return record
 
     async def events_after(self, thread_id: str, position: int) -> list[Positioned]:
@@ -289,13 +297,13 @@ class SQLiteThreadStore:
                                   "WHERE thread_id = ?", (thread_id,)).fetchone()
         return int(seq)
 
-    def _closed(self, thread_id: str, run_id: str, where: str, position: int) -> bool:
+    def _closed(self, thread_id: str, run_id: str, where: str, *values: Any) -> bool:
         """Whether the run is closed already (a sweep closed it while its worker stalled,
         or this write was made before): a late write of it must change nothing, neither
         reopen it nor overwrite the positions a later run took."""
         return self._db.execute(
             f"SELECT 1 FROM runs WHERE thread_id = ? AND run_id = ? AND open = 0 AND {where}",
-            (thread_id, run_id, position)).fetchone() is not None
+            (thread_id, run_id, *values)).fetchone() is not None
 
     def _advance(self, thread_id: str, last_position: int) -> None:
         self._db.execute("UPDATE threads SET next_position = max(next_position, ?) "
@@ -310,7 +318,9 @@ class SQLiteThreadStore:
     def _append_events(self, thread_id: str, agent_id: str, run_id: str, created_at: float,
                        first_position: int, blob: bytes, events: Sequence[Event],
                        owner: ThreadOwner | None) -> None:
-        if self._closed(thread_id, run_id, "last_position >= ?", first_position):
+        # Every late chunk of a run closed meanwhile, not only the first (known by its start).
+        if self._closed(thread_id, run_id, "(last_position >= ? OR created_at = ?)",
+                        first_position, created_at):
             return
         self._thread(thread_id, agent_id, created_at, owner, events)
         if self._open_seq(thread_id, run_id) is None:
