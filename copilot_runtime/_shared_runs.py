@@ -66,9 +66,9 @@ async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, a
                 return
             # The stream stops inside a run: the thread's next run, begun on some worker
             # since the end of the one followed (followed too, to its end), or a run whose
-            # worker died, closed as interrupted by a sweep within `lease_ttl` or so (waited
-            # for, bounded, so the follower gets the RUN_ERROR instead of a stream cut in the
-            # middle of a message).
+            # worker died, closed as interrupted by a sweep within twice `lease_ttl` or so
+            # (waited for, bounded, so the follower gets the RUN_ERROR instead of a stream
+            # cut in the middle of a message).
             with contextlib.suppress(ServiceUnavailableError):
                 live = await coordinator.follow(thread_id)
             if live is not None:
@@ -76,7 +76,7 @@ async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, a
                 continue
             now = asyncio.get_running_loop().time()
             if deadline is None:
-                deadline = now + coordinator.lease_ttl + 10
+                deadline = now + 2 * coordinator.lease_ttl + 10
             elif now >= deadline:
                 return
             await asyncio.sleep(POLL)
