@@ -667,9 +667,10 @@ class RunManager:
         coordinator = self.coordinator
         assert coordinator is not None
         # Long enough for a worker to notice a signal connection dropped without a word
-        # and open it again (a Redis worker pings after 10 s of silence).
+        # and open it again (a Redis worker pings after 10 s of silence, waits 5 s for the
+        # answer, then connects again), whatever the lease's life.
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + coordinator.lease_ttl + 10
+        deadline = loop.time() + max(coordinator.lease_ttl, 10) + 15
         pause = _STOP_AGAIN
         while loop.time() < deadline:
             await asyncio.sleep(pause)
