@@ -29,6 +29,7 @@ import os
 import random
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
 from copilot_runtime.approvals.sql import (
     PostgresApprovalStore,
     SQLiteApprovalStore,
+    answered_within,
     check_identifier,
 )
 
@@ -99,11 +101,18 @@ def _redact(url: str) -> str:
 class _Backend(abc.ABC):
     """Opens the real saver once, in the loop that first needs it."""
 
+    #: Seconds a call to the saver waits for its server, where it has one (`bounded`).
+    timeout = 10.0
+
     def __init__(self) -> None:
         self._saver: BaseCheckpointSaver[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock: asyncio.Lock | None = None
+        self._opening: asyncio.Task[BaseCheckpointSaver[Any]] | None = None
         self.approvals: ApprovalStore = MemoryApprovalStore()
+
+    def bounded(self) -> AbstractAsyncContextManager[None]:
+        """Around every call to the saver: nothing for a file or memory."""
+        return contextlib.nullcontext()
 
     async def saver(self) -> BaseCheckpointSaver[Any]:
         loop = asyncio.get_running_loop()
@@ -113,22 +122,25 @@ class _Backend(abc.ABC):
                     "This checkpointer is bound to the event loop it was first used in; "
                     "create one checkpointer per event loop (per server)")
             return self._saver
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            if self._saver is None:
-                try:
-                    self._saver = await self._open()
-                except (ConfigurationError, asyncio.CancelledError):
-                    raise
-                except Exception as exc:
-                    # A server that refuses, a file that cannot be opened: the client gets
-                    # the 503 a thread store gives for the same outage, not a 500.
-                    _log.warning("the checkpoint store cannot be opened", error=str(exc))
-                    raise ServiceUnavailableError(
-                        "The checkpoint store cannot be reached") from exc
-                self._loop = loop
-        return self._saver
+        opening = self._opening
+        if opening is None or opening.done():  # the first, or the last one failed
+            opening = self._opening = loop.create_task(self._opened(loop))
+        # Shielded: a caller that stops waiting (its deadline passed, its client left) does
+        # not cut the opening short, a migration half done; the next caller waits for it.
+        return await asyncio.shield(opening)
+
+    async def _opened(self, loop: asyncio.AbstractEventLoop) -> BaseCheckpointSaver[Any]:
+        try:
+            saver = await self._open()
+        except (ConfigurationError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            # A server that refuses, a file that cannot be opened: the client gets
+            # the 503 a thread store gives for the same outage, not a 500.
+            _log.warning("the checkpoint store cannot be opened", error=str(exc))
+            raise ServiceUnavailableError("The checkpoint store cannot be reached") from exc
+        self._saver, self._loop = saver, loop
+        return saver
 
     @abc.abstractmethod
     async def _open(self) -> BaseCheckpointSaver[Any]:
@@ -136,12 +148,16 @@ class _Backend(abc.ABC):
 
     async def aclose(self) -> None:
         await self.approvals.aclose()
-        lock, self._lock = self._lock, None
-        if lock is not None and lock.locked():
-            # An opening in flight: let it finish, so its connection is closed here.
-            with contextlib.suppress(RuntimeError):
-                async with lock:
-                    pass
+        opening, self._opening = self._opening, None
+        if opening is not None and not opening.done() and \
+                opening.get_loop() is asyncio.get_running_loop():
+            # An opening in flight: let it finish, so its connection is closed here; one
+            # that waits on a server which stopped answering is given up on.
+            if not (await asyncio.wait([opening], timeout=self.timeout))[0]:
+                opening.cancel()
+                await asyncio.wait([opening])
+            if not opening.cancelled():
+                opening.exception()  # retrieved: its callers were told
         self._saver, saver = None, self._saver
         if saver is not None:
             await self._close(saver)
@@ -218,16 +234,23 @@ class _PostgresBackend(_Backend):
             raise ConfigurationError(
                 "PostgreSQL checkpoints need langgraph-checkpoint-postgres and psycopg: "
                 "pip install 'copilot-runtime[postgres]'") from exc
-        from copilot_runtime._pg_lane import with_session_defaults
+        from copilot_runtime._pg_lane import check_alive, with_session_defaults
 
-        conninfo = with_session_defaults(self.conninfo, connect_timeout=10,
+        conninfo = with_session_defaults(self.conninfo, connect_timeout=self.timeout,
                                          application_name="copilot-runtime checkpoints")
         kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0,
                                   "row_factory": dict_row}
         if self.schema:
             kwargs["options"] = f"-c search_path={self.schema}"
+        # As the thread store's pool: a connection the server closed while idle (it
+        # restarted) is replaced as it is taken, not handed out to fail; a check-out waits
+        # at most `timeout`; reconnecting gives up after `timeout` too, so a server that
+        # was away is connected to again at the next check-out once it is back, not at the
+        # next step of a backoff that grows for five minutes.
         pool = AsyncConnectionPool(conninfo, open=False, min_size=1,
-                                   max_size=self.pool_size, kwargs=kwargs)
+                                   max_size=self.pool_size, kwargs=kwargs,
+                                   check=check_alive, timeout=self.timeout,
+                                   reconnect_timeout=self.timeout)
         # Workers starting together take turns (a lock held by this connection until it
         # closes): CREATE SCHEMA IF NOT EXISTS and LangGraph's migrations, run at once from
         # two connections, fail one of them (a duplicate key in the catalogs). The lock is
@@ -243,13 +266,20 @@ class _PostgresBackend(_Backend):
                 await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
             try:
                 await pool.open(wait=True, timeout=30)
-                saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+                saver = AsyncPostgresSaver(pool)
                 await saver.setup()
             except BaseException:
                 await pool.close()
                 raise
         self._pool = pool
         return saver
+
+    def bounded(self) -> AbstractAsyncContextManager[None]:
+        # A server that stops answering held a run's stream, or an approval's answer, for
+        # as long as it did: the call fails with SERVICE_UNAVAILABLE within `timeout`
+        # instead. A write given up on may still commit once the server answers: the next
+        # run then starts from that checkpoint, as if the step had been stored in time.
+        return answered_within(self.timeout, "The checkpoint store cannot be reached")
 
     async def _close(self, saver: BaseCheckpointSaver[Any]) -> None:
         pool, self._pool = self._pool, None
@@ -283,6 +313,21 @@ class DurableCheckpointer(BaseCheckpointSaver[str]):
         """The approval ledger in the same database."""
         return self._backend.approvals
 
+    @property
+    def timeout(self) -> float:
+        """Seconds a PostgreSQL checkpoint read or write, a check-out of the pool and a
+        statement of the approval ledger wait for their server (10 by default): then the
+        run ends with RUN_ERROR SERVICE_UNAVAILABLE, an approval route answers 503. Set it
+        before the first use: the pool takes it as it opens. Kept by the backend, which
+        LangGraph's copies of this object share."""
+        return self._backend.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._backend.timeout = seconds
+        if isinstance(self._backend.approvals, PostgresApprovalStore):
+            self._backend.approvals.timeout = seconds  # the same server, the same pool
+
     async def aclose(self) -> None:
         """Close the connection (or pool); a later use opens it again."""
         self._bound = None
@@ -309,31 +354,46 @@ class DurableCheckpointer(BaseCheckpointSaver[str]):
 
     # -- asynchronous API: what LangGraph uses when graphs run with ainvoke/astream ------
 
+    # Each call within the backend's bound (`timeout`, PostgreSQL), opening included, but
+    # copying and pruning threads: bulk work whose length grows with the data.
+
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return await (await self._target()).aget_tuple(config)
+        async with self._backend.bounded():
+            return await (await self._target()).aget_tuple(config)
 
     async def alist(self, config: RunnableConfig | None, *,
                     filter: dict[str, Any] | None = None,
                     before: RunnableConfig | None = None,
                     limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
-        target = await self._target()
-        async for item in target.alist(config, filter=filter, before=before, limit=limit):
+        async with self._backend.bounded():
+            target = await self._target()
+        items = aiter(target.alist(config, filter=filter, before=before, limit=limit))
+        while True:
+            async with self._backend.bounded():  # each step: not the caller's time between
+                item = await anext(items, None)
+            if item is None:
+                return
             yield item
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions
                    ) -> RunnableConfig:
-        return await (await self._target()).aput(config, checkpoint, metadata, new_versions)
+        async with self._backend.bounded():
+            return await (await self._target()).aput(config, checkpoint, metadata,
+                                                     new_versions)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:
-        await (await self._target()).aput_writes(config, writes, task_id, task_path)
+        async with self._backend.bounded():
+            await (await self._target()).aput_writes(config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await (await self._target()).adelete_thread(thread_id)
+        async with self._backend.bounded():
+            await (await self._target()).adelete_thread(thread_id)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await (await self._target()).adelete_for_runs(run_ids)
+        async with self._backend.bounded():
+            await (await self._target()).adelete_for_runs(run_ids)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         await (await self._target()).acopy_thread(source_thread_id, target_thread_id)
@@ -345,8 +405,9 @@ class DurableCheckpointer(BaseCheckpointSaver[str]):
     async def aget_delta_channel_history(self, *, config: RunnableConfig,
                                          channels: Sequence[str]
                                          ) -> Mapping[str, DeltaChannelHistory]:
-        return await (await self._target()).aget_delta_channel_history(
-            config=config, channels=channels)
+        async with self._backend.bounded():
+            return await (await self._target()).aget_delta_channel_history(
+                config=config, channels=channels)
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         # The format every bundled saver uses: a zero-padded counter, then a random part.

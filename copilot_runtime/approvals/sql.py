@@ -11,12 +11,13 @@ import abc
 import asyncio
 import contextlib
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 import orjson
 
-from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._deadline import within
+from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
 from copilot_runtime.approvals.ledger import (
     Approval,
     ApprovalStatus,
@@ -28,6 +29,7 @@ __all__ = ["PostgresApprovalStore", "SQLiteApprovalStore"]
 _COLUMNS = ("id, thread_id, agent_id, value, created_at, expires_at, channel, status, "
             "answer, answered_by, answered_at, applied")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_UNREACHABLE = "The approval store cannot be reached"
 
 
 def check_identifier(name: str) -> str:
@@ -35,6 +37,22 @@ def check_identifier(name: str) -> str:
     if not _IDENTIFIER.match(name):
         raise ConfigurationError(f"{name!r} is not a plain SQL identifier")
     return name
+
+
+@contextlib.asynccontextmanager
+async def answered_within(seconds: float, unreachable: str) -> AsyncIterator[None]:
+    """The block within `seconds`; a PostgreSQL server that cannot be reached, or does not
+    answer in time, is a ServiceUnavailableError(`unreachable`): a 503 with Retry-After, or
+    a run's RUN_ERROR SERVICE_UNAVAILABLE, not a 500, an agent's failure or a wait as long
+    as the outage (a server that stops answering is not noticed by TCP while its host
+    acknowledges the packets)."""
+    import psycopg  # the postgres extra, which only PostgreSQL's callers need
+
+    try:
+        async with within(seconds):
+            yield
+    except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError) as exc:
+        raise ServiceUnavailableError(unreachable) from exc
 
 
 class _SQLApprovalStore(_Listeners, abc.ABC):
@@ -197,6 +215,10 @@ class SQLiteApprovalStore(_SQLApprovalStore):
 class PostgresApprovalStore(_SQLApprovalStore):
     """The ledger in PostgreSQL, on the checkpointer's connection pool (autocommit)."""
 
+    #: Seconds a statement waits for the pool and the server (the checkpointer whose pool
+    #: it shares sets it to its own `timeout`).
+    timeout = 10.0
+
     def __init__(self, pool: Callable[[], Awaitable[Any]], prefix: str = "copilot_") -> None:
         super().__init__(prefix)
         self._pool = pool
@@ -216,17 +238,19 @@ class PostgresApprovalStore(_SQLApprovalStore):
         return pool
 
     async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        pool = await self._open()
-        async with pool.connection() as conn:
-            cursor = await conn.execute(sql.replace("?", "%s"), tuple(params))
-            count: int = cursor.rowcount
-            return count
+        async with answered_within(self.timeout, _UNREACHABLE):
+            pool = await self._open()
+            async with pool.connection() as conn:
+                cursor = await conn.execute(sql.replace("?", "%s"), tuple(params))
+                count: int = cursor.rowcount
+                return count
 
     async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        pool = await self._open()
-        async with pool.connection() as conn:
-            cursor = await conn.execute(sql.replace("?", "%s"), tuple(params))
-            rows = await cursor.fetchall()
+        async with answered_within(self.timeout, _UNREACHABLE):
+            pool = await self._open()
+            async with pool.connection() as conn:
+                cursor = await conn.execute(sql.replace("?", "%s"), tuple(params))
+                rows = await cursor.fetchall()
         # The pool hands out dict rows (the checkpointer needs them); keep column order.
         return [tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in rows]
 
