@@ -12,6 +12,7 @@ thread, the caller's choice, is not carried on, and its answer says so.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -206,3 +207,26 @@ async def test_a_stop_while_the_approved_action_runs_is_not_carried_on(
     finally:
         payments.gate.set()
         await runtime.aclose()
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgresql"])
+async def test_a_deleted_threads_approvals_go_with_it(kind: str, tmp_path: Path) -> None:
+    """Deleting a thread deleted its checkpoints and left its approvals in the ledger, for
+    ever (a prober's churn: 1,000 threads asked, answered and deleted left 1,000 approvals,
+    each listed by `status=all`, to anyone reusing the id too, and scanned at every tick of
+    the expiry timer)."""
+    with contextlib.ExitStack() as stack:
+        url = {"memory": "memory", "sqlite": f"sqlite:///{tmp_path}/cp.db"}.get(kind) or \
+            stack.enter_context(postgres_schema())
+        payments = Payments()
+        payments.gate.set()
+        runtime = paying_runtime(url, payments)
+        try:
+            approval = await asked(runtime)
+            kept = await runtime.approvals.list(thread_id=THREAD, status=None)
+            assert [a.id for a in kept] == [approval.id]
+            await runtime.forget_thread(THREAD)  # what DELETE /threads/{id} does
+            assert await runtime.approvals.list(thread_id=THREAD, status=None) == []
+            assert await agent_of(runtime).approvals.get(approval.id) is None
+        finally:
+            await runtime.aclose()

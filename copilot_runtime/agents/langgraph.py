@@ -155,10 +155,14 @@ class LangGraphAgent(Agent):
         return await load_graph_state(self.graph, thread_id, self.config)
 
     async def forget_thread(self, thread_id: str) -> None:
-        """Delete the thread's checkpoints."""
+        """Delete the thread's checkpoints and its approvals."""
         saver = getattr(self.graph, "checkpointer", None)
         if saver is not None and hasattr(saver, "adelete_thread"):
             await saver.adelete_thread(thread_id)
+        # A ledger of another make may not know how (`ApprovalStore` does not require it).
+        forget = getattr(self._approvals, "forget_thread", None)
+        if forget is not None:
+            await forget(thread_id)
 
     def _graph_config(self, thread_id: str) -> dict[str, Any]:
         configurable = {**(self.config.get("configurable") or {}), "thread_id": thread_id}

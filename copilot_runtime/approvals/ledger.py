@@ -214,5 +214,10 @@ class MemoryApprovalStore(_Listeners):
         return [replace(a) for a in self._items.values()
                 if a.status in ("answered", "expired") and not a.applied]
 
+    async def forget_thread(self, thread_id: str) -> None:
+        """Drop the approvals of a deleted thread (its checkpoints are gone with it)."""
+        for approval_id in [k for k, a in self._items.items() if a.thread_id == thread_id]:
+            del self._items[approval_id]
+
     async def aclose(self) -> None:
         return None

@@ -151,6 +151,10 @@ class _SQLApprovalStore(_Listeners, abc.ABC):
             "AND NOT applied ORDER BY created_at, id")
         return [_row(r) for r in rows]
 
+    async def forget_thread(self, thread_id: str) -> None:
+        """Drop the approvals of a deleted thread (its checkpoints are gone with it)."""
+        await self._execute(f"DELETE FROM {self.table} WHERE thread_id = ?", (thread_id,))
+
 
 class SQLiteApprovalStore(_SQLApprovalStore):
     """The ledger in a SQLite file, on its own aiosqlite connection (the checkpointer's
