@@ -163,6 +163,54 @@ async def test_a_graph_whose_worker_died_after_it_took_the_answer_is_carried_on(
     await carried_on(checkpoints_url, approval.id)
 
 
+async def test_a_message_to_a_graph_left_mid_way_carries_it_on_first(
+        checkpoints_url: str) -> None:
+    """The same state as a SIGKILL leaves, and the user writes again before any recovery
+    ran (within `recover_after`): the run carries the graph on with the stored answer. Before,
+    the new input started the graph over (LangGraph drops the steps left): the approved
+    action never ran, a second approval was asked for the same thing, and the first one was
+    then marked applied."""
+    payments = Payments()
+    runtime = paying_runtime(checkpoints_url, payments)
+    approval = await asked(runtime)
+    agent = agent_of(runtime)
+    assert await agent.approvals.claim(approval.id, "answered", ANSWER, "ann", time.time())
+    resumed = asyncio.create_task(agent.graph.ainvoke(
+        Command(resume={approval.id: ANSWER}), agent._graph_config(THREAD)))
+    async with asyncio.timeout(10):
+        await payments.started.wait()
+    resumed.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await resumed
+    await runtime.aclose()
+
+    payments = Payments()
+    payments.gate.set()
+    runtime = paying_runtime(checkpoints_url, payments)  # not started: no recovery runs
+    try:
+        run = await runtime.start_run("lg", parse_run_input(run_input(
+            "Did it go through?", thread=THREAD, run="r-2", protocolVersion="1.0")))
+        events: list[Any] = []
+
+        async def write(batch: Any) -> None:
+            events.extend(batch)
+
+        async with run:
+            await run.drive(write)
+        assert events[-1]["type"] == "RUN_FINISHED", events[-1]
+        assert payments.done == [ANSWER]  # carried on, once
+        settled = await agent_of(runtime).approvals.get(approval.id)
+        assert settled is not None
+        assert settled.applied
+        state = await agent_of(runtime).graph.aget_state(
+            {"configurable": {"thread_id": THREAD}})
+        assert state.values["paid"] is True
+        assert [a.id for a in await runtime.approvals.list(thread_id=THREAD, status=None)] \
+            == [approval.id]  # no second approval asked for
+    finally:
+        await runtime.aclose()
+
+
 async def test_a_graph_whose_run_was_shut_down_mid_action_is_carried_on(
         checkpoints_url: str) -> None:
     """An answer over HTTP's route (not waiting), the runtime shut down while the approved

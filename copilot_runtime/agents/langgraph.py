@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import openai
 import structlog
+from ag_ui.core import ResumeEntry
 from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
 
 from copilot_runtime import events as ev
@@ -180,6 +181,8 @@ class LangGraphAgent(Agent):
             "legacy" if channel == "legacy" else "outcome"
         thread_id = input.thread_id
         claims = Claims(input)
+        if not (input.model.resume or _has_legacy_resume(input)):
+            input = await self._carrying_on(input)
         if input.model.resume or _has_legacy_resume(input):
             pending, parked = await self._waits(thread_id)
             claims = await claim_resume(self._approvals, agent_id=context.agent_id,
@@ -209,6 +212,20 @@ class LangGraphAgent(Agent):
         finally:
             if not settled:  # stopped, failed or cancelled before its end
                 await self._settle(claims, thread_id, cut_short=cut_short)
+
+    async def _carrying_on(self, input: RunInput) -> RunInput:
+        """`input`, or, when the thread's graph took an approval's answer and its run died
+        between two steps (recovery has not carried it on yet), a resume with the stored
+        answers: new input would start the graph over and drop the approved step (LangGraph
+        discards the steps left). The new messages are not lost: the client sends them
+        again with its next run, and the bridge adds what the graph has not seen."""
+        taken = [a for a in await self._approvals.unapplied() if a.thread_id == input.thread_id]
+        if not taken or not (await self._waits(input.thread_id))[1]:
+            return input
+        _log.info("carrying on a graph an approval's run left mid-way, before new input",
+                  thread_id=input.thread_id)
+        return input.replace(resume=[ResumeEntry(interrupt_id=a.id, status="resolved",
+                                                 payload=a.answer) for a in taken])
 
     async def _interrupts_of(self, batch: Sequence[Event],
                              channel: InterruptChannel,
