@@ -26,6 +26,7 @@ from collections.abc import (
     Collection,
     Sequence,
 )
+from functools import partial
 from typing import Any
 
 import structlog
@@ -378,8 +379,16 @@ class ActiveRun:
         # goes on until the store is back, and the thread is given back only then (a write
         # given up on could still commit after a next run had read the thread's head).
         stored = self.manager._adopt(self._store_and_give_back())
-        stored.add_done_callback(self._ended)
-        await asyncio.wait((stored,), timeout=STORE_RETRY_FOR)
+        # Woken by whichever comes first, the write or the deadline (what `asyncio.wait`
+        # does, with fewer futures and callbacks: this is once per run).
+        loop = asyncio.get_running_loop()
+        woken = loop.create_future()
+        stored.add_done_callback(partial(_stored, self, woken))
+        timer = loop.call_later(STORE_RETRY_FOR, _wake, woken)
+        try:
+            await woken
+        finally:
+            timer.cancel()
         if not stored.done():
             _log.warning("run not stored yet: written once its store is back, its thread "
                          "busy until then", thread_id=self.thread_id, run_id=self.run_id)
@@ -449,6 +458,16 @@ class ActiveRun:
                                                     owner=self.owner)
         except Exception:
             _log.exception("could not store run", thread_id=self.thread_id, run_id=self.run_id)
+
+
+def _stored(run: ActiveRun, woken: asyncio.Future[None], _: object) -> None:
+    run._ended()
+    _wake(woken)
+
+
+def _wake(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)
 
 
 def _encodable(events: Sequence[Event]) -> list[Event]:
