@@ -7,8 +7,9 @@ Needs psycopg (the `postgres` extra): imported only by the PostgreSQL store and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
@@ -16,7 +17,24 @@ import psycopg
 from psycopg import AsyncConnection, AsyncCursor, pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-__all__ = ["Lane", "check_alive", "dropped", "with_session_defaults"]
+from copilot_runtime._deadline import within
+from copilot_runtime._exceptions import ServiceUnavailableError
+
+__all__ = ["Lane", "check_alive", "dropped", "reachable", "with_session_defaults"]
+
+
+@contextlib.asynccontextmanager
+async def reachable(seconds: float | None, unreachable: str) -> AsyncIterator[None]:
+    """The block, within `seconds` (None: unbounded); a server that cannot be reached, or
+    does not answer in time, is a ServiceUnavailableError(`unreachable`): a 503 with
+    Retry-After, or a run's RUN_ERROR SERVICE_UNAVAILABLE, never a 500 or a wait as long as
+    the outage (a server that stops answering is not noticed by TCP while its host
+    acknowledges the packets)."""
+    try:
+        async with within(seconds) if seconds is not None else contextlib.nullcontext():
+            yield
+    except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError) as exc:
+        raise ServiceUnavailableError(unreachable) from exc
 
 
 def with_session_defaults(conninfo: str, *, connect_timeout: float, application_name: str

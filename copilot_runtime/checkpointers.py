@@ -51,7 +51,6 @@ from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
 from copilot_runtime.approvals.sql import (
     PostgresApprovalStore,
     SQLiteApprovalStore,
-    answered_within,
     check_identifier,
 )
 
@@ -279,7 +278,9 @@ class _PostgresBackend(_Backend):
         # as long as it did: the call fails with SERVICE_UNAVAILABLE within `timeout`
         # instead. A write given up on may still commit once the server answers: the next
         # run then starts from that checkpoint, as if the step had been stored in time.
-        return answered_within(self.timeout, "The checkpoint store cannot be reached")
+        from copilot_runtime._pg_lane import reachable  # the postgres extra
+
+        return reachable(self.timeout, "The checkpoint store cannot be reached")
 
     async def _close(self, saver: BaseCheckpointSaver[Any]) -> None:
         pool, self._pool = self._pool, None

@@ -89,10 +89,10 @@ def agent_of(runtime: CopilotRuntime) -> LangGraphAgent:
     return agent
 
 
-async def asked(runtime: CopilotRuntime) -> Approval:
-    """A run that stops at the question: the approval it left pending."""
+async def driven(runtime: CopilotRuntime, text: str, run_id: str = "run-1") -> list[Any]:
+    """The events of a chat run on the thread, driven to its end."""
     run = await runtime.start_run("lg", parse_run_input(
-        run_input("Pay it", thread=THREAD, protocolVersion="1.0")))
+        run_input(text, thread=THREAD, run=run_id, protocolVersion="1.0")))
     events: list[Any] = []
 
     async def write(batch: Any) -> None:
@@ -100,8 +100,39 @@ async def asked(runtime: CopilotRuntime) -> Approval:
 
     async with run:
         await run.drive(write)
+    return events
+
+
+async def asked(runtime: CopilotRuntime) -> Approval:
+    """A run that stops at the question: the approval it left pending."""
+    events = await driven(runtime, "Pay it")
     assert events[-1]["outcome"]["type"] == "interrupt"
     (approval,) = await runtime.approvals.list()
+    return approval
+
+
+async def killed_in_pay(url: str) -> Approval:
+    """What a SIGKILL of the worker carrying out an approved payment leaves: the answer
+    recorded (not applied), the step that took it stored, `pay` cut off in its middle."""
+    payments = Payments()
+    runtime = paying_runtime(url, payments)
+    try:
+        approval = await asked(runtime)
+        agent = agent_of(runtime)
+        assert await agent.approvals.claim(approval.id, "answered", ANSWER, "ann",
+                                           time.time())
+        # The graph takes the answer as the killed worker's run did; it dies in `pay`.
+        resumed = asyncio.create_task(agent.graph.ainvoke(
+            Command(resume={approval.id: ANSWER}), agent._graph_config(THREAD)))
+        async with asyncio.timeout(10):
+            await payments.started.wait()
+        resumed.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await resumed
+        await parked_at_pay(runtime)
+    finally:
+        await runtime.aclose()
+    assert payments.done == []
     return approval
 
 
@@ -144,22 +175,7 @@ async def test_a_graph_whose_worker_died_after_it_took_the_answer_is_carried_on(
     """What a SIGKILL leaves: the answer recorded (not applied), the step that took it
     stored, the approved action cut off. Before the fix the next start marked the
     approval applied and never ran the action."""
-    payments = Payments()
-    runtime = paying_runtime(checkpoints_url, payments)
-    approval = await asked(runtime)
-    agent = agent_of(runtime)
-    claimed = await agent.approvals.claim(approval.id, "answered", ANSWER, "ann", time.time())
-    assert claimed is not None
-    # The graph takes the answer as the killed worker's run did; it dies in `pay`.
-    resumed = asyncio.create_task(agent.graph.ainvoke(
-        Command(resume={approval.id: ANSWER}), agent._graph_config(THREAD)))
-    async with asyncio.timeout(10):
-        await payments.started.wait()
-    resumed.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await resumed
-    await parked_at_pay(runtime)
-    await runtime.aclose()
+    approval = await killed_in_pay(checkpoints_url)
     await carried_on(checkpoints_url, approval.id)
 
 
@@ -170,33 +186,12 @@ async def test_a_message_to_a_graph_left_mid_way_carries_it_on_first(
     the new input started the graph over (LangGraph drops the steps left): the approved
     action never ran, a second approval was asked for the same thing, and the first one was
     then marked applied."""
-    payments = Payments()
-    runtime = paying_runtime(checkpoints_url, payments)
-    approval = await asked(runtime)
-    agent = agent_of(runtime)
-    assert await agent.approvals.claim(approval.id, "answered", ANSWER, "ann", time.time())
-    resumed = asyncio.create_task(agent.graph.ainvoke(
-        Command(resume={approval.id: ANSWER}), agent._graph_config(THREAD)))
-    async with asyncio.timeout(10):
-        await payments.started.wait()
-    resumed.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await resumed
-    await runtime.aclose()
-
+    approval = await killed_in_pay(checkpoints_url)
     payments = Payments()
     payments.gate.set()
     runtime = paying_runtime(checkpoints_url, payments)  # not started: no recovery runs
     try:
-        run = await runtime.start_run("lg", parse_run_input(run_input(
-            "Did it go through?", thread=THREAD, run="r-2", protocolVersion="1.0")))
-        events: list[Any] = []
-
-        async def write(batch: Any) -> None:
-            events.extend(batch)
-
-        async with run:
-            await run.drive(write)
+        events = await driven(runtime, "Did it go through?", "r-2")
         assert events[-1]["type"] == "RUN_FINISHED", events[-1]
         assert payments.done == [ANSWER]  # carried on, once
         settled = await agent_of(runtime).approvals.get(approval.id)

@@ -239,10 +239,11 @@ async def _not_pending(store: ApprovalStore, approval_id: str,
                        thread_id: str) -> Exception:
     # An id no store can keep (a NUL byte, too long) names no approval: do not look it up
     # (PostgreSQL refuses NUL in text, which failed the run as AGENT_ERROR), nor echo it.
-    approval = None if id_problem(approval_id) is not None else await store.get(approval_id)
+    unkeepable = id_problem(approval_id) is not None
+    approval = None if unkeepable else await store.get(approval_id)
     if approval is not None and approval.status != "pending":
         return ApprovalClosedError(approval)
-    if id_problem(approval_id) is not None:
+    if unkeepable:
         return NothingToResumeError(
             f"That interrupt is not pending on thread '{thread_id}': there is nothing to "
             "resume")

@@ -413,15 +413,13 @@ class ApprovalService:
                     continue
                 if older and (approval.answered_at or now) > now - older:
                     continue
-                if approval.id in await agent.pending_interrupt_ids(approval.thread_id):
+                # The answer is sent again if it never reached the graph (its interrupt still
+                # waits), or if the graph took it and its run then died between two steps
+                # (a crash, a shutdown: nothing else runs the rest, the approved action
+                # maybe), which carries the graph on from the step it stopped at.
+                if approval.id in await agent.pending_interrupt_ids(approval.thread_id) \
+                        or await agent.parked(approval.thread_id):
                     _log.info("resending an approval answer", approval_id=approval.id)
-                    await self._try_resume(approval, approval.answer,
-                                           approval.answered_by or "runtime")
-                elif await agent.parked(approval.thread_id):
-                    # The graph took the answer, then its run died between steps (a crash,
-                    # a shutdown): nothing else runs the rest, the approved action maybe.
-                    _log.info("carrying on a graph an approval's run left mid-way",
-                              approval_id=approval.id)
                     await self._try_resume(approval, approval.answer,
                                            approval.answered_by or "runtime")
                 else:

@@ -11,13 +11,12 @@ import abc
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 import orjson
 
-from copilot_runtime._deadline import within
-from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
+from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime.approvals.ledger import (
     Approval,
     ApprovalStatus,
@@ -39,20 +38,10 @@ def check_identifier(name: str) -> str:
     return name
 
 
-@contextlib.asynccontextmanager
-async def answered_within(seconds: float, unreachable: str) -> AsyncIterator[None]:
-    """The block within `seconds`; a PostgreSQL server that cannot be reached, or does not
-    answer in time, is a ServiceUnavailableError(`unreachable`): a 503 with Retry-After, or
-    a run's RUN_ERROR SERVICE_UNAVAILABLE, not a 500, an agent's failure or a wait as long
-    as the outage (a server that stops answering is not noticed by TCP while its host
-    acknowledges the packets)."""
-    import psycopg  # the postgres extra, which only PostgreSQL's callers need
+def _reachable(seconds: float) -> contextlib.AbstractAsyncContextManager[None]:
+    from copilot_runtime._pg_lane import reachable  # the postgres extra: PostgreSQL only
 
-    try:
-        async with within(seconds):
-            yield
-    except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError) as exc:
-        raise ServiceUnavailableError(unreachable) from exc
+    return reachable(seconds, _UNREACHABLE)
 
 
 class _SQLApprovalStore(_Listeners, abc.ABC):
@@ -251,7 +240,7 @@ class PostgresApprovalStore(_SQLApprovalStore):
         return pool
 
     async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        async with answered_within(self.timeout, _UNREACHABLE):
+        async with _reachable(self.timeout):
             pool = await self._open()
             async with pool.connection() as conn:
                 cursor = await conn.execute(sql.replace("?", "%s"), tuple(params))
@@ -259,7 +248,7 @@ class PostgresApprovalStore(_SQLApprovalStore):
                 return count
 
     async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        async with answered_within(self.timeout, _UNREACHABLE):
+        async with _reachable(self.timeout):
             pool = await self._open()
             async with pool.connection() as conn:
                 cursor = await conn.execute(sql.replace("?", "%s"), tuple(params))

@@ -1,5 +1,5 @@
 """What the SQL stores share: reading a thread's events after a position from its rows,
-and closing a run left open."""
+closing a run left open, and checking a schema's version."""
 
 from __future__ import annotations
 
@@ -10,10 +10,22 @@ import orjson
 
 from copilot_runtime import events as ev
 from copilot_runtime._compaction import compact_events
+from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime.events import Event
 from copilot_runtime.threads.base import Positioned, interrupted_tail, storable_ids
 
-__all__ = ["Chunk", "RunRow", "closed_run", "events_after", "message_ids_of"]
+__all__ = ["Chunk", "RunRow", "check_schema_version", "closed_run", "events_after",
+           "message_ids_of"]
+
+
+def check_schema_version(store: str, version: int, known: int) -> None:
+    """Refuse a store a newer release migrated (a roll-back, or an old worker left behind):
+    a newer schema may mean something older code would get wrong (migration 3 of the
+    PostgreSQL store dropped the foreign keys older releases deleted threads through)."""
+    if version > known:
+        raise ConfigurationError(
+            f"the thread store {store} is at schema version {version}, newer than this "
+            f"release knows ({known}): run the release that migrated it, or a newer one")
 
 
 @dataclass(slots=True)

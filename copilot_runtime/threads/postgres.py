@@ -21,20 +21,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import psycopg
 import structlog
 from psycopg import AsyncConnection, AsyncCursor, sql
 from psycopg_pool import AsyncConnectionPool
 
 from copilot_runtime._batching import Batcher
-from copilot_runtime._deadline import within
-from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
-from copilot_runtime._pg_lane import Lane, check_alive, with_session_defaults
+from copilot_runtime._pg_lane import Lane, check_alive, reachable, with_session_defaults
 from copilot_runtime.events import Event
 from copilot_runtime.threads._grouped import GroupedWriter
 from copilot_runtime.threads._rows import (
     Chunk,
     RunRow,
+    check_schema_version,
     closed_run,
     events_after,
     message_ids_of,
@@ -340,12 +338,10 @@ class PostgresThreadStore:
         """Open the store, then the block: a server that cannot be reached (or, `bounded`,
         does not answer within `timeout`) is a ServiceUnavailableError. Writes are not
         bounded: a write given up on could still commit, after its thread was given back."""
-        try:
-            async with within(self.timeout) if bounded else contextlib.nullcontext():
-                await self.open()
-                yield
-        except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError) as exc:
-            raise ServiceUnavailableError("The thread store cannot be reached") from exc
+        async with reachable(self.timeout if bounded else None,
+                             "The thread store cannot be reached"):
+            await self.open()
+            yield
 
     async def _open(self) -> None:
         async with await AsyncConnection.connect(self.conninfo, autocommit=True) as conn, \
@@ -361,15 +357,7 @@ class PostgresThreadStore:
                 row = await (await conn.execute("SELECT version FROM schema_version")
                              ).fetchone()
                 version = row[0] if row else 0
-                if version > len(_MIGRATIONS):
-                    # A newer release migrated this schema (a roll-back, or an old worker
-                    # left behind): its meaning may have changed (migration 3 dropped the
-                    # foreign keys older releases deleted threads through), so say so
-                    # instead of reading and writing it as if it were ours.
-                    raise ConfigurationError(
-                        f"the thread store's schema {self.schema!r} is at version {version}, "
-                        f"newer than this release knows ({len(_MIGRATIONS)}): run the "
-                        "release that migrated it, or a newer one")
+                check_schema_version(f"schema {self.schema!r}", version, len(_MIGRATIONS))
                 for number, migration in enumerate(_MIGRATIONS, start=1):
                     if number > version:
                         await conn.execute(migration.encode())

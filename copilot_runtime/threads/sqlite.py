@@ -21,11 +21,11 @@ from typing import Any, TypeVar
 
 import orjson
 
-from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime.events import Event
 from copilot_runtime.threads._rows import (
     Chunk,
     RunRow,
+    check_schema_version,
     closed_run,
     events_after,
     message_ids_of,
@@ -144,11 +144,7 @@ class SQLiteThreadStore:
             db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = db.execute("SELECT version FROM schema_version").fetchone()
             version = row[0] if row else 0
-            if version > len(_MIGRATIONS):
-                raise ConfigurationError(
-                    f"the thread store {self.path!r} is at schema version {version}, newer "
-                    f"than this release knows ({len(_MIGRATIONS)}): run the release that "
-                    "migrated it, or a newer one")
+            check_schema_version(repr(self.path), version, len(_MIGRATIONS))
             for number, migration in enumerate(_MIGRATIONS, start=1):
                 if number > version:
                     migration(db)
