@@ -25,12 +25,12 @@ from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
 from copilot_runtime import CopilotRuntime
-from copilot_runtime._input import parse_run_input
 from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.approvals import Approval
 from copilot_runtime.checkpointers import checkpointer
 from tests.conftest import poll, run_input
 from tests.hitl_support.postgres import postgres_schema
+from tests.test_approvals_reservations import drive
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -91,16 +91,8 @@ def agent_of(runtime: CopilotRuntime) -> LangGraphAgent:
 
 async def driven(runtime: CopilotRuntime, text: str, run_id: str = "run-1") -> list[Any]:
     """The events of a chat run on the thread, driven to its end."""
-    run = await runtime.start_run("lg", parse_run_input(
-        run_input(text, thread=THREAD, run=run_id, protocolVersion="1.0")))
-    events: list[Any] = []
-
-    async def write(batch: Any) -> None:
-        events.extend(batch)
-
-    async with run:
-        await run.drive(write)
-    return events
+    return await drive(runtime, run_input(text, thread=THREAD, run=run_id,
+                                          protocolVersion="1.0"))
 
 
 async def asked(runtime: CopilotRuntime) -> Approval:
