@@ -21,15 +21,22 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
 from copilot_runtime import CopilotRuntime
-from copilot_runtime._exceptions import ApprovalError
+from copilot_runtime._exceptions import ApprovalError, InvalidRequestError
 from copilot_runtime._input import parse_run_input
 from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.approvals import ApprovalStore
 from copilot_runtime.approvals.ledger import Approval
 from copilot_runtime.approvals.resume import claim_resume
 from copilot_runtime.checkpointers import DurableCheckpointer, checkpointer
-from tests.conftest import ServeRuntime, run_input
+from tests.conftest import ServeRuntime, run_input, types
 from tests.hitl_support.postgres import postgres_schema
+from tests.test_approvals_reservations import (
+    approving_runtime,
+    assert_applied,
+    drive,
+    interrupted,
+    resume_body,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -126,6 +133,55 @@ async def test_an_interrupt_id_no_ledger_can_keep_is_a_precise_error(
         assert caught.value.code == "INTERRUPT_NOT_PENDING"
         assert len(caught.value.message) < 200
         assert "\x00" not in caught.value.message
+
+
+@pytest.mark.parametrize("payload", [
+    {"action": "timeout"}, {"decision": "expired", "reason": "too late"},
+    {"answer": {"status": "timed_out"}}, '{"action": "Timeout"}'])
+async def test_a_client_cannot_answer_timeout(ledger: ApprovalStore, payload: Any) -> None:
+    """`timeout` is the runtime's answer once a deadline passed. Over AG-UI a client could
+    send it (the HTTP route allows only approve, reject and revise), taking the workflow's
+    no-answer path before the deadline, recorded as answered by the client."""
+    await ledger.add([pending("i1")])
+    forged = parse_run_input({
+        "threadId": "t", "runId": "r2", "messages": [], "tools": [], "context": [],
+        "state": {}, "forwardedProps": {},
+        "resume": [{"interruptId": "i1", "status": "resolved", "payload": payload}]})
+    with pytest.raises(InvalidRequestError) as caught:
+        await claim_resume(ledger, agent_id="flow", input=forged, pending={"i1"},
+                           channel="outcome")
+    assert "timeout" in caught.value.message
+    untouched = await ledger.get("i1")
+    assert untouched is not None
+    assert (untouched.status, untouched.answer) == ("pending", None)
+    # The legacy form (`forwardedProps.command.resume`) is held to the same rule.
+    legacy = parse_run_input({
+        "threadId": "t", "runId": "r3", "messages": [], "tools": [], "context": [],
+        "state": {}, "forwardedProps": {"command": {"resume": payload}}})
+    with pytest.raises(InvalidRequestError):
+        await claim_resume(ledger, agent_id="flow", input=legacy, pending={"i1"},
+                           channel="outcome")
+    # Words typed into a chat are never a timeout: "expired" is what to change.
+    await claim_resume(ledger, agent_id="flow", input=resume_input("i1", {}),
+                       pending={"i1"}, channel="outcome")
+    answered = await ledger.get("i1")
+    assert answered is not None
+    assert answered.status == "answered"
+
+
+async def test_a_forged_timeout_over_agui_is_a_run_error_and_the_approval_waits() -> None:
+    runtime = approving_runtime()
+    approval = await interrupted(runtime)
+    events = await drive(runtime, resume_body("r-forged", (approval.id, {"action": "timeout"})))
+    assert types(events) == ["RUN_STARTED", "RUN_ERROR"]
+    assert events[-1]["code"] == "INVALID_REQUEST"
+    assert "deadline" in events[-1]["message"]
+    still, _, _ = await runtime.approvals.get(approval.id)
+    assert still.status == "pending"
+    events = await drive(runtime, resume_body("r-real", (approval.id, {"action": "approve"})))
+    assert types(events)[-1] == "RUN_FINISHED"
+    await assert_applied(runtime, approval.id, {"action": "approve"})
+    await runtime.aclose()
 
 
 class SlowSaver(InMemorySaver):

@@ -25,11 +25,15 @@ import orjson
 import structlog
 from ag_ui.core import ResumeEntry, RunAgentInput
 
-from copilot_runtime._exceptions import ApprovalClosedError, NothingToResumeError
+from copilot_runtime._exceptions import (
+    ApprovalClosedError,
+    InvalidRequestError,
+    NothingToResumeError,
+)
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import check_json_text
 from copilot_runtime._time import iso_time, parse_time
-from copilot_runtime.approvals.decisions import timeout_answer
+from copilot_runtime.approvals.decisions import parse_decision, timeout_answer
 from copilot_runtime.approvals.ledger import Approval, ApprovalStore, Channel
 from copilot_runtime.threads.base import id_problem
 
@@ -183,6 +187,7 @@ async def _claim(store: ApprovalStore, approval_id: str, given: Any, by: str, *,
                  won: list[str]) -> Any:
     """The answer the graph gets for `approval_id`; its id goes to `won` if this claimed it
     (not if it was claimed before: that answer, stored, is resent until a run takes it)."""
+    _refuse_forged_timeout(given)
     approval = await store.get(approval_id)
     if approval is None:
         # Waiting in the checkpoint but not in the ledger (it was lost, or the interrupt
@@ -205,6 +210,17 @@ async def _claim(store: ApprovalStore, approval_id: str, given: Any, by: str, *,
     if approval.status in ("answered", "expired"):
         return approval.answer
     raise ApprovalClosedError(approval)
+
+
+def _refuse_forged_timeout(given: Any) -> None:
+    """A deadline passing is the runtime's word, never a client's: an answer saying
+    `timeout` would take the workflow's no-answer path before its deadline (the HTTP route
+    allows only approve, reject and revise)."""
+    decided = parse_decision(given)
+    if decided is not None and decided.action == "timeout":
+        raise InvalidRequestError(
+            "An answer cannot say 'timeout': only the runtime answers so, once an "
+            "approval's deadline has passed")
 
 
 async def _taken_unfinished(store: ApprovalStore, approval_id: str) -> Approval | None:
