@@ -27,6 +27,8 @@ from copilot_runtime._exceptions import (
     RateLimitedError,
     ServiceUnavailableError,
 )
+from copilot_runtime._redis_client import DEFAULT_POOL_SIZE, bounded_redis
+from copilot_runtime._url_options import pool_size_option, split_options
 from copilot_runtime.auth import RequestInfo
 
 __all__ = [
@@ -148,9 +150,9 @@ class RedisCounters:
     """
 
     def __init__(self, url: str, *, prefix: str = "copilot-runtime:limits:",
-                 name: str = "The rate limits' Redis", timeout: float = 5.0) -> None:
+                 name: str = "The rate limits' Redis", timeout: float = 5.0,
+                 pool_size: int | None = None) -> None:
         try:
-            import redis.asyncio as aioredis
             from redis.exceptions import ConnectionError, TimeoutError
         except ImportError as exc:
             raise ConfigurationError(
@@ -159,9 +161,13 @@ class RedisCounters:
         #: Who cannot be reached, in the 503 a request gets while Redis is away.
         self.name = name
         self._unreachable = (ConnectionError, TimeoutError)
+        url, options = split_options(url, ("pool_size",))
+        if pool_size is None:
+            pool_size = pool_size_option(options, DEFAULT_POOL_SIZE)
         # Bounded: a request waits on these before its run starts.
-        self._redis: Any = aioredis.from_url(url, socket_connect_timeout=timeout,
-                                             socket_timeout=timeout)
+        self._redis: Any = bounded_redis(url, size=pool_size, wait=timeout,
+                                         socket_connect_timeout=timeout,
+                                         socket_timeout=timeout)
         self._hit = self._redis.register_script(_HIT)
         self._acquire = self._redis.register_script(_ACQUIRE)
         self._release = self._redis.register_script(_RELEASE)

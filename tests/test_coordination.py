@@ -477,6 +477,32 @@ async def test_redis_scripts_the_server_lost_are_sent_again() -> None:
             await b.aclose()
 
 
+async def test_redis_commands_share_a_bounded_pool() -> None:
+    """redis-py's pool opened a connection per command in flight (41 after 40 releases at
+    once, and a "Too many connections" failure past 100): the coordinator's commands now
+    wait for one of `pool_size` connections, beside the one that listens for signals."""
+    import redis.asyncio as aioredis
+
+    with redis_prefix() as url:
+        name = f"pool-{time.monotonic_ns()}"
+        made = coordinator(f"{url}&pool_size=3&client_name={name}")
+        await made.start()
+        admin = aioredis.from_url(url.split("?")[0])
+        try:
+            leases = await asyncio.gather(*(made.acquire(f"t{i}", "r") for i in range(40)))
+            assert all(lease is not None for lease in leases)
+            await asyncio.gather(*(made.release(lease) for lease in leases if lease),
+                                 *(made.holder(f"t{i}") for i in range(40)))
+            assert all([await made.holder(f"t{i}") is None for i in range(40)])
+            clients = [c for c in await admin.client_list() if c.get("name") == name]
+            assert 2 <= len(clients) <= 4  # the listener, and at most 3 for commands
+        finally:
+            await admin.aclose()
+            await made.aclose()
+    with pytest.raises(ConfigurationError, match="pool_size"):
+        coordinator("redis://127.0.0.1:6379/0?pool_size=0")
+
+
 async def test_a_deadline_holds_against_a_block_that_cleans_up_slowly() -> None:
     """`within` is `asyncio.timeout` for a block that, cancelled, takes its time to clean up
     (psycopg asks a hung server to cancel the statement and waits up to 5 s): cancelled

@@ -311,6 +311,27 @@ async def test_a_redis_slot_a_dead_worker_kept_expires_while_its_caller_stays_bu
     assert int(await redis.get(slots)) == 1
 
 
+async def test_redis_counters_share_a_bounded_pool() -> None:
+    """Each request's limit checks were a command on a pool that opened one connection per
+    command in flight: 150 requests at once made 100 connections, then failed the rest
+    with 503 ("Too many connections", taken for Redis being away)."""
+    prefix = f"copilot-runtime-test:{uuid.uuid4().hex}:"
+    name = f"limits-{uuid.uuid4().hex[:8]}"
+    counters = RedisCounters(f"{REDIS_URL}?pool_size=4&client_name={name}", prefix=prefix)
+    try:
+        taken = await asyncio.gather(*(counters.acquire(f"k{i % 7}", 1000)
+                                       for i in range(150)))
+        assert all(taken)
+        await asyncio.gather(*(counters.hit(f"k{i % 7}", 1000, 60) for i in range(150)))
+        clients = [c for c in await counters._redis.client_list() if c.get("name") == name]
+        assert 1 <= len(clients) <= 4
+        keys = [k async for k in counters._redis.scan_iter(match=prefix + "*")]
+        if keys:
+            await counters._redis.delete(*keys)
+    finally:
+        await counters.aclose()
+
+
 # ---- 5. a judge that never ends --------------------------------------------------------------
 
 

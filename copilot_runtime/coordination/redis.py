@@ -1,6 +1,8 @@
 """Coordination on Redis: leases by `SET NX PX` with a token, signals by pub/sub.
 
-`redis://host:port/N?prefix=P&lease_ttl=SECONDS` (the `redis` extra). A lease is renewed,
+`redis://host:port/N?prefix=P&lease_ttl=SECONDS&pool_size=N` (the `redis` extra;
+`pool_size`: the most connections commands use at once, 10 by default, beside the one that
+listens for signals; a command waits for a free one rather than opening more). A lease is renewed,
 and released, only by the holder of its token (a compare-and-set script), so a worker whose
 lease expired cannot extend or delete its successor's.
 
@@ -14,7 +16,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from copilot_runtime._url_options import lease_ttl_option, split_options
+from copilot_runtime._redis_client import DEFAULT_POOL_SIZE, bounded_redis
+from copilot_runtime._url_options import lease_ttl_option, pool_size_option, split_options
 from copilot_runtime.coordination._shared import (
     DEFAULT_LEASE_TTL,
     SharedCoordinator,
@@ -95,7 +98,8 @@ class RedisCoordinator(SharedCoordinator):
         except ImportError as exc:
             raise ImportError("the Redis coordinator needs redis-py: pip install "
                               "'copilot-runtime[redis]'", name=exc.name) from exc
-        self.url, options = split_options(url, ("prefix", "lease_ttl"))
+        self.url, options = split_options(url, ("prefix", "lease_ttl", "pool_size"))
+        self.pool_size = pool_size_option(options, DEFAULT_POOL_SIZE)
         self.unreachable = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
         super().__init__(lease_ttl if lease_ttl is not None
                          else lease_ttl_option(options, DEFAULT_LEASE_TTL))
@@ -119,10 +123,10 @@ class RedisCoordinator(SharedCoordinator):
         return [self._key(thread_id), self._open_key(thread_id), self._followed_key(thread_id)]
 
     async def _connect(self) -> None:
-        import redis.asyncio as aioredis
-
-        # A server that does not answer fails a connection attempt in seconds.
-        self._redis = aioredis.from_url(self.url, socket_connect_timeout=5)
+        # A server that does not answer fails a connection attempt in seconds; one
+        # connection more than the commands' for the signal listener.
+        self._redis = bounded_redis(self.url, size=self.pool_size + 1, wait=self.timeout,
+                                    socket_connect_timeout=5)
         await self._redis.ping()
 
     async def _listen(self, ready: asyncio.Future[None]) -> None:
@@ -210,7 +214,7 @@ class RedisCoordinator(SharedCoordinator):
 
     def counters(self) -> CounterBackend:
         return RedisCounters(self.url, prefix=f"{self.prefix}limits:",
-                             name="The coordinator")
+                             name="The coordinator", pool_size=self.pool_size)
 
     async def _publish_many(self, signals: list[Signal]) -> list[None]:
         # A run's progress only to followers of that run; other signals to every worker.
