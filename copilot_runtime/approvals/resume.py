@@ -187,7 +187,6 @@ async def _claim(store: ApprovalStore, approval_id: str, given: Any, by: str, *,
                  won: list[str]) -> Any:
     """The answer the graph gets for `approval_id`; its id goes to `won` if this claimed it
     (not if it was claimed before: that answer, stored, is resent until a run takes it)."""
-    _refuse_forged_timeout(given)
     approval = await store.get(approval_id)
     if approval is None:
         # Waiting in the checkpoint but not in the ledger (it was lost, or the interrupt
@@ -199,6 +198,7 @@ async def _claim(store: ApprovalStore, approval_id: str, given: Any, by: str, *,
             answer = timeout_answer(iso_time(approval.expires_at or now))
             claiming = store.claim(approval_id, "expired", answer, "runtime", now)
         else:
+            _refuse_forged_timeout(given)
             answer = given
             claiming = store.claim(approval_id, "answered", given, by, now)
         claimed = await _to_its_end(claiming, approval_id, won)
