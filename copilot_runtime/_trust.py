@@ -257,3 +257,10 @@ def _ended(runtime: Host, run: ActiveRun, lease: Lease | None,
 
 
 _pending: set[asyncio.Task[None]] = set()
+
+
+async def drain_releases(timeout: float) -> None:  # noqa: ASYNC109 - a grace period
+    """Wait up to `timeout` seconds for the callers' slots still being given back."""
+    tasks = list(_pending)
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)

@@ -363,8 +363,6 @@ class CopilotRuntime:
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
         await self.hooks.drain()
-        if self.limiter is not None:
-            await self.limiter.aclose()
         if self.transcription is not None:
             await self.transcription.aclose()
         if self.mcp is not None:
@@ -380,6 +378,12 @@ class CopilotRuntime:
         if self._sweep is not None:
             await self._sweep.aclose()
         await self.runs.drain(5.0)  # runs' writes and releases waiting for their servers
+        if self.limiter is not None:
+            # Only once every run has ended: a run ending during the drain gives its
+            # caller's slot back through the limiter (closed first, a shared backend kept
+            # that slot taken for an hour after each restart).
+            await _trust.drain_releases(5.0)
+            await self.limiter.aclose()
         await self.coordinator.aclose()
         await self.store.aclose()
 

@@ -109,6 +109,46 @@ async def test_concurrent_runs_and_anonymous_callers(serve_runtime: ServeRuntime
         assert (await run(served, None, "x2"))[0] == 429  # by client address
 
 
+class SlowToRelease(RedisCounters):
+    """Counters whose release takes a moment to be sent (a busy event loop, a far Redis)."""
+
+    async def release(self, key: str) -> None:
+        await asyncio.sleep(0.2)
+        await super().release(key)
+
+
+async def test_a_shutdown_mid_run_gives_the_callers_slot_back(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """The limiter was closed before the runs a shutdown cut short had ended: their slots,
+    given back as they ended, went to a closed Redis client, and each restart locked their
+    callers out for an hour (429 on every other worker)."""
+    prefix = f"copilot-runtime-test:{uuid.uuid4().hex}:"
+    url = "redis://127.0.0.1:6379/0"
+    runtime = CopilotRuntime(service_adapter=adapter(llm), auth=USERS, rate_limit=RateLimit(
+        concurrent_runs=1, backend=SlowToRelease(url, prefix=prefix)))
+    other = RateLimiter(RateLimit(concurrent_runs=1, backend=RedisCounters(url, prefix=prefix)))
+    try:
+        async with serve_runtime(runtime) as served:
+            slow = asyncio.create_task(run(served, ALICE, "slow", "slow:200 " + "a " * 50))
+            for _ in range(300):
+                if "slow" in runtime.runs.active:
+                    break
+                await asyncio.sleep(0.01)
+            with pytest.raises(RateLimitedError):  # the slot is taken, on every worker
+                await other.acquire(caller("alice"))
+            await runtime.aclose()  # a SIGTERM: the run is cut short
+            await asyncio.wait_for(slow, 10)
+        again = await other.acquire(caller("alice"))
+        assert again is not None
+        await again.release()
+    finally:
+        redis = other.backend._redis  # type: ignore[attr-defined]
+        keys = [k async for k in redis.scan_iter(match=prefix + "*")]
+        if keys:
+            await redis.delete(*keys)
+        await other.aclose()
+
+
 async def test_allowed_models(serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
     runtime = CopilotRuntime(agents={"default": BuiltInAgent(
         adapter(llm), allowed_models=["gpt-4o-mini"])})
