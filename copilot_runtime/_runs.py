@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import math
 import time
+from collections import OrderedDict
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -53,6 +54,7 @@ from copilot_runtime.threads.base import (
     Positioned,
     StoredRun,
     ThreadOwner,
+    ThreadRecord,
     ThreadStore,
     positioned_runs,
     storable_ids,
@@ -521,12 +523,23 @@ class RunManager:
         #: Whether `recover` closed the runs a previous process left open (this process
         #: alone): until it did (its store was away at start-up), runs and replays try again.
         self.recovered = self.durable is None or self.coordinator is not None
+        self._owners = _KnownOwners()
 
     async def begin(self, agent_id: str, agent: Agent, input: RunInput,
-                    context: RunContext, owner: ThreadOwner | None = None) -> ActiveRun:
+                    context: RunContext, owner: ThreadOwner | None = None,
+                    remembered: Callable[[str], Awaitable[bool]] | None = None
+                    ) -> ActiveRun:
         """Reserve the thread for a run. With `owner`, a thread someone else owns, running
-        or stored, does not exist (`ThreadNotFoundError`); a new thread becomes `owner`'s."""
+        or stored, does not exist (`ThreadNotFoundError`); a new thread becomes `owner`'s.
+        `remembered(thread_id)` says whether an agent still keeps a thread the store has no
+        record of (an evicted in-memory thread, one from before a restart): its owner is
+        unknown, so it becomes nobody's (`ThreadNotFoundError`)."""
         thread_id = input.thread_id
+        if owner is not None and self._owners.refuses(thread_id, owner):
+            # Refused before anything is reserved: a reservation (or a lease) of a caller
+            # then refused makes the thread busy for its owner meanwhile, so anyone who knew
+            # its id could keep it busy by asking again and again.
+            raise ThreadNotFoundError(thread_id)
         running = self.active.get(thread_id)
         if running is not None:
             # A reservation not yet confirmed names only who asked: busy for everyone.
@@ -538,13 +551,12 @@ class RunManager:
         placeholder.owner = owner
         self.active[thread_id] = placeholder
         if self.coordinator is not None:
-            return await self._begin_shared(placeholder, owner)
+            return await self._begin_shared(placeholder, owner, remembered)
         try:
             if not self.recovered:
                 await self.recover()
             record = await self.store.summary(thread_id)
-            if record is not None and owner is not None and record.owner != owner:
-                raise ThreadNotFoundError(thread_id)
+            await self._check_owner(thread_id, record, owner, remembered)
         except BaseException:
             self._withdraw(placeholder)
             raise
@@ -555,6 +567,21 @@ class RunManager:
         placeholder.confirmed = True
         return placeholder
 
+    async def _check_owner(self, thread_id: str, record: ThreadRecord | None,
+                           owner: ThreadOwner | None,
+                           remembered: Callable[[str], Awaitable[bool]] | None) -> None:
+        """Refuse (`ThreadNotFoundError`) a caller who does not own the thread."""
+        if record is not None:
+            self._owners.note(thread_id, record.owner)
+            if owner is not None and record.owner != owner:
+                raise ThreadNotFoundError(thread_id)
+        elif owner is not None and remembered is not None and await remembered(thread_id):
+            raise ThreadNotFoundError(thread_id)
+
+    def forget_owner(self, thread_id: str) -> None:
+        """The thread is deleted: its id may become someone else's."""
+        self._owners.forget(thread_id)
+
     def _withdraw(self, placeholder: ActiveRun) -> None:
         """A reservation `begin` refused: free the thread and end its followers' streams."""
         if self.active.get(placeholder.thread_id) is placeholder:
@@ -564,7 +591,8 @@ class RunManager:
             queue.put_nowait(None)
         placeholder.listeners.clear()
 
-    async def _begin_shared(self, placeholder: ActiveRun, owner: ThreadOwner | None
+    async def _begin_shared(self, placeholder: ActiveRun, owner: ThreadOwner | None,
+                            remembered: Callable[[str], Awaitable[bool]] | None = None
                             ) -> ActiveRun:
         """`begin` across workers: the thread's lease first, then what the store says (read
         under the lease, so no run ends in between)."""
@@ -575,8 +603,7 @@ class RunManager:
         try:
             lease = await coordinator.acquire(thread_id, placeholder.run_id)
             record = await self.store.summary(thread_id)
-            if record is not None and owner is not None and record.owner != owner:
-                raise ThreadNotFoundError(thread_id)
+            await self._check_owner(thread_id, record, owner, remembered)
             if lease is None:  # a run on another worker has the thread
                 raise ThreadBusyError(thread_id)
             if lease.inherited and record is not None and self.durable is not None:
@@ -788,3 +815,34 @@ class RunManager:
                 await run.on_abandon(run)
             except Exception:
                 _log.exception("run abandon observer failed", run_id=run.run_id)
+
+
+class _KnownOwners:
+    """The owners of threads read lately, so that a caller who does not own a thread is
+    refused before its run reserves it. A thread's owner never changes while it exists; a
+    thread deleted on another worker, its id taken by someone else, is refused here for at
+    most `ttl` seconds more."""
+
+    ttl = 60.0
+    most = 10_000
+
+    def __init__(self) -> None:
+        self._known: OrderedDict[str, tuple[ThreadOwner | None, float]] = OrderedDict()
+
+    def refuses(self, thread_id: str, owner: ThreadOwner) -> bool:
+        known = self._known.get(thread_id)
+        if known is None:
+            return False
+        if time.monotonic() - known[1] > self.ttl:
+            del self._known[thread_id]
+            return False
+        return known[0] != owner
+
+    def note(self, thread_id: str, owner: ThreadOwner | None) -> None:
+        self._known[thread_id] = (owner, time.monotonic())
+        self._known.move_to_end(thread_id)
+        if len(self._known) > self.most:
+            self._known.popitem(last=False)
+
+    def forget(self, thread_id: str) -> None:
+        self._known.pop(thread_id, None)

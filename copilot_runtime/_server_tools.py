@@ -123,8 +123,11 @@ class ServerToolsAgent(Agent):
         agent, input = self.start_agent(name)
         yield [ev.tool_call_result(str(uuid.uuid4()), call_id, f"{name} agent started"),
                ev.custom(AGENT_STARTED, {"agentName": name, "runId": input.run_id})]
+        # The agent handed to acts for the same caller: it sees who asks, as the first did.
         sub_context = RunContext(agent_id=name, headers=context.headers,
-                                 follow_up_server_tools=context.follow_up_server_tools)
+                                 follow_up_server_tools=context.follow_up_server_tools,
+                                 principal=context.principal,
+                                 annotations=context.annotations)
         async with _closing(agent.run(input, sub_context)) as batches:
             async for batch in batches:
                 out: list[Event] = []

@@ -10,7 +10,7 @@ import asyncio
 import hashlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -150,7 +150,8 @@ def judged(messages: list[Any], seen: Collection[str]) -> list[tuple[str, list[A
 
 async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
                     context: RunContext, request: RequestInfo | None,
-                    topics: tuple[Sequence[str], Sequence[str]] | None) -> ActiveRun:
+                    topics: tuple[Sequence[str], Sequence[str]] | None,
+                    registered: Agent | None = None) -> ActiveRun:
     principal = request.principal if request is not None else None
     context.principal = principal
     if request is not None:
@@ -159,8 +160,19 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
     if runtime.limiter is not None and request is not None:
         lease = await runtime.limiter.acquire(request)
     try:
+        remembered: Callable[[str], Awaitable[bool]] | None = None
+        if principal is not None:
+            keeper = registered or agent
+
+            async def kept_by_agent(thread_id: str) -> bool:
+                loaded = await keeper.load_state(thread_id, headers=context.headers)
+                return loaded is not None and loaded.exists
+
+            remembered = kept_by_agent
+
         run = await runtime.runs.begin(agent_id, agent, input, context,
-                                       owner_of(principal) if principal is not None else None)
+                                       owner_of(principal) if principal is not None else None,
+                                       remembered)
     except BaseException:
         if lease is not None:
             await lease.release()

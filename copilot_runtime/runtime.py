@@ -10,7 +10,11 @@ from typing import Any
 import structlog
 
 from copilot_runtime import _trust
-from copilot_runtime._exceptions import AgentNotFoundError, ConfigurationError
+from copilot_runtime._exceptions import (
+    AgentNotFoundError,
+    ConfigurationError,
+    ServiceUnavailableError,
+)
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES
 from copilot_runtime._runs import ActiveRun, RunManager
@@ -235,15 +239,23 @@ class CopilotRuntime:
         coordinator = self.runs.coordinator
         return coordinator is not None and await coordinator.holder(thread_id) is not None
 
-    async def forget_thread(self, thread_id: str) -> None:
+    async def forget_thread(self, thread_id: str, *, strict: bool = False) -> None:
         """Have every agent forget what it keeps of a deleted thread (a graph's checkpoints):
-        the thread id is free again, and may become another principal's."""
+        the thread id is free again, and may become another principal's. With `strict`, an
+        agent that could not forget raises `ServiceUnavailableError` once all were tried
+        (the thread must then not be deleted: its id would hand the rest to a new owner)."""
+        self.runs.forget_owner(thread_id)
+        failed = False
         for agent_id, agent in self.agents.items():
             try:
                 await agent.forget_thread(thread_id)
             except Exception:
+                failed = True
                 _log.exception("an agent could not forget a thread", agent=agent_id,
                                thread_id=thread_id)
+        if failed and strict:
+            raise ServiceUnavailableError(
+                "What an agent keeps of the thread could not be deleted; try again")
 
     def agent(self, agent_id: str) -> Agent:
         try:
@@ -315,7 +327,7 @@ class CopilotRuntime:
         if request is None and not self.guardrails and topics is None and not self.observed:
             return await self.runs.begin(agent_id, agent or registered, input, context)
         return await _trust.start_run(self, agent_id, agent or registered, input, context,
-                                      request, topics)
+                                      request, topics, registered)
 
     def stop_run(self, agent_id: str, thread_id: str, run_id: str | None = None, *,
                  request: RequestInfo | None = None) -> bool:

@@ -60,10 +60,22 @@ def of_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 def test_thread_ids() -> None:
     known = "5d3c1e2a-0000-4000-8000-000000000001"
     assert platform_thread_id(known) == known
-    assert platform_thread_id("ck-" + known) == known
     mapped = platform_thread_id("thread-1")
     assert uuid.UUID(mapped).version == 5
     assert platform_thread_id("thread-1") == mapped != platform_thread_id("thread-2")
+
+
+def test_each_thread_id_has_a_platform_thread_of_its_own() -> None:
+    """Owners are kept per runtime thread id: ids that named one platform thread (a `ck-`
+    prefix, other spellings of a UUID, the UUID5 an id maps to) let anyone who knew a
+    thread's id continue its conversation under an id nobody owned yet."""
+    known = "5d3c1e2a-0000-4000-8000-000000000001"
+    aliases = ["ck-" + known, known.upper(), known.replace("-", ""), "{" + known + "}",
+               "urn:uuid:" + known, platform_thread_id("alice-notes")]
+    ids = [known, "alice-notes", *aliases]
+    platform_ids = [platform_thread_id(thread_id) for thread_id in ids]
+    assert len(set(platform_ids)) == len(ids)
+    assert all(uuid.UUID(p).version == 5 for p in platform_ids[1:])
 
 
 async def test_chat(deployment: str, serve_runtime: ServeRuntime) -> None:

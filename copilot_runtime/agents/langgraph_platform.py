@@ -5,10 +5,11 @@ graph through `_PlatformGraph`, a stand-in for a compiled graph whose every call
 `langgraph-sdk` request, so both kinds stream, snapshot state, interrupt and honour the
 CopilotKit conventions alike. What is particular to the platform:
 
-* **Threads.** Platform thread ids are UUIDs. An AG-UI `threadId` that is a UUID (a `ck-`
-  prefix stripped, as the TypeScript runtime does) is used as it is; any other id maps to
-  a stable UUID5, so the same conversation always lands on the same platform thread. A
-  thread that does not exist yet is created on first use.
+* **Threads.** Platform thread ids are UUIDs. An AG-UI `threadId` that is a UUID in its
+  canonical form (and not a version 5 one) is used as it is; any other id maps to a stable
+  UUID5 of its own, so the same conversation always lands on the same platform thread, and
+  no two runtime threads (each with its owner) share one. A thread that does not exist yet
+  is created on first use.
 * **Assistant.** `graph_id` is resolved once with `assistants.search`, and its input and
   output schemas with `assistants.get_schemas`; the client's state is filtered to the input
   schema's keys before it is sent, as the translator does in-process.
@@ -63,12 +64,20 @@ _THREAD_NAMESPACE: Final = uuid.UUID("6f0b8f8e-6f3c-4d7e-9a57-0c0a7c9f4e21")
 
 
 def platform_thread_id(thread_id: str) -> str:
-    """The platform thread for an AG-UI thread id (see the module docstring)."""
-    candidate = thread_id.removeprefix("ck-")
+    """The platform thread for an AG-UI thread id (see the module docstring).
+
+    One-to-one: the runtime keeps an owner per thread id, so two ids must never name one
+    platform thread (a "ck-" prefix, upper case, no hyphens, braces or "urn:uuid:" would
+    otherwise open someone else's conversation under an id nobody owns). Only the canonical
+    spelling of a UUID that is not a version 5 one is used as it is; every other id, a
+    UUID5 included, maps to its own UUID5 (never equal to an id used as it is)."""
     try:
-        return str(uuid.UUID(candidate))
+        parsed = uuid.UUID(thread_id)
     except ValueError:
-        return str(uuid.uuid5(_THREAD_NAMESPACE, thread_id))
+        parsed = None
+    if parsed is not None and parsed.version != 5 and str(parsed) == thread_id:
+        return thread_id
+    return str(uuid.uuid5(_THREAD_NAMESPACE, thread_id))
 
 
 class LangGraphPlatformAgent(Agent):

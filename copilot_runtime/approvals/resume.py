@@ -148,7 +148,8 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
     answers: dict[str, Any] = {}
     for entry in entries:
         if entry.interrupt_id not in pending:
-            taken = await _taken_unfinished(store, entry.interrupt_id) if parked else None
+            taken = await _taken_unfinished(store, entry.interrupt_id, model.thread_id) \
+                if parked else None
             if taken is None:
                 raise await _not_pending(store, entry.interrupt_id, model.thread_id)
             answers[entry.interrupt_id] = taken.answer  # the graph took it: the same one
@@ -223,13 +224,16 @@ def _refuse_forged_timeout(given: Any) -> None:
             "approval's deadline has passed")
 
 
-async def _taken_unfinished(store: ApprovalStore, approval_id: str) -> Approval | None:
-    """The approval, if its answer was recorded and the run that took it never finished."""
+async def _taken_unfinished(store: ApprovalStore, approval_id: str,
+                            thread_id: str) -> Approval | None:
+    """The thread's approval, if its answer was recorded and the run that took it never
+    finished (another thread's approval is none of this run's business: settled as applied
+    by it, its own graph would never be carried on)."""
     if id_problem(approval_id) is not None:
         return None
     approval = await store.get(approval_id)
-    if approval is not None and approval.status in ("answered", "expired") \
-            and not approval.applied:
+    if approval is not None and approval.thread_id == thread_id \
+            and approval.status in ("answered", "expired") and not approval.applied:
         return approval
     return None
 
@@ -257,6 +261,8 @@ async def _not_pending(store: ApprovalStore, approval_id: str,
     # (PostgreSQL refuses NUL in text, which failed the run as AGENT_ERROR), nor echo it.
     unkeepable = id_problem(approval_id) is not None
     approval = None if unkeepable else await store.get(approval_id)
+    if approval is not None and approval.thread_id != thread_id:
+        approval = None  # another thread's (maybe another user's): as if it did not exist
     if approval is not None and approval.status != "pending":
         return ApprovalClosedError(approval)
     if unkeepable:

@@ -249,11 +249,12 @@ class AGUIProtocol:
         if request.method == "DELETE":
             if await self.runtime.is_running_anywhere(thread_id):
                 raise ThreadBusyError(thread_id)
+            # What the agents keep of the thread goes first: a checkpointed graph would
+            # otherwise hand the conversation to whoever starts a thread with this id next.
+            # Until it is gone the thread keeps its owner (a failure is a 503, kept).
+            await self.runtime.forget_thread(thread_id, strict=True)
             if not await self.runtime.store.delete(thread_id):
                 raise ThreadNotFoundError(thread_id)  # deleted meanwhile, by another request
-            # What the agents keep of the thread goes with it: a checkpointed graph would
-            # otherwise hand the conversation to whoever starts a thread with this id next.
-            await self.runtime.forget_thread(thread_id)
             await send_json(request, 200, {"deleted": True, "id": thread_id})
             return
         data = parse_json_body(body)
