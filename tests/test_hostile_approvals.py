@@ -121,6 +121,22 @@ async def test_a_resume_records_the_caller_not_its_own_claim(ledger: ApprovalSto
     assert second.answered_by == "chat"
 
 
+async def test_a_bare_answer_to_several_interrupts_records_the_caller(
+        ledger: ApprovalStore) -> None:
+    """The legacy resume (`forwardedProps.command.resume`) names no interrupt: with several
+    pending it is recorded for each, and was recorded as "chat" whoever the caller was."""
+    await ledger.add([pending("i1"), pending("i2")])
+    legacy = parse_run_input({
+        "threadId": "t", "runId": "r2", "messages": [], "tools": [], "context": [],
+        "state": {}, "forwardedProps": {"command": {"resume": "approve"}}})
+    await claim_resume(ledger, agent_id="flow", input=legacy, pending={"i1", "i2"},
+                       channel="outcome", principal_id="bob")
+    for approval_id in ("i1", "i2"):
+        answered = await ledger.get(approval_id)
+        assert answered is not None
+        assert (answered.status, answered.answered_by) == ("answered", "bob")
+
+
 async def test_an_interrupt_id_no_ledger_can_keep_is_a_precise_error(
         ledger: ApprovalStore) -> None:
     """A NUL byte in a resume's `interruptId` was looked up (PostgreSQL refuses NUL in text:

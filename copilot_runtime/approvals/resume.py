@@ -133,7 +133,7 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
         if len(pending) > 1:
             # Which interrupt a bare answer is for is LangGraph's call; record it for all.
             for approval_id in sorted(pending):
-                await _claim(store, approval_id, command, "chat", now=time.time(),
+                await _claim(store, approval_id, command, principal_id or "chat", now=time.time(),
                              agent_id=agent_id, thread_id=model.thread_id, channel=channel,
                              value=(values or {}).get(approval_id), won=won)
             return Claims(input, sorted(pending))
