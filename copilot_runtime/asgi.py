@@ -114,10 +114,13 @@ class CopilotEndpoint:
                 self.runtime.hooks.error(ErrorInfo(
                     "The runtime failed to handle the request", "INTERNAL_ERROR",
                     principal=request.info.principal, request_id=request.info.request_id))
+            message = "The runtime failed to handle the request"
+            body: dict[str, Any] = {"error": "internal_error", "message": message}
+            if b"x-copilotkit-runtime-client-gql-version" in request.headers:
+                body = {"errors": [{"message": message, "extensions": {
+                    "code": "UNKNOWN", "statusCode": 500}}], "data": None}
             with contextlib.suppress(Exception):
-                await send_json(request, 500, {"error": "internal_error",
-                                               "message": "The runtime failed to handle "
-                                                          "the request"})
+                await send_json(request, 500, body)
 
     async def _identified(self, request: Request, path: str) -> None:
         """Dispatch once the runtime knows who asks (a 401 or a hook's refusal otherwise)."""

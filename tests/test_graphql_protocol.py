@@ -473,6 +473,46 @@ async def test_unexpected_query_failures_are_masked(llm: MockOpenAIServer,
     assert "secret" not in json.dumps(answer)
 
 
+class BrokenCounters:
+    """A rate-limit backend that fails as no backend should (a bug, a driver's surprise)."""
+
+    async def hit(self, *args: Any) -> float:
+        raise RuntimeError("counter store at /var/lib/secret/limits failed")
+
+    async def acquire(self, *args: Any) -> bool:
+        raise RuntimeError("counter store at /var/lib/secret/limits failed")
+
+    async def release(self, *args: Any) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_a_failure_outside_any_operation_is_a_graphql_error(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """A failure before the operation ran (here, a limiter's backend) answered a GraphQL
+    client with the AG-UI form of a 500, which the 1.10 client cannot read."""
+    from copilot_runtime import CopilotRuntime, OpenAIAdapter, RateLimit
+
+    runtime = CopilotRuntime(
+        service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock"),
+        rate_limit=RateLimit(runs_per_minute=10, backend=BrokenCounters()))
+    async with serve_runtime(runtime) as served:
+        response = await post(served, {"query": CHAT_DOCUMENT, "variables": {
+            "data": chat_data([text_message("m1", "user", "Hi")])}})
+        answer = await response.json()
+        assert response.status == 500
+        assert answer["data"] is None
+        assert answer["errors"][0]["extensions"]["code"] == "UNKNOWN"
+        assert "secret" not in json.dumps(answer)
+        plain = await served.post("/agent/default/run", {
+            "threadId": "t", "runId": "r", "messages": [], "tools": [], "context": [],
+            "state": {}, "forwardedProps": {}})
+        assert plain.status == 500
+        assert (await plain.json())["error"] == "internal_error"
+
+
 # ---- request errors and dispatch -------------------------------------------------------------
 
 
