@@ -17,11 +17,17 @@ equivalent of Copilot Cloud's guardrails, which a GraphQL client's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import subprocess
+import sys
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import orjson
 import structlog
 from ag_ui.core import UserMessage
 
@@ -36,6 +42,7 @@ __all__ = [
     "Verdict",
     "check_input",
     "latest_user_text",
+    "latest_user_texts",
 ]
 
 _log = structlog.get_logger("copilot_runtime.guardrails")
@@ -60,45 +67,149 @@ class Guardrail(Protocol):
         ...
 
 
-def _text(content: Any) -> str:
+def texts_of(content: Any) -> list[str]:
+    """The text of a message's content: itself, or a multimodal content's text parts."""
     if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # multimodal content: its text parts
-        return "\n".join(p.get("text", "") for p in content
-                         if isinstance(p, Mapping) and isinstance(p.get("text"), str))
-    return ""
+        return [content]
+    if isinstance(content, list):
+        return [p["text"] for p in content
+                if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
+    return []
 
 
-def latest_user_text(messages: Messages) -> str | None:
-    """The text of the last message when it is the user's, else None (a tool result or an
+def _text(content: Any) -> str:
+    return "\n".join(texts_of(content))
+
+
+def latest_user_texts(messages: Messages) -> list[str] | None:
+    """The texts of the last message when it is the user's, else None (a tool result or an
     approval resumes a run the user already had allowed: nothing new to check)."""
     if not messages:
         return None
     last = messages[-1]
     if not isinstance(last, Mapping) or last.get("role") != "user":
         return None
-    return _text(last.get("content"))
+    return texts_of(last.get("content"))
+
+
+def latest_user_text(messages: Messages) -> str | None:
+    """`latest_user_texts` as one text."""
+    texts = latest_user_texts(messages)
+    return None if texts is None else "\n".join(texts)
 
 
 class PatternGuardrail:
     """Refuse a user message that matches any of `deny` (regular expressions, searched
-    case-insensitively unless compiled with flags of their own)."""
+    case-insensitively unless compiled with flags of their own).
+
+    The search runs in child processes (at most `processes` at once), never on the event
+    loop: one that takes longer than `timeout` seconds is killed and the message refused,
+    as is a message of more than `max_chars` characters (fail closed). A pattern that
+    backtracks (`a.*b.*c` on a long text) cannot hold the server.
+    """
 
     def __init__(self, deny: Iterable[str | re.Pattern[str]], *,
-                 reason: str = "Sorry, I can't help with that request.") -> None:
+                 reason: str = "Sorry, I can't help with that request.",
+                 max_chars: int = 1_000_000, timeout: float = 2.0,
+                 processes: int = 2) -> None:
         self.patterns = [p if isinstance(p, re.Pattern) else re.compile(p, re.IGNORECASE)
                          for p in deny]
         if not self.patterns:
             raise ConfigurationError("PatternGuardrail needs at least one pattern")
+        if max_chars < 1 or timeout <= 0 or processes < 1:
+            raise ConfigurationError("PatternGuardrail needs a positive max_chars, timeout "
+                                     "and processes")
         self.reason = reason
+        self.max_chars = max_chars
+        self.timeout = timeout
+        # re.DEBUG would print into the answer channel.
+        self._sources = [(p.pattern, p.flags & ~re.DEBUG) for p in self.patterns]
+        self._searchers = _Searchers(processes)
 
     async def check(self, messages: Messages, principal: Principal | None) -> Verdict:
-        text = latest_user_text(messages)
-        if text:
-            for pattern in self.patterns:
-                if pattern.search(text):
-                    return Verdict(False, self.reason)
-        return ALLOWED
+        texts = [t for t in latest_user_texts(messages) or () if t]
+        if not texts:
+            return ALLOWED
+        if sum(map(len, texts)) > self.max_chars:
+            return Verdict(False, f"Your message is longer than {self.max_chars} characters, "
+                                  "too long to be checked, so it was not sent.")
+        try:
+            index = await self._searchers.search(
+                orjson.dumps([self._sources, texts]) + b"\n", self.timeout)
+        except TimeoutError:
+            _log.warning("pattern guardrail search timed out", timeout=self.timeout,
+                         chars=sum(map(len, texts)))
+            return Verdict(False, "Your message could not be checked in time, so it was "
+                                  "not sent.")
+        return ALLOWED if index < 0 else Verdict(False, self.reason)
+
+
+_WORKER = str(Path(__file__).with_name("_pattern_worker.py"))
+
+
+class _SearchEnded(Exception):
+    pass
+
+
+class _Searchers:
+    """The child processes of a `PatternGuardrail`, each doing one search at a time."""
+
+    def __init__(self, most: int) -> None:
+        self._idle: list[subprocess.Popen[bytes]] = []
+        self._slots = asyncio.Semaphore(most)
+        weakref.finalize(self, _close_all, self._idle)
+
+    async def search(self, request: bytes, timeout: float) -> int:  # noqa: ASYNC109
+        async with self._slots:
+            process = self._idle.pop() if self._idle else _start()
+            try:
+                async with asyncio.timeout(timeout):
+                    # The thread only waits on a pipe (no GIL held); the loop stays free.
+                    answer = await asyncio.get_running_loop().run_in_executor(
+                        None, _exchange, process, request)
+            except BaseException:
+                # A search cut short (or failed) leaves its process busy: it goes.
+                process.kill()
+                process.wait()
+                raise
+            self._idle.append(process)
+            return answer
+
+
+def _start() -> subprocess.Popen[bytes]:
+    # A fork and exec (a millisecond or two, once for each process kept); its start-up
+    # runs in the child. -I -S: the standard library only, whatever the environment says.
+    return subprocess.Popen([sys.executable, "-I", "-S", _WORKER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+
+
+def _exchange(process: subprocess.Popen[bytes], request: bytes) -> int:
+    stdin, stdout = process.stdin, process.stdout
+    assert stdin is not None
+    assert stdout is not None
+    try:
+        stdin.write(request)
+        stdin.flush()
+        answer = stdout.readline()
+        if answer:
+            return int(answer)
+    except OSError:
+        pass
+    # Killed at its timeout (or dead): its pipes are closed here, by their only user.
+    for pipe in (stdin, stdout):
+        with contextlib.suppress(OSError):
+            pipe.close()
+    raise _SearchEnded("the pattern search process ended")
+
+
+def _close_all(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        process.kill()
+        process.wait()
+        for pipe in (process.stdin, process.stdout):
+            if pipe is not None:
+                pipe.close()
+    processes.clear()
 
 
 _JUDGE_PROMPT = """You decide whether a user's message may be answered by an assistant.

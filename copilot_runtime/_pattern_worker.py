@@ -1,0 +1,40 @@
+"""The child process where `PatternGuardrail` searches (run as a script: `python -I -S
+this_file`, so it imports nothing but the standard library).
+
+A pattern that backtracks for minutes holds this process, which the runtime kills at the
+guardrail's timeout, and never the server's event loop (`re` holds the GIL: a thread would
+not free it). Each request is one line of JSON, `[[[pattern, flags], ...], [text, ...]]`;
+the answer is one line, the index of the first pattern that matches a text, or -1.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+
+def first_match(patterns: list[re.Pattern[str]], texts: list[str]) -> int:
+    for text in texts:
+        for index, pattern in enumerate(patterns):
+            if pattern.search(text):
+                return index
+    return -1
+
+
+def main() -> None:
+    compiled: dict[tuple[str, int], re.Pattern[str]] = {}
+    for line in sys.stdin.buffer:
+        sources, texts = json.loads(line)
+        patterns = []
+        for source, flags in sources:
+            key = (source, flags)
+            if key not in compiled:
+                compiled[key] = re.compile(source, flags)
+            patterns.append(compiled[key])
+        sys.stdout.write(f"{first_match(patterns, texts)}\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

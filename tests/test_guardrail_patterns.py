@@ -1,0 +1,62 @@
+"""PatternGuardrail's own bounds: a pattern that backtracks on a long message cannot hold
+the server (the search runs in a child process killed at the guardrail's timeout), text
+past `max_chars` is refused unsearched."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from copilot_runtime import PatternGuardrail
+from copilot_runtime.testing import MockOpenAIServer
+from tests.conftest import ServeRuntime, openai_runtime, run_input, text_of, types
+
+pytestmark = pytest.mark.timeout(60)
+
+#: "ssn" followed later by an SSN-shaped number: on "ssn ssn ssn ..." `re` tries every
+#: "ssn" with every end of `.*`, the square of the text's length.
+SSN_LATER = r"\b(ssn|social security)\b.*\d{3}-\d{2}-\d{4}"
+REFUSAL = "Sorry, I can't help with that request."
+
+
+async def test_a_backtracking_pattern_cannot_hold_the_worker(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """A 120 KB message takes `re` about 25 s with this pattern. Searched on the event
+    loop, as before the fix, it held every other request of the worker as long (and this
+    test's own client: the `/info` answer came after it). Now `/info` answers at once, the
+    run is refused when the guardrail's timeout kills the search, and the next check works
+    on a new process."""
+    runtime = openai_runtime(llm, guardrails=[PatternGuardrail(deny=[SSN_LATER],
+                                                               timeout=0.5)])
+    async with serve_runtime(runtime) as served:
+        began = time.monotonic()
+        run = asyncio.create_task(served.run(run_input("ssn " * 30_000, thread="dos")))
+        await asyncio.sleep(0.2)  # the search has begun
+        response = await served.session.get(served.url + "/info")
+        assert response.status == 200
+        assert time.monotonic() - began < 1.5
+        events = await run
+        assert types(events)[-1] == "RUN_FINISHED"
+        assert text_of(events) == "Your message could not be checked in time, so it was not sent."
+        assert time.monotonic() - began < 5
+        events = await served.run(run_input("my ssn is 123-45-6789", thread="after"))
+        assert text_of(events) == REFUSAL
+        events = await served.run(run_input("hello", thread="fine"))
+        assert text_of(events) == "echo: hello"
+    assert len(llm.requests) == 1
+
+
+async def test_text_past_max_chars_is_refused_unsearched() -> None:
+    guardrail = PatternGuardrail(deny=[r"\bssn\b"], max_chars=1000)
+    verdict = await guardrail.check([{"id": "m", "role": "user", "content": "x" * 1001}], None)
+    assert verdict.reason == ("Your message is longer than 1000 characters, too long to be "
+                              "checked, so it was not sent.")
+    assert not verdict.allowed
+    # The text parts of a multimodal message count together.
+    parts = [{"type": "text", "text": "x" * 600}, {"type": "text", "text": "y" * 600}]
+    verdict = await guardrail.check([{"id": "m", "role": "user", "content": parts}], None)
+    assert not verdict.allowed
+    assert (await guardrail.check([{"id": "m", "role": "user", "content": "x" * 1000}],
+                                  None)).allowed
