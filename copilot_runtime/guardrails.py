@@ -100,7 +100,8 @@ def latest_user_text(messages: Messages) -> str | None:
 
 class PatternGuardrail:
     """Refuse a user message that matches any of `deny` (regular expressions, searched
-    case-insensitively unless compiled with flags of their own).
+    case-insensitively unless compiled with flags of their own), as written or normalised
+    (see `_pattern_worker.normalised`).
 
     The search runs in child processes (at most `processes` at once), never on the event
     loop: one that takes longer than `timeout` seconds is killed and the message refused,
