@@ -118,6 +118,9 @@ class ActiveRun:
         #: Ids kept with the thread's message ids when the run is stored (what its
         #: guardrails let through).
         self.extra_ids: set[str] = set()
+        #: The marks of what the run's agent wrote, kept with the thread's message ids
+        #: (what its guardrails need not judge when a client sends it back), if wanted.
+        self.output_marks: Callable[[list[Event]], set[str]] | None = None
         self.compacted: list[Event] = []
         #: The agent's `LastBatch`, normalized but not yet published (see `_stream`).
         self._held: list[Event] = []
@@ -423,6 +426,8 @@ class ActiveRun:
             self.compacted = compacted
             ids = {m["id"] for m in self.input.raw.get("messages") or ()
                    if isinstance(m, dict) and isinstance(m.get("id"), str)} | self.extra_ids
+            if self.output_marks is not None:
+                ids |= self.output_marks(compacted)
             for event in compacted:
                 for key in ("messageId", "parentMessageId"):
                     value = event.get(key)

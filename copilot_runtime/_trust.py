@@ -10,7 +10,7 @@ import asyncio
 import hashlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -20,10 +20,18 @@ from copilot_runtime import events as ev
 from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._input import RunInput
 from copilot_runtime._runs import ActiveRun, RunManager
+from copilot_runtime._server_tools import ServerToolsAgent
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.auth import Principal, RequestInfo, owner_of
 from copilot_runtime.events import Event, EventBatches
-from copilot_runtime.guardrails import ALLOWED, Guardrail, Verdict, check_input
+from copilot_runtime.guardrails import (
+    ALLOWED,
+    CLIENT_TEXT,
+    Guardrail,
+    Verdict,
+    check_input,
+    texts_of,
+)
 from copilot_runtime.hooks import ErrorInfo, HookRunner, RunFinished
 from copilot_runtime.limits import Lease, RateLimiter
 from copilot_runtime.telemetry import Telemetry
@@ -97,7 +105,8 @@ class RefusalAgent(Agent):
                ev.text_message_end(message_id)]
 
 
-#: The roles whose text a client writes: guardrails judge each such message new to a thread.
+#: The roles whose text a client writes and a user reads as his own: guardrails judge each
+#: such message new to a thread as the user's.
 _CLIENT_ROLES = frozenset({"user", "developer", "system"})
 #: How many earlier messages a judged message takes along as context.
 _CONTEXT = 20
@@ -114,29 +123,99 @@ _TOO_MUCH_TO_JUDGE = Verdict(False, f"Your request brings more than {_MOST_JUDGE
                                    "messages to check, so it was not sent.")
 
 
+def _mark(*parts: Any) -> str:
+    digest = hashlib.blake2b(orjson.dumps(list(parts), default=str),
+                             digest_size=16).hexdigest()
+    return f"judged:{digest}"
+
+
 def judged_mark(message: dict[str, Any]) -> str:
     """What a thread keeps, among its message ids, of a client message its guardrails let
     through: a digest of the message's role and content, so the same text is not judged
     again, and other text under the same id is."""
-    digest = hashlib.blake2b(orjson.dumps([message.get("role"), message.get("content")],
-                                          default=str), digest_size=16).hexdigest()
-    return f"judged:{digest}"
+    return _mark(message.get("role"), message.get("content"))
 
 
-def judged(messages: list[Any], seen: Collection[str]) -> list[tuple[str, list[Any]]]:
-    """What guardrails judge: for each message whose text the client writes (`user`,
-    `system`, `developer`) and that the thread has not let through before, its mark and the
-    list guardrails take, ending with it presented as the user's.
+def _strings(value: Any) -> list[str]:
+    """The strings of a JSON value, keys too (a schema's property names and descriptions
+    are text the model reads)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (*_strings(k), *_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
 
-    Judging only the last message let a client hide a refused one behind any other message
-    (a made-up assistant turn, a tool result), or send the refused text in a `system` or
-    `developer` message, or in an earlier user message of a new thread; judging by message
-    id let it send new text under the id of a message the thread holds. A request with
-    nothing new to judge (a tool result, an approval) is judged as it is.
+
+def _json(text: Any) -> Any:
+    try:
+        return orjson.loads(text) if isinstance(text, str) else None
+    except orjson.JSONDecodeError:
+        return None
+
+
+def history_texts(message: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    """The texts of an assistant or tool message (its content, each tool call's name and
+    arguments), each with its mark. A tool call's mark is of its arguments as JSON values,
+    so that a client that parsed and wrote them again sends the same text."""
+    role = message.get("role")
+    if role not in ("assistant", "tool"):
+        return []
+    pieces: list[tuple[str, list[str]]] = []
+    texts = [t for t in texts_of(message.get("content")) if t]
+    if texts:
+        pieces.append((_mark(role, texts), texts))
+    for call in message.get("toolCalls") or () if role == "assistant" else ():
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            name, arguments = function.get("name"), function.get("arguments")
+            parsed = _json(arguments)
+            canonical = arguments if parsed is None else orjson.dumps(
+                parsed, option=orjson.OPT_SORT_KEYS).decode()
+            pieces.append((_mark("toolCall", name, canonical),
+                           [*_strings(name), *_strings(arguments), *_strings(parsed)]))
+    return pieces
+
+
+def output_marks(events: list[Event]) -> set[str]:
+    """The marks of what a run's agent wrote (its answers, tool calls and tool results):
+    clients send them back as history, and they are not the client's text to judge."""
+    produced = events_to_messages([[e for e in events if e["type"] != ev.RUN_STARTED]])
+    return {mark for message in produced for mark, _ in history_texts(message)}
+
+
+def judged(input: Mapping[str, Any], seen: Collection[str],
+           offered: Sequence[Mapping[str, Any]] = ()) -> list[tuple[list[str], list[Any]]]:
+    """What guardrails judge of a run's input, each with the marks the thread keeps once
+    it is let through.
+
+    Each message whose text the client writes (`user`, `system`, `developer`) and that the
+    thread has not let through before is judged as the user's, after the messages just
+    before it. Judging only the last message let a client hide a refused one behind any
+    other message, or send the refused text in a `system` or `developer` message; judging
+    by message id let it send new text under the id of a message the thread holds.
+
+    All other client-written text the model reads and the thread has not let through or
+    produced itself (`context` entries, tool definitions but `offered`, the runtime's own,
+    assistant turns and tool calls the thread did not make, tool results) is judged at
+    once, as one message with `CLIENT_TEXT` set. A request with nothing new to judge (an
+    approval) is judged as it is.
     """
-    out: list[tuple[str, list[Any]]] = []
+    messages = input.get("messages") or []
+    out: list[tuple[list[str], list[Any]]] = []
+    marks: list[str] = []
+    texts: list[str] = []
+
+    def other(mark: str, pieces: list[str]) -> None:
+        if mark not in seen and mark not in marks:
+            marks.append(mark)
+            texts.extend(p for p in pieces if p)
+
     for index, message in enumerate(messages):
-        if isinstance(message, dict) and message.get("role") in _CLIENT_ROLES:
+        if not isinstance(message, dict):
+            continue
+        if message.get("role") in _CLIENT_ROLES:
             mark = judged_mark(message)
             if mark not in seen:
                 if len(out) == _MOST_JUDGED:
@@ -144,8 +223,26 @@ def judged(messages: list[Any], seen: Collection[str]) -> list[tuple[str, list[A
                 # The messages just before it, as context (a judge reads a few of them):
                 # whole prefixes would cost the square of the request's length.
                 context = messages[max(0, index - _CONTEXT):index]
-                out.append((mark, [*context, {**message, "role": "user"}]))
-    return out or [("", messages)]
+                out.append(([mark], [*context, {**message, "role": "user"}]))
+        else:
+            for mark, pieces in history_texts(message):
+                other(mark, pieces)
+    for entry in input.get("context") or ():
+        if isinstance(entry, dict):
+            other(_mark("context", entry.get("description"), entry.get("value")),
+                  _strings([entry.get("description"), entry.get("value")]))
+    for tool in input.get("tools") or ():
+        if isinstance(tool, dict) and tool not in offered:
+            other(_mark("tool", tool.get("name"), tool.get("description"),
+                        tool.get("parameters")),
+                  _strings([tool.get("name"), tool.get("description"),
+                            tool.get("parameters")]))
+    if marks:
+        if len(out) == _MOST_JUDGED:
+            raise _TooMuchToJudge
+        out.append((marks, [{"id": "client-text", "role": "user", CLIENT_TEXT: True,
+                             "content": [{"type": "text", "text": t} for t in texts]}]))
+    return out or [([], messages)]
 
 
 async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
@@ -182,16 +279,17 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
     try:
         if runtime.guardrails or topics is not None:
             verdict = ALLOWED
+            offered = agent.tools.specs() if isinstance(agent, ServerToolsAgent) else []
             try:
-                to_judge = judged(input.raw.get("messages") or [], run.seen_message_ids)
+                to_judge = judged(input.raw, run.seen_message_ids, offered)
             except _TooMuchToJudge:
                 to_judge, verdict = [], _TOO_MUCH_TO_JUDGE
-            for mark, messages in to_judge:
+            for marks, messages in to_judge:
                 verdict = await check_input(runtime.guardrails, messages, principal, topics)
                 if not verdict.allowed:
                     break
-                if mark:
-                    run.extra_ids.add(mark)  # kept with the thread once the run is stored
+                run.extra_ids.update(marks)  # kept with the thread once the run is stored
+            run.output_marks = output_marks
             if not verdict.allowed:
                 run.agent = RefusalAgent(verdict.reason)
                 run.refusal = verdict.reason

@@ -36,6 +36,7 @@ from copilot_runtime.adapters.base import ChatRequest, ServiceAdapter, TextDelta
 from copilot_runtime.auth import Principal
 
 __all__ = [
+    "CLIENT_TEXT",
     "Guardrail",
     "PatternGuardrail",
     "TopicGuardrail",
@@ -65,6 +66,12 @@ _FAILED = Verdict(False, "Your message could not be checked, so it was not sent.
 class Guardrail(Protocol):
     async def check(self, messages: Messages, principal: Principal | None) -> Verdict:
         ...
+
+
+#: Set (True) on the message guardrails are shown that holds the client-written text that is
+#: not a message of the user's: `context`, tool definitions, assistant turns and tool
+#: results the thread did not make (see `_trust.judged`).
+CLIENT_TEXT = "clientText"
 
 
 def texts_of(content: Any) -> list[str]:
@@ -240,6 +247,10 @@ class TopicGuardrail:
     async def judge(self, messages: Messages, allow: Sequence[str],
                     deny: Sequence[str]) -> Verdict:
         """Judge with these topics (a GraphQL request's own rules, say)."""
+        if messages and isinstance(messages[-1], Mapping) and messages[-1].get(CLIENT_TEXT):
+            # Allowed topics are what the user may ask about: a page's context or a tool's
+            # description need only keep away from the denied ones.
+            allow = ()
         text = latest_user_text(messages)
         if not text or not (allow or deny):
             return ALLOWED

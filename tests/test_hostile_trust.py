@@ -335,10 +335,11 @@ class Recorder:
 
 async def test_a_tool_result_follow_up_still_runs(serve_runtime: ServeRuntime,
                                                    llm: MockOpenAIServer) -> None:
-    """Control (passes before and after the fix): a client tool's result sent back on a
-    thread whose user message was accepted runs on: the accepted message is not judged
-    again, and a tool result that happens to match a denied pattern is not the client's
-    text to judge."""
+    """A client tool's result sent back on a thread whose user message was accepted runs
+    on, and only the result is judged: not the accepted message, the tool's definition or
+    the model's own tool call again (the thread keeps marks of what its model wrote). The
+    result is the client's text (a frontend tool's answer): one that matches a denied
+    pattern is refused (see test_guardrails_judge_all_client_text)."""
     recorder = Recorder()
     runtime = openai_runtime(llm, guardrails=[PatternGuardrail(deny=[r"\bpassword\b"]),
                                               recorder])
@@ -351,7 +352,8 @@ async def test_a_tool_result_follow_up_still_runs(serve_runtime: ServeRuntime,
         assert kinds[-1] == "RUN_FINISHED", first
         start = first[kinds.index("TOOL_CALL_START")]
         args = "".join(e["delta"] for e in first if e["type"] == "TOOL_CALL_ARGS")
-        assert recorder.judged == [asking]
+        assert recorder.judged == [asking, "askUser\nAsks the user\ntype\nobject\nproperties"
+                                            "\nq\ntype\nstring"]
         body = run_input("", thread="f-1", run="r2", tools=[tool])
         body["messages"] = [
             {"id": "r1-u", "role": "user", "content": asking},
@@ -359,11 +361,11 @@ async def test_a_tool_result_follow_up_still_runs(serve_runtime: ServeRuntime,
                 "id": start["toolCallId"], "type": "function",
                 "function": {"name": "askUser", "arguments": args}}]},
             {"id": "t1", "role": "tool", "toolCallId": start["toolCallId"],
-             "content": "the password-less account"}]
+             "content": "the savings account"}]
         second = await served.run(body)
     assert types(second)[-1] == "RUN_FINISHED", second
-    assert text_of(second) == "echo: the password-less account"
-    assert recorder.judged[1:] == [None]  # the follow-up: nothing the user wrote was new
+    assert text_of(second) == "echo: the savings account"
+    assert recorder.judged[2:] == ["the savings account"]
     assert len(llm.requests) == 2
 
 

@@ -1,0 +1,198 @@
+"""Guardrails judge every text the client writes that reaches the model, on both protocols:
+`context` (it goes into the system prompt), tool definitions, and assistant turns, tool
+calls and tool results the thread did not make. Before the fix only `user`, `system` and
+`developer` messages were judged: each of these reached the model. Each text is judged
+once a thread (it keeps marks of what it let through and of what its own model wrote)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from copilot_runtime import CopilotRuntime, OpenAIAdapter, PatternGuardrail, TopicGuardrail
+from copilot_runtime.agents import BuiltInAgent
+from copilot_runtime.testing import MockOpenAIServer
+from tests.conftest import Served, ServeRuntime, openai_runtime, run_input, text_of, types
+from tests.test_hostile_trust import (
+    _GENERATE,
+    DENIED,
+    GQL,
+    REFUSAL,
+    Recorder,
+    call,
+    gql_text,
+    guarded,
+)
+from tests.test_trust_guardrails import Judge
+
+pytestmark = pytest.mark.timeout(60)
+
+__all__ = ["guarded"]  # a fixture
+
+_HELLO = {"id": "u1", "role": "user", "content": "hello"}
+_TOOL = {"name": "lookup", "description": "Looks a word up",
+         "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}
+
+
+def _called(arguments: str, result: str = "ok") -> list[dict[str, Any]]:
+    return [_HELLO,
+            {"id": "a1", "role": "assistant", "toolCalls": [{
+                "id": "c1", "type": "function",
+                "function": {"name": "lookup", "arguments": arguments}}]},
+            {"id": "t1", "role": "tool", "toolCallId": "c1", "content": result}]
+
+
+_AGUI: dict[str, dict[str, Any]] = {
+    "context value": {"context": [{"description": "note", "value": DENIED}]},
+    "context description": {"context": [{"description": DENIED, "value": "yes"}]},
+    "made-up assistant turn": {"messages": [
+        _HELLO, {"id": "a1", "role": "assistant", "content": DENIED},
+        {"id": "u2", "role": "user", "content": "go on"}]},
+    "tool result": {"messages": _called("{}", DENIED), "tools": [_TOOL]},
+    "tool-call arguments": {"messages": _called(orjson.dumps({"q": DENIED}).decode()),
+                            "tools": [_TOOL]},
+    "tool-call arguments, escaped": {
+        "messages": _called('{"q": "the pass\\u0077ord of the admin"}'), "tools": [_TOOL]},
+    "tool description": {"tools": [{**_TOOL, "description": DENIED}]},
+    "tool parameter description": {"tools": [{**_TOOL, "parameters": {
+        "type": "object", "properties": {"q": {"type": "string", "description": DENIED}}}}]},
+}
+
+
+@pytest.mark.parametrize("case", list(_AGUI))
+async def test_agui_guardrails_judge_all_client_text(
+        guarded: Served, llm: MockOpenAIServer, case: str) -> None:
+    body = run_input("hello", thread="ct-1", run="ct-r")
+    body.update(_AGUI[case])
+    events = await guarded.run(body)
+    assert text_of(events) == REFUSAL, events
+    assert types(events)[-1] == "RUN_FINISHED"
+    assert llm.requests == []  # the model saw nothing
+
+
+def _gql_call(arguments: str, result: str) -> list[dict[str, Any]]:
+    created = "2025-01-01T00:00:00.000Z"
+    return [gql_text("u1", "user", "hello"),
+            {"id": "x1", "createdAt": created, "actionExecutionMessage": {
+                "name": "lookup", "arguments": arguments, "parentMessageId": "a1"}},
+            {"id": "r1", "createdAt": created, "resultMessage": {
+                "actionExecutionId": "x1", "actionName": "lookup", "result": result}}]
+
+
+_ACTION = {"name": "lookup", "description": "Looks a word up",
+           "jsonSchema": orjson.dumps(_TOOL["parameters"]).decode()}
+_GRAPHQL: dict[str, dict[str, Any]] = {
+    "context": {"context": [{"description": "note", "value": DENIED}]},
+    "assistant textMessage": {"messages": [gql_text("u1", "user", "hello"),
+                                           gql_text("a1", "assistant", DENIED),
+                                           gql_text("u2", "user", "go on")]},
+    "resultMessage": {"messages": _gql_call("{}", DENIED),
+                      "frontend": {"actions": [_ACTION]}},
+    "actionExecutionMessage arguments": {
+        "messages": _gql_call(orjson.dumps({"q": DENIED}).decode(), "ok"),
+        "frontend": {"actions": [_ACTION]}},
+    "action description": {"frontend": {"actions": [{**_ACTION, "description": DENIED}]}},
+    "action jsonSchema": {"frontend": {"actions": [{**_ACTION, "jsonSchema": orjson.dumps(
+        {"type": "object", "properties": {"q": {"type": "string", "description": DENIED}}}
+    ).decode()}]}},
+}
+
+
+@pytest.mark.parametrize("case", list(_GRAPHQL))
+async def test_graphql_guardrails_judge_all_client_text(
+        guarded: Served, llm: MockOpenAIServer, case: str) -> None:
+    data = {"threadId": "gct-1", "frontend": {"actions": []},
+            "metadata": {"requestType": "Chat"}, "messages": [gql_text("u1", "user", "hello")],
+            **_GRAPHQL[case]}
+    status, body = await call(guarded, "POST", "", None,
+                              {"query": _GENERATE, "variables": {"data": data}}, GQL)
+    assert status == 200, body
+    result = orjson.loads(body)["data"]["generateCopilotResponse"]
+    assert result["status"] == {"code": "Failed", "reason": "GUARDRAILS_VALIDATION_FAILED",
+                                "details": {"guardrailsReason": REFUSAL}}
+    assert llm.requests == []
+
+
+async def test_each_client_text_is_judged_once_a_thread(serve_runtime: ServeRuntime,
+                                                        llm: MockOpenAIServer) -> None:
+    """The second run of a thread brings the same context, tools and history, and the
+    model's answer: only the new user message is judged. Not the model's own answer
+    either, though the thread never judged it: it keeps marks of what its model wrote."""
+    recorder = Recorder()
+    runtime = openai_runtime(llm, guardrails=[recorder])
+    context = [{"description": "the page", "value": "the user reads the weather page"}]
+    async with serve_runtime(runtime) as served:
+        first = await served.run(run_input("hello", thread="once", run="r1", tools=[_TOOL],
+                                           context=context))
+        assert types(first)[-1] == "RUN_FINISHED"
+        assert recorder.judged == [
+            "hello", "the page\nthe user reads the weather page\nlookup\nLooks a word up\n"
+                     "type\nobject\nproperties\nq\ntype\nstring"]
+        body = run_input("", thread="once", run="r2", tools=[_TOOL], context=context)
+        body["messages"] = [{"id": "r1-u", "role": "user", "content": "hello"},
+                            {"id": "r1-a", "role": "assistant", "content": text_of(first)},
+                            {"id": "r2-u", "role": "user", "content": "and now?"}]
+        second = await served.run(body)
+        assert types(second)[-1] == "RUN_FINISHED"
+    assert recorder.judged[2:] == ["and now?"]
+
+
+async def test_graphql_judges_not_the_runtimes_own_actions(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """Control: an agent session is offered the runtime's actions among its tools: their
+    descriptions are the server's text, not the client's, and are not judged."""
+    recorder = Recorder()
+    adapter = OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0)
+    runtime = openai_runtime(llm, guardrails=[recorder],
+                             agents={"helper": BuiltInAgent(adapter)})
+    async with serve_runtime(runtime) as served:
+        data = {"threadId": "gct-own", "frontend": {"actions": [_ACTION]},
+                "agentSession": {"agentName": "helper"},
+                "metadata": {"requestType": "Chat"},
+                "messages": [gql_text("u1", "user", "hello")]}
+        status, body = await call(served, "POST", "", None,
+                                  {"query": _GENERATE, "variables": {"data": data}}, GQL)
+        assert status == 200, body
+        assert orjson.loads(body)["data"]["generateCopilotResponse"]["status"] == {
+            "code": "Success"}
+        # The agent was offered getWeather, the runtime's action.
+        assert [t["function"]["name"] for t in llm.requests[0]["tools"]] == [
+            "getWeather", "lookup"]
+    assert recorder.judged == ["hello", "lookup\nLooks a word up\ntype\nobject\nproperties"
+                                        "\nq\ntype\nstring"]
+
+
+async def test_a_topic_judge_holds_other_client_text_to_its_denied_topics_only(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """Allowed topics say what the user may ask about: a page's context is not a question
+    about the weather, and is not refused for that; it is refused for a denied topic."""
+    judge = Judge()
+    runtime = CopilotRuntime(
+        service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0),
+        guardrails=[TopicGuardrail(judge, allow=["weather"], deny=["cooking"])])
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("Is it sunny?", thread="tj", context=[
+            {"description": "the page", "value": "a recipe for cooking pasta"}]))
+        assert text_of(events) == "I only talk about the weather, not cooking."
+        events = await served.run(run_input("Is it sunny?", thread="tj2", context=[
+            {"description": "the page", "value": "the user's name is Bob"}]))
+        assert text_of(events) == "echo: Is it sunny?"
+    prompts = [r.system_prompt or "" for r in judge.requests]
+    assert ["Allowed topics" in p for p in prompts] == [True, False, True, False]
+    assert len(llm.requests) == 1
+
+
+async def test_pattern_guardrail_with_the_same_deny_list_refuses_context(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """The refused context is not kept as let through: the same context is refused again
+    in the thread's next run."""
+    runtime = openai_runtime(llm, guardrails=[PatternGuardrail(deny=[r"\bpassword\b"])])
+    context = [{"description": "note", "value": DENIED}]
+    async with serve_runtime(runtime) as served:
+        for run in ("r1", "r2"):
+            events = await served.run(run_input("hello", thread="again", run=run,
+                                                context=context))
+            assert text_of(events) == REFUSAL
+    assert llm.requests == []
