@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import subprocess
 import sys
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -172,13 +173,10 @@ class _Searchers:
             process = self._idle.pop() if self._idle else _start()
             try:
                 async with asyncio.timeout(timeout):
-                    # The thread only waits on a pipe (no GIL held); the loop stays free.
-                    answer = await asyncio.get_running_loop().run_in_executor(
-                        None, _exchange, process, request)
+                    answer = await _exchange(process, request)
             except BaseException:
                 # A search cut short (or failed) leaves its process busy: it goes.
-                process.kill()
-                process.wait()
+                _close_all([process])
                 raise
             self._idle.append(process)
             return answer
@@ -187,27 +185,52 @@ class _Searchers:
 def _start() -> subprocess.Popen[bytes]:
     # A fork and exec (a millisecond or two, once for each process kept); its start-up
     # runs in the child. -I -S: the standard library only, whatever the environment says.
-    return subprocess.Popen([sys.executable, "-I", "-S", _WORKER], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE)
+    process = subprocess.Popen([sys.executable, "-I", "-S", _WORKER],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    for pipe in (process.stdin, process.stdout):
+        assert pipe is not None
+        os.set_blocking(pipe.fileno(), False)  # the loop waits on them (see `_exchange`)
+    return process
 
 
-def _exchange(process: subprocess.Popen[bytes], request: bytes) -> int:
-    stdin, stdout = process.stdin, process.stdout
-    assert stdin is not None
-    assert stdout is not None
+async def _exchange(process: subprocess.Popen[bytes], request: bytes) -> int:
+    """The child's answer to `request`, its pipes waited on by the event loop (a thread
+    per search cost three times the time and CPU)."""
+    assert process.stdin is not None
+    assert process.stdout is not None
+    loop = asyncio.get_running_loop()
+    stdin, stdout = process.stdin.fileno(), process.stdout.fileno()
+    unsent = memoryview(request)
+    while unsent:  # more than a pipe holds is sent as the child reads it
+        try:
+            unsent = unsent[os.write(stdin, unsent):]
+        except BlockingIOError:
+            await _ready(loop.add_writer, loop.remove_writer, stdin)
+    answer = b""
+    while not answer.endswith(b"\n"):
+        try:
+            chunk = os.read(stdout, 64)
+        except BlockingIOError:
+            await _ready(loop.add_reader, loop.remove_reader, stdout)
+            continue
+        if not chunk:
+            raise _SearchEnded("the pattern search process ended")
+        answer += chunk
+    return int(answer)
+
+
+async def _ready(add: Callable[..., None], remove: Callable[[int], object], fd: int) -> None:
+    ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    add(fd, wake)
     try:
-        stdin.write(request)
-        stdin.flush()
-        answer = stdout.readline()
-        if answer:
-            return int(answer)
-    except OSError:
-        pass
-    # Killed at its timeout (or dead): its pipes are closed here, by their only user.
-    for pipe in (stdin, stdout):
-        with contextlib.suppress(OSError):
-            pipe.close()
-    raise _SearchEnded("the pattern search process ended")
+        await ready
+    finally:
+        remove(fd)
 
 
 def _close_all(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -216,7 +239,8 @@ def _close_all(processes: list[subprocess.Popen[bytes]]) -> None:
         process.wait()
         for pipe in (process.stdin, process.stdout):
             if pipe is not None:
-                pipe.close()
+                with contextlib.suppress(OSError):  # what it could not send is moot
+                    pipe.close()
     processes.clear()
 
 

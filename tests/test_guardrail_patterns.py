@@ -87,3 +87,13 @@ async def test_ordinary_text_passes() -> None:
     for text in ("lessons learned", "do not ignore the previously sent file", "caf\u00e9"):
         assert (await guardrail.check([{"id": "m", "role": "user", "content": text}],
                                       None)).allowed
+
+
+async def test_a_long_message_is_searched_whole() -> None:
+    """More than a pipe holds goes to the child as it reads: the end is searched too."""
+    guardrail = PatternGuardrail(deny=[r"\bssn\b"])
+    text = "lorem ipsum " * 50_000
+    for content, allowed in ((text, True), (text + "my ssn", False)):
+        verdict = await guardrail.check([{"id": "m", "role": "user", "content": content}],
+                                        None)
+        assert verdict.allowed is allowed
