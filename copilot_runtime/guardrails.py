@@ -2,16 +2,18 @@
 
 `CopilotRuntime(guardrails=[...])` takes objects with `async def check(self, messages,
 principal) -> Verdict`; `messages` are the run's AG-UI messages (dicts, camelCase, as the
-client sent them). The first refusal wins: the agent is not called, and the user gets an
-assistant message with the reason (AG-UI: a normal end of the run; GraphQL: a
+client sent them), ending with the one to judge presented as the user's (the rest of the
+client's text, `context` and tool definitions among it, as one message with `CLIENT_TEXT`
+set: see `_trust.judged`). The first refusal wins: the agent is not called, and the user
+gets an assistant message with the reason (AG-UI: a normal end of the run; GraphQL: a
 `GUARDRAILS_VALIDATION_FAILED` response status, as the TypeScript runtime answers).
 
 Two ship here. `PatternGuardrail` refuses the latest user message when a regular expression
-matches it (no model involved). `TopicGuardrail` asks a model (any `ServiceAdapter`) whether
-that message stays within allowed topics and away from denied ones: the self-hosted
-equivalent of Copilot Cloud's guardrails, which a GraphQL client's
-`cloud.guardrails.inputValidationRules` also drive. A guardrail that fails is a refusal
-(fail closed), logged with its stack.
+matches it (no model involved; searched in a child process, bounded in time).
+`TopicGuardrail` asks a model (any `ServiceAdapter`) whether that message stays within
+allowed topics and away from denied ones: the self-hosted equivalent of Copilot Cloud's
+guardrails, which a GraphQL client's `cloud.guardrails.inputValidationRules` also drive. A
+guardrail that fails is a refusal (fail closed), logged with its stack.
 """
 
 from __future__ import annotations
