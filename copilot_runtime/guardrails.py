@@ -173,6 +173,9 @@ class _Searchers:
     async def search(self, request: bytes, timeout: float) -> int:  # noqa: ASYNC109
         async with self._slots:
             process = self._idle.pop() if self._idle else _start()
+            if process.poll() is not None:  # died idle (killed from outside): a new one
+                _close_all([process])
+                process = _start()
             try:
                 async with asyncio.timeout(timeout):
                     answer = await _exchange(process, request)

@@ -97,3 +97,15 @@ async def test_a_long_message_is_searched_whole() -> None:
         verdict = await guardrail.check([{"id": "m", "role": "user", "content": content}],
                                         None)
         assert verdict.allowed is allowed
+
+
+async def test_a_search_process_that_died_idle_is_replaced() -> None:
+    """A child killed from outside while idle (out of memory, say) costs no refusal."""
+    guardrail = PatternGuardrail(deny=[r"\bssn\b"])
+    message = [{"id": "m", "role": "user", "content": "my ssn"}]
+    assert not (await guardrail.check(message, None)).allowed
+    for process in guardrail._searchers._idle:
+        process.kill()
+        process.wait()
+    verdict = await guardrail.check(message, None)
+    assert verdict.reason == REFUSAL
