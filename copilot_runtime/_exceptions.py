@@ -36,7 +36,7 @@ upstream said is passed on only through `quoted`, which withholds text that hold
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
 from copilot_runtime._time import iso_time
@@ -74,6 +74,7 @@ __all__ = [
     "failure_text",
     "quoted",
     "scrub_secrets",
+    "upstream_said",
 ]
 
 # What marks text as a program's insides: a Python or Node stack, or a source file's path.
@@ -83,14 +84,25 @@ _INTERNALS = re.compile(
     r"|(?:[A-Za-z]:\\|/)[\w.@ -]*(?:[\\/][\w.@ -]+)*\.(?:py|pyc|js|mjs|cjs|ts|go|rb|java|rs|php)\b")
 
 
-def quoted(text: str, limit: int = 200) -> str | None:
-    """What an upstream said, fit to pass on to a client: secret-looking values blanked
-    (`scrub_secrets`), at most `limit` characters, or None when it holds a stack trace or a
-    source file's path (a remote's own crash report)."""
-    text = scrub_secrets(text)
+def quoted(text: str, limit: int = 200, known: Sequence[str | None] = ()) -> str | None:
+    """What an upstream said, fit to pass on to a client: the `known` secrets and
+    secret-looking values blanked (`scrub_secrets`), at most `limit` characters, or None when
+    it holds a stack trace or a source file's path (a remote's own crash report)."""
+    text = scrub_secrets(text, *known)  # before the cut, which could split a secret
     if len(text) > limit:
         text = text[:limit - 1] + "…"
     return None if _INTERNALS.search(text) else text
+
+
+#: What stands for an upstream's words that `quoted` withholds.
+WITHHELD = "no message fit to show"
+
+
+def upstream_said(text: str, known: Sequence[str | None] = ()) -> str:
+    """An LLM provider's own words (an error body's message, an error event mid-stream) as
+    a client reads them: `quoted` to 500 characters, with the credentials the request
+    carried (`known`) blanked; `WITHHELD` when they hold a program's insides."""
+    return quoted(text, 500, known) or WITHHELD
 
 
 # An absolute file path (of two parts or more, not the path of a URL): what an exception's
