@@ -23,7 +23,8 @@
     ├── UpstreamError               an LLM provider or remote agent failed             → RUN_ERROR
     │   ├── UpstreamTimeoutError    ... by going silent (before or during its answer)
     │   ├── UpstreamConnectionError ... by refusing or closing the connection
-    │   └── UpstreamProtocolError   ... by answering with something its protocol forbids
+    │   ├── UpstreamProtocolError   ... by answering with something its protocol forbids
+    │   └── ContentFilteredError    ... by withholding the whole answer (its content filter)
     ├── ActionError                 a server-side action failed (the model sees it as a tool error)
     ├── ChunkError                  a *_CHUNK event that opens nothing (a remote's: UpstreamError)
     ├── ClientDisconnected          the client left before its request body arrived (no answer)
@@ -53,6 +54,7 @@ __all__ = [
     "ChunkError",
     "ClientDisconnected",
     "ConfigurationError",
+    "ContentFilteredError",
     "CopilotRuntimeError",
     "InvalidRequestError",
     "JSONTooDeepError",
@@ -384,6 +386,13 @@ class UpstreamProtocolError(UpstreamError):
     """The upstream answered, but not in its protocol (a malformed chunk, a missing end)."""
 
     code = "UPSTREAM_PROTOCOL_ERROR"
+
+
+class ContentFilteredError(UpstreamError):
+    """The provider's content filter (or the model's refusal) withheld the whole answer: no
+    text, no tool call. A user would otherwise see an empty answer and no reason."""
+
+    code = "CONTENT_FILTERED"
 
 
 class ActionError(CopilotRuntimeError):

@@ -5,7 +5,8 @@ error event in the middle of its stream, holding a stack trace, 6.6 KB of text, 
 the runtime sent it (32 hex characters: an Azure-style key no pattern knows). On every route
 (direct and SDK) of OpenAI, Anthropic and Gemini, the client's `RUN_ERROR` (and the GraphQL
 `FailedResponseStatus`) and the stored thread must hold no trace, no key, and at most about
-500 characters of the upstream's words. Also: the codes of Anthropic's broken streams.
+500 characters of the upstream's words. Also: parallel tool calls sharing one `index`
+(Ollama), refusals and content-filtered answers, and the codes of Anthropic's broken streams.
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ import orjson
 import pytest
 
 from copilot_runtime._exceptions import WITHHELD
-from tests.conftest import ServeRuntime, run_input, types
+from tests.conftest import ServeRuntime, run_input, text_of, types
 from tests.gql.wire import user_turn
 from tests.test_graphql_agents import turn
 from tests.test_hostile_providers import (
     AN_OPEN_TEXT,
     AN_START,
     HEAD,
+    OA_DONE,
     PROVIDER_WORDS,
+    SET_COLOR,
     Step,
     an,
     an_delta,
@@ -31,10 +34,13 @@ from tests.test_hostile_providers import (
     an_text_block,
     gm_parts,
     hostile,
+    oa_finish,
     oa_text,
+    oa_tool,
     protocol_error,
     run,
     sse,
+    tool_calls,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -145,6 +151,107 @@ async def test_graphql_clients_read_the_same_words(serve_runtime: ServeRuntime) 
         assert KEY not in orjson.dumps(response).decode()
         assert_said_fitly(status["details"]["description"], case)
         assert status["details"]["originalError"]["code"] == "NETWORK_ERROR"
+
+
+# ---- parallel tool calls sharing one index ---------------------------------------------------
+
+
+def oa_calls(*calls: dict[str, Any]) -> bytes:
+    return sse({"id": "c", "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"tool_calls": list(calls)}, "finish_reason": None}]})
+
+
+def call(call_id: str, colour: str, **index: int) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", **index,
+            "function": {"name": "setColor", "arguments": orjson.dumps({"c": colour}).decode()}}
+
+
+SHARED_INDEX: dict[str, list[Step]] = {
+    # Ollama: index 0 for each call, in chunks of their own or in one chunk
+    "index 0, two chunks": [oa_calls(call("c1", "red", index=0)),
+                            oa_calls(call("c2", "blue", index=0))],
+    "index 0, one chunk": [oa_calls(call("c1", "red", index=0), call("c2", "blue", index=0))],
+    # older builds: no index at all
+    "no index": [oa_calls(call("c1", "red")), oa_calls(call("c2", "blue"))],
+}
+
+
+@pytest.mark.parametrize("case", SHARED_INDEX)
+async def test_parallel_tool_calls_sharing_one_index_stay_two_calls(
+        serve_runtime: ServeRuntime, case: str) -> None:
+    """Before: one call c1 with arguments `{"c":"red"}{"c":"blue"}` (no client parses it), and
+    c2 lost."""
+    script = [HEAD, *SHARED_INDEX[case], oa_finish("tool_calls"), OA_DONE]
+    async with hostile(serve_runtime, "openai", script) as (served, _):
+        events = await run(served, run_input("paint", thread="t-shared", tools=[SET_COLOR]))
+        stored = await (await served.session.get(
+            served.url + "/threads/t-shared/messages")).json()
+    assert types(events)[-1] == "RUN_FINISHED", events
+    assert tool_calls(events) == {"c1": ("setColor", {"c": "red"}),
+                                  "c2": ("setColor", {"c": "blue"})}
+    (assistant,) = [m for m in stored["messages"] if m.get("toolCalls")]
+    assert [c["id"] for c in assistant["toolCalls"]] == ["c1", "c2"]
+
+
+async def test_a_call_whose_id_comes_again_with_each_piece_stays_one_call(
+        serve_runtime: ServeRuntime) -> None:
+    """Regression guard (passes on the old code too): an id repeated in every delta of one
+    call does not split it."""
+    script: list[Step] = [HEAD, oa_tool(0, "c1", "setColor", '{"c":'),
+                          oa_tool(0, "c1", None, '"red"}'), oa_tool(1, "c2", "setColor", ""),
+                          oa_tool(1, "c2", None, '{"c":"blue"}'),
+                          oa_finish("tool_calls"), OA_DONE]
+    async with hostile(serve_runtime, "openai", script) as (served, _):
+        events = await run(served, run_input("paint", tools=[SET_COLOR]))
+    assert tool_calls(events) == {"c1": ("setColor", {"c": "red"}),
+                                  "c2": ("setColor", {"c": "blue"})}
+
+
+# ---- refusals and filtered answers -----------------------------------------------------------
+
+
+async def test_an_openai_refusal_is_the_answers_text(serve_runtime: ServeRuntime) -> None:
+    """Before: `delta.refusal` was not decoded: RUN_STARTED, RUN_FINISHED and nothing else."""
+    refusal = sse({"id": "c", "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"refusal": "I can't help with that."}, "finish_reason": None}]})
+    async with hostile(serve_runtime, "openai", [HEAD, refusal, oa_finish(), OA_DONE]) \
+            as (served, _):
+        events = await run(served, run_input("hi"))
+    assert types(events)[-1] == "RUN_FINISHED", events
+    assert text_of(events) == "I can't help with that."
+
+
+FILTERED: dict[str, list[Step]] = {
+    "openai": [HEAD, oa_finish("content_filter"), OA_DONE],
+    "anthropic": [HEAD, AN_START, *an_end("refusal")],
+    "google": [HEAD, gm_parts(reason="SAFETY")],
+}
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_an_answer_the_filter_withheld_whole_is_a_precise_error(
+        serve_runtime: ServeRuntime, provider: str) -> None:
+    """Before: an empty answer and RUN_FINISHED: the user saw nothing, and no reason."""
+    async with hostile(serve_runtime, provider, FILTERED[provider]) as (served, _):
+        events = await run(served, run_input("hi", thread="t-filtered"))
+        response = await turn(served, user_turn("hi", thread="gql-filtered"))
+    assert types(events) == ["RUN_STARTED", "RUN_ERROR"], events
+    assert events[-1]["code"] == "CONTENT_FILTERED"
+    assert events[-1]["message"] == (
+        f"The model gave no answer: the {provider} content filter withheld it")
+    status = response["status"]
+    assert status["__typename"] == "FailedResponseStatus", status
+    assert status["details"]["originalError"]["originalErrorType"] == "CONTENT_FILTERED"
+    assert status["details"]["description"] == events[-1]["message"]
+
+
+async def test_an_answer_the_filter_cut_keeps_its_text(serve_runtime: ServeRuntime) -> None:
+    """Regression guard: text before the filter stopped the answer stays a finished answer."""
+    script: list[Step] = [HEAD, oa_text("Here is"), oa_finish("content_filter"), OA_DONE]
+    async with hostile(serve_runtime, "openai", script) as (served, _):
+        events = await run(served, run_input("hi"))
+    assert types(events)[-1] == "RUN_FINISHED", events
+    assert text_of(events) == "Here is"
 
 
 # ---- Anthropic: one code per fault, whichever route ------------------------------------------

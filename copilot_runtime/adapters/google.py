@@ -44,6 +44,7 @@ from ag_ui.core import (
 
 from copilot_runtime._exceptions import (
     ConfigurationError,
+    ContentFilteredError,
     UpstreamConnectionError,
     UpstreamError,
     UpstreamProtocolError,
@@ -413,7 +414,8 @@ class GeminiStreamParser:
                     "The Gemini stream sent a chunk of an unexpected shape") from None
         feedback = chunk.get("promptFeedback")
         if isinstance(feedback, dict) and feedback.get("blockReason"):
-            raise UpstreamError(f"Gemini blocked the prompt: {feedback['blockReason']}")
+            raise ContentFilteredError(
+                f"Gemini blocked the prompt: {upstream_said(str(feedback['blockReason']))}")
 
     def _candidate(self, candidate: dict[str, Any], out: list[ChatDelta]) -> None:
         for part in (candidate.get("content") or {}).get("parts") or ():

@@ -398,6 +398,8 @@ class _ToolCall(msgspec.Struct):
 
 class _Delta(msgspec.Struct):
     content: str | None = None
+    #: What the model says instead of an answer it refuses (structured outputs).
+    refusal: str | None = None
     tool_calls: list[_ToolCall] | None = None
 
 
@@ -447,7 +449,7 @@ class ChatCompletionsStreamParser:
     per-chunk cost is what the hot path pays 50 times per answer.
     """
 
-    __slots__ = ("_held", "done", "finish_reason", "secrets", "usage")
+    __slots__ = ("_calls", "_count", "_held", "done", "finish_reason", "secrets", "usage")
 
     def __init__(self, *, secrets: Sequence[str | None] = ()) -> None:
         self._held = HeldBytes("The OpenAI stream", UpstreamProtocolError)
@@ -456,6 +458,9 @@ class ChatCompletionsStreamParser:
         self.done = False
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
+        #: The provider's tool-call index → (our call index, the call's id); see `_call`.
+        self._calls: dict[int, tuple[int, str | None]] = {}
+        self._count = 0
 
     def feed(self, data: bytes) -> list[ChatDelta]:
         buffer = self._held.take(data)
@@ -517,11 +522,25 @@ class ChatCompletionsStreamParser:
                 if delta is not None:
                     if delta.content:
                         append(make(TextDelta, (delta.content,)))
+                    elif delta.refusal:  # the user reads it as the answer, as in ChatGPT
+                        append(make(TextDelta, (delta.refusal,)))
                     for call in delta.tool_calls or ():
                         function = call.function
                         append(ToolCallDelta(
-                            call.index, call.id, function.name if function else None,
+                            self._call(call.index, call.id), call.id,
+                            function.name if function else None,
                             (function.arguments or "") if function else ""))
                 if choice.finish_reason:
                     self.finish_reason = choice.finish_reason
 
+    def _call(self, index: int, call_id: str | None) -> int:
+        """Our index of the call a tool-call piece belongs to. A new id at an index already
+        in use starts a new call: Ollama sends index 0 for each of its parallel calls (older
+        builds no index), which would merge them into one call with invalid arguments."""
+        known = self._calls.get(index)
+        if known is None or (call_id and known[1] and call_id != known[1]):
+            known = self._calls[index] = (self._count, call_id)
+            self._count += 1
+        elif call_id and not known[1]:
+            self._calls[index] = (known[0], call_id)  # the id came after the first piece
+        return known[0]
