@@ -112,8 +112,12 @@ def upstream_said(text: str, known: Sequence[str | None] = ()) -> str:
 _FILE_PATH = re.compile(r"(?<![\w:/.~-])(?:/[\w.@~-]+){2,}|\b[A-Za-z]:\\[\w.@ \\-]+")
 
 #: Secret-looking values, as a pattern every redaction shares (upstream words passed on,
-#: logs): a URL's `user:password`, bearer and Basic credentials, provider and code-forge
-#: keys, JWTs, secret query parameters.
+#: action errors, logs): a URL's `user:password`, bearer and Basic credentials, provider and
+#: code-forge keys, JWTs, secret query parameters, and secrets given by name as
+#: `name: value` or `name=value` (a header dump, a DSN, a dict's repr, JSON): an
+#: authorization with any scheme word, a cookie header's whole value, and any name ending in
+#: password, secret, an API, access or private key, token or credential(s). Counts are
+#: spared: `max_tokens=100` names `tokens`, and a number alone is no secret.
 SECRET_VALUES = (
     r"(?<=://)[^\s/@]+(?=@)"
     r"|(?i:\b(?:bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,})"
@@ -121,7 +125,12 @@ SECRET_VALUES = (
     r"|\bAIza[0-9A-Za-z_-]{20,}"
     r"|\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9._-]+"
     r"|(?i:(?<=[?&;])(?:api[-_]?key|key|token|access_token|secret|password|sig|signature)"
-    r"=[^&\s\"']+)")
+    r"=[^&\s\"']+)"
+    r"|(?i:\b(?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?(?:[a-z][\w.-]*[ \t]+)?"
+    r"[^\s,;\"'}]{6,})"
+    r"|(?i:\bcookie[\"']?[ \t]*[:=][ \t]*[\"']?[^\r\n\"']+)"
+    r"|(?i:(?<![\w-])[\w-]*?(?:passw(?:or)?d|pwd|secret|(?:api|access|private)[-_]?key|token"
+    r"|credentials?)[\"']?[ \t]*[:=][ \t]*[\"']?(?!\d+(?![^\s,;\"'}&]))[^\s,;\"'}&]{6,})")
 _SECRETS = re.compile(SECRET_VALUES)
 
 

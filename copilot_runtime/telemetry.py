@@ -172,15 +172,14 @@ class RunTelemetry:
 
 # -- logs ------------------------------------------------------------------------------------
 
+# Any `*token` key (access_token, refresh_token, x-auth-token) but counts and limits
+# (`input_tokens`, `token_count`, `max_token`).
 _SECRET_KEYS = re.compile(
-    r"(authorization|cookie|api[-_]?key|(?<!_)token(?!s)|secret|password|passwd|credential|dsn)",
+    r"(authorization|cookie|api[-_]?key|(?<!max_)token(?!s|_count|_limit)|secret|password"
+    r"|passwd|credential|dsn)",
     re.IGNORECASE)
-# What `_exceptions.SECRET_VALUES` knows, and a secret given as `name: value` or
-# `name=value` inside a string (a header dump, a connection string).
-_SECRET_VALUES = re.compile(
-    SECRET_VALUES
-    + r"|(?i:(?:authorization|cookie|x-api-key|api[-_]?key|password|secret)"
-    r"[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic)\s+)?[^\s,;\"'}]{6,})")
+# The same pattern as for text passed on to clients (`_exceptions.SECRET_VALUES`).
+_SECRET_VALUES = re.compile(SECRET_VALUES)
 REDACTED = "[REDACTED]"
 
 
@@ -195,6 +194,8 @@ def _redact(value: Any, depth: int = 0) -> Any:
         return {k: REDACTED if isinstance(k, str) and _SECRET_KEYS.search(k) else
                 _redact(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
+        if len(value) == 2 and isinstance(value[0], str) and _SECRET_KEYS.search(value[0]):
+            return [value[0], REDACTED]  # a (name, value) pair: a header list's item
         return [_redact(v, depth + 1) for v in value]
     return value
 

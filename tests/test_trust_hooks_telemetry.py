@@ -246,6 +246,23 @@ def test_secrets_are_redacted() -> None:
     assert event["count"] == 3
 
 
+def test_log_redaction_knows_token_keys_token_schemes_and_cookie_headers() -> None:
+    """These were logged whole: `*_token` keys (the look-behind spared any `x_token`),
+    `Authorization: Token …` (a scheme other than bearer/basic), a header dict's repr, a
+    (name, value) header pair, and a `Cookie:` header whose first pair is short."""
+    secret = "c0ffee0123456789abcdef"
+    event = redact_secrets(None, "info", {
+        "event": "x", "access_token": secret, "refresh_token": secret, "client_token": secret,
+        "headers": {"access_token": secret}, "pairs": [("authorization", f"Token {secret}")],
+        "said": f"sent headers Authorization: Token {secret}",
+        "repr": f"{{'authorization': 'Token {secret}'}}",
+        "cookie_line": f"Cookie: a=1; sessionid={secret}",
+        "input_tokens": 12, "max_token": 100, "token_count": 7})
+    assert secret not in orjson.dumps(event).decode()
+    assert (event["input_tokens"], event["max_token"], event["token_count"]) == (12, 100, 7)
+    assert event["said"] == "sent headers [REDACTED]"
+
+
 @pytest.mark.parametrize("as_json", [True])
 def test_configure_logging_writes_json(as_json: bool) -> None:
     out = io.StringIO()
