@@ -28,9 +28,16 @@ from typing import Any
 
 import structlog
 
-from copilot_runtime._exceptions import SECRET_VALUES, ConfigurationError
+from copilot_runtime._exceptions import (
+    SECRET_VALUES,
+    ApprovalClosedError,
+    ConfigurationError,
+    CopilotRuntimeError,
+)
 from copilot_runtime._version import __version__
 from copilot_runtime.auth import RequestInfo
+from copilot_runtime.coordination.base import LEASE_LOST_CODE
+from copilot_runtime.threads.base import INTERRUPTED_CODE
 
 __all__ = ["ModelCall", "RunTelemetry", "Telemetry", "configure_logging", "redact_secrets"]
 
@@ -63,6 +70,7 @@ class Telemetry:
         self.operation = meter.create_histogram("gen_ai.client.operation.duration", unit="s",
                                                 description="Model call duration")
         self._models: set[str] = set()
+        self._codes = _runtime_codes()
 
     def model_label(self, model: str | None) -> str | None:
         """`model` as spans and metrics name it: a client may choose it, so only the first
@@ -74,6 +82,12 @@ class Telemetry:
             return "_OTHER"
         self._models.add(model)
         return model
+
+    def error_label(self, code: str) -> str:
+        """A run error's code as the errors metric labels it: the runtime's own codes, and
+        "_OTHER" for any other (a remote agent's RUN_ERROR may carry a new code every run,
+        each a metric series for the life of the process; the span keeps the code)."""
+        return code if code in self._codes else "_OTHER"
 
     @contextmanager
     def request_span(self, request: RequestInfo) -> Iterator[Any]:
@@ -96,6 +110,18 @@ class Telemetry:
             attributes["enduser.id"] = principal_id
         span = self.tracer.start_span("copilotkit.run", attributes=attributes)
         return RunTelemetry(self, span, agent_id)
+
+
+def _runtime_codes() -> frozenset[str]:
+    """Every code the runtime itself ends a run with."""
+    codes = {"RUN_ERROR", "AGENT_ERROR", INTERRUPTED_CODE, LEASE_LOST_CODE,
+             *ApprovalClosedError.CODES}
+    kinds: list[type[CopilotRuntimeError]] = [CopilotRuntimeError]
+    while kinds:
+        kind = kinds.pop()
+        codes.add(kind.code)
+        kinds.extend(kind.__subclasses__())
+    return frozenset(codes)
 
 
 class ModelCall:
@@ -164,7 +190,7 @@ class RunTelemetry:
             code = str(error.get("code") or "RUN_ERROR")
             self.span.set_status(telemetry._trace.StatusCode.ERROR, code)
             self.span.set_attribute("error.type", code)
-            telemetry.errors.add(1, {**attributes, "error.type": code})
+            telemetry.errors.add(1, {**attributes, "error.type": telemetry.error_label(code)})
         telemetry.runs.add(1, attributes)
         telemetry.duration.record(time.monotonic() - self._started, attributes)
         self.span.end()

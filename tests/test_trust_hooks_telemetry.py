@@ -231,6 +231,34 @@ async def test_spans_and_metrics(serve_runtime: ServeRuntime, llm: MockOpenAISer
         meter_provider.shutdown()
 
 
+def test_the_errors_metric_labels_only_the_runtimes_own_codes() -> None:
+    """A remote agent's RUN_ERROR codes were each a label: 20 runs with a new code each made
+    20 series of `copilotkit.run.errors`, for the life of the process. Now they are one
+    "_OTHER" series; the runtime's codes keep theirs, and each span its own code."""
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    telemetry = Telemetry(tracer_provider, meter_provider)
+    try:
+        codes = [f"E-{i}" for i in range(20)] + [
+            "UPSTREAM_ERROR", "CONTENT_FILTERED", "RUN_INTERRUPTED", "APPROVAL_EXPIRED"]
+        for i, code in enumerate(codes):
+            telemetry.run_started("remote", "t", f"r{i}", None).end("error", {"code": code})
+        metrics = {m.name: m for rm in reader.get_metrics_data().resource_metrics
+                   for sm in rm.scope_metrics for m in sm.metrics}
+        labels = {p.attributes["error.type"]: p.value
+                  for p in metrics["copilotkit.run.errors"].data.data_points}
+        assert labels == {"_OTHER": 20, "UPSTREAM_ERROR": 1, "CONTENT_FILTERED": 1,
+                          "RUN_INTERRUPTED": 1, "APPROVAL_EXPIRED": 1}
+        assert sorted(span.attributes["error.type"] for span in exporter.get_finished_spans()
+                      ) == sorted(codes)
+    finally:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+
+
 def test_secrets_are_redacted() -> None:
     event = redact_secrets(None, "info", {
         "event": "calling Bearer abc.def.ghi", "authorization": "Bearer s3cr3t-token",
