@@ -93,7 +93,8 @@ _SENDING: contextvars.ContextVar[_Sending | None] = contextvars.ContextVar(
 
 class _NotingTransport(httpx2.AsyncBaseTransport):
     """An HTTP transport that notes, for the call sending through it, whether a request could
-    not connect: only then is it certain that the server never saw the call."""
+    not connect: only then is it certain that the server never saw the call.
+"""
 
     def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
         self.inner = inner
@@ -365,8 +366,12 @@ class MCPToolset:
                 try:
                     tools = await _list_tools(client, refresh=ready is None)
                 except Exception as exc:
+                    # Its words (a crash report, a DSN) are for the log only: the reason
+                    # reaches clients, and the model in every call's tool error.
+                    _log.warning("MCP server could not list its tools", server=server.label,
+                                 error=f"{type(exc).__name__}: {exc}")
                     raise UpstreamError(f"MCP server {server.label} could not list its tools: "
-                                        f"{type(exc).__name__}: {exc}") from None
+                                        f"{failure_text(exc)}") from None
                 changes = await _listen_for_changes(client, server, stack)
                 conn.wake.clear()
                 if conn.closing.is_set():
