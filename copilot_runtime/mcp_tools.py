@@ -31,7 +31,7 @@ import contextvars
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,7 +94,13 @@ _SENDING: contextvars.ContextVar[_Sending | None] = contextvars.ContextVar(
 class _NotingTransport(httpx2.AsyncBaseTransport):
     """An HTTP transport that notes, for the call sending through it, whether a request could
     not connect: only then is it certain that the server never saw the call.
-"""
+
+    It also keeps one request's read timeout from ending the session. The SDK sends each
+    request's POST from a task of the session's task group: a `ReadTimeout` raised there (no
+    answer head, or a JSON answer that stalls) fails the group, which ends the session and
+    every call in flight on it, other runs' too; a call that timed out, or whose run was
+    stopped, leaves its POST open until then. A POST's read timeout fails that request alone
+    instead (its caller has timed out already: the HTTP bound is a little longer)."""
 
     def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
         self.inner = inner
@@ -107,9 +113,38 @@ class _NotingTransport(httpx2.AsyncBaseTransport):
             if sending is not None:
                 sending.unconnected = True
             raise
+        except httpx2.ReadTimeout:
+            if request.method != "POST":
+                raise
+            # (the SDK answers its request with an error, and the session goes on)
+            return httpx2.Response(504, headers={"content-type": "text/plain"},
+                                   content=b"no answer within the read timeout",
+                                   request=request)
         if sending is not None:
             sending.answered = True
+        if request.method == "POST" and response.headers.get(
+                "content-type", "").lower().startswith("application/json"):
+            # (an SSE answer's read timeout already fails its request alone, in the SDK)
+            response.stream = _EndsAtReadTimeout(response.stream)
         return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _EndsAtReadTimeout(httpx2.AsyncByteStream):
+    """A POST's JSON answer whose read timeout ends the body where it is: the SDK then
+    fails that request with a parse error, and the session goes on."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.inner:
+                yield chunk
+        except httpx2.ReadTimeout:
+            return
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -412,8 +447,10 @@ class MCPToolset:
             # A mount, not `transport=`: that would drop the proxies the environment names
             # (a request through one is not noted, and not retried).
             noting = _NotingTransport(httpx2.AsyncHTTPTransport())
+            # Reads wait a little longer than a call: the call's own timeout says it first.
             http = httpx2.AsyncClient(headers=dict(server.headers),
-                                      timeout=httpx2.Timeout(server.timeout),
+                                      timeout=httpx2.Timeout(server.timeout,
+                                                             read=server.timeout + 1.0),
                                       mounts={"all://": noting})
             stack.push_async_callback(http.aclose)
             return Client(streamable_http_client(server.url, http_client=http),

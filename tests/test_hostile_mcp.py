@@ -1,4 +1,4 @@
-"""An MCP server that misbehaves cannot leak its insides.
+"""An MCP server that misbehaves cannot leak its insides, or break its neighbours' calls.
 
 A raw streamable-HTTP MCP server (JSON answers, a 2025-06-18 session) answers each method as
 the test scripts it: a `tools/list` that fails with a crash report holding a DSN, a listing
@@ -16,7 +16,8 @@ import orjson
 import pytest
 import structlog
 
-from copilot_runtime import CopilotRuntime, MCPServer, MCPToolset, UpstreamError
+from copilot_runtime import ActionError, CopilotRuntime, MCPServer, MCPToolset, UpstreamError
+from copilot_runtime.actions import Action
 from copilot_runtime.testing import ScriptedAdapter, text_turn
 from tests.conftest import ServeRuntime
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, merge, parse_multipart, user_turn
@@ -126,6 +127,23 @@ async def test_a_listing_that_fails_with_a_crash_report_is_withheld() -> None:
     assert any("OperationalError: refused" in str(e.get("error")) for e in logs), logs
 
 
+async def test_a_listing_that_hangs_at_start_says_so() -> None:
+    """A server that never answers `tools/list` fails the start within its timeout, saying
+    so (before: "ReadTimeout", the HTTP client's bound, which was the call's too; with one
+    request's read timeout failing that request alone, the HTTP bound is a second longer).
+    """
+    server = ScriptedMCP()
+    async with scripted(server) as url:
+        server.delays["list"] = 3600.0
+        toolset = MCPToolset([MCPServer(url=url, name="h", timeout=1.0)])
+        async with asyncio.timeout(5):
+            with pytest.raises(UpstreamError) as caught:
+                await toolset.start()
+    assert caught.value.message == (
+        "MCP server h could not be connected: MCP server h could not list its tools: MCPError: "
+        "Request 'tools/list' timed out")
+
+
 async def test_graphql_clients_get_no_crash_report_of_a_request_scoped_server(
         serve_runtime: ServeRuntime) -> None:
     async with scripted(ScriptedMCP(list_error=TRACE)) as url:
@@ -142,3 +160,48 @@ async def test_graphql_clients_get_no_crash_report_of_a_request_scoped_server(
         "could not list its tools: MCPError (its message is withheld: see the server's log)")
     for secret in ("s3cr3t", "/opt/", "Traceback"):
         assert secret not in orjson.dumps(response).decode()
+
+
+# ---- one slow or abandoned call fails alone ---------------------------------------------------
+
+
+def tool(toolset: MCPToolset, name: str = "echo") -> Action:
+    return next(a for a in toolset.actions if a.name == name)
+
+
+@contextlib.asynccontextmanager
+async def started(server: ScriptedMCP, bound: float) -> AsyncIterator[MCPToolset]:
+    async with scripted(server) as url:
+        toolset = MCPToolset([MCPServer(url=url, name="h", timeout=bound)])
+        await toolset.start()
+        try:
+            yield toolset
+        finally:
+            await toolset.aclose()
+
+
+@pytest.mark.parametrize("first", ["times out", "is abandoned"])
+async def test_one_call_past_its_timeout_leaves_the_others_on_the_session(first: str) -> None:
+    """Before: the first call's POST reached the HTTP client's read timeout (the server's
+    `timeout`, the same bound as the call's own; a call whose run was stopped leaves its POST
+    open until then), which ended the whole session: a call the server answered just after
+    failed "Connection closed", and the session was opened again. Now only the first call
+    fails; the session and its other calls go on."""
+    server = ScriptedMCP()
+    server.delays["late"] = 0.8
+    async with started(server, bound=1.0) as toolset:
+        echo = tool(toolset)
+        conn = toolset._connections[0]
+        session = conn.client
+        first_call = asyncio.create_task(echo.execute('{"x": "hang"}'))
+        if first == "is abandoned":
+            await asyncio.sleep(0.2)
+            first_call.cancel()
+        await asyncio.sleep(0.5 - (0.2 if first == "is abandoned" else 0.0))
+        # answered at about 1.3 s: after the first call's bound, within its own
+        assert await echo.execute('{"x": "late"}') == "\"echoed late\""
+        with pytest.raises(ActionError if first == "times out" else asyncio.CancelledError):
+            await first_call
+        assert (conn.client, conn.gone) == (session, None)
+        assert await echo.execute('{"x": "again"}') == "\"echoed again\""
+        assert server.methods.count("initialize") == 1
