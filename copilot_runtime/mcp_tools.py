@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 import anyio
 import httpx2
 import mcp.types as types
+import pydantic
 import structlog
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
@@ -399,7 +400,7 @@ class MCPToolset:
             async with AsyncExitStack() as stack:
                 client = await stack.enter_async_context(self._client(conn, stack))
                 try:
-                    tools = await _list_tools(client, refresh=ready is None)
+                    tools = await _list_tools(client, server, refresh=ready is None)
                 except Exception as exc:
                     # Its words (a crash report, a DSN) are for the log only: the reason
                     # reaches clients, and the model in every call's tool error.
@@ -468,7 +469,7 @@ class MCPToolset:
                 return  # listed since the notification, or still starting, or closed
             conn.stale = False
             try:
-                tools = await _list_tools(client, refresh=True)
+                tools = await _list_tools(client, conn.server, refresh=True)
             except Exception as exc:
                 # The previous list stays: its tools answer with a tool error if the server
                 # really is gone.
@@ -564,16 +565,52 @@ def _prefixes(servers: Sequence[MCPServer]) -> list[str]:
     return prefixes
 
 
-async def _list_tools(client: Client, *, refresh: bool) -> list[Any]:
+async def _list_tools(client: Client, server: MCPServer, *, refresh: bool) -> list[Any]:
     tools: list[Any] = []
     cursor: str | None = None
     for _ in range(_MAX_PAGES):
-        page = await client.list_tools(cursor=cursor, cache_mode="refresh" if refresh else "use")
+        try:
+            page = await client.list_tools(cursor=cursor,
+                                           cache_mode="refresh" if refresh else "use")
+        except pydantic.ValidationError:
+            page = await _list_tools_leniently(client, server, cursor)
         tools.extend(page.tools)
         cursor = page.next_cursor
         if cursor is None:
             break
     return tools
+
+
+async def _list_tools_leniently(client: Client, server: MCPServer, cursor: str | None
+                                ) -> types.ListToolsResult:
+    """A listing page the SDK refused whole because a tool in it breaks the MCP schema (an
+    `inputSchema` that is no object), read again as JSON: the valid tools are kept, each
+    invalid one is left out with a warning (one bad tool took all of a server's down, and an
+    app's start with `mcp_servers=`).
+
+    The SDK has no public way to read a result it cannot validate: this is its
+    `send_request` (the session's stamp, its dispatcher) without the validation, and the
+    listing is absorbed as `list_tools` would (calls look their tools up in it).
+    """
+    session = client.session
+    data = types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor)).model_dump(
+        by_alias=True, mode="json", exclude_none=True)
+    options: Any = {"timeout": server.timeout}
+    session._stamp(data, options)
+    raw = await session._dispatcher.send_raw_request("tools/list", data.get("params"), options)
+    tools: list[types.Tool] = []
+    listed = raw.get("tools") if isinstance(raw, dict) else None
+    for item in listed if isinstance(listed, list) else ():
+        try:
+            tools.append(types.Tool.model_validate(item, by_name=False))
+        except pydantic.ValidationError as exc:
+            name = item.get("name") if isinstance(item, dict) else None
+            _log.warning("MCP tool left out: it breaks the MCP schema", server=server.label,
+                         tool=str(name)[:100], error=str(exc)[:500])
+    next_cursor = raw.get("nextCursor") if isinstance(raw, dict) else None
+    page = types.ListToolsResult(
+        tools=tools, next_cursor=next_cursor if isinstance(next_cursor, str) else None)
+    return session._absorb_tool_listing(page, complete=cursor is None and page.next_cursor is None)
 
 
 async def _listen_for_changes(client: Client, server: MCPServer, stack: AsyncExitStack
@@ -640,6 +677,10 @@ def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
         return _answer(remote, result)
 
     schema = tool.input_schema if isinstance(tool.input_schema, dict) else None
+    if schema and schema.get("type", "object") != "object":
+        # (a provider refuses a request offering it: every run would fail)
+        raise ConfigurationError(f"its inputSchema is of type {str(schema['type'])[:40]!r}, "
+                                 "not 'object'")
     return Action(name[:64], call, description=tool.description or "",
                   parameters=schema or {"type": "object", "properties": {}})
 

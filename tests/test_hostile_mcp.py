@@ -1,4 +1,5 @@
-"""An MCP server that misbehaves cannot leak its insides, or break its neighbours' calls.
+"""An MCP server that misbehaves cannot leak its insides, break its neighbours' calls, or take
+its valid tools down with an invalid one.
 
 A raw streamable-HTTP MCP server (JSON answers, a 2025-06-18 session) answers each method as
 the test scripts it: a `tools/list` that fails with a crash report holding a DSN, a listing
@@ -18,8 +19,8 @@ import structlog
 
 from copilot_runtime import ActionError, CopilotRuntime, MCPServer, MCPToolset, UpstreamError
 from copilot_runtime.actions import Action
-from copilot_runtime.testing import ScriptedAdapter, text_turn
-from tests.conftest import ServeRuntime
+from copilot_runtime.testing import ScriptedAdapter, text_turn, tool_turn
+from tests.conftest import ServeRuntime, run_input
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, merge, parse_multipart, user_turn
 from tests.mcp_support.serving import killable
 
@@ -205,3 +206,27 @@ async def test_one_call_past_its_timeout_leaves_the_others_on_the_session(first:
         assert (conn.client, conn.gone) == (session, None)
         assert await echo.execute('{"x": "again"}') == "\"echoed again\""
         assert server.methods.count("initialize") == 1
+
+
+# ---- one tool that breaks the schema is left out alone ---------------------------------------
+
+BAD_TOOLS = [{"name": "string_schema", "description": "Its input is a string",
+              "inputSchema": {"type": "string"}},
+             {"name": "no_schema", "description": "No inputSchema at all"}]
+
+
+async def test_a_tool_whose_schema_is_no_object_is_left_out_alone(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: the SDK refused the whole listing (`tools.0.inputSchema.type`), so the server
+    had no tools at all, and with `mcp_servers=` the app did not start."""
+    server = ScriptedMCP(tools=[*BAD_TOOLS, ECHO])
+    model = ScriptedAdapter(tool_turn(("echo", '{"x": "hi"}')), text_turn("done"))
+    async with scripted(server) as url:
+        runtime = CopilotRuntime(service_adapter=model,
+                                 mcp_servers=[MCPServer(url=url, name="h", timeout=10)])
+        with structlog.testing.capture_logs() as logs:
+            async with serve_runtime(runtime) as served:
+                events = await served.run(run_input("go"))
+    assert [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"] == ['"echoed hi"']
+    left_out = {e["tool"] for e in logs if e["event"].startswith("MCP tool left out")}
+    assert left_out == {"string_schema", "no_schema"}, logs
