@@ -31,7 +31,9 @@
     └── AgentExecutionError         a wrapped existing agent reported an error or no result
 
 Messages are written for the client: they never contain stack traces or file paths. What an
-upstream said is passed on only through `quoted`, which withholds text that holds either.
+upstream said is passed on only through `quoted`, which withholds text that holds either; an
+LLM provider's words through `upstream_said`, which also blanks the credentials its request
+carried.
 """
 
 from __future__ import annotations
