@@ -23,20 +23,23 @@
     ├── UpstreamError               an LLM provider or remote agent failed             → RUN_ERROR
     │   ├── UpstreamTimeoutError    ... by going silent (before or during its answer)
     │   ├── UpstreamConnectionError ... by refusing or closing the connection
-    │   └── UpstreamProtocolError   ... by answering with something its protocol forbids
+    │   ├── UpstreamProtocolError   ... by answering with something its protocol forbids
+    │   └── ContentFilteredError    ... by withholding the whole answer (its content filter)
     ├── ActionError                 a server-side action failed (the model sees it as a tool error)
     ├── ChunkError                  a *_CHUNK event that opens nothing (a remote's: UpstreamError)
     ├── ClientDisconnected          the client left before its request body arrived (no answer)
     └── AgentExecutionError         a wrapped existing agent reported an error or no result
 
 Messages are written for the client: they never contain stack traces or file paths. What an
-upstream said is passed on only through `quoted`, which withholds text that holds either.
+upstream said is passed on only through `quoted`, which withholds text that holds either; an
+LLM provider's words through `upstream_said`, which also blanks the credentials its request
+carried.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
 from copilot_runtime._time import iso_time
@@ -53,6 +56,7 @@ __all__ = [
     "ChunkError",
     "ClientDisconnected",
     "ConfigurationError",
+    "ContentFilteredError",
     "CopilotRuntimeError",
     "InvalidRequestError",
     "JSONTooDeepError",
@@ -74,6 +78,7 @@ __all__ = [
     "failure_text",
     "quoted",
     "scrub_secrets",
+    "upstream_said",
 ]
 
 # What marks text as a program's insides: a Python or Node stack, or a source file's path.
@@ -83,14 +88,25 @@ _INTERNALS = re.compile(
     r"|(?:[A-Za-z]:\\|/)[\w.@ -]*(?:[\\/][\w.@ -]+)*\.(?:py|pyc|js|mjs|cjs|ts|go|rb|java|rs|php)\b")
 
 
-def quoted(text: str, limit: int = 200) -> str | None:
-    """What an upstream said, fit to pass on to a client: secret-looking values blanked
-    (`scrub_secrets`), at most `limit` characters, or None when it holds a stack trace or a
-    source file's path (a remote's own crash report)."""
-    text = scrub_secrets(text)
+def quoted(text: str, limit: int = 200, known: Sequence[str | None] = ()) -> str | None:
+    """What an upstream said, fit to pass on to a client: the `known` secrets and
+    secret-looking values blanked (`scrub_secrets`), at most `limit` characters, or None when
+    it holds a stack trace or a source file's path (a remote's own crash report)."""
+    text = scrub_secrets(text, *known)  # before the cut, which could split a secret
     if len(text) > limit:
         text = text[:limit - 1] + "…"
     return None if _INTERNALS.search(text) else text
+
+
+#: What stands for an upstream's words that `quoted` withholds.
+WITHHELD = "no message fit to show"
+
+
+def upstream_said(text: str, known: Sequence[str | None] = ()) -> str:
+    """An LLM provider's own words (an error body's message, an error event mid-stream) as
+    a client reads them: `quoted` to 500 characters, with the credentials the request
+    carried (`known`) blanked; `WITHHELD` when they hold a program's insides."""
+    return quoted(text, 500, known) or WITHHELD
 
 
 # An absolute file path (of two parts or more, not the path of a URL): what an exception's
@@ -98,8 +114,12 @@ def quoted(text: str, limit: int = 200) -> str | None:
 _FILE_PATH = re.compile(r"(?<![\w:/.~-])(?:/[\w.@~-]+){2,}|\b[A-Za-z]:\\[\w.@ \\-]+")
 
 #: Secret-looking values, as a pattern every redaction shares (upstream words passed on,
-#: logs): a URL's `user:password`, bearer and Basic credentials, provider and code-forge
-#: keys, JWTs, secret query parameters.
+#: action errors, logs): a URL's `user:password`, bearer and Basic credentials, provider and
+#: code-forge keys, JWTs, secret query parameters, and secrets given by name as
+#: `name: value` or `name=value` (a header dump, a DSN, a dict's repr, JSON): an
+#: authorization with any scheme word, a cookie header's whole value, and any name ending in
+#: password, secret, an API, access or private key, token or credential(s). Counts are
+#: spared: `max_tokens=100` names `tokens`, and a number alone is no secret.
 SECRET_VALUES = (
     r"(?<=://)[^\s/@]+(?=@)"
     r"|(?i:\b(?:bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,})"
@@ -107,7 +127,12 @@ SECRET_VALUES = (
     r"|\bAIza[0-9A-Za-z_-]{20,}"
     r"|\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9._-]+"
     r"|(?i:(?<=[?&;])(?:api[-_]?key|key|token|access_token|secret|password|sig|signature)"
-    r"=[^&\s\"']+)")
+    r"=[^&\s\"']+)"
+    r"|(?i:\b(?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?(?:[a-z][\w.-]*[ \t]+)?"
+    r"[^\s,;\"'}]{6,})"
+    r"|(?i:\bcookie[\"']?[ \t]*[:=][ \t]*[\"']?[^\r\n\"']+)"
+    r"|(?i:(?<![\w-])[\w-]*?(?:passw(?:or)?d|pwd|secret|(?:api|access|private)[-_]?key|token"
+    r"|credentials?)[\"']?[ \t]*[:=][ \t]*[\"']?(?!\d+(?![^\s,;\"'}&]))[^\s,;\"'}&]{6,})")
 _SECRETS = re.compile(SECRET_VALUES)
 
 
@@ -372,6 +397,13 @@ class UpstreamProtocolError(UpstreamError):
     """The upstream answered, but not in its protocol (a malformed chunk, a missing end)."""
 
     code = "UPSTREAM_PROTOCOL_ERROR"
+
+
+class ContentFilteredError(UpstreamError):
+    """The provider's content filter (or the model's refusal) withheld the whole answer: no
+    text, no tool call. A user would otherwise see an empty answer and no reason."""
+
+    code = "CONTENT_FILTERED"
 
 
 class ActionError(CopilotRuntimeError):

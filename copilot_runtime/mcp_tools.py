@@ -31,7 +31,7 @@ import contextvars
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 import anyio
 import httpx2
 import mcp.types as types
+import pydantic
 import structlog
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
@@ -93,7 +94,14 @@ _SENDING: contextvars.ContextVar[_Sending | None] = contextvars.ContextVar(
 
 class _NotingTransport(httpx2.AsyncBaseTransport):
     """An HTTP transport that notes, for the call sending through it, whether a request could
-    not connect: only then is it certain that the server never saw the call."""
+    not connect: only then is it certain that the server never saw the call.
+
+    It also keeps one request's read timeout from ending the session. The SDK sends each
+    request's POST from a task of the session's task group: a `ReadTimeout` raised there (no
+    answer head, or a JSON answer that stalls) fails the group, which ends the session and
+    every call in flight on it, other runs' too; a call that timed out, or whose run was
+    stopped, leaves its POST open until then. A POST's read timeout fails that request alone
+    instead (its caller has timed out already: the HTTP bound is a little longer)."""
 
     def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
         self.inner = inner
@@ -106,9 +114,38 @@ class _NotingTransport(httpx2.AsyncBaseTransport):
             if sending is not None:
                 sending.unconnected = True
             raise
+        except httpx2.ReadTimeout:
+            if request.method != "POST":
+                raise
+            # (the SDK answers its request with an error, and the session goes on)
+            return httpx2.Response(504, headers={"content-type": "text/plain"},
+                                   content=b"no answer within the read timeout",
+                                   request=request)
         if sending is not None:
             sending.answered = True
+        if request.method == "POST" and response.headers.get(
+                "content-type", "").lower().startswith("application/json"):
+            # (an SSE answer's read timeout already fails its request alone, in the SDK)
+            response.stream = _EndsAtReadTimeout(response.stream)
         return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _EndsAtReadTimeout(httpx2.AsyncByteStream):
+    """A POST's JSON answer whose read timeout ends the body where it is: the SDK then
+    fails that request with a parse error, and the session goes on."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.inner:
+                yield chunk
+        except httpx2.ReadTimeout:
+            return
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -363,10 +400,14 @@ class MCPToolset:
             async with AsyncExitStack() as stack:
                 client = await stack.enter_async_context(self._client(conn, stack))
                 try:
-                    tools = await _list_tools(client, refresh=ready is None)
+                    tools = await _list_tools(client, server, refresh=ready is None)
                 except Exception as exc:
+                    # Its words (a crash report, a DSN) are for the log only: the reason
+                    # reaches clients, and the model in every call's tool error.
+                    _log.warning("MCP server could not list its tools", server=server.label,
+                                 error=f"{type(exc).__name__}: {exc}")
                     raise UpstreamError(f"MCP server {server.label} could not list its tools: "
-                                        f"{type(exc).__name__}: {exc}") from None
+                                        f"{failure_text(exc)}") from None
                 changes = await _listen_for_changes(client, server, stack)
                 conn.wake.clear()
                 if conn.closing.is_set():
@@ -407,8 +448,10 @@ class MCPToolset:
             # A mount, not `transport=`: that would drop the proxies the environment names
             # (a request through one is not noted, and not retried).
             noting = _NotingTransport(httpx2.AsyncHTTPTransport())
+            # Reads wait a little longer than a call: the call's own timeout says it first.
             http = httpx2.AsyncClient(headers=dict(server.headers),
-                                      timeout=httpx2.Timeout(server.timeout),
+                                      timeout=httpx2.Timeout(server.timeout,
+                                                             read=server.timeout + 1.0),
                                       mounts={"all://": noting})
             stack.push_async_callback(http.aclose)
             return Client(streamable_http_client(server.url, http_client=http),
@@ -426,7 +469,7 @@ class MCPToolset:
                 return  # listed since the notification, or still starting, or closed
             conn.stale = False
             try:
-                tools = await _list_tools(client, refresh=True)
+                tools = await _list_tools(client, conn.server, refresh=True)
             except Exception as exc:
                 # The previous list stays: its tools answer with a tool error if the server
                 # really is gone.
@@ -522,16 +565,52 @@ def _prefixes(servers: Sequence[MCPServer]) -> list[str]:
     return prefixes
 
 
-async def _list_tools(client: Client, *, refresh: bool) -> list[Any]:
+async def _list_tools(client: Client, server: MCPServer, *, refresh: bool) -> list[Any]:
     tools: list[Any] = []
     cursor: str | None = None
     for _ in range(_MAX_PAGES):
-        page = await client.list_tools(cursor=cursor, cache_mode="refresh" if refresh else "use")
+        try:
+            page = await client.list_tools(cursor=cursor,
+                                           cache_mode="refresh" if refresh else "use")
+        except pydantic.ValidationError:
+            page = await _list_tools_leniently(client, server, cursor)
         tools.extend(page.tools)
         cursor = page.next_cursor
         if cursor is None:
             break
     return tools
+
+
+async def _list_tools_leniently(client: Client, server: MCPServer, cursor: str | None
+                                ) -> types.ListToolsResult:
+    """A listing page the SDK refused whole because a tool in it breaks the MCP schema (an
+    `inputSchema` that is no object), read again as JSON: the valid tools are kept, each
+    invalid one is left out with a warning (one bad tool took all of a server's down, and an
+    app's start with `mcp_servers=`).
+
+    The SDK has no public way to read a result it cannot validate: this is its
+    `send_request` (the session's stamp, its dispatcher) without the validation, and the
+    listing is absorbed as `list_tools` would (calls look their tools up in it).
+    """
+    session = client.session
+    data = types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor)).model_dump(
+        by_alias=True, mode="json", exclude_none=True)
+    options: Any = {"timeout": server.timeout}
+    session._stamp(data, options)
+    raw = await session._dispatcher.send_raw_request("tools/list", data.get("params"), options)
+    tools: list[types.Tool] = []
+    listed = raw.get("tools") if isinstance(raw, dict) else None
+    for item in listed if isinstance(listed, list) else ():
+        try:
+            tools.append(types.Tool.model_validate(item, by_name=False))
+        except pydantic.ValidationError as exc:
+            name = item.get("name") if isinstance(item, dict) else None
+            _log.warning("MCP tool left out: it breaks the MCP schema", server=server.label,
+                         tool=str(name)[:100], error=str(exc)[:500])
+    next_cursor = raw.get("nextCursor") if isinstance(raw, dict) else None
+    page = types.ListToolsResult(
+        tools=tools, next_cursor=next_cursor if isinstance(next_cursor, str) else None)
+    return session._absorb_tool_listing(page, complete=cursor is None and page.next_cursor is None)
 
 
 async def _listen_for_changes(client: Client, server: MCPServer, stack: AsyncExitStack
@@ -598,6 +677,10 @@ def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
         return _answer(remote, result)
 
     schema = tool.input_schema if isinstance(tool.input_schema, dict) else None
+    if schema and schema.get("type", "object") != "object":
+        # (a provider refuses a request offering it: every run would fail)
+        raise ConfigurationError(f"its inputSchema is of type {str(schema['type'])[:40]!r}, "
+                                 "not 'object'")
     return Action(name[:64], call, description=tool.description or "",
                   parameters=schema or {"type": "object", "properties": {}})
 

@@ -28,9 +28,16 @@ from typing import Any
 
 import structlog
 
-from copilot_runtime._exceptions import SECRET_VALUES, ConfigurationError
+from copilot_runtime._exceptions import (
+    SECRET_VALUES,
+    ApprovalClosedError,
+    ConfigurationError,
+    CopilotRuntimeError,
+)
 from copilot_runtime._version import __version__
 from copilot_runtime.auth import RequestInfo
+from copilot_runtime.coordination.base import LEASE_LOST_CODE
+from copilot_runtime.threads.base import INTERRUPTED_CODE
 
 __all__ = ["ModelCall", "RunTelemetry", "Telemetry", "configure_logging", "redact_secrets"]
 
@@ -63,6 +70,7 @@ class Telemetry:
         self.operation = meter.create_histogram("gen_ai.client.operation.duration", unit="s",
                                                 description="Model call duration")
         self._models: set[str] = set()
+        self._codes = _runtime_codes()
 
     def model_label(self, model: str | None) -> str | None:
         """`model` as spans and metrics name it: a client may choose it, so only the first
@@ -74,6 +82,12 @@ class Telemetry:
             return "_OTHER"
         self._models.add(model)
         return model
+
+    def error_label(self, code: str) -> str:
+        """A run error's code as the errors metric labels it: the runtime's own codes, and
+        "_OTHER" for any other (a remote agent's RUN_ERROR may carry a new code every run,
+        each a metric series for the life of the process; the span keeps the code)."""
+        return code if code in self._codes else "_OTHER"
 
     @contextmanager
     def request_span(self, request: RequestInfo) -> Iterator[Any]:
@@ -96,6 +110,18 @@ class Telemetry:
             attributes["enduser.id"] = principal_id
         span = self.tracer.start_span("copilotkit.run", attributes=attributes)
         return RunTelemetry(self, span, agent_id)
+
+
+def _runtime_codes() -> frozenset[str]:
+    """Every code the runtime itself ends a run with."""
+    codes = {"RUN_ERROR", "AGENT_ERROR", INTERRUPTED_CODE, LEASE_LOST_CODE,
+             *ApprovalClosedError.CODES}
+    kinds: list[type[CopilotRuntimeError]] = [CopilotRuntimeError]
+    while kinds:
+        kind = kinds.pop()
+        codes.add(kind.code)
+        kinds.extend(kind.__subclasses__())
+    return frozenset(codes)
 
 
 class ModelCall:
@@ -164,7 +190,7 @@ class RunTelemetry:
             code = str(error.get("code") or "RUN_ERROR")
             self.span.set_status(telemetry._trace.StatusCode.ERROR, code)
             self.span.set_attribute("error.type", code)
-            telemetry.errors.add(1, {**attributes, "error.type": code})
+            telemetry.errors.add(1, {**attributes, "error.type": telemetry.error_label(code)})
         telemetry.runs.add(1, attributes)
         telemetry.duration.record(time.monotonic() - self._started, attributes)
         self.span.end()
@@ -172,15 +198,14 @@ class RunTelemetry:
 
 # -- logs ------------------------------------------------------------------------------------
 
+# Any `*token` key (access_token, refresh_token, x-auth-token) but counts and limits
+# (`input_tokens`, `token_count`, `max_token`).
 _SECRET_KEYS = re.compile(
-    r"(authorization|cookie|api[-_]?key|(?<!_)token(?!s)|secret|password|passwd|credential|dsn)",
+    r"(authorization|cookie|api[-_]?key|(?<!max_)token(?!s|_count|_limit)|secret|password"
+    r"|passwd|credential|dsn)",
     re.IGNORECASE)
-# What `_exceptions.SECRET_VALUES` knows, and a secret given as `name: value` or
-# `name=value` inside a string (a header dump, a connection string).
-_SECRET_VALUES = re.compile(
-    SECRET_VALUES
-    + r"|(?i:(?:authorization|cookie|x-api-key|api[-_]?key|password|secret)"
-    r"[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic)\s+)?[^\s,;\"'}]{6,})")
+# The same pattern as for text passed on to clients (`_exceptions.SECRET_VALUES`).
+_SECRET_VALUES = re.compile(SECRET_VALUES)
 REDACTED = "[REDACTED]"
 
 
@@ -195,6 +220,8 @@ def _redact(value: Any, depth: int = 0) -> Any:
         return {k: REDACTED if isinstance(k, str) and _SECRET_KEYS.search(k) else
                 _redact(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
+        if len(value) == 2 and isinstance(value[0], str) and _SECRET_KEYS.search(value[0]):
+            return [value[0], REDACTED]  # a (name, value) pair: a header list's item
         return [_redact(v, depth + 1) for v in value]
     return value
 

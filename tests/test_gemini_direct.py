@@ -34,6 +34,7 @@ from aiohttp import web
 
 from copilot_runtime import ConfigurationError, GoogleGenAIAdapter, UpstreamError
 from copilot_runtime._exceptions import (
+    ContentFilteredError,
     UpstreamConnectionError,
     UpstreamProtocolError,
     UpstreamTimeoutError,
@@ -316,7 +317,7 @@ async def test_lf_framed_stream_with_thoughts_and_usage() -> None:
     (_frames(_TEXT, {"error": {"code": 503, "message": "overloaded"}}), UpstreamError,
      "error mid-stream: overloaded"),
     (_frames(_TEXT), UpstreamConnectionError, "ended before the answer was complete"),
-    (_frames({"promptFeedback": {"blockReason": "SAFETY"}}), UpstreamError,
+    (_frames({"promptFeedback": {"blockReason": "SAFETY"}}), ContentFilteredError,
      "blocked the prompt: SAFETY"),
     (_frames({"candidates": [{"finishReason": "MALFORMED_FUNCTION_CALL"}]}), UpstreamError,
      "malformed function call"),

@@ -207,21 +207,24 @@ ANSWER = {"openai": oa_answer, "anthropic": an_answer, "google": gm_answer}
 # ---- the runtime in front of it --------------------------------------------------------------
 
 
-def make_adapter(provider: str, url: str, transport: str) -> ServiceAdapter:
-    options: dict[str, Any] = {"max_retries": 0, "timeout": 10, "transport": transport}
+def make_adapter(provider: str, url: str, transport: str, api_key: str | None = None,
+                 **options: Any) -> ServiceAdapter:
+    options = {"max_retries": 0, "timeout": 10, "transport": transport, **options}
     if provider == "openai":
-        return OpenAIAdapter(base_url=url + "/v1", api_key="sk-mock", **options)
+        return OpenAIAdapter(base_url=url + "/v1", api_key=api_key or "sk-mock", **options)
     if provider == "anthropic":
-        return AnthropicAdapter(base_url=url, api_key="sk-mock", **options)
-    return GoogleGenAIAdapter(base_url=url, api_key="mock-key", **options)
+        return AnthropicAdapter(base_url=url, api_key=api_key or "sk-mock", **options)
+    return GoogleGenAIAdapter(base_url=url, api_key=api_key or "mock-key", **options)
 
 
 @contextlib.asynccontextmanager
 async def hostile(serve_runtime: ServeRuntime, provider: str, *scripts: list[Step],
-                  transport: str = "direct") -> AsyncIterator[tuple[Served, ScriptedUpstream]]:
+                  transport: str = "direct", **options: Any
+                  ) -> AsyncIterator[tuple[Served, ScriptedUpstream]]:
+    """The runtime served in front of a `ScriptedUpstream`; `options` go to the adapter."""
     async with asyncio.timeout(TIMEOUT_S), ScriptedUpstream(*scripts) as upstream:
         runtime = CopilotRuntime(service_adapter=make_adapter(provider, upstream.url,
-                                                              transport))
+                                                              transport, **options))
         async with serve_runtime(runtime) as served:
             yield served, upstream
 

@@ -33,6 +33,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 import copilot_runtime
 from copilot_runtime import ActionError, CopilotRuntime, MCPServer, action
+from copilot_runtime._exceptions import scrub_secrets
 from copilot_runtime.agents.langgraph_platform import LangGraphPlatformAgent, platform_thread_id
 from copilot_runtime.testing import ScriptedAdapter, text_turn, tool_turn, verify_events
 from copilot_runtime.testing.loopback import LoopbackServer
@@ -273,6 +274,59 @@ async def test_action_failure_loses_file_paths_and_url_credentials(
                   "\n".join(sent_to_model(model))):
         for secret in ("S3cr3t", "admin", "/srv/", "prod-secrets", "nonexistent-copilot"):
             assert secret not in where
+
+
+@action
+async def query_db() -> str:
+    """Queries the database with a libpq keyword DSN."""
+    raise ConnectionError("connection to server failed: host=db.internal user=app "
+                          "password=Sup3rS3cretPw dbname=prod")
+
+
+@action
+async def call_api() -> str:
+    """Calls an API with a client configured from a dict."""
+    raise RuntimeError("bad client config {'base_url': 'https://api.example', "
+                       "'api_key': 'c0ffee0123456789abcdef', 'timeout': 30}")
+
+
+@action
+async def fetch() -> str:
+    """Fetches a page with a token scheme."""
+    raise PermissionError("403 for headers Authorization: Token c0ffee0123456789abcdef")
+
+
+async def test_action_failure_loses_credentials_given_by_name(
+        serve_runtime: ServeRuntime) -> None:
+    """A libpq `password=`, a dict repr's `'api_key': '…'` and an `Authorization: Token …`
+    went whole to the model and the client, while the log redactor hid the first two: the
+    client's scrub now has the log's `name=value` rule (one pattern for both)."""
+    model = ScriptedAdapter(tool_turn(("query_db", "{}"), ("call_api", "{}"), ("fetch", "{}")),
+                            text_turn("done"))
+    runtime = CopilotRuntime(service_adapter=model, actions=[query_db, call_api, fetch])
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("go", thread="t-named"))
+        stored = await get_json(served, "/threads/t-named/events")
+    assert tool_errors(events) == {
+        "call_0": "ConnectionError: connection to server failed: host=db.internal user=app "
+                  "[REDACTED] dbname=prod",
+        "call_1": "RuntimeError: bad client config {'base_url': 'https://api.example', "
+                  "'[REDACTED]', 'timeout': 30}",
+        "call_2": "PermissionError: 403 for headers [REDACTED]"}
+    for where in (orjson.dumps(events).decode(), orjson.dumps(stored).decode(),
+                  "\n".join(sent_to_model(model))):
+        for secret in ("Sup3rS3cretPw", "c0ffee0123456789abcdef"):
+            assert secret not in where
+
+
+@pytest.mark.parametrize("text", [
+    "the token expired", "Invalid password for user bob", "password: must be 8 characters",
+    "max_tokens=100 is too large", "max_tokens: 5000000", "max_token=100000",
+    "prompt_tokens: 12, completion_tokens: 30", "token limit exceeded: 5000 > 4096",
+    "authorization failed for this user", "Secret Manager: access denied", "secret=42",
+])
+def test_ordinary_words_about_secrets_are_kept(text: str) -> None:
+    assert scrub_secrets(text) == text
 
 
 async def test_action_failure_with_a_stack_trace_is_withheld_and_a_long_one_cut(

@@ -231,6 +231,34 @@ async def test_spans_and_metrics(serve_runtime: ServeRuntime, llm: MockOpenAISer
         meter_provider.shutdown()
 
 
+def test_the_errors_metric_labels_only_the_runtimes_own_codes() -> None:
+    """A remote agent's RUN_ERROR codes were each a label: 20 runs with a new code each made
+    20 series of `copilotkit.run.errors`, for the life of the process. Now they are one
+    "_OTHER" series; the runtime's codes keep theirs, and each span its own code."""
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    telemetry = Telemetry(tracer_provider, meter_provider)
+    try:
+        codes = [f"E-{i}" for i in range(20)] + [
+            "UPSTREAM_ERROR", "CONTENT_FILTERED", "RUN_INTERRUPTED", "APPROVAL_EXPIRED"]
+        for i, code in enumerate(codes):
+            telemetry.run_started("remote", "t", f"r{i}", None).end("error", {"code": code})
+        metrics = {m.name: m for rm in reader.get_metrics_data().resource_metrics
+                   for sm in rm.scope_metrics for m in sm.metrics}
+        labels = {p.attributes["error.type"]: p.value
+                  for p in metrics["copilotkit.run.errors"].data.data_points}
+        assert labels == {"_OTHER": 20, "UPSTREAM_ERROR": 1, "CONTENT_FILTERED": 1,
+                          "RUN_INTERRUPTED": 1, "APPROVAL_EXPIRED": 1}
+        assert sorted(span.attributes["error.type"] for span in exporter.get_finished_spans()
+                      ) == sorted(codes)
+    finally:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+
+
 def test_secrets_are_redacted() -> None:
     event = redact_secrets(None, "info", {
         "event": "calling Bearer abc.def.ghi", "authorization": "Bearer s3cr3t-token",
@@ -244,6 +272,23 @@ def test_secrets_are_redacted() -> None:
     assert "eyJ" not in event["detail"]
     assert event["event"] == "calling [REDACTED]"
     assert event["count"] == 3
+
+
+def test_log_redaction_knows_token_keys_token_schemes_and_cookie_headers() -> None:
+    """These were logged whole: `*_token` keys (the look-behind spared any `x_token`),
+    `Authorization: Token …` (a scheme other than bearer/basic), a header dict's repr, a
+    (name, value) header pair, and a `Cookie:` header whose first pair is short."""
+    secret = "c0ffee0123456789abcdef"
+    event = redact_secrets(None, "info", {
+        "event": "x", "access_token": secret, "refresh_token": secret, "client_token": secret,
+        "headers": {"access_token": secret}, "pairs": [("authorization", f"Token {secret}")],
+        "said": f"sent headers Authorization: Token {secret}",
+        "repr": f"{{'authorization': 'Token {secret}'}}",
+        "cookie_line": f"Cookie: a=1; sessionid={secret}",
+        "input_tokens": 12, "max_token": 100, "token_count": 7})
+    assert secret not in orjson.dumps(event).decode()
+    assert (event["input_tokens"], event["max_token"], event["token_count"]) == (12, 100, 7)
+    assert event["said"] == "sent headers [REDACTED]"
 
 
 @pytest.mark.parametrize("as_json", [True])

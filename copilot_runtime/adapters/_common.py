@@ -6,8 +6,6 @@ from typing import Any, TypeVar
 
 import orjson
 
-from copilot_runtime._exceptions import quoted
-
 _E = TypeVar("_E", bound=BaseException)
 
 def find_cause(exc: BaseException, kind: type[_E]) -> _E | None:
@@ -48,16 +46,17 @@ def arguments_object(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"value": value}
 
 
-def error_body_message(body: Any, fallback: str) -> str:
-    """The human message of a provider's JSON error body (`{"error": {"message": ...}}` shapes)."""
+def error_body_message(body: Any) -> str | None:
+    """The human message of a provider's JSON error body (`{"error": {"message": ...}}`
+    shapes), as it is: pass it on through `upstream_said`."""
     if isinstance(body, dict):
         message = body.get("message")
         error = body.get("error")
         if not isinstance(message, str) and isinstance(error, dict):
             message = error.get("message")
         if isinstance(message, str) and message:
-            return quoted(message, 500) or fallback
-    return fallback
+            return message
+    return None
 
 
 def usage(prompt: int | None, completion: int | None, **extra: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import email.utils
 import random
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 import orjson
@@ -27,13 +27,13 @@ from copilot_runtime._exceptions import (
     UpstreamError,
     UpstreamProtocolError,
     UpstreamTimeoutError,
-    scrub_secrets,
+    upstream_said,
 )
 from copilot_runtime.adapters import _http1
 from copilot_runtime.adapters.base import ChatDelta
 
-__all__ = ["Failures", "RetryPolicy", "SDKRetries", "StreamParser", "body_message", "send",
-           "stream"]
+__all__ = ["Failures", "RetryPolicy", "SDKRetries", "StreamParser", "body_message",
+           "credentials", "header_credentials", "send", "stream"]
 
 _INITIAL_RETRY_DELAY = 0.5
 _MAX_RETRY_DELAY = 8.0
@@ -44,9 +44,17 @@ _CREDENTIAL_LINES = re.compile(
     rb"(?:(?:bearer|basic)[ \t]+)?([^\r\n]+)")
 
 
-def _credentials(head: bytes) -> list[str]:
-    """The credentials a request's head carries (to keep them out of error messages)."""
-    return [m.decode("latin-1").strip() for m in _CREDENTIAL_LINES.findall(head)]
+def credentials(head: bytes) -> tuple[str, ...]:
+    """The credentials a request's head carries, custom headers' too (to keep them out of
+    error messages, the status error's here and the stream parser's mid-stream)."""
+    return tuple(m.decode("latin-1").strip() for m in _CREDENTIAL_LINES.findall(head))
+
+
+def header_credentials(headers: Mapping[str, object]) -> tuple[str, ...]:
+    """`credentials` of an SDK client's headers (its `default_headers` hold its key)."""
+    lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items()
+                    if isinstance(value, str))
+    return credentials(lines.encode("latin-1", "replace"))
 
 
 class Failures(NamedTuple):
@@ -134,8 +142,8 @@ async def send(pool: _http1.HTTPPool, head: bytes, tail: bytes, body: bytes, *,
                 text = b""
             response.release()
             # An error body may echo the credential it was sent: never pass that on.
-            message = scrub_secrets(policy.status_error(response.status, text),
-                                    *_credentials(head + tail))
+            message = upstream_said(policy.status_error(response.status, text),
+                                    credentials(head + tail))
             error = UpstreamError(f"{failures.provider} request failed with HTTP "
                                   f"{response.status}: {message}", status=response.status)
             wait = policy.retry_after(response)

@@ -45,7 +45,7 @@ from copilot_runtime._exceptions import (
     UpstreamError,
     UpstreamProtocolError,
     UpstreamTimeoutError,
-    quoted,
+    upstream_said,
 )
 from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
@@ -200,7 +200,7 @@ class AnthropicAdapter:
     async def _stream_direct(self, route: _DirectRoute, params: dict[str, Any]
                              ) -> AsyncIterator[Sequence[ChatDelta]]:
         response = await route.send(orjson.dumps({**params, "stream": True}))
-        parser = AnthropicStreamParser()
+        parser = AnthropicStreamParser(secrets=route.secrets)
         async for deltas in _direct.stream(response, parser, _FAILURES):
             yield deltas
         self._keep_thinking(parser)
@@ -213,8 +213,11 @@ class AnthropicAdapter:
 
     async def _stream_sdk(self, params: dict[str, Any]) -> AsyncIterator[Sequence[ChatDelta]]:
         client = self.client
+        # What the request carries: an upstream's words echoing one lose it.
+        secrets = (self._api_key,
+                   *_direct.header_credentials(getattr(client, "default_headers", {})))
         try:
-            parser = AnthropicStreamParser()
+            parser = AnthropicStreamParser(secrets=secrets)
             if type(client) is anthropic.AsyncAnthropic:
                 # The SDK's raw route: its authentication, retries and errors, our parser.
                 response = cast(httpx2.Response, await client.post(
@@ -243,14 +246,14 @@ class AnthropicAdapter:
                             break
                 finally:
                     await events.close()
-            if not parser.done:
-                raise UpstreamConnectionError(
-                    "The Anthropic stream ended before the answer was complete")
+            parser.finish()  # (an end without `message_stop`: as the direct route says it)
             self._keep_thinking(parser)
         except anthropic.APIStatusError as exc:
+            # (not `exc.message`: the SDK's repr of the whole error body)
+            said = error_body_message(exc.body) or f"Error code: {exc.status_code}"
             raise UpstreamError(
                 f"Anthropic request failed with HTTP {exc.status_code}: "
-                f"{error_body_message(exc.body, exc.message)}", status=exc.status_code) from None
+                f"{upstream_said(said, secrets)}", status=exc.status_code) from None
         except anthropic.APIConnectionError as exc:
             refused = find_cause(exc, aiohttp.ClientConnectorError)
             if refused is not None:
@@ -259,7 +262,8 @@ class AnthropicAdapter:
                 raise UpstreamTimeoutError("Anthropic request timed out") from None
             raise UpstreamConnectionError("Could not reach the Anthropic API") from None
         except anthropic.AnthropicError as exc:
-            raise UpstreamError(f"Anthropic request failed: {exc}") from None
+            raise UpstreamError(
+                f"Anthropic request failed: {upstream_said(str(exc), secrets)}") from None
         except httpx2.DecodingError:
             raise UpstreamProtocolError(
                 "The Anthropic API sent a body that could not be decoded") from None
@@ -298,6 +302,8 @@ class _DirectRoute:
         self.head = (f"POST {path} HTTP/1.1\r\n"
                      + "".join(f"{n}: {v}\r\n" for n, v in head.items())).encode("latin-1")
         self.tail = "".join(f"{n}: {v}\r\n" for n, v in tail.items()).encode("latin-1")
+        #: The credentials its requests carry (custom headers' too).
+        self.secrets = _direct.credentials(self.tail)
 
     def close(self) -> bool:
         return self.pool.close()
@@ -324,12 +330,14 @@ class AnthropicStreamParser:
     numbered by the API (`index`); tool-use blocks are renumbered 0, 1, ... as call indexes.
     """
 
-    __slots__ = ("_args_seen", "_calls", "_held", "_open_thinking", "done",
-                 "extra_usage",
-                 "finish_reason", "input_tokens", "output_tokens", "thinking", "tool_ids")
+    __slots__ = ("_args_seen", "_calls", "_held", "_open_thinking", "done", "extra_usage",
+                 "finish_reason", "input_tokens", "output_tokens", "secrets", "thinking",
+                 "tool_ids")
 
-    def __init__(self) -> None:
+    def __init__(self, *, secrets: Sequence[str | None] = ()) -> None:
         self._held = HeldBytes("The Anthropic stream", UpstreamProtocolError)
+        #: The credentials the request carried: an error event echoing one loses it.
+        self.secrets = secrets
         #: The answer's thinking blocks, whole and signed, and its tool_use ids.
         self.thinking: list[dict[str, Any]] = []
         self.tool_ids: list[str] = []
@@ -360,9 +368,9 @@ class AnthropicStreamParser:
             try:
                 event = orjson.loads(line[5:])
             except orjson.JSONDecodeError:
-                raise UpstreamError("The Anthropic stream sent malformed JSON") from None
+                raise UpstreamProtocolError("The Anthropic stream sent malformed JSON") from None
             if not isinstance(event, dict):
-                raise UpstreamError("The Anthropic stream sent an unexpected frame")
+                raise UpstreamProtocolError("The Anthropic stream sent an unexpected frame")
             self.event(event, out)
             if self.done:
                 break
@@ -453,8 +461,8 @@ class AnthropicStreamParser:
         elif kind == "error":
             error = event.get("error") or {}
             message = error.get("message") if isinstance(error, dict) else str(error)
-            raise UpstreamError(f"Anthropic reported an error mid-stream: "
-                                f"{quoted(str(message), 500) or 'no message fit to show'}")
+            raise UpstreamError("Anthropic reported an error mid-stream: "
+                                f"{upstream_said(str(message), self.secrets)}")
         # `ping` and unknown future events are ignored
 
     def _usage(self, data: Any) -> None:

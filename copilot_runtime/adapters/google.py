@@ -44,11 +44,12 @@ from ag_ui.core import (
 
 from copilot_runtime._exceptions import (
     ConfigurationError,
+    ContentFilteredError,
     UpstreamConnectionError,
     UpstreamError,
     UpstreamProtocolError,
     UpstreamTimeoutError,
-    quoted,
+    upstream_said,
 )
 from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
@@ -218,8 +219,8 @@ class GoogleGenAIAdapter:
                              contents: list[dict[str, Any]], config: dict[str, Any]
                              ) -> AsyncIterator[Sequence[ChatDelta]]:
         response = await route.send(model, rest_body(contents, config))
-        async for deltas in _direct.stream(response, GeminiStreamParser(self._remember),
-                                           _FAILURES):
+        parser = GeminiStreamParser(self._remember, secrets=route.secrets)
+        async for deltas in _direct.stream(response, parser, _FAILURES):
             yield deltas
 
     async def _stream_sdk(self, model: str, contents: list[dict[str, Any]],
@@ -227,7 +228,8 @@ class GoogleGenAIAdapter:
         import aiohttp
         from google.genai import errors as genai_errors
 
-        parser = GeminiStreamParser(self._remember)
+        secrets = (self._api_key,)  # (a ready client's credentials are not a string)
+        parser = GeminiStreamParser(self._remember, secrets=secrets)
         try:
             # Plain dicts in the SDK's field names: it validates them into its own types.
             chunks = await self.client.aio.models.generate_content_stream(
@@ -240,8 +242,9 @@ class GoogleGenAIAdapter:
                     yield out
             yield parser.finish()
         except genai_errors.APIError as exc:
-            raise UpstreamError(f"Gemini request failed with HTTP {exc.code}: "
-                                f"{exc.message or exc.status}", status=exc.code) from None
+            said = upstream_said(str(exc.message or exc.status), secrets)
+            raise UpstreamError(f"Gemini request failed with HTTP {exc.code}: {said}",
+                                status=exc.code) from None
         except (TimeoutError, aiohttp.ServerTimeoutError):
             raise UpstreamTimeoutError("Gemini request timed out") from None
         except aiohttp.ClientConnectorError:
@@ -288,6 +291,8 @@ class _DirectRoute:
             if any(c in value for c in "\r\n\0"):
                 raise ConfigurationError(f"GoogleGenAIAdapter: header {name!r} is not valid")
         self.headers = "".join(f"{n}: {v}\r\n" for n, v in headers.items()).encode("latin-1")
+        #: The credentials its requests carry.
+        self.secrets = _direct.credentials(self.headers)
 
     def close(self) -> bool:
         return self.pool.close()
@@ -351,10 +356,13 @@ class GeminiStreamParser:
     """`streamGenerateContent` SSE frames (raw bytes, or the SDK's chunks as REST JSON) to
     `ChatDelta`s: text, thought summaries, function calls, then usage and the finish."""
 
-    __slots__ = ("_held", "_meta", "_remember", "calls", "done", "reason")
+    __slots__ = ("_held", "_meta", "_remember", "calls", "done", "reason", "secrets")
 
-    def __init__(self, remember: Callable[[str, bytes], None] | None = None) -> None:
+    def __init__(self, remember: Callable[[str, bytes], None] | None = None, *,
+                 secrets: Sequence[str | None] = ()) -> None:
         self._held = HeldBytes("The Gemini stream", UpstreamProtocolError)
+        #: The credentials the request carried: an error event echoing one loses it.
+        self.secrets = secrets
         self._remember = remember
         self._meta: dict[str, Any] = {}
         self.calls = 0
@@ -389,7 +397,7 @@ class GeminiStreamParser:
         error = chunk.get("error")
         if error is not None:
             message = error.get("message") if isinstance(error, dict) else None
-            said = quoted(str(message or error), 500) or "no message fit to show"
+            said = upstream_said(str(message or error), self.secrets)
             raise UpstreamError(f"Gemini reported an error mid-stream: {said}")
         meta = chunk.get("usageMetadata")
         if isinstance(meta, dict):
@@ -406,7 +414,8 @@ class GeminiStreamParser:
                     "The Gemini stream sent a chunk of an unexpected shape") from None
         feedback = chunk.get("promptFeedback")
         if isinstance(feedback, dict) and feedback.get("blockReason"):
-            raise UpstreamError(f"Gemini blocked the prompt: {feedback['blockReason']}")
+            raise ContentFilteredError(
+                f"Gemini blocked the prompt: {upstream_said(str(feedback['blockReason']))}")
 
     def _candidate(self, candidate: dict[str, Any], out: list[ChatDelta]) -> None:
         for part in (candidate.get("content") or {}).get("parts") or ():

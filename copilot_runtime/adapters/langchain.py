@@ -39,6 +39,7 @@ from copilot_runtime._exceptions import (
     InvalidRequestError,
     UpstreamError,
     UpstreamTimeoutError,
+    upstream_said,
 )
 from copilot_runtime.adapters._common import arguments_object, error_body_message, text_of, usage
 from copilot_runtime.adapters.base import (
@@ -133,11 +134,12 @@ def _upstream_error(exc: Exception) -> UpstreamError:
     if isinstance(exc, asyncio.TimeoutError | TimeoutError) or "Timeout" in type(exc).__name__:
         return UpstreamTimeoutError("The LangChain model timed out")
     if isinstance(status, int) and 400 <= status < 600:
-        message = error_body_message(getattr(exc, "body", None),
-                                     getattr(exc, "message", None) or str(exc))
-        return UpstreamError(f"LangChain model request failed with HTTP {status}: {message}",
-                             status=status)
-    return UpstreamError(f"The LangChain model failed: {type(exc).__name__}: {exc}")
+        message = error_body_message(getattr(exc, "body", None)) or getattr(
+            exc, "message", None) or str(exc)
+        return UpstreamError(f"LangChain model request failed with HTTP {status}: "
+                             f"{upstream_said(message)}", status=status)
+    return UpstreamError(
+        f"The LangChain model failed: {type(exc).__name__}: {upstream_said(str(exc))}")
 
 
 def _chunk_text(content: Any) -> str:

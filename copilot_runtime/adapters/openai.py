@@ -31,7 +31,7 @@ from copilot_runtime._exceptions import (
     UpstreamError,
     UpstreamProtocolError,
     UpstreamTimeoutError,
-    scrub_secrets,
+    upstream_said,
 )
 from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
@@ -177,8 +177,8 @@ class OpenAIAdapter:
     async def _stream_direct(self, route: _DirectRoute,
                              body: bytes) -> AsyncIterator[Sequence[ChatDelta]]:
         response = await route.send(body)
-        async for deltas in _direct.stream(response, ChatCompletionsStreamParser(),
-                                           route.failures):
+        async for deltas in _direct.stream(
+                response, ChatCompletionsStreamParser(secrets=route.secrets), route.failures):
             yield deltas
 
     async def _stream_sdk(self, body: bytes) -> AsyncIterator[Sequence[ChatDelta]]:
@@ -189,14 +189,17 @@ class OpenAIAdapter:
         import httpx2
         import openai
 
+        client = self.client
+        # What the request carries: an upstream's words echoing one lose it.
+        secrets = (self._api_key, *_direct.header_credentials(client.default_headers))
         try:
             # With `cast_to=Response` the SDK hands back the unread HTTP response.
-            response = cast(httpx2.Response, await self.client.post(
+            response = cast(httpx2.Response, await client.post(
                 "/chat/completions", cast_to=httpx2.Response, content=body,
                 options={"headers": {"Content-Type": "application/json"}},
                 stream=True, stream_cls=openai.AsyncStream[Any]))
             try:
-                parser = ChatCompletionsStreamParser()
+                parser = ChatCompletionsStreamParser(secrets=secrets)
                 async for data in response.aiter_bytes():
                     deltas = parser.feed(data)
                     if deltas:
@@ -211,7 +214,7 @@ class OpenAIAdapter:
         except openai.APIStatusError as exc:
             raise UpstreamError(
                 f"OpenAI request failed with HTTP {exc.status_code}: "
-                f"{scrub_secrets(_error_message(exc), self._api_key)}",
+                f"{upstream_said(_error_message(exc), secrets)}",
                 status=exc.status_code) from None
         except openai.APIConnectionError as exc:
             # Told apart by aiohttp's cause: the SDK reports a server that hung up as a
@@ -226,7 +229,7 @@ class OpenAIAdapter:
             raise UpstreamConnectionError("Could not reach the OpenAI API") from None
         except openai.OpenAIError as exc:
             raise UpstreamError(
-                f"OpenAI request failed: {scrub_secrets(str(exc), self._api_key)}") from None
+                f"OpenAI request failed: {upstream_said(str(exc), secrets)}") from None
         except httpx2.DecodingError:
             raise UpstreamProtocolError(
                 "The OpenAI API sent a body that could not be decoded") from None
@@ -285,6 +288,8 @@ class _DirectRoute:
                 raise ConfigurationError(f"OpenAIAdapter: header {name!r} is not valid")
             lines.append(f"{name}: {value}")
         self.head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
+        #: The credentials its requests carry (custom headers' too).
+        self.secrets = _direct.credentials(self.head)
         self.failures = _direct.Failures(
             "OpenAI", adapter._silent(), _CONNECT_FAILED, _HUNG_UP,
             "The OpenAI API sent a malformed HTTP answer",
@@ -393,6 +398,8 @@ class _ToolCall(msgspec.Struct):
 
 class _Delta(msgspec.Struct):
     content: str | None = None
+    #: What the model says instead of an answer it refuses (structured outputs).
+    refusal: str | None = None
     tool_calls: list[_ToolCall] | None = None
 
 
@@ -442,13 +449,18 @@ class ChatCompletionsStreamParser:
     per-chunk cost is what the hot path pays 50 times per answer.
     """
 
-    __slots__ = ("_held", "done", "finish_reason", "usage")
+    __slots__ = ("_calls", "_count", "_held", "done", "finish_reason", "secrets", "usage")
 
-    def __init__(self) -> None:
+    def __init__(self, *, secrets: Sequence[str | None] = ()) -> None:
         self._held = HeldBytes("The OpenAI stream", UpstreamProtocolError)
+        #: The credentials the request carried: an error event echoing one loses it.
+        self.secrets = secrets
         self.done = False
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
+        #: The provider's tool-call index → (our call index, the call's id); see `_call`.
+        self._calls: dict[int, tuple[int, str | None]] = {}
+        self._count = 0
 
     def feed(self, data: bytes) -> list[ChatDelta]:
         buffer = self._held.take(data)
@@ -499,8 +511,8 @@ class ChatCompletionsStreamParser:
             if chunk.error:
                 error = chunk.error
                 message = error.get("message") if isinstance(error, dict) else str(error)
-                raise UpstreamError(
-                    f"OpenAI reported an error mid-stream: {scrub_secrets(str(message))}")
+                raise UpstreamError("OpenAI reported an error mid-stream: "
+                                    f"{upstream_said(str(message), self.secrets)}")
             if chunk.usage:
                 self.usage = chunk.usage
             for choice in chunk.choices or ():
@@ -510,10 +522,25 @@ class ChatCompletionsStreamParser:
                 if delta is not None:
                     if delta.content:
                         append(make(TextDelta, (delta.content,)))
+                    elif delta.refusal:  # the user reads it as the answer, as in ChatGPT
+                        append(make(TextDelta, (delta.refusal,)))
                     for call in delta.tool_calls or ():
                         function = call.function
                         append(ToolCallDelta(
-                            call.index, call.id, function.name if function else None,
+                            self._call(call.index, call.id), call.id,
+                            function.name if function else None,
                             (function.arguments or "") if function else ""))
                 if choice.finish_reason:
                     self.finish_reason = choice.finish_reason
+
+    def _call(self, index: int, call_id: str | None) -> int:
+        """Our index of the call a tool-call piece belongs to. A new id at an index already
+        in use starts a new call: Ollama sends index 0 for each of its parallel calls (older
+        builds no index), which would merge them into one call with invalid arguments."""
+        known = self._calls.get(index)
+        if known is None or (call_id and known[1] and call_id != known[1]):
+            known = self._calls[index] = (self._count, call_id)
+            self._count += 1
+        elif call_id and not known[1]:
+            self._calls[index] = (known[0], call_id)  # the id came after the first piece
+        return known[0]

@@ -27,6 +27,7 @@ from ag_ui.core import (
 from copilot_runtime._exceptions import (
     ActionError,
     ConfigurationError,
+    ContentFilteredError,
     InvalidRequestError,
     ModelNotAllowedError,
 )
@@ -280,6 +281,11 @@ class BuiltInAgent(Agent):
                 _add_usage(context.usage, end.usage)
             if span is not None:
                 span.end(end.finish_reason if end else None, end.usage if end else None)
+            if end is not None and end.finish_reason == "content_filter" and not (
+                    answer.text or answer.calls):
+                raise ContentFilteredError(
+                    f"The model gave no answer: the {self.adapter.provider} content filter "
+                    "withheld it")
             tail = answer.close()
             if tail:
                 yield tail

@@ -1,0 +1,232 @@
+"""An MCP server that misbehaves cannot leak its insides, break its neighbours' calls, or take
+its valid tools down with an invalid one.
+
+A raw streamable-HTTP MCP server (JSON answers, a 2025-06-18 session) answers each method as
+the test scripts it: a `tools/list` that fails with a crash report holding a DSN, a listing
+with a tool whose `inputSchema` is not an object, tool calls that hang or answer late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+import structlog
+
+from copilot_runtime import ActionError, CopilotRuntime, MCPServer, MCPToolset, UpstreamError
+from copilot_runtime.actions import Action
+from copilot_runtime.testing import ScriptedAdapter, text_turn, tool_turn
+from tests.conftest import ServeRuntime, run_input
+from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, merge, parse_multipart, user_turn
+from tests.mcp_support.serving import killable
+
+pytestmark = pytest.mark.timeout(60)
+
+Json = dict[str, Any]
+TRACE = ('Traceback (most recent call last):\n  File "/opt/mcp-srv/tools/db.py", line 12, in '
+         'run\n    conn = connect("postgresql://admin:s3cr3t@db.internal/prod")\n'
+         'OperationalError: refused')
+ECHO = {"name": "echo", "description": "Echo",
+        "inputSchema": {"type": "object", "properties": {"x": {"type": "string"}}}}
+
+
+class ScriptedMCP:
+    """An ASGI MCP server: `list` answers tools/list (a JSON-RPC error text, or the tools),
+    `calls[x]` is how long a tools/call with argument x waits before it answers."""
+
+    def __init__(self, tools: list[Json] | None = None, list_error: str | None = None) -> None:
+        self.tools = tools if tools is not None else [ECHO]
+        self.list_error = list_error
+        self.delays: dict[str, float] = {"hang": 3600.0}
+        self.methods: list[str] = []
+        #: The answers under way (a hanging one never notices its client gone).
+        self.answering: set[asyncio.Task[Any]] = set()
+
+    async def __call__(self, scope: Json, receive: Callable[[], Awaitable[Json]],
+                       send: Callable[[Json], Awaitable[None]]) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self.answering.add(task)
+        task.add_done_callback(self.answering.discard)
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+
+        async def answer(status: int, payload: Any = None) -> None:
+            await send({"type": "http.response.start", "status": status, "headers": [
+                (b"content-type", b"application/json"), (b"mcp-session-id", b"sess-1")]})
+            await send({"type": "http.response.body",
+                        "body": orjson.dumps(payload) if payload is not None else b""})
+
+        if scope["method"] != "POST":
+            await answer(405)
+            return
+        request = orjson.loads(body)
+        method, request_id = request.get("method"), request.get("id")
+        self.methods.append(method)
+        if request_id is None:
+            await answer(202)
+            return
+        result: Json
+        if method == "initialize":
+            result = {"protocolVersion": "2025-06-18",
+                      "capabilities": {"tools": {"listChanged": False}},
+                      "serverInfo": {"name": "scripted", "version": "1"}}
+        elif method == "tools/list":
+            await asyncio.sleep(self.delays.get("list", 0.0))
+            if self.list_error is not None:
+                await answer(200, {"jsonrpc": "2.0", "id": request_id,
+                                   "error": {"code": -32603, "message": self.list_error}})
+                return
+            result = {"tools": self.tools}
+        elif method == "tools/call":
+            x = str(request["params"].get("arguments", {}).get("x"))
+            await asyncio.sleep(self.delays.get(x, 0.0))
+            result = {"content": [{"type": "text", "text": f"echoed {x}"}]}
+        else:
+            result = {}
+        await answer(200, {"jsonrpc": "2.0", "id": request_id, "result": result})
+
+
+@contextlib.asynccontextmanager
+async def scripted(server: ScriptedMCP) -> AsyncIterator[str]:
+    async with killable(server) as (url, _):
+        try:
+            yield url + "/mcp"
+        finally:
+            for task in list(server.answering):
+                task.cancel()  # else the server's end waits for them
+
+
+# ---- a failing tools/list: no crash report for the client or the model ----------------------
+
+
+async def test_a_listing_that_fails_with_a_crash_report_is_withheld() -> None:
+    """Before: "could not list its tools: MCPError: Traceback … postgresql://admin:s3cr3t@…"
+    went into the start's error, a request-scoped server's GraphQL error, and (once a
+    runtime's server came back failing) every call's tool result and what the model read."""
+    async with scripted(ScriptedMCP(list_error=TRACE)) as url:
+        toolset = MCPToolset([MCPServer(url=url, name="h", timeout=10)])
+        with structlog.testing.capture_logs() as logs, pytest.raises(UpstreamError) as caught:
+            await toolset.start()
+    assert caught.value.message == (
+        "MCP server h could not be connected: MCP server h could not list its tools: MCPError "
+        "(its message is withheld: see the server's log)")
+    # the operator still learns why (`configure_logging` redacts the DSN's password)
+    assert any("OperationalError: refused" in str(e.get("error")) for e in logs), logs
+
+
+async def test_a_listing_that_hangs_at_start_says_so() -> None:
+    """A server that never answers `tools/list` fails the start within its timeout, saying
+    so (before: "ReadTimeout", the HTTP client's bound, which was the call's too; with one
+    request's read timeout failing that request alone, the HTTP bound is a second longer).
+    """
+    server = ScriptedMCP()
+    async with scripted(server) as url:
+        server.delays["list"] = 3600.0
+        toolset = MCPToolset([MCPServer(url=url, name="h", timeout=1.0)])
+        async with asyncio.timeout(5):
+            with pytest.raises(UpstreamError) as caught:
+                await toolset.start()
+    assert caught.value.message == (
+        "MCP server h could not be connected: MCP server h could not list its tools: MCPError: "
+        "Request 'tools/list' timed out")
+
+
+async def test_graphql_clients_get_no_crash_report_of_a_request_scoped_server(
+        serve_runtime: ServeRuntime) -> None:
+    async with scripted(ScriptedMCP(list_error=TRACE)) as url:
+        runtime = CopilotRuntime(service_adapter=ScriptedAdapter(text_turn("never")),
+                                 mcp_allowed_urls=[url])
+        async with serve_runtime(runtime) as served:
+            answer = await served.session.post(served.url, headers=CLIENT_HEADERS, json={
+                "query": CHAT_DOCUMENT, "variables": {
+                    "data": user_turn("hi"), "properties": {"mcpServers": [{"endpoint": url}]}}})
+            response = merge(parse_multipart(await answer.read()))
+    status = response["data"]["generateCopilotResponse"]["status"]
+    assert status["__typename"] == "FailedResponseStatus", status
+    assert status["details"]["description"].endswith(
+        "could not list its tools: MCPError (its message is withheld: see the server's log)")
+    for secret in ("s3cr3t", "/opt/", "Traceback"):
+        assert secret not in orjson.dumps(response).decode()
+
+
+# ---- one slow or abandoned call fails alone ---------------------------------------------------
+
+
+def tool(toolset: MCPToolset, name: str = "echo") -> Action:
+    return next(a for a in toolset.actions if a.name == name)
+
+
+@contextlib.asynccontextmanager
+async def started(server: ScriptedMCP, bound: float) -> AsyncIterator[MCPToolset]:
+    async with scripted(server) as url:
+        toolset = MCPToolset([MCPServer(url=url, name="h", timeout=bound)])
+        await toolset.start()
+        try:
+            yield toolset
+        finally:
+            await toolset.aclose()
+
+
+@pytest.mark.parametrize("first", ["times out", "is abandoned"])
+async def test_one_call_past_its_timeout_leaves_the_others_on_the_session(first: str) -> None:
+    """Before: the first call's POST reached the HTTP client's read timeout (the server's
+    `timeout`, the same bound as the call's own; a call whose run was stopped leaves its POST
+    open until then), which ended the whole session: a call the server answered just after
+    failed "Connection closed", and the session was opened again. Now only the first call
+    fails; the session and its other calls go on."""
+    server = ScriptedMCP()
+    server.delays["late"] = 0.8
+    async with started(server, bound=1.0) as toolset:
+        echo = tool(toolset)
+        conn = toolset._connections[0]
+        session = conn.client
+        first_call = asyncio.create_task(echo.execute('{"x": "hang"}'))
+        if first == "is abandoned":
+            await asyncio.sleep(0.2)
+            first_call.cancel()
+        await asyncio.sleep(0.5 - (0.2 if first == "is abandoned" else 0.0))
+        # answered at about 1.3 s: after the first call's bound, within its own
+        assert await echo.execute('{"x": "late"}') == "\"echoed late\""
+        with pytest.raises(ActionError if first == "times out" else asyncio.CancelledError):
+            await first_call
+        assert (conn.client, conn.gone) == (session, None)
+        assert await echo.execute('{"x": "again"}') == "\"echoed again\""
+        assert server.methods.count("initialize") == 1
+
+
+# ---- one tool that breaks the schema is left out alone ---------------------------------------
+
+BAD_TOOLS = [{"name": "string_schema", "description": "Its input is a string",
+              "inputSchema": {"type": "string"}},
+             {"name": "no_schema", "description": "No inputSchema at all"}]
+
+
+async def test_a_tool_whose_schema_is_no_object_is_left_out_alone(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: the SDK refused the whole listing (`tools.0.inputSchema.type`), so the server
+    had no tools at all, and with `mcp_servers=` the app did not start."""
+    server = ScriptedMCP(tools=[*BAD_TOOLS, ECHO])
+    model = ScriptedAdapter(tool_turn(("echo", '{"x": "hi"}')), text_turn("done"))
+    async with scripted(server) as url:
+        runtime = CopilotRuntime(service_adapter=model,
+                                 mcp_servers=[MCPServer(url=url, name="h", timeout=10)])
+        with structlog.testing.capture_logs() as logs:
+            async with serve_runtime(runtime) as served:
+                events = await served.run(run_input("go"))
+    assert [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"] == ['"echoed hi"']
+    left_out = {e["tool"] for e in logs if e["event"].startswith("MCP tool left out")}
+    assert left_out == {"string_schema", "no_schema"}, logs
