@@ -9,7 +9,7 @@ gets an assistant message with the reason (AG-UI: a normal end of the run; Graph
 `GUARDRAILS_VALIDATION_FAILED` response status, as the TypeScript runtime answers).
 
 Two ship here. `PatternGuardrail` refuses the latest user message when a regular expression
-matches it (no model involved; searched in a child process, bounded in time).
+matches it (no model involved; searched within a time bound, off the event loop when slow).
 `TopicGuardrail` asks a model (any `ServiceAdapter`) whether that message stays within
 allowed topics and away from denied ones: the self-hosted equivalent of Copilot Cloud's
 guardrails, which a GraphQL client's `cloud.guardrails.inputValidationRules` also drive. A
@@ -19,18 +19,14 @@ guardrail that fails is a refusal (fail closed), logged with its stack.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import re
-import subprocess
-import sys
-import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-import orjson
+import regex
 import structlog
 from ag_ui.core import UserMessage
 
@@ -111,31 +107,31 @@ def latest_user_text(messages: Messages) -> str | None:
 class PatternGuardrail:
     """Refuse a user message that matches any of `deny` (regular expressions, searched
     case-insensitively unless compiled with flags of their own), as written or normalised
-    (see `_pattern_worker.normalised`).
+    (`normalised`).
 
-    The search runs in child processes (at most `processes` at once), never on the event
-    loop: one that takes longer than `timeout` seconds is killed and the message refused,
-    as is a message of more than `max_chars` characters (fail closed). A pattern that
-    backtracks (`a.*b.*c` on a long text) cannot hold the server.
+    Patterns are searched with the `regex` library, whose searches can be bounded in time
+    and let go of the GIL: a check searches on the event loop for at most a few
+    milliseconds (almost every message is done in microseconds), and a search that takes
+    longer goes on in a thread, the loop serving meanwhile, until `timeout` seconds in all.
+    A search past `timeout`, or a message of more than `max_chars` characters, is refused
+    (fail closed): a pattern that backtracks (`a.*b.*c` on a long text) cannot hold the
+    server.
     """
 
     def __init__(self, deny: Iterable[str | re.Pattern[str]], *,
                  reason: str = "Sorry, I can't help with that request.",
-                 max_chars: int = 1_000_000, timeout: float = 2.0,
-                 processes: int = 2) -> None:
+                 max_chars: int = 1_000_000, timeout: float = 2.0) -> None:
         self.patterns = [p if isinstance(p, re.Pattern) else re.compile(p, re.IGNORECASE)
                          for p in deny]
         if not self.patterns:
             raise ConfigurationError("PatternGuardrail needs at least one pattern")
-        if max_chars < 1 or timeout <= 0 or processes < 1:
-            raise ConfigurationError("PatternGuardrail needs a positive max_chars, timeout "
-                                     "and processes")
+        if max_chars < 1 or timeout <= 0:
+            raise ConfigurationError("PatternGuardrail needs a positive max_chars and timeout")
         self.reason = reason
         self.max_chars = max_chars
         self.timeout = timeout
-        # re.DEBUG would print into the answer channel.
-        self._sources = [(p.pattern, p.flags & ~re.DEBUG) for p in self.patterns]
-        self._searchers = _Searchers(processes)
+        self._compiled = [regex.compile(p.pattern, _regex_flags(p.flags))
+                          for p in self.patterns]
 
     async def check(self, messages: Messages, principal: Principal | None) -> Verdict:
         texts = [t for t in latest_user_texts(messages) or () if t]
@@ -144,109 +140,67 @@ class PatternGuardrail:
         if sum(map(len, texts)) > self.max_chars:
             return Verdict(False, f"Your message is longer than {self.max_chars} characters, "
                                   "too long to be checked, so it was not sent.")
+        forms = _forms(texts)
         try:
-            index = await self._searchers.search(
-                orjson.dumps([self._sources, texts]) + b"\n", self.timeout)
+            matched = _matches(self._compiled, forms, min(_ON_LOOP, self.timeout), False)
         except TimeoutError:
-            _log.warning("pattern guardrail search timed out", timeout=self.timeout,
-                         chars=sum(map(len, texts)))
-            return Verdict(False, "Your message could not be checked in time, so it was "
-                                  "not sent.")
-        return ALLOWED if index < 0 else Verdict(False, self.reason)
-
-
-_WORKER = str(Path(__file__).with_name("_pattern_worker.py"))
-
-
-class _SearchEnded(Exception):
-    pass
-
-
-class _Searchers:
-    """The child processes of a `PatternGuardrail`, each doing one search at a time."""
-
-    def __init__(self, most: int) -> None:
-        self._idle: list[subprocess.Popen[bytes]] = []
-        self._slots = asyncio.Semaphore(most)
-        weakref.finalize(self, _close_all, self._idle)
-
-    async def search(self, request: bytes, timeout: float) -> int:  # noqa: ASYNC109
-        async with self._slots:
-            process = self._idle.pop() if self._idle else _start()
-            if process.poll() is not None:  # died idle (killed from outside): a new one
-                _close_all([process])
-                process = _start()
             try:
-                async with asyncio.timeout(timeout):
-                    answer = await _exchange(process, request)
-            except BaseException:
-                # A search cut short (or failed) leaves its process busy: it goes.
-                _close_all([process])
-                raise
-            self._idle.append(process)
-            return answer
+                matched = await asyncio.to_thread(_matches, self._compiled, forms,
+                                                  self.timeout, True)
+            except TimeoutError:
+                _log.warning("pattern guardrail search timed out", timeout=self.timeout,
+                             chars=sum(map(len, texts)))
+                return Verdict(False, "Your message could not be checked in time, so it "
+                                      "was not sent.")
+        return Verdict(False, self.reason) if matched else ALLOWED
 
 
-def _start() -> subprocess.Popen[bytes]:
-    # A fork and exec (a millisecond or two, once for each process kept); its start-up
-    # runs in the child. -I -S: the standard library only, whatever the environment says.
-    process = subprocess.Popen([sys.executable, "-I", "-S", _WORKER],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    for pipe in (process.stdin, process.stdout):
-        assert pipe is not None
-        os.set_blocking(pipe.fileno(), False)  # the loop waits on them (see `_exchange`)
-    return process
+#: Seconds a check may search on the event loop before it goes on in a thread.
+_ON_LOOP = 0.005
+#: `re` flags and the `regex` flags of the same meaning (ASCII differs in value).
+_FLAGS = ((re.IGNORECASE, regex.IGNORECASE), (re.MULTILINE, regex.MULTILINE),
+          (re.DOTALL, regex.DOTALL), (re.VERBOSE, regex.VERBOSE), (re.ASCII, regex.ASCII))
+_SPACE = re.compile(r"\s+")
 
 
-async def _exchange(process: subprocess.Popen[bytes], request: bytes) -> int:
-    """The child's answer to `request`, its pipes waited on by the event loop (a thread
-    per search cost three times the time and CPU)."""
-    assert process.stdin is not None
-    assert process.stdout is not None
-    loop = asyncio.get_running_loop()
-    stdin, stdout = process.stdin.fileno(), process.stdout.fileno()
-    unsent = memoryview(request)
-    while unsent:  # more than a pipe holds is sent as the child reads it
-        try:
-            unsent = unsent[os.write(stdin, unsent):]
-        except BlockingIOError:
-            await _ready(loop.add_writer, loop.remove_writer, stdin)
-    answer = b""
-    while not answer.endswith(b"\n"):
-        try:
-            chunk = os.read(stdout, 64)
-        except BlockingIOError:
-            await _ready(loop.add_reader, loop.remove_reader, stdout)
-            continue
-        if not chunk:
-            raise _SearchEnded("the pattern search process ended")
-        answer += chunk
-    return int(answer)
+def _regex_flags(flags: int) -> int:
+    return sum(theirs for ours, theirs in _FLAGS if flags & ours)
 
 
-async def _ready(add: Callable[..., None], remove: Callable[[int], object], fd: int) -> None:
-    ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    add(fd, wake)
-    try:
-        await ready
-    finally:
-        remove(fd)
+def normalised(text: str) -> str:
+    """`text` as a reader sees it: compatibility forms folded (fullwidth letters,
+    ligatures), invisible format characters (zero-width spaces, soft hyphens) removed, and
+    every run of whitespace one space."""
+    if not text.isascii():  # ASCII has neither compatibility forms nor format characters
+        text = unicodedata.normalize("NFKC", text)
+        text = "".join(c for c in text if unicodedata.category(c) != "Cf")
+    return _SPACE.sub(" ", text)
 
 
-def _close_all(processes: list[subprocess.Popen[bytes]]) -> None:
-    for process in processes:
-        process.kill()
-        process.wait()
-        for pipe in (process.stdin, process.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):  # what it could not send is moot
-                    pipe.close()
-    processes.clear()
+def _forms(texts: list[str]) -> list[str]:
+    """Each text as written, and normalised when that differs."""
+    forms: list[str] = []
+    for text in texts:
+        forms.append(text)
+        folded = normalised(text)
+        if folded != text:
+            forms.append(folded)
+    return forms
+
+
+def _matches(patterns: list[regex.Pattern[str]], forms: list[str], seconds: float,
+             concurrent: bool) -> bool:
+    """Whether a pattern matches a form, within `seconds` in all (else TimeoutError);
+    `concurrent`: the search lets other threads run (the event loop's, in a thread)."""
+    deadline = time.monotonic() + seconds
+    for form in forms:
+        for pattern in patterns:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            if pattern.search(form, timeout=left, concurrent=concurrent) is not None:
+                return True
+    return False
 
 
 _JUDGE_PROMPT = """You decide whether a user's message may be answered by an assistant.
