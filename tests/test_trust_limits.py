@@ -112,9 +112,9 @@ async def test_concurrent_runs_and_anonymous_callers(serve_runtime: ServeRuntime
 class SlowToRelease(RedisCounters):
     """Counters whose release takes a moment to be sent (a busy event loop, a far Redis)."""
 
-    async def release(self, key: str) -> None:
+    async def release(self, key: str, token: str) -> None:
         await asyncio.sleep(0.2)
-        await super().release(key)
+        await super().release(key, token)
 
 
 async def test_a_shutdown_mid_run_gives_the_callers_slot_back(
