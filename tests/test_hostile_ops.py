@@ -19,6 +19,7 @@ import contextlib
 import functools
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import orjson
@@ -28,6 +29,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from redis.exceptions import ResponseError
 
 from copilot_runtime import CopilotRuntime, OpenAIAdapter, RateLimit, TopicGuardrail
 from copilot_runtime import limits as limits_module
@@ -307,6 +309,70 @@ async def test_a_redis_slot_a_dead_worker_kept_expires_while_its_caller_stays_bu
         await asyncio.sleep(0.25)
     assert await redis_counters.acquire("p:5:alice", 2, "a")
     assert await redis_counters.acquire("p:5:alice", 2, "b"), "the dead worker's slot was kept"
+
+
+@contextlib.asynccontextmanager
+async def redis_answering(error: bytes) -> AsyncIterator[str]:
+    """The URL of a loopback server that speaks Redis' protocol and answers every script
+    with `error` (and anything else with OK, or a time)."""
+    served: set[asyncio.Task[Any]] = set()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        served.add(task)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while line := await reader.readline():
+                args = []
+                for _ in range(int(line[1:])):
+                    size = int((await reader.readline())[1:])
+                    args.append((await reader.readexactly(size + 2))[:-2].upper())
+                writer.write(b"-" + error + b"\r\n" if args[0] in (b"EVAL", b"EVALSHA")
+                             else b"*2\r\n$10\r\n1700000000\r\n$1\r\n0\r\n"
+                             if args[0] == b"TIME" else b"+OK\r\n")
+                await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
+    finally:
+        server.close()
+        await asyncio.wait_for(asyncio.gather(*served, return_exceptions=True), 5)
+
+
+@pytest.mark.parametrize("error", [
+    b"READONLY You can't write against a read only replica.",
+    b"OOM command not allowed when used memory > 'maxmemory'.",
+    b"BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+    b"MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist",
+    b"TRYAGAIN Multiple keys request during rehashing of slot",
+])
+async def test_a_redis_that_cannot_serve_now_is_a_503(error: bytes) -> None:
+    """Before: only connection failures and timeouts were a 503; a replica answering
+    READONLY after a failover (or OOM, BUSY...) was a bare 500 without Retry-After."""
+    async with redis_answering(error) as url:
+        for limit in (RateLimit(concurrent_runs=1), RateLimit(runs_per_minute=5)):
+            limiter = RateLimiter(replace(limit, backend=RedisCounters(url)))
+            try:
+                with pytest.raises(ServiceUnavailableError) as caught:
+                    await limiter.acquire(caller("alice"))
+                assert (caught.value.status, caught.value.retry_after) == (503, 1)
+            finally:
+                await limiter.aclose()
+
+
+async def test_a_redis_command_that_fails_on_its_own_is_not_a_503() -> None:
+    """A script's own error is a bug, not the server's state: not hidden as 'try again'."""
+    async with redis_answering(b"ERR Error running script: attempt to compare nil") as url:
+        limiter = RateLimiter(RateLimit(concurrent_runs=1, backend=RedisCounters(url)))
+        try:
+            with pytest.raises(ResponseError, match="Error running script") as caught:
+                await limiter.acquire(caller("alice"))
+            assert not isinstance(caught.value, ServiceUnavailableError)
+        finally:
+            await limiter.aclose()
 
 
 async def test_redis_counters_share_a_bounded_pool() -> None:
