@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import math
 import time
 import uuid
@@ -91,18 +90,22 @@ class InMemoryCounters:
         self._hits: dict[str, deque[float]] = {}
         self._slots: dict[str, set[str]] = {}
         self.max_keys = max_keys
+        #: While full of live keys: when the first of them leaves its window (monotonic).
+        self._full_until = 0.0
 
     async def hit(self, key: str, limit: int, window: float) -> float:
         now = time.monotonic()
         log = self._hits.get(key)
         if log is None:
-            if len(self._hits) >= self.max_keys:
+            if len(self._hits) >= self.max_keys and now >= self._full_until:
                 self._prune(now, window)
-                # Still full of live keys (many callers, or many addresses of one): evict the
-                # oldest tenth rather than scan them all again for the next new caller.
-                if len(self._hits) >= self.max_keys:
-                    for old in list(itertools.islice(self._hits, self.max_keys // 10 or 1)):
-                        del self._hits[old]
+            if len(self._hits) >= self.max_keys:
+                # Full of callers whose windows are live (many callers, or many addresses of
+                # one): forgetting any would reset its limit, so every new caller waits for
+                # the first window to end (not scanned again before then).
+                wait = self._full_until - now
+                raise RateLimitedError("Too many callers at once; try again in "
+                                       f"{int(wait) + 1} s", int(wait) + 1)
             log = self._hits[key] = deque()
         while log and log[0] <= now - window:
             log.popleft()
@@ -112,8 +115,10 @@ class InMemoryCounters:
         return 0.0
 
     def _prune(self, now: float, window: float) -> None:
+        """Forget the keys with no hit left in their window; note when the next one ends."""
         for key in [k for k, log in self._hits.items() if not log or log[-1] <= now - window]:
             del self._hits[key]
+        self._full_until = min((log[-1] + window for log in self._hits.values()), default=now)
 
     async def acquire(self, key: str, limit: int, token: str) -> bool:
         held = self._slots.get(key)
