@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import math
 import time
 import uuid
@@ -432,7 +433,9 @@ class RateLimiter:
         self._live[lease.token] = lease
         ttl = self.backend.slot_ttl
         if ttl is not None and (self._renewing is None or self._renewing.done()):
-            self._renewing = asyncio.get_running_loop().create_task(self._renew(ttl))
+            # A context of its own: its logs are no request's (not the one that started it).
+            self._renewing = asyncio.get_running_loop().create_task(
+                self._renew(ttl), context=contextvars.Context())
         return lease
 
     async def _renew(self, ttl: float) -> None:
