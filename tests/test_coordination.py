@@ -1,7 +1,8 @@
 """Every coordinator keeps the same promises: exclusive leases that are renewed while held,
 expire when their worker is gone, and are released only by their holder; signals reach every
-worker's subscriptions, and stop signals the stop handler. Run against `local`, PostgreSQL
-and Redis (the real services of this machine), each test on a schema or prefix of its own."""
+worker's subscriptions, and stop signals the stop handler; the callers' concurrency slots in
+its counters expire with their worker too. Run against `local`, PostgreSQL and Redis (the
+real services of this machine), each test on a schema or prefix of its own."""
 
 from __future__ import annotations
 

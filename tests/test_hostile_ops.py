@@ -7,7 +7,8 @@ at most `MAX_ATTRIBUTE` characters, the others "_OTHER", and a request span's `u
 Log redaction knows URL credentials, secret query parameters, `Basic` and lower-case `bearer`,
 `x-api-key:` inside a string, Google and GitHub keys, deep values and bytes. A concurrency slot
 whose release fails while the backend blips is given back later, a failure counting a run gives
-its slot back, and a Redis slot a dead worker kept expires even while its caller stays busy. A
+its slot back, and a Redis slot a dead worker kept expires even while its caller stays busy; a
+Redis that answers but cannot serve (READONLY after a failover, OOM, BUSY) is a 503. A
 `TopicGuardrail` judge that trickles tokens for ever is cut by its `timeout` (the request is
 refused, not held), asks for `max_tokens`, and "ALLOWED ... DENIED: ..." is no allowance.
 """
