@@ -7,20 +7,26 @@ unaffected. Counters live in a `CounterBackend`: in this process by default, or 
 (`backend="redis://..."`, the `redis` extra) so that every worker shares them.
 
 Runs per minute are a sliding window (a log of start times), so a caller cannot double its
-rate across a minute boundary.
+rate across a minute boundary. A concurrency slot is held by a token, one per run, that
+expires `slot_ttl` seconds after its last renewal on a shared backend: the limiter renews the
+slots of this process's live runs, so a slot whose worker died frees itself within seconds,
+and a slot whose `acquire` failed half-way can be given back by its token alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
+import contextvars
+import math
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+
+import structlog
 
 from copilot_runtime._exceptions import (
     ConfigurationError,
@@ -40,23 +46,35 @@ __all__ = [
     "limit_key",
 ]
 
+_log = structlog.get_logger("copilot_runtime.limits")
+
 _WINDOW = 60.0
-#: A concurrency slot a crashed worker never gave back frees itself after this long.
-_SLOT_TTL = 3600
+#: Seconds a shared backend's concurrency slot outlives its last renewal, as a coordinator's
+#: `lease_ttl`: a dead worker's slots free themselves within this long.
+DEFAULT_SLOT_TTL = 10.0
 
 
 @runtime_checkable
 class CounterBackend(Protocol):
+    #: Seconds a slot lives past its acquisition or last renewal (a dead worker's slots free
+    #: themselves after this long); None: a slot lives until released (this process's own).
+    slot_ttl: float | None
+
     async def hit(self, key: str, limit: int, window: float) -> float:
         """Count one event in the sliding `window` unless `limit` are in it already: 0.0 if
         counted, else the seconds until one leaves the window."""
         ...
 
-    async def acquire(self, key: str, limit: int) -> bool:
-        """Take one of `limit` slots, or False."""
+    async def acquire(self, key: str, limit: int, token: str) -> bool:
+        """Hold one of `limit` slots of `key` as `token` (for `slot_ttl`), or False."""
         ...
 
-    async def release(self, key: str) -> None:
+    async def renew(self, holds: Sequence[tuple[str, str]]) -> set[str]:
+        """Extend each (key, token) hold by `slot_ttl`; the tokens no longer held."""
+        ...
+
+    async def release(self, key: str, token: str) -> None:
+        """Give back `token`'s slot (nothing happens if it is not held)."""
         ...
 
     async def aclose(self) -> None:
@@ -66,22 +84,29 @@ class CounterBackend(Protocol):
 class InMemoryCounters:
     """Counters of this process (each worker counts on its own)."""
 
+    #: Slots die with the process that holds them: nothing to renew.
+    slot_ttl: float | None = None
+
     def __init__(self, max_keys: int = 100_000) -> None:
         self._hits: dict[str, deque[float]] = {}
-        self._slots: dict[str, int] = {}
+        self._slots: dict[str, set[str]] = {}
         self.max_keys = max_keys
+        #: While full of live keys: when the first of them leaves its window (monotonic).
+        self._full_until = 0.0
 
     async def hit(self, key: str, limit: int, window: float) -> float:
         now = time.monotonic()
         log = self._hits.get(key)
         if log is None:
-            if len(self._hits) >= self.max_keys:
+            if len(self._hits) >= self.max_keys and now >= self._full_until:
                 self._prune(now, window)
-                # Still full of live keys (many callers, or many addresses of one): evict the
-                # oldest tenth rather than scan them all again for the next new caller.
-                if len(self._hits) >= self.max_keys:
-                    for old in list(itertools.islice(self._hits, self.max_keys // 10 or 1)):
-                        del self._hits[old]
+            if len(self._hits) >= self.max_keys:
+                # Full of callers whose windows are live (many callers, or many addresses of
+                # one): forgetting any would reset its limit, so every new caller waits for
+                # the first window to end (not scanned again before then).
+                wait = self._full_until - now
+                raise RateLimitedError("Too many callers at once; try again in "
+                                       f"{int(wait) + 1} s", int(wait) + 1)
             log = self._hits[key] = deque()
         while log and log[0] <= now - window:
             log.popleft()
@@ -91,22 +116,27 @@ class InMemoryCounters:
         return 0.0
 
     def _prune(self, now: float, window: float) -> None:
+        """Forget the keys with no hit left in their window; note when the next one ends."""
         for key in [k for k, log in self._hits.items() if not log or log[-1] <= now - window]:
             del self._hits[key]
+        self._full_until = min((log[-1] + window for log in self._hits.values()), default=now)
 
-    async def acquire(self, key: str, limit: int) -> bool:
-        taken = self._slots.get(key, 0)
-        if taken >= limit:
+    async def acquire(self, key: str, limit: int, token: str) -> bool:
+        held = self._slots.get(key)
+        if held is not None and len(held) >= limit:
             return False
-        self._slots[key] = taken + 1
+        self._slots.setdefault(key, set()).add(token)
         return True
 
-    async def release(self, key: str) -> None:
-        taken = self._slots.get(key, 0) - 1
-        if taken > 0:
-            self._slots[key] = taken
-        else:
-            self._slots.pop(key, None)
+    async def renew(self, holds: Sequence[tuple[str, str]]) -> set[str]:
+        return {token for key, token in holds if token not in self._slots.get(key, ())}
+
+    async def release(self, key: str, token: str) -> None:
+        held = self._slots.get(key)
+        if held is not None:
+            held.discard(token)
+            if not held:
+                del self._slots[key]
 
     async def aclose(self) -> None:
         self._hits.clear()
@@ -125,22 +155,36 @@ redis.call('ZADD', KEYS[1], ARGV[1], ARGV[4])
 redis.call('EXPIRE', KEYS[1], math.ceil(ARGV[2]) + 1)
 return '0'
 """
-# KEYS[1] the slot counter; ARGV: limit, ttl.
-_ACQUIRE = """
-local taken = tonumber(redis.call('GET', KEYS[1]) or '0')
-if taken >= tonumber(ARGV[1]) then return 0 end
-if redis.call('INCR', KEYS[1]) == 1 then
-  -- set once per busy period: a slot a dead worker kept frees itself at the latest
-  -- `ttl` after the period began, however active its caller stays
-  redis.call('EXPIRE', KEYS[1], ARGV[2])
+#: Redis' clock in milliseconds, as `now` (every worker then measures expiry the same way).
+_NOW = """
+local clock = redis.call('TIME')
+local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
+"""
+#: The set lasts as long as its longest hold, `ttl` ms from now (never shortened: a worker
+#: with a longer ttl may hold a slot in it).
+_KEEP = """
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-return 1
 """
-_RELEASE = """
-local taken = tonumber(redis.call('GET', KEYS[1]) or '0')
-if taken <= 1 then redis.call('DEL', KEYS[1]) else redis.call('DECR', KEYS[1]) end
-return 1
-"""
+# KEYS[1] the caller's holds, a sorted set of tokens scored by when each expires (ms);
+# ARGV: token, ttl (ms), limit. Expired holds (their workers died) are dropped first.
+_ACQUIRE = _NOW + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], now + ARGV[2], ARGV[1])
+""" + _KEEP + "return 1"
+# The same keys and ARGV: extended only while it has not expired (it may count as free).
+_RENEW = _NOW + """
+local expires = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not expires or tonumber(expires) <= now then return 0 end
+redis.call('ZADD', KEYS[1], 'XX', now + ARGV[2], ARGV[1])
+""" + _KEEP + "return 1"
+
+
+#: The replies, by their first word, of a server that cannot serve now and that redis-py
+#: gives no class of their own: a script running too long, snapshots failing, no replicas.
+_NOT_NOW = ("BUSY ", "MISCONF ", "NOREPLICAS ")
 
 
 class RedisCounters:
@@ -151,16 +195,29 @@ class RedisCounters:
 
     def __init__(self, url: str, *, prefix: str = "copilot-runtime:limits:",
                  name: str = "The rate limits' Redis", timeout: float = 5.0,
-                 pool_size: int | None = None) -> None:
+                 pool_size: int | None = None, slot_ttl: float = DEFAULT_SLOT_TTL) -> None:
         try:
-            from redis.exceptions import ConnectionError, TimeoutError
+            from redis.exceptions import (
+                ClusterDownError,
+                ConnectionError,
+                OutOfMemoryError,
+                ReadOnlyError,
+                ResponseError,
+                TimeoutError,
+                TryAgainError,
+            )
         except ImportError as exc:
             raise ConfigurationError(
                 "Redis rate limits need redis-py: pip install 'copilot-runtime[redis]'") from exc
         self.prefix = prefix
+        self.slot_ttl: float | None = slot_ttl
         #: Who cannot be reached, in the 503 a request gets while Redis is away.
         self.name = name
         self._unreachable = (ConnectionError, TimeoutError)
+        self._answered = ResponseError
+        #: A server that answers but cannot serve now (a replica after a failover, out of
+        #: memory, a cluster moving slots): as unavailable as one that cannot be reached.
+        self._not_now = (ReadOnlyError, OutOfMemoryError, TryAgainError, ClusterDownError)
         url, options = split_options(url, ("pool_size",))
         if pool_size is None:
             pool_size = pool_size_option(options, DEFAULT_POOL_SIZE)
@@ -170,7 +227,6 @@ class RedisCounters:
                                          socket_timeout=timeout)
         self._hit = self._redis.register_script(_HIT)
         self._acquire = self._redis.register_script(_ACQUIRE)
-        self._release = self._redis.register_script(_RELEASE)
 
     async def hit(self, key: str, limit: int, window: float) -> float:
         with self._reachable():
@@ -181,22 +237,45 @@ class RedisCounters:
                                      args=[now, window, limit, f"{now}:{uuid.uuid4().hex[:8]}"])
         return float(result)
 
-    async def acquire(self, key: str, limit: int) -> bool:
+    def _holds(self, key: str) -> str:
+        # Not the `slots:` counters of earlier releases: workers of both can run during an
+        # upgrade, and a sorted set under a counter's name would fail (WRONGTYPE).
+        return self.prefix + "holds:" + key
+
+    def _ttl_ms(self) -> int:
+        assert self.slot_ttl is not None
+        return int(self.slot_ttl * 1000)
+
+    async def acquire(self, key: str, limit: int, token: str) -> bool:
         with self._reachable():
-            return bool(await self._acquire(keys=[self.prefix + "slots:" + key],
-                                            args=[limit, _SLOT_TTL]))
+            return bool(await self._acquire(keys=[self._holds(key)],
+                                            args=[token, self._ttl_ms(), limit]))
+
+    async def renew(self, holds: Sequence[tuple[str, str]]) -> set[str]:
+        with self._reachable():
+            # One round trip for every live slot of this process.
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key, token in holds:
+                    pipe.eval(_RENEW, 1, self._holds(key), token, self._ttl_ms())
+                kept = await pipe.execute()
+        return {token for (_, token), ok in zip(holds, kept, strict=True) if not ok}
 
     @contextlib.contextmanager
     def _reachable(self) -> Iterator[None]:
-        """The block, Redis' connection failures and timeouts a ServiceUnavailableError."""
+        """The block; Redis' connection failures and timeouts, and the answers of a server
+        that cannot serve now, a ServiceUnavailableError (503 and Retry-After)."""
         try:
             yield
         except self._unreachable as exc:
             raise ServiceUnavailableError(f"{self.name} cannot be reached") from exc
+        except self._answered as exc:
+            if not isinstance(exc, self._not_now) and not str(exc).startswith(_NOT_NOW):
+                raise  # a command's own error (a bug), not the server's state
+            raise ServiceUnavailableError(f"{self.name} cannot serve now") from exc
 
-    async def release(self, key: str) -> None:
+    async def release(self, key: str, token: str) -> None:
         with self._reachable():
-            await self._release(keys=[self.prefix + "slots:" + key])
+            await self._redis.zrem(self._holds(key), token)
 
     async def aclose(self) -> None:
         await self._redis.aclose()
@@ -231,45 +310,70 @@ def limit_key(request: RequestInfo) -> str:
 
 
 class Lease:
-    """A caller's concurrency slot, given back once when its run ends."""
+    """A caller's concurrency slot, held by `token` while its run lives (its limiter renews
+    it) and given back once when the run ends."""
 
-    __slots__ = ("_backend", "_key", "_released")
+    __slots__ = ("_limiter", "_released", "key", "token")
 
-    def __init__(self, backend: CounterBackend, key: str) -> None:
-        self._backend = backend
-        self._key = key
+    def __init__(self, limiter: RateLimiter, key: str, token: str) -> None:
+        self._limiter = limiter
+        self.key = key
+        self.token = token
         self._released = False
 
     async def release(self) -> None:
         if self._released:
             return
         self._released = True
+        # Renewed no more: on a shared backend it expires within `slot_ttl` whatever follows.
+        self._limiter._live.pop(self.token, None)
+        backend = self._limiter.backend
         try:
-            await self._backend.release(self._key)
-        except Exception:
-            # The backend is away for a moment: the slot must not stay taken for an hour.
-            _retry_release(self._backend, self._key)
+            await backend.release(self.key, self.token)
+        except Exception as exc:
+            _log.warning("could not give a caller's concurrency slot back; trying again",
+                         key=self.key, error=str(exc) or type(exc).__name__,
+                         expires_in=backend.slot_ttl)
+            _retry_release(backend, self.key, self.token)
             raise
 
 
-_retrying: set[asyncio.Task[None]] = set()
+_background: set[asyncio.Task[None]] = set()
 
 
-def _retry_release(backend: CounterBackend, key: str, attempts: int = 30,
-                   delay: float = 2.0) -> None:
-    """Give `key`'s slot back in the background, trying `attempts` times `delay` apart
-    (one task: each failed attempt is not a new one)."""
+def _in_background(work: Coroutine[Any, Any, None]) -> None:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # no running loop: nothing to do it with
+        work.close()
+        return
+    task = loop.create_task(work)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+def _retry_release(backend: CounterBackend, key: str, token: str, delay: float = 2.0) -> None:
+    """Give `token`'s slot back in the background, every `delay` seconds while it may still
+    be held (its `slot_ttl`; a minute for a slot that never expires). One task: each failed
+    attempt is not a new one; and a release by token is safe to repeat."""
+    lives = backend.slot_ttl if backend.slot_ttl is not None else 60.0
+
     async def again() -> None:
-        for _ in range(attempts):
+        for _ in range(max(1, math.ceil(lives / delay))):
             await asyncio.sleep(delay)
             with contextlib.suppress(Exception):
-                await backend.release(key)
+                await backend.release(key, token)
                 return
+        if backend.slot_ttl is None:
+            _log.warning("gave up giving a caller's concurrency slot back: it stays taken",
+                         key=key)
 
-    with contextlib.suppress(RuntimeError):  # no running loop: nothing to retry with
-        task = asyncio.get_running_loop().create_task(again())
-        _retrying.add(task)
-        task.add_done_callback(_retrying.discard)
+    _in_background(again())
+
+
+async def _quietly_release(backend: CounterBackend, key: str, token: str) -> None:
+    with contextlib.suppress(Exception):  # else it expires: nobody renews it
+        await backend.release(key, token)
 
 
 class RateLimiter:
@@ -283,7 +387,9 @@ class RateLimiter:
                 raise ConfigurationError("RateLimit.backend: a redis:// URL or a CounterBackend")
             backend = RedisCounters(backend)
         self.backend: CounterBackend = backend
-        self._lock = asyncio.Lock()
+        #: The slots this process's live runs hold, by token: renewed together.
+        self._live: dict[str, Lease] = {}
+        self._renewing: asyncio.Task[None] | None = None
 
     async def acquire(self, request: RequestInfo) -> Lease | None:
         """Count a run start for `request`'s caller; its concurrency lease (None without a
@@ -292,11 +398,21 @@ class RateLimiter:
         limit = self.limit
         lease: Lease | None = None
         if limit.concurrent_runs is not None:
-            if not await self.backend.acquire(key, limit.concurrent_runs):
+            token = uuid.uuid4().hex
+            try:
+                taken = await self.backend.acquire(key, limit.concurrent_runs, token)
+            except BaseException:
+                # The answer was lost, maybe not the slot (a timeout after the server took
+                # it): given back by its token, which frees nobody else's.
+                _in_background(_quietly_release(self.backend, key, token))
+                raise
+            if not taken:
+                # A slot frees when a run ends, any moment (or within `slot_ttl` of its
+                # worker's death): worth asking again soon.
                 raise RateLimitedError(
                     f"Too many runs at once (at most {limit.concurrent_runs}); "
                     "wait for one to finish", 1)
-            lease = Lease(self.backend, key)
+            lease = self._hold(Lease(self, key, token))
         if limit.runs_per_minute is not None:
             try:
                 wait = await self.backend.hit(key, limit.runs_per_minute, _WINDOW)
@@ -313,5 +429,40 @@ class RateLimiter:
                     f"try again in {int(wait) + 1} s", int(wait) + 1)
         return lease
 
+    def _hold(self, lease: Lease) -> Lease:
+        self._live[lease.token] = lease
+        ttl = self.backend.slot_ttl
+        if ttl is not None and (self._renewing is None or self._renewing.done()):
+            # A context of its own: its logs are no request's (not the one that started it).
+            self._renewing = asyncio.get_running_loop().create_task(
+                self._renew(ttl), context=contextvars.Context())
+        return lease
+
+    async def _renew(self, ttl: float) -> None:
+        """Renew every live slot in one call, every third of `ttl`, until none is left
+        (started again with the next slot taken)."""
+        while True:
+            await asyncio.sleep(ttl / 3)
+            held = list(self._live.values())
+            if not held:
+                return
+            try:
+                lost = await self.backend.renew([(x.key, x.token) for x in held])
+            except Exception as exc:
+                # Tried again at the next turn; a slot that expires meanwhile is free.
+                _log.warning("could not renew callers' concurrency slots", slots=len(held),
+                             error=str(exc) or type(exc).__name__)
+                continue
+            for lease in held:
+                if lease.token in lost and self._live.pop(lease.token, None) is not None:
+                    # The backend was away longer than `ttl`: its run goes on, uncounted.
+                    _log.warning("a caller's concurrency slot expired while its run lives",
+                                 key=lease.key)
+
     async def aclose(self) -> None:
+        # Slots still held are left to expire, as a coordinator's leases are.
+        if self._renewing is not None:
+            self._renewing.cancel()
+            await asyncio.gather(self._renewing, return_exceptions=True)
+        self._live.clear()
         await self.backend.aclose()

@@ -1,7 +1,8 @@
 """Every coordinator keeps the same promises: exclusive leases that are renewed while held,
 expire when their worker is gone, and are released only by their holder; signals reach every
-worker's subscriptions, and stop signals the stop handler. Run against `local`, PostgreSQL
-and Redis (the real services of this machine), each test on a schema or prefix of its own."""
+worker's subscriptions, and stop signals the stop handler; the callers' concurrency slots in
+its counters expire with their worker too. Run against `local`, PostgreSQL and Redis (the
+real services of this machine), each test on a schema or prefix of its own."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
-from copilot_runtime import ConfigurationError, coordinator
+from copilot_runtime import ConfigurationError, RateLimit, coordinator
 from copilot_runtime._deadline import within
+from copilot_runtime._exceptions import RateLimitedError, ServiceUnavailableError
+from copilot_runtime.auth import Principal, RequestInfo
 from copilot_runtime.coordination import Coordinator, LocalCoordinator, Signal
-from tests.scale_support.services import postgres_schema, redis_prefix
+from copilot_runtime.limits import CounterBackend, RateLimiter
+from tests.scale_support.services import POSTGRES, postgres_schema, redis_prefix
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -208,11 +213,13 @@ async def test_rate_limits_are_shared_through_the_coordinator(pair: Pair, limit:
         assert not a.shared  # local: the limiter counts in this process
         return
     try:
-        assert await first.acquire("k", limit)
-        assert await second.acquire("k", limit)
-        assert not await first.acquire("k", limit)  # two taken, on two workers
-        await second.release("k")
-        assert await first.acquire("k", limit)
+        assert await first.acquire("k", limit, "run-1")
+        assert await second.acquire("k", limit, "run-2")
+        assert not await first.acquire("k", limit, "run-3")  # two taken, on two workers
+        await second.release("k", "run-2")
+        await second.release("k", "run-2")  # by token: once only, whatever is repeated
+        assert await first.acquire("k", limit, "run-4")
+        assert not await first.acquire("k", limit, "run-5")
         assert await first.hit("h", 2, 60) == 0.0
         assert await second.hit("h", 2, 60) == 0.0
         wait = await first.hit("h", 2, 60)
@@ -220,6 +227,156 @@ async def test_rate_limits_are_shared_through_the_coordinator(pair: Pair, limit:
     finally:
         await first.aclose()
         await second.aclose()
+
+
+def caller(principal: str) -> RequestInfo:
+    return RequestInfo("POST", "/run", {}, "10.0.0.1", principal=Principal(principal))
+
+
+def shared_counters(pair: Pair) -> tuple[CounterBackend, CounterBackend]:
+    """Each worker's counters, whose slots live `TTL`."""
+    first, second = pair[0].counters(), pair[1].counters()
+    if first is None or second is None:
+        pytest.skip("one process: its slots die with it (the limiter counts in it)")
+    return first, second
+
+
+async def test_a_dead_workers_concurrency_slot_frees_itself(pair: Pair) -> None:
+    """Before: a slot was an anonymous count per caller that expired an hour after it was
+    taken, so a worker killed mid-run (SIGKILL, OOM) kept its caller at 429 for that hour.
+    Now its hold expires within the lease's ttl, while a live worker's holds are renewed."""
+    counters = shared_counters(pair)
+    dying, living = (RateLimiter(RateLimit(concurrent_runs=1, backend=c)) for c in counters)
+    try:
+        assert await dying.acquire(caller("alice")) is not None
+        assert await living.acquire(caller("bob")) is not None  # held while bob's run lives
+        await dying.aclose()  # the worker dies: its slot is neither renewed nor given back
+        with pytest.raises(RateLimitedError):
+            await living.acquire(caller("alice"))
+        started = time.monotonic()
+        lease = await eventually(lambda: _acquired(living, "alice"), deadline=TTL * 4)
+        assert time.monotonic() - started >= TTL / 2  # expired, not forgotten at once
+        await asyncio.sleep(TTL * 2)
+        with pytest.raises(RateLimitedError):  # bob's and alice's live slots were renewed
+            await living.acquire(caller("bob"))
+        with pytest.raises(RateLimitedError):
+            await living.acquire(caller("alice"))
+        await lease.release()
+    finally:
+        await living.aclose()
+
+
+async def _acquired(limiter: RateLimiter, principal: str) -> Any:
+    try:
+        return await limiter.acquire(caller(principal))
+    except RateLimitedError:
+        return None
+
+
+class LosingAnswers:
+    """A worker's counters whose server takes a slot, or gives one back, and whose answer
+    is lost (a timeout): the call fails with 503 while the slot is taken."""
+
+    def __init__(self, backend: CounterBackend) -> None:
+        self.backend = backend
+        self.lose_acquire = self.lose_release = False
+
+    async def acquire(self, *args: Any) -> bool:
+        await self.backend.acquire(*args)
+        if self.lose_acquire:
+            raise ServiceUnavailableError("The coordinator cannot be reached")
+        return True
+
+    async def release(self, *args: Any) -> None:
+        if self.lose_release:
+            raise ServiceUnavailableError("The coordinator cannot be reached")
+        await self.backend.release(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+
+async def test_a_slot_whose_acquire_failed_is_not_kept(pair: Pair) -> None:
+    """Before: a request whose slot was taken by a coordinator that answered too late got 503
+    and the slot stayed taken for an hour. Now it is given back by its token (which frees no
+    other run's slot), or else expires unrenewed."""
+    counters = shared_counters(pair)
+    losing = LosingAnswers(counters[0])
+    limiter = RateLimiter(RateLimit(concurrent_runs=2, backend=losing))  # type: ignore[arg-type]
+    other = RateLimiter(RateLimit(concurrent_runs=2, backend=counters[1]))
+    try:
+        held = await other.acquire(caller("alice"))  # another run's, which must stay held
+        losing.lose_acquire = True
+        with pytest.raises(ServiceUnavailableError):
+            await limiter.acquire(caller("alice"))
+        lease = await eventually(lambda: _acquired(other, "alice"), deadline=TTL)
+        with pytest.raises(RateLimitedError):  # alice's first run still holds its slot
+            await other.acquire(caller("alice"))
+        assert held is not None
+        await held.release()
+        await lease.release()
+    finally:
+        await limiter.aclose()
+        await other.aclose()
+
+
+async def test_a_slot_that_cannot_be_given_back_is_logged_and_expires(pair: Pair) -> None:
+    """Before: a release that kept failing (Redis away a minute at a run's end) gave up in
+    silence and the caller got 429 for an hour. Now it is logged, and the slot, renewed no
+    more, expires within the lease's ttl."""
+    counters = shared_counters(pair)
+    losing = LosingAnswers(counters[0])
+    limiter = RateLimiter(RateLimit(concurrent_runs=1, backend=losing))  # type: ignore[arg-type]
+    other = RateLimiter(RateLimit(concurrent_runs=1, backend=counters[1]))
+    try:
+        lease = await limiter.acquire(caller("alice"))
+        assert lease is not None
+        losing.lose_release = True
+        with capture_logs() as logs, pytest.raises(ServiceUnavailableError):
+            await lease.release()
+        assert [e for e in logs if e["log_level"] == "warning"
+                and "slot back" in e["event"]], logs
+        again = await eventually(lambda: _acquired(other, "alice"), deadline=TTL * 4)
+        await again.release()
+    finally:
+        await limiter.aclose()
+        await other.aclose()
+
+
+async def test_the_counters_tables_of_an_older_release_are_migrated() -> None:
+    """A schema an older release made (an anonymous count per caller in rate_slots, no
+    version) gets the slot holds table, versioned; rate_slots stays for the previous release's
+    workers still running during the upgrade; connecting again changes nothing."""
+    import psycopg
+
+    with postgres_schema("coord") as url:
+        schema = url.rsplit("schema=", 1)[1]
+        async with await psycopg.AsyncConnection.connect(POSTGRES, autocommit=True) as conn:
+            await conn.execute(f'CREATE SCHEMA "{schema}"')
+            await conn.execute(f'CREATE TABLE "{schema}".rate_hits (key text NOT NULL, '
+                               "at float8 NOT NULL, id text PRIMARY KEY)")
+            await conn.execute(f'CREATE TABLE "{schema}".rate_slots (key text PRIMARY KEY, '
+                               "taken integer NOT NULL, expires_at timestamptz NOT NULL)")
+            await conn.execute(f'INSERT INTO "{schema}".rate_slots VALUES '
+                               "('p:5:alice', 1, now() + interval '1 hour')")
+        for _ in range(2):
+            worker = coordinator(url)
+            try:
+                await worker.start()
+                counters = worker.counters()
+                assert counters is not None
+                assert await counters.acquire("p:5:alice", 1, "run-1")
+                assert not await counters.acquire("p:5:alice", 1, "run-2")
+                await counters.release("p:5:alice", "run-1")
+            finally:
+                await worker.aclose()
+        async with await psycopg.AsyncConnection.connect(POSTGRES, autocommit=True) as conn:
+            version = await (await conn.execute(
+                f'SELECT version FROM "{schema}".rate_limits_version')).fetchall()
+            old = await (await conn.execute(
+                f'SELECT key, taken FROM "{schema}".rate_slots')).fetchall()
+        assert version == [(2,)]
+        assert old == [("p:5:alice", 1)]
 
 
 async def test_finish_releases_and_signals_the_end(pair: Pair) -> None:

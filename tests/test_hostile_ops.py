@@ -7,7 +7,8 @@ at most `MAX_ATTRIBUTE` characters, the others "_OTHER", and a request span's `u
 Log redaction knows URL credentials, secret query parameters, `Basic` and lower-case `bearer`,
 `x-api-key:` inside a string, Google and GitHub keys, deep values and bytes. A concurrency slot
 whose release fails while the backend blips is given back later, a failure counting a run gives
-its slot back, and a Redis slot a dead worker kept expires even while its caller stays busy. A
+its slot back, and a Redis slot a dead worker kept expires even while its caller stays busy; a
+Redis that answers but cannot serve (READONLY after a failover, OOM, BUSY) is a 503. A
 `TopicGuardrail` judge that trickles tokens for ever is cut by its `timeout` (the request is
 refused, not held), asks for `max_tokens`, and "ALLOWED ... DENIED: ..." is no allowance.
 """
@@ -19,6 +20,7 @@ import contextlib
 import functools
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import orjson
@@ -28,6 +30,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from redis.exceptions import ResponseError
 
 from copilot_runtime import CopilotRuntime, OpenAIAdapter, RateLimit, TopicGuardrail
 from copilot_runtime import limits as limits_module
@@ -233,11 +236,11 @@ class Blipping(InMemoryCounters):
             raise ServiceUnavailableError("The rate limits' Redis cannot be reached")
         return await super().hit(key, limit, window)
 
-    async def release(self, key: str) -> None:
+    async def release(self, key: str, token: str) -> None:
         if self.fail_release:
             self.fail_release -= 1
             raise ServiceUnavailableError("The rate limits' Redis cannot be reached")
-        await super().release(key)
+        await super().release(key, token)
         self.released.set()
 
 
@@ -298,17 +301,79 @@ async def test_a_redis_slot_a_dead_worker_kept_expires_while_its_caller_stays_bu
         redis_counters: RedisCounters) -> None:
     """Before: every acquire re-ran EXPIRE, so the slot counter's hour began again at each
     run start: a slot a dead worker never gave back was lost for good by a caller who started
-    a run at least once an hour."""
-    redis = redis_counters._redis
-    slots = redis_counters.prefix + "slots:p:5:alice"
-    assert await redis_counters.acquire("p:5:alice", 2)  # the dead worker's, never released
-    assert 0 < await redis.ttl(slots) <= 3600
-    await redis.pexpire(slots, 5_000)  # as if the busy period began an hour less 5 s ago
-    for _ in range(3):  # the caller keeps starting (and ending) runs on its other slot
-        assert await redis_counters.acquire("p:5:alice", 2)
-        await redis_counters.release("p:5:alice")
-    assert 0 < await redis.pttl(slots) <= 5_000, "the dead worker's slot was kept alive"
-    assert int(await redis.get(slots)) == 1
+    a run at least once an hour. Each hold now expires on its own, whatever the others do."""
+    redis_counters.slot_ttl = 0.5
+    assert await redis_counters.acquire("p:5:alice", 2, "dead")  # never renewed or released
+    for n in range(3):  # the caller keeps starting (and ending) runs on its other slot
+        assert await redis_counters.acquire("p:5:alice", 2, f"run-{n}")
+        await redis_counters.release("p:5:alice", f"run-{n}")
+        await asyncio.sleep(0.25)
+    assert await redis_counters.acquire("p:5:alice", 2, "a")
+    assert await redis_counters.acquire("p:5:alice", 2, "b"), "the dead worker's slot was kept"
+
+
+@contextlib.asynccontextmanager
+async def redis_answering(error: bytes) -> AsyncIterator[str]:
+    """The URL of a loopback server that speaks Redis' protocol and answers every script
+    with `error` (and anything else with OK, or a time)."""
+    served: set[asyncio.Task[Any]] = set()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        served.add(task)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while line := await reader.readline():
+                args = []
+                for _ in range(int(line[1:])):
+                    size = int((await reader.readline())[1:])
+                    args.append((await reader.readexactly(size + 2))[:-2].upper())
+                writer.write(b"-" + error + b"\r\n" if args[0] in (b"EVAL", b"EVALSHA")
+                             else b"*2\r\n$10\r\n1700000000\r\n$1\r\n0\r\n"
+                             if args[0] == b"TIME" else b"+OK\r\n")
+                await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
+    finally:
+        server.close()
+        await asyncio.wait_for(asyncio.gather(*served, return_exceptions=True), 5)
+
+
+@pytest.mark.parametrize("error", [
+    b"READONLY You can't write against a read only replica.",
+    b"OOM command not allowed when used memory > 'maxmemory'.",
+    b"BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+    b"MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist",
+    b"TRYAGAIN Multiple keys request during rehashing of slot",
+])
+async def test_a_redis_that_cannot_serve_now_is_a_503(error: bytes) -> None:
+    """Before: only connection failures and timeouts were a 503; a replica answering
+    READONLY after a failover (or OOM, BUSY...) was a bare 500 without Retry-After."""
+    async with redis_answering(error) as url:
+        for limit in (RateLimit(concurrent_runs=1), RateLimit(runs_per_minute=5)):
+            limiter = RateLimiter(replace(limit, backend=RedisCounters(url)))
+            try:
+                with pytest.raises(ServiceUnavailableError) as caught:
+                    await limiter.acquire(caller("alice"))
+                assert (caught.value.status, caught.value.retry_after) == (503, 1)
+            finally:
+                await limiter.aclose()
+
+
+async def test_a_redis_command_that_fails_on_its_own_is_not_a_503() -> None:
+    """A script's own error is a bug, not the server's state: not hidden as 'try again'."""
+    async with redis_answering(b"ERR Error running script: attempt to compare nil") as url:
+        limiter = RateLimiter(RateLimit(concurrent_runs=1, backend=RedisCounters(url)))
+        try:
+            with pytest.raises(ResponseError, match="Error running script") as caught:
+                await limiter.acquire(caller("alice"))
+            assert not isinstance(caught.value, ServiceUnavailableError)
+        finally:
+            await limiter.aclose()
 
 
 async def test_redis_counters_share_a_bounded_pool() -> None:
@@ -319,7 +384,7 @@ async def test_redis_counters_share_a_bounded_pool() -> None:
     name = f"limits-{uuid.uuid4().hex[:8]}"
     counters = RedisCounters(f"{REDIS_URL}?pool_size=4&client_name={name}", prefix=prefix)
     try:
-        taken = await asyncio.gather(*(counters.acquire(f"k{i % 7}", 1000)
+        taken = await asyncio.gather(*(counters.acquire(f"k{i % 7}", 1000, str(i))
                                        for i in range(150)))
         assert all(taken)
         await asyncio.gather(*(counters.hit(f"k{i % 7}", 1000, 60) for i in range(150)))

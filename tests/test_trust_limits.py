@@ -19,9 +19,11 @@ from copilot_runtime import (
 from copilot_runtime._exceptions import ConfigurationError, RateLimitedError
 from copilot_runtime.agents import BuiltInAgent
 from copilot_runtime.auth import Principal, RequestInfo
-from copilot_runtime.limits import RateLimiter, RedisCounters
+from copilot_runtime.limits import InMemoryCounters, RateLimiter, RedisCounters
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import Served, ServeRuntime, parse_sse, run_input, text_of, types
+
+pytestmark = pytest.mark.timeout(60)
 
 ALICE, BOB = "tok-alice-0001", "tok-bob-00002"
 USERS = BearerTokenAuth({ALICE: "alice", BOB: "bob"})
@@ -112,9 +114,9 @@ async def test_concurrent_runs_and_anonymous_callers(serve_runtime: ServeRuntime
 class SlowToRelease(RedisCounters):
     """Counters whose release takes a moment to be sent (a busy event loop, a far Redis)."""
 
-    async def release(self, key: str) -> None:
+    async def release(self, key: str, token: str) -> None:
         await asyncio.sleep(0.2)
-        await super().release(key)
+        await super().release(key, token)
 
 
 async def test_a_shutdown_mid_run_gives_the_callers_slot_back(
@@ -162,6 +164,35 @@ async def test_allowed_models(serve_runtime: ServeRuntime, llm: MockOpenAIServer
                                             forwardedProps={"model": "gpt-4o-mini"}))
         assert text_of(events) == "echo: Hi"
         assert llm.requests[-1]["model"] == "gpt-4o-mini"
+
+
+async def test_many_new_callers_do_not_reset_a_limited_callers_window() -> None:
+    """Before: once the in-process counters were full of live keys, each new key evicted the
+    oldest tenth, so hits from many addresses (IPv6 gives each client plenty) reset another
+    caller's window and let it start runs again at once. Live windows are never forgotten
+    now: while full, a new caller waits for the first window to end."""
+    counters = InMemoryCounters(max_keys=100)
+    limiter = RateLimiter(RateLimit(runs_per_minute=2, backend=counters))
+    for _ in range(2):
+        await limiter.acquire(caller("victim"))
+    with pytest.raises(RateLimitedError, match="a minute"):
+        await limiter.acquire(caller("victim"))
+    for n in range(99):  # the victim's key and these fill it
+        await limiter.acquire(RequestInfo("POST", "/run", {}, f"2001:db8::{n:x}"))
+    for n in range(99, 1000):
+        with pytest.raises(RateLimitedError, match="Too many callers") as caught:
+            await limiter.acquire(RequestInfo("POST", "/run", {}, f"2001:db8::{n:x}"))
+        assert 1 <= caught.value.retry_after <= 61
+    with pytest.raises(RateLimitedError, match="a minute"):  # still limited
+        await limiter.acquire(caller("victim"))
+    await limiter.aclose()
+    # Once the windows end, their keys go and new callers come in.
+    small = InMemoryCounters(max_keys=2)
+    assert [await small.hit(key, 1, 0.2) for key in ("a", "b")] == [0.0, 0.0]
+    with pytest.raises(RateLimitedError, match="Too many callers"):
+        await small.hit("c", 1, 0.2)
+    await asyncio.sleep(0.25)
+    assert await small.hit("c", 1, 0.2) == 0.0
 
 
 def caller(principal: str) -> RequestInfo:

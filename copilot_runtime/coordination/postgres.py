@@ -21,7 +21,7 @@ from typing import Any
 
 from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime._url_options import lease_ttl_option, pool_size_option, split_options
-from copilot_runtime.coordination._pg_counters import PostgresCounters
+from copilot_runtime.coordination._pg_counters import PostgresCounters, migrate
 from copilot_runtime.coordination._shared import (
     DEFAULT_LEASE_TTL,
     SharedCoordinator,
@@ -109,15 +109,7 @@ class PostgresCoordinator(SharedCoordinator):
             if found is None:
                 await conn.execute(f"ALTER TABLE {self.table} ADD COLUMN followed boolean "
                                    "NOT NULL DEFAULT false")
-            await conn.execute(
-                f'CREATE TABLE IF NOT EXISTS "{self.schema}".rate_hits (key text NOT NULL, '
-                "at float8 NOT NULL, id text PRIMARY KEY)")
-            await conn.execute(
-                f'CREATE INDEX IF NOT EXISTS rate_hits_key ON "{self.schema}".rate_hits '
-                "(key, at)")
-            await conn.execute(
-                f'CREATE TABLE IF NOT EXISTS "{self.schema}".rate_slots (key text PRIMARY KEY, '
-                "taken integer NOT NULL, expires_at timestamptz NOT NULL)")
+            await migrate(conn, self.schema)
 
     async def _listen(self, ready: asyncio.Future[None]) -> None:
         import psycopg
@@ -241,7 +233,7 @@ class PostgresCoordinator(SharedCoordinator):
         return int(rows[0][0]) if rows else 0
 
     def counters(self) -> CounterBackend:
-        return PostgresCounters(self.schema, self._fetch, self._transaction)
+        return PostgresCounters(self.schema, self._fetch, self._transaction, self.lease_ttl)
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Any]:

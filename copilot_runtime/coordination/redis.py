@@ -214,7 +214,8 @@ class RedisCoordinator(SharedCoordinator):
 
     def counters(self) -> CounterBackend:
         return RedisCounters(self.url, prefix=f"{self.prefix}limits:",
-                             name="The coordinator", pool_size=self.pool_size)
+                             name="The coordinator", pool_size=self.pool_size,
+                             slot_ttl=self.lease_ttl)
 
     async def _publish_many(self, signals: list[Signal]) -> list[None]:
         # A run's progress only to followers of that run; other signals to every worker.
