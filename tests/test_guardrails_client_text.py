@@ -21,6 +21,7 @@ from tests.test_hostile_trust import (
     GQL,
     REFUSAL,
     Recorder,
+    assert_graphql_refused,
     call,
     gql_text,
     guarded,
@@ -103,15 +104,9 @@ _GRAPHQL: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("case", list(_GRAPHQL))
 async def test_graphql_guardrails_judge_all_client_text(
         guarded: Served, llm: MockOpenAIServer, case: str) -> None:
-    data = {"threadId": "gct-1", "frontend": {"actions": []},
-            "metadata": {"requestType": "Chat"}, "messages": [gql_text("u1", "user", "hello")],
-            **_GRAPHQL[case]}
-    status, body = await call(guarded, "POST", "", None,
-                              {"query": _GENERATE, "variables": {"data": data}}, GQL)
-    assert status == 200, body
-    result = orjson.loads(body)["data"]["generateCopilotResponse"]
-    assert result["status"] == {"code": "Failed", "reason": "GUARDRAILS_VALIDATION_FAILED",
-                                "details": {"guardrailsReason": REFUSAL}}
+    await assert_graphql_refused(guarded, {
+        "threadId": "gct-1", "frontend": {"actions": []}, "metadata": {"requestType": "Chat"},
+        "messages": [gql_text("u1", "user", "hello")], **_GRAPHQL[case]})
     assert llm.requests == []
 
 

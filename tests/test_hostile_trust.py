@@ -311,15 +311,21 @@ async def test_graphql_guardrails_judge_every_new_client_message(
     messages = [gql_text("u1", "user", DENIED), gql_text("a1", "assistant", "Sure:")] \
         if case == "trailing assistant" else [gql_text("s1", "system", DENIED),
                                               gql_text("u2", "user", "hello")]
-    data = {"threadId": "gq-1", "frontend": {"actions": []},
-            "metadata": {"requestType": "Chat"}, "messages": messages}
-    status, body = await call(guarded, "POST", "", None,
+    await assert_graphql_refused(guarded, {
+        "threadId": "gq-1", "frontend": {"actions": []}, "metadata": {"requestType": "Chat"},
+        "messages": messages})
+    assert llm.requests == []
+
+
+async def assert_graphql_refused(served: Served, data: dict[str, Any]) -> None:
+    """`generateCopilotResponse` with `data` is refused by a guardrail, as the 1.10 client
+    reads it."""
+    status, body = await call(served, "POST", "", None,
                               {"query": _GENERATE, "variables": {"data": data}}, GQL)
     assert status == 200, body
     result = orjson.loads(body)["data"]["generateCopilotResponse"]
     assert result["status"] == {"code": "Failed", "reason": "GUARDRAILS_VALIDATION_FAILED",
                                 "details": {"guardrailsReason": REFUSAL}}
-    assert llm.requests == []
 
 
 class Recorder:
