@@ -216,6 +216,12 @@ class _PostgresBackend(_Backend):
         self.schema = check_identifier(schema) if schema else None
         self.conninfo = conninfo
         self.pool_size = pool_size_option(options, pool_size)
+        try:
+            from copilot_runtime._pg_lane import checked_conninfo
+        except ImportError:  # no psycopg: said as the store opens
+            pass
+        else:
+            checked_conninfo(conninfo)  # a mistake fails here, not every request after
         self._pool: Any = None
         self.approvals = PostgresApprovalStore(self._open_pool)
 

@@ -229,3 +229,29 @@ async def test_an_unusable_checkpoint_store_is_503(url: str) -> None:
         assert response.json()["code"] == "SERVICE_UNAVAILABLE"
     finally:
         await runtime.aclose()
+
+
+@pytest.mark.parametrize(("option", "url", "expected"), [
+    ("--threads", "postgresql://u@127.0.0.1/db?schema=x&bogus=1",
+     'not a PostgreSQL connection URL: invalid URI query parameter: "bogus"'),
+    ("--coordinator", "postgresql://u@127.0.0.1/db?bogus=1",
+     'not a PostgreSQL connection URL: invalid URI query parameter: "bogus"'),
+    ("--checkpoints", "postgresql://u@127.0.0.1/db?bogus=1",
+     'not a PostgreSQL connection URL: invalid URI query parameter: "bogus"'),
+    ("--threads", "postgresql://[bad/db", "cannot read the URL: Invalid IPv6 URL"),
+    ("--coordinator", "redis://[bad/11", "cannot read the URL: Invalid IPv6 URL"),
+    ("--threads", "postgresql://u@127.0.0.1:99999/db?schema=x",
+     "PostgreSQL port must be 1-65535, got '99999'"),
+    ("--threads", "postgresql://u@127.0.0.1/db?schema=x&connect_timeout=abc",
+     "connect_timeout must be a whole number of seconds, got 'abc'"),
+    ("--coordinator", "redis://127.0.0.1:6379/abc",
+     "a Redis URL's path is its database number, got 'abc'"),
+], ids=["threads-param", "coordinator-param", "checkpoints-param", "threads-bracket",
+        "redis-bracket", "pg-port", "pg-timeout", "redis-db"])
+def test_a_store_url_no_server_could_accept_is_one_line(
+        cli: None, capsys: pytest.CaptureFixture[str], tmp_path: Path, option: str, url: str,
+        expected: str) -> None:
+    # A configuration mistake, not an outage: refused at start, not a 503 ever after.
+    line = _fails_with(capsys, ["demo", "--port", str(free_port()),
+                                "--db", str(tmp_path / "d.sqlite3"), option, url])
+    assert line == f"copilot-runtime: error: {expected}"
