@@ -11,6 +11,7 @@ import errno
 import gc
 import importlib
 import inspect
+import json
 import math
 import os
 import socket
@@ -28,6 +29,19 @@ __all__ = ["main", "worker_app"]
 
 class CLIError(Exception):
     """A problem to report in one line, without a traceback."""
+
+
+#: What goes wrong at start-up for a reason to tell in one line, without a traceback: the
+#: command line, the configuration, a database file that cannot be opened.
+_ONE_LINE_ERRORS = (CLIError, ConfigurationError, OSError, sqlite3.Error)
+
+
+def _one_line(exc: Exception) -> str:
+    if isinstance(exc, ConfigurationError):
+        return exc.message
+    if isinstance(exc, CLIError):
+        return str(exc)
+    return f"cannot start: {exc}"
 
 
 def _load_target(target: str) -> Any:
@@ -60,6 +74,9 @@ def _to_app(obj: Any, path: str, max_body_size: int) -> Any:
     from copilot_runtime.runtime import CopilotRuntime
 
     if isinstance(obj, CopilotRuntime):
+        from copilot_runtime._serving import serving
+
+        serving(obj)
         return create_app(obj, path, max_body_size=max_body_size)
     if callable(obj) and _takes_three_arguments(obj):
         return obj
@@ -106,21 +123,14 @@ def _tune_gc() -> None:
 
 
 def _serve(app: Any, host: str, port: int, log_level: str, workers: int = 1) -> None:
-    import uvicorn
+    from copilot_runtime._serving import serve
 
     _check_port(host, port)
-    if workers > 1:
-        # Each worker process imports `worker_app`, which builds its own runtime from the
-        # target named in the environment; they share one listening socket.
-        uvicorn.run("copilot_runtime.cli:worker_app", factory=True, workers=workers,
-                    host=host, port=port, log_level=log_level, access_log=False,
-                    lifespan="on", timeout_graceful_shutdown=5)
-        return
-    _tune_gc()
-    # ws="none": the runtime serves no WebSocket, and the `websockets` library would cost
-    # every idle worker ~2 MB.
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                lifespan="on", timeout_graceful_shutdown=5, ws="none")
+    if workers == 1:
+        _tune_gc()
+    # With several workers, each imports `worker_app`, which builds its own runtime from the
+    # target named in the environment; they share one listening socket.
+    serve(app, workers, host=host, port=port, log_level=log_level)
 
 
 #: How `serve --workers N` tells its worker processes what to serve.
@@ -129,8 +139,16 @@ _WORKER_ENV = "COPILOT_RUNTIME_SERVE"
 
 def worker_app() -> Any:
     """The app of one `serve --workers N` process (uvicorn calls it in each worker)."""
-    target, path, max_body_size = os.environ[_WORKER_ENV].split("\n")
-    app = _to_app(_load_target(target), path, int(max_body_size))
+    from copilot_runtime._serving import STARTUP_FAILURE, die_with_supervisor
+
+    die_with_supervisor()
+    target, path, max_body_size = json.loads(os.environ[_WORKER_ENV])
+    try:
+        app = _to_app(_load_target(target), path, max_body_size)
+    except _ONE_LINE_ERRORS as exc:
+        # One line, and every worker stops: it would fail the same way each time.
+        print(f"copilot-runtime: error: {_one_line(exc)}", file=sys.stderr, flush=True)
+        sys.exit(STARTUP_FAILURE)
     _tune_gc()
     return app
 
@@ -268,8 +286,8 @@ def main(argv: list[str] | None = None) -> None:
             app = _to_app(target, args.path, args.max_body_size)
             if workers > 1:
                 _warn_unshared(target, workers)
-                os.environ[_WORKER_ENV] = "\n".join(
-                    [args.target, args.path, str(args.max_body_size)])
+                os.environ[_WORKER_ENV] = json.dumps(
+                    [args.target, args.path, args.max_body_size])
                 app = None  # each worker builds its own
             _check_port(args.host, args.port)
             _print_next_steps(args.host, args.port, args.path, None)
@@ -312,14 +330,8 @@ def main(argv: list[str] | None = None) -> None:
                               else None)
             print(pages_note(app, args.host, args.port), flush=True)
         _serve(app, args.host, args.port, args.log_level, workers)
-    except CLIError as exc:
-        print(f"copilot-runtime: error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except ConfigurationError as exc:
-        print(f"copilot-runtime: error: {exc.message}", file=sys.stderr)
-        sys.exit(2)
-    except (OSError, sqlite3.Error) as exc:  # a database file that cannot be opened
-        print(f"copilot-runtime: error: cannot start: {exc}", file=sys.stderr)
+    except _ONE_LINE_ERRORS as exc:
+        print(f"copilot-runtime: error: {_one_line(exc)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         pass

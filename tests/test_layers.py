@@ -39,7 +39,7 @@ LAYERS: dict[str, int] = {
     # 5. the wire edges, and the toolkit they share
     "protocols": 5,
     # 6. the face: apps, command line, demo, test doubles
-    "asgi": 6, "cli": 6, "demo": 6, "demo_pages": 6, "testing": 6, "__init__": 6,
+    "asgi": 6, "cli": 6, "_serving": 6, "demo": 6, "demo_pages": 6, "testing": 6, "__init__": 6,
     "__main__": 6,
 }
 LAYER_NAMES = ["core", "adapters", "agents", "runtime", "workflows", "wire edges", "face"]
