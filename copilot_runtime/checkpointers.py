@@ -45,6 +45,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.memory import InMemorySaver
 
+from copilot_runtime._again import worth_logging
 from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
 from copilot_runtime._url_options import pool_size_option, split_options
 from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
@@ -107,6 +108,7 @@ class _Backend(abc.ABC):
         self._saver: BaseCheckpointSaver[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opening: asyncio.Task[BaseCheckpointSaver[Any]] | None = None
+        self._failures = 0  # openings failed in a row
         self.approvals: ApprovalStore = MemoryApprovalStore()
 
     def bounded(self) -> AbstractAsyncContextManager[None]:
@@ -136,9 +138,12 @@ class _Backend(abc.ABC):
         except Exception as exc:
             # A server that refuses, a file that cannot be opened: the client gets
             # the 503 a thread store gives for the same outage, not a 500.
-            _log.warning("the checkpoint store cannot be opened", error=str(exc))
+            self._failures += 1
+            if worth_logging(self._failures):  # tried again by every caller: not each time
+                _log.warning("the checkpoint store cannot be opened", error=str(exc),
+                             failures_in_a_row=self._failures)
             raise ServiceUnavailableError("The checkpoint store cannot be reached") from exc
-        self._saver, self._loop = saver, loop
+        self._saver, self._loop, self._failures = saver, loop, 0
         return saver
 
     @abc.abstractmethod

@@ -142,7 +142,8 @@ def worker_app() -> Any:
     from copilot_runtime._serving import STARTUP_FAILURE, die_with_supervisor
 
     die_with_supervisor()
-    target, path, max_body_size = json.loads(os.environ[_WORKER_ENV])
+    target, path, max_body_size, log_level = json.loads(os.environ[_WORKER_ENV])
+    _configure_logging(log_level)
     try:
         app = _to_app(_load_target(target), path, max_body_size)
     except _ONE_LINE_ERRORS as exc:
@@ -151,6 +152,20 @@ def worker_app() -> Any:
         sys.exit(STARTUP_FAILURE)
     _tune_gc()
     return app
+
+
+def _configure_logging(level: str) -> None:
+    """The runtime's own logs at `--log-level`, on stderr as uvicorn's are, through the
+    redacting set-up: JSON lines, or readable ones on a terminal (structlog's defaults were
+    every level, on stdout, unredacted)."""
+    import logging
+
+    import structlog
+
+    from copilot_runtime.telemetry import configure_logging
+
+    configure_logging(json=not sys.stderr.isatty(), level=logging.getLevelName(level.upper()))
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
 
 
 def _warn_unshared(target: Any, workers: int) -> None:
@@ -275,6 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument("--approval-timeout", type=_positive_seconds, default=300.0,
                       help="seconds before an account_review approval times out")
     args = parser.parse_args(argv)
+    _configure_logging(args.log_level)
     workers = 1
 
     try:
@@ -287,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
             if workers > 1:
                 _warn_unshared(target, workers)
                 os.environ[_WORKER_ENV] = json.dumps(
-                    [args.target, args.path, args.max_body_size])
+                    [args.target, args.path, args.max_body_size, args.log_level])
                 app = None  # each worker builds its own
             _check_port(args.host, args.port)
             _print_next_steps(args.host, args.port, args.path, None)

@@ -7,13 +7,17 @@ the test instead of serving.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import structlog
+import structlog.testing
 from starlette.responses import PlainTextResponse
 
 from copilot_runtime import CopilotRuntime, create_app
@@ -89,7 +93,7 @@ async def test_not_found_is_plain_text(pages: Path, tmp_path: Path) -> None:
 # -- the command line -------------------------------------------------------------------------
 
 @pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     """`main` in `tmp_path` (where TARGET modules are imported from), never serving."""
 
     def refuse(*args: Any, **kwargs: Any) -> None:
@@ -98,6 +102,9 @@ def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(cli_module, "_serve", refuse)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.chdir(tmp_path)
+    logging = structlog.get_config()  # `main` sets the runtime's logging up
+    yield
+    structlog.configure(**logging)
 
 
 def _fails_with(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
@@ -255,3 +262,46 @@ def test_a_store_url_no_server_could_accept_is_one_line(
     line = _fails_with(capsys, ["demo", "--port", str(free_port()),
                                 "--db", str(tmp_path / "d.sqlite3"), option, url])
     assert line == f"copilot-runtime: error: {expected}"
+
+
+
+def test_the_runtimes_logs_follow_the_log_level_to_stderr_redacted(
+        cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    (tmp_path / "bare_target.py").write_text("async def app(scope, receive, send): pass\n")
+    secret = "sk-" + "s3cr3t" * 4  # an API key's look: redacted
+
+    def serve(*args: Any) -> None:  # what the runtime logs while it serves
+        log = structlog.get_logger("copilot_runtime.test")
+        log.warning("below the level")
+        log.error("at the level", detail=f"key {secret}")
+
+    monkeypatch.setattr(cli_module, "_serve", serve)
+    cli_module.main(["serve", "bare_target:app", "--log-level", "error",
+                     "--port", str(free_port())])
+    out, err = capsys.readouterr()
+    # Before: every level, on stdout with the banner, through structlog's default set-up.
+    assert "at the level" not in out
+    assert "below the level" not in err
+    (line,) = [line for line in err.splitlines() if "at the level" in line]
+    assert secret not in line
+
+
+
+async def test_an_unusable_checkpoint_store_is_not_a_traceback_a_second(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = CopilotRuntime(agents={"accounts": account_review(timeout_seconds=60).agent(
+        name="accounts", checkpointer=checkpointer("sqlite:////proc/nope/c.db"))})
+    monkeypatch.setattr(runtime.approvals, "retry_interval", 0.002)
+    with structlog.testing.capture_logs() as logs:
+        await runtime.start()
+        await asyncio.sleep(0.3)  # the timer tries again some 100 times
+        await runtime.aclose()
+    failed = [entry for entry in logs if entry["event"] == "approval timer failed"]
+    # Before: one each time, each with its stack.
+    assert 1 <= len(failed) <= 8, len(failed)
+    assert not any(entry.get("exc_info") for entry in failed)
+    assert failed[0]["error"] == ("ServiceUnavailableError: The checkpoint store cannot be "
+                                  "reached")
+    opened = [entry for entry in logs if entry["event"] == "the checkpoint store cannot be opened"]
+    assert 1 <= len(opened) <= 9, len(opened)
