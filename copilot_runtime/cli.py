@@ -186,9 +186,36 @@ def _warn_unshared(target: Any, workers: int) -> None:
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
+def _warn_exposed(host: str, port: int, what: str, advice: str = "") -> None:
+    """Say so when a runtime without authentication listens beyond this machine."""
+    import ipaddress
+
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host or None, port,
+                                                               type=socket.SOCK_STREAM)}
+        local = all(ipaddress.ip_address(str(a).partition("%")[0]).is_loopback
+                    for a in addresses)
+    except (OSError, ValueError):
+        local = False
+    if host and local:
+        return
+    print(f"copilot-runtime: warning: {what} has no authentication and listens on "
+          f"{_url_host(host)}:{port}, beyond this machine: anyone who reaches it can run its "
+          f"agents (and spend their model keys); use --host 127.0.0.1{advice}",
+          file=sys.stderr, flush=True)
+
+
+def _url_host(host: str) -> str:
+    """`host` as a URL writes it: an IPv6 address in brackets, all interfaces as 0.0.0.0."""
+    if not host:
+        return "0.0.0.0"
+    return f"[{host}]" if ":" in host else host
+
+
 def _print_next_steps(host: str, port: int, path: str, model: str | None,
                       workflows: str | None = None, notice: str | None = None) -> None:
-    url = f"http://{host}:{port}{path}"
+    base = "/" + path.strip("/") if path.strip("/") else ""  # as create_app reads it
+    url = f"http://{_url_host(host)}:{port}{base}"
     lines = [
         f"copilot-runtime {__version__} serving {url}",
     ]
@@ -294,6 +321,9 @@ def main(argv: list[str] | None = None) -> None:
     workers = 1
 
     try:
+        if args.max_body_size < 1:
+            raise CLIError(f"--max-body-size must be a positive number of bytes, "
+                           f"got {args.max_body_size}")
         if args.command == "serve":
             workers = args.workers
             if workers < 1:
@@ -306,6 +336,11 @@ def main(argv: list[str] | None = None) -> None:
                     [args.target, args.path, args.max_body_size, args.log_level])
                 app = None  # each worker builds its own
             _check_port(args.host, args.port)
+            from copilot_runtime.runtime import CopilotRuntime
+
+            if isinstance(target, CopilotRuntime) and target.auth is None:
+                _warn_exposed(args.host, args.port, "the runtime", ", or give it auth= "
+                              "(README: Many users on one runtime)")
             _print_next_steps(args.host, args.port, args.path, None)
         else:
             from copilot_runtime.demo import (
@@ -315,6 +350,7 @@ def main(argv: list[str] | None = None) -> None:
             )
 
             _check_port(args.host, args.port)
+            _warn_exposed(args.host, args.port, "the demo")
             base = "/" + args.path.strip("/")
             if base == "/" or base.split("/")[1] in ("classic", "assets"):
                 raise CLIError(f"--path {args.path!r} would hide the demo's pages: give "
@@ -344,7 +380,7 @@ def main(argv: list[str] | None = None) -> None:
                               f"{_redacted(checkpoints)})" if workflows else None,
                               f"{WORKFLOWS_NEED_EXTRA} (missing: {missing})" if missing
                               else None)
-            print(pages_note(app, args.host, args.port), flush=True)
+            print(pages_note(app, _url_host(args.host), args.port), flush=True)
         _serve(app, args.host, args.port, args.log_level, workers)
     except _ONE_LINE_ERRORS as exc:
         print(f"copilot-runtime: error: {_one_line(exc)}", file=sys.stderr)

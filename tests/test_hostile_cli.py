@@ -305,3 +305,67 @@ async def test_an_unusable_checkpoint_store_is_not_a_traceback_a_second(
                                   "reached")
     opened = [entry for entry in logs if entry["event"] == "the checkpoint store cannot be opened"]
     assert 1 <= len(opened) <= 9, len(opened)
+
+
+async def test_the_classic_redirect_keeps_the_pages_address(pages: Path) -> None:
+    async with _client(DemoPages(_runtime, "/copilotkit", pages)) as client:
+        response = await client.get("/classic?agent=review_loop&thread=abc")
+    assert response.status_code == 307
+    # Before: /classic/, and the page opened a new thread.
+    assert response.headers["location"] == "/classic/?agent=review_loop&thread=abc"
+
+
+def _banner(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+            args: list[str]) -> tuple[str, str]:
+    """What `main(args)` prints before it would serve."""
+    monkeypatch.setattr(cli_module, "_serve", lambda *args: None)
+    cli_module.main(args)
+    out, err = capsys.readouterr()
+    return out, err
+
+
+def test_printed_urls_are_urls(cli: None, monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    out, _ = _banner(monkeypatch, capsys, ["demo", "--port", str(port), "--host", "::1",
+                                           "--path", "copilotkit", "--db", ":memory:",
+                                           "--checkpoints", "memory"])
+    # Before: http://::1:PORTcopilotkit
+    assert f"serving http://[::1]:{port}/copilotkit\n" in out
+    assert f"  curl http://[::1]:{port}/copilotkit/info\n" in out
+    assert f"http://[::1]:{port}/ " in out  # the pages
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "", "::"])
+def test_the_demo_beyond_loopback_is_warned_about(
+        cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        host: str) -> None:
+    args = ["demo", "--port", str(free_port()), "--db", ":memory:", "--checkpoints", "memory"]
+    _, err = _banner(monkeypatch, capsys, [*args, "--host", host])
+    (line,) = err.splitlines()  # before: nothing
+    assert line.startswith("copilot-runtime: warning: the demo has no authentication and "
+                           "listens on "), line
+    _, err = _banner(monkeypatch, capsys, [*args, "--host", "localhost"])
+    assert err == ""
+
+
+def test_a_runtime_without_auth_beyond_loopback_is_warned_about(
+        cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    (tmp_path / "open_target.py").write_text(
+        "from copilot_runtime import CopilotRuntime\nruntime = CopilotRuntime()\n"
+        "async def app(scope, receive, send): pass\n")
+    args = ["--host", "0.0.0.0", "--port", str(free_port())]
+    _, err = _banner(monkeypatch, capsys, ["serve", "open_target:runtime", *args])
+    assert "warning: the runtime has no authentication" in err
+    _, err = _banner(monkeypatch, capsys, ["serve", "open_target:app", *args])
+    assert err == ""  # an ASGI app: its own business
+
+
+@pytest.mark.parametrize("size", ["0", "-1"])
+def test_a_max_body_size_below_one_byte_is_one_line(
+        cli: None, capsys: pytest.CaptureFixture[str], size: str) -> None:
+    line = _fails_with(capsys, ["demo", "--port", str(free_port()), "--db", ":memory:",
+                                "--max-body-size", size])
+    assert line == f"copilot-runtime: error: --max-body-size must be a positive number of " \
+                   f"bytes, got {size}"
