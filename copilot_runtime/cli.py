@@ -252,6 +252,19 @@ def _checkpoints_beside(db: str) -> str:
     return "sqlite:///" + str(path.with_name(path.stem + ".checkpoints.sqlite3"))
 
 
+def _default_checkpoints(store: Any, threads: str | None) -> str:
+    """Where the demo keeps its checkpoints unless told: with its threads (the same
+    PostgreSQL database, a SQLite file beside theirs, or memory). Beside the thread store's
+    file, not in the working directory: started from another, the demo lost its approvals."""
+    from copilot_runtime.threads.sqlite import SQLiteThreadStore
+
+    if threads and threads.lower().startswith(("postgresql:", "postgres:")):
+        return threads
+    if isinstance(store, SQLiteThreadStore):
+        return _checkpoints_beside(store.path)
+    return "memory"  # the threads are in memory too
+
+
 def _thread_store(url: str) -> Any:
     from copilot_runtime.threads import thread_store
 
@@ -306,8 +319,9 @@ def main(argv: list[str] | None = None) -> None:
                       help="SQLite file for threads (':memory:' keeps nothing)")
     demo.add_argument("--checkpoints", default=os.environ.get("COPILOT_RUNTIME_CHECKPOINTS"),
                       help="where the workflows keep their graphs and approvals: a "
-                           "sqlite:///path, postgresql://... or memory URL (default: a "
-                           "SQLite file next to --db)")
+                           "sqlite:///path, postgresql://... or memory URL (default: with "
+                           "the threads: a SQLite file beside theirs, their PostgreSQL "
+                           "database, or memory)")
     demo.add_argument("--threads", default=os.environ.get("COPILOT_RUNTIME_THREADS"),
                       help="where threads live, as a thread store URL (sqlite:///path, "
                            "postgresql://...?schema=NAME, memory://); overrides --db")
@@ -364,9 +378,7 @@ def main(argv: list[str] | None = None) -> None:
                 from copilot_runtime.threads.sqlite import SQLiteThreadStore
 
                 store = SQLiteThreadStore(args.db)
-            checkpoints = args.checkpoints or (
-                args.threads if (args.threads or "").startswith(("postgresql:", "postgres:"))
-                else _checkpoints_beside(args.db))
+            checkpoints = args.checkpoints or _default_checkpoints(store, args.threads)
             runtime, model = build_demo_runtime(store, checkpoints=checkpoints,
                                                 approval_timeout=args.approval_timeout,
                                                 coordinator=args.coordinator)

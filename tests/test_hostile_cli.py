@@ -369,3 +369,18 @@ def test_a_max_body_size_below_one_byte_is_one_line(
                                 "--max-body-size", size])
     assert line == f"copilot-runtime: error: --max-body-size must be a positive number of " \
                    f"bytes, got {size}"
+
+
+@pytest.mark.parametrize(("threads", "expected"), [
+    ("sqlite:///{tmp}/data/threads.sqlite3", "sqlite:///{tmp}/data/threads.checkpoints.sqlite3"),
+    ("memory://", "memory"),
+])
+def test_the_demos_checkpoints_go_with_its_threads(
+        cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path, threads: str, expected: str) -> None:
+    (tmp_path / "data").mkdir()
+    out, _ = _banner(monkeypatch, capsys, ["demo", "--port", str(free_port()),
+                                           "--threads", threads.format(tmp=tmp_path)])
+    # Before: a file in the working directory, so a demo started from another lost its
+    # pending approvals.
+    assert f"(checkpoints: {expected.format(tmp=tmp_path)})" in out
