@@ -168,6 +168,43 @@ def _configure_logging(level: str) -> None:
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
 
 
+#: The lock files this process holds (see `_serve_alone`), open for its life.
+_held: list[Any] = []
+
+
+def _serve_alone(target: Any, workers: int, advice: str) -> None:
+    """With a local coordinator, a SQLite thread store is served by one process alone: a
+    second one (another demo on the same file, or a worker) would run a thread's runs at
+    once, their events stored over each other. Held through an advisory lock on
+    `<file>.lock`, which the system gives back when the process ends, however it ends."""
+    from copilot_runtime.runtime import CopilotRuntime
+    from copilot_runtime.threads.sqlite import SQLiteThreadStore
+
+    if not isinstance(target, CopilotRuntime) or target.coordinator.shared or \
+            not isinstance(target.store, SQLiteThreadStore) or target.store.path == ":memory:":
+        return
+    path = target.store.path
+    shared = f"give the runtime a shared coordinator ({advice}; README: Many workers, " \
+             "several machines)"
+    if workers > 1:
+        raise CLIError(f"--workers {workers} with a SQLite thread store and a local "
+                       f"coordinator would run a thread's runs at once: serve one worker, or "
+                       f"{shared}")
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system: not checked
+        return
+    lock = open(path + ".lock", "a")  # noqa: SIM115 - held until the process ends
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise CLIError(f"another process serves {path} with a local coordinator, and two "
+                       f"would run a thread's runs at once: give this one another file, or "
+                       f"{shared}") from None
+    _held.append(lock)
+
+
 def _warn_unshared(target: Any, workers: int) -> None:
     """Several workers with a runtime that keeps its runs (or threads) to one process serve,
     but each worker sees only its own: say so before it surprises anyone."""
@@ -344,6 +381,7 @@ def main(argv: list[str] | None = None) -> None:
                 raise CLIError("--workers must be at least 1")
             target = _load_target(args.target)
             app = _to_app(target, args.path, args.max_body_size)
+            _serve_alone(target, workers, "coordinator='redis://...' or 'postgresql://...'")
             if workers > 1:
                 _warn_unshared(target, workers)
                 os.environ[_WORKER_ENV] = json.dumps(
@@ -382,6 +420,7 @@ def main(argv: list[str] | None = None) -> None:
             runtime, model = build_demo_runtime(store, checkpoints=checkpoints,
                                                 approval_timeout=args.approval_timeout,
                                                 coordinator=args.coordinator)
+            _serve_alone(runtime, 1, "--coordinator redis://... or postgresql://...")
             from copilot_runtime.demo_pages import DemoPages, pages_note
 
             app = DemoPages(_to_app(runtime, args.path, args.max_body_size), args.path)

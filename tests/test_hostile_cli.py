@@ -384,3 +384,39 @@ def test_the_demos_checkpoints_go_with_its_threads(
     # Before: a file in the working directory, so a demo started from another lost its
     # pending approvals.
     assert f"(checkpoints: {expected.format(tmp=tmp_path)})" in out
+
+
+def test_a_second_process_on_a_sqlite_file_with_a_local_coordinator_is_refused(
+        cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    held: list[Any] = []
+    monkeypatch.setattr(cli_module, "_held", held)
+    args = ["demo", "--db", str(tmp_path / "one.sqlite3"), "--checkpoints", "memory"]
+    try:
+        _banner(monkeypatch, capsys, [*args, "--port", str(free_port())])
+        # Another demo on the same file (a flock is per open file, so this process stands
+        # for another). Before: both served, two runs at once on one thread.
+        line = _fails_with(capsys, [*args, "--port", str(free_port())])
+        assert line == (f"copilot-runtime: error: another process serves "
+                        f"{tmp_path / 'one.sqlite3'} with a local coordinator, and two would "
+                        "run a thread's runs at once: give this one another file, or give the "
+                        "runtime a shared coordinator (--coordinator redis://... or "
+                        "postgresql://...; README: Many workers, several machines)")
+        # Another file is another store.
+        _banner(monkeypatch, capsys, ["demo", "--db", str(tmp_path / "two.sqlite3"),
+                                      "--checkpoints", "memory", "--port", str(free_port())])
+    finally:
+        for lock in held:
+            lock.close()
+
+
+def test_workers_on_a_sqlite_file_with_a_local_coordinator_are_refused(
+        cli: None, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "sqlite_target.py").write_text(
+        "from copilot_runtime import CopilotRuntime, thread_store\n"
+        f"runtime = CopilotRuntime(thread_store=thread_store('sqlite:///{tmp_path}/w.db'))\n")
+    # Before: a warning, then workers running a thread's runs at once.
+    line = _fails_with(capsys, ["serve", "sqlite_target:runtime", "--workers", "2",
+                                "--port", str(free_port())])
+    assert line.startswith("copilot-runtime: error: --workers 2 with a SQLite thread store "
+                           "and a local coordinator would run a thread's runs at once"), line
