@@ -420,3 +420,31 @@ def test_workers_on_a_sqlite_file_with_a_local_coordinator_are_refused(
                                 "--port", str(free_port())])
     assert line.startswith("copilot-runtime: error: --workers 2 with a SQLite thread store "
                            "and a local coordinator would run a thread's runs at once"), line
+
+
+async def test_an_unreachable_postgresql_coordinator_fails_the_start_at_once_in_one_line(
+        tmp_path: Path) -> None:
+    from copilot_runtime import coordinator
+    from copilot_runtime.threads.sqlite import SQLiteThreadStore
+
+    runtime = CopilotRuntime(thread_store=SQLiteThreadStore(tmp_path / "t.sqlite3"),
+                             coordinator=coordinator("postgresql://postgres@127.0.0.1:1/db"))
+    incoming = [{"type": "lifespan.startup"}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    started = asyncio.get_running_loop().time()
+    await create_app(runtime)({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
+    # Before: 15 s of the pool trying again, then a PoolTimeout; psycopg's reason is two lines.
+    assert asyncio.get_running_loop().time() - started < 5
+    (failed,) = sent
+    assert failed["message"].startswith("copilot-runtime: error: cannot start: "
+                                        "OperationalError: connection failed: "), failed
+    assert "\n" not in failed["message"]
+    await runtime.aclose()
+
