@@ -103,6 +103,8 @@ class _Backend(abc.ABC):
 
     #: Seconds a call to the saver waits for its server, where it has one (`bounded`).
     timeout = 10.0
+    #: Which store, for the logs (a file, a URL without its password).
+    where = "memory"
 
     def __init__(self) -> None:
         self._saver: BaseCheckpointSaver[Any] | None = None
@@ -140,8 +142,8 @@ class _Backend(abc.ABC):
             # the 503 a thread store gives for the same outage, not a 500.
             self._failures += 1
             if worth_logging(self._failures):  # tried again by every caller: not each time
-                _log.warning("the checkpoint store cannot be opened", error=str(exc),
-                             failures_in_a_row=self._failures)
+                _log.warning("the checkpoint store cannot be opened", store=self.where,
+                             error=str(exc), failures_in_a_row=self._failures)
             raise ServiceUnavailableError("The checkpoint store cannot be reached") from exc
         self._saver, self._loop, self._failures = saver, loop, 0
         return saver
@@ -186,7 +188,7 @@ class _MemoryBackend(_Backend):
 class _SQLiteBackend(_Backend):
     def __init__(self, path: str) -> None:
         super().__init__()
-        self.path = path
+        self.path = self.where = path
         self.approvals = SQLiteApprovalStore(path, self.saver)
 
     async def _open(self) -> BaseCheckpointSaver[Any]:
@@ -220,6 +222,7 @@ class _PostgresBackend(_Backend):
         schema = options.get("schema")
         self.schema = check_identifier(schema) if schema else None
         self.conninfo = conninfo
+        self.where = _redact(url)
         self.pool_size = pool_size_option(options, pool_size)
         try:
             from copilot_runtime._pg_lane import checked_conninfo

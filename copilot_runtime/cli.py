@@ -58,6 +58,10 @@ def _load_target(target: str) -> Any:
         raise CLIError(f"importing {module_name!r} failed: {exc}") from None
     except Exception as exc:  # the module's own error, a SyntaxError, a relative name
         raise CLIError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+    except SystemExit as exc:
+        raise CLIError(f"importing {module_name!r} exited (code {exc.code})") from None
+    except KeyboardInterrupt:  # the module's own, or ^C: not a clean stop (code 0)
+        raise CLIError(f"importing {module_name!r} was interrupted") from None
     obj: Any = module
     for part in attribute.split("."):
         try:
@@ -278,7 +282,17 @@ def _print_next_steps(host: str, port: int, path: str, model: str | None,
             f"  curl -X POST {url}/approvals/<id> -H 'Content-Type: application/json' "
             "-d '{\"action\":\"approve\"}'",
         ]
-    print("\n".join(lines), flush=True)
+    _say("\n".join(lines))
+
+
+def _say(text: str) -> None:
+    """`text` on stdout; a reader gone (`demo | head -1`) does not stop the server."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # What is left, and what follows, goes nowhere (Python's own advice: else the
+        # buffer fails again at exit).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _checkpoints_beside(db: str) -> str:
@@ -431,7 +445,7 @@ def main(argv: list[str] | None = None) -> None:
                               f"{_redacted(checkpoints)})" if workflows else None,
                               f"{WORKFLOWS_NEED_EXTRA} (missing: {missing})" if missing
                               else None)
-            print(pages_note(app, _url_host(args.host), args.port), flush=True)
+            _say(pages_note(app, _url_host(args.host), args.port))
         _serve(app, args.host, args.port, args.log_level, workers)
     except _ONE_LINE_ERRORS as exc:
         print(f"copilot-runtime: error: {_one_line(exc)}", file=sys.stderr)

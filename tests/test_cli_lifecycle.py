@@ -201,3 +201,18 @@ async def test_a_run_cut_by_the_server_then_stopped_by_the_close_still_tells_its
         await task
     assert (sent[-1]["type"], sent[-1]["code"]) == ("RUN_ERROR", INTERRUPTED_CODE)
     await runtime.aclose()
+
+
+def test_the_demo_serves_on_when_its_stdout_reader_left(
+        tmp_path: Path, stopped: list[subprocess.Popen[bytes]]) -> None:
+    port = free_port()
+    process = _command(tmp_path, "demo", "--port", str(port), "--db", ":memory:",
+                       "--checkpoints", "memory")
+    stopped.append(process)
+    assert process.stdout is not None
+    process.stdout.close()  # `demo | head -0`
+    # Before: "error: cannot start: [Errno 32] Broken pipe", code 2.
+    _wait_for(f"http://127.0.0.1:{port}/copilotkit/info", process)
+    process.terminate()
+    _out, err = process.communicate(timeout=15)
+    assert b"Broken pipe" not in err and b"error" not in err, err

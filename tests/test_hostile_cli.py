@@ -448,3 +448,24 @@ async def test_an_unreachable_postgresql_coordinator_fails_the_start_at_once_in_
     assert "\n" not in failed["message"]
     await runtime.aclose()
 
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("raise KeyboardInterrupt\n", "importing 'hostile_stop' was interrupted"),
+    ("import sys\nsys.exit(3)\n", "importing 'hostile_stop' exited (code 3)"),
+], ids=["keyboard-interrupt", "sys-exit"])
+def test_a_target_that_stops_at_import_is_one_line(
+        cli: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], source: str,
+        expected: str) -> None:
+    (tmp_path / "hostile_stop.py").write_text(source)
+    # Before: exit code 0 without a word, or 3 without one.
+    line = _fails_with(capsys, ["serve", "hostile_stop:app", "--port", str(free_port())])
+    assert line == f"copilot-runtime: error: {expected}"
+
+
+def test_a_thread_file_that_is_not_a_database_is_named(
+        cli: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "notes.sqlite3"
+    db.write_bytes(b"not a database, " * 100)
+    line = _fails_with(capsys, ["demo", "--port", str(free_port()), "--db", str(db)])
+    # Before: "file is not a database", the thread store's or the checkpoints'?
+    assert line == f"copilot-runtime: error: cannot start: file is not a database ({db})"
