@@ -102,9 +102,13 @@ def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     monkeypatch.setattr(cli_module, "_serve", refuse)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.chdir(tmp_path)
+    held: list[Any] = []  # the lock files of SQLite stores it would serve
+    monkeypatch.setattr(cli_module, "_held", held)
     logging = structlog.get_config()  # `main` sets the runtime's logging up
     yield
     structlog.configure(**logging)
+    for lock in held:
+        lock.close()
 
 
 def _fails_with(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
@@ -389,25 +393,19 @@ def test_the_demos_checkpoints_go_with_its_threads(
 def test_a_second_process_on_a_sqlite_file_with_a_local_coordinator_is_refused(
         cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         tmp_path: Path) -> None:
-    held: list[Any] = []
-    monkeypatch.setattr(cli_module, "_held", held)
     args = ["demo", "--db", str(tmp_path / "one.sqlite3"), "--checkpoints", "memory"]
-    try:
-        _banner(monkeypatch, capsys, [*args, "--port", str(free_port())])
-        # Another demo on the same file (a flock is per open file, so this process stands
-        # for another). Before: both served, two runs at once on one thread.
-        line = _fails_with(capsys, [*args, "--port", str(free_port())])
-        assert line == (f"copilot-runtime: error: another process serves "
-                        f"{tmp_path / 'one.sqlite3'} with a local coordinator, and two would "
-                        "run a thread's runs at once: give this one another file, or give the "
-                        "runtime a shared coordinator (--coordinator redis://... or "
-                        "postgresql://...; README: Many workers, several machines)")
-        # Another file is another store.
-        _banner(monkeypatch, capsys, ["demo", "--db", str(tmp_path / "two.sqlite3"),
-                                      "--checkpoints", "memory", "--port", str(free_port())])
-    finally:
-        for lock in held:
-            lock.close()
+    _banner(monkeypatch, capsys, [*args, "--port", str(free_port())])
+    # Another demo on the same file (a flock is per open file, so this process stands for
+    # another). Before: both served, two runs at once on one thread.
+    line = _fails_with(capsys, [*args, "--port", str(free_port())])
+    assert line == (f"copilot-runtime: error: another process serves "
+                    f"{tmp_path / 'one.sqlite3'} with a local coordinator, and two would "
+                    "run a thread's runs at once: give this one another file, or give the "
+                    "runtime a shared coordinator (--coordinator redis://... or "
+                    "postgresql://...; README: Many workers, several machines)")
+    # Another file is another store.
+    _banner(monkeypatch, capsys, ["demo", "--db", str(tmp_path / "two.sqlite3"),
+                                  "--checkpoints", "memory", "--port", str(free_port())])
 
 
 def test_workers_on_a_sqlite_file_with_a_local_coordinator_are_refused(
