@@ -18,9 +18,10 @@ from psycopg import AsyncConnection, AsyncCursor, pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from copilot_runtime._deadline import within
-from copilot_runtime._exceptions import ServiceUnavailableError
+from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
 
-__all__ = ["Lane", "check_alive", "dropped", "reachable", "with_session_defaults"]
+__all__ = ["Lane", "check_alive", "checked_conninfo", "dropped", "reachable",
+           "with_session_defaults"]
 
 
 @contextlib.asynccontextmanager
@@ -37,6 +38,24 @@ async def reachable(seconds: float | None, unreachable: str) -> AsyncIterator[No
         raise ServiceUnavailableError(unreachable) from exc
 
 
+def checked_conninfo(conninfo: str) -> dict[str, Any]:
+    """`conninfo`'s parameters; a mistake no server could accept (an unknown parameter, a
+    port or a timeout that is not a number) is a ConfigurationError, found at start-up
+    instead of as a connection failing ever after (a 503 on every request)."""
+    try:
+        given = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigurationError(f"not a PostgreSQL connection URL: {str(exc).strip()}") from None
+    for port in str(given.get("port") or "").split(","):  # one per host
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigurationError(f"PostgreSQL port must be 1-65535, got {port!r}")
+    timeout = str(given.get("connect_timeout", "0")).strip()
+    if not timeout.lstrip("-").isdigit():
+        raise ConfigurationError(f"connect_timeout must be a whole number of seconds, got "
+                                 f"{timeout!r}")
+    return given
+
+
 def with_session_defaults(conninfo: str, *, connect_timeout: float, application_name: str
                           ) -> str:
     """`conninfo` (a URL or key=value pairs) with a `connect_timeout`, an
@@ -48,7 +67,7 @@ def with_session_defaults(conninfo: str, *, connect_timeout: float, application_
     on its write. With these, such a connection fails within about a minute. An operator
     reading `pg_stat_activity` sees which part of the runtime holds each connection. A URL
     stays a URL."""
-    given = conninfo_to_dict(conninfo)
+    given = checked_conninfo(conninfo)
     defaults = {"connect_timeout": str(max(2, round(connect_timeout))),  # libpq's least
                 "application_name": application_name,
                 "keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3",

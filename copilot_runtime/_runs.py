@@ -215,13 +215,16 @@ class ActiveRun:
                 await write(batch)
         except asyncio.CancelledError:
             reason = self.cancel_reason
-            shutdown = reason in (None, "shutdown") or self.task is None
-            if not shutdown and self.task is not None:
+            # Cancelled from outside (the server cut its request): the cancellation goes on
+            # once the run is closed. Cancelled by `cancel`, the run ends as the request's
+            # answer does, its stream complete.
+            cut = reason is None or self.task is None
+            if not cut and self.task is not None:
                 self.task.uncancel()
             await stream.aclose()
             tail, self._held = self._held + self.order.closing_events(), []
             if not self.order.terminated:
-                if shutdown:
+                if reason in (None, "shutdown"):
                     # Stored closed, like a run whose worker died: never a run without
                     # its end (every later replay of the thread would break clients).
                     tail.append(ev.run_error(_SHUTDOWN_MESSAGE, code=INTERRUPTED_CODE))
@@ -231,13 +234,19 @@ class ActiveRun:
                     tail.append(ev.run_finished(self.thread_id, self.run_id))
                 self.order.terminated = True
             self._publish(tail)
-            if shutdown:
-                # In a task of its own, which `RunManager.drain` waits for: a second
-                # cancellation does not cut the store's write or the lease's release.
-                await asyncio.shield(self.manager._adopt(self._finish()))
+            if cut or reason == "shutdown":
+                # In a task of its own, which `RunManager.drain` waits for: a cancellation
+                # (again: the server's grace ran out, then the runtime's close stops its
+                # runs) does not cut the store's write or the lease's release.
+                try:
+                    await asyncio.shield(self.manager._adopt(self._finish()))
+                except asyncio.CancelledError:
+                    cut = True
                 with contextlib.suppress(Exception):
                     await write(tail)  # the client, if it is still there, hears the end
-                raise
+                if cut:
+                    raise
+                return
             await self._finish()
             if reason != "disconnect":
                 await write(tail)
@@ -759,6 +768,14 @@ class RunManager:
                 closed += 1
         self.recovered = True
         return closed
+
+    def stop_all(self) -> list[asyncio.Task[Any]]:
+        """Stop every run, as its server shuts down: each ends with a RUN_ERROR coded
+        `INTERRUPTED_CODE`, stored, its lease released. The tasks still driving them."""
+        running = list(self.active.values())
+        for run in running:
+            run.cancel("shutdown")
+        return [r.task for r in running if r.task is not None and not r.task.done()]
 
     def stop(self, thread_id: str, run_id: str | None = None, reason: str = "stop") -> bool:
         run = self.active.get(thread_id)

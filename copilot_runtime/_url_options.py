@@ -7,7 +7,7 @@ import urllib.parse
 
 from copilot_runtime._exceptions import ConfigurationError
 
-__all__ = ["lease_ttl_option", "pool_size_option", "split_options"]
+__all__ = ["checked_redis_db", "lease_ttl_option", "pool_size_option", "split_options"]
 
 #: The most connections a `pool_size` option may ask for.
 _MOST_POOLED = 100
@@ -16,7 +16,10 @@ _MOST_POOLED = 100
 def split_options(url: str, names: tuple[str, ...]) -> tuple[str, dict[str, str]]:
     """`url` without the query parameters in `names`, and their values (the last one of
     each)."""
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as exc:  # "Invalid IPv6 URL": an unclosed bracket
+        raise ConfigurationError(f"cannot read the URL: {exc}") from None
     kept, options = [], {}
     for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
         if key in names:
@@ -54,3 +57,12 @@ def lease_ttl_option(options: dict[str, str], default: float) -> float:
     if not 0.2 <= ttl <= 3600:
         raise ConfigurationError("lease_ttl must be between 0.2 and 3600 seconds")
     return ttl
+
+
+def checked_redis_db(url: str) -> None:
+    """Refuse a Redis URL whose path is not a database number: redis-py ignores such a path
+    and uses database 0, which other deployments may share."""
+    parts = urllib.parse.urlsplit(url)
+    path = urllib.parse.unquote(parts.path).strip("/")
+    if parts.scheme != "unix" and path and not path.isdigit():
+        raise ConfigurationError(f"a Redis URL's path is its database number, got {path!r}")

@@ -217,9 +217,10 @@ class CopilotEndpoint:
                 except Exception as exc:  # an unreachable coordinator, say: one line, no stack
                     with contextlib.suppress(Exception):
                         await self.runtime.aclose()  # what had started
+                    reason = " ".join(str(exc).split())  # psycopg's take several lines
                     await send({"type": "lifespan.startup.failed",
                                 "message": f"copilot-runtime: error: cannot start: "
-                                           f"{type(exc).__name__}: {exc}"})
+                                           f"{type(exc).__name__}: {reason}"})
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":

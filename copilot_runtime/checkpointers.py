@@ -45,6 +45,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.memory import InMemorySaver
 
+from copilot_runtime._again import worth_logging
 from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
 from copilot_runtime._url_options import pool_size_option, split_options
 from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
@@ -102,11 +103,14 @@ class _Backend(abc.ABC):
 
     #: Seconds a call to the saver waits for its server, where it has one (`bounded`).
     timeout = 10.0
+    #: Which store, for the logs (a file, a URL without its password).
+    where = "memory"
 
     def __init__(self) -> None:
         self._saver: BaseCheckpointSaver[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opening: asyncio.Task[BaseCheckpointSaver[Any]] | None = None
+        self._failures = 0  # openings failed in a row
         self.approvals: ApprovalStore = MemoryApprovalStore()
 
     def bounded(self) -> AbstractAsyncContextManager[None]:
@@ -136,9 +140,12 @@ class _Backend(abc.ABC):
         except Exception as exc:
             # A server that refuses, a file that cannot be opened: the client gets
             # the 503 a thread store gives for the same outage, not a 500.
-            _log.warning("the checkpoint store cannot be opened", error=str(exc))
+            self._failures += 1
+            if worth_logging(self._failures):  # tried again by every caller: not each time
+                _log.warning("the checkpoint store cannot be opened", store=self.where,
+                             error=str(exc), failures_in_a_row=self._failures)
             raise ServiceUnavailableError("The checkpoint store cannot be reached") from exc
-        self._saver, self._loop = saver, loop
+        self._saver, self._loop, self._failures = saver, loop, 0
         return saver
 
     @abc.abstractmethod
@@ -181,7 +188,7 @@ class _MemoryBackend(_Backend):
 class _SQLiteBackend(_Backend):
     def __init__(self, path: str) -> None:
         super().__init__()
-        self.path = path
+        self.path = self.where = path
         self.approvals = SQLiteApprovalStore(path, self.saver)
 
     async def _open(self) -> BaseCheckpointSaver[Any]:
@@ -215,7 +222,14 @@ class _PostgresBackend(_Backend):
         schema = options.get("schema")
         self.schema = check_identifier(schema) if schema else None
         self.conninfo = conninfo
+        self.where = _redact(url)
         self.pool_size = pool_size_option(options, pool_size)
+        try:
+            from copilot_runtime._pg_lane import checked_conninfo
+        except ImportError:  # no psycopg: said as the store opens
+            pass
+        else:
+            checked_conninfo(conninfo)  # a mistake fails here, not every request after
         self._pool: Any = None
         self.approvals = PostgresApprovalStore(self._open_pool)
 

@@ -11,6 +11,7 @@ import errno
 import gc
 import importlib
 import inspect
+import json
 import math
 import os
 import socket
@@ -30,6 +31,19 @@ class CLIError(Exception):
     """A problem to report in one line, without a traceback."""
 
 
+#: What goes wrong at start-up for a reason to tell in one line, without a traceback: the
+#: command line, the configuration, a database file that cannot be opened.
+_ONE_LINE_ERRORS = (CLIError, ConfigurationError, OSError, sqlite3.Error)
+
+
+def _one_line(exc: Exception) -> str:
+    if isinstance(exc, ConfigurationError):
+        return exc.message
+    if isinstance(exc, CLIError):
+        return str(exc)
+    return f"cannot start: {exc}"
+
+
 def _load_target(target: str) -> Any:
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
@@ -44,6 +58,10 @@ def _load_target(target: str) -> Any:
         raise CLIError(f"importing {module_name!r} failed: {exc}") from None
     except Exception as exc:  # the module's own error, a SyntaxError, a relative name
         raise CLIError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+    except SystemExit as exc:
+        raise CLIError(f"importing {module_name!r} exited (code {exc.code})") from None
+    except KeyboardInterrupt:  # the module's own, or ^C: not a clean stop (code 0)
+        raise CLIError(f"importing {module_name!r} was interrupted") from None
     obj: Any = module
     for part in attribute.split("."):
         try:
@@ -60,6 +78,9 @@ def _to_app(obj: Any, path: str, max_body_size: int) -> Any:
     from copilot_runtime.runtime import CopilotRuntime
 
     if isinstance(obj, CopilotRuntime):
+        from copilot_runtime._serving import serving
+
+        serving(obj)
         return create_app(obj, path, max_body_size=max_body_size)
     if callable(obj) and _takes_three_arguments(obj):
         return obj
@@ -106,21 +127,14 @@ def _tune_gc() -> None:
 
 
 def _serve(app: Any, host: str, port: int, log_level: str, workers: int = 1) -> None:
-    import uvicorn
+    from copilot_runtime._serving import serve
 
     _check_port(host, port)
-    if workers > 1:
-        # Each worker process imports `worker_app`, which builds its own runtime from the
-        # target named in the environment; they share one listening socket.
-        uvicorn.run("copilot_runtime.cli:worker_app", factory=True, workers=workers,
-                    host=host, port=port, log_level=log_level, access_log=False,
-                    lifespan="on", timeout_graceful_shutdown=5)
-        return
-    _tune_gc()
-    # ws="none": the runtime serves no WebSocket, and the `websockets` library would cost
-    # every idle worker ~2 MB.
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                lifespan="on", timeout_graceful_shutdown=5, ws="none")
+    if workers == 1:
+        _tune_gc()
+    # With several workers, each imports `worker_app`, which builds its own runtime from the
+    # target named in the environment; they share one listening socket.
+    serve(app, workers, host=host, port=port, log_level=log_level)
 
 
 #: How `serve --workers N` tells its worker processes what to serve.
@@ -129,10 +143,70 @@ _WORKER_ENV = "COPILOT_RUNTIME_SERVE"
 
 def worker_app() -> Any:
     """The app of one `serve --workers N` process (uvicorn calls it in each worker)."""
-    target, path, max_body_size = os.environ[_WORKER_ENV].split("\n")
-    app = _to_app(_load_target(target), path, int(max_body_size))
+    from copilot_runtime._serving import STARTUP_FAILURE, die_with_supervisor
+
+    die_with_supervisor()
+    target, path, max_body_size, log_level = json.loads(os.environ[_WORKER_ENV])
+    _configure_logging(log_level)
+    try:
+        app = _to_app(_load_target(target), path, max_body_size)
+    except _ONE_LINE_ERRORS as exc:
+        # One line, and every worker stops: it would fail the same way each time.
+        print(f"copilot-runtime: error: {_one_line(exc)}", file=sys.stderr, flush=True)
+        sys.exit(STARTUP_FAILURE)
     _tune_gc()
     return app
+
+
+def _configure_logging(level: str) -> None:
+    """The runtime's own logs at `--log-level`, on stderr as uvicorn's are, through the
+    redacting set-up: JSON lines, or readable ones on a terminal (structlog's defaults were
+    every level, on stdout, unredacted)."""
+    import logging
+
+    import structlog
+
+    from copilot_runtime.telemetry import configure_logging
+
+    configure_logging(json=not sys.stderr.isatty(), level=logging.getLevelName(level.upper()))
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+
+
+#: The lock files this process holds (see `_serve_alone`), open for its life.
+_held: list[Any] = []
+
+
+def _serve_alone(target: Any, workers: int, advice: str) -> None:
+    """With a local coordinator, a SQLite thread store is served by one process alone: a
+    second one (another demo on the same file, or a worker) would run a thread's runs at
+    once, their events stored over each other. Held through an advisory lock on
+    `<file>.lock`, which the system gives back when the process ends, however it ends."""
+    from copilot_runtime.runtime import CopilotRuntime
+    from copilot_runtime.threads.sqlite import SQLiteThreadStore
+
+    if not isinstance(target, CopilotRuntime) or target.coordinator.shared or \
+            not isinstance(target.store, SQLiteThreadStore) or target.store.path == ":memory:":
+        return
+    path = target.store.path
+    shared = f"give the runtime a shared coordinator ({advice}; README: Many workers, " \
+             "several machines)"
+    if workers > 1:
+        raise CLIError(f"--workers {workers} with a SQLite thread store and a local "
+                       f"coordinator would run a thread's runs at once: serve one worker, or "
+                       f"{shared}")
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system: not checked
+        return
+    lock = open(path + ".lock", "a")  # noqa: SIM115 - held until the process ends
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise CLIError(f"another process serves {path} with a local coordinator, and two "
+                       f"would run a thread's runs at once: give this one another file, or "
+                       f"{shared}") from None
+    _held.append(lock)
 
 
 def _warn_unshared(target: Any, workers: int) -> None:
@@ -153,9 +227,36 @@ def _warn_unshared(target: Any, workers: int) -> None:
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
+def _warn_exposed(host: str, port: int, what: str, advice: str = "") -> None:
+    """Say so when a runtime without authentication listens beyond this machine."""
+    import ipaddress
+
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host or None, port,
+                                                               type=socket.SOCK_STREAM)}
+        local = all(ipaddress.ip_address(str(a).partition("%")[0]).is_loopback
+                    for a in addresses)
+    except (OSError, ValueError):
+        local = False
+    if host and local:
+        return
+    print(f"copilot-runtime: warning: {what} has no authentication and listens on "
+          f"{_url_host(host)}:{port}, beyond this machine: anyone who reaches it can run its "
+          f"agents (and spend their model keys); use --host 127.0.0.1{advice}",
+          file=sys.stderr, flush=True)
+
+
+def _url_host(host: str) -> str:
+    """`host` as a URL writes it: an IPv6 address in brackets, all interfaces as 0.0.0.0."""
+    if not host:
+        return "0.0.0.0"
+    return f"[{host}]" if ":" in host else host
+
+
 def _print_next_steps(host: str, port: int, path: str, model: str | None,
                       workflows: str | None = None, notice: str | None = None) -> None:
-    url = f"http://{host}:{port}{path}"
+    base = "/" + path.strip("/") if path.strip("/") else ""  # as create_app reads it
+    url = f"http://{_url_host(host)}:{port}{base}"
     lines = [
         f"copilot-runtime {__version__} serving {url}",
     ]
@@ -181,7 +282,17 @@ def _print_next_steps(host: str, port: int, path: str, model: str | None,
             f"  curl -X POST {url}/approvals/<id> -H 'Content-Type: application/json' "
             "-d '{\"action\":\"approve\"}'",
         ]
-    print("\n".join(lines), flush=True)
+    _say("\n".join(lines))
+
+
+def _say(text: str) -> None:
+    """`text` on stdout; a reader gone (`demo | head -1`) does not stop the server."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # What is left, and what follows, goes nowhere (Python's own advice: else the
+        # buffer fails again at exit).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _checkpoints_beside(db: str) -> str:
@@ -190,6 +301,19 @@ def _checkpoints_beside(db: str) -> str:
         return "memory"
     path = Path(db)
     return "sqlite:///" + str(path.with_name(path.stem + ".checkpoints.sqlite3"))
+
+
+def _default_checkpoints(store: Any, threads: str | None) -> str:
+    """Where the demo keeps its checkpoints unless told: with its threads (the same
+    PostgreSQL database, a SQLite file beside theirs, or memory). Beside the thread store's
+    file, not in the working directory: started from another, the demo lost its approvals."""
+    from copilot_runtime.threads.sqlite import SQLiteThreadStore
+
+    if threads and threads.lower().startswith(("postgresql:", "postgres:")):
+        return threads
+    if isinstance(store, SQLiteThreadStore):
+        return _checkpoints_beside(store.path)
+    return "memory"  # the threads are in memory too
 
 
 def _thread_store(url: str) -> Any:
@@ -246,8 +370,9 @@ def main(argv: list[str] | None = None) -> None:
                       help="SQLite file for threads (':memory:' keeps nothing)")
     demo.add_argument("--checkpoints", default=os.environ.get("COPILOT_RUNTIME_CHECKPOINTS"),
                       help="where the workflows keep their graphs and approvals: a "
-                           "sqlite:///path, postgresql://... or memory URL (default: a "
-                           "SQLite file next to --db)")
+                           "sqlite:///path, postgresql://... or memory URL (default: with "
+                           "the threads: a SQLite file beside theirs, their PostgreSQL "
+                           "database, or memory)")
     demo.add_argument("--threads", default=os.environ.get("COPILOT_RUNTIME_THREADS"),
                       help="where threads live, as a thread store URL (sqlite:///path, "
                            "postgresql://...?schema=NAME, memory://); overrides --db")
@@ -257,21 +382,31 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument("--approval-timeout", type=_positive_seconds, default=300.0,
                       help="seconds before an account_review approval times out")
     args = parser.parse_args(argv)
+    _configure_logging(args.log_level)
     workers = 1
 
     try:
+        if args.max_body_size < 1:
+            raise CLIError(f"--max-body-size must be a positive number of bytes, "
+                           f"got {args.max_body_size}")
         if args.command == "serve":
             workers = args.workers
             if workers < 1:
                 raise CLIError("--workers must be at least 1")
             target = _load_target(args.target)
             app = _to_app(target, args.path, args.max_body_size)
+            _serve_alone(target, workers, "coordinator='redis://...' or 'postgresql://...'")
             if workers > 1:
                 _warn_unshared(target, workers)
-                os.environ[_WORKER_ENV] = "\n".join(
-                    [args.target, args.path, str(args.max_body_size)])
+                os.environ[_WORKER_ENV] = json.dumps(
+                    [args.target, args.path, args.max_body_size, args.log_level])
                 app = None  # each worker builds its own
             _check_port(args.host, args.port)
+            from copilot_runtime.runtime import CopilotRuntime
+
+            if isinstance(target, CopilotRuntime) and target.auth is None:
+                _warn_exposed(args.host, args.port, "the runtime", ", or give it auth= "
+                              "(README: Many users on one runtime)")
             _print_next_steps(args.host, args.port, args.path, None)
         else:
             from copilot_runtime.demo import (
@@ -281,6 +416,7 @@ def main(argv: list[str] | None = None) -> None:
             )
 
             _check_port(args.host, args.port)
+            _warn_exposed(args.host, args.port, "the demo")
             base = "/" + args.path.strip("/")
             if base == "/" or base.split("/")[1] in ("classic", "assets"):
                 raise CLIError(f"--path {args.path!r} would hide the demo's pages: give "
@@ -294,12 +430,11 @@ def main(argv: list[str] | None = None) -> None:
                 from copilot_runtime.threads.sqlite import SQLiteThreadStore
 
                 store = SQLiteThreadStore(args.db)
-            checkpoints = args.checkpoints or (
-                args.threads if (args.threads or "").startswith(("postgresql:", "postgres:"))
-                else _checkpoints_beside(args.db))
+            checkpoints = args.checkpoints or _default_checkpoints(store, args.threads)
             runtime, model = build_demo_runtime(store, checkpoints=checkpoints,
                                                 approval_timeout=args.approval_timeout,
                                                 coordinator=args.coordinator)
+            _serve_alone(runtime, 1, "--coordinator redis://... or postgresql://...")
             from copilot_runtime.demo_pages import DemoPages, pages_note
 
             app = DemoPages(_to_app(runtime, args.path, args.max_body_size), args.path)
@@ -310,16 +445,10 @@ def main(argv: list[str] | None = None) -> None:
                               f"{_redacted(checkpoints)})" if workflows else None,
                               f"{WORKFLOWS_NEED_EXTRA} (missing: {missing})" if missing
                               else None)
-            print(pages_note(app, args.host, args.port), flush=True)
+            _say(pages_note(app, _url_host(args.host), args.port))
         _serve(app, args.host, args.port, args.log_level, workers)
-    except CLIError as exc:
-        print(f"copilot-runtime: error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except ConfigurationError as exc:
-        print(f"copilot-runtime: error: {exc.message}", file=sys.stderr)
-        sys.exit(2)
-    except (OSError, sqlite3.Error) as exc:  # a database file that cannot be opened
-        print(f"copilot-runtime: error: cannot start: {exc}", file=sys.stderr)
+    except _ONE_LINE_ERRORS as exc:
+        print(f"copilot-runtime: error: {_one_line(exc)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         pass

@@ -77,7 +77,9 @@ class DemoPages:
         elif self.directory is None:
             response = self._not_built() if path == "/" else PlainTextResponse("Not Found", 404)
         elif path == "/classic":
-            response = RedirectResponse("/classic/", 307)
+            query = scope.get("query_string", b"").decode("latin-1")
+            # The page keeps its agent and thread in the query: a link keeps them.
+            response = RedirectResponse("/classic/" + (f"?{query}" if query else ""), 307)
         elif path in _PAGES:
             # Read per request (a few hundred bytes), so a rebuild shows without a restart.
             try:

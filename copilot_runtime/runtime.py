@@ -368,10 +368,7 @@ class CopilotRuntime:
         if self._closed:
             return
         self._closed = True
-        running = list(self.runs.active.values())
-        for run in running:
-            run.cancel("shutdown")  # closed as interrupted, stored, its lease released
-        tasks = [r.task for r in running if r.task is not None and not r.task.done()]
+        tasks = self.runs.stop_all()
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
         await self.hooks.drain()

@@ -7,13 +7,17 @@ the test instead of serving.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import structlog
+import structlog.testing
 from starlette.responses import PlainTextResponse
 
 from copilot_runtime import CopilotRuntime, create_app
@@ -89,7 +93,7 @@ async def test_not_found_is_plain_text(pages: Path, tmp_path: Path) -> None:
 # -- the command line -------------------------------------------------------------------------
 
 @pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     """`main` in `tmp_path` (where TARGET modules are imported from), never serving."""
 
     def refuse(*args: Any, **kwargs: Any) -> None:
@@ -98,6 +102,13 @@ def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(cli_module, "_serve", refuse)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.chdir(tmp_path)
+    held: list[Any] = []  # the lock files of SQLite stores it would serve
+    monkeypatch.setattr(cli_module, "_held", held)
+    logging = structlog.get_config()  # `main` sets the runtime's logging up
+    yield
+    structlog.configure(**logging)
+    for lock in held:
+        lock.close()
 
 
 def _fails_with(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
@@ -229,3 +240,230 @@ async def test_an_unusable_checkpoint_store_is_503(url: str) -> None:
         assert response.json()["code"] == "SERVICE_UNAVAILABLE"
     finally:
         await runtime.aclose()
+
+
+@pytest.mark.parametrize(("option", "url", "expected"), [
+    ("--threads", "postgresql://u@127.0.0.1/db?schema=x&bogus=1",
+     'not a PostgreSQL connection URL: invalid URI query parameter: "bogus"'),
+    ("--coordinator", "postgresql://u@127.0.0.1/db?bogus=1",
+     'not a PostgreSQL connection URL: invalid URI query parameter: "bogus"'),
+    ("--checkpoints", "postgresql://u@127.0.0.1/db?bogus=1",
+     'not a PostgreSQL connection URL: invalid URI query parameter: "bogus"'),
+    ("--threads", "postgresql://[bad/db", "cannot read the URL: Invalid IPv6 URL"),
+    ("--coordinator", "redis://[bad/11", "cannot read the URL: Invalid IPv6 URL"),
+    ("--threads", "postgresql://u@127.0.0.1:99999/db?schema=x",
+     "PostgreSQL port must be 1-65535, got '99999'"),
+    ("--threads", "postgresql://u@127.0.0.1/db?schema=x&connect_timeout=abc",
+     "connect_timeout must be a whole number of seconds, got 'abc'"),
+    ("--coordinator", "redis://127.0.0.1:6379/abc",
+     "a Redis URL's path is its database number, got 'abc'"),
+], ids=["threads-param", "coordinator-param", "checkpoints-param", "threads-bracket",
+        "redis-bracket", "pg-port", "pg-timeout", "redis-db"])
+def test_a_store_url_no_server_could_accept_is_one_line(
+        cli: None, capsys: pytest.CaptureFixture[str], tmp_path: Path, option: str, url: str,
+        expected: str) -> None:
+    # A configuration mistake, not an outage: refused at start, not a 503 ever after.
+    line = _fails_with(capsys, ["demo", "--port", str(free_port()),
+                                "--db", str(tmp_path / "d.sqlite3"), option, url])
+    assert line == f"copilot-runtime: error: {expected}"
+
+
+
+def test_the_runtimes_logs_follow_the_log_level_to_stderr_redacted(
+        cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    (tmp_path / "bare_target.py").write_text("async def app(scope, receive, send): pass\n")
+    secret = "sk-" + "s3cr3t" * 4  # an API key's look: redacted
+
+    def serve(*args: Any) -> None:  # what the runtime logs while it serves
+        log = structlog.get_logger("copilot_runtime.test")
+        log.warning("below the level")
+        log.error("at the level", detail=f"key {secret}")
+
+    monkeypatch.setattr(cli_module, "_serve", serve)
+    cli_module.main(["serve", "bare_target:app", "--log-level", "error",
+                     "--port", str(free_port())])
+    out, err = capsys.readouterr()
+    # Before: every level, on stdout with the banner, through structlog's default set-up.
+    assert "at the level" not in out
+    assert "below the level" not in err
+    (line,) = [line for line in err.splitlines() if "at the level" in line]
+    assert secret not in line
+
+
+
+async def test_an_unusable_checkpoint_store_is_not_a_traceback_a_second(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = CopilotRuntime(agents={"accounts": account_review(timeout_seconds=60).agent(
+        name="accounts", checkpointer=checkpointer("sqlite:////proc/nope/c.db"))})
+    monkeypatch.setattr(runtime.approvals, "retry_interval", 0.002)
+    with structlog.testing.capture_logs() as logs:
+        await runtime.start()
+        await asyncio.sleep(0.3)  # the timer tries again some 100 times
+        await runtime.aclose()
+    failed = [entry for entry in logs if entry["event"] == "approval timer failed"]
+    # Before: one each time, each with its stack.
+    assert 1 <= len(failed) <= 8, len(failed)
+    assert not any(entry.get("exc_info") for entry in failed)
+    assert failed[0]["error"] == ("ServiceUnavailableError: The checkpoint store cannot be "
+                                  "reached")
+    opened = [entry for entry in logs if entry["event"] == "the checkpoint store cannot be opened"]
+    assert 1 <= len(opened) <= 9, len(opened)
+
+
+async def test_the_classic_redirect_keeps_the_pages_address(pages: Path) -> None:
+    async with _client(DemoPages(_runtime, "/copilotkit", pages)) as client:
+        response = await client.get("/classic?agent=review_loop&thread=abc")
+    assert response.status_code == 307
+    # Before: /classic/, and the page opened a new thread.
+    assert response.headers["location"] == "/classic/?agent=review_loop&thread=abc"
+
+
+def _banner(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+            args: list[str]) -> tuple[str, str]:
+    """What `main(args)` prints before it would serve."""
+    monkeypatch.setattr(cli_module, "_serve", lambda *args: None)
+    cli_module.main(args)
+    out, err = capsys.readouterr()
+    return out, err
+
+
+def test_printed_urls_are_urls(cli: None, monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    out, _ = _banner(monkeypatch, capsys, ["demo", "--port", str(port), "--host", "::1",
+                                           "--path", "copilotkit", "--db", ":memory:",
+                                           "--checkpoints", "memory"])
+    # Before: http://::1:PORTcopilotkit
+    assert f"serving http://[::1]:{port}/copilotkit\n" in out
+    assert f"  curl http://[::1]:{port}/copilotkit/info\n" in out
+    assert f"http://[::1]:{port}/ " in out  # the pages
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "", "::"])
+def test_the_demo_beyond_loopback_is_warned_about(
+        cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        host: str) -> None:
+    args = ["demo", "--port", str(free_port()), "--db", ":memory:", "--checkpoints", "memory"]
+    _, err = _banner(monkeypatch, capsys, [*args, "--host", host])
+    (line,) = err.splitlines()  # before: nothing
+    assert line.startswith("copilot-runtime: warning: the demo has no authentication and "
+                           "listens on "), line
+    _, err = _banner(monkeypatch, capsys, [*args, "--host", "localhost"])
+    assert err == ""
+
+
+def test_a_runtime_without_auth_beyond_loopback_is_warned_about(
+        cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    (tmp_path / "open_target.py").write_text(
+        "from copilot_runtime import CopilotRuntime\nruntime = CopilotRuntime()\n"
+        "async def app(scope, receive, send): pass\n")
+    args = ["--host", "0.0.0.0", "--port", str(free_port())]
+    _, err = _banner(monkeypatch, capsys, ["serve", "open_target:runtime", *args])
+    assert "warning: the runtime has no authentication" in err
+    _, err = _banner(monkeypatch, capsys, ["serve", "open_target:app", *args])
+    assert err == ""  # an ASGI app: its own business
+
+
+@pytest.mark.parametrize("size", ["0", "-1"])
+def test_a_max_body_size_below_one_byte_is_one_line(
+        cli: None, capsys: pytest.CaptureFixture[str], size: str) -> None:
+    line = _fails_with(capsys, ["demo", "--port", str(free_port()), "--db", ":memory:",
+                                "--max-body-size", size])
+    assert line == f"copilot-runtime: error: --max-body-size must be a positive number of " \
+                   f"bytes, got {size}"
+
+
+@pytest.mark.parametrize(("threads", "expected"), [
+    ("sqlite:///{tmp}/data/threads.sqlite3", "sqlite:///{tmp}/data/threads.checkpoints.sqlite3"),
+    ("memory://", "memory"),
+])
+def test_the_demos_checkpoints_go_with_its_threads(
+        cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path, threads: str, expected: str) -> None:
+    (tmp_path / "data").mkdir()
+    out, _ = _banner(monkeypatch, capsys, ["demo", "--port", str(free_port()),
+                                           "--threads", threads.format(tmp=tmp_path)])
+    # Before: a file in the working directory, so a demo started from another lost its
+    # pending approvals.
+    assert f"(checkpoints: {expected.format(tmp=tmp_path)})" in out
+
+
+def test_a_second_process_on_a_sqlite_file_with_a_local_coordinator_is_refused(
+        cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    args = ["demo", "--db", str(tmp_path / "one.sqlite3"), "--checkpoints", "memory"]
+    _banner(monkeypatch, capsys, [*args, "--port", str(free_port())])
+    # Another demo on the same file (a flock is per open file, so this process stands for
+    # another). Before: both served, two runs at once on one thread.
+    line = _fails_with(capsys, [*args, "--port", str(free_port())])
+    assert line == (f"copilot-runtime: error: another process serves "
+                    f"{tmp_path / 'one.sqlite3'} with a local coordinator, and two would "
+                    "run a thread's runs at once: give this one another file, or give the "
+                    "runtime a shared coordinator (--coordinator redis://... or "
+                    "postgresql://...; README: Many workers, several machines)")
+    # Another file is another store.
+    _banner(monkeypatch, capsys, ["demo", "--db", str(tmp_path / "two.sqlite3"),
+                                  "--checkpoints", "memory", "--port", str(free_port())])
+
+
+def test_workers_on_a_sqlite_file_with_a_local_coordinator_are_refused(
+        cli: None, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "sqlite_target.py").write_text(
+        "from copilot_runtime import CopilotRuntime, thread_store\n"
+        f"runtime = CopilotRuntime(thread_store=thread_store('sqlite:///{tmp_path}/w.db'))\n")
+    # Before: a warning, then workers running a thread's runs at once.
+    line = _fails_with(capsys, ["serve", "sqlite_target:runtime", "--workers", "2",
+                                "--port", str(free_port())])
+    assert line.startswith("copilot-runtime: error: --workers 2 with a SQLite thread store "
+                           "and a local coordinator would run a thread's runs at once"), line
+
+
+async def test_an_unreachable_postgresql_coordinator_fails_the_start_at_once_in_one_line(
+        tmp_path: Path) -> None:
+    from copilot_runtime import coordinator
+    from copilot_runtime.threads.sqlite import SQLiteThreadStore
+
+    runtime = CopilotRuntime(thread_store=SQLiteThreadStore(tmp_path / "t.sqlite3"),
+                             coordinator=coordinator("postgresql://postgres@127.0.0.1:1/db"))
+    incoming = [{"type": "lifespan.startup"}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    started = asyncio.get_running_loop().time()
+    await create_app(runtime)({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
+    # Before: 15 s of the pool trying again, then a PoolTimeout; psycopg's reason is two lines.
+    assert asyncio.get_running_loop().time() - started < 5
+    (failed,) = sent
+    assert failed["message"].startswith("copilot-runtime: error: cannot start: "
+                                        "OperationalError: connection failed: "), failed
+    assert "\n" not in failed["message"]
+    await runtime.aclose()
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("raise KeyboardInterrupt\n", "importing 'hostile_stop' was interrupted"),
+    ("import sys\nsys.exit(3)\n", "importing 'hostile_stop' exited (code 3)"),
+], ids=["keyboard-interrupt", "sys-exit"])
+def test_a_target_that_stops_at_import_is_one_line(
+        cli: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], source: str,
+        expected: str) -> None:
+    (tmp_path / "hostile_stop.py").write_text(source)
+    # Before: exit code 0 without a word, or 3 without one.
+    line = _fails_with(capsys, ["serve", "hostile_stop:app", "--port", str(free_port())])
+    assert line == f"copilot-runtime: error: {expected}"
+
+
+def test_a_thread_file_that_is_not_a_database_is_named(
+        cli: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "notes.sqlite3"
+    db.write_bytes(b"not a database, " * 100)
+    line = _fails_with(capsys, ["demo", "--port", str(free_port()), "--db", str(db)])
+    # Before: "file is not a database", the thread store's or the checkpoints'?
+    assert line == f"copilot-runtime: error: cannot start: file is not a database ({db})"

@@ -25,7 +25,7 @@ LAYERS: dict[str, int] = {
     "actions": 0, "_compaction": 0, "threads": 0, "approvals": 0, "messages": 0,
     "event_order": 0, "_limits": 0, "auth": 0, "hooks": 0, "limits": 0, "telemetry": 0,
     "coordination": 0, "_batching": 0, "_pg_lane": 0, "_url_options": 0, "_redis_client": 0,
-    "_deadline": 0, "_held": 0,
+    "_deadline": 0, "_held": 0, "_again": 0,
     # 1. model providers, and the guardrails that may use one as a judge
     "adapters": 1, "guardrails": 1,
     # MCP servers' tools as actions for the agents
@@ -39,7 +39,7 @@ LAYERS: dict[str, int] = {
     # 5. the wire edges, and the toolkit they share
     "protocols": 5,
     # 6. the face: apps, command line, demo, test doubles
-    "asgi": 6, "cli": 6, "demo": 6, "demo_pages": 6, "testing": 6, "__init__": 6,
+    "asgi": 6, "cli": 6, "_serving": 6, "demo": 6, "demo_pages": 6, "testing": 6, "__init__": 6,
     "__main__": 6,
 }
 LAYER_NAMES = ["core", "adapters", "agents", "runtime", "workflows", "wire edges", "face"]

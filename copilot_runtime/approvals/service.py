@@ -33,10 +33,12 @@ from typing import Any, Protocol
 import structlog
 
 from copilot_runtime import events as ev
+from copilot_runtime._again import worth_logging
 from copilot_runtime._exceptions import (
     ApprovalClosedError,
     ApprovalNotFoundError,
     CopilotRuntimeError,
+    ServiceUnavailableError,
     ThreadBusyError,
 )
 from copilot_runtime._input import RunInput, parse_run_input
@@ -348,6 +350,7 @@ class ApprovalService:
     async def _run_timer(self) -> None:
         assert self._wakeup is not None
         recovered = -math.inf
+        failures = {"recover": 0, "expire": 0}  # in a row, for `_failed`
         while True:
             if time.monotonic() - recovered >= self.recover_interval:
                 # At start every unapplied answer (this process is new: none of them is
@@ -357,12 +360,14 @@ class ApprovalService:
                 recovered = time.monotonic()
                 try:
                     await self._recover(older)
-                except Exception:
-                    _log.exception("could not recover unapplied approvals")
+                    failures["recover"] = 0
+                except Exception as exc:
+                    _failed(failures, "recover", "could not recover unapplied approvals", exc)
             try:
                 due = await self._expire_due()
-            except Exception:
-                _log.exception("approval timer failed")
+                failures["expire"] = 0
+            except Exception as exc:
+                _failed(failures, "expire", "approval timer failed", exc)
                 due = time.time() + self.retry_interval
             delay = self.idle_interval if due is None else max(0.0, due - time.time())
             self._wakeup.clear()
@@ -458,3 +463,14 @@ async def _drive(run: HostedRun,
         return {**summary, "status": "interrupted"}
     return {**summary, "status": "finished"}
 
+
+
+def _failed(failures: dict[str, int], what: str, message: str, exc: Exception) -> None:
+    """Log the timer's `what` failing again, now and then (`worth_logging`: a store away for
+    ten minutes was some 27,000 lines), without a stack for a server that cannot be
+    reached."""
+    failures[what] += 1
+    if worth_logging(failures[what]):
+        _log.error(message, error=f"{type(exc).__name__}: {exc}",
+                   failures_in_a_row=failures[what],
+                   exc_info=not isinstance(exc, ServiceUnavailableError))

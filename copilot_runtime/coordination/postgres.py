@@ -73,6 +73,9 @@ class PostgresCoordinator(SharedCoordinator):
 
         from copilot_runtime._pg_lane import check_alive
 
+        # One attempt first: a server that cannot be reached fails the start within the 5 s
+        # of an attempt, with its reason (the pool tried for 15 s, logging each attempt).
+        await (await self._connect_one()).close()
         # A check-out waits at most as long as a connection attempt (the pool's default,
         # 30 s, held a request that long while the server was down).
         pool = AsyncConnectionPool(self.conninfo, min_size=1, max_size=self.max_connections,

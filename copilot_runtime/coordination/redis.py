@@ -17,7 +17,12 @@ import asyncio
 from typing import Any
 
 from copilot_runtime._redis_client import DEFAULT_POOL_SIZE, bounded_redis
-from copilot_runtime._url_options import lease_ttl_option, pool_size_option, split_options
+from copilot_runtime._url_options import (
+    checked_redis_db,
+    lease_ttl_option,
+    pool_size_option,
+    split_options,
+)
 from copilot_runtime.coordination._shared import (
     DEFAULT_LEASE_TTL,
     SharedCoordinator,
@@ -99,6 +104,7 @@ class RedisCoordinator(SharedCoordinator):
             raise ImportError("the Redis coordinator needs redis-py: pip install "
                               "'copilot-runtime[redis]'", name=exc.name) from exc
         self.url, options = split_options(url, ("prefix", "lease_ttl", "pool_size"))
+        checked_redis_db(self.url)
         self.pool_size = pool_size_option(options, DEFAULT_POOL_SIZE)
         self.unreachable = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
         super().__init__(lease_ttl if lease_ttl is not None

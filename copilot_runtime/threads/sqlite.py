@@ -128,11 +128,17 @@ class SQLiteThreadStore:
         self._pruned = 0.0
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
                                    timeout=30)
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._migrate()
+        try:
+            with self._lock:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.execute("PRAGMA foreign_keys=ON")
+                self._migrate()
+        except sqlite3.Error as exc:
+            self._db.close()
+            # Which file ("database is locked", "file is not a database": the thread store's,
+            # or the checkpoints'?).
+            raise type(exc)(f"{exc} ({self.path})") from exc
         self._calls = StoreThread(self._db, self._lock)
         # Dropped without `aclose()`: its thread ends now rather than once it has idled.
         weakref.finalize(self, self._calls.release)

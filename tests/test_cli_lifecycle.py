@@ -1,0 +1,219 @@
+"""The served process's life: workers that cannot start, a supervisor killed, a shutdown while
+runs stream. Each case starts the command line as a process (that is what is tested), on a
+small TARGET written for it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import aiohttp
+import httpx2
+import orjson
+import pytest
+
+from copilot_runtime import CopilotRuntime
+from copilot_runtime._input import parse_run_input
+from copilot_runtime.events import Event
+from copilot_runtime.threads.base import INTERRUPTED_CODE
+from tests.conftest import GatedAgent, free_port, parse_sse, run_input
+from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, merge, parse_multipart, user_turn
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: An agent that streams a word every 50 ms for a minute.
+SLOW_APP = """
+import asyncio
+from copilot_runtime import Agent, CopilotRuntime
+from copilot_runtime import events as ev
+
+class Slow(Agent):
+    def run(self, input, context):
+        return self._run(input.run_id)
+
+    async def _run(self, run_id):
+        yield [ev.text_message_start("m-" + run_id)]
+        for _ in range(1200):
+            yield [ev.text_message_content("m-" + run_id, "word ")]
+            await asyncio.sleep(0.05)
+        yield [ev.text_message_end("m-" + run_id)]
+
+runtime = CopilotRuntime(agents={"default": Slow()})
+"""
+
+#: A bare ASGI app: quick to import in each worker.
+BARE_APP = """
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            await send({"type": message["type"] + ".complete"})
+            if message["type"] == "lifespan.shutdown":
+                return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+"""
+
+
+def _command(tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT}:{tmp_path}"}
+    return subprocess.Popen([sys.executable, "-m", "copilot_runtime", *args], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+@pytest.fixture
+def stopped() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes killed at the end whatever happened."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=10)
+
+
+def _wait_for(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx2.get(url, timeout=1)
+            return
+        except httpx2.TransportError:
+            assert process.poll() is None, process.communicate(timeout=10)
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("source", [
+    # Imports in the supervisor, fails in each worker (an environment only they have).
+    'import os\nif os.environ.get("COPILOT_RUNTIME_SERVE"):\n    raise RuntimeError("boom")\n'
+    + BARE_APP,
+    # Imports everywhere; its runtime cannot start (a coordinator that refuses).
+    "from copilot_runtime import CopilotRuntime, coordinator\n"
+    "from copilot_runtime.threads.sqlite import SQLiteThreadStore\n"
+    "app = CopilotRuntime(thread_store=SQLiteThreadStore(':memory:'),\n"
+    "                     coordinator=coordinator('redis://127.0.0.1:1/0'))\n",
+], ids=["worker-import", "lifespan"])
+def test_workers_that_cannot_start_stop_the_command_with_code_3(
+        tmp_path: Path, stopped: list[subprocess.Popen[bytes]], source: str) -> None:
+    (tmp_path / "failing_app.py").write_text(source)
+    process = _command(tmp_path, "serve", "failing_app:app", "--workers", "2",
+                       "--port", str(free_port()))
+    stopped.append(process)
+    # Before: exit code 0 (lifespan), or workers started again, and failing, for ever.
+    _out, err = process.communicate(timeout=30)
+    assert process.returncode == 3, err
+    assert b"Traceback" not in err, err
+    assert b"error: " in err
+
+
+def test_workers_die_with_a_killed_supervisor(tmp_path: Path,
+                                              stopped: list[subprocess.Popen[bytes]]) -> None:
+    (tmp_path / "bare_app.py").write_text(BARE_APP)
+    port = free_port()
+    process = _command(tmp_path, "serve", "bare_app:app", "--workers", "2", "--port", str(port))
+    stopped.append(process)
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+    deadline = time.monotonic() + 30
+    while len(workers := children.read_text().split()) < 2:
+        assert time.monotonic() < deadline, process.communicate(timeout=10)
+        time.sleep(0.05)
+    _wait_for(f"http://127.0.0.1:{port}/", process)
+    os.kill(process.pid, signal.SIGKILL)
+    process.communicate(timeout=10)
+    deadline = time.monotonic() + 10
+    # Before: they went on serving the port as orphans.
+    while alive := [pid for pid in workers if Path(f"/proc/{pid}").exists()
+                    and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]]:
+        assert time.monotonic() < deadline, f"workers {alive} outlived their supervisor"
+        time.sleep(0.05)
+    with pytest.raises(httpx2.TransportError):
+        httpx2.get(f"http://127.0.0.1:{port}/", timeout=1)
+
+
+async def _read_until(response: aiohttp.ClientResponse, marker: bytes) -> bytes:
+    body = b""
+    while marker not in body:
+        body += await response.content.readany()
+    return body
+
+
+async def test_runs_streaming_at_a_shutdown_end_with_their_interruption(
+        tmp_path: Path, stopped: list[subprocess.Popen[bytes]]) -> None:
+    (tmp_path / "slow_app.py").write_text(SLOW_APP)
+    port = free_port()
+    process = _command(tmp_path, "serve", "slow_app:runtime", "--port", str(port))
+    stopped.append(process)
+    url = f"http://127.0.0.1:{port}/copilotkit"
+    await asyncio.to_thread(_wait_for, url + "/info", process)
+    async with aiohttp.ClientSession() as session:
+        agui = await session.post(url + "/agent/default/run", json=run_input("hi", thread="a"))
+        graphql = await session.post(url, data=orjson.dumps(
+            {"query": CHAT_DOCUMENT, "variables": {"data": user_turn("hi")}}),
+            headers=CLIENT_HEADERS)
+        agui_head = await _read_until(agui, b"word")
+        graphql_head = await _read_until(graphql, b"word")
+        process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        # Before: cut when the 5 s grace ran out, without a terminal event nor the end of
+        # the body (aiohttp raises ClientPayloadError on a body cut short).
+        agui_body = agui_head + await agui.content.read()
+        graphql_body = graphql_head + await graphql.content.read()
+        ended = time.monotonic() - signalled
+    last = parse_sse(agui_body)[-1]
+    assert (last["type"], last["code"]) == ("RUN_ERROR", INTERRUPTED_CODE)
+    response = merge(parse_multipart(graphql_body))["data"]["generateCopilotResponse"]
+    assert response["status"]["code"] == "Failed", response["status"]
+    assert ended < 4, f"the streams ended {ended:.1f} s after the signal"
+    _out, err = await asyncio.to_thread(process.communicate, timeout=15)
+    assert process.returncode == -signal.SIGTERM, err  # uvicorn ends as the signal asks
+    assert b"Traceback" not in err, err
+
+
+async def test_a_run_cut_by_the_server_then_stopped_by_the_close_still_tells_its_end() -> None:
+    # The server's grace ran out (it cancels the request), then the runtime's close stops the
+    # run again while its end is being stored: the client still hears the end.
+    agent = GatedAgent()
+    runtime = CopilotRuntime(agents={"default": agent})
+    run = await runtime.start_run("default", parse_run_input(run_input("hi")))
+    sent: list[Event] = []
+    streaming = asyncio.Event()
+
+    async def write(batch: Sequence[Event]) -> None:
+        sent.extend(batch)
+        if any(e["type"] == "TEXT_MESSAGE_CONTENT" for e in batch):
+            streaming.set()
+
+    task = asyncio.create_task(run.drive(write))
+    await streaming.wait()
+    task.cancel()
+    await asyncio.sleep(0)  # the run is now storing its end
+    runtime.runs.stop_all()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (sent[-1]["type"], sent[-1]["code"]) == ("RUN_ERROR", INTERRUPTED_CODE)
+    await runtime.aclose()
+
+
+def test_the_demo_serves_on_when_its_stdout_reader_left(
+        tmp_path: Path, stopped: list[subprocess.Popen[bytes]]) -> None:
+    port = free_port()
+    process = _command(tmp_path, "demo", "--port", str(port), "--db", ":memory:",
+                       "--checkpoints", "memory")
+    stopped.append(process)
+    assert process.stdout is not None
+    process.stdout.close()  # `demo | head -0`
+    # Before: "error: cannot start: [Errno 32] Broken pipe", code 2.
+    _wait_for(f"http://127.0.0.1:{port}/copilotkit/info", process)
+    process.terminate()
+    _out, err = process.communicate(timeout=15)
+    assert b"Broken pipe" not in err, err
+    assert b"error" not in err, err
