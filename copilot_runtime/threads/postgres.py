@@ -163,9 +163,11 @@ WITH a AS (
            b[2 * i + 1] AS events, b[2 * i + 2] AS raw
     FROM a, generate_series(0, cardinality(a.b) / 2 - 1) AS i, LATERAL (SELECT 12 * i AS k) AS o
     -- Fenced: a run already closed (by this write before, or by a sweep that found its
-    -- lease expired while its worker stalled) is never written again.
+    -- lease expired while its worker stalled) is never written again. OFFSET 0 keeps the
+    -- look-up a probe of each run's key: as an anti-join, a plan made on empty tables read
+    -- the whole index of runs for every batch (each run slower than the one before).
     WHERE NOT EXISTS (SELECT 1 FROM runs s WHERE s.thread_id = t[k + 1] AND s.run_id = t[k + 2]
-                      AND NOT s.open AND s.first_position = t[k + 5]::int8)
+                      AND NOT s.open AND s.first_position = t[k + 5]::int8 OFFSET 0)
 ), thread AS (
     INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title,
                          next_position)
@@ -220,7 +222,7 @@ WITH a AS (
     -- every late chunk of it, not only the first (the run is known by its start time).
     WHERE NOT EXISTS (SELECT 1 FROM runs s WHERE s.thread_id = t[k + 1] AND s.run_id = t[k + 2]
                       AND NOT s.open AND (s.last_position >= t[k + 4]::int8
-                                          OR s.created_at = t[k + 3]::float8))
+                                          OR s.created_at = t[k + 3]::float8) OFFSET 0)
 ), thread AS (
     INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title,
                          next_position)
