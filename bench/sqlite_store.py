@@ -56,7 +56,7 @@ async def main(path: str, runs: int, concurrency: int) -> None:
     try:
         async def worker(chats: list[_Chat]) -> None:
             for chat in chats:
-                await _one(store, chat)  # type: ignore[arg-type]
+                await _one(store, chat, False)  # type: ignore[arg-type]
 
         await asyncio.gather(*(worker([_payload() for _ in range(50)])
                                for _ in range(concurrency)))  # warm-up
