@@ -59,6 +59,8 @@ from copilot_runtime.threads.base import Positioned
 from tests.conftest import poll
 from tests.scale_support.cluster import eventually
 from tests.scale_support.services import POSTGRES, REDIS, postgres_schema, redis_prefix
+from tests.test_hostile_liveness import _run_events
+from tests.test_store_outage import Flow, Proxy
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -419,34 +421,25 @@ async def test_a_stop_sent_while_the_signal_connection_reopens_is_not_lost(kind:
 
 
 @dataclass(eq=False)
-class Flow:
-    """A connection through `SilencingProxy`."""
-
-    silent: bool = False
-
-
-class SilencingProxy:
+class SilencingProxy(Proxy):
     """A TCP proxy to Redis whose subscribed connections (those that sent SUBSCRIBE) can be
     silenced: what either side sends is swallowed, and both sockets stay open (no FIN, no
     RST), as when a NAT or a firewall forgets an idle flow."""
 
     def __init__(self, target: int = 6379) -> None:
-        self.target = target
-        self.port = 0
+        super().__init__(target)
         #: The connections that subscribed, in order.
         self.subscribed: list[Flow] = []
-        self._server: asyncio.Server | None = None
-        self._links: set[asyncio.Task[None]] = set()
-        self._sockets: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._link, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
 
     def silence(self) -> int:
         for flow in self.subscribed:
             flow.silent = True
         return len(self.subscribed)
+
+    def _passes(self, flow: Flow, data: bytes, upstream: bool) -> bool:
+        if upstream and b"SUBSCRIBE" in data.upper() and flow not in self.subscribed:
+            self.subscribed.append(flow)
+        return not flow.silent
 
     async def aclose(self) -> None:
         if self._server is not None:
@@ -460,44 +453,11 @@ class SilencingProxy:
         if self._server is not None:
             await self._server.wait_closed()
 
-    async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._links.add(task)
-        flow = Flow()
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
-        except OSError:
-            writer.close()
-            self._links.discard(task)
-            return
-        self._sockets.append((writer, up_writer))
-
-        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter,
-                       upstream: bool) -> None:
-            with contextlib.suppress(OSError):
-                while data := await source.read(65536):
-                    if upstream and b"SUBSCRIBE" in data.upper() and flow not in \
-                            self.subscribed:
-                        self.subscribed.append(flow)
-                    if not flow.silent:
-                        sink.write(data)
-                        await sink.drain()
-            if not flow.silent:
-                sink.close()
-
-        try:
-            await asyncio.gather(pump(reader, up_writer, True), pump(up_reader, writer, False))
-        finally:
-            writer.close()
-            up_writer.close()
-            self._links.discard(task)
-
 
 @pytest.fixture
 async def silencing() -> AsyncIterator[SilencingProxy]:
     proxy = SilencingProxy()
-    await proxy.start()
+    await proxy.up()
     try:
         yield proxy
     finally:
@@ -559,21 +519,10 @@ class SkewedClock:
             self.offset = 0.0
 
 
-def _whole_run(thread: str, run: str, pieces: int = 6) -> list[Event]:
-    return [
-        ev.run_started(thread, run, {"threadId": thread, "runId": run, "messages": [
-            {"id": f"u-{run}", "role": "user", "content": f"question {run}"}]}),
-        ev.text_message_start(f"m-{run}"),
-        *[ev.text_message_content(f"m-{run}", f"{run}.{i} ") for i in range(pieces)],
-        ev.text_message_end(f"m-{run}"),
-        ev.run_finished(thread, run),
-    ]
-
-
 async def _stream_and_finish(store: DurableThreadStore, thread: str, run: str) -> list[Event]:
     """A run written as a worker writes it: flushed twice as it streams, then finished
     with the rest of its raw events (the finish prunes old raw events)."""
-    events = _whole_run(thread, run)
+    events = _run_events(run, 6, thread)
     await store.append_events(thread, "default", run, time.time(), 0, events[:1])
     await store.append_events(thread, "default", run, time.time(), 1, events[1:5])
     await store.append_run(thread, "default", StoredRun(

@@ -55,15 +55,15 @@ pytestmark = pytest.mark.timeout(60)
 THREAD = "t-live"
 
 
-def _run_events(run: str, pieces: int) -> list[Event]:
+def _run_events(run: str, pieces: int, thread: str = THREAD) -> list[Event]:
     """A whole run as its worker streams it: started, one message of `pieces`, finished."""
     return [
-        ev.run_started(THREAD, run, {"threadId": THREAD, "runId": run, "messages": [
+        ev.run_started(thread, run, {"threadId": thread, "runId": run, "messages": [
             {"id": f"u-{run}", "role": "user", "content": f"question {run}"}]}),
         ev.text_message_start(f"m-{run}"),
         *[ev.text_message_content(f"m-{run}", f"{run}.{i} ") for i in range(pieces)],
         ev.text_message_end(f"m-{run}"),
-        ev.run_finished(THREAD, run),
+        ev.run_finished(thread, run),
     ]
 
 

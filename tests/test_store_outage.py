@@ -63,6 +63,12 @@ def silent() -> Iterator[int]:
         yield listener.getsockname()[1]
 
 
+class Flow:
+    """A connection through a `Proxy`."""
+
+    silent: bool = False
+
+
 class Proxy:
     """A server of this machine (PostgreSQL by default) behind a TCP proxy that can be taken
     down (connections refused, those open cut) and brought back on the same port."""
@@ -75,6 +81,7 @@ class Proxy:
         self.schema = f"outage_{uuid.uuid4().hex[:10]}"
         self._server: asyncio.Server | None = None
         self._links: set[asyncio.Task[None]] = set()
+        self._sockets: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         #: Cleared by `hang`: what either side sends is held, connections stay open.
         self._flowing = asyncio.Event()
         self._flowing.set()
@@ -110,30 +117,39 @@ class Proxy:
         task = asyncio.current_task()
         assert task is not None
         self._links.add(task)
+        flow = Flow()
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
         except OSError:
             writer.close()
             self._links.discard(task)
             return
+        self._sockets.append((writer, up_writer))
 
         async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter,
-                       linger: float = 0.0) -> None:
+                       upstream: bool, linger: float = 0.0) -> None:
             with contextlib.suppress(OSError):
                 while data := await source.read(65536):
                     await self._flowing.wait()
-                    sink.write(data)
-                    await sink.drain()
+                    if self._passes(flow, data, upstream):
+                        sink.write(data)
+                        await sink.drain()
+            if flow.silent:
+                return  # a silenced flow stays open
             await asyncio.sleep(linger)
             sink.close()
 
         try:
-            await asyncio.gather(pump(reader, up_writer),
-                                 pump(up_reader, writer, self.linger))
+            await asyncio.gather(pump(reader, up_writer, True),
+                                 pump(up_reader, writer, False, self.linger))
         finally:
             writer.close()
             up_writer.close()
             self._links.discard(task)
+
+    def _passes(self, flow: Flow, data: bytes, upstream: bool) -> bool:
+        """Whether `data` goes on (`upstream`: from the client to the server)."""
+        return True
 
 
 @pytest.fixture(params=[5432])
