@@ -115,10 +115,8 @@ class CopilotEndpoint:
                     "The runtime failed to handle the request", "INTERNAL_ERROR",
                     principal=request.info.principal, request_id=request.info.request_id))
             message = "The runtime failed to handle the request"
-            body: dict[str, Any] = {"error": "internal_error", "message": message}
-            if b"x-copilotkit-runtime-client-gql-version" in request.headers:
-                body = {"errors": [{"message": message, "extensions": {
-                    "code": "UNKNOWN", "statusCode": 500}}], "data": None}
+            body = _graphql_error(message, "UNKNOWN", 500) if _speaks_graphql(request) \
+                else {"error": "internal_error", "message": message}
             with contextlib.suppress(Exception):
                 await send_json(request, 500, body)
 
@@ -140,11 +138,8 @@ class CopilotEndpoint:
         try:
             await self.runtime.identify(request.info)
         except RequestError as exc:
-            if b"x-copilotkit-runtime-client-gql-version" in request.headers:
-                body: dict[str, Any] = {"errors": [{"message": exc.message, "extensions": {
-                    "code": exc.code, "statusCode": exc.status}}], "data": None}
-            else:
-                body = error_body(exc)
+            body = _graphql_error(exc.message, exc.code, exc.status) \
+                if _speaks_graphql(request) else error_body(exc)
             await send_json(request, exc.status, body, error_headers(exc))
             return False
         return True
@@ -189,8 +184,7 @@ class CopilotEndpoint:
             return
         except InvalidRequestError as exc:
             too_deep = isinstance(exc, JSONTooDeepError)
-            if b"x-copilotkit-runtime-client-gql-version" in request.headers:
-                # a GraphQL client: its error form
+            if _speaks_graphql(request):  # its error form
                 await self.graphql.invalid_json(request, exc.message if too_deep else None)
                 return
             await send_json(request, 400, {"error": "invalid_request", "message":
@@ -308,3 +302,15 @@ def mount_runtime(
 
     app.router.lifespan_context = lifespan
     return endpoint
+
+
+def _speaks_graphql(request: Request) -> bool:
+    """Whether the client is CopilotKit's GraphQL client (1.10), which reads errors in the
+    GraphQL form only."""
+    return b"x-copilotkit-runtime-client-gql-version" in request.headers
+
+
+def _graphql_error(message: str, code: str, status: int) -> dict[str, Any]:
+    return {"errors": [{"message": message, "extensions": {"code": code,
+                                                            "statusCode": status}}],
+            "data": None}
