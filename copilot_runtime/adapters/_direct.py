@@ -8,21 +8,29 @@ are connections that fail or close without an answer; the wait honours `retry-af
 number in `X-Stainless-Retry-Count`. They differ in one bound: OpenAI gives up on a
 Retry-After above two minutes, Anthropic waits for it. The Gemini adapter brings its SDK's
 policy of its own.
+
+On top of each SDK's policy, one bound of this runtime's (`max_retry_wait`, the adapters'
+argument): a chat user is not kept waiting, the stream open and silent, for a provider that
+asks for longer. A Retry-After above it, or waits that would add up past it, end the request
+at once with the provider's error, which says when to try again (`status_failure`). A wait
+is an `asyncio.sleep` in the run's task, so a stop or a disconnect cancels it at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import math
 import random
 import re
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 import orjson
 
 from copilot_runtime._exceptions import (
+    ConfigurationError,
     UpstreamConnectionError,
     UpstreamError,
     UpstreamProtocolError,
@@ -32,11 +40,14 @@ from copilot_runtime._exceptions import (
 from copilot_runtime.adapters import _http1
 from copilot_runtime.adapters.base import ChatDelta
 
-__all__ = ["Failures", "RetryPolicy", "SDKRetries", "StreamParser", "body_message",
-           "credentials", "header_credentials", "send", "stream"]
+__all__ = ["DEFAULT_MAX_RETRY_WAIT", "Failures", "RetryPolicy", "SDKRetries", "StreamParser",
+           "body_message", "check_max_retry_wait", "credentials", "header_credentials",
+           "retry_after_seconds", "send", "status_failure", "stream", "unwaited"]
 
 _INITIAL_RETRY_DELAY = 0.5
 _MAX_RETRY_DELAY = 8.0
+#: The longest a request waits, in all, for its provider to be ready again (seconds).
+DEFAULT_MAX_RETRY_WAIT = 60.0
 
 
 _CREDENTIAL_LINES = re.compile(
@@ -85,6 +96,10 @@ class RetryPolicy(Protocol):
         """Seconds to wait before trying an answer of this status again, or None: never."""
         ...
 
+    def asked_wait(self, response: _http1.Response, text: bytes) -> float | None:
+        """Seconds the provider asked to be left alone for (its Retry-After), or None."""
+        ...
+
     def backoff(self, attempt: int) -> float:
         """Seconds to wait after failed attempt `attempt` (0: the first) without an answer."""
         ...
@@ -107,16 +122,22 @@ class StreamParser(Protocol):
 
 
 async def send(pool: _http1.HTTPPool, head: bytes, tail: bytes, body: bytes, *,
-               read_timeout: float, max_retries: int, failures: Failures,
+               read_timeout: float, max_retries: int, max_wait: float, failures: Failures,
                policy: RetryPolicy) -> _http1.Response:
     """The answer's head after the policy's retries, or the `UpstreamError` of the last try.
 
     `head` is the request line and headers before the attempt count, `tail` those after it
-    (without Content-Length).
+    (without Content-Length). No wait is longer, and all of them add up to no more, than
+    `max_wait` seconds: past that the error is raised instead (see the module doc).
     """
     tail += b"Content-Length: %d\r\n\r\n" % len(body)
     attempt = 0
+    waited = 0.0
     while True:
+        # (of an error answer: its status, what it said, the wait it asked for)
+        status: int | None = None
+        said = ""
+        asked: float | None = None
         data = b"".join((head, b"X-Stainless-Retry-Count: %d\r\n" % attempt, tail, body)) \
             if policy.counts_attempts else b"".join((head, tail, body))
         wait: float | None = None
@@ -141,18 +162,53 @@ async def send(pool: _http1.HTTPPool, head: bytes, tail: bytes, body: bytes, *,
             except _http1.HTTPClientError:
                 text = b""
             response.release()
+            status = response.status
             # An error body may echo the credential it was sent: never pass that on.
-            message = upstream_said(policy.status_error(response.status, text),
-                                    credentials(head + tail))
-            error = UpstreamError(f"{failures.provider} request failed with HTTP "
-                                  f"{response.status}: {message}", status=response.status)
+            said = upstream_said(policy.status_error(status, text), credentials(head + tail))
+            asked = policy.asked_wait(response, text)
+            if asked is not None and asked > max_wait:
+                raise status_failure(failures.provider, status, said, asked)
+            error = status_failure(failures.provider, status, said, None)
             wait = policy.retry_after(response)
             if wait is None:
                 raise error
         if attempt >= max_retries:
             raise error
-        await asyncio.sleep(policy.backoff(attempt) if wait is None or wait <= 0 else wait)
+        delay = policy.backoff(attempt) if wait is None or wait <= 0 else wait
+        if waited + delay > max_wait:
+            raise error if status is None else status_failure(
+                failures.provider, status, said, asked)
+        await asyncio.sleep(delay)
+        waited += delay
         attempt += 1
+
+
+def status_failure(provider: str, status: int, said: str,
+                   asked: float | None = None) -> UpstreamError:
+    """The error of an answer of HTTP `status` (`said`: the provider's words, already
+    through `upstream_said`). Given `asked`, the seconds the provider asked to wait which
+    the bound on waits did not allow, the message also says the provider is rate-limiting
+    or unavailable, and when to try again."""
+    message = f"{provider} request failed with HTTP {status}: {said}"
+    if asked is not None and 0 < asked < 1e9 and (status in (408, 409, 429) or status >= 500):
+        state = "rate-limiting requests" if status == 429 else "unavailable"
+        message += f" ({provider} is {state}: try again in {math.ceil(asked)} s)"
+    return UpstreamError(message, status=status)
+
+
+def unwaited(asked: float | None, max_wait: float) -> float | None:
+    """`asked` when the bound on waits would not allow it (what `status_failure` takes):
+    for an SDK's error, whose route cannot tell why it gave up."""
+    return asked if asked is not None and asked > max_wait else None
+
+
+def check_max_retry_wait(adapter: str, seconds: float) -> float:
+    """`seconds` as an adapter's `max_retry_wait`, or a `ConfigurationError`."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+            or not 0 <= seconds < math.inf:
+        raise ConfigurationError(
+            f"{adapter}: max_retry_wait must be a number of seconds, 0 or more")
+    return float(seconds)
 
 
 async def stream(response: _http1.Response, parser: StreamParser,
@@ -197,7 +253,7 @@ class SDKRetries:
         return body_message(text, status)
 
     def retry_after(self, response: _http1.Response) -> float | None:
-        wait = _retry_after(response)
+        wait = retry_after_seconds(response.header)
         if wait is not None and self.max_retry_after is not None \
                 and wait > self.max_retry_after:
             return None
@@ -209,6 +265,9 @@ class SDKRetries:
         if not retry:
             return None
         return min(wait, 4_294_967.0) if wait is not None and wait > 0 else 0.0
+
+    def asked_wait(self, response: _http1.Response, text: bytes) -> float | None:
+        return retry_after_seconds(response.header)
 
     def backoff(self, attempt: int) -> float:
         delay = min(_INITIAL_RETRY_DELAY * 2.0 ** min(attempt, 1000), _MAX_RETRY_DELAY)
@@ -230,17 +289,18 @@ def body_message(text: bytes, status: int) -> str:
     return f"Error code: {status}"
 
 
-def _retry_after(response: _http1.Response) -> float | None:
-    """The server's Retry-After (`retry-after-ms` first), in seconds, as the SDKs read it."""
+def retry_after_seconds(header: Callable[[str], str | None]) -> float | None:
+    """The server's Retry-After (`retry-after-ms` first), in seconds, as the SDKs read it
+    from an answer's headers (`header`: a header's value by its name, or None)."""
     for name, divisor in (("retry-after-ms", 1000), ("retry-after", 1)):
-        value = response.header(name)
+        value = header(name)
         if value is None:
             continue
         try:
             return float(value) / divisor
         except ValueError:
             continue
-    value = response.header("retry-after")
+    value = header("retry-after")
     if value:
         try:
             parsed = email.utils.parsedate_tz(value)

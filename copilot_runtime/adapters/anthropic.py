@@ -91,6 +91,11 @@ class AnthropicAdapter:
     or `AsyncAnthropicVertex`. `thinking` is passed through (for example
     ``{"type": "enabled", "budget_tokens": 2048}``). `transport="sdk"` sends through the SDK
     even when the adapter could send itself.
+
+    `max_retry_wait` (seconds, 60 by default) bounds the waits between retries: a provider
+    that asks for a longer wait (its Retry-After), or waits that would add up to more, end
+    the run at once with its error (HTTP 429, 529 or 5xx), which says when to try again.
+    Through the SDK (`transport="sdk"`, a ready `client=`) the waits are the SDK's own.
     """
 
     provider = "anthropic"
@@ -105,6 +110,7 @@ class AnthropicAdapter:
         | anthropic.AsyncAnthropicVertex | None = None,
         timeout: float = 120.0,
         max_retries: int = 2,
+        max_retry_wait: float = _direct.DEFAULT_MAX_RETRY_WAIT,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         thinking: dict[str, Any] | None = None,
         extra_body: dict[str, Any] | None = None,
@@ -116,6 +122,7 @@ class AnthropicAdapter:
         self._base_url = base_url
         self._timeout = timeout
         self._max_retries = max_retries
+        self._max_retry_wait = _direct.check_max_retry_wait("AnthropicAdapter", max_retry_wait)
         self.max_tokens = max_tokens
         self.thinking = thinking
         self._extra_body = extra_body or {}
@@ -251,9 +258,10 @@ class AnthropicAdapter:
         except anthropic.APIStatusError as exc:
             # (not `exc.message`: the SDK's repr of the whole error body)
             said = error_body_message(exc.body) or f"Error code: {exc.status_code}"
-            raise UpstreamError(
-                f"Anthropic request failed with HTTP {exc.status_code}: "
-                f"{upstream_said(said, secrets)}", status=exc.status_code) from None
+            raise _direct.status_failure(
+                "Anthropic", exc.status_code, upstream_said(said, secrets),
+                _direct.unwaited(_direct.retry_after_seconds(exc.response.headers.get),
+                                 self._max_retry_wait)) from None
         except anthropic.APIConnectionError as exc:
             refused = find_cause(exc, aiohttp.ClientConnectorError)
             if refused is not None:
@@ -287,6 +295,7 @@ class _DirectRoute:
         host = url.hostname if ":" not in url.hostname else f"[{url.hostname}]"
         self.timeout = adapter._timeout
         self.max_retries = adapter._max_retries
+        self.max_retry_wait = adapter._max_retry_wait
         self.pool = _http1.HTTPPool(url.scheme, url.hostname, port,
                                     connect_timeout=adapter._timeout)
         # What the SDK's client sends with every request of a `messages.create` call that
@@ -311,7 +320,8 @@ class _DirectRoute:
     async def send(self, body: bytes) -> _http1.Response:
         return await _direct.send(
             self.pool, self.head, self.tail, body, read_timeout=self.timeout,
-            max_retries=self.max_retries, failures=_FAILURES, policy=_RETRIES)
+            max_retries=self.max_retries, max_wait=self.max_retry_wait, failures=_FAILURES,
+            policy=_RETRIES)
 
 
 def _input_schema(parameters: dict[str, Any]) -> dict[str, Any]:

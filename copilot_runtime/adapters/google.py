@@ -103,6 +103,11 @@ class GoogleGenAIAdapter:
     Gemini API with `api_key` (or `GOOGLE_API_KEY` / `GEMINI_API_KEY`). `thinking` is
     Gemini's thinking config (``{"include_thoughts": True}`` streams its thought summaries).
     `transport="sdk"` sends through the SDK even when the adapter could send itself.
+
+    `max_retry_wait` (seconds, 60 by default) bounds the waits between retries: a provider
+    that asks for a longer wait (a Retry-After, or its error's `RetryInfo`), or waits that
+    would add up to more, end the run at once with its error (HTTP 429 or 5xx), which says
+    when to try again. Through the SDK the waits are the SDK's own.
     """
 
     provider = "google"
@@ -116,6 +121,7 @@ class GoogleGenAIAdapter:
         client: genai.Client | None = None,
         timeout: float = 120.0,
         max_retries: int = 2,
+        max_retry_wait: float = _direct.DEFAULT_MAX_RETRY_WAIT,
         thinking: dict[str, Any] | None = None,
         transport: Literal["auto", "direct", "sdk"] = "auto",
     ) -> None:
@@ -128,6 +134,8 @@ class GoogleGenAIAdapter:
         self._base_url = base_url
         self._timeout = timeout
         self._max_retries = max_retries
+        self._max_retry_wait = _direct.check_max_retry_wait("GoogleGenAIAdapter",
+                                                           max_retry_wait)
         # call id → Gemini's thought signature of that call, for the calls streamed lately
         self._signatures: OrderedDict[str, bytes] = OrderedDict()
         if client is None and not self._api_key:
@@ -243,8 +251,8 @@ class GoogleGenAIAdapter:
             yield parser.finish()
         except genai_errors.APIError as exc:
             said = upstream_said(str(exc.message or exc.status), secrets)
-            raise UpstreamError(f"Gemini request failed with HTTP {exc.code}: {said}",
-                                status=exc.code) from None
+            raise _direct.status_failure("Gemini", exc.code, said, _direct.unwaited(
+                _retry_delay(exc.details), self._max_retry_wait)) from None
         except (TimeoutError, aiohttp.ServerTimeoutError):
             raise UpstreamTimeoutError("Gemini request timed out") from None
         except aiohttp.ClientConnectorError:
@@ -278,6 +286,7 @@ class _DirectRoute:
         self.prefix = f"{url.path.rstrip('/')}/{version}/"
         self.timeout = adapter._timeout
         self.attempts = adapter._max_retries + 1
+        self.max_retry_wait = adapter._max_retry_wait
         self.pool = _http1.HTTPPool(url.scheme, url.hostname, port,
                                     connect_timeout=adapter._timeout)
         key = (adapter._api_key or "").strip()
@@ -307,7 +316,8 @@ class _DirectRoute:
         path = urllib.parse.quote(f"{self.prefix}{model}:streamGenerateContent", safe="/:")
         head = f"POST {path}?alt=sse HTTP/1.1\r\n".encode("latin-1") + self.headers
         return await _direct.send(self.pool, head, b"", body, read_timeout=self.timeout,
-                                  max_retries=self.attempts - 1, failures=_FAILURES,
+                                  max_retries=self.attempts - 1,
+                                  max_wait=self.max_retry_wait, failures=_FAILURES,
                                   policy=_GeminiRetries())
 
 
@@ -324,6 +334,15 @@ class _GeminiRetries:
     def retry_after(self, response: _http1.Response) -> float | None:
         return 0.0 if response.status in _RETRY_STATUSES else None
 
+    def asked_wait(self, response: _http1.Response, text: bytes) -> float | None:
+        # (The SDK waits its own back-off whatever the answer asks; this says when to come
+        # back in the error, and gives up at once on a wait past the adapter's bound.)
+        try:
+            body = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            body = None
+        return _direct.retry_after_seconds(response.header) or _retry_delay(body)
+
     def backoff(self, attempt: int) -> float:
         return min(_RETRY_INITIAL * 2.0 ** attempt + random.random(), _RETRY_MAX)
 
@@ -336,6 +355,22 @@ def _sdk_version() -> str:
         return version("google-genai")
     except PackageNotFoundError:  # pragma: no cover - the extra installs it
         return "unknown"
+
+
+def _retry_delay(body: object) -> float | None:
+    """The `retryDelay` ("37s") of an error body's `google.rpc.RetryInfo`, in seconds."""
+    error = body.get("error", body) if isinstance(body, dict) else None
+    details = error.get("details") if isinstance(error, dict) else None
+    for detail in details if isinstance(details, list) else ():
+        if isinstance(detail, dict) and str(detail.get("@type", "")).endswith(
+                "google.rpc.RetryInfo"):
+            delay = detail.get("retryDelay")
+            if isinstance(delay, str) and delay.endswith("s"):
+                try:
+                    return float(delay[:-1])
+                except ValueError:
+                    return None
+    return None
 
 
 def _error_text(text: bytes, status: int) -> str:

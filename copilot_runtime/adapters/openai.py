@@ -66,6 +66,11 @@ class OpenAIAdapter:
     which then sends every request. `organization`, `project` and `default_headers` are the
     SDK's options of the same names (and read the same environment variables).
     `transport="sdk"` sends through the SDK even when the adapter could send itself.
+
+    `max_retry_wait` (seconds, 60 by default) bounds the waits between retries: a provider
+    that asks for a longer wait (its Retry-After), or waits that would add up to more, end
+    the run at once with its error (HTTP 429 or 5xx), which says when to try again.
+    Through the SDK the waits are the SDK's own (it gives up past two minutes).
     """
 
     provider = "openai"
@@ -79,6 +84,7 @@ class OpenAIAdapter:
         client: openai.AsyncOpenAI | None = None,
         timeout: float = 120.0,
         max_retries: int = 2,
+        max_retry_wait: float = _direct.DEFAULT_MAX_RETRY_WAIT,
         extra_body: dict[str, Any] | None = None,
         organization: str | None = None,
         project: str | None = None,
@@ -91,6 +97,7 @@ class OpenAIAdapter:
         self._base_url = base_url
         self._timeout = timeout
         self._max_retries = max_retries
+        self._max_retry_wait = _direct.check_max_retry_wait("OpenAIAdapter", max_retry_wait)
         self._extra_body = extra_body or {}
         self._organization = organization or os.environ.get("OPENAI_ORG_ID")
         self._project = project or os.environ.get("OPENAI_PROJECT_ID")
@@ -212,10 +219,10 @@ class OpenAIAdapter:
             finally:
                 await response.aclose()
         except openai.APIStatusError as exc:
-            raise UpstreamError(
-                f"OpenAI request failed with HTTP {exc.status_code}: "
-                f"{upstream_said(_error_message(exc), secrets)}",
-                status=exc.status_code) from None
+            raise _direct.status_failure(
+                "OpenAI", exc.status_code, upstream_said(_error_message(exc), secrets),
+                _direct.unwaited(_direct.retry_after_seconds(exc.response.headers.get),
+                                 self._max_retry_wait)) from None
         except openai.APIConnectionError as exc:
             # Told apart by aiohttp's cause: the SDK reports a server that hung up as a
             # timeout. Messages name what happened, never the transport's internals.
@@ -273,6 +280,7 @@ class _DirectRoute:
         self.adapter = adapter
         self.timeout = adapter._timeout
         self.max_retries = adapter._max_retries
+        self.max_retry_wait = adapter._max_retry_wait
         self.pool = _http1.HTTPPool(url.scheme, url.hostname, port,
                                     connect_timeout=adapter._timeout)
         headers = sdk_headers(api_key=adapter._api_key or "not-needed",
@@ -302,7 +310,8 @@ class _DirectRoute:
         """The answer's head, after the SDK's retries; an `UpstreamError` when it failed."""
         return await _direct.send(
             self.pool, self.head, self.tail, body, read_timeout=self.timeout,
-            max_retries=self.max_retries, failures=self.failures, policy=_RETRIES)
+            max_retries=self.max_retries, max_wait=self.max_retry_wait,
+            failures=self.failures, policy=_RETRIES)
 
 
 def sdk_headers(*, api_key: str, organization: str | None, project: str | None,
