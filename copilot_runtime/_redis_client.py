@@ -4,13 +4,17 @@ redis-py's default pool opens one connection per command in flight and refuses c
 past 100 ("Too many connections"): a burst of requests (each checks its rate limits) or of
 stops nears the server's client limit across workers, then fails as if Redis were away.
 Here a command waits, at most `wait` seconds, for one of `size` connections instead.
+
+`cannot_serve_now` tells the answers of a server that is there but cannot serve now from a
+command's own errors, for every user of Redis (rate limits, the coordinator).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-__all__ = ["DEFAULT_POOL_SIZE", "bounded_redis"]
+__all__ = ["DEFAULT_POOL_SIZE", "NOT_NOW_CODES", "bounded_redis", "cannot_serve_now"]
 
 #: The most connections a client opens, unless its URL says (`pool_size`).
 DEFAULT_POOL_SIZE = 10
@@ -24,3 +28,43 @@ def bounded_redis(url: str, *, size: int, wait: float, **options: Any) -> Any:
     pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=size, timeout=wait,
                                                     **options)
     return aioredis.Redis.from_pool(pool)
+
+
+#: The error codes of a server that answers but cannot serve now: a replica refusing writes
+#: (after a failover), out of memory, a script running too long, a dataset loading, a
+#: replica cut from its master, a cluster moving or missing slots, snapshots failing, too
+#: few replicas to write to. Each passes; none is the command's fault.
+NOT_NOW_CODES = ("READONLY", "OOM", "BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN",
+                 "MISCONF", "NOREPLICAS")
+
+#: Where such a code stands in a reply's text: first (redis-py keeps the codes it has no
+#: class for), or after ": -" where Redis before 7 wrapped the error of a command a script
+#: called in its own "Error running script ..." error.
+_NOT_NOW = re.compile(r"(?:\A|: -)(?:" + "|".join(NOT_NOW_CODES) + ") ")
+#: What redis-py puts before the reply (the repr of its arguments) of a pipeline's command
+#: that failed, after the command (which may hold anything: the reply is read after the last).
+_PIPELINE = " of pipeline caused error: ("
+
+
+def cannot_serve_now(exc: BaseException) -> bool:
+    """Whether `exc` is the answer of a Redis server that cannot serve now (see
+    `NOT_NOW_CODES`): as unavailable, for a while, as a server that cannot be reached, so a
+    503 with Retry-After to a client, and an outage to a loop that retries. A command's own
+    error (a script's bug, a wrong type) is not; nor is anything that is not a reply."""
+    from redis.exceptions import (
+        ClusterDownError,
+        OutOfMemoryError,
+        ReadOnlyError,
+        ResponseError,
+        TryAgainError,
+    )
+
+    # The codes redis-py has a class for lose their word in the text (MASTERDOWN's class is
+    # a ClusterDownError).
+    if isinstance(exc, ReadOnlyError | OutOfMemoryError | TryAgainError | ClusterDownError):
+        return True
+    if not isinstance(exc, ResponseError):
+        return False
+    text = str(exc)
+    _, pipeline, reply = text.rpartition(_PIPELINE)
+    return _NOT_NOW.search(reply[1:] if pipeline else text) is not None

@@ -135,8 +135,9 @@ class JWTAuth:
     Give either `key` (a shared secret for HS*, a PEM public key for RS*/ES*/EdDSA) or
     `jwks_url` (the issuer's key set, fetched and cached; a token's `kid` picks the key).
     `audience` and `issuer`, when given, must match; `exp` is always required. The principal
-    is `sub` (or `principal_claim`), its tenant `tenant_claim` and its roles `roles_claim`
-    (a list or a space-separated string).
+    is `sub` (or `principal_claim`), its tenant `tenant_claim` (each a non-empty string; a
+    token without the tenant claim has no tenant) and its roles `roles_claim` (a list, whose
+    strings are the roles, or a space-separated string).
     """
 
     def __init__(
@@ -197,13 +198,20 @@ class JWTAuth:
         except jwt.PyJWTError:
             raise AuthenticationError("Invalid token") from None
         subject = claims.get(self.principal_claim)
-        if not isinstance(subject, str) or not subject:
+        if subject is None:
             raise AuthenticationError(f"The token has no '{self.principal_claim}' claim")
         tenant = claims.get(self.tenant_claim) if self.tenant_claim else None
-        # Both name a thread's owner in every store: ids a store could not keep are refused
-        # here rather than failing the run's write after it streamed.
+        # Both name a thread's owner in every store. Only a non-empty string is an id: a
+        # number or a boolean turned into one would share its owner with a string (5 and
+        # "5" one tenant); ids a store could not keep are refused here rather than failing
+        # the run's write after it streamed.
         for name, value in ((self.principal_claim, subject), (self.tenant_claim, tenant)):
-            if value is not None and id_problem(str(value)) is not None:
+            if value is None:
+                continue
+            if not isinstance(value, str) or not value:
+                raise AuthenticationError(f"The token's '{name}' claim is not a non-empty "
+                                          "string")
+            if id_problem(value) is not None:
                 raise AuthenticationError(f"The token's '{name}' claim is not a usable id")
         roles: Any = claims.get(self.roles_claim) if self.roles_claim else None
         if isinstance(roles, str):
@@ -213,6 +221,6 @@ class JWTAuth:
             # ({"approver": false} must not grant "approver").
             raise AuthenticationError(f"The token's '{self.roles_claim}' claim is not a "
                                       "list of roles")
-        return Principal(subject, tenant=str(tenant) if tenant is not None else None,
+        return Principal(subject, tenant=tenant,
                          roles=frozenset(r for r in roles or () if isinstance(r, str)),
                          claims=claims)

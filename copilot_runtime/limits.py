@@ -33,7 +33,7 @@ from copilot_runtime._exceptions import (
     RateLimitedError,
     ServiceUnavailableError,
 )
-from copilot_runtime._redis_client import DEFAULT_POOL_SIZE, bounded_redis
+from copilot_runtime._redis_client import DEFAULT_POOL_SIZE, bounded_redis, cannot_serve_now
 from copilot_runtime._url_options import pool_size_option, split_options
 from copilot_runtime.auth import RequestInfo
 
@@ -182,11 +182,6 @@ redis.call('ZADD', KEYS[1], 'XX', now + ARGV[2], ARGV[1])
 """ + _KEEP + "return 1"
 
 
-#: The replies, by their first word, of a server that cannot serve now and that redis-py
-#: gives no class of their own: a script running too long, snapshots failing, no replicas.
-_NOT_NOW = ("BUSY ", "MISCONF ", "NOREPLICAS ")
-
-
 class RedisCounters:
     """Counters in Redis, shared by every worker that uses the same URL and prefix.
 
@@ -197,15 +192,7 @@ class RedisCounters:
                  name: str = "The rate limits' Redis", timeout: float = 5.0,
                  pool_size: int | None = None, slot_ttl: float = DEFAULT_SLOT_TTL) -> None:
         try:
-            from redis.exceptions import (
-                ClusterDownError,
-                ConnectionError,
-                OutOfMemoryError,
-                ReadOnlyError,
-                ResponseError,
-                TimeoutError,
-                TryAgainError,
-            )
+            from redis.exceptions import ConnectionError, TimeoutError
         except ImportError as exc:
             raise ConfigurationError(
                 "Redis rate limits need redis-py: pip install 'copilot-runtime[redis]'") from exc
@@ -214,10 +201,6 @@ class RedisCounters:
         #: Who cannot be reached, in the 503 a request gets while Redis is away.
         self.name = name
         self._unreachable = (ConnectionError, TimeoutError)
-        self._answered = ResponseError
-        #: A server that answers but cannot serve now (a replica after a failover, out of
-        #: memory, a cluster moving slots): as unavailable as one that cannot be reached.
-        self._not_now = (ReadOnlyError, OutOfMemoryError, TryAgainError, ClusterDownError)
         url, options = split_options(url, ("pool_size",))
         if pool_size is None:
             pool_size = pool_size_option(options, DEFAULT_POOL_SIZE)
@@ -268,9 +251,12 @@ class RedisCounters:
             yield
         except self._unreachable as exc:
             raise ServiceUnavailableError(f"{self.name} cannot be reached") from exc
-        except self._answered as exc:
-            if not isinstance(exc, self._not_now) and not str(exc).startswith(_NOT_NOW):
-                raise  # a command's own error (a bug), not the server's state
+        except Exception as exc:
+            # A server that answers but cannot serve now (a replica after a failover, out of
+            # memory...) is as unavailable as one that cannot be reached; a command's own
+            # error (a bug) is not the server's state.
+            if not cannot_serve_now(exc):
+                raise
             raise ServiceUnavailableError(f"{self.name} cannot serve now") from exc
 
     async def release(self, key: str, token: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Self
@@ -196,3 +197,85 @@ async def poll(within: float = 30.0, every: float = 0.05) -> AsyncIterator[int]:
         if loop.time() >= deadline:
             return
         await asyncio.sleep(every)
+
+
+# -- the session's end: the system catalogs its schemas bloated, vacuumed ---------------------
+
+#: Catalogs with fewer dead rows are left alone.
+VACUUM_FROM = 1000
+#: The most seconds the vacuum takes, every catalog together; a catalog another session
+#: holds a lock on is skipped after `lock_timeout`.
+VACUUM_BUDGET = 60.0
+
+
+@dataclass
+class Vacuumed:
+    catalogs: list[str]
+    dead_rows: int
+    seconds: float
+    #: Why nothing was vacuumed (a server away, no psycopg), or None.
+    skipped: str | None = None
+
+
+def vacuum_catalogs(server: str, *, least_dead: int = VACUUM_FROM,
+                    budget: float = VACUUM_BUDGET) -> Vacuumed:
+    """VACUUM the catalogs (pg_attribute, pg_depend, pg_class, pg_type...) of `server`'s
+    database holding `least_dead` dead rows or more, within `budget` seconds; never raises.
+
+    The tests make and drop thousands of schemas, and a server without autovacuum (this
+    machine's) keeps every dead row they leave in its catalogs: each later run's DDL and
+    catalog lookups then wade through hundreds of thousands. A plain VACUUM (never FULL: it
+    would lock the catalogs against every other session) frees them for reuse."""
+    started = time.monotonic()
+    try:
+        import psycopg
+        from psycopg import sql
+    except ImportError:
+        return Vacuumed([], 0, 0.0, "no psycopg")
+    done: list[str] = []
+    dead = 0
+    try:
+        with psycopg.connect(server, autocommit=True, connect_timeout=3) as conn:
+            conn.execute("SET lock_timeout = '2s'")
+            bloated = conn.execute(
+                "SELECT relname, n_dead_tup FROM pg_stat_sys_tables WHERE schemaname = "
+                "'pg_catalog' AND n_dead_tup >= %s ORDER BY n_dead_tup DESC",
+                (least_dead,)).fetchall()
+            for name, count in bloated:
+                left = budget - (time.monotonic() - started)
+                if left <= 0.1:
+                    break
+                conn.execute("SELECT set_config('statement_timeout', %s, false)",
+                             (f"{int(left * 1000)}ms",))
+                try:
+                    conn.execute(sql.SQL("VACUUM pg_catalog.{}").format(sql.Identifier(name)))
+                except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
+                    continue  # another session's vacuum holds it, or the budget ran out
+                done.append(name)
+                dead += count
+    except (psycopg.Error, OSError) as exc:
+        return Vacuumed(done, dead, time.monotonic() - started, type(exc).__name__)
+    return Vacuumed(done, dead, time.monotonic() - started)
+
+
+_VACUUMED = pytest.StashKey[Vacuumed]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # a pytest-xdist worker: the controlling process vacuums once, at the end
+    try:
+        from tests.hitl_support.postgres import SERVER
+    except ImportError:
+        return
+    session.config.stash[_VACUUMED] = vacuum_catalogs(SERVER)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
+                            config: pytest.Config) -> None:
+    vacuumed = config.stash.get(_VACUUMED, None)
+    if vacuumed is not None and vacuumed.catalogs:
+        terminalreporter.write_line(
+            f"vacuumed PostgreSQL's {', '.join(vacuumed.catalogs)} ({vacuumed.dead_rows} "
+            f"dead rows) in {vacuumed.seconds:.2f} s")

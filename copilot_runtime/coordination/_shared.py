@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 import time
@@ -37,6 +38,18 @@ DEFAULT_TIMEOUT = 10.0
 def _retrieved(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()  # retrieved: a call given up on may still fail later
+
+
+def _listening(ready: asyncio.Future[None], failing: bool, _: object) -> None:
+    """A signal connection is open (again): the coordinator is ready, the outage over."""
+    if not ready.done():
+        ready.set_result(None)
+    if failing:
+        _log.info("coordinator's signal connection is back")
+
+
+def _told(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
 
 
 class SharedCoordinator:
@@ -95,18 +108,36 @@ class SharedCoordinator:
     async def _disconnect(self) -> None:
         raise NotImplementedError
 
+    def _cannot_serve_now(self, exc: BaseException) -> bool:
+        """Whether `exc` is the answer of a server that is there but cannot serve now (a
+        replica or a standby after a failover, out of memory...): as unavailable, for a
+        while, as one that cannot be reached."""
+        return False
+
     # -- lifecycle -----------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
     async def _reachable(self) -> AsyncIterator[None]:
-        """The block, within `timeout`; its backend's connection failures, and a server
-        that does not answer in time, a ServiceUnavailableError (503)."""
-        failures: tuple[type[BaseException], ...] = (TimeoutError, *self.unreachable)
+        """The block, within `timeout`; its backend's connection failures, a server that
+        does not answer in time, and one that answers that it cannot serve now, a
+        ServiceUnavailableError (503 with Retry-After; before, the last was a bare 500)."""
         try:
             async with within(self.timeout):
                 yield
-        except failures as exc:
-            raise ServiceUnavailableError("The coordinator cannot be reached") from exc
+        except Exception as exc:
+            reason = self._unavailable(exc)
+            if reason is None:
+                raise
+            raise ServiceUnavailableError(reason) from exc
+
+    def _unavailable(self, exc: BaseException) -> str | None:
+        """Why the coordinator is unavailable, if `exc` says it is (None: a failure of its
+        own, a bug)."""
+        if isinstance(exc, (TimeoutError, *self.unreachable)):
+            return "The coordinator cannot be reached"
+        if self._cannot_serve_now(exc):
+            return "The coordinator cannot serve now"
+        return None
 
     async def start(self) -> None:
         started = self._started
@@ -128,14 +159,23 @@ class SharedCoordinator:
         await asyncio.wait([ready, self._tasks[0]], return_when=asyncio.FIRST_COMPLETED)
 
     async def _listen_forever(self, ready: asyncio.Future[None]) -> None:
+        loop = asyncio.get_running_loop()
+        #: No connection was opened since the last was lost: the outage is told once (a
+        #: server away, or answering that it cannot serve, fails every attempt, each second).
+        failing = False
         while True:
+            listening: asyncio.Future[None] = loop.create_future()
+            listening.add_done_callback(functools.partial(_listening, ready, failing))
             try:
-                await self._listen(ready)
+                await self._listen(listening)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 # Signals sent meanwhile are lost; followers poll the store slowly for that.
-                _log.warning("coordinator lost its signal connection", error=str(exc))
+                if listening.done() or not failing:
+                    _log.warning("coordinator lost its signal connection; opening it again",
+                                 error=_told(exc), unavailable=self._unavailable(exc))
+                failing = True
             if not ready.done():
                 ready.set_result(None)
             await asyncio.sleep(_RETRY)
@@ -143,6 +183,7 @@ class SharedCoordinator:
     async def _renew_forever(self) -> None:
         interval = self.lease_ttl / 3
         margin = min(interval / 2, 1.0)
+        failing = False  # the last renewal failed: the outage was told
         while True:
             await asyncio.sleep(interval)
             held = list(self._held.values())
@@ -156,13 +197,19 @@ class SharedCoordinator:
                 async with within(max(oldest + self.lease_ttl - margin - sent, margin)):
                     lost = await self._renew(held)
             except Exception as exc:
-                _log.warning("could not renew leases", error=str(exc) or type(exc).__name__)
+                if not failing:
+                    _log.warning("could not renew leases; trying again", error=_told(exc),
+                                 unavailable=self._unavailable(exc))
+                failing = True
                 # A lease that may expire before the next try could be taken by another
                 # worker meanwhile: its run stops now, whatever the server says later.
                 deadline = time.monotonic() + interval
                 lost = {x.thread_id for x in held
                         if self._confirmed.get(x.thread_id, sent) + self.lease_ttl <= deadline}
             else:
+                if failing:
+                    _log.info("leases renewed again")
+                failing = False
                 for lease in held:
                     if lease.thread_id not in lost and self._held.get(lease.thread_id) == lease:
                         self._confirmed[lease.thread_id] = sent

@@ -47,6 +47,10 @@ class PostgresCoordinator(SharedCoordinator):
                               "install 'copilot-runtime[postgres]'", name=exc.name) from exc
         conninfo, options = split_options(url, ("schema", "lease_ttl", "pool_size"))
         self.unreachable = (psycopg.OperationalError, psycopg.InterfaceError)
+        #: A standby (after a failover, or a primary demoted) answers every write, LISTEN and
+        #: NOTIFY "cannot execute ... in a read-only transaction" (or "during recovery"):
+        #: the server is there but cannot serve now.
+        self._read_only = psycopg.errors.ReadOnlySqlTransaction
         from copilot_runtime._pg_lane import with_session_defaults
 
         conninfo = with_session_defaults(conninfo, connect_timeout=5,
@@ -67,6 +71,9 @@ class PostgresCoordinator(SharedCoordinator):
         # (their batchers') over a connection of their own each: no check-out from the pool.
         self._taking: Any = None
         self._ending: Any = None
+
+    def _cannot_serve_now(self, exc: BaseException) -> bool:
+        return isinstance(exc, self._read_only)
 
     async def _connect(self) -> None:
         from psycopg_pool import AsyncConnectionPool

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from copilot_runtime._redis_client import DEFAULT_POOL_SIZE, bounded_redis
+from copilot_runtime._redis_client import DEFAULT_POOL_SIZE, bounded_redis, cannot_serve_now
 from copilot_runtime._url_options import (
     checked_redis_db,
     lease_ttl_option,
@@ -115,6 +115,10 @@ class RedisCoordinator(SharedCoordinator):
         #: Seconds an `open:` marker outlives its lease (`OPEN_TTL`).
         self.open_ttl = OPEN_TTL
         self._redis: Any = None
+
+    def _cannot_serve_now(self, exc: BaseException) -> bool:
+        # READONLY from a replica after a failover, OOM, BUSY, MASTERDOWN...: as the limits.
+        return cannot_serve_now(exc)
 
     def _key(self, thread_id: str) -> str:
         return f"{self.prefix}lease:{thread_id}"

@@ -1,0 +1,87 @@
+"""JWT claims naming a thread's owner: the principal and its tenant are non-empty strings.
+
+Before, a tenant claim of another JSON type was turned into a string: a token saying
+`"org": 5` and one saying `"org": "5"` were one tenant (and `true`, `[1]`, `{}` tenants
+"True", "[1]", "{}"), so one tenant's callers could be made to share threads with another
+by an issuer that types the claim loosely. Now such a token is refused (401), as a
+principal claim that is not a non-empty string already was."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jwt
+import orjson
+import pytest
+
+from copilot_runtime import AuthenticationError, JWTAuth
+from copilot_runtime.auth import RequestInfo
+from copilot_runtime.testing import MockOpenAIServer
+from tests.conftest import ServeRuntime, openai_runtime
+
+SECRET = "a-test-secret-of-at-least-32-bytes!!"
+
+
+def _request(**claims: Any) -> RequestInfo:
+    claims.setdefault("sub", "alice")
+    claims.setdefault("exp", int(time.time()) + 60)
+    token = jwt.encode(claims, SECRET, algorithm="HS256")
+    return RequestInfo("GET", "/info", {"authorization": f"Bearer {token}"}, "127.0.0.1")
+
+
+def _auth(principal_claim: str = "sub") -> JWTAuth:
+    return JWTAuth(SECRET, algorithms=["HS256"], tenant_claim="org",
+                   principal_claim=principal_claim)
+
+
+NOT_STRINGS = [5, 0, 1.5, True, False, [], ["acme"], {}, {"id": "acme"}, ""]
+IDS = ["int", "zero", "float", "true", "false", "empty-list", "list", "empty-dict", "dict",
+       "empty-string"]
+
+
+@pytest.mark.parametrize("tenant", NOT_STRINGS, ids=IDS)
+async def test_a_tenant_claim_that_is_not_a_non_empty_string_is_a_401(tenant: Any) -> None:
+    with pytest.raises(AuthenticationError) as caught:
+        await _auth().authenticate(_request(org=tenant))
+    assert caught.value.status == 401
+    assert caught.value.message == "The token's 'org' claim is not a non-empty string"
+
+
+@pytest.mark.parametrize("subject", NOT_STRINGS, ids=IDS)
+async def test_a_principal_claim_that_is_not_a_non_empty_string_is_a_401(subject: Any) -> None:
+    """A claim PyJWT does not check (`sub` it does, but for being empty)."""
+    with pytest.raises(AuthenticationError) as caught:
+        await _auth("uid").authenticate(_request(uid=subject))
+    assert caught.value.status == 401
+    assert caught.value.message == "The token's 'uid' claim is not a non-empty string"
+    with pytest.raises(AuthenticationError) as caught:
+        await _auth().authenticate(_request(sub=subject))
+    assert caught.value.status == 401
+
+
+async def test_tenants_of_strings_and_tokens_without_one_still_pass() -> None:
+    auth = _auth()
+    assert (await auth.authenticate(_request(org="5"))).tenant == "5"
+    assert (await auth.authenticate(_request())).tenant is None
+    assert (await auth.authenticate(_request(org=None))).tenant is None
+    assert (await _auth("uid").authenticate(_request(uid="u-1"))).id == "u-1"
+    with pytest.raises(AuthenticationError, match="The token has no 'uid' claim"):
+        await _auth("uid").authenticate(_request())
+
+
+async def test_a_numeric_tenant_is_refused_over_http(serve_runtime: ServeRuntime,
+                                                      llm: MockOpenAIServer) -> None:
+    """The 401 says which claim, nothing of the token or the key."""
+    async with serve_runtime(openai_runtime(llm, auth=_auth())) as served:
+        for org, status in (("5", 200), (5, 401), (True, 401)):
+            token = _request(org=org).headers["authorization"]
+            response = await served.session.get(served.url + "/info",
+                                                headers={"Authorization": token})
+            body = await response.read()
+            assert response.status == status, body
+            if status == 401:
+                assert orjson.loads(body)["code"] == "AUTHENTICATION_ERROR"
+                assert b"'org' claim" in body
+                assert SECRET.encode() not in body
+                assert token.removeprefix("Bearer ").encode() not in body
