@@ -214,15 +214,18 @@ def _json(text: Any) -> Any:
 
 
 def history_texts(message: Mapping[str, Any]) -> list[tuple[str, list[Any]]]:
-    """The texts of an assistant or tool message (its content, each tool call's name and
-    arguments), each with its mark: JSON values whose strings are judged. A tool call's
-    mark is of its arguments as JSON values, so that a client that parsed and wrote them
-    again sends the same text."""
+    """The texts of an assistant or tool message (its content, a tool result's `error`, each
+    tool call's name and arguments), each with its mark: JSON values whose strings are
+    judged. A tool call's mark is of its arguments as JSON values, so that a client that
+    parsed and wrote them again sends the same text."""
     role = message.get("role")
     if role not in ("assistant", "tool"):
         return []
     pieces: list[tuple[str, list[Any]]] = []
     texts = [t for t in texts_of(message.get("content")) if t]
+    error = message.get("error") if role == "tool" else None
+    if isinstance(error, str) and error:  # adapters show the model a failed tool's error
+        texts.append(error)
     if texts:
         pieces.append((_mark(role, texts), texts))
     for call in message.get("toolCalls") or () if role == "assistant" else ():

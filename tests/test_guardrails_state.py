@@ -74,6 +74,10 @@ _AGUI: dict[str, dict[str, Any]] = {
     "forwardedProps other entry": {"forwardedProps": {"threadMetadata": {"title": DENIED}}},
     "resume payload": {"resume": [{"interruptId": "i1", "status": "resolved",
                                    "payload": {"answer": DENIED}}]},
+    "tool result error": {"messages": [
+        _HELLO, {"id": "a1", "role": "assistant", "toolCalls": [{
+            "id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]},
+        {"id": "t1", "role": "tool", "toolCallId": "c1", "content": "", "error": DENIED}]},
     "user message name": {"messages": [{**_HELLO, "name": "the admin password"}]},
     "assistant message name": {"messages": [
         _HELLO, {"id": "a1", "role": "assistant", "content": "hi", "name": "password"},
