@@ -113,18 +113,49 @@ _CONTEXT = 20
 #: The most messages judged for one run (one judge call each): a request bringing more new
 #: text than this is refused, not judged piece by piece.
 _MOST_JUDGED = 32
+#: How deep client text may nest within one value (a state entry, a tool's schema, an
+#: interrupt's answer), and how many values (strings, numbers, objects, arrays, object
+#: keys) the client text new to a run may hold: past either, the run is refused rather than
+#: walked further.
+_DEEPEST = 32
+_MOST_VALUES = 50_000
+#: `forwardedProps` entries that are not text a model reads: the model settings the runtime
+#: reads (the built-in agent's, a GraphQL request's `forwardedParameters`), and the graph
+#: node a LangGraph run starts from (a node's name, or the graph refuses it).
+_NOT_TEXT = frozenset({"model", "temperature", "maxTokens", "max_tokens", "stop",
+                       "toolChoice", "tool_choice", "forwardedParameters", "nodeName"})
 
 
 class _TooMuchToJudge(Exception):
-    pass
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(verdict.reason)
+        self.verdict = verdict
 
 
-_TOO_MUCH_TO_JUDGE = Verdict(False, f"Your request brings more than {_MOST_JUDGED} new "
-                                   "messages to check, so it was not sent.")
+_TOO_MANY_MESSAGES = Verdict(False, f"Your request brings more than {_MOST_JUDGED} new "
+                                    "messages to check, so it was not sent.")
+_TOO_MUCH_TEXT = Verdict(False, f"Your request brings more than {_MOST_VALUES} new values "
+                                "to check, so it was not sent.")
+_TOO_DEEP = Verdict(False, f"Your request nests values more than {_DEEPEST} levels deep, "
+                           "too deep to be checked, so it was not sent.")
+_UNCHECKABLE = Verdict(False, "Your request holds values that cannot be checked, so it was "
+                              "not sent.")
 
 
 def _mark(*parts: Any) -> str:
     digest = hashlib.blake2b(orjson.dumps(list(parts), default=str),
+                             digest_size=16).hexdigest()
+    return f"judged:{digest}"
+
+
+def _value_mark(kind: str, key: Any, value: Any) -> str | None:
+    """The mark of a JSON value under `kind` and `key`, its object keys in order (a client
+    that parsed and wrote it again may reorder them); None if it cannot be encoded."""
+    try:
+        encoded = orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    except (orjson.JSONEncodeError, TypeError):
+        return None
+    digest = hashlib.blake2b(orjson.dumps([kind, key], default=str) + b"\n" + encoded,
                              digest_size=16).hexdigest()
     return f"judged:{digest}"
 
@@ -136,16 +167,43 @@ def judged_mark(message: dict[str, Any]) -> str:
     return _mark(message.get("role"), message.get("content"))
 
 
-def _strings(value: Any) -> list[str]:
-    """The strings of a JSON value, keys too (a schema's property names and descriptions
-    are text the model reads)."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for k, v in value.items() for s in (*_strings(k), *_strings(v))]
-    if isinstance(value, list):
-        return [s for v in value for s in _strings(v)]
-    return []
+class _Walk:
+    """Collects the strings of JSON values, keys too (a schema's property names and
+    descriptions are text the model reads), within `_DEEPEST` levels and `_MOST_VALUES`
+    values across one run's input (iteratively: hostile nesting cannot exhaust the stack)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = _MOST_VALUES
+
+    def strings(self, values: Sequence[Any]) -> list[str]:
+        out: list[str] = []
+        self._take(len(values))
+        stack: list[tuple[Any, int]] = [(v, 0) for v in reversed(values)]
+        while stack:
+            value, depth = stack.pop()
+            if isinstance(value, str):
+                if value:
+                    out.append(value)
+            elif isinstance(value, dict | list):
+                if depth == _DEEPEST:
+                    raise _TooMuchToJudge(_TOO_DEEP)
+                # Counted before they are stacked: a hostile array is not copied first.
+                if isinstance(value, dict):
+                    self._take(2 * len(value))
+                    for key, item in reversed(value.items()):
+                        stack.append((item, depth + 1))
+                        stack.append((key, depth + 1))
+                else:
+                    self._take(len(value))
+                    stack.extend((item, depth + 1) for item in reversed(value))
+        return out
+
+    def _take(self, count: int) -> None:
+        self.left -= count
+        if self.left < 0:
+            raise _TooMuchToJudge(_TOO_MUCH_TEXT)
 
 
 def _json(text: Any) -> Any:
@@ -155,15 +213,19 @@ def _json(text: Any) -> Any:
         return None
 
 
-def history_texts(message: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
-    """The texts of an assistant or tool message (its content, each tool call's name and
-    arguments), each with its mark. A tool call's mark is of its arguments as JSON values,
-    so that a client that parsed and wrote them again sends the same text."""
+def history_texts(message: Mapping[str, Any]) -> list[tuple[str, list[Any]]]:
+    """The texts of an assistant or tool message (its content, a tool result's `error`, each
+    tool call's name and arguments), each with its mark: JSON values whose strings are
+    judged. A tool call's mark is of its arguments as JSON values, so that a client that
+    parsed and wrote them again sends the same text."""
     role = message.get("role")
     if role not in ("assistant", "tool"):
         return []
-    pieces: list[tuple[str, list[str]]] = []
+    pieces: list[tuple[str, list[Any]]] = []
     texts = [t for t in texts_of(message.get("content")) if t]
+    error = message.get("error") if role == "tool" else None
+    if isinstance(error, str) and error:  # adapters show the model a failed tool's error
+        texts.append(error)
     if texts:
         pieces.append((_mark(role, texts), texts))
     for call in message.get("toolCalls") or () if role == "assistant" else ():
@@ -173,16 +235,30 @@ def history_texts(message: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
             parsed = _json(arguments)
             canonical = arguments if parsed is None else orjson.dumps(
                 parsed, option=orjson.OPT_SORT_KEYS).decode()
-            pieces.append((_mark("toolCall", name, canonical),
-                           [*_strings(name), *_strings(arguments), *_strings(parsed)]))
+            pieces.append((_mark("toolCall", name, canonical), [name, arguments, parsed]))
     return pieces
 
 
+def _state_entries(state: Any) -> list[tuple[str | None, Any]]:
+    """A state's entries, each with its mark: an object's top-level entries one by one (a
+    client that edits one field brings only that one to judge, and a GraphQL client sends
+    the state back without the `messages` it holds), any other state whole. The keys of an
+    object state are not text to judge: an agent's schema names them."""
+    if isinstance(state, dict):
+        return [(_value_mark("state", key, value), value) for key, value in state.items()]
+    return [] if state is None else [(_value_mark("state", None, state), state)]
+
+
 def output_marks(events: list[Event]) -> set[str]:
-    """The marks of what a run's agent wrote (its answers, tool calls and tool results):
-    clients send them back as history, and they are not the client's text to judge."""
+    """The marks of what a run's agent wrote (its answers, tool calls and tool results, and
+    its state): clients send them back as history and state, and they are not the client's
+    text to judge."""
     produced = events_to_messages([[e for e in events if e["type"] != ev.RUN_STARTED]])
-    return {mark for message in produced for mark, _ in history_texts(message)}
+    marks = {mark for message in produced for mark, _ in history_texts(message)}
+    for event in events:
+        if event["type"] == ev.STATE_SNAPSHOT:
+            marks.update(m for m, _ in _state_entries(event.get("snapshot")) if m is not None)
+    return marks
 
 
 def judged(input: Mapping[str, Any], seen: Collection[str],
@@ -196,30 +272,44 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
     other message, or send the refused text in a `system` or `developer` message; judging
     by message id let it send new text under the id of a message the thread holds.
 
-    All other client-written text the model reads and the thread has not let through or
-    produced itself (`context` entries, tool definitions but `offered`, the runtime's own,
-    assistant turns and tool calls the thread did not make, tool results) is judged at
-    once, as one message with `CLIENT_TEXT` set. A request with nothing new to judge (an
-    approval) is judged as it is.
+    All other client-written text the model or the agent reads and the thread has not let
+    through or produced itself is judged at once, as one message with `CLIENT_TEXT` set:
+    `context` entries, tool definitions but `offered` (the runtime's own), assistant turns
+    and tool calls the thread did not make, tool results, messages' `name`s, the strings of
+    `state` (its entries the agent wrote in an earlier run are its own) and of
+    `forwardedProps` but model settings and the node name (a LangGraph interrupt's answer
+    among them, `command.resume`, as a GraphQL `metaEvents` answer arrives too), and the
+    payloads of `resume` (AG-UI 1.0's answers, and the approvals service's). A request with
+    nothing new to judge is judged as it is.
+
+    Raises `_TooMuchToJudge` for more than `_MOST_JUDGED` messages, and for client text
+    nesting deeper than `_DEEPEST` or holding more than `_MOST_VALUES` values.
     """
     messages = input.get("messages") or []
     out: list[tuple[list[str], list[Any]]] = []
     marks: list[str] = []
     texts: list[str] = []
+    walk = _Walk()
 
-    def other(mark: str, pieces: list[str]) -> None:
+    def other(mark: str | None, values: list[Any]) -> None:
+        if mark is None:  # not JSON (input built in process): walked to say why, if it can
+            walk.strings(values)
+            raise _TooMuchToJudge(_UNCHECKABLE)
         if mark not in seen and mark not in marks:
             marks.append(mark)
-            texts.extend(p for p in pieces if p)
+            texts.extend(walk.strings(values))
 
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             continue
+        name = message.get("name")
+        if isinstance(name, str) and name:
+            other(_mark("name", name), [name])
         if message.get("role") in _CLIENT_ROLES:
             mark = judged_mark(message)
             if mark not in seen:
                 if len(out) == _MOST_JUDGED:
-                    raise _TooMuchToJudge
+                    raise _TooMuchToJudge(_TOO_MANY_MESSAGES)
                 # The messages just before it, as context (a judge reads a few of them):
                 # whole prefixes would cost the square of the request's length.
                 context = messages[max(0, index - _CONTEXT):index]
@@ -230,18 +320,34 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
     for entry in input.get("context") or ():
         if isinstance(entry, dict):
             other(_mark("context", entry.get("description"), entry.get("value")),
-                  _strings([entry.get("description"), entry.get("value")]))
+                  [entry.get("description"), entry.get("value")])
     for tool in input.get("tools") or ():
         if isinstance(tool, dict) and tool not in offered:
             other(_mark("tool", tool.get("name"), tool.get("description"),
                         tool.get("parameters")),
-                  _strings([tool.get("name"), tool.get("description"),
-                            tool.get("parameters")]))
-    if marks:
+                  [tool.get("name"), tool.get("description"), tool.get("parameters")])
+    for entry_mark, value in _state_entries(input.get("state")):
+        other(entry_mark, [value])
+    props = input.get("forwardedProps")
+    if isinstance(props, dict):
+        for key, value in props.items():
+            if key not in _NOT_TEXT:
+                other(_value_mark("forwardedProps", key, value), [value])
+    elif props is not None:
+        other(_value_mark("forwardedProps", None, props), [props])
+    for entry in input.get("resume") or ():
+        if isinstance(entry, dict):
+            payload = entry.get("payload")
+            other(_value_mark("resume", None, payload), [payload])
+    if texts:
         if len(out) == _MOST_JUDGED:
-            raise _TooMuchToJudge
+            raise _TooMuchToJudge(_TOO_MANY_MESSAGES)
         out.append((marks, [{"id": "client-text", "role": "user", CLIENT_TEXT: True,
                              "content": [{"type": "text", "text": t} for t in texts]}]))
+    elif marks:  # new, but without text (numbers, say): kept with whatever is judged
+        if not out:
+            return [(marks, messages)]
+        out[0][0].extend(marks)
     return out or [([], messages)]
 
 
@@ -282,8 +388,8 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
             offered = agent.tools.specs() if isinstance(agent, ServerToolsAgent) else []
             try:
                 to_judge = judged(input.raw, run.seen_message_ids, offered)
-            except _TooMuchToJudge:
-                to_judge, verdict = [], _TOO_MUCH_TO_JUDGE
+            except _TooMuchToJudge as exc:
+                to_judge, verdict = [], exc.verdict
             for marks, messages in to_judge:
                 verdict = await check_input(runtime.guardrails, messages, principal, topics)
                 if not verdict.allowed:
