@@ -34,7 +34,10 @@ async def reachable(seconds: float | None, unreachable: str) -> AsyncIterator[No
     try:
         async with within(seconds) if seconds is not None else contextlib.nullcontext():
             yield
-    except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError) as exc:
+    except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError,
+            psycopg.errors.ReadOnlySqlTransaction) as exc:
+        # A read-only server (a standby after a failover, a demoted primary) is there but
+        # cannot serve now: the same answer.
         raise ServiceUnavailableError(unreachable) from exc
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import structlog
 
 from copilot_runtime import events as ev
+from copilot_runtime._again import worth_logging
 from copilot_runtime._compaction import compact_events
 from copilot_runtime._exceptions import (
     CopilotRuntimeError,
@@ -538,6 +539,8 @@ class RunManager:
         #: alone): until it did (its store was away at start-up), runs and replays try again.
         self.recovered = self.durable is None or self.coordinator is not None
         self._owners = _KnownOwners()
+        #: Progress signals that failed in a row (see `_signal_progress`).
+        self._unsignalled = 0
 
     async def begin(self, agent_id: str, agent: Agent, input: RunInput,
                     context: RunContext, owner: ThreadOwner | None = None,
@@ -705,8 +708,15 @@ class RunManager:
         try:
             await self.coordinator.publish(
                 Signal("progress", run.thread_id, run.run_id, position))
-        except Exception:
-            _log.warning("could not signal progress", thread_id=run.thread_id)
+        except Exception as exc:
+            # Followers poll the store meanwhile; an outage is told now and then, not at
+            # every batch of every run.
+            self._unsignalled += 1
+            if worth_logging(self._unsignalled):
+                _log.warning("could not signal progress", thread_id=run.thread_id,
+                             error=str(exc), failures_in_a_row=self._unsignalled)
+        else:
+            self._unsignalled = 0
 
     async def stop_anywhere(self, thread_id: str, run_id: str | None = None) -> bool:
         """Stop the thread's run, here or on the worker that drives it."""

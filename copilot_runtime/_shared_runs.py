@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Container, Sequence
 
 import structlog
 
+from copilot_runtime._again import worth_logging
 from copilot_runtime._exceptions import ServiceUnavailableError
 from copilot_runtime.coordination import Coordinator, Signal
 from copilot_runtime.threads.base import DurableThreadStore, Positioned, ThreadStore
@@ -120,12 +121,25 @@ class RecoverySweep:
             self._task = None
 
     async def _loop(self) -> None:
+        failures = 0  # in a row: an outage is told now and then, not every interval
         while True:
             await asyncio.sleep(self.interval)
             try:
                 await self.sweep()
+            except ServiceUnavailableError as exc:
+                failures += 1
+                if worth_logging(failures):
+                    _log.warning("recovery sweep: tried again next time", error=str(exc),
+                                 failures_in_a_row=failures)
+                continue
             except Exception:
-                _log.exception("recovery sweep failed")
+                failures += 1
+                if worth_logging(failures):
+                    _log.exception("recovery sweep failed", failures_in_a_row=failures)
+                continue
+            if failures:
+                _log.info("recovery sweep works again", failures_in_a_row=failures)
+                failures = 0
 
     async def sweep(self) -> int:
         """Close the runs whose worker is gone; how many this worker closed."""

@@ -26,7 +26,10 @@ def split_options(url: str, names: tuple[str, ...]) -> tuple[str, dict[str, str]
             options[key] = value
         else:
             kept.append((key, value))
-    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(kept))), options
+    # Spaces written %20, as libpq decodes them (it reads `+` as a plus: `options=-c x=1`
+    # would reach the server as "-c+x=1").
+    query = urllib.parse.urlencode(kept, quote_via=urllib.parse.quote)
+    return urllib.parse.urlunsplit(parts._replace(query=query)), options
 
 
 def pool_size_option(options: dict[str, str], default: int) -> int:
