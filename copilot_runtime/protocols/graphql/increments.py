@@ -16,6 +16,10 @@ accept multipart), the whole result is written once, at the end, as a single JSO
 Turn semantics follow the 1.10 runtime: a server-side action's result message directly
 follows its call. The core streams every tool call of an answer before running the actions,
 so message events after a server-side call are held back until its result has been sent.
+An agent that works in steps answers a call in the step that made it or in a later one (a
+graph's tool node), so once another step starts nothing is held for those calls: a
+graph-side tool that failed, or a call a graph only announced, gets no result at all, and
+the answer that follows must still stream.
 
 An agent's steps and state become agent-state messages (`agent_state`), added to `messages`
 as they happen (never held back: they are the live view of the agent), and its interrupts
@@ -118,6 +122,9 @@ class ResponseEncoder:
         self._closing: list[_Message] = []
         self._awaiting: set[str] = set()
         self._held: list[Event] | None = None
+        #: Held events are being sent without waiting any longer: calls among them that
+        #: end are not waited for either.
+        self._releasing = False
         self._failed = False
         self._status: Obj | None = None
         self._root: dict[str, Any] = {"threadId": thread_id, "runId": run_id,
@@ -225,6 +232,10 @@ class ResponseEncoder:
             elif kind == ev.TOOL_CALL_RESULT:
                 self._result(event, out)
             elif kind in STATE_EVENTS:
+                if kind == ev.STEP_STARTED:
+                    # A new step: the one that made the awaited calls is over, and whatever
+                    # answers them came before it, in the step after, or not at all.
+                    self._release(out)
                 if self._agent is not None:
                     self._agent_message(self._agent.feed(event), out)
             elif kind == ev.CUSTOM:
@@ -266,7 +277,8 @@ class ResponseEncoder:
     def _end_call(self, call_id: str) -> None:
         message = self._calls.pop(call_id, None)
         self._end(message)
-        if message is not None and message.call_name not in self.frontend_tools:
+        if message is not None and message.call_name not in self.frontend_tools and (
+                not self._releasing):
             # A server-side action: its result comes next in a 1.10 response.
             self._awaiting.add(call_id)
             if self._held is None:
@@ -377,11 +389,16 @@ class ResponseEncoder:
             self._closing.append(message)
 
     def _release(self, out: list[dict[str, Any]]) -> None:
-        """At the end, send what was held for a result that never came."""
+        """Send what was held for results that did not come: at the end, or when the agent
+        starts another step."""
         self._awaiting.clear()
         if self._held is not None:
             held, self._held = self._held, None
-            self._feed(held, out)
+            self._releasing = True
+            try:
+                self._feed(held, out)
+            finally:
+                self._releasing = False
 
     def _finish(self) -> None:
         cut = self.stopped() and self._closing
