@@ -199,6 +199,27 @@ def test_a_new_step_ends_the_hold_for_calls_no_one_answered() -> None:
     assert final["messages"][-1]["content"] == ["an", "swer"]
 
 
+@pytest.mark.parametrize("incremental", [True, False])
+def test_keepalives_leave_the_result_as_it_is(incremental: bool) -> None:
+    encoder = ResponseEncoder(compiled(), thread_id="t", run_id=None, frontend_tools=frozenset(),
+                              stopped=lambda: False, incremental=incremental)
+    # Multipart: nothing before the first part, which a client would take for the result.
+    assert encoder.keepalive() == (b"" if incremental else b"\n")
+    body = encoder.encode([ev.run_started("t", "r")]) + encoder.keepalive()
+    body += encoder.encode([ev.text_message_start("m"), ev.text_message_content("m", "hi")])
+    body += encoder.keepalive() + encoder.keepalive()
+    body += encoder.encode([ev.text_message_end("m"), *FINISHED])
+    assert encoder.keepalive() == b""  # the response is complete
+    if incremental:
+        assert body.count(b"\r\n---\r\n\r\n\r\n---") == 2
+        result = merge(parse_multipart(body))["data"]["generateCopilotResponse"]
+    else:
+        assert body.startswith(b"\n\n\n{")
+        result = json.loads(body)["data"]["generateCopilotResponse"]
+    assert result["messages"][0]["content"] == ["hi"]
+    assert result["status"]["code"] == "Success"
+
+
 def test_failure_marks_open_messages_failed() -> None:
     result = streamed([
         [ev.text_message_start("m"), ev.text_message_content("m", "partial")],

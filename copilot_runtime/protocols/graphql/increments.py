@@ -13,6 +13,11 @@ it (one write per batch). Incrementally it writes the 2022 `multipart/mixed` for
 When the operation selects something that is only known at the end (or the client does not
 accept multipart), the whole result is written once, at the end, as a single JSON body.
 
+While a run is silent, `keepalive` gives the bytes that keep the connection busy without
+changing the result (proxies cut connections idle for 30-60 s; the 1.10 runtime sends
+nothing): an empty part (no headers, no body) between parts, which urql skips without
+yielding a result, or a newline before the single JSON body.
+
 Turn semantics follow the 1.10 runtime: a server-side action's result message directly
 follows its call. The core streams every tool call of an answer before running the actions,
 so message events after a server-side call are held back until its result has been sent.
@@ -60,6 +65,8 @@ _MESSAGE_EVENTS = frozenset({
     ev.TEXT_MESSAGE_START, ev.TEXT_MESSAGE_CONTENT, ev.TEXT_MESSAGE_END,
     ev.TOOL_CALL_START, ev.TOOL_CALL_ARGS, ev.TOOL_CALL_END,
 })
+#: A part with neither headers nor body, after the boundary line that ended the last one.
+_EMPTY_PART = b"\r\n\r\n\r\n---"
 _TEXT_FAILED = "The run failed before this message was complete"
 _ARGUMENTS_FAILED = "The run failed before these arguments were complete"
 _STOPPED = "The run was stopped before this message was complete"
@@ -166,6 +173,15 @@ class ResponseEncoder:
         if out:
             return head + encode_part({"incremental": out, "hasNext": True})
         return head
+
+    def keepalive(self) -> bytes:
+        """What to send after a silence: nothing before the first part (a client reads
+        that as the result) or after the end."""
+        if self.done:
+            return b""
+        if not self.incremental:
+            return b"\n"  # whitespace before a JSON text is part of it
+        return _EMPTY_PART if self._started else b""
 
     def _data(self, root: dict[str, Any]) -> dict[str, Any]:
         return {key: root if kind == "root" else "Mutation" for kind, key in self.plan.top}
