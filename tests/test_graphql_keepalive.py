@@ -63,7 +63,7 @@ async def test_the_real_client_reads_through_keepalives(serve_runtime: ServeRunt
     _npm_ci()
     async with serve_runtime(runtime(), keepalive=KEEPALIVE) as served:
         proc = await asyncio.create_subprocess_exec(
-            node, str(GQL_DIR / "drive_silence.mjs"), served.url, "thinker", cwd=GQL_DIR,
+            node, str(GQL_DIR / "drive_session.mjs"), served.url, "thinker", cwd=GQL_DIR,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode(errors="replace")[-3000:]

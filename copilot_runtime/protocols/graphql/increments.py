@@ -28,7 +28,12 @@ the answer that follows must still stream.
 
 An agent's steps and state become agent-state messages (`agent_state`), added to `messages`
 as they happen (never held back: they are the live view of the agent), and its interrupts
-become `metaEvents` (`meta_events`).
+become `metaEvents` (`meta_events`). The 1.10 client reads only an agent's last agent-state
+message (`filterAdjacentAgentStateMessages`), whole, at every part; so a large state is not
+repeated: when it has not changed, the agent's last message is updated instead (a `data`
+patch with its new id, node and flags, which urql merges into it), and the client sees what
+a new message would have shown it. A state under `STATE_REPEATED_BELOW` bytes is repeated,
+as the 1.10 runtime did.
 """
 
 from __future__ import annotations
@@ -57,7 +62,10 @@ from copilot_runtime.protocols.graphql.transport import (
     multipart_start,
 )
 
-__all__ = ["ResponseEncoder", "encode_result"]
+__all__ = ["STATE_REPEATED_BELOW", "ResponseEncoder", "encode_result"]
+
+#: States (as JSON) this long or longer are sent again only when they change.
+STATE_REPEATED_BELOW = 64 * 1024
 
 _ROLES = frozenset({"assistant", "developer", "system", "tool", "user"})
 _SUCCESS: Obj = ("SuccessMessageStatus", {"code": "Success"})
@@ -150,6 +158,8 @@ class ResponseEncoder:
             self._agents.append(AgentStates(agent_name, thread_id, agent_run_id or run_id or "",
                                             agent_state))
         self._agent: AgentStates | None = self._agents[-1] if self._agents else None
+        #: Each agent's last agent-state message, by name: the one the 1.10 client reads.
+        self._last_states: dict[str, _Message] = {}
 
     # -- output ----------------------------------------------------------------------------
 
@@ -351,12 +361,34 @@ class ResponseEncoder:
         return agent
 
     def _agent_message(self, values: dict[str, Any] | None, out: list[dict[str, Any]]) -> None:
-        """Add an agent-state message: complete when it starts, so its status follows."""
+        """Add an agent-state message: complete when it starts, so its status follows. A
+        large state that has not changed updates the agent's last message instead."""
         if values is None:
             return
         values["status"] = _SUCCESS
+        name = values["agentName"]
+        last = self._last_states.get(name)
+        state = values["state"]
+        if last is not None and len(state) >= STATE_REPEATED_BELOW and (
+                last.values["state"] == state):
+            self._update(last, values, out)
+            return
         message = self._add("AgentStateMessageOutput", values, None, out)
         self._deferred(message, out)
+        self._last_states[name] = message
+
+    def _update(self, message: _Message, values: dict[str, Any],
+                out: list[dict[str, Any]]) -> None:
+        """Give `message` the fields of `values` (its state the same) with a `data` patch."""
+        changed = {k for k, v in values.items() if message.values.get(k) != v}
+        message.values.update(values)
+        field = self._message_field
+        if field is None or field.sub is None:
+            return
+        selected = [f for f in field.sub[message.typename].fields if f.name in changed]
+        if selected:
+            out.append({"data": project_fields(selected, message.typename, message.values),
+                        "path": [self._root_key, field.key, message.index]})
 
     # -- messages --------------------------------------------------------------------------
 

@@ -1,10 +1,11 @@
 // One agent-session request through the real client, @copilotkit/runtime-client-gql 1.10.6,
-// to an agent that stays silent for a while, and prints one JSON object: every result the
-// client yielded (what useChat would render, in order), the errors it reported, and the raw
-// body as it came over the wire (read from a copy of the stream, so the client reads the
-// original untouched).
+// and prints one JSON object: every result the client yielded, as react-core 1.10's useChat
+// reads it (the text messages, and the agent-state message it takes the agent's state from:
+// the last one of each agent, `filterAdjacentAgentStateMessages`), the errors it reported,
+// and the raw body as it came over the wire (read from a copy of the stream, so the client
+// reads the original untouched).
 //
-//   node drive_silence.mjs <runtime url> <agent name>
+//   node drive_session.mjs <runtime url> <agent name> [thread id]
 //
 // Loaded through require() for the reason drive.mjs gives.
 import { createRequire } from "node:module";
@@ -12,7 +13,7 @@ import { createRequire } from "node:module";
 const require = createRequire(import.meta.url);
 const gql = require("@copilotkit/runtime-client-gql");
 
-const [url, agent] = process.argv.slice(2);
+const [url, agent, threadId = "session-thread"] = process.argv.slice(2);
 const started = Date.now();
 const chunks = [];
 let copied = Promise.resolve();
@@ -43,7 +44,7 @@ const user = new gql.TextMessage({ id: "user-1", createdAt: new Date(0), role: g
   content: "Take your time." });
 const data = {
   frontend: { actions: [], url: "http://localhost:3000/" },
-  threadId: "silent-thread",
+  threadId,
   runId: null,
   extensions: {},
   metaEvents: [],
@@ -62,13 +63,16 @@ try {
     const { done, value } = await reader.read();
     if (done) break;
     const response = value.generateCopilotResponse;
+    const messages = gql.convertGqlOutputToMessages(
+      gql.filterAdjacentAgentStateMessages(response.messages ?? []));
     results.push({
       at: Date.now() - started,
       status: response.status ?? null,
-      messages: gql.convertGqlOutputToMessages(
-        gql.filterAdjacentAgentStateMessages(response.messages ?? []))
-        .filter((m) => m.isTextMessage())
+      messages: messages.filter((m) => m.isTextMessage())
         .map((m) => ({ role: m.role, content: m.content, status: m.status?.code ?? null })),
+      agentStates: messages.filter((m) => m.isAgentStateMessage()).map((m) => ({
+        id: m.id, agentName: m.agentName, nodeName: m.nodeName, active: m.active,
+        running: m.running, runId: m.runId, threadId: m.threadId, state: m.state })),
     });
   }
 } catch (error) {
