@@ -73,6 +73,7 @@ class CopilotEndpoint:
         self.max_body_size = max_body_size
         self.cors = cors or CORSPolicy()
         self.agui = AGUIProtocol(runtime, max_body_size=max_body_size, keepalive=keepalive)
+        self.keepalive = keepalive
         self._graphql: GraphQLProtocol | None = None
 
     @property
@@ -82,7 +83,7 @@ class CopilotEndpoint:
         if self._graphql is None:
             from copilot_runtime.protocols.graphql import GraphQLProtocol
 
-            self._graphql = GraphQLProtocol(self.runtime)
+            self._graphql = GraphQLProtocol(self.runtime, keepalive=self.keepalive)
         return self._graphql
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -260,7 +261,7 @@ def create_app(
     """A standalone ASGI app serving `runtime` under `path` (run it with any ASGI server).
 
     `keepalive`: seconds of silence after which an SSE stream gets a `: keep-alive` comment
-    (None: never).
+    and a GraphQL response an empty multipart part (None: never).
     """
     return CopilotEndpoint(runtime, path, max_body_size=max_body_size, cors=cors,
                            keepalive=keepalive)

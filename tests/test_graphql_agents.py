@@ -11,17 +11,20 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import orjson
 import pytest
 from aiohttp import web
 from copilotkit import CopilotKitState
-from copilotkit.langgraph import copilotkit_interrupt
+from copilotkit.langgraph import copilotkit_emit_tool_call, copilotkit_interrupt
 from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
+from langgraph.prebuilt import ToolNode
 
 from copilot_runtime import Agent, BuiltInAgent, CopilotRuntime, OpenAIAdapter, RunContext, RunInput
 from copilot_runtime import events as ev
@@ -291,6 +294,80 @@ async def test_tool_calling_graph(llm: MockOpenAIServer, client: httpx.AsyncClie
     assert "Result" not in kinds(frontend)
     assert final["state"]["messages"][-1]["name"] == "sayHello"
     assert texts(answered) == ['echo: "Hello, Ada!"']
+
+
+def unanswered_call_graphs(base_url: str, client: httpx.AsyncClient) -> dict[str, Any]:
+    """Two graphs whose tool call gets no result, then an answer: a tool that raises in a
+    `ToolNode(handle_tool_errors=True)`, and a call a node only announces."""
+    llm = graphs.model(base_url, client)
+
+    @tool
+    def lookup(q: str) -> str:
+        """Look something up."""
+        raise ValueError("backend down")
+
+    async def chat(state: CopilotKitState, config: RunnableConfig) -> Json:
+        if state["messages"][-1].type == "tool":
+            return {"messages": [await llm.ainvoke("the answer after the tool", config)]}
+        return {"messages": [await llm.bind_tools([lookup]).ainvoke(state["messages"], config)]}
+
+    def route(state: CopilotKitState) -> Literal["tools", "__end__"]:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    failing = StateGraph(CopilotKitState)
+    failing.add_node("chat", chat)
+    failing.add_node("tools", ToolNode([lookup], handle_tool_errors=True))
+    failing.add_edge(START, "chat")
+    failing.add_conditional_edges("chat", route)
+    failing.add_edge("tools", "chat")
+
+    async def show(state: CopilotKitState, config: RunnableConfig) -> Json:
+        await copilotkit_emit_tool_call(config, name="showCard", args={"title": "Paris"})
+        return {}
+
+    async def answer(state: CopilotKitState, config: RunnableConfig) -> Json:
+        return {"messages": [await llm.ainvoke("the answer after the card", config)]}
+
+    announcing = StateGraph(CopilotKitState)
+    announcing.add_node("show", show)
+    announcing.add_node("answer", answer)
+    announcing.add_edge(START, "show")
+    announcing.add_edge("show", "answer")
+    announcing.add_edge("answer", END)
+    return {"failing": failing.compile(checkpointer=InMemorySaver()),
+            "announcing": announcing.compile(checkpointer=InMemorySaver())}
+
+
+async def test_answer_after_a_call_without_result_streams(
+        llm: MockOpenAIServer, client: httpx.AsyncClient, serve_runtime: ServeRuntime) -> None:
+    """A graph-side call that gets no result (its tool raised in the tool node, or the node
+    only announced it) held every later message to the end of the run: the answer came
+    whole after the final agent state instead of streaming. Now the hold ends with the
+    next step, so the answer comes in its place, before the run's last agent states."""
+    found = unanswered_call_graphs(llm.base_url, client)
+    runtime = CopilotRuntime(agents={name: LangGraphAgent(name=name, graph=graph)
+                                     for name, graph in found.items()})
+    async with serve_runtime(runtime) as served:
+        failed = await turn(served, session("failing", 'call:lookup {"q": "x"}', "t-fail"))
+        announced = await turn(served, session("announcing", "Show it", "t-card"))
+    for response, answer in ((failed, "the answer after the tool"),
+                             (announced, "the answer after the card")):
+        assert response["status"]["code"] == "Success"
+        assert texts(response) == [f"echo: {answer}"]
+        order = kinds(response)
+        text_at = order.index("Text")
+        assert order.index("ActionExecution") < text_at
+        # The text streamed while its node ran: that node's end comes after it, not before.
+        after = [m for m in response["messages"][text_at + 1:]
+                 if m["__typename"] == "AgentStateMessageOutput"]
+        assert (after[0]["nodeName"], after[0]["active"]) == (
+            "chat" if response is failed else "answer", False), order
+        assert after[-1]["nodeName"] == "__end__"
+    (card,) = [m for m in announced["messages"]
+               if m["__typename"] == "ActionExecutionMessageOutput"]
+    assert card["name"] == "showCard"
+    assert "Result" not in kinds(failed)
 
 
 async def test_shared_state_read_and_written(llm: MockOpenAIServer, client: httpx.AsyncClient,

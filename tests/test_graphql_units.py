@@ -17,6 +17,7 @@ from copilot_runtime.protocols.graphql.increments import ResponseEncoder, encode
 from copilot_runtime.protocols.graphql.inputs import run_request
 from copilot_runtime.protocols.graphql.plan import OperationPlan, compile_operation
 from copilot_runtime.protocols.graphql.schema import copilot_schema
+from copilot_runtime.protocols.graphql.transport import encode_part, multipart_end
 from tests.gql.wire import (
     CHAT_DOCUMENT,
     CLIENT_DOCUMENT,
@@ -170,6 +171,53 @@ def test_held_messages_are_sent_when_no_result_comes() -> None:
     assert [m["__typename"] for m in result["messages"]] == [
         "ActionExecutionMessageOutput", "TextMessageOutput"]
     assert result["messages"][1]["content"] == ["after"]
+
+
+def test_a_new_step_ends_the_hold_for_calls_no_one_answered() -> None:
+    """A graph-side tool that failed in a tool node (or a call a graph only announced) gets
+    no result: everything after it was held to the end of the run, the answer not streamed.
+    Now the next step ends the hold; a result that does come in the step after still
+    follows its call."""
+    _, writes = encode([
+        [ev.step_started("chat"), *call("c1", "lookup", "{}"), *call("c2", "lookup", "{}"),
+         ev.step_finished("chat")],
+        [ev.step_started("tools"), ev.tool_call_result("x2", "c2", "found"),
+         ev.step_finished("tools")],
+        [ev.step_started("chat"), ev.text_message_start("m"), ev.text_message_content("m", "an")],
+        [ev.text_message_content("m", "swer"), ev.text_message_end("m")], FINISHED])
+    # What the client holds after each write (an unfinished body closed where it stops).
+    closing = encode_part({"hasNext": False}) + multipart_end
+    parts = [merge(parse_multipart(b"".join(writes[:n]) + (b"" if n == len(writes) else closing))
+                   )["data"]["generateCopilotResponse"] for n in range(1, len(writes) + 1)]
+    after_tools, streaming = parts[2], parts[3]
+    assert [(m["__typename"], m["id"]) for m in after_tools["messages"]] == [
+        ("ActionExecutionMessageOutput", "c1"), ("ActionExecutionMessageOutput", "c2"),
+        ("ResultMessageOutput", "result-c2")]
+    assert streaming["messages"][-1]["content"] == ["an"]  # streamed as it comes
+    final = parts[-1]
+    assert [m["id"] for m in final["messages"]] == ["c1", "c2", "result-c2", "m"]
+    assert final["messages"][-1]["content"] == ["an", "swer"]
+
+
+@pytest.mark.parametrize("incremental", [True, False])
+def test_keepalives_leave_the_result_as_it_is(incremental: bool) -> None:
+    encoder = ResponseEncoder(compiled(), thread_id="t", run_id=None, frontend_tools=frozenset(),
+                              stopped=lambda: False, incremental=incremental)
+    # Multipart: nothing before the first part, which a client would take for the result.
+    assert encoder.keepalive() == (b"" if incremental else b"\n")
+    body = encoder.encode([ev.run_started("t", "r")]) + encoder.keepalive()
+    body += encoder.encode([ev.text_message_start("m"), ev.text_message_content("m", "hi")])
+    body += encoder.keepalive() + encoder.keepalive()
+    body += encoder.encode([ev.text_message_end("m"), *FINISHED])
+    assert encoder.keepalive() == b""  # the response is complete
+    if incremental:
+        assert body.count(b"\r\n---\r\n\r\n\r\n---") == 2
+        result = merge(parse_multipart(body))["data"]["generateCopilotResponse"]
+    else:
+        assert body.startswith(b"\n\n\n{")
+        result = json.loads(body)["data"]["generateCopilotResponse"]
+    assert result["messages"][0]["content"] == ["hi"]
+    assert result["status"]["code"] == "Success"
 
 
 def test_failure_marks_open_messages_failed() -> None:

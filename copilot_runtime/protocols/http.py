@@ -367,14 +367,20 @@ class _Stream:
         self.sending = False
 
 
-_KEEPALIVE = {"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True}
+_SSE_KEEPALIVE = b": keep-alive\n\n"
+
+
+def _sse_keepalive() -> bytes:
+    return _SSE_KEEPALIVE
 
 
 async def _watch(request: Request, on_disconnect: Callable[[], object], stream: _Stream,
-                 keepalive: float | None) -> None:
+                 keepalive: float | None,
+                 heartbeat: Callable[[], bytes] = _sse_keepalive) -> None:
     """Wait for the client to leave, or to stop reading (a write waiting on it for
     `SEND_IDLE_SECONDS`: gone as well); meanwhile, after `keepalive` seconds without a
-    write, send an SSE comment so proxies do not close a connection that is only waiting."""
+    write, send `heartbeat()` (an SSE comment unless told otherwise; nothing when it gives
+    no bytes) so proxies do not close a connection that is only waiting."""
     loop = asyncio.get_running_loop()
     # Awake at least every `SEND_IDLE_SECONDS`: a write stuck since just after a check is
     # noticed within twice that.
@@ -393,10 +399,14 @@ async def _watch(request: Request, on_disconnect: Callable[[], object], stream: 
                     return
                 delay = min(delay, SEND_IDLE_SECONDS - silent)
             elif keepalive and not stream.ended and silent >= keepalive * 0.9:
+                body = heartbeat()
+                if not body:
+                    continue
                 stream.last_write = loop.time()
                 try:
                     async with asyncio.timeout(SEND_IDLE_SECONDS):
-                        await request.send(_KEEPALIVE)
+                        await request.send({"type": "http.response.body", "body": body,
+                                            "more_body": True})
                 except TimeoutError:
                     on_disconnect()
                     return
@@ -409,12 +419,14 @@ async def _watch(request: Request, on_disconnect: Callable[[], object], stream: 
 async def stream_run(request: Request, run: ActiveRun,
                      encode: Callable[[Sequence[Event]], bytes] = encode_sse,
                      headers: Headers = _SSE_HEADERS, *,
-                     keepalive: float | None = None) -> None:
+                     keepalive: float | None = None,
+                     heartbeat: Callable[[], bytes] = _sse_keepalive) -> None:
     """Drive `run`, writing each batch as one chunk; a disconnect cancels the run.
 
     `encode` may return no bytes for a batch (a protocol that writes only at the end):
     nothing is sent then. The batch that ends the run also ends the body, in one write.
-    `keepalive` (SSE only) sends a comment after that many seconds of silence.
+    `keepalive`: after that many seconds of silence, `heartbeat()` is sent (an SSE comment
+    by default; a protocol with another framing gives its own, or no bytes to skip one).
     """
     send = request.send
     await request.send({"type": "http.response.start", "status": 200,
@@ -441,7 +453,7 @@ async def stream_run(request: Request, run: ActiveRun,
 
     stream.last_write = loop.time()
     watcher = asyncio.create_task(
-        _watch(request, lambda: run.cancel("disconnect"), stream, keepalive))
+        _watch(request, lambda: run.cancel("disconnect"), stream, keepalive, heartbeat))
     try:
         await run.drive(write)
     finally:

@@ -162,6 +162,8 @@ def parse_multipart(body: bytes) -> list[dict[str, Any]]:
     assert body.endswith(b"\r\n-----\r\n"), body[-40:]
     payloads = []
     for part in body[len(b"\r\n---"):-len(b"--\r\n")].split(b"\r\n---")[:-1]:
+        if part == b"\r\n\r\n":
+            continue  # an empty part: a keep-alive while the run is silent
         head, _, json_bytes = part.partition(b"\r\n\r\n")
         headers = dict(line.split(b": ", 1) for line in head.strip(b"\r\n").split(b"\r\n"))
         assert headers[b"Content-Type"] == b"application/json; charset=utf-8"

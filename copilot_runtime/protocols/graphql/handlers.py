@@ -72,8 +72,10 @@ def _bad(message: str, status: int = 400, allow: bytes | None = None) -> _BadReq
 
 
 class GraphQLProtocol:
-    def __init__(self, runtime: CopilotRuntime) -> None:
+    def __init__(self, runtime: CopilotRuntime, *, keepalive: float | None = 15.0) -> None:
         self.runtime = runtime
+        #: Seconds of silence after which a response in progress gets a keep-alive.
+        self.keepalive = keepalive
         self.schema = copilot_schema()
         self.documents = DocumentCache(self.schema)
         self.variables = VariableCoercer(self.schema)
@@ -220,7 +222,8 @@ class GraphQLProtocol:
                 headers = [MULTIPART, *version_header(request)]
             else:
                 headers = [(b"content-type", json_content_type(request)), *version_header(request)]
-            await stream_run(request, run, encoder.encode, headers)
+            await stream_run(request, run, encoder.encode, headers, keepalive=self.keepalive,
+                             heartbeat=encoder.keepalive)
 
 
 def _topics(data: Any) -> tuple[list[str], list[str]] | None:

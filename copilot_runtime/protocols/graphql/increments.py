@@ -13,13 +13,27 @@ it (one write per batch). Incrementally it writes the 2022 `multipart/mixed` for
 When the operation selects something that is only known at the end (or the client does not
 accept multipart), the whole result is written once, at the end, as a single JSON body.
 
+While a run is silent, `keepalive` gives the bytes that keep the connection busy without
+changing the result (proxies cut connections idle for 30-60 s; the 1.10 runtime sends
+nothing): an empty part (no headers, no body) between parts, which urql skips without
+yielding a result, or a newline before the single JSON body.
+
 Turn semantics follow the 1.10 runtime: a server-side action's result message directly
 follows its call. The core streams every tool call of an answer before running the actions,
 so message events after a server-side call are held back until its result has been sent.
+An agent that works in steps answers a call in the step that made it or in a later one (a
+graph's tool node), so once another step starts nothing is held for those calls: a
+graph-side tool that failed, or a call a graph only announced, gets no result at all, and
+the answer that follows must still stream.
 
 An agent's steps and state become agent-state messages (`agent_state`), added to `messages`
 as they happen (never held back: they are the live view of the agent), and its interrupts
-become `metaEvents` (`meta_events`).
+become `metaEvents` (`meta_events`). The 1.10 client reads only an agent's last agent-state
+message (`filterAdjacentAgentStateMessages`), whole, at every part; so a large state is not
+repeated: when it has not changed, the agent's last message is updated instead (a `data`
+patch with its new id, node and flags, which urql merges into it), and the client sees what
+a new message would have shown it. A state under `STATE_REPEATED_BELOW` bytes is repeated,
+as the 1.10 runtime did.
 """
 
 from __future__ import annotations
@@ -48,7 +62,10 @@ from copilot_runtime.protocols.graphql.transport import (
     multipart_start,
 )
 
-__all__ = ["ResponseEncoder", "encode_result"]
+__all__ = ["STATE_REPEATED_BELOW", "ResponseEncoder", "encode_result"]
+
+#: States (as JSON) this long or longer are sent again only when they change.
+STATE_REPEATED_BELOW = 64 * 1024
 
 _ROLES = frozenset({"assistant", "developer", "system", "tool", "user"})
 _SUCCESS: Obj = ("SuccessMessageStatus", {"code": "Success"})
@@ -56,6 +73,8 @@ _MESSAGE_EVENTS = frozenset({
     ev.TEXT_MESSAGE_START, ev.TEXT_MESSAGE_CONTENT, ev.TEXT_MESSAGE_END,
     ev.TOOL_CALL_START, ev.TOOL_CALL_ARGS, ev.TOOL_CALL_END,
 })
+#: A part with neither headers nor body, after the boundary line that ended the last one.
+_EMPTY_PART = b"\r\n\r\n\r\n---"
 _TEXT_FAILED = "The run failed before this message was complete"
 _ARGUMENTS_FAILED = "The run failed before these arguments were complete"
 _STOPPED = "The run was stopped before this message was complete"
@@ -118,6 +137,9 @@ class ResponseEncoder:
         self._closing: list[_Message] = []
         self._awaiting: set[str] = set()
         self._held: list[Event] | None = None
+        #: Held events are being sent without waiting any longer: calls among them that
+        #: end are not waited for either.
+        self._releasing = False
         self._failed = False
         self._status: Obj | None = None
         self._root: dict[str, Any] = {"threadId": thread_id, "runId": run_id,
@@ -136,6 +158,8 @@ class ResponseEncoder:
             self._agents.append(AgentStates(agent_name, thread_id, agent_run_id or run_id or "",
                                             agent_state))
         self._agent: AgentStates | None = self._agents[-1] if self._agents else None
+        #: Each agent's last agent-state message, by name: the one the 1.10 client reads.
+        self._last_states: dict[str, _Message] = {}
 
     # -- output ----------------------------------------------------------------------------
 
@@ -159,6 +183,15 @@ class ResponseEncoder:
         if out:
             return head + encode_part({"incremental": out, "hasNext": True})
         return head
+
+    def keepalive(self) -> bytes:
+        """What to send after a silence: nothing before the first part (a client reads
+        that as the result) or after the end."""
+        if self.done:
+            return b""
+        if not self.incremental:
+            return b"\n"  # whitespace before a JSON text is part of it
+        return _EMPTY_PART if self._started else b""
 
     def _data(self, root: dict[str, Any]) -> dict[str, Any]:
         return {key: root if kind == "root" else "Mutation" for kind, key in self.plan.top}
@@ -225,6 +258,10 @@ class ResponseEncoder:
             elif kind == ev.TOOL_CALL_RESULT:
                 self._result(event, out)
             elif kind in STATE_EVENTS:
+                if kind == ev.STEP_STARTED:
+                    # A new step: the one that made the awaited calls is over, and whatever
+                    # answers them came before it, in the step after, or not at all.
+                    self._release(out)
                 if self._agent is not None:
                     self._agent_message(self._agent.feed(event), out)
             elif kind == ev.CUSTOM:
@@ -266,7 +303,8 @@ class ResponseEncoder:
     def _end_call(self, call_id: str) -> None:
         message = self._calls.pop(call_id, None)
         self._end(message)
-        if message is not None and message.call_name not in self.frontend_tools:
+        if message is not None and message.call_name not in self.frontend_tools and (
+                not self._releasing):
             # A server-side action: its result comes next in a 1.10 response.
             self._awaiting.add(call_id)
             if self._held is None:
@@ -323,12 +361,34 @@ class ResponseEncoder:
         return agent
 
     def _agent_message(self, values: dict[str, Any] | None, out: list[dict[str, Any]]) -> None:
-        """Add an agent-state message: complete when it starts, so its status follows."""
+        """Add an agent-state message: complete when it starts, so its status follows. A
+        large state that has not changed updates the agent's last message instead."""
         if values is None:
             return
         values["status"] = _SUCCESS
+        name = values["agentName"]
+        last = self._last_states.get(name)
+        state = values["state"]
+        if last is not None and len(state) >= STATE_REPEATED_BELOW and (
+                last.values["state"] == state):
+            self._update(last, values, out)
+            return
         message = self._add("AgentStateMessageOutput", values, None, out)
         self._deferred(message, out)
+        self._last_states[name] = message
+
+    def _update(self, message: _Message, values: dict[str, Any],
+                out: list[dict[str, Any]]) -> None:
+        """Give `message` the fields of `values` (its state the same) with a `data` patch."""
+        changed = {k for k, v in values.items() if message.values.get(k) != v}
+        message.values.update(values)
+        field = self._message_field
+        if field is None or field.sub is None:
+            return
+        selected = [f for f in field.sub[message.typename].fields if f.name in changed]
+        if selected:
+            out.append({"data": project_fields(selected, message.typename, message.values),
+                        "path": [self._root_key, field.key, message.index]})
 
     # -- messages --------------------------------------------------------------------------
 
@@ -377,11 +437,16 @@ class ResponseEncoder:
             self._closing.append(message)
 
     def _release(self, out: list[dict[str, Any]]) -> None:
-        """At the end, send what was held for a result that never came."""
+        """Send what was held for results that did not come: at the end, or when the agent
+        starts another step."""
         self._awaiting.clear()
         if self._held is not None:
             held, self._held = self._held, None
-            self._feed(held, out)
+            self._releasing = True
+            try:
+                self._feed(held, out)
+            finally:
+                self._releasing = False
 
     def _finish(self) -> None:
         cut = self.stopped() and self._closing
