@@ -22,6 +22,7 @@ from copilot_runtime._input import RunInput
 from copilot_runtime._runs import ActiveRun, RunManager
 from copilot_runtime._server_tools import ServerToolsAgent
 from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.approvals.service import is_runtime_answer
 from copilot_runtime.auth import Principal, RequestInfo, owner_of
 from copilot_runtime.events import Event, EventBatches
 from copilot_runtime.guardrails import (
@@ -387,7 +388,10 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
             verdict = ALLOWED
             offered = agent.tools.specs() if isinstance(agent, ServerToolsAgent) else []
             try:
-                to_judge = judged(input.raw, run.seen_message_ids, offered)
+                # The runtime's own answer to an approval (a deadline's timeout) is not a
+                # client's text: judging it would cost a judge call, or refuse the timeout.
+                to_judge = [] if is_runtime_answer(input) else judged(
+                    input.raw, run.seen_message_ids, offered)
             except _TooMuchToJudge as exc:
                 to_judge, verdict = [], exc.verdict
             for marks, messages in to_judge:

@@ -7,7 +7,9 @@ client's text, `context`, tool definitions, `state` and `forwardedProps` among i
 message with `CLIENT_TEXT` set: see `_trust.judged`). The first refusal wins: the agent is
 not called, and the user gets an assistant message with the reason (AG-UI: a normal end of
 the run; GraphQL: a `GUARDRAILS_VALIDATION_FAILED` response status, as the TypeScript
-runtime answers).
+runtime answers; the approvals route: a 422 answer, the approval left pending). The
+runtime's own answers to an approval (a deadline's timeout, an answer a graph took already
+carried on) are not judged.
 
 Two ship here. `PatternGuardrail` refuses the latest user message when a regular expression
 matches it (no model involved; searched within a time bound, off the event loop when slow).

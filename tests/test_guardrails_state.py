@@ -282,16 +282,23 @@ def test_in_process_input_too_deep_to_encode_is_refused() -> None:
     assert "cannot be checked" in raised.value.verdict.reason
 
 
+@pytest.mark.parametrize("wait", [True, False], ids=["wait", "no-wait"])
 async def test_a_refused_interrupt_answer_leaves_the_approval_pending(
-        serve_runtime: ServeRuntime, tmp_path: Path) -> None:
+        serve_runtime: ServeRuntime, tmp_path: Path, wait: bool) -> None:
     """A denied answer to a LangGraph interrupt, as AG-UI 1.0's `resume` or through the
-    approvals route, never reaches the graph: the approval stays pending, and a clean
-    answer then goes through."""
+    approvals route (waiting or not), never reaches the graph: the approval stays pending,
+    and a clean answer then goes through.
+
+    The route judges the answer before it records it, and says so: 422 with the guardrail's
+    reason. Before the fix a waiting answer said 200, run `finished`; one not waiting said
+    202, its answer recorded: the recovery resent it every 30 s, refused each time, and the
+    approval answered 409 to any new answer."""
     saver = checkpointer(f"sqlite:///{tmp_path}/cp.sqlite3")
     specialists = [Drafting(n) for n in ("Invoice", "Closing", "Audit")]
     runtime = CopilotRuntime(
         agents={"review": ReviewLoop(specialists).agent(name="review", checkpointer=saver)},
         guardrails=[PatternGuardrail(deny=[r"\bpassword\b"])])
+    service = approval_service(runtime)
     try:
         async with serve_runtime(runtime) as served:
             pending = interrupt_of(await run(served, "hitl", "Prepare the invoice", **V1))
@@ -299,13 +306,19 @@ async def test_a_refused_interrupt_answer_leaves_the_approval_pending(
                 "interruptId": pending["id"], "status": "resolved",
                 "payload": {"action": "revise", "payload": DENIED}}], **V1)
             assert text_of(events) == REFUSAL
-            status, body = await answer(served, pending["id"],
-                                        {"action": "revise", "payload": DENIED})
-            assert status == 200, body
-            assert body["approval"]["status"] == "pending"
+            status, body = await answer(served, pending["id"], {
+                "action": "revise", "payload": DENIED, "wait": wait})
+            assert (status, body) == (422, {
+                "error": "Bad request", "message": REFUSAL,
+                "code": "GUARDRAILS_VALIDATION_FAILED"}), body
+            (listed,) = await service.list(status=None)
+            assert (listed.status, listed.answer) == ("pending", None)
+            assert not runtime.is_running("hitl")  # the thread was given back
+            store = runtime.agents["review"].approvals  # type: ignore[attr-defined]
+            assert await store.unapplied() == []  # nothing for the recovery to resend
             assert [c.feedback for c in specialists[0].calls] == [None]  # asked once, only
             status, body = await answer(served, pending["id"], {"action": "approve"})
             assert (status, body["approval"]["status"]) == (200, "answered"), body
             assert body["approval"]["applied"] is True
     finally:
-        await approval_service(runtime).aclose()
+        await service.aclose()
