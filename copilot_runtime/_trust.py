@@ -120,11 +120,6 @@ _MOST_JUDGED = 32
 #: walked further.
 _DEEPEST = 32
 _MOST_VALUES = 50_000
-#: `forwardedProps` entries that are not text a model reads: the model settings the runtime
-#: reads (the built-in agent's, a GraphQL request's `forwardedParameters`), and the graph
-#: node a LangGraph run starts from (a node's name, or the graph refuses it).
-_NOT_TEXT = frozenset({"model", "temperature", "maxTokens", "max_tokens", "stop",
-                       "toolChoice", "tool_choice", "forwardedParameters", "nodeName"})
 
 
 class _TooMuchToJudge(Exception):
@@ -277,11 +272,11 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
     through or produced itself is judged at once, as one message with `CLIENT_TEXT` set:
     `context` entries, tool definitions but `offered` (the runtime's own), assistant turns
     and tool calls the thread did not make, tool results, messages' `name`s, the strings of
-    `state` (its entries the agent wrote in an earlier run are its own) and of
-    `forwardedProps` but model settings and the node name (a LangGraph interrupt's answer
-    among them, `command.resume`, as a GraphQL `metaEvents` answer arrives too), and the
-    payloads of `resume` (AG-UI 1.0's answers, and the approvals service's). A request with
-    nothing new to judge is judged as it is.
+    `state` (its entries the agent wrote in an earlier run are its own), and a LangGraph
+    interrupt's answers: `forwardedProps.command.resume` (a GraphQL `metaEvents` answer
+    arrives so too) and the payloads of `resume` (AG-UI 1.0's answers, and the approvals
+    service's). The rest of `forwardedProps` is not. A request with nothing new to judge is
+    judged as it is.
 
     Raises `_TooMuchToJudge` for more than `_MOST_JUDGED` messages, and for client text
     nesting deeper than `_DEEPEST` or holding more than `_MOST_VALUES` values.
@@ -329,13 +324,13 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
                   [tool.get("name"), tool.get("description"), tool.get("parameters")])
     for entry_mark, value in _state_entries(input.get("state")):
         other(entry_mark, [value])
+    # Of `forwardedProps` only a LangGraph interrupt's answer is judged: the rest (GraphQL
+    # `properties`, an agent's `config`) is the app's data, auth tokens say, which must not
+    # go to a judge model, and which no model reads as the user's words.
     props = input.get("forwardedProps")
-    if isinstance(props, dict):
-        for key, value in props.items():
-            if key not in _NOT_TEXT:
-                other(_value_mark("forwardedProps", key, value), [value])
-    elif props is not None:
-        other(_value_mark("forwardedProps", None, props), [props])
+    command = props.get("command") if isinstance(props, dict) else None
+    if isinstance(command, dict) and command.get("resume") is not None:
+        other(_value_mark("resume", None, command["resume"]), [command["resume"]])
     for entry in input.get("resume") or ():
         if isinstance(entry, dict):
             payload = entry.get("payload")
