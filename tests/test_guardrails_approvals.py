@@ -20,6 +20,7 @@ import pytest
 
 from copilot_runtime import CopilotRuntime, PatternGuardrail
 from copilot_runtime._input import parse_run_input
+from copilot_runtime.approvals import timeout_answer
 from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.workflows.account_review import account_review
 from tests.conftest import poll, run_input
@@ -103,6 +104,35 @@ async def test_a_recorded_answer_a_guardrail_refuses_is_reopened(tmp_path: Path)
         assert payments.done == [ANSWER]
     finally:
         await runtime.aclose()
+
+
+async def test_a_timeout_answer_sent_again_is_not_judged(tmp_path: Path) -> None:
+    """A timeout recorded and never applied (a crash before its run) is sent again by the
+    recovery, unjudged: it is the runtime's own. Before the fix a guardrail that refused
+    its words left it recorded and unapplied (and, judged as a person's answer, it would
+    have been reopened)."""
+    payments = Payments()
+    payments.gate.set()
+    runtime = paying_runtime(f"sqlite:///{tmp_path}/cp.db", payments)
+    recorder = Recorder()
+    try:
+        approval = await asked(runtime)
+        runtime.guardrails = [recorder, PatternGuardrail(deny=[r"\bdeadline\b"])]
+        agent = agent_of(runtime)
+        timeout = timeout_answer("2026-01-01T00:00:00Z")
+        assert await agent.approvals.claim(approval.id, "expired", timeout, "runtime",
+                                           time.time() - 60)
+        await runtime.approvals._recover()
+        async for _ in poll(20):
+            settled = await agent.approvals.get(approval.id)
+            if settled is not None and settled.applied and not runtime.is_running(THREAD):
+                break
+        assert settled is not None
+        assert (settled.status, settled.applied) == ("expired", True)
+        assert payments.done == [timeout]
+    finally:
+        await runtime.aclose()
+    assert recorder.judged == []
 
 
 async def test_carrying_on_a_graph_that_took_its_answer_is_not_judged(

@@ -58,15 +58,16 @@ __all__ = ["ApprovalService", "HostedRun", "RunHost", "is_runtime_answer"]
 _log = structlog.get_logger("copilot_runtime.approvals")
 
 #: The inputs of the runs this service starts with an answer of the runtime's own (a
-#: deadline's timeout; an answer a graph took and whose run died, carried on), by identity,
-#: while the host starts them: no client can send one of these objects.
+#: deadline's timeout, sent or sent again; an answer a graph took and whose run died,
+#: carried on), by identity, while the host starts them: no client can send these objects.
 _runtime_answers: dict[int, RunInput] = {}
 
 
 def is_runtime_answer(input: RunInput) -> bool:
     """Whether `input` is a run's input this service made with an answer of the runtime's
-    own: guardrails judge what clients write, and a timeout the runtime wrote must not cost
-    a judge call (nor be refused, which would leave the approval expired and never applied)."""
+    own: guardrails judge what clients write; a timeout the runtime wrote must not cost a
+    judge call (nor be refused, which would leave the approval expired and never applied),
+    nor must carrying on a graph that took its answer already."""
     return _runtime_answers.get(id(input)) is input
 
 
@@ -454,12 +455,14 @@ class ApprovalService:
                 # (a crash, a shutdown: nothing else runs the rest, the approved action
                 # maybe), which carries the graph on from the step it stopped at.
                 if approval.id in await agent.pending_interrupt_ids(approval.thread_id):
-                    # Judged again: one refused (by guardrails set up since it was
-                    # recorded, say) is reopened, to be answered again, not resent for ever.
+                    # A person's answer is judged again: one refused (by guardrails set up
+                    # since it was recorded, say) is reopened, to be answered again, not
+                    # resent for ever. A timeout ("expired") is the runtime's own.
                     _log.info("resending an approval answer", approval_id=approval.id)
                     try:
                         await self._try_resume(approval, approval.answer,
-                                               approval.answered_by or "runtime")
+                                               approval.answered_by or "runtime",
+                                               own=approval.status == "expired")
                     except ApprovalError as exc:
                         if exc.code != _REFUSED:
                             raise
