@@ -22,6 +22,7 @@ from copilot_runtime._input import RunInput
 from copilot_runtime._runs import ActiveRun, RunManager
 from copilot_runtime._server_tools import ServerToolsAgent
 from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.approvals.service import is_runtime_answer
 from copilot_runtime.auth import Principal, RequestInfo, owner_of
 from copilot_runtime.events import Event, EventBatches
 from copilot_runtime.guardrails import (
@@ -119,11 +120,6 @@ _MOST_JUDGED = 32
 #: walked further.
 _DEEPEST = 32
 _MOST_VALUES = 50_000
-#: `forwardedProps` entries that are not text a model reads: the model settings the runtime
-#: reads (the built-in agent's, a GraphQL request's `forwardedParameters`), and the graph
-#: node a LangGraph run starts from (a node's name, or the graph refuses it).
-_NOT_TEXT = frozenset({"model", "temperature", "maxTokens", "max_tokens", "stop",
-                       "toolChoice", "tool_choice", "forwardedParameters", "nodeName"})
 
 
 class _TooMuchToJudge(Exception):
@@ -276,11 +272,11 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
     through or produced itself is judged at once, as one message with `CLIENT_TEXT` set:
     `context` entries, tool definitions but `offered` (the runtime's own), assistant turns
     and tool calls the thread did not make, tool results, messages' `name`s, the strings of
-    `state` (its entries the agent wrote in an earlier run are its own) and of
-    `forwardedProps` but model settings and the node name (a LangGraph interrupt's answer
-    among them, `command.resume`, as a GraphQL `metaEvents` answer arrives too), and the
-    payloads of `resume` (AG-UI 1.0's answers, and the approvals service's). A request with
-    nothing new to judge is judged as it is.
+    `state` (its entries the agent wrote in an earlier run are its own), and a LangGraph
+    interrupt's answers: `forwardedProps.command.resume` (a GraphQL `metaEvents` answer
+    arrives so too) and the payloads of `resume` (AG-UI 1.0's answers, and the approvals
+    service's). The rest of `forwardedProps` is not. A request with nothing new to judge is
+    judged as it is.
 
     Raises `_TooMuchToJudge` for more than `_MOST_JUDGED` messages, and for client text
     nesting deeper than `_DEEPEST` or holding more than `_MOST_VALUES` values.
@@ -328,13 +324,13 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
                   [tool.get("name"), tool.get("description"), tool.get("parameters")])
     for entry_mark, value in _state_entries(input.get("state")):
         other(entry_mark, [value])
+    # Of `forwardedProps` only a LangGraph interrupt's answer is judged: the rest (GraphQL
+    # `properties`, an agent's `config`) is the app's data, auth tokens say, which must not
+    # go to a judge model, and which no model reads as the user's words.
     props = input.get("forwardedProps")
-    if isinstance(props, dict):
-        for key, value in props.items():
-            if key not in _NOT_TEXT:
-                other(_value_mark("forwardedProps", key, value), [value])
-    elif props is not None:
-        other(_value_mark("forwardedProps", None, props), [props])
+    command = props.get("command") if isinstance(props, dict) else None
+    if isinstance(command, dict) and command.get("resume") is not None:
+        other(_value_mark("resume", None, command["resume"]), [command["resume"]])
     for entry in input.get("resume") or ():
         if isinstance(entry, dict):
             payload = entry.get("payload")
@@ -387,7 +383,10 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
             verdict = ALLOWED
             offered = agent.tools.specs() if isinstance(agent, ServerToolsAgent) else []
             try:
-                to_judge = judged(input.raw, run.seen_message_ids, offered)
+                # The runtime's own answer to an approval (a deadline's timeout) is not a
+                # client's text: judging it would cost a judge call, or refuse the timeout.
+                to_judge = [] if is_runtime_answer(input) else judged(
+                    input.raw, run.seen_message_ids, offered)
             except _TooMuchToJudge as exc:
                 to_judge, verdict = [], exc.verdict
             for marks, messages in to_judge:

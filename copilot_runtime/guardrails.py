@@ -3,11 +3,14 @@
 `CopilotRuntime(guardrails=[...])` takes objects with `async def check(self, messages,
 principal) -> Verdict`; `messages` are the run's AG-UI messages (dicts, camelCase, as the
 client sent them), ending with the one to judge presented as the user's (the rest of the
-client's text, `context`, tool definitions, `state` and `forwardedProps` among it, as one
-message with `CLIENT_TEXT` set: see `_trust.judged`). The first refusal wins: the agent is
-not called, and the user gets an assistant message with the reason (AG-UI: a normal end of
-the run; GraphQL: a `GUARDRAILS_VALIDATION_FAILED` response status, as the TypeScript
-runtime answers).
+client's text, `context`, tool definitions, `state` and a LangGraph interrupt's answers
+among it, as one message with `CLIENT_TEXT` set: see `_trust.judged`; the rest of
+`forwardedProps` is the app's data, never shown to a guardrail). The first refusal wins: the
+agent is not called, and the user gets an assistant message with the reason (AG-UI: a
+normal end of the run; GraphQL: a `GUARDRAILS_VALIDATION_FAILED` response status, as the
+TypeScript runtime answers; the approvals route: a 422 answer, the approval left pending).
+The runtime's own answers to an approval (a deadline's timeout, an answer a graph took
+already carried on) are not judged.
 
 Two ship here. `PatternGuardrail` refuses the latest user message when a regular expression
 matches it (no model involved; searched within a time bound, off the event loop when slow).
@@ -70,8 +73,8 @@ class Guardrail(Protocol):
 
 #: Set (True) on the message guardrails are shown that holds the client-written text that is
 #: not a message of the user's: `context`, tool definitions, assistant turns and tool
-#: results the thread did not make, messages' names, the strings of `state` and
-#: `forwardedProps` (an interrupt's answer among them) (see `_trust.judged`).
+#: results the thread did not make, messages' names, tool results' errors, the strings of
+#: `state` and of a LangGraph interrupt's answers (see `_trust.judged`).
 CLIENT_TEXT = "clientText"
 
 

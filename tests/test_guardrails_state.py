@@ -1,8 +1,10 @@
 """Guardrails judge the client-written text that reaches an agent outside messages, on both
 protocols: the strings of `state` (AG-UI `state`; GraphQL `agentStates`), which a LangGraph
-graph merges into its state and often puts in the prompt; of `forwardedProps`, among them a
-LangGraph interrupt's answer (`forwardedProps.command.resume`, AG-UI 1.0's `resume`, a
-GraphQL `metaEvents` response); and messages' `name`s. Before the fix none of it was judged.
+graph merges into its state and often puts in the prompt; a LangGraph interrupt's answer
+(`forwardedProps.command.resume`, AG-UI 1.0's `resume`, a GraphQL `metaEvents` response, the
+approvals route's answers); messages' `name`s; tool results' errors. Before the fix none of
+it was judged. The rest of `forwardedProps` (GraphQL `properties`, an agent's `config`) is
+the app's data, auth tokens often: it is not sent to a guardrail.
 
 Each text is judged once a thread: the state an agent wrote is its own, so a client that
 sends it back costs no judge call; a hostile huge or deep state is refused, not walked."""
@@ -71,7 +73,6 @@ _AGUI: dict[str, dict[str, Any]] = {
     "forwardedProps.command.resume": {"forwardedProps": {"command": {"resume": DENIED}}},
     "forwardedProps.command.resume object": {
         "forwardedProps": {"command": {"resume": {"approved": True, "comment": DENIED}}}},
-    "forwardedProps other entry": {"forwardedProps": {"threadMetadata": {"title": DENIED}}},
     "resume payload": {"resume": [{"interruptId": "i1", "status": "resolved",
                                    "payload": {"answer": DENIED}}]},
     "tool result error": {"messages": [
@@ -96,15 +97,21 @@ async def test_agui_guardrails_judge_state_forwarded_props_and_names(
     assert llm.requests == []  # the model saw nothing
 
 
-async def test_model_settings_and_node_name_are_not_judged(
+async def test_forwarded_props_but_an_interrupt_answer_are_not_judged(
         serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
-    """Control: `forwardedProps` entries the runtime reads as model settings, and the node a
-    graph starts from, are not text a model reads."""
+    """`forwardedProps` but `command.resume` is the app's data (an auth token, a thread's
+    metadata), model settings and the node a graph starts from: none of it goes to a
+    guardrail, whose judge model must not be sent an app's secrets (before the fix all of
+    it but the settings was judged, and a denied word in a token refused the run)."""
     recorder = Recorder()
-    async with serve_runtime(openai_runtime(llm, guardrails=[recorder])) as served:
+    guardrails = [recorder, PatternGuardrail(deny=[r"\bpassword\b"])]
+    async with serve_runtime(openai_runtime(llm, guardrails=guardrails)) as served:
         events = await served.run(run_input("hello", thread="st-settings", forwardedProps={
-            "temperature": 0.5, "stop": ["password"], "nodeName": "chat_node"}))
+            "temperature": 0.5, "stop": ["password"], "nodeName": "chat_node",
+            "authToken": "secret-token-1234", "threadMetadata": {"title": DENIED},
+            "command": {"goto": "password"}}))
     assert types(events)[-1] == "RUN_FINISHED"
+    assert text_of(events) != REFUSAL, events
     assert recorder.judged == ["hello"]
 
 
@@ -119,9 +126,6 @@ def _planner_session(thread: str, **extra: Any) -> dict[str, Any]:
 _GRAPHQL: dict[str, dict[str, Any]] = {
     "agentStates state": {"agentStates": [
         {"agentName": _PLANNER, "state": json.dumps({"notes": [DENIED]})}]},
-    "agentStates config": {"agentStates": [
-        {"agentName": _PLANNER, "state": "{}",
-         "config": json.dumps({"configurable": {"persona": DENIED}})}]},
     "metaEvents response": {"metaEvents": [
         {"name": "LangGraphInterruptEvent", "value": '"Proceed?"', "response": DENIED}]},
     "CopilotKit interrupt response": {"metaEvents": [
@@ -149,19 +153,37 @@ _WITH_PROPERTIES = _GENERATE.replace(
     "generateCopilotResponse(data: $data, properties: $properties)")
 
 
-async def test_graphql_guardrails_judge_properties(guarded: Served,
-                                                   llm: MockOpenAIServer) -> None:
-    """`properties` reach an agent as `forwardedProps`."""
-    data = {"threadId": "gst-props", "frontend": {"actions": []},
-            "metadata": {"requestType": "Chat"}, "messages": [text_message("u1", "user", "hi")]}
-    status, body = await call(guarded, "POST", "", None, {
-        "query": _WITH_PROPERTIES,
-        "variables": {"data": data, "properties": {"note": {"text": DENIED}}}}, GQL)
-    assert status == 200, body
-    assert orjson.loads(body)["data"]["generateCopilotResponse"]["status"] == {
-        "code": "Failed", "reason": "GUARDRAILS_VALIDATION_FAILED",
-        "details": {"guardrailsReason": REFUSAL}}
-    assert llm.requests == []
+async def test_graphql_properties_and_agent_config_are_not_judged(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """`properties` (an app's auth token, often) and an agent session's `config` reach the
+    agent as `forwardedProps`, not as the user's words: they are not sent to a guardrail
+    (before the fix they were, and refused the run); an interrupt's answer sent among the
+    properties (`command.resume`) still is."""
+    recorder = Recorder()
+    agent = Scripted([ev.text_message_start("m1"), ev.text_message_content("m1", "done"),
+                      ev.text_message_end("m1")])
+    runtime = openai_runtime(llm, agents={_PLANNER: agent}, guardrails=[
+        recorder, PatternGuardrail(deny=[r"\bpassword\b"])])
+    config = json.dumps({"configurable": {"persona": DENIED}})
+    data = _planner_session("gst-props", agentStates=[
+        {"agentName": _PLANNER, "state": "{}", "config": config}])
+    async with serve_runtime(runtime) as served:
+        status, body = await call(served, "POST", "", None, {
+            "query": _WITH_PROPERTIES, "variables": {"data": data, "properties": {
+                "authorization": "Bearer secret-token-1234", "note": {"text": DENIED}}}},
+            GQL)
+        assert status == 200, body
+        response = orjson.loads(body)["data"]["generateCopilotResponse"]
+        assert response["status"]["code"] == "Success", response
+        assert recorder.judged == ["hello"]
+        status, body = await call(served, "POST", "", None, {
+            "query": _WITH_PROPERTIES, "variables": {
+                "data": _planner_session("gst-props-2"),
+                "properties": {"command": {"resume": DENIED}}}}, GQL)
+        assert status == 200, body
+        response = orjson.loads(body)["data"]["generateCopilotResponse"]
+        assert response["status"]["details"] == {"guardrailsReason": REFUSAL}, response
+    assert len(agent.seen) == 1
 
 
 # ---- the agent's own state ------------------------------------------------------------------
@@ -282,16 +304,23 @@ def test_in_process_input_too_deep_to_encode_is_refused() -> None:
     assert "cannot be checked" in raised.value.verdict.reason
 
 
+@pytest.mark.parametrize("wait", [True, False], ids=["wait", "no-wait"])
 async def test_a_refused_interrupt_answer_leaves_the_approval_pending(
-        serve_runtime: ServeRuntime, tmp_path: Path) -> None:
+        serve_runtime: ServeRuntime, tmp_path: Path, wait: bool) -> None:
     """A denied answer to a LangGraph interrupt, as AG-UI 1.0's `resume` or through the
-    approvals route, never reaches the graph: the approval stays pending, and a clean
-    answer then goes through."""
+    approvals route (waiting or not), never reaches the graph: the approval stays pending,
+    and a clean answer then goes through.
+
+    The route judges the answer before it records it, and says so: 422 with the guardrail's
+    reason. Before the fix a waiting answer said 200, run `finished`; one not waiting said
+    202, its answer recorded: the recovery resent it every 30 s, refused each time, and the
+    approval answered 409 to any new answer."""
     saver = checkpointer(f"sqlite:///{tmp_path}/cp.sqlite3")
     specialists = [Drafting(n) for n in ("Invoice", "Closing", "Audit")]
     runtime = CopilotRuntime(
         agents={"review": ReviewLoop(specialists).agent(name="review", checkpointer=saver)},
         guardrails=[PatternGuardrail(deny=[r"\bpassword\b"])])
+    service = approval_service(runtime)
     try:
         async with serve_runtime(runtime) as served:
             pending = interrupt_of(await run(served, "hitl", "Prepare the invoice", **V1))
@@ -299,13 +328,19 @@ async def test_a_refused_interrupt_answer_leaves_the_approval_pending(
                 "interruptId": pending["id"], "status": "resolved",
                 "payload": {"action": "revise", "payload": DENIED}}], **V1)
             assert text_of(events) == REFUSAL
-            status, body = await answer(served, pending["id"],
-                                        {"action": "revise", "payload": DENIED})
-            assert status == 200, body
-            assert body["approval"]["status"] == "pending"
+            status, body = await answer(served, pending["id"], {
+                "action": "revise", "payload": DENIED, "wait": wait})
+            assert (status, body) == (422, {
+                "error": "Bad request", "message": REFUSAL,
+                "code": "GUARDRAILS_VALIDATION_FAILED"}), body
+            (listed,) = await service.list(status=None)
+            assert (listed.status, listed.answer) == ("pending", None)
+            assert not runtime.is_running("hitl")  # the thread was given back
+            store = runtime.agents["review"].approvals  # type: ignore[attr-defined]
+            assert await store.unapplied() == []  # nothing for the recovery to resend
             assert [c.feedback for c in specialists[0].calls] == [None]  # asked once, only
             status, body = await answer(served, pending["id"], {"action": "approve"})
             assert (status, body["approval"]["status"]) == (200, "answered"), body
             assert body["approval"]["applied"] is True
     finally:
-        await approval_service(runtime).aclose()
+        await service.aclose()

@@ -36,6 +36,7 @@ from copilot_runtime import events as ev
 from copilot_runtime._again import worth_logging
 from copilot_runtime._exceptions import (
     ApprovalClosedError,
+    ApprovalError,
     ApprovalNotFoundError,
     CopilotRuntimeError,
     ServiceUnavailableError,
@@ -52,9 +53,22 @@ from copilot_runtime.approvals.ledger import (
 )
 from copilot_runtime.events import Event
 
-__all__ = ["ApprovalService", "HostedRun", "RunHost"]
+__all__ = ["ApprovalService", "HostedRun", "RunHost", "is_runtime_answer"]
 
 _log = structlog.get_logger("copilot_runtime.approvals")
+
+#: The inputs of the runs this service starts with an answer of the runtime's own (a
+#: deadline's timeout, sent or sent again; an answer a graph took and whose run died,
+#: carried on), by identity, while the host starts them: no client can send these objects.
+_runtime_answers: dict[int, RunInput] = {}
+
+
+def is_runtime_answer(input: RunInput) -> bool:
+    """Whether `input` is a run's input this service made with an answer of the runtime's
+    own: guardrails judge what clients write; a timeout the runtime wrote must not cost a
+    judge call (nor be refused, which would leave the approval expired and never applied),
+    nor must carrying on a graph that took its answer already."""
+    return _runtime_answers.get(id(input)) is input
 
 
 class HostedRun(Protocol):
@@ -65,6 +79,8 @@ class HostedRun(Protocol):
     run_id: str
     #: Why it was cut short from outside ("stop": its caller asked), or None.
     cancel_reason: str | None
+    #: Why a guardrail refused its input (its agent would only say so), or None.
+    refusal: str | None
 
     async def drive(self, write: Callable[[Sequence[Event]], Awaitable[None]]) -> None: ...
 
@@ -225,7 +241,10 @@ class ApprovalService:
         """Answer a pending approval and resume its graph on the server.
 
         Raises `ApprovalNotFoundError` (404), `ApprovalClosedError` (409 answered or
-        withdrawn, 410 expired) or `ThreadBusyError` (409). With `wait`, returns once the
+        withdrawn, 410 expired), `ThreadBusyError` (409), or an `ApprovalError` (422, code
+        `GUARDRAILS_VALIDATION_FAILED`, the guardrail's reason as its message) when a
+        guardrail refuses the answer: judged before it is recorded, so nothing is, and the
+        approval can be answered again. With `wait`, returns once the
         resumed run has ended, with its outcome; otherwise as soon as the answer is
         recorded in the ledger (run status `running`), or with run status `cancelled` if
         the service closed first (the approval as the ledger has it).
@@ -312,10 +331,14 @@ class ApprovalService:
 
     async def _resume(self, approval: Approval, payload: Any, answered_by: str,
                       headers: Mapping[str, str] | None,
-                      first: Callable[[], Awaitable[bool]] | None = None
-                      ) -> asyncio.Task[dict[str, Any]]:
+                      first: Callable[[], Awaitable[bool]] | None = None, *,
+                      own: bool = False) -> asyncio.Task[dict[str, Any]]:
         """Start the run that resumes `approval`'s graph with `payload` (in a task); the
-        task awaits `first` before it drives, and gives the run back if that is False."""
+        task awaits `first` before it drives, and gives the run back if that is False.
+
+        The host's guardrails judge `payload` as it starts the run, unless it is the
+        runtime's `own`; a refused one raises (`_refused`) before `first`: a refused answer
+        is never recorded, so it is neither resent for ever nor blocks the next answer."""
         run_id = f"approval-{uuid.uuid4()}"
         body: dict[str, Any] = {
             "threadId": approval.thread_id, "runId": run_id, "messages": [], "state": {},
@@ -325,8 +348,16 @@ class ApprovalService:
         }
         if approval.channel == "outcome":
             body["protocolVersion"] = "1.0"  # answer in the form its client understood
-        run = await self.host.start_run(approval.agent_id, parse_run_input(body),
-                                           headers)
+        input = parse_run_input(body)
+        if own:
+            _runtime_answers[id(input)] = input
+        try:
+            run = await self.host.start_run(approval.agent_id, input, headers)
+        finally:
+            _runtime_answers.pop(id(input), None)
+        if run.refusal is not None:
+            await run.abandon()  # nothing ran: the thread is given back, the ledger untouched
+            raise _refused(run.refusal)
         # No await from here to the task: the run is the task's to drive or give back.
         task = asyncio.create_task(_drive(run, first), name=run_id)
         self._runs.add(task)
@@ -392,14 +423,15 @@ class ApprovalService:
                 if not await self._still_waiting(store, owners[approval.agent_id], approval):
                     continue  # its thread was reset: nothing to time out (now withdrawn)
                 if not await self._try_resume(approval, timeout_answer(
-                        iso_time(approval.expires_at)), "runtime"):
+                        iso_time(approval.expires_at)), "runtime", own=True):
                     next_due = min(next_due or now, now + self.retry_interval)
         return next_due
 
-    async def _try_resume(self, approval: Approval, payload: Any, answered_by: str) -> bool:
+    async def _try_resume(self, approval: Approval, payload: Any, answered_by: str, *,
+                          own: bool = False) -> bool:
         """Resume in the background; False when the thread is busy (try again later)."""
         try:
-            task = await self._resume(approval, payload, answered_by, None)
+            task = await self._resume(approval, payload, answered_by, None, own=own)
         except ThreadBusyError:
             return False
         self._expiring.add(approval.id)
@@ -422,13 +454,40 @@ class ApprovalService:
                 # waits), or if the graph took it and its run then died between two steps
                 # (a crash, a shutdown: nothing else runs the rest, the approved action
                 # maybe), which carries the graph on from the step it stopped at.
-                if approval.id in await agent.pending_interrupt_ids(approval.thread_id) \
-                        or await agent.parked(approval.thread_id):
+                if approval.id in await agent.pending_interrupt_ids(approval.thread_id):
+                    # A person's answer is judged again: one refused (by guardrails set up
+                    # since it was recorded, say) is reopened, to be answered again, not
+                    # resent for ever. A timeout ("expired") is the runtime's own.
+                    _log.info("resending an approval answer", approval_id=approval.id)
+                    try:
+                        await self._try_resume(approval, approval.answer,
+                                               approval.answered_by or "runtime",
+                                               own=approval.status == "expired")
+                    except ApprovalError as exc:
+                        if exc.code != _REFUSED:
+                            raise
+                        _log.warning("approval reopened: a guardrail refused its answer",
+                                     approval_id=approval.id)
+                        await store.settle(approval.id, "reopen")
+                elif await agent.parked(approval.thread_id):
+                    # The graph took this answer already: carrying it on is the runtime's
+                    # doing, not new text of a client's.
                     _log.info("resending an approval answer", approval_id=approval.id)
                     await self._try_resume(approval, approval.answer,
-                                           approval.answered_by or "runtime")
+                                           approval.answered_by or "runtime", own=True)
                 else:
                     await store.settle(approval.id, "applied")
+
+
+#: The code of an answer a guardrail refused (as the GraphQL edge says of a refused run).
+_REFUSED = "GUARDRAILS_VALIDATION_FAILED"
+
+
+def _refused(reason: str) -> ApprovalError:
+    """A guardrail refused an answer: 422, with its reason (as a chat shows it)."""
+    error = ApprovalError(reason)
+    error.status, error.code = 422, _REFUSED
+    return error
 
 
 async def _drive(run: HostedRun,
