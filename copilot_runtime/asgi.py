@@ -188,8 +188,11 @@ class CopilotEndpoint:
             if _speaks_graphql(request):  # its error form
                 await self.graphql.invalid_json(request, exc.message if too_deep else None)
                 return
-            await send_json(request, 400, {"error": "invalid_request", "message":
-                                           exc.message if too_deep else "Invalid JSON payload"})
+            # The TypeScript runtime's answer to JSON it cannot parse; the depth bound is
+            # ours, and carries its code, as the README's limits table says.
+            await send_json(request, 400, {
+                "error": "invalid_request", "message": exc.message, "code": exc.code}
+                if too_deep else {"error": "invalid_request", "message": "Invalid JSON payload"})
             return
         except RequestTimeoutError as exc:
             await send_error(request, exc)

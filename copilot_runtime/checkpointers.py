@@ -224,12 +224,17 @@ class _PostgresBackend(_Backend):
         self.conninfo = conninfo
         self.where = _redact(url)
         self.pool_size = pool_size_option(options, pool_size)
+        # Said here, as thread_store() does: found on first use, each run failed with
+        # AGENT_ERROR and each approval route with a 500 (a bare ModuleNotFoundError).
         try:
+            import langgraph.checkpoint.postgres.aio  # noqa: F401
+
             from copilot_runtime._pg_lane import checked_conninfo
-        except ImportError:  # no psycopg: said as the store opens
-            pass
-        else:
-            checked_conninfo(conninfo)  # a mistake fails here, not every request after
+        except ImportError as exc:
+            raise ConfigurationError(
+                "checkpointer('postgresql://...') needs the postgres extra: pip install "
+                f"'copilot-runtime[postgres]' ({exc.name} is missing)") from None
+        checked_conninfo(conninfo)  # a mistake fails here, not every request after
         self._pool: Any = None
         self.approvals = PostgresApprovalStore(self._open_pool)
 

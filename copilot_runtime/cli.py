@@ -347,13 +347,18 @@ def main(argv: list[str] | None = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
 
     def common(sub: argparse.ArgumentParser, port: int) -> None:
-        sub.add_argument("--host", default="127.0.0.1")
-        sub.add_argument("--port", type=int, default=port)
-        sub.add_argument("--path", default="/copilotkit", help="base path of the runtime")
+        sub.add_argument("--host", default="127.0.0.1",
+                         help="address to listen on (default: %(default)s)")
+        sub.add_argument("--port", type=int, default=port,
+                         help="port to listen on (default: %(default)s)")
+        sub.add_argument("--path", default="/copilotkit",
+                         help="base path of the runtime (default: %(default)s)")
         sub.add_argument("--log-level", default="warning",
-                         choices=["critical", "error", "warning", "info", "debug"])
+                         choices=["critical", "error", "warning", "info", "debug"],
+                         help="the runtime's and the server's logs, on stderr "
+                              "(default: %(default)s)")
         sub.add_argument("--max-body-size", type=int, default=8 * 1024 * 1024,
-                         help="largest request body accepted, in bytes")
+                         help="largest request body accepted, in bytes (default: %(default)s)")
 
     serve = commands.add_parser("serve", help="serve a CopilotRuntime or an ASGI app")
     serve.add_argument("target", metavar="TARGET",
@@ -361,26 +366,30 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--workers", type=int, default=1,
                        help="worker processes sharing the port, each importing TARGET "
                             "(with more than one, give the runtime a shared thread store "
-                            "and coordinator)")
+                            "and coordinator; default: %(default)s)")
     common(serve, 8000)
     demo = commands.add_parser("demo", help="serve the demo runtime")
     common(demo, 8000)
     demo.add_argument("--db", default=os.environ.get("COPILOT_RUNTIME_DB",
                                                      "copilot-runtime-demo.sqlite3"),
-                      help="SQLite file for threads (':memory:' keeps nothing)")
+                      help="SQLite file for threads (':memory:' keeps nothing; default: "
+                           "$COPILOT_RUNTIME_DB, else copilot-runtime-demo.sqlite3)")
     demo.add_argument("--checkpoints", default=os.environ.get("COPILOT_RUNTIME_CHECKPOINTS"),
                       help="where the workflows keep their graphs and approvals: a "
-                           "sqlite:///path, postgresql://... or memory URL (default: with "
-                           "the threads: a SQLite file beside theirs, their PostgreSQL "
-                           "database, or memory)")
+                           "sqlite:///path, postgresql://... or memory URL (default: "
+                           "$COPILOT_RUNTIME_CHECKPOINTS, else with the threads: a SQLite "
+                           "file beside theirs, their PostgreSQL database, or memory)")
     demo.add_argument("--threads", default=os.environ.get("COPILOT_RUNTIME_THREADS"),
                       help="where threads live, as a thread store URL (sqlite:///path, "
-                           "postgresql://...?schema=NAME, memory://); overrides --db")
+                           "postgresql://...?schema=NAME, memory://); overrides --db "
+                           "(default: $COPILOT_RUNTIME_THREADS)")
     demo.add_argument("--coordinator", default=os.environ.get("COPILOT_RUNTIME_COORDINATOR"),
-                      help="how workers share runs: local (default), postgresql://... or "
-                           "redis://... (see copilot_runtime.coordination)")
+                      help="how workers share runs: local, postgresql://... or "
+                           "redis://... (see copilot_runtime.coordination; default: "
+                           "$COPILOT_RUNTIME_COORDINATOR, else local)")
     demo.add_argument("--approval-timeout", type=_positive_seconds, default=300.0,
-                      help="seconds before an account_review approval times out")
+                      help="seconds before an account_review approval times out "
+                           "(default: %(default)s)")
     args = parser.parse_args(argv)
     _configure_logging(args.log_level)
     workers = 1

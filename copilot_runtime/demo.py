@@ -72,7 +72,7 @@ def demo_adapter() -> tuple[ServiceAdapter, str]:
     if configured is not None:
         return configured
     return DemoAdapter(), ("the offline demo model (set OPENAI_API_KEY, ANTHROPIC_API_KEY or "
-                           "GOOGLE_API_KEY for a real one)")
+                           "GOOGLE_API_KEY/GEMINI_API_KEY for a real one)")
 
 
 #: What a user without the `langgraph` extra is told, once, when the demo starts.

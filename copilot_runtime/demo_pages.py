@@ -1,7 +1,7 @@
 """The demo's web pages beside the runtime: the stock CopilotKit chat of both generations.
 
 `web/` builds them (`npm ci && npm run build`, Node.js 20+) into `copilot_runtime/demo_web/`,
-which the wheel carries, so an installed package serves them without Node:
+which a wheel built after that carries, so an installed package serves them without Node:
 
 * `/`: react-core 1.74 with its v2 chat, over AG-UI;
 * `/classic`: react-core and react-ui 1.10.6, over GraphQL;
@@ -40,7 +40,7 @@ def pages_note(pages: DemoPages, host: str, port: int) -> str:
     """What the demo prints about its pages."""
     if pages.directory is None:
         return (f"web pages not built yet: http://{host}:{port}/ shows them once they are "
-                f"({BUILD_HINT})")
+                f"(in a clone of the repository: {BUILD_HINT})")
     return (f"open http://{host}:{port}/ (CopilotKit 1.74, AG-UI) or "
             f"http://{host}:{port}/classic (1.10.6, GraphQL)")
 

@@ -19,43 +19,54 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["CREDENTIAL_HEADERS", "DEFAULT_DENIED_HEADERS", "HOP_BY_HOP", "HeaderPolicy",
-           "forwardable"]
+__all__ = ["CREDENTIAL_HEADERS", "DEFAULT_DENIED_HEADERS", "DEFAULT_DENIED_PREFIXES",
+           "HOP_BY_HOP", "HeaderPolicy", "forwardable"]
 
-#: Never forwarded by the default policy: they describe the client's hop to this runtime,
-#: or are credentials of the runtime itself.
+#: Never forwarded by the default policy: what the proxies in front of this runtime wrote
+#: about the client's hop to it (its address, host, scheme, a client certificate), and the
+#: client's own words to this runtime (its public API key, its protocol version). The
+#: remote service has proxies of its own; these would tell it a hop it did not take.
 DEFAULT_DENIED_HEADERS: frozenset[str] = frozenset({
-    "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port",
-    "x-real-ip", "x-copilotcloud-public-api-key", "x-copilotkit-runtime-client-gql-version",
+    "forwarded", "via", "x-real-ip", "x-client-ip", "x-cluster-client-ip",
+    "x-original-forwarded-for", "true-client-ip", "cf-connecting-ip",
+    "x-copilotcloud-public-api-key", "x-copilotkit-runtime-client-gql-version",
 })
-# Headers that belong to one HTTP connection and must never be copied to another.
+#: Name prefixes denied alike: every `x-forwarded-*` (for, host, proto, port, prefix,
+#: server, client-cert...) and Envoy's `x-envoy-*`, which also steer the next Envoy.
+DEFAULT_DENIED_PREFIXES: tuple[str, ...] = ("x-forwarded-", "x-envoy-")
+# Headers that belong to one HTTP connection and must never be copied to another (besides
+# those a `Connection` header names, see `forwardable`).
 HOP_BY_HOP: frozenset[str] = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-    "trailer", "transfer-encoding", "upgrade", "host", "content-length", "content-type",
-    "accept", "accept-encoding",
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+    "proxy-connection", "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host",
+    "content-length", "content-type", "accept", "accept-encoding",
 })
 
 
 @dataclass(frozen=True, slots=True)
 class HeaderPolicy:
-    """An allow list (exact names and name prefixes) minus a deny list.
+    """An allow list (exact names and name prefixes) minus a deny list (the same).
 
-    `HeaderPolicy()` forwards `authorization` and `x-*` minus `DEFAULT_DENIED_HEADERS`, as
-    the TypeScript runtime does. `HeaderPolicy(allow=("authorization", "x-tenant"),
-    allow_prefixes=())` forwards exactly those two; `HeaderPolicy.none()` forwards nothing.
-    `forward_cookies=True` adds `cookie`. Names are compared lower-cased.
+    `HeaderPolicy()` forwards `authorization` and `x-*` minus `DEFAULT_DENIED_HEADERS` and
+    `DEFAULT_DENIED_PREFIXES`, as the TypeScript runtime does. `HeaderPolicy(allow=(
+    "authorization", "x-tenant"), allow_prefixes=())` forwards exactly those two;
+    `HeaderPolicy.none()` forwards nothing. `forward_cookies=True` adds `cookie`. A deny
+    wins over an allow; `deny` and `deny_prefixes` are replaced separately (an app that
+    denies one more name keeps the proxies' headers denied). Names are compared lower-cased.
     """
 
     allow: tuple[str, ...] = ("authorization",)
     allow_prefixes: tuple[str, ...] = ("x-",)
     deny: frozenset[str] = DEFAULT_DENIED_HEADERS
     forward_cookies: bool = False
+    deny_prefixes: tuple[str, ...] = DEFAULT_DENIED_PREFIXES
 
     def __post_init__(self) -> None:
         # Names are matched lower-cased; normalise what the user wrote once, here.
         object.__setattr__(self, "allow", tuple(n.lower() for n in self.allow))
         object.__setattr__(self, "allow_prefixes", tuple(p.lower() for p in self.allow_prefixes))
         object.__setattr__(self, "deny", frozenset(n.lower() for n in self.deny))
+        object.__setattr__(self, "deny_prefixes", tuple(p.lower() for p in self.deny_prefixes))
 
     @classmethod
     def none(cls) -> HeaderPolicy:
@@ -64,7 +75,7 @@ class HeaderPolicy:
 
     def allows(self, name: str) -> bool:
         name = name.lower()
-        if name in HOP_BY_HOP or name in self.deny:
+        if name in HOP_BY_HOP or name in self.deny or name.startswith(self.deny_prefixes):
             return False
         if name == "cookie":
             return self.forward_cookies
@@ -81,11 +92,15 @@ CREDENTIAL_HEADERS: frozenset[str] = frozenset({"authorization", "cookie"})
 
 def forwardable(raw: Iterable[tuple[bytes, bytes]], *,
                 credentials: bool = True) -> dict[str, str]:
-    """A request's headers (ASGI pairs) for its agent: lower-cased, minus this connection's;
-    without `credentials`, minus those that authenticated the caller to this runtime."""
+    """A request's headers (ASGI pairs) for its agent: lower-cased, minus this connection's
+    (`HOP_BY_HOP` and the names its `Connection` header lists, RFC 9110 7.6.1); without
+    `credentials`, minus those that authenticated the caller to this runtime."""
+    pairs = [(key.decode("latin-1").lower(), value) for key, value in raw]
+    connection = {token.strip().lower() for name, value in pairs if name == "connection"
+                  for token in value.decode("latin-1").split(",")}
     out: dict[str, str] = {}
-    for key, value in raw:
-        name = key.decode("latin-1").lower()
-        if name not in HOP_BY_HOP and (credentials or name not in CREDENTIAL_HEADERS):
+    for name, value in pairs:
+        if (name not in HOP_BY_HOP and name not in connection
+                and (credentials or name not in CREDENTIAL_HEADERS)):
             out[name] = value.decode("latin-1")
     return out

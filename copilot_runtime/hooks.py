@@ -5,12 +5,12 @@
     on_error(error: ErrorInfo) -> None                    a run ended with an error
 
 `on_request` runs after authentication: it may refuse the request by raising a
-`RequestError` (say `RequestRejectedError`, 403), or return annotations that agents see as
-`RunContext.annotations`. It is a policy, so it fails closed: if it raises anything else, or
-has not answered within `request_timeout` seconds, the request is refused with 503 (a policy
-whose backing service is down must not admit everyone, nor hold requests without end). The
-other two run in the background, so they never hold up or break a stream; whatever they
-raise is logged.
+`RequestError` (say `copilot_runtime.RequestRejectedError`, 403 unless given another
+status), or return annotations that agents see as `RunContext.annotations`. It is a policy,
+so it fails closed: if it raises anything else, or has not answered within
+`request_timeout` seconds, the request is refused with 503 (a policy whose backing service
+is down must not admit everyone, nor hold requests without end). The other two run in the
+background, so they never hold up or break a stream; whatever they raise is logged.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from copilot_runtime import CopilotRuntime, UpstreamError
 from copilot_runtime.agents._http_client import Timeouts
 from copilot_runtime.agents._wire import RemoteEventChecker, SSEDecoder
 from copilot_runtime.agents.http import HttpAgent
-from copilot_runtime.headers import HeaderPolicy
+from copilot_runtime.headers import HeaderPolicy, forwardable
 from copilot_runtime.testing import verify_events
 from tests.agents_support.agui_server import ScriptedAGUIServer
 from tests.conftest import ServeRuntime, free_port, run_input, text_of, types
@@ -130,10 +130,44 @@ def test_header_policy_rules() -> None:
     assert HeaderPolicy.none().select(incoming) == {}
     custom = HeaderPolicy(deny=frozenset({"X-Tenant"}))
     assert "x-tenant" not in custom.select(incoming)
-    assert "x-forwarded-for" in custom.select(incoming)  # the deny list was replaced
+    # The deny list was replaced, not the denied prefixes: the proxies' headers stay here.
+    assert "x-copilotcloud-public-api-key" in custom.select(incoming)
+    assert "x-forwarded-for" not in custom.select(incoming)
+    assert "x-forwarded-for" in HeaderPolicy(deny_prefixes=()).select(incoming)
     # hop-by-hop headers never pass, whatever the policy
     assert HeaderPolicy(allow=("host", "content-length")).select(
         {"host": "a", "content-length": "1"}) == {}
+
+
+#: What proxies in front of the runtime write about the client's hop: a remote agent must see
+#: none (before, only x-forwarded-for, -host, -proto and -port were withheld).
+_PROXY_HEADERS = {
+    "X-Forwarded-For": "10.1.2.3", "X-Forwarded-Client-Cert": "By=spiffe://edge;Hash=ab12",
+    "X-Forwarded-Server": "edge-1", "X-Forwarded-Prefix": "/api", "X-Forwarded-Ssl": "on",
+    "Forwarded": "for=10.1.2.3;proto=https", "Via": "1.1 edge", "X-Real-IP": "10.1.2.3",
+    "X-Envoy-External-Address": "10.1.2.3", "X-Envoy-Expected-Rq-Timeout-Ms": "5",
+    "X-Client-IP": "10.1.2.3", "True-Client-IP": "10.1.2.3",
+}
+
+
+async def test_no_header_a_proxy_set_reaches_a_remote_agent(
+        remote: ScriptedAGUIServer, serve_runtime: ServeRuntime) -> None:
+    widest = HttpAgent(remote.url, header_policy=HeaderPolicy(allow_prefixes=("",)))
+    async with serve_runtime(runtime_for(widest)) as served:
+        response = await served.post("/agent/remote/run", run_input("Hi"),
+                                     headers={**_PROXY_HEADERS, "X-Tenant": "acme"})
+        assert response.status == 200
+        await response.read()
+    sent = remote.requests[0]["headers"]
+    assert sent["x-tenant"] == "acme"
+    leaked = sorted(name for name in sent if name in {n.lower() for n in _PROXY_HEADERS})
+    assert leaked == [], leaked
+
+
+def test_headers_a_connection_header_names_stay_on_that_connection() -> None:
+    raw = [(b"Connection", b"keep-alive, X-Hop-Token"), (b"x-hop-token", b"hop"),
+           (b"Proxy-Connection", b"keep-alive"), (b"X-Tenant", b"acme")]
+    assert forwardable(raw) == {"x-tenant": "acme"}
 
 
 async def test_cookie_forwarding_when_asked(remote: ScriptedAGUIServer,

@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import orjson
@@ -189,6 +190,34 @@ def test_workers_of_a_shared_runtime_are_not_warned_about(
     assert "threads kept in memory" not in err
     _warn_unshared(lambda *_: None, 3)  # an ASGI app: nothing to tell about
     assert capsys.readouterr().err == ""
+
+
+def test_help_shows_defaults_and_environment_names_not_their_values(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The help showed no default, nor the COPILOT_RUNTIME_* variables the demo falls back
+    to; `python -m copilot_runtime.testing --help` was `usage: __main__.py`."""
+    from copilot_runtime.cli import main
+    from copilot_runtime.testing.mock_openai import main as mock_main
+
+    monkeypatch.setenv("COPILOT_RUNTIME_THREADS", "postgresql://app:s3cret@db/app")
+
+    def help_of(run: Any, *argv: str) -> str:
+        with pytest.raises(SystemExit) as done:
+            run([*argv, "--help"])
+        assert done.value.code == 0
+        return " ".join(capsys.readouterr().out.split())  # argparse's own line breaks
+
+    demo = help_of(main, "demo")
+    for shown in ("(default: 127.0.0.1)", "(default: 8000)", "(default: /copilotkit)",
+                  "(default: warning)", "$COPILOT_RUNTIME_DB", "$COPILOT_RUNTIME_THREADS",
+                  "$COPILOT_RUNTIME_CHECKPOINTS", "$COPILOT_RUNTIME_COORDINATOR"):
+        assert shown in demo, (shown, demo)
+    assert "s3cret" not in demo  # a URL from the environment may hold a password
+    assert "default: 1)" in help_of(main, "serve")
+    result = subprocess.run([sys.executable, "-m", "copilot_runtime.testing", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.stdout.startswith("usage: python -m copilot_runtime.testing "), result
+    assert help_of(mock_main).startswith("usage: python -m copilot_runtime.testing.mock_openai")
 
 
 def test_workers_must_be_positive() -> None:

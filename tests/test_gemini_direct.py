@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -107,6 +108,59 @@ async def test_default_route_is_direct_and_sdk_is_an_option(mock: MockGeminiServ
         GoogleGenAIAdapter(client=client, transport="direct")
     with pytest.raises(ConfigurationError, match="http"):
         GoogleGenAIAdapter(api_key="k", base_url="ftp://example")
+
+
+async def test_an_http_proxy_in_the_environment_is_used(
+        mock: MockGeminiServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behind a proxy the own route (which connects directly) gives way to the SDK's, whose
+    session honours the proxy: Gemini was unreachable behind one, with no word why."""
+    seen: list[bytes] = []
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readline()
+        seen.append(head)
+        target = head.split()[1].decode()  # absolute form: http://host:port/path
+        host, port = target.split("/")[2].split(":")
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        up_writer.write(head)
+
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            sink.close()
+
+        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+
+    proxy = await asyncio.start_server(relay, "127.0.0.1", 0)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.sockets[0].getsockname()[1]}")
+    gemini = GoogleGenAIAdapter(api_key="k", base_url=mock.base_url, max_retries=0)
+    try:
+        assert gemini.transport == "sdk"
+        found = await deltas(gemini, ChatRequest(messages=[user("hi")]))
+        assert "".join(d.text for d in found if isinstance(d, TextDelta)) == "echo: hi"
+    finally:
+        await gemini.aclose()
+        proxy.close()
+        await proxy.wait_closed()
+    assert len(seen) == 1, seen
+    assert seen[0].startswith(f"POST {mock.base_url}".encode()), seen
+    assert adapter("direct", base_url=mock.base_url).transport == "direct"  # asked for
+
+
+def test_the_sdk_route_without_the_google_extra_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without google-genai, the SDK route was built and every run failed AGENT_ERROR."""
+    monkeypatch.setitem(sys.modules, "google.genai", None)  # import fails as if missing
+    assert adapter("direct").transport == "direct"  # the own route needs no SDK
+    with pytest.raises(ConfigurationError, match=r"copilot-runtime\[google\]"):
+        adapter("sdk")
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    with pytest.raises(ConfigurationError, match=r"copilot-runtime\[google\]"):
+        GoogleGenAIAdapter(api_key="k")
 
 
 REQUESTS: dict[str, ChatRequest] = {

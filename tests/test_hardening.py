@@ -113,6 +113,7 @@ async def test_too_deep_bodies_are_refused_before_streaming(served: Served, wher
         assert response.status == 400, await response.text()
         answer = await response.json()
         assert "deep" in orjson.dumps(answer).decode()
+        assert answer["code"] == "JSON_TOO_DEEP", answer  # as the README's limits table says
         # Nothing was stored; the thread routes answer, and a normal run works on it.
         response = await served.session.get(served.url + f"/threads/deep-{where}/events")
         assert response.status == 404

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -39,6 +42,7 @@ def graph(saver: Any) -> Any:
 
 
 CONFIG: Any = {"configurable": {"thread_id": "t1"}}
+ROOT = Path(__file__).resolve().parent.parent
 
 
 # -- URLs -----------------------------------------------------------------------------
@@ -65,6 +69,25 @@ def test_url_forms(monkeypatch: pytest.MonkeyPatch) -> None:
             checkpointer(bad)
     with pytest.raises(ConfigurationError, match="plain SQL identifier"):
         checkpointer("postgresql://db/x?schema=a;drop")
+
+
+def test_a_postgresql_url_without_the_postgres_extra_says_which_extra() -> None:
+    """With `[langgraph]` alone, `checkpointer("postgresql://...")` was built, then every
+    run failed AGENT_ERROR and `GET /approvals` answered 500, each time a traceback of
+    `ModuleNotFoundError: psycopg`. It is refused at once now, as `thread_store()` does."""
+    script = (
+        "import sys\n"
+        "for name in ('psycopg', 'psycopg_pool', 'langgraph.checkpoint.postgres'):\n"
+        "    sys.modules[name] = None  # what the langgraph extra alone leaves out\n"
+        "from copilot_runtime.checkpointers import checkpointer\n"
+        "checkpointer('postgresql://postgres@127.0.0.1:5432/test?schema=x')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1, done
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("copilot_runtime._exceptions.ConfigurationError: "), done.stderr
+    assert "pip install 'copilot-runtime[postgres]'" in last, last
+    assert "ModuleNotFoundError" not in done.stderr, done.stderr
 
 
 # -- durability -----------------------------------------------------------------------

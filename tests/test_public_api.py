@@ -14,7 +14,8 @@ EXPECTED = [
     "LangGraphPlatformAgent", "RemoteDiscovery", "RemoteEndpointAgent", "RetryPolicy", "Timeouts",
     "ConfigurationError", "CopilotEndpoint", "CopilotRuntime", "CopilotRuntimeError",
     "DemoAdapter", "InMemoryThreadStore", "InvalidRequestError", "OpenAIAdapter",
-    "PayloadTooLargeError", "RequestError", "RunContext", "RunInput", "SQLiteThreadStore",
+    "PayloadTooLargeError", "RequestError", "RequestRejectedError", "RunContext", "RunInput",
+    "SQLiteThreadStore",
     "ServiceAdapter", "ServiceUnavailableError", "ThreadBusyError", "ThreadStore",
     "UpstreamError", "UpstreamTimeoutError",
     "__version__", "action", "create_app", "mount_runtime",
@@ -45,6 +46,10 @@ def test_exception_hierarchy() -> None:
     assert copilot_runtime.ThreadBusyError("t").status == 409
     assert copilot_runtime.ServiceUnavailableError("down").status == 503
     assert copilot_runtime.PayloadTooLargeError(1).status == 413
+    # The README's way for an `on_request` hook to refuse: 403 unless told otherwise.
+    assert issubclass(copilot_runtime.RequestRejectedError, copilot_runtime.RequestError)
+    assert copilot_runtime.RequestRejectedError().status == 403
+    assert copilot_runtime.RequestRejectedError("no", status=451).status == 451
 
 
 def test_testing_helpers() -> None:

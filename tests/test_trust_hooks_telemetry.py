@@ -19,8 +19,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from copilot_runtime import BearerTokenAuth, CopilotRuntime, OpenAIAdapter, RequestError
-from copilot_runtime._exceptions import RequestRejectedError
+from copilot_runtime import (
+    BearerTokenAuth,
+    CopilotRuntime,
+    OpenAIAdapter,
+    RequestError,
+    RequestRejectedError,  # public: the README's way for a hook to refuse (403)
+)
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.hooks import ErrorInfo, RunFinished
 from copilot_runtime.telemetry import Telemetry, configure_logging, redact_secrets

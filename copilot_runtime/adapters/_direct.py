@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import math
+import os
 import random
 import re
 import time
@@ -42,12 +43,21 @@ from copilot_runtime.adapters.base import ChatDelta
 
 __all__ = ["DEFAULT_MAX_RETRY_WAIT", "Failures", "RetryPolicy", "SDKRetries", "StreamParser",
            "body_message", "check_max_retry_wait", "credentials", "header_credentials",
-           "retry_after_seconds", "send", "status_failure", "stream", "unwaited"]
+           "proxy_in_environment", "retry_after_seconds", "send", "status_failure", "stream",
+           "unwaited"]
 
 _INITIAL_RETRY_DELAY = 0.5
 _MAX_RETRY_DELAY = 8.0
 #: The longest a request waits, in all, for its provider to be ready again (seconds).
 DEFAULT_MAX_RETRY_WAIT = 60.0
+_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                    "all_proxy")
+
+
+def proxy_in_environment() -> bool:
+    """Whether an HTTP proxy is set in the environment: the own route connects directly,
+    so an adapter sends through its SDK then, whose client honours the proxy."""
+    return any(os.environ.get(name) for name in _PROXY_VARIABLES)
 
 
 _CREDENTIAL_LINES = re.compile(

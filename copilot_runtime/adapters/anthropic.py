@@ -71,8 +71,6 @@ __all__ = ["AnthropicAdapter", "AnthropicStreamParser", "to_anthropic_messages"]
 DEFAULT_MAX_TOKENS = 4096
 _THINKING_KEPT = 1024
 _MISSING_RESULT = "The tool call was not answered: no result was recorded for it."
-_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
-                    "all_proxy")
 _FAILURES = _direct.Failures(
     "Anthropic", "Anthropic request timed out", "Could not reach the Anthropic API",
     "The Anthropic API closed the connection without answering",
@@ -138,8 +136,8 @@ class AnthropicAdapter:
                                      "settings, not a client")
         #: Whether this adapter sends requests itself (built on first use, from the client).
         self._sends_directly = client is None and (
-            transport == "direct" or (transport == "auto" and not any(
-                os.environ.get(name) for name in _PROXY_VARIABLES)))
+            transport == "direct" or (transport == "auto"
+                                      and not _direct.proxy_in_environment()))
         self._direct: _DirectRoute | None = None
 
     @property

@@ -6,8 +6,8 @@ of `_http1`, with the URL, headers, timeout and retry policy the SDK would use (
 the request is the SDK's, byte for byte once parsed), and parses the SSE answer here: the SDK
 validates every request into its pydantic types and builds a response model per chunk, which
 cost about fifteen times the CPU of an OpenAI chat. A ready `client=` (Vertex AI, custom
-credentials) or `transport="sdk"` sends through the SDK; its chunks go through the same
-parser.
+credentials), `transport="sdk"` or an HTTP proxy in the environment (the own client
+connects directly) sends through the SDK; its chunks go through the same parser.
 
 What Gemini refuses is repaired on the way out: tool parameter schemas are converted to the
 OpenAPI subset it accepts (`to_gemini_schema`, each rule tested), every function call gets a
@@ -102,7 +102,8 @@ class GoogleGenAIAdapter:
     ``genai.Client(vertexai=True, project=..., location=...)``); otherwise one is made for the
     Gemini API with `api_key` (or `GOOGLE_API_KEY` / `GEMINI_API_KEY`). `thinking` is
     Gemini's thinking config (``{"include_thoughts": True}`` streams its thought summaries).
-    `transport="sdk"` sends through the SDK even when the adapter could send itself.
+    `transport="sdk"` sends through the SDK even when the adapter could send itself, as an
+    HTTP proxy in the environment does (the SDK route needs the `google` extra).
 
     `max_retry_wait` (seconds, 60 by default) bounds the waits between retries: a provider
     that asks for a longer wait (a Retry-After, or its error's `RetryInfo`), or waits that
@@ -147,8 +148,18 @@ class GoogleGenAIAdapter:
             raise ConfigurationError("transport='direct' sends without the SDK: pass the "
                                      "settings, not a client")
         self._direct: _DirectRoute | None = None
-        if client is None and transport != "sdk":
+        if client is None and (transport == "direct" or (
+                transport == "auto" and not _direct.proxy_in_environment())):
             self._direct = _DirectRoute(self)
+        else:
+            # The own route needs no SDK; this one does: said now, not as every run's error.
+            try:
+                import google.genai  # noqa: F401
+            except ImportError:
+                raise ConfigurationError(
+                    "GoogleGenAIAdapter sends through the google-genai SDK here (a client=, "
+                    "transport='sdk' or an HTTP proxy in the environment), which needs the "
+                    "'google' extra: pip install 'copilot-runtime[google]'") from None
 
     @property
     def transport(self) -> str:
@@ -166,7 +177,8 @@ class GoogleGenAIAdapter:
                      if self._max_retries else None)
             # Our own aiohttp session: the SDK's default one subclasses ClientSession, which
             # aiohttp deprecates (a warning on every first request). Made inside the loop.
-            self._session = aiohttp.ClientSession()
+            # trust_env: HTTP(S)_PROXY and NO_PROXY, as the other adapters' SDK clients do.
+            self._session = aiohttp.ClientSession(trust_env=True)
             self._client = genai.Client(api_key=self._api_key, http_options=genai_types.HttpOptions(
                 base_url=self._base_url, timeout=int(self._timeout * 1000),
                 retry_options=retry, aiohttp_client=self._session))

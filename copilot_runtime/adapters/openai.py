@@ -54,8 +54,6 @@ _E = TypeVar("_E", bound=BaseException)
 _DEFAULT_BASE_URL = "https://api.openai.com/v1"
 # The SDK gives up rather than wait for a Retry-After above two minutes (see _direct).
 _MAX_RETRY_AFTER = 120.0
-_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
-                    "all_proxy")
 
 
 class OpenAIAdapter:
@@ -260,7 +258,7 @@ def _can_send_directly(client: Any) -> bool:
     """Whether the adapter's own client can send what the SDK would (see the module doc)."""
     if client is not None or os.environ.get("OPENAI_CUSTOM_HEADERS"):
         return False
-    return not any(os.environ.get(name) for name in _PROXY_VARIABLES)
+    return not _direct.proxy_in_environment()
 
 
 class _DirectRoute:

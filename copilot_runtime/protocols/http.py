@@ -28,6 +28,7 @@ from copilot_runtime._exceptions import (
     AuthenticationError,
     ClientDisconnected,
     InvalidRequestError,
+    JSONTooDeepError,
     PayloadTooLargeError,
     RateLimitedError,
     RequestError,
@@ -285,9 +286,13 @@ def error_body(exc: RequestError) -> dict[str, Any]:
     """The JSON answer of a request that cannot be served (the one mapping every edge uses
     for plain HTTP answers; its status is `exc.status`)."""
     if isinstance(exc, InvalidRequestError):
+        # The TypeScript runtime's {error, details}; a bound of this runtime's own (the
+        # JSON depth) adds its code, as the README's limits table says.
         body: dict[str, Any] = {"error": exc.message}
         if exc.details is not None:
             body["details"] = exc.details
+        if isinstance(exc, JSONTooDeepError):
+            body["code"] = exc.code
         return body
     if isinstance(exc, AgentNotFoundError):
         return {"error": "Agent not found", "message": exc.message}

@@ -1,3 +1,3 @@
 from copilot_runtime.testing.mock_openai import main
 
-main()
+main(prog="python -m copilot_runtime.testing")

@@ -103,13 +103,17 @@ async def stream(request: web.Request, response: web.StreamResponse, frames: Seq
 
 
 def serve_from_command_line(make: Callable[..., LoopbackServer], *, name: str, port: int,
-                            description: str | None, argv: list[str] | None) -> None:
-    """Serve the mock `make(host, port, chunks=, delay_ms=)` builds until interrupted."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=port)
-    parser.add_argument("--chunks", type=int, default=10)
-    parser.add_argument("--delay-ms", type=float, default=0)
+                            description: str | None, argv: list[str] | None,
+                            prog: str) -> None:
+    """Serve the mock `make(host, port, chunks=, delay_ms=)` builds until interrupted;
+    `prog` is the command its help names."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--host", default="127.0.0.1", help="default: %(default)s")
+    parser.add_argument("--port", type=int, default=port, help="default: %(default)s")
+    parser.add_argument("--chunks", type=int, default=10,
+                        help="pieces an answer is streamed in (default: %(default)s)")
+    parser.add_argument("--delay-ms", type=float, default=0,
+                        help="milliseconds between pieces (default: %(default)s)")
     args = parser.parse_args(argv)
     server = make(args.host, args.port, chunks=args.chunks, delay_ms=args.delay_ms)
     server.record = False  # type: ignore[attr-defined]  # a long-running mock must not grow

@@ -319,10 +319,11 @@ def _frames(plan: Any, body: dict[str, Any], digest: str, chunks: int,
     return frames
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, *,
+         prog: str = "python -m copilot_runtime.testing.mock_anthropic") -> None:
     serve_from_command_line(MockAnthropicServer, name="Anthropic", port=8091,
                             description=__doc__.splitlines()[0] if __doc__ else None,
-                            argv=argv)
+                            argv=argv, prog=prog)
 
 
 if __name__ == "__main__":

@@ -259,10 +259,11 @@ def _merge(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     return last
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, *,
+         prog: str = "python -m copilot_runtime.testing.mock_gemini") -> None:
     serve_from_command_line(MockGeminiServer, name="Gemini", port=8092,
                             description=__doc__.splitlines()[0] if __doc__ else None,
-                            argv=argv)
+                            argv=argv, prog=prog)
 
 
 if __name__ == "__main__":

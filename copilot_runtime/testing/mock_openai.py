@@ -260,10 +260,11 @@ def _stream_frames(plan: _Plan, cid: str, model: str, digest: str, body: dict[st
     return frames
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, *,
+         prog: str = "python -m copilot_runtime.testing.mock_openai") -> None:
     serve_from_command_line(MockOpenAIServer, name="OpenAI", port=8090,
                             description=__doc__.splitlines()[0] if __doc__ else None,
-                            argv=argv)
+                            argv=argv, prog=prog)
 
 
 if __name__ == "__main__":

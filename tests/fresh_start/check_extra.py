@@ -82,6 +82,18 @@ async def check_base() -> None:
     except ImportError as exc:
         message = str(exc)
     assert "pip install 'copilot-runtime[langgraph]'" in message, message
+    # Gemini's SDK route (a proxy, transport="sdk", client=) needs its extra: said at once,
+    # not as every run's AGENT_ERROR; its own route needs none.
+    from copilot_runtime import ConfigurationError
+    from copilot_runtime.adapters.google import GoogleGenAIAdapter
+
+    assert GoogleGenAIAdapter(api_key="k").transport == "direct"
+    message = ""
+    try:
+        GoogleGenAIAdapter(api_key="k", transport="sdk")
+    except ConfigurationError as exc:
+        message = exc.message
+    assert "pip install 'copilot-runtime[google]'" in message, message
 
 
 def one_step_graph(saver: Any) -> Any:
@@ -121,6 +133,15 @@ async def check_langgraph() -> None:
     assert missing_workflow_dependency() is None, missing_workflow_dependency()
     with tempfile.TemporaryDirectory() as tmp:
         await run_graph_on(f"sqlite:///{tmp}/checkpoints.sqlite3")
+    # PostgreSQL checkpoints need the postgres extra: said at once, naming it.
+    from copilot_runtime import ConfigurationError
+
+    message = ""
+    try:
+        checkpointer("postgresql://postgres@127.0.0.1:5432/test?schema=unused")
+    except ConfigurationError as exc:
+        message = exc.message
+    assert "pip install 'copilot-runtime[postgres]'" in message, message
 
 
 async def check_postgres() -> None:
