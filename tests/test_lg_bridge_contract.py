@@ -27,12 +27,13 @@ RELEASE = f"ag-ui-langgraph {version('ag-ui-langgraph')}"
 #: The base's methods the bridge overrides.
 HOOKS = ("prepare_stream", "get_schema_keys", "langgraph_default_merge_state",
          "_handle_single_event", "_dispatch_event", "_filter_orphan_tool_messages",
-         "_interrupts_to_agui", "_prepare_interrupt_tail")
+         "_interrupts_to_agui", "_prepare_interrupt_tail",
+         "_build_command_from_agui_resume")
 #: The bridge's own methods: the base must not have them, or the bridge would shadow it.
 OWN = ("stream", "_translate_metadata", "_base_metadata")
 #: The base's methods the bridge or `agents/langgraph*.py` call, with their parameters.
 CALLED = {"_handle_stream_events": ["self", "input"], "clone": ["self"],
-          "get_capabilities": ["self"]}
+          "get_capabilities": ["self"], "_collect_interrupts": ["tasks"]}
 #: Keyword arguments `agents/langgraph.py` and `agents/langgraph_platform.py` construct with.
 CONSTRUCTED_WITH = ("name", "graph", "description", "config", "emit_raw_events",
                     "emit_interrupt_outcome", "enable_legacy_on_interrupt_event")

@@ -22,7 +22,10 @@ overrides):
   every later run of their thread;
 * `stream()`, the base's `run()` without its catch-all: the base turns any exception into a
   `RUN_ERROR` carrying `str(exc)`, which can leak internals to the client; the runtime's
-  own error policy decides instead.
+  own error policy decides instead;
+* answers to several pending interrupts as LangGraph takes them, `{interrupt id: answer}`:
+  the base's own map is a sentinel LangGraph does not read, and a single bare answer
+  LangGraph refuses while more than one interrupt waits, so the thread stayed stuck.
 
 The hooks overridden here are private to ag-ui-langgraph (its version is pinned in
 pyproject); tests/test_lg_bridge_contract.py checks their names and signatures against the
@@ -38,7 +41,7 @@ from typing import Any, Final
 from ag_ui.core import CustomEvent, EventType, RunAgentInput
 from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
 from ag_ui_langgraph.utils import camel_to_snake  # type: ignore[import-untyped]
-from langgraph.types import Interrupt
+from langgraph.types import Command, Interrupt
 
 from copilot_runtime.agents._lg_values import json_safe, known_messages
 
@@ -120,6 +123,19 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
                    for c in input.context or ()]
         merged["copilotkit"] = {**merged.get("copilotkit", {}), "context": context}
         return merged
+
+    def _build_command_from_agui_resume(self, entries: list,  # type: ignore[type-arg]
+                                        *, open_interrupts: Any = None) -> Any:
+        if len(entries) <= 1 and len(open_interrupts or ()) <= 1:
+            return super()._build_command_from_agui_resume(
+                entries, open_interrupts=open_interrupts)
+        # LangGraph refuses a bare answer while several interrupts wait, even for one of
+        # them: each answer goes under its interrupt's id; the unanswered keep waiting.
+        return Command(resume={
+            e.interrupt_id: e.payload if e.status == "resolved"
+            else super(CopilotKitLangGraphBridge, self)._build_command_from_agui_resume(
+                [e]).resume
+            for e in entries})
 
     async def _handle_single_event(self, event: Any, state: Any) -> AsyncIterator[Any]:
         if event.get("event") == "on_custom_event":

@@ -22,6 +22,14 @@ resume with `forwardedProps.command.resume`. 0.0.59 would parse the outcome too,
 refuses a next run that does not answer it through `resume`, which the custom-event UIs
 never send: so they are not given it. Each interrupt is recorded as a pending approval
 (see `copilot_runtime.approvals.ledger`) before the client hears of it.
+
+Several interrupts can wait at once (parallel nodes, `Send` workers). `resume` entries name
+theirs by id. The legacy answer (and GraphQL's `metaEvents`) names none: it answers the
+interrupt whose question it quotes (`forwardedProps.command.interruptEvent`, the meta
+event's `value`), the first of them in the checkpoint's order when several asked the same;
+one that quotes no waiting question is refused (`INTERRUPT_NOT_PENDING`), one that quotes
+none at all too (`INVALID_REQUEST`). The interrupts left unanswered are announced again
+when the run ends.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import openai
+import orjson
 import structlog
 from ag_ui.core import ResumeEntry
 from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
@@ -39,10 +48,12 @@ from copilot_runtime import events as ev
 from copilot_runtime._exceptions import (
     ConfigurationError,
     InvalidRequestError,
+    NothingToResumeError,
     UpstreamError,
     UpstreamTimeoutError,
 )
 from copilot_runtime._input import RunInput
+from copilot_runtime._limits import check_json_text
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
 from copilot_runtime.agents._lg_events import (
     InterruptChannel,
@@ -51,6 +62,7 @@ from copilot_runtime.agents._lg_events import (
     filter_interrupt_event,
 )
 from copilot_runtime.agents._lg_state import load_graph_state
+from copilot_runtime.agents._lg_values import json_safe
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
 from copilot_runtime.approvals.resume import Claims, claim_resume, record_interrupts
@@ -58,6 +70,8 @@ from copilot_runtime.events import Event, EventBatches
 
 #: The `configurable` key LangGraph reads a run's checkpoint durability from.
 DURABILITY_KEY = "__pregel_durability"
+# The `copilotkit_interrupt` question inside its interrupt's value (what GraphQL shows).
+_COPILOTKIT_QUESTION = "__copilotkit_interrupt_value__"
 
 __all__ = ["LangGraphAgent"]
 
@@ -185,6 +199,8 @@ class LangGraphAgent(Agent):
             input = await self._carrying_on(input)
         if input.model.resume or _has_legacy_resume(input):
             pending, parked = await self._waits(thread_id)
+            if len(pending) > 1 and not input.model.resume:
+                input = _legacy_answer_by_question(input, pending)
             claims = await claim_resume(self._approvals, agent_id=context.agent_id,
                                         input=input, pending=set(pending),
                                         channel=ledger_channel, values=pending, parked=parked,
@@ -265,6 +281,47 @@ def _has_legacy_resume(input: RunInput) -> bool:
     props = input.model.forwarded_props
     command = props.get("command") if isinstance(props, dict) else None
     return isinstance(command, dict) and command.get("resume") is not None
+
+
+def _legacy_answer_by_question(input: RunInput, pending: Mapping[str, Any]) -> RunInput:
+    """`input` with its legacy answer (which names no interrupt) as a `resume` entry for
+    the pending interrupt whose question it quotes: LangGraph refuses a bare answer while
+    several interrupts wait. See the module docstring for the rule."""
+    props = dict(input.model.forwarded_props or {})
+    command = props.pop("command")
+    answer = command.get("resume")
+    if answer == {}:
+        return input  # no answer at all (the approval ledger's rule)
+    asked = command.get("interruptEvent")
+    if asked is None or asked == "":
+        raise InvalidRequestError(
+            f"Thread '{input.thread_id}' waits on {len(pending)} interrupts: the answer must "
+            "say which one it is for (resume entries with its interruptId, or the question "
+            "it answers in forwardedProps.command.interruptEvent)")
+    quoted = [_parsed(asked, "The question answered"), asked] if isinstance(asked, str) \
+        else [asked]
+    for interrupt_id, value in pending.items():
+        question = json_safe(value)
+        questions = [question]
+        if isinstance(question, dict) and _COPILOTKIT_QUESTION in question:
+            questions.append(question[_COPILOTKIT_QUESTION])
+        if any(q == given for q in questions for given in quoted):
+            return input.replace(forwarded_props=props, resume=[ResumeEntry(
+                interrupt_id=interrupt_id, status="resolved",
+                payload=_parsed(answer, "The resume answer"))])
+    raise NothingToResumeError(
+        f"Thread '{input.thread_id}' waits on {len(pending)} interrupts, none of which asked "
+        "the question this answers: it may have been answered already")
+
+
+def _parsed(text: Any, what: str) -> Any:
+    """A legacy value sent as JSON text is meant as the value it encodes."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return check_json_text(text, what)
+    except orjson.JSONDecodeError:
+        return text
 
 
 async def translate_bridge_run(bridge: CopilotKitLangGraphBridge, input: RunInput,

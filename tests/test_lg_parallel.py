@@ -1,0 +1,202 @@
+"""`LangGraphAgent` with the graphs that run several things at once, or nest them.
+
+* Several interrupts pending at once (parallel nodes): each answered on its own, by id
+  (AG-UI 1.0 `resume`), or by the question it quotes (the legacy
+  `forwardedProps.command.resume` and GraphQL's `metaEvents`, which name no interrupt);
+  before, every resume failed as AGENT_ERROR and the thread was stuck for good.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Annotated, Any
+
+import orjson
+from langchain_core.messages import AnyMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.types import interrupt
+from typing_extensions import TypedDict
+
+from copilot_runtime import CopilotRuntime
+from copilot_runtime.agents.langgraph import LangGraphAgent
+from copilot_runtime.testing import verify_events
+from tests.conftest import Served, ServeRuntime, run_input, types
+from tests.gql.wire import (
+    CLIENT_DOCUMENT,
+    CLIENT_HEADERS,
+    chat_data,
+    merge,
+    parse_multipart,
+    text_message,
+)
+
+Json = dict[str, Any]
+V1 = {"protocolVersion": "1.0"}
+
+
+class State(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    a: Any
+    b: Any
+
+
+def two_questions() -> Any:
+    """Two parallel nodes, each asking its own question."""
+    def ask_a(state: State) -> Json:
+        return {"a": interrupt({"which": "a", "when": datetime.date(2024, 1, 2)})}
+
+    def ask_b(state: State) -> Json:
+        return {"b": interrupt(["b", 3])}
+
+    graph = StateGraph(State)
+    graph.add_node("ask_a", ask_a)
+    graph.add_node("ask_b", ask_b)
+    graph.add_edge(START, "ask_a")
+    graph.add_edge(START, "ask_b")
+    graph.add_edge("ask_a", END)
+    graph.add_edge("ask_b", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+def interrupt_of(events: list[Json]) -> list[Json]:
+    outcome = events[-1].get("outcome") or {}
+    interrupts: list[Json] = outcome.get("interrupts") or []
+    return interrupts
+
+
+async def values(graph: Any, thread: str) -> Json:
+    state = await graph.aget_state({"configurable": {"thread_id": thread}})
+    return dict(state.values)
+
+
+async def turn(served: Served, data: Json) -> Json:
+    response = await served.session.post(served.url, data=orjson.dumps(
+        {"query": CLIENT_DOCUMENT, "variables": {"data": data}}), headers=CLIENT_HEADERS)
+    assert response.status == 200, await response.text()
+    merged = merge(parse_multipart(await response.read()))
+    assert "errors" not in merged
+    result: Json = merged["data"]["generateCopilotResponse"]
+    return result
+
+
+def answer(meta: Json, response: str) -> Json:
+    """A meta event answered, as the 1.10 client sends it back."""
+    return {"name": meta["name"], "value": meta["value"], "response": response}
+
+
+# ---- 1. several interrupts pending at once -----------------------------------------------
+
+
+async def test_parallel_interrupts_answered_one_at_a_time_by_id(
+        serve_runtime: ServeRuntime) -> None:
+    graph = two_questions()
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+    async with serve_runtime(runtime) as served:
+        asked = await served.run(run_input("go", thread="p1", **V1), agent="lg")
+        first, second = interrupt_of(asked)
+        # The first answer alone: its node runs, the other question is asked again.
+        one = await served.run(run_input("", thread="p1", run="r2", messages=[], resume=[
+            {"interruptId": first["id"], "status": "resolved", "payload": {"k": 1}}], **V1),
+            agent="lg")
+        verify_events(one)
+        assert types(one)[-1] == "RUN_FINISHED"
+        assert [i["id"] for i in interrupt_of(one)] == [second["id"]]
+        two = await served.run(run_input("", thread="p1", run="r3", messages=[], resume=[
+            {"interruptId": second["id"], "status": "resolved", "payload": 7}], **V1),
+            agent="lg")
+        verify_events(two)
+        assert types(two)[-1] == "RUN_FINISHED"
+        assert interrupt_of(two) == []
+    done = await values(graph, "p1")
+    assert (done["a"], done["b"]) == ({"k": 1}, 7)
+
+
+async def test_parallel_interrupts_answered_together(serve_runtime: ServeRuntime) -> None:
+    graph = two_questions()
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+    async with serve_runtime(runtime) as served:
+        asked = await served.run(run_input("go", thread="p2", **V1), agent="lg")
+        first, second = interrupt_of(asked)
+        done = await served.run(run_input("", thread="p2", run="r2", messages=[], resume=[
+            {"interruptId": first["id"], "status": "resolved", "payload": "yes"},
+            {"interruptId": second["id"], "status": "resolved", "payload": "no"}], **V1),
+            agent="lg")
+    verify_events(done)
+    assert types(done)[-1] == "RUN_FINISHED"
+    assert interrupt_of(done) == []
+    assert {(await values(graph, "p2"))[k] for k in ("a", "b")} == {"yes", "no"}
+
+
+async def test_legacy_answer_goes_to_the_question_it_quotes(
+        serve_runtime: ServeRuntime) -> None:
+    graph = two_questions()
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+    async with serve_runtime(runtime) as served:
+        asked = await served.run(run_input("go", thread="p3"), agent="lg")
+        questions = [e["value"] for e in asked if e.get("name") == "on_interrupt"]
+        assert len(questions) == 2
+        asking_b = next(q for q in questions if json.loads(q) == ["b", 3])
+        # As CopilotKit's useInterrupt sends it: the answer, and the event it answers.
+        one = await served.run(run_input("", thread="p3", run="r2", messages=[],
+                                         forwardedProps={"command": {
+                                             "resume": json.dumps({"ok": "b"}),
+                                             "interruptEvent": asking_b}}), agent="lg")
+        verify_events(one)
+        assert types(one)[-1] == "RUN_FINISHED"
+        assert (await values(graph, "p3"))["b"] == {"ok": "b"}
+        again = [e["value"] for e in one if e.get("name") == "on_interrupt"]
+        assert [json.loads(q)["which"] for q in again] == ["a"]
+        # An answer that says nothing of its question, or quotes one nobody asks: refused,
+        # and the thread still waits for the right answer.
+        vague = await served.run(run_input("", thread="p3-x", run="r1"), agent="lg")
+        assert len([e for e in vague if e.get("name") == "on_interrupt"]) == 2
+        unsaid = await served.run(run_input("", thread="p3-x", run="r2", messages=[],
+                                            forwardedProps={"command": {"resume": "yes"}}),
+                                  agent="lg")
+        assert (unsaid[-1]["type"], unsaid[-1]["code"]) == ("RUN_ERROR", "INVALID_REQUEST")
+        assert "waits on 2 interrupts" in unsaid[-1]["message"]
+        stale = await served.run(run_input("", thread="p3", run="r3", messages=[],
+                                           forwardedProps={"command": {
+                                               "resume": "yes", "interruptEvent": asking_b}}),
+                                 agent="lg")
+        verify_events(stale)
+        # Only one question is left: a legacy answer goes to it, as it always has.
+        assert types(stale)[-1] == "RUN_FINISHED"
+        assert (await values(graph, "p3"))["a"] == "yes"
+        gone = await served.run(run_input("", thread="p3-x", run="r3", messages=[],
+                                          forwardedProps={"command": {
+                                              "resume": "yes",
+                                              "interruptEvent": '{"which": "z"}'}}),
+                                agent="lg")
+        assert (gone[-1]["type"], gone[-1]["code"]) == ("RUN_ERROR", "INTERRUPT_NOT_PENDING")
+    assert "a" not in await values(graph, "p3-x")
+
+
+async def test_graphql_meta_event_answers_the_question_it_carries(
+        serve_runtime: ServeRuntime) -> None:
+    graph = two_questions()
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+    session = {"agentName": "lg"}
+    async with serve_runtime(runtime) as served:
+        asked = await turn(served, chat_data([text_message("u1", "user", "go")],
+                                             thread="p4", agentSession=session))
+        metas = asked["metaEvents"]
+        assert [m["name"] for m in metas] == ["LangGraphInterruptEvent"] * 2
+        # The 1.10 client answers the question it shows, with the meta event it got.
+        shown = metas[-1]
+        answered = await turn(served, chat_data([], thread="p4", agentSession=session,
+                                                metaEvents=[answer(shown, "first")]))
+        assert answered["status"]["code"] == "Success"
+        left = answered["metaEvents"]
+        assert [m["value"] for m in left] == [metas[0]["value"]]
+        done = await turn(served, chat_data([], thread="p4", agentSession=session,
+                                            metaEvents=[answer(left[0], "second")]))
+        assert done["status"]["code"] == "Success"
+        assert done["metaEvents"] == []
+    state = await values(graph, "p4")
+    shown_b = json.loads(shown["value"]) == ["b", 3]
+    assert (state["b"], state["a"]) == (("first", "second") if shown_b else ("second", "first"))
+
