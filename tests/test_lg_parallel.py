@@ -4,25 +4,32 @@
   (AG-UI 1.0 `resume`), or by the question it quotes (the legacy
   `forwardedProps.command.resume` and GraphQL's `metaEvents`, which name no interrupt);
   before, every resume failed as AGENT_ERROR and the thread was stuck for good.
+* Parallel branches (`Send` workers) each streaming a model answer: one message, or one
+  tool call, per branch; before, both shared one message id and one call's arguments.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
+import httpx
 import orjson
-from langchain_core.messages import AnyMessage
+import pytest
+from langchain_core.messages import AnyMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
-from langgraph.types import interrupt
+from langgraph.types import Send, interrupt
 from typing_extensions import TypedDict
 
 from copilot_runtime import CopilotRuntime
 from copilot_runtime.agents.langgraph import LangGraphAgent
-from copilot_runtime.testing import verify_events
+from copilot_runtime.testing import MockOpenAIServer, verify_events
+from tests.agents_support import graphs
 from tests.conftest import Served, ServeRuntime, run_input, types
 from tests.gql.wire import (
     CLIENT_DOCUMENT,
@@ -41,6 +48,13 @@ class State(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
     a: Any
     b: Any
+    topic: str
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as http:
+        yield http
 
 
 def two_questions() -> Any:
@@ -58,6 +72,22 @@ def two_questions() -> Any:
     graph.add_edge(START, "ask_b")
     graph.add_edge("ask_a", END)
     graph.add_edge("ask_b", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+def fan_out(base_url: str, client: httpx.AsyncClient, prompts: list[str]) -> Any:
+    """One `Send` worker per prompt, each calling the model at the same time."""
+    llm = graphs.model(base_url, client)
+
+    async def worker(state: State, config: RunnableConfig) -> Json:
+        return {"messages": [await llm.ainvoke([HumanMessage(content=state["topic"])],
+                                               config)]}
+
+    graph = StateGraph(State)
+    graph.add_node("worker", worker)
+    graph.add_conditional_edges(START, lambda s: [Send("worker", {"topic": p})
+                                                  for p in prompts], ["worker"])
+    graph.add_edge("worker", END)
     return graph.compile(checkpointer=InMemorySaver())
 
 
@@ -199,4 +229,58 @@ async def test_graphql_meta_event_answers_the_question_it_carries(
     state = await values(graph, "p4")
     shown_b = json.loads(shown["value"]) == ["b", 3]
     assert (state["b"], state["a"]) == (("first", "second") if shown_b else ("second", "first"))
+
+
+# ---- 2. parallel branches stream into their own messages ----------------------------------
+
+
+async def test_parallel_branches_stream_their_own_messages(
+        client: httpx.AsyncClient, serve_runtime: ServeRuntime) -> None:
+    async with MockOpenAIServer(chunks=4) as llm:
+        graph = fan_out(llm.base_url, client, ["slow:20 alpha beta gamma",
+                                               "slow:20 one two three"])
+        runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+        async with serve_runtime(runtime) as served:
+            events = await served.run(run_input("go", thread="b1", **V1), agent="lg")
+            gql = await turn(served, chat_data([text_message("u1", "user", "go")],
+                                               thread="b1-gql",
+                                               agentSession={"agentName": "lg"}))
+    verify_events(events)
+    starts = [e["messageId"] for e in events if e["type"] == "TEXT_MESSAGE_START"]
+    assert len(set(starts)) == 2
+    texts = {s: "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT"
+                        and e["messageId"] == s) for s in starts}
+    assert sorted(texts.values()) == ["echo: slow:20 alpha beta gamma",
+                                      "echo: slow:20 one two three"]
+    snapshot = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"][-1]["messages"]
+    assert {m["id"]: m["content"] for m in snapshot if m["role"] == "assistant"} == texts
+    gql_texts = sorted("".join(m["content"]) for m in gql["messages"]
+                       if m["__typename"] == "TextMessageOutput")
+    assert gql_texts == sorted(texts.values())
+
+
+async def test_parallel_branches_stream_their_own_tool_calls(
+        client: httpx.AsyncClient, serve_runtime: ServeRuntime) -> None:
+    async with MockOpenAIServer(chunks=4) as llm:
+        graph = fan_out(llm.base_url, client, ['call:toolA {"x": "aaaaaaaaaaaaaaaa"}',
+                                               'call:toolB {"y": "bbbbbbbbbbbbbbbbbbbb"}'])
+        runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+        async with serve_runtime(runtime) as served:
+            events = await served.run(run_input("go", thread="b2", **V1), agent="lg")
+            gql = await turn(served, chat_data([text_message("u1", "user", "go")],
+                                               thread="b2-gql",
+                                               agentSession={"agentName": "lg"}))
+    verify_events(events)
+    calls = {e["toolCallId"]: e["toolCallName"] for e in events
+             if e["type"] == "TOOL_CALL_START"}
+    assert sorted(calls.values()) == ["toolA", "toolB"]
+    args = {calls[i]: json.loads("".join(e["delta"] for e in events
+                                         if e["type"] == "TOOL_CALL_ARGS"
+                                         and e["toolCallId"] == i)) for i in calls}
+    assert args == {"toolA": {"x": "aaaaaaaaaaaaaaaa"}, "toolB": {"y": "bbbbbbbbbbbbbbbbbbbb"}}
+    ends = [e["toolCallId"] for e in events if e["type"] == "TOOL_CALL_END"]
+    assert sorted(ends) == sorted(calls)
+    gql_args = {m["name"]: json.loads("".join(m["arguments"])) for m in gql["messages"]
+                if m["__typename"] == "ActionExecutionMessageOutput"}
+    assert gql_args == args
 

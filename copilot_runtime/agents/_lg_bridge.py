@@ -25,7 +25,11 @@ overrides):
   own error policy decides instead;
 * answers to several pending interrupts as LangGraph takes them, `{interrupt id: answer}`:
   the base's own map is a sentinel LangGraph does not read, and a single bare answer
-  LangGraph refuses while more than one interrupt waits, so the thread stayed stuck.
+  LangGraph refuses while more than one interrupt waits, so the thread stayed stuck;
+* one streaming slot per LangGraph task: the base keys the message or tool call in flight
+  by subagent lane, one lane for all when subagent events are off, so parallel branches
+  (`Send` workers, parallel nodes) streamed into one message and one tool call's
+  arguments.
 
 The hooks overridden here are private to ag-ui-langgraph (its version is pinned in
 pyproject); tests/test_lg_bridge_contract.py checks their names and signatures against the
@@ -35,7 +39,7 @@ installed release, so a bump that moves one fails there, naming it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
 from ag_ui.core import CustomEvent, EventType, RunAgentInput
@@ -64,6 +68,9 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         # Tool calls whose announcement `copilotkit:emit-tool-calls` withheld: their
         # results are withheld too, or the client would get a result for a call it never saw.
         self._hidden_tool_calls: set[str] = set()
+        # The LangGraph task (checkpoint namespace) of the model event being translated:
+        # its streaming slot (see `_current_lane`).
+        self._task_lane: str | None = None
 
     # -- entry point -------------------------------------------------------------------
 
@@ -124,6 +131,29 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         merged["copilotkit"] = {**merged.get("copilotkit", {}), "context": context}
         return merged
 
+    async def _handle_single_event(self, event: Any, state: Any) -> AsyncIterator[Any]:
+        self._task_lane = _model_task(event) if not self.emit_subagent_events else None
+        try:
+            async for out in self._translate_event(event, state):
+                yield out
+        finally:
+            self._task_lane = None
+
+    def _current_lane(self) -> str:
+        # A model call's text or tool call streams in its own task's slot: two branches
+        # running at once each get a message (and tool calls) of their own. Sequential
+        # model calls in one node execution share their task, so one bubble, as before.
+        lane: str = self._task_lane or super()._current_lane()
+        return lane
+
+    def _record_tool_call_owners(self, message: Any) -> None:
+        # Read back when a tool ends, outside the model's task: kept where that looks.
+        lane, self._task_lane = self._task_lane, None
+        try:
+            super()._record_tool_call_owners(message)
+        finally:
+            self._task_lane = lane
+
     def _build_command_from_agui_resume(self, entries: list,  # type: ignore[type-arg]
                                         *, open_interrupts: Any = None) -> Any:
         if len(entries) <= 1 and len(open_interrupts or ()) <= 1:
@@ -137,7 +167,7 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
                 [e]).resume
             for e in entries})
 
-    async def _handle_single_event(self, event: Any, state: Any) -> AsyncIterator[Any]:
+    async def _translate_event(self, event: Any, state: Any) -> AsyncIterator[Any]:
         if event.get("event") == "on_custom_event":
             name = event.get("name")
             if name == _EXIT_EVENT:
@@ -233,6 +263,15 @@ def _safe_interrupts(lg_interrupts: Any) -> list[Any]:
     function that fails on keys that are not text, every run of the thread over again."""
     return [dataclasses.replace(i, value=json_safe(i.value)) if isinstance(i, Interrupt) else i
             for i in lg_interrupts or ()]
+
+
+def _model_task(event: Mapping[str, Any]) -> str | None:
+    """The LangGraph task a model event comes from (its checkpoint namespace, one per
+    task: per `Send`, per parallel node, per subgraph node), or None for other events."""
+    if not str(event.get("event") or "").startswith("on_chat_model"):
+        return None
+    task = (event.get("metadata") or {}).get("langgraph_checkpoint_ns")
+    return task if isinstance(task, str) and task else None
 
 
 def _get(item: Any, key: str) -> Any:
