@@ -6,19 +6,22 @@
   before, every resume failed as AGENT_ERROR and the thread was stuck for good.
 * Parallel branches (`Send` workers) each streaming a model answer: one message, or one
   tool call, per branch; before, both shared one message id and one call's arguments.
+* State the client echoes back unchanged keeps the checkpoint's typed values (a date
+  stayed a date); before, its JSON form replaced them and the next run failed.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import operator
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import httpx
 import orjson
 import pytest
-from langchain_core.messages import AnyMessage, HumanMessage
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
@@ -48,7 +51,9 @@ class State(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
     a: Any
     b: Any
+    due: Any
     topic: str
+    log: Annotated[list[str], operator.add]
 
 
 @pytest.fixture
@@ -283,4 +288,51 @@ async def test_parallel_branches_stream_their_own_tool_calls(
     gql_args = {m["name"]: json.loads("".join(m["arguments"])) for m in gql["messages"]
                 if m["__typename"] == "ActionExecutionMessageOutput"}
     assert gql_args == args
+
+
+# ---- 4. echoed state keeps the checkpoint's types -----------------------------------------
+
+
+def dated() -> Any:
+    def note(state: State) -> Json:
+        if "due" not in state:
+            return {"due": datetime.date(2025, 1, 31), "log": ["set"],
+                    "messages": [AIMessage(content="set")]}
+        return {"log": ["read"],
+                "messages": [AIMessage(content=f"due year {state['due'].year}")]}
+
+    graph = StateGraph(State)
+    graph.add_node("note", note)
+    graph.add_edge(START, "note")
+    graph.add_edge("note", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_echoed_state_keeps_the_checkpoints_typed_values(
+        serve_runtime: ServeRuntime) -> None:
+    graph = dated()
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+    async with serve_runtime(runtime) as served:
+        first = await served.run(run_input("one", thread="e1", **V1), agent="lg")
+        shown = [e for e in first if e["type"] == "STATE_SNAPSHOT"][-1]["snapshot"]
+        assert shown == {"due": "2025-01-31", "log": ["set"]}
+        # useCoAgent sends back the state it holds, unchanged.
+        second = await served.run(run_input("two", thread="e1", run="r2", state=shown, **V1),
+                                  agent="lg")
+        verify_events(second)
+        assert types(second)[-1] == "RUN_FINISHED"
+        said = [e for e in second if e["type"] == "MESSAGES_SNAPSHOT"][-1]["messages"]
+        assert said[-1]["content"] == "due year 2025"
+        # the client saw the same state as ever, the echoed keys included
+        snapshots = [e["snapshot"] for e in second if e["type"] == "STATE_SNAPSHOT"]
+        assert snapshots[0]["due"] == "2025-01-31"
+        # a value the client changed still reaches the graph
+        third = await served.run(run_input("three", thread="e1", run="r3", state={
+            **shown, "log": ["set", "read"], "topic": "new"}, **V1), agent="lg")
+        assert types(third)[-1] == "RUN_FINISHED"
+    saved = await values(graph, "e1")
+    assert saved["due"] == datetime.date(2025, 1, 31)
+    assert saved["topic"] == "new"
+    # the echoed list went through no reducer a second time
+    assert saved["log"] == ["set", "read", "read"]
 

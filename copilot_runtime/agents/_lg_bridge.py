@@ -29,7 +29,9 @@ overrides):
 * one streaming slot per LangGraph task: the base keys the message or tool call in flight
   by subagent lane, one lane for all when subagent events are off, so parallel branches
   (`Send` workers, parallel nodes) streamed into one message and one tool call's
-  arguments.
+  arguments;
+* state the client only echoed back kept out of the graph's input: its JSON form
+  (`json_safe`) replaced the checkpoint's typed values (a date became a string).
 
 The hooks overridden here are private to ag-ui-langgraph (its version is pinned in
 pyproject); tests/test_lg_bridge_contract.py checks their names and signatures against the
@@ -47,6 +49,7 @@ from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import
 from ag_ui_langgraph.utils import camel_to_snake  # type: ignore[import-untyped]
 from langgraph.types import Command, Interrupt
 
+from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
 from copilot_runtime.agents._lg_values import json_safe, known_messages
 
 __all__ = ["CopilotKitLangGraphBridge"]
@@ -103,8 +106,19 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
 
     async def prepare_stream(self, input: RunAgentInput, agent_state: Any,
                              config: Any) -> Any:
+        echoed = _echoed_keys(input.state, getattr(agent_state, "values", None))
+        if echoed:
+            # What the client sent back unchanged is the checkpoint's value in JSON form
+            # (a date as text, a set as a list): as graph input it would replace the
+            # typed value, and a reducer would add it again. The graph keeps its own.
+            input = input.model_copy(update={"state": {
+                k: v for k, v in (input.state or {}).items() if k not in echoed}})
         prepared = await super().prepare_stream(input=input, agent_state=agent_state,
                                                 config=config)
+        if echoed and isinstance(prepared.get("state"), dict):
+            # The base's running state (its snapshots' starting point) still has them.
+            for key, value in echoed.items():
+                prepared["state"].setdefault(key, value)
         if prepared.get("stream") is not None:
             prepared["stream"] = self._translate_metadata(prepared["stream"])
         return prepared
@@ -272,6 +286,16 @@ def _model_task(event: Mapping[str, Any]) -> str | None:
         return None
     task = (event.get("metadata") or {}).get("langgraph_checkpoint_ns")
     return task if isinstance(task, str) and task else None
+
+
+def _echoed_keys(given: Any, saved: Any) -> dict[str, Any]:
+    """The keys of the client's `given` state that hold the checkpoint's `saved` value as
+    the client was shown it (`json_safe`): echoed, not written."""
+    if not isinstance(given, dict) or not given or not isinstance(saved, Mapping) or not saved:
+        return {}
+    return {key: value for key, value in given.items()
+            if key not in PLUMBING_STATE_KEYS and key in saved
+            and json_safe(saved[key]) == value}
 
 
 def _get(item: Any, key: str) -> Any:
