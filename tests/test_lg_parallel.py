@@ -8,6 +8,8 @@
   tool call, per branch; before, both shared one message id and one call's arguments.
 * State the client echoes back unchanged keeps the checkpoint's typed values (a date
   stayed a date); before, its JSON form replaced them and the next run failed.
+* An interrupt inside a subgraph: what the subgraph said is in the snapshots, the final
+  GraphQL state and `loadAgentState`; before, it vanished from the chat.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from tests.gql.wire import (
 
 Json = dict[str, Any]
 V1 = {"protocolVersion": "1.0"}
+LOAD_STATE = """query load($data: LoadAgentStateInput!) {
+  loadAgentState(data: $data) { threadId threadExists state messages } }"""
 
 
 class State(TypedDict, total=False):
@@ -120,6 +124,11 @@ async def turn(served: Served, data: Json) -> Json:
 def answer(meta: Json, response: str) -> Json:
     """A meta event answered, as the 1.10 client sends it back."""
     return {"name": meta["name"], "value": meta["value"], "response": response}
+
+
+def gql_states(response: Json) -> list[Json]:
+    return [orjson.loads(m["state"]) for m in response["messages"]
+            if m["__typename"] == "AgentStateMessageOutput"]
 
 
 # ---- 1. several interrupts pending at once -----------------------------------------------
@@ -335,4 +344,65 @@ async def test_echoed_state_keeps_the_checkpoints_typed_values(
     assert saved["topic"] == "new"
     # the echoed list went through no reducer a second time
     assert saved["log"] == ["set", "read", "read"]
+
+
+# ---- 6. an interrupt inside a subgraph ----------------------------------------------------
+
+
+def nested(base_url: str, client: httpx.AsyncClient) -> Any:
+    llm = graphs.model(base_url, client)
+
+    async def talk(state: State, config: RunnableConfig) -> Json:
+        return {"messages": [await llm.ainvoke(state["messages"], config)]}
+
+    def ask(state: State) -> Json:
+        answer = interrupt({"question": "ok?"})
+        return {"a": answer, "messages": [AIMessage(content=f"sub got {answer}")]}
+
+    inner = StateGraph(State)
+    inner.add_node("talk", talk)
+    inner.add_node("ask", ask)
+    inner.add_edge(START, "talk")
+    inner.add_edge("talk", "ask")
+    inner.add_edge("ask", END)
+    outer = StateGraph(State)
+    outer.add_node("inner", inner.compile())
+    outer.add_edge(START, "inner")
+    outer.add_edge("inner", END)
+    return outer.compile(checkpointer=InMemorySaver())
+
+
+async def test_a_waiting_subgraphs_messages_stay_in_the_chat(
+        llm: MockOpenAIServer, client: httpx.AsyncClient,
+        serve_runtime: ServeRuntime) -> None:
+    graph = nested(llm.base_url, client)
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello sub", thread="s1", **V1), agent="lg")
+        gql = await turn(served, chat_data([text_message("s2-u", "user", "hello sub")],
+                                           thread="s2", agentSession={"agentName": "lg"}))
+        loaded = await (await served.session.post(served.url, data=orjson.dumps(
+            {"query": LOAD_STATE, "variables": {"data": {"threadId": "s2",
+                                                         "agentName": "lg"}}}),
+            headers=CLIENT_HEADERS)).json()
+        # a page reload while the question waits
+        connected = await served.run(run_input("", thread="s1", run="c1", messages=[], **V1),
+                                     path="/agent/lg/connect")
+        resumed = await served.run(run_input("", thread="s1", run="r2", messages=[], resume=[
+            {"interruptId": interrupt_of(events)[0]["id"], "status": "resolved",
+             "payload": "fine"}], **V1), agent="lg")
+    verify_events(events)
+    assert interrupt_of(events)
+    snapshot = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"][-1]["messages"]
+    assert [m.get("content") for m in snapshot] == ["hello sub", "echo: hello sub"]
+    final = gql_states(gql)[-1]
+    assert [m.get("content") for m in final["messages"]] == ["hello sub", "echo: hello sub"]
+    reloaded = [e for e in connected if e["type"] == "MESSAGES_SNAPSHOT"][-1]["messages"]
+    assert [m.get("content") for m in reloaded] == ["hello sub", "echo: hello sub"]
+    history = json.loads(loaded["data"]["loadAgentState"]["messages"])
+    assert [m.get("content") for m in history] == ["hello sub", "echo: hello sub"]
+    verify_events(resumed)
+    after = [e for e in resumed if e["type"] == "MESSAGES_SNAPSHOT"][-1]["messages"]
+    assert [m.get("content") for m in after] == ["hello sub", "echo: hello sub",
+                                                 "sub got fine"]
 

@@ -31,7 +31,8 @@ overrides):
   (`Send` workers, parallel nodes) streamed into one message and one tool call's
   arguments;
 * state the client only echoed back kept out of the graph's input: its JSON form
-  (`json_safe`) replaced the checkpoint's typed values (a date became a string).
+  (`json_safe`) replaced the checkpoint's typed values (a date became a string);
+* snapshots that include what an interrupted subgraph said (`_lg_state.graph_values`).
 
 The hooks overridden here are private to ag-ui-langgraph (its version is pinned in
 pyproject); tests/test_lg_bridge_contract.py checks their names and signatures against the
@@ -44,12 +45,22 @@ import dataclasses
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
-from ag_ui.core import CustomEvent, EventType, RunAgentInput
+from ag_ui.core import (
+    CustomEvent,
+    EventType,
+    MessagesSnapshotEvent,
+    RunAgentInput,
+    StateSnapshotEvent,
+)
 from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
-from ag_ui_langgraph.utils import camel_to_snake  # type: ignore[import-untyped]
+from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
+    camel_to_snake,
+    langchain_messages_to_agui,
+)
 from langgraph.types import Command, Interrupt
 
 from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
+from copilot_runtime.agents._lg_state import graph_values
 from copilot_runtime.agents._lg_values import json_safe, known_messages
 
 __all__ = ["CopilotKitLangGraphBridge"]
@@ -180,6 +191,21 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             else super(CopilotKitLangGraphBridge, self)._build_command_from_agui_resume(
                 [e]).resume
             for e in entries})
+
+    async def get_state_and_messages_snapshots(self, config: Any) -> AsyncIterator[Any]:
+        # The base reads the parent graph's state only: while a subgraph waits on an
+        # interrupt, what it said so far is in its own state, and vanished from the chat.
+        values = await graph_values(self.graph, config)
+        if not (self.emit_subagent_events and self.active_run is not None
+                and self.active_run.get("current_subagent_run_id")):
+            # (as the base: a subagent's state is a partial view, not the run's state)
+            yield self._dispatch_event(StateSnapshotEvent(
+                type=EventType.STATE_SNAPSHOT, snapshot=self.get_state_snapshot(values)))
+        messages = langchain_messages_to_agui(
+            self._filter_orphan_tool_messages(values.get("messages") or []))
+        yield self._dispatch_event(MessagesSnapshotEvent(
+            type=EventType.MESSAGES_SNAPSHOT,
+            messages=self._merge_subagent_messages(self._translate_snapshot_ids(messages))))
 
     async def _translate_event(self, event: Any, state: Any) -> AsyncIterator[Any]:
         if event.get("event") == "on_custom_event":
