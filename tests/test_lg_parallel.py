@@ -10,6 +10,7 @@
   stayed a date); before, its JSON form replaced them and the next run failed.
 * An interrupt inside a subgraph: what the subgraph said is in the snapshots, the final
   GraphQL state and `loadAgentState`; before, it vanished from the chat.
+* Two interrupting tools in one `ToolNode`: logged as the hazard it is.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ import orjson
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode
 from langgraph.types import Send, interrupt
+from structlog.testing import capture_logs
 from typing_extensions import TypedDict
 
 from copilot_runtime import CopilotRuntime
@@ -406,3 +410,43 @@ async def test_a_waiting_subgraphs_messages_stay_in_the_chat(
     assert [m.get("content") for m in after] == ["hello sub", "echo: hello sub",
                                                  "sub got fine"]
 
+
+# ---- 3. two interrupting tools in one ToolNode --------------------------------------------
+
+
+@tool
+def send_email(to: str) -> str:
+    """Send an email (asks a human first)."""
+    return f"sent to {to}: {interrupt({'action': 'send_email', 'to': to})}"
+
+
+@tool
+def book(what: str) -> str:
+    """Book something (asks a human first)."""
+    return f"booked {what}: {interrupt({'action': 'book', 'what': what})}"
+
+
+async def test_interrupting_tools_sharing_a_toolnode_are_logged(
+        llm: MockOpenAIServer, client: httpx.AsyncClient,
+        serve_runtime: ServeRuntime) -> None:
+    model = graphs.model(llm.base_url, client).bind_tools([send_email, book])
+
+    async def chat(state: State, config: RunnableConfig) -> Json:
+        return {"messages": [await model.ainvoke(state["messages"], config)]}
+
+    builder = StateGraph(State)
+    builder.add_node("chat", chat)
+    builder.add_node("tools", ToolNode([send_email, book]))
+    builder.add_edge(START, "chat")
+    builder.add_edge("chat", "tools")
+    builder.add_edge("tools", END)
+    graph = builder.compile(checkpointer=InMemorySaver())
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+    prompt = 'call:send_email {"to": "a@b.c"}\ncall:book {"what": "room"}'
+    async with serve_runtime(runtime) as served:
+        with capture_logs() as logs:
+            events = await served.run(run_input(prompt, thread="t1", **V1), agent="lg")
+    assert len(interrupt_of(events)) == 1  # LangGraph reports one of them at a time
+    (warning,) = [e for e in logs if "runs several tool calls at once" in e["event"]]
+    assert (warning["log_level"], warning["task"], warning["tool_calls"]) == (
+        "warning", "tools", 2)

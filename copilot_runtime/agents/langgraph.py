@@ -43,6 +43,8 @@ import orjson
 import structlog
 from ag_ui.core import ResumeEntry
 from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
+from langchain_core.messages import AIMessage, ToolMessage
+from langgraph.prebuilt import ToolNode
 
 from copilot_runtime import events as ev
 from copilot_runtime._exceptions import (
@@ -253,13 +255,41 @@ class LangGraphAgent(Agent):
             if event["type"] == ev.RUN_FINISHED:
                 outcome = event.get("outcome")
                 if isinstance(outcome, dict) and outcome.get("type") == "interrupt":
+                    interrupts = outcome.get("interrupts") or ()
                     await self._approvals.add(record_interrupts(
-                        outcome.get("interrupts") or (), thread_id=thread_id,
+                        interrupts, thread_id=thread_id,
                         agent_id=agent_id, channel=ledger_channel))
+                    await self._warn_of_shared_tasks(thread_id)
             kept = filter_interrupt_event(event, channel)
             if kept is not None:
                 out.append(kept)
         return out
+
+    async def _warn_of_shared_tasks(self, thread_id: str) -> None:
+        """Log when a task waiting on an interrupt runs several tool calls at once (a
+        `ToolNode` given a model answer with several calls), or waits on several
+        interrupts. LangGraph hands a task's answers to its `interrupt()` calls in the
+        order they are called: tools running concurrently race for them, so when more
+        than one of them asks, an answer can reach the wrong tool (it mostly does under
+        streaming). The runtime cannot tell which answer was meant; the graph can avoid
+        it (one task per call, or no parallel tool calls)."""
+        try:
+            state = await self.graph.aget_state(self._graph_config(thread_id))
+        except Exception:  # a warning is not worth failing the run for
+            return
+        calls = _unanswered_tool_calls((state.values or {}).get("messages") or ())
+        for task in state.tasks or ():
+            if not task.interrupts:
+                continue
+            node = (getattr(self.graph, "nodes", None) or {}).get(task.name)
+            sharing = calls if isinstance(getattr(node, "bound", None), ToolNode) else 0
+            if len(task.interrupts) > 1 or sharing > 1:
+                _log.warning(
+                    "an interrupt waits in a LangGraph task that runs several tool calls "
+                    "at once: if more than one of them calls interrupt(), LangGraph may "
+                    "hand an answer to the wrong one; give each interrupting call its own "
+                    "task (Send) or disable parallel tool calls", thread_id=thread_id,
+                    task=task.name, tool_calls=sharing, interrupts=len(task.interrupts))
 
     async def _settle(self, claims: Claims, thread_id: str, *, cut_short: bool = False
                       ) -> None:
@@ -281,6 +311,17 @@ def _has_legacy_resume(input: RunInput) -> bool:
     props = input.model.forwarded_props
     command = props.get("command") if isinstance(props, dict) else None
     return isinstance(command, dict) and command.get("resume") is not None
+
+
+def _unanswered_tool_calls(messages: Sequence[Any]) -> int:
+    """How many tool calls of the last assistant message have no result yet."""
+    answered: set[str] = set()
+    for message in reversed(messages):
+        if isinstance(message, ToolMessage):
+            answered.add(message.tool_call_id)
+        elif isinstance(message, AIMessage):
+            return sum(1 for call in message.tool_calls if call.get("id") not in answered)
+    return 0
 
 
 def _legacy_answer_by_question(input: RunInput, pending: Mapping[str, Any]) -> RunInput:
