@@ -127,9 +127,9 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         prepared = await super().prepare_stream(input=input, agent_state=agent_state,
                                                 config=config)
         if echoed and isinstance(prepared.get("state"), dict):
-            # The base's running state (its snapshots' starting point) still has them.
-            for key, value in echoed.items():
-                prepared["state"].setdefault(key, value)
+            # The base's running state (its snapshots' starting point) still has them. A
+            # new dict: on the regeneration path it is the checkpoint's own values.
+            prepared["state"] = {**echoed, **prepared["state"]}
         if prepared.get("stream") is not None:
             prepared["stream"] = self._translate_metadata(prepared["stream"])
         return prepared
