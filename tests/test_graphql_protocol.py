@@ -332,7 +332,7 @@ async def test_agent_session_runs_that_agent(llm: MockOpenAIServer,
     props = seen.model.forwarded_props
     assert props["userId"] == "u1"
     assert props["nodeName"] == "start"
-    assert props["command"] == {"resume": "yes"}
+    assert props["command"] == {"resume": "yes", "interruptEvent": "q"}
     assert props["config"] == {"depth": 2}
     assert props["streamSubgraphs"] is True
     assert not llm.requests

@@ -27,19 +27,25 @@ RELEASE = f"ag-ui-langgraph {version('ag-ui-langgraph')}"
 #: The base's methods the bridge overrides.
 HOOKS = ("prepare_stream", "get_schema_keys", "langgraph_default_merge_state",
          "_handle_single_event", "_dispatch_event", "_filter_orphan_tool_messages",
-         "_interrupts_to_agui", "_prepare_interrupt_tail")
+         "_interrupts_to_agui", "_prepare_interrupt_tail", "_current_lane",
+         "_record_tool_call_owners", "_build_command_from_agui_resume",
+         "get_state_and_messages_snapshots")
 #: The bridge's own methods: the base must not have them, or the bridge would shadow it.
-OWN = ("stream", "_translate_metadata", "_base_metadata")
+OWN = ("stream", "_translate_metadata", "_base_metadata", "_translate_event")
 #: The base's methods the bridge or `agents/langgraph*.py` call, with their parameters.
 CALLED = {"_handle_stream_events": ["self", "input"], "clone": ["self"],
-          "get_capabilities": ["self"]}
+          "get_capabilities": ["self"], "get_state_snapshot": ["self", "state"],
+          "_translate_snapshot_ids": ["self", "agui_messages"],
+          "_merge_subagent_messages": ["self", "agui_messages"],
+          "_collect_interrupts": ["tasks"]}
 #: Keyword arguments `agents/langgraph.py` and `agents/langgraph_platform.py` construct with.
 CONSTRUCTED_WITH = ("name", "graph", "description", "config", "emit_raw_events",
                     "emit_interrupt_outcome", "enable_legacy_on_interrupt_event")
 #: Attributes and keys the base reads or writes that the bridge reads or writes too.
 SHARED_NAMES = ("self._inbound_subagent_messages", "self.active_run",
                 '"manually_emitted_state"', "self.constant_schema_keys", '"emit-messages"',
-                '"emit-tool-calls"', '"predict_state"')
+                '"emit-tool-calls"', '"predict_state"', "self.emit_subagent_events",
+                '"current_subagent_run_id"')
 
 
 def _methods(cls: type) -> set[str]:

@@ -22,7 +22,17 @@ overrides):
   every later run of their thread;
 * `stream()`, the base's `run()` without its catch-all: the base turns any exception into a
   `RUN_ERROR` carrying `str(exc)`, which can leak internals to the client; the runtime's
-  own error policy decides instead.
+  own error policy decides instead;
+* answers to several pending interrupts as LangGraph takes them, `{interrupt id: answer}`:
+  the base's own map is a sentinel LangGraph does not read, and a single bare answer
+  LangGraph refuses while more than one interrupt waits, so the thread stayed stuck;
+* one streaming slot per LangGraph task: the base keys the message or tool call in flight
+  by subagent lane, one lane for all when subagent events are off, so parallel branches
+  (`Send` workers, parallel nodes) streamed into one message and one tool call's
+  arguments;
+* state the client only echoed back kept out of the graph's input: its JSON form
+  (`json_safe`) replaced the checkpoint's typed values (a date became a string);
+* snapshots that include what an interrupted subgraph said (`_lg_state.graph_values`).
 
 The hooks overridden here are private to ag-ui-langgraph (its version is pinned in
 pyproject); tests/test_lg_bridge_contract.py checks their names and signatures against the
@@ -32,14 +42,25 @@ installed release, so a bump that moves one fails there, naming it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
-from ag_ui.core import CustomEvent, EventType, RunAgentInput
+from ag_ui.core import (
+    CustomEvent,
+    EventType,
+    MessagesSnapshotEvent,
+    RunAgentInput,
+    StateSnapshotEvent,
+)
 from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
-from ag_ui_langgraph.utils import camel_to_snake  # type: ignore[import-untyped]
-from langgraph.types import Interrupt
+from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
+    camel_to_snake,
+    langchain_messages_to_agui,
+)
+from langgraph.types import Command, Interrupt
 
+from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
+from copilot_runtime.agents._lg_state import graph_values
 from copilot_runtime.agents._lg_values import json_safe, known_messages
 
 __all__ = ["CopilotKitLangGraphBridge"]
@@ -61,6 +82,9 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         # Tool calls whose announcement `copilotkit:emit-tool-calls` withheld: their
         # results are withheld too, or the client would get a result for a call it never saw.
         self._hidden_tool_calls: set[str] = set()
+        # The LangGraph task (checkpoint namespace) of the model event being translated:
+        # its streaming slot (see `_current_lane`).
+        self._task_lane: str | None = None
 
     # -- entry point -------------------------------------------------------------------
 
@@ -93,8 +117,19 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
 
     async def prepare_stream(self, input: RunAgentInput, agent_state: Any,
                              config: Any) -> Any:
+        echoed = _echoed_keys(input.state, getattr(agent_state, "values", None))
+        if echoed:
+            # What the client sent back unchanged is the checkpoint's value in JSON form
+            # (a date as text, a set as a list): as graph input it would replace the
+            # typed value, and a reducer would add it again. The graph keeps its own.
+            input = input.model_copy(update={"state": {
+                k: v for k, v in (input.state or {}).items() if k not in echoed}})
         prepared = await super().prepare_stream(input=input, agent_state=agent_state,
                                                 config=config)
+        if echoed and isinstance(prepared.get("state"), dict):
+            # The base's running state (its snapshots' starting point) still has them. A
+            # new dict: on the regeneration path it is the checkpoint's own values.
+            prepared["state"] = {**echoed, **prepared["state"]}
         if prepared.get("stream") is not None:
             prepared["stream"] = self._translate_metadata(prepared["stream"])
         return prepared
@@ -122,6 +157,57 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         return merged
 
     async def _handle_single_event(self, event: Any, state: Any) -> AsyncIterator[Any]:
+        self._task_lane = _model_task(event) if not self.emit_subagent_events else None
+        try:
+            async for out in self._translate_event(event, state):
+                yield out
+        finally:
+            self._task_lane = None
+
+    def _current_lane(self) -> str:
+        # A model call's text or tool call streams in its own task's slot: two branches
+        # running at once each get a message (and tool calls) of their own. Sequential
+        # model calls in one node execution share their task, so one bubble, as before.
+        lane: str = self._task_lane or super()._current_lane()
+        return lane
+
+    def _record_tool_call_owners(self, message: Any) -> None:
+        # Read back when a tool ends, outside the model's task: kept where that looks.
+        lane, self._task_lane = self._task_lane, None
+        try:
+            super()._record_tool_call_owners(message)
+        finally:
+            self._task_lane = lane
+
+    def _build_command_from_agui_resume(self, entries: list,  # type: ignore[type-arg]
+                                        *, open_interrupts: Any = None) -> Any:
+        if len(entries) <= 1 and len(open_interrupts or ()) <= 1:
+            return super()._build_command_from_agui_resume(
+                entries, open_interrupts=open_interrupts)
+        # LangGraph refuses a bare answer while several interrupts wait, even for one of
+        # them: each answer goes under its interrupt's id; the unanswered keep waiting.
+        return Command(resume={
+            e.interrupt_id: e.payload if e.status == "resolved"
+            else super(CopilotKitLangGraphBridge, self)._build_command_from_agui_resume(
+                [e]).resume
+            for e in entries})
+
+    async def get_state_and_messages_snapshots(self, config: Any) -> AsyncIterator[Any]:
+        # The base reads the parent graph's state only: while a subgraph waits on an
+        # interrupt, what it said so far is in its own state, and vanished from the chat.
+        values = await graph_values(self.graph, config)
+        if not (self.emit_subagent_events and self.active_run is not None
+                and self.active_run.get("current_subagent_run_id")):
+            # (as the base: a subagent's state is a partial view, not the run's state)
+            yield self._dispatch_event(StateSnapshotEvent(
+                type=EventType.STATE_SNAPSHOT, snapshot=self.get_state_snapshot(values)))
+        messages = langchain_messages_to_agui(
+            self._filter_orphan_tool_messages(values.get("messages") or []))
+        yield self._dispatch_event(MessagesSnapshotEvent(
+            type=EventType.MESSAGES_SNAPSHOT,
+            messages=self._merge_subagent_messages(self._translate_snapshot_ids(messages))))
+
+    async def _translate_event(self, event: Any, state: Any) -> AsyncIterator[Any]:
         if event.get("event") == "on_custom_event":
             name = event.get("name")
             if name == _EXIT_EVENT:
@@ -217,6 +303,25 @@ def _safe_interrupts(lg_interrupts: Any) -> list[Any]:
     function that fails on keys that are not text, every run of the thread over again."""
     return [dataclasses.replace(i, value=json_safe(i.value)) if isinstance(i, Interrupt) else i
             for i in lg_interrupts or ()]
+
+
+def _model_task(event: Mapping[str, Any]) -> str | None:
+    """The LangGraph task a model event comes from (its checkpoint namespace, one per
+    task: per `Send`, per parallel node, per subgraph node), or None for other events."""
+    if not str(event.get("event") or "").startswith("on_chat_model"):
+        return None
+    task = (event.get("metadata") or {}).get("langgraph_checkpoint_ns")
+    return task if isinstance(task, str) and task else None
+
+
+def _echoed_keys(given: Any, saved: Any) -> dict[str, Any]:
+    """The keys of the client's `given` state that hold the checkpoint's `saved` value as
+    the client was shown it (`json_safe`): echoed, not written."""
+    if not isinstance(given, dict) or not given or not isinstance(saved, Mapping) or not saved:
+        return {}
+    return {key: value for key, value in given.items()
+            if key not in PLUMBING_STATE_KEYS and key in saved
+            and json_safe(saved[key]) == value}
 
 
 def _get(item: Any, key: str) -> Any:

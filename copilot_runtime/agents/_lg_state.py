@@ -5,20 +5,26 @@ those of runs the runtime never saw (another process, a script, a previous deplo
 Its LangChain messages become AG-UI messages through ag-ui-langgraph's own converter, the
 one its MESSAGES_SNAPSHOT uses, so a loaded thread and a streamed one read alike; the
 state leaves out what `_lg_events` keeps out of snapshots (messages and the tool plumbing).
+
+While a subgraph waits on an interrupt, what it said so far is in the subgraph's state,
+not yet in its parent's: `graph_values` adds those messages, so a snapshot, a loaded
+thread and a reconnecting client show the chat the user saw streamed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from ag_ui_langgraph.utils import langchain_messages_to_agui  # type: ignore[import-untyped]
+from langchain_core.runnables import RunnableConfig
+from langgraph.pregel import Pregel
 
 from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
 from copilot_runtime.agents._lg_values import json_safe, known_messages
 from copilot_runtime.agents.base import AgentThreadState
 
-__all__ = ["load_graph_state", "thread_state_from_values"]
+__all__ = ["graph_values", "load_graph_state", "thread_state_from_values"]
 
 
 def thread_state_from_values(thread_id: str, values: Mapping[str, Any] | None
@@ -47,5 +53,42 @@ async def load_graph_state(graph: Any, thread_id: str,
     """
     base = dict(config or {})
     configurable = {**(base.get("configurable") or {}), "thread_id": thread_id}
-    snapshot = await graph.aget_state({**base, "configurable": configurable})
-    return thread_state_from_values(thread_id, snapshot.values)
+    values = await graph_values(graph, {**base, "configurable": configurable})
+    return thread_state_from_values(thread_id, values)
+
+
+async def graph_values(graph: Any, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The values of the thread `config` names, with the messages of its interrupted
+    subgraphs that the parent's `messages` lack added at their end.
+
+    A graph that is not a compiled LangGraph graph (the platform's, read over its API)
+    is read as it is."""
+    if not isinstance(graph, Pregel):
+        snapshot = await graph.aget_state(config)
+        return dict(snapshot.values or {})
+    snapshot = await graph.aget_state(cast(RunnableConfig, config), subgraphs=True)
+    values = dict(snapshot.values or {})
+    if not any(task.interrupts for task in snapshot.tasks or ()):
+        return values
+    messages = list(values.get("messages") or ())
+    seen = {getattr(m, "id", None) for m in messages} - {None}
+    for extra in _subgraph_messages(snapshot.tasks):
+        message_id = getattr(extra, "id", None)
+        if message_id is None or message_id not in seen:
+            messages.append(extra)
+            seen.add(message_id)
+    if messages:
+        values["messages"] = messages
+    return values
+
+
+def _subgraph_messages(tasks: Any) -> list[Any]:
+    """The messages of the interrupted subgraphs among `tasks`, nested ones included."""
+    out: list[Any] = []
+    for task in tasks or ():
+        state = getattr(task, "state", None)
+        if not task.interrupts or state is None or not hasattr(state, "values"):
+            continue  # not a subgraph (`state` is its config then), or not interrupted
+        out.extend((state.values or {}).get("messages") or ())
+        out.extend(_subgraph_messages(state.tasks))
+    return out

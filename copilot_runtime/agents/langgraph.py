@@ -22,6 +22,14 @@ resume with `forwardedProps.command.resume`. 0.0.59 would parse the outcome too,
 refuses a next run that does not answer it through `resume`, which the custom-event UIs
 never send: so they are not given it. Each interrupt is recorded as a pending approval
 (see `copilot_runtime.approvals.ledger`) before the client hears of it.
+
+Several interrupts can wait at once (parallel nodes, `Send` workers). `resume` entries name
+theirs by id. The legacy answer (and GraphQL's `metaEvents`) names none: it answers the
+interrupt whose question it quotes (`forwardedProps.command.interruptEvent`, the meta
+event's `value`), the first of them in the checkpoint's order when several asked the same;
+one that quotes no waiting question is refused (`INTERRUPT_NOT_PENDING`), one that quotes
+none at all too (`INVALID_REQUEST`). The interrupts left unanswered are announced again
+when the run ends.
 """
 
 from __future__ import annotations
@@ -31,18 +39,23 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import openai
+import orjson
 import structlog
 from ag_ui.core import ResumeEntry
 from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
+from langchain_core.messages import AIMessage, ToolMessage
+from langgraph.prebuilt import ToolNode
 
 from copilot_runtime import events as ev
 from copilot_runtime._exceptions import (
     ConfigurationError,
     InvalidRequestError,
+    NothingToResumeError,
     UpstreamError,
     UpstreamTimeoutError,
 )
 from copilot_runtime._input import RunInput
+from copilot_runtime._limits import check_json_text
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
 from copilot_runtime.agents._lg_events import (
     InterruptChannel,
@@ -51,6 +64,7 @@ from copilot_runtime.agents._lg_events import (
     filter_interrupt_event,
 )
 from copilot_runtime.agents._lg_state import load_graph_state
+from copilot_runtime.agents._lg_values import json_safe
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
 from copilot_runtime.approvals.resume import Claims, claim_resume, record_interrupts
@@ -58,6 +72,8 @@ from copilot_runtime.events import Event, EventBatches
 
 #: The `configurable` key LangGraph reads a run's checkpoint durability from.
 DURABILITY_KEY = "__pregel_durability"
+# The `copilotkit_interrupt` question inside its interrupt's value (what GraphQL shows).
+_COPILOTKIT_QUESTION = "__copilotkit_interrupt_value__"
 
 __all__ = ["LangGraphAgent"]
 
@@ -185,6 +201,8 @@ class LangGraphAgent(Agent):
             input = await self._carrying_on(input)
         if input.model.resume or _has_legacy_resume(input):
             pending, parked = await self._waits(thread_id)
+            if len(pending) > 1 and not input.model.resume:
+                input = _legacy_answer_by_question(input, pending)
             claims = await claim_resume(self._approvals, agent_id=context.agent_id,
                                         input=input, pending=set(pending),
                                         channel=ledger_channel, values=pending, parked=parked,
@@ -237,13 +255,41 @@ class LangGraphAgent(Agent):
             if event["type"] == ev.RUN_FINISHED:
                 outcome = event.get("outcome")
                 if isinstance(outcome, dict) and outcome.get("type") == "interrupt":
+                    interrupts = outcome.get("interrupts") or ()
                     await self._approvals.add(record_interrupts(
-                        outcome.get("interrupts") or (), thread_id=thread_id,
+                        interrupts, thread_id=thread_id,
                         agent_id=agent_id, channel=ledger_channel))
+                    await self._warn_of_shared_tasks(thread_id)
             kept = filter_interrupt_event(event, channel)
             if kept is not None:
                 out.append(kept)
         return out
+
+    async def _warn_of_shared_tasks(self, thread_id: str) -> None:
+        """Log when a task waiting on an interrupt runs several tool calls at once (a
+        `ToolNode` given a model answer with several calls), or waits on several
+        interrupts. LangGraph hands a task's answers to its `interrupt()` calls in the
+        order they are called: tools running concurrently race for them, so when more
+        than one of them asks, an answer can reach the wrong tool (it mostly does under
+        streaming). The runtime cannot tell which answer was meant; the graph can avoid
+        it (one task per call, or no parallel tool calls)."""
+        try:
+            state = await self.graph.aget_state(self._graph_config(thread_id))
+        except Exception:  # a warning is not worth failing the run for
+            return
+        calls = _unanswered_tool_calls((state.values or {}).get("messages") or ())
+        for task in state.tasks or ():
+            if not task.interrupts:
+                continue
+            node = (getattr(self.graph, "nodes", None) or {}).get(task.name)
+            sharing = calls if isinstance(getattr(node, "bound", None), ToolNode) else 0
+            if len(task.interrupts) > 1 or sharing > 1:
+                _log.warning(
+                    "an interrupt waits in a LangGraph task that runs several tool calls "
+                    "at once: if more than one of them calls interrupt(), LangGraph may "
+                    "hand an answer to the wrong one; give each interrupting call its own "
+                    "task (Send) or disable parallel tool calls", thread_id=thread_id,
+                    task=task.name, tool_calls=sharing, interrupts=len(task.interrupts))
 
     async def _settle(self, claims: Claims, thread_id: str, *, cut_short: bool = False
                       ) -> None:
@@ -265,6 +311,58 @@ def _has_legacy_resume(input: RunInput) -> bool:
     props = input.model.forwarded_props
     command = props.get("command") if isinstance(props, dict) else None
     return isinstance(command, dict) and command.get("resume") is not None
+
+
+def _unanswered_tool_calls(messages: Sequence[Any]) -> int:
+    """How many tool calls of the last assistant message have no result yet."""
+    answered: set[str] = set()
+    for message in reversed(messages):
+        if isinstance(message, ToolMessage):
+            answered.add(message.tool_call_id)
+        elif isinstance(message, AIMessage):
+            return sum(1 for call in message.tool_calls if call.get("id") not in answered)
+    return 0
+
+
+def _legacy_answer_by_question(input: RunInput, pending: Mapping[str, Any]) -> RunInput:
+    """`input` with its legacy answer (which names no interrupt) as a `resume` entry for
+    the pending interrupt whose question it quotes: LangGraph refuses a bare answer while
+    several interrupts wait. See the module docstring for the rule."""
+    props = dict(input.model.forwarded_props or {})
+    command = props.pop("command")
+    answer = command.get("resume")
+    if answer == {}:
+        return input  # no answer at all (the approval ledger's rule)
+    asked = command.get("interruptEvent")
+    if asked is None or asked == "":
+        raise InvalidRequestError(
+            f"Thread '{input.thread_id}' waits on {len(pending)} interrupts: the answer must "
+            "say which one it is for (resume entries with its interruptId, or the question "
+            "it answers in forwardedProps.command.interruptEvent)")
+    quoted = [_parsed(asked, "The question answered"), asked] if isinstance(asked, str) \
+        else [asked]
+    for interrupt_id, value in pending.items():
+        question = json_safe(value)
+        questions = [question]
+        if isinstance(question, dict) and _COPILOTKIT_QUESTION in question:
+            questions.append(question[_COPILOTKIT_QUESTION])
+        if any(q == given for q in questions for given in quoted):
+            return input.replace(forwarded_props=props, resume=[ResumeEntry(
+                interrupt_id=interrupt_id, status="resolved",
+                payload=_parsed(answer, "The resume answer"))])
+    raise NothingToResumeError(
+        f"Thread '{input.thread_id}' waits on {len(pending)} interrupts, none of which asked "
+        "the question this answers: it may have been answered already")
+
+
+def _parsed(text: Any, what: str) -> Any:
+    """A legacy value sent as JSON text is meant as the value it encodes."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return check_json_text(text, what)
+    except orjson.JSONDecodeError:
+        return text
 
 
 async def translate_bridge_run(bridge: CopilotKitLangGraphBridge, input: RunInput,

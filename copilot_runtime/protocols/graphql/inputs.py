@@ -12,7 +12,8 @@ The translation follows what the 1.10 runtime does with a request:
 * `forwardedParameters` become the model settings the core reads from `forwardedProps`,
   `properties` are merged into `forwardedProps` (as that runtime forwards them to agents),
   and an `agentSession` names the agent to run, with its state from `agentStates`, its
-  `nodeName`, its `config` and, from `metaEvents`, the value to resume an interrupt with.
+  `nodeName`, its `config` and, from `metaEvents`, the value to resume an interrupt with
+  and the question it answers.
 """
 
 from __future__ import annotations
@@ -150,7 +151,10 @@ def _agent_state(data: Mapping[str, Any], agent_id: str,
         props["nodeName"] = session["nodeName"]
     meta_events = data.get("metaEvents") or ()
     if meta_events:
-        props["command"] = {"resume": meta_events[0].get("response")}
+        # The question it answers (the meta event's `value`), as the AG-UI legacy client
+        # sends it: the agent's one clue to which interrupt it is for when several wait.
+        props["command"] = {"resume": meta_events[0].get("response"),
+                            "interruptEvent": meta_events[0].get("value")}
     return state, props
 
 
