@@ -258,7 +258,8 @@ def output_marks(events: list[Event]) -> set[str]:
 
 
 def judged(input: Mapping[str, Any], seen: Collection[str],
-           offered: Sequence[Mapping[str, Any]] = ()) -> list[tuple[list[str], list[Any]]]:
+           offered: Sequence[Mapping[str, Any]] = (),
+           as_input: Collection[str] = ()) -> list[tuple[list[str], list[Any]]]:
     """What guardrails judge of a run's input, each with the marks the thread keeps once
     it is let through.
 
@@ -275,8 +276,9 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
     `state` (its entries the agent wrote in an earlier run are its own), and a LangGraph
     interrupt's answers: `forwardedProps.command.resume` (a GraphQL `metaEvents` answer
     arrives so too) and the payloads of `resume` (AG-UI 1.0's answers, and the approvals
-    service's). The rest of `forwardedProps` is not. A request with nothing new to judge is
-    judged as it is.
+    service's). Of the rest of `forwardedProps`, only the entries named in `as_input` are
+    judged, like `state` (the agent takes them as input: `Agent.forwarded_input`). A request
+    with nothing new to judge is judged as it is.
 
     Raises `_TooMuchToJudge` for more than `_MOST_JUDGED` messages, and for client text
     nesting deeper than `_DEEPEST` or holding more than `_MOST_VALUES` values.
@@ -324,13 +326,18 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
                   [tool.get("name"), tool.get("description"), tool.get("parameters")])
     for entry_mark, value in _state_entries(input.get("state")):
         other(entry_mark, [value])
-    # Of `forwardedProps` only a LangGraph interrupt's answer is judged: the rest (GraphQL
+    # Of `forwardedProps` a LangGraph interrupt's answer is judged: the rest (GraphQL
     # `properties`, an agent's `config`) is the app's data, auth tokens say, which must not
-    # go to a judge model, and which no model reads as the user's words.
+    # go to a judge model, and which no model reads as the user's words...
     props = input.get("forwardedProps")
     command = props.get("command") if isinstance(props, dict) else None
     if isinstance(command, dict) and command.get("resume") is not None:
         other(_value_mark("resume", None, command["resume"]), [command["resume"]])
+    # ... and the entries the agent takes as input (a LangGraph graph merges those named like
+    # its state keys into its input): state by another road.
+    for key in as_input:
+        if isinstance(props, dict) and key in props:
+            other(_value_mark("forwardedProps", key, props[key]), [props[key]])
     for entry in input.get("resume") or ():
         if isinstance(entry, dict):
             payload = entry.get("payload")
@@ -385,8 +392,11 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
             try:
                 # The runtime's own answer to an approval (a deadline's timeout) is not a
                 # client's text: judging it would cost a judge call, or refuse the timeout.
+                props = input.raw.get("forwardedProps")
+                as_input = (registered or agent).forwarded_input(props) \
+                    if isinstance(props, dict) and props else ()
                 to_judge = [] if is_runtime_answer(input) else judged(
-                    input.raw, run.seen_message_ids, offered)
+                    input.raw, run.seen_message_ids, offered, as_input)
             except _TooMuchToJudge as exc:
                 to_judge, verdict = [], exc.verdict
             for marks, messages in to_judge:

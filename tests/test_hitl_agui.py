@@ -184,11 +184,16 @@ async def test_an_empty_answer_asks_again(hitl: tuple[Served, list[Drafting]]) -
     assert [a["status"] for a in body["approvals"]] == ["pending"]
 
 
-async def test_a_new_message_while_waiting_repeats_the_question(
+async def test_a_new_message_while_waiting_is_refused_and_the_question_waits(
         hitl: tuple[Served, list[Drafting]]) -> None:
+    # The graph cannot take a message before the answer: it was dropped while the question
+    # was asked again. Refused instead, as @ag-ui/client 1.0 itself refuses a run that
+    # leaves a pending interrupt unaddressed.
     served, specialists = hitl
     first = interrupt_of(await run(served, "r5", "Prepare the invoice", **V1))
-    repeated = await run(served, "r5", "hello?", **V1)
+    refused = await run(served, "r5", "hello?", **V1)
+    assert (refused[-1]["type"], refused[-1]["code"]) == ("RUN_ERROR", "APPROVAL_ERROR")
+    repeated = await run(served, "r5", **V1)  # nothing new: the question is asked again
     assert interrupt_of(repeated)["id"] == first["id"]
     assert len(specialists[0].calls) == 1
 

@@ -29,7 +29,7 @@ HOOKS = ("prepare_stream", "get_schema_keys", "langgraph_default_merge_state",
          "_handle_single_event", "_dispatch_event", "_filter_orphan_tool_messages",
          "_interrupts_to_agui", "_prepare_interrupt_tail", "_current_lane",
          "_record_tool_call_owners", "_build_command_from_agui_resume",
-         "get_state_and_messages_snapshots")
+         "get_state_and_messages_snapshots", "get_stream_kwargs")
 #: The bridge's own methods: the base must not have them, or the bridge would shadow it.
 OWN = ("stream", "_translate_metadata", "_base_metadata", "_translate_event")
 #: The base's methods the bridge or `agents/langgraph*.py` call, with their parameters.

@@ -32,7 +32,11 @@ overrides):
   arguments;
 * state the client only echoed back kept out of the graph's input: its JSON form
   (`json_safe`) replaced the checkpoint's typed values (a date became a string);
-* snapshots that include what an interrupted subgraph said (`_lg_state.graph_values`).
+* snapshots that include what an interrupted subgraph said (`_lg_state.graph_values`);
+* a new user message while an interrupt waits refused (`ApprovalError`), where the base
+  announces the interrupt again and drops the message;
+* what nodes write with `get_stream_writer()` (LangGraph's "custom" stream mode) sent as
+  the `langgraph_stream_writer` custom event, where the base drops it.
 
 The hooks overridden here are private to ag-ui-langgraph (its version is pinned in
 pyproject); tests/test_lg_bridge_contract.py checks their names and signatures against the
@@ -43,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from ag_ui.core import (
     CustomEvent,
@@ -57,13 +61,15 @@ from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
     camel_to_snake,
     langchain_messages_to_agui,
 )
+from langgraph.pregel import Pregel
 from langgraph.types import Command, Interrupt
 
+from copilot_runtime._exceptions import ApprovalError
 from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
 from copilot_runtime.agents._lg_state import graph_values
 from copilot_runtime.agents._lg_values import json_safe, known_messages
 
-__all__ = ["CopilotKitLangGraphBridge"]
+__all__ = ["STREAM_WRITER_EVENT", "CopilotKitLangGraphBridge"]
 
 # CopilotKit's custom event names and the ag-ui-langgraph names that mean the same thing.
 _RENAMED_CUSTOM_EVENTS: Final = {
@@ -72,6 +78,8 @@ _RENAMED_CUSTOM_EVENTS: Final = {
     "copilotkit_manually_emit_intermediate_state": "manually_emit_state",
 }
 _EXIT_EVENT: Final = "copilotkit_exit"
+#: The custom event carrying what a node wrote with `get_stream_writer()`.
+STREAM_WRITER_EVENT: Final = "langgraph_stream_writer"
 
 
 class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
@@ -117,6 +125,8 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
 
     async def prepare_stream(self, input: RunAgentInput, agent_state: Any,
                              config: Any) -> Any:
+        _refuse_message_while_waiting(input, agent_state, self._collect_interrupts(
+            getattr(agent_state, "tasks", None) or ()))
         echoed = _echoed_keys(input.state, getattr(agent_state, "values", None))
         if echoed:
             # What the client sent back unchanged is the checkpoint's value in JSON form
@@ -133,6 +143,18 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         if prepared.get("stream") is not None:
             prepared["stream"] = self._translate_metadata(prepared["stream"])
         return prepared
+
+    def get_stream_kwargs(self, input: Any, subgraphs: bool = False,
+                          version: Literal["v1", "v2"] = "v2", config: Any = None,
+                          context: Any = None, fork: Any = None) -> dict[str, Any]:
+        kwargs: dict[str, Any] = super().get_stream_kwargs(
+            input=input, subgraphs=subgraphs, version=version, config=config,
+            context=context, fork=fork)
+        if isinstance(self.graph, Pregel):
+            # "custom" adds what nodes write with get_stream_writer() (as the root graph's
+            # `on_chain_stream` events); "values" is a compiled graph's default.
+            kwargs["stream_mode"] = ["values", "custom"]
+        return kwargs
 
     def get_schema_keys(self, config: Any) -> dict[str, list[str]]:
         constant: list[str] = list(self.constant_schema_keys)
@@ -208,6 +230,11 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             messages=self._merge_subagent_messages(self._translate_snapshot_ids(messages))))
 
     async def _translate_event(self, event: Any, state: Any) -> AsyncIterator[Any]:
+        written = _stream_writer_chunk(event)
+        if written is not None:
+            yield self._dispatch_event(CustomEvent(
+                type=EventType.CUSTOM, name=STREAM_WRITER_EVENT, value=json_safe(written[0])))
+            return
         if event.get("event") == "on_custom_event":
             name = event.get("name")
             if name == _EXIT_EVENT:
@@ -283,6 +310,38 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             if not emit and call_id:
                 self._hidden_tool_calls.add(call_id)
         return out
+
+
+def _refuse_message_while_waiting(input: RunAgentInput, agent_state: Any,
+                                  interrupts: Any) -> None:
+    """Raise if `input` brings a user message the checkpoint lacks while the graph waits
+    on an interrupt without answering it: the graph cannot take the message before the
+    answer, and ag-ui-langgraph would drop it, announcing the interrupt again."""
+    if not interrupts or input.resume:
+        return
+    command = (input.forwarded_props or {}).get("command")
+    if isinstance(command, dict) and command.get("resume") is not None:
+        return
+    values = getattr(agent_state, "values", None)
+    known = {getattr(m, "id", None)
+             for m in (values.get("messages") or () if isinstance(values, Mapping) else ())}
+    if any(m.role == "user" and m.id not in known for m in input.messages or ()):
+        raise ApprovalError(
+            f"Thread '{input.thread_id}' waits for an answer to {len(interrupts)} pending "
+            "interrupt(s): answer first, then send the message (it was not sent to the "
+            "agent)")
+
+
+def _stream_writer_chunk(event: Mapping[str, Any]) -> tuple[Any] | None:
+    """What a node wrote with `get_stream_writer()`, if `event` carries it (one-tuple):
+    the root graph's `on_chain_stream` in the "custom" mode, `(mode, value)`, or
+    `(namespace, mode, value)` when subgraphs stream."""
+    if event.get("event") != "on_chain_stream" or event.get("parent_ids"):
+        return None
+    chunk = (event.get("data") or {}).get("chunk")
+    if isinstance(chunk, tuple) and len(chunk) in (2, 3) and chunk[-2] == "custom":
+        return (chunk[-1],)
+    return None
 
 
 def _schema_channels(graph: Any, which: str) -> list[str]:

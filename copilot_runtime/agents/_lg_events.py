@@ -18,7 +18,7 @@ keeps the one the client understands (see `agents.langgraph` for how that is dec
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from ag_ui.core import BaseEvent
 
@@ -46,6 +46,8 @@ class WireEncoder:
 
     def __init__(self, *, state_deltas: bool = True) -> None:
         self._states = StateDeltaEncoder(deltas=state_deltas)
+        #: The last state sent, as sent (JSON-ready), or None before any.
+        self.state: Any = None
 
     def encode(self, event: BaseEvent) -> Event | None:
         kind: str = event.type.value
@@ -57,7 +59,8 @@ class WireEncoder:
             snapshot = getattr(event, "snapshot", None)
             if isinstance(snapshot, dict):
                 snapshot = {k: v for k, v in snapshot.items() if k not in PLUMBING_STATE_KEYS}
-            return self._states.encode(json_safe(snapshot))
+            self.state = json_safe(snapshot)
+            return self._states.encode(self.state)
         return _dump(event)
 
 

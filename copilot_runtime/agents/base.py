@@ -14,7 +14,7 @@ answer `load_state`, which the protocols use to show a thread the runtime never 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,13 @@ class Agent(abc.ABC):
     @abc.abstractmethod
     def run(self, input: RunInput, context: RunContext) -> EventBatches:
         """Yield the run's events in batches (see the module docstring for the contract)."""
+
+    def forwarded_input(self, forwarded_props: Mapping[str, Any]) -> Collection[str]:
+        """The keys of a request's `forwardedProps` whose values this agent takes as run
+        input (a LangGraph graph's state keys): guardrails judge their values as they judge
+        `state`. None by default: the rest of `forwardedProps` is the app's data (auth
+        tokens, say), which is not sent to a judge model."""
+        return ()
 
     async def load_state(self, thread_id: str, *,
                          headers: Mapping[str, str] | None = None) -> AgentThreadState | None:

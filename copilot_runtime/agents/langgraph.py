@@ -10,7 +10,9 @@ PostgreSQL), threads and pending interrupts survive a restart.
 Frontend tools reach the graph as `state["copilotkit"]["actions"]` (and `state["tools"]`),
 the context as `state["copilotkit"]["context"]`: the `CopilotKitState` convention of the
 `copilotkit` SDK. The client's `state` is the graph's input state (filtered to the keys of
-its input schema); state changes come back as `STATE_SNAPSHOT`, then `STATE_DELTA`.
+its input schema), and so are the `forwardedProps` entries named like one of those keys
+(as ag-ui-langgraph merges them: `forwarded_input` names them, for guardrails to judge);
+state changes come back as `STATE_SNAPSHOT`, then `STATE_DELTA`.
 Raw LangChain events stay off the wire unless `emit_raw_events=True`.
 
 Interrupts (`langgraph.types.interrupt(value)`) end the run. How the client hears of them
@@ -29,13 +31,20 @@ interrupt whose question it quotes (`forwardedProps.command.interruptEvent`, the
 event's `value`), the first of them in the checkpoint's order when several asked the same;
 one that quotes no waiting question is refused (`INTERRUPT_NOT_PENDING`), one that quotes
 none at all too (`INVALID_REQUEST`). The interrupts left unanswered are announced again
-when the run ends.
+when the run ends. A new user message that answers none of them is refused
+(`APPROVAL_ERROR`): the graph could not take it, and the base would drop it.
+
+The graph's recursion limit and its checkpointer's database errors end a run with precise
+codes (`AGENT_EXECUTION_ERROR`, `SERVICE_UNAVAILABLE`); anything else it raises is the
+runtime's generic `AGENT_ERROR`, its text in the log only.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import re
+import sqlite3
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal
 
 import openai
@@ -43,14 +52,18 @@ import orjson
 import structlog
 from ag_ui.core import ResumeEntry
 from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
+from ag_ui_langgraph.utils import camel_to_snake  # type: ignore[import-untyped]
 from langchain_core.messages import AIMessage, ToolMessage
+from langgraph.errors import GraphRecursionError
 from langgraph.prebuilt import ToolNode
 
 from copilot_runtime import events as ev
 from copilot_runtime._exceptions import (
+    AgentExecutionError,
     ConfigurationError,
     InvalidRequestError,
     NothingToResumeError,
+    ServiceUnavailableError,
     UpstreamError,
     UpstreamTimeoutError,
 )
@@ -70,6 +83,20 @@ from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
 from copilot_runtime.approvals.resume import Claims, claim_resume, record_interrupts
 from copilot_runtime.events import Event, EventBatches
 
+try:  # the `postgres` extra
+    from psycopg import Error as _PostgresError
+    _STORAGE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, _PostgresError)
+except ImportError:  # pragma: no cover - installed without it
+    _STORAGE_ERRORS = (sqlite3.Error,)
+#: The modules a checkpointer's code lives in: a database error raised through one of
+#: them is the checkpoint store's, not one of the graph's own queries.
+_CHECKPOINT_MODULES = ("langgraph.checkpoint.", "copilot_runtime.checkpointers")
+
+#: The inbound body limit `create_app` sets by default (`max_body_size`): a state the
+#: client would send back larger than this is refused with 413 (see `state_warning_bytes`).
+_DEFAULT_BODY_LIMIT = 8 * 1024 * 1024
+#: How many threads `LangGraphAgent` remembers having warned of an oversized state for.
+_WARNED_THREADS = 10_000
 #: The `configurable` key LangGraph reads a run's checkpoint durability from.
 DURABILITY_KEY = "__pregel_durability"
 # The `copilotkit_interrupt` question inside its interrupt's value (what GraphQL shows).
@@ -91,7 +118,10 @@ class LangGraphAgent(Agent):
     state change as a snapshot. `durability` is LangGraph's checkpoint durability for every
     run: "sync" by default (each step stored before the next runs: an approved action done
     just before a crash is not done again), "async" (LangGraph's own default) or "exit"; a
-    `config` that sets it wins.
+    `config` that sets it wins. `state_warning_bytes` (the default body limit, 8 MiB):
+    a run whose last state, as JSON, is larger logs a warning, once per thread, since the
+    client sending it back as its next run's `state` would be refused (413); None turns
+    it off. Set it to the app's `max_body_size` when that is not the default.
     """
 
     class_name = "LangGraphAgent"
@@ -108,6 +138,7 @@ class LangGraphAgent(Agent):
         approvals: ApprovalStore | None = None,
         state_deltas: bool = True,
         durability: Literal["sync", "async", "exit"] = "sync",
+        state_warning_bytes: int | None = _DEFAULT_BODY_LIMIT,
     ) -> None:
         super().__init__(description=description)
         checkpointer = getattr(graph, "checkpointer", None)
@@ -119,6 +150,9 @@ class LangGraphAgent(Agent):
         self.graph = graph
         self.state_deltas = state_deltas
         self.interrupts = interrupts
+        self.state_warning_bytes = state_warning_bytes
+        self._warned: dict[str, None] = {}  # threads warned of a big state, oldest first
+        self._input_keys: frozenset[str] | None = None
         # "sync": each step's checkpoint is stored before the next step runs. With LangGraph's
         # default ("async") the node after an interrupt ran, its effects done, while the
         # checkpoint saying the interrupt was answered was still being written: a crash then
@@ -145,6 +179,16 @@ class LangGraphAgent(Agent):
         capabilities["state"] = {**capabilities.get("state", {}), "deltas": self.state_deltas}
         capabilities["tools"] = {"supported": True, "clientProvided": True}
         return capabilities
+
+    def forwarded_input(self, forwarded_props: Mapping[str, Any]) -> Collection[str]:
+        """The `forwardedProps` entries named like a key of the graph's input state (in
+        snake_case, as ag-ui-langgraph and CopilotKit's own runtimes spell them): those
+        merge into the graph's input, under the client's `state`."""
+        if self._input_keys is None:
+            self._input_keys = frozenset(
+                self._template.get_schema_keys(self.config)["input"])
+        keys = self._input_keys
+        return [key for key in forwarded_props if camel_to_snake(key) in keys]
 
     async def pending_interrupts(self, thread_id: str) -> dict[str, Any]:
         """The interrupts the thread's graph waits on, by id, with their values."""
@@ -186,7 +230,33 @@ class LangGraphAgent(Agent):
         return {**self.config, "configurable": configurable}
 
     def run(self, input: RunInput, context: RunContext) -> EventBatches:
-        return self._run(input, context)
+        return self._failing_precisely(self._run(input, context), context.agent_id)
+
+    async def _failing_precisely(self, batches: EventBatches, agent_id: str) -> EventBatches:
+        """`batches`, with the graph's failures the client can act on told precisely: the
+        recursion limit, and the checkpoint store failing (as the store's outage is when
+        it cannot be opened). Anything else stays the runtime's generic `AGENT_ERROR`."""
+        try:
+            async for batch in batches:
+                yield batch
+        except GraphRecursionError as exc:
+            found = re.search(r"limit of (\d+)", str(exc))
+            steps = f" ({found.group(1)} steps)" if found else ""
+            raise AgentExecutionError(agent_id, (
+                f"Agent '{agent_id}' reached its recursion limit{steps} without finishing: "
+                "its graph may loop, or needs a higher recursion_limit in its config")
+                ) from None
+        except _STORAGE_ERRORS as exc:
+            if not _raised_by_checkpointer(exc):
+                raise
+            _log.warning("the checkpoint store failed during a LangGraph run",
+                         agent=agent_id, error=repr(exc))
+            raise ServiceUnavailableError("The checkpoint store cannot be used right now; "
+                                          "try again later") from None
+        finally:
+            aclose = getattr(batches, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
         if not isinstance(input.model.state, dict | None):
@@ -210,16 +280,19 @@ class LangGraphAgent(Agent):
                                         if context.principal is not None else None)
         settled = not claims.ids
         cut_short = False
+        encoder = WireEncoder(state_deltas=self.state_deltas)
         try:
             async for batch in translate_bridge_run(
-                    self._template.clone(), claims.input,
-                    WireEncoder(state_deltas=self.state_deltas)):
+                    self._template.clone(), claims.input, encoder):
                 out = await self._interrupts_of(batch, channel, ledger_channel, thread_id,
                                                 context.agent_id)
                 if not settled and any(e["type"] in ev.TERMINAL_TYPES for e in out):
                     # The graph is done: settle before the client hears the run ended.
                     settled = True
                     await self._settle(claims, thread_id)
+                if any(e["type"] == ev.RUN_FINISHED for e in out):
+                    # (before the end is yielded: the runtime stops reading there)
+                    self._check_state_size(encoder, thread_id)
                 if out:
                     yield out
         except (asyncio.CancelledError, GeneratorExit):
@@ -230,6 +303,23 @@ class LangGraphAgent(Agent):
         finally:
             if not settled:  # stopped, failed or cancelled before its end
                 await self._settle(claims, thread_id, cut_short=cut_short)
+
+    def _check_state_size(self, encoder: WireEncoder, thread_id: str) -> None:
+        """Warn, once per thread, of a state the client could not send back."""
+        limit = self.state_warning_bytes
+        if limit is None or encoder.state is None or thread_id in self._warned:
+            return
+        size = len(orjson.dumps(encoder.state, option=orjson.OPT_NON_STR_KEYS))
+        if size <= limit:
+            return
+        self._warned[thread_id] = None
+        if len(self._warned) > _WARNED_THREADS:
+            del self._warned[next(iter(self._warned))]
+        _log.warning("a LangGraph thread's state is larger than the inbound body limit: a "
+                     "client that sends it back (useCoAgent, @ag-ui/client) gets 413 on its "
+                     "next run; keep large data out of the graph's output state (its "
+                     "output_schema) or raise max_body_size", thread_id=thread_id,
+                     agent=self.name, state_bytes=size, limit=limit)
 
     async def _carrying_on(self, input: RunInput) -> RunInput:
         """`input`, or, when the thread's graph took an approval's answer and its run died
@@ -305,6 +395,17 @@ class LangGraphAgent(Agent):
         close = getattr(self.graph.checkpointer, "aclose", None)
         if close is not None:
             await close()
+
+
+def _raised_by_checkpointer(exc: BaseException) -> bool:
+    """Whether `exc` came through a checkpointer's code (its traceback's modules)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        module = str(tb.tb_frame.f_globals.get("__name__") or "")
+        if module.startswith(_CHECKPOINT_MODULES):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _has_legacy_resume(input: RunInput) -> bool:

@@ -1,0 +1,375 @@
+"""`LangGraphAgent` at the edges of a run, on both protocols:
+
+* `forwardedProps` entries named like a state key become graph input (ag-ui-langgraph and
+  CopilotKit's runtimes merge them in), so guardrails judge them like `state`; the others
+  (an auth token, say) still go to no judge;
+* a new user message while an interrupt waits is refused with `APPROVAL_ERROR`, instead of
+  being dropped while the interrupt was announced again;
+* the recursion limit and a failing checkpoint store end the run with precise codes;
+* what a node writes with `get_stream_writer()` is sent as the `langgraph_stream_writer`
+  custom event (GraphQL 1.10 has no place for custom events: they are not carried there);
+* a state larger than the inbound body limit is logged, once per thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import psycopg
+import pytest
+from langchain_core.messages import AIMessage, AnyMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.config import get_stream_writer
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.types import interrupt
+from structlog.testing import capture_logs
+from typing_extensions import TypedDict
+
+from copilot_runtime import CopilotRuntime, PatternGuardrail
+from copilot_runtime._trust import judged
+from copilot_runtime.agents.langgraph import LangGraphAgent
+from copilot_runtime.checkpointers import checkpointer
+from copilot_runtime.testing import verify_events
+from tests.conftest import Served, ServeRuntime, run_input, text_of
+from tests.gql.wire import (
+    CLIENT_DOCUMENT,
+    CLIENT_HEADERS,
+    chat_data,
+    merge,
+    parse_multipart,
+    text_message,
+)
+from tests.hitl_support.postgres import SERVER, postgres_schema
+
+Json = dict[str, Any]
+V1 = {"protocolVersion": "1.0"}
+SESSION = {"agentName": "lg"}
+REFUSED = "Not that."
+
+
+class State(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    topic: str
+    user_role: str
+    blob: str
+
+
+def says_topic() -> Any:
+    """One node that answers with the state it was given."""
+    def answer(state: State) -> Json:
+        return {"messages": [AIMessage(content=f"topic={state.get('topic')} "
+                                               f"role={state.get('user_role')}")]}
+
+    graph = StateGraph(State)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "answer")
+    graph.add_edge("answer", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def turn(served: Served, data: Json, properties: Json | None = None) -> Json:
+    response = await served.session.post(served.url, data=orjson.dumps(
+        {"query": CLIENT_DOCUMENT, "variables": {"data": data, "properties": properties}}),
+        headers=CLIENT_HEADERS)
+    assert response.status == 200, await response.text()
+    merged = merge(parse_multipart(await response.read()))
+    assert "errors" not in merged
+    result: Json = merged["data"]["generateCopilotResponse"]
+    return result
+
+
+def said(events: list[Json]) -> str:
+    """The last assistant message of the run's last messages snapshot (a node's message
+    that no model streamed arrives only there)."""
+    snapshot = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"][-1]["messages"]
+    content: str = [m for m in snapshot if m["role"] == "assistant"][-1]["content"]
+    return content
+
+
+async def values(graph: Any, thread: str) -> Json:
+    state = await graph.aget_state({"configurable": {"thread_id": thread}})
+    return dict(state.values)
+
+
+# ---- A. forwardedProps that become graph input are judged -----------------------------------
+
+
+def test_judged_takes_the_forwarded_entries_named_as_input() -> None:
+    request = {"messages": [], "forwardedProps": {"topic": "t1", "authToken": "secret-1"}}
+    (marks, texts), = judged(request, set(), (), ["topic"])
+    assert [c["text"] for c in texts[0]["content"]] == ["t1"]
+    assert len(marks) == 1
+    # Judged once a thread: sent again unchanged, nothing is new to judge.
+    assert judged(request, set(marks), (), ["topic"]) == [([], [])]
+    # Without the agent saying so, forwardedProps stay the app's data.
+    assert judged(request, set()) == [([], [])]
+
+
+def test_the_agent_names_its_input_keys_as_the_client_spells_them() -> None:
+    agent = LangGraphAgent(name="lg", graph=says_topic())
+    props = {"topic": 1, "userRole": 2, "authToken": 3, "command": {}, "nodeName": "x"}
+    assert sorted(agent.forwarded_input(props)) == ["topic", "userRole"]
+
+
+async def test_forwarded_state_keys_are_judged_on_both_protocols(
+        serve_runtime: ServeRuntime) -> None:
+    graph = says_topic()
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)},
+                             guardrails=[PatternGuardrail(deny=[r"\bforbidden\b"],
+                                                          reason=REFUSED)])
+    async with serve_runtime(runtime) as served:
+        # The graph takes `topic` and `userRole` (as user_role) from forwardedProps.
+        refused = await served.run(run_input("hi", thread="a1", forwardedProps={
+            "topic": "the forbidden plan"}), agent="lg")
+        camel = await served.run(run_input("hi", thread="a2", forwardedProps={
+            "userRole": "forbidden admin"}), agent="lg")
+        # An entry the graph does not take is the app's: not judged.
+        kept = await served.run(run_input("hi", thread="a3", forwardedProps={
+            "authToken": "forbidden-token", "topic": "weather"}), agent="lg")
+        gql_refused = await turn(served, chat_data([text_message("u1", "user", "hi")],
+                                                   thread="a4", agentSession=SESSION),
+                                 properties={"topic": "forbidden"})
+        gql_kept = await turn(served, chat_data([text_message("u1", "user", "hi")],
+                                                thread="a5", agentSession=SESSION),
+                              properties={"authToken": "forbidden", "topic": "rain"})
+    for events in (refused, camel, kept):
+        verify_events(events)
+    assert text_of(refused) == REFUSED
+    assert text_of(camel) == REFUSED
+    assert "topic" not in await values(graph, "a1")
+    assert "user_role" not in await values(graph, "a2")
+    assert said(kept) == "topic=weather role=None"
+    assert gql_refused["status"]["reason"] == "GUARDRAILS_VALIDATION_FAILED"
+    assert "topic" not in await values(graph, "a4")
+    assert gql_kept["status"]["code"] == "Success"
+    assert (await values(graph, "a5"))["topic"] == "rain"
+
+
+# ---- B. a new message while an interrupt waits ----------------------------------------------
+
+
+def asks() -> Any:
+    def ask(state: State) -> Json:
+        return {"topic": interrupt("which topic?")}
+
+    def answer(state: State) -> Json:
+        return {"messages": [AIMessage(content=f"topic={state['topic']}")]}
+
+    graph = StateGraph(State)
+    graph.add_node("ask", ask)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "ask")
+    graph.add_edge("ask", "answer")
+    graph.add_edge("answer", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_a_message_while_an_interrupt_waits_is_refused_not_lost(
+        serve_runtime: ServeRuntime) -> None:
+    graph = asks()
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+    first = {"id": "m1", "role": "user", "content": "go"}
+    late = {"id": "m2", "role": "user", "content": "also this"}
+    async with serve_runtime(runtime) as served:
+        asked = await served.run(run_input("go", thread="b1", messages=[first], **V1),
+                                 agent="lg")
+        (pending,) = asked[-1]["outcome"]["interrupts"]
+        sent = await served.run(run_input("", thread="b1", run="r2",
+                                          messages=[first, late], **V1), agent="lg")
+        # The same messages again (a client re-running the thread) still hear of it.
+        again = await served.run(run_input("", thread="b1", run="r3", messages=[first],
+                                           **V1), agent="lg")
+        answered = await served.run(run_input("", thread="b1", run="r4", messages=[first],
+                                              resume=[{"interruptId": pending["id"],
+                                                       "status": "resolved",
+                                                       "payload": "cats"}], **V1),
+                                    agent="lg")
+        gql_asked = await turn(served, chat_data([text_message("g1", "user", "go")],
+                                                 thread="b2", agentSession=SESSION))
+        gql_sent = await turn(served, chat_data([text_message("g1", "user", "go"),
+                                                 text_message("g2", "user", "more")],
+                                                thread="b2", agentSession=SESSION))
+    for events in (asked, sent, again, answered):
+        verify_events(events)
+    assert (sent[-1]["type"], sent[-1]["code"]) == ("RUN_ERROR", "APPROVAL_ERROR")
+    assert "answer first" in sent[-1]["message"]
+    assert again[-1]["outcome"]["interrupts"][0]["id"] == pending["id"]
+    assert said(answered) == "topic=cats"
+    assert gql_asked["metaEvents"]
+    status = gql_sent["status"]
+    assert status["code"] == "Failed"
+    assert status["details"]["originalError"]["originalErrorType"] == "APPROVAL_ERROR"
+    assert "answer first" in status["details"]["description"]
+
+
+# ---- C. precise failures ------------------------------------------------------------------
+
+
+def loops() -> Any:
+    graph = StateGraph(State)
+    graph.add_node("spin", lambda state: {"topic": "again"})
+    graph.add_edge(START, "spin")
+    graph.add_edge("spin", "spin")
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_the_recursion_limit_is_told_precisely(serve_runtime: ServeRuntime) -> None:
+    agent = LangGraphAgent(name="lg", graph=loops(), config={"recursion_limit": 7})
+    async with serve_runtime(CopilotRuntime(agents={"lg": agent})) as served:
+        events = await served.run(run_input("go", thread="c1"), agent="lg")
+        gql = await turn(served, chat_data([text_message("u1", "user", "go")], thread="c2",
+                                           agentSession=SESSION))
+    verify_events(events)
+    error = events[-1]
+    assert (error["type"], error["code"]) == ("RUN_ERROR", "AGENT_EXECUTION_ERROR")
+    assert error["message"] == ("Agent 'lg' reached its recursion limit (7 steps) without "
+                                "finishing: its graph may loop, or needs a higher "
+                                "recursion_limit in its config")
+    assert gql["status"]["details"]["originalError"]["originalErrorType"] == \
+        "AGENT_EXECUTION_ERROR"
+
+
+def queries_its_own_database() -> Any:
+    def node(state: State) -> Json:
+        raise sqlite3.OperationalError("no such table: orders")
+
+    graph = StateGraph(State)
+    graph.add_node("node", node)
+    graph.add_edge(START, "node")
+    graph.add_edge("node", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+@contextlib.contextmanager
+def store(kind: str, tmp_path: Path) -> Iterator[tuple[str, Callable[[], None]]]:
+    """A checkpointer URL, and what drops its tables."""
+    if kind == "sqlite":
+        where = tmp_path / "cp.sqlite3"
+
+        def drop_sqlite() -> None:
+            with sqlite3.connect(where) as db:
+                db.execute("DROP TABLE checkpoints")
+                db.execute("DROP TABLE writes")
+
+        yield f"sqlite:///{where}", drop_sqlite
+        return
+    with postgres_schema() as url:
+        schema = url.rsplit("schema=", 1)[1]
+
+        def drop_postgres() -> None:
+            with psycopg.connect(SERVER, autocommit=True) as conn:
+                conn.execute(f'DROP TABLE "{schema}".checkpoints, "{schema}".checkpoint_writes')
+
+        yield url, drop_postgres
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_failing_checkpoint_store_is_service_unavailable(
+        serve_runtime: ServeRuntime, tmp_path: Path, kind: str) -> None:
+    with store(kind, tmp_path) as (url, drop_tables):
+        await checkpoint_store_fails(serve_runtime, url, drop_tables)
+
+
+async def checkpoint_store_fails(serve_runtime: ServeRuntime, url: str,
+                                 drop_tables: Callable[[], None]) -> None:
+    graph = says_topic().builder.compile(checkpointer=checkpointer(url))
+    runtime = CopilotRuntime(agents={
+        "lg": LangGraphAgent(name="lg", graph=graph),
+        "own": LangGraphAgent(name="own", graph=queries_its_own_database())})
+    async with serve_runtime(runtime) as served:
+        ran = await served.run(run_input("go", thread="c0"), agent="lg")
+        assert ran[-1]["type"] == "RUN_FINISHED"
+        drop_tables()  # the store loses its tables
+        events = await served.run(run_input("go", thread="c3"), agent="lg")
+        gql = await turn(served, chat_data([text_message("u1", "user", "go")], thread="c4",
+                                           agentSession=SESSION))
+        # The graph's own database failing is the graph's failure, as before.
+        own = await served.run(run_input("go", thread="c5"), agent="own")
+    verify_events(events)
+    assert (events[-1]["type"], events[-1]["code"]) == ("RUN_ERROR", "SERVICE_UNAVAILABLE")
+    assert "no such table" not in events[-1]["message"]
+    assert gql["status"]["details"]["originalError"]["code"] == "NETWORK_ERROR"
+    assert (own[-1]["type"], own[-1]["code"]) == ("RUN_ERROR", "AGENT_ERROR")
+
+
+# ---- D. get_stream_writer() --------------------------------------------------------------
+
+
+def writes() -> Any:
+    def inner(state: State) -> Json:
+        get_stream_writer()({"progress": 2, "where": "subgraph"})
+        return {}
+
+    sub = StateGraph(State)
+    sub.add_node("inner", inner)
+    sub.add_edge(START, "inner")
+    sub.add_edge("inner", END)
+
+    def node(state: State) -> Json:
+        get_stream_writer()({"progress": 1})
+        return {"messages": [AIMessage(content="done")]}
+
+    graph = StateGraph(State)
+    graph.add_node("node", node)
+    graph.add_node("sub", sub.compile())
+    graph.add_edge(START, "node")
+    graph.add_edge("node", "sub")
+    graph.add_edge("sub", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_stream_writer_output_is_a_custom_event(serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=writes())})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("go", thread="d1", **V1), agent="lg")
+        gql = await turn(served, chat_data([text_message("u1", "user", "go")], thread="d2",
+                                           agentSession=SESSION))
+    verify_events(events)
+    written = [e["value"] for e in events
+               if e["type"] == "CUSTOM" and e["name"] == "langgraph_stream_writer"]
+    assert written == [{"progress": 1}, {"progress": 2, "where": "subgraph"}]
+    assert said(events) == "done"
+    assert gql["status"]["code"] == "Success"
+
+
+# ---- E. a state too large to be sent back ---------------------------------------------------
+
+
+def grows() -> Any:
+    graph = StateGraph(State)
+    graph.add_node("grow", lambda state: {"blob": "x" * 5000})
+    graph.add_edge(START, "grow")
+    graph.add_edge("grow", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+@pytest.fixture
+async def small_limit_served(serve_runtime: ServeRuntime) -> AsyncIterator[Served]:
+    agent = LangGraphAgent(name="lg", graph=grows(), state_warning_bytes=4096)
+    async with serve_runtime(CopilotRuntime(agents={"lg": agent}),
+                             max_body_size=4096) as served:
+        yield served
+
+
+async def test_a_state_the_client_cannot_send_back_is_logged_once(
+        small_limit_served: Served) -> None:
+    served = small_limit_served
+    with capture_logs() as logs:
+        first = await served.run(run_input("go", thread="e1"), agent="lg")
+        await served.run(run_input("go", thread="e1", run="r2"), agent="lg")
+        await served.run(run_input("go", thread="e2"), agent="lg")
+    verify_events(first)
+    warned = [entry for entry in logs if "larger than the inbound body limit" in entry["event"]]
+    assert [(w["thread_id"], w["limit"]) for w in warned] == [("e1", 4096), ("e2", 4096)]
+    assert warned[0]["state_bytes"] > 5000
+    # What the warning is about: that state sent back is refused.
+    echo = run_input("again", thread="e1", run="r3",
+                     state={"blob": "x" * 5000})
+    response = await served.post("/agent/lg/run", echo)
+    assert response.status == 413
