@@ -187,7 +187,7 @@ async def test_an_empty_answer_asks_again(hitl: tuple[Served, list[Drafting]]) -
 async def test_a_new_message_while_waiting_is_refused_and_the_question_waits(
         hitl: tuple[Served, list[Drafting]]) -> None:
     # The graph cannot take a message before the answer: it was dropped while the question
-    # was asked again. Refused instead, as @ag-ui/client 1.0 itself refuses a run that
+    # was asked again. Refused instead, as @ag-ui/client (0.0.59) itself refuses a run that
     # leaves a pending interrupt unaddressed.
     served, specialists = hitl
     first = interrupt_of(await run(served, "r5", "Prepare the invoice", **V1))
