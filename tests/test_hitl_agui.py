@@ -142,11 +142,13 @@ async def test_resume_entries_then_the_same_answer_again(
 
 async def test_legacy_resume_in_forwarded_props(hitl: tuple[Served, list[Drafting]]) -> None:
     served, _ = hitl
-    await run(served, "r2", "Audit the payroll")
-    # As CopilotKit's useInterrupt sends it: the client's state, and the answer as JSON text.
+    asked = await run(served, "r2", "Audit the payroll")
+    question = next(e["value"] for e in asked if e.get("name") == "on_interrupt")
+    # As CopilotKit's useInterrupt sends it: the client's state, the answer as JSON text and
+    # the question it answers (the `on_interrupt` event's value).
     done = await run(served, "r2", state={"review": True, "task": "Audit the payroll"},
                      forwardedProps={"command": {"resume": json.dumps({"approved": True}),
-                                                 "interruptEvent": "{}"}})
+                                                 "interruptEvent": question}})
     assert types(done)[-1] == "RUN_FINISHED"
     assert [e["snapshot"]["status"] for e in done if e["type"] == "STATE_SNAPSHOT"][-1:] == [
         "completed"] or any(e["type"] == "STATE_DELTA" for e in done)

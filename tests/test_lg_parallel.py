@@ -211,8 +211,15 @@ async def test_legacy_answer_goes_to_the_question_it_quotes(
                                                "resume": "yes", "interruptEvent": asking_b}}),
                                  agent="lg")
         verify_events(stale)
-        # Only one question is left: a legacy answer goes to it, as it always has.
-        assert types(stale)[-1] == "RUN_FINISHED"
+        # Only one question is left, and this answer quotes the one answered already (a
+        # second tab, a stale page): taking it would answer a question its sender never saw.
+        assert (stale[-1]["type"], stale[-1]["code"]) == ("RUN_ERROR", "INTERRUPT_NOT_PENDING")
+        assert "a" not in await values(graph, "p3")
+        # An answer that quotes nothing goes to the one question left, as it always has.
+        bare = await served.run(run_input("", thread="p3", run="r4", messages=[],
+                                          forwardedProps={"command": {"resume": "yes"}}),
+                                agent="lg")
+        assert types(bare)[-1] == "RUN_FINISHED"
         assert (await values(graph, "p3"))["a"] == "yes"
         gone = await served.run(run_input("", thread="p3-x", run="r3", messages=[],
                                           forwardedProps={"command": {
@@ -247,6 +254,65 @@ async def test_graphql_meta_event_answers_the_question_it_carries(
     state = await values(graph, "p4")
     shown_b = json.loads(shown["value"]) == ["b", 3]
     assert (state["b"], state["a"]) == (("first", "second") if shown_b else ("second", "first"))
+
+
+def one_after_another() -> Any:
+    """Two questions, the second asked once the first is answered (a review loop's drafts)."""
+    def first(state: State) -> Json:
+        return {"a": interrupt({"draft": 1})}
+
+    def second(state: State) -> Json:
+        return {"b": interrupt({"draft": 2})}
+
+    graph = StateGraph(State)
+    graph.add_node("first", first)
+    graph.add_node("second", second)
+    graph.add_edge(START, "first")
+    graph.add_edge("first", "second")
+    graph.add_edge("second", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_an_answer_to_a_question_answered_already_is_refused(
+        serve_runtime: ServeRuntime) -> None:
+    """The 1.10 client shows draft 1's question; someone else answers it (another tab, a
+    reviewer over HTTP) and the graph asks about draft 2. The first client's answer still
+    quotes draft 1: refused, never taken as the answer to draft 2, which stays asked."""
+    graph = one_after_another()
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+    session = {"agentName": "lg"}
+    async with serve_runtime(runtime) as served:
+        asked = await turn(served, chat_data([text_message("u1", "user", "go")],
+                                             thread="p5", agentSession=session))
+        shown = asked["metaEvents"][0]
+        other = await turn(served, chat_data([], thread="p5", agentSession=session,
+                                             metaEvents=[answer(shown, "revise it")]))
+        assert [json.loads(m["value"]) for m in other["metaEvents"]] == [{"draft": 2}]
+        response = await served.session.post(served.url, data=orjson.dumps(
+            {"query": CLIENT_DOCUMENT, "variables": {"data": chat_data(
+                [], thread="p5", agentSession=session,
+                metaEvents=[answer(shown, "approve")])}}), headers=CLIENT_HEADERS)
+        stale = merge(parse_multipart(await response.read()))
+        status = stale["data"]["generateCopilotResponse"]["status"]
+        assert status["code"] == "Failed", status
+        assert "no longer asks the question" in json.dumps(status)
+        assert "b" not in await values(graph, "p5")
+        # Over AG-UI, as CopilotKit's interrupt hooks send it: refused as well.
+        legacy = await served.run(run_input("", thread="p5", run="r9", messages=[],
+                                            forwardedProps={"command": {
+                                                "resume": "approve",
+                                                "interruptEvent": shown["value"]}}),
+                                  agent="lg")
+        assert (legacy[-1]["type"], legacy[-1]["code"]) == ("RUN_ERROR",
+                                                           "INTERRUPT_NOT_PENDING")
+        kept = await values(graph, "p5")
+        assert (kept["a"], "b" in kept) == ("revise it", False)
+        # The question that is asked can still be answered.
+        done = await turn(served, chat_data([], thread="p5", agentSession=session,
+                                            metaEvents=[answer(other["metaEvents"][0],
+                                                               "approve")]))
+        assert done["status"]["code"] == "Success"
+    assert (await values(graph, "p5"))["b"] == "approve"
 
 
 # ---- 2. parallel branches stream into their own messages ----------------------------------

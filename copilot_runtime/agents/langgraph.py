@@ -273,6 +273,8 @@ class LangGraphAgent(Agent):
             pending, parked = await self._waits(thread_id)
             if len(pending) > 1 and not input.model.resume:
                 input = _legacy_answer_by_question(input, pending)
+            elif pending and not input.model.resume:
+                _check_quoted_question(input, pending)
             claims = await claim_resume(self._approvals, agent_id=context.agent_id,
                                         input=input, pending=set(pending),
                                         channel=ledger_channel, values=pending, parked=parked,
@@ -440,6 +442,34 @@ def _legacy_answer_by_question(input: RunInput, pending: Mapping[str, Any]) -> R
             f"Thread '{input.thread_id}' waits on {len(pending)} interrupts: the answer must "
             "say which one it is for (resume entries with its interruptId, or the question "
             "it answers in forwardedProps.command.interruptEvent)")
+    interrupt_id = _asking(asked, pending)
+    if interrupt_id is None:
+        raise NothingToResumeError(
+            f"Thread '{input.thread_id}' waits on {len(pending)} interrupts, none of which "
+            "asked the question this answers: it may have been answered already")
+    return input.replace(forwarded_props=props, resume=[ResumeEntry(
+        interrupt_id=interrupt_id, status="resolved",
+        payload=_parsed(answer, "The resume answer"))])
+
+
+def _check_quoted_question(input: RunInput, pending: Mapping[str, Any]) -> None:
+    """Refuse a legacy answer that quotes a question the one pending interrupt does not ask:
+    it answers an earlier question (another tab, or a reviewer over HTTP, answered that
+    one and the graph asked again), and taking it would approve what its sender never saw.
+    An answer that quotes nothing goes to the one interrupt, as old clients expect."""
+    command = (input.model.forwarded_props or {}).get("command") or {}
+    asked = command.get("interruptEvent") if isinstance(command, Mapping) else None
+    if asked is None or asked == "" or command.get("resume") == {}:
+        return
+    if _asking(asked, pending) is None:
+        raise NothingToResumeError(
+            f"Thread '{input.thread_id}' no longer asks the question this answers: it was "
+            "answered already, and the thread now asks another")
+
+
+def _asking(asked: Any, pending: Mapping[str, Any]) -> str | None:
+    """The id of the pending interrupt whose question `asked` quotes (as JSON text, or the
+    value itself), or None."""
     quoted = [_parsed(asked, "The question answered"), asked] if isinstance(asked, str) \
         else [asked]
     for interrupt_id, value in pending.items():
@@ -448,12 +478,8 @@ def _legacy_answer_by_question(input: RunInput, pending: Mapping[str, Any]) -> R
         if isinstance(question, dict) and _COPILOTKIT_QUESTION in question:
             questions.append(question[_COPILOTKIT_QUESTION])
         if any(q == given for q in questions for given in quoted):
-            return input.replace(forwarded_props=props, resume=[ResumeEntry(
-                interrupt_id=interrupt_id, status="resolved",
-                payload=_parsed(answer, "The resume answer"))])
-    raise NothingToResumeError(
-        f"Thread '{input.thread_id}' waits on {len(pending)} interrupts, none of which asked "
-        "the question this answers: it may have been answered already")
+            return str(interrupt_id)
+    return None
 
 
 def _parsed(text: Any, what: str) -> Any:
