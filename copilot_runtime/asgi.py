@@ -24,6 +24,7 @@ from copilot_runtime._exceptions import (
     PayloadTooLargeError,
     RequestError,
     RequestTimeoutError,
+    UnsupportedEncodingError,
 )
 from copilot_runtime._input import parse_json_body
 from copilot_runtime.hooks import ErrorInfo
@@ -190,7 +191,7 @@ class CopilotEndpoint:
             await send_json(request, 400, {"error": "invalid_request", "message":
                                            exc.message if too_deep else "Invalid JSON payload"})
             return
-        except RequestTimeoutError as exc:
+        except (RequestTimeoutError, UnsupportedEncodingError) as exc:
             await send_error(request, exc)
             return
         except ClientDisconnected:
