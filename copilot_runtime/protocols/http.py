@@ -331,7 +331,10 @@ async def send_error(request: Request, exc: RequestError) -> None:
 
 def error_headers(exc: RequestError) -> list[tuple[bytes, bytes]]:
     """The headers that go with an error answer: `Retry-After` of a 429 or a 503,
-    `WWW-Authenticate` of a 401."""
+    `WWW-Authenticate` of a 401, `Connection: close` of a 408 (the rest of a body that
+    came too slowly would go on arriving on the connection, read as nothing)."""
+    if isinstance(exc, RequestTimeoutError):
+        return [(b"connection", b"close")]
     if isinstance(exc, RateLimitedError | ServiceUnavailableError):
         return [(b"retry-after", str(exc.retry_after).encode())]
     if isinstance(exc, AuthenticationError):
