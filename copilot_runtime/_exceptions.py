@@ -234,9 +234,21 @@ class RequestTimeoutError(RequestError):
     status = 408
     code = "REQUEST_TIMEOUT"
 
-    def __init__(self, seconds: float) -> None:
-        super().__init__(f"The request body stopped arriving for {seconds:g} s")
+    def __init__(self, seconds: float, message: str | None = None) -> None:
+        super().__init__(message or f"The request body stopped arriving for {seconds:g} s")
         self.seconds = seconds
+
+
+class UnsupportedEncodingError(RequestError):
+    """A body sent compressed (`Content-Encoding`): the runtime reads bodies as they are."""
+
+    status = 415
+    code = "UNSUPPORTED_MEDIA_TYPE"
+
+    def __init__(self, encoding: str) -> None:
+        super().__init__(f"Content-Encoding {encoding[:40]!r} is not supported: send the "
+                         "body uncompressed")
+        self.encoding = encoding
 
 
 class AuthenticationError(RequestError):

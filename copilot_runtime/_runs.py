@@ -83,6 +83,44 @@ _INPUT_KEYS = ("threadId", "runId", "parentRunId", "state", "messages", "tools",
                "forwardedProps", "resume")
 
 
+class Follower:
+    """Where a listener of a live run is in the run's events. It reads them from the run
+    itself when woken: a listener that does not keep up (its client reads slowly, or not at
+    all) costs the same few bytes however far behind it falls, and gets all it missed in one
+    batch; before, each kept its own queue of every batch published since."""
+
+    __slots__ = ("_more", "ended", "position", "run")
+
+    def __init__(self, run: ActiveRun) -> None:
+        self.run = run
+        #: How many of the run's events were handed out.
+        self.position = len(run.events)
+        self.ended = False
+        self._more = asyncio.Event()
+
+    def wake(self) -> None:
+        self._more.set()
+
+    def put_nowait(self, _: None) -> None:
+        """The run ended: once what is left is read, `get` says so (None)."""
+        self.ended = True
+        self._more.set()
+
+    async def get(self) -> Published | None:
+        """The events published since the last call (waiting for some), or None at the end."""
+        while True:
+            events = self.run.events
+            if self.position < len(events):
+                first = self.position
+                self.position = len(events)
+                self._more.clear()
+                return self.run.first_position + first, events[first:]
+            if self.ended:
+                return None
+            self._more.clear()
+            await self._more.wait()
+
+
 class ActiveRun:
     def __init__(self, manager: RunManager, agent_id: str, agent: Agent, input: RunInput,
                  context: RunContext, seen_message_ids: set[str]) -> None:
@@ -94,7 +132,7 @@ class ActiveRun:
         self.thread_id = input.thread_id
         self.run_id = input.run_id
         self.events: list[Event] = []
-        self.listeners: list[asyncio.Queue[Published | None]] = []
+        self.listeners: list[Follower] = []
         #: The position in the thread of the run's first event (its RUN_STARTED).
         self.first_position = 0
         self._flushed = 0
@@ -159,18 +197,18 @@ class ActiveRun:
             self.task.cancel()
         return True
 
-    def subscribe(self) -> tuple[list[Event], asyncio.Queue[Published | None]]:
-        """The events so far and a queue of the ones to come (None at the end)."""
-        queue: asyncio.Queue[Published | None] = asyncio.Queue()
+    def subscribe(self) -> tuple[list[Event], Follower]:
+        """The events so far and a follower of the ones to come (None at the end)."""
+        follower = Follower(self)
         if self._finished:
-            queue.put_nowait(None)
+            follower.put_nowait(None)
         else:
-            self.listeners.append(queue)
-        return list(self.events), queue
+            self.listeners.append(follower)
+        return list(self.events), follower
 
-    def unsubscribe(self, queue: asyncio.Queue[Published | None]) -> None:
-        if queue in self.listeners:
-            self.listeners.remove(queue)
+    def unsubscribe(self, follower: Follower) -> None:
+        if follower in self.listeners:
+            self.listeners.remove(follower)
 
     # -- a reservation never driven ----------------------------------------------------
 
@@ -317,10 +355,9 @@ class ActiveRun:
         return self.first_position + len(self.events) - len(batch)
 
     def _publish(self, batch: Sequence[Event]) -> None:
-        first = self.first_position + len(self.events)
         self.events.extend(batch)
-        for queue in self.listeners:
-            queue.put_nowait((first, batch))
+        for follower in self.listeners:
+            follower.wake()
         if self.manager.durable is not None and self._flush_timer is None \
                 and self._flushing is None and not self._finished:
             self._flush_timer = asyncio.get_running_loop().call_later(

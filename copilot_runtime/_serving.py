@@ -5,23 +5,38 @@
   started again, and failed again, for ever);
 - workers die with their supervisor, even killed (Linux: else they go on holding the port);
 - runs end as soon as shutdown begins, each client hearing its RUN_ERROR on a complete
-  stream, instead of being cut after the grace period.
+  stream, instead of being cut after the grace period;
+- a connection has `HEADERS_SECONDS` to send a request's headers (uvicorn waits for ever
+  before the first request, and once a next request's first byte came): idle or trickling
+  sockets no longer hold their file descriptors for ever;
+- a connection whose writes have waited `WRITE_STALL_SECONDS` on a client that reads nothing
+  is aborted (asyncio's `close` waits for the client to read what is buffered, for ever), as
+  is one the app gives up on (`ABORT_EXTENSION`): at once, its buffers freed, no ERROR line;
+- at most `limit_concurrency` connections are held (`--limit-concurrency`): one more is
+  answered 503 and closed at once, so idle sockets cannot exhaust the process's descriptors.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import resource
 import signal
+import struct
 import sys
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from copilot_runtime.protocols.http import ABORT_EXTENSION
+
 if TYPE_CHECKING:
     from copilot_runtime.runtime import CopilotRuntime
 
-__all__ = ["STARTUP_FAILURE", "die_with_supervisor", "serve", "serving"]
+__all__ = ["HEADERS_SECONDS", "STARTUP_FAILURE", "WRITE_STALL_SECONDS", "default_connection_limit",
+           "die_with_supervisor", "serve", "serving"]
 
 #: uvicorn's exit code for a server that could not start: a worker exiting with it stops
 #: the supervisor instead of being started again.
@@ -37,9 +52,158 @@ def serving(runtime: CopilotRuntime) -> None:
     _served.append(runtime)
 
 
+#: The longest a connection may take to send a request's headers, from its opening or from
+#: the end of its previous answer (idle between requests, uvicorn's keep-alive timeout of 5 s
+#: closes it first). Past it the connection is closed, answered 408 if part of a request came.
+HEADERS_SECONDS = 10.0
+#: The longest a connection's writes may wait on a client that reads nothing (its socket
+#: and the transport's buffer full) before the connection is aborted: what
+#: `protocols.http.SEND_IDLE_SECONDS` allows a stream, for every answer.
+WRITE_STALL_SECONDS = 30.0
+#: The most connections a server holds unless told (`--limit-concurrency`), lowered to three
+#: quarters of the process's open-file limit: the rest is for upstream and store sockets.
+CONNECTION_LIMIT = 2048
+
+
+try:  # the kernel's unsent bytes of a socket (Linux; elsewhere the transport's buffer alone)
+    import fcntl
+    import termios
+
+    _OUTQ: int | None = termios.TIOCOUTQ if sys.platform.startswith("linux") else None
+except ImportError:  # pragma: no cover - Windows
+    _OUTQ = None
+
+
+def _answer(status: bytes, headers: bytes, error: bytes) -> bytes:
+    """A whole HTTP answer that closes the connection, written before any request was read."""
+    body = b'{"error":"%b"}' % error
+    return (b"HTTP/1.1 %b\r\ncontent-type: application/json\r\n%bconnection: close\r\n"
+            b"content-length: %d\r\n\r\n%b" % (status, headers, len(body), body))
+
+
+_TOO_MANY = _answer(b"503 Service Unavailable", b"retry-after: 1\r\n",
+                    b"Too many open connections")
+_TOO_SLOW = _answer(b"408 Request Timeout", b"", b"Request headers took too long")
+
+
+def default_connection_limit() -> int:
+    """`CONNECTION_LIMIT`, or three quarters of the open-file limit if that is lower."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return CONNECTION_LIMIT
+    return max(1, min(CONNECTION_LIMIT, soft * 3 // 4))
+
+
 class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     """uvicorn's HTTP protocol, which it tells of a shutdown before its grace period: the
-    runs end then, so their streams complete (cut by the grace, a client heard no end)."""
+    runs end then, so their streams complete (cut by the grace, a client heard no end).
+    It also bounds what a client that sends or reads nothing can hold (see the module)."""
+
+    _headers_timer: asyncio.TimerHandle | None = None
+    _write_timer: asyncio.TimerHandle | None = None
+    #: Bytes of a request whose headers are not complete yet came.
+    _heard = False
+    #: What was still to send when `_write_timer` was set.
+    _pending = 0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)
+        limit = self.config.limit_concurrency
+        if limit is not None and len(self.connections) > limit:
+            transport.write(_TOO_MANY)
+            transport.close()
+            return
+        self._await_headers()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timers()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        cycle = self.cycle
+        super().data_received(data)
+        if self.cycle is not cycle and self.cycle is not None:  # a request's headers came
+            self.cycle.scope.setdefault("extensions", {})[ABORT_EXTENSION] = self.give_up
+            if self._headers_timer is not None:
+                self._headers_timer.cancel()
+                self._headers_timer = None
+        elif self._headers_timer is not None:
+            self._heard = True
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if (self.cycle is None or self.cycle.response_complete) \
+                and not self.transport.is_closing():
+            self._await_headers()  # the next request's (none pipelined)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._watch_writes()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None and not self.transport.is_closing():
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def timeout_keep_alive_handler(self) -> None:
+        super().timeout_keep_alive_handler()
+        self._watch_writes()  # closed: what it had not read yet must still drain
+
+    def give_up(self) -> None:
+        """Abort the connection: its buffers dropped, its request told it is gone."""
+        self._stop_timers()
+        self.transport.abort()
+
+    def _watch_writes(self) -> None:
+        """Give up on the connection if what it has to send stops draining (its writes
+        paused, or it is closed with bytes still to send) for `WRITE_STALL_SECONDS`; a
+        client that reads, however slowly, is not cut (streams have `SEND_IDLE_SECONDS`)."""
+        if self._write_timer is None and self.transport.get_write_buffer_size():
+            self._pending = self._unsent()
+            self._write_timer = self.loop.call_later(WRITE_STALL_SECONDS, self._writes_late)
+
+    def _writes_late(self) -> None:
+        self._write_timer = None
+        if not self.transport.get_write_buffer_size():
+            return
+        if self._unsent() >= self._pending:
+            self.give_up()
+        else:  # drained some: it reads
+            self._watch_writes()
+
+    def _unsent(self) -> int:
+        """The bytes not yet acknowledged by the client: the transport's buffer, and the
+        kernel's send queue where it tells it (which drains a slow reader's bytes long
+        before the transport can write more)."""
+        unsent: int = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None and _OUTQ is not None:
+            with contextlib.suppress(OSError, ValueError):
+                unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0" * 4))[0]
+        return unsent
+
+    def _await_headers(self) -> None:
+        if self._headers_timer is not None:
+            self._headers_timer.cancel()
+        self._heard = False
+        self._headers_timer = self.loop.call_later(HEADERS_SECONDS, self._headers_late)
+
+    def _headers_late(self) -> None:
+        self._headers_timer = None
+        if self.transport.is_closing() or (
+                self.cycle is not None and not self.cycle.response_complete):
+            return
+        if self._heard:
+            self.transport.write(_TOO_SLOW)
+        self.transport.close()
+        self._watch_writes()
+
+    def _stop_timers(self) -> None:
+        for timer in (self._headers_timer, self._write_timer):
+            if timer is not None:
+                timer.cancel()
+        self._headers_timer = self._write_timer = None
 
     def shutdown(self) -> None:
         super().shutdown()
@@ -49,6 +213,7 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
 
 def serve(app: Any, workers: int, **options: Any) -> None:
     """Serve `app` (None with several workers: each builds its own) until a signal."""
+    options.setdefault("limit_concurrency", default_connection_limit())
     options.update(http=_StopRunsFirst, access_log=False, lifespan="on",
                    timeout_graceful_shutdown=5,
                    # the runtime serves no WebSocket, and `websockets` costs each worker ~2 MB

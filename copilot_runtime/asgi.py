@@ -24,6 +24,7 @@ from copilot_runtime._exceptions import (
     PayloadTooLargeError,
     RequestError,
     RequestTimeoutError,
+    UnsupportedEncodingError,
 )
 from copilot_runtime._input import parse_json_body
 from copilot_runtime.hooks import ErrorInfo
@@ -194,7 +195,7 @@ class CopilotEndpoint:
                 "error": "invalid_request", "message": exc.message, "code": exc.code}
                 if too_deep else {"error": "invalid_request", "message": "Invalid JSON payload"})
             return
-        except RequestTimeoutError as exc:
+        except (RequestTimeoutError, UnsupportedEncodingError) as exc:
             await send_error(request, exc)
             return
         except ClientDisconnected:

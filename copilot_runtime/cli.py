@@ -126,7 +126,8 @@ def _tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def _serve(app: Any, host: str, port: int, log_level: str, workers: int = 1) -> None:
+def _serve(app: Any, host: str, port: int, log_level: str, workers: int = 1,
+           limit_concurrency: int | None = None) -> None:
     from copilot_runtime._serving import serve
 
     _check_port(host, port)
@@ -134,7 +135,8 @@ def _serve(app: Any, host: str, port: int, log_level: str, workers: int = 1) -> 
         _tune_gc()
     # With several workers, each imports `worker_app`, which builds its own runtime from the
     # target named in the environment; they share one listening socket.
-    serve(app, workers, host=host, port=port, log_level=log_level)
+    limits = {} if limit_concurrency is None else {"limit_concurrency": limit_concurrency}
+    serve(app, workers, host=host, port=port, log_level=log_level, **limits)
 
 
 #: How `serve --workers N` tells its worker processes what to serve.
@@ -359,6 +361,11 @@ def main(argv: list[str] | None = None) -> None:
                               "(default: %(default)s)")
         sub.add_argument("--max-body-size", type=int, default=8 * 1024 * 1024,
                          help="largest request body accepted, in bytes (default: %(default)s)")
+        sub.add_argument("--limit-concurrency", type=int, default=None, metavar="N",
+                         help="most connections (and requests in flight) a worker holds: "
+                              "past it, requests are answered 503 and new connections "
+                              "closed with a 503 (default: 2048, or three quarters of the "
+                              "open-file limit if lower)")
 
     serve = commands.add_parser("serve", help="serve a CopilotRuntime or an ASGI app")
     serve.add_argument("target", metavar="TARGET",
@@ -398,6 +405,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.max_body_size < 1:
             raise CLIError(f"--max-body-size must be a positive number of bytes, "
                            f"got {args.max_body_size}")
+        if args.limit_concurrency is not None and args.limit_concurrency < 1:
+            raise CLIError(f"--limit-concurrency must be at least 1, "
+                           f"got {args.limit_concurrency}")
         if args.command == "serve":
             workers = args.workers
             if workers < 1:
@@ -455,7 +465,7 @@ def main(argv: list[str] | None = None) -> None:
                               f"{WORKFLOWS_NEED_EXTRA} (missing: {missing})" if missing
                               else None)
             _say(pages_note(app, _url_host(args.host), args.port))
-        _serve(app, args.host, args.port, args.log_level, workers)
+        _serve(app, args.host, args.port, args.log_level, workers, args.limit_concurrency)
     except _ONE_LINE_ERRORS as exc:
         print(f"copilot-runtime: error: {_one_line(exc)}", file=sys.stderr)
         sys.exit(2)

@@ -34,6 +34,7 @@ from copilot_runtime._exceptions import (
     RequestError,
     RequestTimeoutError,
     ServiceUnavailableError,
+    UnsupportedEncodingError,
 )
 from copilot_runtime._limits import replayable
 from copilot_runtime._runs import ActiveRun
@@ -43,6 +44,7 @@ from copilot_runtime.headers import forwardable
 from copilot_runtime.threads.base import Positioned
 
 __all__ = [
+    "ABORT_EXTENSION",
     "ASGIApp",
     "CORSPolicy",
     "Receive",
@@ -178,23 +180,47 @@ _DRAIN_SECONDS = 30.0
 #: The longest silence while a body arrives: past it the request is answered 408, so a
 #: client that sends part of a body and stops cannot hold its request open for ever.
 BODY_IDLE_SECONDS = 30.0
+#: The longest a whole body may take, however steadily it trickles: past it, 408.
+BODY_SECONDS = 120.0
 #: The longest a response's write may wait on a client that reads nothing (its socket full,
 #: the connection open): past it the client counts as gone, as on a disconnect (its run
 #: stopped and stored, a followed stream ended), so it cannot hold its thread for ever.
 SEND_IDLE_SECONDS = 30.0
+#: The scope extension a server may offer: a callable that aborts the request's connection,
+#: called when the client counts as gone while its connection stays open (`copilot-runtime
+#: serve` offers it). Without it the server closes the connection once the answer ends, which
+#: uvicorn does only after the client has read what is still buffered.
+ABORT_EXTENSION = "copilot_runtime.abort"
 
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, or `PayloadTooLargeError` once it is known to exceed `limit`
-    (`RequestTimeoutError` if it stops arriving for `BODY_IDLE_SECONDS`)."""
+    (`RequestTimeoutError` if it stops arriving for `BODY_IDLE_SECONDS`, or is not all there
+    after `BODY_SECONDS`; `UnsupportedEncodingError` if it is compressed: nothing here
+    decompresses, and JSON's parser would call the bytes malformed)."""
     declared = request.headers.get(b"content-length")
+    encoding = request.headers.get(b"content-encoding", b"identity").strip().lower()
+    if encoding not in (b"identity", b""):
+        await _drain(request, int(declared) if declared is not None and declared.isdigit()
+                     else None)
+        raise UnsupportedEncodingError(encoding.decode("latin-1"))
     if declared is not None and declared.isdigit() and int(declared) > limit:
         await _drain(request, int(declared))
         raise PayloadTooLargeError(limit)
     chunks: list[bytes] = []
     size = 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + BODY_SECONDS
     while True:
-        message = await _receive_within(request, BODY_IDLE_SECONDS)
+        left = deadline - loop.time()
+        try:
+            message = await _receive_within(request, min(BODY_IDLE_SECONDS, max(left, 0.0)))
+        except RequestTimeoutError:
+            if left >= BODY_IDLE_SECONDS:
+                raise
+            raise RequestTimeoutError(
+                BODY_SECONDS, f"The request body was not complete after {BODY_SECONDS:g} s"
+            ) from None
         if message["type"] == "http.disconnect":
             raise ClientDisconnected
         body = message.get("body", b"")
@@ -268,6 +294,7 @@ _TITLES = {
     "THREAD_BUSY": "Thread busy",
     "PAYLOAD_TOO_LARGE": "Payload too large",
     "REQUEST_TIMEOUT": "Request timeout",
+    "UNSUPPORTED_MEDIA_TYPE": "Unsupported media type",
     "APPROVAL_ERROR": "Approval error",
     "APPROVAL_NOT_FOUND": "Approval not found",
     "APPROVAL_EXPIRED": "Approval expired",
@@ -309,7 +336,10 @@ async def send_error(request: Request, exc: RequestError) -> None:
 
 def error_headers(exc: RequestError) -> list[tuple[bytes, bytes]]:
     """The headers that go with an error answer: `Retry-After` of a 429 or a 503,
-    `WWW-Authenticate` of a 401."""
+    `WWW-Authenticate` of a 401, `Connection: close` of a 408 (the rest of a body that
+    came too slowly would go on arriving on the connection, read as nothing)."""
+    if isinstance(exc, RequestTimeoutError):
+        return [(b"connection", b"close")]
     if isinstance(exc, RateLimitedError | ServiceUnavailableError):
         return [(b"retry-after", str(exc.retry_after).encode())]
     if isinstance(exc, AuthenticationError):
@@ -379,6 +409,16 @@ def _sse_keepalive() -> bytes:
     return _SSE_KEEPALIVE
 
 
+def _give_up(request: Request, on_disconnect: Callable[[], object]) -> None:
+    """The client reads nothing: gone. Its connection is aborted if the server can (its
+    buffers freed at once, the stuck write returns), then the stream stops as on a
+    disconnect."""
+    abort = request.scope.get("extensions", {}).get(ABORT_EXTENSION)
+    if callable(abort):
+        abort()
+    on_disconnect()
+
+
 async def _watch(request: Request, on_disconnect: Callable[[], object], stream: _Stream,
                  keepalive: float | None,
                  heartbeat: Callable[[], bytes] = _sse_keepalive) -> None:
@@ -400,7 +440,7 @@ async def _watch(request: Request, on_disconnect: Callable[[], object], stream: 
             silent = loop.time() - stream.last_write
             if stream.sending:
                 if silent >= SEND_IDLE_SECONDS:
-                    on_disconnect()
+                    _give_up(request, on_disconnect)
                     return
                 delay = min(delay, SEND_IDLE_SECONDS - silent)
             elif keepalive and not stream.ended and silent >= keepalive * 0.9:
@@ -413,7 +453,7 @@ async def _watch(request: Request, on_disconnect: Callable[[], object], stream: 
                         await request.send({"type": "http.response.body", "body": body,
                                             "more_body": True})
                 except TimeoutError:
-                    on_disconnect()
+                    _give_up(request, on_disconnect)
                     return
             continue
         if message["type"] == "http.disconnect":
@@ -463,7 +503,9 @@ async def stream_run(request: Request, run: ActiveRun,
         await run.drive(write)
     finally:
         watcher.cancel()
-    if not stream.ended:
+    # A run cut because its client left, or reads nothing, has no one to end the body for:
+    # a last write to a client that reads nothing would wait for ever.
+    if not stream.ended and run.cancel_reason != "disconnect":
         stream.ended = True
         await _end(request)
 

@@ -1,0 +1,421 @@
+"""Slow, stuck and hostile clients at the transport level, under `copilot-runtime serve`'s
+HTTP protocol (`_serving._StopRunsFirst`).
+
+Before, a client that stopped reading kept its connection, its request task and megabytes
+of kernel buffers after its run was cut (the last write waited on it for ever), and made
+uvicorn log an ERROR line per stream; a connection that sent no headers, or a body one byte
+at a time, was held for ever; a follower that read nothing queued every batch of the run;
+a compressed body was called malformed JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import orjson
+import pytest
+import uvicorn
+
+from copilot_runtime import CopilotRuntime, _serving, create_app
+from copilot_runtime import events as ev
+from copilot_runtime._input import RunInput
+from copilot_runtime.agents.base import Agent, EventBatches, RunContext
+from copilot_runtime.protocols import http
+from tests.conftest import ServeRuntime, free_port, poll, run_input
+from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, user_turn
+
+pytestmark = pytest.mark.timeout(60)
+
+PATH = "/api"
+CHUNK = "x" * 256 * 1024
+
+
+class Flood(Agent):
+    """Streams 256 KiB text deltas until `stop` is set: a few fill any socket's buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stop = asyncio.Event()
+        self.sent = 0
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._run(input.run_id)
+
+    async def _run(self, run_id: str) -> Any:
+        message = f"m-{run_id}"
+        yield [ev.text_message_start(message)]
+        while not self.stop.is_set() and self.sent < 2000:
+            self.sent += 1
+            yield [ev.text_message_content(message, CHUNK)]
+            await asyncio.sleep(0.02)
+        yield [ev.text_message_content(message, "done"), ev.text_message_end(message)]
+
+
+class Errors(logging.Handler):
+    """The ERROR lines uvicorn logs."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def uvicorn_errors() -> Iterator[Errors]:
+    errors = Errors()
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(errors)
+    try:
+        yield errors
+    finally:
+        logger.removeHandler(errors)
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any, **options: Any) -> AsyncIterator[tuple[uvicorn.Server, int]]:
+    """`app` served in this loop with the command line's HTTP protocol and options."""
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
+                            lifespan="on", http=_serving._StopRunsFirst, ws="none",
+                            access_log=False, **options)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+        if task.done():
+            task.result()
+    try:
+        yield server, port
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def raw_socket(port: int, data: bytes = b"", rcvbuf: int | None = None) -> socket.socket:
+    sock = socket.socket()
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    if data:
+        await loop.sock_sendall(sock, data)
+    return sock
+
+
+def post(path: str, body: bytes, headers: str = "") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+async def read_until_closed(sock: socket.socket, within: float) -> bytes:
+    """What the server sends until it closes the connection (TimeoutError if it does not)."""
+    loop = asyncio.get_running_loop()
+    received = b""
+    async with asyncio.timeout(within):
+        while True:
+            try:
+                chunk = await loop.sock_recv(sock, 65536)
+            except ConnectionResetError:
+                return received
+            if not chunk:
+                return received
+            received += chunk
+
+
+# -- a client that stops reading: its connection is aborted -----------------------------
+
+
+def _gql_request() -> bytes:
+    headers = "".join(f"{k}: {v}\r\n" for k, v in CLIENT_HEADERS.items()
+                      if k.lower() != "content-type")
+    body = orjson.dumps({"query": CHAT_DOCUMENT,
+                         "variables": {"data": user_turn("flood", thread="gql-unread")}})
+    return post(PATH, body, headers)
+
+
+@pytest.mark.parametrize("who_gives_up", ["the app", "the protocol"])
+@pytest.mark.parametrize("route", ["run", "connect", "graphql"])
+async def test_a_client_that_reads_nothing_loses_its_connection(
+        monkeypatch: pytest.MonkeyPatch, uvicorn_errors: Errors, route: str,
+        who_gives_up: str) -> None:
+    """Once the server gives up on a client that reads nothing (the stream's write waited
+    `SEND_IDLE_SECONDS`, or the connection's writes `WRITE_STALL_SECONDS`), the connection
+    is aborted: its task, descriptor and buffers go at once, and nothing is logged as an
+    ERROR. Before, they stayed until the client closed (the last write waited on it for
+    ever) and uvicorn logged an ERROR line per follower."""
+    app_gives_up = who_gives_up == "the app"
+    monkeypatch.setattr(http, "SEND_IDLE_SECONDS", 1.0 if app_gives_up else 60.0)
+    monkeypatch.setattr(_serving, "WRITE_STALL_SECONDS", 60.0 if app_gives_up else 1.0,
+                        raising=False)
+    agent = Flood()
+    runtime = CopilotRuntime(agents={"default": agent})
+    async with serving(create_app(runtime, PATH)) as (server, port):
+        followed: asyncio.Task[Any] | None = None
+        if route == "graphql":
+            request = _gql_request()
+        elif route == "run":
+            request = post(f"{PATH}/agent/default/run",
+                           orjson.dumps(run_input("flood", thread="unread")))
+        else:
+            # A live run followed by a client that reads nothing; its own client reads.
+            followed = asyncio.create_task(_read_run(port, "followed"))
+            async for _ in poll(10):
+                if agent.sent > 40:  # a replay larger than any socket's buffers
+                    break
+            request = post(f"{PATH}/agent/default/connect",
+                           orjson.dumps(run_input("", thread="followed", run="c")))
+        base = 1 if followed else 0  # the reading client of a followed run
+        sock = await raw_socket(port, request, rcvbuf=4096)
+        try:
+            async for _ in poll(5):
+                if len(server.server_state.connections) > base:
+                    break
+            # Given up on (1 s, noticed within 2 s), then aborted at once.
+            async for _ in poll(8):
+                if len(server.server_state.connections) == base:
+                    break
+            assert len(server.server_state.connections) == base, \
+                "the stuck client's connection is still held"
+            async for _ in poll(5):
+                if len(server.server_state.tasks) == base:
+                    break
+            assert len(server.server_state.tasks) == base, "its request task waits on it"
+            await read_until_closed(sock, 10)  # an end (a reset): what it had not read is gone
+        finally:
+            sock.close()
+        agent.stop.set()
+        if followed is not None:
+            assert b"RUN_FINISHED" in await asyncio.wait_for(followed, 30)
+        async for _ in poll(10):
+            if not runtime.runs.active:
+                break
+        assert not runtime.runs.active
+    assert not uvicorn_errors.lines
+
+
+async def _read_run(port: int, thread: str) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post(f"{PATH}/agent/default/run", orjson.dumps(run_input("f", thread=thread)),
+                      "Connection: close\r\n"))
+    data = await reader.read()
+    writer.close()
+    return data
+
+
+async def big_answer(scope: Any, receive: Any, send: Any) -> None:
+    """An ASGI app answering 8 MiB in one write."""
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", str(8 << 20).encode())]})
+    await send({"type": "http.response.body", "body": b"x" * (8 << 20)})
+
+
+async def test_a_client_that_reads_slowly_is_not_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a connection whose buffered answer stops draining is given up on: one that
+    drains slowly, for longer than `WRITE_STALL_SECONDS`, is not."""
+    monkeypatch.setattr(_serving, "WRITE_STALL_SECONDS", 0.5, raising=False)
+    async with serving(big_answer) as (_, port):
+        sock = await raw_socket(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", rcvbuf=4096)
+        loop = asyncio.get_running_loop()
+        received = 0
+        started = time.monotonic()
+        try:
+            while received < 8 << 20:
+                chunk = await asyncio.wait_for(loop.sock_recv(sock, 1 << 20), 5)
+                assert chunk, "the server closed a connection that was reading"
+                received += len(chunk)
+                if time.monotonic() - started < 2.5:
+                    await asyncio.sleep(0.1)  # slowly, at first
+        finally:
+            sock.close()
+        assert time.monotonic() - started > 2
+
+
+# -- headers: a deadline, and a cap on connections --------------------------------------
+
+
+@pytest.fixture
+def headers_deadline(monkeypatch: pytest.MonkeyPatch) -> float:
+    monkeypatch.setattr(_serving, "HEADERS_SECONDS", 0.5, raising=False)
+    return 0.5
+
+
+async def test_a_connection_that_sends_nothing_is_closed(headers_deadline: float) -> None:
+    """Idle sockets were held for ever (520 of them took every descriptor of a server whose
+    limit was 512): now a connection has `HEADERS_SECONDS` to send its request's headers."""
+    runtime = CopilotRuntime(agents={"default": Flood()})
+    async with serving(create_app(runtime, PATH)) as (server, port):
+        started = time.monotonic()
+        idle = await raw_socket(port)
+        try:
+            assert await read_until_closed(idle, 5) == b""
+        finally:
+            idle.close()
+        assert time.monotonic() - started < 3
+        assert not server.server_state.connections
+
+
+async def test_headers_sent_a_byte_at_a_time_are_answered_408(headers_deadline: float) -> None:
+    """A request whose headers trickle in (slowloris) gets 408 at the deadline, also after
+    a first answer on the same connection (uvicorn's keep-alive timer stops at a byte)."""
+    runtime = CopilotRuntime(agents={"default": Flood()})
+    async with serving(create_app(runtime, PATH)) as (_, port):
+        loop = asyncio.get_running_loop()
+        for first in (b"", b"GET /api/info HTTP/1.1\r\nHost: x\r\n\r\n"):
+            sock = await raw_socket(port, first)
+            try:
+                if first:
+                    answer = await loop.sock_recv(sock, 65536)
+                    assert answer.startswith(b"HTTP/1.1 200 ")
+
+                async def trickle(s: socket.socket = sock) -> None:
+                    for byte in b"GET /api/info HTTP/1.1\r\nHost: x\r\n":
+                        await loop.sock_sendall(s, bytes([byte]))
+                        await asyncio.sleep(0.1)
+
+                sending = asyncio.create_task(trickle())
+                try:
+                    answer = await read_until_closed(sock, 5)
+                finally:
+                    sending.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, OSError):
+                        await sending
+                assert answer.startswith(b"HTTP/1.1 408 "), answer
+            finally:
+                sock.close()
+
+
+async def test_connections_past_the_limit_are_answered_503_and_closed(
+        headers_deadline: float) -> None:
+    """At most `limit_concurrency` connections are held (`--limit-concurrency`): one more
+    is answered 503 and closed at once, not kept idle holding a descriptor."""
+    runtime = CopilotRuntime(agents={"default": Flood()})
+    async with serving(create_app(runtime, PATH), limit_concurrency=3) as (server, port):
+        held = [await raw_socket(port) for _ in range(3)]
+        try:
+            async for _ in poll(5):
+                if len(server.server_state.connections) == 3:
+                    break
+            extra = await raw_socket(port)
+            try:
+                answer = await read_until_closed(extra, 2)
+            finally:
+                extra.close()
+            assert answer.startswith(b"HTTP/1.1 503 "), answer
+            assert len(server.server_state.connections) <= 3
+        finally:
+            for sock in held:
+                sock.close()
+        async for _ in poll(5):
+            if not server.server_state.connections:
+                break
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /api/info HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert (await reader.read()).startswith(b"HTTP/1.1 200 ")
+        writer.close()
+
+
+def test_the_command_line_takes_a_connection_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--limit-concurrency N` reaches uvicorn; without it, a default bounded by the
+    process's open-file limit."""
+    import structlog
+
+    from copilot_runtime import cli
+
+    asked: list[tuple[Any, ...]] = []
+    serve = cli._serve
+    monkeypatch.setattr(cli, "_serve", lambda *args: asked.append(args))
+    monkeypatch.setattr(cli, "_print_next_steps", lambda *args: None)
+    logging_config = structlog.get_config()  # `main` sets the runtime's logging up
+    try:
+        cli.main(["serve", "tests.test_slow_clients:RUNTIME", "--port", str(free_port()),
+                  "--limit-concurrency", "7"])
+        with pytest.raises(SystemExit):
+            cli.main(["serve", "tests.test_slow_clients:RUNTIME", "--limit-concurrency", "0"])
+    finally:
+        structlog.configure(**logging_config)
+    assert [args[-1] for args in asked] == [7]
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(_serving, "serve", lambda app, workers, **options: seen.update(options))
+    monkeypatch.setattr(cli, "_tune_gc", lambda: None)
+    serve(None, "127.0.0.1", free_port(), "warning", 1, 7)
+    assert seen["limit_concurrency"] == 7
+    assert 1 <= _serving.default_connection_limit() <= _serving.CONNECTION_LIMIT
+
+
+RUNTIME = CopilotRuntime(agents={"default": Flood()})
+
+
+# -- a body that trickles: one deadline for all of it -----------------------------------
+
+
+async def test_a_body_that_trickles_is_answered_408_at_the_whole_body_deadline(
+        serve_runtime: ServeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One byte every `BODY_IDLE_SECONDS / 3` held its request for as long as the client
+    liked (only silences were bounded): the whole body now has `BODY_SECONDS`, and the
+    connection is closed with the 408 (the rest of the body would go on arriving)."""
+    monkeypatch.setattr(http, "BODY_IDLE_SECONDS", 0.6)
+    monkeypatch.setattr(http, "BODY_SECONDS", 1.0, raising=False)
+    runtime = CopilotRuntime(agents={"default": Flood()})
+    async with serve_runtime(runtime, PATH) as served:
+        port = int(served.url.rsplit(":", 1)[1].split("/", 1)[0])
+        head = (f"POST {PATH}/agent/default/run HTTP/1.1\r\nHost: x\r\n"
+                "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n").encode()
+        sock = await raw_socket(port, head)
+        loop = asyncio.get_running_loop()
+
+        async def trickle() -> None:
+            while True:
+                await loop.sock_sendall(sock, b" ")
+                await asyncio.sleep(0.2)
+
+        started = time.monotonic()
+        sending = asyncio.create_task(trickle())
+        try:
+            answer = await read_until_closed(sock, 6)  # answered, then closed
+        finally:
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await sending
+            sock.close()
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert b"not complete after 1 s" in answer
+        assert time.monotonic() - started < 4
+
+
+# -- compressed bodies: 415, not "Malformed JSON" ---------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
+async def test_a_compressed_body_is_answered_415(serve_runtime: ServeRuntime,
+                                                 encoding: str) -> None:
+    """The runtime does not decompress bodies: a compressed one was answered 400 "Malformed
+    JSON" (AG-UI) or "Invalid JSON payload" (the single endpoint, GraphQL's route)."""
+    runtime = CopilotRuntime(agents={"default": Flood()})
+    body = gzip.compress(orjson.dumps(run_input("hi", thread="zipped")))
+    gql = gzip.compress(orjson.dumps({"query": CHAT_DOCUMENT,
+                                      "variables": {"data": user_turn("hi")}}))
+    async with serve_runtime(runtime, PATH) as served:
+        for url, data in ((f"{served.url}/agent/default/run", body), (served.url, gql)):
+            async with served.session.post(url, data=data, headers={
+                    "Content-Type": "application/json",
+                    "Content-Encoding": encoding}) as response:
+                answer = await response.json()
+                assert response.status == 415, answer
+                assert answer["code"] == "UNSUPPORTED_MEDIA_TYPE"
+                assert f"Content-Encoding '{encoding}' is not supported" in answer["message"]
+        async with served.session.post(f"{served.url}/agent/default/run", json=run_input(
+                "hi", thread="plain"), headers={"Content-Encoding": "identity"}) as response:
+            assert response.status == 200
+    assert "zipped" not in runtime.runs.active
