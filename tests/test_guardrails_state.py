@@ -331,7 +331,7 @@ async def test_a_refused_interrupt_answer_leaves_the_approval_pending(
             status, body = await answer(served, pending["id"], {
                 "action": "revise", "payload": DENIED, "wait": wait})
             assert (status, body) == (422, {
-                "error": "Bad request", "message": REFUSAL,
+                "error": "Refused by a guardrail", "message": REFUSAL,
                 "code": "GUARDRAILS_VALIDATION_FAILED"}), body
             (listed,) = await service.list(status=None)
             assert (listed.status, listed.answer) == ("pending", None)

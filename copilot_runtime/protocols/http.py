@@ -295,6 +295,7 @@ _TITLES = {
     "PAYLOAD_TOO_LARGE": "Payload too large",
     "REQUEST_TIMEOUT": "Request timeout",
     "UNSUPPORTED_MEDIA_TYPE": "Unsupported media type",
+    "GUARDRAILS_VALIDATION_FAILED": "Refused by a guardrail",
     "APPROVAL_ERROR": "Approval error",
     "APPROVAL_NOT_FOUND": "Approval not found",
     "APPROVAL_EXPIRED": "Approval expired",
