@@ -19,10 +19,18 @@
   does not cap the loop).
 * Error rules: a specialist that fails sends the error to review so the
   person can revise again (without review the task fails); if the clarification request
-  cannot be built, the task completes with the result. One deliberate change: an answer
-  that is neither an approval nor a revision is asked again (`on_malformed="ask_again"`),
-  because taking it as an approval would approve work nobody approved;
-  `on_malformed="approve"` approves it instead.
+  cannot be built, the task fails ("could not ask for review"): nothing is approved that
+  nobody was asked about. One deliberate change: an answer that is neither an approval
+  nor a revision is asked again (`on_malformed="ask_again"`), because taking it as an
+  approval would approve work nobody approved; `on_malformed="approve"` approves it
+  instead, but only an answer that says nothing: one that names an action or an
+  `approved` flag it cannot be read as (a revise with nothing to change, `"false"` as a
+  string) is still asked again, and the final message says the approval was taken from an
+  answer not understood.
+* Bounds: an answer longer than `max_feedback_chars` (default 32 000 characters) is asked
+  again with a notice, and not stored; a model specialist's prompt carries the task, the
+  latest history entries and the revision, each entry cut to a bounded length
+  (`specialist_prompt`).
 """
 
 from __future__ import annotations
@@ -46,18 +54,26 @@ from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime._time import iso_time
 from copilot_runtime.approvals.decisions import Decision, parse_decision
 from copilot_runtime.workflows._emit import say
+from copilot_runtime.workflows.existing import checked_timeout
 from copilot_runtime.workflows.specialists import (
     Specialist,
     SpecialistRequest,
     keyword_router,
 )
 
-__all__ = ["ANSWER_SCHEMA", "ReviewLoop", "ReviewState"]
+__all__ = ["ANSWER_SCHEMA", "MAX_FEEDBACK_CHARS", "ReviewLoop", "ReviewState"]
 
 _log = structlog.get_logger("copilot_runtime.workflows")
 
 Router = Callable[[str, Sequence[Specialist]], tuple[str, str]]
 Status = Literal["working", "awaiting_review", "completed", "rejected", "timed_out", "failed"]
+
+#: The longest answer a reviewer may give (characters of its text, or of a revision's
+#: payload): it is stored in the history and carried into the next prompt. Far more than
+#: anyone types, far less than a model's context.
+MAX_FEEDBACK_CHARS = 32_000
+# How much of an answer that could not be read is kept in the history.
+_ECHO_CHARS = 200
 
 #: What a review answer looks like (sent to clients as the interrupt's `responseSchema`).
 ANSWER_SCHEMA: dict[str, Any] = {
@@ -85,6 +101,8 @@ class ReviewState(TypedDict, total=False):
     feedback: str | None
     #: Said with the next clarification request (an answer not understood, a failure).
     notice: str | None
+    #: The approval was an answer not understood, taken as one (`on_malformed="approve"`).
+    approved_as_malformed: bool
 
 
 class ReviewLoop:
@@ -94,7 +112,8 @@ class ReviewLoop:
                  review: bool = True,
                  on_malformed: Literal["ask_again", "approve"] = "ask_again",
                  question: str = "Please approve or provide revision",
-                 timeout_seconds: float | None = None) -> None:
+                 timeout_seconds: float | None = None,
+                 max_feedback_chars: int = MAX_FEEDBACK_CHARS) -> None:
         if not specialists:
             raise ConfigurationError("the review loop needs at least one specialist")
         names = [s.name for s in specialists]
@@ -102,12 +121,20 @@ class ReviewLoop:
         if len(set(names)) != len(names) or reserved & set(names):
             raise ConfigurationError(
                 f"specialist names must be unique and not {sorted(reserved)}")
+        if on_malformed not in ("ask_again", "approve"):
+            raise ConfigurationError(
+                f"on_malformed must be 'ask_again' or 'approve', not {on_malformed!r}")
+        if isinstance(max_feedback_chars, bool) or not isinstance(max_feedback_chars, int) \
+                or max_feedback_chars < 1:
+            raise ConfigurationError(
+                f"max_feedback_chars must be a positive int, not {max_feedback_chars!r}")
         self.specialists = {s.name: s for s in specialists}
         self.router = router
         self.review = review
         self.on_malformed = on_malformed
         self.question = question
-        self.timeout_seconds = timeout_seconds
+        self.timeout_seconds = checked_timeout(timeout_seconds, "timeout_seconds")
+        self.max_feedback_chars = max_feedback_chars
 
     # -- the graph ---------------------------------------------------------------------
 
@@ -151,6 +178,7 @@ class ReviewLoop:
             "task": task, "plan_id": uuid.uuid4().hex, "specialist": name, "iteration": 1,
             "history": [{"iteration": 1, "agent": "Planner", "result": routed}],
             "status": "working", "feedback": None, "notice": None, "draft": "",
+            "approved_as_malformed": False,
             "messages": [await say(f"Planner: the {name} specialist takes this task "
                                    f"({reason}).", config)],
         })
@@ -194,18 +222,34 @@ class ReviewLoop:
             return Command(goto="complete", update={"status": "completed"})
         try:
             request = self.clarification_request(state)
-        except Exception:
-            # When the review step itself fails, complete with the result.
+        except Exception as exc:
+            # Fail closed: nobody was asked, so nothing may be recorded as approved.
             _log.exception("could not build the clarification request")
-            return Command(goto="complete", update={"status": "completed"})
+            failure = f"could not ask for review ({type(exc).__name__}), so nothing was approved"
+            history.append({"iteration": iteration, "agent": "review", "error": failure})
+            return Command(goto="complete", update={
+                "history": history, "status": "failed", "notice": failure})
         answer = interrupt(request)  # the graph stops here until a person answers
         decision = parse_decision(answer)
-        if decision is None and self.on_malformed == "approve":
-            decision = Decision("approve", "an answer that could not be read, taken as "
-                                           "approval (on_malformed='approve')")
+        too_long = _answer_length(decision)
+        if too_long > self.max_feedback_chars:
+            history.append({"iteration": iteration, "agent": "HITL", "too_long": True,
+                            "user_feedback": f"(an answer of {too_long} characters, not kept)"})
+            return Command(goto="review", update={
+                "history": history,
+                "notice": f"That answer was {too_long} characters long; answers may be at "
+                          f"most {self.max_feedback_chars}. Approve, or say more briefly "
+                          f"what to change."})
+        if decision is None and self.on_malformed == "approve" and not _names_a_choice(answer):
+            history.append({"iteration": iteration, "agent": "HITL", "malformed": True,
+                            "user_feedback": "approved (answer not understood: "
+                                             f"{_shown(answer)[:_ECHO_CHARS]})"})
+            return Command(goto="complete", update={
+                "history": history, "status": "completed", "notice": None,
+                "approved_as_malformed": True})
         if decision is None:
             history.append({"iteration": iteration, "agent": "HITL",
-                            "user_feedback": _shown(answer), "malformed": True})
+                            "user_feedback": _shown(answer)[:_ECHO_CHARS], "malformed": True})
             return Command(goto="review", update={
                 "history": history,
                 "notice": "That answer was neither an approval nor a revision. Approve, "
@@ -260,7 +304,10 @@ class ReviewLoop:
         status = state.get("status", "completed")
         name = state.get("specialist", "specialist")
         notice = state.get("notice")
-        if status == "completed":
+        if status == "completed" and state.get("approved_as_malformed"):
+            text = (f"Approved because the answer was not understood "
+                    f"(on_malformed='approve'): the {name} specialist's result is final.")
+        elif status == "completed":
             text = (f"Approved: the {name} specialist's result is final." if
                     self._reviewing(state) else
                     f"Done: the {name} specialist's result is final (review was off).")
@@ -287,6 +334,33 @@ def _last_user_text(messages: Sequence[BaseMessage]) -> str:
             text = message.text
             return text.strip() if isinstance(text, str) else ""
     return ""
+
+
+def _answer_length(decision: Decision | None) -> int:
+    """How much of `answer` would be stored and carried into prompts, in characters."""
+    if decision is None:
+        return 0  # only a short echo of it is kept
+    if decision.feedback:
+        return len(decision.feedback)
+    if decision.action == "revise" and decision.payload is not None:
+        return len(_shown(decision.payload))
+    return 0
+
+
+def _names_a_choice(answer: Any) -> bool:
+    """Whether an unreadable answer still names a choice (an action, an `approved` flag):
+    such an answer may mean "no", so `on_malformed="approve"` must not approve it."""
+    if isinstance(answer, str) and answer.strip().startswith("{"):
+        try:
+            answer = orjson.loads(answer.strip())
+        except orjson.JSONDecodeError:
+            return False
+    if not isinstance(answer, dict):
+        return False
+    if any(answer.get(key) is not None for key in
+           ("action", "decision", "status", "approved", "is_approval", "isApproval")):
+        return True
+    return any(_names_a_choice(answer.get(key)) for key in ("answer", "feedback", "text"))
 
 
 def _shown(value: Any) -> str:
