@@ -45,7 +45,7 @@ def test_good_timeouts_are_kept() -> None:
 @pytest.mark.parametrize("answer", [
     {"approved": "false"}, '{"approved": "false"}', {"is_approval": "no"},
     {"action": "revise", "payload": ""}, {"action": "revise"}, {"action": "dance"},
-    {"answer": {"action": "revise", "payload": "  "}},
+    {"answer": {"action": "revise", "payload": "  "}}, False, {"answer": False},
 ], ids=repr)
 def test_approve_on_malformed_still_asks_again_when_the_answer_names_a_choice(
         answer: Any) -> None:

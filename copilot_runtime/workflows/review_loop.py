@@ -350,6 +350,8 @@ def _answer_length(decision: Decision | None) -> int:
 def _names_a_choice(answer: Any) -> bool:
     """Whether an unreadable answer still names a choice (an action, an `approved` flag):
     such an answer may mean "no", so `on_malformed="approve"` must not approve it."""
+    if answer is False:  # a bare "no"
+        return True
     if isinstance(answer, str) and answer.strip().startswith("{"):
         try:
             answer = orjson.loads(answer.strip())
