@@ -5,16 +5,24 @@ the next prompt."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
+from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
 
 from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime.adapters.base import StreamEnd
+from copilot_runtime.workflows.models import AdapterChatModel
 from copilot_runtime.workflows.review_loop import MAX_FEEDBACK_CHARS, ReviewLoop
 from copilot_runtime.workflows.specialists import (
     PROMPT_ENTRY_CHARS,
     PROMPT_HISTORY_ENTRIES,
+    ModelSpecialist,
     SpecialistRequest,
     specialist_prompt,
 )
@@ -116,3 +124,90 @@ def test_a_long_revision_loop_keeps_the_prompt_bounded() -> None:
     assert "(cut: 9009 characters in all)" in prompt
     assert prompt.startswith("Task: Prepare the invoice\n")
     assert prompt.endswith("Revision requested: shorter")
+
+
+# -- an empty model answer, and a task cut off mid-specialist -------------------------------
+
+class SaysNothing:
+    """A provider adapter whose answer has no text at all."""
+
+    provider = "silent"
+
+    async def stream(self, request: Any) -> AsyncIterator[Sequence[Any]]:
+        yield [StreamEnd("stop")]
+
+
+def test_an_empty_model_answer_goes_to_review_as_answered_nothing() -> None:
+    model = AdapterChatModel(adapter=SaysNothing())
+    invoice = ModelSpecialist("Invoice", "invoices", "Prepare invoices.", model)
+    graph = ReviewLoop([invoice]).compile(InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "empty"}}
+
+    async def go() -> Any:
+        # Streamed, as the runtime runs graphs: LangChain then reads the model's stream,
+        # and a stream with no chunk at all was "No generations found in stream".
+        async for _ in graph.astream_events(
+                {"messages": [HumanMessage(content="Prepare the invoice")]}, config,
+                version="v2"):
+            pass
+        return await graph.aget_state(config)
+
+    snapshot = asyncio.run(go())
+    result = snapshot.values
+    request = snapshot.interrupts[0].value
+    assert request["message"].startswith(
+        "The Invoice specialist answered nothing. Revise the task to try again")
+    assert result["history"][-1]["error"] == "The Invoice specialist answered nothing"
+
+
+class Slow:
+    """A specialist whose first run hangs until it is cancelled."""
+
+    name, description = "Invoice", "slow"
+
+    def __init__(self) -> None:
+        self.calls: list[SpecialistRequest] = []
+        self.started = asyncio.Event()
+
+    async def run(self, request: SpecialistRequest) -> str:
+        self.calls.append(request)
+        if len(self.calls) == 1:
+            self.started.set()
+            await asyncio.sleep(60)
+        return f"draft {request.iteration}"
+
+
+def test_a_task_cut_off_mid_specialist_carries_on_with_the_same_plan() -> None:
+    slow = Slow()
+    routed: list[str] = []
+
+    def router(task: str, _: Sequence[Any]) -> tuple[str, str]:
+        routed.append(task)
+        return "Invoice", "chosen"
+
+    graph = ReviewLoop([slow], router=router).compile(InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "cut"}}
+    start = {"messages": [HumanMessage(content="Prepare the invoice", id="u1")]}
+
+    async def go() -> dict[str, Any]:
+        first = asyncio.create_task(graph.ainvoke(start, config))
+        await asyncio.wait_for(slow.started.wait(), 30)
+        plan = (await graph.aget_state(config)).values["plan_id"]
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        result = await graph.ainvoke(start, config)  # run again, no new message
+        assert result["plan_id"] == plan
+        return dict(result)
+
+    result = asyncio.run(go())
+    assert routed == ["Prepare the invoice"]  # planned once
+    planner_said = [m for m in result["messages"] if str(m.content).startswith("Planner:")]
+    assert len(planner_said) == 1
+    assert [c.iteration for c in slow.calls] == [1, 1]
+    assert result["__interrupt__"][0].value["data"]["agent_result"] == "draft 1"
+    # A new message with the same words is a new task, planned again.
+    again = asyncio.run(graph.ainvoke(
+        {"messages": [HumanMessage(content="Prepare the invoice", id="u2")]}, config))
+    assert len(routed) == 2
+    assert again["plan_id"] != result["plan_id"]

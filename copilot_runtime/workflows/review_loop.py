@@ -17,8 +17,10 @@
   with the original task, the full history and the revision (2, 4), as often as the person
   asks (6: no limit; each answer is a new graph invocation, so LangGraph's recursion limit
   does not cap the loop).
-* Error rules: a specialist that fails sends the error to review so the
-  person can revise again (without review the task fails); if the clarification request
+* Error rules: a specialist that fails, or answers nothing, sends the error to review so
+  the person can revise again (without review the task fails); a task cut off while its
+  specialist ran (a stop, a disconnect) and run again without a new message carries on
+  with the same plan instead of planning again; if the clarification request
   cannot be built, the task fails ("could not ask for review"): nothing is approved that
   nobody was asked about. One deliberate change: an answer that is neither an approval
   nor a revision is asked again (`on_malformed="ask_again"`), because taking it as an
@@ -90,6 +92,8 @@ class ReviewState(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
     #: The task as first given; revisions never replace it.
     task: str
+    #: The id of the user message the task came from.
+    task_message_id: str | None
     plan_id: str
     specialist: str
     #: Review switch for the task (the client may set it); the loop's default otherwise.
@@ -166,16 +170,24 @@ class ReviewLoop:
     # -- nodes -------------------------------------------------------------------------
 
     async def _planner(self, state: ReviewState, config: RunnableConfig) -> Command[str]:
-        task = _last_user_text(state.get("messages") or [])
+        latest = _last_user_message(state.get("messages") or [])
+        task = _text_of(latest)
         if not task:
             return Command(goto="complete", update={
                 "status": "failed", "notice": "There is no task: send one as a message."})
+        specialist = state.get("specialist")
+        if (latest is not None and latest.id and state.get("task_message_id") == latest.id
+                and state.get("status") == "working" and specialist in self.specialists):
+            # The same task, cut off while its specialist ran (a stop, a disconnect) and run
+            # again: carry on with the same plan rather than plan it a second time.
+            return Command(goto=specialist)
         name, reason = self.router(task, list(self.specialists.values()))
         if name not in self.specialists:
             name = next(iter(self.specialists))
         routed = f"Routed to {name}: {reason}"
         return Command(goto=name, update={
-            "task": task, "plan_id": uuid.uuid4().hex, "specialist": name, "iteration": 1,
+            "task": task, "task_message_id": latest.id if latest is not None else None,
+            "plan_id": uuid.uuid4().hex, "specialist": name, "iteration": 1,
             "history": [{"iteration": 1, "agent": "Planner", "result": routed}],
             "status": "working", "feedback": None, "notice": None, "draft": "",
             "approved_as_malformed": False,
@@ -203,9 +215,18 @@ class ReviewLoop:
                     "notice": f"{failure}. Revise the task to try again, or reject it."})
             return Command(goto="complete", update={
                 "history": history, "status": "failed", "notice": failure})
+        if not _result_text(result):
+            failure = f"The {name} specialist answered nothing"
+            history.append({"iteration": iteration, "agent": name, "error": failure})
+            if reviewing:
+                return Command(goto="review", update={
+                    "history": history, "status": "awaiting_review",
+                    "notice": f"{failure}. Revise the task to try again, or reject it."})
+            return Command(goto="complete", update={
+                "history": history, "status": "failed", "notice": failure})
         # A model's message streamed as it was written; text is streamed now.
         message = result if isinstance(result, BaseMessage) else await say(result, config)
-        draft = message.text if isinstance(message.text, str) else str(message.content)
+        draft = _result_text(message)
         history.append({"iteration": iteration, "agent": name, "result": draft})
         return Command(goto="review", update={
             "draft": draft, "history": history, "messages": [message], "notice": None,
@@ -328,12 +349,22 @@ def _feedback_entry(iteration: int, feedback: str, by: str | None) -> dict[str, 
     return entry
 
 
-def _last_user_text(messages: Sequence[BaseMessage]) -> str:
+def _last_user_message(messages: Sequence[BaseMessage]) -> HumanMessage | None:
     for message in reversed(messages):
         if isinstance(message, HumanMessage):
-            text = message.text
-            return text.strip() if isinstance(text, str) else ""
-    return ""
+            return message
+    return None
+
+
+def _result_text(result: str | BaseMessage) -> str:
+    if isinstance(result, BaseMessage):
+        return result.text if isinstance(result.text, str) else str(result.content)
+    return result if isinstance(result, str) else str(result)
+
+
+def _text_of(message: BaseMessage | None) -> str:
+    text = message.text if message is not None else ""
+    return text.strip() if isinstance(text, str) else ""
 
 
 def _answer_length(decision: Decision | None) -> int:
