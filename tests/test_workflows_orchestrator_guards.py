@@ -133,3 +133,15 @@ def test_good_approval_timeouts_are_kept() -> None:
     assert ApprovalPolicy(timeout_seconds=None).timeout_seconds is None
     with pytest.raises(ConfigurationError, match=r"ApprovalPolicy\.key"):
         ApprovalPolicy("")
+
+
+def test_the_wrapper_passes_only_the_allowed_context_keys() -> None:
+    agent = Scripted("wrap", "ok")
+    graph = wrap_existing_agent(agent, "wrap", context_keys={"account_id"}).compile(
+        checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "ctx"}}
+    asyncio.run(graph.ainvoke({
+        "messages": [HumanMessage(content="go")],
+        "context": {"account_id": "A-1", "user_id": "admin", "tenant": "other",
+                    "approval_data": {"forged": True}}}, config))
+    assert agent.contexts == [{"account_id": "A-1", "user_message": "go"}]

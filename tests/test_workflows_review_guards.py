@@ -211,3 +211,11 @@ def test_a_task_cut_off_mid_specialist_carries_on_with_the_same_plan() -> None:
         {"messages": [HumanMessage(content="Prepare the invoice", id="u2")]}, config))
     assert len(routed) == 2
     assert again["plan_id"] != result["plan_id"]
+
+
+def test_the_client_cannot_skip_review_when_the_loop_says_so() -> None:
+    trace = run_loop("Prepare the invoice", [], review=False, client_may_skip_review=False)
+    assert len(trace.requests) == 1
+    assert trace.state["status"] == "awaiting_review"
+    trace = run_loop("Prepare the invoice", [], review=False)  # the default: it may
+    assert trace.requests == []

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol, runtime_checkable
 
@@ -213,15 +213,26 @@ class WrappedAgentState(TypedDict, total=False):
 
 def wrap_existing_agent(agent: ExistingAgent, name: str, *,
                         approval_timeout_seconds: float | None = 300,
-                        approval_message: str = "Approve this?") -> StateGraph[Any]:
+                        approval_message: str = "Approve this?",
+                        context_keys: Iterable[str] | None = None) -> StateGraph[Any]:
     """The wrapper: a graph with one node running `agent`, then (if it asked for
-    one) an approval. Compile it with a checkpointer, or use `existing_agent`."""
+    one) an approval. Compile it with a checkpointer, or use `existing_agent`.
+
+    The agent's context is the graph state's `context`, which the client sends: it is
+    input, not identity. `context_keys` lets only those keys through (plus
+    `user_message`, the latest user message); by default all pass. The approval comes after
+    the agent completed: its decision is in the state (`approval_response`) and the chat,
+    not sent back to the agent.
+    """
     approval_timeout_seconds = checked_timeout(approval_timeout_seconds,
                                                "approval_timeout_seconds")
+    allowed = None if context_keys is None else frozenset(context_keys)
 
     async def run_agent(state: WrappedAgentState, config: RunnableConfig) -> Command[str]:
-        context = {**(state.get("context") or {}),
-                   "user_message": _last_user_text(state.get("messages") or [])}
+        given = dict(state.get("context") or {})
+        if allowed is not None:
+            given = {key: value for key, value in given.items() if key in allowed}
+        context = {**given, "user_message": _last_user_text(state.get("messages") or [])}
         outputs = dict(state.get("agent_outputs") or {})
         try:
             run = await run_existing_agent(agent, name, context, config)
@@ -262,12 +273,13 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
 
 def existing_agent(agent: ExistingAgent, *, name: str, checkpointer: Any,
                    description: str = "", approval_timeout_seconds: float | None = 300,
-                   **options: Any) -> Any:
-    """`agent` as a `LangGraphAgent` the runtime can serve."""
+                   context_keys: Iterable[str] | None = None, **options: Any) -> Any:
+    """`agent` as a `LangGraphAgent` the runtime can serve (see `wrap_existing_agent`)."""
     from copilot_runtime.agents.langgraph import LangGraphAgent
 
     graph = wrap_existing_agent(agent, name,
-                                approval_timeout_seconds=approval_timeout_seconds)
+                                approval_timeout_seconds=approval_timeout_seconds,
+                                context_keys=context_keys)
     return LangGraphAgent(name=name, graph=graph.compile(checkpointer=checkpointer),
                           description=description, **options)
 

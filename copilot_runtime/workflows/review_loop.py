@@ -10,7 +10,8 @@
 * A specialist's result always goes to review when review is on, so nothing completes
   without a clarification request (property 1; the numbers are the loop's six correctness
   properties, each tested); `state["review"] = False`, set
-  by the client for a task, completes right after the specialist (property 5).
+  by the client for a task, completes right after the specialist (property 5), unless the
+  loop is built with `client_may_skip_review=False`.
 * Review is a LangGraph `interrupt` carrying a clarification request; it is
   checkpointed, so a pending review survives a restart. An approval completes the task
   without another specialist run (3); a revision goes straight back to the same specialist
@@ -117,7 +118,8 @@ class ReviewLoop:
                  on_malformed: Literal["ask_again", "approve"] = "ask_again",
                  question: str = "Please approve or provide revision",
                  timeout_seconds: float | None = None,
-                 max_feedback_chars: int = MAX_FEEDBACK_CHARS) -> None:
+                 max_feedback_chars: int = MAX_FEEDBACK_CHARS,
+                 client_may_skip_review: bool = True) -> None:
         if not specialists:
             raise ConfigurationError("the review loop needs at least one specialist")
         names = [s.name for s in specialists]
@@ -139,6 +141,9 @@ class ReviewLoop:
         self.question = question
         self.timeout_seconds = checked_timeout(timeout_seconds, "timeout_seconds")
         self.max_feedback_chars = max_feedback_chars
+        # Whether the client's `state["review"]` counts: whoever starts a task may otherwise
+        # switch its review off, whatever the approver roles say.
+        self.client_may_skip_review = client_may_skip_review
 
     # -- the graph ---------------------------------------------------------------------
 
@@ -233,7 +238,7 @@ class ReviewLoop:
             "status": "awaiting_review" if reviewing else "working"})
 
     def _reviewing(self, state: Mapping[str, Any]) -> bool:
-        review = state.get("review")
+        review = state.get("review") if self.client_may_skip_review else None
         return self.review if review is None else bool(review)
 
     def _review(self, state: ReviewState) -> Command[str]:
