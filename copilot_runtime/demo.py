@@ -89,7 +89,7 @@ def missing_workflow_dependency() -> str | None:
     try:
         import copilot_runtime.agents.langgraph
         import copilot_runtime.checkpointers
-        import copilot_runtime.workflows.account_review
+        import copilot_runtime.workflows.accounts
         import copilot_runtime.workflows.models
         import copilot_runtime.workflows.review_loop
         import copilot_runtime.workflows.specialists  # noqa: F401
@@ -109,7 +109,7 @@ def demo_workflows(checkpoints: str = "memory", *, approval_timeout: float | Non
     if missing_workflow_dependency() is not None:
         return {}
     from copilot_runtime.checkpointers import checkpointer
-    from copilot_runtime.workflows.account_review import account_review
+    from copilot_runtime.workflows.accounts import account_review
     from copilot_runtime.workflows.models import AdapterChatModel, OfflineSpecialistAdapter
     from copilot_runtime.workflows.review_loop import ReviewLoop
     from copilot_runtime.workflows.specialists import finance_specialists

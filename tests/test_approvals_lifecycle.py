@@ -21,7 +21,7 @@ from fastapi import FastAPI
 
 from copilot_runtime import CopilotRuntime, mount_runtime
 from copilot_runtime.checkpointers import checkpointer
-from copilot_runtime.workflows.account_review import account_review
+from copilot_runtime.workflows.accounts import account_review
 from tests.conftest import run_input, serve
 
 pytestmark = pytest.mark.timeout(120)

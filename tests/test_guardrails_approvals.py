@@ -22,7 +22,7 @@ from copilot_runtime import CopilotRuntime, PatternGuardrail
 from copilot_runtime._input import parse_run_input
 from copilot_runtime.approvals import timeout_answer
 from copilot_runtime.checkpointers import checkpointer
-from copilot_runtime.workflows.account_review import account_review
+from copilot_runtime.workflows.accounts import account_review
 from tests.conftest import poll, run_input
 from tests.test_approval_recovery import (
     ANSWER,

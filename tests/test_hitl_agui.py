@@ -20,7 +20,7 @@ from copilot_runtime import CopilotRuntime, SQLiteThreadStore
 from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.runtime import approval_service
 from copilot_runtime.testing import verify_events
-from copilot_runtime.workflows.account_review import account_review
+from copilot_runtime.workflows.accounts import account_review
 from copilot_runtime.workflows.review_loop import ReviewLoop
 from copilot_runtime.workflows.specialists import SpecialistRequest
 from tests.conftest import Served, ServeRuntime, parse_sse, poll, run_input, types

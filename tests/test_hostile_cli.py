@@ -25,7 +25,7 @@ from copilot_runtime import cli as cli_module
 from copilot_runtime._exceptions import ServiceUnavailableError
 from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.demo_pages import DemoPages
-from copilot_runtime.workflows.account_review import account_review
+from copilot_runtime.workflows.accounts import account_review
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.timeout(60)

@@ -23,7 +23,7 @@ from copilot_runtime import CopilotRuntime, coordinator, thread_store
 from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.testing import MockOpenAIServer
 from copilot_runtime.threads import MAX_ID_LENGTH
-from copilot_runtime.workflows.account_review import account_review
+from copilot_runtime.workflows.accounts import account_review
 from tests.conftest import Served, ServeRuntime, openai_runtime, parse_sse, run_input, types
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, user_turn
 from tests.hitl_support.postgres import postgres_schema

@@ -15,7 +15,7 @@ from langgraph.types import Command
 from copilot_runtime._input import parse_run_input
 from copilot_runtime.agents.base import RunContext
 from copilot_runtime.testing import verify_events
-from copilot_runtime.workflows.account_review import DEMO_ACCOUNTS, account_review
+from copilot_runtime.workflows.accounts import DEMO_ACCOUNTS, account_review
 from copilot_runtime.workflows.existing import (
     AgentExecutionError,
     existing_agent,

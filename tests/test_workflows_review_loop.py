@@ -261,15 +261,18 @@ def test_a_failing_specialist_without_review_fails_the_task() -> None:
     assert "failed" in trace.state["messages"][-1].content
 
 
-def test_a_failing_review_step_completes_with_the_result(monkeypatch: pytest.MonkeyPatch
-                                                         ) -> None:
+def test_a_failing_review_step_fails_the_task(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(self: ReviewLoop, state: Any) -> dict[str, Any]:
         raise ValueError("cannot format")
 
     monkeypatch.setattr(ReviewLoop, "clarification_request", broken)
     trace = run_loop("Prepare the invoice", [])
     assert trace.requests == []
-    assert trace.state["status"] == "completed"
+    assert trace.state["status"] == "failed"  # nobody was asked: nothing is approved
+    last = trace.state["messages"][-1].content
+    assert last == ("The task failed: could not ask for review (ValueError), so nothing "
+                    "was approved.")
+    assert "cannot format" not in last
 
 
 @pytest.mark.parametrize(("answer", "status", "text"), [

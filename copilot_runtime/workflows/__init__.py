@@ -46,7 +46,7 @@ _WHERE = {
     "Step": "workflows.orchestrator",
     "ModelSpecialist": "workflows.specialists", "SpecialistRequest": "workflows.specialists",
     "finance_specialists": "workflows.specialists", "keyword_router": "workflows.specialists",
-    "ReviewLoop": "workflows.review_loop", "account_review": "workflows.account_review",
+    "ReviewLoop": "workflows.review_loop", "account_review": "workflows.accounts",
     "existing_agent": "workflows.existing", "run_existing_agent": "workflows.existing",
     "wrap_existing_agent": "workflows.existing",
     # The approvals subsystem sits in the core (`copilot_runtime.approvals`); the workflows

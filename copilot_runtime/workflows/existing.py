@@ -13,8 +13,9 @@ stops for an approval with a timeout.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol, runtime_checkable
 
@@ -22,12 +23,13 @@ import structlog
 from langchain_core.callbacks.manager import adispatch_custom_event
 from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
-from copilot_runtime._exceptions import AgentExecutionError
+from copilot_runtime._exceptions import AgentExecutionError, ConfigurationError
 from copilot_runtime._time import iso_time
 from copilot_runtime.approvals.decisions import Decision, parse_decision
 from copilot_runtime.workflows._emit import say
@@ -39,12 +41,21 @@ __all__ = [
     "WrappedAgentState",
     "approval_outcome",
     "approval_request",
+    "checked_timeout",
     "existing_agent",
     "run_existing_agent",
     "wrap_existing_agent",
 ]
 
 _log = structlog.get_logger("copilot_runtime.workflows")
+
+#: The longest approval timeout (100 years): beyond it a deadline is not a date any clock
+#: can write (`expiresAt`), so it is refused; None is the way to say "never expires".
+MAX_TIMEOUT_SECONDS: float = 100 * 365.25 * 24 * 3600
+
+# What checkpoints are written with by default: an output it cannot write would fail the
+# checkpoint after the step ran, outside the step's own failure rules.
+_SERDE = JsonPlusSerializer()
 
 #: The answer an approval expects (the interrupt's `responseSchema`).
 APPROVAL_SCHEMA: dict[str, Any] = {
@@ -71,7 +82,9 @@ class AgentRun:
 
 async def run_existing_agent(agent: ExistingAgent, name: str, context: dict[str, Any],
                              config: RunnableConfig | None = None) -> AgentRun:
-    """Run `agent` to its `agent_completed`; raise `AgentExecutionError` on `agent_error`.
+    """Run `agent` to its `agent_completed`; raise `AgentExecutionError` on `agent_error`,
+    and when its output (or approval request) is something a checkpoint cannot store, so
+    the caller's failure rules apply before anything is streamed as a success.
 
     With `config` (inside a graph node), each event is also dispatched as a LangChain
     custom event, which the runtime sends to the client as an AG-UI `CUSTOM` event.
@@ -93,7 +106,54 @@ async def run_existing_agent(agent: ExistingAgent, name: str, context: dict[str,
                                                 f"{name} reported an error"), data)
     if not completed:
         raise AgentExecutionError(name, f"{name} ended without a result")
+    _check_storable(name, "output", run.output)
+    if run.approval is not None:
+        _check_storable(name, "approval request", run.approval)
     return run
+
+
+def _check_storable(name: str, what: str, value: Any) -> None:
+    try:
+        _SERDE.dumps_typed(value)
+    except Exception as exc:
+        _log.warning("agent result cannot be checkpointed", agent=name, what=what,
+                     error=repr(exc))
+        raise AgentExecutionError(
+            name, f"{name} returned an {what} that cannot be stored "
+                  f"({_unstorable_type(value)} is not serialisable)") from None
+
+
+def _unstorable_type(value: Any) -> str:
+    """The name of the first value inside `value` the checkpoint serializer refuses."""
+    try:
+        _SERDE.dumps_typed(value)
+    except Exception:
+        children: list[Any] = []
+        if isinstance(value, Mapping):
+            children = [*value.keys(), *value.values()]
+        elif isinstance(value, list | tuple | set | frozenset):
+            children = list(value)
+        for child in children:
+            found = _unstorable_type(child)
+            if found:
+                return found
+        return type(value).__name__
+    return ""
+
+
+def checked_timeout(value: float | None, what: str) -> float | None:
+    """`value` as an approval timeout in seconds, or ConfigurationError: a positive, finite
+    number of seconds (at most `MAX_TIMEOUT_SECONDS`), or None for no expiry."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"{what} must be a number of seconds or None, "
+                                 f"not {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0 or value > MAX_TIMEOUT_SECONDS:
+        raise ConfigurationError(
+            f"{what} must be more than 0 and at most {MAX_TIMEOUT_SECONDS:.0f} seconds "
+            f"(100 years), got {value!r}; use None for an approval that never expires")
+    return value
 
 
 def failure_text(name: str, exc: BaseException) -> str:
@@ -153,13 +213,26 @@ class WrappedAgentState(TypedDict, total=False):
 
 def wrap_existing_agent(agent: ExistingAgent, name: str, *,
                         approval_timeout_seconds: float | None = 300,
-                        approval_message: str = "Approve this?") -> StateGraph[Any]:
+                        approval_message: str = "Approve this?",
+                        context_keys: Iterable[str] | None = None) -> StateGraph[Any]:
     """The wrapper: a graph with one node running `agent`, then (if it asked for
-    one) an approval. Compile it with a checkpointer, or use `existing_agent`."""
+    one) an approval. Compile it with a checkpointer, or use `existing_agent`.
+
+    The agent's context is the graph state's `context`, which the client sends: it is
+    input, not identity. `context_keys` lets only those keys through (plus
+    `user_message`, the latest user message); by default all pass. The approval comes after
+    the agent completed: its decision is in the state (`approval_response`) and the chat,
+    not sent back to the agent.
+    """
+    approval_timeout_seconds = checked_timeout(approval_timeout_seconds,
+                                               "approval_timeout_seconds")
+    allowed = None if context_keys is None else frozenset(context_keys)
 
     async def run_agent(state: WrappedAgentState, config: RunnableConfig) -> Command[str]:
-        context = {**(state.get("context") or {}),
-                   "user_message": _last_user_text(state.get("messages") or [])}
+        given = dict(state.get("context") or {})
+        if allowed is not None:
+            given = {key: value for key, value in given.items() if key in allowed}
+        context = {**given, "user_message": _last_user_text(state.get("messages") or [])}
         outputs = dict(state.get("agent_outputs") or {})
         try:
             run = await run_existing_agent(agent, name, context, config)
@@ -200,12 +273,13 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
 
 def existing_agent(agent: ExistingAgent, *, name: str, checkpointer: Any,
                    description: str = "", approval_timeout_seconds: float | None = 300,
-                   **options: Any) -> Any:
-    """`agent` as a `LangGraphAgent` the runtime can serve."""
+                   context_keys: Iterable[str] | None = None, **options: Any) -> Any:
+    """`agent` as a `LangGraphAgent` the runtime can serve (see `wrap_existing_agent`)."""
     from copilot_runtime.agents.langgraph import LangGraphAgent
 
     graph = wrap_existing_agent(agent, name,
-                                approval_timeout_seconds=approval_timeout_seconds)
+                                approval_timeout_seconds=approval_timeout_seconds,
+                                context_keys=context_keys)
     return LangGraphAgent(name=name, graph=graph.compile(checkpointer=checkpointer),
                           description=description, **options)
 

@@ -68,13 +68,19 @@ class AdapterChatModel(BaseChatModel):
                               system_prompt="\n\n".join(system) or None,
                               model=self.model_name, stop=stop, tool_choice="none")
         adapter: ServiceAdapter = self.adapter
+        said = False
         async for batch in adapter.stream(request):
             for delta in batch:
                 if isinstance(delta, TextDelta) and delta.text:
+                    said = True
                     chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta.text))
                     if run_manager is not None:
                         await run_manager.on_llm_new_token(delta.text, chunk=chunk)
                     yield chunk
+        if not said:
+            # An answer with no text is an empty answer, not LangChain's "No generations
+            # found in stream" error: the caller decides what an empty answer means.
+            yield ChatGenerationChunk(message=AIMessageChunk(content=""))
 
 
 def _to_agui(messages: Sequence[BaseMessage]) -> list[Message]:

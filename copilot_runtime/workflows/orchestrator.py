@@ -8,6 +8,11 @@ approval with a timeout.
 
 Each `Step` names an existing agent (`execute_with_events(context)`), the keys of the
 shared state it reads (`input_keys`) and the key its output is stored under (`output_key`).
+A definition is checked when it is built (`ConfigurationError`, naming the step and the
+key): every input key is written by an earlier step or given by `inputs()` (its keys are
+`provided_keys`; the default `account_inputs` gives `account_id` and `user_message`), no
+two steps write the same key (nor a key the orchestrator keeps itself), and the approval's
+key is some step's output. The steps run in the order given, so there are no cycles.
 A required step that fails stops the run, which finishes with the partial results; an
 optional one is logged in `errors` and the run goes on. When the `ApprovalPolicy`'s key has
 a value, a person is asked to approve it; the request expires after `timeout_seconds`,
@@ -18,7 +23,7 @@ after which the runtime answers it with a timeout. The final output
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -38,16 +43,25 @@ from copilot_runtime.workflows.existing import (
     _last_user_text,
     approval_outcome,
     approval_request,
+    checked_timeout,
     failure_text,
     run_existing_agent,
 )
+from copilot_runtime.workflows.review_loop import _shown
 
-__all__ = ["ApprovalPolicy", "Orchestrator", "OrchestratorState", "Step", "account_inputs"]
+__all__ = ["ACCOUNT_INPUT_KEYS", "ApprovalPolicy", "Orchestrator", "OrchestratorState", "Step",
+           "account_inputs"]
 
 _log = structlog.get_logger("copilot_runtime.workflows")
 
 Inputs = Callable[[str, Mapping[str, Any]], dict[str, Any]]
 _RESERVED = frozenset({"start", "approval", "finish"})
+# Keys of the shared state the orchestrator writes itself; `session_id` and `step` also
+# reach every step's context.
+_OWN_KEYS = frozenset({"session_id", "workflow", "step", "agents_completed", "errors",
+                       "feedback", "feedback_for", "approval"})
+#: What `account_inputs` puts into the shared state.
+ACCOUNT_INPUT_KEYS = frozenset({"account_id", "user_message"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +79,13 @@ class ApprovalPolicy:
     key: str = "recommendations"
     timeout_seconds: float | None = 300
     message: str = "Approve the recommendation?"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str) or not self.key:
+            raise ConfigurationError(f"ApprovalPolicy.key must be a non-empty string, "
+                                     f"not {self.key!r}")
+        object.__setattr__(self, "timeout_seconds", checked_timeout(
+            self.timeout_seconds, "ApprovalPolicy.timeout_seconds"))
 
 
 class OrchestratorState(TypedDict, total=False):
@@ -92,11 +113,15 @@ def account_inputs(message: str, state: Mapping[str, Any]) -> dict[str, Any]:
 
 class Orchestrator:
     def __init__(self, steps: Sequence[Step], *, approval: ApprovalPolicy | None = None,
-                 workflow: str = "account_analysis", inputs: Inputs = account_inputs) -> None:
+                 workflow: str = "account_analysis", inputs: Inputs = account_inputs,
+                 provided_keys: Iterable[str] | None = None) -> None:
         names = [s.agent for s in steps]
         if not steps or len(set(names)) != len(names) or _RESERVED & set(names):
             raise ConfigurationError(
                 f"steps need unique agent names, none of {sorted(_RESERVED)}")
+        if provided_keys is None:
+            provided_keys = ACCOUNT_INPUT_KEYS if inputs is account_inputs else ()
+        _check_definition(steps, approval, frozenset(provided_keys))
         self.steps = list(steps)
         self.approval = approval
         self.workflow = workflow
@@ -142,8 +167,8 @@ class Orchestrator:
         shared["step"] = int(shared.get("step", 0)) + 1
         context = {key: shared.get(key) for key in step.input_keys}
         context.update(step=shared["step"], session_id=shared.get("session_id"))
-        if shared.get("feedback"):
-            context["feedback"] = shared["feedback"]
+        if shared.get("feedback") and shared.get("feedback_for") == step.agent:
+            context["feedback"] = shared["feedback"]  # only the step asked to revise
         following = self.steps[index + 1].agent if index + 1 < len(self.steps) else (
             "approval" if self.approval else "finish")
         try:
@@ -191,13 +216,15 @@ class Orchestrator:
                 "notice": "That answer was neither an approval nor a rejection."})
         if decision.action == "revise":
             # The step that produced what is being approved runs again with the feedback.
-            producer = next((i for i, s in enumerate(self.steps)
-                             if s.output_key == self.approval.key), len(self.steps) - 1)
-            shared["feedback"] = decision.feedback or str(decision.payload)
+            producer = next(i for i, s in enumerate(self.steps)
+                            if s.output_key == self.approval.key)
+            shared["feedback"] = decision.feedback or _shown(decision.payload)
+            shared["feedback_for"] = self.steps[producer].agent
             return Command(goto=self.steps[producer].agent, update={
                 "shared": shared, "next_step": producer, "notice": None})
         shared["approval"] = approval_outcome(decision)
         shared.pop("feedback", None)
+        shared.pop("feedback_for", None)
         return Command(goto="finish", update={"shared": shared, "notice": None})
 
     async def _finish(self, state: OrchestratorState, config: RunnableConfig
@@ -223,6 +250,39 @@ class Orchestrator:
                     f"steps; {verdict}.")
         return {"result": result, "status": result["status"],
                 "messages": [await say(text, config)]}
+
+
+def _check_definition(steps: Sequence[Step], approval: ApprovalPolicy | None,
+                      provided: frozenset[str]) -> None:
+    """Refuse a definition that would run wrongly without a word (see the module doc)."""
+    available = set(provided) | {"session_id", "step"}
+    writers: dict[str, str] = {}
+    for step in steps:
+        for key in step.input_keys:
+            if key not in available:
+                later = next((s.agent for s in steps if s.output_key == key), None)
+                where = (f"step {later!r} writes it only later" if later else
+                         "no earlier step writes it and inputs() does not provide it "
+                         "(declare what inputs() gives with provided_keys=)")
+                raise ConfigurationError(
+                    f"step {step.agent!r} reads {key!r}, but {where}")
+        key = step.output_key
+        if not isinstance(key, str) or not key:
+            raise ConfigurationError(f"step {step.agent!r} needs a non-empty output_key")
+        if key in writers:
+            raise ConfigurationError(
+                f"steps {writers[key]!r} and {step.agent!r} both write {key!r}: "
+                "each step needs its own output_key")
+        if key in _OWN_KEYS or key in provided:
+            raise ConfigurationError(
+                f"step {step.agent!r} writes {key!r}, a key the orchestrator or inputs() "
+                "already sets")
+        writers[key] = step.agent
+        available.add(key)
+    if approval is not None and approval.key not in writers:
+        raise ConfigurationError(
+            f"ApprovalPolicy.key {approval.key!r} is no step's output_key (the steps write "
+            f"{sorted(writers)}), so the approval would never be asked")
 
 
 def _summary(output: Any) -> str:

@@ -10,19 +10,30 @@
 * A specialist's result always goes to review when review is on, so nothing completes
   without a clarification request (property 1; the numbers are the loop's six correctness
   properties, each tested); `state["review"] = False`, set
-  by the client for a task, completes right after the specialist (property 5).
+  by the client for a task, completes right after the specialist (property 5), unless the
+  loop is built with `client_may_skip_review=False`.
 * Review is a LangGraph `interrupt` carrying a clarification request; it is
   checkpointed, so a pending review survives a restart. An approval completes the task
   without another specialist run (3); a revision goes straight back to the same specialist
   with the original task, the full history and the revision (2, 4), as often as the person
   asks (6: no limit; each answer is a new graph invocation, so LangGraph's recursion limit
   does not cap the loop).
-* Error rules: a specialist that fails sends the error to review so the
-  person can revise again (without review the task fails); if the clarification request
-  cannot be built, the task completes with the result. One deliberate change: an answer
-  that is neither an approval nor a revision is asked again (`on_malformed="ask_again"`),
-  because taking it as an approval would approve work nobody approved;
-  `on_malformed="approve"` approves it instead.
+* Error rules: a specialist that fails, or answers nothing, sends the error to review so
+  the person can revise again (without review the task fails); a task cut off while its
+  specialist ran (a stop, a disconnect) and run again without a new message carries on
+  with the same plan instead of planning again; if the clarification request
+  cannot be built, the task fails ("could not ask for review"): nothing is approved that
+  nobody was asked about. One deliberate change: an answer that is neither an approval
+  nor a revision is asked again (`on_malformed="ask_again"`), because taking it as an
+  approval would approve work nobody approved; `on_malformed="approve"` approves it
+  instead, but only an answer that says nothing: one that names an action or an
+  `approved` flag it cannot be read as (a revise with nothing to change, `"false"` as a
+  string) is still asked again, and the final message says the approval was taken from an
+  answer not understood.
+* Bounds: an answer longer than `max_feedback_chars` (default 32 000 characters) is asked
+  again with a notice, and not stored; a model specialist's prompt carries the task, the
+  latest history entries and the revision, each entry cut to a bounded length
+  (`specialist_prompt`).
 """
 
 from __future__ import annotations
@@ -46,18 +57,26 @@ from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime._time import iso_time
 from copilot_runtime.approvals.decisions import Decision, parse_decision
 from copilot_runtime.workflows._emit import say
+from copilot_runtime.workflows.existing import checked_timeout
 from copilot_runtime.workflows.specialists import (
     Specialist,
     SpecialistRequest,
     keyword_router,
 )
 
-__all__ = ["ANSWER_SCHEMA", "ReviewLoop", "ReviewState"]
+__all__ = ["ANSWER_SCHEMA", "MAX_FEEDBACK_CHARS", "ReviewLoop", "ReviewState"]
 
 _log = structlog.get_logger("copilot_runtime.workflows")
 
 Router = Callable[[str, Sequence[Specialist]], tuple[str, str]]
 Status = Literal["working", "awaiting_review", "completed", "rejected", "timed_out", "failed"]
+
+#: The longest answer a reviewer may give (characters of its text, or of a revision's
+#: payload): it is stored in the history and carried into the next prompt. Far more than
+#: anyone types, far less than a model's context.
+MAX_FEEDBACK_CHARS = 32_000
+# How much of an answer that could not be read is kept in the history.
+_ECHO_CHARS = 200
 
 #: What a review answer looks like (sent to clients as the interrupt's `responseSchema`).
 ANSWER_SCHEMA: dict[str, Any] = {
@@ -74,6 +93,8 @@ class ReviewState(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
     #: The task as first given; revisions never replace it.
     task: str
+    #: The id of the user message the task came from.
+    task_message_id: str | None
     plan_id: str
     specialist: str
     #: Review switch for the task (the client may set it); the loop's default otherwise.
@@ -85,6 +106,8 @@ class ReviewState(TypedDict, total=False):
     feedback: str | None
     #: Said with the next clarification request (an answer not understood, a failure).
     notice: str | None
+    #: The approval was an answer not understood, taken as one (`on_malformed="approve"`).
+    approved_as_malformed: bool
 
 
 class ReviewLoop:
@@ -94,7 +117,9 @@ class ReviewLoop:
                  review: bool = True,
                  on_malformed: Literal["ask_again", "approve"] = "ask_again",
                  question: str = "Please approve or provide revision",
-                 timeout_seconds: float | None = None) -> None:
+                 timeout_seconds: float | None = None,
+                 max_feedback_chars: int = MAX_FEEDBACK_CHARS,
+                 client_may_skip_review: bool = True) -> None:
         if not specialists:
             raise ConfigurationError("the review loop needs at least one specialist")
         names = [s.name for s in specialists]
@@ -102,12 +127,23 @@ class ReviewLoop:
         if len(set(names)) != len(names) or reserved & set(names):
             raise ConfigurationError(
                 f"specialist names must be unique and not {sorted(reserved)}")
+        if on_malformed not in ("ask_again", "approve"):
+            raise ConfigurationError(
+                f"on_malformed must be 'ask_again' or 'approve', not {on_malformed!r}")
+        if isinstance(max_feedback_chars, bool) or not isinstance(max_feedback_chars, int) \
+                or max_feedback_chars < 1:
+            raise ConfigurationError(
+                f"max_feedback_chars must be a positive int, not {max_feedback_chars!r}")
         self.specialists = {s.name: s for s in specialists}
         self.router = router
         self.review = review
         self.on_malformed = on_malformed
         self.question = question
-        self.timeout_seconds = timeout_seconds
+        self.timeout_seconds = checked_timeout(timeout_seconds, "timeout_seconds")
+        self.max_feedback_chars = max_feedback_chars
+        # Whether the client's `state["review"]` counts: whoever starts a task may otherwise
+        # switch its review off, whatever the approver roles say.
+        self.client_may_skip_review = client_may_skip_review
 
     # -- the graph ---------------------------------------------------------------------
 
@@ -139,18 +175,27 @@ class ReviewLoop:
     # -- nodes -------------------------------------------------------------------------
 
     async def _planner(self, state: ReviewState, config: RunnableConfig) -> Command[str]:
-        task = _last_user_text(state.get("messages") or [])
+        latest = _last_user_message(state.get("messages") or [])
+        task = _text_of(latest)
         if not task:
             return Command(goto="complete", update={
                 "status": "failed", "notice": "There is no task: send one as a message."})
+        specialist = state.get("specialist")
+        if (latest is not None and latest.id and state.get("task_message_id") == latest.id
+                and state.get("status") == "working" and specialist in self.specialists):
+            # The same task, cut off while its specialist ran (a stop, a disconnect) and run
+            # again: carry on with the same plan rather than plan it a second time.
+            return Command(goto=specialist)
         name, reason = self.router(task, list(self.specialists.values()))
         if name not in self.specialists:
             name = next(iter(self.specialists))
         routed = f"Routed to {name}: {reason}"
         return Command(goto=name, update={
-            "task": task, "plan_id": uuid.uuid4().hex, "specialist": name, "iteration": 1,
+            "task": task, "task_message_id": latest.id if latest is not None else None,
+            "plan_id": uuid.uuid4().hex, "specialist": name, "iteration": 1,
             "history": [{"iteration": 1, "agent": "Planner", "result": routed}],
             "status": "working", "feedback": None, "notice": None, "draft": "",
+            "approved_as_malformed": False,
             "messages": [await say(f"Planner: the {name} specialist takes this task "
                                    f"({reason}).", config)],
         })
@@ -175,16 +220,25 @@ class ReviewLoop:
                     "notice": f"{failure}. Revise the task to try again, or reject it."})
             return Command(goto="complete", update={
                 "history": history, "status": "failed", "notice": failure})
+        if not _result_text(result):
+            failure = f"The {name} specialist answered nothing"
+            history.append({"iteration": iteration, "agent": name, "error": failure})
+            if reviewing:
+                return Command(goto="review", update={
+                    "history": history, "status": "awaiting_review",
+                    "notice": f"{failure}. Revise the task to try again, or reject it."})
+            return Command(goto="complete", update={
+                "history": history, "status": "failed", "notice": failure})
         # A model's message streamed as it was written; text is streamed now.
         message = result if isinstance(result, BaseMessage) else await say(result, config)
-        draft = message.text if isinstance(message.text, str) else str(message.content)
+        draft = _result_text(message)
         history.append({"iteration": iteration, "agent": name, "result": draft})
         return Command(goto="review", update={
             "draft": draft, "history": history, "messages": [message], "notice": None,
             "status": "awaiting_review" if reviewing else "working"})
 
     def _reviewing(self, state: Mapping[str, Any]) -> bool:
-        review = state.get("review")
+        review = state.get("review") if self.client_may_skip_review else None
         return self.review if review is None else bool(review)
 
     def _review(self, state: ReviewState) -> Command[str]:
@@ -194,18 +248,34 @@ class ReviewLoop:
             return Command(goto="complete", update={"status": "completed"})
         try:
             request = self.clarification_request(state)
-        except Exception:
-            # When the review step itself fails, complete with the result.
+        except Exception as exc:
+            # Fail closed: nobody was asked, so nothing may be recorded as approved.
             _log.exception("could not build the clarification request")
-            return Command(goto="complete", update={"status": "completed"})
+            failure = f"could not ask for review ({type(exc).__name__}), so nothing was approved"
+            history.append({"iteration": iteration, "agent": "review", "error": failure})
+            return Command(goto="complete", update={
+                "history": history, "status": "failed", "notice": failure})
         answer = interrupt(request)  # the graph stops here until a person answers
         decision = parse_decision(answer)
-        if decision is None and self.on_malformed == "approve":
-            decision = Decision("approve", "an answer that could not be read, taken as "
-                                           "approval (on_malformed='approve')")
+        too_long = _answer_length(decision)
+        if too_long > self.max_feedback_chars:
+            history.append({"iteration": iteration, "agent": "HITL", "too_long": True,
+                            "user_feedback": f"(an answer of {too_long} characters, not kept)"})
+            return Command(goto="review", update={
+                "history": history,
+                "notice": f"That answer was {too_long} characters long; answers may be at "
+                          f"most {self.max_feedback_chars}. Approve, or say more briefly "
+                          f"what to change."})
+        if decision is None and self.on_malformed == "approve" and not _names_a_choice(answer):
+            history.append({"iteration": iteration, "agent": "HITL", "malformed": True,
+                            "user_feedback": "approved (answer not understood: "
+                                             f"{_shown(answer)[:_ECHO_CHARS]})"})
+            return Command(goto="complete", update={
+                "history": history, "status": "completed", "notice": None,
+                "approved_as_malformed": True})
         if decision is None:
             history.append({"iteration": iteration, "agent": "HITL",
-                            "user_feedback": _shown(answer), "malformed": True})
+                            "user_feedback": _shown(answer)[:_ECHO_CHARS], "malformed": True})
             return Command(goto="review", update={
                 "history": history,
                 "notice": "That answer was neither an approval nor a revision. Approve, "
@@ -260,7 +330,10 @@ class ReviewLoop:
         status = state.get("status", "completed")
         name = state.get("specialist", "specialist")
         notice = state.get("notice")
-        if status == "completed":
+        if status == "completed" and state.get("approved_as_malformed"):
+            text = (f"Approved because the answer was not understood "
+                    f"(on_malformed='approve'): the {name} specialist's result is final.")
+        elif status == "completed":
             text = (f"Approved: the {name} specialist's result is final." if
                     self._reviewing(state) else
                     f"Done: the {name} specialist's result is final (review was off).")
@@ -281,12 +354,51 @@ def _feedback_entry(iteration: int, feedback: str, by: str | None) -> dict[str, 
     return entry
 
 
-def _last_user_text(messages: Sequence[BaseMessage]) -> str:
+def _last_user_message(messages: Sequence[BaseMessage]) -> HumanMessage | None:
     for message in reversed(messages):
         if isinstance(message, HumanMessage):
-            text = message.text
-            return text.strip() if isinstance(text, str) else ""
-    return ""
+            return message
+    return None
+
+
+def _result_text(result: str | BaseMessage) -> str:
+    if isinstance(result, BaseMessage):
+        return result.text if isinstance(result.text, str) else str(result.content)
+    return result if isinstance(result, str) else str(result)
+
+
+def _text_of(message: BaseMessage | None) -> str:
+    text = message.text if message is not None else ""
+    return text.strip() if isinstance(text, str) else ""
+
+
+def _answer_length(decision: Decision | None) -> int:
+    """How much of `answer` would be stored and carried into prompts, in characters."""
+    if decision is None:
+        return 0  # only a short echo of it is kept
+    if decision.feedback:
+        return len(decision.feedback)
+    if decision.action == "revise" and decision.payload is not None:
+        return len(_shown(decision.payload))
+    return 0
+
+
+def _names_a_choice(answer: Any) -> bool:
+    """Whether an unreadable answer still names a choice (an action, an `approved` flag):
+    such an answer may mean "no", so `on_malformed="approve"` must not approve it."""
+    if answer is False:  # a bare "no"
+        return True
+    if isinstance(answer, str) and answer.strip().startswith("{"):
+        try:
+            answer = orjson.loads(answer.strip())
+        except orjson.JSONDecodeError:
+            return False
+    if not isinstance(answer, dict):
+        return False
+    if any(answer.get(key) is not None for key in
+           ("action", "decision", "status", "approved", "is_approval", "isApproval")):
+        return True
+    return any(_names_a_choice(answer.get(key)) for key in ("answer", "feedback", "text"))
 
 
 def _shown(value: Any) -> str:

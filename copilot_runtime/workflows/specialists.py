@@ -19,6 +19,8 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 __all__ = [
+    "PROMPT_ENTRY_CHARS",
+    "PROMPT_HISTORY_ENTRIES",
     "ModelSpecialist",
     "Specialist",
     "SpecialistRequest",
@@ -53,11 +55,32 @@ class Specialist(Protocol):
         ...
 
 
-def specialist_prompt(request: SpecialistRequest) -> str:
-    """The request as text for a model: task, iteration, history, revision."""
+#: How many of the latest history entries a prompt carries: a long revision loop must not
+#: grow the prompt past the model's context.
+PROMPT_HISTORY_ENTRIES = 8
+#: How many characters of one history entry (a draft, a revision) a prompt carries.
+PROMPT_ENTRY_CHARS = 4000
+
+
+def specialist_prompt(request: SpecialistRequest, *,
+                      history_entries: int = PROMPT_HISTORY_ENTRIES,
+                      entry_chars: int = PROMPT_ENTRY_CHARS) -> str:
+    """The request as text for a model: task, iteration, history, revision.
+
+    Bounded: only the latest `history_entries` entries, each cut to `entry_chars`
+    characters, with a line saying what was left out.
+    """
     lines = [f"Task: {request.task}", f"Iteration: {request.iteration}", "Execution history:"]
-    for entry in request.history:
-        said = entry.get("result") or entry.get("user_feedback") or entry.get("error") or ""
+    shown = request.history[-history_entries:] if history_entries > 0 else ()
+    left_out = len(request.history) - len(shown)
+    if left_out:
+        lines.append(f"- ({left_out} earlier entr{'ies' if left_out != 1 else 'y'} "
+                     "left out)")
+    for entry in shown:
+        said = str(entry.get("result") or entry.get("user_feedback") or entry.get("error")
+                   or "")
+        if len(said) > entry_chars:
+            said = f"{said[:entry_chars]}… (cut: {len(said)} characters in all)"
         lines.append(f"- iteration {entry.get('iteration')}, {entry.get('agent')}: {said}")
     if request.feedback:
         lines.append(f"Revision requested: {request.feedback}")
@@ -74,13 +97,19 @@ class ModelSpecialist:
     model: BaseChatModel
     #: Words in a task that send it to this specialist (the default router).
     keywords: tuple[str, ...] = field(default_factory=tuple)
+    #: The prompt's bounds (`specialist_prompt`): the latest history entries it carries,
+    #: and the characters of each.
+    history_entries: int = PROMPT_HISTORY_ENTRIES
+    entry_chars: int = PROMPT_ENTRY_CHARS
 
     async def run(self, request: SpecialistRequest) -> BaseMessage:
         messages = [
             SystemMessage(content=f"You are the {self.name} specialist. {self.instructions} "
                                   "Answer with the result only. When a revision is "
                                   "requested, redo the task with it, keeping the rest."),
-            HumanMessage(content=specialist_prompt(request)),
+            HumanMessage(content=specialist_prompt(request,
+                                                   history_entries=self.history_entries,
+                                                   entry_chars=self.entry_chars)),
         ]
         return await self.model.ainvoke(messages)
 

@@ -16,7 +16,7 @@ import os
 
 from copilot_runtime import CopilotRuntime, LangGraphAgent, SQLiteThreadStore
 from copilot_runtime.checkpointers import checkpointer
-from copilot_runtime.workflows.account_review import account_review
+from copilot_runtime.workflows.accounts import account_review
 from copilot_runtime.workflows.models import AdapterChatModel, OfflineSpecialistAdapter
 from copilot_runtime.workflows.review_loop import ReviewLoop
 from copilot_runtime.workflows.specialists import finance_specialists
