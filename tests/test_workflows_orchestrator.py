@@ -205,6 +205,24 @@ def test_the_wrapper_runs_the_agent_then_its_approval() -> None:
     assert state["error"] == "quota exceeded"
 
 
+def test_an_agents_error_words_are_passed_on_without_its_secrets() -> None:
+    """An agent's `error_message` is its own words, passed on as a provider's are: a key it
+    quotes is blanked, and a crash report with its source paths is withheld."""
+    async def go() -> list[str]:
+        said = []
+        for error in ("quota exceeded for key sk-live-4f9a8b7c6d5e",
+                      'Traceback (most recent call last):\n  File "/srv/app/agent.py", line 3'):
+            with pytest.raises(AgentExecutionError) as raised:
+                await run_existing_agent(Scripted("a", error=error), "a", {})
+            said.append(raised.value.message)
+        return said
+
+    keyed, crashed = asyncio.run(go())
+    assert keyed == "quota exceeded for key [REDACTED]"
+    assert "/srv/app" not in crashed
+    assert "Traceback" not in crashed
+
+
 async def test_the_wrapped_agent_streams_its_events_as_custom_events() -> None:
     agent = existing_agent(Scripted("writer", {"summary": "draft ready"}), name="writer",
                            checkpointer=InMemorySaver())

@@ -29,7 +29,7 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
-from copilot_runtime._exceptions import AgentExecutionError, ConfigurationError
+from copilot_runtime._exceptions import AgentExecutionError, ConfigurationError, upstream_said
 from copilot_runtime._time import iso_time
 from copilot_runtime.approvals.decisions import Decision, parse_decision
 from copilot_runtime.workflows._emit import say
@@ -94,6 +94,10 @@ async def run_existing_agent(agent: ExistingAgent, name: str, context: dict[str,
     async for event in agent.execute_with_events(context):
         kind = str(event.get("event") or "agent_event")
         data = dict(event.get("data") or {})
+        if kind == "agent_error" and data.get("error_message") is not None:
+            # The agent's own words, as a provider's are passed on: secret-looking values
+            # blanked, a stack trace or a source path withheld, 500 characters at most.
+            data["error_message"] = upstream_said(str(data["error_message"]))
         run.events.append({"event": kind, "data": data})
         if config is not None:
             await adispatch_custom_event(kind, {"agent": name, **data}, config=config)
