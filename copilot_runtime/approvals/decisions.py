@@ -24,8 +24,9 @@ Action = Literal["approve", "reject", "revise", "timeout"]
 
 _APPROVE: Final = frozenset({"approve", "approved", "ok", "okay", "yes", "y", "lgtm",
                              "accept", "accepted", "confirm", "confirmed"})
-_REJECT: Final = frozenset({"reject", "rejected", "no", "n", "deny", "denied", "decline",
-                            "declined", "cancel", "cancelled", "canceled"})
+_REJECT: Final = frozenset({"reject", "rejected", "no", "n", "nope", "no thanks", "no thank you",
+                            "deny", "denied", "decline", "declined", "cancel", "cancelled",
+                            "canceled", "stop", "abort"})
 _REVISE: Final = frozenset({"revise", "revision", "edit", "change", "changes"})
 _TIMEOUT: Final = frozenset({"timeout", "timed_out", "expired"})
 # ag-ui-langgraph's resume value for an AG-UI `ResumeEntry` with status "cancelled".
@@ -115,7 +116,9 @@ def _feedback_in(payload: Any) -> str | None:
 def _from_text(text: str) -> Decision | None:
     if not text:
         return None
-    word = text.lower().rstrip(".!")
+    # "No, thanks!" and "no  thanks" are one refusal: case, commas, spaces and the final
+    # stop aside.
+    word = " ".join(text.lower().replace(",", " ").split()).rstrip(".!")
     if word in _APPROVE:
         return Decision("approve")
     if word in _REJECT:
