@@ -571,6 +571,8 @@ class RunManager:
                 await self.recover()
             record = await self.store.summary(thread_id)
             await self._check_owner(thread_id, record, owner, remembered)
+            if record is None:  # a new thread: positions go on from a deleted one's
+                placeholder.first_position = await self.store.first_position(thread_id)
         except BaseException:
             self._withdraw(placeholder)
             raise
@@ -634,6 +636,8 @@ class RunManager:
                 placeholder._seen = record.message_ids
                 placeholder.owner = record.owner
                 placeholder.first_position = record.next_position
+            else:  # a new thread: positions go on from a deleted one's
+                placeholder.first_position = await self.store.first_position(thread_id)
             if self.durable is not None:
                 # The run's start, written before it streams: every worker sees the thread
                 # (and its owner) at once, and can follow the run from its first event.

@@ -137,6 +137,45 @@ async def test_list_pages_names_and_delete(store: ThreadStore) -> None:
     assert [r.thread_id for r in await store.list()] == ["t4", "t2", "t1", "t0"]
 
 
+async def test_a_deleted_threads_positions_never_go_back(store: ThreadStore) -> None:
+    """Before: a thread made again with a deleted one's id started its positions at 0 again,
+    so a client still holding an event id of the old thread (`Last-Event-ID` 120) got
+    nothing of the new one's first 120 events when it connected. Now the store keeps how far
+    a deleted thread had got, and a new thread of that id starts there."""
+    assert await store.first_position("t") == 0
+    one = _run("t", "r1", "a b c")
+    await _finish(store, "t", "r1", one, 0)
+    assert await store.delete("t") is True
+    assert await store.get("t") is None
+    assert await store.first_position("t") == len(one)
+    assert await store.first_position("other") == 0
+    # The thread made again goes on from there; deleted again, from its own end.
+    two = _run("t", "r2", "d")
+    await _finish(store, "t", "r2", two, len(one), created=2.0)
+    record = await store.get("t")
+    assert record is not None
+    assert ([r.run_id for r in record.runs], record.next_position) == (
+        ["r2"], len(one) + len(two))
+    assert await store.events_after("t", len(one) - 1) != []
+    assert await store.delete("t") is True
+    assert await store.first_position("t") == len(one) + len(two)
+    # A delete of a thread that is not there changes nothing.
+    assert await store.delete("t") is False
+    assert await store.first_position("t") == len(one) + len(two)
+
+
+async def test_a_deleted_durable_threads_streamed_positions_are_kept(store: ThreadStore
+                                                                      ) -> None:
+    durable = _durable(store)
+    events = _run("t", "r1", "one two three")
+    await durable.append_events("t", "default", "r1", 1.0, 0, events[:4])
+    assert await durable.close_interrupted("t", "r1") is True
+    record = await durable.summary("t")
+    assert record is not None
+    assert await durable.delete("t") is True
+    assert await durable.first_position("t") == record.next_position > 4
+
+
 async def test_running_run_is_readable_while_it_streams(store: ThreadStore) -> None:
     durable = _durable(store)
     events = _run("t", "r1", "one two three four")
@@ -224,7 +263,7 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     db.close()
     store = SQLiteThreadStore(path)
     try:
-        assert store.schema_version == 2
+        assert store.schema_version == 3
         record = await store.get("old")
         assert record is not None
         assert [r.run_id for r in record.runs] == ["r0"]
@@ -237,7 +276,7 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     finally:
         await store.aclose()
     reopened = SQLiteThreadStore(path)
-    assert reopened.schema_version == 2
+    assert reopened.schema_version == 3
     await reopened.aclose()
 
 
@@ -245,8 +284,10 @@ async def test_postgres_workers_starting_together_migrate_once() -> None:
     schema = f"store_{uuid.uuid4().hex[:10]}"
     stores: list[Any] = [thread_store(f"{SERVER}?schema={schema}") for _ in range(4)]
     try:
+        from copilot_runtime.threads.postgres import _MIGRATIONS
+
         versions = await asyncio.gather(*[s.schema_version() for s in stores])
-        assert versions == [4, 4, 4, 4]
+        assert versions == [len(_MIGRATIONS)] * 4
         await _finish(stores[0], "t", "r", _run("t", "r", "x"), 0)
         assert (await stores[3].get("t")) is not None
     finally:
@@ -277,7 +318,7 @@ async def test_postgres_schema_of_the_first_version_is_migrated() -> None:
         conn.execute("INSERT INTO run_events VALUES ('old', 0, 4, 'r0', '[]')")
     store: Any = thread_store(f"{SERVER}?schema={schema}")
     try:
-        assert await store.schema_version() == len(_MIGRATIONS) == 4
+        assert await store.schema_version() == len(_MIGRATIONS)
         old = await store.summary("old")
         assert old is not None
         assert (old.next_position, old.message_ids) == (5, {"u0"})

@@ -162,7 +162,15 @@ class ThreadStore(Protocol):
         ...
 
     async def delete(self, thread_id: str) -> bool:
-        """Forget the thread and everything in it; False if there was none."""
+        """Forget the thread and everything in it but how far its positions went (see
+        `first_position`); False if there was none."""
+        ...
+
+    async def first_position(self, thread_id: str) -> int:
+        """The position the first event of a thread the store has no record of gets: 0, or,
+        for the id of a thread deleted (or evicted) before, the position that thread's next
+        event would have got. Positions never go back for an id, so a client still holding
+        an event id of the old thread (`Last-Event-ID`) misses nothing of the new one."""
         ...
 
     async def aclose(self) -> None:

@@ -137,6 +137,14 @@ _MIGRATIONS: tuple[str, ...] = (
         WHERE r.thread_id = e.thread_id AND r.run_id = e.run_id AND NOT r.open;
     CREATE INDEX run_events_ended ON run_events (ended_at) WHERE ended_at IS NOT NULL;
     """,
+    # 5: how far the positions of deleted threads had got (`first_position`): a thread
+    # made again with a deleted one's id goes on from there.
+    """
+    CREATE TABLE deleted_threads (
+        thread_id TEXT PRIMARY KEY,
+        next_position BIGINT NOT NULL
+    );
+    """,
 )
 
 #: Seconds between deletions of the raw events whose retention ended.
@@ -566,13 +574,25 @@ class PostgresThreadStore:
 
     async def delete(self, thread_id: str) -> bool:
         async with self._reachable(bounded=False), self._pool.connection() as conn:
-            # One statement: the thread and its rows go together, or not at all.
+            # One statement: the thread and its rows go together, or not at all, and how far
+            # its positions went stays.
             cursor = await conn.execute(
                 "WITH runs AS (DELETE FROM runs WHERE thread_id = %(t)s), "
                 "events AS (DELETE FROM run_events WHERE thread_id = %(t)s), "
-                "ids AS (DELETE FROM message_ids WHERE thread_id = %(t)s) "
+                "ids AS (DELETE FROM message_ids WHERE thread_id = %(t)s), "
+                "kept AS (INSERT INTO deleted_threads (thread_id, next_position) "
+                "SELECT thread_id, next_position FROM threads WHERE thread_id = %(t)s "
+                "ON CONFLICT (thread_id) DO UPDATE SET next_position = "
+                "GREATEST(deleted_threads.next_position, excluded.next_position)) "
                 "DELETE FROM threads WHERE thread_id = %(t)s", {"t": thread_id})
             return cursor.rowcount > 0
+
+    async def first_position(self, thread_id: str) -> int:
+        async with self._reachable(), self._pool.connection() as conn:
+            row = await (await conn.execute(
+                "SELECT next_position FROM deleted_threads WHERE thread_id = %s",
+                (thread_id,))).fetchone()
+            return 0 if row is None else int(row[0])
 
     async def aclose(self) -> None:
         # What was finished or streamed, written or queued, is written first.

@@ -90,6 +90,15 @@ CREATE TABLE run_events (
 """
 
 
+#: Version 3: how far the positions of deleted threads had got (`first_position`).
+_V3 = """
+CREATE TABLE deleted_threads (
+    thread_id TEXT PRIMARY KEY,
+    next_position INTEGER NOT NULL
+) WITHOUT ROWID
+"""
+
+
 def _v1(db: sqlite3.Connection) -> None:
     for statement in _V1.split(";"):
         if statement.strip():
@@ -108,10 +117,14 @@ def _v2(db: sqlite3.Connection) -> None:
             db.execute(statement)
 
 
+def _v3(db: sqlite3.Connection) -> None:
+    db.execute(_V3)
+
+
 #: Seconds between deletions of the raw events whose retention ended.
 _PRUNE_EVERY = 30.0
 
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2)
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2, _v3)
 
 
 class SQLiteThreadStore:
@@ -413,8 +426,24 @@ class SQLiteThreadStore:
         ).rowcount > 0)
 
     async def delete(self, thread_id: str) -> bool:
-        return await self._write(lambda: self._db.execute(
-            "DELETE FROM threads WHERE thread_id = ?", (thread_id,)).rowcount > 0)
+        return await self._write(self._delete, thread_id)
+
+    def _delete(self, thread_id: str) -> bool:
+        self._db.execute(
+            "INSERT INTO deleted_threads (thread_id, next_position) SELECT thread_id, "
+            "next_position FROM threads WHERE thread_id = ? ON CONFLICT (thread_id) DO UPDATE "
+            "SET next_position = max(deleted_threads.next_position, excluded.next_position)",
+            (thread_id,))
+        return self._db.execute("DELETE FROM threads WHERE thread_id = ?",
+                                (thread_id,)).rowcount > 0
+
+    async def first_position(self, thread_id: str) -> int:
+        return await self._call(self._first_position, thread_id)
+
+    def _first_position(self, thread_id: str) -> int:
+        row = self._db.execute("SELECT next_position FROM deleted_threads WHERE thread_id = ?",
+                               (thread_id,)).fetchone()
+        return 0 if row is None else int(row[0])
 
     async def aclose(self) -> None:
         # What was asked for before is run (and committed) first.
