@@ -176,6 +176,44 @@ async def test_a_deleted_durable_threads_streamed_positions_are_kept(store: Thre
     assert await durable.first_position("t") == record.next_position > 4
 
 
+#: Ids whose order by code point (bytes of UTF-8) differs from a linguistic collation's:
+#: "a" < "B" in en_US, "B" < "a" by bytes.
+TIED_IDS = ["a", "B", "b", "A_2", "a-1", "_x", "é", "z", "Z", "a b"]
+
+
+async def _tied_threads(store: ThreadStore, agent: str = "default") -> None:
+    for thread in TIED_IDS:
+        await store.append_run(thread, agent, StoredRun(
+            "r", compact_events(_run(thread, "r", "x")), 100.0, 0, 0, 5), [])
+
+
+async def test_threads_updated_at_once_list_in_one_order_on_every_store(
+        store: ThreadStore) -> None:
+    """Before: threads updated at the same time were listed by the ids' order in the
+    database's collation on PostgreSQL ("a" before "B" in en_US) and by their bytes on the
+    others. Every store orders them by code point now, the greater first, and a page goes
+    on after the previous one's last thread (`after`) without listing one twice or
+    skipping one, however the pages split the tie."""
+    await _tied_threads(store)
+    expected = sorted(TIED_IDS, reverse=True)
+    assert [r.thread_id for r in await store.list()] == expected
+    for size in (1, 2, 3, 4):
+        seen: list[str] = []
+        after = None
+        while page := await store.list(limit=size, after=after):
+            seen += [r.thread_id for r in page]
+            after = (page[-1].updated_at, page[-1].thread_id)
+        assert seen == expected, size
+    # After a position: what comes after it, even for an id no thread has.
+    assert [r.thread_id for r in await store.list(after=(100.0, "a"))] == \
+        [i for i in expected if i < "a"]
+    assert [r.thread_id for r in await store.list(after=(100.5, ""))] == expected
+    assert await store.list(after=(100.0, "")) == []
+    assert await store.list(after=(-1e300, "zzz")) == []
+    assert [r.thread_id for r in await store.list(after=(100.0, "b"), offset=1,
+                                                  limit=2)] == ["a b", "a"]
+
+
 async def test_running_run_is_readable_while_it_streams(store: ThreadStore) -> None:
     durable = _durable(store)
     events = _run("t", "r1", "one two three four")
@@ -343,6 +381,27 @@ async def test_postgres_schema_of_the_first_version_is_migrated() -> None:
         assert [r.run_id for r in record.runs] == ["r"]
         assert record.runs[0].events == compact_events(events)
         assert [e for _, e in await store.events_after("t", 1)] == events[2:]
+    finally:
+        await store.aclose()
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def test_postgres_lists_by_bytes_whatever_the_collation() -> None:
+    """A database made with a linguistic collation (en_US.UTF-8, a common default) ordered
+    the ids of threads updated at once as that collation does: not as the other stores."""
+    schema = f"store_{uuid.uuid4().hex[:10]}"
+    store: Any = thread_store(f"{SERVER}?schema={schema}")
+    try:
+        await store.open()
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'ALTER TABLE "{schema}".threads ALTER COLUMN thread_id '
+                         'TYPE text COLLATE "en-US-x-icu"')
+        await _tied_threads(store)
+        expected = sorted(TIED_IDS, reverse=True)
+        assert [r.thread_id for r in await store.list()] == expected
+        assert [r.thread_id for r in await store.list(after=(100.0, "a"), limit=3)] == \
+            [i for i in expected if i < "a"][:3]
     finally:
         await store.aclose()
         with psycopg.connect(SERVER, autocommit=True) as conn:

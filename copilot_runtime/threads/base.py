@@ -38,6 +38,7 @@ __all__ = [
     "MAX_ID_LENGTH",
     "MAX_REPLAY_BYTES",
     "DurableThreadStore",
+    "ListPosition",
     "Positioned",
     "StoredRun",
     "ThreadOwner",
@@ -65,6 +66,8 @@ CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 
 #: An event and its position in the thread (None inside a compacted run).
 Positioned = tuple[int | None, Event]
+#: A thread's place in a list of threads: its updated time and its id.
+ListPosition = tuple[float, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,9 +149,12 @@ class ThreadStore(Protocol):
         ...
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
-                   owner: ThreadOwner | None = None, offset: int = 0) -> list[ThreadRecord]:
-        """Threads without their runs, newest first, optionally only those of one agent and
-        of one owner; `offset` skips that many (pages)."""
+                   owner: ThreadOwner | None = None, offset: int = 0,
+                   after: ListPosition | None = None) -> list[ThreadRecord]:
+        """Threads without their runs, newest first (threads updated at the same time: the
+        greater id first, ids compared by code point, on every store), optionally only those
+        of one agent and of one owner; `after`: only those listed after that position (a
+        page's last thread's), then `offset` skips that many."""
         ...
 
     async def events_after(self, thread_id: str, position: int

@@ -14,6 +14,7 @@ import structlog
 from copilot_runtime.events import Event
 from copilot_runtime.threads.base import (
     MAX_REPLAY_BYTES,
+    ListPosition,
     Positioned,
     StoredRun,
     ThreadOwner,
@@ -136,11 +137,14 @@ class InMemoryThreadStore:
                       bytes=run.size, store_bytes=self.bytes)
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
-                   owner: ThreadOwner | None = None, offset: int = 0) -> list[ThreadRecord]:
+                   owner: ThreadOwner | None = None, offset: int = 0,
+                   after: ListPosition | None = None) -> list[ThreadRecord]:
         records = sorted(self._threads.values(), key=lambda r: (r.updated_at, r.thread_id),
                          reverse=True)
         return [r for r in records if (agent_id is None or r.agent_id == agent_id)
-                and (owner is None or r.owner == owner)][offset:offset + limit]
+                and (owner is None or r.owner == owner)
+                and (after is None or (r.updated_at, r.thread_id) < after)
+                ][offset:offset + limit]
 
     async def events_after(self, thread_id: str, position: int
                            ) -> builtins.list[Positioned]:

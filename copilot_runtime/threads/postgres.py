@@ -39,6 +39,7 @@ from copilot_runtime.threads._rows import (
 )
 from copilot_runtime.threads.base import (
     MAX_REPLAY_BYTES,
+    ListPosition,
     Positioned,
     StoredRun,
     ThreadOwner,
@@ -144,6 +145,20 @@ _MIGRATIONS: tuple[str, ...] = (
         thread_id TEXT PRIMARY KEY,
         next_position BIGINT NOT NULL
     );
+    """,
+    # 6: lists of threads order the ids of threads updated at the same time by their bytes
+    # (as the other stores do), not by the database's collation, and go on from a page's
+    # last thread: each index of the lists ends with the id so ordered.
+    """
+    DROP INDEX threads_by_updated;
+    CREATE INDEX threads_by_updated ON threads (updated_at DESC, thread_id COLLATE "C" DESC);
+    DROP INDEX threads_by_agent;
+    CREATE INDEX threads_by_agent ON threads
+        (agent_id, updated_at DESC, thread_id COLLATE "C" DESC);
+    DROP INDEX threads_by_owner;
+    CREATE INDEX threads_by_owner ON threads
+        (owner_id, tenant, updated_at DESC, thread_id COLLATE "C" DESC)
+        WHERE owner_id IS NOT NULL;
     """,
 )
 
@@ -468,11 +483,16 @@ class PostgresThreadStore:
             return events_after(runs, chunks, position)
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
-                   owner: ThreadOwner | None = None, offset: int = 0
-                   ) -> builtins.list[ThreadRecord]:
+                   owner: ThreadOwner | None = None, offset: int = 0,
+                   after: ListPosition | None = None) -> builtins.list[ThreadRecord]:
         async with self._reachable():
+            # Ids compare by their bytes ("C"), not by the database's collation: the order
+            # of the other stores, whatever the database was made with.
             where: builtins.list[str] = []
             args: builtins.list[Any] = []
+            if after is not None:
+                where.append('(updated_at, thread_id COLLATE "C") < (%s, %s)')
+                args.extend(after)
             if agent_id is not None:
                 where.append("agent_id = %s")
                 args.append(agent_id)
@@ -481,7 +501,7 @@ class PostgresThreadStore:
                 args.extend((owner.principal_id, owner.tenant))
             query = (f"SELECT thread_id, {_THREAD_COLUMNS} FROM threads "
                      + ("WHERE " + " AND ".join(where) + " " if where else "")
-                     + "ORDER BY updated_at DESC, thread_id DESC LIMIT %s OFFSET %s")
+                     + 'ORDER BY updated_at DESC, thread_id COLLATE "C" DESC LIMIT %s OFFSET %s')
             async with self._pool.connection() as conn:
                 rows = await (await conn.execute(query.encode(), (*args, limit, offset))
                               ).fetchall()

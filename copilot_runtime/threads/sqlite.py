@@ -33,6 +33,7 @@ from copilot_runtime.threads._rows import (
 from copilot_runtime.threads._store_thread import Call, StoreThread
 from copilot_runtime.threads.base import (
     MAX_REPLAY_BYTES,
+    ListPosition,
     Positioned,
     StoredRun,
     ThreadOwner,
@@ -263,14 +264,19 @@ class SQLiteThreadStore:
                 for r, first, events in self._db.execute(query, args)]
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
-                   owner: ThreadOwner | None = None, offset: int = 0
-                   ) -> builtins.list[ThreadRecord]:
-        return await self._call(self._list, agent_id, limit, owner, offset)
+                   owner: ThreadOwner | None = None, offset: int = 0,
+                   after: ListPosition | None = None) -> builtins.list[ThreadRecord]:
+        return await self._call(self._list, agent_id, limit, owner, offset, after)
 
     def _list(self, agent_id: str | None, limit: int, owner: ThreadOwner | None,
-              offset: int) -> builtins.list[ThreadRecord]:
+              offset: int, after: ListPosition | None) -> builtins.list[ThreadRecord]:
+        # Ids compare as SQLite's BINARY collation does: their UTF-8 bytes, the order of
+        # their code points (as the other stores order them).
         where: builtins.list[str] = []
         args: builtins.list[Any] = []
+        if after is not None:
+            where.append("(updated_at, thread_id) < (?, ?)")
+            args.extend(after)
         if agent_id is not None:
             where.append("agent_id = ?")
             args.append(agent_id)
