@@ -41,7 +41,7 @@ from copilot_runtime._exceptions import (
     ThreadNotFoundError,
 )
 from copilot_runtime._input import RunInput
-from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, readable, replayable, storable
+from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, replayable, storable
 from copilot_runtime._shared_runs import follow
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.coordination import LEASE_LOST_CODE, Coordinator, Lease, Signal
@@ -49,14 +49,12 @@ from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event, LastBatch
 from copilot_runtime.threads.base import (
     INTERRUPTED_CODE,
-    MAX_REPLAY_BYTES,
     DurableThreadStore,
     Positioned,
     StoredRun,
     ThreadOwner,
     ThreadRecord,
     ThreadStore,
-    positioned_runs,
     storable_ids,
 )
 
@@ -476,6 +474,18 @@ class ActiveRun:
             _log.exception("could not store run", thread_id=self.thread_id, run_id=self.run_id)
 
 
+def _before_run(stored: list[Positioned], run_id: str, first_position: int
+                ) -> list[Positioned]:
+    """What `stored` (a store's `events_after`) holds before the run `run_id`, which began at
+    `first_position`: durable stores have its events written so far, and any store has it
+    whole once it ended (it is live until the store has it)."""
+    for index, (position, event) in enumerate(stored):
+        if (position is not None and position >= first_position) or (
+                event.get("type") == ev.RUN_STARTED and event.get("runId") == run_id):
+            return stored[:index]
+    return stored
+
+
 def _stored(run: ActiveRun, woken: asyncio.Future[None], _: object) -> None:
     run._ended()
     _wake(woken)
@@ -802,15 +812,13 @@ class RunManager:
         if live is None:
             yield await self.store.events_after(thread_id, after)
             return
-        record = await self.store.get(thread_id, max_bytes=getattr(
-            self.store, "replay_bytes", MAX_REPLAY_BYTES))
-        if record is not None:
-            record = readable(record)  # a thread stored broken is still replayed
+        # The runs before the live one as the store replays them (bounded, and saying what
+        # it left out), then the live run from memory.
+        stored = await self.store.events_after(thread_id, after)
         so_far, queue = live.subscribe()
         try:
-            runs = [r for r in record.runs if r.run_id != live.run_id] if record else []
             start = live.first_position
-            out = positioned_runs(runs, after)
+            out = _before_run(stored, live.run_id, start)
             out.extend((start + i, e) for i, e in enumerate(so_far) if start + i > after)
             yield out
             while (item := await queue.get()) is not None:

@@ -37,6 +37,7 @@ __all__ = [
     "INTERRUPTED_CODE",
     "MAX_ID_LENGTH",
     "MAX_REPLAY_BYTES",
+    "REPLAY_OMITTED",
     "DurableThreadStore",
     "ListPosition",
     "Positioned",
@@ -47,14 +48,18 @@ __all__ = [
     "id_problem",
     "interrupted_tail",
     "newest_within",
+    "omission",
     "positioned_runs",
     "storable_ids",
     "title_of",
+    "with_omission",
 ]
 
 #: The code of the `RUN_ERROR` that ends a run whose worker stopped before it did.
 INTERRUPTED_CODE = "RUN_INTERRUPTED"
 _INTERRUPTED_MESSAGE = "The run was interrupted: the server driving it stopped"
+#: The name of the CUSTOM event that says a replay left runs out (`omission`).
+REPLAY_OMITTED = "copilot_runtime.replay_omitted"
 #: Longest thread title, in characters.
 _TITLE_LENGTH = 80
 #: The longest id (of a thread, a run or a message) a store keeps, in characters. Every
@@ -160,7 +165,8 @@ class ThreadStore(Protocol):
     async def events_after(self, thread_id: str, position: int
                            ) -> builtins.list[Positioned]:
         """The thread's events after `position` (-1: all), a running run's included; of its
-        finished runs, the newest within `MAX_REPLAY_BYTES` (the built-in stores)."""
+        finished runs, the newest within `MAX_REPLAY_BYTES` (the built-in stores), and if
+        that left some out, the `omission` event after the first replayed run's start."""
         ...
 
     async def rename(self, thread_id: str, name: str | None) -> bool:
@@ -283,8 +289,10 @@ def interrupted_tail(events: Sequence[Event], thread_id: str, run_id: str) -> li
     return tail
 
 
-def positioned_runs(runs: Iterable[StoredRun], position: int) -> list[Positioned]:
-    """The events of finished runs after `position`, as `events_after` returns them.
+def positioned_runs(runs: Iterable[StoredRun], position: int, omitted: int = 0
+                    ) -> list[Positioned]:
+    """The events of finished runs after `position`, as `events_after` returns them, told
+    that `omitted` older runs after `position` were left out (see `omission`).
 
     A run that `position` falls inside is replayed whole (its raw events are gone)."""
     out: list[Positioned] = []
@@ -293,4 +301,22 @@ def positioned_runs(runs: Iterable[StoredRun], position: int) -> list[Positioned
             continue
         out.extend((None, event) for event in run.events[:-1])
         out.append((run.last_position if run.last_position >= 0 else None, run.events[-1]))
-    return out
+    return with_omission(out, omitted)
+
+
+def omission(omitted_runs: int) -> Event:
+    """What tells a client that a replay (`connect`) left out the `omitted_runs` oldest runs
+    it would have had (they did not fit in the store's `replay_bytes`): a CUSTOM event,
+    which every AG-UI client takes inside a run and hands to whoever listens for its name."""
+    return ev.custom(REPLAY_OMITTED, {"omittedRuns": omitted_runs})
+
+
+def with_omission(replayed: list[Positioned], omitted_runs: int) -> list[Positioned]:
+    """`replayed` with `omission` right after its first run's start (before any run started
+    the clients refuse every event but a start), when runs were left out."""
+    if omitted_runs > 0:
+        for index, (_, event) in enumerate(replayed):
+            if event.get("type") == ev.RUN_STARTED:
+                replayed.insert(index + 1, (None, omission(omitted_runs)))
+                break
+    return replayed

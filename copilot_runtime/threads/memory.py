@@ -154,7 +154,7 @@ class InMemoryThreadStore:
         runs = [r for r in record.runs if r.events
                 and not 0 <= r.last_position <= position]
         kept = newest_within([r.size for r in reversed(runs)], self.replay_bytes)
-        return positioned_runs(runs[len(runs) - kept:], position)
+        return positioned_runs(runs[len(runs) - kept:], position, len(runs) - kept)
 
     async def rename(self, thread_id: str, name: str | None) -> bool:
         record = self._threads.get(thread_id)

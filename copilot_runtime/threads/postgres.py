@@ -465,22 +465,27 @@ class PostgresThreadStore:
             async with self._pool.connection() as conn:
                 # Of the finished runs, the newest within `replay_bytes` (at least the last):
                 # the size of each and of those after it (octet_length reads a value's
-                # header, not the value).
+                # header, not the value); and how many finished runs there are after
+                # `position`, to count those left out.
                 cursor = await conn.execute(
                     "SELECT run_id, open, first_position, last_position, "
                     "CASE WHEN open OR (last_position >= 0 AND last_position <= %s) THEN NULL "
-                    "ELSE events END FROM (SELECT seq, run_id, open, first_position, "
+                    "ELSE events END, finished FROM (SELECT seq, run_id, open, first_position, "
                     "last_position, events, CASE WHEN open THEN 0 ELSE octet_length(events) "
                     "END AS own, sum(CASE WHEN open THEN 0 ELSE octet_length(events) END) "
-                    "OVER (ORDER BY seq DESC) AS newer FROM runs WHERE thread_id = %s AND "
+                    "OVER (ORDER BY seq DESC) AS newer, "
+                    "count(*) FILTER (WHERE NOT open) OVER () AS finished "
+                    "FROM runs WHERE thread_id = %s AND "
                     "(open OR last_position < 0 OR last_position > %s)) r "
                     "WHERE open OR newer <= %s OR newer = own ORDER BY seq",
                     (position, thread_id, position, self.replay_bytes))
+                rows = await cursor.fetchall()
                 runs = [RunRow(run_id, is_open, first, last,
                                orjson.loads(events) if events is not None else [])
-                        for run_id, is_open, first, last, events in await cursor.fetchall()]
+                        for run_id, is_open, first, last, events, _ in rows]
                 chunks = await _chunks(conn, thread_id, position)
-            return events_after(runs, chunks, position)
+            omitted = rows[0][5] - sum(not run.open for run in runs) if rows else 0
+            return events_after(runs, chunks, position, omitted)
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
                    owner: ThreadOwner | None = None, offset: int = 0,

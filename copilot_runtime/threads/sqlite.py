@@ -237,20 +237,23 @@ class SQLiteThreadStore:
 
     def _events_after(self, thread_id: str, position: int) -> builtins.list[Positioned]:
         # Of the finished runs, the newest within `replay_bytes` (at least the last): the
-        # size of each and of those after it, read without reading the events.
+        # size of each and of those after it, read without reading the events; and how
+        # many finished runs there are after `position`, to count those left out.
+        rows = self._db.execute(
+            "SELECT run_id, open, first_position, last_position, events, finished FROM ("
+            "SELECT seq, run_id, open, first_position, last_position, events, "
+            "CASE WHEN open = 1 THEN 0 ELSE length(events) END AS own, "
+            "sum(CASE WHEN open = 1 THEN 0 ELSE length(events) END) "
+            "OVER (ORDER BY seq DESC) AS newer, sum(1 - open) OVER () AS finished FROM runs "
+            "WHERE thread_id = ? AND (open = 1 OR last_position < 0 "
+            "OR last_position > ?)) WHERE open = 1 OR newer <= ? OR newer = own "
+            "ORDER BY seq", (thread_id, position, self.replay_bytes)).fetchall()
         runs = [RunRow(run_id, bool(is_open), first, last,
                        [] if is_open or (0 <= last <= position) else orjson.loads(events))
-                for run_id, is_open, first, last, events in self._db.execute(
-                    "SELECT run_id, open, first_position, last_position, events FROM ("
-                    "SELECT seq, run_id, open, first_position, last_position, events, "
-                    "CASE WHEN open = 1 THEN 0 ELSE length(events) END AS own, "
-                    "sum(CASE WHEN open = 1 THEN 0 ELSE length(events) END) "
-                    "OVER (ORDER BY seq DESC) AS newer FROM runs "
-                    "WHERE thread_id = ? AND (open = 1 OR last_position < 0 "
-                    "OR last_position > ?)) WHERE open = 1 OR newer <= ? OR newer = own "
-                    "ORDER BY seq", (thread_id, position, self.replay_bytes))]
+                for run_id, is_open, first, last, events, _ in rows]
         chunks = self._chunks(thread_id, position)
-        return events_after(runs, chunks, position)
+        omitted = rows[0][5] - sum(not run.open for run in runs) if rows else 0
+        return events_after(runs, chunks, position, omitted)
 
     def _chunks(self, thread_id: str, position: int,
                 run_id: str | None = None) -> builtins.list[Chunk]:
