@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import math
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import (
     AsyncGenerator,
@@ -523,6 +524,10 @@ async def _retried(call: Callable[[], Awaitable[None]], seconds: float) -> None:
             return
 
 
+#: How the lease a delete holds on its thread is named (a run id no client sends).
+_DELETE = "copilot_runtime.delete:"
+
+
 class RunManager:
     """The runs active in this process, at most one per thread."""
 
@@ -531,6 +536,9 @@ class RunManager:
         self.store = store
         self.max_run_bytes = max_run_bytes
         self.active: dict[str, ActiveRun] = {}
+        #: Threads being deleted here (how many deletes of each): a run asking for one is
+        #: busy until the deletes are done.
+        self._deleting: dict[str, int] = {}
         #: The store when it keeps running runs' events (written as runs go), else None.
         self.durable: DurableThreadStore | None = \
             store if isinstance(store, DurableThreadStore) else None
@@ -564,6 +572,8 @@ class RunManager:
             # then refused makes the thread busy for its owner meanwhile, so anyone who knew
             # its id could keep it busy by asking again and again.
             raise ThreadNotFoundError(thread_id)
+        if thread_id in self._deleting:
+            raise ThreadBusyError(thread_id)
         running = self.active.get(thread_id)
         if running is not None:
             # A reservation not yet confirmed names only who asked: busy for everyone.
@@ -603,6 +613,41 @@ class RunManager:
                 raise ThreadNotFoundError(thread_id)
         elif owner is not None and remembered is not None and await remembered(thread_id):
             raise ThreadNotFoundError(thread_id)
+
+    async def running_anywhere(self, thread_id: str) -> bool:
+        """Whether a run is on the thread now, on any worker (a delete holding it is not)."""
+        if thread_id in self.active:
+            return True
+        if self.coordinator is None:
+            return False
+        holder = await self.coordinator.holder(thread_id)
+        return holder is not None and not holder.startswith(_DELETE)
+
+    @contextlib.asynccontextmanager
+    async def held_for_delete(self, thread_id: str) -> AsyncIterator[None]:
+        """Keep runs off the thread while it is deleted (its check that no run is on it, its
+        agents' memory, its store): `ThreadBusyError` if a run is on it on any worker, and a
+        run asking for it meanwhile, here or (through its lease) on another worker, is busy.
+        Deletes of one thread do not hold each other off: one finds it gone (a 404)."""
+        if thread_id in self.active:
+            raise ThreadBusyError(thread_id)
+        self._deleting[thread_id] = self._deleting.get(thread_id, 0) + 1
+        coordinator = self.coordinator
+        lease: Lease | None = None
+        try:
+            if coordinator is not None:
+                lease = await coordinator.acquire(thread_id, f"{_DELETE}{uuid.uuid4()}")
+                if lease is None:
+                    holder = await coordinator.holder(thread_id)
+                    if holder is not None and not holder.startswith(_DELETE):
+                        raise ThreadBusyError(thread_id)
+            yield
+        finally:
+            left = self._deleting.pop(thread_id) - 1
+            if left:
+                self._deleting[thread_id] = left
+            if lease is not None and coordinator is not None:
+                await coordinator.release(lease)
 
     def forget_owner(self, thread_id: str) -> None:
         """The thread is deleted: its id may become someone else's."""

@@ -253,7 +253,7 @@ class AGUIProtocol:
         owner = self.runtime.owner_filter(request.info)
         if id_problem(thread_id) is not None:
             raise ThreadNotFoundError(thread_id)
-        if request.method == "DELETE" and await self.runtime.is_running_anywhere(thread_id) \
+        if request.method == "DELETE" and await self.runtime.runs.running_anywhere(thread_id) \
                 and await self.runtime.can_see(request.info, thread_id):
             # Busy on every store, its first run's events written yet or not (the in-memory
             # store has no record of a thread before its first run ends).
@@ -262,14 +262,16 @@ class AGUIProtocol:
         if record is None or (owner is not None and record.owner != owner):
             raise ThreadNotFoundError(thread_id)
         if request.method == "DELETE":
-            if await self.runtime.is_running_anywhere(thread_id):
-                raise ThreadBusyError(thread_id)
-            # What the agents keep of the thread goes first: a checkpointed graph would
-            # otherwise hand the conversation to whoever starts a thread with this id next.
-            # Until it is gone the thread keeps its owner (a failure is a 503, kept).
-            await self.runtime.forget_thread(thread_id, strict=True)
-            if not await self.runtime.store.delete(thread_id):
-                raise ThreadNotFoundError(thread_id)  # deleted meanwhile, by another request
+            # No run may begin on the thread until it is deleted: one would stream on a
+            # thread deleted under it, and bring it back once it ended.
+            async with self.runtime.runs.held_for_delete(thread_id):
+                # What the agents keep of the thread goes first: a checkpointed graph would
+                # otherwise hand the conversation to whoever starts a thread with this id
+                # next. Until it is gone the thread keeps its owner (a failure is a 503,
+                # kept).
+                await self.runtime.forget_thread(thread_id, strict=True)
+                if not await self.runtime.store.delete(thread_id):
+                    raise ThreadNotFoundError(thread_id)  # deleted meanwhile, by another
             await send_json(request, 200, {"deleted": True, "id": thread_id})
             return
         data = parse_json_body(body)
