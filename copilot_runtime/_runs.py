@@ -43,7 +43,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, replayable, storable
-from copilot_runtime._shared_runs import follow
+from copilot_runtime._shared_runs import follow, replay_stored
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.coordination import LEASE_LOST_CODE, Coordinator, Lease, Signal
 from copilot_runtime.event_order import RunEventOrder
@@ -855,7 +855,7 @@ class RunManager:
             await self.recover()
         live = self.active.get(thread_id)
         if live is None:
-            yield await self.store.events_after(thread_id, after)
+            yield await replay_stored(self.store, thread_id, after)
             return
         # The runs before the live one as the store replays them (bounded, and saying what
         # it left out), then the live run from memory.
@@ -863,6 +863,11 @@ class RunManager:
         so_far, queue = live.subscribe()
         try:
             start = live.first_position
+            if after >= start + len(so_far):
+                # A position the thread has not reached: an id of some other history (see
+                # `replay_stored`), so the whole thread.
+                after = -1
+                stored = await self.store.events_after(thread_id, after)
             out = _before_run(stored, live.run_id, start)
             out.extend((start + i, e) for i, e in enumerate(so_far) if start + i > after)
             yield out

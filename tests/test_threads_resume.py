@@ -263,3 +263,59 @@ async def drive(scenario: str, url: str, **options: Any) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(lines[-1])
     assert result.get("ok"), (result.get("error"), err.decode()[-3000:])
     return result
+
+
+# -- a Last-Event-ID the thread never reached ----------------------------------------------------
+
+
+async def test_a_last_event_id_from_another_history_replays_the_whole_thread(
+        served: Served) -> None:
+    """Before: `connect` with an id past the thread's last position (kept from before an
+    in-memory store restarted, or forged) replayed nothing and said nothing, and the next
+    runs' events up to that id stayed hidden from that client. A thread at rest never gave
+    such an id: the whole thread is replayed instead."""
+    ran = await run_ids(served, "t", "hello", "r1")
+    last = ran[-1][0]
+    assert last is not None
+    status, whole = await connect(served, "t")
+    assert status == 200
+    for stale in (str(last + 1), "1000", str(2**62)):
+        status, got = await connect(served, "t", stale)
+        assert (status, got) == (200, whole), stale
+    # The thread's own ids still resume exactly.
+    status, got = await connect(served, "t", str(last))
+    assert (status, got) == (200, [])
+    status, got = await connect(served, "t", str(last - 1))
+    assert got[-1][0] == last
+    assert len(got) < len(whole) or served.runtime.store.__class__.__name__ == \
+        "InMemoryThreadStore"  # (which keeps no raw events: the run again, whole)
+    # A thread that does not exist is still nothing.
+    status, got = await connect(served, "nope", "1000")
+    assert (status, got) == (200, [])
+
+
+async def test_a_last_event_id_past_a_running_thread_replays_it_whole(
+        store_url: str, serve_runtime: ServeRuntime) -> None:
+    agent = GatedAgent()
+    agent.gate.set()
+    options: dict[str, Any] = {"thread_store": thread_store(store_url)}
+    if store_url.startswith("postgresql"):
+        options["coordinator"] = coordinator(store_url)
+    runtime = CopilotRuntime(agents={"default": agent}, **options)
+    async with worker(store_url, serve_runtime, runtime) as served:
+        await run_ids(served, "t", "first", "r1")
+        agent.gate.clear()
+        running = await served.post("/agent/default/run", run_input("live", thread="t",
+                                                                     run="r2"))
+        body = b""
+        async with asyncio.timeout(20):
+            while b"TEXT_MESSAGE_CONTENT" not in body:
+                body += await running.content.readany()
+        joined = asyncio.ensure_future(connect(served, "t", "1000000"))
+        await asyncio.sleep(0.2)
+        agent.gate.set()
+        await running.read()
+        status, replayed = await joined
+        assert status == 200
+        verify_events([e for _, e in replayed])
+        assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == ["r1", "r2"]
