@@ -37,6 +37,7 @@ __all__ = [
     "INTERRUPTED_CODE",
     "MAX_ID_LENGTH",
     "MAX_REPLAY_BYTES",
+    "NOT_IN_NAMES",
     "REPLAY_OMITTED",
     "DurableThreadStore",
     "ListPosition",
@@ -68,6 +69,10 @@ _TITLE_LENGTH = 80
 MAX_ID_LENGTH = 256
 #: What no id, title or name holds (PostgreSQL's text cannot even hold NUL).
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+#: What no title or name holds either: C1 control characters ("\x85" breaks a line, "\x9b"
+#: starts a terminal escape), line and paragraph separators, and the bidirectional
+#: embeddings, overrides and isolates that make a name read as other text ("Trojan Source").
+NOT_IN_NAMES = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 #: An event and its position in the thread (None inside a compacted run).
 Positioned = tuple[int | None, Event]
@@ -268,7 +273,7 @@ def title_of(events: Sequence[Event]) -> str:
                     content = " ".join(part.get("text", "") for part in content
                                        if isinstance(part, dict)
                                        and isinstance(part.get("text"), str))
-                text = " ".join(CONTROL_CHARACTERS.sub(" ", content).split()) \
+                text = " ".join(NOT_IN_NAMES.sub(" ", content).split()) \
                     if isinstance(content, str) else ""
                 if text:
                     return text if len(text) <= _TITLE_LENGTH \

@@ -52,8 +52,8 @@ from copilot_runtime.protocols.http import (
 )
 from copilot_runtime.runtime import CopilotRuntime
 from copilot_runtime.threads.base import (
-    CONTROL_CHARACTERS,
     MAX_REPLAY_BYTES,
+    NOT_IN_NAMES,
     ListPosition,
     ThreadRecord,
     id_problem,
@@ -276,9 +276,12 @@ class AGUIProtocol:
             return
         data = parse_json_body(body)
         name = data.get("name") if isinstance(data, dict) else None
+        if isinstance(name, str):
+            # Blank is no name (the title shows), and what frames a name is not part of it.
+            name = name.strip() or None
         if not isinstance(data, dict) or set(data) - {"name"} or "name" not in data or not (
                 name is None or (isinstance(name, str) and len(name) <= _MAX_NAME
-                                 and not CONTROL_CHARACTERS.search(name))):
+                                 and not NOT_IN_NAMES.search(name))):
             raise InvalidRequestError(
                 f"A thread update is {{\"name\": string of at most {_MAX_NAME} characters "
                 "without control characters, or null}")
