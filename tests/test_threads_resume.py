@@ -319,3 +319,26 @@ async def test_a_last_event_id_past_a_running_thread_replays_it_whole(
         assert status == 200
         verify_events([e for _, e in replayed])
         assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == ["r1", "r2"]
+
+
+async def test_load_agent_state_reads_only_the_newest_runs_that_fit(served: Served) -> None:
+    """Before: GraphQL's loadAgentState read the thread whole (every run of it, for every
+    request: gigabytes for a thread of big runs), where the AG-UI routes and `connect` read
+    at most the store's `replay_bytes` of its newest runs. It reads as they do now."""
+    from tests.test_graphql_agents import LOAD_STATE, query
+
+    for index in range(4):
+        await run_ids(served, "big", f"q{index} {FILLER}", f"r{index}")
+
+    async def users() -> list[str]:
+        loaded = await query(served, LOAD_STATE, {"data": {"threadId": "big",
+                                                           "agentName": "default"}})
+        state = loaded["data"]["loadAgentState"]
+        assert state["threadExists"] is True
+        return [m["content"][:2] for m in json.loads(state["messages"])
+                if m.get("role") == "user"]
+
+    assert await users() == ["q0", "q1", "q2", "q3"]
+    store: Any = served.runtime.store
+    store.replay_bytes = 50_000  # each run stores ~21 KB: two fit
+    assert await users() == ["q2", "q3"]
