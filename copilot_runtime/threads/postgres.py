@@ -148,7 +148,8 @@ _MIGRATIONS: tuple[str, ...] = (
     """,
     # 6: lists of threads order the ids of threads updated at the same time by their bytes
     # (as the other stores do), not by the database's collation, and go on from a page's
-    # last thread: each index of the lists ends with the id so ordered.
+    # last thread: each index of the lists ends with the id so ordered. (Building them reads
+    # `threads` whole while holding off its writes: seconds on millions of threads.)
     """
     DROP INDEX threads_by_updated;
     CREATE INDEX threads_by_updated ON threads (updated_at DESC, thread_id COLLATE "C" DESC);
