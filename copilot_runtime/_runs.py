@@ -774,8 +774,9 @@ class RunManager:
         if self.coordinator is None or thread_id in self.active:
             return False
         holder = await self.coordinator.holder(thread_id)
-        if holder is None or (run_id is not None and holder != run_id):
-            return False
+        if holder is None or holder.startswith(_DELETE) or (
+                run_id is not None and holder != run_id):
+            return False  # (a delete holding the thread is no run)
         await self.coordinator.publish(Signal("stop", thread_id, holder))
         # A signal is not kept: one sent while the driving worker's signal connection was
         # being opened again is lost. Sent again while the run still holds the thread.

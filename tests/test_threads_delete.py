@@ -88,9 +88,12 @@ async def test_a_run_asked_for_on_another_worker_while_the_thread_is_deleted_is_
                 await asyncio.wait_for(forgetting.wait(), 10)
                 status, body, _ = await call(second, "POST", "/agent/default/run", None,
                                              run_input("meanwhile", thread="t", run="r2"))
+                # Nor is the delete a run another worker could stop.
+                stopped = await call(second, "POST", "/agent/default/stop/t", None)
             finally:
                 forgot.set()
             assert status == 409, body
+            assert (stopped[0], orjson.loads(stopped[1])["stopped"]) == (200, False)
             status, body, _ = await deleting
             assert status == 200, body
             assert await two.store.summary("t") is None
