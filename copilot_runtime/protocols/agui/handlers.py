@@ -271,7 +271,7 @@ class AGUIProtocol:
                 # kept).
                 await self.runtime.forget_thread(thread_id, strict=True)
                 if not await self.runtime.store.delete(thread_id):
-                    raise ThreadNotFoundError(thread_id)  # deleted meanwhile, by another
+                    raise ThreadNotFoundError(thread_id)  # another request deleted it first
             await send_json(request, 200, {"deleted": True, "id": thread_id})
             return
         data = parse_json_body(body)
