@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import math
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import (
     AsyncGenerator,
@@ -42,22 +43,20 @@ from copilot_runtime._exceptions import (
     ThreadNotFoundError,
 )
 from copilot_runtime._input import RunInput
-from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, readable, replayable, storable
-from copilot_runtime._shared_runs import follow
+from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, replayable, storable
+from copilot_runtime._shared_runs import follow, replay_stored
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.coordination import LEASE_LOST_CODE, Coordinator, Lease, Signal
 from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event, LastBatch
 from copilot_runtime.threads.base import (
     INTERRUPTED_CODE,
-    MAX_REPLAY_BYTES,
     DurableThreadStore,
     Positioned,
     StoredRun,
     ThreadOwner,
     ThreadRecord,
     ThreadStore,
-    positioned_runs,
     storable_ids,
 )
 
@@ -514,6 +513,18 @@ class ActiveRun:
             _log.exception("could not store run", thread_id=self.thread_id, run_id=self.run_id)
 
 
+def _before_run(stored: list[Positioned], run_id: str, first_position: int
+                ) -> list[Positioned]:
+    """What `stored` (a store's `events_after`) holds before the run `run_id`, which began at
+    `first_position`: durable stores have its events written so far, and any store has it
+    whole once it ended (it is live until the store has it)."""
+    for index, (position, event) in enumerate(stored):
+        if (position is not None and position >= first_position) or (
+                event.get("type") == ev.RUN_STARTED and event.get("runId") == run_id):
+            return stored[:index]
+    return stored
+
+
 def _stored(run: ActiveRun, woken: asyncio.Future[None], _: object) -> None:
     run._ended()
     _wake(woken)
@@ -551,6 +562,10 @@ async def _retried(call: Callable[[], Awaitable[None]], seconds: float) -> None:
             return
 
 
+#: How the lease a delete holds on its thread is named (a run id no client sends).
+_DELETE = "copilot_runtime.delete:"
+
+
 class RunManager:
     """The runs active in this process, at most one per thread."""
 
@@ -559,6 +574,9 @@ class RunManager:
         self.store = store
         self.max_run_bytes = max_run_bytes
         self.active: dict[str, ActiveRun] = {}
+        #: Threads being deleted here (how many deletes of each): a run asking for one is
+        #: busy until the deletes are done.
+        self._deleting: dict[str, int] = {}
         #: The store when it keeps running runs' events (written as runs go), else None.
         self.durable: DurableThreadStore | None = \
             store if isinstance(store, DurableThreadStore) else None
@@ -594,6 +612,8 @@ class RunManager:
             # then refused makes the thread busy for its owner meanwhile, so anyone who knew
             # its id could keep it busy by asking again and again.
             raise ThreadNotFoundError(thread_id)
+        if thread_id in self._deleting:
+            raise ThreadBusyError(thread_id)
         running = self.active.get(thread_id)
         if running is not None:
             # A reservation not yet confirmed names only who asked: busy for everyone.
@@ -611,6 +631,8 @@ class RunManager:
                 await self.recover()
             record = await self.store.summary(thread_id)
             await self._check_owner(thread_id, record, owner, remembered)
+            if record is None:  # a new thread: positions go on from a deleted one's
+                placeholder.first_position = await self.store.first_position(thread_id)
         except BaseException:
             self._withdraw(placeholder)
             raise
@@ -631,6 +653,41 @@ class RunManager:
                 raise ThreadNotFoundError(thread_id)
         elif owner is not None and remembered is not None and await remembered(thread_id):
             raise ThreadNotFoundError(thread_id)
+
+    async def running_anywhere(self, thread_id: str) -> bool:
+        """Whether a run is on the thread now, on any worker (a delete holding it is not)."""
+        if thread_id in self.active:
+            return True
+        if self.coordinator is None:
+            return False
+        holder = await self.coordinator.holder(thread_id)
+        return holder is not None and not holder.startswith(_DELETE)
+
+    @contextlib.asynccontextmanager
+    async def held_for_delete(self, thread_id: str) -> AsyncIterator[None]:
+        """Keep runs off the thread while it is deleted (its check that no run is on it, its
+        agents' memory, its store): `ThreadBusyError` if a run is on it on any worker, and a
+        run asking for it meanwhile, here or (through its lease) on another worker, is busy.
+        Deletes of one thread do not hold each other off: one finds it gone (a 404)."""
+        if thread_id in self.active:
+            raise ThreadBusyError(thread_id)
+        self._deleting[thread_id] = self._deleting.get(thread_id, 0) + 1
+        coordinator = self.coordinator
+        lease: Lease | None = None
+        try:
+            if coordinator is not None:
+                lease = await coordinator.acquire(thread_id, f"{_DELETE}{uuid.uuid4()}")
+                if lease is None:
+                    holder = await coordinator.holder(thread_id)
+                    if holder is not None and not holder.startswith(_DELETE):
+                        raise ThreadBusyError(thread_id)
+            yield
+        finally:
+            left = self._deleting.pop(thread_id) - 1
+            if left:
+                self._deleting[thread_id] = left
+            if lease is not None and coordinator is not None:
+                await coordinator.release(lease)
 
     def forget_owner(self, thread_id: str) -> None:
         """The thread is deleted: its id may become someone else's."""
@@ -674,6 +731,8 @@ class RunManager:
                 placeholder._seen = record.message_ids
                 placeholder.owner = record.owner
                 placeholder.first_position = record.next_position
+            else:  # a new thread: positions go on from a deleted one's
+                placeholder.first_position = await self.store.first_position(thread_id)
             if self.durable is not None:
                 # The run's start, written before it streams: every worker sees the thread
                 # (and its owner) at once, and can follow the run from its first event.
@@ -762,8 +821,9 @@ class RunManager:
         if self.coordinator is None or thread_id in self.active:
             return False
         holder = await self.coordinator.holder(thread_id)
-        if holder is None or (run_id is not None and holder != run_id):
-            return False
+        if holder is None or holder.startswith(_DELETE) or (
+                run_id is not None and holder != run_id):
+            return False  # (a delete holding the thread is no run)
         await self.coordinator.publish(Signal("stop", thread_id, holder))
         # A signal is not kept: one sent while the driving worker's signal connection was
         # being opened again is lost. Sent again while the run still holds the thread.
@@ -843,17 +903,20 @@ class RunManager:
             await self.recover()
         live = self.active.get(thread_id)
         if live is None:
-            yield await self.store.events_after(thread_id, after)
+            yield await replay_stored(self.store, thread_id, after)
             return
-        record = await self.store.get(thread_id, max_bytes=getattr(
-            self.store, "replay_bytes", MAX_REPLAY_BYTES))
-        if record is not None:
-            record = readable(record)  # a thread stored broken is still replayed
+        # The runs before the live one as the store replays them (bounded, and saying what
+        # it left out), then the live run from memory.
+        stored = await self.store.events_after(thread_id, after)
         so_far, queue = live.subscribe()
         try:
-            runs = [r for r in record.runs if r.run_id != live.run_id] if record else []
             start = live.first_position
-            out = positioned_runs(runs, after)
+            if after >= start + len(so_far):
+                # A position the thread has not reached: an id of some other history (see
+                # `replay_stored`), so the whole thread.
+                after = -1
+                stored = await self.store.events_after(thread_id, after)
+            out = _before_run(stored, live.run_id, start)
             out.extend((start + i, e) for i, e in enumerate(so_far) if start + i > after)
             yield out
             while (item := await queue.get()) is not None:

@@ -20,7 +20,7 @@ from copilot_runtime._exceptions import ServiceUnavailableError
 from copilot_runtime.coordination import Coordinator, Signal
 from copilot_runtime.threads.base import DurableThreadStore, Positioned, ThreadStore
 
-__all__ = ["RecoverySweep", "follow"]
+__all__ = ["RecoverySweep", "follow", "replay_stored"]
 
 _log = structlog.get_logger("copilot_runtime.runs")
 #: Seconds after its expiry that a lease never released (its worker died) is deleted.
@@ -39,6 +39,11 @@ async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, a
         batch, position = await _read(store, thread_id, after)
         # Followed from now on: its worker signals its progress and end to us.
         live = await coordinator.follow(thread_id)
+        if live is None and not batch and after >= 0:
+            # (A live run's events may be ahead of the store: only a thread at rest can
+            # tell a position it never reached.)
+            batch = await replay_stored(store, thread_id, after)
+            position = _last_position(batch, -1) if batch else position
         yield batch  # even empty: the thread could be read (see `RunManager.replay`)
         last: Positioned | None = batch[-1] if batch else None
         deadline: float | None = None
@@ -83,14 +88,36 @@ async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, a
             await asyncio.sleep(POLL)
 
 
+async def replay_stored(store: ThreadStore, thread_id: str, after: int) -> list[Positioned]:
+    """A thread at rest (no run on it) as the store replays it after position `after`.
+
+    A position at or past the thread's next one names no event of it: the client's id came
+    from some other history of the id (an in-memory store restarted, or one that forgot the
+    thread), and following it would hide the thread's events up to it, now and in every
+    run to come until the positions pass it. The whole thread is replayed instead (ids
+    lower than the client's say so)."""
+    rows = await store.events_after(thread_id, after)
+    if rows or after < 0:
+        return rows
+    record = await store.summary(thread_id)
+    if record is None or after < record.next_position:
+        return rows
+    return await store.events_after(thread_id, -1)
+
+
 async def _read(store: ThreadStore, thread_id: str, position: int
                 ) -> tuple[list[Positioned], int]:
     """The events stored after `position`, and the position to read after next."""
     rows = await store.events_after(thread_id, position)
+    return rows, _last_position(rows, position)
+
+
+def _last_position(rows: Sequence[Positioned], position: int) -> int:
+    """The position of the last of `rows` that has one (`position` if none has)."""
     for row_position, _ in reversed(rows):
         if row_position is not None:
-            return rows, row_position
-    return rows, position
+            return row_position
+    return position
 
 
 class RecoverySweep:

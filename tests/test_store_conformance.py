@@ -137,6 +137,83 @@ async def test_list_pages_names_and_delete(store: ThreadStore) -> None:
     assert [r.thread_id for r in await store.list()] == ["t4", "t2", "t1", "t0"]
 
 
+async def test_a_deleted_threads_positions_never_go_back(store: ThreadStore) -> None:
+    """Before: a thread made again with a deleted one's id started its positions at 0 again,
+    so a client still holding an event id of the old thread (`Last-Event-ID` 120) got
+    nothing of the new one's first 120 events when it connected. Now the store keeps how far
+    a deleted thread had got, and a new thread of that id starts there."""
+    assert await store.first_position("t") == 0
+    one = _run("t", "r1", "a b c")
+    await _finish(store, "t", "r1", one, 0)
+    assert await store.delete("t") is True
+    assert await store.get("t") is None
+    assert await store.first_position("t") == len(one)
+    assert await store.first_position("other") == 0
+    # The thread made again goes on from there; deleted again, from its own end.
+    two = _run("t", "r2", "d")
+    await _finish(store, "t", "r2", two, len(one), created=2.0)
+    record = await store.get("t")
+    assert record is not None
+    assert ([r.run_id for r in record.runs], record.next_position) == (
+        ["r2"], len(one) + len(two))
+    assert await store.events_after("t", len(one) - 1) != []
+    assert await store.delete("t") is True
+    assert await store.first_position("t") == len(one) + len(two)
+    # A delete of a thread that is not there changes nothing.
+    assert await store.delete("t") is False
+    assert await store.first_position("t") == len(one) + len(two)
+
+
+async def test_a_deleted_durable_threads_streamed_positions_are_kept(store: ThreadStore
+                                                                      ) -> None:
+    durable = _durable(store)
+    events = _run("t", "r1", "one two three")
+    await durable.append_events("t", "default", "r1", 1.0, 0, events[:4])
+    assert await durable.close_interrupted("t", "r1") is True
+    record = await durable.summary("t")
+    assert record is not None
+    assert await durable.delete("t") is True
+    assert await durable.first_position("t") == record.next_position > 4
+
+
+#: Ids whose order by code point (bytes of UTF-8) differs from a linguistic collation's:
+#: "a" < "B" in en_US, "B" < "a" by bytes.
+TIED_IDS = ["a", "B", "b", "A_2", "a-1", "_x", "é", "z", "Z", "a b"]
+
+
+async def _tied_threads(store: ThreadStore, agent: str = "default") -> None:
+    for thread in TIED_IDS:
+        await store.append_run(thread, agent, StoredRun(
+            "r", compact_events(_run(thread, "r", "x")), 100.0, 0, 0, 5), [])
+
+
+async def test_threads_updated_at_once_list_in_one_order_on_every_store(
+        store: ThreadStore) -> None:
+    """Before: threads updated at the same time were listed by the ids' order in the
+    database's collation on PostgreSQL ("a" before "B" in en_US) and by their bytes on the
+    others. Every store orders them by code point now, the greater first, and a page goes
+    on after the previous one's last thread (`after`) without listing one twice or
+    skipping one, however the pages split the tie."""
+    await _tied_threads(store)
+    expected = sorted(TIED_IDS, reverse=True)
+    assert [r.thread_id for r in await store.list()] == expected
+    for size in (1, 2, 3, 4):
+        seen: list[str] = []
+        after = None
+        while page := await store.list(limit=size, after=after):
+            seen += [r.thread_id for r in page]
+            after = (page[-1].updated_at, page[-1].thread_id)
+        assert seen == expected, size
+    # After a position: what comes after it, even for an id no thread has.
+    assert [r.thread_id for r in await store.list(after=(100.0, "a"))] == \
+        [i for i in expected if i < "a"]
+    assert [r.thread_id for r in await store.list(after=(100.5, ""))] == expected
+    assert await store.list(after=(100.0, "")) == []
+    assert await store.list(after=(-1e300, "zzz")) == []
+    assert [r.thread_id for r in await store.list(after=(100.0, "b"), offset=1,
+                                                  limit=2)] == ["a b", "a"]
+
+
 async def test_running_run_is_readable_while_it_streams(store: ThreadStore) -> None:
     durable = _durable(store)
     events = _run("t", "r1", "one two three four")
@@ -224,7 +301,7 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     db.close()
     store = SQLiteThreadStore(path)
     try:
-        assert store.schema_version == 2
+        assert store.schema_version == 3
         record = await store.get("old")
         assert record is not None
         assert [r.run_id for r in record.runs] == ["r0"]
@@ -237,7 +314,7 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     finally:
         await store.aclose()
     reopened = SQLiteThreadStore(path)
-    assert reopened.schema_version == 2
+    assert reopened.schema_version == 3
     await reopened.aclose()
 
 
@@ -245,8 +322,10 @@ async def test_postgres_workers_starting_together_migrate_once() -> None:
     schema = f"store_{uuid.uuid4().hex[:10]}"
     stores: list[Any] = [thread_store(f"{SERVER}?schema={schema}") for _ in range(4)]
     try:
+        from copilot_runtime.threads.postgres import _MIGRATIONS
+
         versions = await asyncio.gather(*[s.schema_version() for s in stores])
-        assert versions == [4, 4, 4, 4]
+        assert versions == [len(_MIGRATIONS)] * 4
         await _finish(stores[0], "t", "r", _run("t", "r", "x"), 0)
         assert (await stores[3].get("t")) is not None
     finally:
@@ -277,7 +356,7 @@ async def test_postgres_schema_of_the_first_version_is_migrated() -> None:
         conn.execute("INSERT INTO run_events VALUES ('old', 0, 4, 'r0', '[]')")
     store: Any = thread_store(f"{SERVER}?schema={schema}")
     try:
-        assert await store.schema_version() == len(_MIGRATIONS) == 4
+        assert await store.schema_version() == len(_MIGRATIONS)
         old = await store.summary("old")
         assert old is not None
         assert (old.next_position, old.message_ids) == (5, {"u0"})
@@ -302,6 +381,27 @@ async def test_postgres_schema_of_the_first_version_is_migrated() -> None:
         assert [r.run_id for r in record.runs] == ["r"]
         assert record.runs[0].events == compact_events(events)
         assert [e for _, e in await store.events_after("t", 1)] == events[2:]
+    finally:
+        await store.aclose()
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def test_postgres_lists_by_bytes_whatever_the_collation() -> None:
+    """A database made with a linguistic collation (en_US.UTF-8, a common default) ordered
+    the ids of threads updated at once as that collation does: not as the other stores."""
+    schema = f"store_{uuid.uuid4().hex[:10]}"
+    store: Any = thread_store(f"{SERVER}?schema={schema}")
+    try:
+        await store.open()
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'ALTER TABLE "{schema}".threads ALTER COLUMN thread_id '
+                         'TYPE text COLLATE "en-US-x-icu"')
+        await _tied_threads(store)
+        expected = sorted(TIED_IDS, reverse=True)
+        assert [r.thread_id for r in await store.list()] == expected
+        assert [r.thread_id for r in await store.list(after=(100.0, "a"), limit=3)] == \
+            [i for i in expected if i < "a"][:3]
     finally:
         await store.aclose()
         with psycopg.connect(SERVER, autocommit=True) as conn:

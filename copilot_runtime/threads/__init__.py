@@ -12,6 +12,7 @@ from copilot_runtime.threads.base import (
     MAX_ID_LENGTH,
     MAX_REPLAY_BYTES,
     DurableThreadStore,
+    ListPosition,
     Positioned,
     StoredRun,
     ThreadOwner,
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from copilot_runtime.threads.postgres import PostgresThreadStore
 
 __all__ = ["INTERRUPTED_CODE", "MAX_ID_LENGTH", "MAX_REPLAY_BYTES", "DurableThreadStore",
-           "InMemoryThreadStore",
+           "InMemoryThreadStore", "ListPosition",
            "Positioned",
            "PostgresThreadStore", "SQLiteThreadStore", "StoredRun", "ThreadOwner",
            "ThreadRecord", "ThreadStore", "thread_store"]

@@ -12,7 +12,12 @@ from copilot_runtime import events as ev
 from copilot_runtime._compaction import compact_events
 from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime.events import Event
-from copilot_runtime.threads.base import Positioned, interrupted_tail, storable_ids
+from copilot_runtime.threads.base import (
+    Positioned,
+    interrupted_tail,
+    storable_ids,
+    with_omission,
+)
 
 __all__ = ["Chunk", "RunRow", "check_schema_version", "closed_run", "events_after",
            "message_ids_of"]
@@ -47,8 +52,9 @@ class Chunk:
 
 
 def events_after(runs: Sequence[RunRow], chunks: Iterable[Chunk],
-                 position: int) -> list[Positioned]:
-    """`ThreadStore.events_after` from a thread's runs (in order) and the raw chunks kept."""
+                 position: int, omitted: int = 0) -> list[Positioned]:
+    """`ThreadStore.events_after` from a thread's runs (in order) and the raw chunks kept,
+    `omitted` older finished runs after `position` having been left out."""
     raw: dict[str, list[Positioned]] = {}
     for chunk in sorted(chunks, key=lambda c: c.first_position):
         out = raw.setdefault(chunk.run_id, [])
@@ -66,7 +72,7 @@ def events_after(runs: Sequence[RunRow], chunks: Iterable[Chunk],
                 result.extend((None, event) for event in run.events[:-1])
                 result.append((run.last_position if run.last_position >= 0 else None,
                                run.events[-1]))
-    return result
+    return with_omission(result, omitted)
 
 
 def closed_run(thread_id: str, run_id: str, first_position: int,

@@ -37,7 +37,10 @@ __all__ = [
     "INTERRUPTED_CODE",
     "MAX_ID_LENGTH",
     "MAX_REPLAY_BYTES",
+    "NOT_IN_NAMES",
+    "REPLAY_OMITTED",
     "DurableThreadStore",
+    "ListPosition",
     "Positioned",
     "StoredRun",
     "ThreadOwner",
@@ -46,14 +49,18 @@ __all__ = [
     "id_problem",
     "interrupted_tail",
     "newest_within",
+    "omission",
     "positioned_runs",
     "storable_ids",
     "title_of",
+    "with_omission",
 ]
 
 #: The code of the `RUN_ERROR` that ends a run whose worker stopped before it did.
 INTERRUPTED_CODE = "RUN_INTERRUPTED"
 _INTERRUPTED_MESSAGE = "The run was interrupted: the server driving it stopped"
+#: The name of the CUSTOM event that says a replay left runs out (`omission`).
+REPLAY_OMITTED = "copilot_runtime.replay_omitted"
 #: Longest thread title, in characters.
 _TITLE_LENGTH = 80
 #: The longest id (of a thread, a run or a message) a store keeps, in characters. Every
@@ -62,9 +69,15 @@ _TITLE_LENGTH = 80
 MAX_ID_LENGTH = 256
 #: What no id, title or name holds (PostgreSQL's text cannot even hold NUL).
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+#: What no title or name holds either: C1 control characters ("\x85" breaks a line, "\x9b"
+#: starts a terminal escape), line and paragraph separators, and the bidirectional
+#: embeddings, overrides and isolates that make a name read as other text ("Trojan Source").
+NOT_IN_NAMES = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 #: An event and its position in the thread (None inside a compacted run).
 Positioned = tuple[int | None, Event]
+#: A thread's place in a list of threads: its updated time and its id.
+ListPosition = tuple[float, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,15 +159,19 @@ class ThreadStore(Protocol):
         ...
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
-                   owner: ThreadOwner | None = None, offset: int = 0) -> list[ThreadRecord]:
-        """Threads without their runs, newest first, optionally only those of one agent and
-        of one owner; `offset` skips that many (pages)."""
+                   owner: ThreadOwner | None = None, offset: int = 0,
+                   after: ListPosition | None = None) -> list[ThreadRecord]:
+        """Threads without their runs, newest first (threads updated at the same time: the
+        greater id first, ids compared by code point, on every store), optionally only those
+        of one agent and of one owner; `after`: only those listed after that position (a
+        page's last thread's), then `offset` skips that many."""
         ...
 
     async def events_after(self, thread_id: str, position: int
                            ) -> builtins.list[Positioned]:
         """The thread's events after `position` (-1: all), a running run's included; of its
-        finished runs, the newest within `MAX_REPLAY_BYTES` (the built-in stores)."""
+        finished runs, the newest within `MAX_REPLAY_BYTES` (the built-in stores), and if
+        that left some out, the `omission` event after the first replayed run's start."""
         ...
 
     async def rename(self, thread_id: str, name: str | None) -> bool:
@@ -162,7 +179,15 @@ class ThreadStore(Protocol):
         ...
 
     async def delete(self, thread_id: str) -> bool:
-        """Forget the thread and everything in it; False if there was none."""
+        """Forget the thread and everything in it but how far its positions went (see
+        `first_position`); False if there was none."""
+        ...
+
+    async def first_position(self, thread_id: str) -> int:
+        """The position the first event of a thread the store has no record of gets: 0, or,
+        for the id of a thread deleted (or evicted) before, the position that thread's next
+        event would have got. Positions never go back for an id, so a client still holding
+        an event id of the old thread (`Last-Event-ID`) misses nothing of the new one."""
         ...
 
     async def aclose(self) -> None:
@@ -248,7 +273,7 @@ def title_of(events: Sequence[Event]) -> str:
                     content = " ".join(part.get("text", "") for part in content
                                        if isinstance(part, dict)
                                        and isinstance(part.get("text"), str))
-                text = " ".join(CONTROL_CHARACTERS.sub(" ", content).split()) \
+                text = " ".join(NOT_IN_NAMES.sub(" ", content).split()) \
                     if isinstance(content, str) else ""
                 if text:
                     return text if len(text) <= _TITLE_LENGTH \
@@ -269,8 +294,10 @@ def interrupted_tail(events: Sequence[Event], thread_id: str, run_id: str) -> li
     return tail
 
 
-def positioned_runs(runs: Iterable[StoredRun], position: int) -> list[Positioned]:
-    """The events of finished runs after `position`, as `events_after` returns them.
+def positioned_runs(runs: Iterable[StoredRun], position: int, omitted: int = 0
+                    ) -> list[Positioned]:
+    """The events of finished runs after `position`, as `events_after` returns them, told
+    that `omitted` older runs after `position` were left out (see `omission`).
 
     A run that `position` falls inside is replayed whole (its raw events are gone)."""
     out: list[Positioned] = []
@@ -279,4 +306,22 @@ def positioned_runs(runs: Iterable[StoredRun], position: int) -> list[Positioned
             continue
         out.extend((None, event) for event in run.events[:-1])
         out.append((run.last_position if run.last_position >= 0 else None, run.events[-1]))
-    return out
+    return with_omission(out, omitted)
+
+
+def omission(omitted_runs: int) -> Event:
+    """What tells a client that a replay (`connect`) left out the `omitted_runs` oldest runs
+    it would have had (they did not fit in the store's `replay_bytes`): a CUSTOM event,
+    which every AG-UI client takes inside a run and hands to whoever listens for its name."""
+    return ev.custom(REPLAY_OMITTED, {"omittedRuns": omitted_runs})
+
+
+def with_omission(replayed: list[Positioned], omitted_runs: int) -> list[Positioned]:
+    """`replayed` with `omission` right after its first run's start (before any run started
+    the clients refuse every event but a start), when runs were left out."""
+    if omitted_runs > 0:
+        for index, (_, event) in enumerate(replayed):
+            if event.get("type") == ev.RUN_STARTED:
+                replayed.insert(index + 1, (None, omission(omitted_runs)))
+                break
+    return replayed

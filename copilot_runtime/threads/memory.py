@@ -14,6 +14,7 @@ import structlog
 from copilot_runtime.events import Event
 from copilot_runtime.threads.base import (
     MAX_REPLAY_BYTES,
+    ListPosition,
     Positioned,
     StoredRun,
     ThreadOwner,
@@ -38,6 +39,9 @@ class InMemoryThreadStore:
     used thread first (and logging it: the first eviction at once, then a count at most
     once a minute).
 
+    A thread deleted or evicted leaves the position its next event would have got (see
+    `ThreadStore.first_position`), for up to `max_tombstones` ids, the oldest forgotten first.
+
     Sizes are the runs' encoded JSON (measured by the runtime when it stores a run); Python
     holds them in somewhat more memory than that, so `max_bytes` is a budget, not a ceiling.
     A single thread over the budget loses its oldest runs instead.
@@ -51,6 +55,9 @@ class InMemoryThreadStore:
         self.bytes = 0
         self._threads: OrderedDict[str, ThreadRecord] = OrderedDict()
         self._sizes: dict[str, int] = {}
+        #: Where the positions of threads deleted or evicted had got to, by id.
+        self._tombstones: OrderedDict[str, int] = OrderedDict()
+        self.max_tombstones = 10 * max_threads
         self._evicted = self._evicted_bytes = 0
         self._reported = -_REPORT_EVERY
         #: What `events_after` reads of a thread's finished runs (`MAX_REPLAY_BYTES`).
@@ -81,6 +88,7 @@ class InMemoryThreadStore:
                                   owner=owner, title=title_of(run.events))
             self._threads[thread_id] = record
             self._sizes[thread_id] = 0
+            self._tombstones.pop(thread_id, None)  # the record carries its positions now
         else:
             self._threads.move_to_end(thread_id)
         record.runs.append(run)
@@ -117,6 +125,7 @@ class InMemoryThreadStore:
         while len(self._threads) > self.max_threads or (
                 self.bytes > self.max_bytes and len(self._threads) > 1):
             thread_id, record = self._threads.popitem(last=False)
+            self._bury(record)
             size = self._sizes.pop(thread_id)
             self.bytes -= size
             self._report(thread_id, size)
@@ -128,11 +137,14 @@ class InMemoryThreadStore:
                       bytes=run.size, store_bytes=self.bytes)
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
-                   owner: ThreadOwner | None = None, offset: int = 0) -> list[ThreadRecord]:
+                   owner: ThreadOwner | None = None, offset: int = 0,
+                   after: ListPosition | None = None) -> list[ThreadRecord]:
         records = sorted(self._threads.values(), key=lambda r: (r.updated_at, r.thread_id),
                          reverse=True)
         return [r for r in records if (agent_id is None or r.agent_id == agent_id)
-                and (owner is None or r.owner == owner)][offset:offset + limit]
+                and (owner is None or r.owner == owner)
+                and (after is None or (r.updated_at, r.thread_id) < after)
+                ][offset:offset + limit]
 
     async def events_after(self, thread_id: str, position: int
                            ) -> builtins.list[Positioned]:
@@ -142,7 +154,7 @@ class InMemoryThreadStore:
         runs = [r for r in record.runs if r.events
                 and not 0 <= r.last_position <= position]
         kept = newest_within([r.size for r in reversed(runs)], self.replay_bytes)
-        return positioned_runs(runs[len(runs) - kept:], position)
+        return positioned_runs(runs[len(runs) - kept:], position, len(runs) - kept)
 
     async def rename(self, thread_id: str, name: str | None) -> bool:
         record = self._threads.get(thread_id)
@@ -155,12 +167,26 @@ class InMemoryThreadStore:
         record = self._threads.pop(thread_id, None)
         if record is None:
             return False
+        self._bury(record)
         self.bytes -= self._sizes.pop(thread_id)
         return True
+
+    async def first_position(self, thread_id: str) -> int:
+        return self._tombstones.get(thread_id, 0)
+
+    def _bury(self, record: ThreadRecord) -> None:
+        """Keep how far a thread gone from the store had got."""
+        thread_id = record.thread_id
+        self._tombstones[thread_id] = max(record.next_position,
+                                          self._tombstones.get(thread_id, 0))
+        self._tombstones.move_to_end(thread_id)
+        while len(self._tombstones) > self.max_tombstones:
+            self._tombstones.popitem(last=False)
 
     async def aclose(self) -> None:
         self._threads.clear()
         self._sizes.clear()
+        self._tombstones.clear()
         self.bytes = 0
 
 

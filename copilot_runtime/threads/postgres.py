@@ -39,6 +39,7 @@ from copilot_runtime.threads._rows import (
 )
 from copilot_runtime.threads.base import (
     MAX_REPLAY_BYTES,
+    ListPosition,
     Positioned,
     StoredRun,
     ThreadOwner,
@@ -136,6 +137,29 @@ _MIGRATIONS: tuple[str, ...] = (
     UPDATE run_events e SET ended_at = r.ended_at FROM runs r
         WHERE r.thread_id = e.thread_id AND r.run_id = e.run_id AND NOT r.open;
     CREATE INDEX run_events_ended ON run_events (ended_at) WHERE ended_at IS NOT NULL;
+    """,
+    # 5: how far the positions of deleted threads had got (`first_position`): a thread
+    # made again with a deleted one's id goes on from there.
+    """
+    CREATE TABLE deleted_threads (
+        thread_id TEXT PRIMARY KEY,
+        next_position BIGINT NOT NULL
+    );
+    """,
+    # 6: lists of threads order the ids of threads updated at the same time by their bytes
+    # (as the other stores do), not by the database's collation, and go on from a page's
+    # last thread: each index of the lists ends with the id so ordered. (Building them reads
+    # `threads` whole while holding off its writes: seconds on millions of threads.)
+    """
+    DROP INDEX threads_by_updated;
+    CREATE INDEX threads_by_updated ON threads (updated_at DESC, thread_id COLLATE "C" DESC);
+    DROP INDEX threads_by_agent;
+    CREATE INDEX threads_by_agent ON threads
+        (agent_id, updated_at DESC, thread_id COLLATE "C" DESC);
+    DROP INDEX threads_by_owner;
+    CREATE INDEX threads_by_owner ON threads
+        (owner_id, tenant, updated_at DESC, thread_id COLLATE "C" DESC)
+        WHERE owner_id IS NOT NULL;
     """,
 )
 
@@ -442,29 +466,39 @@ class PostgresThreadStore:
             async with self._pool.connection() as conn:
                 # Of the finished runs, the newest within `replay_bytes` (at least the last):
                 # the size of each and of those after it (octet_length reads a value's
-                # header, not the value).
+                # header, not the value); and how many finished runs there are after
+                # `position`, to count those left out.
                 cursor = await conn.execute(
                     "SELECT run_id, open, first_position, last_position, "
                     "CASE WHEN open OR (last_position >= 0 AND last_position <= %s) THEN NULL "
-                    "ELSE events END FROM (SELECT seq, run_id, open, first_position, "
+                    "ELSE events END, finished FROM (SELECT seq, run_id, open, first_position, "
                     "last_position, events, CASE WHEN open THEN 0 ELSE octet_length(events) "
                     "END AS own, sum(CASE WHEN open THEN 0 ELSE octet_length(events) END) "
-                    "OVER (ORDER BY seq DESC) AS newer FROM runs WHERE thread_id = %s AND "
+                    "OVER (ORDER BY seq DESC) AS newer, "
+                    "count(*) FILTER (WHERE NOT open) OVER () AS finished "
+                    "FROM runs WHERE thread_id = %s AND "
                     "(open OR last_position < 0 OR last_position > %s)) r "
                     "WHERE open OR newer <= %s OR newer = own ORDER BY seq",
                     (position, thread_id, position, self.replay_bytes))
+                rows = await cursor.fetchall()
                 runs = [RunRow(run_id, is_open, first, last,
                                orjson.loads(events) if events is not None else [])
-                        for run_id, is_open, first, last, events in await cursor.fetchall()]
+                        for run_id, is_open, first, last, events, _ in rows]
                 chunks = await _chunks(conn, thread_id, position)
-            return events_after(runs, chunks, position)
+            omitted = rows[0][5] - sum(not run.open for run in runs) if rows else 0
+            return events_after(runs, chunks, position, omitted)
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
-                   owner: ThreadOwner | None = None, offset: int = 0
-                   ) -> builtins.list[ThreadRecord]:
+                   owner: ThreadOwner | None = None, offset: int = 0,
+                   after: ListPosition | None = None) -> builtins.list[ThreadRecord]:
         async with self._reachable():
+            # Ids compare by their bytes ("C"), not by the database's collation: the order
+            # of the other stores, whatever the database was made with.
             where: builtins.list[str] = []
             args: builtins.list[Any] = []
+            if after is not None:
+                where.append('(updated_at, thread_id COLLATE "C") < (%s, %s)')
+                args.extend(after)
             if agent_id is not None:
                 where.append("agent_id = %s")
                 args.append(agent_id)
@@ -473,7 +507,7 @@ class PostgresThreadStore:
                 args.extend((owner.principal_id, owner.tenant))
             query = (f"SELECT thread_id, {_THREAD_COLUMNS} FROM threads "
                      + ("WHERE " + " AND ".join(where) + " " if where else "")
-                     + "ORDER BY updated_at DESC, thread_id DESC LIMIT %s OFFSET %s")
+                     + 'ORDER BY updated_at DESC, thread_id COLLATE "C" DESC LIMIT %s OFFSET %s')
             async with self._pool.connection() as conn:
                 rows = await (await conn.execute(query.encode(), (*args, limit, offset))
                               ).fetchall()
@@ -566,13 +600,25 @@ class PostgresThreadStore:
 
     async def delete(self, thread_id: str) -> bool:
         async with self._reachable(bounded=False), self._pool.connection() as conn:
-            # One statement: the thread and its rows go together, or not at all.
+            # One statement: the thread and its rows go together, or not at all, and how far
+            # its positions went stays.
             cursor = await conn.execute(
                 "WITH runs AS (DELETE FROM runs WHERE thread_id = %(t)s), "
                 "events AS (DELETE FROM run_events WHERE thread_id = %(t)s), "
-                "ids AS (DELETE FROM message_ids WHERE thread_id = %(t)s) "
+                "ids AS (DELETE FROM message_ids WHERE thread_id = %(t)s), "
+                "kept AS (INSERT INTO deleted_threads (thread_id, next_position) "
+                "SELECT thread_id, next_position FROM threads WHERE thread_id = %(t)s "
+                "ON CONFLICT (thread_id) DO UPDATE SET next_position = "
+                "GREATEST(deleted_threads.next_position, excluded.next_position)) "
                 "DELETE FROM threads WHERE thread_id = %(t)s", {"t": thread_id})
             return cursor.rowcount > 0
+
+    async def first_position(self, thread_id: str) -> int:
+        async with self._reachable(), self._pool.connection() as conn:
+            row = await (await conn.execute(
+                "SELECT next_position FROM deleted_threads WHERE thread_id = %s",
+                (thread_id,))).fetchone()
+            return 0 if row is None else int(row[0])
 
     async def aclose(self) -> None:
         # What was finished or streamed, written or queued, is written first.

@@ -33,6 +33,7 @@ from copilot_runtime.threads._rows import (
 from copilot_runtime.threads._store_thread import Call, StoreThread
 from copilot_runtime.threads.base import (
     MAX_REPLAY_BYTES,
+    ListPosition,
     Positioned,
     StoredRun,
     ThreadOwner,
@@ -90,6 +91,15 @@ CREATE TABLE run_events (
 """
 
 
+#: Version 3: how far the positions of deleted threads had got (`first_position`).
+_V3 = """
+CREATE TABLE deleted_threads (
+    thread_id TEXT PRIMARY KEY,
+    next_position INTEGER NOT NULL
+) WITHOUT ROWID
+"""
+
+
 def _v1(db: sqlite3.Connection) -> None:
     for statement in _V1.split(";"):
         if statement.strip():
@@ -108,10 +118,14 @@ def _v2(db: sqlite3.Connection) -> None:
             db.execute(statement)
 
 
+def _v3(db: sqlite3.Connection) -> None:
+    db.execute(_V3)
+
+
 #: Seconds between deletions of the raw events whose retention ended.
 _PRUNE_EVERY = 30.0
 
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2)
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2, _v3)
 
 
 class SQLiteThreadStore:
@@ -223,20 +237,23 @@ class SQLiteThreadStore:
 
     def _events_after(self, thread_id: str, position: int) -> builtins.list[Positioned]:
         # Of the finished runs, the newest within `replay_bytes` (at least the last): the
-        # size of each and of those after it, read without reading the events.
+        # size of each and of those after it, read without reading the events; and how
+        # many finished runs there are after `position`, to count those left out.
+        rows = self._db.execute(
+            "SELECT run_id, open, first_position, last_position, events, finished FROM ("
+            "SELECT seq, run_id, open, first_position, last_position, events, "
+            "CASE WHEN open = 1 THEN 0 ELSE length(events) END AS own, "
+            "sum(CASE WHEN open = 1 THEN 0 ELSE length(events) END) "
+            "OVER (ORDER BY seq DESC) AS newer, sum(1 - open) OVER () AS finished FROM runs "
+            "WHERE thread_id = ? AND (open = 1 OR last_position < 0 "
+            "OR last_position > ?)) WHERE open = 1 OR newer <= ? OR newer = own "
+            "ORDER BY seq", (thread_id, position, self.replay_bytes)).fetchall()
         runs = [RunRow(run_id, bool(is_open), first, last,
                        [] if is_open or (0 <= last <= position) else orjson.loads(events))
-                for run_id, is_open, first, last, events in self._db.execute(
-                    "SELECT run_id, open, first_position, last_position, events FROM ("
-                    "SELECT seq, run_id, open, first_position, last_position, events, "
-                    "CASE WHEN open = 1 THEN 0 ELSE length(events) END AS own, "
-                    "sum(CASE WHEN open = 1 THEN 0 ELSE length(events) END) "
-                    "OVER (ORDER BY seq DESC) AS newer FROM runs "
-                    "WHERE thread_id = ? AND (open = 1 OR last_position < 0 "
-                    "OR last_position > ?)) WHERE open = 1 OR newer <= ? OR newer = own "
-                    "ORDER BY seq", (thread_id, position, self.replay_bytes))]
+                for run_id, is_open, first, last, events, _ in rows]
         chunks = self._chunks(thread_id, position)
-        return events_after(runs, chunks, position)
+        omitted = rows[0][5] - sum(not run.open for run in runs) if rows else 0
+        return events_after(runs, chunks, position, omitted)
 
     def _chunks(self, thread_id: str, position: int,
                 run_id: str | None = None) -> builtins.list[Chunk]:
@@ -250,14 +267,19 @@ class SQLiteThreadStore:
                 for r, first, events in self._db.execute(query, args)]
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
-                   owner: ThreadOwner | None = None, offset: int = 0
-                   ) -> builtins.list[ThreadRecord]:
-        return await self._call(self._list, agent_id, limit, owner, offset)
+                   owner: ThreadOwner | None = None, offset: int = 0,
+                   after: ListPosition | None = None) -> builtins.list[ThreadRecord]:
+        return await self._call(self._list, agent_id, limit, owner, offset, after)
 
     def _list(self, agent_id: str | None, limit: int, owner: ThreadOwner | None,
-              offset: int) -> builtins.list[ThreadRecord]:
+              offset: int, after: ListPosition | None) -> builtins.list[ThreadRecord]:
+        # Ids compare as SQLite's BINARY collation does: their UTF-8 bytes, the order of
+        # their code points (as the other stores order them).
         where: builtins.list[str] = []
         args: builtins.list[Any] = []
+        if after is not None:
+            where.append("(updated_at, thread_id) < (?, ?)")
+            args.extend(after)
         if agent_id is not None:
             where.append("agent_id = ?")
             args.append(agent_id)
@@ -413,8 +435,24 @@ class SQLiteThreadStore:
         ).rowcount > 0)
 
     async def delete(self, thread_id: str) -> bool:
-        return await self._write(lambda: self._db.execute(
-            "DELETE FROM threads WHERE thread_id = ?", (thread_id,)).rowcount > 0)
+        return await self._write(self._delete, thread_id)
+
+    def _delete(self, thread_id: str) -> bool:
+        self._db.execute(
+            "INSERT INTO deleted_threads (thread_id, next_position) SELECT thread_id, "
+            "next_position FROM threads WHERE thread_id = ? ON CONFLICT (thread_id) DO UPDATE "
+            "SET next_position = max(deleted_threads.next_position, excluded.next_position)",
+            (thread_id,))
+        return self._db.execute("DELETE FROM threads WHERE thread_id = ?",
+                                (thread_id,)).rowcount > 0
+
+    async def first_position(self, thread_id: str) -> int:
+        return await self._call(self._first_position, thread_id)
+
+    def _first_position(self, thread_id: str) -> int:
+        row = self._db.execute("SELECT next_position FROM deleted_threads WHERE thread_id = ?",
+                               (thread_id,)).fetchone()
+        return 0 if row is None else int(row[0])
 
     async def aclose(self) -> None:
         # What was asked for before is run (and committed) first.

@@ -20,9 +20,13 @@ hanging (a second run on a busy thread) we answer 409 instead.
 
 from __future__ import annotations
 
+import base64
+import math
 import re
 import urllib.parse
 from typing import Any
+
+import orjson
 
 from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._exceptions import (
@@ -47,7 +51,13 @@ from copilot_runtime.protocols.http import (
     stream_run,
 )
 from copilot_runtime.runtime import CopilotRuntime
-from copilot_runtime.threads.base import CONTROL_CHARACTERS, MAX_REPLAY_BYTES, id_problem
+from copilot_runtime.threads.base import (
+    MAX_REPLAY_BYTES,
+    NOT_IN_NAMES,
+    ListPosition,
+    ThreadRecord,
+    id_problem,
+)
 
 __all__ = ["AGUIProtocol"]
 
@@ -59,6 +69,10 @@ _PAGE = 100
 _MAX_PAGE = 500
 _MAX_NAME = 200
 _INTEGER = re.compile(r"-?[0-9]{1,19}")
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
+#: Longer than any cursor `_next_cursor` makes (a thread id and an agent id of up to
+#: `MAX_ID_LENGTH` characters, up to four bytes each, in base64).
+_MAX_CURSOR = 4096
 _ENVELOPE_METHODS = ("info", "agent/run", "agent/connect", "agent/stop", "transcribe")
 
 
@@ -197,10 +211,10 @@ class AGUIProtocol:
             if agent_ids and len(agent_ids) > 1:
                 raise InvalidRequestError("'agentId' is given more than once")
             agent_id = agent_ids[0] if agent_ids else None
-            offset = _query_int(query, "cursor", 0, 0, 2**31)
+            offset, after = _list_cursor(query, agent_id)
             limit = _query_int(query, "limit", _PAGE, 1, _MAX_PAGE)
             records = [] if agent_id is not None and id_problem(agent_id) is not None \
-                else await store.list(agent_id, limit + 1, offset=offset,
+                else await store.list(agent_id, limit + 1, offset=offset, after=after,
                                       owner=self.runtime.owner_filter(request.info))
             await send_json(request, 200, {"threads": [{
                 "id": r.thread_id, "name": r.name, "title": r.title, "agentId": r.agent_id,
@@ -208,7 +222,8 @@ class AGUIProtocol:
                 "archived": False,
                 "createdAt": iso_time(r.created_at), "updatedAt": iso_time(r.updated_at),
             } for r in records[:limit]],
-                "nextCursor": str(offset + limit) if len(records) > limit else None})
+                "nextCursor": _next_cursor(records[limit - 1], agent_id)
+                if len(records) > limit else None})
             return
         # An id no store can keep names no thread (and PostgreSQL cannot even look it up).
         # The newest runs a replay reads (the store's `replay_bytes`), the rest counted.
@@ -238,7 +253,7 @@ class AGUIProtocol:
         owner = self.runtime.owner_filter(request.info)
         if id_problem(thread_id) is not None:
             raise ThreadNotFoundError(thread_id)
-        if request.method == "DELETE" and await self.runtime.is_running_anywhere(thread_id) \
+        if request.method == "DELETE" and await self.runtime.runs.running_anywhere(thread_id) \
                 and await self.runtime.can_see(request.info, thread_id):
             # Busy on every store, its first run's events written yet or not (the in-memory
             # store has no record of a thread before its first run ends).
@@ -247,21 +262,26 @@ class AGUIProtocol:
         if record is None or (owner is not None and record.owner != owner):
             raise ThreadNotFoundError(thread_id)
         if request.method == "DELETE":
-            if await self.runtime.is_running_anywhere(thread_id):
-                raise ThreadBusyError(thread_id)
-            # What the agents keep of the thread goes first: a checkpointed graph would
-            # otherwise hand the conversation to whoever starts a thread with this id next.
-            # Until it is gone the thread keeps its owner (a failure is a 503, kept).
-            await self.runtime.forget_thread(thread_id, strict=True)
-            if not await self.runtime.store.delete(thread_id):
-                raise ThreadNotFoundError(thread_id)  # deleted meanwhile, by another request
+            # No run may begin on the thread until it is deleted: one would stream on a
+            # thread deleted under it, and bring it back once it ended.
+            async with self.runtime.runs.held_for_delete(thread_id):
+                # What the agents keep of the thread goes first: a checkpointed graph would
+                # otherwise hand the conversation to whoever starts a thread with this id
+                # next. Until it is gone the thread keeps its owner (a failure is a 503,
+                # kept).
+                await self.runtime.forget_thread(thread_id, strict=True)
+                if not await self.runtime.store.delete(thread_id):
+                    raise ThreadNotFoundError(thread_id)  # another request deleted it first
             await send_json(request, 200, {"deleted": True, "id": thread_id})
             return
         data = parse_json_body(body)
         name = data.get("name") if isinstance(data, dict) else None
+        if isinstance(name, str):
+            # Blank is no name (the title shows), and what frames a name is not part of it.
+            name = name.strip() or None
         if not isinstance(data, dict) or set(data) - {"name"} or "name" not in data or not (
                 name is None or (isinstance(name, str) and len(name) <= _MAX_NAME
-                                 and not CONTROL_CHARACTERS.search(name))):
+                                 and not NOT_IN_NAMES.search(name))):
             raise InvalidRequestError(
                 f"A thread update is {{\"name\": string of at most {_MAX_NAME} characters "
                 "without control characters, or null}")
@@ -341,6 +361,44 @@ def _integer(text: str) -> int | None:
     """`text` as an integer written in ASCII digits, or None (Python's `int` also reads
     "+2", "1_0" and other scripts' digits, which no client sends for an id or a page)."""
     return int(text) if _INTEGER.fullmatch(text) else None
+
+
+def _next_cursor(last: ThreadRecord, agent_id: str | None) -> str:
+    """The cursor of the page after `last`: where it is in the list (a keyset, so threads
+    updated meanwhile neither repeat nor push others out of the pages that follow), and the
+    agent the list is of."""
+    token = orjson.dumps([last.updated_at, last.thread_id, agent_id])
+    return base64.urlsafe_b64encode(token).rstrip(b"=").decode()
+
+
+def _list_cursor(query: dict[str, list[str]], agent_id: str | None
+                 ) -> tuple[int, ListPosition | None]:
+    """The offset and the list position a `cursor` asks for: one `_next_cursor` made, or an
+    offset (what earlier releases gave)."""
+    values = query.get("cursor")
+    if not values:
+        return 0, None
+    if len(values) > 1:
+        raise InvalidRequestError("'cursor' is given more than once")
+    text = values[0]
+    if _INTEGER.fullmatch(text):
+        return _query_int(query, "cursor", 0, 0, 2**31), None
+    bad = InvalidRequestError("'cursor' must be a nextCursor this server gave")
+    if len(text) > _MAX_CURSOR or not _BASE64URL.fullmatch(text):
+        raise bad
+    try:
+        decoded = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (ValueError, orjson.JSONDecodeError):
+        raise bad from None
+    if not (isinstance(decoded, list) and len(decoded) == 3
+            and isinstance(decoded[0], (int, float)) and not isinstance(decoded[0], bool)
+            and math.isfinite(decoded[0])
+            and isinstance(decoded[1], str) and id_problem(decoded[1]) is None
+            and (decoded[2] is None or isinstance(decoded[2], str))):
+        raise bad
+    if decoded[2] != agent_id:
+        raise InvalidRequestError("'cursor' is of a list of another agent's threads")
+    return 0, (float(decoded[0]), decoded[1])
 
 
 def _query_int(query: dict[str, list[str]], name: str, default: int, low: int,

@@ -23,7 +23,7 @@ from copilot_runtime.auth import RequestInfo
 from copilot_runtime.messages import to_json_representation
 from copilot_runtime.protocols.graphql.errors import kit_code_of, kit_extensions
 from copilot_runtime.runtime import CopilotRuntime
-from copilot_runtime.threads.base import id_problem
+from copilot_runtime.threads.base import MAX_REPLAY_BYTES, id_problem
 
 __all__ = ["QueryContext", "agent_not_found", "is_service_adapter", "listed_agents",
            "query_root"]
@@ -88,7 +88,10 @@ async def load_agent_state(runtime: CopilotRuntime, data: Mapping[str, Any],
         if not loaded.exists:
             return _no_thread(thread_id)
         return _thread(thread_id, loaded.state, loaded.messages)
-    record = await runtime.store.get(thread_id)
+    # The newest runs a replay reads (the store's `replay_bytes`), as the AG-UI routes do:
+    # a thread of many big runs read whole took gigabytes per request.
+    record = await runtime.store.get(thread_id, max_bytes=getattr(
+        runtime.store, "replay_bytes", MAX_REPLAY_BYTES))
     if record is None:
         return _no_thread(thread_id)
     record = readable(record)  # a thread stored broken is still read

@@ -1,0 +1,344 @@
+"""Resuming a thread (`connect` with `Last-Event-ID`) never hides events silently.
+
+A thread deleted and made again with the same id goes on with the positions where the deleted
+one stopped, on every store and across workers sharing PostgreSQL, so an event id a client kept
+from the deleted thread never hides the new thread's first events. A replay that leaves out
+runs that do not fit in the store's `replay_bytes` says so on the wire: a CUSTOM event named
+`copilot_runtime.replay_omitted`, `{"omittedRuns": n}`, right after the first replayed run's
+start, which the real clients take as they take any CUSTOM event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from copilot_runtime import CopilotRuntime, DemoAdapter, coordinator, thread_store
+from copilot_runtime.testing import verify_events
+from copilot_runtime.threads import DurableThreadStore, InMemoryThreadStore, ThreadStore
+from tests import test_store_conformance as conformance
+from tests.conftest import GatedAgent, Served, ServeRuntime, parse_sse_ids, run_input
+from tests.hitl_support.postgres import postgres_schema
+from tests.test_trust_ownership import call
+
+pytestmark = pytest.mark.timeout(60)
+
+KINDS = ["memory", "sqlite", "postgresql"]
+#: The conformance suite's store fixture: memory, SQLite and PostgreSQL (a schema of its own).
+any_store = conformance.store
+#: What makes a stored run about 10 KB.
+FILLER = "x" * 10_000
+JS_DIR = Path(__file__).parent / "js"
+#: The name of the event that says a replay left runs out (a wire contract: spelled out).
+REPLAY_OMITTED = "copilot_runtime.replay_omitted"
+
+
+@pytest.fixture(params=KINDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "postgresql":
+        with postgres_schema() as url:
+            yield url
+    elif request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'threads.db'}"
+    else:
+        yield "memory://"
+
+
+@contextlib.asynccontextmanager
+async def worker(url: str, serve_runtime: ServeRuntime,
+                 runtime: CopilotRuntime | None = None) -> AsyncIterator[Served]:
+    """A runtime on the store `url` (with a coordinator on PostgreSQL), served."""
+    if runtime is None:
+        options: dict[str, Any] = {"thread_store": thread_store(url)}
+        if url.startswith("postgresql"):
+            options["coordinator"] = coordinator(url)
+        runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0), **options)
+    async with serve_runtime(runtime) as served:
+        yield served
+
+
+@pytest.fixture
+async def served(store_url: str, serve_runtime: ServeRuntime) -> AsyncIterator[Served]:
+    async with worker(store_url, serve_runtime) as s:
+        yield s
+
+
+async def connect(served: Served, thread: str, last_event_id: str | None = None
+                  ) -> tuple[int, list[tuple[int | None, dict[str, Any]]]]:
+    headers = {} if last_event_id is None else {"Last-Event-ID": last_event_id}
+    status, body, _ = await call(served, "POST", "/agent/default/connect", None,
+                                 run_input("", thread=thread), headers)
+    return status, parse_sse_ids(body) if status == 200 else [orjson.loads(body)]
+
+
+async def run_ids(served: Served, thread: str, text: str, run: str
+                  ) -> list[tuple[int | None, dict[str, Any]]]:
+    status, body, _ = await call(served, "POST", "/agent/default/run", None,
+                                 run_input(text, thread=thread, run=run))
+    assert status == 200, body
+    return parse_sse_ids(body)
+
+
+async def test_a_stale_last_event_id_misses_nothing_of_a_thread_made_again(
+        served: Served) -> None:
+    """Before: the thread made again started at position 0, so a client that had seen the
+    deleted thread's events up to id N (a long answer) and connected with `Last-Event-ID: N`
+    got nothing of the new thread's first N+1 events: here, all of its run."""
+    old = await run_ids(served, "t", "a long question " * 20, "r1")
+    last_seen = max(p for p, _ in old if p is not None)
+    status, _, _ = await call(served, "DELETE", "/threads/t", None)
+    assert status == 200
+    new = await run_ids(served, "t", "short", "r2")
+    positions = [p for p, _ in new]
+    assert positions[0] == last_seen + 1  # the positions go on
+    assert positions == list(range(positions[0], positions[0] + len(new)))
+    status, replay = await connect(served, "t", str(last_seen))
+    assert status == 200
+    events = [e for _, e in replay]
+    verify_events(events)
+    assert [e["runId"] for e in events if e["type"] == "RUN_STARTED"] == ["r2"]
+    assert replay[-1][0] == positions[-1]
+
+
+async def test_a_thread_deleted_on_one_worker_goes_on_on_another(
+        serve_runtime: ServeRuntime) -> None:
+    """The same across workers sharing PostgreSQL: the worker that runs the thread made
+    again reads how far the thread another worker deleted had got."""
+    with postgres_schema() as url:
+        async with worker(url, serve_runtime) as one, worker(url, serve_runtime) as two:
+            old = await run_ids(one, "t", "a long question " * 20, "r1")
+            last_seen = max(p for p, _ in old if p is not None)
+            status, _, _ = await call(one, "DELETE", "/threads/t", None)
+            assert status == 200
+            new = await run_ids(two, "t", "short", "r2")
+            assert new[0][0] == last_seen + 1
+            for served in (one, two):
+                status, replay = await connect(served, "t", str(last_seen))
+                assert status == 200
+                assert [e["runId"] for _, e in replay if e["type"] == "RUN_STARTED"] == ["r2"]
+
+
+async def test_a_thread_evicted_from_memory_leaves_its_positions() -> None:
+    """The in-memory store forgets its least recently used threads: one of those made
+    again goes on from where it was too (a client may still hold its event ids)."""
+    store = InMemoryThreadStore(max_threads=1)
+    events = conformance._run("t", "r1", "a b c")
+    await conformance._finish(store, "t", "r1", events, 0)
+    await conformance._finish(store, "u", "r1", conformance._run("u", "r1", "x"), 0)
+    assert await store.get("t") is None  # evicted
+    assert await store.first_position("t") == len(events)
+    # At most `max_tombstones` ids are remembered, the oldest forgotten first.
+    store.max_tombstones = 1
+    await conformance._finish(store, "v", "r1", conformance._run("v", "r1", "x"), 0)
+    assert await store.first_position("t") == 0
+    assert await store.first_position("u") > 0
+
+
+# -- a replay that leaves runs out says so ------------------------------------------------------
+
+
+def omissions(replayed: list[tuple[int | None, dict[str, Any]]]) -> list[tuple[int, Any]]:
+    """Where the omission events are in `replayed`, and what they say."""
+    return [(index, e["value"]) for index, (_, e) in enumerate(replayed)
+            if e["type"] == "CUSTOM" and e.get("name") == REPLAY_OMITTED]
+
+
+async def test_a_store_replay_that_leaves_runs_out_says_so(any_store: ThreadStore) -> None:
+    """Before: `events_after` left the oldest runs out silently. Now the replay holds an
+    omission event right after its first run's start, saying how many of the runs after
+    the position it left out, on every store."""
+    position, lasts = 0, []
+    for index in range(4):
+        events = conformance._run("t", f"r{index}", "a b", user=f"u{index} {FILLER}")
+        await conformance._finish(any_store, "t", f"r{index}", events, position,
+                                  created=1.0 + index)
+        position += len(events)
+        lasts.append(position - 1)
+    store: Any = any_store  # (a built-in store: it has `replay_bytes`)
+    assert omissions(await any_store.events_after("t", -1)) == []
+    store.replay_bytes = 25_000  # two runs of ~10 KB fit
+    replayed = await any_store.events_after("t", -1)
+    verify_events([e for _, e in replayed])
+    assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == ["r2", "r3"]
+    assert omissions(replayed) == [(1, {"omittedRuns": 2})]
+    assert replayed[1][0] is None  # no position of its own
+    # Only the runs after the position count: after r0, r1 is left out; after r1, nothing.
+    assert omissions(await any_store.events_after("t", lasts[0])) == [(1, {"omittedRuns": 1})]
+    assert omissions(await any_store.events_after("t", lasts[1])) == []
+    store.replay_bytes = 1
+    assert omissions(await any_store.events_after("t", -1)) == [(1, {"omittedRuns": 3})]
+    assert omissions(await any_store.events_after("t", lasts[3])) == []
+    if isinstance(any_store, DurableThreadStore):
+        # A running run is not a finished run left out.
+        events = conformance._run("t", "r4", "c")
+        await any_store.append_events("t", "default", "r4", 9.0, position, events[:2])
+        replayed = await any_store.events_after("t", -1)
+        assert omissions(replayed) == [(1, {"omittedRuns": 3})]
+        assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == ["r3", "r4"]
+
+
+async def test_connect_says_which_runs_it_left_out(served: Served) -> None:
+    """`connect` of a thread too big to replay whole: the client gets the newest runs and
+    the omission event in the first of them, and the real clients (CopilotKitCore 1.75 and
+    @ag-ui/client) restore the thread from it without an error."""
+    lasts = []
+    for index in range(4):
+        ran = await run_ids(served, "big", f"q{index} {FILLER}", f"r{index}")
+        lasts.append(ran[-1][0])
+    store: Any = served.runtime.store
+    store.replay_bytes = 50_000  # each run stores ~21 KB: two fit
+    status, replayed = await connect(served, "big")
+    assert status == 200
+    verify_events([e for _, e in replayed])
+    assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == ["r2", "r3"]
+    assert omissions(replayed) == [(1, {"omittedRuns": 2})]
+    # Resumed after the first run, one run is left out; after the second, none.
+    status, got = await connect(served, "big", str(lasts[0]))
+    assert [e["runId"] for _, e in got if e["type"] == "RUN_STARTED"] == ["r2", "r3"]
+    assert omissions(got) == [(1, {"omittedRuns": 1})]
+    status, got = await connect(served, "big", str(lasts[1]))
+    assert omissions(got) == []
+
+    result = await drive("connect", served.url, threadId="big")
+    assert result["coreErrors"] == []
+    customs = [e for e in result["events"] if e["type"] == "CUSTOM"]
+    assert [(e["name"], e["value"]) for e in customs] == [(REPLAY_OMITTED, {"omittedRuns": 2})]
+    users = [m["content"][:2] for m in result["messages"] if m["role"] == "user"]
+    assert users == ["q2", "q3"]
+
+
+async def test_connect_to_a_running_thread_says_which_runs_it_left_out(
+        store_url: str, serve_runtime: ServeRuntime) -> None:
+    """The same while the thread runs: the stored runs as the store replays them (bounded,
+    the omission said), then the live run, once."""
+    agent = GatedAgent()
+    agent.gate.set()
+    options: dict[str, Any] = {"thread_store": thread_store(store_url)}
+    if store_url.startswith("postgresql"):
+        options["coordinator"] = coordinator(store_url)
+    runtime = CopilotRuntime(agents={"default": agent}, **options)
+    async with worker(store_url, serve_runtime, runtime) as served:
+        for index in range(3):
+            await run_ids(served, "t", f"q{index}", f"r{index}")
+        store: Any = runtime.store
+        store.replay_bytes = 1  # only the newest run
+        agent.gate.clear()
+        running = await served.post("/agent/default/run", run_input("live", thread="t",
+                                                                     run="r3"))
+        body = b""
+        async with asyncio.timeout(20):
+            while b"TEXT_MESSAGE_CONTENT" not in body:
+                body += await running.content.readany()
+        joined = asyncio.ensure_future(connect(served, "t"))
+        await asyncio.sleep(0.2)
+        agent.gate.set()
+        await running.read()
+        status, replayed = await joined
+        assert status == 200
+        verify_events([e for _, e in replayed])
+        assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == ["r2", "r3"]
+        assert omissions(replayed) == [(1, {"omittedRuns": 2})]
+        positions = [p for p, _ in replayed if p is not None]
+        assert positions == sorted(set(positions))  # nothing twice
+
+
+async def drive(scenario: str, url: str, **options: Any) -> dict[str, Any]:
+    """One scenario of the real-client driver (tests/js/drive.mjs) against `url`."""
+    process = await asyncio.create_subprocess_exec(
+        "node", str(JS_DIR / "drive.mjs"), scenario, url, json.dumps(options), cwd=JS_DIR,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "COPILOTKIT_TELEMETRY_DISABLED": "true", "DO_NOT_TRACK": "1"})
+    async with asyncio.timeout(40):
+        out, err = await process.communicate()
+    lines = [line for line in out.decode().splitlines() if line.strip()]
+    assert lines, err.decode()[-3000:]
+    result: dict[str, Any] = json.loads(lines[-1])
+    assert result.get("ok"), (result.get("error"), err.decode()[-3000:])
+    return result
+
+
+# -- a Last-Event-ID the thread never reached ----------------------------------------------------
+
+
+async def test_a_last_event_id_from_another_history_replays_the_whole_thread(
+        served: Served) -> None:
+    """Before: `connect` with an id past the thread's last position (kept from before an
+    in-memory store restarted, or forged) replayed nothing and said nothing, and the next
+    runs' events up to that id stayed hidden from that client. A thread at rest never gave
+    such an id: the whole thread is replayed instead."""
+    ran = await run_ids(served, "t", "hello", "r1")
+    last = ran[-1][0]
+    assert last is not None
+    status, whole = await connect(served, "t")
+    assert status == 200
+    for stale in (str(last + 1), "1000", str(2**62)):
+        status, got = await connect(served, "t", stale)
+        assert (status, got) == (200, whole), stale
+    # The thread's own ids still resume exactly.
+    status, got = await connect(served, "t", str(last))
+    assert (status, got) == (200, [])
+    status, got = await connect(served, "t", str(last - 1))
+    assert got[-1][0] == last
+    assert len(got) < len(whole) or served.runtime.store.__class__.__name__ == \
+        "InMemoryThreadStore"  # (which keeps no raw events: the run again, whole)
+    # A thread that does not exist is still nothing.
+    status, got = await connect(served, "nope", "1000")
+    assert (status, got) == (200, [])
+
+
+async def test_a_last_event_id_past_a_running_thread_replays_it_whole(
+        store_url: str, serve_runtime: ServeRuntime) -> None:
+    agent = GatedAgent()
+    agent.gate.set()
+    options: dict[str, Any] = {"thread_store": thread_store(store_url)}
+    if store_url.startswith("postgresql"):
+        options["coordinator"] = coordinator(store_url)
+    runtime = CopilotRuntime(agents={"default": agent}, **options)
+    async with worker(store_url, serve_runtime, runtime) as served:
+        await run_ids(served, "t", "first", "r1")
+        agent.gate.clear()
+        running = await served.post("/agent/default/run", run_input("live", thread="t",
+                                                                     run="r2"))
+        body = b""
+        async with asyncio.timeout(20):
+            while b"TEXT_MESSAGE_CONTENT" not in body:
+                body += await running.content.readany()
+        joined = asyncio.ensure_future(connect(served, "t", "1000000"))
+        await asyncio.sleep(0.2)
+        agent.gate.set()
+        await running.read()
+        status, replayed = await joined
+        assert status == 200
+        verify_events([e for _, e in replayed])
+        assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == ["r1", "r2"]
+
+
+async def test_load_agent_state_reads_only_the_newest_runs_that_fit(served: Served) -> None:
+    """Before: GraphQL's loadAgentState read the thread whole (every run of it, for every
+    request: gigabytes for a thread of big runs), where the AG-UI routes and `connect` read
+    at most the store's `replay_bytes` of its newest runs. It reads as they do now."""
+    from tests.test_graphql_agents import LOAD_STATE, query
+
+    for index in range(4):
+        await run_ids(served, "big", f"q{index} {FILLER}", f"r{index}")
+
+    async def users() -> list[str]:
+        loaded = await query(served, LOAD_STATE, {"data": {"threadId": "big",
+                                                           "agentName": "default"}})
+        state = loaded["data"]["loadAgentState"]
+        assert state["threadExists"] is True
+        return [m["content"][:2] for m in json.loads(state["messages"])
+                if m.get("role") == "user"]
+
+    assert await users() == ["q0", "q1", "q2", "q3"]
+    store: Any = served.runtime.store
+    store.replay_bytes = 50_000  # each run stores ~21 KB: two fit
+    assert await users() == ["q2", "q3"]
