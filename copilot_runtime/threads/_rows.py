@@ -55,24 +55,35 @@ def events_after(runs: Sequence[RunRow], chunks: Iterable[Chunk],
                  position: int, omitted: int = 0) -> list[Positioned]:
     """`ThreadStore.events_after` from a thread's runs (in order) and the raw chunks kept,
     `omitted` older finished runs after `position` having been left out."""
-    raw: dict[str, list[Positioned]] = {}
-    for chunk in sorted(chunks, key=lambda c: c.first_position):
-        out = raw.setdefault(chunk.run_id, [])
-        for offset, event in enumerate(chunk.events):
-            if chunk.first_position + offset > position:
-                out.append((chunk.first_position + offset, event))
+    ordered = sorted(chunks, key=lambda c: c.first_position)
+
+    def after(kept: list[Chunk]) -> list[Positioned]:
+        return [(chunk.first_position + offset, event) for chunk in kept
+                for offset, event in enumerate(chunk.events)
+                if chunk.first_position + offset > position]
+
     result: list[Positioned] = []
     for run in runs:
         if run.open:
-            result.extend(raw.get(run.run_id, ()))
+            result.extend(after(_chunks_of(run, ordered)))
         elif run.last_position < 0 or run.last_position > position:
-            if 0 <= run.first_position <= position and run.run_id in raw:
-                result.extend(raw[run.run_id])  # resumed inside the run: the exact rest
+            kept = _chunks_of(run, ordered) if 0 <= run.first_position <= position else []
+            if kept:
+                result.extend(after(kept))  # resumed inside the run: the exact rest
             elif run.events:
                 result.extend((None, event) for event in run.events[:-1])
                 result.append((run.last_position if run.last_position >= 0 else None,
                                run.events[-1]))
     return with_omission(result, omitted)
+
+
+def _chunks_of(run: RunRow, ordered: list[Chunk]) -> list[Chunk]:
+    """A run's raw chunks: its id's, within its own positions. A client may send a run id
+    again in a later run of the thread, whose chunks are not this run's."""
+    last = run.last_position if not run.open and run.last_position >= 0 else None
+    return [chunk for chunk in ordered
+            if chunk.run_id == run.run_id and chunk.first_position >= run.first_position
+            and (last is None or chunk.first_position <= last)]
 
 
 def closed_run(thread_id: str, run_id: str, first_position: int,
@@ -81,7 +92,9 @@ def closed_run(thread_id: str, run_id: str, first_position: int,
     compacted events and its last position."""
     streamed: list[Event] = []
     next_position = first_position
-    for chunk in sorted(chunks, key=lambda c: c.first_position):
+    # (an earlier run that had the same id left its chunks before this run's first position)
+    for chunk in sorted((c for c in chunks if c.first_position >= first_position),
+                        key=lambda c: c.first_position):
         streamed.extend(chunk.events)
         next_position = chunk.first_position + len(chunk.events)
     if not streamed:
