@@ -289,7 +289,7 @@ async def test_plans_made_on_empty_tables_scan_no_table(store: PostgresThreadSto
         for name, query, args in (
                 ("finish", _FINISH_RUNS, "'{t,r,1,2,0,5,a,NULL,NULL,x,0,5}'::text[], "
                                          "'{\\\\x5b5d,\\\\x5b5d}'::bytea[], '{t,m}'::text[]"),
-                ("heads", _SUMMARIES, "'{t}'::text[]"),
+                ("heads", _SUMMARIES, "'{t}'::text[], '{t}'::text[]"),
                 ("running", _APPEND_EVENTS, "'{t,r,1,0,3,a,NULL,NULL,x}'::text[], "
                                             "'{\\\\x5b5d}'::bytea[]")):
             await cursor.execute(f"PREPARE {name} AS {_numbered(query)}".encode())

@@ -3,6 +3,7 @@ closing a run left open, and checking a schema's version."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -19,8 +20,8 @@ from copilot_runtime.threads.base import (
     with_omission,
 )
 
-__all__ = ["Chunk", "RunRow", "check_schema_version", "closed_run", "events_after",
-           "message_ids_of"]
+__all__ = ["Chunk", "FirstPositions", "RunRow", "check_schema_version", "closed_run",
+           "events_after", "message_ids_of"]
 
 
 def check_schema_version(store: str, version: int, known: int) -> None:
@@ -31,6 +32,28 @@ def check_schema_version(store: str, version: int, known: int) -> None:
         raise ConfigurationError(
             f"the thread store {store} is at schema version {version}, newer than this "
             f"release knows ({known}): run the release that migrated it, or a newer one")
+
+
+class FirstPositions:
+    """Where the positions of threads a head read found missing go on from (a deleted
+    thread's tombstone, else 0), read in the same query as the head: a run's start reads its
+    thread's head, then asks this of a new thread, which would otherwise be a second round
+    trip for every new thread. Taken once; a few hundred kept at most (heads read by other
+    callers are never asked)."""
+
+    most = 512
+
+    def __init__(self) -> None:
+        self._known: OrderedDict[str, int] = OrderedDict()
+
+    def note(self, thread_id: str, position: int) -> None:
+        self._known[thread_id] = position
+        self._known.move_to_end(thread_id)
+        if len(self._known) > self.most:
+            self._known.popitem(last=False)
+
+    def take(self, thread_id: str) -> int | None:
+        return self._known.pop(thread_id, None)
 
 
 @dataclass(slots=True)

@@ -31,6 +31,7 @@ from copilot_runtime.events import Event
 from copilot_runtime.threads._grouped import GroupedWriter
 from copilot_runtime.threads._rows import (
     Chunk,
+    FirstPositions,
     RunRow,
     check_schema_version,
     closed_run,
@@ -277,7 +278,12 @@ _SUMMARIES = (f"SELECT thread_id, {_THREAD_COLUMNS}, (SELECT run_id FROM runs r 
               "r.thread_id = t.thread_id AND r.open LIMIT 1), "
               "ARRAY(SELECT message_id FROM message_ids "
               "m WHERE m.thread_id = t.thread_id) FROM threads t "
-              "WHERE thread_id = ANY(%b::text[])").encode()
+              "WHERE thread_id = ANY(%b::text[]) "
+              # and where a deleted thread's positions had got to (agent_id NULL: no thread)
+              "UNION ALL SELECT thread_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
+              "next_position, NULL, NULL FROM deleted_threads d "
+              "WHERE thread_id = ANY(%b::text[]) AND NOT EXISTS "
+              "(SELECT 1 FROM threads t WHERE t.thread_id = d.thread_id)").encode()
 
 
 class PostgresThreadStore:
@@ -315,6 +321,7 @@ class PostgresThreadStore:
         # what is asked for while a call is in flight goes together in the next one.
         self._heads = Lane(self._connect)
         self._head_reads: Batcher[str, ThreadRecord | None] = Batcher(self._read_heads)
+        self._first_positions = FirstPositions()
         self._finished = GroupedWriter(Lane(self._connect), _finish_runs, max_batch=_MAX_BATCH,
                                        after=self._prune)
         self._running = GroupedWriter(Lane(self._connect), _append_events,
@@ -451,13 +458,18 @@ class PostgresThreadStore:
     async def _read_heads(self, thread_ids: builtins.list[str]
                           ) -> builtins.list[ThreadRecord | None]:
         rows = await self._summaries(builtins.list(dict.fromkeys(thread_ids)))
+        for thread_id in thread_ids:
+            row = rows.get(thread_id)
+            if row is None or row[0] is None:  # no thread: where its positions go on from
+                self._first_positions.note(thread_id, 0 if row is None else int(row[7]))
+                rows.pop(thread_id, None)
         # A record for each caller: a run's start keeps and extends its set of message ids.
         return [_summary(thread_id, rows.get(thread_id)) for thread_id in thread_ids]
 
     async def _summaries(self, thread_ids: builtins.list[str]
                          ) -> dict[str, tuple[Any, ...]]:
         async with self._heads as cursor:
-            await cursor.execute(_SUMMARIES, (thread_ids,), prepare=True)
+            await cursor.execute(_SUMMARIES, (thread_ids, thread_ids), prepare=True)
             rows = await cursor.fetchall()
         return {row[0]: row[1:] for row in rows}
 
@@ -614,6 +626,9 @@ class PostgresThreadStore:
             return cursor.rowcount > 0
 
     async def first_position(self, thread_id: str) -> int:
+        known = self._first_positions.take(thread_id)
+        if known is not None:  # read with the thread's head, just before
+            return known
         async with self._reachable(), self._pool.connection() as conn:
             row = await (await conn.execute(
                 "SELECT next_position FROM deleted_threads WHERE thread_id = %s",

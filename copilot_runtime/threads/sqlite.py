@@ -24,6 +24,7 @@ import orjson
 from copilot_runtime.events import Event
 from copilot_runtime.threads._rows import (
     Chunk,
+    FirstPositions,
     RunRow,
     check_schema_version,
     closed_run,
@@ -140,6 +141,7 @@ class SQLiteThreadStore:
             self.raw_retention = raw_retention
         self._lock = threading.Lock()
         self._pruned = 0.0
+        self._first_positions = FirstPositions()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
                                    timeout=30)
         try:
@@ -223,6 +225,8 @@ class SQLiteThreadStore:
             "SELECT agent_id, created_at, updated_at, owner_id, tenant, name, title, "
             "next_position FROM threads WHERE thread_id = ?", (thread_id,)).fetchone()
         if row is None:
+            # Where a new thread's positions go on from, read now: its run's start asks next.
+            self._first_positions.note(thread_id, self._first_position(thread_id))
             return None
         record = _record(thread_id, row)
         record.message_ids = {m for (m,) in self._db.execute(
@@ -447,6 +451,9 @@ class SQLiteThreadStore:
                                 (thread_id,)).rowcount > 0
 
     async def first_position(self, thread_id: str) -> int:
+        known = self._first_positions.take(thread_id)
+        if known is not None:  # read with the thread's head, just before
+            return known
         return await self._call(self._first_position, thread_id)
 
     def _first_position(self, thread_id: str) -> int:
