@@ -4,8 +4,9 @@
 principal) -> Verdict`; `messages` are the run's AG-UI messages (dicts, camelCase, as the
 client sent them), ending with the one to judge presented as the user's (the rest of the
 client's text, `context`, tool definitions, `state` and a LangGraph interrupt's answers
-among it, as one message with `CLIENT_TEXT` set: see `_trust.judged`; the rest of
-`forwardedProps` is the app's data, never shown to a guardrail). The first refusal wins: the
+and the `forwardedProps` entries the agent takes as its input among it, as one message with
+`CLIENT_TEXT` set: see `_trust.judged`; the rest of `forwardedProps` is the app's data,
+never shown to a guardrail). The first refusal wins: the
 agent is not called, and the user gets an assistant message with the reason (AG-UI: a
 normal end of the run; GraphQL: a `GUARDRAILS_VALIDATION_FAILED` response status, as the
 TypeScript runtime answers; the approvals route: a 422 answer, the approval left pending).
