@@ -513,13 +513,14 @@ class ActiveRun:
             _log.exception("could not store run", thread_id=self.thread_id, run_id=self.run_id)
 
 
-def _before_run(stored: list[Positioned], run_id: str, first_position: int
+def _before_run(stored: list[Positioned], run_id: str, first_position: int | None
                 ) -> list[Positioned]:
     """What `stored` (a store's `events_after`) holds before the run `run_id`, which began at
-    `first_position`: durable stores have its events written so far, and any store has it
-    whole once it ended (it is live until the store has it)."""
+    `first_position` (None: not known yet): durable stores have its events written so far,
+    and any store has it whole once it ended (it is live until the store has it)."""
     for index, (position, event) in enumerate(stored):
-        if (position is not None and position >= first_position) or (
+        if (position is not None and first_position is not None
+                and position >= first_position) or (
                 event.get("type") == ev.RUN_STARTED and event.get("runId") == run_id):
             return stored[:index]
     return stored
@@ -911,12 +912,15 @@ class RunManager:
         so_far, queue = live.subscribe()
         try:
             start = live.first_position
-            if after >= start + len(so_far):
+            # A reservation not yet confirmed does not know where it starts (its thread's
+            # head is being read): only its own RUN_STARTED marks where it begins.
+            known = start if live.confirmed else None
+            if known is not None and after >= start + len(so_far):
                 # A position the thread has not reached: an id of some other history (see
                 # `replay_stored`), so the whole thread.
                 after = -1
                 stored = await self.store.events_after(thread_id, after)
-            out = _before_run(stored, live.run_id, start)
+            out = _before_run(stored, live.run_id, known)
             out.extend((start + i, e) for i, e in enumerate(so_far) if start + i > after)
             yield out
             while (item := await queue.get()) is not None:
