@@ -101,6 +101,9 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
 
     _headers_timer: asyncio.TimerHandle | None = None
     _write_timer: asyncio.TimerHandle | None = None
+    #: Waiting for a request's headers, since `_since` (loop time).
+    _awaiting = False
+    _since = 0.0
     #: Bytes of a request whose headers are not complete yet came.
     _heard = False
     #: What was still to send when `_write_timer` was set.
@@ -124,10 +127,8 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
         super().data_received(data)
         if self.cycle is not cycle and self.cycle is not None:  # a request's headers came
             self.cycle.scope.setdefault("extensions", {})[ABORT_EXTENSION] = self.give_up
-            if self._headers_timer is not None:
-                self._headers_timer.cancel()
-                self._headers_timer = None
-        elif self._headers_timer is not None:
+            self._awaiting = False
+        elif self._awaiting:
             self._heard = True
 
     def on_response_complete(self) -> None:
@@ -184,15 +185,22 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
         return unsent
 
     def _await_headers(self) -> None:
-        if self._headers_timer is not None:
-            self._headers_timer.cancel()
-        self._heard = False
-        self._headers_timer = self.loop.call_later(HEADERS_SECONDS, self._headers_late)
+        # One timer a connection, looked at when it fires, rather than one made and cancelled
+        # per request (a few microseconds of every keep-alive request).
+        self._awaiting, self._heard, self._since = True, False, self.loop.time()
+        if self._headers_timer is None:
+            self._headers_timer = self.loop.call_later(HEADERS_SECONDS, self._headers_late)
 
     def _headers_late(self) -> None:
         self._headers_timer = None
-        if self.transport.is_closing() or (
+        if self.transport.is_closing():
+            return
+        left = self._since + HEADERS_SECONDS - self.loop.time()
+        if not self._awaiting or left > 0 or (
                 self.cycle is not None and not self.cycle.response_complete):
+            # in a request, or waiting for less long: looked at again later
+            self._headers_timer = self.loop.call_later(
+                left if self._awaiting and left > 0 else HEADERS_SECONDS, self._headers_late)
             return
         if self._heard:
             self.transport.write(_TOO_SLOW)
