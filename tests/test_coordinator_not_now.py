@@ -31,7 +31,7 @@ from copilot_runtime.coordination import LEASE_LOST_CODE, Coordinator, Signal
 from copilot_runtime.testing import MockOpenAIServer
 from copilot_runtime.threads import PostgresThreadStore
 from tests.conftest import GatedAgent, ServeRuntime, openai_runtime, poll
-from tests.hitl_support.postgres import SERVER
+from tests.hitl_support.postgres import SERVER, standby
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -346,17 +346,8 @@ def test_what_does_not_say_redis_cannot_serve_now(error: Exception) -> None:
 
 
 def _read_only(schema: str, on: bool) -> None:
-    """The lease table answers every write as a standby does (or stops to)."""
-    with psycopg.connect(SERVER, autocommit=True) as conn:
-        if on:
-            conn.execute(
-                f'CREATE FUNCTION "{schema}".standby() RETURNS trigger LANGUAGE plpgsql AS '
-                "$$ BEGIN RAISE EXCEPTION 'cannot execute % in a read-only transaction', TG_OP "
-                "USING ERRCODE = 'read_only_sql_transaction'; END $$")
-            conn.execute(f'CREATE TRIGGER standby BEFORE INSERT OR UPDATE OR DELETE ON '
-                         f'"{schema}".run_leases EXECUTE FUNCTION "{schema}".standby()')
-        else:
-            conn.execute(f'DROP FUNCTION "{schema}".standby() CASCADE')
+    """The run_leases table answers writes as a standby does (or stops to)."""
+    standby(schema, "run_leases", on)
 
 
 async def test_runs_and_connects_get_a_503_while_postgresql_is_read_only(

@@ -15,7 +15,7 @@ from psycopg.conninfo import conninfo_to_dict
 from copilot_runtime import ServiceUnavailableError, thread_store
 from copilot_runtime._url_options import split_options
 from copilot_runtime.threads import PostgresThreadStore, StoredRun
-from tests.hitl_support.postgres import SERVER
+from tests.hitl_support.postgres import SERVER, standby
 
 TIMEOUT = 3.0
 
@@ -68,16 +68,7 @@ async def test_a_store_started_on_a_read_only_server_cannot_serve_now(schema: st
 
 def _read_only(schema: str, on: bool) -> None:
     """The runs table answers writes as a standby does (or stops to)."""
-    with psycopg.connect(SERVER, autocommit=True) as conn:
-        if on:
-            conn.execute(
-                f'CREATE FUNCTION "{schema}".standby() RETURNS trigger LANGUAGE plpgsql AS '
-                "$$ BEGIN RAISE EXCEPTION 'cannot execute % in a read-only transaction', TG_OP "
-                "USING ERRCODE = 'read_only_sql_transaction'; END $$")
-            conn.execute(f'CREATE TRIGGER standby BEFORE INSERT OR UPDATE OR DELETE ON '
-                         f'"{schema}".runs EXECUTE FUNCTION "{schema}".standby()')
-        else:
-            conn.execute(f'DROP FUNCTION "{schema}".standby() CASCADE')
+    standby(schema, "runs", on)
 
 
 async def test_writes_refused_by_a_read_only_server_cannot_serve_now(schema: str) -> None:

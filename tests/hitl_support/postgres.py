@@ -29,3 +29,18 @@ def postgres_schema() -> Iterator[str]:
     finally:
         with psycopg.connect(SERVER, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def standby(schema: str, table: str, on: bool) -> None:
+    """`schema`'s `table` answers every write as a standby does ("cannot execute ... in a
+    read-only transaction"), or stops to (`on` False)."""
+    with psycopg.connect(SERVER, autocommit=True) as conn:
+        if on:
+            conn.execute(
+                f'CREATE FUNCTION "{schema}".standby() RETURNS trigger LANGUAGE plpgsql AS '
+                "$$ BEGIN RAISE EXCEPTION 'cannot execute % in a read-only transaction', TG_OP "
+                "USING ERRCODE = 'read_only_sql_transaction'; END $$")
+            conn.execute(f'CREATE TRIGGER standby BEFORE INSERT OR UPDATE OR DELETE ON '
+                         f'"{schema}".{table} EXECUTE FUNCTION "{schema}".standby()')
+        else:
+            conn.execute(f'DROP FUNCTION "{schema}".standby() CASCADE')

@@ -1,8 +1,13 @@
-"""A run id sent again in a later run of the same thread (the README's curl does, and so do
-scripted clients): a resume inside the first run gets the rest of the first run, then the
-later run once. The raw events kept for exact resumes were found by run id alone, so the
-later run was replayed twice (raw, then compacted) and an open run replayed an earlier one's
-events as its own."""
+"""Positions in the SQL stores.
+
+* A run id sent again in a later run of the same thread (the README's curl does, and so do
+  scripted clients): a resume inside the first run gets the rest of the first run, then the
+  later run once. The raw events kept for exact resumes were found by run id alone, so the
+  later run was replayed twice (raw, then compacted) and an open run replayed an earlier
+  one's events as its own.
+* A run's start on a new thread asks where its positions go on from (a deleted thread's
+  tombstone) right after reading its head: both are read at once, so a new thread costs no
+  second round trip (every chat of a new conversation starts one)."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 import pytest
@@ -69,7 +74,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         finally:
             await made.aclose()
         return
-    schema = f"reused_{uuid.uuid4().hex[:10]}"
+    schema = f"positions_{uuid.uuid4().hex[:10]}"
     made = PostgresThreadStore(SERVER, schema=schema)
     try:
         yield made
@@ -90,3 +95,26 @@ async def test_a_store_replays_a_reused_run_id_once(store: Any) -> None:
     assert positions == sorted(set(positions)), out
     assert positions[0] == 2
     assert positions[-1] == 7
+
+
+def _no_second_read(store: Any) -> None:
+    def refused(*_: Any) -> NoReturn:
+        raise AssertionError("a second read for a new thread's first position")
+
+    if isinstance(store, PostgresThreadStore):
+        store._pool.connection = refused  # type: ignore[method-assign]
+    else:
+        store._first_position = refused
+
+
+async def test_a_new_threads_first_position_comes_with_its_head(store: Any) -> None:
+    run = StoredRun("r1", [{"type": "RUN_STARTED", "threadId": "gone", "runId": "r1"},
+                           {"type": "RUN_FINISHED", "threadId": "gone", "runId": "r1"}],
+                    time.time(), 0, 0, 6)
+    await store.append_run("gone", "a", run, [])
+    assert await store.delete("gone")
+    assert await store.summary("kept") is None
+    assert await store.summary("gone") is None
+    _no_second_read(store)
+    assert await store.first_position("gone") == 7
+    assert await store.first_position("kept") == 0
