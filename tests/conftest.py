@@ -49,6 +49,23 @@ class Served:
             self.url + path, data=data,
             headers={"Content-Type": "application/json", **(headers or {})})
 
+    async def generate(self, data: dict[str, Any], properties: dict[str, Any] | None = None
+                       ) -> dict[str, Any]:
+        """`generateCopilotResponse` as the 1.10 client sends it: its result, its parts merged
+        (an answer with GraphQL errors fails the test)."""
+        from tests.gql.wire import CLIENT_DOCUMENT, CLIENT_HEADERS, merge, parse_multipart
+
+        variables: dict[str, Any] = {"data": data}
+        if properties is not None:
+            variables["properties"] = properties
+        response = await self.session.post(self.url, data=orjson.dumps(
+            {"query": CLIENT_DOCUMENT, "variables": variables}), headers=CLIENT_HEADERS)
+        assert response.status == 200, await response.text()
+        merged = merge(parse_multipart(await response.read()))
+        assert "errors" not in merged
+        result: dict[str, Any] = merged["data"]["generateCopilotResponse"]
+        return result
+
     async def run(self, body: dict[str, Any], agent: str = "default",
                   path: str | None = None) -> list[dict[str, Any]]:
         response = await self.post(f"/agent/{agent}/run" if path is None else path, body)

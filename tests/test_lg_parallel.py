@@ -39,7 +39,8 @@ from copilot_runtime import CopilotRuntime
 from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.testing import MockOpenAIServer, verify_events
 from tests.agents_support import graphs
-from tests.conftest import Served, ServeRuntime, run_input, types
+from tests.agents_support.graphs import graph_values
+from tests.conftest import ServeRuntime, run_input, types
 from tests.gql.wire import (
     CLIENT_DOCUMENT,
     CLIENT_HEADERS,
@@ -110,21 +111,6 @@ def interrupt_of(events: list[Json]) -> list[Json]:
     return interrupts
 
 
-async def values(graph: Any, thread: str) -> Json:
-    state = await graph.aget_state({"configurable": {"thread_id": thread}})
-    return dict(state.values)
-
-
-async def turn(served: Served, data: Json) -> Json:
-    response = await served.session.post(served.url, data=orjson.dumps(
-        {"query": CLIENT_DOCUMENT, "variables": {"data": data}}), headers=CLIENT_HEADERS)
-    assert response.status == 200, await response.text()
-    merged = merge(parse_multipart(await response.read()))
-    assert "errors" not in merged
-    result: Json = merged["data"]["generateCopilotResponse"]
-    return result
-
-
 def answer(meta: Json, response: str) -> Json:
     """A meta event answered, as the 1.10 client sends it back."""
     return {"name": meta["name"], "value": meta["value"], "response": response}
@@ -158,7 +144,7 @@ async def test_parallel_interrupts_answered_one_at_a_time_by_id(
         verify_events(two)
         assert types(two)[-1] == "RUN_FINISHED"
         assert interrupt_of(two) == []
-    done = await values(graph, "p1")
+    done = await graph_values(graph, "p1")
     assert (done["a"], done["b"]) == ({"k": 1}, 7)
 
 
@@ -175,7 +161,7 @@ async def test_parallel_interrupts_answered_together(serve_runtime: ServeRuntime
     verify_events(done)
     assert types(done)[-1] == "RUN_FINISHED"
     assert interrupt_of(done) == []
-    assert {(await values(graph, "p2"))[k] for k in ("a", "b")} == {"yes", "no"}
+    assert {(await graph_values(graph, "p2"))[k] for k in ("a", "b")} == {"yes", "no"}
 
 
 async def test_legacy_answer_goes_to_the_question_it_quotes(
@@ -194,7 +180,7 @@ async def test_legacy_answer_goes_to_the_question_it_quotes(
                                              "interruptEvent": asking_b}}), agent="lg")
         verify_events(one)
         assert types(one)[-1] == "RUN_FINISHED"
-        assert (await values(graph, "p3"))["b"] == {"ok": "b"}
+        assert (await graph_values(graph, "p3"))["b"] == {"ok": "b"}
         again = [e["value"] for e in one if e.get("name") == "on_interrupt"]
         assert [json.loads(q)["which"] for q in again] == ["a"]
         # An answer that says nothing of its question, or quotes one nobody asks: refused,
@@ -214,20 +200,20 @@ async def test_legacy_answer_goes_to_the_question_it_quotes(
         # Only one question is left, and this answer quotes the one answered already (a
         # second tab, a stale page): taking it would answer a question its sender never saw.
         assert (stale[-1]["type"], stale[-1]["code"]) == ("RUN_ERROR", "INTERRUPT_NOT_PENDING")
-        assert "a" not in await values(graph, "p3")
+        assert "a" not in await graph_values(graph, "p3")
         # An answer that quotes nothing goes to the one question left, as it always has.
         bare = await served.run(run_input("", thread="p3", run="r4", messages=[],
                                           forwardedProps={"command": {"resume": "yes"}}),
                                 agent="lg")
         assert types(bare)[-1] == "RUN_FINISHED"
-        assert (await values(graph, "p3"))["a"] == "yes"
+        assert (await graph_values(graph, "p3"))["a"] == "yes"
         gone = await served.run(run_input("", thread="p3-x", run="r3", messages=[],
                                           forwardedProps={"command": {
                                               "resume": "yes",
                                               "interruptEvent": '{"which": "z"}'}}),
                                 agent="lg")
         assert (gone[-1]["type"], gone[-1]["code"]) == ("RUN_ERROR", "INTERRUPT_NOT_PENDING")
-    assert "a" not in await values(graph, "p3-x")
+    assert "a" not in await graph_values(graph, "p3-x")
 
 
 async def test_graphql_meta_event_answers_the_question_it_carries(
@@ -236,22 +222,22 @@ async def test_graphql_meta_event_answers_the_question_it_carries(
     runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
     session = {"agentName": "lg"}
     async with serve_runtime(runtime) as served:
-        asked = await turn(served, chat_data([text_message("u1", "user", "go")],
+        asked = await served.generate(chat_data([text_message("u1", "user", "go")],
                                              thread="p4", agentSession=session))
         metas = asked["metaEvents"]
         assert [m["name"] for m in metas] == ["LangGraphInterruptEvent"] * 2
         # The 1.10 client answers the question it shows, with the meta event it got.
         shown = metas[-1]
-        answered = await turn(served, chat_data([], thread="p4", agentSession=session,
+        answered = await served.generate(chat_data([], thread="p4", agentSession=session,
                                                 metaEvents=[answer(shown, "first")]))
         assert answered["status"]["code"] == "Success"
         left = answered["metaEvents"]
         assert [m["value"] for m in left] == [metas[0]["value"]]
-        done = await turn(served, chat_data([], thread="p4", agentSession=session,
+        done = await served.generate(chat_data([], thread="p4", agentSession=session,
                                             metaEvents=[answer(left[0], "second")]))
         assert done["status"]["code"] == "Success"
         assert done["metaEvents"] == []
-    state = await values(graph, "p4")
+    state = await graph_values(graph, "p4")
     shown_b = json.loads(shown["value"]) == ["b", 3]
     assert (state["b"], state["a"]) == (("first", "second") if shown_b else ("second", "first"))
 
@@ -282,10 +268,10 @@ async def test_an_answer_to_a_question_answered_already_is_refused(
     runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
     session = {"agentName": "lg"}
     async with serve_runtime(runtime) as served:
-        asked = await turn(served, chat_data([text_message("u1", "user", "go")],
+        asked = await served.generate(chat_data([text_message("u1", "user", "go")],
                                              thread="p5", agentSession=session))
         shown = asked["metaEvents"][0]
-        other = await turn(served, chat_data([], thread="p5", agentSession=session,
+        other = await served.generate(chat_data([], thread="p5", agentSession=session,
                                              metaEvents=[answer(shown, "revise it")]))
         assert [json.loads(m["value"]) for m in other["metaEvents"]] == [{"draft": 2}]
         response = await served.session.post(served.url, data=orjson.dumps(
@@ -296,7 +282,7 @@ async def test_an_answer_to_a_question_answered_already_is_refused(
         status = stale["data"]["generateCopilotResponse"]["status"]
         assert status["code"] == "Failed", status
         assert "no longer asks the question" in json.dumps(status)
-        assert "b" not in await values(graph, "p5")
+        assert "b" not in await graph_values(graph, "p5")
         # Over AG-UI, as CopilotKit's interrupt hooks send it: refused as well.
         legacy = await served.run(run_input("", thread="p5", run="r9", messages=[],
                                             forwardedProps={"command": {
@@ -305,14 +291,14 @@ async def test_an_answer_to_a_question_answered_already_is_refused(
                                   agent="lg")
         assert (legacy[-1]["type"], legacy[-1]["code"]) == ("RUN_ERROR",
                                                            "INTERRUPT_NOT_PENDING")
-        kept = await values(graph, "p5")
+        kept = await graph_values(graph, "p5")
         assert (kept["a"], "b" in kept) == ("revise it", False)
         # The question that is asked can still be answered.
-        done = await turn(served, chat_data([], thread="p5", agentSession=session,
+        done = await served.generate(chat_data([], thread="p5", agentSession=session,
                                             metaEvents=[answer(other["metaEvents"][0],
                                                                "approve")]))
         assert done["status"]["code"] == "Success"
-    assert (await values(graph, "p5"))["b"] == "approve"
+    assert (await graph_values(graph, "p5"))["b"] == "approve"
 
 
 # ---- 2. parallel branches stream into their own messages ----------------------------------
@@ -326,7 +312,7 @@ async def test_parallel_branches_stream_their_own_messages(
         runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
         async with serve_runtime(runtime) as served:
             events = await served.run(run_input("go", thread="b1", **V1), agent="lg")
-            gql = await turn(served, chat_data([text_message("u1", "user", "go")],
+            gql = await served.generate(chat_data([text_message("u1", "user", "go")],
                                                thread="b1-gql",
                                                agentSession={"agentName": "lg"}))
     verify_events(events)
@@ -351,7 +337,7 @@ async def test_parallel_branches_stream_their_own_tool_calls(
         runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
         async with serve_runtime(runtime) as served:
             events = await served.run(run_input("go", thread="b2", **V1), agent="lg")
-            gql = await turn(served, chat_data([text_message("u1", "user", "go")],
+            gql = await served.generate(chat_data([text_message("u1", "user", "go")],
                                                thread="b2-gql",
                                                agentSession={"agentName": "lg"}))
     verify_events(events)
@@ -409,7 +395,7 @@ async def test_echoed_state_keeps_the_checkpoints_typed_values(
         third = await served.run(run_input("three", thread="e1", run="r3", state={
             **shown, "log": ["set", "read"], "topic": "new"}, **V1), agent="lg")
         assert types(third)[-1] == "RUN_FINISHED"
-    saved = await values(graph, "e1")
+    saved = await graph_values(graph, "e1")
     assert saved["due"] == datetime.date(2025, 1, 31)
     assert saved["topic"] == "new"
     # the echoed list went through no reducer a second time
@@ -449,7 +435,7 @@ async def test_a_waiting_subgraphs_messages_stay_in_the_chat(
     runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
     async with serve_runtime(runtime) as served:
         events = await served.run(run_input("hello sub", thread="s1", **V1), agent="lg")
-        gql = await turn(served, chat_data([text_message("s2-u", "user", "hello sub")],
+        gql = await served.generate(chat_data([text_message("s2-u", "user", "hello sub")],
                                            thread="s2", agentSession={"agentName": "lg"}))
         loaded = await (await served.session.post(served.url, data=orjson.dumps(
             {"query": LOAD_STATE, "variables": {"data": {"threadId": "s2",

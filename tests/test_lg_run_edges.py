@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
-import orjson
 import psycopg
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage
@@ -36,13 +35,10 @@ from copilot_runtime._trust import judged
 from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.testing import verify_events
+from tests.agents_support.graphs import graph_values
 from tests.conftest import Served, ServeRuntime, run_input, text_of
 from tests.gql.wire import (
-    CLIENT_DOCUMENT,
-    CLIENT_HEADERS,
     chat_data,
-    merge,
-    parse_multipart,
     text_message,
 )
 from tests.hitl_support.postgres import SERVER, postgres_schema
@@ -73,28 +69,12 @@ def says_topic() -> Any:
     return graph.compile(checkpointer=InMemorySaver())
 
 
-async def turn(served: Served, data: Json, properties: Json | None = None) -> Json:
-    response = await served.session.post(served.url, data=orjson.dumps(
-        {"query": CLIENT_DOCUMENT, "variables": {"data": data, "properties": properties}}),
-        headers=CLIENT_HEADERS)
-    assert response.status == 200, await response.text()
-    merged = merge(parse_multipart(await response.read()))
-    assert "errors" not in merged
-    result: Json = merged["data"]["generateCopilotResponse"]
-    return result
-
-
 def said(events: list[Json]) -> str:
     """The last assistant message of the run's last messages snapshot (a node's message
     that no model streamed arrives only there)."""
     snapshot = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"][-1]["messages"]
     content: str = [m for m in snapshot if m["role"] == "assistant"][-1]["content"]
     return content
-
-
-async def values(graph: Any, thread: str) -> Json:
-    state = await graph.aget_state({"configurable": {"thread_id": thread}})
-    return dict(state.values)
 
 
 # ---- A. forwardedProps that become graph input are judged -----------------------------------
@@ -132,23 +112,23 @@ async def test_forwarded_state_keys_are_judged_on_both_protocols(
         # An entry the graph does not take is the app's: not judged.
         kept = await served.run(run_input("hi", thread="a3", forwardedProps={
             "authToken": "forbidden-token", "topic": "weather"}), agent="lg")
-        gql_refused = await turn(served, chat_data([text_message("u1", "user", "hi")],
+        gql_refused = await served.generate(chat_data([text_message("u1", "user", "hi")],
                                                    thread="a4", agentSession=SESSION),
                                  properties={"topic": "forbidden"})
-        gql_kept = await turn(served, chat_data([text_message("u1", "user", "hi")],
+        gql_kept = await served.generate(chat_data([text_message("u1", "user", "hi")],
                                                 thread="a5", agentSession=SESSION),
                               properties={"authToken": "forbidden", "topic": "rain"})
     for events in (refused, camel, kept):
         verify_events(events)
     assert text_of(refused) == REFUSED
     assert text_of(camel) == REFUSED
-    assert "topic" not in await values(graph, "a1")
-    assert "user_role" not in await values(graph, "a2")
+    assert "topic" not in await graph_values(graph, "a1")
+    assert "user_role" not in await graph_values(graph, "a2")
     assert said(kept) == "topic=weather role=None"
     assert gql_refused["status"]["reason"] == "GUARDRAILS_VALIDATION_FAILED"
-    assert "topic" not in await values(graph, "a4")
+    assert "topic" not in await graph_values(graph, "a4")
     assert gql_kept["status"]["code"] == "Success"
-    assert (await values(graph, "a5"))["topic"] == "rain"
+    assert (await graph_values(graph, "a5"))["topic"] == "rain"
 
 
 # ---- B. a new message while an interrupt waits ----------------------------------------------
@@ -190,9 +170,9 @@ async def test_a_message_while_an_interrupt_waits_is_refused_not_lost(
                                                        "status": "resolved",
                                                        "payload": "cats"}], **V1),
                                     agent="lg")
-        gql_asked = await turn(served, chat_data([text_message("g1", "user", "go")],
+        gql_asked = await served.generate(chat_data([text_message("g1", "user", "go")],
                                                  thread="b2", agentSession=SESSION))
-        gql_sent = await turn(served, chat_data([text_message("g1", "user", "go"),
+        gql_sent = await served.generate(chat_data([text_message("g1", "user", "go"),
                                                  text_message("g2", "user", "more")],
                                                 thread="b2", agentSession=SESSION))
     for events in (asked, sent, again, answered):
@@ -223,7 +203,7 @@ async def test_the_recursion_limit_is_told_precisely(serve_runtime: ServeRuntime
     agent = LangGraphAgent(name="lg", graph=loops(), config={"recursion_limit": 7})
     async with serve_runtime(CopilotRuntime(agents={"lg": agent})) as served:
         events = await served.run(run_input("go", thread="c1"), agent="lg")
-        gql = await turn(served, chat_data([text_message("u1", "user", "go")], thread="c2",
+        gql = await served.generate(chat_data([text_message("u1", "user", "go")], thread="c2",
                                            agentSession=SESSION))
     verify_events(events)
     error = events[-1]
@@ -287,7 +267,7 @@ async def checkpoint_store_fails(serve_runtime: ServeRuntime, url: str,
         assert ran[-1]["type"] == "RUN_FINISHED"
         drop_tables()  # the store loses its tables
         events = await served.run(run_input("go", thread="c3"), agent="lg")
-        gql = await turn(served, chat_data([text_message("u1", "user", "go")], thread="c4",
+        gql = await served.generate(chat_data([text_message("u1", "user", "go")], thread="c4",
                                            agentSession=SESSION))
         # The graph's own database failing is the graph's failure, as before.
         own = await served.run(run_input("go", thread="c5"), agent="own")
@@ -328,7 +308,7 @@ async def test_stream_writer_output_is_a_custom_event(serve_runtime: ServeRuntim
     runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=writes())})
     async with serve_runtime(runtime) as served:
         events = await served.run(run_input("go", thread="d1", **V1), agent="lg")
-        gql = await turn(served, chat_data([text_message("u1", "user", "go")], thread="d2",
+        gql = await served.generate(chat_data([text_message("u1", "user", "go")], thread="d2",
                                            agentSession=SESSION))
     verify_events(events)
     written = [e["value"] for e in events

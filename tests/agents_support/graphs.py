@@ -169,3 +169,9 @@ def failing_graph() -> Any:
     graph.add_edge(START, "boom")
     graph.add_edge("boom", END)
     return graph.compile(checkpointer=InMemorySaver())
+
+
+async def graph_values(graph: Any, thread: str) -> dict[str, Any]:
+    """The values of `graph`'s checkpoint for `thread`."""
+    state = await graph.aget_state({"configurable": {"thread_id": thread}})
+    return dict(state.values)
