@@ -95,12 +95,15 @@ def forwardable(raw: Iterable[tuple[bytes, bytes]], *,
     """A request's headers (ASGI pairs) for its agent: lower-cased, minus this connection's
     (`HOP_BY_HOP` and the names its `Connection` header lists, RFC 9110 7.6.1); without
     `credentials`, minus those that authenticated the caller to this runtime."""
-    pairs = [(key.decode("latin-1").lower(), value) for key, value in raw]
-    connection = {token.strip().lower() for name, value in pairs if name == "connection"
-                  for token in value.decode("latin-1").split(",")}
     out: dict[str, str] = {}
-    for name, value in pairs:
-        if (name not in HOP_BY_HOP and name not in connection
-                and (credentials or name not in CREDENTIAL_HEADERS)):
+    named: list[bytes] = []  # the `Connection` headers' values
+    for key, value in raw:
+        name = key.decode("latin-1").lower()
+        if name == "connection":
+            named.append(value)
+        elif name not in HOP_BY_HOP and (credentials or name not in CREDENTIAL_HEADERS):
             out[name] = value.decode("latin-1")
+    for value in named:
+        for token in value.decode("latin-1").split(","):
+            out.pop(token.strip().lower(), None)
     return out

@@ -233,11 +233,8 @@ class CopilotRuntime:
         return thread_id in self.runs.active
 
     async def is_running_anywhere(self, thread_id: str) -> bool:
-        """Whether a run is on the thread now, on any worker."""
-        if thread_id in self.runs.active:
-            return True
-        coordinator = self.runs.coordinator
-        return coordinator is not None and await coordinator.holder(thread_id) is not None
+        """Whether a run is on the thread now, on any worker (a delete holding it is not)."""
+        return await self.runs.running_anywhere(thread_id)
 
     async def forget_thread(self, thread_id: str, *, strict: bool = False) -> None:
         """Have every agent forget what it keeps of a deleted thread (a graph's checkpoints):

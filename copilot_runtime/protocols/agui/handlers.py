@@ -253,7 +253,7 @@ class AGUIProtocol:
         owner = self.runtime.owner_filter(request.info)
         if id_problem(thread_id) is not None:
             raise ThreadNotFoundError(thread_id)
-        if request.method == "DELETE" and await self.runtime.runs.running_anywhere(thread_id) \
+        if request.method == "DELETE" and await self.runtime.is_running_anywhere(thread_id) \
                 and await self.runtime.can_see(request.info, thread_id):
             # Busy on every store, its first run's events written yet or not (the in-memory
             # store has no record of a thread before its first run ends).
