@@ -193,11 +193,11 @@ async def test_the_bound_is_a_number_of_seconds() -> None:
 
 
 @pytest.mark.parametrize(("name", "route"), [("openai", "direct"), ("openai", "sdk"),
-                                             ("anthropic", "direct")])
+                                             ("anthropic", "direct"), ("anthropic", "sdk")])
 async def test_the_sdk_route_ends_alike(name: str, route: str) -> None:
-    """OpenAI's SDK gives up on a Retry-After past two minutes itself: its error says the
-    same as the adapter's own route. (Anthropic's SDK would wait for it: the bound holds
-    for the adapter's own route, its default.)"""
+    """The SDK route (taken with an HTTP proxy in the environment) holds to the bound too:
+    Anthropic's SDK would wait out any Retry-After, an hour here, with the stream open and
+    silent; its error says the same as the adapter's own route."""
     mock: MockOpenAIServer | MockAnthropicServer
     async with MockOpenAIServer(chunks=4) if name == "openai" \
             else MockAnthropicServer(chunks=4) as mock:
@@ -211,6 +211,22 @@ async def test_the_sdk_route_ends_alike(name: str, route: str) -> None:
     words = Provider(name, mock).words
     assert error.message == (f"{words} request failed with HTTP 429: mock error 429 "
                              f"({words} is rate-limiting requests: try again in 3600 s)")
+
+
+@pytest.mark.parametrize("name", ["openai", "anthropic"])
+async def test_the_sdk_route_holds_to_a_short_bound(name: str) -> None:
+    """OpenAI's SDK waits any Retry-After up to a minute of its own: a bound of one second
+    is still one second on its route."""
+    mock: MockOpenAIServer | MockAnthropicServer
+    async with MockOpenAIServer(chunks=4) if name == "openai" \
+            else MockAnthropicServer(chunks=4) as mock:
+        mock.statuses, mock.retry_after = [503, 503, 503], "30"
+        error, took = await failure(Provider(name, mock).adapter(
+            transport="sdk", max_retry_wait=1))
+    assert took < 1.0
+    assert len(mock.headers) == 1
+    assert error.status == 503
+    assert error.message.endswith("unavailable: try again in 30 s)")
 
 
 # ---- a whole run -----------------------------------------------------------------------------

@@ -13,7 +13,9 @@ On top of each SDK's policy, one bound of this runtime's (`max_retry_wait`, the 
 argument): a chat user is not kept waiting, the stream open and silent, for a provider that
 asks for longer. A Retry-After above it, or waits that would add up past it, end the request
 at once with the provider's error, which says when to try again (`status_failure`). A wait
-is an `asyncio.sleep` in the run's task, so a stop or a disconnect cancels it at once.
+is an `asyncio.sleep` in the run's task, so a stop or a disconnect cancels it at once. The
+SDK route of the adapters that build their SDK's client holds each wait to the bound too
+(`sdk_wait_bound`, a response hook of that client).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import os
 import random
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import NamedTuple, Protocol
 
 import orjson
@@ -43,7 +45,8 @@ from copilot_runtime.adapters.base import ChatDelta
 
 __all__ = ["DEFAULT_MAX_RETRY_WAIT", "Failures", "RetryPolicy", "SDKRetries", "StreamParser",
            "body_message", "check_max_retry_wait", "credentials", "header_credentials",
-           "proxy_in_environment", "retry_after_seconds", "send", "status_failure", "stream",
+           "proxy_in_environment", "retry_after_seconds", "sdk_wait_bound", "send",
+           "status_failure", "stream",
            "unwaited"]
 
 _INITIAL_RETRY_DELAY = 0.5
@@ -204,6 +207,32 @@ def status_failure(provider: str, status: int, said: str,
         state = "rate-limiting requests" if status == 429 else "unavailable"
         message += f" ({provider} is {state}: try again in {math.ceil(asked)} s)"
     return UpstreamError(message, status=status)
+
+
+class _SDKResponse(Protocol):
+    """What `sdk_wait_bound` reads of an SDK's HTTP answer (an `httpx2.Response`)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> MutableMapping[str, str]: ...
+
+
+def sdk_wait_bound(max_wait: float) -> Callable[[_SDKResponse], Awaitable[None]]:
+    """A response hook for an SDK's HTTP client, holding its retries to `max_wait`: an
+    answer asking for a longer wait is marked `x-should-retry: false` (the header both SDKs
+    obey), so the SDK raises its error at once instead of sleeping for as long as the
+    provider asks (Anthropic's SDK waits any Retry-After, OpenAI's up to a minute)."""
+
+    async def hook(response: _SDKResponse) -> None:
+        status = response.status_code
+        if status in (408, 409, 429) or status >= 500:
+            asked = retry_after_seconds(response.headers.get)
+            if asked is not None and asked > max_wait:
+                response.headers["x-should-retry"] = "false"
+
+    return hook
 
 
 def unwaited(asked: float | None, max_wait: float) -> float | None:

@@ -93,7 +93,8 @@ class AnthropicAdapter:
     `max_retry_wait` (seconds, 60 by default) bounds the waits between retries: a provider
     that asks for a longer wait (its Retry-After), or waits that would add up to more, end
     the run at once with its error (HTTP 429, 529 or 5xx), which says when to try again.
-    Through the SDK (`transport="sdk"`, a ready `client=`) the waits are the SDK's own.
+    Through the SDK (`transport="sdk"`) a Retry-After past the bound is not waited for
+    either; a ready `client=` keeps its own waits.
     """
 
     provider = "anthropic"
@@ -152,7 +153,9 @@ class AnthropicAdapter:
             self._client = anthropic.AsyncAnthropic(
                 api_key=self._api_key, base_url=self._base_url, timeout=self._timeout,
                 max_retries=self._max_retries,
-                http_client=anthropic.DefaultAioHttpClient(timeout=self._timeout))
+                http_client=anthropic.DefaultAioHttpClient(
+                    timeout=self._timeout, event_hooks={"response": [
+                        _direct.sdk_wait_bound(self._max_retry_wait)]}))
         return self._client
 
     async def aclose(self) -> None:

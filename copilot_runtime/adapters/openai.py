@@ -68,7 +68,8 @@ class OpenAIAdapter:
     `max_retry_wait` (seconds, 60 by default) bounds the waits between retries: a provider
     that asks for a longer wait (its Retry-After), or waits that would add up to more, end
     the run at once with its error (HTTP 429 or 5xx), which says when to try again.
-    Through the SDK the waits are the SDK's own (it gives up past two minutes).
+    Through the SDK (`transport="sdk"`) a Retry-After past the bound is not waited for
+    either; a ready `client=` keeps its own waits (up to a minute each).
     """
 
     provider = "openai"
@@ -132,7 +133,9 @@ class OpenAIAdapter:
                 default_headers=self._default_headers or None,
                 timeout=self._timeout,
                 max_retries=self._max_retries,
-                http_client=openai.DefaultAioHttpClient(timeout=self._timeout),
+                http_client=openai.DefaultAioHttpClient(
+                    timeout=self._timeout, event_hooks={"response": [
+                        _direct.sdk_wait_bound(self._max_retry_wait)]}),
             )
         return self._client
 
