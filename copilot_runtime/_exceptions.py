@@ -9,6 +9,7 @@
     │   ├── ThreadBusyError         a run is already active on the thread              → 409
     │   ├── PayloadTooLargeError    the body exceeds the configured limit              → 413
     │   ├── RequestTimeoutError     the body stopped arriving                          → 408
+    │   ├── UnsupportedEncodingError a Content-Encoding the runtime does not read       → 415
     │   ├── AuthenticationError     no credentials, or bad ones                        → 401
     │   ├── RequestRejectedError    an `on_request` hook refused the request           → 403
     │   ├── ThreadNotFoundError     no such thread, or not the caller's                → 404

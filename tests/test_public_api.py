@@ -26,6 +26,10 @@ EXPECTED = [
     "RateLimit", "TopicGuardrail", "Verdict",
     "DurableThreadStore", "PostgresThreadStore", "thread_store", "OpenAITranscription",
     "Coordinator", "coordinator",
+    "AgentExecutionError", "ContentFilteredError", "JSONTooDeepError", "ModelNotAllowedError",
+    "NothingToResumeError", "RateLimitedError", "RequestTimeoutError", "ThreadNotFoundError",
+    "TranscriptionError", "UnsupportedEncodingError", "UpstreamConnectionError",
+    "UpstreamProtocolError",
 ]
 
 
@@ -43,6 +47,18 @@ def test_exception_hierarchy() -> None:
                  "ThreadBusyError",
                  "UpstreamError", "UpstreamTimeoutError"):
         assert issubclass(getattr(copilot_runtime, name), base)
+    # Every error a client can be answered with is importable from the package itself.
+    for name in ("JSONTooDeepError", "ModelNotAllowedError"):
+        assert issubclass(getattr(copilot_runtime, name), copilot_runtime.InvalidRequestError)
+    for name in ("RateLimitedError", "RequestTimeoutError", "ThreadNotFoundError",
+                 "TranscriptionError", "UnsupportedEncodingError"):
+        assert issubclass(getattr(copilot_runtime, name), copilot_runtime.RequestError)
+    for name in ("ContentFilteredError", "UpstreamConnectionError", "UpstreamProtocolError"):
+        assert issubclass(getattr(copilot_runtime, name), copilot_runtime.UpstreamError)
+    assert issubclass(copilot_runtime.NothingToResumeError, copilot_runtime.ApprovalError)
+    assert issubclass(copilot_runtime.AgentExecutionError, base)
+    assert copilot_runtime.ThreadNotFoundError("t").status == 404
+    assert copilot_runtime.RateLimitedError("slow down", 0).retry_after == 1
     assert copilot_runtime.ThreadBusyError("t").status == 409
     assert copilot_runtime.ServiceUnavailableError("down").status == 503
     assert copilot_runtime.PayloadTooLargeError(1).status == 413
