@@ -176,6 +176,33 @@ async def test_a_deleted_durable_threads_streamed_positions_are_kept(store: Thre
     assert await durable.first_position("t") == record.next_position > 4
 
 
+async def test_a_deleted_threads_positions_are_forgotten_after_the_retention(
+        store: ThreadStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: every delete left a row in a durable store for good (how far the thread's
+    positions went). Now it goes `deleted_retention` seconds after the delete, with the
+    raw events' pruning; a later delete of the same id counts from then."""
+    durable = _durable(store)
+    from copilot_runtime.threads import postgres, sqlite
+
+    for module in (postgres, sqlite):
+        monkeypatch.setattr(module, "_PRUNE_EVERY", 0.0)
+    assert durable.deleted_retention == 30 * 24 * 3600
+    for thread in ("old", "recent"):
+        await _finish(durable, thread, "r1", _run(thread, "r1", "a b c"), 0)
+        assert await durable.delete(thread) is True
+    durable.deleted_retention = 3600.0
+    await _finish(durable, "next", "r1", _run("next", "r1", "x"), 0)  # a write prunes
+    assert await durable.first_position("old") == 7
+    await asyncio.sleep(0.05)
+    # "recent" is deleted again (made again first): its time starts over.
+    await _finish(durable, "recent", "r2", _run("recent", "r2", "d"), 7)
+    assert await durable.delete("recent") is True
+    durable.deleted_retention = 0.04
+    await _finish(durable, "next", "r2", _run("next", "r2", "y"), 5)
+    assert await durable.first_position("old") == 0  # forgotten
+    assert await durable.first_position("recent") == 12
+
+
 #: Ids whose order by code point (bytes of UTF-8) differs from a linguistic collation's:
 #: "a" < "B" in en_US, "B" < "a" by bytes.
 TIED_IDS = ["a", "B", "b", "A_2", "a-1", "_x", "é", "z", "Z", "a b"]
@@ -301,7 +328,7 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     db.close()
     store = SQLiteThreadStore(path)
     try:
-        assert store.schema_version == 3
+        assert store.schema_version == 4
         record = await store.get("old")
         assert record is not None
         assert [r.run_id for r in record.runs] == ["r0"]
@@ -314,7 +341,7 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     finally:
         await store.aclose()
     reopened = SQLiteThreadStore(path)
-    assert reopened.schema_version == 3
+    assert reopened.schema_version == 4
     await reopened.aclose()
 
 

@@ -34,6 +34,7 @@ from copilot_runtime.events import Event
 
 __all__ = [
     "CONTROL_CHARACTERS",
+    "DELETED_RETENTION",
     "INTERRUPTED_CODE",
     "MAX_ID_LENGTH",
     "MAX_REPLAY_BYTES",
@@ -187,7 +188,9 @@ class ThreadStore(Protocol):
         """The position the first event of a thread the store has no record of gets: 0, or,
         for the id of a thread deleted (or evicted) before, the position that thread's next
         event would have got. Positions never go back for an id, so a client still holding
-        an event id of the old thread (`Last-Event-ID`) misses nothing of the new one."""
+        an event id of the old thread (`Last-Event-ID`) misses nothing of the new one. A
+        durable store remembers a deleted thread's for `deleted_retention` seconds (30 days);
+        the memory store for its last `max_tombstones` deleted or evicted threads."""
         ...
 
     async def aclose(self) -> None:
@@ -200,6 +203,8 @@ class DurableThreadStore(ThreadStore, Protocol):
 
     #: Seconds a finished run's raw events are kept for exact resumes.
     raw_retention: float
+    #: Seconds how far a deleted thread's positions went is remembered (`first_position`).
+    deleted_retention: float
 
     async def append_events(self, thread_id: str, agent_id: str, run_id: str,
                             created_at: float, first_position: int, events: Sequence[Event],
@@ -229,6 +234,9 @@ class DurableThreadStore(ThreadStore, Protocol):
 #: newest runs whose stored events fit, at least the last. A store keeps any number of runs
 #: of up to 16 MiB each, and a read costs several times its size in memory.
 MAX_REPLAY_BYTES = 32 * 1024 * 1024
+#: Seconds a durable store remembers how far a deleted thread's positions went (30 days):
+#: long past any client still holding one of its event ids, and every delete's row goes.
+DELETED_RETENTION = 30 * 24 * 3600.0
 
 
 def newest_within(sizes: Sequence[int], max_bytes: int | None) -> int:

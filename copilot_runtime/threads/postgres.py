@@ -39,6 +39,7 @@ from copilot_runtime.threads._rows import (
     message_ids_of,
 )
 from copilot_runtime.threads.base import (
+    DELETED_RETENTION,
     MAX_REPLAY_BYTES,
     ListPosition,
     Positioned,
@@ -161,6 +162,14 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX threads_by_owner ON threads
         (owner_id, tenant, updated_at DESC, thread_id COLLATE "C" DESC)
         WHERE owner_id IS NOT NULL;
+    """,
+    # 7: when a thread was deleted, so how far its positions went is forgotten once no
+    # client can still hold one of its event ids (`deleted_retention`): every delete left a
+    # row for good. (Rows of earlier deletes count from this migration.)
+    """
+    ALTER TABLE deleted_threads ADD COLUMN deleted_at DOUBLE PRECISION NOT NULL
+        DEFAULT extract(epoch FROM now());
+    CREATE INDEX deleted_threads_by_time ON deleted_threads (deleted_at);
     """,
 )
 
@@ -289,6 +298,8 @@ _SUMMARIES = (f"SELECT thread_id, {_THREAD_COLUMNS}, (SELECT run_id FROM runs r 
 class PostgresThreadStore:
     #: Seconds a finished run's raw events are kept, for exact `Last-Event-ID` resumes.
     raw_retention = 600.0
+    #: Seconds a deleted thread's positions are remembered (see `first_position`).
+    deleted_retention = DELETED_RETENTION
     #: What `events_after` reads of a thread's finished runs (`MAX_REPLAY_BYTES`).
     replay_bytes = MAX_REPLAY_BYTES
 
@@ -570,6 +581,9 @@ class PostgresThreadStore:
                 # ended replayed the whole run again).
                 await cursor.execute("DELETE FROM run_events WHERE ended_at < "
                                      "extract(epoch FROM now()) - %s", (self.raw_retention,))
+                await cursor.execute("DELETE FROM deleted_threads WHERE deleted_at < "
+                                     "extract(epoch FROM now()) - %s",
+                                     (self.deleted_retention,))
 
     async def close_interrupted(self, thread_id: str, run_id: str) -> bool:
         async with self._reachable(bounded=False):
@@ -621,7 +635,8 @@ class PostgresThreadStore:
                 "kept AS (INSERT INTO deleted_threads (thread_id, next_position) "
                 "SELECT thread_id, next_position FROM threads WHERE thread_id = %(t)s "
                 "ON CONFLICT (thread_id) DO UPDATE SET next_position = "
-                "GREATEST(deleted_threads.next_position, excluded.next_position)) "
+                "GREATEST(deleted_threads.next_position, excluded.next_position), "
+                "deleted_at = excluded.deleted_at) "
                 "DELETE FROM threads WHERE thread_id = %(t)s", {"t": thread_id})
             return cursor.rowcount > 0
 

@@ -33,6 +33,7 @@ from copilot_runtime.threads._rows import (
 )
 from copilot_runtime.threads._store_thread import Call, StoreThread
 from copilot_runtime.threads.base import (
+    DELETED_RETENTION,
     MAX_REPLAY_BYTES,
     ListPosition,
     Positioned,
@@ -123,15 +124,25 @@ def _v3(db: sqlite3.Connection) -> None:
     db.execute(_V3)
 
 
+def _v4(db: sqlite3.Connection) -> None:
+    """When a thread was deleted, so how far its positions went is forgotten once no client
+    can still hold one of its event ids (rows of earlier deletes count from now)."""
+    db.execute("ALTER TABLE deleted_threads ADD COLUMN deleted_at REAL NOT NULL DEFAULT 0")
+    db.execute("UPDATE deleted_threads SET deleted_at = ?", (time.time(),))
+    db.execute("CREATE INDEX deleted_threads_by_time ON deleted_threads (deleted_at)")
+
+
 #: Seconds between deletions of the raw events whose retention ended.
 _PRUNE_EVERY = 30.0
 
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2, _v3)
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2, _v3, _v4)
 
 
 class SQLiteThreadStore:
     #: Seconds a finished run's raw events are kept, for exact `Last-Event-ID` resumes.
     raw_retention = 600.0
+    #: Seconds a deleted thread's positions are remembered (see `first_position`).
+    deleted_retention = DELETED_RETENTION
     #: What `events_after` reads of a thread's finished runs (`MAX_REPLAY_BYTES`).
     replay_bytes = MAX_REPLAY_BYTES
 
@@ -408,6 +419,8 @@ class SQLiteThreadStore:
             db.execute("DELETE FROM run_events WHERE EXISTS (SELECT 1 FROM runs r WHERE "
                        "r.thread_id = run_events.thread_id AND r.run_id = run_events.run_id "
                        "AND r.open = 0 AND r.ended_at < ?)", (now - self.raw_retention,))
+            db.execute("DELETE FROM deleted_threads WHERE deleted_at < ?",
+                       (now - self.deleted_retention,))
 
     async def close_interrupted(self, thread_id: str, run_id: str) -> bool:
         return await self._write(self._close_interrupted, thread_id, run_id)
@@ -443,10 +456,11 @@ class SQLiteThreadStore:
 
     def _delete(self, thread_id: str) -> bool:
         self._db.execute(
-            "INSERT INTO deleted_threads (thread_id, next_position) SELECT thread_id, "
-            "next_position FROM threads WHERE thread_id = ? ON CONFLICT (thread_id) DO UPDATE "
-            "SET next_position = max(deleted_threads.next_position, excluded.next_position)",
-            (thread_id,))
+            "INSERT INTO deleted_threads (thread_id, next_position, deleted_at) SELECT "
+            "thread_id, next_position, ? FROM threads WHERE thread_id = ? ON CONFLICT "
+            "(thread_id) DO UPDATE SET next_position = max(deleted_threads.next_position, "
+            "excluded.next_position), deleted_at = excluded.deleted_at",
+            (time.time(), thread_id))
         return self._db.execute("DELETE FROM threads WHERE thread_id = ?",
                                 (thread_id,)).rowcount > 0
 
