@@ -13,7 +13,6 @@ created it (`ThreadOwner`), and for anybody else it does not exist.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import uuid
 from collections.abc import Collection, Iterable, Mapping
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from copilot_runtime._exceptions import AuthenticationError, ConfigurationError
+from copilot_runtime._jwks import KeySet
 from copilot_runtime.threads.base import ThreadOwner, id_problem
 
 __all__ = [
@@ -133,7 +133,10 @@ class JWTAuth:
     """Signed JSON Web Tokens, checked by PyJWT (install the `auth` extra).
 
     Give either `key` (a shared secret for HS*, a PEM public key for RS*/ES*/EdDSA) or
-    `jwks_url` (the issuer's key set, fetched and cached; a token's `kid` picks the key).
+    `jwks_url` (the issuer's key set; a token's `kid` picks the key). The set is fetched
+    again after `jwks_cache_seconds`, and for a `kid` it does not hold at most once every 30
+    s (a key just rotated in); while the issuer cannot be reached the keys fetched last keep
+    serving, and a runtime that never got them answers 503, not 401.
     `audience` and `issuer`, when given, must match; `exp` is always required. The principal
     is `sub` (or `principal_claim`), its tenant `tenant_claim` (each a non-empty string; a
     token without the tenant claim has no tenant) and its roles `roles_claim` (a list, whose
@@ -173,8 +176,7 @@ class JWTAuth:
         self.tenant_claim = tenant_claim
         self.roles_claim = roles_claim
         self.leeway = leeway
-        self._jwks = jwt.PyJWKClient(jwks_url, cache_keys=True, lifespan=jwks_cache_seconds,
-                                     timeout=10) if jwks_url else None
+        self._jwks = KeySet(jwks_url, fresh_for=jwks_cache_seconds) if jwks_url else None
 
     async def authenticate(self, request: RequestInfo) -> Principal:
         token = bearer_token(request)
@@ -182,19 +184,14 @@ class JWTAuth:
         key = self.key
         try:
             if self._jwks is not None:
-                # PyJWKClient fetches with urllib: keep the event loop free while it does.
-                key = (await asyncio.to_thread(self._jwks.get_signing_key_from_jwt, token)).key
+                kid = jwt.get_unverified_header(token).get("kid")
+                key = (await self._jwks.key(kid if isinstance(kid, str) else None)).key
             claims: dict[str, Any] = jwt.decode(
                 token, key, algorithms=self.algorithms, audience=self.audience,
                 issuer=self.issuer, leeway=self.leeway,
                 options={"require": ["exp"], "verify_aud": self.audience is not None})
         except jwt.ExpiredSignatureError:
             raise AuthenticationError("The token has expired") from None
-        except (jwt.PyJWKClientConnectionError, OSError, ValueError, RecursionError):
-            # PyJWKClient lets a body that is not JSON (an HTML error page, a truncated or
-            # over-nested body: ValueError/RecursionError) and a reset connection (OSError)
-            # through: all mean the keys could not be fetched, never a 500.
-            raise AuthenticationError("The token's signing keys could not be fetched") from None
         except jwt.PyJWTError:
             raise AuthenticationError("Invalid token") from None
         subject = claims.get(self.principal_claim)
