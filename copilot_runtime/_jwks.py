@@ -12,7 +12,8 @@ Here:
   rotating its keys is seen within that; any other unknown `kid` is an invalid token at once);
 * a set older than `fresh_for` is fetched again in the background: the keys held keep
   serving meanwhile, and while the issuer cannot be reached (a failed fetch is not tried
-  again for `retry_after`), so a slow or failing issuer holds no caller up;
+  again for `retry_after`), so a slow or failing issuer holds no caller up, for at most
+  `max_stale` (an hour: a key the issuer withdrew must stop verifying tokens some time);
 * with no keys at all (the issuer unreachable since the start), the caller is answered 503:
   its token may be good, the runtime cannot tell yet.
 """
@@ -42,7 +43,8 @@ class KeySet:
     """The signing keys published at `url` (PyJWT's `PyJWK`s by key id)."""
 
     def __init__(self, url: str, *, fresh_for: float = 300.0, refresh_interval: float = 30.0,
-                 retry_after: float = 5.0, timeout: float = 10.0) -> None:
+                 retry_after: float = 5.0, timeout: float = 10.0,
+                 max_stale: float = 3600.0) -> None:
         import jwt
 
         self._jwt = jwt
@@ -51,6 +53,7 @@ class KeySet:
         self.refresh_interval = refresh_interval
         self.retry_after = retry_after
         self.timeout = timeout
+        self.max_stale = max_stale
         self.fetches = 0
         self._keys: dict[str, Any] | None = None
         self._fetched_at = 0.0  # monotonic time of the last fetch that gave keys
@@ -61,9 +64,12 @@ class KeySet:
     async def key(self, kid: str | None) -> Any:
         """The key named `kid` (a `PyJWK`): `AuthenticationError` if the issuer has none,
         `ServiceUnavailableError` while its keys could never be fetched."""
+        age = time.monotonic() - self._fetched_at
+        if self._keys is not None and age > self.fresh_for + self.max_stale:
+            self._keys = None  # too old to trust: fetched again, or the caller waits
         if self._keys is None:
             await self._refresh()
-        elif time.monotonic() - self._fetched_at > self.fresh_for:
+        elif age > self.fresh_for:
             self._start_fetch()
         keys = self._keys
         if keys is None:

@@ -149,8 +149,13 @@ async def test_the_keys_fetched_last_serve_while_the_issuer_is_down(outage: str)
                 await keys._fetching
         assert [e["event"] for e in logs] == ["could not fetch the token signing keys"]
         assert logs[0]["keeping"] == 1
+        # Past `max_stale` without a fetch, the keys held are not trusted any more.
+        keys.max_stale, keys.retry_after = 0.0, 0.0
+        with pytest.raises(ServiceUnavailableError):
+            await auth.authenticate(bearer(key, "key-1"))
+        keys.retry_after = 5.0
         if outage != "closed":
-            assert issuer.fetches == 2
+            assert issuer.fetches == 3
             issuer.status, issuer.delay = 200, 0.0
             keys.retry_after = 0.0
             with structlog.testing.capture_logs() as logs:
@@ -158,7 +163,7 @@ async def test_the_keys_fetched_last_serve_while_the_issuer_is_down(outage: str)
                 if keys._fetching is not None:
                     await keys._fetching
             assert [e["event"] for e in logs] == ["token signing keys fetched again"]
-            assert issuer.fetches == 3
+            assert issuer.fetches == 4
 
 
 @pytest.mark.parametrize("answer", ["status", "too big", "not a set", "no usable key"])
