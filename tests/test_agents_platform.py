@@ -30,7 +30,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     workdir = tmp_path_factory.mktemp("langgraph-dev")
     (workdir / "langgraph.json").write_text(json.dumps({
         "dependencies": [str(REPO_ROOT)],
-        "graphs": {name: f"{GRAPHS}:{name}" for name in ("chat", "planner", "failing")},
+        "graphs": {name: f"{GRAPHS}:{name}"
+                   for name in ("chat", "planner", "failing", "looping", "writer", "asking")},
     }))
     port = free_port()
     with mock_llm(workdir) as llm_url, child_process(
@@ -161,6 +162,55 @@ async def test_failing_graph_without_internals(deployment: str,
     verify_events(events)
     assert events[-1]["type"] == "RUN_ERROR"
     assert events[-1]["message"] == "The graph failed on the LangGraph Platform (RuntimeError)"
+
+
+async def test_the_recursion_limit_is_told_as_in_process(
+        deployment: str, serve_runtime: ServeRuntime) -> None:
+    """Before: UPSTREAM_ERROR "The graph failed on the LangGraph Platform
+    (GraphRecursionError)", where the in-process agent says what happened and what to do."""
+    runtime = CopilotRuntime(agents={"platform": LangGraphPlatformAgent(
+        deployment_url=deployment, graph_id="looping", config={"recursion_limit": 7})})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("go", thread=thread()), agent="platform")
+    verify_events(events)
+    assert (events[-1]["type"], events[-1]["code"]) == ("RUN_ERROR", "AGENT_EXECUTION_ERROR")
+    assert events[-1]["message"] == (
+        "Agent 'platform' reached its recursion limit (7 steps) without finishing: its "
+        "graph may loop, or needs a higher recursion_limit in its config")
+
+
+async def test_stream_writer_output_is_a_custom_event(
+        deployment: str, serve_runtime: ServeRuntime) -> None:
+    """Before: what nodes wrote with get_stream_writer() never reached the client (the run
+    asked the platform for the "events" mode only)."""
+    async with serve_runtime(platform_runtime(deployment, "writer")) as served:
+        events = await served.run(run_input("go", thread=thread()), agent="platform")
+    verify_events(events)
+    written = [e["value"] for e in events
+               if e["type"] == "CUSTOM" and e["name"] == "langgraph_stream_writer"]
+    assert written == [{"progress": 1}, {"progress": 2, "where": "subgraph"}]
+    assert events[-1]["type"] == "RUN_FINISHED"
+
+
+async def test_an_interrupt_and_its_answer_end_as_finished_runs(
+        deployment: str, serve_runtime: ServeRuntime) -> None:
+    """The platform's stream has no end event: a run is checked against its status, and a
+    run that stopped at an interrupt is one that succeeded."""
+    conversation = thread()
+    first = {"id": "m1", "role": "user", "content": "go"}
+    async with serve_runtime(platform_runtime(deployment, "asking")) as served:
+        asked = await served.run(run_input("go", thread=conversation, messages=[first]),
+                                 agent="platform")
+        answered = await served.run(run_input(
+            "", thread=conversation, run="run-2", messages=[first],
+            forwardedProps={"command": {"resume": "cats"}}), agent="platform")
+    for events in (asked, answered):
+        verify_events(events)
+        assert events[-1]["type"] == "RUN_FINISHED"
+    assert [e["value"] for e in of_type(asked, "CUSTOM") if e["name"] == "on_interrupt"] == [
+        "which topic?"]
+    (snapshot,) = of_type(answered, "MESSAGES_SNAPSHOT")
+    assert snapshot["messages"][-1]["content"] == "topic=cats"
 
 
 async def test_unknown_graph_and_unreachable_deployment(

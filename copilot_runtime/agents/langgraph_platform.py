@@ -13,17 +13,35 @@ CopilotKit conventions alike. What is particular to the platform:
 * **Assistant.** `graph_id` is resolved once with `assistants.search`, and its input and
   output schemas with `assistants.get_schemas`; the client's state is filtered to the input
   schema's keys before it is sent, as the translator does in-process.
-* **Runs.** `runs.stream(..., stream_mode="events")`: the graph's `astream_events` as JSON,
-  which the translator needs (the state comes from those events and the final thread
-  state, so the `values`/`updates` modes would only double the traffic). `on_disconnect=
-  "cancel"`: stopping the run in the runtime cancels it on the platform.
+* **Runs.** `runs.stream(..., stream_mode=["events", "custom"])`: the graph's
+  `astream_events` as JSON, which the translator needs (the state comes from those events
+  and the final thread state, so the `values`/`updates` modes would only double the
+  traffic), and what nodes write with `get_stream_writer()`, sent on as the
+  `langgraph_stream_writer` custom event, as in-process. `on_disconnect="cancel"`:
+  stopping the run in the runtime cancels it on the platform.
+* **How a run ends.** `langgraph-api` closes a finished run's stream without an end event
+  (an `end` event is only what some compatible servers send); a failed one sends `error`
+  first; a run that timed out or was cancelled there sends nothing. A stream that closes
+  without `end` or `error` is therefore checked against the run's status (`runs.get`): only
+  "success" finishes the run; a run still going (a proxy or a restart cut the stream) ends
+  with `UPSTREAM_CONNECTION_ERROR` and is cancelled, a failed, timed-out or cancelled one
+  with its own message.
+* **Errors.** As in-process: the graph's recursion limit is `AGENT_EXECUTION_ERROR`, and
+  the platform's storage failing (HTTP 503 from its API, or a run failing with a database
+  connection error) is `SERVICE_UNAVAILABLE`. Any other failure of the graph is
+  `UPSTREAM_ERROR` naming its class, never its message.
+* **Non-finite numbers.** Python writes NaN and the infinities into JSON text as bare
+  words no JSON parser takes; in a tool call's arguments (streamed or in a message) they
+  are sent on as `null`, as `JSON.stringify` has it.
 * **Headers.** `api_key` and `headers` go with every request, and the client's request
   headers allowed by `header_policy` too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
@@ -45,7 +63,15 @@ from langgraph.types import Command, Interrupt, PregelTask, StateSnapshot
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import NotFoundError
 
-from copilot_runtime._exceptions import ConfigurationError, UpstreamError, quoted
+from copilot_runtime._exceptions import (
+    AgentExecutionError,
+    ConfigurationError,
+    ServiceUnavailableError,
+    UpstreamConnectionError,
+    UpstreamError,
+    UpstreamTimeoutError,
+    quoted,
+)
 from copilot_runtime._input import RunInput
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
 from copilot_runtime.agents._lg_events import WireEncoder
@@ -55,7 +81,7 @@ from copilot_runtime.agents.langgraph import translate_bridge_run
 from copilot_runtime.events import EventBatches
 from copilot_runtime.headers import HeaderPolicy
 
-__all__ = ["LangGraphPlatformAgent", "platform_thread_id"]
+__all__ = ["LangGraphPlatformAgent", "finite_json_text", "platform_thread_id"]
 
 _log = structlog.get_logger("copilot_runtime.agents")
 
@@ -148,7 +174,8 @@ class LangGraphPlatformAgent(Agent):
         what = f"LangGraph Platform agent '{context.agent_id}'"
         try:
             assistant_id, schemas = await self._assistant(headers)
-            graph = _PlatformGraph(self._client, assistant_id, schemas, headers)
+            graph = _PlatformGraph(self._client, assistant_id, schemas, headers,
+                                   agent_id=context.agent_id)
             bridge = CopilotKitLangGraphBridge(
                 name=self.name, graph=graph, description=self.description or None,
                 config=dict(self.config) or None, emit_raw_events=False, **self._bridge_flags)
@@ -229,6 +256,13 @@ def revive(value: Any) -> Any:
             if kind is not None and kind.endswith("Chunk"):
                 for key in _DERIVED_CHUNK_FIELDS:
                     fields.pop(key, None)
+                if isinstance(fields.get("tool_call_chunks"), list):
+                    # (their `args` text is parsed into `tool_calls`: Python's parser
+                    # takes NaN, which the snapshot then writes back out as bare NaN)
+                    fields["tool_call_chunks"] = [
+                        {**c, "args": finite_json_text(c["args"])}
+                        if isinstance(c, dict) and isinstance(c.get("args"), str) else c
+                        for c in fields["tool_call_chunks"]]
             try:
                 return cls(**fields)
             except (TypeError, ValueError):
@@ -258,14 +292,58 @@ def _snapshot(thread_id: str, state: Mapping[str, Any]) -> StateSnapshot:
         interrupts=tuple(i for task in tasks for i in task.interrupts))
 
 
-def _upstream_error(what: str, exc: httpx.HTTPError) -> UpstreamError:
-    """The platform's HTTP failure as a message fit for the client (no URL, no internals)."""
+def _upstream_error(what: str, exc: httpx.HTTPError
+                    ) -> UpstreamError | ServiceUnavailableError:
+    """The platform's HTTP failure as a message fit for the client (no URL, no internals).
+
+    503 is how `langgraph-api` answers while its storage is overloaded or down: the
+    runtime's own code for a store it cannot use, as the in-process agent's checkpointer."""
     if isinstance(exc, httpx.TimeoutException):
-        return UpstreamError(f"{what} did not answer in time")
+        return UpstreamTimeoutError(f"{what} did not answer in time")
     if isinstance(exc, httpx.HTTPStatusError):
-        return UpstreamError(f"{what} answered HTTP {exc.response.status_code}",
-                             status=exc.response.status_code)
-    return UpstreamError(f"{what} could not be reached")
+        status = exc.response.status_code
+        if status == 503:
+            return ServiceUnavailableError(f"{what} is unavailable (HTTP 503); try again later")
+        return UpstreamError(f"{what} answered HTTP {status}", status=status)
+    if isinstance(exc, httpx.ConnectError):
+        return UpstreamConnectionError(f"{what} could not be reached")
+    return UpstreamConnectionError(f"{what} closed the connection before its answer was "
+                                   "complete")
+
+
+#: The classes a platform run fails with when the platform's own storage fails (its
+#: Postgres driver's and pool's connection errors, SQLite's): the platform does not say
+#: which code raised them, and a graph seldom has a database of its own beside it.
+_STORAGE_FAILURES: Final = frozenset({
+    "OperationalError", "InterfaceError", "ConnectionTimeout", "ConnectionFailure",
+    "PoolTimeout", "PoolClosed", "TooManyRequests"})
+#: A run's status (`runs.get`) when its stream closed without `end` or `error`.
+_STOPPED: Final = {
+    "timeout": "timed out on the LangGraph Platform",
+    "interrupted": "was cancelled on the LangGraph Platform (a cancel, or a newer run on "
+                   "its thread, stopped it)",
+    "rollback": "was rolled back on the LangGraph Platform",
+}
+
+
+def _run_error(agent_id: str, error: Any) -> Exception:
+    """The client's error for a platform `error` event (`{"error": class, "message": text}`):
+    its class, never its text (the graph's exception message), except what the runtime
+    says in its own words, as in-process."""
+    kind = error.get("error") if isinstance(error, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    if kind == "GraphRecursionError":
+        found = re.search(r"limit of (\d+)", message) if isinstance(message, str) else None
+        steps = f" ({found.group(1)} steps)" if found else ""
+        return AgentExecutionError(agent_id, (
+            f"Agent '{agent_id}' reached its recursion limit{steps} without finishing: "
+            "its graph may loop, or needs a higher recursion_limit in its config"))
+    if kind in _STORAGE_FAILURES:
+        return ServiceUnavailableError("The LangGraph Platform's checkpoint store cannot be "
+                                       "used right now; try again later")
+    name = quoted(kind, 80) if isinstance(kind, str) else None
+    return UpstreamError(f"The graph failed on the LangGraph Platform ({name})" if name
+                         else "The graph failed on the LangGraph Platform")
 
 
 class _PlatformGraph:
@@ -276,7 +354,8 @@ class _PlatformGraph:
     context_schema = None
 
     def __init__(self, client: LangGraphClient, assistant_id: str, schemas: dict[str, Any],
-                 headers: Mapping[str, str]) -> None:
+                 headers: Mapping[str, str], *, agent_id: str) -> None:
+        self.agent_id = agent_id
         self.client = client
         self.assistant_id = assistant_id
         self.schemas = schemas
@@ -346,27 +425,147 @@ class _PlatformGraph:
             input = None
         # (the SDK types `command` and `config` as TypedDicts; these dicts are their shape)
         runs: Any = self.client.runs
+        created: list[str] = []
         stream = runs.stream(
-            thread, self.assistant_id, input=input, command=command, stream_mode="events",
-            stream_subgraphs=subgraphs, config=run_config or None, checkpoint_id=checkpoint_id,
-            on_disconnect="cancel", headers=self.headers)
+            thread, self.assistant_id, input=input, command=command,
+            stream_mode=["events", "custom"], stream_subgraphs=subgraphs,
+            config=run_config or None, checkpoint_id=checkpoint_id, on_disconnect="cancel",
+            headers=self.headers, on_run_created=lambda made: created.append(made["run_id"]))
+        arguments = _FiniteArguments()
+        run_id: str | None = None
         try:
             async for part in stream:
-                if part.event == "events" or part.event.startswith("events|"):
-                    yield _stream_event(part.data)
-                elif part.event == "error":
-                    # The platform's message is the graph's exception text: logged; the
-                    # client learns what kind of failure it was (its class, if it looks
-                    # like one).
-                    error = part.data if isinstance(part.data, dict) else {}
+                kind = part.event.partition("|")[0]
+                if kind == "events":
+                    yield _stream_event(arguments.of(part.data))
+                elif kind == "custom":
+                    yield _written(part.data)
+                elif kind == "metadata" and isinstance(part.data, dict):
+                    run_id = str(part.data.get("run_id") or "") or run_id
+                elif kind == "end":
+                    return
+                elif kind == "error":
                     _log.warning("LangGraph Platform run failed", assistant=self.assistant_id,
-                                 error=error)
-                    kind = error.get("error")
-                    kind = quoted(kind, 80) if isinstance(kind, str) else None
-                    raise UpstreamError(f"The graph failed on the LangGraph Platform ({kind})"
-                                        if kind else "The graph failed on the LangGraph Platform")
+                                 error=part.data)
+                    raise _run_error(self.agent_id, part.data)
         except json.JSONDecodeError:  # the SDK's SSE decoder met a frame that is no JSON
             raise UpstreamError("The LangGraph Platform sent an event that is not JSON") from None
+        await self._check_ended(thread, run_id or (created[0] if created else None))
+
+    async def _check_ended(self, thread: str, run_id: str | None) -> None:
+        """Raise unless the run whose stream closed without `end` or `error` succeeded
+        (see the module docstring): the close alone does not say it finished."""
+        if run_id is None:  # (`langgraph-api` names it in its first event)
+            raise UpstreamConnectionError("The LangGraph Platform's run stream closed before "
+                                          "the run ended")
+        try:
+            run = await self.client.runs.get(thread, run_id, headers=self.headers)
+        except NotFoundError:
+            # A server that streams runs but does not keep them: nothing to tell a cut
+            # stream by, and (as the SDK's own check has it) no reason to fail the run.
+            _log.warning("the LangGraph Platform does not know the run it streamed; taken "
+                         "as finished", run_id=run_id)
+            return
+        status = run.get("status") if isinstance(run, dict) else None
+        if status == "success":
+            return
+        if status in ("pending", "running"):
+            # Cut short (a proxy, a restart): the run goes on there, unwatched; stopped
+            # as a client that left stops it.
+            with contextlib.suppress(httpx.HTTPError):
+                await self.client.runs.cancel(thread, run_id, headers=self.headers)
+            raise UpstreamConnectionError("The LangGraph Platform's run stream closed before "
+                                          "the run ended")
+        _log.warning("LangGraph Platform run ended without success", run_id=run_id,
+                     status=status)
+        if status == "timeout":
+            raise UpstreamTimeoutError(f"The graph's run {_STOPPED['timeout']}")
+        if isinstance(status, str) and status in _STOPPED:
+            raise UpstreamError(f"The graph's run {_STOPPED[status]}")
+        raise UpstreamError("The graph failed on the LangGraph Platform")
+
+
+def _written(value: Any) -> dict[str, Any]:
+    """What a node wrote with `get_stream_writer()` (the platform's "custom" mode), as the
+    root graph's `on_chain_stream` event the translator reads it from in-process."""
+    return {"event": "on_chain_stream", "name": "LangGraph", "run_id": None, "parent_ids": [],
+            "tags": [], "metadata": {}, "data": {"chunk": ("custom", value)}}
+
+
+class _FiniteArguments:
+    """Streams tool call arguments with their non-finite numbers made null, one scanner
+    per tool call chunk stream (a model call and its chunk index)."""
+
+    def __init__(self) -> None:
+        self._scanners: dict[tuple[Any, Any], _FiniteJSONText] = {}
+
+    def of(self, event: Any) -> Any:
+        """`event` (the platform's JSON, before `revive`) with its arguments rewritten."""
+        if not isinstance(event, dict) or event.get("event") != "on_chat_model_stream":
+            return event
+        data = event.get("data")
+        chunk = data.get("chunk") if isinstance(data, dict) else None
+        calls = chunk.get("tool_call_chunks") if isinstance(chunk, dict) else None
+        for call in calls if isinstance(calls, list) else ():
+            args = call.get("args") if isinstance(call, dict) else None
+            if isinstance(args, str) and args:
+                key = (event.get("run_id"), call.get("index"))
+                scanner = self._scanners.get(key)
+                if scanner is None:
+                    scanner = self._scanners[key] = _FiniteJSONText()
+                call["args"] = scanner.feed(args)
+        return event
+
+
+class _FiniteJSONText:
+    """JSON text arriving in pieces, with the bare words Python's `json` writes for NaN and
+    the infinities replaced by `null` (outside strings). A piece ending in what may be the
+    start of one is held back until the next shows what it was."""
+
+    _WORDS: Final = ("NaN", "Infinity", "-Infinity")
+    _SPECIAL: Final = frozenset('"\\NI-')
+
+    def __init__(self) -> None:
+        self._in_string = False
+        self._escaped = False
+        self._held = ""
+
+    def feed(self, piece: str) -> str:
+        if not self._held and not self._escaped and self._SPECIAL.isdisjoint(piece):
+            return piece  # nothing here changes the scanner's state or needs rewriting
+        text, self._held = self._held + piece, ""
+        out: list[str] = []
+        i = 0
+        while i < len(text):
+            char = text[i]
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif char == "\\":
+                    self._escaped = True
+                elif char == '"':
+                    self._in_string = False
+            elif char == '"':
+                self._in_string = True
+            elif char in "NI-":
+                rest = text[i:i + 9]
+                word = next((w for w in self._WORDS if rest.startswith(w)), None)
+                if word is not None:
+                    out.append("null")
+                    i += len(word)
+                    continue
+                if i + len(rest) == len(text) and any(w.startswith(rest) for w in self._WORDS):
+                    self._held = rest
+                    break
+            out.append(char)
+            i += 1
+        return "".join(out)
+
+
+def finite_json_text(*pieces: str) -> str:
+    """JSON text, given whole or in `pieces`, with NaN and the infinities as `null`."""
+    scanner = _FiniteJSONText()
+    return "".join(scanner.feed(piece) for piece in pieces)
 
 
 def _stream_event(data: Any) -> dict[str, Any]:

@@ -1,0 +1,139 @@
+"""`LangGraphPlatformAgent` against a scripted platform (`agents_support.fake_platform`):
+what a real deployment does rarely, or only when something around it fails.
+
+Before:
+- a run stream that closed without its end (a proxy cut it, the server restarted) ended
+  with RUN_FINISHED, as did a run the platform timed out or cancelled (`langgraph-api`
+  sends no `error` event for those): the client took a half answer for a whole one;
+- the platform's HTTP 503 (its storage overloaded or down) was UPSTREAM_ERROR, and a run
+  failing with a database connection error "The graph failed ... (OperationalError)",
+  where the in-process agent says SERVICE_UNAVAILABLE for its checkpointer's outage;
+- NaN and the infinities in a tool call's arguments reached the client as the bare words
+  Python writes, which no JSON parser takes (TOOL_CALL_ARGS, and MESSAGES_SNAPSHOT for a
+  message the platform stored as a chunk);
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import pytest
+
+from copilot_runtime import CopilotRuntime
+from copilot_runtime.agents.langgraph_platform import LangGraphPlatformAgent, finite_json_text
+from copilot_runtime.testing import verify_events
+from tests.agents_support.fake_platform import (
+    RUN_ID,
+    FakePlatform,
+    frame,
+    model_stream,
+    tool_call_stream,
+)
+from tests.conftest import ServeRuntime, run_input, serve
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def run_on(fake: FakePlatform, serve_runtime: ServeRuntime) -> list[dict[str, Any]]:
+    async with serve(fake.app) as platform:
+        runtime = CopilotRuntime(agents={"platform": LangGraphPlatformAgent(
+            deployment_url=platform, graph_id="fake")})
+        async with serve_runtime(runtime) as served:
+            events = await served.run(run_input("hi", thread="t1"), agent="platform")
+    verify_events(events)
+    return events
+
+
+def ending(events: list[dict[str, Any]]) -> tuple[str, str | None, str | None]:
+    return events[-1]["type"], events[-1].get("code"), events[-1].get("message")
+
+
+HALF_ANSWER = [frame("events", model_stream("Hel"))]
+
+
+async def test_a_stream_cut_while_the_run_goes_on_is_an_error(
+        serve_runtime: ServeRuntime) -> None:
+    fake = FakePlatform(frames=HALF_ANSWER, run_status="running")
+    events = await run_on(fake, serve_runtime)
+    assert ending(events) == ("RUN_ERROR", "UPSTREAM_CONNECTION_ERROR",
+                              "The LangGraph Platform's run stream closed before the run ended")
+    # The run left going on unwatched is stopped, as one whose client left.
+    assert any(call.endswith(f"/runs/{RUN_ID}/cancel") for call in fake.calls)
+
+
+@pytest.mark.parametrize(("status", "code", "message"), [
+    ("timeout", "UPSTREAM_TIMEOUT", "The graph's run timed out on the LangGraph Platform"),
+    ("interrupted", "UPSTREAM_ERROR", "The graph's run was cancelled on the LangGraph "
+     "Platform (a cancel, or a newer run on its thread, stopped it)"),
+    ("error", "UPSTREAM_ERROR", "The graph failed on the LangGraph Platform"),
+])
+async def test_a_run_that_ended_without_success_is_an_error(
+        serve_runtime: ServeRuntime, status: str, code: str, message: str) -> None:
+    events = await run_on(FakePlatform(frames=HALF_ANSWER, run_status=status), serve_runtime)
+    assert ending(events) == ("RUN_ERROR", code, message)
+
+
+async def test_a_finished_run_ends_as_before(serve_runtime: ServeRuntime) -> None:
+    """The real platform's way (no end event, the run's status "success"); a server's `end`
+    event, which says so itself (no status asked); a server that does not keep its runs
+    (404: nothing to tell a cut by, as the SDK's own check has it)."""
+    plain = FakePlatform(frames=HALF_ANSWER)
+    marked = FakePlatform(frames=[*HALF_ANSWER, frame("end", None)], run_status="running")
+    unkept = FakePlatform(frames=HALF_ANSWER, run_status=None)
+    for fake in (plain, marked, unkept):
+        events = await run_on(fake, serve_runtime)
+        assert ending(events) == ("RUN_FINISHED", None, None)
+    assert not any("/runs/" + RUN_ID in call for call in marked.calls)
+
+
+async def test_the_platforms_storage_failing_is_service_unavailable(
+        serve_runtime: ServeRuntime) -> None:
+    overloaded = await run_on(FakePlatform(fail_with=503), serve_runtime)
+    failed = await run_on(FakePlatform(frames=[frame("error", {
+        "error": "OperationalError", "message": "An internal error occurred"})],
+        run_status="error"), serve_runtime)
+    assert ending(overloaded) == ("RUN_ERROR", "SERVICE_UNAVAILABLE", "LangGraph Platform "
+                                  "agent 'platform' is unavailable (HTTP 503); try again later")
+    assert ending(failed) == ("RUN_ERROR", "SERVICE_UNAVAILABLE", "The LangGraph Platform's "
+                              "checkpoint store cannot be used right now; try again later")
+
+
+async def test_a_bare_nan_in_an_event_is_an_upstream_error(
+        serve_runtime: ServeRuntime) -> None:
+    """Outside a string, where the SDK's parser refuses it: a precise error, as before."""
+    fake = FakePlatform(frames=[b'event: events\r\ndata: {"event": "x", "n": NaN}\r\n\r\n'])
+    events = await run_on(fake, serve_runtime)
+    assert ending(events) == ("RUN_ERROR", "UPSTREAM_ERROR",
+                              "The LangGraph Platform sent an event that is not JSON")
+
+
+async def test_non_finite_tool_call_arguments_reach_the_client_as_json(
+        serve_runtime: ServeRuntime) -> None:
+    # Split where a scanner of one piece at a time would miss them.
+    pieces = ['{"x": Na', 'N, "s": "NaN \\" Infinity", "y": -', 'Infinity, "z": -1.5, ',
+              '"w": Infinity}']
+    stored = {"type": "AIMessageChunk", "id": "ai-0", "content": "", "tool_call_chunks": [
+        {"type": "tool_call_chunk", "index": 0, "id": "c0", "name": "t",
+         "args": '{"a": NaN, "b": [Infinity]}'}]}
+    fake = FakePlatform(
+        frames=[frame("events", tool_call_stream("", name="t", call_id="c1")),
+                *(frame("events", tool_call_stream(piece)) for piece in pieces)],
+        values={"messages": [{"type": "human", "id": "run-1-u", "content": "hi"}, stored]})
+    events = await run_on(fake, serve_runtime)
+    streamed = "".join(e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS")
+    assert json.loads(streamed) == {"x": None, "s": 'NaN " Infinity', "y": None, "z": -1.5,
+                                    "w": None}
+    (snapshot,) = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"]
+    (call,) = snapshot["messages"][1]["toolCalls"]
+    assert json.loads(call["function"]["arguments"]) == {"a": None, "b": [None]}
+
+
+def test_finite_json_text_at_every_split() -> None:
+    text = '{"a": NaN, "b": "x\\\\", "c": [-Infinity, Infinity, -2], "d": "Infinity"}'
+    expected = {"a": None, "b": "x\\", "c": [None, None, -2], "d": "Infinity"}
+    assert json.loads(finite_json_text(text)) == expected
+    for cut in itertools.combinations(range(1, len(text)), 2):
+        pieces = text[:cut[0]], text[cut[0]:cut[1]], text[cut[1]:]
+        assert json.loads(finite_json_text(*pieces)) == expected, pieces
