@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import time
+import traceback
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any
@@ -39,12 +40,15 @@ from copilot_runtime.auth import RequestInfo
 from copilot_runtime.coordination.base import LEASE_LOST_CODE
 from copilot_runtime.threads.base import INTERRUPTED_CODE
 
-__all__ = ["ModelCall", "RunTelemetry", "Telemetry", "configure_logging", "redact_secrets"]
+__all__ = ["ModelCall", "RunTelemetry", "Telemetry", "configure_logging", "redact_secrets",
+           "scrub"]
 
 #: Distinct model names spans and metrics keep (a client may choose the model).
 MAX_MODELS = 64
-#: The longest value of a client-given span attribute (a path, a model name).
+#: The longest value of a client-given span attribute (a path, a model name, an error code).
 MAX_ATTRIBUTE = 256
+#: The longest exception message and stack a span event keeps.
+MAX_EXCEPTION_TEXT = 16 * 1024
 
 
 class Telemetry:
@@ -89,6 +93,19 @@ class Telemetry:
         each a metric series for the life of the process; the span keeps the code)."""
         return code if code in self._codes else "_OTHER"
 
+    def record_error(self, span: Any, error: BaseException) -> None:
+        """`error` on `span` (an `exception` event, and the ERROR status) with the secrets
+        in its message and stack blanked: the SDK's own recording keeps the text whole, the
+        chained causes' too (a driver's error naming its URL with the password, a provider's
+        with the key), and puts the message in the status as well."""
+        stack = "".join(traceback.format_exception(error))
+        span.record_exception(error, attributes={
+            "exception.message": scrub(str(error))[:MAX_EXCEPTION_TEXT],
+            # Blanked whole, then cut (its tail: the exception raised last), so that no cut
+            # runs through a secret.
+            "exception.stacktrace": scrub(stack)[-MAX_EXCEPTION_TEXT:]})
+        span.set_status(self._trace.StatusCode.ERROR, type(error).__name__)
+
     @contextmanager
     def request_span(self, request: RequestInfo) -> Iterator[Any]:
         with self.tracer.start_as_current_span(
@@ -96,10 +113,15 @@ class Telemetry:
                 attributes={"http.request.method": request.method,
                             "url.path": request.path[:MAX_ATTRIBUTE],
                             "copilotkit.request_id": request.request_id},
-                record_exception=True) as span:
-            yield span
-            if request.principal is not None:
-                span.set_attribute("enduser.id", request.principal.id)
+                record_exception=False, set_status_on_exception=False) as span:
+            try:
+                yield span
+            except Exception as exc:
+                self.record_error(span, exc)
+                raise
+            finally:
+                if request.principal is not None:
+                    span.set_attribute("enduser.id", request.principal.id)
 
     def run_started(self, agent_id: str, thread_id: str, run_id: str,
                     principal_id: str | None) -> RunTelemetry:
@@ -155,8 +177,7 @@ class ModelCall:
                     telemetry.tokens.record(value, {**self._attributes,
                                                     "gen_ai.token.type": kind})
         if error is not None:
-            span.record_exception(error)
-            span.set_status(telemetry._trace.StatusCode.ERROR, type(error).__name__)
+            telemetry.record_error(span, error)
         telemetry.operation.record(time.monotonic() - self._started, self._attributes)
         span.end()
 
@@ -179,15 +200,21 @@ class RunTelemetry:
         with self.telemetry.tracer.start_as_current_span(
                 f"execute_tool {name}", context=self.context,
                 attributes={"gen_ai.operation.name": "execute_tool",
-                            "gen_ai.tool.name": name}) as span:
-            yield span
+                            "gen_ai.tool.name": name},
+                record_exception=False, set_status_on_exception=False) as span:
+            try:
+                yield span
+            except Exception as exc:
+                self.telemetry.record_error(span, exc)
+                raise
 
     def end(self, outcome: str, error: Mapping[str, Any] | None) -> None:
         telemetry = self.telemetry
         attributes = {"copilotkit.agent_id": self.agent_id, "copilotkit.outcome": outcome}
         self.span.set_attribute("copilotkit.outcome", outcome)
         if error is not None:
-            code = str(error.get("code") or "RUN_ERROR")
+            # A remote agent's RUN_ERROR names its code: any text, of any length.
+            code = str(error.get("code") or "RUN_ERROR")[:MAX_ATTRIBUTE]
             self.span.set_status(telemetry._trace.StatusCode.ERROR, code)
             self.span.set_attribute("error.type", code)
             telemetry.errors.add(1, {**attributes, "error.type": telemetry.error_label(code)})
@@ -206,14 +233,37 @@ _SECRET_KEYS = re.compile(
     re.IGNORECASE)
 # The same pattern as for text passed on to clients (`_exceptions.SECRET_VALUES`).
 _SECRET_VALUES = re.compile(SECRET_VALUES)
+# A URL's user and password up to the `@` before its host, `@`s in the password included:
+# Redis' and Python's URL parsers split at the last `@`, so `redis://:p@ss@host` is the
+# password `p@ss` (`SECRET_VALUES` stops at the first `@` and leaves `ss` for all to read).
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^\s/@]+(?:@[^\s/@]+)*(?=@)")
 REDACTED = "[REDACTED]"
+#: The longest string a log line keeps of one value: its head and tail, the middle cut
+#: (a remote agent's unknown event type, a path, an exception's text may be megabytes).
+MAX_LOG_TEXT = 16 * 1024
+
+
+def scrub(text: str) -> str:
+    """`text` with secret-looking values (`SECRET_VALUES`, and a URL's credentials) blanked:
+    for logs and span attributes."""
+    if "://" in text:
+        text = _URL_CREDENTIALS.sub(REDACTED, text)
+    return _SECRET_VALUES.sub(REDACTED, text)
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_LOG_TEXT:
+        return text
+    half = MAX_LOG_TEXT // 2
+    return f"{text[:half]}...[{len(text) - 2 * half} characters cut]...{text[-half:]}"
 
 
 def _redact(value: Any, depth: int = 0) -> Any:
     if depth > 8:  # deeper than this: not inspected, so not logged either
         return REDACTED
     if isinstance(value, str):
-        return _SECRET_VALUES.sub(REDACTED, value) if len(value) > 10 else value
+        # Blanked before it is cut: a cut through a secret could leave a piece unblanked.
+        return _cut(scrub(value)) if len(value) > 10 else value
     if isinstance(value, bytes):
         return _redact(value.decode("latin-1"), depth)
     if isinstance(value, Mapping):

@@ -1,0 +1,158 @@
+"""Telemetry, logs and hooks under hostile conditions: secrets in exceptions, unbounded text
+from remote agents, hooks that never return, and a span with a status on every path."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import orjson
+import pytest
+import structlog
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from copilot_runtime import CopilotRuntime, OpenAIAdapter
+from copilot_runtime.auth import RequestInfo
+from copilot_runtime.hooks import RunFinished
+from copilot_runtime.telemetry import MAX_ATTRIBUTE, Telemetry, redact_secrets
+from copilot_runtime.testing import MockOpenAIServer
+from tests.conftest import ServeRuntime, run_input, text_of
+
+DB_PASSWORD = "hunter2-db-pass"
+API_KEY = "AIzaSyA-0123456789abcdefghijk"
+BEARER = "c0ffee0123456789abcdef"
+
+
+@pytest.fixture
+def traced() -> Iterator[tuple[Telemetry, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    try:
+        yield Telemetry(tracer_provider, meter_provider), exporter
+    finally:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+
+
+def _driver_error() -> RuntimeError:
+    """An error as a driver and an HTTP client raise it: its cause names the provider's URL
+    with its key, and the error itself the database URL with its password."""
+    try:
+        try:
+            raise OSError(f"connect failed: https://llm.example/v1?key={API_KEY} "
+                          f"(Authorization: Bearer {BEARER})")
+        except OSError as cause:
+            raise RuntimeError(
+                f"pool down: postgresql://app:{DB_PASSWORD}@db:5432/app") from cause
+    except RuntimeError as exc:
+        return exc
+
+
+def _span_text(span: ReadableSpan) -> str:
+    return orjson.dumps([dict(span.attributes or {}), span.status.description,
+                         [dict(e.attributes or {}) for e in span.events]]).decode()
+
+
+def test_exceptions_on_spans_carry_no_secrets(
+        traced: tuple[Telemetry, InMemorySpanExporter]) -> None:
+    """A failed model call, tool call or request put the exception on its span as the SDK
+    records it: the message and the whole stack, chained causes included, so the database
+    password, the provider's key and the bearer token reached the trace backend (and the
+    request span's status read "RuntimeError: pool down: postgresql://app:<password>@...").
+    Now the text is blanked as in logs; the type is kept."""
+    telemetry, exporter = traced
+    run = telemetry.run_started("default", "t1", "r1", None)
+    run.model_call("google", "gemini-pro").end(None, None, _driver_error())
+    with pytest.raises(RuntimeError), run.tool_call("lookup"):
+        raise _driver_error()
+    with pytest.raises(RuntimeError), telemetry.request_span(
+            RequestInfo(method="POST", path="/api", headers={}, client=None)):
+        raise _driver_error()
+    run.end("error", {"code": "UPSTREAM_ERROR"})
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 4
+    for span in spans:
+        text = _span_text(span)
+        for secret in (DB_PASSWORD, API_KEY, BEARER):
+            assert secret not in text, (span.name, secret)
+        assert span.status.status_code == StatusCode.ERROR
+    failed = [s for s in spans if s.events]
+    assert len(failed) == 3
+    for span in failed:
+        (event,) = span.events
+        assert event.attributes is not None
+        assert event.attributes["exception.type"] == "RuntimeError"
+        assert "pool down: postgresql://[REDACTED]@db" in str(event.attributes["exception.message"])
+        assert "OSError: connect failed" in str(event.attributes["exception.stacktrace"])
+
+
+def test_a_remote_agents_error_code_is_bounded_on_the_run_span(
+        traced: tuple[Telemetry, InMemorySpanExporter]) -> None:
+    """A remote agent's RUN_ERROR `code` went whole into the run span's `error.type` and
+    status: 100,000 characters a run. Now at most `MAX_ATTRIBUTE` (the metric reads _OTHER)."""
+    telemetry, exporter = traced
+    telemetry.run_started("remote", "t", "r", None).end("error", {"code": "E" * 100_000})
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes is not None
+    assert len(str(span.attributes["error.type"])) == MAX_ATTRIBUTE
+    assert len(span.status.description or "") <= MAX_ATTRIBUTE
+
+
+def test_logs_blank_url_passwords_holding_at_signs_and_cut_huge_values() -> None:
+    """`redis://:p@ss@host` is the password `p@ss` to Redis' URL parser (it splits at the
+    last `@`), but logs blanked only `:p` and showed `ss`. And a value of megabytes (a remote
+    agent's event type, a path) was written whole into one log line."""
+    event = redact_secrets(None, "warning", {
+        "event": "x", "backend": "redis://:s3cr3t@pa55@cache:6379/0",
+        "said": "could not reach postgresql://app:pa@ss:word@db.example:5432/app now",
+        "type": "A" * 1_000_000})
+    assert "pa55" not in event["backend"]
+    assert event["backend"] == "redis://[REDACTED]@cache:6379/0"
+    assert "ss:word" not in event["said"]
+    assert event["said"] == "could not reach postgresql://[REDACTED]@db.example:5432/app now"
+    assert len(event["type"]) < 20_000
+    assert event["type"].startswith("AAAA")
+    assert event["type"].endswith("AAAA")
+    assert "characters cut" in event["type"]
+
+
+async def test_a_hook_that_never_returns_is_cancelled_and_logged_once_per_run(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """An async `on_run_finished` waiting on a service that never answers was a task kept
+    for the life of the process (holding the run's messages), one more each run. Now it is
+    cancelled after `background_timeout` seconds and logged once; the stream ended, the run
+    was stored and the server serves on all the while. A hook's own TimeoutError is a
+    failure, not a time-out."""
+    started: list[str] = []
+
+    async def never_returns(run: RunFinished) -> None:
+        started.append(run.thread_id)
+        if run.thread_id == "own-timeout":
+            raise TimeoutError("the hook's webhook timed out")
+        await asyncio.Event().wait()
+
+    runtime = CopilotRuntime(
+        service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0),
+        on_run_finished=never_returns)
+    runtime.hooks.background_timeout = 0.3
+    async with serve_runtime(runtime) as served:
+        with structlog.testing.capture_logs() as logs:
+            for thread in ("h1", "h2", "own-timeout"):
+                assert text_of(await served.run(run_input("Hi", thread=thread))) == "echo: Hi"
+            for _ in range(300):
+                if len(started) == 3 and not runtime.hooks._tasks:
+                    break
+                await asyncio.sleep(0.01)
+            assert not runtime.hooks._tasks, "the hook's tasks were never cancelled"
+            assert await runtime.store.summary("h1") is not None
+            assert text_of(await served.run(run_input("Again", thread="h3"))) == "echo: Again"
+        events = [e["event"] for e in logs if "hook" in e["event"]]
+        assert events.count("on_run_finished hook timed out: cancelled") == 2
+        assert events.count("on_run_finished hook failed") == 1
