@@ -49,17 +49,26 @@ MAX_MODELS = 64
 MAX_ATTRIBUTE = 256
 #: The longest exception message and stack a span event keeps.
 MAX_EXCEPTION_TEXT = 16 * 1024
+#: Seconds between two log lines saying that telemetry failed.
+FAILURE_LOG_INTERVAL = 60.0
+
+_log = structlog.get_logger("copilot_runtime.telemetry")
 
 
 class Telemetry:
+    """Spans and metrics. Whatever the OpenTelemetry SDK or the application's processors and
+    exporters raise is logged (at most once a minute) and dropped: a broken telemetry
+    pipeline loses spans, never a run, a hook or an answer."""
+
     def __init__(self, tracer_provider: Any = None, meter_provider: Any = None) -> None:
         try:
-            from opentelemetry import metrics, trace
+            from opentelemetry import context, metrics, trace
         except ImportError as exc:
             raise ConfigurationError(
                 "Telemetry needs the OpenTelemetry API: pip install 'copilot-runtime[otel]'"
             ) from exc
         self._trace = trace
+        self._context = context
         self.tracer = trace.get_tracer("copilot_runtime", __version__,
                                        tracer_provider=tracer_provider)
         meter = metrics.get_meter("copilot_runtime", __version__, meter_provider=meter_provider)
@@ -75,6 +84,20 @@ class Telemetry:
                                                 description="Model call duration")
         self._models: set[str] = set()
         self._codes = _runtime_codes()
+        self._failures = 0
+        self._failure_logged = -FAILURE_LOG_INTERVAL
+
+    def failed(self) -> None:
+        """Called in an `except` block: the telemetry call that raised is given up. Logged
+        with its stack at most once a minute (a broken exporter fails on every span), with
+        how many failed since the last such line."""
+        self._failures += 1
+        now = time.monotonic()
+        if now - self._failure_logged >= FAILURE_LOG_INTERVAL:
+            self._failure_logged = now
+            _log.exception("telemetry failed: spans or metrics lost, serving goes on",
+                           failures=self._failures)
+            self._failures = 0
 
     def model_label(self, model: str | None) -> str | None:
         """`model` as spans and metrics name it: a client may choose it, so only the first
@@ -100,28 +123,55 @@ class Telemetry:
         with the key), and puts the message in the status as well."""
         stack = "".join(traceback.format_exception(error))
         span.record_exception(error, attributes={
-            "exception.message": scrub(str(error))[:MAX_EXCEPTION_TEXT],
-            # Blanked whole, then cut (its tail: the exception raised last), so that no cut
-            # runs through a secret.
-            "exception.stacktrace": scrub(stack)[-MAX_EXCEPTION_TEXT:]})
+            "exception.message": scrub_head(str(error), MAX_EXCEPTION_TEXT),
+            # Its tail: the exception raised last.
+            "exception.stacktrace": scrub_tail(stack, MAX_EXCEPTION_TEXT)})
         span.set_status(self._trace.StatusCode.ERROR, type(error).__name__)
+
+    def start_span(self, name: str, **options: Any) -> Any:
+        """`tracer.start_span`, or a span that records nothing if that raised."""
+        try:
+            return self.tracer.start_span(name, **options)
+        except Exception:
+            self.failed()
+            return self._trace.INVALID_SPAN
+
+    @contextmanager
+    def current_span(self, span: Any) -> Iterator[Any]:
+        """`span` as the current span while the block runs (its children's parent); ended
+        after it, with the exception that leaves the block recorded (secrets blanked)."""
+        token = self._context.attach(self._trace.set_span_in_context(span))
+        try:
+            yield span
+        except Exception as exc:
+            try:
+                self.record_error(span, exc)
+            except Exception:
+                self.failed()
+            raise
+        finally:
+            self._context.detach(token)
+            try:
+                span.end()
+            except Exception:
+                self.failed()
 
     @contextmanager
     def request_span(self, request: RequestInfo) -> Iterator[Any]:
-        with self.tracer.start_as_current_span(
-                "copilotkit.request", kind=self._trace.SpanKind.SERVER,
-                attributes={"http.request.method": request.method,
-                            "url.path": request.path[:MAX_ATTRIBUTE],
-                            "copilotkit.request_id": request.request_id},
-                record_exception=False, set_status_on_exception=False) as span:
+        span = self.start_span(
+            "copilotkit.request", kind=self._trace.SpanKind.SERVER,
+            attributes={"http.request.method": request.method,
+                        "url.path": request.path[:MAX_ATTRIBUTE],
+                        "copilotkit.request_id": request.request_id})
+        with self.current_span(span):
             try:
                 yield span
-            except Exception as exc:
-                self.record_error(span, exc)
-                raise
             finally:
-                if request.principal is not None:
-                    span.set_attribute("enduser.id", request.principal.id)
+                if request.principal is not None:  # known once the request is authenticated
+                    try:
+                        span.set_attribute("enduser.id", request.principal.id)
+                    except Exception:
+                        self.failed()
 
     def run_started(self, agent_id: str, thread_id: str, run_id: str,
                     principal_id: str | None) -> RunTelemetry:
@@ -130,8 +180,8 @@ class Telemetry:
                                       "copilotkit.run_id": run_id}
         if principal_id is not None:
             attributes["enduser.id"] = principal_id
-        span = self.tracer.start_span("copilotkit.run", attributes=attributes)
-        return RunTelemetry(self, span, agent_id)
+        return RunTelemetry(self, self.start_span("copilotkit.run", attributes=attributes),
+                            agent_id)
 
 
 def _runtime_codes() -> frozenset[str]:
@@ -159,27 +209,36 @@ class ModelCall:
         model = run.telemetry.model_label(model)
         self._attributes = {"gen_ai.system": provider, "gen_ai.operation.name": "chat",
                             "gen_ai.request.model": model or "default"}
-        self.span = run.telemetry.tracer.start_span(
+        self.span = run.telemetry.start_span(
             f"chat {model or provider}", context=run.context,
             kind=run.telemetry._trace.SpanKind.CLIENT, attributes=self._attributes)
 
     def end(self, finish_reason: str | None, usage: Mapping[str, Any] | None,
             error: BaseException | None = None) -> None:
+        try:
+            self._end(finish_reason, usage, error)
+        except Exception:
+            self._run.telemetry.failed()
+
+    def _end(self, finish_reason: str | None, usage: Mapping[str, Any] | None,
+             error: BaseException | None) -> None:
         span = self.span
         telemetry = self._run.telemetry
-        if finish_reason:
-            span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
-        if usage:
-            for key, kind in (("prompt_tokens", "input"), ("completion_tokens", "output")):
-                value = usage.get(key)
-                if isinstance(value, int):
-                    span.set_attribute(f"gen_ai.usage.{kind}_tokens", value)
-                    telemetry.tokens.record(value, {**self._attributes,
-                                                    "gen_ai.token.type": kind})
-        if error is not None:
-            telemetry.record_error(span, error)
-        telemetry.operation.record(time.monotonic() - self._started, self._attributes)
-        span.end()
+        try:
+            if finish_reason:
+                span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+            if usage:
+                for key, kind in (("prompt_tokens", "input"), ("completion_tokens", "output")):
+                    value = usage.get(key)
+                    if isinstance(value, int):
+                        span.set_attribute(f"gen_ai.usage.{kind}_tokens", value)
+                        telemetry.tokens.record(value, {**self._attributes,
+                                                        "gen_ai.token.type": kind})
+            if error is not None:
+                telemetry.record_error(span, error)
+            telemetry.operation.record(time.monotonic() - self._started, self._attributes)
+        finally:
+            span.end()  # whatever failed above: a span left open is never exported
 
 
 class RunTelemetry:
@@ -197,30 +256,34 @@ class RunTelemetry:
 
     @contextmanager
     def tool_call(self, name: str) -> Iterator[Any]:
-        with self.telemetry.tracer.start_as_current_span(
-                f"execute_tool {name}", context=self.context,
-                attributes={"gen_ai.operation.name": "execute_tool",
-                            "gen_ai.tool.name": name},
-                record_exception=False, set_status_on_exception=False) as span:
-            try:
-                yield span
-            except Exception as exc:
-                self.telemetry.record_error(span, exc)
-                raise
+        span = self.telemetry.start_span(
+            f"execute_tool {name}", context=self.context,
+            attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name})
+        with self.telemetry.current_span(span):
+            yield span
 
     def end(self, outcome: str, error: Mapping[str, Any] | None) -> None:
+        try:
+            self._end(outcome, error)
+        except Exception:
+            self.telemetry.failed()
+
+    def _end(self, outcome: str, error: Mapping[str, Any] | None) -> None:
         telemetry = self.telemetry
-        attributes = {"copilotkit.agent_id": self.agent_id, "copilotkit.outcome": outcome}
-        self.span.set_attribute("copilotkit.outcome", outcome)
-        if error is not None:
-            # A remote agent's RUN_ERROR names its code: any text, of any length.
-            code = str(error.get("code") or "RUN_ERROR")[:MAX_ATTRIBUTE]
-            self.span.set_status(telemetry._trace.StatusCode.ERROR, code)
-            self.span.set_attribute("error.type", code)
-            telemetry.errors.add(1, {**attributes, "error.type": telemetry.error_label(code)})
-        telemetry.runs.add(1, attributes)
-        telemetry.duration.record(time.monotonic() - self._started, attributes)
-        self.span.end()
+        try:
+            attributes = {"copilotkit.agent_id": self.agent_id, "copilotkit.outcome": outcome}
+            self.span.set_attribute("copilotkit.outcome", outcome)
+            if error is not None:
+                # A remote agent's RUN_ERROR names its code: any text, of any length.
+                code = str(error.get("code") or "RUN_ERROR")[:MAX_ATTRIBUTE]
+                self.span.set_status(telemetry._trace.StatusCode.ERROR, code)
+                self.span.set_attribute("error.type", code)
+                telemetry.errors.add(1, {**attributes,
+                                         "error.type": telemetry.error_label(code)})
+            telemetry.runs.add(1, attributes)
+            telemetry.duration.record(time.monotonic() - self._started, attributes)
+        finally:
+            self.span.end()
 
 
 # -- logs ------------------------------------------------------------------------------------
@@ -251,19 +314,38 @@ def scrub(text: str) -> str:
     return _SECRET_VALUES.sub(REDACTED, text)
 
 
-def _cut(text: str) -> str:
+# Blanking takes about a microsecond a character: only what is kept is blanked, with this
+# much more beyond each cut, so that a secret a cut runs through is still found whole.
+_CUT_MARGIN = 4096
+
+
+def scrub_head(text: str, limit: int) -> str:
+    """The first `limit` characters of `text`, secrets blanked."""
+    if len(text) <= limit:
+        return scrub(text)
+    return scrub(text[:limit + _CUT_MARGIN])[:limit]
+
+
+def scrub_tail(text: str, limit: int) -> str:
+    """The last `limit` characters of `text`, secrets blanked."""
+    if len(text) <= limit:
+        return scrub(text)
+    return scrub(text[-limit - _CUT_MARGIN:])[-limit:]
+
+
+def _scrub_for_log(text: str) -> str:
     if len(text) <= MAX_LOG_TEXT:
-        return text
+        return scrub(text)
     half = MAX_LOG_TEXT // 2
-    return f"{text[:half]}...[{len(text) - 2 * half} characters cut]...{text[-half:]}"
+    return (f"{scrub_head(text, half)}...[{len(text) - 2 * half} characters cut]..."
+            f"{scrub_tail(text, half)}")
 
 
 def _redact(value: Any, depth: int = 0) -> Any:
     if depth > 8:  # deeper than this: not inspected, so not logged either
         return REDACTED
     if isinstance(value, str):
-        # Blanked before it is cut: a cut through a secret could leave a piece unblanked.
-        return _cut(scrub(value)) if len(value) > 10 else value
+        return _scrub_for_log(value) if len(value) > 10 else value
     if isinstance(value, bytes):
         return _redact(value.decode("latin-1"), depth)
     if isinstance(value, Mapping):

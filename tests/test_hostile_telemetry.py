@@ -9,9 +9,10 @@ from collections.abc import Iterator
 import orjson
 import pytest
 import structlog
+from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
@@ -112,7 +113,7 @@ def test_logs_blank_url_passwords_holding_at_signs_and_cut_huge_values() -> None
     event = redact_secrets(None, "warning", {
         "event": "x", "backend": "redis://:s3cr3t@pa55@cache:6379/0",
         "said": "could not reach postgresql://app:pa@ss:word@db.example:5432/app now",
-        "type": "A" * 1_000_000})
+        "type": "A" * 1_000_000, "cut_through": "x" * 8180 + f" Bearer {BEARER} " + "y" * 9000})
     assert "pa55" not in event["backend"]
     assert event["backend"] == "redis://[REDACTED]@cache:6379/0"
     assert "ss:word" not in event["said"]
@@ -121,6 +122,7 @@ def test_logs_blank_url_passwords_holding_at_signs_and_cut_huge_values() -> None
     assert event["type"].startswith("AAAA")
     assert event["type"].endswith("AAAA")
     assert "characters cut" in event["type"]
+    assert "c0ffee" not in event["cut_through"]  # a cut ran through it: blanked all the same
 
 
 async def test_a_hook_that_never_returns_is_cancelled_and_logged_once_per_run(
@@ -156,3 +158,42 @@ async def test_a_hook_that_never_returns_is_cancelled_and_logged_once_per_run(
         events = [e["event"] for e in logs if "hook" in e["event"]]
         assert events.count("on_run_finished hook timed out: cancelled") == 2
         assert events.count("on_run_finished hook failed") == 1
+
+
+class BrokenProcessor(SpanProcessor):
+    """An application's span processor with a bug: it raises on every span."""
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        raise RuntimeError("processor bug on start")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        raise RuntimeError("processor bug on end")
+
+
+async def test_a_broken_span_processor_loses_spans_not_runs(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """The SDK passes a processor's exception on to whoever starts or ends the span: every
+    request was answered 500 (its span's start raised); raising on end only, a good answer
+    ended in RUN_ERROR AGENT_ERROR (the model call's span) and `on_run_finished` never ran
+    (the run's span ended before it). Now the runs end as they would, the hook runs, and
+    the failure is logged once, not per span."""
+    finished: list[RunFinished] = []
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BrokenProcessor())
+    runtime = CopilotRuntime(
+        service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0),
+        on_run_finished=finished.append,
+        telemetry=Telemetry(tracer_provider, MeterProvider(metric_readers=[])))
+    async with serve_runtime(runtime) as served:
+        with structlog.testing.capture_logs() as logs:
+            assert text_of(await served.run(run_input("Hi", thread="p1"))) == "echo: Hi"
+            failed = await served.run(run_input("error:500", thread="p2"))
+            assert failed[-1]["code"] == "UPSTREAM_ERROR"
+            assert text_of(await served.run(run_input("Hi", thread="p3"))) == "echo: Hi"
+            for _ in range(300):
+                if len(finished) == 3:
+                    break
+                await asyncio.sleep(0.01)
+        assert [run.outcome for run in finished] == ["finished", "error", "finished"]
+        assert [e["event"] for e in logs if e["log_level"] in ("error", "critical")] == [
+            "telemetry failed: spans or metrics lost, serving goes on"]
