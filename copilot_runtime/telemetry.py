@@ -40,8 +40,8 @@ from copilot_runtime.auth import RequestInfo
 from copilot_runtime.coordination.base import LEASE_LOST_CODE
 from copilot_runtime.threads.base import INTERRUPTED_CODE
 
-__all__ = ["ModelCall", "RunTelemetry", "Telemetry", "configure_logging", "redact_secrets",
-           "scrub"]
+__all__ = ["ModelCall", "RunTelemetry", "Telemetry", "configure_logging", "escape_controls",
+           "redact_secrets", "scrub"]
 
 #: Distinct model names spans and metrics keep (a client may choose the model).
 MAX_MODELS = 64
@@ -370,6 +370,23 @@ def redact_secrets(logger: Any, method: str, event: MutableMapping[str, Any]
     return event
 
 
+# Control characters but newline and tab (C0, DEL, C1): a terminal acts on them.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def escape_controls(logger: Any, method: str, event: MutableMapping[str, Any]
+                    ) -> MutableMapping[str, Any]:
+    """A structlog processor for logs read on a terminal: control characters in the
+    message and an exception's text (which the console renderer writes as they are; other
+    values it writes quoted) are written as `\\xNN`, so that text from a client, a model or
+    an upstream cannot move the cursor, retitle the window or clear the screen."""
+    for key in ("event", "exception"):
+        value = event.get(key)
+        if isinstance(value, str) and _CONTROLS.search(value):
+            event[key] = _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", value)
+    return event
+
+
 def configure_logging(*, json: bool = True, level: int | None = None) -> None:
     """Structured logs for the runtime: request and run ids bound by the runtime, secrets
     redacted, one JSON object a line (or readable console lines with `json=False`)."""
@@ -381,7 +398,8 @@ def configure_logging(*, json: bool = True, level: int | None = None) -> None:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,
         redact_secrets,
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(),
+        *([structlog.processors.JSONRenderer()] if json else [
+            escape_controls, structlog.dev.ConsoleRenderer()]),
     ]
     structlog.configure(
         processors=processors,

@@ -4,6 +4,7 @@ from remote agents, hooks that never return, and a span with a status on every p
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import Iterator
 
 import orjson
@@ -20,7 +21,12 @@ from opentelemetry.trace import StatusCode
 from copilot_runtime import CopilotRuntime, OpenAIAdapter
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.hooks import RunFinished
-from copilot_runtime.telemetry import MAX_ATTRIBUTE, Telemetry, redact_secrets
+from copilot_runtime.telemetry import (
+    MAX_ATTRIBUTE,
+    Telemetry,
+    configure_logging,
+    redact_secrets,
+)
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import ServeRuntime, run_input, text_of
 
@@ -197,3 +203,26 @@ async def test_a_broken_span_processor_loses_spans_not_runs(
         assert [run.outcome for run in finished] == ["finished", "error", "finished"]
         assert [e["event"] for e in logs if e["log_level"] in ("error", "critical")] == [
             "telemetry failed: spans or metrics lost, serving goes on"]
+
+
+def test_console_logs_escape_terminal_controls() -> None:
+    """On a terminal (`configure_logging(json=False)`, the CLI's choice for a TTY) an
+    exception's text was written as it was: a client's or a model's text in it could retitle
+    the window (OSC), clear the screen or rewrite the line (CR). Now control characters
+    read `\\xNN`; the renderer's own colours stay."""
+    out = io.StringIO()
+    try:
+        configure_logging(json=False)
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(out))
+        try:
+            raise ValueError("bad city \x1b]0;owned\x07\x1b[2J\rfake")
+        except ValueError:
+            structlog.get_logger("t").exception("action failed", action="weather")
+    finally:
+        structlog.reset_defaults()
+    line = out.getvalue()
+    assert "\x1b]0;" not in line
+    assert "\x07" not in line
+    assert "\r" not in line
+    assert "\\x1b]0;owned\\x07\\x1b[2J\\x0dfake" in line
+    assert "\x1b[" in line  # the console renderer's colours
