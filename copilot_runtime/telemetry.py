@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import time
 import traceback
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -157,7 +157,11 @@ class Telemetry:
                 self.failed()
 
     @contextmanager
-    def request_span(self, request: RequestInfo) -> Iterator[Any]:
+    def request_span(self, request: RequestInfo,
+                     status: Callable[[], int | None] | None = None) -> Iterator[Any]:
+        """The span of an HTTP request; `status` says the answer's status at its end (a 5xx
+        sets the ERROR status, as for an exception: a refusal or failure answered in JSON
+        raises nothing here)."""
         span = self.start_span(
             "copilotkit.request", kind=self._trace.SpanKind.SERVER,
             attributes={"http.request.method": request.method,
@@ -167,11 +171,17 @@ class Telemetry:
             try:
                 yield span
             finally:
-                if request.principal is not None:  # known once the request is authenticated
-                    try:
+                try:
+                    if request.principal is not None:  # known once it is authenticated
                         span.set_attribute("enduser.id", request.principal.id)
-                    except Exception:
-                        self.failed()
+                    answered = status() if status is not None else None
+                    if answered is not None:
+                        span.set_attribute("http.response.status_code", answered)
+                        if answered >= 500:
+                            span.set_attribute("error.type", str(answered))
+                            span.set_status(self._trace.StatusCode.ERROR)
+                except Exception:
+                    self.failed()
 
     def run_started(self, agent_id: str, thread_id: str, run_id: str,
                     principal_id: str | None) -> RunTelemetry:

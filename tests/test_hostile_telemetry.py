@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 from collections.abc import Iterator
+from typing import Any
 
 import orjson
 import pytest
@@ -18,7 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from copilot_runtime import CopilotRuntime, OpenAIAdapter
+from copilot_runtime import BearerTokenAuth, CopilotRuntime, OpenAIAdapter, PatternGuardrail
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.hooks import RunFinished
 from copilot_runtime.telemetry import (
@@ -28,11 +29,13 @@ from copilot_runtime.telemetry import (
     redact_secrets,
 )
 from copilot_runtime.testing import MockOpenAIServer
-from tests.conftest import ServeRuntime, run_input, text_of
+from tests.conftest import GatedAgent, ServeRuntime, run_input, text_of
+from tests.gql.wire import CLIENT_DOCUMENT, CLIENT_HEADERS, user_turn
 
 DB_PASSWORD = "hunter2-db-pass"
 API_KEY = "AIzaSyA-0123456789abcdefghijk"
 BEARER = "c0ffee0123456789abcdef"
+TOKEN = "tok-alice-0001"
 
 
 @pytest.fixture
@@ -226,3 +229,90 @@ def test_console_logs_escape_terminal_controls() -> None:
     assert "\r" not in line
     assert "\\x1b]0;owned\\x07\\x1b[2J\\x0dfake" in line
     assert "\x1b[" in line  # the console renderer's colours
+
+
+class OpenSpans(SpanProcessor):
+    """The spans started and not yet ended."""
+
+    def __init__(self) -> None:
+        self.open: dict[int, str] = {}
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        self.open[span.context.span_id] = span.name
+
+    def on_end(self, span: ReadableSpan) -> None:
+        assert span.context is not None
+        self.open.pop(span.context.span_id, None)
+
+
+async def test_every_span_ends_with_a_status_on_every_path(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """Spans on the paths an operator watches: an answer, an upstream failure, a guardrail's
+    refusal, 401, 404, 409, 503 from a failing `on_request`, a client that leaves
+    mid-stream, `stop`, `connect` and GraphQL. All ended; but a request span said nothing of
+    its answer: a 503 (a policy down) or a 429 looked like a 200. Now each carries
+    `http.response.status_code`, and a 5xx the ERROR status."""
+    exporter, open_spans = InMemorySpanExporter(), OpenSpans()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer_provider.add_span_processor(open_spans)
+
+    def on_request(request: RequestInfo) -> None:
+        if request.headers.get("x-policy") == "down":
+            raise ConnectionError("policy service down")
+
+    gated = GatedAgent()
+    runtime = CopilotRuntime(
+        service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0),
+        agents={"gated": gated}, auth=BearerTokenAuth({TOKEN: "alice"}),
+        guardrails=[PatternGuardrail(deny=[r"forbidden"])], on_request=on_request,
+        telemetry=Telemetry(tracer_provider, MeterProvider(metric_readers=[])))
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        async with serve_runtime(runtime) as served:
+            async def status(path: str, body: Any, headers: dict[str, str] = auth) -> int:
+                response = await served.post(path, body, headers=headers)
+                await response.read()
+                return response.status
+
+            assert await status("/agent/default/run", run_input("Hi", thread="a")) == 200
+            assert await status("/agent/default/run", run_input("error:500", thread="b")) == 200
+            assert await status("/agent/default/run", run_input("forbidden", thread="c")) == 200
+            assert await status("/agent/default/run", run_input("Hi", thread="d"), {}) == 401
+            assert await status("/agent/nope/run", run_input("Hi", thread="e")) == 404
+            assert await status("/agent/default/run", run_input("Hi", thread="f"),
+                                {**auth, "X-Policy": "down"}) == 503
+            left = await served.post("/agent/gated/run", run_input("Hi", thread="g"),
+                                     headers=auth)
+            await left.content.readline()
+            assert await status("/agent/gated/run", run_input("Hi", thread="g", run="r2")) == 409
+            left.close()  # the client leaves mid-stream
+            stopped = await served.post("/agent/gated/run", run_input("Hi", thread="h"),
+                                        headers=auth)
+            await stopped.content.readline()
+            assert await status("/agent/gated/stop/h", {}) == 200
+            await stopped.read()
+            assert await status("/agent/gated/connect", run_input("Hi", thread="h")) == 200
+            response = await served.session.post(served.url, data=orjson.dumps(
+                {"query": CLIENT_DOCUMENT, "variables": {"data": user_turn("Hi", thread="q")}}),
+                headers={**CLIENT_HEADERS, **auth})
+            await response.read()
+            assert response.status == 200
+            for _ in range(300):
+                if not open_spans.open:
+                    break
+                await asyncio.sleep(0.01)
+    finally:
+        tracer_provider.shutdown()
+    assert open_spans.open == {}
+    spans = exporter.get_finished_spans()
+    requests = [s for s in spans if s.name == "copilotkit.request"]
+    answered = [(s.attributes or {}).get("http.response.status_code") for s in requests]
+    assert sorted(a for a in answered if a is not None) == sorted(
+        [200, 200, 200, 401, 404, 503, 200, 409, 200, 200, 200, 200])
+    for span in requests:
+        failed = (span.attributes or {}).get("http.response.status_code") == 503
+        assert (span.status.status_code == StatusCode.ERROR) == failed, span.attributes
+    outcomes = sorted(str((s.attributes or {})["copilotkit.outcome"]) for s in spans
+                      if s.name == "copilotkit.run")
+    assert outcomes == ["disconnected", "error", "finished", "finished", "refused", "stopped"]
