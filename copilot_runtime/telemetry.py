@@ -272,6 +272,14 @@ class RunTelemetry:
         with self.telemetry.current_span(span):
             yield span
 
+    def tool_failed(self, span: Any) -> None:
+        """The tool of `span` answered with an error (the model reads it; nothing raised)."""
+        try:
+            span.set_attribute("error.type", "tool_error")
+            span.set_status(self.telemetry._trace.StatusCode.ERROR, "tool_error")
+        except Exception:
+            self.telemetry.failed()
+
     def end(self, outcome: str, error: Mapping[str, Any] | None) -> None:
         try:
             self._end(outcome, error)

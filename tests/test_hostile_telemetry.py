@@ -31,6 +31,7 @@ from copilot_runtime.telemetry import (
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import GatedAgent, ServeRuntime, run_input, text_of
 from tests.gql.wire import CLIENT_DOCUMENT, CLIENT_HEADERS, user_turn
+from tests.realclient_app import getWeather
 
 DB_PASSWORD = "hunter2-db-pass"
 API_KEY = "AIzaSyA-0123456789abcdefghijk"
@@ -249,9 +250,10 @@ async def test_every_span_ends_with_a_status_on_every_path(
         serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
     """Spans on the paths an operator watches: an answer, an upstream failure, a guardrail's
     refusal, 401, 404, 409, 503 from a failing `on_request`, a client that leaves
-    mid-stream, `stop`, `connect` and GraphQL. All ended; but a request span said nothing of
-    its answer: a 503 (a policy down) or a 429 looked like a 200. Now each carries
-    `http.response.status_code`, and a 5xx the ERROR status."""
+    mid-stream, `stop`, `connect`, GraphQL, and a tool that fails. All ended; but a request
+    span said nothing of its answer: a 503 (a policy down) or a 429 looked like a 200, and a
+    failed tool's span had no status. Now each request span carries
+    `http.response.status_code`, and a 5xx or a failed tool the ERROR status."""
     exporter, open_spans = InMemorySpanExporter(), OpenSpans()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -264,7 +266,7 @@ async def test_every_span_ends_with_a_status_on_every_path(
     gated = GatedAgent()
     runtime = CopilotRuntime(
         service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0),
-        agents={"gated": gated}, auth=BearerTokenAuth({TOKEN: "alice"}),
+        actions=[getWeather], agents={"gated": gated}, auth=BearerTokenAuth({TOKEN: "alice"}),
         guardrails=[PatternGuardrail(deny=[r"forbidden"])], on_request=on_request,
         telemetry=Telemetry(tracer_provider, MeterProvider(metric_readers=[])))
     auth = {"Authorization": f"Bearer {TOKEN}"}
@@ -278,6 +280,8 @@ async def test_every_span_ends_with_a_status_on_every_path(
             assert await status("/agent/default/run", run_input("Hi", thread="a")) == 200
             assert await status("/agent/default/run", run_input("error:500", thread="b")) == 200
             assert await status("/agent/default/run", run_input("forbidden", thread="c")) == 200
+            assert await status("/agent/default/run", run_input(  # a tool's failure
+                'call:getWeather {"town":"Paris"}', thread="t")) == 200
             assert await status("/agent/default/run", run_input("Hi", thread="d"), {}) == 401
             assert await status("/agent/nope/run", run_input("Hi", thread="e")) == 404
             assert await status("/agent/default/run", run_input("Hi", thread="f"),
@@ -309,10 +313,13 @@ async def test_every_span_ends_with_a_status_on_every_path(
     requests = [s for s in spans if s.name == "copilotkit.request"]
     answered = [(s.attributes or {}).get("http.response.status_code") for s in requests]
     assert sorted(a for a in answered if a is not None) == sorted(
-        [200, 200, 200, 401, 404, 503, 200, 409, 200, 200, 200, 200])
+        [200, 200, 200, 200, 401, 404, 503, 200, 409, 200, 200, 200, 200])
     for span in requests:
         failed = (span.attributes or {}).get("http.response.status_code") == 503
         assert (span.status.status_code == StatusCode.ERROR) == failed, span.attributes
     outcomes = sorted(str((s.attributes or {})["copilotkit.outcome"]) for s in spans
                       if s.name == "copilotkit.run")
-    assert outcomes == ["disconnected", "error", "finished", "finished", "refused", "stopped"]
+    assert outcomes == ["disconnected", "error", "finished", "finished", "finished", "refused",
+                        "stopped"]
+    (tool,) = [s for s in spans if s.name == "execute_tool getWeather"]
+    assert tool.status.status_code == StatusCode.ERROR
