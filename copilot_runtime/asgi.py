@@ -131,7 +131,7 @@ class CopilotEndpoint:
                 if await self._identify(request):
                     await self._dispatch(request, path)
                 return
-            with telemetry.request_span(info):
+            with telemetry.request_span(info, lambda: request.status):
                 if await self._identify(request):
                     await self._dispatch(request, path)
 

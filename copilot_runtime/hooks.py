@@ -10,7 +10,10 @@ status), or return annotations that agents see as `RunContext.annotations`. It i
 so it fails closed: if it raises anything else, or has not answered within
 `request_timeout` seconds, the request is refused with 503 (a policy whose backing service
 is down must not admit everyone, nor hold requests without end). The other two run in the
-background, so they never hold up or break a stream; whatever they raise is logged.
+background, so they never hold up or break a stream; whatever they raise is logged, and one
+that has not returned within `background_timeout` seconds is cancelled (and logged): a hook
+waiting on a service that never answers would otherwise keep each run's messages in memory
+for the life of the process.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ _log = structlog.get_logger("copilot_runtime.hooks")
 
 #: Seconds `on_request` may take before its request is refused (503).
 DEFAULT_REQUEST_TIMEOUT = 10.0
+#: Seconds `on_run_finished` or `on_error` (async) may take before it is cancelled.
+DEFAULT_BACKGROUND_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +84,11 @@ def _unchecked() -> ServiceUnavailableError:
 class HookRunner:
     def __init__(self, on_request: OnRequest | None, on_run_finished: OnRunFinished | None,
                  on_error: OnError | None, *,
-                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 background_timeout: float = DEFAULT_BACKGROUND_TIMEOUT) -> None:
         self.on_request = on_request
         self.request_timeout = request_timeout
+        self.background_timeout = background_timeout
         self.on_run_finished = on_run_finished
         self.on_error = on_error
         self._tasks: set[asyncio.Task[None]] = set()
@@ -131,10 +138,16 @@ class HookRunner:
             return
 
         async def guarded() -> None:
+            deadline = asyncio.timeout(self.background_timeout)
             try:
-                await work
+                async with deadline:
+                    await work
             except Exception:
-                _log.exception(f"{name} hook failed")
+                if deadline.expired():  # (not a TimeoutError the hook raised itself)
+                    _log.error(f"{name} hook timed out: cancelled",
+                               timeout=self.background_timeout)
+                else:
+                    _log.exception(f"{name} hook failed")
 
         task = asyncio.get_running_loop().create_task(guarded(), name=name)
         self._tasks.add(task)

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator, Mapping, MutableMapping
+import traceback
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,23 +40,35 @@ from copilot_runtime.auth import RequestInfo
 from copilot_runtime.coordination.base import LEASE_LOST_CODE
 from copilot_runtime.threads.base import INTERRUPTED_CODE
 
-__all__ = ["ModelCall", "RunTelemetry", "Telemetry", "configure_logging", "redact_secrets"]
+__all__ = ["ModelCall", "RunTelemetry", "Telemetry", "configure_logging", "escape_controls",
+           "redact_secrets", "scrub"]
 
 #: Distinct model names spans and metrics keep (a client may choose the model).
 MAX_MODELS = 64
-#: The longest value of a client-given span attribute (a path, a model name).
+#: The longest value of a client-given span attribute (a path, a model name, an error code).
 MAX_ATTRIBUTE = 256
+#: The longest exception message and stack a span event keeps.
+MAX_EXCEPTION_TEXT = 16 * 1024
+#: Seconds between two log lines saying that telemetry failed.
+FAILURE_LOG_INTERVAL = 60.0
+
+_log = structlog.get_logger("copilot_runtime.telemetry")
 
 
 class Telemetry:
+    """Spans and metrics. Whatever the OpenTelemetry SDK or the application's processors and
+    exporters raise is logged (at most once a minute) and dropped: a broken telemetry
+    pipeline loses spans, never a run, a hook or an answer."""
+
     def __init__(self, tracer_provider: Any = None, meter_provider: Any = None) -> None:
         try:
-            from opentelemetry import metrics, trace
+            from opentelemetry import context, metrics, trace
         except ImportError as exc:
             raise ConfigurationError(
                 "Telemetry needs the OpenTelemetry API: pip install 'copilot-runtime[otel]'"
             ) from exc
         self._trace = trace
+        self._context = context
         self.tracer = trace.get_tracer("copilot_runtime", __version__,
                                        tracer_provider=tracer_provider)
         meter = metrics.get_meter("copilot_runtime", __version__, meter_provider=meter_provider)
@@ -71,6 +84,20 @@ class Telemetry:
                                                 description="Model call duration")
         self._models: set[str] = set()
         self._codes = _runtime_codes()
+        self._failures = 0
+        self._failure_logged = -FAILURE_LOG_INTERVAL
+
+    def failed(self) -> None:
+        """Called in an `except` block: the telemetry call that raised is given up. Logged
+        with its stack at most once a minute (a broken exporter fails on every span), with
+        how many failed since the last such line."""
+        self._failures += 1
+        now = time.monotonic()
+        if now - self._failure_logged >= FAILURE_LOG_INTERVAL:
+            self._failure_logged = now
+            _log.exception("telemetry failed: spans or metrics lost, serving goes on",
+                           failures=self._failures)
+            self._failures = 0
 
     def model_label(self, model: str | None) -> str | None:
         """`model` as spans and metrics name it: a client may choose it, so only the first
@@ -89,17 +116,72 @@ class Telemetry:
         each a metric series for the life of the process; the span keeps the code)."""
         return code if code in self._codes else "_OTHER"
 
+    def record_error(self, span: Any, error: BaseException) -> None:
+        """`error` on `span` (an `exception` event, and the ERROR status) with the secrets
+        in its message and stack blanked: the SDK's own recording keeps the text whole, the
+        chained causes' too (a driver's error naming its URL with the password, a provider's
+        with the key), and puts the message in the status as well."""
+        stack = "".join(traceback.format_exception(error))
+        span.record_exception(error, attributes={
+            "exception.message": scrub_head(str(error), MAX_EXCEPTION_TEXT),
+            # Its tail: the exception raised last.
+            "exception.stacktrace": scrub_tail(stack, MAX_EXCEPTION_TEXT)})
+        span.set_status(self._trace.StatusCode.ERROR, type(error).__name__)
+
+    def start_span(self, name: str, **options: Any) -> Any:
+        """`tracer.start_span`, or a span that records nothing if that raised."""
+        try:
+            return self.tracer.start_span(name, **options)
+        except Exception:
+            self.failed()
+            return self._trace.INVALID_SPAN
+
     @contextmanager
-    def request_span(self, request: RequestInfo) -> Iterator[Any]:
-        with self.tracer.start_as_current_span(
-                "copilotkit.request", kind=self._trace.SpanKind.SERVER,
-                attributes={"http.request.method": request.method,
-                            "url.path": request.path[:MAX_ATTRIBUTE],
-                            "copilotkit.request_id": request.request_id},
-                record_exception=True) as span:
+    def current_span(self, span: Any) -> Iterator[Any]:
+        """`span` as the current span while the block runs (its children's parent); ended
+        after it, with the exception that leaves the block recorded (secrets blanked)."""
+        token = self._context.attach(self._trace.set_span_in_context(span))
+        try:
             yield span
-            if request.principal is not None:
-                span.set_attribute("enduser.id", request.principal.id)
+        except Exception as exc:
+            try:
+                self.record_error(span, exc)
+            except Exception:
+                self.failed()
+            raise
+        finally:
+            self._context.detach(token)
+            try:
+                span.end()
+            except Exception:
+                self.failed()
+
+    @contextmanager
+    def request_span(self, request: RequestInfo,
+                     status: Callable[[], int | None] | None = None) -> Iterator[Any]:
+        """The span of an HTTP request; `status` says the answer's status at its end (a 5xx
+        sets the ERROR status, as for an exception: a refusal or failure answered in JSON
+        raises nothing here)."""
+        span = self.start_span(
+            "copilotkit.request", kind=self._trace.SpanKind.SERVER,
+            attributes={"http.request.method": request.method,
+                        "url.path": request.path[:MAX_ATTRIBUTE],
+                        "copilotkit.request_id": request.request_id})
+        with self.current_span(span):
+            try:
+                yield span
+            finally:
+                try:
+                    if request.principal is not None:  # known once it is authenticated
+                        span.set_attribute("enduser.id", request.principal.id)
+                    answered = status() if status is not None else None
+                    if answered is not None:
+                        span.set_attribute("http.response.status_code", answered)
+                        if answered >= 500:
+                            span.set_attribute("error.type", str(answered))
+                            span.set_status(self._trace.StatusCode.ERROR)
+                except Exception:
+                    self.failed()
 
     def run_started(self, agent_id: str, thread_id: str, run_id: str,
                     principal_id: str | None) -> RunTelemetry:
@@ -108,8 +190,8 @@ class Telemetry:
                                       "copilotkit.run_id": run_id}
         if principal_id is not None:
             attributes["enduser.id"] = principal_id
-        span = self.tracer.start_span("copilotkit.run", attributes=attributes)
-        return RunTelemetry(self, span, agent_id)
+        return RunTelemetry(self, self.start_span("copilotkit.run", attributes=attributes),
+                            agent_id)
 
 
 def _runtime_codes() -> frozenset[str]:
@@ -137,28 +219,36 @@ class ModelCall:
         model = run.telemetry.model_label(model)
         self._attributes = {"gen_ai.system": provider, "gen_ai.operation.name": "chat",
                             "gen_ai.request.model": model or "default"}
-        self.span = run.telemetry.tracer.start_span(
+        self.span = run.telemetry.start_span(
             f"chat {model or provider}", context=run.context,
             kind=run.telemetry._trace.SpanKind.CLIENT, attributes=self._attributes)
 
     def end(self, finish_reason: str | None, usage: Mapping[str, Any] | None,
             error: BaseException | None = None) -> None:
+        try:
+            self._end(finish_reason, usage, error)
+        except Exception:
+            self._run.telemetry.failed()
+
+    def _end(self, finish_reason: str | None, usage: Mapping[str, Any] | None,
+             error: BaseException | None) -> None:
         span = self.span
         telemetry = self._run.telemetry
-        if finish_reason:
-            span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
-        if usage:
-            for key, kind in (("prompt_tokens", "input"), ("completion_tokens", "output")):
-                value = usage.get(key)
-                if isinstance(value, int):
-                    span.set_attribute(f"gen_ai.usage.{kind}_tokens", value)
-                    telemetry.tokens.record(value, {**self._attributes,
-                                                    "gen_ai.token.type": kind})
-        if error is not None:
-            span.record_exception(error)
-            span.set_status(telemetry._trace.StatusCode.ERROR, type(error).__name__)
-        telemetry.operation.record(time.monotonic() - self._started, self._attributes)
-        span.end()
+        try:
+            if finish_reason:
+                span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+            if usage:
+                for key, kind in (("prompt_tokens", "input"), ("completion_tokens", "output")):
+                    value = usage.get(key)
+                    if isinstance(value, int):
+                        span.set_attribute(f"gen_ai.usage.{kind}_tokens", value)
+                        telemetry.tokens.record(value, {**self._attributes,
+                                                        "gen_ai.token.type": kind})
+            if error is not None:
+                telemetry.record_error(span, error)
+            telemetry.operation.record(time.monotonic() - self._started, self._attributes)
+        finally:
+            span.end()  # whatever failed above: a span left open is never exported
 
 
 class RunTelemetry:
@@ -176,24 +266,42 @@ class RunTelemetry:
 
     @contextmanager
     def tool_call(self, name: str) -> Iterator[Any]:
-        with self.telemetry.tracer.start_as_current_span(
-                f"execute_tool {name}", context=self.context,
-                attributes={"gen_ai.operation.name": "execute_tool",
-                            "gen_ai.tool.name": name}) as span:
+        span = self.telemetry.start_span(
+            f"execute_tool {name}", context=self.context,
+            attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name})
+        with self.telemetry.current_span(span):
             yield span
 
+    def tool_failed(self, span: Any) -> None:
+        """The tool of `span` answered with an error (the model reads it; nothing raised)."""
+        try:
+            span.set_attribute("error.type", "tool_error")
+            span.set_status(self.telemetry._trace.StatusCode.ERROR, "tool_error")
+        except Exception:
+            self.telemetry.failed()
+
     def end(self, outcome: str, error: Mapping[str, Any] | None) -> None:
+        try:
+            self._end(outcome, error)
+        except Exception:
+            self.telemetry.failed()
+
+    def _end(self, outcome: str, error: Mapping[str, Any] | None) -> None:
         telemetry = self.telemetry
-        attributes = {"copilotkit.agent_id": self.agent_id, "copilotkit.outcome": outcome}
-        self.span.set_attribute("copilotkit.outcome", outcome)
-        if error is not None:
-            code = str(error.get("code") or "RUN_ERROR")
-            self.span.set_status(telemetry._trace.StatusCode.ERROR, code)
-            self.span.set_attribute("error.type", code)
-            telemetry.errors.add(1, {**attributes, "error.type": telemetry.error_label(code)})
-        telemetry.runs.add(1, attributes)
-        telemetry.duration.record(time.monotonic() - self._started, attributes)
-        self.span.end()
+        try:
+            attributes = {"copilotkit.agent_id": self.agent_id, "copilotkit.outcome": outcome}
+            self.span.set_attribute("copilotkit.outcome", outcome)
+            if error is not None:
+                # A remote agent's RUN_ERROR names its code: any text, of any length.
+                code = str(error.get("code") or "RUN_ERROR")[:MAX_ATTRIBUTE]
+                self.span.set_status(telemetry._trace.StatusCode.ERROR, code)
+                self.span.set_attribute("error.type", code)
+                telemetry.errors.add(1, {**attributes,
+                                         "error.type": telemetry.error_label(code)})
+            telemetry.runs.add(1, attributes)
+            telemetry.duration.record(time.monotonic() - self._started, attributes)
+        finally:
+            self.span.end()
 
 
 # -- logs ------------------------------------------------------------------------------------
@@ -206,14 +314,56 @@ _SECRET_KEYS = re.compile(
     re.IGNORECASE)
 # The same pattern as for text passed on to clients (`_exceptions.SECRET_VALUES`).
 _SECRET_VALUES = re.compile(SECRET_VALUES)
+# A URL's user and password up to the `@` before its host, `@`s in the password included:
+# Redis' and Python's URL parsers split at the last `@`, so `redis://:p@ss@host` is the
+# password `p@ss` (`SECRET_VALUES` stops at the first `@` and leaves `ss` for all to read).
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^\s/@]+(?:@[^\s/@]+)*(?=@)")
 REDACTED = "[REDACTED]"
+#: The longest string a log line keeps of one value: its head and tail, the middle cut
+#: (a remote agent's unknown event type, a path, an exception's text may be megabytes).
+MAX_LOG_TEXT = 16 * 1024
+
+
+def scrub(text: str) -> str:
+    """`text` with secret-looking values (`SECRET_VALUES`, and a URL's credentials) blanked:
+    for logs and span attributes."""
+    if "://" in text:
+        text = _URL_CREDENTIALS.sub(REDACTED, text)
+    return _SECRET_VALUES.sub(REDACTED, text)
+
+
+# Blanking takes about a microsecond a character: only what is kept is blanked, with this
+# much more beyond each cut, so that a secret a cut runs through is still found whole.
+_CUT_MARGIN = 4096
+
+
+def scrub_head(text: str, limit: int) -> str:
+    """The first `limit` characters of `text`, secrets blanked."""
+    if len(text) <= limit:
+        return scrub(text)
+    return scrub(text[:limit + _CUT_MARGIN])[:limit]
+
+
+def scrub_tail(text: str, limit: int) -> str:
+    """The last `limit` characters of `text`, secrets blanked."""
+    if len(text) <= limit:
+        return scrub(text)
+    return scrub(text[-limit - _CUT_MARGIN:])[-limit:]
+
+
+def _scrub_for_log(text: str) -> str:
+    if len(text) <= MAX_LOG_TEXT:
+        return scrub(text)
+    half = MAX_LOG_TEXT // 2
+    return (f"{scrub_head(text, half)}...[{len(text) - 2 * half} characters cut]..."
+            f"{scrub_tail(text, half)}")
 
 
 def _redact(value: Any, depth: int = 0) -> Any:
     if depth > 8:  # deeper than this: not inspected, so not logged either
         return REDACTED
     if isinstance(value, str):
-        return _SECRET_VALUES.sub(REDACTED, value) if len(value) > 10 else value
+        return _scrub_for_log(value) if len(value) > 10 else value
     if isinstance(value, bytes):
         return _redact(value.decode("latin-1"), depth)
     if isinstance(value, Mapping):
@@ -238,6 +388,23 @@ def redact_secrets(logger: Any, method: str, event: MutableMapping[str, Any]
     return event
 
 
+# Control characters but newline and tab (C0, DEL, C1): a terminal acts on them.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def escape_controls(logger: Any, method: str, event: MutableMapping[str, Any]
+                    ) -> MutableMapping[str, Any]:
+    """A structlog processor for logs read on a terminal: control characters in the
+    message and an exception's text (which the console renderer writes as they are; other
+    values it writes quoted) are written as `\\xNN`, so that text from a client, a model or
+    an upstream cannot move the cursor, retitle the window or clear the screen."""
+    for key in ("event", "exception"):
+        value = event.get(key)
+        if isinstance(value, str) and _CONTROLS.search(value):
+            event[key] = _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", value)
+    return event
+
+
 def configure_logging(*, json: bool = True, level: int | None = None) -> None:
     """Structured logs for the runtime: request and run ids bound by the runtime, secrets
     redacted, one JSON object a line (or readable console lines with `json=False`)."""
@@ -249,7 +416,8 @@ def configure_logging(*, json: bool = True, level: int | None = None) -> None:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,
         redact_secrets,
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(),
+        *([structlog.processors.JSONRenderer()] if json else [
+            escape_controls, structlog.dev.ConsoleRenderer()]),
     ]
     structlog.configure(
         processors=processors,

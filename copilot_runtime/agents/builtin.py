@@ -344,7 +344,7 @@ class BuiltInAgent(Agent):
                 span.set_attribute("gen_ai.tool.call.id", call.id)
                 content, error = await self._execute_action(action, call)
                 if error is not None:
-                    span.set_attribute("error.type", "tool_error")
+                    telemetry.tool_failed(span)
                 return content, error
         return await self._execute_action(action, call)
 

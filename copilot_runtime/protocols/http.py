@@ -120,7 +120,7 @@ class Request:
     """What the handlers need of an HTTP request, parsed once."""
 
     __slots__ = ("cors", "headers", "info", "method", "path", "query", "receive", "scope",
-                 "send")
+                 "send", "status")
 
     def __init__(self, scope: Scope, receive: Receive, send: Send, path: str,
                  cors: Headers) -> None:
@@ -136,6 +136,8 @@ class Request:
         self.cors = cors
         #: Who asks, when the runtime needs to know (identity, hooks, limits, telemetry).
         self.info: RequestInfo | None = None
+        #: The answer's HTTP status once it has started (for the request's span).
+        self.status: int | None = None
 
     def header(self, name: str) -> str | None:
         value = self.headers.get(name.encode())
@@ -354,6 +356,7 @@ async def send_method_not_allowed(request: Request, allow: bytes) -> None:
 
 async def send_bytes(request: Request, status: int, body: bytes,
                      headers: Iterable[tuple[bytes, bytes]]) -> None:
+    request.status = status
     await request.send({
         "type": "http.response.start", "status": status,
         "headers": [*headers, (b"content-length", str(len(body)).encode()), *request.cors],
@@ -383,6 +386,7 @@ def encode_positioned(items: Sequence[Positioned]) -> bytes:
 
 
 async def _start_sse(request: Request) -> None:
+    request.status = 200
     await request.send({"type": "http.response.start", "status": 200,
                         "headers": [*_SSE_HEADERS, *request.cors]})
 
@@ -475,6 +479,7 @@ async def stream_run(request: Request, run: ActiveRun,
     by default; a protocol with another framing gives its own, or no bytes to skip one).
     """
     send = request.send
+    request.status = 200
     await request.send({"type": "http.response.start", "status": 200,
                         "headers": [*headers, *request.cors]})
     stream = _Stream()
