@@ -122,7 +122,10 @@ _FILE_PATH = re.compile(r"(?<![\w:/.~-])(?:/[\w.@~-]+){2,}|\b[A-Za-z]:\\[\w.@ \\
 #: password, secret, an API, access or private key, token or credential(s). Counts are
 #: spared: `max_tokens=100` names `tokens`, and a number alone is no secret.
 SECRET_VALUES = (
-    r"(?<=://)[^\s/@]+(?=@)"
+    # A URL's user and password up to the `@` before its host, `@`s in the password too:
+    # URL parsers (Redis', Python's) split at the last `@`, so `redis://:p@ss@host` is the
+    # password `p@ss`, whose `ss` a match up to the first `@` left for all to read.
+    r"(?<=://)[^\s/@]+(?:@[^\s/@]+)*(?=@)"
     r"|(?i:\b(?:bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,})"
     r"|\b(?:sk|rk|pk|gsk|xai|ghp|gho|glpat)[-_][A-Za-z0-9_-]{8,}"
     r"|\bAIza[0-9A-Za-z_-]{20,}"

@@ -314,10 +314,6 @@ _SECRET_KEYS = re.compile(
     re.IGNORECASE)
 # The same pattern as for text passed on to clients (`_exceptions.SECRET_VALUES`).
 _SECRET_VALUES = re.compile(SECRET_VALUES)
-# A URL's user and password up to the `@` before its host, `@`s in the password included:
-# Redis' and Python's URL parsers split at the last `@`, so `redis://:p@ss@host` is the
-# password `p@ss` (`SECRET_VALUES` stops at the first `@` and leaves `ss` for all to read).
-_URL_CREDENTIALS = re.compile(r"(?<=://)[^\s/@]+(?:@[^\s/@]+)*(?=@)")
 REDACTED = "[REDACTED]"
 #: The longest string a log line keeps of one value: its head and tail, the middle cut
 #: (a remote agent's unknown event type, a path, an exception's text may be megabytes).
@@ -325,10 +321,8 @@ MAX_LOG_TEXT = 16 * 1024
 
 
 def scrub(text: str) -> str:
-    """`text` with secret-looking values (`SECRET_VALUES`, and a URL's credentials) blanked:
-    for logs and span attributes."""
-    if "://" in text:
-        text = _URL_CREDENTIALS.sub(REDACTED, text)
+    """`text` with secret-looking values (`SECRET_VALUES`) blanked: for logs and span
+    attributes."""
     return _SECRET_VALUES.sub(REDACTED, text)
 
 

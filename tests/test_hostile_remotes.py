@@ -37,7 +37,7 @@ from copilot_runtime import (
 )
 from copilot_runtime._limits import MAX_JSON_DEPTH
 from copilot_runtime.agents._http_client import Timeouts
-from copilot_runtime.agents._wire import SSEDecoder
+from copilot_runtime.agents._wire import RemoteEventChecker, SSEDecoder
 from copilot_runtime.agents.http import HttpAgent
 from copilot_runtime.agents.remote_endpoint import (
     CopilotKitRemoteEndpoint,
@@ -258,6 +258,25 @@ def in_reads(data: bytes, size: int = 65536) -> list[bytes]:
 
 
 @pytest.mark.timeout(TIMEOUT_S)
+def test_a_remotes_unknown_events_are_logged_a_few_times_a_run() -> None:
+    """A remote agent sending thousands of events of types no protocol knows wrote a log
+    line for each: now each type once, at most five types a run, then one line saying the
+    rest go unlogged; the events are still dropped and the run goes on."""
+    checker = RemoteEventChecker("remote agent 'r'")
+    unknown = [{"type": f"X_{i % 12}", "n": i} for i in range(3000)]
+    with capture_logs() as logs:
+        kept = checker.check([STARTED, *unknown, START, CONTENT])
+    assert [e["type"] for e in kept] == ["RUN_STARTED", "TEXT_MESSAGE_START",
+                                         "TEXT_MESSAGE_CONTENT"]
+    assert [(e["event"], e.get("type")) for e in logs] == [
+        *(("dropping events of an unknown type", f"X_{i}") for i in range(5)),
+        ("dropping events of more unknown types; not logging them in this run", None)]
+    # The next run logs again.
+    with capture_logs() as logs:
+        RemoteEventChecker("remote agent 'r'").check([STARTED, {"type": "X_0"}])
+    assert len(logs) == 1
+
+
 def test_sse_decoder_gives_the_same_payloads_however_the_reads_split() -> None:
     """(A guard for the rewritten decoder: the old one, which re-joined its buffer at each
     read, split correctly too.) Every split into two and three reads, and byte by byte,

@@ -319,6 +319,20 @@ async def test_action_failure_loses_credentials_given_by_name(
             assert secret not in where
 
 
+@pytest.mark.parametrize(("text", "scrubbed"), [
+    ("cannot reach redis://:p@ss@cache:6379/0", "cannot reach redis://[REDACTED]@cache:6379/0"),
+    ("postgresql://app:w@rd@db.internal:5432/prod failed",
+     "postgresql://[REDACTED]@db.internal:5432/prod failed"),
+    ("see https://docs.example/a@b and https://u:pw@h/x",
+     "see https://docs.example/a@b and https://[REDACTED]@h/x"),
+])
+def test_a_urls_password_with_an_at_sign_is_blanked_whole(text: str, scrubbed: str) -> None:
+    """URL parsers split a URL's credentials at the last `@` before the host: the password
+    of `redis://:p@ss@cache` is `p@ss`, whose `ss` a client was told (the blanking stopped
+    at the first `@`)."""
+    assert scrub_secrets(text) == scrubbed
+
+
 @pytest.mark.parametrize("text", [
     "the token expired", "Invalid password for user bob", "password: must be 8 characters",
     "max_tokens=100 is too large", "max_tokens: 5000000", "max_token=100000",

@@ -115,6 +115,10 @@ def _needs_strip(event: dict[str, Any]) -> bool:
     return False
 
 
+#: Unknown event types logged in one run before the rest are dropped unlogged.
+_UNKNOWN_LOGGED = 5
+
+
 class RemoteEventChecker:
     """Normalises and checks one run's events from a remote producer named `source`.
 
@@ -124,12 +128,27 @@ class RemoteEventChecker:
 
     def __init__(self, source: str) -> None:
         self.source = source
+        #: The unknown event types logged in this run (each once, a few at most: a remote
+        #: agent sending thousands of them wrote a log line for each).
+        self._unknown: set[str] = set()
         self._chunks = ChunkState()
         self._order = OrderChecker(run_started_first=False)
 
     @property
     def finished(self) -> bool:
         return self._order.finished
+
+    def _drop_unknown(self, kind: str) -> None:
+        """Log the first events of a type no protocol knows, once a type and a few a run."""
+        unknown = self._unknown
+        if kind in unknown or len(unknown) > _UNKNOWN_LOGGED:
+            return
+        unknown.add(kind)
+        if len(unknown) > _UNKNOWN_LOGGED:
+            _log.warning("dropping events of more unknown types; not logging them in this run",
+                         source=self.source)
+        else:
+            _log.warning("dropping events of an unknown type", source=self.source, type=kind)
 
     def payloads(self, payloads: Iterable[bytes]) -> list[Event]:
         """Decode SSE `data:` payloads (JSON objects) and check them."""
@@ -153,8 +172,7 @@ class RemoteEventChecker:
             if _needs_strip(event):
                 event = strip_nulls(event)
             if event["type"] not in _KNOWN_TYPES:
-                _log.warning("dropping an event of unknown type", source=self.source,
-                             type=event["type"])
+                self._drop_unknown(event["type"])
                 continue
             problem = _shape_problem(event)
             if problem is not None:
