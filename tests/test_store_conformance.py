@@ -463,10 +463,12 @@ async def test_a_store_migrated_by_a_newer_release_is_refused(kind: str, tmp_pat
         await current.aclose()
     if kind == "sqlite":
         with sqlite3.connect(tmp_path / "new.sqlite3") as db:
-            db.execute("UPDATE schema_version SET version = ?", (known + 1,))
+            db.execute("UPDATE schema_version SET version = ?, oldest_reader = ?",
+                       (known + 1, known + 1))
     else:
         with psycopg.connect(SERVER, autocommit=True) as conn:
-            conn.execute(f'UPDATE "{schema}".schema_version SET version = %s', (known + 1,))
+            conn.execute(f'UPDATE "{schema}".schema_version SET version = %s, '
+                         "oldest_reader = %s", (known + 1, known + 1))
 
     async def start_on_it() -> None:
         later: Any = thread_store(url)  # (SQLite reads its schema here)
@@ -479,6 +481,58 @@ async def test_a_store_migrated_by_a_newer_release_is_refused(kind: str, tmp_pat
         with pytest.raises(ConfigurationError, match="newer than this release knows"):
             await start_on_it()
     finally:
+        if kind == "postgresql":
+            with psycopg.connect(SERVER, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_a_newer_release_that_only_added_to_the_store_can_be_rolled_back(
+        kind: str, tmp_path: Path) -> None:
+    """A release whose migrations only add what older code never names (a column with its
+    default, an index) says so in the store (`oldest_reader`): rolling back to the release
+    before it, or an old worker starting during a rolling upgrade, uses the store as it is,
+    keeping its version. Before, any newer version was refused, so every release, however
+    small its migration, could not be rolled back."""
+    schema = f"store_{uuid.uuid4().hex[:10]}"
+    url = f"sqlite:///{tmp_path}/new.sqlite3" if kind == "sqlite" else \
+        f"{SERVER}?schema={schema}"
+
+    async def version_and_readers(store: Any) -> tuple[int, int]:
+        if kind == "sqlite":
+            with sqlite3.connect(tmp_path / "new.sqlite3") as db:
+                row = db.execute("SELECT version, oldest_reader FROM schema_version").fetchone()
+        else:
+            with psycopg.connect(SERVER, autocommit=True) as conn:
+                row = conn.execute(f'SELECT version, oldest_reader FROM "{schema}".'
+                                   "schema_version").fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    current: Any = thread_store(url)
+    try:
+        await _finish(current, "t", "r1", _run("t", "r1", "a b"), 0)
+        known, readers = await version_and_readers(current)
+        # This release's last migration (the deleted threads' times) is additive.
+        assert readers == known - 1
+    finally:
+        await current.aclose()
+    # A newer release migrated it once more, additively.
+    if kind == "sqlite":
+        with sqlite3.connect(tmp_path / "new.sqlite3") as db:
+            db.execute("UPDATE schema_version SET version = ?", (known + 1,))
+    else:
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'UPDATE "{schema}".schema_version SET version = %s', (known + 1,))
+    older: Any = thread_store(url)
+    try:
+        await _finish(older, "t", "r2", _run("t", "r2", "c"), 6)
+        record = await older.get("t")
+        assert record is not None
+        assert [r.run_id for r in record.runs] == ["r1", "r2"]
+        assert await version_and_readers(older) == (known + 1, readers)
+    finally:
+        await older.aclose()
         if kind == "postgresql":
             with psycopg.connect(SERVER, autocommit=True) as conn:
                 conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

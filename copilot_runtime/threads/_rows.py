@@ -21,17 +21,29 @@ from copilot_runtime.threads.base import (
 )
 
 __all__ = ["Chunk", "FirstPositions", "RunRow", "check_schema_version", "closed_run",
-           "events_after", "message_ids_of"]
+           "events_after", "message_ids_of", "oldest_reader"]
 
 
-def check_schema_version(store: str, version: int, known: int) -> None:
-    """Refuse a store a newer release migrated (a roll-back, or an old worker left behind):
-    a newer schema may mean something older code would get wrong (migration 3 of the
-    PostgreSQL store dropped the foreign keys older releases deleted threads through)."""
-    if version > known:
+def check_schema_version(store: str, version: int, known: int,
+                         oldest_reader: int | None = None) -> None:
+    """Refuse a store a newer release migrated (a roll-back, or an old worker left behind)
+    unless that release said code of this one's schema may still use it (`oldest_reader`,
+    see `oldest_reader`): a newer schema may mean something older code would get wrong
+    (migration 3 of the PostgreSQL store dropped the foreign keys older releases deleted
+    threads through)."""
+    if version > known and (oldest_reader is None or oldest_reader > known):
         raise ConfigurationError(
             f"the thread store {store} is at schema version {version}, newer than this "
             f"release knows ({known}): run the release that migrated it, or a newer one")
+
+
+def oldest_reader(migrations: int, additive: Iterable[int]) -> int:
+    """The oldest schema version whose code may still use a store migrated through
+    `migrations`: the last of them that is not `additive` (a migration older code cannot
+    tell from its absence: a column or an index it never names, with its default), so a
+    release can be rolled back across additive migrations."""
+    kept = set(additive)
+    return max((n for n in range(1, migrations + 1) if n not in kept), default=0)
 
 
 class FirstPositions:

@@ -37,6 +37,7 @@ from copilot_runtime.threads._rows import (
     closed_run,
     events_after,
     message_ids_of,
+    oldest_reader,
 )
 from copilot_runtime.threads.base import (
     DELETED_RETENTION,
@@ -172,6 +173,9 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX deleted_threads_by_time ON deleted_threads (deleted_at);
     """,
 )
+
+#: The migrations older releases cannot tell from their absence (see `oldest_reader`).
+_ADDITIVE = frozenset({7})
 
 #: Seconds between deletions of the raw events whose retention ended.
 _PRUNE_EVERY = 30.0
@@ -398,19 +402,25 @@ class PostgresThreadStore:
                     sql.Identifier(self.schema)))
                 await conn.execute(
                     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-                row = await (await conn.execute("SELECT version FROM schema_version")
-                             ).fetchone()
+                # The oldest version whose code may use the store (NULL: the version itself).
+                await conn.execute("ALTER TABLE schema_version ADD COLUMN IF NOT EXISTS "
+                                   "oldest_reader INTEGER")
+                row = await (await conn.execute(
+                    "SELECT version, oldest_reader FROM schema_version")).fetchone()
                 version = row[0] if row else 0
-                check_schema_version(f"schema {self.schema!r}", version, len(_MIGRATIONS))
+                known = len(_MIGRATIONS)
+                check_schema_version(f"schema {self.schema!r}", version, known,
+                                     row[1] if row else None)
                 for number, migration in enumerate(_MIGRATIONS, start=1):
                     if number > version:
                         await conn.execute(migration.encode())
+                readers = oldest_reader(known, _ADDITIVE)
                 if row is None:
-                    await conn.execute("INSERT INTO schema_version VALUES (%s)",
-                                       (len(_MIGRATIONS),))
-                elif version < len(_MIGRATIONS):
-                    await conn.execute("UPDATE schema_version SET version = %s",
-                                       (len(_MIGRATIONS),))
+                    await conn.execute("INSERT INTO schema_version VALUES (%s, %s)",
+                                       (known, readers))
+                elif version < known:
+                    await conn.execute("UPDATE schema_version SET version = %s, "
+                                       "oldest_reader = %s", (known, readers))
                 vacuumed = await (await conn.execute("SHOW autovacuum")).fetchone()
         if vacuumed is not None and vacuumed[0] != "on":
             # Every run leaves dead rows (a thread's row updated, an open run closed, raw

@@ -30,6 +30,7 @@ from copilot_runtime.threads._rows import (
     closed_run,
     events_after,
     message_ids_of,
+    oldest_reader,
 )
 from copilot_runtime.threads._store_thread import Call, StoreThread
 from copilot_runtime.threads.base import (
@@ -136,6 +137,8 @@ def _v4(db: sqlite3.Connection) -> None:
 _PRUNE_EVERY = 30.0
 
 _MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2, _v3, _v4)
+#: The migrations older releases cannot tell from their absence (see `oldest_reader`).
+_ADDITIVE = frozenset({4})
 
 
 class SQLiteThreadStore:
@@ -175,16 +178,24 @@ class SQLiteThreadStore:
         db.execute("BEGIN IMMEDIATE")
         try:
             db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-            row = db.execute("SELECT version FROM schema_version").fetchone()
+            # The oldest version whose code may use the store (NULL: the version itself).
+            if "oldest_reader" not in {c[1] for c in db.execute(
+                    "PRAGMA table_info(schema_version)")}:
+                db.execute("ALTER TABLE schema_version ADD COLUMN oldest_reader INTEGER")
+            row = db.execute("SELECT version, oldest_reader FROM schema_version").fetchone()
             version = row[0] if row else 0
-            check_schema_version(repr(self.path), version, len(_MIGRATIONS))
+            known = len(_MIGRATIONS)
+            check_schema_version(repr(self.path), version, known, row[1] if row else None)
             for number, migration in enumerate(_MIGRATIONS, start=1):
                 if number > version:
                     migration(db)
+            readers = oldest_reader(known, _ADDITIVE)
             if row is None:
-                db.execute("INSERT INTO schema_version VALUES (?)", (len(_MIGRATIONS),))
-            else:
-                db.execute("UPDATE schema_version SET version = ?", (len(_MIGRATIONS),))
+                db.execute("INSERT INTO schema_version VALUES (?, ?)", (known, readers))
+            elif version < known:
+                # (a newer release's store, open to this one, keeps its version)
+                db.execute("UPDATE schema_version SET version = ?, oldest_reader = ?",
+                           (known, readers))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
