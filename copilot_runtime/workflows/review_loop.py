@@ -9,9 +9,9 @@
   (`router`, by default `keyword_router`) and starts its execution history.
 * A specialist's result always goes to review when review is on, so nothing completes
   without a clarification request (property 1; the numbers are the loop's six correctness
-  properties, each tested); `state["review"] = False`, set
-  by the client for a task, completes right after the specialist (property 5), unless the
-  loop is built with `client_may_skip_review=False`.
+  properties, each tested); `state["review"] = False`, set by the client for a task,
+  completes right after the specialist (property 5) when the loop is built with
+  `client_may_skip_review=True` (by default the client cannot switch off the review).
 * Review is a LangGraph `interrupt` carrying a clarification request; it is
   checkpointed, so a pending review survives a restart. An approval completes the task
   without another specialist run (3); a revision goes straight back to the same specialist
@@ -141,7 +141,7 @@ class ReviewLoop:
                  question: str = "Please approve or provide revision",
                  timeout_seconds: float | None = None,
                  max_feedback_chars: int = MAX_FEEDBACK_CHARS,
-                 client_may_skip_review: bool = True,
+                 client_may_skip_review: bool = False,
                  history_entries: int = HISTORY_ENTRIES,
                  history_entry_chars: int = HISTORY_ENTRY_CHARS) -> None:
         if not specialists:
@@ -166,8 +166,9 @@ class ReviewLoop:
         self.question = question
         self.timeout_seconds = checked_timeout(timeout_seconds, "timeout_seconds")
         self.max_feedback_chars = max_feedback_chars
-        # Whether the client's `state["review"]` counts: whoever starts a task may otherwise
-        # switch its review off, whatever the approver roles say.
+        # Whether the client's `state["review"]` counts. Off by default: whoever starts a
+        # task would otherwise switch off the review the loop's author set up, whatever
+        # the approver roles say.
         self.client_may_skip_review = client_may_skip_review
         self.history_entries = history_entries
         self.history_entry_chars = history_entry_chars
