@@ -12,16 +12,20 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.types import Command
 
+from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime._input import parse_run_input
 from copilot_runtime.adapters.base import ChatDelta, ChatRequest, StreamEnd, TextDelta
 from copilot_runtime.agents.base import RunContext
 from copilot_runtime.testing import verify_events
+from copilot_runtime.workflows.existing import MAX_KEPT_EVENTS, existing_agent, run_existing_agent
 from copilot_runtime.workflows.models import AdapterChatModel
+from copilot_runtime.workflows.orchestrator import Orchestrator, Step
 from copilot_runtime.workflows.review_loop import HISTORY_ENTRIES, ReviewLoop
 from copilot_runtime.workflows.specialists import ModelSpecialist, SpecialistRequest
 
@@ -175,3 +179,162 @@ async def test_a_draft_broken_off_without_review_fails_the_task_and_the_thread_g
         {"id": "u2", "role": "user", "content": "Prepare the invoice again"}])
     assert texts(second)[-2:] == [
         "A whole draft.", "Done: the Invoice specialist's result is final (review was off)."]
+
+
+# -- a router that names specialists that are not there ---------------------------------------
+
+class Drafts:
+    def __init__(self, name: str) -> None:
+        self.name, self.description = name, f"{name} drafts"
+
+    async def run(self, request: SpecialistRequest) -> str:
+        return f"{self.name} draft {request.iteration}"
+
+
+async def test_a_router_naming_unknown_specialists_fails_each_task_precisely() -> None:
+    answers: list[Any] = ["Tax", "Payroll" * 1000, ("Invoice",), RuntimeError("model down"),
+                          "Invoice"]
+
+    def model_router(task: str, _: Sequence[Any]) -> tuple[str, str]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer if isinstance(answer, tuple) else (answer, "the model said so")
+
+    loop = ReviewLoop([Drafts("Invoice"), Drafts("Audit")], router=model_router)
+    agent = loop.agent(name="review", checkpointer=InMemorySaver())
+    said: list[str] = []
+    history: list[dict[str, Any]] = []
+    for run in range(5):
+        history.append({"id": f"u{run}", "role": "user", "content": f"task {run}"})
+        events = await run_agent(agent, f"r{run}", messages=list(history))
+        said.append(texts(events)[-1])
+        assert events[-1]["type"] == "RUN_FINISHED"
+    assert said[0] == ("The task failed: the planner's router named 'Tax', which is not "
+                       "one of this loop's specialists (Invoice, Audit).")
+    assert said[1].startswith("The task failed: the planner's router named 'PayrollPayroll")
+    assert len(said[1]) < 300  # a name a model made up is echoed short
+    assert said[2] == "The task failed: the planner's router did not name a specialist."
+    assert said[3] == "The task failed: the planner's router failed (RuntimeError)."
+    assert "model down" not in said[3]
+    assert said[4] == "Invoice draft 1"  # the thread took the next task as usual
+
+
+# -- orchestrator steps that fail, never finish, or answer megabytes --------------------------
+
+class Misbehaving:
+    """An existing agent: answers megabytes, never finishes, or fails, as told; else a
+    small summary."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    async def execute_with_events(self, context: dict[str, Any]
+                                  ) -> AsyncIterator[dict[str, Any]]:
+        yield {"event": "agent_started", "data": {}}
+        if self.how == "huge":
+            yield {"event": "tool_result", "data": {"result": "r" * 2_000_000}}
+            yield {"event": "agent_completed", "data": {"output": {"blob": "x" * 5_000_000}}}
+        elif self.how == "loops":
+            while True:
+                yield {"event": "agent_stream", "data": {"chunk": "tick"}}
+                await asyncio.sleep(0.001)
+        elif self.how == "raises":
+            raise ConnectionError("upstream at 10.0.0.7 refused")
+        else:
+            yield {"event": "agent_completed", "data": {"output": {"summary": self.how}}}
+
+
+async def run_steps(*steps: Step, thread: str = "t", run: str = "r1"
+                    ) -> tuple[list[dict[str, Any]], Any]:
+    agent = Orchestrator(list(steps)).agent(name="o", checkpointer=InMemorySaver())
+    events = await run_agent(agent, run, threadId=thread, messages=[
+        {"id": "u1", "role": "user", "content": "Review ACME-001"}])
+    return events, agent
+
+
+async def test_a_step_answering_megabytes_fails_precisely_and_sends_little() -> None:
+    events, _ = await run_steps(
+        Step("scout", Misbehaving("small"), ("account_id",), "snapshot"),
+        Step("hoarder", Misbehaving("huge"), ("snapshot",), "blob"))
+    assert texts(events)[-1] == ("Stopped: Critical agent hoarder failed (hoarder returned "
+                                 "an output of 5000011 bytes; at most 1000000 can be kept).")
+    # It was 21 MB: the 2 MB event, then the output in the CUSTOM event, the state's
+    # `shared` and its `result`.
+    assert sum(len(str(e)) for e in events) < 20_000
+    omitted = [e["value"] for e in events if e["type"] == "CUSTOM"
+               and e["name"] == "tool_result"]
+    assert omitted == [{"agent": "hoarder", "omitted": "a tool_result event of 2000031 "
+                        "bytes (events of more than 64000 are not forwarded)"}]
+    # Optional, it is logged and the run goes on with what the others found.
+    events, _ = await run_steps(
+        Step("hoarder", Misbehaving("huge"), ("account_id",), "blob", required=False),
+        Step("scout", Misbehaving("small"), ("account_id",), "snapshot"))
+    assert texts(events)[-1] == "Completed 1 of 2 steps; no approval needed."
+
+
+async def test_a_step_that_never_finishes_fails_at_its_timeout() -> None:
+    loops = Step("looper", Misbehaving("loops"), ("account_id",), "out", timeout_seconds=0.3)
+    events, agent = await run_steps(loops)
+    assert texts(events)[-1] == ("Stopped: Critical agent looper failed (looper did not "
+                                 "finish within 0.3 seconds).")
+    # The thread takes the next run.
+    again = await run_agent(agent, "r2", messages=[
+        {"id": "u1", "role": "user", "content": "Review ACME-001"},
+        {"id": "u2", "role": "user", "content": "Review ACME-001 again"}])
+    assert texts(again)[-1].startswith("Stopped: Critical agent looper failed")
+
+
+def test_step_bounds_are_checked_when_built() -> None:
+    for seconds in (0, -1, float("nan"), float("inf"), "5", True):
+        with pytest.raises(ConfigurationError, match="timeout_seconds"):
+            Step("a", Misbehaving("small"), (), "out", timeout_seconds=seconds)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="max_output_bytes"):
+        Step("a", Misbehaving("small"), (), "out", max_output_bytes=0)
+
+
+async def test_a_wrapped_agent_answering_megabytes_ends_with_its_error() -> None:
+    agent = existing_agent(Misbehaving("huge"), name="hoarder", checkpointer=InMemorySaver(),
+                           max_output_bytes=100_000)
+    events = await run_agent(agent, "r1", messages=[
+        {"id": "u1", "role": "user", "content": "go"}])
+    assert texts(events)[-1] == ("hoarder: hoarder returned an output of 5000011 bytes; at "
+                                 "most 100000 can be kept")
+    assert sum(len(str(e)) for e in events) < 20_000
+
+
+async def test_run_existing_agent_keeps_the_first_events_and_counts_the_rest() -> None:
+    class Chatty:
+        async def execute_with_events(self, context: dict[str, Any]
+                                      ) -> AsyncIterator[dict[str, Any]]:
+            for index in range(MAX_KEPT_EVENTS * 3):
+                yield {"event": "agent_stream", "data": {"index": index}}
+            yield {"event": "agent_completed", "data": {"output": "done"}}
+
+    run = await run_existing_agent(Chatty(), "chatty", {})
+    assert run.output == "done"
+    assert run.events_seen == MAX_KEPT_EVENTS * 3 + 1
+    assert len(run.events) == MAX_KEPT_EVENTS
+
+
+def test_a_draft_of_megabytes_is_a_specialist_failure() -> None:
+    class Hoards:
+        name, description = "Invoice", "hoards"
+
+        async def run(self, request: SpecialistRequest) -> str:
+            return "y" * (2_000_000 if request.iteration == 1 else 10)
+
+    graph = ReviewLoop([Hoards()]).compile(InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "big"}}
+
+    async def go() -> tuple[Any, Any]:
+        first = await graph.ainvoke({"messages": [HumanMessage(content="invoice")]}, config)
+        second = await graph.ainvoke(Command(resume="shorter"), config)
+        return first, second
+
+    first, second = asyncio.run(go())
+    request = first["__interrupt__"][0].value
+    assert request["message"].startswith("The Invoice specialist answered 2000000 "
+                                         "characters; a draft may have at most 1000000.")
+    assert stored_size(first) < 10_000
+    assert second["__interrupt__"][0].value["data"]["agent_result"] == "y" * 10

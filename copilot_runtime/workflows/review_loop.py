@@ -6,7 +6,9 @@
                                 (directly, with the original task, the draft and the history)
 
 * The planner routes each new task (the latest user message) to one specialist
-  (`router`, by default `keyword_router`) and starts its execution history.
+  (`router`, by default `keyword_router`) and starts its execution history. A router that
+  fails, or names no specialist of the loop (a model's router naming one that is not
+  here), fails the task with a message saying so; the next task is routed afresh.
 * A specialist's result always goes to review when review is on, so nothing completes
   without a clarification request (property 1; the numbers are the loop's six correctness
   properties, each tested); `state["review"] = False`, set by the client for a task,
@@ -31,7 +33,8 @@
   string) is still asked again, and the final message says the approval was taken from an
   answer not understood.
 * Bounds: an answer longer than `max_feedback_chars` (default 32 000 characters) is asked
-  again with a notice, and not stored; a model specialist's prompt carries the task, the
+  again with a notice, and not stored; a draft longer than `max_draft_chars` (a million
+  characters) is a specialist failure; a model specialist's prompt carries the task, the
   latest history entries, the draft and the revision, each cut to a bounded length
   (`specialist_prompt`). The state keeps the current draft whole and the latest
   `history_entries` steps of the history (earlier drafts cut to `HISTORY_DRAFT_CHARS`,
@@ -70,7 +73,7 @@ from copilot_runtime.workflows.specialists import (
 )
 
 __all__ = ["ANSWER_SCHEMA", "HISTORY_DRAFT_CHARS", "HISTORY_ENTRIES", "HISTORY_ENTRY_CHARS",
-           "MAX_FEEDBACK_CHARS", "ReviewLoop", "ReviewState"]
+           "MAX_DRAFT_CHARS", "MAX_FEEDBACK_CHARS", "ReviewLoop", "ReviewState"]
 
 _log = structlog.get_logger("copilot_runtime.workflows")
 
@@ -81,6 +84,9 @@ Status = Literal["working", "awaiting_review", "completed", "rejected", "timed_o
 #: payload): it is stored in the history and carried into the next prompt. Far more than
 #: anyone types, far less than a model's context.
 MAX_FEEDBACK_CHARS = 32_000
+#: The longest draft a specialist may answer (characters): it is kept whole in the state
+#: and sent in the review request.
+MAX_DRAFT_CHARS = 1_000_000
 # How much of an answer that could not be read is kept in the history.
 _ECHO_CHARS = 200
 #: How many of the latest history entries the state keeps (a revision adds two: the draft
@@ -103,6 +109,15 @@ ANSWER_SCHEMA: dict[str, Any] = {
     },
     "required": ["action"],
 }
+
+
+# How much of a router's reason the plan keeps, and of a name it gave that is no specialist.
+_REASON_CHARS = 300
+_ECHO_NAME_CHARS = 80
+
+
+class _NotRouted(Exception):
+    """The router gave no specialist of this loop; its text says what it gave."""
 
 
 class ReviewState(TypedDict, total=False):
@@ -143,7 +158,8 @@ class ReviewLoop:
                  max_feedback_chars: int = MAX_FEEDBACK_CHARS,
                  client_may_skip_review: bool = False,
                  history_entries: int = HISTORY_ENTRIES,
-                 history_entry_chars: int = HISTORY_ENTRY_CHARS) -> None:
+                 history_entry_chars: int = HISTORY_ENTRY_CHARS,
+                 max_draft_chars: int = MAX_DRAFT_CHARS) -> None:
         if not specialists:
             raise ConfigurationError("the review loop needs at least one specialist")
         names = [s.name for s in specialists]
@@ -156,7 +172,8 @@ class ReviewLoop:
                 f"on_malformed must be 'ask_again' or 'approve', not {on_malformed!r}")
         for option, value in (("max_feedback_chars", max_feedback_chars),
                               ("history_entries", history_entries),
-                              ("history_entry_chars", history_entry_chars)):
+                              ("history_entry_chars", history_entry_chars),
+                              ("max_draft_chars", max_draft_chars)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{option} must be a positive int, not {value!r}")
         self.specialists = {s.name: s for s in specialists}
@@ -172,6 +189,7 @@ class ReviewLoop:
         self.client_may_skip_review = client_may_skip_review
         self.history_entries = history_entries
         self.history_entry_chars = history_entry_chars
+        self.max_draft_chars = max_draft_chars
 
     # -- the graph ---------------------------------------------------------------------
 
@@ -214,19 +232,44 @@ class ReviewLoop:
             # The same task, cut off while its specialist ran (a stop, a disconnect) and run
             # again: carry on with the same plan rather than plan it a second time.
             return Command(goto=specialist)
-        name, reason = self.router(task, list(self.specialists.values()))
-        if name not in self.specialists:
-            name = next(iter(self.specialists))
+        new_task = {
+            "task": task, "task_message_id": latest.id if latest is not None else None,
+            "plan_id": uuid.uuid4().hex, "iteration": 1, "feedback": None, "draft": "",
+            "draft_message_id": None, "approved_as_malformed": False}
+        try:
+            name, reason = self._routed(task)
+        except _NotRouted as failure:
+            # The task fails, said precisely; the thread takes the next one as usual.
+            return Command(goto="complete", update={
+                **new_task, **self._recorded({}, {"iteration": 1, "agent": "Planner",
+                                                  "error": str(failure)}),
+                "status": "failed", "notice": str(failure)})
         routed = f"Routed to {name}: {reason}"
         return Command(goto=name, update={
-            "task": task, "task_message_id": latest.id if latest is not None else None,
-            "plan_id": uuid.uuid4().hex, "specialist": name, "iteration": 1,
+            **new_task, "specialist": name,
             **self._recorded({}, {"iteration": 1, "agent": "Planner", "result": routed}),
-            "status": "working", "feedback": None, "notice": None, "draft": "",
-            "draft_message_id": None, "approved_as_malformed": False,
+            "status": "working", "notice": None,
             "messages": [await say(f"Planner: the {name} specialist takes this task "
                                    f"({reason}).", config)],
         })
+
+    def _routed(self, task: str) -> tuple[str, str]:
+        """The router's choice, checked: `_NotRouted` names what was wrong with it."""
+        try:
+            chosen = self.router(task, list(self.specialists.values()))
+        except Exception as exc:
+            _log.exception("the review loop's router failed")
+            raise _NotRouted(f"the planner's router failed ({type(exc).__name__})") from None
+        if not (isinstance(chosen, tuple) and len(chosen) == 2
+                and isinstance(chosen[0], str) and isinstance(chosen[1], str)):
+            raise _NotRouted("the planner's router did not name a specialist")
+        name, reason = chosen
+        if name not in self.specialists:
+            # A model's router may name one that is not here: no guess at which it meant.
+            raise _NotRouted(
+                f"the planner's router named {name[:_ECHO_NAME_CHARS]!r}, which is not one "
+                f"of this loop's specialists ({', '.join(self.specialists)})")
+        return name, reason[:_REASON_CHARS]
 
     async def _specialist(self, state: ReviewState, config: RunnableConfig) -> Command[str]:
         name = state.get("specialist") or next(iter(self.specialists))
@@ -247,6 +290,11 @@ class ReviewLoop:
         if not _result_text(result):
             return self._failed(state, name, f"The {name} specialist answered nothing",
                                 reviewing)
+        if len(_result_text(result)) > self.max_draft_chars:
+            # Kept, it would be in every checkpoint, the review request and the chat.
+            return self._failed(state, name, (
+                f"The {name} specialist answered {len(_result_text(result))} characters; "
+                f"a draft may have at most {self.max_draft_chars}"), reviewing)
         # A model's message streamed as it was written; text is streamed now.
         message = result if isinstance(result, BaseMessage) else await say(result, config)
         draft = _result_text(message)
