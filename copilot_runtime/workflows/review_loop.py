@@ -39,7 +39,8 @@
   (`specialist_prompt`). The state keeps the current draft whole and the latest
   `history_entries` steps of the history (earlier drafts cut to `HISTORY_DRAFT_CHARS`,
   answers to `history_entry_chars`), counting the rest in `history_left_out`; in the chat,
-  each earlier draft is replaced by a line saying it was superseded. So a revision grows
+  a draft older than the latest `chat_drafts` (3) is replaced by a line saying it was
+  superseded. So a revision grows
   the checkpoint by that line, not by a draft and the whole history again.
 """
 
@@ -72,8 +73,9 @@ from copilot_runtime.workflows.specialists import (
     keyword_router,
 )
 
-__all__ = ["ANSWER_SCHEMA", "HISTORY_DRAFT_CHARS", "HISTORY_ENTRIES", "HISTORY_ENTRY_CHARS",
-           "MAX_DRAFT_CHARS", "MAX_FEEDBACK_CHARS", "ReviewLoop", "ReviewState"]
+__all__ = ["ANSWER_SCHEMA", "CHAT_DRAFTS", "HISTORY_DRAFT_CHARS", "HISTORY_ENTRIES",
+           "HISTORY_ENTRY_CHARS", "MAX_DRAFT_CHARS", "MAX_FEEDBACK_CHARS", "ReviewLoop",
+           "ReviewState"]
 
 _log = structlog.get_logger("copilot_runtime.workflows")
 
@@ -84,6 +86,9 @@ Status = Literal["working", "awaiting_review", "completed", "rejected", "timed_o
 #: payload): it is stored in the history and carried into the next prompt. Far more than
 #: anyone types, far less than a model's context.
 MAX_FEEDBACK_CHARS = 32_000
+#: How many of the latest drafts the chat keeps whole (the state keeps the chat): earlier
+#: ones become one line each.
+CHAT_DRAFTS = 3
 #: The longest draft a specialist may answer (characters): it is kept whole in the state
 #: and sent in the review request.
 MAX_DRAFT_CHARS = 1_000_000
@@ -131,9 +136,10 @@ class ReviewState(TypedDict, total=False):
     #: Review switch for the task (the client may set it); the loop's default otherwise.
     review: bool
     iteration: int
-    #: The latest draft, in full; its message in the chat is `draft_message_id`.
+    #: The latest draft, in full.
     draft: str
-    draft_message_id: str | None
+    #: The drafts the chat shows whole (their messages' ids, oldest first).
+    draft_message_ids: list[str]
     #: The latest `HISTORY_ENTRIES` steps: drafts cut to `HISTORY_DRAFT_CHARS`, answers
     #: and errors to `HISTORY_ENTRY_CHARS`.
     history: list[dict[str, Any]]
@@ -159,7 +165,8 @@ class ReviewLoop:
                  client_may_skip_review: bool = False,
                  history_entries: int = HISTORY_ENTRIES,
                  history_entry_chars: int = HISTORY_ENTRY_CHARS,
-                 max_draft_chars: int = MAX_DRAFT_CHARS) -> None:
+                 max_draft_chars: int = MAX_DRAFT_CHARS,
+                 chat_drafts: int = CHAT_DRAFTS) -> None:
         if not specialists:
             raise ConfigurationError("the review loop needs at least one specialist")
         names = [s.name for s in specialists]
@@ -173,7 +180,8 @@ class ReviewLoop:
         for option, value in (("max_feedback_chars", max_feedback_chars),
                               ("history_entries", history_entries),
                               ("history_entry_chars", history_entry_chars),
-                              ("max_draft_chars", max_draft_chars)):
+                              ("max_draft_chars", max_draft_chars),
+                              ("chat_drafts", chat_drafts)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{option} must be a positive int, not {value!r}")
         self.specialists = {s.name: s for s in specialists}
@@ -190,6 +198,7 @@ class ReviewLoop:
         self.history_entries = history_entries
         self.history_entry_chars = history_entry_chars
         self.max_draft_chars = max_draft_chars
+        self.chat_drafts = chat_drafts
 
     # -- the graph ---------------------------------------------------------------------
 
@@ -232,10 +241,10 @@ class ReviewLoop:
             # The same task, cut off while its specialist ran (a stop, a disconnect) and run
             # again: carry on with the same plan rather than plan it a second time.
             return Command(goto=specialist)
-        new_task = {
+        new_task: dict[str, Any] = {
             "task": task, "task_message_id": latest.id if latest is not None else None,
             "plan_id": uuid.uuid4().hex, "iteration": 1, "feedback": None, "draft": "",
-            "draft_message_id": None, "approved_as_malformed": False}
+            "draft_message_ids": [], "approved_as_malformed": False}
         try:
             name, reason = self._routed(task)
         except _NotRouted as failure:
@@ -298,16 +307,16 @@ class ReviewLoop:
         # A model's message streamed as it was written; text is streamed now.
         message = result if isinstance(result, BaseMessage) else await say(result, config)
         draft = _result_text(message)
-        messages: list[BaseMessage] = [message]
-        previous = state.get("draft_message_id")
-        if previous and previous != message.id:
-            # The chat keeps one draft in full, the latest: the earlier one keeps its place
-            # (and id, so the client's copy of the chat still matches) as one line.
-            messages.insert(0, AIMessage(
-                id=previous, content=f"(An earlier draft by the {name} specialist, "
-                                     f"superseded by draft {iteration}.)"))
+        whole = [i for i in state.get("draft_message_ids") or () if i != message.id]
+        whole.append(str(message.id))
+        # The chat keeps the latest `chat_drafts` drafts whole; an earlier one keeps its
+        # place (and id, so the client's copy of the chat still matches) as one line.
+        superseded = [AIMessage(id=old, content=f"(An earlier draft by the {name} "
+                                                f"specialist, superseded by draft {iteration}.)")
+                      for old in whole[:-self.chat_drafts]]
         return Command(goto="review", update={
-            "draft": draft, "draft_message_id": message.id, "messages": messages,
+            "draft": draft, "draft_message_ids": whole[-self.chat_drafts:],
+            "messages": [*superseded, message],
             **self._recorded(state, {"iteration": iteration, "agent": name, "result": draft}),
             "notice": None, "status": "awaiting_review" if reviewing else "working"})
 
