@@ -39,7 +39,7 @@
   (`specialist_prompt`). The state keeps the current draft whole and the latest
   `history_entries` steps of the history (earlier drafts cut to `HISTORY_DRAFT_CHARS`,
   answers to `history_entry_chars`), counting the rest in `history_left_out`; in the chat,
-  a draft older than the latest `chat_drafts` (3) is replaced by a line saying it was
+  a draft older than the latest `chat_drafts` (5) is replaced by a line saying it was
   superseded. So a revision grows
   the checkpoint by that line, not by a draft and the whole history again.
 """
@@ -86,9 +86,9 @@ Status = Literal["working", "awaiting_review", "completed", "rejected", "timed_o
 #: payload): it is stored in the history and carried into the next prompt. Far more than
 #: anyone types, far less than a model's context.
 MAX_FEEDBACK_CHARS = 32_000
-#: How many of the latest drafts the chat keeps whole (the state keeps the chat): earlier
-#: ones become one line each.
-CHAT_DRAFTS = 3
+#: How many of the latest drafts the chat keeps whole (the state keeps the chat), so a
+#: reviewer can look back over the last rounds: earlier ones become one line each.
+CHAT_DRAFTS = 5
 #: The longest draft a specialist may answer (characters): it is kept whole in the state
 #: and sent in the review request.
 MAX_DRAFT_CHARS = 1_000_000
