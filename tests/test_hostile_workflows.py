@@ -25,7 +25,7 @@ from copilot_runtime.agents.base import RunContext
 from copilot_runtime.testing import verify_events
 from copilot_runtime.workflows.existing import MAX_KEPT_EVENTS, existing_agent, run_existing_agent
 from copilot_runtime.workflows.models import AdapterChatModel
-from copilot_runtime.workflows.orchestrator import Orchestrator, Step
+from copilot_runtime.workflows.orchestrator import ApprovalPolicy, Orchestrator, Step
 from copilot_runtime.workflows.review_loop import HISTORY_ENTRIES, ReviewLoop
 from copilot_runtime.workflows.specialists import ModelSpecialist, SpecialistRequest
 
@@ -339,3 +339,22 @@ def test_a_draft_of_megabytes_is_a_specialist_failure() -> None:
                                          "characters; a draft may have at most 1000000.")
     assert stored_size(first) < 10_000
     assert second["__interrupt__"][0].value["data"]["agent_result"] == "y" * 10
+
+
+def test_an_oversized_approval_answer_is_asked_again_and_not_kept() -> None:
+    author = Misbehaving("small")
+    graph = Orchestrator([Step("author", author, ("account_id",), "recommendations")],
+                         approval=ApprovalPolicy(timeout_seconds=None)).compile(InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "big-answer"}}
+
+    async def go() -> tuple[Any, dict[str, Any]]:
+        await graph.ainvoke({"messages": [HumanMessage(content="Review ACME-001")]}, config)
+        again = await graph.ainvoke(Command(resume={"action": "revise",
+                                                    "payload": "w" * 40_000}), config)
+        return again, dict((await graph.aget_state(config)).values)
+
+    again, state = asyncio.run(go())
+    assert again["__interrupt__"][0].value["message"].startswith(
+        "That answer was 40000 characters long; answers may be at most 32000.")
+    assert "feedback" not in state["shared"]
+    assert stored_size(state) < 10_000

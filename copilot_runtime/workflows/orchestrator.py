@@ -19,7 +19,8 @@ when its agent has not finished within the step's `timeout_seconds` (None by def
 limit), or returns an output larger than its `max_output_bytes` (1 MB by default), which
 would otherwise be kept in every checkpoint after it and sent to the client. When the
 `ApprovalPolicy`'s key has a value, a person is asked to approve it; the request expires
-after `timeout_seconds`, after which the runtime answers it with a timeout. The final output
+after `timeout_seconds`, after which the runtime answers it with a timeout; an answer
+longer than the review loop's `MAX_FEEDBACK_CHARS` is asked again. The final output
 (`status`, `agents_completed`, `results`, `approval`, `errors`), in `state["result"]`.
 """
 
@@ -52,7 +53,7 @@ from copilot_runtime.workflows.existing import (
     failure_text,
     run_existing_agent,
 )
-from copilot_runtime.workflows.review_loop import _shown
+from copilot_runtime.workflows.review_loop import MAX_FEEDBACK_CHARS, _answer_length, _shown
 
 __all__ = ["ACCOUNT_INPUT_KEYS", "ApprovalPolicy", "Orchestrator", "OrchestratorState", "Step",
            "account_inputs"]
@@ -240,6 +241,12 @@ class Orchestrator:
         if decision is None:
             return Command(goto="approval", update={
                 "notice": "That answer was neither an approval nor a rejection."})
+        too_long = _answer_length(decision)
+        if too_long > MAX_FEEDBACK_CHARS:
+            # Kept, it would be in every checkpoint until the end and in the step's context.
+            return Command(goto="approval", update={
+                "notice": f"That answer was {too_long} characters long; answers may be at "
+                          f"most {MAX_FEEDBACK_CHARS}."})
         if decision.action == "revise":
             # The step that produced what is being approved runs again with the feedback.
             producer = next(i for i, s in enumerate(self.steps)
