@@ -358,3 +358,24 @@ def test_an_oversized_approval_answer_is_asked_again_and_not_kept() -> None:
         "That answer was 40000 characters long; answers may be at most 32000.")
     assert "feedback" not in state["shared"]
     assert stored_size(state) < 10_000
+
+
+@pytest.mark.parametrize("answer", [None, {"total": 5}, 42, ["a draft"]], ids=repr)
+def test_a_specialist_answering_no_text_is_a_specialist_failure(answer: Any) -> None:
+    class Answers:
+        name, description = "Invoice", "answers anything"
+
+        async def run(self, request: SpecialistRequest) -> Any:
+            return answer if request.iteration == 1 else "a draft"
+
+    graph = ReviewLoop([Answers()]).compile(InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "odd"}}
+
+    async def go() -> tuple[Any, Any]:
+        first = await graph.ainvoke({"messages": [HumanMessage(content="invoice")]}, config)
+        return first, await graph.ainvoke(Command(resume="try again"), config)
+
+    first, second = asyncio.run(go())
+    assert first["__interrupt__"][0].value["message"].startswith(
+        f"The Invoice specialist answered {type(answer).__name__}, not text. Revise")
+    assert second["__interrupt__"][0].value["data"]["agent_result"] == "a draft"

@@ -20,7 +20,8 @@
   with the original task, the draft, the history and the revision (2, 4), as often as the person
   asks (6: no limit; each answer is a new graph invocation, so LangGraph's recursion limit
   does not cap the loop).
-* Error rules: a specialist that fails, or answers nothing, sends the error to review so
+* Error rules: a specialist that fails, answers nothing or answers something that is not
+  text (None, a dict), sends the error to review so
   the person can revise again (without review the task fails); a task cut off while its
   specialist ran (a stop, a disconnect) and run again without a new message carries on
   with the same plan instead of planning again; if the clarification request
@@ -296,6 +297,11 @@ class ReviewLoop:
             _log.exception("specialist failed", specialist=name)
             failure = f"The {name} specialist failed ({type(exc).__name__})"
             return self._failed(state, name, failure, reviewing)
+        if not isinstance(result, str | BaseMessage):
+            # Not the text (or message) a specialist answers: a failure, said precisely,
+            # rather than the chat message it cannot be.
+            return self._failed(state, name, f"The {name} specialist answered "
+                                             f"{type(result).__name__}, not text", reviewing)
         if not _result_text(result):
             return self._failed(state, name, f"The {name} specialist answered nothing",
                                 reviewing)
