@@ -41,8 +41,8 @@
   `history_entries` steps of the history (earlier drafts cut to `HISTORY_DRAFT_CHARS`,
   answers to `history_entry_chars`), counting the rest in `history_left_out`; in the chat,
   a draft older than the latest `chat_drafts` (5) is replaced by a line saying it was
-  superseded. So a revision grows
-  the checkpoint by that line, not by a draft and the whole history again.
+  superseded. So a revision grows the checkpoint by that line, not by a draft and the
+  whole history again.
 """
 
 from __future__ import annotations
@@ -302,17 +302,19 @@ class ReviewLoop:
             # rather than the chat message it cannot be.
             return self._failed(state, name, f"The {name} specialist answered "
                                              f"{type(result).__name__}, not text", reviewing)
-        if not _result_text(result):
+        draft = _result_text(result)
+        if not draft:
             return self._failed(state, name, f"The {name} specialist answered nothing",
                                 reviewing)
-        if len(_result_text(result)) > self.max_draft_chars:
+        if len(draft) > self.max_draft_chars:
             # Kept, it would be in every checkpoint, the review request and the chat.
             return self._failed(state, name, (
-                f"The {name} specialist answered {len(_result_text(result))} characters; "
-                f"a draft may have at most {self.max_draft_chars}"), reviewing)
+                f"The {name} specialist answered {len(draft)} characters; a draft may "
+                f"have at most {self.max_draft_chars}"), reviewing)
         # A model's message streamed as it was written; text is streamed now.
         message = result if isinstance(result, BaseMessage) else await say(result, config)
-        draft = _result_text(message)
+        if message.id is None:  # its id is how the chat's copy of it is found again
+            message = message.model_copy(update={"id": str(uuid.uuid4())})
         whole = [i for i in state.get("draft_message_ids") or () if i != message.id]
         whole.append(str(message.id))
         # The chat keeps the latest `chat_drafts` drafts whole; an earlier one keeps its
@@ -328,7 +330,8 @@ class ReviewLoop:
 
     def _failed(self, state: ReviewState, name: str, failure: str,
                 reviewing: bool) -> Command[str]:
-        """A specialist that failed or said nothing: the person may revise, or it fails."""
+        """A specialist that failed, or answered what cannot be a draft: the person may
+        revise, or without review the task fails."""
         recorded = self._recorded(state, {"iteration": state.get("iteration", 1),
                                           "agent": name, "error": failure})
         if reviewing:  # send the error and let the person revise again
@@ -341,7 +344,7 @@ class ReviewLoop:
     def _recorded(self, state: Mapping[str, Any], *entries: dict[str, Any]
                   ) -> dict[str, Any]:
         """The state update adding `entries` to the history, which keeps its latest
-        `history_entries` entries, each text cut to `history_entry_chars`."""
+        `history_entries` entries, each text cut (`_cut`)."""
         history = [*(state.get("history") or ()), *(self._cut(e) for e in entries)]
         left_out = int(state.get("history_left_out") or 0)
         excess = len(history) - self.history_entries
@@ -350,6 +353,8 @@ class ReviewLoop:
         return {"history": history, "history_left_out": left_out}
 
     def _cut(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """`entry` with its draft cut to `HISTORY_DRAFT_CHARS`, its answer or error to
+        `history_entry_chars`; `cut_from` says how long it was."""
         for key, limit in (("result", HISTORY_DRAFT_CHARS),
                            ("user_feedback", self.history_entry_chars),
                            ("error", self.history_entry_chars)):
