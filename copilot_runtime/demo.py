@@ -119,7 +119,9 @@ def demo_workflows(checkpoints: str = "memory", *, approval_timeout: float | Non
         adapter = configured[0] if configured else OfflineSpecialistAdapter()
     saver = checkpointer(checkpoints)  # one database for both graphs and their approvals
     model = AdapterChatModel(adapter=adapter)
-    review: Agent = ReviewLoop(finance_specialists(model)).agent(
+    # The demo's clients may switch review off for a task (`state.review = false`, as said
+    # above); a deployment decides that itself, the loop refuses it by default.
+    review: Agent = ReviewLoop(finance_specialists(model), client_may_skip_review=True).agent(
         name="review_loop", checkpointer=saver,
         description="Invoice, Closing and Audit specialists; you approve or revise")
     accounts: Agent = account_review(timeout_seconds=approval_timeout).agent(

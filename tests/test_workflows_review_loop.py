@@ -190,8 +190,10 @@ def test_property_4_revision_goes_straight_back(task: str, chosen: str,
 @PROPERTY
 @given(task=tasks, chosen=specialist, result=texts)
 def test_property_5_review_can_be_switched_off(task: str, chosen: str, result: str) -> None:
-    """A task set to skip review completes after the specialist, with no request."""
-    trace = run_loop(task, [], chosen=chosen, results=[result], review=False)
+    """A task set to skip review completes after the specialist, with no request (where
+    the loop lets the client skip it)."""
+    trace = run_loop(task, [], chosen=chosen, results=[result], review=False,
+                     client_may_skip_review=True)
     assert trace.requests == []
     assert trace.state["status"] == "completed"
     assert len(trace.calls) == 1
@@ -255,7 +257,8 @@ def test_a_failing_specialist_lets_the_person_revise_again() -> None:
 
 
 def test_a_failing_specialist_without_review_fails_the_task() -> None:
-    trace = run_loop("Audit the payroll", [], fail_on={1}, review=False)
+    trace = run_loop("Audit the payroll", [], fail_on={1}, review=False,
+                     client_may_skip_review=True)
     assert trace.requests == []
     assert trace.state["status"] == "failed"
     assert "failed" in trace.state["messages"][-1].content

@@ -9,16 +9,25 @@ an AG-UI `CUSTOM` event of the same name while the agent works, and the outcome 
 as an `AgentRun`. `wrap_existing_agent` is the wrapper: a one-agent LangGraph graph
 (and `existing_agent` a `LangGraphAgent`) that runs it and, when the agent asks for it,
 stops for an approval with a timeout.
+
+Bounds, so an agent that misbehaves fails its step instead of filling memory, checkpoints
+or the client: an output (or approval request) larger than `max_output_bytes` (1 MB by
+default, as the checkpoint stores it) fails the step; an event larger than
+`MAX_EVENT_BYTES` reaches the client as a notice of its size instead; the run keeps the
+first `MAX_KEPT_EVENTS` events (`events_seen` counts them all); and with `timeout_seconds`
+an agent that has not finished by then fails its step.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol, runtime_checkable
 
+import orjson
 import structlog
 from langchain_core.callbacks.manager import adispatch_custom_event
 from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
@@ -35,6 +44,9 @@ from copilot_runtime.approvals.decisions import Decision, parse_decision
 from copilot_runtime.workflows._emit import say
 
 __all__ = [
+    "MAX_EVENT_BYTES",
+    "MAX_KEPT_EVENTS",
+    "MAX_OUTPUT_BYTES",
     "AgentExecutionError",
     "AgentRun",
     "ExistingAgent",
@@ -57,6 +69,16 @@ MAX_TIMEOUT_SECONDS: float = 100 * 365.25 * 24 * 3600
 # checkpoint after the step ran, outside the step's own failure rules.
 _SERDE = JsonPlusSerializer()
 
+#: The largest output (or approval request) of an agent, in bytes as a checkpoint stores
+#: it: it is kept in the graph's state, so in every checkpoint after it, and sent to the
+#: client in state snapshots.
+MAX_OUTPUT_BYTES = 1_000_000
+#: The largest event forwarded to the client as it is (bytes of its JSON); a larger one is
+#: forwarded as a notice of its size.
+MAX_EVENT_BYTES = 64_000
+#: How many of an agent run's events `AgentRun.events` keeps (the first ones).
+MAX_KEPT_EVENTS = 200
+
 #: The answer an approval expects (the interrupt's `responseSchema`).
 APPROVAL_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -77,54 +99,103 @@ class AgentRun:
     output: Any = None
     #: What the agent asked to have approved (`approval_required`), if anything.
     approval: dict[str, Any] | None = None
+    #: The first `MAX_KEPT_EVENTS` events.
     events: list[dict[str, Any]] = field(default_factory=list)
+    #: How many events the agent sent in all.
+    events_seen: int = 0
 
 
 async def run_existing_agent(agent: ExistingAgent, name: str, context: dict[str, Any],
-                             config: RunnableConfig | None = None) -> AgentRun:
+                             config: RunnableConfig | None = None, *,
+                             timeout_seconds: float | None = None,
+                             max_output_bytes: int = MAX_OUTPUT_BYTES) -> AgentRun:
     """Run `agent` to its `agent_completed`; raise `AgentExecutionError` on `agent_error`,
-    and when its output (or approval request) is something a checkpoint cannot store, so
-    the caller's failure rules apply before anything is streamed as a success.
+    when it has not finished within `timeout_seconds`, and when its output (or approval
+    request) is something a checkpoint cannot store or is larger than `max_output_bytes`,
+    so the caller's failure rules apply before its output is kept or streamed as a success.
 
     With `config` (inside a graph node), each event is also dispatched as a LangChain
     custom event, which the runtime sends to the client as an AG-UI `CUSTOM` event.
     """
     run = AgentRun()
-    completed = False
-    async for event in agent.execute_with_events(context):
-        kind = str(event.get("event") or "agent_event")
-        data = dict(event.get("data") or {})
-        if kind == "agent_error" and data.get("error_message") is not None:
-            # The agent's own words, as a provider's are passed on: secret-looking values
-            # blanked, a stack trace or a source path withheld, 500 characters at most.
-            data["error_message"] = upstream_said(str(data["error_message"]))
-        run.events.append({"event": kind, "data": data})
-        if config is not None:
-            await adispatch_custom_event(kind, {"agent": name, **data}, config=config)
-        if kind == "agent_completed":
-            run.output, completed = data.get("output"), True
-        elif kind == "approval_required":
-            run.approval = data
-        elif kind == "agent_error":
-            raise AgentExecutionError(name, str(data.get("error_message") or
-                                                f"{name} reported an error"), data)
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            completed = await _consume(agent, name, context, config, run)
+    except TimeoutError:
+        _log.warning("existing agent timed out", agent=name, seconds=timeout_seconds,
+                     events=run.events_seen)
+        raise AgentExecutionError(
+            name, f"{name} did not finish within {timeout_seconds:g} seconds") from None
     if not completed:
         raise AgentExecutionError(name, f"{name} ended without a result")
-    _check_storable(name, "output", run.output)
+    _check_storable(name, "output", run.output, max_output_bytes)
     if run.approval is not None:
-        _check_storable(name, "approval request", run.approval)
+        _check_storable(name, "approval request", run.approval, max_output_bytes)
     return run
 
 
-def _check_storable(name: str, what: str, value: Any) -> None:
+async def _consume(agent: ExistingAgent, name: str, context: dict[str, Any],
+                   config: RunnableConfig | None, run: AgentRun) -> bool:
+    """Read `agent`'s events into `run`; whether it sent its `agent_completed`."""
+    completed = False
+    events = agent.execute_with_events(context)
     try:
-        _SERDE.dumps_typed(value)
+        async for event in events:
+            kind = str(event.get("event") or "agent_event")
+            data = dict(event.get("data") or {})
+            if kind == "agent_error" and data.get("error_message") is not None:
+                # The agent's own words, as a provider's are passed on: secret-looking
+                # values blanked, a stack trace or a source path withheld, 500 characters
+                # at most.
+                data["error_message"] = upstream_said(str(data["error_message"]))
+            run.events_seen += 1
+            if len(run.events) < MAX_KEPT_EVENTS:
+                run.events.append({"event": kind, "data": data})
+            if config is not None:
+                await adispatch_custom_event(kind, _forwarded(name, kind, data),
+                                             config=config)
+            if kind == "agent_completed":
+                run.output, completed = data.get("output"), True
+            elif kind == "approval_required":
+                run.approval = data
+            elif kind == "agent_error":
+                raise AgentExecutionError(name, str(data.get("error_message") or
+                                                    f"{name} reported an error"), data)
+        return completed
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:  # an agent stopped early (its error, a timeout) cleans up now
+            await aclose()
+
+
+def _forwarded(name: str, kind: str, data: dict[str, Any]) -> dict[str, Any]:
+    """An event's value for the client: as it is, or a notice when it is too large."""
+    value = {"agent": name, **data}
+    try:
+        size = len(orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS))
+    except (orjson.JSONEncodeError, TypeError):
+        return value  # the runtime's encoder says what it cannot send
+    if size <= MAX_EVENT_BYTES:
+        return value
+    return {"agent": name, "omitted": f"a {kind} event of {size} bytes (events of more "
+                                      f"than {MAX_EVENT_BYTES} are not forwarded)"}
+
+
+def _check_storable(name: str, what: str, value: Any, max_bytes: int) -> None:
+    try:
+        _, stored = _SERDE.dumps_typed(value)
     except Exception as exc:
         _log.warning("agent result cannot be checkpointed", agent=name, what=what,
                      error=repr(exc))
         raise AgentExecutionError(
             name, f"{name} returned an {what} that cannot be stored "
                   f"({_unstorable_type(value)} is not serialisable)") from None
+    if len(stored) > max_bytes:
+        _log.warning("agent result too large to keep", agent=name, what=what,
+                     size=len(stored), limit=max_bytes)
+        raise AgentExecutionError(
+            name, f"{name} returned an {what} of {len(stored)} bytes; at most {max_bytes} "
+                  "can be kept")
 
 
 def _unstorable_type(value: Any) -> str:
@@ -218,7 +289,9 @@ class WrappedAgentState(TypedDict, total=False):
 def wrap_existing_agent(agent: ExistingAgent, name: str, *,
                         approval_timeout_seconds: float | None = 300,
                         approval_message: str = "Approve this?",
-                        context_keys: Iterable[str] | None = None) -> StateGraph[Any]:
+                        context_keys: Iterable[str] | None = None,
+                        timeout_seconds: float | None = None,
+                        max_output_bytes: int = MAX_OUTPUT_BYTES) -> StateGraph[Any]:
     """The wrapper: a graph with one node running `agent`, then (if it asked for
     one) an approval. Compile it with a checkpointer, or use `existing_agent`.
 
@@ -226,7 +299,8 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
     input, not identity. `context_keys` lets only those keys through (plus
     `user_message`, the latest user message); by default all pass. The approval comes after
     the agent completed: its decision is in the state (`approval_response`) and the chat,
-    not sent back to the agent.
+    not sent back to the agent. `timeout_seconds` and `max_output_bytes` bound the agent's
+    run (see the module docstring): past them, it ends with an error.
     """
     approval_timeout_seconds = checked_timeout(approval_timeout_seconds,
                                                "approval_timeout_seconds")
@@ -239,7 +313,9 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
         context = {**given, "user_message": _last_user_text(state.get("messages") or [])}
         outputs = dict(state.get("agent_outputs") or {})
         try:
-            run = await run_existing_agent(agent, name, context, config)
+            run = await run_existing_agent(agent, name, context, config,
+                                           timeout_seconds=timeout_seconds,
+                                           max_output_bytes=max_output_bytes)
         except Exception as exc:
             _log.warning("existing agent failed", agent=name, error=repr(exc))
             error = failure_text(name, exc)
@@ -277,13 +353,16 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
 
 def existing_agent(agent: ExistingAgent, *, name: str, checkpointer: Any,
                    description: str = "", approval_timeout_seconds: float | None = 300,
-                   context_keys: Iterable[str] | None = None, **options: Any) -> Any:
+                   context_keys: Iterable[str] | None = None,
+                   timeout_seconds: float | None = None,
+                   max_output_bytes: int = MAX_OUTPUT_BYTES, **options: Any) -> Any:
     """`agent` as a `LangGraphAgent` the runtime can serve (see `wrap_existing_agent`)."""
     from copilot_runtime.agents.langgraph import LangGraphAgent
 
     graph = wrap_existing_agent(agent, name,
                                 approval_timeout_seconds=approval_timeout_seconds,
-                                context_keys=context_keys)
+                                context_keys=context_keys, timeout_seconds=timeout_seconds,
+                                max_output_bytes=max_output_bytes)
     return LangGraphAgent(name=name, graph=graph.compile(checkpointer=checkpointer),
                           description=description, **options)
 

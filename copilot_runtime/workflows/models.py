@@ -69,14 +69,22 @@ class AdapterChatModel(BaseChatModel):
                               model=self.model_name, stop=stop, tool_choice="none")
         adapter: ServiceAdapter = self.adapter
         said = False
-        async for batch in adapter.stream(request):
-            for delta in batch:
-                if isinstance(delta, TextDelta) and delta.text:
-                    said = True
-                    chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta.text))
-                    if run_manager is not None:
-                        await run_manager.on_llm_new_token(delta.text, chunk=chunk)
-                    yield chunk
+        try:
+            async for batch in adapter.stream(request):
+                for delta in batch:
+                    if isinstance(delta, TextDelta) and delta.text:
+                        said = True
+                        chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta.text))
+                        if run_manager is not None:
+                            await run_manager.on_llm_new_token(delta.text, chunk=chunk)
+                        yield chunk
+        except Exception:
+            if said:
+                # Broken off mid-answer: LangChain reports no end for a model that failed,
+                # so the text already streamed would stay an open message until the run
+                # ended. A chunk with no text ends it now (as a provider's last chunk does).
+                yield ChatGenerationChunk(message=AIMessageChunk(content=[]))
+            raise
         if not said:
             # An answer with no text is an empty answer, not LangChain's "No generations
             # found in stream" error: the caller decides what an empty answer means.

@@ -14,14 +14,19 @@ key): every input key is written by an earlier step or given by `inputs()` (its 
 two steps write the same key (nor a key the orchestrator keeps itself), and the approval's
 key is some step's output. The steps run in the order given, so there are no cycles.
 A required step that fails stops the run, which finishes with the partial results; an
-optional one is logged in `errors` and the run goes on. When the `ApprovalPolicy`'s key has
-a value, a person is asked to approve it; the request expires after `timeout_seconds`,
-after which the runtime answers it with a timeout. The final output
+optional one is logged in `errors` (the latest 20) and the run goes on. A step fails, too,
+when its agent has not finished within the step's `timeout_seconds` (None by default: no
+limit), or returns an output larger than its `max_output_bytes` (1 MB by default), which
+would otherwise be kept in every checkpoint after it and sent to the client. When the
+`ApprovalPolicy`'s key has a value, a person is asked to approve it; the request expires
+after `timeout_seconds`, after which the runtime answers it with a timeout; an answer
+longer than the review loop's `MAX_FEEDBACK_CHARS` is asked again. The final output
 (`status`, `agents_completed`, `results`, `approval`, `errors`), in `state["result"]`.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +44,7 @@ from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime.approvals.decisions import parse_decision
 from copilot_runtime.workflows._emit import say
 from copilot_runtime.workflows.existing import (
+    MAX_OUTPUT_BYTES,
     ExistingAgent,
     _last_user_text,
     approval_outcome,
@@ -47,7 +53,7 @@ from copilot_runtime.workflows.existing import (
     failure_text,
     run_existing_agent,
 )
-from copilot_runtime.workflows.review_loop import _shown
+from copilot_runtime.workflows.review_loop import MAX_FEEDBACK_CHARS, _answer_length, _shown
 
 __all__ = ["ACCOUNT_INPUT_KEYS", "ApprovalPolicy", "Orchestrator", "OrchestratorState", "Step",
            "account_inputs"]
@@ -60,6 +66,8 @@ _RESERVED = frozenset({"start", "approval", "finish"})
 # reach every step's context.
 _OWN_KEYS = frozenset({"session_id", "workflow", "step", "agents_completed", "errors",
                        "feedback", "feedback_for", "approval"})
+# How many step errors the shared state keeps (the latest).
+_ERRORS_KEPT = 20
 #: What `account_inputs` puts into the shared state.
 ACCOUNT_INPUT_KEYS = frozenset({"account_id", "user_message"})
 
@@ -71,6 +79,22 @@ class Step:
     input_keys: tuple[str, ...]
     output_key: str
     required: bool = True
+    #: Seconds the agent has to finish, else the step fails (None: no limit).
+    timeout_seconds: float | None = None
+    #: The largest output the step may keep, in bytes as the checkpoint stores it.
+    max_output_bytes: int = MAX_OUTPUT_BYTES
+
+    def __post_init__(self) -> None:
+        seconds = self.timeout_seconds
+        if seconds is not None and (isinstance(seconds, bool)
+                                    or not isinstance(seconds, int | float)
+                                    or not math.isfinite(seconds) or seconds <= 0):
+            raise ConfigurationError(f"step {self.agent!r}: timeout_seconds must be a "
+                                     f"positive number of seconds or None, not {seconds!r}")
+        size = self.max_output_bytes
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigurationError(f"step {self.agent!r}: max_output_bytes must be a "
+                                     f"positive int, not {size!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,11 +196,14 @@ class Orchestrator:
         following = self.steps[index + 1].agent if index + 1 < len(self.steps) else (
             "approval" if self.approval else "finish")
         try:
-            run = await run_existing_agent(step.runner, step.agent, context, config)
+            run = await run_existing_agent(step.runner, step.agent, context, config,
+                                           timeout_seconds=step.timeout_seconds,
+                                           max_output_bytes=step.max_output_bytes)
         except Exception as exc:
             error = failure_text(step.agent, exc)
+            # The latest few: an optional step failing at every revision adds one each time.
             shared["errors"] = [*shared.get("errors", []), {
-                "agent": step.agent, "error": error, "critical": step.required}]
+                "agent": step.agent, "error": error, "critical": step.required}][-_ERRORS_KEPT:]
             if step.required:  # a critical failure: stop with what we have
                 _log.warning("required step failed", agent=step.agent, error=repr(exc))
                 return Command(goto="finish", update={
@@ -214,6 +241,12 @@ class Orchestrator:
         if decision is None:
             return Command(goto="approval", update={
                 "notice": "That answer was neither an approval nor a rejection."})
+        too_long = _answer_length(decision)
+        if too_long > MAX_FEEDBACK_CHARS:
+            # Kept, it would be in every checkpoint until the end and in the step's context.
+            return Command(goto="approval", update={
+                "notice": f"That answer was {too_long} characters long; answers may be at "
+                          f"most {MAX_FEEDBACK_CHARS}."})
         if decision.action == "revise":
             # The step that produced what is being approved runs again with the feedback.
             producer = next(i for i, s in enumerate(self.steps)

@@ -3,22 +3,25 @@
     task ─▶ planner ─▶ specialist ─▶ review ─┬─ approve ─▶ complete
                            ▲                  ├─ reject / timeout ─▶ complete (not approved)
                            └──── revise ──────┘
-                                (directly, with the original task and the full history)
+                                (directly, with the original task, the draft and the history)
 
 * The planner routes each new task (the latest user message) to one specialist
-  (`router`, by default `keyword_router`) and starts its execution history.
+  (`router`, by default `keyword_router`) and starts its execution history. A router that
+  fails, or names no specialist of the loop (a model's router naming one that is not
+  here), fails the task with a message saying so; the next task is routed afresh.
 * A specialist's result always goes to review when review is on, so nothing completes
   without a clarification request (property 1; the numbers are the loop's six correctness
-  properties, each tested); `state["review"] = False`, set
-  by the client for a task, completes right after the specialist (property 5), unless the
-  loop is built with `client_may_skip_review=False`.
+  properties, each tested); `state["review"] = False`, set by the client for a task,
+  completes right after the specialist (property 5) when the loop is built with
+  `client_may_skip_review=True` (by default the client cannot switch off the review).
 * Review is a LangGraph `interrupt` carrying a clarification request; it is
   checkpointed, so a pending review survives a restart. An approval completes the task
   without another specialist run (3); a revision goes straight back to the same specialist
-  with the original task, the full history and the revision (2, 4), as often as the person
+  with the original task, the draft, the history and the revision (2, 4), as often as the person
   asks (6: no limit; each answer is a new graph invocation, so LangGraph's recursion limit
   does not cap the loop).
-* Error rules: a specialist that fails, or answers nothing, sends the error to review so
+* Error rules: a specialist that fails, answers nothing or answers something that is not
+  text (None, a dict), sends the error to review so
   the person can revise again (without review the task fails); a task cut off while its
   specialist ran (a stop, a disconnect) and run again without a new message carries on
   with the same plan instead of planning again; if the clarification request
@@ -31,9 +34,15 @@
   string) is still asked again, and the final message says the approval was taken from an
   answer not understood.
 * Bounds: an answer longer than `max_feedback_chars` (default 32 000 characters) is asked
-  again with a notice, and not stored; a model specialist's prompt carries the task, the
-  latest history entries and the revision, each entry cut to a bounded length
-  (`specialist_prompt`).
+  again with a notice, and not stored; a draft longer than `max_draft_chars` (a million
+  characters) is a specialist failure; a model specialist's prompt carries the task, the
+  latest history entries, the draft and the revision, each cut to a bounded length
+  (`specialist_prompt`). The state keeps the current draft whole and the latest
+  `history_entries` steps of the history (earlier drafts cut to `HISTORY_DRAFT_CHARS`,
+  answers to `history_entry_chars`), counting the rest in `history_left_out`; in the chat,
+  a draft older than the latest `chat_drafts` (5) is replaced by a line saying it was
+  superseded. So a revision grows the checkpoint by that line, not by a draft and the
+  whole history again.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from typing import Annotated, Any, Literal
 
 import orjson
 import structlog
-from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -59,12 +68,15 @@ from copilot_runtime.approvals.decisions import Decision, parse_decision
 from copilot_runtime.workflows._emit import say
 from copilot_runtime.workflows.existing import checked_timeout
 from copilot_runtime.workflows.specialists import (
+    PROMPT_ENTRY_CHARS,
     Specialist,
     SpecialistRequest,
     keyword_router,
 )
 
-__all__ = ["ANSWER_SCHEMA", "MAX_FEEDBACK_CHARS", "ReviewLoop", "ReviewState"]
+__all__ = ["ANSWER_SCHEMA", "CHAT_DRAFTS", "HISTORY_DRAFT_CHARS", "HISTORY_ENTRIES",
+           "HISTORY_ENTRY_CHARS", "MAX_DRAFT_CHARS", "MAX_FEEDBACK_CHARS", "ReviewLoop",
+           "ReviewState"]
 
 _log = structlog.get_logger("copilot_runtime.workflows")
 
@@ -75,8 +87,24 @@ Status = Literal["working", "awaiting_review", "completed", "rejected", "timed_o
 #: payload): it is stored in the history and carried into the next prompt. Far more than
 #: anyone types, far less than a model's context.
 MAX_FEEDBACK_CHARS = 32_000
+#: How many of the latest drafts the chat keeps whole (the state keeps the chat), so a
+#: reviewer can look back over the last rounds: earlier ones become one line each.
+CHAT_DRAFTS = 5
+#: The longest draft a specialist may answer (characters): it is kept whole in the state
+#: and sent in the review request.
+MAX_DRAFT_CHARS = 1_000_000
 # How much of an answer that could not be read is kept in the history.
 _ECHO_CHARS = 200
+#: How many of the latest history entries the state keeps (a revision adds two: the draft
+#: and the answer). Every checkpoint holds a copy of the state, so a history that kept
+#: every step grew each one with the length of the review.
+HISTORY_ENTRIES = 20
+#: How many characters of one history entry's answer or error the state keeps: what a
+#: model specialist's prompt carries of it (`PROMPT_ENTRY_CHARS`).
+HISTORY_ENTRY_CHARS = PROMPT_ENTRY_CHARS
+#: How many characters of a draft its history entry keeps: the draft being revised is kept
+#: whole (`draft`), the ones before it only as a reminder of what they began with.
+HISTORY_DRAFT_CHARS = 200
 
 #: What a review answer looks like (sent to clients as the interrupt's `responseSchema`).
 ANSWER_SCHEMA: dict[str, Any] = {
@@ -87,6 +115,15 @@ ANSWER_SCHEMA: dict[str, Any] = {
     },
     "required": ["action"],
 }
+
+
+# How much of a router's reason the plan keeps, and of a name it gave that is no specialist.
+_REASON_CHARS = 300
+_ECHO_NAME_CHARS = 80
+
+
+class _NotRouted(Exception):
+    """The router gave no specialist of this loop; its text says what it gave."""
 
 
 class ReviewState(TypedDict, total=False):
@@ -100,8 +137,15 @@ class ReviewState(TypedDict, total=False):
     #: Review switch for the task (the client may set it); the loop's default otherwise.
     review: bool
     iteration: int
+    #: The latest draft, in full.
     draft: str
+    #: The drafts the chat shows whole (their messages' ids, oldest first).
+    draft_message_ids: list[str]
+    #: The latest `HISTORY_ENTRIES` steps: drafts cut to `HISTORY_DRAFT_CHARS`, answers
+    #: and errors to `HISTORY_ENTRY_CHARS`.
     history: list[dict[str, Any]]
+    #: How many earlier steps of this task the history no longer holds.
+    history_left_out: int
     status: Status
     feedback: str | None
     #: Said with the next clarification request (an answer not understood, a failure).
@@ -119,7 +163,11 @@ class ReviewLoop:
                  question: str = "Please approve or provide revision",
                  timeout_seconds: float | None = None,
                  max_feedback_chars: int = MAX_FEEDBACK_CHARS,
-                 client_may_skip_review: bool = True) -> None:
+                 client_may_skip_review: bool = False,
+                 history_entries: int = HISTORY_ENTRIES,
+                 history_entry_chars: int = HISTORY_ENTRY_CHARS,
+                 max_draft_chars: int = MAX_DRAFT_CHARS,
+                 chat_drafts: int = CHAT_DRAFTS) -> None:
         if not specialists:
             raise ConfigurationError("the review loop needs at least one specialist")
         names = [s.name for s in specialists]
@@ -130,10 +178,13 @@ class ReviewLoop:
         if on_malformed not in ("ask_again", "approve"):
             raise ConfigurationError(
                 f"on_malformed must be 'ask_again' or 'approve', not {on_malformed!r}")
-        if isinstance(max_feedback_chars, bool) or not isinstance(max_feedback_chars, int) \
-                or max_feedback_chars < 1:
-            raise ConfigurationError(
-                f"max_feedback_chars must be a positive int, not {max_feedback_chars!r}")
+        for option, value in (("max_feedback_chars", max_feedback_chars),
+                              ("history_entries", history_entries),
+                              ("history_entry_chars", history_entry_chars),
+                              ("max_draft_chars", max_draft_chars),
+                              ("chat_drafts", chat_drafts)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{option} must be a positive int, not {value!r}")
         self.specialists = {s.name: s for s in specialists}
         self.router = router
         self.review = review
@@ -141,9 +192,14 @@ class ReviewLoop:
         self.question = question
         self.timeout_seconds = checked_timeout(timeout_seconds, "timeout_seconds")
         self.max_feedback_chars = max_feedback_chars
-        # Whether the client's `state["review"]` counts: whoever starts a task may otherwise
-        # switch its review off, whatever the approver roles say.
+        # Whether the client's `state["review"]` counts. Off by default: whoever starts a
+        # task would otherwise switch off the review the loop's author set up, whatever
+        # the approver roles say.
         self.client_may_skip_review = client_may_skip_review
+        self.history_entries = history_entries
+        self.history_entry_chars = history_entry_chars
+        self.max_draft_chars = max_draft_chars
+        self.chat_drafts = chat_drafts
 
     # -- the graph ---------------------------------------------------------------------
 
@@ -186,56 +242,126 @@ class ReviewLoop:
             # The same task, cut off while its specialist ran (a stop, a disconnect) and run
             # again: carry on with the same plan rather than plan it a second time.
             return Command(goto=specialist)
-        name, reason = self.router(task, list(self.specialists.values()))
-        if name not in self.specialists:
-            name = next(iter(self.specialists))
+        new_task: dict[str, Any] = {
+            "task": task, "task_message_id": latest.id if latest is not None else None,
+            "plan_id": uuid.uuid4().hex, "iteration": 1, "feedback": None, "draft": "",
+            "draft_message_ids": [], "approved_as_malformed": False}
+        try:
+            name, reason = self._routed(task)
+        except _NotRouted as failure:
+            # The task fails, said precisely; the thread takes the next one as usual.
+            return Command(goto="complete", update={
+                **new_task, **self._recorded({}, {"iteration": 1, "agent": "Planner",
+                                                  "error": str(failure)}),
+                "status": "failed", "notice": str(failure)})
         routed = f"Routed to {name}: {reason}"
         return Command(goto=name, update={
-            "task": task, "task_message_id": latest.id if latest is not None else None,
-            "plan_id": uuid.uuid4().hex, "specialist": name, "iteration": 1,
-            "history": [{"iteration": 1, "agent": "Planner", "result": routed}],
-            "status": "working", "feedback": None, "notice": None, "draft": "",
-            "approved_as_malformed": False,
+            **new_task, "specialist": name,
+            **self._recorded({}, {"iteration": 1, "agent": "Planner", "result": routed}),
+            "status": "working", "notice": None,
             "messages": [await say(f"Planner: the {name} specialist takes this task "
                                    f"({reason}).", config)],
         })
+
+    def _routed(self, task: str) -> tuple[str, str]:
+        """The router's choice, checked: `_NotRouted` names what was wrong with it."""
+        try:
+            chosen = self.router(task, list(self.specialists.values()))
+        except Exception as exc:
+            _log.exception("the review loop's router failed")
+            raise _NotRouted(f"the planner's router failed ({type(exc).__name__})") from None
+        if not (isinstance(chosen, tuple) and len(chosen) == 2
+                and isinstance(chosen[0], str) and isinstance(chosen[1], str)):
+            raise _NotRouted("the planner's router did not name a specialist")
+        name, reason = chosen
+        if name not in self.specialists:
+            # A model's router may name one that is not here: no guess at which it meant.
+            raise _NotRouted(
+                f"the planner's router named {name[:_ECHO_NAME_CHARS]!r}, which is not one "
+                f"of this loop's specialists ({', '.join(self.specialists)})")
+        return name, reason[:_REASON_CHARS]
 
     async def _specialist(self, state: ReviewState, config: RunnableConfig) -> Command[str]:
         name = state.get("specialist") or next(iter(self.specialists))
         specialist = self.specialists[name]
         iteration = state.get("iteration", 1)
-        history = list(state.get("history") or [])
         request = SpecialistRequest(task=state.get("task", ""), iteration=iteration,
-                                    history=tuple(history), feedback=state.get("feedback"))
+                                    history=tuple(state.get("history") or ()),
+                                    feedback=state.get("feedback"),
+                                    draft=state.get("draft") or "",
+                                    left_out=int(state.get("history_left_out") or 0))
         reviewing = self._reviewing(state)
         try:
             result = await specialist.run(request)
         except Exception as exc:
             _log.exception("specialist failed", specialist=name)
             failure = f"The {name} specialist failed ({type(exc).__name__})"
-            history.append({"iteration": iteration, "agent": name, "error": failure})
-            if reviewing:  # send the error and let the person revise again
-                return Command(goto="review", update={
-                    "history": history, "status": "awaiting_review",
-                    "notice": f"{failure}. Revise the task to try again, or reject it."})
-            return Command(goto="complete", update={
-                "history": history, "status": "failed", "notice": failure})
-        if not _result_text(result):
-            failure = f"The {name} specialist answered nothing"
-            history.append({"iteration": iteration, "agent": name, "error": failure})
-            if reviewing:
-                return Command(goto="review", update={
-                    "history": history, "status": "awaiting_review",
-                    "notice": f"{failure}. Revise the task to try again, or reject it."})
-            return Command(goto="complete", update={
-                "history": history, "status": "failed", "notice": failure})
+            return self._failed(state, name, failure, reviewing)
+        if not isinstance(result, str | BaseMessage):
+            # Not the text (or message) a specialist answers: a failure, said precisely,
+            # rather than the chat message it cannot be.
+            return self._failed(state, name, f"The {name} specialist answered "
+                                             f"{type(result).__name__}, not text", reviewing)
+        draft = _result_text(result)
+        if not draft:
+            return self._failed(state, name, f"The {name} specialist answered nothing",
+                                reviewing)
+        if len(draft) > self.max_draft_chars:
+            # Kept, it would be in every checkpoint, the review request and the chat.
+            return self._failed(state, name, (
+                f"The {name} specialist answered {len(draft)} characters; a draft may "
+                f"have at most {self.max_draft_chars}"), reviewing)
         # A model's message streamed as it was written; text is streamed now.
         message = result if isinstance(result, BaseMessage) else await say(result, config)
-        draft = _result_text(message)
-        history.append({"iteration": iteration, "agent": name, "result": draft})
+        if message.id is None:  # its id is how the chat's copy of it is found again
+            message = message.model_copy(update={"id": str(uuid.uuid4())})
+        whole = [i for i in state.get("draft_message_ids") or () if i != message.id]
+        whole.append(str(message.id))
+        # The chat keeps the latest `chat_drafts` drafts whole; an earlier one keeps its
+        # place (and id, so the client's copy of the chat still matches) as one line.
+        superseded = [AIMessage(id=old, content=f"(An earlier draft by the {name} "
+                                                f"specialist, superseded by draft {iteration}.)")
+                      for old in whole[:-self.chat_drafts]]
         return Command(goto="review", update={
-            "draft": draft, "history": history, "messages": [message], "notice": None,
-            "status": "awaiting_review" if reviewing else "working"})
+            "draft": draft, "draft_message_ids": whole[-self.chat_drafts:],
+            "messages": [*superseded, message],
+            **self._recorded(state, {"iteration": iteration, "agent": name, "result": draft}),
+            "notice": None, "status": "awaiting_review" if reviewing else "working"})
+
+    def _failed(self, state: ReviewState, name: str, failure: str,
+                reviewing: bool) -> Command[str]:
+        """A specialist that failed, or answered what cannot be a draft: the person may
+        revise, or without review the task fails."""
+        recorded = self._recorded(state, {"iteration": state.get("iteration", 1),
+                                          "agent": name, "error": failure})
+        if reviewing:  # send the error and let the person revise again
+            return Command(goto="review", update={
+                **recorded, "status": "awaiting_review",
+                "notice": f"{failure}. Revise the task to try again, or reject it."})
+        return Command(goto="complete", update={
+            **recorded, "status": "failed", "notice": failure})
+
+    def _recorded(self, state: Mapping[str, Any], *entries: dict[str, Any]
+                  ) -> dict[str, Any]:
+        """The state update adding `entries` to the history, which keeps its latest
+        `history_entries` entries, each text cut (`_cut`)."""
+        history = [*(state.get("history") or ()), *(self._cut(e) for e in entries)]
+        left_out = int(state.get("history_left_out") or 0)
+        excess = len(history) - self.history_entries
+        if excess > 0:
+            history, left_out = history[excess:], left_out + excess
+        return {"history": history, "history_left_out": left_out}
+
+    def _cut(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """`entry` with its draft cut to `HISTORY_DRAFT_CHARS`, its answer or error to
+        `history_entry_chars`; `cut_from` says how long it was."""
+        for key, limit in (("result", HISTORY_DRAFT_CHARS),
+                           ("user_feedback", self.history_entry_chars),
+                           ("error", self.history_entry_chars)):
+            text = entry.get(key)
+            if isinstance(text, str) and len(text) > limit:
+                return {**entry, key: text[:limit], "cut_from": len(text)}
+        return entry
 
     def _reviewing(self, state: Mapping[str, Any]) -> bool:
         review = state.get("review") if self.client_may_skip_review else None
@@ -243,7 +369,6 @@ class ReviewLoop:
 
     def _review(self, state: ReviewState) -> Command[str]:
         iteration = state.get("iteration", 1)
-        history = list(state.get("history") or [])
         if not self._reviewing(state):
             return Command(goto="complete", update={"status": "completed"})
         try:
@@ -252,48 +377,51 @@ class ReviewLoop:
             # Fail closed: nobody was asked, so nothing may be recorded as approved.
             _log.exception("could not build the clarification request")
             failure = f"could not ask for review ({type(exc).__name__}), so nothing was approved"
-            history.append({"iteration": iteration, "agent": "review", "error": failure})
             return Command(goto="complete", update={
-                "history": history, "status": "failed", "notice": failure})
+                **self._recorded(state, {"iteration": iteration, "agent": "review",
+                                         "error": failure}),
+                "status": "failed", "notice": failure})
         answer = interrupt(request)  # the graph stops here until a person answers
         decision = parse_decision(answer)
         too_long = _answer_length(decision)
         if too_long > self.max_feedback_chars:
-            history.append({"iteration": iteration, "agent": "HITL", "too_long": True,
-                            "user_feedback": f"(an answer of {too_long} characters, not kept)"})
             return Command(goto="review", update={
-                "history": history,
+                **self._recorded(state, {
+                    "iteration": iteration, "agent": "HITL", "too_long": True,
+                    "user_feedback": f"(an answer of {too_long} characters, not kept)"}),
                 "notice": f"That answer was {too_long} characters long; answers may be at "
                           f"most {self.max_feedback_chars}. Approve, or say more briefly "
                           f"what to change."})
         if decision is None and self.on_malformed == "approve" and not _names_a_choice(answer):
-            history.append({"iteration": iteration, "agent": "HITL", "malformed": True,
-                            "user_feedback": "approved (answer not understood: "
-                                             f"{_shown(answer)[:_ECHO_CHARS]})"})
             return Command(goto="complete", update={
-                "history": history, "status": "completed", "notice": None,
+                **self._recorded(state, {
+                    "iteration": iteration, "agent": "HITL", "malformed": True,
+                    "user_feedback": "approved (answer not understood: "
+                                     f"{_shown(answer)[:_ECHO_CHARS]})"}),
+                "status": "completed", "notice": None,
                 "approved_as_malformed": True})
         if decision is None:
-            history.append({"iteration": iteration, "agent": "HITL",
-                            "user_feedback": _shown(answer)[:_ECHO_CHARS], "malformed": True})
             return Command(goto="review", update={
-                "history": history,
+                **self._recorded(state, {
+                    "iteration": iteration, "agent": "HITL",
+                    "user_feedback": _shown(answer)[:_ECHO_CHARS], "malformed": True}),
                 "notice": "That answer was neither an approval nor a revision. Approve, "
                           "or say what to change."})
         if decision.action == "revise":
             feedback = decision.feedback or _shown(decision.payload)
-            history.append(_feedback_entry(iteration, feedback, decision.by))
             return Command(goto=state.get("specialist") or next(iter(self.specialists)),
-                           update={"history": history, "iteration": iteration + 1,
+                           update={**self._recorded(state, _feedback_entry(
+                                       iteration, feedback, decision.by)),
+                                   "iteration": iteration + 1,
                                    "feedback": feedback, "status": "working",
                                    "notice": None})
         status: Status = {"approve": "completed", "reject": "rejected",
                           "timeout": "timed_out"}[decision.action]  # type: ignore[assignment]
-        history.append(_feedback_entry(
-            iteration, decision.action if not decision.feedback
-            else f"{decision.action}: {decision.feedback}", decision.by))
-        return Command(goto="complete", update={"history": history, "status": status,
-                                                "notice": decision.feedback})
+        said = decision.action if not decision.feedback \
+            else f"{decision.action}: {decision.feedback}"
+        return Command(goto="complete", update={
+            **self._recorded(state, _feedback_entry(iteration, said, decision.by)),
+            "status": status, "notice": decision.feedback})
 
     def clarification_request(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """The `user_clarification_request` a client shows, as the interrupt's value.
@@ -305,6 +433,7 @@ class ReviewLoop:
         notice = state.get("notice")
         question = f"{notice} {self.question}" if notice else self.question
         iteration = state.get("iteration", 1)
+        steps_left_out = int(state.get("history_left_out") or 0)
         now = time.time()
         request: dict[str, Any] = {
             "type": "user_clarification_request",
@@ -312,8 +441,9 @@ class ReviewLoop:
             "message": question,
             "responseSchema": ANSWER_SCHEMA,
             "data": {
+                # Steps so far, counting those the history no longer holds: unique.
                 "request_id": f"{state.get('plan_id', '')}:{iteration}:"
-                              f"{len(state.get('history') or ())}",
+                              f"{len(state.get('history') or ()) + steps_left_out}",
                 "plan_id": state.get("plan_id", ""),
                 "agent": state.get("specialist"),
                 "agent_result": state.get("draft", ""),

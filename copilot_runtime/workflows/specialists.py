@@ -3,8 +3,9 @@
 A specialist is anything with a `name`, a `description` and an async `run(request)` that
 returns its result: text (the loop streams it to the client), or the message a LangChain
 chat model returned (it streamed while it was written, under that message's id). It gets
-the original task, the iteration, the full execution history and the latest revision, so a
-revision is done with everything that came before it. `ModelSpecialist` asks a chat model;
+the original task, the iteration, the draft being revised, the latest revision and the latest
+steps of the execution history (bounded: see `ReviewLoop`), so a revision is done with what
+came before it. `ModelSpecialist` asks a chat model;
 `finance_specialists` are the example Invoice, Closing and Audit specialists.
 """
 
@@ -35,10 +36,16 @@ class SpecialistRequest:
     #: The task as the user first gave it: a revision never replaces it.
     task: str
     iteration: int
-    #: Every step so far: `{"iteration", "agent", "result" | "user_feedback" | "error"}`.
+    #: The latest steps: `{"iteration", "agent", "result" | "user_feedback" | "error"}`, at
+    #: most the loop's `history_entries`, each text cut to its `history_entry_chars` (an
+    #: entry cut short says how long it was in `cut_from`).
     history: tuple[Mapping[str, Any], ...]
     #: What the person asked to change (None on the first pass).
     feedback: str | None = None
+    #: The draft being revised, in full ("" on the first pass).
+    draft: str = ""
+    #: How many earlier steps the history no longer holds.
+    left_out: int = 0
 
 
 @runtime_checkable
@@ -65,23 +72,30 @@ PROMPT_ENTRY_CHARS = 4000
 def specialist_prompt(request: SpecialistRequest, *,
                       history_entries: int = PROMPT_HISTORY_ENTRIES,
                       entry_chars: int = PROMPT_ENTRY_CHARS) -> str:
-    """The request as text for a model: task, iteration, history, revision.
+    """The request as text for a model: task, iteration, history, the draft to revise,
+    revision.
 
     Bounded: only the latest `history_entries` entries, each cut to `entry_chars`
-    characters, with a line saying what was left out.
+    characters, with a line saying what was left out; the draft cut to `entry_chars` too.
     """
     lines = [f"Task: {request.task}", f"Iteration: {request.iteration}", "Execution history:"]
     shown = request.history[-history_entries:] if history_entries > 0 else ()
-    left_out = len(request.history) - len(shown)
+    left_out = request.left_out + len(request.history) - len(shown)
     if left_out:
         lines.append(f"- ({left_out} earlier entr{'ies' if left_out != 1 else 'y'} "
                      "left out)")
     for entry in shown:
         said = str(entry.get("result") or entry.get("user_feedback") or entry.get("error")
                    or "")
-        if len(said) > entry_chars:
-            said = f"{said[:entry_chars]}… (cut: {len(said)} characters in all)"
+        whole = entry.get("cut_from") or len(said)  # the loop may have cut it already
+        if whole > len(said) or len(said) > entry_chars:
+            said = f"{said[:entry_chars]}… (cut: {whole} characters in all)"
         lines.append(f"- iteration {entry.get('iteration')}, {entry.get('agent')}: {said}")
+    if request.draft:
+        draft = request.draft
+        if len(draft) > entry_chars:
+            draft = f"{draft[:entry_chars]}… (cut: {len(draft)} characters in all)"
+        lines.append(f"Draft to revise:\n{draft}")
     if request.feedback:
         lines.append(f"Revision requested: {request.feedback}")
     return "\n".join(lines)

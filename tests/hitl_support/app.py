@@ -30,8 +30,9 @@ _threads = os.environ.get("HITL_THREADS")
 
 runtime = CopilotRuntime(
     agents={
-        "review_loop": ReviewLoop(finance_specialists(_model)).agent(
-            name="review_loop", checkpointer=_saver),
+        # as the demo: a client may switch review off for a task
+        "review_loop": ReviewLoop(finance_specialists(_model), client_may_skip_review=True
+                                  ).agent(name="review_loop", checkpointer=_saver),
         "account_review": account_review(
             timeout_seconds=float(os.environ.get("HITL_TIMEOUT", "300"))).agent(
             name="account_review", checkpointer=_saver),

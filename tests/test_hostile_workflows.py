@@ -1,0 +1,381 @@
+"""The workflows under hostile use: a review that never ends, a model that breaks off in the
+middle of a draft, a client that would skip the review, a router that names specialists that
+do not exist, and orchestrator steps that fail, never end or answer megabytes.
+
+Each must end precisely (a message or an AG-UI `RUN_ERROR` naming what went wrong), keep
+what it stores bounded, and leave the thread ready for the next run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.types import Command
+
+from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._input import parse_run_input
+from copilot_runtime.adapters.base import ChatDelta, ChatRequest, StreamEnd, TextDelta
+from copilot_runtime.agents.base import RunContext
+from copilot_runtime.testing import verify_events
+from copilot_runtime.workflows.existing import MAX_KEPT_EVENTS, existing_agent, run_existing_agent
+from copilot_runtime.workflows.models import AdapterChatModel
+from copilot_runtime.workflows.orchestrator import ApprovalPolicy, Orchestrator, Step
+from copilot_runtime.workflows.review_loop import HISTORY_ENTRIES, ReviewLoop
+from copilot_runtime.workflows.specialists import ModelSpecialist, SpecialistRequest
+
+_SERDE = JsonPlusSerializer()
+
+
+def stored_size(values: dict[str, Any]) -> int:
+    """Bytes the checkpoint serializer writes for a state's values."""
+    return sum(len(_SERDE.dumps_typed(value)[1]) for value in values.values())
+
+
+# -- a review that goes on and on stays bounded ---------------------------------------------
+
+class LongDrafts:
+    """A specialist whose every draft is 4000 characters long."""
+
+    name, description = "Invoice", "long drafts"
+
+    def __init__(self) -> None:
+        self.requests: list[SpecialistRequest] = []
+
+    async def run(self, request: SpecialistRequest) -> str:
+        self.requests.append(request)
+        return f"draft {request.iteration} " + "x" * 4000
+
+
+def test_fifty_revisions_keep_the_checkpoint_bounded() -> None:
+    drafts = LongDrafts()
+    graph = ReviewLoop([drafts]).compile(InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "long"}}
+    sizes: dict[int, int] = {}
+
+    async def go() -> dict[str, Any]:
+        await graph.ainvoke({"messages": [HumanMessage(content="Prepare the invoice")]},
+                            config)
+        for revision in range(1, 51):
+            await graph.ainvoke(Command(resume={"action": "revise",
+                                                "payload": f"change {revision} " + "y" * 300}),
+                                config)
+            if revision in (20, 50):
+                sizes[revision] = stored_size((await graph.aget_state(config)).values)
+        return dict((await graph.aget_state(config)).values)
+
+    state = asyncio.run(go())
+    # It was 444 kB after 50 revisions and grew by 8.6 kB with each one (every draft was
+    # kept twice: in the history and in the chat), copied into every checkpoint. Now a
+    # revision adds one line to the chat (the earlier draft's place), nothing else.
+    assert sizes[50] - sizes[20] < 30 * 400, sizes
+    assert sizes[50] < 100_000, sizes
+    assert len(state["history"]) == HISTORY_ENTRIES
+    assert state["history_left_out"] == 1 + 51 + 50 - HISTORY_ENTRIES  # routed, drafts, answers
+    assert state["draft"].startswith("draft 51 ")
+    drafts_in_chat = [m for m in state["messages"]
+                      if isinstance(m, AIMessage) and str(m.content).startswith("draft ")]
+    assert [str(m.content)[:9] for m in drafts_in_chat] == [
+        f"draft {n} " for n in range(47, 52)]
+    superseded = [m for m in state["messages"] if "superseded" in str(m.content)]
+    assert len(superseded) == 46  # the earlier drafts keep their place in the chat
+    # The specialist still gets what it needs: the task, the current draft in full, the
+    # latest feedback, and the count of what was left out.
+    last = drafts.requests[-1]
+    assert last.task == "Prepare the invoice"
+    assert last.draft == f"draft 50 {'x' * 4000}"
+    assert str(last.feedback).startswith("change 50 ")
+    assert last.left_out + len(last.history) == 1 + 50 + 50
+
+
+# -- a model that breaks off in the middle of a draft -----------------------------------------
+
+class BreaksOffOnce:
+    """A provider adapter whose first answer breaks off after two pieces of text."""
+
+    provider = "breaks-off"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def aclose(self) -> None:
+        return None
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
+        self.calls += 1
+        if self.calls == 1:
+            yield [TextDelta("Half of ")]
+            yield [TextDelta("a draft")]
+            raise ConnectionError("socket to 10.1.2.3 reset")
+        yield [TextDelta("A whole draft.")]
+        yield [StreamEnd("stop")]
+
+
+def breaking_loop(**options: Any) -> Any:
+    model = AdapterChatModel(adapter=BreaksOffOnce())
+    specialist = ModelSpecialist("Invoice", "invoices", "Prepare invoices.", model)
+    return ReviewLoop([specialist], **options).agent(name="review",
+                                                     checkpointer=InMemorySaver())
+
+
+async def run_agent(agent: Any, run: str, **fields: Any) -> list[dict[str, Any]]:
+    body: dict[str, Any] = {"threadId": "t", "runId": run, "state": {}, "tools": [],
+                            "context": [], "forwardedProps": {}, "messages": [],
+                            "protocolVersion": "1.0", **fields}
+    events = [event async for batch in agent.run(parse_run_input(body), RunContext("review"))
+              for event in batch]
+    verify_events(events)  # every message started is ended before the run ends
+    return events
+
+
+def texts(events: list[dict[str, Any]]) -> list[str]:
+    by_id: dict[str, str] = {}
+    for event in events:
+        if event["type"] == "TEXT_MESSAGE_CONTENT":
+            by_id[event["messageId"]] = by_id.get(event["messageId"], "") + event["delta"]
+    return list(by_id.values())
+
+
+async def test_a_draft_broken_off_is_closed_and_the_person_may_revise() -> None:
+    agent = breaking_loop()
+    task = [{"id": "u1", "role": "user", "content": "Prepare the invoice"}]
+    first = await run_agent(agent, "r1", messages=task)
+    # The half draft's message ends where the model broke off, before the step does.
+    partial = next(e["messageId"] for e in first if e.get("delta") == "Half of ")
+    ends = [i for i, e in enumerate(first) if e["type"] == "TEXT_MESSAGE_END"
+            and e["messageId"] == partial]
+    step_end = next(i for i, e in enumerate(first) if e["type"] == "STEP_FINISHED"
+                    and e["stepName"] == "Invoice")
+    assert len(ends) == 1
+    assert ends[0] < step_end
+    (interrupt,) = first[-1]["outcome"]["interrupts"]
+    assert interrupt["message"].startswith("The Invoice specialist failed (ConnectionError).")
+    assert "10.1.2.3" not in str(first)
+    snapshot = [e for e in first if e["type"] == "STATE_SNAPSHOT"][-1]["snapshot"]
+    assert snapshot["draft"] == ""  # nothing half written is kept as the draft
+    # The next run takes the answer and drafts again, cleanly.
+    second = await run_agent(agent, "r2", resume=[{
+        "interruptId": interrupt["id"], "status": "resolved",
+        "payload": {"action": "revise", "payload": "try again"}}])
+    assert "A whole draft." in texts(second)
+    assert second[-1]["outcome"]["interrupts"][0]["message"] == \
+        "Please approve or provide revision"
+
+
+async def test_a_draft_broken_off_without_review_fails_the_task_and_the_thread_goes_on(
+        ) -> None:
+    agent = breaking_loop(client_may_skip_review=True)
+    no_review = {"review": False}
+    first = await run_agent(agent, "r1", state=no_review, messages=[
+        {"id": "u1", "role": "user", "content": "Prepare the invoice"}])
+    assert texts(first)[-1] == ("The task failed: The Invoice specialist failed "
+                                "(ConnectionError).")
+    second = await run_agent(agent, "r2", state=no_review, messages=[
+        {"id": "u1", "role": "user", "content": "Prepare the invoice"},
+        {"id": "u2", "role": "user", "content": "Prepare the invoice again"}])
+    assert texts(second)[-2:] == [
+        "A whole draft.", "Done: the Invoice specialist's result is final (review was off)."]
+
+
+# -- a router that names specialists that are not there ---------------------------------------
+
+class Drafts:
+    def __init__(self, name: str) -> None:
+        self.name, self.description = name, f"{name} drafts"
+
+    async def run(self, request: SpecialistRequest) -> str:
+        return f"{self.name} draft {request.iteration}"
+
+
+async def test_a_router_naming_unknown_specialists_fails_each_task_precisely() -> None:
+    answers: list[Any] = ["Tax", "Payroll" * 1000, ("Invoice",), RuntimeError("model down"),
+                          "Invoice"]
+
+    def model_router(task: str, _: Sequence[Any]) -> tuple[str, str]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer if isinstance(answer, tuple) else (answer, "the model said so")
+
+    loop = ReviewLoop([Drafts("Invoice"), Drafts("Audit")], router=model_router)
+    agent = loop.agent(name="review", checkpointer=InMemorySaver())
+    said: list[str] = []
+    history: list[dict[str, Any]] = []
+    for run in range(5):
+        history.append({"id": f"u{run}", "role": "user", "content": f"task {run}"})
+        events = await run_agent(agent, f"r{run}", messages=list(history))
+        said.append(texts(events)[-1])
+        assert events[-1]["type"] == "RUN_FINISHED"
+    assert said[0] == ("The task failed: the planner's router named 'Tax', which is not "
+                       "one of this loop's specialists (Invoice, Audit).")
+    assert said[1].startswith("The task failed: the planner's router named 'PayrollPayroll")
+    assert len(said[1]) < 300  # a name a model made up is echoed short
+    assert said[2] == "The task failed: the planner's router did not name a specialist."
+    assert said[3] == "The task failed: the planner's router failed (RuntimeError)."
+    assert "model down" not in said[3]
+    assert said[4] == "Invoice draft 1"  # the thread took the next task as usual
+
+
+# -- orchestrator steps that fail, never finish, or answer megabytes --------------------------
+
+class Misbehaving:
+    """An existing agent: answers megabytes, never finishes, or fails, as told; else a
+    small summary."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    async def execute_with_events(self, context: dict[str, Any]
+                                  ) -> AsyncIterator[dict[str, Any]]:
+        yield {"event": "agent_started", "data": {}}
+        if self.how == "huge":
+            yield {"event": "tool_result", "data": {"result": "r" * 2_000_000}}
+            yield {"event": "agent_completed", "data": {"output": {"blob": "x" * 5_000_000}}}
+        elif self.how == "loops":
+            while True:
+                yield {"event": "agent_stream", "data": {"chunk": "tick"}}
+                await asyncio.sleep(0.001)
+        elif self.how == "raises":
+            raise ConnectionError("upstream at 10.0.0.7 refused")
+        else:
+            yield {"event": "agent_completed", "data": {"output": {"summary": self.how}}}
+
+
+async def run_steps(*steps: Step, thread: str = "t", run: str = "r1"
+                    ) -> tuple[list[dict[str, Any]], Any]:
+    agent = Orchestrator(list(steps)).agent(name="o", checkpointer=InMemorySaver())
+    events = await run_agent(agent, run, threadId=thread, messages=[
+        {"id": "u1", "role": "user", "content": "Review ACME-001"}])
+    return events, agent
+
+
+async def test_a_step_answering_megabytes_fails_precisely_and_sends_little() -> None:
+    events, _ = await run_steps(
+        Step("scout", Misbehaving("small"), ("account_id",), "snapshot"),
+        Step("hoarder", Misbehaving("huge"), ("snapshot",), "blob"))
+    assert texts(events)[-1] == ("Stopped: Critical agent hoarder failed (hoarder returned "
+                                 "an output of 5000011 bytes; at most 1000000 can be kept).")
+    # It was 21 MB: the 2 MB event, then the output in the CUSTOM event, the state's
+    # `shared` and its `result`.
+    assert sum(len(str(e)) for e in events) < 20_000
+    omitted = [e["value"] for e in events if e["type"] == "CUSTOM"
+               and e["name"] == "tool_result"]
+    assert omitted == [{"agent": "hoarder", "omitted": "a tool_result event of 2000031 "
+                        "bytes (events of more than 64000 are not forwarded)"}]
+    # Optional, it is logged and the run goes on with what the others found.
+    events, _ = await run_steps(
+        Step("hoarder", Misbehaving("huge"), ("account_id",), "blob", required=False),
+        Step("scout", Misbehaving("small"), ("account_id",), "snapshot"))
+    assert texts(events)[-1] == "Completed 1 of 2 steps; no approval needed."
+
+
+async def test_a_step_that_never_finishes_fails_at_its_timeout() -> None:
+    loops = Step("looper", Misbehaving("loops"), ("account_id",), "out", timeout_seconds=0.3)
+    events, agent = await run_steps(loops)
+    assert texts(events)[-1] == ("Stopped: Critical agent looper failed (looper did not "
+                                 "finish within 0.3 seconds).")
+    # The thread takes the next run.
+    again = await run_agent(agent, "r2", messages=[
+        {"id": "u1", "role": "user", "content": "Review ACME-001"},
+        {"id": "u2", "role": "user", "content": "Review ACME-001 again"}])
+    assert texts(again)[-1].startswith("Stopped: Critical agent looper failed")
+
+
+def test_step_bounds_are_checked_when_built() -> None:
+    for seconds in (0, -1, float("nan"), float("inf"), "5", True):
+        with pytest.raises(ConfigurationError, match="timeout_seconds"):
+            Step("a", Misbehaving("small"), (), "out", timeout_seconds=seconds)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="max_output_bytes"):
+        Step("a", Misbehaving("small"), (), "out", max_output_bytes=0)
+
+
+async def test_a_wrapped_agent_answering_megabytes_ends_with_its_error() -> None:
+    agent = existing_agent(Misbehaving("huge"), name="hoarder", checkpointer=InMemorySaver(),
+                           max_output_bytes=100_000)
+    events = await run_agent(agent, "r1", messages=[
+        {"id": "u1", "role": "user", "content": "go"}])
+    assert texts(events)[-1] == ("hoarder: hoarder returned an output of 5000011 bytes; at "
+                                 "most 100000 can be kept")
+    assert sum(len(str(e)) for e in events) < 20_000
+
+
+async def test_run_existing_agent_keeps_the_first_events_and_counts_the_rest() -> None:
+    class Chatty:
+        async def execute_with_events(self, context: dict[str, Any]
+                                      ) -> AsyncIterator[dict[str, Any]]:
+            for index in range(MAX_KEPT_EVENTS * 3):
+                yield {"event": "agent_stream", "data": {"index": index}}
+            yield {"event": "agent_completed", "data": {"output": "done"}}
+
+    run = await run_existing_agent(Chatty(), "chatty", {})
+    assert run.output == "done"
+    assert run.events_seen == MAX_KEPT_EVENTS * 3 + 1
+    assert len(run.events) == MAX_KEPT_EVENTS
+
+
+def test_a_draft_of_megabytes_is_a_specialist_failure() -> None:
+    class Hoards:
+        name, description = "Invoice", "hoards"
+
+        async def run(self, request: SpecialistRequest) -> str:
+            return "y" * (2_000_000 if request.iteration == 1 else 10)
+
+    graph = ReviewLoop([Hoards()]).compile(InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "big"}}
+
+    async def go() -> tuple[Any, Any]:
+        first = await graph.ainvoke({"messages": [HumanMessage(content="invoice")]}, config)
+        second = await graph.ainvoke(Command(resume="shorter"), config)
+        return first, second
+
+    first, second = asyncio.run(go())
+    request = first["__interrupt__"][0].value
+    assert request["message"].startswith("The Invoice specialist answered 2000000 "
+                                         "characters; a draft may have at most 1000000.")
+    assert stored_size(first) < 10_000
+    assert second["__interrupt__"][0].value["data"]["agent_result"] == "y" * 10
+
+
+def test_an_oversized_approval_answer_is_asked_again_and_not_kept() -> None:
+    author = Misbehaving("small")
+    graph = Orchestrator([Step("author", author, ("account_id",), "recommendations")],
+                         approval=ApprovalPolicy(timeout_seconds=None)).compile(InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "big-answer"}}
+
+    async def go() -> tuple[Any, dict[str, Any]]:
+        await graph.ainvoke({"messages": [HumanMessage(content="Review ACME-001")]}, config)
+        again = await graph.ainvoke(Command(resume={"action": "revise",
+                                                    "payload": "w" * 40_000}), config)
+        return again, dict((await graph.aget_state(config)).values)
+
+    again, state = asyncio.run(go())
+    assert again["__interrupt__"][0].value["message"].startswith(
+        "That answer was 40000 characters long; answers may be at most 32000.")
+    assert "feedback" not in state["shared"]
+    assert stored_size(state) < 10_000
+
+
+@pytest.mark.parametrize("answer", [None, {"total": 5}, 42, ["a draft"]], ids=repr)
+def test_a_specialist_answering_no_text_is_a_specialist_failure(answer: Any) -> None:
+    class Answers:
+        name, description = "Invoice", "answers anything"
+
+        async def run(self, request: SpecialistRequest) -> Any:
+            return answer if request.iteration == 1 else "a draft"
+
+    graph = ReviewLoop([Answers()]).compile(InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "odd"}}
+
+    async def go() -> tuple[Any, Any]:
+        first = await graph.ainvoke({"messages": [HumanMessage(content="invoice")]}, config)
+        return first, await graph.ainvoke(Command(resume="try again"), config)
+
+    first, second = asyncio.run(go())
+    assert first["__interrupt__"][0].value["message"].startswith(
+        f"The Invoice specialist answered {type(answer).__name__}, not text. Revise")
+    assert second["__interrupt__"][0].value["data"]["agent_result"] == "a draft"
