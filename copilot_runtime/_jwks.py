@@ -24,7 +24,6 @@ import asyncio
 import time
 from typing import Any
 
-import aiohttp
 import orjson
 import structlog
 
@@ -116,6 +115,8 @@ class KeySet:
         self._keys, self._fetched_at = keys, time.monotonic()
 
     async def _download(self) -> dict[str, Any]:
+        import aiohttp  # (here: importing the package must not load it, see its tests)
+
         timeout = aiohttp.ClientTimeout(total=self.timeout)
         # trust_env: an issuer reached through the environment's HTTP proxy, as PyJWT's was.
         async with aiohttp.ClientSession(timeout=timeout, trust_env=True) as session, \
