@@ -19,9 +19,8 @@ if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
     apt-get install -y -q chromium >/dev/null 2>&1 \
         || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
 fi
-# The legacy remote-endpoint tests run an older `copilotkit` SDK in an environment of its own:
-# made here, before the clock of any test starts.
-.venv/bin/python -c 'from tests.agents_support.legacy_env import legacy_python; legacy_python()'
+# (The legacy remote-endpoint tests' environment, mypy and the demo's web build run in the
+# background from the start of the session: tests/background.py.)
 # The persistence tests use the machine's PostgreSQL and Redis; start them if they are down.
 if command -v pg_isready >/dev/null && ! pg_isready -q -h 127.0.0.1 -p 5432; then
     pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start || true

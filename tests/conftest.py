@@ -20,6 +20,7 @@ from copilot_runtime import events as ev
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.events import EventBatches
 from copilot_runtime.testing import MockOpenAIServer
+from tests import background
 from tests.realclient_app import getWeather
 
 
@@ -278,8 +279,14 @@ def vacuum_catalogs(server: str, *, least_dead: int = VACUUM_FROM,
 _VACUUMED = pytest.StashKey[Vacuumed]()
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # The long commands some tests wait on start now, in the background (tests/background.py).
+    background.start(item.nodeid.split("::", 1)[0] for item in session.items)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    background.stop()
     if hasattr(session.config, "workerinput"):
         return  # a pytest-xdist worker: the controlling process vacuums once, at the end
     try:

@@ -19,6 +19,7 @@ from aiohttp import web
 from copilot_runtime import BuiltInAgent, CopilotRuntime, OpenAIAdapter, UpstreamError
 from copilot_runtime.agents.remote_endpoint import CopilotKitRemoteEndpoint, RetryPolicy
 from copilot_runtime.testing import verify_events
+from tests import background
 from tests.agents_support.legacy_env import legacy_python
 from tests.agents_support.processes import REPO_ROOT, child_process, free_port, mock_llm
 from tests.conftest import ServeRuntime, run_input, text_of, types
@@ -27,7 +28,8 @@ from tests.conftest import ServeRuntime, run_input, text_of, types
 @pytest.fixture(scope="module")
 def legacy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(remote endpoint URL, mock LLM base URL)."""
-    python = legacy_python()
+    background.result("legacy", timeout=600)  # made in the background from the start
+    python = legacy_python()  # (says why, if that failed)
     logs = tmp_path_factory.mktemp("legacy")
     port = free_port()
     with mock_llm(logs) as llm_url, child_process(

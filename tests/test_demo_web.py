@@ -34,6 +34,7 @@ from starlette.responses import PlainTextResponse
 from copilot_runtime.adapters.base import ChatRequest, ToolCallDelta, ToolSpec
 from copilot_runtime.adapters.demo import DemoAdapter
 from copilot_runtime.demo_pages import DemoPages
+from tests import background
 from tests.agents_support.processes import REPO_ROOT, free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -47,8 +48,7 @@ pytestmark = pytest.mark.timeout(720)
 
 @pytest.fixture(scope="session")
 def built_pages() -> Path:
-    done = subprocess.run([str(REPO_ROOT / "scripts" / "build_web.sh")], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=420, check=False)
+    done = background.result("web", timeout=420)  # started with the session
     if done.returncode != 0:
         pytest.fail(f"building the web pages failed:\n{done.stdout[-2000:]}\n"
                     f"{done.stderr[-3000:]}", pytrace=False)

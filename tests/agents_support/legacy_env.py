@@ -6,6 +6,7 @@ Created on first use (about 20 s with a warm pip cache), re-created when
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import shutil
 import subprocess
@@ -21,7 +22,14 @@ VENV = REPO_ROOT / ".venv-legacy"
 
 
 def legacy_python() -> Path:
-    """The legacy environment's interpreter, the environment made first if needed."""
+    """The legacy environment's interpreter, the environment made first if needed (by one
+    process at a time: the session makes it in the background, its test may ask meanwhile)."""
+    with open(REPO_ROOT / ".venv-legacy.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _made()
+
+
+def _made() -> Path:
     digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:16]
     stamp = VENV / f".installed-{digest}"
     python = VENV / "bin" / "python"
