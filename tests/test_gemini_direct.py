@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -280,11 +281,16 @@ async def test_client_errors_are_not_retried(mock: MockGeminiServer, status: int
 
 
 async def test_refused_connection() -> None:
+    """With `max_retries=0`, a refused connection is an error at once on both routes: the
+    SDK route slept 1 to 10 s and tried again (google-genai's own retry of a connection
+    error when it is given no retry options)."""
     dead = f"http://127.0.0.1:{free_port()}"
     for route in ROUTES:
+        started = time.monotonic()
         error = await failure(adapter(route, base_url=dead))
         assert type(error) is UpstreamConnectionError
         assert error.message == "Could not reach the Gemini API"
+        assert time.monotonic() - started < 0.9, route
 
 
 @pytest.mark.parametrize(("mode", "kind", "message", "attempts"), [

@@ -173,8 +173,9 @@ class GoogleGenAIAdapter:
         from google.genai import types as genai_types
 
         if self._client is None:
-            retry = (genai_types.HttpRetryOptions(attempts=self._max_retries + 1)
-                     if self._max_retries else None)
+            # Always given, `max_retries=0` too: without retry options the SDK retries a
+            # refused or reset connection once by itself, after sleeping 1 to 10 s.
+            retry = genai_types.HttpRetryOptions(attempts=self._max_retries + 1)
             # Our own aiohttp session: the SDK's default one subclasses ClientSession, which
             # aiohttp deprecates (a warning on every first request). Made inside the loop.
             # trust_env: HTTP(S)_PROXY and NO_PROXY, as the other adapters' SDK clients do.
