@@ -80,24 +80,25 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def environments(wheel: Path, tmp_path_factory: pytest.TempPathFactory,
-                 fresh_clone: Serving) -> Iterator[dict[str, Future[Path]]]:
-    """One fresh virtual environment per extra, installed two at a time (while the fresh
-    clone installs itself)."""
+                 fresh_clone: Serving) -> Iterator[dict[str, Future[tuple[Path, str]]]]:
+    """One fresh virtual environment per extra, installed and checked two at a time (while
+    the fresh clone installs itself): each, and what its check printed."""
     base = tmp_path_factory.mktemp("venvs")
 
     uv = Path(sys.executable).parent / "uv"
 
-    def install(extra: str) -> Path:
+    def install_and_check(extra: str) -> tuple[Path, str]:
         venv = base / (extra or "base")
         _run([str(uv), "venv", "--quiet", "--python", sys.executable, str(venv)],
              env=_clean_env())
         requirement = f"{wheel}[{extra}]" if extra else str(wheel)
         _run([str(uv), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
               requirement], env=_clean_env())
-        return venv
+        return venv, _run([str(venv / "bin" / "python"), str(CHECK), extra], cwd=venv,
+                          timeout=120, env=_clean_env())
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {extra: pool.submit(install, extra) for extra in extras()}
+        yield {extra: pool.submit(install_and_check, extra) for extra in extras()}
 
 
 def test_every_extra_has_a_check() -> None:
@@ -108,10 +109,9 @@ def test_every_extra_has_a_check() -> None:
 
 @pytest.mark.parametrize("extra", extras())
 def test_extra_installs_and_works_alone(extra: str,
-                                        environments: dict[str, Future[Path]]) -> None:
-    venv = environments[extra].result(timeout=INSTALL_TIMEOUT)
-    out = _run([str(venv / "bin" / "python"), str(CHECK), extra], cwd=venv, timeout=120,
-               env=_clean_env())
+                                        environments: dict[str, Future[tuple[Path, str]]]
+                                        ) -> None:
+    _, out = environments[extra].result(timeout=INSTALL_TIMEOUT + 120)
     assert out.strip().endswith(f"ok {extra or 'base'}")
 
 
@@ -181,8 +181,8 @@ def fresh_clone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serving]:
 
 
 def test_demo_without_extras_says_which_extra_adds_the_workflows(
-        environments: dict[str, Future[Path]]) -> None:
-    venv = environments[""].result(timeout=INSTALL_TIMEOUT)
+        environments: dict[str, Future[tuple[Path, str]]]) -> None:
+    venv, _ = environments[""].result(timeout=INSTALL_TIMEOUT + 120)
     with _serving([str(venv / "bin" / "copilot-runtime"), "demo", "--db", ":memory:"],
                   venv) as serving:
         printed = serving.wait(60)
