@@ -53,7 +53,6 @@ class KeySet:
         self.retry_after = retry_after
         self.timeout = timeout
         self.max_stale = max_stale
-        self.fetches = 0
         self._keys: dict[str, Any] | None = None
         self._fetched_at = 0.0  # monotonic time of the last fetch that gave keys
         self._tried_at = -float("inf")  # ... of the last fetch, whatever it gave
@@ -98,7 +97,6 @@ class KeySet:
 
     async def _fetch(self) -> None:
         self._tried_at = time.monotonic()
-        self.fetches += 1
         try:
             keys = await self._download()
         except Exception as exc:

@@ -15,10 +15,9 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Finished", "result", "start", "stop"]
+__all__ = ["result", "start", "stop"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,11 +31,7 @@ JOBS: dict[str, tuple[list[str], str]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Finished:
-    returncode: int
-    stdout: str
-    stderr: str
+Finished = subprocess.CompletedProcess[str]
 
 
 def _run(args: list[str], chain: _Chain | None = None) -> Finished:
@@ -52,7 +47,7 @@ def _run(args: list[str], chain: _Chain | None = None) -> Finished:
                 chain.running = None
         out.seek(0)
         err.seek(0)
-        return Finished(code, out.read(), err.read())
+        return Finished(args, code, out.read(), err.read())
 
 
 class _Chain(threading.Thread):
@@ -71,7 +66,8 @@ class _Chain(threading.Thread):
             try:
                 self.results[name] = _run(JOBS[name][0], self)
             except Exception as exc:  # (reported by the test that waits on it)
-                self.results[name] = Finished(-1, "", f"{type(exc).__name__}: {exc}")
+                self.results[name] = Finished(JOBS[name][0], -1, "",
+                                              f"{type(exc).__name__}: {exc}")
             self.done[name].set()
 
 

@@ -98,10 +98,12 @@ def parse_sse_ids(data: bytes) -> list[tuple[int | None, dict[str, Any]]]:
 
 
 @contextlib.asynccontextmanager
-async def serve(app: Any) -> AsyncIterator[str]:
+async def uvicorn_serving(app: Any, **options: Any
+                          ) -> AsyncIterator[tuple[uvicorn.Server, int]]:
+    """`app` served by uvicorn in this loop (`options`: its `Config`'s), and its port."""
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                            lifespan="on")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
+                            **{"log_level": "warning", **options})
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
@@ -109,10 +111,16 @@ async def serve(app: Any) -> AsyncIterator[str]:
         if task.done():
             task.result()
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield server, port
     finally:
         server.should_exit = True
         await task
+
+
+@contextlib.asynccontextmanager
+async def serve(app: Any) -> AsyncIterator[str]:
+    async with uvicorn_serving(app) as (_, port):
+        yield f"http://127.0.0.1:{port}"
 
 
 ServeRuntime = Callable[..., contextlib.AbstractAsyncContextManager[Served]]

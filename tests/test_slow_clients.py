@@ -28,7 +28,7 @@ from copilot_runtime import events as ev
 from copilot_runtime._input import RunInput
 from copilot_runtime.agents.base import Agent, EventBatches, RunContext
 from copilot_runtime.protocols import http
-from tests.conftest import ServeRuntime, free_port, poll, run_input
+from tests.conftest import ServeRuntime, free_port, poll, run_input, uvicorn_serving
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, user_turn
 
 pytestmark = pytest.mark.timeout(60)
@@ -83,21 +83,9 @@ def uvicorn_errors() -> Iterator[Errors]:
 @contextlib.asynccontextmanager
 async def serving(app: Any, **options: Any) -> AsyncIterator[tuple[uvicorn.Server, int]]:
     """`app` served in this loop with the command line's HTTP protocol and options."""
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
-                            lifespan="on", http=_serving._StopRunsFirst, ws="none",
-                            access_log=False, **options)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-        if task.done():
-            task.result()
-    try:
-        yield server, port
-    finally:
-        server.should_exit = True
-        await task
+    async with uvicorn_serving(app, log_config=None, http=_serving._StopRunsFirst, ws="none",
+                               access_log=False, **options) as served:
+        yield served
 
 
 async def raw_socket(port: int, data: bytes = b"", rcvbuf: int | None = None) -> socket.socket:
