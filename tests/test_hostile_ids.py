@@ -7,6 +7,10 @@ Every store now answers the same: an id that cannot be stored is refused where i
 thread or run to make (400), is a thread that does not exist where it names one to read
 (404), and message ids and text inside a run (which agents make and clients send back) are
 kept as far as a store can keep them, so the run is stored and stays readable.
+
+Thread, run and user ids are refused the characters names are too (C1 controls, line and
+paragraph separators, bidirectional overrides): every store could keep them, but an id is
+shown in logs and thread lists, where they break the line or make it read as another id.
 """
 
 from __future__ import annotations
@@ -32,7 +36,13 @@ pytestmark = pytest.mark.timeout(60)
 
 # Random enough that PostgreSQL cannot compress it into an index entry (2,704 bytes at most).
 _LONG = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(MAX_ID_LENGTH + 1))
-BAD_IDS = {"nul": "t\x00x", "newline": "a\nb", "long": _LONG}
+BAD_IDS = {"nul": "t\x00x", "newline": "a\nb", "long": _LONG,
+           # Storable, but shown in logs and lists: a terminal escape, and an id that reads
+           # as another one ("user-\u202eabc" shows as "user-cba").
+           "c1": "a\x9b2Jb", "bidi": "user-\u202eabc"}
+_PROBLEMS = {"long": f"The id is longer than {MAX_ID_LENGTH} characters",
+             "c1": "The id contains a line separator or a character that reorders text",
+             "bidi": "The id contains a line separator or a character that reorders text"}
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +89,8 @@ async def test_an_id_no_store_can_keep_is_refused_or_not_found(served: Served, b
             status, answer = await _answer(served, "POST", f"/agent/default/{route}", body)
             assert status == 400, (field, route, answer)
             details = orjson.loads(orjson.loads(answer)["details"])
-            assert details == [{"path": [field], "code": "invalid_id", "message": (
-                f"The id is longer than {MAX_ID_LENGTH} characters" if bad == "long"
-                else "The id contains a control character")}]
+            assert details == [{"path": [field], "code": "invalid_id", "message":
+                                _PROBLEMS.get(bad, "The id contains a control character")}]
     # Reading, renaming or deleting it: a thread that does not exist.
     reads: list[tuple[str, str, Any]] = [
         ("GET", f"/threads/{quoted}/messages", None), ("GET", f"/threads/{quoted}/events", None),

@@ -258,6 +258,10 @@ def id_problem(value: str) -> str | None:
         return f"is longer than {MAX_ID_LENGTH} characters"
     if CONTROL_CHARACTERS.search(value):
         return "contains a control character"
+    if NOT_IN_NAMES.search(value):
+        # A thread's or a user's id is shown in logs and lists, like a name: the same
+        # characters would break a log line or make the id read as another one.
+        return "contains a line separator or a character that reorders text"
     return None
 
 
