@@ -6,10 +6,19 @@ while the rest of the suite mostly waits on sockets and timers with the machine'
 idle. Run in the background from the end of collection, in the order their tests come, each
 is done, or nearly, when its test asks. Only the jobs of selected tests run; a test whose job
 did not run (its file run alone with another selection) runs it then.
+
+Under pytest-xdist every worker starts the chain, and each job runs once for the whole run:
+the first worker to take its lock runs it and leaves what it gave in a file of the run's
+directory (named by the run's id, which the controlling process removes at the end); the
+others wait on the lock and read that file.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,7 +26,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["result", "start", "stop"]
+__all__ = ["forget_run", "result", "start", "stop"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,6 +59,36 @@ def _run(args: list[str], chain: _Chain | None = None) -> Finished:
         return Finished(args, code, out.read(), err.read())
 
 
+def _run_dir(run_id: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"copilot-runtime-tests-{run_id}"
+
+
+def _run_once(name: str, chain: _Chain | None = None) -> Finished:
+    """Job `name`'s result: run here, or, under pytest-xdist, by whichever worker got to it
+    first."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run_id:
+        return _run(JOBS[name][0], chain)
+    shared = _run_dir(run_id)
+    shared.mkdir(exist_ok=True)
+    given = shared / f"{name}.json"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if given.is_file():
+            kept = json.loads(given.read_text())
+            return Finished(kept["args"], kept["returncode"], kept["stdout"], kept["stderr"])
+        done = _run(JOBS[name][0], chain)
+        if chain is None or not chain.stopped:  # (a job killed at the end gave nothing)
+            given.write_text(json.dumps({"args": done.args, "returncode": done.returncode,
+                                         "stdout": done.stdout, "stderr": done.stderr}))
+        return done
+
+
+def forget_run(run_id: str) -> None:
+    """Remove what the workers of the pytest-xdist run `run_id` shared."""
+    shutil.rmtree(_run_dir(run_id), ignore_errors=True)
+
+
 class _Chain(threading.Thread):
     def __init__(self, names: list[str]) -> None:
         super().__init__(name="background jobs", daemon=True)
@@ -64,7 +103,7 @@ class _Chain(threading.Thread):
             if self.stopped:
                 break
             try:
-                self.results[name] = _run(JOBS[name][0], self)
+                self.results[name] = _run_once(name, self)
             except Exception as exc:  # (reported by the test that waits on it)
                 self.results[name] = Finished(JOBS[name][0], -1, "",
                                               f"{type(exc).__name__}: {exc}")
@@ -88,7 +127,7 @@ def result(name: str, timeout: float) -> Finished:
     """What the job `name` gave, waited for at most `timeout` seconds (or run now)."""
     chain = _chain
     if chain is None or name not in chain.done:
-        return _run(JOBS[name][0])
+        return _run_once(name)
     if not chain.done[name].wait(timeout):
         raise TimeoutError(f"the background job {name!r} took longer than {timeout} s")
     return chain.results[name]

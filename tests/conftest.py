@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Self
@@ -287,6 +288,14 @@ def vacuum_catalogs(server: str, *, least_dead: int = VACUUM_FROM,
 _VACUUMED = pytest.StashKey[Vacuumed]()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput") \
+            and getattr(config.option, "testrunuid", "") is None:
+        # pytest-xdist's controlling process: the run's id, known here so that what its
+        # workers share (tests/background.py) is removed at the end.
+        config.option.testrunuid = uuid.uuid4().hex
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     # The long commands some tests wait on start now, in the background (tests/background.py).
     background.start(item.nodeid.split("::", 1)[0] for item in session.items)
@@ -297,6 +306,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     background.stop()
     if hasattr(session.config, "workerinput"):
         return  # a pytest-xdist worker: the controlling process vacuums once, at the end
+    if getattr(session.config.option, "testrunuid", None):
+        background.forget_run(session.config.option.testrunuid)
     try:
         from tests.hitl_support.postgres import SERVER
     except ImportError:
