@@ -76,6 +76,8 @@ STORE_RETRY_FOR = 10.0
 #: (then twice as long each time, up to 2 s).
 _STOP_AGAIN = 0.5
 _SHUTDOWN_MESSAGE = "The run was interrupted: the server driving it shut down"
+#: The code of the `RUN_ERROR` that ends a run cut at its `max_run_seconds`.
+RUN_TIMEOUT_CODE = "RUN_TIMEOUT"
 _LEASE_LOST_MESSAGE = ("The run was stopped: this server could not keep its hold on the "
                        "thread, which another server may now take")
 _INPUT_KEYS = ("threadId", "runId", "parentRunId", "state", "messages", "tools", "context",
@@ -179,12 +181,15 @@ class ActiveRun:
     def cancel(self, reason: str) -> bool:
         """Stop the run from outside (`"stop"`), because its client left (`"disconnect"`) or
         because this process could not keep the thread's lease (`"lost"`: it ends with a
-        `RUN_ERROR` coded `LEASE_LOST`, as another worker may take the thread).
+        `RUN_ERROR` coded `LEASE_LOST`, as another worker may take the thread), or because it
+        ran past the runtime's `max_run_seconds` (`"timeout"`: a `RUN_ERROR` coded
+        `RUN_TIMEOUT`; never once its end was produced, which is being stored).
 
         A run reserved but not driven yet is stopped as soon as `drive` begins: its stream
         still starts and ends as a stop's does, and its agent is never asked."""
         if self._finished or self.cancel_reason or (
-                self.task is not None and self.task.done()):
+                self.task is not None and self.task.done()) or (
+                reason == "timeout" and self.order.terminated):
             return False
         self.cancel_reason = reason
         self.context.cut_reason = reason
@@ -243,6 +248,10 @@ class ActiveRun:
         self.task = asyncio.current_task()
         if self.cancel_reason is not None and self.task is not None:
             self.task.cancel()  # stopped before it was driven (see `cancel`)
+        limit = self.manager.max_run_seconds
+        # Cut as a stop is (its upstream requests cancelled, its stream ended), with an error.
+        deadline = None if limit is None else \
+            asyncio.get_running_loop().call_later(limit, self.cancel, "timeout")
         stream = self._stream()
         try:
             async for batch in stream:
@@ -268,6 +277,10 @@ class ActiveRun:
                     tail.append(ev.run_error(_SHUTDOWN_MESSAGE, code=INTERRUPTED_CODE))
                 elif reason == "lost":
                     tail.append(ev.run_error(_LEASE_LOST_MESSAGE, code=LEASE_LOST_CODE))
+                elif reason == "timeout":
+                    tail.append(ev.run_error(
+                        f"The run did not finish within {limit:g} seconds",
+                        code=RUN_TIMEOUT_CODE))
                 else:
                     tail.append(ev.run_finished(self.thread_id, self.run_id))
                 self.order.terminated = True
@@ -289,6 +302,8 @@ class ActiveRun:
             if reason != "disconnect":
                 await write(tail)
         finally:
+            if deadline is not None:
+                deadline.cancel()
             await stream.aclose()
             await self._finish()
 
@@ -571,9 +586,12 @@ class RunManager:
     """The runs active in this process, at most one per thread."""
 
     def __init__(self, store: ThreadStore, max_run_bytes: int = DEFAULT_MAX_RUN_BYTES,
-                 coordinator: Coordinator | None = None) -> None:
+                 coordinator: Coordinator | None = None,
+                 max_run_seconds: float | None = None) -> None:
         self.store = store
         self.max_run_bytes = max_run_bytes
+        #: Seconds a run may be driven before it is cut (`RUN_TIMEOUT_CODE`); None: no limit.
+        self.max_run_seconds = max_run_seconds
         self.active: dict[str, ActiveRun] = {}
         #: Threads being deleted here (how many deletes of each): a run asking for one is
         #: busy until the deletes are done.

@@ -48,6 +48,8 @@ COMPATIBLE_VERSION = "1.75.0"
 
 
 _log = structlog.get_logger("copilot_runtime.runtime")
+#: The longest `max_run_seconds` (100 years).
+_MAX_RUN_SECONDS = 100 * 365.25 * 86400
 
 class CopilotRuntime:
     """The protocol-neutral runtime.
@@ -55,7 +57,9 @@ class CopilotRuntime:
     `agents` maps agent ids to agents. With `service_adapter`, a `BuiltInAgent` over it
     serves as the `default` agent (unless `agents` names one `default` already) with the
     server-side `actions`. `max_run_bytes` bounds what one run keeps in the thread store
-    (as encoded JSON; longer strings are cut, and the cut logged).
+    (as encoded JSON; longer strings are cut, and the cut logged). `max_run_seconds` bounds
+    how long a run is driven: one still going then is cut as a stop is, and ends with a
+    `RUN_ERROR` coded `RUN_TIMEOUT` (None, the default: no bound).
 
     Serving many users (all optional; without them nothing is checked or counted):
     `auth` identifies callers and makes threads private to whoever started them;
@@ -91,6 +95,7 @@ class CopilotRuntime:
         telemetry: Any = None,
         max_run_bytes: int = DEFAULT_MAX_RUN_BYTES,
         coordinator: Coordinator | str | None = None,
+        max_run_seconds: float | None = None,
     ) -> None:
         self.agents: dict[str, Agent] = dict(agents or {})
         self.actions = list(actions)
@@ -118,7 +123,14 @@ class CopilotRuntime:
                 "a shared coordinator needs a thread store every worker can read: pass "
                 "thread_store=thread_store('postgresql://...') (the in-memory store is this "
                 "process's alone)")
-        self.runs = RunManager(self.store, max_run_bytes, self.coordinator)
+        if max_run_seconds is not None and not (
+                isinstance(max_run_seconds, int | float) and not isinstance(max_run_seconds, bool)
+                and 0 < max_run_seconds <= _MAX_RUN_SECONDS):
+            # (bounded: an event loop's timer takes milliseconds as a 64-bit integer)
+            raise ConfigurationError("max_run_seconds must be more than 0 and at most "
+                                     f"{_MAX_RUN_SECONDS:.0f} seconds (100 years), or None; "
+                                     f"got {max_run_seconds!r}")
+        self.runs = RunManager(self.store, max_run_bytes, self.coordinator, max_run_seconds)
         self._sweep: RecoverySweep | None = RecoverySweep(
             self.runs.durable, self.runs.active, self.coordinator) \
             if self.coordinator.shared else None
