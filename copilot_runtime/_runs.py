@@ -333,10 +333,13 @@ class ActiveRun:
         except CopilotRuntimeError as exc:
             tail = self.order.closing_events()
             tail.append(ev.run_error(exc.message, code=exc.code))
-        except Exception:
-            # The stack goes to the log; the client gets a message without internals.
+        except Exception as exc:
+            # The stack goes to the log (and the run's span); the client gets a message
+            # without internals.
             _log.exception("agent failed", agent=self.agent_id, thread_id=self.thread_id,
                            run_id=self.run_id)
+            if self.context.telemetry is not None:
+                self.context.telemetry.agent_failed(exc)
             tail = self.order.closing_events()
             tail.append(ev.run_error(f"Agent '{self.agent_id}' failed unexpectedly",
                                      code="AGENT_ERROR"))

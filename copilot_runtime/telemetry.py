@@ -280,6 +280,14 @@ class RunTelemetry:
         except Exception:
             self.telemetry.failed()
 
+    def agent_failed(self, error: BaseException) -> None:
+        """The run's agent raised `error` (its client reads only that it failed): the
+        exception on the run's span, its secrets blanked, beside the log's stack."""
+        try:
+            self.telemetry.record_error(self.span, error)
+        except Exception:
+            self.telemetry.failed()
+
     def end(self, outcome: str, error: Mapping[str, Any] | None) -> None:
         try:
             self._end(outcome, error)

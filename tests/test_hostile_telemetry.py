@@ -19,8 +19,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from copilot_runtime import BearerTokenAuth, CopilotRuntime, OpenAIAdapter, PatternGuardrail
+from copilot_runtime import (
+    BearerTokenAuth,
+    CopilotRuntime,
+    OpenAIAdapter,
+    PatternGuardrail,
+    RunInput,
+)
+from copilot_runtime import events as ev
+from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.auth import RequestInfo
+from copilot_runtime.events import EventBatches
 from copilot_runtime.hooks import RunFinished
 from copilot_runtime.telemetry import (
     MAX_ATTRIBUTE,
@@ -323,3 +332,40 @@ async def test_every_span_ends_with_a_status_on_every_path(
                         "stopped"]
     (tool,) = [s for s in spans if s.name == "execute_tool getWeather"]
     assert tool.status.status_code == StatusCode.ERROR
+
+
+class _Crashing(Agent):
+    """Fails as a driver does, its error naming a database URL with its password."""
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._run()
+
+    async def _run(self) -> Any:
+        yield [ev.text_message_start("m"), ev.text_message_content("m", "so far ")]
+        raise _driver_error()
+
+
+async def test_an_agents_exception_is_on_its_run_span_without_secrets(
+        traced: tuple[Telemetry, InMemorySpanExporter], serve_runtime: ServeRuntime,
+        llm: MockOpenAIServer) -> None:
+    """An agent that raised ended its run with AGENT_ERROR on the span, and the exception
+    only in the log: a trace said that the run failed, never why. Now the exception is on
+    the run's span (type, message and stack), blanked as in logs; the client still reads
+    only that the agent failed."""
+    telemetry, exporter = traced
+    runtime = CopilotRuntime(agents={"crashing": _Crashing()}, telemetry=telemetry)
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("Hi", thread="x"), agent="crashing")
+    assert events[-1]["type"] == "RUN_ERROR"
+    assert events[-1]["message"] == "Agent 'crashing' failed unexpectedly"
+    assert "pool down" not in orjson.dumps(events).decode()
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "copilotkit.run"]
+    assert span.status.status_code == StatusCode.ERROR
+    assert (span.attributes or {})["error.type"] == "AGENT_ERROR"
+    (event,) = span.events
+    attributes = dict(event.attributes or {})
+    assert attributes["exception.type"] == "RuntimeError"
+    assert "pool down: postgresql://[REDACTED]@db" in str(attributes["exception.message"])
+    assert "OSError: connect failed" in str(attributes["exception.stacktrace"])
+    for secret in (DB_PASSWORD, API_KEY, BEARER):
+        assert secret not in _span_text(span)
