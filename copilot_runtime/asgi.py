@@ -3,8 +3,9 @@
 `CopilotEndpoint` routes by path and, on the base path, by body: JSON with `method` is the
 AG-UI single-route envelope, JSON with `query` (or a GET with `?query=`) is GraphQL. It
 answers CORS, enforces the body limit, and never lets an exception's internals reach a
-client. `create_app` makes a standalone app; `mount_runtime` adds the endpoint to an
-existing FastAPI or Starlette app.
+client. `health` and `ready` under the base path answer a load balancer's probes, before
+authentication, hooks and telemetry. `create_app` makes a standalone app; `mount_runtime`
+adds the endpoint to an existing FastAPI or Starlette app.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class CopilotEndpoint:
         self.agui = AGUIProtocol(runtime, max_body_size=max_body_size, keepalive=keepalive)
         self.keepalive = keepalive
         self._graphql: GraphQLProtocol | None = None
+        self._probes = {self.path + "/health": False, self.path + "/ready": True}
 
     @property
     def graphql(self) -> GraphQLProtocol:
@@ -94,15 +96,19 @@ class CopilotEndpoint:
             return
         if kind != "http":
             return
-        if not self.runtime.started:
-            # Served without our lifespan (a host app that does not run it, or a test
-            # client): what runs beside the requests starts with the first one.
-            await self.runtime.start()
         path = _routing_path(scope)
         root: str = scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root):]
         request = Request(scope, receive, send, path, [])
+        readiness = self._probes.get(path.rstrip("/") or "/")
+        if readiness is not None:
+            await self._probe(request, readiness)
+            return
+        if not self.runtime.started:
+            # Served without our lifespan (a host app that does not run it, or a test
+            # client): what runs beside the requests starts with the first one.
+            await self.runtime.start()
         request.cors = self.cors.headers(request.headers)
         try:
             if self.runtime.wants_request_info and request.method != "OPTIONS":
@@ -121,6 +127,31 @@ class CopilotEndpoint:
                 else {"error": "internal_error", "message": message}
             with contextlib.suppress(Exception):
                 await send_json(request, 500, body)
+
+    async def _probe(self, request: Request, readiness: bool) -> None:
+        """`health`: 200 while the process serves. `ready`: 200, or 503 naming what cannot
+        serve now (`CopilotRuntime.unready`), so that a balancer sends requests elsewhere
+        while this worker's store or coordinator is away, or while it closes. Neither needs
+        credentials, nor says more than that."""
+        if request.method not in ("GET", "HEAD"):
+            await send_method_not_allowed(request, b"GET, HEAD")
+            return
+        if not readiness:
+            await send_json(request, 200, {"status": "ok"})
+            return
+        unready: list[str] = []
+        if not self.runtime.started:
+            try:
+                await self.runtime.start()
+            except Exception:  # its log says why; the probe only that it cannot serve
+                unready = ["starting"]
+        if not unready:
+            unready = await self.runtime.unready()
+        if unready:
+            await send_json(request, 503, {"status": "unavailable", "unavailable": unready},
+                            [(b"retry-after", b"1"), (b"cache-control", b"no-store")])
+        else:
+            await send_json(request, 200, {"status": "ready"}, [(b"cache-control", b"no-store")])
 
     async def _identified(self, request: Request, path: str) -> None:
         """Dispatch once the runtime knows who asks (a 401 or a hook's refusal otherwise)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -48,6 +48,8 @@ COMPATIBLE_VERSION = "1.75.0"
 
 
 _log = structlog.get_logger("copilot_runtime.runtime")
+#: Seconds a readiness probe waits for the thread store and the coordinator (each).
+READY_TIMEOUT = 2.0
 #: The longest `max_run_seconds` (100 years).
 _MAX_RUN_SECONDS = 100 * 365.25 * 86400
 
@@ -177,6 +179,9 @@ class CopilotRuntime:
         self.approvals = ApprovalService(self)
         self._started = False
         self._closed = False
+        self._readiness: asyncio.Future[list[str]] | None = None
+        #: Seconds a readiness probe (`unready`) waits for the store and the coordinator.
+        self.ready_timeout = READY_TIMEOUT
 
     @property
     def observed(self) -> bool:
@@ -365,6 +370,38 @@ class CopilotRuntime:
         if owner is None:
             return self.runs.replay(thread_id, after)
         return _trust.replay_visible(self.runs, owner, thread_id, after)
+
+    async def unready(self) -> list[str]:
+        """What keeps this runtime from serving now, for a load balancer's readiness probe:
+        `"closing"` once it closes, `"thread_store"` and `"coordinator"` when a store or a
+        shared coordinator with a `ping()` does not answer one within `ready_timeout`
+        seconds.
+        Empty: ready. Probes that come while one is checked share its answer (a probe per
+        second from each balancer never queues up round trips to a server that hangs)."""
+        if self._closed:
+            return ["closing"]
+        checking = self._readiness
+        if checking is None or checking.done():
+            checking = self._readiness = asyncio.ensure_future(self._check_ready())
+        return list(await asyncio.shield(checking))
+
+    async def _check_ready(self) -> list[str]:
+        timeout = self.ready_timeout
+        parts: list[tuple[str, Any]] = [("thread_store", getattr(self.store, "ping", None))]
+        if self.coordinator.shared:
+            parts.append(("coordinator", getattr(self.coordinator, "ping", None)))
+        probed = [(name, ping) for name, ping in parts if ping is not None]
+
+        async def answers(ping: Callable[[], Awaitable[None]]) -> bool:
+            try:
+                async with asyncio.timeout(timeout):
+                    await ping()
+            except Exception:  # (TimeoutError included) its log says why, if anything
+                return False
+            return True
+
+        answered = await asyncio.gather(*(answers(ping) for _, ping in probed))
+        return [name for (name, _), ok in zip(probed, answered, strict=True) if not ok]
 
     async def aclose(self) -> None:
         """Stop the approvals' timer, then active runs; release agents, adapters and the store.

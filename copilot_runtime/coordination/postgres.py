@@ -213,6 +213,10 @@ class PostgresCoordinator(SharedCoordinator):
              self.channel))
         return [None] * len(leases)
 
+    async def ping(self) -> None:
+        """One round trip to the server (a readiness probe)."""
+        await self._fetch("SELECT 1", ())
+
     async def holder(self, thread_id: str) -> str | None:
         rows = await self._fetch(
             f"SELECT run_id FROM {self.table} WHERE thread_id = %s AND expires_at >= now()",

@@ -213,6 +213,12 @@ class RedisCoordinator(SharedCoordinator):
                 [self._open_ms()])])
         return value[32:].decode() if value else None
 
+    async def ping(self) -> None:
+        """One round trip to the server (a readiness probe)."""
+        async with self._reachable():
+            await self.start()
+            await self._redis.ping()
+
     async def holder(self, thread_id: str) -> str | None:
         async with self._reachable():
             await self.start()

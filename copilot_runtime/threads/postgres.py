@@ -429,6 +429,11 @@ class PostgresThreadStore:
                          "will keep growing unless they are vacuumed", schema=self.schema)
         await self._pool.open()
 
+    async def ping(self) -> None:
+        """One round trip to the server, on a pooled connection (a readiness probe)."""
+        async with self._reachable(), self._pool.connection() as conn:
+            await conn.execute("SELECT 1")
+
     async def schema_version(self) -> int:
         async with self._reachable():
             async with self._pool.connection() as conn:

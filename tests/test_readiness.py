@@ -1,0 +1,142 @@
+"""`GET {base}/health` and `GET {base}/ready`: what a load balancer probes to choose workers.
+
+`health` says the process serves; `ready` says whether this worker can serve a chat now: a
+503 naming what cannot (its PostgreSQL thread store, its shared coordinator, or the runtime
+closing) while any of it does not answer within `ready_timeout`, 200 once it does again.
+Before, a balancer could probe only `/info`, which needs credentials once `auth` is set (every
+worker then looked down) and said nothing of the store or coordinator (a worker cut off from
+PostgreSQL kept taking chats and answering each with a 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from copilot_runtime import BearerTokenAuth, CopilotRuntime
+from copilot_runtime.auth import RequestInfo
+from copilot_runtime.testing import MockOpenAIServer
+from copilot_runtime.threads import InMemoryThreadStore
+from tests.conftest import ServeRuntime, openai_runtime
+from tests.hitl_support.postgres import SERVER
+from tests.test_store_outage import TIMEOUT, Proxy, _store
+
+pytestmark = pytest.mark.timeout(60)
+
+#: The probes' bound in these tests (seconds).
+READY_TIMEOUT = 1.0
+
+
+async def _get(session: Any, url: str, method: str = "GET") -> tuple[int, Any, Any]:
+    async with session.request(method, url) as response:
+        body = await response.read()
+        return response.status, response.headers, orjson.loads(body) if body else None
+
+
+async def test_probes_answer_without_credentials_hooks_or_a_store(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    asked: list[str] = []
+
+    def on_request(request: RequestInfo) -> None:
+        asked.append(request.path)
+        raise ConnectionError("policy service down")
+
+    runtime = openai_runtime(llm, auth=BearerTokenAuth({"tok-alice-0001": "alice"}),
+                             on_request=on_request)
+    async with serve_runtime(runtime) as served:
+        session = served.session
+        status, _, _ = await _get(session, served.url + "/info")
+        assert status == 401
+        async with session.get(served.url + "/info", headers={
+                "Authorization": "Bearer tok-alice-0001"}) as response:
+            assert response.status == 503  # the hook's service is down
+        status, _, body = await _get(session, served.url + "/health")
+        assert (status, body) == (200, {"status": "ok"})
+        status, headers, body = await _get(session, served.url + "/ready")
+        assert (status, body) == (200, {"status": "ready"})
+        assert headers["cache-control"] == "no-store"
+        status, _, body = await _get(session, served.url + "/ready/", "HEAD")
+        assert (status, body) == (200, None)
+        status, headers, _ = await _get(session, served.url + "/ready", "POST")
+        assert (status, headers["allow"]) == (405, "GET, HEAD")
+    assert asked == ["/api/copilotkit/info"]  # the probes never reached it
+
+
+@pytest.fixture(params=[5432, 6379], ids=["postgresql", "redis"])
+async def behind_proxy(request: pytest.FixtureRequest) -> AsyncIterator[Proxy]:
+    """PostgreSQL (the store and the coordinator) or Redis (the coordinator; the store then
+    on PostgreSQL directly) behind a proxy the test takes down."""
+    made = Proxy(request.param)
+    try:
+        await made.up()
+        yield made
+    finally:
+        await made.down()
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{made.schema}" CASCADE')
+
+
+async def test_ready_names_what_cannot_be_reached_and_recovers(
+        behind_proxy: Proxy, llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    proxy = behind_proxy
+    on_postgres = proxy.target == 5432
+    store = _store(proxy.port if on_postgres else 5432, proxy.schema)
+    runtime = openai_runtime(llm, thread_store=store, coordinator=proxy.coordinator())
+    runtime.ready_timeout = READY_TIMEOUT
+    cut = ["thread_store", "coordinator"] if on_postgres else ["coordinator"]
+    async with serve_runtime(runtime) as served:
+        url = served.url + "/ready"
+        status, _, body = await _get(served.session, url)
+        assert (status, body) == (200, {"status": "ready"})
+        for outage in ("down", "hang"):
+            if outage == "down":
+                await proxy.down()
+            else:
+                proxy.hang()
+            started = time.monotonic()
+            status, headers, body = await _get(served.session, url)
+            took = time.monotonic() - started
+            assert status == 503, body
+            assert body == {"status": "unavailable", "unavailable": cut}
+            assert headers["retry-after"] == "1"
+            assert took < READY_TIMEOUT + TIMEOUT, took  # never held past the probe's bound
+            # Liveness is not readiness: the process itself serves.
+            status, _, body = await _get(served.session, served.url + "/health")
+            assert (status, body) == (200, {"status": "ok"})
+            await proxy.up()
+            for _ in range(int(10 / 0.2)):  # the pools reconnect on their own
+                status, _, body = await _get(served.session, url)
+                if status == 200:
+                    break
+                await asyncio.sleep(0.2)
+            assert (status, body) == (200, {"status": "ready"})
+    assert await runtime.unready() == ["closing"]
+
+
+class _SlowToPing(InMemoryThreadStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pings = 0
+
+    async def ping(self) -> None:
+        self.pings += 1
+        await asyncio.sleep(3600)
+
+
+async def test_probes_that_come_together_share_one_check() -> None:
+    store = _SlowToPing()
+    runtime = CopilotRuntime(agents={}, thread_store=store)
+    runtime.ready_timeout = 0.3
+    started = time.monotonic()
+    answers = await asyncio.gather(*(runtime.unready() for _ in range(50)))
+    assert answers == [["thread_store"]] * 50
+    assert store.pings == 1
+    assert time.monotonic() - started < 2
+    assert await runtime.unready() == ["thread_store"]  # the next probe checks again
+    assert store.pings == 2
