@@ -8,6 +8,7 @@ kept its thread busy until someone pressed stop, or forever once its client had 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -16,13 +17,20 @@ from typing import Any
 import orjson
 import pytest
 
-from copilot_runtime import ConfigurationError, CopilotRuntime, RunInput, thread_store
+from copilot_runtime import (
+    ConfigurationError,
+    CopilotRuntime,
+    RunInput,
+    coordinator,
+    thread_store,
+)
 from copilot_runtime import events as ev
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.events import EventBatches
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import ServeRuntime, openai_runtime, parse_sse, poll, run_input, types
 from tests.gql.wire import user_turn
+from tests.hitl_support.postgres import postgres_schema
 from tests.test_graphql_protocol import generate
 
 pytestmark = pytest.mark.timeout(60)
@@ -61,14 +69,25 @@ def _timed_out(events: list[dict[str, Any]]) -> None:
     assert events[-1]["message"] == f"The run did not finish within {_LIMIT:g} seconds"
 
 
-@pytest.mark.parametrize("store", ["memory", "sqlite"])
+@pytest.mark.parametrize("store", ["memory", "sqlite", "postgresql"])
 async def test_a_run_past_the_limit_ends_with_run_timeout_and_its_thread_goes_on(
         store: str, llm: MockOpenAIServer, serve_runtime: ServeRuntime,
         tmp_path: Path) -> None:
     agent = StuckOnce()
-    options: dict[str, Any] = {} if store == "memory" else {
-        "thread_store": thread_store(f"sqlite:///{tmp_path / 'threads.db'}")}
-    runtime = openai_runtime(llm, agents={"stuck": agent}, max_run_seconds=_LIMIT, **options)
+    with contextlib.ExitStack() as stack:
+        options: dict[str, Any] = {}
+        if store == "sqlite":
+            options["thread_store"] = thread_store(f"sqlite:///{tmp_path / 'threads.db'}")
+        elif store == "postgresql":  # and a shared coordinator: the lease goes back too
+            url = stack.enter_context(postgres_schema())
+            options.update(thread_store=thread_store(url), coordinator=coordinator(url))
+        runtime = openai_runtime(llm, agents={"stuck": agent}, max_run_seconds=_LIMIT,
+                                 **options)
+        await _times_out_and_goes_on(runtime, agent, serve_runtime)
+
+
+async def _times_out_and_goes_on(runtime: CopilotRuntime, agent: StuckOnce,
+                                 serve_runtime: ServeRuntime) -> None:
     async with serve_runtime(runtime) as served:
         started = time.monotonic()
         events = await served.run(run_input("hi", thread="t", run="r1"), agent="stuck")
