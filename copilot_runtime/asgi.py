@@ -109,7 +109,7 @@ class CopilotEndpoint:
             # Served without our lifespan (a host app that does not run it, or a test
             # client): what runs beside the requests starts with the first one.
             await self.runtime.start()
-        request.cors = self.cors.headers(request.headers)
+        request.answer_headers = self.cors.headers(request.headers)
         try:
             if self.runtime.wants_request_info and request.method != "OPTIONS":
                 await self._identified(request, path)
@@ -185,7 +185,7 @@ class CopilotEndpoint:
         relative = path[len(base):].strip("/")
         if request.method == "OPTIONS":
             await send_bytes(request, 204, b"", self.cors.preflight(request.headers)[
-                len(request.cors):])
+                len(request.answer_headers):])
             return
         if not relative:
             await self._base(request)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -119,11 +120,11 @@ class CORSPolicy:
 class Request:
     """What the handlers need of an HTTP request, parsed once."""
 
-    __slots__ = ("cors", "headers", "info", "method", "path", "query", "receive", "scope",
+    __slots__ = ("answer_headers", "headers", "info", "method", "path", "query", "receive", "scope",
                  "send", "status")
 
     def __init__(self, scope: Scope, receive: Receive, send: Send, path: str,
-                 cors: Headers) -> None:
+                 answer_headers: Headers) -> None:
         self.scope = scope
         self.receive = receive
         self.send = send
@@ -133,7 +134,8 @@ class Request:
         headers = {k.lower(): v for k, v in raw}
         self.headers: dict[bytes, bytes] = headers if len(headers) == len(raw) else _combined(raw)
         self.query: bytes = scope.get("query_string", b"")
-        self.cors = cors
+        #: What every answer to it carries: CORS's headers, and its `X-Request-ID`.
+        self.answer_headers = answer_headers
         #: Who asks, when the runtime needs to know (identity, hooks, limits, telemetry).
         self.info: RequestInfo | None = None
         #: The answer's HTTP status once it has started (for the request's span).
@@ -168,13 +170,26 @@ def _combined(raw: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
             for name, values in lines.items()}
 
 
+#: What an incoming `X-Request-ID` may be to be kept (a proxy's or a client's id: letters,
+#: digits and `-_.:`, at most 128): anything else could forge or break a log line.
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+
+
 def request_info(request: Request) -> RequestInfo:
-    """The request as authenticators, hooks and limits see it."""
+    """The request as authenticators, hooks and limits see it; its id is the request's
+    `X-Request-ID` when that is a plain token (a load balancer's, to follow a request from
+    its logs into ours), else a new one. Every answer carries it back as `X-Request-ID`."""
     client = request.scope.get("client")
-    return RequestInfo(
+    info = RequestInfo(
         method=request.method, path=request.path,
         headers={k.decode("latin-1"): v.decode("latin-1") for k, v in request.headers.items()},
         client=client[0] if client else None)
+    given = request.headers.get(b"x-request-id")
+    if given is not None and _REQUEST_ID.fullmatch(given):
+        info.request_id = given.decode()
+    request.answer_headers = [*request.answer_headers,
+                              (b"x-request-id", info.request_id.encode())]
+    return info
 # How much of an over-limit body is read (and discarded) before answering 413, and for how
 # long: see `_drain`.
 _DRAIN_BYTES = 64 * 1024 * 1024
@@ -359,7 +374,8 @@ async def send_bytes(request: Request, status: int, body: bytes,
     request.status = status
     await request.send({
         "type": "http.response.start", "status": status,
-        "headers": [*headers, (b"content-length", str(len(body)).encode()), *request.cors],
+        "headers": [*headers, (b"content-length", str(len(body)).encode()),
+                    *request.answer_headers],
     })
     await request.send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -388,7 +404,7 @@ def encode_positioned(items: Sequence[Positioned]) -> bytes:
 async def _start_sse(request: Request) -> None:
     request.status = 200
     await request.send({"type": "http.response.start", "status": 200,
-                        "headers": [*_SSE_HEADERS, *request.cors]})
+                        "headers": [*_SSE_HEADERS, *request.answer_headers]})
 
 
 async def _end(request: Request) -> None:
@@ -481,7 +497,7 @@ async def stream_run(request: Request, run: ActiveRun,
     send = request.send
     request.status = 200
     await request.send({"type": "http.response.start", "status": 200,
-                        "headers": [*headers, *request.cors]})
+                        "headers": [*headers, *request.answer_headers]})
     stream = _Stream()
     loop = asyncio.get_running_loop()
 
