@@ -17,6 +17,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES
+from copilot_runtime._retention import RetentionSweep
 from copilot_runtime._runs import ActiveRun, RunManager
 from copilot_runtime._shared_runs import RecoverySweep
 from copilot_runtime.actions import Action
@@ -50,8 +51,21 @@ COMPATIBLE_VERSION = "1.75.0"
 _log = structlog.get_logger("copilot_runtime.runtime")
 #: Seconds a readiness probe waits for the thread store and the coordinator (each).
 READY_TIMEOUT = 2.0
-#: The longest `max_run_seconds` (100 years).
-_MAX_RUN_SECONDS = 100 * 365.25 * 86400
+#: Seconds between two sweeps of the threads past `thread_retention_seconds`.
+RETENTION_SWEEP_EVERY = 600.0
+#: The longest `max_run_seconds` or `thread_retention_seconds` (100 years).
+_MAX_SECONDS = 100 * 365.25 * 86400
+
+
+def _check_seconds(value: object, name: str) -> None:
+    """A positive number of seconds, at most 100 years (an event loop's timer takes
+    milliseconds as a 64-bit integer), or None: else ConfigurationError."""
+    if value is not None and not (isinstance(value, int | float)
+                                  and not isinstance(value, bool)
+                                  and 0 < value <= _MAX_SECONDS):
+        raise ConfigurationError(f"{name} must be more than 0 and at most "
+                                 f"{_MAX_SECONDS:.0f} seconds (100 years), or None; "
+                                 f"got {value!r}")
 
 class CopilotRuntime:
     """The protocol-neutral runtime.
@@ -98,6 +112,7 @@ class CopilotRuntime:
         max_run_bytes: int = DEFAULT_MAX_RUN_BYTES,
         coordinator: Coordinator | str | None = None,
         max_run_seconds: float | None = None,
+        thread_retention_seconds: float | None = None,
     ) -> None:
         self.agents: dict[str, Agent] = dict(agents or {})
         self.actions = list(actions)
@@ -125,13 +140,18 @@ class CopilotRuntime:
                 "a shared coordinator needs a thread store every worker can read: pass "
                 "thread_store=thread_store('postgresql://...') (the in-memory store is this "
                 "process's alone)")
-        if max_run_seconds is not None and not (
-                isinstance(max_run_seconds, int | float) and not isinstance(max_run_seconds, bool)
-                and 0 < max_run_seconds <= _MAX_RUN_SECONDS):
-            # (bounded: an event loop's timer takes milliseconds as a 64-bit integer)
-            raise ConfigurationError("max_run_seconds must be more than 0 and at most "
-                                     f"{_MAX_RUN_SECONDS:.0f} seconds (100 years), or None; "
-                                     f"got {max_run_seconds!r}")
+        _check_seconds(max_run_seconds, "max_run_seconds")
+        _check_seconds(thread_retention_seconds, "thread_retention_seconds")
+        if thread_retention_seconds is not None \
+                and getattr(self.store, "stale_threads", None) is None:
+            raise ConfigurationError(
+                "thread_retention_seconds needs a thread store that can list its stale "
+                f"threads (stale_threads); {type(self.store).__name__} cannot")
+        #: Seconds after its last run a thread is deleted (None: kept for ever).
+        self.thread_retention_seconds = thread_retention_seconds
+        #: Seconds between two retention sweeps.
+        self.retention_sweep_every = RETENTION_SWEEP_EVERY
+        self._retention: RetentionSweep | None = None
         self.runs = RunManager(self.store, max_run_bytes, self.coordinator, max_run_seconds)
         self._sweep: RecoverySweep | None = RecoverySweep(
             self.runs.durable, self.runs.active, self.coordinator) \
@@ -218,6 +238,13 @@ class CopilotRuntime:
         if self.mcp is not None:
             await self._start_mcp()
         await self.approvals.start()
+        stale = getattr(self.store, "stale_threads", None)
+        if self.thread_retention_seconds is not None and stale is not None \
+                and self._retention is None:
+            self._retention = RetentionSweep(stale, self.delete_thread,
+                                             self.thread_retention_seconds,
+                                             self.retention_sweep_every)
+            self._retention.start()
 
     async def _start_mcp(self) -> None:
         """Connect to the MCP servers and offer their tools as server-side actions; offer
@@ -270,6 +297,15 @@ class CopilotRuntime:
         if failed and strict:
             raise ServiceUnavailableError(
                 "What an agent keeps of the thread could not be deleted; try again")
+
+    async def delete_thread(self, thread_id: str) -> bool:
+        """Delete a thread, as `DELETE /threads/{id}` does: no run may begin on it meanwhile,
+        on any worker; what the agents keep of it goes first (a failure there is a
+        `ServiceUnavailableError`, the thread kept), then its records. False: no such
+        thread. `ThreadBusyError` while a run is on it."""
+        async with self.runs.held_for_delete(thread_id):
+            await self.forget_thread(thread_id, strict=True)
+            return await self.store.delete(thread_id)
 
     def agent(self, agent_id: str) -> Agent:
         try:
@@ -411,6 +447,9 @@ class CopilotRuntime:
         """
         self._started = False
         await self.approvals.aclose()
+        if self._retention is not None:
+            await self._retention.aclose()
+            self._retention = None
         if self._closed:
             return
         self._closed = True

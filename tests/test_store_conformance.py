@@ -137,6 +137,19 @@ async def test_list_pages_names_and_delete(store: ThreadStore) -> None:
     assert [r.thread_id for r in await store.list()] == ["t4", "t2", "t1", "t0"]
 
 
+async def test_stale_threads_oldest_first(store: ThreadStore) -> None:
+    """What a retention sweep deletes: the threads last updated before a time, oldest first
+    (two updated at once in the order of their ids' code points, as `list` orders them)."""
+    for thread, created in (("b", 20.0), ("a", 20.0), ("c", 10.0), ("d", 30.0)):
+        await _finish(store, thread, "r", _run(thread, "r", "x"), 0, created=created)
+    stale = store.stale_threads  # type: ignore[attr-defined]
+    assert await stale(25.0) == ["c", "a", "b"]
+    assert await stale(25.0, 2) == ["c", "a"]
+    assert await stale(10.0) == []
+    assert await store.delete("a") is True
+    assert await stale(100.0) == ["c", "b", "d"]
+
+
 async def test_a_deleted_threads_positions_never_go_back(store: ThreadStore) -> None:
     """Before: a thread made again with a deleted one's id started its positions at 0 again,
     so a client still holding an event id of the old thread (`Last-Event-ID` 120) got

@@ -146,6 +146,13 @@ class InMemoryThreadStore:
                 and (after is None or (r.updated_at, r.thread_id) < after)
                 ][offset:offset + limit]
 
+    async def stale_threads(self, before: float, limit: int = 100) -> builtins.list[str]:
+        """The ids of the threads last updated before `before` (epoch seconds), the oldest
+        first, at most `limit` (what a retention sweep deletes)."""
+        stale = sorted((r.updated_at, r.thread_id) for r in self._threads.values()
+                       if r.updated_at < before)
+        return [thread_id for _, thread_id in stale[:limit]]
+
     async def events_after(self, thread_id: str, position: int
                            ) -> builtins.list[Positioned]:
         record = self._threads.get(thread_id)

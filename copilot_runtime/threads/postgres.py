@@ -551,6 +551,17 @@ class PostgresThreadStore:
                               ).fetchall()
             return [_record(row[0], row[1:]) for row in rows]
 
+    async def stale_threads(self, before: float, limit: int = 100) -> builtins.list[str]:
+        """The ids of the threads last updated before `before` (epoch seconds), the oldest
+        first, at most `limit` (what a retention sweep deletes; `threads_by_updated`, read
+        from its old end)."""
+        async with self._reachable(), self._pool.connection() as conn:
+            rows = await (await conn.execute(
+                'SELECT thread_id FROM threads WHERE updated_at < %s '
+                'ORDER BY updated_at, thread_id COLLATE "C" LIMIT %s', (before, limit))
+                          ).fetchall()
+        return [row[0] for row in rows]
+
     async def open_runs(self) -> builtins.list[tuple[str, str]]:
         async with self._reachable():
             async with self._pool.connection() as conn:

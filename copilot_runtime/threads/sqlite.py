@@ -320,6 +320,13 @@ class SQLiteThreadStore:
             (*args, limit, offset))
         return [_record(row[0], row[1:]) for row in rows]
 
+    async def stale_threads(self, before: float, limit: int = 100) -> builtins.list[str]:
+        """The ids of the threads last updated before `before` (epoch seconds), the oldest
+        first, at most `limit` (what a retention sweep deletes)."""
+        return await self._call(lambda: [row[0] for row in self._db.execute(
+            "SELECT thread_id FROM threads WHERE updated_at < ? "
+            "ORDER BY updated_at, thread_id LIMIT ?", (before, limit))])
+
     async def open_runs(self) -> builtins.list[tuple[str, str]]:
         return await self._call(lambda: [
             (t, r) for t, r in self._db.execute(

@@ -262,16 +262,11 @@ class AGUIProtocol:
         if record is None or (owner is not None and record.owner != owner):
             raise ThreadNotFoundError(thread_id)
         if request.method == "DELETE":
-            # No run may begin on the thread until it is deleted: one would stream on a
-            # thread deleted under it, and bring it back once it ended.
-            async with self.runtime.runs.held_for_delete(thread_id):
-                # What the agents keep of the thread goes first: a checkpointed graph would
-                # otherwise hand the conversation to whoever starts a thread with this id
-                # next. Until it is gone the thread keeps its owner (a failure is a 503,
-                # kept).
-                await self.runtime.forget_thread(thread_id, strict=True)
-                if not await self.runtime.store.delete(thread_id):
-                    raise ThreadNotFoundError(thread_id)  # another request deleted it first
+            # No run begins on it meanwhile (it would bring the thread back once it ended),
+            # and what the agents keep of it goes first: a checkpointed graph would
+            # otherwise hand the conversation to whoever starts a thread with this id next.
+            if not await self.runtime.delete_thread(thread_id):
+                raise ThreadNotFoundError(thread_id)  # another request deleted it first
             await send_json(request, 200, {"deleted": True, "id": thread_id})
             return
         data = parse_json_body(body)

@@ -1,0 +1,123 @@
+"""`CopilotRuntime(thread_retention_seconds=)`: threads nobody has run for that long are
+deleted by a sweep on every worker, as `DELETE /threads/{id}` deletes one (what the agents
+keep of them first); a thread with a run on it is left for a later sweep. Before, every
+store kept every conversation for ever, whatever the deployment's retention policy said.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from copilot_runtime import (
+    ConfigurationError,
+    CopilotRuntime,
+    InMemoryThreadStore,
+    RunInput,
+    coordinator,
+    thread_store,
+)
+from copilot_runtime import events as ev
+from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.events import EventBatches
+from tests.conftest import GatedAgent, ServeRuntime, poll, run_input, types
+from tests.hitl_support.postgres import postgres_schema
+
+pytestmark = pytest.mark.timeout(60)
+
+RETENTION = 1.0
+
+
+class Remembering(Agent):
+    """Answers at once, and notes the threads it was asked to forget."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forgotten: list[str] = []
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._run(input.run_id)
+
+    async def _run(self, run_id: str) -> Any:
+        yield [ev.text_message_start(f"m-{run_id}"),
+               ev.text_message_content(f"m-{run_id}", "noted"),
+               ev.text_message_end(f"m-{run_id}")]
+
+    async def forget_thread(self, thread_id: str) -> None:
+        self.forgotten.append(thread_id)
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite", "postgresql"])
+async def test_threads_past_the_retention_are_deleted_and_busy_ones_kept(
+        store: str, serve_runtime: ServeRuntime, tmp_path: Path) -> None:
+    agent, gated = Remembering(), GatedAgent()
+    with contextlib.ExitStack() as stack:
+        options: dict[str, Any] = {}
+        if store == "sqlite":
+            options["thread_store"] = thread_store(f"sqlite:///{tmp_path / 'threads.db'}")
+        elif store == "postgresql":  # deletes take the thread's lease, as on a worker
+            url = stack.enter_context(postgres_schema())
+            options.update(thread_store=thread_store(url), coordinator=coordinator(url))
+        runtime = CopilotRuntime(agents={"remembering": agent, "gated": gated},
+                                 thread_retention_seconds=RETENTION, **options)
+        runtime.retention_sweep_every = 0.2
+        async with serve_runtime(runtime) as served:
+            await served.run(run_input("keep this?", thread="old", run="r1"),
+                             agent="remembering")
+            # A run still going past the retention: its thread is busy, never deleted.
+            busy = await served.post("/agent/gated/run", run_input("hi", thread="busy"))
+            await busy.content.readline()
+            started = time.monotonic()
+            async for _ in poll(15, 0.1):
+                response = await served.session.get(served.url + "/threads/old/messages")
+                await response.read()
+                if response.status == 404:
+                    break
+            assert response.status == 404
+            assert time.monotonic() - started < RETENTION + 5
+            assert agent.forgotten == ["old"]
+            response = await served.session.get(served.url + "/threads")
+            listed = [t["id"] for t in (await response.json())["threads"]]
+            assert "old" not in listed
+            assert not [t for t in listed if t != "busy"]
+            # The busy thread's run goes on to its end, and is stored whole.
+            gated.gate.set()
+            events = [line async for line in busy.content]
+            assert any(b"RUN_FINISHED" in line for line in events)
+            # A thread used again stays; once left alone past the retention, it goes too.
+            events = await served.run(run_input("fresh", thread="new", run="r2"),
+                                      agent="remembering")
+            assert types(events)[-1] == "RUN_FINISHED"
+            response = await served.session.get(served.url + "/threads/new/messages")
+            assert response.status == 200
+            async for _ in poll(15, 0.1):
+                response = await served.session.get(served.url + "/threads")
+                if not (await response.json())["threads"]:
+                    break
+            assert (await response.json())["threads"] == []
+        assert sorted(agent.forgotten) == ["busy", "new", "old"]
+
+
+class _NoSweeping:
+    """A thread store of one's own without `stale_threads`."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "stale_threads":
+            raise AttributeError(name)
+        return getattr(InMemoryThreadStore(), name)
+
+
+@pytest.mark.parametrize("bad", [0, -5, float("nan"), float("inf"), True, "30", 1e300])
+def test_a_retention_that_is_not_a_positive_number_of_seconds_is_refused(bad: Any) -> None:
+    with pytest.raises(ConfigurationError, match="thread_retention_seconds"):
+        CopilotRuntime(agents={}, thread_retention_seconds=bad)
+
+
+def test_a_store_that_cannot_list_stale_threads_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="stale_threads"):
+        CopilotRuntime(agents={}, thread_store=_NoSweeping(),  # type: ignore[arg-type]
+                       thread_retention_seconds=86400)
