@@ -75,7 +75,9 @@ class CopilotRuntime:
     server-side `actions`. `max_run_bytes` bounds what one run keeps in the thread store
     (as encoded JSON; longer strings are cut, and the cut logged). `max_run_seconds` bounds
     how long a run is driven: one still going then is cut as a stop is, and ends with a
-    `RUN_ERROR` coded `RUN_TIMEOUT` (None, the default: no bound).
+    `RUN_ERROR` coded `RUN_TIMEOUT` (None, the default: no bound). With
+    `thread_retention_seconds`, threads whose last run began longer ago are deleted by a
+    sweep, as `delete_thread` deletes one (None, the default: kept until deleted).
 
     Serving many users (all optional; without them nothing is checked or counted):
     `auth` identifies callers and makes threads private to whoever started them;
@@ -411,9 +413,9 @@ class CopilotRuntime:
         """What keeps this runtime from serving now, for a load balancer's readiness probe:
         `"closing"` once it closes, `"thread_store"` and `"coordinator"` when a store or a
         shared coordinator with a `ping()` does not answer one within `ready_timeout`
-        seconds.
-        Empty: ready. Probes that come while one is checked share its answer (a probe per
-        second from each balancer never queues up round trips to a server that hangs)."""
+        seconds. Empty: ready. Probes that come while one is checked share its answer (a
+        probe per second from each balancer never queues round trips to a server that
+        hangs)."""
         if self._closed:
             return ["closing"]
         checking = self._readiness
