@@ -133,12 +133,19 @@ def _v4(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX deleted_threads_by_time ON deleted_threads (deleted_at)")
 
 
+def _v5(db: sqlite3.Connection) -> None:
+    """Threads by when they were updated: the list of every agent's threads (newest first)
+    and a retention sweep's stale threads (oldest first) read it instead of sorting the
+    whole table."""
+    db.execute("CREATE INDEX threads_by_updated ON threads (updated_at, thread_id)")
+
+
 #: Seconds between deletions of the raw events whose retention ended.
 _PRUNE_EVERY = 30.0
 
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2, _v3, _v4)
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5)
 #: The migrations older releases cannot tell from their absence (see `oldest_reader`).
-_ADDITIVE = frozenset({4})
+_ADDITIVE = frozenset({4, 5})
 
 
 class SQLiteThreadStore:
