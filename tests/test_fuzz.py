@@ -19,6 +19,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -294,6 +295,32 @@ def test_fuzz_threads_and_info(server: Server, thread: str, what: str, agent: st
     check(server, "threads", method, f"{BASE}/threads{query}")
     check(server, "threads/x", method, f"{BASE}/threads/{quote(thread)}/{what}")
     check(server, "info", method, f"{BASE}/info")
+
+
+@FUZZ
+@given(given_id=st.text(st.characters(min_codepoint=0x20, max_codepoint=0xFF,
+                                      exclude_characters="\x7f"), max_size=200),
+       what=st.sampled_from(["health", "ready", "ready/", "info", "threads"]),
+       method=st.sampled_from(["GET", "HEAD", "POST", "DELETE", "OPTIONS"]))
+@example(given_id="a" * 129, what="ready", method="GET")
+@example(given_id="x y\tz", what="info", method="GET")
+def test_fuzz_probes_and_request_ids(server: Server, given_id: str, what: str,
+                                     method: str) -> None:
+    status, answer = check(server, "probes", method, f"{BASE}/{what}", None,
+                           {"X-Request-ID": given_id})
+    if what.startswith(("health", "ready")) and method in ("GET", "HEAD"):
+        assert status == 200, answer
+        if method == "GET":
+            assert json.loads(answer)["status"] in ("ok", "ready")
+    elif not what.startswith(("health", "ready")) and method != "OPTIONS":
+        # Every answer of an identified request says its id (the probes are never
+        # identified, a preflight neither): the one given when plain.
+        _, headers, _ = server.request(method, f"{BASE}/{what}", None,
+                                       {"X-Request-ID": given_id})
+        told = headers["x-request-id"]
+        assert re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", told), told
+        if re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", given_id):
+            assert told == given_id
 
 
 @FUZZ
