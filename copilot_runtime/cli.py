@@ -174,7 +174,7 @@ def _configure_logging(level: str) -> None:
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
 
 
-#: The lock files this process holds (see `_serve_alone`), open for its life.
+#: What gives back the SQLite files this process holds (see `_serve_alone`): never called.
 _held: list[Any] = []
 
 
@@ -197,18 +197,12 @@ def _serve_alone(target: Any, workers: int, advice: str) -> None:
                        f"coordinator would run a thread's runs at once: serve one worker, or "
                        f"{shared}")
     try:
-        import fcntl
-    except ImportError:  # not a POSIX system: not checked
-        return
-    lock = open(path + ".lock", "a")  # noqa: SIM115 - held until the process ends
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
+        # Held until the process ends (the runtime's own hold, at its start, shares it).
+        _held.append(target.store.serve_alone())
+    except ConfigurationError:
         raise CLIError(f"another process serves {path} with a local coordinator, and two "
                        f"would run a thread's runs at once: give this one another file, or "
                        f"{shared}") from None
-    _held.append(lock)
 
 
 def _warn_unshared(target: Any, workers: int) -> None:

@@ -41,6 +41,7 @@ from copilot_runtime.hooks import (
 from copilot_runtime.limits import RateLimit, RateLimiter
 from copilot_runtime.threads.base import DurableThreadStore, Positioned, ThreadOwner, ThreadStore
 from copilot_runtime.threads.memory import InMemoryThreadStore
+from copilot_runtime.threads.sqlite import SQLiteThreadStore
 
 __all__ = ["CopilotRuntime", "approval_service"]
 
@@ -202,6 +203,8 @@ class CopilotRuntime:
         self._started = False
         self._closed = False
         self._readiness: asyncio.Future[list[str]] | None = None
+        #: Gives back this process's hold on a SQLite store's file (`serve_alone`).
+        self._alone: Callable[[], None] | None = None
         #: Seconds a readiness probe (`unready`) waits for the store and the coordinator.
         self.ready_timeout = READY_TIMEOUT
 
@@ -224,6 +227,17 @@ class CopilotRuntime:
         """
         if self._started:
             return
+        if not self.coordinator.shared and isinstance(self.store, SQLiteThreadStore) \
+                and self._alone is None:
+            # Before anything else: this process's start closes, as interrupted, the runs
+            # its store holds open (another process's, streaming, included).
+            try:
+                self._alone = self.store.serve_alone()
+            except ConfigurationError as exc:
+                raise ConfigurationError(
+                    f"{exc.message}: give this runtime a file of its own, or a shared "
+                    "coordinator over a PostgreSQL store (README: Many workers, several "
+                    "machines)") from None
         self._started = True
         if self.coordinator.shared:
             await self.coordinator.start()
@@ -482,6 +496,9 @@ class CopilotRuntime:
             await self.limiter.aclose()
         await self.coordinator.aclose()
         await self.store.aclose()
+        if self._alone is not None:
+            self._alone()
+            self._alone = None
 
 
 def approval_service(runtime: CopilotRuntime) -> ApprovalService:

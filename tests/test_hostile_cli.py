@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,13 +103,13 @@ def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     monkeypatch.setattr(cli_module, "_serve", refuse)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.chdir(tmp_path)
-    held: list[Any] = []  # the lock files of SQLite stores it would serve
+    held: list[Any] = []  # what gives back the SQLite files it would serve
     monkeypatch.setattr(cli_module, "_held", held)
     logging = structlog.get_config()  # `main` sets the runtime's logging up
     yield
     structlog.configure(**logging)
-    for lock in held:
-        lock.close()
+    for give_back in held:
+        give_back()
 
 
 def _fails_with(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
@@ -394,10 +395,21 @@ def test_a_second_process_on_a_sqlite_file_with_a_local_coordinator_is_refused(
         cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         tmp_path: Path) -> None:
     args = ["demo", "--db", str(tmp_path / "one.sqlite3"), "--checkpoints", "memory"]
-    _banner(monkeypatch, capsys, [*args, "--port", str(free_port())])
-    # Another demo on the same file (a flock is per open file, so this process stands for
-    # another). Before: both served, two runs at once on one thread.
-    line = _fails_with(capsys, [*args, "--port", str(free_port())])
+    # Another process serves the file (as a demo holds it). Before: both served, two runs
+    # at once on one thread.
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, sys, time; lock = open(sys.argv[1] + '.lock', 'a'); "
+        "fcntl.flock(lock, fcntl.LOCK_EX); print('holding', flush=True); time.sleep(3600)"),
+        str(tmp_path / "one.sqlite3")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "holding\n"
+        line = _fails_with(capsys, [*args, "--port", str(free_port())])
+    finally:
+        holder.kill()
+        holder.wait(10)
+        if holder.stdout is not None:
+            holder.stdout.close()
     assert line == (f"copilot-runtime: error: another process serves "
                     f"{tmp_path / 'one.sqlite3'} with a local coordinator, and two would "
                     "run a thread's runs at once: give this one another file, or give the "

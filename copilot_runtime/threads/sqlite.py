@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime.events import Event
 from copilot_runtime.threads._rows import (
     Chunk,
@@ -46,6 +47,20 @@ from copilot_runtime.threads.base import (
 )
 
 __all__ = ["SQLiteThreadStore"]
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: files are not held (see `serve_alone`)
+    fcntl = None  # type: ignore[assignment]
+
+#: The files held by this process (`serve_alone`): each one's open lock file and how many
+#: holders it has here.
+_ALONE: dict[str, list[Any]] = {}
+_ALONE_LOCK = threading.Lock()
+
+
+def _nothing() -> None:
+    pass
 
 _T = TypeVar("_T")
 
@@ -499,6 +514,44 @@ class SQLiteThreadStore:
         row = self._db.execute("SELECT next_position FROM deleted_threads WHERE thread_id = ?",
                                (thread_id,)).fetchone()
         return 0 if row is None else int(row[0])
+
+    def serve_alone(self) -> Callable[[], None]:
+        """Hold the file for this process alone, as a runtime whose runs are coordinated in
+        its memory needs (a second process would run a thread's runs at once, their events
+        stored over each other, and close the first one's runs at its start): an advisory
+        lock on `<file>.lock`, which the system gives back when the process ends, however it
+        ends. Several holders in this process share it; the returned function gives one
+        back. `ConfigurationError` if another process holds it."""
+        if self.path == ":memory:" or fcntl is None:  # nothing shared, or no POSIX locks
+            return _nothing
+        key = str(Path(self.path).resolve())
+        with _ALONE_LOCK:
+            held = _ALONE.get(key)
+            if held is None:
+                lock = open(key + ".lock", "a")  # noqa: SIM115 - held while claimed
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    lock.close()
+                    raise ConfigurationError(
+                        f"another process serves {self.path} with a local coordinator, and "
+                        "two would run a thread's runs at once") from None
+                held = _ALONE[key] = [lock, 0]
+            held[1] += 1
+        given_back = False
+
+        def give_back() -> None:
+            nonlocal given_back
+            with _ALONE_LOCK:
+                if given_back:
+                    return
+                given_back = True
+                held[1] -= 1
+                if held[1] == 0 and _ALONE.get(key) is held:
+                    del _ALONE[key]
+                    held[0].close()  # the lock goes with the file's last descriptor
+
+        return give_back
 
     async def aclose(self) -> None:
         # What was asked for before is run (and committed) first.
