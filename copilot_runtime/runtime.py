@@ -19,6 +19,7 @@ from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES
 from copilot_runtime._retention import RetentionSweep
 from copilot_runtime._runs import ActiveRun, RunManager
+from copilot_runtime._seconds import checked_seconds
 from copilot_runtime._shared_runs import RecoverySweep
 from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import ServiceAdapter
@@ -54,19 +55,6 @@ _log = structlog.get_logger("copilot_runtime.runtime")
 READY_TIMEOUT = 2.0
 #: Seconds between two sweeps of the threads past `thread_retention_seconds`.
 RETENTION_SWEEP_EVERY = 600.0
-#: The longest `max_run_seconds` or `thread_retention_seconds` (100 years).
-_MAX_SECONDS = 100 * 365.25 * 86400
-
-
-def _check_seconds(value: object, name: str) -> None:
-    """A positive number of seconds, at most 100 years (an event loop's timer takes
-    milliseconds as a 64-bit integer), or None: else ConfigurationError."""
-    if value is not None and not (isinstance(value, int | float)
-                                  and not isinstance(value, bool)
-                                  and 0 < value <= _MAX_SECONDS):
-        raise ConfigurationError(f"{name} must be more than 0 and at most "
-                                 f"{_MAX_SECONDS:.0f} seconds (100 years), or None; "
-                                 f"got {value!r}")
 
 class CopilotRuntime:
     """The protocol-neutral runtime.
@@ -143,8 +131,9 @@ class CopilotRuntime:
                 "a shared coordinator needs a thread store every worker can read: pass "
                 "thread_store=thread_store('postgresql://...') (the in-memory store is this "
                 "process's alone)")
-        _check_seconds(max_run_seconds, "max_run_seconds")
-        _check_seconds(thread_retention_seconds, "thread_retention_seconds")
+        checked_seconds(max_run_seconds, "max_run_seconds", none_means="no bound")
+        checked_seconds(thread_retention_seconds, "thread_retention_seconds",
+                        none_means="threads kept until deleted")
         if thread_retention_seconds is not None \
                 and getattr(self.store, "stale_threads", None) is None:
             raise ConfigurationError(

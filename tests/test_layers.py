@@ -21,7 +21,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "copilot_runtime"
 #: here deliberately.
 LAYERS: dict[str, int] = {
     # 0. core: the vocabulary every piece speaks
-    "_exceptions": 0, "_time": 0, "_version": 0, "_input": 0, "events": 0, "headers": 0,
+    "_exceptions": 0, "_time": 0, "_seconds": 0, "_version": 0, "_input": 0, "events": 0,
+    "headers": 0,
     "actions": 0, "_compaction": 0, "threads": 0, "approvals": 0, "messages": 0,
     "event_order": 0, "_limits": 0, "auth": 0, "_jwks": 0, "hooks": 0, "limits": 0, "telemetry": 0,
     "coordination": 0, "_batching": 0, "_pg_lane": 0, "_url_options": 0, "_redis_client": 0,

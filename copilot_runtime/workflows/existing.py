@@ -21,7 +21,6 @@ an agent that has not finished by then fails its step.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -38,7 +37,8 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
-from copilot_runtime._exceptions import AgentExecutionError, ConfigurationError, upstream_said
+from copilot_runtime._exceptions import AgentExecutionError, upstream_said
+from copilot_runtime._seconds import MAX_SECONDS, checked_seconds
 from copilot_runtime._time import iso_time
 from copilot_runtime.approvals.decisions import Decision, parse_decision
 from copilot_runtime.workflows._emit import say
@@ -63,7 +63,7 @@ _log = structlog.get_logger("copilot_runtime.workflows")
 
 #: The longest approval timeout (100 years): beyond it a deadline is not a date any clock
 #: can write (`expiresAt`), so it is refused; None is the way to say "never expires".
-MAX_TIMEOUT_SECONDS: float = 100 * 365.25 * 24 * 3600
+MAX_TIMEOUT_SECONDS: float = MAX_SECONDS
 
 # What checkpoints are written with by default: an output it cannot write would fail the
 # checkpoint after the step ran, outside the step's own failure rules.
@@ -219,16 +219,7 @@ def _unstorable_type(value: Any) -> str:
 def checked_timeout(value: float | None, what: str) -> float | None:
     """`value` as an approval timeout in seconds, or ConfigurationError: a positive, finite
     number of seconds (at most `MAX_TIMEOUT_SECONDS`), or None for no expiry."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigurationError(f"{what} must be a number of seconds or None, "
-                                 f"not {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0 or value > MAX_TIMEOUT_SECONDS:
-        raise ConfigurationError(
-            f"{what} must be more than 0 and at most {MAX_TIMEOUT_SECONDS:.0f} seconds "
-            f"(100 years), got {value!r}; use None for an approval that never expires")
-    return value
+    return checked_seconds(value, what, none_means="an approval that never expires")
 
 
 def failure_text(name: str, exc: BaseException) -> str:
