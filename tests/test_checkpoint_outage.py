@@ -91,6 +91,16 @@ def graph(saver: Any, gate: Gate) -> Any:
 async def setup(serve_runtime: ServeRuntime) -> AsyncIterator[Setup]:
     proxy = Proxy()
     await proxy.up()
+    # The schema and its tables made first, without the short timeout: LangGraph's
+    # migrations build indexes CONCURRENTLY, which waits for every older snapshot in the
+    # database, such as a transaction of a test running beside this one; the first run then
+    # failed before any outage began. The saver under test only finds them made.
+    migrated = checkpointer(f"postgresql://postgres@127.0.0.1:{proxy.port}/test"
+                            f"?schema={proxy.schema}")
+    migrated.timeout = 30
+    await migrated.aget_tuple({"configurable": {"thread_id": "none", "checkpoint_ns": ""}})
+    await migrated.approvals.unapplied()
+    await migrated.aclose()
     saver = checkpointer(
         f"postgresql://postgres@127.0.0.1:{proxy.port}/test?schema={proxy.schema}")
     saver.timeout = TIMEOUT
