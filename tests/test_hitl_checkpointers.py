@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import os
 import subprocess
@@ -235,3 +236,65 @@ async def test_ledger(ledger: ApprovalStore) -> None:
     assert [a.id for a in await ledger.find(status="withdrawn")] == ["a2"]
     assert [a.id for a in await ledger.find(status=None)] == ["a1", "a2"]
     assert await ledger.get("nope") is None
+
+
+async def test_ledgers_of_two_schemas_do_not_wait_for_each_other() -> None:
+    """The ledger's migration took a lock named by its table alone, the same in every
+    schema: an app whose migration stalled mid-transaction (a partition, a hung server)
+    held up every other app's ledger in the database, each answering 503 until it ended."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from copilot_runtime.approvals.sql import PostgresApprovalStore
+
+    class Stalling:
+        """A connection whose transaction stops after its first statement until told."""
+
+        def __init__(self, conn: Any, stalled: asyncio.Event, go: asyncio.Event) -> None:
+            self._conn, self._stalled, self._go = conn, stalled, go
+
+        def transaction(self) -> Any:
+            return self._conn.transaction()
+
+        async def execute(self, *args: Any) -> Any:
+            cursor = await self._conn.execute(*args)
+            if not self._stalled.is_set():
+                self._stalled.set()
+                await self._go.wait()
+            return cursor
+
+    with postgres_schema() as first_url, postgres_schema() as second_url:
+        pools = [AsyncConnectionPool(SERVER, open=False, kwargs={
+            "autocommit": True, "options": f"-c search_path={url.rsplit('=', 1)[1]}"})
+            for url in (first_url, second_url)]
+        for pool, url in zip(pools, (first_url, second_url), strict=True):
+            await pool.open()
+            async with pool.connection() as conn:
+                await conn.execute(f'CREATE SCHEMA "{url.rsplit("=", 1)[1]}"')
+        stalled, go = asyncio.Event(), asyncio.Event()
+
+        class StallingPool:
+            @contextlib.asynccontextmanager
+            async def connection(self) -> AsyncIterator[Any]:
+                async with pools[0].connection() as conn:
+                    yield Stalling(conn, stalled, go)
+
+        async def stalling_pool() -> Any:
+            return StallingPool()
+
+        async def second_pool() -> Any:
+            return pools[1]
+
+        first = PostgresApprovalStore(stalling_pool)
+        second = PostgresApprovalStore(second_pool)
+        second.timeout = 2
+        migrating = asyncio.ensure_future(first.find())
+        try:
+            await asyncio.wait_for(stalled.wait(), 10)
+            assert await asyncio.wait_for(second.find(), 5) == []
+            go.set()
+            assert await asyncio.wait_for(migrating, 10) == []
+        finally:
+            go.set()  # its transaction ends, or the schemas could not be dropped
+            await asyncio.wait([migrating], timeout=10)
+            for pool in pools:
+                await pool.close()

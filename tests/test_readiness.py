@@ -25,7 +25,7 @@ from copilot_runtime.testing import MockOpenAIServer
 from copilot_runtime.threads import InMemoryThreadStore
 from tests.conftest import ServeRuntime, openai_runtime
 from tests.hitl_support.postgres import SERVER
-from tests.test_store_outage import TIMEOUT, Proxy, _store
+from tests.test_store_outage import TIMEOUT, Flow, Proxy, _store
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -117,6 +117,74 @@ async def test_ready_names_what_cannot_be_reached_and_recovers(
                 await asyncio.sleep(0.2)
             assert (status, body) == (200, {"status": "ready"})
     assert await runtime.unready() == ["closing"]
+
+
+class _DeafProxy(Proxy):
+    """A proxy that can cut the coordinator's signal connection (the one that sent LISTEN or
+    SUBSCRIBE) and every one opened again for signals, leaving its other connections be."""
+
+    def __init__(self, target: int) -> None:
+        super().__init__(target)
+        self.refusing = False
+        self.signal_flows: list[Flow] = []
+
+    def cut_signals(self) -> None:
+        self.refusing = True
+        for flow in self.signal_flows:
+            for sink in flow.sockets:
+                sink.close()
+
+    def _passes(self, flow: Flow, data: bytes, upstream: bool) -> bool:
+        if upstream and (b"LISTEN" in data or b"SUBSCRIBE" in data.upper()):
+            self.signal_flows.append(flow)
+            if self.refusing:
+                for sink in flow.sockets:
+                    sink.close()
+                return False
+        return True
+
+
+@pytest.mark.parametrize("target", [5432, 6379], ids=["postgresql", "redis"])
+async def test_a_worker_deaf_to_signals_is_not_ready(
+        target: int, llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """The coordinator's pool answered its ping while its signal connection was down (the
+    server refused it again and again): the worker stayed ready, took chats, and never heard
+    a stop asked on another worker for them, nor told followers elsewhere what they
+    streamed."""
+    proxy = _DeafProxy(target)
+    await proxy.up()
+    runtime = openai_runtime(llm, thread_store=_store(5432, proxy.schema),
+                             coordinator=proxy.coordinator())
+    runtime.ready_timeout = READY_TIMEOUT
+    try:
+        async with serve_runtime(runtime) as served:
+            url = served.url + "/ready"
+            status, _, body = await _get(served.session, url)
+            assert (status, body) == (200, {"status": "ready"})
+            assert proxy.signal_flows
+            proxy.cut_signals()
+
+            async def answer() -> tuple[int, Any]:
+                status, _, body = await _get(served.session, url)
+                return status, body
+
+            for _ in range(int(10 / 0.1)):
+                if (answered := await answer())[0] != 200:
+                    break
+                await asyncio.sleep(0.1)
+            assert answered == (503, {"status": "unavailable", "unavailable": ["coordinator"]})
+            await asyncio.sleep(1.5)  # opened again, refused again: still not ready
+            assert await answer() == answered
+            proxy.refusing = False
+            for _ in range(int(10 / 0.1)):
+                if (answered := await answer())[0] == 200:
+                    break
+                await asyncio.sleep(0.1)
+            assert answered == (200, {"status": "ready"})
+    finally:
+        await proxy.down()
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{proxy.schema}" CASCADE')
 
 
 class _SlowToPing(InMemoryThreadStore):

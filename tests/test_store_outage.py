@@ -67,6 +67,8 @@ class Flow:
     """A connection through a `Proxy`."""
 
     silent: bool = False
+    #: Its two sockets (to the client, to the server), once both are open.
+    sockets: tuple[asyncio.StreamWriter, ...] = ()
 
 
 class Proxy:
@@ -125,6 +127,7 @@ class Proxy:
             self._links.discard(task)
             return
         self._sockets.append((writer, up_writer))
+        flow.sockets = (writer, up_writer)
 
         async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter,
                        upstream: bool, linger: float = 0.0) -> None:

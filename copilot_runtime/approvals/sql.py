@@ -231,9 +231,11 @@ class PostgresApprovalStore(_SQLApprovalStore):
         if not self._ready:
             async with pool.connection() as conn, conn.transaction():
                 # Servers starting together take turns: CREATE ... IF NOT EXISTS run at once
-                # from two connections fails one of them.
-                await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
-                                   (f"copilot_runtime.approvals:{self.table}",))
+                # from two connections fails one of them. Per schema (the pool's search
+                # path): ledgers of other schemas have nothing to wait for.
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s || "
+                                   "coalesce(current_schema(), '')))",
+                                   (f"copilot_runtime.approvals:{self.table}:",))
                 for statement in self._schema():
                     await conn.execute(statement)
             self._ready = True

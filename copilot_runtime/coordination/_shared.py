@@ -72,6 +72,9 @@ class SharedCoordinator:
         self._tasks: list[asyncio.Task[None]] = []
         self._started: asyncio.Future[None] | None = None
         self._closed = False
+        #: Whether the signal connection is open now (stops and live runs of other workers
+        #: reach this one); told by `ping`, so a worker deaf to them is not ready.
+        self._hearing = False
         self._acquiring: Batcher[tuple[str, str, str], Lease | None] = Batcher(
             self._acquire_many, orphan=self._give_back)
         self._finishing: Batcher[Lease, None] = Batcher(self._finish_many)
@@ -166,11 +169,13 @@ class SharedCoordinator:
         while True:
             listening: asyncio.Future[None] = loop.create_future()
             listening.add_done_callback(functools.partial(_listening, ready, failing))
+            listening.add_done_callback(self._heard)
             try:
                 await self._listen(listening)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                self._hearing = False
                 # Signals sent meanwhile are lost; followers poll the store slowly for that.
                 if listening.done() or not failing:
                     _log.warning("coordinator lost its signal connection; opening it again",
@@ -179,6 +184,16 @@ class SharedCoordinator:
             if not ready.done():
                 ready.set_result(None)
             await asyncio.sleep(_RETRY)
+
+    def _heard(self, _: object) -> None:
+        self._hearing = True
+
+    def _deaf(self) -> None:
+        """After a readiness probe's round trip: the signal connection down (lost, not yet
+        opened again) is unavailable too; this worker would not hear a stop asked elsewhere
+        for its runs, nor tell followers elsewhere what its runs stream."""
+        if not self._hearing:
+            raise ServiceUnavailableError("The coordinator's signal connection is down")
 
     async def _renew_forever(self) -> None:
         interval = self.lease_ttl / 3

@@ -214,8 +214,10 @@ class PostgresCoordinator(SharedCoordinator):
         return [None] * len(leases)
 
     async def ping(self) -> None:
-        """One round trip to the server (a readiness probe)."""
+        """One round trip to the server, and the signal connection open (a readiness
+        probe)."""
         await self._fetch("SELECT 1", ())
+        self._deaf()
 
     async def holder(self, thread_id: str) -> str | None:
         rows = await self._fetch(

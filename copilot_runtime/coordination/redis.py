@@ -214,10 +214,12 @@ class RedisCoordinator(SharedCoordinator):
         return value[32:].decode() if value else None
 
     async def ping(self) -> None:
-        """One round trip to the server (a readiness probe)."""
+        """One round trip to the server, and the signal connection open (a readiness
+        probe)."""
         async with self._reachable():
             await self.start()
             await self._redis.ping()
+        self._deaf()
 
     async def holder(self, thread_id: str) -> str | None:
         async with self._reachable():
