@@ -152,6 +152,10 @@ class _Backend(abc.ABC):
     async def _open(self) -> BaseCheckpointSaver[Any]:
         ...
 
+    async def ping(self) -> None:
+        """Opened (a database created, migrated): what a file or memory can tell."""
+        await self.saver()
+
     async def aclose(self) -> None:
         await self.approvals.aclose()
         opening, self._opening = self._opening, None
@@ -292,6 +296,11 @@ class _PostgresBackend(_Backend):
         self._pool = pool
         return saver
 
+    async def ping(self) -> None:
+        await self.saver()
+        async with self._pool.connection() as conn:
+            await conn.execute("SELECT 1")
+
     def bounded(self) -> AbstractAsyncContextManager[None]:
         # A server that stops answering held a run's stream, or an approval's answer, for
         # as long as it did: the call fails with SERVICE_UNAVAILABLE within `timeout`
@@ -347,6 +356,12 @@ class DurableCheckpointer(BaseCheckpointSaver[str]):
         self._backend.timeout = seconds
         if isinstance(self._backend.approvals, PostgresApprovalStore):
             self._backend.approvals.timeout = seconds  # the same server, the same pool
+
+    async def ping(self) -> None:
+        """Opened, and one round trip to its server if it has one, within `timeout` (a
+        readiness probe); ServiceUnavailableError if not."""
+        async with self._backend.bounded():
+            await self._backend.ping()
 
     async def aclose(self) -> None:
         """Close the connection (or pool); a later use opens it again."""

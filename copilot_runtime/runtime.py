@@ -414,11 +414,11 @@ class CopilotRuntime:
 
     async def unready(self) -> list[str]:
         """What keeps this runtime from serving now, for a load balancer's readiness probe:
-        `"closing"` once it closes, `"thread_store"` and `"coordinator"` when a store or a
-        shared coordinator with a `ping()` does not answer one within `ready_timeout`
-        seconds. Empty: ready. Probes that come while one is checked share its answer (a
-        probe per second from each balancer never queues round trips to a server that
-        hangs)."""
+        `"closing"` once it closes, `"thread_store"`, `"coordinator"` and `"checkpointer"`
+        when a store, a shared coordinator or an agent's checkpointer with a `ping()` does
+        not answer one within `ready_timeout` seconds. Empty: ready. Probes that come while
+        one is checked share its answer (a probe per second from each balancer never queues
+        round trips to a server that hangs)."""
         if self._closed:
             return ["closing"]
         checking = self._readiness
@@ -431,6 +431,16 @@ class CopilotRuntime:
         parts: list[tuple[str, Any]] = [("thread_store", getattr(self.store, "ping", None))]
         if self.coordinator.shared:
             parts.append(("coordinator", getattr(self.coordinator, "ping", None)))
+        # Agents' checkpointers (LangGraph's), each once however many agents share it.
+        savers = {id(saver): ping for agent in self.agents.values()
+                  if (saver := getattr(agent, "checkpointer", None)) is not None
+                  and (ping := getattr(saver, "ping", None)) is not None}
+        if savers:
+
+            async def checkpointers() -> None:
+                await asyncio.gather(*(ping() for ping in savers.values()))
+
+            parts.append(("checkpointer", checkpointers))
         probed = [(name, ping) for name, ping in parts if ping is not None]
 
         async def answers(ping: Callable[[], Awaitable[None]]) -> bool:

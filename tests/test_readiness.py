@@ -187,6 +187,76 @@ async def test_a_worker_deaf_to_signals_is_not_ready(
             conn.execute(f'DROP SCHEMA IF EXISTS "{proxy.schema}" CASCADE')
 
 
+async def test_ready_names_an_agents_checkpointer_that_cannot_be_reached(
+        serve_runtime: ServeRuntime) -> None:
+    """A LangGraph agent's checkpointer on PostgreSQL, the threads in memory: the worker
+    answered ready through the whole outage while every run of the agent ended with
+    `SERVICE_UNAVAILABLE`. Two agents share the checkpointer: it is pinged once."""
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    from copilot_runtime.agents.langgraph import LangGraphAgent
+    from copilot_runtime.checkpointers import checkpointer
+
+    proxy = Proxy()
+    await proxy.up()
+    saver = checkpointer(
+        f"postgresql://postgres@127.0.0.1:{proxy.port}/test?schema={proxy.schema}")
+    saver.timeout = TIMEOUT
+    pings = 0
+    ping = saver.ping
+
+    async def counted() -> None:
+        nonlocal pings
+        pings += 1
+        await ping()
+
+    saver.ping = counted  # type: ignore[method-assign]
+    builder = StateGraph(MessagesState)
+    builder.add_node("echo", lambda state: {"messages": []})
+    builder.add_edge(START, "echo")
+    builder.add_edge("echo", END)
+    agents = {name: LangGraphAgent(name=name, graph=builder.compile(checkpointer=saver))
+              for name in ("first", "second")}
+    runtime = CopilotRuntime(agents=agents)
+    runtime.ready_timeout = READY_TIMEOUT
+    try:
+        async with serve_runtime(runtime) as served:
+            url = served.url + "/ready"
+            # Its first use migrates a new schema, which may wait for a transaction of a
+            # test beside this one (LangGraph builds its indexes CONCURRENTLY): not ready.
+            for _ in range(int(30 / 0.2)):
+                status, _, body = await _get(served.session, url)
+                if status == 200:
+                    break
+                await asyncio.sleep(0.2)
+            assert (status, body) == (200, {"status": "ready"})
+            before = pings
+            status, _, body = await _get(served.session, url)
+            assert (status, pings - before) == (200, 1)
+            for outage in ("down", "hang"):
+                if outage == "down":
+                    await proxy.down()
+                else:
+                    proxy.hang()
+                started = time.monotonic()
+                status, _, body = await _get(served.session, url)
+                assert time.monotonic() - started < READY_TIMEOUT + TIMEOUT
+                assert (status, body) == (
+                    503, {"status": "unavailable", "unavailable": ["checkpointer"]})
+                await proxy.up()
+                for _ in range(int(10 / 0.2)):
+                    status, _, body = await _get(served.session, url)
+                    if status == 200:
+                        break
+                    await asyncio.sleep(0.2)
+                assert (status, body) == (200, {"status": "ready"})
+    finally:
+        await proxy.down()
+        await saver.aclose()
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{proxy.schema}" CASCADE')
+
+
 class _SlowToPing(InMemoryThreadStore):
     def __init__(self) -> None:
         super().__init__()

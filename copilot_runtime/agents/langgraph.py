@@ -174,6 +174,11 @@ class LangGraphAgent(Agent):
     def approvals(self) -> ApprovalStore:
         return self._approvals
 
+    @property
+    def checkpointer(self) -> Any:
+        """The graph's checkpointer (the runtime's readiness probe pings it, when it can)."""
+        return self.graph.checkpointer
+
     def capabilities(self) -> dict[str, Any]:
         capabilities: dict[str, Any] = self._template.get_capabilities()
         capabilities["state"] = {**capabilities.get("state", {}), "deltas": self.state_deltas}
