@@ -23,7 +23,7 @@ from copilot_runtime import BearerTokenAuth, CopilotRuntime
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.testing import MockOpenAIServer
 from copilot_runtime.threads import InMemoryThreadStore
-from tests.conftest import ServeRuntime, openai_runtime
+from tests.conftest import Served, ServeRuntime, openai_runtime
 from tests.hitl_support.postgres import SERVER
 from tests.test_store_outage import TIMEOUT, Flow, Proxy, _store
 
@@ -37,6 +37,44 @@ async def _get(session: Any, url: str, method: str = "GET") -> tuple[int, Any, A
     async with session.request(method, url) as response:
         body = await response.read()
         return response.status, response.headers, orjson.loads(body) if body else None
+
+
+async def _answer(session: Any, url: str) -> tuple[int, Any]:
+    status, _, body = await _get(session, url)
+    return status, body
+
+
+async def _until(session: Any, url: str, ready: bool, seconds: float = 10
+                 ) -> tuple[int, Any]:
+    """The probe's answer once it is (or, `ready` False, is no longer) 200, or the last."""
+    for _ in range(int(seconds / 0.1)):
+        answered = await _answer(session, url)
+        if (answered[0] == 200) == ready:
+            break
+        await asyncio.sleep(0.1)
+    return answered
+
+
+async def _each_outage(served: Served, proxy: Proxy, unavailable: list[str]) -> None:
+    """The server behind `proxy` down, then hung: `ready` names what cannot serve within
+    its bound while `health` still answers, and is 200 again once the server is back."""
+    url = served.url + "/ready"
+    for outage in ("down", "hang"):
+        if outage == "down":
+            await proxy.down()
+        else:
+            proxy.hang()
+        started = time.monotonic()
+        status, headers, body = await _get(served.session, url)
+        took = time.monotonic() - started
+        assert (status, body) == (503, {"status": "unavailable", "unavailable": unavailable})
+        assert headers["retry-after"] == "1"
+        assert took < READY_TIMEOUT + TIMEOUT, took  # never held past the probe's bound
+        # Liveness is not readiness: the process itself serves.
+        assert await _answer(served.session, served.url + "/health") == (200, {"status": "ok"})
+        await proxy.up()
+        # The pools reconnect on their own.
+        assert await _until(served.session, url, True) == (200, {"status": "ready"})
 
 
 async def test_probes_answer_without_credentials_hooks_or_a_store(
@@ -91,31 +129,9 @@ async def test_ready_names_what_cannot_be_reached_and_recovers(
     runtime.ready_timeout = READY_TIMEOUT
     cut = ["thread_store", "coordinator"] if on_postgres else ["coordinator"]
     async with serve_runtime(runtime) as served:
-        url = served.url + "/ready"
-        status, _, body = await _get(served.session, url)
-        assert (status, body) == (200, {"status": "ready"})
-        for outage in ("down", "hang"):
-            if outage == "down":
-                await proxy.down()
-            else:
-                proxy.hang()
-            started = time.monotonic()
-            status, headers, body = await _get(served.session, url)
-            took = time.monotonic() - started
-            assert status == 503, body
-            assert body == {"status": "unavailable", "unavailable": cut}
-            assert headers["retry-after"] == "1"
-            assert took < READY_TIMEOUT + TIMEOUT, took  # never held past the probe's bound
-            # Liveness is not readiness: the process itself serves.
-            status, _, body = await _get(served.session, served.url + "/health")
-            assert (status, body) == (200, {"status": "ok"})
-            await proxy.up()
-            for _ in range(int(10 / 0.2)):  # the pools reconnect on their own
-                status, _, body = await _get(served.session, url)
-                if status == 200:
-                    break
-                await asyncio.sleep(0.2)
-            assert (status, body) == (200, {"status": "ready"})
+        assert await _answer(served.session, served.url + "/ready") == (
+            200, {"status": "ready"})
+        await _each_outage(served, proxy, cut)
     assert await runtime.unready() == ["closing"]
 
 
@@ -159,28 +175,15 @@ async def test_a_worker_deaf_to_signals_is_not_ready(
     try:
         async with serve_runtime(runtime) as served:
             url = served.url + "/ready"
-            status, _, body = await _get(served.session, url)
-            assert (status, body) == (200, {"status": "ready"})
+            assert await _answer(served.session, url) == (200, {"status": "ready"})
             assert proxy.signal_flows
             proxy.cut_signals()
-
-            async def answer() -> tuple[int, Any]:
-                status, _, body = await _get(served.session, url)
-                return status, body
-
-            for _ in range(int(10 / 0.1)):
-                if (answered := await answer())[0] != 200:
-                    break
-                await asyncio.sleep(0.1)
+            answered = await _until(served.session, url, False)
             assert answered == (503, {"status": "unavailable", "unavailable": ["coordinator"]})
             await asyncio.sleep(1.5)  # opened again, refused again: still not ready
-            assert await answer() == answered
+            assert await _answer(served.session, url) == answered
             proxy.refusing = False
-            for _ in range(int(10 / 0.1)):
-                if (answered := await answer())[0] == 200:
-                    break
-                await asyncio.sleep(0.1)
-            assert answered == (200, {"status": "ready"})
+            assert await _until(served.session, url, True) == (200, {"status": "ready"})
     finally:
         await proxy.down()
         with psycopg.connect(SERVER, autocommit=True) as conn:
@@ -224,32 +227,11 @@ async def test_ready_names_an_agents_checkpointer_that_cannot_be_reached(
             url = served.url + "/ready"
             # Its first use migrates a new schema, which may wait for a transaction of a
             # test beside this one (LangGraph builds its indexes CONCURRENTLY): not ready.
-            for _ in range(int(30 / 0.2)):
-                status, _, body = await _get(served.session, url)
-                if status == 200:
-                    break
-                await asyncio.sleep(0.2)
-            assert (status, body) == (200, {"status": "ready"})
+            assert await _until(served.session, url, True, 30) == (200, {"status": "ready"})
             before = pings
-            status, _, body = await _get(served.session, url)
-            assert (status, pings - before) == (200, 1)
-            for outage in ("down", "hang"):
-                if outage == "down":
-                    await proxy.down()
-                else:
-                    proxy.hang()
-                started = time.monotonic()
-                status, _, body = await _get(served.session, url)
-                assert time.monotonic() - started < READY_TIMEOUT + TIMEOUT
-                assert (status, body) == (
-                    503, {"status": "unavailable", "unavailable": ["checkpointer"]})
-                await proxy.up()
-                for _ in range(int(10 / 0.2)):
-                    status, _, body = await _get(served.session, url)
-                    if status == 200:
-                        break
-                    await asyncio.sleep(0.2)
-                assert (status, body) == (200, {"status": "ready"})
+            assert await _answer(served.session, url) == (200, {"status": "ready"})
+            assert pings - before == 1
+            await _each_outage(served, proxy, ["checkpointer"])
     finally:
         await proxy.down()
         await saver.aclose()
