@@ -172,6 +172,48 @@ async def test_each_document_is_parsed_and_validated_once(
     assert calls == ["parse", "validate"]
 
 
+async def test_documents_too_big_to_check_cheaply_are_refused_before_validation(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 KB of aliases, 200 copies of one field with its selections, or 290 fragments
+    spread side by side (graphql-core compares fields of one name, and fragments, pairwise)
+    each held the event loop for a quarter of a second to a second and a half while it was
+    parsed and validated: every stream of the worker stalled meanwhile. The 1.10 client's
+    largest document has 272 tokens, 98 fields and no named fragment."""
+    from graphql import get_introspection_query
+
+    validated: list[int] = []
+    real_validate = documents.validate
+    monkeypatch.setattr(documents, "validate", lambda schema, document, **k: validated.append(
+        len(document.loc.source.body)) or real_validate(schema, document, **k))
+    field = " availableAgents { agents { name id description } }"  # 5 selections
+    selections = ("The document makes more than 300 selections (fields and fragments); at "
+                  "most 300 are served")
+    cases = {
+        "aliases": ("more than 2000 tokens", "GRAPHQL_PARSE_FAILED",
+                    "{" + " ".join(f"a{i}: hello" for i in range(16_000)) + "}"),
+        "one name": (selections, "GRAPHQL_VALIDATION_FAILED", "{" + field * 200 + "}"),
+        "just over": (selections, "GRAPHQL_VALIDATION_FAILED", "{" + field * 60 + " hello }"),
+        "fragments": ("The document defines 21 fragments; at most 20 are served",
+                      "GRAPHQL_VALIDATION_FAILED",
+                      " ".join(f"fragment F{i} on Query {{ hello }}" for i in range(21))
+                      + " { " + " ".join(f"...F{i}" for i in range(21)) + " }"),
+    }
+    async with serve_runtime(openai_runtime(llm)) as served:
+        for name, (message, code, document) in cases.items():
+            response = await post(served, {"query": document})
+            error = (await response.json())["errors"][0]
+            assert (response.status, error["extensions"]["code"]) == (400, code), name
+            assert message in error["message"], name
+        assert validated == []
+        # Within the bounds: 300 selections under one name, a tool's whole introspection.
+        at_most = await query(served, "{" + field * 60 + "}")
+        introspected = await query(served, get_introspection_query(descriptions=True))
+    assert at_most["data"]["availableAgents"]["agents"] == []
+    assert introspected["data"]["__schema"]["queryType"]["name"] == "Query"
+    assert len(validated) == 2
+
+
 async def test_disconnect_cancels_the_llm_request(llm: MockOpenAIServer,
                                                   serve_runtime: ServeRuntime) -> None:
     runtime = openai_runtime(llm)
