@@ -52,6 +52,22 @@ class HeldBytes:
         self._parts, self._size = [], 0
         return b"".join(parts)
 
+    def events(self, read: bytes) -> bytes | None:
+        """The server-sent events `read` completes, after what is held before it: the text up
+        to the last blank line, CRLF line ends made LF, the rest held. None while no event
+        has ended."""
+        buffer = self.take(read)
+        if buffer is None:
+            return None
+        if b"\r" in buffer:  # CRLF line ends, which the SSE spec allows (JSON has no raw CR)
+            buffer = buffer.replace(b"\r\n", b"\n")
+        end = buffer.rfind(b"\n\n")
+        if end < 0:
+            self.hold(buffer)
+            return None
+        self.hold(buffer[end + 2 :])
+        return buffer[:end]
+
     def hold(self, rest: bytes) -> None:
         """Keep `rest`, the unfinished record that follows the last complete one."""
         if rest:

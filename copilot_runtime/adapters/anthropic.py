@@ -362,18 +362,11 @@ class AnthropicStreamParser:
         self.extra_usage: dict[str, Any] = {}
 
     def feed(self, data: bytes) -> list[ChatDelta]:
-        buffer = self._held.take(data)
-        if buffer is None:
+        block = self._held.events(data)
+        if block is None:
             return []
-        if b"\r" in buffer:  # CRLF line ends, which the SSE spec allows (JSON has no raw CR)
-            buffer = buffer.replace(b"\r\n", b"\n")
-        end = buffer.rfind(b"\n\n")
-        if end < 0:
-            self._held.hold(buffer)
-            return []
-        self._held.hold(buffer[end + 2 :])
         out: list[ChatDelta] = []
-        for line in buffer[:end].split(b"\n"):
+        for line in block.split(b"\n"):
             if not line.startswith(b"data:"):
                 continue  # `event:` lines repeat the JSON's own `type`
             try:

@@ -473,17 +473,9 @@ class ChatCompletionsStreamParser:
         self._count = 0
 
     def feed(self, data: bytes) -> list[ChatDelta]:
-        buffer = self._held.take(data)
-        if buffer is None:
+        block = self._held.events(data)
+        if block is None:
             return []
-        if b"\r" in buffer:  # CRLF line ends, which the SSE spec allows (JSON has no raw CR)
-            buffer = buffer.replace(b"\r\n", b"\n")
-        end = buffer.rfind(b"\n\n")
-        if end < 0:
-            self._held.hold(buffer)
-            return []
-        self._held.hold(buffer[end + 2 :])
-        block = buffer[:end]
         done = _done_line(block)
         if done >= 0:
             self.done = True
