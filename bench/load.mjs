@@ -3,7 +3,7 @@
 //   node bench/load.mjs --target name=N,protocol=P,url=U[,pid=PID][,template=FILE][,token=T] [--target ...]
 //   (token: a bearer token the target's requests carry)
 //        [--pid mock=PID] [--conc 1,10,50] [--seconds 10] [--rounds 2] [--warmup 300] [--serial 100]
-//        [--text-len 200] [--clk-tck 100] [--quiet-wait 30] [--quiet-cores 0.15]
+//        [--text-len 200] [--history 0] [--clk-tck 100] [--quiet-wait 30] [--quiet-cores 0.15]
 //        [--noisy-cores 0.3] [--retries 2] [--retry-budget 60] [--out-prefix PATH]
 //
 // Several targets are measured in one process, interleaved: each concurrency level is cut into
@@ -18,7 +18,9 @@
 // Protocols (every request is a new conversation, so no server keeps growing one history):
 //   agui     POST url: an AG-UI RunAgentInput, what @copilotkit/core sends for the first message of
 //            a chat: {threadId, runId, tools:[], context:[], forwardedProps:{}, state:{}, messages:[user]},
-//            fresh UUIDs for the thread, the run and the message.
+//            fresh UUIDs for the thread, the run and the message. With --history N, N earlier
+//            messages (user and assistant in turn, each as long as the user's) come first, as a
+//            client sends a conversation's history with each new message.
 //   graphql  POST url: the generateCopilotResponse mutation exactly as @copilotkit/runtime-client-gql
 //            1.10.6 sends it when react-core 1.10.6 starts a chat (template from
 //            bench/ts-graphql/make-request.mjs), with fresh thread and message ids per request.
@@ -64,6 +66,7 @@ const ROUNDS = Math.max(1, Number(opts.rounds ?? 2));
 const WARMUP = Number(opts.warmup ?? 300);
 const SERIAL = Number(opts.serial ?? 100);
 const TEXT_LEN = Number(opts["text-len"] ?? 200);
+const HISTORY = Number(opts.history ?? 0);
 const CLK_TCK = Number(opts["clk-tck"] ?? 100);
 const REQUEST_TIMEOUT_MS = Number(opts["timeout-ms"] ?? 30000);
 const MAX_PER_SLICE = 200000;
@@ -76,6 +79,10 @@ let retrySeconds = 0;
 const SENTENCE = "Please summarise the quarterly figures for the northern region and list three risks. ";
 const TEXT = SENTENCE.repeat(Math.ceil(TEXT_LEN / SENTENCE.length) + 1).slice(0, TEXT_LEN).trim().padEnd(TEXT_LEN, "x");
 const EXPECTED = "echo: " + TEXT;
+// The earlier messages of --history, serialised once: "[...," ready for the new message.
+const HISTORY_JSON = "[" + Array.from({ length: HISTORY }, (_, i) => JSON.stringify({
+  id: `history-${i}`, role: i % 2 ? "assistant" : "user", content: (i % 2 ? "echo: " : "") + TEXT,
+}) + ",").join("");
 // the first streamed piece of the answer, as each protocol carries it
 const FIRST_TEXT_PROBE = { agui: /"TEXT_MESSAGE_(?:CONTENT|CHUNK)"/, graphql: /"content",0\]/, openai: /"content":"[^"]/ };
 
@@ -87,8 +94,8 @@ function requestMaker(protocol, template, token) {
     return () => {
       const body = Buffer.from(JSON.stringify({
         threadId: randomUUID(), runId: randomUUID(), tools: [], context: [], forwardedProps: {}, state: {},
-        messages: [{ id: randomUUID(), role: "user", content: TEXT }],
-      }));
+      }).slice(0, -1) + ',"messages":' + HISTORY_JSON
+        + JSON.stringify({ id: randomUUID(), role: "user", content: TEXT }) + "]}");
       return { body, headers: { "Content-Type": "application/json", Accept: "text/event-stream", "content-length": body.length, ...auth } };
     };
   }
@@ -235,7 +242,9 @@ function once(t, agent) {
       res.on("data", (d) => {
         chunks.push(d);
         if (Number.isNaN(tFirstText)) {
-          if (head.length < 16384) head += d.toString("latin1"); // the probes look at the first KB only
+          // The probes look at the first 16 KB, past the echo of the request's input (which
+          // an AG-UI RUN_STARTED carries) when that is longer.
+          if (head.length < 16384 + body.length) head += d.toString("latin1");
           const now = performance.now();
           if (Number.isNaN(tFirstEvent) && t.firstEventDone(head)) tFirstEvent = now;
           if (FIRST_TEXT_PROBE[t.protocol].test(head)) tFirstText = now;
