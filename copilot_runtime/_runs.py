@@ -497,7 +497,10 @@ class ActiveRun:
                     value = event.get(key)
                     if isinstance(value, str):
                         ids.add(value)
-            ids = storable_ids(ids)
+            # The thread holds the ids it had when the run began: a client sends the whole
+            # history with each message, and writing all its ids again cost a durable store
+            # a conflicting insert per message per run.
+            ids = storable_ids(ids.difference(self._seen))
             stored = StoredRun(self.run_id, compacted, self.created_at, size,
                                self.first_position,
                                self.first_position + len(self.events) - 1)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from copilot_runtime import CopilotRuntime, DemoAdapter
 from copilot_runtime import events as ev
@@ -120,3 +122,41 @@ async def test_history_survives_a_restart(tmp_path: Path, serve_runtime: ServeRu
         again = await served.run({**run_input("more", thread="durable", run="r2")})
         assert again[0]["input"]["messages"] == [
             {"id": "r2-u", "role": "user", "content": "more"}]
+
+
+class _RecordingStore(InMemoryThreadStore):
+    """Keeps the message ids each run's write was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[set[str]] = []
+
+    async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
+                         message_ids: Iterable[str], **options: Any) -> None:
+        ids = set(message_ids)
+        self.written.append(ids)
+        await super().append_run(thread_id, agent_id, run, ids, **options)
+
+
+async def test_a_run_writes_only_the_message_ids_its_thread_lacks(
+        serve_runtime: ServeRuntime) -> None:
+    """A client sends the whole history with each message: every run wrote every id of it
+    again (a conflicting insert per message per run in a durable store)."""
+    store = _RecordingStore()
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0), thread_store=store)
+    async with serve_runtime(runtime) as served:
+        first = await served.run(run_input("hello", thread="t", run="r1"))
+        answer = next(e["messageId"] for e in first if e["type"] == "TEXT_MESSAGE_START")
+        history = [{"id": "r1-u", "role": "user", "content": "hello"},
+                   {"id": answer, "role": "assistant", "content": text_of(first)},
+                   {"id": "r2-u", "role": "user", "content": "again"}]
+        second = await served.run({**run_input("", thread="t", run="r2"),
+                                   "messages": history})
+        verify_events(second)
+        record = await store.get("t")
+    again = next(e["messageId"] for e in second if e["type"] == "TEXT_MESSAGE_START")
+    assert store.written == [{"r1-u", answer}, {"r2-u", again}]
+    assert record is not None
+    assert record.message_ids == {"r1-u", answer, "r2-u", again}
+    assert [m["id"] for m in events_to_messages(r.events for r in record.runs)] == [
+        "r1-u", answer, "r2-u", again]
