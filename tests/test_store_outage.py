@@ -120,12 +120,28 @@ class Proxy:
         assert task is not None
         self._links.add(task)
         flow = Flow()
+        up_writer: asyncio.StreamWriter | None = None
         try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
-        except OSError:
+            # Accepted as the proxy went down (started after `down` cancelled the links):
+            # it would have been a live connection through a proxy that is down.
+            if self._server is None:
+                return
+            try:
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+            except OSError:
+                return
+            await self._pump(flow, reader, writer, up_reader, up_writer)
+        finally:
+            # Whatever ended it, cancellation by `down` included: a client socket left open
+            # here was a connection to nothing, which its client waited on for ever.
             writer.close()
+            if up_writer is not None:
+                up_writer.close()
             self._links.discard(task)
-            return
+
+    async def _pump(self, flow: Flow, reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter, up_reader: asyncio.StreamReader,
+                    up_writer: asyncio.StreamWriter) -> None:
         self._sockets.append((writer, up_writer))
         flow.sockets = (writer, up_writer)
 
@@ -142,13 +158,8 @@ class Proxy:
             await asyncio.sleep(linger)
             sink.close()
 
-        try:
-            await asyncio.gather(pump(reader, up_writer, True),
-                                 pump(up_reader, writer, False, self.linger))
-        finally:
-            writer.close()
-            up_writer.close()
-            self._links.discard(task)
+        await asyncio.gather(pump(reader, up_writer, True),
+                             pump(up_reader, writer, False, self.linger))
 
     def _passes(self, flow: Flow, data: bytes, upstream: bool) -> bool:
         """Whether `data` goes on (`upstream`: from the client to the server)."""
@@ -388,7 +399,9 @@ async def test_a_run_whose_lease_cannot_be_renewed_stops_before_the_lease_expire
             if response.status == 200:
                 assert b'"RUN_FINISHED"' in await response.read()
                 break
-            assert response.status == 409, await response.text()
+            # Busy while the kept lease lives; unavailable while the client's connections,
+            # cut by the outage, are opened again.
+            assert response.status in (409, 503), await response.text()
 
 
 @pytest.mark.parametrize("proxy", [5432, 6379], ids=["postgresql", "redis"], indirect=True)
