@@ -602,3 +602,35 @@ async def test_a_lease_released_while_redis_hangs_gives_up_at_the_timeout() -> N
     finally:
         await proxy.down()
         await held.aclose()
+
+
+
+class _Unanswered:
+    """A Redis client whose commands are sent and never answered."""
+
+    async def execute_command(self, *args: Any) -> Any:
+        await asyncio.Event().wait()
+
+    def pipeline(self, transaction: bool = False) -> Any:
+        raise AssertionError("one command at a time here")
+
+
+@pytest.mark.parametrize("call", ["publish", "acquire", "finish"])
+async def test_a_batch_of_redis_calls_is_bounded_by_itself(call: str) -> None:
+    """Calls made while one is in flight go together in a task of their own (`Batcher`),
+    where no caller's deadline applies, and the Redis coordinator bounded only its callers:
+    a batch sent on a connection that stopped answering held that task, and every later call
+    of its kind queued behind it (each answered 503), for as long as the connection lived.
+    The PostgreSQL coordinator bounds each statement itself; now Redis each batch."""
+    from copilot_runtime.coordination.base import Lease, Signal
+
+    made = coordinator("redis://127.0.0.1:6379/0?prefix=unanswered:")
+    made.timeout = 0.5  # type: ignore[attr-defined]
+    made._redis = _Unanswered()  # type: ignore[attr-defined]
+    batch = {"publish": lambda: made._publish_many([Signal("stop", "t", "r")]),  # type: ignore[attr-defined]
+             "acquire": lambda: made._acquire_many([("t", "r", "token")]),  # type: ignore[attr-defined]
+             "finish": lambda: made._finish_many([Lease("t", "r", "token")])}[call]  # type: ignore[attr-defined]
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(batch(), 5)
+    assert time.monotonic() - started < 2

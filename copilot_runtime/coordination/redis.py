@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from copilot_runtime._deadline import within
 from copilot_runtime._redis_client import DEFAULT_POOL_SIZE, bounded_redis, cannot_serve_now
 from copilot_runtime._url_options import (
     checked_redis_db,
@@ -246,13 +247,19 @@ class RedisCoordinator(SharedCoordinator):
 
     async def _send(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """`commands` in one round trip: a lone one as it is (redis-py's pipeline costs
-        several times a command's own work), several in a pipeline."""
-        if len(commands) == 1:
-            return [await self._redis.execute_command(*commands[0])]
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for command in commands:
-                pipe.execute_command(*command)
-            return list(await pipe.execute())
+        several times a command's own work), several in a pipeline.
+
+        Bounded here, not only by its callers: calls made while one is in flight go
+        together in a task of their own (`Batcher`), where no caller's deadline applies. A
+        command on a connection that stopped answering held that task, and with it every
+        later call of its kind (each then 503), for as long as the connection lived."""
+        async with within(self.timeout):
+            if len(commands) == 1:
+                return [await self._redis.execute_command(*commands[0])]
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for command in commands:
+                    pipe.execute_command(*command)
+                return list(await pipe.execute())
 
 
 def _eval(script: str, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
