@@ -149,6 +149,15 @@ def scrub_secrets(text: str, *known: str | None) -> str:
     return _SECRETS.sub("[REDACTED]", text)
 
 
+#: What code the runtime calls (an agent, an action, a workflow's step) may raise that the
+#: runtime answers as that code's failure: `SystemExit` too (`sys.exit`, argparse's
+#: `parser.error`, click), which out of an event loop's task ends the whole process, every
+#: user's runs with it; and a `KeyboardInterrupt` raised by code (the servers turn Ctrl-C
+#: into a shutdown, never into this exception inside a request).
+FAILURES_OF_CALLED_CODE: tuple[type[BaseException], ...] = (
+    Exception, SystemExit, KeyboardInterrupt)
+
+
 def failure_text(exc: BaseException, limit: int = 300) -> str:
     """An exception raised by code the runtime calls (an action, a tool), as the model and,
     through its tool result, the client read it: its type and message, with credentials in

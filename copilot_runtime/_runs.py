@@ -37,6 +37,7 @@ from copilot_runtime import events as ev
 from copilot_runtime._again import worth_logging
 from copilot_runtime._compaction import compact_events
 from copilot_runtime._exceptions import (
+    FAILURES_OF_CALLED_CODE,
     CopilotRuntimeError,
     ServiceUnavailableError,
     ThreadBusyError,
@@ -333,7 +334,7 @@ class ActiveRun:
         except CopilotRuntimeError as exc:
             tail = self.order.closing_events()
             tail.append(ev.run_error(exc.message, code=exc.code))
-        except Exception as exc:
+        except FAILURES_OF_CALLED_CODE as exc:
             # The stack goes to the log (and the run's span); the client gets a message
             # without internals.
             _log.exception("agent failed", agent=self.agent_id, thread_id=self.thread_id,

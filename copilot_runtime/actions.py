@@ -19,7 +19,12 @@ import pydantic
 import structlog
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from copilot_runtime._exceptions import ActionError, ConfigurationError, failure_text
+from copilot_runtime._exceptions import (
+    FAILURES_OF_CALLED_CODE,
+    ActionError,
+    ConfigurationError,
+    failure_text,
+)
 
 if TYPE_CHECKING:
     import jsonschema
@@ -112,10 +117,8 @@ class Action:
                 result = await asyncio.to_thread(self.handler, **kwargs)
         except ActionError:
             raise
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
-            # SystemExit too (`sys.exit`, argparse's `parser.error`, click in a handler): out
-            # of the event loop it would end the server, and every user's run with it. The
-            # stack goes to the server log; the model (and the client, through the tool
+        except FAILURES_OF_CALLED_CODE as exc:
+            # The stack goes to the server log; the model (and the client, through the tool
             # result) gets the error's message without paths or credentials.
             _log.warning("action failed", action=self.name, exc_info=True)
             raise ActionError(failure_text(exc)) from None

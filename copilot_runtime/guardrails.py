@@ -35,7 +35,7 @@ import regex
 import structlog
 from ag_ui.core import UserMessage
 
-from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._exceptions import FAILURES_OF_CALLED_CODE, ConfigurationError
 from copilot_runtime.adapters.base import ChatRequest, ServiceAdapter, TextDelta
 from copilot_runtime.auth import Principal
 
@@ -313,7 +313,7 @@ async def check_input(guardrails: Sequence[Guardrail], messages: Messages,
                              "is configured: its rules are ignored")
             else:
                 return await judge.judge(messages, topics[0], topics[1])
-    except Exception:
+    except FAILURES_OF_CALLED_CODE:
         _log.exception("guardrail failed")
         return _FAILED
     return ALLOWED

@@ -27,7 +27,11 @@ from typing import Any
 
 import structlog
 
-from copilot_runtime._exceptions import RequestError, ServiceUnavailableError
+from copilot_runtime._exceptions import (
+    FAILURES_OF_CALLED_CODE,
+    RequestError,
+    ServiceUnavailableError,
+)
 from copilot_runtime.auth import Principal, RequestInfo
 
 __all__ = ["ErrorInfo", "HookRunner", "OnError", "OnRequest", "OnRunFinished", "RunFinished"]
@@ -107,7 +111,7 @@ class HookRunner:
             _log.error("on_request hook timed out: request refused",
                        timeout=self.request_timeout, request_id=info.request_id)
             raise _unchecked() from None
-        except Exception:
+        except FAILURES_OF_CALLED_CODE:
             _log.exception("on_request hook failed: request refused",
                            request_id=info.request_id)
             raise _unchecked() from None
@@ -131,7 +135,7 @@ class HookRunner:
         it returns, and its failure is logged like an async one's."""
         try:
             work = hook(argument)
-        except Exception:
+        except FAILURES_OF_CALLED_CODE:
             _log.exception(f"{name} hook failed")
             return
         if not inspect.isawaitable(work):
@@ -142,7 +146,7 @@ class HookRunner:
             try:
                 async with deadline:
                     await work
-            except Exception:
+            except FAILURES_OF_CALLED_CODE:
                 if deadline.expired():  # (not a TimeoutError the hook raised itself)
                     _log.error(f"{name} hook timed out: cancelled",
                                timeout=self.background_timeout)

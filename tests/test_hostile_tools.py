@@ -110,11 +110,58 @@ def parse_flags(flags: str) -> str:
     return str(parser.parse_args(flags.split()))  # a bad flag: parser.error, sys.exit(2)
 
 
-CALLS = {"sys.exit": ("quit_now", "{}"),
-         "argparse": ("parse_flags", '{"flags": "--n notanumber"}')}
+class ExitsMidAnswer:
+    """A model whose first answer ends the program halfway (a library calling sys.exit)."""
+    provider = "exits"
+
+    def __init__(self):
+        self.answers = 0
+
+    async def aclose(self):
+        pass
+
+    async def stream(self, request):
+        from copilot_runtime.adapters.base import StreamEnd, TextDelta
+        self.answers += 1
+        yield [TextDelta("partial ")]
+        if self.answers == 1:
+            sys.exit(2)
+        yield [TextDelta("whole")]
+        yield [StreamEnd("stop")]
+
+
+class ParsesFlags:
+    """An existing agent that parses flags it was not given (argparse exits)."""
+
+    async def execute_with_events(self, context):
+        yield {"event": "agent_started", "data": {}}
+        parse_flags.handler("--n notanumber")
+        yield {"event": "agent_completed", "data": {"output": "parsed"}}
+
+
+async def exits_after_the_run(run):
+    sys.exit(3)
+
+
+def runtime_of(case):
+    if case == "model":
+        return CopilotRuntime(service_adapter=ExitsMidAnswer())
+    if case == "existing agent":
+        from langgraph.checkpoint.memory import InMemorySaver
+        from copilot_runtime.workflows.existing import existing_agent
+        return CopilotRuntime(agents={"default": existing_agent(
+            ParsesFlags(), name="flags", checkpointer=InMemorySaver())})
+    if case == "hook":
+        return CopilotRuntime(service_adapter=ScriptedAdapter(text_turn("done")),
+                              on_run_finished=exits_after_the_run)
+    calls = {"sys.exit": ("quit_now", "{}"),
+             "argparse": ("parse_flags", '{"flags": "--n notanumber"}')}
+    model = ScriptedAdapter(tool_turn(calls[case]), text_turn("done"))
+    return CopilotRuntime(service_adapter=model, actions=[quit_now, parse_flags])
+
+
 port, case = int(sys.argv[1]), sys.argv[2]
-model = ScriptedAdapter(tool_turn(CALLS[case]), text_turn("done"))
-runtime = CopilotRuntime(service_adapter=model, actions=[quit_now, parse_flags])
+runtime = runtime_of(case)
 server = uvicorn.Server(uvicorn.Config(create_app(runtime, "/api"), log_level="critical",
                                        lifespan="on"))
 listener = socket.socket()
@@ -180,6 +227,54 @@ async def test_action_that_exits_is_a_tool_error_and_the_server_lives_on(
     (result,) = tool_results(events).values()
     assert orjson.loads(result["content"]) == {"error": "SystemExit: 2"}
     assert text_of(events) == "done"
+
+
+@pytest.mark.parametrize("case", ["model", "existing agent", "hook"])
+async def test_other_code_that_exits_fails_alone_and_the_server_lives_on(
+        case: str, tmp_path: Path) -> None:
+    """SystemExit from the other code the runtime calls ended the process as an action's did:
+    a model (an agent) halfway through its answer cut the stream and stored a run without its
+    end (every later replay of the thread broke); an existing agent wrapped as a workflow
+    (argparse's `parser.error` in its LangGraph node) and an `on_run_finished` hook (a task of
+    its own) stopped the event loop, every user's run with it. Now each is that code's
+    failure: the run ends with a RUN_ERROR (or the workflow says the agent failed), the thread
+    replays whole, and the server goes on serving."""
+    async with child_runtime(case, tmp_path) as (url, child), aiohttp.ClientSession() as session:
+        async def run(thread: str, run_id: str) -> list[Json]:
+            try:
+                response = await session.post(
+                    url + "/agent/default/run",
+                    data=orjson.dumps(run_input("go", thread=thread, run=run_id)),
+                    headers={"Content-Type": "application/json"})
+                assert response.status == 200, await response.text()
+                return parse_sse(await response.read())
+            except aiohttp.ClientError as exc:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(child.wait(), 10)
+                pytest.fail(f"the run's stream broke off ({type(exc).__name__}); the server's "
+                            f"exit status: {child.returncode}")
+
+        events = await run("t", "r1")
+        verify_events(events)
+        if case == "model":
+            assert types(events)[-1] == "RUN_ERROR", events[-1]
+            assert events[-1]["code"] == "AGENT_ERROR"
+            assert text_of(events) == "partial "
+            again = await run("t", "r2")
+            assert text_of(again) == "partial whole"
+        elif case == "existing agent":
+            assert types(events)[-1] == "RUN_FINISHED", events[-1]
+            assert "flags failed (SystemExit)" in text_of(events)
+        await asyncio.sleep(0.2)  # a hook runs after the run's end
+        connect = await session.post(
+            url + "/agent/default/connect", data=orjson.dumps(run_input("", thread="t")),
+            headers={"Content-Type": "application/json"})
+        replayed = parse_sse(await connect.read())
+        verify_events(replayed)
+        info = await session.get(url + "/info")
+        assert info.status == 200
+        await info.read()
+        assert child.returncode is None
 
 
 async def test_keyboard_interrupt_from_a_handler_is_a_tool_error() -> None:

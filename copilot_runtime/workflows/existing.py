@@ -37,7 +37,7 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
-from copilot_runtime._exceptions import AgentExecutionError, upstream_said
+from copilot_runtime._exceptions import FAILURES_OF_CALLED_CODE, AgentExecutionError, upstream_said
 from copilot_runtime._seconds import MAX_SECONDS, checked_seconds
 from copilot_runtime._time import iso_time
 from copilot_runtime.approvals.decisions import Decision, parse_decision
@@ -307,7 +307,7 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
             run = await run_existing_agent(agent, name, context, config,
                                            timeout_seconds=timeout_seconds,
                                            max_output_bytes=max_output_bytes)
-        except Exception as exc:
+        except FAILURES_OF_CALLED_CODE as exc:
             _log.warning("existing agent failed", agent=name, error=repr(exc))
             error = failure_text(name, exc)
             return Command(goto=END, update={

@@ -40,7 +40,7 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
-from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._exceptions import FAILURES_OF_CALLED_CODE, ConfigurationError
 from copilot_runtime.approvals.decisions import parse_decision
 from copilot_runtime.workflows._emit import say
 from copilot_runtime.workflows.existing import (
@@ -199,7 +199,7 @@ class Orchestrator:
             run = await run_existing_agent(step.runner, step.agent, context, config,
                                            timeout_seconds=step.timeout_seconds,
                                            max_output_bytes=step.max_output_bytes)
-        except Exception as exc:
+        except FAILURES_OF_CALLED_CODE as exc:
             error = failure_text(step.agent, exc)
             # The latest few: an optional step failing at every revision adds one each time.
             shared["errors"] = [*shared.get("errors", []), {

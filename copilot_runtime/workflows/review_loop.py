@@ -62,7 +62,7 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
-from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._exceptions import FAILURES_OF_CALLED_CODE, ConfigurationError
 from copilot_runtime._time import iso_time
 from copilot_runtime.approvals.decisions import Decision, parse_decision
 from copilot_runtime.workflows._emit import say
@@ -267,7 +267,7 @@ class ReviewLoop:
         """The router's choice, checked: `_NotRouted` names what was wrong with it."""
         try:
             chosen = self.router(task, list(self.specialists.values()))
-        except Exception as exc:
+        except FAILURES_OF_CALLED_CODE as exc:
             _log.exception("the review loop's router failed")
             raise _NotRouted(f"the planner's router failed ({type(exc).__name__})") from None
         if not (isinstance(chosen, tuple) and len(chosen) == 2
@@ -293,7 +293,7 @@ class ReviewLoop:
         reviewing = self._reviewing(state)
         try:
             result = await specialist.run(request)
-        except Exception as exc:
+        except FAILURES_OF_CALLED_CODE as exc:
             _log.exception("specialist failed", specialist=name)
             failure = f"The {name} specialist failed ({type(exc).__name__})"
             return self._failed(state, name, failure, reviewing)
@@ -373,7 +373,7 @@ class ReviewLoop:
             return Command(goto="complete", update={"status": "completed"})
         try:
             request = self.clarification_request(state)
-        except Exception as exc:
+        except FAILURES_OF_CALLED_CODE as exc:
             # Fail closed: nobody was asked, so nothing may be recorded as approved.
             _log.exception("could not build the clarification request")
             failure = f"could not ask for review ({type(exc).__name__}), so nothing was approved"
