@@ -8,6 +8,8 @@ The runtime's own shape is the AG-UI message as JSON (camelCase dicts: `{"id", "
   1.10 loads and saves, and a `copilotkit` SDK remote endpoint answers `/agents/state` with.
 * `to_legacy`: the typed messages a `copilotkit` SDK remote endpoint reads.
 * `to_openai`: Chat Completions messages (from the validated `ag_ui.core` models).
+* `paired_tool_calls`: a history whose tool calls are each answered at once, as the model
+  APIs require.
 * `text_of`: the text of any message content.
 
 Streams of events become messages in `_compaction.events_to_messages`.
@@ -35,6 +37,7 @@ from copilot_runtime._limits import check_json_text
 __all__ = [
     "from_graphql_inputs",
     "from_json_representation",
+    "paired_tool_calls",
     "text_of",
     "to_json_representation",
     "to_legacy",
@@ -237,10 +240,68 @@ def from_graphql_inputs(messages: Collection[Mapping[str, Any]]) -> list[dict[st
     return out
 
 
-def to_openai(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """AG-UI messages (`ag_ui.core` models) → Chat Completions messages."""
-    out: list[dict[str, Any]] = []
+#: What a model reads as the result of a tool call the history has none for.
+MISSING_RESULT = "The tool call was not answered: no result was recorded for it."
+#: Messages no model reads (UI state): they neither answer nor interrupt a tool call.
+_MODEL_INPUT = (UserMessage, AssistantMessage, ToolMessage, SystemMessage, DeveloperMessage)
+
+
+def paired_tool_calls(messages: Sequence[Message]) -> Sequence[Message]:
+    """`messages` with each assistant message's tool calls followed at once by one result
+    each, as the model APIs require (Chat Completions refuses anything else with a 400, on
+    every later run of the thread): its own result, wherever the history has it, else one
+    saying none was recorded (a client that lost it, a run cut before its tools ran). A
+    result no call in the history asked for becomes a user message quoting it. A history
+    already so is returned as it is."""
+    if _paired(messages):
+        return messages
+    results: dict[str, ToolMessage] = {}
+    called: set[str] = set()
     for message in messages:
+        if isinstance(message, ToolMessage):
+            results.setdefault(message.tool_call_id, message)
+        elif isinstance(message, AssistantMessage):
+            called.update(call.id for call in message.tool_calls or ())
+    out: list[Message] = []
+    for message in messages:
+        if isinstance(message, ToolMessage):
+            if message.tool_call_id not in called:
+                said = text_of(message.content) or message.error or ""
+                out.append(UserMessage(id=message.id, content=(
+                    f"(Result of tool call {message.tool_call_id}: {said})")))
+            continue  # (placed after its call)
+        out.append(message)
+        if isinstance(message, AssistantMessage):
+            for call in message.tool_calls or ():
+                out.append(results.get(call.id) or ToolMessage(
+                    id=f"{call.id}-result", tool_call_id=call.id, content=MISSING_RESULT,
+                    error=MISSING_RESULT))
+    return out
+
+
+def _paired(messages: Sequence[Message]) -> bool:
+    waiting: set[str] = set()  # the calls of the last assistant message not yet answered
+    for message in messages:
+        if isinstance(message, ToolMessage):
+            if message.tool_call_id not in waiting:
+                return False
+            waiting.discard(message.tool_call_id)
+        elif not isinstance(message, _MODEL_INPUT):
+            continue
+        elif waiting:
+            return False
+        elif isinstance(message, AssistantMessage) and message.tool_calls:
+            waiting = {call.id for call in message.tool_calls}
+            if len(waiting) != len(message.tool_calls):
+                return False
+    return not waiting
+
+
+def to_openai(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """AG-UI messages (`ag_ui.core` models) → Chat Completions messages, tool calls
+    paired (`paired_tool_calls`)."""
+    out: list[dict[str, Any]] = []
+    for message in paired_tool_calls(messages):
         if isinstance(message, UserMessage):
             out.append({"role": "user", "content": _openai_user_content(message.content)})
         elif isinstance(message, AssistantMessage):

@@ -16,13 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from copilot_runtime.messages import (
+    MISSING_RESULT,
     from_graphql_inputs,
     from_json_representation,
+    paired_tool_calls,
     text_of,
     to_json_representation,
     to_legacy,
     to_openai,
 )
+from copilot_runtime.testing.mock_openai import _refusal
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -124,6 +127,68 @@ def test_openai_form_keeps_roles_text_and_calls(messages: list[dict[str, Any]]) 
             assert theirs.get("tool_calls", []) == ours.get("toolCalls", [])
         else:
             assert theirs == {"role": "user", "content": ours["content"]}
+
+
+def models_of(messages: list[dict[str, Any]]) -> Any:
+    return RunAgentInput.model_validate({
+        "threadId": "t", "runId": "r", "state": {}, "tools": [], "context": [],
+        "forwardedProps": {}, "messages": messages}).messages
+
+
+@st.composite
+def broken_conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Conversations whose clients lost, moved or made up tool results (what the
+    TypeScript runtime's users report OpenAI refusing with a 400)."""
+    messages = draw(conversations())
+    results = [m for m in messages if m["role"] == "tool"]
+    for result in results:
+        fate = draw(st.sampled_from(["kept", "lost", "moved", "doubled"]))
+        if fate != "kept":
+            messages.remove(result)
+        if fate in ("moved", "doubled"):
+            messages.insert(draw(st.integers(0, len(messages))), result)
+        if fate == "doubled":
+            messages.append({**result, "id": result["id"] + "-again"})
+    for n in range(draw(st.integers(0, 2))):
+        messages.insert(draw(st.integers(0, len(messages))), {
+            "id": f"stray-{n}", "role": "tool", "toolCallId": f"unknown-{n}", "content": "x"})
+    if draw(st.booleans()):
+        messages.insert(draw(st.integers(0, len(messages))), {
+            "id": "act", "role": "activity", "activityType": "card", "content": {}})
+    return messages
+
+
+@settings(max_examples=200, deadline=None)
+@given(conversations())
+def test_a_paired_history_is_sent_as_it_is(messages: list[dict[str, Any]]) -> None:
+    models = models_of(messages)
+    assert paired_tool_calls(models) is models
+    assert _refusal(to_openai(models)) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(broken_conversations())
+def test_tool_calls_are_answered_at_once_whatever_the_client_sent(
+        messages: list[dict[str, Any]]) -> None:
+    """Chat Completions refuses a call not answered by the tool messages right after it,
+    and a tool message answering no call just before it: OpenAI (and every model behind
+    LangChain's OpenAI client) got such histories as the client sent them, a 400 on every
+    later run of the thread. Each call is now answered by its own result (wherever the
+    client had it) or by one saying none was recorded; a result no call asked for is a user
+    message quoting it."""
+    openai = to_openai(models_of(messages))
+    assert _refusal(openai) is None, openai
+    results = {m["toolCallId"]: m["content"] for m in reversed(messages) if m["role"] == "tool"}
+    calls = [c["id"] for m in messages for c in m.get("toolCalls", ())]
+    for i, message in enumerate(openai):
+        for j, call in enumerate(message.get("tool_calls") or ()):
+            answer = openai[i + 1 + j]
+            assert answer["tool_call_id"] == call["id"]
+            assert answer["content"] == results.get(call["id"], MISSING_RESULT)
+    strays = [m for m in messages if m["role"] == "tool" and m["toolCallId"] not in calls]
+    quoted = [m["content"] for m in openai if m["role"] == "user"
+              and m["content"].startswith("(Result of tool call unknown-")]
+    assert quoted == [f"(Result of tool call {m['toolCallId']}: x)" for m in strays]
 
 
 def test_hidden_and_multimodal_content() -> None:

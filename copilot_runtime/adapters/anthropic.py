@@ -64,13 +64,13 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
 )
+from copilot_runtime.messages import MISSING_RESULT
 
 __all__ = ["AnthropicAdapter", "AnthropicStreamParser", "to_anthropic_messages"]
 
 #: The API requires `max_tokens`; this is used when neither the app nor the client set one.
 DEFAULT_MAX_TOKENS = 4096
 _THINKING_KEPT = 1024
-_MISSING_RESULT = "The tool call was not answered: no result was recorded for it."
 _FAILURES = _direct.Failures(
     "Anthropic", "Anthropic request timed out", "Could not reach the Anthropic API",
     "The Anthropic API closed the connection without answering",
@@ -577,7 +577,7 @@ def _pair_tool_results(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _result_for(tool_use_id: str, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return results.get(tool_use_id) or {"type": "tool_result", "tool_use_id": tool_use_id,
-                                        "content": _MISSING_RESULT, "is_error": True}
+                                        "content": MISSING_RESULT, "is_error": True}
 
 
 def _result_text(block: dict[str, Any]) -> str:

@@ -66,6 +66,7 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
 )
+from copilot_runtime.messages import MISSING_RESULT
 
 if TYPE_CHECKING:
     import aiohttp
@@ -74,7 +75,6 @@ if TYPE_CHECKING:
 __all__ = ["GeminiStreamParser", "GoogleGenAIAdapter", "rest_body", "to_gemini_contents",
            "to_gemini_schema"]
 
-_MISSING_RESULT = "The tool call was not answered: no result was recorded for it."
 _FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length", "SAFETY": "content_filter",
                    "RECITATION": "content_filter", "BLOCKLIST": "content_filter",
                    "PROHIBITED_CONTENT": "content_filter", "SPII": "content_filter",
@@ -632,7 +632,7 @@ def _pair_responses(turns: list[tuple[str, list[dict[str, Any]]]],
 
     def answers() -> list[dict[str, Any]]:
         return [_strip(responses.get(i) or {"function_response": {
-            "name": names.get(i, ""), "response": {"error": _MISSING_RESULT}}})
+            "name": names.get(i, ""), "response": {"error": MISSING_RESULT}}})
             for i in pending]
 
     for role, parts in turns:

@@ -49,6 +49,7 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
 )
+from copilot_runtime.messages import paired_tool_calls
 
 __all__ = ["LangChainAdapter", "to_langchain_messages"]
 
@@ -155,9 +156,10 @@ def _chunk_text(content: Any) -> str:
 
 
 def to_langchain_messages(messages: Sequence[Message]) -> list[BaseMessage]:
-    """AG-UI history → LangChain messages (tool arguments as objects)."""
+    """AG-UI history → LangChain messages (tool arguments as objects, tool calls paired:
+    `paired_tool_calls`)."""
     out: list[BaseMessage] = []
-    for message in messages:
+    for message in paired_tool_calls(messages):
         if isinstance(message, UserMessage):
             out.append(HumanMessage(content=_user_content(message.content)))
         elif isinstance(message, AssistantMessage):

@@ -13,6 +13,10 @@ run end to end without a network or a key. What it answers depends on the last m
 * anything else: ``echo: <text of the last message>`` (a tool result's content included),
   split into ``chunks`` pieces on code-point boundaries.
 
+Like the real API it refuses (400, ``invalid_request_error``) a history whose tool calls are
+not each answered by the tool messages right after them, and a tool message that answers no
+call of the assistant message before it.
+
 Chunk ids derive from a hash of the request, so the same request gets the same bytes.
 Run it alone with ``python -m copilot_runtime.testing.mock_openai --port 8090``.
 """
@@ -163,6 +167,10 @@ class MockOpenAIServer(LoopbackServer):
         if self.record:
             self.requests.append(body)
             self.headers.append({k.lower(): v for k, v in request.headers.items()})
+        refused = _refusal(body.get("messages"))
+        if refused is not None:
+            message, param = refused
+            return _error(400, message, "invalid_request_error", param)
         if self.statuses:
             status = self.statuses.pop(0)
             failure = _error(status, f"mock error {status}", "server_error")
@@ -193,9 +201,39 @@ class MockOpenAIServer(LoopbackServer):
         return response
 
 
-def _error(status: int, message: str, kind: str) -> web.Response:
+def _error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
     return web.json_response(
-        {"error": {"message": message, "type": kind, "param": None, "code": None}}, status=status)
+        {"error": {"message": message, "type": kind, "param": param, "code": None}},
+        status=status)
+
+
+def _refusal(messages: Any) -> tuple[str, str] | None:
+    """Why the real API refuses `messages` for their tool calls (and the `param` it names),
+    or None."""
+    if not isinstance(messages, list):
+        return None
+    waiting: list[Any] = []  # the call ids of the last assistant message not yet answered
+    asked_at = 0
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            continue
+        if message.get("role") == "tool":
+            if message.get("tool_call_id") not in waiting:
+                return ("Invalid parameter: messages with role 'tool' must be a response to a "
+                        "preceeding message with 'tool_calls'.", f"messages.[{i}].role")
+            waiting.remove(message["tool_call_id"])
+            continue
+        if waiting:
+            break
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        if calls:
+            waiting = [call.get("id") for call in calls if isinstance(call, dict)]
+            asked_at = i
+    if waiting:
+        return ("An assistant message with 'tool_calls' must be followed by tool messages "
+                "responding to each 'tool_call_id'. The following tool_call_ids did not have "
+                f"response messages: {', '.join(map(str, waiting))}", f"messages.[{asked_at}].role")
+    return None
 
 
 def _usage(body: dict[str, Any], out: str) -> dict[str, int]:
