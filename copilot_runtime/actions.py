@@ -9,9 +9,12 @@ tool's result, so a broken tool never crashes the run.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import re
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, overload
 
 import orjson
@@ -36,6 +39,23 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI accepts for a functi
 #: The largest result (as JSON) an action may return: it goes to the model in the next
 #: request and to the client in the stream, whole.
 MAX_ACTION_RESULT_BYTES = 1024 * 1024
+
+
+
+#: The most sync handlers that run at once; more wait for a thread.
+SYNC_HANDLER_THREADS = 32
+_threads: ThreadPoolExecutor | None = None
+
+
+def _sync_handler_threads() -> ThreadPoolExecutor:
+    """The threads sync handlers run in, their own: asyncio's default executor (six threads
+    on two cores) also looks up the host name of every new connection, so a few handlers
+    hung on a dead service stopped every provider connection of the process; here they
+    hold back only other sync handlers."""
+    global _threads
+    if _threads is None:
+        _threads = ThreadPoolExecutor(SYNC_HANDLER_THREADS, thread_name_prefix="action")
+    return _threads
 
 
 class Action:
@@ -114,7 +134,9 @@ class Action:
             if self._is_async:
                 result = await self.handler(**kwargs)
             else:
-                result = await asyncio.to_thread(self.handler, **kwargs)
+                result = await asyncio.get_running_loop().run_in_executor(
+                    _sync_handler_threads(), functools.partial(
+                        contextvars.copy_context().run, self.handler, **kwargs))
         except ActionError:
             raise
         except FAILURES_OF_CALLED_CODE as exc:

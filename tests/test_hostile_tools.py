@@ -19,8 +19,10 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -661,3 +663,57 @@ async def test_platform_error_or_malformed_event_is_an_upstream_error(
     assert replayed[-1] == error
     verify_events(follow_up)
     assert types(follow_up)[-1] == "RUN_FINISHED", follow_up[-1]
+
+
+async def test_sync_handlers_that_hang_do_not_hold_up_host_name_lookups(
+        serve_runtime: ServeRuntime) -> None:
+    """Sync handlers ran in asyncio's default executor, which also looks up the host name of
+    every new connection (`getaddrinfo`): as many handlers hung on a dead service as it has
+    threads (six on two cores) stopped every later provider connection of the process, and
+    every sync handler. Now they run in threads of their own; here the default executor has
+    two threads and three handlers hang."""
+    loop = asyncio.get_running_loop()
+    entered: list[str] = []
+    all_hung = asyncio.Event()
+    release = threading.Event()
+
+    def arrived(order: str) -> None:
+        entered.append(order)
+        if len(entered) == 3:
+            all_hung.set()
+
+    @action
+    def hangs(order: str) -> str:
+        """Asks a service that stopped answering."""
+        loop.call_soon_threadsafe(arrived, order)
+        release.wait(30)
+        return order
+
+    @action
+    def answers(order: str) -> str:
+        """Answers at once."""
+        return f"order {order}"
+
+    executor = ThreadPoolExecutor(2)
+    loop.set_default_executor(executor)
+    model = ScriptedAdapter(*[tool_turn(("hangs", '{"order": "1"}'))] * 3,
+                            tool_turn(("answers", '{"order": "2"}')), text_turn("done"))
+    runtime = CopilotRuntime(service_adapter=model, actions=[hangs, answers])
+    try:
+        async with serve_runtime(runtime) as served:
+            hung = [asyncio.create_task(served.run(run_input("go", thread=f"hung-{n}")))
+                    for n in range(3)]
+            async with asyncio.timeout(10):
+                await all_hung.wait()
+            async with asyncio.timeout(5):
+                await loop.getaddrinfo("localhost", 80)
+                events = await served.run(run_input("go", thread="quick"))
+            assert types(events)[-1] == "RUN_FINISHED", events[-1]
+            (result,) = tool_results(events).values()
+            assert result["content"] == '"order 2"'
+            release.set()
+            for events in await asyncio.gather(*hung):
+                verify_events(events)
+    finally:
+        release.set()
+        executor.shutdown(wait=False)
