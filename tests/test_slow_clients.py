@@ -407,3 +407,87 @@ async def test_a_compressed_body_is_answered_415(serve_runtime: ServeRuntime,
                 "hi", thread="plain"), headers={"Content-Encoding": "identity"}) as response:
             assert response.status == 200
     assert "zipped" not in runtime.runs.active
+
+
+class _GoneAfter:
+    """An ASGI server's side of one request whose `send` raises OSError from its `n`-th body
+    write on, as the spec lets a server do once the client has gone (uvicorn returns)."""
+
+    def __init__(self, path: str, body: Any, n: int, headers: list[tuple[bytes, bytes]]
+                 | None = None) -> None:
+        self.scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"},
+            "http_version": "1.1", "method": "POST", "scheme": "http", "path": path,
+            "raw_path": path.encode(), "query_string": b"", "root_path": "",
+            "headers": headers or [(b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+        self.body, self.n, self.writes = orjson.dumps(body), n, 0
+        self.gone = asyncio.Event()
+        self.read = False
+
+    async def receive(self) -> dict[str, Any]:
+        if not self.read:
+            self.read = True
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            self.writes += 1
+            if self.writes >= self.n:
+                self.gone.set()
+                raise OSError("the client has gone")
+
+
+@pytest.mark.parametrize("edge", ["agui", "graphql"])
+async def test_a_server_whose_send_raises_once_the_client_left_stores_the_run_whole(
+        edge: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A run whose write raised (the ASGI spec lets `send` raise OSError when the client has
+    gone; hypercorn and daphne do) went through `drive` as an unhandled error: the run was
+    stored without its end, and every later replay of the thread broke the clients. It is a
+    disconnect now, stored with its end; a follower's raising write ends its `connect`."""
+    from copilot_runtime.testing import verify_events
+    from tests.conftest import GatedAgent, parse_sse
+
+    agent = GatedAgent()
+    runtime = CopilotRuntime(agents={"default": agent})
+    app = create_app(runtime, PATH)
+    if edge == "agui":
+        gone = _GoneAfter(f"{PATH}/agent/default/run", run_input("hi", thread="t"), 2)
+    else:
+        data = user_turn("hi", thread="t")
+        data["agentSession"] = {"agentName": "default"}
+        gone = _GoneAfter(PATH, {"query": CHAT_DOCUMENT, "variables": {"data": data}}, 2,
+                          [(k.lower().encode(), v.encode()) for k, v in CLIENT_HEADERS.items()])
+    with caplog.at_level(logging.ERROR):
+        async with asyncio.timeout(10):
+            await app(gone.scope, gone.receive, gone.send)
+    import httpx
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t",
+                                 timeout=10) as client:
+        async def replay() -> list[dict[str, Any]]:
+            answer = await client.post(f"{PATH}/agent/default/connect",
+                                       json=run_input("", thread="t"))
+            events = parse_sse(answer.content)
+            verify_events(events)
+            return events
+
+        assert [e["type"] for e in await replay()][-1] == "RUN_FINISHED"
+        # A follower whose write raises: its connect ends, the run goes on.
+        second = asyncio.create_task(client.post(
+            f"{PATH}/agent/default/run", json=run_input("again", thread="t", run="r2")))
+        async for _ in poll():
+            if runtime.runs.active.get("t") is not None:
+                break
+        follower = _GoneAfter(f"{PATH}/agent/default/connect", run_input("", thread="t"), 2)
+        following = asyncio.create_task(app(follower.scope, follower.receive, follower.send))
+        await asyncio.sleep(0.1)
+        agent.gate.set()
+        async with asyncio.timeout(10):
+            await following
+            assert (await second).status_code == 200
+        assert [e["type"] for e in await replay()][-1] == "RUN_FINISHED"
+    await runtime.aclose()
+    assert not [r for r in caplog.records if "unhandled" in r.getMessage()]

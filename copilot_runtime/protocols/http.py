@@ -476,6 +476,9 @@ async def _watch(request: Request, on_disconnect: Callable[[], object], stream: 
                 except TimeoutError:
                     _give_up(request, on_disconnect)
                     return
+                except OSError:  # the server says the client is gone (see `stream_run`)
+                    on_disconnect()
+                    return
             continue
         if message["type"] == "http.disconnect":
             on_disconnect()
@@ -515,7 +518,14 @@ async def stream_run(request: Request, run: ActiveRun,
             stream.ended = last
             stream.last_write = loop.time()
             stream.sending = True
-            await send({"type": "http.response.body", "body": body, "more_body": not last})
+            try:
+                await send({"type": "http.response.body", "body": body, "more_body": not last})
+            except OSError:
+                # The ASGI server says the client is gone (the spec lets `send` raise an
+                # OSError then; uvicorn returns instead): a disconnect, so the run is stored
+                # with its end (this exception through `drive` left it without one).
+                run.cancel("disconnect")
+                return
             stream.sending = False
 
     stream.last_write = loop.time()
@@ -566,8 +576,13 @@ async def stream_events(request: Request, batches: AsyncIterator[Sequence[Positi
         if body:
             stream.last_write = loop.time()
             stream.sending = True
-            await request.send({"type": "http.response.body", "body": body,
-                                "more_body": True})
+            try:
+                await request.send({"type": "http.response.body", "body": body,
+                                    "more_body": True})
+            except OSError:  # the client is gone (see `stream_run`): as if it said so
+                nonlocal left
+                left = True
+                raise asyncio.CancelledError from None
             stream.sending = False
 
     watcher = asyncio.create_task(_watch(request, on_disconnect, stream, keepalive))
