@@ -539,12 +539,21 @@ def _before_run(stored: list[Positioned], run_id: str, first_position: int | Non
                 ) -> list[Positioned]:
     """What `stored` (a store's `events_after`) holds before the run `run_id`, which began at
     `first_position` (None: not known yet): durable stores have its events written so far,
-    and any store has it whole once it ended (it is live until the store has it)."""
-    for index, (position, event) in enumerate(stored):
-        if (position is not None and first_position is not None
-                and position >= first_position) or (
-                event.get("type") == ev.RUN_STARTED and event.get("runId") == run_id):
-            return stored[:index]
+    and any store has it whole once it ended (it is live until the store has it). The live
+    run is the thread's newest, so its stored events are a tail of `stored`; a run id the
+    thread used before (clients may send one again) marks nothing."""
+    if first_position is not None:
+        # Each earlier run ends with an event that has its position (a compacted run's
+        # others have none): the live run's events are what follows the last of those.
+        for index in range(len(stored) - 1, -1, -1):
+            position = stored[index][0]
+            if position is not None and position < first_position:
+                return stored[:index + 1]
+        return []
+    for index in range(len(stored) - 1, -1, -1):
+        event = stored[index][1]
+        if event.get("type") == ev.RUN_STARTED:
+            return stored[:index] if event.get("runId") == run_id else stored
     return stored
 
 

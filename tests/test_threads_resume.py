@@ -342,3 +342,38 @@ async def test_load_agent_state_reads_only_the_newest_runs_that_fit(served: Serv
     store: Any = served.runtime.store
     store.replay_bytes = 50_000  # each run stores ~21 KB: two fit
     assert await users() == ["q2", "q3"]
+
+
+async def test_connect_to_a_run_whose_id_the_thread_used_before_misses_nothing(
+        store_url: str, serve_runtime: ServeRuntime) -> None:
+    """A live run was told from the runs before it by its id: a `connect` while a run ran
+    whose id an earlier run of the thread had (a client may send one again) left out that
+    earlier run and every run after it, on every store. The live run is the thread's newest:
+    only its own events are left to memory."""
+    agent = GatedAgent()
+    agent.gate.set()
+    options: dict[str, Any] = {"thread_store": thread_store(store_url)}
+    if store_url.startswith("postgresql"):
+        options["coordinator"] = coordinator(store_url)
+    runtime = CopilotRuntime(agents={"default": agent}, **options)
+    async with worker(store_url, serve_runtime, runtime) as served:
+        await run_ids(served, "t", "first", "r1")
+        await run_ids(served, "t", "second", "r2")
+        agent.gate.clear()
+        running = await served.post("/agent/default/run", run_input("third", thread="t",
+                                                                     run="r1"))
+        body = b""
+        async with asyncio.timeout(20):
+            while b"TEXT_MESSAGE_CONTENT" not in body:
+                body += await running.content.readany()
+        joined = asyncio.ensure_future(connect(served, "t"))
+        await asyncio.sleep(0.2)
+        agent.gate.set()
+        await running.read()
+        status, replayed = await joined
+        assert status == 200
+        verify_events([e for _, e in replayed])
+        assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == [
+            "r1", "r2", "r1"]
+        positions = [p for p, _ in replayed if p is not None]
+        assert positions == sorted(set(positions))  # nothing twice
