@@ -368,3 +368,29 @@ def test_scalars_coerce_variables(variables: dict[str, Any], ok: bool) -> None:
     assert isinstance(operation, OperationDefinitionNode)
     coerced = get_variable_values(copilot_schema(), operation.variable_definitions, variables)
     assert isinstance(coerced, list) is not ok
+
+
+def _subclasses(kind: type) -> list[type]:
+    return [kind, *(c for sub in kind.__subclasses__() for c in _subclasses(sub))]
+
+
+def test_a_run_refused_mid_stream_is_coded_as_before_one() -> None:
+    """A request error raised once the stream ran (a second answer to an interrupt, a model
+    the agent does not allow) reached the 1.10 client as `UNKNOWN`, status 500, severity
+    critical: only some codes were mapped. Every request error's code reads in a failed
+    status as the same error reads before the stream starts."""
+    from copilot_runtime import _exceptions
+    from copilot_runtime.protocols.graphql.errors import failed_status, kit_code_of
+
+    codes: dict[str, Any] = {}
+    for kind in _subclasses(_exceptions.CopilotRuntimeError):
+        if "code" in vars(kind) and issubclass(kind, _exceptions.RequestError):
+            error = kind.__new__(kind)
+            codes[kind.code] = kit_code_of(error)
+    codes.update(dict.fromkeys(
+        ("APPROVAL_EXPIRED", "APPROVAL_WITHDRAWN", "APPROVAL_ALREADY_ANSWERED"), "MISUSE"))
+    assert {"INTERRUPT_NOT_PENDING", "MODEL_NOT_ALLOWED", "RATE_LIMITED"} <= codes.keys()
+    for code, expected in codes.items():
+        seen = failed_status("refused", code)["details"]["originalError"]
+        assert (code, seen["code"]) == (code, expected)
+        assert seen["originalErrorType"] == code

@@ -13,13 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from copilot_runtime._exceptions import (
-    AgentNotFoundError,
-    ConfigurationError,
     CopilotRuntimeError,
     RequestError,
-    ServiceUnavailableError,
-    ThreadBusyError,
-    ThreadNotFoundError,
     UpstreamError,
 )
 
@@ -67,6 +62,12 @@ _FROM_RUNTIME = {
     "INVALID_REQUEST": "MISUSE",
     "PAYLOAD_TOO_LARGE": "MISUSE",
     "CONFIGURATION_ERROR": "CONFIGURATION_ERROR",
+    # What else a request may be refused for, as `kit_code_of` names it before a stream
+    # starts (during one, a stale answer to an interrupt, a model the agent does not allow).
+    **dict.fromkeys((
+        "REQUEST_TIMEOUT", "UNSUPPORTED_MEDIA_TYPE", "REQUEST_REJECTED", "RATE_LIMITED",
+        "MODEL_NOT_ALLOWED", "APPROVAL_ERROR", "APPROVAL_NOT_FOUND", "APPROVAL_EXPIRED",
+        "APPROVAL_WITHDRAWN", "APPROVAL_ALREADY_ANSWERED", "INTERRUPT_NOT_PENDING"), "MISUSE"),
 }
 
 
@@ -75,18 +76,12 @@ def kit_code(runtime_code: str | None) -> str:
 
 
 def kit_code_of(exc: CopilotRuntimeError) -> str:
-    if isinstance(exc, AgentNotFoundError):
-        return "AGENT_NOT_FOUND"
-    if isinstance(exc, ThreadBusyError):
-        return "THREAD_BUSY"
-    if isinstance(exc, ThreadNotFoundError):
-        return "NOT_FOUND"
-    if isinstance(exc, ServiceUnavailableError):
-        return "NETWORK_ERROR"
+    """The client's code for `exc`: the same as its runtime code reads in a failed status."""
+    code = _FROM_RUNTIME.get(exc.code)
+    if code is not None:
+        return code
     if isinstance(exc, RequestError):
         return "MISUSE"
-    if isinstance(exc, ConfigurationError):
-        return "CONFIGURATION_ERROR"
     if isinstance(exc, UpstreamError):
         return "NETWORK_ERROR"
     return "UNKNOWN"
