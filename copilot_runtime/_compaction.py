@@ -102,6 +102,21 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
         messages.append(message)
         return message
 
+    def answer(message_id: str, role: str) -> dict[str, Any]:
+        """The message an agent's events fill: a new one, unless the id is of a message it
+        can fill (an input message of another role, or whose content is a list of parts,
+        does not take an agent's text: a new message of that id follows it, as a client
+        applying the stream has it)."""
+        existing = by_id.get(message_id)
+        if existing is not None and existing.get("role") == role and isinstance(
+                existing.get("content", ""), str) and isinstance(
+                existing.get("toolCalls", []), list):
+            return existing
+        message: dict[str, Any] = {"id": message_id, "role": role}
+        by_id[message_id] = message
+        messages.append(message)
+        return message
+
     for run in runs:
         for event in run:
             kind = event["type"]
@@ -110,15 +125,15 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
                     if isinstance(message, dict) and "id" in message:
                         add(copy.deepcopy(message))
             elif kind == ev.TEXT_MESSAGE_START:
-                add({"id": event["messageId"], "role": event.get("role", "assistant"),
-                     "content": ""})
+                answer(event["messageId"], event.get("role", "assistant")).setdefault(
+                    "content", "")
             elif kind == ev.TEXT_MESSAGE_CONTENT:
                 target = by_id.get(event["messageId"])
-                if target is not None:
+                if target is not None and isinstance(target.get("content") or "", str):
                     target["content"] = (target.get("content") or "") + event["delta"]
             elif kind == ev.TOOL_CALL_START:
                 parent_id = event.get("parentMessageId") or event["toolCallId"]
-                parent = add({"id": parent_id, "role": "assistant"})
+                parent = answer(parent_id, "assistant")
                 call = {"id": event["toolCallId"], "type": "function",
                         "function": {"name": event["toolCallName"], "arguments": ""}}
                 parent.setdefault("toolCalls", []).append(call)

@@ -56,6 +56,33 @@ def test_events_to_messages() -> None:
     ]
 
 
+def test_an_agent_message_with_an_input_message_id_is_a_message_of_its_own() -> None:
+    """An agent's text message whose id a client had given a message of its own with a list
+    of parts made `GET /threads/{id}/messages` a 500 (text added to a list), on every store,
+    for good; a tool call whose parent id was a user message's was added to that message.
+    Each is a message of its own after the input's, as a client applying the stream has it."""
+    parts = [{"type": "text", "text": "hi"}]
+    run = [
+        ev.run_started("t", "r", {"threadId": "t", "runId": "r", "messages": [
+            {"id": "x", "role": "user", "content": parts},
+            {"id": "y", "role": "user", "content": "look it up"}]}),
+        ev.text_message_start("x"),
+        ev.text_message_content("x", "Hello"),
+        ev.text_message_end("x"),
+        ev.tool_call_start("c1", "f", "y"),
+        ev.tool_call_args("c1", "{}"),
+        ev.tool_call_end("c1"),
+        ev.run_finished("t", "r"),
+    ]
+    for events in (run, compact_events(run)):
+        assert events_to_messages([events]) == [
+            {"id": "x", "role": "user", "content": parts},
+            {"id": "y", "role": "user", "content": "look it up"},
+            {"id": "x", "role": "assistant", "content": "Hello"},
+            {"id": "y", "role": "assistant", "toolCalls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        ]
+
 async def test_memory_store_evicts_least_recently_used() -> None:
     store = InMemoryThreadStore(max_threads=2, max_runs_per_thread=1)
     for thread in ("a", "b"):
