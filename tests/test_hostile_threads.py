@@ -179,6 +179,26 @@ async def test_agents_and_stopped_threads_named_threads_keep_their_routes(
         assert contents(got["messages"])[0] == "hello"
 
 
+@pytest.mark.parametrize("thread", ["run", "connect"])
+async def test_an_agent_named_agent_stops_its_threads_named_like_its_routes(
+        thread: str, serve_runtime: ServeRuntime) -> None:
+    """`agent/agent/stop/run` also reads as the run route of an agent "stop" (the route's
+    last three segments): it was that, a 404 "Agent 'stop' does not exist", so the threads
+    "run" and "connect" of an agent named "agent" could not be stopped."""
+    agent = GatedAgent()
+    runtime = CopilotRuntime(agents={"agent": agent})
+    async with serve_runtime(runtime) as served:
+        running = await served.post("/agent/agent/run", run_input("hi", thread=thread))
+        async for _ in poll():
+            if runtime.runs.active.get(thread) is not None:
+                break
+        response = await served.post(f"/agent/agent/stop/{thread}", {})
+        assert response.status == 200, await response.text()
+        assert (await response.json())["stopped"] is True
+        events = parse_sse(await running.read())
+        assert types(events)[-1] == "RUN_FINISHED"
+        verify_events(events)
+
 # -- 3. reads bounded to the newest runs that fit ------------------------------------------------
 
 _FILLER = "x" * 10_000

@@ -91,13 +91,8 @@ class AGUIProtocol:
         """Serve a multi-route request; False if `segments` name no AG-UI route."""
         tail = segments[-4:]
         method = request.method
-        if len(tail) >= 3 and tail[-3] == "agent" and tail[-1] in ("run", "connect"):
-            if method != "POST":
-                await send_method_not_allowed(request, b"POST")
-                return True
-            agent_id = urllib.parse.unquote(tail[-2])
-            await self._guarded(request, self._run_or_connect(request, agent_id, tail[-1]))
-            return True
+        # The stop route first: `agent/agent/stop/run` stops the thread "run" of the agent
+        # "agent" (read the other way, it would run an agent "stop").
         if len(tail) == 4 and tail[0] == "agent" and tail[2] == "stop":
             if method != "POST":
                 await send_method_not_allowed(request, b"POST")
@@ -105,6 +100,13 @@ class AGUIProtocol:
             agent_id = urllib.parse.unquote(tail[1])
             thread_id = urllib.parse.unquote(tail[3])
             await self._guarded(request, self._stop_rest(request, agent_id, thread_id))
+            return True
+        if len(tail) >= 3 and tail[-3] == "agent" and tail[-1] in ("run", "connect"):
+            if method != "POST":
+                await send_method_not_allowed(request, b"POST")
+                return True
+            agent_id = urllib.parse.unquote(tail[-2])
+            await self._guarded(request, self._run_or_connect(request, agent_id, tail[-1]))
             return True
         # Then the thread routes: a thread may be named like any route word ("info",
         # "threads"), and an agent's routes name threads and agents in their own places.
