@@ -381,6 +381,15 @@ async def test_lf_framed_stream_with_thoughts_and_usage() -> None:
      "blocked the prompt: SAFETY"),
     (_frames({"candidates": [{"finishReason": "MALFORMED_FUNCTION_CALL"}]}), UpstreamError,
      "malformed function call"),
+    # These ended as an empty answer that looked finished: the user got nothing, and no why.
+    (_frames({"candidates": [{"finishReason": "UNEXPECTED_TOOL_CALL"}]}), UpstreamError,
+     "called a tool where none was allowed (UNEXPECTED_TOOL_CALL)"),
+    (_frames({"candidates": [{"finishReason": "TOO_MANY_TOOL_CALLS"}]}), UpstreamError,
+     "more tools than it may"),
+    (_frames({"candidates": [{"finishReason": "MALFORMED_RESPONSE"}]}), UpstreamError,
+     "malformed answer"),
+    (_frames({"candidates": [{"finishReason": "MISSING_THOUGHT_SIGNATURE"}]}), UpstreamError,
+     "thought signature is missing"),
 ])
 async def test_bad_streams_are_precise_errors(body: bytes, kind: type[UpstreamError],
                                               message: str) -> None:

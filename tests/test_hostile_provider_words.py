@@ -225,14 +225,18 @@ FILTERED: dict[str, list[Step]] = {
     "openai": [HEAD, oa_finish("content_filter"), OA_DONE],
     "anthropic": [HEAD, AN_START, *an_end("refusal")],
     "google": [HEAD, gm_parts(reason="SAFETY")],
+    # Gemini's other filters ended as an empty, finished answer.
+    **{f"google {reason}": [HEAD, gm_parts(reason=reason)] for reason in (
+        "IMAGE_PROHIBITED_CONTENT", "IMAGE_RECITATION", "MODEL_ARMOR")},
 }
 
 
-@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("case", FILTERED)
 async def test_an_answer_the_filter_withheld_whole_is_a_precise_error(
-        serve_runtime: ServeRuntime, provider: str) -> None:
+        serve_runtime: ServeRuntime, case: str) -> None:
     """Before: an empty answer and RUN_FINISHED: the user saw nothing, and no reason."""
-    async with hostile(serve_runtime, provider, FILTERED[provider]) as (served, _):
+    provider = case.split()[0]
+    async with hostile(serve_runtime, provider, FILTERED[case]) as (served, _):
         events = await run(served, run_input("hi", thread="t-filtered"))
         response = await turn(served, user_turn("hi", thread="gql-filtered"))
     assert types(events) == ["RUN_STARTED", "RUN_ERROR"], events

@@ -75,10 +75,18 @@ if TYPE_CHECKING:
 __all__ = ["GeminiStreamParser", "GoogleGenAIAdapter", "rest_body", "to_gemini_contents",
            "to_gemini_schema"]
 
-_FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length", "SAFETY": "content_filter",
-                   "RECITATION": "content_filter", "BLOCKLIST": "content_filter",
-                   "PROHIBITED_CONTENT": "content_filter", "SPII": "content_filter",
-                   "IMAGE_SAFETY": "content_filter"}
+_FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length", **dict.fromkeys((
+    "SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY",
+    "IMAGE_PROHIBITED_CONTENT", "IMAGE_RECITATION", "MODEL_ARMOR"), "content_filter")}
+#: Finish reasons that say the model failed to give an answer: the run's error, not an
+#: empty answer that looks finished.
+_FAILED_REASONS = {
+    "MALFORMED_FUNCTION_CALL": "Gemini produced a malformed function call",
+    "MALFORMED_RESPONSE": "Gemini produced a malformed answer",
+    "UNEXPECTED_TOOL_CALL": "Gemini called a tool where none was allowed",
+    "TOO_MANY_TOOL_CALLS": "Gemini called more tools than it may in one answer",
+    "MISSING_THOUGHT_SIGNATURE": "Gemini refused the history: a thought signature is missing",
+}
 _SIGNATURES_KEPT = 4096
 _DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com/"
 # The SDK's defaults (google.genai._api_client): API version, and the retry policy of
@@ -486,8 +494,9 @@ class GeminiStreamParser:
                            else TextDelta(part["text"]))
         reason = candidate.get("finishReason")
         if reason is not None:
-            if reason == "MALFORMED_FUNCTION_CALL":
-                raise UpstreamError("Gemini produced a malformed function call")
+            failed = _FAILED_REASONS.get(reason)
+            if failed is not None:
+                raise UpstreamError(f"{failed} ({reason})")
             self.reason = _FINISH_REASONS.get(reason, str(reason).lower())
 
     def finish(self) -> list[ChatDelta]:
