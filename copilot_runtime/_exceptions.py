@@ -164,7 +164,11 @@ def failure_text(exc: BaseException, limit: int = 300) -> str:
     URLs and file paths blanked, at most `limit` characters; its type alone when the message
     holds a stack trace."""
     kind = type(exc).__name__
-    message = _FILE_PATH.sub("<path>", str(exc))  # (and `quoted` blanks the secrets)
+    try:
+        said = str(exc)
+    except Exception:  # an exception whose message cannot be made: its type says enough
+        said = ""
+    message = _FILE_PATH.sub("<path>", said)  # (and `quoted` blanks the secrets)
     text = f"{kind}: {message}" if message else kind
     return quoted(text, limit) or f"{kind} (its message is withheld: see the server's log)"
 

@@ -139,6 +139,13 @@ class Action:
                         contextvars.copy_context().run, self.handler, **kwargs))
         except ActionError:
             raise
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the run is being stopped
+            # The handler's own: it awaited something another task cancelled.
+            _log.warning("action failed", action=self.name, exc_info=True)
+            raise ActionError(failure_text(exc)) from None
         except FAILURES_OF_CALLED_CODE as exc:
             # The stack goes to the server log; the model (and the client, through the tool
             # result) gets the error's message without paths or credentials.

@@ -303,6 +303,61 @@ async def test_keyboard_interrupt_from_a_handler_is_a_tool_error() -> None:
     assert said == ["KeyboardInterrupt: stop", "KeyboardInterrupt"]
 
 
+async def test_a_handlers_own_cancellation_or_unprintable_error_is_a_tool_error(
+        serve_runtime: ServeRuntime) -> None:
+    """A handler that awaited something another task cancelled raised CancelledError, which
+    ended the run as if the server shut down it (RUN_INTERRUPTED); one whose exception
+    could not be printed (its `__str__` raised) ended it AGENT_ERROR. Each is the tool's
+    error now, and the model answers; a stop still stops a handler at work."""
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise TypeError("no words")
+
+    @action
+    async def waits_on_a_lookup() -> str:
+        """Waits for a lookup another task gives up on."""
+        lookup: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(lookup.cancel)
+        return await lookup
+
+    @action
+    async def unprintable() -> str:
+        """Fails with an exception that cannot say what it is."""
+        raise Unprintable
+
+    working = asyncio.Event()
+
+    @action
+    async def works_long() -> str:
+        """Works for a minute."""
+        working.set()
+        await asyncio.sleep(60)
+        return "worked"
+
+    model = ScriptedAdapter(tool_turn(("waits_on_a_lookup", "{}")), text_turn("first done"),
+                            tool_turn(("unprintable", "{}")), text_turn("second done"),
+                            tool_turn(("works_long", "{}")))
+    runtime = CopilotRuntime(service_adapter=model,
+                             actions=[waits_on_a_lookup, unprintable, works_long])
+    async with serve_runtime(runtime) as served:
+        said = []
+        for thread in ("cancelled", "unprintable"):
+            events = await served.run(run_input("go", thread=thread))
+            verify_events(events)
+            assert types(events)[-1] == "RUN_FINISHED", events[-1]
+            (result,) = tool_results(events).values()
+            said.append(orjson.loads(result["content"]))
+        running = asyncio.ensure_future(served.run(run_input("go", thread="stopped")))
+        async with asyncio.timeout(10):
+            await working.wait()
+            stop = await served.post("/agent/default/stop/stopped", {})
+            assert (await stop.json())["stopped"] is True
+            events = await running
+    assert said == [{"error": "CancelledError"}, {"error": "Unprintable"}]
+    verify_events(events)
+    assert types(events)[-1] == "RUN_FINISHED"
+    assert not tool_results(events)  # stopped at work, not answered
+
 # ---- what an action's failure says ------------------------------------------------------------
 
 _MISSING = "/nonexistent-copilot-test/app/config/prod-secrets.yaml"
