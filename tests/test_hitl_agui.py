@@ -297,7 +297,8 @@ async def test_an_approval_whose_thread_was_reset_is_withdrawn(
     pending = interrupt_of(await run(served, "gone", "Prepare the invoice", **V1))
     agent: Any = served.runtime.agents["review"]
     await agent.graph.checkpointer.adelete_thread("gone")
-    assert (await get(served, "/approvals?threadId=gone"))[1] == {"approvals": []}
+    assert (await get(served, "/approvals?threadId=gone"))[1] == {
+        "approvals": [], "nextCursor": None}
     status, body = await answer(served, pending["id"], {"action": "approve"})
     assert (status, body["code"]) == (409, "APPROVAL_WITHDRAWN")
 

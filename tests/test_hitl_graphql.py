@@ -84,7 +84,7 @@ def test_approve_at_once(running: tuple[Server, Path]) -> None:
     assert [c["iteration"] for c in calls(log, task)] == ["1"]
     thread = result["threadId"]
     assert served.request("GET", f"/approvals?status=pending&threadId={thread}") \
-        == (200, {"approvals": []})
+        == (200, {"approvals": [], "nextCursor": None})
     # The same answer once more (a second click): refused, and nothing runs again.
     assert twice["status"]["__typename"] == "FailedResponseStatus"
     assert twice["status"]["details"]["originalError"]["originalErrorType"] == \
@@ -142,7 +142,7 @@ def test_review_switched_off(running: tuple[Server, Path]) -> None:
                                  "(review was off).")
     assert len(calls(log, task)) == 1
     assert served.request("GET", f"/approvals?threadId={result['threadId']}") == (
-        200, {"approvals": []})
+        200, {"approvals": [], "nextCursor": None})
 
 
 def stored_runs(served: Server, thread: str, at_least: int) -> int:

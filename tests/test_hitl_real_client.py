@@ -128,7 +128,7 @@ def test_review_switched_off(running: tuple[Server, Path]) -> None:
                                   "(review was off).")
     assert len(calls(log, task)) == 1
     assert served.request("GET", f"/approvals?threadId={result['threadId']}") == (
-        200, {"approvals": []})
+        200, {"approvals": [], "nextCursor": None})
 
 
 def test_an_approval_times_out(running: tuple[Server, Path]) -> None:

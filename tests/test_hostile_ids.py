@@ -181,7 +181,8 @@ async def test_approval_routes_on_postgres_refuse_what_the_ledger_cannot_keep(
                 assert status == 404, (method, answer)
             for query in ("threadId", "agentId"):
                 status, answer = await _answer(served, "GET", f"/approvals?{query}={quoted}")
-                assert (status, orjson.loads(answer)) == (200, {"approvals": []})
+                assert (status, orjson.loads(answer)) == (
+                    200, {"approvals": [], "nextCursor": None})
             status, answer = await _answer(served, "POST", f"/approvals/{approval['id']}",
                                            {"action": "approve", "userId": value})
             assert status == 400, answer

@@ -31,6 +31,7 @@ from copilot_runtime._time import iso_time
 
 __all__ = [
     "Approval",
+    "ApprovalKey",
     "ApprovalStatus",
     "ApprovalStore",
     "Channel",
@@ -42,6 +43,8 @@ ApprovalStatus = Literal["pending", "answered", "expired", "withdrawn"]
 #: How the client that saw the interrupt was told: the AG-UI 1.0 interrupt outcome, or the
 #: legacy `on_interrupt` custom event. A run resumed server-side answers in the same form.
 Channel = Literal["outcome", "legacy"]
+#: Where an approval is in a listing: (created_at, id).
+ApprovalKey = tuple[float, str]
 
 
 @dataclass(slots=True)
@@ -61,6 +64,11 @@ class Approval:
     answered_at: float | None = None
     #: The answer reached the graph (the run it resumed got past the interrupt).
     applied: bool = False
+
+    @property
+    def key(self) -> ApprovalKey:
+        """Its place in a listing: oldest first, ties by id."""
+        return self.created_at, self.id
 
     def expired_at(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
@@ -96,9 +104,10 @@ class ApprovalStore(Protocol):
         ...
 
     async def find(self, *, status: ApprovalStatus | None = "pending",
-                   thread_id: str | None = None, agent_id: str | None = None
+                   thread_id: str | None = None, agent_id: str | None = None,
+                   after: ApprovalKey | None = None, limit: int | None = None
                    ) -> list[Approval]:
-        """Approvals, oldest first."""
+        """Approvals, oldest first (by `key`): only those after `after`, at most `limit`."""
         ...
 
     async def claim(self, approval_id: str, status: Literal["answered", "expired"],
@@ -178,12 +187,15 @@ class MemoryApprovalStore(_Listeners):
         return replace(found) if found else None
 
     async def find(self, *, status: ApprovalStatus | None = "pending",
-                   thread_id: str | None = None, agent_id: str | None = None
+                   thread_id: str | None = None, agent_id: str | None = None,
+                   after: ApprovalKey | None = None, limit: int | None = None
                    ) -> list[Approval]:
-        return [replace(a) for a in sorted(self._items.values(), key=lambda a: a.created_at)
-                if (status is None or a.status == status)
-                and (thread_id is None or a.thread_id == thread_id)
-                and (agent_id is None or a.agent_id == agent_id)]
+        found = sorted((a for a in self._items.values()
+                        if (status is None or a.status == status)
+                        and (thread_id is None or a.thread_id == thread_id)
+                        and (agent_id is None or a.agent_id == agent_id)
+                        and (after is None or a.key > after)), key=lambda a: a.key)
+        return [replace(a) for a in found[:limit]]
 
     async def claim(self, approval_id: str, status: Literal["answered", "expired"],
                     answer: Any, answered_by: str | None, at: float) -> Approval | None:

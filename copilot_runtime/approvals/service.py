@@ -47,6 +47,7 @@ from copilot_runtime._time import iso_time
 from copilot_runtime.approvals.decisions import timeout_answer
 from copilot_runtime.approvals.ledger import (
     Approval,
+    ApprovalKey,
     ApprovalStatus,
     ApprovalStore,
     SupportsApprovals,
@@ -193,29 +194,45 @@ class ApprovalService:
 
     # -- reading -----------------------------------------------------------------------
 
+    async def page(self, *, status: ApprovalStatus | None = "pending",
+                   agent_id: str | None = None, thread_id: str | None = None,
+                   after: ApprovalKey | None = None, limit: int | None = None
+                   ) -> tuple[list[Approval], ApprovalKey | None]:
+        """The first `limit` approvals after `after` (oldest first, every ledger together),
+        and the key the next page starts after (None when none is left). Pending ones are
+        checked against their checkpoint; one whose interrupt is gone without an answer
+        (the thread was reset) is withdrawn, and left out of a page of pending ones."""
+        found = [(approval, store, owners) for store, owners in self._stores()
+                 for approval in await store.find(
+                     status=status, thread_id=thread_id, agent_id=agent_id, after=after,
+                     limit=None if limit is None else limit + 1)]
+        found.sort(key=lambda listed: listed[0].key)
+        next_key = None
+        if limit is not None and len(found) > limit:
+            found = found[:limit]
+            next_key = found[-1][0].key
+        out: list[Approval] = []
+        for approval, store, owners in found:
+            agent = owners.get(approval.agent_id)
+            if agent is None:
+                continue  # written by an agent this runtime does not serve
+            if approval.status == "pending" and not await self._still_waiting(
+                    store, agent, approval):
+                # Withdrawn, unless an answer or a timeout claimed it since our read
+                # (its run may be on another worker): show what the ledger has now.
+                approval = await store.get(approval.id) or replace(
+                    approval, status="withdrawn")
+                if status is not None and approval.status != status:
+                    continue
+            out.append(approval)
+        return out, next_key
+
     async def list(self, *, status: ApprovalStatus | None = "pending",
                    agent_id: str | None = None, thread_id: str | None = None
                    ) -> list[Approval]:
-        """Approvals, oldest first. Pending ones are checked against their checkpoint; one
-        whose interrupt is gone without an answer (the thread was reset) is withdrawn."""
-        out: list[Approval] = []
-        for store, owners in self._stores():
-            found = await store.find(status=status, thread_id=thread_id, agent_id=agent_id)
-            for approval in found:
-                agent = owners.get(approval.agent_id)
-                if agent is None:
-                    continue  # written by an agent this runtime does not serve
-                if approval.status == "pending" and not await self._still_waiting(
-                        store, agent, approval):
-                    # Withdrawn, unless an answer or a timeout claimed it since our read
-                    # (its run may be on another worker): show what the ledger has now.
-                    approval = await store.get(approval.id) or replace(
-                        approval, status="withdrawn")
-                    if status is not None and approval.status != status:
-                        continue
-                out.append(approval)
-        out.sort(key=lambda a: (a.created_at, a.id))
-        return out
+        """Approvals, oldest first (all of them: `page` reads a listing a page at a time)."""
+        approvals, _ = await self.page(status=status, agent_id=agent_id, thread_id=thread_id)
+        return approvals
 
     async def _still_waiting(self, store: ApprovalStore, agent: SupportsApprovals,
                              approval: Approval) -> bool:

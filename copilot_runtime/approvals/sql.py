@@ -19,6 +19,7 @@ import orjson
 from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime.approvals.ledger import (
     Approval,
+    ApprovalKey,
     ApprovalStatus,
     _Listeners,
 )
@@ -101,17 +102,27 @@ class _SQLApprovalStore(_Listeners, abc.ABC):
         return _row(rows[0]) if rows else None
 
     async def find(self, *, status: ApprovalStatus | None = "pending",
-                   thread_id: str | None = None, agent_id: str | None = None
+                   thread_id: str | None = None, agent_id: str | None = None,
+                   after: ApprovalKey | None = None, limit: int | None = None
                    ) -> list[Approval]:
-        where, params = [], []
+        where: list[str] = []
+        params: list[Any] = []
         for column, value in (("status", status), ("thread_id", thread_id),
                               ("agent_id", agent_id)):
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
+        if after is not None:
+            where.append("(created_at > ? OR (created_at = ? AND id > ?))")
+            params.extend((after[0], after[0], after[1]))
         condition = f" WHERE {' AND '.join(where)}" if where else ""
+        bound = ""
+        if limit is not None:
+            bound = " LIMIT ?"
+            params.append(limit)
         rows = await self._fetch(
-            f"SELECT {_COLUMNS} FROM {self.table}{condition} ORDER BY created_at, id", params)
+            f"SELECT {_COLUMNS} FROM {self.table}{condition} ORDER BY created_at, id{bound}",
+            params)
         return [_row(r) for r in rows]
 
     async def claim(self, approval_id: str, status: Literal["answered", "expired"],

@@ -2,7 +2,11 @@
 
 Routes, relative to the runtime's base path:
 
-    GET  approvals[?status=&agentId=&threadId=]   {"approvals": [...]}, oldest first;
+    GET  approvals[?status=&agentId=&threadId=&limit=&cursor=]
+                                                  {"approvals": [...], "nextCursor"},
+                                                  oldest first, 100 a page (`limit` up to
+                                                  500), the next page from `cursor` (a
+                                                  `nextCursor`; null after the last);
                                                   status: pending (default), answered,
                                                   expired, withdrawn or all
     GET  approvals/{id}                           {"approval": {...}}
@@ -25,9 +29,14 @@ an unknown id, 404; a thread with a run in progress, 409.
 
 from __future__ import annotations
 
+import base64
+import math
+import re
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
+
+import orjson
 
 from copilot_runtime._exceptions import (
     ApprovalError,
@@ -37,6 +46,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._input import parse_json_body
 from copilot_runtime.approvals import Approval, ApprovalService, ApprovalStatus
+from copilot_runtime.approvals.ledger import ApprovalKey
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.protocols.http import (
     Request,
@@ -50,6 +60,12 @@ from copilot_runtime.threads.base import MAX_ID_LENGTH, id_problem
 __all__ = ["ApprovalRoutes", "approval_route"]
 
 _ACTIONS: Final = ("approve", "reject", "revise")
+#: A listing's page: how many approvals by default, and at most.
+_PAGE: Final = 100
+_MAX_PAGE: Final = 500
+_DIGITS = re.compile(r"[0-9]{1,6}")
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
+_MAX_CURSOR: Final = 1024
 _STATUSES: Final[dict[str, ApprovalStatus | None]] = {
     "pending": "pending", "answered": "answered", "expired": "expired",
     "withdrawn": "withdrawn", "all": None}
@@ -103,13 +119,15 @@ class ApprovalRoutes:
                 "error": "Invalid status",
                 "message": f"status must be one of {', '.join(_STATUSES)}"})
             return
+        limit, after = _page_of(query)
         agent_ids, thread_ids = query.get("agentId"), query.get("threadId")
         if any(id_problem(ids[0]) is not None for ids in (agent_ids, thread_ids) if ids):
-            await send_json(request, 200, {"approvals": []})  # none can be filed under it
+            # None can be filed under it.
+            await send_json(request, 200, {"approvals": [], "nextCursor": None})
             return
-        approvals = await self.service.list(
+        approvals, next_key = await self.service.page(
             status=_STATUSES[status_name], agent_id=agent_ids[0] if agent_ids else None,
-            thread_id=thread_ids[0] if thread_ids else None)
+            thread_id=thread_ids[0] if thread_ids else None, after=after, limit=limit)
         if self.can_approve is not None and request.info is not None and (
                 request.info.principal is not None):
             allowed: dict[str, bool] = {}
@@ -118,7 +136,9 @@ class ApprovalRoutes:
                     allowed[approval.thread_id] = await self.can_approve(
                         request.info, approval.thread_id)
             approvals = [a for a in approvals if allowed[a.thread_id]]
-        await send_json(request, 200, {"approvals": [a.to_json() for a in approvals]})
+        await send_json(request, 200, {
+            "approvals": [a.to_json() for a in approvals],
+            "nextCursor": None if next_key is None else _cursor(next_key)})
 
     async def _answer(self, request: Request, approval_id: str) -> None:
         data = parse_json_body(await read_body(request, self.max_body_size))
@@ -139,6 +159,37 @@ class ApprovalRoutes:
         if self.can_approve is not None and not await self.can_approve(
                 request.info, approval.thread_id):
             raise ApprovalNotFoundError(approval.id)
+
+
+def _cursor(key: ApprovalKey) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(key)).rstrip(b"=").decode()
+
+
+def _page_of(query: dict[str, list[str]]) -> tuple[int, ApprovalKey | None]:
+    """The page a listing asks for: how many (`limit`), after which (`cursor`)."""
+    limits, cursors = query.get("limit") or [], query.get("cursor") or []
+    if len(limits) > 1 or len(cursors) > 1:
+        raise InvalidRequestError("'limit' and 'cursor' may each be given once")
+    limit = _PAGE
+    if limits:
+        if not _DIGITS.fullmatch(limits[0]) or not 1 <= int(limits[0]) <= _MAX_PAGE:
+            raise InvalidRequestError(f"'limit' must be an integer from 1 to {_MAX_PAGE}")
+        limit = int(limits[0])
+    if not cursors:
+        return limit, None
+    text = cursors[0]
+    bad = InvalidRequestError("'cursor' must be a nextCursor this server gave")
+    if len(text) > _MAX_CURSOR or not _BASE64URL.fullmatch(text):
+        raise bad
+    try:
+        key = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (ValueError, orjson.JSONDecodeError):
+        raise bad from None
+    if not (isinstance(key, list) and len(key) == 2 and isinstance(key[0], int | float)
+            and not isinstance(key[0], bool) and math.isfinite(key[0])
+            and isinstance(key[1], str) and len(key[1]) <= MAX_ID_LENGTH):
+        raise bad
+    return limit, (float(key[0]), key[1])
 
 
 def _parse_answer(data: Any) -> tuple[dict[str, Any], bool]:
