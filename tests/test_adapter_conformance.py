@@ -254,6 +254,25 @@ async def test_repaired_history_is_accepted(harness: Harness) -> None:
     assert len(harness.server.requests) == 1
 
 
+
+async def test_a_history_of_deep_json_text_is_sent(harness: Harness) -> None:
+    """Tool-call arguments and a tool result of JSON text nested 300 levels (a request's
+    bound does not look inside strings): the Anthropic and Gemini adapters decoded them
+    into objects no request body could carry, and every later run of the thread ended
+    AGENT_ERROR before a request was sent. Too deep to decode, they go as their text."""
+    deep = '{"a":' * 300 + "1" + "}" * 300
+    history = [
+        user("first"),
+        AssistantMessage(id="a1", tool_calls=[ToolCall(id="call_1", function=FunctionCall(
+            name="getWeather", arguments=deep))]),
+        ToolMessage(id="t1", tool_call_id="call_1", content=deep),
+        UserMessage(id="u2", content="second"),
+    ]
+    deltas = await answer(harness, ChatRequest(messages=history, tools=[WEATHER_TOOL]))
+    assert "".join(d.text for d in deltas if isinstance(d, TextDelta)).startswith("echo: ")
+    assert isinstance(deltas[-1], StreamEnd)
+    assert len(harness.server.requests) == 1
+
 # ---- through the runtime ---------------------------------------------------------------------
 
 

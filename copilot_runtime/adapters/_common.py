@@ -6,6 +6,9 @@ from typing import Any, TypeVar
 
 import orjson
 
+from copilot_runtime._exceptions import JSONTooDeepError
+from copilot_runtime._limits import check_json_text
+
 _E = TypeVar("_E", bound=BaseException)
 
 def find_cause(exc: BaseException, kind: type[_E]) -> _E | None:
@@ -35,13 +38,15 @@ def arguments_object(arguments: str) -> dict[str, Any]:
     """A tool call's JSON arguments as an object, which Anthropic and Gemini insist on.
 
     Models (and clients replaying history) sometimes send an empty string, a non-object or
-    broken JSON; the value is kept, wrapped, so the model still sees what it sent.
+    broken JSON; the value is kept, wrapped, so the model still sees what it sent. JSON
+    nested deeper than a request may be is kept as its text (decoded, no request could
+    carry it: every later run of the thread failed).
     """
     if not arguments.strip():
         return {}
     try:
-        value = orjson.loads(arguments)
-    except orjson.JSONDecodeError:
+        value = check_json_text(arguments, "Tool-call arguments")
+    except (orjson.JSONDecodeError, JSONTooDeepError):
         return {"raw_arguments": arguments}
     return value if isinstance(value, dict) else {"value": value}
 

@@ -45,6 +45,7 @@ from ag_ui.core import (
 from copilot_runtime._exceptions import (
     ConfigurationError,
     ContentFilteredError,
+    JSONTooDeepError,
     UpstreamConnectionError,
     UpstreamError,
     UpstreamProtocolError,
@@ -52,6 +53,7 @@ from copilot_runtime._exceptions import (
     upstream_said,
 )
 from copilot_runtime._held import HeldBytes
+from copilot_runtime._limits import check_json_text
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
     arguments_object,
@@ -611,8 +613,8 @@ def to_gemini_contents(messages: Sequence[Message], signatures: dict[str, bytes]
 
 def _response_object(content: str) -> dict[str, Any]:
     try:
-        value = orjson.loads(content)
-    except orjson.JSONDecodeError:
+        value = check_json_text(content, "A tool result")  # (too deep: kept as its text)
+    except (orjson.JSONDecodeError, JSONTooDeepError):
         return {"output": content}
     return value if isinstance(value, dict) else {"output": content}
 
