@@ -126,8 +126,13 @@ def test_one_run_per_operation() -> None:
     document = """mutation($data: GenerateCopilotResponseInput!) {
       a: generateCopilotResponse(data: $data) { threadId }
       b: generateCopilotResponse(data: $data) { threadId } }"""
-    with pytest.raises(GraphQLError, match="only once"):
+    with pytest.raises(GraphQLError, match=r"exactly once \(this one runs it 2 times\)"):
         compiled(document)
+    # One that runs none was told it ran it more than once.
+    for document in ("mutation { __typename }", """mutation($data: GenerateCopilotResponseInput!) {
+          generateCopilotResponse(data: $data) @skip(if: true) { threadId } }"""):
+        with pytest.raises(GraphQLError, match=r"exactly once \(this one runs it not at all\)"):
+            compiled(document)
 
 
 # ---- the encoder --------------------------------------------------------------------------------

@@ -285,8 +285,10 @@ def compile_operation(schema: GraphQLSchema, operation: OperationDefinitionNode,
     roots = [(key, details) for key, details in top.items()
              if details[0].node.name.value == ROOT_FIELD]
     if len(roots) != 1:
-        raise GraphQLError("An operation may run generateCopilotResponse only once",
-                           operation)
+        # (Both ways: the only mutation there is to run is a run.)
+        raise GraphQLError(
+            "A mutation runs generateCopilotResponse exactly once (this one runs it "
+            f"{'not at all' if not roots else f'{len(roots)} times'})", operation)
     root_key, root_details = roots[0]
     root_nodes = [detail.node for detail in root_details]
     flat = flat_compiler.object(root_type, root_nodes, _ROOT)
