@@ -243,7 +243,7 @@ def from_graphql_inputs(messages: Collection[Mapping[str, Any]]) -> list[dict[st
 #: What a model reads as the result of a tool call the history has none for.
 MISSING_RESULT = "The tool call was not answered: no result was recorded for it."
 #: Messages no model reads (UI state): they neither answer nor interrupt a tool call.
-_MODEL_INPUT = (UserMessage, AssistantMessage, ToolMessage, SystemMessage, DeveloperMessage)
+_NOT_MODEL_INPUT = frozenset({"activity", "reasoning"})
 
 
 def paired_tool_calls(messages: Sequence[Message]) -> Sequence[Message]:
@@ -280,20 +280,22 @@ def paired_tool_calls(messages: Sequence[Message]) -> Sequence[Message]:
 
 
 def _paired(messages: Sequence[Message]) -> bool:
-    waiting: set[str] = set()  # the calls of the last assistant message not yet answered
+    waiting: list[str] = []  # the calls of the last assistant message not yet answered
     for message in messages:
-        if isinstance(message, ToolMessage):
-            if message.tool_call_id not in waiting:
+        role = message.role
+        if role == "tool":
+            if message.tool_call_id not in waiting:  # type: ignore[union-attr]
                 return False
-            waiting.discard(message.tool_call_id)
-        elif not isinstance(message, _MODEL_INPUT):
-            continue
+            waiting.remove(message.tool_call_id)  # type: ignore[union-attr]
         elif waiting:
-            return False
-        elif isinstance(message, AssistantMessage) and message.tool_calls:
-            waiting = {call.id for call in message.tool_calls}
-            if len(waiting) != len(message.tool_calls):
+            if role not in _NOT_MODEL_INPUT:
                 return False
+        elif role == "assistant":
+            calls = message.tool_calls  # type: ignore[union-attr]
+            if calls:
+                waiting = [call.id for call in calls]
+                if len(set(waiting)) != len(waiting):
+                    return False
     return not waiting
 
 
