@@ -370,7 +370,14 @@ async def test_finding_an_open_run_costs_the_same_after_thousands_of_runs(
     await store.append_events("probe", "default", "r", 1.0, 0, [])
     _, before = await _finish_plan(store, "probe", "r")
     await streamed_then_finished(1500, "b")
-    plan, after = await _finish_plan(store, "probe", "r")
+    for _ in range(40):
+        plan, after = await _finish_plan(store, "probe", "r")
+        if after < before * 1.5:
+            break
+        # A snapshot older than the dead entries, held elsewhere in the database (another
+        # test's long statement), keeps a scan from marking them dead: it reads them until
+        # that snapshot ends. The index on the flag read them all, however long one waited.
+        await asyncio.sleep(0.25)
     assert after < before * 1.5, plan  # the index on the flag: 88 -> 241
     for line in plan.splitlines():
         assert not any(word in line for word in ("Bitmap", "Hash Join", "Merge Join",

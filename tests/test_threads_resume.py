@@ -215,10 +215,12 @@ async def test_connect_says_which_runs_it_left_out(served: Served) -> None:
     assert users == ["q2", "q3"]
 
 
-async def test_connect_to_a_running_thread_says_which_runs_it_left_out(
-        store_url: str, serve_runtime: ServeRuntime) -> None:
-    """The same while the thread runs: the stored runs as the store replays them (bounded,
-    the omission said), then the live run, once."""
+async def replayed_while_running(
+        store_url: str, serve_runtime: ServeRuntime, earlier: list[tuple[str, str]],
+        live: tuple[str, str], last_event_id: str | None = None,
+        replay_bytes: int | None = None) -> list[tuple[int | None, dict[str, Any]]]:
+    """What a `connect` (with `last_event_id`) answers while the run `live` (its text and
+    id) streams, after the runs `earlier`; with the store's `replay_bytes` set first."""
     agent = GatedAgent()
     agent.gate.set()
     options: dict[str, Any] = {"thread_store": thread_store(store_url)}
@@ -226,28 +228,39 @@ async def test_connect_to_a_running_thread_says_which_runs_it_left_out(
         options["coordinator"] = coordinator(store_url)
     runtime = CopilotRuntime(agents={"default": agent}, **options)
     async with worker(store_url, serve_runtime, runtime) as served:
-        for index in range(3):
-            await run_ids(served, "t", f"q{index}", f"r{index}")
-        store: Any = runtime.store
-        store.replay_bytes = 1  # only the newest run
+        for text, run in earlier:
+            await run_ids(served, "t", text, run)
+        if replay_bytes is not None:
+            store: Any = runtime.store
+            store.replay_bytes = replay_bytes
         agent.gate.clear()
-        running = await served.post("/agent/default/run", run_input("live", thread="t",
-                                                                     run="r3"))
+        running = await served.post("/agent/default/run", run_input(live[0], thread="t",
+                                                                     run=live[1]))
         body = b""
         async with asyncio.timeout(20):
             while b"TEXT_MESSAGE_CONTENT" not in body:
                 body += await running.content.readany()
-        joined = asyncio.ensure_future(connect(served, "t"))
+        joined = asyncio.ensure_future(connect(served, "t", last_event_id))
         await asyncio.sleep(0.2)
         agent.gate.set()
         await running.read()
         status, replayed = await joined
-        assert status == 200
-        verify_events([e for _, e in replayed])
-        assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == ["r2", "r3"]
-        assert omissions(replayed) == [(1, {"omittedRuns": 2})]
-        positions = [p for p, _ in replayed if p is not None]
-        assert positions == sorted(set(positions))  # nothing twice
+    assert status == 200
+    verify_events([e for _, e in replayed])
+    positions = [p for p, _ in replayed if p is not None]
+    assert positions == sorted(set(positions))  # nothing twice
+    return replayed
+
+
+async def test_connect_to_a_running_thread_says_which_runs_it_left_out(
+        store_url: str, serve_runtime: ServeRuntime) -> None:
+    """The same while the thread runs: the stored runs as the store replays them (bounded,
+    the omission said), then the live run, once."""
+    replayed = await replayed_while_running(
+        store_url, serve_runtime, [(f"q{index}", f"r{index}") for index in range(3)],
+        ("live", "r3"), replay_bytes=1)  # only the newest run
+    assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == ["r2", "r3"]
+    assert omissions(replayed) == [(1, {"omittedRuns": 2})]
 
 
 async def drive(scenario: str, url: str, **options: Any) -> dict[str, Any]:
@@ -296,29 +309,9 @@ async def test_a_last_event_id_from_another_history_replays_the_whole_thread(
 
 async def test_a_last_event_id_past_a_running_thread_replays_it_whole(
         store_url: str, serve_runtime: ServeRuntime) -> None:
-    agent = GatedAgent()
-    agent.gate.set()
-    options: dict[str, Any] = {"thread_store": thread_store(store_url)}
-    if store_url.startswith("postgresql"):
-        options["coordinator"] = coordinator(store_url)
-    runtime = CopilotRuntime(agents={"default": agent}, **options)
-    async with worker(store_url, serve_runtime, runtime) as served:
-        await run_ids(served, "t", "first", "r1")
-        agent.gate.clear()
-        running = await served.post("/agent/default/run", run_input("live", thread="t",
-                                                                     run="r2"))
-        body = b""
-        async with asyncio.timeout(20):
-            while b"TEXT_MESSAGE_CONTENT" not in body:
-                body += await running.content.readany()
-        joined = asyncio.ensure_future(connect(served, "t", "1000000"))
-        await asyncio.sleep(0.2)
-        agent.gate.set()
-        await running.read()
-        status, replayed = await joined
-        assert status == 200
-        verify_events([e for _, e in replayed])
-        assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == ["r1", "r2"]
+    replayed = await replayed_while_running(store_url, serve_runtime, [("first", "r1")],
+                                            ("live", "r2"), "1000000")
+    assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == ["r1", "r2"]
 
 
 async def test_load_agent_state_reads_only_the_newest_runs_that_fit(served: Served) -> None:
@@ -350,30 +343,7 @@ async def test_connect_to_a_run_whose_id_the_thread_used_before_misses_nothing(
     whose id an earlier run of the thread had (a client may send one again) left out that
     earlier run and every run after it, on every store. The live run is the thread's newest:
     only its own events are left to memory."""
-    agent = GatedAgent()
-    agent.gate.set()
-    options: dict[str, Any] = {"thread_store": thread_store(store_url)}
-    if store_url.startswith("postgresql"):
-        options["coordinator"] = coordinator(store_url)
-    runtime = CopilotRuntime(agents={"default": agent}, **options)
-    async with worker(store_url, serve_runtime, runtime) as served:
-        await run_ids(served, "t", "first", "r1")
-        await run_ids(served, "t", "second", "r2")
-        agent.gate.clear()
-        running = await served.post("/agent/default/run", run_input("third", thread="t",
-                                                                     run="r1"))
-        body = b""
-        async with asyncio.timeout(20):
-            while b"TEXT_MESSAGE_CONTENT" not in body:
-                body += await running.content.readany()
-        joined = asyncio.ensure_future(connect(served, "t"))
-        await asyncio.sleep(0.2)
-        agent.gate.set()
-        await running.read()
-        status, replayed = await joined
-        assert status == 200
-        verify_events([e for _, e in replayed])
-        assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == [
-            "r1", "r2", "r1"]
-        positions = [p for p, _ in replayed if p is not None]
-        assert positions == sorted(set(positions))  # nothing twice
+    replayed = await replayed_while_running(
+        store_url, serve_runtime, [("first", "r1"), ("second", "r2")], ("third", "r1"))
+    assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == [
+        "r1", "r2", "r1"]

@@ -7,6 +7,7 @@ Written against bare ASGI: the streaming path is the runtime's hot loop, and Sta
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import re
 from collections.abc import (
@@ -55,6 +56,7 @@ __all__ = [
     "encode_sse",
     "error_body",
     "error_headers",
+    "from_cursor",
     "read_body",
     "request_info",
     "send_error",
@@ -62,6 +64,7 @@ __all__ = [
     "send_method_not_allowed",
     "stream_events",
     "stream_run",
+    "to_cursor",
 ]
 
 Scope = MutableMapping[str, Any]
@@ -605,3 +608,25 @@ async def stream_events(request: Request, batches: AsyncIterator[Sequence[Positi
         if aclose is not None:
             await aclose()
     await _end(request)
+
+
+#: Longer than any cursor the routes make (ids of up to `MAX_ID_LENGTH` characters, up to
+#: four bytes each, in base64).
+_MAX_CURSOR = 4096
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def to_cursor(value: Any) -> str:
+    """`value` (JSON) as a listing's `nextCursor`: URL-safe base64, no padding."""
+    return base64.urlsafe_b64encode(orjson.dumps(value)).rstrip(b"=").decode()
+
+
+def from_cursor(text: str, refusal: str) -> Any:
+    """The value `to_cursor` made `text` of; `InvalidRequestError(refusal)` for anything
+    it could not have made (the caller checks the value's shape)."""
+    if len(text) > _MAX_CURSOR or not _BASE64URL.fullmatch(text):
+        raise InvalidRequestError(refusal)
+    try:
+        return orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (ValueError, orjson.JSONDecodeError):
+        raise InvalidRequestError(refusal) from None

@@ -29,14 +29,11 @@ an unknown id, 404; a thread with a run in progress, 409.
 
 from __future__ import annotations
 
-import base64
 import math
 import re
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
-
-import orjson
 
 from copilot_runtime._exceptions import (
     ApprovalError,
@@ -50,10 +47,12 @@ from copilot_runtime.approvals.ledger import ApprovalKey
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.protocols.http import (
     Request,
+    from_cursor,
     read_body,
     send_error,
     send_json,
     send_method_not_allowed,
+    to_cursor,
 )
 from copilot_runtime.threads.base import MAX_ID_LENGTH, id_problem
 
@@ -64,8 +63,6 @@ _ACTIONS: Final = ("approve", "reject", "revise")
 _PAGE: Final = 100
 _MAX_PAGE: Final = 500
 _DIGITS = re.compile(r"[0-9]{1,6}")
-_BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
-_MAX_CURSOR: Final = 1024
 _STATUSES: Final[dict[str, ApprovalStatus | None]] = {
     "pending": "pending", "answered": "answered", "expired": "expired",
     "withdrawn": "withdrawn", "all": None}
@@ -138,7 +135,7 @@ class ApprovalRoutes:
             approvals = [a for a in approvals if allowed[a.thread_id]]
         await send_json(request, 200, {
             "approvals": [a.to_json() for a in approvals],
-            "nextCursor": None if next_key is None else _cursor(next_key)})
+            "nextCursor": None if next_key is None else to_cursor(next_key)})
 
     async def _answer(self, request: Request, approval_id: str) -> None:
         data = parse_json_body(await read_body(request, self.max_body_size))
@@ -161,10 +158,6 @@ class ApprovalRoutes:
             raise ApprovalNotFoundError(approval.id)
 
 
-def _cursor(key: ApprovalKey) -> str:
-    return base64.urlsafe_b64encode(orjson.dumps(key)).rstrip(b"=").decode()
-
-
 def _page_of(query: dict[str, list[str]]) -> tuple[int, ApprovalKey | None]:
     """The page a listing asks for: how many (`limit`), after which (`cursor`)."""
     limits, cursors = query.get("limit") or [], query.get("cursor") or []
@@ -177,14 +170,8 @@ def _page_of(query: dict[str, list[str]]) -> tuple[int, ApprovalKey | None]:
         limit = int(limits[0])
     if not cursors:
         return limit, None
-    text = cursors[0]
     bad = InvalidRequestError("'cursor' must be a nextCursor this server gave")
-    if len(text) > _MAX_CURSOR or not _BASE64URL.fullmatch(text):
-        raise bad
-    try:
-        key = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-    except (ValueError, orjson.JSONDecodeError):
-        raise bad from None
+    key = from_cursor(cursors[0], bad.message)
     if not (isinstance(key, list) and len(key) == 2 and isinstance(key[0], int | float)
             and not isinstance(key[0], bool) and math.isfinite(key[0])
             and isinstance(key[1], str) and len(key[1]) <= MAX_ID_LENGTH):

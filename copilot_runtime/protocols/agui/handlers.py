@@ -20,13 +20,10 @@ hanging (a second run on a busy thread) we answer 409 instead.
 
 from __future__ import annotations
 
-import base64
 import math
 import re
 import urllib.parse
 from typing import Any
-
-import orjson
 
 from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._exceptions import (
@@ -43,12 +40,14 @@ from copilot_runtime.protocols.agui.approvals import ApprovalRoutes, approval_ro
 from copilot_runtime.protocols.agui.transcribe import serve_transcription
 from copilot_runtime.protocols.http import (
     Request,
+    from_cursor,
     read_body,
     send_error,
     send_json,
     send_method_not_allowed,
     stream_events,
     stream_run,
+    to_cursor,
 )
 from copilot_runtime.runtime import CopilotRuntime
 from copilot_runtime.threads.base import (
@@ -69,10 +68,6 @@ _PAGE = 100
 _MAX_PAGE = 500
 _MAX_NAME = 200
 _INTEGER = re.compile(r"-?[0-9]{1,19}")
-_BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
-#: Longer than any cursor `_next_cursor` makes (a thread id and an agent id of up to
-#: `MAX_ID_LENGTH` characters, up to four bytes each, in base64).
-_MAX_CURSOR = 4096
 _ENVELOPE_METHODS = ("info", "agent/run", "agent/connect", "agent/stop", "transcribe")
 
 
@@ -364,8 +359,7 @@ def _next_cursor(last: ThreadRecord, agent_id: str | None) -> str:
     """The cursor of the page after `last`: where it is in the list (a keyset, so threads
     updated meanwhile neither repeat nor push others out of the pages that follow), and the
     agent the list is of."""
-    token = orjson.dumps([last.updated_at, last.thread_id, agent_id])
-    return base64.urlsafe_b64encode(token).rstrip(b"=").decode()
+    return to_cursor([last.updated_at, last.thread_id, agent_id])
 
 
 def _list_cursor(query: dict[str, list[str]], agent_id: str | None
@@ -381,12 +375,7 @@ def _list_cursor(query: dict[str, list[str]], agent_id: str | None
     if _INTEGER.fullmatch(text):
         return _query_int(query, "cursor", 0, 0, 2**31), None
     bad = InvalidRequestError("'cursor' must be a nextCursor this server gave")
-    if len(text) > _MAX_CURSOR or not _BASE64URL.fullmatch(text):
-        raise bad
-    try:
-        decoded = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-    except (ValueError, orjson.JSONDecodeError):
-        raise bad from None
+    decoded = from_cursor(text, bad.message)
     if not (isinstance(decoded, list) and len(decoded) == 3
             and isinstance(decoded[0], (int, float)) and not isinstance(decoded[0], bool)
             and math.isfinite(decoded[0])
