@@ -122,7 +122,10 @@ async def test_an_id_no_store_can_keep_is_refused_or_not_found(served: Served, b
         headers=CLIENT_HEADERS)
     assert status == 200, answer
     (error,) = orjson.loads(answer)["errors"]
-    assert (error["message"], error["extensions"]["statusCode"]) == ("Invalid request body", 400)
+    # What was wrong, as AG-UI's `details` say it (it said "Invalid request body" alone).
+    problem = _PROBLEMS.get(bad, "The id contains a control character")
+    assert (error["message"], error["extensions"]["statusCode"]) == (
+        f"Invalid request body: threadId: {problem}", 400)
     await _still_serves(served, f"after-{bad}")
 
 

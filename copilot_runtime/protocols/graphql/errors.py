@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from copilot_runtime._exceptions import (
     CopilotRuntimeError,
+    InvalidRequestError,
     RequestError,
     UpstreamError,
 )
@@ -25,6 +28,7 @@ __all__ = [
     "kit_code",
     "kit_code_of",
     "kit_extensions",
+    "said_of",
 ]
 
 _DOCS = "https://docs.copilotkit.ai"
@@ -85,6 +89,23 @@ def kit_code_of(exc: CopilotRuntimeError) -> str:
     if isinstance(exc, UpstreamError):
         return "NETWORK_ERROR"
     return "UNKNOWN"
+
+
+def said_of(exc: CopilotRuntimeError) -> str:
+    """`exc`'s message as a GraphQL error says it: an invalid request names what was wrong
+    (the AG-UI answer carries that as `details`, which a GraphQL error has no place for)."""
+    details = getattr(exc, "details", None)
+    if not isinstance(exc, InvalidRequestError) or not isinstance(details, str) or not details:
+        return exc.message
+    try:
+        issues = orjson.loads(details)
+    except orjson.JSONDecodeError:
+        return f"{exc.message}: {details}"
+    if not isinstance(issues, list):
+        return exc.message
+    said = [f"{'.'.join(map(str, issue.get('path') or ())) or 'body'}: {issue.get('message')}"
+            for issue in issues[:3] if isinstance(issue, dict)]
+    return f"{exc.message}: {'; '.join(said)}" if said else exc.message
 
 
 def kit_extensions(code: str, message: str) -> dict[str, Any]:

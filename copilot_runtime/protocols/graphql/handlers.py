@@ -35,7 +35,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._limits import check_json_text
 from copilot_runtime.protocols.graphql.agent_tools import session_run, with_request_mcp
 from copilot_runtime.protocols.graphql.documents import DocumentCache, Prepared
-from copilot_runtime.protocols.graphql.errors import kit_code_of, kit_extensions
+from copilot_runtime.protocols.graphql.errors import kit_code_of, kit_extensions, said_of
 from copilot_runtime.protocols.graphql.increments import ResponseEncoder
 from copilot_runtime.protocols.graphql.plan import ROOT_FIELD, OperationPlan
 from copilot_runtime.protocols.graphql.queries import QueryContext, agent_not_found, query_root
@@ -205,8 +205,9 @@ class GraphQLProtocol:
                 [(b"retry-after", str(exc.retry_after).encode())])
             return
         except CopilotRuntimeError as exc:
-            error = GraphQLError(exc.message, plan.field_node, path=[plan.root_key],
-                                 extensions=kit_extensions(kit_code_of(exc), exc.message))
+            said = said_of(exc)
+            error = GraphQLError(said, plan.field_node, path=[plan.root_key],
+                                 extensions=kit_extensions(kit_code_of(exc), said))
             await send_result(request, 200, orjson.dumps(
                 {"errors": [error.formatted], "data": None}))
             return
