@@ -127,6 +127,14 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
                              config: Any) -> Any:
         _refuse_message_while_waiting(input, agent_state, self._collect_interrupts(
             getattr(agent_state, "tasks", None) or ()))
+        if self.active_run.get("mode") == "continue" and not getattr(agent_state, "next", None):
+            # A client's `nodeName` ("continue": its state written as that node's output,
+            # then the graph on from there) is honoured only where the graph stopped at a
+            # breakpoint its author set. On a new thread, or one at rest, it let any client
+            # skip nodes (an approval's interrupt included) and set keys the input schema
+            # keeps out of its hands: the run starts as any other.
+            self.active_run["mode"] = "start"
+            self.active_run["node_name"] = None
         echoed = _echoed_keys(input.state, getattr(agent_state, "values", None))
         if echoed:
             # What the client sent back unchanged is the checkpoint's value in JSON form
