@@ -192,7 +192,10 @@ class JWTAuth:
                 options={"require": ["exp"], "verify_aud": self.audience is not None})
         except jwt.ExpiredSignatureError:
             raise AuthenticationError("The token has expired") from None
-        except jwt.PyJWTError:
+        except (jwt.PyJWTError, TypeError, ValueError):
+            # TypeError/ValueError: PyJWT preparing the key for the algorithm the token names
+            # when it is another kind of key (an ES256 token for an RSA key): a forgery, not
+            # a failure of ours (it was a 500, logged as unhandled, before any signature).
             raise AuthenticationError("Invalid token") from None
         subject = claims.get(self.principal_claim)
         if subject is None:

@@ -18,7 +18,7 @@ import jwt
 import pytest
 import structlog
 from aiohttp import web
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from copilot_runtime import AuthenticationError, JWTAuth, ServiceUnavailableError
 from copilot_runtime.auth import RequestInfo
@@ -205,3 +205,29 @@ async def test_a_caller_that_leaves_does_not_cancel_the_others_fetch() -> None:
         assert (await staying).id == "stays"
         assert leaving.cancelled()
         assert issuer.fetches == 1
+
+
+async def test_a_token_whose_algorithm_is_not_its_keys_kind_is_a_401() -> None:
+    """A forged token naming an allowed algorithm of another family than the key (ES256 or
+    HS256 against an RSA key, RS256 against an EC key; issuers that publish RSA and EC keys
+    allow both families) made PyJWT raise TypeError preparing the key: a 500, logged as an
+    unhandled error with its stack, for anyone, before any signature was checked."""
+    now = int(time.time())
+    ec_key = ec.generate_private_key(ec.SECP256R1())
+    async with Issuer() as issuer:
+        rsa_key = issuer.add("key-1")
+        cases = [
+            (JWTAuth(jwks_url=issuer.jwks_url, algorithms=["RS256", "ES256"]),
+             jwt.encode({"sub": "x", "exp": now + 60}, ec_key, "ES256",
+                        headers={"kid": "key-1"})),
+            (JWTAuth(rsa_key.public_key(), algorithms=["RS256", "ES256"]),
+             jwt.encode({"sub": "x", "exp": now + 60}, ec_key, "ES256")),
+            (JWTAuth(ec_key.public_key(), algorithms=["ES256", "RS256"]),
+             jwt.encode({"sub": "x", "exp": now + 60}, rsa_key, "RS256")),
+            (JWTAuth(ec_key.public_key(), algorithms=["ES256", "HS256"]),
+             jwt.encode({"sub": "x", "exp": now + 60}, b"k" * 32, "HS256")),
+        ]
+        for auth, token in cases:
+            with pytest.raises(AuthenticationError, match=r"^Invalid token$"):
+                await auth.authenticate(RequestInfo(
+                    "GET", "/info", {"authorization": f"Bearer {token}"}, "127.0.0.1"))
