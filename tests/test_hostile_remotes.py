@@ -127,6 +127,11 @@ CRASH_REPORTS: dict[str, tuple[int, list[bytes] | Json]] = {
         {"type": "RUN_ERROR", "message": "model overloaded", "code": "CRASHED"})]),
     "http-traceback": (502, {"detail": _TRACEBACK}),
     "http-plain": (502, {"detail": "model overloaded"}),
+    # Not JSON: the event was quoted raw (a credential, a crash report).
+    "bad-json-traceback": (200, [sse(STARTED), raw_sse(
+        'Traceback (most recent call last): File "/srv/agent/app.py", line 12, in run')]),
+    "bad-json-secret": (200, [sse(STARTED), raw_sse(
+        '{"type":"TEXT_MESSAGE_CONTENT","delta":"postgresql://admin:s3cr3tpw@db.internal/x')]),
 }
 
 
@@ -227,6 +232,11 @@ async def test_remote_event_of_a_wrong_shape_fails_the_run_not_the_thread(
     # controls: a plain message is passed on, as before
     ("run-error-plain", "model overloaded"),
     ("http-plain", "Remote agent 'http-plain' answered HTTP 502: model overloaded"),
+    ("bad-json-traceback", "Remote agent 'bad-json-traceback' sent an event that is not valid "
+                           "JSON"),
+    ("bad-json-secret", "Remote agent 'bad-json-secret' sent an event that is not valid JSON: "
+                        """'{"type":"TEXT_MESSAGE_CONTENT","delta":"postgresql://[REDACTED]@db"""
+                        """.internal/'"""),  # (its first 80 bytes)
 ])
 async def test_a_remotes_crash_report_is_withheld_a_plain_message_passed_on(
         name: str, message: str, hostile: HostileAGUIServer,
@@ -236,6 +246,67 @@ async def test_a_remotes_crash_report_is_withheld_a_plain_message_passed_on(
     error = one_run_error(events)
     assert error["message"] == message
     assert error["code"] == ("CRASHED" if name.startswith("run-error") else "UPSTREAM_ERROR")
+    assert "s3cr3tpw" not in orjson.dumps(events).decode()
+
+
+class _Elsewhere(LoopbackServer):
+    """Another origin: what it was sent is recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[dict[str, str]] = []
+
+    def routes(self, app: web.Application) -> None:
+        async def record(request: web.Request) -> web.Response:
+            self.seen.append(dict(request.headers))
+            await request.read()
+            return web.json_response({"agents": [], "actions": []})
+
+        app.router.add_route("*", "/{tail:.*}", record)
+
+
+class _Redirecting(LoopbackServer):
+    """Answers every request 307 to `target`."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__()
+        self.target = target
+
+    def routes(self, app: web.Application) -> None:
+        async def redirect(request: web.Request) -> web.Response:
+            await request.read()
+            raise web.HTTPTemporaryRedirect(self.target)
+
+        app.router.add_route("*", "/{tail:.*}", redirect)
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_a_redirect_is_not_followed_with_the_requests_credentials(
+        serve_runtime: ServeRuntime) -> None:
+    """aiohttp followed a remote's redirect to any origin with the request's headers (the
+    operator's `headers=` credentials, the client's forwarded `x-*` ones; it drops only
+    `Authorization`): a remote AG-UI agent's run and a legacy endpoint's discovery sent them
+    to whoever the redirect named. A redirect is the remote's error now, followed nowhere."""
+    async with _Elsewhere() as elsewhere, _Redirecting(
+            f"http://localhost:{elsewhere.port}/steal") as redirecting:
+        agent = HttpAgent(f"http://{redirecting.host}:{redirecting.port}/agent",
+                          headers={"x-api-key": "OPERATOR-SECRET"},
+                          timeouts=Timeouts(read=10, total=30))
+        async with serve_runtime(CopilotRuntime(agents={"remote": agent})) as served:
+            events = await served.run(run_input("hello"), agent="remote")
+        error = one_run_error(events)
+        assert error["code"] == "UPSTREAM_ERROR"
+        assert error["message"].startswith(
+            "Remote agent 'remote' answered HTTP 307: a redirect, not followed"), error
+        endpoint = CopilotKitRemoteEndpoint(
+            f"http://{redirecting.host}:{redirecting.port}/copilotkit",
+            headers={"x-api-key": "OPERATOR-SECRET"})
+        try:
+            with pytest.raises(UpstreamError, match="HTTP 307: a redirect, not followed"):
+                await endpoint.discover()
+        finally:
+            await endpoint.aclose()
+        assert elsewhere.seen == []
 
 
 # ---- the SSE decoder -------------------------------------------------------------------------

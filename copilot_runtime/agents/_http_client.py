@@ -96,5 +96,8 @@ async def error_for_status(response: aiohttp.ClientResponse, what: str) -> Upstr
                     break
     except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, ValueError):
         pass
+    if 300 <= response.status < 400:
+        detail = (": a redirect, not followed (it would take the request's credentials "
+                  "along): configure the URL it points to")
     return UpstreamError(f"{what} answered HTTP {response.status}{detail}",
                          status=response.status)

@@ -157,8 +157,11 @@ class RemoteEventChecker:
             try:
                 event = orjson.loads(payload)
             except orjson.JSONDecodeError:
-                raise self._error(f"sent an event that is not valid JSON: {payload[:80]!r}") \
-                    from None
+                # Quoted as any upstream's words are: without the credentials, paths and
+                # stack traces a broken event may hold.
+                said = quoted(payload[:80].decode("utf-8", "replace"))
+                raise self._error("sent an event that is not valid JSON" + (
+                    f": {said!r}" if said else "")) from None
             if nests_too_deep(event, payload):  # before anything walks it recursively
                 raise self._error(f"sent an event nested deeper than {MAX_JSON_DEPTH} levels")
             events.append(event)

@@ -81,9 +81,12 @@ class HttpAgent(Agent):
         checker = RemoteEventChecker(what)
         session = self._sessions.get()
         try:
+            # Redirects are not followed: aiohttp would send this request's headers (the
+            # operator's credentials, the client's forwarded ones) to wherever it points.
             async with session.post(self.url, data=body, headers=self.request_headers(context),
-                                    timeout=self.timeouts.client_timeout()) as response:
-                if response.status >= 400:
+                                    timeout=self.timeouts.client_timeout(),
+                                    allow_redirects=False) as response:
+                if response.status >= 300:
                     raise await error_for_status(response, what)
                 content_type = response.headers.get("content-type", "")
                 if not content_type.startswith("text/event-stream"):

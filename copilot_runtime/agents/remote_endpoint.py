@@ -200,7 +200,8 @@ class _Post:
             try:
                 response = await endpoint._sessions.get().post(
                     url, data=self.body, headers=self.headers,
-                    timeout=endpoint.timeouts.client_timeout())
+                    timeout=endpoint.timeouts.client_timeout(),
+                    allow_redirects=False)  # (see `HttpAgent`: headers would follow it)
             except aiohttp.ClientConnectorError as exc:  # never connected: safe to repeat
                 if last:
                     raise error_for_exception(exc, self.what, url) from None
@@ -208,7 +209,7 @@ class _Post:
                 if last or not self.safe:
                     raise error_for_exception(exc, self.what, url) from None
             else:
-                if response.status < 400:
+                if response.status < 300:
                     self.response = response
                     return response
                 if last or response.status not in retry_statuses:
