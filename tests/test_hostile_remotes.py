@@ -114,6 +114,26 @@ SHAPES: dict[str, tuple[list[bytes], str]] = {
         f'"extra":{deep(600)}}}'), sse(CONTENT), sse(END), sse(FINISHED)], _TOO_DEEP),
     "deep-custom": ([sse(STARTED), raw_sse(f'{{"type":"CUSTOM","name":"x","extra":{deep(1000)}}}'),
                      sse(FINISHED)], _TOO_DEEP),
+    # What the AG-UI schema refuses (a client's @ag-ui/client too) was relayed and stored:
+    "role-banana": ([sse(STARTED), sse({**START, "role": "banana"}), sse(CONTENT), sse(END),
+                     sse(FINISHED)], "sent TEXT_MESSAGE_START that does not match the AG-UI "
+                                     "schema (role: Input should be"),
+    "custom-without-name": ([sse(STARTED), sse({"type": "CUSTOM", "value": 1}), sse(FINISHED)],
+                            "sent CUSTOM that does not match the AG-UI schema (name: Field "
+                            "required)"),
+    "snapshot-without-snapshot": ([sse(STARTED), sse({"type": "STATE_SNAPSHOT"}), sse(FINISHED)],
+                                  "sent STATE_SNAPSHOT that does not match the AG-UI schema "
+                                  "(snapshot: Field required)"),
+    "snapshot-content-int": (snapshot([{"id": "a", "role": "assistant", "content": 5}]),
+                             "sent MESSAGES_SNAPSHOT that does not match the AG-UI schema "
+                             "(messages.0.assistant.content:"),
+    "delta-op-unknown": ([sse(STARTED), sse({"type": "STATE_SNAPSHOT", "snapshot": {"a": 1}}),
+                          sse({"type": "STATE_DELTA", "delta": [{"op": "explode"}]}),
+                          sse(FINISHED)],
+                         "sent STATE_DELTA that does not match the AG-UI schema (delta.0:"),
+    "token-timestamp": ([sse(STARTED), sse(START), sse({**CONTENT, "timestamp": "now"}),
+                         sse(END), sse(FINISHED)],
+                        "sent TEXT_MESSAGE_CONTENT with a 'timestamp' that is not an integer"),
 }
 
 # name -> (HTTP status, the remote's SSE body or its JSON error body)

@@ -18,12 +18,14 @@ from typing import Any, Final
 import jsonpatch
 import orjson
 import structlog
+from ag_ui.core import Event as AGUIEvent
+from pydantic import TypeAdapter, ValidationError
 
 from copilot_runtime import events as ev
 from copilot_runtime._exceptions import ChunkError, UpstreamError, quoted
 from copilot_runtime._held import HeldBytes
 from copilot_runtime._limits import MAX_JSON_DEPTH, nests_too_deep
-from copilot_runtime.event_order import ChunkState, OrderChecker, expand_chunks
+from copilot_runtime.event_order import REQUIRED_FIELDS, ChunkState, OrderChecker, expand_chunks
 from copilot_runtime.events import Event, EventType
 
 __all__ = ["RemoteEventChecker", "SSEDecoder", "StateDeltaEncoder", "strip_nulls"]
@@ -108,6 +110,41 @@ def _shape_problem(event: dict[str, Any]) -> str | None:
     return None
 
 
+#: Checked against the AG-UI schema, as a client's `@ag-ui/client` checks each event: every
+#: type but a stream's tokens (a few string fields each, which the order rules check, and
+#: which come by the thousand) and the run's own start and end (whose ids the runtime sets).
+_SCHEMA: Final = TypeAdapter(AGUIEvent)
+_NOT_SCHEMA_CHECKED: Final = frozenset({
+    ev.TEXT_MESSAGE_CONTENT, ev.TOOL_CALL_ARGS, ev.TEXT_MESSAGE_CHUNK, ev.TOOL_CALL_CHUNK,
+    EventType.REASONING_MESSAGE_CONTENT.value, EventType.REASONING_MESSAGE_CHUNK.value,
+    ev.RUN_STARTED, ev.RUN_FINISHED})
+_ROLES: Final = frozenset({"developer", "system", "assistant", "user"})
+
+
+def _schema_problem(event: dict[str, Any]) -> str | None:
+    """Where `event` breaks the AG-UI schema (which a client enforces), or None."""
+    kind = event["type"]
+    for key in REQUIRED_FIELDS.get(kind, ()):  # (the order rules' words for these)
+        if not isinstance(event.get(key), str):
+            return f"without a string '{key}'"
+    if kind in _NOT_SCHEMA_CHECKED:
+        # A token's own fields: the order rules hold its ids and text to strings.
+        if "timestamp" in event and (not isinstance(event["timestamp"], int)
+                                     or isinstance(event["timestamp"], bool)):
+            return "with a 'timestamp' that is not an integer"
+        if "role" in event and event["role"] not in _ROLES:
+            return "with a 'role' no client knows"
+        return None
+    try:
+        _SCHEMA.validate_python(event)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False, include_input=False, include_context=False)[0]
+        where = ".".join(str(part) for part in error["loc"][1:] if part != kind) or "the event"
+        said = quoted(error["msg"], 160) or "invalid"  # (it may quote what the remote sent)
+        return f"that does not match the AG-UI schema ({where[:120]}: {said})"
+    return None
+
+
 def _needs_strip(event: dict[str, Any]) -> bool:
     for key, item in event.items():
         if item is None or (key not in ev.APPLICATION_DATA_KEYS and isinstance(item, dict | list)):
@@ -177,7 +214,7 @@ class RemoteEventChecker:
             if event["type"] not in _KNOWN_TYPES:
                 self._drop_unknown(event["type"])
                 continue
-            problem = _shape_problem(event)
+            problem = _shape_problem(event) or _schema_problem(event)
             if problem is not None:
                 raise self._error(f"sent {event['type']} {problem}")
             if event["type"] == ev.RUN_ERROR and isinstance(event.get("message"), str):
