@@ -619,6 +619,11 @@ PLATFORM: dict[str, tuple[bytes, str]] = {
     "data-without-event": (sse("events", {"name": "x", "data": {}}), _NOT_AN_EVENT),
     "event-not-a-string": (sse("events", {**chain_event("on_chain_stream"), "event": 5}),
                            _NOT_AN_EVENT),
+    # Fields of the wrong kind failed the translation: AGENT_ERROR, "failed unexpectedly".
+    "metadata-a-list": (sse("events", {**chain_event("on_chain_stream"), "metadata": [1]}),
+                        f"{_NOT_AN_EVENT} (its 'metadata' is not an object)"),
+    "data-of-a-string": (sse("events", {**chain_event("on_chain_end"), "data": "str"}),
+                         f"{_NOT_AN_EVENT} (its 'data' is not an object)"),
     "not-json": (b"event: events\ndata: {not json at all\n\n", _NOT_JSON),
     "error-not-json": (b"event: error\ndata: plain text error with /etc/passwd\n\n", _NOT_JSON),
 }

@@ -568,11 +568,23 @@ def finite_json_text(*pieces: str) -> str:
     return "".join(scanner.feed(piece) for piece in pieces)
 
 
+#: What the translation reads of each event, and what each must be: a kind and its name.
+_EVENT_FIELDS: tuple[tuple[str, type, str], ...] = (
+    ("data", dict, "an object"), ("metadata", dict, "an object"), ("name", str, "a string"),
+    ("run_id", str, "a string"), ("tags", list, "a list"), ("parent_ids", list, "a list"))
+
+
 def _stream_event(data: Any) -> dict[str, Any]:
     """One of the platform's LangChain stream events, its chunks and outputs revived."""
     if not isinstance(data, dict) or not isinstance(data.get("event"), str):
         raise UpstreamError("The LangGraph Platform sent an event that is not a LangChain "
                             "stream event")
+    for key, kind, named in _EVENT_FIELDS:
+        # (A list of metadata, a string of data failed the translation as the agent's own
+        # bug: AGENT_ERROR, "failed unexpectedly".)
+        if data.get(key) is not None and not isinstance(data[key], kind):
+            raise UpstreamError("The LangGraph Platform sent an event that is not a LangChain "
+                                f"stream event (its '{key}' is not {named})")
     event = dict(data)
     inner = event.get("data")
     if isinstance(inner, dict):
