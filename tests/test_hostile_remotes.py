@@ -698,3 +698,52 @@ async def test_mcp_tool_whose_schema_refers_to_itself_answers_the_model_with_an_
 
     async with serve(server.streamable_http_app()) as url:
         await with_toolset(url, body)
+
+
+# ---- a legacy endpoint's /info of odd shapes ---------------------------------------------------
+
+# name -> (its /info, the actions and agents discovered; None: the endpoint's error)
+_INFOS: dict[str, tuple[Json, tuple[list[str], list[str]] | None]] = {
+    "actions-an-int": ({"actions": 5, "agents": []}, None),
+    "agents-an-int": ({"actions": [], "agents": 7}, None),
+    "a-name-no-model-can-call": ({"actions": [{"name": "get weather"}, {"name": "ok"}]},
+                                 (["ok"], [])),
+    "parameters-an-int": ({"actions": [{"name": "a", "parameters": 5}, {"name": "ok"}]},
+                          (["ok"], [])),
+    "attributes-an-int": ({"actions": [
+        {"name": "a", "parameters": [{"name": "p", "type": "object", "attributes": 3}]},
+        {"name": "ok"}]}, (["ok"], [])),
+    "a-name-twice": ({"actions": [{"name": "a"}, {"name": "a"}]}, (["a"], [])),
+    "an-agent-id-with-a-slash": ({"agents": [{"name": "a/../b"}, {"name": "fine"}]},
+                                 ([], ["fine"])),
+}
+
+
+class _InfoEndpoint(LoopbackServer):
+    def routes(self, app: web.Application) -> None:
+        async def info(request: web.Request) -> web.Response:
+            await request.read()
+            return web.json_response(_INFOS[request.match_info["name"]][0])
+
+        app.router.add_post("/{name}/info", info)
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_a_legacy_endpoint_info_of_odd_shapes_is_its_error_or_leaves_out_one_item(
+        ) -> None:
+    """`discover` raised a bare TypeError for `actions` that are not a list or parameters of
+    the wrong shape, and a ConfigurationError for one action name a model cannot call,
+    losing the endpoint's other actions; a name twice was offered twice. The first is the
+    endpoint's error now; one action or agent the runtime cannot offer is left out."""
+    async with _InfoEndpoint() as server:
+        for name, (_, expected) in _INFOS.items():
+            endpoint = CopilotKitRemoteEndpoint(f"http://{server.host}:{server.port}/{name}")
+            try:
+                if expected is None:
+                    with pytest.raises(UpstreamError, match="that is not a list"):
+                        await endpoint.discover()
+                    continue
+                found = await endpoint.discover()
+                assert ([a.name for a in found.actions], list(found.agents)) == expected, name
+            finally:
+                await endpoint.aclose()

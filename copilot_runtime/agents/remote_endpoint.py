@@ -45,6 +45,7 @@ from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.events import EventBatches
 from copilot_runtime.headers import HeaderPolicy
 from copilot_runtime.messages import from_json_representation, to_legacy
+from copilot_runtime.threads.base import id_problem
 
 __all__ = ["CopilotKitRemoteEndpoint", "RemoteDiscovery", "RemoteEndpointAgent",
            "RetryPolicy"]
@@ -112,13 +113,36 @@ class CopilotKitRemoteEndpoint:
         info = await self._json("/info", {"properties": self.properties}, "The remote endpoint",
                                 headers, safe=True)
         found = RemoteDiscovery()
-        for item in info.get("actions") or ():
-            if isinstance(item, dict) and isinstance(item.get("name"), str):
+        actions, agents = info.get("actions") or [], info.get("agents") or []
+        if not isinstance(actions, list) or not isinstance(agents, list):
+            raise UpstreamError("The remote endpoint answered /info with 'actions' or "
+                                "'agents' that is not a list")
+        names: set[str] = set()
+        for item in actions:
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                continue
+            # One action the runtime cannot offer is left out, not the endpoint's others
+            # (a name a model cannot call, parameters of the wrong shape, a name twice).
+            name = item["name"]
+            try:
+                if name in names:
+                    raise ConfigurationError("the endpoint offers another action of this name")
                 found.actions.append(self._action(item))
-        for item in info.get("agents") or ():
+                names.add(name)
+            except (ConfigurationError, TypeError, ValueError, AttributeError,
+                    RecursionError) as exc:
+                _log.warning("remote action left out", action=name[:100],
+                             reason=str(exc)[:200] if isinstance(exc, ConfigurationError)
+                             else f"its parameters are of an unexpected shape ({exc!r:.100})")
+        for item in agents:
             if isinstance(item, dict) and isinstance(item.get("name"), str):
-                found.agents[item["name"]] = RemoteEndpointAgent(
-                    self, item["name"], kind=str(item.get("type") or ""),
+                name = item["name"]
+                if not name or "/" in name or id_problem(name) is not None:
+                    _log.warning("remote agent left out: its name cannot be an agent id",
+                                 agent=name[:100])
+                    continue
+                found.agents[name] = RemoteEndpointAgent(
+                    self, name, kind=str(item.get("type") or ""),
                     description=str(item.get("description") or ""))
         return found
 
