@@ -715,9 +715,30 @@ def _never_reached(exc: Exception, sending: _Sending) -> bool:
     return exc.code == types.INVALID_REQUEST and exc.message in _SESSION_UNKNOWN
 
 
+def _said(block: Any) -> str:
+    """One block of a tool's result as text a model reads: a text block's text, an embedded
+    resource's text, and for what has no text (an image, audio, a blob, a link) what it is
+    (these were left out: a tool that returned a file's contents returned "")."""
+    if isinstance(block, types.TextContent):
+        return block.text
+    if isinstance(block, types.EmbeddedResource):
+        resource = block.resource
+        if isinstance(resource, types.TextResourceContents):
+            return resource.text
+        return f"[resource {resource.uri}: {resource.mime_type or 'binary'}, " \
+               f"{len(getattr(resource, 'blob', '')) * 3 // 4} bytes, not shown]"
+    if isinstance(block, types.ImageContent | types.AudioContent):
+        kind = "image" if isinstance(block, types.ImageContent) else "audio"
+        return f"[{kind}: {block.mime_type}, {len(block.data) * 3 // 4} bytes, not shown]"
+    if isinstance(block, types.ResourceLink):
+        return f"[resource link: {block.uri}" + (f" ({block.name})" if block.name else "") + "]"
+    return ""
+
+
 def _answer(remote: str, result: types.CallToolResult) -> Any:
-    """A tool's result as the action's: its structured content, else its text."""
-    text = "".join(getattr(block, "text", "") for block in result.content)
+    """A tool's result as the action's: its structured content, else its blocks as text,
+    one a line."""
+    text = "\n".join(said for said in map(_said, result.content) if said)
     if result.is_error:
         # The server's own words, passed on as a remote agent's are: cut, and withheld when
         # they hold its stack or a source file's path (then only the log has them).

@@ -360,3 +360,28 @@ async def test_a_server_that_cannot_be_reached_fails_the_start() -> None:
                               MCPServer(url=f"http://127.0.0.1:{free_port()}/mcp", name="b")])
         with pytest.raises(UpstreamError, match="MCP server a could not be connected"):
             await toolset.start()  # both fail: the first server's error, in their order
+
+
+def test_a_tools_result_of_other_blocks_than_text_says_what_they_are() -> None:
+    """Only text blocks were read: a tool returning a file as an embedded resource, an image
+    or a link answered the model "" (several text blocks ran together, "ab")."""
+    from mcp import types
+
+    from copilot_runtime.mcp_tools import _answer
+
+    result = types.CallToolResult(content=[
+        types.TextContent(type="text", text="a"),
+        types.TextContent(type="text", text="b"),
+        types.EmbeddedResource(type="resource", resource=types.TextResourceContents(
+            uri="file:///notes.txt", mimeType="text/plain", text="the file's text")),
+        types.EmbeddedResource(type="resource", resource=types.BlobResourceContents(
+            uri="file:///x.bin", mimeType="application/octet-stream", blob="AAAA")),
+        types.ImageContent(type="image", data="iVBORw0KGgo=", mimeType="image/png"),
+        types.AudioContent(type="audio", data="AAAA", mimeType="audio/wav"),
+        types.ResourceLink(type="resource_link", uri="https://example.com/y", name="y"),
+    ])
+    assert _answer("tool", result).split("\n") == [
+        "a", "b", "the file's text",
+        "[resource file:///x.bin: application/octet-stream, 3 bytes, not shown]",
+        "[image: image/png, 9 bytes, not shown]", "[audio: audio/wav, 3 bytes, not shown]",
+        "[resource link: https://example.com/y (y)]"]
