@@ -566,7 +566,7 @@ def _prefixes(servers: Sequence[MCPServer]) -> list[str]:
 
 
 async def _list_tools(client: Client, server: MCPServer, *, refresh: bool) -> list[Any]:
-    tools: list[Any] = []
+    tools: dict[str, Any] = {}
     cursor: str | None = None
     for _ in range(_MAX_PAGES):
         try:
@@ -574,11 +574,17 @@ async def _list_tools(client: Client, server: MCPServer, *, refresh: bool) -> li
                                            cache_mode="refresh" if refresh else "use")
         except pydantic.ValidationError:
             page = await _list_tools_leniently(client, server, cursor)
-        tools.extend(page.tools)
+        for tool in page.tools:
+            # A name the server lists again (on another page of a cursor that goes round)
+            # is one tool: as two, each was renamed apart from the other.
+            tools.setdefault(tool.name, tool)
         cursor = page.next_cursor
         if cursor is None:
             break
-    return tools
+    else:
+        _log.warning("MCP tool listing cut off: its cursor did not end",
+                     server=server.name, pages=_MAX_PAGES, tools=len(tools))
+    return list(tools.values())
 
 
 async def _list_tools_leniently(client: Client, server: MCPServer, cursor: str | None

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import pytest
 import structlog
+from structlog.testing import capture_logs
 
 from copilot_runtime import ActionError, CopilotRuntime, MCPServer, MCPToolset, UpstreamError
 from copilot_runtime.actions import Action
@@ -42,6 +43,8 @@ class ScriptedMCP:
         self.tools = tools if tools is not None else [ECHO]
         self.list_error = list_error
         self.delays: dict[str, float] = {"hang": 3600.0}
+        #: The `nextCursor` of every listing page (one that never ends, when set).
+        self.next_cursor: str | None = None
         self.methods: list[str] = []
         #: The answers under way (a hanging one never notices its client gone).
         self.answering: set[asyncio.Task[Any]] = set()
@@ -91,6 +94,8 @@ class ScriptedMCP:
                                    "error": {"code": -32603, "message": self.list_error}})
                 return
             result = {"tools": self.tools}
+            if self.next_cursor is not None:
+                result["nextCursor"] = self.next_cursor
         elif method == "tools/call":
             x = str(request["params"].get("arguments", {}).get("x"))
             await asyncio.sleep(self.delays.get(x, 0.0))
@@ -230,3 +235,22 @@ async def test_a_tool_whose_schema_is_no_object_is_left_out_alone(
     assert [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"] == ['"echoed hi"']
     left_out = {e["tool"] for e in logs if e["event"].startswith("MCP tool left out")}
     assert left_out == {"string_schema", "no_schema"}, logs
+
+
+async def test_a_listing_whose_cursor_never_ends_is_cut_off_once_and_said() -> None:
+    """A server whose `nextCursor` never ended was read 100 pages: its tool, listed on each,
+    became 100 tools renamed apart (`h__echo`), 99 warnings logged, and the cut-off said
+    nothing. A name listed again is one tool now, and the cut-off is logged."""
+    server = ScriptedMCP()
+    server.next_cursor = "again"
+    async with scripted(server) as url:
+        toolset = MCPToolset([MCPServer(url=url, name="h", timeout=5)])
+        with capture_logs() as logs:
+            await toolset.start()
+        try:
+            assert [action.name for action in toolset.actions] == ["echo"]
+        finally:
+            await toolset.aclose()
+    assert server.methods.count("tools/list") == 100
+    assert [entry["event"] for entry in logs if entry["log_level"] == "warning"] == [
+        "MCP tool listing cut off: its cursor did not end"]
