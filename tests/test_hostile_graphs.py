@@ -551,3 +551,28 @@ async def test_a_node_name_continues_a_graph_stopped_at_a_breakpoint(
                                             forwardedProps={"nodeName": "gate"}), agent="lg")
         verify_events(events)
     assert done == [("user", True)]
+
+
+async def test_a_message_sent_with_an_answer_is_refused_not_lost(
+        serve_runtime: ServeRuntime) -> None:
+    """A new user message sent in the same request as an interrupt's answer: ag-ui-langgraph
+    resumed with the answer alone, the message lost everywhere (the graph, the client's last
+    snapshot) and the run a success. The request is refused now, as a message sent while the
+    interrupt waits is, and the answer can be sent again, alone."""
+    done: list[tuple[Any, Any]] = []
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg",
+                                                          graph=_transfer_graph(done))})
+    async with serve_runtime(runtime) as served:
+        asked = await served.run(run_input("go", thread="t", protocolVersion="1.0"), agent="lg")
+        (question,) = asked[-1]["outcome"]["interrupts"]
+        answer = [{"interruptId": question["id"], "status": "resolved", "payload": "yes"}]
+        events = await served.run(run_input("and another thing", thread="t", run="r2",
+                                            resume=answer, protocolVersion="1.0"), agent="lg")
+        verify_events(events)
+        assert (events[-1]["type"], events[-1]["code"]) == ("RUN_ERROR", "APPROVAL_ERROR")
+        assert "send the new message after it" in events[-1]["message"]
+        assert done == []
+        events = await served.run(run_input("", thread="t", run="r3", messages=[],
+                                            resume=answer, protocolVersion="1.0"), agent="lg")
+        assert types(events)[-1] == "RUN_FINISHED", events[-1]
+    assert done == [("user", True)]

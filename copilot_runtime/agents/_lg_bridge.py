@@ -323,17 +323,22 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
 def _refuse_message_while_waiting(input: RunAgentInput, agent_state: Any,
                                   interrupts: Any) -> None:
     """Raise if `input` brings a user message the checkpoint lacks while the graph waits
-    on an interrupt without answering it: the graph cannot take the message before the
-    answer, and ag-ui-langgraph would drop it, announcing the interrupt again."""
-    if not interrupts or input.resume:
+    on an interrupt: the graph cannot take the message before the answer, and
+    ag-ui-langgraph would drop it, announcing the interrupt again, or, with the answer in
+    the same request, resuming with the answer alone (the message lost, the run a success)."""
+    if not interrupts:
         return
     command = (input.forwarded_props or {}).get("command")
-    if isinstance(command, dict) and command.get("resume") is not None:
-        return
+    answering = bool(input.resume) or (
+        isinstance(command, dict) and command.get("resume") is not None)
     values = getattr(agent_state, "values", None)
     known = {getattr(m, "id", None)
              for m in (values.get("messages") or () if isinstance(values, Mapping) else ())}
     if any(m.role == "user" and m.id not in known for m in input.messages or ()):
+        if answering:
+            raise ApprovalError(
+                f"Thread '{input.thread_id}' takes the answer alone: send the new message "
+                "after it (the answer and the message were not sent to the agent)")
         raise ApprovalError(
             f"Thread '{input.thread_id}' waits for an answer to {len(interrupts)} pending "
             "interrupt(s): answer first, then send the message (it was not sent to the "
