@@ -334,8 +334,11 @@ def _refuse_message_while_waiting(input: RunAgentInput, agent_state: Any,
     values = getattr(agent_state, "values", None)
     known = {getattr(m, "id", None)
              for m in (values.get("messages") or () if isinstance(values, Mapping) else ())}
-    if any(m.role == "user" and m.id not in known for m in input.messages or ()):
+    new = [m for m in input.messages or () if m.role == "user" and m.id not in known]
+    if new:
         if answering:
+            if not any(_says_something(m.content) for m in new):
+                return  # (clients send an empty user message with an answer: nothing is lost)
             raise ApprovalError(
                 f"Thread '{input.thread_id}' takes the answer alone: send the new message "
                 "after it (the answer and the message were not sent to the agent)")
@@ -343,6 +346,10 @@ def _refuse_message_while_waiting(input: RunAgentInput, agent_state: Any,
             f"Thread '{input.thread_id}' waits for an answer to {len(interrupts)} pending "
             "interrupt(s): answer first, then send the message (it was not sent to the "
             "agent)")
+
+
+def _says_something(content: Any) -> bool:
+    return bool(content.strip()) if isinstance(content, str) else bool(content)
 
 
 def _stream_writer_chunk(event: Mapping[str, Any]) -> tuple[Any] | None:
