@@ -41,7 +41,10 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI accepts for a functi
 MAX_ACTION_RESULT_BYTES = 1024 * 1024
 
 
-
+#: What a handler may raise that is its failure (a CancelledError only when its run is not
+#: being stopped: see `Action.execute`).
+_HANDLER_FAILURES: tuple[type[BaseException], ...] = (
+    *FAILURES_OF_CALLED_CODE, asyncio.CancelledError)
 #: The most sync handlers that run at once; more wait for a thread.
 SYNC_HANDLER_THREADS = 32
 _threads: ThreadPoolExecutor | None = None
@@ -139,14 +142,12 @@ class Action:
                         contextvars.copy_context().run, self.handler, **kwargs))
         except ActionError:
             raise
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
-                raise  # the run is being stopped
-            # The handler's own: it awaited something another task cancelled.
-            _log.warning("action failed", action=self.name, exc_info=True)
-            raise ActionError(failure_text(exc)) from None
-        except FAILURES_OF_CALLED_CODE as exc:
+        except _HANDLER_FAILURES as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # the run is being stopped (else the handler's own: it awaited
+                    # something another task cancelled)
             # The stack goes to the server log; the model (and the client, through the tool
             # result) gets the error's message without paths or credentials.
             _log.warning("action failed", action=self.name, exc_info=True)

@@ -124,9 +124,6 @@ _ROLES: Final = frozenset({"developer", "system", "assistant", "user"})
 def _schema_problem(event: dict[str, Any]) -> str | None:
     """Where `event` breaks the AG-UI schema (which a client enforces), or None."""
     kind = event["type"]
-    for key in REQUIRED_FIELDS.get(kind, ()):  # (the order rules' words for these)
-        if not isinstance(event.get(key), str):
-            return f"without a string '{key}'"
     if kind in _NOT_SCHEMA_CHECKED:
         # A token's own fields: the order rules hold its ids and text to strings.
         if "timestamp" in event and (not isinstance(event["timestamp"], int)
@@ -135,6 +132,9 @@ def _schema_problem(event: dict[str, Any]) -> str | None:
         if "role" in event and event["role"] not in _ROLES:
             return "with a 'role' no client knows"
         return None
+    for key in REQUIRED_FIELDS.get(kind, ()):  # (in the order rules' words, not pydantic's)
+        if not isinstance(event.get(key), str):
+            return f"without a string '{key}'"
     try:
         _SCHEMA.validate_python(event)
     except ValidationError as exc:
