@@ -357,17 +357,23 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
 async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
                     context: RunContext, request: RequestInfo | None,
                     topics: tuple[Sequence[str], Sequence[str]] | None,
-                    registered: Agent | None = None) -> ActiveRun:
-    principal = request.principal if request is not None else None
+                    registered: Agent | None = None,
+                    answering: RequestInfo | None = None) -> ActiveRun:
+    """`request` asks for the run; `answering` (without `request`) answered an approval whose
+    run this is: the run is theirs, on a thread whose owner stays whoever it is."""
+    asker = request if request is not None else answering
+    principal = asker.principal if asker is not None else None
     context.principal = principal
-    if request is not None:
-        context.annotations = request.annotations
+    if asker is not None:
+        context.annotations = asker.annotations
     lease: Lease | None = None
     if runtime.limiter is not None and request is not None:
         lease = await runtime.limiter.acquire(request)
     try:
+        owner = None  # an answer's run is on a thread whose owner it does not change
         remembered: Callable[[str], Awaitable[bool]] | None = None
-        if principal is not None:
+        if principal is not None and request is not None:
+            owner = owner_of(principal)
             keeper = registered or agent
 
             async def kept_by_agent(thread_id: str) -> bool:
@@ -376,9 +382,7 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
 
             remembered = kept_by_agent
 
-        run = await runtime.runs.begin(agent_id, agent, input, context,
-                                       owner_of(principal) if principal is not None else None,
-                                       remembered)
+        run = await runtime.runs.begin(agent_id, agent, input, context, owner, remembered)
     except BaseException:
         if lease is not None:
             await lease.release()
@@ -418,7 +422,7 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
             started = time.monotonic()
 
             def ended(run: ActiveRun) -> None:
-                _ended(runtime, run, lease, request, time.monotonic() - started)
+                _ended(runtime, run, lease, asker, time.monotonic() - started)
 
             run.on_end = ended
     except BaseException:

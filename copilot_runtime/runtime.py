@@ -365,8 +365,8 @@ class CopilotRuntime:
                         follow_up_server_tools: bool = True,
                         agent: Agent | None = None,
                         request: RequestInfo | None = None,
-                        topics: tuple[Sequence[str], Sequence[str]] | None = None
-                        ) -> ActiveRun:
+                        topics: tuple[Sequence[str], Sequence[str]] | None = None,
+                        answering: RequestInfo | None = None) -> ActiveRun:
         """Reserve the thread and prepare a run; drive it with `ActiveRun.drive`. A run
         that may not be driven (something can fail or be cancelled first) is given back with
         `ActiveRun.abandon`, or by `async with run:` around what leads to `drive`.
@@ -374,15 +374,19 @@ class CopilotRuntime:
         `agent` runs in place of the registered one (a protocol edge may wrap it, e.g. to
         offer it tools); the run still belongs to `agent_id`. `request` says who asks (its
         principal must own the thread; its limits apply); `topics` (allowed, denied) are
-        the request's own rules for the `TopicGuardrail`.
+        the request's own rules for the `TopicGuardrail`. `answering` is the request of a
+        person whose approval answer starts the run (`ApprovalService`, which checked their
+        access): its principal and annotations are the run's, the thread stays its owner's,
+        and its limits do not apply (answers are not run starts).
         """
         registered = self.agent(agent_id)
         context = RunContext(agent_id=agent_id, headers=dict(headers or {}),
                              follow_up_server_tools=follow_up_server_tools)
-        if request is None and not self.guardrails and topics is None and not self.observed:
+        if request is None and answering is None and not self.guardrails and \
+                topics is None and not self.observed:
             return await self.runs.begin(agent_id, agent or registered, input, context)
         return await _trust.start_run(self, agent_id, agent or registered, input, context,
-                                      request, topics, registered)
+                                      request, topics, registered, answering)
 
     def stop_run(self, agent_id: str, thread_id: str, run_id: str | None = None, *,
                  request: RequestInfo | None = None) -> bool:

@@ -28,6 +28,7 @@ from copilot_runtime.threads import ThreadOwner
 from copilot_runtime.workflows.review_loop import ReviewLoop
 from tests.conftest import Served, ServeRuntime, parse_sse, run_input, text_of, types
 from tests.test_hitl_agui import Drafting
+from tests.test_trust_hooks_telemetry import wait_for
 
 ALICE, BOB, CAROL, MALLORY = ("tok-alice-0001", "tok-bob-00002", "tok-carol-0003",
                               "tok-mallory-04")
@@ -265,6 +266,48 @@ async def test_approvals_are_the_owners_and_the_approvers(two_users: Served) -> 
     assert len(record.runs) == 3
     status, body, _ = await call(served, "GET", "/threads", CAROL)
     assert orjson.loads(body)["threads"] == []  # approving is not owning
+
+
+async def test_a_run_an_answer_starts_is_the_answerers(
+        serve_runtime: ServeRuntime, tmp_path: Path) -> None:
+    """The answering person's principal and `on_request` annotations are the resumed run's
+    (hooks, telemetry and the agent see them), as a run they started would be; the thread
+    stays its owner's, and an approver of another tenant still cannot answer."""
+    finished: list[Any] = []
+
+    def on_request(info: Any) -> dict[str, Any]:
+        return {"asked": info.path.rsplit("/", 1)[-1]}
+
+    runtime = CopilotRuntime(
+        agents={"review": ReviewLoop([Drafting(n) for n in ("Invoice", "Closing")]).agent(
+            name="review", checkpointer=checkpointer(f"sqlite:///{tmp_path}/cp.sqlite3"))},
+        thread_store=SQLiteThreadStore(tmp_path / "threads.sqlite3"),
+        auth=BearerTokenAuth(TOKENS), approver_roles={"approver"},
+        on_request=on_request, on_run_finished=finished.append)
+    async with serve_runtime(runtime) as served:
+        await run_as(served, ALICE, "ar", "Prepare the invoice", agent="review")
+        status, body, _ = await call(served, "GET", "/approvals", ALICE)
+        (first,) = orjson.loads(body)["approvals"]
+        status, body, _ = await call(served, "POST", f"/approvals/{first['id']}", MALLORY,
+                                     {"action": "approve"})
+        assert status == 404
+        status, body, _ = await call(served, "POST", f"/approvals/{first['id']}", CAROL,
+                                     {"action": "revise", "payload": "add VAT"})
+        assert status == 200, body
+        (second,) = orjson.loads(body)["run"]["approvals"]
+        status, body, _ = await call(served, "POST", f"/approvals/{second['id']}", ALICE,
+                                     {"action": "approve", "wait": False})
+        assert status == 202, body
+        await wait_for(lambda: len(finished) == 3, "the three runs' hooks")
+        await approval_service(runtime).aclose()
+        record = await runtime.store.get("ar")
+    assert record is not None
+    assert record.owner == ThreadOwner("alice")
+    by_run = [(run.principal.id if run.principal else None, run.annotations.get("asked"),
+               run.outcome) for run in finished]
+    assert by_run == [
+        ("alice", "run", "interrupted"), ("carol", first["id"], "interrupted"),
+        ("alice", second["id"], "finished")]
 
 
 # -- GraphQL ---------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ from copilot_runtime.approvals.ledger import (
     ApprovalStore,
     SupportsApprovals,
 )
+from copilot_runtime.auth import RequestInfo
 from copilot_runtime.events import Event
 
 __all__ = ["ApprovalService", "HostedRun", "RunHost", "is_runtime_answer"]
@@ -105,7 +106,11 @@ class RunHost(Protocol):
         ...
 
     async def start_run(self, agent_id: str, input: RunInput,
-                        headers: Mapping[str, str] | None = None) -> HostedRun: ...
+                        headers: Mapping[str, str] | None = None, *,
+                        answering: RequestInfo | None = None) -> HostedRun:
+        """`answering` is the request whose answer starts the run, when a person's (its
+        access to the approval already checked): the run is done on its caller's behalf."""
+        ...
 
 
 class ApprovalService:
@@ -254,7 +259,8 @@ class ApprovalService:
 
     async def answer(self, approval_id: str, answer: Mapping[str, Any], *,
                      answered_by: str | None = None, wait: bool = True,
-                     headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+                     headers: Mapping[str, str] | None = None,
+                     request: RequestInfo | None = None) -> dict[str, Any]:
         """Answer a pending approval and resume its graph on the server.
 
         Raises `ApprovalNotFoundError` (404), `ApprovalClosedError` (409 answered or
@@ -264,7 +270,9 @@ class ApprovalService:
         approval can be answered again. With `wait`, returns once the
         resumed run has ended, with its outcome; otherwise as soon as the answer is
         recorded in the ledger (run status `running`), or with run status `cancelled` if
-        the service closed first (the approval as the ledger has it).
+        the service closed first (the approval as the ledger has it). `request` is the
+        answering caller's, whose access to the approval the caller checked: the resumed
+        run is theirs for hooks, telemetry and the agent (`RunContext.principal`).
         """
         approval, _, agent = await self.get(approval_id)
         if approval.status != "pending":
@@ -280,8 +288,9 @@ class ApprovalService:
                                       or replace(approval, status="withdrawn"))
         if not wait:
             return await self._answer_in_background(approval, agent.approvals, dict(answer),
-                                                    answered_by or "http", headers)
-        task = await self._resume(approval, dict(answer), answered_by or "http", headers)
+                                                    answered_by or "http", headers, request)
+        task = await self._resume(approval, dict(answer), answered_by or "http", headers,
+                                  request=request)
         summary: dict[str, Any] = {"threadId": approval.thread_id, "status": "running",
                                    "runId": task.get_name()}
         try:
@@ -305,7 +314,8 @@ class ApprovalService:
 
     async def _answer_in_background(self, approval: Approval, store: ApprovalStore,
                                     answer: dict[str, Any], answered_by: str,
-                                    headers: Mapping[str, str] | None) -> dict[str, Any]:
+                                    headers: Mapping[str, str] | None,
+                                    request: RequestInfo | None) -> dict[str, Any]:
         """Record the answer, then resume the graph in the background.
 
         The run's task claims the approval before it drives, and the caller is answered
@@ -322,7 +332,8 @@ class ApprovalService:
             recorded.set_result(claimed)
             return claimed is not None
 
-        task = await self._resume(approval, answer, answered_by, headers, first=record)
+        task = await self._resume(approval, answer, answered_by, headers, first=record,
+                                  request=request)
         # Not cancelled with the caller: the answer goes on without it.
         steps: set[asyncio.Future[Any]] = {recorded, task}
         await asyncio.wait(steps, return_when=asyncio.FIRST_COMPLETED)
@@ -349,7 +360,8 @@ class ApprovalService:
     async def _resume(self, approval: Approval, payload: Any, answered_by: str,
                       headers: Mapping[str, str] | None,
                       first: Callable[[], Awaitable[bool]] | None = None, *,
-                      own: bool = False) -> asyncio.Task[dict[str, Any]]:
+                      own: bool = False, request: RequestInfo | None = None
+                      ) -> asyncio.Task[dict[str, Any]]:
         """Start the run that resumes `approval`'s graph with `payload` (in a task); the
         task awaits `first` before it drives, and gives the run back if that is False.
 
@@ -369,7 +381,8 @@ class ApprovalService:
         if own:
             _runtime_answers[id(input)] = input
         try:
-            run = await self.host.start_run(approval.agent_id, input, headers)
+            run = await self.host.start_run(approval.agent_id, input, headers,
+                                            answering=request)
         finally:
             _runtime_answers.pop(id(input), None)
         if run.refusal is not None:

@@ -147,7 +147,7 @@ class ApprovalRoutes:
             user = answer["userId"] = request.info.principal.id  # who it is, not who it says
         result = await self.service.answer(
             approval_id, answer, answered_by=user if isinstance(user, str) else None,
-            wait=wait)
+            wait=wait, request=request.info)
         accepted = not wait and result["run"]["status"] == "running"
         await send_json(request, 202 if accepted else 200, result)
 
