@@ -64,7 +64,7 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
 )
-from copilot_runtime.messages import MISSING_RESULT
+from copilot_runtime.messages import paired_tool_calls
 
 __all__ = ["AnthropicAdapter", "AnthropicStreamParser", "to_anthropic_messages"]
 
@@ -503,7 +503,7 @@ def to_anthropic_messages(
     """
     system: list[str] = []
     turns: list[dict[str, Any]] = []
-    for message in messages:
+    for message in paired_tool_calls(messages):
         if isinstance(message, UserMessage):
             _append(turns, "user", _user_blocks(message.content))
         elif isinstance(message, AssistantMessage):
@@ -530,7 +530,7 @@ def to_anthropic_messages(
             if text:
                 system.append(text)
         # activity and reasoning messages are UI state, not model input
-    return system, _pair_tool_results(turns)
+    return system, turns
 
 
 def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
@@ -540,49 +540,6 @@ def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]
         turns[-1]["content"].extend(blocks)
     else:
         turns.append({"role": role, "content": blocks})
-
-
-def _pair_tool_results(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every tool_use answered in the next user turn, results first; orphans become text."""
-    out: list[dict[str, Any]] = []
-    results: dict[str, dict[str, Any]] = {}
-    for turn in turns:
-        if turn["role"] == "user":
-            for block in turn["content"]:
-                if block["type"] == "tool_result":
-                    results.setdefault(block["tool_use_id"], block)
-    pending: list[str] = []  # tool_use ids of the previous assistant turn
-    for turn in turns:
-        if turn["role"] == "assistant":
-            if pending:
-                out.append({"role": "user", "content": [_result_for(i, results) for i in pending]})
-            pending = [b["id"] for b in turn["content"] if b["type"] == "tool_use"]
-            out.append(turn)
-            continue
-        answered = [_result_for(i, results) for i in pending]
-        rest: list[dict[str, Any]] = []
-        for block in turn["content"]:
-            if block["type"] != "tool_result":
-                rest.append(block)
-            elif block["tool_use_id"] not in pending:
-                rest.append({"type": "text", "text": f"(Result of tool call "
-                             f"{block['tool_use_id']}: {_result_text(block)})"})
-        pending = []
-        if answered or rest:
-            out.append({"role": "user", "content": answered + rest})
-    if pending:
-        out.append({"role": "user", "content": [_result_for(i, results) for i in pending]})
-    return out
-
-
-def _result_for(tool_use_id: str, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    return results.get(tool_use_id) or {"type": "tool_result", "tool_use_id": tool_use_id,
-                                        "content": MISSING_RESULT, "is_error": True}
-
-
-def _result_text(block: dict[str, Any]) -> str:
-    content = block.get("content")
-    return content if isinstance(content, str) else orjson.dumps(content).decode()
 
 
 def _user_blocks(content: Any) -> list[dict[str, Any]]:

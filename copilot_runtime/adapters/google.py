@@ -68,7 +68,7 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
 )
-from copilot_runtime.messages import MISSING_RESULT
+from copilot_runtime.messages import paired_tool_calls
 
 if TYPE_CHECKING:
     import aiohttp
@@ -578,7 +578,7 @@ def to_gemini_contents(messages: Sequence[Message], signatures: dict[str, bytes]
     system: list[str] = []
     turns: list[tuple[str, list[dict[str, Any]]]] = []
     names: dict[str, str] = {}  # call id → function name, for the responses
-    for message in messages:
+    for message in paired_tool_calls(messages):
         if isinstance(message, UserMessage):
             _append(turns, "user", _user_parts(message.content))
         elif isinstance(message, AssistantMessage):
@@ -590,7 +590,7 @@ def to_gemini_contents(messages: Sequence[Message], signatures: dict[str, bytes]
                 names[call.id] = call.function.name
                 part: dict[str, Any] = {"function_call": {
                     "name": call.function.name,
-                    "args": arguments_object(call.function.arguments)}, "_id": call.id}
+                    "args": arguments_object(call.function.arguments)}}
                 signature = (signatures or {}).get(call.id)
                 if signature:
                     part["thought_signature"] = signature
@@ -599,16 +599,16 @@ def to_gemini_contents(messages: Sequence[Message], signatures: dict[str, bytes]
         elif isinstance(message, ToolMessage):
             content = text_of(message.content) or ""
             response = _response_object(content)
-            if message.error:
-                response = {"error": message.error, **response}
+            if message.error:  # (a result that is its error, as a lost one's, says it once)
+                response = {"error": message.error} if content == message.error else \
+                    {"error": message.error, **response}
             _append(turns, "user", [{"function_response": {
-                "name": names.get(message.tool_call_id, ""), "response": response},
-                "_id": message.tool_call_id}])
+                "name": names.get(message.tool_call_id, ""), "response": response}}])
         elif isinstance(message, SystemMessage | DeveloperMessage):
             text = text_of(message.content)
             if text:
                 system.append(text)
-    return system, _pair_responses(turns, names)
+    return system, [{"role": role, "parts": parts} for role, parts in turns]
 
 
 def _response_object(content: str) -> dict[str, Any]:
@@ -627,50 +627,6 @@ def _append(turns: list[tuple[str, list[dict[str, Any]]]], role: str,
         turns[-1][1].extend(parts)
     else:
         turns.append((role, parts))
-
-
-def _pair_responses(turns: list[tuple[str, list[dict[str, Any]]]],
-                    names: dict[str, str]) -> list[dict[str, Any]]:
-    """Each model turn's calls answered, in order, by the next user turn; orphans become text."""
-    responses: dict[str, dict[str, Any]] = {}
-    for role, parts in turns:
-        if role == "user":
-            for part in parts:
-                if "function_response" in part:
-                    responses.setdefault(part["_id"], part)
-    out: list[dict[str, Any]] = []
-    pending: list[str] = []
-
-    def answers() -> list[dict[str, Any]]:
-        return [_strip(responses.get(i) or {"function_response": {
-            "name": names.get(i, ""), "response": {"error": MISSING_RESULT}}})
-            for i in pending]
-
-    for role, parts in turns:
-        if role == "model":
-            if pending:
-                out.append({"role": "user", "parts": answers()})
-            pending = [p["_id"] for p in parts if "function_call" in p]
-            out.append({"role": "model", "parts": [_strip(p) for p in parts]})
-            continue
-        answered = answers()
-        rest = []
-        for part in parts:
-            if "function_response" not in part:
-                rest.append(part)
-            elif part["_id"] not in pending:
-                rest.append({"text": f"(Result of tool call {part['_id']}: "
-                                     f"{orjson.dumps(part['function_response']['response']).decode()})"})
-        pending = []
-        if answered or rest:
-            out.append({"role": "user", "parts": answered + rest})
-    if pending:
-        out.append({"role": "user", "parts": answers()})
-    return out
-
-
-def _strip(part: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in part.items() if k != "_id"}
 
 
 def _user_parts(content: Any) -> list[dict[str, Any]]:
