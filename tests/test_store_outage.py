@@ -453,7 +453,9 @@ async def test_a_session_the_server_ends_is_left_before_its_connection_closes(
         await asyncio.to_thread(_terminate, row[0])
         started = time.monotonic()
         assert await store.summary("t") is None
-        assert time.monotonic() - started < 1.0
+        # Well under the 30 s the close is held back: a new connection beside the other
+        # test process took 2 s once on this 2-core machine.
+        assert time.monotonic() - started < 10.0
     finally:
         await store.aclose()
 
