@@ -218,7 +218,10 @@ def history_texts(message: Mapping[str, Any]) -> list[tuple[str, list[Any]]]:
     if role not in ("assistant", "tool"):
         return []
     pieces: list[tuple[str, list[Any]]] = []
-    texts = [t for t in texts_of(message.get("content")) if t]
+    parts = [t for t in texts_of(message.get("content")) if t]
+    # One text, as adapters join a message's parts for the model: parts judged one by one
+    # let a word split across two of them through.
+    texts = ["".join(parts)] if parts else []
     error = message.get("error") if role == "tool" else None
     if isinstance(error, str) and error:  # adapters show the model a failed tool's error
         texts.append(error)
@@ -297,13 +300,20 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
             marks.append(mark)
             texts.extend(walk.strings(values))
 
+    called = {call["id"] for message in messages if isinstance(message, dict)
+              and message.get("role") == "assistant" and isinstance(message.get("toolCalls"), list)
+              for call in message["toolCalls"]
+              if isinstance(call, dict) and isinstance(call.get("id"), str)}
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             continue
         name = message.get("name")
         if isinstance(name, str) and name:
             other(_mark("name", name), [name])
-        if message.get("role") in _CLIENT_ROLES:
+        role = message.get("role")
+        # A result no call of the history asked for reaches the model as the user's words
+        # (`paired_tool_calls`): it is judged as theirs, allowed topics and all.
+        if role in _CLIENT_ROLES or (role == "tool" and message.get("toolCallId") not in called):
             mark = judged_mark(message)
             if mark not in seen:
                 if len(out) == _MOST_JUDGED:
@@ -311,6 +321,10 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
                 # The messages just before it, as context (a judge reads a few of them):
                 # whole prefixes would cost the square of the request's length.
                 context = messages[max(0, index - _CONTEXT):index]
+                if role == "tool":
+                    said = "".join(texts_of(message.get("content"))) or message.get("error")
+                    message = {"id": message.get("id"), "role": "user",
+                               "content": said if isinstance(said, str) else ""}
                 out.append(([mark], [*context, {**message, "role": "user"}]))
         else:
             for mark, pieces in history_texts(message):

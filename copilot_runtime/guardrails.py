@@ -146,7 +146,9 @@ class PatternGuardrail:
         if sum(map(len, texts)) > self.max_chars:
             return Verdict(False, f"Your message is longer than {self.max_chars} characters, "
                                   "too long to be checked, so it was not sent.")
-        forms = _forms(texts)
+        # Parts also as one text: a model reads them one after the other (adapters join
+        # some roles' parts), so a word split across two is still that word.
+        forms = _forms([*texts, "".join(texts)] if len(texts) > 1 else texts)
         try:
             matched = _matches(self._compiled, forms, min(_ON_LOOP, self.timeout), False)
         except TimeoutError:
