@@ -39,39 +39,49 @@ def _copied(value: Any) -> Any:
 
 
 def compact_events(events: Sequence[Event]) -> list[Event]:
+    """A run's events with each message's and tool call's pieces joined into one event, and
+    its state changes into one snapshot before its end."""
     out: list[Event | None] = []
-    text: dict[str, tuple[Event, list[str]]] = {}
-    args: dict[str, tuple[Event, list[str]]] = {}
+    # By id, the slot its pieces go to now; `slots` keeps every one (an id may start again
+    # once ended, within a run: a model numbering its calls per answer does).
+    text: dict[str, list[str]] = {}
+    args: dict[str, list[str]] = {}
+    slots: list[tuple[Event, list[str]]] = []
     state: Any = None
     state_seen = False
+    started_with: Any = {}  # the state the client sent: what a first delta patches
     for event in events:
         kind = event["type"]
         if kind == ev.TEXT_MESSAGE_CONTENT:
-            entry = text.get(event["messageId"])
-            if entry is None:  # content without a start: keep it as it came
+            pieces = text.get(event["messageId"])
+            if pieces is None:  # content without a start: keep it as it came
                 out.append(event)
             else:
-                entry[1].append(event["delta"])
+                pieces.append(event["delta"])
         elif kind == ev.TOOL_CALL_ARGS:
-            entry = args.get(event["toolCallId"])
-            if entry is None:
+            pieces = args.get(event["toolCallId"])
+            if pieces is None:
                 out.append(event)
             else:
-                entry[1].append(event["delta"])
+                pieces.append(event["delta"])
         elif kind == ev.TEXT_MESSAGE_START:
             out.append(event)
             slot: Event = {"type": ev.TEXT_MESSAGE_CONTENT, "messageId": event["messageId"]}
-            text[event["messageId"]] = (slot, [])
+            text[event["messageId"]] = pieces = []
+            slots.append((slot, pieces))
             out.append(slot)
         elif kind == ev.TOOL_CALL_START:
             out.append(event)
             slot = {"type": ev.TOOL_CALL_ARGS, "toolCallId": event["toolCallId"]}
-            args[event["toolCallId"]] = (slot, [])
+            args[event["toolCallId"]] = pieces = []
+            slots.append((slot, pieces))
             out.append(slot)
         elif kind == ev.STATE_SNAPSHOT:
             state, state_seen = _copied(event.get("snapshot")), True
         elif kind == ev.STATE_DELTA:
-            state = apply_state_delta(state if state_seen else {}, event.get("delta") or [])
+            # The client applies a run's first delta to the state it sent with the run.
+            state = apply_state_delta(state if state_seen else started_with,
+                                      event.get("delta") or [])
             state_seen = True
         elif kind in ev.TERMINAL_TYPES:
             if state_seen:
@@ -79,10 +89,13 @@ def compact_events(events: Sequence[Event]) -> list[Event]:
                 state_seen = False
             out.append(event)
         else:
+            if kind == ev.RUN_STARTED:
+                sent = (event.get("input") or {}).get("state")
+                started_with = sent if isinstance(sent, dict | list) else {}
             out.append(event)
     if state_seen:
         out.append(ev.state_snapshot(state))
-    for slot, pieces in (*text.values(), *args.values()):
+    for slot, pieces in slots:
         slot["delta"] = "".join(pieces)
     return [e for e in out if e is not None and not (
         e["type"] in (ev.TEXT_MESSAGE_CONTENT, ev.TOOL_CALL_ARGS) and not e.get("delta"))]

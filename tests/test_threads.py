@@ -45,6 +45,47 @@ def test_compaction_joins_deltas_and_folds_state() -> None:
     assert compacted[8]["snapshot"] == {"n": 2}
 
 
+def test_a_runs_first_delta_patches_the_state_its_client_sent() -> None:
+    """The client applies a run's deltas to the state it sent with the run; the stored
+    snapshot was the patch applied to {} (a `replace` failed: the thread's state read {})."""
+    sent = {"count": 1, "items": ["a"]}
+    patch = [{"op": "replace", "path": "/count", "value": 2},
+             {"op": "add", "path": "/items/-", "value": "b"}]
+    run = [ev.run_started("t", "r", {"threadId": "t", "runId": "r", "state": sent,
+                                     "messages": []}),
+           ev.state_delta(patch), ev.run_finished("t", "r")]
+    assert compact_events(run)[-2]["snapshot"] == {"count": 2, "items": ["a", "b"]}
+    assert sent == {"count": 1, "items": ["a"]}  # (the input is not patched in place)
+    without = [ev.run_started("t", "r", {"threadId": "t", "runId": "r", "messages": []}),
+               ev.state_delta([{"op": "add", "path": "/n", "value": 1}]),
+               ev.run_finished("t", "r")]
+    assert compact_events(without)[-2]["snapshot"] == {"n": 1}
+
+
+def test_an_id_started_again_in_a_run_keeps_what_each_start_streamed() -> None:
+    """A model numbering its call ids per answer (`call_0` in each step of a run) starts an
+    id again once it ended, as AG-UI allows: the second start took the first's slot, and
+    the stored run lost the first call's arguments (and a message's text likewise)."""
+    run = [ev.run_started("t", "r", {"threadId": "t", "runId": "r", "messages": []})]
+    for step, query in enumerate(("one", "two")):
+        run += [ev.text_message_start("m"), ev.text_message_content("m", f"step {step}"),
+                ev.text_message_end("m"),
+                ev.tool_call_start("call_0", "lookup", f"a{step}"),
+                ev.tool_call_args("call_0", '{"q":'), ev.tool_call_args("call_0", f'"{query}"}}'),
+                ev.tool_call_end("call_0"),
+                ev.tool_call_result(f"res{step}", "call_0", query)]
+    run.append(ev.run_finished("t", "r"))
+    compacted = compact_events(run)
+    verify_events(compacted)
+    assert [e["delta"] for e in compacted if e["type"] == "TOOL_CALL_ARGS"] == [
+        '{"q":"one"}', '{"q":"two"}']
+    assert [e["delta"] for e in compacted if e["type"] == "TEXT_MESSAGE_CONTENT"] == [
+        "step 0", "step 1"]
+    calls = [call["function"]["arguments"] for message in events_to_messages([compacted])
+             for call in message.get("toolCalls") or ()]
+    assert calls == ['{"q":"one"}', '{"q":"two"}']
+
+
 def test_events_to_messages() -> None:
     messages = events_to_messages([compact_events(_run())])
     assert messages == [
