@@ -160,17 +160,56 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
                               "toolCallId": event["toolCallId"], "content": event["content"]})
                 if event.get("error") is not None:
                     result["error"] = event["error"]
+            elif kind == ev.REASONING_MESSAGE_START:
+                answer(event["messageId"], "reasoning").setdefault("content", "")
+            elif kind == ev.REASONING_MESSAGE_CONTENT:
+                target = by_id.get(event["messageId"])
+                if target is not None and isinstance(target.get("content") or "", str):
+                    target["content"] = (target.get("content") or "") + event["delta"]
+            elif kind == ev.ACTIVITY_SNAPSHOT:
+                activity = {"id": event["messageId"], "role": "activity",
+                            "activityType": event.get("activityType"),
+                            "content": copy.deepcopy(event.get("content"))}
+                existing = by_id.get(event["messageId"])
+                if existing is None:
+                    add(activity)
+                elif event.get("replace", True) is not False:  # (whatever the message was)
+                    existing.clear()
+                    existing.update(activity)
+            elif kind == ev.ACTIVITY_DELTA:
+                existing = by_id.get(event["messageId"])
+                if existing is not None and existing.get("role") == "activity":
+                    existing["content"] = apply_state_delta(existing.get("content") or {},
+                                                            event.get("patch") or [])
+                    existing["activityType"] = event.get("activityType")
             elif kind == ev.MESSAGES_SNAPSHOT:
                 snapshot = event.get("messages")
                 if not isinstance(snapshot, list):
                     continue  # not a snapshot a client could have applied
-                messages.clear()
-                by_id.clear()
-                for message in snapshot:
-                    if isinstance(message, dict) and isinstance(message.get("id"), str):
-                        add(copy.deepcopy(message))
+                _apply_snapshot(messages, by_id, [
+                    copy.deepcopy(m) for m in snapshot
+                    if isinstance(m, dict) and isinstance(m.get("id"), str)])
     for message in messages:
         if message.get("role") == "assistant" and message.get("content") == "" \
                 and message.get("toolCalls"):
             del message["content"]
     return messages
+
+
+def _apply_snapshot(messages: list[dict[str, Any]], by_id: dict[str, dict[str, Any]],
+                    snapshot: list[dict[str, Any]]) -> None:
+    """A messages snapshot applied as a client applies it: its messages replace theirs in
+    place, new ones follow, and reasoning and activity messages (UI state an agent's
+    snapshot may not carry) stay, unless the snapshot has some of that role."""
+    kept_roles = {"activity", "reasoning"} - {m.get("role") for m in snapshot}
+    incoming = {m["id"]: m for m in snapshot}
+    kept = [m if m.get("role") in kept_roles else incoming[m["id"]] for m in messages
+            if m.get("role") in kept_roles or m["id"] in incoming]
+    ids = {m["id"] for m in kept}
+    for message in snapshot:
+        if message["id"] not in ids:
+            ids.add(message["id"])
+            kept.append(message)
+    messages[:] = kept
+    by_id.clear()
+    by_id.update((m["id"], m) for m in kept)
