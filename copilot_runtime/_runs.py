@@ -327,6 +327,8 @@ class ActiveRun:
                 if self._held:  # an agent that said "last" too early: keep the order
                     out, self._held = [*self._held, *out], []
                 if out:
+                    if self.lease is not None:
+                        await self._still_held(self.lease)
                     self._publish(out)
                     yield out
                 if self.order.terminated:
@@ -351,10 +353,20 @@ class ActiveRun:
             aclose = getattr(iterator, "aclose", None)
             if aclose is not None:
                 await aclose()
+        if self.lease is not None:
+            await self._still_held(self.lease)
         self.order.terminated = True
         tail, self._held = self._held + tail, []
         self._publish(tail)
         yield tail
+
+    async def _still_held(self, lease: Lease) -> None:
+        """Stop the run here (cancelled, `"lost"`) if its lease may have expired while this
+        process stalled: another worker may run on the thread now, so not a word more."""
+        lapsed = self.manager.lapsed
+        if lapsed is not None and lapsed(lease):
+            self.cancel("lost")
+            await asyncio.sleep(0)  # (the cancellation lands here)
 
     @property
     def seen_message_ids(self) -> Collection[str]:
@@ -623,6 +635,9 @@ class RunManager:
         if self.coordinator is not None:
             self.coordinator.on_stop(self._stop_signalled)
             self.on_flushed = self._progressed
+        #: Whether a run's lease may have expired in a stall (`SharedCoordinator.lapsed`;
+        #: a coordinator of one's own may offer it too), checked before each batch goes out.
+        self.lapsed: Callable[[Lease], bool] | None = getattr(self.coordinator, "lapsed", None)
         #: Work that outlives the call that started it (see `_adopt`).
         self._background: set[asyncio.Future[None]] = set()
         #: Whether `recover` closed the runs a previous process left open (this process

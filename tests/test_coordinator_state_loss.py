@@ -270,6 +270,35 @@ async def test_no_second_run_while_the_first_streams_after_the_coordinator_lost_
         assert first2 == last1 + 1, "the runs' positions overlap"
 
 
+@pytest.mark.parametrize("kind", COORDINATORS)
+async def test_a_worker_that_stalled_past_its_lease_sends_nothing_more(kind: str) -> None:
+    """Worker A stalls longer than `lease_ttl` while r1 streams (a blocked event loop, a
+    paused machine), so another worker may take the thread meanwhile. Before, A woke and
+    went on streaming r1 (text the thread never kept, at positions of the other worker's
+    run) until a renewal's answer said the lease was gone, or for good where nobody took it.
+    Now r1 stops at its first batch after the stall, LEASE_LOST, and the thread is free."""
+    ttl = 1.0
+    async with workers(kind, ttl=ttl) as w:
+        first = await streaming(w.a, THREAD, "r1")
+        before = len(first.sent)
+        time.sleep(ttl + 0.3)  # noqa: ASYNC251 - the stall itself: the whole loop stops
+        sent = await first.ended()
+        assert [e["type"] for e in sent[before:]] == ["TEXT_MESSAGE_END", "RUN_ERROR"], \
+            sent[before:]
+        assert sent[-1].get("code") == LEASE_LOST_CODE
+        second: ActiveRun | None = None
+        async for _ in poll(ttl + 5, every=0.05):
+            with contextlib.suppress(ThreadBusyError):
+                second = await w.b.start_run("default", _input(THREAD, "r2"))
+                break
+        assert second is not None, "the thread never became free again"
+        async with second:
+            await second.drive(_ignore)
+        rows = await replay(w.b, THREAD)
+        assert [end for end in ends(rows) if end[0] != "RUN_ERROR"] == [
+            ("RUN_STARTED", "r1"), ("RUN_STARTED", "r2"), ("RUN_FINISHED", None)]
+
+
 # -- D2: the sweep and a live run without a holder -------------------------------------------
 
 

@@ -285,6 +285,21 @@ class SharedCoordinator:
     def on_stop(self, handler: Callable[[Signal], object]) -> None:
         self._hub.stop_handler = handler
 
+    def lapsed(self, lease: Lease) -> bool:
+        """Whether `lease` may have expired at the server: its last confirmation is more
+        than `lease_ttl` old (this process stalled: a blocked loop, a paused machine),
+        so another worker may hold the thread now. It is given up here (no longer renewed);
+        its run must stop before it sends anything more."""
+        confirmed = self._confirmed.get(lease.thread_id)
+        if confirmed is None or self._held.get(lease.thread_id) != lease:
+            return True
+        if time.monotonic() < confirmed + self.lease_ttl:
+            return False
+        self._drop(lease)
+        _log.warning("lease lapsed while this process stalled; stopping its run",
+                     thread_id=lease.thread_id, run_id=lease.run_id)
+        return True
+
     def _hold(self, lease: Lease, confirmed: float) -> Lease:
         self._held[lease.thread_id] = lease
         self._confirmed[lease.thread_id] = confirmed
