@@ -309,6 +309,14 @@ class CopilotRuntime:
         `ServiceUnavailableError`, the thread kept), then its records. False: no such
         thread. `ThreadBusyError` while a run is on it."""
         async with self.runs.held_for_delete(thread_id):
+            # A store that cannot write now (a SQLite file another connection holds) fails
+            # the delete before anything is forgotten: after, the thread would be kept
+            # without what its agents knew of it. (The records must go last: gone first,
+            # an agent that then failed to forget would hand the thread to its id's next
+            # owner.)
+            check_writable = getattr(self.store, "check_writable", None)
+            if check_writable is not None:
+                await check_writable()
             await self.forget_thread(thread_id, strict=True)
             return await self.store.delete(thread_id)
 

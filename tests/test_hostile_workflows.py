@@ -242,6 +242,8 @@ class Misbehaving:
                 await asyncio.sleep(0.001)
         elif self.how == "raises":
             raise ConnectionError("upstream at 10.0.0.7 refused")
+        elif self.how == "own timeout":  # its backend call timing out, as wait_for does
+            await asyncio.wait_for(asyncio.sleep(10), 0.01)
         else:
             yield {"event": "agent_completed", "data": {"output": {"summary": self.how}}}
 
@@ -284,6 +286,21 @@ async def test_a_step_that_never_finishes_fails_at_its_timeout() -> None:
         {"id": "u1", "role": "user", "content": "Review ACME-001"},
         {"id": "u2", "role": "user", "content": "Review ACME-001 again"}])
     assert texts(again)[-1].startswith("Stopped: Critical agent looper failed")
+
+
+@pytest.mark.parametrize("seconds", [None, 300])
+async def test_an_agents_own_timeout_is_its_failure_not_the_steps_deadline(
+        seconds: float | None) -> None:
+    """An agent whose own call timed out was reported as the step's deadline ("did not
+    finish within 300 seconds" after 10 ms); without a step timeout the report crashed
+    ("scout failed (TypeError)"). Now it fails as any other exception of the agent."""
+    with pytest.raises(TimeoutError):
+        await run_existing_agent(Misbehaving("own timeout"), "scout", {},
+                                 timeout_seconds=seconds)
+    events, _ = await run_steps(Step("scout", Misbehaving("own timeout"), ("account_id",),
+                                     "snapshot", timeout_seconds=seconds))
+    assert texts(events)[-1] == ("Stopped: Critical agent scout failed (scout failed "
+                                 "(TimeoutError)).")
 
 
 def test_step_bounds_are_checked_when_built() -> None:

@@ -10,12 +10,16 @@ coordinator) from its check to its end: a run asking meanwhile is busy (409), on
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import time
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
 from copilot_runtime import CopilotRuntime, DemoAdapter, coordinator, thread_store
+from copilot_runtime.threads.sqlite import SQLiteThreadStore
 from tests.conftest import ServeRuntime, run_input
 from tests.hitl_support.postgres import postgres_schema
 from tests.test_hostile_threads import store_options  # noqa: F401 (fixture)
@@ -100,3 +104,82 @@ async def test_a_run_asked_for_on_another_worker_while_the_thread_is_deleted_is_
             status, _, _ = await call(second, "POST", "/agent/default/run", None,
                                       run_input("again", thread="t", run="r3"))
             assert status == 200
+
+
+async def test_a_sqlite_file_held_by_another_connection_is_a_503_and_nothing_is_forgotten(
+        tmp_path: Path, serve_runtime: ServeRuntime) -> None:
+    """Another connection holding the SQLite file's write lock (a backup script) held PATCH
+    and DELETE 30 s, then answered 500 (`database is locked`, an "unhandled error"), and the
+    DELETE had had the agents forget the thread it then kept. Now both answer 503 with
+    Retry-After after the store's busy timeout, and the delete forgets nothing until the
+    store can write."""
+    path = tmp_path / "threads.db"
+    store = SQLiteThreadStore(path, busy_timeout=0.2)
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0), thread_store=store)
+    forgotten: list[str] = []
+    forget = runtime.forget_thread
+
+    async def recorded_forget(thread_id: str, *, strict: bool = False) -> None:
+        forgotten.append(thread_id)
+        await forget(thread_id, strict=strict)
+
+    runtime.forget_thread = recorded_forget  # type: ignore[method-assign]
+    async with serve_runtime(runtime) as served:
+        status, _, _ = await call(served, "POST", "/agent/default/run", None,
+                                  run_input("first", thread="t", run="r1"))
+        assert status == 200
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            started = time.monotonic()
+            answers = [await call(served, "PATCH", "/threads/t", None, {"name": "renamed"}),
+                       await call(served, "DELETE", "/threads/t", None)]
+            elapsed = time.monotonic() - started
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        for status, body, headers in answers:
+            assert status == 503, body
+            assert orjson.loads(body)["code"] == "SERVICE_UNAVAILABLE"
+            assert headers["Retry-After"] == "1"
+        assert elapsed < 3
+        assert forgotten == []
+        record = await store.summary("t")
+        assert record is not None
+        assert record.name is None
+        # The file free again, both go through.
+        status, _, _ = await call(served, "PATCH", "/threads/t", None, {"name": "renamed"})
+        assert status == 200
+        status, _, _ = await call(served, "DELETE", "/threads/t", None)
+        assert status == 200
+        assert forgotten == ["t"]
+        assert await store.summary("t") is None
+
+
+async def test_a_run_ending_while_the_sqlite_file_is_held_is_stored_once_it_is_free(
+        tmp_path: Path, serve_runtime: ServeRuntime) -> None:
+    """The store's shorter wait for the file gives up no run: one that ends while another
+    connection holds the file is written once it is free (with SQLite's wait as short, the
+    run was lost: "could not store run")."""
+    path = tmp_path / "threads.db"
+    store = SQLiteThreadStore(path, busy_timeout=0.2)
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0), thread_store=store)
+    async with serve_runtime(runtime) as served:
+        status, _, _ = await call(served, "POST", "/agent/default/run", None,
+                                  run_input("first", thread="t", run="r1"))
+        assert status == 200
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            running = asyncio.ensure_future(call(served, "POST", "/agent/default/run", None,
+                                                 run_input("second", thread="t", run="r2")))
+            await asyncio.sleep(0.6)  # its writes fail meanwhile
+            assert not running.done()
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        status, _, _ = await running
+        assert status == 200
+        record = await store.get("t")
+        assert record is not None
+        assert [r.run_id for r in record.runs] == ["r1", "r2"]

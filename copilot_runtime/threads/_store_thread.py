@@ -52,7 +52,8 @@ _Hop = tuple[list[Call[Any]], asyncio.AbstractEventLoop, asyncio.Future[None]]
 
 #: The threads there now, each with what it takes batches from (for the exit).
 _running: dict[threading.Thread, queue.SimpleQueue[_Hop | None]] = {}
-#: Seconds the exit waits for a thread's batch (SQLite's busy timeout is 30).
+#: Seconds the exit waits for a thread's batch (longer than a batch waits for the file: the
+#: store's `busy_timeout`, 5 s by default).
 _EXIT_WAIT = 35.0
 
 

@@ -4,6 +4,9 @@ The standard library's `sqlite3` runs on a thread of the store's own so the even
 waits on the disk; calls asked for while others are on that thread go together next, writes
 in one transaction (`_store_thread`). WAL mode lets readers (`connect`, the thread routes)
 proceed while a run is written, and lets the worker processes of one machine share the file.
+A call that cannot have the file (another connection holds its write lock longer than
+`busy_timeout`: a backup, a `sqlite3` shell left in a transaction) is a
+`ServiceUnavailableError` (503), nothing written.
 The schema is versioned; `_MIGRATIONS` run at start-up inside one write transaction, so
 processes that open the same new file together migrate it once.
 """
@@ -21,7 +24,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
 from copilot_runtime.events import Event
 from copilot_runtime.threads._rows import (
     Chunk,
@@ -63,6 +66,13 @@ def _nothing() -> None:
     pass
 
 _T = TypeVar("_T")
+
+#: Seconds the start-up's migration waits for the file: processes starting together take
+#: turns, and one may be migrating a large file.
+_MIGRATE_WAIT = 30.0
+#: The primary result codes of a file another connection holds (extended ones, such as
+#: SQLITE_BUSY_SNAPSHOT, share their low byte).
+_HELD = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
 #: Version 1: the tables of the first releases (owners added to files made before them).
 _V1 = """
@@ -170,22 +180,33 @@ class SQLiteThreadStore:
     deleted_retention = DELETED_RETENTION
     #: What `events_after` reads of a thread's finished runs (`MAX_REPLAY_BYTES`).
     replay_bytes = MAX_REPLAY_BYTES
+    #: Seconds a call waits for the file while another connection holds its write lock,
+    #: before it is a ServiceUnavailableError (503). A write of another process sharing the
+    #: file holds it for milliseconds; longer, it is someone else's transaction (a backup, a
+    #: `sqlite3` shell), which may last minutes: a request is answered then, not held 30 s
+    #: (SQLite's default here before) for a 500. A run's end is not given up: its write is
+    #: tried again until the file is free (`_runs.STORE_RETRY_FOR`).
+    busy_timeout = 5.0
 
-    def __init__(self, path: str | Path, *, raw_retention: float | None = None) -> None:
+    def __init__(self, path: str | Path, *, raw_retention: float | None = None,
+                 busy_timeout: float | None = None) -> None:
         self.path = str(path)
         if raw_retention is not None:
             self.raw_retention = raw_retention
+        if busy_timeout is not None:
+            self.busy_timeout = busy_timeout
         self._lock = threading.Lock()
         self._pruned = 0.0
         self._first_positions = FirstPositions()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                                   timeout=30)
+                                   timeout=_MIGRATE_WAIT)
         try:
             with self._lock:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=NORMAL")
                 self._db.execute("PRAGMA foreign_keys=ON")
                 self._migrate()
+                self._db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
         except sqlite3.Error as exc:
             self._db.close()
             # Which file ("database is locked", "file is not a database": the thread store's,
@@ -231,12 +252,29 @@ class SQLiteThreadStore:
 
     async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
         """`fn(*args)` on the store's thread, with the calls asked for meanwhile."""
-        return await self._calls.submit(Call(fn, args, False))
+        return await self._submit(Call(fn, args, False))
 
     async def _write(self, fn: Callable[..., _T], *args: Any) -> _T:
         """`fn(*args)` in a write transaction on the store's thread, with the writes asked
         for meanwhile (one commit for them all); returns once its transaction committed."""
-        return await self._calls.submit(Call(fn, args, True))
+        return await self._submit(Call(fn, args, True))
+
+    async def _submit(self, call: Call[_T]) -> _T:
+        try:
+            return await self._calls.submit(call)
+        except sqlite3.OperationalError as exc:
+            code = getattr(exc, "sqlite_errorcode", None)  # (not on errors raised by us)
+            if code is None or code & 0xFF not in _HELD:
+                raise
+            # Its transaction never began, or was rolled back: nothing of it was written.
+            raise ServiceUnavailableError(
+                "The thread store is busy: another connection holds its file") from exc
+
+    async def check_writable(self) -> None:
+        """Return once a write could be made now (the file's write lock taken and given
+        back at once): `ServiceUnavailableError` while another connection holds it. A
+        delete asks first, before the thread's agents forget it."""
+        await self._write(_nothing)
 
     # -- reading -----------------------------------------------------------------------
 

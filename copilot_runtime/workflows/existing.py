@@ -118,10 +118,15 @@ async def run_existing_agent(agent: ExistingAgent, name: str, context: dict[str,
     custom event, which the runtime sends to the client as an AG-UI `CUSTOM` event.
     """
     run = AgentRun()
+    deadline = asyncio.timeout(timeout_seconds)
     try:
-        async with asyncio.timeout(timeout_seconds):
+        async with deadline:
             completed = await _consume(agent, name, context, config, run)
     except TimeoutError:
+        if not deadline.expired():
+            # The agent's own I/O timed out (its `wait_for`, a socket's or an HTTP client's
+            # timeout), not this step's deadline: its failure, as any other exception.
+            raise
         _log.warning("existing agent timed out", agent=name, seconds=timeout_seconds,
                      events=run.events_seen)
         raise AgentExecutionError(
