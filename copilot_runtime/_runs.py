@@ -45,7 +45,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, replayable, storable
-from copilot_runtime._shared_runs import follow, replay_stored
+from copilot_runtime._shared_runs import follow, replay_stored, unreached
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.coordination import LEASE_LOST_CODE, Coordinator, Lease, Signal
 from copilot_runtime.event_order import RunEventOrder
@@ -964,10 +964,8 @@ class RunManager:
             # A reservation not yet confirmed does not know where it starts (its thread's
             # head is being read): only its own RUN_STARTED marks where it begins.
             known = start if live.confirmed else None
-            if known is not None and after >= start + len(so_far):
-                # A position the thread has not reached: an id of some other history (see
-                # `replay_stored`), so the whole thread.
-                after = -1
+            if known is not None and unreached(after, start + len(so_far)):
+                after = -1  # an id of some other history: the whole thread
                 stored = await self.store.events_after(thread_id, after)
             out = _before_run(stored, live.run_id, known)
             out.extend((start + i, e) for i, e in enumerate(so_far) if start + i > after)

@@ -20,7 +20,7 @@ from copilot_runtime._exceptions import ServiceUnavailableError
 from copilot_runtime.coordination import Coordinator, Signal
 from copilot_runtime.threads.base import DurableThreadStore, Positioned, ThreadStore
 
-__all__ = ["RecoverySweep", "follow", "replay_stored"]
+__all__ = ["RecoverySweep", "follow", "replay_stored", "unreached"]
 
 _log = structlog.get_logger("copilot_runtime.runs")
 #: Seconds after its expiry that a lease never released (its worker died) is deleted.
@@ -28,6 +28,9 @@ _FORGET_AFTER = 3600.0
 
 #: Seconds between reads of the store while no signal comes (a lost signal costs this).
 POLL = 1.0
+#: Seconds within which a run's worker has written what it streamed (its writes' interval, 0.2
+#: s, and the write): a follower waits that long to tell a position it never reached.
+_WRITTEN_WITHIN = 2.0
 _TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
 
 
@@ -39,11 +42,17 @@ async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, a
         batch, position = await _read(store, thread_id, after)
         # Followed from now on: its worker signals its progress and end to us.
         live = await coordinator.follow(thread_id)
-        if live is None and not batch and after >= 0:
-            # (A live run's events may be ahead of the store: only a thread at rest can
-            # tell a position it never reached.)
-            batch = await replay_stored(store, thread_id, after)
-            position = _last_position(batch, -1) if batch else position
+        unsure: _Unsure | None = None
+        if not batch and after >= 0:
+            if live is None:
+                batch = await replay_stored(store, thread_id, after)
+                position = _last_position(batch, -1) if batch else position
+            else:
+                # A live run's events may be ahead of the store: `after` may be one of
+                # them, not yet written. Told once the store holds what was sent before.
+                unsure = _Unsure(after)
+                if await unsure.known(store, thread_id) is False:
+                    unsure = None  # a position the store holds: the client saw it all
         yield batch  # even empty: the thread could be read (see `RunManager.replay`)
         last: Positioned | None = batch[-1] if batch else None
         deadline: float | None = None
@@ -51,8 +60,16 @@ async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, a
             while live is not None:
                 signal = await signals.get(POLL)
                 if signal is None or (signal.kind == "progress" and (
-                        signal.position is None or signal.position > position)):
+                        signal.position is None or signal.position > position
+                        or unsure is not None)):
                     batch, position = await _read(store, thread_id, position)
+                    if batch:
+                        unsure = None
+                    elif unsure is not None and (whole := await unsure.known(
+                            store, thread_id)) is not None:
+                        unsure = None
+                        if whole:
+                            batch, position = await _read(store, thread_id, -1)
                     if batch:
                         last = batch[-1]
                         yield batch
@@ -64,7 +81,12 @@ async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, a
                 elif signal.kind == "end" and signal.run_id == live:
                     live = None
             # The run's last events were stored before its lease was released.
-            batch, position = await _read(store, thread_id, position)
+            if unsure is not None:
+                unsure = None  # the thread is at rest: it tells
+                batch = await replay_stored(store, thread_id, position)
+                position = _last_position(batch, position)
+            else:
+                batch, position = await _read(store, thread_id, position)
             if batch:
                 last = batch[-1]
                 yield batch
@@ -88,19 +110,55 @@ async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, a
             await asyncio.sleep(POLL)
 
 
-async def replay_stored(store: ThreadStore, thread_id: str, after: int) -> list[Positioned]:
-    """A thread at rest (no run on it) as the store replays it after position `after`.
+def unreached(after: int, next_position: int) -> bool:
+    """Whether `after`, a client's position (-1: none), names no event of a thread whose
+    next position is `next_position`.
 
-    A position at or past the thread's next one names no event of it: the client's id came
-    from some other history of the id (an in-memory store restarted, or one that forgot the
-    thread), and following it would hide the thread's events up to it, now and in every
-    run to come until the positions pass it. The whole thread is replayed instead (ids
-    lower than the client's say so)."""
+    Such an id came from some other history of the thread's id (an in-memory store
+    restarted, or one that forgot the thread, or another thread), and following it would
+    hide the thread's events up to it, now and in every run to come until the positions pass
+    it. The whole thread is replayed instead (ids lower than the client's say so)."""
+    return after >= max(next_position, 0)
+
+
+class _Unsure:
+    """A client's position past the stored events of a thread whose run another worker
+    drives: perhaps one of the run's events, sent but not yet written.
+
+    The run's worker writes what it streamed every `FLUSH_INTERVAL` (0.2 s), one write after
+    the other, each with everything streamed until it began. Once the store's next position
+    has grown twice since the first look (taken after the client connected), the second
+    write began after that look, so it holds every event the client could have been sent;
+    a run that streams nothing more has written it all once the position stays put for
+    `_WRITTEN_WITHIN`. A position still past the store's then names no event of the thread."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.seen: list[int] = []  # the store's next positions, each larger than the last
+        self.since = 0.0  # when the last of them was first seen (loop time)
+
+    async def known(self, store: ThreadStore, thread_id: str) -> bool | None:
+        """True: the position names no event (replay the whole thread); False: the store
+        holds it; None: not known yet."""
+        record = await store.summary(thread_id)
+        next_position = record.next_position if record is not None else 0
+        if not unreached(self.after, next_position):
+            return False
+        now = asyncio.get_running_loop().time()
+        if not self.seen or next_position > self.seen[-1]:
+            self.seen.append(next_position)
+            self.since = now
+        return True if len(self.seen) > 2 or now - self.since >= _WRITTEN_WITHIN else None
+
+
+async def replay_stored(store: ThreadStore, thread_id: str, after: int) -> list[Positioned]:
+    """A thread at rest (no run on it) as the store replays it after position `after`: the
+    whole thread if `after` is past its positions (see `unreached`)."""
     rows = await store.events_after(thread_id, after)
     if rows or after < 0:
         return rows
     record = await store.summary(thread_id)
-    if record is None or after < record.next_position:
+    if record is None or not unreached(after, record.next_position):
         return rows
     return await store.events_after(thread_id, -1)
 

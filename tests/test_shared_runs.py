@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import copilot_runtime._runs
 from copilot_runtime import (
     ConfigurationError,
     CopilotRuntime,
@@ -25,9 +26,10 @@ from copilot_runtime._exceptions import RateLimitedError
 from copilot_runtime._input import parse_run_input
 from copilot_runtime._shared_runs import RecoverySweep
 from copilot_runtime.events import Event
-from copilot_runtime.testing import ScriptedAdapter, text_turn
+from copilot_runtime.testing import ScriptedAdapter, text_turn, verify_events
 from copilot_runtime.threads import INTERRUPTED_CODE
-from tests.conftest import poll
+from copilot_runtime.threads.base import Positioned
+from tests.conftest import GatedAgent, poll
 from tests.scale_support.cluster import eventually
 from tests.scale_support.services import REDIS, postgres_schema, redis_prefix
 
@@ -215,4 +217,97 @@ async def test_the_sweep_clears_a_dead_workers_redis_marker(tmp_path: Path) -> N
             assert await client.keys(f"{prefix}*") == []
         finally:
             await client.aclose()
+            await runtime.aclose()
+
+
+async def test_an_id_past_the_thread_replays_it_whole_on_every_worker(
+        url: str, tmp_path: Path) -> None:
+    """Before: `connect` with a `Last-Event-ID` past the thread's positions (an id of
+    another thread, or of an older history of this one) while a run was live replayed the
+    whole thread on the worker driving the run, but nothing at all on any other: the
+    follower waited for events after that id, which never came, and its stream ended empty
+    with the run. Both now replay the whole thread, then follow the live run."""
+    agents = [GatedAgent(), GatedAgent()]
+    made = [CopilotRuntime(agents={"default": agent},
+                           thread_store=thread_store(f"sqlite:///{tmp_path}/threads.db"),
+                           coordinator=url) for agent in agents]
+    a, b = made
+    try:
+        for runtime in made:
+            await runtime.start()
+        agents[0].gate.set()
+        await (await a.start_run("default", run_input("t", "r1"))).drive(_ignore)
+        agents[0].gate.clear()  # the next run waits, after its first words, until told
+        driving = asyncio.create_task(
+            (await a.start_run("default", run_input("t", "r2"))).drive(_ignore))
+        got: dict[str, list[Positioned]] = {"driving": [], "following": []}
+
+        async def read(runtime: CopilotRuntime, into: list[Positioned]) -> None:
+            async for batch in runtime.connect("default", "t", after=100_000):
+                into.extend(batch)
+
+        reading = [asyncio.create_task(read(a, got["driving"])),
+                   asyncio.create_task(read(b, got["following"]))]
+
+        def both_replayed() -> bool:
+            return all([e["type"] for _, e in rows].count("RUN_STARTED") == 2 and
+                       rows[-1][1].get("delta") == "one " for rows in got.values())
+
+        # While the run waits, on both: the first run, and the live one so far.
+        await eventually(both_replayed, deadline=10, what="the whole thread replayed")
+        agents[0].gate.set()
+        async with asyncio.timeout(10):
+            await driving
+            await asyncio.gather(*reading)
+        assert got["following"] == got["driving"]
+        events = [e for _, e in got["following"]]
+        verify_events(events)
+        assert [e["type"] for e in events].count("RUN_FINISHED") == 2
+        positions = [p for p, _ in got["following"] if p is not None]
+        assert positions == sorted(set(positions))  # nothing twice
+    finally:
+        for runtime in made:
+            await runtime.aclose()
+
+
+async def test_an_id_of_the_live_run_not_yet_written_resumes_exactly(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the test above must not break: an id the driving worker sent a moment ago, not
+    yet in the store, is one of the thread's: another worker resumes after it, once written,
+    and does not replay the whole thread."""
+    monkeypatch.setattr(copilot_runtime._runs, "FLUSH_INTERVAL", 1.0)  # written late
+    agents = [GatedAgent(), GatedAgent()]
+    made = [CopilotRuntime(agents={"default": agent},
+                           thread_store=thread_store(f"sqlite:///{tmp_path}/threads.db"),
+                           coordinator=url) for agent in agents]
+    a, b = made
+    try:
+        for runtime in made:
+            await runtime.start()
+        agents[0].gate.set()
+        await (await a.start_run("default", run_input("t", "r1"))).drive(_ignore)
+        agents[0].gate.clear()
+        run = await a.start_run("default", run_input("t", "r2"))
+        driving = asyncio.create_task(run.drive(_ignore))
+        await eventually(lambda: any(e.get("delta") == "one " for e in run.events),
+                         deadline=5, what="the first words")
+        seen = run.first_position + len(run.events) - 1  # streamed, not yet written
+        assert (await b.store.summary("t")).next_position <= seen  # type: ignore[union-attr]
+        got: list[Positioned] = []
+
+        async def read() -> None:
+            async for batch in b.connect("default", "t", after=seen):
+                got.extend(batch)
+
+        reading = asyncio.create_task(read())
+        await asyncio.sleep(1.5)  # written meanwhile
+        agents[0].gate.set()
+        async with asyncio.timeout(10):
+            await driving
+            await reading
+        assert [(p, e["type"]) for p, e in got] == [
+            (seen + 1, "TEXT_MESSAGE_CONTENT"), (seen + 2, "TEXT_MESSAGE_END"),
+            (seen + 3, "RUN_FINISHED")]
+    finally:
+        for runtime in made:
             await runtime.aclose()

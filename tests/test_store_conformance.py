@@ -150,6 +150,23 @@ async def test_stale_threads_oldest_first(store: ThreadStore) -> None:
     assert await stale(100.0) == ["c", "b", "d"]
 
 
+async def test_a_clock_stepped_back_never_makes_a_thread_older(store: ThreadStore) -> None:
+    """Before: a run that started after the clock stepped back set the in-memory store's
+    `updated_at` to its older start, while SQLite and PostgreSQL keep the latest: the thread
+    was listed below the threads updated between the two runs, and stale to retention too
+    early, on memory alone. Every store keeps the latest now."""
+    one = _run("t", "r1", "a")
+    await _finish(store, "t", "r1", one, 0, created=30.0)
+    await _finish(store, "u", "r1", _run("u", "r1", "b"), 0, created=20.0)
+    await _finish(store, "t", "r2", _run("t", "r2", "c"), len(one), created=10.0)
+    listed = await store.list()
+    assert [(r.thread_id, r.updated_at) for r in listed] == [("t", 30.0), ("u", 20.0)]
+    summary = await store.summary("t")
+    assert summary is not None
+    assert summary.updated_at == 30.0
+    assert await store.stale_threads(25.0) == ["u"]  # type: ignore[attr-defined]
+
+
 async def test_a_deleted_threads_positions_never_go_back(store: ThreadStore) -> None:
     """Before: a thread made again with a deleted one's id started its positions at 0 again,
     so a client still holding an event id of the old thread (`Last-Event-ID` 120) got

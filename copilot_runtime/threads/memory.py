@@ -97,7 +97,9 @@ class InMemoryThreadStore:
             dropped = record.runs[: -self.max_runs_per_thread]
             del record.runs[: -self.max_runs_per_thread]
             self._grow(thread_id, -sum(r.size for r in dropped))
-        record.updated_at = run.created_at
+        # The latest start, as the SQL stores keep it: a clock stepped back between two runs
+        # made the thread older (listed lower, stale to retention sooner) here alone.
+        record.updated_at = max(record.updated_at, run.created_at)
         if run.last_position >= 0:
             record.next_position = max(record.next_position, run.last_position + 1)
         record.message_ids.update(message_ids)
