@@ -17,11 +17,11 @@ import os
 import socket
 import sqlite3
 import sys
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._url_options import redacted_url
 from copilot_runtime._version import __version__
 
 __all__ = ["main", "worker_app"]
@@ -318,14 +318,6 @@ def _thread_store(url: str) -> Any:
     return thread_store(url)
 
 
-def _redacted(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    return urllib.parse.urlunsplit(parts._replace(
-        netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
-
-
 def _positive_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -455,7 +447,7 @@ def main(argv: list[str] | None = None) -> None:
             missing = None if workflows else missing_workflow_dependency()
             _print_next_steps(args.host, args.port, args.path, model,
                               f"workflows: {', '.join(workflows)} (checkpoints: "
-                              f"{_redacted(checkpoints)})" if workflows else None,
+                              f"{redacted_url(checkpoints)})" if workflows else None,
                               f"{WORKFLOWS_NEED_EXTRA} (missing: {missing})" if missing
                               else None)
             _say(pages_note(app, _url_host(args.host), args.port))

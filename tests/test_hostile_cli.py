@@ -391,6 +391,28 @@ def test_the_demos_checkpoints_go_with_its_threads(
     assert f"(checkpoints: {expected.format(tmp=tmp_path)})" in out
 
 
+def test_the_demos_banner_hides_a_password_given_as_a_query_option(
+        cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: only `user:password@` was blanked: a libpq `?password=` (or `sslpassword=`)
+    was printed in clear in the workflows' line, which the logs redacted."""
+    out, _ = _banner(monkeypatch, capsys, [
+        "demo", "--port", str(free_port()), "--db", ":memory:", "--checkpoints",
+        "postgresql://app:Hunter2Secret@db.invalid/x?schema=s&password=Hunter2Secret"
+        "&sslpassword=Hunter2Secret&sslmode=disable"])
+    assert "Hunter2Secret" not in out
+    assert ("(checkpoints: postgresql://app:***@db.invalid/x?schema=s&password=***"
+            "&sslpassword=***&sslmode=disable)") in out
+
+
+def test_an_unknown_coordinator_url_is_one_line_without_its_password(
+        cli: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `Unknown coordinator URL 'postgressql://app:Hunter2Secret@...'`."""
+    line = _fails_with(capsys, ["demo", "--port", str(free_port()), "--db", ":memory:",
+                                "--coordinator",
+                                "postgressql://app:Hunter2Secret@db.internal/app"])
+    assert line.startswith("copilot-runtime: error: Unknown coordinator URL "
+                           "'postgressql://app:***@db.internal/app'"), line
+
 def test_a_second_process_on_a_sqlite_file_with_a_local_coordinator_is_refused(
         cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         tmp_path: Path) -> None:
