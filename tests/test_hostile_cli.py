@@ -258,6 +258,10 @@ async def test_an_unusable_checkpoint_store_is_503(url: str) -> None:
      "connect_timeout must be a whole number of seconds, got 'abc'"),
     ("--coordinator", "redis://127.0.0.1:6379/abc",
      "a Redis URL's path is its database number, got 'abc'"),
+    # Before: served, and answered 503 for ever.
+    ("--threads", "postgresql://u@127.0.0.1/db?schema=x&sslmode=bogus",
+     "sslmode must be one of disable, allow, prefer, require, verify-ca, verify-full, "
+     "got 'bogus'"),
     # Before: built, then exit code 3 at start-up with `cannot start: TypeError: ...`.
     ("--coordinator", "redis://127.0.0.1:6379/0?bogus=1",
      "'bogus' is not an option of a Redis URL"),
@@ -266,8 +270,8 @@ async def test_an_unusable_checkpoint_store_is_503(url: str) -> None:
     ("--coordinator", "redis://127.0.0.1:99999/0",
      "a Redis URL's port must be 1-65535, got '99999'"),
 ], ids=["threads-param", "coordinator-param", "checkpoints-param", "threads-bracket",
-        "redis-bracket", "pg-port", "pg-timeout", "redis-db", "redis-param", "redis-value",
-        "redis-port"])
+        "redis-bracket", "pg-port", "pg-timeout", "redis-db", "pg-value", "redis-param",
+        "redis-value", "redis-port"])
 def test_a_store_url_no_server_could_accept_is_one_line(
         cli: None, capsys: pytest.CaptureFixture[str], tmp_path: Path, option: str, url: str,
         expected: str) -> None:
