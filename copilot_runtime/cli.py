@@ -101,8 +101,9 @@ def _takes_three_arguments(obj: Any) -> bool:
 
 
 def _check_port(host: str, port: int) -> None:
-    if not 0 <= port <= 65535:
-        raise CLIError(f"--port must be 0-65535, got {port}")
+    # Not 0: the system would pick a port, which the banner's URLs could not name.
+    if not 1 <= port <= 65535:
+        raise CLIError(f"--port must be 1-65535, got {port}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
         sub.add_argument("--host", default="127.0.0.1",
                          help="address to listen on (default: %(default)s)")
         sub.add_argument("--port", type=int, default=port,
-                         help="port to listen on (default: %(default)s)")
+                         help="port to listen on, 1-65535 (default: %(default)s)")
         sub.add_argument("--path", default="/copilotkit",
                          help="base path of the runtime (default: %(default)s)")
         sub.add_argument("--log-level", default="warning",

@@ -155,11 +155,21 @@ def test_serve_refuses_what_is_not_an_asgi_app(cli: None, capsys: pytest.Capture
     assert line == f"copilot-runtime: error: {kind} is neither a CopilotRuntime nor an ASGI app"
 
 
-@pytest.mark.parametrize("port", ["70000", "-5", "65536"])
+@pytest.mark.parametrize("port", ["70000", "-5", "65536", "0"])
 def test_a_port_out_of_range_is_one_line(cli: None, capsys: pytest.CaptureFixture[str],
                                          port: str) -> None:
+    """Before: 0 was taken, and every URL the banner printed named port 0, the port the
+    system picked never told."""
     line = _fails_with(capsys, ["demo", "--port", port, "--db", ":memory:"])
-    assert line == f"copilot-runtime: error: --port must be 0-65535, got {port}"
+    assert line == f"copilot-runtime: error: --port must be 1-65535, got {port}"
+
+
+def test_serve_refuses_port_zero(cli: None, capsys: pytest.CaptureFixture[str],
+                                 tmp_path: Path) -> None:
+    """Before: served on a port the system picked, its banner saying :0 everywhere."""
+    (tmp_path / "bare_zero.py").write_text("async def app(scope, receive, send): pass\n")
+    line = _fails_with(capsys, ["serve", "bare_zero:app", "--port", "0"])
+    assert line == "copilot-runtime: error: --port must be 1-65535, got 0"
 
 
 def test_demo_db_in_a_missing_directory_is_one_line(cli: None,
