@@ -46,6 +46,7 @@ from typing import Any, ClassVar, Protocol
 from copilot_runtime._time import iso_time
 
 __all__ = [
+    "SECRET_KEYS",
     "SECRET_VALUES",
     "ActionError",
     "AgentExecutionError",
@@ -138,6 +139,13 @@ SECRET_VALUES = (
     r"|(?i:(?<![\w-])[\w-]*?(?:passw(?:or)?d|pwd|secret|(?:api|access|private)[-_]?key|token"
     r"|credentials?)[\"']?[ \t]*[:=][ \t]*[\"']?(?!\d+(?![^\s,;\"'}&]))[^\s,;\"'}&]{6,})")
 _SECRETS = re.compile(SECRET_VALUES)
+
+#: Names whose values are secrets, as a pattern searched in a name (a log field's, a URL
+#: query option's: `password`, `sslpassword`, `access_token`): matched without regard to
+#: case. Any `*token` but counts and limits (`input_tokens`, `token_count`, `max_token`).
+SECRET_KEYS = (
+    r"(authorization|cookie|api[-_]?key|(?<!max_)token(?!s|_count|_limit)|secret|password"
+    r"|passwd|credential|dsn)")
 
 
 def scrub_secrets(text: str, *known: str | None) -> str:

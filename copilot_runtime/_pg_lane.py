@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
@@ -41,10 +42,32 @@ async def reachable(seconds: float | None, unreachable: str) -> AsyncIterator[No
         raise ServiceUnavailableError(unreachable) from exc
 
 
+#: libpq's options whose value is one of these words, as libpq (18) documents them; compared
+#: exactly, as libpq compares them (`DISABLE` is refused). An option an older libpq lacks is
+#: refused by its name before its value is read.
+_WORDS = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "sslcertmode": ("disable", "allow", "require"),
+    "sslnegotiation": ("postgres", "direct"),
+    "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby",
+                             "prefer-standby"),
+    "load_balance_hosts": ("disable", "random"),
+}
+#: libpq's options whose value is a whole number (of these units), which it reads as C's
+#: `strtol` does, into an `int`: spaces around it and a sign may be given.
+_WHOLE = {"connect_timeout": " of seconds", "keepalives": "", "keepalives_idle": " of seconds",
+          "keepalives_interval": " of seconds", "keepalives_count": "",
+          "tcp_user_timeout": " of milliseconds"}
+_WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]+\s*")
+
+
 def checked_conninfo(conninfo: str) -> dict[str, Any]:
     """`conninfo`'s parameters; a mistake no server could accept (an unknown parameter, a
-    port or a timeout that is not a number) is a ConfigurationError, found at start-up
-    instead of as a connection failing ever after (a 503 on every request)."""
+    port out of range, a value libpq cannot read: `sslmode=bogus`, `keepalives=abc`) is a
+    ConfigurationError, found at start-up instead of as a connection failing ever after (a
+    503 on every request)."""
     try:
         given = conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError as exc:
@@ -52,10 +75,15 @@ def checked_conninfo(conninfo: str) -> dict[str, Any]:
     for port in str(given.get("port") or "").split(","):  # one per host
         if port and not (port.isdigit() and 0 < int(port) < 65536):
             raise ConfigurationError(f"PostgreSQL port must be 1-65535, got {port!r}")
-    timeout = str(given.get("connect_timeout", "0")).strip()
-    if not timeout.lstrip("-").isdigit():
-        raise ConfigurationError(f"connect_timeout must be a whole number of seconds, got "
-                                 f"{timeout!r}")
+    for name, words in _WORDS.items():
+        value = given.get(name)
+        if value is not None and value not in words:
+            raise ConfigurationError(f"{name} must be one of {', '.join(words)}, got {value!r}")
+    for name, unit in _WHOLE.items():
+        value = given.get(name)
+        if value is not None and not (_WHOLE_NUMBER.fullmatch(str(value))
+                                      and -2**31 <= int(value) < 2**31):
+            raise ConfigurationError(f"{name} must be a whole number{unit}, got {value!r}")
     return given
 
 

@@ -11,10 +11,16 @@ command's own errors, for every user of Redis (rate limits, the coordinator).
 
 from __future__ import annotations
 
+import inspect
 import re
+import urllib.parse
 from typing import Any
 
-__all__ = ["DEFAULT_POOL_SIZE", "NOT_NOW_CODES", "bounded_redis", "cannot_serve_now"]
+from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._url_options import checked_redis_db
+
+__all__ = ["DEFAULT_POOL_SIZE", "NOT_NOW_CODES", "bounded_redis", "cannot_serve_now",
+           "checked_redis_url"]
 
 #: The most connections a client opens, unless its URL says (`pool_size`).
 DEFAULT_POOL_SIZE = 10
@@ -28,6 +34,38 @@ def bounded_redis(url: str, *, size: int, wait: float, **options: Any) -> Any:
     pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=size, timeout=wait,
                                                     **options)
     return aioredis.Redis.from_pool(pool)
+
+
+#: What a URL's query may set on redis-py's pool, beside its connections' own options.
+_POOL_OPTIONS = ("max_connections", "timeout")
+
+
+def checked_redis_url(url: str) -> None:
+    """Refuse a Redis URL (without the runtime's own options) that redis-py takes but fails
+    on at every connection: a port out of range, an option it does not know (`bogus=1`),
+    one whose value it cannot read (`socket_timeout=abc`), a path that is no database
+    number. Found when the coordinator or the counters are built, a configuration mistake
+    (exit code 2), not a TypeError at start-up or a 500 on every run. Nothing is opened."""
+    from redis.asyncio.connection import Connection, parse_url
+
+    checked_redis_db(url)
+    try:
+        port = urllib.parse.urlsplit(url).port
+    except ValueError:
+        port = 0
+    if port == 0:  # 0: redis-py would connect to 6379 without a word
+        given = urllib.parse.urlsplit(url).netloc.rpartition("@")[2].rpartition(":")[2]
+        raise ConfigurationError(f"a Redis URL's port must be 1-65535, got {given!r}")
+    try:
+        options = parse_url(url)
+    except ValueError as exc:  # "Invalid value for 'socket_timeout' in connection URL."
+        raise ConfigurationError(f"cannot read the Redis URL: {exc}") from None
+    connection = options.pop("connection_class", Connection)
+    known = {name for cls in connection.__mro__ if "__init__" in vars(cls)
+             for name in inspect.signature(vars(cls)["__init__"]).parameters}
+    for name in options:
+        if name not in known and name not in _POOL_OPTIONS:
+            raise ConfigurationError(f"{name!r} is not an option of a Redis URL")
 
 
 #: The error codes of a server that answers but cannot serve now: a replica refusing writes

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 
-from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._exceptions import SECRET_KEYS, ConfigurationError
 
-__all__ = ["checked_redis_db", "lease_ttl_option", "pool_size_option", "split_options"]
+__all__ = ["checked_redis_db", "lease_ttl_option", "pool_size_option", "redacted_url",
+           "split_options"]
 
 #: The most connections a `pool_size` option may ask for.
 _MOST_POOLED = 100
@@ -30,6 +32,30 @@ def split_options(url: str, names: tuple[str, ...]) -> tuple[str, dict[str, str]
     # would reach the server as "-c+x=1").
     query = urllib.parse.urlencode(kept, quote_via=urllib.parse.quote)
     return urllib.parse.urlunsplit(parts._replace(query=query)), options
+
+
+_SECRET_KEYS = re.compile(SECRET_KEYS, re.IGNORECASE)
+
+
+def redacted_url(url: str) -> str:
+    """`url` with its password and the values of its secret query options (`password`,
+    `sslpassword`, a `token`: the names logs redact) written `***`: for messages, banners
+    and logs. Cut by hand, not by `urlsplit`: it writes `sqlite:///x` back as `sqlite:/x`,
+    and refuses some broken URLs (whose password must be hidden too)."""
+    head, hashmark, fragment = url.partition("#")
+    base, mark, query = head.partition("?")
+    scheme, slashes, rest = base.partition("://")
+    if slashes:
+        netloc, slash, path = rest.partition("/")
+        # The last `@` ends the user's part, as URL parsers read it: a password may hold `@`.
+        userinfo, at, hostport = netloc.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        base = f"{scheme}://{user}{colon and ':***'}{at}{hostport}{slash}{path}"
+    query = "&".join(
+        f"{key}=***" if sep and _SECRET_KEYS.search(urllib.parse.unquote_plus(key))
+        else f"{key}{sep}{value}"
+        for key, sep, value in (pair.partition("=") for pair in query.split("&")))
+    return f"{base}{mark}{query}{hashmark}{fragment}"
 
 
 def pool_size_option(options: dict[str, str], default: int) -> int:

@@ -47,7 +47,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from copilot_runtime._again import worth_logging
 from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
-from copilot_runtime._url_options import pool_size_option, split_options
+from copilot_runtime._url_options import pool_size_option, redacted_url, split_options
 from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
 from copilot_runtime.approvals.sql import (
     PostgresApprovalStore,
@@ -71,31 +71,22 @@ def checkpointer(url: str | None = None, *, pool_size: int = 10) -> DurableCheck
     if url in ("memory", ":memory:") or scheme == "memory":
         return DurableCheckpointer(_MemoryBackend(), url)
     if scheme in ("postgres", "postgresql"):
-        return DurableCheckpointer(_PostgresBackend(url, pool_size=pool_size), _redact(url))
+        return DurableCheckpointer(_PostgresBackend(url, pool_size=pool_size), redacted_url(url))
     if scheme == "sqlite":
         if not rest.startswith("///"):
             raise ConfigurationError(
                 f"A SQLite checkpoint URL looks like sqlite:///relative/path or "
-                f"sqlite:////absolute/path, got {url!r}")
+                f"sqlite:////absolute/path, got {redacted_url(url)!r}")
         path = urllib.parse.unquote(rest[3:].split("?", 1)[0])
     elif "://" in url:
         raise ConfigurationError(
-            f"Unsupported checkpoint URL {_redact(url)!r}: use sqlite:///..., "
+            f"Unsupported checkpoint URL {redacted_url(url)!r}: use sqlite:///..., "
             "postgresql://... or memory")
     else:
         path = url  # a bare file path
     if path in ("", ":memory:"):
         return DurableCheckpointer(_MemoryBackend(), url)
     return DurableCheckpointer(_SQLiteBackend(path), url)
-
-
-def _redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 class _Backend(abc.ABC):
@@ -226,7 +217,7 @@ class _PostgresBackend(_Backend):
         schema = options.get("schema")
         self.schema = check_identifier(schema) if schema else None
         self.conninfo = conninfo
-        self.where = _redact(url)
+        self.where = redacted_url(url)
         self.pool_size = pool_size_option(options, pool_size)
         # Said here, as thread_store() does: found on first use, each run failed with
         # AGENT_ERROR and each approval route with a 500 (a bare ModuleNotFoundError).

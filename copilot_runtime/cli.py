@@ -17,11 +17,11 @@ import os
 import socket
 import sqlite3
 import sys
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._url_options import redacted_url
 from copilot_runtime._version import __version__
 
 __all__ = ["main", "worker_app"]
@@ -101,8 +101,9 @@ def _takes_three_arguments(obj: Any) -> bool:
 
 
 def _check_port(host: str, port: int) -> None:
-    if not 0 <= port <= 65535:
-        raise CLIError(f"--port must be 0-65535, got {port}")
+    # Not 0: the system would pick a port, which the banner's URLs could not name.
+    if not 1 <= port <= 65535:
+        raise CLIError(f"--port must be 1-65535, got {port}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -318,14 +319,6 @@ def _thread_store(url: str) -> Any:
     return thread_store(url)
 
 
-def _redacted(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    return urllib.parse.urlunsplit(parts._replace(
-        netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
-
-
 def _positive_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -346,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
         sub.add_argument("--host", default="127.0.0.1",
                          help="address to listen on (default: %(default)s)")
         sub.add_argument("--port", type=int, default=port,
-                         help="port to listen on (default: %(default)s)")
+                         help="port to listen on, 1-65535 (default: %(default)s)")
         sub.add_argument("--path", default="/copilotkit",
                          help="base path of the runtime (default: %(default)s)")
         sub.add_argument("--log-level", default="warning",
@@ -455,7 +448,7 @@ def main(argv: list[str] | None = None) -> None:
             missing = None if workflows else missing_workflow_dependency()
             _print_next_steps(args.host, args.port, args.path, model,
                               f"workflows: {', '.join(workflows)} (checkpoints: "
-                              f"{_redacted(checkpoints)})" if workflows else None,
+                              f"{redacted_url(checkpoints)})" if workflows else None,
                               f"{WORKFLOWS_NEED_EXTRA} (missing: {missing})" if missing
                               else None)
             _say(pages_note(app, _url_host(args.host), args.port))

@@ -33,7 +33,12 @@ from copilot_runtime._exceptions import (
     RateLimitedError,
     ServiceUnavailableError,
 )
-from copilot_runtime._redis_client import DEFAULT_POOL_SIZE, bounded_redis, cannot_serve_now
+from copilot_runtime._redis_client import (
+    DEFAULT_POOL_SIZE,
+    bounded_redis,
+    cannot_serve_now,
+    checked_redis_url,
+)
 from copilot_runtime._url_options import pool_size_option, split_options
 from copilot_runtime.auth import RequestInfo
 
@@ -185,10 +190,12 @@ redis.call('ZADD', KEYS[1], 'XX', now + ARGV[2], ARGV[1])
 class RedisCounters:
     """Counters in Redis, shared by every worker that uses the same URL and prefix.
 
-    Each check is one Lua script, so concurrent workers cannot both take the last slot.
+    Each check is one Lua script, so concurrent workers cannot both take the last slot. The
+    keys start with `prefix`, else with the URL's `prefix` (as on a coordinator's URL,
+    `copilot-runtime:` by default) followed by `limits:`.
     """
 
-    def __init__(self, url: str, *, prefix: str = "copilot-runtime:limits:",
+    def __init__(self, url: str, *, prefix: str | None = None,
                  name: str = "The rate limits' Redis", timeout: float = 5.0,
                  pool_size: int | None = None, slot_ttl: float = DEFAULT_SLOT_TTL) -> None:
         try:
@@ -196,12 +203,17 @@ class RedisCounters:
         except ImportError as exc:
             raise ConfigurationError(
                 "Redis rate limits need redis-py: pip install 'copilot-runtime[redis]'") from exc
-        self.prefix = prefix
         self.slot_ttl: float | None = slot_ttl
         #: Who cannot be reached, in the 503 a request gets while Redis is away.
         self.name = name
         self._unreachable = (ConnectionError, TimeoutError)
-        url, options = split_options(url, ("pool_size",))
+        url, options = split_options(url, ("pool_size", "prefix"))
+        checked_redis_url(url)
+        if prefix is None:
+            # The URL's `prefix` names a deployment's keys as on a coordinator's URL (the
+            # same URL there and here shares the counters): they live under its `limits:`.
+            prefix = options.get("prefix", "copilot-runtime:") + "limits:"
+        self.prefix = prefix
         if pool_size is None:
             pool_size = pool_size_option(options, DEFAULT_POOL_SIZE)
         # Bounded: a request waits on these before its run starts.

@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from copilot_runtime._exceptions import (
+    SECRET_KEYS,
     SECRET_VALUES,
     ApprovalClosedError,
     ConfigurationError,
@@ -314,12 +315,8 @@ class RunTelemetry:
 
 # -- logs ------------------------------------------------------------------------------------
 
-# Any `*token` key (access_token, refresh_token, x-auth-token) but counts and limits
-# (`input_tokens`, `token_count`, `max_token`).
-_SECRET_KEYS = re.compile(
-    r"(authorization|cookie|api[-_]?key|(?<!max_)token(?!s|_count|_limit)|secret|password"
-    r"|passwd|credential|dsn)",
-    re.IGNORECASE)
+# The same names as a URL's secret query options (`_url_options.redacted_url`).
+_SECRET_KEYS = re.compile(SECRET_KEYS, re.IGNORECASE)
 # The same pattern as for text passed on to clients (`_exceptions.SECRET_VALUES`).
 _SECRET_VALUES = re.compile(SECRET_VALUES)
 REDACTED = "[REDACTED]"

@@ -155,11 +155,21 @@ def test_serve_refuses_what_is_not_an_asgi_app(cli: None, capsys: pytest.Capture
     assert line == f"copilot-runtime: error: {kind} is neither a CopilotRuntime nor an ASGI app"
 
 
-@pytest.mark.parametrize("port", ["70000", "-5", "65536"])
+@pytest.mark.parametrize("port", ["70000", "-5", "65536", "0"])
 def test_a_port_out_of_range_is_one_line(cli: None, capsys: pytest.CaptureFixture[str],
                                          port: str) -> None:
+    """Before: 0 was taken, and every URL the banner printed named port 0, the port the
+    system picked never told."""
     line = _fails_with(capsys, ["demo", "--port", port, "--db", ":memory:"])
-    assert line == f"copilot-runtime: error: --port must be 0-65535, got {port}"
+    assert line == f"copilot-runtime: error: --port must be 1-65535, got {port}"
+
+
+def test_serve_refuses_port_zero(cli: None, capsys: pytest.CaptureFixture[str],
+                                 tmp_path: Path) -> None:
+    """Before: served on a port the system picked, its banner saying :0 everywhere."""
+    (tmp_path / "bare_zero.py").write_text("async def app(scope, receive, send): pass\n")
+    line = _fails_with(capsys, ["serve", "bare_zero:app", "--port", "0"])
+    assert line == "copilot-runtime: error: --port must be 1-65535, got 0"
 
 
 def test_demo_db_in_a_missing_directory_is_one_line(cli: None,
@@ -258,8 +268,20 @@ async def test_an_unusable_checkpoint_store_is_503(url: str) -> None:
      "connect_timeout must be a whole number of seconds, got 'abc'"),
     ("--coordinator", "redis://127.0.0.1:6379/abc",
      "a Redis URL's path is its database number, got 'abc'"),
+    # Before: served, and answered 503 for ever.
+    ("--threads", "postgresql://u@127.0.0.1/db?schema=x&sslmode=bogus",
+     "sslmode must be one of disable, allow, prefer, require, verify-ca, verify-full, "
+     "got 'bogus'"),
+    # Before: built, then exit code 3 at start-up with `cannot start: TypeError: ...`.
+    ("--coordinator", "redis://127.0.0.1:6379/0?bogus=1",
+     "'bogus' is not an option of a Redis URL"),
+    ("--coordinator", "redis://127.0.0.1:6379/0?socket_timeout=abc",
+     "cannot read the Redis URL: Invalid value for 'socket_timeout' in connection URL."),
+    ("--coordinator", "redis://127.0.0.1:99999/0",
+     "a Redis URL's port must be 1-65535, got '99999'"),
 ], ids=["threads-param", "coordinator-param", "checkpoints-param", "threads-bracket",
-        "redis-bracket", "pg-port", "pg-timeout", "redis-db"])
+        "redis-bracket", "pg-port", "pg-timeout", "redis-db", "pg-value", "redis-param",
+        "redis-value", "redis-port"])
 def test_a_store_url_no_server_could_accept_is_one_line(
         cli: None, capsys: pytest.CaptureFixture[str], tmp_path: Path, option: str, url: str,
         expected: str) -> None:
@@ -390,6 +412,28 @@ def test_the_demos_checkpoints_go_with_its_threads(
     # pending approvals.
     assert f"(checkpoints: {expected.format(tmp=tmp_path)})" in out
 
+
+def test_the_demos_banner_hides_a_password_given_as_a_query_option(
+        cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: only `user:password@` was blanked: a libpq `?password=` (or `sslpassword=`)
+    was printed in clear in the workflows' line, which the logs redacted."""
+    out, _ = _banner(monkeypatch, capsys, [
+        "demo", "--port", str(free_port()), "--db", ":memory:", "--checkpoints",
+        "postgresql://app:Hunter2Secret@db.invalid/x?schema=s&password=Hunter2Secret"
+        "&sslpassword=Hunter2Secret&sslmode=disable"])
+    assert "Hunter2Secret" not in out
+    assert ("(checkpoints: postgresql://app:***@db.invalid/x?schema=s&password=***"
+            "&sslpassword=***&sslmode=disable)") in out
+
+
+def test_an_unknown_coordinator_url_is_one_line_without_its_password(
+        cli: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `Unknown coordinator URL 'postgressql://app:Hunter2Secret@...'`."""
+    line = _fails_with(capsys, ["demo", "--port", str(free_port()), "--db", ":memory:",
+                                "--coordinator",
+                                "postgressql://app:Hunter2Secret@db.internal/app"])
+    assert line.startswith("copilot-runtime: error: Unknown coordinator URL "
+                           "'postgressql://app:***@db.internal/app'"), line
 
 def test_a_second_process_on_a_sqlite_file_with_a_local_coordinator_is_refused(
         cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],

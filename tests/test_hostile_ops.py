@@ -34,7 +34,8 @@ from redis.exceptions import ResponseError
 
 from copilot_runtime import CopilotRuntime, OpenAIAdapter, RateLimit, TopicGuardrail
 from copilot_runtime import limits as limits_module
-from copilot_runtime._exceptions import ServiceUnavailableError
+from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
+from copilot_runtime._url_options import redacted_url
 from copilot_runtime.adapters import ServiceAdapter
 from copilot_runtime.adapters.anthropic import AnthropicAdapter
 from copilot_runtime.adapters.base import ChatDelta, ChatRequest, TextDelta
@@ -216,6 +217,28 @@ def test_log_redaction_knows_more_secret_shapes() -> None:
     assert "byte-secret" not in repr(event["raw"])
     assert event["input_tokens"] == 12  # a count, not a token
     assert event["thread_id"] == "t-1"
+
+
+@pytest.mark.parametrize("factory", ["coordinator", "thread_store", "checkpointer", "runtime"])
+@pytest.mark.parametrize("url", [
+    "postgressql://app:Hunter2Secret@db.internal/app",
+    "redis-sentinel://:Hunter2Secret@cache:26379/0",
+    "mysql://app@db.internal/app?sslpassword=Hunter2Secret&password=Hunter2Secret",
+], ids=["user-password", "password-only", "query-password"])
+def test_an_unknown_url_is_named_without_its_secrets(factory: str, url: str) -> None:
+    """Before: `coordinator(url)` (and so `CopilotRuntime(coordinator=url)`) named an
+    unknown URL whole, password included; the thread store named it from its host on, a
+    `?password=` with it. Every factory now names it as `redacted_url` writes it."""
+    from copilot_runtime import coordinator, thread_store
+    from copilot_runtime.checkpointers import checkpointer
+
+    make: Callable[[str], object] = {
+        "coordinator": coordinator, "thread_store": thread_store, "checkpointer": checkpointer,
+        "runtime": lambda url: CopilotRuntime(coordinator=url)}[factory]
+    with pytest.raises(ConfigurationError) as refused:
+        make(url)
+    assert "Hunter2Secret" not in str(refused.value)
+    assert redacted_url(url) in str(refused.value)
 
 
 # ---- 4. concurrency slots after a backend blip -----------------------------------------------

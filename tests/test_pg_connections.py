@@ -45,6 +45,41 @@ def test_session_defaults_are_added_unless_given() -> None:
         "keepalives_count": "3", "tcp_user_timeout": "60000"}
 
 
+@pytest.mark.parametrize(("option", "expected"), [
+    ("sslmode=bogus", "sslmode must be one of disable, allow, prefer, require, verify-ca, "
+                      "verify-full, got 'bogus'"),
+    ("sslmode=DISABLE", "sslmode must be one of .*, got 'DISABLE'"),
+    ("gssencmode=bogus", "gssencmode must be one of disable, prefer, require, got 'bogus'"),
+    ("target_session_attrs=bogus", "target_session_attrs must be one of any, read-write, "
+                                   "read-only, primary, standby, prefer-standby, got 'bogus'"),
+    ("channel_binding=", "channel_binding must be one of disable, prefer, require, got ''"),
+    ("keepalives=abc", "keepalives must be a whole number, got 'abc'"),
+    ("keepalives_idle=1.5", "keepalives_idle must be a whole number of seconds, got '1.5'"),
+    ("tcp_user_timeout=abc", "tcp_user_timeout must be a whole number of milliseconds, "
+                             "got 'abc'"),
+    ("keepalives_count=2147483648", "keepalives_count must be a whole number, "
+                                    "got '2147483648'"),
+])
+def test_an_option_value_libpq_cannot_read_is_refused_at_once(option: str,
+                                                              expected: str) -> None:
+    """Before: only the names, the port and connect_timeout were checked: the store, the
+    coordinator and the checkpointer were built, the runtime started, and every request
+    was a 503 for ever (libpq refusing the value at each connection attempt)."""
+    for make in (thread_store, coordinator, checkpointer):
+        with pytest.raises(ConfigurationError, match=expected):
+            make(f"{SERVER}?schema=s&{option}")
+
+
+def test_option_values_libpq_reads_are_taken() -> None:
+    """Spaces around a whole number and a sign are libpq's too; the last of an option given
+    twice is the one read."""
+    given = ("?schema=s&sslmode=require&sslmode=disable&keepalives=%201%20"
+             "&connect_timeout=%2B3&target_session_attrs=prefer-standby&tcp_user_timeout=0")
+    thread_store(SERVER + given)
+    coordinator(SERVER + given)
+    checkpointer(SERVER + given)
+
+
 @pytest.mark.parametrize("size", ["0", "101", "ten", ""])
 def test_a_pool_size_out_of_bounds_is_refused_at_once(size: str) -> None:
     message = "pool_size must be a whole number from 1 to 100"

@@ -233,3 +233,39 @@ async def test_redis_counters_are_shared_by_workers() -> None:
         RateLimit()
     with pytest.raises(ConfigurationError):
         RateLimiter(RateLimit(runs_per_minute=1, backend="http://nope"))
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("redis://127.0.0.1:6379/0?bogus=1", "'bogus' is not an option of a Redis URL"),
+    ("redis://127.0.0.1:6379/0?lease_ttl=5", "'lease_ttl' is not an option of a Redis URL"),
+    ("redis://127.0.0.1:6379/0?socket_timeout=abc",
+     "cannot read the Redis URL: Invalid value for 'socket_timeout'"),
+    ("redis://127.0.0.1:6379/abc", "a Redis URL's path is its database number, got 'abc'"),
+    ("redis://127.0.0.1:99999/0", "a Redis URL's port must be 1-65535, got '99999'"),
+], ids=["unknown-option", "coordinator-only-option", "bad-value", "db-path", "port"])
+def test_a_backend_url_no_server_could_accept_is_refused_when_built(
+        url: str, expected: str) -> None:
+    """Before: the runtime was built and started, /ready said 200, and every run was a 500
+    (`TypeError: ... unexpected keyword argument 'bogus'` at each connection), or a path
+    that is no database number used database 0 without a word."""
+    with pytest.raises(ConfigurationError, match=expected):
+        CopilotRuntime(rate_limit=RateLimit(runs_per_minute=100, backend=url))
+
+
+async def test_a_backend_urls_prefix_names_the_keys_as_a_coordinators() -> None:
+    """Before: `?prefix=` (as a coordinator's URL takes it) reached redis-py, and every run
+    was a 500. The counters live under the prefix's `limits:`, where a coordinator with the
+    same URL keeps them."""
+    prefix = f"copilot-runtime-test:{uuid.uuid4().hex}:"
+    limiter = RateLimiter(RateLimit(
+        runs_per_minute=5, backend=f"redis://127.0.0.1:6379/0?prefix={prefix}&pool_size=2"))
+    redis = limiter.backend._redis  # type: ignore[attr-defined]
+    try:
+        assert limiter.backend.prefix == prefix + "limits:"  # type: ignore[attr-defined]
+        assert await limiter.acquire(caller("alice")) is None
+        assert [k async for k in redis.scan_iter(match=prefix + "limits:rate:*")]
+    finally:
+        keys = [k async for k in redis.scan_iter(match=prefix + "*")]
+        if keys:
+            await redis.delete(*keys)
+        await limiter.aclose()

@@ -14,6 +14,7 @@ dies a thread's run still blocks the thread.
 from __future__ import annotations
 
 from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._url_options import redacted_url
 from copilot_runtime.coordination.base import (
     LEASE_LOST_CODE,
     Coordinator,
@@ -40,5 +41,5 @@ def coordinator(url: str | None = None) -> Coordinator:
         from copilot_runtime.coordination.redis import RedisCoordinator
 
         return RedisCoordinator(url)
-    raise ConfigurationError(f"Unknown coordinator URL {url!r}: use 'local', "
+    raise ConfigurationError(f"Unknown coordinator URL {redacted_url(url)!r}: use 'local', "
                              "'postgresql://...' or 'redis://...'")

@@ -17,9 +17,13 @@ import asyncio
 from typing import Any
 
 from copilot_runtime._deadline import within
-from copilot_runtime._redis_client import DEFAULT_POOL_SIZE, bounded_redis, cannot_serve_now
+from copilot_runtime._redis_client import (
+    DEFAULT_POOL_SIZE,
+    bounded_redis,
+    cannot_serve_now,
+    checked_redis_url,
+)
 from copilot_runtime._url_options import (
-    checked_redis_db,
     lease_ttl_option,
     pool_size_option,
     split_options,
@@ -105,7 +109,7 @@ class RedisCoordinator(SharedCoordinator):
             raise ImportError("the Redis coordinator needs redis-py: pip install "
                               "'copilot-runtime[redis]'", name=exc.name) from exc
         self.url, options = split_options(url, ("prefix", "lease_ttl", "pool_size"))
-        checked_redis_db(self.url)
+        checked_redis_url(self.url)
         self.pool_size = pool_size_option(options, DEFAULT_POOL_SIZE)
         self.unreachable = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
         super().__init__(lease_ttl if lease_ttl is not None

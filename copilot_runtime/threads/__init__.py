@@ -6,7 +6,7 @@ import urllib.parse
 from typing import TYPE_CHECKING
 
 from copilot_runtime._exceptions import ConfigurationError
-from copilot_runtime._url_options import pool_size_option, split_options
+from copilot_runtime._url_options import pool_size_option, redacted_url, split_options
 from copilot_runtime.threads.base import (
     INTERRUPTED_CODE,
     MAX_ID_LENGTH,
@@ -45,7 +45,7 @@ def thread_store(url: str) -> ThreadStore:
         if not rest.startswith("///") or len(rest) <= 3:
             raise ConfigurationError(
                 "A SQLite thread store URL looks like sqlite:///relative/path or "
-                f"sqlite:////absolute/path, got {url!r}")
+                f"sqlite:////absolute/path, got {redacted_url(url)!r}")
         return SQLiteThreadStore(urllib.parse.unquote(rest[3:].split("?", 1)[0]))
     if scheme in ("postgres", "postgresql"):
         conninfo, options = split_options("postgresql:" + rest, ("schema", "pool_size"))
@@ -59,7 +59,7 @@ def thread_store(url: str) -> ThreadStore:
         return PostgresThreadStore(conninfo, schema=options.get("schema") or "public",
                                    max_size=pool_size)
     raise ConfigurationError(
-        f"Unsupported thread store URL {url.split('@')[-1]!r}: use memory://, "
+        f"Unsupported thread store URL {redacted_url(url)!r}: use memory://, "
         "sqlite:///path or postgresql://user@host:port/db?schema=NAME")
 
 
