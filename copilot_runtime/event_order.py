@@ -36,6 +36,8 @@ __all__ = [
 ]
 
 _CHUNKS: Final = frozenset({ev.TEXT_MESSAGE_CHUNK, ev.TOOL_CALL_CHUNK})
+_REASONING: Final = frozenset({ev.REASONING_START, ev.REASONING_END, ev.REASONING_MESSAGE_START,
+                               ev.REASONING_MESSAGE_CONTENT, ev.REASONING_MESSAGE_END})
 # The string fields each tracked event must carry for the order rules to make sense.
 REQUIRED_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     ev.TEXT_MESSAGE_START: ("messageId",),
@@ -48,6 +50,11 @@ REQUIRED_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     ev.RUN_ERROR: ("message",),
     ev.STEP_STARTED: ("stepName",),
     ev.STEP_FINISHED: ("stepName",),
+    ev.REASONING_START: ("messageId",),
+    ev.REASONING_END: ("messageId",),
+    ev.REASONING_MESSAGE_START: ("messageId",),
+    ev.REASONING_MESSAGE_CONTENT: ("messageId", "delta"),
+    ev.REASONING_MESSAGE_END: ("messageId",),
 }
 
 
@@ -120,7 +127,8 @@ class RunEventOrder:
     `closing_events()` the ends of whatever is still open, for a run that ends early.
     """
 
-    __slots__ = ("_calls", "_chunks", "_steps", "_text", "run_id", "terminated", "thread_id")
+    __slots__ = ("_calls", "_chunks", "_reasoning", "_spans", "_steps", "_text", "run_id",
+                 "terminated", "thread_id")
 
     def __init__(self, thread_id: str, run_id: str) -> None:
         self.thread_id = thread_id
@@ -129,6 +137,9 @@ class RunEventOrder:
         self._text: dict[str, None] = {}
         self._calls: dict[str, None] = {}
         self._steps: dict[str, None] = {}
+        #: Reasoning messages and reasoning spans (`REASONING_START`) open now.
+        self._reasoning: dict[str, None] = {}
+        self._spans: dict[str, None] = {}
         self._chunks = ChunkState()
 
     def normalize(self, batch: Sequence[Event]) -> Sequence[Event]:
@@ -164,6 +175,14 @@ class RunEventOrder:
                 self._steps[str(event.get("stepName", ""))] = None
             elif kind == ev.STEP_FINISHED:
                 self._steps.pop(str(event.get("stepName", "")), None)
+            elif kind == ev.REASONING_MESSAGE_START:
+                self._reasoning[event["messageId"]] = None
+            elif kind == ev.REASONING_MESSAGE_END:
+                drop = self._reasoning.pop(event["messageId"], 0) is not None
+            elif kind == ev.REASONING_START:
+                self._spans[event["messageId"]] = None
+            elif kind == ev.REASONING_END:
+                drop = self._spans.pop(event["messageId"], 0) is not None
             elif kind == ev.RUN_STARTED:
                 drop = True  # the runtime already sent the run's RUN_STARTED
             elif kind in ev.TERMINAL_TYPES:
@@ -199,9 +218,13 @@ class RunEventOrder:
     def closing_events(self) -> list[Event]:
         tail: list[Event] = [ev.text_message_end(m) for m in self._text]
         tail.extend(ev.tool_call_end(c) for c in self._calls)
+        tail.extend({"type": ev.REASONING_MESSAGE_END, "messageId": m} for m in self._reasoning)
+        tail.extend({"type": ev.REASONING_END, "messageId": m} for m in self._spans)
         tail.extend(ev.step_finished(s) for s in self._steps)
         self._text.clear()
         self._calls.clear()
+        self._reasoning.clear()
+        self._spans.clear()
         self._steps.clear()
         self._chunks.text = self._chunks.call = None
         return tail
@@ -217,7 +240,7 @@ class OrderChecker:
     they are the middle of a run (what a remote agent sends after its own start).
     """
 
-    __slots__ = ("_calls", "_steps", "_text", "finished", "running")
+    __slots__ = ("_calls", "_reasoning", "_spans", "_steps", "_text", "finished", "running")
 
     def __init__(self, *, run_started_first: bool = True) -> None:
         self.running = not run_started_first
@@ -225,10 +248,13 @@ class OrderChecker:
         self._text: set[str] = set()
         self._calls: set[str] = set()
         self._steps: set[str] = set()
+        self._reasoning: set[str] = set()
+        self._spans: set[str] = set()
 
     @property
     def open(self) -> list[str]:
-        return sorted(self._text) + sorted(self._calls) + sorted(self._steps)
+        return (sorted(self._text) + sorted(self._calls) + sorted(self._reasoning)
+                + sorted(self._spans) + sorted(self._steps))
 
     def check(self, event: Event) -> str | None:
         kind = event.get("type")
@@ -262,6 +288,8 @@ class OrderChecker:
                 return f"for tool call '{event['toolCallId']}', which is not open"
             if kind == ev.TOOL_CALL_END:
                 self._calls.discard(event["toolCallId"])
+        elif kind in _REASONING:
+            return self._reasoned(kind, event["messageId"])
         elif kind == ev.STEP_STARTED:
             self._steps.add(str(event.get("stepName")))
         elif kind == ev.STEP_FINISHED:
@@ -277,4 +305,21 @@ class OrderChecker:
             self._text.clear()
             self._calls.clear()
             self._steps.clear()
+            self._reasoning.clear()
+            self._spans.clear()
+        return None
+
+    def _reasoned(self, kind: str, message_id: str) -> str | None:
+        """A reasoning span's or reasoning message's event (the 1.0 client checks them)."""
+        opened = self._spans if kind in (ev.REASONING_START, ev.REASONING_END) \
+            else self._reasoning
+        what = "reasoning span" if opened is self._spans else "reasoning message"
+        if kind in (ev.REASONING_START, ev.REASONING_MESSAGE_START):
+            if message_id in opened:
+                return f"for {what} '{message_id}', which is already open"
+            opened.add(message_id)
+        elif message_id not in opened:
+            return f"for {what} '{message_id}', which is not open"
+        elif kind != ev.REASONING_MESSAGE_CONTENT:
+            opened.discard(message_id)
         return None
