@@ -248,6 +248,33 @@ async def test_a_thread_route_reads_only_the_newest_runs_that_fit(
     assert [e["runId"] for e in got["events"] if e["type"] == "RUN_STARTED"] == ["r5"]
 
 
+async def test_a_threads_state_is_answered_whatever_runs_a_read_leaves_out(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: `GET /threads/{id}/state` and GraphQL `loadAgentState` looked for the state in
+    the newest runs they read alone: once the run that set it was older than `replay_bytes`
+    of newer runs, the route answered `{"state": null}` and loadAgentState `"{}"` with
+    `threadExists` true (which a CopilotKit 1.10 page takes as the state, wiping its own)."""
+    store = served.runtime.store
+    events = conformance._stateful("planned", "r0", {"plan": ["draft", "review"]})
+    await conformance._finish(store, "planned", "r0", events, 0)
+    position = len(events)
+    for index in (1, 2):
+        events = conformance._run("planned", f"r{index}", f"answer {_FILLER}")
+        await conformance._finish(store, "planned", f"r{index}", events, position,
+                                  created=1.0 + index)
+        position += len(events)
+    monkeypatch.setattr(store, "replay_bytes", 15_000, raising=False)  # a run: ~10 KB
+    status, got = await answer(served, "GET", "/threads/planned/events")
+    assert (status, got["omittedRuns"]) == (200, 2)
+    status, got = await answer(served, "GET", "/threads/planned/state")
+    assert (status, got) == (200, {"state": {"plan": ["draft", "review"]}})
+    loaded = await query(served, LOAD_STATE, {"data": {
+        "threadId": "planned", "agentName": "default"}})
+    state = loaded["data"]["loadAgentState"]
+    assert state["threadExists"] is True
+    assert json.loads(state["state"]) == {"plan": ["draft", "review"]}
+
+
 async def test_store_get_with_max_bytes_keeps_the_newest_runs(any_store: ThreadStore) -> None:
     """Before: `get` had no bound at all (a TypeError here); SQLite and PostgreSQL read every
     run of the thread. Now each store keeps the newest runs whose stored events fit, at least

@@ -287,8 +287,10 @@ async def test_plans_made_on_empty_tables_scan_no_table(store: PostgresThreadSto
         cursor = psycopg.AsyncClientCursor(conn)
         plans = []
         for name, query, args in (
+                # (a run that left a state: `{}`)
                 ("finish", _FINISH_RUNS, "'{t,r,1,2,0,5,a,NULL,NULL,x,0,5}'::text[], "
-                                         "'{\\\\x5b5d,\\\\x5b5d}'::bytea[], '{t,m}'::text[]"),
+                                         "'{\\\\x5b5d,\\\\x5b5d,\\\\x7b7d}'::bytea[], "
+                                         "'{t,m}'::text[]"),
                 ("heads", _SUMMARIES, "'{t}'::text[], '{t}'::text[]"),
                 ("running", _APPEND_EVENTS, "'{t,r,1,0,3,a,NULL,NULL,x}'::text[], "
                                             "'{\\\\x5b5d}'::bytea[]")):
@@ -323,14 +325,15 @@ def _whole_index_scans(plan: str) -> list[str]:
 
 async def _finish_plan(store: PostgresThreadStore, thread: str, run: str,
                        settings: tuple[str, ...] = ()) -> tuple[str, int]:
-    """The plan the store's finished-runs statement runs for `thread`'s open run `run`
-    (rolled back; `settings` made first, for the transaction), and the buffers it touched."""
+    """The plan the store's finished-runs statement runs for `thread`'s open run `run`,
+    which left a state (rolled back; `settings` made first, for the transaction), and the
+    buffers it touched."""
     import re
 
     from copilot_runtime.threads.postgres import _FINISH_RUNS
 
     args = (f"'{{{thread},{run},1,2,0,5,a,NULL,NULL,x,6,6}}'::text[], "
-            "'{\\\\x5b5d,\\\\x5b5d}'::bytea[], '{}'::text[]")
+            "'{\\\\x5b5d,\\\\x5b5d,\\\\x7b7d}'::bytea[], '{}'::text[]")
     async with store._pool.connection() as conn:  # configured as the store's own
         cursor = psycopg.AsyncClientCursor(conn)
         await cursor.execute(f"PREPARE finish AS {_numbered(_FINISH_RUNS)}".encode())

@@ -23,6 +23,7 @@ from copilot_runtime.testing import verify_events
 from copilot_runtime.threads import (
     INTERRUPTED_CODE,
     DurableThreadStore,
+    InMemoryThreadStore,
     SQLiteThreadStore,
     StoredRun,
     ThreadOwner,
@@ -66,6 +67,12 @@ def _run(thread: str, run: str, text: str, user: str = "hello there") -> list[ev
         ev.text_message_end(f"m-{run}"),
         ev.run_finished(thread, run),
     ]
+
+
+def _stateful(thread: str, run: str, state: dict[str, Any]) -> list[ev.Event]:
+    """A run that leaves `state` (a snapshot just before its end)."""
+    events = _run(thread, run, "planned it")
+    return [*events[:-1], ev.state_snapshot(state), events[-1]]
 
 
 async def _finish(store: ThreadStore, thread: str, run: str, events: list[ev.Event],
@@ -339,6 +346,86 @@ async def test_many_threads_written_at_once(store: ThreadStore) -> None:
     assert len(await store.list(limit=100)) == 20
 
 
+async def test_a_state_left_out_of_a_bounded_read_is_still_the_threads(
+        store: ThreadStore) -> None:
+    """Before: a thread's state was looked for in the runs read alone, so once the run that
+    set it was older than what `get(max_bytes=)` reads (the thread routes and GraphQL
+    `loadAgentState` read so), the thread had none: `GET /threads/{id}/state` answered null.
+    Each store keeps the last state with the thread now."""
+    events = _stateful("t", "r0", {"plan": ["a"]})
+    await _finish(store, "t", "r0", events, 0)
+    position = len(events)
+    for index in (1, 2):
+        events = _run("t", f"r{index}", "no state here")
+        await _finish(store, "t", f"r{index}", events, position, created=1.0 + index)
+        position += len(events)
+    record = await store.get("t", max_bytes=1)
+    assert record is not None
+    assert ([r.run_id for r in record.runs], record.omitted_runs) == (["r2"], 2)
+    assert record.state == {"plan": ["a"]}
+    # A later run's state is the thread's, that run read or not; on a durable store it is
+    # written as it streams first.
+    events = _stateful("t", "r3", {"plan": ["b"]})
+    if isinstance(store, DurableThreadStore):
+        await store.append_events("t", "default", "r3", 4.0, position, events)
+    await _finish(store, "t", "r3", events, position, created=4.0)
+    position += len(events)
+    events = _run("t", "r4", "still none")
+    await _finish(store, "t", "r4", events, position, created=5.0)
+    for bound in (None, 1):
+        assert (await store.get("t", max_bytes=bound)).state == {"plan": ["b"]}  # type: ignore[union-attr]
+    # A deleted thread's state goes with it.
+    assert await store.delete("t") is True
+    position += len(events)
+    await _finish(store, "t", "r5", _run("t", "r5", "fresh"), position, created=6.0)
+    assert (await store.get("t", max_bytes=1)).state is None  # type: ignore[union-attr]
+
+
+async def test_the_state_an_interrupted_run_streamed_is_kept_in_its_place(
+        store: ThreadStore) -> None:
+    """A run closed as interrupted keeps the state it streamed, unless a later run of its
+    thread (one that finished before the sweep closed it) left one: that one stays the
+    thread's, as when every run is read. Before, neither outlived a bounded read."""
+    durable = _durable(store)
+    streamed = _stateful("t", "r1", {"n": 1})[:-1]  # its worker died before its end
+    await durable.append_events("t", "default", "r1", 1.0, 0, streamed)
+    later = _stateful("t", "r2", {"n": 2})
+    first = len(streamed) + 10  # past where the sweep puts r1's closing events
+    await durable.append_events("t", "default", "r2", 2.0, first, later)
+    await _finish(durable, "t", "r2", later, first, created=2.0)
+    assert await durable.close_interrupted("t", "r1") is True
+    await _finish(durable, "t", "r3", _run("t", "r3", "none"), first + len(later),
+                  created=3.0)
+    for bound in (None, 1):
+        assert (await durable.get("t", max_bytes=bound)).state == {"n": 2}  # type: ignore[union-attr]
+    # Alone, the interrupted run's state is its thread's.
+    await durable.append_events("u", "default", "r1", 1.0, 0, streamed)
+    assert await durable.close_interrupted("u", "r1") is True
+    await _finish(durable, "u", "r2", _run("u", "r2", "none"), 20, created=2.0)
+    record = await durable.get("u", max_bytes=1)
+    assert record is not None
+    assert [r.run_id for r in record.runs] == ["r2"]
+    assert record.state == {"n": 1}
+
+
+async def test_a_state_evicted_from_memory_is_still_the_threads() -> None:
+    """Before: the in-memory store's eviction of a thread's oldest runs (past
+    `max_runs_per_thread`, or over its byte budget) took the thread's state with them."""
+    for store in (InMemoryThreadStore(max_runs_per_thread=2),
+                  InMemoryThreadStore(max_bytes=1_300)):  # the last two runs fit, not three
+        events = _stateful("t", "r0", {"plan": ["a"]})
+        await _finish(store, "t", "r0", events, 0)
+        position = len(events)
+        for index in (1, 2):
+            events = _run("t", f"r{index}", "no state here " * 20)
+            await _finish(store, "t", f"r{index}", events, position, created=1.0 + index)
+            position += len(events)
+        record = await store.get("t")
+        assert record is not None
+        assert [r.run_id for r in record.runs] == ["r1", "r2"]
+        assert record.state == {"plan": ["a"]}
+
+
 async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite3"
     db = sqlite3.connect(path)
@@ -358,7 +445,7 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     db.close()
     store = SQLiteThreadStore(path)
     try:
-        assert store.schema_version == 5
+        assert store.schema_version == 6
         record = await store.get("old")
         assert record is not None
         assert [r.run_id for r in record.runs] == ["r0"]
@@ -371,7 +458,7 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     finally:
         await store.aclose()
     reopened = SQLiteThreadStore(path)
-    assert reopened.schema_version == 5
+    assert reopened.schema_version == 6
     await reopened.aclose()
 
 
@@ -544,8 +631,8 @@ async def test_a_newer_release_that_only_added_to_the_store_can_be_rolled_back(
         await _finish(current, "t", "r1", _run("t", "r1", "a b"), 0)
         known, readers = await version_and_readers(current)
         # This release's last migrations are additive: the deleted threads' times (both),
-        # and SQLite's index of threads by update.
-        assert readers == known - (2 if kind == "sqlite" else 1)
+        # SQLite's index of threads by update, and the states kept with threads (both).
+        assert readers == known - (3 if kind == "sqlite" else 2)
     finally:
         await current.aclose()
     # A newer release migrated it once more, additively.

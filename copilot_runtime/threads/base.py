@@ -52,6 +52,7 @@ __all__ = [
     "newest_within",
     "omission",
     "positioned_runs",
+    "state_snapshot",
     "storable_ids",
     "title_of",
     "with_omission",
@@ -125,15 +126,20 @@ class ThreadRecord:
     #: A run of the thread opened and not closed yet (its events written as it streams), as
     #: `summary` of a durable store reads it; None otherwise.
     open_run: str | None = None
+    #: The state the thread's last finished run that had one left, as the store keeps it
+    #: with the thread: what `state` answers when that run is not among `runs` (a bounded
+    #: read left it out, the memory store evicted it). None: no run had one, the thread was
+    #: stored before stores kept it, or `get` read it in `runs` (it need not read it twice).
+    kept_state: Any = None
 
     @property
     def state(self) -> Any:
         """The thread's state after its last run that had one, or None."""
         for run in reversed(self.runs):
-            for event in reversed(run.events):
-                if event["type"] == "STATE_SNAPSHOT":
-                    return event.get("snapshot")
-        return None
+            snapshot = state_snapshot(run.events)
+            if snapshot is not None:
+                return snapshot.get("snapshot")
+        return self.kept_state
 
 
 @runtime_checkable
@@ -250,6 +256,14 @@ def newest_within(sizes: Sequence[int], max_bytes: int | None) -> int:
             break
         kept += 1
     return kept
+
+
+def state_snapshot(events: Sequence[Event]) -> Event | None:
+    """The last `STATE_SNAPSHOT` of a run's events (the state it left), or None."""
+    for event in reversed(events):
+        if event["type"] == ev.STATE_SNAPSHOT:
+            return event
+    return None
 
 
 def id_problem(value: str) -> str | None:

@@ -21,6 +21,7 @@ from copilot_runtime.threads.base import (
     ThreadRecord,
     newest_within,
     positioned_runs,
+    state_snapshot,
     title_of,
 )
 
@@ -92,6 +93,9 @@ class InMemoryThreadStore:
         else:
             self._threads.move_to_end(thread_id)
         record.runs.append(run)
+        snapshot = state_snapshot(run.events)
+        if snapshot is not None:  # kept past the run's eviction, and a bounded read's
+            record.kept_state = snapshot.get("snapshot")
         self._grow(thread_id, run.size)
         if len(record.runs) > self.max_runs_per_thread:
             dropped = record.runs[: -self.max_runs_per_thread]

@@ -48,6 +48,7 @@ from copilot_runtime.threads.base import (
     ThreadOwner,
     ThreadRecord,
     newest_within,
+    state_snapshot,
     title_of,
 )
 
@@ -172,10 +173,24 @@ _MIGRATIONS: tuple[str, ...] = (
         DEFAULT extract(epoch FROM now());
     CREATE INDEX deleted_threads_by_time ON deleted_threads (deleted_at);
     """,
+    # 8: the state the thread's last finished run that had one left, kept with the thread,
+    # and that run's `seq`: a read of the newest runs alone (`get(max_bytes=)`) answers it
+    # however old that run is. Threads stored before keep none until their next such run,
+    # and an older release (rolled back across this) keeps none for the runs it stores:
+    # their runs read answer, as before. (Compressed as the events are, see 2.)
+    """
+    ALTER TABLE threads ADD COLUMN state BYTEA, ADD COLUMN state_seq INTEGER;
+    DO $$
+    BEGIN
+        EXECUTE 'ALTER TABLE threads ALTER COLUMN state SET COMPRESSION lz4';
+    EXCEPTION WHEN OTHERS THEN
+        NULL;
+    END $$;
+    """,
 )
 
 #: The migrations older releases cannot tell from their absence (see `oldest_reader`).
-_ADDITIVE = frozenset({7})
+_ADDITIVE = frozenset({7, 8})
 
 #: Seconds between deletions of the raw events whose retention ended.
 _PRUNE_EVERY = 30.0
@@ -183,13 +198,15 @@ _PRUNE_EVERY = 30.0
 #: at all): each run's thread created or touched, the run its first events opened closed (or
 #: a new row when none were written while it ran) with the end stamped on its raw events
 #: written meanwhile (except the chunk rewritten here), its last raw events and its message
-#: ids. Written twice (sent again after its connection broke, having committed), it changes
-#: nothing more: the open run is closed already, and a run that was never open is added
-#: only while its thread's positions have not passed it.
+#: ids, and the state it left kept with its thread. Written twice (sent again after its
+#: connection broke, having committed), it changes nothing more: the open run is closed
+#: already, and a run that was never open is added only while its thread's positions have
+#: not passed it.
 #: At most one run per thread (a thread's row is written once per statement, and its next
-#: run's `seq` reads this one's). The runs come packed in three arrays, `_RUN_TEXTS` texts
-#: and two blobs per run and (thread, message id) pairs: psycopg adapts an array parameter
-#: in a few microseconds, so eighteen of them cost more than the statement's own work.
+#: run's `seq` reads this one's). The runs come packed in three arrays, twelve texts and
+#: three blobs per run (the last empty: no state) and (thread, message id) pairs: psycopg
+#: adapts an array parameter in a few microseconds, so eighteen of them cost more than the
+#: statement's own work.
 _FINISH_RUNS = b"""
 WITH a AS (
     SELECT %b::text[] AS t, %b::bytea[] AS b, %b::text[] AS m
@@ -198,8 +215,17 @@ WITH a AS (
            t[k + 4]::float8 AS now, t[k + 5]::int8 AS first, t[k + 6]::int8 AS last,
            t[k + 7] AS agent, t[k + 8] AS owner, t[k + 9] AS tenant, t[k + 10] AS title,
            t[k + 11]::int8 AS raw_first, t[k + 12]::int8 AS raw_last,
-           b[2 * i + 1] AS events, b[2 * i + 2] AS raw
-    FROM a, generate_series(0, cardinality(a.b) / 2 - 1) AS i, LATERAL (SELECT 12 * i AS k) AS o
+           b[3 * i + 1] AS events, b[3 * i + 2] AS raw, b[3 * i + 3] AS state,
+           -- The place among its thread's runs (`seq`) of a run that left a state: the open
+           -- run it closes, else a new one after the last (NULL: it is not written).
+           CASE WHEN b[3 * i + 3] <> '' THEN COALESCE(
+               (SELECT s.seq FROM runs s WHERE s.thread_id = t[k + 1] AND s.run_id = t[k + 2]
+                AND s.open LIMIT 1),
+               CASE WHEN NOT EXISTS (SELECT 1 FROM threads h WHERE h.thread_id = t[k + 1]
+                                     AND h.next_position > t[k + 6]::int8)
+                    THEN (SELECT COALESCE(MAX(s.seq), 0) + 1 FROM runs s
+                          WHERE s.thread_id = t[k + 1]) END) END AS state_seq
+    FROM a, generate_series(0, cardinality(a.b) / 3 - 1) AS i, LATERAL (SELECT 12 * i AS k) AS o
     -- Fenced: a run already closed (by this write before, or by a sweep that found its
     -- lease expired while its worker stalled) is never written again. OFFSET 0 keeps the
     -- look-up a probe of each run's key: as an anti-join, a plan made on empty tables read
@@ -208,12 +234,17 @@ WITH a AS (
                       AND NOT s.open AND s.first_position = t[k + 5]::int8 OFFSET 0)
 ), thread AS (
     INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title,
-                         next_position)
-    SELECT p.thread, p.agent, p.created, p.created, p.owner, p.tenant, p.title, p.last + 1
+                         next_position, state, state_seq)
+    SELECT p.thread, p.agent, p.created, p.created, p.owner, p.tenant, p.title, p.last + 1,
+           CASE WHEN p.state_seq IS NOT NULL THEN p.state END, p.state_seq
     FROM p
     ON CONFLICT (thread_id) DO UPDATE SET
         updated_at = GREATEST(threads.updated_at, excluded.updated_at),
-        next_position = GREATEST(threads.next_position, excluded.next_position)
+        next_position = GREATEST(threads.next_position, excluded.next_position),
+        -- unless a later run (by `seq`) left one: a run closed after the next one finished
+        state = CASE WHEN excluded.state_seq >= COALESCE(threads.state_seq, 0)
+                     THEN excluded.state ELSE threads.state END,
+        state_seq = GREATEST(threads.state_seq, excluded.state_seq)
 ), closed AS (
     UPDATE runs SET events = p.events, open = FALSE, last_position = p.last, ended_at = p.now
     FROM p WHERE runs.thread_id = p.thread AND runs.run_id = p.run AND runs.open
@@ -450,8 +481,8 @@ class PostgresThreadStore:
                     # Three queries, one round trip (octet_length reads a value's header,
                     # not the value).
                     thread = await conn.execute(
-                        f"SELECT {_THREAD_COLUMNS} FROM threads WHERE thread_id = %s",
-                        (thread_id,))
+                        f"SELECT {_THREAD_COLUMNS}, state_seq IS NOT NULL FROM threads "
+                        "WHERE thread_id = %s", (thread_id,))
                     sizes_of = await conn.execute(
                         "SELECT seq, octet_length(events) FROM runs WHERE thread_id = %s "
                         "AND NOT open ORDER BY seq DESC", (thread_id,))
@@ -462,7 +493,7 @@ class PostgresThreadStore:
                     message_ids = {m for (m,) in await ids.fetchall()}
                 if row is None:
                     return None
-                record = _record(thread_id, row)
+                record = _record(thread_id, row[:-1])
                 record.message_ids = message_ids
                 kept = newest_within([size for _, size in sizes], max_bytes)
                 record.omitted_runs = len(sizes) - kept
@@ -473,6 +504,14 @@ class PostgresThreadStore:
                 for run_id, created_at, events, first, last in await runs.fetchall():
                     record.runs.append(StoredRun(run_id, orjson.loads(events), created_at,
                                                  len(events), first, last))
+                if row[-1] and not any(state_snapshot(run.events) is not None
+                                       for run in record.runs):
+                    # The run that left the state was not read: the state kept with the thread.
+                    state = await (await conn.execute(
+                        "SELECT state FROM threads WHERE thread_id = %s", (thread_id,))
+                                   ).fetchone()
+                    if state is not None and state[0] is not None:
+                        record.kept_state = orjson.loads(state[0])
             return record
 
     async def summary(self, thread_id: str) -> ThreadRecord | None:
@@ -585,6 +624,7 @@ class PostgresThreadStore:
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
                          message_ids: Iterable[str], *, owner: ThreadOwner | None = None,
                          raw_first: int = -1, raw: Sequence[Event] = ()) -> None:
+        snapshot = state_snapshot(run.events)
         async with self._reachable(bounded=False):
             finished = _Finished(
                 thread_id, run.run_id, run.created_at, time.time(), run.first_position,
@@ -592,6 +632,7 @@ class PostgresThreadStore:
                 owner.principal_id if owner else None, owner.tenant if owner else None,
                 title_of(run.events), raw_first if raw and raw_first >= 0 else -1,
                 orjson.dumps(raw) if raw and raw_first >= 0 else b"", len(raw),
+                b"" if snapshot is None else orjson.dumps(snapshot.get("snapshot")),
                 builtins.list(message_ids))
             # Returns once the statement holding this run committed.
             await self._finished.write(finished)
@@ -636,6 +677,12 @@ class PostgresThreadStore:
                     "WHERE thread_id = %s AND seq = %s",
                     (orjson.dumps(compacted), last, now, thread_id, seq))
                 await _advance(conn, thread_id, last)
+                snapshot = state_snapshot(compacted)
+                if snapshot is not None:  # unless a later run (by `seq`) left one
+                    await conn.execute(
+                        "UPDATE threads SET state = %s, state_seq = %s WHERE thread_id = %s "
+                        "AND (state_seq IS NULL OR state_seq <= %s)",
+                        (orjson.dumps(snapshot.get("snapshot")), seq, thread_id, seq))
                 ids = [(thread_id, m) for m in message_ids_of(compacted)]
                 if ids:
                     async with conn.cursor() as cursor:
@@ -725,6 +772,7 @@ class _Finished:
     raw_first: int  # -1: no raw events left to write
     raw: bytes
     raw_count: int
+    state: bytes  # the state the run left (encoded JSON; empty: none)
     message_ids: builtins.list[str]
     done: asyncio.Future[None] = field(default_factory=_future)
 
@@ -769,7 +817,7 @@ async def _finish_runs(cursor: AsyncCursor[Any], batch: Sequence[_Finished]) -> 
                   str(f.first_position), str(f.last_position), f.agent_id, f.owner_id,
                   f.tenant, f.title, str(f.raw_first) if has_raw else None,
                   str(f.raw_first + f.raw_count - 1) if has_raw else None)
-        blobs += (f.events, f.raw)
+        blobs += (f.events, f.raw, f.state)
         for message_id in f.message_ids:
             ids += (f.thread_id, message_id)
     await cursor.execute(_FINISH_RUNS, (texts, blobs, ids), prepare=True)

@@ -46,6 +46,7 @@ from copilot_runtime.threads.base import (
     ThreadOwner,
     ThreadRecord,
     newest_within,
+    state_snapshot,
     title_of,
 )
 
@@ -165,12 +166,23 @@ def _v5(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX threads_by_updated ON threads (updated_at, thread_id)")
 
 
+def _v6(db: sqlite3.Connection) -> None:
+    """The state the thread's last finished run that had one left, kept with the thread,
+    and that run's `seq`: a read of the newest runs alone (`get(max_bytes=)`) answers it
+    however old that run is. Threads stored before keep none until their next such run,
+    and an older release (rolled back across this) keeps none for the runs it stores:
+    their runs read answer, as before."""
+    db.execute("ALTER TABLE threads ADD COLUMN state BLOB")
+    db.execute("ALTER TABLE threads ADD COLUMN state_seq INTEGER")
+
+
 #: Seconds between deletions of the raw events whose retention ended.
 _PRUNE_EVERY = 30.0
 
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2, _v3, _v4, _v5)
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
+    _v1, _v2, _v3, _v4, _v5, _v6)
 #: The migrations older releases cannot tell from their absence (see `oldest_reader`).
-_ADDITIVE = frozenset({4, 5})
+_ADDITIVE = frozenset({4, 5, 6})
 
 
 class SQLiteThreadStore:
@@ -297,6 +309,12 @@ class SQLiteThreadStore:
                 (thread_id, oldest)):
             record.runs.append(StoredRun(run_id, orjson.loads(events), created_at,
                                          len(events), first, last))
+        if not any(state_snapshot(run.events) is not None for run in record.runs):
+            # The run that left the state was not read (or there is none).
+            (state,) = self._db.execute("SELECT state FROM threads WHERE thread_id = ?",
+                                        (thread_id,)).fetchone() or (None,)
+            if state is not None:
+                record.kept_state = orjson.loads(state)
         return record
 
     async def summary(self, thread_id: str) -> ThreadRecord | None:
@@ -422,6 +440,13 @@ class SQLiteThreadStore:
             f"SELECT 1 FROM runs WHERE thread_id = ? AND run_id = ? AND open = 0 AND {where}",
             (thread_id, run_id, *values)).fetchone() is not None
 
+    def _keep_state(self, thread_id: str, seq: int, snapshot: Event) -> None:
+        """Keep the state a finished run left with its thread, unless a later run (by
+        `seq`) left one: a run closed as interrupted after the next one finished."""
+        self._db.execute("UPDATE threads SET state = ?, state_seq = ? WHERE thread_id = ? "
+                         "AND (state_seq IS NULL OR state_seq <= ?)",
+                         (orjson.dumps(snapshot.get("snapshot")), seq, thread_id, seq))
+
     def _advance(self, thread_id: str, last_position: int) -> None:
         self._db.execute("UPDATE threads SET next_position = max(next_position, ?) "
                          "WHERE thread_id = ?", (last_position + 1, thread_id))
@@ -475,17 +500,21 @@ class SQLiteThreadStore:
             (thread_id, agent_id, run.created_at, run.created_at,
              owner.principal_id if owner else None, owner.tenant if owner else None,
              title_of(run.events), run.last_position + 1))
+        snapshot = state_snapshot(run.events)
+        # The run's place among its thread's runs, for the state it left (`_keep_state`).
+        seq = self._open_seq(thread_id, run.run_id) if snapshot is not None else None
         closed = db.execute(
             "UPDATE runs SET events = ?, open = 0, last_position = ?, ended_at = ? "
             "WHERE thread_id = ? AND run_id = ? AND open = 1",
             (blob, run.last_position, now, thread_id, run.run_id)).rowcount
         if not closed:  # no events were written while it ran
+            seq = self._next_seq(thread_id)
             db.execute("INSERT INTO runs (thread_id, seq, run_id, created_at, events, "
-                       "first_position, last_position, ended_at) SELECT ?, "
-                       "COALESCE(MAX(seq), 0) + 1, ?, ?, ?, ?, ?, ? FROM runs "
-                       "WHERE thread_id = ?",
-                       (thread_id, run.run_id, run.created_at, blob, run.first_position,
-                        run.last_position, now, thread_id))
+                       "first_position, last_position, ended_at) VALUES (?, ?, ?, ?, ?, ?, "
+                       "?, ?)", (thread_id, seq, run.run_id, run.created_at, blob,
+                                 run.first_position, run.last_position, now))
+        if snapshot is not None and seq is not None:
+            self._keep_state(thread_id, seq, snapshot)
         if raw and raw_first >= 0:
             db.execute("INSERT OR REPLACE INTO run_events (thread_id, first_position, "
                        "last_position, run_id, events) VALUES (?, ?, ?, ?, ?)",
@@ -520,6 +549,9 @@ class SQLiteThreadStore:
                          "ended_at = ? WHERE thread_id = ? AND seq = ?",
                          (orjson.dumps(compacted), last, time.time(), thread_id, seq))
         self._advance(thread_id, last)
+        snapshot = state_snapshot(compacted)
+        if snapshot is not None:
+            self._keep_state(thread_id, seq, snapshot)
         self._db.executemany("INSERT OR IGNORE INTO message_ids (thread_id, message_id) "
                              "VALUES (?, ?)", [(thread_id, m) for m in message_ids_of(compacted)])
         return True
