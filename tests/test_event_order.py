@@ -30,7 +30,7 @@ def agent_streams(draw: st.DrawFn) -> list[list[dict[str, Any]]]:
     events: list[dict[str, Any]] = []
     for n in range(draw(st.integers(0, 6))):
         kind = draw(st.sampled_from(["text", "call", "text_chunks", "call_chunks", "step",
-                                     "noise"]))
+                                     "reasoning", "noise"]))
         deltas = draw(st.lists(st.sampled_from(["", "a", "bc", "{}"]), max_size=3))
         closed = draw(st.booleans())
         if kind == "text":
@@ -52,6 +52,13 @@ def agent_streams(draw: st.DrawFn) -> list[list[dict[str, Any]]]:
         elif kind == "step":
             events.append(ev.step_started(f"s{n}"))
             events += [ev.step_finished(f"s{n}")] if closed else []
+        elif kind == "reasoning":
+            events += ev.reasoning_start(f"r{n}")
+            events += [ev.reasoning_content(f"r{n}", d) for d in deltas if d]
+            ends = ev.reasoning_end(f"r{n}")
+            # closed, half closed (the message, not its span), or ended twice
+            events += ends if closed else ends[:draw(st.integers(0, 1))]
+            events += ends if draw(st.booleans()) else []
         else:
             events.append(ev.run_started("other", "run"))
             events.append(ev.state_snapshot({"n": n}))
@@ -96,6 +103,25 @@ def test_the_checker_names_the_mistake() -> None:
     assert checker.check(ev.run_finished("t", "r")) == "while c are still open"
     with pytest.raises(EventOrderError, match=r"TEXT_MESSAGE_END.*which is not open"):
         verify_events([ev.run_started("t", "r"), ev.text_message_end("m")])
+
+
+def test_reasoning_left_open_is_closed_and_the_checker_holds_it_to_the_rules() -> None:
+    """A run stopped mid-reasoning ended with its reasoning message and span open: AG-UI
+    1.0's client refuses that RUN_FINISHED ("while reasoning messages are still active"),
+    and the checker (remote agents, `verify_events`) let reasoning events through unchecked."""
+    order = RunEventOrder("t", "r")
+    order.normalize([*ev.reasoning_start("x"), ev.reasoning_content("x", "hmm")])
+    assert order.closing_events() == [{"type": "REASONING_MESSAGE_END", "messageId": "x"},
+                                      {"type": "REASONING_END", "messageId": "x"}]
+    checker = OrderChecker()
+    checker.check(ev.run_started("t", "r"))
+    assert checker.check(ev.reasoning_content("x", "a")) == (
+        "for reasoning message 'x', which is not open")
+    for event in ev.reasoning_start("x"):
+        assert checker.check(event) is None
+    assert checker.check(ev.reasoning_start("x")[0]) == (
+        "for reasoning span 'x', which is already open")
+    assert checker.check(ev.run_finished("t", "r")) == "while x, x are still open"
 
 
 class ChunkingAgent(Agent):
