@@ -313,6 +313,36 @@ async def test_frontend_tool_then_follow_up(harness: Harness,
     assert text_of(second) == 'echo: {"greeting":"Hello, Ada!"}'
 
 
+def _tool_names(body: dict[str, Any]) -> list[str]:
+    """The names of the tools a recorded request offered, in any provider's shape."""
+    names: list[str] = []
+    for tool in body.get("tools") or ():
+        if "function" in tool:
+            names.append(tool["function"]["name"])
+        elif "functionDeclarations" in tool:
+            names += [declaration["name"] for declaration in tool["functionDeclarations"]]
+        else:
+            names.append(tool["name"])
+    return names
+
+
+async def test_a_frontend_tool_sent_twice_is_offered_once(
+        harness: Harness, serve_runtime: ServeRuntime) -> None:
+    """A page that registers a tool twice (a component mounted twice) sends its name twice:
+    Anthropic refuses a request naming a tool twice ("Tool names must be unique"), so every
+    run of such a page failed; the last definition is the one offered, as the client's own
+    registry keeps it."""
+    tool = {"name": "sayHello", "description": "Greets",
+            "parameters": {"type": "object", "properties": {"name": {"type": "string"}}}}
+    again = {**tool, "description": "Greets warmly"}
+    runtime = CopilotRuntime(service_adapter=harness.make(), actions=[getWeather])
+    async with asyncio.timeout(TIMEOUT_S), serve_runtime(runtime) as served:
+        events = await served.run(run_input('call:sayHello {"name":"Ada"}',
+                                            tools=[tool, again]))
+    assert types(events)[-1] == "RUN_FINISHED", events
+    assert sorted(_tool_names(harness.server.requests[-1])) == ["getWeather", "sayHello"]
+
+
 async def test_forwarded_model_settings_mapped_or_refused(
         harness: Harness, serve_runtime: ServeRuntime) -> None:
     runtime = CopilotRuntime(service_adapter=harness.make(), actions=[getWeather])

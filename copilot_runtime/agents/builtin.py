@@ -301,11 +301,16 @@ class BuiltInAgent(Agent):
     def _turn(self, input: RunInput) -> _Turn:
         model = input.model
         tools = [ToolSpec(a.name, a.description, a.parameters) for a in self.actions.values()]
+        # A name the client sends twice (a component mounted twice) is one tool, the last, as
+        # the client's own registry keeps it: some APIs refuse a request that names one twice.
+        frontend: dict[str, ToolSpec] = {}
         for tool in model.tools or ():
             if tool.name not in self.actions:
-                tools.append(ToolSpec(tool.name, tool.description,
-                                      tool.parameters or {"type": "object", "properties": {}}))
-        return _Turn(tools=tools, frontend={t.name for t in tools} - self.actions.keys(),
+                frontend[tool.name] = ToolSpec(
+                    tool.name, tool.description,
+                    tool.parameters or {"type": "object", "properties": {}})
+        tools.extend(frontend.values())
+        return _Turn(tools=tools, frontend=set(frontend),
                      history=list(model.messages),
                      system_prompt=self._system_prompt(model.context or ()),
                      settings=model_settings(model.forwarded_props))
