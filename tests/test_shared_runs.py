@@ -6,6 +6,7 @@ run exactly once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -220,6 +221,28 @@ async def test_the_sweep_clears_a_dead_workers_redis_marker(tmp_path: Path) -> N
             await runtime.aclose()
 
 
+@contextlib.asynccontextmanager
+async def _two_workers(url: str, tmp_path: Path
+                       ) -> AsyncIterator[tuple[CopilotRuntime, CopilotRuntime, asyncio.Event]]:
+    """Workers a and b on one SQLite thread store and coordinator `url`; thread `t` holds a
+    finished run r1 of a's, and a's next run waits after its first words until the gate
+    is set."""
+    agents = [GatedAgent(), GatedAgent()]
+    made = [CopilotRuntime(agents={"default": agent},
+                           thread_store=thread_store(f"sqlite:///{tmp_path}/threads.db"),
+                           coordinator=url) for agent in agents]
+    try:
+        for runtime in made:
+            await runtime.start()
+        agents[0].gate.set()
+        await (await made[0].start_run("default", run_input("t", "r1"))).drive(_ignore)
+        agents[0].gate.clear()
+        yield made[0], made[1], agents[0].gate
+    finally:
+        for runtime in made:
+            await runtime.aclose()
+
+
 async def test_an_id_past_the_thread_replays_it_whole_on_every_worker(
         url: str, tmp_path: Path) -> None:
     """Before: `connect` with a `Last-Event-ID` past the thread's positions (an id of
@@ -227,17 +250,7 @@ async def test_an_id_past_the_thread_replays_it_whole_on_every_worker(
     whole thread on the worker driving the run, but nothing at all on any other: the
     follower waited for events after that id, which never came, and its stream ended empty
     with the run. Both now replay the whole thread, then follow the live run."""
-    agents = [GatedAgent(), GatedAgent()]
-    made = [CopilotRuntime(agents={"default": agent},
-                           thread_store=thread_store(f"sqlite:///{tmp_path}/threads.db"),
-                           coordinator=url) for agent in agents]
-    a, b = made
-    try:
-        for runtime in made:
-            await runtime.start()
-        agents[0].gate.set()
-        await (await a.start_run("default", run_input("t", "r1"))).drive(_ignore)
-        agents[0].gate.clear()  # the next run waits, after its first words, until told
+    async with _two_workers(url, tmp_path) as (a, b, gate):
         driving = asyncio.create_task(
             (await a.start_run("default", run_input("t", "r2"))).drive(_ignore))
         got: dict[str, list[Positioned]] = {"driving": [], "following": []}
@@ -255,7 +268,7 @@ async def test_an_id_past_the_thread_replays_it_whole_on_every_worker(
 
         # While the run waits, on both: the first run, and the live one so far.
         await eventually(both_replayed, deadline=10, what="the whole thread replayed")
-        agents[0].gate.set()
+        gate.set()
         async with asyncio.timeout(10):
             await driving
             await asyncio.gather(*reading)
@@ -265,9 +278,6 @@ async def test_an_id_past_the_thread_replays_it_whole_on_every_worker(
         assert [e["type"] for e in events].count("RUN_FINISHED") == 2
         positions = [p for p, _ in got["following"] if p is not None]
         assert positions == sorted(set(positions))  # nothing twice
-    finally:
-        for runtime in made:
-            await runtime.aclose()
 
 
 async def test_an_id_of_the_live_run_not_yet_written_resumes_exactly(
@@ -276,17 +286,7 @@ async def test_an_id_of_the_live_run_not_yet_written_resumes_exactly(
     yet in the store, is one of the thread's: another worker resumes after it, once written,
     and does not replay the whole thread."""
     monkeypatch.setattr(copilot_runtime._runs, "FLUSH_INTERVAL", 1.0)  # written late
-    agents = [GatedAgent(), GatedAgent()]
-    made = [CopilotRuntime(agents={"default": agent},
-                           thread_store=thread_store(f"sqlite:///{tmp_path}/threads.db"),
-                           coordinator=url) for agent in agents]
-    a, b = made
-    try:
-        for runtime in made:
-            await runtime.start()
-        agents[0].gate.set()
-        await (await a.start_run("default", run_input("t", "r1"))).drive(_ignore)
-        agents[0].gate.clear()
+    async with _two_workers(url, tmp_path) as (a, b, gate):
         run = await a.start_run("default", run_input("t", "r2"))
         driving = asyncio.create_task(run.drive(_ignore))
         await eventually(lambda: any(e.get("delta") == "one " for e in run.events),
@@ -301,13 +301,10 @@ async def test_an_id_of_the_live_run_not_yet_written_resumes_exactly(
 
         reading = asyncio.create_task(read())
         await asyncio.sleep(1.5)  # written meanwhile
-        agents[0].gate.set()
+        gate.set()
         async with asyncio.timeout(10):
             await driving
             await reading
         assert [(p, e["type"]) for p, e in got] == [
             (seen + 1, "TEXT_MESSAGE_CONTENT"), (seen + 2, "TEXT_MESSAGE_END"),
             (seen + 3, "RUN_FINISHED")]
-    finally:
-        for runtime in made:
-            await runtime.aclose()

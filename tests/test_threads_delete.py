@@ -10,8 +10,10 @@ coordinator) from its check to its end: a run asking meanwhile is busy (409), on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +108,19 @@ async def test_a_run_asked_for_on_another_worker_while_the_thread_is_deleted_is_
             assert status == 200
 
 
+@contextlib.contextmanager
+def _held(path: Path) -> Iterator[None]:
+    """Another connection holds the SQLite file's write lock meanwhile (a backup script's
+    transaction)."""
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        yield
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+
+
 async def test_a_sqlite_file_held_by_another_connection_is_a_503_and_nothing_is_forgotten(
         tmp_path: Path, serve_runtime: ServeRuntime) -> None:
     """Another connection holding the SQLite file's write lock (a backup script) held PATCH
@@ -128,16 +143,11 @@ async def test_a_sqlite_file_held_by_another_connection_is_a_503_and_nothing_is_
         status, _, _ = await call(served, "POST", "/agent/default/run", None,
                                   run_input("first", thread="t", run="r1"))
         assert status == 200
-        other = sqlite3.connect(path, isolation_level=None)
-        try:
-            other.execute("BEGIN IMMEDIATE")
+        with _held(path):
             started = time.monotonic()
             answers = [await call(served, "PATCH", "/threads/t", None, {"name": "renamed"}),
                        await call(served, "DELETE", "/threads/t", None)]
             elapsed = time.monotonic() - started
-        finally:
-            other.execute("ROLLBACK")
-            other.close()
         for status, body, headers in answers:
             assert status == 503, body
             assert orjson.loads(body)["code"] == "SERVICE_UNAVAILABLE"
@@ -168,16 +178,11 @@ async def test_a_run_ending_while_the_sqlite_file_is_held_is_stored_once_it_is_f
         status, _, _ = await call(served, "POST", "/agent/default/run", None,
                                   run_input("first", thread="t", run="r1"))
         assert status == 200
-        other = sqlite3.connect(path, isolation_level=None)
-        try:
-            other.execute("BEGIN IMMEDIATE")
+        with _held(path):
             running = asyncio.ensure_future(call(served, "POST", "/agent/default/run", None,
                                                  run_input("second", thread="t", run="r2")))
             await asyncio.sleep(0.6)  # its writes fail meanwhile
             assert not running.done()
-        finally:
-            other.execute("ROLLBACK")
-            other.close()
         status, _, _ = await running
         assert status == 200
         record = await store.get("t")
