@@ -8,7 +8,9 @@
   stream, instead of being cut after the grace period;
 - a connection has `HEADERS_SECONDS` to send a request's headers (uvicorn waits for ever
   before the first request, and once a next request's first byte came): idle or trickling
-  sockets no longer hold their file descriptors for ever;
+  sockets no longer hold their file descriptors for ever; and `MAX_HEADER_BYTES` for them
+  (uvicorn's httptools protocol keeps every header it is sent: a few requests of hundreds of
+  megabytes of headers held gigabytes), past which it is answered 431 and closed;
 - a connection whose writes have waited `WRITE_STALL_SECONDS` on a client that reads nothing
   is aborted (asyncio's `close` waits for the client to read what is buffered, for ever), as
   is one the app gives up on (`ABORT_EXTENSION`): at once, its buffers freed, no ERROR line;
@@ -35,8 +37,8 @@ from copilot_runtime.protocols.http import ABORT_EXTENSION
 if TYPE_CHECKING:
     from copilot_runtime.runtime import CopilotRuntime
 
-__all__ = ["HEADERS_SECONDS", "STARTUP_FAILURE", "WRITE_STALL_SECONDS", "default_connection_limit",
-           "die_with_supervisor", "serve", "serving"]
+__all__ = ["HEADERS_SECONDS", "MAX_HEADER_BYTES", "STARTUP_FAILURE", "WRITE_STALL_SECONDS",
+           "default_connection_limit", "die_with_supervisor", "serve", "serving"]
 
 #: uvicorn's exit code for a server that could not start: a worker exiting with it stops
 #: the supervisor instead of being started again.
@@ -56,6 +58,9 @@ def serving(runtime: CopilotRuntime) -> None:
 #: the end of its previous answer (idle between requests, uvicorn's keep-alive timeout of 5 s
 #: closes it first). Past it the connection is closed, answered 408 if part of a request came.
 HEADERS_SECONDS = 10.0
+#: The most bytes a request's line and headers may take (Node's and uvicorn's h11 limit is
+#: 16 KiB; big cookies and tokens fit well within this).
+MAX_HEADER_BYTES = 64 * 1024
 #: The longest a connection's writes may wait on a client that reads nothing (its socket
 #: and the transport's buffer full) before the connection is aborted: what
 #: `protocols.http.SEND_IDLE_SECONDS` allows a stream, for every answer.
@@ -84,6 +89,8 @@ def _answer(status: bytes, headers: bytes, error: bytes) -> bytes:
 _TOO_MANY = _answer(b"503 Service Unavailable", b"retry-after: 1\r\n",
                     b"Too many open connections")
 _TOO_SLOW = _answer(b"408 Request Timeout", b"", b"Request headers took too long")
+_TOO_LARGE = _answer(b"431 Request Header Fields Too Large", b"",
+                     b"Request headers are too large")
 
 
 def default_connection_limit() -> int:
@@ -104,8 +111,9 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     #: Waiting for a request's headers, since `_since` (loop time).
     _awaiting = False
     _since = 0.0
-    #: Bytes of a request whose headers are not complete yet came.
+    #: Bytes of a request whose headers are not complete yet came (how many).
     _heard = False
+    _header_bytes = 0
     #: What was still to send when `_write_timer` was set.
     _pending = 0
 
@@ -130,6 +138,12 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
             self._awaiting = False
         elif self._awaiting:
             self._heard = True
+            self._header_bytes += len(data)
+            if self._header_bytes > MAX_HEADER_BYTES and not self.transport.is_closing():
+                self._stop_timers()
+                self.transport.write(_TOO_LARGE)
+                self.transport.close()
+                self._watch_writes()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -188,6 +202,7 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
         # One timer a connection, looked at when it fires, rather than one made and cancelled
         # per request (a few microseconds of every keep-alive request).
         self._awaiting, self._heard, self._since = True, False, self.loop.time()
+        self._header_bytes = 0
         if self._headers_timer is None:
             self._headers_timer = self.loop.call_later(HEADERS_SECONDS, self._headers_late)
 

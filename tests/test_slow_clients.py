@@ -284,6 +284,42 @@ async def test_headers_sent_a_byte_at_a_time_are_answered_408(headers_deadline: 
                 sock.close()
 
 
+async def test_headers_past_their_bound_are_answered_431_and_closed() -> None:
+    """uvicorn's httptools protocol kept every header it was sent: one request of 420 MB of
+    headers was answered 200 (the server holding it all), six of 250 MB took 1.5 GB that
+    stayed. Now a request's headers have `MAX_HEADER_BYTES`; one under it is served, even
+    and the server goes on."""
+    runtime = CopilotRuntime(agents={"default": Flood()})
+    line = b"X-Filler: " + b"a" * 1000 + b"\r\n"
+    async with serving(create_app(runtime, PATH)) as (server, port):
+        loop = asyncio.get_running_loop()
+        sock = await raw_socket(port, b"GET /api/info HTTP/1.1\r\nHost: x\r\n")
+        try:
+            async def send_headers(s: socket.socket = sock) -> None:
+                with contextlib.suppress(OSError):
+                    for _ in range(10_000):  # 10 MB, unless cut first
+                        await loop.sock_sendall(s, line * 10)
+
+            sending = asyncio.create_task(send_headers())
+            try:
+                answer = await read_until_closed(sock, 10)
+            finally:
+                sending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sending
+            assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        finally:
+            sock.close()
+        fits = b"GET /api/info HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + \
+            line * (_serving.MAX_HEADER_BYTES // len(line) - 1) + b"\r\n"
+        sock = await raw_socket(port, fits)
+        try:
+            assert (await read_until_closed(sock, 10)).startswith(b"HTTP/1.1 200 ")
+        finally:
+            sock.close()
+        assert len(server.server_state.connections) == 0
+
+
 async def test_connections_past_the_limit_are_answered_503_and_closed(
         headers_deadline: float) -> None:
     """At most `limit_concurrency` connections are held (`--limit-concurrency`): one more
