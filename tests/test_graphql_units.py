@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -377,6 +379,30 @@ def test_scalars_coerce_variables(variables: dict[str, Any], ok: bool) -> None:
 
 def _subclasses(kind: type) -> list[type]:
     return [kind, *(c for sub in kind.__subclasses__() for c in _subclasses(sub))]
+
+
+def test_every_code_the_1_10_client_is_sent_is_one_it_knows() -> None:
+    """The 1.10 client's error class looks `extensions.code` up in its own table and fails
+    on any other (`Cannot destructure property 'statusCode'`, a TypeError in the page):
+    a busy thread (`THREAD_BUSY`) and a rate limit (`RATE_LIMITED`) broke the page that
+    sent them. Every code our errors carry is one of the table read from the client's
+    own package; ours go beside it as `runtimeCode`."""
+    from copilot_runtime import _exceptions
+    from copilot_runtime.protocols.graphql import errors
+
+    shared = Path(__file__).parent / "gql" / "node_modules" / "@copilotkit" / "shared"
+    table = (shared / "dist" / "index.js").read_text(encoding="utf-8")
+    known = set(re.findall(r'CopilotKitErrorCode2\["([A-Z_]+)"\]', table))
+    assert {"UNKNOWN", "MISUSE", "NETWORK_ERROR"} <= known
+    assert set(errors._KIT) <= known
+    assert set(errors._FROM_RUNTIME.values()) <= known
+    for kind in _subclasses(_exceptions.CopilotRuntimeError):
+        error = kind.__new__(kind)
+        error.message = "refused"
+        extensions = errors.error_extensions(error, "refused")
+        assert extensions["code"] in known, kind
+        assert errors.failed_status("refused", getattr(kind, "code", None))[
+            "details"]["originalError"]["code"] in known, kind
 
 
 def test_a_run_refused_mid_stream_is_coded_as_before_one() -> None:

@@ -77,7 +77,9 @@ async def test_runs_per_minute_per_principal(limited: Served, llm: MockOpenAISer
                  "X-CopilotKit-Runtime-Client-GQL-Version": "1.10.6"})
     assert response.status == 429
     assert int(response.headers["Retry-After"]) >= 1
-    assert (await response.json())["errors"][0]["extensions"]["code"] == "RATE_LIMITED"
+    extensions = (await response.json())["errors"][0]["extensions"]
+    assert (extensions["code"], extensions["runtimeCode"]) == ("MISUSE", "RATE_LIMITED")
+    assert extensions["statusCode"] == 429
 
 
 async def test_concurrent_runs_and_anonymous_callers(serve_runtime: ServeRuntime,

@@ -22,6 +22,7 @@ from copilot_runtime._exceptions import (
 )
 
 __all__ = [
+    "error_extensions",
     "failed_status",
     "guardrails_status",
     "interrupted_status",
@@ -32,8 +33,10 @@ __all__ = [
 ]
 
 _DOCS = "https://docs.copilotkit.ai"
-# code -> (statusCode, visibility, severity, troubleshootingUrl), as the 1.10 client knows them;
-# THREAD_BUSY is ours (that runtime has no such condition).
+# code -> (statusCode, visibility, severity, troubleshootingUrl), as the 1.10 client knows them.
+# Only these codes: the client's error class looks a code up in its own table and fails
+# (a TypeError in the page) on any other. Our own conditions go under one of them, the
+# runtime's code beside it as `runtimeCode`.
 _KIT: dict[str, tuple[int, str, str, str | None]] = {
     "AGENT_NOT_FOUND": (500, "banner", "critical",
                         f"{_DOCS}/coagents/troubleshooting/common-issues"
@@ -45,7 +48,6 @@ _KIT: dict[str, tuple[int, str, str, str | None]] = {
     "AUTHENTICATION_ERROR": (401, "banner", "critical", None),
     "MISUSE": (400, "dev_only", "warning", None),
     "CONFIGURATION_ERROR": (400, "banner", "warning", None),
-    "THREAD_BUSY": (409, "toast", "warning", None),
     "UNKNOWN": (500, "toast", "critical", None),
 }
 # The runtime's own codes (RUN_ERROR.code, CopilotRuntimeError.code) -> the client's.
@@ -60,7 +62,8 @@ _FROM_RUNTIME = {
     "LEASE_LOST": "NETWORK_ERROR",
     "JSON_TOO_DEEP": "MISUSE",
     "AGENT_NOT_FOUND": "AGENT_NOT_FOUND",
-    "THREAD_BUSY": "THREAD_BUSY",
+    # A run on the thread already: try again once it ended (the client knows no such code).
+    "THREAD_BUSY": "UNKNOWN",
     "THREAD_NOT_FOUND": "NOT_FOUND",
     "AUTHENTICATION_ERROR": "AUTHENTICATION_ERROR",
     "INVALID_REQUEST": "MISUSE",
@@ -108,11 +111,29 @@ def said_of(exc: CopilotRuntimeError) -> str:
     return f"{exc.message}: {'; '.join(said)}" if said else exc.message
 
 
-def kit_extensions(code: str, message: str) -> dict[str, Any]:
-    status, visibility, severity, url = _KIT.get(code, _KIT["UNKNOWN"])
-    return {"name": "CopilotError", "statusCode": status, "code": code,
-            "visibility": visibility, "severity": severity, "troubleshootingUrl": url,
-            "originalError": {"message": message}}
+def kit_extensions(code: str, message: str, runtime_code: str | None = None,
+                   status: int | None = None) -> dict[str, Any]:
+    """The extensions of an error the 1.10 client reads; `code` must be one of its own
+    (`_KIT`), and `runtime_code` (named as `runtimeCode` when it differs) says exactly what
+    happened, with the HTTP `status` that condition has (else the code's)."""
+    known, visibility, severity, url = _KIT.get(code, _KIT["UNKNOWN"])
+    code = code if code in _KIT else "UNKNOWN"
+    ours = runtime_code is not None and runtime_code != code
+    # (a condition the client has a code for keeps that code's status, as the TypeScript
+    # runtime sends it)
+    extensions = {"name": "CopilotError", "statusCode": status if ours and status else known,
+                  "code": code, "visibility": visibility, "severity": severity,
+                  "troubleshootingUrl": url, "originalError": {"message": message}}
+    if ours:
+        extensions["runtimeCode"] = runtime_code
+    return extensions
+
+
+def error_extensions(exc: CopilotRuntimeError, message: str) -> dict[str, Any]:
+    """`kit_extensions` of a refused request (its message as `said_of` says it)."""
+    status = getattr(exc, "status", None)  # (a request's error has one)
+    return kit_extensions(kit_code_of(exc), message, exc.code,
+                          status if isinstance(status, int) else None)
 
 
 def failed_status(message: str, runtime_code: str | None) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._limits import check_json_text
 from copilot_runtime.protocols.graphql.agent_tools import session_run, with_request_mcp
 from copilot_runtime.protocols.graphql.documents import DocumentCache, Prepared
-from copilot_runtime.protocols.graphql.errors import kit_code_of, kit_extensions, said_of
+from copilot_runtime.protocols.graphql.errors import error_extensions, said_of
 from copilot_runtime.protocols.graphql.increments import ResponseEncoder
 from copilot_runtime.protocols.graphql.plan import ROOT_FIELD, OperationPlan
 from copilot_runtime.protocols.graphql.queries import QueryContext, agent_not_found, query_root
@@ -199,7 +199,7 @@ class GraphQLProtocol:
         except RateLimitedError as exc:
             # Before anything streamed: the plain HTTP answer, so clients and proxies see it.
             error = GraphQLError(exc.message, plan.field_node, path=[plan.root_key],
-                                 extensions={"code": exc.code, "statusCode": 429})
+                                 extensions=error_extensions(exc, exc.message))
             await send_result(request, 429, orjson.dumps(
                 {"errors": [error.formatted], "data": None}),
                 [(b"retry-after", str(exc.retry_after).encode())])
@@ -207,7 +207,7 @@ class GraphQLProtocol:
         except CopilotRuntimeError as exc:
             said = said_of(exc)
             error = GraphQLError(said, plan.field_node, path=[plan.root_key],
-                                 extensions=kit_extensions(kit_code_of(exc), said))
+                                 extensions=error_extensions(exc, said))
             await send_result(request, 200, orjson.dumps(
                 {"errors": [error.formatted], "data": None}))
             return

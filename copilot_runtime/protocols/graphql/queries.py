@@ -21,7 +21,7 @@ from copilot_runtime._limits import readable
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.messages import to_json_representation
-from copilot_runtime.protocols.graphql.errors import kit_code_of, kit_extensions
+from copilot_runtime.protocols.graphql.errors import error_extensions, kit_extensions
 from copilot_runtime.runtime import CopilotRuntime
 from copilot_runtime.threads.base import MAX_REPLAY_BYTES, id_problem
 
@@ -44,7 +44,7 @@ def agent_not_found(agent_id: str, runtime: CopilotRuntime) -> AgentNotFoundErro
 
 
 def as_graphql_error(exc: CopilotRuntimeError) -> GraphQLError:
-    return GraphQLError(exc.message, extensions=kit_extensions(kit_code_of(exc), exc.message))
+    return GraphQLError(exc.message, extensions=error_extensions(exc, exc.message))
 
 
 def is_service_adapter(runtime: CopilotRuntime, agent_id: str) -> bool:
