@@ -28,6 +28,10 @@ class RunInput:
 
     model: RunAgentInput
     raw: dict[str, Any]
+    #: The ids of messages the client makes again for every request (the 1.10 client's
+    #: instructions, a system message of a new id each time): the agent is given them, the
+    #: thread keeps none (kept, they piled up one a request, and went back to the model).
+    transient: frozenset[str] = frozenset()
 
     @property
     def thread_id(self) -> str:
@@ -49,7 +53,7 @@ class RunInput:
                 raw.pop(key, None)
             else:
                 raw[key] = dumped[key]
-        return RunInput(model, raw)
+        return RunInput(model, raw, self.transient)
 
 
 def parse_json_body(body: bytes) -> Any:

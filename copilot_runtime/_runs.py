@@ -432,8 +432,10 @@ class ActiveRun:
         echo: dict[str, Any] = {}
         for key in _INPUT_KEYS:
             if key == "messages":
+                unkept = self.input.transient
                 echo[key] = [m for m in raw.get("messages") or ()
-                             if not (isinstance(m, dict) and m.get("id") in self._seen)]
+                             if not (isinstance(m, dict) and (
+                                 m.get("id") in self._seen or m.get("id") in unkept))]
             elif key in raw and raw[key] is not None:
                 echo[key] = raw[key]
             elif key in ("tools", "context"):
@@ -502,7 +504,8 @@ class ActiveRun:
                                        self.manager.max_run_bytes)
             self.compacted = compacted
             ids = {m["id"] for m in self.input.raw.get("messages") or ()
-                   if isinstance(m, dict) and isinstance(m.get("id"), str)} | self.extra_ids
+                   if isinstance(m, dict) and isinstance(m.get("id"), str)
+                   and m["id"] not in self.input.transient} | self.extra_ids
             if self.output_marks is not None:
                 ids |= self.output_marks(compacted)
             for event in compacted:

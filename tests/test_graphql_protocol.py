@@ -436,6 +436,29 @@ async def test_llm_errors_are_reported_in_band(llm: MockOpenAIServer,
     assert broken["status"]["reason"] == "UNKNOWN_ERROR"
 
 
+async def test_the_clients_instructions_reach_the_model_and_are_not_kept(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """The 1.10 client sends its instructions as a system message of a new id with every
+    request: each was kept with the thread, so a thread held one a request (a follow-up
+    after a tool call included), and a 1.74 page opening it sent them all back to the
+    model. The model gets this request's; the thread keeps none."""
+    async with serve_runtime(openai_runtime(llm)) as served:
+        history: list[dict[str, Any]] = []
+        for n in (1, 2, 3):
+            history.append(text_message(f"user-{n}", "user", f"question {n}"))
+            result, _ = await generate(served, chat_data(
+                [text_message(f"ck-{n}", "system", "Be brief."), *history],
+                thread="instructed"))
+            history += [text_message(m["id"], "assistant", "".join(m["content"]))
+                        for m in result["messages"] if m.get("content")]
+        response = await served.session.get(served.url + "/threads/instructed/messages")
+        stored = (await response.json())["messages"]
+    assert [m["role"] for m in stored] == ["user", "assistant"] * 3
+    sent = llm.requests[-1]["messages"]
+    assert [m["content"] for m in sent if m["role"] in ("system", "developer")] == [
+        "Be brief."]
+
+
 async def test_busy_thread(llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
     async with serve_runtime(openai_runtime(llm)) as served:
         slow = await post(served, {"query": CHAT_DOCUMENT, "variables": {

@@ -75,18 +75,22 @@ def run_request(data: Mapping[str, Any], properties: Mapping[str, Any] | None,
     state, agent_props = _agent_state(data, agent_id, session)
     forwarded: dict[str, Any] = {**agent_props, **(properties or {}),
                                  "forwardedParameters": _settings(data)}
+    messages = from_graphql_inputs(data.get("messages") or ())
     raw = {
         "threadId": thread_id,
         "runId": client_run_id or str(uuid.uuid4()),
         "state": state,
-        "messages": from_graphql_inputs(data.get("messages") or ()),
+        "messages": messages,
         "tools": tools,
         "context": [{"description": c["description"], "value": c["value"]}
                     for c in data.get("context") or ()],
         "forwardedProps": forwarded,
     }
     frontend = frozenset(a["name"] for a in actions) - frozenset(server_actions) - offered
-    return RunRequest(agent_id, parse_run_input(raw), client_run_id, frontend)
+    run_input = parse_run_input(raw)
+    # The client's system messages are its instructions, made again (a new id) each request.
+    run_input.transient = frozenset(m["id"] for m in messages if m["role"] == "developer")
+    return RunRequest(agent_id, run_input, client_run_id, frontend)
 
 
 def _schema(text: Any) -> dict[str, Any]:
