@@ -132,3 +132,39 @@ async def test_a_follower_that_stops_reading_is_let_go(
         agent.stop.set()
         events = await asyncio.wait_for(running, 20)
         assert events[-1]["type"] == "RUN_FINISHED"
+
+
+async def test_large_answers_to_clients_that_read_nothing_are_bounded_together(
+        serve_runtime: ServeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each `connect` (or thread read) answered the whole thread in one write, so every
+    client that read nothing held a copy until it counted as gone: fifty of a 26 MB thread
+    held 1.3 GB. Large answers now go in pieces and count against `LARGE_ANSWERS_BYTES`
+    together: past it a new one is a 503 (Retry-After) before it starts, and room comes
+    back when a client that held it is gone."""
+    monkeypatch.setattr(http, "LARGE_ANSWERS_BYTES", 41 * len(CHUNK))
+    monkeypatch.setattr(http, "SEND_IDLE_SECONDS", 2.0)
+    agent = Flood()
+    agent.limit = 40  # a thread of 10 MB: more than any socket's buffers take
+    runtime = CopilotRuntime(agents={"default": agent})
+    async with serve_runtime(runtime) as served:
+        await served.run(run_input("big", thread="big"))
+        replay = run_input("", thread="big", run="c")
+        async with unread_request(served.url, "/agent/default/connect", replay):
+            async for _ in poll(5):
+                if http._LargeAnswers.held:
+                    break
+            assert http._LargeAnswers.held > 40 * len(CHUNK)
+            for method, path, body in [("POST", "/agent/default/connect", replay),
+                                       ("GET", "/threads/big/events", None)]:
+                response = await served.session.request(
+                    method, served.url + path, data=orjson.dumps(body) if body else None,
+                    headers={"Content-Type": "application/json"})
+                assert response.status == 503, await response.text()
+                assert response.headers["Retry-After"] == "1"
+                assert "large answers" in (await response.json())["message"]
+            async for _ in poll(10):  # the client reading nothing counts as gone
+                if not http._LargeAnswers.held:
+                    break
+        assert http._LargeAnswers.held == 0
+        events = await served.run(replay, path="/agent/default/connect")
+        assert text_of(events) == CHUNK * 40 + "done"

@@ -206,6 +206,62 @@ BODY_SECONDS = 120.0
 #: the connection open): past it the client counts as gone, as on a disconnect (its run
 #: stopped and stored, a followed stream ended), so it cannot hold its thread for ever.
 SEND_IDLE_SECONDS = 30.0
+#: Answers of at least this many bytes (a long thread's replay or events) are large: sent in
+#: pieces of this size, each when the client took the last, and counted against
+#: `LARGE_ANSWERS_BYTES`.
+LARGE_ANSWER = 256 * 1024
+#: The most bytes of large answers this process sends at once. A client that reads nothing
+#: holds its answer until it counts as gone (`SEND_IDLE_SECONDS`): fifty `connect`s of a
+#: 26 MB thread that read nothing held 1.3 GB. Past it a large answer is refused (503)
+#: before it starts, and a stream's large batch waits for room. One alone always goes.
+LARGE_ANSWERS_BYTES = 256 * 1024 * 1024
+
+
+class _LargeAnswers:
+    """The bytes of large answers being sent now."""
+
+    held = 0
+
+    @classmethod
+    def take(cls, size: int) -> bool:
+        if cls.held and cls.held + size > LARGE_ANSWERS_BYTES:
+            return False
+        cls.held += size
+        return True
+
+    @classmethod
+    async def wait_for_room(cls, size: int) -> bool:
+        """`take`, waiting up to `SEND_IDLE_SECONDS` for room (False: none came)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + SEND_IDLE_SECONDS
+        while not cls.take(size):
+            if loop.time() >= until:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    @classmethod
+    def give(cls, size: int) -> None:
+        cls.held -= size
+
+
+_TOO_MANY_LARGE = ("The server is sending many large answers now; try again shortly")
+
+
+async def _send_body(request: Request, body: bytes, *, more_body: bool) -> None:
+    """`body`, in pieces when it is large (see `LARGE_ANSWER`): the transport's flow control
+    then holds the rest here until the client reads, never a second copy of all of it."""
+    if len(body) < LARGE_ANSWER:
+        await request.send({"type": "http.response.body", "body": body,
+                            "more_body": more_body})
+        return
+    view = memoryview(body)
+    for start in range(0, len(body), LARGE_ANSWER):
+        end = start + LARGE_ANSWER
+        await request.send({"type": "http.response.body", "body": bytes(view[start:end]),
+                            "more_body": more_body or end < len(body)})
+
+
 #: The scope extension a server may offer: a callable that aborts the request's connection,
 #: called when the client counts as gone while its connection stays open (`copilot-runtime
 #: serve` offers it). Without it the server closes the connection once the answer ends, which
@@ -374,13 +430,22 @@ async def send_method_not_allowed(request: Request, allow: bytes) -> None:
 
 async def send_bytes(request: Request, status: int, body: bytes,
                      headers: Iterable[tuple[bytes, bytes]]) -> None:
-    request.status = status
-    await request.send({
-        "type": "http.response.start", "status": status,
-        "headers": [*headers, (b"content-length", str(len(body)).encode()),
-                    *request.answer_headers],
-    })
-    await request.send({"type": "http.response.body", "body": body, "more_body": False})
+    """The whole answer; a large one is refused (`ServiceUnavailableError`) before it starts
+    while `LARGE_ANSWERS_BYTES` are being sent."""
+    large = len(body) >= LARGE_ANSWER
+    if large and not _LargeAnswers.take(len(body)):
+        raise ServiceUnavailableError(_TOO_MANY_LARGE)
+    try:
+        request.status = status
+        await request.send({
+            "type": "http.response.start", "status": status,
+            "headers": [*headers, (b"content-length", str(len(body)).encode()),
+                        *request.answer_headers],
+        })
+        await _send_body(request, body, more_body=False)
+    finally:
+        if large:
+            _LargeAnswers.give(len(body))
 
 
 def encode_sse(batch: Sequence[Event], first: int | None = None) -> bytes:
@@ -557,12 +622,16 @@ async def stream_events(request: Request, batches: AsyncIterator[Sequence[Positi
         head: Sequence[Positioned] | None = await anext(batches)
     except StopAsyncIteration:
         head = None
-    await _start_sse(request)
+    # The first batch (a whole thread, maybe) is encoded first: too large to send now, it
+    # is a 503 too.
+    first = _encoded(head) if head else b""
+    held = len(first) if len(first) >= LARGE_ANSWER else 0
+    if held and not _LargeAnswers.take(held):
+        raise ServiceUnavailableError(_TOO_MANY_LARGE)
     task = asyncio.current_task()
     left = False
     stream = _Stream()
     loop = asyncio.get_running_loop()
-    stream.last_write = loop.time()
 
     def on_disconnect() -> None:
         nonlocal left
@@ -570,44 +639,64 @@ async def stream_events(request: Request, batches: AsyncIterator[Sequence[Positi
         if task is not None:
             task.cancel()
 
-    async def write(batch: Sequence[Positioned]) -> None:
+    async def write(body: bytes) -> None:
+        nonlocal left, held
+        if not body:
+            return
+        if len(body) >= LARGE_ANSWER and not held:
+            if not await _LargeAnswers.wait_for_room(len(body)):
+                left = True  # no room for it: the client comes back (`Last-Event-ID`)
+                raise asyncio.CancelledError
+            held = len(body)
+        stream.last_write = loop.time()
+        stream.sending = True
         try:
-            body = encode_positioned(batch)
-        except (orjson.JSONEncodeError, TypeError):
-            safe = replayable([e for _, e in batch])
-            body = encode_sse(safe) if safe else b""
-        if body:
-            stream.last_write = loop.time()
-            stream.sending = True
-            try:
-                await request.send({"type": "http.response.body", "body": body,
-                                    "more_body": True})
-            except OSError:  # the client is gone (see `stream_run`): as if it said so
-                nonlocal left
-                left = True
-                raise asyncio.CancelledError from None
-            stream.sending = False
+            await _send_body(request, body, more_body=True)
+        except OSError:  # the client is gone (see `stream_run`): as if it said so
+            left = True
+            raise asyncio.CancelledError from None
+        finally:
+            if held:
+                _LargeAnswers.give(held)
+                held = 0
+        stream.sending = False
 
-    watcher = asyncio.create_task(_watch(request, on_disconnect, stream, keepalive))
+    watcher: asyncio.Task[None] | None = None
     try:
-        if head:
-            await write(head)
+        await _start_sse(request)
+        stream.last_write = loop.time()
+        watcher = asyncio.create_task(_watch(request, on_disconnect, stream, keepalive))
+        await write(first)
+        del first
         if head is not None:
             async for batch in batches:
                 if batch:
-                    await write(batch)
+                    await write(_encoded(batch))
     except asyncio.CancelledError:
         if not left or task is None:
             raise
-        task.uncancel()
+        if task.cancelling():
+            task.uncancel()
         return
     finally:
+        if held:  # (the first batch's, never written)
+            _LargeAnswers.give(held)
         stream.ended = True
-        watcher.cancel()
+        if watcher is not None:
+            watcher.cancel()
         aclose = getattr(batches, "aclose", None)
         if aclose is not None:
             await aclose()
     await _end(request)
+
+
+def _encoded(batch: Sequence[Positioned]) -> bytes:
+    """A batch as SSE frames with their positions; what cannot be encoded is left out."""
+    try:
+        return encode_positioned(batch)
+    except (orjson.JSONEncodeError, TypeError):
+        safe = replayable([e for _, e in batch])
+        return encode_sse(safe) if safe else b""
 
 
 #: Longer than any cursor the routes make (ids of up to `MAX_ID_LENGTH` characters, up to
