@@ -220,7 +220,7 @@ async def test_graphql_literals_beyond_64_bits_or_too_deep_are_refused(
     assert len(llm.requests) == asked
     # The thread stored before stays readable, and the server still serves it.
     assert await messages_of(served, "lit-0") == [
-        ("developer", "Be brief."), ("user", "before"), ("assistant", "echo: before")]
+        ("user", "before"), ("assistant", "echo: before")]
     again = chat_data([text_message("sys-1", "system", "Be brief."),
                        text_message("user-1", "user", "before"),
                        text_message("user-2", "user", "after")], thread="lit-0")
@@ -243,7 +243,7 @@ async def test_graphql_literals_at_the_64_bit_and_depth_limits_still_work(
     assert status == 200, body[:300]
     assert streamed(body)["status"]["code"] == "Success"
     assert await messages_of(served, "lit-edge") == [
-        ("developer", "Be brief."), ("user", "edge values"),
+        ("user", "edge values"),
         ("assistant", "echo: edge values")]
     assert llm.requests[-1]["messages"][-1]["content"] == "edge values"
 
@@ -273,7 +273,7 @@ async def test_graphql_max_tokens_beyond_64_bits_is_the_client_s_mistake(
     assert failures == [], failures
     assert len(llm.requests) == asked  # refused before the model is asked
     # The thread is stored with the user's message, and a good request on it works.
-    assert await messages_of(served, thread) == [("developer", "Be brief."), ("user", "hi")]
+    assert await messages_of(served, thread) == [("user", "hi")]
     again = chat_data([text_message("sys-1", "system", "Be brief."),
                        text_message("user-1", "user", "hi"),
                        text_message("user-2", "user", "again")],
