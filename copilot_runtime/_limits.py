@@ -125,15 +125,20 @@ def replayable(events: Sequence[Any]) -> list[Any]:
 
 
 def readable(record: ThreadRecord) -> ThreadRecord:
-    """`record` with every run `replayable`: the same object when nothing needed fixing."""
+    """`record` with every run `replayable`, and without a kept state that cannot be
+    encoded: the same object when nothing needed fixing."""
     try:
-        orjson.dumps([run.events for run in record.runs])
+        orjson.dumps([[run.events for run in record.runs], record.kept_state])
     except (orjson.JSONEncodeError, TypeError):
         pass
     else:
         return record
     _log.warning("thread holds events that cannot be encoded", thread_id=record.thread_id)
     runs = [dataclasses.replace(run, events=replayable(run.events)) for run in record.runs]
+    try:
+        orjson.dumps(record.kept_state)
+    except (orjson.JSONEncodeError, TypeError):
+        return dataclasses.replace(record, runs=runs, kept_state=None)
     return dataclasses.replace(record, runs=runs)
 
 
