@@ -24,7 +24,9 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
-from copilot_runtime import CopilotRuntime
+from copilot_runtime import CopilotRuntime, ServiceUnavailableError
+from copilot_runtime._time import iso_time
+from copilot_runtime.agents import langgraph
 from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.approvals import Approval
 from copilot_runtime.checkpointers import checkpointer
@@ -52,11 +54,15 @@ class Payments:
     done: list[Any] = field(default_factory=list)
 
 
-def paying_runtime(url: str, payments: Payments) -> CopilotRuntime:
+def paying_runtime(url: str, payments: Payments,
+                   expires_in: float | None = None) -> CopilotRuntime:
     """ask (an interrupt) -> pay (the approved action, held by `payments.gate`) -> END."""
 
     def ask(state: State) -> dict[str, Any]:
-        return {"answer": interrupt({"message": "Pay the invoice?"})}
+        question: dict[str, Any] = {"message": "Pay the invoice?"}
+        if expires_in is not None:
+            question["expiresAt"] = iso_time(time.time() + expires_in)
+        return {"answer": interrupt(question)}
 
     async def pay(state: State) -> dict[str, Any]:
         payments.started.set()
@@ -265,3 +271,47 @@ async def test_a_deleted_threads_approvals_go_with_it(kind: str, tmp_path: Path)
             assert await agent_of(runtime).approvals.get(approval.id) is None
         finally:
             await runtime.aclose()
+
+
+async def test_an_interrupt_the_ledger_missed_is_recorded_listed_and_timed_out(
+        checkpoints_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graph's interrupt is in its checkpoint before the ledger hears of it: a worker
+    that died in between, or a ledger that could not be written then (a failover), left it
+    out for good: never listed (`GET /approvals`), its deadline never reached, the thread
+    refusing every message until answered by hand. Now a run waits a little for the ledger,
+    and the graph's interrupts missing from it are added when the thread's approvals are
+    listed, or a message is refused because the graph waits; the deadline then applies."""
+    monkeypatch.setattr(langgraph, "_LEDGER_RETRY_SECONDS", 0.01, raising=False)
+    payments = Payments()
+    payments.gate.set()
+    runtime = paying_runtime(checkpoints_url, payments, expires_in=1.0)
+    try:
+        ledger = agent_of(runtime).approvals
+        add = ledger.add
+
+        async def unreachable(approvals: Any) -> None:
+            raise ServiceUnavailableError("The approval store cannot be reached")
+
+        monkeypatch.setattr(ledger, "add", unreachable)
+        events = await driven(runtime, "Pay it")
+        assert events[-1]["type"] == "RUN_ERROR"
+        monkeypatch.setattr(ledger, "add", add)  # back
+        assert await runtime.approvals.list(status=None) == []
+        assert set(await agent_of(runtime).pending_interrupt_ids(THREAD))  # the graph waits
+        events = await driven(runtime, "Hello?", run_id="run-2")
+        assert (events[-1]["type"], events[-1]["code"]) == ("RUN_ERROR", "APPROVAL_ERROR")
+        (recorded,) = await runtime.approvals.list()
+        assert recorded.expires_at is not None
+        await ledger.forget_thread(THREAD)  # as if that refusal had not recorded it either
+        page, _ = await runtime.approvals.page(thread_id=THREAD)
+        assert [a.id for a in page] == [recorded.id]
+        await runtime.start()  # the timer: the deadline passes, the timeout is applied
+        async for _ in poll(20):
+            settled = await ledger.get(recorded.id)
+            if settled is not None and settled.applied and THREAD not in runtime.runs.active:
+                break
+        assert settled is not None
+        assert (settled.status, settled.applied) == ("expired", True)
+        assert [answer["action"] for answer in payments.done] == ["timeout"]
+    finally:
+        await runtime.aclose()

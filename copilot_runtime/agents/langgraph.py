@@ -42,6 +42,7 @@ runtime's generic `AGENT_ERROR`, its text in the log only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import sqlite3
 from collections.abc import Collection, Mapping, Sequence
@@ -60,6 +61,7 @@ from langgraph.prebuilt import ToolNode
 from copilot_runtime import events as ev
 from copilot_runtime._exceptions import (
     AgentExecutionError,
+    ApprovalError,
     ConfigurationError,
     InvalidRequestError,
     NothingToResumeError,
@@ -82,6 +84,21 @@ from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
 from copilot_runtime.approvals.resume import Claims, claim_resume, record_interrupts
 from copilot_runtime.events import Event, EventBatches
+
+#: How often, and how far apart, a run's interrupts are offered to a ledger that cannot be
+#: reached before the run fails (they are recorded later: `record_waiting`).
+_LEDGER_TRIES = 5
+_LEDGER_RETRY_SECONDS = 0.5
+
+
+def _as_interrupt(interrupt_id: str, value: Any) -> dict[str, Any]:
+    """A checkpoint's interrupt as an AG-UI interrupt outcome carries it (`record_interrupts`
+    reads it so): its value, and the deadline the value names."""
+    interrupt: dict[str, Any] = {"id": interrupt_id, "metadata": {"langgraph": {"raw": value}}}
+    if isinstance(value, dict) and value.get("expiresAt") is not None:
+        interrupt["expiresAt"] = value["expiresAt"]
+    return interrupt
+
 
 try:  # the `postgres` extra
     from psycopg import Error as _PostgresError
@@ -215,6 +232,18 @@ class LangGraphAgent(Agent):
         return ({i.id: i.value for i in interrupts if getattr(i, "id", None)},
                 bool(state.next) and not interrupts)
 
+    async def record_waiting(self, thread_id: str, agent_id: str) -> None:
+        """Write to the ledger the interrupts the thread's graph waits on (those it holds
+        already stay as they are). A run whose worker died, or whose ledger write failed,
+        after its checkpoint was written left them out of the ledger: never listed, their
+        deadline never reached. Asked when the thread's approvals are listed and when a
+        message is refused because the graph waits."""
+        waiting, _ = await self._waits(thread_id)
+        if waiting:
+            await self._approvals.add(record_interrupts(
+                [_as_interrupt(interrupt_id, value) for interrupt_id, value in waiting.items()],
+                thread_id=thread_id, agent_id=agent_id, channel="outcome"))
+
     async def load_state(self, thread_id: str, *,
                          headers: Mapping[str, str] | None = None) -> AgentThreadState:
         """The thread as the graph's checkpointer has it (GraphQL `loadAgentState`)."""
@@ -307,6 +336,12 @@ class LangGraphAgent(Agent):
             # left, a lost lease or a shutdown is not: the graph is carried on later.
             cut_short = context.cut_reason != "stop"
             raise
+        except ApprovalError:
+            # Refused because the graph waits: what it waits on is in the ledger from now
+            # (listed, timed out), however its interrupting run ended.
+            with contextlib.suppress(Exception):
+                await self.record_waiting(thread_id, context.agent_id)
+            raise
         finally:
             if not settled:  # stopped, failed or cancelled before its end
                 await self._settle(claims, thread_id, cut_short=cut_short)
@@ -353,9 +388,18 @@ class LangGraphAgent(Agent):
                 outcome = event.get("outcome")
                 if isinstance(outcome, dict) and outcome.get("type") == "interrupt":
                     interrupts = outcome.get("interrupts") or ()
-                    await self._approvals.add(record_interrupts(
-                        interrupts, thread_id=thread_id,
-                        agent_id=agent_id, channel=ledger_channel))
+                    approvals = record_interrupts(interrupts, thread_id=thread_id,
+                                                  agent_id=agent_id, channel=ledger_channel)
+                    # The checkpoint waits on them already: a ledger away for a moment (a
+                    # failover) is waited for, a little, before the run fails.
+                    for attempt in range(_LEDGER_TRIES):
+                        try:
+                            await self._approvals.add(approvals)
+                            break
+                        except ServiceUnavailableError:
+                            if attempt == _LEDGER_TRIES - 1:
+                                raise
+                            await asyncio.sleep(_LEDGER_RETRY_SECONDS)
                     await self._warn_of_shared_tasks(thread_id)
             kept = filter_interrupt_event(event, channel)
             if kept is not None:

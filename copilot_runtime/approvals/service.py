@@ -206,7 +206,13 @@ class ApprovalService:
         """The first `limit` approvals after `after` (oldest first, every ledger together),
         and the key the next page starts after (None when none is left). Pending ones are
         checked against their checkpoint; one whose interrupt is gone without an answer
-        (the thread was reset) is withdrawn, and left out of a page of pending ones."""
+        (the thread was reset) is withdrawn, and left out of a page of pending ones. Asked
+        for one thread, its graphs' interrupts missing from the ledger are added first."""
+        if thread_id is not None:
+            for owner_id, waiting in self.agents().items():
+                record = getattr(waiting, "record_waiting", None)  # (a LangGraph agent's)
+                if record is not None and agent_id in (None, owner_id):
+                    await record(thread_id, owner_id)
         found = [(approval, store, owners) for store, owners in self._stores()
                  for approval in await store.find(
                      status=status, thread_id=thread_id, agent_id=agent_id, after=after,
