@@ -127,19 +127,24 @@ class RunEventOrder:
     `closing_events()` the ends of whatever is still open, for a run that ends early.
     """
 
-    __slots__ = ("_calls", "_chunks", "_reasoning", "_spans", "_steps", "_text", "run_id",
-                 "terminated", "thread_id")
+    __slots__ = ("_calls", "_chunks", "_reasoning", "_spans", "_steps", "_subagents", "_text",
+                 "run_id", "terminated", "thread_id")
 
     def __init__(self, thread_id: str, run_id: str) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
         self.terminated = False
-        self._text: dict[str, None] = {}
-        self._calls: dict[str, None] = {}
-        self._steps: dict[str, None] = {}
-        #: Reasoning messages and reasoning spans (`REASONING_START`) open now.
-        self._reasoning: dict[str, None] = {}
-        self._spans: dict[str, None] = {}
+        # What is open now, each with the subagent it belongs to (its `subagentRunId`: the
+        # 1.0 client refuses an end charged to another agent than its start).
+        self._text: dict[str, str | None] = {}
+        self._calls: dict[str, str | None] = {}
+        #: Steps by (name, subagent): a subagent's step and the parent's may share a name.
+        self._steps: dict[tuple[str, str | None], None] = {}
+        #: Reasoning messages and reasoning spans (`REASONING_START`).
+        self._reasoning: dict[str, str | None] = {}
+        self._spans: dict[str, str | None] = {}
+        #: Subagents (`SUBAGENT_STARTED`), in the order they started.
+        self._subagents: dict[str, None] = {}
         self._chunks = ChunkState()
 
     def normalize(self, batch: Sequence[Event]) -> Sequence[Event]:
@@ -164,25 +169,30 @@ class RunEventOrder:
                                          or chunks.call is not None):
                 extra, drop = self._expand(event), True
             elif kind == ev.TEXT_MESSAGE_START:
-                self._text[event["messageId"]] = None
+                self._text[event["messageId"]] = event.get("subagentRunId")
             elif kind == ev.TEXT_MESSAGE_END:
-                drop = self._text.pop(event["messageId"], 0) is not None
+                drop = self._text.pop(event["messageId"], 0) == 0
             elif kind == ev.TOOL_CALL_START:
-                self._calls[event["toolCallId"]] = None
+                self._calls[event["toolCallId"]] = event.get("subagentRunId")
             elif kind == ev.TOOL_CALL_END:
-                drop = self._calls.pop(event["toolCallId"], 0) is not None
+                drop = self._calls.pop(event["toolCallId"], 0) == 0
             elif kind == ev.STEP_STARTED:
-                self._steps[str(event.get("stepName", ""))] = None
+                self._steps[str(event.get("stepName", "")), event.get("subagentRunId")] = None
             elif kind == ev.STEP_FINISHED:
-                self._steps.pop(str(event.get("stepName", "")), None)
+                self._steps.pop((str(event.get("stepName", "")), event.get("subagentRunId")),
+                                None)
             elif kind == ev.REASONING_MESSAGE_START:
-                self._reasoning[event["messageId"]] = None
+                self._reasoning[event["messageId"]] = event.get("subagentRunId")
             elif kind == ev.REASONING_MESSAGE_END:
-                drop = self._reasoning.pop(event["messageId"], 0) is not None
+                drop = self._reasoning.pop(event["messageId"], 0) == 0
             elif kind == ev.REASONING_START:
-                self._spans[event["messageId"]] = None
+                self._spans[event["messageId"]] = event.get("subagentRunId")
             elif kind == ev.REASONING_END:
-                drop = self._spans.pop(event["messageId"], 0) is not None
+                drop = self._spans.pop(event["messageId"], 0) == 0
+            elif kind == ev.SUBAGENT_STARTED:
+                self._subagents[str(event.get("subagentRunId"))] = None
+            elif kind == ev.SUBAGENT_FINISHED or kind == ev.SUBAGENT_ERROR:
+                drop = self._subagents.pop(str(event.get("subagentRunId")), 0) == 0
             elif kind == ev.RUN_STARTED:
                 drop = True  # the runtime already sent the run's RUN_STARTED
             elif kind in ev.TERMINAL_TYPES:
@@ -216,18 +226,32 @@ class RunEventOrder:
         return list(self._pass(expanded, None))
 
     def closing_events(self) -> list[Event]:
-        tail: list[Event] = [ev.text_message_end(m) for m in self._text]
-        tail.extend(ev.tool_call_end(c) for c in self._calls)
-        tail.extend({"type": ev.REASONING_MESSAGE_END, "messageId": m} for m in self._reasoning)
-        tail.extend({"type": ev.REASONING_END, "messageId": m} for m in self._spans)
-        tail.extend(ev.step_finished(s) for s in self._steps)
+        """The ends of what is open, each charged to the subagent its start was, and then
+        the subagents themselves, the last started first."""
+        tail = [_of(ev.text_message_end(m), sub) for m, sub in self._text.items()]
+        tail += [_of(ev.tool_call_end(c), sub) for c, sub in self._calls.items()]
+        tail += [_of({"type": ev.REASONING_MESSAGE_END, "messageId": m}, sub)
+                 for m, sub in self._reasoning.items()]
+        tail += [_of({"type": ev.REASONING_END, "messageId": m}, sub)
+                 for m, sub in self._spans.items()]
+        tail += [_of(ev.step_finished(name), sub) for name, sub in self._steps]
+        tail += [{"type": ev.SUBAGENT_FINISHED, "subagentRunId": sub}
+                 for sub in reversed(self._subagents)]
         self._text.clear()
         self._calls.clear()
         self._reasoning.clear()
         self._spans.clear()
         self._steps.clear()
+        self._subagents.clear()
         self._chunks.text = self._chunks.call = None
         return tail
+
+
+def _of(event: Event, subagent: str | None) -> Event:
+    """`event`, charged to `subagent` (None: the run's own agent)."""
+    if subagent is not None:
+        event["subagentRunId"] = subagent
+    return event
 
 
 class OrderChecker:
@@ -240,21 +264,26 @@ class OrderChecker:
     they are the middle of a run (what a remote agent sends after its own start).
     """
 
-    __slots__ = ("_calls", "_reasoning", "_spans", "_steps", "_text", "finished", "running")
+    __slots__ = ("_calls", "_reasoning", "_spans", "_steps", "_subagents", "_text", "finished",
+                 "running")
 
     def __init__(self, *, run_started_first: bool = True) -> None:
         self.running = not run_started_first
         self.finished = False
         self._text: set[str] = set()
         self._calls: set[str] = set()
-        self._steps: set[str] = set()
+        #: Steps by (name, subagent), as the 1.0 client keeps them.
+        self._steps: set[tuple[str, str | None]] = set()
         self._reasoning: set[str] = set()
         self._spans: set[str] = set()
+        self._subagents: set[str] = set()
 
     @property
     def open(self) -> list[str]:
+        steps = sorted(name if sub is None else f"{name} (subagent {sub})"
+                       for name, sub in self._steps)
         return (sorted(self._text) + sorted(self._calls) + sorted(self._reasoning)
-                + sorted(self._spans) + sorted(self._steps))
+                + sorted(self._spans) + steps + sorted(self._subagents))
 
     def check(self, event: Event) -> str | None:
         kind = event.get("type")
@@ -291,11 +320,25 @@ class OrderChecker:
         elif kind in _REASONING:
             return self._reasoned(kind, event["messageId"])
         elif kind == ev.STEP_STARTED:
-            self._steps.add(str(event.get("stepName")))
+            self._steps.add((str(event.get("stepName")), event.get("subagentRunId")))
         elif kind == ev.STEP_FINISHED:
-            if str(event.get("stepName")) not in self._steps:
-                return f"for step '{event.get('stepName')}', which is not open"
-            self._steps.discard(str(event.get("stepName")))
+            step = (str(event.get("stepName")), event.get("subagentRunId"))
+            if step not in self._steps:
+                return f"for step '{event.get('stepName')}', which is not open" + (
+                    "" if step[1] is None else f" in subagent '{step[1]}'")
+            self._steps.discard(step)
+        elif kind == ev.SUBAGENT_STARTED:
+            subagent = event.get("subagentRunId")
+            if not isinstance(subagent, str) or not isinstance(event.get("name"), str):
+                return "without a string 'subagentRunId' and 'name'"
+            if subagent in self._subagents:
+                return f"for subagent '{subagent}', which is already open"
+            self._subagents.add(subagent)
+        elif kind == ev.SUBAGENT_FINISHED or kind == ev.SUBAGENT_ERROR:
+            subagent = event.get("subagentRunId")
+            if subagent not in self._subagents:
+                return f"for subagent '{subagent}', which is not open"
+            self._subagents.discard(str(subagent))
         elif kind == ev.RUN_FINISHED:
             if self.open:
                 return f"while {', '.join(self.open)} are still open"
@@ -307,6 +350,7 @@ class OrderChecker:
             self._steps.clear()
             self._reasoning.clear()
             self._spans.clear()
+            self._subagents.clear()
         return None
 
     def _reasoned(self, kind: str, message_id: str) -> str | None:

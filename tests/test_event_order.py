@@ -7,9 +7,11 @@ strict checker names what a broken stream did.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,6 +22,7 @@ from copilot_runtime.event_order import OrderChecker, RunEventOrder
 from copilot_runtime.events import EventBatches
 from copilot_runtime.testing import EventOrderError, verify_events
 from tests.conftest import ServeRuntime, run_input, text_of
+from tests.test_real_clients import JS_DIR, _ensure_node_modules, _executable
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -146,3 +149,50 @@ async def test_chunks_of_an_in_process_agent_reach_clients_and_the_store_expande
     answer = next(m for m in messages["messages"] if m["id"] == "answer")
     assert answer["content"] == "Hello, chunks"
     assert answer["toolCalls"][0]["function"] == {"name": "show", "arguments": '{"a":1}'}
+
+
+def _subagent_run() -> list[dict[str, Any]]:
+    """What a remote agent may stream: a subagent with a step, a message, a tool call and
+    reasoning of its own, and the parent's own text around it."""
+    sub = {"subagentRunId": "s1"}
+    return [
+        ev.text_message_start("p"), ev.text_message_content("p", "parent says"),
+        ev.text_message_end("p"),
+        {"type": "SUBAGENT_STARTED", "subagentRunId": "s1", "name": "helper"},
+        {**ev.step_started("work"), **sub},
+        *({**e, **sub} for e in ev.reasoning_start("x")),
+        {**ev.reasoning_content("x", "hmm"), **sub},
+        *({**e, **sub} for e in ev.reasoning_end("x")),
+        {**ev.text_message_start("m"), **sub}, {**ev.text_message_content("m", "sub says"), **sub},
+        {**ev.text_message_end("m"), **sub},
+        {**ev.tool_call_start("c", "lookup", "m"), **sub},
+        {**ev.tool_call_args("c", "{}"), **sub}, {**ev.tool_call_end("c"), **sub},
+        {**ev.step_finished("work"), **sub},
+        {"type": "SUBAGENT_FINISHED", "subagentRunId": "s1"},
+    ]
+
+
+def test_a_run_cut_anywhere_is_closed_as_both_real_clients_require() -> None:
+    """A run stopped (or cut by its remote) inside a subagent was closed with a step end
+    charged to the parent agent and its subagent never finished: both real clients refused
+    the run, and every `connect` of its thread after it. Cut after each of its events, the
+    run the core closes passes the checkers of @ag-ui/client 0.0.59 and 1.0.0."""
+    events = _subagent_run()
+    streams = []
+    for cut in range(len(events) + 1):
+        order = RunEventOrder("t", "r")
+        out = [ev.run_started("t", "r"), *order.normalize(events[:cut])]
+        streams.append([*out, *order.closing_events(), ev.run_finished("t", "r")])
+        verify_events(streams[-1])  # ours agrees
+    node = _executable("node")
+    _ensure_node_modules()
+    proc = subprocess.run([node, str(JS_DIR / "verify_events.mjs")], cwd=JS_DIR,
+                          input=orjson.dumps(streams), capture_output=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
+    verdicts = orjson.loads(proc.stdout)
+    refused = [(cut, verdict) for cut, verdict in enumerate(verdicts)
+               if verdict["0.0.59"] or verdict["1.0.0"]]
+    assert refused == []
+    with pytest.raises(EventOrderError, match="STEP_FINISHED.*'work', which is not open"):
+        verify_events([ev.run_started("t", "r"), *events[:5], ev.step_finished("work")])
