@@ -58,8 +58,9 @@ def built_pages() -> Path:
 class DemoServer:
     """`python -m copilot_runtime demo` on a free port, offline, its files in `directory`."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, approval_timeout: float = 600) -> None:
         self.directory = directory
+        self.approval_timeout = approval_timeout
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
@@ -72,7 +73,7 @@ class DemoServer:
         with (self.directory / f"server-{self.starts}.log").open("wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "copilot_runtime", "demo", "--port", str(self.port),
-                 "--db", str(self.directory / "demo.sqlite3"), "--approval-timeout", "600"],
+                 "--db", str(self.directory / "demo.sqlite3"), "--approval-timeout", str(self.approval_timeout)],
                 cwd=self.directory, env={**env, "PYTHONUNBUFFERED": "1"},
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -186,6 +187,23 @@ def test_a_restart_restores_the_threads(demo: DemoServer, main_phase: dict[str, 
         "a pending approval survives the restart"]
     assert after["consoleErrors"] == []
     assert after["failedRequests"] == []
+
+
+def test_edges(built_pages: Path, tmp_path_factory: pytest.TempPathFactory,
+               screenshots: Path) -> None:
+    """Planted HTML: on a server of its own."""
+    server = DemoServer(tmp_path_factory.mktemp("demo-edges"), approval_timeout=6)
+    server.start()
+    try:
+        result = drive(server, "edges", screenshots)
+    finally:
+        server.stop()
+    assert failures(result) == [], json.dumps(failures(result), indent=1)
+    assert [s["step"] for s in result["steps"]] == 2 * [
+        "planted HTML stays text"]
+    assert result["consoleErrors"] == []
+    assert result["failedRequests"] == []
+    assert "Traceback" not in server.log(), server.log()
 
 
 # -- serving, without a browser ---------------------------------------------------------------

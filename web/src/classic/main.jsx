@@ -11,9 +11,11 @@ import {
   useLangGraphInterrupt,
   useDefaultTool,
 } from "@copilotkit/react-core";
-import { CopilotChat } from "@copilotkit/react-ui";
+import { CopilotChat, useChatContext } from "@copilotkit/react-ui";
 import { loadMessagesFromJsonRepresentation } from "@copilotkit/runtime-client-gql";
 import "@copilotkit/react-ui/styles.css";
+import Markdown from "react-markdown";
+import remarkGfm from "remark-gfm";
 import {
   ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, WeatherCard, useAccent, useThreadAddress,
 } from "../shared/demo.jsx";
@@ -50,6 +52,35 @@ function useApprovals() {
       <ApprovalPanel value={event.value} answer={(decision) => resolve(JSON.stringify(decision))} />
     ),
   });
+}
+
+// react-ui 1.10.6 renders an assistant message's markdown with rehype-raw: HTML in a message
+// (one a model was talked into writing, or one planted in a thread's history) would be live
+// HTML in this page, and `<iframe srcdoc="<script>…">` runs script in its origin. So the page
+// renders assistant messages itself: the same markdown (react-markdown and GitHub's extensions,
+// the versions react-ui uses; see build.mjs), without raw HTML, which shows as text.
+const markdownElement = (Tag) => function MarkdownElement({ node, ...props }) {
+  return <Tag className="copilotKitMarkdownElement" {...props} />; // react-ui's markdown styles
+};
+const MARKDOWN_ELEMENTS = Object.fromEntries(["p", "h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol",
+  "li", "pre", "blockquote"].map((tag) => [tag, markdownElement(tag)]));
+
+function AssistantMessage({ message, isLoading, subComponent }) {
+  const { icons } = useChatContext();
+  const content = message?.content || "";
+  return (
+    <>
+      {content && (
+        <div className="copilotKitMessage copilotKitAssistantMessage">
+          <div className="copilotKitMarkdown">
+            <Markdown remarkPlugins={[remarkGfm]} components={MARKDOWN_ELEMENTS}>{content}</Markdown>
+          </div>
+        </div>
+      )}
+      <div style={{ marginBottom: "0.5rem" }}>{subComponent}</div>
+      {isLoading && <span>{icons.activityIcon}</span>}
+    </>
+  );
 }
 
 // The thread's messages as the runtime's `loadAgentState` query gives them (the query
@@ -138,7 +169,8 @@ function Chat({ address, setAccent, onRunFinished }) {
   return (
     <div className="classic-chat">
       <PendingApproval agent={address.agent} threadId={address.threadId} />
-      <CopilotChat labels={{ placeholder: "Ask the demo…", initial: "Hi! Ask me something." }} />
+      <CopilotChat labels={{ placeholder: "Ask the demo…", initial: "Hi! Ask me something." }}
+                   AssistantMessage={AssistantMessage} />
     </div>
   );
 }
