@@ -11,7 +11,7 @@
 //   phase "restart": after the server was restarted: the threads of phase one come back on
 //                    both pages, and the pending approvals are revised, then approved.
 //   phase "edges":   HTML planted in a thread's messages stays text (markdown still
-//                    renders).
+//                    renders), and a thread listed mid-run shows its title.
 //
 // Writes ONE JSON line: {phase, steps: [{page, step, ok, error?, ms}], consoleErrors,
 // failedRequests, threads}. Screenshots go to options.screenshots (a directory).
@@ -342,6 +342,16 @@ async function edgesPhase(p) {
     assert(await message.locator('strong, [data-streamdown="strong"]', { hasText: "bold words" }).count() === 1, "no bold");
     assert(await message.locator("li").count() === 2, "no list");
     assert(await message.locator("code", { hasText: "inline code" }).count() === 1, "no code");
+  });
+
+  await step(p, "a thread listed mid-run shows its title", async () => {
+    await p.open("?agent=default");
+    const first = p.address().thread;
+    await p.send(`Please repeat this: ${"lorem ipsum dolor sit amet ".repeat(40)}the end.`, { wait: false });
+    await p.page.locator(p.ui.assistant, { hasText: "offline demo model" }).last().waitFor({ timeout: TIMEOUT });
+    await p.page.locator('[data-testid="new-thread"]').click();
+    await p.page.locator(`[data-testid="thread-item"][data-thread-id="${first}"]`, { hasText: "Please repeat this" })
+      .waitFor({ timeout: 5000 });
   });
 }
 

@@ -1,7 +1,7 @@
 // What both pages share, plain React with no CopilotKit import: the page frame, the agent
 // picker, the thread list (from the runtime's thread routes), the weather card and the approval
 // panel. Each page wires them to its own generation's CopilotKit hooks.
-import { useCallback, useEffect, useRef, useState } from "react";
+import { useCallback, useEffect, useState } from "react";
 
 export const AGENTS = [
   { id: "default", label: "Assistant (default)" },
@@ -91,7 +91,8 @@ function Hints({ agent }) {
   );
 }
 
-// Threads of the chosen agent, newest first, from GET {runtime}/threads?agentId=.
+// Threads of the chosen agent, newest first, from GET {runtime}/threads?agentId=, each shown
+// by its name or title (the runtime's: the first user message, known as soon as a run starts).
 function ThreadList({ address, refreshKey }) {
   const [threads, setThreads] = useState([]);
   const [error, setError] = useState(null);
@@ -106,7 +107,6 @@ function ThreadList({ address, refreshKey }) {
     }
   }, [address.agent]);
   useEffect(() => { load(); }, [load, refreshKey, address.threadId]);
-  const titles = useThreadTitles(threads);
   const listed = threads.some((t) => t.id === address.threadId);
   return (
     <div className="threads">
@@ -125,7 +125,7 @@ function ThreadList({ address, refreshKey }) {
           <li key={t.id} data-testid="thread-item" data-thread-id={t.id}
               className={`thread${t.id === address.threadId ? " current" : ""}`}>
             <button type="button" title={t.id} onClick={() => address.selectThread(t.id, t.agentId)}>
-              <span className="thread-title">{titles[t.id] || t.id.slice(0, 8)}</span>
+              <span className="thread-title">{t.name || t.title || t.id.slice(0, 8)}</span>
               <small>{new Date(t.updatedAt).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })}</small>
             </button>
           </li>
@@ -133,29 +133,6 @@ function ThreadList({ address, refreshKey }) {
       </ul>
     </div>
   );
-}
-
-// A thread's title: its first user message, from GET {runtime}/threads/{id}/messages (each
-// thread asked once).
-function useThreadTitles(threads) {
-  const [titles, setTitles] = useState({});
-  const asked = useRef(new Set());
-  useEffect(() => {
-    for (const thread of threads.slice(0, 30)) {
-      if (asked.current.has(thread.id)) continue;
-      asked.current.add(thread.id);
-      fetch(`${RUNTIME_URL}/threads/${encodeURIComponent(thread.id)}/messages`)
-        .then((response) => (response.ok ? response.json() : { messages: [] }))
-        .then(({ messages }) => {
-          const first = messages.find((m) => m.role === "user");
-          const text = typeof first?.content === "string" ? first.content
-            : (first?.content ?? []).map((part) => part.text ?? "").join(" ");
-          if (text) setTitles((known) => ({ ...known, [thread.id]: text.slice(0, 60) }));
-        })
-        .catch(() => asked.current.delete(thread.id));
-    }
-  }, [threads]);
-  return titles;
 }
 
 export function WeatherCard({ args, result, done }) {
