@@ -191,7 +191,8 @@ def test_a_restart_restores_the_threads(demo: DemoServer, main_phase: dict[str, 
 
 def test_edges(built_pages: Path, tmp_path_factory: pytest.TempPathFactory,
                screenshots: Path) -> None:
-    """Planted HTML, a thread listed mid-run: on a server of their own."""
+    """Planted HTML, a thread listed mid-run, an expired approval: on a server whose
+    approvals time out in 6 s."""
     server = DemoServer(tmp_path_factory.mktemp("demo-edges"), approval_timeout=6)
     server.start()
     try:
@@ -200,7 +201,8 @@ def test_edges(built_pages: Path, tmp_path_factory: pytest.TempPathFactory,
         server.stop()
     assert failures(result) == [], json.dumps(failures(result), indent=1)
     assert [s["step"] for s in result["steps"]] == 2 * [
-        "planted HTML stays text", "a thread listed mid-run shows its title"]
+        "planted HTML stays text", "a thread listed mid-run shows its title",
+        "an expired approval shows its outcome"]
     assert result["consoleErrors"] == []
     assert result["failedRequests"] == []
     assert "Traceback" not in server.log(), server.log()

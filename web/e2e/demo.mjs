@@ -10,8 +10,10 @@
 //                    approval pending on each page for the restart phase.
 //   phase "restart": after the server was restarted: the threads of phase one come back on
 //                    both pages, and the pending approvals are revised, then approved.
-//   phase "edges":   HTML planted in a thread's messages stays text (markdown still
-//                    renders), and a thread listed mid-run shows its title.
+//   phase "edges":   against a server whose approvals time out in a few seconds: HTML planted
+//                    in a thread's messages stays text (markdown still renders), a thread
+//                    listed mid-run shows its title, and an expired approval cannot be
+//                    answered and its outcome shows.
 //
 // Writes ONE JSON line: {phase, steps: [{page, step, ok, error?, ms}], consoleErrors,
 // failedRequests, threads}. Screenshots go to options.screenshots (a directory).
@@ -352,6 +354,16 @@ async function edgesPhase(p) {
     await p.page.locator('[data-testid="new-thread"]').click();
     await p.page.locator(`[data-testid="thread-item"][data-thread-id="${first}"]`, { hasText: "Please repeat this" })
       .waitFor({ timeout: 5000 });
+  });
+
+  await step(p, "an expired approval shows its outcome", async () => {
+    await p.chooseAgent("account_review");
+    await p.send("Review account ACME-001");
+    await p.panel().waitFor({ timeout: TIMEOUT });
+    // At the deadline the buttons go off, and the runtime's own answer shows.
+    await p.expectAssistant("approval: timeout");
+    assert(await p.page.locator('[data-testid="approval-panel"] button:enabled').count() === 0,
+           "the expired approval can still be answered");
   });
 }
 

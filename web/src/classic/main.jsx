@@ -17,7 +17,7 @@ import "@copilotkit/react-ui/styles.css";
 import Markdown from "react-markdown";
 import remarkGfm from "remark-gfm";
 import {
-  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, WeatherCard, useAccent, useThreadAddress,
+  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, WeatherCard, deadlineAnswered, useAccent, useThreadAddress,
 } from "../shared/demo.jsx";
 import "../shared/demo.css";
 
@@ -45,11 +45,13 @@ function useAccentTool(setAccent) {
   }, [setAccent]);
 }
 
-// The workflows' approval step, from the LangGraph interrupt meta event.
-function useApprovals() {
+// The workflows' approval step, from the LangGraph interrupt meta event. Past its deadline the
+// runtime has answered it: the page then shows the thread again.
+function useApprovals(address, reload) {
   useLangGraphInterrupt({
     render: ({ event, resolve }) => (
-      <ApprovalPanel value={event.value} answer={(decision) => resolve(JSON.stringify(decision))} />
+      <ApprovalPanel value={event.value} answer={(decision) => resolve(JSON.stringify(decision))}
+                     onExpired={() => deadlineAnswered(address.agent, address.threadId).then(reload)} />
     ),
   });
 }
@@ -116,7 +118,7 @@ function useRestoreDefaultThread(agent, threadId) {
 // react-core 1.10 hears of an interrupt only in the response of the run that reached it. After
 // a reload (or a restart of the server) the page finds the thread's pending approval through
 // the runtime's approvals route, answers it there, and reloads the thread.
-function PendingApproval({ agent, threadId }) {
+function PendingApproval({ agent, threadId, reload }) {
   const { langGraphInterruptAction } = useCopilotContext();
   const { setMessages } = useCopilotMessagesContext();
   const [pending, setPending] = useState(null);
@@ -146,7 +148,8 @@ function PendingApproval({ agent, threadId }) {
   };
   return (
     <div className="pending-approval">
-      <ApprovalPanel key={pending.id} value={pending.value} expiresAt={pending.expiresAt} answer={answer} />
+      <ApprovalPanel key={pending.id} value={pending.value} expiresAt={pending.expiresAt} answer={answer}
+                     onExpired={() => deadlineAnswered(agent, threadId).then(reload)} />
     </div>
   );
 }
@@ -160,15 +163,15 @@ function useRunsFinished(onFinished) {
   }, [isLoading, onFinished]);
 }
 
-function Chat({ address, setAccent, onRunFinished }) {
+function Chat({ address, setAccent, onRunFinished, reload }) {
   useWeatherCard();
   useAccentTool(setAccent);
-  useApprovals();
+  useApprovals(address, reload);
   useRestoreDefaultThread(address.agent, address.threadId);
   useRunsFinished(onRunFinished);
   return (
     <div className="classic-chat">
-      <PendingApproval agent={address.agent} threadId={address.threadId} />
+      <PendingApproval agent={address.agent} threadId={address.threadId} reload={reload} />
       <CopilotChat labels={{ placeholder: "Ask the demo…", initial: "Hi! Ask me something." }}
                    AssistantMessage={AssistantMessage} />
     </div>
@@ -180,15 +183,18 @@ function App() {
   const [accent, setAccent] = useAccent();
   const [finishedRuns, setFinishedRuns] = useState(0);
   const [onRunFinished] = useState(() => () => setFinishedRuns((n) => n + 1));
+  // A remount of the provider loads the thread again, as the runtime has it now.
+  const [reloads, setReloads] = useState(0);
+  const reload = useCallback(() => setReloads((n) => n + 1), []);
   return (
     <Frame generation="CopilotKit react-core + react-ui 1.10.6 · classic chat · GraphQL"
            other={{ href: "/", label: "← current page (1.74, AG-UI)" }}
            accent={accent} address={address} refreshKey={finishedRuns}>
-      <CopilotKit key={`${address.agent}:${address.threadId}`} runtimeUrl={RUNTIME_URL}
+      <CopilotKit key={`${address.agent}:${address.threadId}:${reloads}`} runtimeUrl={RUNTIME_URL}
                   threadId={address.threadId}
                   agent={address.agent === "default" ? undefined : address.agent}
                   showDevConsole={false}>
-        <Chat address={address} setAccent={setAccent} onRunFinished={onRunFinished} />
+        <Chat address={address} setAccent={setAccent} onRunFinished={onRunFinished} reload={reload} />
       </CopilotKit>
     </Frame>
   );

@@ -189,17 +189,36 @@ function useSecondsLeft(expiresAt) {
     return () => clearInterval(timer);
   }, [expiresAt]);
   if (!expiresAt) return null;
-  return Math.max(0, Math.round((Date.parse(expiresAt) - now) / 1000));
+  return Math.max(0, Math.ceil((Date.parse(expiresAt) - now) / 1000));
+}
+
+// At an approval's deadline the runtime answers "timeout" itself (and refuses any later
+// answer), and a run carries the workflow on. Resolves once that run has ended (no approval of
+// the thread is past its deadline and not yet applied), so the page can show the thread as it
+// is now.
+export async function deadlineAnswered(agentId, threadId) {
+  const query = new URLSearchParams({ threadId, agentId, status: "all" });
+  for (let tries = 0; tries < 60; tries += 1) {
+    const response = await fetch(`${RUNTIME_URL}/approvals?${query}`);
+    const approvals = response.ok ? (await response.json()).approvals : [];
+    if (!approvals.some((a) => (a.status === "expired" && !a.applied) || (a.status === "pending"
+        && a.expiresAt && Date.parse(a.expiresAt) <= Date.now()))) return;
+    await new Promise((resolve) => setTimeout(resolve, 250));
+  }
 }
 
 // Approve, revise with feedback (as often as wanted), or reject. `answer` gets
-// {action: "approve" | "revise" | "reject", feedback?}.
-export function ApprovalPanel({ value, answer, expiresAt }) {
+// {action: "approve" | "revise" | "reject", feedback?}. At its deadline the buttons go off
+// and `onExpired` is called.
+export function ApprovalPanel({ value, answer, expiresAt, onExpired }) {
   const request = describeRequest(value);
   if (expiresAt) request.expiresAt = expiresAt;
   const [feedback, setFeedback] = useState("");
   const [sent, setSent] = useState(false);
   const secondsLeft = useSecondsLeft(request.expiresAt);
+  const expired = secondsLeft === 0;
+  useEffect(() => { if (expired) onExpired?.(); }, [expired]); // eslint-disable-line react-hooks/exhaustive-deps
+  const closed = sent || expired;
   const send = (decision) => { setSent(true); answer(decision); };
   return (
     <div className="approval" data-testid="approval-panel" data-kind={request.kind}>
@@ -208,17 +227,17 @@ export function ApprovalPanel({ value, answer, expiresAt }) {
       {request.notice && <p className="approval-notice">{request.notice}</p>}
       {secondsLeft !== null && (
         <p className="approval-timeout" data-testid="approval-timeout">
-          {secondsLeft > 0 ? `Answer within ${secondsLeft} s (then it times out)` : "Timed out"}
+          {expired ? "Timed out" : `Answer within ${secondsLeft} s (then it times out)`}
         </p>
       )}
       <textarea data-testid="approval-feedback" placeholder="What should change?"
-                value={feedback} onChange={(e) => setFeedback(e.target.value)} disabled={sent} />
+                value={feedback} onChange={(e) => setFeedback(e.target.value)} disabled={closed} />
       <div className="approval-buttons">
-        <button type="button" data-testid="approve" disabled={sent}
+        <button type="button" data-testid="approve" disabled={closed}
                 onClick={() => send({ action: "approve" })}>Approve</button>
-        <button type="button" data-testid="revise" disabled={sent || !feedback.trim()}
+        <button type="button" data-testid="revise" disabled={closed || !feedback.trim()}
                 onClick={() => send({ action: "revise", feedback: feedback.trim() })}>Revise</button>
-        <button type="button" data-testid="reject" disabled={sent}
+        <button type="button" data-testid="reject" disabled={closed}
                 onClick={() => send({ action: "reject" })}>Reject</button>
       </div>
     </div>
