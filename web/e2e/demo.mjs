@@ -12,8 +12,9 @@
 //                    both pages, and the pending approvals are revised, then approved.
 //   phase "edges":   against a server whose approvals time out in a few seconds: HTML planted
 //                    in a thread's messages stays text (markdown still renders), a thread
-//                    listed mid-run shows its title, and an expired approval cannot be
-//                    answered and its outcome shows.
+//                    listed mid-run shows its title, an expired approval cannot be answered
+//                    and its outcome shows, and a stale answer (another tab answered) shows
+//                    the run's error.
 //
 // Writes ONE JSON line: {phase, steps: [{page, step, ok, error?, ms}], consoleErrors,
 // failedRequests, threads}. Screenshots go to options.screenshots (a directory).
@@ -364,6 +365,20 @@ async function edgesPhase(p) {
     await p.expectAssistant("approval: timeout");
     assert(await p.page.locator('[data-testid="approval-panel"] button:enabled').count() === 0,
            "the expired approval can still be answered");
+  });
+
+  await step(p, "a stale answer shows the error", async () => {
+    await p.chooseAgent("review_loop");
+    await p.send("Draft an invoice for ACME, 3 hours of consulting");
+    await p.panel().waitFor({ timeout: TIMEOUT });
+    const other = new DemoPage(kind, await p.page.context().newPage());
+    await other.open(`?agent=review_loop&thread=${p.address().thread}`);
+    await other.panel().waitFor({ timeout: TIMEOUT });
+    await p.answer("draft 1", "revise", "Add the VAT line");
+    await p.panel().filter({ hasText: "draft 2" }).waitFor({ timeout: TIMEOUT });
+    await other.panel().locator('[data-testid="approve"]').click();
+    await other.page.locator('[data-testid="run-error"]', { hasText: /answered already|already answered/ }).waitFor({ timeout: TIMEOUT });
+    await other.page.close();
   });
 }
 

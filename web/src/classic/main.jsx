@@ -17,7 +17,8 @@ import "@copilotkit/react-ui/styles.css";
 import Markdown from "react-markdown";
 import remarkGfm from "remark-gfm";
 import {
-  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, WeatherCard, deadlineAnswered, useAccent, useThreadAddress,
+  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered, useAccent,
+  useThreadAddress,
 } from "../shared/demo.jsx";
 import "../shared/demo.css";
 
@@ -118,7 +119,7 @@ function useRestoreDefaultThread(agent, threadId) {
 // react-core 1.10 hears of an interrupt only in the response of the run that reached it. After
 // a reload (or a restart of the server) the page finds the thread's pending approval through
 // the runtime's approvals route, answers it there, and reloads the thread.
-function PendingApproval({ agent, threadId, reload }) {
+function PendingApproval({ agent, threadId, reload, showError }) {
   const { langGraphInterruptAction } = useCopilotContext();
   const { setMessages } = useCopilotMessagesContext();
   const [pending, setPending] = useState(null);
@@ -132,11 +133,12 @@ function PendingApproval({ agent, threadId, reload }) {
   useEffect(() => { if (agent !== "default") check(); }, [agent, check]);
   if (!pending || langGraphInterruptAction?.event) return null;
   const answer = async ({ action, feedback }) => {
-    await fetch(`${RUNTIME_URL}/approvals/${encodeURIComponent(pending.id)}`, {
+    const response = await fetch(`${RUNTIME_URL}/approvals/${encodeURIComponent(pending.id)}`, {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ action, payload: feedback }),
     });
+    if (!response.ok) showError((await response.json().catch(() => ({}))).error ?? `HTTP ${response.status}`);
     const messages = await loadThread(agent, threadId);
     if (messages) setMessages(messages);
     // A revision leads to a new draft and a new approval; look until it is listed.
@@ -163,17 +165,20 @@ function useRunsFinished(onFinished) {
   }, [isLoading, onFinished]);
 }
 
-function Chat({ address, setAccent, onRunFinished, reload }) {
+function Chat({ address, setAccent, onRunFinished, showError, reload }) {
   useWeatherCard();
   useAccentTool(setAccent);
   useApprovals(address, reload);
   useRestoreDefaultThread(address.agent, address.threadId);
   useRunsFinished(onRunFinished);
+  // A run's error goes to the page's banner (the stock ErrorMessage renders it as markdown
+  // with raw HTML too), and the thread is shown again as the runtime has it.
+  const onError = ({ error }) => { showError(error?.message || String(error)); reload(); };
   return (
     <div className="classic-chat">
-      <PendingApproval agent={address.agent} threadId={address.threadId} reload={reload} />
+      <PendingApproval agent={address.agent} threadId={address.threadId} reload={reload} showError={showError} />
       <CopilotChat labels={{ placeholder: "Ask the demo…", initial: "Hi! Ask me something." }}
-                   AssistantMessage={AssistantMessage} />
+                   AssistantMessage={AssistantMessage} ErrorMessage={() => null} onError={onError} />
     </div>
   );
 }
@@ -186,16 +191,22 @@ function App() {
   // A remount of the provider loads the thread again, as the runtime has it now.
   const [reloads, setReloads] = useState(0);
   const reload = useCallback(() => setReloads((n) => n + 1), []);
+  const [runError, setRunError] = useState(null);
+  useEffect(() => setRunError(null), [address.agent, address.threadId]);
   return (
     <Frame generation="CopilotKit react-core + react-ui 1.10.6 · classic chat · GraphQL"
            other={{ href: "/", label: "← current page (1.74, AG-UI)" }}
            accent={accent} address={address} refreshKey={finishedRuns}>
-      <CopilotKit key={`${address.agent}:${address.threadId}:${reloads}`} runtimeUrl={RUNTIME_URL}
-                  threadId={address.threadId}
-                  agent={address.agent === "default" ? undefined : address.agent}
-                  showDevConsole={false}>
-        <Chat address={address} setAccent={setAccent} onRunFinished={onRunFinished} reload={reload} />
-      </CopilotKit>
+      <div className="chat-column">
+        {runError && <RunError message={runError} onDismiss={() => setRunError(null)} />}
+        <CopilotKit key={`${address.agent}:${address.threadId}:${reloads}`} runtimeUrl={RUNTIME_URL}
+                    threadId={address.threadId}
+                    agent={address.agent === "default" ? undefined : address.agent}
+                    showDevConsole={false}>
+          <Chat address={address} setAccent={setAccent} onRunFinished={onRunFinished}
+                showError={setRunError} reload={reload} />
+        </CopilotKit>
+      </div>
     </Frame>
   );
 }

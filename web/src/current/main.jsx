@@ -12,7 +12,8 @@ import {
 import "@copilotkit/react-core/v2/styles.css";
 import { z } from "zod";
 import {
-  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, WeatherCard, deadlineAnswered, useAccent, useThreadAddress,
+  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered, useAccent,
+  useThreadAddress,
 } from "../shared/demo.jsx";
 import "../shared/demo.css";
 
@@ -65,17 +66,25 @@ function useRunsFinished(agentId, onFinished) {
   }, [running, onFinished]);
 }
 
-function Chat({ address, setAccent, onRunFinished, reload }) {
+function Chat({ address, setAccent, onRunFinished, showError, reload }) {
   useWeatherCard(address.agent);
   useAccentTool(setAccent);
   useApprovals(address, reload);
   useRunsFinished(address.agent, onRunFinished);
+  // The chat shows no run error itself: the page shows it above the chat. Only errors after
+  // the person did something here: `connect` replays a thread's failed runs with their errors.
+  const touched = useRef(false);
+  const onError = ({ error, code }) => { if (touched.current) showError(error?.message || String(code)); };
   return (
-    <CopilotChat
-      agentId={address.agent}
-      threadId={address.threadId}
-      labels={{ chatInputPlaceholder: "Ask the demo…" }}
-    />
+    <div className="chat-column" onKeyDownCapture={() => { touched.current = true; }}
+         onPointerDownCapture={() => { touched.current = true; }}>
+      <CopilotChat
+        agentId={address.agent}
+        threadId={address.threadId}
+        labels={{ chatInputPlaceholder: "Ask the demo…" }}
+        onError={onError}
+      />
+    </div>
   );
 }
 
@@ -87,13 +96,18 @@ function App() {
   // A remount of the chat connects to the thread again: it shows it as the runtime has it.
   const [reloads, setReloads] = useState(0);
   const reload = useCallback(() => setReloads((n) => n + 1), []);
+  const [runError, setRunError] = useState(null);
+  useEffect(() => setRunError(null), [address.agent, address.threadId]);
   return (
     <CopilotKitProvider runtimeUrl={RUNTIME_URL}>
       <Frame generation="CopilotKit react-core 1.74 · v2 chat · AG-UI"
              other={{ href: "/classic", label: "classic page (1.10.6, GraphQL) →" }}
              accent={accent} address={address} refreshKey={finishedRuns}>
-        <Chat key={`${address.agent}:${address.threadId}:${reloads}`} address={address}
-              setAccent={setAccent} onRunFinished={onRunFinished} reload={reload} />
+        <div className="chat-column">
+          {runError && <RunError message={runError} onDismiss={() => setRunError(null)} />}
+          <Chat key={`${address.agent}:${address.threadId}:${reloads}`} address={address}
+                setAccent={setAccent} onRunFinished={onRunFinished} showError={setRunError} reload={reload} />
+        </div>
       </Frame>
     </CopilotKitProvider>
   );

@@ -243,3 +243,13 @@ export function ApprovalPanel({ value, answer, expiresAt, onExpired }) {
     </div>
   );
 }
+
+// A run's error, shown as plain text (it may quote what a client sent).
+export function RunError({ message, onDismiss }) {
+  return (
+    <div className="run-error" role="alert" data-testid="run-error">
+      <span>{message}</span>
+      <button type="button" onClick={onDismiss} aria-label="Dismiss">×</button>
+    </div>
+  );
+}
