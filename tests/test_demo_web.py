@@ -58,8 +58,9 @@ def built_pages() -> Path:
 class DemoServer:
     """`python -m copilot_runtime demo` on a free port, offline, its files in `directory`."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, approval_timeout: float = 600) -> None:
         self.directory = directory
+        self.approval_timeout = approval_timeout
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
@@ -72,7 +73,7 @@ class DemoServer:
         with (self.directory / f"server-{self.starts}.log").open("wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "copilot_runtime", "demo", "--port", str(self.port),
-                 "--db", str(self.directory / "demo.sqlite3"), "--approval-timeout", "600"],
+                 "--db", str(self.directory / "demo.sqlite3"), "--approval-timeout", str(self.approval_timeout)],
                 cwd=self.directory, env={**env, "PYTHONUNBUFFERED": "1"},
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -186,6 +187,29 @@ def test_a_restart_restores_the_threads(demo: DemoServer, main_phase: dict[str, 
         "a pending approval survives the restart"]
     assert after["consoleErrors"] == []
     assert after["failedRequests"] == []
+
+
+def test_edges(built_pages: Path, tmp_path_factory: pytest.TempPathFactory,
+               screenshots: Path) -> None:
+    """Planted HTML, a thread listed mid-run, an expired approval, a stale answer: on a
+    server whose approvals time out in 6 s."""
+    server = DemoServer(tmp_path_factory.mktemp("demo-edges"), approval_timeout=6)
+    server.start()
+    try:
+        result = drive(server, "edges", screenshots)
+    finally:
+        server.stop()
+    assert failures(result) == [], json.dumps(failures(result), indent=1)
+    assert [s["step"] for s in result["steps"]] == 2 * [
+        "planted HTML stays text", "a thread listed mid-run shows its title",
+        "an expired approval shows its outcome", "a stale answer shows the error"]
+    # The stale answer's refusal is all that may show up as an error: the current client logs
+    # the run's error, the classic page's answer is a 409.
+    assert [e for e in result["consoleErrors"] if "no longer asks the question" not in e["text"]
+            and "status of 409" not in e["text"]] == []
+    assert [r for r in result["failedRequests"]
+            if not (r.get("status") == 409 and "/approvals/" in r["url"])] == []
+    assert "Traceback" not in server.log(), server.log()
 
 
 # -- serving, without a browser ---------------------------------------------------------------

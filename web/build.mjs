@@ -43,6 +43,9 @@ await build({
       { find: /^@copilotkit\/react-core(?=\/|$)/, replacement: "classic-react-core" },
       { find: /^@copilotkit\/react-ui(?=\/|$)/, replacement: "classic-react-ui" },
       { find: /^@copilotkit\/(shared|runtime-client-gql)(?=\/|$)/, replacement: `${classicNested}/$1` },
+      // The page renders assistant markdown with react-ui's own react-markdown (remark-gfm's
+      // version), not the older copy react-core's keep at the top of node_modules.
+      { find: /^react-markdown$/, replacement: path.join(modules, "classic-react-ui", "node_modules", "react-markdown") },
     ],
   },
   build: {

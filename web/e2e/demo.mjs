@@ -10,6 +10,11 @@
 //                    approval pending on each page for the restart phase.
 //   phase "restart": after the server was restarted: the threads of phase one come back on
 //                    both pages, and the pending approvals are revised, then approved.
+//   phase "edges":   against a server whose approvals time out in a few seconds: HTML planted
+//                    in a thread's messages stays text (markdown still renders), a thread
+//                    listed mid-run shows its title, an expired approval cannot be answered
+//                    and its outcome shows, and a stale answer (another tab answered) shows
+//                    the run's error.
 //
 // Writes ONE JSON line: {phase, steps: [{page, step, ok, error?, ms}], consoleErrors,
 // failedRequests, threads}. Screenshots go to options.screenshots (a directory).
@@ -313,6 +318,70 @@ async function restartPhase(p) {
   });
 }
 
+// ---- phase three: edges (a server with a short approval timeout) ----------------------------
+// Raw HTML in a message: an iframe whose srcdoc runs script, and an image whose onerror does.
+const PLANTED = 'Summary. <iframe srcdoc="<script>parent.__pwned = 1</script>"></iframe> '
+  + '<img src="x" onerror="window.__pwned = 2">\n\n**bold words**\n\n- first item\n- second item\n\n`inline code`';
+
+async function edgesPhase(p) {
+  const kind = p.kind;
+  await step(p, "planted HTML stays text", async () => {
+    const thread = `planted-${kind}-${Date.now()}`;
+    const response = await fetch(`${base}/copilotkit/agent/default/run`, {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ threadId: thread, runId: "r1", messages: [
+        { id: "u0", role: "user", content: "Summarise my account" },
+        { id: "a0", role: "assistant", content: PLANTED },
+        { id: "u1", role: "user", content: "thanks" }] }),
+    });
+    await response.text();
+    await p.open(`?agent=default&thread=${thread}`);
+    const message = p.page.locator(p.ui.assistant, { hasText: "bold words" }).first();
+    await message.waitFor({ timeout: TIMEOUT });
+    await p.page.waitForTimeout(1000); // time for a planted script to run
+    assert(await p.page.evaluate(() => window.__pwned === undefined), "the planted script ran");
+    const planted = await p.page.locator('iframe[srcdoc], img[src="x"]').count();
+    assert(planted === 0, `${planted} planted elements are in the page`);
+    assert(await message.locator('strong, [data-streamdown="strong"]', { hasText: "bold words" }).count() === 1, "no bold");
+    assert(await message.locator("li").count() === 2, "no list");
+    assert(await message.locator("code", { hasText: "inline code" }).count() === 1, "no code");
+  });
+
+  await step(p, "a thread listed mid-run shows its title", async () => {
+    await p.open("?agent=default");
+    const first = p.address().thread;
+    await p.send(`Please repeat this: ${"lorem ipsum dolor sit amet ".repeat(40)}the end.`, { wait: false });
+    await p.page.locator(p.ui.assistant, { hasText: "offline demo model" }).last().waitFor({ timeout: TIMEOUT });
+    await p.page.locator('[data-testid="new-thread"]').click();
+    await p.page.locator(`[data-testid="thread-item"][data-thread-id="${first}"]`, { hasText: "Please repeat this" })
+      .waitFor({ timeout: 5000 });
+  });
+
+  await step(p, "an expired approval shows its outcome", async () => {
+    await p.chooseAgent("account_review");
+    await p.send("Review account ACME-001");
+    await p.panel().waitFor({ timeout: TIMEOUT });
+    // At the deadline the buttons go off, and the runtime's own answer shows.
+    await p.expectAssistant("approval: timeout");
+    assert(await p.page.locator('[data-testid="approval-panel"] button:enabled').count() === 0,
+           "the expired approval can still be answered");
+  });
+
+  await step(p, "a stale answer shows the error", async () => {
+    await p.chooseAgent("review_loop");
+    await p.send("Draft an invoice for ACME, 3 hours of consulting");
+    await p.panel().waitFor({ timeout: TIMEOUT });
+    const other = new DemoPage(kind, await p.page.context().newPage());
+    await other.open(`?agent=review_loop&thread=${p.address().thread}`);
+    await other.panel().waitFor({ timeout: TIMEOUT });
+    await p.answer("draft 1", "revise", "Add the VAT line");
+    await p.panel().filter({ hasText: "draft 2" }).waitFor({ timeout: TIMEOUT });
+    await other.panel().locator('[data-testid="approve"]').click();
+    await other.page.locator('[data-testid="run-error"]', { hasText: /answered already|already answered/ }).waitFor({ timeout: TIMEOUT });
+    await other.page.close();
+  });
+}
+
 const browser = await chromium.launch({ executablePath: options.chromium ?? "/usr/bin/chromium",
                                         args: BROWSER_FLAGS });
 let exitCode = 0;
@@ -322,7 +391,7 @@ try {
     const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
     const page = new DemoPage(kind, await context.newPage());
     page.page.setDefaultTimeout(TIMEOUT);
-    await (phase === "restart" ? restartPhase : mainPhase)(page);
+    await ({ main: mainPhase, restart: restartPhase, edges: edgesPhase })[phase](page);
     await context.close();
   }
 } catch (error) {

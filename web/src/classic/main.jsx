@@ -11,11 +11,14 @@ import {
   useLangGraphInterrupt,
   useDefaultTool,
 } from "@copilotkit/react-core";
-import { CopilotChat } from "@copilotkit/react-ui";
+import { CopilotChat, useChatContext } from "@copilotkit/react-ui";
 import { loadMessagesFromJsonRepresentation } from "@copilotkit/runtime-client-gql";
 import "@copilotkit/react-ui/styles.css";
+import Markdown from "react-markdown";
+import remarkGfm from "remark-gfm";
 import {
-  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, WeatherCard, useAccent, useThreadAddress,
+  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered, useAccent,
+  useThreadAddress,
 } from "../shared/demo.jsx";
 import "../shared/demo.css";
 
@@ -43,13 +46,44 @@ function useAccentTool(setAccent) {
   }, [setAccent]);
 }
 
-// The workflows' approval step, from the LangGraph interrupt meta event.
-function useApprovals() {
+// The workflows' approval step, from the LangGraph interrupt meta event. Past its deadline the
+// runtime has answered it: the page then shows the thread again.
+function useApprovals(address, reload) {
   useLangGraphInterrupt({
     render: ({ event, resolve }) => (
-      <ApprovalPanel value={event.value} answer={(decision) => resolve(JSON.stringify(decision))} />
+      <ApprovalPanel value={event.value} answer={(decision) => resolve(JSON.stringify(decision))}
+                     onExpired={() => deadlineAnswered(address.agent, address.threadId).then(reload)} />
     ),
   });
+}
+
+// react-ui 1.10.6 renders an assistant message's markdown with rehype-raw: HTML in a message
+// (one a model was talked into writing, or one planted in a thread's history) would be live
+// HTML in this page, and `<iframe srcdoc="<script>…">` runs script in its origin. So the page
+// renders assistant messages itself: the same markdown (react-markdown and GitHub's extensions,
+// the versions react-ui uses; see build.mjs), without raw HTML, which shows as text.
+const markdownElement = (Tag) => function MarkdownElement({ node, ...props }) {
+  return <Tag className="copilotKitMarkdownElement" {...props} />; // react-ui's markdown styles
+};
+const MARKDOWN_ELEMENTS = Object.fromEntries(["p", "h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol",
+  "li", "pre", "blockquote"].map((tag) => [tag, markdownElement(tag)]));
+
+function AssistantMessage({ message, isLoading, subComponent }) {
+  const { icons } = useChatContext();
+  const content = message?.content || "";
+  return (
+    <>
+      {content && (
+        <div className="copilotKitMessage copilotKitAssistantMessage">
+          <div className="copilotKitMarkdown">
+            <Markdown remarkPlugins={[remarkGfm]} components={MARKDOWN_ELEMENTS}>{content}</Markdown>
+          </div>
+        </div>
+      )}
+      <div style={{ marginBottom: "0.5rem" }}>{subComponent}</div>
+      {isLoading && <span>{icons.activityIcon}</span>}
+    </>
+  );
 }
 
 // The thread's messages as the runtime's `loadAgentState` query gives them (the query
@@ -85,7 +119,7 @@ function useRestoreDefaultThread(agent, threadId) {
 // react-core 1.10 hears of an interrupt only in the response of the run that reached it. After
 // a reload (or a restart of the server) the page finds the thread's pending approval through
 // the runtime's approvals route, answers it there, and reloads the thread.
-function PendingApproval({ agent, threadId }) {
+function PendingApproval({ agent, threadId, reload, showError }) {
   const { langGraphInterruptAction } = useCopilotContext();
   const { setMessages } = useCopilotMessagesContext();
   const [pending, setPending] = useState(null);
@@ -99,11 +133,12 @@ function PendingApproval({ agent, threadId }) {
   useEffect(() => { if (agent !== "default") check(); }, [agent, check]);
   if (!pending || langGraphInterruptAction?.event) return null;
   const answer = async ({ action, feedback }) => {
-    await fetch(`${RUNTIME_URL}/approvals/${encodeURIComponent(pending.id)}`, {
+    const response = await fetch(`${RUNTIME_URL}/approvals/${encodeURIComponent(pending.id)}`, {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ action, payload: feedback }),
     });
+    if (!response.ok) showError((await response.json().catch(() => ({}))).error ?? `HTTP ${response.status}`);
     const messages = await loadThread(agent, threadId);
     if (messages) setMessages(messages);
     // A revision leads to a new draft and a new approval; look until it is listed.
@@ -115,7 +150,8 @@ function PendingApproval({ agent, threadId }) {
   };
   return (
     <div className="pending-approval">
-      <ApprovalPanel key={pending.id} value={pending.value} expiresAt={pending.expiresAt} answer={answer} />
+      <ApprovalPanel key={pending.id} value={pending.value} expiresAt={pending.expiresAt} answer={answer}
+                     onExpired={() => deadlineAnswered(agent, threadId).then(reload)} />
     </div>
   );
 }
@@ -129,16 +165,20 @@ function useRunsFinished(onFinished) {
   }, [isLoading, onFinished]);
 }
 
-function Chat({ address, setAccent, onRunFinished }) {
+function Chat({ address, setAccent, onRunFinished, showError, reload }) {
   useWeatherCard();
   useAccentTool(setAccent);
-  useApprovals();
+  useApprovals(address, reload);
   useRestoreDefaultThread(address.agent, address.threadId);
   useRunsFinished(onRunFinished);
+  // A run's error goes to the page's banner (the stock ErrorMessage renders it as markdown
+  // with raw HTML too), and the thread is shown again as the runtime has it.
+  const onError = ({ error }) => { showError(error?.message || String(error)); reload(); };
   return (
     <div className="classic-chat">
-      <PendingApproval agent={address.agent} threadId={address.threadId} />
-      <CopilotChat labels={{ placeholder: "Ask the demo…", initial: "Hi! Ask me something." }} />
+      <PendingApproval agent={address.agent} threadId={address.threadId} reload={reload} showError={showError} />
+      <CopilotChat labels={{ placeholder: "Ask the demo…", initial: "Hi! Ask me something." }}
+                   AssistantMessage={AssistantMessage} ErrorMessage={() => null} onError={onError} />
     </div>
   );
 }
@@ -148,16 +188,25 @@ function App() {
   const [accent, setAccent] = useAccent();
   const [finishedRuns, setFinishedRuns] = useState(0);
   const [onRunFinished] = useState(() => () => setFinishedRuns((n) => n + 1));
+  // A remount of the provider loads the thread again, as the runtime has it now.
+  const [reloads, setReloads] = useState(0);
+  const reload = useCallback(() => setReloads((n) => n + 1), []);
+  const [runError, setRunError] = useState(null);
+  useEffect(() => setRunError(null), [address.agent, address.threadId]);
   return (
     <Frame generation="CopilotKit react-core + react-ui 1.10.6 · classic chat · GraphQL"
            other={{ href: "/", label: "← current page (1.74, AG-UI)" }}
            accent={accent} address={address} refreshKey={finishedRuns}>
-      <CopilotKit key={`${address.agent}:${address.threadId}`} runtimeUrl={RUNTIME_URL}
-                  threadId={address.threadId}
-                  agent={address.agent === "default" ? undefined : address.agent}
-                  showDevConsole={false}>
-        <Chat address={address} setAccent={setAccent} onRunFinished={onRunFinished} />
-      </CopilotKit>
+      <div className="chat-column">
+        {runError && <RunError message={runError} onDismiss={() => setRunError(null)} />}
+        <CopilotKit key={`${address.agent}:${address.threadId}:${reloads}`} runtimeUrl={RUNTIME_URL}
+                    threadId={address.threadId}
+                    agent={address.agent === "default" ? undefined : address.agent}
+                    showDevConsole={false}>
+          <Chat address={address} setAccent={setAccent} onRunFinished={onRunFinished}
+                showError={setRunError} reload={reload} />
+        </CopilotKit>
+      </div>
     </Frame>
   );
 }

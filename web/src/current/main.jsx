@@ -1,5 +1,5 @@
 // The current generation: @copilotkit/react-core 1.74 and its v2 chat, over AG-UI.
-import { useEffect, useRef, useState } from "react";
+import { useCallback, useEffect, useRef, useState } from "react";
 import { createRoot } from "react-dom/client";
 import {
   CopilotChat,
@@ -12,7 +12,8 @@ import {
 import "@copilotkit/react-core/v2/styles.css";
 import { z } from "zod";
 import {
-  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, WeatherCard, useAccent, useThreadAddress,
+  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered, useAccent,
+  useThreadAddress,
 } from "../shared/demo.jsx";
 import "../shared/demo.css";
 
@@ -42,12 +43,14 @@ function useAccentTool(setAccent) {
 }
 
 // The workflows' approval step, from the agent's interrupt (on_interrupt or the AG-UI outcome).
-function useApprovals(agentId) {
+// Past its deadline the runtime has answered it: the page then shows the thread again.
+function useApprovals(address, reload) {
   useInterrupt({
-    agentId,
+    agentId: address.agent,
     render: ({ event, interrupt, resolve }) => {
       const value = interrupt ? (interrupt.metadata?.langgraph?.raw ?? interrupt.value ?? interrupt) : event.value;
-      return <ApprovalPanel value={value} answer={(decision) => resolve(decision)} />;
+      return <ApprovalPanel value={value} answer={(decision) => resolve(decision)}
+                            onExpired={() => deadlineAnswered(address.agent, address.threadId).then(reload)} />;
     },
   });
 }
@@ -63,18 +66,25 @@ function useRunsFinished(agentId, onFinished) {
   }, [running, onFinished]);
 }
 
-function Chat({ address, setAccent, onRunFinished }) {
+function Chat({ address, setAccent, onRunFinished, showError, reload }) {
   useWeatherCard(address.agent);
   useAccentTool(setAccent);
-  useApprovals(address.agent);
+  useApprovals(address, reload);
   useRunsFinished(address.agent, onRunFinished);
+  // The chat shows no run error itself: the page shows it above the chat. Only errors after
+  // the person did something here: `connect` replays a thread's failed runs with their errors.
+  const touched = useRef(false);
+  const onError = ({ error, code }) => { if (touched.current) showError(error?.message || String(code)); };
   return (
-    <CopilotChat
-      key={`${address.agent}:${address.threadId}`}
-      agentId={address.agent}
-      threadId={address.threadId}
-      labels={{ chatInputPlaceholder: "Ask the demo…" }}
-    />
+    <div className="chat-column" onKeyDownCapture={() => { touched.current = true; }}
+         onPointerDownCapture={() => { touched.current = true; }}>
+      <CopilotChat
+        agentId={address.agent}
+        threadId={address.threadId}
+        labels={{ chatInputPlaceholder: "Ask the demo…" }}
+        onError={onError}
+      />
+    </div>
   );
 }
 
@@ -83,12 +93,21 @@ function App() {
   const [accent, setAccent] = useAccent();
   const [finishedRuns, setFinishedRuns] = useState(0);
   const [onRunFinished] = useState(() => () => setFinishedRuns((n) => n + 1));
+  // A remount of the chat connects to the thread again: it shows it as the runtime has it.
+  const [reloads, setReloads] = useState(0);
+  const reload = useCallback(() => setReloads((n) => n + 1), []);
+  const [runError, setRunError] = useState(null);
+  useEffect(() => setRunError(null), [address.agent, address.threadId]);
   return (
     <CopilotKitProvider runtimeUrl={RUNTIME_URL}>
       <Frame generation="CopilotKit react-core 1.74 · v2 chat · AG-UI"
              other={{ href: "/classic", label: "classic page (1.10.6, GraphQL) →" }}
              accent={accent} address={address} refreshKey={finishedRuns}>
-        <Chat address={address} setAccent={setAccent} onRunFinished={onRunFinished} />
+        <div className="chat-column">
+          {runError && <RunError message={runError} onDismiss={() => setRunError(null)} />}
+          <Chat key={`${address.agent}:${address.threadId}:${reloads}`} address={address}
+                setAccent={setAccent} onRunFinished={onRunFinished} showError={setRunError} reload={reload} />
+        </div>
       </Frame>
     </CopilotKitProvider>
   );

@@ -1,7 +1,7 @@
 // What both pages share, plain React with no CopilotKit import: the page frame, the agent
 // picker, the thread list (from the runtime's thread routes), the weather card and the approval
 // panel. Each page wires them to its own generation's CopilotKit hooks.
-import { useCallback, useEffect, useRef, useState } from "react";
+import { useCallback, useEffect, useState } from "react";
 
 export const AGENTS = [
   { id: "default", label: "Assistant (default)" },
@@ -91,7 +91,8 @@ function Hints({ agent }) {
   );
 }
 
-// Threads of the chosen agent, newest first, from GET {runtime}/threads?agentId=.
+// Threads of the chosen agent, newest first, from GET {runtime}/threads?agentId=, each shown
+// by its name or title (the runtime's: the first user message, known as soon as a run starts).
 function ThreadList({ address, refreshKey }) {
   const [threads, setThreads] = useState([]);
   const [error, setError] = useState(null);
@@ -106,7 +107,6 @@ function ThreadList({ address, refreshKey }) {
     }
   }, [address.agent]);
   useEffect(() => { load(); }, [load, refreshKey, address.threadId]);
-  const titles = useThreadTitles(threads);
   const listed = threads.some((t) => t.id === address.threadId);
   return (
     <div className="threads">
@@ -125,7 +125,7 @@ function ThreadList({ address, refreshKey }) {
           <li key={t.id} data-testid="thread-item" data-thread-id={t.id}
               className={`thread${t.id === address.threadId ? " current" : ""}`}>
             <button type="button" title={t.id} onClick={() => address.selectThread(t.id, t.agentId)}>
-              <span className="thread-title">{titles[t.id] || t.id.slice(0, 8)}</span>
+              <span className="thread-title">{t.name || t.title || t.id.slice(0, 8)}</span>
               <small>{new Date(t.updatedAt).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })}</small>
             </button>
           </li>
@@ -133,29 +133,6 @@ function ThreadList({ address, refreshKey }) {
       </ul>
     </div>
   );
-}
-
-// A thread's title: its first user message, from GET {runtime}/threads/{id}/messages (each
-// thread asked once).
-function useThreadTitles(threads) {
-  const [titles, setTitles] = useState({});
-  const asked = useRef(new Set());
-  useEffect(() => {
-    for (const thread of threads.slice(0, 30)) {
-      if (asked.current.has(thread.id)) continue;
-      asked.current.add(thread.id);
-      fetch(`${RUNTIME_URL}/threads/${encodeURIComponent(thread.id)}/messages`)
-        .then((response) => (response.ok ? response.json() : { messages: [] }))
-        .then(({ messages }) => {
-          const first = messages.find((m) => m.role === "user");
-          const text = typeof first?.content === "string" ? first.content
-            : (first?.content ?? []).map((part) => part.text ?? "").join(" ");
-          if (text) setTitles((known) => ({ ...known, [thread.id]: text.slice(0, 60) }));
-        })
-        .catch(() => asked.current.delete(thread.id));
-    }
-  }, [threads]);
-  return titles;
 }
 
 export function WeatherCard({ args, result, done }) {
@@ -212,17 +189,36 @@ function useSecondsLeft(expiresAt) {
     return () => clearInterval(timer);
   }, [expiresAt]);
   if (!expiresAt) return null;
-  return Math.max(0, Math.round((Date.parse(expiresAt) - now) / 1000));
+  return Math.max(0, Math.ceil((Date.parse(expiresAt) - now) / 1000));
+}
+
+// At an approval's deadline the runtime answers "timeout" itself (and refuses any later
+// answer), and a run carries the workflow on. Resolves once that run has ended (no approval of
+// the thread is past its deadline and not yet applied), so the page can show the thread as it
+// is now.
+export async function deadlineAnswered(agentId, threadId) {
+  const query = new URLSearchParams({ threadId, agentId, status: "all" });
+  for (let tries = 0; tries < 60; tries += 1) {
+    const response = await fetch(`${RUNTIME_URL}/approvals?${query}`);
+    const approvals = response.ok ? (await response.json()).approvals : [];
+    if (!approvals.some((a) => (a.status === "expired" && !a.applied) || (a.status === "pending"
+        && a.expiresAt && Date.parse(a.expiresAt) <= Date.now()))) return;
+    await new Promise((resolve) => setTimeout(resolve, 250));
+  }
 }
 
 // Approve, revise with feedback (as often as wanted), or reject. `answer` gets
-// {action: "approve" | "revise" | "reject", feedback?}.
-export function ApprovalPanel({ value, answer, expiresAt }) {
+// {action: "approve" | "revise" | "reject", feedback?}. At its deadline the buttons go off
+// and `onExpired` is called.
+export function ApprovalPanel({ value, answer, expiresAt, onExpired }) {
   const request = describeRequest(value);
   if (expiresAt) request.expiresAt = expiresAt;
   const [feedback, setFeedback] = useState("");
   const [sent, setSent] = useState(false);
   const secondsLeft = useSecondsLeft(request.expiresAt);
+  const expired = secondsLeft === 0;
+  useEffect(() => { if (expired) onExpired?.(); }, [expired]); // eslint-disable-line react-hooks/exhaustive-deps
+  const closed = sent || expired;
   const send = (decision) => { setSent(true); answer(decision); };
   return (
     <div className="approval" data-testid="approval-panel" data-kind={request.kind}>
@@ -231,19 +227,29 @@ export function ApprovalPanel({ value, answer, expiresAt }) {
       {request.notice && <p className="approval-notice">{request.notice}</p>}
       {secondsLeft !== null && (
         <p className="approval-timeout" data-testid="approval-timeout">
-          {secondsLeft > 0 ? `Answer within ${secondsLeft} s (then it times out)` : "Timed out"}
+          {expired ? "Timed out" : `Answer within ${secondsLeft} s (then it times out)`}
         </p>
       )}
       <textarea data-testid="approval-feedback" placeholder="What should change?"
-                value={feedback} onChange={(e) => setFeedback(e.target.value)} disabled={sent} />
+                value={feedback} onChange={(e) => setFeedback(e.target.value)} disabled={closed} />
       <div className="approval-buttons">
-        <button type="button" data-testid="approve" disabled={sent}
+        <button type="button" data-testid="approve" disabled={closed}
                 onClick={() => send({ action: "approve" })}>Approve</button>
-        <button type="button" data-testid="revise" disabled={sent || !feedback.trim()}
+        <button type="button" data-testid="revise" disabled={closed || !feedback.trim()}
                 onClick={() => send({ action: "revise", feedback: feedback.trim() })}>Revise</button>
-        <button type="button" data-testid="reject" disabled={sent}
+        <button type="button" data-testid="reject" disabled={closed}
                 onClick={() => send({ action: "reject" })}>Reject</button>
       </div>
+    </div>
+  );
+}
+
+// A run's error, shown as plain text (it may quote what a client sent).
+export function RunError({ message, onDismiss }) {
+  return (
+    <div className="run-error" role="alert" data-testid="run-error">
+      <span>{message}</span>
+      <button type="button" onClick={onDismiss} aria-label="Dismiss">×</button>
     </div>
   );
 }
