@@ -73,7 +73,8 @@ class DemoServer:
         with (self.directory / f"server-{self.starts}.log").open("wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "copilot_runtime", "demo", "--port", str(self.port),
-                 "--db", str(self.directory / "demo.sqlite3"), "--approval-timeout", str(self.approval_timeout)],
+                 "--db", str(self.directory / "demo.sqlite3"),
+                 "--approval-timeout", str(self.approval_timeout)],
                 cwd=self.directory, env={**env, "PYTHONUNBUFFERED": "1"},
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout

@@ -194,5 +194,5 @@ def test_a_run_cut_anywhere_is_closed_as_both_real_clients_require() -> None:
     refused = [(cut, verdict) for cut, verdict in enumerate(verdicts)
                if verdict["0.0.59"] or verdict["1.0.0"]]
     assert refused == []
-    with pytest.raises(EventOrderError, match="STEP_FINISHED.*'work', which is not open"):
+    with pytest.raises(EventOrderError, match=r"STEP_FINISHED.*'work', which is not open"):
         verify_events([ev.run_started("t", "r"), *events[:5], ev.step_finished("work")])
