@@ -11,9 +11,11 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
         exit 1
     fi
 fi
-if [ ! -d tests/js/node_modules ] || [ tests/js/package-lock.json -nt tests/js/node_modules ]; then
-    (cd tests/js && npm ci --no-audit --no-fund --loglevel=error)
-fi
+for clients in tests/js tests/gql; do  # the current and the 1.10 generation's packages
+    if [ ! -d $clients/node_modules ] || [ $clients/package-lock.json -nt $clients/node_modules ]; then
+        (cd $clients && npm ci --no-audit --no-fund --loglevel=error)
+    fi
+done
 # The browser tests drive Debian's chromium (never a downloaded browser build).
 if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
     apt-get install -y -q chromium >/dev/null 2>&1 \

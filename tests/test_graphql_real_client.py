@@ -23,6 +23,7 @@ What may differ, and why (`normalized` below):
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -65,16 +66,23 @@ def _free_port() -> int:
 
 
 def _npm_ci() -> None:
-    if (GQL_DIR / "node_modules" / "@copilotkit" / "runtime-client-gql" / "package.json").is_file():
+    """`npm ci` in tests/gql unless installed; one at a time (several test processes)."""
+    installed = GQL_DIR / "node_modules" / "@copilotkit" / "runtime-client-gql" / "package.json"
+    if installed.is_file():
         return
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.fail("npm is not on PATH: these tests need Node.js >= 20 with npm", pytrace=False)
-    proc = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=GQL_DIR,
-                          capture_output=True, text=True, timeout=600, check=False)
-    if proc.returncode != 0:
-        pytest.fail(f"`npm ci` in {GQL_DIR} failed:\n{(proc.stderr + proc.stdout)[-3000:]}",
-                    pytrace=False)
+    with (GQL_DIR / ".npm-ci.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if installed.is_file():  # another process installed it meanwhile
+            return
+        npm = shutil.which("npm")
+        if npm is None:
+            pytest.fail("npm is not on PATH: these tests need Node.js >= 20 with npm",
+                        pytrace=False)
+        proc = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=GQL_DIR,
+                              capture_output=True, text=True, timeout=600, check=False)
+        if proc.returncode != 0:
+            pytest.fail(f"`npm ci` in {GQL_DIR} failed:\n{(proc.stderr + proc.stdout)[-3000:]}",
+                        pytrace=False)
 
 
 class _Child:

@@ -31,6 +31,7 @@ from tests.gql.wire import (
     text_message,
     user_turn,
 )
+from tests.test_graphql_real_client import _npm_ci
 
 Batch = list[dict[str, Any]]
 
@@ -390,6 +391,7 @@ def test_every_code_the_1_10_client_is_sent_is_one_it_knows() -> None:
     from copilot_runtime import _exceptions
     from copilot_runtime.protocols.graphql import errors
 
+    _npm_ci()  # the 1.10 client's packages
     shared = Path(__file__).parent / "gql" / "node_modules" / "@copilotkit" / "shared"
     table = (shared / "dist" / "index.js").read_text(encoding="utf-8")
     known = set(re.findall(r'CopilotKitErrorCode2\["([A-Z_]+)"\]', table))
