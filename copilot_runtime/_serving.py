@@ -89,6 +89,10 @@ def _answer(status: bytes, headers: bytes, error: bytes) -> bytes:
 _TOO_MANY = _answer(b"503 Service Unavailable", b"retry-after: 1\r\n",
                     b"Too many open connections")
 _TOO_SLOW = _answer(b"408 Request Timeout", b"", b"Request headers took too long")
+class _HeadersTooLarge(Exception):
+    """A request's headers passed `MAX_HEADER_BYTES` (raised to stop the parser)."""
+
+
 _TOO_LARGE = _answer(b"431 Request Header Fields Too Large", b"",
                      b"Request headers are too large")
 
@@ -111,9 +115,11 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     #: Waiting for a request's headers, since `_since` (loop time).
     _awaiting = False
     _since = 0.0
-    #: Bytes of a request whose headers are not complete yet came (how many).
+    #: Bytes of a request whose headers are not complete yet came.
     _heard = False
+    #: The bytes of the request's line and headers so far, and whether they were too many.
     _header_bytes = 0
+    _headers_too_large = False
     #: What was still to send when `_write_timer` was set.
     _pending = 0
 
@@ -138,12 +144,37 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
             self._awaiting = False
         elif self._awaiting:
             self._heard = True
-            self._header_bytes += len(data)
-            if self._header_bytes > MAX_HEADER_BYTES and not self.transport.is_closing():
-                self._stop_timers()
-                self.transport.write(_TOO_LARGE)
-                self.transport.close()
-                self._watch_writes()
+
+    # A request's line and headers, counted as the parser reads them (httptools; uvicorn's
+    # h11 protocol bounds them itself): past `MAX_HEADER_BYTES` the parse stops and the
+    # request is answered 431 (the body of an earlier request answered early is not counted).
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._count_header(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_header(len(name) + len(value))
+        super().on_header(name, value)
+
+    def _count_header(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > MAX_HEADER_BYTES:
+            self._headers_too_large = True
+            raise _HeadersTooLarge  # (the parser's error: answered by `send_400_response`)
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._headers_too_large:
+            super().send_400_response(msg)
+            return
+        self._stop_timers()
+        self.transport.write(_TOO_LARGE)
+        self.transport.close()
+        self._watch_writes()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -202,7 +233,6 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
         # One timer a connection, looked at when it fires, rather than one made and cancelled
         # per request (a few microseconds of every keep-alive request).
         self._awaiting, self._heard, self._since = True, False, self.loop.time()
-        self._header_bytes = 0
         if self._headers_timer is None:
             self._headers_timer = self.loop.call_later(HEADERS_SECONDS, self._headers_late)
 

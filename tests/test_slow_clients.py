@@ -320,6 +320,28 @@ async def test_headers_past_their_bound_are_answered_431_and_closed() -> None:
         assert len(server.server_state.connections) == 0
 
 
+async def test_the_body_of_a_request_answered_early_is_not_counted_as_headers() -> None:
+    """A request answered before its body is read (an unknown agent's 404, a 401) gets
+    the rest of its body after the answer: the first header bound counted those bytes as the
+    next request's headers, and answered 431 and closed the connection mid-upload."""
+    runtime = CopilotRuntime(agents={"default": Flood()})
+    async with serving(create_app(runtime, PATH)) as (_, port):
+        loop = asyncio.get_running_loop()
+        body = b'{"messages":"' + b"a" * (4 * _serving.MAX_HEADER_BYTES) + b'"}'
+        sock = await raw_socket(port, post(f"{PATH}/agent/missing/run", b"")
+                                .replace(b"Content-Length: 0", b"Content-Length: %d"
+                                         % len(body)) + body[:1000])
+        try:
+            answer = await asyncio.wait_for(loop.sock_recv(sock, 65536), 5)
+            assert answer.startswith(b"HTTP/1.1 404 "), answer
+            await loop.sock_sendall(sock, body[1000:])  # (a 431 closed the socket here)
+            sock.shutdown(socket.SHUT_WR)
+            rest = await read_until_closed(sock, 5)
+            assert b" 431 " not in rest, rest
+        finally:
+            sock.close()
+
+
 async def test_connections_past_the_limit_are_answered_503_and_closed(
         headers_deadline: float) -> None:
     """At most `limit_concurrency` connections are held (`--limit-concurrency`): one more
