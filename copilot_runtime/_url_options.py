@@ -42,15 +42,22 @@ def redacted_url(url: str) -> str:
     `sslpassword`, a `token`: the names logs redact) written `***`: for messages, banners
     and logs. Cut by hand, not by `urlsplit`: it writes `sqlite:///x` back as `sqlite:/x`,
     and refuses some broken URLs (whose password must be hidden too)."""
-    head, hashmark, fragment = url.partition("#")
-    base, mark, query = head.partition("?")
-    scheme, slashes, rest = base.partition("://")
+    scheme, slashes, rest = url.partition("://")
+    prefix = ""
     if slashes:
-        netloc, slash, path = rest.partition("/")
-        # The last `@` ends the user's part, as URL parsers read it: a password may hold `@`.
-        userinfo, at, hostport = netloc.rpartition("@")
-        user, colon, _ = userinfo.partition(":")
-        base = f"{scheme}://{user}{colon and ':***'}{at}{hostport}{slash}{path}"
+        # The user's part ends at the last `@` before the path: a password may hold `@`, and
+        # `?` or `#` too (libpq reads them so), so it is cut before the query is.
+        at = rest.rfind("@", 0, rest.find("/") % (len(rest) + 1))
+        if at >= 0:
+            user, colon, _ = rest[:at].partition(":")
+            prefix, rest = f"{scheme}://{user}{colon and ':***'}@", rest[at + 1:]
+        else:
+            prefix = f"{scheme}://"
+    else:
+        rest = url
+    head, hashmark, fragment = rest.partition("#")
+    base, mark, query = head.partition("?")
+    base = prefix + base
     query = "&".join(
         f"{key}=***" if sep and _SECRET_KEYS.search(urllib.parse.unquote_plus(key))
         else f"{key}{sep}{value}"

@@ -224,7 +224,10 @@ def test_log_redaction_knows_more_secret_shapes() -> None:
     "postgressql://app:Hunter2Secret@db.internal/app",
     "redis-sentinel://:Hunter2Secret@cache:26379/0",
     "mysql://app@db.internal/app?sslpassword=Hunter2Secret&password=Hunter2Secret",
-], ids=["user-password", "password-only", "query-password"])
+    # libpq reads `#` and `?` in a password as part of it: they did not end it here
+    "mysql://app:Hunter2#Secret@db.internal/app", "memcached://app:Hunter2?Secret@cache:1",
+], ids=["user-password", "password-only", "query-password", "hash-in-password",
+        "question-mark-in-password"])
 def test_an_unknown_url_is_named_without_its_secrets(factory: str, url: str) -> None:
     """Before: `coordinator(url)` (and so `CopilotRuntime(coordinator=url)`) named an
     unknown URL whole, password included; the thread store named it from its host on, a
@@ -237,7 +240,8 @@ def test_an_unknown_url_is_named_without_its_secrets(factory: str, url: str) -> 
         "runtime": lambda url: CopilotRuntime(coordinator=url)}[factory]
     with pytest.raises(ConfigurationError) as refused:
         make(url)
-    assert "Hunter2Secret" not in str(refused.value)
+    assert "Hunter2" not in str(refused.value)
+    assert "Secret" not in str(refused.value)
     assert redacted_url(url) in str(refused.value)
 
 
