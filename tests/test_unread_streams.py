@@ -168,3 +168,26 @@ async def test_large_answers_to_clients_that_read_nothing_are_bounded_together(
         assert http._LargeAnswers.held == 0
         events = await served.run(replay, path="/agent/default/connect")
         assert text_of(events) == CHUNK * 40 + "done"
+
+
+async def test_a_large_graphql_answer_without_room_is_a_503(
+        serve_runtime: ServeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without room among the large answers, GraphQL's `loadAgentState` answered 500 (the
+    refusal escaped its handler, an "unhandled error" logged) where the AG-UI routes answer
+    503; it is a 503 with Retry-After in GraphQL's error form now."""
+    agent = Flood()
+    agent.limit = 2  # a thread of 512 KB
+    runtime = CopilotRuntime(agents={"default": agent})
+    async with serve_runtime(runtime) as served:
+        await served.run(run_input("big", thread="big"))
+        monkeypatch.setattr(http._LargeAnswers, "held", http.LARGE_ANSWERS_BYTES)
+        response = await served.session.post(served.url, data=orjson.dumps({
+            "query": "query($data: LoadAgentStateInput!) { loadAgentState(data: $data) "
+                     "{ threadId threadExists state messages } }",
+            "variables": {"data": {"threadId": "big", "agentName": "default"}}}),
+            headers={"Content-Type": "application/json"})
+        assert response.status == 503, await response.text()
+        assert response.headers["Retry-After"] == "1"
+        (error,) = (await response.json())["errors"]
+        assert (error["extensions"]["code"], error["extensions"]["runtimeCode"]) == (
+            "NETWORK_ERROR", "SERVICE_UNAVAILABLE")

@@ -248,6 +248,10 @@ class _LargeAnswers:
 _TOO_MANY_LARGE = ("The server is sending many large answers now; try again shortly")
 
 
+class _NoRoom(Exception):
+    """A stream's large batch found no room among the large answers being sent."""
+
+
 async def _send_body(request: Request, body: bytes, *, more_body: bool) -> None:
     """`body`, in pieces when it is large (see `LARGE_ANSWER`): the transport's flow control
     then holds the rest here until the client reads, never a second copy of all of it."""
@@ -645,8 +649,7 @@ async def stream_events(request: Request, batches: AsyncIterator[Sequence[Positi
             return
         if len(body) >= LARGE_ANSWER and not held:
             if not await _LargeAnswers.wait_for_room(len(body)):
-                left = True  # no room for it: the client comes back (`Last-Event-ID`)
-                raise asyncio.CancelledError
+                raise _NoRoom  # the stream ends here: the client resumes (`Last-Event-ID`)
             held = len(body)
         stream.last_write = loop.time()
         stream.sending = True
@@ -672,6 +675,8 @@ async def stream_events(request: Request, batches: AsyncIterator[Sequence[Positi
             async for batch in batches:
                 if batch:
                     await write(_encoded(batch))
+    except _NoRoom:
+        pass
     except asyncio.CancelledError:
         if not left or task is None:
             raise

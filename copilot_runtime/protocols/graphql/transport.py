@@ -18,6 +18,8 @@ from typing import Any
 import orjson
 from graphql import GraphQLError
 
+from copilot_runtime._exceptions import ServiceUnavailableError
+from copilot_runtime.protocols.graphql.errors import error_extensions
 from copilot_runtime.protocols.http import Request, send_bytes
 
 __all__ = [
@@ -77,9 +79,13 @@ def version_header(request: Request) -> list[tuple[bytes, bytes]]:
 
 async def send_result(request: Request, status: int, body: bytes,
                       extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    headers = [(b"content-type", json_content_type(request)), *version_header(request),
-               *(extra or ())]
-    await send_bytes(request, status, body, headers)
+    headers = [(b"content-type", json_content_type(request)), *version_header(request)]
+    try:
+        await send_bytes(request, status, body, [*headers, *(extra or ())])
+    except ServiceUnavailableError as exc:  # a large answer while too many are being sent
+        error = {"message": exc.message, "extensions": error_extensions(exc, exc.message)}
+        await send_bytes(request, exc.status, orjson.dumps({"errors": [error], "data": None}),
+                         [*headers, (b"retry-after", str(exc.retry_after).encode())])
 
 
 def request_errors(errors: list[GraphQLError], code: str | None = None) -> dict[str, Any]:
