@@ -6,15 +6,13 @@ activity messages, and a messages snapshot dropped the reasoning messages a clie
 
 from __future__ import annotations
 
-import subprocess
 from typing import Any
 
-import orjson
 import pytest
 
 from copilot_runtime import events as ev
 from copilot_runtime._compaction import compact_events, events_to_messages
-from tests.test_real_clients import JS_DIR, _ensure_node_modules, _executable
+from tests.test_real_clients import run_client_script
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -94,13 +92,7 @@ CASES: dict[str, tuple[list[list[ev.Event]], Any]] = {
 
 def _applied(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each case as the real client holds it once it applied its events."""
-    node = _executable("node")
-    _ensure_node_modules()
-    proc = subprocess.run([node, str(JS_DIR / "apply_events.mjs")], cwd=JS_DIR,
-                          input=orjson.dumps(cases), capture_output=True, timeout=60,
-                          check=False)
-    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
-    result: list[dict[str, Any]] = orjson.loads(proc.stdout)
+    result: list[dict[str, Any]] = run_client_script("apply_events.mjs", cases)
     return result
 
 

@@ -7,11 +7,9 @@ strict checker names what a broken stream did.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,7 +20,7 @@ from copilot_runtime.event_order import OrderChecker, RunEventOrder
 from copilot_runtime.events import EventBatches
 from copilot_runtime.testing import EventOrderError, verify_events
 from tests.conftest import ServeRuntime, run_input, text_of
-from tests.test_real_clients import JS_DIR, _ensure_node_modules, _executable
+from tests.test_real_clients import run_client_script
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -184,13 +182,7 @@ def test_a_run_cut_anywhere_is_closed_as_both_real_clients_require() -> None:
         out = [ev.run_started("t", "r"), *order.normalize(events[:cut])]
         streams.append([*out, *order.closing_events(), ev.run_finished("t", "r")])
         verify_events(streams[-1])  # ours agrees
-    node = _executable("node")
-    _ensure_node_modules()
-    proc = subprocess.run([node, str(JS_DIR / "verify_events.mjs")], cwd=JS_DIR,
-                          input=orjson.dumps(streams), capture_output=True, timeout=60,
-                          check=False)
-    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
-    verdicts = orjson.loads(proc.stdout)
+    verdicts = run_client_script("verify_events.mjs", streams)
     refused = [(cut, verdict) for cut, verdict in enumerate(verdicts)
                if verdict["0.0.59"] or verdict["1.0.0"]]
     assert refused == []

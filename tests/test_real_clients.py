@@ -104,6 +104,17 @@ def _ensure_node_modules() -> None:
                     f"--- npm output ---\n{output[:4000]}", pytrace=False)
 
 
+def run_client_script(script: str, payload: Any) -> Any:
+    """What tests/js/`script` (a real client's code over JSON on stdin) answers `payload`."""
+    node = _executable("node")
+    _ensure_node_modules()
+    proc = subprocess.run([node, str(JS_DIR / script)], cwd=JS_DIR,
+                          input=json.dumps(payload).encode(), capture_output=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
+    return json.loads(proc.stdout)
+
+
 def _child_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
