@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 
@@ -29,6 +30,8 @@ from copilot_runtime.threads import (
     ThreadOwner,
     ThreadStore,
 )
+from copilot_runtime.threads import base as threads_base
+from copilot_runtime.threads import postgres as threads_postgres
 from tests.hitl_support.postgres import SERVER, postgres_schema
 
 KINDS = ["memory", "sqlite", "postgresql"]
@@ -406,6 +409,53 @@ async def test_the_state_an_interrupted_run_streamed_is_kept_in_its_place(
     assert record is not None
     assert [r.run_id for r in record.runs] == ["r2"]
     assert record.state == {"n": 1}
+
+
+async def _as_an_older_release_wrote(store: ThreadStore, thread: str, run: str) -> None:
+    """`run` as the release before kept states leaves it: its run row saying nothing of a
+    state, and the state kept with the thread what it was before the run."""
+    if isinstance(store, SQLiteThreadStore):
+        db = sqlite3.connect(store.path)
+        with db:
+            db.execute("UPDATE runs SET has_state = NULL WHERE thread_id = ? AND run_id = ?",
+                       (thread, run))
+            db.execute("UPDATE threads SET state = ?, state_seq = 1 WHERE thread_id = ?",
+                       (orjson.dumps({"v": "A"}), thread))
+        db.close()
+        return
+    schema = store.schema  # type: ignore[attr-defined]
+    async with await psycopg.AsyncConnection.connect(SERVER, autocommit=True) as conn:
+        await conn.execute(f'UPDATE "{schema}".runs SET has_state = NULL WHERE thread_id = %s '
+                           "AND run_id = %s", (thread, run))
+        await conn.execute(f'UPDATE "{schema}".threads SET state = %s, state_seq = 1 '
+                           "WHERE thread_id = %s", (orjson.dumps({"v": "A"}), thread))
+
+
+async def test_a_state_an_older_release_left_is_not_hidden_by_an_earlier_kept_one(
+        store: ThreadStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """During a rolling upgrade or after a rollback an older release stores runs beside this
+    one, and keeps no state with the thread: a state its run left, once that run fell out of
+    a bounded read, was answered by the earlier state this release had kept (the rolling
+    upgrade's hunt: `{"v": "A"}` for `{"v": "B"}`). The runs an older release stored after
+    the kept state's are looked through now (within `UNKEPT_STATE_BYTES`)."""
+    durable = _durable(store)
+    position = 0
+    for run, events in (("r1", _stateful("t", "r1", {"v": "A"})),
+                        ("r2", _stateful("t", "r2", {"v": "B"})),
+                        ("r3", _run("t", "r3", "no state"))):
+        await _finish(durable, "t", run, events, position, created=1.0 + position)
+        position += len(events)
+    await _as_an_older_release_wrote(durable, "t", "r2")
+    record = await durable.get("t", max_bytes=1)
+    assert record is not None
+    assert [r.run_id for r in record.runs] == ["r3"]
+    assert record.state == {"v": "B"}
+    # Too much of them to look through, none with a state: unknown, never the stale one.
+    monkeypatch.setattr(threads_base, "UNKEPT_STATE_BYTES", 1)
+    monkeypatch.setattr(threads_postgres, "UNKEPT_STATE_BYTES", 1)
+    record = await durable.get("t", max_bytes=1)
+    assert record is not None
+    assert record.state is None
 
 
 async def test_a_state_evicted_from_memory_is_still_the_threads() -> None:

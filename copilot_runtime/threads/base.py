@@ -28,6 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import orjson
+
 from copilot_runtime import events as ev
 from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event
@@ -52,6 +54,7 @@ __all__ = [
     "newest_within",
     "omission",
     "positioned_runs",
+    "state_of_unkept",
     "state_snapshot",
     "storable_ids",
     "title_of",
@@ -264,6 +267,30 @@ def state_snapshot(events: Sequence[Event]) -> Event | None:
         if event["type"] == ev.STATE_SNAPSHOT:
             return event
     return None
+
+
+#: The most bytes of runs an older release stored that a read looks through for a state it
+#: left and did not keep with the thread (see `state_of_unkept`).
+UNKEPT_STATE_BYTES = 8 * 1024 * 1024
+
+
+def state_of_unkept(kept: bytes | None, blobs: Iterable[bytes], *,
+                    complete: bool = True) -> Any:
+    """The thread's state when the runs read hold none: the state kept with the thread
+    (`kept`, encoded), unless one of `blobs` (the runs an older release stored after the
+    kept state's run and left out of the read, newest first, encoded; `complete`: all of
+    them) left a later one, which it does not keep. Past `UNKEPT_STATE_BYTES` of them, or
+    without all of them, and none with a state: None (unknown, never a state a later run
+    replaced)."""
+    looked = 0
+    for blob in blobs:
+        looked += len(blob)
+        if looked > UNKEPT_STATE_BYTES:
+            return None
+        snapshot = state_snapshot(orjson.loads(blob))
+        if snapshot is not None:
+            return snapshot.get("snapshot")
+    return None if kept is None or not complete else orjson.loads(kept)
 
 
 def id_problem(value: str) -> str | None:

@@ -42,12 +42,14 @@ from copilot_runtime.threads._rows import (
 from copilot_runtime.threads.base import (
     DELETED_RETENTION,
     MAX_REPLAY_BYTES,
+    UNKEPT_STATE_BYTES,
     ListPosition,
     Positioned,
     StoredRun,
     ThreadOwner,
     ThreadRecord,
     newest_within,
+    state_of_unkept,
     state_snapshot,
     title_of,
 )
@@ -180,6 +182,9 @@ _MIGRATIONS: tuple[str, ...] = (
     # their runs read answer, as before. (Compressed as the events are, see 2.)
     """
     ALTER TABLE threads ADD COLUMN state BYTEA, ADD COLUMN state_seq INTEGER;
+    -- Whether a run left a state (NULL: stored by a release that did not say, which keeps
+    -- none with its thread: a read looks through those, `state_of_unkept`).
+    ALTER TABLE runs ADD COLUMN has_state BOOLEAN;
     DO $$
     BEGIN
         EXECUTE 'ALTER TABLE threads ALTER COLUMN state SET COMPRESSION lz4';
@@ -246,7 +251,8 @@ WITH a AS (
                      THEN excluded.state ELSE threads.state END,
         state_seq = GREATEST(threads.state_seq, excluded.state_seq)
 ), closed AS (
-    UPDATE runs SET events = p.events, open = FALSE, last_position = p.last, ended_at = p.now
+    UPDATE runs SET events = p.events, open = FALSE, last_position = p.last, ended_at = p.now,
+                    has_state = octet_length(p.state) > 0
     FROM p WHERE runs.thread_id = p.thread AND runs.run_id = p.run AND runs.open
     RETURNING runs.thread_id, runs.run_id, p.now, p.raw_first
 ), ended AS (
@@ -255,9 +261,9 @@ WITH a AS (
       AND run_events.first_position IS DISTINCT FROM closed.raw_first
 ), added AS (
     INSERT INTO runs (thread_id, seq, run_id, created_at, events, first_position,
-                      last_position, ended_at)
+                      last_position, ended_at, has_state)
     SELECT p.thread, COALESCE((SELECT MAX(seq) FROM runs WHERE thread_id = p.thread), 0) + 1,
-           p.run, p.created, p.events, p.first, p.last, p.now
+           p.run, p.created, p.events, p.first, p.last, p.now, octet_length(p.state) > 0
     FROM p WHERE NOT EXISTS (SELECT 1 FROM closed
                              WHERE closed.thread_id = p.thread AND closed.run_id = p.run)
     AND NOT EXISTS (SELECT 1 FROM threads t
@@ -506,12 +512,15 @@ class PostgresThreadStore:
                                                  len(events), first, last))
                 if row[-1] and not any(state_snapshot(run.events) is not None
                                        for run in record.runs):
-                    # The run that left the state was not read: the state kept with the thread.
-                    state = await (await conn.execute(
-                        "SELECT state FROM threads WHERE thread_id = %s", (thread_id,))
-                                   ).fetchone()
-                    if state is not None and state[0] is not None:
-                        record.kept_state = orjson.loads(state[0])
+                    # The run that left the state was not read: the state kept with the
+                    # thread, unless an older release's run since left one (it keeps none).
+                    kept_row = await (await conn.execute(
+                        "SELECT state, state_seq FROM threads WHERE thread_id = %s",
+                        (thread_id,))).fetchone()
+                    if kept_row is not None and kept_row[1] is not None:
+                        record.kept_state = await _state_of_unkept(
+                            conn, thread_id, kept_row[0], kept_row[1],
+                            sizes[kept - 1][0] if kept else kept_row[1] + 1)
             return record
 
     async def summary(self, thread_id: str) -> ThreadRecord | None:
@@ -672,12 +681,12 @@ class PostgresThreadStore:
                 await conn.execute(
                     "UPDATE run_events SET ended_at = extract(epoch FROM now()) "
                     "WHERE thread_id = %s AND run_id = %s", (thread_id, run_id))
-                await conn.execute(
-                    "UPDATE runs SET events = %s, open = FALSE, last_position = %s, ended_at = %s "
-                    "WHERE thread_id = %s AND seq = %s",
-                    (orjson.dumps(compacted), last, now, thread_id, seq))
-                await _advance(conn, thread_id, last)
                 snapshot = state_snapshot(compacted)
+                await conn.execute(
+                    "UPDATE runs SET events = %s, open = FALSE, last_position = %s, ended_at = %s, "
+                    "has_state = %s WHERE thread_id = %s AND seq = %s",
+                    (orjson.dumps(compacted), last, now, snapshot is not None, thread_id, seq))
+                await _advance(conn, thread_id, last)
                 if snapshot is not None:  # unless a later run (by `seq`) left one
                     await conn.execute(
                         "UPDATE threads SET state = %s, state_seq = %s WHERE thread_id = %s "
@@ -752,6 +761,27 @@ async def _chunks(conn: AsyncConnection[Any], thread_id: str, position: int,
 
 def _future() -> asyncio.Future[None]:
     return asyncio.get_running_loop().create_future()
+
+
+async def _state_of_unkept(conn: AsyncConnection[Any], thread_id: str, kept: bytes | None,
+                           kept_seq: int, first_read: int) -> Any:
+    """`state_of_unkept` of the runs an older release stored between the kept state's run
+    and the first run read: read newest first, within `UNKEPT_STATE_BYTES` (sizes first,
+    from the values' headers)."""
+    sizes = await (await conn.execute(
+        "SELECT seq, octet_length(events) FROM runs WHERE thread_id = %s AND NOT open AND "
+        "has_state IS NULL AND seq > %s AND seq < %s ORDER BY seq DESC",
+        (thread_id, kept_seq, first_read))).fetchall()
+    wanted, total = [], 0
+    for seq, size in sizes:
+        total += size
+        if total > UNKEPT_STATE_BYTES:
+            break
+        wanted.append(seq)
+    blobs = [blob for (blob,) in await (await conn.execute(
+        "SELECT events FROM runs WHERE thread_id = %s AND seq = ANY(%s) ORDER BY seq DESC",
+        (thread_id, wanted))).fetchall()] if wanted else []
+    return state_of_unkept(kept, blobs, complete=len(wanted) == len(sizes))
 
 
 @dataclass(slots=True)

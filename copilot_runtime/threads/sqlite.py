@@ -46,6 +46,7 @@ from copilot_runtime.threads.base import (
     ThreadOwner,
     ThreadRecord,
     newest_within,
+    state_of_unkept,
     state_snapshot,
     title_of,
 )
@@ -174,6 +175,9 @@ def _v6(db: sqlite3.Connection) -> None:
     their runs read answer, as before."""
     db.execute("ALTER TABLE threads ADD COLUMN state BLOB")
     db.execute("ALTER TABLE threads ADD COLUMN state_seq INTEGER")
+    # Whether a run left a state (NULL: stored by a release that did not say, which keeps
+    # none with its thread: a read looks through those, `state_of_unkept`).
+    db.execute("ALTER TABLE runs ADD COLUMN has_state INTEGER")
 
 
 #: Seconds between deletions of the raw events whose retention ended.
@@ -311,10 +315,14 @@ class SQLiteThreadStore:
                                          len(events), first, last))
         if not any(state_snapshot(run.events) is not None for run in record.runs):
             # The run that left the state was not read (or there is none).
-            (state,) = self._db.execute("SELECT state FROM threads WHERE thread_id = ?",
-                                        (thread_id,)).fetchone() or (None,)
-            if state is not None:
-                record.kept_state = orjson.loads(state)
+            state, seq = self._db.execute("SELECT state, state_seq FROM threads WHERE "
+                                          "thread_id = ?", (thread_id,)).fetchone() or (None, None)
+            if seq is not None:
+                unkept = self._db.execute(
+                    "SELECT events FROM runs WHERE thread_id = ? AND open = 0 AND has_state "
+                    "IS NULL AND seq > ? AND seq < ? ORDER BY seq DESC",
+                    (thread_id, seq, oldest if kept else seq + 1))
+                record.kept_state = state_of_unkept(state, (blob for (blob,) in unkept))
         return record
 
     async def summary(self, thread_id: str) -> ThreadRecord | None:
@@ -504,15 +512,17 @@ class SQLiteThreadStore:
         # The run's place among its thread's runs, for the state it left (`_keep_state`).
         seq = self._open_seq(thread_id, run.run_id) if snapshot is not None else None
         closed = db.execute(
-            "UPDATE runs SET events = ?, open = 0, last_position = ?, ended_at = ? "
-            "WHERE thread_id = ? AND run_id = ? AND open = 1",
-            (blob, run.last_position, now, thread_id, run.run_id)).rowcount
+            "UPDATE runs SET events = ?, open = 0, last_position = ?, ended_at = ?, "
+            "has_state = ? WHERE thread_id = ? AND run_id = ? AND open = 1",
+            (blob, run.last_position, now, snapshot is not None, thread_id,
+             run.run_id)).rowcount
         if not closed:  # no events were written while it ran
             seq = self._next_seq(thread_id)
             db.execute("INSERT INTO runs (thread_id, seq, run_id, created_at, events, "
-                       "first_position, last_position, ended_at) VALUES (?, ?, ?, ?, ?, ?, "
-                       "?, ?)", (thread_id, seq, run.run_id, run.created_at, blob,
-                                 run.first_position, run.last_position, now))
+                       "first_position, last_position, ended_at, has_state) VALUES (?, ?, ?, "
+                       "?, ?, ?, ?, ?, ?)", (thread_id, seq, run.run_id, run.created_at, blob,
+                                             run.first_position, run.last_position, now,
+                                             snapshot is not None))
         if snapshot is not None and seq is not None:
             self._keep_state(thread_id, seq, snapshot)
         if raw and raw_first >= 0:
@@ -545,11 +555,12 @@ class SQLiteThreadStore:
             self._db.execute("INSERT OR REPLACE INTO run_events (thread_id, first_position, "
                              "last_position, run_id, events) VALUES (?, ?, ?, ?, ?)",
                              (thread_id, tail_first, last, run_id, orjson.dumps(tail)))
-        self._db.execute("UPDATE runs SET events = ?, open = 0, last_position = ?, "
-                         "ended_at = ? WHERE thread_id = ? AND seq = ?",
-                         (orjson.dumps(compacted), last, time.time(), thread_id, seq))
-        self._advance(thread_id, last)
         snapshot = state_snapshot(compacted)
+        self._db.execute("UPDATE runs SET events = ?, open = 0, last_position = ?, "
+                         "ended_at = ?, has_state = ? WHERE thread_id = ? AND seq = ?",
+                         (orjson.dumps(compacted), last, time.time(), snapshot is not None,
+                          thread_id, seq))
+        self._advance(thread_id, last)
         if snapshot is not None:
             self._keep_state(thread_id, seq, snapshot)
         self._db.executemany("INSERT OR IGNORE INTO message_ids (thread_id, message_id) "
