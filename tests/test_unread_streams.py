@@ -191,3 +191,35 @@ async def test_a_large_graphql_answer_without_room_is_a_503(
         (error,) = (await response.json())["errors"]
         assert (error["extensions"]["code"], error["extensions"]["runtimeCode"]) == (
             "NETWORK_ERROR", "SERVICE_UNAVAILABLE")
+
+
+async def test_a_stream_whose_large_batch_finds_no_room_ends_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream's later large batch (a follower that fell behind) waits for room among the
+    large answers; none coming within `SEND_IDLE_SECONDS`, the stream ends there, its
+    response ended (the client resumes with `Last-Event-ID`), nothing of the batch sent
+    and the room it never took not given back."""
+    monkeypatch.setattr(http, "SEND_IDLE_SECONDS", 0.2)
+    monkeypatch.setattr(http._LargeAnswers, "held", http.LARGE_ANSWERS_BYTES)
+    sent: list[dict[str, Any]] = []
+    waiting = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await waiting.wait()  # the client neither sends nor leaves
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def batches() -> Any:
+        yield [(0, ev.run_started("t", "r"))]
+        yield [(1, ev.text_message_start("m")), (2, ev.text_message_content("m", CHUNK * 2))]
+
+    scope = {"type": "http", "method": "POST", "headers": [], "query_string": b""}
+    request = http.Request(scope, receive, send, "/agent/default/connect", [])
+    await asyncio.wait_for(http.stream_events(request, batches()), 10)
+    bodies = [m for m in sent if m["type"] == "http.response.body"]
+    assert b"RUN_STARTED" in bodies[0]["body"]
+    assert not any(CHUNK.encode() in m["body"] for m in bodies)
+    assert bodies[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert http._LargeAnswers.held == http.LARGE_ANSWERS_BYTES
