@@ -319,6 +319,11 @@ async def test_an_approval_times_out(hitl: tuple[Served, list[Drafting]]) -> Non
     assert expired["answeredBy"] == "runtime"
     status, late = await answer(served, interrupt["id"], {"action": "approve"})
     assert (status, late["code"], late["error"]) == (410, "APPROVAL_EXPIRED", "Approval expired")
+    # The timeout's run took the answer (applied) and ends, stored, a moment later: until
+    # then the thread is busy (a fresh-clone CI's run came in that moment once).
+    async for _ in poll():
+        if "late" not in served.runtime.runs.active:
+            break
     chat = await run(served, "late", agent="accounts", resume=[{
         "interruptId": interrupt["id"], "status": "resolved", "payload": "OK"}], **V1)
     assert chat[-1]["code"] == "APPROVAL_EXPIRED"
