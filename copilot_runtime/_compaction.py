@@ -137,10 +137,11 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
                 for message in (event.get("input") or {}).get("messages") or ():
                     if isinstance(message, dict) and "id" in message:
                         add(copy.deepcopy(message))
-            elif kind == ev.TEXT_MESSAGE_START:
-                answer(event["messageId"], event.get("role", "assistant")).setdefault(
-                    "content", "")
-            elif kind == ev.TEXT_MESSAGE_CONTENT:
+            elif kind == ev.TEXT_MESSAGE_START or kind == ev.REASONING_MESSAGE_START:
+                role = "reasoning" if kind == ev.REASONING_MESSAGE_START else event.get(
+                    "role", "assistant")
+                answer(event["messageId"], role).setdefault("content", "")
+            elif kind == ev.TEXT_MESSAGE_CONTENT or kind == ev.REASONING_MESSAGE_CONTENT:
                 target = by_id.get(event["messageId"])
                 if target is not None and isinstance(target.get("content") or "", str):
                     target["content"] = (target.get("content") or "") + event["delta"]
@@ -160,12 +161,6 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
                               "toolCallId": event["toolCallId"], "content": event["content"]})
                 if event.get("error") is not None:
                     result["error"] = event["error"]
-            elif kind == ev.REASONING_MESSAGE_START:
-                answer(event["messageId"], "reasoning").setdefault("content", "")
-            elif kind == ev.REASONING_MESSAGE_CONTENT:
-                target = by_id.get(event["messageId"])
-                if target is not None and isinstance(target.get("content") or "", str):
-                    target["content"] = (target.get("content") or "") + event["delta"]
             elif kind == ev.ACTIVITY_SNAPSHOT:
                 activity = {"id": event["messageId"], "role": "activity",
                             "activityType": event.get("activityType"),

@@ -38,6 +38,19 @@ __all__ = [
 _CHUNKS: Final = frozenset({ev.TEXT_MESSAGE_CHUNK, ev.TOOL_CALL_CHUNK})
 _REASONING: Final = frozenset({ev.REASONING_START, ev.REASONING_END, ev.REASONING_MESSAGE_START,
                                ev.REASONING_MESSAGE_CONTENT, ev.REASONING_MESSAGE_END})
+#: What is opened and ended by id: (the attribute of `RunEventOrder` keeping those open,
+#: the id's field, the end's type), in the order `closing_events` ends them.
+_ENDS: Final = (("_text", "messageId", ev.TEXT_MESSAGE_END),
+                ("_calls", "toolCallId", ev.TOOL_CALL_END),
+                ("_reasoning", "messageId", ev.REASONING_MESSAGE_END),
+                ("_spans", "messageId", ev.REASONING_END))
+#: Each of their starts and ends: (attribute, id field, whether it opens).
+_TRACKED: Final[dict[str, tuple[str, str, bool]]] = {
+    **{start: (attribute, key, True) for start, (attribute, key, _) in zip(
+        (ev.TEXT_MESSAGE_START, ev.TOOL_CALL_START, ev.REASONING_MESSAGE_START,
+         ev.REASONING_START), _ENDS, strict=True)},
+    **{end: (attribute, key, False) for attribute, key, end in _ENDS},
+}
 # The string fields each tracked event must carry for the order rules to make sense.
 REQUIRED_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     ev.TEXT_MESSAGE_START: ("messageId",),
@@ -168,27 +181,17 @@ class RunEventOrder:
             elif chunks is not None and (kind in _CHUNKS or chunks.text is not None
                                          or chunks.call is not None):
                 extra, drop = self._expand(event), True
-            elif kind == ev.TEXT_MESSAGE_START:
-                self._text[event["messageId"]] = event.get("subagentRunId")
-            elif kind == ev.TEXT_MESSAGE_END:
-                drop = self._text.pop(event["messageId"], 0) == 0
-            elif kind == ev.TOOL_CALL_START:
-                self._calls[event["toolCallId"]] = event.get("subagentRunId")
-            elif kind == ev.TOOL_CALL_END:
-                drop = self._calls.pop(event["toolCallId"], 0) == 0
+            elif (tracked := _TRACKED.get(kind)) is not None:
+                opened: dict[str, str | None] = getattr(self, tracked[0])
+                if tracked[2]:
+                    opened[event[tracked[1]]] = event.get("subagentRunId")
+                else:  # an end: of nothing open, dropped
+                    drop = opened.pop(event[tracked[1]], 0) == 0
             elif kind == ev.STEP_STARTED:
                 self._steps[str(event.get("stepName", "")), event.get("subagentRunId")] = None
             elif kind == ev.STEP_FINISHED:
                 self._steps.pop((str(event.get("stepName", "")), event.get("subagentRunId")),
                                 None)
-            elif kind == ev.REASONING_MESSAGE_START:
-                self._reasoning[event["messageId"]] = event.get("subagentRunId")
-            elif kind == ev.REASONING_MESSAGE_END:
-                drop = self._reasoning.pop(event["messageId"], 0) == 0
-            elif kind == ev.REASONING_START:
-                self._spans[event["messageId"]] = event.get("subagentRunId")
-            elif kind == ev.REASONING_END:
-                drop = self._spans.pop(event["messageId"], 0) == 0
             elif kind == ev.SUBAGENT_STARTED:
                 self._subagents[str(event.get("subagentRunId"))] = None
             elif kind == ev.SUBAGENT_FINISHED or kind == ev.SUBAGENT_ERROR:
@@ -228,12 +231,9 @@ class RunEventOrder:
     def closing_events(self) -> list[Event]:
         """The ends of what is open, each charged to the subagent its start was, and then
         the subagents themselves, the last started first."""
-        tail = [_of(ev.text_message_end(m), sub) for m, sub in self._text.items()]
-        tail += [_of(ev.tool_call_end(c), sub) for c, sub in self._calls.items()]
-        tail += [_of({"type": ev.REASONING_MESSAGE_END, "messageId": m}, sub)
-                 for m, sub in self._reasoning.items()]
-        tail += [_of({"type": ev.REASONING_END, "messageId": m}, sub)
-                 for m, sub in self._spans.items()]
+        tail = [_of({"type": end, key: opened_id}, sub)
+                for attribute, key, end in _ENDS
+                for opened_id, sub in getattr(self, attribute).items()]
         tail += [_of(ev.step_finished(name), sub) for name, sub in self._steps]
         tail += [{"type": ev.SUBAGENT_FINISHED, "subagentRunId": sub}
                  for sub in reversed(self._subagents)]
