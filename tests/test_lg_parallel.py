@@ -301,6 +301,35 @@ async def test_an_answer_to_a_question_answered_already_is_refused(
     assert (await graph_values(graph, "p5"))["b"] == "approve"
 
 
+async def test_a_question_with_a_64_bit_id_is_answered_as_a_browser_quotes_it(
+        serve_runtime: ServeRuntime) -> None:
+    """The 1.10 client parses the question and quotes it back with `JSON.stringify`: an
+    integer beyond 2**53 comes back as the nearest double. Still the question asked (before,
+    refused as answered already, and the thread took no answer and no message again)."""
+    def ask(state: State) -> Json:
+        return {"a": interrupt({"invoice_id": 2**53 + 1, "lines": [-(2**60) - 1, 7]})}
+
+    graph = StateGraph(State)
+    graph.add_node("ask", ask)
+    graph.add_edge(START, "ask")
+    graph.add_edge("ask", END)
+    compiled = graph.compile(checkpointer=InMemorySaver())
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=compiled)})
+    session = {"agentName": "lg"}
+    async with serve_runtime(runtime) as served:
+        asked = await served.generate(chat_data([text_message("u1", "user", "go")],
+                                             thread="p6", agentSession=session))
+        shown = asked["metaEvents"][0]
+        assert json.loads(shown["value"])["invoice_id"] == 9007199254740993
+        # What JSON.stringify(JSON.parse(value)) gives in a browser.
+        quoted = '{"invoice_id":9007199254740992,"lines":[-1152921504606847000,7]}'
+        done = await served.generate(chat_data([], thread="p6", agentSession=session,
+                                            metaEvents=[{**answer(shown, "approve"),
+                                                         "value": quoted}]))
+        assert done["status"]["code"] == "Success", done["status"]
+        assert (await graph_values(compiled, "p6"))["a"] == "approve"
+
+
 # ---- 2. parallel branches stream into their own messages ----------------------------------
 
 
