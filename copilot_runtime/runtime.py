@@ -12,6 +12,7 @@ import structlog
 from copilot_runtime import _trust
 from copilot_runtime._exceptions import (
     AgentNotFoundError,
+    AuthenticationError,
     ConfigurationError,
     ServiceUnavailableError,
 )
@@ -28,7 +29,7 @@ from copilot_runtime.adapters.transcription import Transcriber
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.approvals.service import ApprovalService
-from copilot_runtime.auth import Authenticator, RequestInfo, owner_of
+from copilot_runtime.auth import Authenticator, Principal, RequestInfo, owner_of
 from copilot_runtime.coordination import Coordinator
 from copilot_runtime.coordination import coordinator as coordinator_for
 from copilot_runtime.guardrails import Guardrail
@@ -344,7 +345,14 @@ class CopilotRuntime:
         """Authenticate `request` (setting its principal) and run `on_request`: raises
         `AuthenticationError` (401) or the hook's `RequestError`."""
         if self.auth is not None:
-            request.principal = await self.auth.authenticate(request)
+            principal = await self.auth.authenticate(request)
+            if not isinstance(principal, Principal):
+                # Fail closed: without a principal nothing would be checked for its owner.
+                _log.error("the authenticator returned no Principal: the request is refused "
+                           "(raise AuthenticationError for a caller it does not know)",
+                           returned=type(principal).__name__)
+                raise AuthenticationError()
+            request.principal = principal
         await self.hooks.request(request)
 
     def owner_filter(self, request: RequestInfo | None) -> ThreadOwner | None:

@@ -697,3 +697,40 @@ async def test_a_repeated_authorization_header_is_refused_and_cookie_lines_are_j
         response = await served.session.get(served.url + "/info", headers=[
             ("Cookie", "session=s3cret"), ("Cookie", "tenant=acme")])
         assert response.status == 200, await response.text()
+
+
+class ForgetfulAuth:
+    """Knows Alice; returns None for anyone else where it should raise."""
+
+    async def authenticate(self, request: RequestInfo) -> Any:
+        if request.headers.get("authorization") == f"Bearer {ALICE}":
+            return Principal("alice")
+        return None
+
+
+async def test_an_authenticator_returning_no_principal_refuses_the_request(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """An authenticator that returns None for a caller it does not know fails closed: 401 on
+    every route and both protocols, logged for the operator. Before, the caller ran with
+    no principal, where nothing is checked for its owner: it listed, read and deleted
+    every user's threads."""
+    async with serve_runtime(openai_runtime(llm, auth=ForgetfulAuth())) as served:
+        status, body = await call(served, "POST", "/agent/default/run", ALICE,
+                                  run_input("my plan", thread="alice-own"))
+        assert (status, b"RUN_FINISHED" in body) == (200, True), body
+        with structlog.testing.capture_logs() as logs:
+            for token in (None, "garbage"):
+                for method, path in (("GET", "/threads"), ("GET", "/info"),
+                                     ("GET", "/threads/alice-own/messages"),
+                                     ("DELETE", "/threads/alice-own")):
+                    status, body = await call(served, method, path, token)
+                    assert (status, orjson.loads(body)["code"]) == (
+                        401, "AUTHENTICATION_ERROR"), (method, path, body)
+            status, body = await call(served, "POST", "", "garbage", body={
+                "query": "query { availableAgents { agents { name } } }"}, headers=GQL)
+            assert b"AUTHENTICATION_ERROR" in body, body
+            assert b"default" not in body, body
+        assert any(e["event"].startswith("the authenticator returned no Principal")
+                   for e in logs)
+        status, body = await call(served, "GET", "/threads/alice-own/messages", ALICE)
+        assert (status, b"my plan" in body) == (200, True), body
