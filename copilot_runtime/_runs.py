@@ -49,7 +49,7 @@ from copilot_runtime._shared_runs import follow, replay_stored, unreached
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.coordination import LEASE_LOST_CODE, Coordinator, Lease, Signal
 from copilot_runtime.event_order import RunEventOrder
-from copilot_runtime.events import Event, LastBatch
+from copilot_runtime.events import Event, EventBatches, LastBatch
 from copilot_runtime.threads.base import (
     INTERRUPTED_CODE,
     DurableThreadStore,
@@ -315,9 +315,12 @@ class ActiveRun:
         # Let runs that arrived together write their RUN_STARTED before this one's agent
         # spends the loop on building its upstream request.
         await asyncio.sleep(0)
-        iterator = self.agent.run(self.input, self.context)
+        iterator: EventBatches | None = None
         tail: list[Event]
         try:
+            # Inside the `try`: an agent whose `run` raises before it returns its stream
+            # fails as one whose stream raises (before, the stream was cut without its end).
+            iterator = self.agent.run(self.input, self.context)
             async for batch in iterator:
                 out = self.order.normalize(batch)
                 if isinstance(batch, LastBatch) and not self.order.terminated:

@@ -369,3 +369,37 @@ async def test_an_agents_exception_is_on_its_run_span_without_secrets(
     assert "OSError: connect failed" in str(attributes["exception.stacktrace"])
     for secret in (DB_PASSWORD, API_KEY, BEARER):
         assert secret not in _span_text(span)
+
+
+class _CrashingAtOnce(Agent):
+    """Checks its input in `run` itself, and fails before it returns its stream."""
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        raise _driver_error()
+
+
+async def test_an_agent_failing_before_its_stream_ends_its_run_as_any_failure(
+        traced: tuple[Telemetry, InMemorySpanExporter], serve_runtime: ServeRuntime) -> None:
+    """An agent whose `run` raises before returning its stream: AGENT_ERROR on both
+    protocols, the multipart answer closed, the exception on the run's span, and the thread
+    takes the next run. Before, the stream was cut after RUN_STARTED (the multipart answer
+    left open) and the run counted as finished."""
+    telemetry, exporter = traced
+    runtime = CopilotRuntime(agents={"default": _CrashingAtOnce()}, telemetry=telemetry)
+    async with serve_runtime(runtime) as served:
+        for run in ("r1", "r2"):
+            events = await served.run(run_input("Hi", thread="x", run=run))
+            assert [e["type"] for e in events] == ["RUN_STARTED", "RUN_ERROR"]
+            assert (events[-1]["code"], events[-1]["message"]) == (
+                "AGENT_ERROR", "Agent 'default' failed unexpectedly")
+        answer = await served.generate(user_turn("Hi"))  # its framing checked too
+        assert answer["status"]["code"] == "Failed"
+        assert "pool down" not in orjson.dumps(answer).decode()
+    runs = [s for s in exporter.get_finished_spans() if s.name == "copilotkit.run"]
+    assert [(s.attributes or {})["copilotkit.outcome"] for s in runs] == ["error"] * 3
+    for span in runs:
+        assert span.status.status_code == StatusCode.ERROR
+        (event,) = span.events
+        assert dict(event.attributes or {})["exception.type"] == "RuntimeError"
+        assert DB_PASSWORD not in _span_text(span)
+
