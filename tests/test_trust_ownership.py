@@ -268,6 +268,35 @@ async def test_approvals_are_the_owners_and_the_approvers(two_users: Served) -> 
     assert orjson.loads(body)["threads"] == []  # approving is not owning
 
 
+async def test_a_page_of_approvals_says_nothing_of_others(two_users: Served) -> None:
+    """`GET /approvals` paged first and dropped others' approvals after: bob got an empty
+    page whose `nextCursor` named alice's approval (its id and time), his own newer one
+    hidden behind it, and `?threadId=` of alice's thread gave a cursor where an unknown
+    thread gave none. The page is filled with what the caller may see now."""
+    served = two_users
+    for thread in ("alice-secret-0", "alice-secret-1"):
+        await run_as(served, ALICE, thread, "Prepare the invoice", agent="review")
+    status, body, _ = await call(served, "GET", "/approvals?limit=1", BOB)
+    assert (status, orjson.loads(body)) == (200, {"approvals": [], "nextCursor": None})
+    for thread in ("alice-secret-0", "no-such-thread"):
+        status, body, _ = await call(
+            served, "GET", f"/approvals?threadId={thread}&status=all&limit=1", BOB)
+        assert (status, orjson.loads(body)) == (200, {"approvals": [], "nextCursor": None})
+    await run_as(served, BOB, "bob-review", "Prepare the invoice", agent="review")
+    status, body, _ = await call(served, "GET", "/approvals?limit=1", BOB)
+    page = orjson.loads(body)
+    assert [a["threadId"] for a in page["approvals"]] == ["bob-review"]
+    assert page["nextCursor"] is None
+    # An approver pages through all three, one at a time.
+    listed, cursor = [], ""
+    while cursor is not None:
+        status, body, _ = await call(served, "GET", f"/approvals?limit=1{cursor}", CAROL)
+        page = orjson.loads(body)
+        listed += [a["threadId"] for a in page["approvals"]]
+        cursor = page["nextCursor"] and f"&cursor={page['nextCursor']}"
+    assert listed == ["alice-secret-0", "alice-secret-1", "bob-review"]
+
+
 async def test_a_run_an_answer_starts_is_the_answerers(
         serve_runtime: ServeRuntime, tmp_path: Path) -> None:
     """The answering person's principal and `on_request` annotations are the resumed run's
