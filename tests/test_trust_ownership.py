@@ -196,6 +196,31 @@ async def test_every_agui_route_on_anothers_thread_is_404(two_users: Served,
     assert "RUN_STARTED" in types(parse_sse(body))
 
 
+async def test_reading_anothers_thread_does_not_load_it(
+        two_users: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bob's 404 on alice's thread came after the whole thread was read (up to 32 MiB of
+    events, each time he asked, and slower than for an unknown id). Its owner is checked
+    first now."""
+    served = two_users
+    await run_as(served, ALICE, "alice-1", "Hello from Alice")
+    store = served.runtime.store
+    read: list[str] = []
+    get = store.get
+
+    async def counted_get(thread_id: str, *args: Any, **kwargs: Any) -> Any:
+        read.append(thread_id)
+        return await get(thread_id, *args, **kwargs)
+
+    monkeypatch.setattr(store, "get", counted_get)
+    for method in ("GET", "HEAD"):
+        for what in ("messages", "events", "state"):
+            status, _, _ = await call(served, method, f"/threads/alice-1/{what}", BOB)
+            assert (method, what, status) == (method, what, 404)
+    assert read == []
+    status, _, _ = await call(served, "GET", "/threads/alice-1/messages", ALICE)
+    assert (status, read) == (200, ["alice-1"])
+
+
 async def test_a_thread_in_flight_is_private_before_its_first_write(
         two_users: Served) -> None:
     served = two_users
