@@ -330,3 +330,31 @@ async def test_the_approvals_route_lists_a_page_at_a_time(serve_runtime: ServeRu
                       "limit=2&limit=3", "cursor=bm90IGpzb24"):
             status, refused = await listing(query)
             assert (query, status) == (query, 400), refused
+
+
+async def test_a_page_is_filled_with_what_its_caller_may_see() -> None:
+    """A page was cut from the ledger first and filtered after: a caller whose approvals
+    lay beyond others' got an empty page and a cursor naming someone else's approval. The
+    ledgers are read on, a batch at a time, each thread asked about once, and the next
+    page starts after the caller's own last one."""
+    from copilot_runtime.approvals import MemoryApprovalStore
+
+    store = MemoryApprovalStore()
+    now = time.time()
+    mine = {230, 231, 460}
+    await store.add([answered(f"a{n:03}", now + n, f"bob-{n}" if n in mine else f"al-{n % 3}")
+                     for n in range(500)])
+    service = approving_runtime(store).approvals
+    asked: list[str] = []
+
+    async def visible(thread_id: str) -> bool:
+        asked.append(thread_id)
+        return thread_id.startswith("bob-")
+
+    first, after = await service.page(status=None, limit=2, visible=visible)
+    assert [a.id for a in first] == ["a230", "a231"]
+    assert after == first[-1].key
+    assert sorted(asked) == ["al-0", "al-1", "al-2", "bob-230", "bob-231", "bob-460"]
+    rest, after = await service.page(status=None, after=after, limit=2, visible=visible)
+    assert ([a.id for a in rest], after) == (["a460"], None)
+    assert await service.page(status=None, thread_id="al-0", visible=visible) == ([], None)

@@ -196,6 +196,31 @@ async def test_every_agui_route_on_anothers_thread_is_404(two_users: Served,
     assert "RUN_STARTED" in types(parse_sse(body))
 
 
+async def test_reading_anothers_thread_does_not_load_it(
+        two_users: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bob's 404 on alice's thread came after the whole thread was read (up to 32 MiB of
+    events, each time he asked, and slower than for an unknown id). Its owner is checked
+    first now."""
+    served = two_users
+    await run_as(served, ALICE, "alice-1", "Hello from Alice")
+    store = served.runtime.store
+    read: list[str] = []
+    get = store.get
+
+    async def counted_get(thread_id: str, *args: Any, **kwargs: Any) -> Any:
+        read.append(thread_id)
+        return await get(thread_id, *args, **kwargs)
+
+    monkeypatch.setattr(store, "get", counted_get)
+    for method in ("GET", "HEAD"):
+        for what in ("messages", "events", "state"):
+            status, _, _ = await call(served, method, f"/threads/alice-1/{what}", BOB)
+            assert (method, what, status) == (method, what, 404)
+    assert read == []
+    status, _, _ = await call(served, "GET", "/threads/alice-1/messages", ALICE)
+    assert (status, read) == (200, ["alice-1"])
+
+
 async def test_a_thread_in_flight_is_private_before_its_first_write(
         two_users: Served) -> None:
     served = two_users
@@ -266,6 +291,35 @@ async def test_approvals_are_the_owners_and_the_approvers(two_users: Served) -> 
     assert len(record.runs) == 3
     status, body, _ = await call(served, "GET", "/threads", CAROL)
     assert orjson.loads(body)["threads"] == []  # approving is not owning
+
+
+async def test_a_page_of_approvals_says_nothing_of_others(two_users: Served) -> None:
+    """`GET /approvals` paged first and dropped others' approvals after: bob got an empty
+    page whose `nextCursor` named alice's approval (its id and time), his own newer one
+    hidden behind it, and `?threadId=` of alice's thread gave a cursor where an unknown
+    thread gave none. The page is filled with what the caller may see now."""
+    served = two_users
+    for thread in ("alice-secret-0", "alice-secret-1"):
+        await run_as(served, ALICE, thread, "Prepare the invoice", agent="review")
+    status, body, _ = await call(served, "GET", "/approvals?limit=1", BOB)
+    assert (status, orjson.loads(body)) == (200, {"approvals": [], "nextCursor": None})
+    for thread in ("alice-secret-0", "no-such-thread"):
+        status, body, _ = await call(
+            served, "GET", f"/approvals?threadId={thread}&status=all&limit=1", BOB)
+        assert (status, orjson.loads(body)) == (200, {"approvals": [], "nextCursor": None})
+    await run_as(served, BOB, "bob-review", "Prepare the invoice", agent="review")
+    status, body, _ = await call(served, "GET", "/approvals?limit=1", BOB)
+    page = orjson.loads(body)
+    assert [a["threadId"] for a in page["approvals"]] == ["bob-review"]
+    assert page["nextCursor"] is None
+    # An approver pages through all three, one at a time.
+    listed, cursor = [], ""
+    while cursor is not None:
+        status, body, _ = await call(served, "GET", f"/approvals?limit=1{cursor}", CAROL)
+        page = orjson.loads(body)
+        listed += [a["threadId"] for a in page["approvals"]]
+        cursor = page["nextCursor"] and f"&cursor={page['nextCursor']}"
+    assert listed == ["alice-secret-0", "alice-secret-1", "bob-review"]
 
 
 async def test_a_run_an_answer_starts_is_the_answerers(

@@ -59,6 +59,10 @@ __all__ = ["ApprovalService", "HostedRun", "RunHost", "is_runtime_answer"]
 
 _log = structlog.get_logger("copilot_runtime.approvals")
 
+#: How many approvals a page reads from the ledgers at a time, at least (most may be of
+#: threads its caller may not see).
+_BATCH = 200
+
 #: The inputs of the runs this service starts with an answer of the runtime's own (a
 #: deadline's timeout, sent or sent again; an answer a graph took and whose run died,
 #: carried on), by identity, while the host starts them: no client can send these objects.
@@ -201,32 +205,50 @@ class ApprovalService:
 
     async def page(self, *, status: ApprovalStatus | None = "pending",
                    agent_id: str | None = None, thread_id: str | None = None,
-                   after: ApprovalKey | None = None, limit: int | None = None
+                   after: ApprovalKey | None = None, limit: int | None = None,
+                   visible: Callable[[str], Awaitable[bool]] | None = None
                    ) -> tuple[list[Approval], ApprovalKey | None]:
         """The first `limit` approvals after `after` (oldest first, every ledger together),
         and the key the next page starts after (None when none is left). Pending ones are
         checked against their checkpoint; one whose interrupt is gone without an answer
         (the thread was reset) is withdrawn, and left out of a page of pending ones. Asked
-        for one thread, its graphs' interrupts missing from the ledger are added first."""
+        for one thread, its graphs' interrupts missing from the ledger are added first.
+
+        `visible` says whether the caller may see a thread's approvals: the page is filled
+        with those it may (the ledgers read on, a batch at a time, asking once a thread),
+        and the next key is one of them, so neither says anything of the others; a thread
+        it may not see is listed as one that does not exist."""
         if thread_id is not None:
+            if visible is not None and not await visible(thread_id):
+                return [], None
             for owner_id, waiting in self.agents().items():
                 record = getattr(waiting, "record_waiting", None)  # (a LangGraph agent's)
                 if record is not None and agent_id in (None, owner_id):
                     await record(thread_id, owner_id)
-        found = [(approval, store, owners) for store, owners in self._stores()
-                 for approval in await store.find(
-                     status=status, thread_id=thread_id, agent_id=agent_id, after=after,
-                     limit=None if limit is None else limit + 1)]
-        found.sort(key=lambda listed: listed[0].key)
+        seen: dict[str, bool] = {}
+        found: list[tuple[Approval, ApprovalStore, SupportsApprovals]] = []
+        batch, more = None if limit is None else max(limit + 1, _BATCH), True
+        while more and (limit is None or len(found) <= limit):
+            read, more = await self._read(status, agent_id, thread_id, after, batch)
+            for approval, store, owners in read:
+                after = approval.key
+                agent = owners.get(approval.agent_id)
+                if agent is None:
+                    continue  # written by an agent this runtime does not serve
+                if visible is not None:
+                    if approval.thread_id not in seen:
+                        seen[approval.thread_id] = await visible(approval.thread_id)
+                    if not seen[approval.thread_id]:
+                        continue
+                found.append((approval, store, agent))
+                if limit is not None and len(found) > limit:
+                    break  # one more than the page: there is a next one
         next_key = None
         if limit is not None and len(found) > limit:
             found = found[:limit]
             next_key = found[-1][0].key
         out: list[Approval] = []
-        for approval, store, owners in found:
-            agent = owners.get(approval.agent_id)
-            if agent is None:
-                continue  # written by an agent this runtime does not serve
+        for approval, store, agent in found:
             if approval.status == "pending" and not await self._still_waiting(
                     store, agent, approval):
                 # Withdrawn, unless an answer or a timeout claimed it since our read
@@ -237,6 +259,21 @@ class ApprovalService:
                     continue
             out.append(approval)
         return out, next_key
+
+    async def _read(self, status: ApprovalStatus | None, agent_id: str | None,
+                    thread_id: str | None, after: ApprovalKey | None, limit: int | None
+                    ) -> tuple[list[tuple[Approval, ApprovalStore,
+                                          dict[str, SupportsApprovals]]], bool]:
+        """The first `limit` approvals after `after`, every ledger together, and whether
+        any is left after them."""
+        found = [(approval, store, owners) for store, owners in self._stores()
+                 for approval in await store.find(
+                     status=status, thread_id=thread_id, agent_id=agent_id, after=after,
+                     limit=None if limit is None else limit + 1)]
+        found.sort(key=lambda listed: listed[0].key)
+        if limit is None or len(found) <= limit:
+            return found, False  # each ledger gave fewer than it was asked: all read
+        return found[:limit], True
 
     async def list(self, *, status: ApprovalStatus | None = "pending",
                    agent_id: str | None = None, thread_id: str | None = None

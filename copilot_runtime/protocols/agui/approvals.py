@@ -29,6 +29,7 @@ an unknown id, 404; a thread with a run in progress, 409.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import urllib.parse
@@ -122,17 +123,14 @@ class ApprovalRoutes:
             # None can be filed under it.
             await send_json(request, 200, {"approvals": [], "nextCursor": None})
             return
-        approvals, next_key = await self.service.page(
-            status=_STATUSES[status_name], agent_id=agent_ids[0] if agent_ids else None,
-            thread_id=thread_ids[0] if thread_ids else None, after=after, limit=limit)
+        visible = None
         if self.can_approve is not None and request.info is not None and (
                 request.info.principal is not None):
-            allowed: dict[str, bool] = {}
-            for approval in approvals:
-                if approval.thread_id not in allowed:
-                    allowed[approval.thread_id] = await self.can_approve(
-                        request.info, approval.thread_id)
-            approvals = [a for a in approvals if allowed[a.thread_id]]
+            visible = functools.partial(self.can_approve, request.info)
+        approvals, next_key = await self.service.page(
+            status=_STATUSES[status_name], agent_id=agent_ids[0] if agent_ids else None,
+            thread_id=thread_ids[0] if thread_ids else None, after=after, limit=limit,
+            visible=visible)
         await send_json(request, 200, {
             "approvals": [a.to_json() for a in approvals],
             "nextCursor": None if next_key is None else to_cursor(next_key)})

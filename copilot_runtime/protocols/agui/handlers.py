@@ -222,14 +222,19 @@ class AGUIProtocol:
                 "nextCursor": _next_cursor(records[limit - 1], agent_id)
                 if len(records) > limit else None})
             return
-        # An id no store can keep names no thread (and PostgreSQL cannot even look it up).
-        # The newest runs a replay reads (the store's `replay_bytes`), the rest counted.
-        record = await store.get(thread_id, max_bytes=getattr(
-            store, "replay_bytes", MAX_REPLAY_BYTES)) \
-            if id_problem(thread_id) is None else None
+        # An id no store can keep names no thread (and PostgreSQL cannot even look it up);
+        # someone else's is not read (its 404 would cost what its size does, and so say
+        # that it exists).
+        record = None
+        if id_problem(thread_id) is None and await self.runtime.can_see(request.info,
+                                                                        thread_id):
+            # The newest runs a replay reads (the store's `replay_bytes`), the rest counted.
+            record = await store.get(thread_id, max_bytes=getattr(
+                store, "replay_bytes", MAX_REPLAY_BYTES))
         if record is not None:
             record = readable(record)  # a thread stored broken is still read
         owner = self.runtime.owner_filter(request.info)
+        # Checked again: its owner may have deleted it and another started one of its id.
         if record is None or (owner is not None and record.owner != owner):
             raise ThreadNotFoundError(thread_id)  # the same 404 body as PATCH and DELETE
         elif what == "messages":
