@@ -3,8 +3,9 @@
 A remote AG-UI agent (`HttpAgent`) that sends events of the wrong shape, or nested deeper than
 any stage can carry, ends its run with one `RUN_ERROR` (UPSTREAM_ERROR) that says what was
 wrong, and the thread stays readable and usable; a remote's own crash report (a stack trace, a
-file path) never reaches the client, while a plain message still does. The SSE decoder joins a
-long frame once (linear, not quadratic) and caps a frame's size. A legacy remote endpoint's
+file path) never reaches the client, while a plain message still does; application data that
+is null (a CUSTOM's value, a STATE_SNAPSHOT's snapshot) is relayed as null. The SSE decoder
+joins a long frame once (linear, not quadratic) and caps a frame's size. A legacy remote endpoint's
 JSONL lines of an unexpected shape, a too deep `/agents/state` answer and a too long line are
 the remote's error, said as such. An MCP tool whose input schema is invalid is left out (the
 server's other tools stay offered, at start and after `tools/list_changed`), and one whose
@@ -155,9 +156,20 @@ CRASH_REPORTS: dict[str, tuple[int, list[bytes] | Json]] = {
 }
 
 
+# Application data that is null (the official Python encoder writes `"value": null`; both
+# clients take it): relayed and stored as it came, not stripped into a schema error.
+_NULL_DATA: list[Json] = [{"type": "CUSTOM", "name": "progress", "value": None},
+                          {"type": "STATE_SNAPSHOT", "snapshot": None},
+                          {"type": "RAW", "event": None}]
+VALID: dict[str, list[bytes]] = {
+    "null-data": [sse(STARTED), *map(sse, _NULL_DATA), sse(START), sse(CONTENT), sse(END),
+                  sse(FINISHED)],
+}
+
+
 class HostileAGUIServer(LoopbackServer):
-    """`POST /s/{name}` answers scenario `name` of `SHAPES` or `CRASH_REPORTS` as it is, or a
-    well-formed answer ("fine") when the last message says "normal"."""
+    """`POST /s/{name}` answers scenario `name` of `SHAPES`, `CRASH_REPORTS` or `VALID` as it
+    is, or a well-formed answer ("fine") when the last message says "normal"."""
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/s/{name}", self._agent)
@@ -168,7 +180,8 @@ class HostileAGUIServer(LoopbackServer):
     async def _agent(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         name = request.match_info["name"]
-        status, frames = CRASH_REPORTS.get(name) or (200, SHAPES[name][0])
+        status, frames = CRASH_REPORTS.get(name) or (
+            200, VALID[name] if name in VALID else SHAPES[name][0])
         if body["messages"][-1].get("content") == "normal":
             thread, run = body["threadId"], body["runId"]
             status, frames = 200, [
@@ -237,6 +250,19 @@ async def test_remote_event_of_a_wrong_shape_fails_the_run_not_the_thread(
     assert types(follow_up)[-1] == "RUN_FINISHED"
     assert text_of(follow_up) == "fine"
     assert b'"fine"' in messages
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_a_remotes_null_application_data_is_relayed_and_stored_as_null(
+        hostile: HostileAGUIServer, serve_runtime: ServeRuntime) -> None:
+    async with serve_runtime(remote_runtime(hostile, ["null-data"])) as served:
+        events = await served.run(run_input("hello", thread="t-null"), agent="null-data")
+        stored = await get_json(served, "/threads/t-null/events")
+    verify_events(events)
+    assert types(events)[-1] == "RUN_FINISHED", events[-1]
+    assert [e for e in events if e["type"] in ("CUSTOM", "STATE_SNAPSHOT", "RAW")] == _NULL_DATA
+    for event in _NULL_DATA:
+        assert event in stored["events"], stored
 
 
 # ---- what a remote says about its own failure ------------------------------------------------
@@ -453,6 +479,13 @@ LEGACY: dict[str, tuple[bytes, str]] = {
     "error-plain": (jsonl(model_chunk(content="hi"), {"event": "error", "data": {
         "error": {"type": "RateLimitError"}}}), "failed (RateLimitError)"),
 }
+# name -> CopilotKit runtime-event JSONL lines of a run that must succeed
+LEGACY_VALID: dict[str, bytes] = {
+    "meta-null": jsonl({"type": "MetaEvent", "name": "progress", "value": None},
+                       {"type": "TextMessageStart", "messageId": "m"},
+                       {"type": "TextMessageContent", "messageId": "m", "content": "done"},
+                       {"type": "TextMessageEnd", "messageId": "m"}),
+}
 _PADDING = 256 << 10
 
 
@@ -472,7 +505,8 @@ class LegacyEndpoint(LoopbackServer):
         await request.read()
         name = request.match_info["name"]
         if name != "huge":
-            return web.Response(body=LEGACY[name][0], content_type="application/x-ndjson")
+            body = LEGACY_VALID[name] if name in LEGACY_VALID else LEGACY[name][0]
+            return web.Response(body=body, content_type="application/x-ndjson")
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         line = orjson.dumps({"type": "TextMessageStart", "messageId": "m",
@@ -516,6 +550,17 @@ async def test_legacy_line_of_an_unexpected_shape_is_the_remotes_error(
     error = one_run_error(events)
     assert (error["code"], error["message"]) == (
         "UPSTREAM_ERROR", f"Remote agent '{name}' {LEGACY[name][1]}")
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_legacy_meta_event_with_a_null_value_is_relayed_as_null(
+        legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(agents={"meta-null": legacy_agent(legacy, "meta-null", kind="")})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread="t-meta"), agent="meta-null")
+    verify_events(events)
+    assert types(events)[-1] == "RUN_FINISHED", events[-1]
+    assert {"type": "CUSTOM", "name": "progress", "value": None} in events
 
 
 _LOAD_STATE = """query load($data: LoadAgentStateInput!) {

@@ -4,7 +4,8 @@
 the read boundaries; the common frame (`data: {json}` alone) costs one `startswith` and a
 slice. `RemoteEventChecker` takes the decoded events of one run and makes them what the
 runtime's own agents produce: null fields dropped (JSON from other producers has them;
-the newest clients reject them), `*_CHUNK` events expanded into START/CONTENT/END as the
+the newest clients reject them) but where the application's data itself may be null,
+`*_CHUNK` events expanded into START/CONTENT/END as the
 clients' own `transformChunks` does, unknown event types dropped, and the ordering rules
 the clients enforce checked, so a broken remote agent fails the run with a message that
 names the mistake instead of failing it later in a browser.
@@ -82,10 +83,12 @@ class SSEDecoder:
 
 
 def strip_nulls(value: Any) -> Any:
-    """`value` without null-valued keys, recursively, except inside application data."""
+    """`value` without null-valued keys, recursively, except inside application data and
+    where the application's data may be null itself (`events.NULLABLE_DATA_KEYS`)."""
     if isinstance(value, dict):
         return {key: item if key in ev.APPLICATION_DATA_KEYS else strip_nulls(item)
-                for key, item in value.items() if item is not None}
+                for key, item in value.items()
+                if item is not None or key in ev.NULLABLE_DATA_KEYS}
     if isinstance(value, list):
         return [strip_nulls(item) for item in value]
     return value
@@ -147,7 +150,9 @@ def _schema_problem(event: dict[str, Any]) -> str | None:
 
 def _needs_strip(event: dict[str, Any]) -> bool:
     for key, item in event.items():
-        if item is None or (key not in ev.APPLICATION_DATA_KEYS and isinstance(item, dict | list)):
+        if item is None and key not in ev.NULLABLE_DATA_KEYS:
+            return True
+        if key not in ev.APPLICATION_DATA_KEYS and isinstance(item, dict | list):
             return True
     return False
 
