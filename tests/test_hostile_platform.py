@@ -100,6 +100,23 @@ async def test_the_platforms_storage_failing_is_service_unavailable(
                               "checkpoint store cannot be used right now; try again later")
 
 
+async def test_a_failure_echoing_the_operators_key_does_not_show_it(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: the `api_key` (and `headers=`) the platform was sent reached the client when
+    the failure's class named it."""
+    key, token = "lsv2-4f9a8b7c6d5e", "tk4f9a8b7c6d5e"
+    fake = FakePlatform(frames=[frame("error", {
+        "error": f"KeyRevoked {key} {token}", "message": "x"})], run_status="error")
+    async with serve(fake.app) as platform:
+        runtime = CopilotRuntime(agents={"platform": LangGraphPlatformAgent(
+            deployment_url=platform, graph_id="fake", api_key=key,
+            headers={"Authorization": f"Token {token}"})})
+        async with serve_runtime(runtime) as served:
+            events = await served.run(run_input("hi", thread="t1"), agent="platform")
+    assert ending(events) == ("RUN_ERROR", "UPSTREAM_ERROR", "The graph failed on the "
+                              "LangGraph Platform (KeyRevoked [REDACTED] [REDACTED])")
+
+
 async def test_a_bare_nan_in_an_event_is_an_upstream_error(
         serve_runtime: ServeRuntime) -> None:
     """Outside a string, where the SDK's parser refuses it: a precise error, as before."""

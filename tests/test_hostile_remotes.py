@@ -295,6 +295,65 @@ async def test_a_remotes_crash_report_is_withheld_a_plain_message_passed_on(
     assert "s3cr3tpw" not in orjson.dumps(events).decode()
 
 
+# The operator's credentials for a remote (`headers=`), neither of which looks like a key:
+# the key as it is, and a token behind its scheme word, which the remote echoes alone.
+_KEY, _TOKEN = "svc-4f9a8b7c6d5e", "tk4f9a8b7c6d5e"
+_CREDENTIALS = {"X-Api-Key": _KEY, "Authorization": f"Token {_TOKEN}"}
+
+
+class _Echoing(LoopbackServer):
+    """A remote AG-UI agent (`/agui/...`) and a legacy endpoint (`/legacy/...`) that echo the
+    credentials they were sent: in an HTTP 401's body (`.../status`), or in the run's own
+    error (`.../run`)."""
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_route("*", "/{tail:.*}", self._answer)
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        said = (f"quota exceeded for key {request.headers['x-api-key']} and token "
+                f"{request.headers['authorization'].split()[-1]}")
+        if "/status" in request.path:
+            return web.json_response({"error": said}, status=401)
+        if request.path.startswith("/legacy"):
+            return web.Response(body=jsonl({"type": "RunError", "message": said}),
+                                content_type="application/x-ndjson")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(sse({**STARTED, "threadId": body["threadId"],
+                                  "runId": body["runId"]}))
+        await response.write(sse({"type": "RUN_ERROR", "message": said}))
+        await response.write_eof()
+        return response
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize(("name", "message"), [
+    ("agui-status", "Remote agent 'agui-status' answered HTTP 401: quota exceeded for key "
+                    "[REDACTED] and token [REDACTED]"),
+    ("agui-run", "quota exceeded for key [REDACTED] and token [REDACTED]"),
+    ("legacy-status", "Remote agent 'legacy-status' answered HTTP 401: quota exceeded for key "
+                      "[REDACTED] and token [REDACTED]"),
+    ("legacy-run", "quota exceeded for key [REDACTED] and token [REDACTED]"),
+])
+async def test_a_remote_echoing_the_operators_credentials_does_not_show_them(
+        name: str, message: str, serve_runtime: ServeRuntime) -> None:
+    """Before: the key `headers=` gave a remote reached the client, and the thread stored
+    it, when the remote's error said it (a provider's error has it blanked)."""
+    async with _Echoing() as remote:
+        base = f"http://{remote.host}:{remote.port}/{name.replace('-', '/')}"
+        agent = HttpAgent(base, headers=_CREDENTIALS, timeouts=Timeouts(read=10, total=30)) \
+            if name.startswith("agui") else RemoteEndpointAgent(CopilotKitRemoteEndpoint(
+                base, headers=_CREDENTIALS, retry=RetryPolicy(retries=0),
+                timeouts=Timeouts(read=10, total=30)), name)
+        async with serve_runtime(CopilotRuntime(agents={name: agent})) as served:
+            events = await served.run(run_input("hello", thread=f"t-{name}"), agent=name)
+            stored = orjson.dumps(await get_json(served, f"/threads/t-{name}/events")).decode()
+    assert one_run_error(events)["message"] == message
+    for secret in (_KEY, _TOKEN):
+        assert secret not in orjson.dumps(events).decode() + stored
+
+
 class _Elsewhere(LoopbackServer):
     """Another origin: what it was sent is recorded."""
 

@@ -13,7 +13,7 @@ names the mistake instead of failing it later in a browser.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 import jsonpatch
@@ -165,11 +165,14 @@ class RemoteEventChecker:
     """Normalises and checks one run's events from a remote producer named `source`.
 
     Chunks are expanded and the order rules checked by the core's `event_order`, strictly:
-    a remote agent that breaks them fails its run with a message naming the mistake.
+    a remote agent that breaks them fails its run with a message naming the mistake. What
+    the remote says is passed on `quoted`, the `known` secrets (the credentials its request
+    carried) blanked.
     """
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, known: Sequence[str] = ()) -> None:
         self.source = source
+        self.known = known
         #: The unknown event types logged in this run (each once, a few at most: a remote
         #: agent sending thousands of them wrote a log line for each).
         self._unknown: set[str] = set()
@@ -201,7 +204,7 @@ class RemoteEventChecker:
             except orjson.JSONDecodeError:
                 # Quoted as any upstream's words are: without the credentials, paths and
                 # stack traces a broken event may hold.
-                said = quoted(payload[:80].decode("utf-8", "replace"))
+                said = quoted(payload[:80].decode("utf-8", "replace"), known=self.known)
                 raise self._error("sent an event that is not valid JSON" + (
                     f": {said!r}" if said else "")) from None
             if nests_too_deep(event, payload):  # before anything walks it recursively
@@ -223,7 +226,7 @@ class RemoteEventChecker:
             if problem is not None:
                 raise self._error(f"sent {event['type']} {problem}")
             if event["type"] == ev.RUN_ERROR and isinstance(event.get("message"), str):
-                said = quoted(event["message"], 500)
+                said = quoted(event["message"], 500, self.known)
                 if said != event["message"]:
                     event = {**event, "message": said or f"{self.source} failed (its message "
                              "is withheld: it held a stack trace or a file path)"}

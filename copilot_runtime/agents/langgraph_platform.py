@@ -43,7 +43,7 @@ import contextlib
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final
 
 import httpx
@@ -70,6 +70,7 @@ from copilot_runtime._exceptions import (
     UpstreamConnectionError,
     UpstreamError,
     UpstreamTimeoutError,
+    header_secrets,
     quoted,
 )
 from copilot_runtime._input import RunInput
@@ -150,6 +151,8 @@ class LangGraphPlatformAgent(Agent):
         static = {name.lower(): value for name, value in (headers or {}).items()}
         if api_key:
             static["x-api-key"] = api_key
+        #: Blanked in what the platform says (it may echo the key it was sent).
+        self._secrets = header_secrets(static)
         # The SDK's own client, but with the connection retries ours to choose: its default
         # (5, with backoff) makes an unreachable deployment take ~8 s to report.
         self._client = LangGraphClient(httpx.AsyncClient(
@@ -175,7 +178,7 @@ class LangGraphPlatformAgent(Agent):
         try:
             assistant_id, schemas = await self._assistant(headers)
             graph = _PlatformGraph(self._client, assistant_id, schemas, headers,
-                                   agent_id=context.agent_id)
+                                   agent_id=context.agent_id, known=self._secrets)
             bridge = CopilotKitLangGraphBridge(
                 name=self.name, graph=graph, description=self.description or None,
                 config=dict(self.config) or None, emit_raw_events=False, **self._bridge_flags)
@@ -326,10 +329,10 @@ _STOPPED: Final = {
 }
 
 
-def _run_error(agent_id: str, error: Any) -> Exception:
+def _run_error(agent_id: str, error: Any, known: Sequence[str] = ()) -> Exception:
     """The client's error for a platform `error` event (`{"error": class, "message": text}`):
-    its class, never its text (the graph's exception message), except what the runtime
-    says in its own words, as in-process."""
+    its class (the `known` secrets blanked), never its text (the graph's exception message),
+    except what the runtime says in its own words, as in-process."""
     kind = error.get("error") if isinstance(error, dict) else None
     message = error.get("message") if isinstance(error, dict) else None
     if kind == "GraphRecursionError":
@@ -341,7 +344,7 @@ def _run_error(agent_id: str, error: Any) -> Exception:
     if kind in _STORAGE_FAILURES:
         return ServiceUnavailableError("The LangGraph Platform's checkpoint store cannot be "
                                        "used right now; try again later")
-    name = quoted(kind, 80) if isinstance(kind, str) else None
+    name = quoted(kind, 80, known) if isinstance(kind, str) else None
     return UpstreamError(f"The graph failed on the LangGraph Platform ({name})" if name
                          else "The graph failed on the LangGraph Platform")
 
@@ -354,8 +357,10 @@ class _PlatformGraph:
     context_schema = None
 
     def __init__(self, client: LangGraphClient, assistant_id: str, schemas: dict[str, Any],
-                 headers: Mapping[str, str], *, agent_id: str) -> None:
+                 headers: Mapping[str, str], *, agent_id: str,
+                 known: Sequence[str] = ()) -> None:
         self.agent_id = agent_id
+        self.known = known
         self.client = client
         self.assistant_id = assistant_id
         self.schemas = schemas
@@ -447,7 +452,7 @@ class _PlatformGraph:
                 elif kind == "error":
                     _log.warning("LangGraph Platform run failed", assistant=self.assistant_id,
                                  error=part.data)
-                    raise _run_error(self.agent_id, part.data)
+                    raise _run_error(self.agent_id, part.data, self.known)
         except json.JSONDecodeError:  # the SDK's SSE decoder met a frame that is no JSON
             raise UpstreamError("The LangGraph Platform sent an event that is not JSON") from None
         await self._check_ended(thread, run_id or (created[0] if created else None))
