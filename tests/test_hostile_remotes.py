@@ -3,11 +3,12 @@
 A remote AG-UI agent (`HttpAgent`) that sends events of the wrong shape, or nested deeper than
 any stage can carry, ends its run with one `RUN_ERROR` (UPSTREAM_ERROR) that says what was
 wrong, and the thread stays readable and usable; a remote's own crash report (a stack trace, a
-file path) never reaches the client, while a plain message still does; application data that
-is null (a CUSTOM's value, a STATE_SNAPSHOT's snapshot) is relayed as null. The SSE decoder
-joins a long frame once (linear, not quadratic) and caps a frame's size. A legacy remote endpoint's
-JSONL lines of an unexpected shape, a too deep `/agents/state` answer and a too long line are
-the remote's error, said as such. An MCP tool whose input schema is invalid is left out (the
+file path, its credentials) never reaches the client, in its message, error code or ids, while
+a plain message still does; application data that is null (a CUSTOM's value, a
+STATE_SNAPSHOT's snapshot) is relayed as null. The SSE decoder joins a long frame once
+(linear, not quadratic) and caps a frame's size. A legacy remote endpoint's JSONL lines of
+an unexpected shape, a too deep `/agents/state` answer and a too long line are the remote's
+error, said as such. An MCP tool whose input schema is invalid is left out (the
 server's other tools stay offered, at start and after `tools/list_changed`), and one whose
 schema refers to itself answers the model with a tool error instead of failing the run.
 """
@@ -352,6 +353,37 @@ async def test_a_remote_echoing_the_operators_credentials_does_not_show_them(
     assert one_run_error(events)["message"] == message
     for secret in (_KEY, _TOKEN):
         assert secret not in orjson.dumps(events).decode() + stored
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize(("code", "relayed"), [
+    (_TRACEBACK, "UPSTREAM_ERROR"), ("/srv/agent/app.py", "UPSTREAM_ERROR"),
+    ("sk-live-ABCDEFGHIJKLMNOP", "UPSTREAM_ERROR"), ("x" * 65, "UPSTREAM_ERROR"),
+    ("", "UPSTREAM_ERROR"),
+    ("RATE_LIMITED", "RATE_LIMITED"), ("agent.quota:exceeded-2", "agent.quota:exceeded-2"),
+])
+def test_a_remotes_error_code_is_relayed_only_as_a_plain_token(code: str, relayed: str) -> None:
+    """Before: the code was relayed as it came (the client's RUN_ERROR, GraphQL's
+    `originalErrorType`) while the message beside it was withheld."""
+    _, error = RemoteEventChecker("Remote agent 'r'").check([
+        STARTED, {"type": "RUN_ERROR", "message": "failed", "code": code}])
+    assert error == {"type": "RUN_ERROR", "message": "failed", "code": relayed}
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+def test_an_order_error_quotes_the_remotes_ids_bounded() -> None:
+    """Before: the runtime's own error quoted the offending id whole (a 200 KB RUN_ERROR),
+    a stack trace or a key in it included."""
+    checker = RemoteEventChecker("Remote agent 'r'")
+    with pytest.raises(UpstreamError) as long:
+        checker.check([STARTED, {**END, "messageId": "sk-live-ABCDEFGHIJKLMNOP " + "x" * 200_000}])
+    assert long.value.message.startswith("Remote agent 'r' sent TEXT_MESSAGE_END for message "
+                                         "'[REDACTED] xxx")
+    assert len(long.value.message) < 330
+    with pytest.raises(UpstreamError) as traced:
+        RemoteEventChecker("Remote agent 'r'").check([STARTED, {**END, "messageId": _TRACEBACK}])
+    assert traced.value.message == ("Remote agent 'r' sent TEXT_MESSAGE_END out of order (its "
+                                    "ids are withheld: they held a stack trace or a file path)")
 
 
 class _Elsewhere(LoopbackServer):

@@ -13,6 +13,7 @@ names the mistake instead of failing it later in a browser.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
@@ -157,6 +158,26 @@ def _needs_strip(event: dict[str, Any]) -> bool:
     return False
 
 
+#: A remote's RUN_ERROR `code` passed on as it is (clients show it, GraphQL as the
+#: `originalErrorType`): a short plain token, no secret; any other is UPSTREAM_ERROR.
+_PLAIN_CODE: Final = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def _relayed_error(event: Event, source: str, known: Sequence[str]) -> Event:
+    """A remote's RUN_ERROR as the client may read it: its message `quoted`, its code a
+    plain token (a stack trace, a path or a key in either stays with the remote)."""
+    message, code = event.get("message"), event.get("code")
+    if isinstance(message, str):
+        said = quoted(message, 500, known)
+        if said != message:
+            event = {**event, "message": said or f"{source} failed (its message is withheld: "
+                     "it held a stack trace or a file path)"}
+    if isinstance(code, str) and not (_PLAIN_CODE.fullmatch(code)
+                                      and quoted(code, 64, known) == code):
+        event = {**event, "code": UpstreamError.code}
+    return event
+
+
 #: Unknown event types logged in one run before the rest are dropped unlogged.
 _UNKNOWN_LOGGED = 5
 
@@ -225,11 +246,8 @@ class RemoteEventChecker:
             problem = _shape_problem(event) or _schema_problem(event)
             if problem is not None:
                 raise self._error(f"sent {event['type']} {problem}")
-            if event["type"] == ev.RUN_ERROR and isinstance(event.get("message"), str):
-                said = quoted(event["message"], 500, self.known)
-                if said != event["message"]:
-                    event = {**event, "message": said or f"{self.source} failed (its message "
-                             "is withheld: it held a stack trace or a file path)"}
+            if event["type"] == ev.RUN_ERROR:
+                event = _relayed_error(event, self.source, self.known)
             known.append(event)
         try:
             expanded = expand_chunks(known, self._chunks)
@@ -244,7 +262,10 @@ class RemoteEventChecker:
                 continue
             problem = self._order.check(event)
             if problem is not None:
-                raise self._error(f"sent {event['type']} {problem}")
+                # (it names the remote's ids: quoted as its words are, and bounded)
+                said = quoted(f"sent {event['type']} {problem}", 300, self.known)
+                raise self._error(said or f"sent {event['type']} out of order (its ids are "
+                                  "withheld: they held a stack trace or a file path)")
             out.append(event)
         return out
 
