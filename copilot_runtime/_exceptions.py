@@ -78,6 +78,7 @@ __all__ = [
     "UpstreamProtocolError",
     "UpstreamTimeoutError",
     "failure_text",
+    "header_secrets",
     "quoted",
     "scrub_secrets",
     "upstream_said",
@@ -157,6 +158,14 @@ def scrub_secrets(text: str, *known: str | None) -> str:
     return _SECRETS.sub("[REDACTED]", text)
 
 
+def header_secrets(headers: Mapping[str, str]) -> tuple[str, ...]:
+    """The values of the headers an operator configured for an upstream (its credentials
+    among them, whatever the header's name), each also without its scheme word
+    (`Bearer <token>`): the `known` secrets of what that upstream says, should it echo them."""
+    return tuple(part for value in headers.values()
+                 for part in (value, value.rpartition(" ")[2]))
+
+
 #: What code the runtime calls (an agent, an action, a workflow's step) may raise that the
 #: runtime answers as that code's failure: `SystemExit` too (`sys.exit`, argparse's
 #: `parser.error`, click), which out of an event loop's task ends the whole process, every
@@ -166,11 +175,11 @@ FAILURES_OF_CALLED_CODE: tuple[type[BaseException], ...] = (
     Exception, SystemExit, KeyboardInterrupt)
 
 
-def failure_text(exc: BaseException, limit: int = 300) -> str:
+def failure_text(exc: BaseException, limit: int = 300, known: Sequence[str | None] = ()) -> str:
     """An exception raised by code the runtime calls (an action, a tool), as the model and,
     through its tool result, the client read it: its type and message, with credentials in
-    URLs and file paths blanked, at most `limit` characters; its type alone when the message
-    holds a stack trace."""
+    URLs, the `known` secrets and file paths blanked, at most `limit` characters; its type
+    alone when the message holds a stack trace."""
     kind = type(exc).__name__
     try:
         said = str(exc)
@@ -178,7 +187,7 @@ def failure_text(exc: BaseException, limit: int = 300) -> str:
         said = ""
     message = _FILE_PATH.sub("<path>", said)  # (and `quoted` blanks the secrets)
     text = f"{kind}: {message}" if message else kind
-    return quoted(text, limit) or f"{kind} (its message is withheld: see the server's log)"
+    return quoted(text, limit, known) or f"{kind} (its message is withheld: see the server's log)"
 
 
 class CopilotRuntimeError(Exception):

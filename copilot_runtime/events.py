@@ -93,6 +93,10 @@ APPLICATION_DATA_KEYS: Final = frozenset({
     "snapshot", "delta", "value", "result", "state", "input", "payload", "event",
     "rawEvent", "content", "patch", "forwardedProps",
 })
+#: Those of them that may be null themselves (a CUSTOM event's `value`, a STATE_SNAPSHOT's
+#: `snapshot`): both clients' schemas take any JSON value there; a null `content`, `result`,
+#: `payload` or `rawEvent` one of them refuses, so it is dropped as other nulls are.
+NULLABLE_DATA_KEYS: Final = frozenset({"snapshot", "value", "state", "event"})
 
 # Names of CUSTOM events with a meaning across the runtime.
 #: A LangGraph interrupt, told the way CopilotKit's interrupt hooks (before AG-UI 1.0) read it.

@@ -53,6 +53,7 @@ from copilot_runtime._exceptions import (
     ConfigurationError,
     UpstreamError,
     failure_text,
+    header_secrets,
     quoted,
 )
 from copilot_runtime.actions import Action
@@ -667,7 +668,7 @@ def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
                 if not _never_reached(exc, sending):
                     raise failure from None
             else:
-                return _answer(remote, result)
+                return _answer(remote, result, header_secrets(conn.server.headers))
         # Sending it again cannot run the tool twice: the session was known dead before the
         # request was sent, or the request certainly did not reach the server. A call that
         # broke after its request left (the connection closed mid-call, a timeout) may have
@@ -680,7 +681,7 @@ def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
             result = await _call_tool(fresh, remote, arguments, None, read_timeout=remaining)
         except Exception as exc:
             raise _failure(conn, fresh, remote, exc) from None
-        return _answer(remote, result)
+        return _answer(remote, result, header_secrets(conn.server.headers))
 
     schema = tool.input_schema if isinstance(tool.input_schema, dict) else None
     if schema and schema.get("type", "object") != "object":
@@ -704,7 +705,7 @@ async def _call_tool(client: Client, remote: str, arguments: dict[str, Any],
 
 def _failure(conn: _Connection, client: Client, remote: str, exc: Exception) -> ActionError:
     """The tool error of a call that raised `exc`; a connection found gone ends its session."""
-    said = failure_text(exc)
+    said = failure_text(exc, known=header_secrets(conn.server.headers))
     if _connection_gone(exc):
         conn.lose(client, said)
     return ActionError(f"the MCP tool {remote} of {conn.server.label} failed: {said}")
@@ -741,14 +742,14 @@ def _said(block: Any) -> str:
     return ""
 
 
-def _answer(remote: str, result: types.CallToolResult) -> Any:
+def _answer(remote: str, result: types.CallToolResult, known: Sequence[str] = ()) -> Any:
     """A tool's result as the action's: its structured content, else its blocks as text,
-    one a line."""
+    one a line; an error's text `quoted`, the `known` secrets (its server's headers) blanked."""
     text = "\n".join(said for said in map(_said, result.content) if said)
     if result.is_error:
         # The server's own words, passed on as a remote agent's are: cut, and withheld when
         # they hold its stack or a source file's path (then only the log has them).
-        said = quoted(text, 500) if text else None
+        said = quoted(text, 500, known) if text else None
         if text and said is None:
             _log.warning("MCP tool error withheld", tool=remote, error=text[:2000])
         raise ActionError(said or f"the MCP tool {remote} reported an error")

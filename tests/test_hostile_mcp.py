@@ -3,7 +3,8 @@ its valid tools down with an invalid one.
 
 A raw streamable-HTTP MCP server (JSON answers, a 2025-06-18 session) answers each method as
 the test scripts it: a `tools/list` that fails with a crash report holding a DSN, a listing
-with a tool whose `inputSchema` is not an object, tool calls that hang or answer late.
+with a tool whose `inputSchema` is not an object, tool calls that hang or answer late, or fail
+saying the key they were sent.
 """
 
 from __future__ import annotations
@@ -99,7 +100,14 @@ class ScriptedMCP:
         elif method == "tools/call":
             x = str(request["params"].get("arguments", {}).get("x"))
             await asyncio.sleep(self.delays.get(x, 0.0))
-            result = {"content": [{"type": "text", "text": f"echoed {x}"}]}
+            # "key": a tool error, "key-rpc": a JSON-RPC error, echoing the key sent
+            key = dict(scope["headers"]).get(b"x-api-key", b"").decode()
+            if x == "key-rpc":
+                await answer(200, {"jsonrpc": "2.0", "id": request_id,
+                                   "error": {"code": -32000, "message": f"key {key} revoked"}})
+                return
+            said = f"key {key} revoked" if x == "key" else f"echoed {x}"
+            result = {"isError": x == "key", "content": [{"type": "text", "text": said}]}
         else:
             result = {}
         await answer(200, {"jsonrpc": "2.0", "id": request_id, "result": result})
@@ -211,6 +219,26 @@ async def test_one_call_past_its_timeout_leaves_the_others_on_the_session(first:
         assert (conn.client, conn.gone) == (session, None)
         assert await echo.execute('{"x": "again"}') == "\"echoed again\""
         assert server.methods.count("initialize") == 1
+
+
+async def test_a_tool_error_echoing_the_servers_key_does_not_show_it() -> None:
+    """Before: the key `headers=` gave the server reached the model and the client (the tool
+    result) when the server's error said it."""
+    key = "svc-4f9a8b7c6d5e"
+    async with scripted(ScriptedMCP()) as url:
+        toolset = MCPToolset([MCPServer(url=url, name="h", headers={"X-Api-Key": key},
+                                        timeout=10)])
+        await toolset.start()
+        try:
+            errors = []
+            for x in ("key", "key-rpc"):
+                with pytest.raises(ActionError) as caught:
+                    await tool(toolset).execute(orjson.dumps({"x": x}).decode())
+                errors.append(caught.value.message)
+        finally:
+            await toolset.aclose()
+    assert errors == ["key [REDACTED] revoked",
+                      "the MCP tool echo of h failed: MCPError: key [REDACTED] revoked"]
 
 
 # ---- one tool that breaks the schema is left out alone ---------------------------------------

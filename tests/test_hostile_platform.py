@@ -11,6 +11,10 @@ Before:
 - NaN and the infinities in a tool call's arguments reached the client as the bare words
   Python writes, which no JSON parser takes (TOOL_CALL_ARGS, and MESSAGES_SNAPSHOT for a
   message the platform stored as a chunk);
+- an answer that was not the JSON expected (a proxy's HTML page, an object where a list
+  belongs, a message of the wrong shape in the thread's state) failed the run "unexpectedly"
+  (AGENT_ERROR) and `loadAgentState` with a 500, and a run stream of another content type
+  read as a connection closed early.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from copilot_runtime import CopilotRuntime
+from copilot_runtime import CopilotRuntime, UpstreamError
 from copilot_runtime.agents.langgraph_platform import LangGraphPlatformAgent, finite_json_text
 from copilot_runtime.testing import verify_events
 from tests.agents_support.fake_platform import (
@@ -98,6 +102,62 @@ async def test_the_platforms_storage_failing_is_service_unavailable(
                                   "agent 'platform' is unavailable (HTTP 503); try again later")
     assert ending(failed) == ("RUN_ERROR", "SERVICE_UNAVAILABLE", "The LangGraph Platform's "
                               "checkpoint store cannot be used right now; try again later")
+
+
+async def test_a_failure_echoing_the_operators_key_does_not_show_it(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: the `api_key` (and `headers=`) the platform was sent reached the client when
+    the failure's class named it."""
+    key, token = "lsv2-4f9a8b7c6d5e", "tk4f9a8b7c6d5e"
+    fake = FakePlatform(frames=[frame("error", {
+        "error": f"KeyRevoked {key} {token}", "message": "x"})], run_status="error")
+    async with serve(fake.app) as platform:
+        runtime = CopilotRuntime(agents={"platform": LangGraphPlatformAgent(
+            deployment_url=platform, graph_id="fake", api_key=key,
+            headers={"Authorization": f"Token {token}"})})
+        async with serve_runtime(runtime) as served:
+            events = await served.run(run_input("hi", thread="t1"), agent="platform")
+    assert ending(events) == ("RUN_ERROR", "UPSTREAM_ERROR", "The graph failed on the "
+                              "LangGraph Platform (KeyRevoked [REDACTED] [REDACTED])")
+
+
+_UNUSABLE = "LangGraph Platform agent 'platform' answered with something unusable"
+
+
+@pytest.mark.parametrize(("fake", "message"), [
+    (FakePlatform(unusable="search"), f"{_UNUSABLE} (its assistants or their schemas)"),
+    (FakePlatform(unusable="search-object"), f"{_UNUSABLE} (its assistants or their schemas)"),
+    (FakePlatform(unusable="state"), f"{_UNUSABLE} (its thread's state)"),
+    (FakePlatform(values={"messages": [{"type": "ai", "content": "x", "id": "m1",
+                                        "tool_calls": "not a list"}]}),
+     f"{_UNUSABLE} (its thread's state)"),
+    (FakePlatform(unusable="stream"), "LangGraph Platform agent 'platform' answered its run "
+                                      "with content type 'text/html', not an event stream"),
+])
+async def test_an_answer_that_is_not_the_json_expected_is_an_upstream_error(
+        serve_runtime: ServeRuntime, fake: FakePlatform, message: str) -> None:
+    """Before: "Agent 'platform' failed unexpectedly" (AGENT_ERROR), or for the stream
+    UPSTREAM_CONNECTION_ERROR "closed the connection before its answer was complete"."""
+    events = await run_on(fake, serve_runtime)
+    assert ending(events) == ("RUN_ERROR", "UPSTREAM_ERROR", message)
+
+
+@pytest.mark.parametrize("fake", [
+    FakePlatform(unusable="state"),
+    FakePlatform(values={"messages": [{"type": "ai", "content": "x", "id": "m1",
+                                       "tool_calls": "not a list"}]})])
+async def test_a_thread_state_that_is_not_the_json_expected_is_an_upstream_error(
+        fake: FakePlatform) -> None:
+    """Before: the GraphQL `loadAgentState` answered UNKNOWN, 500."""
+    async with serve(fake.app) as platform:
+        agent = LangGraphPlatformAgent(deployment_url=platform, graph_id="fake")
+        try:
+            with pytest.raises(UpstreamError) as caught:
+                await agent.load_state("t1")
+        finally:
+            await agent.aclose()
+    assert caught.value.message == ("LangGraph Platform agent 'fake' answered with something "
+                                    "unusable (its thread's state)")
 
 
 async def test_a_bare_nan_in_an_event_is_an_upstream_error(

@@ -3,10 +3,12 @@
 A remote AG-UI agent (`HttpAgent`) that sends events of the wrong shape, or nested deeper than
 any stage can carry, ends its run with one `RUN_ERROR` (UPSTREAM_ERROR) that says what was
 wrong, and the thread stays readable and usable; a remote's own crash report (a stack trace, a
-file path) never reaches the client, while a plain message still does. The SSE decoder joins a
-long frame once (linear, not quadratic) and caps a frame's size. A legacy remote endpoint's
-JSONL lines of an unexpected shape, a too deep `/agents/state` answer and a too long line are
-the remote's error, said as such. An MCP tool whose input schema is invalid is left out (the
+file path, its credentials) never reaches the client, in its message, error code or ids, while
+a plain message still does; application data that is null (a CUSTOM's value, a
+STATE_SNAPSHOT's snapshot) is relayed as null. The SSE decoder joins a long frame once
+(linear, not quadratic) and caps a frame's size. A legacy remote endpoint's JSONL lines of
+an unexpected shape, a too deep `/agents/state` answer and a too long line are the remote's
+error, said as such. An MCP tool whose input schema is invalid is left out (the
 server's other tools stay offered, at start and after `tools/list_changed`), and one whose
 schema refers to itself answers the model with a tool error instead of failing the run.
 """
@@ -155,9 +157,20 @@ CRASH_REPORTS: dict[str, tuple[int, list[bytes] | Json]] = {
 }
 
 
+# Application data that is null (the official Python encoder writes `"value": null`; both
+# clients take it): relayed and stored as it came, not stripped into a schema error.
+_NULL_DATA: list[Json] = [{"type": "CUSTOM", "name": "progress", "value": None},
+                          {"type": "STATE_SNAPSHOT", "snapshot": None},
+                          {"type": "RAW", "event": None}]
+VALID: dict[str, list[bytes]] = {
+    "null-data": [sse(STARTED), *map(sse, _NULL_DATA), sse(START), sse(CONTENT), sse(END),
+                  sse(FINISHED)],
+}
+
+
 class HostileAGUIServer(LoopbackServer):
-    """`POST /s/{name}` answers scenario `name` of `SHAPES` or `CRASH_REPORTS` as it is, or a
-    well-formed answer ("fine") when the last message says "normal"."""
+    """`POST /s/{name}` answers scenario `name` of `SHAPES`, `CRASH_REPORTS` or `VALID` as it
+    is, or a well-formed answer ("fine") when the last message says "normal"."""
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/s/{name}", self._agent)
@@ -168,7 +181,8 @@ class HostileAGUIServer(LoopbackServer):
     async def _agent(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         name = request.match_info["name"]
-        status, frames = CRASH_REPORTS.get(name) or (200, SHAPES[name][0])
+        status, frames = CRASH_REPORTS.get(name) or (
+            200, VALID[name] if name in VALID else SHAPES[name][0])
         if body["messages"][-1].get("content") == "normal":
             thread, run = body["threadId"], body["runId"]
             status, frames = 200, [
@@ -239,6 +253,19 @@ async def test_remote_event_of_a_wrong_shape_fails_the_run_not_the_thread(
     assert b'"fine"' in messages
 
 
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_a_remotes_null_application_data_is_relayed_and_stored_as_null(
+        hostile: HostileAGUIServer, serve_runtime: ServeRuntime) -> None:
+    async with serve_runtime(remote_runtime(hostile, ["null-data"])) as served:
+        events = await served.run(run_input("hello", thread="t-null"), agent="null-data")
+        stored = await get_json(served, "/threads/t-null/events")
+    verify_events(events)
+    assert types(events)[-1] == "RUN_FINISHED", events[-1]
+    assert [e for e in events if e["type"] in ("CUSTOM", "STATE_SNAPSHOT", "RAW")] == _NULL_DATA
+    for event in _NULL_DATA:
+        assert event in stored["events"], stored
+
+
 # ---- what a remote says about its own failure ------------------------------------------------
 
 
@@ -267,6 +294,96 @@ async def test_a_remotes_crash_report_is_withheld_a_plain_message_passed_on(
     assert error["message"] == message
     assert error["code"] == ("CRASHED" if name.startswith("run-error") else "UPSTREAM_ERROR")
     assert "s3cr3tpw" not in orjson.dumps(events).decode()
+
+
+# The operator's credentials for a remote (`headers=`), neither of which looks like a key:
+# the key as it is, and a token behind its scheme word, which the remote echoes alone.
+_KEY, _TOKEN = "svc-4f9a8b7c6d5e", "tk4f9a8b7c6d5e"
+_CREDENTIALS = {"X-Api-Key": _KEY, "Authorization": f"Token {_TOKEN}"}
+
+
+class _Echoing(LoopbackServer):
+    """A remote AG-UI agent (`/agui/...`) and a legacy endpoint (`/legacy/...`) that echo the
+    credentials they were sent: in an HTTP 401's body (`.../status`), or in the run's own
+    error (`.../run`)."""
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_route("*", "/{tail:.*}", self._answer)
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        said = (f"quota exceeded for key {request.headers['x-api-key']} and token "
+                f"{request.headers['authorization'].split()[-1]}")
+        if "/status" in request.path:
+            return web.json_response({"error": said}, status=401)
+        if request.path.startswith("/legacy"):
+            return web.Response(body=jsonl({"type": "RunError", "message": said}),
+                                content_type="application/x-ndjson")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(sse({**STARTED, "threadId": body["threadId"],
+                                  "runId": body["runId"]}))
+        await response.write(sse({"type": "RUN_ERROR", "message": said}))
+        await response.write_eof()
+        return response
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize(("name", "message"), [
+    ("agui-status", "Remote agent 'agui-status' answered HTTP 401: quota exceeded for key "
+                    "[REDACTED] and token [REDACTED]"),
+    ("agui-run", "quota exceeded for key [REDACTED] and token [REDACTED]"),
+    ("legacy-status", "Remote agent 'legacy-status' answered HTTP 401: quota exceeded for key "
+                      "[REDACTED] and token [REDACTED]"),
+    ("legacy-run", "quota exceeded for key [REDACTED] and token [REDACTED]"),
+])
+async def test_a_remote_echoing_the_operators_credentials_does_not_show_them(
+        name: str, message: str, serve_runtime: ServeRuntime) -> None:
+    """Before: the key `headers=` gave a remote reached the client, and the thread stored
+    it, when the remote's error said it (a provider's error has it blanked)."""
+    async with _Echoing() as remote:
+        base = f"http://{remote.host}:{remote.port}/{name.replace('-', '/')}"
+        agent = HttpAgent(base, headers=_CREDENTIALS, timeouts=Timeouts(read=10, total=30)) \
+            if name.startswith("agui") else RemoteEndpointAgent(CopilotKitRemoteEndpoint(
+                base, headers=_CREDENTIALS, retry=RetryPolicy(retries=0),
+                timeouts=Timeouts(read=10, total=30)), name)
+        async with serve_runtime(CopilotRuntime(agents={name: agent})) as served:
+            events = await served.run(run_input("hello", thread=f"t-{name}"), agent=name)
+            stored = orjson.dumps(await get_json(served, f"/threads/t-{name}/events")).decode()
+    assert one_run_error(events)["message"] == message
+    for secret in (_KEY, _TOKEN):
+        assert secret not in orjson.dumps(events).decode() + stored
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize(("code", "relayed"), [
+    (_TRACEBACK, "UPSTREAM_ERROR"), ("/srv/agent/app.py", "UPSTREAM_ERROR"),
+    ("sk-live-ABCDEFGHIJKLMNOP", "UPSTREAM_ERROR"), ("x" * 65, "UPSTREAM_ERROR"),
+    ("", "UPSTREAM_ERROR"),
+    ("RATE_LIMITED", "RATE_LIMITED"), ("agent.quota:exceeded-2", "agent.quota:exceeded-2"),
+])
+def test_a_remotes_error_code_is_relayed_only_as_a_plain_token(code: str, relayed: str) -> None:
+    """Before: the code was relayed as it came (the client's RUN_ERROR, GraphQL's
+    `originalErrorType`) while the message beside it was withheld."""
+    _, error = RemoteEventChecker("Remote agent 'r'").check([
+        STARTED, {"type": "RUN_ERROR", "message": "failed", "code": code}])
+    assert error == {"type": "RUN_ERROR", "message": "failed", "code": relayed}
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+def test_an_order_error_quotes_the_remotes_ids_bounded() -> None:
+    """Before: the runtime's own error quoted the offending id whole (a 200 KB RUN_ERROR),
+    a stack trace or a key in it included."""
+    checker = RemoteEventChecker("Remote agent 'r'")
+    with pytest.raises(UpstreamError) as long:
+        checker.check([STARTED, {**END, "messageId": "sk-live-ABCDEFGHIJKLMNOP " + "x" * 200_000}])
+    assert long.value.message.startswith("Remote agent 'r' sent TEXT_MESSAGE_END for message "
+                                         "'[REDACTED] xxx")
+    assert len(long.value.message) < 330
+    with pytest.raises(UpstreamError) as traced:
+        RemoteEventChecker("Remote agent 'r'").check([STARTED, {**END, "messageId": _TRACEBACK}])
+    assert traced.value.message == ("Remote agent 'r' sent TEXT_MESSAGE_END out of order (its "
+                                    "ids are withheld: they held a stack trace or a file path)")
 
 
 class _Elsewhere(LoopbackServer):
@@ -453,6 +570,13 @@ LEGACY: dict[str, tuple[bytes, str]] = {
     "error-plain": (jsonl(model_chunk(content="hi"), {"event": "error", "data": {
         "error": {"type": "RateLimitError"}}}), "failed (RateLimitError)"),
 }
+# name -> CopilotKit runtime-event JSONL lines of a run that must succeed
+LEGACY_VALID: dict[str, bytes] = {
+    "meta-null": jsonl({"type": "MetaEvent", "name": "progress", "value": None},
+                       {"type": "TextMessageStart", "messageId": "m"},
+                       {"type": "TextMessageContent", "messageId": "m", "content": "done"},
+                       {"type": "TextMessageEnd", "messageId": "m"}),
+}
 _PADDING = 256 << 10
 
 
@@ -472,7 +596,8 @@ class LegacyEndpoint(LoopbackServer):
         await request.read()
         name = request.match_info["name"]
         if name != "huge":
-            return web.Response(body=LEGACY[name][0], content_type="application/x-ndjson")
+            body = LEGACY_VALID[name] if name in LEGACY_VALID else LEGACY[name][0]
+            return web.Response(body=body, content_type="application/x-ndjson")
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         line = orjson.dumps({"type": "TextMessageStart", "messageId": "m",
@@ -516,6 +641,17 @@ async def test_legacy_line_of_an_unexpected_shape_is_the_remotes_error(
     error = one_run_error(events)
     assert (error["code"], error["message"]) == (
         "UPSTREAM_ERROR", f"Remote agent '{name}' {LEGACY[name][1]}")
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_legacy_meta_event_with_a_null_value_is_relayed_as_null(
+        legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(agents={"meta-null": legacy_agent(legacy, "meta-null", kind="")})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread="t-meta"), agent="meta-null")
+    verify_events(events)
+    assert types(events)[-1] == "RUN_FINISHED", events[-1]
+    assert {"type": "CUSTOM", "name": "progress", "value": None} in events
 
 
 _LOAD_STATE = """query load($data: LoadAgentStateInput!) {

@@ -9,6 +9,7 @@ the URL and the underlying exception go to the log.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,8 +82,10 @@ def error_for_exception(exc: BaseException, what: str, url: str) -> UpstreamErro
     return UpstreamError(f"{what} failed ({type(exc).__name__})")
 
 
-async def error_for_status(response: aiohttp.ClientResponse, what: str) -> UpstreamError:
-    """The client-facing error for an HTTP error answer, with the remote's own message."""
+async def error_for_status(response: aiohttp.ClientResponse, what: str,
+                           known: Sequence[str] = ()) -> UpstreamError:
+    """The client-facing error for an HTTP error answer, with the remote's own message
+    (`quoted`, the `known` secrets the request carried blanked)."""
     detail = ""
     try:
         body = await response.content.read(4096)
@@ -91,7 +94,7 @@ async def error_for_status(response: aiohttp.ClientResponse, what: str) -> Upstr
             for key in ("message", "error", "detail"):
                 value = payload.get(key)
                 if isinstance(value, str) and value:
-                    said = quoted(value)  # None: a crash report, not for the client
+                    said = quoted(value, known=known)  # None: a crash report, not for the client
                     detail = f": {said}" if said else ""
                     break
     except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, ValueError):

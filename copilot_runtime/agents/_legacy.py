@@ -12,6 +12,7 @@ protocol later turns back into `AgentStateMessage`s.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -65,10 +66,12 @@ def _parameter_schema(parameter: dict[str, Any]) -> dict[str, Any]:
 # -- inbound --------------------------------------------------------------------------
 
 class _Translator:
-    """What both JSONL forms share: open message/call tracking, steps and state."""
+    """What both JSONL forms share: open message/call tracking, steps and state; `known`:
+    the secrets the request carried, blanked in what the remote says."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, known: Sequence[str] = ()) -> None:
         self.source = source
+        self.known = known
         self.text: str | None = None
         self.call: str | None = None
         self.step: str | None = None
@@ -121,7 +124,7 @@ class _Translator:
             self.step = None
 
     def failure(self, kind: Any) -> UpstreamError:
-        said = quoted(kind, 100) if isinstance(kind, str) and kind else None
+        said = quoted(kind, 100, self.known) if isinstance(kind, str) and kind else None
         detail = f" ({said})" if said else ""
         return UpstreamError(f"{self.source} failed{detail}")
 

@@ -4,7 +4,8 @@
 the read boundaries; the common frame (`data: {json}` alone) costs one `startswith` and a
 slice. `RemoteEventChecker` takes the decoded events of one run and makes them what the
 runtime's own agents produce: null fields dropped (JSON from other producers has them;
-the newest clients reject them), `*_CHUNK` events expanded into START/CONTENT/END as the
+the newest clients reject them) but where the application's data itself may be null,
+`*_CHUNK` events expanded into START/CONTENT/END as the
 clients' own `transformChunks` does, unknown event types dropped, and the ordering rules
 the clients enforce checked, so a broken remote agent fails the run with a message that
 names the mistake instead of failing it later in a browser.
@@ -12,7 +13,8 @@ names the mistake instead of failing it later in a browser.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 import jsonpatch
@@ -82,10 +84,12 @@ class SSEDecoder:
 
 
 def strip_nulls(value: Any) -> Any:
-    """`value` without null-valued keys, recursively, except inside application data."""
+    """`value` without null-valued keys, recursively, except inside application data and
+    where the application's data may be null itself (`events.NULLABLE_DATA_KEYS`)."""
     if isinstance(value, dict):
         return {key: item if key in ev.APPLICATION_DATA_KEYS else strip_nulls(item)
-                for key, item in value.items() if item is not None}
+                for key, item in value.items()
+                if item is not None or key in ev.NULLABLE_DATA_KEYS}
     if isinstance(value, list):
         return [strip_nulls(item) for item in value]
     return value
@@ -147,9 +151,31 @@ def _schema_problem(event: dict[str, Any]) -> str | None:
 
 def _needs_strip(event: dict[str, Any]) -> bool:
     for key, item in event.items():
-        if item is None or (key not in ev.APPLICATION_DATA_KEYS and isinstance(item, dict | list)):
+        if item is None and key not in ev.NULLABLE_DATA_KEYS:
+            return True
+        if key not in ev.APPLICATION_DATA_KEYS and isinstance(item, dict | list):
             return True
     return False
+
+
+#: A remote's RUN_ERROR `code` passed on as it is (clients show it, GraphQL as the
+#: `originalErrorType`): a short plain token, no secret; any other is UPSTREAM_ERROR.
+_PLAIN_CODE: Final = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def _relayed_error(event: Event, source: str, known: Sequence[str]) -> Event:
+    """A remote's RUN_ERROR as the client may read it: its message `quoted`, its code a
+    plain token (a stack trace, a path or a key in either stays with the remote)."""
+    message, code = event.get("message"), event.get("code")
+    if isinstance(message, str):
+        said = quoted(message, 500, known)
+        if said != message:
+            event = {**event, "message": said or f"{source} failed (its message is withheld: "
+                     "it held a stack trace or a file path)"}
+    if isinstance(code, str) and not (_PLAIN_CODE.fullmatch(code)
+                                      and quoted(code, 64, known) == code):
+        event = {**event, "code": UpstreamError.code}
+    return event
 
 
 #: Unknown event types logged in one run before the rest are dropped unlogged.
@@ -160,11 +186,14 @@ class RemoteEventChecker:
     """Normalises and checks one run's events from a remote producer named `source`.
 
     Chunks are expanded and the order rules checked by the core's `event_order`, strictly:
-    a remote agent that breaks them fails its run with a message naming the mistake.
+    a remote agent that breaks them fails its run with a message naming the mistake. What
+    the remote says is passed on `quoted`, the `known` secrets (the credentials its request
+    carried) blanked.
     """
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, known: Sequence[str] = ()) -> None:
         self.source = source
+        self.known = known
         #: The unknown event types logged in this run (each once, a few at most: a remote
         #: agent sending thousands of them wrote a log line for each).
         self._unknown: set[str] = set()
@@ -196,7 +225,7 @@ class RemoteEventChecker:
             except orjson.JSONDecodeError:
                 # Quoted as any upstream's words are: without the credentials, paths and
                 # stack traces a broken event may hold.
-                said = quoted(payload[:80].decode("utf-8", "replace"))
+                said = quoted(payload[:80].decode("utf-8", "replace"), known=self.known)
                 raise self._error("sent an event that is not valid JSON" + (
                     f": {said!r}" if said else "")) from None
             if nests_too_deep(event, payload):  # before anything walks it recursively
@@ -217,11 +246,8 @@ class RemoteEventChecker:
             problem = _shape_problem(event) or _schema_problem(event)
             if problem is not None:
                 raise self._error(f"sent {event['type']} {problem}")
-            if event["type"] == ev.RUN_ERROR and isinstance(event.get("message"), str):
-                said = quoted(event["message"], 500)
-                if said != event["message"]:
-                    event = {**event, "message": said or f"{self.source} failed (its message "
-                             "is withheld: it held a stack trace or a file path)"}
+            if event["type"] == ev.RUN_ERROR:
+                event = _relayed_error(event, self.source, self.known)
             known.append(event)
         try:
             expanded = expand_chunks(known, self._chunks)
@@ -236,7 +262,10 @@ class RemoteEventChecker:
                 continue
             problem = self._order.check(event)
             if problem is not None:
-                raise self._error(f"sent {event['type']} {problem}")
+                # (it names the remote's ids: quoted as its words are, and bounded)
+                said = quoted(f"sent {event['type']} {problem}", 300, self.known)
+                raise self._error(said or f"sent {event['type']} out of order (its ids are "
+                                  "withheld: they held a stack trace or a file path)")
             out.append(event)
         return out
 

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from copilot_runtime._exceptions import ConfigurationError, UpstreamError
+from copilot_runtime._exceptions import ConfigurationError, UpstreamError, header_secrets
 from copilot_runtime._input import RunInput
 from copilot_runtime.agents._http_client import (
     SessionHolder,
@@ -78,7 +78,8 @@ class HttpAgent(Agent):
     async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
         what = f"Remote agent '{context.agent_id}'"
         body = orjson.dumps({**_INPUT_DEFAULTS, **input.raw})
-        checker = RemoteEventChecker(what)
+        known = header_secrets(self.headers)  # (a remote may echo the key it was sent)
+        checker = RemoteEventChecker(what, known)
         session = self._sessions.get()
         try:
             # Redirects are not followed: aiohttp would send this request's headers (the
@@ -87,7 +88,7 @@ class HttpAgent(Agent):
                                     timeout=self.timeouts.client_timeout(),
                                     allow_redirects=False) as response:
                 if response.status >= 300:
-                    raise await error_for_status(response, what)
+                    raise await error_for_status(response, what, known)
                 content_type = response.headers.get("content-type", "")
                 if not content_type.startswith("text/event-stream"):
                     raise UpstreamError(f"{what} answered with content type "

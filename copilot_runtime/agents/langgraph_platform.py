@@ -29,7 +29,8 @@ CopilotKit conventions alike. What is particular to the platform:
 * **Errors.** As in-process: the graph's recursion limit is `AGENT_EXECUTION_ERROR`, and
   the platform's storage failing (HTTP 503 from its API, or a run failing with a database
   connection error) is `SERVICE_UNAVAILABLE`. Any other failure of the graph is
-  `UPSTREAM_ERROR` naming its class, never its message.
+  `UPSTREAM_ERROR` naming its class, never its message; so is an answer that is not the
+  JSON expected (a proxy's HTML page, an object where a list belongs), saying so.
 * **Non-finite numbers.** Python writes NaN and the infinities into JSON text as bare
   words no JSON parser takes; in a tool call's arguments (streamed or in a message) they
   are sent on as `null`, as `JSON.stringify` has it.
@@ -43,7 +44,7 @@ import contextlib
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import httpx
@@ -70,6 +71,7 @@ from copilot_runtime._exceptions import (
     UpstreamConnectionError,
     UpstreamError,
     UpstreamTimeoutError,
+    header_secrets,
     quoted,
 )
 from copilot_runtime._input import RunInput
@@ -150,6 +152,8 @@ class LangGraphPlatformAgent(Agent):
         static = {name.lower(): value for name, value in (headers or {}).items()}
         if api_key:
             static["x-api-key"] = api_key
+        #: Blanked in what the platform says (it may echo the key it was sent).
+        self._secrets = header_secrets(static)
         # The SDK's own client, but with the connection retries ours to choose: its default
         # (5, with backoff) makes an unreachable deployment take ~8 s to report.
         self._client = LangGraphClient(httpx.AsyncClient(
@@ -173,9 +177,9 @@ class LangGraphPlatformAgent(Agent):
         headers = self.header_policy.select(context.headers)
         what = f"LangGraph Platform agent '{context.agent_id}'"
         try:
-            assistant_id, schemas = await self._assistant(headers)
+            assistant_id, schemas = await self._assistant(headers, what)
             graph = _PlatformGraph(self._client, assistant_id, schemas, headers,
-                                   agent_id=context.agent_id)
+                                   agent_id=context.agent_id, known=self._secrets)
             bridge = CopilotKitLangGraphBridge(
                 name=self.name, graph=graph, description=self.description or None,
                 config=dict(self.config) or None, emit_raw_events=False, **self._bridge_flags)
@@ -194,13 +198,15 @@ class LangGraphPlatformAgent(Agent):
         try:
             state = await self._client.threads.get_state(platform_thread_id(thread_id),
                                                          headers=forwarded)
+            values = state.get("values")
+            return thread_state_from_values(thread_id, _thread_values(values) if isinstance(
+                values, dict) else None)
         except NotFoundError:
             return AgentThreadState(thread_id, exists=False)
         except httpx.HTTPError as exc:
             raise _upstream_error(what, exc) from None
-        values = state.get("values")
-        return thread_state_from_values(thread_id, revive(values) if isinstance(
-            values, dict) else None)
+        except _UNUSABLE as exc:
+            raise _unusable(what, "its thread's state", exc) from None
 
     async def forget_thread(self, thread_id: str) -> None:
         """Delete the platform's thread (one it does not know is forgotten already)."""
@@ -211,24 +217,34 @@ class LangGraphPlatformAgent(Agent):
         except httpx.HTTPError as exc:
             raise _upstream_error(f"LangGraph Platform agent '{self.name}'", exc) from None
 
-    async def _assistant(self, headers: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
+    async def _assistant(self, headers: Mapping[str, str],
+                         what: str) -> tuple[str, dict[str, Any]]:
         """The assistant to run and its schemas, looked up once."""
         if self._resolved is None:
             try:
-                found = await self._client.assistants.search(
-                    graph_id=self.graph_id, limit=100, headers=headers)
-            except NotFoundError:  # the server answers 404 for a graph it does not know
-                found = []
-            chosen = next((a for a in found if self.assistant_id in (None, a["assistant_id"])),
-                          None)
-            if chosen is None:
-                raise UpstreamError(f"The LangGraph deployment has no assistant for graph "
-                                    f"'{self.graph_id}'")
-            assistant_id = str(chosen["assistant_id"])
-            schemas = dict(await self._client.assistants.get_schemas(assistant_id,
-                                                                     headers=headers))
-            self._resolved = (assistant_id, schemas)
+                self._resolved = await self._look_up_assistant(headers)
+            except _UNUSABLE as exc:
+                raise _unusable(what, "its assistants or their schemas", exc) from None
         return self._resolved
+
+    async def _look_up_assistant(self, headers: Mapping[str, str]
+                                 ) -> tuple[str, dict[str, Any]]:
+        try:
+            found = await self._client.assistants.search(
+                graph_id=self.graph_id, limit=100, headers=headers)
+        except NotFoundError:  # the server answers 404 for a graph it does not know
+            found = []
+        if not isinstance(found, list):
+            raise TypeError("the assistants search answered no list")
+        chosen = next((a for a in found if self.assistant_id in (None, a["assistant_id"])),
+                      None)
+        if chosen is None:
+            raise UpstreamError(f"The LangGraph deployment has no assistant for graph "
+                                f"'{self.graph_id}'")
+        assistant_id = str(chosen["assistant_id"])
+        schemas = dict(await self._client.assistants.get_schemas(assistant_id,
+                                                                 headers=headers))
+        return assistant_id, schemas
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -265,12 +281,22 @@ def revive(value: Any) -> Any:
                         for c in fields["tool_call_chunks"]]
             try:
                 return cls(**fields)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, AttributeError):  # (a field of the wrong type)
                 return value
         return {key: revive(item) for key, item in value.items()}
     if isinstance(value, list):
         return [revive(item) for item in value]
     return value
+
+
+def _thread_values(values: Any) -> Any:
+    """A thread's state values from the platform, revived; a TypeError when one of its
+    messages is no message (a field of the wrong type: the translator would trip on it)."""
+    revived = revive(values)
+    messages = revived.get("messages") if isinstance(revived, dict) else None
+    if isinstance(messages, list) and not all(isinstance(m, BaseMessage) for m in messages):
+        raise TypeError("a message of the thread's state is not a LangChain message")
+    return revived
 
 
 def _snapshot(thread_id: str, state: Mapping[str, Any]) -> StateSnapshot:
@@ -286,10 +312,25 @@ def _snapshot(thread_id: str, state: Mapping[str, Any]) -> StateSnapshot:
                                     for i in task.get("interrupts") or ()))
         for task in state.get("tasks") or ())
     return StateSnapshot(
-        values=revive(state.get("values") or {}), next=tuple(state.get("next") or ()),
+        values=_thread_values(state.get("values") or {}), next=tuple(state.get("next") or ()),
         config={"configurable": configurable}, metadata=state.get("metadata"),
         created_at=state.get("created_at"), parent_config=None, tasks=tasks,
         interrupts=tuple(i for task in tasks for i in task.interrupts))
+
+
+#: How the SDK says a run stream's answer is not an event stream (an `httpx.TransportError`).
+_NOT_AN_EVENT_STREAM: Final = "Expected response header Content-Type to contain"
+#: What an answer that is not the JSON expected fails with when read: not JSON (the SDK's
+#: `orjson` decode error is a ValueError), or JSON of another shape.
+_UNUSABLE: Final = (ValueError, TypeError, KeyError, AttributeError)
+
+
+def _unusable(what: str, part: str, exc: Exception) -> UpstreamError:
+    """The error for a platform answer that is not the JSON expected (an HTML page a proxy
+    answered, an object where a list belongs); the details go to the log."""
+    _log.warning("LangGraph Platform answer unusable", target=what, part=part,
+                 error=repr(exc)[:300])
+    return UpstreamError(f"{what} answered with something unusable ({part})")
 
 
 def _upstream_error(what: str, exc: httpx.HTTPError
@@ -307,6 +348,12 @@ def _upstream_error(what: str, exc: httpx.HTTPError
         return UpstreamError(f"{what} answered HTTP {status}", status=status)
     if isinstance(exc, httpx.ConnectError):
         return UpstreamConnectionError(f"{what} could not be reached")
+    said = str(exc)
+    if type(exc) is httpx.TransportError and said.startswith(_NOT_AN_EVENT_STREAM):
+        # (the SDK's own check of a run stream's answer, before any of its bytes)
+        content_type = quoted(said.rpartition(" got ")[2], 80) or "?"
+        return UpstreamError(f"{what} answered its run with content type {content_type}, "
+                             "not an event stream")
     return UpstreamConnectionError(f"{what} closed the connection before its answer was "
                                    "complete")
 
@@ -326,10 +373,10 @@ _STOPPED: Final = {
 }
 
 
-def _run_error(agent_id: str, error: Any) -> Exception:
+def _run_error(agent_id: str, error: Any, known: Sequence[str] = ()) -> Exception:
     """The client's error for a platform `error` event (`{"error": class, "message": text}`):
-    its class, never its text (the graph's exception message), except what the runtime
-    says in its own words, as in-process."""
+    its class (the `known` secrets blanked), never its text (the graph's exception message),
+    except what the runtime says in its own words, as in-process."""
     kind = error.get("error") if isinstance(error, dict) else None
     message = error.get("message") if isinstance(error, dict) else None
     if kind == "GraphRecursionError":
@@ -341,7 +388,7 @@ def _run_error(agent_id: str, error: Any) -> Exception:
     if kind in _STORAGE_FAILURES:
         return ServiceUnavailableError("The LangGraph Platform's checkpoint store cannot be "
                                        "used right now; try again later")
-    name = quoted(kind, 80) if isinstance(kind, str) else None
+    name = quoted(kind, 80, known) if isinstance(kind, str) else None
     return UpstreamError(f"The graph failed on the LangGraph Platform ({name})" if name
                          else "The graph failed on the LangGraph Platform")
 
@@ -354,8 +401,11 @@ class _PlatformGraph:
     context_schema = None
 
     def __init__(self, client: LangGraphClient, assistant_id: str, schemas: dict[str, Any],
-                 headers: Mapping[str, str], *, agent_id: str) -> None:
+                 headers: Mapping[str, str], *, agent_id: str,
+                 known: Sequence[str] = ()) -> None:
         self.agent_id = agent_id
+        self.known = known
+        self.what = f"LangGraph Platform agent '{agent_id}'"
         self.client = client
         self.assistant_id = assistant_id
         self.schemas = schemas
@@ -370,6 +420,14 @@ class _PlatformGraph:
         schema = self.schemas.get("output_schema") or self.schemas.get("state_schema") or {}
         return dict(schema)
 
+    @contextlib.contextmanager
+    def _reading(self, part: str) -> Iterator[None]:
+        """Raise `_unusable` for an answer about `part` that is not the JSON expected."""
+        try:
+            yield
+        except _UNUSABLE as exc:
+            raise _unusable(self.what, part, exc) from None
+
     # threads
     @staticmethod
     def _thread(config: Mapping[str, Any]) -> str:
@@ -377,31 +435,35 @@ class _PlatformGraph:
 
     async def aget_state(self, config: Mapping[str, Any]) -> StateSnapshot:
         thread = self._thread(config)
-        try:
-            state = await self.client.threads.get_state(thread, headers=self.headers)
-        except NotFoundError:
-            await self.client.threads.create(thread_id=thread, if_exists="do_nothing",
-                                             headers=self.headers)
-            state = await self.client.threads.get_state(thread, headers=self.headers)
-        return _snapshot(config["configurable"]["thread_id"], state)
+        with self._reading("its thread's state"):
+            try:
+                state = await self.client.threads.get_state(thread, headers=self.headers)
+            except NotFoundError:
+                await self.client.threads.create(thread_id=thread, if_exists="do_nothing",
+                                                 headers=self.headers)
+                state = await self.client.threads.get_state(thread, headers=self.headers)
+            return _snapshot(config["configurable"]["thread_id"], state)
 
     async def aget_state_history(self, config: Mapping[str, Any]
                                  ) -> AsyncIterator[StateSnapshot]:
-        history = await self.client.threads.get_history(self._thread(config), limit=1000,
-                                                        headers=self.headers)
-        for state in history:
-            yield _snapshot(config["configurable"]["thread_id"], state)
+        with self._reading("its thread's history"):
+            history = [_snapshot(config["configurable"]["thread_id"], state)
+                       for state in await self.client.threads.get_history(
+                           self._thread(config), limit=1000, headers=self.headers)]
+        for snapshot in history:
+            yield snapshot
 
     async def aupdate_state(self, config: Mapping[str, Any], values: Any,
                             as_node: str | None = None) -> dict[str, Any]:
         configurable = config["configurable"]
-        answer = await self.client.threads.update_state(
-            self._thread(config), values, as_node=as_node,
-            checkpoint_id=configurable.get("checkpoint_id"), headers=self.headers)
-        checkpoint = answer.get("checkpoint") or {}
-        return {"configurable": {"thread_id": configurable["thread_id"],
-                                 "checkpoint_ns": checkpoint.get("checkpoint_ns", ""),
-                                 "checkpoint_id": checkpoint.get("checkpoint_id")}}
+        with self._reading("its state update"):
+            answer = await self.client.threads.update_state(
+                self._thread(config), values, as_node=as_node,
+                checkpoint_id=configurable.get("checkpoint_id"), headers=self.headers)
+            checkpoint = answer.get("checkpoint") or {}
+            return {"configurable": {"thread_id": configurable["thread_id"],
+                                     "checkpoint_ns": checkpoint.get("checkpoint_ns", ""),
+                                     "checkpoint_id": checkpoint.get("checkpoint_id")}}
 
     # runs
     async def astream_events(self, input: Any, config: Mapping[str, Any] | None = None, *,
@@ -447,7 +509,7 @@ class _PlatformGraph:
                 elif kind == "error":
                     _log.warning("LangGraph Platform run failed", assistant=self.assistant_id,
                                  error=part.data)
-                    raise _run_error(self.agent_id, part.data)
+                    raise _run_error(self.agent_id, part.data, self.known)
         except json.JSONDecodeError:  # the SDK's SSE decoder met a frame that is no JSON
             raise UpstreamError("The LangGraph Platform sent an event that is not JSON") from None
         await self._check_ended(thread, run_id or (created[0] if created else None))
@@ -459,7 +521,8 @@ class _PlatformGraph:
             raise UpstreamConnectionError("The LangGraph Platform's run stream closed before "
                                           "the run ended")
         try:
-            run = await self.client.runs.get(thread, run_id, headers=self.headers)
+            with self._reading("its run"):
+                run = await self.client.runs.get(thread, run_id, headers=self.headers)
         except NotFoundError:
             # A server that streams runs but does not keep them: nothing to tell a cut
             # stream by, and (as the SDK's own check has it) no reason to fail the run.

@@ -24,7 +24,12 @@ import aiohttp
 import orjson
 import structlog
 
-from copilot_runtime._exceptions import ActionError, ConfigurationError, UpstreamError
+from copilot_runtime._exceptions import (
+    ActionError,
+    ConfigurationError,
+    UpstreamError,
+    header_secrets,
+)
 from copilot_runtime._held import HeldBytes
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import MAX_JSON_DEPTH, nests_too_deep
@@ -237,7 +242,8 @@ class _Post:
                     self.response = response
                     return response
                 if last or response.status not in retry_statuses:
-                    error = await error_for_status(response, self.what)
+                    error = await error_for_status(response, self.what,
+                                                   header_secrets(endpoint.headers))
                     response.release()
                     raise error
                 response.release()
@@ -271,9 +277,10 @@ class RemoteEndpointAgent(Agent):
 
     async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
         what = f"Remote agent '{context.agent_id}'"
-        translator = (LangGraphJsonlTranslator(what) if self.kind == "langgraph"
-                      else RuntimeEventTranslator(what))
-        checker = RemoteEventChecker(what)
+        known = header_secrets(self.endpoint.headers)  # (a remote may echo its key)
+        translator = (LangGraphJsonlTranslator(what, known) if self.kind == "langgraph"
+                      else RuntimeEventTranslator(what, known))
+        checker = RemoteEventChecker(what, known)
         url = self.endpoint.url + "/agents/execute"
         async with self.endpoint.post("/agents/execute", self._body(input), what,
                                       context.headers, safe=False) as response:

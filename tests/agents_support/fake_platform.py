@@ -1,6 +1,6 @@
 """A scripted stand-in for a LangGraph Platform deployment, for what a real one rarely does
 on demand: a run stream cut short, an `error` event of a given class, a run that timed
-out, an answer of HTTP 503, text no client can parse.
+out, an answer of HTTP 503, text no client can parse, an HTML page where JSON belongs.
 
 It answers the few routes `LangGraphPlatformAgent` calls, as `langgraph-api` shapes them:
 the assistant search and schemas, a thread's state (its `values` fixed by the test), the
@@ -52,12 +52,15 @@ def tool_call_stream(args: str, *, name: str | None = None, call_id: str | None 
 class FakePlatform:
     """`frames`: the run stream's SSE bytes; `run_status`: what `GET .../runs/{id}` says
     (None: 404, a server that does not keep its runs);
-    `values`: the thread's state; `fail_with`: an HTTP status every route answers with."""
+    `values`: the thread's state; `fail_with`: an HTTP status every route answers with;
+    `unusable`: "search", "state" or "stream": that route answers 200 with an HTML page (a
+    proxy's), or "search-object": the assistant search answers an object."""
 
     frames: list[bytes] = field(default_factory=list)
     run_status: str | None = "success"
     values: dict[str, Any] = field(default_factory=dict)
     fail_with: int | None = None
+    unusable: str | None = None
     #: The routes called, as "METHOD path", in order.
     calls: list[str] = field(default_factory=list)
 
@@ -68,6 +71,13 @@ class FakePlatform:
             if self.fail_with is not None:
                 return JSONResponse({"detail": "Service Unavailable"},
                                     status_code=self.fail_with)
+            path = request.url.path
+            if self.unusable == "search-object" and path == "/assistants/search":
+                return JSONResponse({"assistants": []})
+            if self.unusable is not None and path.endswith(
+                    {"search": "/search", "state": "/state", "stream": "/runs/stream"}.get(
+                        self.unusable, "?")):
+                return Response("<html><body>Gateway</body></html>", media_type="text/html")
             return await self._answer(request)
 
         return Starlette(routes=[Route("/{path:path}", any_route,
