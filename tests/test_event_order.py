@@ -188,3 +188,17 @@ def test_a_run_cut_anywhere_is_closed_as_both_real_clients_require() -> None:
     assert refused == []
     with pytest.raises(EventOrderError, match=r"STEP_FINISHED.*'work', which is not open"):
         verify_events([ev.run_started("t", "r"), *events[:5], ev.step_finished("work")])
+
+
+def test_verify_refuses_a_null_where_clients_refuse_one() -> None:
+    """Null application data passes only where both clients' schemas take it (a CUSTOM
+    value, a state snapshot); a null message `content` they refuse, so `verify_events`
+    does too, schema check or not (it let any null under an application-data key pass)."""
+    run = [ev.run_started("t", "r")]
+    end = [ev.run_finished("t", "r")]
+    verify_events([*run, {"type": "CUSTOM", "name": "n", "value": None},
+                   {"type": "STATE_SNAPSHOT", "snapshot": None}, *end], schema=False)
+    snapshot = {"type": "MESSAGES_SNAPSHOT",
+                "messages": [{"id": "m", "role": "user", "content": None}]}
+    with pytest.raises(EventOrderError, match=r"null field: messages.content"):
+        verify_events([*run, snapshot, *end], schema=False)

@@ -13,7 +13,7 @@ from ag_ui.core import Event as AGUIEvent
 from pydantic import TypeAdapter, ValidationError
 
 from copilot_runtime.event_order import OrderChecker
-from copilot_runtime.events import APPLICATION_DATA_KEYS
+from copilot_runtime.events import APPLICATION_DATA_KEYS, NULLABLE_DATA_KEYS
 
 __all__ = ["EventOrderError", "verify_events"]
 
@@ -24,14 +24,29 @@ class EventOrderError(AssertionError):
     """The events would make an AG-UI client fail the run."""
 
 
+#: Where any JSON goes: the application's data, and the records the schemas leave open
+#: (an interrupt's `metadata` and `responseSchema`).
+_FREE_FORM = APPLICATION_DATA_KEYS | {"metadata", "responseSchema"}
+
+
 def _null_path(value: Any, path: str = "") -> str | None:
     if value is None:
         return path or "<event>"
     if isinstance(value, dict):
         for key, item in value.items():
-            if key in APPLICATION_DATA_KEYS:
-                continue  # the application's data may hold nulls
-            found = _null_path(item, f"{path}.{key}" if path else key)
+            where = f"{path}.{key}" if path else key
+            if key in _FREE_FORM:
+                # The application's data may hold nulls, and be null only where a client's
+                # schema takes it (a CUSTOM value, say; never a message's content).
+                if item is None and key not in NULLABLE_DATA_KEYS:
+                    return where
+                continue
+            found = _null_path(item, where)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for item in value:
+            found = _null_path(item, path)
             if found:
                 return found
     return None
