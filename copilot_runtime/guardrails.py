@@ -27,8 +27,9 @@ import asyncio
 import re
 import time
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import regex
@@ -298,24 +299,47 @@ def _parse_judgement(answer: str) -> Verdict:
     return Verdict(False, "Sorry, I can't help with that topic.")  # unclear: fail closed
 
 
+#: Seconds one guardrail's check may take before it counts as failed (a refusal).
+DEFAULT_GUARDRAIL_TIMEOUT = 30.0
+
+
 async def check_input(guardrails: Sequence[Guardrail], messages: Messages,
                       principal: Principal | None,
-                      topics: tuple[Sequence[str], Sequence[str]] | None = None) -> Verdict:
+                      topics: tuple[Sequence[str], Sequence[str]] | None = None,
+                      seconds: float | None = DEFAULT_GUARDRAIL_TIMEOUT) -> Verdict:
     """The first refusal of `guardrails`; then, with `topics` (allow, deny) from the
-    request, the configured `TopicGuardrail`'s judgement on them."""
-    try:
-        for guardrail in guardrails:
-            verdict = await guardrail.check(messages, principal)
-            if not verdict.allowed:
-                return verdict
-        if topics is not None and (topics[0] or topics[1]):
-            judge = next((g for g in guardrails if isinstance(g, TopicGuardrail)), None)
-            if judge is None:
-                _log.warning("a request asked for topic guardrails, but no TopicGuardrail "
-                             "is configured: its rules are ignored")
-            else:
-                return await judge.judge(messages, topics[0], topics[1])
-    except FAILURES_OF_CALLED_CODE:
-        _log.exception("guardrail failed")
-        return _FAILED
+    request, the configured `TopicGuardrail`'s judgement on them. Each check has `seconds`
+    (None: no bound): one that fails, answers late or answers what is not a `Verdict` refuses."""
+    for guardrail in guardrails:
+        verdict = await _checked(partial(guardrail.check, messages, principal), seconds)
+        if not verdict.allowed:
+            return verdict
+    if topics is not None and (topics[0] or topics[1]):
+        judge = next((g for g in guardrails if isinstance(g, TopicGuardrail)), None)
+        if judge is None:
+            _log.warning("a request asked for topic guardrails, but no TopicGuardrail "
+                         "is configured: its rules are ignored")
+        else:
+            return await _checked(partial(judge.judge, messages, topics[0], topics[1]),
+                                  seconds)
     return ALLOWED
+
+
+async def _checked(check: Callable[[], Awaitable[Any]], seconds: float | None) -> Verdict:
+    """What a guardrail's `check` answered, as a `Verdict` a client can be shown; `_FAILED`
+    when it failed, was late, or answered anything else (fail closed)."""
+    deadline = asyncio.timeout(seconds)
+    try:
+        async with deadline:
+            verdict = await check()
+    except FAILURES_OF_CALLED_CODE:
+        if deadline.expired():  # (not a TimeoutError the guardrail raised itself)
+            _log.error("guardrail timed out: refused", timeout=seconds)
+        else:
+            _log.exception("guardrail failed")
+        return _FAILED
+    if not isinstance(verdict, Verdict):
+        _log.error("guardrail answered what is not a Verdict: refused",
+                   answered=type(verdict).__name__)
+        return _FAILED
+    return verdict

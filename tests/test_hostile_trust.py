@@ -32,6 +32,7 @@ from copilot_runtime import (
     ServiceUnavailableError,
     Verdict,
 )
+from copilot_runtime._input import parse_run_input
 from copilot_runtime._runs import RunManager
 from copilot_runtime.agents import BuiltInAgent
 from copilot_runtime.auth import RequestInfo
@@ -434,6 +435,114 @@ async def test_a_request_of_many_new_messages_is_refused_not_judged_one_by_one(
         assert types(events)[-1] == "RUN_FINISHED"
         assert len(recorder.judged) == 32
         assert len(llm.requests) == 1
+
+
+
+class Stuck:
+    """A guardrail whose service takes the call and never answers: `asked` is set once it
+    waits, `cancelled` once its wait was cancelled."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.cancelled = False
+
+    async def check(self, messages: Any, principal: Principal | None) -> Verdict:
+        self.asked.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return Verdict(True)
+
+
+async def test_a_guardrail_that_never_answers_refuses_after_guardrail_timeout(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """A guardrail is a policy: one that has not answered within `guardrail_timeout` seconds
+    refuses (fail closed, logged), and the thread is free again. Before the fix the check had
+    no bound: the thread stayed busy, the request unanswered, for ever."""
+    stuck = Stuck()
+    runtime = openai_runtime(llm, guardrails=[stuck], guardrail_timeout=0.3)
+    async with serve_runtime(runtime) as served:
+        with structlog.testing.capture_logs() as logs:
+            async with asyncio.timeout(10):
+                events = await served.run(run_input("Hi", thread="stuck-1"))
+        assert text_of(events) == "Your message could not be checked, so it was not sent."
+        assert types(events)[-1] == "RUN_FINISHED"
+        assert stuck.cancelled
+        assert [e["event"] for e in logs if e["event"].startswith("guardrail")] == [
+            "guardrail timed out: refused", "guardrail refused a run"]
+        assert llm.requests == []
+        assert not runtime.is_running("stuck-1")
+
+
+async def test_a_stop_while_guardrails_judge_ends_the_run_and_frees_the_thread(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """A stop of a run its guardrails are still judging cancels their check: the run ends as
+    a stop's does (its agent never asked) and its thread is free. Before the fix the stop
+    answered `stopped` and the run went on waiting for the check (for ever, for one that
+    never answers; a slow one's verdict then called the model after the stop)."""
+    stuck = Stuck()
+    runtime = openai_runtime(llm, guardrails=[stuck], guardrail_timeout=None)
+    async with serve_runtime(runtime) as served:
+        running = asyncio.create_task(served.post("/agent/default/run",
+                                                  run_input("Hi", thread="stuck-2")))
+        async with asyncio.timeout(10):
+            await stuck.asked.wait()
+        status, body = await call(served, "POST", "/agent/default/stop/stuck-2", body={})
+        assert status == 200, body
+        assert orjson.loads(body)["stopped"] is True
+        async with asyncio.timeout(10):
+            response = await running
+            events = parse_sse(await response.read())
+        assert types(events) == ["RUN_STARTED", "RUN_FINISHED"]
+        assert stuck.cancelled
+        assert not runtime.is_running("stuck-2")
+        assert llm.requests == []
+
+
+async def test_a_client_that_leaves_while_guardrails_judge_frees_the_thread(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """A client gone while a check that never answers holds its run: the thread is free once
+    `guardrail_timeout` has passed (the run is then cut as a disconnect), not kept busy."""
+    stuck = Stuck()
+    runtime = openai_runtime(llm, guardrails=[stuck], guardrail_timeout=0.3)
+    async with serve_runtime(runtime) as served:
+        running = asyncio.create_task(served.post("/agent/default/run",
+                                                  run_input("Hi", thread="stuck-4")))
+        async with asyncio.timeout(10):
+            await stuck.asked.wait()
+        running.cancel()  # the client leaves: its connection is closed
+        async for _ in poll_until(lambda: not runtime.is_running("stuck-4")):
+            pass
+        assert not runtime.is_running("stuck-4")
+        assert text_of(await served.run(run_input("Hi", thread="stuck-4", run="r2"))) == (
+            "Your message could not be checked, so it was not sent.")
+        assert llm.requests == []
+
+
+async def test_shutdown_while_guardrails_judge_ends_the_run(llm: MockOpenAIServer) -> None:
+    """Closing the runtime stops a run still being judged (its check cancelled): it is then
+    driven to the shutdown's end, not left holding the close."""
+    stuck = Stuck()
+    runtime = openai_runtime(llm, guardrails=[stuck], guardrail_timeout=None)
+    await runtime.start()
+    starting = asyncio.create_task(runtime.start_run("default", parse_run_input(
+        run_input("Hi", thread="stuck-3"))))
+    async with asyncio.timeout(10):
+        await stuck.asked.wait()
+        closing = asyncio.create_task(runtime.aclose())
+        run = await starting
+        events: list[dict[str, Any]] = []
+
+        async def write(batch: Any) -> None:
+            events.extend(batch)
+
+        await run.drive(write)
+        await closing
+    assert stuck.cancelled
+    assert types(events) == ["RUN_STARTED", "RUN_ERROR"]
+    assert events[-1]["code"] == "RUN_INTERRUPTED"
 
 
 # -- JWTs: odd roles claims and a JWKS endpoint that misbehaves ----------------------------
