@@ -18,7 +18,8 @@ matches it (no model involved; searched within a time bound, off the event loop 
 `TopicGuardrail` asks a model (any `ServiceAdapter`) whether that message stays within
 allowed topics and away from denied ones: the self-hosted equivalent of Copilot Cloud's
 guardrails, which a GraphQL client's `cloud.guardrails.inputValidationRules` also drive. A
-guardrail that fails is a refusal (fail closed), logged with its stack.
+guardrail that fails, is late (`CopilotRuntime(guardrail_timeout=)`) or answers anything
+but a `Verdict(bool, str)` is a refusal (fail closed), logged.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class Verdict:
 
 ALLOWED = Verdict(True)
 _FAILED = Verdict(False, "Your message could not be checked, so it was not sent.")
+#: A refusal that gave no reason.
+_REFUSED = Verdict(False, "Your message was not sent.")
 
 
 @runtime_checkable
@@ -338,8 +341,14 @@ async def _checked(check: Callable[[], Awaitable[Any]], seconds: float | None) -
         else:
             _log.exception("guardrail failed")
         return _FAILED
-    if not isinstance(verdict, Verdict):
-        _log.error("guardrail answered what is not a Verdict: refused",
-                   answered=type(verdict).__name__)
+    if not isinstance(verdict, Verdict) or not isinstance(verdict.allowed, bool) or not (
+            verdict.reason is None or isinstance(verdict.reason, str)):
+        # A reason clients cannot show as text (a policy service's JSON) broke both
+        # protocols' answers, and the run could not be stored.
+        _log.error("guardrail answered what is not a Verdict(bool, str): refused",
+                   answered=type(verdict).__name__,
+                   reason=type(getattr(verdict, "reason", None)).__name__)
         return _FAILED
+    if not verdict.allowed and not verdict.reason:  # a refusal shows the user some text
+        return _REFUSED
     return verdict

@@ -40,7 +40,7 @@ from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.guardrails import latest_user_text
 from copilot_runtime.limits import limit_key
 from copilot_runtime.runtime import approval_service
-from copilot_runtime.testing import MockOpenAIServer
+from copilot_runtime.testing import MockOpenAIServer, verify_events
 from copilot_runtime.threads import (
     InMemoryThreadStore,
     SQLiteThreadStore,
@@ -436,6 +436,53 @@ async def test_a_request_of_many_new_messages_is_refused_not_judged_one_by_one(
         assert len(recorder.judged) == 32
         assert len(llm.requests) == 1
 
+
+
+_UNCHECKED = "Your message could not be checked, so it was not sent."
+
+
+class Answers:
+    """A guardrail that answers `verdict` whatever it is asked."""
+
+    def __init__(self, verdict: Any) -> None:
+        self.verdict = verdict
+
+    async def check(self, messages: Any, principal: Principal | None) -> Any:
+        return self.verdict
+
+
+@pytest.mark.parametrize(("verdict", "shown"), [
+    (Verdict(False, {"code": "PII"}), _UNCHECKED),  # type: ignore[arg-type]
+    (Verdict(False, 42), _UNCHECKED),  # type: ignore[arg-type]
+    (Verdict("no", "why"), _UNCHECKED),  # type: ignore[arg-type]
+    ("refused", _UNCHECKED),
+    (Verdict(False, None), "Your message was not sent."),  # type: ignore[arg-type]
+    (Verdict(False, ""), "Your message was not sent."),
+], ids=["dict-reason", "int-reason", "str-allowed", "no-verdict", "none-reason", "empty"])
+async def test_a_verdict_clients_cannot_show_refuses_as_a_failed_guardrail(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer, verdict: Any, shown: str) -> None:
+    """A guardrail is typed to answer `Verdict(bool, str)`: any other answer (a policy
+    service's JSON as the reason, say) is a failed guardrail, which refuses (fail closed),
+    and a refusal without a reason says so in words: the user reads text, the run is stored.
+    Before the fix such a reason went out as a TEXT_MESSAGE_CONTENT delta and a GraphQL
+    content that were not text, and the run could not be stored (the turn was lost)."""
+    runtime = openai_runtime(llm, guardrails=[Answers(verdict)])
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("my ssn is 1", thread="v-1"))
+        verify_events(events)
+        assert text_of(events) == shown
+        status, body = await call(served, "GET", "/threads/v-1/messages")
+        assert status == 200, body
+        assert [m["content"] for m in orjson.loads(body)["messages"]] == ["my ssn is 1", shown]
+        data = {"threadId": "v-2", "frontend": {"actions": []},
+                "metadata": {"requestType": "Chat"},
+                "messages": [gql_text("u1", "user", "my ssn is 1")]}
+        status, body = await call(served, "POST", "", None,
+                                  {"query": _GENERATE, "variables": {"data": data}}, GQL)
+        assert status == 200, body
+        result = orjson.loads(body)["data"]["generateCopilotResponse"]
+        assert result["status"]["details"] == {"guardrailsReason": shown}
+        assert llm.requests == []
 
 
 class Stuck:
