@@ -37,7 +37,11 @@ import regex
 import structlog
 from ag_ui.core import UserMessage
 
-from copilot_runtime._exceptions import FAILURES_OF_CALLED_CODE, ConfigurationError
+from copilot_runtime._exceptions import (
+    FAILURES_OF_CALLED_CODE,
+    ConfigurationError,
+    cancelled_itself,
+)
 from copilot_runtime.adapters.base import ChatRequest, ServiceAdapter, TextDelta
 from copilot_runtime.auth import Principal
 
@@ -335,6 +339,11 @@ async def _checked(check: Callable[[], Awaitable[Any]], seconds: float | None) -
     try:
         async with deadline:
             verdict = await check()
+    except asyncio.CancelledError:
+        if not cancelled_itself():
+            raise
+        _log.error("guardrail cancelled itself: refused")
+        return _FAILED
     except FAILURES_OF_CALLED_CODE:
         if deadline.expired():  # (not a TimeoutError the guardrail raised itself)
             _log.error("guardrail timed out: refused", timeout=seconds)

@@ -2,7 +2,8 @@
 being begun (connect, loadAgentState, stop and approvals see nothing of it, and a refused
 reservation ends the streams following it), guardrails a client tries to slip past, JWT
 roles and JWKS bodies that must be a 401 (never a 500), an `on_request` hook returning the
-wrong type, and rate-limit keys of tenants and ids holding ':'."""
+wrong type or refusing with a status no client can read, and rate-limit keys of tenants and
+ids holding ':'."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import socket
 import struct
 import time
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,8 @@ from copilot_runtime import (
     PatternGuardrail,
     Principal,
     RateLimit,
+    RequestError,
+    RequestRejectedError,
     ServiceUnavailableError,
     Verdict,
 )
@@ -784,6 +788,75 @@ async def test_an_on_request_hook_that_fails_or_hangs_refuses_the_request(
     assert [e["event"] for e in refused] == [
         "on_request hook failed: request refused" if failure == "raises"
         else "on_request hook timed out: request refused"] * 2
+
+
+class NoContent(RequestError):
+    """A refusal of the application's own whose status is no HTTP error."""
+
+    status = 204
+
+
+def refusing(how: str) -> Any:
+    """An `on_request` hook that refuses `how`: with a status that is not an HTTP error, or
+    by raising a `CancelledError` of its own."""
+
+    def on_request(request: RequestInfo) -> None:
+        if how == "cancels":
+            raise asyncio.CancelledError
+        if how == "subclass-204":
+            raise NoContent("no")
+        raise RequestRejectedError("no", status={"str": "403", "99": 99, "1000": 1000,
+                                                 "204": 204, "bool": True}[how])
+
+    return on_request
+
+
+@pytest.mark.parametrize("how", ["str", "99", "1000", "204", "bool", "subclass-204", "cancels"])
+async def test_an_on_request_refusal_no_client_can_read_is_a_503(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer, how: str) -> None:
+    """A refusal whose status is no HTTP error (a string from a config file, 99, 1000, a
+    204), or a hook raising `CancelledError` itself, is a failed hook: 503 with `Retry-After`
+    on both protocols, logged. Before the fix the client got no HTTP answer at all, a JSON
+    body after a 204 (broken framing), or the ASGI server's text/plain 500."""
+    runtime = openai_runtime(llm, on_request=refusing(how))
+    async with serve_runtime(runtime) as served:
+        response = await served.post("/agent/default/run", run_input("Hi", thread="s-1"))
+        body = await response.read()
+        assert response.status == 503, body
+        assert response.headers["Retry-After"] == "1"
+        assert orjson.loads(body)["message"] == (
+            "The request could not be checked; try again shortly")
+        data = {"threadId": "s-2", "frontend": {"actions": []},
+                "metadata": {"requestType": "Chat"}, "messages": [gql_text("u1", "user", "Hi")]}
+        status, body = await call(served, "POST", "", None,
+                                  {"query": _GENERATE, "variables": {"data": data}}, GQL)
+        assert status == 503, body
+        assert llm.requests == []
+
+
+def test_a_refusal_takes_only_an_http_error_status() -> None:
+    for status in ("403", 99, 204, 600, True, 403.0):
+        with pytest.raises(ValueError, match="status must be an int from 400 to 599"):
+            RequestRejectedError("no", status=status)  # type: ignore[arg-type]
+    assert RequestRejectedError("no", status=HTTPStatus.UNAVAILABLE_FOR_LEGAL_REASONS
+                                ).status == 451
+
+
+async def test_a_guardrail_raising_cancelled_error_itself_refuses(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """A guardrail raising `CancelledError` of its own (its task not being cancelled) is a
+    failed guardrail: it refuses. Before the fix the request failed as a cancellation."""
+
+    class Cancels:
+        async def check(self, messages: Any, principal: Principal | None) -> Verdict:
+            raise asyncio.CancelledError
+
+    async with serve_runtime(openai_runtime(llm, guardrails=[Cancels()])) as served:
+        with structlog.testing.capture_logs() as logs:
+            events = await served.run(run_input("Hi", thread="c-1"))
+        assert text_of(events) == _UNCHECKED
+        assert "guardrail cancelled itself: refused" in [e["event"] for e in logs]
+        assert llm.requests == []
 
 
 # -- rate-limit keys -----------------------------------------------------------------------
