@@ -39,6 +39,7 @@ carried.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol
@@ -175,6 +176,13 @@ FAILURES_OF_CALLED_CODE: tuple[type[BaseException], ...] = (
     Exception, SystemExit, KeyboardInterrupt)
 
 
+def cancelled_itself() -> bool:
+    """Whether the `asyncio.CancelledError` being handled was raised by the code called (its
+    failure), not by a cancellation of the current task (which must go on)."""
+    task = asyncio.current_task()
+    return task is not None and not task.cancelling()
+
+
 def failure_text(exc: BaseException, limit: int = 300, known: Sequence[str | None] = ()) -> str:
     """An exception raised by code the runtime calls (an action, a tool), as the model and,
     through its tool result, the client read it: its type and message, with credentials in
@@ -300,13 +308,22 @@ class AuthenticationError(RequestError):
 
 
 class RequestRejectedError(RequestError):
-    """An `on_request` hook refused the request; `status` defaults to 403."""
+    """An `on_request` hook refused the request; `status` defaults to 403, and must be an
+    HTTP error status (an int from 400 to 599: else ValueError)."""
 
     code = "REQUEST_REJECTED"
 
     def __init__(self, message: str = "Request rejected", *, status: int = 403) -> None:
+        if not is_error_status(status):
+            raise ValueError(f"status must be an int from 400 to 599, not {status!r}")
         super().__init__(message)
         self.status = status
+
+
+def is_error_status(status: object) -> bool:
+    """Whether `status` is one a refusal can answer with: an int from 400 to 599 (another
+    left the client without an answer, or with a body its framing forbids)."""
+    return isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 599
 
 
 class ServiceUnavailableError(RequestError):

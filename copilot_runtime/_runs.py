@@ -170,6 +170,9 @@ class ActiveRun:
         self.lease: Lease | None = None
         #: Awaited once if the run is given back without being driven (`abandon`).
         self.on_abandon: Callable[[ActiveRun], Awaitable[None]] | None = None
+        #: Called if the run is cancelled before it is driven (what is deciding whether it
+        #: may run, its guardrails say, need not finish).
+        self.on_cancel: Callable[[], object] | None = None
         self._driven = False
 
     @property
@@ -200,6 +203,8 @@ class ActiveRun:
             self.lease = None
         if self.task is not None:
             self.task.cancel()
+        elif self.on_cancel is not None:
+            self.on_cancel()
         return True
 
     def subscribe(self) -> tuple[list[Event], Follower]:

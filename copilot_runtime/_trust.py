@@ -49,6 +49,8 @@ class Host(Protocol):
     runs: RunManager
     limiter: RateLimiter | None
     guardrails: list[Guardrail]
+    #: Seconds each guardrail check may take (None: no bound).
+    guardrail_timeout: float | None
     telemetry: Telemetry | None
     hooks: HookRunner
 
@@ -417,11 +419,8 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
                     input.raw, run.seen_message_ids, offered, as_input)
             except _TooMuchToJudge as exc:
                 to_judge, verdict = [], exc.verdict
-            for marks, messages in to_judge:
-                verdict = await check_input(runtime.guardrails, messages, principal, topics)
-                if not verdict.allowed:
-                    break
-                run.extra_ids.update(marks)  # kept with the thread once the run is stored
+            if to_judge:
+                verdict = await _judged_unless_stopped(runtime, run, to_judge, principal, topics)
             run.output_marks = output_marks
             if not verdict.allowed:
                 run.agent = RefusalAgent(verdict.reason)
@@ -443,6 +442,39 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
         await run.abandon()
         raise
     return run
+
+
+async def _judged_unless_stopped(runtime: Host, run: ActiveRun,
+                                 to_judge: list[tuple[list[str], list[Any]]],
+                                 principal: Principal | None,
+                                 topics: tuple[Sequence[str], Sequence[str]] | None) -> Verdict:
+    """The guardrails' verdict on `to_judge`, in a task a stop (or a shutdown) cancels: a run
+    stopped while judged is not left waiting on them, and is driven at once to its stop's
+    end, its agent never asked (`ActiveRun.cancel`)."""
+    checking = asyncio.ensure_future(_judge(runtime, run, to_judge, principal, topics))
+    run.on_cancel = checking.cancel
+    try:
+        return await checking
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if run.cancel_reason is None or task is None or task.cancelling():
+            raise
+        return ALLOWED  # (never acted on: the run stops before its agent is asked)
+    finally:
+        run.on_cancel = None
+
+
+async def _judge(runtime: Host, run: ActiveRun, to_judge: list[tuple[list[str], list[Any]]],
+                 principal: Principal | None,
+                 topics: tuple[Sequence[str], Sequence[str]] | None) -> Verdict:
+    verdict = ALLOWED
+    for marks, messages in to_judge:
+        verdict = await check_input(runtime.guardrails, messages, principal, topics,
+                                    runtime.guardrail_timeout)
+        if not verdict.allowed:
+            break
+        run.extra_ids.update(marks)  # kept with the thread once the run is stored
+    return verdict
 
 
 async def _abandoned(run: ActiveRun, lease: Lease | None) -> None:

@@ -18,7 +18,8 @@ matches it (no model involved; searched within a time bound, off the event loop 
 `TopicGuardrail` asks a model (any `ServiceAdapter`) whether that message stays within
 allowed topics and away from denied ones: the self-hosted equivalent of Copilot Cloud's
 guardrails, which a GraphQL client's `cloud.guardrails.inputValidationRules` also drive. A
-guardrail that fails is a refusal (fail closed), logged with its stack.
+guardrail that fails, is late (`CopilotRuntime(guardrail_timeout=)`) or answers anything
+but a `Verdict(bool, str)` is a refusal (fail closed), logged.
 """
 
 from __future__ import annotations
@@ -27,15 +28,20 @@ import asyncio
 import re
 import time
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import regex
 import structlog
 from ag_ui.core import UserMessage
 
-from copilot_runtime._exceptions import FAILURES_OF_CALLED_CODE, ConfigurationError
+from copilot_runtime._exceptions import (
+    FAILURES_OF_CALLED_CODE,
+    ConfigurationError,
+    cancelled_itself,
+)
 from copilot_runtime.adapters.base import ChatRequest, ServiceAdapter, TextDelta
 from copilot_runtime.auth import Principal
 
@@ -64,6 +70,8 @@ class Verdict:
 
 ALLOWED = Verdict(True)
 _FAILED = Verdict(False, "Your message could not be checked, so it was not sent.")
+#: A refusal that gave no reason.
+_REFUSED = Verdict(False, "Your message was not sent.")
 
 
 @runtime_checkable
@@ -298,24 +306,58 @@ def _parse_judgement(answer: str) -> Verdict:
     return Verdict(False, "Sorry, I can't help with that topic.")  # unclear: fail closed
 
 
+#: Seconds one guardrail's check may take before it counts as failed (a refusal).
+DEFAULT_GUARDRAIL_TIMEOUT = 30.0
+
+
 async def check_input(guardrails: Sequence[Guardrail], messages: Messages,
                       principal: Principal | None,
-                      topics: tuple[Sequence[str], Sequence[str]] | None = None) -> Verdict:
+                      topics: tuple[Sequence[str], Sequence[str]] | None = None,
+                      seconds: float | None = DEFAULT_GUARDRAIL_TIMEOUT) -> Verdict:
     """The first refusal of `guardrails`; then, with `topics` (allow, deny) from the
-    request, the configured `TopicGuardrail`'s judgement on them."""
-    try:
-        for guardrail in guardrails:
-            verdict = await guardrail.check(messages, principal)
-            if not verdict.allowed:
-                return verdict
-        if topics is not None and (topics[0] or topics[1]):
-            judge = next((g for g in guardrails if isinstance(g, TopicGuardrail)), None)
-            if judge is None:
-                _log.warning("a request asked for topic guardrails, but no TopicGuardrail "
-                             "is configured: its rules are ignored")
-            else:
-                return await judge.judge(messages, topics[0], topics[1])
-    except FAILURES_OF_CALLED_CODE:
-        _log.exception("guardrail failed")
-        return _FAILED
+    request, the configured `TopicGuardrail`'s judgement on them. Each check has `seconds`
+    (None: no bound): one that fails, answers late or answers what is not a `Verdict` refuses."""
+    for guardrail in guardrails:
+        verdict = await _checked(partial(guardrail.check, messages, principal), seconds)
+        if not verdict.allowed:
+            return verdict
+    if topics is not None and (topics[0] or topics[1]):
+        judge = next((g for g in guardrails if isinstance(g, TopicGuardrail)), None)
+        if judge is None:
+            _log.warning("a request asked for topic guardrails, but no TopicGuardrail "
+                         "is configured: its rules are ignored")
+        else:
+            return await _checked(partial(judge.judge, messages, topics[0], topics[1]),
+                                  seconds)
     return ALLOWED
+
+
+async def _checked(check: Callable[[], Awaitable[Any]], seconds: float | None) -> Verdict:
+    """What a guardrail's `check` answered, as a `Verdict` a client can be shown; `_FAILED`
+    when it failed, was late, or answered anything else (fail closed)."""
+    deadline = asyncio.timeout(seconds)
+    try:
+        async with deadline:
+            verdict = await check()
+    except asyncio.CancelledError:
+        if not cancelled_itself():
+            raise
+        _log.error("guardrail cancelled itself: refused")
+        return _FAILED
+    except FAILURES_OF_CALLED_CODE:
+        if deadline.expired():  # (not a TimeoutError the guardrail raised itself)
+            _log.error("guardrail timed out: refused", timeout=seconds)
+        else:
+            _log.exception("guardrail failed")
+        return _FAILED
+    if not isinstance(verdict, Verdict) or not isinstance(verdict.allowed, bool) or not (
+            verdict.reason is None or isinstance(verdict.reason, str)):
+        # A reason clients cannot show as text (a policy service's JSON) broke both
+        # protocols' answers, and the run could not be stored.
+        _log.error("guardrail answered what is not a Verdict(bool, str): refused",
+                   answered=type(verdict).__name__,
+                   reason=type(getattr(verdict, "reason", None)).__name__)
+        return _FAILED
+    if not verdict.allowed and not verdict.reason:  # a refusal shows the user some text
+        return _REFUSED
+    return verdict

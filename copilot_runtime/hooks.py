@@ -6,8 +6,9 @@
 
 `on_request` runs after authentication: it may refuse the request by raising a
 `RequestError` (say `copilot_runtime.RequestRejectedError`, 403 unless given another
-status), or return annotations that agents see as `RunContext.annotations`. It is a policy,
-so it fails closed: if it raises anything else, or has not answered within
+error status), or return annotations that agents see as `RunContext.annotations`. It is a
+policy, so it fails closed: if it raises anything else (a `RequestError` whose status is no
+HTTP error, or a `CancelledError` of its own, included), or has not answered within
 `request_timeout` seconds, the request is refused with 503 (a policy whose backing service
 is down must not admit everyone, nor hold requests without end). The other two run in the
 background, so they never hold up or break a stream; whatever they raise is logged, and one
@@ -31,6 +32,8 @@ from copilot_runtime._exceptions import (
     FAILURES_OF_CALLED_CODE,
     RequestError,
     ServiceUnavailableError,
+    cancelled_itself,
+    is_error_status,
 )
 from copilot_runtime.auth import Principal, RequestInfo
 
@@ -105,8 +108,18 @@ class HookRunner:
                 annotations: Any = self.on_request(info)
                 if inspect.isawaitable(annotations):  # (a plain function's answer is used as is)
                     annotations = await annotations
-        except RequestError:
-            raise
+        except RequestError as exc:
+            if is_error_status(exc.status):
+                raise
+            _log.error("on_request hook refused with a status that is no HTTP error: request "
+                       "refused", status=repr(exc.status), request_id=info.request_id)
+            raise _unchecked() from None
+        except asyncio.CancelledError:
+            if not cancelled_itself():
+                raise
+            _log.error("on_request hook cancelled itself: request refused",
+                       request_id=info.request_id)
+            raise _unchecked() from None
         except TimeoutError:
             _log.error("on_request hook timed out: request refused",
                        timeout=self.request_timeout, request_id=info.request_id)

@@ -32,7 +32,7 @@ from copilot_runtime.approvals.service import ApprovalService
 from copilot_runtime.auth import Authenticator, Principal, RequestInfo, owner_of
 from copilot_runtime.coordination import Coordinator
 from copilot_runtime.coordination import coordinator as coordinator_for
-from copilot_runtime.guardrails import Guardrail
+from copilot_runtime.guardrails import DEFAULT_GUARDRAIL_TIMEOUT, Guardrail
 from copilot_runtime.hooks import (
     DEFAULT_REQUEST_TIMEOUT,
     HookRunner,
@@ -72,7 +72,8 @@ class CopilotRuntime:
     Serving many users (all optional; without them nothing is checked or counted):
     `auth` identifies callers and makes threads private to whoever started them;
     `approver_roles` lets principals with one of those roles see and answer the approvals
-    of their tenant's threads; `guardrails` check input before any agent runs; `rate_limit`
+    of their tenant's threads; `guardrails` check input before any agent runs (one that
+    fails, or has not answered within `guardrail_timeout` seconds, refuses); `rate_limit`
     bounds each caller's runs; `on_request`, `on_run_finished` and `on_error` are hooks
     (`copilot_runtime.hooks`; a failing `on_request`, or one slower than
     `on_request_timeout` seconds, refuses its request with 503); `telemetry` traces and
@@ -100,6 +101,7 @@ class CopilotRuntime:
         on_run_finished: OnRunFinished | None = None,
         on_error: OnError | None = None,
         on_request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        guardrail_timeout: float | None = DEFAULT_GUARDRAIL_TIMEOUT,
         telemetry: Any = None,
         max_run_bytes: int = DEFAULT_MAX_RUN_BYTES,
         coordinator: Coordinator | str | None = None,
@@ -174,6 +176,9 @@ class CopilotRuntime:
         self.forwards_credentials = auth is None or forward_credentials
         self.approver_roles = frozenset(approver_roles)
         self.guardrails: list[Guardrail] = list(guardrails)
+        #: Seconds each guardrail check may take before it refuses (None: no bound).
+        self.guardrail_timeout = checked_seconds(guardrail_timeout, "guardrail_timeout",
+                                                 none_means="no bound")
         if rate_limit is not None and rate_limit.backend is None:
             # Workers that share runs share their callers' counters too.
             rate_limit = replace(rate_limit, backend=self.coordinator.counters())

@@ -2,7 +2,8 @@
 being begun (connect, loadAgentState, stop and approvals see nothing of it, and a refused
 reservation ends the streams following it), guardrails a client tries to slip past, JWT
 roles and JWKS bodies that must be a 401 (never a 500), an `on_request` hook returning the
-wrong type, and rate-limit keys of tenants and ids holding ':'."""
+wrong type or refusing with a status no client can read, and rate-limit keys of tenants and
+ids holding ':'."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import socket
 import struct
 import time
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +31,12 @@ from copilot_runtime import (
     PatternGuardrail,
     Principal,
     RateLimit,
+    RequestError,
+    RequestRejectedError,
     ServiceUnavailableError,
     Verdict,
 )
+from copilot_runtime._input import parse_run_input
 from copilot_runtime._runs import RunManager
 from copilot_runtime.agents import BuiltInAgent
 from copilot_runtime.auth import RequestInfo
@@ -39,7 +44,7 @@ from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.guardrails import latest_user_text
 from copilot_runtime.limits import limit_key
 from copilot_runtime.runtime import approval_service
-from copilot_runtime.testing import MockOpenAIServer
+from copilot_runtime.testing import MockOpenAIServer, verify_events
 from copilot_runtime.threads import (
     InMemoryThreadStore,
     SQLiteThreadStore,
@@ -436,6 +441,161 @@ async def test_a_request_of_many_new_messages_is_refused_not_judged_one_by_one(
         assert len(llm.requests) == 1
 
 
+
+_UNCHECKED = "Your message could not be checked, so it was not sent."
+
+
+class Answers:
+    """A guardrail that answers `verdict` whatever it is asked."""
+
+    def __init__(self, verdict: Any) -> None:
+        self.verdict = verdict
+
+    async def check(self, messages: Any, principal: Principal | None) -> Any:
+        return self.verdict
+
+
+@pytest.mark.parametrize(("verdict", "shown"), [
+    (Verdict(False, {"code": "PII"}), _UNCHECKED),  # type: ignore[arg-type]
+    (Verdict(False, 42), _UNCHECKED),  # type: ignore[arg-type]
+    (Verdict("no", "why"), _UNCHECKED),  # type: ignore[arg-type]
+    ("refused", _UNCHECKED),
+    (Verdict(False, None), "Your message was not sent."),  # type: ignore[arg-type]
+    (Verdict(False, ""), "Your message was not sent."),
+], ids=["dict-reason", "int-reason", "str-allowed", "no-verdict", "none-reason", "empty"])
+async def test_a_verdict_clients_cannot_show_refuses_as_a_failed_guardrail(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer, verdict: Any, shown: str) -> None:
+    """A guardrail is typed to answer `Verdict(bool, str)`: any other answer (a policy
+    service's JSON as the reason, say) is a failed guardrail, which refuses (fail closed),
+    and a refusal without a reason says so in words: the user reads text, the run is stored.
+    Before the fix such a reason went out as a TEXT_MESSAGE_CONTENT delta and a GraphQL
+    content that were not text, and the run could not be stored (the turn was lost)."""
+    runtime = openai_runtime(llm, guardrails=[Answers(verdict)])
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("my ssn is 1", thread="v-1"))
+        verify_events(events)
+        assert text_of(events) == shown
+        status, body = await call(served, "GET", "/threads/v-1/messages")
+        assert status == 200, body
+        assert [m["content"] for m in orjson.loads(body)["messages"]] == ["my ssn is 1", shown]
+        data = {"threadId": "v-2", "frontend": {"actions": []},
+                "metadata": {"requestType": "Chat"},
+                "messages": [gql_text("u1", "user", "my ssn is 1")]}
+        status, body = await call(served, "POST", "", None,
+                                  {"query": _GENERATE, "variables": {"data": data}}, GQL)
+        assert status == 200, body
+        result = orjson.loads(body)["data"]["generateCopilotResponse"]
+        assert result["status"]["details"] == {"guardrailsReason": shown}
+        assert llm.requests == []
+
+
+class Stuck:
+    """A guardrail whose service takes the call and never answers: `asked` is set once it
+    waits, `cancelled` once its wait was cancelled."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.cancelled = False
+
+    async def check(self, messages: Any, principal: Principal | None) -> Verdict:
+        self.asked.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return Verdict(True)
+
+
+async def test_a_guardrail_that_never_answers_refuses_after_guardrail_timeout(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """A guardrail is a policy: one that has not answered within `guardrail_timeout` seconds
+    refuses (fail closed, logged), and the thread is free again. Before the fix the check had
+    no bound: the thread stayed busy, the request unanswered, for ever."""
+    stuck = Stuck()
+    runtime = openai_runtime(llm, guardrails=[stuck], guardrail_timeout=0.3)
+    async with serve_runtime(runtime) as served:
+        with structlog.testing.capture_logs() as logs:
+            async with asyncio.timeout(10):
+                events = await served.run(run_input("Hi", thread="stuck-1"))
+        assert text_of(events) == "Your message could not be checked, so it was not sent."
+        assert types(events)[-1] == "RUN_FINISHED"
+        assert stuck.cancelled
+        assert [e["event"] for e in logs if e["event"].startswith("guardrail")] == [
+            "guardrail timed out: refused", "guardrail refused a run"]
+        assert llm.requests == []
+        assert not runtime.is_running("stuck-1")
+
+
+async def test_a_stop_while_guardrails_judge_ends_the_run_and_frees_the_thread(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """A stop of a run its guardrails are still judging cancels their check: the run ends as
+    a stop's does (its agent never asked) and its thread is free. Before the fix the stop
+    answered `stopped` and the run went on waiting for the check (for ever, for one that
+    never answers; a slow one's verdict then called the model after the stop)."""
+    stuck = Stuck()
+    runtime = openai_runtime(llm, guardrails=[stuck], guardrail_timeout=None)
+    async with serve_runtime(runtime) as served:
+        running = asyncio.create_task(served.post("/agent/default/run",
+                                                  run_input("Hi", thread="stuck-2")))
+        async with asyncio.timeout(10):
+            await stuck.asked.wait()
+        status, body = await call(served, "POST", "/agent/default/stop/stuck-2", body={})
+        assert status == 200, body
+        assert orjson.loads(body)["stopped"] is True
+        async with asyncio.timeout(10):
+            response = await running
+            events = parse_sse(await response.read())
+        assert types(events) == ["RUN_STARTED", "RUN_FINISHED"]
+        assert stuck.cancelled
+        assert not runtime.is_running("stuck-2")
+        assert llm.requests == []
+
+
+async def test_a_client_that_leaves_while_guardrails_judge_frees_the_thread(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """A client gone while a check that never answers holds its run: the thread is free once
+    `guardrail_timeout` has passed (the run is then cut as a disconnect), not kept busy."""
+    stuck = Stuck()
+    runtime = openai_runtime(llm, guardrails=[stuck], guardrail_timeout=0.3)
+    async with serve_runtime(runtime) as served:
+        running = asyncio.create_task(served.post("/agent/default/run",
+                                                  run_input("Hi", thread="stuck-4")))
+        async with asyncio.timeout(10):
+            await stuck.asked.wait()
+        running.cancel()  # the client leaves: its connection is closed
+        async for _ in poll_until(lambda: not runtime.is_running("stuck-4")):
+            pass
+        assert not runtime.is_running("stuck-4")
+        assert text_of(await served.run(run_input("Hi", thread="stuck-4", run="r2"))) == (
+            "Your message could not be checked, so it was not sent.")
+        assert llm.requests == []
+
+
+async def test_shutdown_while_guardrails_judge_ends_the_run(llm: MockOpenAIServer) -> None:
+    """Closing the runtime stops a run still being judged (its check cancelled): it is then
+    driven to the shutdown's end, not left holding the close."""
+    stuck = Stuck()
+    runtime = openai_runtime(llm, guardrails=[stuck], guardrail_timeout=None)
+    await runtime.start()
+    starting = asyncio.create_task(runtime.start_run("default", parse_run_input(
+        run_input("Hi", thread="stuck-3"))))
+    async with asyncio.timeout(10):
+        await stuck.asked.wait()
+        closing = asyncio.create_task(runtime.aclose())
+        run = await starting
+        events: list[dict[str, Any]] = []
+
+        async def write(batch: Any) -> None:
+            events.extend(batch)
+
+        await run.drive(write)
+        await closing
+    assert stuck.cancelled
+    assert types(events) == ["RUN_STARTED", "RUN_ERROR"]
+    assert events[-1]["code"] == "RUN_INTERRUPTED"
+
+
 # -- JWTs: odd roles claims and a JWKS endpoint that misbehaves ----------------------------
 
 def jwt_request(token: str) -> RequestInfo:
@@ -628,6 +788,75 @@ async def test_an_on_request_hook_that_fails_or_hangs_refuses_the_request(
     assert [e["event"] for e in refused] == [
         "on_request hook failed: request refused" if failure == "raises"
         else "on_request hook timed out: request refused"] * 2
+
+
+class NoContent(RequestError):
+    """A refusal of the application's own whose status is no HTTP error."""
+
+    status = 204
+
+
+def refusing(how: str) -> Any:
+    """An `on_request` hook that refuses `how`: with a status that is not an HTTP error, or
+    by raising a `CancelledError` of its own."""
+
+    def on_request(request: RequestInfo) -> None:
+        if how == "cancels":
+            raise asyncio.CancelledError
+        if how == "subclass-204":
+            raise NoContent("no")
+        raise RequestRejectedError("no", status={"str": "403", "99": 99, "1000": 1000,
+                                                 "204": 204, "bool": True}[how])
+
+    return on_request
+
+
+@pytest.mark.parametrize("how", ["str", "99", "1000", "204", "bool", "subclass-204", "cancels"])
+async def test_an_on_request_refusal_no_client_can_read_is_a_503(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer, how: str) -> None:
+    """A refusal whose status is no HTTP error (a string from a config file, 99, 1000, a
+    204), or a hook raising `CancelledError` itself, is a failed hook: 503 with `Retry-After`
+    on both protocols, logged. Before the fix the client got no HTTP answer at all, a JSON
+    body after a 204 (broken framing), or the ASGI server's text/plain 500."""
+    runtime = openai_runtime(llm, on_request=refusing(how))
+    async with serve_runtime(runtime) as served:
+        response = await served.post("/agent/default/run", run_input("Hi", thread="s-1"))
+        body = await response.read()
+        assert response.status == 503, body
+        assert response.headers["Retry-After"] == "1"
+        assert orjson.loads(body)["message"] == (
+            "The request could not be checked; try again shortly")
+        data = {"threadId": "s-2", "frontend": {"actions": []},
+                "metadata": {"requestType": "Chat"}, "messages": [gql_text("u1", "user", "Hi")]}
+        status, body = await call(served, "POST", "", None,
+                                  {"query": _GENERATE, "variables": {"data": data}}, GQL)
+        assert status == 503, body
+        assert llm.requests == []
+
+
+def test_a_refusal_takes_only_an_http_error_status() -> None:
+    for status in ("403", 99, 204, 600, True, 403.0):
+        with pytest.raises(ValueError, match="status must be an int from 400 to 599"):
+            RequestRejectedError("no", status=status)  # type: ignore[arg-type]
+    assert RequestRejectedError("no", status=HTTPStatus.UNAVAILABLE_FOR_LEGAL_REASONS
+                                ).status == 451
+
+
+async def test_a_guardrail_raising_cancelled_error_itself_refuses(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """A guardrail raising `CancelledError` of its own (its task not being cancelled) is a
+    failed guardrail: it refuses. Before the fix the request failed as a cancellation."""
+
+    class Cancels:
+        async def check(self, messages: Any, principal: Principal | None) -> Verdict:
+            raise asyncio.CancelledError
+
+    async with serve_runtime(openai_runtime(llm, guardrails=[Cancels()])) as served:
+        with structlog.testing.capture_logs() as logs:
+            events = await served.run(run_input("Hi", thread="c-1"))
+        assert text_of(events) == _UNCHECKED
+        assert "guardrail cancelled itself: refused" in [e["event"] for e in logs]
+        assert llm.requests == []
 
 
 # -- rate-limit keys -----------------------------------------------------------------------
