@@ -37,12 +37,19 @@ ECHO = {"name": "echo", "description": "Echo",
 
 class ScriptedMCP:
     """An ASGI MCP server: `list` answers tools/list (a JSON-RPC error text, or the tools),
-    `calls[x]` is how long a tools/call with argument x waits before it answers."""
+    `delays[x]` is how long a tools/call with argument x waits before it answers, `errors[x]`
+    the JSON-RPC error it answers with, `texts[x]` the text it answers; x "held" sets `holding`
+    and answers once `held` is set."""
 
     def __init__(self, tools: list[Json] | None = None, list_error: str | None = None) -> None:
         self.tools = tools if tools is not None else [ECHO]
         self.list_error = list_error
         self.delays: dict[str, float] = {"hang": 3600.0}
+        self.errors: dict[str, Json] = {}
+        self.texts: dict[str, str] = {}
+        self.holding, self.held = asyncio.Event(), asyncio.Event()
+        #: Answers come as one SSE event each (as the TypeScript SDK's servers send them).
+        self.sse = False
         #: The `nextCursor` of every listing page (one that never ends, when set).
         self.next_cursor: str | None = None
         self.methods: list[str] = []
@@ -68,10 +75,13 @@ class ScriptedMCP:
                 break
 
         async def answer(status: int, payload: Any = None) -> None:
+            body = orjson.dumps(payload) if payload is not None else b""
+            sse = self.sse and payload is not None
             await send({"type": "http.response.start", "status": status, "headers": [
-                (b"content-type", b"application/json"), (b"mcp-session-id", b"sess-1")]})
+                (b"content-type", b"text/event-stream" if sse else b"application/json"),
+                (b"mcp-session-id", b"sess-1")]})
             await send({"type": "http.response.body",
-                        "body": orjson.dumps(payload) if payload is not None else b""})
+                        "body": b"event: message\ndata: " + body + b"\n\n" if sse else body})
 
         if scope["method"] != "POST":
             await answer(405)
@@ -99,7 +109,13 @@ class ScriptedMCP:
         elif method == "tools/call":
             x = str(request["params"].get("arguments", {}).get("x"))
             await asyncio.sleep(self.delays.get(x, 0.0))
-            result = {"content": [{"type": "text", "text": f"echoed {x}"}]}
+            if x == "held":
+                self.holding.set()
+                await self.held.wait()
+            if x in self.errors:
+                await answer(200, {"jsonrpc": "2.0", "id": request_id, "error": self.errors[x]})
+                return
+            result = {"content": [{"type": "text", "text": self.texts.get(x, f"echoed {x}")}]}
         else:
             result = {}
         await answer(200, {"jsonrpc": "2.0", "id": request_id, "result": result})
@@ -210,6 +226,37 @@ async def test_one_call_past_its_timeout_leaves_the_others_on_the_session(first:
             await first_call
         assert (conn.client, conn.gone) == (session, None)
         assert await echo.execute('{"x": "again"}') == "\"echoed again\""
+        assert server.methods.count("initialize") == 1
+
+
+@pytest.mark.parametrize("refusal", ["a server error", "an SSE answer over 1 MiB"])
+async def test_a_live_servers_refusal_fails_its_call_alone(refusal: str) -> None:
+    """JSON-RPC's generic server error (-32000, e.g. "quota exceeded") has the code of the
+    SDK's stand-in for a lost transport, as has the SDK's error for an SSE answer over its
+    1 MiB bound. Before: either was taken for a lost connection: the session ended, a call in
+    flight on it (another run's) failed "Connection closed", a stdio server was started again
+    (its state lost). Now the call fails alone; the session and its other calls go on."""
+    server = ScriptedMCP()
+    if refusal == "a server error":
+        server.errors["refused"] = {"code": -32000, "message": "quota exceeded"}
+        said = "quota exceeded"
+    else:
+        server.sse = True
+        server.texts["refused"] = "x" * (1024 * 1024)
+        said = "SSE stream failed: Server-sent event exceeded the 1048576 byte limit."
+    async with started(server, bound=30.0) as toolset:
+        echo = tool(toolset)
+        conn = toolset._connections[0]
+        session = conn.client
+        held = asyncio.create_task(echo.execute('{"x": "held"}'))
+        async with asyncio.timeout(20):
+            await server.holding.wait()
+        with pytest.raises(ActionError) as caught:
+            await echo.execute('{"x": "refused"}')
+        assert caught.value.message == f"the MCP tool echo of h failed: MCPError: {said}"
+        server.held.set()
+        assert await held == "\"echoed held\""
+        assert (conn.client, conn.gone) == (session, None)
         assert server.methods.count("initialize") == 1
 
 
