@@ -459,8 +459,11 @@ class MCPToolset:
             return Client(streamable_http_client(server.url, http_client=http),
                           read_timeout_seconds=server.timeout, message_handler=on_message)
         assert server.command is not None
+        # A byte of stdout that is not UTF-8 (a legacy code page) reads as U+FFFD: strict, it
+        # ended the SDK's reader silently, and every later call timed out.
         return Client(StdioServerParameters(command=server.command, args=list(server.args),
-                                            env=dict(server.env) if server.env else None),
+                                            env=dict(server.env) if server.env else None,
+                                            encoding_error_handler="replace"),
                       read_timeout_seconds=server.timeout, message_handler=on_message)
 
     async def _relist(self, conn: _Connection) -> None:

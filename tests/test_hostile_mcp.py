@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -24,6 +26,8 @@ from copilot_runtime.testing import ScriptedAdapter, text_turn, tool_turn
 from tests.conftest import ServeRuntime, run_input
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, merge, parse_multipart, user_turn
 from tests.mcp_support.serving import killable
+
+LEGACY = Path(__file__).parent / "mcp_support" / "legacy_stdio.py"
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -258,6 +262,20 @@ async def test_a_live_servers_refusal_fails_its_call_alone(refusal: str) -> None
         assert await held == "\"echoed held\""
         assert (conn.client, conn.gone) == (session, None)
         assert server.methods.count("initialize") == 1
+
+
+async def test_a_byte_not_utf8_on_a_stdio_servers_stdout_is_replaced() -> None:
+    """Before: the SDK's reader of the server's stdout failed on it, saying nothing: that call
+    and every later call of the server's tools timed out (its `timeout` each), and the
+    session was never found gone. Now the byte reads as U+FFFD and the session goes on."""
+    toolset = MCPToolset([MCPServer(command=sys.executable, args=[str(LEGACY)], name="legacy",
+                                    timeout=10)])
+    await toolset.start()
+    try:
+        assert await tool(toolset, "cafe").execute("{}") == '"caf\ufffd"'
+        assert await tool(toolset, "ping").execute("{}") == '"pong"'
+    finally:
+        await toolset.aclose()
 
 
 # ---- one tool that breaks the schema is left out alone ---------------------------------------
