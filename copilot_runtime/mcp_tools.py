@@ -513,6 +513,13 @@ class MCPToolset:
                     _log.warning("MCP tool left out", server=conn.server.label,
                                  tool=tool.name, error=str(exc))
                     continue
+                except (TypeError, ValueError, RecursionError) as exc:
+                    # A listing of a shape nothing foresaw: the start, a tool change's
+                    # rebuild or a reconnect failed on it (which then tried again for ever).
+                    _log.warning("MCP tool left out: its listing is of an unexpected shape",
+                                 server=conn.server.label, tool=tool.name,
+                                 error=failure_text(exc))
+                    continue
                 if action.name in actions:  # e.g. `a.b` and `a_b` once made safe
                     _log.warning("MCP tool left out: its name is taken",
                                  server=conn.server.label, tool=tool.name)

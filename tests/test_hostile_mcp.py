@@ -302,6 +302,26 @@ async def test_a_tool_whose_schema_is_no_object_is_left_out_alone(
     assert left_out == {"string_schema", "no_schema"}, logs
 
 
+async def test_a_tool_whose_schema_cannot_be_checked_is_left_out_alone() -> None:
+    """Before: a tool whose `inputSchema` nests `not` 150 deep raised RecursionError out of
+    the toolset's build of its actions (and one whose `$schema` is a list TypeError): the
+    start failed ("cannot start: RecursionError"), as did a request-scoped server's run, a
+    tool change's rebuild and every reconnect (tried again for ever)."""
+    deep: Json = {"type": "string"}
+    for _ in range(150):
+        deep = {"not": deep}
+    server = ScriptedMCP(tools=[
+        {"name": "deep", "inputSchema": {"type": "object", "properties": {"q": deep}}},
+        {"name": "odd", "inputSchema": {"type": "object", "$schema": ["x"]}}, ECHO])
+    with capture_logs() as logs:
+        async with started(server, bound=10.0) as toolset:
+            assert [action.name for action in toolset.actions] == ["echo"]
+            assert await tool(toolset).execute('{"x": "hi"}') == '"echoed hi"'
+    assert {e["tool"]: e["error"] for e in logs if e["event"] == "MCP tool left out"} == {
+        "deep": "Action 'deep' has a parameters schema nested too deeply to check",
+        "odd": "Action 'odd' has an invalid parameters schema: its $schema is not a string"}
+
+
 async def test_a_listing_whose_cursor_never_ends_is_cut_off_once_and_said() -> None:
     """A server whose `nextCursor` never ended was read 100 pages: its tool, listed on each,
     became 100 tools renamed apart (`h__echo`), 99 warnings logged, and the cut-off said
