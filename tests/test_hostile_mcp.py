@@ -22,6 +22,7 @@ from structlog.testing import capture_logs
 
 from copilot_runtime import ActionError, CopilotRuntime, MCPServer, MCPToolset, UpstreamError
 from copilot_runtime.actions import Action
+from copilot_runtime.protocols.graphql.agent_tools import MAX_REQUEST_MCP_SERVERS
 from copilot_runtime.testing import ScriptedAdapter, text_turn, tool_turn
 from tests.conftest import ServeRuntime, run_input
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, merge, parse_multipart, user_turn
@@ -186,6 +187,40 @@ async def test_graphql_clients_get_no_crash_report_of_a_request_scoped_server(
         "could not list its tools: MCPError (its message is withheld: see the server's log)")
     for secret in ("s3cr3t", "/opt/", "Traceback"):
         assert secret not in orjson.dumps(response).decode()
+
+
+async def chat(served: Any, named: list[Json], text: str = "hi") -> Json:
+    """A 1.10 client's chat naming `named` in `properties.mcpServers`, its answer merged."""
+    answer = await served.session.post(served.url, headers=CLIENT_HEADERS, json={
+        "query": CHAT_DOCUMENT, "variables": {
+            "data": user_turn(text), "properties": {"mcpServers": named}}})
+    body = await answer.read()
+    if answer.content_type.startswith("multipart"):
+        return merge(parse_multipart(body))
+    parsed: Json = orjson.loads(body)
+    return parsed
+
+
+async def test_a_request_names_each_server_once_and_a_few_at_most(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: one allowed endpoint named 300 times in `properties.mcpServers` opened 300
+    sessions for the run (300 `initialize` and `tools/list` round trips) and offered the
+    model each tool 300 times. Now a server named again (its endpoint and key) is one, and a
+    request naming more than a few is refused before anything is connected."""
+    server = ScriptedMCP()
+    model = ScriptedAdapter(text_turn("done"))
+    async with scripted(server) as url:
+        runtime = CopilotRuntime(service_adapter=model, mcp_allowed_urls=[url])
+        async with serve_runtime(runtime) as served:
+            once = await chat(served, [{"endpoint": url}, {"endpoint": url + "/"}] * 150)
+            too_many = await chat(served, [{"endpoint": url, "apiKey": f"key{n}"}
+                                           for n in range(MAX_REQUEST_MCP_SERVERS + 1)])
+    assert once["data"]["generateCopilotResponse"]["status"]["code"] == "Success", once
+    assert [tool.name for tool in model.requests[0].tools] == ["echo"]
+    assert server.methods.count("initialize") == 1
+    assert too_many["data"] is None
+    assert too_many["errors"][0]["message"] == (
+        f"properties.mcpServers names more than {MAX_REQUEST_MCP_SERVERS} MCP servers")
 
 
 # ---- one slow or abandoned call fails alone ---------------------------------------------------
