@@ -85,6 +85,19 @@ def session_run(runtime: CopilotRuntime, data: Mapping[str, Any],
     return prepare(data, str(session.get("agentName") or "default"), 0)
 
 
+def _api_key(entry: Mapping[str, Any]) -> str:
+    """An entry's `apiKey` ("" for none), sent as a header: one no header can hold (a line
+    break, a letter outside ASCII) refuses the request, without its text (it failed the run
+    with the HTTP client's words as an upstream outage, 503, echoing the key)."""
+    key = entry.get("apiKey")
+    if not isinstance(key, str):
+        return ""
+    if not (key.isascii() and key.isprintable()):
+        raise InvalidRequestError("An apiKey of properties.mcpServers holds a character no "
+                                  "HTTP header can (a control character, or one outside ASCII)")
+    return key
+
+
 def with_request_mcp(runtime: CopilotRuntime, properties: Mapping[str, Any] | None,
                      agent_id: str, agent: Agent | None) -> Agent | None:
     """`agent` offered the MCP servers of `properties.mcpServers` (the 1.x form), when the
@@ -104,8 +117,7 @@ def with_request_mcp(runtime: CopilotRuntime, properties: Mapping[str, Any] | No
         if endpoint.rstrip("/") not in runtime.mcp_allowed_urls:
             raise InvalidRequestError(
                 f"The MCP server {endpoint[:200]!r} is not allowed by this runtime")
-        key = entry.get("apiKey")
-        key = key if isinstance(key, str) else ""
+        key = _api_key(entry)
         servers.setdefault((endpoint.rstrip("/"), key), MCPServer(
             url=endpoint, headers={"Authorization": f"Bearer {key}"} if key else {}))
         if len(servers) > MAX_REQUEST_MCP_SERVERS:
