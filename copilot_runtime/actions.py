@@ -95,6 +95,10 @@ class Action:
     def _schema_validator(self) -> Any:
         import jsonschema
 
+        if not isinstance(self.parameters.get("$schema", ""), str):
+            raise ConfigurationError(  # (jsonschema looks it up: a list raised TypeError)
+                f"Action {self.name!r} has an invalid parameters schema: its $schema is "
+                "not a string")
         try:
             validator_class = jsonschema.validators.validator_for(self.parameters)
             validator_class.check_schema(self.parameters)
@@ -102,6 +106,12 @@ class Action:
             raise ConfigurationError(
                 f"Action {self.name!r} has an invalid parameters schema: {exc.message}"
             ) from exc
+        except RecursionError:
+            # (a schema from elsewhere, e.g. an MCP server's, nesting `not` 150 deep: the
+            # check recurses per level, and the RecursionError took its caller down)
+            raise ConfigurationError(
+                f"Action {self.name!r} has a parameters schema nested too deeply to check"
+            ) from None
         return validator_class(self.parameters)
 
     def __repr__(self) -> str:

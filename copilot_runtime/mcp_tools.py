@@ -73,6 +73,8 @@ RECONNECT_MAX_DELAY_S = 30.0
 _CONNECTION_ERRORS = (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError,
                       anyio.EndOfStream, httpx2.TransportError)
 _SESSION_UNKNOWN = frozenset({"Session not found", "Session terminated"})
+#: The SDK's message for a call whose session's transport closed.
+_SDK_CLOSED = "Connection closed"
 #: A transport failure before any byte of the request left: the server never saw it.
 _NOT_CONNECTED = (httpx2.ConnectError, httpx2.ConnectTimeout)
 
@@ -458,8 +460,11 @@ class MCPToolset:
             return Client(streamable_http_client(server.url, http_client=http),
                           read_timeout_seconds=server.timeout, message_handler=on_message)
         assert server.command is not None
+        # A byte of stdout that is not UTF-8 (a legacy code page) reads as U+FFFD: strict, it
+        # ended the SDK's reader silently, and every later call timed out.
         return Client(StdioServerParameters(command=server.command, args=list(server.args),
-                                            env=dict(server.env) if server.env else None),
+                                            env=dict(server.env) if server.env else None,
+                                            encoding_error_handler="replace"),
                       read_timeout_seconds=server.timeout, message_handler=on_message)
 
     async def _relist(self, conn: _Connection) -> None:
@@ -509,6 +514,13 @@ class MCPToolset:
                     _log.warning("MCP tool left out", server=conn.server.label,
                                  tool=tool.name, error=str(exc))
                     continue
+                except (TypeError, ValueError, RecursionError) as exc:
+                    # A listing of a shape nothing foresaw: the start, a tool change's
+                    # rebuild or a reconnect failed on it (which then tried again for ever).
+                    _log.warning("MCP tool left out: its listing is of an unexpected shape",
+                                 server=conn.server.label, tool=tool.name,
+                                 error=failure_text(exc))
+                    continue
                 if action.name in actions:  # e.g. `a.b` and `a_b` once made safe
                     _log.warning("MCP tool left out: its name is taken",
                                  server=conn.server.label, tool=tool.name)
@@ -541,16 +553,26 @@ def _reason(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, UpstreamError) else failure_text(exc)
 
 
-def _connection_gone(exc: Exception) -> bool:
-    """Whether a call's failure means the session's connection is gone (not that a live
-    server refused the call)."""
+def _connection_gone(exc: Exception, client: Client) -> bool:
+    """Whether a call's failure on `client` means the session's connection is gone (not
+    that a live server refused the call)."""
     if isinstance(exc, MCPError):
         # The SDK's stand-in for a lost transport; and a restarted server's answer to a
         # session id it no longer knows (HTTP 404: the SDK server's message, else the
         # client's), after which the spec has the client start a new session.
-        return exc.code == types.CONNECTION_CLOSED or (
-            exc.code == types.INVALID_REQUEST and exc.message in _SESSION_UNKNOWN)
+        if exc.code == types.CONNECTION_CLOSED:
+            return _transport_closed(exc, client)
+        return exc.code == types.INVALID_REQUEST and exc.message in _SESSION_UNKNOWN
     return isinstance(exc, _CONNECTION_ERRORS)
+
+
+def _transport_closed(exc: MCPError, client: Client) -> bool:
+    """Whether a CONNECTION_CLOSED failure is the SDK's for a closed transport. The code is
+    also JSON-RPC's generic server error, which live servers answer with ("quota exceeded"),
+    and the SDK's for one SSE answer it gave up on (one over 1 MiB): these fail their call
+    alone. Only the SDK's own words, with its dispatcher closed (a private flag, trusted
+    when there is one), mean the session is gone."""
+    return exc.message == _SDK_CLOSED and bool(getattr(client.session._dispatcher, "_closed", True))
 
 
 def _prefixes(servers: Sequence[MCPServer]) -> list[str]:
@@ -706,7 +728,7 @@ async def _call_tool(client: Client, remote: str, arguments: dict[str, Any],
 def _failure(conn: _Connection, client: Client, remote: str, exc: Exception) -> ActionError:
     """The tool error of a call that raised `exc`; a connection found gone ends its session."""
     said = failure_text(exc, known=header_secrets(conn.server.headers))
-    if _connection_gone(exc):
+    if _connection_gone(exc, client):
         conn.lose(client, said)
     return ActionError(f"the MCP tool {remote} of {conn.server.label} failed: {said}")
 

@@ -124,3 +124,22 @@ def test_configuration_errors() -> None:
         Action("has space", lambda: None)
     with pytest.raises(ConfigurationError, match="invalid parameters schema"):
         Action("x", lambda: None, parameters={"type": "nonsense"})
+
+
+def nested_not(levels: int) -> dict[str, object]:
+    """An object schema whose one property nests `not` `levels` deep."""
+    schema: dict[str, object] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"not": schema}
+    return {"type": "object", "properties": {"q": schema}}
+
+
+def test_a_schema_jsonschema_cannot_check_is_a_configuration_error() -> None:
+    """Before: jsonschema's check of a schema nesting 150 deep raised RecursionError, and
+    of a `$schema` that is a list TypeError, out of `Action()` (an MCP server listing such a
+    tool stopped an app's start, a run, a reconnect)."""
+    with pytest.raises(ConfigurationError, match="nested too deeply to check"):
+        Action("deep", lambda **_: None, parameters=nested_not(150))
+    with pytest.raises(ConfigurationError, match=r"its \$schema is not a string"):
+        Action("odd", lambda **_: None, parameters={"type": "object", "$schema": ["x"]})
+    assert Action("fine", lambda **_: None, parameters=nested_not(20)).name == "fine"

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -21,10 +23,13 @@ from structlog.testing import capture_logs
 
 from copilot_runtime import ActionError, CopilotRuntime, MCPServer, MCPToolset, UpstreamError
 from copilot_runtime.actions import Action
+from copilot_runtime.protocols.graphql.agent_tools import MAX_REQUEST_MCP_SERVERS
 from copilot_runtime.testing import ScriptedAdapter, text_turn, tool_turn
 from tests.conftest import ServeRuntime, run_input
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, merge, parse_multipart, user_turn
 from tests.mcp_support.serving import killable
+
+LEGACY = Path(__file__).parent / "mcp_support" / "legacy_stdio.py"
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,12 +43,19 @@ ECHO = {"name": "echo", "description": "Echo",
 
 class ScriptedMCP:
     """An ASGI MCP server: `list` answers tools/list (a JSON-RPC error text, or the tools),
-    `calls[x]` is how long a tools/call with argument x waits before it answers."""
+    `delays[x]` is how long a tools/call with argument x waits before it answers, `errors[x]`
+    the JSON-RPC error it answers with, `texts[x]` the text it answers; x "held" sets `holding`
+    and answers once `held` is set."""
 
     def __init__(self, tools: list[Json] | None = None, list_error: str | None = None) -> None:
         self.tools = tools if tools is not None else [ECHO]
         self.list_error = list_error
         self.delays: dict[str, float] = {"hang": 3600.0}
+        self.errors: dict[str, Json] = {}
+        self.texts: dict[str, str] = {}
+        self.holding, self.held = asyncio.Event(), asyncio.Event()
+        #: Answers come as one SSE event each (as the TypeScript SDK's servers send them).
+        self.sse = False
         #: The `nextCursor` of every listing page (one that never ends, when set).
         self.next_cursor: str | None = None
         self.methods: list[str] = []
@@ -69,10 +81,13 @@ class ScriptedMCP:
                 break
 
         async def answer(status: int, payload: Any = None) -> None:
+            body = orjson.dumps(payload) if payload is not None else b""
+            sse = self.sse and payload is not None
             await send({"type": "http.response.start", "status": status, "headers": [
-                (b"content-type", b"application/json"), (b"mcp-session-id", b"sess-1")]})
+                (b"content-type", b"text/event-stream" if sse else b"application/json"),
+                (b"mcp-session-id", b"sess-1")]})
             await send({"type": "http.response.body",
-                        "body": orjson.dumps(payload) if payload is not None else b""})
+                        "body": b"event: message\ndata: " + body + b"\n\n" if sse else body})
 
         if scope["method"] != "POST":
             await answer(405)
@@ -100,13 +115,19 @@ class ScriptedMCP:
         elif method == "tools/call":
             x = str(request["params"].get("arguments", {}).get("x"))
             await asyncio.sleep(self.delays.get(x, 0.0))
+            if x == "held":
+                self.holding.set()
+                await self.held.wait()
             # "key": a tool error, "key-rpc": a JSON-RPC error, echoing the key sent
             key = dict(scope["headers"]).get(b"x-api-key", b"").decode()
             if x == "key-rpc":
                 await answer(200, {"jsonrpc": "2.0", "id": request_id,
                                    "error": {"code": -32000, "message": f"key {key} revoked"}})
                 return
-            said = f"key {key} revoked" if x == "key" else f"echoed {x}"
+            if x in self.errors:
+                await answer(200, {"jsonrpc": "2.0", "id": request_id, "error": self.errors[x]})
+                return
+            said = f"key {key} revoked" if x == "key" else self.texts.get(x, f"echoed {x}")
             result = {"isError": x == "key", "content": [{"type": "text", "text": said}]}
         else:
             result = {}
@@ -176,6 +197,62 @@ async def test_graphql_clients_get_no_crash_report_of_a_request_scoped_server(
         assert secret not in orjson.dumps(response).decode()
 
 
+async def chat(served: Any, named: list[Json], text: str = "hi") -> Json:
+    """A 1.10 client's chat naming `named` in `properties.mcpServers`, its answer merged."""
+    answer = await served.session.post(served.url, headers=CLIENT_HEADERS, json={
+        "query": CHAT_DOCUMENT, "variables": {
+            "data": user_turn(text), "properties": {"mcpServers": named}}})
+    body = await answer.read()
+    if answer.content_type.startswith("multipart"):
+        return merge(parse_multipart(body))
+    parsed: Json = orjson.loads(body)
+    return parsed
+
+
+async def test_a_request_names_each_server_once_and_a_few_at_most(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: one allowed endpoint named 300 times in `properties.mcpServers` opened 300
+    sessions for the run (300 `initialize` and `tools/list` round trips) and offered the
+    model each tool 300 times. Now a server named again (its endpoint and key) is one, and a
+    request naming more than a few is refused before anything is connected."""
+    server = ScriptedMCP()
+    model = ScriptedAdapter(text_turn("done"))
+    async with scripted(server) as url:
+        runtime = CopilotRuntime(service_adapter=model, mcp_allowed_urls=[url])
+        async with serve_runtime(runtime) as served:
+            once = await chat(served, [{"endpoint": url}, {"endpoint": url + "/"}] * 150)
+            too_many = await chat(served, [{"endpoint": url, "apiKey": f"key{n}"}
+                                           for n in range(MAX_REQUEST_MCP_SERVERS + 1)])
+    assert once["data"]["generateCopilotResponse"]["status"]["code"] == "Success", once
+    assert [tool.name for tool in model.requests[0].tools] == ["echo"]
+    assert server.methods.count("initialize") == 1
+    assert too_many["data"] is None
+    assert too_many["errors"][0]["message"] == (
+        f"properties.mcpServers names more than {MAX_REQUEST_MCP_SERVERS} MCP servers")
+
+
+@pytest.mark.parametrize("key", ["s3cret\r\nX-Injected: 1", "s3crét"])
+async def test_an_api_key_no_header_can_hold_refuses_the_request_unsaid(
+        serve_runtime: ServeRuntime, key: str) -> None:
+    """Before: the run started, then failed as an upstream outage (`NETWORK_ERROR`, 503:
+    "could not be connected: LocalProtocolError: Illegal header value b's3cret…'"), the
+    key echoed. Now the request is refused before anything is connected, as one naming a
+    server off the allow list is, and the key is not repeated."""
+    server = ScriptedMCP()
+    async with scripted(server) as url:
+        runtime = CopilotRuntime(service_adapter=ScriptedAdapter(text_turn("never")),
+                                 mcp_allowed_urls=[url])
+        async with serve_runtime(runtime) as served:
+            refused = await chat(served, [{"endpoint": url, "apiKey": key}])
+    assert refused["data"] is None
+    assert refused["errors"][0]["message"] == (
+        "An apiKey of properties.mcpServers holds a character no HTTP header can (a control "
+        "character, or one outside ASCII)")
+    assert refused["errors"][0]["extensions"]["statusCode"] == 400, refused
+    assert "s3cr" not in orjson.dumps(refused).decode()
+    assert server.methods == []
+
+
 # ---- one slow or abandoned call fails alone ---------------------------------------------------
 
 
@@ -241,6 +318,51 @@ async def test_a_tool_error_echoing_the_servers_key_does_not_show_it() -> None:
                       "the MCP tool echo of h failed: MCPError: key [REDACTED] revoked"]
 
 
+@pytest.mark.parametrize("refusal", ["a server error", "an SSE answer over 1 MiB"])
+async def test_a_live_servers_refusal_fails_its_call_alone(refusal: str) -> None:
+    """JSON-RPC's generic server error (-32000, e.g. "quota exceeded") has the code of the
+    SDK's stand-in for a lost transport, as has the SDK's error for an SSE answer over its
+    1 MiB bound. Before: either was taken for a lost connection: the session ended, a call in
+    flight on it (another run's) failed "Connection closed", a stdio server was started again
+    (its state lost). Now the call fails alone; the session and its other calls go on."""
+    server = ScriptedMCP()
+    if refusal == "a server error":
+        server.errors["refused"] = {"code": -32000, "message": "quota exceeded"}
+        said = "quota exceeded"
+    else:
+        server.sse = True
+        server.texts["refused"] = "x" * (1024 * 1024)
+        said = "SSE stream failed: Server-sent event exceeded the 1048576 byte limit."
+    async with started(server, bound=30.0) as toolset:
+        echo = tool(toolset)
+        conn = toolset._connections[0]
+        session = conn.client
+        held = asyncio.create_task(echo.execute('{"x": "held"}'))
+        async with asyncio.timeout(20):
+            await server.holding.wait()
+        with pytest.raises(ActionError) as caught:
+            await echo.execute('{"x": "refused"}')
+        assert caught.value.message == f"the MCP tool echo of h failed: MCPError: {said}"
+        server.held.set()
+        assert await held == "\"echoed held\""
+        assert (conn.client, conn.gone) == (session, None)
+        assert server.methods.count("initialize") == 1
+
+
+async def test_a_byte_not_utf8_on_a_stdio_servers_stdout_is_replaced() -> None:
+    """Before: the SDK's reader of the server's stdout failed on it, saying nothing: that call
+    and every later call of the server's tools timed out (its `timeout` each), and the
+    session was never found gone. Now the byte reads as U+FFFD and the session goes on."""
+    toolset = MCPToolset([MCPServer(command=sys.executable, args=[str(LEGACY)], name="legacy",
+                                    timeout=10)])
+    await toolset.start()
+    try:
+        assert await tool(toolset, "cafe").execute("{}") == '"caf\ufffd"'
+        assert await tool(toolset, "ping").execute("{}") == '"pong"'
+    finally:
+        await toolset.aclose()
+
+
 # ---- one tool that breaks the schema is left out alone ---------------------------------------
 
 BAD_TOOLS = [{"name": "string_schema", "description": "Its input is a string",
@@ -263,6 +385,26 @@ async def test_a_tool_whose_schema_is_no_object_is_left_out_alone(
     assert [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"] == ['"echoed hi"']
     left_out = {e["tool"] for e in logs if e["event"].startswith("MCP tool left out")}
     assert left_out == {"string_schema", "no_schema"}, logs
+
+
+async def test_a_tool_whose_schema_cannot_be_checked_is_left_out_alone() -> None:
+    """Before: a tool whose `inputSchema` nests `not` 150 deep raised RecursionError out of
+    the toolset's build of its actions (and one whose `$schema` is a list TypeError): the
+    start failed ("cannot start: RecursionError"), as did a request-scoped server's run, a
+    tool change's rebuild and every reconnect (tried again for ever)."""
+    deep: Json = {"type": "string"}
+    for _ in range(150):
+        deep = {"not": deep}
+    server = ScriptedMCP(tools=[
+        {"name": "deep", "inputSchema": {"type": "object", "properties": {"q": deep}}},
+        {"name": "odd", "inputSchema": {"type": "object", "$schema": ["x"]}}, ECHO])
+    with capture_logs() as logs:
+        async with started(server, bound=10.0) as toolset:
+            assert [action.name for action in toolset.actions] == ["echo"]
+            assert await tool(toolset).execute('{"x": "hi"}') == '"echoed hi"'
+    assert {e["tool"]: e["error"] for e in logs if e["event"] == "MCP tool left out"} == {
+        "deep": "Action 'deep' has a parameters schema nested too deeply to check",
+        "odd": "Action 'odd' has an invalid parameters schema: its $schema is not a string"}
 
 
 async def test_a_listing_whose_cursor_never_ends_is_cut_off_once_and_said() -> None:

@@ -25,9 +25,12 @@ from copilot_runtime.protocols.graphql.inputs import RunRequest, run_request
 from copilot_runtime.protocols.graphql.queries import is_service_adapter
 from copilot_runtime.runtime import CopilotRuntime
 
-__all__ = ["MAX_HANDOFFS", "server_actions", "session_run"]
+__all__ = ["MAX_HANDOFFS", "MAX_REQUEST_MCP_SERVERS", "server_actions", "session_run"]
 
 MAX_HANDOFFS: Final = 2
+#: The most MCP servers (endpoint and key) one request may name: each is a session opened
+#: for its run (one allowed endpoint named 300 times was 300 sessions, each tool 300 times).
+MAX_REQUEST_MCP_SERVERS: Final = 8
 
 
 def server_actions(runtime: CopilotRuntime) -> dict[str, Action]:
@@ -82,6 +85,19 @@ def session_run(runtime: CopilotRuntime, data: Mapping[str, Any],
     return prepare(data, str(session.get("agentName") or "default"), 0)
 
 
+def _api_key(entry: Mapping[str, Any]) -> str:
+    """An entry's `apiKey` ("" for none), sent as a header: one no header can hold (a line
+    break, a letter outside ASCII) refuses the request, without its text (it failed the run
+    with the HTTP client's words as an upstream outage, 503, echoing the key)."""
+    key = entry.get("apiKey")
+    if not isinstance(key, str):
+        return ""
+    if not (key.isascii() and key.isprintable()):
+        raise InvalidRequestError("An apiKey of properties.mcpServers holds a character no "
+                                  "HTTP header can (a control character, or one outside ASCII)")
+    return key
+
+
 def with_request_mcp(runtime: CopilotRuntime, properties: Mapping[str, Any] | None,
                      agent_id: str, agent: Agent | None) -> Agent | None:
     """`agent` offered the MCP servers of `properties.mcpServers` (the 1.x form), when the
@@ -93,7 +109,7 @@ def with_request_mcp(runtime: CopilotRuntime, properties: Mapping[str, Any] | No
         raise InvalidRequestError("properties.mcpServers must be a list")
     from copilot_runtime.mcp_tools import MCPServer
 
-    servers = []
+    servers: dict[tuple[str, str], MCPServer] = {}  # one per endpoint and key named
     for entry in named:
         endpoint = entry.get("endpoint") if isinstance(entry, dict) else None
         if not isinstance(endpoint, str) or not endpoint:
@@ -101,11 +117,14 @@ def with_request_mcp(runtime: CopilotRuntime, properties: Mapping[str, Any] | No
         if endpoint.rstrip("/") not in runtime.mcp_allowed_urls:
             raise InvalidRequestError(
                 f"The MCP server {endpoint[:200]!r} is not allowed by this runtime")
-        key = entry.get("apiKey")
-        servers.append(MCPServer(url=endpoint, headers={"Authorization": f"Bearer {key}"}
-                                 if isinstance(key, str) and key else {}))
+        key = _api_key(entry)
+        servers.setdefault((endpoint.rstrip("/"), key), MCPServer(
+            url=endpoint, headers={"Authorization": f"Bearer {key}"} if key else {}))
+        if len(servers) > MAX_REQUEST_MCP_SERVERS:
+            raise InvalidRequestError(f"properties.mcpServers names more than "
+                                      f"{MAX_REQUEST_MCP_SERVERS} MCP servers")
     inner = runtime.agents[agent_id]
     if agent is not None or not isinstance(inner, BuiltInAgent):
         raise InvalidRequestError("MCP servers named per request work with the built-in "
                                   "agent only")
-    return RequestMCPAgent(inner, servers)
+    return RequestMCPAgent(inner, list(servers.values()))
