@@ -54,9 +54,10 @@ class Payments:
     done: list[Any] = field(default_factory=list)
 
 
-def paying_runtime(url: str, payments: Payments,
-                   expires_in: float | None = None) -> CopilotRuntime:
-    """ask (an interrupt) -> pay (the approved action, held by `payments.gate`) -> END."""
+def paying_runtime(url: str, payments: Payments, expires_in: float | None = None,
+                   **options: Any) -> CopilotRuntime:
+    """ask (an interrupt) -> pay (the approved action, held by `payments.gate`) -> END;
+    `options` are the runtime's."""
 
     def ask(state: State) -> dict[str, Any]:
         question: dict[str, Any] = {"message": "Pay the invoice?"}
@@ -77,7 +78,7 @@ def paying_runtime(url: str, payments: Payments,
     builder.add_edge("ask", "pay")
     builder.add_edge("pay", END)
     graph = builder.compile(checkpointer=checkpointer(url))
-    return CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+    return CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)}, **options)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

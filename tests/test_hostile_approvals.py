@@ -20,7 +20,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
-from copilot_runtime import CopilotRuntime
+from copilot_runtime import CopilotRuntime, coordinator, thread_store
 from copilot_runtime._exceptions import ApprovalError, InvalidRequestError
 from copilot_runtime._input import parse_run_input
 from copilot_runtime.agents.langgraph import LangGraphAgent
@@ -28,8 +28,10 @@ from copilot_runtime.approvals import ApprovalStore
 from copilot_runtime.approvals.ledger import Approval
 from copilot_runtime.approvals.resume import claim_resume
 from copilot_runtime.checkpointers import DurableCheckpointer, checkpointer
-from tests.conftest import ServeRuntime, run_input, types
+from tests.conftest import ServeRuntime, poll, run_input, types
 from tests.hitl_support.postgres import postgres_schema
+from tests.test_approval_recovery import THREAD as THREAD_PAY
+from tests.test_approval_recovery import Payments, agent_of, asked, paying_runtime
 from tests.test_approvals_reservations import (
     approving_runtime,
     assert_applied,
@@ -358,3 +360,89 @@ async def test_a_page_is_filled_with_what_its_caller_may_see() -> None:
     rest, after = await service.page(status=None, after=after, limit=2, visible=visible)
     assert ([a.id for a in rest], after) == (["a460"], None)
     assert await service.page(status=None, thread_id="al-0", visible=visible) == ([], None)
+
+
+# -- deadlines of approvals another worker asked for ---------------------------------------------
+
+
+@pytest.mark.parametrize("both_time", [False, True])
+async def test_an_approval_asked_on_another_worker_times_out_at_its_deadline(
+        both_time: bool) -> None:
+    """Two workers sharing PostgreSQL (threads, coordination, checkpoints and ledger); the
+    one that asked runs no timer (as the README advised for several servers), or both run
+    one. A timer heard only of the approvals added in its own process, and of the others at
+    its next idle wake: the timeout came up to 30 s late (the prober's repro: 26-30 s after
+    a 5 s deadline). It asks the ledger each second now; with two timers at the same
+    deadline the thread's lease lets one resume the graph, and the timeout is applied once."""
+    with postgres_schema() as url:
+        asking_payments, timing_payments = Payments(), Payments()
+        asking_payments.gate.set()
+        timing_payments.gate.set()
+        asking = paying_runtime(url, asking_payments, expires_in=2.0,
+                                thread_store=thread_store(url), coordinator=coordinator(url))
+        asking.approvals.run_timer = both_time
+        timing = paying_runtime(url, timing_payments, thread_store=thread_store(url),
+                                coordinator=coordinator(url))
+        try:
+            await timing.start()  # its timer idle: nothing is pending yet
+            await asking.start()
+            approval = await asked(asking)
+            assert approval.expires_at is not None
+            async for _ in poll(15):
+                settled = await agent_of(timing).approvals.get(approval.id)
+                if settled is not None and settled.applied and not (
+                        asking.runs.active or timing.runs.active):
+                    break
+            assert settled is not None
+            assert (settled.status, settled.applied) == ("expired", True)
+            assert settled.answered_at is not None
+            assert settled.answered_at - approval.expires_at < 5.0  # not 30 s
+            assert [answer["action"] for answer in asking_payments.done
+                    + timing_payments.done] == ["timeout"]  # once, by either worker
+            if not both_time:
+                assert timing_payments.done
+            record = await timing.store.get(THREAD_PAY)
+            assert record is not None
+            # The question's run, then one timeout's: the other timer's try left nothing.
+            assert [r.run_id.startswith("approval-") for r in record.runs] == [False, True]
+        finally:
+            await asking.aclose()
+            await timing.aclose()
+
+
+async def test_the_timer_asks_a_shared_ledger_for_its_earliest_deadline_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asking each second is cheap: one indexed row, not a read of every pending approval
+    (`find`, the scan), which runs only when a deadline is due or new."""
+    with postgres_schema() as url:
+        payments = Payments()
+        runtime = paying_runtime(url, payments)
+        runtime.approvals.poll_interval = 0.05
+        ledger = agent_of(runtime).approvals
+        far = time.time() + 3600
+        await ledger.add([Approval(f"a-{i}", f"t-{i}", "lg", {"message": "ok?"}, far,
+                                   expires_at=far + i) for i in range(500)])
+        scans, asked_for = 0, 0
+        find, next_deadline = ledger.find, ledger.next_deadline  # type: ignore[attr-defined]
+
+        async def counted_find(**options: Any) -> list[Approval]:
+            nonlocal scans
+            scans += 1
+            return await find(**options)
+
+        async def counted_next_deadline(agent_ids: Any) -> float | None:
+            nonlocal asked_for
+            asked_for += 1
+            return await next_deadline(agent_ids)
+
+        monkeypatch.setattr(ledger, "find", counted_find)
+        monkeypatch.setattr(ledger, "next_deadline", counted_next_deadline)
+        try:
+            await runtime.start()
+            async for _ in poll(15):
+                if asked_for >= 20:
+                    break
+            assert asked_for >= 20
+            assert scans == 1  # at start; the deadlines asked for since did not change
+        finally:
+            await runtime.aclose()

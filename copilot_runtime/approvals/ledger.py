@@ -23,7 +23,7 @@ This module has no LangGraph import: the protocol edges use it whatever is insta
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -36,6 +36,7 @@ __all__ = [
     "ApprovalStore",
     "Channel",
     "MemoryApprovalStore",
+    "SharedApprovalStore",
     "SupportsApprovals",
 ]
 
@@ -132,6 +133,16 @@ class ApprovalStore(Protocol):
         ...
 
     async def aclose(self) -> None:
+        ...
+
+
+@runtime_checkable
+class SharedApprovalStore(Protocol):
+    """A ledger that other processes write to as well (SQL): `subscribe` hears only of the
+    approvals added in this one, so the expiry timer asks this for the others' deadlines."""
+
+    async def next_deadline(self, agent_ids: Collection[str]) -> float | None:
+        """The earliest `expires_at` of the pending approvals of `agent_ids`, if any."""
         ...
 
 

@@ -50,6 +50,7 @@ from copilot_runtime.approvals.ledger import (
     ApprovalKey,
     ApprovalStatus,
     ApprovalStore,
+    SharedApprovalStore,
     SupportsApprovals,
 )
 from copilot_runtime.auth import RequestInfo
@@ -126,6 +127,9 @@ class ApprovalService:
     #: again: another server of the deployment need not wait for a restart to apply them.
     recover_interval = 30.0
     recover_after = 30.0
+    #: How often the timer asks a ledger that other processes write to (`SharedApprovalStore`:
+    #: SQL) for its earliest deadline: an approval another server added is due that soon.
+    poll_interval = 1.0
     #: False where another process runs the expiry timer and the recovery (one of several
     #: servers on one PostgreSQL database, say); answers over HTTP work either way.
     run_timer = True
@@ -467,18 +471,45 @@ class ApprovalService:
                     failures["recover"] = 0
                 except Exception as exc:
                     _failed(failures, "recover", "could not recover unapplied approvals", exc)
+            self._wakeup.clear()
             try:
+                # Read before the scan: a deadline added during it shows as a change.
+                seen = await self._shared_deadlines()
                 due = await self._expire_due()
                 failures["expire"] = 0
             except Exception as exc:
                 _failed(failures, "expire", "approval timer failed", exc)
-                due = time.time() + self.retry_interval
+                due, seen = time.time() + self.retry_interval, ()
             delay = self.idle_interval if due is None else max(0.0, due - time.time())
-            self._wakeup.clear()
+            await self._sleep(min(delay, self.idle_interval, self.recover_interval), seen)
+
+    async def _sleep(self, seconds: float, seen: tuple[float | None, ...]) -> None:
+        """Wait `seconds`, or until an approval is added here (`_wake`), or one added
+        elsewhere is due sooner: the earliest deadline of a shared ledger changed since it
+        was `seen`, to one before then. One that stays (another runtime's, say) is no
+        news; asking for it is the cheap read, the scan it brings about the costly one."""
+        assert self._wakeup is not None
+        wake_at = time.time() + seconds
+        while (left := wake_at - time.time()) > 0:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(delay, self.idle_interval,
-                                               self.recover_interval)):
+                async with asyncio.timeout(min(left, self.poll_interval) if seen else left):
                     await self._wakeup.wait()
+                return
+            if not seen:
+                continue
+            try:
+                now = await self._shared_deadlines()
+            except Exception:
+                return  # the scan fails as well, and is logged (`_failed`)
+            if any(new is not None and new != old and new < wake_at
+                   for old, new in zip(seen, now, strict=True)):
+                return
+            seen = now
+
+    async def _shared_deadlines(self) -> tuple[float | None, ...]:
+        """The earliest pending deadline of this runtime's agents in each shared ledger."""
+        return tuple([await store.next_deadline(owners) for store, owners in self._stores()
+                      if isinstance(store, SharedApprovalStore)])
 
     async def _expire_due(self) -> float | None:
         """Resume the graphs of expired approvals; the next deadline, if any."""

@@ -11,7 +11,7 @@ import abc
 import asyncio
 import contextlib
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Literal
 
 import orjson
@@ -49,8 +49,9 @@ class _SQLApprovalStore(_Listeners, abc.ABC):
     #: The SQL type of the `applied` flag and of times differ per database.
     _FLOAT = "DOUBLE PRECISION"
     _BOOL = "BOOLEAN"
-    #: How `unapplied` names its index where the planner would not take it by itself.
-    _BY_UNAPPLIED = ""
+    #: How `unapplied` and `next_deadline` name their indexes where the planner would not
+    #: take them by itself.
+    _BY_UNAPPLIED = _BY_DEADLINE = ""
 
     def __init__(self, prefix: str = "copilot_") -> None:
         super().__init__()
@@ -80,6 +81,10 @@ class _SQLApprovalStore(_Listeners, abc.ABC):
             f"CREATE INDEX IF NOT EXISTS {t}_unapplied ON {t} (created_at) "
             "WHERE status IN ('answered', 'expired') AND NOT applied",
             f"CREATE INDEX IF NOT EXISTS {t}_by_thread ON {t} (thread_id)",
+            # What every expiry timer asks each second (`next_deadline`): the pending
+            # approvals with a deadline, not the whole history.
+            f"CREATE INDEX IF NOT EXISTS {t}_deadlines ON {t} (expires_at) "
+            "WHERE status = 'pending' AND expires_at IS NOT NULL",
         ]
 
     # -- the store ---------------------------------------------------------------------
@@ -158,6 +163,16 @@ class _SQLApprovalStore(_Listeners, abc.ABC):
             "WHERE status IN ('answered', 'expired') AND NOT applied ORDER BY created_at, id")
         return [_row(r) for r in rows]
 
+    async def next_deadline(self, agent_ids: Collection[str]) -> float | None:
+        if not agent_ids:
+            return None
+        rows = await self._fetch(
+            f"SELECT expires_at FROM {self.table}{self._BY_DEADLINE.format(self.table)} "
+            "WHERE status = 'pending' AND expires_at IS NOT NULL "
+            f"AND agent_id IN ({', '.join('?' * len(agent_ids))}) ORDER BY expires_at LIMIT 1",
+            sorted(agent_ids))
+        return float(rows[0][0]) if rows else None
+
     async def forget_thread(self, thread_id: str) -> None:
         """Drop the approvals of a deleted thread (its checkpoints are gone with it)."""
         await self._execute(f"DELETE FROM {self.table} WHERE thread_id = ?", (thread_id,))
@@ -174,6 +189,7 @@ class SQLiteApprovalStore(_SQLApprovalStore):
     _FLOAT = "REAL"
     # Without statistics (no ANALYZE) SQLite scans every answered approval by status.
     _BY_UNAPPLIED = " INDEXED BY {}_unapplied"
+    _BY_DEADLINE = " INDEXED BY {}_deadlines"
     _BOOL = "INTEGER"
 
     def __init__(self, path: str, ready: Callable[[], Awaitable[Any]],
