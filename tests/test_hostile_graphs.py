@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 import decimal
@@ -41,7 +42,10 @@ from langgraph.types import interrupt
 from copilot_runtime import CopilotRuntime
 from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.testing import verify_events
-from tests.conftest import Served, ServeRuntime, run_input, types
+from copilot_runtime.workflows.review_loop import ReviewLoop
+from copilot_runtime.workflows.specialists import SpecialistRequest
+from tests.conftest import Served, ServeRuntime, run_input, text_of, types
+from tests.gql.wire import chat_data, text_message
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -481,9 +485,23 @@ class _Asked(typing_extensions.TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
 
 
-def _transfer_graph(done: list[tuple[Any, Any]], **compile_options: Any) -> Any:
-    """START → setup (role "user") → gate (asks for approval) → act (records what it saw)."""
-    def setup(state: _Transfer) -> dict[str, Any]:
+def _transfer_graph(done: list[tuple[Any, Any]], cut_off: list[str] | None = None,
+                    **compile_options: Any) -> Any:
+    """START → setup (role "user") → gate (asks for approval) → act (records what it saw).
+
+    `setup` is cut off, each run `cut_off` names ("crash": it fails; "stop": it waits for
+    the run to be stopped), once for each entry."""
+    return _transfer_steps(done, cut_off).compile(checkpointer=InMemorySaver(),
+                                                  **compile_options)
+
+
+def _transfer_steps(done: list[tuple[Any, Any]], cut_off: list[str] | None = None
+                    ) -> StateGraph[_Transfer]:
+    async def setup(state: _Transfer) -> dict[str, Any]:
+        if cut_off:
+            if cut_off.pop(0) == "crash":
+                raise RuntimeError("the model provider went away")
+            await asyncio.Event().wait()
         return {"role": "user"}
 
     def gate(state: _Transfer) -> dict[str, Any]:
@@ -495,12 +513,22 @@ def _transfer_graph(done: list[tuple[Any, Any]], **compile_options: Any) -> Any:
 
     builder: StateGraph[_Transfer] = StateGraph(_Transfer, input_schema=_Asked)
     for name, node in (("setup", setup), ("gate", gate), ("act", act)):
-        builder.add_node(name, node)
+        builder.add_node(name, node)  # type: ignore[call-overload]  # (sync and async)
     builder.add_edge(START, "setup")
     builder.add_edge("setup", "gate")
     builder.add_edge("gate", "act")
     builder.add_edge("act", END)
-    return builder.compile(checkpointer=InMemorySaver(), **compile_options)
+    return builder
+
+
+def _transfer_in_a_subgraph(done: list[tuple[Any, Any]], cut_off: list[str] | None = None,
+                            **subgraph_options: Any) -> Any:
+    """START → transfer (`_transfer_graph`'s steps, compiled with `subgraph_options`) → END."""
+    builder: StateGraph[_Transfer] = StateGraph(_Transfer, input_schema=_Asked)
+    builder.add_node("transfer", _transfer_steps(done, cut_off).compile(**subgraph_options))
+    builder.add_edge(START, "transfer")
+    builder.add_edge("transfer", END)
+    return builder.compile(checkpointer=InMemorySaver())
 
 
 async def test_a_clients_node_name_skips_no_node_and_sets_no_key_it_may_not(
@@ -551,6 +579,149 @@ async def test_a_node_name_continues_a_graph_stopped_at_a_breakpoint(
                                             forwardedProps={"nodeName": "gate"}), agent="lg")
         verify_events(events)
     assert done == [("user", True)]
+
+
+async def _park(served: Served, graph: Any, thread: str, how: str, node: str = "setup"
+                ) -> None:
+    """Leave `thread` cut off in `_transfer_graph`'s `setup` (`cut_off` says `how`): parked,
+    not at rest, LangGraph keeps the node that was running as its `next`."""
+    response = await served.post("/agent/lg/run", run_input("go", thread=thread, **V1))
+    if how == "stop":
+        await response.content.readuntil(b'"STEP_STARTED"')
+        stopped = await served.post(f"/agent/lg/stop/{thread}", {})
+        assert (await stopped.json())["stopped"] is True
+    await response.read()
+    parked = await graph.aget_state({"configurable": {"thread_id": thread}})
+    assert parked.next == (node,)
+
+
+async def _asked(served: Served, graph: Any, thread: str, done: list[tuple[Any, Any]]
+                 ) -> None:
+    """The graph ran on from its start and asks for approval: nothing forged was written."""
+    assert done == []
+    values = await graph_values(graph, thread)
+    assert (values.get("role"), values.get("approved")) == ("user", None)
+    listed = await get_json(served, f"/approvals?threadId={thread}")
+    assert [a["value"] for a in listed["approvals"]] == [{"question": "Approve the transfer?"}]
+
+
+@pytest.mark.parametrize("how", ["stop", "crash"])
+async def test_a_node_name_skips_no_node_of_a_graph_cut_off_mid_step(
+        how: str, serve_runtime: ServeRuntime) -> None:
+    """A stop, a disconnect or a crash leaves the graph parked at the node that was running
+    (LangGraph keeps its `next`), which `nodeName` took for a breakpoint: a client's state
+    was written as the approval node's output and `act` ran, approved, with no approval
+    ever asked. The run carries the parked graph on, as one without `nodeName` does."""
+    done: list[tuple[Any, Any]] = []
+    graph = _transfer_graph(done, cut_off=[how])
+    forged = {"state": {"role": "admin", "approved": True},
+              "forwardedProps": {"nodeName": "gate"}, **V1}
+    async with serve_runtime(lg_runtime(graph)) as served:
+        await _park(served, graph, "t", how)
+        events = await served.run(run_input("go", thread="t", run="r2", **forged), agent="lg")
+        verify_events(events)
+        assert events[-1]["outcome"]["type"] == "interrupt", events[-1]
+        await _asked(served, graph, "t", done)
+
+
+async def test_a_graphql_node_name_skips_no_node_of_a_graph_cut_off_mid_step(
+        serve_runtime: ServeRuntime) -> None:
+    """The same over GraphQL: 1.10 sends `agentSession.nodeName` with `agentStates`."""
+    done: list[tuple[Any, Any]] = []
+    graph = _transfer_graph(done, cut_off=["stop"])
+    async with serve_runtime(lg_runtime(graph)) as served:
+        await _park(served, graph, "t", "stop")
+        await served.generate(chat_data(
+            [text_message("u2", "user", "go")], thread="t",
+            agentSession={"agentName": "lg", "nodeName": "gate"},
+            agentStates=[{"agentName": "lg",
+                          "state": '{"role": "admin", "approved": true}'}]))
+        await _asked(served, graph, "t", done)
+
+
+async def test_a_node_name_continues_a_graph_stopped_after_a_node(
+        serve_runtime: ServeRuntime) -> None:
+    """A breakpoint after a node (`interrupt_after`) is one too: the step after it is the
+    client's."""
+    done: list[tuple[Any, Any]] = []
+    graph = _transfer_graph(done, interrupt_after=["setup"])
+    async with serve_runtime(lg_runtime(graph)) as served:
+        events = await served.run(run_input("go", thread="t"), agent="lg")
+        assert types(events)[-1] == "RUN_FINISHED"
+        events = await served.run(run_input("", thread="t", run="r2", messages=[],
+                                            state={"approved": True},
+                                            forwardedProps={"nodeName": "gate"}), agent="lg")
+        verify_events(events)
+    assert done == [("user", True)]
+
+
+async def test_a_node_name_is_honoured_only_at_a_subgraphs_breakpoint(
+        serve_runtime: ServeRuntime) -> None:
+    """A subgraph's own breakpoint counts (the parent's `next` is the subgraph's node); a
+    subgraph cut off mid-step does not: its node's output was the client's, the approval
+    skipped."""
+    done: list[tuple[Any, Any]] = []
+    parked = _transfer_in_a_subgraph(done, cut_off=["stop"])
+    stopped = _transfer_in_a_subgraph(done, interrupt_before=["gate"])
+    forged = {"state": {"role": "admin", "approved": True},
+              "forwardedProps": {"nodeName": "transfer"}, **V1}
+    async with serve_runtime(CopilotRuntime(agents={
+            "lg": LangGraphAgent(name="lg", graph=parked),
+            "bp": LangGraphAgent(name="bp", graph=stopped)})) as served:
+        await _park(served, parked, "t", "stop", node="transfer")
+        events = await served.run(run_input("go", thread="t", run="r2", **forged), agent="lg")
+        verify_events(events)
+        assert events[-1]["outcome"]["type"] == "interrupt", events[-1]
+        assert (await graph_values(parked, "t")).get("approved") is None
+        events = await served.run(run_input("go", thread="t"), agent="bp")
+        assert types(events)[-1] == "RUN_FINISHED"
+        events = await served.run(run_input("", thread="t", run="r2", messages=[], **forged),
+                                  agent="bp")
+        verify_events(events)
+        assert (await graph_values(stopped, "t")).get("approved") is True
+    assert done == []
+
+
+@dataclasses.dataclass
+class _HeldSpecialist:
+    """A review loop's specialist whose first draft never comes (the run is stopped)."""
+
+    name: str
+    description: str = "drafts, after a first call that is stopped"
+    calls: int = 0
+
+    async def run(self, request: SpecialistRequest) -> str:
+        self.calls += 1
+        if self.calls == 1:
+            await asyncio.Event().wait()
+        return f"{self.name} draft for {request.task!r}"
+
+
+async def test_a_node_name_of_a_review_loop_cut_off_mid_draft_gets_an_answer(
+        serve_runtime: ServeRuntime) -> None:
+    """A review loop stopped while a specialist drafts, then sent a new task with the
+    `nodeName` of that specialist (what a 1.10 client holds then): the client's state was
+    written as the specialist's output, whose `Command` leads nowhere, so nothing ran, no
+    answer came, and the task stayed "working". It is planned and drafted now."""
+    loop = ReviewLoop([_HeldSpecialist("Invoice"), _HeldSpecialist("Closing")])
+    graph = loop.compile(InMemorySaver())
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+    first = {"id": "u1", "role": "user", "content": "Prepare the invoice for ACME"}
+    async with serve_runtime(runtime) as served:
+        response = await served.post("/agent/lg/run", run_input(
+            "", thread="t", messages=[first], **V1))
+        head = await response.content.readuntil(b'"stepName":"Invoice"')
+        stopped = await served.post("/agent/lg/stop/t", {})
+        assert (await stopped.json())["stopped"] is True
+        assert b"STATE_SNAPSHOT" not in head + await response.read()
+        assert (await graph_values(graph, "t"))["status"] == "working"
+        events = await served.run(run_input("", thread="t", run="r2", messages=[
+            first, {"id": "u2", "role": "user", "content": "Run the month-end close instead"}],
+            forwardedProps={"nodeName": "Invoice"}, **V1), agent="lg")
+        verify_events(events)
+    assert events[-1]["outcome"]["type"] == "interrupt", events[-1]
+    assert "draft for 'Run the month-end close instead'" in text_of(events)
+    assert client_state(events)["status"] == "awaiting_review"
 
 
 async def test_a_message_sent_with_an_answer_is_refused_not_lost(

@@ -46,7 +46,7 @@ installed release, so a bump that moves one fails there, naming it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from ag_ui.core import (
@@ -62,7 +62,7 @@ from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
     langchain_messages_to_agui,
 )
 from langgraph.pregel import Pregel
-from langgraph.types import Command, Interrupt
+from langgraph.types import Command, Interrupt, StateSnapshot
 
 from copilot_runtime._exceptions import ApprovalError
 from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
@@ -127,10 +127,12 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
                              config: Any) -> Any:
         _refuse_message_while_waiting(input, agent_state, self._collect_interrupts(
             getattr(agent_state, "tasks", None) or ()))
-        if self.active_run.get("mode") == "continue" and not getattr(agent_state, "next", None):
+        if self.active_run.get("mode") == "continue" and not await _stopped_at_breakpoint(
+                self.graph, agent_state, config):
             # A client's `nodeName` ("continue": its state written as that node's output,
             # then the graph on from there) is honoured only where the graph stopped at a
-            # breakpoint its author set. On a new thread, or one at rest, it let any client
+            # breakpoint its author set. On a new thread, one at rest, or one a disconnect,
+            # stop or crash cut off mid-step (LangGraph keeps its `next`), it let any client
             # skip nodes (an approval's interrupt included) and set keys the input schema
             # keeps out of its hands: the run starts as any other.
             self.active_run["mode"] = "start"
@@ -346,6 +348,51 @@ def _refuse_message_while_waiting(input: RunAgentInput, agent_state: Any,
             f"Thread '{input.thread_id}' waits for an answer to {len(interrupts)} pending "
             "interrupt(s): answer first, then send the message (it was not sent to the "
             "agent)")
+
+
+async def _stopped_at_breakpoint(graph: Any, snapshot: Any, config: Any) -> bool:
+    """Whether the checkpoint `snapshot` (`graph.aget_state(config)`) is where LangGraph
+    stopped `graph` at a breakpoint its author compiled in, its own or a subgraph's.
+
+    A graph not compiled here (the platform's) does not say where it breaks: no."""
+    if not isinstance(graph, Pregel) or not getattr(snapshot, "next", None):
+        return False
+    if not (_has_breakpoints(graph) or any(True for _ in graph.get_subgraphs())):
+        return False  # (the common case: no checkpoint read)
+    return await _breaks_at(graph, graph, await graph.aget_state(config, subgraphs=True))
+
+
+def _has_breakpoints(graph: Pregel[Any, Any, Any, Any]) -> bool:
+    return bool(graph.interrupt_before_nodes or graph.interrupt_after_nodes)
+
+
+async def _breaks_at(root: Pregel[Any, Any, Any, Any], graph: Pregel[Any, Any, Any, Any],
+                    snapshot: StateSnapshot) -> bool:
+    """`_stopped_at_breakpoint` for `graph`, `snapshot` its checkpoint (with its subgraphs'),
+    read through `root`, which finds a subgraph's checkpoint by its namespace."""
+    if _names_breakpoint(graph.interrupt_before_nodes, snapshot.next):
+        return True  # before a node of the coming step
+    if graph.interrupt_after_nodes and (snapshot.metadata or {}).get("source") == "loop" \
+            and snapshot.parent_config is not None:
+        # After a step (a "loop" checkpoint is saved by one): its nodes were the parent
+        # checkpoint's `next`.
+        previous = await root.aget_state(snapshot.parent_config)
+        if _names_breakpoint(graph.interrupt_after_nodes, previous.next):
+            return True
+    subgraphs = dict(graph.get_subgraphs())
+    for task in snapshot.tasks:
+        inner = subgraphs.get(task.name)
+        if isinstance(inner, Pregel) and isinstance(task.state, StateSnapshot) \
+                and task.state.next and await _breaks_at(root, inner, task.state):
+            return True
+    return False
+
+
+def _names_breakpoint(breakpoints: Any, nodes: Sequence[str]) -> bool:
+    """Whether `nodes` include one of `breakpoints` ("*": any node but LangGraph's own)."""
+    if breakpoints == "*":
+        return any(not node.startswith("__") for node in nodes)
+    return any(node in breakpoints for node in nodes)
 
 
 def _says_something(content: Any) -> bool:
