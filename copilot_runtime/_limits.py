@@ -40,7 +40,8 @@ _log = structlog.get_logger("copilot_runtime.limits")
 MAX_JSON_DEPTH = 64
 #: The most bytes (as encoded JSON) one run keeps in a thread store.
 DEFAULT_MAX_RUN_BYTES = 16 * 1024 * 1024
-_TRUNCATED = "…[truncated]"
+#: ASCII: one character beyond Latin-1 makes CPython hold a whole string at 2 bytes each.
+_TRUNCATED = "...[truncated]"
 
 # The run-level events whose identity fields a client needs even when their payload is lost.
 _KEEP_FIELDS = {

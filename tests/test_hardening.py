@@ -300,6 +300,9 @@ async def test_runs_are_stored_within_their_byte_bound(
             record = await store.get("m4")
             assert record is not None
             assert record.runs[0].size <= 256 * 1024
+            # The cut mark is ASCII: a "…" made CPython hold each cut text at 2 bytes a
+            # character, 3x the store's budget with the UTF-8 copy encoding leaves.
+            assert orjson.dumps(record.runs[0].events).isascii()
             response = await served.session.get(served.url + "/threads/m4/messages")
             assert response.status == 200
             assert "[truncated]" in await response.text()

@@ -44,7 +44,9 @@ class InMemoryThreadStore:
     `ThreadStore.first_position`), for up to `max_tombstones` ids, the oldest forgotten first.
 
     Sizes are the runs' encoded JSON (measured by the runtime when it stores a run); Python
-    holds them in somewhat more memory than that, so `max_bytes` is a budget, not a ceiling.
+    holds them in more memory than that, so `max_bytes` is a budget, not a ceiling: up to
+    about 3x for long text holding a character beyond Latin-1 (a curly quote, a dash), which
+    CPython keeps at 2 bytes a character, plus the UTF-8 copy encoding leaves on it.
     A single thread over the budget loses its oldest runs instead.
     """
 
