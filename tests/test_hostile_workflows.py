@@ -222,6 +222,27 @@ async def test_a_router_naming_unknown_specialists_fails_each_task_precisely() -
     assert said[4] == "Invoice draft 1"  # the thread took the next task as usual
 
 
+async def test_the_clients_review_switch_holds_for_the_task_it_came_with() -> None:
+    agent = ReviewLoop([Drafts("Invoice"), Drafts("Audit")], client_may_skip_review=True
+                       ).agent(name="review", checkpointer=InMemorySaver())
+    chat: list[dict[str, Any]] = []
+    ends: list[str] = []
+    for run, switch in enumerate([{"review": False}, {}, {"review": False}]):
+        chat.append({"id": f"u{run}", "role": "user", "content": f"audit {run}"})
+        events = await run_agent(agent, f"r{run}", messages=list(chat), state=switch)
+        ends.append(texts(events)[-1])
+        if events[-1].get("outcome"):  # the review this task asked for: approve it
+            (asked,) = events[-1]["outcome"]["interrupts"]
+            await run_agent(agent, f"r{run}-ok", resume=[{
+                "interruptId": asked["id"], "status": "resolved",
+                "payload": {"action": "approve"}}])
+    # The second task did not send the switch: it is reviewed, as the loop's default says
+    # (the first task's switch stayed in the state and kept every later task unreviewed).
+    assert ends == ["Done: the Audit specialist's result is final (review was off).",
+                    "Audit draft 1",
+                    "Done: the Audit specialist's result is final (review was off)."]
+
+
 # -- a client's state that would set the loop's own keys -------------------------------------
 
 # Each steered the planner into carrying on a plan that never was, with what it said: a

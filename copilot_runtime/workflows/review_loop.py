@@ -13,7 +13,8 @@
   without a clarification request (property 1; the numbers are the loop's six correctness
   properties, each tested); `state["review"] = False`, set by the client for a task,
   completes right after the specialist (property 5) when the loop is built with
-  `client_may_skip_review=True` (by default the client cannot switch off the review).
+  `client_may_skip_review=True` (by default the client cannot switch off the review); a
+  later task is reviewed unless it sends the switch again.
   Nothing else of the state is the client's: the graph's input schema (`ReviewInput`) holds
   the chat, and `review` where the client may set it.
 * Review is a LangGraph `interrupt` carrying a clarification request; it is
@@ -153,8 +154,11 @@ class ReviewState(TypedDict, total=False):
     task_message_id: str | None
     plan_id: str
     specialist: str
-    #: Review switch for the task (the client may set it); the loop's default otherwise.
-    review: bool
+    #: The client's review switch for its next task (`client_may_skip_review`): the
+    #: planner takes it for the task it plans and clears it.
+    review: bool | None
+    #: Whether this task's result goes to review: the client's switch, else the loop's.
+    reviewing: bool
     iteration: int
     #: The latest draft, in full.
     draft: str
@@ -265,11 +269,14 @@ class ReviewLoop:
                 and self._unsound(state) is None):
             # The same task, cut off while its specialist ran (a stop, a disconnect) and run
             # again: carry on with the same plan rather than plan it a second time.
-            return Command(goto=specialist)
+            return Command(goto=specialist, update={"review": None})
+        # Each task has its own review switch: one the client sent for an earlier task is
+        # not this one's.
         new_task: dict[str, Any] = {
             "task": task, "task_message_id": latest.id if latest is not None else None,
             "plan_id": uuid.uuid4().hex, "iteration": 1, "feedback": None, "draft": "",
-            "draft_message_ids": [], "approved_as_malformed": False}
+            "draft_message_ids": [], "approved_as_malformed": False,
+            "reviewing": self._review_asked(state), "review": None}
         try:
             name, reason = self._routed(task)
         except _NotRouted as failure:
@@ -391,8 +398,16 @@ class ReviewLoop:
         return entry
 
     def _reviewing(self, state: Mapping[str, Any]) -> bool:
+        """Whether the task's result goes to review: as planned (a task an earlier release
+        planned did not say: as the client's switch says then)."""
+        planned = state.get("reviewing")
+        return planned if isinstance(planned, bool) else self._review_asked(state)
+
+    def _review_asked(self, state: Mapping[str, Any]) -> bool:
+        """The client's review switch where the loop takes it and it is a bool, else the
+        loop's default."""
         review = state.get("review") if self.client_may_skip_review else None
-        return self.review if review is None else bool(review)
+        return review if isinstance(review, bool) else self.review
 
     def _unsound(self, state: Mapping[str, Any]) -> str | None:
         """What of the task's kept state is not what the loop writes, in a few words;
