@@ -12,8 +12,8 @@ Agents:
   specialist, and a person approves the result or asks for a revision, as often as needed.
   The client may set `state.review = false` to skip the review for a task.
 * `account_review`: three agents analyse a demo account (`ACME-001`,
-  `GLOBEX-002`, `INITECH-003`), then a person approves the first recommendation within
-  `approval_timeout` seconds.
+  `GLOBEX-002`, `INITECH-003`; named in the message, or `state.account_id`), then a
+  person approves the first recommendation within `approval_timeout` seconds.
 
 The workflows need the `langgraph` extra; without it the demo serves `default` only. Their
 graphs are checkpointed at `checkpoints` (a `copilot_runtime.checkpointers` URL), so a

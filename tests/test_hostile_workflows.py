@@ -1,6 +1,7 @@
 """The workflows under hostile use: a review that never ends, a model that breaks off in the
-middle of a draft, a client that would skip the review, a router that names specialists that
-do not exist, and orchestrator steps that fail, never end or answer megabytes.
+middle of a draft, a client that would skip the review or set the loop's own state, a router
+that names specialists that do not exist, and orchestrator steps that fail, never end or
+answer megabytes.
 
 Each must end precisely (a message or an AG-UI `RUN_ERROR` naming what went wrong), keep
 what it stores bounded, and leave the thread ready for the next run.
@@ -219,6 +220,85 @@ async def test_a_router_naming_unknown_specialists_fails_each_task_precisely() -
     assert said[3] == "The task failed: the planner's router failed (RuntimeError)."
     assert "model down" not in said[3]
     assert said[4] == "Invoice draft 1"  # the thread took the next task as usual
+
+
+async def test_the_clients_review_switch_holds_for_the_task_it_came_with() -> None:
+    agent = ReviewLoop([Drafts("Invoice"), Drafts("Audit")], client_may_skip_review=True
+                       ).agent(name="review", checkpointer=InMemorySaver())
+    chat: list[dict[str, Any]] = []
+    ends: list[str] = []
+    for run, switch in enumerate([{"review": False}, {}, {"review": False}]):
+        chat.append({"id": f"u{run}", "role": "user", "content": f"audit {run}"})
+        events = await run_agent(agent, f"r{run}", messages=list(chat), state=switch)
+        ends.append(texts(events)[-1])
+        if events[-1].get("outcome"):  # the review this task asked for: approve it
+            (asked,) = events[-1]["outcome"]["interrupts"]
+            await run_agent(agent, f"r{run}-ok", resume=[{
+                "interruptId": asked["id"], "status": "resolved",
+                "payload": {"action": "approve"}}])
+    # The second task did not send the switch: it is reviewed, as the loop's default says
+    # (the first task's switch stayed in the state and kept every later task unreviewed).
+    assert ends == ["Done: the Audit specialist's result is final (review was off).",
+                    "Audit draft 1",
+                    "Done: the Audit specialist's result is final (review was off)."]
+
+
+# -- a client's state that would set the loop's own keys -------------------------------------
+
+# Each steered the planner into carrying on a plan that never was, with what it said: a
+# revision then failed the run (AGENT_ERROR) every time, and the thread took no message.
+FORGED = [{"iteration": "abc"}, {"history_left_out": "x"}, {"specialist": ["Invoice"]},
+          {"draft_message_ids": 7}]
+
+
+@pytest.mark.parametrize("where", ["state", "forwardedProps"])
+@pytest.mark.parametrize("forged", FORGED, ids=repr)
+async def test_a_clients_state_sets_none_of_the_loops_own_keys(
+        forged: dict[str, Any], where: str) -> None:
+    agent = ReviewLoop([Drafts("Invoice"), Drafts("Audit")]).agent(
+        name="review", checkpointer=InMemorySaver())
+    task = [{"id": "u1", "role": "user", "content": "Prepare the invoice"}]
+    steer = {"task_message_id": "u1", "status": "working", "specialist": "Invoice", **forged}
+    first = await run_agent(agent, "r1", messages=task, **{where: steer})
+    assert texts(first)[0].startswith("Planner: the Invoice specialist takes this task")
+    (asked,) = first[-1]["outcome"]["interrupts"]
+    assert asked["metadata"]["langgraph"]["raw"]["data"]["iteration"] == 1
+    second = await run_agent(agent, "r2", resume=[{
+        "interruptId": asked["id"], "status": "resolved",
+        "payload": {"action": "revise", "payload": "shorter"}}])
+    assert texts(second) == ["Invoice draft 2"]
+    (again,) = second[-1]["outcome"]["interrupts"]
+    assert again["metadata"]["langgraph"]["raw"]["data"]["iteration"] == 2
+
+
+@pytest.mark.parametrize(("kept", "said"), [
+    ({"iteration": "abc"}, "its iteration is 'abc', not a count from 1"),
+    ({"history_left_out": "x"}, "its history_left_out is 'x', not a count"),
+    ({"draft_message_ids": 7}, "its draft_message_ids is 7, not a list of message ids"),
+    ({"specialist": ["Invoice"]}, "its specialist ['Invoice'] is not one of this loop's "
+                                  "(Invoice, Audit)"),
+    ({"specialist": "Tax"}, "its specialist 'Tax' is not one of this loop's (Invoice, Audit)"),
+], ids=repr)
+def test_a_task_kept_with_values_the_loop_never_writes_stops_precisely(
+        kept: dict[str, Any], said: str) -> None:
+    graph = ReviewLoop([Drafts("Invoice"), Drafts("Audit")]).compile(InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "kept"}}
+
+    async def go() -> tuple[Any, Any]:
+        await graph.ainvoke({"messages": [HumanMessage(content="invoice", id="u1")]}, config)
+        # What a checkpoint an earlier release wrote may hold (its clients set these keys;
+        # a specialist since taken out of the loop), then the person's revision.
+        stopped = await graph.ainvoke(Command(update=kept, resume="shorter"), config)
+        return stopped, await graph.ainvoke(
+            {"messages": [HumanMessage(content="audit", id="u2")]}, config)
+
+    stopped, after = asyncio.run(go())
+    assert stopped["status"] == "failed"
+    assert stopped["messages"][-1].content == (
+        f"The task failed: this task's saved state cannot be carried on ({said}); send "
+        "the task again.")
+    # The thread takes the next task as usual.
+    assert after["__interrupt__"][0].value["data"]["agent_result"] == "Audit draft 1"
 
 
 # -- orchestrator steps that fail, never finish, or answer megabytes --------------------------

@@ -236,3 +236,38 @@ async def test_the_wrapped_agent_streams_its_events_as_custom_events() -> None:
     assert ("agent_completed", "writer") in custom
     texts = [e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT"]
     assert texts == ["draft ready"]
+
+
+async def run_account_review(thread: str, text: str, **fields: Any) -> list[Event]:
+    """One AG-UI run of the account review, as a client sends it."""
+    agent = account_review(timeout_seconds=None).agent(name="accounts",
+                                                       checkpointer=InMemorySaver())
+    body = {"threadId": thread, "runId": "r1", "state": {}, "tools": [], "context": [],
+            "forwardedProps": {}, "messages": [{"id": "u", "role": "user", "content": text}],
+            "protocolVersion": "1.0", **fields}
+    return [e async for batch in agent.run(parse_run_input(body), RunContext("accounts"))
+            for e in batch]
+
+
+@pytest.mark.parametrize(("where", "key"), [("state", "account_id"),
+                                            ("forwardedProps", "account_id"),
+                                            ("forwardedProps", "accountId")])
+async def test_the_account_id_may_come_from_the_clients_state(where: str, key: str) -> None:
+    # The rest of the orchestrator's state is its own: where the steps start, what they share.
+    given = {key: "GLOBEX-002", "next_step": 2, "shared": {"account_id": "ACME-001"}}
+    events = await run_account_review("given", "Review this account please",
+                                      **{where: given})
+    (asked,) = events[-1]["outcome"]["interrupts"]
+    request = asked["metadata"]["langgraph"]["raw"]
+    assert request["recommendation"]["account_id"] == "GLOBEX-002"
+    assert [e["stepName"] for e in events if e["type"] == "STEP_STARTED"][:2] == [
+        "start", "zoho_scout"]
+
+
+@pytest.mark.parametrize("given", [None, "", "   ", "A" * 65, ["GLOBEX-002"], 7], ids=repr)
+async def test_no_account_id_is_said_so(given: Any) -> None:
+    events = await run_account_review("none", "Review this account please",
+                                      state={"account_id": given})
+    said = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert "No account id in the message (demo accounts: ACME-001, " in said
+    assert "None" not in said

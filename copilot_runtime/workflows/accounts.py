@@ -59,8 +59,9 @@ class ZohoDataScout:
                      error=None if account else "not found")
         if account is None:
             known = ", ".join(DEMO_ACCOUNTS)
-            yield _event("agent_error", error_message=f"No account {account_id!r} "
-                                                      f"(demo accounts: {known})")
+            missing = "No account id in the message" if account_id is None \
+                else f"No account {account_id!r}"
+            yield _event("agent_error", error_message=f"{missing} (demo accounts: {known})")
             return
         snapshot = {"account_id": account_id, **{k: v for k, v in account.items()
                                                  if k != "notes"},

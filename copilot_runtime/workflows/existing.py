@@ -272,6 +272,14 @@ def approval_outcome(decision: Decision) -> dict[str, Any]:
 
 # -- the wrapper: one existing agent as a LangGraph graph --------------------------------
 
+class WrappedAgentInput(TypedDict, total=False):
+    """What a client may set: the chat and the agent's `context`. The approval, its notice
+    and the outputs are the wrapper's own."""
+
+    messages: Annotated[list[AnyMessage], add_messages]
+    context: dict[str, Any]
+
+
 class WrappedAgentState(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
     context: dict[str, Any]
@@ -291,12 +299,13 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
     """The wrapper: a graph with one node running `agent`, then (if it asked for
     one) an approval. Compile it with a checkpointer, or use `existing_agent`.
 
-    The agent's context is the graph state's `context`, which the client sends: it is
-    input, not identity. `context_keys` lets only those keys through (plus
-    `user_message`, the latest user message); by default all pass. The approval comes after
-    the agent completed: its decision is in the state (`approval_response`) and the chat,
-    not sent back to the agent. `timeout_seconds` and `max_output_bytes` bound the agent's
-    run (see the module docstring): past them, it ends with an error.
+    The agent's context is the graph state's `context`, which the client sends (with the
+    chat, all it sets: `WrappedAgentInput`): it is input, not identity. `context_keys` lets
+    only those keys through (plus `user_message`, the latest user message); by default all
+    pass. The approval comes after the agent completed: its decision is in the state
+    (`approval_response`) and the chat, not sent back to the agent. `timeout_seconds` and
+    `max_output_bytes` bound the agent's run (see the module docstring): past them, it ends
+    with an error.
     """
     approval_timeout_seconds = checked_timeout(approval_timeout_seconds,
                                                "approval_timeout_seconds")
@@ -340,7 +349,9 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
             "approval_response": result, "notice": None,
             "messages": [await say(f"Approval {result['status']}.", config)]})
 
-    graph: StateGraph[Any] = StateGraph(WrappedAgentState)
+    # A client's `notice` would open the approver's question, its `approval_response` say
+    # "approved" while the approval waited (or with none asked).
+    graph: StateGraph[Any] = StateGraph(WrappedAgentState, input_schema=WrappedAgentInput)
     graph.add_node(name, run_agent)
     graph.add_node("approval", approval)
     graph.add_edge(START, name)

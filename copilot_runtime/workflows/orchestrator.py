@@ -10,9 +10,11 @@ Each `Step` names an existing agent (`execute_with_events(context)`), the keys o
 shared state it reads (`input_keys`) and the key its output is stored under (`output_key`).
 A definition is checked when it is built (`ConfigurationError`, naming the step and the
 key): every input key is written by an earlier step or given by `inputs()` (its keys are
-`provided_keys`; the default `account_inputs` gives `account_id` and `user_message`), no
-two steps write the same key (nor a key the orchestrator keeps itself), and the approval's
-key is some step's output. The steps run in the order given, so there are no cycles.
+`provided_keys`; the default `account_inputs` gives `account_id`, from the message or else
+the client's `state.account_id`, and `user_message`), no two steps write the same key (nor
+a key the orchestrator keeps itself), and the approval's key is some step's output. The
+steps run in the order given, so there are no cycles. Of the state, the client sets only
+the chat and `account_id` (`OrchestratorInput`).
 A required step that fails stops the run, which finishes with the partial results; an
 optional one is logged in `errors` (the latest 20) and the run goes on. A step fails, too,
 when its agent has not finished within the step's `timeout_seconds` (None by default: no
@@ -55,8 +57,8 @@ from copilot_runtime.workflows.existing import (
 )
 from copilot_runtime.workflows.review_loop import MAX_FEEDBACK_CHARS, _answer_length, _shown
 
-__all__ = ["ACCOUNT_INPUT_KEYS", "ApprovalPolicy", "Orchestrator", "OrchestratorState", "Step",
-           "account_inputs"]
+__all__ = ["ACCOUNT_ID_CHARS", "ACCOUNT_INPUT_KEYS", "ApprovalPolicy", "Orchestrator",
+           "OrchestratorInput", "OrchestratorState", "Step", "account_inputs"]
 
 _log = structlog.get_logger("copilot_runtime.workflows")
 
@@ -112,8 +114,19 @@ class ApprovalPolicy:
             self.timeout_seconds, "ApprovalPolicy.timeout_seconds"))
 
 
+class OrchestratorInput(TypedDict, total=False):
+    """What a client may set: the chat, and the account (`account_inputs` reads it). The
+    rest of the state is the orchestrator's own (the runtime gives a graph only its input
+    schema's keys of the client's `state` and `forwardedProps`)."""
+
+    messages: Annotated[list[AnyMessage], add_messages]
+    account_id: str
+
+
 class OrchestratorState(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
+    #: The account the client's state names (`account_inputs` prefers one in the message).
+    account_id: str
     #: The state the steps share: inputs, each step's output, `agents_completed`, `errors`.
     shared: dict[str, Any]
     #: Which step runs next (an index into the steps).
@@ -125,14 +138,24 @@ class OrchestratorState(TypedDict, total=False):
 
 
 _ACCOUNT = re.compile(r"\b[A-Z][A-Z0-9]*-\d{2,}\b")
+#: The longest account id taken from the client's state (an id, not a document).
+ACCOUNT_ID_CHARS = 64
 
 
 def account_inputs(message: str, state: Mapping[str, Any]) -> dict[str, Any]:
     """The account review's inputs from a chat turn: an account id (`ACME-001`) from the message or
-    the client's state, and the message itself."""
+    the client's state (text of at most `ACCOUNT_ID_CHARS`; anything else is no id), and the
+    message itself."""
     found = _ACCOUNT.search(message)
-    account = found.group(0) if found else state.get("account_id")
+    account = found.group(0) if found else _given_account(state.get("account_id"))
     return {"account_id": account, "user_message": message}
+
+
+def _given_account(given: Any) -> str | None:
+    """The account id the client's state gave, when it is one: text, not too long."""
+    if isinstance(given, str) and 0 < len(given.strip()) <= ACCOUNT_ID_CHARS:
+        return given.strip()
+    return None
 
 
 class Orchestrator:
@@ -151,8 +174,11 @@ class Orchestrator:
         self.workflow = workflow
         self.inputs = inputs
 
-    def graph(self) -> StateGraph[OrchestratorState]:
-        graph: StateGraph[OrchestratorState] = StateGraph(OrchestratorState)
+    def graph(self) -> StateGraph[OrchestratorState, None, OrchestratorInput]:
+        # The steps' shared state and the next step are the orchestrator's to set, not the
+        # client's.
+        graph: StateGraph[OrchestratorState, None, OrchestratorInput] = StateGraph(
+            OrchestratorState, input_schema=OrchestratorInput)
         graph.add_node("start", self._start)
         for step in self.steps:
             graph.add_node(step.agent, self._step)  # the state says which step runs

@@ -13,7 +13,10 @@
   without a clarification request (property 1; the numbers are the loop's six correctness
   properties, each tested); `state["review"] = False`, set by the client for a task,
   completes right after the specialist (property 5) when the loop is built with
-  `client_may_skip_review=True` (by default the client cannot switch off the review).
+  `client_may_skip_review=True` (by default the client cannot switch off the review); a
+  later task is reviewed unless it sends the switch again.
+  Nothing else of the state is the client's: the graph's input schema (`ReviewInput`) holds
+  the chat, and `review` where the client may set it.
 * Review is a LangGraph `interrupt` carrying a clarification request; it is
   checkpointed, so a pending review survives a restart. An approval completes the task
   without another specialist run (3); a revision goes straight back to the same specialist
@@ -26,13 +29,15 @@
   specialist ran (a stop, a disconnect) and run again without a new message carries on
   with the same plan instead of planning again; if the clarification request
   cannot be built, the task fails ("could not ask for review"): nothing is approved that
-  nobody was asked about. One deliberate change: an answer that is neither an approval
-  nor a revision is asked again (`on_malformed="ask_again"`), because taking it as an
-  approval would approve work nobody approved; `on_malformed="approve"` approves it
-  instead, but only an answer that says nothing: one that names an action or an
-  `approved` flag it cannot be read as (a revise with nothing to change, `"false"` as a
-  string) is still asked again, and the final message says the approval was taken from an
-  answer not understood.
+  nobody was asked about. A task whose kept state holds what the loop never writes (a
+  checkpoint of a release whose clients could set it, a specialist since removed) fails,
+  naming the key, and the next task is planned afresh. One deliberate change: an answer
+  that is neither an approval nor a revision is asked again (`on_malformed="ask_again"`),
+  because taking it as an approval would approve work nobody approved;
+  `on_malformed="approve"` approves it instead, but only an answer that says nothing: one
+  that names an action or an `approved` flag it cannot be read as (a revise with nothing
+  to change, `"false"` as a string) is still asked again, and the final message says the
+  approval was taken from an answer not understood.
 * Bounds: an answer longer than `max_feedback_chars` (default 32 000 characters) is asked
   again with a notice, and not stored; a draft longer than `max_draft_chars` (a million
   characters) is a specialist failure; a model specialist's prompt carries the task, the
@@ -47,6 +52,7 @@
 
 from __future__ import annotations
 
+import reprlib
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -75,8 +81,8 @@ from copilot_runtime.workflows.specialists import (
 )
 
 __all__ = ["ANSWER_SCHEMA", "CHAT_DRAFTS", "HISTORY_DRAFT_CHARS", "HISTORY_ENTRIES",
-           "HISTORY_ENTRY_CHARS", "MAX_DRAFT_CHARS", "MAX_FEEDBACK_CHARS", "ReviewLoop",
-           "ReviewState"]
+           "HISTORY_ENTRY_CHARS", "MAX_DRAFT_CHARS", "MAX_FEEDBACK_CHARS", "ReviewInput",
+           "ReviewLoop", "ReviewState"]
 
 _log = structlog.get_logger("copilot_runtime.workflows")
 
@@ -126,6 +132,20 @@ class _NotRouted(Exception):
     """The router gave no specialist of this loop; its text says what it gave."""
 
 
+class ReviewInput(TypedDict, total=False):
+    """What a client may set: the chat. The rest of the state is the loop's own (the
+    runtime gives a graph only its input schema's keys of the client's `state`)."""
+
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+class ReviewInputWithSwitch(ReviewInput, total=False):
+    """The input where the client may switch review off for a task
+    (`client_may_skip_review=True`)."""
+
+    review: bool
+
+
 class ReviewState(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
     #: The task as first given; revisions never replace it.
@@ -134,8 +154,11 @@ class ReviewState(TypedDict, total=False):
     task_message_id: str | None
     plan_id: str
     specialist: str
-    #: Review switch for the task (the client may set it); the loop's default otherwise.
-    review: bool
+    #: The client's review switch for its next task (`client_may_skip_review`): the
+    #: planner takes it for the task it plans and clears it.
+    review: bool | None
+    #: Whether this task's result goes to review: the client's switch, else the loop's.
+    reviewing: bool
     iteration: int
     #: The latest draft, in full.
     draft: str
@@ -203,9 +226,13 @@ class ReviewLoop:
 
     # -- the graph ---------------------------------------------------------------------
 
-    def graph(self) -> StateGraph[ReviewState]:
+    def graph(self) -> StateGraph[ReviewState, None, ReviewInput]:
         """The uncompiled graph; compile it with a checkpointer (`compile`)."""
-        graph: StateGraph[ReviewState] = StateGraph(ReviewState)
+        # Only the chat (and the review switch, where allowed) is the client's to set: the
+        # rest (status, iteration, the task's message id) would steer the planner.
+        inputs = ReviewInputWithSwitch if self.client_may_skip_review else ReviewInput
+        graph: StateGraph[ReviewState, None, ReviewInput] = StateGraph(
+            ReviewState, input_schema=inputs)
         graph.add_node("planner", self._planner)
         for name in self.specialists:
             # One node per specialist (its steps carry its name); the state says which runs.
@@ -238,14 +265,18 @@ class ReviewLoop:
                 "status": "failed", "notice": "There is no task: send one as a message."})
         specialist = state.get("specialist")
         if (latest is not None and latest.id and state.get("task_message_id") == latest.id
-                and state.get("status") == "working" and specialist in self.specialists):
+                and state.get("status") == "working" and isinstance(specialist, str)
+                and self._unsound(state) is None):
             # The same task, cut off while its specialist ran (a stop, a disconnect) and run
             # again: carry on with the same plan rather than plan it a second time.
-            return Command(goto=specialist)
+            return Command(goto=specialist, update={"review": None})
+        # Each task has its own review switch: one the client sent for an earlier task is
+        # not this one's.
         new_task: dict[str, Any] = {
             "task": task, "task_message_id": latest.id if latest is not None else None,
             "plan_id": uuid.uuid4().hex, "iteration": 1, "feedback": None, "draft": "",
-            "draft_message_ids": [], "approved_as_malformed": False}
+            "draft_message_ids": [], "approved_as_malformed": False,
+            "reviewing": self._review_asked(state), "review": None}
         try:
             name, reason = self._routed(task)
         except _NotRouted as failure:
@@ -282,6 +313,9 @@ class ReviewLoop:
         return name, reason[:_REASON_CHARS]
 
     async def _specialist(self, state: ReviewState, config: RunnableConfig) -> Command[str]:
+        unsound = self._unsound(state)
+        if unsound is not None:
+            return _cannot_carry_on(unsound)
         name = state.get("specialist") or next(iter(self.specialists))
         specialist = self.specialists[name]
         iteration = state.get("iteration", 1)
@@ -364,10 +398,35 @@ class ReviewLoop:
         return entry
 
     def _reviewing(self, state: Mapping[str, Any]) -> bool:
+        """Whether the task's result goes to review: as planned (a task an earlier release
+        planned did not say: as the client's switch says then)."""
+        planned = state.get("reviewing")
+        return planned if isinstance(planned, bool) else self._review_asked(state)
+
+    def _review_asked(self, state: Mapping[str, Any]) -> bool:
+        """The client's review switch where the loop takes it and it is a bool, else the
+        loop's default."""
         review = state.get("review") if self.client_may_skip_review else None
-        return self.review if review is None else bool(review)
+        return review if isinstance(review, bool) else self.review
+
+    def _unsound(self, state: Mapping[str, Any]) -> str | None:
+        """What of the task's kept state is not what the loop writes, in a few words;
+        None when all of it is. A checkpoint an earlier release wrote may hold anything
+        there: its clients could set these keys."""
+        for key, sound, expected in _KEPT:
+            value = state.get(key)
+            if value is not None and not sound(value):
+                return f"its {key} is {reprlib.repr(value)}, not {expected}"
+        name = state.get("specialist")
+        if name is not None and not (isinstance(name, str) and name in self.specialists):
+            return (f"its specialist {reprlib.repr(name)} is not one of this loop's "
+                    f"({', '.join(self.specialists)})")
+        return None
 
     def _review(self, state: ReviewState) -> Command[str]:
+        unsound = self._unsound(state)
+        if unsound is not None:
+            return _cannot_carry_on(unsound)
         iteration = state.get("iteration", 1)
         if not self._reviewing(state):
             return Command(goto="complete", update={"status": "completed"})
@@ -475,6 +534,36 @@ class ReviewLoop:
             text = f"The task failed: {notice or 'no result'}."
         return {"status": status if status != "working" else "completed",
                 "messages": [await say(text, config)]}
+
+
+def _is_count(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _is_list_of(value: Any, kind: type) -> bool:
+    return isinstance(value, list) and all(isinstance(item, kind) for item in value)
+
+
+# The task's keys the nodes read, each with what it must be when set (unset or None: the
+# loop's default), and how that is said.
+_KEPT: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("task", lambda value: isinstance(value, str), "text"),
+    ("iteration", lambda value: _is_count(value, 1), "a count from 1"),
+    ("history", lambda value: _is_list_of(value, dict), "a list of steps"),
+    ("history_left_out", lambda value: _is_count(value, 0), "a count"),
+    ("draft", lambda value: isinstance(value, str), "text"),
+    ("draft_message_ids", lambda value: _is_list_of(value, str), "a list of message ids"),
+    ("feedback", lambda value: isinstance(value, str), "text"),
+    ("notice", lambda value: isinstance(value, str), "text"),
+)
+
+
+def _cannot_carry_on(unsound: str) -> Command[str]:
+    """The task stops, saying why: its kept state cannot be worked on."""
+    return Command(goto="complete", update={
+        "status": "failed",
+        "notice": f"this task's saved state cannot be carried on ({unsound}); send the task "
+                  "again"})
 
 
 def _feedback_entry(iteration: int, feedback: str, by: str | None) -> dict[str, Any]:
