@@ -231,13 +231,14 @@ async def test_a_request_names_each_server_once_and_a_few_at_most(
         f"properties.mcpServers names more than {MAX_REQUEST_MCP_SERVERS} MCP servers")
 
 
-@pytest.mark.parametrize("key", ["s3cret\r\nX-Injected: 1", "s3crét"])
+@pytest.mark.parametrize("key", ["s3cret\r\nX-Injected: 1", "s3crét", 35310, ["s3cret"]])
 async def test_an_api_key_no_header_can_hold_refuses_the_request_unsaid(
-        serve_runtime: ServeRuntime, key: str) -> None:
+        serve_runtime: ServeRuntime, key: Any) -> None:
     """Before: the run started, then failed as an upstream outage (`NETWORK_ERROR`, 503:
     "could not be connected: LocalProtocolError: Illegal header value b's3cret…'"), the
-    key echoed. Now the request is refused before anything is connected, as one naming a
-    server off the allow list is, and the key is not repeated."""
+    key echoed; a key that was no string went without a word, the server called with no
+    key. Now the request is refused before anything is connected, as one naming a server
+    off the allow list is, and the key is not repeated."""
     server = ScriptedMCP()
     async with scripted(server) as url:
         runtime = CopilotRuntime(service_adapter=ScriptedAdapter(text_turn("never")),
@@ -247,9 +248,11 @@ async def test_an_api_key_no_header_can_hold_refuses_the_request_unsaid(
     assert refused["data"] is None
     assert refused["errors"][0]["message"] == (
         "An apiKey of properties.mcpServers holds a character no HTTP header can (a control "
-        "character, or one outside ASCII)")
+        "character, or one outside ASCII)" if isinstance(key, str) else
+        "An apiKey of properties.mcpServers must be a string")
     assert refused["errors"][0]["extensions"]["statusCode"] == 400, refused
     assert "s3cr" not in orjson.dumps(refused).decode()
+    assert "35310" not in orjson.dumps(refused).decode()
     assert server.methods == []
 
 

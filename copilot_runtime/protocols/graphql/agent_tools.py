@@ -90,8 +90,10 @@ def _api_key(entry: Mapping[str, Any]) -> str:
     break, a letter outside ASCII) refuses the request, without its text (it failed the run
     with the HTTP client's words as an upstream outage, 503, echoing the key)."""
     key = entry.get("apiKey")
-    if not isinstance(key, str):
+    if key is None:
         return ""
+    if not isinstance(key, str):  # (a number, say: it went without a word, and no key)
+        raise InvalidRequestError("An apiKey of properties.mcpServers must be a string")
     if not (key.isascii() and key.isprintable()):
         raise InvalidRequestError("An apiKey of properties.mcpServers holds a character no "
                                   "HTTP header can (a control character, or one outside ASCII)")
