@@ -235,6 +235,14 @@ class CopilotRuntime:
                     "machines)") from None
         self._started = True
         if self.coordinator.shared:
+            opening = getattr(self.store, "open", None)
+            if opening is not None:
+                try:
+                    await opening()  # (the local path opens it through `recover`)
+                except ConfigurationError:
+                    raise  # migrated by a newer release: say so now, not in each request
+                except Exception:
+                    _log.exception("could not open the thread store: requests will try again")
             await self.coordinator.start()
             if self._sweep is not None:
                 self._sweep.start()  # other workers' runs are not ours to close at start

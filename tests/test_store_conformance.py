@@ -610,13 +610,14 @@ def test_unknown_urls_are_refused(url: str) -> None:
         thread_store(url)
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql", "postgresql, coordinated"])
 async def test_a_store_migrated_by_a_newer_release_is_refused(kind: str, tmp_path: Path) -> None:
     """A roll-back, or an old worker left behind, opened a store a newer release had
     migrated as if it were its own (SQLite even wrote the newer version back): a newer
     schema may mean something else (migration 3 dropped the foreign keys older releases
     deleted threads through: their DELETE left the thread's runs behind, and the next run
-    on its id replayed the deleted conversation). It is refused now, at start-up."""
+    on its id replayed the deleted conversation). It is refused now, at start-up; with a
+    shared coordinator too (that worker started, and answered every run with a 500)."""
     from copilot_runtime import ConfigurationError, CopilotRuntime
     from copilot_runtime.testing import ScriptedAdapter
 
@@ -639,16 +640,19 @@ async def test_a_store_migrated_by_a_newer_release_is_refused(kind: str, tmp_pat
 
     async def start_on_it() -> None:
         later: Any = thread_store(url)  # (SQLite reads its schema here)
+        runtime = CopilotRuntime(service_adapter=ScriptedAdapter(), thread_store=later,
+                                 coordinator=url if kind.endswith("coordinated") else None)
         try:
-            await CopilotRuntime(service_adapter=ScriptedAdapter(), thread_store=later).start()
+            await runtime.start()
         finally:
+            await runtime.aclose()
             await later.aclose()
 
     try:
         with pytest.raises(ConfigurationError, match="newer than this release knows"):
             await start_on_it()
     finally:
-        if kind == "postgresql":
+        if kind != "sqlite":
             with psycopg.connect(SERVER, autocommit=True) as conn:
                 conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
