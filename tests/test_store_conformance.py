@@ -411,24 +411,27 @@ async def test_the_state_an_interrupted_run_streamed_is_kept_in_its_place(
     assert record.state == {"n": 1}
 
 
-async def _as_an_older_release_wrote(store: ThreadStore, thread: str, run: str) -> None:
+async def _as_an_older_release_wrote(store: ThreadStore, thread: str, run: str,
+                                     kept: bool = True) -> None:
     """`run` as the release before kept states leaves it: its run row saying nothing of a
-    state, and the state kept with the thread what it was before the run."""
+    state, and the state kept with the thread what it was before the run (`kept`: the
+    first run's, else none)."""
+    state, seq = (orjson.dumps({"v": "A"}), 1) if kept else (None, None)
     if isinstance(store, SQLiteThreadStore):
         db = sqlite3.connect(store.path)
         with db:
             db.execute("UPDATE runs SET has_state = NULL WHERE thread_id = ? AND run_id = ?",
                        (thread, run))
-            db.execute("UPDATE threads SET state = ?, state_seq = 1 WHERE thread_id = ?",
-                       (orjson.dumps({"v": "A"}), thread))
+            db.execute("UPDATE threads SET state = ?, state_seq = ? WHERE thread_id = ?",
+                       (state, seq, thread))
         db.close()
         return
     schema = store.schema  # type: ignore[attr-defined]
     async with await psycopg.AsyncConnection.connect(SERVER, autocommit=True) as conn:
         await conn.execute(f'UPDATE "{schema}".runs SET has_state = NULL WHERE thread_id = %s '
                            "AND run_id = %s", (thread, run))
-        await conn.execute(f'UPDATE "{schema}".threads SET state = %s, state_seq = 1 '
-                           "WHERE thread_id = %s", (orjson.dumps({"v": "A"}), thread))
+        await conn.execute(f'UPDATE "{schema}".threads SET state = %s, state_seq = %s '
+                           "WHERE thread_id = %s", (state, seq, thread))
 
 
 async def test_a_state_an_older_release_left_is_not_hidden_by_an_earlier_kept_one(
@@ -456,6 +459,21 @@ async def test_a_state_an_older_release_left_is_not_hidden_by_an_earlier_kept_on
     record = await durable.get("t", max_bytes=1)
     assert record is not None
     assert record.state is None
+
+
+async def test_a_state_only_an_older_releases_run_left_is_found(store: ThreadStore) -> None:
+    """A thread whose state only an older release's run left (it keeps none with the
+    thread), that run out of a bounded read: its state was unknown (the look through the
+    older release's runs was made only when this release had kept a state)."""
+    durable = _durable(store)
+    first = _stateful("t", "r1", {"v": "A"})
+    await _finish(durable, "t", "r1", first, 0, created=1.0)
+    await _finish(durable, "t", "r2", _run("t", "r2", "no state"), len(first), created=2.0)
+    await _as_an_older_release_wrote(durable, "t", "r1", kept=False)
+    for bound in (1, None):
+        record = await durable.get("t", max_bytes=bound)
+        assert record is not None
+        assert record.state == {"v": "A"}, bound
 
 
 async def test_a_state_evicted_from_memory_is_still_the_threads() -> None:

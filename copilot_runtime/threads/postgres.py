@@ -510,8 +510,14 @@ class PostgresThreadStore:
                 for run_id, created_at, events, first, last in await runs.fetchall():
                     record.runs.append(StoredRun(run_id, orjson.loads(events), created_at,
                                                  len(events), first, last))
-                if row[-1] and not any(state_snapshot(run.events) is not None
-                                       for run in record.runs):
+                if not row[-1] and record.omitted_runs and not any(
+                        state_snapshot(run.events) is not None for run in record.runs):
+                    # No state kept: one only an older release's runs left, if any.
+                    record.kept_state = await _state_of_unkept(
+                        conn, thread_id, None, 0, sizes[kept - 1][0] if kept else
+                        sizes[0][0] + 1)
+                elif row[-1] and not any(state_snapshot(run.events) is not None
+                                         for run in record.runs):
                     # The run that left the state was not read: the state kept with the
                     # thread, unless an older release's run since left one (it keeps none).
                     kept_row = await (await conn.execute(

@@ -317,11 +317,14 @@ class SQLiteThreadStore:
             # The run that left the state was not read (or there is none).
             state, seq = self._db.execute("SELECT state, state_seq FROM threads WHERE "
                                           "thread_id = ?", (thread_id,)).fetchone() or (None, None)
-            if seq is not None:
+            if seq is not None or record.omitted_runs:
+                # (None kept: the state, if any, is one only an older release's runs left)
+                after = 0 if seq is None else seq
+                before = oldest if kept else sizes[0][0] + 1 if seq is None else seq + 1
                 unkept = self._db.execute(
                     "SELECT events FROM runs WHERE thread_id = ? AND open = 0 AND has_state "
                     "IS NULL AND seq > ? AND seq < ? ORDER BY seq DESC",
-                    (thread_id, seq, oldest if kept else seq + 1))
+                    (thread_id, after, before))
                 record.kept_state = state_of_unkept(state, (blob for (blob,) in unkept))
         return record
 
