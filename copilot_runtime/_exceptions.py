@@ -47,6 +47,7 @@ from typing import Any, ClassVar, Protocol
 from copilot_runtime._time import iso_time
 
 __all__ = [
+    "APPROVAL_REFUSAL_CODES",
     "SECRET_KEYS",
     "SECRET_VALUES",
     "ActionError",
@@ -432,6 +433,13 @@ class ApprovalClosedError(ApprovalError):
 class NothingToResumeError(ApprovalError):
     status = 409
     code = "INTERRUPT_NOT_PENDING"
+
+
+#: The codes of a run refused over its approval answer (or a message sent while an approval
+#: waits) before its agent did anything: the graph still waits as it did.
+APPROVAL_REFUSAL_CODES: frozenset[str] = frozenset({
+    ApprovalError.code, ApprovalNotFoundError.code, NothingToResumeError.code,
+    *ApprovalClosedError.CODES})
 
 
 class UpstreamError(CopilotRuntimeError):

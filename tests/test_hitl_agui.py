@@ -16,14 +16,14 @@ from typing import Any
 import orjson
 import pytest
 
-from copilot_runtime import CopilotRuntime, SQLiteThreadStore
+from copilot_runtime import CopilotRuntime, InMemoryThreadStore, SQLiteThreadStore
 from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.runtime import approval_service
 from copilot_runtime.testing import verify_events
 from copilot_runtime.workflows.accounts import account_review
 from copilot_runtime.workflows.review_loop import ReviewLoop
 from copilot_runtime.workflows.specialists import SpecialistRequest
-from tests.conftest import Served, ServeRuntime, parse_sse, poll, run_input, types
+from tests.conftest import Served, ServeRuntime, parse_sse, parse_sse_ids, poll, run_input, types
 
 V1 = {"protocolVersion": "1.0"}
 
@@ -41,7 +41,8 @@ class Drafting:
             f" ({request.feedback})" if request.feedback else "")
 
 
-def build(tmp_path: Path, name: str = "cp") -> tuple[CopilotRuntime, list[Drafting]]:
+def build(tmp_path: Path, name: str = "cp", *, threads: str = "sqlite"
+          ) -> tuple[CopilotRuntime, list[Drafting]]:
     saver = checkpointer(f"sqlite:///{tmp_path}/{name}.sqlite3")
     specialists = [Drafting(n) for n in ("Invoice", "Closing", "Audit")]
     runtime = CopilotRuntime(
@@ -49,7 +50,8 @@ def build(tmp_path: Path, name: str = "cp") -> tuple[CopilotRuntime, list[Drafti
                 "accounts": account_review(timeout_seconds=1).agent(
                     name="accounts", checkpointer=saver)},
         # SQLite, not memory: runs must be stored as JSON, with nothing of LangGraph in them.
-        thread_store=SQLiteThreadStore(tmp_path / f"{name}-threads.sqlite3"))
+        thread_store=SQLiteThreadStore(tmp_path / f"{name}-threads.sqlite3")
+        if threads == "sqlite" else InMemoryThreadStore())
     return runtime, specialists
 
 
@@ -198,6 +200,80 @@ async def test_a_new_message_while_waiting_is_refused_and_the_question_waits(
     repeated = await run(served, "r5", **V1)  # nothing new: the question is asked again
     assert interrupt_of(repeated)["id"] == first["id"]
     assert len(specialists[0].calls) == 1
+
+
+# -- answers refused: the thread as its graph has it ----------------------------------------
+
+async def run_ids(served: Served, thread: str, text: str | None = None, **extra: Any
+                  ) -> list[tuple[int | None, dict[str, Any]]]:
+    body = run_input(text or "", thread=thread, run=f"{thread}-{time.monotonic_ns()}", **V1,
+                     **extra)
+    if text is None:
+        body["messages"] = []
+    response = await served.post("/agent/review/run", body)
+    assert response.status == 200
+    return parse_sse_ids(await response.read())
+
+
+async def connect_ids(served: Served, thread: str, last_event_id: int | None = None
+                      ) -> list[tuple[int | None, dict[str, Any]]]:
+    headers = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
+    response = await served.post("/agent/review/connect", run_input("", thread=thread),
+                                 headers=headers)
+    assert response.status == 200
+    return parse_sse_ids(await response.read())
+
+
+@pytest.mark.parametrize("threads", ["memory", "sqlite"])
+async def test_answers_refused_leave_the_thread_asking_what_the_graph_asks(
+        serve_runtime: ServeRuntime, tmp_path: Path, threads: str) -> None:
+    """Tab A revised draft 1, then tab B approved draft 1: B's run was refused (only its
+    start and a RUN_ERROR), and replayed after the run that asked about draft 2, so a client
+    loading the thread took it for that question's end and showed no approval while the
+    graph waited on it. Such runs are left out of a replay now, their positions kept."""
+    runtime, _ = build(tmp_path, threads=threads)
+    async with serve_runtime(runtime) as served:
+        first = interrupt_of(await run(served, "s1", "Prepare the invoice", **V1))
+        entry = {"interruptId": first["id"], "status": "resolved",
+                 "payload": {"action": "revise", "payload": "add VAT"}}
+        asking = await run_ids(served, "s1", resume=[entry])
+        second = interrupt_of([e for _, e in asking])
+        refused = [await run_ids(served, "s1", resume=[entry]),  # B's stale answer
+                   await run_ids(served, "s1", resume=[
+                       {"interruptId": "not-it", "status": "resolved", "payload": "OK"}]),
+                   await run_ids(served, "s1", "hello?")]  # a message before the answer
+        assert [r[-1][1].get("code") for r in refused] == [
+            "APPROVAL_ALREADY_ANSWERED", "INTERRUPT_NOT_PENDING", "APPROVAL_ERROR"]
+        assert [types([e for _, e in r]) for r in refused] == 3 * [["RUN_STARTED", "RUN_ERROR"]]
+
+        # A tab that loads the thread is asked about draft 2, as the graph is.
+        replayed = await connect_ids(served, "s1")
+        verify_events([e for _, e in replayed])
+        assert types([e for _, e in replayed]).count("RUN_STARTED") == 2
+        assert replayed[-1] == asking[-1]
+        assert interrupt_of([e for _, e in replayed])["id"] == second["id"]
+        _, stored = await get(served, "/threads/s1/events")
+        assert stored["events"][-1] == asking[-1][1]
+        _, listed = await get(served, "/threads/s1/messages")
+        assert "hello?" not in [m.get("content") for m in listed["messages"]]
+
+        # Positions are kept: resumed past or inside a refused run, exactly what follows.
+        assert await connect_ids(served, "s1", asking[-1][0]) == []
+        assert await connect_ids(served, "s1", refused[-1][-1][0]) == []
+        inside = await connect_ids(served, "s1", refused[0][0][0])
+        if threads == "memory":  # (no raw events kept: a run resumed inside comes whole)
+            assert [e for _, e in inside] == [e for _, e in refused[0]]
+            assert inside[-1] == refused[0][-1]
+        else:
+            assert inside == refused[0][1:]
+        done = await run_ids(served, "s1", resume=[
+            {"interruptId": second["id"], "status": "resolved",
+             "payload": {"action": "approve"}}])
+        assert done[0][0] == refused[-1][-1][0] + 1
+        resumed = await connect_ids(served, "s1", asking[-1][0])  # the next run, whole
+        assert (resumed[0][1], resumed[-1]) == (done[0][1], done[-1])
+        assert types([e for _, e in resumed]).count("RUN_STARTED") == 1
+        await approval_service(runtime).aclose()
 
 
 # -- the approval routes -----------------------------------------------------------------

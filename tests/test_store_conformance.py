@@ -343,6 +343,40 @@ async def test_interrupted_before_any_event(store: ThreadStore) -> None:
     assert run.events[-1]["code"] == INTERRUPTED_CODE
 
 
+async def test_an_answer_refused_is_left_out_of_a_replay_its_positions_kept(
+        store: ThreadStore) -> None:
+    """A run refused over its approval answer (its start, then a RUN_ERROR so coded) changed
+    nothing, but a replay had it after the run that asked, and clients took it for the end
+    of that question. It is left out now, unless a client resumes inside it; positions go
+    on past it, and a run that failed otherwise is replayed as ever."""
+    asking = _run("t", "r1", "draft two")
+    await _finish(store, "t", "r1", asking, 0)
+    end = len(asking) - 1
+    refused = [ev.run_started("t", "r2", {"threadId": "t", "runId": "r2", "messages": []}),
+               ev.run_error("Approval 'a1' was already answered",
+                            code="APPROVAL_ALREADY_ANSWERED")]
+    if isinstance(store, DurableThreadStore):
+        await store.append_events("t", "default", "r2", 2.0, end + 1, refused)
+    await _finish(store, "t", "r2", refused, end + 1, created=2.0)
+    assert await store.events_after("t", -1) == await store.events_after("t", 0) != []
+    assert [p for p, _ in await store.events_after("t", -1) if p is not None] == [end]
+    assert await store.events_after("t", end) == []
+    assert await store.events_after("t", end + 2) == []
+    inside = await store.events_after("t", end + 1)
+    if isinstance(store, DurableThreadStore):
+        assert inside == [(end + 2, refused[1])]  # exactly its rest
+    else:  # (no raw events: a run resumed inside is replayed whole)
+        assert inside == [(None, refused[0]), (end + 2, refused[1])]
+    failed = [ev.run_started("t", "r3", {"threadId": "t", "runId": "r3", "messages": []}),
+              ev.run_error("The agent failed", code="AGENT_ERROR")]
+    await _finish(store, "t", "r3", failed, end + 3, created=3.0)
+    assert await store.events_after("t", end) == [(None, failed[0]), (end + 4, failed[1])]
+    record = await store.get("t")
+    assert record is not None
+    assert record.next_position == end + 5
+    assert [r.run_id for r in record.runs] == ["r1", "r2", "r3"]  # kept, only not replayed
+
+
 async def test_many_threads_written_at_once(store: ThreadStore) -> None:
     await asyncio.gather(*[_finish(store, f"t{i}", "r", _run(f"t{i}", "r", "a b"), 0)
                            for i in range(20)])

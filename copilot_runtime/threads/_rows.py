@@ -16,6 +16,7 @@ from copilot_runtime.events import Event
 from copilot_runtime.threads.base import (
     Positioned,
     interrupted_tail,
+    refused_answer,
     storable_ids,
     with_omission,
 )
@@ -102,10 +103,11 @@ def events_after(runs: Sequence[RunRow], chunks: Iterable[Chunk],
         if run.open:
             result.extend(after(_chunks_of(run, ordered)))
         elif run.last_position < 0 or run.last_position > position:
-            kept = _chunks_of(run, ordered) if 0 <= run.first_position <= position else []
+            inside = 0 <= run.first_position <= position
+            kept = _chunks_of(run, ordered) if inside else []
             if kept:
                 result.extend(after(kept))  # resumed inside the run: the exact rest
-            elif run.events:
+            elif run.events and (inside or not refused_answer(run.events)):
                 result.extend((None, event) for event in run.events[:-1])
                 result.append((run.last_position if run.last_position >= 0 else None,
                                run.events[-1]))

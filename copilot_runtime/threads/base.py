@@ -17,7 +17,9 @@ resume inside that run replays it whole.
 
 `events_after(thread_id, position)` is what `connect` reads: the events after `position`
 (all of them for -1) as pairs (position, event); events inside a compacted run have the
-position None and the run's last event has its last position.
+position None and the run's last event has its last position. A run refused over its
+approval answer (`refused_answer`) is left out, unless `position` falls inside it: its
+positions are kept, so later ids go on past them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from copilot_runtime import events as ev
+from copilot_runtime._exceptions import APPROVAL_REFUSAL_CODES
 from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event
 
@@ -54,6 +57,7 @@ __all__ = [
     "newest_within",
     "omission",
     "positioned_runs",
+    "refused_answer",
     "state_of_unkept",
     "state_snapshot",
     "storable_ids",
@@ -181,7 +185,8 @@ class ThreadStore(Protocol):
                            ) -> builtins.list[Positioned]:
         """The thread's events after `position` (-1: all), a running run's included; of its
         finished runs, the newest within `MAX_REPLAY_BYTES` (the built-in stores), and if
-        that left some out, the `omission` event after the first replayed run's start."""
+        that left some out, the `omission` event after the first replayed run's start; not
+        a run `refused_answer` that `position` is not inside."""
         ...
 
     async def rename(self, thread_id: str, name: str | None) -> bool:
@@ -347,6 +352,18 @@ def interrupted_tail(events: Sequence[Event], thread_id: str, run_id: str) -> li
     return tail
 
 
+def refused_answer(events: Sequence[Event]) -> bool:
+    """Whether a finished run's (compacted) events are those of an approval answer refused
+    before its agent did anything: its start, then a `RUN_ERROR` coded
+    `APPROVAL_REFUSAL_CODES` (a stale answer from another tab, a message sent before the
+    answer). The graph waits as before, so a replay leaves the run out: a client takes any
+    run after an interrupt for its end and would ask nothing, and a message the run carried
+    never reached the agent (its sender was told to send it again after the answer)."""
+    return (len(events) == 2 and events[0].get("type") == ev.RUN_STARTED
+            and events[1].get("type") == ev.RUN_ERROR
+            and events[1].get("code") in APPROVAL_REFUSAL_CODES)
+
+
 def positioned_runs(runs: Iterable[StoredRun], position: int, omitted: int = 0
                     ) -> list[Positioned]:
     """The events of finished runs after `position`, as `events_after` returns them, told
@@ -356,6 +373,8 @@ def positioned_runs(runs: Iterable[StoredRun], position: int, omitted: int = 0
     out: list[Positioned] = []
     for run in runs:
         if not run.events or (run.last_position >= 0 and run.last_position <= position):
+            continue
+        if not 0 <= run.first_position <= position and refused_answer(run.events):
             continue
         out.extend((None, event) for event in run.events[:-1])
         out.append((run.last_position if run.last_position >= 0 else None, run.events[-1]))

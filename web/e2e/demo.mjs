@@ -14,7 +14,7 @@
 //                    in a thread's messages stays text (markdown still renders), a thread
 //                    listed mid-run shows its title, an expired approval cannot be answered
 //                    and its outcome shows, and a stale answer (another tab answered) shows
-//                    the run's error.
+//                    the run's error while a tab opened then is asked the current question.
 //
 // Writes ONE JSON line: {phase, steps: [{page, step, ok, error?, ms}], consoleErrors,
 // failedRequests, threads}. Screenshots go to options.screenshots (a directory).
@@ -379,6 +379,12 @@ async function edgesPhase(p) {
     await other.panel().locator('[data-testid="approve"]').click();
     await other.page.locator('[data-testid="run-error"]', { hasText: /answered already|already answered/ }).waitFor({ timeout: TIMEOUT });
     await other.page.close();
+    // The refused run changed nothing: a tab opened now is asked about draft 2.
+    const fresh = new DemoPage(kind, await p.page.context().newPage());
+    await fresh.open(`?agent=review_loop&thread=${p.address().thread}`);
+    await fresh.page.locator('[data-testid="approval-panel"]', { hasText: "draft 2" })
+      .locator('[data-testid="approve"]:enabled').waitFor({ timeout: TIMEOUT });
+    await fresh.page.close();
   });
 }
 

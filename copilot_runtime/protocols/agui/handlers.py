@@ -56,6 +56,7 @@ from copilot_runtime.threads.base import (
     ListPosition,
     ThreadRecord,
     id_problem,
+    refused_answer,
 )
 
 __all__ = ["AGUIProtocol"]
@@ -237,13 +238,15 @@ class AGUIProtocol:
         # Checked again: its owner may have deleted it and another started one of its id.
         if record is None or (owner is not None and record.owner != owner):
             raise ThreadNotFoundError(thread_id)  # the same 404 body as PATCH and DELETE
-        elif what == "messages":
-            messages = events_to_messages(r.events for r in record.runs)
-            await send_json(request, 200, {"messages": messages,
-                                           "omittedRuns": record.omitted_runs})
-        elif what == "events":
-            await send_json(request, 200, {"events": [e for r in record.runs for e in r.events],
-                                           "omittedRuns": record.omitted_runs})
+        elif what in ("messages", "events"):
+            # As `connect` replays it: without the answers refused (the graph still waits).
+            runs = [r.events for r in record.runs if not refused_answer(r.events)]
+            if what == "messages":
+                await send_json(request, 200, {"messages": events_to_messages(runs),
+                                               "omittedRuns": record.omitted_runs})
+            else:
+                await send_json(request, 200, {"events": [e for run in runs for e in run],
+                                               "omittedRuns": record.omitted_runs})
         else:
             await send_json(request, 200, {"state": record.state})
 
