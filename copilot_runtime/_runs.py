@@ -556,6 +556,10 @@ class ActiveRun:
                                                     owner=self.owner)
         except Exception:
             _log.exception("could not store run", thread_id=self.thread_id, run_id=self.run_id)
+            # Its events went out with their positions: the thread's next run here starts
+            # after them, though the store's head is behind (see `_UnstoredEnds`).
+            self.manager._unstored.note(self.thread_id,
+                                        self.first_position + len(self.events))
 
 
 def _before_run(stored: list[Positioned], run_id: str, first_position: int | None
@@ -655,6 +659,7 @@ class RunManager:
         #: alone): until it did (its store was away at start-up), runs and replays try again.
         self.recovered = self.durable is None or self.coordinator is not None
         self._owners = _KnownOwners()
+        self._unstored = _UnstoredEnds()
         #: Progress signals that failed in a row (see `_signal_progress`).
         self._unsignalled = 0
 
@@ -701,6 +706,8 @@ class RunManager:
             placeholder._seen = record.message_ids
             placeholder.owner = record.owner
             placeholder.first_position = record.next_position
+        placeholder.first_position = self._unstored.first_position(
+            thread_id, placeholder.first_position)
         placeholder.confirmed = True
         return placeholder
 
@@ -794,6 +801,8 @@ class RunManager:
                 placeholder.first_position = record.next_position
             else:  # a new thread: positions go on from a deleted one's
                 placeholder.first_position = await self.store.first_position(thread_id)
+            placeholder.first_position = self._unstored.first_position(
+                thread_id, placeholder.first_position)
             if self.durable is not None:
                 # The run's start, written before it streams: every worker sees the thread
                 # (and its owner) at once, and can follow the run from its first event.
@@ -1009,6 +1018,38 @@ class RunManager:
                 await run.on_abandon(run)
             except Exception:
                 _log.exception("run abandon observer failed", run_id=run.run_id)
+
+
+class _UnstoredEnds:
+    """Where the positions of threads whose run could not be stored go on from, in this
+    process: the store's head is behind the positions that run sent, and a next run starting
+    there would send them again (a client resuming after one of them skipped the next run's
+    events, and a later close of the unstored run wrote over them). The thread is given
+    back all the same: a failure other than an outage (`ServiceUnavailableError`, tried again
+    until written) is no passing one, and tried again for ever it would hold the thread for
+    good. Another worker, or the next start, knows only the store's head."""
+
+    #: Threads remembered at most, the oldest forgotten first.
+    most = 10_000
+
+    def __init__(self) -> None:
+        self._next: OrderedDict[str, int] = OrderedDict()
+
+    def note(self, thread_id: str, next_position: int) -> None:
+        self._next[thread_id] = max(next_position, self._next.get(thread_id, 0))
+        self._next.move_to_end(thread_id)
+        if len(self._next) > self.most:
+            self._next.popitem(last=False)
+
+    def first_position(self, thread_id: str, stored: int) -> int:
+        """The first position of the thread's next run, whose store's head is `stored`."""
+        floor = self._next.get(thread_id)
+        if floor is None:
+            return stored
+        if stored >= floor:  # a later run was stored past it
+            del self._next[thread_id]
+            return stored
+        return floor
 
 
 class _KnownOwners:

@@ -47,6 +47,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from copilot_runtime._again import worth_logging
 from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
+from copilot_runtime._sqlite_outage import sqlite_outages
 from copilot_runtime._url_options import pool_size_option, redacted_url, split_options
 from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
 from copilot_runtime.approvals.sql import (
@@ -204,6 +205,11 @@ class _SQLiteBackend(_Backend):
             await asyncio.shield(conn.close())  # never leave a connection open
             raise
         return saver
+
+    def bounded(self) -> AbstractAsyncContextManager[None]:
+        # A file held past the wait, or that cannot be written (a full disk): the run ends
+        # with SERVICE_UNAVAILABLE, as when a PostgreSQL checkpointer is away.
+        return sqlite_outages("The checkpoint store")
 
     async def _close(self, saver: BaseCheckpointSaver[Any]) -> None:
         await saver.conn.close()  # type: ignore[attr-defined]

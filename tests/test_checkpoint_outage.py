@@ -11,16 +11,20 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypedDict
 
 import orjson
 import psycopg
 import pytest
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
 from copilot_runtime import CopilotRuntime, ServiceUnavailableError
 from copilot_runtime.agents.langgraph import LangGraphAgent
+from copilot_runtime.approvals import Approval
+from copilot_runtime.approvals.sql import SQLiteApprovalStore
 from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.testing import verify_events
 from tests.conftest import Served, ServeRuntime, parse_sse, run_input
@@ -226,3 +230,28 @@ async def test_a_first_use_whose_server_never_answers_gives_up_at_the_timeout() 
             started = time.monotonic()
             await saver.aclose()
             assert time.monotonic() - started < TIMEOUT + 1
+
+
+async def test_a_sqlite_checkpointer_whose_file_cannot_be_written_is_unavailable(
+        tmp_path: Path) -> None:
+    """A SQLite checkpointer (and its approval ledger) whose file cannot be written (a full
+    disk, a read-only file; read-only here) let the driver's OperationalError through: a
+    run ended with AGENT_ERROR, blaming its agent, and an approval route answered 500. Now
+    it is SERVICE_UNAVAILABLE, as a PostgreSQL checkpointer away is; reads go on."""
+    saver = checkpointer(f"sqlite:///{tmp_path / 'checkpoints.db'}")
+    ledger = saver.approvals
+    assert isinstance(ledger, SQLiteApprovalStore)
+    try:
+        await ledger.add([Approval("a1", "t", "pay", {}, time.time())])  # both opened
+        opened = await saver._target()
+        for conn in (opened.conn, ledger._conn):  # type: ignore[attr-defined]
+            await conn.execute("PRAGMA query_only = ON")
+        with pytest.raises(ServiceUnavailableError, match=r"^The approval store cannot write"):
+            await ledger.claim("a1", "answered", {}, None, time.time())
+        with pytest.raises(ServiceUnavailableError,
+                           match=r"^The checkpoint store cannot write"):
+            await saver.aput({"configurable": {"thread_id": "t", "checkpoint_ns": ""}},
+                             empty_checkpoint(), {}, {})
+        assert [a.status for a in await ledger.find()] == ["pending"]
+    finally:
+        await saver.aclose()

@@ -321,6 +321,51 @@ class _SlowToStore(InMemoryThreadStore):
         await super().append_run(*args, **kwargs)
 
 
+class _FailingToStore:
+    """A store whose writes of finished runs fail while `failing` (a bug of its own, a run
+    it cannot take): no outage, not tried again."""
+
+    def __init__(self, store: ThreadStore) -> None:
+        self.store = store
+        self.failing = True
+        self.append_run = store.append_run
+        store.append_run = self._append_run  # type: ignore[method-assign]
+
+    async def _append_run(self, *args: Any, **kwargs: Any) -> None:
+        if self.failing:
+            raise RuntimeError("this store cannot take the run")
+        await self.append_run(*args, **kwargs)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_the_run_after_one_that_could_not_be_stored_goes_on_after_its_positions(
+        serve_runtime: ServeRuntime, tmp_path: Path, kind: str) -> None:
+    """A run its store failed to write (logged "could not store run") gave its thread back
+    with the store's head behind the positions it had sent: the next run sent them again,
+    so a client resuming after the lost run's end skipped most of the next one. Now the
+    next run on this process goes on after them."""
+    store = _store(kind, tmp_path)
+    failing = _FailingToStore(store)
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0), thread_store=store)
+    async with serve_runtime(runtime) as served:
+        lost = parse_sse_ids(await (await served.post(
+            "/agent/default/run", run_input("hello", thread="w", run="r1"))).read())
+        failing.failing = False
+        ids = []
+        for run in ("r2", "r3"):
+            ran = parse_sse_ids(await (await served.post(
+                "/agent/default/run", run_input("next", thread="w", run=run))).read())
+            ids.append([p for p, _ in ran])
+        assert ids[0][0] == lost[-1][0] + 1
+        assert ids[1][0] == ids[0][-1] + 1  # (the stored head past it: the store's again)
+        replayed = parse_sse_ids(await (await served.post(
+            "/agent/default/connect", run_input("", thread="w"),
+            headers={"Last-Event-ID": str(lost[-1][0])})).read())
+        assert [e["runId"] for _, e in replayed if e["type"] == ev.RUN_STARTED] == [
+            "r2", "r3"]
+
+
 @pytest.mark.timeout(30)
 async def test_a_thread_is_given_back_only_once_its_run_is_stored(
         serve_runtime: ServeRuntime) -> None:

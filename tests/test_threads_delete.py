@@ -188,3 +188,85 @@ async def test_a_run_ending_while_the_sqlite_file_is_held_is_stored_once_it_is_f
         record = await store.get("t")
         assert record is not None
         assert [r.run_id for r in record.runs] == ["r1", "r2"]
+
+
+@contextlib.contextmanager
+def _unwritable(store: SQLiteThreadStore, how: str) -> Iterator[None]:
+    """The store's file cannot be written meanwhile: `"full"`, its disk full (SQLite may add
+    no page: SQLITE_FULL), or `"read-only"` (SQLITE_READONLY)."""
+    with store._lock:
+        if how == "full":
+            (pages,) = store._db.execute("PRAGMA page_count").fetchone()
+            store._db.execute(f"PRAGMA max_page_count = {pages}")
+        else:
+            store._db.execute("PRAGMA query_only = ON")
+    try:
+        yield
+    finally:
+        with store._lock:
+            store._db.execute("PRAGMA max_page_count = 1073741823")
+            store._db.execute("PRAGMA query_only = OFF")
+
+
+@pytest.mark.parametrize("how", ["full", "read-only"])
+async def test_a_run_ending_while_the_sqlite_file_cannot_be_written_is_stored_once_it_can(
+        tmp_path: Path, serve_runtime: ServeRuntime, how: str) -> None:
+    """A full disk (or a file made read-only) dropped the run that ended meanwhile: streamed
+    whole, logged "could not store run", never written, and its thread handed to the next
+    run, which sent its positions again. Now it is written once the file can be, as a run
+    ending while the file is held is, its thread busy until then."""
+    store = SQLiteThreadStore(tmp_path / "threads.db", busy_timeout=0.2)
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0), thread_store=store)
+    failed = asyncio.Event()
+    append_run = store.append_run
+
+    async def observed(*args: Any, **kwargs: Any) -> None:
+        try:
+            await append_run(*args, **kwargs)
+        except Exception:
+            failed.set()
+            raise
+
+    store.append_run = observed  # type: ignore[method-assign]
+    async with serve_runtime(runtime) as served:
+        status, _, _ = await call(served, "POST", "/agent/default/run", None,
+                                  run_input("first", thread="t", run="r1"))
+        assert status == 200
+        with _unwritable(store, how):
+            running = asyncio.ensure_future(call(
+                served, "POST", "/agent/default/run", None,
+                run_input("x" * 20_000, thread="t", run="r2")))  # pages beyond the file's
+            await asyncio.wait_for(failed.wait(), 10)
+            status, body, _ = await call(served, "POST", "/agent/default/run", None,
+                                         run_input("third", thread="t", run="r3"))
+            assert status == 409, body
+        status, _, _ = await running
+        assert status == 200
+        record = await store.get("t")
+        assert record is not None
+        assert [r.run_id for r in record.runs] == ["r1", "r2"]
+        assert record.runs[1].first_position == record.runs[0].last_position + 1
+
+
+async def test_a_delete_while_the_sqlite_file_cannot_be_written_is_a_503(
+        tmp_path: Path, serve_runtime: ServeRuntime) -> None:
+    """A file that cannot be written (read-only here; a full disk alike) made PATCH and
+    DELETE a 500 "unhandled error" without Retry-After; now a 503 with it, the thread
+    kept, as for a file another connection holds."""
+    store = SQLiteThreadStore(tmp_path / "threads.db", busy_timeout=0.2)
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0), thread_store=store)
+    async with serve_runtime(runtime) as served:
+        status, _, _ = await call(served, "POST", "/agent/default/run", None,
+                                  run_input("first", thread="t", run="r1"))
+        assert status == 200
+        with _unwritable(store, "read-only"):
+            answers = [await call(served, "PATCH", "/threads/t", None, {"name": "renamed"}),
+                       await call(served, "DELETE", "/threads/t", None)]
+        for status, body, headers in answers:
+            assert status == 503, body
+            assert orjson.loads(body)["code"] == "SERVICE_UNAVAILABLE"
+            assert headers["Retry-After"] == "1"
+        assert await store.summary("t") is not None
+        status, _, _ = await call(served, "DELETE", "/threads/t", None)
+        assert status == 200
+        assert await store.summary("t") is None

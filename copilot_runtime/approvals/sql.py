@@ -17,6 +17,7 @@ from typing import Any, Literal
 import orjson
 
 from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._sqlite_outage import sqlite_outages
 from copilot_runtime.approvals.ledger import (
     Approval,
     ApprovalKey,
@@ -222,16 +223,20 @@ class SQLiteApprovalStore(_SQLApprovalStore):
         return self._conn
 
     async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        conn = await self._connection()
-        cursor = await conn.execute(sql, tuple(params))
-        count: int = cursor.rowcount
-        await cursor.close()
-        return count
+        # A file held past the wait, or that cannot be written (a full disk): a 503, as the
+        # thread store's, not a 500.
+        async with sqlite_outages("The approval store"):
+            conn = await self._connection()
+            cursor = await conn.execute(sql, tuple(params))
+            count: int = cursor.rowcount
+            await cursor.close()
+            return count
 
     async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        conn = await self._connection()
-        async with conn.execute(sql, tuple(params)) as cursor:
-            return [tuple(row) for row in await cursor.fetchall()]
+        async with sqlite_outages("The approval store"):
+            conn = await self._connection()
+            async with conn.execute(sql, tuple(params)) as cursor:
+                return [tuple(row) for row in await cursor.fetchall()]
 
     async def aclose(self) -> None:
         lock, self._lock = self._lock, None  # a reopened store may live in another event loop

@@ -5,8 +5,8 @@ waits on the disk; calls asked for while others are on that thread go together n
 in one transaction (`_store_thread`). WAL mode lets readers (`connect`, the thread routes)
 proceed while a run is written, and lets the worker processes of one machine share the file.
 A call that cannot have the file (another connection holds its write lock longer than
-`busy_timeout`: a backup, a `sqlite3` shell left in a transaction) is a
-`ServiceUnavailableError` (503), nothing written.
+`busy_timeout`: a backup, a `sqlite3` shell left in a transaction), or cannot write it (a full
+disk, an I/O error, a read-only file), is a `ServiceUnavailableError` (503), nothing written.
 The schema is versioned; `_MIGRATIONS` run at start-up inside one write transaction, so
 processes that open the same new file together migrate it once.
 """
@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 
 import orjson
 
-from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
+from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._sqlite_outage import sqlite_outages
 from copilot_runtime.events import Event
 from copilot_runtime.threads._rows import (
     Chunk,
@@ -72,9 +73,6 @@ _T = TypeVar("_T")
 #: Seconds the start-up's migration waits for the file: processes starting together take
 #: turns, and one may be migrating a large file.
 _MIGRATE_WAIT = 30.0
-#: The primary result codes of a file another connection holds (extended ones, such as
-#: SQLITE_BUSY_SNAPSHOT, share their low byte).
-_HELD = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
 #: Version 1: the tables of the first releases (owners added to files made before them).
 _V1 = """
@@ -276,15 +274,10 @@ class SQLiteThreadStore:
         return await self._submit(Call(fn, args, True))
 
     async def _submit(self, call: Call[_T]) -> _T:
-        try:
+        # A file held, or that cannot be written (a full disk): its transaction never began,
+        # or was rolled back, nothing of it written; a run's end is tried again until it is.
+        async with sqlite_outages("The thread store"):
             return await self._calls.submit(call)
-        except sqlite3.OperationalError as exc:
-            code = getattr(exc, "sqlite_errorcode", None)  # (not on errors raised by us)
-            if code is None or code & 0xFF not in _HELD:
-                raise
-            # Its transaction never began, or was rolled back: nothing of it was written.
-            raise ServiceUnavailableError(
-                "The thread store is busy: another connection holds its file") from exc
 
     async def check_writable(self) -> None:
         """Return once a write could be made now (the file's write lock taken and given
