@@ -425,6 +425,14 @@ class ActiveRun:
                                           _encodable(events), owner=self.owner)
             self._flushed = start + len(events)
             self.manager.flushed(self, self.first_position + self._flushed - 1)
+            self.manager.unflushed = 0
+        except ServiceUnavailableError as exc:
+            # An outage, tried again every 200 ms by every running run: told now and then.
+            self.manager.unflushed += 1
+            if worth_logging(self.manager.unflushed):
+                _log.warning("could not write a running run's events", thread_id=self.thread_id,
+                             run_id=self.run_id, error=exc.message,
+                             failures_in_a_row=self.manager.unflushed)
         except Exception:
             _log.exception("could not write a running run's events",
                            thread_id=self.thread_id, run_id=self.run_id)
@@ -662,6 +670,8 @@ class RunManager:
         self._unstored = _UnstoredEnds()
         #: Progress signals that failed in a row (see `_signal_progress`).
         self._unsignalled = 0
+        #: Writes of running runs' events that failed in a row (an outage; see `_flush`).
+        self.unflushed = 0
 
     async def begin(self, agent_id: str, agent: Agent, input: RunInput,
                     context: RunContext, owner: ThreadOwner | None = None,

@@ -19,10 +19,18 @@ from typing import Any
 
 import orjson
 import pytest
+import structlog
 
-from copilot_runtime import CopilotRuntime, DemoAdapter, coordinator, thread_store
+from copilot_runtime import (
+    CopilotRuntime,
+    DemoAdapter,
+    ServiceUnavailableError,
+    coordinator,
+    thread_store,
+)
+from copilot_runtime.testing import MockOpenAIServer
 from copilot_runtime.threads.sqlite import SQLiteThreadStore
-from tests.conftest import ServeRuntime, run_input
+from tests.conftest import ServeRuntime, openai_runtime, run_input
 from tests.hitl_support.postgres import postgres_schema
 from tests.test_hostile_threads import store_options  # noqa: F401 (fixture)
 from tests.test_trust_ownership import call
@@ -270,3 +278,33 @@ async def test_a_delete_while_the_sqlite_file_cannot_be_written_is_a_503(
         status, _, _ = await call(served, "DELETE", "/threads/t", None)
         assert status == 200
         assert await store.summary("t") is None
+
+
+async def test_a_store_away_while_runs_stream_is_logged_now_and_then(
+        tmp_path: Path, serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """Every running run writes its events every 200 ms: with the store away, each write
+    logged its stack, five lines a second a run. An outage is logged at its 1st, 2nd, 4th,
+    8th... failure in a row, without a stack; the run is stored once the store is back."""
+    store = SQLiteThreadStore(tmp_path / "threads.db")
+    away = True
+    append_events = store.append_events
+
+    async def failing(*args: Any, **kwargs: Any) -> None:
+        if away:
+            raise ServiceUnavailableError("The thread store cannot be reached")
+        await append_events(*args, **kwargs)
+
+    store.append_events = failing  # type: ignore[method-assign]
+    runtime = openai_runtime(llm, thread_store=store)
+    async with serve_runtime(runtime) as served:
+        with structlog.testing.capture_logs() as logs:
+            events = await served.run(run_input("slow:150 a b c d e f g h", thread="t"))
+        away = False
+        assert events[-1]["type"] == "RUN_FINISHED"
+        record = await store.get("t")
+        assert record is not None
+        assert len(record.runs) == 1
+    told = [e for e in logs if e["event"] == "could not write a running run's events"]
+    assert 1 <= len(told) < 5, told
+    assert [e["failures_in_a_row"] for e in told] == [1, 2, 4, 8][:len(told)]
+    assert all("exc_info" not in e for e in told)
