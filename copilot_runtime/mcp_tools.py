@@ -357,7 +357,7 @@ class MCPToolset:
                 task = asyncio.current_task()
                 if isinstance(exc, asyncio.CancelledError) and task and task.cancelling():
                     raise  # cancelled from outside, not by the session's own task group
-                reason = _reason(exc)
+                reason = _reason(exc, server)
                 if not ready.done():  # never connected: the start fails, no reconnecting
                     conn.gone = reason
                     ready.set_exception(exc if isinstance(exc, UpstreamError) else UpstreamError(
@@ -546,11 +546,13 @@ async def _close(connections: Sequence[_Connection]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _reason(exc: BaseException) -> str:
-    """The first cause of a session's end, its exception groups opened."""
+def _reason(exc: BaseException, server: MCPServer) -> str:
+    """The first cause of a session's end, its exception groups opened, without the
+    credentials `server` was configured with (an HTTP client quotes a header it refused)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
-    return str(exc) if isinstance(exc, UpstreamError) else failure_text(exc)
+    return str(exc) if isinstance(exc, UpstreamError) else failure_text(
+        exc, known=header_secrets(server.headers))
 
 
 def _connection_gone(exc: Exception, client: Client) -> bool:
@@ -668,7 +670,7 @@ async def _watch(conn: _Connection, client: Client, changes: Subscription) -> No
             pass  # each event reaches the message handler too
         reason = "the server closed its tool change stream"
     except Exception as exc:
-        reason = _reason(exc.__cause__ or exc)
+        reason = _reason(exc.__cause__ or exc, conn.server)
     conn.lose(client, reason)
 
 

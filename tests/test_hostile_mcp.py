@@ -231,7 +231,8 @@ async def test_a_request_names_each_server_once_and_a_few_at_most(
         f"properties.mcpServers names more than {MAX_REQUEST_MCP_SERVERS} MCP servers")
 
 
-@pytest.mark.parametrize("key", ["s3cret\r\nX-Injected: 1", "s3crét", 35310, ["s3cret"]])
+@pytest.mark.parametrize("key", ["s3cret\r\nX-Injected: 1", "s3crét", "s3cr3t7 ", " s3cr3t7",
+                                 35310, ["s3cret"]])
 async def test_an_api_key_no_header_can_hold_refuses_the_request_unsaid(
         serve_runtime: ServeRuntime, key: Any) -> None:
     """Before: the run started, then failed as an upstream outage (`NETWORK_ERROR`, 503:
@@ -248,7 +249,7 @@ async def test_an_api_key_no_header_can_hold_refuses_the_request_unsaid(
     assert refused["data"] is None
     assert refused["errors"][0]["message"] == (
         "An apiKey of properties.mcpServers holds a character no HTTP header can (a control "
-        "character, or one outside ASCII)" if isinstance(key, str) else
+        "character, one outside ASCII, or a space at either end)" if isinstance(key, str) else
         "An apiKey of properties.mcpServers must be a string")
     assert refused["errors"][0]["extensions"]["statusCode"] == 400, refused
     assert "s3cr" not in orjson.dumps(refused).decode()
@@ -319,6 +320,20 @@ async def test_a_tool_error_echoing_the_servers_key_does_not_show_it() -> None:
             await toolset.aclose()
     assert errors == ["key [REDACTED] revoked",
                       "the MCP tool echo of h failed: MCPError: key [REDACTED] revoked"]
+
+
+async def test_a_connection_failure_quoting_the_servers_key_does_not_show_it() -> None:
+    """A header the HTTP client refuses (a key with a space at its end) failed the start
+    with the client's words, which quote the header: the key with them."""
+    key = "svc-4f9a8b7c6d5e "
+    async with scripted(ScriptedMCP()) as url:
+        toolset = MCPToolset([MCPServer(url=url, name="h", headers={"X-Api-Key": key},
+                                        timeout=10)])
+        with pytest.raises(UpstreamError) as caught:
+            await toolset.start()
+        await toolset.aclose()
+    assert "could not be connected" in caught.value.message
+    assert "4f9a8b7c6d5e" not in caught.value.message, caught.value.message
 
 
 @pytest.mark.parametrize("refusal", ["a server error", "an SSE answer over 1 MiB"])

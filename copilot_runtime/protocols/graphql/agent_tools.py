@@ -94,9 +94,10 @@ def _api_key(entry: Mapping[str, Any]) -> str:
         return ""
     if not isinstance(key, str):  # (a number, say: it went without a word, and no key)
         raise InvalidRequestError("An apiKey of properties.mcpServers must be a string")
-    if not (key.isascii() and key.isprintable()):
+    if not (key.isascii() and key.isprintable()) or key != key.strip(" "):
         raise InvalidRequestError("An apiKey of properties.mcpServers holds a character no "
-                                  "HTTP header can (a control character, or one outside ASCII)")
+                                  "HTTP header can (a control character, one outside ASCII, "
+                                  "or a space at either end)")
     return key
 
 
