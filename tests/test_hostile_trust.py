@@ -963,3 +963,39 @@ async def test_an_authenticator_returning_no_principal_refuses_the_request(
                    for e in logs)
         status, body = await call(served, "GET", "/threads/alice-own/messages", ALICE)
         assert (status, b"my plan" in body) == (200, True), body
+
+
+class FailingAuth:
+    """An authenticator whose backing service fails in one of the ways code fails."""
+
+    def __init__(self, failure: str) -> None:
+        self.failure = failure
+
+    async def authenticate(self, request: RequestInfo) -> Principal:
+        if self.failure == "cancels itself":
+            raise asyncio.CancelledError
+        if self.failure == "raises":
+            raise ConnectionError("session store at /srv/auth/db.sock is down")
+        refused = RequestRejectedError("go away")
+        refused.status = 204  # (set after it was made: the check is in its constructor)
+        raise refused
+
+
+@pytest.mark.parametrize("failure", ["cancels itself", "raises", "a status no error has"])
+async def test_an_authenticator_that_fails_refuses_the_request_with_a_503(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer, failure: str) -> None:
+    """The authenticator fails closed as `on_request` does: 503 with `Retry-After` on both
+    protocols, its words in the log only. Before, a CancelledError it raised itself left the
+    ASGI app (the server's text/plain 500), a status no error has went out as it was (a
+    204 with a body), and anything else was a 500."""
+    async with serve_runtime(openai_runtime(llm, auth=FailingAuth(failure))) as served:
+        with structlog.testing.capture_logs() as logs:
+            response = await served.session.get(served.url + "/info")
+            body = await response.read()
+            assert (response.status, response.headers.get("Retry-After")) == (503, "1"), body
+            assert orjson.loads(body)["code"] == "SERVICE_UNAVAILABLE"
+            _, body = await call(served, "POST", "", None, body={
+                "query": "query { availableAgents { agents { name } } }"}, headers=GQL)
+            assert b"SERVICE_UNAVAILABLE" in body, body
+            assert b"/srv/auth" not in body
+    assert any(e["event"].startswith("the authenticator") for e in logs)
