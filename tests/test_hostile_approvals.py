@@ -10,6 +10,7 @@ HTTP), not what the resume's metadata claims.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,9 +26,10 @@ from copilot_runtime._exceptions import ApprovalError, InvalidRequestError
 from copilot_runtime._input import parse_run_input
 from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.approvals import ApprovalStore
-from copilot_runtime.approvals.ledger import Approval
+from copilot_runtime.approvals.ledger import Approval, Viewer
 from copilot_runtime.approvals.resume import claim_resume
 from copilot_runtime.checkpointers import DurableCheckpointer, checkpointer
+from copilot_runtime.threads.base import ThreadOwner
 from tests.conftest import ServeRuntime, poll, run_input, types
 from tests.hitl_support.postgres import postgres_schema
 from tests.test_approval_recovery import THREAD as THREAD_PAY
@@ -334,32 +336,133 @@ async def test_the_approvals_route_lists_a_page_at_a_time(serve_runtime: ServeRu
             assert (query, status) == (query, 400), refused
 
 
-async def test_a_page_is_filled_with_what_its_caller_may_see() -> None:
+async def test_a_page_is_filled_with_what_its_caller_may_see(ledger: ApprovalStore) -> None:
     """A page was cut from the ledger first and filtered after: a caller whose approvals
     lay beyond others' got an empty page and a cursor naming someone else's approval. The
-    ledgers are read on, a batch at a time, each thread asked about once, and the next
-    page starts after the caller's own last one."""
-    from copilot_runtime.approvals import MemoryApprovalStore
-
-    store = MemoryApprovalStore()
-    now = time.time()
+    ledgers are read on, each thread's owner looked up once and recorded on its approvals,
+    and the next page starts after the caller's own last one."""
+    now = time.time() - 3600
     mine = {230, 231, 460}
-    await store.add([answered(f"a{n:03}", now + n, f"bob-{n}" if n in mine else f"al-{n % 3}")
-                     for n in range(500)])
-    service = approving_runtime(store).approvals
+    await ledger.add([answered(f"a{n:03}", now + n, f"bob-{n}" if n in mine else f"al-{n % 3}")
+                      for n in range(500)])
+    service = approving_runtime(ledger).approvals  # type: ignore[arg-type]
     asked: list[str] = []
 
-    async def visible(thread_id: str) -> bool:
+    async def thread_owner(thread_id: str) -> ThreadOwner:
         asked.append(thread_id)
-        return thread_id.startswith("bob-")
+        return ThreadOwner(thread_id.partition("-")[0])
 
-    first, after = await service.page(status=None, limit=2, visible=visible)
+    def page(viewer: Viewer, **options: Any) -> Any:
+        return service.page(status=None, viewer=viewer, thread_owner=thread_owner, **options)
+
+    bob = Viewer(ThreadOwner("bob"))
+    first, after = await page(bob, limit=2)
     assert [a.id for a in first] == ["a230", "a231"]
     assert after == first[-1].key
     assert sorted(asked) == ["al-0", "al-1", "al-2", "bob-230", "bob-231", "bob-460"]
-    rest, after = await service.page(status=None, after=after, limit=2, visible=visible)
+    rest, after = await page(bob, after=after, limit=2)
     assert ([a.id for a in rest], after) == (["a460"], None)
-    assert await service.page(status=None, thread_id="al-0", visible=visible) == ([], None)
+    assert await page(bob, thread_id="al-0") == ([], None)
+    asked.clear()
+    # Recorded: the ledger filters, no owner is looked up again.
+    assert [a.id for a in (await page(bob, limit=5))[0]] == ["a230", "a231", "a460"]
+    assert await page(Viewer(ThreadOwner("dave")), limit=1) == ([], None)
+    carol = Viewer(ThreadOwner("carol"), approver=True)
+    assert [a.id for a in (await page(carol, limit=3))[0]] == ["a000", "a001", "a002"]
+    assert asked == []
+
+
+async def test_a_page_looks_up_a_bounded_number_of_owners(ledger: ApprovalStore) -> None:
+    """A caller who may see none of the approvals made every `GET /approvals?limit=1` read
+    the whole ledger and look up the owner of each of its threads (10,000 thread-store
+    reads a request for 10,000 approvals of others'). A page looks up at most
+    `_OWNER_READS` owners, records them on the ledger, and its cursor names none of the
+    others' approvals: a listing pages through once, and costs no lookup after."""
+    from copilot_runtime.approvals import service as approval_service
+
+    now = time.time() - 3600
+    others = 3 * approval_service._OWNER_READS + 7
+    await ledger.add([answered(f"a{n:04}", now + n, f"al-{n}") for n in range(others)]
+                     + [answered("b0", now + others, "bob-0")])
+    service = approving_runtime(ledger).approvals  # type: ignore[arg-type]
+    asked: list[str] = []
+
+    async def thread_owner(thread_id: str) -> ThreadOwner | None:
+        asked.append(thread_id)
+        return None if thread_id == "al-5" else ThreadOwner(thread_id.partition("-")[0])
+
+    bob, listed, cursors, after = Viewer(ThreadOwner("bob")), [], [], None
+    for _ in range(10):
+        asked.clear()
+        approvals, after = await service.page(status=None, limit=1, after=after, viewer=bob,
+                                              thread_owner=thread_owner)
+        assert len(asked) <= approval_service._OWNER_READS
+        listed += [a.id for a in approvals]
+        cursors.append(after)
+        if after is None:
+            break
+    assert listed == ["b0"]
+    assert len(cursors) == 4  # 308 owners, 100 a page
+    assert cursors[-1] is None
+    mine = (now + others, "b0")
+    assert all(key in (None, approval_service._START, mine) for key in cursors)
+    asked.clear()
+    assert await service.page(status=None, limit=1, viewer=bob, thread_owner=thread_owner) \
+        == ([(await ledger.get("b0"))], None)
+    assert asked == []
+    ownerless = await ledger.get("a0005")
+    assert ownerless is not None
+    assert (ownerless.owner_known, ownerless.owner) == (True, None)
+
+
+def test_a_viewer_sees_what_it_may_approve() -> None:
+    """The ledgers' filter (`Viewer`) says what `_trust.may_approve` says."""
+    from copilot_runtime._trust import may_approve
+    from copilot_runtime.auth import Principal, owner_of
+
+    owners = [None, ThreadOwner("ann"), ThreadOwner("ann", "t1"), ThreadOwner("bo", "t1"),
+              ThreadOwner("bo")]
+    for principal in (Principal("ann"), Principal("ann", "t1"), Principal("cy", "t1", {"ok"}),
+                      Principal("cy", None, {"ok"}), Principal("cy", "t2", {"ok"})):
+        viewer = Viewer(owner_of(principal), bool({"ok"} & principal.roles))
+        for owner in owners:
+            assert viewer.sees(owner) == may_approve(principal, frozenset({"ok"}), owner), \
+                (principal, owner)
+
+
+async def test_an_earlier_ledger_gets_its_owner_columns(tmp_path: Path) -> None:
+    """A SQLite ledger an earlier release made has no owner columns: they are added, its
+    rows' owners unknown until a listing records them."""
+    import sqlite3
+
+    from copilot_runtime.approvals.sql import SQLiteApprovalStore
+
+    path = tmp_path / "old.sqlite3"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute(
+            "CREATE TABLE copilot_approvals (id TEXT PRIMARY KEY, thread_id TEXT NOT NULL, "
+            "agent_id TEXT NOT NULL, value TEXT NOT NULL, created_at REAL NOT NULL, "
+            "expires_at REAL, channel TEXT NOT NULL, status TEXT NOT NULL, answer TEXT, "
+            "answered_by TEXT, answered_at REAL, applied INTEGER NOT NULL DEFAULT 0)")
+        conn.execute("INSERT INTO copilot_approvals VALUES ('old', 't', 'lg', '{}', 1.0, "
+                     "NULL, 'outcome', 'pending', NULL, NULL, NULL, 0)")
+        conn.commit()
+
+    async def ready() -> None:
+        return None
+
+    ledger = SQLiteApprovalStore(str(path), ready)
+    try:
+        viewer = Viewer(ThreadOwner("ann"))
+        [old] = await ledger.find(viewer=viewer)
+        assert (old.id, old.owner_known) == ("old", False)
+        await ledger.record_owner(["old"], ThreadOwner("bo"))
+        assert await ledger.find(viewer=viewer) == []
+        recorded = await ledger.get("old")
+        assert recorded is not None
+        assert recorded.owner == ThreadOwner("bo")
+    finally:
+        await ledger.aclose()
 
 
 # -- deadlines of approvals another worker asked for ---------------------------------------------

@@ -322,6 +322,31 @@ async def test_a_page_of_approvals_says_nothing_of_others(two_users: Served) -> 
     assert listed == ["alice-secret-0", "alice-secret-1", "bob-review"]
 
 
+async def test_a_listing_looks_up_each_threads_owner_once(
+        two_users: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `GET /approvals` looked up the owner of each thread in the ledger its caller
+    may not see (a thread-store read each: 10,000 for 10,000 approvals of others', on every
+    request). The owner is recorded on the ledger the first time: the next listing reads
+    none."""
+    served = two_users
+    for thread in ("alice-0", "alice-1"):
+        await run_as(served, ALICE, thread, "Prepare the invoice", agent="review")
+    store = served.runtime.store
+    reads: list[str] = []
+    summary = store.summary
+
+    async def counted(thread_id: str) -> Any:
+        reads.append(thread_id)
+        return await summary(thread_id)
+
+    monkeypatch.setattr(store, "summary", counted)
+    for expected in (["alice-0", "alice-1"], []):
+        reads.clear()
+        status, body, _ = await call(served, "GET", "/approvals?status=all&limit=1", BOB)
+        assert (status, orjson.loads(body)) == (200, {"approvals": [], "nextCursor": None})
+        assert sorted(reads) == expected
+
+
 async def test_a_run_an_answer_starts_is_the_answerers(
         serve_runtime: ServeRuntime, tmp_path: Path) -> None:
     """The answering person's principal and `on_request` annotations are the resumed run's

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from copilot_runtime._time import iso_time
+from copilot_runtime.threads.base import ThreadOwner
 
 __all__ = [
     "Approval",
@@ -38,6 +39,7 @@ __all__ = [
     "MemoryApprovalStore",
     "SharedApprovalStore",
     "SupportsApprovals",
+    "Viewer",
 ]
 
 ApprovalStatus = Literal["pending", "answered", "expired", "withdrawn"]
@@ -65,6 +67,11 @@ class Approval:
     answered_at: float | None = None
     #: The answer reached the graph (the run it resumed got past the interrupt).
     applied: bool = False
+    #: Whether the thread's owner is recorded (`owner`: None for a thread without one).
+    #: A listing looks it up once and records it (`ApprovalStore.record_owner`): a thread's
+    #: owner never changes, and its approvals are dropped with it.
+    owner_known: bool = False
+    owner: ThreadOwner | None = None
 
     @property
     def key(self) -> ApprovalKey:
@@ -93,6 +100,21 @@ class Approval:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class Viewer:
+    """Who lists approvals: they see those of the threads `owner` owns and, as an
+    `approver` (one of the runtime's approver roles), those of every owned thread of
+    its tenant (`_trust.may_approve`, as a filter a ledger can apply)."""
+
+    owner: ThreadOwner
+    approver: bool = False
+
+    def sees(self, owner: ThreadOwner | None) -> bool:
+        if owner is None:
+            return False
+        return owner == self.owner or (self.approver and owner.tenant == self.owner.tenant)
+
+
 @runtime_checkable
 class ApprovalStore(Protocol):
     """Where approvals live; SQL stores sit in the same database as the checkpoints."""
@@ -106,9 +128,15 @@ class ApprovalStore(Protocol):
 
     async def find(self, *, status: ApprovalStatus | None = "pending",
                    thread_id: str | None = None, agent_id: str | None = None,
-                   after: ApprovalKey | None = None, limit: int | None = None
-                   ) -> list[Approval]:
-        """Approvals, oldest first (by `key`): only those after `after`, at most `limit`."""
+                   after: ApprovalKey | None = None, limit: int | None = None,
+                   viewer: Viewer | None = None) -> list[Approval]:
+        """Approvals, oldest first (by `key`): only those after `after`, at most `limit`;
+        with `viewer`, only those it sees and those whose owner is not recorded yet."""
+        ...
+
+    async def record_owner(self, approval_ids: Collection[str],
+                           owner: ThreadOwner | None) -> None:
+        """Record the owner of the approvals' thread on those that have none recorded."""
         ...
 
     async def claim(self, approval_id: str, status: Literal["answered", "expired"],
@@ -199,14 +227,23 @@ class MemoryApprovalStore(_Listeners):
 
     async def find(self, *, status: ApprovalStatus | None = "pending",
                    thread_id: str | None = None, agent_id: str | None = None,
-                   after: ApprovalKey | None = None, limit: int | None = None
-                   ) -> list[Approval]:
+                   after: ApprovalKey | None = None, limit: int | None = None,
+                   viewer: Viewer | None = None) -> list[Approval]:
         found = sorted((a for a in self._items.values()
                         if (status is None or a.status == status)
                         and (thread_id is None or a.thread_id == thread_id)
                         and (agent_id is None or a.agent_id == agent_id)
-                        and (after is None or a.key > after)), key=lambda a: a.key)
+                        and (after is None or a.key > after)
+                        and (viewer is None or not a.owner_known or viewer.sees(a.owner))),
+                       key=lambda a: a.key)
         return [replace(a) for a in found[:limit]]
+
+    async def record_owner(self, approval_ids: Collection[str],
+                           owner: ThreadOwner | None) -> None:
+        for approval_id in approval_ids:
+            found = self._items.get(approval_id)
+            if found is not None and not found.owner_known:
+                found.owner_known, found.owner = True, owner
 
     async def claim(self, approval_id: str, status: Literal["answered", "expired"],
                     answer: Any, answered_by: str | None, at: float) -> Approval | None:

@@ -52,17 +52,30 @@ from copilot_runtime.approvals.ledger import (
     ApprovalStore,
     SharedApprovalStore,
     SupportsApprovals,
+    Viewer,
 )
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.events import Event
+from copilot_runtime.threads.base import ThreadOwner
 
 __all__ = ["ApprovalService", "HostedRun", "RunHost", "is_runtime_answer"]
 
 _log = structlog.get_logger("copilot_runtime.approvals")
 
-#: How many approvals a page reads from the ledgers at a time, at least (most may be of
-#: threads its caller may not see).
+#: How many approvals a page reads from the ledgers at a time, at least (some may be of
+#: threads whose owner is not recorded yet, and turn out to be others').
 _BATCH = 200
+#: How many threads' owners a page looks up at most (a thread-store read each), and on
+#: how many approvals it records them: those its ledgers do not record yet. Each is
+#: recorded once found, so later pages look up none.
+_OWNER_READS = 100
+_OWNER_ROWS = 1000
+#: How long a thread no owner is found for (its first run not stored yet, on another
+#: server, say) is looked up again rather than recorded as nobody's.
+_OWNER_GRACE = 600.0
+#: The key before every approval: where a first page that found none of the viewer's
+#: before its lookups were spent says to go on from.
+_START: ApprovalKey = (0.0, "")
 
 #: The inputs of the runs this service starts with an answer of the runtime's own (a
 #: deadline's timeout, sent or sent again; an answer a graph took and whose run died,
@@ -210,7 +223,8 @@ class ApprovalService:
     async def page(self, *, status: ApprovalStatus | None = "pending",
                    agent_id: str | None = None, thread_id: str | None = None,
                    after: ApprovalKey | None = None, limit: int | None = None,
-                   visible: Callable[[str], Awaitable[bool]] | None = None
+                   viewer: Viewer | None = None,
+                   thread_owner: Callable[[str], Awaitable[ThreadOwner | None]] | None = None
                    ) -> tuple[list[Approval], ApprovalKey | None]:
         """The first `limit` approvals after `after` (oldest first, every ledger together),
         and the key the next page starts after (None when none is left). Pending ones are
@@ -218,32 +232,43 @@ class ApprovalService:
         (the thread was reset) is withdrawn, and left out of a page of pending ones. Asked
         for one thread, its graphs' interrupts missing from the ledger are added first.
 
-        `visible` says whether the caller may see a thread's approvals: the page is filled
-        with those it may (the ledgers read on, a batch at a time, asking once a thread),
-        and the next key is one of them, so neither says anything of the others; a thread
-        it may not see is listed as one that does not exist."""
+        With `viewer`, only the approvals it sees (`Viewer.sees` their thread's owner, which
+        `thread_owner` looks up): the ledgers filter by the owners recorded on them, and
+        those a listing meets unrecorded are looked up and recorded (`_Owners`: at most
+        `_OWNER_READS` threads and `_OWNER_ROWS` approvals a page; it stops at the first
+        it could not look up, and the next page goes on from there). The next key is one
+        of the viewer's approvals, or the `after` it asked with (`_START` for none), so
+        neither says anything of the others; a thread it may not see is listed as one
+        that does not exist."""
+        owners = None
+        if viewer is not None:
+            if thread_owner is None:
+                raise TypeError("a viewer's page needs thread_owner")
+            owners = _Owners(viewer, thread_owner)
         if thread_id is not None:
-            if visible is not None and not await visible(thread_id):
+            if owners is not None and not await owners.sees_thread(thread_id):
                 return [], None
             for owner_id, waiting in self.agents().items():
                 record = getattr(waiting, "record_waiting", None)  # (a LangGraph agent's)
                 if record is not None and agent_id in (None, owner_id):
                     await record(thread_id, owner_id)
-        seen: dict[str, bool] = {}
+        asked_after = after
         found: list[tuple[Approval, ApprovalStore, SupportsApprovals]] = []
-        batch, more = None if limit is None else max(limit + 1, _BATCH), True
-        while more and (limit is None or len(found) <= limit):
-            read, more = await self._read(status, agent_id, thread_id, after, batch)
-            for approval, store, owners in read:
+        batch, more, cut = None if limit is None else max(limit + 1, _BATCH), True, False
+        while more and not cut and (limit is None or len(found) <= limit):
+            read, more = await self._read(status, agent_id, thread_id, after, batch, viewer)
+            if owners is not None:
+                await owners.record(read)
+            for approval, store, agents in read:
+                if owners is not None and not owners.known(approval):
+                    cut = True  # the lookups of this page are spent: the rest next time
+                    break
                 after = approval.key
-                agent = owners.get(approval.agent_id)
+                if owners is not None and not owners.sees(approval):
+                    continue
+                agent = agents.get(approval.agent_id)
                 if agent is None:
                     continue  # written by an agent this runtime does not serve
-                if visible is not None:
-                    if approval.thread_id not in seen:
-                        seen[approval.thread_id] = await visible(approval.thread_id)
-                    if not seen[approval.thread_id]:
-                        continue
                 found.append((approval, store, agent))
                 if limit is not None and len(found) > limit:
                     break  # one more than the page: there is a next one
@@ -251,6 +276,8 @@ class ApprovalService:
         if limit is not None and len(found) > limit:
             found = found[:limit]
             next_key = found[-1][0].key
+        elif cut:
+            next_key = found[-1][0].key if found else asked_after or _START
         out: list[Approval] = []
         for approval, store, agent in found:
             if approval.status == "pending" and not await self._still_waiting(
@@ -265,7 +292,8 @@ class ApprovalService:
         return out, next_key
 
     async def _read(self, status: ApprovalStatus | None, agent_id: str | None,
-                    thread_id: str | None, after: ApprovalKey | None, limit: int | None
+                    thread_id: str | None, after: ApprovalKey | None, limit: int | None,
+                    viewer: Viewer | None = None
                     ) -> tuple[list[tuple[Approval, ApprovalStore,
                                           dict[str, SupportsApprovals]]], bool]:
         """The first `limit` approvals after `after`, every ledger together, and whether
@@ -273,7 +301,7 @@ class ApprovalService:
         found = [(approval, store, owners) for store, owners in self._stores()
                  for approval in await store.find(
                      status=status, thread_id=thread_id, agent_id=agent_id, after=after,
-                     limit=None if limit is None else limit + 1)]
+                     limit=None if limit is None else limit + 1, viewer=viewer)]
         found.sort(key=lambda listed: listed[0].key)
         if limit is None or len(found) <= limit:
             return found, False  # each ledger gave fewer than it was asked: all read
@@ -581,6 +609,56 @@ class ApprovalService:
                                            approval.answered_by or "runtime", own=True)
                 else:
                     await store.settle(approval.id, "applied")
+
+
+class _Owners:
+    """What a `viewer`'s page sees. The owners of the threads it meets with none recorded on
+    their ledgers are looked up (at most `_OWNER_READS` threads, for `_OWNER_ROWS`
+    approvals) and recorded, so no later page looks them up again."""
+
+    def __init__(self, viewer: Viewer,
+                 lookup: Callable[[str], Awaitable[ThreadOwner | None]]) -> None:
+        self.viewer = viewer
+        self._lookup = lookup
+        self._found: dict[str, ThreadOwner | None] = {}
+        self._met: set[str] = set()  # the approvals whose owner it found
+
+    async def sees_thread(self, thread_id: str) -> bool:
+        return self.viewer.sees(await self._lookup(thread_id))
+
+    async def record(self, read: Sequence[tuple[Approval, ApprovalStore, object]]) -> None:
+        """Look up the owners of `read`'s threads that have none recorded, oldest first,
+        while lookups are left; record each on its ledger."""
+        now = time.time()
+        recording: list[tuple[ApprovalStore, ThreadOwner | None, list[str]]] = []
+        for approval, store, _ in read:
+            thread_id = approval.thread_id
+            if approval.owner_known or len(self._met) >= _OWNER_ROWS:
+                continue
+            if thread_id not in self._found:
+                if len(self._found) >= _OWNER_READS:
+                    continue
+                self._found[thread_id] = await self._lookup(thread_id)
+            owner = self._found[thread_id]
+            self._met.add(approval.id)
+            if owner is None and approval.created_at > now - _OWNER_GRACE:
+                continue  # maybe not stored yet: nobody's for now, looked up next time
+            for known_store, known_owner, ids in recording:
+                if known_store is store and known_owner == owner:
+                    ids.append(approval.id)
+                    break
+            else:
+                recording.append((store, owner, [approval.id]))
+        for store, owner, ids in recording:
+            await store.record_owner(ids, owner)
+
+    def known(self, approval: Approval) -> bool:
+        """Whether its owner is known: recorded, or found by this page."""
+        return approval.owner_known or approval.id in self._met
+
+    def sees(self, approval: Approval) -> bool:
+        return self.viewer.sees(approval.owner if approval.owner_known
+                                else self._found[approval.thread_id])
 
 
 #: The code of an answer a guardrail refused (as the GraphQL edge says of a refused run).

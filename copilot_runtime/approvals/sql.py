@@ -1,6 +1,9 @@
 """The approval ledger in SQL: SQLite (aiosqlite) or PostgreSQL (psycopg), beside the checkpoints.
 
-One table, `<prefix>approvals`. The compare-and-set of `claim` is a single conditional
+One table, `<prefix>approvals`. Its `owner_id` and `owner_tenant` are the owner of each
+approval's thread once a listing has looked it up (`owner_id` '' for a thread without one,
+NULL until then: rows of an earlier release's, which gets the columns added). The
+compare-and-set of `claim` is a single conditional
 `UPDATE ... WHERE status = 'pending'`, so it holds across processes sharing the database,
 not only within one event loop. Values and answers are stored as JSON text.
 """
@@ -22,13 +25,19 @@ from copilot_runtime.approvals.ledger import (
     Approval,
     ApprovalKey,
     ApprovalStatus,
+    Viewer,
     _Listeners,
 )
+from copilot_runtime.threads.base import ThreadOwner
 
 __all__ = ["PostgresApprovalStore", "SQLiteApprovalStore"]
 
 _COLUMNS = ("id, thread_id, agent_id, value, created_at, expires_at, channel, status, "
-            "answer, answered_by, answered_at, applied")
+            "answer, answered_by, answered_at, applied, owner_id, owner_tenant")
+#: The columns an earlier release's table lacks, added at open.
+_ADDED = ("owner_id", "owner_tenant")
+#: The `owner_id` of an approval whose thread has no owner (no principal's id is empty).
+_NOBODY = ""
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _UNREACHABLE = "The approval store cannot be reached"
 
@@ -75,7 +84,7 @@ class _SQLApprovalStore(_Listeners, abc.ABC):
             f"agent_id TEXT NOT NULL, value TEXT NOT NULL, created_at {self._FLOAT} NOT NULL, "
             f"expires_at {self._FLOAT}, channel TEXT NOT NULL, status TEXT NOT NULL, "
             f"answer TEXT, answered_by TEXT, answered_at {self._FLOAT}, "
-            f"applied {self._BOOL} NOT NULL DEFAULT FALSE)",
+            f"applied {self._BOOL} NOT NULL DEFAULT FALSE, owner_id TEXT, owner_tenant TEXT)",
             f"CREATE INDEX IF NOT EXISTS {t}_by_status ON {t} (status, created_at)",
             # What recovery, and every LangGraph run (`LangGraphAgent._carrying_on`), reads:
             # the few answers not applied yet, never the whole history.
@@ -88,17 +97,24 @@ class _SQLApprovalStore(_Listeners, abc.ABC):
             "WHERE status = 'pending' AND expires_at IS NOT NULL",
         ]
 
+    def _owner_index(self) -> str:
+        # A viewer's listing (`find(viewer=)`): the rows of a tenant, of an owner in it, and
+        # those whose owner is not recorded (both NULL). After the columns are added.
+        t = self.table
+        return (f"CREATE INDEX IF NOT EXISTS {t}_by_owner ON {t} "
+                "(owner_tenant, owner_id, created_at)")
+
     # -- the store ---------------------------------------------------------------------
 
     async def add(self, approvals: Sequence[Approval]) -> None:
         added = 0
         for a in approvals:
             added += await self._execute(
-                f"INSERT INTO {self.table} ({_COLUMNS}) VALUES ({', '.join('?' * 12)}) "
+                f"INSERT INTO {self.table} ({_COLUMNS}) VALUES ({', '.join('?' * 14)}) "
                 "ON CONFLICT (id) DO NOTHING",
                 (a.id, a.thread_id, a.agent_id, _dump(a.value), a.created_at, a.expires_at,
                  a.channel, a.status, _dump(a.answer) if a.answer is not None else None,
-                 a.answered_by, a.answered_at, a.applied))
+                 a.answered_by, a.answered_at, a.applied, *_owner_columns(a.owner_known, a.owner)))
         if added:
             self._notify()
 
@@ -109,8 +125,8 @@ class _SQLApprovalStore(_Listeners, abc.ABC):
 
     async def find(self, *, status: ApprovalStatus | None = "pending",
                    thread_id: str | None = None, agent_id: str | None = None,
-                   after: ApprovalKey | None = None, limit: int | None = None
-                   ) -> list[Approval]:
+                   after: ApprovalKey | None = None, limit: int | None = None,
+                   viewer: Viewer | None = None) -> list[Approval]:
         where: list[str] = []
         params: list[Any] = []
         for column, value in (("status", status), ("thread_id", thread_id),
@@ -121,6 +137,10 @@ class _SQLApprovalStore(_Listeners, abc.ABC):
         if after is not None:
             where.append("(created_at > ? OR (created_at = ? AND id > ?))")
             params.extend((after[0], after[0], after[1]))
+        if viewer is not None:
+            seen, seen_params = _seen_by(viewer)
+            where.append(seen)
+            params.extend(seen_params)
         condition = f" WHERE {' AND '.join(where)}" if where else ""
         bound = ""
         if limit is not None:
@@ -130,6 +150,16 @@ class _SQLApprovalStore(_Listeners, abc.ABC):
             f"SELECT {_COLUMNS} FROM {self.table}{condition} ORDER BY created_at, id{bound}",
             params)
         return [_row(r) for r in rows]
+
+    async def record_owner(self, approval_ids: Collection[str],
+                           owner: ThreadOwner | None) -> None:
+        if not approval_ids:
+            return
+        await self._execute(
+            f"UPDATE {self.table} SET owner_id = ?, owner_tenant = ? WHERE owner_id IS NULL "
+            f"AND id IN ({', '.join('?' * len(approval_ids))})",
+            (*_owner_columns(True, owner),
+             *sorted(approval_ids)))
 
     async def claim(self, approval_id: str, status: Literal["answered", "expired"],
                     answer: Any, answered_by: str | None, at: float) -> Approval | None:
@@ -216,11 +246,27 @@ class SQLiteApprovalStore(_SQLApprovalStore):
                 try:
                     for statement in self._schema():
                         await conn.execute(statement.replace("DEFAULT FALSE", "DEFAULT 0"))
+                    await self._add_columns(conn)
+                    await conn.execute(self._owner_index())
                 except BaseException:
                     await asyncio.shield(conn.close())  # never leave a connection open
                     raise
                 self._conn = conn
         return self._conn
+
+    async def _add_columns(self, conn: Any) -> None:
+        """Add what an earlier release's table lacks (NULL in its rows)."""
+        import sqlite3
+
+        async with conn.execute(f"PRAGMA table_info({self.table})") as cursor:
+            present = {row[1] for row in await cursor.fetchall()}
+        for column in _ADDED:
+            if column not in present:
+                try:
+                    await conn.execute(f"ALTER TABLE {self.table} ADD COLUMN {column} TEXT")
+                except sqlite3.OperationalError as exc:
+                    if "duplicate column" not in str(exc):
+                        raise  # (another process opening the file added it first)
 
     async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         # A file held past the wait, or that cannot be written (a full disk): a 503, as the
@@ -270,6 +316,16 @@ class PostgresApprovalStore(_SQLApprovalStore):
                                    (f"copilot_runtime.approvals:{self.table}:",))
                 for statement in self._schema():
                     await conn.execute(statement)
+                for column in _ADDED:
+                    # Altered only when missing: ALTER TABLE waits for, and then holds up,
+                    # every statement of the other servers on the table.
+                    found = await (await conn.execute(
+                        "SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass "
+                        "AND attname = %s AND NOT attisdropped", (self.table, column))
+                    ).fetchone()
+                    if found is None:
+                        await conn.execute(f"ALTER TABLE {self.table} ADD COLUMN {column} TEXT")
+                await conn.execute(self._owner_index())
             self._ready = True
         return pool
 
@@ -298,9 +354,32 @@ def _dump(value: Any) -> str:
     return orjson.dumps(value, default=str).decode()
 
 
+def _owner_columns(known: bool, owner: ThreadOwner | None) -> tuple[str | None, str | None]:
+    """An approval's `owner_id, owner_tenant`: both NULL while its owner is not recorded."""
+    if not known:
+        return None, None
+    if owner is None:
+        return _NOBODY, None
+    return owner.principal_id, owner.tenant
+
+
+def _seen_by(viewer: Viewer) -> tuple[str, list[Any]]:
+    """The condition of `find(viewer=)`, with its parameters: the rows `viewer` sees (as
+    `Viewer.sees`), and those whose owner is not recorded yet."""
+    tenant = viewer.owner.tenant
+    same_tenant = "owner_tenant IS NULL" if tenant is None else "owner_tenant = ?"
+    params: list[Any] = [] if tenant is None else [tenant]
+    if viewer.approver:
+        owned, params = "owner_id <> ?", [*params, _NOBODY]  # every owned thread of it
+    else:
+        owned, params = "owner_id = ?", [*params, viewer.owner.principal_id]
+    return (f"((owner_tenant IS NULL AND owner_id IS NULL) OR ({same_tenant} AND {owned}))",
+            params)
+
+
 def _row(row: tuple[Any, ...]) -> Approval:
     (id_, thread_id, agent_id, value, created_at, expires_at, channel, status, answer,
-     answered_by, answered_at, applied) = row
+     answered_by, answered_at, applied, owner_id, owner_tenant) = row
     return Approval(
         id=id_, thread_id=thread_id, agent_id=agent_id, value=orjson.loads(value),
         created_at=float(created_at),
@@ -309,7 +388,8 @@ def _row(row: tuple[Any, ...]) -> Approval:
         answer=orjson.loads(answer) if answer is not None else None,
         answered_by=answered_by,
         answered_at=float(answered_at) if answered_at is not None else None,
-        applied=bool(applied))
+        applied=bool(applied), owner_known=owner_id is not None,
+        owner=ThreadOwner(owner_id, owner_tenant) if owner_id else None)
 
 
 async def _settled(lock: asyncio.Lock | None) -> None:

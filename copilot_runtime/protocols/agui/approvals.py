@@ -6,7 +6,10 @@ Routes, relative to the runtime's base path:
                                                   {"approvals": [...], "nextCursor"},
                                                   oldest first, 100 a page (`limit` up to
                                                   500), the next page from `cursor` (a
-                                                  `nextCursor`; null after the last);
+                                                  `nextCursor`; null after the last; a
+                                                  page short of `limit`, even empty, may
+                                                  have one: it looked up as many thread
+                                                  owners as a page may);
                                                   status: pending (default), answered,
                                                   expired, withdrawn or all
     GET  approvals/{id}                           {"approval": {...}}
@@ -29,7 +32,6 @@ an unknown id, 404; a thread with a run in progress, 409.
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import urllib.parse
@@ -44,8 +46,8 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._input import parse_json_body
 from copilot_runtime.approvals import Approval, ApprovalService, ApprovalStatus
-from copilot_runtime.approvals.ledger import ApprovalKey
-from copilot_runtime.auth import RequestInfo
+from copilot_runtime.approvals.ledger import ApprovalKey, Viewer
+from copilot_runtime.auth import RequestInfo, owner_of
 from copilot_runtime.protocols.http import (
     Request,
     from_cursor,
@@ -55,7 +57,7 @@ from copilot_runtime.protocols.http import (
     send_method_not_allowed,
     to_cursor,
 )
-from copilot_runtime.threads.base import MAX_ID_LENGTH, id_problem
+from copilot_runtime.threads.base import MAX_ID_LENGTH, ThreadOwner, id_problem
 
 __all__ = ["ApprovalRoutes", "approval_route"]
 
@@ -80,12 +82,17 @@ def approval_route(segments: list[str]) -> str | None:
 
 class ApprovalRoutes:
     def __init__(self, service: ApprovalService, *, max_body_size: int,
-                 can_approve: Callable[[RequestInfo | None, str], Awaitable[bool]] | None = None
-                 ) -> None:
+                 can_approve: Callable[[RequestInfo | None, str], Awaitable[bool]] | None = None,
+                 thread_owner: Callable[[str], Awaitable[ThreadOwner | None]] | None = None,
+                 approver_roles: frozenset[str] = frozenset()) -> None:
         self.service = service
         self.max_body_size = max_body_size
         #: Whether a caller may see and answer the approvals of a thread (None: everybody).
         self.can_approve = can_approve
+        #: A thread's owner, and the roles that see every thread of their tenant: what a
+        #: listing filters by (`Viewer`, as `can_approve` decides), none without both.
+        self.thread_owner = thread_owner
+        self.approver_roles = approver_roles
 
     async def handle(self, request: Request, approval_id: str) -> None:
         await self.service.start()
@@ -123,14 +130,15 @@ class ApprovalRoutes:
             # None can be filed under it.
             await send_json(request, 200, {"approvals": [], "nextCursor": None})
             return
-        visible = None
-        if self.can_approve is not None and request.info is not None and (
+        viewer = None
+        if self.thread_owner is not None and request.info is not None and (
                 request.info.principal is not None):
-            visible = functools.partial(self.can_approve, request.info)
+            principal = request.info.principal
+            viewer = Viewer(owner_of(principal), bool(self.approver_roles & principal.roles))
         approvals, next_key = await self.service.page(
             status=_STATUSES[status_name], agent_id=agent_ids[0] if agent_ids else None,
             thread_id=thread_ids[0] if thread_ids else None, after=after, limit=limit,
-            visible=visible)
+            viewer=viewer, thread_owner=self.thread_owner)
         await send_json(request, 200, {
             "approvals": [a.to_json() for a in approvals],
             "nextCursor": None if next_key is None else to_cursor(next_key)})

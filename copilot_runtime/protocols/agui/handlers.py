@@ -20,11 +20,13 @@ hanging (a second run on a busy thread) we answer 409 instead.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import urllib.parse
 from typing import Any
 
+from copilot_runtime import _trust
 from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._exceptions import (
     ClientDisconnected,
@@ -77,8 +79,10 @@ class AGUIProtocol:
                  keepalive: float | None = 15.0) -> None:
         self.runtime = runtime
         self.max_body_size = max_body_size
-        self.approvals = ApprovalRoutes(runtime.approvals, max_body_size=max_body_size,
-                                        can_approve=runtime.can_approve)
+        self.approvals = ApprovalRoutes(
+            runtime.approvals, max_body_size=max_body_size, can_approve=runtime.can_approve,
+            thread_owner=functools.partial(_trust.thread_owner, runtime.runs),
+            approver_roles=runtime.approver_roles)
         self.keepalive = keepalive
 
     # -- multi-route -------------------------------------------------------------------
