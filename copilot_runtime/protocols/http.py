@@ -281,11 +281,11 @@ async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get(b"content-length")
     encoding = request.headers.get(b"content-encoding", b"identity").strip().lower()
     if encoding not in (b"identity", b""):
-        await _drain(request, int(declared) if declared is not None and declared.isdigit()
-                     else None)
+        await _refuse_unread(request, int(declared) if declared is not None
+                             and declared.isdigit() else None)
         raise UnsupportedEncodingError(encoding.decode("latin-1"))
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        await _drain(request, int(declared))
+        await _refuse_unread(request, int(declared))
         raise PayloadTooLargeError(limit)
     chunks: list[bytes] = []
     size = 0
@@ -339,6 +339,18 @@ async def _receive_within(request: Request, seconds: float) -> MutableMapping[st
         raise
     finally:
         timer.cancel()
+
+
+async def _refuse_unread(request: Request, declared: int | None) -> None:
+    """Prepare the refusal of a body none of which was read: drained (`_drain`), unless the
+    client waits for a `100 Continue` before sending it (the first read would invite it):
+    then the answer closes the connection instead, so what of the body it sends anyway is
+    not read as its next request."""
+    expect = request.headers.get(b"expect", b"")
+    if expect.strip().lower() == b"100-continue":
+        request.answer_headers = [*request.answer_headers, (b"connection", b"close")]
+        return
+    await _drain(request, declared)
 
 
 async def _drain(request: Request, declared: int | None) -> None:
