@@ -70,6 +70,16 @@ async def test_sse_headers(served: Served) -> None:
     body = await response.read()
     assert b"event:" not in body
     assert b"null" not in body
+    assert "connection" not in response.headers  # (HTTP/1.1 keeps it)
+
+
+async def test_a_stream_that_closes_its_connection_says_so_once(served: Served) -> None:
+    """A client that asked to close its connection got `connection: keep-alive` (the
+    stream's own header) and `connection: close` (the server's)."""
+    response = await served.post("/agent/default/run", run_input("hi", thread="closing"),
+                                 headers={"Connection": "close"})
+    await response.read()
+    assert response.headers.getall("connection") == ["close"]
 
 
 async def test_second_turn_echoes_only_new_messages(served: Served) -> None:

@@ -74,10 +74,11 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
 
+#: No `Connection`: the server says it (an HTTP/1.1 connection is kept unless it says
+#: `close`, for an HTTP/1.0 client or one that asked; a `keep-alive` here contradicted it).
 _SSE_HEADERS: Headers = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),
-    (b"connection", b"keep-alive"),
     (b"x-accel-buffering", b"no"),
 ]
 _JSON = (b"content-type", b"application/json")
