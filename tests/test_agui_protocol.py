@@ -399,6 +399,34 @@ async def test_envelope_content_type_and_json(served: Served) -> None:
     assert response.status == 404
 
 
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("POST", "/agent/default/run", run_input("hi", thread="plain")),
+    ("POST", "/agent/default/connect", run_input("hi", thread="plain")),
+    ("POST", "/agent/default/stop/plain", {}),
+    ("POST", "/approvals/some-id", {"action": "approve"}),
+    ("PATCH", "/threads/plain", {"name": "forged"}),
+])
+async def test_multi_route_bodies_must_be_json(served: Served, method: str, path: str,
+                                               body: Any) -> None:
+    """A `text/plain` POST is one a browser sends cross-site without a preflight, with the
+    user's cookies when CORS allows credentials: it started runs, stopped them and answered
+    approvals (the single route already answered 415). Now a body of these routes is JSON
+    by its Content-Type; a stop without a body needs none."""
+    response = await served.session.request(method, served.url + path, data=orjson.dumps(body),
+                                            headers={"Content-Type": "text/plain"})
+    assert response.status == 415, await response.read()
+    assert (await response.json())["code"] == "UNSUPPORTED_MEDIA_TYPE"
+    assert await served.runtime.store.summary("plain") is None
+    for json_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        response = await served.session.request(
+            method, served.url + path, data=orjson.dumps(body),
+            headers={"Content-Type": json_type})
+        assert response.status != 415, await response.read()
+        await response.read()
+    response = await served.session.post(served.url + "/agent/default/stop/plain")
+    assert response.status == 200
+
+
 async def test_envelope_run_and_connect(served: Served) -> None:
     events = await served.run({"method": "agent/run", "params": {"agentId": "default"},
                                "body": run_input("single", thread="t-single")}, path="")
