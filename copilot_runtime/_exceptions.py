@@ -282,11 +282,16 @@ class RequestTimeoutError(RequestError):
         self.seconds = seconds
 
 
-class UnsupportedEncodingError(RequestError):
-    """A body sent compressed (`Content-Encoding`): the runtime reads bodies as they are."""
+class UnsupportedMediaTypeError(RequestError):
+    """A body the route does not read: not JSON where it takes JSON (a browser sends a
+    cross-site `text/plain` POST, cookies and all, without asking first), or compressed."""
 
     status = 415
     code = "UNSUPPORTED_MEDIA_TYPE"
+
+
+class UnsupportedEncodingError(UnsupportedMediaTypeError):
+    """A body sent compressed (`Content-Encoding`): the runtime reads bodies as they are."""
 
     def __init__(self, encoding: str) -> None:
         super().__init__(f"Content-Encoding {encoding[:40]!r} is not supported: send the "

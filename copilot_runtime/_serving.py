@@ -95,6 +95,9 @@ class _HeadersTooLarge(Exception):
 
 _TOO_LARGE = _answer(b"431 Request Header Fields Too Large", b"",
                      b"Request headers are too large")
+#: Whether the protocol is httptools', whose callbacks tell where a body is (uvicorn's h11
+#: protocol bounds a request's headers itself).
+_PARSER_COUNTED = AutoHTTPProtocol.__name__ == "HttpToolsProtocol"
 
 
 def default_connection_limit() -> int:
@@ -120,6 +123,12 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     #: The bytes of the request's line and headers so far, and whether they were too many.
     _header_bytes = 0
     _headers_too_large = False
+    #: The bytes received since the last request's headers came, outside its body (a line
+    #: httptools has not finished, which `on_header` does not see yet); whether the parser
+    #: is in a body, and whether a request ended in the bytes being parsed.
+    _unparsed_bytes = 0
+    _in_body = False
+    _message_ended = False
     #: What was still to send when `_write_timer` was set.
     _pending = 0
 
@@ -137,21 +146,45 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._headers_too_large:
+            return  # answered 431: parsed no further
         cycle = self.cycle
+        self._message_ended = False
         super().data_received(data)
         if self.cycle is not cycle and self.cycle is not None:  # a request's headers came
             self.cycle.scope.setdefault("extensions", {})[ABORT_EXTENSION] = self.give_up
             self._awaiting = False
-        elif self._awaiting:
+            self._unparsed_bytes = 0
+            return
+        if self._awaiting:
             self._heard = True
+        if _PARSER_COUNTED and not (self._in_body or self._message_ended):
+            self._count_unparsed(len(data))
 
     # A request's line and headers, counted as the parser reads them (httptools; uvicorn's
     # h11 protocol bounds them itself): past `MAX_HEADER_BYTES` the parse stops and the
     # request is answered 431 (the body of an earlier request answered early is not counted).
+    # httptools hands a header over only once its line ends, joining the line's pieces
+    # until then (quadratic: a line of megabytes stalls the loop), so the bytes received
+    # while it reads a request's line and headers are counted too.
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._header_bytes = 0
+
+    def on_headers_complete(self) -> None:
+        self._in_body = True
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_body, self._message_ended = False, True
+        super().on_message_complete()
+
+    def _count_unparsed(self, size: int) -> None:
+        self._unparsed_bytes += size
+        if self._unparsed_bytes > MAX_HEADER_BYTES and not self.transport.is_closing():
+            self._headers_too_large = True
+            self._refuse_headers()
 
     def on_url(self, url: bytes) -> None:
         self._count_header(len(url))
@@ -170,6 +203,14 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     def send_400_response(self, msg: str) -> None:
         if not self._headers_too_large:
             super().send_400_response(msg)
+            return
+        self._refuse_headers()
+
+    def _refuse_headers(self) -> None:
+        """Answer 431 and close: aborted instead while an earlier request's answer is
+        being written (a 431 inside it would corrupt it)."""
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.give_up()
             return
         self._stop_timers()
         self.transport.write(_TOO_LARGE)

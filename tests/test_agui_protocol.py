@@ -70,6 +70,16 @@ async def test_sse_headers(served: Served) -> None:
     body = await response.read()
     assert b"event:" not in body
     assert b"null" not in body
+    assert "connection" not in response.headers  # (HTTP/1.1 keeps it)
+
+
+async def test_a_stream_that_closes_its_connection_says_so_once(served: Served) -> None:
+    """A client that asked to close its connection got `connection: keep-alive` (the
+    stream's own header) and `connection: close` (the server's)."""
+    response = await served.post("/agent/default/run", run_input("hi", thread="closing"),
+                                 headers={"Connection": "close"})
+    await response.read()
+    assert response.headers.getall("connection") == ["close"]
 
 
 async def test_second_turn_echoes_only_new_messages(served: Served) -> None:
@@ -387,6 +397,34 @@ async def test_envelope_content_type_and_json(served: Served) -> None:
     assert (await response.json())["message"] == "Invalid JSON payload"
     response = await served.post("", {"method": "agent/run", "params": {"agentId": "nope"}})
     assert response.status == 404
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("POST", "/agent/default/run", run_input("hi", thread="plain")),
+    ("POST", "/agent/default/connect", run_input("hi", thread="plain")),
+    ("POST", "/agent/default/stop/plain", {}),
+    ("POST", "/approvals/some-id", {"action": "approve"}),
+    ("PATCH", "/threads/plain", {"name": "forged"}),
+])
+async def test_multi_route_bodies_must_be_json(served: Served, method: str, path: str,
+                                               body: Any) -> None:
+    """A `text/plain` POST is one a browser sends cross-site without a preflight, with the
+    user's cookies when CORS allows credentials: it started runs, stopped them and answered
+    approvals (the single route already answered 415). Now a body of these routes is JSON
+    by its Content-Type; a stop without a body needs none."""
+    response = await served.session.request(method, served.url + path, data=orjson.dumps(body),
+                                            headers={"Content-Type": "text/plain"})
+    assert response.status == 415, await response.read()
+    assert (await response.json())["code"] == "UNSUPPORTED_MEDIA_TYPE"
+    assert await served.runtime.store.summary("plain") is None
+    for json_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        response = await served.session.request(
+            method, served.url + path, data=orjson.dumps(body),
+            headers={"Content-Type": json_type})
+        assert response.status != 415, await response.read()
+        await response.read()
+    response = await served.session.post(served.url + "/agent/default/stop/plain")
+    assert response.status == 200
 
 
 async def test_envelope_run_and_connect(served: Served) -> None:

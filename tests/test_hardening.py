@@ -458,6 +458,31 @@ async def test_slow_over_limit_upload_reads_its_413(llm: MockOpenAIServer, chunk
             await task
 
 
+@pytest.mark.parametrize(("refused", "header"), [
+    (413, "Content-Length: 60000000"),
+    (415, "Content-Encoding: gzip\r\nContent-Length: 100")])
+@pytest.mark.parametrize("path", ["/api/agent/default/run", "/api"])
+async def test_a_body_refused_unread_is_not_invited(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime, refused: int, header: str,
+        path: str) -> None:
+    """A client that waits for `100 Continue` before sending a body the server refuses
+    whatever it is (over the limit, compressed) was invited to send it, and 60 MB were
+    read before the 413. Now it is refused at once, the connection closed after."""
+    async with asyncio.timeout(TIMEOUT), \
+            serve_runtime(openai_runtime(llm), "/api", max_body_size=50_000) as served:
+        port = int(served.url.rsplit(":", 1)[1].split("/", 1)[0])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json"
+                         f"\r\nExpect: 100-continue\r\n{header}\r\n\r\n".encode())
+            answer = await reader.read()  # (to the close)
+        finally:
+            writer.close()
+        assert answer.startswith(b"HTTP/1.1 %d " % refused), answer
+        assert answer.lower().count(b"\r\nconnection: close\r\n") == 1, answer
+        assert types(await served.run(run_input("after"))) [-1] == "RUN_FINISHED"
+
+
 async def _stall_mid_body(port: int, method: str, path: str) -> bytes:
     """Send the head and a third of the declared body, then nothing: the answer it gets."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -28,7 +28,8 @@ EXPECTED = [
     "Coordinator", "coordinator",
     "AgentExecutionError", "ContentFilteredError", "JSONTooDeepError", "ModelNotAllowedError",
     "NothingToResumeError", "RateLimitedError", "RequestTimeoutError", "ThreadNotFoundError",
-    "TranscriptionError", "UnsupportedEncodingError", "UpstreamConnectionError",
+    "TranscriptionError", "UnsupportedEncodingError", "UnsupportedMediaTypeError",
+    "UpstreamConnectionError",
     "UpstreamProtocolError",
 ]
 
@@ -51,10 +52,12 @@ def test_exception_hierarchy() -> None:
     for name in ("JSONTooDeepError", "ModelNotAllowedError"):
         assert issubclass(getattr(copilot_runtime, name), copilot_runtime.InvalidRequestError)
     for name in ("RateLimitedError", "RequestTimeoutError", "ThreadNotFoundError",
-                 "TranscriptionError", "UnsupportedEncodingError"):
+                 "TranscriptionError", "UnsupportedMediaTypeError"):
         assert issubclass(getattr(copilot_runtime, name), copilot_runtime.RequestError)
     for name in ("ContentFilteredError", "UpstreamConnectionError", "UpstreamProtocolError"):
         assert issubclass(getattr(copilot_runtime, name), copilot_runtime.UpstreamError)
+    assert issubclass(copilot_runtime.UnsupportedEncodingError,
+                      copilot_runtime.UnsupportedMediaTypeError)
     assert issubclass(copilot_runtime.NothingToResumeError, copilot_runtime.ApprovalError)
     assert issubclass(copilot_runtime.AgentExecutionError, base)
     assert copilot_runtime.ThreadNotFoundError("t").status == 404

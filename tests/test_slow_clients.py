@@ -320,6 +320,36 @@ async def test_headers_past_their_bound_are_answered_431_and_closed() -> None:
         assert len(server.server_state.connections) == 0
 
 
+async def test_a_header_line_that_never_ends_is_answered_431() -> None:
+    """httptools hands a header over only once its line ends: one line of 60 MiB without
+    an end was never counted, joined piece by piece (quadratic: other connections waited
+    seconds) until the header timer cut it. Now the bytes of an unfinished line count, on a
+    first request as on a next one, and the server goes on serving."""
+    runtime = CopilotRuntime(agents={"default": Flood()})
+    endless = b"GET /api/info HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (200 * 1024)
+    async with serving(create_app(runtime, PATH)) as (server, port):
+        loop = asyncio.get_running_loop()
+        for first in (b"", b"GET /api/info HTTP/1.1\r\nHost: x\r\n\r\n"):
+            sock = await raw_socket(port, first)
+            try:
+                if first:
+                    answer = await loop.sock_recv(sock, 65536)
+                    assert answer.startswith(b"HTTP/1.1 200 "), answer
+                with contextlib.suppress(OSError):  # (cut once answered)
+                    await loop.sock_sendall(sock, endless)
+                answer = await read_until_closed(sock, 5)  # (the header timer is 10 s)
+                assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+            finally:
+                sock.close()
+        sock = await raw_socket(port, b"GET /api/info HTTP/1.1\r\nHost: x\r\n"
+                                      b"Connection: close\r\n\r\n")
+        try:
+            assert (await read_until_closed(sock, 10)).startswith(b"HTTP/1.1 200 ")
+        finally:
+            sock.close()
+        assert len(server.server_state.connections) == 0
+
+
 async def test_the_body_of_a_request_answered_early_is_not_counted_as_headers() -> None:
     """A request answered before its body is read (an unknown agent's 404, a 401) gets
     the rest of its body after the answer: the first header bound counted those bytes as the

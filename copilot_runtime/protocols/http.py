@@ -37,6 +37,7 @@ from copilot_runtime._exceptions import (
     RequestTimeoutError,
     ServiceUnavailableError,
     UnsupportedEncodingError,
+    UnsupportedMediaTypeError,
 )
 from copilot_runtime._limits import replayable
 from copilot_runtime._runs import ActiveRun
@@ -74,10 +75,11 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
 
+#: No `Connection`: the server says it (an HTTP/1.1 connection is kept unless it says
+#: `close`, for an HTTP/1.0 client or one that asked; a `keep-alive` here contradicted it).
 _SSE_HEADERS: Headers = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),
-    (b"connection", b"keep-alive"),
     (b"x-accel-buffering", b"no"),
 ]
 _JSON = (b"content-type", b"application/json")
@@ -154,9 +156,18 @@ class Request:
         return forwardable(self.headers.items(), credentials=credentials)
 
     def is_json(self) -> bool:
+        """Whether the body is JSON by its Content-Type (`application/json`, or a type of
+        the `+json` suffix): none a browser sends cross-site without a preflight."""
         content_type = self.headers.get(b"content-type", b"")
-        return content_type.split(b";", 1)[0].strip().lower() in (
-            b"application/json", b"application/graphql-response+json")
+        mime = content_type.split(b";", 1)[0].strip().lower()
+        return mime == b"application/json" or (
+            mime.startswith(b"application/") and mime.endswith(b"+json"))
+
+    def has_body(self) -> bool:
+        """Whether a body comes (a length that is not 0, or chunks)."""
+        length = self.headers.get(b"content-length")
+        return b"transfer-encoding" in self.headers or (
+            length is not None and length.strip().lstrip(b"0") != b"")
 
 
 def _combined(raw: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
@@ -197,6 +208,7 @@ def request_info(request: Request) -> RequestInfo:
 # long: see `_drain`.
 _DRAIN_BYTES = 64 * 1024 * 1024
 _DRAIN_SECONDS = 30.0
+_NOT_JSON = "The request body must be JSON, sent as Content-Type: application/json"
 #: The longest silence while a body arrives: past it the request is answered 408, so a
 #: client that sends part of a body and stops cannot hold its request open for ever.
 BODY_IDLE_SECONDS = 30.0
@@ -273,19 +285,24 @@ async def _send_body(request: Request, body: bytes, *, more_body: bool) -> None:
 ABORT_EXTENSION = "copilot_runtime.abort"
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, *, json: bool = False) -> bytes:
     """The whole body, or `PayloadTooLargeError` once it is known to exceed `limit`
     (`RequestTimeoutError` if it stops arriving for `BODY_IDLE_SECONDS`, or is not all there
     after `BODY_SECONDS`; `UnsupportedEncodingError` if it is compressed: nothing here
-    decompresses, and JSON's parser would call the bytes malformed)."""
-    declared = request.headers.get(b"content-length")
+    decompresses, and JSON's parser would call the bytes malformed). With `json`, a body
+    whose Content-Type is not JSON is refused (`UnsupportedMediaTypeError`): a cross-site
+    `text/plain` POST carries the user's cookies, and no preflight lets the site refuse it."""
+    header = request.headers.get(b"content-length")
+    declared = int(header) if header is not None and header.isdigit() else None
     encoding = request.headers.get(b"content-encoding", b"identity").strip().lower()
+    if json and not request.is_json() and request.has_body():
+        await _refuse_unread(request, declared)
+        raise UnsupportedMediaTypeError(_NOT_JSON)
     if encoding not in (b"identity", b""):
-        await _drain(request, int(declared) if declared is not None and declared.isdigit()
-                     else None)
+        await _refuse_unread(request, declared)
         raise UnsupportedEncodingError(encoding.decode("latin-1"))
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        await _drain(request, int(declared))
+    if declared is not None and declared > limit:
+        await _refuse_unread(request, declared)
         raise PayloadTooLargeError(limit)
     chunks: list[bytes] = []
     size = 0
@@ -339,6 +356,18 @@ async def _receive_within(request: Request, seconds: float) -> MutableMapping[st
         raise
     finally:
         timer.cancel()
+
+
+async def _refuse_unread(request: Request, declared: int | None) -> None:
+    """Prepare the refusal of a body none of which was read: drained (`_drain`), unless the
+    client waits for a `100 Continue` before sending it (the first read would invite it):
+    then the answer closes the connection instead, so what of the body it sends anyway is
+    not read as its next request."""
+    expect = request.headers.get(b"expect", b"")
+    if expect.strip().lower() == b"100-continue":
+        request.answer_headers = [*request.answer_headers, (b"connection", b"close")]
+        return
+    await _drain(request, declared)
 
 
 async def _drain(request: Request, declared: int | None) -> None:

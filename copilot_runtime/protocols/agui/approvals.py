@@ -144,7 +144,7 @@ class ApprovalRoutes:
             "nextCursor": None if next_key is None else to_cursor(next_key)})
 
     async def _answer(self, request: Request, approval_id: str) -> None:
-        data = parse_json_body(await read_body(request, self.max_body_size))
+        data = parse_json_body(await read_body(request, self.max_body_size, json=True))
         answer, wait = _parse_answer(data)
         approval, _, _ = await self.service.get(approval_id)
         await self._check_access(request, approval)

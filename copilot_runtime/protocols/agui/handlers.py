@@ -158,7 +158,7 @@ class AGUIProtocol:
 
     async def _run_or_connect(self, request: Request, agent_id: str, what: str) -> None:
         self.runtime.agent(agent_id)  # 404 before reading a body we would not use
-        body = await read_body(request, self.max_body_size)
+        body = await read_body(request, self.max_body_size, json=True)
         await self._start(request, agent_id, what, parse_json_body(body))
 
     async def _start(self, request: Request, agent_id: str, what: str, data: Any) -> None:
@@ -175,7 +175,7 @@ class AGUIProtocol:
 
     async def _stop_rest(self, request: Request, agent_id: str, thread_id: str) -> None:
         self.runtime.agent(agent_id)
-        body = await read_body(request, self.max_body_size)
+        body = await read_body(request, self.max_body_size, json=True)
         run_id: str | None = None
         if body.strip():
             try:
@@ -257,8 +257,8 @@ class AGUIProtocol:
     async def _change_thread(self, request: Request, thread_id: str) -> None:
         """PATCH `{"name": ...}` renames a thread, DELETE forgets it; someone else's thread,
         or a running one, is answered as the TypeScript runtime answers a missing one."""
-        body = await read_body(request, self.max_body_size) if request.method == "PATCH" \
-            else b""
+        body = await read_body(request, self.max_body_size, json=True) \
+            if request.method == "PATCH" else b""
         owner = self.runtime.owner_filter(request.info)
         if id_problem(thread_id) is not None:
             raise ThreadNotFoundError(thread_id)
