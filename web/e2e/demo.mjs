@@ -319,9 +319,13 @@ async function restartPhase(p) {
 }
 
 // ---- phase three: edges (a server with a short approval timeout) ----------------------------
-// Raw HTML in a message: an iframe whose srcdoc runs script, and an image whose onerror does.
+// Raw HTML in a message: an iframe whose srcdoc runs script, an image whose onerror does, and
+// an outside image (a tracking pixel, fetched as the thread is shown) and link (phishing).
+const PLANTED_HOST = "tracker.invalid";
 const PLANTED = 'Summary. <iframe srcdoc="<script>parent.__pwned = 1</script>"></iframe> '
-  + '<img src="x" onerror="window.__pwned = 2">\n\n**bold words**\n\n- first item\n- second item\n\n`inline code`';
+  + `<img src="x" onerror="window.__pwned = 2"> <img src="https://${PLANTED_HOST}/pixel.png"> `
+  + `<a href="https://${PLANTED_HOST}/login">log in again</a>`
+  + '\n\n**bold words**\n\n- first item\n- second item\n\n`inline code`';
 
 async function edgesPhase(p) {
   const kind = p.kind;
@@ -335,12 +339,18 @@ async function edgesPhase(p) {
         { id: "u1", role: "user", content: "thanks" }] }),
     });
     await response.text();
+    const outside = [];
+    const toOutside = (request) => { if (request.url().includes(PLANTED_HOST)) outside.push(request.url()); };
+    p.page.on("request", toOutside);
     await p.open(`?agent=default&thread=${thread}`);
     const message = p.page.locator(p.ui.assistant, { hasText: "bold words" }).first();
     await message.waitFor({ timeout: TIMEOUT });
     await p.page.waitForTimeout(1000); // time for a planted script to run
+    p.page.off("request", toOutside);
     assert(await p.page.evaluate(() => window.__pwned === undefined), "the planted script ran");
-    const planted = await p.page.locator('iframe[srcdoc], img[src="x"]').count();
+    assert(outside.length === 0, `the page asked ${outside.join(", ")}`);
+    const planted = await p.page.locator(`iframe[srcdoc], img[src="x"], img[src*="${PLANTED_HOST}"], `
+      + `a[href*="${PLANTED_HOST}"]`).count();
     assert(planted === 0, `${planted} planted elements are in the page`);
     assert(await message.locator('strong, [data-streamdown="strong"]', { hasText: "bold words" }).count() === 1, "no bold");
     assert(await message.locator("li").count() === 2, "no list");

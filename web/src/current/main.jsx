@@ -10,6 +10,7 @@ import {
   useRenderTool,
 } from "@copilotkit/react-core/v2";
 import "@copilotkit/react-core/v2/styles.css";
+import { defaultRehypePlugins } from "streamdown";
 import { z } from "zod";
 import {
   ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered, useAccent,
@@ -55,6 +56,24 @@ function useApprovals(address, reload) {
   });
 }
 
+// 1.74's chat renders assistant markdown with Streamdown, whose default plugins make raw HTML
+// in a message real elements (scripts stripped, but an outside image is fetched as the thread
+// is shown, and a link or form is drawn by whoever steered the model). The page keeps its
+// other plugins (math, sanitizing, hardening links) and shows raw HTML as the text it is, as
+// the classic page does. (Streamdown is react-core's own dependency, hoisted by npm.)
+function rawHtmlAsText() {
+  const asText = (node) => {
+    for (const child of node.children ?? []) {
+      if (child.type === "raw") child.type = "text";
+      else asText(child);
+    }
+  };
+  return asText;
+}
+const { raw, ...otherRehypePlugins } = defaultRehypePlugins; // eslint-disable-line no-unused-vars
+const MESSAGE_VIEW = { assistantMessage: { markdownRenderer: {
+  rehypePlugins: [rawHtmlAsText, ...Object.values(otherRehypePlugins)] } } };
+
 // Tells the thread list when a run ends, so a new thread shows up.
 function useRunsFinished(agentId, onFinished) {
   const { agent } = useAgent({ agentId });
@@ -82,6 +101,7 @@ function Chat({ address, setAccent, onRunFinished, showError, reload }) {
         agentId={address.agent}
         threadId={address.threadId}
         labels={{ chatInputPlaceholder: "Ask the demo…" }}
+        messageView={MESSAGE_VIEW}
         onError={onError}
       />
     </div>
