@@ -6,7 +6,8 @@
 //   phase "main":    on both pages: a chat answer, the weather card, the frontend tool's
 //                    effect, a refresh restoring the thread, new thread and switching back,
 //                    stop mid-answer, the review loop revised twice then approved, the
-//                    account review approved (its timeout shown); leaves a review-loop
+//                    account review approved (its timeout shown), a thread opened while
+//                    the runtime refuses connections shown once it is back; leaves a review-loop
 //                    approval pending on each page for the restart phase.
 //   phase "restart": after the server was restarted: the threads of phase one come back on
 //                    both pages, and the pending approvals are revised, then approved.
@@ -276,6 +277,24 @@ async function mainPhase(p) {
     await p.shot(`${kind}-account-review`);
     await p.answer("ACME-001", "approve");
     await p.expectAssistant(/approv/i);
+  });
+
+  await step(p, "a thread opened while the runtime is away shows once it is back", async () => {
+    // The runtime refuses connections, as while the server restarts.
+    const runtime = (url) => url.pathname.startsWith("/copilotkit");
+    const [errorsBefore, failedBefore] = [consoleErrors.length, failedRequests.length];
+    await p.page.route(runtime, (route) => route.abort("connectionrefused"));
+    p.pagesOpened += 1;
+    await p.page.goto(`${base}${p.ui.path}?agent=default&thread=${threads[`${kind}:chat`]}`);
+    await p.page.locator(p.ui.input).waitFor({ timeout: TIMEOUT });
+    await p.page.waitForTimeout(1000);
+    await p.page.unroute(runtime);
+    await p.page.locator(p.ui.user, { hasText: "What is the weather in Paris?" }).waitFor({ timeout: 5000 });
+    await p.idle();
+    // What the outage itself made fail is no failure of the page.
+    const refused = (text) => /ERR_CONNECTION_REFUSED|Failed to fetch/.test(text);
+    consoleErrors.splice(errorsBefore, Infinity, ...consoleErrors.slice(errorsBefore).filter((e) => !refused(e.text)));
+    failedRequests.splice(failedBefore, Infinity, ...failedRequests.slice(failedBefore).filter((r) => !refused(r.error ?? "")));
   });
 
   {

@@ -13,8 +13,8 @@ import "@copilotkit/react-core/v2/styles.css";
 import { defaultRehypePlugins } from "streamdown";
 import { z } from "zod";
 import {
-  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered, useAccent,
-  useThreadAddress,
+  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered, runtimeAnswers,
+  useAccent, useThreadAddress,
 } from "../shared/demo.jsx";
 import "../shared/demo.css";
 
@@ -93,7 +93,11 @@ function Chat({ address, setAccent, onRunFinished, showError, reload }) {
   // The chat shows no run error itself: the page shows it above the chat. Only errors after
   // the person did something here: `connect` replays a thread's failed runs with their errors.
   const touched = useRef(false);
-  const onError = ({ error, code }) => { if (touched.current) showError(error?.message || String(code)); };
+  const onError = ({ error, code }) => {
+    // A thread opened while the runtime is away (a restart) is connected again once it answers.
+    if (code === "agent_connect_failed") runtimeAnswers().then(reload);
+    if (touched.current) showError(error?.message || String(code));
+  };
   return (
     <div className="chat-column" onKeyDownCapture={() => { touched.current = true; }}
          onPointerDownCapture={() => { touched.current = true; }}>

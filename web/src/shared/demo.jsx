@@ -192,6 +192,25 @@ function useSecondsLeft(expiresAt) {
   return Math.max(0, Math.ceil((Date.parse(expiresAt) - now) / 1000));
 }
 
+// `work` again, with back-off, until it succeeds: it fails while the runtime is away (a restart
+// of the server), and succeeds once it is back. Nothing more is tried once `stopped()`.
+export async function retried(work, stopped = () => false) {
+  for (let wait = 250; !stopped(); wait = Math.min(2 * wait, 4000)) {
+    try {
+      return await work();
+    } catch {
+      await new Promise((resolve) => setTimeout(resolve, wait));
+    }
+  }
+  return undefined;
+}
+
+// Resolves once the runtime answers (at once while it is up).
+export const runtimeAnswers = () => retried(async () => {
+  const response = await fetch(`${RUNTIME_URL}/info`);
+  if (!response.ok) throw new Error(`HTTP ${response.status}`);
+});
+
 // At an approval's deadline the runtime answers "timeout" itself (and refuses any later
 // answer), and a run carries the workflow on. Resolves once that run has ended (no approval of
 // the thread is past its deadline and not yet applied), so the page can show the thread as it
