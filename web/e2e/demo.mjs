@@ -12,7 +12,8 @@
 //   phase "restart": after the server was restarted: the threads of phase one come back on
 //                    both pages, and the pending approvals are revised, then approved.
 //   phase "edges":   against a server whose approvals time out in a few seconds: HTML planted
-//                    in a thread's messages stays text (markdown still renders), a thread
+//                    in a thread's messages stays text (markdown still renders), a thread of
+//                    the list's second page shown by its title and listed by "more", a thread
 //                    listed mid-run shows its title, an expired approval cannot be answered
 //                    and its outcome shows, and a stale answer (another tab answered) shows
 //                    the run's error while a tab opened then is asked the current question.
@@ -284,11 +285,14 @@ async function mainPhase(p) {
     const runtime = (url) => url.pathname.startsWith("/copilotkit");
     const [errorsBefore, failedBefore] = [consoleErrors.length, failedRequests.length];
     await p.page.route(runtime, (route) => route.abort("connectionrefused"));
-    p.pagesOpened += 1;
-    await p.page.goto(`${base}${p.ui.path}?agent=default&thread=${threads[`${kind}:chat`]}`);
-    await p.page.locator(p.ui.input).waitFor({ timeout: TIMEOUT });
-    await p.page.waitForTimeout(1000);
-    await p.page.unroute(runtime);
+    try {
+      p.pagesOpened += 1;
+      await p.page.goto(`${base}${p.ui.path}?agent=default&thread=${threads[`${kind}:chat`]}`);
+      await p.page.locator(p.ui.input).waitFor({ timeout: TIMEOUT });
+      await p.page.waitForTimeout(1000);
+    } finally {
+      await p.page.unroute(runtime);
+    }
     await p.page.locator(p.ui.user, { hasText: "What is the weather in Paris?" }).waitFor({ timeout: 5000 });
     await p.idle();
     // What the outage itself made fail is no failure of the page.
@@ -358,6 +362,7 @@ async function edgesPhase(p) {
         { id: "u1", role: "user", content: "thanks" }] }),
     });
     await response.text();
+    threads[`${kind}:planted`] = thread;
     const outside = [];
     const toOutside = (request) => { if (request.url().includes(PLANTED_HOST)) outside.push(request.url()); };
     p.page.on("request", toOutside);
@@ -374,6 +379,27 @@ async function edgesPhase(p) {
     assert(await message.locator('strong, [data-streamdown="strong"]', { hasText: "bold words" }).count() === 1, "no bold");
     assert(await message.locator("li").count() === 2, "no list");
     assert(await message.locator("code", { hasText: "inline code" }).count() === 1, "no code");
+  });
+
+  await step(p, "older threads are a click away", async () => {
+    // A list of two pages (the runtime's come 100 a page), the thread opened on the second.
+    const thread = threads[`${kind}:planted`];
+    const listed = (id, title) => ({ id, title, name: null, agentId: "default", updatedAt: new Date().toISOString() });
+    const list = (url) => url.pathname === "/copilotkit/threads";
+    await p.page.route(list, (route) => route.fulfill({ json: new URL(route.request().url()).searchParams.get("cursor")
+      ? { threads: [listed(thread, "Summarise my account")], nextCursor: null }
+      : { threads: [listed("newer-thread", "A newer thread")], nextCursor: "page-2" } }));
+    try {
+      await p.open(`?agent=default&thread=${thread}`);
+      const item = p.page.locator(`[data-testid="thread-item"][data-thread-id="${thread}"]`);
+      await item.filter({ hasText: "Summarise my account" }).waitFor({ timeout: 5000 });
+      await p.page.locator('[data-testid="more-threads"]').click();
+      await item.locator("button", { hasText: "Summarise my account" }).waitFor({ timeout: 5000 });
+      assert(await p.page.locator('[data-testid="thread-item"]').count() === 2, "a thread is listed twice");
+      assert(await p.page.locator('[data-testid="more-threads"]').count() === 0, "more is offered past the end");
+    } finally {
+      await p.page.unroute(list);
+    }
   });
 
   await step(p, "a thread listed mid-run shows its title", async () => {
