@@ -94,8 +94,9 @@ function Chat({ address, setAccent, onRunFinished, showError, reload }) {
   // the person did something here: `connect` replays a thread's failed runs with their errors.
   const touched = useRef(false);
   const onError = ({ error, code }) => {
-    // A thread opened while the runtime is away (a restart) is connected again once it answers.
-    if (code === "agent_connect_failed") runtimeAnswers().then(reload);
+    // A thread opened while the runtime is away (a restart) is connected again once it answers
+    // (a failed fetch; an HTTP error answer would only be given again).
+    if (code === "agent_connect_failed" && error instanceof TypeError) runtimeAnswers().then(reload);
     if (touched.current) showError(error?.message || String(code));
   };
   return (
