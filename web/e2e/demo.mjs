@@ -13,7 +13,8 @@
 //                    both pages, and the pending approvals are revised, then approved.
 //   phase "edges":   against a server whose approvals time out in a few seconds: HTML planted
 //                    in a thread's messages stays text (markdown still renders), a thread of
-//                    the list's second page shown by its title and listed by "more", a thread
+//                    the list's second page shown by its title and listed by "more", a run
+//                    the runtime refuses (400) shows the runtime's words, a thread
 //                    listed mid-run shows its title, an expired approval cannot be answered
 //                    and its outcome shows, and a stale answer (another tab answered) shows
 //                    the run's error while a tab opened then is asked the current question.
@@ -162,6 +163,13 @@ class DemoPage {
   }
 }
 
+// Leaves out the console errors and failed requests since the counts given that a step
+// provoked on purpose.
+function forget(errorsBefore, failedBefore, isProvokedError, isProvokedRequest) {
+  consoleErrors.splice(errorsBefore, Infinity, ...consoleErrors.slice(errorsBefore).filter((e) => !isProvokedError(e)));
+  failedRequests.splice(failedBefore, Infinity, ...failedRequests.slice(failedBefore).filter((r) => !isProvokedRequest(r)));
+}
+
 function assert(condition, message) {
   if (!condition) throw new Error(message);
 }
@@ -296,9 +304,8 @@ async function mainPhase(p) {
     await p.page.locator(p.ui.user, { hasText: "What is the weather in Paris?" }).waitFor({ timeout: 5000 });
     await p.idle();
     // What the outage itself made fail is no failure of the page.
-    const refused = (text) => /ERR_CONNECTION_REFUSED|Failed to fetch/.test(text);
-    consoleErrors.splice(errorsBefore, Infinity, ...consoleErrors.slice(errorsBefore).filter((e) => !refused(e.text)));
-    failedRequests.splice(failedBefore, Infinity, ...failedRequests.slice(failedBefore).filter((r) => !refused(r.error ?? "")));
+    const refused = /ERR_CONNECTION_REFUSED|Failed to fetch/;
+    forget(errorsBefore, failedBefore, (e) => refused.test(e.text), (r) => refused.test(r.error ?? ""));
   });
 
   {
@@ -400,6 +407,17 @@ async function edgesPhase(p) {
     } finally {
       await p.page.unroute(list);
     }
+  });
+
+  await step(p, "a refused run shows the runtime's words", async () => {
+    const [errorsBefore, failedBefore] = [consoleErrors.length, failedRequests.length];
+    await p.open(`?agent=default&thread=${"t".repeat(300)}`);
+    await p.send("Hello", { wait: false });
+    const banner = p.page.locator('[data-testid="run-error"]', { hasText: "The id is longer than 256 characters" });
+    await banner.waitFor({ timeout: TIMEOUT });
+    const text = await banner.innerText();
+    assert(!text.includes("{"), `the banner shows ${JSON.stringify(text)}`);
+    forget(errorsBefore, failedBefore, (e) => /status of 400|longer than 256/.test(e.text), (r) => r.status === 400);
   });
 
   await step(p, "a thread listed mid-run shows its title", async () => {

@@ -85,6 +85,21 @@ function useRunsFinished(agentId, onFinished) {
   }, [running, onFinished]);
 }
 
+// A run the runtime refused with an HTTP error (409 for a thread another tab runs, 400 for an
+// id too long) reaches onError as "HTTP 409: {its JSON body}": the banner shows the body's
+// words, as the classic page does.
+function errorText(error, code) {
+  const text = error?.message || String(code);
+  const answer = /^HTTP \d+: (\{.*\})$/s.exec(text);
+  try {
+    const body = JSON.parse(answer[1]);
+    const [detail] = typeof body.details === "string" ? JSON.parse(body.details) : [];
+    return body.message || [body.error, detail?.path?.join("."), detail?.message].filter(Boolean).join(": ") || text;
+  } catch {
+    return text; // no HTTP error, or a body that is no JSON of the runtime's
+  }
+}
+
 function Chat({ address, setAccent, onRunFinished, showError, reload }) {
   useWeatherCard(address.agent);
   useAccentTool(setAccent);
@@ -97,7 +112,7 @@ function Chat({ address, setAccent, onRunFinished, showError, reload }) {
     // A thread opened while the runtime is away (a restart) is connected again once it answers
     // (a failed fetch; an HTTP error answer would only be given again).
     if (code === "agent_connect_failed" && error instanceof TypeError) runtimeAnswers().then(reload);
-    if (touched.current) showError(error?.message || String(code));
+    if (touched.current) showError(errorText(error, code));
   };
   return (
     <div className="chat-column" onKeyDownCapture={() => { touched.current = true; }}
