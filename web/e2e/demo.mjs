@@ -303,6 +303,9 @@ async function mainPhase(p) {
     }
     await p.page.locator(p.ui.user, { hasText: "What is the weather in Paris?" }).waitFor({ timeout: 5000 });
     await p.idle();
+    await p.chooseAgent("review_loop"); // the page knows the runtime's agents again
+    await p.send("Draft an invoice for INITECH, two hours of support");
+    await p.panel().waitFor({ timeout: TIMEOUT });
     // What the outage itself made fail is no failure of the page.
     const refused = /ERR_CONNECTION_REFUSED|Failed to fetch/;
     forget(errorsBefore, failedBefore, (e) => refused.test(e.text), (r) => refused.test(r.error ?? ""));

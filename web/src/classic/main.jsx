@@ -18,7 +18,7 @@ import Markdown from "react-markdown";
 import remarkGfm from "remark-gfm";
 import {
   ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered, retried,
-  runtimeAnswers, useAccent, useThreadAddress,
+  useAccent, useReloadOnceAnswered, useThreadAddress,
 } from "../shared/demo.jsx";
 import "../shared/demo.css";
 
@@ -174,7 +174,8 @@ function Chat({ address, setAccent, onRunFinished, showError, reload }) {
   // A run's error goes to the page's banner (the stock ErrorMessage renders it as markdown
   // with raw HTML too), and the thread is shown again as the runtime has it, once the runtime
   // answers: a reload while it is away (a restart mid-answer) would show an empty chat.
-  const onError = ({ error }) => { showError(error?.message || String(error)); runtimeAnswers().then(reload); };
+  const reloadOnceAnswered = useReloadOnceAnswered(reload);
+  const onError = ({ error }) => { showError(error?.message || String(error)); reloadOnceAnswered(); };
   return (
     <div className="classic-chat">
       <PendingApproval agent={address.agent} threadId={address.threadId} reload={reload} showError={showError} />

@@ -13,8 +13,8 @@ import "@copilotkit/react-core/v2/styles.css";
 import { defaultRehypePlugins } from "streamdown";
 import { z } from "zod";
 import {
-  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered, runtimeAnswers,
-  useAccent, useThreadAddress,
+  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered, useAccent,
+  useReloadOnceAnswered, useThreadAddress,
 } from "../shared/demo.jsx";
 import "../shared/demo.css";
 
@@ -100,7 +100,7 @@ function errorText(error, code) {
   }
 }
 
-function Chat({ address, setAccent, onRunFinished, showError, reload }) {
+function Chat({ address, setAccent, onRunFinished, showError, reload, reconnect }) {
   useWeatherCard(address.agent);
   useAccentTool(setAccent);
   useApprovals(address, reload);
@@ -108,10 +108,11 @@ function Chat({ address, setAccent, onRunFinished, showError, reload }) {
   // The chat shows no run error itself: the page shows it above the chat. Only errors after
   // the person did something here: `connect` replays a thread's failed runs with their errors.
   const touched = useRef(false);
+  const reconnectOnceAnswered = useReloadOnceAnswered(reconnect);
   const onError = ({ error, code }) => {
     // A thread opened while the runtime is away (a restart) is connected again once it answers
     // (a failed fetch; an HTTP error answer would only be given again).
-    if (code === "agent_connect_failed" && error instanceof TypeError) runtimeAnswers().then(reload);
+    if (code === "agent_connect_failed" && error instanceof TypeError) reconnectOnceAnswered();
     if (touched.current) showError(errorText(error, code));
   };
   return (
@@ -136,17 +137,22 @@ function App() {
   // A remount of the chat connects to the thread again: it shows it as the runtime has it.
   const [reloads, setReloads] = useState(0);
   const reload = useCallback(() => setReloads((n) => n + 1), []);
+  // A remount of the provider asks the runtime again what it serves: one that could not be
+  // reached knows no agent, and its chat sends nothing.
+  const [connections, setConnections] = useState(0);
+  const reconnect = useCallback(() => setConnections((n) => n + 1), []);
   const [runError, setRunError] = useState(null);
   useEffect(() => setRunError(null), [address.agent, address.threadId]);
   return (
-    <CopilotKitProvider runtimeUrl={RUNTIME_URL}>
+    <CopilotKitProvider key={connections} runtimeUrl={RUNTIME_URL}>
       <Frame generation="CopilotKit react-core 1.74 · v2 chat · AG-UI"
              other={{ href: "/classic", label: "classic page (1.10.6, GraphQL) →" }}
              accent={accent} address={address} refreshKey={finishedRuns}>
         <div className="chat-column">
           {runError && <RunError message={runError} onDismiss={() => setRunError(null)} />}
           <Chat key={`${address.agent}:${address.threadId}:${reloads}`} address={address}
-                setAccent={setAccent} onRunFinished={onRunFinished} showError={setRunError} reload={reload} />
+                setAccent={setAccent} onRunFinished={onRunFinished} showError={setRunError} reload={reload}
+                reconnect={reconnect} />
         </div>
       </Frame>
     </CopilotKitProvider>

@@ -1,7 +1,7 @@
 // What both pages share, plain React with no CopilotKit import: the page frame, the agent
 // picker, the thread list (from the runtime's thread routes), the weather card and the approval
 // panel. Each page wires them to its own generation's CopilotKit hooks.
-import { useCallback, useEffect, useState } from "react";
+import { useCallback, useEffect, useRef, useState } from "react";
 
 export const AGENTS = [
   { id: "default", label: "Assistant (default)" },
@@ -272,11 +272,30 @@ export async function retried(work, stopped = () => false) {
   return undefined;
 }
 
-// Resolves once the runtime answers (at once while it is up).
-export const runtimeAnswers = () => retried(async () => {
+async function runtimeInfo() {
   const response = await fetch(`${RUNTIME_URL}/info`);
   if (!response.ok) throw new Error(`HTTP ${response.status}`);
-});
+}
+
+// A function that calls `reload` once the runtime answers (at once while it is up): once for
+// however many errors called it meanwhile, and not once the component is gone (the person
+// moved on; a late reload would remount the chat they are using).
+export function useReloadOnceAnswered(reload) {
+  const state = useRef({ mounted: true, waiting: false });
+  useEffect(() => {
+    state.current.mounted = true;
+    return () => { state.current.mounted = false; };
+  }, []);
+  return useCallback(() => {
+    const current = state.current;
+    if (current.waiting) return;
+    current.waiting = true;
+    retried(runtimeInfo, () => !current.mounted).then(() => {
+      current.waiting = false;
+      if (current.mounted) reload();
+    });
+  }, [reload]);
+}
 
 // At an approval's deadline the runtime answers "timeout" itself (and refuses any later
 // answer), and a run carries the workflow on. Resolves once that run has ended (no approval of
