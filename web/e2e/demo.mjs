@@ -297,7 +297,7 @@ async function mainPhase(p) {
       p.pagesOpened += 1;
       await p.page.goto(`${base}${p.ui.path}?agent=default&thread=${threads[`${kind}:chat`]}`);
       await p.page.locator(p.ui.input).waitFor({ timeout: TIMEOUT });
-      await p.page.waitForTimeout(1000);
+      await p.page.waitForTimeout(500); // the page's first asks are refused meanwhile
     } finally {
       await p.page.unroute(runtime);
     }
