@@ -147,7 +147,8 @@ def main_phase(demo: DemoServer, screenshots: Path) -> dict[str, Any]:
 
 MAIN_STEPS = ["chat", "weather card", "frontend tool", "refresh restores the thread",
               "new thread and switching back", "stop mid-answer",
-              "review loop: revise twice, then approve", "account review: approve"]
+              "review loop: revise twice, then approve", "account review: approve",
+              "a thread opened while the runtime is away shows once it is back"]
 
 
 @pytest.mark.parametrize("page", ["current", "classic"])
@@ -192,8 +193,8 @@ def test_a_restart_restores_the_threads(demo: DemoServer, main_phase: dict[str, 
 
 def test_edges(built_pages: Path, tmp_path_factory: pytest.TempPathFactory,
                screenshots: Path) -> None:
-    """Planted HTML, a thread listed mid-run, an expired approval, a stale answer: on a
-    server whose approvals time out in 6 s."""
+    """Planted HTML, a thread on the list's second page, a thread listed mid-run, an expired
+    approval, a stale answer: on a server whose approvals time out in 6 s."""
     server = DemoServer(tmp_path_factory.mktemp("demo-edges"), approval_timeout=6)
     server.start()
     try:
@@ -202,7 +203,8 @@ def test_edges(built_pages: Path, tmp_path_factory: pytest.TempPathFactory,
         server.stop()
     assert failures(result) == [], json.dumps(failures(result), indent=1)
     assert [s["step"] for s in result["steps"]] == 2 * [
-        "planted HTML stays text", "a thread listed mid-run shows its title",
+        "planted HTML stays text", "older threads are a click away",
+        "a refused run shows the runtime's words", "a thread listed mid-run shows its title",
         "an expired approval shows its outcome", "a stale answer shows the error"]
     # The stale answer's refusal is all that may show up as an error: the current client logs
     # the run's error, the classic page's answer is a 409.

@@ -6,12 +6,15 @@
 //   phase "main":    on both pages: a chat answer, the weather card, the frontend tool's
 //                    effect, a refresh restoring the thread, new thread and switching back,
 //                    stop mid-answer, the review loop revised twice then approved, the
-//                    account review approved (its timeout shown); leaves a review-loop
+//                    account review approved (its timeout shown), a thread opened while
+//                    the runtime refuses connections shown once it is back; leaves a review-loop
 //                    approval pending on each page for the restart phase.
 //   phase "restart": after the server was restarted: the threads of phase one come back on
 //                    both pages, and the pending approvals are revised, then approved.
 //   phase "edges":   against a server whose approvals time out in a few seconds: HTML planted
-//                    in a thread's messages stays text (markdown still renders), a thread
+//                    in a thread's messages stays text (markdown still renders), a thread of
+//                    the list's second page shown by its title and listed by "more", a run
+//                    the runtime refuses (400) shows the runtime's words, a thread
 //                    listed mid-run shows its title, an expired approval cannot be answered
 //                    and its outcome shows, and a stale answer (another tab answered) shows
 //                    the run's error while a tab opened then is asked the current question.
@@ -160,6 +163,13 @@ class DemoPage {
   }
 }
 
+// Leaves out the console errors and failed requests since the counts given that a step
+// provoked on purpose.
+function forget(errorsBefore, failedBefore, isProvokedError, isProvokedRequest) {
+  consoleErrors.splice(errorsBefore, Infinity, ...consoleErrors.slice(errorsBefore).filter((e) => !isProvokedError(e)));
+  failedRequests.splice(failedBefore, Infinity, ...failedRequests.slice(failedBefore).filter((r) => !isProvokedRequest(r)));
+}
+
 function assert(condition, message) {
   if (!condition) throw new Error(message);
 }
@@ -278,6 +288,29 @@ async function mainPhase(p) {
     await p.expectAssistant(/approv/i);
   });
 
+  await step(p, "a thread opened while the runtime is away shows once it is back", async () => {
+    // The runtime refuses connections, as while the server restarts.
+    const runtime = (url) => url.pathname.startsWith("/copilotkit");
+    const [errorsBefore, failedBefore] = [consoleErrors.length, failedRequests.length];
+    await p.page.route(runtime, (route) => route.abort("connectionrefused"));
+    try {
+      p.pagesOpened += 1;
+      await p.page.goto(`${base}${p.ui.path}?agent=default&thread=${threads[`${kind}:chat`]}`);
+      await p.page.locator(p.ui.input).waitFor({ timeout: TIMEOUT });
+      await p.page.waitForTimeout(500); // the page's first asks are refused meanwhile
+    } finally {
+      await p.page.unroute(runtime);
+    }
+    await p.page.locator(p.ui.user, { hasText: "What is the weather in Paris?" }).waitFor({ timeout: 5000 });
+    await p.idle();
+    await p.chooseAgent("review_loop"); // the page knows the runtime's agents again
+    await p.send("Draft an invoice for INITECH, two hours of support");
+    await p.panel().waitFor({ timeout: TIMEOUT });
+    // What the outage itself made fail is no failure of the page.
+    const refused = /ERR_CONNECTION_REFUSED|Failed to fetch/;
+    forget(errorsBefore, failedBefore, (e) => refused.test(e.text), (r) => refused.test(r.error ?? ""));
+  });
+
   {
     await step(p, "an approval left pending for the restart", async () => {
       await p.chooseAgent("review_loop");
@@ -319,9 +352,13 @@ async function restartPhase(p) {
 }
 
 // ---- phase three: edges (a server with a short approval timeout) ----------------------------
-// Raw HTML in a message: an iframe whose srcdoc runs script, and an image whose onerror does.
+// Raw HTML in a message: an iframe whose srcdoc runs script, an image whose onerror does, and
+// an outside image (a tracking pixel, fetched as the thread is shown) and link (phishing).
+const PLANTED_HOST = "tracker.invalid";
 const PLANTED = 'Summary. <iframe srcdoc="<script>parent.__pwned = 1</script>"></iframe> '
-  + '<img src="x" onerror="window.__pwned = 2">\n\n**bold words**\n\n- first item\n- second item\n\n`inline code`';
+  + `<img src="x" onerror="window.__pwned = 2"> <img src="https://${PLANTED_HOST}/pixel.png"> `
+  + `<a href="https://${PLANTED_HOST}/login">log in again</a>`
+  + '\n\n**bold words**\n\n- first item\n- second item\n\n`inline code`';
 
 async function edgesPhase(p) {
   const kind = p.kind;
@@ -335,16 +372,55 @@ async function edgesPhase(p) {
         { id: "u1", role: "user", content: "thanks" }] }),
     });
     await response.text();
+    threads[`${kind}:planted`] = thread;
+    const outside = [];
+    const toOutside = (request) => { if (request.url().includes(PLANTED_HOST)) outside.push(request.url()); };
+    p.page.on("request", toOutside);
     await p.open(`?agent=default&thread=${thread}`);
     const message = p.page.locator(p.ui.assistant, { hasText: "bold words" }).first();
     await message.waitFor({ timeout: TIMEOUT });
     await p.page.waitForTimeout(1000); // time for a planted script to run
+    p.page.off("request", toOutside);
     assert(await p.page.evaluate(() => window.__pwned === undefined), "the planted script ran");
-    const planted = await p.page.locator('iframe[srcdoc], img[src="x"]').count();
+    assert(outside.length === 0, `the page asked ${outside.join(", ")}`);
+    const planted = await p.page.locator(`iframe[srcdoc], img[src="x"], img[src*="${PLANTED_HOST}"], `
+      + `a[href*="${PLANTED_HOST}"]`).count();
     assert(planted === 0, `${planted} planted elements are in the page`);
     assert(await message.locator('strong, [data-streamdown="strong"]', { hasText: "bold words" }).count() === 1, "no bold");
     assert(await message.locator("li").count() === 2, "no list");
     assert(await message.locator("code", { hasText: "inline code" }).count() === 1, "no code");
+  });
+
+  await step(p, "older threads are a click away", async () => {
+    // A list of two pages (the runtime's come 100 a page), the thread opened on the second.
+    const thread = threads[`${kind}:planted`];
+    const listed = (id, title) => ({ id, title, name: null, agentId: "default", updatedAt: new Date().toISOString() });
+    const list = (url) => url.pathname === "/copilotkit/threads";
+    await p.page.route(list, (route) => route.fulfill({ json: new URL(route.request().url()).searchParams.get("cursor")
+      ? { threads: [listed(thread, "Summarise my account")], nextCursor: null }
+      : { threads: [listed("newer-thread", "A newer thread")], nextCursor: "page-2" } }));
+    try {
+      await p.open(`?agent=default&thread=${thread}`);
+      const item = p.page.locator(`[data-testid="thread-item"][data-thread-id="${thread}"]`);
+      await item.filter({ hasText: "Summarise my account" }).waitFor({ timeout: 5000 });
+      await p.page.locator('[data-testid="more-threads"]').click();
+      await item.locator("button", { hasText: "Summarise my account" }).waitFor({ timeout: 5000 });
+      assert(await p.page.locator('[data-testid="thread-item"]').count() === 2, "a thread is listed twice");
+      assert(await p.page.locator('[data-testid="more-threads"]').count() === 0, "more is offered past the end");
+    } finally {
+      await p.page.unroute(list);
+    }
+  });
+
+  await step(p, "a refused run shows the runtime's words", async () => {
+    const [errorsBefore, failedBefore] = [consoleErrors.length, failedRequests.length];
+    await p.open(`?agent=default&thread=${"t".repeat(300)}`);
+    await p.send("Hello", { wait: false });
+    const banner = p.page.locator('[data-testid="run-error"]', { hasText: "The id is longer than 256 characters" });
+    await banner.waitFor({ timeout: TIMEOUT });
+    const text = await banner.innerText();
+    assert(!text.includes("{"), `the banner shows ${JSON.stringify(text)}`);
+    forget(errorsBefore, failedBefore, (e) => /status of 400|longer than 256/.test(e.text), (r) => r.status === 400);
   });
 
   await step(p, "a thread listed mid-run shows its title", async () => {

@@ -17,8 +17,8 @@ import "@copilotkit/react-ui/styles.css";
 import Markdown from "react-markdown";
 import remarkGfm from "remark-gfm";
 import {
-  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered, useAccent,
-  useThreadAddress,
+  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered, retried,
+  useAccent, useReloadOnceAnswered, useThreadAddress,
 } from "../shared/demo.jsx";
 import "../shared/demo.css";
 
@@ -109,7 +109,7 @@ function useRestoreDefaultThread(agent, threadId) {
   useEffect(() => {
     if (agent !== "default") return undefined;
     let cancelled = false;
-    loadThread("default", threadId).then((messages) => {
+    retried(() => loadThread("default", threadId), () => cancelled).then((messages) => {
       if (!cancelled && messages) setMessages(messages);
     });
     return () => { cancelled = true; };
@@ -172,8 +172,10 @@ function Chat({ address, setAccent, onRunFinished, showError, reload }) {
   useRestoreDefaultThread(address.agent, address.threadId);
   useRunsFinished(onRunFinished);
   // A run's error goes to the page's banner (the stock ErrorMessage renders it as markdown
-  // with raw HTML too), and the thread is shown again as the runtime has it.
-  const onError = ({ error }) => { showError(error?.message || String(error)); reload(); };
+  // with raw HTML too), and the thread is shown again as the runtime has it, once the runtime
+  // answers: a reload while it is away (a restart mid-answer) would show an empty chat.
+  const reloadOnceAnswered = useReloadOnceAnswered(reload);
+  const onError = ({ error }) => { showError(error?.message || String(error)); reloadOnceAnswered(); };
   return (
     <div className="classic-chat">
       <PendingApproval agent={address.agent} threadId={address.threadId} reload={reload} showError={showError} />

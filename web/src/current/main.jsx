@@ -10,10 +10,11 @@ import {
   useRenderTool,
 } from "@copilotkit/react-core/v2";
 import "@copilotkit/react-core/v2/styles.css";
+import { defaultRehypePlugins } from "streamdown";
 import { z } from "zod";
 import {
   ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered, useAccent,
-  useThreadAddress,
+  useReloadOnceAnswered, useThreadAddress,
 } from "../shared/demo.jsx";
 import "../shared/demo.css";
 
@@ -55,6 +56,24 @@ function useApprovals(address, reload) {
   });
 }
 
+// 1.74's chat renders assistant markdown with Streamdown, whose default plugins make raw HTML
+// in a message real elements (scripts stripped, but an outside image is fetched as the thread
+// is shown, and a link or form is drawn by whoever steered the model). The page keeps its
+// other plugins (math, sanitizing, hardening links) and shows raw HTML as the text it is, as
+// the classic page does. (Streamdown is react-core's own dependency, hoisted by npm.)
+function rawHtmlAsText() {
+  const asText = (node) => {
+    for (const child of node.children ?? []) {
+      if (child.type === "raw") child.type = "text";
+      else asText(child);
+    }
+  };
+  return asText;
+}
+const { raw, ...otherRehypePlugins } = defaultRehypePlugins; // eslint-disable-line no-unused-vars
+const MESSAGE_VIEW = { assistantMessage: { markdownRenderer: {
+  rehypePlugins: [rawHtmlAsText, ...Object.values(otherRehypePlugins)] } } };
+
 // Tells the thread list when a run ends, so a new thread shows up.
 function useRunsFinished(agentId, onFinished) {
   const { agent } = useAgent({ agentId });
@@ -66,7 +85,22 @@ function useRunsFinished(agentId, onFinished) {
   }, [running, onFinished]);
 }
 
-function Chat({ address, setAccent, onRunFinished, showError, reload }) {
+// A run the runtime refused with an HTTP error (409 for a thread another tab runs, 400 for an
+// id too long) reaches onError as "HTTP 409: {its JSON body}": the banner shows the body's
+// words, as the classic page does.
+function errorText(error, code) {
+  const text = error?.message || String(code);
+  const answer = /^HTTP \d+: (\{.*\})$/s.exec(text);
+  try {
+    const body = JSON.parse(answer[1]);
+    const [detail] = typeof body.details === "string" ? JSON.parse(body.details) : [];
+    return body.message || [body.error, detail?.path?.join("."), detail?.message].filter(Boolean).join(": ") || text;
+  } catch {
+    return text; // no HTTP error, or a body that is no JSON of the runtime's
+  }
+}
+
+function Chat({ address, setAccent, onRunFinished, showError, reload, reconnect }) {
   useWeatherCard(address.agent);
   useAccentTool(setAccent);
   useApprovals(address, reload);
@@ -74,7 +108,13 @@ function Chat({ address, setAccent, onRunFinished, showError, reload }) {
   // The chat shows no run error itself: the page shows it above the chat. Only errors after
   // the person did something here: `connect` replays a thread's failed runs with their errors.
   const touched = useRef(false);
-  const onError = ({ error, code }) => { if (touched.current) showError(error?.message || String(code)); };
+  const reconnectOnceAnswered = useReloadOnceAnswered(reconnect);
+  const onError = ({ error, code }) => {
+    // A thread opened while the runtime is away (a restart) is connected again once it answers
+    // (a failed fetch; an HTTP error answer would only be given again).
+    if (code === "agent_connect_failed" && error instanceof TypeError) reconnectOnceAnswered();
+    if (touched.current) showError(errorText(error, code));
+  };
   return (
     <div className="chat-column" onKeyDownCapture={() => { touched.current = true; }}
          onPointerDownCapture={() => { touched.current = true; }}>
@@ -82,6 +122,7 @@ function Chat({ address, setAccent, onRunFinished, showError, reload }) {
         agentId={address.agent}
         threadId={address.threadId}
         labels={{ chatInputPlaceholder: "Ask the demo…" }}
+        messageView={MESSAGE_VIEW}
         onError={onError}
       />
     </div>
@@ -96,17 +137,22 @@ function App() {
   // A remount of the chat connects to the thread again: it shows it as the runtime has it.
   const [reloads, setReloads] = useState(0);
   const reload = useCallback(() => setReloads((n) => n + 1), []);
+  // A remount of the provider asks the runtime again what it serves: one that could not be
+  // reached knows no agent, and its chat sends nothing.
+  const [connections, setConnections] = useState(0);
+  const reconnect = useCallback(() => setConnections((n) => n + 1), []);
   const [runError, setRunError] = useState(null);
   useEffect(() => setRunError(null), [address.agent, address.threadId]);
   return (
-    <CopilotKitProvider runtimeUrl={RUNTIME_URL}>
+    <CopilotKitProvider key={connections} runtimeUrl={RUNTIME_URL}>
       <Frame generation="CopilotKit react-core 1.74 · v2 chat · AG-UI"
              other={{ href: "/classic", label: "classic page (1.10.6, GraphQL) →" }}
              accent={accent} address={address} refreshKey={finishedRuns}>
         <div className="chat-column">
           {runError && <RunError message={runError} onDismiss={() => setRunError(null)} />}
           <Chat key={`${address.agent}:${address.threadId}:${reloads}`} address={address}
-                setAccent={setAccent} onRunFinished={onRunFinished} showError={setRunError} reload={reload} />
+                setAccent={setAccent} onRunFinished={onRunFinished} showError={setRunError} reload={reload}
+                reconnect={reconnect} />
         </div>
       </Frame>
     </CopilotKitProvider>

@@ -1,7 +1,7 @@
 // What both pages share, plain React with no CopilotKit import: the page frame, the agent
 // picker, the thread list (from the runtime's thread routes), the weather card and the approval
 // panel. Each page wires them to its own generation's CopilotKit hooks.
-import { useCallback, useEffect, useState } from "react";
+import { useCallback, useEffect, useRef, useState } from "react";
 
 export const AGENTS = [
   { id: "default", label: "Assistant (default)" },
@@ -15,7 +15,13 @@ export const ACCENTS = ["teal", "crimson", "indigo", "orange", "green", "purple"
 export const RUNTIME_URL =
   document.querySelector('meta[name="copilot-runtime-url"]')?.getAttribute("content") || "/copilotkit";
 
-const newThreadId = () => crypto.randomUUID();
+// Threads this page started: the runtime has none of them before their first run.
+const startedHere = new Set();
+const newThreadId = () => {
+  const id = crypto.randomUUID();
+  startedHere.add(id);
+  return id;
+};
 
 // The agent and thread live in the address (?agent=&thread=), so a reload keeps them.
 export function useThreadAddress() {
@@ -91,23 +97,78 @@ function Hints({ agent }) {
   );
 }
 
-// Threads of the chosen agent, newest first, from GET {runtime}/threads?agentId=, each shown
-// by its name or title (the runtime's: the first user message, known as soon as a run starts).
+// One page of the agent's threads, newest first, from GET {runtime}/threads?agentId=: the
+// newest, or those after `cursor` (a page's nextCursor).
+async function threadPage(agent, cursor) {
+  const query = new URLSearchParams({ agentId: agent, ...(cursor ? { cursor } : {}) });
+  const response = await fetch(`${RUNTIME_URL}/threads?${query}`);
+  if (!response.ok) throw new Error(`HTTP ${response.status}`);
+  return response.json();
+}
+
+// `first`, then those of `then` not in it: a thread that moved up is listed where it is now.
+const joined = (first, then) => {
+  const ids = new Set(first.map((t) => t.id));
+  return [...first, ...then.filter((t) => !ids.has(t.id))];
+};
+
+const shortTime = (iso) => new Date(iso).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+
+// The first user message's text, the runtime's title of a thread (as GET /threads gives it).
+function firstUserText(messages) {
+  const content = messages.find((m) => m.role === "user")?.content;
+  if (typeof content === "string") return content;
+  return (content ?? []).map((part) => part.text ?? "").join(" ").trim();
+}
+
+// The title of a thread not among the pages loaded (an older one opened by its address): from
+// its messages, as the list routes give no single thread. null while unknown or for a new one.
+function useUnlistedTitle(threadId, unlisted) {
+  const [title, setTitle] = useState(null);
+  useEffect(() => {
+    setTitle(null);
+    if (!unlisted || startedHere.has(threadId)) return undefined;
+    let cancelled = false;
+    fetch(`${RUNTIME_URL}/threads/${encodeURIComponent(threadId)}/messages`)
+      .then((response) => (response.ok ? response.json() : null))
+      .then((found) => { if (!cancelled && found) setTitle(firstUserText(found.messages) || threadId.slice(0, 8)); })
+      .catch(() => {});
+    return () => { cancelled = true; };
+  }, [threadId, unlisted]);
+  return title;
+}
+
+// Threads of the chosen agent, newest first, each shown by its name or title (the runtime's:
+// the first user message, known as soon as a run starts); "more" loads the next page.
 function ThreadList({ address, refreshKey }) {
-  const [threads, setThreads] = useState([]);
+  const [list, setList] = useState({ agent: address.agent, threads: [], nextCursor: null, older: false });
   const [error, setError] = useState(null);
+  const failed = (e) => setError(String(e.message || e));
   const load = useCallback(async () => {
     try {
-      const response = await fetch(`${RUNTIME_URL}/threads?agentId=${encodeURIComponent(address.agent)}`);
-      if (!response.ok) throw new Error(`HTTP ${response.status}`);
-      setThreads((await response.json()).threads);
+      const page = await threadPage(address.agent);
+      // Older pages loaded stay loaded, with the cursor past them.
+      setList((old) => (old.agent === address.agent && old.older
+        ? { ...old, threads: joined(page.threads, old.threads) }
+        : { agent: address.agent, threads: page.threads, nextCursor: page.nextCursor, older: false }));
       setError(null);
     } catch (e) {
-      setError(String(e.message || e));
+      failed(e);
     }
   }, [address.agent]);
   useEffect(() => { load(); }, [load, refreshKey, address.threadId]);
-  const listed = threads.some((t) => t.id === address.threadId);
+  const loadOlder = async () => {
+    try {
+      const page = await threadPage(list.agent, list.nextCursor);
+      setList((old) => (old.agent !== list.agent ? old : {
+        ...old, threads: joined(old.threads, page.threads), nextCursor: page.nextCursor, older: true }));
+    } catch (e) {
+      failed(e);
+    }
+  };
+  const loaded = list.agent === address.agent ? list : { threads: [], nextCursor: null };
+  const listed = loaded.threads.some((t) => t.id === address.threadId);
+  const unlistedTitle = useUnlistedTitle(address.threadId, !listed && Boolean(loaded.nextCursor));
   return (
     <div className="threads">
       <div className="threads-head">
@@ -118,19 +179,25 @@ function ThreadList({ address, refreshKey }) {
       <ul data-testid="thread-list">
         {!listed && (
           <li className="thread current" data-testid="thread-item" data-thread-id={address.threadId}>
-            <span>new thread</span><small>{address.threadId.slice(0, 8)}</small>
+            <span><span className="thread-title">{unlistedTitle ?? "new thread"}</span>
+              <small>{address.threadId.slice(0, 8)}</small></span>
           </li>
         )}
-        {threads.map((t) => (
+        {loaded.threads.map((t) => (
           <li key={t.id} data-testid="thread-item" data-thread-id={t.id}
               className={`thread${t.id === address.threadId ? " current" : ""}`}>
             <button type="button" title={t.id} onClick={() => address.selectThread(t.id, t.agentId)}>
               <span className="thread-title">{t.name || t.title || t.id.slice(0, 8)}</span>
-              <small>{new Date(t.updatedAt).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })}</small>
+              <small>{shortTime(t.updatedAt)}</small>
             </button>
           </li>
         ))}
       </ul>
+      {loaded.nextCursor && (
+        <button type="button" className="threads-more" data-testid="more-threads" onClick={loadOlder}>
+          More threads
+        </button>
+      )}
     </div>
   );
 }
@@ -190,6 +257,44 @@ function useSecondsLeft(expiresAt) {
   }, [expiresAt]);
   if (!expiresAt) return null;
   return Math.max(0, Math.ceil((Date.parse(expiresAt) - now) / 1000));
+}
+
+// `work` again, with back-off, until it succeeds: it fails while the runtime is away (a restart
+// of the server), and succeeds once it is back. Nothing more is tried once `stopped()`.
+export async function retried(work, stopped = () => false) {
+  for (let wait = 250; !stopped(); wait = Math.min(2 * wait, 4000)) {
+    try {
+      return await work();
+    } catch {
+      await new Promise((resolve) => setTimeout(resolve, wait));
+    }
+  }
+  return undefined;
+}
+
+async function runtimeInfo() {
+  const response = await fetch(`${RUNTIME_URL}/info`);
+  if (!response.ok) throw new Error(`HTTP ${response.status}`);
+}
+
+// A function that calls `reload` once the runtime answers (at once while it is up): once for
+// however many errors called it meanwhile, and not once the component is gone (the person
+// moved on; a late reload would remount the chat they are using).
+export function useReloadOnceAnswered(reload) {
+  const state = useRef({ mounted: true, waiting: false });
+  useEffect(() => {
+    state.current.mounted = true;
+    return () => { state.current.mounted = false; };
+  }, []);
+  return useCallback(() => {
+    const current = state.current;
+    if (current.waiting) return;
+    current.waiting = true;
+    retried(runtimeInfo, () => !current.mounted).then(() => {
+      current.waiting = false;
+      if (current.mounted) reload();
+    });
+  }, [reload]);
 }
 
 // At an approval's deadline the runtime answers "timeout" itself (and refuses any later
