@@ -353,11 +353,13 @@ async function restartPhase(p) {
 
 // ---- phase three: edges (a server with a short approval timeout) ----------------------------
 // Raw HTML in a message: an iframe whose srcdoc runs script, an image whose onerror does, and
-// an outside image (a tracking pixel, fetched as the thread is shown) and link (phishing).
+// an outside image (a tracking pixel, fetched as the thread is shown) and link (phishing); and
+// outside markdown images, absolute and protocol-relative.
 const PLANTED_HOST = "tracker.invalid";
 const PLANTED = 'Summary. <iframe srcdoc="<script>parent.__pwned = 1</script>"></iframe> '
   + `<img src="x" onerror="window.__pwned = 2"> <img src="https://${PLANTED_HOST}/pixel.png"> `
   + `<a href="https://${PLANTED_HOST}/login">log in again</a>`
+  + `\n\n![md pixel](https://${PLANTED_HOST}/md.png) ![md relative](//${PLANTED_HOST}/md2.png)`
   + '\n\n**bold words**\n\n- first item\n- second item\n\n`inline code`';
 
 async function edgesPhase(p) {
@@ -386,6 +388,7 @@ async function edgesPhase(p) {
     const planted = await p.page.locator(`iframe[srcdoc], img[src="x"], img[src*="${PLANTED_HOST}"], `
       + `a[href*="${PLANTED_HOST}"]`).count();
     assert(planted === 0, `${planted} planted elements are in the page`);
+    assert(await message.locator(".outside-image", { hasText: "md pixel" }).count() === 1, "no outside image's text");
     assert(await message.locator('strong, [data-streamdown="strong"]', { hasText: "bold words" }).count() === 1, "no bold");
     assert(await message.locator("li").count() === 2, "no list");
     assert(await message.locator("code", { hasText: "inline code" }).count() === 1, "no code");

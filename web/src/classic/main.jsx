@@ -17,8 +17,8 @@ import "@copilotkit/react-ui/styles.css";
 import Markdown from "react-markdown";
 import remarkGfm from "remark-gfm";
 import {
-  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered, retried,
-  useAccent, useReloadOnceAnswered, useThreadAddress,
+  ACCENTS, ApprovalPanel, Frame, MessageImage, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered,
+  retried, useAccent, useReloadOnceAnswered, useThreadAddress,
 } from "../shared/demo.jsx";
 import "../shared/demo.css";
 
@@ -61,12 +61,13 @@ function useApprovals(address, reload) {
 // (one a model was talked into writing, or one planted in a thread's history) would be live
 // HTML in this page, and `<iframe srcdoc="<script>…">` runs script in its origin. So the page
 // renders assistant messages itself: the same markdown (react-markdown and GitHub's extensions,
-// the versions react-ui uses; see build.mjs), without raw HTML, which shows as text.
+// the versions react-ui uses; see build.mjs), without raw HTML, which shows as text, and
+// without images from elsewhere (MessageImage).
 const markdownElement = (Tag) => function MarkdownElement({ node, ...props }) {
   return <Tag className="copilotKitMarkdownElement" {...props} />; // react-ui's markdown styles
 };
 const MARKDOWN_ELEMENTS = Object.fromEntries(["p", "h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol",
-  "li", "pre", "blockquote"].map((tag) => [tag, markdownElement(tag)]));
+  "li", "pre", "blockquote"].map((tag) => [tag, markdownElement(tag)]).concat([["img", MessageImage]]));
 
 function AssistantMessage({ message, isLoading, subComponent }) {
   const { icons } = useChatContext();

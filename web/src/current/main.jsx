@@ -13,8 +13,8 @@ import "@copilotkit/react-core/v2/styles.css";
 import { defaultRehypePlugins } from "streamdown";
 import { z } from "zod";
 import {
-  ACCENTS, ApprovalPanel, Frame, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered, useAccent,
-  useReloadOnceAnswered, useThreadAddress,
+  ACCENTS, ApprovalPanel, Frame, MessageImage, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered,
+  useAccent, useReloadOnceAnswered, useThreadAddress,
 } from "../shared/demo.jsx";
 import "../shared/demo.css";
 
@@ -60,7 +60,8 @@ function useApprovals(address, reload) {
 // in a message real elements (scripts stripped, but an outside image is fetched as the thread
 // is shown, and a link or form is drawn by whoever steered the model). The page keeps its
 // other plugins (math, sanitizing, hardening links) and shows raw HTML as the text it is, as
-// the classic page does. (Streamdown is react-core's own dependency, hoisted by npm.)
+// the classic page does; a markdown image from elsewhere shows as text too (MessageImage).
+// (Streamdown is react-core's own dependency, hoisted by npm.)
 function rawHtmlAsText() {
   const asText = (node) => {
     for (const child of node.children ?? []) {
@@ -70,9 +71,23 @@ function rawHtmlAsText() {
   };
   return asText;
 }
+// Streamdown's hardening makes a protocol-relative image address (//host/x) a path on this
+// origin: image addresses are made absolute first, so MessageImage sees where they point.
+function imageAddressesAbsolute() {
+  const resolve = (node) => {
+    for (const child of node.children ?? []) {
+      if (child.tagName === "img" && typeof child.properties?.src === "string") {
+        try { child.properties.src = new URL(child.properties.src, window.location.href).href; } catch { /* kept */ }
+      }
+      resolve(child);
+    }
+  };
+  return resolve;
+}
 const { raw, ...otherRehypePlugins } = defaultRehypePlugins; // eslint-disable-line no-unused-vars
 const MESSAGE_VIEW = { assistantMessage: { markdownRenderer: {
-  rehypePlugins: [rawHtmlAsText, ...Object.values(otherRehypePlugins)] } } };
+  rehypePlugins: [rawHtmlAsText, imageAddressesAbsolute, ...Object.values(otherRehypePlugins)],
+  components: { img: MessageImage } } } };
 
 // Tells the thread list when a run ends, so a new thread shows up.
 function useRunsFinished(agentId, onFinished) {

@@ -217,6 +217,20 @@ export function WeatherCard({ args, result, done }) {
   );
 }
 
+// An image in a message is loaded only from this page's origin or a data: URL: one from
+// elsewhere would be fetched as the thread is shown (a tracking pixel a steered model
+// planted). It shows as text instead, its alt and address, and is not a link either.
+const isOwnImage = (src) => {
+  if (typeof src !== "string") return false;
+  if (/^\s*data:image\//i.test(src)) return true;
+  try { return new URL(src, window.location.href).origin === window.location.origin; } catch { return false; }
+};
+
+export function MessageImage({ node, src, alt, ...props }) { // eslint-disable-line no-unused-vars
+  if (isOwnImage(src)) return <img src={src} alt={alt} {...props} />;
+  return <span className="outside-image" data-testid="outside-image">[image: {alt || "no alt"}] {src}</span>;
+}
+
 export function safeParse(value) {
   if (typeof value !== "string") return value;
   try { return JSON.parse(value); } catch { return value; }
