@@ -269,8 +269,14 @@ async function mainPhase(p) {
     await p.answer("draft 1", "revise", "Add the VAT line");
     await p.answer("draft 2", "revise", "Make the due date 30 days");
     await p.shot(`${kind}-approval`);
+    // The current chat's input waits while an approval does (the runtime would refuse a
+    // message); the classic one keeps its text area and refuses to send.
+    const waits = kind === "current" ? [`${p.ui.input}:disabled`, `${p.ui.input}:enabled`] : null;
+    await p.page.locator('[data-testid="approval-panel"]', { hasText: "draft 3" }).last().waitFor({ timeout: TIMEOUT });
+    if (waits) await p.page.locator(waits[0]).waitFor({ timeout: TIMEOUT });
     await p.answer("draft 3", "approve");
     await p.expectAssistant("Approved");
+    if (waits) await p.page.locator(waits[1]).waitFor({ timeout: TIMEOUT });
     assert((await p.page.locator('[data-testid="approval-panel"] [data-testid="approve"]:enabled').count()) === 0,
            "an approval is still offered");
     threads[`${kind}:review`] = p.address().thread;

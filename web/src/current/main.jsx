@@ -5,6 +5,7 @@ import {
   CopilotChat,
   CopilotKitProvider,
   useAgent,
+  useCopilotKit,
   useFrontendTool,
   useInterrupt,
   useRenderTool,
@@ -44,17 +45,28 @@ function useAccentTool(setAccent) {
 }
 
 // The workflows' approval step, from the agent's interrupt (on_interrupt or the AG-UI outcome).
-// Past its deadline the runtime has answered it: the page then shows the thread again.
+// Past its deadline the runtime has answered it: the page then shows the thread again. Says
+// whether one is pending: the page places it in the chat itself, as useInterrupt would.
 function useApprovals(address, reload) {
-  useInterrupt({
+  const { copilotkit } = useCopilotKit();
+  const approval = useInterrupt({
     agentId: address.agent,
+    renderInChat: false,
     render: ({ event, interrupt, resolve }) => {
       const value = interrupt ? (interrupt.metadata?.langgraph?.raw ?? interrupt.value ?? interrupt) : event.value;
       return <ApprovalPanel value={value} answer={(decision) => resolve(decision)}
                             onExpired={() => deadlineAnswered(address.agent, address.threadId).then(reload)} />;
     },
   });
+  useEffect(() => copilotkit.setInterruptElement(approval), [copilotkit, approval]);
+  useEffect(() => () => copilotkit.setInterruptElement(null), [copilotkit]);
+  return approval !== null;
 }
+
+// A message sent while an approval waits is refused by the runtime after its run started, and
+// 1.74 then drops the approval until a reload: the input waits for the answer, as the classic
+// page's does.
+const INPUT_WHILE_APPROVAL_PENDING = { textArea: { disabled: true }, sendButton: { disabled: true } };
 
 // 1.74's chat renders assistant markdown with Streamdown, whose default plugins make raw HTML
 // in a message real elements (scripts stripped, but an outside image is fetched as the thread
@@ -118,7 +130,7 @@ function errorText(error, code) {
 function Chat({ address, setAccent, onRunFinished, showError, reload, reconnect }) {
   useWeatherCard(address.agent);
   useAccentTool(setAccent);
-  useApprovals(address, reload);
+  const approvalPending = useApprovals(address, reload);
   useRunsFinished(address.agent, onRunFinished);
   // The chat shows no run error itself: the page shows it above the chat. Only errors after
   // the person did something here: `connect` replays a thread's failed runs with their errors.
@@ -138,6 +150,7 @@ function Chat({ address, setAccent, onRunFinished, showError, reload, reconnect 
         threadId={address.threadId}
         labels={{ chatInputPlaceholder: "Ask the demo…" }}
         messageView={MESSAGE_VIEW}
+        input={approvalPending ? INPUT_WHILE_APPROVAL_PENDING : undefined}
         onError={onError}
       />
     </div>
