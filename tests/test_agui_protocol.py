@@ -411,7 +411,8 @@ async def test_multi_route_bodies_must_be_json(served: Served, method: str, path
     """A `text/plain` POST is one a browser sends cross-site without a preflight, with the
     user's cookies when CORS allows credentials: it started runs, stopped them and answered
     approvals (the single route already answered 415). Now a body of these routes is JSON
-    by its Content-Type; a stop without a body needs none."""
+    by its Content-Type, and a stop says JSON without a body too (an empty form posted
+    cross-site stopped the user's run)."""
     response = await served.session.request(method, served.url + path, data=orjson.dumps(body),
                                             headers={"Content-Type": "text/plain"})
     assert response.status == 415, await response.read()
@@ -423,7 +424,12 @@ async def test_multi_route_bodies_must_be_json(served: Served, method: str, path
             headers={"Content-Type": json_type})
         assert response.status != 415, await response.read()
         await response.read()
-    response = await served.session.post(served.url + "/agent/default/stop/plain")
+    for headers in ({"Content-Type": "application/x-www-form-urlencoded"}, {}):
+        response = await served.session.post(served.url + "/agent/default/stop/plain",
+                                             headers=headers)
+        assert response.status == 415, await response.read()
+    response = await served.session.post(served.url + "/agent/default/stop/plain",
+                                         headers={"Content-Type": "application/json"})
     assert response.status == 200
 
 
