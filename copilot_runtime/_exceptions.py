@@ -194,7 +194,9 @@ def failure_text(exc: BaseException, limit: int = 300, known: Sequence[str | Non
         said = str(exc)
     except Exception:  # an exception whose message cannot be made: its type says enough
         said = ""
-    message = _FILE_PATH.sub("<path>", said)  # (and `quoted` blanks the secrets)
+    # The known secrets first: a key holding "+/" would be cut by the paths' blanking, and
+    # its head then go out (`quoted` blanks the rest).
+    message = _FILE_PATH.sub("<path>", scrub_secrets(said, *known))
     text = f"{kind}: {message}" if message else kind
     return quoted(text, limit, known) or f"{kind} (its message is withheld: see the server's log)"
 

@@ -26,7 +26,7 @@ from copilot_runtime._exceptions import ApprovalError, InvalidRequestError
 from copilot_runtime._input import parse_run_input
 from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.approvals import ApprovalStore
-from copilot_runtime.approvals.ledger import Approval, Viewer
+from copilot_runtime.approvals.ledger import Approval, MemoryApprovalStore, Viewer
 from copilot_runtime.approvals.resume import claim_resume
 from copilot_runtime.checkpointers import DurableCheckpointer, checkpointer
 from copilot_runtime.threads.base import ThreadOwner
@@ -549,3 +549,30 @@ async def test_the_timer_asks_a_shared_ledger_for_its_earliest_deadline_alone(
             assert scans == 1  # at start; the deadlines asked for since did not change
         finally:
             await runtime.aclose()
+
+
+class _EarlierLedger:
+    """A ledger written to the protocol before viewers: its `find` takes no `viewer`."""
+
+    def __init__(self, inner: MemoryApprovalStore) -> None:
+        self._inner = inner
+
+    async def find(self, *, status: Any = "pending", agent_id: str | None = None,
+                   thread_id: str | None = None, after: Any = None,
+                   limit: int | None = None) -> Any:
+        return await self._inner.find(status=status, agent_id=agent_id, thread_id=thread_id,
+                                      after=after, limit=limit)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def test_a_ledger_of_the_earlier_protocol_still_lists_without_a_viewer() -> None:
+    """Listings without authentication pass no `viewer`: an application's own ledger,
+    written before the viewers, failed every `GET /approvals` with a TypeError."""
+    inner = MemoryApprovalStore()
+    now = time.time() - 60
+    await inner.add([answered("a1", now, "t-1"), answered("a2", now + 1, "t-2")])
+    service = approving_runtime(_EarlierLedger(inner)).approvals  # type: ignore[arg-type]
+    approvals, after = await service.page(status=None, limit=5)
+    assert ([a.id for a in approvals], after) == (["a1", "a2"], None)

@@ -322,10 +322,11 @@ async def test_a_tool_error_echoing_the_servers_key_does_not_show_it() -> None:
                       "the MCP tool echo of h failed: MCPError: key [REDACTED] revoked"]
 
 
-async def test_a_connection_failure_quoting_the_servers_key_does_not_show_it() -> None:
+@pytest.mark.parametrize("key", ["svc-4f9a8b7c6d5e ", "Zm9vYmFy+/c2VjcmV0/a2V5 "])
+async def test_a_connection_failure_quoting_the_servers_key_does_not_show_it(key: str) -> None:
     """A header the HTTP client refuses (a key with a space at its end) failed the start
-    with the client's words, which quote the header: the key with them."""
-    key = "svc-4f9a8b7c6d5e "
+    with the client's words, which quote the header: the key with them (a base64 key's head
+    too, its "+/" first taken for a file path)."""
     async with scripted(ScriptedMCP()) as url:
         toolset = MCPToolset([MCPServer(url=url, name="h", headers={"X-Api-Key": key},
                                         timeout=10)])
@@ -333,7 +334,7 @@ async def test_a_connection_failure_quoting_the_servers_key_does_not_show_it() -
             await toolset.start()
         await toolset.aclose()
     assert "could not be connected" in caught.value.message
-    assert "4f9a8b7c6d5e" not in caught.value.message, caught.value.message
+    assert key.strip()[:8] not in caught.value.message, caught.value.message
 
 
 @pytest.mark.parametrize("refusal", ["a server error", "an SSE answer over 1 MiB"])

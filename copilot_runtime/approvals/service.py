@@ -298,10 +298,13 @@ class ApprovalService:
                                           dict[str, SupportsApprovals]]], bool]:
         """The first `limit` approvals after `after`, every ledger together, and whether
         any is left after them."""
+        # `viewer` only when there is one: a ledger written to the protocol before it (an
+        # application's own) still serves listings without authentication.
+        seen_by: dict[str, Viewer] = {} if viewer is None else {"viewer": viewer}
         found = [(approval, store, owners) for store, owners in self._stores()
                  for approval in await store.find(
                      status=status, thread_id=thread_id, agent_id=agent_id, after=after,
-                     limit=None if limit is None else limit + 1, viewer=viewer)]
+                     limit=None if limit is None else limit + 1, **seen_by)]
         found.sort(key=lambda listed: listed[0].key)
         if limit is None or len(found) <= limit:
             return found, False  # each ledger gave fewer than it was asked: all read
