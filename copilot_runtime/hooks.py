@@ -84,8 +84,33 @@ OnRunFinished = Callable[[RunFinished], Awaitable[None] | None]
 OnError = Callable[[ErrorInfo], Awaitable[None] | None]
 
 
-def _unchecked() -> ServiceUnavailableError:
-    return ServiceUnavailableError("The request could not be checked; try again shortly")
+async def policy_answer(who: str, call: Callable[[], Any], request_id: str,
+                        seconds: float | None = None) -> Any:
+    """What a policy the runtime calls for a request answers (the authenticator,
+    `on_request`; a plain function's answer is used as is). A policy fails closed: anything
+    it raises but a `RequestError` with an HTTP error status (a `CancelledError` of its own
+    included), or no answer within `seconds`, refuses the request with 503, logged as `who`'s."""
+    try:
+        async with asyncio.timeout(seconds):
+            answer = call()
+            if inspect.isawaitable(answer):
+                answer = await answer
+            return answer
+    except RequestError as exc:
+        if is_error_status(exc.status):
+            raise
+        _log.error(f"{who} refused with a status that is no HTTP error: request refused",
+                   status=repr(exc.status), request_id=request_id)
+    except asyncio.CancelledError:
+        if not cancelled_itself():
+            raise
+        _log.error(f"{who} cancelled itself: request refused", request_id=request_id)
+    except TimeoutError:
+        _log.error(f"{who} timed out: request refused", timeout=seconds,
+                   request_id=request_id)
+    except FAILURES_OF_CALLED_CODE:
+        _log.exception(f"{who} failed: request refused", request_id=request_id)
+    raise ServiceUnavailableError("The request could not be checked; try again shortly")
 
 
 class HookRunner:
@@ -103,31 +128,9 @@ class HookRunner:
     async def request(self, info: RequestInfo) -> None:
         if self.on_request is None:
             return
-        try:
-            async with asyncio.timeout(self.request_timeout):
-                annotations: Any = self.on_request(info)
-                if inspect.isawaitable(annotations):  # (a plain function's answer is used as is)
-                    annotations = await annotations
-        except RequestError as exc:
-            if is_error_status(exc.status):
-                raise
-            _log.error("on_request hook refused with a status that is no HTTP error: request "
-                       "refused", status=repr(exc.status), request_id=info.request_id)
-            raise _unchecked() from None
-        except asyncio.CancelledError:
-            if not cancelled_itself():
-                raise
-            _log.error("on_request hook cancelled itself: request refused",
-                       request_id=info.request_id)
-            raise _unchecked() from None
-        except TimeoutError:
-            _log.error("on_request hook timed out: request refused",
-                       timeout=self.request_timeout, request_id=info.request_id)
-            raise _unchecked() from None
-        except FAILURES_OF_CALLED_CODE:
-            _log.exception("on_request hook failed: request refused",
-                           request_id=info.request_id)
-            raise _unchecked() from None
+        on_request = self.on_request
+        annotations = await policy_answer("on_request hook", lambda: on_request(info),
+                                          info.request_id, self.request_timeout)
         if annotations is not None and not isinstance(annotations, Mapping):
             _log.error("on_request hook returned neither a mapping nor None: ignored",
                        returned=type(annotations).__name__, request_id=info.request_id)

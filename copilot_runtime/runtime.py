@@ -11,14 +11,10 @@ import structlog
 
 from copilot_runtime import _trust
 from copilot_runtime._exceptions import (
-    FAILURES_OF_CALLED_CODE,
     AgentNotFoundError,
     AuthenticationError,
     ConfigurationError,
-    RequestError,
     ServiceUnavailableError,
-    cancelled_itself,
-    is_error_status,
 )
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES
@@ -43,6 +39,7 @@ from copilot_runtime.hooks import (
     OnError,
     OnRequest,
     OnRunFinished,
+    policy_answer,
 )
 from copilot_runtime.limits import RateLimit, RateLimiter
 from copilot_runtime.threads.base import DurableThreadStore, Positioned, ThreadOwner, ThreadStore
@@ -362,7 +359,10 @@ class CopilotRuntime:
         """Authenticate `request` (setting its principal) and run `on_request`: raises
         `AuthenticationError` (401) or the hook's `RequestError`."""
         if self.auth is not None:
-            principal = await self._authenticated(request)
+            auth = self.auth
+            principal = await policy_answer("the authenticator",
+                                            lambda: auth.authenticate(request),
+                                            request.request_id)
             if not isinstance(principal, Principal):
                 # Fail closed: without a principal nothing would be checked for its owner.
                 _log.error("the authenticator returned no Principal: the request is refused "
@@ -371,29 +371,6 @@ class CopilotRuntime:
                 raise AuthenticationError()
             request.principal = principal
         await self.hooks.request(request)
-
-    async def _authenticated(self, request: RequestInfo) -> Any:
-        """What the authenticator answers. It fails closed as `on_request` does: anything
-        it raises but a `RequestError` with an HTTP error status (one it cancelled itself
-        included) refuses the request with 503, logged."""
-        assert self.auth is not None
-        try:
-            return await self.auth.authenticate(request)
-        except RequestError as exc:
-            if is_error_status(exc.status):
-                raise
-            _log.error("the authenticator refused with a status that is no HTTP error: "
-                       "request refused", status=repr(exc.status), request_id=request.request_id)
-        except asyncio.CancelledError:
-            if not cancelled_itself():
-                raise
-            _log.error("the authenticator cancelled itself: request refused",
-                       request_id=request.request_id)
-        except FAILURES_OF_CALLED_CODE:
-            _log.exception("the authenticator failed: request refused",
-                           request_id=request.request_id)
-        raise ServiceUnavailableError("The request could not be authenticated; try again "
-                                      "shortly")
 
     def owner_filter(self, request: RequestInfo | None) -> ThreadOwner | None:
         """The owner whose threads `request` may list (None: all of them)."""
