@@ -286,20 +286,19 @@ ABORT_EXTENSION = "copilot_runtime.abort"
 
 
 async def read_body(request: Request, limit: int, *, json: bool = False,
-                    json_even_empty: bool = False) -> bytes:
+                    empty_too: bool = False) -> bytes:
     """The whole body, or `PayloadTooLargeError` once it is known to exceed `limit`
     (`RequestTimeoutError` if it stops arriving for `BODY_IDLE_SECONDS`, or is not all there
     after `BODY_SECONDS`; `UnsupportedEncodingError` if it is compressed: nothing here
     decompresses, and JSON's parser would call the bytes malformed). With `json`, a body
     whose Content-Type is not JSON is refused (`UnsupportedMediaTypeError`): a cross-site
     `text/plain` POST carries the user's cookies, and no preflight lets the site refuse it.
-    `json_even_empty`: so is a request without a body whose Content-Type is not JSON (an
-    empty form posted cross-site, where the empty request itself is the command)."""
+    With `empty_too` as well, so is a request without a body (an empty form posted
+    cross-site, where the empty request itself is the command)."""
     header = request.headers.get(b"content-length")
     declared = int(header) if header is not None and header.isdigit() else None
     encoding = request.headers.get(b"content-encoding", b"identity").strip().lower()
-    if (json or json_even_empty) and not request.is_json() and (
-            json_even_empty or request.has_body()):
+    if json and not request.is_json() and (empty_too or request.has_body()):
         await _refuse_unread(request, declared)
         raise UnsupportedMediaTypeError(_NOT_JSON)
     if encoding not in (b"identity", b""):

@@ -176,7 +176,7 @@ class AGUIProtocol:
     async def _stop_rest(self, request: Request, agent_id: str, thread_id: str) -> None:
         self.runtime.agent(agent_id)
         # JSON even when empty: the empty request is the command (stop whatever runs).
-        body = await read_body(request, self.max_body_size, json_even_empty=True)
+        body = await read_body(request, self.max_body_size, json=True, empty_too=True)
         run_id: str | None = None
         if body.strip():
             try:
