@@ -89,15 +89,15 @@ def _answer(status: bytes, headers: bytes, error: bytes) -> bytes:
 _TOO_MANY = _answer(b"503 Service Unavailable", b"retry-after: 1\r\n",
                     b"Too many open connections")
 _TOO_SLOW = _answer(b"408 Request Timeout", b"", b"Request headers took too long")
-class _HeadersTooLarge(Exception):
-    """A request's headers passed `MAX_HEADER_BYTES` (raised to stop the parser)."""
-
-
 _TOO_LARGE = _answer(b"431 Request Header Fields Too Large", b"",
                      b"Request headers are too large")
 #: Whether the protocol is httptools', whose callbacks tell where a body is (uvicorn's h11
 #: protocol bounds a request's headers itself).
 _PARSER_COUNTED = AutoHTTPProtocol.__name__ == "HttpToolsProtocol"
+
+
+class _HeadersTooLarge(Exception):
+    """A request's headers passed `MAX_HEADER_BYTES` (raised to stop the parser)."""
 
 
 def default_connection_limit() -> int:

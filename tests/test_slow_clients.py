@@ -100,6 +100,28 @@ async def raw_socket(port: int, data: bytes = b"", rcvbuf: int | None = None) ->
     return sock
 
 
+async def after_an_answer(port: int, first: bytes) -> socket.socket:
+    """A connection on which `first` (a whole request, or nothing) was sent and answered 200."""
+    sock = await raw_socket(port, first)
+    if first:
+        try:
+            answer = await asyncio.get_running_loop().sock_recv(sock, 65536)
+            assert answer.startswith(b"HTTP/1.1 200 "), answer
+        except BaseException:
+            sock.close()
+            raise
+    return sock
+
+
+async def assert_serving(port: int, request: bytes) -> None:
+    """`request` (closing its connection) is answered 200: the server goes on serving."""
+    sock = await raw_socket(port, request)
+    try:
+        assert (await read_until_closed(sock, 10)).startswith(b"HTTP/1.1 200 ")
+    finally:
+        sock.close()
+
+
 def post(path: str, body: bytes, headers: str = "") -> bytes:
     return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
@@ -261,12 +283,8 @@ async def test_headers_sent_a_byte_at_a_time_are_answered_408(headers_deadline: 
     async with serving(create_app(runtime, PATH)) as (_, port):
         loop = asyncio.get_running_loop()
         for first in (b"", b"GET /api/info HTTP/1.1\r\nHost: x\r\n\r\n"):
-            sock = await raw_socket(port, first)
+            sock = await after_an_answer(port, first)
             try:
-                if first:
-                    answer = await loop.sock_recv(sock, 65536)
-                    assert answer.startswith(b"HTTP/1.1 200 ")
-
                 async def trickle(s: socket.socket = sock) -> None:
                     for byte in b"GET /api/info HTTP/1.1\r\nHost: x\r\n":
                         await loop.sock_sendall(s, bytes([byte]))
@@ -310,13 +328,8 @@ async def test_headers_past_their_bound_are_answered_431_and_closed() -> None:
             assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
         finally:
             sock.close()
-        fits = b"GET /api/info HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + \
-            line * (_serving.MAX_HEADER_BYTES // len(line) - 1) + b"\r\n"
-        sock = await raw_socket(port, fits)
-        try:
-            assert (await read_until_closed(sock, 10)).startswith(b"HTTP/1.1 200 ")
-        finally:
-            sock.close()
+        await assert_serving(port, b"GET /api/info HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                             + line * (_serving.MAX_HEADER_BYTES // len(line) - 1) + b"\r\n")
         assert len(server.server_state.connections) == 0
 
 
@@ -330,23 +343,16 @@ async def test_a_header_line_that_never_ends_is_answered_431() -> None:
     async with serving(create_app(runtime, PATH)) as (server, port):
         loop = asyncio.get_running_loop()
         for first in (b"", b"GET /api/info HTTP/1.1\r\nHost: x\r\n\r\n"):
-            sock = await raw_socket(port, first)
+            sock = await after_an_answer(port, first)
             try:
-                if first:
-                    answer = await loop.sock_recv(sock, 65536)
-                    assert answer.startswith(b"HTTP/1.1 200 "), answer
                 with contextlib.suppress(OSError):  # (cut once answered)
                     await loop.sock_sendall(sock, endless)
                 answer = await read_until_closed(sock, 5)  # (the header timer is 10 s)
                 assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
             finally:
                 sock.close()
-        sock = await raw_socket(port, b"GET /api/info HTTP/1.1\r\nHost: x\r\n"
-                                      b"Connection: close\r\n\r\n")
-        try:
-            assert (await read_until_closed(sock, 10)).startswith(b"HTTP/1.1 200 ")
-        finally:
-            sock.close()
+        await assert_serving(port, b"GET /api/info HTTP/1.1\r\nHost: x\r\n"
+                                   b"Connection: close\r\n\r\n")
         assert len(server.server_state.connections) == 0
 
 
