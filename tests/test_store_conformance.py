@@ -122,6 +122,24 @@ async def test_finished_runs_and_positions(store: ThreadStore) -> None:
     assert await store.events_after("t", len(one) + len(two) - 1) == []
 
 
+async def test_a_thread_whose_first_run_had_no_user_message_is_titled_by_a_later_one(
+        store: ThreadStore) -> None:
+    """The agent spoke first (a client starting it with no messages): the thread takes its
+    title from the first later run that carries a user message, and keeps it after."""
+    greeting = _run("t", "r1", "hi", user="")
+    greeting[0]["input"]["messages"] = []
+    await _finish(store, "t", "r1", greeting, 0)
+    assert (await store.summary("t")).title == ""  # type: ignore[union-attr]
+    asked = _run("t", "r2", "sure", user="Plan my trip")
+    if isinstance(store, DurableThreadStore):  # streamed first, as a worker writes it
+        await store.append_events("t", "default", "r2", 2.0, len(greeting), asked[:2])
+    await _finish(store, "t", "r2", asked, len(greeting), created=2.0)
+    await _finish(store, "t", "r3", _run("t", "r3", "ok", user="Something else"),
+                  len(greeting) + len(asked), created=3.0)
+    assert (await store.summary("t")).title == "Plan my trip"  # type: ignore[union-attr]
+    assert [r.title for r in await store.list()] == ["Plan my trip"]
+
+
 async def test_list_pages_names_and_delete(store: ThreadStore) -> None:
     alice, bob = ThreadOwner("alice"), ThreadOwner("bob", "acme")
     for index in range(5):

@@ -94,6 +94,8 @@ class InMemoryThreadStore:
             self._tombstones.pop(thread_id, None)  # the record carries its positions now
         else:
             self._threads.move_to_end(thread_id)
+            if not record.title:  # its first runs had no user message (the agent spoke first)
+                record.title = title_of(run.events)
         record.runs.append(run)
         snapshot = state_snapshot(run.events)
         if snapshot is not None:  # kept past the run's eviction, and a bounded read's

@@ -246,6 +246,7 @@ WITH a AS (
     ON CONFLICT (thread_id) DO UPDATE SET
         updated_at = GREATEST(threads.updated_at, excluded.updated_at),
         next_position = GREATEST(threads.next_position, excluded.next_position),
+        title = CASE WHEN threads.title = '' THEN excluded.title ELSE threads.title END,
         -- unless a later run (by `seq`) left one: a run closed after the next one finished
         state = CASE WHEN excluded.state_seq >= COALESCE(threads.state_seq, 0)
                      THEN excluded.state ELSE threads.state END,
@@ -306,7 +307,8 @@ WITH a AS (
     FROM p
     ON CONFLICT (thread_id) DO UPDATE SET
         updated_at = GREATEST(threads.updated_at, excluded.updated_at),
-        next_position = GREATEST(threads.next_position, excluded.next_position)
+        next_position = GREATEST(threads.next_position, excluded.next_position),
+        title = CASE WHEN threads.title = '' THEN excluded.title ELSE threads.title END
 ), opened AS (
     INSERT INTO runs (thread_id, seq, run_id, created_at, events, open, first_position)
     SELECT p.thread, COALESCE((SELECT MAX(seq) FROM runs WHERE thread_id = p.thread), 0) + 1,

@@ -421,7 +421,8 @@ class SQLiteThreadStore:
         self._db.execute(
             "INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, "
             "tenant, title) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id) DO UPDATE "
-            "SET updated_at = max(threads.updated_at, excluded.updated_at)",
+            "SET updated_at = max(threads.updated_at, excluded.updated_at), title = "
+            "CASE WHEN threads.title = '' THEN excluded.title ELSE threads.title END",
             (thread_id, agent_id, created_at, created_at,
              owner.principal_id if owner else None, owner.tenant if owner else None,
              title_of(events)))
@@ -500,7 +501,8 @@ class SQLiteThreadStore:
             "tenant, title, next_position) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT "
             "(thread_id) DO UPDATE SET updated_at = max(threads.updated_at, "
             "excluded.updated_at), next_position = max(threads.next_position, "
-            "excluded.next_position)",
+            "excluded.next_position), title = CASE WHEN threads.title = '' "
+            "THEN excluded.title ELSE threads.title END",
             (thread_id, agent_id, run.created_at, run.created_at,
              owner.principal_id if owner else None, owner.tenant if owner else None,
              title_of(run.events), run.last_position + 1))
