@@ -391,16 +391,28 @@ def redact_secrets(logger: Any, method: str, event: MutableMapping[str, Any]
 _CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
+def _escaped(match: re.Match[str]) -> str:
+    return f"\\x{ord(match.group()):02x}"
+
+
 def escape_controls(logger: Any, method: str, event: MutableMapping[str, Any]
                     ) -> MutableMapping[str, Any]:
-    """A structlog processor for logs read on a terminal: control characters in the
-    message and an exception's text (which the console renderer writes as they are; other
-    values it writes quoted) are written as `\\xNN`, so that text from a client, a model or
-    an upstream cannot move the cursor, retitle the window or clear the screen."""
-    for key in ("event", "exception"):
-        value = event.get(key)
-        if isinstance(value, str) and _CONTROLS.search(value):
-            event[key] = _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", value)
+    """A structlog processor for logs read on a terminal: control characters in every value
+    are written as `\\xNN`, so that text from a client, a model or an upstream cannot move
+    the cursor, retitle the window or clear the screen. The console renderer writes a string
+    as it is unless it holds a space or a quote, and other values by their `repr` (an
+    object's own may hold anything): both are escaped here."""
+    for key, value in event.items():
+        if value is None or isinstance(value, bool | int | float):
+            continue
+        if not isinstance(value, str):
+            text = repr(value)
+            if not _CONTROLS.search(text):
+                continue  # written as that repr, which holds nothing to escape
+            value = text
+        elif not _CONTROLS.search(value):
+            continue
+        event[key] = _CONTROLS.sub(_escaped, value)
     return event
 
 
