@@ -129,6 +129,13 @@ class Telemetry:
             "exception.stacktrace": scrub_tail(stack, MAX_EXCEPTION_TEXT)})
         span.set_status(self._trace.StatusCode.ERROR, type(error).__name__)
 
+    def span_failed(self, span: Any, error: BaseException) -> None:
+        """`record_error`, or nothing if that raised (logged as `failed` says)."""
+        try:
+            self.record_error(span, error)
+        except Exception:
+            self.failed()
+
     def start_span(self, name: str, **options: Any) -> Any:
         """`tracer.start_span`, or a span that records nothing if that raised."""
         try:
@@ -145,10 +152,7 @@ class Telemetry:
         try:
             yield span
         except Exception as exc:
-            try:
-                self.record_error(span, exc)
-            except Exception:
-                self.failed()
+            self.span_failed(span, exc)
             raise
         finally:
             self._context.detach(token)

@@ -8,17 +8,37 @@ import asyncio
 import io
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import structlog
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
-from copilot_runtime import CopilotRuntime, HttpAgent
-from copilot_runtime.telemetry import configure_logging
+from copilot_runtime import CopilotRuntime, HttpAgent, RunInput
+from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.auth import RequestInfo
+from copilot_runtime.events import EventBatches
+from copilot_runtime.telemetry import Telemetry, configure_logging
 from tests.conftest import RawServer, ServeRuntime, run_input
 
 pytestmark = pytest.mark.timeout(30)
 
 UPSTREAM_KEY = "f3a9c0de55aa41b7b2c9e8d7c6b5a401"
+
+
+@pytest.fixture
+def traced() -> Iterator[tuple[Telemetry, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    try:
+        yield Telemetry(tracer_provider, MeterProvider(metric_readers=[])), exporter
+    finally:
+        tracer_provider.shutdown()
 
 
 @pytest.fixture
@@ -86,3 +106,52 @@ def test_console_logs_escape_terminal_controls_in_every_value(log_lines: io.Stri
     assert "<obj \\\\x1b[2J>" in line  # escaped, then quoted by the renderer
     assert "count" in line  # the other values
     assert "\x1b[" in line  # the renderer's colours
+
+
+class BrokenCapabilities(Agent):
+    """`/info` asks for its capabilities, which fail as a bug does."""
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        raise NotImplementedError
+
+    def capabilities(self) -> Any:
+        raise RuntimeError("capabilities lookup failed")
+
+
+async def test_an_unexpected_500_is_logged_with_its_request_id_and_its_span_says_500(
+        traced: tuple[Telemetry, InMemorySpanExporter], serve_runtime: ServeRuntime,
+        log_lines: io.StringIO) -> None:
+    """The "unhandled error" line (the only place its stack is) was written after the
+    request's log context was left: no `request_id`, so the `X-Request-ID` a client reports
+    led nowhere. And the request span ended before the 500 was sent: ERROR, but without
+    `http.response.status_code`. Now the 500 is answered and logged inside both."""
+    telemetry, exporter = traced
+    configure_logging(json=True)
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(log_lines))
+    seen: list[str] = []
+
+    def on_request(request: RequestInfo) -> None:
+        seen.append(request.request_id)
+
+    for runtime, request_id in (
+            (CopilotRuntime(agents={"b": BrokenCapabilities()}, telemetry=telemetry),
+             "req-traced-1"),
+            (CopilotRuntime(agents={"b": BrokenCapabilities()}, on_request=on_request),
+             "req-untraced-2")):
+        async with serve_runtime(runtime) as served, served.session.get(
+                served.url + "/info", headers={"X-Request-ID": request_id}) as response:
+            assert response.status == 500
+            assert response.headers["x-request-id"] == request_id
+            assert (await response.json())["error"] == "internal_error"
+    assert seen == ["req-untraced-2"]
+    lines = [json.loads(line) for line in log_lines.getvalue().splitlines()]
+    assert [(e["request_id"], "capabilities lookup failed" in e["exception"])
+            for e in lines if e["event"] == "unhandled error"] == [
+        ("req-traced-1", True), ("req-untraced-2", True)]
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "copilotkit.request"]
+    attributes = dict(span.attributes or {})
+    assert attributes["copilotkit.request_id"] == "req-traced-1"
+    assert attributes["http.response.status_code"] == 500
+    assert span.status.status_code == StatusCode.ERROR
+    (event,) = span.events
+    assert dict(event.attributes or {})["exception.type"] == "RuntimeError"
