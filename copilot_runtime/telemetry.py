@@ -20,6 +20,7 @@ structlog logs JSON (or console) lines with secrets redacted.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import traceback
@@ -249,7 +250,10 @@ class ModelCall:
                         span.set_attribute(f"gen_ai.usage.{kind}_tokens", value)
                         telemetry.tokens.record(value, {**self._attributes,
                                                         "gen_ai.token.type": kind})
-            if error is not None:
+            # A cancellation (a stop, a client that left) or a closed stream is no failure
+            # of the call, as for a tool's span: the run's outcome says what happened.
+            if error is not None and not isinstance(error, asyncio.CancelledError
+                                                    | GeneratorExit):
                 telemetry.record_error(span, error)
             telemetry.operation.record(time.monotonic() - self._started, self._attributes)
         finally:

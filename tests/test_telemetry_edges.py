@@ -18,11 +18,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from copilot_runtime import CopilotRuntime, HttpAgent, RunInput
+from copilot_runtime import CopilotRuntime, HttpAgent, OpenAIAdapter, RunInput
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.events import EventBatches
 from copilot_runtime.telemetry import Telemetry, configure_logging
+from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import RawServer, ServeRuntime, run_input
 
 pytestmark = pytest.mark.timeout(30)
@@ -155,3 +156,41 @@ async def test_an_unexpected_500_is_logged_with_its_request_id_and_its_span_says
     assert span.status.status_code == StatusCode.ERROR
     (event,) = span.events
     assert dict(event.attributes or {})["exception.type"] == "RuntimeError"
+
+
+def test_a_model_call_ended_by_a_cancellation_is_no_failure(
+        traced: tuple[Telemetry, InMemorySpanExporter]) -> None:
+    """A model span ended by a cancellation (a stop) or a closed stream (a client that
+    left) read ERROR "CancelledError" with a stack, while the run said stopped and a tool
+    span cut the same way stays UNSET. Now it stays UNSET; a failure is still an error."""
+    telemetry, exporter = traced
+    run = telemetry.run_started("default", "t", "r", None)
+    run.model_call("openai", "m").end(None, None, asyncio.CancelledError())
+    run.model_call("openai", "m").end(None, None, GeneratorExit())
+    run.model_call("openai", "m").end(None, None, ConnectionError("provider down"))
+    spans = [s for s in exporter.get_finished_spans() if s.name == "chat m"]
+    assert [(s.status.status_code, len(s.events)) for s in spans] == [
+        (StatusCode.UNSET, 0), (StatusCode.UNSET, 0), (StatusCode.ERROR, 1)]
+
+
+async def test_a_stop_mid_stream_leaves_the_model_span_without_error(
+        traced: tuple[Telemetry, InMemorySpanExporter], serve_runtime: ServeRuntime,
+        llm: MockOpenAIServer) -> None:
+    """The same through the built-in agent: a user's stop while the model streams."""
+    telemetry, exporter = traced
+    runtime = CopilotRuntime(
+        service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0),
+        telemetry=telemetry)
+    async with serve_runtime(runtime) as served:
+        streaming = await served.post("/agent/default/run",
+                                      run_input("slow:200 hello there friend", thread="s"))
+        while b"TEXT_MESSAGE_CONTENT" not in await streaming.content.readline():
+            pass
+        stopped = await served.post("/agent/default/stop/s", {})
+        assert stopped.status == 200
+        await streaming.read()
+    spans = exporter.get_finished_spans()
+    (run,) = [s for s in spans if s.name == "copilotkit.run"]
+    assert dict(run.attributes or {})["copilotkit.outcome"] == "stopped"
+    (chat,) = [s for s in spans if s.name.startswith("chat ")]
+    assert (chat.status.status_code, chat.events) == (StatusCode.UNSET, ())
