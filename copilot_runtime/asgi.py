@@ -110,23 +110,10 @@ class CopilotEndpoint:
             # client): what runs beside the requests starts with the first one.
             await self.runtime.start()
         request.answer_headers = self.cors.headers(request.headers)
-        try:
-            if self.runtime.wants_request_info and request.method != "OPTIONS":
-                await self._identified(request, path)
-            else:
-                await self._dispatch(request, path)
-        except Exception:
-            # Logged with its stack; the client learns only that the server failed.
-            _log.exception("unhandled error", path=path, method=request.method)
-            if request.info is not None:
-                self.runtime.hooks.error(ErrorInfo(
-                    "The runtime failed to handle the request", "INTERNAL_ERROR",
-                    principal=request.info.principal, request_id=request.info.request_id))
-            message = "The runtime failed to handle the request"
-            body = _graphql_error(message, "UNKNOWN", 500) if _speaks_graphql(request) \
-                else {"error": "internal_error", "message": message}
-            with contextlib.suppress(Exception):
-                await send_json(request, 500, body)
+        if self.runtime.wants_request_info and request.method != "OPTIONS":
+            await self._identified(request, path)
+        else:
+            await self._answered(request, path, identify=False)
 
     async def _probe(self, request: Request, readiness: bool) -> None:
         """`health`: 200 while the process serves. `ready`: 200, or 503 naming what cannot
@@ -159,12 +146,34 @@ class CopilotEndpoint:
         telemetry = self.runtime.telemetry
         with structlog.contextvars.bound_contextvars(request_id=info.request_id):
             if telemetry is None:
-                if await self._identify(request):
-                    await self._dispatch(request, path)
+                await self._answered(request, path, identify=True)
                 return
-            with telemetry.request_span(info, lambda: request.status):
-                if await self._identify(request):
-                    await self._dispatch(request, path)
+            with telemetry.request_span(info, lambda: request.status) as span:
+                await self._answered(request, path, identify=True, span=span)
+
+    async def _answered(self, request: Request, path: str, *, identify: bool,
+                        span: Any = None) -> None:
+        """Dispatch (once identified, with `identify`). An unexpected failure is logged with
+        its stack and answered 500 here, inside the request's log context and its `span`
+        (which records the exception and then reads the 500)."""
+        try:
+            if not identify or await self._identify(request):
+                await self._dispatch(request, path)
+        except Exception as exc:
+            telemetry = self.runtime.telemetry
+            if span is not None and telemetry is not None:
+                telemetry.span_failed(span, exc)
+            # Logged with its stack; the client learns only that the server failed.
+            _log.exception("unhandled error", path=path, method=request.method)
+            if request.info is not None:
+                self.runtime.hooks.error(ErrorInfo(
+                    "The runtime failed to handle the request", "INTERNAL_ERROR",
+                    principal=request.info.principal, request_id=request.info.request_id))
+            message = "The runtime failed to handle the request"
+            body = _graphql_error(message, "UNKNOWN", 500) if _speaks_graphql(request) \
+                else {"error": "internal_error", "message": message}
+            with contextlib.suppress(Exception):
+                await send_json(request, 500, body)
 
     async def _identify(self, request: Request) -> bool:
         assert request.info is not None

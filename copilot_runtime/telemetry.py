@@ -20,6 +20,7 @@ structlog logs JSON (or console) lines with secrets redacted.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import traceback
@@ -129,6 +130,13 @@ class Telemetry:
             "exception.stacktrace": scrub_tail(stack, MAX_EXCEPTION_TEXT)})
         span.set_status(self._trace.StatusCode.ERROR, type(error).__name__)
 
+    def span_failed(self, span: Any, error: BaseException) -> None:
+        """`record_error`, or nothing if that raised (logged as `failed` says)."""
+        try:
+            self.record_error(span, error)
+        except Exception:
+            self.failed()
+
     def start_span(self, name: str, **options: Any) -> Any:
         """`tracer.start_span`, or a span that records nothing if that raised."""
         try:
@@ -145,10 +153,7 @@ class Telemetry:
         try:
             yield span
         except Exception as exc:
-            try:
-                self.record_error(span, exc)
-            except Exception:
-                self.failed()
+            self.span_failed(span, exc)
             raise
         finally:
             self._context.detach(token)
@@ -245,7 +250,10 @@ class ModelCall:
                         span.set_attribute(f"gen_ai.usage.{kind}_tokens", value)
                         telemetry.tokens.record(value, {**self._attributes,
                                                         "gen_ai.token.type": kind})
-            if error is not None:
+            # A cancellation (a stop, a client that left) or a closed stream is no failure
+            # of the call, as for a tool's span: the run's outcome says what happened.
+            if error is not None and not isinstance(error, asyncio.CancelledError
+                                                    | GeneratorExit):
                 telemetry.record_error(span, error)
             telemetry.operation.record(time.monotonic() - self._started, self._attributes)
         finally:
@@ -391,16 +399,28 @@ def redact_secrets(logger: Any, method: str, event: MutableMapping[str, Any]
 _CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
+def _escaped(match: re.Match[str]) -> str:
+    return f"\\x{ord(match.group()):02x}"
+
+
 def escape_controls(logger: Any, method: str, event: MutableMapping[str, Any]
                     ) -> MutableMapping[str, Any]:
-    """A structlog processor for logs read on a terminal: control characters in the
-    message and an exception's text (which the console renderer writes as they are; other
-    values it writes quoted) are written as `\\xNN`, so that text from a client, a model or
-    an upstream cannot move the cursor, retitle the window or clear the screen."""
-    for key in ("event", "exception"):
-        value = event.get(key)
-        if isinstance(value, str) and _CONTROLS.search(value):
-            event[key] = _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", value)
+    """A structlog processor for logs read on a terminal: control characters in every value
+    are written as `\\xNN`, so that text from a client, a model or an upstream cannot move
+    the cursor, retitle the window or clear the screen. The console renderer writes a string
+    as it is unless it holds a space or a quote, and other values by their `repr` (an
+    object's own may hold anything): both are escaped here."""
+    for key, value in event.items():
+        if value is None or isinstance(value, bool | int | float):
+            continue
+        if not isinstance(value, str):
+            text = repr(value)
+            if not _CONTROLS.search(text):
+                continue  # written as that repr, which holds nothing to escape
+            value = text
+        elif not _CONTROLS.search(value):
+            continue
+        event[key] = _CONTROLS.sub(_escaped, value)
     return event
 
 

@@ -71,7 +71,7 @@ class SessionHolder:
 def error_for_exception(exc: BaseException, what: str, url: str) -> UpstreamError:
     """The client-facing error for a failed call to `what` (e.g. "Agent 'x'")."""
     _log.warning("remote call failed", target=what, url=scrub_secrets(url),
-                 error=scrub_secrets(repr(exc)))
+                 error=scrub_secrets(_described(exc)))
     if isinstance(exc, TimeoutError):
         return UpstreamTimeoutError(f"{what} did not answer in time")
     if isinstance(exc, aiohttp.ClientConnectorError):
@@ -80,6 +80,16 @@ def error_for_exception(exc: BaseException, what: str, url: str) -> UpstreamErro
                   | aiohttp.ClientOSError):
         return UpstreamError(f"{what} closed the connection before the answer was complete")
     return UpstreamError(f"{what} failed ({type(exc).__name__})")
+
+
+def _described(exc: BaseException) -> str:
+    """`exc` for the log. A `ClientResponseError`'s repr holds the request it answers, with
+    every header the runtime sent: the operator's credentials under any name (an
+    `X-Functions-Key`, an `Ocp-Apim-Subscription-Key`) and those forwarded from the client.
+    The log names the URL already: only the status and the message are kept."""
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return f"{type(exc).__name__}(status={exc.status}, message={exc.message!r})"
+    return repr(exc)
 
 
 async def error_for_status(response: aiohttp.ClientResponse, what: str,
