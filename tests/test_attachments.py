@@ -19,12 +19,15 @@ from ag_ui.core import (
     VideoPart,
 )
 
-from copilot_runtime import InvalidRequestError
+from copilot_runtime import CopilotRuntime, GoogleGenAIAdapter, InvalidRequestError
 from copilot_runtime._exceptions import UnsupportedAttachmentError
+from copilot_runtime.adapters.anthropic import to_anthropic_messages
+from copilot_runtime.adapters.google import to_gemini_contents
 from copilot_runtime.adapters.langchain import to_langchain_messages
 from copilot_runtime.messages import attachment_filename, to_openai
-from copilot_runtime.testing import MockOpenAIServer
-from tests.conftest import Served, run_input, text_of, types
+from copilot_runtime.testing import MockGeminiServer, MockOpenAIServer
+from tests.conftest import Served, ServeRuntime, run_input, text_of, types
+from tests.gql.wire import CREATED, chat_data
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -105,7 +108,51 @@ def test_filename_is_read_from_the_part_metadata_only() -> None:
     assert attachment_filename(DocumentPart(source=part.source, metadata="x"), None) is None
 
 
-# ---- LangChain -------------------------------------------------------------------------------
+# ---- Anthropic, Gemini, LangChain -------------------------------------------------------------
+
+
+def test_anthropic_takes_pdf_by_url_and_plain_text_and_names_documents() -> None:
+    _, turns = to_anthropic_messages(user(
+        DocumentPart(source=UrlSource(value="https://example.test/d.pdf"),
+                     metadata={"filename": "d.pdf"}),
+        DocumentPart(source=DataSource(value="aGVsbG8=", mime_type="text/plain"))))
+    assert turns[0]["content"][1:] == [
+        {"type": "document", "source": {"type": "url", "url": "https://example.test/d.pdf"},
+         "title": "d.pdf"},
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                        "data": "hello"}}]
+
+
+@pytest.mark.parametrize(("part", "said"), [
+    (AudioPart(source=DataSource(value="UklGRg==", mime_type="audio/wav")),
+     "the audio attachment (audio/wav) given as inline data: it has no audio input"),
+    (VideoPart(source=UrlSource(value="https://example.test/v.mp4")),
+     "the video attachment given as a URL: it has no video input"),
+    (DocumentPart(source=DataSource(value="UEsDBA==", mime_type="application/vnd.openxmlformats"
+                                    "-officedocument.wordprocessingml.document")),
+     "documents go as PDF"),
+    (DocumentPart(source=UrlSource(value="https://example.test/a.txt", mime_type="text/plain")),
+     "the document attachment (text/plain) given as a URL"),
+    (DocumentPart(source=DataSource(value="//79", mime_type="text/plain")),
+     "not base64-encoded UTF-8 text"),
+])
+def test_anthropic_refuses_what_it_cannot_take(part: Part, said: str) -> None:
+    with pytest.raises(UnsupportedAttachmentError) as raised:
+        to_anthropic_messages(user(part))
+    assert raised.value.message.startswith("The Anthropic Messages API cannot take ")
+    assert said in raised.value.message
+
+
+def test_gemini_refuses_data_that_is_not_base64() -> None:
+    with pytest.raises(UnsupportedAttachmentError, match=r"image attachment .* not base64"):
+        to_gemini_contents(user(ImagePart(source=DataSource(value="%%%not base64",
+                                                            mime_type="image/png"))))
+    _, contents = to_gemini_contents(user(
+        AudioPart(source=DataSource(value="aGk=", mime_type="audio/wav")),
+        VideoPart(source=DataSource(value="aGk=", mime_type="video/mp4"))))
+    assert contents[0]["parts"][1:] == [
+        {"inline_data": {"mime_type": "audio/wav", "data": b"hi"}},
+        {"inline_data": {"mime_type": "video/mp4", "data": b"hi"}}]
 
 
 def test_langchain_file_blocks_carry_the_filename() -> None:
@@ -154,3 +201,25 @@ async def test_an_attachment_the_model_cannot_take_fails_the_run(
     assert text_of(events) == ""
     assert llm.requests == []  # nothing was sent without it
 
+
+# ---- over GraphQL -----------------------------------------------------------------------------
+
+
+async def test_graphql_names_the_attachment_its_model_cannot_take(
+        serve_runtime: ServeRuntime) -> None:
+    """An `imageMessage` whose bytes are not base64: Gemini's conversion dropped it, and the
+    model answered a turn that said nothing."""
+    async with MockGeminiServer() as gemini:
+        runtime = CopilotRuntime(service_adapter=GoogleGenAIAdapter(
+            api_key="k", base_url=gemini.base_url, max_retries=0))
+        async with serve_runtime(runtime) as served:
+            result = await served.generate(chat_data([{
+                "id": "img-1", "createdAt": CREATED,
+                "imageMessage": {"format": "png", "bytes": "%%%", "role": "user"}}]))
+        assert gemini.requests == []
+    status = result["status"]
+    assert (status["code"], status["reason"]) == ("Failed", "UNKNOWN_ERROR")
+    assert "image attachment (image/png) given as inline data" in \
+        status["details"]["description"]
+    error = status["details"]["originalError"]
+    assert (error["code"], error["originalErrorType"]) == ("MISUSE", "UNSUPPORTED_ATTACHMENT")
