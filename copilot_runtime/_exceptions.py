@@ -16,6 +16,7 @@
     │   ├── RateLimitedError        the caller has used up its runs for now            → 429
     │   ├── ServiceUnavailableError the thread store or coordinator cannot be reached  → 503
     │   ├── ModelNotAllowedError    a model the agent does not allow                   → 400
+    │   ├── UnsupportedAttachmentError a user's file the model provider cannot take     → 400
     │   ├── TranscriptionError      audio that cannot be transcribed, or a failed service
     │   └── ApprovalError           an approval cannot be answered
     │       ├── ApprovalNotFoundError  no such approval                                → 404
@@ -75,6 +76,7 @@ __all__ = [
     "ThreadBusyError",
     "ThreadNotFoundError",
     "TranscriptionError",
+    "UnsupportedAttachmentError",
     "UpstreamConnectionError",
     "UpstreamError",
     "UpstreamProtocolError",
@@ -372,6 +374,14 @@ class ModelNotAllowedError(InvalidRequestError):
     def __init__(self, model: str, allowed: list[str]) -> None:
         super().__init__(f"Model '{model}' is not allowed here; allowed: {', '.join(allowed)}")
         self.model = model
+
+
+class UnsupportedAttachmentError(InvalidRequestError):
+    """A user's attachment (audio, video, a document) that the agent's model provider has
+    no input form for: the run fails naming it, where dropping it let the model answer as
+    if the file had never been sent."""
+
+    code = "UNSUPPORTED_ATTACHMENT"
 
 
 class ClientDisconnected(CopilotRuntimeError):

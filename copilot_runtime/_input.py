@@ -115,4 +115,6 @@ def _upgrade_part(part: Any) -> Any:
     upgraded: dict[str, Any] = {"type": kind, "source": source}
     if part.get("id"):
         upgraded["id"] = part["id"]
+    if part.get("filename"):  # where AG-UI's own upgrade keeps it (a provider may need it)
+        upgraded["metadata"] = {"filename": part["filename"]}
     return upgraded

@@ -11,12 +11,15 @@ The runtime's own shape is the AG-UI message as JSON (camelCase dicts: `{"id", "
 * `paired_tool_calls`: a history whose tool calls are each answered at once, as the model
   APIs require.
 * `text_of`: the text of any message content.
+* `attachment_filename`, `media_type`, `unsupported_attachment`: what each provider's
+  conversion reads of a user's file, and the error for a file its provider cannot take.
 
 Streams of events become messages in `_compaction.events_to_messages`.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
@@ -31,17 +34,20 @@ from ag_ui.core import (
     UserMessage,
 )
 
-from copilot_runtime._exceptions import JSONTooDeepError
+from copilot_runtime._exceptions import JSONTooDeepError, UnsupportedAttachmentError
 from copilot_runtime._limits import check_json_text
 
 __all__ = [
+    "attachment_filename",
     "from_graphql_inputs",
     "from_json_representation",
+    "media_type",
     "paired_tool_calls",
     "text_of",
     "to_json_representation",
     "to_legacy",
     "to_openai",
+    "unsupported_attachment",
 ]
 
 # The SDK requires `createdAt` on legacy messages and never reads it.
@@ -335,6 +341,13 @@ def _text(content: Any) -> str | None:
     return None if content is None else text_of(content)
 
 
+#: Chat Completions' `input_audio` formats, by the MIME types clients give those files.
+_OPENAI_AUDIO_FORMATS = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/wave": "wav",
+                         "audio/vnd.wave": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3",
+                         "audio/mpeg3": "mp3", "audio/x-mpeg-3": "mp3"}
+_OPENAI = "OpenAI Chat Completions"
+
+
 def _openai_user_content(content: Any) -> Any:
     if isinstance(content, str):
         return content
@@ -343,19 +356,84 @@ def _openai_user_content(content: Any) -> Any:
         kind = getattr(part, "type", None)
         if kind == "text":
             parts.append({"type": "text", "text": part.text})
-        elif kind == "image":
-            source = part.source
-            if source.type == "url":
-                url = source.value
-            else:
-                url = f"data:{source.mime_type or 'image/png'};base64,{source.value}"
+            continue
+        source = part.source
+        mime = media_type(source)
+        if kind == "image" and source.type != "file":
+            url = source.value if source.type == "url" else \
+                f"data:{mime or 'image/png'};base64,{source.value}"
             parts.append({"type": "image_url", "image_url": {"url": url}})
-        elif kind == "document" and getattr(part.source, "type", None) == "data":
+        elif kind == "image":
+            raise unsupported_attachment(_OPENAI, part, "images go inline or by URL")
+        elif kind == "audio":
+            audio_format = _OPENAI_AUDIO_FORMATS.get(mime or "")
+            if source.type != "data" or audio_format is None:
+                raise unsupported_attachment(
+                    _OPENAI, part, "audio goes only as inline WAV or MP3 data")
+            parts.append({"type": "input_audio",
+                          "input_audio": {"data": source.value, "format": audio_format}})
+        elif kind == "document" and source.type == "file":
+            parts.append({"type": "file", "file": {"file_id": source.value}})
+        elif kind == "document" and source.type == "data" and mime in ("application/pdf", None):
             parts.append({"type": "file", "file": {
-                "file_data": f"data:{part.source.mime_type or 'application/pdf'};base64,"
-                             f"{part.source.value}"}})
-        # audio and video have no Chat Completions input form; they are left out
+                "filename": attachment_filename(part, "attachment.pdf"),
+                "file_data": f"data:application/pdf;base64,{source.value}"}})
+        elif kind == "document":
+            raise unsupported_attachment(
+                _OPENAI, part, "documents go only as inline PDF data or an uploaded file's id")
+        else:
+            raise unsupported_attachment(_OPENAI, part, f"it has no {kind} input")
     return parts
+
+
+def media_type(source: Any) -> str | None:
+    """A part source's MIME type, lower case and without parameters (`audio/wav;
+    codecs=1` is `audio/wav`); None when the client gave none."""
+    mime = getattr(source, "mime_type", None)
+    if not isinstance(mime, str) or not mime.strip():
+        return None
+    return mime.split(";", 1)[0].strip().lower()
+
+
+#: The longest name an attachment is sent on with (a model needs a hint, not an essay).
+_FILENAME_LIMIT = 100
+# Characters a provider might read as structure (paths, quotes, controls) in a name.
+_FILENAME_UNSAFE = re.compile(r"[^\w .()+-]+")
+
+
+def attachment_filename(part: Any, default: str | None) -> str | None:
+    """The name the client gave a media part (`metadata.filename`, where AG-UI puts a legacy
+    `binary` part's `filename`), as a bounded base name of safe characters; `default` when
+    it gave none (or nothing of it is left)."""
+    metadata = getattr(part, "metadata", None)
+    name = metadata.get("filename") if isinstance(metadata, Mapping) else None
+    if not isinstance(name, str):
+        return default
+    name = re.split(r"[\\/]", name)[-1]  # a path's last part: where it came from is no one's
+    name = _FILENAME_UNSAFE.sub("_", name).strip(" ._")
+    if len(name) > _FILENAME_LIMIT:  # (cut in the stem, so the extension still says the type)
+        stem, dot, extension = name.rpartition(".")
+        extension = extension[:16] if dot and stem else ""
+        suffix = f".{extension}" if extension else ""
+        name = name[:_FILENAME_LIMIT - len(suffix)].rstrip(" ._") + suffix
+    return name or default
+
+
+# What a MIME type is written with; anything else in one a client sent is not echoed back.
+_MIME_UNSAFE = re.compile(r"[^\w.+/-]+")
+_SOURCE_WORDS = {"data": "inline data", "url": "a URL", "file": "a provider file id"}
+
+
+def unsupported_attachment(provider: str, part: Any, why: str) -> UnsupportedAttachmentError:
+    """The error failing a run whose user message has `part`, which `provider` cannot take
+    (`why` says what it does take): the kind, type and form of the file, never its bytes."""
+    kind = str(getattr(part, "type", "unknown"))[:20]
+    source = getattr(part, "source", None)
+    how = _SOURCE_WORDS.get(str(getattr(source, "type", "")), "an unknown source")
+    mime = media_type(source)
+    shown = f" ({_MIME_UNSAFE.sub('_', mime)[:80]})" if mime else ""
+    return UnsupportedAttachmentError(
+        f"{provider} cannot take the {kind} attachment{shown} given as {how}: {why}")
 
 
 def _arguments(text: Any) -> Any:

@@ -20,6 +20,8 @@ merged.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import os
 import urllib.parse
 from collections import OrderedDict
@@ -64,7 +66,12 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
 )
-from copilot_runtime.messages import paired_tool_calls
+from copilot_runtime.messages import (
+    attachment_filename,
+    media_type,
+    paired_tool_calls,
+    unsupported_attachment,
+)
 
 __all__ = ["AnthropicAdapter", "AnthropicStreamParser", "to_anthropic_messages"]
 
@@ -551,21 +558,44 @@ def _user_blocks(content: Any) -> list[dict[str, Any]]:
         if kind == "text":
             if part.text:
                 blocks.append({"type": "text", "text": part.text})
-        elif kind in ("image", "document"):
-            source = _source(part.source, "image/png" if kind == "image" else "application/pdf")
-            if source is not None:
-                blocks.append({"type": kind, "source": source})
-        # audio and video have no Messages input form; they are left out
+        elif kind == "image":
+            blocks.append({"type": "image", "source": _source(part.source, "image/png")})
+        elif kind == "document":
+            block = {"type": "document", "source": _document_source(part)}
+            title = attachment_filename(part, None)
+            if title:
+                block["title"] = title
+            blocks.append(block)
+        else:
+            raise unsupported_attachment(_ANTHROPIC, part, f"it has no {kind} input")
     return blocks
 
 
-def _source(source: Any, default_mime: str) -> dict[str, Any] | None:
-    kind = getattr(source, "type", None)
-    if kind == "data":
-        return {"type": "base64", "media_type": source.mime_type or default_mime,
+_ANTHROPIC = "The Anthropic Messages API"
+
+
+def _document_source(part: Any) -> dict[str, Any]:
+    """A document's source as Messages takes one: a PDF inline, by URL (Anthropic fetches
+    it, not us) or by file id, or plain text (sent as its text)."""
+    source = part.source
+    mime = media_type(source)
+    if source.type == "file" or mime in ("application/pdf", None):
+        return _source(source, "application/pdf")
+    if source.type == "data" and mime == "text/plain":
+        try:
+            text = base64.b64decode(source.value, validate=True).decode()
+        except (binascii.Error, ValueError):  # (UnicodeDecodeError is a ValueError)
+            raise unsupported_attachment(
+                _ANTHROPIC, part, "its data is not base64-encoded UTF-8 text") from None
+        return {"type": "text", "media_type": "text/plain", "data": text}
+    raise unsupported_attachment(_ANTHROPIC, part, "documents go as PDF (inline, by URL or "
+                                 "as a file id) or as inline plain text")
+
+
+def _source(source: Any, default_mime: str) -> dict[str, Any]:
+    if source.type == "data":
+        return {"type": "base64", "media_type": media_type(source) or default_mime,
                 "data": source.value}
-    if kind == "url":
+    if source.type == "url":
         return {"type": "url", "url": source.value}
-    if kind == "file":
-        return {"type": "file", "file_id": source.value}
-    return None
+    return {"type": "file", "file_id": source.value}

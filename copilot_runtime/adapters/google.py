@@ -68,7 +68,7 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
 )
-from copilot_runtime.messages import paired_tool_calls
+from copilot_runtime.messages import paired_tool_calls, unsupported_attachment
 
 if TYPE_CHECKING:
     import aiohttp
@@ -645,7 +645,8 @@ def _user_parts(content: Any) -> list[dict[str, Any]]:
                 try:
                     data = base64.b64decode(source.value, validate=True)
                 except (binascii.Error, ValueError):
-                    continue  # not base64: nothing the model could read
+                    raise unsupported_attachment(
+                        "The Gemini API", part, "its data is not base64") from None
                 parts.append({"inline_data": {"mime_type": mime, "data": data}})
             elif source.type in ("url", "file"):
                 parts.append({"file_data": {"file_uri": source.value, "mime_type": mime}})

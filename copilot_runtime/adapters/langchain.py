@@ -49,7 +49,7 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
 )
-from copilot_runtime.messages import paired_tool_calls
+from copilot_runtime.messages import attachment_filename, paired_tool_calls
 
 __all__ = ["LangChainAdapter", "to_langchain_messages"]
 
@@ -191,8 +191,12 @@ def _user_content(content: Any) -> Any:
             source = part.source
             block_type = "file" if kind == "document" else kind
             if source.type == "data":
-                blocks.append({"type": block_type, "base64": source.value,
-                               "mime_type": source.mime_type})
+                block = {"type": block_type, "base64": source.value,
+                         "mime_type": source.mime_type}
+                filename = attachment_filename(part, None)
+                if filename and kind == "document":  # (OpenAI's integration needs one)
+                    block["filename"] = filename
+                blocks.append(block)
             elif source.type == "url":
                 blocks.append({"type": block_type, "url": source.value,
                                **({"mime_type": source.mime_type} if source.mime_type else {})})

@@ -70,11 +70,13 @@ _FROM_RUNTIME = {
     "PAYLOAD_TOO_LARGE": "MISUSE",
     "CONFIGURATION_ERROR": "CONFIGURATION_ERROR",
     # What else a request may be refused for, as `kit_code_of` names it before a stream
-    # starts (during one, a stale answer to an interrupt, a model the agent does not allow).
+    # starts (during one, a stale answer to an interrupt, a model the agent does not allow,
+    # an attachment its model cannot take).
     **dict.fromkeys((
         "REQUEST_TIMEOUT", "UNSUPPORTED_MEDIA_TYPE", "REQUEST_REJECTED", "RATE_LIMITED",
-        "MODEL_NOT_ALLOWED", "APPROVAL_ERROR", "APPROVAL_NOT_FOUND", "APPROVAL_EXPIRED",
-        "APPROVAL_WITHDRAWN", "APPROVAL_ALREADY_ANSWERED", "INTERRUPT_NOT_PENDING"), "MISUSE"),
+        "MODEL_NOT_ALLOWED", "UNSUPPORTED_ATTACHMENT", "APPROVAL_ERROR", "APPROVAL_NOT_FOUND",
+        "APPROVAL_EXPIRED", "APPROVAL_WITHDRAWN", "APPROVAL_ALREADY_ANSWERED",
+        "INTERRUPT_NOT_PENDING"), "MISUSE"),
 }
 
 

@@ -1,0 +1,225 @@
+"""A user's attachments (AG-UI media parts, and the pre-1.0 `binary` part they replace) as
+each model provider's request carries them, and the run's failure for one its provider has
+no input form for (before: dropped, and the model answered as if nothing had been sent)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from ag_ui.core import (
+    AudioPart,
+    DataSource,
+    DocumentPart,
+    FileSource,
+    ImagePart,
+    TextPart,
+    UrlSource,
+    UserMessage,
+    VideoPart,
+)
+
+from copilot_runtime import CopilotRuntime, GoogleGenAIAdapter, InvalidRequestError
+from copilot_runtime._exceptions import UnsupportedAttachmentError
+from copilot_runtime.adapters.anthropic import to_anthropic_messages
+from copilot_runtime.adapters.google import to_gemini_contents
+from copilot_runtime.adapters.langchain import to_langchain_messages
+from copilot_runtime.messages import attachment_filename, to_openai
+from copilot_runtime.testing import MockGeminiServer, MockOpenAIServer
+from tests.conftest import Served, ServeRuntime, run_input, text_of, types
+from tests.gql.wire import CREATED, chat_data
+
+pytestmark = pytest.mark.timeout(30)
+
+Part = AudioPart | DocumentPart | ImagePart | VideoPart
+
+
+def user(*parts: Part) -> list[UserMessage]:
+    return [UserMessage(id="u", content=[TextPart(text="what is in this?"), *parts])]
+
+
+def openai_parts(*parts: Part) -> list[dict[str, Any]]:
+    content: list[dict[str, Any]] = to_openai(user(*parts))[0]["content"]
+    return content[1:]
+
+
+# ---- OpenAI Chat Completions -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mime", "audio_format"), [
+    ("audio/wav", "wav"), ("audio/x-wav", "wav"), ("audio/mpeg", "mp3"),
+    ("Audio/MP3; rate=44100", "mp3")])
+def test_openai_takes_wav_and_mp3_as_input_audio(mime: str, audio_format: str) -> None:
+    assert openai_parts(AudioPart(source=DataSource(value="UklGRg==", mime_type=mime))) == [
+        {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": audio_format}}]
+
+
+@pytest.mark.parametrize(("part", "said"), [
+    (VideoPart(source=DataSource(value="AAAA", mime_type="video/mp4")),
+     "the video attachment (video/mp4) given as inline data: it has no video input"),
+    (AudioPart(source=DataSource(value="T2dn", mime_type="audio/ogg")),
+     "the audio attachment (audio/ogg) given as inline data: audio goes only as inline WAV"),
+    (AudioPart(source=UrlSource(value="https://example.test/a.wav", mime_type="audio/wav")),
+     "the audio attachment (audio/wav) given as a URL"),
+    (DocumentPart(source=UrlSource(value="https://example.test/doc.pdf",
+                                   mime_type="application/pdf")),
+     "the document attachment (application/pdf) given as a URL: documents go only as inline "
+     "PDF data"),
+    (DocumentPart(source=DataSource(value="aGk=", mime_type="text/plain")),
+     "the document attachment (text/plain) given as inline data"),
+    (ImagePart(source=FileSource(value="file-abc")),
+     "the image attachment given as a provider file id"),
+])
+def test_openai_refuses_what_it_cannot_take(part: Part, said: str) -> None:
+    with pytest.raises(UnsupportedAttachmentError) as raised:
+        to_openai(user(part))
+    assert raised.value.code == "UNSUPPORTED_ATTACHMENT"
+    assert isinstance(raised.value, InvalidRequestError)
+    assert raised.value.message.startswith("OpenAI Chat Completions cannot take ")
+    assert said in raised.value.message
+    assert "example.test" not in raised.value.message  # (a URL may carry a signed token)
+
+
+def test_openai_pdf_carries_a_filename() -> None:
+    """Chat Completions answers 400 for `file_data` without `filename`."""
+    def pdf(**metadata: Any) -> DocumentPart:
+        return DocumentPart(source=DataSource(value="JVBERi0=", mime_type="application/pdf"),
+                            metadata=metadata or None)
+
+    def filename(part: DocumentPart) -> Any:
+        return openai_parts(part)[0]["file"]["filename"]
+
+    assert openai_parts(pdf(filename="a.pdf")) == [{"type": "file", "file": {
+        "filename": "a.pdf", "file_data": "data:application/pdf;base64,JVBERi0="}}]
+    assert filename(pdf()) == "attachment.pdf"
+    assert filename(pdf(filename="../../etc/Q3 report\n(final).pdf")) == "Q3 report_(final).pdf"
+    assert filename(pdf(filename=42)) == filename(pdf(filename="/..")) == "attachment.pdf"
+    long = filename(pdf(filename="x" * 500 + ".pdf"))
+    assert len(long) == 100
+    assert long.endswith("x.pdf")
+    assert openai_parts(DocumentPart(source=FileSource(value="file-abc"))) == [
+        {"type": "file", "file": {"file_id": "file-abc"}}]
+
+
+def test_filename_is_read_from_the_part_metadata_only() -> None:
+    part = DocumentPart(source=DataSource(value="JVBE", mime_type="application/pdf"),
+                        metadata={"filename": "notes.pdf"})
+    assert attachment_filename(part, None) == "notes.pdf"
+    assert attachment_filename(DocumentPart(source=part.source, metadata="x"), None) is None
+
+
+# ---- Anthropic, Gemini, LangChain -------------------------------------------------------------
+
+
+def test_anthropic_takes_pdf_by_url_and_plain_text_and_names_documents() -> None:
+    _, turns = to_anthropic_messages(user(
+        DocumentPart(source=UrlSource(value="https://example.test/d.pdf"),
+                     metadata={"filename": "d.pdf"}),
+        DocumentPart(source=DataSource(value="aGVsbG8=", mime_type="text/plain"))))
+    assert turns[0]["content"][1:] == [
+        {"type": "document", "source": {"type": "url", "url": "https://example.test/d.pdf"},
+         "title": "d.pdf"},
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                        "data": "hello"}}]
+
+
+@pytest.mark.parametrize(("part", "said"), [
+    (AudioPart(source=DataSource(value="UklGRg==", mime_type="audio/wav")),
+     "the audio attachment (audio/wav) given as inline data: it has no audio input"),
+    (VideoPart(source=UrlSource(value="https://example.test/v.mp4")),
+     "the video attachment given as a URL: it has no video input"),
+    (DocumentPart(source=DataSource(value="UEsDBA==", mime_type="application/vnd.openxmlformats"
+                                    "-officedocument.wordprocessingml.document")),
+     "documents go as PDF"),
+    (DocumentPart(source=UrlSource(value="https://example.test/a.txt", mime_type="text/plain")),
+     "the document attachment (text/plain) given as a URL"),
+    (DocumentPart(source=DataSource(value="//79", mime_type="text/plain")),
+     "not base64-encoded UTF-8 text"),
+])
+def test_anthropic_refuses_what_it_cannot_take(part: Part, said: str) -> None:
+    with pytest.raises(UnsupportedAttachmentError) as raised:
+        to_anthropic_messages(user(part))
+    assert raised.value.message.startswith("The Anthropic Messages API cannot take ")
+    assert said in raised.value.message
+
+
+def test_gemini_refuses_data_that_is_not_base64() -> None:
+    with pytest.raises(UnsupportedAttachmentError, match=r"image attachment .* not base64"):
+        to_gemini_contents(user(ImagePart(source=DataSource(value="%%%not base64",
+                                                            mime_type="image/png"))))
+    _, contents = to_gemini_contents(user(
+        AudioPart(source=DataSource(value="aGk=", mime_type="audio/wav")),
+        VideoPart(source=DataSource(value="aGk=", mime_type="video/mp4"))))
+    assert contents[0]["parts"][1:] == [
+        {"inline_data": {"mime_type": "audio/wav", "data": b"hi"}},
+        {"inline_data": {"mime_type": "video/mp4", "data": b"hi"}}]
+
+
+def test_langchain_file_blocks_carry_the_filename() -> None:
+    [message] = to_langchain_messages(user(DocumentPart(
+        source=DataSource(value="JVBE", mime_type="application/pdf"),
+        metadata={"filename": "a.pdf"})))
+    assert message.content[1] == {"type": "file", "base64": "JVBE",
+                                  "mime_type": "application/pdf", "filename": "a.pdf"}
+
+
+# ---- over AG-UI -----------------------------------------------------------------------------
+
+
+def with_parts(thread: str, *parts: dict[str, Any]) -> dict[str, Any]:
+    body = run_input("x", thread=thread)
+    body["messages"][0]["content"] = [{"type": "text", "text": "what is in this?"}, *parts]
+    return body
+
+
+async def test_legacy_binary_audio_and_named_pdf_reach_the_model(
+        served: Served, llm: MockOpenAIServer) -> None:
+    events = await served.run(with_parts(
+        "t-files", {"type": "binary", "mimeType": "audio/wav", "data": "UklGRg=="},
+        {"type": "binary", "mimeType": "application/pdf", "data": "JVBERi0=",
+         "filename": "report.pdf"}))
+    assert events[-1]["type"] == "RUN_FINISHED"
+    assert llm.requests[-1]["messages"][-1]["content"][1:] == [
+        {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+        {"type": "file", "file": {"filename": "report.pdf",
+                                  "file_data": "data:application/pdf;base64,JVBERi0="}}]
+
+
+@pytest.mark.parametrize(("part", "said"), [
+    ({"type": "binary", "mimeType": "video/mp4", "data": "AAAA"}, "video attachment"),
+    ({"type": "binary", "mimeType": "application/pdf", "url": "https://example.test/d.pdf"},
+     "document attachment (application/pdf) given as a URL"),
+    ({"type": "audio", "source": {"type": "data", "value": "T2dn", "mimeType": "audio/ogg"}},
+     "audio attachment (audio/ogg)"),
+])
+async def test_an_attachment_the_model_cannot_take_fails_the_run(
+        served: Served, llm: MockOpenAIServer, part: dict[str, Any], said: str) -> None:
+    events = await served.run(with_parts("t-refused", part))
+    assert types(events) == ["RUN_STARTED", "RUN_ERROR"]
+    assert events[-1]["code"] == "UNSUPPORTED_ATTACHMENT"
+    assert said in events[-1]["message"]
+    assert text_of(events) == ""
+    assert llm.requests == []  # nothing was sent without it
+
+
+# ---- over GraphQL -----------------------------------------------------------------------------
+
+
+async def test_graphql_names_the_attachment_its_model_cannot_take(
+        serve_runtime: ServeRuntime) -> None:
+    """An `imageMessage` whose bytes are not base64: Gemini's conversion dropped it, and the
+    model answered a turn that said nothing."""
+    async with MockGeminiServer() as gemini:
+        runtime = CopilotRuntime(service_adapter=GoogleGenAIAdapter(
+            api_key="k", base_url=gemini.base_url, max_retries=0))
+        async with serve_runtime(runtime) as served:
+            result = await served.generate(chat_data([{
+                "id": "img-1", "createdAt": CREATED,
+                "imageMessage": {"format": "png", "bytes": "%%%", "role": "user"}}]))
+        assert gemini.requests == []
+    status = result["status"]
+    assert (status["code"], status["reason"]) == ("Failed", "UNKNOWN_ERROR")
+    assert "image attachment (image/png) given as inline data" in \
+        status["details"]["description"]
+    error = status["details"]["originalError"]
+    assert (error["code"], error["originalErrorType"]) == ("MISUSE", "UNSUPPORTED_ATTACHMENT")
