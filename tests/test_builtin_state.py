@@ -215,3 +215,29 @@ async def test_a_state_as_deep_as_a_client_can_send_back_is_taken(
         again = await served.run(run_input("hi", thread="t-deep-2",
                                            state=_of(events, "STATE_SNAPSHOT")[0]["snapshot"]))
     assert again[-1]["type"] == "RUN_FINISHED", again[-1]  # the body is within the bound
+
+
+async def test_state_calls_have_tool_spans(serve_runtime: ServeRuntime) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import StatusCode
+
+    from copilot_runtime.telemetry import Telemetry
+
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    model = ScriptedAdapter(tool_turn((SNAPSHOT, '{"snapshot": {"a": 1}}'), (DELTA, "[]")),
+                            text_turn("ok"))
+    runtime = CopilotRuntime(service_adapter=model, telemetry=Telemetry(tracer_provider))
+    try:
+        async with serve_runtime(runtime) as served:
+            await _run(served, "t-spans", CART)
+    finally:
+        tracer_provider.shutdown()
+    tools = {s.name: s for s in exporter.get_finished_spans()
+             if s.name.startswith("execute_tool ")}
+    assert set(tools) == {f"execute_tool {SNAPSHOT}", f"execute_tool {DELTA}"}
+    assert tools[f"execute_tool {SNAPSHOT}"].status.status_code != StatusCode.ERROR
+    assert tools[f"execute_tool {DELTA}"].status.status_code == StatusCode.ERROR

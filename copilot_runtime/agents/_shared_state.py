@@ -90,7 +90,7 @@ class SharedState:
         if not isinstance(self.value, dict) or not self.value:
             return None
         names = [spec.name for spec in self.tools()]
-        how = (f"Change it only with the tool {' or '.join(names)}." if names
+        how = (f"Change it only with {' or '.join(names)}." if names
                else "You can read it but not change it.")
         text = orjson.dumps(self.value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
         return (f"The application shares its current state with you as JSON. {how}\n"

@@ -47,7 +47,12 @@ from copilot_runtime.adapters.base import (
     ToolCallDelta,
     ToolSpec,
 )
-from copilot_runtime.agents._shared_state import DELTA_TOOL, SNAPSHOT_TOOL, SharedState
+from copilot_runtime.agents._shared_state import (
+    DELTA_TOOL,
+    SNAPSHOT_TOOL,
+    SharedState,
+    StateChange,
+)
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.events import (
     Event,
@@ -358,7 +363,7 @@ class BuiltInAgent(Agent):
         State tool calls change the state first, one after the other in the model's order;
         each one's STATE_SNAPSHOT or STATE_DELTA goes just before its result."""
         shared, history = turn.shared, turn.history
-        changes = [shared.apply(c.name, "".join(c.arguments))
+        changes = [_change_state(shared, c, telemetry)
                    if shared is not None and c.name in shared.offered else None for c in calls]
         results = iter(await asyncio.gather(*(
             self._execute(c, telemetry) for c, change in zip(calls, changes, strict=True)
@@ -405,6 +410,18 @@ class BuiltInAgent(Agent):
             lines = [f"- {c.description}: {c.value}" for c in context]
             parts.append("The application shared this context with you:\n" + "\n".join(lines))
         return "\n\n".join(parts) or None
+
+
+def _change_state(shared: SharedState, call: _Call, telemetry: Any) -> StateChange:
+    """A state tool call carried out, under a tool span as an action's call is."""
+    if telemetry is None:
+        return shared.apply(call.name, "".join(call.arguments))
+    with telemetry.tool_call(call.name) as span:
+        span.set_attribute("gen_ai.tool.call.id", call.id)
+        change = shared.apply(call.name, "".join(call.arguments))
+        if change.error is not None:
+            telemetry.tool_failed(span)
+        return change
 
 
 def _add_usage(total: dict[str, int], usage: dict[str, Any]) -> None:
