@@ -32,7 +32,7 @@ LAYERS: dict[str, int] = {
     # MCP servers' tools as actions for the agents
     "mcp_tools": 1,
     # 2. agents, and the LangGraph checkpointers they run on
-    "agents": 2, "checkpointers": 2,
+    "agents": 2, "agents._shared_state": 2, "checkpointers": 2,
     # 3. the runtime: agents, runs, threads
     "runtime": 3, "_runs": 3, "_retention": 3, "_shared_runs": 3, "_server_tools": 3, "_trust": 3,
     # 4. workflows built on agents and the runtime

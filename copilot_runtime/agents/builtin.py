@@ -5,6 +5,10 @@ and their results go back to the model, step after step, until it answers withou
 one (or `max_steps` is reached; the last step forbids tools so the user always gets an
 answer). When the model calls a frontend tool the run ends, the client executes the tool and
 starts the next run with the result.
+
+On AG-UI runs the model also sees the application state the client shares (the input's
+`state`) and may change it with the state tools of `_shared_state`; GraphQL runs (1.10
+clients, whose runtime had no such tools) see neither.
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
     ToolSpec,
+)
+from copilot_runtime.agents._shared_state import (
+    DELTA_TOOL,
+    SNAPSHOT_TOOL,
+    SharedState,
+    StateChange,
 )
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.events import (
@@ -102,6 +112,8 @@ class _Turn:
     history: list[Message]
     system_prompt: str | None
     settings: dict[str, Any]
+    #: The application state the model sees and may change (None: it sees none).
+    shared: SharedState | None = None
 
 
 @dataclass(slots=True)
@@ -203,7 +215,12 @@ class _Answer:
 
 
 class BuiltInAgent(Agent):
-    """An agent that is one LLM behind a `ServiceAdapter`, with server-side actions."""
+    """An agent that is one LLM behind a `ServiceAdapter`, with server-side actions.
+
+    `state_tools=False` keeps the model from changing the application state (by default it
+    is offered the state tools on AG-UI runs, as the TypeScript runtime does); it still
+    reads the state.
+    """
 
     class_name = "BuiltInAgent"
 
@@ -216,6 +233,7 @@ class BuiltInAgent(Agent):
         instructions: str | None = None,
         max_steps: int = 10,
         allowed_models: Iterable[str] | None = None,
+        state_tools: bool = True,
     ) -> None:
         super().__init__(description=description)
         #: The models a client may pick with `forwardedProps.model` (None: any).
@@ -230,6 +248,8 @@ class BuiltInAgent(Agent):
             self.actions[item.name] = item
         self.instructions = instructions
         self.max_steps = max_steps
+        #: Whether the model may change the application state (it reads it either way).
+        self.state_tools = state_tools
 
     def capabilities(self) -> dict[str, Any]:
         return {"tools": {"supported": True, "clientProvided": True},
@@ -243,7 +263,7 @@ class BuiltInAgent(Agent):
 
     async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
         follow_up = context.follow_up_server_tools
-        turn = self._turn(input)
+        turn = self._turn(input, shares_state=follow_up)
         wanted = turn.settings.get("model")
         if wanted is not None and self.allowed_models is not None and (
                 wanted not in self.allowed_models):
@@ -294,11 +314,11 @@ class BuiltInAgent(Agent):
             if not server_calls:
                 return  # a plain answer, or only frontend tools: the client runs them
             turn.history.append(answer.message())  # only a next step reads the history
-            yield await self._run_tools(server_calls, turn.history, telemetry)
+            yield await self._run_tools(server_calls, turn, telemetry)
             if len(server_calls) < len(answer.calls) or not follow_up:
                 return  # the client has tools to run, or sends the follow-up itself
 
-    def _turn(self, input: RunInput) -> _Turn:
+    def _turn(self, input: RunInput, *, shares_state: bool = True) -> _Turn:
         model = input.model
         tools = [ToolSpec(a.name, a.description, a.parameters) for a in self.actions.values()]
         # A name the client sends twice (a component mounted twice) is one tool, the last, as
@@ -310,28 +330,52 @@ class BuiltInAgent(Agent):
                     tool.name, tool.description,
                     tool.parameters or {"type": "object", "properties": {}})
         tools.extend(frontend.values())
+        shared = None
+        if shares_state:
+            # A name an action or a frontend tool already has stays theirs.
+            offered = frozenset({SNAPSHOT_TOOL, DELTA_TOOL} - self.actions.keys()
+                                - frontend.keys()) if self.state_tools else frozenset()
+            shared = SharedState(model.state, offered)
+            tools.extend(shared.tools())
         return _Turn(tools=tools, frontend=set(frontend),
                      history=list(model.messages),
                      system_prompt=self._system_prompt(model.context or ()),
-                     settings=model_settings(model.forwarded_props))
+                     settings=model_settings(model.forwarded_props), shared=shared)
 
     @staticmethod
     def _request(turn: _Turn, *, last_step: bool) -> ChatRequest:
         """The next step's request; the last step of a follow-up run forbids tools."""
         settings = turn.settings
+        # The state as it is now: a step after a state tool call sees the change.
+        state_part = turn.shared.prompt() if turn.shared is not None else None
+        system_prompt = "\n\n".join(p for p in (turn.system_prompt, state_part) if p) or None
         return ChatRequest(
-            messages=turn.history, tools=turn.tools, system_prompt=turn.system_prompt,
+            messages=turn.history, tools=turn.tools, system_prompt=system_prompt,
             model=settings.get("model"), temperature=settings.get("temperature"),
             max_tokens=settings.get("max_tokens"), stop=settings.get("stop"),
             tool_choice="none" if last_step and turn.tools else settings.get("tool_choice"),
         )
 
-    async def _run_tools(self, calls: list[_Call], history: list[Message],
+    async def _run_tools(self, calls: list[_Call], turn: _Turn,
                          telemetry: Any = None) -> list[Event]:
-        """Run `calls` concurrently; their results as events, and in the history."""
-        results = await asyncio.gather(*(self._execute(c, telemetry) for c in calls))
+        """Run `calls` concurrently; their results as events, and in the history.
+
+        State tool calls change the state first, one after the other in the model's order;
+        each one's STATE_SNAPSHOT or STATE_DELTA goes just before its result."""
+        shared, history = turn.shared, turn.history
+        changes = [_change_state(shared, c, telemetry)
+                   if shared is not None and c.name in shared.offered else None for c in calls]
+        results = iter(await asyncio.gather(*(
+            self._execute(c, telemetry) for c, change in zip(calls, changes, strict=True)
+            if change is None)))
         batch: list[Event] = []
-        for call, (content, error) in zip(calls, results, strict=True):
+        for call, change in zip(calls, changes, strict=True):
+            if change is None:
+                content, error = next(results)
+            else:
+                content, error = change.content, change.error
+                if change.event is not None:
+                    batch.append(change.event)
             result_id = str(uuid.uuid4())
             batch.append(tool_call_result(result_id, call.id, content, error=error))
             history.append(ToolMessage(id=result_id, tool_call_id=call.id, content=content,
@@ -366,6 +410,18 @@ class BuiltInAgent(Agent):
             lines = [f"- {c.description}: {c.value}" for c in context]
             parts.append("The application shared this context with you:\n" + "\n".join(lines))
         return "\n\n".join(parts) or None
+
+
+def _change_state(shared: SharedState, call: _Call, telemetry: Any) -> StateChange:
+    """A state tool call carried out, under a tool span as an action's call is."""
+    if telemetry is None:
+        return shared.apply(call.name, "".join(call.arguments))
+    with telemetry.tool_call(call.name) as span:
+        span.set_attribute("gen_ai.tool.call.id", call.id)
+        change = shared.apply(call.name, "".join(call.arguments))
+        if change.error is not None:
+            telemetry.tool_failed(span)
+        return change
 
 
 def _add_usage(total: dict[str, int], usage: dict[str, Any]) -> None:
