@@ -1,4 +1,4 @@
-"""Answers that lose a race are refused precisely.
+"""Answers that lose a race, and answers no store can keep, are refused precisely.
 
 * An answer that passed the deadline check, whose run then claimed after the deadline, was
   swapped for the timeout: HTTP 200 showing the approval `expired`, an AG-UI RUN_FINISHED.
@@ -7,6 +7,10 @@
   shared coordinator) resumed the graph again with the stored answer: the approved action
   ran twice, the second answer silently dropped. It is APPROVAL_ALREADY_ANSWERED now; only
   the service's own runs (recovery) send a stored answer.
+* An answer holding U+0000: the graph took it, then PostgreSQL refused the next checkpoint,
+  reported as SERVICE_UNAVAILABLE, the approval settled `applied` and stuck. It is refused
+  before it is recorded (400 / RUN_ERROR INVALID_REQUEST), the approval still answerable;
+  a chat message the checkpoint store cannot keep is INVALID_REQUEST, not an outage.
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ from langgraph.types import interrupt
 from typing_extensions import TypedDict
 
 from copilot_runtime import CopilotRuntime
-from copilot_runtime._exceptions import ApprovalClosedError
+from copilot_runtime._exceptions import ApprovalClosedError, InvalidRequestError
 from copilot_runtime._time import iso_time
 from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.approvals import resume
 from copilot_runtime.approvals.ledger import Approval
+from copilot_runtime.checkpointers import checkpointer
 from tests.conftest import poll, run_input
 from tests.hitl_support.postgres import SERVER
 from tests.test_approvals_reservations import drive
@@ -167,3 +172,53 @@ async def test_a_second_client_answer_is_refused_while_the_first_is_being_taken(
         assert settled is not None
         assert (settled.status, settled.applied, settled.answered_by) == (
             "answered", True, "alice")
+
+
+async def test_an_answer_holding_nul_is_refused_and_the_approval_stays_answerable() -> None:
+    taken: list[Any] = []
+    with fa_schema() as url:
+        saver = checkpointer(url)
+        runtime = deciding_runtime(saver, taken)
+        async with running(runtime):
+            approval = await ask_once(runtime)
+            with pytest.raises(InvalidRequestError) as refused:
+                await runtime.approvals.answer(
+                    approval.id, {"action": "revise", "payload": "add the VAT\x00 line"},
+                    answered_by="alice")
+            assert refused.value.status == 400
+            assert "U+0000" in refused.value.message
+            events = await drive(runtime, resume_body(
+                approval.id, {"action": "revise", "payload": {"line\x00": "VAT"}}))
+            assert (events[-1]["type"], events[-1]["code"]) == ("RUN_ERROR", "INVALID_REQUEST")
+            assert "U+0000" in events[-1]["message"]
+            assert taken == []
+            assert [a.status for a in await runtime.approvals.list(thread_id=THREAD)] == [
+                "pending"]
+            result = await runtime.approvals.answer(approval.id, {"action": "approve"},
+                                                    answered_by="alice")
+            assert (result["run"]["status"], result["approval"]["applied"]) == (
+                "finished", True)
+            assert taken == [{"action": "approve"}]
+
+
+async def test_a_message_the_checkpoint_store_cannot_keep_is_invalid_not_an_outage() -> None:
+    """A graph keeping a chat message's text in a string channel: PostgreSQL refuses the
+    checkpoint (a data error, SQLSTATE 22P05), which was SERVICE_UNAVAILABLE."""
+
+    def keep(state: State) -> dict[str, Any]:
+        return {"note": str(state["messages"][-1].content)}
+
+    builder: StateGraph[State] = StateGraph(State)
+    builder.add_node("keep", keep)
+    builder.add_edge(START, "keep")
+    builder.add_edge("keep", END)
+    with fa_schema() as url:
+        graph = builder.compile(checkpointer=checkpointer(url))
+        runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+        async with running(runtime):
+            events = await drive(runtime, run_input("hello\x00there", thread=THREAD))
+            assert (events[-1]["type"], events[-1]["code"]) == ("RUN_ERROR", "INVALID_REQUEST")
+            assert "U+0000" in events[-1]["message"]
+            assert "22P05" not in events[-1]["message"]  # the store's text is not echoed
+            events = await drive(runtime, run_input("hello", thread="t-clean", run="run-2"))
+            assert events[-1]["type"] == "RUN_FINISHED"

@@ -38,7 +38,8 @@ from copilot_runtime.approvals.decisions import parse_decision, timeout_answer
 from copilot_runtime.approvals.ledger import Approval, ApprovalStore, Channel
 from copilot_runtime.threads.base import id_problem
 
-__all__ = ["Claims", "claim_resume", "record_interrupts", "sent_by_service"]
+__all__ = ["Claims", "claim_resume", "record_interrupts", "refuse_unkeepable",
+           "sent_by_service"]
 
 _log = structlog.get_logger("copilot_runtime.approvals")
 
@@ -64,6 +65,29 @@ def sent_by_service(input: RunInput) -> Iterator[None]:
 
 def _is_service_input(input: RunInput) -> bool:
     return _service_inputs.get(id(input)) is input
+
+
+def refuse_unkeepable(answer: Any) -> None:
+    """Refuse an answer holding U+0000: no SQL store keeps it (PostgreSQL's text and jsonb
+    refuse it), and the graph would take the answer, then fail writing its next checkpoint,
+    leaving the approval answered and the thread stuck."""
+    stack = [answer]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            found = "\x00" in value
+        elif isinstance(value, Mapping):
+            found = any(isinstance(key, str) and "\x00" in key for key in value)
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            found = False
+            stack.extend(value)
+        else:
+            found = False
+        if found:
+            raise InvalidRequestError(
+                "An answer cannot hold the character U+0000 (NUL): the checkpoint store "
+                "cannot keep it")
 
 
 @dataclass(slots=True)
@@ -230,6 +254,7 @@ async def _claim(store: ApprovalStore, approval_id: str, given: Any, by: str, *,
             claiming = store.claim(approval_id, "expired", answer, "runtime", now)
         else:
             _refuse_forged_timeout(given)
+            refuse_unkeepable(given)
             answer = given
             claiming = store.claim(approval_id, "answered", given, by, now)
         claimed = await _to_its_end(claiming, approval_id, won)

@@ -54,7 +54,7 @@ from copilot_runtime.approvals.ledger import (
     SupportsApprovals,
     Viewer,
 )
-from copilot_runtime.approvals.resume import sent_by_service
+from copilot_runtime.approvals.resume import refuse_unkeepable, sent_by_service
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.events import Event
 from copilot_runtime.threads.base import ThreadOwner
@@ -356,6 +356,7 @@ class ApprovalService:
         approval, _, agent = await self.get(approval_id)
         if approval.status != "pending":
             raise ApprovalClosedError(approval)
+        refuse_unkeepable(answer)  # before anything is recorded or run
         if approval.expired_at(time.time()):
             self._wake()  # the timer resumes the graph with the timeout answer
             raise ApprovalClosedError(replace(approval, status="expired"))
