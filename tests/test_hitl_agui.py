@@ -407,8 +407,11 @@ async def test_an_approval_times_out(hitl: tuple[Served, list[Drafting]]) -> Non
     assert messages["messages"][-1]["content"] == "Completed 3 of 3 steps; approval: timeout."
 
 
-async def test_a_resume_after_the_deadline_is_a_timeout(
+async def test_a_resume_after_the_deadline_is_refused_and_the_timer_times_it_out(
         hitl: tuple[Served, list[Drafting]]) -> None:
+    """A chat answer after the deadline was taken as the timeout, and the run ended
+    RUN_FINISHED as if the answer had been: it is APPROVAL_EXPIRED now (as over HTTP, 410),
+    and the timeout is the timer's to send."""
     served, _ = hitl
     service = approval_service(served.runtime)
     await service.aclose()
@@ -418,8 +421,14 @@ async def test_a_resume_after_the_deadline_is_a_timeout(
     await asyncio.sleep(1.1)
     done = await run(served, "slow", agent="accounts", resume=[{
         "interruptId": interrupt["id"], "status": "resolved", "payload": "OK"}], **V1)
-    assert done[-1]["type"] == "RUN_FINISHED"
-    _, listed = await get(served, "/approvals?status=expired&threadId=slow")
+    assert (done[-1]["type"], done[-1]["code"]) == ("RUN_ERROR", "APPROVAL_EXPIRED")
+    await service.aclose()  # forget the start without a timer
+    service.run_timer = True
+    await service.start()
+    async for _ in poll():
+        _, listed = await get(served, "/approvals?status=expired&threadId=slow")
+        if listed["approvals"] and listed["approvals"][0]["applied"]:
+            break
     assert listed["approvals"][0]["answer"]["action"] == "timeout"
 
 

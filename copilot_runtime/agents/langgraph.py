@@ -285,6 +285,12 @@ class LangGraphAgent(Agent):
         except _STORAGE_ERRORS as exc:
             if not _raised_by_checkpointer(exc):
                 raise
+            refusal = _data_refusal(exc)
+            if refusal is not None:
+                # The run's own data, not an outage: trying again would fail the same way.
+                _log.warning("the checkpoint store refused a LangGraph run's data",
+                             agent=agent_id, sqlstate=getattr(exc, "sqlstate", None))
+                raise InvalidRequestError(refusal) from None
             _log.warning("the checkpoint store failed during a LangGraph run",
                          agent=agent_id, error=repr(exc))
             raise ServiceUnavailableError("The checkpoint store cannot be used right now; "
@@ -448,6 +454,23 @@ class LangGraphAgent(Agent):
         close = getattr(self.graph.checkpointer, "aclose", None)
         if close is not None:
             await close()
+
+
+#: SQLSTATEs of text PostgreSQL cannot hold in the database's encoding (U+0000 above all).
+_UNKEEPABLE_CHARACTER_STATES = frozenset({"22P05", "22021"})
+
+
+def _data_refusal(exc: BaseException) -> str | None:
+    """What to tell the client when the store refused the run's data (SQLSTATE class 22,
+    data exception), else None. The store's own text is not echoed: it quotes the data."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if not isinstance(sqlstate, str) or not sqlstate.startswith("22"):
+        return None
+    if sqlstate in _UNKEEPABLE_CHARACTER_STATES:
+        return ("The checkpoint store cannot keep this run's data: its text holds a "
+                "character the store cannot keep (U+0000, NUL); send it without")
+    return ("The checkpoint store cannot keep this run's data: it holds a value the store "
+            "refuses")
 
 
 def _raised_by_checkpointer(exc: BaseException) -> bool:

@@ -2,9 +2,10 @@
 
 Before the graph runs, a run that resumes (`RunAgentInput.resume`, or the legacy
 `forwardedProps.command.resume`) claims the approvals it answers: only interrupts the
-checkpoint still waits on can be answered, and only once. The answer the graph receives
-is the one the ledger holds: the caller's if it won the claim, the timeout answer if the
-deadline had passed, or the answer stored before a crash, which is sent again. After the
+checkpoint still waits on can be answered, and only once, before their deadline. The
+answer the graph receives is the one the ledger holds: the caller's if it won the claim;
+the timeout answer, or the answer stored before a crash, only in the approvals service's
+own runs (a client's answer is refused then, never swapped for another). After the
 run, each claim is settled against the checkpoint: applied if the graph moved past the
 interrupt, reopened if it did not (the run was stopped first). Claims a run cannot go on
 with (another of its answers refused, a stop or a shutdown while it claims) are reopened at
@@ -17,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -37,12 +38,56 @@ from copilot_runtime.approvals.decisions import parse_decision, timeout_answer
 from copilot_runtime.approvals.ledger import Approval, ApprovalStore, Channel
 from copilot_runtime.threads.base import id_problem
 
-__all__ = ["Claims", "claim_resume", "record_interrupts"]
+__all__ = ["Claims", "claim_resume", "record_interrupts", "refuse_unkeepable",
+           "sent_by_service"]
 
 _log = structlog.get_logger("copilot_runtime.approvals")
 
 # ag-ui-langgraph's resume value for a cancelled `ResumeEntry`.
 _CANCELLED = "__agui_cancelled__"
+
+#: The inputs of the runs the approvals service starts with an answer it decided on (a
+#: deadline's timeout) or one the ledger holds already (a resend, an answer it recorded
+#: before its run), by identity while they run: no client can send these objects. Only
+#: such a run sends a stored answer or a timeout; a client's is refused (see `_claim`).
+_service_inputs: dict[int, RunInput] = {}
+
+
+@contextlib.contextmanager
+def sent_by_service(input: RunInput) -> Iterator[None]:
+    """Mark `input` as the service's own while its run may claim (see `_service_inputs`)."""
+    _service_inputs[id(input)] = input
+    try:
+        yield
+    finally:
+        _service_inputs.pop(id(input), None)
+
+
+def _is_service_input(input: RunInput) -> bool:
+    return _service_inputs.get(id(input)) is input
+
+
+def refuse_unkeepable(answer: Any) -> None:
+    """Refuse an answer holding U+0000: no SQL store keeps it (PostgreSQL's text and jsonb
+    refuse it), and the graph would take the answer, then fail writing its next checkpoint,
+    leaving the approval answered and the thread stuck."""
+    stack = [answer]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            found = "\x00" in value
+        elif isinstance(value, Mapping):
+            found = any(isinstance(key, str) and "\x00" in key for key in value)
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            found = False
+            stack.extend(value)
+        else:
+            found = False
+        if found:
+            raise InvalidRequestError(
+                "An answer cannot hold the character U+0000 (NUL): the checkpoint store "
+                "cannot keep it")
 
 
 @dataclass(slots=True)
@@ -89,7 +134,8 @@ async def claim_resume(store: ApprovalStore, *, agent_id: str, input: RunInput,
     try:
         return await _claim_all(store, agent_id=agent_id, input=input, pending=pending,
                                 channel=channel, values=values, won=won,
-                                principal_id=principal_id, parked=parked)
+                                principal_id=principal_id, parked=parked,
+                                by_service=_is_service_input(input))
     except BaseException:
         if won:  # shielded: a second cancellation must not leave them claimed either
             await asyncio.shield(_reopen(store, won))
@@ -108,7 +154,7 @@ async def _reopen(store: ApprovalStore, approval_ids: list[str]) -> None:
 async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
                      pending: set[str], channel: Channel, values: Mapping[str, Any] | None,
                      won: list[str], principal_id: str | None = None,
-                     parked: bool = False) -> Claims:
+                     parked: bool = False, by_service: bool = False) -> Claims:
     model = input.model
     # LangGraph cannot resume with None (it fails) or {} (it takes it for an empty map of
     # answers): such an entry is no answer, and the graph asks its question again.
@@ -135,7 +181,8 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
             for approval_id in sorted(pending):
                 await _claim(store, approval_id, command, principal_id or "chat", now=time.time(),
                              agent_id=agent_id, thread_id=model.thread_id, channel=channel,
-                             value=(values or {}).get(approval_id), won=won)
+                             value=(values or {}).get(approval_id), won=won,
+                             by_service=by_service)
             return Claims(input, sorted(pending))
         # The legacy form names no interrupt: it answers the one the thread waits on. As a
         # standard entry the bridge takes its documented path (and logs no deprecation).
@@ -164,7 +211,7 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
         answers[entry.interrupt_id] = await _claim(
             store, entry.interrupt_id, given, by,
             now=now, agent_id=agent_id, thread_id=model.thread_id, channel=channel,
-            value=(values or {}).get(entry.interrupt_id), won=won)
+            value=(values or {}).get(entry.interrupt_id), won=won, by_service=by_service)
     resume = [entry.model_copy(update={"payload": answers[entry.interrupt_id],
                                        "status": "resolved"}) for entry in entries]
     return Claims(input.replace(resume=resume), list(answers))
@@ -185,9 +232,13 @@ def _json_or_text(value: Any) -> Any:
 
 async def _claim(store: ApprovalStore, approval_id: str, given: Any, by: str, *, now: float,
                  agent_id: str, thread_id: str, channel: Channel, value: Any,
-                 won: list[str]) -> Any:
+                 won: list[str], by_service: bool = False) -> Any:
     """The answer the graph gets for `approval_id`; its id goes to `won` if this claimed it
-    (not if it was claimed before: that answer, stored, is resent until a run takes it)."""
+    (not if it was claimed before: that answer, stored, is resent by the service's runs).
+
+    `by_service`: the run is the approvals service's own (`sent_by_service`). A client's
+    answer past the deadline, or to an approval claimed already, is refused: sending the
+    timeout or the stored answer in its place would tell it its answer was taken."""
     approval = await store.get(approval_id)
     if approval is None:
         # Waiting in the checkpoint but not in the ledger (it was lost, or the interrupt
@@ -196,19 +247,25 @@ async def _claim(store: ApprovalStore, approval_id: str, given: Any, by: str, *,
         await store.add([approval])
     if approval.status == "pending":
         if approval.expired_at(now):
+            if not by_service:
+                # Left pending: the expiry timer resumes the graph with the timeout.
+                raise ApprovalClosedError(replace(approval, status="expired"))
             answer = timeout_answer(iso_time(approval.expires_at or now))
             claiming = store.claim(approval_id, "expired", answer, "runtime", now)
         else:
             _refuse_forged_timeout(given)
+            refuse_unkeepable(given)
             answer = given
             claiming = store.claim(approval_id, "answered", given, by, now)
         claimed = await _to_its_end(claiming, approval_id, won)
         if claimed is None:  # another request won between our read and our claim
             raise ApprovalClosedError(await store.get(approval_id) or approval)
         return answer
-    # Claimed earlier but the graph still waits: that answer never reached it (a crash or
-    # a stop in between), so it is the one to send, whoever asks.
-    if approval.status in ("answered", "expired"):
+    # Claimed earlier but the graph still waits: that answer has not reached it yet (a
+    # crash or a stop in between, or its run is still taking it, maybe in another process
+    # that shares no coordinator). The service sends it again (recovery waits first, so a
+    # run under way ends before); a client's answer is refused, never swapped for it.
+    if approval.status in ("answered", "expired") and by_service:
         return approval.answer
     raise ApprovalClosedError(approval)
 

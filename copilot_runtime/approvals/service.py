@@ -54,6 +54,7 @@ from copilot_runtime.approvals.ledger import (
     SupportsApprovals,
     Viewer,
 )
+from copilot_runtime.approvals.resume import refuse_unkeepable, sent_by_service
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.events import Event
 from copilot_runtime.threads.base import ThreadOwner
@@ -355,6 +356,7 @@ class ApprovalService:
         approval, _, agent = await self.get(approval_id)
         if approval.status != "pending":
             raise ApprovalClosedError(approval)
+        refuse_unkeepable(answer)  # before anything is recorded or run
         if approval.expired_at(time.time()):
             self._wake()  # the timer resumes the graph with the timeout answer
             raise ApprovalClosedError(replace(approval, status="expired"))
@@ -382,8 +384,13 @@ class ApprovalService:
             summary = {**summary, "status": "cancelled"}
         error = summary.get("error") or {}
         if error.get("code") in ApprovalClosedError.CODES:
-            # Another answer won the claim between our check and the run's.
-            raise ApprovalClosedError(await agent.approvals.get(approval.id) or approval)
+            # Another answer won the claim between our check and the run's, or the deadline
+            # passed in between: then the run claimed nothing, and the timer answers.
+            closed = await agent.approvals.get(approval.id) or approval
+            if error.get("code") == "APPROVAL_EXPIRED" and closed.status == "pending":
+                self._wake()
+                closed = replace(closed, status="expired")
+            raise ApprovalClosedError(closed)
         if summary["status"] == "interrupted":
             waiting = await agent.approvals.find(thread_id=approval.thread_id)
             summary["approvals"] = [a.to_json() for a in waiting]
@@ -411,7 +418,7 @@ class ApprovalService:
             return claimed is not None
 
         task = await self._resume(approval, answer, answered_by, headers, first=record,
-                                  request=request)
+                                  request=request, resend=True)
         # Not cancelled with the caller: the answer goes on without it.
         steps: set[asyncio.Future[Any]] = {recorded, task}
         await asyncio.wait(steps, return_when=asyncio.FIRST_COMPLETED)
@@ -438,10 +445,12 @@ class ApprovalService:
     async def _resume(self, approval: Approval, payload: Any, answered_by: str,
                       headers: Mapping[str, str] | None,
                       first: Callable[[], Awaitable[bool]] | None = None, *,
-                      own: bool = False, request: RequestInfo | None = None
-                      ) -> asyncio.Task[dict[str, Any]]:
+                      own: bool = False, request: RequestInfo | None = None,
+                      resend: bool = False) -> asyncio.Task[dict[str, Any]]:
         """Start the run that resumes `approval`'s graph with `payload` (in a task); the
         task awaits `first` before it drives, and gives the run back if that is False.
+        `resend`: `payload` is the answer the ledger holds (or `first` records); the run
+        sends it, as it does the runtime's `own` timeout, where a client's is refused.
 
         The host's guardrails judge `payload` as it starts the run, unless it is the
         runtime's `own`; a refused one raises (`_refused`) before `first`: a refused answer
@@ -467,7 +476,8 @@ class ApprovalService:
             await run.abandon()  # nothing ran: the thread is given back, the ledger untouched
             raise _refused(run.refusal)
         # No await from here to the task: the run is the task's to drive or give back.
-        task = asyncio.create_task(_drive(run, first), name=run_id)
+        task = asyncio.create_task(_drive(run, first, service_input=input
+                                          if own or resend else None), name=run_id)
         self._runs.add(task)
         task.add_done_callback(self._runs.discard)
         task.add_done_callback(lambda done: self._give_back_if_cancelled(run, done))
@@ -563,10 +573,11 @@ class ApprovalService:
         return next_due
 
     async def _try_resume(self, approval: Approval, payload: Any, answered_by: str, *,
-                          own: bool = False) -> bool:
+                          own: bool = False, resend: bool = False) -> bool:
         """Resume in the background; False when the thread is busy (try again later)."""
         try:
-            task = await self._resume(approval, payload, answered_by, None, own=own)
+            task = await self._resume(approval, payload, answered_by, None, own=own,
+                                      resend=resend)
         except ThreadBusyError:
             return False
         self._expiring.add(approval.id)
@@ -597,7 +608,8 @@ class ApprovalService:
                     try:
                         await self._try_resume(approval, approval.answer,
                                                approval.answered_by or "runtime",
-                                               own=approval.status == "expired")
+                                               own=approval.status == "expired",
+                                               resend=True)
                     except ApprovalError as exc:
                         if exc.code != _REFUSED:
                             raise
@@ -609,7 +621,8 @@ class ApprovalService:
                     # doing, not new text of a client's.
                     _log.info("resending an approval answer", approval_id=approval.id)
                     await self._try_resume(approval, approval.answer,
-                                           approval.answered_by or "runtime", own=True)
+                                           approval.answered_by or "runtime", own=True,
+                                           resend=True)
                 else:
                     await store.settle(approval.id, "applied")
 
@@ -675,9 +688,10 @@ def _refused(reason: str) -> ApprovalError:
     return error
 
 
-async def _drive(run: HostedRun,
-                 first: Callable[[], Awaitable[bool]] | None = None) -> dict[str, Any]:
-    """Drive a server-side run to its end (unless `first` says not to); what became of it."""
+async def _drive(run: HostedRun, first: Callable[[], Awaitable[bool]] | None = None, *,
+                 service_input: RunInput | None = None) -> dict[str, Any]:
+    """Drive a server-side run to its end (unless `first` says not to); what became of it.
+    `service_input`: the run's input, marked as the service's own while it runs."""
     terminal: list[Event] = []
     legacy_interrupt = False
 
@@ -692,7 +706,10 @@ async def _drive(run: HostedRun,
         async with run:  # given back if it is cancelled (or refused) before it drives
             if first is not None and not await first():
                 return {**summary, "status": "refused"}
-            await run.drive(write)
+            marking = contextlib.nullcontext() if service_input is None \
+                else sent_by_service(service_input)
+            with marking:
+                await run.drive(write)
     except CopilotRuntimeError as exc:  # pragma: no cover - drive turns these into events
         return {**summary, "status": "error", "error": {"message": exc.message,
                                                         "code": exc.code}}
