@@ -663,6 +663,8 @@ class RunManager:
         self.lapsed: Callable[[Lease], bool] | None = getattr(self.coordinator, "lapsed", None)
         #: Work that outlives the call that started it (see `_adopt`).
         self._background: set[asyncio.Future[None]] = set()
+        #: One future a stream following a run another worker drives, done at `stop_all`.
+        self._following: set[asyncio.Future[None]] = set()
         #: Whether `recover` closed the runs a previous process left open (this process
         #: alone): until it did (its store was away at start-up), runs and replays try again.
         self.recovered = self.durable is None or self.coordinator is not None
@@ -958,7 +960,12 @@ class RunManager:
 
     def stop_all(self) -> list[asyncio.Task[Any]]:
         """Stop every run, as its server shuts down: each ends with a RUN_ERROR coded
-        `INTERRUPTED_CODE`, stored, its lease released. The tasks still driving them."""
+        `INTERRUPTED_CODE`, stored, its lease released. The tasks still driving them.
+        Streams following a run another worker drives end too, without an end event (the
+        run goes on there): the client resumes on another server with `Last-Event-ID`."""
+        for following in self._following:
+            if not following.done():
+                following.set_result(None)
         running = list(self.active.values())
         for run in running:
             run.cancel("shutdown")
@@ -976,7 +983,7 @@ class RunManager:
         live run if there is one, to its end. The first batch comes as soon as the thread
         was read, even empty: a store that cannot be read fails before anything is sent."""
         if self.coordinator is not None and thread_id not in self.active:
-            async for followed in follow(self.coordinator, self.store, thread_id, after):
+            async for followed in self._follow(self.coordinator, thread_id, after):
                 yield followed
             return
         if not self.recovered:
@@ -1006,6 +1013,33 @@ class RunManager:
                     yield [(first + i, e) for i, e in enumerate(batch) if first + i > after]
         finally:
             live.unsubscribe(queue)
+
+    async def _follow(self, coordinator: Coordinator, thread_id: str, after: int
+                      ) -> AsyncIterator[Sequence[Positioned]]:
+        """`follow`, ended by `stop_all`: a follower waits for a signal, or a poll, that a
+        shutdown must not wait for (it was cut at the end of the grace, mid-event)."""
+        stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._following.add(stopped)
+        followed = follow(coordinator, self.store, thread_id, after)
+        step: asyncio.Future[Sequence[Positioned]] | None = None
+        try:
+            while True:
+                step = asyncio.ensure_future(anext(followed))
+                await asyncio.wait((step, stopped), return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    return
+                try:
+                    batch = step.result()
+                except StopAsyncIteration:
+                    return
+                step = None
+                yield batch
+        finally:
+            self._following.discard(stopped)
+            if step is not None and not step.done():
+                step.cancel()
+                await asyncio.wait((step,))
+            await followed.aclose()
 
     def _release(self, run: ActiveRun) -> None:
         if self.active.get(run.thread_id) is run:
