@@ -20,7 +20,9 @@ import psycopg
 import pytest
 import redis
 
+from copilot_runtime.threads.base import INTERRUPTED_CODE
 from tests.conftest import free_port, parse_sse, run_input
+from tests.test_store_outage import Proxy
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -136,3 +138,45 @@ async def test_a_stream_following_a_run_of_another_server_ends_at_once_at_shutdo
             assert b"Traceback" not in err, err
             assert b"word" in await run.content.readany()  # still driven
             run.close()
+
+
+async def test_runs_streaming_at_a_shutdown_while_their_store_is_away_end_at_once(
+        tmp_path: Path, stopped: list[subprocess.Popen[bytes]]) -> None:
+    proxy = Proxy(5432)
+    proxy.schema = f"fc_{uuid.uuid4().hex[:10]}"
+    await proxy.up()
+    try:
+        threads = f"postgresql://postgres@127.0.0.1:{proxy.port}/test?schema={proxy.schema}"
+        (tmp_path / "away_app.py").write_text(
+            f"THREADS = {threads!r}\nCOORDINATOR = 'local'\n" + SLOW_APP)
+        port = free_port()
+        process = _serve(tmp_path, "away_app:runtime", port)
+        stopped.append(process)
+        url = f"http://127.0.0.1:{port}/copilotkit"
+        await asyncio.to_thread(_wait_for, url + "/info", process)
+        async with aiohttp.ClientSession() as session:
+            runs = [await session.post(url + "/agent/default/run",
+                                       json=run_input("hi", thread=f"t{i}")) for i in range(2)]
+            heads = [await _read_until(run, b"word", 3) for run in runs]
+            await proxy.down()
+            await asyncio.sleep(0.3)
+            process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            # Before: each end waited 10 s for the store, past the 5 s grace: the streams
+            # were cut then, without their RUN_ERROR, each with a traceback.
+            for head, run in zip(heads, runs, strict=True):
+                last = parse_sse(head + await run.content.read())[-1]
+                assert (last["type"], last["code"]) == ("RUN_ERROR", INTERRUPTED_CODE)
+            ended = time.monotonic() - signalled
+            assert ended < 3, f"the streams ended {ended:.1f} s after the signal"
+        _out, err = await asyncio.to_thread(process.communicate, timeout=15)
+        exited = time.monotonic() - signalled
+        # Before: twice the grace (the drain's 5 s after the streams' 5 s).
+        assert exited < 8, f"the process exited {exited:.1f} s after the signal"
+        assert process.returncode == -signal.SIGTERM, err
+        assert b"Traceback" not in err, err
+    finally:
+        await proxy.down()
+        with psycopg.connect(POSTGRES, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{proxy.schema}" CASCADE')
+
