@@ -29,7 +29,9 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -310,6 +312,28 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
             _served.pop().runs.stop_all()
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, shut down gracefully by SIGHUP too (its terminal or SSH session
+    closed), as by SIGTERM: uvicorn handles SIGINT and SIGTERM only, and SIGHUP's default
+    action killed the process, its streams cut without their end, its runs left open. The
+    signal is raised again once shut down (as uvicorn does SIGTERM's), so the process ends
+    as SIGHUP asks; one ignored (`nohup`) stays ignored."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            hangup = getattr(signal, "SIGHUP", None)
+            if hangup is None or threading.current_thread() is not threading.main_thread() \
+                    or signal.getsignal(hangup) is signal.SIG_IGN:
+                yield
+                return
+            previous = signal.signal(hangup, self.handle_exit)
+            try:
+                yield
+            finally:  # restored before uvicorn raises the captured signals again
+                signal.signal(hangup, previous)
+
+
 def serve(app: Any, workers: int, **options: Any) -> None:
     """Serve `app` (None with several workers: each builds its own) until a signal."""
     options.setdefault("limit_concurrency", default_connection_limit())
@@ -318,7 +342,7 @@ def serve(app: Any, workers: int, **options: Any) -> None:
                    # the runtime serves no WebSocket, and `websockets` costs each worker ~2 MB
                    ws="none")
     if workers == 1:
-        server = uvicorn.Server(uvicorn.Config(app, **options))
+        server = _Server(uvicorn.Config(app, **options))
         server.run()
         if not server.started:
             sys.exit(STARTUP_FAILURE)

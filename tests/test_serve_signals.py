@@ -180,3 +180,23 @@ async def test_runs_streaming_at_a_shutdown_while_their_store_is_away_end_at_onc
         with psycopg.connect(POSTGRES, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{proxy.schema}" CASCADE')
 
+
+async def test_a_hangup_shuts_the_server_down_as_sigterm_does(
+        tmp_path: Path, stopped: list[subprocess.Popen[bytes]]) -> None:
+    (tmp_path / "alone_app.py").write_text(
+        "THREADS = 'memory://'\nCOORDINATOR = 'local'\n" + SLOW_APP)
+    port = free_port()
+    process = _serve(tmp_path, "alone_app:runtime", port)
+    stopped.append(process)
+    url = f"http://127.0.0.1:{port}/copilotkit"
+    await asyncio.to_thread(_wait_for, url + "/info", process)
+    async with aiohttp.ClientSession() as session:
+        run = await session.post(url + "/agent/default/run", json=run_input("hi", thread="t"))
+        head = await _read_until(run, b"word", 3)
+        process.send_signal(signal.SIGHUP)
+        # Before: the process died of it at once, the stream cut without its end.
+        last = parse_sse(head + await run.content.read())[-1]
+    assert (last["type"], last["code"]) == ("RUN_ERROR", INTERRUPTED_CODE)
+    _out, err = await asyncio.to_thread(process.communicate, timeout=15)
+    assert process.returncode == -signal.SIGHUP, err
+    assert b"Traceback" not in err, err
