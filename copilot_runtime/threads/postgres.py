@@ -436,7 +436,7 @@ class PostgresThreadStore:
             # Not an outage: the same every time (every request was a 500 with a stack).
             advice = "give ?schema= a name not beginning with pg_" \
                 if isinstance(exc, errors.ReservedName) else \
-                "grant the user CREATE on the database, or create the schema for it"
+                "grant the user the privilege PostgreSQL names"
             raise ConfigurationError(
                 f"the thread store cannot use schema {self.schema!r}: "
                 f"{exc.diag.message_primary or type(exc).__name__} ({advice})") from None
