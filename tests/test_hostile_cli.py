@@ -234,6 +234,36 @@ async def test_a_runtime_that_cannot_start_fails_the_lifespan_in_one_line(
     await runtime.aclose()
 
 
+async def test_a_lifespan_the_server_gives_up_on_without_a_shutdown_ends_quietly() -> None:
+    runtime = CopilotRuntime()
+    started = asyncio.Event()
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if not sent:
+            return {"type": "lifespan.startup"}
+        await asyncio.Event().wait()  # no shutdown message comes
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        started.set()
+
+    lifespan = asyncio.create_task(
+        create_app(runtime)({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send))
+    await asyncio.wait_for(started.wait(), 10)
+    await asyncio.sleep(0)
+    # What uvicorn's loop does to what is left when a second ^C forces its exit: before, the
+    # CancelledError came out of the app, and uvicorn logged it as the app's error, with a
+    # stack ("Exception in 'lifespan' protocol").
+    lifespan.cancel()
+    await asyncio.wait_for(asyncio.wait([lifespan]), 10)
+    assert not lifespan.cancelled()
+    assert lifespan.exception() is None
+    assert sent == [{"type": "lifespan.startup.complete"}]
+    await runtime.aclose()
+
+
 # -- a checkpoint store that cannot be opened -------------------------------------------------
 
 @pytest.mark.parametrize("url", ["sqlite:////proc/nope/c.db", "postgresql://127.0.0.1:1/db"])
