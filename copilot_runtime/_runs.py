@@ -73,6 +73,10 @@ FLUSH_INTERVAL = 0.2
 #: Seconds a run's end (its client) waits for its write while its durable store is away
 #: or does not answer; the write goes on in the background until the store is back.
 STORE_RETRY_FOR = 10.0
+#: What `STORE_RETRY_FOR` is once shutdown began: the clients are told within the server's
+#: grace period (5 s), and the write is given up on at the end of the drain (the next start
+#: closes the run as interrupted).
+SHUTDOWN_STORE_WAIT = 1.0
 #: Seconds before a `stop` signal is sent again while the stopped run holds its thread
 #: (then twice as long each time, up to 2 s).
 _STOP_AGAIN = 0.5
@@ -484,11 +488,15 @@ class ActiveRun:
         loop = asyncio.get_running_loop()
         woken = loop.create_future()
         stored.add_done_callback(partial(_stored, self, woken))
-        timer = loop.call_later(STORE_RETRY_FOR, _wake, woken)
+        stopping = self.manager.stopping_since is not None
+        timer = loop.call_later(SHUTDOWN_STORE_WAIT if stopping else STORE_RETRY_FOR,
+                                _wake, woken)
+        self.manager._ending.add(woken)
         try:
             await woken
         finally:
             timer.cancel()
+            self.manager._ending.discard(woken)
         if not stored.done():
             _log.warning("run not stored yet: written once its store is back, its thread "
                          "busy until then", thread_id=self.thread_id, run_id=self.run_id)
@@ -663,6 +671,12 @@ class RunManager:
         self.lapsed: Callable[[Lease], bool] | None = getattr(self.coordinator, "lapsed", None)
         #: Work that outlives the call that started it (see `_adopt`).
         self._background: set[asyncio.Future[None]] = set()
+        #: When `stop_all` was first called (`time.monotonic()`), or None.
+        self.stopping_since: float | None = None
+        #: What wakes each run waiting for its end to be stored (see `ActiveRun._finish`).
+        self._ending: set[asyncio.Future[None]] = set()
+        #: One future a stream following a run another worker drives, done at `stop_all`.
+        self._following: set[asyncio.Future[None]] = set()
         #: Whether `recover` closed the runs a previous process left open (this process
         #: alone): until it did (its store was away at start-up), runs and replays try again.
         self.recovered = self.durable is None or self.coordinator is not None
@@ -861,7 +875,9 @@ class RunManager:
 
     async def drain(self, seconds: float) -> None:
         """Let the work left in the background (writes and releases tried again, signals)
-        end within `seconds`; then cancel the rest."""
+        end within `seconds` of the shutdown's start (`stop_all`); then cancel the rest."""
+        if self.stopping_since is not None:  # the server's grace, not twice it
+            seconds = max(0.0, seconds - (time.monotonic() - self.stopping_since))
         if self._background:
             _, late = await asyncio.wait(set(self._background), timeout=seconds)
             for task in late:
@@ -958,7 +974,19 @@ class RunManager:
 
     def stop_all(self) -> list[asyncio.Task[Any]]:
         """Stop every run, as its server shuts down: each ends with a RUN_ERROR coded
-        `INTERRUPTED_CODE`, stored, its lease released. The tasks still driving them."""
+        `INTERRUPTED_CODE`, stored, its lease released. The tasks still driving them.
+        Streams following a run another worker drives end too, without an end event (the
+        run goes on there): the client resumes on another server with `Last-Event-ID`."""
+        for following in self._following:
+            if not following.done():
+                following.set_result(None)
+        if self.stopping_since is None:
+            self.stopping_since = time.monotonic()
+            # Runs already waiting for a store that is away wait no longer than those to come.
+            if self._ending:
+                loop = asyncio.get_running_loop()
+                for woken in self._ending:
+                    loop.call_later(SHUTDOWN_STORE_WAIT, _wake, woken)
         running = list(self.active.values())
         for run in running:
             run.cancel("shutdown")
@@ -976,7 +1004,7 @@ class RunManager:
         live run if there is one, to its end. The first batch comes as soon as the thread
         was read, even empty: a store that cannot be read fails before anything is sent."""
         if self.coordinator is not None and thread_id not in self.active:
-            async for followed in follow(self.coordinator, self.store, thread_id, after):
+            async for followed in self._follow(self.coordinator, thread_id, after):
                 yield followed
             return
         if not self.recovered:
@@ -1006,6 +1034,33 @@ class RunManager:
                     yield [(first + i, e) for i, e in enumerate(batch) if first + i > after]
         finally:
             live.unsubscribe(queue)
+
+    async def _follow(self, coordinator: Coordinator, thread_id: str, after: int
+                      ) -> AsyncIterator[Sequence[Positioned]]:
+        """`follow`, ended by `stop_all`: a follower waits for a signal, or a poll, that a
+        shutdown must not wait for (it was cut at the end of the grace, mid-event)."""
+        stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._following.add(stopped)
+        followed = follow(coordinator, self.store, thread_id, after)
+        step: asyncio.Future[Sequence[Positioned]] | None = None
+        try:
+            while True:
+                step = asyncio.ensure_future(anext(followed))
+                await asyncio.wait((step, stopped), return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    return
+                try:
+                    batch = step.result()
+                except StopAsyncIteration:
+                    return
+                step = None
+                yield batch
+        finally:
+            self._following.discard(stopped)
+            if step is not None and not step.done():
+                step.cancel()
+                await asyncio.wait((step,))
+            await followed.aclose()
 
     def _release(self, run: ActiveRun) -> None:
         if self.active.get(run.thread_id) is run:

@@ -22,15 +22,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import resource
 import signal
+import socket
 import struct
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 from copilot_runtime.protocols.http import ABORT_EXTENSION
 
@@ -45,6 +51,7 @@ __all__ = ["HEADERS_SECONDS", "MAX_HEADER_BYTES", "STARTUP_FAILURE", "WRITE_STAL
 STARTUP_FAILURE = 3
 #: The supervisor's pid, for a worker to see whether it is still there.
 _SUPERVISOR_ENV = "COPILOT_RUNTIME_SUPERVISOR"
+logger = logging.getLogger("uvicorn.error")
 #: The runtimes this process serves, whose runs are stopped when shutdown begins.
 _served: list[CopilotRuntime] = []
 
@@ -305,6 +312,28 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
             _served.pop().runs.stop_all()
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, shut down gracefully by SIGHUP too (its terminal or SSH session
+    closed), as by SIGTERM: uvicorn handles SIGINT and SIGTERM only, and SIGHUP's default
+    action killed the process, its streams cut without their end, its runs left open. The
+    signal is raised again once shut down (as uvicorn does SIGTERM's), so the process ends
+    as SIGHUP asks; one ignored (`nohup`) stays ignored."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            hangup = getattr(signal, "SIGHUP", None)
+            if hangup is None or threading.current_thread() is not threading.main_thread() \
+                    or signal.getsignal(hangup) is signal.SIG_IGN:
+                yield
+                return
+            previous = signal.signal(hangup, self.handle_exit)
+            try:
+                yield
+            finally:  # restored before uvicorn raises the captured signals again
+                signal.signal(hangup, previous)
+
+
 def serve(app: Any, workers: int, **options: Any) -> None:
     """Serve `app` (None with several workers: each builds its own) until a signal."""
     options.setdefault("limit_concurrency", default_connection_limit())
@@ -313,20 +342,79 @@ def serve(app: Any, workers: int, **options: Any) -> None:
                    # the runtime serves no WebSocket, and `websockets` costs each worker ~2 MB
                    ws="none")
     if workers == 1:
-        server = uvicorn.Server(uvicorn.Config(app, **options))
+        server = _Server(uvicorn.Config(app, **options))
         server.run()
         if not server.started:
             sys.exit(STARTUP_FAILURE)
         return
-    from uvicorn.supervisors import Multiprocess
-
     config = uvicorn.Config("copilot_runtime.cli:worker_app", factory=True, workers=workers,
                             **options)
     os.environ[_SUPERVISOR_ENV] = str(os.getpid())
-    supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+    supervisor = _Supervisor(config, sockets=[config.bind_socket()])
     supervisor.run()
-    if any(process.exitcode == STARTUP_FAILURE for process in supervisor.processes):
+    if supervisor.failed_to_start:
         sys.exit(STARTUP_FAILURE)
+
+
+#: How long the supervisor waits before starting again a worker that could not start, after
+#: some worker had served: doubled at each failure up to the last, reset once one serves.
+RESTART_BACKOFF_SECONDS = 0.5
+RESTART_BACKOFF_MAX_SECONDS = 15.0
+
+
+class _Supervisor(Multiprocess):
+    """uvicorn's supervisor, except that a worker which cannot start, once the server has
+    served, is started again later (with backoff) instead of stopping every worker: a
+    replacement of a dead worker met a coordinator or store briefly away, and uvicorn stopped
+    the healthy workers and their streams, for good. Before any worker served, a startup
+    failure still stops the command (the app or its configuration is broken)."""
+
+    def __init__(self, config: uvicorn.Config, sockets: list[socket.socket]) -> None:
+        super().__init__(config, sockets)
+        self.failed_to_start = False
+        self._served = False
+        #: The workers that could not start, and when to start each again (a SIGHUP's
+        #: restart may replace them first); the wait after that, by slot, if it fails again.
+        self._restart_at: dict[Process, float] = {}
+        self._backoff: dict[int, float] = {}
+
+    def keep_subprocess_alive(self) -> None:
+        for index, process in enumerate(self.processes):
+            if self.should_exit.is_set():
+                return
+            if process in self._restart_at:
+                if time.monotonic() >= self._restart_at[process]:
+                    del self._restart_at[process]
+                    self._replace(index)
+                continue
+            started = process._healthcheck(self.config.timeout_worker_healthcheck) \
+                if process.process.is_alive() else None
+            if started is not None:
+                if started:
+                    self._served = True
+                    self._backoff.pop(index, None)
+                continue
+            process.kill()  # dead, or hung
+            process.join()
+            if process.exitcode != STARTUP_FAILURE:
+                logger.info("Child process [%s] died", process.pid)
+                self._replace(index)
+            elif not self._served:
+                logger.error("Child process [%s] failed to start, stopping the parent "
+                             "process.", process.pid)
+                self.failed_to_start = True
+                self.should_exit.set()
+            else:
+                wait = self._backoff.get(index, RESTART_BACKOFF_SECONDS)
+                self._backoff[index] = min(wait * 2, RESTART_BACKOFF_MAX_SECONDS)
+                self._restart_at[process] = time.monotonic() + wait
+                logger.error("Child process [%s] failed to start; starting it again in "
+                             "%.1f s (the other workers serve on).", process.pid, wait)
+
+    def _replace(self, index: int) -> None:
+        process = Process(self.config, self.sockets)
+        process.start()
+        self.processes[index] = process
 
 
 def die_with_supervisor() -> None:

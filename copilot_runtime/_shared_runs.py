@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Container, Sequence
+from collections.abc import AsyncGenerator, Container, Sequence
 
 import structlog
 
@@ -35,7 +35,7 @@ _TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
 
 
 async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, after: int = -1
-                 ) -> AsyncIterator[Sequence[Positioned]]:
+                 ) -> AsyncGenerator[Sequence[Positioned], None]:
     """The thread's stored events after position `after` (all for -1), then those of its
     live run on any worker, to the run's end; each with its position."""
     with coordinator.subscribe(thread_id) as signals:

@@ -10,6 +10,7 @@ adds the endpoint to an existing FastAPI or Starlette app.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import urllib.parse
@@ -247,7 +248,14 @@ class CopilotEndpoint:
 
     async def _handle_lifespan(self, receive: Receive, send: Send) -> None:
         while True:
-            message = await receive()
+            try:
+                message = await receive()
+            except asyncio.CancelledError:
+                # The server left without a shutdown message (a second ^C forces its exit,
+                # then its loop cancels what is left): not the app's error, which uvicorn
+                # logged with a stack. The runs' ends went out at the first ^C, and the
+                # next start closes whatever was left open.
+                return
             if message["type"] == "lifespan.startup":
                 # Approvals that expired while the server was down are timed out, and answers
                 # a crash cut off are sent again, without waiting for a first request.

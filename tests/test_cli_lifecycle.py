@@ -217,3 +217,62 @@ def test_the_demo_serves_on_when_its_stdout_reader_left(
     _out, err = process.communicate(timeout=15)
     assert b"Broken pipe" not in err, err
     assert b"error" not in err, err
+
+
+#: A bare app whose lifespan start fails while the file `unreachable` exists beside it (as a
+#: runtime's does while its coordinator is away).
+FLAKY_START_APP = """
+from pathlib import Path
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup" and Path("unreachable").exists():
+                await send({"type": "lifespan.startup.failed", "message": "away"})
+                return
+            await send({"type": message["type"] + ".complete"})
+            if message["type"] == "lifespan.shutdown":
+                return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+"""
+
+
+def _workers(process: subprocess.Popen[bytes], count: int) -> list[str]:
+    """The supervisor's `count` live workers (waited for)."""
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+    deadline = time.monotonic() + 20
+    while True:
+        live = [pid for pid in children.read_text().split()
+                if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        if len(live) == count:
+            return live
+        assert process.poll() is None, process.communicate(timeout=10)
+        assert time.monotonic() < deadline, f"{len(live)} workers, not {count}"
+        time.sleep(0.05)
+
+
+def test_a_replacement_worker_that_cannot_start_yet_is_started_again_later(
+        tmp_path: Path, stopped: list[subprocess.Popen[bytes]]) -> None:
+    (tmp_path / "flaky_app.py").write_text(FLAKY_START_APP)
+    port = free_port()
+    process = _command(tmp_path, "serve", "flaky_app:app", "--workers", "2", "--port", str(port))
+    stopped.append(process)
+    first = _workers(process, 2)
+    _wait_for(f"http://127.0.0.1:{port}/", process)
+    time.sleep(1)  # the supervisor saw them serve
+    (tmp_path / "unreachable").touch()
+    os.kill(int(first[0]), signal.SIGKILL)
+    time.sleep(2)  # its replacement failed to start (before: every worker stopped, code 3)
+    assert process.poll() is None, process.communicate(timeout=10)
+    assert httpx2.get(f"http://127.0.0.1:{port}/", timeout=2).text == "ok"
+    (tmp_path / "unreachable").unlink()
+    deadline = time.monotonic() + 10
+    while first[0] in (workers := _workers(process, 2)) or first[1] not in workers:
+        assert time.monotonic() < deadline, "the dead worker was not replaced"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    _out, err = process.communicate(timeout=15)
+    assert process.returncode == 0, err
+    assert b"failed to start; starting it again" in err, err

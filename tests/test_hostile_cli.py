@@ -234,6 +234,36 @@ async def test_a_runtime_that_cannot_start_fails_the_lifespan_in_one_line(
     await runtime.aclose()
 
 
+async def test_a_lifespan_the_server_gives_up_on_without_a_shutdown_ends_quietly() -> None:
+    runtime = CopilotRuntime()
+    started = asyncio.Event()
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if not sent:
+            return {"type": "lifespan.startup"}
+        await asyncio.Event().wait()  # no shutdown message comes
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        started.set()
+
+    lifespan = asyncio.create_task(
+        create_app(runtime)({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send))
+    await asyncio.wait_for(started.wait(), 10)
+    await asyncio.sleep(0)
+    # What uvicorn's loop does to what is left when a second ^C forces its exit: before, the
+    # CancelledError came out of the app, and uvicorn logged it as the app's error, with a
+    # stack ("Exception in 'lifespan' protocol").
+    lifespan.cancel()
+    await asyncio.wait_for(asyncio.wait([lifespan]), 10)
+    assert not lifespan.cancelled()
+    assert lifespan.exception() is None
+    assert sent == [{"type": "lifespan.startup.complete"}]
+    await runtime.aclose()
+
+
 # -- a checkpoint store that cannot be opened -------------------------------------------------
 
 @pytest.mark.parametrize("url", ["sqlite:////proc/nope/c.db", "postgresql://127.0.0.1:1/db"])
@@ -523,3 +553,30 @@ def test_a_thread_file_that_is_not_a_database_is_named(
     line = _fails_with(capsys, ["demo", "--port", str(free_port()), "--db", str(db)])
     # Before: "file is not a database", the thread store's or the checkpoints'?
     assert line == f"copilot-runtime: error: cannot start: file is not a database ({db})"
+
+
+async def test_a_postgresql_thread_store_on_a_reserved_schema_name_fails_the_start_in_one_line(
+        ) -> None:
+    from copilot_runtime.threads import thread_store
+
+    runtime = CopilotRuntime(thread_store=thread_store(
+        "postgresql://postgres@127.0.0.1:5432/test?schema=pg_fc_reserved"))
+    incoming = [{"type": "lifespan.startup"}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await create_app(runtime)({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
+    # Before: it started (logged as a store that could not be opened, to try again), and
+    # every request was a 500 with a traceback: PostgreSQL refuses the name each time.
+    (failed,) = sent
+    assert failed == {
+        "type": "lifespan.startup.failed",
+        "message": "copilot-runtime: error: cannot start: ConfigurationError: the thread "
+                   "store cannot use schema 'pg_fc_reserved': unacceptable schema name "
+                   "\"pg_fc_reserved\" (give ?schema= a name not beginning with pg_)"}
+    await runtime.aclose()

@@ -22,10 +22,11 @@ from typing import Any
 
 import orjson
 import structlog
-from psycopg import AsyncConnection, AsyncCursor, sql
+from psycopg import AsyncConnection, AsyncCursor, errors, sql
 from psycopg_pool import AsyncConnectionPool
 
 from copilot_runtime._batching import Batcher
+from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime._pg_lane import Lane, check_alive, reachable, with_session_defaults
 from copilot_runtime.events import Event
 from copilot_runtime.threads._grouped import GroupedWriter
@@ -431,6 +432,20 @@ class PostgresThreadStore:
             yield
 
     async def _open(self) -> None:
+        try:
+            await self._create()
+        except (errors.ReservedName, errors.InsufficientPrivilege) as exc:
+            # Not an outage: the same every time (every request was a 500 with a stack).
+            advice = "give ?schema= a name not beginning with pg_" \
+                if isinstance(exc, errors.ReservedName) else \
+                "grant the user the privilege PostgreSQL names"
+            raise ConfigurationError(
+                f"the thread store cannot use schema {self.schema!r}: "
+                f"{exc.diag.message_primary or type(exc).__name__} ({advice})") from None
+        await self._pool.open()
+
+    async def _create(self) -> None:
+        """Create the schema and its tables, or migrate them."""
         async with await AsyncConnection.connect(self.conninfo, autocommit=True) as conn, \
                 conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
@@ -466,7 +481,6 @@ class PostgresThreadStore:
             # events deleted): without vacuum the tables and their indexes only grow.
             _log.warning("PostgreSQL runs with autovacuum off: the thread store's tables "
                          "will keep growing unless they are vacuumed", schema=self.schema)
-        await self._pool.open()
 
     async def ping(self) -> None:
         """One round trip to the server, on a pooled connection (a readiness probe)."""

@@ -1,0 +1,202 @@
+"""`copilot-runtime serve` at a shutdown, seen from its clients: streams that follow a run
+another server drives, and a thread store away while runs end. Each case starts the command
+line as a process, on a small TARGET written for it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import httpx2
+import psycopg
+import pytest
+import redis
+
+from copilot_runtime.threads.base import INTERRUPTED_CODE
+from tests.conftest import free_port, parse_sse, run_input
+from tests.test_store_outage import Proxy
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parents[1]
+POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+REDIS = "redis://127.0.0.1:6379/0"
+
+#: An agent that streams a word every 50 ms for a minute, its threads in `THREADS`,
+#: coordinated through `COORDINATOR` (both filled in).
+SLOW_APP = """
+import asyncio
+from copilot_runtime import Agent, CopilotRuntime, coordinator, thread_store
+from copilot_runtime import events as ev
+
+class Slow(Agent):
+    def run(self, input, context):
+        return self._run(input.run_id)
+
+    async def _run(self, run_id):
+        yield [ev.text_message_start("m-" + run_id)]
+        for _ in range(1200):
+            yield [ev.text_message_content("m-" + run_id, "word ")]
+            await asyncio.sleep(0.05)
+        yield [ev.text_message_end("m-" + run_id)]
+
+runtime = CopilotRuntime(agents={"default": Slow()}, thread_store=thread_store(THREADS),
+                         coordinator=coordinator(COORDINATOR))
+"""
+
+
+@contextlib.contextmanager
+def _services() -> Iterator[tuple[str, str]]:
+    """(threads URL, coordinator URL): a fresh schema and key prefix, gone at the end."""
+    name = f"fc_{uuid.uuid4().hex[:10]}"
+    client = redis.Redis.from_url(REDIS)
+    try:
+        yield f"{POSTGRES}?schema={name}", f"{REDIS}?prefix={name}:&lease_ttl=2"
+    finally:
+        with psycopg.connect(POSTGRES, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        if keys := list(client.scan_iter(match=f"{name}:*")):
+            client.delete(*keys)
+        client.close()
+
+
+def _serve(tmp_path: Path, target: str, port: int) -> subprocess.Popen[bytes]:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT}:{tmp_path}"}
+    return subprocess.Popen([sys.executable, "-m", "copilot_runtime", "serve", target,
+                             "--port", str(port)], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+@pytest.fixture
+def stopped() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes killed at the end whatever happened."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=10)
+
+
+def _wait_for(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx2.get(url, timeout=1)
+            return
+        except httpx2.TransportError:
+            assert process.poll() is None, process.communicate(timeout=10)
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+
+
+async def _read_until(response: aiohttp.ClientResponse, marker: bytes, count: int = 1) -> bytes:
+    body = b""
+    while body.count(marker) < count:
+        body += await response.content.readany()
+    return body
+
+
+async def test_a_stream_following_a_run_of_another_server_ends_at_once_at_shutdown(
+        tmp_path: Path, stopped: list[subprocess.Popen[bytes]]) -> None:
+    with _services() as (threads, coordination):
+        (tmp_path / "shared_app.py").write_text(
+            f"THREADS = {threads!r}\nCOORDINATOR = {coordination!r}\n" + SLOW_APP)
+        ports = free_port(), free_port()
+        driver, follower = (_serve(tmp_path, "shared_app:runtime", port) for port in ports)
+        stopped.extend((driver, follower))
+        urls = [f"http://127.0.0.1:{port}/copilotkit" for port in ports]
+        for url, process in zip(urls, (driver, follower), strict=True):
+            await asyncio.to_thread(_wait_for, url + "/info", process)
+        async with aiohttp.ClientSession() as session:
+            run = await session.post(urls[0] + "/agent/default/run",
+                                     json=run_input("hi", thread="t"))
+            await _read_until(run, b"word", 3)
+            connect = await session.post(urls[1] + "/agent/default/connect",
+                                         json=run_input("", thread="t"))
+            head = await _read_until(connect, b"word", 3)
+            follower.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            # Before: it streamed on until the 5 s grace, then was cut mid-event (aiohttp
+            # raises ClientPayloadError on a body cut short), a traceback logged.
+            body = head + await connect.content.read()
+            ended = time.monotonic() - signalled
+            assert ended < 3, f"the follower's stream ended {ended:.1f} s after the signal"
+            # The run goes on at the other server: no end is made up for it here.
+            assert all(event["type"] not in ("RUN_FINISHED", "RUN_ERROR")
+                       for event in parse_sse(body)), body[-300:]
+            _out, err = await asyncio.to_thread(follower.communicate, timeout=15)
+            assert follower.returncode == -signal.SIGTERM, err
+            assert b"Traceback" not in err, err
+            assert b"word" in await run.content.readany()  # still driven
+            run.close()
+
+
+async def test_runs_streaming_at_a_shutdown_while_their_store_is_away_end_at_once(
+        tmp_path: Path, stopped: list[subprocess.Popen[bytes]]) -> None:
+    proxy = Proxy(5432)
+    proxy.schema = f"fc_{uuid.uuid4().hex[:10]}"
+    await proxy.up()
+    try:
+        threads = f"postgresql://postgres@127.0.0.1:{proxy.port}/test?schema={proxy.schema}"
+        (tmp_path / "away_app.py").write_text(
+            f"THREADS = {threads!r}\nCOORDINATOR = 'local'\n" + SLOW_APP)
+        port = free_port()
+        process = _serve(tmp_path, "away_app:runtime", port)
+        stopped.append(process)
+        url = f"http://127.0.0.1:{port}/copilotkit"
+        await asyncio.to_thread(_wait_for, url + "/info", process)
+        async with aiohttp.ClientSession() as session:
+            runs = [await session.post(url + "/agent/default/run",
+                                       json=run_input("hi", thread=f"t{i}")) for i in range(2)]
+            heads = [await _read_until(run, b"word", 3) for run in runs]
+            await proxy.down()
+            await asyncio.sleep(0.3)
+            process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            # Before: each end waited 10 s for the store, past the 5 s grace: the streams
+            # were cut then, without their RUN_ERROR, each with a traceback.
+            for head, run in zip(heads, runs, strict=True):
+                last = parse_sse(head + await run.content.read())[-1]
+                assert (last["type"], last["code"]) == ("RUN_ERROR", INTERRUPTED_CODE)
+            ended = time.monotonic() - signalled
+            assert ended < 3, f"the streams ended {ended:.1f} s after the signal"
+        _out, err = await asyncio.to_thread(process.communicate, timeout=15)
+        exited = time.monotonic() - signalled
+        # Before: twice the grace (the drain's 5 s after the streams' 5 s).
+        assert exited < 8, f"the process exited {exited:.1f} s after the signal"
+        assert process.returncode == -signal.SIGTERM, err
+        assert b"Traceback" not in err, err
+    finally:
+        await proxy.down()
+        with psycopg.connect(POSTGRES, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{proxy.schema}" CASCADE')
+
+
+async def test_a_hangup_shuts_the_server_down_as_sigterm_does(
+        tmp_path: Path, stopped: list[subprocess.Popen[bytes]]) -> None:
+    (tmp_path / "alone_app.py").write_text(
+        "THREADS = 'memory://'\nCOORDINATOR = 'local'\n" + SLOW_APP)
+    port = free_port()
+    process = _serve(tmp_path, "alone_app:runtime", port)
+    stopped.append(process)
+    url = f"http://127.0.0.1:{port}/copilotkit"
+    await asyncio.to_thread(_wait_for, url + "/info", process)
+    async with aiohttp.ClientSession() as session:
+        run = await session.post(url + "/agent/default/run", json=run_input("hi", thread="t"))
+        head = await _read_until(run, b"word", 3)
+        process.send_signal(signal.SIGHUP)
+        # Before: the process died of it at once, the stream cut without its end.
+        last = parse_sse(head + await run.content.read())[-1]
+    assert (last["type"], last["code"]) == ("RUN_ERROR", INTERRUPTED_CODE)
+    _out, err = await asyncio.to_thread(process.communicate, timeout=15)
+    assert process.returncode == -signal.SIGHUP, err
+    assert b"Traceback" not in err, err
