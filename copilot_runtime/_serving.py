@@ -379,6 +379,9 @@ class _Supervisor(Multiprocess):
         self._backoff: dict[int, float] = {}
 
     def keep_subprocess_alive(self) -> None:
+        if not hasattr(Process, "_healthcheck"):  # a uvicorn this was not written for
+            super().keep_subprocess_alive()
+            return
         for index, process in enumerate(self.processes):
             if self.should_exit.is_set():
                 return
