@@ -63,6 +63,10 @@ from tests.test_hostile_liveness import _run_events
 from tests.test_store_outage import Flow, Proxy
 
 pytestmark = pytest.mark.timeout(60)
+#: The longest a test's body may wait (seconds), well inside its time limit: a wait that never
+#: ends fails there, in the event loop, and the workers and proxies are still closed (the time
+#: limit's signal left their sockets open for the later tests of the process to trip on).
+BODY_WITHIN = 30.0
 
 #: The workers' lease (seconds): renewed every second, so a lost lease is noticed fast.
 TTL = 3.0
@@ -161,13 +165,14 @@ async def workers(kind: str, *, ttl: float = TTL,
         b = CopilotRuntime(service_adapter=ScriptedAdapter(
             *[text_turn("an ", "answer ", "from B")] * 4), thread_store=thread_store(threads),
             coordinator=shared)
-        try:
+        async with contextlib.AsyncExitStack() as closing:
+            # Each closed whatever the other's closing raised: a runtime left open kept its
+            # Redis and PostgreSQL sockets past the test (and its schema from being dropped).
+            closing.push_async_callback(b.aclose)
+            closing.push_async_callback(a.aclose)
             await a.start()
             await b.start()
             yield Workers(kind, a, b, schema, prefix)
-        finally:
-            await a.aclose()
-            await b.aclose()
 
 
 @dataclass
@@ -478,7 +483,12 @@ class SilencingProxy(Proxy):
             for sink in sockets:
                 sink.close()
         if self._links:
-            await asyncio.wait(self._links, timeout=5)
+            _, late = await asyncio.wait(self._links, timeout=5)
+            # A link still pumping (one accepted as the proxy closed, its sockets not yet
+            # listed): cancelled, so that its own `finally` closes both of its sockets.
+            for link in late:
+                link.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -506,7 +516,7 @@ async def test_a_silently_dropped_pubsub_connection_is_noticed_and_reopened(
     monkeypatch.setattr("copilot_runtime.coordination.redis._PONG_WITHIN", 0.5, raising=False)
     through = f"127.0.0.1:{silencing.port}"
     async with workers("redis", a_url=lambda url: url.replace("127.0.0.1:6379", through)
-                       ) as w:
+                       ) as w, asyncio.timeout(BODY_WITHIN):
         await eventually(lambda: len(silencing.subscribed) == 1, deadline=5,
                          what="A subscribed through the proxy")
         first = await streaming(w.a, THREAD, "r1")
