@@ -17,6 +17,9 @@ import pytest
 from copilot_runtime._exceptions import InvalidRequestError, JSONTooDeepError
 from copilot_runtime._input import parse_json_body
 from copilot_runtime._limits import MAX_JSON_DEPTH, check_json_text, decode_json
+from copilot_runtime.agents._legacy import RuntimeEventTranslator
+from copilot_runtime.agents._wire import RemoteEventChecker
+from copilot_runtime.agents.remote_endpoint import _parse_line
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import Served, parse_sse, run_input, text_of, types
 from tests.gql.wire import CLIENT_DOCUMENT, CLIENT_HEADERS, chat_data, merge, parse_multipart
@@ -104,6 +107,21 @@ def test_hostile_escapes_take_one_linear_pass() -> None:
         body = b'["' + unit * (4 * 1024 * 1024 // len(unit)) + rb'\ud83d"]'
         value = decode_json(body)
         assert value[0].endswith(REPLACEMENT)
+
+
+# -- what upstreams send (a JavaScript remote agent writes the same escapes) ----------------
+
+
+def test_remote_agent_lines_and_events_take_lone_surrogates() -> None:
+    assert _parse_line(rb'{"type": "x", "text": "\ud83d"}')["text"] == REPLACEMENT
+    events = RemoteEventChecker("Remote agent 'x'").payloads(
+        [rb'{"type": "CUSTOM", "name": "n", "value": "cut \ud83d"}'])
+    assert events[0]["value"] == "cut " + REPLACEMENT
+    translated = RuntimeEventTranslator("Remote agent 'x'").translate(
+        {"type": "AgentStateMessage", "state": r'{"doc": "cut \ud83d"}', "active": True,
+         "nodeName": "n"})
+    snapshots = [e for e in translated if e["type"] == "STATE_SNAPSHOT"]
+    assert snapshots[0]["snapshot"] == {"doc": "cut " + REPLACEMENT}
 
 
 # -- both protocols, end to end -------------------------------------------------------------
