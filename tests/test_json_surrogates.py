@@ -20,6 +20,7 @@ from copilot_runtime._limits import MAX_JSON_DEPTH, check_json_text, decode_json
 from copilot_runtime.agents._legacy import RuntimeEventTranslator
 from copilot_runtime.agents._wire import RemoteEventChecker
 from copilot_runtime.agents.remote_endpoint import _parse_line
+from copilot_runtime.approvals.decisions import parse_decision
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import Served, parse_sse, run_input, text_of, types
 from tests.gql.wire import CLIENT_DOCUMENT, CLIENT_HEADERS, chat_data, merge, parse_multipart
@@ -174,3 +175,10 @@ async def test_graphql_generate_takes_a_lone_surrogate(
             "echo: " + text.replace(cut, REPLACEMENT)]
         if where == "context":
             assert "cut mid-emoji " + REPLACEMENT in orjson.dumps(llm.requests[-1]).decode()
+
+
+def test_an_approval_answer_given_as_json_text_keeps_its_decision() -> None:
+    # Before, the text was not JSON to us, so "approve" became a revision asking for it.
+    decision = parse_decision('{"action": "approve", "reason": "cut \\ud83d"}')
+    assert decision is not None
+    assert (decision.action, decision.feedback) == ("approve", "cut " + REPLACEMENT)
