@@ -16,7 +16,7 @@ from ag_ui.core import RunAgentInput
 from pydantic.alias_generators import to_camel
 
 from copilot_runtime._exceptions import InvalidRequestError
-from copilot_runtime._limits import check_json_depth
+from copilot_runtime._limits import check_json_depth, decode_json
 from copilot_runtime.threads.base import id_problem
 
 __all__ = ["RunInput", "parse_run_input", "validation_details"]
@@ -57,9 +57,10 @@ class RunInput:
 
 
 def parse_json_body(body: bytes) -> Any:
-    """Decode a request body, held to `MAX_JSON_DEPTH` (every JSON body enters here)."""
+    """Decode a request body, held to `MAX_JSON_DEPTH` (every JSON body enters here); an
+    escaped lone surrogate (a browser's string cut inside an emoji) reads as U+FFFD."""
     try:
-        data = orjson.loads(body)
+        data = decode_json(body)
     except orjson.JSONDecodeError as exc:
         detail = "Request body is empty" if not body.strip() else f"Malformed JSON: {exc.msg}"
         raise InvalidRequestError("Invalid request body", detail) from None

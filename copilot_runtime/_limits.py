@@ -7,6 +7,11 @@ So depth is bounded once, where JSON enters (a body, or JSON text inside a Graph
 argument), well below what every stage can write: what is accepted can always be streamed,
 stored and replayed.
 
+JSON text enters through `decode_json`, which also takes what a JavaScript sender writes
+for a string cut inside a character: `JSON.stringify` escapes a lone UTF-16 surrogate
+(`"\\ud83d"`), which orjson refuses. Each one is read as U+FFFD, as a Python string
+holding a lone surrogate could never be encoded again (not by orjson, a store or an SDK).
+
 Threads stored before this bound (or by an agent that produced something unencodable) are
 read through `replayable`, which drops what cannot be encoded instead of failing the read.
 """
@@ -14,6 +19,7 @@ read through `replayable`, which drops what cannot be encoded instead of failing
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +34,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "check_json_depth",
     "check_json_text",
+    "decode_json",
     "nests_too_deep",
     "readable",
     "replayable",
@@ -86,12 +93,60 @@ def check_json_depth(data: Any, text: bytes | str, what: str = "The request body
         raise JSONTooDeepError(what, MAX_JSON_DEPTH)
 
 
+# Any escaped surrogate: a cheap test of whether a failed text is worth the slow path.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# With escaped backslashes set aside, every backslash left starts an escape: a high half
+# not followed by a low one is lone, and then so is a low half not right after a high one.
+_LONE_HIGH = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})")
+# (Each pattern starts with its literal backslash, which the regex engine scans for fast.)
+_LONE_LOW = re.compile(rb"\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+                       rb"(?<!\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})")
+# Stands for an escaped backslash while the halves are matched. A raw NUL is never valid
+# JSON, so a text holding one is refused as it is, never rewritten.
+_SET_ASIDE = b"\x00\x00"
+
+
+def _without_lone_surrogates(text: bytes | str) -> bytes | None:
+    """`text` with each escaped lone surrogate written as `\\ufffd` (the same length, so
+    error positions hold); None when there is nothing to rewrite. Linear: a few passes of
+    the regex engine and `bytes.replace`, whatever the text."""
+    if isinstance(text, str):
+        try:
+            text = text.encode()
+        except UnicodeEncodeError:  # holds a surrogate itself, not escaped: refused as is
+            return None
+    if _SURROGATE_ESCAPE.search(text) is None or _SET_ASIDE[:1] in text:
+        return None
+    # `replace` pairs backslashes from the left, as a JSON reader does: in `\\\\ud83d`
+    # the first two are one backslash and "ud83d" is plain text.
+    text = text.replace(b"\\\\", _SET_ASIDE)
+    text = _LONE_HIGH.sub(rb"\\ufffd", text)
+    text = _LONE_LOW.sub(rb"\\ufffd", text)
+    return text.replace(_SET_ASIDE, b"\\\\")
+
+
+def decode_json(text: bytes | str) -> Any:
+    """`orjson.loads(text)`, reading each escaped lone surrogate as U+FFFD.
+
+    orjson runs first; only text it refuses that holds an escaped surrogate is rewritten
+    and read by orjson again: its own bounds, and its refusal of raw invalid UTF-8, stay.
+    Raises `orjson.JSONDecodeError` for malformed text, like `orjson.loads`.
+    """
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        rewritten = _without_lone_surrogates(text)
+        if rewritten is None:
+            raise
+    return orjson.loads(rewritten)
+
+
 def check_json_text(text: str | bytes, what: str) -> Any:
     """Decode JSON text found inside a request, holding it to the same depth bound.
 
     Raises `orjson.JSONDecodeError` for malformed text, like `orjson.loads`.
     """
-    value = orjson.loads(text)
+    value = decode_json(text)
     check_json_depth(value, text, what)
     return value
 

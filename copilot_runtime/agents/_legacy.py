@@ -19,7 +19,7 @@ import orjson
 
 from copilot_runtime import events as ev
 from copilot_runtime._exceptions import UpstreamError, quoted
-from copilot_runtime._limits import MAX_JSON_DEPTH, nests_too_deep
+from copilot_runtime._limits import MAX_JSON_DEPTH, decode_json, nests_too_deep
 from copilot_runtime.agents._wire import StateDeltaEncoder
 from copilot_runtime.events import Event
 
@@ -269,7 +269,7 @@ class RuntimeEventTranslator(_Translator):
             state = line.get("state")
             if isinstance(state, str):
                 try:
-                    text, state = state, orjson.loads(state)
+                    text, state = state, decode_json(state)
                 except orjson.JSONDecodeError:
                     state = {}
                 else:

@@ -26,7 +26,7 @@ from pydantic import TypeAdapter, ValidationError
 from copilot_runtime import events as ev
 from copilot_runtime._exceptions import ChunkError, UpstreamError, quoted
 from copilot_runtime._held import HeldBytes
-from copilot_runtime._limits import MAX_JSON_DEPTH, nests_too_deep
+from copilot_runtime._limits import MAX_JSON_DEPTH, decode_json, nests_too_deep
 from copilot_runtime.event_order import REQUIRED_FIELDS, ChunkState, OrderChecker, expand_chunks
 from copilot_runtime.events import Event, EventType
 
@@ -221,7 +221,7 @@ class RemoteEventChecker:
         events: list[Event] = []
         for payload in payloads:
             try:
-                event = orjson.loads(payload)
+                event = decode_json(payload)
             except orjson.JSONDecodeError:
                 # Quoted as any upstream's words are: without the credentials, paths and
                 # stack traces a broken event may hold.

@@ -32,7 +32,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._held import HeldBytes
 from copilot_runtime._input import RunInput
-from copilot_runtime._limits import MAX_JSON_DEPTH, nests_too_deep
+from copilot_runtime._limits import MAX_JSON_DEPTH, decode_json, nests_too_deep
 from copilot_runtime.actions import Action
 from copilot_runtime.agents._http_client import (
     SessionHolder,
@@ -192,7 +192,7 @@ class CopilotKitRemoteEndpoint:
         async with self.post(path, body, what, forwarded, safe=safe) as response:
             try:
                 text = await response.read()
-                answer = orjson.loads(text)
+                answer = decode_json(text)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise error_for_exception(exc, what, self.url + path) from None
             except orjson.JSONDecodeError:
@@ -382,7 +382,7 @@ async def _json_lines(content: aiohttp.StreamReader) -> AsyncIterator[dict[str, 
 
 def _parse_line(line: bytes) -> dict[str, Any]:
     try:
-        value = orjson.loads(line)
+        value = decode_json(line)
     except orjson.JSONDecodeError:
         raise UpstreamError("The remote agent sent a line that is not JSON") from None
     if not isinstance(value, dict):

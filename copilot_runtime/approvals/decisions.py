@@ -16,7 +16,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from copilot_runtime._limits import nests_too_deep
+from copilot_runtime._limits import decode_json, nests_too_deep
 
 __all__ = ["Action", "Decision", "parse_decision", "timeout_answer"]
 
@@ -55,7 +55,7 @@ def parse_decision(value: Any) -> Decision | None:
         text = value.strip()
         if text.startswith("{"):
             try:
-                decoded = orjson.loads(text)  # bounded: no RecursionError on hostile text
+                decoded = decode_json(text)  # bounded: no RecursionError on hostile text
             except orjson.JSONDecodeError:
                 return _from_text(text)  # not JSON (or deeper than orjson reads): words
             # JSON nested deeper than a request may be is not an answer anyone wrote.
