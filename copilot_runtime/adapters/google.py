@@ -60,6 +60,7 @@ from copilot_runtime.adapters._common import (
     text_of,
     usage,
 )
+from copilot_runtime.adapters._idle import IdleBound
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -265,12 +266,17 @@ class GoogleGenAIAdapter:
             # Plain dicts in the SDK's field names: it validates them into its own types.
             chunks = await self.client.aio.models.generate_content_stream(
                 model=model, contents=cast(Any, contents), config=cast(Any, config))
-            async for chunk in chunks:
-                out: list[ChatDelta] = []
-                parser.chunk(chunk.model_dump(mode="json", by_alias=True, exclude_none=True),
-                             out)
-                if out:
-                    yield out
+            # (the SDK's client alone may wait forever: see _idle)
+            pieces = IdleBound(aiter(chunks), self._timeout, _FAILURES.silent)
+            try:
+                async for chunk in pieces:
+                    out: list[ChatDelta] = []
+                    parser.chunk(chunk.model_dump(mode="json", by_alias=True,
+                                                  exclude_none=True), out)
+                    if out:
+                        yield out
+            finally:
+                pieces.close()
             yield parser.finish()
         except genai_errors.APIError as exc:
             said = upstream_said(str(exc.message or exc.status), secrets)

@@ -35,6 +35,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
+from copilot_runtime.adapters._idle import IdleBound
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -206,9 +207,11 @@ class OpenAIAdapter:
                 "/chat/completions", cast_to=httpx2.Response, content=body,
                 options={"headers": {"Content-Type": "application/json"}},
                 stream=True, stream_cls=openai.AsyncStream[Any]))
+            # (the SDK's client alone may wait forever: see _idle)
+            pieces = IdleBound(response.aiter_bytes(), self._timeout, self._silent())
             try:
                 parser = ChatCompletionsStreamParser(secrets=secrets)
-                async for data in response.aiter_bytes():
+                async for data in pieces:
                     deltas = parser.feed(data)
                     if deltas:
                         yield deltas
@@ -218,6 +221,7 @@ class OpenAIAdapter:
                     raise UpstreamProtocolError(
                         "The OpenAI stream ended before the answer was complete")
             finally:
+                pieces.close()
                 await response.aclose()
         except openai.APIStatusError as exc:
             raise _direct.status_failure(
