@@ -75,6 +75,25 @@ async def test_a_chunked_body_malformed_mid_stream_times_out_and_frees_the_threa
     assert text_of(follow_up) == "all good"
 
 
+MALFORMED_HEAD: dict[str, list[Step]] = {
+    "bad status line": [b"HTTP/1.1 2x0 OK\r\nContent-Length: 0\r\n\r\n"],
+    "bad chunk size with the head": [CHUNKED_HEAD + b"zz\r\nxx\r\n"],
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED_HEAD)
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "google"])
+async def test_a_malformed_answer_head_is_a_protocol_error(
+        serve_runtime: ServeRuntime, provider: str, case: str) -> None:
+    async with hostile(serve_runtime, provider, MALFORMED_HEAD[case], transport="sdk") \
+            as (served, _):
+        async with asyncio.timeout(ENDS_WITHIN_S):
+            events = await run(served, run_input("hi"))
+    assert last(events) == ("RUN_ERROR", "UPSTREAM_PROTOCOL_ERROR"), events[-1]
+    said = f"The {PROVIDER_WORDS[provider]} API sent a malformed HTTP answer"
+    assert events[-1]["message"] == said
+
+
 # -- the bound itself ----------------------------------------------------------------------
 
 

@@ -280,6 +280,9 @@ class AnthropicAdapter:
             refused = find_cause(exc, aiohttp.ClientConnectorError)
             if refused is not None:
                 raise UpstreamConnectionError("Could not reach the Anthropic API") from None
+            if find_cause(exc, aiohttp.ClientResponseError) is not None:
+                # aiohttp could not parse the answer's head or its chunked framing
+                raise UpstreamProtocolError(_FAILURES.malformed) from None
             if isinstance(exc, anthropic.APITimeoutError):
                 raise UpstreamTimeoutError("Anthropic request timed out") from None
             raise UpstreamConnectionError("Could not reach the Anthropic API") from None

@@ -286,6 +286,9 @@ class GoogleGenAIAdapter:
             raise UpstreamTimeoutError("Gemini request timed out") from None
         except aiohttp.ClientConnectorError:
             raise UpstreamConnectionError("Could not reach the Gemini API") from None
+        except aiohttp.ClientResponseError:
+            # aiohttp could not parse the answer's head or its chunked framing
+            raise UpstreamProtocolError(_FAILURES.malformed) from None
         except aiohttp.ClientError:
             raise UpstreamConnectionError(
                 "The Gemini stream broke off before the answer was complete") from None

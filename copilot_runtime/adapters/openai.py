@@ -245,6 +245,10 @@ class OpenAIAdapter:
         except httpx2.DecodingError:
             raise UpstreamProtocolError(
                 "The OpenAI API sent a body that could not be decoded") from None
+        except aiohttp.ClientResponseError:
+            # aiohttp could not parse the answer's head or its chunked framing; the SDK's
+            # transport passes that on unmapped.
+            raise UpstreamProtocolError(_MALFORMED) from None
         except httpx2.TimeoutException:
             raise UpstreamTimeoutError(self._silent()) from None
         except httpx2.TransportError:
@@ -259,6 +263,7 @@ class OpenAIAdapter:
 _CONNECT_FAILED = "Could not reach the OpenAI API (connection failed)"
 _RETRIES = _direct.SDKRetries(max_retry_after=_MAX_RETRY_AFTER)
 _HUNG_UP = "The OpenAI API closed the connection without answering"
+_MALFORMED = "The OpenAI API sent a malformed HTTP answer"
 
 
 def _can_send_directly(client: Any) -> bool:
@@ -305,7 +310,7 @@ class _DirectRoute:
         self.secrets = _direct.credentials(self.head)
         self.failures = _direct.Failures(
             "OpenAI", adapter._silent(), _CONNECT_FAILED, _HUNG_UP,
-            "The OpenAI API sent a malformed HTTP answer",
+            _MALFORMED,
             "The OpenAI stream broke off before the answer was complete")
 
     def close(self) -> bool:
