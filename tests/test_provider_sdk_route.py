@@ -14,10 +14,12 @@ the AG-UI and the GraphQL protocol alike, and the thread free for the next run.
 from __future__ import annotations
 
 import asyncio
+import gzip
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from copilot_runtime._exceptions import UpstreamTimeoutError
 from copilot_runtime.adapters._idle import IdleBound
@@ -26,6 +28,7 @@ from tests.test_hostile_providers import (
     AN_OPEN_TEXT,
     AN_START,
     ANSWER,
+    HEAD,
     PROVIDER_WORDS,
     Step,
     an_delta,
@@ -92,6 +95,38 @@ async def test_a_malformed_answer_head_is_a_protocol_error(
     assert last(events) == ("RUN_ERROR", "UPSTREAM_PROTOCOL_ERROR"), events[-1]
     said = f"The {PROVIDER_WORDS[provider]} API sent a malformed HTTP answer"
     assert events[-1]["message"] == said
+
+
+SECRET_WORDS = "Hello there, model output"
+GM_CHUNK = gm_parts({"text": SECRET_WORDS})
+GZIP_HEAD = HEAD.replace(b"Connection:", b"Content-Encoding: gzip\r\nConnection:")
+UNREADABLE_GEMINI: dict[str, list[Step]] = {
+    "malformed JSON data line": [HEAD, GM_CHUNK, b"data: {not json\n\n"],
+    "body closed mid-line": [HEAD, GM_CHUNK, GM_CHUNK[:40]],
+    "gzip body cut short": [GZIP_HEAD, gzip.compress(GM_CHUNK * 50)[:60]],
+    "not UTF-8": [HEAD, GM_CHUNK, b'data: {"candidates":[{"content":{"parts":[{"text":"'
+                  + SECRET_WORDS.encode() + b'\xff\xfe"}]}}]}\n\n'],
+    "a number, not an object": [HEAD, GM_CHUNK, b"data: 5\n\n"],
+    "a field of the wrong type": [HEAD, GM_CHUNK, b'data: {"usageMetadata": '
+                                  b'{"promptTokenCount": "' + SECRET_WORDS.encode() + b'"}}\n\n'],
+}
+
+
+@pytest.mark.parametrize("case", UNREADABLE_GEMINI)
+async def test_a_gemini_frame_the_sdk_cannot_read_is_a_protocol_error(
+        serve_runtime: ServeRuntime, case: str) -> None:
+    async with hostile(serve_runtime, "google", UNREADABLE_GEMINI[case],
+                       ANSWER["google"]("all good"), transport="sdk") as (served, _):
+        with capture_logs() as logs:
+            async with asyncio.timeout(ENDS_WITHIN_S):
+                events = await run(served, run_input("hi"))
+        follow_up = await run(served, run_input("again", run="run-2"))
+    assert last(events) == ("RUN_ERROR", "UPSTREAM_PROTOCOL_ERROR"), events[-1]
+    assert "Gemini" in events[-1]["message"]
+    assert SECRET_WORDS not in events[-1]["message"]
+    # No crash logged with its trace, whose SDK messages quoted the frame.
+    assert not [entry for entry in logs if entry["event"] == "agent failed"], logs
+    assert text_of(follow_up) == "all good"
 
 
 # -- the bound itself ----------------------------------------------------------------------

@@ -99,6 +99,10 @@ _DEFAULT_API_VERSION = "v1"
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _RETRY_INITIAL = 1.0
 _RETRY_MAX = 60.0
+#: What the SDK raises for a streamed frame it could not read (its UnknownApiResponseError,
+#: a UnicodeDecodeError and pydantic's ValidationError are ValueErrors; a frame of another
+#: JSON type fails its code with a TypeError or an AttributeError; RecursionError: nesting).
+_UNREADABLE = (ValueError, TypeError, AttributeError, RecursionError)
 _FAILURES = _direct.Failures(
     "Gemini", "Gemini request timed out", "Could not reach the Gemini API",
     "The Gemini API closed the connection without answering",
@@ -269,7 +273,18 @@ class GoogleGenAIAdapter:
             # (the SDK's client alone may wait forever: see _idle)
             pieces = IdleBound(aiter(chunks), self._timeout, _FAILURES.silent)
             try:
-                async for chunk in pieces:
+                while True:
+                    try:
+                        chunk = await anext(pieces)
+                    except StopAsyncIteration:
+                        break
+                    except _UNREADABLE:
+                        # The SDK's own reading of a frame failed: not JSON (malformed, or
+                        # cut off by the body's end), not UTF-8, or not of its types' shape.
+                        # Its messages quote the frame, the model's output: not passed on.
+                        raise UpstreamProtocolError(
+                            "The Gemini stream sent a frame that could not be read (malformed "
+                            "or cut off)") from None
                     out: list[ChatDelta] = []
                     parser.chunk(chunk.model_dump(mode="json", by_alias=True,
                                                   exclude_none=True), out)
