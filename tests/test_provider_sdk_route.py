@@ -24,6 +24,7 @@ from structlog.testing import capture_logs
 from copilot_runtime._exceptions import UpstreamTimeoutError
 from copilot_runtime.adapters._idle import IdleBound
 from tests.conftest import ServeRuntime, run_input, text_of
+from tests.gql.wire import user_turn
 from tests.test_hostile_providers import (
     AN_OPEN_TEXT,
     AN_START,
@@ -127,6 +128,24 @@ async def test_a_gemini_frame_the_sdk_cannot_read_is_a_protocol_error(
     # No crash logged with its trace, whose SDK messages quoted the frame.
     assert not [entry for entry in logs if entry["event"] == "agent failed"], logs
     assert text_of(follow_up) == "all good"
+
+
+@pytest.mark.parametrize(("provider", "script", "code"), [
+    ("openai", [CHUNKED_HEAD, chunk(FIRST_PIECE["openai"]), 0.1, BAD_CHUNK_MID_BODY],
+     "UPSTREAM_TIMEOUT"),
+    ("openai", MALFORMED_HEAD["bad status line"], "UPSTREAM_PROTOCOL_ERROR"),
+    ("google", UNREADABLE_GEMINI["malformed JSON data line"], "UPSTREAM_PROTOCOL_ERROR"),
+])
+async def test_graphql_reports_the_same_upstream_failures(
+        serve_runtime: ServeRuntime, provider: str, script: list[Step], code: str) -> None:
+    async with hostile(serve_runtime, provider, script, transport="sdk", timeout=1) \
+            as (served, _):
+        async with asyncio.timeout(ENDS_WITHIN_S):
+            result = await served.generate(user_turn("hi"))
+    status = result["status"]
+    assert status["code"] == "Failed", status
+    assert status["details"]["originalError"]["originalErrorType"] == code, status
+    assert PROVIDER_WORDS[provider] in status["details"]["description"], status
 
 
 # -- the bound itself ----------------------------------------------------------------------
