@@ -28,7 +28,7 @@ LAYERS: dict[str, int] = {
     "coordination": 0, "_batching": 0, "_pg_lane": 0, "_url_options": 0, "_redis_client": 0,
     "_deadline": 0, "_held": 0, "_again": 0, "_sqlite_outage": 0,
     # 1. model providers, and the guardrails that may use one as a judge
-    "adapters": 1, "guardrails": 1,
+    "adapters": 1, "adapters._idle": 1, "guardrails": 1,
     # MCP servers' tools as actions for the agents
     "mcp_tools": 1,
     # 2. agents, and the LangGraph checkpointers they run on

@@ -58,6 +58,7 @@ from copilot_runtime.adapters._common import (
     text_of,
     usage,
 )
+from copilot_runtime.adapters._idle import IdleBound
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -240,19 +241,23 @@ class AnthropicAdapter:
                     content=orjson.dumps({**params, "stream": True}),
                     options={"headers": {"Content-Type": "application/json"}},
                     stream=True, stream_cls=anthropic.AsyncStream[Any]))
+                # (the SDK's client alone may wait forever: see _idle)
+                pieces = IdleBound(response.aiter_bytes(), self._timeout, _FAILURES.silent)
                 try:
-                    async for data in response.aiter_bytes():
+                    async for data in pieces:
                         deltas = parser.feed(data)
                         if deltas:
                             yield deltas
                         if parser.done:
                             break
                 finally:
+                    pieces.close()
                     await response.aclose()
             else:
                 events = await client.messages.create(**params, stream=True)
+                bounded = IdleBound(aiter(events), self._timeout, _FAILURES.silent)
                 try:
-                    async for event in events:
+                    async for event in bounded:
                         deltas = []
                         parser.event(event.model_dump(mode="json"), deltas)
                         if deltas:
@@ -260,6 +265,7 @@ class AnthropicAdapter:
                         if parser.done:
                             break
                 finally:
+                    bounded.close()
                     await events.close()
             parser.finish()  # (an end without `message_stop`: as the direct route says it)
             self._keep_thinking(parser)
@@ -274,6 +280,9 @@ class AnthropicAdapter:
             refused = find_cause(exc, aiohttp.ClientConnectorError)
             if refused is not None:
                 raise UpstreamConnectionError("Could not reach the Anthropic API") from None
+            if find_cause(exc, aiohttp.ClientResponseError) is not None:
+                # aiohttp could not parse the answer's head or its chunked framing
+                raise UpstreamProtocolError(_FAILURES.malformed) from None
             if isinstance(exc, anthropic.APITimeoutError):
                 raise UpstreamTimeoutError("Anthropic request timed out") from None
             raise UpstreamConnectionError("Could not reach the Anthropic API") from None

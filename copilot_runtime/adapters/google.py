@@ -60,6 +60,7 @@ from copilot_runtime.adapters._common import (
     text_of,
     usage,
 )
+from copilot_runtime.adapters._idle import IdleBound
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -98,6 +99,10 @@ _DEFAULT_API_VERSION = "v1"
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _RETRY_INITIAL = 1.0
 _RETRY_MAX = 60.0
+#: What the SDK raises for a streamed frame it could not read (its UnknownApiResponseError,
+#: a UnicodeDecodeError and pydantic's ValidationError are ValueErrors; a frame of another
+#: JSON type fails its code with a TypeError or an AttributeError; RecursionError: nesting).
+_UNREADABLE = (ValueError, TypeError, AttributeError, RecursionError)
 _FAILURES = _direct.Failures(
     "Gemini", "Gemini request timed out", "Could not reach the Gemini API",
     "The Gemini API closed the connection without answering",
@@ -265,12 +270,28 @@ class GoogleGenAIAdapter:
             # Plain dicts in the SDK's field names: it validates them into its own types.
             chunks = await self.client.aio.models.generate_content_stream(
                 model=model, contents=cast(Any, contents), config=cast(Any, config))
-            async for chunk in chunks:
-                out: list[ChatDelta] = []
-                parser.chunk(chunk.model_dump(mode="json", by_alias=True, exclude_none=True),
-                             out)
-                if out:
-                    yield out
+            # (the SDK's client alone may wait forever: see _idle)
+            pieces = IdleBound(aiter(chunks), self._timeout, _FAILURES.silent)
+            try:
+                while True:
+                    try:
+                        chunk = await anext(pieces)
+                    except StopAsyncIteration:
+                        break
+                    except _UNREADABLE:
+                        # The SDK's own reading of a frame failed: not JSON (malformed, or
+                        # cut off by the body's end), not UTF-8, or not of its types' shape.
+                        # Its messages quote the frame, the model's output: not passed on.
+                        raise UpstreamProtocolError(
+                            "The Gemini stream sent a frame that could not be read (malformed "
+                            "or cut off)") from None
+                    out: list[ChatDelta] = []
+                    parser.chunk(chunk.model_dump(mode="json", by_alias=True,
+                                                  exclude_none=True), out)
+                    if out:
+                        yield out
+            finally:
+                pieces.close()
             yield parser.finish()
         except genai_errors.APIError as exc:
             said = upstream_said(str(exc.message or exc.status), secrets)
@@ -280,6 +301,9 @@ class GoogleGenAIAdapter:
             raise UpstreamTimeoutError("Gemini request timed out") from None
         except aiohttp.ClientConnectorError:
             raise UpstreamConnectionError("Could not reach the Gemini API") from None
+        except aiohttp.ClientResponseError:
+            # aiohttp could not parse the answer's head or its chunked framing
+            raise UpstreamProtocolError(_FAILURES.malformed) from None
         except aiohttp.ClientError:
             raise UpstreamConnectionError(
                 "The Gemini stream broke off before the answer was complete") from None

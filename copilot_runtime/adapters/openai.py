@@ -35,6 +35,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
+from copilot_runtime.adapters._idle import IdleBound
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -206,9 +207,11 @@ class OpenAIAdapter:
                 "/chat/completions", cast_to=httpx2.Response, content=body,
                 options={"headers": {"Content-Type": "application/json"}},
                 stream=True, stream_cls=openai.AsyncStream[Any]))
+            # (the SDK's client alone may wait forever: see _idle)
+            pieces = IdleBound(response.aiter_bytes(), self._timeout, self._silent())
             try:
                 parser = ChatCompletionsStreamParser(secrets=secrets)
-                async for data in response.aiter_bytes():
+                async for data in pieces:
                     deltas = parser.feed(data)
                     if deltas:
                         yield deltas
@@ -218,6 +221,7 @@ class OpenAIAdapter:
                     raise UpstreamProtocolError(
                         "The OpenAI stream ended before the answer was complete")
             finally:
+                pieces.close()
                 await response.aclose()
         except openai.APIStatusError as exc:
             raise _direct.status_failure(
@@ -241,6 +245,10 @@ class OpenAIAdapter:
         except httpx2.DecodingError:
             raise UpstreamProtocolError(
                 "The OpenAI API sent a body that could not be decoded") from None
+        except aiohttp.ClientResponseError:
+            # aiohttp could not parse the answer's head or its chunked framing; the SDK's
+            # transport passes that on unmapped.
+            raise UpstreamProtocolError(_MALFORMED) from None
         except httpx2.TimeoutException:
             raise UpstreamTimeoutError(self._silent()) from None
         except httpx2.TransportError:
@@ -255,6 +263,7 @@ class OpenAIAdapter:
 _CONNECT_FAILED = "Could not reach the OpenAI API (connection failed)"
 _RETRIES = _direct.SDKRetries(max_retry_after=_MAX_RETRY_AFTER)
 _HUNG_UP = "The OpenAI API closed the connection without answering"
+_MALFORMED = "The OpenAI API sent a malformed HTTP answer"
 
 
 def _can_send_directly(client: Any) -> bool:
@@ -301,7 +310,7 @@ class _DirectRoute:
         self.secrets = _direct.credentials(self.head)
         self.failures = _direct.Failures(
             "OpenAI", adapter._silent(), _CONNECT_FAILED, _HUNG_UP,
-            "The OpenAI API sent a malformed HTTP answer",
+            _MALFORMED,
             "The OpenAI stream broke off before the answer was complete")
 
     def close(self) -> bool:

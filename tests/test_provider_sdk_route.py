@@ -1,0 +1,201 @@
+"""The SDK route of the provider adapters (`transport="sdk"`: a proxy in the environment, or a
+ready `client=`) ends a broken answer the way the direct route does: an UPSTREAM_* error, on
+the AG-UI and the GraphQL protocol alike, and the thread free for the next run.
+
+- A chunked body that turned malformed mid-stream: aiohttp never woke the body reader, so the
+  OpenAI and Anthropic runs waited forever (the adapter's timeout never applied) and their
+  thread stayed busy; now each wait for the next piece is bounded (`adapters._idle`).
+- A malformed answer head through the OpenAI SDK, whose transport passes aiohttp's parse
+  error on unmapped: it was AGENT_ERROR, with a stack trace logged.
+- A Gemini frame the SDK could not read (not JSON, cut off, not UTF-8, of another shape): it
+  was AGENT_ERROR, the logged trace quoting the model's output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from copilot_runtime._exceptions import UpstreamTimeoutError
+from copilot_runtime.adapters._idle import IdleBound
+from tests.conftest import ServeRuntime, run_input, text_of
+from tests.gql.wire import user_turn
+from tests.test_hostile_providers import (
+    AN_OPEN_TEXT,
+    AN_START,
+    ANSWER,
+    HEAD,
+    PROVIDER_WORDS,
+    Step,
+    an_delta,
+    gm_parts,
+    hostile,
+    oa_text,
+    run,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+#: A stream that should end at once, or after the adapter's 1 s timeout, gets this long.
+ENDS_WITHIN_S = 6
+
+CHUNKED_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n" % len(data) + data + b"\r\n"
+
+
+FIRST_PIECE = {
+    "openai": oa_text("Hello"),
+    "anthropic": AN_START + AN_OPEN_TEXT + an_delta({"type": "text_delta", "text": "Hello"}),
+    "google": gm_parts({"text": "Hello"}),
+}
+#: An invalid chunk size after a valid first chunk, then the server closes.
+BAD_CHUNK_MID_BODY = b"zz\r\nxx\r\n"
+
+
+def last(events: list[dict[str, Any]]) -> tuple[str, str]:
+    return events[-1]["type"], events[-1].get("code", "")
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "google"])
+async def test_a_chunked_body_malformed_mid_stream_times_out_and_frees_the_thread(
+        serve_runtime: ServeRuntime, provider: str) -> None:
+    script: list[Step] = [CHUNKED_HEAD, chunk(FIRST_PIECE[provider]), 0.1, BAD_CHUNK_MID_BODY]
+    async with hostile(serve_runtime, provider, script, ANSWER[provider]("all good"),
+                       transport="sdk", timeout=1) as (served, _):
+        async with asyncio.timeout(ENDS_WITHIN_S):
+            events = await run(served, run_input("hi"))
+        assert last(events) == ("RUN_ERROR", "UPSTREAM_TIMEOUT"), events[-1]
+        assert PROVIDER_WORDS[provider] in events[-1]["message"]
+        follow_up = await run(served, run_input("again", run="run-2"))
+    assert text_of(follow_up) == "all good"
+
+
+MALFORMED_HEAD: dict[str, list[Step]] = {
+    "bad status line": [b"HTTP/1.1 2x0 OK\r\nContent-Length: 0\r\n\r\n"],
+    "bad chunk size with the head": [CHUNKED_HEAD + b"zz\r\nxx\r\n"],
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED_HEAD)
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "google"])
+async def test_a_malformed_answer_head_is_a_protocol_error(
+        serve_runtime: ServeRuntime, provider: str, case: str) -> None:
+    async with hostile(serve_runtime, provider, MALFORMED_HEAD[case], transport="sdk") \
+            as (served, _):
+        async with asyncio.timeout(ENDS_WITHIN_S):
+            events = await run(served, run_input("hi"))
+    assert last(events) == ("RUN_ERROR", "UPSTREAM_PROTOCOL_ERROR"), events[-1]
+    said = f"The {PROVIDER_WORDS[provider]} API sent a malformed HTTP answer"
+    assert events[-1]["message"] == said
+
+
+SECRET_WORDS = "Hello there, model output"
+GM_CHUNK = gm_parts({"text": SECRET_WORDS})
+GZIP_HEAD = HEAD.replace(b"Connection:", b"Content-Encoding: gzip\r\nConnection:")
+UNREADABLE_GEMINI: dict[str, list[Step]] = {
+    "malformed JSON data line": [HEAD, GM_CHUNK, b"data: {not json\n\n"],
+    "body closed mid-line": [HEAD, GM_CHUNK, GM_CHUNK[:40]],
+    "gzip body cut short": [GZIP_HEAD, gzip.compress(GM_CHUNK * 50)[:60]],
+    "not UTF-8": [HEAD, GM_CHUNK, b'data: {"candidates":[{"content":{"parts":[{"text":"'
+                  + SECRET_WORDS.encode() + b'\xff\xfe"}]}}]}\n\n'],
+    "a number, not an object": [HEAD, GM_CHUNK, b"data: 5\n\n"],
+    "a field of the wrong type": [HEAD, GM_CHUNK, b'data: {"usageMetadata": '
+                                  b'{"promptTokenCount": "' + SECRET_WORDS.encode() + b'"}}\n\n'],
+}
+
+
+@pytest.mark.parametrize("case", UNREADABLE_GEMINI)
+async def test_a_gemini_frame_the_sdk_cannot_read_is_a_protocol_error(
+        serve_runtime: ServeRuntime, case: str) -> None:
+    async with hostile(serve_runtime, "google", UNREADABLE_GEMINI[case],
+                       ANSWER["google"]("all good"), transport="sdk") as (served, _):
+        with capture_logs() as logs:
+            async with asyncio.timeout(ENDS_WITHIN_S):
+                events = await run(served, run_input("hi"))
+        follow_up = await run(served, run_input("again", run="run-2"))
+    assert last(events) == ("RUN_ERROR", "UPSTREAM_PROTOCOL_ERROR"), events[-1]
+    assert "Gemini" in events[-1]["message"]
+    assert SECRET_WORDS not in events[-1]["message"]
+    # No crash logged with its trace, whose SDK messages quoted the frame.
+    assert not [entry for entry in logs if entry["event"] == "agent failed"], logs
+    assert text_of(follow_up) == "all good"
+
+
+@pytest.mark.parametrize(("provider", "script", "code"), [
+    ("openai", [CHUNKED_HEAD, chunk(FIRST_PIECE["openai"]), 0.1, BAD_CHUNK_MID_BODY],
+     "UPSTREAM_TIMEOUT"),
+    ("openai", MALFORMED_HEAD["bad status line"], "UPSTREAM_PROTOCOL_ERROR"),
+    ("google", UNREADABLE_GEMINI["malformed JSON data line"], "UPSTREAM_PROTOCOL_ERROR"),
+])
+async def test_graphql_reports_the_same_upstream_failures(
+        serve_runtime: ServeRuntime, provider: str, script: list[Step], code: str) -> None:
+    async with hostile(serve_runtime, provider, script, transport="sdk", timeout=1) \
+            as (served, _):
+        async with asyncio.timeout(ENDS_WITHIN_S):
+            result = await served.generate(user_turn("hi"))
+    status = result["status"]
+    assert status["code"] == "Failed", status
+    assert status["details"]["originalError"]["originalErrorType"] == code, status
+    assert PROVIDER_WORDS[provider] in status["details"]["description"], status
+
+
+# -- the bound itself ----------------------------------------------------------------------
+
+
+async def _pieces(*waits: float) -> AsyncIterator[int]:
+    for number, wait in enumerate(waits):
+        await asyncio.sleep(wait)
+        yield number
+
+
+@pytest.mark.timeout(10)
+async def test_the_bound_counts_only_the_waits_for_a_piece() -> None:
+    """A consumer slow between reads (a client's backpressure) is no silent upstream."""
+    pieces = IdleBound(_pieces(0.05, 0.05, 0.05), 0.2, "silent")
+    got = []
+    try:
+        async for number in pieces:
+            got.append(number)
+            await asyncio.sleep(0.3)
+    finally:
+        pieces.close()
+    assert got == [0, 1, 2]
+
+
+@pytest.mark.timeout(10)
+async def test_the_bound_ends_a_silent_wait() -> None:
+    pieces = IdleBound(_pieces(0.0, 5.0), 0.2, "nothing for 0.2 s")
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(UpstreamTimeoutError, match=r"nothing for 0\.2 s"):
+        async for _ in pieces:
+            pass
+    pieces.close()
+    assert asyncio.get_running_loop().time() - started < 2
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0  # the bound's own cancellation was taken back
+
+
+@pytest.mark.timeout(10)
+async def test_a_stop_during_a_wait_stays_a_cancellation() -> None:
+    pieces = IdleBound(_pieces(5.0), 0.2, "silent")
+
+    async def consume() -> None:
+        async for _ in pieces:
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.1)
+    task.cancel()  # then the bound expires while the cancelled task unwinds: still a stop
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    pieces.close()
