@@ -12,21 +12,114 @@ import copy
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import orjson
+
 from copilot_runtime import events as ev
 from copilot_runtime.events import Event
 
-__all__ = ["apply_state_delta", "compact_events", "events_to_messages"]
+__all__ = ["MAX_PATCHED_STATE_BYTES", "StateTooLarge", "apply_state_delta", "compact_events",
+           "events_to_messages", "patched_state"]
+
+
+#: The largest state, as JSON, a patch may leave when it is applied here. A patch past it
+#: does not apply.
+MAX_PATCHED_STATE_BYTES = 64 * 1024 * 1024
+#: How much a patch's `copy` operations may add, as JSON, beyond what the state held before
+#: it: copies of copies double a state at each operation, so thirty of them, a few hundred
+#: bytes, asked for gigabytes and minutes of the server's time.
+COPY_ALLOWANCE_BYTES = 1024 * 1024
+
+
+class StateTooLarge(ValueError):
+    """A patch would leave a state larger than it may be."""
+
+
+def patched_state(state: Any, delta: list[dict[str, Any]], *,
+                  max_bytes: int = MAX_PATCHED_STATE_BYTES) -> Any:
+    """`state` with the RFC 6902 patch `delta` applied, `state` itself untouched; raises
+    `StateTooLarge`, or jsonpatch's errors when the patch does not apply.
+
+    The state is copied once, through orjson (`copy.deepcopy` is some thirty times slower),
+    and the operations are applied to that copy one by one; what each one adds is weighed
+    (a copy against `COPY_ALLOWANCE_BYTES` too) before it is added, and copied, so the
+    patch's own values are never changed by a later operation of it (they are the event's,
+    which is sent and stored as it is). A state orjson cannot write (deeper than 255 levels)
+    is patched as jsonpatch does, unweighed."""
+    import jsonpatch  # only threads with STATE_DELTA need it (and difflib, which it loads)
+    import jsonpointer
+
+    if not isinstance(delta, list):
+        raise TypeError("a patch is a list of operations")
+    try:
+        text = orjson.dumps(state)
+    except orjson.JSONEncodeError:  # deeper than orjson writes (255 levels), or not JSON
+        return jsonpatch.apply_patch(state, delta, in_place=False)
+    size, document = len(text), orjson.loads(text)
+    copies_left = size + COPY_ALLOWANCE_BYTES
+    for operation in delta:
+        if not isinstance(operation, dict):
+            raise TypeError("a patch operation is an object")
+        op = operation.get("op")
+        if op == "copy":
+            value = jsonpointer.resolve_pointer(document, str(operation.get("from")))
+        elif op in ("add", "replace") and "value" in operation:
+            value = operation["value"]
+        else:
+            document = jsonpatch.apply_patch(document, [operation], in_place=True)
+            continue
+        added = orjson.dumps(value)
+        size += len(added)
+        if op == "copy":
+            copies_left -= len(added)
+            if copies_left < 0:
+                raise StateTooLarge("the patch copies more than the state holds")
+        if size > max_bytes:
+            raise StateTooLarge(f"the state would be larger than {max_bytes} bytes of JSON")
+        document = _put(document, operation.get("path"), orjson.loads(added),
+                        replace=op == "replace")
+    return document
+
+
+def _put(document: Any, path: Any, value: Any, *, replace: bool) -> Any:
+    """RFC 6902's `add` (or `replace`) of `value`, taken as it is: jsonpatch's own copies
+    it with `copy.deepcopy`, for each operation (a patch moving a large part to and fro
+    cost seconds an operation)."""
+    import jsonpatch
+    import jsonpointer
+
+    if not isinstance(path, str):
+        raise jsonpatch.InvalidJsonPatch("an operation's path is a string")
+    parent, part = jsonpointer.JsonPointer(path).to_last(document)
+    if part is None:
+        return value  # the whole document
+    if isinstance(parent, list):
+        if part == "-" and not replace:
+            parent.append(value)
+        elif not isinstance(part, int) or not 0 <= part <= len(parent) - replace:
+            raise jsonpatch.JsonPatchConflict(f"{path} is outside the list")
+        elif replace:
+            parent[part] = value
+        else:
+            parent.insert(part, value)
+    elif isinstance(parent, dict):
+        if replace and part not in parent:
+            raise jsonpatch.JsonPatchConflict(f"{path} is not there to replace")
+        parent[part] = value
+    else:
+        raise jsonpatch.JsonPatchConflict(f"{path} is inside neither an object nor a list")
+    return document
 
 
 def apply_state_delta(state: Any, delta: list[dict[str, Any]]) -> Any:
-    """Apply an RFC 6902 patch; a patch that does not apply leaves the state unchanged."""
-    import jsonpatch  # only threads with STATE_DELTA need it (and difflib, which it loads)
+    """Apply an RFC 6902 patch; a patch that does not apply (or would leave a state past
+    `MAX_PATCHED_STATE_BYTES`) leaves the state unchanged: the very same object."""
+    import jsonpatch
 
     try:
-        return jsonpatch.apply_patch(state, delta, in_place=False)
+        return patched_state(state, delta)
     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError,
-            ValueError, RecursionError):  # a string "patch" is parsed as JSON text
-        return state
+            ValueError, RecursionError, orjson.JSONEncodeError):
+        return state  # a string "patch" is parsed as JSON text
 
 
 def _copied(value: Any) -> Any:

@@ -340,8 +340,7 @@ async def test_a_frontend_tool_sent_twice_is_offered_once(
         events = await served.run(run_input('call:sayHello {"name":"Ada"}',
                                             tools=[tool, again]))
     assert types(events)[-1] == "RUN_FINISHED", events
-    assert sorted(_tool_names(harness.server.requests[-1])) == [
-        "AGUISendStateDelta", "AGUISendStateSnapshot", "getWeather", "sayHello"]
+    assert sorted(_tool_names(harness.server.requests[-1])) == ["getWeather", "sayHello"]
 
 
 async def test_forwarded_model_settings_mapped_or_refused(

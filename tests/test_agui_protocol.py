@@ -138,8 +138,7 @@ async def test_frontend_tool_ends_the_run(served: Served, llm: MockOpenAIServer)
     assert types(events) == ["RUN_STARTED", "TOOL_CALL_START", *["TOOL_CALL_ARGS"] * 5,
                              "TOOL_CALL_END", "RUN_FINISHED"]
     declared = [t["function"]["name"] for t in llm.requests[-1]["tools"]]
-    # The built-in agent's own state tools come last (tests/test_builtin_state.py).
-    assert declared == ["getWeather", "sayHello", "AGUISendStateSnapshot", "AGUISendStateDelta"]
+    assert declared == ["getWeather", "sayHello"]
     assert len(llm.requests) == 1  # the client runs the tool, not us
 
 

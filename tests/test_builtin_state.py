@@ -64,15 +64,23 @@ async def test_the_model_sees_the_state_and_is_offered_the_state_tools(
     assert _tools(request) == [SNAPSHOT, DELTA]
 
 
-async def test_an_empty_state_is_not_shown_but_the_tools_are_offered(
+async def test_an_empty_state_is_not_shown_nor_are_the_tools_offered_unless_asked(
         serve_runtime: ServeRuntime) -> None:
+    """By default a run sharing no state offers no state tools: a model that takes no tools
+    (a LangChain model without `bind_tools`) still chats. `state_tools=True` offers them
+    on every run, as the TypeScript runtime does."""
     model = ScriptedAdapter(text_turn("hi"), text_turn("hi"))
     runtime = CopilotRuntime(service_adapter=model, instructions="Be brief.")
+    always = ScriptedAdapter(text_turn("hi"))
+    eager = CopilotRuntime(agents={"default": BuiltInAgent(always, state_tools=True)})
     async with serve_runtime(runtime) as served:
         await _run(served, "t-empty", {})
         await _run(served, "t-none", None)
+    async with serve_runtime(eager) as served:
+        await _run(served, "t-eager", {})
     assert [r.system_prompt for r in model.requests] == ["Be brief.", "Be brief."]
-    assert [_tools(r) for r in model.requests] == [[SNAPSHOT, DELTA]] * 2
+    assert [_tools(r) for r in model.requests] == [[], []]
+    assert _tools(always.requests[0]) == [SNAPSHOT, DELTA]
 
 
 async def test_a_delta_and_a_snapshot_change_the_state_the_model_and_the_thread_see(
@@ -123,6 +131,10 @@ async def test_a_delta_and_a_snapshot_change_the_state_the_model_and_the_thread_
     (SNAPSHOT, {"snapshot": ["not", "an", "object"]}, "must be a JSON object"),
     (SNAPSHOT, {}, "must be a JSON object"),
     (SNAPSHOT, {"snapshot": {"deep": _nested(63)}}, "nest deeper"),
+    # Copies of copies double the state at each operation: 40 of them held the server for
+    # minutes before the size was checked at the end.
+    (DELTA, {"delta": [{"op": "copy", "from": "/cart", "path": "/cart/-"}] * 40},
+     "copies more than the state holds"),
 ])
 async def test_a_call_that_cannot_be_applied_is_a_tool_error_and_changes_nothing(
         serve_runtime: ServeRuntime, name: str, arguments: Any, reason: str) -> None:
@@ -211,7 +223,7 @@ async def test_a_state_as_deep_as_a_client_can_send_back_is_taken(
     model = ScriptedAdapter(_call(SNAPSHOT, {"snapshot": {"deep": _nested(62)}}),
                             text_turn("ok"), text_turn("again"))
     async with serve_runtime(CopilotRuntime(service_adapter=model)) as served:
-        events = await _run(served, "t-deep", {})
+        events = await _run(served, "t-deep", {"deep": []})
         again = await served.run(run_input("hi", thread="t-deep-2",
                                            state=_of(events, "STATE_SNAPSHOT")[0]["snapshot"]))
     assert again[-1]["type"] == "RUN_FINISHED", again[-1]  # the body is within the bound

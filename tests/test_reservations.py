@@ -165,7 +165,7 @@ class FailingTelemetry:
     """Telemetry whose run span cannot be started (a broken exporter, say)."""
 
     @contextlib.contextmanager
-    def request_span(self, info: Any) -> Iterator[None]:
+    def request_span(self, info: Any, status: Any = None) -> Iterator[None]:
         yield
 
     def run_started(self, *args: Any) -> Any:

@@ -15,6 +15,7 @@ from typing import Any, Final
 import orjson
 
 from copilot_runtime import events as ev
+from copilot_runtime._compaction import StateTooLarge, patched_state
 from copilot_runtime._limits import MAX_JSON_DEPTH, too_deep
 from copilot_runtime.adapters.base import ToolSpec
 from copilot_runtime.events import Event
@@ -116,9 +117,12 @@ class SharedState:
         import jsonpatch  # loaded by the first patch only (it loads difflib)
 
         try:
-            patched = jsonpatch.apply_patch(self.value, delta, in_place=False)
+            patched = patched_state(self.value, delta, max_bytes=MAX_STATE_BYTES)
+        except StateTooLarge as exc:
+            return _refused(str(exc))
         except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError,
-                ValueError, KeyError, IndexError, RecursionError) as exc:
+                ValueError, KeyError, IndexError, RecursionError,
+                orjson.JSONEncodeError) as exc:
             reason = str(exc)[:_REASON_CHARS] or type(exc).__name__
             return _refused(f"the patch does not apply to the current state: {reason}")
         if not isinstance(patched, dict):

@@ -217,9 +217,11 @@ class _Answer:
 class BuiltInAgent(Agent):
     """An agent that is one LLM behind a `ServiceAdapter`, with server-side actions.
 
-    `state_tools=False` keeps the model from changing the application state (by default it
-    is offered the state tools on AG-UI runs, as the TypeScript runtime does); it still
-    reads the state.
+    `state_tools` says when the model is offered the state tools on AG-UI runs: by default
+    (None) when the client shares a non-empty state, True on every run (as the TypeScript
+    runtime does: a model may then fill in an empty state), False never (it still reads the
+    state). Offering tools on every run would break plain chat with a model that takes no
+    tools (a LangChain model without `bind_tools`, a server that refuses `tools`).
     """
 
     class_name = "BuiltInAgent"
@@ -233,7 +235,7 @@ class BuiltInAgent(Agent):
         instructions: str | None = None,
         max_steps: int = 10,
         allowed_models: Iterable[str] | None = None,
-        state_tools: bool = True,
+        state_tools: bool | None = None,
     ) -> None:
         super().__init__(description=description)
         #: The models a client may pick with `forwardedProps.model` (None: any).
@@ -248,7 +250,8 @@ class BuiltInAgent(Agent):
             self.actions[item.name] = item
         self.instructions = instructions
         self.max_steps = max_steps
-        #: Whether the model may change the application state (it reads it either way).
+        #: When the model may change the application state (it reads it either way): None
+        #: when the client shares a non-empty state, True always, False never.
         self.state_tools = state_tools
 
     def capabilities(self) -> dict[str, Any]:
@@ -333,8 +336,10 @@ class BuiltInAgent(Agent):
         shared = None
         if shares_state:
             # A name an action or a frontend tool already has stays theirs.
+            wanted = self.state_tools if self.state_tools is not None else (
+                isinstance(model.state, dict) and bool(model.state))
             offered = frozenset({SNAPSHOT_TOOL, DELTA_TOOL} - self.actions.keys()
-                                - frontend.keys()) if self.state_tools else frozenset()
+                                - frontend.keys()) if wanted else frozenset()
             shared = SharedState(model.state, offered)
             tools.extend(shared.tools())
         return _Turn(tools=tools, frontend=set(frontend),
