@@ -395,6 +395,20 @@ async def test_langchain_stream_without_terminal_event_ends_cleanly() -> None:
     assert deltas[-1] == StreamEnd("stop", None)
 
 
+async def test_a_langchain_model_that_takes_no_tools_is_a_configuration_error() -> None:
+    """A chat model without `bind_tools` offered tools: a run's error saying so, where
+    LangChain's bare NotImplementedError crashed the run as the agent's own failure."""
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+
+    model = GenericFakeChatModel(messages=iter([AIMessage(content="hi")]))
+    request = ChatRequest(messages=[UserMessage(id="u", content="hi")],
+                          tools=[ToolSpec("getWeather", "", {"type": "object"})])
+    with pytest.raises(ConfigurationError, match="GenericFakeChatModel takes no tools"):
+        async for _ in LangChainAdapter(model).stream(request):
+            pass
+
+
 async def test_empty_adapter_serves_agents_only() -> None:
     agent = HttpAgent(url="http://127.0.0.1:9/agent")
     runtime = CopilotRuntime(service_adapter=EmptyAdapter(), agents={"remote": agent})

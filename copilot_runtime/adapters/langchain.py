@@ -35,6 +35,7 @@ from langchain_core.messages import SystemMessage as LCSystemMessage
 from langchain_core.messages import ToolMessage as LCToolMessage
 
 from copilot_runtime._exceptions import (
+    ConfigurationError,
     CopilotRuntimeError,
     InvalidRequestError,
     UpstreamError,
@@ -80,9 +81,14 @@ class LangChainAdapter:
         tools = [{"type": "function", "function": {
             "name": t.name, "description": t.description, "parameters": t.parameters}}
             for t in request.tools]
-        if request.tool_choice in (None, "auto"):
-            return self.chat_model.bind_tools(tools)
-        return self.chat_model.bind_tools(tools, tool_choice=request.tool_choice)
+        try:
+            if request.tool_choice in (None, "auto"):
+                return self.chat_model.bind_tools(tools)
+            return self.chat_model.bind_tools(tools, tool_choice=request.tool_choice)
+        except NotImplementedError:  # a chat model that takes no tools: say so, not a crash
+            raise ConfigurationError(
+                f"The LangChain chat model {type(self.chat_model).__name__} takes no tools, "
+                f"and this run offers {len(tools)}") from None
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
         runnable = self.runnable(request)
