@@ -5,10 +5,17 @@ from __future__ import annotations
 import pytest
 from ag_ui.core import AssistantMessage, FunctionCall, ToolCall, ToolMessage, UserMessage
 
-from copilot_runtime import ConfigurationError, OpenAIAdapter, UpstreamError
+from copilot_runtime import (
+    ConfigurationError,
+    OpenAIAdapter,
+    UpstreamError,
+    UpstreamProtocolError,
+)
 from copilot_runtime.adapters import ChatRequest, StreamEnd, TextDelta, ToolCallDelta, ToolSpec
 from copilot_runtime.adapters.openai import ChatCompletionsStreamParser
 from copilot_runtime.testing import MockOpenAIServer
+
+pytestmark = pytest.mark.timeout(30)
 
 
 def _frame(body: str) -> bytes:
@@ -32,6 +39,56 @@ def test_parser_handles_frames_split_anywhere() -> None:
         assert out == [TextDelta("h\u00e9llo \U0001f600"), TextDelta("caf\u00e9 \U0001f600"),
                        StreamEnd("stop", {"total_tokens": 3})]
         assert parser.done
+
+
+_ANSWER_WITHOUT_DONE = (
+    _frame('{"choices":[{"index":0,"delta":{"role":"assistant","content":"hi"}}]}')
+    + _frame('{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}'))
+_USAGE = _frame('{"choices":[],"usage":{"total_tokens":3}}')
+
+
+@pytest.mark.parametrize(("stream", "usage"), [
+    (_ANSWER_WITHOUT_DONE, None),
+    (_ANSWER_WITHOUT_DONE + _USAGE, {"total_tokens": 3}),
+    # the last event not ended by a blank line
+    (_ANSWER_WITHOUT_DONE + _USAGE[:-1], {"total_tokens": 3}),
+])
+def test_a_clean_end_after_the_finish_reason_ends_the_answer_without_done(
+        stream: bytes, usage: dict[str, int] | None) -> None:
+    """Servers that never send `[DONE]` (older TGI, oobabooga, llama-box): their answer
+    was an UPSTREAM_PROTOCOL_ERROR though the finish reason had come."""
+    for step in (1, 5, len(stream)):
+        parser = ChatCompletionsStreamParser()
+        out = []
+        for i in range(0, len(stream), step):
+            out.extend(parser.feed(stream[i:i + step]))
+        assert not parser.done
+        out.extend(parser.finish())
+        assert out == [TextDelta("hi"), StreamEnd("stop", usage)]
+        assert parser.done
+
+
+@pytest.mark.parametrize("stream", [
+    _frame('{"choices":[{"index":0,"delta":{"content":"hi"}}]}'),  # no finish reason
+    _frame('{"choices":[{"index":0,"delta":{"content":"hi"}}]}') + _USAGE,
+    _ANSWER_WITHOUT_DONE + _USAGE[:20],  # cut inside the last chunk
+    # n=2: the second choice never ended
+    _frame('{"choices":[{"index":1,"delta":{"content":"other"}}]}') + _ANSWER_WITHOUT_DONE,
+])
+def test_an_end_before_every_finish_reason_is_still_cut_short(stream: bytes) -> None:
+    parser = ChatCompletionsStreamParser()
+    parser.feed(stream)
+    with pytest.raises(UpstreamProtocolError, match="ended before the answer was complete"):
+        parser.finish()
+    assert not parser.done
+
+
+def test_done_after_the_finish_reason_still_ends_the_answer_once() -> None:
+    parser = ChatCompletionsStreamParser()
+    out = parser.feed(_frame('{"choices":[{"index":1,"delta":{},"finish_reason":"stop"}]}')
+                      + _ANSWER_WITHOUT_DONE + b"data: [DONE]\n\n")
+    assert out == [TextDelta("hi"), StreamEnd("stop", None)]
+    assert parser.finish() == []
 
 
 def test_parser_tool_calls_and_comments() -> None:

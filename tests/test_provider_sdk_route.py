@@ -9,6 +9,9 @@ the AG-UI and the GraphQL protocol alike, and the thread free for the next run.
   error on unmapped: it was AGENT_ERROR, with a stack trace logged.
 - A Gemini frame the SDK could not read (not JSON, cut off, not UTF-8, of another shape): it
   was AGENT_ERROR, the logged trace quoting the model's output.
+- A Gemini answer streaming for longer than the adapter's timeout: the SDK makes its timeout
+  aiohttp's bound on the whole request, so the answer was cut off (UPSTREAM_TIMEOUT); now
+  the timeout bounds each wait, as on the direct route.
 """
 
 from __future__ import annotations
@@ -199,3 +202,49 @@ async def test_a_stop_during_a_wait_stays_a_cancellation() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     pieces.close()
+
+
+# -- a long answer through the Gemini SDK --------------------------------------------------
+
+#: A piece every 0.3 s for 2.4 s: never silent for the 1 s timeout, but longer in all.
+LONG_GEMINI_ANSWER: list[Step] = [
+    CHUNKED_HEAD,
+    *(step for n in range(8) for step in (chunk(gm_parts({"text": f"{n} "})), 0.3)),
+    chunk(gm_parts(reason="STOP", usage={"promptTokenCount": 3, "candidatesTokenCount": 8})),
+    b"0\r\n\r\n",
+]
+
+
+async def test_a_gemini_answer_longer_than_the_timeout_is_not_cut_through_the_sdk(
+        serve_runtime: ServeRuntime) -> None:
+    """The SDK gives aiohttp its timeout as the bound on the whole request: an answer that
+    streamed for longer than the adapter's timeout was cut off (UPSTREAM_TIMEOUT) though
+    the model never fell silent. The timeout bounds each wait, as on the direct route."""
+    async with hostile(serve_runtime, "google", LONG_GEMINI_ANSWER, transport="sdk",
+                       timeout=1) as (served, _):
+        async with asyncio.timeout(ENDS_WITHIN_S):
+            events = await run(served, run_input("hi"))
+    assert last(events) == ("RUN_FINISHED", ""), events[-1]
+    assert text_of(events) == "".join(f"{n} " for n in range(8))
+
+
+async def test_a_gemini_head_that_never_comes_still_times_out_through_the_sdk(
+        serve_runtime: ServeRuntime) -> None:
+    """Regression guard, passes on the old code too: with the SDK's bound on the whole
+    request gone, the wait for the answer's head is still bounded (by IdleBound)."""
+    silent_s = 1.5
+    async with hostile(serve_runtime, "google", [silent_s], ANSWER["google"]("all good"),
+                       transport="sdk", timeout=1) as (served, upstream):
+        started = asyncio.get_running_loop().time()
+        async with asyncio.timeout(ENDS_WITHIN_S):
+            events = await run(served, run_input("hi"))
+        assert asyncio.get_running_loop().time() - started < silent_s
+        follow_up = await run(served, run_input("again", run="run-2"))
+        # the silent connection's handler ends before the upstream does (nothing left open)
+        await asyncio.sleep(max(0.0, started + silent_s + 0.2
+                                - asyncio.get_running_loop().time()))
+    assert last(events) == ("RUN_ERROR", "UPSTREAM_TIMEOUT"), events[-1]
+    assert events[-1]["message"] == "Gemini request timed out"
+    assert text_of(follow_up) == "all good"
+    assert len(upstream.requests) == 2  # a silent head is not retried, as before
+

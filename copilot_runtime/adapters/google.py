@@ -195,9 +195,12 @@ class GoogleGenAIAdapter:
             # aiohttp deprecates (a warning on every first request). Made inside the loop.
             # trust_env: HTTP(S)_PROXY and NO_PROXY, as the other adapters' SDK clients do.
             self._session = aiohttp.ClientSession(trust_env=True)
+            # No `timeout`: the SDK makes it aiohttp's bound on the whole request, which cut
+            # off an answer streaming for longer. The adapter's timeout bounds each wait
+            # instead (`_stream_sdk`); the header the SDK derives from it is still sent.
             self._client = genai.Client(api_key=self._api_key, http_options=genai_types.HttpOptions(
-                base_url=self._base_url, timeout=int(self._timeout * 1000),
-                retry_options=retry, aiohttp_client=self._session))
+                base_url=self._base_url, retry_options=retry, aiohttp_client=self._session,
+                headers={"X-Server-Timeout": str(math.ceil(self._timeout))}))
         return self._client
 
     async def aclose(self) -> None:
@@ -267,10 +270,14 @@ class GoogleGenAIAdapter:
         secrets = (self._api_key,)  # (a ready client's credentials are not a string)
         parser = GeminiStreamParser(self._remember, secrets=secrets)
         try:
-            # Plain dicts in the SDK's field names: it validates them into its own types.
-            chunks = await self.client.aio.models.generate_content_stream(
-                model=model, contents=cast(Any, contents), config=cast(Any, config))
-            # (the SDK's client alone may wait forever: see _idle)
+            # (bounded for an SDK version that awaits the answer's head here: the SDK's own
+            # timeout is not set, see `client`)
+            async with asyncio.timeout(self._timeout):
+                # Plain dicts in the SDK's field names: it validates them into its own types.
+                chunks = await self.client.aio.models.generate_content_stream(
+                    model=model, contents=cast(Any, contents), config=cast(Any, config))
+            # Each wait for a piece bounded here, the first one with the answer's head: the
+            # SDK's client alone may wait forever (see _idle).
             pieces = IdleBound(aiter(chunks), self._timeout, _FAILURES.silent)
             try:
                 while True:

@@ -217,9 +217,9 @@ class OpenAIAdapter:
                         yield deltas
                     if parser.done:
                         break
-                if not parser.done:
-                    raise UpstreamProtocolError(
-                        "The OpenAI stream ended before the answer was complete")
+                deltas = parser.finish()
+                if deltas:
+                    yield deltas
             finally:
                 pieces.close()
                 await response.aclose()
@@ -438,6 +438,7 @@ class _Chunk(msgspec.Struct):
 
 
 _CHUNKS = msgspec.json.Decoder(list[_Chunk])
+_CUT_SHORT = "The OpenAI stream ended before the answer was complete"
 _DATA_LINE = re.compile(rb"^data:(.*)$", re.MULTILINE)
 
 
@@ -468,7 +469,8 @@ class ChatCompletionsStreamParser:
     per-chunk cost is what the hot path pays 50 times per answer.
     """
 
-    __slots__ = ("_calls", "_count", "_held", "done", "finish_reason", "secrets", "usage")
+    __slots__ = ("_calls", "_count", "_held", "_other_choices", "done", "finish_reason",
+                 "secrets", "usage")
 
     def __init__(self, *, secrets: Sequence[str | None] = ()) -> None:
         self._held = HeldBytes("The OpenAI stream", UpstreamProtocolError)
@@ -480,6 +482,8 @@ class ChatCompletionsStreamParser:
         #: The provider's tool-call index → (our call index, the call's id); see `_call`.
         self._calls: dict[int, tuple[int, str | None]] = {}
         self._count = 0
+        #: The choices other than the first (`n` > 1 in `extra_body`) → whether each ended.
+        self._other_choices: dict[int, bool] = {}
 
     def feed(self, data: bytes) -> list[ChatDelta]:
         block = self._held.events(data)
@@ -510,10 +514,29 @@ class ChatCompletionsStreamParser:
         return out
 
     def finish(self) -> list[ChatDelta]:
-        """Nothing more, once the body has ended; an error when it ended before `[DONE]`."""
-        if not self.done:
-            raise UpstreamProtocolError("The OpenAI stream ended before the answer was complete")
-        return []
+        """What the body's clean end adds: the answer's end when every choice got its
+        `finish_reason` though `[DONE]` never came; an error when one is missing (the
+        stream was cut short).
+
+        Several OpenAI-compatible servers (older TGI, oobabooga, llama-box, mistral.rs)
+        close the stream without `[DONE]`; the official SDKs take that as the end too.
+        """
+        if self.done:
+            return []
+        out: list[ChatDelta] = []
+        if self._held.held():
+            # The last event not ended by a blank line: complete JSON is still a chunk.
+            try:
+                out.extend(self.feed(self._held.rest() + b"\n\n"))
+            except UpstreamProtocolError:
+                raise UpstreamProtocolError(_CUT_SHORT) from None
+            if self.done:
+                return out
+        if self.finish_reason is None or not all(self._other_choices.values()):
+            raise UpstreamProtocolError(_CUT_SHORT)
+        self.done = True
+        out.append(StreamEnd(self.finish_reason, self.usage))
+        return out
 
     def _chunks(self, chunks: list[_Chunk], out: list[ChatDelta]) -> None:
         append = out.append
@@ -528,6 +551,9 @@ class ChatCompletionsStreamParser:
                 self.usage = chunk.usage
             for choice in chunk.choices or ():
                 if choice.index:
+                    others = self._other_choices
+                    others[choice.index] = others.get(choice.index, False) or bool(
+                        choice.finish_reason)
                     continue
                 delta = choice.delta
                 if delta is not None:
