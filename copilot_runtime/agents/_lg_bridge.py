@@ -30,6 +30,9 @@ overrides):
   by subagent lane, one lane for all when subagent events are off, so parallel branches
   (`Send` workers, parallel nodes) streamed into one message and one tool call's
   arguments;
+* the arguments that come in the chunk naming a tool call (a whole call in one chunk:
+  Ollama, vLLM, Gemini), which the base drops: they are sent as the call's first
+  `TOOL_CALL_ARGS`;
 * state the client only echoed back kept out of the graph's input: its JSON form
   (`json_safe`) replaced the checkpoint's typed values (a date became a string);
 * snapshots that include what an interrupted subgraph said (`_lg_state.graph_values`);
@@ -55,6 +58,7 @@ from ag_ui.core import (
     MessagesSnapshotEvent,
     RunAgentInput,
     StateSnapshotEvent,
+    ToolCallArgsEvent,
 )
 from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
 from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
@@ -264,8 +268,17 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
                             and out.name == renamed):
                         yield out
                 return
+        first_args = _first_chunk_arguments(event)
         async for out in super()._handle_single_event(event, state):
             yield out
+            if first_args is not None and out is not None \
+                    and out.type == EventType.TOOL_CALL_START:
+                # The base announces a call from the chunk that names it and drops the
+                # arguments that chunk carries (a whole call in one chunk: Ollama, vLLM,
+                # Gemini): they are the call's first piece.
+                yield self._dispatch_event(ToolCallArgsEvent(
+                    type=EventType.TOOL_CALL_ARGS, tool_call_id=out.tool_call_id,
+                    delta=first_args, raw_event=event))
 
     def _filter_orphan_tool_messages(self, messages: list) -> list:  # type: ignore[type-arg]
         return list(super()._filter_orphan_tool_messages(known_messages(messages)))
@@ -440,6 +453,18 @@ def _model_task(event: Mapping[str, Any]) -> str | None:
     return task if isinstance(task, str) and task else None
 
 
+def _first_chunk_arguments(event: Mapping[str, Any]) -> str | None:
+    """The arguments a model's stream chunk carries with the name of the tool call it
+    starts (what the base reads as a call's start), or None."""
+    if event.get("event") != "on_chat_model_stream":
+        return None
+    chunks = _tool_call_chunks(event)
+    if not chunks or not _get(chunks[0], "name"):
+        return None
+    args = _get(chunks[0], "args")
+    return args if isinstance(args, str) and args else None
+
+
 def _echoed_keys(given: Any, saved: Any) -> dict[str, Any]:
     """The keys of the client's `given` state that hold the checkpoint's `saved` value as
     the client was shown it (`json_safe`): echoed, not written."""
@@ -454,7 +479,7 @@ def _get(item: Any, key: str) -> Any:
     return item.get(key) if isinstance(item, dict) else getattr(item, key, None)
 
 
-def _tool_call_chunks(event: dict[str, Any]) -> list[Any]:
+def _tool_call_chunks(event: Mapping[str, Any]) -> list[Any]:
     chunk = (event.get("data") or {}).get("chunk")
     chunks = _get(chunk, "tool_call_chunks") if chunk is not None else None
     return list(chunks or ())

@@ -1,0 +1,122 @@
+"""`LangGraphAgent` streaming what models send in shapes the translator did not expect,
+on both protocols:
+
+* a tool call whose arguments come in the chunk that names it (Ollama, vLLM, Gemini send a
+  whole call in one chunk): its arguments are streamed; before, the first chunk's were
+  dropped (AG-UI: no `TOOL_CALL_ARGS`; GraphQL 1.10: empty `arguments`, so the frontend
+  action ran with none);
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import pytest
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.messages import AIMessageChunk, AnyMessage, BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from typing_extensions import TypedDict
+
+from copilot_runtime import CopilotRuntime
+from copilot_runtime.agents.langgraph import LangGraphAgent
+from copilot_runtime.testing import verify_events
+from tests.conftest import ServeRuntime, run_input
+from tests.gql.wire import chat_data, text_message
+
+pytestmark = pytest.mark.timeout(30)
+
+Json = dict[str, Any]
+V1 = {"protocolVersion": "1.0"}
+CITY = {"city": "Paris, France"}
+ACTION = {"name": "showCity", "description": "Show a city", "jsonSchema": json.dumps(
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})}
+TOOL = {"name": "showCity", "description": "Show a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+
+class State(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+class ToolCallingModel(BaseChatModel):
+    """Streams one `showCity` call: its id and name in the first chunk, with the first of
+    `pieces` of its arguments (the rest follow, one chunk each)."""
+
+    call_id: str
+    pieces: list[str]
+    # Between chunks: lets a concurrent call's chunks come in between.
+    pause: float = 0.0
+
+    @property
+    def _llm_type(self) -> str:
+        return "tool-calling-test-model"
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        raise NotImplementedError("streams only")
+
+    async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                       run_manager: AsyncCallbackManagerForLLMRun | None = None,
+                       **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
+        for n, piece in enumerate(self.pieces):
+            await asyncio.sleep(self.pause)
+            first = n == 0
+            chunk = ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[{
+                "index": 0, "id": self.call_id if first else None,
+                "name": "showCity" if first else None, "args": piece}]))
+            if run_manager is not None:
+                await run_manager.on_llm_new_token("", chunk=chunk)
+            yield chunk
+
+
+def one_model(model: BaseChatModel) -> Any:
+    async def chat(state: State, config: RunnableConfig) -> Json:
+        return {"messages": [await model.ainvoke(state["messages"], config)]}
+
+    builder = StateGraph(State)
+    builder.add_node("chat", chat)
+    builder.add_edge(START, "chat")
+    builder.add_edge("chat", END)
+    return builder.compile(checkpointer=InMemorySaver())
+
+
+def streamed_arguments(events: list[Json]) -> dict[str, str]:
+    """Each streamed tool call's arguments, by call id."""
+    out: dict[str, str] = {}
+    for event in events:
+        if event["type"] == "TOOL_CALL_START":
+            out[event["toolCallId"]] = ""
+        elif event["type"] == "TOOL_CALL_ARGS":
+            out[event["toolCallId"]] += event["delta"]
+    return out
+
+
+# ---- the chunk that names a tool call carries arguments ------------------------------------
+
+
+@pytest.mark.parametrize("pieces", [
+    pytest.param([json.dumps(CITY)], id="whole-call-in-one-chunk"),
+    pytest.param([json.dumps(CITY)[:6], json.dumps(CITY)[6:]], id="first-piece-with-name"),
+])
+async def test_arguments_in_the_chunk_naming_a_tool_call_are_streamed(
+        serve_runtime: ServeRuntime, pieces: list[str]) -> None:
+    model = ToolCallingModel(call_id="call-1", pieces=pieces)
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=one_model(model))})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("show Paris", thread="one-chunk", tools=[TOOL],
+                                            **V1), agent="lg")
+        gql = await served.generate(chat_data(
+            [text_message("u1", "user", "show Paris")], thread="one-chunk-gql",
+            actions=[ACTION], agentSession={"agentName": "lg"}))
+    verify_events(events)
+    assert streamed_arguments(events) == {"call-1": json.dumps(CITY)}
+    calls = [m for m in gql["messages"] if m["__typename"] == "ActionExecutionMessageOutput"]
+    assert [json.loads("".join(m["arguments"])) for m in calls] == [CITY]
