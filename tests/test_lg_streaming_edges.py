@@ -5,6 +5,8 @@ on both protocols:
   whole call in one chunk): its arguments are streamed; before, the first chunk's were
   dropped (AG-UI: no `TOOL_CALL_ARGS`; GraphQL 1.10: empty `arguments`, so the frontend
   action ran with none);
+* one node calling two models at once (`asyncio.gather`): each call streams into its own
+  message or tool call; before, both went into one (garbled text, corrupt arguments);
 """
 
 from __future__ import annotations
@@ -77,9 +79,47 @@ class ToolCallingModel(BaseChatModel):
             yield chunk
 
 
+class TextModel(BaseChatModel):
+    """Streams `words`, one chunk each, pausing between them."""
+
+    words: list[str]
+    pause: float = 0.005
+
+    @property
+    def _llm_type(self) -> str:
+        return "text-test-model"
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        raise NotImplementedError("streams only")
+
+    async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                       run_manager: AsyncCallbackManagerForLLMRun | None = None,
+                       **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
+        for word in self.words:
+            await asyncio.sleep(self.pause)
+            chunk = ChatGenerationChunk(message=AIMessageChunk(content=word))
+            if run_manager is not None:
+                await run_manager.on_llm_new_token(word, chunk=chunk)
+            yield chunk
+
+
 def one_model(model: BaseChatModel) -> Any:
     async def chat(state: State, config: RunnableConfig) -> Json:
         return {"messages": [await model.ainvoke(state["messages"], config)]}
+
+    builder = StateGraph(State)
+    builder.add_node("chat", chat)
+    builder.add_edge(START, "chat")
+    builder.add_edge("chat", END)
+    return builder.compile(checkpointer=InMemorySaver())
+
+
+def two_models_at_once(first: BaseChatModel, second: BaseChatModel) -> Any:
+    async def chat(state: State, config: RunnableConfig) -> Json:
+        answers = await asyncio.gather(first.ainvoke(state["messages"], config),
+                                       second.ainvoke(state["messages"], config))
+        return {"messages": list(answers)}
 
     builder = StateGraph(State)
     builder.add_node("chat", chat)
@@ -120,3 +160,43 @@ async def test_arguments_in_the_chunk_naming_a_tool_call_are_streamed(
     assert streamed_arguments(events) == {"call-1": json.dumps(CITY)}
     calls = [m for m in gql["messages"] if m["__typename"] == "ActionExecutionMessageOutput"]
     assert [json.loads("".join(m["arguments"])) for m in calls] == [CITY]
+
+
+# ---- concurrent model calls in one node ----------------------------------------------------
+
+
+async def test_concurrent_model_calls_in_one_node_stream_their_own_messages(
+        serve_runtime: ServeRuntime) -> None:
+    graph = two_models_at_once(TextModel(words=["alpha", " one", " two", " three"]),
+                               TextModel(words=["beta", " four", " five", " six"]))
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("go", thread="gather-text", **V1), agent="lg")
+    verify_events(events)
+    texts: dict[str, str] = {}
+    for event in events:
+        if event["type"] == "TEXT_MESSAGE_CONTENT":
+            texts[event["messageId"]] = texts.get(event["messageId"], "") + event["delta"]
+    assert sorted(texts.values()) == ["alpha one two three", "beta four five six"]
+    snapshot = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"][-1]["messages"]
+    assert {m["id"]: m["content"] for m in snapshot if m["role"] == "assistant"} == texts
+
+
+async def test_concurrent_model_calls_in_one_node_stream_their_own_tool_calls(
+        serve_runtime: ServeRuntime) -> None:
+    def calling(call_id: str, city: str) -> ToolCallingModel:
+        text = json.dumps({"city": city})
+        # OpenAI's shape: the id and name first, without arguments.
+        return ToolCallingModel(call_id=call_id, pause=0.005,
+                                pieces=["", *(text[i:i + 4] for i in range(0, len(text), 4))])
+
+    graph = two_models_at_once(calling("call-paris", "Paris, France"),
+                               calling("call-oslo", "Oslo, Norway"))
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("go", thread="gather-calls", **V1), agent="lg")
+    verify_events(events)
+    assert streamed_arguments(events) == {"call-paris": json.dumps({"city": "Paris, France"}),
+                                          "call-oslo": json.dumps({"city": "Oslo, Norway"})}
+    ends = sorted(e["toolCallId"] for e in events if e["type"] == "TOOL_CALL_END")
+    assert ends == ["call-oslo", "call-paris"]

@@ -26,10 +26,10 @@ overrides):
 * answers to several pending interrupts as LangGraph takes them, `{interrupt id: answer}`:
   the base's own map is a sentinel LangGraph does not read, and a single bare answer
   LangGraph refuses while more than one interrupt waits, so the thread stayed stuck;
-* one streaming slot per LangGraph task: the base keys the message or tool call in flight
+* one streaming slot per model call: the base keys the message or tool call in flight
   by subagent lane, one lane for all when subagent events are off, so parallel branches
-  (`Send` workers, parallel nodes) streamed into one message and one tool call's
-  arguments;
+  (`Send` workers, parallel nodes) and calls one node makes at once (`asyncio.gather`,
+  `abatch`) streamed into one message and one tool call's arguments;
 * the arguments that come in the chunk naming a tool call (a whole call in one chunk:
   Ollama, vLLM, Gemini), which the base drops: they are sent as the call's first
   `TOOL_CALL_ARGS`;
@@ -94,8 +94,8 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         # Tool calls whose announcement `copilotkit:emit-tool-calls` withheld: their
         # results are withheld too, or the client would get a result for a call it never saw.
         self._hidden_tool_calls: set[str] = set()
-        # The LangGraph task (checkpoint namespace) of the model event being translated:
-        # its streaming slot (see `_current_lane`).
+        # The model call (its LangChain run id) of the model event being translated: its
+        # streaming slot (see `_current_lane`).
         self._task_lane: str | None = None
 
     # -- entry point -------------------------------------------------------------------
@@ -193,7 +193,7 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         return merged
 
     async def _handle_single_event(self, event: Any, state: Any) -> AsyncIterator[Any]:
-        self._task_lane = _model_task(event) if not self.emit_subagent_events else None
+        self._task_lane = _model_run(event) if not self.emit_subagent_events else None
         try:
             async for out in self._translate_event(event, state):
                 yield out
@@ -201,14 +201,14 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             self._task_lane = None
 
     def _current_lane(self) -> str:
-        # A model call's text or tool call streams in its own task's slot: two branches
-        # running at once each get a message (and tool calls) of their own. Sequential
-        # model calls in one node execution share their task, so one bubble, as before.
+        # A model call's text or tool call streams in its own slot: two branches, or two
+        # calls one node makes at once (asyncio.gather, abatch), each get a message (and
+        # tool calls) of their own.
         lane: str = self._task_lane or super()._current_lane()
         return lane
 
     def _record_tool_call_owners(self, message: Any) -> None:
-        # Read back when a tool ends, outside the model's task: kept where that looks.
+        # Read back when a tool ends, outside the model's call: kept where that looks.
         lane, self._task_lane = self._task_lane, None
         try:
             super()._record_tool_call_owners(message)
@@ -444,13 +444,14 @@ def _safe_interrupts(lg_interrupts: Any) -> list[Any]:
             for i in lg_interrupts or ()]
 
 
-def _model_task(event: Mapping[str, Any]) -> str | None:
-    """The LangGraph task a model event comes from (its checkpoint namespace, one per
-    task: per `Send`, per parallel node, per subgraph node), or None for other events."""
+def _model_run(event: Mapping[str, Any]) -> str | None:
+    """The model call a model event comes from (its LangChain run id, one per call: per
+    `Send` worker, per parallel node, per concurrent call inside one node), or None for
+    other events."""
     if not str(event.get("event") or "").startswith("on_chat_model"):
         return None
-    task = (event.get("metadata") or {}).get("langgraph_checkpoint_ns")
-    return task if isinstance(task, str) and task else None
+    run_id = event.get("run_id")
+    return run_id if isinstance(run_id, str) and run_id else None
 
 
 def _first_chunk_arguments(event: Mapping[str, Any]) -> str | None:
