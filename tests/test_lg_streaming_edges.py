@@ -1,5 +1,5 @@
-"""`LangGraphAgent` streaming what models send in shapes the translator did not expect,
-on both protocols:
+"""`LangGraphAgent` streaming what models send in shapes the translator did not expect, and
+refusing client input it could not take, on both protocols:
 
 * a tool call whose arguments come in the chunk that names it (Ollama, vLLM, Gemini send a
   whole call in one chunk): its arguments are streamed; before, the first chunk's were
@@ -7,6 +7,10 @@ on both protocols:
   action ran with none);
 * one node calling two models at once (`asyncio.gather`): each call streams into its own
   message or tool call; before, both went into one (garbled text, corrupt arguments);
+* a `state.copilotkit` that is not an object, or tool-call arguments that are JSON but not
+  an object: `INVALID_REQUEST` saying so; before, the generic `AGENT_ERROR`, its stack
+  logged; an activity message in the history is left out of the graph's input; before,
+  every run of the thread failed on its role.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Annotated, Any
 import pytest
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun
 from langchain_core.language_models.chat_models import BaseChatModel
-from langchain_core.messages import AIMessageChunk, AnyMessage, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, AnyMessage, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
@@ -200,3 +204,72 @@ async def test_concurrent_model_calls_in_one_node_stream_their_own_tool_calls(
                                           "call-oslo": json.dumps({"city": "Oslo, Norway"})}
     ends = sorted(e["toolCallId"] for e in events if e["type"] == "TOOL_CALL_END")
     assert ends == ["call-oslo", "call-paris"]
+
+
+# ---- client input the translator cannot take -----------------------------------------------
+
+
+def answers_with_what_it_read() -> Any:
+    """One node that says which kinds of message it was given."""
+    def chat(state: State) -> Json:
+        roles = ",".join(m.type for m in state["messages"])
+        return {"messages": [AIMessage(content=f"read {roles}")]}
+
+    builder = StateGraph(State)
+    builder.add_node("chat", chat)
+    builder.add_edge(START, "chat")
+    builder.add_edge("chat", END)
+    return builder.compile(checkpointer=InMemorySaver())
+
+
+def _history_with_call(arguments: str) -> list[Json]:
+    return [{"id": "u1", "role": "user", "content": "hi"},
+            {"id": "a1", "role": "assistant", "toolCalls": [{
+                "id": "c1", "type": "function",
+                "function": {"name": "f", "arguments": arguments}}]},
+            {"id": "t1", "role": "tool", "toolCallId": "c1", "content": "done"}]
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    pytest.param({"state": {"copilotkit": "x"}}, "state.copilotkit must be a JSON object",
+                 id="copilotkit-not-an-object"),
+    pytest.param({"messages": _history_with_call("[1,2]")},
+                 "Message 'a1': the arguments of tool call 'c1' must be a JSON object",
+                 id="arguments-not-an-object"),
+])
+async def test_input_the_translator_cannot_take_is_refused_saying_why(
+        serve_runtime: ServeRuntime, extra: Json, says: str) -> None:
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(
+        name="lg", graph=answers_with_what_it_read())})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hi", thread="malformed", **extra), agent="lg")
+    last = events[-1]
+    assert last["type"] == "RUN_ERROR"
+    assert last["code"] == "INVALID_REQUEST"
+    assert says in last["message"]
+
+
+async def test_unparseable_arguments_still_read_as_none(serve_runtime: ServeRuntime) -> None:
+    # (a run stopped mid-call leaves them so: the thread must go on)
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(
+        name="lg", graph=answers_with_what_it_read())})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hi", thread="cut", messages=_history_with_call(
+            '{"a": '), **V1), agent="lg")
+    assert events[-1]["type"] == "RUN_FINISHED"
+
+
+async def test_activity_messages_are_not_graph_input(serve_runtime: ServeRuntime) -> None:
+    history = [{"id": "u1", "role": "user", "content": "hi"},
+               {"id": "act1", "role": "activity", "activityType": "progress",
+                "content": {"percent": 50}},
+               {"id": "u2", "role": "user", "content": "next"}]
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(
+        name="lg", graph=answers_with_what_it_read())})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("", thread="activity", messages=history, **V1),
+                                  agent="lg")
+    verify_events(events)
+    assert events[-1]["type"] == "RUN_FINISHED"
+    snapshot = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"][-1]["messages"]
+    assert snapshot[-1]["content"] == "read human,human"

@@ -33,6 +33,10 @@ overrides):
 * the arguments that come in the chunk naming a tool call (a whole call in one chunk:
   Ollama, vLLM, Gemini), which the base drops: they are sent as the call's first
   `TOOL_CALL_ARGS`;
+* client input the base crashes on refused as `InvalidRequestError` (a `state.copilotkit`
+  that is not an object, tool-call arguments that are JSON but not an object), and
+  activity messages (UI state) kept out of the graph's input, where the base fails on
+  their role;
 * state the client only echoed back kept out of the graph's input: its JSON form
   (`json_safe`) replaced the checkpoint's typed values (a date became a string);
 * snapshots that include what an interrupted subgraph said (`_lg_state.graph_values`);
@@ -52,6 +56,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final, Literal
 
+import orjson
 from ag_ui.core import (
     CustomEvent,
     EventType,
@@ -68,7 +73,7 @@ from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
 from langgraph.pregel import Pregel
 from langgraph.types import Command, Interrupt, StateSnapshot
 
-from copilot_runtime._exceptions import ApprovalError
+from copilot_runtime._exceptions import ApprovalError, InvalidRequestError
 from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
 from copilot_runtime.agents._lg_state import graph_values
 from copilot_runtime.agents._lg_values import json_safe, known_messages
@@ -82,6 +87,9 @@ _RENAMED_CUSTOM_EVENTS: Final = {
     "copilotkit_manually_emit_intermediate_state": "manually_emit_state",
 }
 _EXIT_EVENT: Final = "copilotkit_exit"
+# The message roles the base turns into graph input; others (activity) are UI state.
+_GRAPH_INPUT_ROLES: Final = frozenset({"user", "assistant", "system", "tool", "developer",
+                                       "reasoning"})
 #: The custom event carrying what a node wrote with `get_stream_writer()`.
 STREAM_WRITER_EVENT: Final = "langgraph_stream_writer"
 
@@ -103,9 +111,12 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
     async def stream(self, input: RunAgentInput) -> AsyncIterator[Any]:
         """The run's AG-UI events (pydantic models); exceptions propagate."""
         forwarded = input.forwarded_props if isinstance(input.forwarded_props, dict) else {}
+        _check_client_input(input)
         graph_messages = []
         subagent_messages = []
         for message in input.messages or ():
+            if message.role not in _GRAPH_INPUT_ROLES:
+                continue  # UI state (an activity message): no model reads it
             if getattr(message, "subagent_run_id", None) is None:
                 graph_messages.append(message)
             else:
@@ -464,6 +475,29 @@ def _first_chunk_arguments(event: Mapping[str, Any]) -> str | None:
         return None
     args = _get(chunks[0], "args")
     return args if isinstance(args, str) and args else None
+
+
+def _check_client_input(input: RunAgentInput) -> None:
+    """Refuse what the client sent that the base would crash on (as a generic failure,
+    its stack logged, on every run of the thread), saying what is wrong."""
+    state = input.state
+    if isinstance(state, dict) and "copilotkit" in state \
+            and not isinstance(state["copilotkit"], dict):
+        raise InvalidRequestError("state.copilotkit must be a JSON object (CopilotKit "
+                                  "writes the frontend's actions and context into it)")
+    for message in input.messages or ():
+        for call in getattr(message, "tool_calls", None) or ():
+            arguments = call.function.arguments
+            if not arguments:
+                continue
+            try:
+                parsed = orjson.loads(arguments)
+            except orjson.JSONDecodeError:
+                continue  # (the base reads unparseable arguments as none: a stopped stream)
+            if not isinstance(parsed, dict):
+                raise InvalidRequestError(
+                    f"Message '{message.id}': the arguments of tool call '{call.id}' must "
+                    "be a JSON object")
 
 
 def _echoed_keys(given: Any, saved: Any) -> dict[str, Any]:
