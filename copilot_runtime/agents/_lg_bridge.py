@@ -26,10 +26,17 @@ overrides):
 * answers to several pending interrupts as LangGraph takes them, `{interrupt id: answer}`:
   the base's own map is a sentinel LangGraph does not read, and a single bare answer
   LangGraph refuses while more than one interrupt waits, so the thread stayed stuck;
-* one streaming slot per LangGraph task: the base keys the message or tool call in flight
+* one streaming slot per model call: the base keys the message or tool call in flight
   by subagent lane, one lane for all when subagent events are off, so parallel branches
-  (`Send` workers, parallel nodes) streamed into one message and one tool call's
-  arguments;
+  (`Send` workers, parallel nodes) and calls one node makes at once (`asyncio.gather`,
+  `abatch`) streamed into one message and one tool call's arguments;
+* the arguments that come in the chunk naming a tool call (a whole call in one chunk:
+  Ollama, vLLM, Gemini), which the base drops: they are sent as the call's first
+  `TOOL_CALL_ARGS`;
+* client input the base crashes on refused as `InvalidRequestError` (a `state.copilotkit`
+  that is not an object, tool-call arguments that are JSON but not an object), and
+  activity messages (UI state) kept out of the graph's input, where the base fails on
+  their role;
 * state the client only echoed back kept out of the graph's input: its JSON form
   (`json_safe`) replaced the checkpoint's typed values (a date became a string);
 * snapshots that include what an interrupted subgraph said (`_lg_state.graph_values`);
@@ -49,12 +56,14 @@ import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final, Literal
 
+import orjson
 from ag_ui.core import (
     CustomEvent,
     EventType,
     MessagesSnapshotEvent,
     RunAgentInput,
     StateSnapshotEvent,
+    ToolCallArgsEvent,
 )
 from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
 from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
@@ -64,7 +73,7 @@ from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
 from langgraph.pregel import Pregel
 from langgraph.types import Command, Interrupt, StateSnapshot
 
-from copilot_runtime._exceptions import ApprovalError
+from copilot_runtime._exceptions import ApprovalError, InvalidRequestError
 from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
 from copilot_runtime.agents._lg_state import graph_values
 from copilot_runtime.agents._lg_values import json_safe, known_messages
@@ -78,6 +87,9 @@ _RENAMED_CUSTOM_EVENTS: Final = {
     "copilotkit_manually_emit_intermediate_state": "manually_emit_state",
 }
 _EXIT_EVENT: Final = "copilotkit_exit"
+# The message roles the base turns into graph input; others (activity) are UI state.
+_GRAPH_INPUT_ROLES: Final = frozenset({"user", "assistant", "system", "tool", "developer",
+                                       "reasoning"})
 #: The custom event carrying what a node wrote with `get_stream_writer()`.
 STREAM_WRITER_EVENT: Final = "langgraph_stream_writer"
 
@@ -90,8 +102,8 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         # Tool calls whose announcement `copilotkit:emit-tool-calls` withheld: their
         # results are withheld too, or the client would get a result for a call it never saw.
         self._hidden_tool_calls: set[str] = set()
-        # The LangGraph task (checkpoint namespace) of the model event being translated:
-        # its streaming slot (see `_current_lane`).
+        # The model call (its LangChain run id) of the model event being translated: its
+        # streaming slot (see `_current_lane`).
         self._task_lane: str | None = None
 
     # -- entry point -------------------------------------------------------------------
@@ -99,9 +111,12 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
     async def stream(self, input: RunAgentInput) -> AsyncIterator[Any]:
         """The run's AG-UI events (pydantic models); exceptions propagate."""
         forwarded = input.forwarded_props if isinstance(input.forwarded_props, dict) else {}
+        _check_client_input(input)
         graph_messages = []
         subagent_messages = []
         for message in input.messages or ():
+            if message.role not in _GRAPH_INPUT_ROLES:
+                continue  # UI state (an activity message): no model reads it
             if getattr(message, "subagent_run_id", None) is None:
                 graph_messages.append(message)
             else:
@@ -189,7 +204,7 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         return merged
 
     async def _handle_single_event(self, event: Any, state: Any) -> AsyncIterator[Any]:
-        self._task_lane = _model_task(event) if not self.emit_subagent_events else None
+        self._task_lane = _model_run(event) if not self.emit_subagent_events else None
         try:
             async for out in self._translate_event(event, state):
                 yield out
@@ -197,14 +212,14 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             self._task_lane = None
 
     def _current_lane(self) -> str:
-        # A model call's text or tool call streams in its own task's slot: two branches
-        # running at once each get a message (and tool calls) of their own. Sequential
-        # model calls in one node execution share their task, so one bubble, as before.
+        # A model call's text or tool call streams in its own slot: two branches, or two
+        # calls one node makes at once (asyncio.gather, abatch), each get a message (and
+        # tool calls) of their own.
         lane: str = self._task_lane or super()._current_lane()
         return lane
 
     def _record_tool_call_owners(self, message: Any) -> None:
-        # Read back when a tool ends, outside the model's task: kept where that looks.
+        # Read back when a tool ends, outside the model's call: kept where that looks.
         lane, self._task_lane = self._task_lane, None
         try:
             super()._record_tool_call_owners(message)
@@ -264,8 +279,17 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
                             and out.name == renamed):
                         yield out
                 return
+        first_args = _first_chunk_arguments(event)
         async for out in super()._handle_single_event(event, state):
             yield out
+            if first_args is not None and out is not None \
+                    and out.type == EventType.TOOL_CALL_START:
+                # The base announces a call from the chunk that names it and drops the
+                # arguments that chunk carries (a whole call in one chunk: Ollama, vLLM,
+                # Gemini): they are the call's first piece.
+                yield self._dispatch_event(ToolCallArgsEvent(
+                    type=EventType.TOOL_CALL_ARGS, tool_call_id=out.tool_call_id,
+                    delta=first_args, raw_event=event))
 
     def _filter_orphan_tool_messages(self, messages: list) -> list:  # type: ignore[type-arg]
         return list(super()._filter_orphan_tool_messages(known_messages(messages)))
@@ -431,13 +455,49 @@ def _safe_interrupts(lg_interrupts: Any) -> list[Any]:
             for i in lg_interrupts or ()]
 
 
-def _model_task(event: Mapping[str, Any]) -> str | None:
-    """The LangGraph task a model event comes from (its checkpoint namespace, one per
-    task: per `Send`, per parallel node, per subgraph node), or None for other events."""
+def _model_run(event: Mapping[str, Any]) -> str | None:
+    """The model call a model event comes from (its LangChain run id, one per call: per
+    `Send` worker, per parallel node, per concurrent call inside one node), or None for
+    other events."""
     if not str(event.get("event") or "").startswith("on_chat_model"):
         return None
-    task = (event.get("metadata") or {}).get("langgraph_checkpoint_ns")
-    return task if isinstance(task, str) and task else None
+    run_id = event.get("run_id")
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+def _first_chunk_arguments(event: Mapping[str, Any]) -> str | None:
+    """The arguments a model's stream chunk carries with the name of the tool call it
+    starts (what the base reads as a call's start), or None."""
+    if event.get("event") != "on_chat_model_stream":
+        return None
+    chunks = _tool_call_chunks(event)
+    if not chunks or not _get(chunks[0], "name"):
+        return None
+    args = _get(chunks[0], "args")
+    return args if isinstance(args, str) and args else None
+
+
+def _check_client_input(input: RunAgentInput) -> None:
+    """Refuse what the client sent that the base would crash on (as a generic failure,
+    its stack logged, on every run of the thread), saying what is wrong."""
+    state = input.state
+    if isinstance(state, dict) and "copilotkit" in state \
+            and not isinstance(state["copilotkit"], dict):
+        raise InvalidRequestError("state.copilotkit must be a JSON object (CopilotKit "
+                                  "writes the frontend's actions and context into it)")
+    for message in input.messages or ():
+        for call in getattr(message, "tool_calls", None) or ():
+            arguments = call.function.arguments
+            if not arguments:
+                continue
+            try:
+                parsed = orjson.loads(arguments)
+            except orjson.JSONDecodeError:
+                continue  # (the base reads unparseable arguments as none: a stopped stream)
+            if not isinstance(parsed, dict):
+                raise InvalidRequestError(
+                    f"Message '{message.id}': the arguments of tool call '{call.id}' must "
+                    "be a JSON object")
 
 
 def _echoed_keys(given: Any, saved: Any) -> dict[str, Any]:
@@ -454,7 +514,7 @@ def _get(item: Any, key: str) -> Any:
     return item.get(key) if isinstance(item, dict) else getattr(item, key, None)
 
 
-def _tool_call_chunks(event: dict[str, Any]) -> list[Any]:
+def _tool_call_chunks(event: Mapping[str, Any]) -> list[Any]:
     chunk = (event.get("data") or {}).get("chunk")
     chunks = _get(chunk, "tool_call_chunks") if chunk is not None else None
     return list(chunks or ())
