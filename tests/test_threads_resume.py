@@ -337,6 +337,32 @@ async def test_load_agent_state_reads_only_the_newest_runs_that_fit(served: Serv
     assert await users() == ["q2", "q3"]
 
 
+async def test_load_agent_state_leaves_out_a_run_refused_over_its_approval_answer(
+        served: Served) -> None:
+    """A run refused over its approval answer (a stale tab's; a message sent before the
+    answer, which never reached the agent) is left out of GraphQL's loadAgentState, as the
+    AG-UI replays leave it: the fallback for agents without their own state read built
+    messages from every stored run."""
+    from copilot_runtime import events as ev
+    from copilot_runtime.threads import StoredRun
+    from tests.test_graphql_agents import LOAD_STATE, query
+
+    await run_ids(served, "refused", "q0 first", "r0")
+    record = await served.runtime.store.get("refused")
+    assert record is not None
+    first = record.next_position
+    refused = [ev.run_started("refused", "r1", {"threadId": "refused", "runId": "r1",
+                                                "messages": [{"id": "stale", "role": "user",
+                                                              "content": "q1 stale"}]}),
+               ev.run_error("answered already", code="APPROVAL_ALREADY_ANSWERED")]
+    await served.runtime.store.append_run("refused", "default", StoredRun(
+        "r1", refused, 2.0, 0, first, first + 1), ["stale"])
+    loaded = await query(served, LOAD_STATE, {"data": {"threadId": "refused",
+                                                       "agentName": "default"}})
+    messages = json.loads(loaded["data"]["loadAgentState"]["messages"])
+    assert [m["content"][:2] for m in messages if m.get("role") == "user"] == ["q0"]
+
+
 async def test_connect_to_a_run_whose_id_the_thread_used_before_misses_nothing(
         store_url: str, serve_runtime: ServeRuntime) -> None:
     """A live run was told from the runs before it by its id: a `connect` while a run ran

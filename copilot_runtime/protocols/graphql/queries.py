@@ -23,7 +23,7 @@ from copilot_runtime.auth import RequestInfo
 from copilot_runtime.messages import to_json_representation
 from copilot_runtime.protocols.graphql.errors import error_extensions, kit_extensions
 from copilot_runtime.runtime import CopilotRuntime
-from copilot_runtime.threads.base import MAX_REPLAY_BYTES, id_problem
+from copilot_runtime.threads.base import MAX_REPLAY_BYTES, id_problem, refused_answer
 
 __all__ = ["QueryContext", "agent_not_found", "is_service_adapter", "listed_agents",
            "query_root"]
@@ -96,8 +96,10 @@ async def load_agent_state(runtime: CopilotRuntime, data: Mapping[str, Any],
         return _no_thread(thread_id)
     record = readable(record)  # a thread stored broken is still read
     state = record.state
+    # A run refused over its approval answer is left out, as the AG-UI replays leave it.
     return _thread(thread_id, state if isinstance(state, dict) else {},
-                   events_to_messages(r.events for r in record.runs))
+                   events_to_messages(r.events for r in record.runs
+                                      if not refused_answer(r.events)))
 
 
 def _no_thread(thread_id: str) -> dict[str, Any]:
