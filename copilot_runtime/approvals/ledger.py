@@ -23,6 +23,7 @@ This module has no LangGraph import: the protocol edges use it whatever is insta
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -204,6 +205,10 @@ class _Listeners:
             listener()
 
 
+def _key(approval: Approval) -> ApprovalKey:
+    return approval.key
+
+
 class MemoryApprovalStore(_Listeners):
     """Approvals in this process, for graphs whose checkpoints are in memory too."""
 
@@ -229,14 +234,16 @@ class MemoryApprovalStore(_Listeners):
                    thread_id: str | None = None, agent_id: str | None = None,
                    after: ApprovalKey | None = None, limit: int | None = None,
                    viewer: Viewer | None = None) -> list[Approval]:
-        found = sorted((a for a in self._items.values()
-                        if (status is None or a.status == status)
-                        and (thread_id is None or a.thread_id == thread_id)
-                        and (agent_id is None or a.agent_id == agent_id)
-                        and (after is None or a.key > after)
-                        and (viewer is None or not a.owner_known or viewer.sees(a.owner))),
-                       key=lambda a: a.key)
-        return [replace(a) for a in found[:limit]]
+        matching = (a for a in self._items.values()
+                    if (status is None or a.status == status)
+                    and (thread_id is None or a.thread_id == thread_id)
+                    and (agent_id is None or a.agent_id == agent_id)
+                    and (after is None or a.key > after)
+                    and (viewer is None or not a.owner_known or viewer.sees(a.owner)))
+        # A page is the `limit` oldest: kept as they come, not every approval sorted.
+        found = (sorted(matching, key=_key) if limit is None
+                 else heapq.nsmallest(limit, matching, key=_key))
+        return [replace(a) for a in found]
 
     async def record_owner(self, approval_ids: Collection[str],
                            owner: ThreadOwner | None) -> None:
