@@ -207,6 +207,38 @@ async def test_same_request_as_the_sdk(mock: MockGeminiServer, name: str,
     assert first["x-server-timeout"] == "30"
 
 
+def _camel_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {"".join(w.title() if i else w for i, w in enumerate(k.split("_"))):
+                _camel_keys(v) for k, v in value.items()}
+    return [_camel_keys(v) for v in value] if isinstance(value, list) else value
+
+
+async def test_any_value_parameters_sent_alike_and_accepted(mock: MockGeminiServer) -> None:
+    # A typeless property is any JSON value: an `anyOf` of every type, not a STRING (which
+    # made Gemini send 3 as "3"). The SDK writes a schema's fields in snake_case inside
+    # `parameters` (`any_of`, which the API reads as well, protobuf's JSON; the mock does
+    # not), so the SDK route's request is compared once spelt alike.
+    request = ChatRequest(messages=[user("set it")], tools=[ToolSpec(
+        "setValue", "Sets a value", {"type": "object", "properties": {
+            "value": {"description": "any JSON"}, "list": {"type": "array"}},
+            "required": ["value"]})])
+    direct_route = adapter("direct", base_url=mock.base_url, timeout=30)
+    sdk_route = adapter("sdk", base_url=mock.base_url, timeout=30)
+    try:
+        assert await deltas(direct_route, request)
+        with contextlib.suppress(UpstreamError):
+            await deltas(sdk_route, request)
+    finally:
+        await direct_route.aclose()
+        await sdk_route.aclose()
+    direct, sdk = mock.requests
+    assert direct == _camel_keys(sdk)
+    value = direct["tools"][0]["functionDeclarations"][0]["parameters"]["properties"]["value"]
+    assert {member["type"] for member in value["anyOf"]} == {
+        "STRING", "NUMBER", "INTEGER", "BOOLEAN", "OBJECT", "ARRAY"}
+
+
 async def test_signed_calls_replayed_alike(mock: MockGeminiServer) -> None:
     """Gemini 3 signs its function calls: the next request must carry the signature back."""
     for route in ROUTES:

@@ -44,6 +44,7 @@ from copilot_runtime.adapters import (
 from copilot_runtime.adapters.anthropic import AnthropicStreamParser, to_anthropic_messages
 from copilot_runtime.adapters.google import to_gemini_contents, to_gemini_schema
 from copilot_runtime.agents import HttpAgent
+from copilot_runtime.agents._shared_state import _DELTA_SPEC, _SNAPSHOT_SPEC
 from copilot_runtime.testing import MockGeminiServer
 from tests.realclient_app import getWeather
 
@@ -285,11 +286,45 @@ def test_gemini_schema_const_and_enums() -> None:
         "type": "INTEGER", "description": "n (one of: 1, 2)"}
 
 
-def test_gemini_schema_arrays_get_items_and_typeless_gets_a_type() -> None:
-    assert to_gemini_schema({"type": "array"}) == {"type": "ARRAY",
-                                                    "items": {"type": "STRING"}}
-    assert to_gemini_schema({"properties": {"a": {}}}) == {
-        "type": "OBJECT", "properties": {"a": {"type": "STRING"}}}
+def _json_types(schema: dict[str, Any]) -> set[str]:
+    return {member["type"] for member in schema["anyOf"]}
+
+
+ALL_JSON_TYPES = {"STRING", "NUMBER", "INTEGER", "BOOLEAN", "OBJECT", "ARRAY"}
+
+
+def test_gemini_schema_typeless_is_any_json_value_not_a_string() -> None:
+    # Gemini fills arguments to the declared type: a guessed STRING turned 3 into "3".
+    out = to_gemini_schema({"type": "object", "properties": {
+        "any": {}, "described": {"description": "anything"}}})["properties"]
+    assert out["any"]["nullable"] is True
+    assert _json_types(out["any"]) == ALL_JSON_TYPES
+    assert out["described"]["description"] == "anything"
+    assert _json_types(out["described"]) == ALL_JSON_TYPES
+    array = next(m for m in out["any"]["anyOf"] if m["type"] == "ARRAY")
+    assert _json_types(array["items"]) == ALL_JSON_TYPES
+    items = to_gemini_schema({"type": "array"})["items"]
+    assert items["nullable"] is True
+    assert _json_types(items) == ALL_JSON_TYPES
+
+
+def test_gemini_schema_typeless_takes_the_type_its_keywords_imply() -> None:
+    assert to_gemini_schema({"properties": {"a": {"type": "integer"}}})["type"] == "OBJECT"
+    assert to_gemini_schema({"items": {"type": "integer"}}) == {
+        "type": "ARRAY", "items": {"type": "INTEGER"}}
+    assert to_gemini_schema({"enum": ["a", "b"]}) == {"type": "STRING", "enum": ["a", "b"]}
+    assert to_gemini_schema({"maxLength": 3}) == {"type": "STRING", "maxLength": 3}
+    assert to_gemini_schema({"minimum": 1}) == {"type": "NUMBER", "minimum": 1}
+
+
+def test_gemini_state_tools_take_any_json_value() -> None:
+    # The built-in agent's state delta: `value` is any JSON (a number, an object, ...).
+    delta = to_gemini_schema(_DELTA_SPEC.parameters)["properties"]["delta"]["items"]
+    value = delta["properties"]["value"]
+    assert "type" not in value
+    assert _json_types(value) == ALL_JSON_TYPES
+    snapshot = to_gemini_schema(_SNAPSHOT_SPEC.parameters)["properties"]["snapshot"]
+    assert snapshot["type"] == "OBJECT"
 
 
 def test_gemini_schema_exclusive_bounds_and_object_defaults() -> None:

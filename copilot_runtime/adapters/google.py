@@ -698,6 +698,23 @@ _FORMATS = {"STRING": {"enum", "date-time"}, "NUMBER": {"float", "double"},
 _TYPES = {"string": "STRING", "number": "NUMBER", "integer": "INTEGER", "boolean": "BOOLEAN",
           "array": "ARRAY", "object": "OBJECT"}
 _MAX_DEPTH = 32
+#: Keywords that only constrain strings, or only numbers: a typeless schema with one of
+#: them is of that type.
+_STRING_KEYWORDS = frozenset({"minLength", "maxLength", "pattern"})
+_NUMBER_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                              "multipleOf"})
+#: How deep arrays nest in the schema of "any JSON value" (the subset has no recursion).
+_ANY_ARRAY_DEPTH = 2
+
+
+def _any_value(array_depth: int) -> dict[str, Any]:
+    """Gemini's schema for any JSON value: each type as an `anyOf` alternative, arrays of
+    any values nested `array_depth` deep."""
+    members: list[dict[str, Any]] = [{"type": t} for t in ("STRING", "NUMBER", "INTEGER",
+                                                           "BOOLEAN", "OBJECT")]
+    if array_depth > 0:
+        members.append({"type": "ARRAY", "items": _any_value(array_depth - 1)})
+    return {"anyOf": members, "nullable": True}
 
 
 def to_gemini_schema(schema: Any) -> dict[str, Any]:
@@ -707,7 +724,9 @@ def to_gemini_schema(schema: Any) -> dict[str, Any]:
     `allOf` is merged, a `null` alternative becomes `nullable`, `const` becomes a one-value
     `enum`, enums of non-strings move into the description, unsupported formats and keywords
     (`additionalProperties`, `$schema`, `not`, `if`, ...) are dropped, `required` keeps only
-    declared properties, an array gets `items` and a typeless schema a type.
+    declared properties, an array gets `items`, a typeless schema the type its keywords
+    imply, or else an `anyOf` of every JSON type (never a guessed STRING: Gemini would send
+    every value as a string).
     """
     if not isinstance(schema, dict):
         return {"type": "OBJECT"}
@@ -767,7 +786,12 @@ def _convert(schema: Any, definitions: dict[str, Any], depth: int,
         schema["enum"] = [schema["const"]]
     if kind is None and "anyOf" not in out and "type" not in out:
         kind = ("object" if "properties" in schema else "array" if "items" in schema
-                else "string" if "enum" in schema or not alternatives else None)
+                else "string" if "enum" in schema or _STRING_KEYWORDS & schema.keys()
+                else "number" if _NUMBER_KEYWORDS & schema.keys() else None)
+        if kind is None and not alternatives:
+            # Any JSON value: Gemini fills arguments to the declared type, so a guessed
+            # STRING would turn 3 into "3" and an object into its JSON text.
+            return {**out, **_any_value(_ANY_ARRAY_DEPTH)}
     if isinstance(kind, str) and kind in _TYPES:
         out["type"] = _TYPES[kind]
     gemini_type = out.get("type")
@@ -794,8 +818,8 @@ def _convert(schema: Any, definitions: dict[str, Any], depth: int,
             if required:
                 out["required"] = list(dict.fromkeys(required))
     elif gemini_type == "ARRAY":
-        out["items"] = _convert(schema.get("items") or {"type": "string"}, definitions,
-                                depth + 1, seen)
+        # (no items: any values, see above)
+        out["items"] = _convert(schema.get("items", {}), definitions, depth + 1, seen)
     if "default" in out and gemini_type == "OBJECT":
         del out["default"]
     return out
