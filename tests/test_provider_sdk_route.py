@@ -17,15 +17,21 @@ the AG-UI and the GraphQL protocol alike, and the thread free for the next run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from ag_ui.core import UserMessage
 from structlog.testing import capture_logs
 
+from copilot_runtime import OpenAIAdapter
 from copilot_runtime._exceptions import UpstreamTimeoutError
-from copilot_runtime.adapters._idle import IdleBound
+from copilot_runtime.adapters._idle import IdleBound, read_timeout
+from copilot_runtime.adapters.anthropic import AnthropicAdapter
+from copilot_runtime.adapters.base import ChatRequest, TextDelta
+from copilot_runtime.adapters.google import GoogleGenAIAdapter
 from tests.conftest import ServeRuntime, run_input, text_of
 from tests.gql.wire import user_turn
 from tests.test_hostile_providers import (
@@ -34,6 +40,7 @@ from tests.test_hostile_providers import (
     ANSWER,
     HEAD,
     PROVIDER_WORDS,
+    ScriptedUpstream,
     Step,
     an_delta,
     gm_parts,
@@ -248,3 +255,103 @@ async def test_a_gemini_head_that_never_comes_still_times_out_through_the_sdk(
     assert text_of(follow_up) == "all good"
     assert len(upstream.requests) == 2  # a silent head is not retried, as before
 
+
+
+# ---- a ready client= keeps its own read timeout ------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def ready_client(provider: str, url: str, read_timeout_s: float | None
+                       ) -> AsyncIterator[Any]:
+    """The app's own SDK client (over aiohttp, as the adapters' own SDK clients are), whose
+    read timeout is `read_timeout_s`."""
+    if provider == "openai":
+        import openai
+
+        yield openai.AsyncOpenAI(
+            api_key="sk-mock", base_url=url + "/v1", timeout=read_timeout_s, max_retries=0,
+            http_client=openai.DefaultAioHttpClient(timeout=read_timeout_s))
+    elif provider == "anthropic":
+        import anthropic
+
+        yield anthropic.AsyncAnthropic(
+            api_key="sk-mock", base_url=url, timeout=read_timeout_s, max_retries=0,
+            http_client=anthropic.DefaultAioHttpClient(timeout=read_timeout_s))
+    else:
+        import aiohttp
+        from google import genai
+        from google.genai import types as genai_types
+
+        # (a session of our own: the SDK's default one warns of its deprecated subclassing)
+        async with aiohttp.ClientSession() as session:
+            yield genai.Client(api_key="mock-key", http_options=genai_types.HttpOptions(
+                base_url=url, retry_options=genai_types.HttpRetryOptions(attempts=1),
+                aiohttp_client=session,
+                timeout=None if read_timeout_s is None else round(read_timeout_s * 1000)))
+
+
+def adapter_of(provider: str, **options: Any) -> Any:
+    return {"openai": OpenAIAdapter, "anthropic": AnthropicAdapter,
+            "google": GoogleGenAIAdapter}[provider](**options)
+
+
+async def answer(adapter: Any) -> list[Any]:
+    async with asyncio.timeout(ENDS_WITHIN_S):
+        return [d async for batch in adapter.stream(ChatRequest(messages=[
+            UserMessage(id="u", content="hi")])) for d in batch]
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "google"])
+async def test_a_ready_clients_own_read_timeout_bounds_each_wait(provider: str) -> None:
+    """A ready client given no adapter timeout: each wait was bounded by the adapter's
+    default 120 s, which the app never set; now by the client's own read timeout (here
+    1 s, on a body that would leave aiohttp's reader waiting forever). (Gemini's SDK also
+    bounds the whole request by its `HttpOptions` timeout: there a regression guard.)"""
+    script: list[Step] = [CHUNKED_HEAD, chunk(FIRST_PIECE[provider]), 0.1, BAD_CHUNK_MID_BODY]
+    async with ScriptedUpstream(script) as upstream, \
+            ready_client(provider, upstream.url, 1.0) as client:
+        adapter = adapter_of(provider, client=client)
+        try:
+            with pytest.raises(UpstreamTimeoutError):
+                await answer(adapter)
+        finally:
+            await adapter.aclose()
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "google"])
+@pytest.mark.parametrize(("client_s", "adapter_s", "bound_s"), [
+    (600.0, None, 600.0),  # the client's own (AsyncOpenAI(timeout=600)), not 120
+    (None, None, None),    # a client without a read timeout: none
+    (600.0, 5.0, 5.0),     # an explicit adapter timeout still applies
+])
+async def test_the_wait_bound_of_a_ready_client(
+        monkeypatch: pytest.MonkeyPatch, provider: str, client_s: float | None,
+        adapter_s: float | None, bound_s: float | None) -> None:
+    bounds: list[float | None] = []
+
+    class Recording(IdleBound[Any]):
+        def __init__(self, pieces: AsyncIterator[Any], seconds: float | None,
+                     silent: str) -> None:
+            bounds.append(seconds)
+            super().__init__(pieces, seconds, silent)
+
+    monkeypatch.setattr(f"copilot_runtime.adapters.{provider}.IdleBound", Recording)
+    async with ScriptedUpstream(ANSWER[provider]("all good")) as upstream, \
+            ready_client(provider, upstream.url, client_s) as client:
+        options: dict[str, Any] = {} if adapter_s is None else {"timeout": adapter_s}
+        adapter = adapter_of(provider, client=client, **options)
+        try:
+            deltas = await answer(adapter)
+        finally:
+            await adapter.aclose()
+    assert "".join(d.text for d in deltas if isinstance(d, TextDelta)) == "all good"
+    assert bounds == [bound_s]
+
+
+def test_read_timeout_of_sdk_settings() -> None:
+    import httpx
+
+    assert read_timeout(600) == 600.0
+    assert read_timeout(httpx.Timeout(5.0, read=30.0)) == 30.0
+    assert read_timeout(httpx.Timeout(None)) is None
+    assert read_timeout(None) is None

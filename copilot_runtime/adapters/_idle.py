@@ -5,6 +5,8 @@ does not always hold: aiohttp never wakes a body reader after a chunk it could n
 mid-body, so the run waited forever and its thread stayed busy. `IdleBound` holds every
 wait to the adapter's timeout itself, the way the direct route's watchdog does
 (`_http1`): one timer per `seconds`, not per read, since a read only notes when it began.
+A ready client of the app's own, given no adapter timeout, bounds each wait by its own read
+timeout instead (`read_timeout`), or not at all when it has none.
 """
 
 from __future__ import annotations
@@ -15,20 +17,20 @@ from typing import Generic, TypeVar
 
 from copilot_runtime._exceptions import UpstreamTimeoutError
 
-__all__ = ["IdleBound"]
+__all__ = ["IdleBound", "read_timeout"]
 
 _T = TypeVar("_T")
 
 
 class IdleBound(Generic[_T]):
     """`pieces`, each wait for the next one ended after `seconds` by an
-    `UpstreamTimeoutError(silent)`. Time the consumer spends between reads never counts.
-    `close()` (in the consumer's `finally`) drops the timer."""
+    `UpstreamTimeoutError(silent)` (`seconds` None: unbounded). Time the consumer spends
+    between reads never counts. `close()` (in the consumer's `finally`) drops the timer."""
 
     __slots__ = ("_expired", "_loop", "_next", "_seconds", "_silent", "_task", "_timer",
                  "_waiting_since")
 
-    def __init__(self, pieces: AsyncIterator[_T], seconds: float, silent: str) -> None:
+    def __init__(self, pieces: AsyncIterator[_T], seconds: float | None, silent: str) -> None:
         self._next = pieces.__anext__
         self._seconds = seconds
         self._silent = silent
@@ -46,7 +48,7 @@ class IdleBound(Generic[_T]):
     async def __anext__(self) -> _T:
         since = self._waiting_since = self._loop.time()
         task = self._task = asyncio.current_task()
-        if self._timer is None:
+        if self._timer is None and self._seconds is not None:
             self._timer = self._loop.call_at(since + self._seconds, self._check)
         try:
             return await self._next()
@@ -68,7 +70,7 @@ class IdleBound(Generic[_T]):
     def _check(self) -> None:
         self._timer = None
         since = self._waiting_since
-        if since is None or self._task is None:
+        if since is None or self._task is None or self._seconds is None:
             return  # not waiting: the next wait arms the timer again
         deadline = since + self._seconds
         if self._loop.time() >= deadline:
@@ -76,3 +78,12 @@ class IdleBound(Generic[_T]):
             self._task.cancel()
         else:
             self._timer = self._loop.call_at(deadline, self._check)
+
+
+def read_timeout(setting: object) -> float | None:
+    """The read timeout of an SDK client's `timeout` setting, in seconds: the number itself,
+    or a timeout object's `read` (httpx's, the SDKs' own); None when there is none."""
+    read = getattr(setting, "read", setting)
+    if isinstance(read, bool) or not isinstance(read, int | float):
+        return None
+    return float(read)

@@ -58,7 +58,7 @@ from copilot_runtime.adapters._common import (
     text_of,
     usage,
 )
-from copilot_runtime.adapters._idle import IdleBound
+from copilot_runtime.adapters._idle import IdleBound, read_timeout
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -79,6 +79,7 @@ __all__ = ["AnthropicAdapter", "AnthropicStreamParser", "to_anthropic_messages"]
 #: The API requires `max_tokens`; this is used when neither the app nor the client set one.
 DEFAULT_MAX_TOKENS = 4096
 _THINKING_KEPT = 1024
+_DEFAULT_TIMEOUT = 120.0
 _FAILURES = _direct.Failures(
     "Anthropic", "Anthropic request timed out", "Could not reach the Anthropic API",
     "The Anthropic API closed the connection without answering",
@@ -103,6 +104,9 @@ class AnthropicAdapter:
     the run at once with its error (HTTP 429, 529 or 5xx), which says when to try again.
     Through the SDK (`transport="sdk"`) a Retry-After past the bound is not waited for
     either; a ready `client=` keeps its own waits.
+
+    `timeout` (seconds, 120 by default) bounds each wait for the answer. A ready `client=`
+    given no `timeout` keeps its own read timeout (the SDK's default: 600 s).
     """
 
     provider = "anthropic"
@@ -115,7 +119,7 @@ class AnthropicAdapter:
         base_url: str | None = None,
         client: anthropic.AsyncAnthropic | anthropic.AsyncAnthropicBedrock
         | anthropic.AsyncAnthropicVertex | None = None,
-        timeout: float = 120.0,
+        timeout: float | None = None,
         max_retries: int = 2,
         max_retry_wait: float = _direct.DEFAULT_MAX_RETRY_WAIT,
         max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -127,7 +131,11 @@ class AnthropicAdapter:
         self._client = client
         self._api_key = api_key or os.environ.get("ANTHROPIC_API_KEY")
         self._base_url = base_url
-        self._timeout = timeout
+        self._timeout = _DEFAULT_TIMEOUT if timeout is None else timeout
+        #: The bound on each wait through the SDK: a ready client given no timeout keeps
+        #: its own read timeout (None: unbounded), as it did before the adapter bounded waits.
+        self._wait_bound = (read_timeout(getattr(client, "timeout", None))
+                            if client is not None and timeout is None else self._timeout)
         self._max_retries = max_retries
         self._max_retry_wait = _direct.check_max_retry_wait("AnthropicAdapter", max_retry_wait)
         self.max_tokens = max_tokens
@@ -242,7 +250,7 @@ class AnthropicAdapter:
                     options={"headers": {"Content-Type": "application/json"}},
                     stream=True, stream_cls=anthropic.AsyncStream[Any]))
                 # (the SDK's client alone may wait forever: see _idle)
-                pieces = IdleBound(response.aiter_bytes(), self._timeout, _FAILURES.silent)
+                pieces = IdleBound(response.aiter_bytes(), self._wait_bound, _FAILURES.silent)
                 try:
                     async for data in pieces:
                         deltas = parser.feed(data)
@@ -255,7 +263,7 @@ class AnthropicAdapter:
                     await response.aclose()
             else:
                 events = await client.messages.create(**params, stream=True)
-                bounded = IdleBound(aiter(events), self._timeout, _FAILURES.silent)
+                bounded = IdleBound(aiter(events), self._wait_bound, _FAILURES.silent)
                 try:
                     async for event in bounded:
                         deltas = []

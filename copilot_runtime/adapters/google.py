@@ -60,7 +60,7 @@ from copilot_runtime.adapters._common import (
     text_of,
     usage,
 )
-from copilot_runtime.adapters._idle import IdleBound
+from copilot_runtime.adapters._idle import IdleBound, read_timeout
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -92,6 +92,7 @@ _FAILED_REASONS = {
 }
 _SIGNATURES_KEPT = 4096
 _DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com/"
+_DEFAULT_TIMEOUT = 120.0
 # The SDK's defaults (google.genai._api_client): API version, and the retry policy of
 # `HttpRetryOptions`: these statuses and transport failures, exponential waits from 1 s
 # (doubling, plus up to 1 s of jitter, at most 60 s).
@@ -119,6 +120,8 @@ class GoogleGenAIAdapter:
     Gemini's thinking config (``{"include_thoughts": True}`` streams its thought summaries).
     `transport="sdk"` sends through the SDK even when the adapter could send itself, as an
     HTTP proxy in the environment does (the SDK route needs the `google` extra).
+    `timeout` (seconds, 120 by default) bounds each wait for the answer; a ready `client=`
+    given no `timeout` keeps its own `HttpOptions` timeout.
 
     `max_retry_wait` (seconds, 60 by default) bounds the waits between retries: a provider
     that asks for a longer wait (a Retry-After, or its error's `RetryInfo`), or waits that
@@ -135,7 +138,7 @@ class GoogleGenAIAdapter:
         api_key: str | None = None,
         base_url: str | None = None,
         client: genai.Client | None = None,
-        timeout: float = 120.0,
+        timeout: float | None = None,
         max_retries: int = 2,
         max_retry_wait: float = _direct.DEFAULT_MAX_RETRY_WAIT,
         thinking: dict[str, Any] | None = None,
@@ -148,7 +151,11 @@ class GoogleGenAIAdapter:
         self._api_key = (api_key or os.environ.get("GOOGLE_API_KEY")
                          or os.environ.get("GEMINI_API_KEY"))
         self._base_url = base_url
-        self._timeout = timeout
+        self._timeout = _DEFAULT_TIMEOUT if timeout is None else timeout
+        #: The bound on each wait through the SDK: a ready client given no timeout keeps
+        #: its own `HttpOptions` timeout (None: unbounded).
+        self._wait_bound = (_client_timeout(client) if client is not None and timeout is None
+                            else self._timeout)
         self._max_retries = max_retries
         self._max_retry_wait = _direct.check_max_retry_wait("GoogleGenAIAdapter",
                                                            max_retry_wait)
@@ -272,13 +279,13 @@ class GoogleGenAIAdapter:
         try:
             # (bounded for an SDK version that awaits the answer's head here: the SDK's own
             # timeout is not set, see `client`)
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self._wait_bound):
                 # Plain dicts in the SDK's field names: it validates them into its own types.
                 chunks = await self.client.aio.models.generate_content_stream(
                     model=model, contents=cast(Any, contents), config=cast(Any, config))
             # Each wait for a piece bounded here, the first one with the answer's head: the
             # SDK's client alone may wait forever (see _idle).
-            pieces = IdleBound(aiter(chunks), self._timeout, _FAILURES.silent)
+            pieces = IdleBound(aiter(chunks), self._wait_bound, _FAILURES.silent)
             try:
                 while True:
                     try:
@@ -399,6 +406,14 @@ class _GeminiRetries:
 
     def backoff(self, attempt: int) -> float:
         return min(_RETRY_INITIAL * 2.0 ** attempt + random.random(), _RETRY_MAX)
+
+
+def _client_timeout(client: genai.Client) -> float | None:
+    """A ready client's `HttpOptions.timeout` (milliseconds), in seconds."""
+    # (the SDK keeps its options on its private API client; none: read as no timeout)
+    options = getattr(getattr(client, "_api_client", None), "_http_options", None)
+    milliseconds = read_timeout(getattr(options, "timeout", None))
+    return None if milliseconds is None else milliseconds / 1000
 
 
 def _sdk_version() -> str:

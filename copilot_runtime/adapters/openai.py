@@ -35,7 +35,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
-from copilot_runtime.adapters._idle import IdleBound
+from copilot_runtime.adapters._idle import IdleBound, read_timeout
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -55,6 +55,7 @@ _E = TypeVar("_E", bound=BaseException)
 _DEFAULT_BASE_URL = "https://api.openai.com/v1"
 # The SDK gives up rather than wait for a Retry-After above two minutes (see _direct).
 _MAX_RETRY_AFTER = 120.0
+_DEFAULT_TIMEOUT = 120.0
 
 
 class OpenAIAdapter:
@@ -71,6 +72,9 @@ class OpenAIAdapter:
     the run at once with its error (HTTP 429 or 5xx), which says when to try again.
     Through the SDK (`transport="sdk"`) a Retry-After past the bound is not waited for
     either; a ready `client=` keeps its own waits (up to a minute each).
+
+    `timeout` (seconds, 120 by default) bounds each wait for the answer. A ready `client=`
+    given no `timeout` keeps its own read timeout (`AsyncOpenAI(timeout=600)`: 600 s).
     """
 
     provider = "openai"
@@ -82,7 +86,7 @@ class OpenAIAdapter:
         api_key: str | None = None,
         base_url: str | None = None,
         client: openai.AsyncOpenAI | None = None,
-        timeout: float = 120.0,
+        timeout: float | None = None,
         max_retries: int = 2,
         max_retry_wait: float = _direct.DEFAULT_MAX_RETRY_WAIT,
         extra_body: dict[str, Any] | None = None,
@@ -95,7 +99,11 @@ class OpenAIAdapter:
         self._client = client
         self._api_key = api_key or os.environ.get("OPENAI_API_KEY")
         self._base_url = base_url
-        self._timeout = timeout
+        self._timeout = _DEFAULT_TIMEOUT if timeout is None else timeout
+        #: The bound on each wait through the SDK: a ready client given no timeout keeps
+        #: its own read timeout (None: unbounded), as it did before the adapter bounded waits.
+        self._wait_bound = (read_timeout(client.timeout) if client is not None
+                            and timeout is None else self._timeout)
         self._max_retries = max_retries
         self._max_retry_wait = _direct.check_max_retry_wait("OpenAIAdapter", max_retry_wait)
         self._extra_body = extra_body or {}
@@ -208,7 +216,7 @@ class OpenAIAdapter:
                 options={"headers": {"Content-Type": "application/json"}},
                 stream=True, stream_cls=openai.AsyncStream[Any]))
             # (the SDK's client alone may wait forever: see _idle)
-            pieces = IdleBound(response.aiter_bytes(), self._timeout, self._silent())
+            pieces = IdleBound(response.aiter_bytes(), self._wait_bound, self._silent())
             try:
                 parser = ChatCompletionsStreamParser(secrets=secrets)
                 async for data in pieces:
@@ -257,7 +265,9 @@ class OpenAIAdapter:
                 "The OpenAI stream broke off before the answer was complete") from None
 
     def _silent(self) -> str:
-        return f"The OpenAI API sent nothing for {self._timeout:g} s"
+        if self._wait_bound is None:
+            return "OpenAI request timed out"
+        return f"The OpenAI API sent nothing for {self._wait_bound:g} s"
 
 
 _CONNECT_FAILED = "Could not reach the OpenAI API (connection failed)"
