@@ -47,13 +47,21 @@ _SIGNATURE = base64.b64encode(b"mock-thought-signature").decode()
 
 
 
+def _camel(key: str) -> str:
+    """A field name as protobuf's JSON reader takes it: `any_of` is `anyOf` (the SDK writes
+    the proto's own names, the REST documentation the JSON ones; the API reads both)."""
+    head, *rest = key.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
 def _check_schema(schema: Any, where: str) -> None:
     if not isinstance(schema, dict):
         raise Refused(f"Invalid JSON payload received. {where}: expected an object")
     for key in schema:
-        if key not in _SCHEMA_KEYS:
+        if _camel(key) not in _SCHEMA_KEYS:
             raise Refused(f'Invalid JSON payload received. Unknown name "{key}" at '
                            f"'{where}': Cannot find field.")
+    schema = {_camel(key): value for key, value in schema.items()}
     kind = str(schema.get("type", "")).upper()
     if kind and kind not in _TYPES:
         raise Refused(f"{where}.type: invalid value {schema.get('type')!r}")
