@@ -1,0 +1,87 @@
+"""Web-facing defences: crafted transcription forms, CORS with credentials, the demo's origin
+and Host checks, and the caching headers of private answers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from copilot_runtime import CopilotRuntime, create_app
+from copilot_runtime.testing.scripted import ScriptedAdapter
+
+pytestmark = pytest.mark.timeout(30)
+
+_FORM_TYPE = {"content-type": "multipart/form-data; boundary=xx"}
+
+
+class _EchoTranscriber:
+    async def transcribe(self, audio: bytes, *, mime_type: str, filename: str) -> str:
+        return f"{len(audio)} {mime_type} {filename}"
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _form(headers: bytes, payload: bytes = b"AAAA") -> bytes:
+    return b"--xx\r\n" + headers + b"\r\n\r\n" + payload + b"\r\n--xx--\r\n"
+
+
+@pytest.fixture
+async def transcribing() -> AsyncIterator[httpx.AsyncClient]:
+    runtime = CopilotRuntime(service_adapter=ScriptedAdapter(), transcription=_EchoTranscriber())
+    app = create_app(runtime, "/copilotkit")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://t") as client:
+        yield client
+    await runtime.aclose()
+
+
+async def test_a_recording_form_parses(transcribing: httpx.AsyncClient) -> None:
+    body = (b"preamble\r\n--xx\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\nhi\r\n"
+            + _form(b'Content-Disposition: form-data; name="audio"; filename="r\xc3\xa9c.webm"'
+                    b"\r\nContent-Type: audio/webm; codecs=opus", b"\r\n--x" * 1000))
+    response = await transcribing.post("/copilotkit/transcribe", content=body,
+                                       headers=_FORM_TYPE)
+    assert response.status_code == 200, response.text
+    assert response.json()["text"] == "5000 audio/webm; codecs=opus réc.webm"
+    extended = _form(b"Content-Disposition: form-data; name=audio; filename=\"x\"; "
+                     b"filename*=utf-8''%C3%A9.ogg\r\nContent-Transfer-Encoding: base64",
+                     b"QUJD")
+    response = await transcribing.post("/copilotkit/transcribe", content=extended,
+                                       headers=_FORM_TYPE)
+    assert response.json()["text"] == "3  é.ogg"
+
+
+@pytest.mark.parametrize("headers", [
+    # RFC 2047 encoded words and parameters: seconds in the email parser's header code.
+    b'Content-Disposition: form-data; name="audio"; filename="' + b"=?utf-8?q?a?= " * 11_000
+    + b'"\r\nContent-Type: audio/webm',
+    b'Content-Disposition: form-data; name="audio"; filename="a.webm"\r\n'
+    b"Content-Type: audio/webm" + b"; a=b" * 12_000,
+], ids=["encoded-words", "parameters"])
+async def test_crafted_part_headers_are_refused_at_once(transcribing: httpx.AsyncClient,
+                                                        headers: bytes) -> None:
+    started = time.perf_counter()
+    response = await transcribing.post("/copilotkit/transcribe", content=_form(headers),
+                                       headers=_FORM_TYPE)
+    assert time.perf_counter() - started < 0.5
+    assert response.status_code == 400
+    assert response.json()["error"] == "invalid_request"
+
+
+async def test_unclosed_comments_are_no_server_error(transcribing: httpx.AsyncClient) -> None:
+    # Thousands of `(` made the email parser recurse too deep: a 500 with a logged stack.
+    part = _form(b'Content-Disposition: form-data; name="audio"; filename="a.webm" '
+                 + b"(" * 3000 + b"\r\nContent-Type: audio/webm")
+    response = await transcribing.post("/copilotkit/transcribe", content=part,
+                                       headers=_FORM_TYPE)
+    assert response.status_code == 200, response.text
+    assert response.json()["text"] == "4 audio/webm a.webm"
+    response = await transcribing.post(
+        "/copilotkit/transcribe", content=_form(b'Content-Disposition: form-data; name="a"'),
+        headers={"content-type": "multipart/form-data; boundary=xx; " + "(" * 3000})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == "invalid_request"
