@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from copilot_runtime import CopilotRuntime, create_app
+from copilot_runtime import ConfigurationError, CopilotRuntime, CORSPolicy, create_app
 from copilot_runtime.testing.scripted import ScriptedAdapter
 
 pytestmark = pytest.mark.timeout(30)
@@ -85,3 +85,24 @@ async def test_unclosed_comments_are_no_server_error(transcribing: httpx.AsyncCl
         headers={"content-type": "multipart/form-data; boundary=xx; " + "(" * 3000})
     assert response.status_code == 400, response.text
     assert response.json()["error"] == "invalid_request"
+
+
+def test_credentials_need_listed_origins() -> None:
+    # Reflecting every origin (`null` too) with credentials let any site read a signed-in
+    # user's threads: the combination is refused where it is configured.
+    with pytest.raises(ConfigurationError, match="origins listed"):
+        CORSPolicy(allow_credentials=True)
+    with pytest.raises(ConfigurationError):
+        CORSPolicy(origins=("https://app.example", "*"), allow_credentials=True)
+    policy = CORSPolicy(origins=("https://app.example",), allow_credentials=True)
+    for origin in (b"https://evil.example", b"null"):
+        for headers in (policy.headers({b"origin": origin}),
+                        policy.preflight({b"origin": origin,
+                                          b"access-control-request-method": b"GET"})):
+            assert not any(name.startswith(b"access-control-allow-origin")
+                           or name == b"access-control-allow-credentials"
+                           for name, _ in headers)
+    assert (b"access-control-allow-credentials", b"true") in policy.headers(
+        {b"origin": b"https://app.example"})
+    assert (b"access-control-allow-origin", b"null") in CORSPolicy(
+        origins=("null",), allow_credentials=True).headers({b"origin": b"null"})

@@ -29,6 +29,7 @@ from copilot_runtime._exceptions import (
     ApprovalClosedError,
     AuthenticationError,
     ClientDisconnected,
+    ConfigurationError,
     InvalidRequestError,
     JSONTooDeepError,
     PayloadTooLargeError,
@@ -91,19 +92,28 @@ class CORSPolicy:
 
     The default, like the TypeScript runtime's `cors: true`, allows every origin without
     credentials. With `origins`, only those are answered (reflected, with `Vary: Origin`),
-    and `allow_credentials` lets cookies through.
+    and `allow_credentials` lets cookies through: for those origins only, so it needs them
+    listed (`"null"`, the origin of sandboxed and `file:` pages, only when listed too).
+    `origins=()` sends no CORS headers at all: same-origin pages only.
     """
 
     origins: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
     max_age: int = 600
 
+    def __post_init__(self) -> None:
+        if self.allow_credentials and "*" in self.origins:
+            # Reflecting every origin with credentials lets any site act as the signed-in user.
+            raise ConfigurationError(
+                "CORSPolicy(allow_credentials=True) needs the allowed origins listed, e.g. "
+                "CORSPolicy(origins=('https://app.example',), allow_credentials=True); "
+                "'*' cannot be combined with credentials")
+
     def headers(self, request_headers: Mapping[bytes, bytes]) -> Headers:
         origin = request_headers.get(b"origin")
-        if "*" in self.origins and not self.allow_credentials:
+        if "*" in self.origins:  # never with credentials (refused when configured)
             return [(b"access-control-allow-origin", b"*")]
-        if origin is None or ("*" not in self.origins
-                              and origin.decode("latin-1") not in self.origins):
+        if origin is None or origin.decode("latin-1") not in self.origins:
             return [(b"vary", b"Origin")]
         out = [(b"access-control-allow-origin", origin), (b"vary", b"Origin")]
         if self.allow_credentials:
