@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from copilot_runtime import ConfigurationError, CopilotRuntime, CORSPolicy, create_app
+from copilot_runtime.demo_pages import DemoPages, _names_loopback, binds_loopback
 from copilot_runtime.testing.scripted import ScriptedAdapter
 
 pytestmark = pytest.mark.timeout(30)
@@ -106,3 +108,32 @@ def test_credentials_need_listed_origins() -> None:
         {b"origin": b"https://app.example"})
     assert (b"access-control-allow-origin", b"null") in CORSPolicy(
         origins=("null",), allow_credentials=True).headers({b"origin": b"null"})
+
+
+def test_loopback_binds_and_hosts() -> None:
+    assert binds_loopback("127.0.0.1")
+    assert binds_loopback("localhost")
+    assert binds_loopback("::1")
+    assert not binds_loopback("")
+    assert not binds_loopback("0.0.0.0")
+    for host in (b"localhost", b"localhost:8000", b"127.0.0.1:1", b"[::1]:8000", b"LOCALHOST.",
+                 None):
+        assert _names_loopback(host), host
+    for host in (b"rebind.evil.example", b"localhost.evil.example", b"[::2]:80", b"10.0.0.1",
+                 b"127.0.0.1.evil.example", b""):
+        assert not _names_loopback(host), host
+
+
+async def test_demo_pages_refuse_foreign_hosts(tmp_path: Path) -> None:
+    runtime = CopilotRuntime(service_adapter=ScriptedAdapter())
+    app = DemoPages(create_app(runtime, "/copilotkit"), "/copilotkit", tmp_path,
+                    loopback_hosts_only=True)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as ok, \
+            httpx.AsyncClient(transport=transport, base_url="http://rebind.example") as rebound:
+        assert (await ok.get("/copilotkit/info")).status_code == 200
+        refused = await rebound.get("/copilotkit/info")
+        assert refused.status_code == 421
+        assert refused.headers["content-type"].startswith("text/plain")
+        assert (await rebound.get("/")).status_code == 421
+    await runtime.aclose()

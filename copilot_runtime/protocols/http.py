@@ -121,9 +121,12 @@ class CORSPolicy:
         return out
 
     def preflight(self, request_headers: Mapping[bytes, bytes]) -> Headers:
+        allowed = self.headers(request_headers)
+        if allowed[0][0] != b"access-control-allow-origin":
+            return allowed  # an origin not allowed learns nothing of what others may do
         requested = request_headers.get(b"access-control-request-headers")
         return [
-            *self.headers(request_headers),
+            *allowed,
             (b"access-control-allow-methods", b"GET, HEAD, PUT, POST, DELETE, PATCH, OPTIONS"),
             # Reflecting the requested headers lets `Authorization` through, which `*` does not.
             (b"access-control-allow-headers", requested or b"*"),
