@@ -12,7 +12,7 @@ import pytest
 
 from copilot_runtime import ConfigurationError, CopilotRuntime, CORSPolicy, create_app
 from copilot_runtime.demo_pages import DemoPages, _names_loopback, binds_loopback
-from copilot_runtime.testing.scripted import ScriptedAdapter
+from copilot_runtime.testing.scripted import ScriptedAdapter, text_turn
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -136,4 +136,28 @@ async def test_demo_pages_refuse_foreign_hosts(tmp_path: Path) -> None:
         assert refused.status_code == 421
         assert refused.headers["content-type"].startswith("text/plain")
         assert (await rebound.get("/")).status_code == 421
+    await runtime.aclose()
+
+
+async def test_private_answers_are_not_cached_nor_sniffed() -> None:
+    runtime = CopilotRuntime(service_adapter=ScriptedAdapter(text_turn("hello")))
+    app = create_app(runtime, "/copilotkit")
+    query = 'query { loadAgentState(data: {threadId: "t1", agentName: "default"}) { state } }'
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://t") as client:
+        run = await client.post("/copilotkit/agent/default/run", json={
+            "threadId": "t1", "runId": "r1", "state": {}, "tools": [], "context": [],
+            "forwardedProps": {}, "messages": [{"id": "m1", "role": "user", "content": "hi"}]})
+        assert run.status_code == 200
+        for path in ("/threads", "/threads/t1/messages", "/threads/t1/events", "/threads/t1/state",
+                     "/approvals", "/threads/missing/messages"):
+            response = await client.get("/copilotkit" + path)
+            assert response.headers.get_list("cache-control") == ["no-store"], path
+            assert response.headers["x-content-type-options"] == "nosniff", path
+        graphql = await client.get("/copilotkit", params={"query": query})
+        assert graphql.status_code == 200, graphql.text
+        assert graphql.headers["cache-control"] == "no-store"
+        assert graphql.headers["x-content-type-options"] == "nosniff"
+        ready = await client.get("/copilotkit/ready")
+        assert ready.headers.get_list("cache-control") == ["no-store"]
     await runtime.aclose()

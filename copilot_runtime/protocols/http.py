@@ -84,6 +84,10 @@ _SSE_HEADERS: Headers = [
     (b"x-accel-buffering", b"no"),
 ]
 _JSON = (b"content-type", b"application/json")
+#: What every whole answer carries: most are one user's (threads, messages, state,
+#: approvals), so no cache keeps them, and no browser reads them as anything but their type.
+_PRIVATE: Headers = [(b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff")]
+_NOSNIFF: Headers = _PRIVATE[1:]
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,11 +488,14 @@ async def send_bytes(request: Request, status: int, body: bytes,
     large = len(body) >= LARGE_ANSWER
     if large and not _LargeAnswers.take(len(body)):
         raise ServiceUnavailableError(_TOO_MANY_LARGE)
+    headers = list(headers)
+    # A caller's own Cache-Control (a probe's) is kept, not doubled.
+    private = _NOSNIFF if any(name == b"cache-control" for name, _ in headers) else _PRIVATE
     try:
         request.status = status
         await request.send({
             "type": "http.response.start", "status": status,
-            "headers": [*headers, (b"content-length", str(len(body)).encode()),
+            "headers": [*headers, *private, (b"content-length", str(len(body)).encode()),
                         *request.answer_headers],
         })
         await _send_body(request, body, more_body=False)
