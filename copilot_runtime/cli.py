@@ -441,9 +441,14 @@ def main(argv: list[str] | None = None) -> None:
                                                 approval_timeout=args.approval_timeout,
                                                 coordinator=args.coordinator)
             _serve_alone(runtime, 1, "--coordinator redis://... or postgresql://...")
-            from copilot_runtime.demo_pages import DemoPages, pages_note
+            from copilot_runtime.demo_pages import DemoPages, binds_loopback, pages_note
+            from copilot_runtime.protocols.http import CORSPolicy
 
-            app = DemoPages(_to_app(runtime, args.path, args.max_body_size), args.path)
+            runtime_app = _to_app(runtime, args.path, args.max_body_size)
+            # Its pages are same-origin: no CORS, so no other site's page may call it.
+            runtime_app.cors = CORSPolicy(origins=())
+            app = DemoPages(runtime_app, args.path,
+                            loopback_hosts_only=binds_loopback(args.host))
             workflows = sorted(set(runtime.agents) - {"default"})
             missing = None if workflows else missing_workflow_dependency()
             _print_next_steps(args.host, args.port, args.path, model,

@@ -6,13 +6,19 @@ which a wheel built after that carries, so an installed package serves them with
 * `/`: react-core 1.74 with its v2 chat, over AG-UI;
 * `/classic`: react-core and react-ui 1.10.6, over GraphQL;
 
-both at the same origin as the runtime, so no CORS is involved. Without a build, `/` says how
-to make one (and shows the pages as soon as one appears) and the runtime is served as usual.
+both at the same origin as the runtime, so no CORS is involved (the demo sends none: no other
+site's page may call it from a browser). Without a build, `/` says how to make one (and shows
+the pages as soon as one appears) and the runtime is served as usual.
+
+Bound to a loopback address, the demo answers only requests naming a loopback host: a page
+of a name that an attacker's DNS points at 127.0.0.1 (DNS rebinding) gets 421.
 """
 
 from __future__ import annotations
 
 import html
+import ipaddress
+import socket
 from pathlib import Path
 
 from starlette.exceptions import HTTPException
@@ -20,7 +26,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["BUILD_HINT", "DemoPages", "built_pages", "pages_note"]
+__all__ = ["BUILD_HINT", "DemoPages", "binds_loopback", "built_pages", "pages_note"]
 
 PAGES_DIR = Path(__file__).with_name("demo_web")
 BUILD_HINT = "cd web && npm ci && npm run build   (Node.js 20+; ./scripts/demo.sh does it)"
@@ -45,12 +51,47 @@ def pages_note(pages: DemoPages, host: str, port: int) -> str:
             f"http://{host}:{port}/classic (1.10.6, GraphQL)")
 
 
+def binds_loopback(host: str) -> bool:
+    """Whether listening on `host` reaches this machine only (every address it names is a
+    loopback one); `""` (every interface) does not."""
+    if not host:
+        return False
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None,
+                                                               type=socket.SOCK_STREAM)}
+        return all(ipaddress.ip_address(str(address).partition("%")[0]).is_loopback
+                   for address in addresses)
+    except (OSError, ValueError):
+        return False
+
+
+def _names_loopback(host_header: bytes | None) -> bool:
+    """Whether a `Host` names this machine: `localhost` or a loopback address, any port.
+    No `Host` at all passes: a browser always sends one, so no web page sends such a request."""
+    if host_header is None:
+        return True
+    host = host_header.decode("latin-1").strip().lower()
+    name = host[:host.find("]") + 1] if host.startswith("[") else host.partition(":")[0]
+    name = name.rstrip(".")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class DemoPages:
-    """An ASGI app: requests under `runtime_path` go to `app`; the rest are the pages."""
+    """An ASGI app: requests under `runtime_path` go to `app`; the rest are the pages.
+
+    With `loopback_hosts_only`, a request whose `Host` names anything but this machine is
+    answered 421 (a DNS rebinding page's)."""
 
     def __init__(self, app: ASGIApp, runtime_path: str = "/copilotkit",
-                 directory: Path | None = PAGES_DIR) -> None:
+                 directory: Path | None = PAGES_DIR, *,
+                 loopback_hosts_only: bool = False) -> None:
         self.app = app
+        self.loopback_hosts_only = loopback_hosts_only
         self.runtime_path = "/" + runtime_path.strip("/") if runtime_path.strip("/") else ""
         self._candidate = directory
         self.directory: Path | None = None
@@ -67,6 +108,11 @@ class DemoPages:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
+        if scope["type"] == "http" and self.loopback_hosts_only and not _names_loopback(
+                dict(scope.get("headers", ())).get(b"host")):
+            await PlainTextResponse("Misdirected request: this demo answers only requests for "
+                                    "localhost, 127.0.0.1 or [::1]", 421)(scope, receive, send)
+            return
         if scope["type"] != "http" or self._is_runtime(path):
             await self.app(scope, receive, send)
             return

@@ -83,6 +83,24 @@ def test_demo_runs_offline(demo_server: str) -> None:
     assert "offline demo model" in text_of(hello)
 
 
+def test_demo_is_same_origin_and_loopback_only(demo_server: str) -> None:
+    # It answered every Origin with `*` and served any Host: any page the user opened could
+    # read its threads and run its agents, directly or by DNS rebinding.
+    evil = {"origin": "https://evil.example"}
+    threads = httpx2.get(demo_server + "/threads", headers=evil)
+    assert threads.status_code == 200
+    assert "access-control-allow-origin" not in threads.headers
+    preflight = httpx2.options(demo_server + "/agent/default/run", headers={
+        **evil, "access-control-request-method": "POST"})
+    assert not any(name.startswith("access-control-") for name in preflight.headers)
+    port = demo_server.split(":")[2].split("/")[0]
+    rebound = httpx2.get(demo_server + "/threads", headers={"host": f"rebind.evil.example:{port}"})
+    assert rebound.status_code == 421
+    assert "localhost" in rebound.text
+    for host in (f"localhost:{port}", "127.0.0.1", f"[::1]:{port}"):
+        assert httpx2.get(demo_server + "/threads", headers={"host": host}).status_code == 200
+
+
 async def test_demo_runtime_dice_and_frontend_tools(serve_runtime: ServeRuntime) -> None:
     runtime, description = build_demo_runtime()
     assert "offline" in description

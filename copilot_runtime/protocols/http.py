@@ -29,6 +29,7 @@ from copilot_runtime._exceptions import (
     ApprovalClosedError,
     AuthenticationError,
     ClientDisconnected,
+    ConfigurationError,
     InvalidRequestError,
     JSONTooDeepError,
     PayloadTooLargeError,
@@ -83,6 +84,10 @@ _SSE_HEADERS: Headers = [
     (b"x-accel-buffering", b"no"),
 ]
 _JSON = (b"content-type", b"application/json")
+#: What every whole answer carries: most are one user's (threads, messages, state,
+#: approvals), so no cache keeps them, and no browser reads them as anything but their type.
+_PRIVATE: Headers = [(b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff")]
+_NOSNIFF: Headers = _PRIVATE[1:]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,19 +96,28 @@ class CORSPolicy:
 
     The default, like the TypeScript runtime's `cors: true`, allows every origin without
     credentials. With `origins`, only those are answered (reflected, with `Vary: Origin`),
-    and `allow_credentials` lets cookies through.
+    and `allow_credentials` lets cookies through: for those origins only, so it needs them
+    listed (`"null"`, the origin of sandboxed and `file:` pages, only when listed too).
+    `origins=()` sends no CORS headers at all: same-origin pages only.
     """
 
     origins: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
     max_age: int = 600
 
+    def __post_init__(self) -> None:
+        if self.allow_credentials and "*" in self.origins:
+            # Reflecting every origin with credentials lets any site act as the signed-in user.
+            raise ConfigurationError(
+                "CORSPolicy(allow_credentials=True) needs the allowed origins listed, e.g. "
+                "CORSPolicy(origins=('https://app.example',), allow_credentials=True); "
+                "'*' cannot be combined with credentials")
+
     def headers(self, request_headers: Mapping[bytes, bytes]) -> Headers:
         origin = request_headers.get(b"origin")
-        if "*" in self.origins and not self.allow_credentials:
+        if "*" in self.origins:  # never with credentials (refused when configured)
             return [(b"access-control-allow-origin", b"*")]
-        if origin is None or ("*" not in self.origins
-                              and origin.decode("latin-1") not in self.origins):
+        if origin is None or origin.decode("latin-1") not in self.origins:
             return [(b"vary", b"Origin")]
         out = [(b"access-control-allow-origin", origin), (b"vary", b"Origin")]
         if self.allow_credentials:
@@ -111,9 +125,12 @@ class CORSPolicy:
         return out
 
     def preflight(self, request_headers: Mapping[bytes, bytes]) -> Headers:
+        allowed = self.headers(request_headers)
+        if allowed[0][0] != b"access-control-allow-origin":
+            return allowed  # an origin not allowed learns nothing of what others may do
         requested = request_headers.get(b"access-control-request-headers")
         return [
-            *self.headers(request_headers),
+            *allowed,
             (b"access-control-allow-methods", b"GET, HEAD, PUT, POST, DELETE, PATCH, OPTIONS"),
             # Reflecting the requested headers lets `Authorization` through, which `*` does not.
             (b"access-control-allow-headers", requested or b"*"),
@@ -471,11 +488,14 @@ async def send_bytes(request: Request, status: int, body: bytes,
     large = len(body) >= LARGE_ANSWER
     if large and not _LargeAnswers.take(len(body)):
         raise ServiceUnavailableError(_TOO_MANY_LARGE)
+    headers = list(headers)
+    # A caller's own Cache-Control (a probe's) is kept, not doubled.
+    private = _NOSNIFF if any(name == b"cache-control" for name, _ in headers) else _PRIVATE
     try:
         request.status = status
         await request.send({
             "type": "http.response.start", "status": status,
-            "headers": [*headers, (b"content-length", str(len(body)).encode()),
+            "headers": [*headers, *private, (b"content-length", str(len(body)).encode()),
                         *request.answer_headers],
         })
         await _send_body(request, body, more_body=False)
