@@ -362,7 +362,8 @@ def serve(app: Any, workers: int, **options: Any) -> None:
 
 def _has_terminal() -> bool:
     """Whether this process has a controlling terminal: a closed one (its window, its SSH
-    session) is taken from every process of its session before any SIGHUP is delivered."""
+    session) is taken from every process of its session as it hangs up, before the SIGHUP
+    it causes is handled (the supervisor looks at its signals every half second)."""
     try:
         tty = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
     except OSError:
