@@ -24,6 +24,7 @@ import psycopg
 import pytest
 import redis
 
+from copilot_runtime import thread_store
 from copilot_runtime.threads.base import INTERRUPTED_CODE
 from tests.conftest import free_port, parse_sse, run_input
 from tests.test_store_outage import Proxy
@@ -262,12 +263,26 @@ def _on_its_own_terminal(terminal: int) -> None:
 
 async def test_workers_whose_terminal_closes_end_their_streams_and_exit(
         tmp_path: Path, stopped: list[subprocess.Popen[bytes]]) -> None:
-    (tmp_path / "alone_app.py").write_text(
-        "THREADS = 'memory://'\nCOORDINATOR = 'local'\n" + SLOW_APP)
+    with _services() as (threads, coordination):
+        (tmp_path / "shared_app.py").write_text(
+            f"THREADS = {threads!r}\nCOORDINATOR = {coordination!r}\n" + SLOW_APP)
+        await _close_terminal_while_streaming(tmp_path, stopped)
+        store = thread_store(threads)
+        try:
+            record = await store.get("t")
+        finally:
+            await store.aclose()
+        # Before: the worker died with the run open, its end never stored.
+        assert record is not None
+        assert record.runs[-1].events[-1]["code"] == INTERRUPTED_CODE
+
+
+async def _close_terminal_while_streaming(tmp_path: Path,
+                                          stopped: list[subprocess.Popen[bytes]]) -> None:
     port = free_port()
     terminal, line = os.openpty()
     try:
-        process = _serve(tmp_path, "alone_app:runtime", port, "--workers", "2", stdin=line,
+        process = _serve(tmp_path, "shared_app:runtime", port, "--workers", "2", stdin=line,
                          stdout=line, stderr=line,
                          preexec_fn=lambda: _on_its_own_terminal(terminal))
     finally:
