@@ -350,10 +350,42 @@ def serve(app: Any, workers: int, **options: Any) -> None:
     config = uvicorn.Config("copilot_runtime.cli:worker_app", factory=True, workers=workers,
                             **options)
     os.environ[_SUPERVISOR_ENV] = str(os.getpid())
+    _start_resource_tracker_past_hangups()
     supervisor = _Supervisor(config, sockets=[config.bind_socket()])
     supervisor.run()
     if supervisor.failed_to_start:
         sys.exit(STARTUP_FAILURE)
+    if supervisor.hung_up:  # ends as SIGHUP asks, as one process does
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGHUP)
+
+
+def _has_terminal() -> bool:
+    """Whether this process has a controlling terminal: a closed one (its window, its SSH
+    session) is taken from every process of its session as it hangs up, before the SIGHUP
+    it causes is handled (the supervisor looks at its signals every half second)."""
+    try:
+        tty = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False
+    os.close(tty)
+    return True
+
+
+def _start_resource_tracker_past_hangups() -> None:
+    """Start multiprocessing's resource tracker (which each worker's start needs) ignoring
+    SIGHUP: in the terminal's process group, it died of a hangup, and was started again
+    with a warning at the next worker's start."""
+    hangup = getattr(signal, "SIGHUP", None)
+    if hangup is None:
+        return
+    from multiprocessing import resource_tracker
+
+    previous = signal.signal(hangup, signal.SIG_IGN)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.signal(hangup, previous)
 
 
 #: How long the supervisor waits before starting again a worker that could not start, after
@@ -362,16 +394,50 @@ RESTART_BACKOFF_SECONDS = 0.5
 RESTART_BACKOFF_MAX_SECONDS = 15.0
 
 
+class _Worker(Process):
+    """uvicorn's worker process, serving with `_Server`: a SIGHUP (its terminal closed: the
+    whole process group hears it) shuts it down gracefully, where uvicorn's died of it at
+    once, its streams cut without their end and its runs left open."""
+
+    @property
+    def server(self) -> uvicorn.Server:
+        if self._server is None:
+            self._server = _Server(config=self.config)
+        return self._server
+
+
 class _Supervisor(Multiprocess):
-    """uvicorn's supervisor, except that a worker which cannot start, once the server has
-    served, is started again later (with backoff) instead of stopping every worker: a
-    replacement of a dead worker met a coordinator or store briefly away, and uvicorn stopped
-    the healthy workers and their streams, for good. Before any worker served, a startup
-    failure still stops the command (the app or its configuration is broken)."""
+    """uvicorn's supervisor, except that:
+
+    - a worker which cannot start, once the server has served, is started again later (with
+      backoff) instead of stopping every worker: a replacement of a dead worker met a
+      coordinator or store briefly away, and uvicorn stopped the healthy workers and their
+      streams, for good. Before any worker served, a startup failure still stops the command
+      (the app or its configuration is broken);
+    - a SIGHUP once its terminal is gone shuts the server down gracefully: uvicorn restarted
+      the workers, for no one, and starting one wrote to the lost terminal (EIO), which
+      ended the supervisor with a worker left that multiprocessing's exit waited for, for
+      ever, SIGTERM unheard. A SIGHUP with the terminal there, or without one ever (a
+      service), still restarts the workers; one ignored (`nohup`) stays ignored, workers too;
+    - a SIGINT or SIGTERM stops a restart under way (uvicorn heard it only once the restart
+      was done, a worker's startup timeout later for each worker);
+    - whatever ends it, no worker it started is left running.
+    """
 
     def __init__(self, config: uvicorn.Config, sockets: list[socket.socket]) -> None:
+        hangup = getattr(signal, "SIGHUP", None)
+        hangups_ignored = hangup is not None and signal.getsignal(hangup) is signal.SIG_IGN
         super().__init__(config, sockets)
+        if hangup is not None and hangups_ignored:  # inherited by the workers, as ignored
+            signal.signal(hangup, signal.SIG_IGN)
+        for stop in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(stop, self._queue_stop)
         self.failed_to_start = False
+        #: Whether it shut down for a SIGHUP, its terminal gone.
+        self.hung_up = False
+        self._had_terminal = _has_terminal()
+        self._stopping = threading.Event()
+        self._started: list[Process] = []
         self._served = False
         #: The workers that could not start, and when to start each again (a SIGHUP's
         #: restart may replace them first); the wait after that, by slot, if it fails again.
@@ -415,9 +481,59 @@ class _Supervisor(Multiprocess):
                              "%.1f s (the other workers serve on).", process.pid, wait)
 
     def _replace(self, index: int) -> None:
-        process = Process(self.config, self.sockets)
+        self.processes[index] = self._start_worker()
+
+    def _start_worker(self) -> Process:
+        process = _Worker(self.config, self.sockets)
         process.start()
-        self.processes[index] = process
+        self._started = [started for started in self._started if started.exitcode is None]
+        self._started.append(process)
+        return process
+
+    def _queue_stop(self, sig: int, _frame: object) -> None:
+        self.signal_queue.append(sig)
+        self._stopping.set()
+
+    def init_processes(self) -> None:
+        self.processes = [self._start_worker() for _ in range(self.processes_num)]
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            # After an error too: else multiprocessing's exit waits for them, for ever.
+            alive = [process for process in self._started if process.exitcode is None]
+            for process in alive:
+                process.terminate()
+            for process in alive:
+                process.join()
+
+    def handle_hup(self) -> None:
+        if self._had_terminal and not _has_terminal():
+            logger.info("Received SIGHUP, the terminal is gone: exiting.")
+            self.hung_up = True
+            self.should_exit.set()
+            return
+        super().handle_hup()
+
+    def restart_all(self) -> None:
+        """Start a new worker for each, then stop the old one once the new one serves; a
+        new one that does not serve in time ends the restart (the old ones serve on)."""
+        for index, old in enumerate(self.processes):
+            if self._stopping.is_set() or self.should_exit.is_set():
+                return
+            new = self._start_worker()
+            if not new.wait_until_ready(self.config.timeout_worker_healthcheck, self._stopping):
+                if self._stopping.is_set():  # it may serve already: stopped gracefully by `run`
+                    return
+                new.kill()
+                new.join()
+                logger.error("Child process [%s] did not serve in time: the restart stops, "
+                             "worker [%s] serves on.", new.pid, old.pid)
+                return
+            old.terminate()
+            old.join()
+            self.processes[index] = new
 
 
 def die_with_supervisor() -> None:

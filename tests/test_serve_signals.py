@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import os
 import signal
 import subprocess
 import sys
+import termios
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx2
@@ -20,6 +24,7 @@ import psycopg
 import pytest
 import redis
 
+from copilot_runtime import thread_store
 from copilot_runtime.threads.base import INTERRUPTED_CODE
 from tests.conftest import free_port, parse_sse, run_input
 from tests.test_store_outage import Proxy
@@ -68,11 +73,12 @@ def _services() -> Iterator[tuple[str, str]]:
         client.close()
 
 
-def _serve(tmp_path: Path, target: str, port: int) -> subprocess.Popen[bytes]:
+def _serve(tmp_path: Path, target: str, port: int, *options: str,
+           **popen: Any) -> subprocess.Popen[bytes]:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT}:{tmp_path}"}
+    popen = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, **popen}
     return subprocess.Popen([sys.executable, "-m", "copilot_runtime", "serve", target,
-                             "--port", str(port)], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             "--port", str(port), *options], cwd=tmp_path, env=env, **popen)
 
 
 @pytest.fixture
@@ -200,3 +206,115 @@ async def test_a_hangup_shuts_the_server_down_as_sigterm_does(
     _out, err = await asyncio.to_thread(process.communicate, timeout=15)
     assert process.returncode == -signal.SIGHUP, err
     assert b"Traceback" not in err, err
+
+
+def _live(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if Path(f"/proc/{pid}").exists()
+            and b"zombie" not in Path(f"/proc/{pid}/status").read_bytes()]
+
+
+def _descendants(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(child) for child in children] + [
+        grandchild for child in children for grandchild in _descendants(int(child))]
+
+
+async def test_a_hangup_to_the_process_group_of_workers_ends_their_streams_and_restarts_them(
+        tmp_path: Path, stopped: list[subprocess.Popen[bytes]]) -> None:
+    (tmp_path / "alone_app.py").write_text(
+        "THREADS = 'memory://'\nCOORDINATOR = 'local'\n" + SLOW_APP)
+    port = free_port()
+    # No terminal (as a service): its own process group, to which the SIGHUP is sent.
+    process = _serve(tmp_path, "alone_app:runtime", port, "--workers", "2",
+                     start_new_session=True)
+    stopped.append(process)
+    url = f"http://127.0.0.1:{port}/copilotkit"
+    await asyncio.to_thread(_wait_for, url + "/info", process)
+    async with aiohttp.ClientSession() as session:
+        run = await session.post(url + "/agent/default/run", json=run_input("hi", thread="t"))
+        head = await _read_until(run, b"word", 3)
+        os.killpg(process.pid, signal.SIGHUP)
+        # Before: each worker died of it at once, the stream cut mid-event without its end
+        # (aiohttp raises ClientPayloadError).
+        last = parse_sse(head + await run.content.read())[-1]
+        assert (last["type"], last["code"]) == ("RUN_ERROR", INTERRUPTED_CODE)
+    # Without a terminal lost, the supervisor restarts the workers, as uvicorn does.
+    await asyncio.to_thread(_wait_for, url + "/info", process)
+    async with aiohttp.ClientSession() as session:
+        second = await session.post(url + "/agent/default/run",
+                                    json=run_input("hi", thread="t2", run="r2"))
+        assert second.status == 200
+        await _read_until(second, b"word", 1)
+        process.send_signal(signal.SIGTERM)
+        last = parse_sse(await second.content.read())[-1]
+        assert (last["type"], last["code"]) == ("RUN_ERROR", INTERRUPTED_CODE)
+    _out, err = await asyncio.to_thread(process.communicate, timeout=15)
+    assert process.returncode == 0, err
+    assert b"Traceback" not in err, err
+    assert b"resource_tracker" not in err, err  # it no longer dies of the hangup
+
+
+def _on_its_own_terminal(terminal: int) -> None:
+    """In the child: lead a session whose controlling terminal is `terminal` (its stdin)."""
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    os.close(terminal)
+
+
+async def test_workers_whose_terminal_closes_end_their_streams_and_exit(
+        tmp_path: Path, stopped: list[subprocess.Popen[bytes]]) -> None:
+    with _services() as (threads, coordination):
+        (tmp_path / "shared_app.py").write_text(
+            f"THREADS = {threads!r}\nCOORDINATOR = {coordination!r}\n" + SLOW_APP)
+        await _close_terminal_while_streaming(tmp_path, stopped)
+        store = thread_store(threads)
+        try:
+            record = await store.get("t")
+        finally:
+            await store.aclose()
+        # Before: the worker died with the run open, its end never stored.
+        assert record is not None
+        assert record.runs[-1].events[-1]["code"] == INTERRUPTED_CODE
+
+
+async def _close_terminal_while_streaming(tmp_path: Path,
+                                          stopped: list[subprocess.Popen[bytes]]) -> None:
+    port = free_port()
+    terminal, line = os.openpty()
+    try:
+        process = _serve(tmp_path, "shared_app:runtime", port, "--workers", "2", stdin=line,
+                         stdout=line, stderr=line,
+                         preexec_fn=lambda: _on_its_own_terminal(terminal))
+    finally:
+        os.close(line)
+    stopped.append(process)
+    os.set_blocking(terminal, False)
+    url = f"http://127.0.0.1:{port}/copilotkit"
+    try:
+        await asyncio.to_thread(_wait_for, url + "/info", process)
+        async with aiohttp.ClientSession() as session:
+            run = await session.post(url + "/agent/default/run",
+                                     json=run_input("hi", thread="t"))
+            head = await _read_until(run, b"word", 3)
+            with contextlib.suppress(BlockingIOError):
+                while os.read(terminal, 65536):  # what it wrote there, read as a terminal does
+                    pass
+            group = [*_descendants(process.pid), process.pid]
+            # The terminal closes: the system takes it from its session and hangs up its
+            # leader; a shell there passes the SIGHUP on to its job's whole process group.
+            os.close(terminal)
+            terminal = -1
+            os.killpg(process.pid, signal.SIGHUP)
+            # Before: the supervisor restarted the workers, for no one; writing to the lost
+            # terminal as it started one failed, and it stayed, with that worker, for ever.
+            last = parse_sse(head + await run.content.read())[-1]
+        assert (last["type"], last["code"]) == ("RUN_ERROR", INTERRUPTED_CODE)
+        returncode = await asyncio.to_thread(process.wait, timeout=15)
+        assert returncode == -signal.SIGHUP
+        deadline = time.monotonic() + 10
+        while left := _live(group):
+            assert time.monotonic() < deadline, f"processes {left} outlived the terminal"
+            await asyncio.sleep(0.05)
+    finally:
+        if terminal >= 0:
+            os.close(terminal)
