@@ -35,7 +35,7 @@ def test_copies_of_copies_are_refused_quickly_and_leave_the_state_as_it_was() ->
         patched_state(state, _DOUBLING)
     assert apply_state_delta(state, _DOUBLING) is state
     assert state == {"a": [1]}
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 15  # minutes before; 0.2 s here unloaded
 
 
 def test_copies_within_the_allowance_apply() -> None:
@@ -51,7 +51,7 @@ def test_a_large_part_moved_to_and_fro_costs_no_copy() -> None:
              {"op": "move", "from": "/b/a", "path": "/a"}] * 500
     started = time.monotonic()
     assert len(apply_state_delta(state, patch)["a"]) == 10_000
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 15  # minutes before; 0.2 s here unloaded
 
 
 def test_a_patch_past_the_largest_state_does_not_apply() -> None:
