@@ -321,7 +321,9 @@ async def test_a_ready_clients_own_read_timeout_bounds_each_wait(provider: str) 
 @pytest.mark.parametrize("provider", ["openai", "anthropic", "google"])
 @pytest.mark.parametrize(("client_s", "adapter_s", "bound_s"), [
     (600.0, None, 600.0),  # the client's own (AsyncOpenAI(timeout=600)), not 120
-    (None, None, None),    # a client without a read timeout: none
+    # A client without a read timeout (`genai.Client(api_key=...)`, the usual): the
+    # adapter's default, not unbounded (a silent upstream held the run for ever).
+    (None, None, 120.0),
     (600.0, 5.0, 5.0),     # an explicit adapter timeout still applies
 ])
 async def test_the_wait_bound_of_a_ready_client(

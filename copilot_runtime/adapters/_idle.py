@@ -6,7 +6,7 @@ mid-body, so the run waited forever and its thread stayed busy. `IdleBound` hold
 wait to the adapter's timeout itself, the way the direct route's watchdog does
 (`_http1`): one timer per `seconds`, not per read, since a read only notes when it began.
 A ready client of the app's own, given no adapter timeout, bounds each wait by its own read
-timeout instead (`read_timeout`), or not at all when it has none.
+timeout instead (`read_timeout`), or by the adapter's default when it has none.
 """
 
 from __future__ import annotations

@@ -133,9 +133,11 @@ class AnthropicAdapter:
         self._base_url = base_url
         self._timeout = _DEFAULT_TIMEOUT if timeout is None else timeout
         #: The bound on each wait through the SDK: a ready client given no timeout keeps
-        #: its own read timeout (None: unbounded), as it did before the adapter bounded waits.
-        self._wait_bound = (read_timeout(getattr(client, "timeout", None))
-                            if client is not None and timeout is None else self._timeout)
+        #: its own read timeout; one with none the adapter's default (unbounded, a silent
+        #: upstream kept the run and its thread busy for ever).
+        self._wait_bound: float | None = (read_timeout(getattr(client, "timeout", None))
+                                          if client is not None and timeout is None
+                                          else None) or self._timeout
         self._max_retries = max_retries
         self._max_retry_wait = _direct.check_max_retry_wait("AnthropicAdapter", max_retry_wait)
         self.max_tokens = max_tokens

@@ -153,9 +153,10 @@ class GoogleGenAIAdapter:
         self._base_url = base_url
         self._timeout = _DEFAULT_TIMEOUT if timeout is None else timeout
         #: The bound on each wait through the SDK: a ready client given no timeout keeps
-        #: its own `HttpOptions` timeout (None: unbounded).
-        self._wait_bound = (_client_timeout(client) if client is not None and timeout is None
-                            else self._timeout)
+        #: its own `HttpOptions` timeout; one with none (`genai.Client(api_key=...)`, the
+        #: usual) the adapter's default (unbounded, a silent upstream kept the run busy).
+        self._wait_bound: float | None = (_client_timeout(client) if client is not None
+                                          and timeout is None else None) or self._timeout
         self._max_retries = max_retries
         self._max_retry_wait = _direct.check_max_retry_wait("GoogleGenAIAdapter",
                                                            max_retry_wait)
