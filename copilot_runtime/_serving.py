@@ -497,6 +497,12 @@ class _Supervisor(Multiprocess):
     def init_processes(self) -> None:
         self.processes = [self._start_worker() for _ in range(self.processes_num)]
 
+    def handle_ttin(self) -> None:
+        # uvicorn's adds a plain worker: one a hangup kills outright, none reaped at the end.
+        logger.info("Received SIGTTIN, increasing the number of processes.")
+        self.processes_num += 1
+        self.processes.append(self._start_worker())
+
     def run(self) -> None:
         try:
             super().run()

@@ -253,6 +253,34 @@ def _workers(process: subprocess.Popen[bytes], count: int) -> list[str]:
         time.sleep(0.05)
 
 
+def _catches_hangup(pid: str) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) & (1 << (signal.SIGHUP - 1)))
+
+
+def test_a_worker_added_by_sigttin_is_one_of_ours(
+        tmp_path: Path, stopped: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTTIN adds a worker; uvicorn's own added a plain one, which a closed terminal's
+    SIGHUP killed outright (its streams cut) and which nothing reaped at the end."""
+    (tmp_path / "flaky_app.py").write_text(FLAKY_START_APP)
+    port = free_port()
+    process = _command(tmp_path, "serve", "flaky_app:app", "--workers", "2", "--port", str(port))
+    stopped.append(process)
+    first = _workers(process, 2)
+    _wait_for(f"http://127.0.0.1:{port}/", process)
+    process.send_signal(signal.SIGTTIN)
+    added, = set(_workers(process, 3)) - set(first)
+    deadline = time.monotonic() + 20
+    while not _catches_hangup(added):
+        assert time.monotonic() < deadline, "the added worker does not catch SIGHUP"
+        time.sleep(0.1)
+    assert _catches_hangup(first[0])
+    process.send_signal(signal.SIGTERM)
+    _out, err = process.communicate(timeout=15)
+    assert process.returncode == 0, err
+
+
 def test_a_replacement_worker_that_cannot_start_yet_is_started_again_later(
         tmp_path: Path, stopped: list[subprocess.Popen[bytes]]) -> None:
     (tmp_path / "flaky_app.py").write_text(FLAKY_START_APP)
