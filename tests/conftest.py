@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Self
 
 import aiohttp
+import httpx2
 import orjson
 import pytest
 import uvicorn
@@ -322,3 +324,27 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
         terminalreporter.write_line(
             f"vacuumed PostgreSQL's {', '.join(vacuumed.catalogs)} ({vacuumed.dead_rows} "
             f"dead rows) in {vacuumed.seconds:.2f} s")
+
+
+@pytest.fixture
+def stopped() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Server processes a test starts, killed at its end whatever happened."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=10)
+
+
+def wait_for_server(url: str, process: subprocess.Popen[bytes]) -> None:
+    """Until `url` answers (the server `process` started), within 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx2.get(url, timeout=1)
+            return
+        except httpx2.TransportError:
+            assert process.poll() is None, process.communicate(timeout=10)
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)

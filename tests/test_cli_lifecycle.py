@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
@@ -22,7 +22,7 @@ from copilot_runtime import CopilotRuntime
 from copilot_runtime._input import parse_run_input
 from copilot_runtime.events import Event
 from copilot_runtime.threads.base import INTERRUPTED_CODE
-from tests.conftest import GatedAgent, free_port, parse_sse, run_input
+from tests.conftest import GatedAgent, free_port, parse_sse, run_input, wait_for_server
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, merge, parse_multipart, user_turn
 
 pytestmark = pytest.mark.timeout(60)
@@ -69,29 +69,6 @@ def _command(tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-@pytest.fixture
-def stopped() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Processes killed at the end whatever happened."""
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-            process.communicate(timeout=10)
-
-
-def _wait_for(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx2.get(url, timeout=1)
-            return
-        except httpx2.TransportError:
-            assert process.poll() is None, process.communicate(timeout=10)
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.05)
-
-
 @pytest.mark.parametrize("source", [
     # Imports in the supervisor, fails in each worker (an environment only they have).
     'import os\nif os.environ.get("COPILOT_RUNTIME_SERVE"):\n    raise RuntimeError("boom")\n'
@@ -126,7 +103,7 @@ def test_workers_die_with_a_killed_supervisor(tmp_path: Path,
     while len(workers := children.read_text().split()) < 2:
         assert time.monotonic() < deadline, process.communicate(timeout=10)
         time.sleep(0.05)
-    _wait_for(f"http://127.0.0.1:{port}/", process)
+    wait_for_server(f"http://127.0.0.1:{port}/", process)
     os.kill(process.pid, signal.SIGKILL)
     process.communicate(timeout=10)
     deadline = time.monotonic() + 10
@@ -153,7 +130,7 @@ async def test_runs_streaming_at_a_shutdown_end_with_their_interruption(
     process = _command(tmp_path, "serve", "slow_app:runtime", "--port", str(port))
     stopped.append(process)
     url = f"http://127.0.0.1:{port}/copilotkit"
-    await asyncio.to_thread(_wait_for, url + "/info", process)
+    await asyncio.to_thread(wait_for_server, url + "/info", process)
     async with aiohttp.ClientSession() as session:
         agui = await session.post(url + "/agent/default/run", json=run_input("hi", thread="a"))
         graphql = await session.post(url, data=orjson.dumps(
@@ -212,7 +189,7 @@ def test_the_demo_serves_on_when_its_stdout_reader_left(
     assert process.stdout is not None
     process.stdout.close()  # `demo | head -0`
     # Before: "error: cannot start: [Errno 32] Broken pipe", code 2.
-    _wait_for(f"http://127.0.0.1:{port}/copilotkit/info", process)
+    wait_for_server(f"http://127.0.0.1:{port}/copilotkit/info", process)
     process.terminate()
     _out, err = process.communicate(timeout=15)
     assert b"Broken pipe" not in err, err
@@ -268,7 +245,7 @@ def test_a_worker_added_by_sigttin_is_one_of_ours(
     process = _command(tmp_path, "serve", "flaky_app:app", "--workers", "2", "--port", str(port))
     stopped.append(process)
     first = _workers(process, 2)
-    _wait_for(f"http://127.0.0.1:{port}/", process)
+    wait_for_server(f"http://127.0.0.1:{port}/", process)
     process.send_signal(signal.SIGTTIN)
     added, = set(_workers(process, 3)) - set(first)
     deadline = time.monotonic() + 20
@@ -288,7 +265,7 @@ def test_a_replacement_worker_that_cannot_start_yet_is_started_again_later(
     process = _command(tmp_path, "serve", "flaky_app:app", "--workers", "2", "--port", str(port))
     stopped.append(process)
     first = _workers(process, 2)
-    _wait_for(f"http://127.0.0.1:{port}/", process)
+    wait_for_server(f"http://127.0.0.1:{port}/", process)
     time.sleep(1)  # the supervisor saw them serve
     (tmp_path / "unreachable").touch()
     os.kill(int(first[0]), signal.SIGKILL)

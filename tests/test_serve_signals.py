@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx2
 import psycopg
 import pytest
 import redis
 
 from copilot_runtime import thread_store
 from copilot_runtime.threads.base import INTERRUPTED_CODE
-from tests.conftest import free_port, parse_sse, run_input
+from tests.conftest import free_port, parse_sse, run_input, wait_for_server
 from tests.test_store_outage import Proxy
 
 pytestmark = pytest.mark.timeout(60)
@@ -81,29 +80,6 @@ def _serve(tmp_path: Path, target: str, port: int, *options: str,
                              "--port", str(port), *options], cwd=tmp_path, env=env, **popen)
 
 
-@pytest.fixture
-def stopped() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Processes killed at the end whatever happened."""
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-            process.communicate(timeout=10)
-
-
-def _wait_for(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx2.get(url, timeout=1)
-            return
-        except httpx2.TransportError:
-            assert process.poll() is None, process.communicate(timeout=10)
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.05)
-
-
 async def _read_until(response: aiohttp.ClientResponse, marker: bytes, count: int = 1) -> bytes:
     body = b""
     while body.count(marker) < count:
@@ -121,7 +97,7 @@ async def test_a_stream_following_a_run_of_another_server_ends_at_once_at_shutdo
         stopped.extend((driver, follower))
         urls = [f"http://127.0.0.1:{port}/copilotkit" for port in ports]
         for url, process in zip(urls, (driver, follower), strict=True):
-            await asyncio.to_thread(_wait_for, url + "/info", process)
+            await asyncio.to_thread(wait_for_server, url + "/info", process)
         async with aiohttp.ClientSession() as session:
             run = await session.post(urls[0] + "/agent/default/run",
                                      json=run_input("hi", thread="t"))
@@ -159,7 +135,7 @@ async def test_runs_streaming_at_a_shutdown_while_their_store_is_away_end_at_onc
         process = _serve(tmp_path, "away_app:runtime", port)
         stopped.append(process)
         url = f"http://127.0.0.1:{port}/copilotkit"
-        await asyncio.to_thread(_wait_for, url + "/info", process)
+        await asyncio.to_thread(wait_for_server, url + "/info", process)
         async with aiohttp.ClientSession() as session:
             runs = [await session.post(url + "/agent/default/run",
                                        json=run_input("hi", thread=f"t{i}")) for i in range(2)]
@@ -195,7 +171,7 @@ async def test_a_hangup_shuts_the_server_down_as_sigterm_does(
     process = _serve(tmp_path, "alone_app:runtime", port)
     stopped.append(process)
     url = f"http://127.0.0.1:{port}/copilotkit"
-    await asyncio.to_thread(_wait_for, url + "/info", process)
+    await asyncio.to_thread(wait_for_server, url + "/info", process)
     async with aiohttp.ClientSession() as session:
         run = await session.post(url + "/agent/default/run", json=run_input("hi", thread="t"))
         head = await _read_until(run, b"word", 3)
@@ -229,7 +205,7 @@ async def test_a_hangup_to_the_process_group_of_workers_ends_their_streams_and_r
                      start_new_session=True)
     stopped.append(process)
     url = f"http://127.0.0.1:{port}/copilotkit"
-    await asyncio.to_thread(_wait_for, url + "/info", process)
+    await asyncio.to_thread(wait_for_server, url + "/info", process)
     async with aiohttp.ClientSession() as session:
         run = await session.post(url + "/agent/default/run", json=run_input("hi", thread="t"))
         head = await _read_until(run, b"word", 3)
@@ -239,7 +215,7 @@ async def test_a_hangup_to_the_process_group_of_workers_ends_their_streams_and_r
         last = parse_sse(head + await run.content.read())[-1]
         assert (last["type"], last["code"]) == ("RUN_ERROR", INTERRUPTED_CODE)
     # Without a terminal lost, the supervisor restarts the workers, as uvicorn does.
-    await asyncio.to_thread(_wait_for, url + "/info", process)
+    await asyncio.to_thread(wait_for_server, url + "/info", process)
     async with aiohttp.ClientSession() as session:
         second = await session.post(url + "/agent/default/run",
                                     json=run_input("hi", thread="t2", run="r2"))
@@ -291,7 +267,7 @@ async def _close_terminal_while_streaming(tmp_path: Path,
     os.set_blocking(terminal, False)
     url = f"http://127.0.0.1:{port}/copilotkit"
     try:
-        await asyncio.to_thread(_wait_for, url + "/info", process)
+        await asyncio.to_thread(wait_for_server, url + "/info", process)
         async with aiohttp.ClientSession() as session:
             run = await session.post(url + "/agent/default/run",
                                      json=run_input("hi", thread="t"))
