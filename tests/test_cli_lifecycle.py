@@ -206,6 +206,7 @@ async def app(scope, receive, send):
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup" and Path("unreachable").exists():
+                Path("refused").touch()  # (the test waits for a start that failed)
                 await send({"type": "lifespan.startup.failed", "message": "away"})
                 return
             await send({"type": message["type"] + ".complete"})
@@ -266,10 +267,14 @@ def test_a_replacement_worker_that_cannot_start_yet_is_started_again_later(
     stopped.append(process)
     first = _workers(process, 2)
     wait_for_server(f"http://127.0.0.1:{port}/", process)
-    time.sleep(1)  # the supervisor saw them serve
+    time.sleep(4)  # the supervisor saw them serve (it checks every 0.5 s; slower loaded)
     (tmp_path / "unreachable").touch()
     os.kill(int(first[0]), signal.SIGKILL)
-    time.sleep(2)  # its replacement failed to start (before: every worker stopped, code 3)
+    deadline = time.monotonic() + 20  # a loaded machine starts a worker slowly
+    while not (tmp_path / "refused").exists():
+        assert time.monotonic() < deadline, "no replacement tried to start"
+        time.sleep(0.1)
+    time.sleep(1)  # its replacement failed to start (before: every worker stopped, code 3)
     assert process.poll() is None, process.communicate(timeout=10)
     assert httpx2.get(f"http://127.0.0.1:{port}/", timeout=2).text == "ok"
     (tmp_path / "unreachable").unlink()
