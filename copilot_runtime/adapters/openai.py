@@ -568,16 +568,17 @@ class ChatCompletionsStreamParser:
                     continue
                 delta = choice.delta
                 if delta is not None:
-                    if delta.content:
-                        append(make(TextDelta, (delta.content,)))
+                    if content := delta.content:
+                        append(make(TextDelta, (content,)))
                     elif delta.refusal:  # the user reads it as the answer, as in ChatGPT
                         append(make(TextDelta, (delta.refusal,)))
-                    for call in delta.tool_calls or ():
-                        function = call.function
-                        append(ToolCallDelta(
-                            self._call(call.index, call.id), call.id,
-                            function.name if function else None,
-                            (function.arguments or "") if function else ""))
+                    if tool_calls := delta.tool_calls:  # (no empty loop per text piece)
+                        for call in tool_calls:
+                            function = call.function
+                            append(ToolCallDelta(
+                                self._call(call.index, call.id), call.id,
+                                function.name if function else None,
+                                (function.arguments or "") if function else ""))
                 if choice.finish_reason:
                     self.finish_reason = choice.finish_reason
 
