@@ -453,6 +453,35 @@ _CUT_SHORT = "The OpenAI stream ended before the answer was complete"
 _DATA_LINE = re.compile(rb"^data:(.*)$", re.MULTILINE)
 
 
+_DONE_EVENT = b"data: [DONE]"
+
+
+def _plain_chunks(block: bytes) -> list[_Chunk] | None:
+    """The chunks of `block` when it is the stream as OpenAI writes it (`data: <json>`
+    events and nothing else, `data: [DONE]` last if at all), decoded without a regex pass
+    over the block; None for anything else, which `feed` then reads line by line.
+
+    The same chunks as the line-by-line reading: every line is a `data: ` line, and the
+    block decodes as one JSON array of their payloads only when no payload is `[DONE]`
+    (not JSON), so the stream's first `[DONE]` is its last line.
+    """
+    if block.endswith(_DONE_EVENT):
+        if len(block) == len(_DONE_EVENT):
+            return []
+        if not block.endswith(b"\n\n" + _DONE_EVENT):
+            return None
+        block = block[:-len(_DONE_EVENT) - 2]
+    if not block.startswith(b"data: "):
+        return None
+    inner = block[6:].replace(b"\n\ndata: ", b",")
+    if b"\n" in inner:  # another kind of line (a comment, `event:`, `data:` unspaced)
+        return None
+    try:
+        return _CHUNKS.decode(b"[" + inner + b"]")
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+        return None  # said as the line-by-line reading says it
+
+
 def _done_line(block: bytes) -> int:
     """Where the `data: [DONE]` line starts in `block`, or -1.
 
@@ -500,6 +529,15 @@ class ChatCompletionsStreamParser:
         block = self._held.events(data)
         if block is None:
             return []
+        out: list[ChatDelta] = []
+        chunks = _plain_chunks(block)
+        if chunks is not None:
+            if chunks:
+                self._chunks(chunks, out)
+            if block.endswith(_DONE_EVENT):
+                self.done = True
+                out.append(StreamEnd(self.finish_reason, self.usage))
+            return out
         done = _done_line(block)
         if done >= 0:
             self.done = True
@@ -507,7 +545,6 @@ class ChatCompletionsStreamParser:
         # One regex call, not a loop over lines: comments, `event:` lines and separators
         # are simply not matched.
         payloads = _DATA_LINE.findall(block)
-        out: list[ChatDelta] = []
         if payloads:
             try:
                 chunks = _CHUNKS.decode(b"[" + b",".join(payloads) + b"]")
@@ -568,16 +605,17 @@ class ChatCompletionsStreamParser:
                     continue
                 delta = choice.delta
                 if delta is not None:
-                    if delta.content:
-                        append(make(TextDelta, (delta.content,)))
+                    if content := delta.content:
+                        append(make(TextDelta, (content,)))
                     elif delta.refusal:  # the user reads it as the answer, as in ChatGPT
                         append(make(TextDelta, (delta.refusal,)))
-                    for call in delta.tool_calls or ():
-                        function = call.function
-                        append(ToolCallDelta(
-                            self._call(call.index, call.id), call.id,
-                            function.name if function else None,
-                            (function.arguments or "") if function else ""))
+                    if tool_calls := delta.tool_calls:  # (no empty loop per text piece)
+                        for call in tool_calls:
+                            function = call.function
+                            append(ToolCallDelta(
+                                self._call(call.index, call.id), call.id,
+                                function.name if function else None,
+                                (function.arguments or "") if function else ""))
                 if choice.finish_reason:
                     self.finish_reason = choice.finish_reason
 

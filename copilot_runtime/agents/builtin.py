@@ -55,6 +55,7 @@ from copilot_runtime.agents._shared_state import (
 )
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.events import (
+    TEXT_MESSAGE_CONTENT,
     Event,
     EventBatches,
     LastBatch,
@@ -62,7 +63,6 @@ from copilot_runtime.events import (
     reasoning_content,
     reasoning_end,
     reasoning_start,
-    text_message_content,
     text_message_end,
     text_message_start,
     tool_call_args,
@@ -151,8 +151,11 @@ class _Answer:
                         continue  # text after tool calls: not shown by any client
                     batch.append(text_message_start(message_id))
                     text_open = True
-                text.append(delta.text)
-                batch.append(text_message_content(message_id, delta.text))
+                piece = delta.text
+                text.append(piece)
+                # `text_message_content`, without a call per piece
+                batch.append({"type": TEXT_MESSAGE_CONTENT, "messageId": message_id,
+                              "delta": piece})
             elif type(delta) is ToolCallDelta:
                 call = by_index.get(delta.call_index)
                 if call is None:

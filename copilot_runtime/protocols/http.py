@@ -514,8 +514,10 @@ def encode_sse(batch: Sequence[Event], first: int | None = None) -> bytes:
         return b"data: " + b"\n\ndata: ".join([dumps(e) for e in batch]) + b"\n\n"
     if len(batch) == 1:
         return b"id: %d\ndata: %b\n\n" % (first, dumps(batch[0]))
-    return b"".join([b"id: %d\ndata: %b\n\n" % (first + i, dumps(e))
-                     for i, e in enumerate(batch)])
+    # (positions and encodings paired by zip in C: no index arithmetic per event)
+    return b"".join([b"id: %d\ndata: %b\n\n" % pair
+                     for pair in zip(range(first, first + len(batch)), map(dumps, batch),
+                                     strict=True)])
 
 
 def encode_positioned(items: Sequence[Positioned]) -> bytes:
