@@ -29,10 +29,10 @@ pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: An agent that streams a word every 50 ms for a minute.
-SLOW_APP = """
+#: An agent that streams a word every 50 ms for a minute (`Slow`), and an app of it.
+SLOW_AGENT = """
 import asyncio
-from copilot_runtime import Agent, CopilotRuntime
+from copilot_runtime import Agent, CopilotRuntime, coordinator, thread_store
 from copilot_runtime import events as ev
 
 class Slow(Agent):
@@ -45,7 +45,8 @@ class Slow(Agent):
             yield [ev.text_message_content("m-" + run_id, "word ")]
             await asyncio.sleep(0.05)
         yield [ev.text_message_end("m-" + run_id)]
-
+"""
+SLOW_APP = SLOW_AGENT + """
 runtime = CopilotRuntime(agents={"default": Slow()})
 """
 

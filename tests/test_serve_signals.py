@@ -26,6 +26,7 @@ import redis
 from copilot_runtime import thread_store
 from copilot_runtime.threads.base import INTERRUPTED_CODE
 from tests.conftest import free_port, parse_sse, run_input, wait_for_server
+from tests.test_cli_lifecycle import SLOW_AGENT
 from tests.test_store_outage import Proxy
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,22 +37,7 @@ REDIS = "redis://127.0.0.1:6379/0"
 
 #: An agent that streams a word every 50 ms for a minute, its threads in `THREADS`,
 #: coordinated through `COORDINATOR` (both filled in).
-SLOW_APP = """
-import asyncio
-from copilot_runtime import Agent, CopilotRuntime, coordinator, thread_store
-from copilot_runtime import events as ev
-
-class Slow(Agent):
-    def run(self, input, context):
-        return self._run(input.run_id)
-
-    async def _run(self, run_id):
-        yield [ev.text_message_start("m-" + run_id)]
-        for _ in range(1200):
-            yield [ev.text_message_content("m-" + run_id, "word ")]
-            await asyncio.sleep(0.05)
-        yield [ev.text_message_end("m-" + run_id)]
-
+SLOW_APP = SLOW_AGENT + """
 runtime = CopilotRuntime(agents={"default": Slow()}, thread_store=thread_store(THREADS),
                          coordinator=coordinator(COORDINATOR))
 """
