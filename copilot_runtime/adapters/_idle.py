@@ -17,9 +17,12 @@ from typing import Generic, TypeVar
 
 from copilot_runtime._exceptions import UpstreamTimeoutError
 
-__all__ = ["IdleBound", "read_timeout"]
+__all__ = ["DEFAULT_TIMEOUT", "IdleBound", "read_timeout", "wait_bound"]
 
 _T = TypeVar("_T")
+
+#: An adapter's timeout when none is given, in seconds: the bound on each wait.
+DEFAULT_TIMEOUT = 120.0
 
 
 class IdleBound(Generic[_T]):
@@ -87,3 +90,12 @@ def read_timeout(setting: object) -> float | None:
     if isinstance(read, bool) or not isinstance(read, int | float):
         return None
     return float(read)
+
+
+def wait_bound(timeout: float | None, client_timeout: float | None) -> float:
+    """The bound on each wait through an SDK: the adapter's `timeout` when given, else a
+    ready client's own read timeout, else `DEFAULT_TIMEOUT` (never none: a silent upstream
+    kept the run and its thread busy for ever)."""
+    if timeout is not None:
+        return timeout
+    return DEFAULT_TIMEOUT if client_timeout is None else client_timeout

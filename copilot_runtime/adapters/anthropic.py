@@ -58,7 +58,7 @@ from copilot_runtime.adapters._common import (
     text_of,
     usage,
 )
-from copilot_runtime.adapters._idle import IdleBound, read_timeout
+from copilot_runtime.adapters._idle import DEFAULT_TIMEOUT, IdleBound, read_timeout, wait_bound
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -79,7 +79,6 @@ __all__ = ["AnthropicAdapter", "AnthropicStreamParser", "to_anthropic_messages"]
 #: The API requires `max_tokens`; this is used when neither the app nor the client set one.
 DEFAULT_MAX_TOKENS = 4096
 _THINKING_KEPT = 1024
-_DEFAULT_TIMEOUT = 120.0
 _FAILURES = _direct.Failures(
     "Anthropic", "Anthropic request timed out", "Could not reach the Anthropic API",
     "The Anthropic API closed the connection without answering",
@@ -131,13 +130,9 @@ class AnthropicAdapter:
         self._client = client
         self._api_key = api_key or os.environ.get("ANTHROPIC_API_KEY")
         self._base_url = base_url
-        self._timeout = _DEFAULT_TIMEOUT if timeout is None else timeout
-        #: The bound on each wait through the SDK: a ready client given no timeout keeps
-        #: its own read timeout; one with none the adapter's default (unbounded, a silent
-        #: upstream kept the run and its thread busy for ever).
-        self._wait_bound: float | None = (read_timeout(getattr(client, "timeout", None))
-                                          if client is not None and timeout is None
-                                          else None) or self._timeout
+        self._timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        self._wait_bound = wait_bound(
+            timeout, None if client is None else read_timeout(getattr(client, "timeout", None)))
         self._max_retries = max_retries
         self._max_retry_wait = _direct.check_max_retry_wait("AnthropicAdapter", max_retry_wait)
         self.max_tokens = max_tokens

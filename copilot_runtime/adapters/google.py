@@ -60,7 +60,7 @@ from copilot_runtime.adapters._common import (
     text_of,
     usage,
 )
-from copilot_runtime.adapters._idle import IdleBound, read_timeout
+from copilot_runtime.adapters._idle import DEFAULT_TIMEOUT, IdleBound, read_timeout, wait_bound
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -92,7 +92,6 @@ _FAILED_REASONS = {
 }
 _SIGNATURES_KEPT = 4096
 _DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com/"
-_DEFAULT_TIMEOUT = 120.0
 # The SDK's defaults (google.genai._api_client): API version, and the retry policy of
 # `HttpRetryOptions`: these statuses and transport failures, exponential waits from 1 s
 # (doubling, plus up to 1 s of jitter, at most 60 s).
@@ -151,12 +150,9 @@ class GoogleGenAIAdapter:
         self._api_key = (api_key or os.environ.get("GOOGLE_API_KEY")
                          or os.environ.get("GEMINI_API_KEY"))
         self._base_url = base_url
-        self._timeout = _DEFAULT_TIMEOUT if timeout is None else timeout
-        #: The bound on each wait through the SDK: a ready client given no timeout keeps
-        #: its own `HttpOptions` timeout; one with none (`genai.Client(api_key=...)`, the
-        #: usual) the adapter's default (unbounded, a silent upstream kept the run busy).
-        self._wait_bound: float | None = (_client_timeout(client) if client is not None
-                                          and timeout is None else None) or self._timeout
+        self._timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        self._wait_bound = wait_bound(timeout,
+                                      None if client is None else _client_timeout(client))
         self._max_retries = max_retries
         self._max_retry_wait = _direct.check_max_retry_wait("GoogleGenAIAdapter",
                                                            max_retry_wait)

@@ -35,7 +35,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
-from copilot_runtime.adapters._idle import IdleBound, read_timeout
+from copilot_runtime.adapters._idle import DEFAULT_TIMEOUT, IdleBound, read_timeout, wait_bound
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -55,7 +55,6 @@ _E = TypeVar("_E", bound=BaseException)
 _DEFAULT_BASE_URL = "https://api.openai.com/v1"
 # The SDK gives up rather than wait for a Retry-After above two minutes (see _direct).
 _MAX_RETRY_AFTER = 120.0
-_DEFAULT_TIMEOUT = 120.0
 
 
 class OpenAIAdapter:
@@ -99,12 +98,9 @@ class OpenAIAdapter:
         self._client = client
         self._api_key = api_key or os.environ.get("OPENAI_API_KEY")
         self._base_url = base_url
-        self._timeout = _DEFAULT_TIMEOUT if timeout is None else timeout
-        #: The bound on each wait through the SDK: a ready client given no timeout keeps
-        #: its own read timeout; one with none the adapter's default (unbounded, a silent
-        #: upstream kept the run and its thread busy for ever).
-        self._wait_bound: float | None = (read_timeout(client.timeout) if client is not None
-                                          and timeout is None else None) or self._timeout
+        self._timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        self._wait_bound = wait_bound(
+            timeout, None if client is None else read_timeout(client.timeout))
         self._max_retries = max_retries
         self._max_retry_wait = _direct.check_max_retry_wait("OpenAIAdapter", max_retry_wait)
         self._extra_body = extra_body or {}
@@ -266,8 +262,6 @@ class OpenAIAdapter:
                 "The OpenAI stream broke off before the answer was complete") from None
 
     def _silent(self) -> str:
-        if self._wait_bound is None:
-            return "OpenAI request timed out"
         return f"The OpenAI API sent nothing for {self._wait_bound:g} s"
 
 
