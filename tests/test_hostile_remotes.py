@@ -540,6 +540,170 @@ def test_sse_decoder_joins_a_long_frame_once(monkeypatch: pytest.MonkeyPatch) ->
     assert len(orjson.loads(got[0])["value"]) == size
 
 
+def test_sse_decoder_ends_a_line_at_a_lone_cr_at_once() -> None:
+    """A CR alone ends a line (the SSE spec allows CR, LF and CRLF): one at the end of a
+    read ended nothing until the next read, so a stream of `\\r\\r` frames held its last
+    event back (forever while the remote kept its stream open). An LF that opens the next
+    read is the end of that CRLF, not a blank line of its own."""
+    frames = b"".join(b'data: {"type":"%d"}\r\r' % n for n in range(3))
+    assert SSEDecoder().feed(frames) == [b'{"type":"%d"}' % n for n in range(3)]
+    decoder = SSEDecoder()
+    assert decoder.feed(b'data: {"type":"A"}\r') == []
+    assert decoder.feed(b"\r") == [b'{"type":"A"}']
+    assert decoder.feed(b'\ndata: {"type":"B"}\r') == []  # (the CRLF's LF: no empty line)
+    assert decoder.feed(b"\ndata: 2\r\n") == []
+    assert decoder.feed(b"\r\n") == [b'{"type":"B"}\n2']
+    assert not decoder.pending()
+
+
+def test_sse_decoder_close_gives_a_last_frame_without_its_blank_line() -> None:
+    """A stream that ends `data: {...}\\n` (no blank line after its last frame): the clients
+    read that frame at the end of the stream; the decoder dropped it."""
+    decoder = SSEDecoder()
+    assert decoder.feed(b'data: {"type":"A"}\n\ndata: {"type":"B"}\n') == [b'{"type":"A"}']
+    assert decoder.close() == [b'{"type":"B"}']
+    assert decoder.close() == []
+    assert SSEDecoder().close() == []
+    lone = SSEDecoder()
+    assert lone.feed(b'id: 3\ndata: {"type":"C"}\r') == []
+    assert lone.close() == [b'{"type":"C"}']
+
+
+def test_sse_decoder_skips_one_leading_bom() -> None:
+    """A UTF-8 byte order mark before the first frame made its `data:` line unknown: the
+    run's first event was lost. One is skipped, even split across reads; a second is not."""
+    bom = b"\xef\xbb\xbf"
+    assert SSEDecoder().feed(bom + b'data: {"type":"A"}\n\n') == [b'{"type":"A"}']
+    decoder = SSEDecoder()
+    assert feed_all(decoder, [bom[:1], bom[1:2], bom[2:] + b'data: {"type":"A"}\n\n']) == [
+        b'{"type":"A"}']
+    assert SSEDecoder().feed(bom + bom + b'data: {"type":"A"}\n\n') == []
+
+
+def test_the_events_before_a_bad_one_in_a_read_are_passed_on() -> None:
+    """The good events decoded from the same read as a bad one were dropped with it: what
+    the client saw depended on how the network split the stream. They are returned, and
+    the error kept for the caller to raise after them; anything after a terminal event is
+    not part of the run, a bad frame included."""
+    checker = RemoteEventChecker("Remote agent 'r'")
+    good = [orjson.dumps(event) for event in (STARTED, START, CONTENT)]
+    assert checker.payloads([*good, b'{"type": BROKEN']) == [STARTED, START, CONTENT]
+    assert checker.failure is not None
+    assert checker.failure.message.startswith("Remote agent 'r' sent an event that is not "
+                                              "valid JSON")
+    with pytest.raises(UpstreamError, match="not valid JSON"):
+        checker.payloads([orjson.dumps(END)])
+    checker = RemoteEventChecker("Remote agent 'r'")
+    assert checker.payloads([orjson.dumps(STARTED), orjson.dumps(END)]) == [STARTED]
+    assert checker.failure is not None
+    assert "TEXT_MESSAGE_END" in checker.failure.message
+    checker = RemoteEventChecker("Remote agent 'r'")
+    assert checker.payloads([orjson.dumps(STARTED), orjson.dumps(FINISHED), b"{"]) == [
+        STARTED, FINISHED]
+    assert checker.failure is None
+
+
+_FRAMES = [sse(STARTED), sse(START), sse(CONTENT), sse(END), sse(FINISHED)]
+_QUOTA = b'{"message": "Agent quota exhausted for tenant acme"}'
+_BROKEN = b'data: {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": "hi", BROKEN\n\n'
+
+
+class _Wire:
+    """One way of writing an answer: its status, content type, the writes (each flushed,
+    then a short pause, so each is a read of its own) and how long the stream stays open
+    after them."""
+
+    def __init__(self, writes: list[bytes], *, status: int = 200,
+                 content_type: str = "text/event-stream", open_for: float = 0) -> None:
+        self.writes, self.status, self.content_type = writes, status, content_type
+        self.open_for = open_for
+
+
+WIRES: dict[str, _Wire] = {
+    "lone-cr-close": _Wire([b"".join(f.replace(b"\n\n", b"\r\r") for f in _FRAMES)]),
+    "lone-cr-open": _Wire([b"".join(f.replace(b"\n\n", b"\r\r") for f in _FRAMES)],
+                          open_for=10),
+    "last-frame-no-blank-line": _Wire([b"".join(_FRAMES)[:-1]]),
+    "bom": _Wire([b"\xef\xbb\xbf" + b"".join(_FRAMES[1:])]),
+    "mixed-case-type": _Wire([b"".join(_FRAMES)], content_type="Text/Event-Stream"),
+    "bad-frame-one-read": _Wire([b"".join(_FRAMES[:3]) + _BROKEN]),
+    "bad-frame-own-read": _Wire([*_FRAMES[:3], _BROKEN]),
+    "error-body-in-two-reads": _Wire([_QUOTA[:20], _QUOTA[20:]], status=429,
+                                     content_type="application/json"),
+}
+
+
+class _WireServer(LoopbackServer):
+    """`POST /w/{name}` answers `WIRES[name]` as it is written there."""
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/w/{name}", self._answer)
+
+    def url(self, name: str) -> str:
+        return f"http://{self.host}:{self.port}/w/{name}"
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        wire = WIRES[request.match_info["name"]]
+        response = web.StreamResponse(status=wire.status,
+                                      headers={"Content-Type": wire.content_type})
+        await response.prepare(request)
+        try:
+            for write in wire.writes:
+                await response.write(write)
+                await asyncio.sleep(0.02)
+            if wire.open_for and not await pause(request, wire.open_for):
+                return response
+            await response.write_eof()
+        except ConnectionResetError:  # (the runtime left first: a run it failed)
+            pass
+        return response
+
+
+async def _wire_run(name: str, serve_runtime: ServeRuntime) -> list[Json]:
+    async with _WireServer() as server, serve_runtime(CopilotRuntime(agents={
+            name: HttpAgent(server.url(name), timeouts=Timeouts(read=20, total=30))})) as served:
+        return await served.run(run_input("hello", thread=f"t-{name}"), agent=name)
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize("name", ["lone-cr-close", "lone-cr-open", "last-frame-no-blank-line",
+                                  "bom", "mixed-case-type"])
+async def test_a_remotes_valid_sse_variants_are_relayed_whole(
+        name: str, serve_runtime: ServeRuntime) -> None:
+    """Each failed or lost events before: lone-CR line ends (the last event held back, the
+    run hanging while the stream stayed open), a last frame without its blank line (the run
+    failed), a leading BOM (the first event lost), a content type in capitals (refused)."""
+    started = time.monotonic()
+    events = await _wire_run(name, serve_runtime)
+    verify_events(events)
+    assert types(events)[-1] == "RUN_FINISHED", events[-1]
+    assert text_of(events) == "hello"
+    assert time.monotonic() - started < 5  # (not when the remote closes its stream)
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize("name", ["bad-frame-one-read", "bad-frame-own-read"])
+async def test_a_bad_frame_fails_the_run_after_the_events_before_it_however_the_reads_split(
+        name: str, serve_runtime: ServeRuntime) -> None:
+    events = await _wire_run(name, serve_runtime)
+    error = one_run_error(events)
+    assert error["message"].startswith(f"Remote agent '{name}' sent an event that is not valid "
+                                       "JSON"), error
+    assert text_of(events) == "hello"
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_a_remotes_error_body_in_two_reads_keeps_its_message(
+        serve_runtime: ServeRuntime) -> None:
+    """The body of an HTTP error was read once: a JSON body in two TCP writes lost the
+    remote's own message."""
+    name = "error-body-in-two-reads"
+    error = one_run_error(await _wire_run(name, serve_runtime))
+    assert error["message"] == (f"Remote agent '{name}' answered HTTP 429: Agent quota "
+                                "exhausted for tenant acme")
+
+
 # ---- a legacy remote endpoint (CopilotKitRemoteEndpoint) -------------------------------------
 
 

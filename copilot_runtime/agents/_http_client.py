@@ -92,14 +92,37 @@ def _described(exc: BaseException) -> str:
     return repr(exc)
 
 
+#: How much of an error answer's body is read, and for how long: its message is short, and
+#: a remote that trickles it must not hold the run's error back.
+_ERROR_BODY_BYTES = 4096
+_ERROR_BODY_SECONDS = 2.0
+
+
+async def _error_body(response: aiohttp.ClientResponse) -> bytes:
+    """The start of an error answer's body: up to `_ERROR_BODY_BYTES` or its end, whichever
+    comes first, however many reads it takes (one read got only the first TCP segment)."""
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(_ERROR_BODY_SECONDS):
+            while size < _ERROR_BODY_BYTES:
+                part = await response.content.read(_ERROR_BODY_BYTES - size)
+                if not part:
+                    break
+                parts.append(part)
+                size += len(part)
+    except TimeoutError:
+        pass  # what came in time (a message cut short does not decode: none is shown)
+    return b"".join(parts)
+
+
 async def error_for_status(response: aiohttp.ClientResponse, what: str,
                            known: Sequence[str] = ()) -> UpstreamError:
     """The client-facing error for an HTTP error answer, with the remote's own message
     (`quoted`, the `known` secrets the request carried blanked)."""
     detail = ""
     try:
-        body = await response.content.read(4096)
-        payload: Any = orjson.loads(body)
+        payload: Any = orjson.loads(await _error_body(response))
         if isinstance(payload, dict):
             for key in ("message", "error", "detail"):
                 value = payload.get(key)

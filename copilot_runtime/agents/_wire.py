@@ -27,7 +27,12 @@ from copilot_runtime import events as ev
 from copilot_runtime._exceptions import ChunkError, UpstreamError, quoted
 from copilot_runtime._held import HeldBytes
 from copilot_runtime._limits import MAX_JSON_DEPTH, decode_json, nests_too_deep
-from copilot_runtime.event_order import REQUIRED_FIELDS, ChunkState, OrderChecker, expand_chunks
+from copilot_runtime.event_order import (
+    REQUIRED_FIELDS,
+    ChunkState,
+    OrderChecker,
+    expand_chunk,
+)
 from copilot_runtime.events import Event, EventType
 
 __all__ = ["RemoteEventChecker", "SSEDecoder", "StateDeltaEncoder", "strip_nulls"]
@@ -35,52 +40,85 @@ __all__ = ["RemoteEventChecker", "SSEDecoder", "StateDeltaEncoder", "strip_nulls
 _log = structlog.get_logger("copilot_runtime.agents")
 
 _KNOWN_TYPES: Final = frozenset(t.value for t in EventType)
+_CHUNKS: Final = frozenset({ev.TEXT_MESSAGE_CHUNK, ev.TOOL_CALL_CHUNK})
+
+
+#: A UTF-8 byte order mark, which the SSE spec lets a stream open with.
+_BOM: Final = b"\xef\xbb\xbf"
 
 
 class SSEDecoder:
-    """Incremental SSE parser: `feed(bytes)` returns the complete `data:` payloads so far.
+    """Incremental SSE parser: `feed(bytes)` returns the complete `data:` payloads so far,
+    `close()` those of a last frame the stream ended without its blank line.
 
     Each read is looked at once (`HeldBytes` keeps an unfinished frame's reads apart until
-    one can end it), and a frame longer than the bound fails as the remote's error.
+    one can end it), and a frame longer than the bound fails as the remote's error. Lines
+    end as the spec says: CRLF, LF or a CR alone; one leading BOM is skipped.
     """
 
-    __slots__ = ("_cr", "_held")
+    __slots__ = ("_held", "_skip_lf", "_start")
 
     def __init__(self, source: str = "The remote agent") -> None:
         self._held = HeldBytes(source, UpstreamError, end=b"\n\n")
-        self._cr = False  # the last read ended with a CR: maybe half of a CRLF
+        # The last read ended with a CR, which ended its line at once (waiting for the next
+        # read held a `\r\r` stream's last event back): an LF opening the next read is the
+        # rest of that CRLF.
+        self._skip_lf = False
+        self._start: bytes | None = b""  # the stream's first bytes while a BOM may be split
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        if self._cr:
-            chunk, self._cr = b"\r" + chunk, False
+        if self._start is not None:
+            chunk = self._without_bom(chunk)
+        if self._skip_lf and chunk:  # (an empty read says nothing about the next byte)
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
         if b"\r" in chunk:
-            if chunk.endswith(b"\r"):
-                chunk, self._cr = chunk[:-1], True
+            self._skip_lf = chunk.endswith(b"\r")
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         joined = self._held.take(chunk)
         if joined is None:
             return []
         frames = joined.split(b"\n\n")
         self._held.hold(frames.pop())
-        payloads: list[bytes] = []
-        for frame in frames:
-            if frame.startswith(b"data: ") and b"\n" not in frame:
-                payloads.append(frame[6:])
-                continue
-            if frame.startswith(b"id: "):  # this runtime's frames: `id: N` then one data line
-                data = frame.find(b"\ndata: ") + 1
-                if data and frame.find(b"\n", data) < 0:
-                    payloads.append(frame[data + 6:])
-                    continue
-            lines = [line for line in frame.split(b"\n") if line.startswith(b"data:")]
-            if lines:
-                payloads.append(b"\n".join(
-                    line[6:] if line.startswith(b"data: ") else line[5:] for line in lines))
-        return payloads
+        return _payloads(frames)
+
+    def close(self) -> list[bytes]:
+        """The payloads of what is held at the end of the stream: a last frame without its
+        blank line is read, as the clients' own parser reads it."""
+        rest = self._held.rest().rstrip(b"\n")
+        return _payloads([rest]) if rest else []
 
     def pending(self) -> bool:
         """True when bytes of an unfinished frame are buffered."""
         return self._held.held()
+
+    def _without_bom(self, chunk: bytes) -> bytes:
+        start = self._start + chunk if self._start else chunk
+        if len(start) < len(_BOM) and _BOM.startswith(start):
+            self._start = start  # (a read of one or two bytes: wait for the rest)
+            return b""
+        self._start = None
+        return start[len(_BOM):] if start.startswith(_BOM) else start
+
+
+def _payloads(frames: list[bytes]) -> list[bytes]:
+    """The `data:` payloads of complete SSE frames (their lines ended by LF)."""
+    payloads: list[bytes] = []
+    for frame in frames:
+        if frame.startswith(b"data: ") and b"\n" not in frame:
+            payloads.append(frame[6:])
+            continue
+        if frame.startswith(b"id: "):  # this runtime's frames: `id: N` then one data line
+            data = frame.find(b"\ndata: ") + 1
+            if data and frame.find(b"\n", data) < 0:
+                payloads.append(frame[data + 6:])
+                continue
+        lines = [line for line in frame.split(b"\n") if line.startswith(b"data:")]
+        if lines:
+            payloads.append(b"\n".join(
+                line[6:] if line.startswith(b"data: ") else line[5:] for line in lines))
+    return payloads
 
 
 def strip_nulls(value: Any) -> Any:
@@ -199,6 +237,9 @@ class RemoteEventChecker:
         self._unknown: set[str] = set()
         self._chunks = ChunkState()
         self._order = OrderChecker(run_started_first=False)
+        #: What was wrong with the remote's stream, found after the events `payloads`
+        #: returned with it.
+        self.failure: UpstreamError | None = None
 
     @property
     def finished(self) -> bool:
@@ -217,8 +258,16 @@ class RemoteEventChecker:
             _log.warning("dropping events of an unknown type", source=self.source, type=kind)
 
     def payloads(self, payloads: Iterable[bytes]) -> list[Event]:
-        """Decode SSE `data:` payloads (JSON objects) and check them."""
-        events: list[Event] = []
+        """Decode SSE `data:` payloads (JSON objects) and check them.
+
+        At a bad one the events before it are returned and its error kept as `failure`, for
+        the caller to raise once it has passed them on (what a client sees must not depend
+        on how the network split the stream); a later call raises it.
+        """
+        if self.failure is not None:
+            raise self.failure
+        events: list[Any] = []
+        failure: UpstreamError | None = None
         for payload in payloads:
             try:
                 event = decode_json(payload)
@@ -226,18 +275,49 @@ class RemoteEventChecker:
                 # Quoted as any upstream's words are: without the credentials, paths and
                 # stack traces a broken event may hold.
                 said = quoted(payload[:80].decode("utf-8", "replace"), known=self.known)
-                raise self._error("sent an event that is not valid JSON" + (
-                    f": {said!r}" if said else "")) from None
+                failure = self._error("sent an event that is not valid JSON" + (
+                    f": {said!r}" if said else ""))
+                break
             if nests_too_deep(event, payload):  # before anything walks it recursively
-                raise self._error(f"sent an event nested deeper than {MAX_JSON_DEPTH} levels")
+                failure = self._error(f"sent an event nested deeper than {MAX_JSON_DEPTH} "
+                                      "levels")
+                break
             events.append(event)
-        return self.check(events)
+        checked, self.failure = self._checked(events, failure)
+        return checked
 
     def check(self, events: Iterable[Any]) -> list[Event]:
+        """Check decoded events; raise at the first bad one."""
+        checked, failure = self._checked(events, None)
+        if failure is not None:
+            raise failure
+        return checked
+
+    def _checked(self, events: Iterable[Any], failure: UpstreamError | None
+                 ) -> tuple[list[Event], UpstreamError | None]:
+        """The events fit to pass on, up to the first bad one, and its error (else
+        `failure`, the error of what came after them). Each stage stops at its first bad
+        event; its error wins over a later one's."""
+        known, failure = self._known(events, failure)
+        expanded: list[Event] = []
+        try:
+            for event in known:
+                if event["type"] in _CHUNKS:
+                    expand_chunk(event, self._chunks, expanded)
+                else:
+                    self._chunks.close(event, expanded)
+                    expanded.append(event)
+        except ChunkError as exc:
+            failure = self._error(f"sent {exc}")
+        return self._ordered(expanded, failure)
+
+    def _known(self, events: Iterable[Any], failure: UpstreamError | None
+               ) -> tuple[list[Event], UpstreamError | None]:
+        """The events of known types, normalised, up to the first of a wrong shape."""
         known: list[Event] = []
         for event in events:
             if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-                raise self._error("sent an event without a string 'type'")
+                return known, self._error("sent an event without a string 'type'")
             if _needs_strip(event):
                 event = strip_nulls(event)
             if event["type"] not in _KNOWN_TYPES:
@@ -245,18 +325,21 @@ class RemoteEventChecker:
                 continue
             problem = _shape_problem(event) or _schema_problem(event)
             if problem is not None:
-                raise self._error(f"sent {event['type']} {problem}")
+                return known, self._error(f"sent {event['type']} {problem}")
             if event["type"] == ev.RUN_ERROR:
                 event = _relayed_error(event, self.source, self.known)
             known.append(event)
-        try:
-            expanded = expand_chunks(known, self._chunks)
-        except ChunkError as exc:
-            raise self._error(f"sent {exc}") from None
+        return known, failure
+
+    def _ordered(self, expanded: list[Event], failure: UpstreamError | None
+                 ) -> tuple[list[Event], UpstreamError | None]:
+        """The events in the order the clients accept, up to the first out of order."""
         out: list[Event] = []
         for event in expanded:
             if self._order.finished:
-                break  # anything after the remote's terminal event is not part of the run
+                # Anything after the remote's terminal event is not part of the run, a bad
+                # event included.
+                return out, None
             if event["type"] == ev.RUN_STARTED:
                 out.append(event)  # the run manager drops it: it sends the run's own
                 continue
@@ -264,10 +347,10 @@ class RemoteEventChecker:
             if problem is not None:
                 # (it names the remote's ids: quoted as its words are, and bounded)
                 said = quoted(f"sent {event['type']} {problem}", 300, self.known)
-                raise self._error(said or f"sent {event['type']} out of order (its ids are "
-                                  "withheld: they held a stack trace or a file path)")
+                return out, self._error(said or f"sent {event['type']} out of order (its ids "
+                                        "are withheld: they held a stack trace or a file path)")
             out.append(event)
-        return out
+        return out, None if self._order.finished else failure
 
     def end_of_stream(self) -> None:
         """Raise unless the remote ended the run before closing its stream."""

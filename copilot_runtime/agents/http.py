@@ -89,8 +89,9 @@ class HttpAgent(Agent):
                                     allow_redirects=False) as response:
                 if response.status >= 300:
                     raise await error_for_status(response, what, known)
-                content_type = response.headers.get("content-type", "")
-                if not content_type.startswith("text/event-stream"):
+                # (the parsed media type: its case and parameters are not part of it)
+                if response.content_type != "text/event-stream":
+                    content_type = response.headers.get("content-type", "")
                     raise UpstreamError(f"{what} answered with content type "
                                         f"{content_type or 'none'!r}, not an event stream")
                 decoder = SSEDecoder(what)
@@ -98,10 +99,17 @@ class HttpAgent(Agent):
                     batch = checker.payloads(decoder.feed(chunk))
                     if batch:
                         yield batch
+                    if checker.failure is not None:
+                        raise checker.failure  # after the good events of the same read
                     if checker.finished:
                         return  # the run is over even if the server keeps the stream open
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise error_for_exception(exc, what, self.url) from None
+        last = checker.payloads(decoder.close())
+        if last:
+            yield last
+        if checker.failure is not None:
+            raise checker.failure
         checker.end_of_stream()
 
     async def aclose(self) -> None:
