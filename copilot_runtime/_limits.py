@@ -31,10 +31,12 @@ from copilot_runtime.threads.base import ThreadRecord
 
 __all__ = [
     "DEFAULT_MAX_RUN_BYTES",
+    "LIVE_RUN_FACTOR",
     "MAX_JSON_DEPTH",
     "check_json_depth",
     "check_json_text",
     "decode_json",
+    "estimated_size",
     "nests_too_deep",
     "readable",
     "replayable",
@@ -47,6 +49,11 @@ _log = structlog.get_logger("copilot_runtime.limits")
 MAX_JSON_DEPTH = 64
 #: The most bytes (as encoded JSON) one run keeps in a thread store.
 DEFAULT_MAX_RUN_BYTES = 16 * 1024 * 1024
+#: A running run keeps its events (for its followers' replay and its store) up to this many
+#: times `max_run_bytes` (as `estimated_size` counts them); past that it is stopped.
+LIVE_RUN_FACTOR = 4
+#: What a token adds to its text as JSON: its keys, type name, a short id and punctuation.
+_EVENT_OVERHEAD = 64
 #: ASCII: one character beyond Latin-1 makes CPython hold a whole string at 2 bytes each.
 _TRUNCATED = "...[truncated]"
 
@@ -196,6 +203,39 @@ def readable(record: ThreadRecord) -> ThreadRecord:
     except (orjson.JSONEncodeError, TypeError):
         return dataclasses.replace(record, runs=runs, kept_state=None)
     return dataclasses.replace(record, runs=runs)
+
+
+def estimated_size(events: Sequence[dict[str, Any]]) -> int:
+    """About how many bytes `events` take as JSON, cheaply: a token (text, a tool call's
+    arguments, reasoning) counts its `delta`'s length, at a few tens of nanoseconds, as
+    thousands come a second; any other event its strings' lengths, and the encoded size of
+    what it holds in a container (a snapshot, a patch, a CUSTOM's value)."""
+    size = len(events) * _EVENT_OVERHEAD
+    for event in events:
+        delta = event.get("delta")
+        if delta.__class__ is str:
+            size += len(delta)
+        else:
+            size += _values_size(event)
+    return size
+
+
+def _values_size(event: dict[str, Any]) -> int:
+    size = 0
+    for value in event.values():
+        kind = value.__class__
+        if kind is str:
+            size += len(value)
+        elif kind is dict or kind is list:
+            size += _encoded_size(value)
+    return size
+
+
+def _encoded_size(value: Any) -> int:
+    try:
+        return len(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS))
+    except TypeError:  # (orjson.JSONEncodeError) dropped from the stream and the store
+        return 0
 
 
 def storable(events: list[Any], max_bytes: int) -> tuple[list[Any], int]:

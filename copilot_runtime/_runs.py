@@ -39,12 +39,19 @@ from copilot_runtime._compaction import compact_events
 from copilot_runtime._exceptions import (
     FAILURES_OF_CALLED_CODE,
     CopilotRuntimeError,
+    PayloadTooLargeError,
     ServiceUnavailableError,
     ThreadBusyError,
     ThreadNotFoundError,
 )
 from copilot_runtime._input import RunInput
-from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES, replayable, storable
+from copilot_runtime._limits import (
+    DEFAULT_MAX_RUN_BYTES,
+    LIVE_RUN_FACTOR,
+    estimated_size,
+    replayable,
+    storable,
+)
 from copilot_runtime._shared_runs import follow, replay_stored, unreached
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.coordination import LEASE_LOST_CODE, Coordinator, Lease, Signal
@@ -87,6 +94,16 @@ _LEASE_LOST_MESSAGE = ("The run was stopped: this server could not keep its hold
                        "thread, which another server may now take")
 _INPUT_KEYS = ("threadId", "runId", "parentRunId", "state", "messages", "tools", "context",
                "forwardedProps", "resume")
+
+
+class _RunTooLarge(CopilotRuntimeError):
+    """A run's events passed what a running run may keep (`RunManager.max_live_bytes`)."""
+
+    code = PayloadTooLargeError.code
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"The run was stopped: its events passed {limit} bytes, the most a "
+                         f"running run keeps ({LIVE_RUN_FACTOR} times max_run_bytes)")
 
 
 class Follower:
@@ -138,6 +155,8 @@ class ActiveRun:
         self.thread_id = input.thread_id
         self.run_id = input.run_id
         self.events: list[Event] = []
+        #: About how many bytes the agent's events take (`estimated_size`), bounded.
+        self._kept_bytes = 0
         self.listeners: list[Follower] = []
         #: The position in the thread of the run's first event (its RUN_STARTED).
         self.first_position = 0
@@ -332,6 +351,7 @@ class ActiveRun:
             iterator = self.agent.run(self.input, self.context)
             async for batch in iterator:
                 out = self.order.normalize(batch)
+                self._keep(out)
                 if isinstance(batch, LastBatch) and not self.order.terminated:
                     # Held back to go out with the run's closing events, in one write.
                     self._held.extend(out)
@@ -371,6 +391,18 @@ class ActiveRun:
         tail, self._held = self._held + tail, []
         self._publish(tail)
         yield tail
+
+    def _keep(self, batch: Sequence[Event]) -> None:
+        """Count `batch` against what a running run may keep: the events of one that never
+        ends (a remote streaming without end) would fill the memory (its followers' replay
+        and its store need them all)."""
+        self._kept_bytes += estimated_size(batch)
+        limit = self.manager.max_live_bytes
+        if self._kept_bytes > limit:
+            _log.warning("run stopped: its events passed the bound of a running run",
+                         agent=self.agent_id, thread_id=self.thread_id, run_id=self.run_id,
+                         limit=limit)
+            raise _RunTooLarge(limit)
 
     async def _still_held(self, lease: Lease) -> None:
         """Stop the run here (cancelled, `"lost"`) if its lease may have expired while this
@@ -649,6 +681,8 @@ class RunManager:
                  max_run_seconds: float | None = None) -> None:
         self.store = store
         self.max_run_bytes = max_run_bytes
+        #: About how many bytes of events a running run may keep before it is stopped.
+        self.max_live_bytes = LIVE_RUN_FACTOR * max_run_bytes
         #: Seconds a run may be driven before it is cut (`RUN_TIMEOUT_CODE`); None: no limit.
         self.max_run_seconds = max_run_seconds
         self.active: dict[str, ActiveRun] = {}

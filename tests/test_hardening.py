@@ -308,6 +308,65 @@ async def test_runs_are_stored_within_their_byte_bound(
             assert "[truncated]" in await response.text()
 
 
+class _Endless(Agent):
+    """Streams 4 MB of 1 KB tokens on its first run (endless, next to the bound under test;
+    `closed` is set when its stream is closed), answers "fine" on the next."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs = 0
+        self.closed = asyncio.Event()
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        self.runs += 1
+        return self._endless(input.run_id) if self.runs == 1 else self._fine(input.run_id)
+
+    async def _endless(self, run_id: str) -> Any:
+        message = f"m-{run_id}"
+        try:
+            yield [text_message_start(message)]
+            for _ in range(400):
+                yield [text_message_content(message, "x" * 1000) for _ in range(10)]
+                await asyncio.sleep(0)
+            yield [text_message_end(message)]
+        finally:
+            self.closed.set()
+
+    async def _fine(self, run_id: str) -> Any:
+        message = f"m-{run_id}"
+        yield [text_message_start(message), text_message_content(message, "fine"),
+               text_message_end(message)]
+
+
+async def test_a_run_whose_events_pass_the_live_bound_ends_and_its_thread_goes_on(
+        serve_runtime: ServeRuntime) -> None:
+    """A run that never ended kept every event it streamed (for its followers' replay and
+    the store) until the server's memory ran out: a remote streaming 400 MB of tokens grew
+    the runtime by as much. Past four times `max_run_bytes` it ends now, with
+    PAYLOAD_TOO_LARGE, its agent closed; it is stored cut as any run and the thread goes on."""
+    agent = _Endless()
+    limit = 4 * 64 * 1024
+    runtime = CopilotRuntime(agents={"endless": agent}, max_run_bytes=64 * 1024)
+    async with asyncio.timeout(TIMEOUT), serve_runtime(runtime) as served:
+        events = await served.run(run_input("go", thread="t-endless", run="r1"), agent="endless")
+        assert agent.closed.is_set()
+        assert types(events)[-2:] == ["TEXT_MESSAGE_END", "RUN_ERROR"], types(events)[-3:]
+        error = events[-1]
+        assert error["code"] == "PAYLOAD_TOO_LARGE"
+        assert error["message"] == (f"The run was stopped: its events passed {limit} bytes, "
+                                    "the most a running run keeps (4 times max_run_bytes)")
+        streamed = len(text_of(events))
+        assert 0.9 * limit < streamed <= limit, streamed  # (the estimate is close)
+        response = await served.session.get(served.url + "/threads/t-endless/events")
+        assert response.status == 200
+        stored = await response.json()
+        assert stored["events"][-1]["code"] == "PAYLOAD_TOO_LARGE"
+        after = await served.run(run_input("again", thread="t-endless", run="r2"),
+                                 agent="endless")
+        assert types(after)[-1] == "RUN_FINISHED"
+        assert text_of(after) == "fine"
+
+
 # -- 5, 6: upstream faults get precise codes, without transport internals -------------------
 
 

@@ -636,7 +636,12 @@ WIRES: dict[str, _Wire] = {
 class _WireServer(LoopbackServer):
     """`POST /w/{name}` answers `WIRES[name]` as it is written there."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.left = asyncio.Event()  # the runtime closed the endless stream
+
     def routes(self, app: web.Application) -> None:
+        app.router.add_post("/w/endless", self._endless)
         app.router.add_post("/w/{name}", self._answer)
 
     def url(self, name: str) -> str:
@@ -657,6 +662,23 @@ class _WireServer(LoopbackServer):
             await response.write_eof()
         except ConnectionResetError:  # (the runtime left first: a run it failed)
             pass
+        return response
+
+
+    async def _endless(self, request: web.Request) -> web.StreamResponse:
+        """1 KB tokens until the runtime leaves (8 MB at most: endless, next to the bound
+        under test), never an end."""
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        tokens = sse({**CONTENT, "delta": "x" * 1000}) * 100
+        try:
+            await response.write(sse(STARTED) + sse(START))
+            for _ in range(80):
+                await response.write(tokens)
+                await asyncio.sleep(0)
+        except ConnectionResetError:
+            self.left.set()
         return response
 
 
@@ -702,6 +724,27 @@ async def test_a_remotes_error_body_in_two_reads_keeps_its_message(
     error = one_run_error(await _wire_run(name, serve_runtime))
     assert error["message"] == (f"Remote agent '{name}' answered HTTP 429: Agent quota "
                                 "exhausted for tenant acme")
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_a_remote_streaming_without_end_is_stopped_at_the_live_bound(
+        serve_runtime: ServeRuntime) -> None:
+    """The runtime kept every event of a remote's endless stream: 400 MB of tokens grew it
+    by as much. Past four times `max_run_bytes` the run ends (PAYLOAD_TOO_LARGE), the
+    remote's request is closed, and the thread is stored and takes the next run."""
+    async with _WireServer() as server, serve_runtime(CopilotRuntime(agents={
+            "endless": HttpAgent(server.url("endless"), timeouts=Timeouts(read=10, total=30)),
+            "fine": HttpAgent(server.url("last-frame-no-blank-line"))},
+            max_run_bytes=64 * 1024)) as served:
+        events = await served.run(run_input("go", thread="t-endless"), agent="endless")
+        error = one_run_error(events)
+        assert error["code"] == "PAYLOAD_TOO_LARGE", error
+        assert f"passed {4 * 64 * 1024} bytes" in error["message"], error
+        await asyncio.wait_for(server.left.wait(), 10)
+        stored = await get_json(served, "/threads/t-endless/events")
+        assert stored["events"][-1]["code"] == "PAYLOAD_TOO_LARGE"
+        after = await served.run(run_input("again", thread="t-endless", run="r2"), agent="fine")
+    assert types(after)[-1] == "RUN_FINISHED"
 
 
 # ---- a legacy remote endpoint (CopilotKitRemoteEndpoint) -------------------------------------
