@@ -4,6 +4,7 @@ contents and thought signatures, LangChain's stream end, and the EmptyAdapter.""
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import orjson
@@ -434,6 +435,21 @@ def test_gemini_tool_whose_schema_cannot_be_converted_costs_only_that_tool(
         "parameters": {"type": "OBJECT", "properties": {"a": {"type": "STRING"}}}}]
     assert [(e["event"], e["tool"]) for e in logs if e["log_level"] == "warning"] == [
         ("tool schema not converted for Gemini", "odd")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=80), st.text(max_size=80))
+def test_gemini_names_are_names_gemini_takes_and_stay_apart(first: str, second: str) -> None:
+    from copilot_runtime.adapters.google import _gemini_name
+
+    taken = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+    assert taken.fullmatch(_gemini_name(first))
+    assert _gemini_name(first) == _gemini_name(first)
+    if taken.fullmatch(first):
+        assert _gemini_name(first) == first
+    if first != second:
+        assert _gemini_name(first) != _gemini_name(second)
+    assert _gemini_name("127_0_0_1__add").startswith("_127_0_0_1__add_")
 
 
 # ---- Gemini: contents and signatures ---------------------------------------------------------

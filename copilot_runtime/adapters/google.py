@@ -22,15 +22,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
 import json
 import math
 import os
 import random
+import re
 import sys
 import urllib.parse
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import orjson
@@ -229,7 +231,7 @@ class GoogleGenAIAdapter:
         if request.tools:
             declarations = []
             for tool in request.tools:
-                declaration: dict[str, Any] = {"name": tool.name,
+                declaration: dict[str, Any] = {"name": _gemini_name(tool.name),
                                                "description": tool.description}
                 parameters = _tool_parameters(tool.name, tool.parameters)
                 if parameters.get("properties"):
@@ -242,7 +244,7 @@ class GoogleGenAIAdapter:
                 config["tool_config"] = {"function_calling_config": {"mode": mode}}
             elif choice:
                 config["tool_config"] = {"function_calling_config": {
-                    "mode": "ANY", "allowed_function_names": [choice]}}
+                    "mode": "ANY", "allowed_function_names": [_gemini_name(choice)]}}
         if self.thinking is not None:
             config["thinking_config"] = self.thinking
         if request.temperature is not None:
@@ -256,25 +258,28 @@ class GoogleGenAIAdapter:
     def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
         contents, config = self.build_config(request)
         model = request.model or self.model
+        sent = {tool.name: _gemini_name(tool.name) for tool in request.tools or ()}
+        renamed = {as_sent: name for name, as_sent in sent.items() if as_sent != name}
         if self._direct is not None:
-            return self._stream_direct(self._direct, model, contents, config)
-        return self._stream_sdk(model, contents, config)
+            return self._stream_direct(self._direct, model, contents, config, renamed)
+        return self._stream_sdk(model, contents, config, renamed)
 
     async def _stream_direct(self, route: _DirectRoute, model: str,
-                             contents: list[dict[str, Any]], config: dict[str, Any]
-                             ) -> AsyncIterator[Sequence[ChatDelta]]:
+                             contents: list[dict[str, Any]], config: dict[str, Any],
+                             renamed: Mapping[str, str]) -> AsyncIterator[Sequence[ChatDelta]]:
         response = await route.send(model, rest_body(contents, config))
-        parser = GeminiStreamParser(self._remember, secrets=route.secrets)
+        parser = GeminiStreamParser(self._remember, secrets=route.secrets, renamed=renamed)
         async for deltas in _direct.stream(response, parser, _FAILURES):
             yield deltas
 
     async def _stream_sdk(self, model: str, contents: list[dict[str, Any]],
-                          config: dict[str, Any]) -> AsyncIterator[Sequence[ChatDelta]]:
+                          config: dict[str, Any], renamed: Mapping[str, str]
+                          ) -> AsyncIterator[Sequence[ChatDelta]]:
         import aiohttp
         from google.genai import errors as genai_errors
 
         secrets = (self._api_key,)  # (a ready client's credentials are not a string)
-        parser = GeminiStreamParser(self._remember, secrets=secrets)
+        parser = GeminiStreamParser(self._remember, secrets=secrets, renamed=renamed)
         try:
             # (bounded for an SDK version that awaits the answer's head here: the SDK's own
             # timeout is not set, see `client`)
@@ -459,11 +464,15 @@ class GeminiStreamParser:
     """`streamGenerateContent` SSE frames (raw bytes, or the SDK's chunks as REST JSON) to
     `ChatDelta`s: text, thought summaries, function calls, then usage and the finish."""
 
-    __slots__ = ("_held", "_meta", "_remember", "calls", "done", "reason", "secrets")
+    __slots__ = ("_held", "_meta", "_remember", "_renamed", "calls", "done", "reason",
+                 "secrets")
 
     def __init__(self, remember: Callable[[str, bytes], None] | None = None, *,
-                 secrets: Sequence[str | None] = ()) -> None:
+                 secrets: Sequence[str | None] = (),
+                 renamed: Mapping[str, str] | None = None) -> None:
         self._held = HeldBytes("The Gemini stream", UpstreamProtocolError)
+        #: The tools' names as sent (`_gemini_name`) → as they are, for the calls' names.
+        self._renamed = renamed or {}
         #: The credentials the request carried: an error event echoing one loses it.
         self.secrets = secrets
         self._remember = remember
@@ -531,7 +540,8 @@ class GeminiStreamParser:
                 signature = part.get("thoughtSignature")
                 if signature and self._remember is not None:
                     self._remember(call_id, base64.b64decode(signature))
-                out.append(ToolCallDelta(self.calls, call_id, call.get("name") or "",
+                name = call.get("name") or ""
+                out.append(ToolCallDelta(self.calls, call_id, self._renamed.get(name, name),
                                          orjson.dumps(call.get("args") or {}).decode()))
                 self.calls += 1
             elif part.get("text"):
@@ -617,6 +627,23 @@ def _rest_part(part: dict[str, Any]) -> dict[str, Any]:
 # ---- history ---------------------------------------------------------------------------------
 
 
+#: A function name Gemini takes: its API refuses one that starts with a digit (400 "Must
+#: start with a letter or an underscore"), as an MCP tool of a server named by its address
+#: is (`127_0_0_1__add`).
+_GEMINI_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+_NOT_IN_NAMES = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def _gemini_name(name: str) -> str:
+    """`name` as declared to Gemini: itself when Gemini takes it, else a name it takes,
+    the same each time (the history's calls are renamed alike), the name's characters kept
+    where they may be, and a digest of it so that two names cannot become one."""
+    if _GEMINI_NAME.fullmatch(name):
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"_{_NOT_IN_NAMES.sub('_', name)[:54]}_{digest}"
+
+
 def to_gemini_contents(messages: Sequence[Message], signatures: dict[str, bytes] | None = None,
                        ) -> tuple[list[str], list[dict[str, Any]]]:
     """AG-UI history → (system texts, Gemini contents), repaired as the module says."""
@@ -632,9 +659,9 @@ def to_gemini_contents(messages: Sequence[Message], signatures: dict[str, bytes]
             if text:
                 parts.append({"text": text})
             for call in message.tool_calls or ():
-                names[call.id] = call.function.name
+                names[call.id] = _gemini_name(call.function.name)
                 part: dict[str, Any] = {"function_call": {
-                    "name": call.function.name,
+                    "name": names[call.id],
                     "args": arguments_object(call.function.arguments)}}
                 signature = (signatures or {}).get(call.id)
                 if signature:
