@@ -31,6 +31,7 @@ from copilot_runtime._exceptions import (
 
 if TYPE_CHECKING:
     import jsonschema
+    import referencing
 
 __all__ = ["Action", "action"]
 
@@ -112,7 +113,14 @@ class Action:
             raise ConfigurationError(
                 f"Action {self.name!r} has a parameters schema nested too deeply to check"
             ) from None
-        return validator_class(self.parameters)
+        ref = _unresolvable_ref(self.parameters, validator_class)
+        if ref is not None:
+            # (a schema from elsewhere, e.g. an MCP server's: refused here, the tool is left
+            # out; offered, every call of it would fail, and a provider may refuse it whole)
+            raise ConfigurationError(
+                f"Action {self.name!r} has a parameters schema whose $ref {ref[:100]!r} "
+                "cannot be resolved (references outside the schema are never fetched)")
+        return validator_class(self.parameters, registry=_nothing_fetched())
 
     def __repr__(self) -> str:
         return f"Action(name={self.name!r})"
@@ -121,12 +129,17 @@ class Action:
         """Check `arguments` against the schema; return the keyword arguments for the handler."""
         if self._validator is None:
             self._validator = self._schema_validator()
+        import referencing.exceptions
+
         try:
             errors = sorted(self._validator.iter_errors(arguments),
                             key=lambda e: list(e.path))
         except RecursionError:
             raise ActionError("the arguments could not be checked: the tool's schema "
                               "refers to itself without end") from None
+        except referencing.exceptions.Unresolvable:
+            raise ActionError("the arguments could not be checked: the tool's schema has "
+                              "a reference that cannot be resolved") from None
         if errors:
             raise ActionError("; ".join(_describe(e) for e in errors[:5]))
         return arguments
@@ -171,6 +184,63 @@ class Action:
             raise ActionError(f"the result ({len(encoded)} bytes of JSON) is larger than "
                               f"{MAX_ACTION_RESULT_BYTES} bytes")
         return encoded.decode()
+
+
+def _refuse_retrieval(uri: str) -> referencing.Resource[Any]:
+    """No `$ref` is ever fetched: a schema from elsewhere (an MCP server's, a remote
+    endpoint's) could make the runtime read its files or its network, blocking the event
+    loop, and quote what it read in the tool error."""
+    import referencing.exceptions
+
+    raise referencing.exceptions.NoSuchResource(ref=uri)  # type: ignore[call-arg]
+
+
+@functools.cache
+def _nothing_fetched() -> referencing.Registry[Any]:
+    """The registry validators resolve in (jsonschema adds its bundled meta-schemas)."""
+    import referencing
+
+    return referencing.Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
+
+
+def _unresolvable_ref(schema: dict[str, Any], validator_class: Any) -> str | None:
+    """The first `$ref` of `schema` that resolves neither within it nor to a meta-schema
+    jsonschema knows, else None. Walks the schema's subschemas as the validator would."""
+    import referencing.exceptions
+    import referencing.jsonschema
+
+    specification = referencing.jsonschema.specification_with(
+        validator_class.ID_OF(validator_class.META_SCHEMA) or "",
+        default=referencing.jsonschema.DRAFT202012)
+    registry = referencing.Registry(retrieve=_known_meta_schema)  # type: ignore[call-arg]
+    pending = [(schema, registry.resolver_with_root(specification.create_resource(schema)))]
+    while pending:
+        contents, resolver = pending.pop()
+        if not isinstance(contents, dict):
+            continue  # a boolean subschema
+        ref = contents.get("$ref")
+        if isinstance(ref, str):
+            try:
+                resolver.lookup(ref)
+            except (referencing.exceptions.Unresolvable, ValueError):
+                return ref
+        for subschema in specification.subresources_of(contents):
+            pending.append((subschema, resolver.in_subresource(
+                specification.create_resource(subschema))))
+    return None
+
+
+def _known_meta_schema(uri: str) -> referencing.Resource[Any]:
+    """A meta-schema of a draft jsonschema knows, from memory; any other URI is refused."""
+    import jsonschema
+    import referencing.jsonschema
+
+    validator_class = jsonschema.validators.validator_for(  # (None: the stubs forbid it)
+        {"$schema": uri}, default=None)  # type: ignore[arg-type]
+    if validator_class is None:
+        _refuse_retrieval(uri)
+    return referencing.jsonschema.specification_with(uri).create_resource(
+        validator_class.META_SCHEMA)
 
 
 def _describe(error: jsonschema.ValidationError) -> str:

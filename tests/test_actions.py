@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
 import threading
-from typing import Literal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
 
 import orjson
 import pydantic
@@ -143,3 +147,88 @@ def test_a_schema_jsonschema_cannot_check_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match=r"its \$schema is not a string"):
         Action("odd", lambda **_: None, parameters={"type": "object", "$schema": ["x"]})
     assert Action("fine", lambda **_: None, parameters=nested_not(20)).name == "fine"
+
+
+@contextlib.contextmanager
+def recording_server() -> Iterator[tuple[str, list[str]]]:
+    """A local HTTP server answering every GET with a schema; yields its URL and the paths
+    it was asked for."""
+    asked: list[str] = []
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"type": "string", "enum": ["INTERNAL-ONLY-7731"]}')
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def with_ref(ref: str, **more: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": {"x": {"$ref": ref}}, **more}
+
+
+def test_a_schema_ref_is_never_fetched_and_one_that_cannot_be_resolved_is_refused(
+        tmp_path: Path) -> None:
+    """Before: jsonschema fetched a `$ref` to a URL (urlopen, no timeout, in the event loop)
+    or read a `file:` one when the arguments were checked, and the document's contents came
+    back in the tool error; a dangling local one raised out of the run."""
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"type": "string", "enum": ["FILE-ONLY-7731"]}')
+    with recording_server() as (url, asked):
+        for ref in (f"{url}/internal/meta.json", secret.as_uri(), "#/$defs/Missing"):
+            with pytest.raises(ConfigurationError, match="cannot be resolved") as caught:
+                Action("t", lambda **_: None, parameters=with_ref(ref))
+            assert "7731" not in str(caught.value)
+    assert asked == []
+
+
+async def test_refs_the_schema_holds_itself_still_resolve() -> None:
+    """Local pointers, `$id`s within the schema and the bundled meta-schemas need nothing
+    fetched."""
+    with recording_server() as (url, asked):
+        local = Action("a", lambda **kw: kw, parameters=with_ref(
+            "#/$defs/City", **{"$defs": {"City": {"type": "string"}}}))
+        embedded = Action("b", lambda **kw: kw, parameters=with_ref(f"{url}/n.json", **{
+            "$defs": {"n": {"$id": f"{url}/n.json", "type": "integer"}}}))
+        draft7 = Action("c", lambda **kw: kw, parameters=with_ref("#/definitions/N", **{
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "definitions": {"N": {"type": "integer"}}}))
+        meta = Action("d", lambda **kw: kw, parameters=with_ref(
+            "https://json-schema.org/draft/2020-12/schema"))
+        assert await local.execute('{"x": "Paris"}') == '{"x":"Paris"}'
+        for integer_only in (embedded, draft7):
+            with pytest.raises(ActionError, match="is not of type 'integer'"):
+                await integer_only.execute('{"x": "a"}')
+        with pytest.raises(ActionError, match="x/type: 5 is not valid under any of the given"):
+            await meta.execute('{"x": {"type": 5}}')
+    assert asked == []
+
+
+async def test_a_ref_that_fails_while_arguments_are_checked_is_a_tool_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reference the up-front check let through (were there one) costs that call, not the
+    run: before, `_WrappedReferencingError` left `execute`."""
+    import copilot_runtime.actions as actions
+
+    monkeypatch.setattr(actions, "_unresolvable_ref", lambda *_: None)
+    with recording_server() as (url, asked):
+        for ref in (f"{url}/internal/meta.json", "#/$defs/Missing"):
+            dangling = Action("t", lambda **_: None, parameters=with_ref(ref))
+            with pytest.raises(ActionError, match="cannot be resolved") as caught:
+                await dangling.execute('{"x": "a"}')
+            assert "7731" not in str(caught.value)
+    assert asked == []

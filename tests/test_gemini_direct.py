@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -261,6 +262,48 @@ async def test_signed_calls_replayed_alike(mock: MockGeminiServer) -> None:
     assert len(replays) == 2
     assert replays[0] == replays[1]
     assert "thoughtSignature" in replays[0]["contents"][1]["parts"][0]
+
+
+#: What Gemini takes as a function's name (its 400 says: "Must start with a letter or an
+#: underscore. Must be alphameric (a-z, A-Z, 0-9), underscores (_), dots (.) or dashes (-),
+#: with a maximum length of 64").
+GEMINI_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
+ADD = ToolSpec("127_0_0_1__add", "Adds", {"type": "object", "properties": {
+    "a": {"type": "integer"}}})
+
+
+async def test_a_tool_name_gemini_refuses_is_sent_renamed_and_comes_back_as_it_was(
+        mock: MockGeminiServer) -> None:
+    """Before: an MCP tool of a server named by its address (`127_0_0_1__add`) was declared
+    as it is, and the real API refused every request offering it (400, "Must start with a
+    letter or an underscore")."""
+    for route in ROUTES:
+        gemini = adapter(route, base_url=mock.base_url)
+        try:
+            await deltas(gemini, ChatRequest(messages=[user("hi")], tools=[ADD, WEATHER],
+                                             tool_choice="127_0_0_1__add"))
+            declared = [d["name"] for d in mock.requests[-1]["tools"][0][
+                "functionDeclarations"]]
+            assert all(GEMINI_NAME.match(name) for name in declared), declared
+            assert declared[1] == "getWeather"  # a name Gemini takes is left as it is
+            sent = declared[0]
+            assert mock.requests[-1]["toolConfig"]["functionCallingConfig"][
+                "allowedFunctionNames"] == [sent]
+            found = await deltas(gemini, ChatRequest(
+                messages=[user(f'call:{sent} {{"a": 1}}')], tools=[ADD, WEATHER]))
+            call = next(d for d in found if isinstance(d, ToolCallDelta))
+            assert call.name == "127_0_0_1__add"
+            history = [user("add"), AssistantMessage(id="a", tool_calls=[ToolCall(
+                id=call.id or "c1", function=FunctionCall(
+                    name="127_0_0_1__add", arguments=call.arguments))]),
+                ToolMessage(id="t", content="2", tool_call_id=call.id or "c1")]
+            await deltas(gemini, ChatRequest(messages=history, tools=[ADD, WEATHER]))
+            parts = [p for turn in mock.requests[-1]["contents"] for p in turn["parts"]]
+            assert [p["functionCall"]["name"] for p in parts if "functionCall" in p] == [sent]
+            assert [p["functionResponse"]["name"] for p in parts
+                    if "functionResponse" in p] == [sent]
+        finally:
+            await gemini.aclose()
 
 
 async def test_api_version_from_the_environment(mock: MockGeminiServer,

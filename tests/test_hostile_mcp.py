@@ -426,6 +426,27 @@ async def test_a_tool_whose_schema_cannot_be_checked_is_left_out_alone() -> None
         "odd": "Action 'odd' has an invalid parameters schema: its $schema is not a string"}
 
 
+async def test_a_tool_whose_schema_refers_outside_itself_is_left_out_unfetched() -> None:
+    """Before: a tool's `inputSchema` `$ref` to a URL or a file was fetched by the runtime
+    when a call's arguments were checked (blocking the event loop; the document's contents
+    quoted to the model and client), and a dangling local one failed the run."""
+    from tests.test_actions import recording_server, with_ref
+
+    with recording_server() as (url, asked):
+        server = ScriptedMCP(tools=[
+            {"name": "remote", "inputSchema": with_ref(f"{url}/internal/meta.json")},
+            {"name": "local_file", "inputSchema": with_ref("file:///etc/passwd")},
+            {"name": "dangling", "inputSchema": with_ref("#/$defs/Missing")}, ECHO])
+        with capture_logs() as logs:
+            async with started(server, bound=10.0) as toolset:
+                assert [action.name for action in toolset.actions] == ["echo"]
+                assert await tool(toolset).execute('{"x": "hi"}') == '"echoed hi"'
+    assert asked == []
+    left_out = {e["tool"]: e["error"] for e in logs if e["event"] == "MCP tool left out"}
+    assert sorted(left_out) == ["dangling", "local_file", "remote"]
+    assert all("cannot be resolved" in error for error in left_out.values()), left_out
+
+
 async def test_a_listing_whose_cursor_never_ends_is_cut_off_once_and_said() -> None:
     """A server whose `nextCursor` never ended was read 100 pages: its tool, listed on each,
     became 100 tools renamed apart (`h__echo`), 99 warnings logged, and the cut-off said

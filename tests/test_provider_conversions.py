@@ -4,10 +4,12 @@ contents and thought signatures, LangChain's stream end, and the EmptyAdapter.""
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import orjson
 import pytest
+import structlog
 from ag_ui.core import (
     AssistantMessage,
     DataSource,
@@ -22,6 +24,9 @@ from ag_ui.core import (
     UrlSource,
     UserMessage,
 )
+from google.genai import types as gemini_types
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from copilot_runtime import (
     AnthropicAdapter,
@@ -354,6 +359,97 @@ async def test_gemini_strict_mock_accepts_a_hostile_schema() -> None:
     declarations = server.requests[0]["tools"][0]["functionDeclarations"]
     assert "parameters" not in declarations[1]  # Gemini refuses empty object parameters
     assert declarations[0]["parameters"]["properties"]["unit"]["enum"] == ["c", "f"]
+
+
+def test_gemini_schema_takes_boolean_schemas_and_odd_values() -> None:
+    """Before: each of these raised out of the conversion (TypeError, AttributeError,
+    unhashable list), failing every run of a Gemini agent offered the tool."""
+    any_value = to_gemini_schema({"type": "object", "properties": {
+        "q": {"$ref": "#/$defs/Any", "description": "q"}}, "$defs": {"Any": True}})
+    assert any_value["properties"]["q"]["nullable"] is True
+    assert _json_types(any_value["properties"]["q"]) == ALL_JSON_TYPES
+    assert any_value["properties"]["q"]["description"] == "q"
+    assert to_gemini_schema({  # (in draft-07 `$defs` is no keyword: any value is valid)
+        "$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+        "properties": {"a": {"type": "string"}}, "$defs": [1]}) == {
+        "type": "OBJECT", "properties": {"a": {"type": "STRING"}}}
+    never = to_gemini_schema({"type": "object", "required": ["a", "b"], "properties": {
+        "a": {"allOf": [{"$ref": "#/$defs/X"}, True, 1]}, "b": False, "c": True},
+        "$defs": {"X": False}})
+    assert sorted(never["properties"]) == ["a", "c"]  # `b` may never be given
+    assert never["required"] == ["a"]
+    assert to_gemini_schema({"type": "object", "properties": {"a": {"type": "string"}},
+                             "required": [["a"]], "allOf": 1}) == {
+        "type": "OBJECT", "properties": {"a": {"type": "STRING"}}}
+    assert to_gemini_schema({"type": "string", "description": 5, "title": {},
+                             "minLength": "2", "pattern": 7, "nullable": "yes"}) == {
+        "type": "STRING"}
+    assert to_gemini_schema({"anyOf": [False, {"type": "string"}]}) == {"type": "STRING"}
+
+
+JSON_KEYS = st.sampled_from([
+    "type", "properties", "required", "items", "anyOf", "oneOf", "allOf", "$ref", "$defs",
+    "definitions", "enum", "const", "format", "description", "title", "nullable", "default",
+    "minimum", "exclusiveMinimum", "minItems", "pattern", "additionalProperties"]) | st.text(
+    max_size=3)
+JSON_LEAVES = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+               | st.sampled_from(["object", "string", "array", "null", "integer", "#/$defs/a",
+                                  "#/definitions/a", "a", "date-time"]) | st.text(max_size=3))
+JSON_VALUES = st.recursive(JSON_LEAVES, lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(JSON_KEYS, inner, max_size=5), max_leaves=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES)
+def test_gemini_schema_of_any_json_value_never_raises_and_is_a_gemini_schema(
+        parameters: Any) -> None:
+    """Any JSON value as a tool's parameters (a frontend's, an MCP server's) converts, to
+    something the SDK's schema model takes."""
+    out = to_gemini_schema(parameters)
+    gemini_types.Schema.model_validate(out)
+
+
+def test_gemini_tool_whose_schema_cannot_be_converted_costs_only_that_tool(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Were a schema to break the conversion still, that tool is offered with open
+    parameters and a warning; the run and the other tools go on."""
+    import copilot_runtime.adapters.google as google
+
+    convert = google._convert
+
+    def breaks_on_odd(schema: Any, *rest: Any) -> dict[str, Any]:
+        if isinstance(schema, dict) and "odd" in schema:
+            raise TypeError("odd")
+        return convert(schema, *rest)
+
+    monkeypatch.setattr(google, "_convert", breaks_on_odd)
+    adapter = GoogleGenAIAdapter(api_key="k", max_retries=0)
+    fine = {"type": "object", "properties": {"a": {"type": "string"}}}
+    with structlog.testing.capture_logs() as logs:
+        _, config = adapter.build_config(ChatRequest(
+            messages=[UserMessage(id="u", content="hi")],
+            tools=[ToolSpec("odd", "d", {"odd": 1}), ToolSpec("fine", "d", fine)]))
+    declarations = config["tools"][0]["function_declarations"]
+    assert declarations == [{"name": "odd", "description": "d"}, {
+        "name": "fine", "description": "d",
+        "parameters": {"type": "OBJECT", "properties": {"a": {"type": "STRING"}}}}]
+    assert [(e["event"], e["tool"]) for e in logs if e["log_level"] == "warning"] == [
+        ("tool schema not converted for Gemini", "odd")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=80), st.text(max_size=80))
+def test_gemini_names_are_names_gemini_takes_and_stay_apart(first: str, second: str) -> None:
+    from copilot_runtime.adapters.google import _gemini_name
+
+    taken = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+    assert taken.fullmatch(_gemini_name(first))
+    assert _gemini_name(first) == _gemini_name(first)
+    if taken.fullmatch(first):
+        assert _gemini_name(first) == first
+    if first != second:
+        assert _gemini_name(first) != _gemini_name(second)
+    assert _gemini_name("127_0_0_1__add").startswith("_127_0_0_1__add_")
 
 
 # ---- Gemini: contents and signatures ---------------------------------------------------------

@@ -22,17 +22,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
+import json
 import math
 import os
 import random
+import re
 import sys
 import urllib.parse
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import orjson
+import structlog
 from ag_ui.core import (
     AssistantMessage,
     DeveloperMessage,
@@ -227,9 +231,9 @@ class GoogleGenAIAdapter:
         if request.tools:
             declarations = []
             for tool in request.tools:
-                declaration: dict[str, Any] = {"name": tool.name,
+                declaration: dict[str, Any] = {"name": _gemini_name(tool.name),
                                                "description": tool.description}
-                parameters = to_gemini_schema(tool.parameters)
+                parameters = _tool_parameters(tool.name, tool.parameters)
                 if parameters.get("properties"):
                     declaration["parameters"] = parameters
                 declarations.append(declaration)
@@ -240,7 +244,7 @@ class GoogleGenAIAdapter:
                 config["tool_config"] = {"function_calling_config": {"mode": mode}}
             elif choice:
                 config["tool_config"] = {"function_calling_config": {
-                    "mode": "ANY", "allowed_function_names": [choice]}}
+                    "mode": "ANY", "allowed_function_names": [_gemini_name(choice)]}}
         if self.thinking is not None:
             config["thinking_config"] = self.thinking
         if request.temperature is not None:
@@ -254,25 +258,28 @@ class GoogleGenAIAdapter:
     def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
         contents, config = self.build_config(request)
         model = request.model or self.model
+        sent = {tool.name: _gemini_name(tool.name) for tool in request.tools or ()}
+        renamed = {as_sent: name for name, as_sent in sent.items() if as_sent != name}
         if self._direct is not None:
-            return self._stream_direct(self._direct, model, contents, config)
-        return self._stream_sdk(model, contents, config)
+            return self._stream_direct(self._direct, model, contents, config, renamed)
+        return self._stream_sdk(model, contents, config, renamed)
 
     async def _stream_direct(self, route: _DirectRoute, model: str,
-                             contents: list[dict[str, Any]], config: dict[str, Any]
-                             ) -> AsyncIterator[Sequence[ChatDelta]]:
+                             contents: list[dict[str, Any]], config: dict[str, Any],
+                             renamed: Mapping[str, str]) -> AsyncIterator[Sequence[ChatDelta]]:
         response = await route.send(model, rest_body(contents, config))
-        parser = GeminiStreamParser(self._remember, secrets=route.secrets)
+        parser = GeminiStreamParser(self._remember, secrets=route.secrets, renamed=renamed)
         async for deltas in _direct.stream(response, parser, _FAILURES):
             yield deltas
 
     async def _stream_sdk(self, model: str, contents: list[dict[str, Any]],
-                          config: dict[str, Any]) -> AsyncIterator[Sequence[ChatDelta]]:
+                          config: dict[str, Any], renamed: Mapping[str, str]
+                          ) -> AsyncIterator[Sequence[ChatDelta]]:
         import aiohttp
         from google.genai import errors as genai_errors
 
         secrets = (self._api_key,)  # (a ready client's credentials are not a string)
-        parser = GeminiStreamParser(self._remember, secrets=secrets)
+        parser = GeminiStreamParser(self._remember, secrets=secrets, renamed=renamed)
         try:
             # (bounded for an SDK version that awaits the answer's head here: the SDK's own
             # timeout is not set, see `client`)
@@ -457,11 +464,15 @@ class GeminiStreamParser:
     """`streamGenerateContent` SSE frames (raw bytes, or the SDK's chunks as REST JSON) to
     `ChatDelta`s: text, thought summaries, function calls, then usage and the finish."""
 
-    __slots__ = ("_held", "_meta", "_remember", "calls", "done", "reason", "secrets")
+    __slots__ = ("_held", "_meta", "_remember", "_renamed", "calls", "done", "reason",
+                 "secrets")
 
     def __init__(self, remember: Callable[[str, bytes], None] | None = None, *,
-                 secrets: Sequence[str | None] = ()) -> None:
+                 secrets: Sequence[str | None] = (),
+                 renamed: Mapping[str, str] | None = None) -> None:
         self._held = HeldBytes("The Gemini stream", UpstreamProtocolError)
+        #: The tools' names as sent (`_gemini_name`) → as they are, for the calls' names.
+        self._renamed = renamed or {}
         #: The credentials the request carried: an error event echoing one loses it.
         self.secrets = secrets
         self._remember = remember
@@ -529,7 +540,8 @@ class GeminiStreamParser:
                 signature = part.get("thoughtSignature")
                 if signature and self._remember is not None:
                     self._remember(call_id, base64.b64decode(signature))
-                out.append(ToolCallDelta(self.calls, call_id, call.get("name") or "",
+                name = call.get("name") or ""
+                out.append(ToolCallDelta(self.calls, call_id, self._renamed.get(name, name),
                                          orjson.dumps(call.get("args") or {}).decode()))
                 self.calls += 1
             elif part.get("text"):
@@ -615,6 +627,23 @@ def _rest_part(part: dict[str, Any]) -> dict[str, Any]:
 # ---- history ---------------------------------------------------------------------------------
 
 
+#: A function name Gemini takes: its API refuses one that starts with a digit (400 "Must
+#: start with a letter or an underscore"), as an MCP tool of a server named by its address
+#: is (`127_0_0_1__add`).
+_GEMINI_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+_NOT_IN_NAMES = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def _gemini_name(name: str) -> str:
+    """`name` as declared to Gemini: itself when Gemini takes it, else a name it takes,
+    the same each time (the history's calls are renamed alike), the name's characters kept
+    where they may be, and a digest of it so that two names cannot become one."""
+    if _GEMINI_NAME.fullmatch(name):
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"_{_NOT_IN_NAMES.sub('_', name)[:54]}_{digest}"
+
+
 def to_gemini_contents(messages: Sequence[Message], signatures: dict[str, bytes] | None = None,
                        ) -> tuple[list[str], list[dict[str, Any]]]:
     """AG-UI history → (system texts, Gemini contents), repaired as the module says."""
@@ -630,9 +659,9 @@ def to_gemini_contents(messages: Sequence[Message], signatures: dict[str, bytes]
             if text:
                 parts.append({"text": text})
             for call in message.tool_calls or ():
-                names[call.id] = call.function.name
+                names[call.id] = _gemini_name(call.function.name)
                 part: dict[str, Any] = {"function_call": {
-                    "name": call.function.name,
+                    "name": names[call.id],
                     "args": arguments_object(call.function.arguments)}}
                 signature = (signatures or {}).get(call.id)
                 if signature:
@@ -702,9 +731,26 @@ _DEFAULT_MIME = {"image": "image/png", "audio": "audio/wav", "video": "video/mp4
 
 # ---- tool schemas ----------------------------------------------------------------------------
 
-_KEPT = frozenset({"description", "title", "nullable", "minItems", "maxItems", "minLength",
-                   "maxLength", "pattern", "minProperties", "maxProperties", "minimum",
-                   "maximum", "default", "example"})
+_log = structlog.get_logger("copilot_runtime.adapters.google")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+#: The keywords kept as they are, each when its value is of the type Gemini takes (another
+#: one, valid or not in JSON Schema, made the SDK or the API refuse the whole request).
+_KEPT: dict[str, Callable[[Any], bool]] = {
+    "description": lambda v: isinstance(v, str), "title": lambda v: isinstance(v, str),
+    "pattern": lambda v: isinstance(v, str), "nullable": lambda v: isinstance(v, bool),
+    "minItems": _is_count, "maxItems": _is_count, "minLength": _is_count,
+    "maxLength": _is_count, "minProperties": _is_count, "maxProperties": _is_count,
+    "minimum": _is_number, "maximum": _is_number,
+    "default": lambda _: True, "example": lambda _: True}
 _FORMATS = {"STRING": {"enum", "date-time"}, "NUMBER": {"float", "double"},
             "INTEGER": {"int32", "int64"}}
 _TYPES = {"string": "STRING", "number": "NUMBER", "integer": "INTEGER", "boolean": "BOOLEAN",
@@ -729,6 +775,16 @@ def _any_value(array_depth: int) -> dict[str, Any]:
     return {"anyOf": members, "nullable": True}
 
 
+def _tool_parameters(name: str, parameters: Any) -> dict[str, Any]:
+    """`to_gemini_schema` of a tool's parameters; open ones (none declared) when the
+    conversion fails, so a schema it cannot take costs that tool's arguments, not the run."""
+    try:
+        return to_gemini_schema(parameters)
+    except (TypeError, ValueError, AttributeError, KeyError, RecursionError):
+        _log.warning("tool schema not converted for Gemini", tool=name, exc_info=True)
+        return {"type": "OBJECT"}
+
+
 def to_gemini_schema(schema: Any) -> dict[str, Any]:
     """A JSON Schema as the OpenAPI subset Gemini's function declarations accept.
 
@@ -738,40 +794,64 @@ def to_gemini_schema(schema: Any) -> dict[str, Any]:
     (`additionalProperties`, `$schema`, `not`, `if`, ...) are dropped, `required` keeps only
     declared properties, an array gets `items`, a typeless schema the type its keywords
     imply, or else an `anyOf` of every JSON type (never a guessed STRING: Gemini would send
-    every value as a string).
+    every value as a string). A boolean schema: `true` is any value; `false` (no value) is
+    dropped where it can be (a property, an alternative), else any value too.
     """
     if not isinstance(schema, dict):
         return {"type": "OBJECT"}
-    definitions = {**schema.get("definitions", {}), **schema.get("$defs", {})}
+    definitions: dict[str, Any] = {}
+    for keyword in ("definitions", "$defs"):  # (either may be no keyword: any value)
+        if isinstance(schema.get(keyword), dict):
+            definitions.update(schema[keyword])
     return _convert(schema, definitions, 0, frozenset())
+
+
+def _resolved(schema: Any, definitions: dict[str, Any]) -> Any:
+    """The definition a member `{"$ref": ...}` names (None if none), else the member."""
+    if isinstance(schema, dict) and "$ref" in schema:
+        return definitions.get(str(schema["$ref"]).rsplit("/", 1)[-1])
+    return schema
+
+
+def _merge_all_of(schema: dict[str, Any], definitions: dict[str, Any]) -> None:
+    """`allOf`'s members merged into `schema` (their properties and required added to its
+    own; any other keyword where `schema` has none)."""
+    members = schema.pop("allOf", None)
+    for member in members if isinstance(members, list) else ():
+        resolved = _resolved(member, definitions)
+        if not isinstance(resolved, dict):
+            continue  # (true adds nothing; false, no value at all, has no Gemini form)
+        for key, value in resolved.items():
+            if key == "properties" and isinstance(value, dict):
+                own = schema.get("properties")
+                schema["properties"] = {**(own if isinstance(own, dict) else {}), **value}
+            elif key == "required" and isinstance(value, list):
+                own = schema.get("required")
+                schema["required"] = [*(own if isinstance(own, list) else ()), *value]
+            else:
+                schema.setdefault(key, value)
 
 
 def _convert(schema: Any, definitions: dict[str, Any], depth: int,
              seen: frozenset[str]) -> dict[str, Any]:
+    if isinstance(schema, bool) and depth <= _MAX_DEPTH:
+        schema = {}  # any value (false, none, has no Gemini form: see the callers)
     if not isinstance(schema, dict) or depth > _MAX_DEPTH:
         return {"type": "OBJECT"}
     ref = schema.get("$ref")
     if isinstance(ref, str):
         name = ref.rsplit("/", 1)[-1]
         target = definitions.get(name)
-        if target is None or name in seen:
+        if isinstance(target, bool):
+            target = {}
+        if not isinstance(target, dict) or name in seen:
             return {"type": "OBJECT", **_text_keys(schema)}
         merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
         return _convert(merged, definitions, depth + 1, seen | {name})
     schema = dict(schema)
-    for member in schema.pop("allOf", None) or ():
-        if isinstance(member, dict):
-            resolved = member
-            if "$ref" in member:
-                resolved = definitions.get(str(member["$ref"]).rsplit("/", 1)[-1], {})
-            for key, value in resolved.items():
-                if key == "properties":
-                    schema["properties"] = {**schema.get("properties", {}), **value}
-                elif key == "required":
-                    schema["required"] = [*schema.get("required", []), *value]
-                else:
-                    schema.setdefault(key, value)
-    out: dict[str, Any] = {k: schema[k] for k in _KEPT if k in schema}
+    _merge_all_of(schema, definitions)
+    out: dict[str, Any] = {k: schema[k] for k, fits in _KEPT.items()
+                           if k in schema and fits(schema[k])}
     nullable = False
     kind = schema.get("type")
     if isinstance(kind, list):
@@ -784,8 +864,10 @@ def _convert(schema: Any, definitions: dict[str, Any], depth: int,
             schema.setdefault("anyOf", [{"type": k} for k in kinds])
     alternatives = schema.get("anyOf") or schema.get("oneOf")
     if isinstance(alternatives, list):
-        members = [a for a in alternatives if not (isinstance(a, dict) and a.get("type") == "null")]
-        nullable = nullable or len(members) < len(alternatives)
+        nulls = [a for a in alternatives if isinstance(a, dict) and a.get("type") == "null"]
+        nullable = nullable or bool(nulls)
+        # (false, no value, is an alternative never taken)
+        members = [a for a in alternatives if a is not False and a not in nulls]
         converted = [_convert(a, definitions, depth + 1, seen) for a in members]
         if len(converted) == 1:
             out = {**converted[0], **out}
@@ -812,7 +894,7 @@ def _convert(schema: Any, definitions: dict[str, Any], depth: int,
         if gemini_type == "STRING" and all(isinstance(v, str) for v in enum):
             out["enum"] = enum
         else:
-            values = ", ".join(orjson.dumps(v).decode() for v in enum)
+            values = ", ".join(json.dumps(v) for v in enum)  # (orjson: 64-bit ints only)
             out["description"] = (f"{out.get('description', '')} (one of: {values})").strip()
     fmt = schema.get("format")
     if isinstance(fmt, str) and fmt in _FORMATS.get(str(gemini_type), ()):
@@ -823,10 +905,16 @@ def _convert(schema: Any, definitions: dict[str, Any], depth: int,
         out.setdefault("maximum", schema["exclusiveMaximum"])
     if gemini_type == "OBJECT":
         properties = schema.get("properties")
+        if isinstance(properties, dict):
+            # (a property whose schema is false may never be given: it is left out)
+            properties = {name: value for name, value in properties.items()
+                          if value is not False}
         if isinstance(properties, dict) and properties:
             out["properties"] = {name: _convert(value, definitions, depth + 1, seen)
                                  for name, value in properties.items()}
-            required = [r for r in schema.get("required") or () if r in properties]
+            required = schema.get("required")
+            required = [r for r in required if isinstance(r, str) and r in properties] \
+                if isinstance(required, list) else []
             if required:
                 out["required"] = list(dict.fromkeys(required))
     elif gemini_type == "ARRAY":
