@@ -306,6 +306,22 @@ async def test_a_tool_name_gemini_refuses_is_sent_renamed_and_comes_back_as_it_w
             await gemini.aclose()
 
 
+def test_the_mock_refuses_a_function_name_the_api_refuses() -> None:
+    """The mock answers 400 where the real API does, so a name the adapter failed to map
+    fails a test instead of passing unnoticed (as `127_0_0_1__add` once did)."""
+    from copilot_runtime.testing.mock_gemini import Refused, validate
+
+    def body(name: str) -> dict[str, Any]:
+        return {"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+                "tools": [{"functionDeclarations": [{"name": name}]}]}
+
+    for name in ("add", "_add", "get.weather", "ns:add", "a-b", "a" * 64):
+        validate(body(name), set())
+    for name in ("127_0_0_1__add", "-add", "add me", "a" * 65, ""):
+        with pytest.raises(Refused, match="Invalid function name"):
+            validate(body(name), set())
+
+
 async def test_api_version_from_the_environment(mock: MockGeminiServer,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GOOGLE_GENAI_API_VERSION", "beta")

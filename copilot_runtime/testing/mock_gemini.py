@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 from typing import Any
 
 import orjson
@@ -34,6 +35,8 @@ from copilot_runtime.testing.mock_openai import _plan, _split
 
 __all__ = ["MockGeminiServer"]
 
+#: The names the API takes for a function (its 400 for any other quotes this rule).
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,63}")
 _STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
            404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE",
            504: "DEADLINE_EXCEEDED"}
@@ -89,6 +92,12 @@ def validate(body: Any, signed: set[str]) -> None:
         raise Refused("* GenerateContentRequest.contents: contents is not specified")
     for t, tool in enumerate(body.get("tools") or ()):
         for f, declaration in enumerate(tool.get("functionDeclarations") or ()):
+            if not _NAME.fullmatch(str(declaration.get("name", ""))):
+                raise Refused(f"* GenerateContentRequest.tools[{t}].function_declarations[{f}]"
+                               f".name: Invalid function name. Must start with a letter or an "
+                               f"underscore. Must be alphameric (a-z, A-Z, 0-9), underscores "
+                               f"(_), dots (.), colons (:), or dashes (-), with a maximum "
+                               f"length of 64.")
             if "parameters" in declaration:
                 _check_schema(declaration["parameters"],
                               f"tools[{t}].function_declarations[{f}].parameters")
