@@ -64,7 +64,9 @@ class CopilotRuntime:
     `agents` maps agent ids to agents. With `service_adapter`, a `BuiltInAgent` over it
     serves as the `default` agent (unless `agents` names one `default` already) with the
     server-side `actions`. `max_run_bytes` bounds what one run keeps in the thread store
-    (as encoded JSON; longer strings are cut, and the cut logged). `max_run_seconds` bounds
+    (as encoded JSON; longer strings are cut, and the cut logged); a running run whose
+    events pass four times as much is stopped with a `RUN_ERROR` coded `PAYLOAD_TOO_LARGE`
+    (an endless upstream would fill the memory). `max_run_seconds` bounds
     how long a run is driven: one still going then is cut as a stop is, and ends with a
     `RUN_ERROR` coded `RUN_TIMEOUT` (None, the default: no bound). With
     `thread_retention_seconds`, threads whose last run began longer ago are deleted by a
