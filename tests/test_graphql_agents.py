@@ -559,3 +559,78 @@ async def test_load_agent_state_of_a_langgraph_thread(
         "Through the runtime", "echo: Through the runtime"]  # the system prompt is not kept
     assert nowhere == {"threadId": "t-nowhere", "threadExists": False, "state": "{}",
                        "messages": "[]"}
+
+
+# ---- a client's own copy of a graph-side tool result ---------------------------------------
+
+
+def failing_after_tool_graph(base_url: str, client: httpx.AsyncClient) -> Any:
+    """Runs the server tool `echo_back` in a `ToolNode`; the model step after the tool
+    fails once (as a provider outage would), then answers."""
+    llm = graphs.model(base_url, client)
+    failed: list[bool] = []
+
+    @tool
+    def echo_back(q: str) -> str:
+        """Echo the query."""
+        return q
+
+    async def chat(state: CopilotKitState, config: RunnableConfig) -> Json:
+        if state["messages"][-1].type == "tool" and not failed:
+            failed.append(True)
+            raise RuntimeError("provider outage")
+        return {"messages": [await llm.bind_tools([echo_back]).ainvoke(state["messages"],
+                                                                       config)]}
+
+    def route(state: CopilotKitState) -> Literal["tools", "__end__"]:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    graph = StateGraph(CopilotKitState)
+    graph.add_node("chat", chat)
+    graph.add_node("tools", ToolNode([echo_back]))
+    graph.add_edge(START, "chat")
+    graph.add_conditional_edges("chat", route)
+    graph.add_edge("tools", "chat")
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+def held_by_client(response: Json) -> list[Json]:
+    """What react-core 1.10 keeps of a response without a final agent state (a failed or
+    stopped run): the messages it was streamed, as `MessageInput`s."""
+    held = []
+    for m in response["messages"]:
+        if m["__typename"] == "ActionExecutionMessageOutput":
+            held.append(call_message(m["id"], m["name"], "".join(m["arguments"]),
+                                     m.get("parentMessageId")))
+        elif m["__typename"] == "ResultMessageOutput":
+            held.append(result_message(m["id"], m["actionExecutionId"], m["actionName"],
+                                       m["result"]))
+        elif m["__typename"] == "TextMessageOutput":
+            held.append(text_message(m["id"], m["role"], "".join(m["content"])))
+    return held
+
+
+async def test_a_streamed_tool_result_sent_back_is_not_a_new_message(
+        llm: MockOpenAIServer, client: httpx.AsyncClient, serve_runtime: ServeRuntime) -> None:
+    """A failed run after a graph-side tool sends no final agent state: the client keeps the
+    streamed result (id `result-<callId>`, not the checkpoint's) and sends it back. It was
+    appended after the conversation as a new tool message answering no call, and every
+    later message of the thread failed at the model (HTTP 400)."""
+    graph = failing_after_tool_graph(llm.base_url, client)
+    runtime = CopilotRuntime(agents={"lk": LangGraphAgent(name="lk", graph=graph)})
+    history = [text_message("sys", "system", "Be brief."),
+               text_message("u1", "user", 'call:echo_back {"q": "x"}')]
+    async with serve_runtime(runtime) as served:
+        failed = await turn(served, chat_data(history, thread="t-held",
+                                              agentSession={"agentName": "lk"}))
+        held = held_by_client(failed)
+        retry = await turn(served, chat_data(
+            [*history, *held, text_message("u2", "user", "Again")], thread="t-held",
+            agentSession={"agentName": "lk"}))
+    assert failed["status"]["code"] == "Failed"
+    assert [m["id"].startswith("result-") for m in held if "resultMessage" in m] == [True]
+    assert retry["status"]["code"] == "Success", retry["status"]
+    values = await graphs.graph_values(graph, "t-held")
+    assert [m.type for m in values["messages"]] == ["human", "ai", "tool", "human", "ai"]
+

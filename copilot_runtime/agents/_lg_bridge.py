@@ -70,6 +70,7 @@ from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
     camel_to_snake,
     langchain_messages_to_agui,
 )
+from langchain_core.messages import ToolMessage
 from langgraph.pregel import Pregel
 from langgraph.types import Command, Interrupt, StateSnapshot
 
@@ -197,7 +198,8 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
 
     def langgraph_default_merge_state(self, state: Any, messages: Any,
                                       input: RunAgentInput) -> Any:
-        merged = super().langgraph_default_merge_state(state, messages, input)
+        merged = super().langgraph_default_merge_state(
+            state, _without_answered_results(messages, state.get("messages")), input)
         context = [{"description": c.description, "value": c.value}
                    for c in input.context or ()]
         merged["copilotkit"] = {**merged.get("copilotkit", {}), "context": context}
@@ -498,6 +500,27 @@ def _check_client_input(input: RunAgentInput) -> None:
                 raise InvalidRequestError(
                     f"Message '{message.id}': the arguments of tool call '{call.id}' must "
                     "be a JSON object")
+
+
+def _without_answered_results(messages: Sequence[Any], saved: Any) -> list[Any]:
+    """The client's `messages` less its tool results for calls the checkpoint (`saved`, its
+    LangChain messages) already holds a result for: under another id (a 1.10 client keeps a
+    streamed result as `result-<callId>` when no final agent state followed: a failed or
+    stopped run), the base took one for a new message and appended it after the
+    conversation, a result answering no call, which the model refuses on every later run.
+    Placeholders LangGraph wrote for orphan calls stay answerable (the base repairs them)."""
+    answered = {m.tool_call_id for m in saved or () if isinstance(m, ToolMessage)
+                and not _is_orphan_placeholder(m)}
+    if not answered:
+        return list(messages)
+    known = {m.id for m in saved or ()}
+    return [m for m in messages if not (isinstance(m, ToolMessage) and m.id not in known
+                                        and m.tool_call_id in answered)]
+
+
+def _is_orphan_placeholder(message: ToolMessage) -> bool:
+    return isinstance(message.content, str) and bool(
+        _BaseBridge._ORPHAN_TOOL_MSG_RE.match(message.content))
 
 
 def _echoed_keys(given: Any, saved: Any) -> dict[str, Any]:
