@@ -37,7 +37,7 @@ from copilot_runtime.events import EventBatches
 from copilot_runtime.testing import MockOpenAIServer
 from tests.agents_support import graphs
 from tests.agents_support.agui_server import ScriptedAGUIServer
-from tests.conftest import Served, ServeRuntime, openai_runtime
+from tests.conftest import Served, ServeRuntime, openai_runtime, run_input
 from tests.gql.wire import (
     CLIENT_DOCUMENT,
     CLIENT_HEADERS,
@@ -634,3 +634,43 @@ async def test_a_streamed_tool_result_sent_back_is_not_a_new_message(
     values = await graphs.graph_values(graph, "t-held")
     assert [m.type for m in values["messages"]] == ["human", "ai", "tool", "human", "ai"]
 
+
+# ---- answers of several text blocks ---------------------------------------------------------
+
+
+def several_blocks_graph() -> Any:
+    """Answers in langchain-anthropic's shape for cited text: several text blocks, after a
+    reasoning block."""
+
+    async def answer(state: CopilotKitState) -> Json:
+        return {"messages": [AIMessage(content=[
+            {"type": "reasoning", "reasoning": "hmm"}, {"type": "text", "text": "part one "},
+            {"type": "text", "text": "part two"}])]}
+
+    graph = StateGraph(CopilotKitState)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "answer")
+    graph.add_edge("answer", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_an_answer_of_several_text_blocks_is_shown_whole(
+        serve_runtime: ServeRuntime) -> None:
+    """Only the first text block reached the final agent state, loadAgentState and
+    MESSAGES_SNAPSHOT (ag-ui-langgraph's converter reads one)."""
+    runtime = CopilotRuntime(agents={"blocks": LangGraphAgent(name="blocks",
+                                                              graph=several_blocks_graph())})
+    async with serve_runtime(runtime) as served:
+        response = await turn(served, session("blocks", "Hello", "t-blocks"))
+        loaded = await query(served, LOAD_STATE, {"data": {"threadId": "t-blocks",
+                                                          "agentName": "blocks"}})
+        events = await served.run(run_input("Hello", thread="t-blocks-agui"), agent="blocks")
+    final = states(response)[-1]["state"]["messages"]
+    assert [m["content"] for m in final if m.get("role") == "assistant"] == [
+        "part one part two"]
+    shown = json.loads(loaded["data"]["loadAgentState"]["messages"])
+    assert [m["content"] for m in shown if m.get("role") == "assistant"] == [
+        "part one part two"]
+    (snapshot,) = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"]
+    assert [(m["role"], m.get("content")) for m in snapshot["messages"]][1:] == [
+        ("reasoning", "hmm"), ("assistant", "part one part two")]
