@@ -34,7 +34,8 @@ overrides):
   Ollama, vLLM, Gemini), which the base drops: they are sent as the call's first
   `TOOL_CALL_ARGS`;
 * client input the base crashes on refused as `InvalidRequestError` (a `state.copilotkit`
-  that is not an object, tool-call arguments that are JSON but not an object), and
+  that is not an object, a `state.tools` that is not a list of objects, a `nodeName` that
+  is not text, tool-call arguments that are JSON but not an object), and
   activity messages (UI state) kept out of the graph's input, where the base fails on
   their role;
 * state the client only echoed back kept out of the graph's input: its JSON form
@@ -487,6 +488,16 @@ def _check_client_input(input: RunAgentInput) -> None:
             and not isinstance(state["copilotkit"], dict):
         raise InvalidRequestError("state.copilotkit must be a JSON object (CopilotKit "
                                   "writes the frontend's actions and context into it)")
+    if isinstance(state, dict) and state.get("tools") is not None and not (
+            isinstance(state["tools"], list)
+            and all(isinstance(t, dict) for t in state["tools"])):
+        raise InvalidRequestError("state.tools must be a list of JSON objects (the "
+                                  "frontend's tools, which the agent's are added to)")
+    forwarded = input.forwarded_props if isinstance(input.forwarded_props, dict) else {}
+    for key in ("nodeName", "node_name"):
+        if forwarded.get(key) is not None and not isinstance(forwarded[key], str):
+            raise InvalidRequestError(f"{key} must be a string (the graph node to go on "
+                                      "from)")
     for message in input.messages or ():
         for call in getattr(message, "tool_calls", None) or ():
             arguments = call.function.arguments
