@@ -12,9 +12,10 @@ from graphql import FragmentDefinitionNode, GraphQLError, OperationDefinitionNod
 from graphql.execution.values import get_variable_values
 
 from copilot_runtime import events as ev
-from copilot_runtime._exceptions import InvalidRequestError
+from copilot_runtime._exceptions import InvalidRequestError, JSONTooDeepError
 from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.messages import from_graphql_inputs, to_json_representation
+from copilot_runtime.protocols.graphql.errors import said_of
 from copilot_runtime.protocols.graphql.increments import ResponseEncoder, encode_result
 from copilot_runtime.protocols.graphql.inputs import run_request
 from copilot_runtime.protocols.graphql.plan import OperationPlan, compile_operation
@@ -427,3 +428,11 @@ def test_a_run_refused_mid_stream_is_coded_as_before_one() -> None:
         seen = failed_status("refused", code)["details"]["originalError"]
         assert (code, seen["code"]) == (code, expected)
         assert seen["originalErrorType"] == code
+
+
+def test_an_invalid_request_says_its_details_once() -> None:
+    # (a refusal whose details are its message said it twice: "...(at most 64 levels):
+    # ...(at most 64 levels)")
+    deep = JSONTooDeepError("agentStates[0].state", 64)
+    assert said_of(deep) == "agentStates[0].state is nested too deep (at most 64 levels)"
+    assert said_of(InvalidRequestError("Bad input", "the field x")) == "Bad input: the field x"
