@@ -674,3 +674,32 @@ async def test_an_answer_of_several_text_blocks_is_shown_whole(
     (snapshot,) = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"]
     assert [(m["role"], m.get("content")) for m in snapshot["messages"]][1:] == [
         ("reasoning", "hmm"), ("assistant", "part one part two")]
+
+
+# ---- a batch the response cannot carry ------------------------------------------------------
+
+
+async def test_a_batch_the_encoder_fails_on_ends_the_response_with_an_error(
+        serve_runtime: ServeRuntime) -> None:
+    """The GraphQL encoder keeps what it was fed: a batch it failed on part-way was fed to
+    it again, and the part it had taken came twice (a text piece repeated, a call's
+    arguments no longer JSON). Now the response ends there, failed, saying why."""
+    agent = Scripted([ev.step_started("s"), ev.text_message_start("m1"),
+                      ev.text_message_content("m1", "one ")],
+                     [ev.text_message_content("m1", "two "),
+                      ev.state_snapshot({"tags": {"not", "json"}}),  # (a set)
+                      ev.text_message_content("m1", "three")],
+                     [ev.text_message_end("m1"), ev.step_finished("s")])
+    async with serve_runtime(CopilotRuntime(agents={"scripted": agent})) as served:
+        response = await turn(served, session("scripted", "go", "t-unencodable"))
+        events = await served.run(run_input("go", thread="t-unencodable-agui"),
+                                  agent="scripted")
+    # AG-UI's frames are encoded afresh: the batch is sent without what JSON cannot carry.
+    assert "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT") == (
+        "one two three")
+    assert "STATE_SNAPSHOT" not in [e["type"] for e in events]
+    assert events[-1]["type"] == "RUN_FINISHED"
+    assert texts(response) == ["one "]
+    status = response["status"]
+    assert status["code"] == "Failed", status
+    assert "could not be encoded" in status["details"]["description"]
