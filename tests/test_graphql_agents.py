@@ -703,3 +703,50 @@ async def test_a_batch_the_encoder_fails_on_ends_the_response_with_an_error(
     status = response["status"]
     assert status["code"] == "Failed", status
     assert "could not be encoded" in status["details"]["description"]
+
+
+# ---- a call no one answers, in the step that streams the answer ---------------------------
+
+
+def emits_then_answers_graph(base_url: str, client: httpx.AsyncClient) -> Any:
+    """One node: announces a call for the page to render, then streams its answer."""
+    llm = graphs.model(base_url, client)
+
+    async def work(state: CopilotKitState, config: RunnableConfig) -> Json:
+        await copilotkit_emit_tool_call(config, name="showProgress", args={"percent": 50})
+        return {"messages": [await llm.ainvoke("the answer after the card", config)]}
+
+    graph = StateGraph(CopilotKitState)
+    graph.add_node("work", work)
+    graph.add_edge(START, "work")
+    graph.add_edge("work", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+SHOW_PROGRESS = {"name": "showProgress", "description": "Renders progress",
+                 "available": "disabled", "jsonSchema": '{"type":"object"}'}
+
+
+@pytest.mark.parametrize("actions", [[SHOW_PROGRESS], []], ids=["render-only", "undeclared"])
+async def test_an_answer_after_an_announced_call_in_its_step_streams(
+        llm: MockOpenAIServer, client: httpx.AsyncClient, serve_runtime: ServeRuntime,
+        actions: list[Json]) -> None:
+    """A call a node announces for the page to render (a render-only action, or one the
+    page did not declare) gets no result: the answer the same node streams after it was
+    held to the end of the run. Only calls the runtime answers after the answer streamed
+    (the built-in agent's server-side actions) are waited for."""
+    runtime = CopilotRuntime(agents={"emit": LangGraphAgent(
+        name="emit", graph=emits_then_answers_graph(llm.base_url, client))})
+    async with serve_runtime(runtime) as served:
+        response = await turn(served, session("emit", "Go", "t-emit",
+                                              frontend={"actions": actions}))
+    assert response["status"]["code"] == "Success"
+    assert texts(response) == ["echo: the answer after the card"]
+    order = kinds(response)
+    text_at = order.index("Text")
+    assert order.index("ActionExecution") < text_at
+    # The text streamed while its node ran: the node's end comes after it.
+    after = [(m["nodeName"], m["active"]) for m in response["messages"][text_at + 1:]
+             if m["__typename"] == "AgentStateMessageOutput"]
+    assert ("work", False) in after, order
+
