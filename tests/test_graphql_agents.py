@@ -37,7 +37,7 @@ from copilot_runtime.events import EventBatches
 from copilot_runtime.testing import MockOpenAIServer
 from tests.agents_support import graphs
 from tests.agents_support.agui_server import ScriptedAGUIServer
-from tests.conftest import Served, ServeRuntime, openai_runtime
+from tests.conftest import Served, ServeRuntime, openai_runtime, run_input
 from tests.gql.wire import (
     CLIENT_DOCUMENT,
     CLIENT_HEADERS,
@@ -559,3 +559,194 @@ async def test_load_agent_state_of_a_langgraph_thread(
         "Through the runtime", "echo: Through the runtime"]  # the system prompt is not kept
     assert nowhere == {"threadId": "t-nowhere", "threadExists": False, "state": "{}",
                        "messages": "[]"}
+
+
+# ---- a client's own copy of a graph-side tool result ---------------------------------------
+
+
+def failing_after_tool_graph(base_url: str, client: httpx.AsyncClient) -> Any:
+    """Runs the server tool `echo_back` in a `ToolNode`; the model step after the tool
+    fails once (as a provider outage would), then answers."""
+    llm = graphs.model(base_url, client)
+    failed: list[bool] = []
+
+    @tool
+    def echo_back(q: str) -> str:
+        """Echo the query."""
+        return q
+
+    async def chat(state: CopilotKitState, config: RunnableConfig) -> Json:
+        if state["messages"][-1].type == "tool" and not failed:
+            failed.append(True)
+            raise RuntimeError("provider outage")
+        return {"messages": [await llm.bind_tools([echo_back]).ainvoke(state["messages"],
+                                                                       config)]}
+
+    def route(state: CopilotKitState) -> Literal["tools", "__end__"]:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    graph = StateGraph(CopilotKitState)
+    graph.add_node("chat", chat)
+    graph.add_node("tools", ToolNode([echo_back]))
+    graph.add_edge(START, "chat")
+    graph.add_conditional_edges("chat", route)
+    graph.add_edge("tools", "chat")
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+def held_by_client(response: Json) -> list[Json]:
+    """What react-core 1.10 keeps of a response without a final agent state (a failed or
+    stopped run): the messages it was streamed, as `MessageInput`s."""
+    held = []
+    for m in response["messages"]:
+        if m["__typename"] == "ActionExecutionMessageOutput":
+            held.append(call_message(m["id"], m["name"], "".join(m["arguments"]),
+                                     m.get("parentMessageId")))
+        elif m["__typename"] == "ResultMessageOutput":
+            held.append(result_message(m["id"], m["actionExecutionId"], m["actionName"],
+                                       m["result"]))
+        elif m["__typename"] == "TextMessageOutput":
+            held.append(text_message(m["id"], m["role"], "".join(m["content"])))
+    return held
+
+
+async def test_a_streamed_tool_result_sent_back_is_not_a_new_message(
+        llm: MockOpenAIServer, client: httpx.AsyncClient, serve_runtime: ServeRuntime) -> None:
+    """A failed run after a graph-side tool sends no final agent state: the client keeps the
+    streamed result (id `result-<callId>`, not the checkpoint's) and sends it back. It was
+    appended after the conversation as a new tool message answering no call, and every
+    later message of the thread failed at the model (HTTP 400)."""
+    graph = failing_after_tool_graph(llm.base_url, client)
+    runtime = CopilotRuntime(agents={"lk": LangGraphAgent(name="lk", graph=graph)})
+    history = [text_message("sys", "system", "Be brief."),
+               text_message("u1", "user", 'call:echo_back {"q": "x"}')]
+    async with serve_runtime(runtime) as served:
+        failed = await turn(served, chat_data(history, thread="t-held",
+                                              agentSession={"agentName": "lk"}))
+        held = held_by_client(failed)
+        retry = await turn(served, chat_data(
+            [*history, *held, text_message("u2", "user", "Again")], thread="t-held",
+            agentSession={"agentName": "lk"}))
+    assert failed["status"]["code"] == "Failed"
+    assert [m["id"].startswith("result-") for m in held if "resultMessage" in m] == [True]
+    assert retry["status"]["code"] == "Success", retry["status"]
+    values = await graphs.graph_values(graph, "t-held")
+    assert [m.type for m in values["messages"]] == ["human", "ai", "tool", "human", "ai"]
+
+
+# ---- answers of several text blocks ---------------------------------------------------------
+
+
+def several_blocks_graph() -> Any:
+    """Answers in langchain-anthropic's shape for cited text: several text blocks, after a
+    reasoning block."""
+
+    async def answer(state: CopilotKitState) -> Json:
+        return {"messages": [AIMessage(content=[
+            {"type": "reasoning", "reasoning": "hmm"}, {"type": "text", "text": "part one "},
+            {"type": "text", "text": "part two"}])]}
+
+    graph = StateGraph(CopilotKitState)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "answer")
+    graph.add_edge("answer", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_an_answer_of_several_text_blocks_is_shown_whole(
+        serve_runtime: ServeRuntime) -> None:
+    """Only the first text block reached the final agent state, loadAgentState and
+    MESSAGES_SNAPSHOT (ag-ui-langgraph's converter reads one)."""
+    runtime = CopilotRuntime(agents={"blocks": LangGraphAgent(name="blocks",
+                                                              graph=several_blocks_graph())})
+    async with serve_runtime(runtime) as served:
+        response = await turn(served, session("blocks", "Hello", "t-blocks"))
+        loaded = await query(served, LOAD_STATE, {"data": {"threadId": "t-blocks",
+                                                          "agentName": "blocks"}})
+        events = await served.run(run_input("Hello", thread="t-blocks-agui"), agent="blocks")
+    final = states(response)[-1]["state"]["messages"]
+    assert [m["content"] for m in final if m.get("role") == "assistant"] == [
+        "part one part two"]
+    shown = json.loads(loaded["data"]["loadAgentState"]["messages"])
+    assert [m["content"] for m in shown if m.get("role") == "assistant"] == [
+        "part one part two"]
+    (snapshot,) = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"]
+    assert [(m["role"], m.get("content")) for m in snapshot["messages"]][1:] == [
+        ("reasoning", "hmm"), ("assistant", "part one part two")]
+
+
+# ---- a batch the response cannot carry ------------------------------------------------------
+
+
+async def test_a_batch_the_encoder_fails_on_ends_the_response_with_an_error(
+        serve_runtime: ServeRuntime) -> None:
+    """The GraphQL encoder keeps what it was fed: a batch it failed on part-way was fed to
+    it again, and the part it had taken came twice (a text piece repeated, a call's
+    arguments no longer JSON). Now the response ends there, failed, saying why."""
+    agent = Scripted([ev.step_started("s"), ev.text_message_start("m1"),
+                      ev.text_message_content("m1", "one ")],
+                     [ev.text_message_content("m1", "two "),
+                      ev.state_snapshot({"tags": {"not", "json"}}),  # (a set)
+                      ev.text_message_content("m1", "three")],
+                     [ev.text_message_end("m1"), ev.step_finished("s")])
+    async with serve_runtime(CopilotRuntime(agents={"scripted": agent})) as served:
+        response = await turn(served, session("scripted", "go", "t-unencodable"))
+        events = await served.run(run_input("go", thread="t-unencodable-agui"),
+                                  agent="scripted")
+    # AG-UI's frames are encoded afresh: the batch is sent without what JSON cannot carry.
+    assert "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT") == (
+        "one two three")
+    assert "STATE_SNAPSHOT" not in [e["type"] for e in events]
+    assert events[-1]["type"] == "RUN_FINISHED"
+    assert texts(response) == ["one "]
+    status = response["status"]
+    assert status["code"] == "Failed", status
+    assert "could not be encoded" in status["details"]["description"]
+
+
+# ---- a call no one answers, in the step that streams the answer ---------------------------
+
+
+def emits_then_answers_graph(base_url: str, client: httpx.AsyncClient) -> Any:
+    """One node: announces a call for the page to render, then streams its answer."""
+    llm = graphs.model(base_url, client)
+
+    async def work(state: CopilotKitState, config: RunnableConfig) -> Json:
+        await copilotkit_emit_tool_call(config, name="showProgress", args={"percent": 50})
+        return {"messages": [await llm.ainvoke("the answer after the card", config)]}
+
+    graph = StateGraph(CopilotKitState)
+    graph.add_node("work", work)
+    graph.add_edge(START, "work")
+    graph.add_edge("work", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+SHOW_PROGRESS = {"name": "showProgress", "description": "Renders progress",
+                 "available": "disabled", "jsonSchema": '{"type":"object"}'}
+
+
+@pytest.mark.parametrize("actions", [[SHOW_PROGRESS], []], ids=["render-only", "undeclared"])
+async def test_an_answer_after_an_announced_call_in_its_step_streams(
+        llm: MockOpenAIServer, client: httpx.AsyncClient, serve_runtime: ServeRuntime,
+        actions: list[Json]) -> None:
+    """A call a node announces for the page to render (a render-only action, or one the
+    page did not declare) gets no result: the answer the same node streams after it was
+    held to the end of the run. Only calls the runtime answers after the answer streamed
+    (the built-in agent's server-side actions) are waited for."""
+    runtime = CopilotRuntime(agents={"emit": LangGraphAgent(
+        name="emit", graph=emits_then_answers_graph(llm.base_url, client))})
+    async with serve_runtime(runtime) as served:
+        response = await turn(served, session("emit", "Go", "t-emit",
+                                              frontend={"actions": actions}))
+    assert response["status"]["code"] == "Success"
+    assert texts(response) == ["echo: the answer after the card"]
+    order = kinds(response)
+    text_at = order.index("Text")
+    assert order.index("ActionExecution") < text_at
+    # The text streamed while its node ran: the node's end comes after it.
+    after = [(m["nodeName"], m["active"]) for m in response["messages"][text_at + 1:]
+             if m["__typename"] == "AgentStateMessageOutput"]
+    assert ("work", False) in after, order
+

@@ -9,6 +9,7 @@ import orjson
 import pytest
 from graphql import OperationDefinitionNode, parse
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from structlog.testing import capture_logs
 
 from copilot_runtime import events as ev
 from copilot_runtime._server_tools import AGENT_FINISHED, AGENT_STARTED
@@ -128,6 +129,23 @@ def test_predicted_state_follows_streamed_arguments() -> None:
         {"draft": "Hel", "whole": {"text": "Hel"}},
         {"draft": "Hello", "whole": {"text": "Hello", "n": 2}},
     ]
+
+
+def test_a_predict_rule_whose_argument_is_not_text_is_ignored() -> None:
+    # (a list as `tool_argument` raised TypeError mid-batch, and the batch was fed again)
+    predict = [{"state_key": "note", "tool": "write", "tool_argument": ["text"]},
+               {"state_key": "draft", "tool": "write", "tool_argument": "text"}]
+    with capture_logs() as logs:
+        response = respond(
+            [ev.step_started("writer"), ev.custom("PredictState", predict)],
+            [ev.tool_call_start("c1", "write", "m1"), ev.tool_call_args("c1", '{"text": "Hi"}'),
+             ev.tool_call_end("c1")])
+    (call,) = [m for m in response["messages"]
+               if m["__typename"] == "ActionExecutionMessageOutput"]
+    assert "".join(call["arguments"]) == '{"text": "Hi"}'
+    assert [s[4] for s in states(response)][1:-1] == [{"draft": "Hi"}]
+    (warned,) = [e for e in logs if "PredictState" in e["event"]]
+    assert (warned["state_key"], warned["tool"]) == ("note", "write")
 
 
 def test_partial_json() -> None:

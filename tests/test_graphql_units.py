@@ -12,9 +12,10 @@ from graphql import FragmentDefinitionNode, GraphQLError, OperationDefinitionNod
 from graphql.execution.values import get_variable_values
 
 from copilot_runtime import events as ev
-from copilot_runtime._exceptions import InvalidRequestError
+from copilot_runtime._exceptions import InvalidRequestError, JSONTooDeepError
 from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.messages import from_graphql_inputs, to_json_representation
+from copilot_runtime.protocols.graphql.errors import said_of
 from copilot_runtime.protocols.graphql.increments import ResponseEncoder, encode_result
 from copilot_runtime.protocols.graphql.inputs import run_request
 from copilot_runtime.protocols.graphql.plan import OperationPlan, compile_operation
@@ -45,10 +46,11 @@ def compiled(document: str = CHAT_DOCUMENT) -> OperationPlan:
 
 def encode(batches: list[Batch], *, frontend: frozenset[str] = frozenset(),
            stopped: bool = False, incremental: bool = True,
-           plan: OperationPlan | None = None) -> tuple[bytes, list[bytes]]:
+           plan: OperationPlan | None = None,
+           answered_later: frozenset[str] | None = None) -> tuple[bytes, list[bytes]]:
     encoder = ResponseEncoder(plan or compiled(), thread_id="t", run_id=None,
                               frontend_tools=frontend, stopped=lambda: stopped,
-                              incremental=incremental)
+                              incremental=incremental, answered_later=answered_later)
     writes = [encoder.encode(batch) for batch in [[ev.run_started("t", "r")], *batches]]
     return b"".join(writes), writes
 
@@ -179,6 +181,21 @@ def test_held_messages_are_sent_when_no_result_comes() -> None:
     assert [m["__typename"] for m in result["messages"]] == [
         "ActionExecutionMessageOutput", "TextMessageOutput"]
     assert result["messages"][1]["content"] == ["after"]
+
+
+def test_only_calls_answered_later_hold_what_follows() -> None:
+    # (an agent's call to anything else, a call it announces for the page to render, say,
+    # gets no result from the runtime: what followed it was held to the end of the run)
+    closing = encode_part({"hasNext": False}) + multipart_end
+    _, writes = encode([[*call("c1", "showCard", "{}"), ev.text_message_start("m"),
+                         ev.text_message_content("m", "now")],
+                        [*call("c2", "getWeather", "{}"), ev.text_message_start("n"),
+                         ev.text_message_content("n", "later")],
+                        [ev.tool_call_result("x2", "c2", "sunny")], FINISHED],
+                       answered_later=frozenset({"getWeather"}))
+    seen = [[m["id"] for m in merge(parse_multipart(b"".join(writes[:n]) + closing))[
+        "data"]["generateCopilotResponse"]["messages"]] for n in (2, 3, 4)]
+    assert seen == [["c1", "m"], ["c1", "m", "c2"], ["c1", "m", "c2", "result-c2", "n"]]
 
 
 def test_a_new_step_ends_the_hold_for_calls_no_one_answered() -> None:
@@ -427,3 +444,11 @@ def test_a_run_refused_mid_stream_is_coded_as_before_one() -> None:
         seen = failed_status("refused", code)["details"]["originalError"]
         assert (code, seen["code"]) == (code, expected)
         assert seen["originalErrorType"] == code
+
+
+def test_an_invalid_request_says_its_details_once() -> None:
+    # (a refusal whose details are its message said it twice: "...(at most 64 levels):
+    # ...(at most 64 levels)")
+    deep = JSONTooDeepError("agentStates[0].state", 64)
+    assert said_of(deep) == "agentStates[0].state is nested too deep (at most 64 levels)"
+    assert said_of(InvalidRequestError("Bad input", "the field x")) == "Bad input: the field x"

@@ -45,7 +45,7 @@ CONSTRUCTED_WITH = ("name", "graph", "description", "config", "emit_raw_events",
 SHARED_NAMES = ("self._inbound_subagent_messages", "self.active_run",
                 '"manually_emitted_state"', "self.constant_schema_keys", '"emit-messages"',
                 '"emit-tool-calls"', '"predict_state"', "self.emit_subagent_events",
-                '"current_subagent_run_id"')
+                '"current_subagent_run_id"', "self._ORPHAN_TOOL_MSG_RE")
 
 
 def _methods(cls: type) -> set[str]:

@@ -353,3 +353,50 @@ async def test_a_state_the_client_cannot_send_back_is_logged_once(
                      state={"blob": "x" * 5000})
     response = await served.post("/agent/lg/run", echo)
     assert response.status == 413
+
+
+class TreeState(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    tree: dict[str, Any]
+
+
+def nests(levels: int) -> Any:
+    """Writes a tree `levels` objects deep into its state."""
+    def build(state: TreeState) -> Json:
+        tree: dict[str, Any] = {"leaf": True}
+        for _ in range(levels - 1):
+            tree = {"child": tree}
+        return {"messages": [AIMessage(content="built")], "tree": tree}
+
+    graph = StateGraph(TreeState)
+    graph.add_node("build", build)
+    graph.add_edge(START, "build")
+    graph.add_edge("build", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_a_state_nested_deeper_than_a_client_can_send_back_is_logged_once(
+        serve_runtime: ServeRuntime) -> None:
+    """The built-in agent refuses to make a state deeper than a client can send back; a
+    graph's state is its own, but the client's echo of it was refused on every later turn
+    ("nested too deep") with nothing said where the state was made."""
+    agent = LangGraphAgent(name="lg", graph=nests(70))
+    shallow = LangGraphAgent(name="ok", graph=nests(62))  # (the state is one level more)
+    async with serve_runtime(CopilotRuntime(agents={"lg": agent, "ok": shallow})) as served:
+        with capture_logs() as logs:
+            first = await served.run(run_input("go", thread="n1"), agent="lg")
+            await served.run(run_input("go", thread="n1", run="r2"), agent="lg")
+            await served.run(run_input("go", thread="n2"), agent="lg")
+            fine = await served.run(run_input("go", thread="n3"), agent="ok")
+        echo = run_input("again", thread="n1", run="r3",
+                         state=[e for e in first if e["type"] == "STATE_SNAPSHOT"][-1]["snapshot"])
+        response = await served.post("/agent/lg/run", echo)
+        again = await served.run(run_input("again", thread="n3", run="r2", state=[
+            e for e in fine if e["type"] == "STATE_SNAPSHOT"][-1]["snapshot"]), agent="ok")
+    verify_events(first)
+    warned = [entry for entry in logs if "deeper than a client" in entry["event"]]
+    assert [(w["thread_id"], w["limit"]) for w in warned] == [("n1", 63), ("n2", 63)]
+    # What the warning is about: that state sent back is refused; one level less is taken.
+    assert response.status == 400
+    assert "nested too deep" in await response.text()
+    assert again[-1]["type"] == "RUN_FINISHED"

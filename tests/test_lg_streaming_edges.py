@@ -7,10 +7,11 @@ refusing client input it could not take, on both protocols:
   action ran with none);
 * one node calling two models at once (`asyncio.gather`): each call streams into its own
   message or tool call; before, both went into one (garbled text, corrupt arguments);
-* a `state.copilotkit` that is not an object, or tool-call arguments that are JSON but not
-  an object: `INVALID_REQUEST` saying so; before, the generic `AGENT_ERROR`, its stack
-  logged; an activity message in the history is left out of the graph's input; before,
-  every run of the thread failed on its role.
+* a `state.copilotkit` that is not an object, a `state.tools` that is not a list of
+  objects, a `nodeName` that is not text (AG-UI's forwarded props, GraphQL's properties), or
+  tool-call arguments that are JSON but not an object: `INVALID_REQUEST` saying so;
+  before, the generic `AGENT_ERROR`, its stack logged; an activity message in the history
+  is left out of the graph's input; before, every run of the thread failed on its role.
 """
 
 from __future__ import annotations
@@ -236,6 +237,16 @@ def _history_with_call(arguments: str) -> list[Json]:
     pytest.param({"messages": _history_with_call("[1,2]")},
                  "Message 'a1': the arguments of tool call 'c1' must be a JSON object",
                  id="arguments-not-an-object"),
+    pytest.param({"forwardedProps": {"nodeName": 5}}, "nodeName must be a string",
+                 id="node-name-a-number"),
+    pytest.param({"forwardedProps": {"nodeName": {"a": 1}}}, "nodeName must be a string",
+                 id="node-name-an-object"),
+    pytest.param({"forwardedProps": {"node_name": ["x"]}}, "node_name must be a string",
+                 id="node-name-a-list"),
+    pytest.param({"state": {"tools": 5}}, "state.tools must be a list of JSON objects",
+                 id="tools-not-a-list"),
+    pytest.param({"state": {"tools": ["x"]}}, "state.tools must be a list of JSON objects",
+                 id="tools-not-objects"),
 ])
 async def test_input_the_translator_cannot_take_is_refused_saying_why(
         serve_runtime: ServeRuntime, extra: Json, says: str) -> None:
@@ -273,3 +284,28 @@ async def test_activity_messages_are_not_graph_input(serve_runtime: ServeRuntime
     assert events[-1]["type"] == "RUN_FINISHED"
     snapshot = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"][-1]["messages"]
     assert snapshot[-1]["content"] == "read human,human"
+
+
+@pytest.mark.parametrize(("properties", "agent_states", "says"), [
+    pytest.param({"nodeName": 5}, None, "nodeName must be a string", id="node-name"),
+    pytest.param(None, [{"agentName": "lg", "state": '{"tools": 5}'}],
+                 "state.tools must be a list of JSON objects", id="state-tools"),
+])
+async def test_wrongly_typed_graphql_input_is_an_invalid_request(
+        serve_runtime: ServeRuntime, properties: Json | None, agent_states: Any,
+        says: str) -> None:
+    """A client's `properties.nodeName` or agent state of the wrong type failed as the
+    generic "failed unexpectedly" (AGENT_ERROR), its stack logged."""
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(
+        name="lg", graph=answers_with_what_it_read())})
+    extra = {} if agent_states is None else {"agentStates": agent_states}
+    async with serve_runtime(runtime) as served:
+        response = await served.generate(chat_data(
+            [text_message("u1", "user", "hi")], thread="typed",
+            agentSession={"agentName": "lg"}, **extra), properties)
+    status = response["status"]
+    assert status["code"] == "Failed"
+    error = status["details"]["originalError"]
+    assert (error["code"], error["statusCode"], error["originalErrorType"]) == (
+        "MISUSE", 400, "INVALID_REQUEST"), status
+    assert says in status["details"]["description"]

@@ -34,7 +34,8 @@ overrides):
   Ollama, vLLM, Gemini), which the base drops: they are sent as the call's first
   `TOOL_CALL_ARGS`;
 * client input the base crashes on refused as `InvalidRequestError` (a `state.copilotkit`
-  that is not an object, tool-call arguments that are JSON but not an object), and
+  that is not an object, a `state.tools` that is not a list of objects, a `nodeName` that
+  is not text, tool-call arguments that are JSON but not an object), and
   activity messages (UI state) kept out of the graph's input, where the base fails on
   their role;
 * state the client only echoed back kept out of the graph's input: its JSON form
@@ -70,6 +71,7 @@ from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
     camel_to_snake,
     langchain_messages_to_agui,
 )
+from langchain_core.messages import ToolMessage
 from langgraph.pregel import Pregel
 from langgraph.types import Command, Interrupt, StateSnapshot
 
@@ -197,7 +199,8 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
 
     def langgraph_default_merge_state(self, state: Any, messages: Any,
                                       input: RunAgentInput) -> Any:
-        merged = super().langgraph_default_merge_state(state, messages, input)
+        merged = super().langgraph_default_merge_state(
+            state, _without_answered_results(messages, state.get("messages")), input)
         context = [{"description": c.description, "value": c.value}
                    for c in input.context or ()]
         merged["copilotkit"] = {**merged.get("copilotkit", {}), "context": context}
@@ -485,6 +488,16 @@ def _check_client_input(input: RunAgentInput) -> None:
             and not isinstance(state["copilotkit"], dict):
         raise InvalidRequestError("state.copilotkit must be a JSON object (CopilotKit "
                                   "writes the frontend's actions and context into it)")
+    if isinstance(state, dict) and state.get("tools") is not None and not (
+            isinstance(state["tools"], list)
+            and all(isinstance(t, dict) for t in state["tools"])):
+        raise InvalidRequestError("state.tools must be a list of JSON objects (the "
+                                  "frontend's tools, which the agent's are added to)")
+    forwarded = input.forwarded_props if isinstance(input.forwarded_props, dict) else {}
+    for key in ("nodeName", "node_name"):
+        if forwarded.get(key) is not None and not isinstance(forwarded[key], str):
+            raise InvalidRequestError(f"{key} must be a string (the graph node to go on "
+                                      "from)")
     for message in input.messages or ():
         for call in getattr(message, "tool_calls", None) or ():
             arguments = call.function.arguments
@@ -498,6 +511,27 @@ def _check_client_input(input: RunAgentInput) -> None:
                 raise InvalidRequestError(
                     f"Message '{message.id}': the arguments of tool call '{call.id}' must "
                     "be a JSON object")
+
+
+def _without_answered_results(messages: Sequence[Any], saved: Any) -> list[Any]:
+    """The client's `messages` less its tool results for calls the checkpoint (`saved`, its
+    LangChain messages) already holds a result for: under another id (a 1.10 client keeps a
+    streamed result as `result-<callId>` when no final agent state followed: a failed or
+    stopped run), the base took one for a new message and appended it after the
+    conversation, a result answering no call, which the model refuses on every later run.
+    Placeholders LangGraph wrote for orphan calls stay answerable (the base repairs them)."""
+    answered = {m.tool_call_id for m in saved or () if isinstance(m, ToolMessage)
+                and not _is_orphan_placeholder(m)}
+    if not answered:
+        return list(messages)
+    known = {m.id for m in saved or ()}
+    return [m for m in messages if not (isinstance(m, ToolMessage) and m.id not in known
+                                        and m.tool_call_id in answered)]
+
+
+def _is_orphan_placeholder(message: ToolMessage) -> bool:
+    return isinstance(message.content, str) and bool(
+        _BaseBridge._ORPHAN_TOOL_MSG_RE.match(message.content))
 
 
 def _echoed_keys(given: Any, saved: Any) -> dict[str, Any]:

@@ -116,10 +116,13 @@ def _key(key: Any) -> str:
 def known_messages(messages: Iterable[Any]) -> list[Any]:
     """`messages` with each of a LangChain class the converter does not know replaced by the
     one it stands for: a `ChatMessage` by its role (an unknown role is the assistant's), a
-    `FunctionMessage` by a tool result; what is no message at all is left out."""
+    `FunctionMessage` by a tool result; what is no message at all is left out. And text in
+    several blocks joined into its first (`joined_text`)."""
     out: list[Any] = []
     for message in messages:
-        if isinstance(message, HumanMessage | AIMessage | SystemMessage | ToolMessage):
+        if isinstance(message, AIMessage | SystemMessage | ToolMessage):
+            out.append(joined_text(message))
+        elif isinstance(message, HumanMessage):
             out.append(message)
         elif isinstance(message, FunctionMessage):
             out.append(ToolMessage(content=message.content, tool_call_id=message.name,
@@ -131,3 +134,22 @@ def known_messages(messages: Iterable[Any]) -> list[Any]:
                                        AIMessage)
             out.append(kind(content=message.content, id=message.id, name=message.name))
     return out
+
+
+def joined_text(message: BaseMessage) -> BaseMessage:
+    """`message`, or a copy whose text blocks are joined into its first one (other blocks
+    kept in place): the converter reads only the first text block, and an answer in several
+    (langchain-anthropic's shape for cited text, Gemini's parts) was cut to it."""
+    content = message.content
+    if not isinstance(content, list):
+        return message
+    at = [i for i, block in enumerate(content) if isinstance(block, dict)
+          and block.get("type") == "text" and isinstance(block.get("text"), str)]
+    if len(at) < 2:
+        return message
+    first = content[at[0]]
+    assert isinstance(first, dict)  # (as `at` says)
+    whole = {**first, "text": "".join(content[i]["text"] for i in at)}  # type: ignore[index]
+    blocks = [whole if i == at[0] else block for i, block in enumerate(content)
+              if i == at[0] or i not in at]
+    return message.model_copy(update={"content": blocks})

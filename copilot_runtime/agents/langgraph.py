@@ -70,7 +70,7 @@ from copilot_runtime._exceptions import (
     UpstreamTimeoutError,
 )
 from copilot_runtime._input import RunInput
-from copilot_runtime._limits import check_json_text
+from copilot_runtime._limits import MAX_JSON_DEPTH, check_json_text, too_deep
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
 from copilot_runtime.agents._lg_events import (
     InterruptChannel,
@@ -113,6 +113,9 @@ _CHECKPOINT_MODULES = ("langgraph.checkpoint.", "copilot_runtime.checkpointers")
 #: client would send back larger than this is refused with 413 (see `state_warning_bytes`).
 _DEFAULT_BODY_LIMIT = 8 * 1024 * 1024
 #: How many threads `LangGraphAgent` remembers having warned of an oversized state for.
+#: (Its states are held to the built-in agent's depth bound: the request body a client sends
+#: a state back in is one level more.)
+_STATE_DEPTH = MAX_JSON_DEPTH - 1
 _WARNED_THREADS = 10_000
 #: The `configurable` key LangGraph reads a run's checkpoint durability from.
 DURABILITY_KEY = "__pregel_durability"
@@ -140,7 +143,8 @@ class LangGraphAgent(Agent):
     `config` that sets it wins. `state_warning_bytes` (the default body limit, 8 MiB):
     a run whose last state, as JSON, is larger logs a warning, once per thread, since the
     client sending it back as its next run's `state` would be refused (413); None turns
-    it off. Set it to the app's `max_body_size` when that is not the default.
+    it off. Set it to the app's `max_body_size` when that is not the default. A state
+    nested deeper than a client can send back (63 levels) is warned of too, once per thread.
     """
 
     class_name = "LangGraphAgent"
@@ -170,7 +174,8 @@ class LangGraphAgent(Agent):
         self.state_deltas = state_deltas
         self.interrupts = interrupts
         self.state_warning_bytes = state_warning_bytes
-        self._warned: dict[str, None] = {}  # threads warned of a big state, oldest first
+        # (thread, "size" or "depth") warned of, oldest first
+        self._warned: dict[tuple[str, str], None] = {}
         self._input_keys: frozenset[str] | None = None
         # "sync": each step's checkpoint is stored before the next step runs. With LangGraph's
         # default ("async") the node after an interrupt ran, its effects done, while the
@@ -336,7 +341,7 @@ class LangGraphAgent(Agent):
                     await self._settle(claims, thread_id)
                 if any(e["type"] == ev.RUN_FINISHED for e in out):
                     # (before the end is yielded: the runtime stops reading there)
-                    self._check_state_size(encoder, thread_id)
+                    self._check_state(encoder, thread_id)
                 if out:
                     yield out
         except (asyncio.CancelledError, GeneratorExit):
@@ -354,22 +359,35 @@ class LangGraphAgent(Agent):
             if not settled:  # stopped, failed or cancelled before its end
                 await self._settle(claims, thread_id, cut_short=cut_short)
 
-    def _check_state_size(self, encoder: WireEncoder, thread_id: str) -> None:
+    def _check_state(self, encoder: WireEncoder, thread_id: str) -> None:
         """Warn, once per thread, of a state the client could not send back."""
+        if encoder.state is None:
+            return
+        if too_deep(encoder.state, _STATE_DEPTH) and self._first_warning(thread_id, "depth"):
+            _log.warning("a LangGraph thread's state is nested deeper than a client can send "
+                         "back: a client that sends it back (useCoAgent, @ag-ui/client) is "
+                         "refused ('nested too deep') on its next run; keep deep data out of "
+                         "the graph's output state (its output_schema)", thread_id=thread_id,
+                         agent=self.name, limit=_STATE_DEPTH)
         limit = self.state_warning_bytes
-        if limit is None or encoder.state is None or thread_id in self._warned:
+        if limit is None:
             return
         size = len(orjson.dumps(encoder.state, option=orjson.OPT_NON_STR_KEYS))
-        if size <= limit:
-            return
-        self._warned[thread_id] = None
+        if size > limit and self._first_warning(thread_id, "size"):
+            _log.warning("a LangGraph thread's state is larger than the inbound body limit: "
+                         "a client that sends it back (useCoAgent, @ag-ui/client) gets 413 on "
+                         "its next run; keep large data out of the graph's output state (its "
+                         "output_schema) or raise max_body_size", thread_id=thread_id,
+                         agent=self.name, state_bytes=size, limit=limit)
+
+    def _first_warning(self, thread_id: str, about: str) -> bool:
+        """Whether `thread_id` is yet to be warned `about` this (and note that it is now)."""
+        if (thread_id, about) in self._warned:
+            return False
+        self._warned[(thread_id, about)] = None
         if len(self._warned) > _WARNED_THREADS:
             del self._warned[next(iter(self._warned))]
-        _log.warning("a LangGraph thread's state is larger than the inbound body limit: a "
-                     "client that sends it back (useCoAgent, @ag-ui/client) gets 413 on its "
-                     "next run; keep large data out of the graph's output state (its "
-                     "output_schema) or raise max_body_size", thread_id=thread_id,
-                     agent=self.name, state_bytes=size, limit=limit)
+        return True
 
     async def _carrying_on(self, input: RunInput) -> RunInput:
         """`input`, or, when the thread's graph took an approval's answer and its run died

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import structlog
 
+from copilot_runtime import events as ev
 from copilot_runtime._exceptions import (
     AgentNotFoundError,
     ApprovalClosedError,
@@ -75,6 +77,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
+
+_log = structlog.get_logger("copilot_runtime.http")
 
 #: No `Connection`: the server says it (an HTTP/1.1 connection is kept unless it says
 #: `close`, for an HTTP/1.0 client or one that asked; a `keep-alive` here contradicted it).
@@ -631,14 +635,25 @@ async def stream_run(request: Request, run: ActiveRun,
     loop = asyncio.get_running_loop()
 
     with_ids = encode is encode_sse
+    # A protocol's own encoder (GraphQL's) keeps what it was fed: once it failed part-way
+    # through a batch, it is fed that batch no more (what it took would come twice) and
+    # nothing after its error.
+    failed = False
 
     async def write(batch: Sequence[Event]) -> None:
+        nonlocal failed
         try:
-            body = encode_sse(batch, run.batch_position(batch)) if with_ids else encode(batch)
+            body = b"" if failed else (encode_sse(batch, run.batch_position(batch))
+                                       if with_ids else encode(batch))
         except (orjson.JSONEncodeError, TypeError):
-            # An agent produced what JSON cannot carry: send the rest, not a broken stream.
-            safe = replayable(batch)
-            body = encode(safe) if safe else b""
+            if with_ids:
+                # An agent produced what JSON cannot carry: send the rest (SSE frames are
+                # encoded afresh), not a broken stream.
+                safe = replayable(batch)
+                body = encode(safe) if safe else b""
+            else:
+                failed = True
+                body = _unencodable_end(encode)
         last = run.terminated
         if body or last:
             stream.ended = last
@@ -666,6 +681,18 @@ async def stream_run(request: Request, run: ActiveRun,
     if not stream.ended and run.cancel_reason != "disconnect":
         stream.ended = True
         await _end(request)
+
+
+def _unencodable_end(encode: Callable[[Sequence[Event]], bytes]) -> bytes:
+    """What ends a response whose encoder failed on a batch: its encoding of the run's
+    error, or nothing when it cannot say even that."""
+    _log.error("an agent's events could not be encoded for the response: it ends failed",
+               exc_info=True)
+    try:
+        return encode([ev.run_error("The agent's output could not be encoded for this "
+                                    "response (not JSON)", code="AGENT_ERROR")])
+    except Exception:  # (its state is the failed batch's: the body is ended as it is)
+        return b""
 
 
 async def stream_events(request: Request, batches: AsyncIterator[Sequence[Positioned]],

@@ -46,6 +46,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
+import structlog
 
 from copilot_runtime import events as ev
 from copilot_runtime._compaction import apply_state_delta
@@ -54,6 +55,8 @@ from copilot_runtime.events import Event
 from copilot_runtime.messages import to_json_representation
 
 __all__ = ["STATE_EVENTS", "AgentStates"]
+
+_log = structlog.get_logger("copilot_runtime.graphql")
 
 #: The events every one of which makes an agent-state message.
 STATE_EVENTS: Final = frozenset({ev.STEP_STARTED, ev.STEP_FINISHED, ev.STATE_SNAPSHOT,
@@ -115,7 +118,7 @@ class AgentStates:
             self.running = False
         elif name == "PredictState":
             entries = value if isinstance(value, list) else [value]
-            self.predict = [e for e in entries if isinstance(e, Mapping)] or None
+            self.predict = [e for e in entries if _usable_rule(e)] or None
 
     def call_started(self, call_id: str, name: str) -> None:
         """Only called while `predict` is set."""
@@ -169,6 +172,21 @@ class AgentStates:
                 "agentName": self.agent_name, "nodeName": self.node, "runId": self.run_id,
                 "active": active, "role": "assistant", "running": self.running,
                 "state": orjson.dumps(state, option=orjson.OPT_NON_STR_KEYS).decode()}
+
+
+def _usable_rule(entry: Any) -> bool:
+    """Whether `entry` is a PredictState rule the arguments can be read by: its
+    `tool_argument` names one (text), or is absent for all of them. Another is warned of and
+    ignored: it failed the encoding of the run's batch (a list is no key)."""
+    if not isinstance(entry, Mapping):
+        return False
+    argument = entry.get("tool_argument")
+    if argument is None or isinstance(argument, str):
+        return True
+    _log.warning("ignored a PredictState rule whose tool_argument is not a string",
+                 state_key=entry.get("state_key"), tool=entry.get("tool"),
+                 tool_argument_type=type(argument).__name__)
+    return False
 
 
 def partial_json(text: str) -> Any:

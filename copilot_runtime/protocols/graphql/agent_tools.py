@@ -25,7 +25,8 @@ from copilot_runtime.protocols.graphql.inputs import RunRequest, run_request
 from copilot_runtime.protocols.graphql.queries import is_service_adapter
 from copilot_runtime.runtime import CopilotRuntime
 
-__all__ = ["MAX_HANDOFFS", "MAX_REQUEST_MCP_SERVERS", "server_actions", "session_run"]
+__all__ = ["MAX_HANDOFFS", "MAX_REQUEST_MCP_SERVERS", "answered_later", "server_actions",
+           "session_run"]
 
 MAX_HANDOFFS: Final = 2
 #: The most MCP servers (endpoint and key) one request may name: each is a session opened
@@ -42,6 +43,17 @@ def server_actions(runtime: CopilotRuntime) -> dict[str, Action]:
                    *(default.actions.values() if isinstance(default, BuiltInAgent) else ())]:
         found.setdefault(action.name, action)
     return found
+
+
+def answered_later(runtime: CopilotRuntime, request: RunRequest) -> frozenset[str] | None:
+    """The calls of `request`'s run whose results the runtime sends once the agent's answer
+    has streamed, by name; None for every call the client does not run (a built-in agent
+    answers each of its own calls so). Another agent's calls to anything else (a graph's
+    own tools, a call it announces for the page to render) are answered by the agent, in
+    its own time, or never."""
+    if isinstance(runtime.agents.get(request.agent_id), BuiltInAgent):
+        return None
+    return request.server_tools
 
 
 def _offered(runtime: CopilotRuntime, agent_id: str, actions: Mapping[str, Action],

@@ -100,7 +100,8 @@ def said_of(exc: CopilotRuntimeError) -> str:
     """`exc`'s message as a GraphQL error says it: an invalid request names what was wrong
     (the AG-UI answer carries that as `details`, which a GraphQL error has no place for)."""
     details = getattr(exc, "details", None)
-    if not isinstance(exc, InvalidRequestError) or not isinstance(details, str) or not details:
+    if not isinstance(exc, InvalidRequestError) or not isinstance(details, str) or not details \
+            or details == exc.message:  # (a refusal whose message says it all)
         return exc.message
     try:
         issues = orjson.loads(details)

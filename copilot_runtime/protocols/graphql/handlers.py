@@ -33,7 +33,11 @@ from copilot_runtime._exceptions import (
     RateLimitedError,
 )
 from copilot_runtime._limits import check_json_text
-from copilot_runtime.protocols.graphql.agent_tools import session_run, with_request_mcp
+from copilot_runtime.protocols.graphql.agent_tools import (
+    answered_later,
+    session_run,
+    with_request_mcp,
+)
 from copilot_runtime.protocols.graphql.documents import DocumentCache, Prepared
 from copilot_runtime.protocols.graphql.errors import error_extensions, said_of
 from copilot_runtime.protocols.graphql.increments import ResponseEncoder
@@ -215,6 +219,7 @@ class GraphQLProtocol:
             encoder = ResponseEncoder(
                 plan, thread_id=wanted.input.thread_id, run_id=wanted.client_run_id,
                 frontend_tools=wanted.frontend_tools,
+                answered_later=answered_later(runtime, wanted),
                 stopped=lambda: run.cancel_reason == "stop",
                 incremental=accepts_multipart(request),
                 agent_name=wanted.agent_id, agent_run_id=wanted.input.run_id,

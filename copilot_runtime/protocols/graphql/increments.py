@@ -20,7 +20,9 @@ yielding a result, or a newline before the single JSON body.
 
 Turn semantics follow the 1.10 runtime: a server-side action's result message directly
 follows its call. The core streams every tool call of an answer before running the actions,
-so message events after a server-side call are held back until its result has been sent.
+so message events after a server-side call are held back until its result has been sent;
+only after such a call (`answered_later`): a call an agent announces for the page to render
+gets no result, and the answer streaming after it was held to the end of the run.
 An agent that works in steps answers a call in the step that made it or in a later one (a
 graph's tool node), so once another step starts nothing is held for those calls: a
 graph-side tool that failed, or a call a graph only announced, gets no result at all, and
@@ -112,7 +114,9 @@ class ResponseEncoder:
 
     `agent_name` and `agent_run_id` name the agent in its agent-state messages, and
     `agent_state` is the state the run started from; without a name the run's state events
-    make none.
+    make none. `answered_later` names the calls whose results the runtime sends after the
+    answer has streamed (None: every call not in `frontend_tools`): what follows one of
+    them is held for its result.
     """
 
     def __init__(self, plan: OperationPlan, *, thread_id: str, run_id: str | None,
@@ -120,12 +124,14 @@ class ResponseEncoder:
                  incremental: bool, agent_name: str | None = None,
                  agent_run_id: str | None = None,
                  agent_state: Mapping[str, Any] | None = None,
-                 refusal: str | None = None) -> None:
+                 refusal: str | None = None,
+                 answered_later: frozenset[str] | None = None) -> None:
         self.plan = plan
         #: A guardrail's reason for refusing the input: the response fails with it.
         self.refusal = refusal
         self.incremental = incremental and plan.incremental is not None
         self.frontend_tools = frontend_tools
+        self.answered_later = answered_later
         self.stopped = stopped
         self.done = False
         self._started = False
@@ -303,12 +309,17 @@ class ResponseEncoder:
     def _end_call(self, call_id: str) -> None:
         message = self._calls.pop(call_id, None)
         self._end(message)
-        if message is not None and message.call_name not in self.frontend_tools and (
+        if message is not None and self._answered_later(message.call_name) and (
                 not self._releasing):
             # A server-side action: its result comes next in a 1.10 response.
             self._awaiting.add(call_id)
             if self._held is None:
                 self._held = []
+
+    def _answered_later(self, name: str) -> bool:
+        if name in self.frontend_tools:
+            return False
+        return self.answered_later is None or name in self.answered_later
 
     def _result(self, event: Event, out: list[dict[str, Any]]) -> None:
         call_id = event["toolCallId"]

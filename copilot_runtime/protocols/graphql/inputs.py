@@ -47,6 +47,9 @@ class RunRequest:
     client_run_id: str | None
     #: Names of the tools the client runs itself (a call to any other is answered here).
     frontend_tools: frozenset[str]
+    #: Names of the runtime's own server-side tools: its actions and what the session's
+    #: agent is offered.
+    server_tools: frozenset[str] = frozenset()
 
 
 def run_request(data: Mapping[str, Any], properties: Mapping[str, Any] | None,
@@ -90,7 +93,8 @@ def run_request(data: Mapping[str, Any], properties: Mapping[str, Any] | None,
     run_input = parse_run_input(raw)
     # The client's system messages are its instructions, made again (a new id) each request.
     run_input.transient = frozenset(m["id"] for m in messages if m["role"] == "developer")
-    return RunRequest(agent_id, run_input, client_run_id, frontend)
+    return RunRequest(agent_id, run_input, client_run_id, frontend,
+                      frozenset(server_actions) | offered)
 
 
 def _schema(text: Any) -> dict[str, Any]:
