@@ -36,7 +36,7 @@ from copilot_runtime.guardrails import (
 from copilot_runtime.hooks import ErrorInfo, HookRunner, RunFinished
 from copilot_runtime.limits import Lease, RateLimiter
 from copilot_runtime.telemetry import Telemetry
-from copilot_runtime.threads.base import Positioned, ThreadOwner
+from copilot_runtime.threads.base import JUDGED_MARK_PREFIX, Positioned, ThreadOwner
 
 __all__ = ["Host", "may_approve", "replay_visible", "start_run", "thread_owner"]
 
@@ -143,7 +143,7 @@ _UNCHECKABLE = Verdict(False, "Your request holds values that cannot be checked,
 def _mark(*parts: Any) -> str:
     digest = hashlib.blake2b(orjson.dumps(list(parts), default=str),
                              digest_size=16).hexdigest()
-    return f"judged:{digest}"
+    return JUDGED_MARK_PREFIX + digest
 
 
 def _value_mark(kind: str, key: Any, value: Any) -> str | None:
@@ -155,13 +155,14 @@ def _value_mark(kind: str, key: Any, value: Any) -> str | None:
         return None
     digest = hashlib.blake2b(orjson.dumps([kind, key], default=str) + b"\n" + encoded,
                              digest_size=16).hexdigest()
-    return f"judged:{digest}"
+    return JUDGED_MARK_PREFIX + digest
 
 
 def judged_mark(message: dict[str, Any]) -> str:
     """What a thread keeps, among its message ids, of a client message its guardrails let
     through: a digest of the message's role and content, so the same text is not judged
-    again, and other text under the same id is."""
+    again, and other text under the same id is. Client ids never pass for one: the thread
+    keeps none that begins with `JUDGED_MARK_PREFIX`."""
     return _mark(message.get("role"), message.get("content"))
 
 
