@@ -177,6 +177,10 @@ _ON_LOOP = 0.005
 _FLAGS = ((re.IGNORECASE, regex.IGNORECASE), (re.MULTILINE, regex.MULTILINE),
           (re.DOTALL, regex.DOTALL), (re.VERBOSE, regex.VERBOSE), (re.ASCII, regex.ASCII))
 _SPACE = re.compile(r"\s+")
+#: What a reader never sees: format characters (Cf: zero-width spaces, soft hyphens) and the
+#: other default-ignorable code points (fillers, variation selectors, joiners), which a
+#: renderer shows as nothing, so that they split a word unseen.
+_INVISIBLE = regex.compile(r"[\p{Cf}\p{Default_Ignorable_Code_Point}]+")
 
 
 def _regex_flags(flags: int) -> int:
@@ -185,11 +189,10 @@ def _regex_flags(flags: int) -> int:
 
 def normalised(text: str) -> str:
     """`text` as a reader sees it: compatibility forms folded (fullwidth letters,
-    ligatures), invisible format characters (zero-width spaces, soft hyphens) removed, and
-    every run of whitespace one space."""
-    if not text.isascii():  # ASCII has neither compatibility forms nor format characters
-        text = unicodedata.normalize("NFKC", text)
-        text = "".join(c for c in text if unicodedata.category(c) != "Cf")
+    ligatures), invisible characters (`_INVISIBLE`) removed, and every run of whitespace one
+    space."""
+    if not text.isascii():  # ASCII has neither compatibility forms nor invisible characters
+        text = _INVISIBLE.sub("", unicodedata.normalize("NFKC", text))
     return _SPACE.sub(" ", text)
 
 
