@@ -241,14 +241,16 @@ def history_texts(message: Mapping[str, Any]) -> list[tuple[str, list[Any]]]:
     return pieces
 
 
-def _state_entries(state: Any) -> list[tuple[str | None, Any]]:
-    """A state's entries, each with its mark: an object's top-level entries one by one (a
-    client that edits one field brings only that one to judge, and a GraphQL client sends
-    the state back without the `messages` it holds), any other state whole. The keys of an
-    object state are not text to judge: an agent's schema names them."""
+def _state_entries(state: Any) -> list[tuple[str | None, list[Any]]]:
+    """A state's entries, each with its mark and the values to judge: an object's top-level
+    entries one by one (a client that edits one field brings only that one to judge, and a
+    GraphQL client sends the state back without the `messages` it holds), key and value (an
+    agent's schema may name the keys, but a client can send any, and the built-in agent
+    shows the model the state whole), any other state whole."""
     if isinstance(state, dict):
-        return [(_value_mark("state", key, value), value) for key, value in state.items()]
-    return [] if state is None else [(_value_mark("state", None, state), state)]
+        return [(_value_mark("state", key, value), [key, value])
+                for key, value in state.items()]
+    return [] if state is None else [(_value_mark("state", None, state), [state])]
 
 
 def output_marks(events: list[Event]) -> set[str]:
@@ -341,8 +343,8 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
             other(_mark("tool", tool.get("name"), tool.get("description"),
                         tool.get("parameters")),
                   [tool.get("name"), tool.get("description"), tool.get("parameters")])
-    for entry_mark, value in _state_entries(input.get("state")):
-        other(entry_mark, [value])
+    for entry_mark, values in _state_entries(input.get("state")):
+        other(entry_mark, values)
     # Of `forwardedProps` a LangGraph interrupt's answer is judged: the rest (GraphQL
     # `properties`, an agent's `config`) is the app's data, auth tokens say, which must not
     # go to a judge model, and which no model reads as the user's words...
