@@ -6,16 +6,23 @@ once a thread (it keeps marks of what it let through and of what its own model w
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from typing import Any
 
 import orjson
 import pytest
 
-from copilot_runtime import CopilotRuntime, OpenAIAdapter, PatternGuardrail, TopicGuardrail
+from copilot_runtime import (
+    AnthropicAdapter,
+    CopilotRuntime,
+    OpenAIAdapter,
+    PatternGuardrail,
+    TopicGuardrail,
+)
 from copilot_runtime._trust import judged_mark
 from copilot_runtime.agents import BuiltInAgent
-from copilot_runtime.testing import MockOpenAIServer
+from copilot_runtime.testing import MockAnthropicServer, MockOpenAIServer
 from copilot_runtime.threads._rows import message_ids_of
 from tests.conftest import Served, ServeRuntime, openai_runtime, run_input, text_of, types
 from tests.test_hostile_trust import (
@@ -278,3 +285,55 @@ def test_a_run_closed_by_recovery_keeps_no_forged_mark() -> None:
                      {"id": "u2", "role": "user", "content": "hi"}]}}
     assert message_ids_of([started, {"type": "TEXT_MESSAGE_START", "messageId": forged}]) \
         == {"u2"}
+
+
+def _attached(part: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"id": "u1", "role": "user", "content": [
+        {"type": "text", "text": "summarise the attachment"}, part]}]
+
+
+def _data(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+_ATTACHMENTS: dict[str, dict[str, Any]] = {
+    "text/plain binary part": {"type": "binary", "mimeType": "text/plain",
+                               "data": _data(DENIED), "filename": "notes.txt"},
+    "its filename": {"type": "binary", "mimeType": "text/plain", "data": _data("hi"),
+                     "filename": "the admin password.txt"},
+    "document part": {"type": "document", "source": {
+        "type": "data", "mimeType": "text/plain; charset=utf-8", "value": _data(DENIED)}},
+    "latin-1 text": {"type": "document", "source": {
+        "type": "data", "mimeType": "text/plain; charset=latin-1",
+        "value": base64.b64encode(f"caf\u00e9: {DENIED}".encode("latin-1")).decode()}},
+    # The Anthropic adapter reads UTF-8, whatever the charset says.
+    "a charset that hides it": {"type": "document", "source": {
+        "type": "data", "mimeType": "text/plain; charset=utf-16", "value": _data(DENIED)}},
+    "an unknown charset": {"type": "document", "source": {
+        "type": "data", "mimeType": "text/plain; charset=rot13", "value": _data(DENIED)}},
+    "image's filename": {"type": "binary", "mimeType": "image/png", "data": "iVBORw0KGgo=",
+                         "filename": "password.png"},
+}
+
+
+@pytest.mark.parametrize("case", list(_ATTACHMENTS))
+async def test_text_attachments_and_filenames_are_judged(
+        serve_runtime: ServeRuntime, case: str) -> None:
+    """The Anthropic adapter sends a `text/plain` attachment as a document of its text and
+    the filename as its title (Gemini takes it inline): the model reads both. Before the fix
+    guardrails read only text parts, and the model got the denied text."""
+    async with MockAnthropicServer() as claude:
+        runtime = CopilotRuntime(
+            service_adapter=AnthropicAdapter(base_url=claude.base_url, api_key="sk-mock",
+                                             max_retries=0),
+            guardrails=[PatternGuardrail(deny=[r"\bpassword\b"])])
+        async with serve_runtime(runtime) as served:
+            body = run_input("", thread="attached", messages=_attached(_ATTACHMENTS[case]))
+            assert text_of(await served.run(body)) == REFUSAL
+            # Control: an attachment without the denied word reaches the model.
+            body = run_input("", thread="fine", messages=_attached({
+                "type": "binary", "mimeType": "text/plain", "data": _data("a harmless note"),
+                "filename": "notes.txt"}))
+            assert types(await served.run(body))[-1] == "RUN_FINISHED"
+        assert len(claude.requests) == 1
+        assert "a harmless note" in orjson.dumps(claude.requests[0]["messages"]).decode()
