@@ -59,6 +59,7 @@ from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event, EventBatches, LastBatch
 from copilot_runtime.threads.base import (
     INTERRUPTED_CODE,
+    JUDGED_MARK_PREFIX,
     DurableThreadStore,
     Positioned,
     StoredRun,
@@ -561,14 +562,17 @@ class ActiveRun:
             self.compacted = compacted
             ids = {m["id"] for m in self.input.raw.get("messages") or ()
                    if isinstance(m, dict) and isinstance(m.get("id"), str)
-                   and m["id"] not in self.input.transient} | self.extra_ids
-            if self.output_marks is not None:
-                ids |= self.output_marks(compacted)
+                   and m["id"] not in self.input.transient}
             for event in compacted:
                 for key in ("messageId", "parentMessageId"):
                     value = event.get(key)
                     if isinstance(value, str):
                         ids.add(value)
+            # Marks are the runtime's alone: a client's (or an agent's) id that reads as
+            # one would make text the guardrails never saw pass for let through.
+            ids = {i for i in ids if not i.startswith(JUDGED_MARK_PREFIX)} | self.extra_ids
+            if self.output_marks is not None:
+                ids |= self.output_marks(compacted)
             # The thread holds the ids it had when the run began: a client sends the whole
             # history with each message, and writing all its ids again cost a durable store
             # a conflicting insert per message per run.

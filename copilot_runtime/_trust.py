@@ -36,7 +36,7 @@ from copilot_runtime.guardrails import (
 from copilot_runtime.hooks import ErrorInfo, HookRunner, RunFinished
 from copilot_runtime.limits import Lease, RateLimiter
 from copilot_runtime.telemetry import Telemetry
-from copilot_runtime.threads.base import Positioned, ThreadOwner
+from copilot_runtime.threads.base import JUDGED_MARK_PREFIX, Positioned, ThreadOwner
 
 __all__ = ["Host", "may_approve", "replay_visible", "start_run", "thread_owner"]
 
@@ -143,7 +143,7 @@ _UNCHECKABLE = Verdict(False, "Your request holds values that cannot be checked,
 def _mark(*parts: Any) -> str:
     digest = hashlib.blake2b(orjson.dumps(list(parts), default=str),
                              digest_size=16).hexdigest()
-    return f"judged:{digest}"
+    return JUDGED_MARK_PREFIX + digest
 
 
 def _value_mark(kind: str, key: Any, value: Any) -> str | None:
@@ -155,13 +155,14 @@ def _value_mark(kind: str, key: Any, value: Any) -> str | None:
         return None
     digest = hashlib.blake2b(orjson.dumps([kind, key], default=str) + b"\n" + encoded,
                              digest_size=16).hexdigest()
-    return f"judged:{digest}"
+    return JUDGED_MARK_PREFIX + digest
 
 
 def judged_mark(message: dict[str, Any]) -> str:
     """What a thread keeps, among its message ids, of a client message its guardrails let
     through: a digest of the message's role and content, so the same text is not judged
-    again, and other text under the same id is."""
+    again, and other text under the same id is. Client ids never pass for one: the thread
+    keeps none that begins with `JUDGED_MARK_PREFIX`."""
     return _mark(message.get("role"), message.get("content"))
 
 
@@ -240,14 +241,16 @@ def history_texts(message: Mapping[str, Any]) -> list[tuple[str, list[Any]]]:
     return pieces
 
 
-def _state_entries(state: Any) -> list[tuple[str | None, Any]]:
-    """A state's entries, each with its mark: an object's top-level entries one by one (a
-    client that edits one field brings only that one to judge, and a GraphQL client sends
-    the state back without the `messages` it holds), any other state whole. The keys of an
-    object state are not text to judge: an agent's schema names them."""
+def _state_entries(state: Any) -> list[tuple[str | None, list[Any]]]:
+    """A state's entries, each with its mark and the values to judge: an object's top-level
+    entries one by one (a client that edits one field brings only that one to judge, and a
+    GraphQL client sends the state back without the `messages` it holds), key and value (an
+    agent's schema may name the keys, but a client can send any, and the built-in agent
+    shows the model the state whole), any other state whole."""
     if isinstance(state, dict):
-        return [(_value_mark("state", key, value), value) for key, value in state.items()]
-    return [] if state is None else [(_value_mark("state", None, state), state)]
+        return [(_value_mark("state", key, value), [key, value])
+                for key, value in state.items()]
+    return [] if state is None else [(_value_mark("state", None, state), [state])]
 
 
 def output_marks(events: list[Event]) -> set[str]:
@@ -340,8 +343,8 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
             other(_mark("tool", tool.get("name"), tool.get("description"),
                         tool.get("parameters")),
                   [tool.get("name"), tool.get("description"), tool.get("parameters")])
-    for entry_mark, value in _state_entries(input.get("state")):
-        other(entry_mark, [value])
+    for entry_mark, values in _state_entries(input.get("state")):
+        other(entry_mark, values)
     # Of `forwardedProps` a LangGraph interrupt's answer is judged: the rest (GraphQL
     # `properties`, an agent's `config`) is the app's data, auth tokens say, which must not
     # go to a judge model, and which no model reads as the user's words...

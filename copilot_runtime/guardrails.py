@@ -25,6 +25,9 @@ but a `Verdict(bool, str)` is a refusal (fail closed), logged.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import codecs
 import re
 import time
 import unicodedata
@@ -88,13 +91,77 @@ CLIENT_TEXT = "clientText"
 
 
 def texts_of(content: Any) -> list[str]:
-    """The text of a message's content: itself, or a multimodal content's text parts."""
+    """The text of a message's content: itself, or a multimodal content's text parts and
+    what a model reads of its attachments (`_attachment_texts`)."""
     if isinstance(content, str):
         return [content]
+    texts: list[str] = []
     if isinstance(content, list):
-        return [p["text"] for p in content
-                if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
-    return []
+        for part in content:
+            if not isinstance(part, Mapping):
+                continue
+            text = part.get("text")
+            if isinstance(text, str):
+                texts.append(text)
+            else:
+                texts.extend(_attachment_texts(part))
+    return texts
+
+
+#: The MIME types, but `text/*`, of attachments a model reads as text (Gemini takes any
+#: inline).
+_TEXT_TYPES = frozenset({"application/json", "application/xml", "application/yaml",
+                         "application/x-yaml"})
+
+
+def _attachment_texts(part: Mapping[str, Any]) -> list[str]:
+    """What a model reads as text of an attachment part (AG-UI's `binary`, or the media
+    parts it is upgraded to): its filename (a document's title), and its data when inline
+    text. Other attachments (images, PDFs, URLs) are nothing a guardrail can read."""
+    metadata = part.get("metadata")
+    source = part.get("source")
+    if isinstance(source, Mapping):  # a media part: {"source": {"type": "data", ...}}
+        name = metadata.get("filename") if isinstance(metadata, Mapping) else None
+        mime = source.get("mimeType")
+        data = source.get("value") if source.get("type") == "data" else None
+    else:  # a legacy `binary` part, as built in process
+        name, mime, data = part.get("filename"), part.get("mimeType"), part.get("data")
+    texts = [name] if isinstance(name, str) and name else []
+    if isinstance(data, str) and isinstance(mime, str):
+        texts.extend(_inline_texts(data, mime))
+    return texts
+
+
+def _inline_texts(data: str, mime: str) -> list[str]:
+    """The text of base64 `data` of type `mime` (none when it is no text), as UTF-8 and, when
+    it differs, as its charset or byte order mark says: a model may read it either way (the
+    Anthropic adapter reads UTF-8 whatever the charset). Bytes that cannot be decoded are
+    replaced: the rest is still read."""
+    kind, _, parameters = mime.partition(";")
+    kind = kind.strip().lower()
+    if not (kind.startswith("text/") or kind in _TEXT_TYPES
+            or kind.endswith(("+json", "+xml"))):
+        return []
+    try:
+        raw = base64.b64decode(data)  # (not validated: a lenient decoder reads as much)
+    except (binascii.Error, ValueError):
+        return []
+    charsets = ["utf-8"]
+    for parameter in parameters.split(";"):
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset" and value.strip():
+            charsets.append(value.strip().strip('"'))
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        charsets.append("utf-16")
+    texts: list[str] = []
+    for charset in charsets:
+        try:
+            text = raw.decode(charset, errors="replace")
+        except (LookupError, ValueError):  # no text encoding Python knows
+            continue
+        if text and text not in texts:
+            texts.append(text)
+    return texts
 
 
 def _text(content: Any) -> str:
@@ -177,6 +244,10 @@ _ON_LOOP = 0.005
 _FLAGS = ((re.IGNORECASE, regex.IGNORECASE), (re.MULTILINE, regex.MULTILINE),
           (re.DOTALL, regex.DOTALL), (re.VERBOSE, regex.VERBOSE), (re.ASCII, regex.ASCII))
 _SPACE = re.compile(r"\s+")
+#: What a reader never sees: format characters (Cf: zero-width spaces, soft hyphens) and the
+#: other default-ignorable code points (fillers, variation selectors, joiners), which a
+#: renderer shows as nothing, so that they split a word unseen.
+_INVISIBLE = regex.compile(r"[\p{Cf}\p{Default_Ignorable_Code_Point}]+")
 
 
 def _regex_flags(flags: int) -> int:
@@ -185,11 +256,10 @@ def _regex_flags(flags: int) -> int:
 
 def normalised(text: str) -> str:
     """`text` as a reader sees it: compatibility forms folded (fullwidth letters,
-    ligatures), invisible format characters (zero-width spaces, soft hyphens) removed, and
-    every run of whitespace one space."""
-    if not text.isascii():  # ASCII has neither compatibility forms nor format characters
-        text = unicodedata.normalize("NFKC", text)
-        text = "".join(c for c in text if unicodedata.category(c) != "Cf")
+    ligatures), invisible characters (`_INVISIBLE`) removed, and every run of whitespace one
+    space."""
+    if not text.isascii():  # ASCII has neither compatibility forms nor invisible characters
+        text = _INVISIBLE.sub("", unicodedata.normalize("NFKC", text))
     return _SPACE.sub(" ", text)
 
 

@@ -69,6 +69,9 @@ _AGUI: dict[str, dict[str, Any]] = {
     "state value": {"state": {"notes": DENIED}},
     "state nested in a list": {"state": {"items": [{"title": "a"}, {"title": DENIED}]}},
     "state nested key": {"state": {"draft": {DENIED: True}}},
+    # The built-in agent shows the model the whole state, keys too: before the fix a
+    # top-level key was never judged.
+    "state top-level key": {"state": {DENIED: True}},
     "state not an object": {"state": [DENIED]},
     "forwardedProps.command.resume": {"forwardedProps": {"command": {"resume": DENIED}}},
     "forwardedProps.command.resume object": {
@@ -126,6 +129,8 @@ def _planner_session(thread: str, **extra: Any) -> dict[str, Any]:
 _GRAPHQL: dict[str, dict[str, Any]] = {
     "agentStates state": {"agentStates": [
         {"agentName": _PLANNER, "state": json.dumps({"notes": [DENIED]})}]},
+    "agentStates top-level key": {"agentStates": [
+        {"agentName": _PLANNER, "state": json.dumps({DENIED: "yes"})}]},
     "metaEvents response": {"metaEvents": [
         {"name": "LangGraphInterruptEvent", "value": '"Proceed?"', "response": DENIED}]},
     "CopilotKit interrupt response": {"metaEvents": [
@@ -228,9 +233,9 @@ async def test_agui_the_agents_own_state_is_not_judged_again(
         events = await served.run(run_input("", thread="own", run="r4", state=edited,
                                             messages=messages), agent=_PLANNER)
         assert types(events)[-1] == "RUN_FINISHED", events
-    assert recorder.judged == [
-        "Plan", "from the page", "Again r2", "Again r3", "Once more",
-        "\n".join(edited["items"])]
+    assert recorder.judged == [  # (keys too: a client can send any)
+        "Plan", "items\nfrom the page\ncounter", "Again r2", "Again r3", "Once more",
+        "\n".join(["items", *edited["items"]])]
 
 
 async def test_graphql_the_agents_own_state_is_not_judged_again(
@@ -250,7 +255,8 @@ async def test_graphql_the_agents_own_state_is_not_judged_again(
                 agentSession={"agentName": _PLANNER, "nodeName": last["nodeName"]},
                 agentStates=[{"agentName": _PLANNER, "state": json.dumps(last["state"])}]))
             assert texts(response)[-1].startswith("echo: items=")
-    assert recorder.judged == ["Be brief.", "Plan", "from the page", "Again", "And again"]
+    assert recorder.judged == ["Be brief.", "Plan", "items\nfrom the page\ncounter", "Again",
+                               "And again"]
 
 
 class _StateWriter(Scripted):

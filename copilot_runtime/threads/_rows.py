@@ -14,6 +14,7 @@ from copilot_runtime._compaction import compact_events
 from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime.events import Event
 from copilot_runtime.threads.base import (
+    JUDGED_MARK_PREFIX,
     Positioned,
     interrupted_tail,
     refused_answer,
@@ -153,7 +154,7 @@ def message_ids_of(events: Iterable[Event]) -> set[str]:
             value = event.get(key)
             if isinstance(value, str):
                 ids.add(value)
-    return storable_ids(ids)
+    return {i for i in storable_ids(ids) if not i.startswith(JUDGED_MARK_PREFIX)}
 
 
 def dumps(events: Sequence[Event]) -> bytes:

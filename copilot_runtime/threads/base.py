@@ -41,6 +41,7 @@ __all__ = [
     "CONTROL_CHARACTERS",
     "DELETED_RETENTION",
     "INTERRUPTED_CODE",
+    "JUDGED_MARK_PREFIX",
     "MAX_ID_LENGTH",
     "MAX_REPLAY_BYTES",
     "NOT_IN_NAMES",
@@ -309,6 +310,13 @@ def id_problem(value: str) -> str | None:
         # characters would break a log line or make the id read as another one.
         return "contains a line separator or a character that reorders text"
     return None
+
+
+#: What begins the marks a thread keeps among its message ids of the text its guardrails let
+#: through (`_trust.judged_mark`). The ids clients send and agents make that begin so are
+#: not kept: a client could forge a mark. (Older versions' marks began "judged:", among ids
+#: clients could send: they are only ids now, and their text is judged again.)
+JUDGED_MARK_PREFIX = "judged-v2:"
 
 
 def storable_ids(ids: Iterable[str]) -> set[str]:
