@@ -636,3 +636,28 @@ async def test_a_batch_of_redis_calls_is_bounded_by_itself(call: str) -> None:
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(batch(), 5)
     assert time.monotonic() - started < 2
+
+
+async def test_ready_answers_within_its_bound_when_postgresql_hangs(
+        proxy: Proxy, llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """The PostgreSQL store and coordinator stop answering, their own calls bounded far
+    later than the probe: `/ready` answers 503 at `ready_timeout`. Bounded by
+    `asyncio.timeout`, psycopg took the first cancellation as a request to cancel the query
+    at the server, and waited for it until the call's own bound (10 s by default)."""
+    await proxy.up()
+    store = PostgresThreadStore(f"postgresql://postgres@127.0.0.1:{proxy.port}/test",
+                                schema=proxy.schema, timeout=6.0)
+    made = proxy.coordinator()
+    made.timeout = 6.0  # type: ignore[attr-defined]
+    runtime = openai_runtime(llm, thread_store=store, coordinator=made)
+    runtime.ready_timeout = 0.5
+    async with serve_runtime(runtime) as served:
+        assert await runtime.unready() == []
+        proxy.hang()
+        started = time.monotonic()
+        response = await served.session.get(served.url + "/ready")
+        took = time.monotonic() - started
+        assert response.status == 503
+        assert (await response.json())["unavailable"] == ["thread_store", "coordinator"]
+        assert took < 1.5, took
+        await proxy.down()
