@@ -85,6 +85,8 @@ STORE_RETRY_FOR = 10.0
 #: grace period (5 s), and the write is given up on at the end of the drain (the next start
 #: closes the run as interrupted).
 SHUTDOWN_STORE_WAIT = 1.0
+#: Seconds a run's end waits for its lease to be given back (then left to the background).
+GIVE_BACK_WAIT = 0.5
 #: Seconds before a `stop` signal is sent again while the stopped run holds its thread
 #: (then twice as long each time, up to 2 s).
 _STOP_AGAIN = 0.5
@@ -552,7 +554,12 @@ class ActiveRun:
             # (until then it replays the run from memory).
             self.manager._release(self)
             if self.lease is not None:
-                await self.manager.let_go(self.lease)
+                # In the background (`drain` waits for it): the run's end waits for its
+                # store, not for a coordinator that stops answering; one that answers has
+                # given the thread back before the client hears the end (its next run may
+                # go to another worker).
+                giving = self.manager._adopt(self.manager.let_go(self.lease))
+                await asyncio.wait((giving,), timeout=GIVE_BACK_WAIT)
 
     async def _store(self) -> None:
         try:
@@ -916,8 +923,11 @@ class RunManager:
         end within `seconds` of the shutdown's start (`stop_all`); then cancel the rest."""
         if self.stopping_since is not None:  # the server's grace, not twice it
             seconds = max(0.0, seconds - (time.monotonic() - self.stopping_since))
-        if self._background:
-            _, late = await asyncio.wait(set(self._background), timeout=seconds)
+        deadline = time.monotonic() + seconds
+        # Work can start more (a run stored, then its lease given back): waited for too.
+        while pending := {task for task in self._background if not task.done()}:
+            _, late = await asyncio.wait(pending,
+                                         timeout=max(0.0, deadline - time.monotonic()))
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)

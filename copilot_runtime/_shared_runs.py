@@ -53,7 +53,11 @@ async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, a
                 unsure = _Unsure(after)
                 if await unsure.known(store, thread_id) is False:
                     unsure = None  # a position the store holds: the client saw it all
+        end = _RunEnd(live)
+        batch, ended = end.cut(batch)
         yield batch  # even empty: the thread could be read (see `RunManager.replay`)
+        if ended:
+            return
         last: Positioned | None = batch[-1] if batch else None
         deadline: float | None = None
         while True:
@@ -71,13 +75,20 @@ async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, a
                         if whole:
                             batch, position = await _read(store, thread_id, -1)
                     if batch:
+                        # Its end read from the store ends the stream: its `end` signal
+                        # may never come (the coordinator away, or a signal lost).
+                        batch, ended = end.cut(batch)
                         last = batch[-1]
                         yield batch
+                        if ended:
+                            return
                 if signal is None:
                     try:
                         live = await coordinator.follow(thread_id)
                     except ServiceUnavailableError:
                         continue  # the coordinator is away: the store still has the events
+                    if live != end.run_id:
+                        live = None  # another run holds the thread: the one followed ended
                 elif signal.kind == "end" and signal.run_id == live:
                     live = None
             # The run's last events were stored before its lease was released.
@@ -87,27 +98,70 @@ async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, a
                 position = _last_position(batch, position)
             else:
                 batch, position = await _read(store, thread_id, position)
+            batch, ended = end.cut(batch, over=True)
             if batch:
                 last = batch[-1]
                 yield batch
-            if last is None or last[1].get("type") in _TERMINAL:
+            if ended or last is None or last[1].get("type") in _TERMINAL:
                 return
-            # The stream stops inside a run: the thread's next run, begun on some worker
-            # since the end of the one followed (followed too, to its end), or a run whose
-            # worker died, closed as interrupted by a sweep within twice `lease_ttl` or so
-            # (waited for, bounded, so the follower gets the RUN_ERROR instead of a stream
-            # cut in the middle of a message).
+            # The stream stops inside a run: with no run followed yet, a run begun on some
+            # worker since the thread was read (followed, to its end); else the followed run
+            # whose end is not stored yet, or a run whose worker died, closed as
+            # interrupted by a sweep within twice `lease_ttl` or so (waited for, bounded, so
+            # the follower gets the RUN_ERROR instead of a stream cut in a message). A run
+            # after the one followed is another response's: never streamed in this one.
             with contextlib.suppress(ServiceUnavailableError):
                 live = await coordinator.follow(thread_id)
-            if live is not None:
+            if live is not None and end.run_id in (None, live):
+                end.run_id = live
                 deadline = None
                 continue
+            live = None
             now = asyncio.get_running_loop().time()
             if deadline is None:
                 deadline = now + 2 * coordinator.lease_ttl + 10
             elif now >= deadline:
                 return
             await asyncio.sleep(POLL)
+
+
+class _RunEnd:
+    """Where the followed run ends in the thread's events as they are read: its
+    RUN_FINISHED (which names it), or the RUN_ERROR after its RUN_STARTED."""
+
+    def __init__(self, run_id: str | None) -> None:
+        #: The run followed (None: none yet).
+        self.run_id = run_id
+        #: The run of the last RUN_STARTED read (None: none read, a resume inside a run).
+        self.running: str | None = None
+        #: A RUN_ERROR of a run begun before the first event read was passed: the followed
+        #: run's end, unless its RUN_STARTED comes after it (a resume inside an earlier run).
+        self.maybe_ended = False
+
+    def cut(self, batch: list[Positioned], *, over: bool = False
+            ) -> tuple[list[Positioned], bool]:
+        """`batch` up to the followed run's end, and whether it ended. `over`: the run is
+        known to have ended (its events all stored), so an end that `batch` cannot name
+        is its end unless its RUN_STARTED comes later in `batch`."""
+        if over and self.maybe_ended and not _starts(batch, self.run_id):
+            return [], True
+        for index, (_, event) in enumerate(batch):
+            kind = event.get("type")
+            if kind == "RUN_STARTED":
+                self.running = event.get("runId")
+                self.maybe_ended = False
+            elif kind in _TERMINAL and self.run_id is not None:
+                owner = event.get("runId") or self.running
+                if owner == self.run_id or (owner is None and over and not _starts(
+                        batch[index + 1:], self.run_id)):
+                    return batch[:index + 1], True
+                self.maybe_ended = owner is None
+        return batch, False
+
+
+def _starts(rows: list[Positioned], run_id: str | None) -> bool:
+    """Whether `rows` hold run `run_id`'s RUN_STARTED."""
+    return any(e.get("type") == "RUN_STARTED" and e.get("runId") == run_id for _, e in rows)
 
 
 def unreached(after: int, next_position: int) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 import structlog
 
 from copilot_runtime import _trust
+from copilot_runtime._deadline import within
 from copilot_runtime._exceptions import (
     AgentNotFoundError,
     AuthenticationError,
@@ -484,7 +485,9 @@ class CopilotRuntime:
 
         async def answers(ping: Callable[[], Awaitable[None]]) -> bool:
             try:
-                async with asyncio.timeout(timeout):
+                # Cancelled again until it ends: psycopg answers a first cancellation by
+                # asking a server that hangs to cancel the query (up to its call's bound).
+                async with within(timeout):
                     await ping()
             except Exception:  # (TimeoutError included) its log says why, if anything
                 return False

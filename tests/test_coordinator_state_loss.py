@@ -456,14 +456,15 @@ async def test_a_stop_sent_while_the_signal_connection_reopens_is_not_lost(kind:
 
 @dataclass(eq=False)
 class SilencingProxy(Proxy):
-    """A TCP proxy to Redis whose subscribed connections (those that sent SUBSCRIBE) can be
-    silenced: what either side sends is swallowed, and both sockets stay open (no FIN, no
-    RST), as when a NAT or a firewall forgets an idle flow."""
+    """A TCP proxy to Redis (or PostgreSQL) whose subscribed connections (those that sent
+    SUBSCRIBE, or LISTEN) can be silenced: what either side sends is swallowed, and both
+    sockets stay open (no FIN, no RST), as when a NAT or a firewall forgets an idle flow."""
 
     def __init__(self, target: int = 6379) -> None:
         super().__init__(target)
         #: The connections that subscribed, in order.
         self.subscribed: list[Flow] = []
+        self._subscribe = b"SUBSCRIBE" if target == 6379 else b"LISTEN"
 
     def silence(self) -> int:
         for flow in self.subscribed:
@@ -471,7 +472,7 @@ class SilencingProxy(Proxy):
         return len(self.subscribed)
 
     def _passes(self, flow: Flow, data: bytes, upstream: bool) -> bool:
-        if upstream and b"SUBSCRIBE" in data.upper() and flow not in self.subscribed:
+        if upstream and self._subscribe in data.upper() and flow not in self.subscribed:
             self.subscribed.append(flow)
         return not flow.silent
 
@@ -493,9 +494,9 @@ class SilencingProxy(Proxy):
             await self._server.wait_closed()
 
 
-@pytest.fixture
-async def silencing() -> AsyncIterator[SilencingProxy]:
-    proxy = SilencingProxy()
+@pytest.fixture(params=[6379])
+async def silencing(request: pytest.FixtureRequest) -> AsyncIterator[SilencingProxy]:
+    proxy = SilencingProxy(request.param)
     await proxy.up()
     try:
         yield proxy
@@ -531,6 +532,45 @@ async def test_a_silently_dropped_pubsub_connection_is_noticed_and_reopened(
         sent = await first.ended()
         assert sent[-1]["type"] == "RUN_FINISHED"
         assert took < 8
+
+
+@pytest.mark.parametrize("silencing", [5432], indirect=True)
+async def test_a_silent_listen_connection_is_noticed_and_reopened(
+        silencing: SilencingProxy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """D4 on PostgreSQL: worker A's LISTEN connection stops forwarding anything, both ends
+    open, while A streams r1; a stop is asked on worker B. Before, A never noticed (its
+    listener only waited for notifications): it stayed ready, and the stop never reached r1,
+    which streamed on to its end. Now a listener that heard nothing for `_PING_EVERY`
+    seconds sends a query on its connection; no answer within `_PONG_WITHIN` is a lost
+    connection: A is not ready until it listens again, and B's stop, sent again meanwhile,
+    reaches A. (The intervals are patched down from 10 s and 5 s, as for Redis.)"""
+    monkeypatch.setattr("copilot_runtime.coordination.postgres._PING_EVERY", 0.5,
+                        raising=False)
+    monkeypatch.setattr("copilot_runtime.coordination.postgres._PONG_WITHIN", 0.5,
+                        raising=False)
+    through = f"127.0.0.1:{silencing.port}"
+    async with workers("postgresql", a_url=lambda url: url.replace(
+            "127.0.0.1:5432", through)) as w, asyncio.timeout(BODY_WITHIN):
+        await eventually(lambda: len(silencing.subscribed) == 1, deadline=5,
+                         what="A listening through the proxy")
+        first = await streaming(w.a, THREAD, "r1")
+        assert silencing.silence() == 1
+        asked = time.monotonic()
+        assert await w.b.stop("default", THREAD) is True
+
+        async def deaf() -> bool:
+            return "coordinator" in await w.a.unready()
+
+        await eventually(deaf, deadline=4, what="A not ready while deaf")
+        await eventually(lambda: first.run.cancel_reason == "stop", deadline=8,
+                         what="the stop asked on B reaching A")
+        took = time.monotonic() - asked
+        assert len(silencing.subscribed) == 2, "A did not listen again"
+        assert not silencing.subscribed[1].silent
+        sent = await first.ended()
+        assert sent[-1]["type"] == "RUN_FINISHED"
+        assert took < 8
+        assert await w.a.unready() == []
 
 
 # -- D5 (PostgreSQL store): raw events pruned by a worker's clock ----------------------------

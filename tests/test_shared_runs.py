@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import copilot_runtime._runs
+import copilot_runtime._shared_runs
 from copilot_runtime import (
     ConfigurationError,
     CopilotRuntime,
@@ -23,9 +24,10 @@ from copilot_runtime import (
     thread_store,
 )
 from copilot_runtime import events as ev
-from copilot_runtime._exceptions import RateLimitedError
+from copilot_runtime._exceptions import RateLimitedError, ServiceUnavailableError
 from copilot_runtime._input import parse_run_input
-from copilot_runtime._shared_runs import RecoverySweep
+from copilot_runtime._shared_runs import RecoverySweep, follow
+from copilot_runtime.coordination.base import SignalHub
 from copilot_runtime.events import Event
 from copilot_runtime.testing import ScriptedAdapter, text_turn, verify_events
 from copilot_runtime.threads import INTERRUPTED_CODE
@@ -33,6 +35,7 @@ from copilot_runtime.threads.base import Positioned
 from tests.conftest import GatedAgent, poll
 from tests.scale_support.cluster import eventually
 from tests.scale_support.services import REDIS, postgres_schema, redis_prefix
+from tests.test_store_outage import Proxy
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -308,3 +311,174 @@ async def test_an_id_of_the_live_run_not_yet_written_resumes_exactly(
         assert [(p, e["type"]) for p, e in got] == [
             (seen + 1, "TEXT_MESSAGE_CONTENT"), (seen + 2, "TEXT_MESSAGE_END"),
             (seen + 3, "RUN_FINISHED")]
+
+
+# -- A follower whose run ended while it missed the `end` signal ------------------------------
+
+
+class _Thread:
+    """A thread store holding one thread's events (what `follow` reads of a store)."""
+
+    def __init__(self) -> None:
+        self.rows: list[Positioned] = []
+
+    def add(self, *events: Event) -> None:
+        first = len(self.rows)
+        self.rows.extend((first + i, e) for i, e in enumerate(events))
+
+    async def events_after(self, thread_id: str, after: int) -> list[Positioned]:
+        return [row for row in self.rows if row[0] is not None and row[0] > after]
+
+
+class _Holders:
+    """A coordinator whose signals never come (its signal connection cut), and whose
+    `follow` answers what `answer` says (an outage: ServiceUnavailableError)."""
+
+    lease_ttl = 0.6
+
+    def __init__(self, answer: Any) -> None:
+        self.hub = SignalHub()
+        self.answer = answer
+
+    def subscribe(self, thread_id: str) -> Any:
+        return self.hub.subscribe(thread_id)
+
+    async def follow(self, thread_id: str) -> str | None:
+        answer: str | None = self.answer()
+        return answer
+
+
+def _run_start(run: str) -> list[Event]:
+    return [ev.run_started("t", run), ev.text_message_start(f"m-{run}"),
+            ev.text_message_content(f"m-{run}", "words ")]
+
+
+def _run_end(run: str, error: bool = False) -> list[Event]:
+    return [ev.text_message_end(f"m-{run}"),
+            ev.run_error("lost", code="LEASE_LOST") if error else ev.run_finished("t", run)]
+
+
+async def _followed(coordinator: Any, store: _Thread, after: int = -1) -> list[Event]:
+    got: list[Event] = []
+    async with asyncio.timeout(5):
+        async for batch in follow(coordinator, store, "t", after):  # type: ignore[arg-type]
+            got.extend(e for _, e in batch)
+    return got
+
+
+@pytest.mark.parametrize("after", [-1, 6], ids=["whole", "inside"])
+async def test_a_follower_ends_at_its_runs_end_read_while_the_coordinator_is_away(
+        monkeypatch: pytest.MonkeyPatch, after: int) -> None:
+    """The follower's coordinator stops answering (its `end` signal never comes, each poll
+    is a 503) while the run ends on its worker, which stores RUN_FINISHED. Before, the
+    follower read and sent RUN_FINISHED but stayed open for the whole outage (then followed
+    the thread's next run in the same response); now it ends there."""
+    monkeypatch.setattr(copilot_runtime._shared_runs, "POLL", 0.05)
+    store = _Thread()
+    store.add(*_run_start("r0"), *_run_end("r0"), *_run_start("r1"))
+    polls = 0
+
+    def answer() -> str:
+        nonlocal polls
+        polls += 1
+        if polls == 1:
+            return "r1"
+        if polls == 3:
+            store.add(*_run_end("r1"))
+        raise ServiceUnavailableError("The coordinator cannot be reached")
+
+    got = await _followed(_Holders(answer), store, after)
+    assert got[-1] == ev.run_finished("t", "r1")
+    assert [e["type"] for e in got].count("RUN_STARTED") == (2 if after < 0 else 0)
+
+
+async def test_a_follower_resuming_inside_an_ended_run_follows_the_live_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the two tests around must not break: a resume inside a run that ended (its
+    RUN_ERROR names no run) while the next one is live goes on to the live run's end."""
+    monkeypatch.setattr(copilot_runtime._shared_runs, "POLL", 0.05)
+    store = _Thread()
+    store.add(*_run_start("r0"), *_run_end("r0", error=True))
+    polls = 0
+
+    def answer() -> str | None:
+        nonlocal polls
+        polls += 1
+        if polls == 3:
+            store.add(*_run_start("r1"))
+        if polls == 5:
+            store.add(*_run_end("r1"))
+        return "r1" if polls < 5 else None
+
+    got = await _followed(_Holders(answer), store, after=1)
+    assert [e["type"] for e in got] == [
+        "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END", "RUN_ERROR", "RUN_STARTED",
+        "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END", "RUN_FINISHED"]
+
+
+@pytest.mark.parametrize("error", [False, True], ids=["finished", "error"])
+async def test_a_follower_ends_with_its_run_when_another_run_holds_the_thread(
+        monkeypatch: pytest.MonkeyPatch, error: bool) -> None:
+    """The follower's `end` signal is lost, and its next poll finds the thread held by the
+    thread's next run, whose start is stored after the followed run's end. Before, the
+    follower switched to that run silently: its client got the two runs in one response
+    (RUN_ERROR LEASE_LOST, then RUN_STARTED of another run). Now it ends with its run."""
+    monkeypatch.setattr(copilot_runtime._shared_runs, "POLL", 0.05)
+    store = _Thread()
+    store.add(*_run_start("r1"))
+    polls = 0
+
+    def answer() -> str:
+        nonlocal polls
+        polls += 1
+        if polls == 2:  # r1 ended, r2 took the thread, before r1's end was read
+            store.add(*_run_end("r1", error), *_run_start("r2"))
+            return "r2"
+        return "r1" if polls == 1 else "r2"
+
+    got = await _followed(_Holders(answer), store)
+    assert [e["type"] for e in got][-2:] == ["TEXT_MESSAGE_END",
+                                             "RUN_ERROR" if error else "RUN_FINISHED"]
+    assert [e.get("runId") for e in got if e["type"] == "RUN_STARTED"] == ["r1"]
+
+
+async def test_a_follower_cut_off_from_its_coordinator_ends_with_the_run(
+        url: str, tmp_path: Path) -> None:
+    """The hunt's case end to end: worker b follows a's run, then b's coordinator stops
+    answering (its link to PostgreSQL dropped, the store's still there); a's run ends and
+    is stored. Before, b's follower sent RUN_FINISHED and then stayed open for as long as
+    the outage lasted; now its stream ends there."""
+    proxy = Proxy()
+    await proxy.up()
+    agents = [GatedAgent(), GatedAgent()]
+    store_url = f"sqlite:///{tmp_path}/threads.db"
+    a = CopilotRuntime(agents={"default": agents[0]}, thread_store=thread_store(store_url),
+                       coordinator=url)
+    cut_off = coordinator(url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}"))
+    cut_off.timeout = 0.5  # type: ignore[attr-defined]
+    b = CopilotRuntime(agents={"default": agents[1]}, thread_store=thread_store(store_url),
+                       coordinator=cut_off)
+    try:
+        await a.start()
+        await b.start()
+        driving = asyncio.create_task(
+            (await a.start_run("default", run_input("t", "r1"))).drive(_ignore))
+        got: list[Event] = []
+
+        async def read() -> None:
+            async for batch in b.connect("default", "t"):
+                got.extend(e for _, e in batch)
+
+        reading = asyncio.create_task(read())
+        await eventually(lambda: any(e.get("delta") == "one " for e in got), deadline=5,
+                         what="the follower reading the run")
+        proxy.hang()
+        agents[0].gate.set()
+        async with asyncio.timeout(5):
+            await driving
+            await reading
+        assert [e["type"] for e in got][-2:] == ["TEXT_MESSAGE_END", "RUN_FINISHED"]
+    finally:
+        await proxy.down()
+        for runtime in (a, b):
+            await runtime.aclose()

@@ -636,3 +636,78 @@ async def test_a_batch_of_redis_calls_is_bounded_by_itself(call: str) -> None:
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(batch(), 5)
     assert time.monotonic() - started < 2
+
+
+async def test_ready_answers_within_its_bound_when_postgresql_hangs(
+        proxy: Proxy, llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """The PostgreSQL store and coordinator stop answering, their own calls bounded far
+    later than the probe: `/ready` answers 503 at `ready_timeout`. Bounded by
+    `asyncio.timeout`, psycopg took the first cancellation as a request to cancel the query
+    at the server, and waited for it until the call's own bound (10 s by default)."""
+    await proxy.up()
+    store = PostgresThreadStore(f"postgresql://postgres@127.0.0.1:{proxy.port}/test",
+                                schema=proxy.schema, timeout=6.0)
+    made = proxy.coordinator()
+    made.timeout = 6.0  # type: ignore[attr-defined]
+    runtime = openai_runtime(llm, thread_store=store, coordinator=made)
+    runtime.ready_timeout = 0.5
+    async with serve_runtime(runtime) as served:
+        assert await runtime.unready() == []
+        proxy.hang()
+        started = time.monotonic()
+        response = await served.session.get(served.url + "/ready")
+        took = time.monotonic() - started
+        assert response.status == 503
+        assert (await response.json())["unavailable"] == ["thread_store", "coordinator"]
+        assert took < 1.5, took
+        await proxy.down()
+
+
+@pytest.mark.parametrize("proxy", [5432, 6379], ids=["postgresql", "redis"], indirect=True)
+async def test_a_runs_end_does_not_wait_for_a_coordinator_that_stops_answering(
+        proxy: Proxy) -> None:
+    """The coordinator stops answering as a run ends (its store still answers): the client
+    gets the run's end once it is stored, and the lease is given back in the background,
+    once the coordinator is back. Before, the end waited for the lease's release (up to the
+    coordinator's timeout, 10 s by default), and PostgreSQL then logged "run not stored
+    yet" for a run the store had written."""
+    from copilot_runtime._input import parse_run_input
+    from tests.scale_support.cluster import eventually
+
+    await proxy.up()
+    store = PostgresThreadStore(SERVER, schema=proxy.schema, timeout=TIMEOUT)
+    made = proxy.coordinator()
+    made.timeout = 4.0  # type: ignore[attr-defined]
+    agent = GatedAgent()
+    runtime = CopilotRuntime(agents={"default": agent}, thread_store=store, coordinator=made)
+    await runtime.start()
+    try:
+        run = await runtime.start_run("default", parse_run_input(_run("t-end")))
+        sent: list[dict[str, Any]] = []
+
+        async def write(batch: Any) -> None:
+            sent.extend(batch)
+
+        driving = asyncio.create_task(run.drive(write))
+        await eventually(lambda: any(e.get("delta") == "one " for e in sent), deadline=5,
+                         what="the run streaming")
+        proxy.hang()
+        started = time.monotonic()
+        agent.gate.set()
+        async with asyncio.timeout(10):
+            await driving
+        took = time.monotonic() - started
+        assert sent[-1]["type"] == "RUN_FINISHED"
+        assert took < 1.5, took
+        assert await store.get("t-end") is not None
+        await proxy.down()
+        await proxy.up()
+
+        async def given_back() -> bool:
+            with contextlib.suppress(ServiceUnavailableError):
+                return await made.holder("t-end") is None  # type: ignore[attr-defined]
+            return False
+
+        await eventually(given_back, deadline=10, what="the lease given back")
+    finally:
+        await runtime.aclose()

@@ -30,6 +30,11 @@ _log = structlog.get_logger("copilot_runtime.coordination")
 DEFAULT_LEASE_TTL = 10.0
 #: The longest wait before retrying a lost connection for signals.
 _RETRY = 1.0
+#: Seconds without any message on a signal connection before it is asked to answer, and
+#: the most its answer may take before the connection is taken as dead (and opened again):
+#: one that a NAT or a firewall dropped without a word fails nothing, and hears nothing.
+PING_EVERY = 10.0
+PONG_WITHIN = 5.0
 #: The longest a call waits for the coordinator's server by default (one that stopped
 #: answering, behind a network that drops packets, would hold it for minutes).
 DEFAULT_TIMEOUT = 10.0

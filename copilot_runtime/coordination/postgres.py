@@ -19,11 +19,14 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
+from copilot_runtime._deadline import within
 from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime._url_options import lease_ttl_option, pool_size_option, split_options
 from copilot_runtime.coordination._pg_counters import PostgresCounters, migrate
 from copilot_runtime.coordination._shared import (
     DEFAULT_LEASE_TTL,
+    PING_EVERY,
+    PONG_WITHIN,
     SharedCoordinator,
 )
 from copilot_runtime.coordination.base import Lease, Signal
@@ -34,6 +37,9 @@ __all__ = ["PostgresCoordinator"]
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 #: NOTIFY payloads must stay under 8000 bytes; a longer signal is not sent (followers poll).
 _MAX_PAYLOAD = 7900
+#: The LISTEN connection's query after silence, and its answer's bound (as Redis's ping).
+_PING_EVERY = PING_EVERY
+_PONG_WITHIN = PONG_WITHIN
 
 
 class PostgresCoordinator(SharedCoordinator):
@@ -129,10 +135,18 @@ class PostgresCoordinator(SharedCoordinator):
             await conn.execute(f'LISTEN "{self.channel}"')
             if not ready.done():
                 ready.set_result(None)
-            async for notify in conn.notifies():
-                signal = Signal.decode(notify.payload)
-                if signal is not None:
-                    self._hub.deliver(signal)
+            loop = asyncio.get_running_loop()
+            heard = loop.time()
+            while True:
+                async for notify in conn.notifies(
+                        timeout=max(heard + _PING_EVERY - loop.time(), 0.0)):
+                    heard = loop.time()
+                    signal = Signal.decode(notify.payload)
+                    if signal is not None:
+                        self._hub.deliver(signal)
+                if loop.time() - heard >= _PING_EVERY:
+                    await _answers(conn)
+                    heard = loop.time()
         finally:
             await conn.close()
 
@@ -269,6 +283,17 @@ class PostgresCoordinator(SharedCoordinator):
             f"(SELECT 1 FROM {self.table} l WHERE l.thread_id = s.thread_id AND l.followed)",
             (self.channel, [p for p, _ in sent], [t for _, t in sent]))
         return [None] * len(signals)
+
+
+async def _answers(conn: Any) -> None:
+    """A LISTEN connection that heard nothing for a while answers a query in time, or is
+    lost: one a NAT or a firewall dropped without a word fails nothing while it only waits
+    for notifications, and every signal (stops) went missing."""
+    try:
+        async with within(_PONG_WITHIN):
+            await conn.execute("SELECT 1")
+    except TimeoutError:
+        raise ConnectionError("the signal connection stopped answering") from None
 
 
 async def _rows(cursor: Any, query: str, params: tuple[Any, ...] | dict[str, Any]

@@ -30,6 +30,8 @@ from copilot_runtime._url_options import (
 )
 from copilot_runtime.coordination._shared import (
     DEFAULT_LEASE_TTL,
+    PING_EVERY,
+    PONG_WITHIN,
     SharedCoordinator,
 )
 from copilot_runtime.coordination.base import Lease, Signal
@@ -42,10 +44,9 @@ __all__ = ["RedisCoordinator"]
 #: outage of every worker leaves behind, one key for each thread a dead worker held.
 OPEN_TTL = 24 * 3600.0
 
-#: Seconds without any message on the signal connection before it is pinged, and the most
-#: its answer may take before the connection is taken as dead (and opened again).
-_PING_EVERY = 10.0
-_PONG_WITHIN = 5.0
+#: The signal connection's ping after silence, and its answer's bound (tests patch them).
+_PING_EVERY = PING_EVERY
+_PONG_WITHIN = PONG_WITHIN
 
 #: A lease's value: the holder's 32-character token, then the run id. The marker (KEYS[2])
 #: is renewed with the lease, so it lasts as long as the lease, then `open_ttl` more.
