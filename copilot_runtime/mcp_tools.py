@@ -55,6 +55,7 @@ from copilot_runtime._exceptions import (
     failure_text,
     header_secrets,
     quoted,
+    scrub_secrets,
 )
 from copilot_runtime.actions import Action
 
@@ -77,6 +78,9 @@ _SESSION_UNKNOWN = frozenset({"Session not found", "Session terminated"})
 _SDK_CLOSED = "Connection closed"
 #: A transport failure before any byte of the request left: the server never saw it.
 _NOT_CONNECTED = (httpx2.ConnectError, httpx2.ConnectTimeout)
+#: An `env` value of a stdio server shorter than this is a setting ("1", "debug"), not a
+#: credential: blanking it would garble every message it happens to appear in.
+_MIN_ENV_SECRET = 8
 
 
 class _Sending:
@@ -183,6 +187,14 @@ class MCPServer:
         if self.url is not None:
             return urlsplit(self.url).hostname or "mcp"
         return (self.command or "mcp").rsplit("/", 1)[-1]
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What this server was configured with that its words must never pass on: its
+        headers' values (an HTTP server's credentials) and its `env`'s (a stdio server's).
+        Every failure of the server that reaches the model or a client is blanked of them."""
+        env = (value for value in (self.env or {}).values() if len(value) >= _MIN_ENV_SECRET)
+        return (*header_secrets(self.headers), *env)
 
 
 class _Connection:
@@ -410,7 +422,7 @@ class MCPToolset:
                     _log.warning("MCP server could not list its tools", server=server.label,
                                  error=f"{type(exc).__name__}: {exc}")
                     raise UpstreamError(f"MCP server {server.label} could not list its tools: "
-                                        f"{failure_text(exc)}") from None
+                                        f"{failure_text(exc, known=server.secrets)}") from None
                 changes = await _listen_for_changes(client, server, stack)
                 conn.wake.clear()
                 if conn.closing.is_set():
@@ -551,8 +563,9 @@ def _reason(exc: BaseException, server: MCPServer) -> str:
     credentials `server` was configured with (an HTTP client quotes a header it refused)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
-    return str(exc) if isinstance(exc, UpstreamError) else failure_text(
-        exc, known=header_secrets(server.headers))
+    if isinstance(exc, UpstreamError):  # ours, made fit to show: blanked once more all the same
+        return scrub_secrets(str(exc), *server.secrets)
+    return failure_text(exc, known=server.secrets)
 
 
 def _connection_gone(exc: Exception, client: Client) -> bool:
@@ -692,7 +705,7 @@ def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
                 if not _never_reached(exc, sending):
                     raise failure from None
             else:
-                return _answer(remote, result, header_secrets(conn.server.headers))
+                return _answer(remote, result, conn.server.secrets)
         # Sending it again cannot run the tool twice: the session was known dead before the
         # request was sent, or the request certainly did not reach the server. A call that
         # broke after its request left (the connection closed mid-call, a timeout) may have
@@ -705,7 +718,7 @@ def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
             result = await _call_tool(fresh, remote, arguments, None, read_timeout=remaining)
         except Exception as exc:
             raise _failure(conn, fresh, remote, exc) from None
-        return _answer(remote, result, header_secrets(conn.server.headers))
+        return _answer(remote, result, conn.server.secrets)
 
     schema = tool.input_schema if isinstance(tool.input_schema, dict) else None
     if schema and schema.get("type", "object") != "object":
@@ -729,7 +742,7 @@ async def _call_tool(client: Client, remote: str, arguments: dict[str, Any],
 
 def _failure(conn: _Connection, client: Client, remote: str, exc: Exception) -> ActionError:
     """The tool error of a call that raised `exc`; a connection found gone ends its session."""
-    said = failure_text(exc, known=header_secrets(conn.server.headers))
+    said = failure_text(exc, known=conn.server.secrets)
     if _connection_gone(exc, client):
         conn.lose(client, said)
     return ActionError(f"the MCP tool {remote} of {conn.server.label} failed: {said}")
@@ -768,7 +781,7 @@ def _said(block: Any) -> str:
 
 def _answer(remote: str, result: types.CallToolResult, known: Sequence[str] = ()) -> Any:
     """A tool's result as the action's: its structured content, else its blocks as text,
-    one a line; an error's text `quoted`, the `known` secrets (its server's headers) blanked."""
+    one a line; an error's text `quoted`, the `known` secrets (its server's) blanked."""
     text = "\n".join(said for said in map(_said, result.content) if said)
     if result.is_error:
         # The server's own words, passed on as a remote agent's are: cut, and withheld when
