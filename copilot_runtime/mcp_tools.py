@@ -108,7 +108,9 @@ class _NotingTransport(httpx2.AsyncBaseTransport):
     answer head, or a JSON answer that stalls) fails the group, which ends the session and
     every call in flight on it, other runs' too; a call that timed out, or whose run was
     stopped, leaves its POST open until then. A POST's read timeout fails that request alone
-    instead (its caller has timed out already: the HTTP bound is a little longer)."""
+    instead (its caller has timed out already: the HTTP bound is a little longer). So does
+    its pool timeout: over 100 calls in flight on one session (the pool's connections) leave
+    a POST waiting for one, which must not end the session either."""
 
     def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
         self.inner = inner
@@ -121,13 +123,13 @@ class _NotingTransport(httpx2.AsyncBaseTransport):
             if sending is not None:
                 sending.unconnected = True
             raise
-        except httpx2.ReadTimeout:
+        except (httpx2.ReadTimeout, httpx2.PoolTimeout) as exc:
             if request.method != "POST":
                 raise
             # (the SDK answers its request with an error, and the session goes on)
-            return httpx2.Response(504, headers={"content-type": "text/plain"},
-                                   content=b"no answer within the read timeout",
-                                   request=request)
+            return _stand_in(request, 504, b"no answer within the read timeout"
+                             if isinstance(exc, httpx2.ReadTimeout)
+                             else b"no connection free within the pool timeout")
         if sending is not None:
             sending.answered = True
         if request.method == "POST" and response.headers.get(
@@ -138,6 +140,12 @@ class _NotingTransport(httpx2.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def _stand_in(request: httpx2.Request, status: int, said: bytes) -> httpx2.Response:
+    """An answer the transport gives for a POST that got none, failing that request alone."""
+    return httpx2.Response(status, headers={"content-type": "text/plain"}, content=said,
+                           request=request)
 
 
 class _EndsAtReadTimeout(httpx2.AsyncByteStream):

@@ -302,6 +302,27 @@ async def test_one_call_past_its_timeout_leaves_the_others_on_the_session(first:
         assert server.methods.count("initialize") == 1
 
 
+async def test_a_call_waiting_too_long_for_a_connection_fails_alone() -> None:
+    """Before: with the HTTP client's 100 connections taken (100 calls past their timeout
+    whose POSTs stay open a little longer), a 101st call's POST waited for one, and its
+    `PoolTimeout`, raised in the session's task group, ended the session and every call in
+    flight on it. Now that call fails alone; the session goes on."""
+    server = ScriptedMCP()
+    async with started(server, bound=1.0) as toolset:
+        echo = tool(toolset)
+        conn = toolset._connections[0]
+        session = conn.client
+        hanging = [asyncio.create_task(echo.execute('{"x": "hang"}')) for _ in range(100)]
+        await asyncio.sleep(0.1)
+        with pytest.raises(ActionError, match="timed out"):
+            await echo.execute('{"x": "waits"}')  # its POST waits for the pool, in vain
+        await asyncio.gather(*hanging, return_exceptions=True)
+        await asyncio.sleep(1.2)  # their POSTs' read timeouts free the pool
+        assert await echo.execute('{"x": "again"}') == "\"echoed again\""
+        assert (conn.client, conn.gone) == (session, None)
+        assert server.methods.count("initialize") == 1
+
+
 async def test_a_tool_error_echoing_the_servers_key_does_not_show_it() -> None:
     """Before: the key `headers=` gave the server reached the model and the client (the tool
     result) when the server's error said it."""
