@@ -74,6 +74,9 @@ RECONNECT_MAX_DELAY_S = 30.0
 _CONNECTION_ERRORS = (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError,
                       anyio.EndOfStream, httpx2.TransportError)
 _SESSION_UNKNOWN = frozenset({"Session not found", "Session terminated"})
+#: Why a session could not be opened when its URL refused the POST of `initialize`.
+_LEGACY_SSE = ("it looks like a legacy HTTP+SSE MCP server (its URL refuses a POST); only "
+               "streamable HTTP and stdio are supported")
 #: The SDK's message for a call whose session's transport closed.
 _SDK_CLOSED = "Connection closed"
 #: A transport failure before any byte of the request left: the server never saw it.
@@ -114,6 +117,8 @@ class _NotingTransport(httpx2.AsyncBaseTransport):
 
     def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
         self.inner = inner
+        #: A POST was answered 405: opening, the mark of a legacy HTTP+SSE server's URL.
+        self.post_refused = False
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         sending = _SENDING.get()
@@ -132,6 +137,8 @@ class _NotingTransport(httpx2.AsyncBaseTransport):
                              else b"no connection free within the pool timeout")
         if sending is not None:
             sending.answered = True
+        if request.method == "POST" and response.status_code == 405:
+            self.post_refused = True
         if request.method == "POST" and response.headers.get(
                 "content-type", "").lower().startswith("application/json"):
             # (an SSE answer's read timeout already fails its request alone, in the SDK)
@@ -243,6 +250,8 @@ class _Connection:
         #: (`MCPToolset.reconnect_delay`): while the server stays down, most fail at once.
         self.hurry_spacing = RECONNECT_DELAY_S
         self.task: asyncio.Task[None] | None = None
+        #: The HTTP transport of the latest session (None over stdio).
+        self.transport: _NotingTransport | None = None
 
     def unavailable(self) -> str:
         if self.closing.is_set():
@@ -378,6 +387,8 @@ class MCPToolset:
                 if isinstance(exc, asyncio.CancelledError) and task and task.cancelling():
                     raise  # cancelled from outside, not by the session's own task group
                 reason = _reason(exc, server)
+                if conn.opened_at is None and conn.transport and conn.transport.post_refused:
+                    reason = _LEGACY_SSE  # (the SDK says only "an error response")
                 if not ready.done():  # never connected: the start fails, no reconnecting
                     conn.gone = reason
                     ready.set_exception(exc if isinstance(exc, UpstreamError) else UpstreamError(
@@ -470,7 +481,7 @@ class MCPToolset:
         if server.url is not None:
             # A mount, not `transport=`: that would drop the proxies the environment names
             # (a request through one is not noted, and not retried).
-            noting = _NotingTransport(httpx2.AsyncHTTPTransport())
+            noting = conn.transport = _NotingTransport(httpx2.AsyncHTTPTransport())
             # Reads wait a little longer than a call: the call's own timeout says it first.
             http = httpx2.AsyncClient(headers=dict(server.headers),
                                       timeout=httpx2.Timeout(server.timeout,
