@@ -28,10 +28,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import random
 import re
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -450,7 +451,8 @@ class MCPToolset:
                 conn.open, conn.connecting = True, False
                 conn.opened_at = asyncio.get_running_loop().time()
                 watch = None if changes is None else asyncio.create_task(
-                    _watch(conn, client, changes), name=f"mcp-changes:{server.label}")
+                    _watch(conn, client, changes, functools.partial(self._relist, conn)),
+                    name=f"mcp-changes:{server.label}")
                 try:
                     if ready is not None:
                         ready.set_result(None)
@@ -693,17 +695,37 @@ async def _listen_for_changes(client: Client, server: MCPServer, stack: AsyncExi
         return None
 
 
-async def _watch(conn: _Connection, client: Client, changes: Subscription) -> None:
-    """End the session when its change stream ends. Over HTTP at 2026-07-28 the session
-    outlives a server that went away (each call is a request of its own) but the stream does
-    not: reconnecting listens again, and lists the tools of the server that came back."""
+async def _watch(conn: _Connection, client: Client, changes: Subscription,
+                 relist: Callable[[], Awaitable[None]]) -> None:
+    """Listen again on the same session when its change stream ends, and list the tools
+    again (a change may have come in between); end the session when that fails. Over HTTP
+    at 2026-07-28 the session outlives a server that went away (each call is a request of
+    its own) but the stream does not; and a proxy ends long streams of a healthy server,
+    whose calls in flight must go on. A stream that ends at once ends the session too: the
+    reconnect's backoff, not this loop, paces a server that keeps refusing it."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    reason = await _until_ended(changes, conn.server)
+    while loop.time() - began >= conn.hurry_spacing and not conn.closing.is_set():
+        began = loop.time()
+        try:
+            async with client.listen(tools_list_changed=True) as again:
+                await relist()
+                reason = await _until_ended(again, conn.server)
+        except Exception as exc:
+            reason = _reason(exc, conn.server)
+            break
+    conn.lose(client, reason)
+
+
+async def _until_ended(changes: Subscription, server: MCPServer) -> str:
+    """Why a change stream ended, once it has."""
     try:
         async for _ in changes:
             pass  # each event reaches the message handler too
-        reason = "the server closed its tool change stream"
     except Exception as exc:
-        reason = _reason(exc.__cause__ or exc, conn.server)
-    conn.lose(client, reason)
+        return _reason(exc.__cause__ or exc, server)
+    return "the server closed its tool change stream"
 
 
 def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
