@@ -28,10 +28,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import random
 import re
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,7 @@ from copilot_runtime._exceptions import (
     failure_text,
     header_secrets,
     quoted,
+    scrub_secrets,
 )
 from copilot_runtime.actions import Action
 
@@ -73,10 +75,16 @@ RECONNECT_MAX_DELAY_S = 30.0
 _CONNECTION_ERRORS = (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError,
                       anyio.EndOfStream, httpx2.TransportError)
 _SESSION_UNKNOWN = frozenset({"Session not found", "Session terminated"})
+#: Why a session could not be opened when its URL refused the POST of `initialize`.
+_LEGACY_SSE = ("it looks like a legacy HTTP+SSE MCP server (its URL refuses a POST); only "
+               "streamable HTTP and stdio are supported")
 #: The SDK's message for a call whose session's transport closed.
 _SDK_CLOSED = "Connection closed"
 #: A transport failure before any byte of the request left: the server never saw it.
 _NOT_CONNECTED = (httpx2.ConnectError, httpx2.ConnectTimeout)
+#: An `env` value of a stdio server shorter than this is a setting ("1", "debug"), not a
+#: credential: blanking it would garble every message it happens to appear in.
+_MIN_ENV_SECRET = 8
 
 
 class _Sending:
@@ -104,10 +112,14 @@ class _NotingTransport(httpx2.AsyncBaseTransport):
     answer head, or a JSON answer that stalls) fails the group, which ends the session and
     every call in flight on it, other runs' too; a call that timed out, or whose run was
     stopped, leaves its POST open until then. A POST's read timeout fails that request alone
-    instead (its caller has timed out already: the HTTP bound is a little longer)."""
+    instead (its caller has timed out already: the HTTP bound is a little longer). So does
+    its pool timeout: over 100 calls in flight on one session (the pool's connections) leave
+    a POST waiting for one, which must not end the session either."""
 
     def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
         self.inner = inner
+        #: A POST was answered 405: opening, the mark of a legacy HTTP+SSE server's URL.
+        self.post_refused = False
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         sending = _SENDING.get()
@@ -117,15 +129,17 @@ class _NotingTransport(httpx2.AsyncBaseTransport):
             if sending is not None:
                 sending.unconnected = True
             raise
-        except httpx2.ReadTimeout:
+        except (httpx2.ReadTimeout, httpx2.PoolTimeout) as exc:
             if request.method != "POST":
                 raise
             # (the SDK answers its request with an error, and the session goes on)
-            return httpx2.Response(504, headers={"content-type": "text/plain"},
-                                   content=b"no answer within the read timeout",
-                                   request=request)
+            return _stand_in(request, 504, b"no answer within the read timeout"
+                             if isinstance(exc, httpx2.ReadTimeout)
+                             else b"no connection free within the pool timeout")
         if sending is not None:
             sending.answered = True
+        if request.method == "POST" and response.status_code == 405:
+            self.post_refused = True
         if request.method == "POST" and response.headers.get(
                 "content-type", "").lower().startswith("application/json"):
             # (an SSE answer's read timeout already fails its request alone, in the SDK)
@@ -134,6 +148,12 @@ class _NotingTransport(httpx2.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def _stand_in(request: httpx2.Request, status: int, said: bytes) -> httpx2.Response:
+    """An answer the transport gives for a POST that got none, failing that request alone."""
+    return httpx2.Response(status, headers={"content-type": "text/plain"}, content=said,
+                           request=request)
 
 
 class _EndsAtReadTimeout(httpx2.AsyncByteStream):
@@ -184,6 +204,14 @@ class MCPServer:
             return urlsplit(self.url).hostname or "mcp"
         return (self.command or "mcp").rsplit("/", 1)[-1]
 
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What this server was configured with that its words must never pass on: its
+        headers' values (an HTTP server's credentials) and its `env`'s (a stdio server's).
+        Every failure of the server that reaches the model or a client is blanked of them."""
+        env = (value for value in (self.env or {}).values() if len(value) >= _MIN_ENV_SECRET)
+        return (*header_secrets(self.headers), *env)
+
 
 class _Connection:
     """One server's session, held open (and reopened) by a task of its own (see `MCPToolset`)."""
@@ -223,6 +251,8 @@ class _Connection:
         #: (`MCPToolset.reconnect_delay`): while the server stays down, most fail at once.
         self.hurry_spacing = RECONNECT_DELAY_S
         self.task: asyncio.Task[None] | None = None
+        #: The HTTP transport of the latest session (None over stdio).
+        self.transport: _NotingTransport | None = None
 
     def unavailable(self) -> str:
         if self.closing.is_set():
@@ -358,6 +388,8 @@ class MCPToolset:
                 if isinstance(exc, asyncio.CancelledError) and task and task.cancelling():
                     raise  # cancelled from outside, not by the session's own task group
                 reason = _reason(exc, server)
+                if conn.opened_at is None and conn.transport and conn.transport.post_refused:
+                    reason = _LEGACY_SSE  # (the SDK says only "an error response")
                 if not ready.done():  # never connected: the start fails, no reconnecting
                     conn.gone = reason
                     ready.set_exception(exc if isinstance(exc, UpstreamError) else UpstreamError(
@@ -410,7 +442,7 @@ class MCPToolset:
                     _log.warning("MCP server could not list its tools", server=server.label,
                                  error=f"{type(exc).__name__}: {exc}")
                     raise UpstreamError(f"MCP server {server.label} could not list its tools: "
-                                        f"{failure_text(exc)}") from None
+                                        f"{failure_text(exc, known=server.secrets)}") from None
                 changes = await _listen_for_changes(client, server, stack)
                 conn.wake.clear()
                 if conn.closing.is_set():
@@ -419,7 +451,8 @@ class MCPToolset:
                 conn.open, conn.connecting = True, False
                 conn.opened_at = asyncio.get_running_loop().time()
                 watch = None if changes is None else asyncio.create_task(
-                    _watch(conn, client, changes), name=f"mcp-changes:{server.label}")
+                    _watch(conn, client, changes, functools.partial(self._relist, conn)),
+                    name=f"mcp-changes:{server.label}")
                 try:
                     if ready is not None:
                         ready.set_result(None)
@@ -450,7 +483,7 @@ class MCPToolset:
         if server.url is not None:
             # A mount, not `transport=`: that would drop the proxies the environment names
             # (a request through one is not noted, and not retried).
-            noting = _NotingTransport(httpx2.AsyncHTTPTransport())
+            noting = conn.transport = _NotingTransport(httpx2.AsyncHTTPTransport())
             # Reads wait a little longer than a call: the call's own timeout says it first.
             http = httpx2.AsyncClient(headers=dict(server.headers),
                                       timeout=httpx2.Timeout(server.timeout,
@@ -551,8 +584,9 @@ def _reason(exc: BaseException, server: MCPServer) -> str:
     credentials `server` was configured with (an HTTP client quotes a header it refused)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
-    return str(exc) if isinstance(exc, UpstreamError) else failure_text(
-        exc, known=header_secrets(server.headers))
+    if isinstance(exc, UpstreamError):  # ours, made fit to show: blanked once more all the same
+        return scrub_secrets(str(exc), *server.secrets)
+    return failure_text(exc, known=server.secrets)
 
 
 def _connection_gone(exc: Exception, client: Client) -> bool:
@@ -661,17 +695,37 @@ async def _listen_for_changes(client: Client, server: MCPServer, stack: AsyncExi
         return None
 
 
-async def _watch(conn: _Connection, client: Client, changes: Subscription) -> None:
-    """End the session when its change stream ends. Over HTTP at 2026-07-28 the session
-    outlives a server that went away (each call is a request of its own) but the stream does
-    not: reconnecting listens again, and lists the tools of the server that came back."""
+async def _watch(conn: _Connection, client: Client, changes: Subscription,
+                 relist: Callable[[], Awaitable[None]]) -> None:
+    """Listen again on the same session when its change stream ends, and list the tools
+    again (a change may have come in between); end the session when that fails. Over HTTP
+    at 2026-07-28 the session outlives a server that went away (each call is a request of
+    its own) but the stream does not; and a proxy ends long streams of a healthy server,
+    whose calls in flight must go on. A stream that ends at once ends the session too: the
+    reconnect's backoff, not this loop, paces a server that keeps refusing it."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    reason = await _until_ended(changes, conn.server)
+    while loop.time() - began >= conn.hurry_spacing and not conn.closing.is_set():
+        began = loop.time()
+        try:
+            async with client.listen(tools_list_changed=True) as again:
+                await relist()
+                reason = await _until_ended(again, conn.server)
+        except Exception as exc:
+            reason = _reason(exc, conn.server)
+            break
+    conn.lose(client, reason)
+
+
+async def _until_ended(changes: Subscription, server: MCPServer) -> str:
+    """Why a change stream ended, once it has."""
     try:
         async for _ in changes:
             pass  # each event reaches the message handler too
-        reason = "the server closed its tool change stream"
     except Exception as exc:
-        reason = _reason(exc.__cause__ or exc, conn.server)
-    conn.lose(client, reason)
+        return _reason(exc.__cause__ or exc, server)
+    return "the server closed its tool change stream"
 
 
 def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
@@ -692,7 +746,7 @@ def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
                 if not _never_reached(exc, sending):
                     raise failure from None
             else:
-                return _answer(remote, result, header_secrets(conn.server.headers))
+                return _answer(remote, result, conn.server.secrets)
         # Sending it again cannot run the tool twice: the session was known dead before the
         # request was sent, or the request certainly did not reach the server. A call that
         # broke after its request left (the connection closed mid-call, a timeout) may have
@@ -705,7 +759,7 @@ def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
             result = await _call_tool(fresh, remote, arguments, None, read_timeout=remaining)
         except Exception as exc:
             raise _failure(conn, fresh, remote, exc) from None
-        return _answer(remote, result, header_secrets(conn.server.headers))
+        return _answer(remote, result, conn.server.secrets)
 
     schema = tool.input_schema if isinstance(tool.input_schema, dict) else None
     if schema and schema.get("type", "object") != "object":
@@ -729,7 +783,7 @@ async def _call_tool(client: Client, remote: str, arguments: dict[str, Any],
 
 def _failure(conn: _Connection, client: Client, remote: str, exc: Exception) -> ActionError:
     """The tool error of a call that raised `exc`; a connection found gone ends its session."""
-    said = failure_text(exc, known=header_secrets(conn.server.headers))
+    said = failure_text(exc, known=conn.server.secrets)
     if _connection_gone(exc, client):
         conn.lose(client, said)
     return ActionError(f"the MCP tool {remote} of {conn.server.label} failed: {said}")
@@ -768,7 +822,7 @@ def _said(block: Any) -> str:
 
 def _answer(remote: str, result: types.CallToolResult, known: Sequence[str] = ()) -> Any:
     """A tool's result as the action's: its structured content, else its blocks as text,
-    one a line; an error's text `quoted`, the `known` secrets (its server's headers) blanked."""
+    one a line; an error's text `quoted`, the `known` secrets (its server's) blanked."""
     text = "\n".join(said for said in map(_said, result.content) if said)
     if result.is_error:
         # The server's own words, passed on as a remote agent's are: cut, and withheld when

@@ -302,6 +302,27 @@ async def test_one_call_past_its_timeout_leaves_the_others_on_the_session(first:
         assert server.methods.count("initialize") == 1
 
 
+async def test_a_call_waiting_too_long_for_a_connection_fails_alone() -> None:
+    """Before: with the HTTP client's 100 connections taken (100 calls past their timeout
+    whose POSTs stay open a little longer), a 101st call's POST waited for one, and its
+    `PoolTimeout`, raised in the session's task group, ended the session and every call in
+    flight on it. Now that call fails alone; the session goes on."""
+    server = ScriptedMCP()
+    async with started(server, bound=1.0) as toolset:
+        echo = tool(toolset)
+        conn = toolset._connections[0]
+        session = conn.client
+        hanging = [asyncio.create_task(echo.execute('{"x": "hang"}')) for _ in range(100)]
+        await asyncio.sleep(0.1)
+        with pytest.raises(ActionError, match="timed out"):
+            await echo.execute('{"x": "waits"}')  # its POST waits for the pool, in vain
+        await asyncio.gather(*hanging, return_exceptions=True)
+        await asyncio.sleep(1.2)  # their POSTs' read timeouts free the pool
+        assert await echo.execute('{"x": "again"}') == "\"echoed again\""
+        assert (conn.client, conn.gone) == (session, None)
+        assert server.methods.count("initialize") == 1
+
+
 async def test_a_tool_error_echoing_the_servers_key_does_not_show_it() -> None:
     """Before: the key `headers=` gave the server reached the model and the client (the tool
     result) when the server's error said it."""
@@ -320,6 +341,64 @@ async def test_a_tool_error_echoing_the_servers_key_does_not_show_it() -> None:
             await toolset.aclose()
     assert errors == ["key [REDACTED] revoked",
                       "the MCP tool echo of h failed: MCPError: key [REDACTED] revoked"]
+
+
+SECRET_STDIO = Path(__file__).parent / "mcp_support" / "secret_stdio.py"
+CRED = "svc-cred-7Q2xZp9Lk4"
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+async def test_no_failure_of_a_server_shows_its_credentials(transport: str,
+                                                            tmp_path: Path) -> None:
+    """Each way a server's failure reaches the model and the client, with a server that
+    says its credential in each: a header's value (HTTP) or an `env` value (stdio). Before:
+    a failing listing (the start's error, and every call's once the server came back
+    failing) quoted a header's value, and a stdio server's `env` was blanked nowhere."""
+    http = ScriptedMCP()
+    marker = tmp_path / "listing-fails"
+    said: list[str] = []
+
+    def listing_fails(fails: bool) -> None:
+        http.list_error = f"credential {CRED} is not authorised" if fails else None
+        if fails:
+            marker.touch()
+        else:
+            marker.unlink(missing_ok=True)
+
+    async def failure(action: Action, x: str) -> str:
+        with pytest.raises(ActionError) as caught:
+            await action.execute(orjson.dumps({"x": x}).decode())
+        return caught.value.message
+
+    async with scripted(http) as url:
+        server = (MCPServer(url=url, name="h", headers={"X-Api-Key": CRED}, timeout=10)
+                  if transport == "http" else
+                  MCPServer(command=sys.executable, args=[str(SECRET_STDIO), str(marker)],
+                            env={"SERVICE_CRED": CRED, "DEBUG": "1"}, name="h", timeout=10))
+        listing_fails(True)
+        with pytest.raises(UpstreamError) as caught:
+            await MCPToolset([server]).start()
+        said.append(caught.value.message)
+        listing_fails(False)
+        toolset = MCPToolset([server], reconnect_delay=0.02, reconnect_max_delay=0.1)
+        await toolset.start()
+        try:
+            echo = tool(toolset)
+            said += [await failure(echo, "key"), await failure(echo, "key-rpc")]
+            # the session is lost; the server that comes back fails its listing
+            listing_fails(True)
+            http.errors["gone"] = {"code": -32600, "message": "Session not found"}
+            with contextlib.suppress(ActionError):
+                await echo.execute('{"x": "gone"}' if transport == "http" else '{"x": "exit"}')
+            async with asyncio.timeout(10):
+                while "could not list" not in (gone := await failure(echo, "x")):  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)  # (the reconnects report to no event)
+            said.append(gone)
+        finally:
+            await toolset.aclose()
+    assert all("[REDACTED]" in text and CRED not in text for text in said), said
+    assert said[1:3] == ["key [REDACTED] revoked",
+                         "the MCP tool echo of h failed: MCPError: key [REDACTED] revoked"]
 
 
 @pytest.mark.parametrize("key", ["svc-4f9a8b7c6d5e ", "Zm9vYmFy+/c2VjcmV0/a2V5 "])

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 import pytest
+from mcp.server.mcpserver import MCPServer as SDKServer
 from structlog.testing import capture_logs
 
 from copilot_runtime import (
@@ -171,6 +172,72 @@ async def test_a_quick_restart_is_noticed_without_a_call() -> None:
                 assert orjson.loads(added) == {"result": 1003}
         finally:
             await toolset.aclose()
+
+
+def cutting_listens(inner: Any, after: float, methods: list[str]) -> Any:
+    """`inner` behind a proxy that ends each `subscriptions/listen` stream `after` seconds
+    in (an idle timeout), noting each POST's method in `methods`."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await inner(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        methods.append(orjson.loads(body).get("method"))
+
+        unread = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def replayed() -> dict[str, Any]:
+            return unread.pop() if unread else await receive()
+
+        if methods[-1] != "subscriptions/listen":
+            return await inner(scope, replayed, send)
+        cut = False
+
+        async def until_cut(message: dict[str, Any]) -> None:
+            if not cut:
+                await send(message)
+
+        stream = asyncio.create_task(inner(scope, replayed, until_cut))
+        await asyncio.sleep(after)
+        cut = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        stream.cancel()
+        await asyncio.wait([stream])
+
+    return app
+
+
+async def test_the_end_of_a_change_stream_spares_the_calls_in_flight() -> None:
+    """A healthy 2026-07-28 server behind a proxy that ends long-lived streams: before, the
+    end of its tool change stream ended the session, and a call in flight on it failed
+    "Connection closed". Now the toolset listens again on the same session (and lists the
+    tools again, for a change it may have missed), and the call is answered."""
+    server = SDKServer("slow")
+
+    @server.tool()
+    async def slow() -> str:
+        """Answers after a second."""
+        await asyncio.sleep(1.0)
+        return "done"
+
+    methods: list[str] = []
+    app = cutting_listens(server.streamable_http_app(), 0.3, methods)
+    async with asyncio.timeout(TIMEOUT_S), killable(app) as (url, _):
+        toolset = MCPToolset([MCPServer(url=url + "/mcp", name="s", timeout=10)], **FAST)
+        await toolset.start()
+        try:
+            conn = toolset._connections[0]
+            session = conn.client
+            answer = await by_name(toolset.actions)["slow"].execute("{}")
+            assert orjson.loads(answer) == {"result": "done"}
+            assert (conn.client, conn.gone) == (session, None)
+        finally:
+            await toolset.aclose()
+    assert methods.count("subscriptions/listen") >= 3, methods
+    assert methods.count("tools/list") >= 3, methods
 
 
 async def test_a_stdio_server_that_exits_is_started_again() -> None:

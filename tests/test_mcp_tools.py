@@ -362,6 +362,21 @@ async def test_a_server_that_cannot_be_reached_fails_the_start() -> None:
             await toolset.start()  # both fail: the first server's error, in their order
 
 
+async def test_a_legacy_sse_server_is_said_to_be_one() -> None:
+    """An HTTP+SSE server of the earlier protocol (what a client's `{type: "sse"}` names)
+    refuses the POST of `initialize`; before, the start said only "MCPError: Server
+    returned an error response"."""
+    from copilot_runtime import UpstreamError
+
+    async with asyncio.timeout(TIMEOUT_S), serve(weather_server().sse_app()) as url:
+        toolset = MCPToolset([MCPServer(url=url + "/sse", name="legacy", timeout=5)])
+        with pytest.raises(UpstreamError) as caught:
+            await toolset.start()
+    assert caught.value.message == (
+        "MCP server legacy could not be connected: it looks like a legacy HTTP+SSE MCP server "
+        "(its URL refuses a POST); only streamable HTTP and stdio are supported")
+
+
 def test_a_tools_result_of_other_blocks_than_text_says_what_they_are() -> None:
     """Only text blocks were read: a tool returning a file as an embedded resource, an image
     or a link answered the model "" (several text blocks ran together, "ab")."""
