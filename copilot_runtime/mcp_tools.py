@@ -440,7 +440,8 @@ class MCPToolset:
                     # Its words (a crash report, a DSN) are for the log only: the reason
                     # reaches clients, and the model in every call's tool error.
                     _log.warning("MCP server could not list its tools", server=server.label,
-                                 error=f"{type(exc).__name__}: {exc}")
+                                 error=scrub_secrets(f"{type(exc).__name__}: {exc}",
+                                                     *server.secrets))
                     raise UpstreamError(f"MCP server {server.label} could not list its tools: "
                                         f"{failure_text(exc, known=server.secrets)}") from None
                 changes = await _listen_for_changes(client, server, stack)
@@ -478,7 +479,8 @@ class MCPToolset:
                 await self._relist(conn)
             elif isinstance(message, Exception):
                 _log.warning("MCP server connection fault", server=server.label,
-                             error=f"{type(message).__name__}: {message}")
+                             error=scrub_secrets(f"{type(message).__name__}: {message}",
+                                                 *server.secrets))
 
         if server.url is not None:
             # A mount, not `transport=`: that would drop the proxies the environment names
@@ -513,7 +515,8 @@ class MCPToolset:
                 # The previous list stays: its tools answer with a tool error if the server
                 # really is gone.
                 _log.warning("MCP server could not list its changed tools",
-                             server=conn.server.label, error=f"{type(exc).__name__}: {exc}")
+                             server=conn.server.label, error=scrub_secrets(
+                                 f"{type(exc).__name__}: {exc}", *conn.server.secrets))
                 return
             if conn.client is not client:
                 return  # the session ended meanwhile: its successor lists the tools itself
@@ -691,7 +694,7 @@ async def _listen_for_changes(client: Client, server: MCPServer, stack: AsyncExi
         return None  # an earlier protocol: no stream to ask for
     except Exception as exc:
         _log.warning("MCP server's tool changes will not be heard", server=server.label,
-                     error=f"{type(exc).__name__}: {exc}")
+                     error=scrub_secrets(f"{type(exc).__name__}: {exc}", *server.secrets))
         return None
 
 
@@ -829,7 +832,8 @@ def _answer(remote: str, result: types.CallToolResult, known: Sequence[str] = ()
         # they hold its stack or a source file's path (then only the log has them).
         said = quoted(text, 500, known) if text else None
         if text and said is None:
-            _log.warning("MCP tool error withheld", tool=remote, error=text[:2000])
+            _log.warning("MCP tool error withheld", tool=remote,
+                         error=scrub_secrets(text[:2000], *known))
         raise ActionError(said or f"the MCP tool {remote} reported an error")
     if result.structured_content is not None:
         return result.structured_content

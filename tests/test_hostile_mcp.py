@@ -370,35 +370,39 @@ async def test_no_failure_of_a_server_shows_its_credentials(transport: str,
             await action.execute(orjson.dumps({"x": x}).decode())
         return caught.value.message
 
-    async with scripted(http) as url:
-        server = (MCPServer(url=url, name="h", headers={"X-Api-Key": CRED}, timeout=10)
-                  if transport == "http" else
-                  MCPServer(command=sys.executable, args=[str(SECRET_STDIO), str(marker)],
-                            env={"SERVICE_CRED": CRED, "DEBUG": "1"}, name="h", timeout=10))
-        listing_fails(True)
-        with pytest.raises(UpstreamError) as caught:
-            await MCPToolset([server]).start()
-        said.append(caught.value.message)
-        listing_fails(False)
-        toolset = MCPToolset([server], reconnect_delay=0.02, reconnect_max_delay=0.1)
-        await toolset.start()
-        try:
-            echo = tool(toolset)
-            said += [await failure(echo, "key"), await failure(echo, "key-rpc")]
-            # the session is lost; the server that comes back fails its listing
+    with capture_logs() as logs:
+        async with scripted(http) as url:
+            server = (MCPServer(url=url, name="h", headers={"X-Api-Key": CRED}, timeout=10)
+                      if transport == "http" else
+                      MCPServer(command=sys.executable, args=[str(SECRET_STDIO), str(marker)],
+                                env={"SERVICE_CRED": CRED, "DEBUG": "1"}, name="h", timeout=10))
             listing_fails(True)
-            http.errors["gone"] = {"code": -32600, "message": "Session not found"}
-            with contextlib.suppress(ActionError):
-                await echo.execute('{"x": "gone"}' if transport == "http" else '{"x": "exit"}')
-            async with asyncio.timeout(10):
-                while "could not list" not in (gone := await failure(echo, "x")):  # noqa: ASYNC110
-                    await asyncio.sleep(0.05)  # (the reconnects report to no event)
-            said.append(gone)
-        finally:
-            await toolset.aclose()
+            with pytest.raises(UpstreamError) as caught:
+                await MCPToolset([server]).start()
+            said.append(caught.value.message)
+            listing_fails(False)
+            toolset = MCPToolset([server], reconnect_delay=0.02, reconnect_max_delay=0.1)
+            await toolset.start()
+            try:
+                echo = tool(toolset)
+                said += [await failure(echo, "key"), await failure(echo, "key-rpc")]
+                # the session is lost; the server that comes back fails its listing
+                listing_fails(True)
+                http.errors["gone"] = {"code": -32600, "message": "Session not found"}
+                with contextlib.suppress(ActionError):
+                    await echo.execute('{"x": "gone"}' if transport == "http" else '{"x": "exit"}')
+                async with asyncio.timeout(10):
+                    while "could not list" not in (gone := await failure(echo, "x")):  # noqa: ASYNC110
+                        await asyncio.sleep(0.05)  # (the reconnects report to no event)
+                said.append(gone)
+            finally:
+                await toolset.aclose()
     assert all("[REDACTED]" in text and CRED not in text for text in said), said
     assert said[1:3] == ["key [REDACTED] revoked",
                          "the MCP tool echo of h failed: MCPError: key [REDACTED] revoked"]
+    # nor do the logs (shipped elsewhere, read by more people than the operator)
+    assert logs
+    assert not [entry for entry in logs if CRED in repr(entry)], logs
 
 
 @pytest.mark.parametrize("key", ["svc-4f9a8b7c6d5e ", "Zm9vYmFy+/c2VjcmV0/a2V5 "])
