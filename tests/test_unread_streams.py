@@ -30,6 +30,9 @@ pytestmark = pytest.mark.timeout(60)
 
 #: What each event carries: a few of them fill any socket's buffers.
 CHUNK = "x" * 256 * 1024
+#: What a flooded run may hold: a running run keeps four times this before it is stopped,
+#: well above these floods (the bound has its own tests).
+FLOODED = 1024 * 1024 * 1024
 
 
 class Flood(Agent):
@@ -87,7 +90,7 @@ async def test_a_run_whose_client_stops_reading_ends_as_on_a_disconnect(
     disconnected run is, and the thread takes its next run; before, it stayed busy (409)
     until the client closed."""
     agent = Flood()
-    runtime = CopilotRuntime(agents={"default": agent})
+    runtime = CopilotRuntime(agents={"default": agent}, max_run_bytes=FLOODED)
     async with serve_runtime(runtime) as served, unread_request(
             served.url, "/agent/default/run", run_input("flood", thread="unread")):
         async for _ in poll(15):
@@ -109,7 +112,7 @@ async def test_a_follower_that_stops_reading_is_let_go(
     """A `connect` whose client stops reading while it follows a live run is ended (its
     replay freed); the run goes on, and a reading client still follows it to its end."""
     agent = Flood()
-    runtime = CopilotRuntime(agents={"default": agent})
+    runtime = CopilotRuntime(agents={"default": agent}, max_run_bytes=FLOODED)
     async with serve_runtime(runtime) as served:
         running = asyncio.create_task(served.run(run_input("flood", thread="followed")))
         agent.limit = 10_000
@@ -145,7 +148,7 @@ async def test_large_answers_to_clients_that_read_nothing_are_bounded_together(
     monkeypatch.setattr(http, "SEND_IDLE_SECONDS", 2.0)
     agent = Flood()
     agent.limit = 40  # a thread of 10 MB: more than any socket's buffers take
-    runtime = CopilotRuntime(agents={"default": agent})
+    runtime = CopilotRuntime(agents={"default": agent}, max_run_bytes=FLOODED)
     async with serve_runtime(runtime) as served:
         await served.run(run_input("big", thread="big"))
         replay = run_input("", thread="big", run="c")
@@ -177,7 +180,7 @@ async def test_a_large_graphql_answer_without_room_is_a_503(
     503; it is a 503 with Retry-After in GraphQL's error form now."""
     agent = Flood()
     agent.limit = 2  # a thread of 512 KB
-    runtime = CopilotRuntime(agents={"default": agent})
+    runtime = CopilotRuntime(agents={"default": agent}, max_run_bytes=FLOODED)
     async with serve_runtime(runtime) as served:
         await served.run(run_input("big", thread="big"))
         monkeypatch.setattr(http._LargeAnswers, "held", http.LARGE_ANSWERS_BYTES)
