@@ -35,7 +35,7 @@ from tests.agents_support.fake_platform import (
     model_stream,
     tool_call_stream,
 )
-from tests.conftest import ServeRuntime, run_input, serve
+from tests.conftest import ServeRuntime, parse_sse, run_input, serve
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -197,3 +197,35 @@ def test_finite_json_text_at_every_split() -> None:
     for cut in itertools.combinations(range(1, len(text)), 2):
         pieces = text[:cut[0]], text[cut[0]:cut[1]], text[cut[1]:]
         assert json.loads(finite_json_text(*pieces)) == expected, pieces
+
+
+OPERATOR = {"X-Tenant": "tenant-a", "Authorization": "Bearer operator-token"}
+CLIENT = {"x-api-key": "CLIENT-KEY", "X-TENANT": "tenant-of-client",
+          "authorization": "Bearer client-token", "x-trace": "trace-1"}
+
+
+def saw_only_the_operators(fake: FakePlatform) -> None:
+    assert fake.headers
+    for seen in fake.headers:
+        assert (seen["x-api-key"], seen["x-tenant"], seen["authorization"]) == (
+            "OPERATOR-KEY", "tenant-a", "Bearer operator-token")
+        assert seen["x-trace"] == "trace-1"  # (a name the operator did not set is forwarded)
+
+
+async def test_the_operators_key_and_headers_win_over_the_clients(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: a client's forwarded `x-api-key`, `Authorization` and `X-Tenant` replaced the
+    operator's (`api_key=`, `headers=`) in every request of a run, and of `load_state`."""
+    fake = FakePlatform(frames=HALF_ANSWER)
+    async with serve(fake.app) as platform:
+        agent = LangGraphPlatformAgent(deployment_url=platform, graph_id="fake",
+                                       api_key="OPERATOR-KEY", headers=OPERATOR)
+        async with serve_runtime(CopilotRuntime(agents={"platform": agent})) as served:
+            response = await served.post("/agent/platform/run",
+                                         run_input("hi", thread="t1"), headers=CLIENT)
+            assert response.status == 200
+            assert parse_sse(await response.read())[-1]["type"] == "RUN_FINISHED"
+            saw_only_the_operators(fake)
+            fake.headers.clear()
+            await agent.load_state("t1", headers=CLIENT)
+            saw_only_the_operators(fake)

@@ -35,7 +35,7 @@ CopilotKit conventions alike. What is particular to the platform:
   words no JSON parser takes; in a tool call's arguments (streamed or in a message) they
   are sent on as `null`, as `JSON.stringify` has it.
 * **Headers.** `api_key` and `headers` go with every request, and the client's request
-  headers allowed by `header_policy` too.
+  headers allowed by `header_policy` too, but for the names the operator set (theirs win).
 """
 
 from __future__ import annotations
@@ -154,6 +154,8 @@ class LangGraphPlatformAgent(Agent):
             static["x-api-key"] = api_key
         #: Blanked in what the platform says (it may echo the key it was sent).
         self._secrets = header_secrets(static)
+        #: The names whose values are the operator's: a client's are never sent instead.
+        self._static_names = frozenset(static)
         # The SDK's own client, but with the connection retries ours to choose: its default
         # (5, with backoff) makes an unreachable deployment take ~8 s to report.
         self._client = LangGraphClient(httpx.AsyncClient(
@@ -173,8 +175,15 @@ class LangGraphPlatformAgent(Agent):
     def run(self, input: RunInput, context: RunContext) -> EventBatches:
         return self._run(input, context)
 
+    def _forwarded(self, headers: Mapping[str, str] | None) -> dict[str, str]:
+        """The client's headers the policy forwards, minus those the operator set: the SDK
+        lays a request's headers over the client's defaults, so a forwarded `x-api-key` or
+        `Authorization` would replace the operator's (as `HttpAgent`, the operator's win)."""
+        return {name: value for name, value in self.header_policy.select(headers or {}).items()
+                if name not in self._static_names}
+
     async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
-        headers = self.header_policy.select(context.headers)
+        headers = self._forwarded(context.headers)
         what = f"LangGraph Platform agent '{context.agent_id}'"
         try:
             assistant_id, schemas = await self._assistant(headers, what)
@@ -193,7 +202,7 @@ class LangGraphPlatformAgent(Agent):
                          headers: Mapping[str, str] | None = None) -> AgentThreadState:
         """The platform thread's current values (`threads.get_state`); a thread the
         platform does not know does not exist."""
-        forwarded = self.header_policy.select(headers or {})
+        forwarded = self._forwarded(headers)
         what = f"LangGraph Platform agent '{self.name}'"
         try:
             state = await self._client.threads.get_state(platform_thread_id(thread_id),
