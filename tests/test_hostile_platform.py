@@ -24,6 +24,7 @@ import json
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from copilot_runtime import CopilotRuntime, UpstreamError
 from copilot_runtime.agents.langgraph_platform import LangGraphPlatformAgent, finite_json_text
@@ -229,3 +230,26 @@ async def test_the_operators_key_and_headers_win_over_the_clients(
             fake.headers.clear()
             await agent.load_state("t1", headers=CLIENT)
             saw_only_the_operators(fake)
+
+
+async def test_a_failure_echoing_the_operators_key_does_not_log_it(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: the platform's `error` event was logged whole, as it came: the `api_key` and
+    `headers=` values it echoed (blanked for the client) and all of a megabyte message."""
+    key, token = "lsv2-SECRETKEY-4f9a8b7c6d5e", "TOKEN-SECRET-9z8y7x"
+    fake = FakePlatform(frames=[frame("error", {
+        "error": "AuthError", "message": f"key {key} / Token {token} revoked " + "x" * 10**6})],
+        run_status="error")
+    async with serve(fake.app) as platform:
+        runtime = CopilotRuntime(agents={"platform": LangGraphPlatformAgent(
+            deployment_url=platform, graph_id="fake", api_key=key,
+            headers={"Authorization": f"Token {token}"})})
+        async with serve_runtime(runtime) as served:
+            with capture_logs() as logs:
+                events = await served.run(run_input("hi", thread="t1"), agent="platform")
+    assert ending(events)[:2] == ("RUN_ERROR", "UPSTREAM_ERROR")
+    (failed,) = [line for line in logs if line["event"] == "LangGraph Platform run failed"]
+    assert key not in str(logs)
+    assert token not in str(logs)
+    assert "AuthError" in failed["error"]
+    assert len(failed["error"]) <= 1000

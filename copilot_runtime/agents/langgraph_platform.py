@@ -73,6 +73,7 @@ from copilot_runtime._exceptions import (
     UpstreamTimeoutError,
     header_secrets,
     quoted,
+    scrub_secrets,
 )
 from copilot_runtime._input import RunInput
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
@@ -382,6 +383,21 @@ _STOPPED: Final = {
 }
 
 
+#: How much of what the platform said of a failure the log keeps (its class and the start
+#: of its message say what failed), and how far past that cut secrets are still looked for.
+_LOGGED_ERROR_CHARS: Final = 1000
+_SECRET_MARGIN: Final = 4096
+
+
+def _for_log(error: Any, known: Sequence[str]) -> str:
+    """A platform `error` event's data for the log: bounded, the `known` secrets (the
+    operator's key and headers, which the platform may echo) and secret-looking values
+    blanked, as they are for the client."""
+    text = error if isinstance(error, str) else repr(error)
+    cut = text[:_LOGGED_ERROR_CHARS + _SECRET_MARGIN]  # (blanked before the cut: none split)
+    return scrub_secrets(cut, *known)[:_LOGGED_ERROR_CHARS]
+
+
 def _run_error(agent_id: str, error: Any, known: Sequence[str] = ()) -> Exception:
     """The client's error for a platform `error` event (`{"error": class, "message": text}`):
     its class (the `known` secrets blanked), never its text (the graph's exception message),
@@ -517,7 +533,7 @@ class _PlatformGraph:
                     return
                 elif kind == "error":
                     _log.warning("LangGraph Platform run failed", assistant=self.assistant_id,
-                                 error=part.data)
+                                 error=_for_log(part.data, self.known))
                     raise _run_error(self.agent_id, part.data, self.known)
         except json.JSONDecodeError:  # the SDK's SSE decoder met a frame that is no JSON
             raise UpstreamError("The LangGraph Platform sent an event that is not JSON") from None
