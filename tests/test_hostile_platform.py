@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 from structlog.testing import capture_logs
 
 from copilot_runtime import CopilotRuntime, UpstreamError
+from copilot_runtime._held import MAX_UPSTREAM_EVENT_BYTES
+from copilot_runtime.agents import langgraph_platform
 from copilot_runtime.agents.langgraph_platform import LangGraphPlatformAgent, finite_json_text
 from copilot_runtime.testing import verify_events
 from tests.agents_support.fake_platform import (
@@ -253,3 +257,71 @@ async def test_a_failure_echoing_the_operators_key_does_not_log_it(
     assert token not in str(logs)
     assert "AuthError" in failed["error"]
     assert len(failed["error"]) <= 1000
+
+
+_HUGE = MAX_UPSTREAM_EVENT_BYTES + 1024
+
+
+@pytest.mark.parametrize("record", [
+    b"event: events\r\ndata: " + b"x" * _HUGE,  # one line, never ended
+    b"event: events\n" + b"data: xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n" * (_HUGE // 48),
+    b": keep-alive\r" + b"\r".join([b"data: x" * 8192] * (_HUGE // 57344 + 1)),  # CR line ends
+])
+async def test_a_run_stream_record_past_the_bound_is_an_upstream_error(
+        serve_runtime: ServeRuntime, record: bytes) -> None:
+    """Before: the SDK's decoders held one event's bytes without limit (a 200 MB line grew
+    the server by 200 MB before failing as "not JSON"); every other remote reader fails
+    past `MAX_UPSTREAM_EVENT_BYTES`."""
+    events = await run_on(FakePlatform(frames=[frame("events", model_stream("Hi")), record]),
+                          serve_runtime)
+    assert [e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT"] == ["Hi"]
+    assert ending(events) == ("RUN_ERROR", "UPSTREAM_ERROR", "The LangGraph Platform sent an "
+                              f"event larger than {MAX_UPSTREAM_EVENT_BYTES} bytes")
+
+
+async def test_records_are_bounded_each_wherever_the_reads_split_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The count starts again after each blank line (LF, CRLF or CR line ends), one split
+    across two reads included; a record of one byte more fails."""
+    monkeypatch.setattr(langgraph_platform, "MAX_UPSTREAM_EVENT_BYTES", 16)
+
+    async def read(*chunks: bytes) -> bytes:
+        async def inner() -> AsyncIterator[bytes]:
+            for chunk in chunks:
+                yield chunk
+
+        body = langgraph_platform._BoundedBody(_Chunks(inner()), events=True)
+        return b"".join([chunk async for chunk in body])
+
+    fine = (b"data: 1234", b"\r\n\r\ndata", b": 123456\n", b"\ndata: 12\r", b"\rdata: 1\r",
+            b"\n\r\n", b"data: 1234")
+    assert await read(*fine) == b"".join(fine)
+    with pytest.raises(UpstreamError, match="event larger than 16 bytes"):
+        await read(b"data: 1234\n", b"\r\ndata: 1234567890123")
+
+
+class _Chunks(httpx.AsyncByteStream):
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self.chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.chunks:
+            yield chunk
+
+
+async def test_an_answer_past_its_bound_is_an_upstream_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a thread's state (and the assistants, the schemas) was read whole, however
+    large."""
+    monkeypatch.setattr(langgraph_platform, "MAX_ANSWER_BYTES", 1000)
+    fake = FakePlatform(values={"big": "x" * 500})
+    async with serve(fake.app) as platform:
+        agent = LangGraphPlatformAgent(deployment_url=platform, graph_id="fake")
+        try:
+            assert (await agent.load_state("t0")).exists  # (a small answer is read)
+            fake.values["big"] = "x" * 2000
+            with pytest.raises(UpstreamError) as caught:
+                await agent.load_state("t1")
+        finally:
+            await agent.aclose()
+    assert caught.value.message == "The LangGraph Platform answered more than 1000 bytes"

@@ -31,6 +31,9 @@ CopilotKit conventions alike. What is particular to the platform:
   connection error) is `SERVICE_UNAVAILABLE`. Any other failure of the graph is
   `UPSTREAM_ERROR` naming its class, never its message; so is an answer that is not the
   JSON expected (a proxy's HTML page, an object where a list belongs), saying so.
+* **Bounds.** One record of the run stream is bounded as every remote reader's
+  (`MAX_UPSTREAM_EVENT_BYTES`), any other answer by `MAX_ANSWER_BYTES`: past them the
+  run (or the call) fails with `UPSTREAM_ERROR`. Answers are asked for uncompressed.
 * **Non-finite numbers.** Python writes NaN and the infinities into JSON text as bare
   words no JSON parser takes; in a tool call's arguments (streamed or in a message) they
   are sent on as `null`, as `JSON.stringify` has it.
@@ -75,6 +78,7 @@ from copilot_runtime._exceptions import (
     quoted,
     scrub_secrets,
 )
+from copilot_runtime._held import MAX_UPSTREAM_EVENT_BYTES
 from copilot_runtime._input import RunInput
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
 from copilot_runtime.agents._lg_events import WireEncoder
@@ -159,9 +163,11 @@ class LangGraphPlatformAgent(Agent):
         self._static_names = frozenset(static)
         # The SDK's own client, but with the connection retries ours to choose: its default
         # (5, with backoff) makes an unreachable deployment take ~8 s to report.
+        # Answers uncompressed: their bytes are counted as they come (`_BoundedTransport`),
+        # and a compressed one's count would not bound what it expands to.
         self._client = LangGraphClient(httpx.AsyncClient(
-            base_url=self.deployment_url, headers=static,
-            transport=httpx.AsyncHTTPTransport(retries=connect_retries),
+            base_url=self.deployment_url, headers={"accept-encoding": "identity", **static},
+            transport=_BoundedTransport(httpx.AsyncHTTPTransport(retries=connect_retries)),
             timeout=httpx.Timeout(timeout, connect=10.0)))
         self._resolved: tuple[str, dict[str, Any]] | None = None
 
@@ -258,6 +264,70 @@ class LangGraphPlatformAgent(Agent):
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+# -- bounded answers -------------------------------------------------------------------
+
+#: The largest answer that is not an event stream (a thread's state, its history, the
+#: assistants): a state far larger than one event may be, as large as the runtime patches.
+MAX_ANSWER_BYTES: Final = 64 * 1024 * 1024
+#: How an SSE record ends: a blank line, whichever line ends (LF, CRLF, CR) close it.
+_RECORD_BREAKS: Final = (b"\n\n", b"\r\r", b"\n\r")
+
+
+class _BoundedBody(httpx.AsyncByteStream):
+    """An answer's bytes as they come, failing as the platform's error past a bound: an
+    event stream's record (the SDK's decoders hold one without limit) past
+    `MAX_UPSTREAM_EVENT_BYTES`, as every remote reader's; any other answer (read whole)
+    past `MAX_ANSWER_BYTES`."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, *, events: bool) -> None:
+        self._inner = inner
+        self._events = events
+        self._limit = MAX_UPSTREAM_EVENT_BYTES if events else MAX_ANSWER_BYTES
+        self._size = 0  # of the record (or answer) so far
+        self._last = b""  # the last byte read: a break may fall across two reads
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            self._count(chunk)
+            yield chunk
+
+    def _count(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        after = -1
+        if self._events:
+            after = max(chunk.rfind(end) for end in _RECORD_BREAKS)
+            after = after + 2 if after >= 0 else (
+                1 if self._last + chunk[:1] in _RECORD_BREAKS else -1)
+            self._last = chunk[-1:]
+        self._size = len(chunk) - after if after >= 0 else self._size + len(chunk)
+        if self._size > self._limit:
+            raise UpstreamError(
+                f"The LangGraph Platform sent an event larger than {self._limit} bytes"
+                if self._events else
+                f"The LangGraph Platform answered more than {self._limit} bytes")
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _BoundedTransport(httpx.AsyncBaseTransport):
+    """`inner`, its answers' bytes bounded (`_BoundedBody`)."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self._inner.handle_async_request(request)
+        if isinstance(response.stream, httpx.AsyncByteStream):
+            events = "text/event-stream" in response.headers.get("content-type", "")
+            response.stream = _BoundedBody(response.stream, events=events)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 # -- the remote graph ------------------------------------------------------------------
