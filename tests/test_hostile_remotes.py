@@ -16,6 +16,7 @@ schema refers to itself answers the model with a tool error instead of failing t
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -38,6 +39,7 @@ from copilot_runtime import (
     _held,
 )
 from copilot_runtime._limits import MAX_JSON_DEPTH
+from copilot_runtime.agents import remote_endpoint
 from copilot_runtime.agents._http_client import Timeouts
 from copilot_runtime.agents._wire import RemoteEventChecker, SSEDecoder
 from copilot_runtime.agents.http import HttpAgent
@@ -1090,3 +1092,52 @@ async def test_a_legacy_endpoint_info_of_odd_shapes_is_its_error_or_leaves_out_o
                 assert ([a.name for a in found.actions], list(found.agents)) == expected, name
             finally:
                 await endpoint.aclose()
+
+
+class _HugeAnswers(LoopbackServer):
+    """`/{how}/{route}` answers a JSON object of 4 KiB: `streamed` in pieces without a
+    length, `declared` with its Content-Length."""
+
+    def routes(self, app: web.Application) -> None:
+        async def answer(request: web.Request) -> web.StreamResponse:
+            await request.read()
+            body = b'{"result": "' + b"y" * 4096 + b'", "threadExists": true}'
+            if request.match_info["how"] == "declared":
+                return web.Response(body=body, content_type="application/json")
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await response.prepare(request)
+            for i in range(0, len(body), 512):
+                await response.write(body[i:i + 512])
+            return response
+
+        app.router.add_post("/{how}/{route:.*}", answer)
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_a_legacy_endpoints_answer_past_the_bound_is_its_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: `/actions/execute`, `/info` and `/agents/state` answers were read whole,
+    however large (a 200 MB action result went on to the model and the client)."""
+    monkeypatch.setattr(remote_endpoint, "MAX_ANSWER_BYTES", 4000)
+    async with _HugeAnswers() as server:
+        for how in ("streamed", "declared"):
+            endpoint = CopilotKitRemoteEndpoint(f"http://{server.host}:{server.port}/{how}",
+                                                retry=RetryPolicy(retries=0))
+            try:
+                calls: dict[str, Callable[[], Awaitable[Any]]] = {
+                    "Remote action 'a'": functools.partial(endpoint.execute_action, "a", {}),
+                    "The remote endpoint": endpoint.discover,
+                    "Remote agent 'x'": functools.partial(endpoint.agent_state, "x", "t1")}
+                for what, call in calls.items():
+                    with pytest.raises(UpstreamError) as caught:
+                        await call()
+                    assert caught.value.message == f"{what} answered more than 4000 bytes"
+            finally:
+                await endpoint.aclose()
+    monkeypatch.setattr(remote_endpoint, "MAX_ANSWER_BYTES", 5000)  # (a control)
+    async with _HugeAnswers() as server:
+        endpoint = CopilotKitRemoteEndpoint(f"http://{server.host}:{server.port}/streamed")
+        try:
+            assert await endpoint.execute_action("a", {}) == "y" * 4096
+        finally:
+            await endpoint.aclose()
