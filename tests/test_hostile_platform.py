@@ -325,3 +325,89 @@ async def test_an_answer_past_its_bound_is_an_upstream_error(
         finally:
             await agent.aclose()
     assert caught.value.message == "The LangGraph Platform answered more than 1000 bytes"
+
+
+def _with_chunk(**fields: Any) -> dict[str, Any]:
+    event = model_stream("Hi")
+    event["data"]["chunk"].update(fields)
+    return event
+
+
+def _with_call(**fields: Any) -> dict[str, Any]:
+    event = tool_call_stream('{"a": 1}', name="t", call_id="c1")
+    event["data"]["chunk"]["tool_call_chunks"][0].update(fields)
+    return event
+
+
+_NODE = {"parent_ids": [], "tags": [], "metadata": {"langgraph_node": "chat"}}
+WRONG_SHAPES: dict[str, dict[str, Any]] = {
+    "langgraph_node-list": {**model_stream("Hi"), "metadata": {"langgraph_node": ["x"]}},
+    "tool_call_chunks-string": _with_chunk(tool_call_chunks="abc"),
+    "tool_call_chunks-int-item": _with_chunk(tool_call_chunks=[5]),
+    "tool-call-name-int": _with_call(name=5),
+    "tool-call-id-int": _with_call(id=5),
+    "response_metadata-string": _with_chunk(response_metadata="x"),
+    "tool-end-message-bad": {"event": "on_tool_end", "name": "t", "run_id": "n2", **_NODE,
+                             "data": {"output": {"type": "tool", "content": "r",
+                                                 "tool_call_id": 7}}},
+    "manual-tool-call-bad": {"event": "on_custom_event",
+                             "name": "copilotkit_manually_emit_tool_call", "run_id": "n3",
+                             **_NODE, "data": {"name": 5, "args": 7, "id": 3}},
+    "emit-tool-calls-int": {**_with_call(), "metadata": {
+        "langgraph_node": "chat", "copilotkit:emit-tool-calls": 5}},
+}
+
+
+@pytest.mark.parametrize("event", list(WRONG_SHAPES.values()), ids=list(WRONG_SHAPES))
+async def test_an_event_of_a_wrong_shape_is_an_upstream_error(
+        serve_runtime: ServeRuntime, event: dict[str, Any]) -> None:
+    """Before: AGENT_ERROR "failed unexpectedly", the translator's stack in the log."""
+    fake = FakePlatform(frames=[frame("events", model_stream("Hi")), frame("events", event)])
+    with capture_logs() as logs:
+        events = await run_on(fake, serve_runtime)
+    assert ending(events) == ("RUN_ERROR", "UPSTREAM_ERROR", "The LangGraph Platform sent "
+                              "an event of an unexpected shape")
+    assert not [line for line in logs if "exc_info" in line]
+
+
+_STATE_UNUSABLE = f"{_UNUSABLE} (its thread's state)"
+
+
+@pytest.mark.parametrize("state", [
+    {"values": [1, 2]}, {"values": "x"}, {"values": {"messages": "x"}},
+    {"values": {"messages": {"a": 1}}}, {"metadata": [1]}],
+    ids=["values-list", "values-string", "messages-string", "messages-object",
+         "metadata-list"])
+async def test_a_thread_state_of_a_wrong_shape_is_an_upstream_error(
+        serve_runtime: ServeRuntime, state: dict[str, Any]) -> None:
+    """Before: AGENT_ERROR "failed unexpectedly" (the run), a 500 (`load_state`)."""
+    fake = _StatePlatform(state=state)
+    events = await run_on(fake, serve_runtime)
+    assert ending(events) == ("RUN_ERROR", "UPSTREAM_ERROR", _STATE_UNUSABLE)
+    if "metadata" in state:
+        return  # (`load_state` reads only the values)
+    async with serve(fake.app) as platform:
+        agent = LangGraphPlatformAgent(deployment_url=platform, graph_id="fake")
+        try:
+            with pytest.raises(UpstreamError) as caught:
+                await agent.load_state("t1")
+        finally:
+            await agent.aclose()
+    assert "answered with something unusable (its thread's state)" in caught.value.message
+
+
+class _StatePlatform(FakePlatform):
+    """Its thread's state with `state`'s fields in place of the usual."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        super().__init__(frames=HALF_ANSWER)
+        self.state = state
+
+    async def _answer(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        if request.url.path.endswith("/state"):
+            return JSONResponse({"values": {}, "next": [], "tasks": [], "metadata": {},
+                                 "checkpoint": {"checkpoint_id": "c1", "checkpoint_ns": ""},
+                                 "created_at": None, **self.state})
+        return await super()._answer(request)

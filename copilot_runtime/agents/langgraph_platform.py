@@ -30,7 +30,8 @@ CopilotKit conventions alike. What is particular to the platform:
   the platform's storage failing (HTTP 503 from its API, or a run failing with a database
   connection error) is `SERVICE_UNAVAILABLE`. Any other failure of the graph is
   `UPSTREAM_ERROR` naming its class, never its message; so is an answer that is not the
-  JSON expected (a proxy's HTML page, an object where a list belongs), saying so.
+  JSON expected (a proxy's HTML page, an object where a list belongs), saying so, and
+  an event the translator cannot read (a field of another type than LangChain writes).
 * **Bounds.** One record of the run stream is bounded as every remote reader's
   (`MAX_UPSTREAM_EVENT_BYTES`), any other answer by `MAX_ANSWER_BYTES`: past them the
   run (or the call) fails with `UPSTREAM_ERROR`. Answers are asked for uncompressed.
@@ -204,6 +205,16 @@ class LangGraphPlatformAgent(Agent):
                 yield batch
         except httpx.HTTPError as exc:
             raise _upstream_error(what, exc) from None
+        except _UNUSABLE as exc:
+            if not graph.translating:
+                raise  # (not the platform's event: the agent's own failure)
+            # The translator met a field of another type than LangChain writes (a list for
+            # a node's name, a number for a tool call's id): the platform's error, as a
+            # legacy endpoint's line of an unexpected shape. Its text may quote the event.
+            _log.warning("LangGraph Platform event of an unexpected shape",
+                         agent=context.agent_id, error=type(exc).__name__)
+            raise UpstreamError("The LangGraph Platform sent an event of an unexpected "
+                                "shape") from None
 
     async def load_state(self, thread_id: str, *,
                          headers: Mapping[str, str] | None = None) -> AgentThreadState:
@@ -214,9 +225,9 @@ class LangGraphPlatformAgent(Agent):
         try:
             state = await self._client.threads.get_state(platform_thread_id(thread_id),
                                                          headers=forwarded)
-            values = state.get("values")
-            return thread_state_from_values(thread_id, _thread_values(values) if isinstance(
-                values, dict) else None)
+            values = state.get("values")  # (empty for a thread without any: none)
+            return thread_state_from_values(thread_id, _thread_values(values) if values
+                                            else None)
         except NotFoundError:
             return AgentThreadState(thread_id, exists=False)
         except httpx.HTTPError as exc:
@@ -370,16 +381,22 @@ def revive(value: Any) -> Any:
 
 
 def _thread_values(values: Any) -> Any:
-    """A thread's state values from the platform, revived; a TypeError when one of its
-    messages is no message (a field of the wrong type: the translator would trip on it)."""
+    """A thread's state values from the platform, revived; a TypeError when they are not an
+    object, or their messages no list of messages (a field of the wrong type: the
+    translator would trip on it)."""
+    if not isinstance(values, dict):
+        raise TypeError("the thread's state values are not an object")
     revived = revive(values)
-    messages = revived.get("messages") if isinstance(revived, dict) else None
-    if isinstance(messages, list) and not all(isinstance(m, BaseMessage) for m in messages):
-        raise TypeError("a message of the thread's state is not a LangChain message")
+    messages = revived.get("messages")
+    if messages is not None and not (isinstance(messages, list) and all(
+            isinstance(m, BaseMessage) for m in messages)):
+        raise TypeError("the thread's messages are not a list of LangChain messages")
     return revived
 
 
 def _snapshot(thread_id: str, state: Mapping[str, Any]) -> StateSnapshot:
+    if not isinstance(state.get("metadata"), dict | None):
+        raise TypeError("the thread's state metadata is not an object")
     checkpoint = state.get("checkpoint") or {}
     configurable: dict[str, Any] = {"thread_id": thread_id,
                                     "checkpoint_ns": checkpoint.get("checkpoint_ns", "")}
@@ -505,6 +522,9 @@ class _PlatformGraph:
         self.assistant_id = assistant_id
         self.schemas = schemas
         self.headers = dict(headers)
+        #: True while the translator handles an event of the run stream: what fails then
+        #: failed on the platform's event.
+        self.translating = False
 
     # schemas
     def get_input_jsonschema(self, config: Any = None) -> dict[str, Any]:
@@ -593,10 +613,12 @@ class _PlatformGraph:
         try:
             async for part in stream:
                 kind = part.event.partition("|")[0]
-                if kind == "events":
-                    yield _stream_event(arguments.of(part.data))
-                elif kind == "custom":
-                    yield _written(part.data)
+                if kind in ("events", "custom"):
+                    event = _stream_event(arguments.of(part.data)) if kind == "events" \
+                        else _written(part.data)
+                    self.translating = True
+                    yield event
+                    self.translating = False
                 elif kind == "metadata" and isinstance(part.data, dict):
                     run_id = str(part.data.get("run_id") or "") or run_id
                 elif kind == "end":
