@@ -863,6 +863,20 @@ async def test_legacy_meta_event_with_a_null_value_is_relayed_as_null(
     assert {"type": "CUSTOM", "name": "progress", "value": None} in events
 
 
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize("props", ["yes", ["a"], 5])
+async def test_legacy_agent_runs_with_forwarded_props_that_are_not_an_object(
+        props: Any, legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    """Before: AGENT_ERROR "failed unexpectedly" (its interrupt answer was read from them
+    as from an object); other agents run with them."""
+    runtime = CopilotRuntime(agents={"meta-null": legacy_agent(legacy, "meta-null", kind="")})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread="t-props", forwardedProps=props),
+                                  agent="meta-null")
+    verify_events(events)
+    assert types(events)[-1] == "RUN_FINISHED", events[-1]
+
+
 _LOAD_STATE = """query load($data: LoadAgentStateInput!) {
   loadAgentState(data: $data) { threadId threadExists state messages } }"""
 

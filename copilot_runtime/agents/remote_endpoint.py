@@ -374,7 +374,8 @@ def _resume_value(input: RunInput) -> Any:
         if entry.status == "resolved":
             payload = entry.payload
             return payload if isinstance(payload, str) else orjson.dumps(payload).decode()
-    command = (input.raw.get("forwardedProps") or {}).get("command")
+    props = input.raw.get("forwardedProps")  # (a client may send any JSON there)
+    command = props.get("command") if isinstance(props, dict) else None
     return command.get("resume") if isinstance(command, dict) else None
 
 
