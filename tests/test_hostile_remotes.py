@@ -786,6 +786,9 @@ LEGACY_VALID: dict[str, bytes] = {
                        {"type": "TextMessageContent", "messageId": "m", "content": "done"},
                        {"type": "TextMessageEnd", "messageId": "m"}),
 }
+# One line of a `langgraph` agent holding two tool calls, the second of a wrong shape.
+_TWO_CALLS = jsonl(model_chunk(tool_call_chunks=[
+    {"name": "f", "id": "c1", "args": '{"a": 1}'}, {"name": "g", "id": 7, "args": "{}"}]))
 _PADDING = 256 << 10
 
 
@@ -805,7 +808,8 @@ class LegacyEndpoint(LoopbackServer):
         await request.read()
         name = request.match_info["name"]
         if name != "huge":
-            body = LEGACY_VALID[name] if name in LEGACY_VALID else LEGACY[name][0]
+            body = LEGACY_VALID[name] if name in LEGACY_VALID else \
+                _TWO_CALLS if name == "two-calls" else LEGACY[name][0]
             return web.Response(body=body, content_type="application/x-ndjson")
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
@@ -875,6 +879,21 @@ async def test_legacy_agent_runs_with_forwarded_props_that_are_not_an_object(
                                   agent="meta-null")
     verify_events(events)
     assert types(events)[-1] == "RUN_FINISHED", events[-1]
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_legacy_events_before_a_bad_one_of_the_same_line_are_passed_on(
+        legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    """Before: a line's events were checked all or none: the first of two tool calls in
+    one chunk was lost with the second's error (the HttpAgent's reader passes them on)."""
+    runtime = CopilotRuntime(agents={"two-calls": legacy_agent(legacy, "two-calls")})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread="t-two"), agent="two-calls")
+    error = one_run_error(events)
+    assert error["message"] == ("Remote agent 'two-calls' sent TOOL_CALL_START without a "
+                                "string 'toolCallId'")
+    assert [(e["type"], e.get("delta")) for e in events if e.get("toolCallId") == "c1"] == [
+        ("TOOL_CALL_START", None), ("TOOL_CALL_ARGS", '{"a": 1}'), ("TOOL_CALL_END", None)]
 
 
 _LOAD_STATE = """query load($data: LoadAgentStateInput!) {

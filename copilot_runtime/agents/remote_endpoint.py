@@ -316,16 +316,20 @@ class RemoteEndpointAgent(Agent):
                     except (AttributeError, TypeError, KeyError, ValueError):
                         raise UpstreamError(f"{what} sent a line of an unexpected shape") \
                             from None
-                    batch = checker.check(translated)
+                    batch = checker.events(translated)
                     if batch:
                         yield batch
+                    if checker.failure is not None:
+                        raise checker.failure  # after the good events of the same line
                     if checker.finished:
                         return
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise error_for_exception(exc, what, url) from None
-        tail = checker.check(_closing(translator))
+        tail = checker.events(_closing(translator))
         if tail:
             yield tail
+        if checker.failure is not None:
+            raise checker.failure
 
     async def load_state(self, thread_id: str, *,
                          headers: Mapping[str, str] | None = None) -> AgentThreadState:
