@@ -89,3 +89,20 @@ async def test_a_platform_event_of_a_wrong_shape_is_a_network_error(
     assert (details["originalError"]["code"], details["originalError"]["statusCode"],
             details["originalError"]["originalErrorType"]) == (
         "NETWORK_ERROR", 503, "UPSTREAM_ERROR")
+
+
+async def test_load_agent_state_failing_on_the_platform_is_a_network_error_of_503(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: the platform's own status (401: the runtime's key refused) was the error's
+    `statusCode`, as if the client's credentials had failed (a run's failure says 503), and
+    the graph was named as if it were the agent's id."""
+    async with serve(FakePlatform(fail_with=401).app) as platform:
+        runtime = CopilotRuntime(agents={"platform": LangGraphPlatformAgent(
+            deployment_url=platform, graph_id="fake")})
+        async with serve_runtime(runtime) as served:
+            answer = await query(served, LOAD_STATE, {"data": {
+                "threadId": "t1", "agentName": "platform"}})
+    (error,) = answer["errors"]
+    assert error["message"] == "The LangGraph Platform's graph 'fake' answered HTTP 401"
+    assert (error["extensions"]["code"], error["extensions"]["statusCode"]) == (
+        "NETWORK_ERROR", 503)

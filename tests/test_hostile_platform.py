@@ -161,8 +161,8 @@ async def test_a_thread_state_that_is_not_the_json_expected_is_an_upstream_error
                 await agent.load_state("t1")
         finally:
             await agent.aclose()
-    assert caught.value.message == ("LangGraph Platform agent 'fake' answered with something "
-                                    "unusable (its thread's state)")
+    assert caught.value.message == ("The LangGraph Platform's graph 'fake' answered with "
+                                    "something unusable (its thread's state)")
 
 
 async def test_a_bare_nan_in_an_event_is_an_upstream_error(

@@ -221,7 +221,7 @@ class LangGraphPlatformAgent(Agent):
         """The platform thread's current values (`threads.get_state`); a thread the
         platform does not know does not exist."""
         forwarded = self._forwarded(headers)
-        what = f"LangGraph Platform agent '{self.name}'"
+        what = self._graph_named()
         try:
             state = await self._client.threads.get_state(platform_thread_id(thread_id),
                                                          headers=forwarded)
@@ -242,7 +242,12 @@ class LangGraphPlatformAgent(Agent):
         except NotFoundError:
             return
         except httpx.HTTPError as exc:
-            raise _upstream_error(f"LangGraph Platform agent '{self.name}'", exc) from None
+            raise _upstream_error(self._graph_named(), exc) from None
+
+    def _graph_named(self) -> str:
+        """Who failed, outside a run: the graph (the runtime's id for this agent is not
+        known here; the graph's name, said as the agent's, read as a wrong agent id)."""
+        return f"The LangGraph Platform's graph '{self.graph_id}'"
 
     async def _assistant(self, headers: Mapping[str, str],
                          what: str) -> tuple[str, dict[str, Any]]:
@@ -442,7 +447,10 @@ def _upstream_error(what: str, exc: httpx.HTTPError
         status = exc.response.status_code
         if status == 503:
             return ServiceUnavailableError(f"{what} is unavailable (HTTP 503); try again later")
-        return UpstreamError(f"{what} answered HTTP {status}", status=status)
+        # (no `status`: the platform's answer to the runtime is not the client's; a 401
+        # there would read as the client's own credentials refused. An upstream failure
+        # is the runtime's 503, as a run's failure says.)
+        return UpstreamError(f"{what} answered HTTP {status}")
     if isinstance(exc, httpx.ConnectError):
         return UpstreamConnectionError(f"{what} could not be reached")
     said = str(exc)
