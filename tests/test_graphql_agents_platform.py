@@ -14,8 +14,9 @@ import pytest
 
 from copilot_runtime import CopilotRuntime
 from copilot_runtime.agents.langgraph_platform import LangGraphPlatformAgent
+from tests.agents_support.fake_platform import FakePlatform, frame, model_stream
 from tests.agents_support.processes import REPO_ROOT, VENV_BIN, child_process, free_port, mock_llm
-from tests.conftest import ServeRuntime
+from tests.conftest import ServeRuntime, serve
 from tests.gql.wire import chat_data, text_message
 from tests.test_graphql_agents import LOAD_STATE, history_of, query, session, states, texts, turn
 
@@ -68,3 +69,40 @@ async def test_platform_agent_session_and_its_saved_thread(
         "echo: items=['from the page', 'item 2', 'item 3']"]
     assert missing == {"threadId": "t-platform-never", "threadExists": False, "state": "{}",
                        "messages": "[]"}
+
+
+async def test_a_platform_event_of_a_wrong_shape_is_a_network_error(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: an event whose `tool_call_chunks` is a string failed the turn as the agent's
+    own bug (UNKNOWN_ERROR, status 500) with the translator's stack in the log."""
+    bad = model_stream("Hi")
+    bad["data"]["chunk"]["tool_call_chunks"] = "abc"
+    fake = FakePlatform(frames=[frame("events", model_stream("Hi")), frame("events", bad)])
+    async with serve(fake.app) as platform:
+        runtime = CopilotRuntime(agents={"platform": LangGraphPlatformAgent(
+            deployment_url=platform, graph_id="fake")})
+        async with serve_runtime(runtime) as served:
+            response = await turn(served, session("platform", "hi", "t-shape"))
+    details = response["status"]["details"]
+    assert details["description"] == ("The LangGraph Platform sent an event of an unexpected "
+                                      "shape")
+    assert (details["originalError"]["code"], details["originalError"]["statusCode"],
+            details["originalError"]["originalErrorType"]) == (
+        "NETWORK_ERROR", 503, "UPSTREAM_ERROR")
+
+
+async def test_load_agent_state_failing_on_the_platform_is_a_network_error_of_503(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: the platform's own status (401: the runtime's key refused) was the error's
+    `statusCode`, as if the client's credentials had failed (a run's failure says 503), and
+    the graph was named as if it were the agent's id."""
+    async with serve(FakePlatform(fail_with=401).app) as platform:
+        runtime = CopilotRuntime(agents={"platform": LangGraphPlatformAgent(
+            deployment_url=platform, graph_id="fake")})
+        async with serve_runtime(runtime) as served:
+            answer = await query(served, LOAD_STATE, {"data": {
+                "threadId": "t1", "agentName": "platform"}})
+    (error,) = answer["errors"]
+    assert error["message"] == "The LangGraph Platform's graph 'fake' answered HTTP 401"
+    assert (error["extensions"]["code"], error["extensions"]["statusCode"]) == (
+        "NETWORK_ERROR", 503)

@@ -21,11 +21,16 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from copilot_runtime import CopilotRuntime, UpstreamError
+from copilot_runtime._held import MAX_UPSTREAM_EVENT_BYTES
+from copilot_runtime.agents import langgraph_platform
 from copilot_runtime.agents.langgraph_platform import LangGraphPlatformAgent, finite_json_text
 from copilot_runtime.testing import verify_events
 from tests.agents_support.fake_platform import (
@@ -35,7 +40,7 @@ from tests.agents_support.fake_platform import (
     model_stream,
     tool_call_stream,
 )
-from tests.conftest import ServeRuntime, run_input, serve
+from tests.conftest import ServeRuntime, parse_sse, run_input, serve
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -156,8 +161,8 @@ async def test_a_thread_state_that_is_not_the_json_expected_is_an_upstream_error
                 await agent.load_state("t1")
         finally:
             await agent.aclose()
-    assert caught.value.message == ("LangGraph Platform agent 'fake' answered with something "
-                                    "unusable (its thread's state)")
+    assert caught.value.message == ("The LangGraph Platform's graph 'fake' answered with "
+                                    "something unusable (its thread's state)")
 
 
 async def test_a_bare_nan_in_an_event_is_an_upstream_error(
@@ -197,3 +202,212 @@ def test_finite_json_text_at_every_split() -> None:
     for cut in itertools.combinations(range(1, len(text)), 2):
         pieces = text[:cut[0]], text[cut[0]:cut[1]], text[cut[1]:]
         assert json.loads(finite_json_text(*pieces)) == expected, pieces
+
+
+OPERATOR = {"X-Tenant": "tenant-a", "Authorization": "Bearer operator-token"}
+CLIENT = {"x-api-key": "CLIENT-KEY", "X-TENANT": "tenant-of-client",
+          "authorization": "Bearer client-token", "x-trace": "trace-1"}
+
+
+def saw_only_the_operators(fake: FakePlatform) -> None:
+    assert fake.headers
+    for seen in fake.headers:
+        assert (seen["x-api-key"], seen["x-tenant"], seen["authorization"]) == (
+            "OPERATOR-KEY", "tenant-a", "Bearer operator-token")
+        assert seen["x-trace"] == "trace-1"  # (a name the operator did not set is forwarded)
+
+
+async def test_the_operators_key_and_headers_win_over_the_clients(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: a client's forwarded `x-api-key`, `Authorization` and `X-Tenant` replaced the
+    operator's (`api_key=`, `headers=`) in every request of a run, and of `load_state`."""
+    fake = FakePlatform(frames=HALF_ANSWER)
+    async with serve(fake.app) as platform:
+        agent = LangGraphPlatformAgent(deployment_url=platform, graph_id="fake",
+                                       api_key="OPERATOR-KEY", headers=OPERATOR)
+        async with serve_runtime(CopilotRuntime(agents={"platform": agent})) as served:
+            response = await served.post("/agent/platform/run",
+                                         run_input("hi", thread="t1"), headers=CLIENT)
+            assert response.status == 200
+            assert parse_sse(await response.read())[-1]["type"] == "RUN_FINISHED"
+            saw_only_the_operators(fake)
+            fake.headers.clear()
+            await agent.load_state("t1", headers=CLIENT)
+            saw_only_the_operators(fake)
+
+
+async def test_a_failure_echoing_the_operators_key_does_not_log_it(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: the platform's `error` event was logged whole, as it came: the `api_key` and
+    `headers=` values it echoed (blanked for the client) and all of a megabyte message."""
+    key, token = "lsv2-SECRETKEY-4f9a8b7c6d5e", "TOKEN-SECRET-9z8y7x"
+    fake = FakePlatform(frames=[frame("error", {
+        "error": "AuthError", "message": f"key {key} / Token {token} revoked " + "x" * 10**6})],
+        run_status="error")
+    async with serve(fake.app) as platform:
+        runtime = CopilotRuntime(agents={"platform": LangGraphPlatformAgent(
+            deployment_url=platform, graph_id="fake", api_key=key,
+            headers={"Authorization": f"Token {token}"})})
+        async with serve_runtime(runtime) as served:
+            with capture_logs() as logs:
+                events = await served.run(run_input("hi", thread="t1"), agent="platform")
+    assert ending(events)[:2] == ("RUN_ERROR", "UPSTREAM_ERROR")
+    (failed,) = [line for line in logs if line["event"] == "LangGraph Platform run failed"]
+    assert key not in str(logs)
+    assert token not in str(logs)
+    assert "AuthError" in failed["error"]
+    assert len(failed["error"]) <= 1000
+
+
+_HUGE = MAX_UPSTREAM_EVENT_BYTES + 1024
+
+
+@pytest.mark.parametrize("record", [
+    b"event: events\r\ndata: " + b"x" * _HUGE,  # one line, never ended
+    b"event: events\n" + b"data: xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n" * (_HUGE // 48),
+    b": keep-alive\r" + b"\r".join([b"data: x" * 8192] * (_HUGE // 57344 + 1)),  # CR line ends
+])
+async def test_a_run_stream_record_past_the_bound_is_an_upstream_error(
+        serve_runtime: ServeRuntime, record: bytes) -> None:
+    """Before: the SDK's decoders held one event's bytes without limit (a 200 MB line grew
+    the server by 200 MB before failing as "not JSON"); every other remote reader fails
+    past `MAX_UPSTREAM_EVENT_BYTES`."""
+    events = await run_on(FakePlatform(frames=[frame("events", model_stream("Hi")), record]),
+                          serve_runtime)
+    assert [e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT"] == ["Hi"]
+    assert ending(events) == ("RUN_ERROR", "UPSTREAM_ERROR", "The LangGraph Platform sent an "
+                              f"event larger than {MAX_UPSTREAM_EVENT_BYTES} bytes")
+
+
+async def test_records_are_bounded_each_wherever_the_reads_split_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The count starts again after each blank line (LF, CRLF or CR line ends), one split
+    across two reads included; a record of one byte more fails."""
+    monkeypatch.setattr(langgraph_platform, "MAX_UPSTREAM_EVENT_BYTES", 16)
+
+    async def read(*chunks: bytes) -> bytes:
+        async def inner() -> AsyncIterator[bytes]:
+            for chunk in chunks:
+                yield chunk
+
+        body = langgraph_platform._BoundedBody(_Chunks(inner()), events=True)
+        return b"".join([chunk async for chunk in body])
+
+    fine = (b"data: 1234", b"\r\n\r\ndata", b": 123456\n", b"\ndata: 12\r", b"\rdata: 1\r",
+            b"\n\r\n", b"data: 1234")
+    assert await read(*fine) == b"".join(fine)
+    with pytest.raises(UpstreamError, match="event larger than 16 bytes"):
+        await read(b"data: 1234\n", b"\r\ndata: 1234567890123")
+
+
+class _Chunks(httpx.AsyncByteStream):
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self.chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.chunks:
+            yield chunk
+
+
+async def test_an_answer_past_its_bound_is_an_upstream_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a thread's state (and the assistants, the schemas) was read whole, however
+    large."""
+    monkeypatch.setattr(langgraph_platform, "MAX_ANSWER_BYTES", 1000)
+    fake = FakePlatform(values={"big": "x" * 500})
+    async with serve(fake.app) as platform:
+        agent = LangGraphPlatformAgent(deployment_url=platform, graph_id="fake")
+        try:
+            assert (await agent.load_state("t0")).exists  # (a small answer is read)
+            fake.values["big"] = "x" * 2000
+            with pytest.raises(UpstreamError) as caught:
+                await agent.load_state("t1")
+        finally:
+            await agent.aclose()
+    assert caught.value.message == "The LangGraph Platform answered more than 1000 bytes"
+
+
+def _with_chunk(**fields: Any) -> dict[str, Any]:
+    event = model_stream("Hi")
+    event["data"]["chunk"].update(fields)
+    return event
+
+
+def _with_call(**fields: Any) -> dict[str, Any]:
+    event = tool_call_stream('{"a": 1}', name="t", call_id="c1")
+    event["data"]["chunk"]["tool_call_chunks"][0].update(fields)
+    return event
+
+
+_NODE = {"parent_ids": [], "tags": [], "metadata": {"langgraph_node": "chat"}}
+WRONG_SHAPES: dict[str, dict[str, Any]] = {
+    "langgraph_node-list": {**model_stream("Hi"), "metadata": {"langgraph_node": ["x"]}},
+    "tool_call_chunks-string": _with_chunk(tool_call_chunks="abc"),
+    "tool_call_chunks-int-item": _with_chunk(tool_call_chunks=[5]),
+    "tool-call-name-int": _with_call(name=5),
+    "tool-call-id-int": _with_call(id=5),
+    "response_metadata-string": _with_chunk(response_metadata="x"),
+    "tool-end-message-bad": {"event": "on_tool_end", "name": "t", "run_id": "n2", **_NODE,
+                             "data": {"output": {"type": "tool", "content": "r",
+                                                 "tool_call_id": 7}}},
+    "manual-tool-call-bad": {"event": "on_custom_event",
+                             "name": "copilotkit_manually_emit_tool_call", "run_id": "n3",
+                             **_NODE, "data": {"name": 5, "args": 7, "id": 3}},
+    "emit-tool-calls-int": {**_with_call(), "metadata": {
+        "langgraph_node": "chat", "copilotkit:emit-tool-calls": 5}},
+}
+
+
+@pytest.mark.parametrize("event", list(WRONG_SHAPES.values()), ids=list(WRONG_SHAPES))
+async def test_an_event_of_a_wrong_shape_is_an_upstream_error(
+        serve_runtime: ServeRuntime, event: dict[str, Any]) -> None:
+    """Before: AGENT_ERROR "failed unexpectedly", the translator's stack in the log."""
+    fake = FakePlatform(frames=[frame("events", model_stream("Hi")), frame("events", event)])
+    with capture_logs() as logs:
+        events = await run_on(fake, serve_runtime)
+    assert ending(events) == ("RUN_ERROR", "UPSTREAM_ERROR", "The LangGraph Platform sent "
+                              "an event of an unexpected shape")
+    assert not [line for line in logs if "exc_info" in line]
+
+
+_STATE_UNUSABLE = f"{_UNUSABLE} (its thread's state)"
+
+
+@pytest.mark.parametrize("state", [
+    {"values": [1, 2]}, {"values": "x"}, {"values": {"messages": "x"}},
+    {"values": {"messages": {"a": 1}}}, {"metadata": [1]}],
+    ids=["values-list", "values-string", "messages-string", "messages-object",
+         "metadata-list"])
+async def test_a_thread_state_of_a_wrong_shape_is_an_upstream_error(
+        serve_runtime: ServeRuntime, state: dict[str, Any]) -> None:
+    """Before: AGENT_ERROR "failed unexpectedly" (the run), a 500 (`load_state`)."""
+    fake = _StatePlatform(state=state)
+    events = await run_on(fake, serve_runtime)
+    assert ending(events) == ("RUN_ERROR", "UPSTREAM_ERROR", _STATE_UNUSABLE)
+    if "metadata" in state:
+        return  # (`load_state` reads only the values)
+    async with serve(fake.app) as platform:
+        agent = LangGraphPlatformAgent(deployment_url=platform, graph_id="fake")
+        try:
+            with pytest.raises(UpstreamError) as caught:
+                await agent.load_state("t1")
+        finally:
+            await agent.aclose()
+    assert "answered with something unusable (its thread's state)" in caught.value.message
+
+
+class _StatePlatform(FakePlatform):
+    """Its thread's state with `state`'s fields in place of the usual."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        super().__init__(frames=HALF_ANSWER)
+        self.state = state
+
+    async def _answer(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        if request.url.path.endswith("/state"):
+            return JSONResponse({"values": {}, "next": [], "tasks": [], "metadata": {},
+                                 "checkpoint": {"checkpoint_id": "c1", "checkpoint_ns": ""},
+                                 "created_at": None, **self.state})
+        return await super()._answer(request)

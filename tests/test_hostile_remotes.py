@@ -16,6 +16,7 @@ schema refers to itself answers the model with a tool error instead of failing t
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -38,6 +39,7 @@ from copilot_runtime import (
     _held,
 )
 from copilot_runtime._limits import MAX_JSON_DEPTH
+from copilot_runtime.agents import remote_endpoint
 from copilot_runtime.agents._http_client import Timeouts
 from copilot_runtime.agents._wire import RemoteEventChecker, SSEDecoder
 from copilot_runtime.agents.http import HttpAgent
@@ -784,6 +786,9 @@ LEGACY_VALID: dict[str, bytes] = {
                        {"type": "TextMessageContent", "messageId": "m", "content": "done"},
                        {"type": "TextMessageEnd", "messageId": "m"}),
 }
+# One line of a `langgraph` agent holding two tool calls, the second of a wrong shape.
+_TWO_CALLS = jsonl(model_chunk(tool_call_chunks=[
+    {"name": "f", "id": "c1", "args": '{"a": 1}'}, {"name": "g", "id": 7, "args": "{}"}]))
 _PADDING = 256 << 10
 
 
@@ -803,7 +808,8 @@ class LegacyEndpoint(LoopbackServer):
         await request.read()
         name = request.match_info["name"]
         if name != "huge":
-            body = LEGACY_VALID[name] if name in LEGACY_VALID else LEGACY[name][0]
+            body = LEGACY_VALID[name] if name in LEGACY_VALID else \
+                _TWO_CALLS if name == "two-calls" else LEGACY[name][0]
             return web.Response(body=body, content_type="application/x-ndjson")
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
@@ -859,6 +865,35 @@ async def test_legacy_meta_event_with_a_null_value_is_relayed_as_null(
     verify_events(events)
     assert types(events)[-1] == "RUN_FINISHED", events[-1]
     assert {"type": "CUSTOM", "name": "progress", "value": None} in events
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize("props", ["yes", ["a"], 5])
+async def test_legacy_agent_runs_with_forwarded_props_that_are_not_an_object(
+        props: Any, legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    """Before: AGENT_ERROR "failed unexpectedly" (its interrupt answer was read from them
+    as from an object); other agents run with them."""
+    runtime = CopilotRuntime(agents={"meta-null": legacy_agent(legacy, "meta-null", kind="")})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread="t-props", forwardedProps=props),
+                                  agent="meta-null")
+    verify_events(events)
+    assert types(events)[-1] == "RUN_FINISHED", events[-1]
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_legacy_events_before_a_bad_one_of_the_same_line_are_passed_on(
+        legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    """Before: a line's events were checked all or none: the first of two tool calls in
+    one chunk was lost with the second's error (the HttpAgent's reader passes them on)."""
+    runtime = CopilotRuntime(agents={"two-calls": legacy_agent(legacy, "two-calls")})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread="t-two"), agent="two-calls")
+    error = one_run_error(events)
+    assert error["message"] == ("Remote agent 'two-calls' sent TOOL_CALL_START without a "
+                                "string 'toolCallId'")
+    assert [(e["type"], e.get("delta")) for e in events if e.get("toolCallId") == "c1"] == [
+        ("TOOL_CALL_START", None), ("TOOL_CALL_ARGS", '{"a": 1}'), ("TOOL_CALL_END", None)]
 
 
 _LOAD_STATE = """query load($data: LoadAgentStateInput!) {
@@ -1090,3 +1125,52 @@ async def test_a_legacy_endpoint_info_of_odd_shapes_is_its_error_or_leaves_out_o
                 assert ([a.name for a in found.actions], list(found.agents)) == expected, name
             finally:
                 await endpoint.aclose()
+
+
+class _HugeAnswers(LoopbackServer):
+    """`/{how}/{route}` answers a JSON object of 4 KiB: `streamed` in pieces without a
+    length, `declared` with its Content-Length."""
+
+    def routes(self, app: web.Application) -> None:
+        async def answer(request: web.Request) -> web.StreamResponse:
+            await request.read()
+            body = b'{"result": "' + b"y" * 4096 + b'", "threadExists": true}'
+            if request.match_info["how"] == "declared":
+                return web.Response(body=body, content_type="application/json")
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await response.prepare(request)
+            for i in range(0, len(body), 512):
+                await response.write(body[i:i + 512])
+            return response
+
+        app.router.add_post("/{how}/{route:.*}", answer)
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_a_legacy_endpoints_answer_past_the_bound_is_its_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: `/actions/execute`, `/info` and `/agents/state` answers were read whole,
+    however large (a 200 MB action result went on to the model and the client)."""
+    monkeypatch.setattr(remote_endpoint, "MAX_ANSWER_BYTES", 4000)
+    async with _HugeAnswers() as server:
+        for how in ("streamed", "declared"):
+            endpoint = CopilotKitRemoteEndpoint(f"http://{server.host}:{server.port}/{how}",
+                                                retry=RetryPolicy(retries=0))
+            try:
+                calls: dict[str, Callable[[], Awaitable[Any]]] = {
+                    "Remote action 'a'": functools.partial(endpoint.execute_action, "a", {}),
+                    "The remote endpoint": endpoint.discover,
+                    "Remote agent 'x'": functools.partial(endpoint.agent_state, "x", "t1")}
+                for what, call in calls.items():
+                    with pytest.raises(UpstreamError) as caught:
+                        await call()
+                    assert caught.value.message == f"{what} answered more than 4000 bytes"
+            finally:
+                await endpoint.aclose()
+    monkeypatch.setattr(remote_endpoint, "MAX_ANSWER_BYTES", 5000)  # (a control)
+    async with _HugeAnswers() as server:
+        endpoint = CopilotKitRemoteEndpoint(f"http://{server.host}:{server.port}/streamed")
+        try:
+            assert await endpoint.execute_action("a", {}) == "y" * 4096
+        finally:
+            await endpoint.aclose()

@@ -286,6 +286,14 @@ class RemoteEventChecker:
         checked, self.failure = self._checked(events, failure)
         return checked
 
+    def events(self, events: Iterable[Any]) -> list[Event]:
+        """Check decoded events (a JSONL line's, translated) as `payloads` checks SSE ones:
+        those before a bad one returned, its error kept as `failure`."""
+        if self.failure is not None:
+            raise self.failure
+        checked, self.failure = self._checked(events, None)
+        return checked
+
     def check(self, events: Iterable[Any]) -> list[Event]:
         """Check decoded events; raise at the first bad one."""
         checked, failure = self._checked(events, None)

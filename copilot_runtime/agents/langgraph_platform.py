@@ -30,12 +30,16 @@ CopilotKit conventions alike. What is particular to the platform:
   the platform's storage failing (HTTP 503 from its API, or a run failing with a database
   connection error) is `SERVICE_UNAVAILABLE`. Any other failure of the graph is
   `UPSTREAM_ERROR` naming its class, never its message; so is an answer that is not the
-  JSON expected (a proxy's HTML page, an object where a list belongs), saying so.
+  JSON expected (a proxy's HTML page, an object where a list belongs), saying so, and
+  an event the translator cannot read (a field of another type than LangChain writes).
+* **Bounds.** One record of the run stream is bounded as every remote reader's
+  (`MAX_UPSTREAM_EVENT_BYTES`), any other answer by `MAX_ANSWER_BYTES`: past them the
+  run (or the call) fails with `UPSTREAM_ERROR`. Answers are asked for uncompressed.
 * **Non-finite numbers.** Python writes NaN and the infinities into JSON text as bare
   words no JSON parser takes; in a tool call's arguments (streamed or in a message) they
   are sent on as `null`, as `JSON.stringify` has it.
 * **Headers.** `api_key` and `headers` go with every request, and the client's request
-  headers allowed by `header_policy` too.
+  headers allowed by `header_policy` too, but for the names the operator set (theirs win).
 """
 
 from __future__ import annotations
@@ -73,7 +77,9 @@ from copilot_runtime._exceptions import (
     UpstreamTimeoutError,
     header_secrets,
     quoted,
+    scrub_secrets,
 )
+from copilot_runtime._held import MAX_UPSTREAM_EVENT_BYTES
 from copilot_runtime._input import RunInput
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
 from copilot_runtime.agents._lg_events import WireEncoder
@@ -154,11 +160,15 @@ class LangGraphPlatformAgent(Agent):
             static["x-api-key"] = api_key
         #: Blanked in what the platform says (it may echo the key it was sent).
         self._secrets = header_secrets(static)
+        #: The names whose values are the operator's: a client's are never sent instead.
+        self._static_names = frozenset(static)
         # The SDK's own client, but with the connection retries ours to choose: its default
         # (5, with backoff) makes an unreachable deployment take ~8 s to report.
+        # Answers uncompressed: their bytes are counted as they come (`_BoundedTransport`),
+        # and a compressed one's count would not bound what it expands to.
         self._client = LangGraphClient(httpx.AsyncClient(
-            base_url=self.deployment_url, headers=static,
-            transport=httpx.AsyncHTTPTransport(retries=connect_retries),
+            base_url=self.deployment_url, headers={"accept-encoding": "identity", **static},
+            transport=_BoundedTransport(httpx.AsyncHTTPTransport(retries=connect_retries)),
             timeout=httpx.Timeout(timeout, connect=10.0)))
         self._resolved: tuple[str, dict[str, Any]] | None = None
 
@@ -173,8 +183,15 @@ class LangGraphPlatformAgent(Agent):
     def run(self, input: RunInput, context: RunContext) -> EventBatches:
         return self._run(input, context)
 
+    def _forwarded(self, headers: Mapping[str, str] | None) -> dict[str, str]:
+        """The client's headers the policy forwards, minus those the operator set: the SDK
+        lays a request's headers over the client's defaults, so a forwarded `x-api-key` or
+        `Authorization` would replace the operator's (as `HttpAgent`, the operator's win)."""
+        return {name: value for name, value in self.header_policy.select(headers or {}).items()
+                if name not in self._static_names}
+
     async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
-        headers = self.header_policy.select(context.headers)
+        headers = self._forwarded(context.headers)
         what = f"LangGraph Platform agent '{context.agent_id}'"
         try:
             assistant_id, schemas = await self._assistant(headers, what)
@@ -188,19 +205,29 @@ class LangGraphPlatformAgent(Agent):
                 yield batch
         except httpx.HTTPError as exc:
             raise _upstream_error(what, exc) from None
+        except _UNUSABLE as exc:
+            if not graph.translating:
+                raise  # (not the platform's event: the agent's own failure)
+            # The translator met a field of another type than LangChain writes (a list for
+            # a node's name, a number for a tool call's id): the platform's error, as a
+            # legacy endpoint's line of an unexpected shape. Its text may quote the event.
+            _log.warning("LangGraph Platform event of an unexpected shape",
+                         agent=context.agent_id, error=type(exc).__name__)
+            raise UpstreamError("The LangGraph Platform sent an event of an unexpected "
+                                "shape") from None
 
     async def load_state(self, thread_id: str, *,
                          headers: Mapping[str, str] | None = None) -> AgentThreadState:
         """The platform thread's current values (`threads.get_state`); a thread the
         platform does not know does not exist."""
-        forwarded = self.header_policy.select(headers or {})
-        what = f"LangGraph Platform agent '{self.name}'"
+        forwarded = self._forwarded(headers)
+        what = self._graph_named()
         try:
             state = await self._client.threads.get_state(platform_thread_id(thread_id),
                                                          headers=forwarded)
-            values = state.get("values")
-            return thread_state_from_values(thread_id, _thread_values(values) if isinstance(
-                values, dict) else None)
+            values = state.get("values")  # (empty for a thread without any: none)
+            return thread_state_from_values(thread_id, _thread_values(values) if values
+                                            else None)
         except NotFoundError:
             return AgentThreadState(thread_id, exists=False)
         except httpx.HTTPError as exc:
@@ -215,7 +242,12 @@ class LangGraphPlatformAgent(Agent):
         except NotFoundError:
             return
         except httpx.HTTPError as exc:
-            raise _upstream_error(f"LangGraph Platform agent '{self.name}'", exc) from None
+            raise _upstream_error(self._graph_named(), exc) from None
+
+    def _graph_named(self) -> str:
+        """Who failed, outside a run: the graph (the runtime's id for this agent is not
+        known here; the graph's name, said as the agent's, read as a wrong agent id)."""
+        return f"The LangGraph Platform's graph '{self.graph_id}'"
 
     async def _assistant(self, headers: Mapping[str, str],
                          what: str) -> tuple[str, dict[str, Any]]:
@@ -248,6 +280,70 @@ class LangGraphPlatformAgent(Agent):
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+# -- bounded answers -------------------------------------------------------------------
+
+#: The largest answer that is not an event stream (a thread's state, its history, the
+#: assistants): a state far larger than one event may be, as large as the runtime patches.
+MAX_ANSWER_BYTES: Final = 64 * 1024 * 1024
+#: How an SSE record ends: a blank line, whichever line ends (LF, CRLF, CR) close it.
+_RECORD_BREAKS: Final = (b"\n\n", b"\r\r", b"\n\r")
+
+
+class _BoundedBody(httpx.AsyncByteStream):
+    """An answer's bytes as they come, failing as the platform's error past a bound: an
+    event stream's record (the SDK's decoders hold one without limit) past
+    `MAX_UPSTREAM_EVENT_BYTES`, as every remote reader's; any other answer (read whole)
+    past `MAX_ANSWER_BYTES`."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, *, events: bool) -> None:
+        self._inner = inner
+        self._events = events
+        self._limit = MAX_UPSTREAM_EVENT_BYTES if events else MAX_ANSWER_BYTES
+        self._size = 0  # of the record (or answer) so far
+        self._last = b""  # the last byte read: a break may fall across two reads
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            self._count(chunk)
+            yield chunk
+
+    def _count(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        after = -1
+        if self._events:
+            after = max(chunk.rfind(end) for end in _RECORD_BREAKS)
+            after = after + 2 if after >= 0 else (
+                1 if self._last + chunk[:1] in _RECORD_BREAKS else -1)
+            self._last = chunk[-1:]
+        self._size = len(chunk) - after if after >= 0 else self._size + len(chunk)
+        if self._size > self._limit:
+            raise UpstreamError(
+                f"The LangGraph Platform sent an event larger than {self._limit} bytes"
+                if self._events else
+                f"The LangGraph Platform answered more than {self._limit} bytes")
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _BoundedTransport(httpx.AsyncBaseTransport):
+    """`inner`, its answers' bytes bounded (`_BoundedBody`)."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self._inner.handle_async_request(request)
+        if isinstance(response.stream, httpx.AsyncByteStream):
+            events = "text/event-stream" in response.headers.get("content-type", "")
+            response.stream = _BoundedBody(response.stream, events=events)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 # -- the remote graph ------------------------------------------------------------------
@@ -290,16 +386,22 @@ def revive(value: Any) -> Any:
 
 
 def _thread_values(values: Any) -> Any:
-    """A thread's state values from the platform, revived; a TypeError when one of its
-    messages is no message (a field of the wrong type: the translator would trip on it)."""
+    """A thread's state values from the platform, revived; a TypeError when they are not an
+    object, or their messages no list of messages (a field of the wrong type: the
+    translator would trip on it)."""
+    if not isinstance(values, dict):
+        raise TypeError("the thread's state values are not an object")
     revived = revive(values)
-    messages = revived.get("messages") if isinstance(revived, dict) else None
-    if isinstance(messages, list) and not all(isinstance(m, BaseMessage) for m in messages):
-        raise TypeError("a message of the thread's state is not a LangChain message")
+    messages = revived.get("messages")
+    if messages is not None and not (isinstance(messages, list) and all(
+            isinstance(m, BaseMessage) for m in messages)):
+        raise TypeError("the thread's messages are not a list of LangChain messages")
     return revived
 
 
 def _snapshot(thread_id: str, state: Mapping[str, Any]) -> StateSnapshot:
+    if not isinstance(state.get("metadata"), dict | None):
+        raise TypeError("the thread's state metadata is not an object")
     checkpoint = state.get("checkpoint") or {}
     configurable: dict[str, Any] = {"thread_id": thread_id,
                                     "checkpoint_ns": checkpoint.get("checkpoint_ns", "")}
@@ -345,7 +447,10 @@ def _upstream_error(what: str, exc: httpx.HTTPError
         status = exc.response.status_code
         if status == 503:
             return ServiceUnavailableError(f"{what} is unavailable (HTTP 503); try again later")
-        return UpstreamError(f"{what} answered HTTP {status}", status=status)
+        # (no `status`: the platform's answer to the runtime is not the client's; a 401
+        # there would read as the client's own credentials refused. An upstream failure
+        # is the runtime's 503, as a run's failure says.)
+        return UpstreamError(f"{what} answered HTTP {status}")
     if isinstance(exc, httpx.ConnectError):
         return UpstreamConnectionError(f"{what} could not be reached")
     said = str(exc)
@@ -371,6 +476,21 @@ _STOPPED: Final = {
                    "its thread, stopped it)",
     "rollback": "was rolled back on the LangGraph Platform",
 }
+
+
+#: How much of what the platform said of a failure the log keeps (its class and the start
+#: of its message say what failed), and how far past that cut secrets are still looked for.
+_LOGGED_ERROR_CHARS: Final = 1000
+_SECRET_MARGIN: Final = 4096
+
+
+def _for_log(error: Any, known: Sequence[str]) -> str:
+    """A platform `error` event's data for the log: bounded, the `known` secrets (the
+    operator's key and headers, which the platform may echo) and secret-looking values
+    blanked, as they are for the client."""
+    text = error if isinstance(error, str) else repr(error)
+    cut = text[:_LOGGED_ERROR_CHARS + _SECRET_MARGIN]  # (blanked before the cut: none split)
+    return scrub_secrets(cut, *known)[:_LOGGED_ERROR_CHARS]
 
 
 def _run_error(agent_id: str, error: Any, known: Sequence[str] = ()) -> Exception:
@@ -410,6 +530,9 @@ class _PlatformGraph:
         self.assistant_id = assistant_id
         self.schemas = schemas
         self.headers = dict(headers)
+        #: True while the translator handles an event of the run stream: what fails then
+        #: failed on the platform's event.
+        self.translating = False
 
     # schemas
     def get_input_jsonschema(self, config: Any = None) -> dict[str, Any]:
@@ -498,17 +621,19 @@ class _PlatformGraph:
         try:
             async for part in stream:
                 kind = part.event.partition("|")[0]
-                if kind == "events":
-                    yield _stream_event(arguments.of(part.data))
-                elif kind == "custom":
-                    yield _written(part.data)
+                if kind in ("events", "custom"):
+                    event = _stream_event(arguments.of(part.data)) if kind == "events" \
+                        else _written(part.data)
+                    self.translating = True
+                    yield event
+                    self.translating = False
                 elif kind == "metadata" and isinstance(part.data, dict):
                     run_id = str(part.data.get("run_id") or "") or run_id
                 elif kind == "end":
                     return
                 elif kind == "error":
                     _log.warning("LangGraph Platform run failed", assistant=self.assistant_id,
-                                 error=part.data)
+                                 error=_for_log(part.data, self.known))
                     raise _run_error(self.agent_id, part.data, self.known)
         except json.JSONDecodeError:  # the SDK's SSE decoder met a frame that is no JSON
             raise UpstreamError("The LangGraph Platform sent an event that is not JSON") from None

@@ -4,7 +4,8 @@
 `Action` (a server-side action for the built-in agent) whose handler calls
 `/actions/execute`; each agent becomes a `RemoteEndpointAgent`, whose runs call
 `/agents/execute` and translate its JSONL stream (`_legacy`). `agent_state()` reads
-`/agents/state` (the GraphQL protocol's `loadAgentState`).
+`/agents/state` (the GraphQL protocol's `loadAgentState`). Those answers are read up to
+`MAX_ANSWER_BYTES`, a stream's lines up to `MAX_UPSTREAM_EVENT_BYTES` each.
 
 Retries follow the TypeScript runtime (3 retries, exponential backoff from 1 s up to 5 s,
 on 408/429/502/503/504 and connection failures), limited to what is safe to repeat:
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import orjson
@@ -30,7 +31,7 @@ from copilot_runtime._exceptions import (
     UpstreamError,
     header_secrets,
 )
-from copilot_runtime._held import HeldBytes
+from copilot_runtime._held import MAX_UPSTREAM_EVENT_BYTES, HeldBytes
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import MAX_JSON_DEPTH, decode_json, nests_too_deep
 from copilot_runtime.actions import Action
@@ -191,7 +192,7 @@ class CopilotKitRemoteEndpoint:
                     forwarded: Mapping[str, str] | None, *, safe: bool) -> dict[str, Any]:
         async with self.post(path, body, what, forwarded, safe=safe) as response:
             try:
-                text = await response.read()
+                text = await _bounded_body(response, what)
                 answer = decode_json(text)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise error_for_exception(exc, what, self.url + path) from None
@@ -208,6 +209,30 @@ class CopilotKitRemoteEndpoint:
     def post(self, path: str, body: dict[str, Any], what: str,
              forwarded: Mapping[str, str] | None, *, safe: bool) -> _Post:
         return _Post(self, path, body, what, forwarded, safe)
+
+
+#: The largest answer read from `/info`, `/actions/execute` or `/agents/state`: one line of
+#: the endpoint's run streams may be as large (`MAX_UPSTREAM_EVENT_BYTES`), and a thread's
+#: state is what such a line carries; an action's result is refused past a far smaller
+#: bound anyway (`actions.MAX_ACTION_RESULT_BYTES`).
+MAX_ANSWER_BYTES: Final = MAX_UPSTREAM_EVENT_BYTES
+
+
+async def _bounded_body(response: aiohttp.ClientResponse, what: str) -> bytes:
+    """The answer's body, read as it comes; past `MAX_ANSWER_BYTES` (or declared so) the
+    remote's error, before the rest is read."""
+    limit = MAX_ANSWER_BYTES
+    error = UpstreamError(f"{what} answered more than {limit} bytes")
+    if response.content_length is not None and response.content_length > limit:
+        raise error
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise error
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 class _Post:
@@ -291,16 +316,20 @@ class RemoteEndpointAgent(Agent):
                     except (AttributeError, TypeError, KeyError, ValueError):
                         raise UpstreamError(f"{what} sent a line of an unexpected shape") \
                             from None
-                    batch = checker.check(translated)
+                    batch = checker.events(translated)
                     if batch:
                         yield batch
+                    if checker.failure is not None:
+                        raise checker.failure  # after the good events of the same line
                     if checker.finished:
                         return
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise error_for_exception(exc, what, url) from None
-        tail = checker.check(_closing(translator))
+        tail = checker.events(_closing(translator))
         if tail:
             yield tail
+        if checker.failure is not None:
+            raise checker.failure
 
     async def load_state(self, thread_id: str, *,
                          headers: Mapping[str, str] | None = None) -> AgentThreadState:
@@ -349,7 +378,8 @@ def _resume_value(input: RunInput) -> Any:
         if entry.status == "resolved":
             payload = entry.payload
             return payload if isinstance(payload, str) else orjson.dumps(payload).decode()
-    command = (input.raw.get("forwardedProps") or {}).get("command")
+    props = input.raw.get("forwardedProps")  # (a client may send any JSON there)
+    command = props.get("command") if isinstance(props, dict) else None
     return command.get("resume") if isinstance(command, dict) else None
 
 

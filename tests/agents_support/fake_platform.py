@@ -63,11 +63,14 @@ class FakePlatform:
     unusable: str | None = None
     #: The routes called, as "METHOD path", in order.
     calls: list[str] = field(default_factory=list)
+    #: The headers of each call, in the same order.
+    headers: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def app(self) -> Starlette:
         async def any_route(request: Request) -> Response:
             self.calls.append(f"{request.method} {request.url.path}")
+            self.headers.append(dict(request.headers))
             if self.fail_with is not None:
                 return JSONResponse({"detail": "Service Unavailable"},
                                     status_code=self.fail_with)
