@@ -411,3 +411,17 @@ class _StatePlatform(FakePlatform):
                                  "checkpoint": {"checkpoint_id": "c1", "checkpoint_ns": ""},
                                  "created_at": None, **self.state})
         return await super()._answer(request)
+
+
+def test_an_unusable_answer_echoing_the_key_is_logged_without_it() -> None:
+    """An answer's failure (its words may quote the request, the key with it) goes to the
+    log blanked of the operator's secrets, as a run's error event does."""
+    key = "lsv2_pt_0123456789abcdef"
+    with capture_logs() as logs:
+        error = langgraph_platform._unusable(
+            "The LangGraph Platform", "its thread's state",
+            ValueError(f"bad answer to a request with x-api-key: {key}"), (key,))
+    assert key not in error.message
+    assert logs
+    assert key not in repr(logs)
+    assert "[REDACTED]" in logs[0]["error"]

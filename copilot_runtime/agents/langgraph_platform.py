@@ -233,7 +233,7 @@ class LangGraphPlatformAgent(Agent):
         except httpx.HTTPError as exc:
             raise _upstream_error(what, exc) from None
         except _UNUSABLE as exc:
-            raise _unusable(what, "its thread's state", exc) from None
+            raise _unusable(what, "its thread's state", exc, self._secrets) from None
 
     async def forget_thread(self, thread_id: str) -> None:
         """Delete the platform's thread (one it does not know is forgotten already)."""
@@ -256,7 +256,8 @@ class LangGraphPlatformAgent(Agent):
             try:
                 self._resolved = await self._look_up_assistant(headers)
             except _UNUSABLE as exc:
-                raise _unusable(what, "its assistants or their schemas", exc) from None
+                raise _unusable(what, "its assistants or their schemas", exc,
+                                self._secrets) from None
         return self._resolved
 
     async def _look_up_assistant(self, headers: Mapping[str, str]
@@ -427,11 +428,13 @@ _NOT_AN_EVENT_STREAM: Final = "Expected response header Content-Type to contain"
 _UNUSABLE: Final = (ValueError, TypeError, KeyError, AttributeError)
 
 
-def _unusable(what: str, part: str, exc: Exception) -> UpstreamError:
+def _unusable(what: str, part: str, exc: Exception, known: Sequence[str] = ()
+              ) -> UpstreamError:
     """The error for a platform answer that is not the JSON expected (an HTML page a proxy
-    answered, an object where a list belongs); the details go to the log."""
+    answered, an object where a list belongs); the details go to the log, without the
+    `known` secrets (an answer may echo the key it was sent)."""
     _log.warning("LangGraph Platform answer unusable", target=what, part=part,
-                 error=repr(exc)[:300])
+                 error=scrub_secrets(repr(exc)[:2000], *known)[:300])
     return UpstreamError(f"{what} answered with something unusable ({part})")
 
 
