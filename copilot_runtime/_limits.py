@@ -132,13 +132,21 @@ def _without_lone_surrogates(text: bytes | str) -> bytes | None:
     return text.replace(_SET_ASIDE, b"\\\\")
 
 
+#: What UTF-8 bytes may start with, and Fetch's `Request.json()` (the TypeScript runtime's)
+#: drops as it decodes them; orjson refuses it. (A `str` was decoded already: kept.)
+_BYTE_ORDER_MARK = b"\xef\xbb\xbf"
+
+
 def decode_json(text: bytes | str) -> Any:
-    """`orjson.loads(text)`, reading each escaped lone surrogate as U+FFFD.
+    """`orjson.loads(text)`, skipping one leading UTF-8 byte order mark and reading each
+    escaped lone surrogate as U+FFFD.
 
     orjson runs first; only text it refuses that holds an escaped surrogate is rewritten
     and read by orjson again: its own bounds, and its refusal of raw invalid UTF-8, stay.
     Raises `orjson.JSONDecodeError` for malformed text, like `orjson.loads`.
     """
+    if isinstance(text, bytes) and text.startswith(_BYTE_ORDER_MARK):
+        text = text[3:]  # (rare: the copy is fine)
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:

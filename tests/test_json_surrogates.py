@@ -182,3 +182,34 @@ def test_an_approval_answer_given_as_json_text_keeps_its_decision() -> None:
     decision = parse_decision('{"action": "approve", "reason": "cut \\ud83d"}')
     assert decision is not None
     assert (decision.action, decision.feedback) == ("approve", "cut " + REPLACEMENT)
+
+
+# -- a byte order mark -----------------------------------------------------------------------
+
+BOM = b"\xef\xbb\xbf"
+
+
+def test_one_leading_byte_order_mark_is_skipped_as_fetch_does() -> None:
+    # Fetch's `Request.json()` (the TypeScript runtime's) decodes UTF-8 dropping one BOM.
+    assert parse_json_body(BOM + b'{"a": 1}') == {"a": 1}
+    assert decode_json(BOM + b"[1]") == [1]
+    for refused in (BOM + BOM + b"{}", b" " + BOM + b"{}", BOM):  # only one, only first
+        with pytest.raises(InvalidRequestError):
+            parse_json_body(refused)
+
+
+async def test_every_protocol_takes_a_body_with_a_byte_order_mark(served: Served) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        info = await served.post("", raw=BOM + b'{"method": "info"}')
+        assert info.status == 200, await info.text()
+        assert "agents" in await info.json()
+        run = await served.post("/agent/default/run",
+                                raw=BOM + orjson.dumps(run_input("hi", thread="bom-run")))
+        assert run.status == 200, await run.text()
+        assert types(parse_sse(await run.read()))[-1] == "RUN_FINISHED"
+        data = chat_data([gql_text_message("u1", "user", "hi")], thread="bom-gql")
+        answer = await served.session.post(served.url, data=BOM + orjson.dumps(
+            {"query": CLIENT_DOCUMENT, "variables": {"data": data}}), headers=CLIENT_HEADERS)
+        assert answer.status == 200, await answer.text()
+        merged = merge(parse_multipart(await answer.read()))
+        assert merged["data"]["generateCopilotResponse"]["status"]["code"] == "Success"
