@@ -494,6 +494,31 @@ async def test_stop_answers(served: Served) -> None:
     assert (await single.json())["stopped"] is False
 
 
+@pytest.mark.parametrize(("body", "error"), [
+    ({"runId": 5}, "Invalid runId"),
+    ({"runId": ""}, "Invalid runId"),
+    ([1], "Invalid stop request"),
+    ({"runId": "run-1", "extra": 1}, "Invalid stop request"),
+])
+async def test_a_malformed_stop_is_refused_by_both_forms(
+        served: Served, body: Any, error: str) -> None:
+    # The single route stopped the run on these (a malformed runId read as "any run").
+    thread = "t-bad-stop"
+    response = await served.post("/agent/default/run", run_input("slow:200 keep going",
+                                                                 thread=thread))
+    received = await _first_text(response)
+    multi = await served.post(f"/agent/default/stop/{thread}", body)
+    single = await served.post("", {"method": "agent/stop", "body": body,
+                                    "params": {"agentId": "default", "threadId": thread}})
+    for refused in (multi, single):
+        assert (refused.status, await refused.json()) == (400, {"error": error})
+    assert thread in served.runtime.runs.active
+    stop = await served.post("", {"method": "agent/stop", "body": {"runId": "run-1"},
+                                  "params": {"agentId": "default", "threadId": thread}})
+    assert (await stop.json())["stopped"] is True
+    assert types(parse_sse(received + await response.read()))[-1] == "RUN_FINISHED"
+
+
 async def test_stop_with_other_run_id_does_nothing(served: Served) -> None:
     task = asyncio.create_task(served.run(run_input("slow:60 long answer", thread="t-x")))
     await asyncio.sleep(0.1)

@@ -184,13 +184,11 @@ class AGUIProtocol:
             except InvalidRequestError:
                 await send_json(request, 400, {"error": "Invalid stop request"})
                 return
-            if not isinstance(data, dict) or set(data) - {"runId"}:
-                await send_json(request, 400, {"error": "Invalid stop request"})
+            problem = _stop_problem(data)
+            if problem is not None:
+                await send_json(request, 400, {"error": problem})
                 return
             run_id = data.get("runId")
-            if run_id is not None and (not isinstance(run_id, str) or not run_id):
-                await send_json(request, 400, {"error": "Invalid runId"})
-                return
         await self._stop(request, agent_id, thread_id, run_id)
 
     async def _stop(self, request: Request, agent_id: str, thread_id: str,
@@ -327,10 +325,12 @@ class AGUIProtocol:
             if not isinstance(thread_id, str) or not thread_id:
                 await _invalid(request, "Missing or invalid parameter 'threadId'")
                 return
-            body = data.get("body")
-            run_id = body.get("runId") if isinstance(body, dict) else None
-            await self._stop(request, agent_id, thread_id,
-                             run_id if isinstance(run_id, str) and run_id else None)
+            body = data.get("body")  # none: stop whatever runs, as an empty REST stop
+            problem = None if body is None else _stop_problem(body)
+            if problem is not None:
+                await send_json(request, 400, {"error": problem})
+                return
+            await self._stop(request, agent_id, thread_id, body.get("runId") if body else None)
             return
         await self._start(request, agent_id, method.removeprefix("agent/"), data.get("body"))
 
@@ -345,6 +345,17 @@ class AGUIProtocol:
         except ClientDisconnected:
             return  # the client left while sending its body
 
+
+
+def _stop_problem(data: Any) -> str | None:
+    """Why a stop request's JSON (REST body, or the envelope's `body`) is refused, as the
+    TypeScript runtime's REST refuses it, or None: a malformed runId must not stop any run."""
+    if not isinstance(data, dict) or set(data) - {"runId"}:
+        return "Invalid stop request"
+    run_id = data.get("runId")
+    if run_id is not None and (not isinstance(run_id, str) or not run_id):
+        return "Invalid runId"
+    return None
 
 
 async def _invalid(request: Request, message: str) -> None:
