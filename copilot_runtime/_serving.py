@@ -10,7 +10,8 @@
   before the first request, and once a next request's first byte came): idle or trickling
   sockets no longer hold their file descriptors for ever; and `MAX_HEADER_BYTES` for them
   (uvicorn's httptools protocol keeps every header it is sent: a few requests of hundreds of
-  megabytes of headers held gigabytes), past which it is answered 431 and closed;
+  megabytes of headers held gigabytes), past which it is answered 431 and closed; a chunked
+  body's trailer section (and any framing between its data) has the same bound;
 - a connection whose writes have waited `WRITE_STALL_SECONDS` on a client that reads nothing
   is aborted (asyncio's `close` waits for the client to read what is buffered, for ever), as
   is one the app gives up on (`ABORT_EXTENSION`): at once, its buffers freed, no ERROR line;
@@ -131,11 +132,13 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     _header_bytes = 0
     _headers_too_large = False
     #: The bytes received since the last request's headers came, outside its body (a line
-    #: httptools has not finished, which `on_header` does not see yet); whether the parser
-    #: is in a body, and whether a request ended in the bytes being parsed.
+    #: httptools has not finished, which `on_header` does not see yet), or in a body since
+    #: its last data (a chunk's size line, the trailer section); whether the parser is in a
+    #: body, whether a request ended, and whether body data came, in the bytes being parsed.
     _unparsed_bytes = 0
     _in_body = False
     _message_ended = False
+    _body_came = False
     #: What was still to send when `_write_timer` was set.
     _pending = 0
 
@@ -156,7 +159,7 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
         if self._headers_too_large:
             return  # answered 431: parsed no further
         cycle = self.cycle
-        self._message_ended = False
+        self._message_ended = self._body_came = False
         super().data_received(data)
         if self.cycle is not cycle and self.cycle is not None:  # a request's headers came
             self.cycle.scope.setdefault("extensions", {})[ABORT_EXTENSION] = self.give_up
@@ -165,7 +168,11 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
             return
         if self._awaiting:
             self._heard = True
-        if _PARSER_COUNTED and not (self._in_body or self._message_ended):
+        if not _PARSER_COUNTED or self._message_ended:
+            return
+        if self._in_body and self._body_came:
+            self._unparsed_bytes = 0  # data came: a chunk's framing is counted from there
+        else:
             self._count_unparsed(len(data))
 
     # A request's line and headers, counted as the parser reads them (httptools; uvicorn's
@@ -173,7 +180,9 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     # request is answered 431 (the body of an earlier request answered early is not counted).
     # httptools hands a header over only once its line ends, joining the line's pieces
     # until then (quadratic: a line of megabytes stalls the loop), so the bytes received
-    # while it reads a request's line and headers are counted too.
+    # while it reads a request's line and headers are counted too. So are, in a chunked
+    # body, the bytes that came without data (httptools calls nothing for them): a trailer
+    # line is joined the same way, and the trailer section is otherwise unbounded.
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -183,8 +192,12 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
         self._in_body = True
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        self._body_came = True
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
-        self._in_body, self._message_ended = False, True
+        self._in_body, self._message_ended, self._unparsed_bytes = False, True, 0
         super().on_message_complete()
 
     def _count_unparsed(self, size: int) -> None:
@@ -214,9 +227,12 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
         self._refuse_headers()
 
     def _refuse_headers(self) -> None:
-        """Answer 431 and close: aborted instead while an earlier request's answer is
-        being written (a 431 inside it would corrupt it)."""
-        if self.cycle is not None and not self.cycle.response_complete:
+        """Answer 431 and close: aborted instead while an earlier request's answer, or
+        this one's (its trailers too large), is being written or is still to come (a 431
+        inside it, or before it, would be read as its answer)."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and not (
+                self._in_body and not cycle.response_started and not self.pipeline):
             self.give_up()
             return
         self._stop_timers()

@@ -356,6 +356,48 @@ async def test_a_header_line_that_never_ends_is_answered_431() -> None:
         assert len(server.server_state.connections) == 0
 
 
+CHUNKED_INFO = (b"POST /api HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n11\r\n{\"method\":\"info\"}\r\n0\r\n")
+
+
+@pytest.mark.parametrize("trailer", [
+    b"X-Trailer: " + b"a" * (4 * _serving.MAX_HEADER_BYTES),  # one line that never ends
+    b"X-Trailer: a\r\n" * (_serving.MAX_HEADER_BYTES // 4),  # endless lines
+])
+async def test_a_trailer_section_past_the_header_bound_is_answered_431(trailer: bytes) -> None:
+    """A chunked body's trailer section had no bound (the parser is in the body there): one
+    endless trailer line grew the server by its size and, joined piece by piece, stalled
+    every other client, until the body's idle timeout 30 s later. Now it has the headers'."""
+    runtime = CopilotRuntime(agents={"default": Flood()})
+    async with serving(create_app(runtime, PATH)) as (server, port):
+        loop = asyncio.get_running_loop()
+        sock = await raw_socket(port, CHUNKED_INFO)
+        try:
+            with contextlib.suppress(OSError):  # (cut once answered)
+                for start in range(0, len(trailer), 16 * 1024):
+                    await loop.sock_sendall(sock, trailer[start:start + 16 * 1024])
+            answer = await read_until_closed(sock, 5)
+            assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        finally:
+            sock.close()
+        await assert_serving(port, b"GET /api/info HTTP/1.1\r\nHost: x\r\n"
+                                   b"Connection: close\r\n\r\n")
+        assert len(server.server_state.connections) == 0
+
+
+async def test_a_chunked_body_with_trailers_or_many_small_chunks_is_served() -> None:
+    """What the trailer bound must not count: the chunks' own framing, however many."""
+    runtime = CopilotRuntime(agents={"default": Flood()})
+    body = b'{"method":"info","pad":"' + b"a" * (2 * _serving.MAX_HEADER_BYTES) + b'"}'
+    tiny = b"".join(b"1\r\n%b\r\n" % body[i:i + 1] for i in range(len(body)))
+    async with serving(create_app(runtime, PATH)) as (_, port):
+        for chunks in (tiny, b"%x\r\n%b\r\n" % (len(body), body)):
+            await assert_serving(port, CHUNKED_INFO.replace(
+                b"11\r\n{\"method\":\"info\"}\r\n0\r\n", chunks + b"0\r\n")
+                .replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n")
+                + b"X-Trailer: a\r\n" * 100 + b"\r\n")
+
+
 async def test_the_body_of_a_request_answered_early_is_not_counted_as_headers() -> None:
     """A request answered before its body is read (an unknown agent's 404, a 401) gets
     the rest of its body after the answer: the first header bound counted those bytes as the
