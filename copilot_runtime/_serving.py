@@ -15,6 +15,9 @@
 - a connection whose writes have waited `WRITE_STALL_SECONDS` on a client that reads nothing
   is aborted (asyncio's `close` waits for the client to read what is buffered, for ever), as
   is one the app gives up on (`ABORT_EXTENSION`): at once, its buffers freed, no ERROR line;
+- an HTTP/1.0 request's answer of no known length (a stream) ends with its connection, as
+  RFC 9112 asks: uvicorn's httptools protocol chunked it whatever the version, and a 1.0
+  client read the chunk sizes as data;
 - at most `limit_concurrency` connections are held (`--limit-concurrency`): one more is
   answered 503 and closed at once, so idle sockets cannot exhaust the process's descriptors.
 """
@@ -116,6 +119,35 @@ def default_connection_limit() -> int:
     return max(1, min(CONNECTION_LIMIT, soft * 3 // 4))
 
 
+def _end_by_closing(cycle: Any) -> None:
+    """Have uvicorn's `cycle` (an HTTP/1.0 request's: its connection closes after it) send
+    an answer without a length as the bytes the connection carries until it closes, where it
+    would chunk them: it writes a body as is once it is not chunking, counting it down from
+    `expected_content_length`, which is given each piece's length."""
+    send = cycle.send
+    unframed = False
+
+    async def send_until_closed(message: dict[str, Any]) -> None:
+        nonlocal unframed
+        if message["type"] == "http.response.start":
+            unframed = _chunked_by_uvicorn(cycle.scope["method"], message)
+            if unframed:
+                cycle.chunked_encoding = False
+        elif unframed and message["type"] == "http.response.body":
+            cycle.expected_content_length = len(message.get("body", b""))
+        await send(message)
+
+    # (uvicorn's task looks `send` up once it runs: created, not started yet)
+    cycle.send = send_until_closed
+
+
+def _chunked_by_uvicorn(method: str, start: dict[str, Any]) -> bool:
+    """Whether uvicorn chunks the answer `start` begins: it has a body and no length."""
+    return method != "HEAD" and start["status"] not in (204, 304) and not any(
+        name.lower() in (b"content-length", b"transfer-encoding")
+        for name, _ in start.get("headers", ()))
+
+
 class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     """uvicorn's HTTP protocol, which it tells of a shutdown before its grace period: the
     runs end then, so their streams complete (cut by the grace, a client heard no end).
@@ -191,6 +223,8 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     def on_headers_complete(self) -> None:
         self._in_body = True
         super().on_headers_complete()
+        if self.scope.get("http_version") == "1.0" and self.cycle is not None:
+            _end_by_closing(self.cycle)
 
     def on_body(self, body: bytes) -> None:
         self._body_came = True

@@ -29,7 +29,7 @@ from copilot_runtime._input import RunInput
 from copilot_runtime.agents.base import Agent, EventBatches, RunContext
 from copilot_runtime.protocols import http
 from tests.conftest import ServeRuntime, free_port, poll, run_input, uvicorn_serving
-from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, user_turn
+from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, merge, parse_multipart, user_turn
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -479,6 +479,54 @@ def test_the_command_line_takes_a_connection_limit(monkeypatch: pytest.MonkeyPat
 
 
 RUNTIME = CopilotRuntime(agents={"default": Flood()})
+
+
+# -- HTTP/1.0 clients: streams are framed by the connection's close ----------------------
+
+
+class Short(Agent):
+    """Answers "hello" in two tokens."""
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._run(input.run_id)
+
+    async def _run(self, run_id: str) -> Any:
+        message = f"m-{run_id}"
+        yield [ev.text_message_start(message), ev.text_message_content(message, "hel")]
+        yield [ev.text_message_content(message, "lo"), ev.text_message_end(message)]
+
+
+@pytest.mark.parametrize("route", ["run", "graphql", "info"])
+async def test_an_http_1_0_client_is_answered_without_chunks(route: str) -> None:
+    """A stream (SSE, multipart) was answered with chunked framing whatever the request's
+    version, which RFC 9112 forbids for HTTP/1.0 (its client reads the chunk sizes as
+    data). Now such an answer ends with the connection; one with a length keeps it."""
+    runtime = CopilotRuntime(agents={"default": Short()})
+    request = {"run": post(f"{PATH}/agent/default/run", orjson.dumps(run_input("hi"))),
+               "graphql": _gql_request(),
+               "info": b"GET /api/info HTTP/1.1\r\nHost: x\r\n\r\n"}[route]
+    async with serving(create_app(runtime, PATH)) as (_, port):
+        sock = await raw_socket(port, request.replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n", 1))
+        try:
+            answer = await read_until_closed(sock, 10)
+        finally:
+            sock.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    headers = dict(line.lower().split(b": ", 1) for line in head.split(b"\r\n")[1:])
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    assert b"transfer-encoding" not in headers, head
+    assert headers[b"connection"] == b"close"
+    if route == "run":
+        assert b"content-length" not in headers
+        events = [orjson.loads(line[6:]) for line in body.split(b"\n") if line[:6] == b"data: "]
+        assert [e["type"] for e in events][-1] == "RUN_FINISHED"
+        assert "".join(e.get("delta", "") for e in events) == "hello"
+    elif route == "graphql":
+        assert b"content-length" not in headers
+        merged = merge(parse_multipart(body))  # (which checks the parts' framing)
+        assert merged["data"]["generateCopilotResponse"]["status"]["code"] == "Success"
+    else:
+        assert int(headers[b"content-length"]) == len(body)
 
 
 # -- a body that trickles: one deadline for all of it -----------------------------------
