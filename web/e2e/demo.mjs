@@ -252,7 +252,12 @@ async function mainPhase(p) {
     await p.page.locator(p.ui.assistant, { hasText: "offline demo model" }).last().waitFor({ timeout: TIMEOUT });
     await p.page.locator(p.ui.stop).click();
     await p.idle();
+    // A remount of the chat (as after an error) would replace the message marked here.
+    await p.page.locator(p.ui.assistant).last().evaluate((e) => { e.dataset.e2eStopped = "1"; });
     await p.page.waitForTimeout(1500); // had the run gone on, more words would arrive now
+    assert(await p.page.locator('[data-testid="run-error"]').count() === 0,
+           `a stop shows an error: ${await p.page.locator('[data-testid="run-error"]').allInnerTexts()}`);
+    assert(await p.page.locator(`${p.ui.assistant}[data-e2e-stopped]`).count() === 1, "the chat was remounted after stop");
     const texts = await p.assistantTexts();
     const last = texts[texts.length - 1] ?? "";
     assert(!last.includes("the end."), "the answer was not stopped");

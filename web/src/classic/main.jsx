@@ -18,7 +18,7 @@ import Markdown from "react-markdown";
 import remarkGfm from "remark-gfm";
 import {
   ACCENTS, ApprovalPanel, Frame, MessageImage, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered,
-  retried, useAccent, useReloadOnceAnswered, useThreadAddress,
+  retried, useAccent, useReloadOnceAnswered, useRunEdges, useThreadAddress,
 } from "../shared/demo.jsx";
 import "../shared/demo.css";
 
@@ -157,31 +157,33 @@ function PendingApproval({ agent, threadId, reload, showError }) {
   );
 }
 
-function useRunsFinished(onFinished) {
-  const { isLoading } = useCopilotChat();
-  const wasLoading = useRef(false);
-  useEffect(() => {
-    if (wasLoading.current && !isLoading) onFinished();
-    wasLoading.current = isLoading;
-  }, [isLoading, onFinished]);
-}
-
 function Chat({ address, setAccent, onRunFinished, showError, reload }) {
   useWeatherCard();
   useAccentTool(setAccent);
   useApprovals(address, reload);
   useRestoreDefaultThread(address.agent, address.threadId);
-  useRunsFinished(onRunFinished);
   // A run's error goes to the page's banner (the stock ErrorMessage renders it as markdown
   // with raw HTML too), and the thread is shown again as the runtime has it, once the runtime
   // answers: a reload while it is away (a restart mid-answer) would show an empty chat.
   const reloadOnceAnswered = useReloadOnceAnswered(reload);
-  const onError = ({ error }) => { showError(error?.message || String(error)); reloadOnceAnswered(); };
+  // 1.10.6 stops a run by aborting its request, which then fails ("[Network] undefined"): a
+  // stop the person asked for is no error.
+  const stopped = useRef(false);
+  const onStopGeneration = ({ stopGeneration }) => { stopped.current = true; stopGeneration(); };
+  // A run's start (a message sent, an approval answered) ends what a stop excused.
+  const onRunStarted = () => { stopped.current = false; };
+  useRunEdges(useCopilotChat().isLoading, onRunStarted, onRunFinished);
+  const onError = ({ error }) => {
+    if (stopped.current) return;
+    showError(error?.message || String(error));
+    reloadOnceAnswered();
+  };
   return (
     <div className="classic-chat">
       <PendingApproval agent={address.agent} threadId={address.threadId} reload={reload} showError={showError} />
       <CopilotChat labels={{ placeholder: "Ask the demo…", initial: "Hi! Ask me something." }}
-                   AssistantMessage={AssistantMessage} ErrorMessage={() => null} onError={onError} />
+                   AssistantMessage={AssistantMessage} ErrorMessage={() => null} onError={onError}
+                   onStopGeneration={onStopGeneration} />
     </div>
   );
 }

@@ -311,6 +311,16 @@ export function useReloadOnceAnswered(reload) {
   }, [reload]);
 }
 
+// Calls `onStarted` when `running` turns true and `onFinished` when it turns false again.
+export function useRunEdges(running, onStarted, onFinished) {
+  const wasRunning = useRef(false);
+  useEffect(() => {
+    if (running && !wasRunning.current) onStarted();
+    if (!running && wasRunning.current) onFinished();
+    wasRunning.current = running;
+  }, [running]); // eslint-disable-line react-hooks/exhaustive-deps
+}
+
 // At an approval's deadline the runtime answers "timeout" itself (and refuses any later
 // answer), and a run carries the workflow on. Resolves once that run has ended (no approval of
 // the thread is past its deadline and not yet applied), so the page can show the thread as it
