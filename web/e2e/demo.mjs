@@ -5,7 +5,8 @@
 //
 //   phase "main":    on both pages: a chat answer, the weather card, the frontend tool's
 //                    effect, a refresh restoring the thread, new thread and switching back,
-//                    stop mid-answer, the review loop revised twice then approved, the
+//                    stop mid-answer (no error shown), an error banner gone once a later
+//                    run answers, the review loop revised twice then approved, the
 //                    account review approved (its timeout shown), a thread opened while
 //                    the runtime refuses connections shown once it is back; leaves a review-loop
 //                    approval pending on each page for the restart phase.
@@ -266,6 +267,28 @@ async function mainPhase(p) {
     assert(again === last, "words still arrive after stop");
     await p.send("Are you still there?");
     await p.expectAssistant("Are you still there?");
+  });
+
+  await step(p, "an error banner clears once a later run answers", async () => {
+    // One run fails (the runtime answers 503 to its request), the next one answers.
+    const isRun = (request) => request.method() === "POST" && (kind === "current"
+      ? /\/agent\/[^/]+\/run$/.test(request.url()) : /generateCopilotResponse/.test(request.postData() ?? ""));
+    const [errorsBefore, failedBefore] = [consoleErrors.length, failedRequests.length];
+    const runtime = (url) => url.pathname.startsWith("/copilotkit");
+    await p.page.route(runtime, (route) => (isRun(route.request())
+      ? route.fulfill({ status: 503, json: { error: "unavailable", message: "Try again (e2e)" } })
+      : route.fallback()));
+    try {
+      await p.send("This one fails", { wait: false });
+      await p.page.locator('[data-testid="run-error"]').waitFor({ timeout: TIMEOUT });
+    } finally {
+      await p.page.unroute(runtime);
+    }
+    await p.idle();
+    await p.send("And this one answers");
+    await p.expectAssistant("And this one answers");
+    forget(errorsBefore, failedBefore, (e) => /status of 503|HTTP 503/.test(e.text), (r) => r.status === 503);
+    assert(await p.page.locator('[data-testid="run-error"]').count() === 0, "the error banner stays after an answer");
   });
 
   await step(p, "review loop: revise twice, then approve", async () => {

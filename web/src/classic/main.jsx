@@ -170,8 +170,9 @@ function Chat({ address, setAccent, onRunFinished, showError, reload }) {
   // stop the person asked for is no error.
   const stopped = useRef(false);
   const onStopGeneration = ({ stopGeneration }) => { stopped.current = true; stopGeneration(); };
-  // A run's start (a message sent, an approval answered) ends what a stop excused.
-  const onRunStarted = () => { stopped.current = false; };
+  // A run's start (a message sent, an approval answered) ends what a stop excused, and puts
+  // the last run's error away.
+  const onRunStarted = () => { stopped.current = false; showError(null); };
   useRunEdges(useCopilotChat().isLoading, onRunStarted, onRunFinished);
   const onError = ({ error }) => {
     if (stopped.current) return;

@@ -126,8 +126,9 @@ function Chat({ address, setAccent, onRunFinished, showError, reload, reconnect 
   useWeatherCard(address.agent);
   useAccentTool(setAccent);
   const approvalPending = useApprovals(address, reload);
-  // A run's end tells the thread list (a new thread shows up).
-  useRunEdges(useRunning(address.agent), () => {}, onRunFinished);
+  // A run's start puts the last run's error away; its end tells the thread list (a new
+  // thread shows up).
+  useRunEdges(useRunning(address.agent), () => showError(null), onRunFinished);
   // The chat shows no run error itself: the page shows it above the chat. Only errors after
   // the person did something here: `connect` replays a thread's failed runs with their errors.
   const touched = useRef(false);
