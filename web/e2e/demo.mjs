@@ -14,7 +14,8 @@
 //                    both pages, and the pending approvals are revised, then approved.
 //   phase "edges":   against a server whose approvals time out in a few seconds: HTML planted
 //                    in a thread's messages stays text (markdown still renders), a thread of
-//                    the list's second page shown by its title and listed by "more", a run
+//                    the list's second page shown by its title and listed by "more" (and a
+//                    new thread opened by its address then asks nothing that fails), a run
 //                    the runtime refuses (400) shows the runtime's words, a thread
 //                    listed mid-run shows its title, an expired approval cannot be answered
 //                    and its outcome shows, and a stale answer (another tab answered) shows
@@ -444,6 +445,16 @@ async function edgesPhase(p) {
       await item.locator("button", { hasText: "Summarise my account" }).waitFor({ timeout: 5000 });
       assert(await p.page.locator('[data-testid="thread-item"]').count() === 2, "a thread is listed twice");
       assert(await p.page.locator('[data-testid="more-threads"]').count() === 0, "more is offered past the end");
+      // A new thread opened by its address (a reload before its first message) is no older
+      // thread: nothing fails while the page looks for its title.
+      const [errorsBefore, failedBefore] = [consoleErrors.length, failedRequests.length];
+      const fresh = crypto.randomUUID();
+      await p.open(`?agent=default&thread=${fresh}`);
+      await p.page.locator(`[data-testid="thread-item"][data-thread-id="${fresh}"]`, { hasText: "new thread" })
+        .waitFor({ timeout: 5000 });
+      await p.page.waitForTimeout(500); // the title's question answered
+      assert(consoleErrors.length === errorsBefore && failedRequests.length === failedBefore,
+             `a new thread's title failed: ${JSON.stringify([...consoleErrors.slice(errorsBefore), ...failedRequests.slice(failedBefore)])}`);
     } finally {
       await p.page.unroute(list);
     }

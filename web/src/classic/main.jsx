@@ -18,7 +18,7 @@ import Markdown from "react-markdown";
 import remarkGfm from "remark-gfm";
 import {
   ACCENTS, ApprovalPanel, Frame, MessageImage, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered,
-  retried, useAccent, useReloadOnceAnswered, useRunEdges, useThreadAddress,
+  retried, storedMessages, useAccent, useReloadOnceAnswered, useRunEdges, useThreadAddress,
 } from "../shared/demo.jsx";
 import "../shared/demo.css";
 
@@ -87,20 +87,11 @@ function AssistantMessage({ message, isLoading, subComponent }) {
   );
 }
 
-// The thread's messages as the runtime's `loadAgentState` query gives them (the query
-// react-core 1.10 itself sends; asked directly here, so no client cache answers instead).
+// The thread's messages as the runtime has them, for the chat (asked directly, so no client
+// cache answers instead).
 async function loadThread(agentName, threadId) {
-  const response = await fetch(RUNTIME_URL, {
-    method: "POST",
-    headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({
-      query: "query loadAgentState($data: LoadAgentStateInput!) { loadAgentState(data: $data) "
-        + "{ threadId threadExists state messages } }",
-      variables: { data: { threadId, agentName } },
-    }),
-  });
-  const loaded = response.ok ? (await response.json()).data?.loadAgentState : null;
-  return loaded?.threadExists ? loadMessagesFromJsonRepresentation(JSON.parse(loaded.messages || "[]")) : null;
+  const messages = await storedMessages(agentName, threadId);
+  return messages ? loadMessagesFromJsonRepresentation(messages) : null;
 }
 
 // react-core 1.10 reloads a thread by itself only for agents (through loadAgentState); for the

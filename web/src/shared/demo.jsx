@@ -121,20 +121,37 @@ function firstUserText(messages) {
   return (content ?? []).map((part) => part.text ?? "").join(" ").trim();
 }
 
+// A thread's messages as the runtime's `loadAgentState` query gives them (the query
+// react-core 1.10 sends; {role, content} items for text), or null for a thread not started
+// yet. It answers such a thread without an error, where GET /threads/{id}/messages answers
+// 404, which the browser logs as one (a new thread reloaded before its first message).
+export async function storedMessages(agent, threadId) {
+  const response = await fetch(RUNTIME_URL, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({
+      query: "query loadAgentState($data: LoadAgentStateInput!) { loadAgentState(data: $data) "
+        + "{ threadId threadExists messages } }",
+      variables: { data: { threadId, agentName: agent } },
+    }),
+  });
+  const loaded = response.ok ? (await response.json()).data?.loadAgentState : null;
+  return loaded?.threadExists ? JSON.parse(loaded.messages || "[]") : null;
+}
+
 // The title of a thread not among the pages loaded (an older one opened by its address): from
 // its messages, as the list routes give no single thread. null while unknown or for a new one.
-function useUnlistedTitle(threadId, unlisted) {
+function useUnlistedTitle(agent, threadId, unlisted) {
   const [title, setTitle] = useState(null);
   useEffect(() => {
     setTitle(null);
     if (!unlisted || startedHere.has(threadId)) return undefined;
     let cancelled = false;
-    fetch(`${RUNTIME_URL}/threads/${encodeURIComponent(threadId)}/messages`)
-      .then((response) => (response.ok ? response.json() : null))
-      .then((found) => { if (!cancelled && found) setTitle(firstUserText(found.messages) || threadId.slice(0, 8)); })
+    storedMessages(agent, threadId)
+      .then((messages) => { if (!cancelled && messages) setTitle(firstUserText(messages) || threadId.slice(0, 8)); })
       .catch(() => {});
     return () => { cancelled = true; };
-  }, [threadId, unlisted]);
+  }, [agent, threadId, unlisted]);
   return title;
 }
 
@@ -168,7 +185,7 @@ function ThreadList({ address, refreshKey }) {
   };
   const loaded = list.agent === address.agent ? list : { threads: [], nextCursor: null };
   const listed = loaded.threads.some((t) => t.id === address.threadId);
-  const unlistedTitle = useUnlistedTitle(address.threadId, !listed && Boolean(loaded.nextCursor));
+  const unlistedTitle = useUnlistedTitle(address.agent, address.threadId, !listed && Boolean(loaded.nextCursor));
   return (
     <div className="threads">
       <div className="threads-head">
