@@ -14,7 +14,8 @@
 //                    both pages, and the pending approvals are revised, then approved.
 //   phase "edges":   against a server whose approvals time out in a few seconds: HTML planted
 //                    in a thread's messages stays text (markdown still renders), a thread of
-//                    the list's second page shown by its title and listed by "more" (and a
+//                    the list's second page shown by its title and listed by "more" (read
+//                    again when the list refreshes: renames show, deletions go; and a
 //                    new thread opened by its address then asks nothing that fails), a run
 //                    the runtime refuses (400) shows the runtime's words, a thread
 //                    listed mid-run shows its title, an expired approval cannot be answered
@@ -432,10 +433,14 @@ async function edgesPhase(p) {
   await step(p, "older threads are a click away", async () => {
     // A list of two pages (the runtime's come 100 a page), the thread opened on the second.
     const thread = threads[`${kind}:planted`];
-    const listed = (id, title) => ({ id, title, name: null, agentId: "default", updatedAt: new Date().toISOString() });
+    // Later, another thread of the second page is deleted and this one renamed.
+    const listed = (id, title, name = null) => ({ id, title, name, agentId: "default", updatedAt: new Date().toISOString() });
+    let changed = false;
+    const secondPage = () => (changed ? [listed(thread, "Summarise my account", "Renamed (e2e)")]
+      : [listed(thread, "Summarise my account"), listed("deleted-thread", "An older thread")]);
     const list = (url) => url.pathname === "/copilotkit/threads";
     await p.page.route(list, (route) => route.fulfill({ json: new URL(route.request().url()).searchParams.get("cursor")
-      ? { threads: [listed(thread, "Summarise my account")], nextCursor: null }
+      ? { threads: secondPage(), nextCursor: null }
       : { threads: [listed("newer-thread", "A newer thread")], nextCursor: "page-2" } }));
     try {
       await p.open(`?agent=default&thread=${thread}`);
@@ -443,8 +448,14 @@ async function edgesPhase(p) {
       await item.filter({ hasText: "Summarise my account" }).waitFor({ timeout: 5000 });
       await p.page.locator('[data-testid="more-threads"]').click();
       await item.locator("button", { hasText: "Summarise my account" }).waitFor({ timeout: 5000 });
-      assert(await p.page.locator('[data-testid="thread-item"]').count() === 2, "a thread is listed twice");
+      assert(await p.page.locator('[data-testid="thread-item"]').count() === 3, "a thread is listed twice");
       assert(await p.page.locator('[data-testid="more-threads"]').count() === 0, "more is offered past the end");
+      // The list's refresh (here on a new thread) reads the older page again.
+      changed = true;
+      await p.page.locator('[data-testid="new-thread"]').click();
+      await item.locator("button", { hasText: "Renamed (e2e)" }).waitFor({ timeout: 5000 });
+      assert(await p.page.locator('[data-testid="thread-item"][data-thread-id="deleted-thread"]').count() === 0,
+             "a deleted thread stays listed");
       // A new thread opened by its address (a reload before its first message) is no older
       // thread: nothing fails while the page looks for its title.
       const [errorsBefore, failedBefore] = [consoleErrors.length, failedRequests.length];

@@ -112,6 +112,19 @@ const joined = (first, then) => {
   return [...first, ...then.filter((t) => !ids.has(t.id))];
 };
 
+// The newest pages of the agent's threads, as many as hold `count` threads (at least one
+// page), and the cursor past them: older pages loaded are read again, so a thread deleted
+// or renamed since shows as it is now.
+async function threadPages(agent, count) {
+  let page = await threadPage(agent);
+  let threads = page.threads;
+  while (threads.length < count && page.nextCursor) {
+    page = await threadPage(agent, page.nextCursor);
+    threads = joined(threads, page.threads);
+  }
+  return { threads, nextCursor: page.nextCursor };
+}
+
 const shortTime = (iso) => new Date(iso).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
 
 // The first user message's text, the runtime's title of a thread (as GET /threads gives it).
@@ -158,16 +171,16 @@ function useUnlistedTitle(agent, threadId, unlisted) {
 // Threads of the chosen agent, newest first, each shown by its name or title (the runtime's:
 // the first user message, known as soon as a run starts); "more" loads the next page.
 function ThreadList({ address, refreshKey }) {
-  const [list, setList] = useState({ agent: address.agent, threads: [], nextCursor: null, older: false });
+  const [list, setList] = useState({ agent: address.agent, threads: [], nextCursor: null });
   const [error, setError] = useState(null);
   const failed = (e) => setError(String(e.message || e));
+  // How many threads the pages loaded by "More threads" hold, to load as many again.
+  const shown = useRef({ agent: address.agent, count: 0 });
   const load = useCallback(async () => {
     try {
-      const page = await threadPage(address.agent);
-      // Older pages loaded stay loaded, with the cursor past them.
-      setList((old) => (old.agent === address.agent && old.older
-        ? { ...old, threads: joined(page.threads, old.threads) }
-        : { agent: address.agent, threads: page.threads, nextCursor: page.nextCursor, older: false }));
+      const count = shown.current.agent === address.agent ? shown.current.count : 0;
+      const pages = await threadPages(address.agent, count);
+      setList({ agent: address.agent, ...pages });
       setError(null);
     } catch (e) {
       failed(e);
@@ -177,8 +190,12 @@ function ThreadList({ address, refreshKey }) {
   const loadOlder = async () => {
     try {
       const page = await threadPage(list.agent, list.nextCursor);
-      setList((old) => (old.agent !== list.agent ? old : {
-        ...old, threads: joined(old.threads, page.threads), nextCursor: page.nextCursor, older: true }));
+      setList((old) => {
+        if (old.agent !== list.agent) return old;
+        const threads = joined(old.threads, page.threads);
+        shown.current = { agent: old.agent, count: threads.length };
+        return { ...old, threads, nextCursor: page.nextCursor };
+      });
     } catch (e) {
       failed(e);
     }
