@@ -5,8 +5,9 @@
 //
 //   phase "main":    on both pages: a chat answer, the weather card, the frontend tool's
 //                    effect, a refresh restoring the thread, new thread and switching back,
-//                    stop mid-answer (no error shown), an error banner gone once a later
-//                    run answers, the review loop revised twice then approved, the
+//                    stop mid-answer (no error shown), a failed run's message kept and its
+//                    error banner gone once a later run answers, the review loop revised
+//                    twice then approved, the
 //                    account review approved (its timeout shown), a thread opened while
 //                    the runtime refuses connections shown once it is back; leaves a review-loop
 //                    approval pending on each page for the restart phase.
@@ -271,7 +272,7 @@ async function mainPhase(p) {
     await p.expectAssistant("Are you still there?");
   });
 
-  await step(p, "an error banner clears once a later run answers", async () => {
+  await step(p, "a failed run: its message kept, its error gone once a later run answers", async () => {
     // One run fails (the runtime answers 503 to its request), the next one answers.
     const isRun = (request) => request.method() === "POST" && (kind === "current"
       ? /\/agent\/[^/]+\/run$/.test(request.url()) : /generateCopilotResponse/.test(request.postData() ?? ""));
@@ -287,6 +288,14 @@ async function mainPhase(p) {
       await p.page.unroute(runtime);
     }
     await p.idle();
+    // The message the run failed to send is not lost: the chat shows it (current), or it is
+    // back in the input once the chat shows the thread as the runtime has it (classic).
+    const input = p.page.locator(p.ui.input);
+    const kept = async () => (await p.page.locator(p.ui.user, { hasText: "This one fails" }).count()) > 0
+      || (await input.inputValue()) === "This one fails";
+    for (let tries = 0; !(await kept()) && tries < 20; tries += 1) await p.page.waitForTimeout(100);
+    await p.page.waitForTimeout(500); // a remount after the error would drop it now
+    assert(await kept(), "the message of the failed run is gone");
     await p.send("And this one answers");
     await p.expectAssistant("And this one answers");
     forget(errorsBefore, failedBefore, (e) => /status of 503|HTTP 503/.test(e.text), (r) => r.status === 503);
