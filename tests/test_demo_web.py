@@ -147,6 +147,7 @@ def main_phase(demo: DemoServer, screenshots: Path) -> dict[str, Any]:
 
 MAIN_STEPS = ["chat", "weather card", "frontend tool", "refresh restores the thread",
               "new thread and switching back", "stop mid-answer",
+              "a failed run: its message kept, its error gone once a later run answers",
               "review loop: revise twice, then approve", "account review: approve",
               "a thread opened while the runtime is away shows once it is back"]
 

@@ -5,7 +5,9 @@
 //
 //   phase "main":    on both pages: a chat answer, the weather card, the frontend tool's
 //                    effect, a refresh restoring the thread, new thread and switching back,
-//                    stop mid-answer, the review loop revised twice then approved, the
+//                    stop mid-answer (no error shown), a failed run's message kept and its
+//                    error banner gone once a later run answers, the review loop revised
+//                    twice then approved, the
 //                    account review approved (its timeout shown), a thread opened while
 //                    the runtime refuses connections shown once it is back; leaves a review-loop
 //                    approval pending on each page for the restart phase.
@@ -13,7 +15,9 @@
 //                    both pages, and the pending approvals are revised, then approved.
 //   phase "edges":   against a server whose approvals time out in a few seconds: HTML planted
 //                    in a thread's messages stays text (markdown still renders), a thread of
-//                    the list's second page shown by its title and listed by "more", a run
+//                    the list's second page shown by its title and listed by "more" (read
+//                    again when the list refreshes: renames show, deletions go; and a
+//                    new thread opened by its address then asks nothing that fails), a run
 //                    the runtime refuses (400) shows the runtime's words, a thread
 //                    listed mid-run shows its title, an expired approval cannot be answered
 //                    and its outcome shows, and a stale answer (another tab answered) shows
@@ -252,7 +256,12 @@ async function mainPhase(p) {
     await p.page.locator(p.ui.assistant, { hasText: "offline demo model" }).last().waitFor({ timeout: TIMEOUT });
     await p.page.locator(p.ui.stop).click();
     await p.idle();
+    // A remount of the chat (as after an error) would replace the message marked here.
+    await p.page.locator(p.ui.assistant).last().evaluate((e) => { e.dataset.e2eStopped = "1"; });
     await p.page.waitForTimeout(1500); // had the run gone on, more words would arrive now
+    assert(await p.page.locator('[data-testid="run-error"]').count() === 0,
+           `a stop shows an error: ${await p.page.locator('[data-testid="run-error"]').allInnerTexts()}`);
+    assert(await p.page.locator(`${p.ui.assistant}[data-e2e-stopped]`).count() === 1, "the chat was remounted after stop");
     const texts = await p.assistantTexts();
     const last = texts[texts.length - 1] ?? "";
     assert(!last.includes("the end."), "the answer was not stopped");
@@ -261,6 +270,36 @@ async function mainPhase(p) {
     assert(again === last, "words still arrive after stop");
     await p.send("Are you still there?");
     await p.expectAssistant("Are you still there?");
+  });
+
+  await step(p, "a failed run: its message kept, its error gone once a later run answers", async () => {
+    // One run fails (the runtime answers 503 to its request), the next one answers.
+    const isRun = (request) => request.method() === "POST" && (kind === "current"
+      ? /\/agent\/[^/]+\/run$/.test(request.url()) : /generateCopilotResponse/.test(request.postData() ?? ""));
+    const [errorsBefore, failedBefore] = [consoleErrors.length, failedRequests.length];
+    const runtime = (url) => url.pathname.startsWith("/copilotkit");
+    await p.page.route(runtime, (route) => (isRun(route.request())
+      ? route.fulfill({ status: 503, json: { error: "unavailable", message: "Try again (e2e)" } })
+      : route.fallback()));
+    try {
+      await p.send("This one fails", { wait: false });
+      await p.page.locator('[data-testid="run-error"]').waitFor({ timeout: TIMEOUT });
+    } finally {
+      await p.page.unroute(runtime);
+    }
+    await p.idle();
+    // The message the run failed to send is not lost: the chat shows it (current), or it is
+    // back in the input once the chat shows the thread as the runtime has it (classic).
+    const input = p.page.locator(p.ui.input);
+    const kept = async () => (await p.page.locator(p.ui.user, { hasText: "This one fails" }).count()) > 0
+      || (await input.inputValue()) === "This one fails";
+    for (let tries = 0; !(await kept()) && tries < 20; tries += 1) await p.page.waitForTimeout(100);
+    await p.page.waitForTimeout(500); // a remount after the error would drop it now
+    assert(await kept(), "the message of the failed run is gone");
+    await p.send("And this one answers");
+    await p.expectAssistant("And this one answers");
+    forget(errorsBefore, failedBefore, (e) => /status of 503|HTTP 503/.test(e.text), (r) => r.status === 503);
+    assert(await p.page.locator('[data-testid="run-error"]').count() === 0, "the error banner stays after an answer");
   });
 
   await step(p, "review loop: revise twice, then approve", async () => {
@@ -403,10 +442,14 @@ async function edgesPhase(p) {
   await step(p, "older threads are a click away", async () => {
     // A list of two pages (the runtime's come 100 a page), the thread opened on the second.
     const thread = threads[`${kind}:planted`];
-    const listed = (id, title) => ({ id, title, name: null, agentId: "default", updatedAt: new Date().toISOString() });
+    // Later, another thread of the second page is deleted and this one renamed.
+    const listed = (id, title, name = null) => ({ id, title, name, agentId: "default", updatedAt: new Date().toISOString() });
+    let changed = false;
+    const secondPage = () => (changed ? [listed(thread, "Summarise my account", "Renamed (e2e)")]
+      : [listed(thread, "Summarise my account"), listed("deleted-thread", "An older thread")]);
     const list = (url) => url.pathname === "/copilotkit/threads";
     await p.page.route(list, (route) => route.fulfill({ json: new URL(route.request().url()).searchParams.get("cursor")
-      ? { threads: [listed(thread, "Summarise my account")], nextCursor: null }
+      ? { threads: secondPage(), nextCursor: null }
       : { threads: [listed("newer-thread", "A newer thread")], nextCursor: "page-2" } }));
     try {
       await p.open(`?agent=default&thread=${thread}`);
@@ -414,8 +457,26 @@ async function edgesPhase(p) {
       await item.filter({ hasText: "Summarise my account" }).waitFor({ timeout: 5000 });
       await p.page.locator('[data-testid="more-threads"]').click();
       await item.locator("button", { hasText: "Summarise my account" }).waitFor({ timeout: 5000 });
-      assert(await p.page.locator('[data-testid="thread-item"]').count() === 2, "a thread is listed twice");
+      assert(await p.page.locator('[data-testid="thread-item"]').count() === 3, "a thread is listed twice");
       assert(await p.page.locator('[data-testid="more-threads"]').count() === 0, "more is offered past the end");
+      // The list's refresh (here on a new thread) reads the older page again.
+      changed = true;
+      await p.page.locator('[data-testid="new-thread"]').click();
+      await item.locator("button", { hasText: "Renamed (e2e)" }).waitFor({ timeout: 5000 });
+      assert(await p.page.locator('[data-testid="thread-item"][data-thread-id="deleted-thread"]').count() === 0,
+             "a deleted thread stays listed");
+      // A new thread opened by its address (a reload before its first message) is no older
+      // thread: nothing fails while the page looks for its title.
+      const [errorsBefore, failedBefore] = [consoleErrors.length, failedRequests.length];
+      const fresh = crypto.randomUUID();
+      await p.open(`?agent=default&thread=${fresh}`);
+      await p.page.locator(`[data-testid="thread-item"][data-thread-id="${fresh}"]`, { hasText: "new thread" })
+        .waitFor({ timeout: 5000 });
+      await p.page.waitForTimeout(500); // the title's question answered
+      // A list read of the page before (its refresh after a `connect`) may be cut off by this one.
+      forget(errorsBefore, failedBefore, () => false, (r) => r.error === "net::ERR_ABORTED" && /\/threads\?/.test(r.url));
+      assert(consoleErrors.length === errorsBefore && failedRequests.length === failedBefore,
+             `a new thread's title failed: ${JSON.stringify([...consoleErrors.slice(errorsBefore), ...failedRequests.slice(failedBefore)])}`);
     } finally {
       await p.page.unroute(list);
     }

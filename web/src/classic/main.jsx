@@ -18,7 +18,7 @@ import Markdown from "react-markdown";
 import remarkGfm from "remark-gfm";
 import {
   ACCENTS, ApprovalPanel, Frame, MessageImage, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered,
-  retried, useAccent, useReloadOnceAnswered, useThreadAddress,
+  retried, storedMessages, useAccent, useReloadOnceAnswered, useRunEdges, useThreadAddress,
 } from "../shared/demo.jsx";
 import "../shared/demo.css";
 
@@ -87,20 +87,11 @@ function AssistantMessage({ message, isLoading, subComponent }) {
   );
 }
 
-// The thread's messages as the runtime's `loadAgentState` query gives them (the query
-// react-core 1.10 itself sends; asked directly here, so no client cache answers instead).
+// The thread's messages as the runtime has them, for the chat (asked directly, so no client
+// cache answers instead).
 async function loadThread(agentName, threadId) {
-  const response = await fetch(RUNTIME_URL, {
-    method: "POST",
-    headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({
-      query: "query loadAgentState($data: LoadAgentStateInput!) { loadAgentState(data: $data) "
-        + "{ threadId threadExists state messages } }",
-      variables: { data: { threadId, agentName } },
-    }),
-  });
-  const loaded = response.ok ? (await response.json()).data?.loadAgentState : null;
-  return loaded?.threadExists ? loadMessagesFromJsonRepresentation(JSON.parse(loaded.messages || "[]")) : null;
+  const messages = await storedMessages(agentName, threadId);
+  return messages ? loadMessagesFromJsonRepresentation(messages) : null;
 }
 
 // react-core 1.10 reloads a thread by itself only for agents (through loadAgentState); for the
@@ -157,31 +148,65 @@ function PendingApproval({ agent, threadId, reload, showError }) {
   );
 }
 
-function useRunsFinished(onFinished) {
-  const { isLoading } = useCopilotChat();
-  const wasLoading = useRef(false);
+// The stock input keeps its text in its own state: `draft` is put there as typing would, once.
+function useDraftRestored(chat, draft, setDraft) {
   useEffect(() => {
-    if (wasLoading.current && !isLoading) onFinished();
-    wasLoading.current = isLoading;
-  }, [isLoading, onFinished]);
+    const textarea = chat.current?.querySelector(".copilotKitInput textarea");
+    if (!draft || !textarea) return;
+    Object.getOwnPropertyDescriptor(HTMLTextAreaElement.prototype, "value").set.call(textarea, draft);
+    textarea.dispatchEvent(new Event("input", { bubbles: true }));
+    setDraft(null);
+  }, [draft]); // eslint-disable-line react-hooks/exhaustive-deps
 }
 
-function Chat({ address, setAccent, onRunFinished, showError, reload }) {
+// `reload`, after keeping the message last sent as the draft when the runtime has not got it
+// (the run failed before it arrived: the runtime was away, or refused it), as the current
+// page keeps it shown.
+function useReloadKeepingUnsent(address, reload, setDraft) {
+  const lastSent = useRef(null);
+  const reloadKeepingUnsent = useCallback(async () => {
+    const sent = lastSent.current;
+    lastSent.current = null;
+    if (sent) {
+      const messages = await storedMessages(address.agent, address.threadId).catch(() => null);
+      if (messages?.findLast((m) => m.role === "user")?.content !== sent) setDraft(sent);
+    }
+    reload();
+  }, [address.agent, address.threadId, reload, setDraft]);
+  return [(text) => { lastSent.current = text; }, reloadKeepingUnsent];
+}
+
+function Chat({ address, setAccent, onRunFinished, showError, reload, draft, setDraft }) {
   useWeatherCard();
   useAccentTool(setAccent);
   useApprovals(address, reload);
   useRestoreDefaultThread(address.agent, address.threadId);
-  useRunsFinished(onRunFinished);
+  const chat = useRef(null);
+  useDraftRestored(chat, draft, setDraft);
   // A run's error goes to the page's banner (the stock ErrorMessage renders it as markdown
   // with raw HTML too), and the thread is shown again as the runtime has it, once the runtime
   // answers: a reload while it is away (a restart mid-answer) would show an empty chat.
-  const reloadOnceAnswered = useReloadOnceAnswered(reload);
-  const onError = ({ error }) => { showError(error?.message || String(error)); reloadOnceAnswered(); };
+  const [onSubmitMessage, reloadKeepingUnsent] = useReloadKeepingUnsent(address, reload, setDraft);
+  const reloadOnceAnswered = useReloadOnceAnswered(reloadKeepingUnsent);
+  // 1.10.6 stops a run by aborting its request, which then fails ("[Network] undefined"): a
+  // stop the person asked for is no error.
+  const stopped = useRef(false);
+  const onStopGeneration = ({ stopGeneration }) => { stopped.current = true; stopGeneration(); };
+  // A run's start (a message sent, an approval answered) ends what a stop excused, and puts
+  // the last run's error away.
+  const onRunStarted = () => { stopped.current = false; showError(null); };
+  useRunEdges(useCopilotChat().isLoading, onRunStarted, onRunFinished);
+  const onError = ({ error }) => {
+    if (stopped.current) return;
+    showError(error?.message || String(error));
+    reloadOnceAnswered();
+  };
   return (
-    <div className="classic-chat">
+    <div className="classic-chat" ref={chat}>
       <PendingApproval agent={address.agent} threadId={address.threadId} reload={reload} showError={showError} />
       <CopilotChat labels={{ placeholder: "Ask the demo…", initial: "Hi! Ask me something." }}
-                   AssistantMessage={AssistantMessage} ErrorMessage={() => null} onError={onError} />
+                   AssistantMessage={AssistantMessage} ErrorMessage={() => null} onError={onError}
+                   onStopGeneration={onStopGeneration} onSubmitMessage={onSubmitMessage} />
     </div>
   );
 }
@@ -195,7 +220,9 @@ function App() {
   const [reloads, setReloads] = useState(0);
   const reload = useCallback(() => setReloads((n) => n + 1), []);
   const [runError, setRunError] = useState(null);
-  useEffect(() => setRunError(null), [address.agent, address.threadId]);
+  // A message whose run failed before the runtime got it, for the remounted chat's input.
+  const [draft, setDraft] = useState(null);
+  useEffect(() => { setRunError(null); setDraft(null); }, [address.agent, address.threadId]);
   return (
     <Frame generation="CopilotKit react-core + react-ui 1.10.6 · classic chat · GraphQL"
            other={{ href: "/", label: "← current page (1.74, AG-UI)" }}
@@ -207,7 +234,7 @@ function App() {
                     agent={address.agent === "default" ? undefined : address.agent}
                     showDevConsole={false}>
           <Chat address={address} setAccent={setAccent} onRunFinished={onRunFinished}
-                showError={setRunError} reload={reload} />
+                showError={setRunError} reload={reload} draft={draft} setDraft={setDraft} />
         </CopilotKit>
       </div>
     </Frame>

@@ -15,7 +15,7 @@ import { defaultRehypePlugins } from "streamdown";
 import { z } from "zod";
 import {
   ACCENTS, ApprovalPanel, Frame, MessageImage, RUNTIME_URL, RunError, WeatherCard, deadlineAnswered,
-  useAccent, useReloadOnceAnswered, useThreadAddress,
+  useAccent, useReloadOnceAnswered, useRunEdges, useThreadAddress,
 } from "../shared/demo.jsx";
 import "../shared/demo.css";
 
@@ -101,15 +101,10 @@ const MESSAGE_VIEW = { assistantMessage: { markdownRenderer: {
   rehypePlugins: [rawHtmlAsText, imageAddressesAbsolute, ...Object.values(otherRehypePlugins)],
   components: { img: MessageImage } } } };
 
-// Tells the thread list when a run ends, so a new thread shows up.
-function useRunsFinished(agentId, onFinished) {
+// Whether the agent runs now (a run of this page, or `connect` replaying the thread).
+function useRunning(agentId) {
   const { agent } = useAgent({ agentId });
-  const wasRunning = useRef(false);
-  const running = Boolean(agent?.isRunning);
-  useEffect(() => {
-    if (wasRunning.current && !running) onFinished();
-    wasRunning.current = running;
-  }, [running, onFinished]);
+  return Boolean(agent?.isRunning);
 }
 
 // A run the runtime refused with an HTTP error (409 for a thread another tab runs, 400 for an
@@ -131,7 +126,9 @@ function Chat({ address, setAccent, onRunFinished, showError, reload, reconnect 
   useWeatherCard(address.agent);
   useAccentTool(setAccent);
   const approvalPending = useApprovals(address, reload);
-  useRunsFinished(address.agent, onRunFinished);
+  // A run's start puts the last run's error away; its end tells the thread list (a new
+  // thread shows up).
+  useRunEdges(useRunning(address.agent), () => showError(null), onRunFinished);
   // The chat shows no run error itself: the page shows it above the chat. Only errors after
   // the person did something here: `connect` replays a thread's failed runs with their errors.
   const touched = useRef(false);

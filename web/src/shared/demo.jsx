@@ -112,6 +112,19 @@ const joined = (first, then) => {
   return [...first, ...then.filter((t) => !ids.has(t.id))];
 };
 
+// The newest pages of the agent's threads, as many as hold `count` threads (at least one
+// page), and the cursor past them: older pages loaded are read again, so a thread deleted
+// or renamed since shows as it is now.
+async function threadPages(agent, count) {
+  let page = await threadPage(agent);
+  let threads = page.threads;
+  while (threads.length < count && page.nextCursor) {
+    page = await threadPage(agent, page.nextCursor);
+    threads = joined(threads, page.threads);
+  }
+  return { threads, nextCursor: page.nextCursor };
+}
+
 const shortTime = (iso) => new Date(iso).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
 
 // The first user message's text, the runtime's title of a thread (as GET /threads gives it).
@@ -121,36 +134,53 @@ function firstUserText(messages) {
   return (content ?? []).map((part) => part.text ?? "").join(" ").trim();
 }
 
+// A thread's messages as the runtime's `loadAgentState` query gives them (the query
+// react-core 1.10 sends; {role, content} items for text), or null for a thread not started
+// yet. It answers such a thread without an error, where GET /threads/{id}/messages answers
+// 404, which the browser logs as one (a new thread reloaded before its first message).
+export async function storedMessages(agent, threadId) {
+  const response = await fetch(RUNTIME_URL, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({
+      query: "query loadAgentState($data: LoadAgentStateInput!) { loadAgentState(data: $data) "
+        + "{ threadId threadExists messages } }",
+      variables: { data: { threadId, agentName: agent } },
+    }),
+  });
+  const loaded = response.ok ? (await response.json()).data?.loadAgentState : null;
+  return loaded?.threadExists ? JSON.parse(loaded.messages || "[]") : null;
+}
+
 // The title of a thread not among the pages loaded (an older one opened by its address): from
 // its messages, as the list routes give no single thread. null while unknown or for a new one.
-function useUnlistedTitle(threadId, unlisted) {
+function useUnlistedTitle(agent, threadId, unlisted) {
   const [title, setTitle] = useState(null);
   useEffect(() => {
     setTitle(null);
     if (!unlisted || startedHere.has(threadId)) return undefined;
     let cancelled = false;
-    fetch(`${RUNTIME_URL}/threads/${encodeURIComponent(threadId)}/messages`)
-      .then((response) => (response.ok ? response.json() : null))
-      .then((found) => { if (!cancelled && found) setTitle(firstUserText(found.messages) || threadId.slice(0, 8)); })
+    storedMessages(agent, threadId)
+      .then((messages) => { if (!cancelled && messages) setTitle(firstUserText(messages) || threadId.slice(0, 8)); })
       .catch(() => {});
     return () => { cancelled = true; };
-  }, [threadId, unlisted]);
+  }, [agent, threadId, unlisted]);
   return title;
 }
 
 // Threads of the chosen agent, newest first, each shown by its name or title (the runtime's:
 // the first user message, known as soon as a run starts); "more" loads the next page.
 function ThreadList({ address, refreshKey }) {
-  const [list, setList] = useState({ agent: address.agent, threads: [], nextCursor: null, older: false });
+  const [list, setList] = useState({ agent: address.agent, threads: [], nextCursor: null });
   const [error, setError] = useState(null);
   const failed = (e) => setError(String(e.message || e));
+  // How many threads the pages loaded by "More threads" hold, to load as many again.
+  const shown = useRef({ agent: address.agent, count: 0 });
   const load = useCallback(async () => {
     try {
-      const page = await threadPage(address.agent);
-      // Older pages loaded stay loaded, with the cursor past them.
-      setList((old) => (old.agent === address.agent && old.older
-        ? { ...old, threads: joined(page.threads, old.threads) }
-        : { agent: address.agent, threads: page.threads, nextCursor: page.nextCursor, older: false }));
+      const count = shown.current.agent === address.agent ? shown.current.count : 0;
+      const pages = await threadPages(address.agent, count);
+      setList({ agent: address.agent, ...pages });
       setError(null);
     } catch (e) {
       failed(e);
@@ -160,15 +190,19 @@ function ThreadList({ address, refreshKey }) {
   const loadOlder = async () => {
     try {
       const page = await threadPage(list.agent, list.nextCursor);
-      setList((old) => (old.agent !== list.agent ? old : {
-        ...old, threads: joined(old.threads, page.threads), nextCursor: page.nextCursor, older: true }));
+      setList((old) => {
+        if (old.agent !== list.agent) return old;
+        const threads = joined(old.threads, page.threads);
+        shown.current = { agent: old.agent, count: threads.length };
+        return { ...old, threads, nextCursor: page.nextCursor };
+      });
     } catch (e) {
       failed(e);
     }
   };
   const loaded = list.agent === address.agent ? list : { threads: [], nextCursor: null };
   const listed = loaded.threads.some((t) => t.id === address.threadId);
-  const unlistedTitle = useUnlistedTitle(address.threadId, !listed && Boolean(loaded.nextCursor));
+  const unlistedTitle = useUnlistedTitle(address.agent, address.threadId, !listed && Boolean(loaded.nextCursor));
   return (
     <div className="threads">
       <div className="threads-head">
@@ -309,6 +343,16 @@ export function useReloadOnceAnswered(reload) {
       if (current.mounted) reload();
     });
   }, [reload]);
+}
+
+// Calls `onStarted` when `running` turns true and `onFinished` when it turns false again.
+export function useRunEdges(running, onStarted, onFinished) {
+  const wasRunning = useRef(false);
+  useEffect(() => {
+    if (running && !wasRunning.current) onStarted();
+    if (!running && wasRunning.current) onFinished();
+    wasRunning.current = running;
+  }, [running]); // eslint-disable-line react-hooks/exhaustive-deps
 }
 
 // At an approval's deadline the runtime answers "timeout" itself (and refuses any later
