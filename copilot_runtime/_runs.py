@@ -2,10 +2,12 @@
 
 A run is driven by the request that started it, in that request's task: the agent's batches
 go straight to the writer with no queue or extra task in between. `stop` and a client
-disconnect cancel that task; `ActiveRun.drive` catches the cancellation, closes the agent
-(which cancels its upstream request), closes what was left open and ends the run the way
-the TypeScript runtime does (a plain `RUN_FINISHED` after a stop). Every run, however it
-ended, is compacted into the thread store, so `connect` can replay it.
+disconnect (at once on GraphQL; on AG-UI once the run outlived its client by
+`detached_run_seconds`, see `ActiveRun.detach`) cancel that task; `ActiveRun.drive` catches
+the cancellation, closes the agent (which cancels its upstream request), closes what was
+left open and ends the run the way the TypeScript runtime does (a plain `RUN_FINISHED`
+after a stop). Every run, however it ended, is compacted into the thread store, so
+`connect` can replay it.
 
 A run is reserved (`RunManager.begin`) before it is driven; whoever reserved it and does not
 drive it (a failure or a cancellation in between) gives it back with `ActiveRun.abandon`, or
@@ -69,7 +71,7 @@ from copilot_runtime.threads.base import (
     storable_ids,
 )
 
-__all__ = ["ActiveRun", "RunManager"]
+__all__ = ["DETACHED_RUN_SECONDS", "ActiveRun", "RunManager"]
 
 _log = structlog.get_logger("copilot_runtime.runs")
 
@@ -91,6 +93,8 @@ GIVE_BACK_WAIT = 0.5
 #: (then twice as long each time, up to 2 s).
 _STOP_AGAIN = 0.5
 _SHUTDOWN_MESSAGE = "The run was interrupted: the server driving it shut down"
+#: Seconds a run goes on by default once its client left (`ActiveRun.detach`).
+DETACHED_RUN_SECONDS = 60.0
 #: The code of the `RUN_ERROR` that ends a run cut at its `max_run_seconds`.
 RUN_TIMEOUT_CODE = "RUN_TIMEOUT"
 _LEASE_LOST_MESSAGE = ("The run was stopped: this server could not keep its hold on the "
@@ -200,6 +204,9 @@ class ActiveRun:
         #: may run, its guardrails say, need not finish).
         self.on_cancel: Callable[[], object] | None = None
         self._driven = False
+        #: Whether its client left while it goes on (see `detach`).
+        self.detached = False
+        self._detached_bound: asyncio.TimerHandle | None = None
 
     @property
     def terminated(self) -> bool:
@@ -232,6 +239,24 @@ class ActiveRun:
         elif self.on_cancel is not None:
             self.on_cancel()
         return True
+
+    def detach(self) -> None:
+        """Its client left before its end: the run goes on without it (its events published
+        and stored as always, so a `connect` follows it to its end), for at most the
+        manager's `detached_run_seconds` (None: to its end), then it is stopped as a
+        disconnect stops it. A bound of 0 stops it at once (`cancel("disconnect")`)."""
+        bound = self.manager.detached_run_seconds
+        if bound == 0:
+            self.cancel("disconnect")
+            return
+        if self.detached or self._finished or self.cancel_reason is not None:
+            return
+        self.detached = True
+        _log.info("run goes on without its client", thread_id=self.thread_id,
+                  run_id=self.run_id, for_seconds=bound)
+        if bound is not None:
+            self._detached_bound = asyncio.get_running_loop().call_later(
+                bound, self.cancel, "disconnect")
 
     def subscribe(self) -> tuple[list[Event], Follower]:
         """The events so far and a follower of the ones to come (None at the end)."""
@@ -336,6 +361,8 @@ class ActiveRun:
         finally:
             if deadline is not None:
                 deadline.cancel()
+            if self._detached_bound is not None:
+                self._detached_bound.cancel()
             await stream.aclose()
             await self._finish()
 
@@ -689,13 +716,17 @@ class RunManager:
 
     def __init__(self, store: ThreadStore, max_run_bytes: int = DEFAULT_MAX_RUN_BYTES,
                  coordinator: Coordinator | None = None,
-                 max_run_seconds: float | None = None) -> None:
+                 max_run_seconds: float | None = None,
+                 detached_run_seconds: float | None = DETACHED_RUN_SECONDS) -> None:
         self.store = store
         self.max_run_bytes = max_run_bytes
         #: About how many bytes of events a running run may keep before it is stopped.
         self.max_live_bytes = LIVE_RUN_FACTOR * max_run_bytes
         #: Seconds a run may be driven before it is cut (`RUN_TIMEOUT_CODE`); None: no limit.
         self.max_run_seconds = max_run_seconds
+        #: Seconds a run may go on once its client left (`ActiveRun.detach`); 0: stopped
+        #: at once; None: to its end.
+        self.detached_run_seconds = detached_run_seconds
         self.active: dict[str, ActiveRun] = {}
         #: Threads being deleted here (how many deletes of each): a run asking for one is
         #: busy until the deletes are done.

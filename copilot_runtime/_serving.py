@@ -358,8 +358,12 @@ class _StopRunsFirst(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
 
     def shutdown(self) -> None:
         super().shutdown()
-        while _served:  # once, whatever the number of connections
-            _served.pop().runs.stop_all()
+        _stop_served_runs()
+
+
+def _stop_served_runs() -> None:
+    while _served:  # once, whatever the number of connections
+        _served.pop().runs.stop_all()
 
 
 class _Server(uvicorn.Server):
@@ -368,6 +372,12 @@ class _Server(uvicorn.Server):
     action killed the process, its streams cut without their end, its runs left open. The
     signal is raised again once shut down (as uvicorn does SIGTERM's), so the process ends
     as SIGHUP asks; one ignored (`nohup`) stays ignored."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # A run that outlives its gone client holds no connection to stop it: stopped here,
+        # before uvicorn waits for the requests' tasks (until its grace runs out).
+        _stop_served_runs()
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -20,7 +20,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES
 from copilot_runtime._retention import RetentionSweep
-from copilot_runtime._runs import ActiveRun, RunManager
+from copilot_runtime._runs import DETACHED_RUN_SECONDS, ActiveRun, RunManager
 from copilot_runtime._seconds import checked_seconds
 from copilot_runtime._shared_runs import RecoverySweep
 from copilot_runtime.actions import Action
@@ -69,7 +69,14 @@ class CopilotRuntime:
     events pass four times as much is stopped with a `RUN_ERROR` coded `PAYLOAD_TOO_LARGE`
     (an endless upstream would fill the memory). `max_run_seconds` bounds
     how long a run is driven: one still going then is cut as a stop is, and ends with a
-    `RUN_ERROR` coded `RUN_TIMEOUT` (None, the default: no bound). With
+    `RUN_ERROR` coded `RUN_TIMEOUT` (None, the default: no bound). An AG-UI run whose
+    client leaves before its end (a reload, a lost network, a client that stops reading)
+    goes on without it, its events stored as always, so a `connect` (any worker) picks it
+    up; `detached_run_seconds` bounds how long it goes on so (default 60), after which it
+    is stopped as a stop is: its upstream cancelled, its end stored (0: at once; None: to
+    its end, as the TypeScript runtime). Its
+    thread stays busy meanwhile (a second run is a 409). A GraphQL (1.10) client's
+    disconnect is its stop button: that run is stopped at once. With
     `thread_retention_seconds`, threads whose last run began longer ago are deleted by a
     sweep, as `delete_thread` deletes one (None, the default: kept until deleted).
 
@@ -111,6 +118,7 @@ class CopilotRuntime:
         coordinator: Coordinator | str | None = None,
         max_run_seconds: float | None = None,
         thread_retention_seconds: float | None = None,
+        detached_run_seconds: float | None = DETACHED_RUN_SECONDS,
     ) -> None:
         self.agents: dict[str, Agent] = dict(agents or {})
         self.actions = list(actions)
@@ -139,6 +147,9 @@ class CopilotRuntime:
                 "thread_store=thread_store('postgresql://...') (the in-memory store is this "
                 "process's alone)")
         checked_seconds(max_run_seconds, "max_run_seconds", none_means="no bound")
+        if detached_run_seconds != 0 or isinstance(detached_run_seconds, bool):
+            checked_seconds(detached_run_seconds, "detached_run_seconds",
+                            none_means="runs that go on to their end (0: stopped at once)")
         checked_seconds(thread_retention_seconds, "thread_retention_seconds",
                         none_means="threads kept until deleted")
         if thread_retention_seconds is not None \
@@ -151,7 +162,8 @@ class CopilotRuntime:
         #: Seconds between two retention sweeps.
         self.retention_sweep_every = RETENTION_SWEEP_EVERY
         self._retention: RetentionSweep | None = None
-        self.runs = RunManager(self.store, max_run_bytes, self.coordinator, max_run_seconds)
+        self.runs = RunManager(self.store, max_run_bytes, self.coordinator, max_run_seconds,
+                               detached_run_seconds)
         self._sweep: RecoverySweep | None = RecoverySweep(
             self.runs.durable, self.runs.active, self.coordinator) \
             if self.coordinator.shared else None

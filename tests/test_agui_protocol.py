@@ -527,21 +527,26 @@ async def test_stop_with_other_run_id_does_nothing(served: Served) -> None:
     assert text_of(await task) == "echo: slow:60 long answer"
 
 
-async def test_disconnect_cancels_the_run(served: Served, llm: MockOpenAIServer) -> None:
-    response = await served.post("/agent/default/run",
-                                 run_input("slow:200 nobody listens", thread="t-gone"))
-    await _first_text(response)
-    assert llm.active_streams == 1
-    response.close()
-    await _until(lambda: llm.active_streams == 0 and "t-gone" not in served.runtime.runs.active)
-    assert llm.cancelled_streams == 1
-    assert "t-gone" not in served.runtime.runs.active
-    # the partial run was kept, and the thread is usable again
-    replay = await served.run(run_input("", thread="t-gone"), path="/agent/default/connect")
-    verify_events(replay)
-    assert text_of(replay).startswith("ech")
-    assert text_of(await served.run(run_input("back", thread="t-gone", run="r2"))) == \
-        "echo: back"
+async def test_disconnect_cancels_the_run(serve_runtime: ServeRuntime,
+                                         llm: MockOpenAIServer) -> None:
+    """With `detached_run_seconds=0`, a disconnect stops the run at once (by default it goes
+    on for a while: tests/test_detached_runs.py)."""
+    async with serve_runtime(openai_runtime(llm, detached_run_seconds=0)) as served:
+        response = await served.post("/agent/default/run",
+                                     run_input("slow:200 nobody listens", thread="t-gone"))
+        await _first_text(response)
+        assert llm.active_streams == 1
+        response.close()
+        await _until(lambda: llm.active_streams == 0
+                     and "t-gone" not in served.runtime.runs.active)
+        assert llm.cancelled_streams == 1
+        assert "t-gone" not in served.runtime.runs.active
+        # the partial run was kept, and the thread is usable again
+        replay = await served.run(run_input("", thread="t-gone"), path="/agent/default/connect")
+        verify_events(replay)
+        assert text_of(replay).startswith("ech")
+        assert text_of(await served.run(run_input("back", thread="t-gone", run="r2"))) == \
+            "echo: back"
 
 
 async def test_connect_replays_compacted_history(served: Served) -> None:

@@ -277,7 +277,8 @@ async def test_every_span_ends_with_a_status_on_every_path(
         service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0),
         actions=[getWeather], agents={"gated": gated}, auth=BearerTokenAuth({TOKEN: "alice"}),
         guardrails=[PatternGuardrail(deny=[r"forbidden"])], on_request=on_request,
-        telemetry=Telemetry(tracer_provider, MeterProvider(metric_readers=[])))
+        telemetry=Telemetry(tracer_provider, MeterProvider(metric_readers=[])),
+        detached_run_seconds=0)  # the client that leaves stops its run: "disconnected"
     auth = {"Authorization": f"Bearer {TOKEN}"}
     try:
         async with serve_runtime(runtime) as served:

@@ -246,6 +246,24 @@ async def test_every_thread_replays_the_same_after_all_workers_restart(
         assert await connect(cluster, (index + 1) % 3, thread) == before[thread]
 
 
+async def test_a_run_whose_client_left_is_followed_to_its_end_on_another_worker(
+        cluster: Cluster, llm: MockOpenAIServer) -> None:
+    """The client reloads mid-answer and its `connect` lands on another worker: the run went
+    on without it on the first (its upstream request not cancelled), and is followed to its
+    end there, whole."""
+    thread = thread_id()
+    cancelled = llm.cancelled_streams
+    running = await start_run(cluster, 0, thread, "r1", "slow:80 finish it without me")
+    await answering(running)
+    running.close()  # the reload
+    replay = data(await connect(cluster, 1, thread))
+    assert replay[0]["type"] == "RUN_STARTED"
+    assert replay[-1]["type"] == "RUN_FINISHED"
+    assert "".join(e["delta"] for e in replay if e["type"] == "TEXT_MESSAGE_CONTENT") == \
+        "echo: slow:80 finish it without me"
+    assert llm.cancelled_streams == cancelled
+
+
 @needs_positions
 async def test_a_resumed_connect_sends_only_what_came_after(
         cluster: Cluster, urls: tuple[str, str]) -> None:

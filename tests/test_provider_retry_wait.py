@@ -267,8 +267,9 @@ async def test_the_run_ends_with_run_error_and_the_graphql_status_says_why(
 async def test_a_stop_or_a_disconnect_ends_the_wait_at_once(
         serve_runtime: ServeRuntime, how: str) -> None:
     async with MockAnthropicServer(chunks=4) as mock:
+        # A disconnect stops the run at once (0), as a stop does.
         runtime = CopilotRuntime(service_adapter=AnthropicAdapter(
-            base_url=mock.base_url, api_key="sk-mock"))
+            base_url=mock.base_url, api_key="sk-mock"), detached_run_seconds=0)
         async with asyncio.timeout(TIMEOUT_S), serve_runtime(runtime) as served:
             mock.statuses, mock.retry_after = [429] * 3, "30"  # within the bound: waited
             response = await served.post("/agent/default/run",

@@ -168,7 +168,9 @@ async def test_a_client_that_reads_nothing_loses_its_connection(
     monkeypatch.setattr(_serving, "WRITE_STALL_SECONDS", 60.0 if app_gives_up else 1.0,
                         raising=False)
     agent = Flood()
-    runtime = CopilotRuntime(agents={"default": agent})
+    # A run whose client is gone is stopped at once (0), so its request task goes too; one
+    # that outlives its client: tests/test_detached_runs.py.
+    runtime = CopilotRuntime(agents={"default": agent}, detached_run_seconds=0)
     async with serving(create_app(runtime, PATH)) as (server, port):
         followed: asyncio.Task[Any] | None = None
         if route == "graphql":
@@ -635,7 +637,9 @@ async def test_a_server_whose_send_raises_once_the_client_left_stores_the_run_wh
     from tests.conftest import GatedAgent, parse_sse
 
     agent = GatedAgent()
-    runtime = CopilotRuntime(agents={"default": agent})
+    # Stopped at once when its client is gone (0): an AG-UI run that outlives it is
+    # tests/test_detached_runs.py's.
+    runtime = CopilotRuntime(agents={"default": agent}, detached_run_seconds=0)
     app = create_app(runtime, PATH)
     if edge == "agui":
         gone = _GoneAfter(f"{PATH}/agent/default/run", run_input("hi", thread="t"), 2)

@@ -90,7 +90,10 @@ async def test_a_run_whose_client_stops_reading_ends_as_on_a_disconnect(
     disconnected run is, and the thread takes its next run; before, it stayed busy (409)
     until the client closed."""
     agent = Flood()
-    runtime = CopilotRuntime(agents={"default": agent}, max_run_bytes=FLOODED)
+    # Stopped at once when its client counts as gone (0); one that outlives its client:
+    # tests/test_detached_runs.py.
+    runtime = CopilotRuntime(agents={"default": agent}, max_run_bytes=FLOODED,
+                             detached_run_seconds=0)
     async with serve_runtime(runtime) as served, unread_request(
             served.url, "/agent/default/run", run_input("flood", thread="unread")):
         async for _ in poll(15):

@@ -619,8 +619,12 @@ async def stream_run(request: Request, run: ActiveRun,
                      encode: Callable[[Sequence[Event]], bytes] = encode_sse,
                      headers: Headers = _SSE_HEADERS, *,
                      keepalive: float | None = None,
-                     heartbeat: Callable[[], bytes] = _sse_keepalive) -> None:
-    """Drive `run`, writing each batch as one chunk; a disconnect cancels the run.
+                     heartbeat: Callable[[], bytes] = _sse_keepalive,
+                     outlives_client: bool = False) -> None:
+    """Drive `run`, writing each batch as one chunk; a disconnect cancels the run, or with
+    `outlives_client` detaches it (`ActiveRun.detach`): it goes on, its writes dropped.
+    AG-UI's runs outlive their client (a reload picks them up with `connect`); GraphQL's do
+    not: the 1.10 client's stop button aborts its request, so there a disconnect is a stop.
 
     `encode` may return no bytes for a batch (a protocol that writes only at the end):
     nothing is sent then. The batch that ends the run also ends the body, in one write.
@@ -637,23 +641,45 @@ async def stream_run(request: Request, run: ActiveRun,
     with_ids = encode is encode_sse
     # A protocol's own encoder (GraphQL's) keeps what it was fed: once it failed part-way
     # through a batch, it is fed that batch no more (what it took would come twice) and
-    # nothing after its error.
-    failed = False
+    # nothing after its error. `skip` says either that or `gone` (the client left a run
+    # that goes on): one test per batch, as before, for both.
+    skip = failed = gone = False
+    #: The driving task was cancelled to free it from a write to a gone client.
+    freeing = False
+    task = asyncio.current_task()
+
+    def client_gone() -> None:
+        nonlocal skip, gone, freeing
+        if not outlives_client or run.manager.detached_run_seconds == 0:
+            run.cancel("disconnect")
+            return
+        skip = gone = True
+        run.detach()
+        if stream.sending and task is not None:
+            # A write waits on a client that reads nothing (a server without the abort
+            # extension): it would hold the run, or its end, for ever.
+            freeing = True
+            task.cancel()
 
     async def write(batch: Sequence[Event]) -> None:
-        nonlocal failed
-        try:
-            body = b"" if failed else (encode_sse(batch, run.batch_position(batch))
-                                       if with_ids else encode(batch))
-        except (orjson.JSONEncodeError, TypeError):
-            if with_ids:
-                # An agent produced what JSON cannot carry: send the rest (SSE frames are
-                # encoded afresh), not a broken stream.
-                safe = replayable(batch)
-                body = encode(safe) if safe else b""
-            else:
-                failed = True
-                body = _unencodable_end(encode)
+        nonlocal failed, skip, freeing
+        if skip:
+            if gone:
+                return
+            body = b""
+        else:
+            try:
+                body = encode_sse(batch, run.batch_position(batch)) if with_ids \
+                    else encode(batch)
+            except (orjson.JSONEncodeError, TypeError):
+                if with_ids:
+                    # An agent produced what JSON cannot carry: send the rest (SSE frames
+                    # are encoded afresh), not a broken stream.
+                    safe = replayable(batch)
+                    body = encode(safe) if safe else b""
+                else:
+                    skip = failed = True
+                    body = _unencodable_end(encode)
         last = run.terminated
         if body or last:
             stream.ended = last
@@ -664,21 +690,31 @@ async def stream_run(request: Request, run: ActiveRun,
             except OSError:
                 # The ASGI server says the client is gone (the spec lets `send` raise an
                 # OSError then; uvicorn returns instead): a disconnect, so the run is stored
-                # with its end (this exception through `drive` left it without one).
-                run.cancel("disconnect")
+                # with its end (this exception through `drive` left it without one), or
+                # goes on without it.
+                stream.sending = False
+                client_gone()
                 return
-            stream.sending = False
+            except asyncio.CancelledError:
+                if not freeing or task is None:
+                    raise
+                freeing = False
+                task.uncancel()
+                if run.cancel_reason is not None:
+                    raise  # stopped meanwhile: `drive` ends it
+                return
+            finally:
+                stream.sending = False
 
     stream.last_write = loop.time()
-    watcher = asyncio.create_task(
-        _watch(request, lambda: run.cancel("disconnect"), stream, keepalive, heartbeat))
+    watcher = asyncio.create_task(_watch(request, client_gone, stream, keepalive, heartbeat))
     try:
         await run.drive(write)
     finally:
         watcher.cancel()
     # A run cut because its client left, or reads nothing, has no one to end the body for:
     # a last write to a client that reads nothing would wait for ever.
-    if not stream.ended and run.cancel_reason != "disconnect":
+    if not stream.ended and not gone and run.cancel_reason != "disconnect":
         stream.ended = True
         await _end(request)
 

@@ -171,7 +171,9 @@ class AGUIProtocol:
         headers = request.forwardable_headers(credentials=self.runtime.forwards_credentials)
         run = await self.runtime.start_run(agent_id, run_input, headers, request=request.info)
         async with run:  # given back if the stream fails or is cancelled before it drives
-            await stream_run(request, run, keepalive=self.keepalive)
+            # A client that leaves (a reload, a network change) does not stop the run: it
+            # goes on, bounded by `detached_run_seconds`, and a `connect` picks it up.
+            await stream_run(request, run, keepalive=self.keepalive, outlives_client=True)
 
     async def _stop_rest(self, request: Request, agent_id: str, thread_id: str) -> None:
         self.runtime.agent(agent_id)
