@@ -336,8 +336,14 @@ class ActiveRun:
         finally:
             if deadline is not None:
                 deadline.cancel()
-            await stream.aclose()
-            await self._finish()
+            try:
+                await stream.aclose()
+            except Exception:
+                # (an async generator a GeneratorExit went through stays "running", and its
+                # close raises): the run is stored and its thread given back all the same.
+                _log.exception("could not close a run's stream", run_id=self.run_id)
+            finally:
+                await self._finish()
 
     async def _stream(self) -> AsyncGenerator[Sequence[Event], None]:
         first = [self.started_event()]

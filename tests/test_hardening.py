@@ -11,9 +11,10 @@ import io
 import socket
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 import uvicorn
@@ -649,3 +650,51 @@ async def test_deep_json_text_in_a_stored_thread_loads_over_graphql(served: Serv
         answer = await response.json()
         assert "errors" not in answer, answer
         assert answer["data"]["loadAgentState"]["threadExists"] is True
+
+
+# -- an agent raising what is no Exception --------------------------------------------------
+
+
+class LibTimeout(BaseException):
+    """A library's own BaseException, as gevent's Timeout and func_timeout's are."""
+
+
+class RaisingAgent(Agent):
+    """Says a word, then raises what `error` makes, in a task it awaits (as an agent running
+    its tools does: an async generator a GeneratorExit leaves so stays "running", and
+    closing it, or the run's stream around it, raises RuntimeError)."""
+
+    def __init__(self, error: Callable[[], BaseException]) -> None:
+        super().__init__(description="raises")
+        self.error = error
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._events(input.run_id)
+
+    async def _events(self, run_id: str) -> AsyncIterator[list[Event]]:
+        yield [text_message_start(f"{run_id}-a"), text_message_content(f"{run_id}-a", "one")]
+        await asyncio.ensure_future(self._fail())
+
+    async def _fail(self) -> None:
+        raise self.error()
+
+
+async def test_a_run_whose_stream_cannot_be_closed_gives_its_thread_back(
+        serve_runtime: ServeRuntime) -> None:
+    """An agent raising GeneratorExit after an await: closing the run's stream then raised
+    ("asynchronous generator is already running"), the run was never stored and its thread
+    stayed busy for good (every later run 409 THREAD_BUSY). Now the run is stored and its
+    thread given back, whatever that close raises."""
+    agent = RaisingAgent(lambda: GeneratorExit("closed"))
+    async with asyncio.timeout(TIMEOUT), serve_runtime(
+            CopilotRuntime(agents={"default": agent})) as served:
+        for run in ("run-1", "run-2"):
+            response = await served.post("/agent/default/run", run_input("go", run=run))
+            assert response.status == 200, await response.text()
+            with contextlib.suppress(aiohttp.ClientPayloadError):  # (its end: see below)
+                await response.read()
+        response = await served.session.get(served.url + "/threads/thread-1/events")
+        assert response.status == 200, await response.text()
+        started = [e["runId"] for e in (await response.json())["events"]
+                   if e["type"] == "RUN_STARTED"]
+        assert started == ["run-1", "run-2"]
