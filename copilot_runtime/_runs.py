@@ -39,12 +39,12 @@ from copilot_runtime import events as ev
 from copilot_runtime._again import worth_logging
 from copilot_runtime._compaction import compact_events
 from copilot_runtime._exceptions import (
-    FAILURES_OF_CALLED_CODE,
     CopilotRuntimeError,
     PayloadTooLargeError,
     ServiceUnavailableError,
     ThreadBusyError,
     ThreadNotFoundError,
+    cancelled_itself,
 )
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import (
@@ -95,6 +95,7 @@ _STOP_AGAIN = 0.5
 _SHUTDOWN_MESSAGE = "The run was interrupted: the server driving it shut down"
 #: Seconds a run goes on by default once its client left (`ActiveRun.detach`).
 DETACHED_RUN_SECONDS = 60.0
+_CUT_MESSAGE = "The run was interrupted: it stopped before its end"
 #: The code of the `RUN_ERROR` that ends a run cut at its `max_run_seconds`.
 RUN_TIMEOUT_CODE = "RUN_TIMEOUT"
 _LEASE_LOST_MESSAGE = ("The run was stopped: this server could not keep its hold on the "
@@ -363,8 +364,14 @@ class ActiveRun:
                 deadline.cancel()
             if self._detached_bound is not None:
                 self._detached_bound.cancel()
-            await stream.aclose()
-            await self._finish()
+            try:
+                await stream.aclose()
+            except Exception:
+                # (an async generator a GeneratorExit went through stays "running", and its
+                # close raises): the run is stored and its thread given back all the same.
+                _log.exception("could not close a run's stream", run_id=self.run_id)
+            finally:
+                await self._finish()
 
     async def _stream(self) -> AsyncGenerator[Sequence[Event], None]:
         first = [self.started_event()]
@@ -375,6 +382,7 @@ class ActiveRun:
         await asyncio.sleep(0)
         iterator: EventBatches | None = None
         tail: list[Event]
+        at_yield = False  # (a GeneratorExit there is `drive` closing this stream)
         try:
             # Inside the `try`: an agent whose `run` raises before it returns its stream
             # fails as one whose stream raises (before, the stream was cut without its end).
@@ -392,13 +400,20 @@ class ActiveRun:
                     if self.lease is not None:
                         await self._still_held(self.lease)
                     self._publish(out)
+                    at_yield = True
                     yield out
+                    at_yield = False
                 if self.order.terminated:
                     return
         except CopilotRuntimeError as exc:
             tail = self.order.closing_events()
             tail.append(ev.run_error(exc.message, code=exc.code))
-        except FAILURES_OF_CALLED_CODE as exc:
+        except BaseException as exc:
+            # Whatever the agent raises is its failure (a GeneratorExit, a library's own
+            # BaseException, a CancelledError of its own cut the stream without its end),
+            # but the run's own cancellation and `drive` closing the stream.
+            if at_yield or (isinstance(exc, asyncio.CancelledError) and not cancelled_itself()):
+                raise
             # The stack goes to the log (and the run's span); the client gets a message
             # without internals.
             _log.exception("agent failed", agent=self.agent_id, thread_id=self.thread_id,
@@ -527,6 +542,13 @@ class ActiveRun:
     async def _finish(self) -> None:
         if self._finished:
             return
+        if self.events and not self.order.terminated:
+            # Cut before its end (its writer raised): never stored, nor followed, without
+            # one (every later replay of the thread would break clients).
+            tail, self._held = self._held + self.order.closing_events(), []
+            tail.append(ev.run_error(_CUT_MESSAGE, code=INTERRUPTED_CODE))
+            self.order.terminated = True
+            self._publish(tail)
         self._finished = True
         if self._flush_timer is not None:
             self._flush_timer.cancel()

@@ -23,7 +23,6 @@ import structlog
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from copilot_runtime._exceptions import (
-    FAILURES_OF_CALLED_CODE,
     ActionError,
     ConfigurationError,
     failure_text,
@@ -42,10 +41,6 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI accepts for a functi
 MAX_ACTION_RESULT_BYTES = 1024 * 1024
 
 
-#: What a handler may raise that is its failure (a CancelledError only when its run is not
-#: being stopped: see `Action.execute`).
-_HANDLER_FAILURES: tuple[type[BaseException], ...] = (
-    *FAILURES_OF_CALLED_CODE, asyncio.CancelledError)
 #: The most sync handlers that run at once; more wait for a thread.
 SYNC_HANDLER_THREADS = 32
 _threads: ThreadPoolExecutor | None = None
@@ -165,7 +160,11 @@ class Action:
                         contextvars.copy_context().run, self.handler, **kwargs))
         except ActionError:
             raise
-        except _HANDLER_FAILURES as exc:
+        except BaseException as exc:
+            # Anything a handler raises is its failure (a CancelledError only when its run
+            # is not being stopped): beyond `FAILURES_OF_CALLED_CODE`, a GeneratorExit or a
+            # library's own BaseException (gevent's Timeout, func_timeout's) cut the run's
+            # stream without its end, and a GeneratorExit left its thread busy for good.
             if isinstance(exc, asyncio.CancelledError):
                 task = asyncio.current_task()
                 if task is None or task.cancelling():

@@ -108,3 +108,51 @@ def test_stream_parser_is_independent_of_read_boundaries(data: bytes, cuts: list
     out.extend(parser.feed(frames[start:]))
     assert "".join(d.text for d in out if isinstance(d, TextDelta)) == text
     assert parser.done
+
+
+async def test_a_call_whose_id_is_taken_gets_a_fresh_one() -> None:
+    """Two parallel calls with one id (an OpenAI-compatible server's), and a call reusing an
+    id of the history the run was given: each ran, but the model's next request carried the
+    first result for each call of the id (the others lost), and the thread kept several
+    calls under one id. Now a call whose id is taken gets a fresh one, in the events, the
+    history sent back to the model and the thread alike."""
+    from copilot_runtime.messages import to_openai
+
+    history: list[dict[str, Any]] = [
+        {"id": "u0", "role": "user", "content": "before"},
+        {"id": "a0", "role": "assistant", "toolCalls": [{
+            "id": "call_old", "type": "function",
+            "function": {"name": "echo_tool", "arguments": '{"value": "old"}'}}]},
+        {"id": "t0", "role": "tool", "toolCallId": "call_old", "content": '{"value": "old"}'},
+        {"id": "u1", "role": "user", "content": "go"}]
+    answer: list[ChatDelta] = [
+        ToolCallDelta(0, "call_dup", "echo_tool", '{"value": "a"}'),
+        ToolCallDelta(1, "call_dup", "echo_tool", '{"value": "b"}'),
+        ToolCallDelta(2, "call_old", "echo_tool", '{"value": "c"}'), StreamEnd("tool_calls")]
+    adapter = ScriptedAdapter([answer], text_turn("done"))
+    runtime = CopilotRuntime(service_adapter=adapter, actions=[echo_tool])
+    events: list[Event] = []
+
+    async def write(batch: Sequence[Event]) -> None:
+        events.extend(batch)
+
+    run = await runtime.start_run("default", parse_run_input(run_input("go", messages=history)))
+    await run.drive(write)
+
+    verify_events(events)
+    ids = [e["toolCallId"] for e in events if e["type"] == "TOOL_CALL_START"]
+    assert ids[0] == "call_dup"  # the first keeps its id
+    assert len(set(ids)) == 3
+    assert "call_old" not in ids
+    assert all(i.startswith("call_") for i in ids)
+    results = {e["toolCallId"]: orjson.loads(e["content"]) for e in events
+               if e["type"] == "TOOL_CALL_RESULT"}
+    assert results == {ids[0]: {"value": "a"}, ids[1]: {"value": "b"}, ids[2]: {"value": "c"}}
+    sent = to_openai(adapter.requests[1].messages)
+    assert [[c["id"] for c in m.get("tool_calls", ())] for m in sent if m["role"] == "assistant"
+            ] == [["call_old"], ids]
+    assert [(m["tool_call_id"], orjson.loads(m["content"])) for m in sent
+            if m["role"] == "tool"] == [("call_old", {"value": "old"}), *results.items()]
+    stored = events_to_messages([compact_events(events)])
+    assert [[c["id"] for c in m["toolCalls"]] for m in stored if m.get("toolCalls")] == [
+        ["call_old"], ids]

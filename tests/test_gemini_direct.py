@@ -417,10 +417,13 @@ _END = {"candidates": [{"content": {"parts": [{"text": "!"}], "role": "model"},
 
 
 @contextlib.asynccontextmanager
-async def raw_server(body: bytes, status: int = 200) -> AsyncIterator[str]:
+async def raw_server(body: bytes, status: int = 200, content_type: str = "text/event-stream",
+                     asked: list[str] | None = None) -> AsyncIterator[str]:
+    """A server answering each POST with `body` (its paths noted in `asked`)."""
     async def answer(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(status=status,
-                                      headers={"Content-Type": "text/event-stream"})
+        if asked is not None:
+            asked.append(request.path)
+        response = web.StreamResponse(status=status, headers={"Content-Type": content_type})
         await response.prepare(request)
         await response.write(body)
         await response.write_eof()
@@ -494,6 +497,32 @@ async def test_an_error_body_that_is_not_json() -> None:
         error = await failure(adapter("direct", base_url=url))
     assert error.status == 502
     assert error.message == "Gemini request failed with HTTP 502: HTTP 502"
+
+
+@pytest.mark.parametrize(("body", "status", "attempts"), [
+    (b"<html><h1>503 Service Temporarily Unavailable</h1></html>", 503, 2),
+    (b'{"error": {"message": "upstream overlo', 500, 2),
+    (b"", 502, 2),
+    (b"{}", 400, 1),
+])
+async def test_an_error_answer_labelled_json_says_its_status_on_both_routes(
+        body: bytes, status: int, attempts: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error answer labelled JSON whose body is not (a proxy's page, a cut body) was on
+    the SDK route an UPSTREAM_PROTOCOL_ERROR, its status lost and never retried; one with
+    no message said "HTTP 400: None". Both routes now say the status, and retry alike."""
+    import copilot_runtime.adapters.google as google
+
+    monkeypatch.setattr(google, "_RETRY_INITIAL", 0.01)
+    monkeypatch.setattr(google.random, "random", lambda: 0.0)
+    for route in ROUTES:
+        asked: list[str] = []
+        async with raw_server(body, status, "application/json", asked) as url:
+            error = await failure(adapter(route, base_url=url, max_retries=1,
+                                          max_retry_wait=2))
+        assert (route, type(error), error.status, error.message) == (
+            route, UpstreamError, status,
+            f"Gemini request failed with HTTP {status}: HTTP {status}")
+        assert (route, len(asked)) == (route, attempts)
 
 
 async def test_connections_are_kept_alive_and_a_stop_cancels_upstream(

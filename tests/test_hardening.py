@@ -11,9 +11,10 @@ import io
 import socket
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 import uvicorn
@@ -26,7 +27,9 @@ from copilot_runtime import (
     RunInput,
     create_app,
 )
+from copilot_runtime._input import parse_run_input
 from copilot_runtime._limits import MAX_JSON_DEPTH
+from copilot_runtime._runs import RunManager
 from copilot_runtime.events import (
     Event,
     EventBatches,
@@ -36,7 +39,7 @@ from copilot_runtime.events import (
     text_message_start,
 )
 from copilot_runtime.protocols import http as http_edge
-from copilot_runtime.testing import MockOpenAIServer
+from copilot_runtime.testing import MockOpenAIServer, verify_events
 from copilot_runtime.threads import InMemoryThreadStore, SQLiteThreadStore, StoredRun
 from tests.conftest import (
     Served,
@@ -649,3 +652,104 @@ async def test_deep_json_text_in_a_stored_thread_loads_over_graphql(served: Serv
         answer = await response.json()
         assert "errors" not in answer, answer
         assert answer["data"]["loadAgentState"]["threadExists"] is True
+
+
+# -- an agent raising what is no Exception --------------------------------------------------
+
+
+class LibTimeout(BaseException):
+    """A library's own BaseException, as gevent's Timeout and func_timeout's are."""
+
+
+class RaisingAgent(Agent):
+    """Says a word, then raises what `error` makes: itself, or `in_task`, in a task it
+    awaits (as an agent running its tools does: a GeneratorExit so raised is thrown into
+    the coroutine iterating the async generators, which never see it, stay "running" and
+    raise RuntimeError when closed)."""
+
+    def __init__(self, error: Callable[[], BaseException], *, in_task: bool = False) -> None:
+        super().__init__(description="raises")
+        self.error = error
+        self.in_task = in_task
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._events(input.run_id)
+
+    async def _events(self, run_id: str) -> AsyncIterator[list[Event]]:
+        yield [text_message_start(f"{run_id}-a"), text_message_content(f"{run_id}-a", "one")]
+        if self.in_task:
+            await asyncio.ensure_future(self._fail())
+        await asyncio.sleep(0)
+        await self._fail()
+
+    async def _fail(self) -> None:
+        raise self.error()
+
+
+async def test_a_run_whose_stream_cannot_be_closed_gives_its_thread_back(
+        serve_runtime: ServeRuntime) -> None:
+    """An agent raising GeneratorExit after an await: closing the run's stream then raised
+    ("asynchronous generator is already running"), the run was never stored and its thread
+    stayed busy for good (every later run 409 THREAD_BUSY). Now the run is stored and its
+    thread given back, whatever that close raises."""
+    agent = RaisingAgent(lambda: GeneratorExit("closed"), in_task=True)
+    async with asyncio.timeout(TIMEOUT), serve_runtime(
+            CopilotRuntime(agents={"default": agent})) as served:
+        for run in ("run-1", "run-2"):
+            response = await served.post("/agent/default/run", run_input("go", run=run))
+            assert response.status == 200, await response.text()
+            # (cut: the GeneratorExit is thrown into the run's drive, past its stream)
+            with contextlib.suppress(aiohttp.ClientPayloadError):
+                await response.read()
+        response = await served.session.get(served.url + "/threads/thread-1/events")
+        assert response.status == 200, await response.text()
+        stored = (await response.json())["events"]
+        verify_events(stored)  # each stored with its end
+        assert [(e["type"], e.get("runId")) for e in stored if e["type"].startswith("RUN_")
+                ] == [("RUN_STARTED", "run-1"), ("RUN_ERROR", None),
+                      ("RUN_STARTED", "run-2"), ("RUN_ERROR", None)]
+
+
+@pytest.mark.parametrize("error", [
+    pytest.param(lambda: GeneratorExit("closed"), id="generator-exit"),
+    pytest.param(lambda: LibTimeout("timed out"), id="library-base-exception"),
+    pytest.param(lambda: asyncio.CancelledError(), id="its-own-cancellation"),
+])
+async def test_an_agents_base_exception_ends_its_run_with_an_agent_error(
+        serve_runtime: ServeRuntime, error: Callable[[], BaseException]) -> None:
+    """An agent raising a BaseException that is no Exception (a GeneratorExit; a library's
+    own, as gevent's Timeout is; a CancelledError of its own, no stop of the run's) cut the
+    run's stream without its end, and the run was stored without it: every later replay of
+    the thread broke clients ("RUN_STARTED while a run is already started"). Now the run
+    ends with a RUN_ERROR (AGENT_ERROR), streamed and stored, and the thread goes on."""
+    async with asyncio.timeout(TIMEOUT), serve_runtime(
+            CopilotRuntime(agents={"default": RaisingAgent(error)})) as served:
+        for run in ("run-1", "run-2"):
+            events = await served.run(run_input("go", run=run))
+            verify_events(events)
+            assert events[-1]["type"] == "RUN_ERROR", events[-1]
+            assert events[-1]["code"] == "AGENT_ERROR"
+        replay = await served.run(run_input("", run="c"), path="/agent/default/connect")
+        verify_events(replay)
+        assert [e["type"] for e in replay if e["type"].startswith("RUN_")] == [
+            "RUN_STARTED", "RUN_ERROR", "RUN_STARTED", "RUN_ERROR"]
+
+
+async def test_a_run_cut_before_its_end_is_stored_with_one() -> None:
+    """A run whose driving stopped before its end (here its writer raised) was stored
+    without one: a replay of its thread broke clients. Now it is stored ended."""
+    store = InMemoryThreadStore()
+    manager = RunManager(store)
+    run = await manager.begin("default", RaisingAgent(lambda: LibTimeout("never")),
+                              parse_run_input(run_input("go")), RunContext("default"))
+
+    async def write(batch: Any) -> None:
+        raise ValueError("the encoder broke")
+
+    async with asyncio.timeout(TIMEOUT):
+        with pytest.raises(ValueError, match="encoder"):
+            await run.drive(write)
+    assert not manager.active  # the thread is given back
+    stored = [event for _, event in await store.events_after("thread-1", -1)]
+    verify_events(stored)
+    assert [e["type"] for e in stored] == ["RUN_STARTED", "RUN_ERROR"]

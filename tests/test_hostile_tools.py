@@ -777,3 +777,60 @@ async def test_sync_handlers_that_hang_do_not_hold_up_host_name_lookups(
     finally:
         release.set()
         executor.shutdown(wait=False)
+
+
+# ---- an action raising what is no Exception ---------------------------------------------------
+
+
+@action
+async def closes_itself() -> str:
+    """Raises GeneratorExit, as code closing a generator it is inside may."""
+    raise GeneratorExit("closed /srv/app/x.py")
+
+
+async def test_an_actions_generator_exit_is_a_tool_error_and_its_thread_goes_on(
+        serve_runtime: ServeRuntime) -> None:
+    """An action raising GeneratorExit escaped `Action.execute` and the run's drive (whose
+    close of the stream then raised): the stream was cut without an end, the run never
+    stored and its thread busy for good (every later run 409). Now it is the tool's error."""
+    model = ScriptedAdapter(tool_turn(("closes_itself", "{}")), text_turn("done"),
+                            text_turn("again"))
+    runtime = CopilotRuntime(service_adapter=model, actions=[closes_itself])
+    async with asyncio.timeout(20), serve_runtime(runtime) as served:
+        events = await served.run(run_input("go"))
+        verify_events(events)
+        assert types(events)[-1] == "RUN_FINISHED", events[-1]
+        assert list(tool_errors(events).values()) == ["GeneratorExit: closed <path>"]
+        stored = await get_json(served, "/threads/thread-1/events")
+        assert stored["events"][-1]["type"] == "RUN_FINISHED"
+        events = await served.run(run_input("again", run="run-2"))
+        assert types(events)[-1] == "RUN_FINISHED"
+
+
+class LibTimeout(BaseException):
+    """A library's own BaseException, as gevent's Timeout and func_timeout's are."""
+
+
+async def test_a_librarys_base_exception_from_a_handler_is_a_tool_error() -> None:
+    """A BaseException that is no Exception (gevent's Timeout, func_timeout's), raised by a
+    handler (async, or sync in its worker thread), escaped `Action.execute` and cut the
+    run's stream without its end; now it is the tool's error."""
+    @action
+    async def times_out() -> str:
+        """Times out."""
+        raise LibTimeout("timed out talking to 10.0.0.5")
+
+    @action
+    def times_out_in_a_thread() -> str:
+        """Times out in its worker thread."""
+        raise LibTimeout("timed out")
+
+    said: list[str] = []
+    for handler in (times_out, times_out_in_a_thread):
+        try:
+            with pytest.raises(ActionError) as caught:
+                await handler.execute("{}")
+        except LibTimeout:
+            pytest.fail(f"LibTimeout escaped the action {handler.name}")
+        said.append(str(caught.value))
+    assert said == ["LibTimeout: timed out talking to 10.0.0.5", "LibTimeout: timed out"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import math
@@ -202,7 +203,8 @@ class GoogleGenAIAdapter:
             # Our own aiohttp session: the SDK's default one subclasses ClientSession, which
             # aiohttp deprecates (a warning on every first request). Made inside the loop.
             # trust_env: HTTP(S)_PROXY and NO_PROXY, as the other adapters' SDK clients do.
-            self._session = aiohttp.ClientSession(trust_env=True)
+            self._session = aiohttp.ClientSession(trust_env=True,
+                                                  response_class=_error_body_tolerant())
             # No `timeout`: the SDK makes it aiohttp's bound on the whole request, which cut
             # off an answer streaming for longer. The adapter's timeout bounds each wait
             # instead (`_stream_sdk`); the header the SDK derives from it is still sent.
@@ -312,7 +314,7 @@ class GoogleGenAIAdapter:
                 pieces.close()
             yield parser.finish()
         except genai_errors.APIError as exc:
-            said = upstream_said(str(exc.message or exc.status), secrets)
+            said = upstream_said(str(exc.message or exc.status or f"HTTP {exc.code}"), secrets)
             raise _direct.status_failure("Gemini", exc.code, said, _direct.unwaited(
                 _retry_delay(exc.details), self._max_retry_wait)) from None
         except (TimeoutError, aiohttp.ServerTimeoutError):
@@ -410,6 +412,26 @@ class _GeminiRetries:
 
     def backoff(self, attempt: int) -> float:
         return min(_RETRY_INITIAL * 2.0 ** attempt + random.random(), _RETRY_MAX)
+
+
+@functools.cache
+def _error_body_tolerant() -> type[aiohttp.ClientResponse]:
+    """aiohttp's answer, but an error answer's body that is not JSON (a proxy's page labelled
+    JSON, a cut body) reads as `{}`: the SDK, reading it, raised the decoder's error (taken
+    for an unreadable frame: the status lost, never retried); now it raises its error of
+    the status, retried as the status says."""
+    import aiohttp
+
+    class ErrorBodyTolerant(aiohttp.ClientResponse):
+        async def json(self, **options: Any) -> Any:
+            if self.status < 400:
+                return await super().json(**options)
+            try:
+                return await super().json(**options)
+            except ValueError:  # (JSONDecodeError, UnicodeDecodeError)
+                return {}
+
+    return ErrorBodyTolerant
 
 
 def _client_timeout(client: genai.Client) -> float | None:

@@ -121,6 +121,8 @@ class _Answer:
     """One streamed model answer: its events as deltas arrive, then its message."""
 
     message_id: str
+    #: The tool call ids the run's history and its answers so far hold (shared by them).
+    taken: set[str] = field(default_factory=set)
     text: list[str] = field(default_factory=list)
     calls: list[_Call] = field(default_factory=list)
     by_index: dict[int, _Call] = field(default_factory=dict)
@@ -140,6 +142,7 @@ class _Answer:
         """
         batch: list[Event] = []
         message_id, text, calls, by_index = self.message_id, self.text, self.calls, self.by_index
+        taken = self.taken
         text_open, open_call = self.text_open, self.open_call
         for delta in deltas:
             if self.reasoning_id is not None and type(delta) is not ReasoningDelta:
@@ -169,7 +172,14 @@ class _Answer:
                             and open_call.complete():
                         open_call.said = _ENDED
                         batch.append(tool_call_end(open_call.id))
-                    call = _Call(delta.id or f"call_{uuid.uuid4().hex[:24]}", "")
+                    call_id = delta.id
+                    if not call_id or call_id in taken:
+                        # A taken id (parallel calls under one, a provider numbering each
+                        # answer's calls from 0): each result went back to the model as the
+                        # first call's of the id, and the thread kept calls under one id.
+                        call_id = f"call_{uuid.uuid4().hex[:24]}"
+                    taken.add(call_id)
+                    call = _Call(call_id, "")
                     by_index[delta.call_index] = call
                     calls.append(call)
                     open_call = call
@@ -279,9 +289,10 @@ class BuiltInAgent(Agent):
         # unknown event types; the GraphQL edge declares no version): others never see them.
         version = input.model.protocol_version or "0"
         show_reasoning = version.split(".", 1)[0] not in ("", "0")
+        taken = _call_ids(turn.history)
         for step in range(self.max_steps):
             # The streaming step: one model answer, its events as they arrive.
-            answer = _Answer(str(uuid.uuid4()), show_reasoning=show_reasoning)
+            answer = _Answer(str(uuid.uuid4()), taken, show_reasoning=show_reasoning)
             last_step = follow_up and step == self.max_steps - 1
             request = self._request(turn, last_step=last_step)
             span = telemetry.model_call(self.adapter.provider, request.model) if (
@@ -430,6 +441,17 @@ def _change_state(shared: SharedState, call: _Call, telemetry: Any) -> StateChan
         if change.error is not None:
             telemetry.tool_failed(span)
         return change
+
+
+def _call_ids(history: Sequence[Message]) -> set[str]:
+    """The tool call ids `history` holds, its calls' and its results'."""
+    ids: set[str] = set()
+    for message in history:
+        if isinstance(message, AssistantMessage):
+            ids.update(call.id for call in message.tool_calls or ())
+        elif isinstance(message, ToolMessage):
+            ids.add(message.tool_call_id)
+    return ids
 
 
 def _add_usage(total: dict[str, int], usage: dict[str, Any]) -> None:
