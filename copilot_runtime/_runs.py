@@ -89,6 +89,9 @@ STORE_RETRY_FOR = 10.0
 SHUTDOWN_STORE_WAIT = 1.0
 #: Seconds a run's end waits for its lease to be given back (then left to the background).
 GIVE_BACK_WAIT = 0.5
+#: Seconds the next run on a thread waits for this worker to give its last run's lease back
+#: (then it asks the coordinator as any run does: busy while the lease is held).
+NEXT_RUN_WAITS_FOR_GIVE_BACK = 5.0
 #: Seconds before a `stop` signal is sent again while the stopped run holds its thread
 #: (then twice as long each time, up to 2 s).
 _STOP_AGAIN = 0.5
@@ -608,6 +611,7 @@ class ActiveRun:
                 # given the thread back before the client hears the end (its next run may
                 # go to another worker).
                 giving = self.manager._adopt(self.manager.let_go(self.lease))
+                self.manager._note_giving_back(self.thread_id, giving)
                 await asyncio.wait((giving,), timeout=GIVE_BACK_WAIT)
 
     async def _store(self) -> None:
@@ -753,6 +757,9 @@ class RunManager:
         #: Threads being deleted here (how many deletes of each): a run asking for one is
         #: busy until the deletes are done.
         self._deleting: dict[str, int] = {}
+        #: Threads whose run ended here while its lease is still being given back: the
+        #: next run on one waits for that (its client heard the end and asks at once).
+        self._giving_back: dict[str, asyncio.Future[None]] = {}
         #: The store when it keeps running runs' events (written as runs go), else None.
         self.durable: DurableThreadStore | None = \
             store if isinstance(store, DurableThreadStore) else None
@@ -902,6 +909,12 @@ class RunManager:
         thread_id = placeholder.thread_id
         lease: Lease | None = None
         try:
+            giving = self._giving_back.get(thread_id)
+            if giving is not None:
+                # This worker's last run on the thread ended but its lease is still on its
+                # way back (a slow coordinator): its client's next run (a tool's result,
+                # sent at once) waits for it rather than being refused as busy.
+                await asyncio.wait((giving,), timeout=NEXT_RUN_WAITS_FOR_GIVE_BACK)
             lease = await coordinator.acquire(thread_id, placeholder.run_id)
             record = await self.store.summary(thread_id)
             await self._check_owner(thread_id, record, owner, remembered)
@@ -984,6 +997,15 @@ class RunManager:
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
+
+    def _note_giving_back(self, thread_id: str, giving: asyncio.Future[None]) -> None:
+        self._giving_back[thread_id] = giving
+
+        def done(_: object) -> None:
+            if self._giving_back.get(thread_id) is giving:
+                del self._giving_back[thread_id]
+
+        giving.add_done_callback(done)
 
     def _adopt(self, work: Awaitable[None]) -> asyncio.Future[None]:
         """`work` in a task of its own, held until it ends."""

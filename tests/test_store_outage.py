@@ -711,3 +711,44 @@ async def test_a_runs_end_does_not_wait_for_a_coordinator_that_stops_answering(
         await eventually(given_back, deadline=10, what="the lease given back")
     finally:
         await runtime.aclose()
+
+
+async def test_the_next_run_waits_for_a_slow_give_back_instead_of_being_busy() -> None:
+    """A coordinator slow to take a lease back (a loaded server, a network blip): the run's
+    client hears its end after at most `GIVE_BACK_WAIT`, and its next run (CopilotKit sends
+    a tool's result at once) waits for this worker's give-back instead of a 409."""
+    from copilot_runtime import thread_store
+    from copilot_runtime._input import parse_run_input
+    from tests.scale_support.services import postgres_schema
+
+    with postgres_schema("giveback") as url:
+        made = coordinator(url)
+        finish = made.finish  # type: ignore[attr-defined]
+
+        async def slow_finish(lease: Any) -> None:
+            await asyncio.sleep(0.8)
+            await finish(lease)
+
+        made.finish = slow_finish  # type: ignore[attr-defined]
+        agent = GatedAgent()
+        agent.gate.set()
+        runtime = CopilotRuntime(agents={"default": agent}, thread_store=thread_store(url),
+                                 coordinator=made)
+        await runtime.start()
+        try:
+            sent: list[dict[str, Any]] = []
+
+            async def write(batch: Any) -> None:
+                sent.extend(batch)
+
+            first = await runtime.start_run("default", parse_run_input(_run("t-next")))
+            await first.drive(write)
+            assert sent[-1]["type"] == "RUN_FINISHED"
+            second = _run("t-next") | {"runId": "r2", "messages": [
+                {"id": "u1", "role": "user", "content": "hi"},
+                {"id": "u2", "role": "user", "content": "again"}]}
+            again = await runtime.start_run("default", parse_run_input(second))
+            await again.drive(write)
+            assert sent[-1]["type"] == "RUN_FINISHED"
+        finally:
+            await runtime.aclose()
