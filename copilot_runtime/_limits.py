@@ -54,6 +54,8 @@ DEFAULT_MAX_RUN_BYTES = 16 * 1024 * 1024
 LIVE_RUN_FACTOR = 4
 #: What a token adds to its text as JSON: its keys, type name, a short id and punctuation.
 _EVENT_OVERHEAD = 64
+#: The most keys a token event has (`type`, its id, `delta`, and a `role` or a timestamp).
+_TOKEN_KEYS = 4
 #: ASCII: one character beyond Latin-1 makes CPython hold a whole string at 2 bytes each.
 _TRUNCATED = "...[truncated]"
 
@@ -221,7 +223,9 @@ def estimated_size(events: Sequence[dict[str, Any]]) -> int:
     size = len(events) * _EVENT_OVERHEAD
     for event in events:
         delta = event.get("delta")
-        if delta.__class__ is str:
+        # A token has its type, an id and its delta; one with more (a remote's `rawEvent`)
+        # is weighed whole, or its extras would be kept unweighed.
+        if delta.__class__ is str and len(event) <= _TOKEN_KEYS:
             size += len(delta)
         else:
             size += _values_size(event)

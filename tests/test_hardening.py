@@ -753,3 +753,16 @@ async def test_a_run_cut_before_its_end_is_stored_with_one() -> None:
     stored = [event for _, event in await store.events_after("thread-1", -1)]
     verify_events(stored)
     assert [e["type"] for e in stored] == ["RUN_STARTED", "RUN_ERROR"]
+
+
+def test_a_token_carrying_more_than_its_text_is_weighed_whole() -> None:
+    """A remote's token with extra keys (a `rawEvent` of 100 KB) kept them unweighed: a run
+    of such tokens passed the live bound unseen, counted at 65 bytes each."""
+    from copilot_runtime._limits import estimated_size
+
+    token = {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": "x"}
+    assert estimated_size([token]) < 100
+    heavy = token | {"rawEvent": {"blob": "y" * 100_000}}
+    assert estimated_size([heavy]) > 100_000
+    args = {"type": "TOOL_CALL_ARGS", "toolCallId": "c1", "delta": "z" * 1000}
+    assert 1000 < estimated_size([args]) < 1100
