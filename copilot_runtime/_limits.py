@@ -54,8 +54,8 @@ DEFAULT_MAX_RUN_BYTES = 16 * 1024 * 1024
 LIVE_RUN_FACTOR = 4
 #: What a token adds to its text as JSON: its keys, type name, a short id and punctuation.
 _EVENT_OVERHEAD = 64
-#: The most keys a token event has (`type`, its id, `delta`, and a `role` or a timestamp).
-_TOKEN_KEYS = 4
+#: The keys of a token event (`type`, its id, `delta`); one with more is weighed whole.
+_TOKEN_KEYS = 3
 #: ASCII: one character beyond Latin-1 makes CPython hold a whole string at 2 bytes each.
 _TRUNCATED = "...[truncated]"
 

@@ -755,7 +755,7 @@ async def test_a_run_cut_before_its_end_is_stored_with_one() -> None:
     assert [e["type"] for e in stored] == ["RUN_STARTED", "RUN_ERROR"]
 
 
-def test_a_token_carrying_more_than_its_text_is_weighed_whole() -> None:
+async def test_a_token_carrying_more_than_its_text_is_weighed_whole() -> None:
     """A remote's token with extra keys (a `rawEvent` of 100 KB) kept them unweighed: a run
     of such tokens passed the live bound unseen, counted at 65 bytes each."""
     from copilot_runtime._limits import estimated_size
