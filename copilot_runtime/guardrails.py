@@ -194,7 +194,8 @@ class PatternGuardrail:
     and let go of the GIL: a check searches on the event loop for at most a few
     milliseconds (almost every message is done in microseconds), and a search that takes
     longer goes on in a thread, the loop serving meanwhile, until `timeout` seconds in all.
-    A search past `timeout`, or a message of more than `max_chars` characters, is refused
+    A search past `timeout`, or a message of more than `max_chars` characters (its text
+    attachments' text counted: a model reads it), is refused
     (fail closed): a pattern that backtracks (`a.*b.*c` on a long text) cannot hold the
     server.
     """
@@ -219,8 +220,9 @@ class PatternGuardrail:
         if not texts:
             return ALLOWED
         if sum(map(len, texts)) > self.max_chars:
-            return Verdict(False, f"Your message is longer than {self.max_chars} characters, "
-                                  "too long to be checked, so it was not sent.")
+            return Verdict(False, f"Your message, with the text of its attachments, is longer "
+                                  f"than {self.max_chars} characters, too long to be checked, "
+                                  "so it was not sent.")
         # Parts also as one text: a model reads them one after the other (adapters join
         # some roles' parts), so a word split across two is still that word.
         forms = _forms([*texts, "".join(texts)] if len(texts) > 1 else texts)

@@ -6,6 +6,7 @@ hyphens, fullwidth letters, odd whitespace) is searched in its normalised form t
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 
 import pytest
@@ -52,9 +53,16 @@ async def test_a_backtracking_pattern_cannot_hold_the_worker(
 async def test_text_past_max_chars_is_refused_unsearched() -> None:
     guardrail = PatternGuardrail(deny=[r"\bssn\b"], max_chars=1000)
     verdict = await guardrail.check([{"id": "m", "role": "user", "content": "x" * 1001}], None)
-    assert verdict.reason == ("Your message is longer than 1000 characters, too long to be "
-                              "checked, so it was not sent.")
+    assert verdict.reason == ("Your message, with the text of its attachments, is longer "
+                              "than 1000 characters, too long to be checked, so it was not "
+                              "sent.")
     assert not verdict.allowed
+    # An inline text attachment counts: a model reads it (the reason says so).
+    attached = [{"type": "text", "text": "see"}, {"type": "binary", "mimeType": "text/csv",
+                                                  "data": base64.b64encode(b"a," * 600).decode()}]
+    verdict = await guardrail.check([{"id": "m", "role": "user", "content": attached}], None)
+    assert not verdict.allowed
+    assert "attachments" in verdict.reason
     # The text parts of a multimodal message count together.
     parts = [{"type": "text", "text": "x" * 600}, {"type": "text", "text": "y" * 600}]
     verdict = await guardrail.check([{"id": "m", "role": "user", "content": parts}], None)
