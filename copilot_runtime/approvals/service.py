@@ -567,6 +567,12 @@ class ApprovalService:
                     continue
                 if not await self._still_waiting(store, owners[approval.agent_id], approval):
                     continue  # its thread was reset: nothing to time out (now withdrawn)
+                # Read again after the checkpoint's look (slow on a busy server): another
+                # server's timer may have timed it out meanwhile, and a run begun for it here
+                # would be given back only after its start was written to the thread.
+                fresh = await store.get(approval.id)
+                if fresh is None or fresh.status != "pending":
+                    continue
                 if not await self._try_resume(approval, timeout_answer(
                         iso_time(approval.expires_at)), "runtime", own=True):
                     next_due = min(next_due or now, now + self.retry_interval)
