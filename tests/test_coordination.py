@@ -694,3 +694,36 @@ async def test_a_deadline_holds_against_a_block_that_cleans_up_slowly() -> None:
     outside.cancel()
     with pytest.raises(asyncio.CancelledError):
         await outside
+
+
+async def test_close_does_not_wait_for_ever_on_a_task_that_ignores_its_cancellation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task a client library keeps from ending (a cancellation swallowed in its read)
+    held `aclose`, and with it a test's teardown or a server's shutdown, for ever."""
+    from copilot_runtime.coordination import _shared
+
+    monkeypatch.setattr(_shared, "CLOSE_TASKS_WITHIN", 0.3)
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                continue  # swallowed, as a buggy read would
+
+    with redis_prefix() as url:
+        made = coordinator(url)
+        await made.start()
+        task = asyncio.create_task(stubborn())
+        await asyncio.sleep(0.01)  # inside its sleep, where the cancellation is swallowed
+        made._tasks.append(task)  # type: ignore[attr-defined]
+        try:
+            with capture_logs() as logs:
+                async with asyncio.timeout(5):
+                    await made.aclose()
+            assert any("did not end" in entry["event"] for entry in logs)
+        finally:
+            release.set()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

@@ -35,6 +35,8 @@ _RETRY = 1.0
 #: one that a NAT or a firewall dropped without a word fails nothing, and hears nothing.
 PING_EVERY = 10.0
 PONG_WITHIN = 5.0
+#: Seconds `aclose` waits for its cancelled tasks before closing the connections anyway.
+CLOSE_TASKS_WITHIN = 5.0
 #: The longest a call waits for the coordinator's server by default (one that stopped
 #: answering, behind a network that drops packets, would hold it for minutes).
 DEFAULT_TIMEOUT = 10.0
@@ -249,7 +251,14 @@ class SharedCoordinator:
             await asyncio.gather(self._started, return_exceptions=True)
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Bounded: a task a client library keeps from ending (a cancellation swallowed in
+        # its read) would hold the close, and a shutdown, for ever; closing the connections
+        # below ends what it waits on.
+        _, stuck = await asyncio.wait(self._tasks, timeout=CLOSE_TASKS_WITHIN) \
+            if self._tasks else ((), ())
+        if stuck:
+            _log.warning("coordinator tasks did not end when cancelled; closing anyway",
+                         tasks=len(stuck))
         self._held.clear()
         self._confirmed.clear()
         if self._started is not None:
