@@ -71,6 +71,16 @@ def detached(runtime: CopilotRuntime, thread: str) -> bool:
     return run is not None and run.detached
 
 
+async def leave(response: aiohttp.ClientResponse, runtime: CopilotRuntime,
+                thread: str) -> bytes:
+    """The client leaves once the answer has begun (a reload); the run goes on without it.
+    The bytes it had read."""
+    seen = await until_text(response)
+    response.close()
+    await until(lambda: detached(runtime, thread), "the run was not detached")
+    return seen
+
+
 @pytest.mark.parametrize("route", ["multi-route", "envelope"])
 async def test_a_run_whose_client_leaves_goes_on_and_connect_replays_it_whole(
         llm: MockOpenAIServer, serve_runtime: ServeRuntime, route: str) -> None:
@@ -80,9 +90,7 @@ async def test_a_run_whose_client_leaves_goes_on_and_connect_replays_it_whole(
         body = run_input("slow:60 finish without me", thread="t-reload")
         response = await (served.post(RUN, body) if route == "multi-route"
                           else served.post("", envelope("agent/run", body)))
-        await until_text(response)
-        response.close()  # a reload
-        await until(lambda: detached(served.runtime, "t-reload"), "the run was not detached")
+        await leave(response, served.runtime, "t-reload")
         assert llm.active_streams == 1
         assert llm.cancelled_streams == 0
         await until(lambda: "t-reload" not in served.runtime.runs.active, "the run never ended")
@@ -99,9 +107,7 @@ async def test_connect_follows_a_detached_run_to_its_end(serve_runtime: ServeRun
     runtime = CopilotRuntime(agents={"default": agent})
     async with serve_runtime(runtime) as served:
         response = await served.post(RUN, run_input("hi", thread="t-follow"))
-        await until_text(response)
-        response.close()
-        await until(lambda: detached(runtime, "t-follow"), "the run was not detached")
+        await leave(response, runtime, "t-follow")
         connect = await served.post(CONNECT, run_input("", thread="t-follow"))
         so_far = b""
         async with asyncio.timeout(10):
@@ -123,9 +129,7 @@ async def test_a_resume_after_the_client_left_gets_exactly_the_rest(
     runtime = CopilotRuntime(agents={"default": agent})
     async with serve_runtime(runtime) as served:
         response = await served.post(RUN, run_input("hi", thread="t-resume"))
-        seen = parse_sse_ids(await until_text(response))
-        response.close()
-        await until(lambda: detached(runtime, "t-resume"), "the run was not detached")
+        seen = parse_sse_ids(await leave(response, runtime, "t-resume"))
         last_id = seen[-1][0]
         assert last_id is not None
         resumed = asyncio.create_task(served.post(
@@ -150,9 +154,7 @@ async def test_a_detached_run_is_stopped_at_its_bound(
     runtime = openai_runtime(llm, detached_run_seconds=0.5)
     async with serve_runtime(runtime) as served:
         response = await served.post(RUN, run_input("slow:400 a long answer", thread="t-bound"))
-        await until_text(response)
-        response.close()
-        await until(lambda: detached(runtime, "t-bound"), "the run was not detached")
+        await leave(response, runtime, "t-bound")
         assert llm.active_streams == 1
         assert llm.cancelled_streams == 0
         await until(lambda: "t-bound" not in runtime.runs.active, "the run was not stopped")
@@ -184,9 +186,7 @@ async def test_a_stop_stops_a_detached_run_at_once(serve_runtime: ServeRuntime,
     runtime = CopilotRuntime(agents={"default": agent}, detached_run_seconds=None)
     async with serve_runtime(runtime) as served:
         response = await served.post(RUN, run_input("hi", thread="t-stopped"))
-        await until_text(response)
-        response.close()
-        await until(lambda: detached(runtime, "t-stopped"), "the run was not detached")
+        await leave(response, runtime, "t-stopped")
         busy = await served.post(RUN, run_input("again", thread="t-stopped", run="run-2"))
         assert busy.status == 409  # its thread is busy while it goes on
         if route == "multi-route":
@@ -286,9 +286,7 @@ async def test_shutdown_ends_a_detached_run_as_interrupted(serve_runtime: ServeR
     runtime = CopilotRuntime(agents={"default": agent}, detached_run_seconds=None)
     async with serve_runtime(runtime) as served:
         response = await served.post(RUN, run_input("hi", thread="t-shutdown"))
-        await until_text(response)
-        response.close()
-        await until(lambda: detached(runtime, "t-shutdown"), "the run was not detached")
+        await leave(response, runtime, "t-shutdown")
         runtime.runs.stop_all()  # what shutdown begins with
         await until(lambda: "t-shutdown" not in runtime.runs.active, "the run goes on")
         record = await runtime.store.get("t-shutdown")
@@ -404,9 +402,7 @@ async def test_serve_shutdown_ends_a_detached_run_at_once(
     async with aiohttp.ClientSession() as session:
         response = await session.post(f"http://127.0.0.1:{config.port}/api{RUN}",
                                       json=run_input("hi", thread="t-sigterm"))
-        await until_text(response)
-        response.close()
-        await until(lambda: detached(runtime, "t-sigterm"), "the run was not detached")
+        await leave(response, runtime, "t-sigterm")
     run = runtime.runs.active["t-sigterm"]
     started = time.monotonic()
     server.should_exit = True  # what SIGTERM does

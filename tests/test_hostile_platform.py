@@ -147,13 +147,8 @@ async def test_an_answer_that_is_not_the_json_expected_is_an_upstream_error(
     assert ending(events) == ("RUN_ERROR", "UPSTREAM_ERROR", message)
 
 
-@pytest.mark.parametrize("fake", [
-    FakePlatform(unusable="state"),
-    FakePlatform(values={"messages": [{"type": "ai", "content": "x", "id": "m1",
-                                       "tool_calls": "not a list"}]})])
-async def test_a_thread_state_that_is_not_the_json_expected_is_an_upstream_error(
-        fake: FakePlatform) -> None:
-    """Before: the GraphQL `loadAgentState` answered UNKNOWN, 500."""
+async def load_state_error(fake: Any) -> UpstreamError:
+    """The error `load_state` of an agent on `fake` raises (it must raise one)."""
     async with serve(fake.app) as platform:
         agent = LangGraphPlatformAgent(deployment_url=platform, graph_id="fake")
         try:
@@ -161,8 +156,19 @@ async def test_a_thread_state_that_is_not_the_json_expected_is_an_upstream_error
                 await agent.load_state("t1")
         finally:
             await agent.aclose()
-    assert caught.value.message == ("The LangGraph Platform's graph 'fake' answered with "
-                                    "something unusable (its thread's state)")
+    return caught.value
+
+
+@pytest.mark.parametrize("fake", [
+    FakePlatform(unusable="state"),
+    FakePlatform(values={"messages": [{"type": "ai", "content": "x", "id": "m1",
+                                       "tool_calls": "not a list"}]})])
+async def test_a_thread_state_that_is_not_the_json_expected_is_an_upstream_error(
+        fake: FakePlatform) -> None:
+    """Before: the GraphQL `loadAgentState` answered UNKNOWN, 500."""
+    assert (await load_state_error(fake)).message == (
+        "The LangGraph Platform's graph 'fake' answered with something unusable (its "
+        "thread's state)")
 
 
 async def test_a_bare_nan_in_an_event_is_an_upstream_error(
@@ -386,14 +392,8 @@ async def test_a_thread_state_of_a_wrong_shape_is_an_upstream_error(
     assert ending(events) == ("RUN_ERROR", "UPSTREAM_ERROR", _STATE_UNUSABLE)
     if "metadata" in state:
         return  # (`load_state` reads only the values)
-    async with serve(fake.app) as platform:
-        agent = LangGraphPlatformAgent(deployment_url=platform, graph_id="fake")
-        try:
-            with pytest.raises(UpstreamError) as caught:
-                await agent.load_state("t1")
-        finally:
-            await agent.aclose()
-    assert "answered with something unusable (its thread's state)" in caught.value.message
+    assert "answered with something unusable (its thread's state)" in (
+        await load_state_error(fake)).message
 
 
 class _StatePlatform(FakePlatform):
