@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from ag_ui.core import (
@@ -138,13 +139,17 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
 
         from copilot_runtime import LangChainAdapter
 
-        models: list[ChatOpenAI] = []
+        # Each model gets its own HTTP client: langchain-openai's default one is cached per
+        # (base URL, timeout) for the whole process, so closing it would break a later test
+        # whose mock happens to reuse this one's port.
+        clients: list[httpx.AsyncClient] = []
 
         def chat_model(timeout: float = 10.0, base_url: str | None = None) -> LangChainAdapter:
+            client = httpx.AsyncClient()
+            clients.append(client)
             model = ChatOpenAI(model="gpt-4o", api_key="sk-mock",  # type: ignore[arg-type]
                                base_url=base_url or server.base_url, max_retries=0,
-                               timeout=timeout, stream_usage=True)
-            models.append(model)
+                               timeout=timeout, stream_usage=True, http_async_client=client)
             return LangChainAdapter(model)
 
         async with MockOpenAIServer(chunks=4) as server:
@@ -152,8 +157,8 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
                           lambda s: _openai_settings(s.requests[-1]),
                           lambda s: _openai_image(s.requests[-1]))
             # The application owns its model's clients (the adapter leaves them open).
-            for model in models:
-                await model.root_async_client.close()
+            for client in clients:
+                await client.aclose()
     else:
         from copilot_runtime import OpenAIAdapter
 
