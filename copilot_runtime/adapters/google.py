@@ -561,7 +561,7 @@ class GeminiStreamParser:
                 call_id = call.get("id") or f"call_{uuid.uuid4().hex[:24]}"
                 signature = part.get("thoughtSignature")
                 if signature and self._remember is not None:
-                    self._remember(call_id, base64.b64decode(signature))
+                    self._remember(call_id, _signature_bytes(signature))
                 name = call.get("name") or ""
                 out.append(ToolCallDelta(self.calls, call_id, self._renamed.get(name, name),
                                          orjson.dumps(call.get("args") or {}).decode()))
@@ -949,3 +949,17 @@ def _convert(schema: Any, definitions: dict[str, Any], depth: int,
 
 def _text_keys(schema: dict[str, Any]) -> dict[str, Any]:
     return {k: schema[k] for k in ("description", "title") if k in schema}
+
+
+#: The SDK route's chunks are dumped to JSON by pydantic, which writes bytes in the URL-safe
+#: alphabet ("-", "_"); the API's own JSON uses the standard one ("+", "/").
+_URL_SAFE = str.maketrans("-_", "+/")
+
+
+def _signature_bytes(signature: Any) -> bytes:
+    """A thought signature's bytes, from either base64 alphabet; anything else is refused
+    (a lenient decode drops what it cannot read, and the call then replays a signature the
+    API refuses)."""
+    if not isinstance(signature, str):
+        raise TypeError("a thought signature that is not a string")
+    return base64.b64decode(signature.translate(_URL_SAFE), validate=True)

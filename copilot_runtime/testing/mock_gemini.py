@@ -46,7 +46,20 @@ _SCHEMA_KEYS = frozenset({
     "pattern", "example", "anyOf", "propertyOrdering", "default", "items", "minimum",
     "maximum"})
 _TYPES = frozenset({"STRING", "NUMBER", "INTEGER", "BOOLEAN", "ARRAY", "OBJECT"})
-_SIGNATURE = base64.b64encode(b"mock-thought-signature").decode()
+# Leading bytes that base64 writes as "+" and "/", as a real (random) signature has.
+_SIGNATURE = base64.b64encode(b"\xfb\xff\xbfmock-thought-signature").decode()
+
+
+def _is_signature(value: Any) -> bool:
+    """Whether `value` is the mock's signature, in either base64 alphabet (the API reads
+    bytes fields in both, and the SDK writes the URL-safe one)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        decoded = base64.b64decode(value.translate(str.maketrans("-_", "+/")), validate=True)
+    except ValueError:
+        return False
+    return decoded == base64.b64decode(_SIGNATURE)
 
 
 
@@ -131,7 +144,7 @@ def validate(body: Any, signed: set[str]) -> None:
                 raise Refused(f"contents[{i}].functionCall.args: must be an object")
             # Gemini 3 signs the first call of a turn, and checks that one comes back.
             if not calls and call.get("name") in signed \
-                    and part.get("thoughtSignature") != _SIGNATURE:
+                    and not _is_signature(part.get("thoughtSignature")):
                 raise Refused(f"Function call is missing a thought_signature in functionCall "
                                f"parts. (contents[{i}])")
             calls += 1
