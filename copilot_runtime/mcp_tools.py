@@ -3,7 +3,9 @@
 On the official `mcp` SDK (the `mcp` extra). `MCPToolset` connects to each server once (over
 streamable HTTP, or stdio for a local command), lists its tools and turns each into an
 `Action` whose handler calls the tool on that server; a tool error comes back to the model as
-a tool error. Two servers publishing the same name are told apart by a prefix.
+a tool error. Two servers publishing the same name are told apart by a prefix; a name longer
+than providers accept is cut and ends with a hash of the whole (see `_names`); a server offers
+at most its `max_tools` tools.
 
     toolset = MCPToolset([MCPServer(url="http://127.0.0.1:9000/mcp", headers={...}),
                           MCPServer.stdio("python", ["my_server.py"])])
@@ -29,6 +31,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import hashlib
 import random
 import re
 from collections import Counter
@@ -66,6 +69,13 @@ _log = structlog.get_logger("copilot_runtime.mcp_tools")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 #: Pages of one tool listing read at most (a server whose cursor never ends is cut off).
 _MAX_PAGES = 100
+#: The longest tool name providers accept (OpenAI's function names, as `Action` checks).
+_MAX_NAME = 64
+#: Hex digits of the hash a cut name ends with (32 bits: a clash is hashed again anyway).
+_HASH_DIGITS = 8
+#: Tools a server offers unless its `max_tools` says otherwise: OpenAI refuses a request
+#: offering more than 128, and the application's own actions need room too.
+MAX_TOOLS = 100
 #: A lost server's first reconnect attempt comes after about this many seconds; each failed
 #: attempt doubles the wait, up to `RECONNECT_MAX_DELAY_S` (`MCPToolset` takes both).
 RECONNECT_DELAY_S = 0.5
@@ -186,15 +196,20 @@ class MCPServer:
     #: Prefix of this server's tool names when another server publishes the same name.
     name: str | None = None
     timeout: float = 60.0
+    #: The most tools of this server offered: the first ones it lists (None: no bound).
+    max_tools: int | None = MAX_TOOLS
 
     def __post_init__(self) -> None:
         if (self.url is None) == (self.command is None):
             raise ConfigurationError("An MCPServer needs either url= or a stdio command")
+        if self.max_tools is not None and self.max_tools < 1:
+            raise ConfigurationError("An MCPServer's max_tools must be at least 1 (or None)")
 
     @classmethod
     def stdio(cls, command: str, args: Sequence[str] = (), *,
-              env: Mapping[str, str] | None = None, name: str | None = None) -> MCPServer:
-        return cls(command=command, args=tuple(args), env=env, name=name)
+              env: Mapping[str, str] | None = None, name: str | None = None,
+              max_tools: int | None = MAX_TOOLS) -> MCPServer:
+        return cls(command=command, args=tuple(args), env=env, name=name, max_tools=max_tools)
 
     @property
     def label(self) -> str:
@@ -540,12 +555,14 @@ class MCPToolset:
         """The actions of every server's tools, in the servers' order; a name two servers
         publish gets each server's prefix, so the result does not depend on timing."""
         counts = Counter(tool.name for conn in self._connections for tool in conn.tools)
+        listed = [(conn, tool) for conn in self._connections for tool in conn.tools]
+        names = iter(_names([(tool.name, conn.prefix if counts[tool.name] > 1 else None)
+                             for conn, tool in listed]))
         actions: dict[str, Action] = {}
         for conn in self._connections:
             for tool in conn.tools:
                 try:
-                    action = _tool_action(conn, tool,
-                                          conn.prefix if counts[tool.name] > 1 else None)
+                    action = _tool_action(conn, tool, next(names))
                 except ConfigurationError as exc:  # an invalid schema, an empty name...
                     _log.warning("MCP tool left out", server=conn.server.label,
                                  tool=tool.name, error=str(exc))
@@ -627,6 +644,35 @@ def _prefixes(servers: Sequence[MCPServer]) -> list[str]:
     return prefixes
 
 
+def _names(tools: Sequence[tuple[str, str | None]]) -> list[str]:
+    """The action name of each tool (its name, and its server's prefix when another server
+    publishes that name too): the name made safe, after the prefix. One longer than providers
+    accept keeps its first characters and ends with a hash of the whole (its prefix and
+    unsafe characters with it), the same on every listing and worker: cut to 64 characters,
+    two tools sharing them were one action, whose calls ran either. A name that fits is
+    never taken by a cut one: that is hashed again (so is a cut name two tools would get)."""
+    wanted = [_UNSAFE.sub("_", name) if prefix is None
+              else f"{prefix}__{_UNSAFE.sub('_', name)}" for name, prefix in tools]
+    taken = {name for name in wanted if len(name) <= _MAX_NAME}
+    names = []
+    for (name, prefix), want in zip(tools, wanted, strict=True):
+        if len(want) > _MAX_NAME:
+            whole = name if prefix is None else f"{prefix}__{name}"
+            again = 0
+            while (want := _cut(want, whole, again)) in taken:
+                again += 1
+            taken.add(want)
+        names.append(want)
+    return names
+
+
+def _cut(name: str, whole: str, again: int) -> str:
+    """`name` cut to fit, ending with a hash of `whole` (of it and `again`, after a clash)."""
+    hashed = whole if again == 0 else f"{whole}\n{again}"
+    digest = hashlib.sha256(hashed.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{name[:_MAX_NAME - _HASH_DIGITS - 1]}_{digest[:_HASH_DIGITS]}"
+
+
 async def _list_tools(client: Client, server: MCPServer, *, refresh: bool) -> list[Any]:
     tools: dict[str, Any] = {}
     cursor: str | None = None
@@ -645,8 +691,14 @@ async def _list_tools(client: Client, server: MCPServer, *, refresh: bool) -> li
             break
     else:
         _log.warning("MCP tool listing cut off: its cursor did not end",
-                     server=server.name, pages=_MAX_PAGES, tools=len(tools))
-    return list(tools.values())
+                     server=server.label, pages=_MAX_PAGES, tools=len(tools))
+    listed = list(tools.values())
+    if server.max_tools is not None and len(listed) > server.max_tools:
+        # Every run would offer them all, and a provider refuses too many (OpenAI: 128).
+        _log.warning("MCP tools left out: the server lists more than its max_tools",
+                     server=server.label, listed=len(listed), offered=server.max_tools)
+        del listed[server.max_tools:]
+    return listed
 
 
 async def _list_tools_leniently(client: Client, server: MCPServer, cursor: str | None
@@ -731,10 +783,8 @@ async def _until_ended(changes: Subscription, server: MCPServer) -> str:
     return "the server closed its tool change stream"
 
 
-def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
-    name = _UNSAFE.sub("_", tool.name)
-    if prefix is not None:
-        name = f"{prefix}__{name}"
+def _tool_action(conn: _Connection, tool: Any, name: str) -> Action:
+    """The action `name` calling `tool` on `conn`'s server."""
     remote = tool.name
 
     async def call(**arguments: Any) -> Any:
@@ -769,7 +819,7 @@ def _tool_action(conn: _Connection, tool: Any, prefix: str | None) -> Action:
         # (a provider refuses a request offering it: every run would fail)
         raise ConfigurationError(f"its inputSchema is of type {str(schema['type'])[:40]!r}, "
                                  "not 'object'")
-    return Action(name[:64], call, description=tool.description or "",
+    return Action(name, call, description=tool.description or "",
                   parameters=schema or {"type": "object", "properties": {}})
 
 

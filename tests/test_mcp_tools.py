@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -15,6 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
+from structlog.testing import capture_logs
 
 from copilot_runtime import (
     ActionError,
@@ -27,7 +29,12 @@ from copilot_runtime import (
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import ServeRuntime, free_port, run_input, serve, text_of, types
-from tests.mcp_support.servers import changing_server, clock_server, weather_server
+from tests.mcp_support.servers import (
+    changing_server,
+    clock_server,
+    named_server,
+    weather_server,
+)
 from tests.mcp_support.serving import killable
 
 TIMEOUT_S = 60
@@ -400,3 +407,99 @@ def test_a_tools_result_of_other_blocks_than_text_says_what_they_are() -> None:
         "[resource file:///x.bin: application/octet-stream, 3 bytes, not shown]",
         "[image: image/png, 9 bytes, not shown]", "[audio: audio/wav, 3 bytes, not shown]",
         "[resource link: https://example.com/y (y)]"]
+
+
+# ---- names providers accept, and a bound on how many tools a server offers -----------------
+
+#: A tool name longer than providers accept (64 characters); names ending differently after
+#: it share their first 64 characters.
+LONG = "lookup_" + "customer_records_" * 4
+
+
+def cut_name(whole: str, safe: str | None = None) -> str:
+    """What a tool name too long for providers becomes: its first 55 characters (made safe),
+    then the first 8 hex digits of the SHA-256 of the whole name (its prefix with it)."""
+    return f"{(safe or whole)[:55]}_{hashlib.sha256(whole.encode()).hexdigest()[:8]}"
+
+
+async def call_each(toolset: MCPToolset) -> dict[str, str]:
+    """Each action's name, and the name of the remote tool its call ran."""
+    return {a.name: orjson.loads(await a.execute("{}"))["result"] for a in toolset.actions}
+
+
+async def test_tool_names_too_long_are_cut_apart_the_same_way_everywhere() -> None:
+    """Names were cut to 64 characters: two tools sharing their first 64 became two actions
+    of one name, and a call ran whichever won. A cut name ends with a hash of the whole now:
+    each call reaches its own tool, and every toolset (every worker, every listing) gives a
+    tool the same name. A name two servers publish is still prefixed first, then cut."""
+    names = [LONG + "orders", LONG + "invoices", "short"]
+    async with asyncio.timeout(TIMEOUT_S), serve(named_server(names).streamable_http_app()) as a, \
+            serve(named_server([LONG + "orders"]).streamable_http_app()) as b:
+        offered: list[dict[str, str]] = []
+        for _ in range(2):
+            toolset = MCPToolset([MCPServer(url=a + "/mcp", name="a"),
+                                  MCPServer(url=b + "/mcp", name="b")])
+            await toolset.start()
+            try:
+                offered.append(await call_each(toolset))
+            finally:
+                await toolset.aclose()
+    assert offered[0] == offered[1]
+    assert offered[0] == {
+        cut_name(f"a__{LONG}orders"): LONG + "orders",
+        cut_name(LONG + "invoices"): LONG + "invoices",
+        "short": "short",
+        cut_name(f"b__{LONG}orders"): LONG + "orders"}
+    assert all(len(name) <= 64 for name in offered[0])
+
+
+async def test_a_cut_name_never_takes_another_tools_name() -> None:
+    """A tool whose name fits keeps it, whatever a cut one would become: before, a long
+    tool listed first took the name of the one named its first 64 characters, which was left
+    out. A cut name that is another tool's (here one named so on purpose) is hashed again."""
+    long, fits, named_so = LONG + "orders", LONG[:64], cut_name(LONG + "orders")
+    server = named_server([long, fits, named_so])
+    async with asyncio.timeout(TIMEOUT_S), serve(server.streamable_http_app()) as url:
+        toolset = MCPToolset([MCPServer(url=url + "/mcp")])
+        await toolset.start()
+        try:
+            offered = await call_each(toolset)
+        finally:
+            await toolset.aclose()
+    assert offered[fits] == fits
+    assert offered[named_so] == named_so
+    (other,) = set(offered) - {fits, named_so}
+    assert offered[other] == long
+    assert len(other) == 64
+    assert other.startswith(LONG[:55])
+
+
+async def test_a_server_offers_at_most_its_max_tools() -> None:
+    """A server listing 150 tools made every run offer all of them, which OpenAI refuses
+    (more than 128): every run failed. The first `max_tools` (100 unless set) are offered,
+    and one warning names the server and the counts."""
+    names = [f"t{n:03}" for n in range(150)]
+    async with asyncio.timeout(TIMEOUT_S), \
+            serve(named_server(names).streamable_http_app()) as url:
+        for bound, offered in ((100, 100), (5, 5), (None, 150)):
+            server = (MCPServer(url=url + "/mcp", name="many") if bound == 100 else
+                      MCPServer(url=url + "/mcp", name="many", max_tools=bound))
+            toolset = MCPToolset([server])
+            with capture_logs() as logs:
+                await toolset.start()
+            try:
+                assert [a.name for a in toolset.actions] == names[:offered]
+                assert await toolset.actions[-1].execute("{}") == orjson.dumps(
+                    {"result": names[offered - 1]}).decode()
+            finally:
+                await toolset.aclose()
+            warned = [entry for entry in logs if entry["log_level"] == "warning"]
+            if bound is None:
+                assert warned == []
+            else:
+                assert warned == [{"event": "MCP tools left out: the server lists more than "
+                                            "its max_tools", "log_level": "warning",
+                                   "server": "many", "listed": 150, "offered": bound}]
+    for bad in (0, -1):
+        with pytest.raises(ConfigurationError, match="max_tools"):
+            MCPServer(url="http://x", max_tools=bad)

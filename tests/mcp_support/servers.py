@@ -2,13 +2,14 @@
 stdio); `getweather`, the real-client apps' `getWeather` action as an MCP tool; `clock`, which
 also publishes `add` (a name clash with `weather`'s); and `changing`, whose `swap` tool
 replaces its `old` tool by a `new` one and says so, and whose `vanish` tool ends its
-process."""
+process; `named`, whose tools have the names a test gives and answer with them."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -115,6 +116,22 @@ def slow_server(started: list[str]) -> MCPServer:
         return tag
 
     return server
+
+
+def named_server(names: list[str]) -> MCPServer:
+    """A tool of each of `names` (long ones, many of them), each answering with its name: a
+    call shows which tool ran."""
+    server = MCPServer("named")
+    for name in names:
+        server.add_tool(_answering(name), name=name, description=f"Answers {name}")
+    return server
+
+
+def _answering(name: str) -> Callable[[], str]:
+    def which() -> str:
+        return name
+
+    return which
 
 
 SERVERS = {"weather": weather_server, "clock": clock_server, "changing": changing_server,
