@@ -10,8 +10,8 @@ that must cancel the upstream request.
 
 from __future__ import annotations
 
-import base64
 import asyncio
+import base64
 import contextlib
 import re
 import sys
