@@ -1,10 +1,11 @@
-"""Every started stream ends: an agent whose stream fails to close still gives the client
-its run's end.
+"""Every started stream ends: an agent whose stream fails to close, and an action that
+awaits work another task ended, still give the client its run's end.
 
 A custom agent whose stream's close raised (its `aclose`, or its generator's `finally`,
 after its last event or after a stop) cut the client's stream without RUN_FINISHED or
 RUN_ERROR (the run was stored with an INTERRUPTED end, and the exception reached the
-server).
+server). An action awaiting a task that raised GeneratorExit, or that another task
+cancelled, is the tool's error on both protocols, and a stop still stops one at work.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from typing import Any
 import orjson
 import pytest
 
-from copilot_runtime import Agent, CopilotRuntime, RunContext, RunInput
+from copilot_runtime import Agent, CopilotRuntime, RunContext, RunInput, action
 from copilot_runtime import events as ev
 from copilot_runtime._input import parse_run_input
 from copilot_runtime.events import Event, EventBatches
-from copilot_runtime.testing import verify_events
-from tests.conftest import Served, ServeRuntime, run_input, types
+from copilot_runtime.testing import ScriptedAdapter, text_turn, tool_turn, verify_events
+from tests.conftest import Served, ServeRuntime, poll, run_input, types
 from tests.gql.wire import (
     CLIENT_DOCUMENT,
     CLIENT_HEADERS,
@@ -200,3 +201,162 @@ async def test_a_stopped_agent_whose_close_raises_still_ends_as_a_stop(where: st
         release.set()
         await runtime.aclose()
 
+
+# ---- actions awaiting work another task ended --------------------------------------------
+
+
+async def _raises_generator_exit() -> str:
+    await asyncio.sleep(0)
+    raise GeneratorExit("closed in /srv/app/x.py")
+
+
+@action
+async def awaits_a_closed_task() -> str:
+    """Awaits a task that raised GeneratorExit."""
+    return await asyncio.ensure_future(_raises_generator_exit())
+
+
+@action
+async def awaits_a_cancelled_task() -> str:
+    """Awaits a task another task cancels."""
+    lookup = asyncio.ensure_future(asyncio.sleep(30, "late"))
+    asyncio.get_running_loop().call_soon(lookup.cancel)
+    return await lookup
+
+
+@action
+async def waits_for_a_cancelled_task() -> str:
+    """Waits, with a bound, for a task another task cancels."""
+    lookup = asyncio.ensure_future(asyncio.sleep(30, "late"))
+    asyncio.get_running_loop().call_later(0.01, lookup.cancel)
+    return await asyncio.wait_for(lookup, 10)
+
+
+@action
+async def shields_a_cancelled_task() -> str:
+    """Shields a task another task cancels."""
+    lookup = asyncio.ensure_future(asyncio.sleep(30, "late"))
+    asyncio.get_running_loop().call_later(0.01, lookup.cancel)
+    return await asyncio.shield(lookup)
+
+
+@action
+async def gathers_a_closed_task() -> str:
+    """Gathers a task that raises GeneratorExit."""
+    (result,) = await asyncio.gather(_raises_generator_exit())
+    return result
+
+
+@action
+async def groups_a_closed_task() -> str:
+    """Runs a task group one of whose tasks raises GeneratorExit."""
+    async with asyncio.TaskGroup() as group:
+        group.create_task(_raises_generator_exit())
+        group.create_task(asyncio.sleep(30))
+    return "never"
+
+
+@action
+def closes_in_a_thread() -> str:
+    """Raises GeneratorExit in its worker thread (a sync handler)."""
+    raise GeneratorExit("closed")
+
+
+AWAITING = [awaits_a_closed_task, awaits_a_cancelled_task, waits_for_a_cancelled_task,
+            shields_a_cancelled_task, gathers_a_closed_task, groups_a_closed_task,
+            closes_in_a_thread]
+
+
+@pytest.mark.parametrize("tool", AWAITING, ids=lambda a: a.name)
+async def test_an_action_awaiting_an_ended_task_is_a_tool_error_on_agui(
+        serve_runtime: ServeRuntime, tool: Any) -> None:
+    model = ScriptedAdapter(tool_turn((tool.name, "{}")), text_turn("done"))
+    runtime = CopilotRuntime(service_adapter=model, actions=[tool])
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("go", thread="t-a"))
+    verify_events(events)
+    assert types(events)[-1] == "RUN_FINISHED", events[-1]
+    (result,) = [e for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    error = orjson.loads(result["content"])["error"]
+    assert not any(s in error for s in _INTERNALS), error
+
+
+class CallsTool(Agent):
+    """Calls `name` (a server-side action the runtime answers), then says it is done."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._run()
+
+    async def _run(self) -> EventBatches:
+        yield [ev.tool_call_start("c1", self.name, "m0"), ev.tool_call_args("c1", "{}"),
+               ev.tool_call_end("c1")]
+        yield _said("done")
+
+
+@pytest.mark.parametrize("tool", AWAITING, ids=lambda a: a.name)
+async def test_an_action_awaiting_an_ended_task_is_a_tool_error_on_graphql(
+        serve_runtime: ServeRuntime, tool: Any) -> None:
+    runtime = CopilotRuntime(agents={"caller": CallsTool(tool.name)}, actions=[tool],
+                             service_adapter=ScriptedAdapter())
+    async with serve_runtime(runtime) as served:
+        response = await graphql_turn(served, "caller", "g-a")
+    assert response["status"]["code"] == "Success", response["status"]
+    (result,) = [m for m in response["messages"] if m["__typename"] == "ResultMessageOutput"]
+    assert "error" in result["result"], result
+    assert [m["content"] for m in response["messages"]
+            if m["__typename"] == "TextMessageOutput"] == [["done"]]
+
+
+async def test_a_stop_still_stops_an_action_at_work_and_waits_for_it(
+        serve_runtime: ServeRuntime) -> None:
+    """A handler runs in a task of its own now: a stop of its run cancels it, and the run
+    ends once it has unwound, as when it ran in the run's task; so does a GraphQL client's
+    disconnect (its stop button)."""
+    working = asyncio.Event()
+    unwound: list[str] = []
+
+    @action
+    async def works_long() -> str:
+        """Works for a minute."""
+        working.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)  # some cleanup of its own
+            unwound.append("cancelled")
+            raise
+        return "worked"
+
+    model = ScriptedAdapter(tool_turn(("works_long", "{}")), tool_turn(("works_long", "{}")))
+    runtime = CopilotRuntime(service_adapter=model, actions=[works_long])
+    async with serve_runtime(runtime) as served:
+        running = asyncio.ensure_future(served.run(run_input("go", thread="t-stop")))
+        async with asyncio.timeout(10):
+            await working.wait()
+            stop = await served.post("/agent/default/stop/t-stop", {})
+            assert (await stop.json())["stopped"] is True
+            events = await running
+        assert unwound == ["cancelled"]
+        verify_events(events)
+        assert types(events)[-1] == "RUN_FINISHED"
+        assert not [e for e in events if e["type"] == "TOOL_CALL_RESULT"]
+        working.clear()
+        data = chat_data([text_message("sys", "system", "Be brief."),
+                          text_message("g-u", "user", "go")], thread="g-stop")
+        async with asyncio.timeout(10):
+            response = await served.session.post(served.url, data=orjson.dumps(
+                {"query": CLIENT_DOCUMENT, "variables": {"data": data}}),
+                headers=CLIENT_HEADERS)
+            await working.wait()
+        response.close()  # the client leaves: its run is stopped
+        async for _ in poll(10, 0.02):
+            if not runtime.is_running("g-stop"):
+                break
+        assert not runtime.is_running("g-stop")
+        assert unwound == ["cancelled", "cancelled"]
+        stored = await stored_events(served, "g-stop")
+        assert stored[-1]["type"] == "RUN_FINISHED"
