@@ -329,7 +329,10 @@ class ActiveRun:
             cut = reason is None or self.task is None
             if not cut and self.task is not None:
                 self.task.uncancel()
-            await stream.aclose()
+            try:
+                await stream.aclose()
+            except Exception:  # (see the `finally`): the run still gets its end
+                _log.exception("could not close a run's stream", run_id=self.run_id)
             tail, self._held = self._held + self.order.closing_events(), []
             if not self.order.terminated:
                 if reason in (None, "shutdown"):
@@ -386,6 +389,7 @@ class ActiveRun:
         iterator: EventBatches | None = None
         tail: list[Event]
         at_yield = False  # (a GeneratorExit there is `drive` closing this stream)
+        closed = True
         try:
             # Inside the `try`: an agent whose `run` raises before it returns its stream
             # fails as one whose stream raises (before, the stream was cut without its end).
@@ -417,28 +421,57 @@ class ActiveRun:
             # but the run's own cancellation and `drive` closing the stream.
             if at_yield or (isinstance(exc, asyncio.CancelledError) and not cancelled_itself()):
                 raise
-            # The stack goes to the log (and the run's span); the client gets a message
-            # without internals.
-            _log.exception("agent failed", agent=self.agent_id, thread_id=self.thread_id,
-                           run_id=self.run_id)
-            if self.context.telemetry is not None:
-                self.context.telemetry.agent_failed(exc)
+            self._agent_failed(exc)
+            if not cancelled_itself():
+                # The run is being cut (a stop, a disconnect, a timeout) and the agent's
+                # cleanup raised in its cancellation's place: the cut goes on, and ends the
+                # run as it would have (a stop is still a stop).
+                raise asyncio.CancelledError from None
             tail = self.order.closing_events()
-            tail.append(ev.run_error(f"Agent '{self.agent_id}' failed unexpectedly",
-                                     code="AGENT_ERROR"))
+            tail.append(self._agent_error())
         else:
             tail = self.order.closing_events()
             tail.append(ev.run_finished(self.thread_id, self.run_id))
         finally:
-            aclose = getattr(iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            if iterator is not None:
+                closed = await self._close_agent(iterator)
+        if not closed and tail[-1]["type"] == ev.RUN_FINISHED:
+            tail[-1] = self._agent_error()  # its stream ended, but could not be closed
         if self.lease is not None:
             await self._still_held(self.lease)
         self.order.terminated = True
         tail, self._held = self._held + tail, []
         self._publish(tail)
         yield tail
+
+    async def _close_agent(self, iterator: EventBatches) -> bool:
+        """Close the agent's stream (its upstream request with it); False if that failed.
+
+        A close that raises (a generator's `finally`, an iterator's own `aclose`) is the
+        agent's failure, logged (before, it went through `drive` to the server, and the
+        client's stream was cut without its end)."""
+        aclose = getattr(iterator, "aclose", None)
+        if aclose is None:
+            return True
+        try:
+            await aclose()
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and not cancelled_itself():
+                raise  # the run's own cancellation, landing in the close
+            self._agent_failed(exc, "agent's stream failed to close")
+            return False
+        return True
+
+    def _agent_failed(self, exc: BaseException, what: str = "agent failed") -> None:
+        # The stack goes to the log (and the run's span); the client gets a message
+        # without internals (`_agent_error`).
+        _log.error(what, agent=self.agent_id, thread_id=self.thread_id, run_id=self.run_id,
+                   exc_info=exc)
+        if self.context.telemetry is not None:
+            self.context.telemetry.agent_failed(exc)
+
+    def _agent_error(self) -> Event:
+        return ev.run_error(f"Agent '{self.agent_id}' failed unexpectedly", code="AGENT_ERROR")
 
     def _keep(self, batch: Sequence[Event]) -> None:
         """Count `batch` against what a running run may keep: the events of one that never

@@ -13,7 +13,7 @@ import contextvars
 import functools
 import inspect
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, overload
 
@@ -55,6 +55,51 @@ def _sync_handler_threads() -> ThreadPoolExecutor:
     if _threads is None:
         _threads = ThreadPoolExecutor(SYNC_HANDLER_THREADS, thread_name_prefix="action")
     return _threads
+
+
+#: A handler's result (True, its value) or what it raised (False, the exception).
+_Outcome = tuple[bool, Any]
+
+
+def _called(handler: Callable[..., Any], kwargs: dict[str, Any]) -> _Outcome:
+    try:
+        return True, handler(**kwargs)
+    except BaseException as exc:  # (in a worker thread: raised again in the run's task)
+        return False, exc
+
+
+async def _awaited(handler: Callable[..., Awaitable[Any]], kwargs: dict[str, Any]) -> _Outcome:
+    try:
+        return True, await handler(**kwargs)
+    except BaseException as exc:
+        return False, exc
+
+
+async def _in_own_task(handler: Callable[..., Awaitable[Any]],
+                       kwargs: dict[str, Any]) -> _Outcome:
+    """An async handler's outcome, the handler run in a task of its own.
+
+    A future whose exception is a GeneratorExit (a task that raised one) is not raised into
+    the task awaiting it: asyncio throws it in at the task's top, and Python then closes every
+    coroutine the task was in, inner first, each handler's answer lost. In the run's task,
+    an action awaiting such a task closed the run's drive, and the client's stream was cut
+    without its end. At the top of a task of its own, `_awaited` catches it. A stop of the run
+    stops the handler too, and waits for it, as when it ran in the run's task."""
+    task = asyncio.ensure_future(_awaited(handler, kwargs))
+    try:
+        await asyncio.wait((task,))
+    except asyncio.CancelledError:
+        task.cancel()
+        await asyncio.wait((task,))
+        raise
+    return task.result()
+
+
+def _result(outcome: _Outcome) -> Any:
+    done, value = outcome
+    if not done:
+        raise value  # (a plain raise here, caught by `Action.execute`)
+    return value
 
 
 class Action:
@@ -153,11 +198,12 @@ class Action:
         kwargs = self.validate(arguments)
         try:
             if self._is_async:
-                result = await self.handler(**kwargs)
+                outcome = await _in_own_task(self.handler, kwargs)
             else:
-                result = await asyncio.get_running_loop().run_in_executor(
+                outcome = await asyncio.get_running_loop().run_in_executor(
                     _sync_handler_threads(), functools.partial(
-                        contextvars.copy_context().run, self.handler, **kwargs))
+                        contextvars.copy_context().run, _called, self.handler, kwargs))
+            result = _result(outcome)
         except ActionError:
             raise
         except BaseException as exc:
