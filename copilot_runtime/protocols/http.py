@@ -196,13 +196,18 @@ def _combined(raw: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
     with "; ", the rest with ", "). A singleton such as `Authorization` sent twice then reads
     as one malformed value, refused, instead of whichever copy came first or last (a proxy
     in front may have checked the other one)."""
-    lines: dict[bytes, list[bytes]] = {}
+    combined: dict[bytes, bytes] = {}
+    repeated: dict[bytes, dict[bytes, None]] = {}  # a field's distinct lines, in order
     for name, value in raw:
-        values = lines.setdefault(name.lower(), [])
-        if value not in values:  # the same line twice says it once (proxies repeat lines)
-            values.append(value)
-    return {name: (b"; " if name == b"cookie" else b", ").join(values)
-            for name, values in lines.items()}
+        key = name.lower()
+        first = combined.setdefault(key, value)
+        if first is not value:
+            # The same line twice says it once (proxies repeat lines); a dict, not a list,
+            # so thousands of lines of one field cost linear time, not quadratic.
+            repeated.setdefault(key, {first: None})[value] = None
+    for key, values in repeated.items():
+        combined[key] = (b"; " if key == b"cookie" else b", ").join(values)
+    return combined
 
 
 #: What an incoming `X-Request-ID` may be to be kept (a proxy's or a client's id: letters,
