@@ -210,20 +210,31 @@ class CopilotEndpoint:
         if request.method == "GET" and (query.startswith(b"query=") or b"&query=" in query):
             await self.graphql.get(request)
             return
+        # The 1.10 client reads errors in the GraphQL form only, whatever it sent.
+        graphql = _speaks_graphql(request)
         if request.method != "POST":
-            await send_method_not_allowed(request, b"POST")
+            if graphql:
+                await self.graphql.not_served(
+                    request, 405, "GraphQL is served with POST, or GET with ?query=")
+            else:
+                await send_method_not_allowed(request, b"POST")
             return
         if not request.is_json():
-            await send_json(request, 415, {
-                "error": "invalid_request",
-                "message": "Single-route endpoint expects JSON payloads"})
+            if graphql:
+                await self.graphql.not_served(
+                    request, 415, 'GraphQL requests are JSON (application/json): {"query": ...}')
+            else:
+                await send_json(request, 415, {
+                    "error": "invalid_request",
+                    "message": "Single-route endpoint expects JSON payloads"})
             return
         try:
             body = await read_body(request, self.max_body_size)
             data = parse_json_body(body)
         except PayloadTooLargeError as exc:
-            await send_json(request, 413, {"error": "Payload too large", "message": exc.message,
-                                           "code": exc.code})
+            await send_json(request, 413, _graphql_error(exc.message, exc.code, 413) if graphql
+                            else {"error": "Payload too large", "message": exc.message,
+                                  "code": exc.code})
             return
         except InvalidRequestError as exc:
             too_deep = isinstance(exc, JSONTooDeepError)
@@ -237,12 +248,20 @@ class CopilotEndpoint:
                 if too_deep else {"error": "invalid_request", "message": "Invalid JSON payload"})
             return
         except (RequestTimeoutError, UnsupportedEncodingError) as exc:
-            await send_error(request, exc)
+            if graphql:
+                await send_json(request, exc.status,
+                                _graphql_error(exc.message, exc.code, exc.status),
+                                error_headers(exc))
+            else:
+                await send_error(request, exc)
             return
         except ClientDisconnected:
             return
         if isinstance(data, dict) and "query" in data and "method" not in data:
             await self.graphql.post(request, data)
+            return
+        if graphql and not (isinstance(data, dict) and "method" in data):
+            await self.graphql.not_one_operation(request, data)  # a batch, a persisted hash
             return
         await self.agui.envelope(request, data)
 

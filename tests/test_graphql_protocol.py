@@ -628,6 +628,59 @@ async def test_requests_that_cannot_run(llm: MockOpenAIServer,
     assert not llm.requests
 
 
+async def test_the_graphql_client_reads_every_refusal_in_its_form(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """Before: a request with the 1.10 client's header that was not one `{"query"}` body (a
+    batch, an automatic persisted query's hash, a GET without `query`, a body that is not
+    JSON) was answered in the AG-UI form, which that client cannot read; an APQ client could
+    not tell that it should send the query itself."""
+    persisted = {"persistedQuery": {"version": 1, "sha256Hash": "ab" * 32}}
+
+    async def answer(method: str, body: bytes | None = None, *, params: Any = None,
+                     headers: dict[str, str] | None = None
+                     ) -> tuple[int, str | None, list[str | None], str]:
+        response = await served.session.request(method, served.url, data=body, params=params,
+                                                headers={**CLIENT_HEADERS, **(headers or {})})
+        assert response.headers["x-copilotkit-runtime-version"] == "1.10.6"
+        errors = (await response.json())["errors"]
+        return (response.status, response.headers.get("allow"),
+                [error["extensions"]["code"] for error in errors], errors[0]["message"])
+
+    async with serve_runtime(openai_runtime(llm)) as served:
+        batch = await answer("POST", orjson.dumps([{"query": "{ hello }"}] * 2))
+        apq = await answer("POST", orjson.dumps({"extensions": persisted,
+                                                  "operationName": "q", "variables": {}}))
+        apq_get = await answer("GET", params={"extensions": json.dumps(persisted)})
+        no_query = await answer("POST", b"{}")
+        scalar = await answer("POST", b"1")
+        put = await answer("PUT", orjson.dumps({"query": "{ hello }"}))
+        plain = await answer("POST", b"{ hello }", headers={"Content-Type": "application/graphql"})
+        # The query with its hash (an APQ client's second try) is served as usual.
+        second = await served.session.post(served.url, headers=CLIENT_HEADERS, data=orjson.dumps(
+            {"query": "{ hello }", "extensions": persisted}))
+        # Without the header, the single-route envelope answers as before.
+        envelope = await post(served, [{"query": "{ hello }"}],
+                              {"Content-Type": "application/json"})
+    async with serve_runtime(openai_runtime(llm), max_body_size=64) as served:
+        large = await post(served, {"query": "{ " + "hello " * 20 + "}"})
+        assert large.status == 413
+        assert (await large.json())["errors"][0]["extensions"]["code"] == "PAYLOAD_TOO_LARGE"
+    assert batch[:3] == (400, None, ["BAD_REQUEST"])
+    assert "one operation per request" in batch[3]
+    # The message and code Apollo's persisted-query link looks for, to send the query instead.
+    assert apq == (400, None, ["PERSISTED_QUERY_NOT_SUPPORTED"], "PersistedQueryNotSupported")
+    assert apq_get == (405, "POST", ["PERSISTED_QUERY_NOT_SUPPORTED"],
+                       "PersistedQueryNotSupported")
+    assert no_query == (400, None, ["BAD_REQUEST"], "The request has no GraphQL query")
+    assert scalar[:3] == (400, None, ["BAD_REQUEST"])
+    assert put[:3] == (405, "POST", ["BAD_REQUEST"])
+    assert plain[:3] == (415, None, ["BAD_REQUEST"])
+    assert "application/json" in plain[3]
+    assert (second.status, await second.json()) == (200, {"data": {"hello": "Hello World"}})
+    assert envelope.status == 400
+    assert await envelope.json() == {"error": "invalid_request", "message": "Missing method field"}
+
+
 async def test_one_base_url_for_both_protocols(llm: MockOpenAIServer,
                                                serve_runtime: ServeRuntime) -> None:
     async with serve_runtime(openai_runtime(llm)) as served:

@@ -16,10 +16,14 @@ from graphql import (
     DirectiveNode,
     DocumentNode,
     ExecutableDefinitionNode,
+    FieldNode,
     FragmentDefinitionNode,
+    FragmentSpreadNode,
     GraphQLError,
     GraphQLSchema,
+    InlineFragmentNode,
     OperationDefinitionNode,
+    SelectionSetNode,
     VariableNode,
     Visitor,
     parse,
@@ -42,7 +46,9 @@ _MAX_CACHED_LENGTH = 64 * 1024
 # side by side (graphql-core compares them pairwise), held the event loop for up to a second:
 # every stream of the worker stalled for each such request.
 _MAX_TOKENS = 2_000
-_MAX_SELECTIONS = 300  # fields, fragment spreads and inline fragments, as written
+# Fields, fragment spreads and inline fragments, each fragment's counted wherever it is spread
+# (the client's largest document makes 121, a tool's whole introspection 239).
+_MAX_SELECTIONS = 300
 _MAX_FRAGMENTS = 20
 
 
@@ -145,26 +151,100 @@ class DocumentCache:
             return Prepared(None, errors, "GRAPHQL_VALIDATION_FAILED")
         fragments = {d.name.value: d for d in document.definitions
                      if isinstance(d, FragmentDefinitionNode)}
+        repeated = _loads_state_repeatedly(document, fragments)
+        if repeated is not None:
+            return Prepared(None, [repeated], "GRAPHQL_VALIDATION_FAILED")
         finder = _DirectiveVariables()
         visit(document, finder)
         return Prepared(document, [], None, fragments, finder.found)
 
 
 def _too_big(document: DocumentNode) -> str | None:
-    """Why the document is beyond the bounds validation is cheap within, if it is."""
-    fragments = sum(isinstance(d, FragmentDefinitionNode) for d in document.definitions)
-    if fragments > _MAX_FRAGMENTS:
-        return (f"The document defines {fragments} fragments; at most {_MAX_FRAGMENTS} are "
-                "served")
-    count = 0
-    pending = [definition.selection_set for definition in document.definitions
-               if isinstance(definition, ExecutableDefinitionNode)]
+    """Why the document is beyond the bounds validation and execution are cheap within, if
+    it is.
+
+    Selections are counted as written and as executed: a fragment's as often as it is
+    spread, so that spreads under many aliases multiply (20 aliases of a fragment that holds
+    20 aliases spreading another counted 66 selections as written, and held the event loop
+    for 6.7 s while they were executed).
+    """
+    fragments = [d for d in document.definitions if isinstance(d, FragmentDefinitionNode)]
+    if len(fragments) > _MAX_FRAGMENTS:
+        return (f"The document defines {len(fragments)} fragments; at most {_MAX_FRAGMENTS} "
+                "are served")
+    written = {d: _written(d.selection_set) for d in document.definitions
+               if isinstance(d, ExecutableDefinitionNode)}
+    by_name: dict[str, tuple[int, list[str]]] = {}
+    for fragment in fragments:
+        by_name.setdefault(fragment.name.value, written[fragment])
+    sizes: dict[str, int] = {}
+
+    def expanded(name: str) -> int:
+        """The fragment's selections with its own spreads expanded (capped past the bound)."""
+        size = sizes.get(name)
+        if size is None:
+            sizes[name] = 0  # a cycle (which validation refuses) adds nothing
+            count, spreads = by_name.get(name, (0, []))
+            for spread in spreads:
+                count = min(count + expanded(spread), _MAX_SELECTIONS + 1)
+            size = sizes[name] = count
+        return size
+
+    spread = {name for _, spreads in written.values() for name in spreads}
+    executed = sum(count + sum(expanded(name) for name in spreads)
+                   for definition, (count, spreads) in written.items()
+                   if isinstance(definition, OperationDefinitionNode))
+    executed += sum(expanded(name) for name in by_name if name not in spread)
+    if max(executed, sum(count for count, _ in written.values())) > _MAX_SELECTIONS:
+        return (f"The document makes more than {_MAX_SELECTIONS} selections (fields and "
+                f"fragments); at most {_MAX_SELECTIONS} are served")
+    return None
+
+
+def _written(selection_set: SelectionSetNode) -> tuple[int, list[str]]:
+    """The selections of `selection_set` and below as written, and the fragments spread."""
+    count, spreads = 0, []
+    pending = [selection_set]
     while pending:
         selections = pending.pop().selections
         count += len(selections)
-        if count > _MAX_SELECTIONS:
-            return (f"The document makes more than {_MAX_SELECTIONS} selections (fields and "
-                    f"fragments); at most {_MAX_SELECTIONS} are served")
-        pending.extend(inner for selection in selections
-                       if (inner := getattr(selection, "selection_set", None)) is not None)
+        for selection in selections:
+            if isinstance(selection, FragmentSpreadNode):
+                spreads.append(selection.name.value)
+            elif (inner := getattr(selection, "selection_set", None)) is not None:
+                pending.append(inner)
+    return count, spreads
+
+
+def _loads_state_repeatedly(document: DocumentNode,
+                            fragments: dict[str, FragmentDefinitionNode]) -> GraphQLError | None:
+    """An operation that selects `loadAgentState` under more than one response key: each
+    reads and serialises a whole thread (up to the replay cap), so a few hundred bytes of
+    aliases built hundreds of MB of answer. Fragments count wherever spread, and fields
+    count whatever their `@skip`/`@include` (a document is checked once, not per request).
+    """
+    for operation in document.definitions:
+        if not isinstance(operation, OperationDefinitionNode):
+            continue
+        found: dict[str, FieldNode] = {}
+        read: set[str] = set()
+        pending = [operation.selection_set]
+        while pending:  # the field is on Query only, so only the top level can hold it
+            for selection in pending.pop().selections:
+                if isinstance(selection, FieldNode):
+                    if selection.name.value == "loadAgentState":
+                        found.setdefault((selection.alias or selection.name).value, selection)
+                elif isinstance(selection, InlineFragmentNode):
+                    pending.append(selection.selection_set)
+                elif isinstance(selection, FragmentSpreadNode) \
+                        and selection.name.value not in read:
+                    read.add(selection.name.value)
+                    fragment = fragments.get(selection.name.value)
+                    if fragment is not None:
+                        pending.append(fragment.selection_set)
+        if len(found) > 1:
+            return GraphQLError(
+                f"An operation may select loadAgentState once at most (each reads and sends a "
+                f"whole thread); this one selects it under {len(found)} names",
+                list(found.values())[:2])
     return None

@@ -70,9 +70,20 @@ class _BadRequest(Exception):
         self.headers = headers or []
 
 
-def _bad(message: str, status: int = 400, allow: bytes | None = None) -> _BadRequest:
-    errors = {"errors": [{"message": message, "extensions": {"code": "BAD_REQUEST"}}]}
+def _bad(message: str, status: int = 400, allow: bytes | None = None,
+         code: str = "BAD_REQUEST") -> _BadRequest:
+    errors = {"errors": [{"message": message, "extensions": {"code": code}}]}
     return _BadRequest(errors, status, [(b"allow", allow)] if allow else [])
+
+
+def _persisted_only(extensions: Any, status: int = 400,
+                    allow: bytes | None = None) -> _BadRequest | None:
+    """The refusal of an automatic persisted query's hash sent without its text, if that is
+    what `extensions` holds: Apollo's persisted-query link matches this message (older) or
+    code (newer), then sends the query itself."""
+    if isinstance(extensions, dict) and "persistedQuery" in extensions:
+        return _bad("PersistedQueryNotSupported", status, allow, "PERSISTED_QUERY_NOT_SUPPORTED")
+    return None
 
 
 class GraphQLProtocol:
@@ -94,7 +105,8 @@ class GraphQLProtocol:
             variables = data.get("variables")
             name = data.get("operationName")
             if not isinstance(query, str) or not query.strip():
-                raise _bad("The request has no GraphQL query")
+                raise _persisted_only(data.get("extensions")) or _bad(
+                    "The request has no GraphQL query")
             if variables is not None and not isinstance(variables, dict):
                 raise _bad("'variables' must be a JSON object")
             if name is not None and not isinstance(name, str):
@@ -124,6 +136,35 @@ class GraphQLProtocol:
             await self._serve(request, query, variables or {}, name, via_get=True)
         except _BadRequest as exc:
             await send_result(request, exc.status, orjson.dumps(exc.payload), exc.headers)
+
+    async def not_one_operation(self, request: Request, data: Any) -> None:
+        """The answer to a JSON body without `query` (nor the envelope's `method`): a batch,
+        a persisted query's hash, anything else."""
+        if isinstance(data, dict):
+            await self.post(request, data)
+            return
+        message = ("Batched requests are not supported: send one operation per request"
+                   if isinstance(data, list) else
+                   'The request body must be a JSON object: {"query": ...}')
+        error = _bad(message)
+        await send_result(request, error.status, orjson.dumps(error.payload))
+
+    async def not_served(self, request: Request, status: int, message: str) -> None:
+        """A request this endpoint does not serve (a method, a content type), in the error
+        form the 1.10 client reads; a GET with a persisted query's hash says that it is not
+        supported, so an APQ client sends the query itself."""
+        allow = b"POST" if status == 405 else None
+        error = None
+        if request.method == "GET":
+            params = urllib.parse.parse_qs(request.query.decode("latin-1"))
+            try:
+                extensions = check_json_text(params.get("extensions", ["null"])[0],
+                                             "'extensions'")
+            except (orjson.JSONDecodeError, InvalidRequestError):
+                extensions = None
+            error = _persisted_only(extensions, status, allow)
+        error = error or _bad(message, status, allow)
+        await send_result(request, error.status, orjson.dumps(error.payload), error.headers)
 
     async def invalid_json(self, request: Request, message: str | None = None) -> None:
         """The answer to a GraphQL client whose body is not JSON (or nests too deep)."""
