@@ -125,7 +125,7 @@ async def test_fanned_out_documents_are_refused_quickly_over_http(
 
         status, answer, took = await post(introspection_fanout(20, 20))
         assert status == 400
-        assert took < 0.5
+        assert took < 2.0  # was 6.7 s (a loaded machine still answers in well under 2)
         assert answer["errors"] == [{"message": SELECTIONS,
                                      "extensions": {"code": "GRAPHQL_VALIDATION_FAILED"}}]
         status, answer, took = await post(
@@ -133,7 +133,7 @@ async def test_fanned_out_documents_are_refused_quickly_over_http(
                                     f"agentName: \"default\"}}) {{ messages }}"
                                     for i in range(3)) + " }")
         assert status == 400
-        assert took < 0.5
+        assert took < 2.0
         (error,) = answer["errors"]
         assert error["extensions"] == {"code": "GRAPHQL_VALIDATION_FAILED"}
         status, answer, _ = await post(LOAD_STATE, {"data": {"threadId": "t",
@@ -141,3 +141,37 @@ async def test_fanned_out_documents_are_refused_quickly_over_http(
         assert status == 200
         assert answer == {"data": {"loadAgentState": {
             "threadId": "t", "threadExists": False, "state": "{}", "messages": "[]"}}}
+
+
+def schema_walk(aliases: int) -> str:
+    """`aliases` aliased walks of every type's fields, their types and arguments: 15
+    selections each, no fragment, within the document bounds at 20."""
+    walk = ("types { name fields { name type { name ofType { name ofType { name } } } "
+            "args { name type { name } } } }")
+    return "{ " + " ".join(f"w{i}: __schema {{ {walk} }}" for i in range(aliases)) + " }"
+
+
+@pytest.mark.asyncio
+async def test_a_query_resolving_too_many_fields_is_refused(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """300 selections as written, no fragment: the lists multiplied them to ~22,000 fields
+    resolved, ~0.5 s of the event loop on every request (only parsing is cached). Now a
+    query resolves at most 4,000 fields; a whole introspection (~3,200) is still served."""
+    assert refused(schema_walk(20)) is None  # within the document's own bounds
+    async with serve_runtime(openai_runtime(llm)) as served:
+        async def post(text: str) -> tuple[int, dict[str, Any]]:
+            response = await served.session.post(served.url, json={"query": text},
+                                                 headers=CLIENT_HEADERS)
+            return response.status, await response.json()
+
+        status, answer = await post(schema_walk(20))
+        assert (status, answer) == (400, {"errors": [{
+            "message": "The query resolves more than 4,000 fields: ask for fewer",
+            "extensions": {"code": "BAD_REQUEST"}}]})
+        status, answer = await post(get_introspection_query(descriptions=True))
+        assert status == 200
+        assert "errors" not in answer
+        assert answer["data"]["__schema"]["queryType"]["name"] == "Query"
+        status, answer = await post(schema_walk(3))
+        assert status == 200
+        assert len(answer["data"]) == 3
