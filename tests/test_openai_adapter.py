@@ -56,16 +56,53 @@ _USAGE = _frame('{"choices":[],"usage":{"total_tokens":3}}')
 def test_a_clean_end_after_the_finish_reason_ends_the_answer_without_done(
         stream: bytes, usage: dict[str, int] | None) -> None:
     """Servers that never send `[DONE]` (older TGI, oobabooga, llama-box): their answer
-    was an UPSTREAM_PROTOCOL_ERROR though the finish reason had come."""
+    was an UPSTREAM_PROTOCOL_ERROR though the finish reason had come. (A whole usage chunk
+    after it ends the answer at once, see below.)"""
     for step in (1, 5, len(stream)):
         parser = ChatCompletionsStreamParser()
         out = []
         for i in range(0, len(stream), step):
             out.extend(parser.feed(stream[i:i + step]))
-        assert not parser.done
+        assert parser.finished
+        assert parser.done == stream.endswith(_USAGE)
         out.extend(parser.finish())
         assert out == [TextDelta("hi"), StreamEnd("stop", usage)]
         assert parser.done
+
+
+@pytest.mark.parametrize("split", [1, 7, None])
+def test_the_usage_after_the_finish_reason_ends_the_answer(split: int | None) -> None:
+    """Servers and proxies that send nothing after the usage chunk and keep the stream
+    open: the answer ends with it (what follows, `[DONE]` or nothing, is not needed); without
+    `include_usage` it ends with the finish reason."""
+    stream = _ANSWER_WITHOUT_DONE + _USAGE + b"data: [DONE]\n\n"
+    parser = ChatCompletionsStreamParser()
+    out = []
+    for i in range(0, len(stream), split or len(stream)):
+        out.extend(parser.feed(stream[i:i + (split or len(stream))]))
+        if parser.done:
+            break
+    assert out == [TextDelta("hi"), StreamEnd("stop", {"total_tokens": 3})]
+    assert parser.feed(b"data: [DONE]\n\n") == []
+    assert parser.finish() == []
+
+    parser = ChatCompletionsStreamParser(expects_usage=False)
+    assert parser.feed(_ANSWER_WITHOUT_DONE) == [TextDelta("hi"), StreamEnd("stop", None)]
+    assert parser.done
+
+
+def test_the_finish_reason_alone_waits_for_the_usage() -> None:
+    parser = ChatCompletionsStreamParser()
+    assert parser.feed(_ANSWER_WITHOUT_DONE) == [TextDelta("hi")]
+    assert parser.finished
+    assert not parser.done
+    # n=2: finished only once every choice has its finish reason
+    parser = ChatCompletionsStreamParser(expects_usage=False)
+    parser.feed(_frame('{"choices":[{"index":1,"delta":{"content":"x"}}]}')
+                + _ANSWER_WITHOUT_DONE)
+    assert not parser.finished
+    assert parser.feed(_frame('{"choices":[{"index":1,"delta":{},"finish_reason":"stop"}]}')
+                       ) == [StreamEnd("stop", None)]
 
 
 @pytest.mark.parametrize("stream", [

@@ -28,7 +28,7 @@ import random
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, TypeVar
 
 import orjson
 
@@ -43,16 +43,21 @@ from copilot_runtime._exceptions import (
 from copilot_runtime.adapters import _http1
 from copilot_runtime.adapters.base import ChatDelta
 
-__all__ = ["DEFAULT_MAX_RETRY_WAIT", "Failures", "RetryPolicy", "SDKRetries", "StreamParser",
-           "body_message", "check_max_retry_wait", "credentials", "header_credentials",
-           "proxy_in_environment", "retry_after_seconds", "sdk_wait_bound", "send",
-           "status_failure", "stream",
-           "unwaited"]
+__all__ = ["DEFAULT_MAX_RETRY_WAIT", "FINISHED_WAIT", "Failures", "RetryPolicy", "SDKRetries",
+           "StreamParser", "after_finish", "body_message", "check_max_retry_wait",
+           "credentials", "header_credentials", "proxy_in_environment", "retry_after_seconds",
+           "sdk_wait_bound", "send", "status_failure", "stream", "unwaited"]
+
+_T = TypeVar("_T")
 
 _INITIAL_RETRY_DELAY = 0.5
 _MAX_RETRY_DELAY = 8.0
 #: The longest a request waits, in all, for its provider to be ready again (seconds).
 DEFAULT_MAX_RETRY_WAIT = 60.0
+#: After an answer's finish reason, the longest wait for what may still follow it (the usage
+#: asked for, the end marker), in seconds: some servers and proxies send nothing more and
+#: keep the connection open, and the answer is complete without it.
+FINISHED_WAIT = 2.0
 _PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
                     "all_proxy")
 
@@ -124,6 +129,12 @@ class StreamParser(Protocol):
     @property
     def done(self) -> bool:
         """Whether the answer's end was read (the rest of the body is not needed)."""
+        ...
+
+    @property
+    def finished(self) -> bool:
+        """Whether the answer is complete but for what may follow its finish reason (true
+        once `done`): the rest is then read only for `FINISHED_WAIT` (`after_finish`)."""
         ...
 
     def feed(self, data: bytes) -> Sequence[ChatDelta]:
@@ -255,15 +266,22 @@ async def stream(response: _http1.Response, parser: StreamParser,
     """The parser's deltas, one batch per read of the body, up to the answer's end.
 
     The connection goes back to the pool once the answer is read; a consumer that stops
-    early (a stop, a disconnect) or a failure closes it, which cancels the upstream request.
+    early (a stop, a disconnect), a failure, or a server silent after the answer's finish
+    closes it, which cancels the upstream request.
     """
+    silent = False
     try:
-        async for data in response.chunks():
+        chunks = response.chunks()
+        async for data in chunks:
             deltas = parser.feed(data)
             if deltas:
                 yield deltas
-            if parser.done:
+            if parser.finished:
                 break
+        if parser.finished and not parser.done:
+            deltas, silent = await after_finish(chunks, parser.feed, parser)
+            if deltas:
+                yield deltas
         deltas = parser.finish()
         if deltas:
             yield deltas
@@ -272,10 +290,32 @@ async def stream(response: _http1.Response, parser: StreamParser,
     except _http1.HTTPClientError:
         raise UpstreamConnectionError(failures.broke_off) from None
     finally:
-        if parser.done:
+        if parser.done and not silent:
             response.release()  # read to its end: the connection serves the next one
         else:
             response.abort()
+
+
+async def after_finish(pieces: AsyncIterator[_T], feed: Callable[[_T], Sequence[ChatDelta]],
+                       parser: StreamParser | None) -> tuple[list[ChatDelta], bool]:
+    """What follows an answer's finish reason (`parser.finished`): `feed`'s deltas of the
+    `pieces` read until the parser is done (`parser` None: until the body's end) for at most
+    `FINISHED_WAIT` seconds; and whether the upstream was still silent then (its response
+    is to be closed, the answer complete all the same: `parser.finish()` ends it).
+
+    One timer per answer, armed only once its finish reason has come.
+    """
+    out: list[ChatDelta] = []
+    try:
+        async with asyncio.timeout(FINISHED_WAIT):
+            async for piece in pieces:
+                out.extend(feed(piece))
+                if parser is not None and parser.done:
+                    break
+    except (TimeoutError, _http1.ReadTimeout, UpstreamTimeoutError):
+        # (a read timeout shorter than the wait, the route's own bound, says the same)
+        return out, True
+    return out, False
 
 
 class SDKRetries:

@@ -36,6 +36,9 @@ __all__ = [
 # Reading pauses when this much body is waiting for its consumer (a slow client downstream).
 _HIGH_WATER = 1 << 20
 _MAX_IDLE = 256
+#: How long a connection released before its body's end waits for that end (seconds): a
+#: server silent that long after the answer its reader needed is not sending it.
+_DRAIN_WAIT = 2.0
 
 
 class HTTPClientError(Exception):
@@ -114,6 +117,7 @@ class _Connection(asyncio.Protocol):
             return
         if self.draining and self.complete:
             self.draining = False
+            self._cancel_timer()
             self.pool._put(self)
         self._wake()
 
@@ -230,9 +234,11 @@ class _Connection(asyncio.Protocol):
             self.body.clear()  # whatever the reader left after the end it wanted
             self.pool._put(self)
         else:
-            # The answer was read to its end but the body's terminator is still on its way.
+            # The answer was read to its end but the body's terminator is still on its way
+            # (or never comes: some servers keep the body open after the answer's end).
             self.draining = True
             self.body.clear()
+            self.timer = self.loop.call_later(_DRAIN_WAIT, self._drain_expired)
 
     def abort(self) -> None:
         self._cancel_timer()
@@ -276,6 +282,11 @@ class _Connection(asyncio.Protocol):
         else:
             deadline = now + self.timeout
         self.timer = self.loop.call_at(deadline, self._check)
+
+    def _drain_expired(self) -> None:
+        self.timer = None
+        if self.draining:
+            self.abort()
 
     def _cancel_timer(self) -> None:
         if self.timer is not None:

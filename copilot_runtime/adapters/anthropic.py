@@ -363,8 +363,8 @@ class AnthropicStreamParser:
     """
 
     __slots__ = ("_args_seen", "_calls", "_held", "_open_thinking", "done", "extra_usage",
-                 "finish_reason", "input_tokens", "output_tokens", "secrets", "thinking",
-                 "tool_ids")
+                 "finish_reason", "finished", "input_tokens", "output_tokens", "secrets",
+                 "thinking", "tool_ids")
 
     def __init__(self, *, secrets: Sequence[str | None] = ()) -> None:
         self._held = HeldBytes("The Anthropic stream", UpstreamProtocolError)
@@ -377,6 +377,8 @@ class AnthropicStreamParser:
         self._calls: dict[int, int] = {}
         self._args_seen: set[int] = set()
         self.done = False
+        #: As `done`: `message_stop` ends the answer, nothing follows it.
+        self.finished = False
         self.finish_reason: str | None = None
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
@@ -480,7 +482,7 @@ class AnthropicStreamParser:
                 self.finish_reason = _FINISH_REASONS.get(reason, reason)
             self._usage(event.get("usage"))
         elif kind == "message_stop":
-            self.done = True
+            self.done = self.finished = True
             out.append(StreamEnd(self.finish_reason, usage(
                 self.input_tokens, self.output_tokens, **self.extra_usage)))
         elif kind == "error":

@@ -292,6 +292,15 @@ class GoogleGenAIAdapter:
             # Each wait for a piece bounded here, the first one with the answer's head: the
             # SDK's client alone may wait forever (see _idle).
             pieces = IdleBound(aiter(chunks), self._wait_bound, _FAILURES.silent)
+
+            def read(chunk: Any) -> list[ChatDelta]:
+                if parser.done:
+                    return []  # (what follows the answer's last chunk)
+                out: list[ChatDelta] = []
+                parser.chunk(chunk.model_dump(mode="json", by_alias=True, exclude_none=True),
+                             out)
+                return out
+
             try:
                 while True:
                     try:
@@ -305,14 +314,28 @@ class GoogleGenAIAdapter:
                         raise UpstreamProtocolError(
                             "The Gemini stream sent a frame that could not be read (malformed "
                             "or cut off)") from None
-                    out: list[ChatDelta] = []
-                    parser.chunk(chunk.model_dump(mode="json", by_alias=True,
-                                                  exclude_none=True), out)
+                    out = read(chunk)
+                    if out:
+                        yield out
+                    if parser.finished:
+                        break
+                if parser.finished:
+                    # The rest, read to the body's end (see _direct.stream), even after the
+                    # last chunk: only that releases the SDK's response at once (its
+                    # iterators are not closed with it). A silent server is waited for
+                    # only briefly; the failed read closes the response.
+                    try:
+                        out, _ = await _direct.after_finish(pieces, read, None)
+                    except _UNREADABLE:
+                        raise UpstreamProtocolError(
+                            "The Gemini stream sent a frame that could not be read") from None
                     if out:
                         yield out
             finally:
                 pieces.close()
-            yield parser.finish()
+            out = parser.finish()
+            if out:
+                yield out
         except genai_errors.APIError as exc:
             said = upstream_said(str(exc.message or exc.status or f"HTTP {exc.code}"), secrets)
             raise _direct.status_failure("Gemini", exc.code, said, _direct.unwaited(
@@ -486,8 +509,8 @@ class GeminiStreamParser:
     """`streamGenerateContent` SSE frames (raw bytes, or the SDK's chunks as REST JSON) to
     `ChatDelta`s: text, thought summaries, function calls, then usage and the finish."""
 
-    __slots__ = ("_held", "_meta", "_remember", "_renamed", "calls", "done", "reason",
-                 "secrets")
+    __slots__ = ("_held", "_meta", "_remember", "_renamed", "calls", "done", "finished",
+                 "reason", "secrets")
 
     def __init__(self, remember: Callable[[str, bytes], None] | None = None, *,
                  secrets: Sequence[str | None] = (),
@@ -502,8 +525,12 @@ class GeminiStreamParser:
         self.calls = 0
         #: The candidate's finish reason, once a chunk gave it.
         self.reason: str | None = None
-        #: Set by `finish`: the stream has no end marker, so the body is read to its end.
+        #: The stream has no end marker: set by the chunk with the finish reason when it
+        #: carries the usage too (Gemini's last chunk does), else by `finish`.
         self.done = False
+        #: The finish reason came: the rest of the body is waited for only briefly (some
+        #: servers keep it open).
+        self.finished = False
 
     def feed(self, data: bytes) -> list[ChatDelta]:
         buffer = self._held.take(data)
@@ -525,6 +552,8 @@ class GeminiStreamParser:
             if not isinstance(chunk, dict):
                 raise UpstreamProtocolError("The Gemini stream sent an unexpected frame")
             self.chunk(chunk, out)
+            if self.done:
+                break  # (the answer's last chunk: nothing follows its end)
         return out
 
     def chunk(self, chunk: dict[str, Any], out: list[ChatDelta]) -> None:
@@ -550,6 +579,8 @@ class GeminiStreamParser:
         if isinstance(feedback, dict) and feedback.get("blockReason"):
             raise ContentFilteredError(
                 f"Gemini blocked the prompt: {upstream_said(str(feedback['blockReason']))}")
+        if self.finished and isinstance(meta, dict) and not self.done:
+            out.extend(self.finish())  # the last chunk: nothing else is waited for
 
     def _candidate(self, candidate: dict[str, Any], out: list[ChatDelta]) -> None:
         for part in (candidate.get("content") or {}).get("parts") or ():
@@ -577,9 +608,12 @@ class GeminiStreamParser:
             if failed is not None:
                 raise UpstreamError(f"{failed} ({reason})")
             self.reason = _FINISH_REASONS.get(reason, str(reason).lower())
+            self.finished = True
 
     def finish(self) -> list[ChatDelta]:
-        """The answer's end, once the stream has ended."""
+        """The answer's end, once the stream has ended (nothing when it has already)."""
+        if self.done:
+            return []
         if self.reason is None:
             raise UpstreamConnectionError(
                 "The Gemini stream ended before the answer was complete")

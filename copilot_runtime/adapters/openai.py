@@ -183,19 +183,23 @@ class OpenAIAdapter:
         return params
 
     def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
-        body = orjson.dumps({**self.build_params(request), "stream": True, **self._extra_body})
+        params = {**self.build_params(request), "stream": True, **self._extra_body}
+        body = orjson.dumps(params)
+        options = params.get("stream_options")
+        # (`extra_body` may have turned the usage chunk off)
+        usage = isinstance(options, dict) and bool(options.get("include_usage"))
         if self._direct is not None:
-            return self._stream_direct(self._direct, body)
-        return self._stream_sdk(body)
+            return self._stream_direct(self._direct, body, usage)
+        return self._stream_sdk(body, usage)
 
-    async def _stream_direct(self, route: _DirectRoute,
-                             body: bytes) -> AsyncIterator[Sequence[ChatDelta]]:
+    async def _stream_direct(self, route: _DirectRoute, body: bytes,
+                             usage: bool) -> AsyncIterator[Sequence[ChatDelta]]:
         response = await route.send(body)
-        async for deltas in _direct.stream(
-                response, ChatCompletionsStreamParser(secrets=route.secrets), route.failures):
+        parser = ChatCompletionsStreamParser(secrets=route.secrets, expects_usage=usage)
+        async for deltas in _direct.stream(response, parser, route.failures):
             yield deltas
 
-    async def _stream_sdk(self, body: bytes) -> AsyncIterator[Sequence[ChatDelta]]:
+    async def _stream_sdk(self, body: bytes, usage: bool) -> AsyncIterator[Sequence[ChatDelta]]:
         # The SDK's documented route for raw requests (`client.post`) still gives us its
         # authentication, base URL, retries and error types, but skips the per-request walk
         # of its TypedDict annotations: the body is already plain JSON, so it is sent as is.
@@ -215,13 +219,17 @@ class OpenAIAdapter:
             # (the SDK's client alone may wait forever: see _idle)
             pieces = IdleBound(response.aiter_bytes(), self._wait_bound, self._silent())
             try:
-                parser = ChatCompletionsStreamParser(secrets=secrets)
+                parser = ChatCompletionsStreamParser(secrets=secrets, expects_usage=usage)
                 async for data in pieces:
                     deltas = parser.feed(data)
                     if deltas:
                         yield deltas
-                    if parser.done:
+                    if parser.finished:
                         break
+                if parser.finished and not parser.done:  # (see _direct.stream)
+                    deltas, _ = await _direct.after_finish(pieces, parser.feed, parser)
+                    if deltas:
+                        yield deltas
                 deltas = parser.finish()
                 if deltas:
                     yield deltas
@@ -501,16 +509,25 @@ class ChatCompletionsStreamParser:
     handled, as is a multi-byte character split across reads. The frames of one read are
     decoded in one call, as one JSON array, into structs of only the fields used: the
     per-chunk cost is what the hot path pays 50 times per answer.
+
+    The answer ends with `data: [DONE]`, or once every choice has its finish reason and the
+    usage chunk has come (at once when `expects_usage` is false: the request did not ask
+    for it): some servers and proxies send nothing after it, and keep the stream open.
     """
 
-    __slots__ = ("_calls", "_count", "_held", "_other_choices", "done", "finish_reason",
-                 "secrets", "usage")
+    __slots__ = ("_calls", "_count", "_held", "_other_choices", "done", "expects_usage",
+                 "finish_reason", "finished", "secrets", "usage")
 
-    def __init__(self, *, secrets: Sequence[str | None] = ()) -> None:
+    def __init__(self, *, secrets: Sequence[str | None] = (),
+                 expects_usage: bool = True) -> None:
         self._held = HeldBytes("The OpenAI stream", UpstreamProtocolError)
         #: The credentials the request carried: an error event echoing one loses it.
         self.secrets = secrets
+        #: Whether a usage chunk follows the finish reason (`stream_options.include_usage`).
+        self.expects_usage = expects_usage
         self.done = False
+        #: Every choice has its finish reason: the answer is complete but for its usage.
+        self.finished = False
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
         #: The provider's tool-call index → (our call index, the call's id); see `_call`.
@@ -520,6 +537,8 @@ class ChatCompletionsStreamParser:
         self._other_choices: dict[int, bool] = {}
 
     def feed(self, data: bytes) -> list[ChatDelta]:
+        if self.done:
+            return []  # (what follows the answer's end: `[DONE]` after the usage chunk)
         block = self._held.events(data)
         if block is None:
             return []
@@ -528,7 +547,7 @@ class ChatCompletionsStreamParser:
         if chunks is not None:
             if chunks:
                 self._chunks(chunks, out)
-            if block.endswith(_DONE_EVENT):
+            if self.done or block.endswith(_DONE_EVENT):
                 self.done = True
                 out.append(StreamEnd(self.finish_reason, self.usage))
             return out
@@ -591,11 +610,15 @@ class ChatCompletionsStreamParser:
                                     f"{upstream_said(str(message), self.secrets)}")
             if chunk.usage:
                 self.usage = chunk.usage
+                if self.finish_reason is not None:
+                    self._ended()
             for choice in chunk.choices or ():
                 if choice.index:
                     others = self._other_choices
                     others[choice.index] = others.get(choice.index, False) or bool(
                         choice.finish_reason)
+                    if choice.finish_reason and self.finish_reason is not None:
+                        self._ended()
                     continue
                 delta = choice.delta
                 if delta is not None:
@@ -612,6 +635,16 @@ class ChatCompletionsStreamParser:
                                 (function.arguments or "") if function else ""))
                 if choice.finish_reason:
                     self.finish_reason = choice.finish_reason
+                    self._ended()
+
+    def _ended(self) -> None:
+        """A finish reason or the usage came (after the first choice's finish reason): the
+        answer is `finished` once every choice has ended, and `done` when its usage is in
+        too (`feed` then adds its end). Never per text piece: the hot path pays nothing."""
+        if all(self._other_choices.values()):
+            self.finished = True
+            if self.usage is not None or not self.expects_usage:
+                self.done = True
 
     def _call(self, index: int, call_id: str | None) -> int:
         """Our index of the call a tool-call piece belongs to. A new id at an index already
