@@ -246,6 +246,7 @@ async def _claim(store: ApprovalStore, approval_id: str, given: Any, by: str, *,
         approval = Approval(approval_id, thread_id, agent_id, value, now, channel=channel)
         await store.add([approval])
     if approval.status == "pending":
+        now = time.time()  # what the lookup took counts: the ledger checks the deadline
         if approval.expired_at(now):
             if not by_service:
                 # Left pending: the expiry timer resumes the graph with the timeout.
@@ -258,8 +259,11 @@ async def _claim(store: ApprovalStore, approval_id: str, given: Any, by: str, *,
             answer = given
             claiming = store.claim(approval_id, "answered", given, by, now)
         claimed = await _to_its_end(claiming, approval_id, won)
-        if claimed is None:  # another request won between our read and our claim
-            raise ApprovalClosedError(await store.get(approval_id) or approval)
+        if claimed is None:  # another request won since our read, or the deadline passed
+            closed = await store.get(approval_id) or approval
+            if closed.status == "pending" and closed.expired_at(time.time()):
+                closed = replace(closed, status="expired")  # the timer sends the timeout
+            raise ApprovalClosedError(closed)
         return answer
     # Claimed earlier but the graph still waits: that answer has not reached it yet (a
     # crash or a stop in between, or its run is still taking it, maybe in another process
