@@ -31,6 +31,7 @@ from copilot_runtime.approvals.ledger import Approval, MemoryApprovalStore, View
 from copilot_runtime.approvals.resume import claim_resume
 from copilot_runtime.checkpointers import DurableCheckpointer, checkpointer
 from copilot_runtime.guardrails import Verdict
+from copilot_runtime.protocols.http import to_cursor
 from copilot_runtime.threads.base import ThreadOwner
 from tests.conftest import ServeRuntime, poll, run_input, types
 from tests.hitl_support.postgres import postgres_schema
@@ -655,3 +656,21 @@ async def test_an_answer_that_does_not_wait_is_refused_once_its_deadline_passed(
         assert state.values["answer"]["action"] == "timeout"
     finally:
         await runtime.aclose()
+
+
+async def test_a_cursor_no_ledger_can_look_up_is_refused(
+        ledger: ApprovalStore, serve_runtime: ServeRuntime) -> None:
+    """A listing's cursor whose id held NUL was sent to the ledger: PostgreSQL refuses NUL
+    in text, a 500 (SQLite answered 200). Its id is checked as the threads listing checks
+    its cursor's: a 400."""
+    runtime = approving_runtime(ledger)  # type: ignore[arg-type]
+    async with serve_runtime(runtime) as served:
+        for bad in ("a\x00b", "a\u202eb", "x" * 300):
+            response = await served.session.get(
+                f"{served.url}/approvals?status=all&cursor={to_cursor([0, bad])}")
+            body = await response.json()
+            assert (response.status, body) == (
+                400, {"error": "'cursor' must be a nextCursor this server gave"})
+        response = await served.session.get(  # the first page's own key is no problem
+            f"{served.url}/approvals?status=all&cursor={to_cursor([0, ''])}")
+        assert response.status == 200
