@@ -674,3 +674,20 @@ async def test_a_cursor_no_ledger_can_look_up_is_refused(
         response = await served.session.get(  # the first page's own key is no problem
             f"{served.url}/approvals?status=all&cursor={to_cursor([0, ''])}")
         assert response.status == 200
+
+
+async def test_a_resume_that_names_an_interrupt_twice_is_refused() -> None:
+    """A resume listing one interruptId twice claimed the first entry, failed the second's
+    claim, put the first back, and ended with APPROVAL_ALREADY_ANSWERED: nothing was
+    answered. It is INVALID_REQUEST now, before anything is claimed."""
+    runtime = approving_runtime()
+    approval = await interrupted(runtime)
+    events = await drive(runtime, resume_body(
+        "r-twice", (approval.id, {"action": "approve"}), (approval.id, {"action": "reject"})))
+    assert types(events) == ["RUN_STARTED", "RUN_ERROR"]
+    assert events[-1]["code"] == "INVALID_REQUEST", events[-1]
+    assert "more than once" in events[-1]["message"]
+    still, _, _ = await runtime.approvals.get(approval.id)
+    assert (still.status, still.answer) == ("pending", None)
+    events = await drive(runtime, resume_body("r-once", (approval.id, {"action": "approve"})))
+    await assert_applied(runtime, approval.id, {"action": "approve"})

@@ -156,6 +156,7 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
                      won: list[str], principal_id: str | None = None,
                      parked: bool = False, by_service: bool = False) -> Claims:
     model = input.model
+    _refuse_repeated(model.resume or ())
     # LangGraph cannot resume with None (it fails) or {} (it takes it for an empty map of
     # answers): such an entry is no answer, and the graph asks its question again.
     entries = [e for e in model.resume or ()
@@ -215,6 +216,20 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
     resume = [entry.model_copy(update={"payload": answers[entry.interrupt_id],
                                        "status": "resolved"}) for entry in entries]
     return Claims(input.replace(resume=resume), list(answers))
+
+
+def _refuse_repeated(entries: Iterable[ResumeEntry]) -> None:
+    """A resume answers each interrupt once. One listed twice would claim it, fail the
+    second claim and put the first back: refused before anything is claimed, as what it
+    is, not as an approval answered already (nothing was)."""
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.interrupt_id in seen:
+            named = "" if id_problem(entry.interrupt_id) is not None \
+                else f" '{entry.interrupt_id}'"
+            raise InvalidRequestError(
+                f"A resume lists interrupt{named} more than once: answer each once")
+        seen.add(entry.interrupt_id)
 
 
 def _json_or_text(value: Any) -> Any:
