@@ -22,19 +22,24 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
 from copilot_runtime import CopilotRuntime, coordinator, thread_store
-from copilot_runtime._exceptions import ApprovalError, InvalidRequestError
+from copilot_runtime._exceptions import ApprovalClosedError, ApprovalError, InvalidRequestError
 from copilot_runtime._input import parse_run_input
+from copilot_runtime._time import iso_time
 from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.approvals import ApprovalStore
 from copilot_runtime.approvals.ledger import Approval, MemoryApprovalStore, Viewer
 from copilot_runtime.approvals.resume import claim_resume
 from copilot_runtime.checkpointers import DurableCheckpointer, checkpointer
+from copilot_runtime.guardrails import Verdict
+from copilot_runtime.protocols.http import to_cursor
 from copilot_runtime.threads.base import ThreadOwner
 from tests.conftest import ServeRuntime, poll, run_input, types
 from tests.hitl_support.postgres import postgres_schema
 from tests.test_approval_recovery import THREAD as THREAD_PAY
 from tests.test_approval_recovery import Payments, agent_of, asked, paying_runtime
 from tests.test_approvals_reservations import (
+    THREAD,
+    State,
     approving_runtime,
     assert_applied,
     drive,
@@ -576,3 +581,113 @@ async def test_a_ledger_of_the_earlier_protocol_still_lists_without_a_viewer() -
     service = approving_runtime(_EarlierLedger(inner)).approvals  # type: ignore[arg-type]
     approvals, after = await service.page(status=None, limit=5)
     assert ([a.id for a in approvals], after) == (["a1", "a2"], None)
+
+
+async def test_the_ledger_refuses_an_answer_claimed_past_the_deadline(
+        ledger: ApprovalStore) -> None:
+    """A claim for "answered" is the compare-and-set that decides an answer, so it is what
+    holds the deadline: every path that records an answer (a resume, an HTTP answer that
+    does not wait) goes through it. Before the fix a claim landing after `expiresAt` (a
+    slow guardrail judge in between) was recorded, and the graph took it."""
+    now = time.time()
+    await ledger.add([Approval("late", "t", "flow", {}, now, now + 10),
+                      Approval("in-time", "t", "flow", {}, now, now + 10),
+                      Approval("open", "t", "flow", {}, now)])
+    for at in (now + 10, now + 11):  # at the deadline is past it, as `expired_at` says
+        assert await ledger.claim("late", "answered", {"action": "approve"}, "ann",
+                                  at) is None
+    still = await ledger.get("late")
+    assert still is not None
+    assert (still.status, still.answer) == ("pending", None)
+    # The timeout is what the deadline leaves; answers in time, or without one, stand.
+    assert await ledger.claim("late", "expired", {"action": "timeout"}, "runtime", now + 11)
+    assert await ledger.claim("in-time", "answered", {"action": "approve"}, "ann", now + 9)
+    assert await ledger.claim("open", "answered", {"action": "approve"}, "ann", now + 1e6)
+
+
+class _SlowJudge:
+    """A guardrail whose judge takes until after a deadline (a model's call, say)."""
+
+    def __init__(self) -> None:
+        self.until = 0.0
+
+    async def check(self, messages: Any, principal: Any) -> Verdict:
+        await asyncio.sleep(max(0.0, self.until - time.time()))
+        return Verdict(True)
+
+
+def _ask_by_deadline(state: State) -> dict[str, Any]:
+    return {"answer": interrupt({"message": "Pay?",
+                                 "expiresAt": iso_time(time.time() + 0.5)})}
+
+
+async def test_an_answer_that_does_not_wait_is_refused_once_its_deadline_passed() -> None:
+    """An HTTP answer with `"wait": false` sent before the deadline and recorded after it
+    (its guardrail judged it meanwhile) was accepted, and the graph took it instead of
+    the timeout; `"wait": true` was refused. Both are 410 now, and the timer answers."""
+    judge = _SlowJudge()
+    builder: StateGraph[State] = StateGraph(State)
+    builder.add_node("ask", _ask_by_deadline)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    agent = LangGraphAgent(name="lg", graph=builder.compile(checkpointer=InMemorySaver()))
+    runtime = CopilotRuntime(agents={"lg": agent}, guardrails=[judge])
+    try:
+        approval = await interrupted(runtime)
+        assert approval.expires_at is not None
+        judge.until = approval.expires_at + 0.2
+        with pytest.raises(ApprovalClosedError) as caught:
+            await runtime.approvals.answer(approval.id, {"action": "approve"},
+                                           answered_by="ann", wait=False)
+        assert (caught.value.status, caught.value.code) == (410, "APPROVAL_EXPIRED")
+        async for _ in poll(10):
+            if not runtime.is_running(THREAD):
+                break
+        left, _, _ = await runtime.approvals.get(approval.id)
+        assert (left.status, left.answer) == ("pending", None)
+        assert await agent.pending_interrupt_ids(THREAD) == {approval.id}
+        await runtime.approvals.start()  # the timer sends the timeout
+        async for _ in poll(10):
+            timed_out, _, _ = await runtime.approvals.get(approval.id)
+            if timed_out.applied and not runtime.is_running(THREAD):
+                break
+        assert (timed_out.status, timed_out.applied) == ("expired", True), timed_out
+        state = await agent.graph.aget_state({"configurable": {"thread_id": THREAD}})
+        assert state.values["answer"]["action"] == "timeout"
+    finally:
+        await runtime.aclose()
+
+
+async def test_a_cursor_no_ledger_can_look_up_is_refused(
+        ledger: ApprovalStore, serve_runtime: ServeRuntime) -> None:
+    """A listing's cursor whose id held NUL was sent to the ledger: PostgreSQL refuses NUL
+    in text, a 500 (SQLite answered 200). Its id is checked as the threads listing checks
+    its cursor's: a 400."""
+    runtime = approving_runtime(ledger)  # type: ignore[arg-type]
+    async with serve_runtime(runtime) as served:
+        for bad in ("a\x00b", "a\u202eb", "x" * 300):
+            response = await served.session.get(
+                f"{served.url}/approvals?status=all&cursor={to_cursor([0, bad])}")
+            body = await response.json()
+            assert (response.status, body) == (
+                400, {"error": "'cursor' must be a nextCursor this server gave"})
+        response = await served.session.get(  # the first page's own key is no problem
+            f"{served.url}/approvals?status=all&cursor={to_cursor([0, ''])}")
+        assert response.status == 200
+
+
+async def test_a_resume_that_names_an_interrupt_twice_is_refused() -> None:
+    """A resume listing one interruptId twice claimed the first entry, failed the second's
+    claim, put the first back, and ended with APPROVAL_ALREADY_ANSWERED: nothing was
+    answered. It is INVALID_REQUEST now, before anything is claimed."""
+    runtime = approving_runtime()
+    approval = await interrupted(runtime)
+    events = await drive(runtime, resume_body(
+        "r-twice", (approval.id, {"action": "approve"}), (approval.id, {"action": "reject"})))
+    assert types(events) == ["RUN_STARTED", "RUN_ERROR"]
+    assert events[-1]["code"] == "INVALID_REQUEST", events[-1]
+    assert "more than once" in events[-1]["message"]
+    still, _, _ = await runtime.approvals.get(approval.id)
+    assert (still.status, still.answer) == ("pending", None)
+    events = await drive(runtime, resume_body("r-once", (approval.id, {"action": "approve"})))
+    await assert_applied(runtime, approval.id, {"action": "approve"})

@@ -188,6 +188,48 @@ async def test_a_message_while_an_interrupt_waits_is_refused_not_lost(
     assert "answer first" in status["details"]["description"]
 
 
+async def test_another_agent_on_a_shared_checkpointer_does_not_take_a_waiting_thread(
+        serve_runtime: ServeRuntime) -> None:
+    """Two agents on one checkpointer (the demo's review_loop and account_review) read and
+    write the same thread's checkpoints. A chat through the second on a thread where the
+    first's approval waited ran its graph on the first's checkpoint, and the approval was
+    withdrawn. The run is refused now (as a message is while the agent's own approval
+    waits), naming the agent that waits, on both protocols; the approval still waits."""
+    saver = checkpointer("memory")
+    asking, talking = asks().builder, says_topic().builder
+    runtime = CopilotRuntime(agents={
+        "asker": LangGraphAgent(name="asker", graph=asking.compile(checkpointer=saver)),
+        "lg": LangGraphAgent(name="lg", graph=talking.compile(checkpointer=saver))})
+    first = {"id": "m1", "role": "user", "content": "go"}
+    async with serve_runtime(runtime) as served:
+        asked = await served.run(run_input("go", thread="x1", messages=[first], **V1),
+                                 agent="asker")
+        (pending,) = asked[-1]["outcome"]["interrupts"]
+        sent = await served.run(run_input("hello", thread="x1", run="r2", **V1), agent="lg")
+        gql_sent = await served.generate(chat_data([text_message("g1", "user", "hi")],
+                                                  thread="x1", agentSession=SESSION))
+        elsewhere = await served.run(run_input("hello", thread="x2", run="r3", **V1),
+                                     agent="lg")
+        waiting = await runtime.approvals.list(thread_id="x1")
+        answered = await served.run(run_input("", thread="x1", run="r4", messages=[first],
+                                              resume=[{"interruptId": pending["id"],
+                                                       "status": "resolved",
+                                                       "payload": "cats"}], **V1),
+                                    agent="asker")
+        after = await served.run(run_input("hello", thread="x1", run="r5", **V1), agent="lg")
+    assert (sent[-1]["type"], sent[-1]["code"]) == ("RUN_ERROR", "APPROVAL_ERROR"), sent[-1]
+    assert "'asker'" in sent[-1]["message"]
+    status = gql_sent["status"]
+    assert status["code"] == "Failed"
+    assert status["details"]["originalError"]["originalErrorType"] == "APPROVAL_ERROR"
+    assert "'asker'" in status["details"]["description"]
+    assert said(elsewhere) == "topic=None role=None"  # another thread is no business of it
+    assert [(a.id, a.agent_id, a.status) for a in waiting] == [
+        (pending["id"], "asker", "pending")]
+    assert said(answered) == "topic=cats"
+    assert after[-1]["type"] == "RUN_FINISHED"  # answered: the thread is free again
+
+
 # ---- C. precise failures ------------------------------------------------------------------
 
 

@@ -55,6 +55,7 @@ from ag_ui.core import ResumeEntry
 from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
 from ag_ui_langgraph.utils import camel_to_snake  # type: ignore[import-untyped]
 from langchain_core.messages import AIMessage, ToolMessage
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.errors import GraphRecursionError
 from langgraph.prebuilt import ToolNode
 
@@ -315,6 +316,7 @@ class LangGraphAgent(Agent):
         thread_id = input.thread_id
         claims = Claims(input)
         if not (input.model.resume or _has_legacy_resume(input)):
+            await self._refuse_if_another_agent_waits(thread_id, context.agent_id)
             input = await self._carrying_on(input)
         if input.model.resume or _has_legacy_resume(input):
             pending, parked = await self._waits(thread_id)
@@ -388,6 +390,41 @@ class LangGraphAgent(Agent):
         if len(self._warned) > _WARNED_THREADS:
             del self._warned[next(iter(self._warned))]
         return True
+
+    async def _refuse_if_another_agent_waits(self, thread_id: str, agent_id: str) -> None:
+        """Refuse a run on a thread whose checkpoint another agent's graph waits on.
+
+        Agents that share a checkpointer (and so its ledger) share its threads: this graph
+        cannot read the other's interrupt (its nodes are not this graph's), so it would start
+        over on the other's checkpoint and the approval would be withdrawn. The ledger says
+        whose approval waits (one read by thread); the checkpoint's own pending interrupts
+        say whether it still does (one the ledger kept by mistake blocks nothing)."""
+        others = [a for a in await self._approvals.find(thread_id=thread_id)
+                  if a.agent_id != agent_id]
+        if not others:
+            return
+        stored = await self._stored_interrupt_ids(thread_id)
+        waiting = sorted({a.agent_id for a in others if stored is None or a.id in stored})
+        if waiting:
+            raise ApprovalError(
+                f"Thread '{thread_id}' waits for an answer to an approval of agent "
+                f"'{waiting[0]}': answer it first (agent '{agent_id}' was not run on the "
+                "thread, whose checkpoints the two agents share)")
+
+    async def _stored_interrupt_ids(self, thread_id: str) -> set[str] | None:
+        """The ids of the interrupts the thread's latest checkpoint holds, whichever graph
+        wrote it (a subgraph's are there too); None if the checkpointer cannot say."""
+        saver = getattr(self.graph, "checkpointer", None)
+        if not isinstance(saver, BaseCheckpointSaver):
+            return None
+        found = await saver.aget_tuple(self._graph_config(thread_id))  # type: ignore[arg-type]
+        ids: set[str] = set()
+        for _, channel, value in (found.pending_writes or ()) if found is not None else ():
+            if channel == "__interrupt__":  # (LangGraph's INTERRUPT, private since 1.0)
+                for interrupt in value if isinstance(value, list | tuple) else (value,):
+                    if isinstance(getattr(interrupt, "id", None), str):
+                        ids.add(interrupt.id)
+        return ids
 
     async def _carrying_on(self, input: RunInput) -> RunInput:
         """`input`, or, when the thread's graph took an approval's answer and its run died

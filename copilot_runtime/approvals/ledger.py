@@ -13,9 +13,10 @@ Life of an approval::
     pending --the interrupt vanished without an answer--> withdrawn
 
 `claim` is the one compare-and-set from `pending`: whoever wins it decides, a second
-answer is refused. An answer is stored before it is sent to the graph, so one that a crash
-interrupted is sent again at the next start (`unapplied`); if the graph did not take it
-(the run was stopped), `reopen` puts the approval back to pending.
+answer is refused, and so is an answer once the deadline has passed. An answer is stored
+before it is sent to the graph, so one that a crash interrupted is sent again at the next
+start (`unapplied`); if the graph did not take it (the run was stopped), `reopen` puts the
+approval back to pending.
 
 This module has no LangGraph import: the protocol edges use it whatever is installed.
 """
@@ -142,7 +143,9 @@ class ApprovalStore(Protocol):
 
     async def claim(self, approval_id: str, status: Literal["answered", "expired"],
                     answer: Any, answered_by: str | None, at: float) -> Approval | None:
-        """Move a pending approval to `status`; None if it was not pending (someone won)."""
+        """Move a pending approval to `status`; None if it was not pending (someone won)
+        or, for "answered", if its deadline had passed by `at` (the timeout is the only
+        answer left then: whatever path an answer took to get here, it cannot slip past)."""
         ...
 
     async def settle(self, approval_id: str, outcome: Literal["applied", "reopen",
@@ -257,6 +260,8 @@ class MemoryApprovalStore(_Listeners):
         async with self._lock:
             found = self._items.get(approval_id)
             if found is None or found.status != "pending":
+                return None
+            if status == "answered" and found.expired_at(at):
                 return None
             found.status, found.answer, found.answered_by = status, answer, answered_by
             found.answered_at, found.applied = at, False

@@ -156,6 +156,7 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
                      won: list[str], principal_id: str | None = None,
                      parked: bool = False, by_service: bool = False) -> Claims:
     model = input.model
+    _refuse_repeated(model.resume or ())
     # LangGraph cannot resume with None (it fails) or {} (it takes it for an empty map of
     # answers): such an entry is no answer, and the graph asks its question again.
     entries = [e for e in model.resume or ()
@@ -217,6 +218,20 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
     return Claims(input.replace(resume=resume), list(answers))
 
 
+def _refuse_repeated(entries: Iterable[ResumeEntry]) -> None:
+    """A resume answers each interrupt once. One listed twice would claim it, fail the
+    second claim and put the first back: refused before anything is claimed, as what it
+    is, not as an approval answered already (nothing was)."""
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.interrupt_id in seen:
+            named = "" if id_problem(entry.interrupt_id) is not None \
+                else f" '{entry.interrupt_id}'"
+            raise InvalidRequestError(
+                f"A resume lists interrupt{named} more than once: answer each once")
+        seen.add(entry.interrupt_id)
+
+
 def _json_or_text(value: Any) -> Any:
     """A legacy resume sent as JSON text is meant as the value it encodes.
 
@@ -246,6 +261,7 @@ async def _claim(store: ApprovalStore, approval_id: str, given: Any, by: str, *,
         approval = Approval(approval_id, thread_id, agent_id, value, now, channel=channel)
         await store.add([approval])
     if approval.status == "pending":
+        now = time.time()  # what the lookup took counts: the ledger checks the deadline
         if approval.expired_at(now):
             if not by_service:
                 # Left pending: the expiry timer resumes the graph with the timeout.
@@ -258,8 +274,11 @@ async def _claim(store: ApprovalStore, approval_id: str, given: Any, by: str, *,
             answer = given
             claiming = store.claim(approval_id, "answered", given, by, now)
         claimed = await _to_its_end(claiming, approval_id, won)
-        if claimed is None:  # another request won between our read and our claim
-            raise ApprovalClosedError(await store.get(approval_id) or approval)
+        if claimed is None:  # another request won since our read, or the deadline passed
+            closed = await store.get(approval_id) or approval
+            if closed.status == "pending" and closed.expired_at(time.time()):
+                closed = replace(closed, status="expired")  # the timer sends the timeout
+            raise ApprovalClosedError(closed)
         return answer
     # Claimed earlier but the graph still waits: that answer has not reached it yet (a
     # crash or a stop in between, or its run is still taking it, maybe in another process

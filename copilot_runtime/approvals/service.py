@@ -412,8 +412,12 @@ class ApprovalService:
             asyncio.get_running_loop().create_future()
 
         async def record() -> bool:
-            claimed = await store.claim(approval.id, "answered", answer, answered_by,
-                                        time.time())
+            # Its guardrail judged the answer since the route's check, maybe past the
+            # deadline: the ledger's claim refuses it then (checked here too, for a ledger
+            # of an application's own), and the timer sends the timeout.
+            now = time.time()
+            claimed = None if approval.expired_at(now) else await store.claim(
+                approval.id, "answered", answer, answered_by, now)
             recorded.set_result(claimed)
             return claimed is not None
 
@@ -426,8 +430,8 @@ class ApprovalService:
                                    "runId": task.get_name()}
         if recorded.done():
             claimed = recorded.result()
-            if claimed is None:  # another answer won between our check and our claim
-                raise ApprovalClosedError(await store.get(approval.id) or approval)
+            if claimed is None:  # another answer won since our check, or the deadline
+                raise await self._not_claimed(store, approval)
             return {"approval": claimed.to_json(), "run": summary}
         if not task.cancelled():
             task.result()  # the claim failed: raise why
@@ -441,6 +445,16 @@ class ApprovalService:
             _log.warning("approval answer recorded but not sent: the service closed; it is "
                          "sent at the next start", approval_id=approval.id)
         return {"approval": settled.to_json(), "run": {**summary, "status": "cancelled"}}
+
+    async def _not_claimed(self, store: ApprovalStore,
+                           approval: Approval) -> ApprovalClosedError:
+        """Why an answer's claim lost: another answer (or the timeout) won it, or it came
+        after the deadline and the approval waits for the timer's timeout (woken)."""
+        closed = await store.get(approval.id) or approval
+        if closed.status == "pending" and closed.expired_at(time.time()):
+            self._wake()
+            closed = replace(closed, status="expired")
+        return ApprovalClosedError(closed)
 
     async def _resume(self, approval: Approval, payload: Any, answered_by: str,
                       headers: Mapping[str, str] | None,

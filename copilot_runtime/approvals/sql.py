@@ -3,9 +3,9 @@
 One table, `<prefix>approvals`. Its `owner_id` and `owner_tenant` are the owner of each
 approval's thread once a listing has looked it up (`owner_id` '' for a thread without one,
 NULL until then: rows of an earlier release's, which gets the columns added). The
-compare-and-set of `claim` is a single conditional
-`UPDATE ... WHERE status = 'pending'`, so it holds across processes sharing the database,
-not only within one event loop. Values and answers are stored as JSON text.
+compare-and-set of `claim` is a single conditional `UPDATE ... WHERE status = 'pending'`
+(and, for an answer, the deadline not passed), so it holds across processes sharing the
+database, not only within one event loop. Values and answers are stored as JSON text.
 """
 
 from __future__ import annotations
@@ -163,10 +163,15 @@ class _SQLApprovalStore(_Listeners, abc.ABC):
 
     async def claim(self, approval_id: str, status: Literal["answered", "expired"],
                     answer: Any, answered_by: str | None, at: float) -> Approval | None:
+        params: list[Any] = [status, _dump(answer), answered_by, at, approval_id]
+        in_time = ""
+        if status == "answered":  # in the same statement: no answer slips past the deadline
+            in_time = " AND (expires_at IS NULL OR expires_at > ?)"
+            params.append(at)
         changed = await self._execute(
             f"UPDATE {self.table} SET status = ?, answer = ?, answered_by = ?, "
-            "answered_at = ?, applied = FALSE WHERE id = ? AND status = 'pending'",
-            (status, _dump(answer), answered_by, at, approval_id))
+            f"answered_at = ?, applied = FALSE WHERE id = ? AND status = 'pending'{in_time}",
+            params)
         return await self.get(approval_id) if changed else None
 
     async def settle(self, approval_id: str, outcome: Literal["applied", "reopen",

@@ -180,8 +180,8 @@ def _page_of(query: dict[str, list[str]]) -> tuple[int, ApprovalKey | None]:
     key = from_cursor(cursors[0], bad.message)
     if not (isinstance(key, list) and len(key) == 2 and isinstance(key[0], int | float)
             and not isinstance(key[0], bool) and math.isfinite(key[0])
-            and isinstance(key[1], str) and len(key[1]) <= MAX_ID_LENGTH):
-        raise bad
+            and isinstance(key[1], str) and id_problem(key[1]) is None):
+        raise bad  # (an id no ledger keeps: PostgreSQL could not even compare with NUL)
     return limit, (float(key[0]), key[1])
 
 
