@@ -70,6 +70,7 @@ from copilot_runtime.threads.base import (
     ThreadStore,
     storable_ids,
 )
+from copilot_runtime.threads.memory import InMemoryThreadStore
 
 __all__ = ["DETACHED_RUN_SECONDS", "ActiveRun", "RunManager"]
 
@@ -382,6 +383,12 @@ class ActiveRun:
     async def _stream(self) -> AsyncGenerator[Sequence[Event], None]:
         first = [self.started_event()]
         self._publish(first)
+        memory = self.manager.memory
+        if memory is not None:
+            # The thread exists from its first run's start, as on a durable store (whose
+            # first write of the run's events makes it).
+            await memory.begin_run(self.thread_id, self.agent_id, self.created_at,
+                                   self.first_position, first[0], owner=self.owner)
         yield first
         # Let runs that arrived together write their RUN_STARTED before this one's agent
         # spends the loop on building its upstream request.
@@ -796,6 +803,9 @@ class RunManager:
         #: The store when it keeps running runs' events (written as runs go), else None.
         self.durable: DurableThreadStore | None = \
             store if isinstance(store, DurableThreadStore) else None
+        #: The store when it is the in-memory one (told when a run starts), else None.
+        self.memory: InMemoryThreadStore | None = \
+            store if isinstance(store, InMemoryThreadStore) else None
         #: Called with a run and the last position written to the store, after each write.
         self.on_flushed: Callable[[ActiveRun, int], None] | None = None
         #: The coordinator other workers share, or None (this process alone: no cost).

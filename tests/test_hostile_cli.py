@@ -172,11 +172,14 @@ def test_serve_refuses_port_zero(cli: None, capsys: pytest.CaptureFixture[str],
     assert line == "copilot-runtime: error: --port must be 1-65535, got 0"
 
 
-def test_demo_db_in_a_missing_directory_is_one_line(cli: None,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    line = _fails_with(capsys, ["demo", "--port", str(free_port()),
-                                "--db", "/nonexistent/dir/x.sqlite3"])
-    assert line.startswith("copilot-runtime: error: cannot start: "), line
+@pytest.mark.parametrize("option", ["--db", "--threads"])
+def test_demo_db_in_a_missing_directory_is_one_line_naming_it(
+        cli: None, capsys: pytest.CaptureFixture[str], option: str) -> None:
+    path = "/nonexistent/dir/x.sqlite3"
+    value = path if option == "--db" else "sqlite:///" + path
+    line = _fails_with(capsys, ["demo", "--port", str(free_port()), option, value])
+    # Before: "unable to open database file", without the file (other errors name it).
+    assert line == f"copilot-runtime: error: cannot start: unable to open database file ({path})"
 
 
 def test_demo_db_empty_is_refused(cli: None, capsys: pytest.CaptureFixture[str]) -> None:

@@ -129,6 +129,32 @@ async def test_an_id_no_store_can_keep_is_refused_or_not_found(served: Served, b
     await _still_serves(served, f"after-{bad}")
 
 
+@pytest.mark.parametrize("dots", [".", ".."])
+async def test_a_dot_segment_is_no_id(served: Served, dots: str) -> None:
+    """Before: threads "." and ".." were made by a run, but a client that reads URLs as
+    browsers do takes `/threads/%2E%2E/messages` for `/messages`: such a thread could never
+    be read, renamed or deleted. Such ids are refused as any id a URL cannot carry."""
+    problem = "The id is '.' or '..', which a URL cannot carry as a path segment"
+    for field in ("threadId", "runId", "parentRunId"):
+        body = run_input("hi", thread="fine", run="r1", **{field: dots})
+        for route in ("run", "connect"):
+            status, answer = await _answer(served, "POST", f"/agent/default/{route}", body)
+            assert status == 400, (field, route, answer)
+            assert orjson.loads(orjson.loads(answer)["details"]) == [
+                {"path": [field], "code": "invalid_id", "message": problem}]
+    status, answer = await _answer(served, "POST", "", {
+        "query": CHAT_DOCUMENT, "variables": {"data": user_turn("hi", thread=dots)}},
+        headers=CLIENT_HEADERS)
+    (error,) = orjson.loads(answer)["errors"]
+    assert (error["message"], error["extensions"]["statusCode"]) == (
+        f"Invalid request body: threadId: {problem}", 400)
+    status, answer = await _answer(served, "GET", "/threads")
+    assert not {t["id"] for t in orjson.loads(answer)["threads"]} & {".", ".."}
+    for near in ("...", ".a", "a.", "a..b"):  # only the two segments URLs drop
+        assert types(await served.run(run_input("hi", thread=near, run="r1")))[-1] \
+            == "RUN_FINISHED", near
+
+
 async def test_control_characters_and_long_ids_inside_a_run_are_stored(served: Served) -> None:
     body = run_input("hi\x00 there\x01", thread="inside", run="r1")
     body["messages"] = [

@@ -86,6 +86,17 @@ async def _finish(store: ThreadStore, thread: str, run: str, events: list[ev.Eve
         [f"u-{run}", f"m-{run}"], owner=owner)
 
 
+async def _start(store: ThreadStore, thread: str, run: str, started: ev.Event, first: int,
+                 created: float, owner: ThreadOwner | None = None) -> None:
+    """A run's start, written as the runtime writes it once the run streams."""
+    if isinstance(store, DurableThreadStore):
+        await store.append_events(thread, "default", run, created, first, [started],
+                                  owner=owner)
+    else:
+        assert isinstance(store, InMemoryThreadStore)
+        await store.begin_run(thread, "default", created, first, started, owner=owner)
+
+
 def _durable(store: ThreadStore) -> DurableThreadStore:
     if not isinstance(store, DurableThreadStore):
         pytest.skip("the in-memory store keeps no running runs")
@@ -138,6 +149,40 @@ async def test_a_thread_whose_first_run_had_no_user_message_is_titled_by_a_later
                   len(greeting) + len(asked), created=3.0)
     assert (await store.summary("t")).title == "Plan my trip"  # type: ignore[union-attr]
     assert [r.title for r in await store.list()] == ["Plan my trip"]
+
+
+async def test_a_thread_exists_once_its_first_run_starts(store: ThreadStore) -> None:
+    """Before: the in-memory store made a thread only when its first run ended, while the
+    durable stores have it from the run's start: while that run streamed, lists left it
+    out, its messages, state and rename were a 404 and GraphQL said it did not exist, on
+    memory alone. Every store has it (agent, owner, title, times) from its first run's
+    start now, and a name given meanwhile is kept; a later run's start updates it at once."""
+    alice = ThreadOwner("alice", "acme")
+    one = _run("t", "r1", "a b c", user="Plan my trip")
+    await _start(store, "t", "r1", one[0], 0, 5.0, owner=alice)
+    for record in (await store.get("t"), await store.summary("t")):
+        assert record is not None
+        assert (record.agent_id, record.owner, record.title, record.name, record.runs) == (
+            "default", alice, "Plan my trip", None, [])
+        assert (record.created_at, record.updated_at, record.next_position) == (5.0, 5.0, 1)
+        assert record.state is None
+    assert [r.thread_id for r in await store.list(owner=alice)] == ["t"]
+    assert [r.thread_id for r in await store.list(agent_id="default")] == ["t"]
+    assert await store.rename("t", "Trip") is True
+    await _finish(store, "t", "r1", one, 0, created=5.0, owner=alice)
+    record = await store.get("t")
+    assert record is not None
+    assert (record.name, record.title, record.owner) == ("Trip", "Plan my trip", alice)
+    assert ([r.run_id for r in record.runs], record.next_position) == (["r1"], len(one))
+    assert (record.created_at, record.updated_at) == (5.0, 5.0)
+
+    await _finish(store, "u", "r1", _run("u", "r1", "x"), 0, created=6.0, owner=alice)
+    await _start(store, "t", "r2", _run("t", "r2", "d")[0], len(one), 7.0, owner=alice)
+    assert [(r.thread_id, r.updated_at) for r in await store.list()] == [
+        ("t", 7.0), ("u", 6.0)]
+    record = await store.summary("t")
+    assert record is not None
+    assert (record.created_at, record.name, record.next_position) == (5.0, "Trip", len(one) + 1)
 
 
 async def test_list_pages_names_and_delete(store: ThreadStore) -> None:

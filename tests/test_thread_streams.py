@@ -289,6 +289,37 @@ async def test_threads_pages_names_and_deletion(two_users: Served) -> None:
     assert (await session.put(f"{url}/threads/t4", headers=_as("token-alice"))).status == 405
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_thread_is_listed_read_and_renamed_while_its_first_run_streams(
+        kind: str, tmp_path: Path, serve_runtime: ServeRuntime) -> None:
+    """Before: on the in-memory store a thread did not exist until its first run ended (its
+    list empty, its messages, state and rename a 404), while SQLite had it at once."""
+    agent = GatedAgent()
+    runtime = CopilotRuntime(agents={"default": agent}, thread_store=_store(kind, tmp_path))
+    async with serve_runtime(runtime) as served:
+        running = await served.post("/agent/default/run", run_input("Plan my trip", thread="t"))
+        await _read_until(running, "TEXT_MESSAGE_CONTENT")
+
+        async def listed() -> bool:  # (SQLite: once the run's first events are written)
+            body = await (await served.session.get(served.url + "/threads")).json()
+            return [t["id"] for t in body["threads"]] == ["t"]
+
+        await _eventually(listed, "the running thread was never listed", within=5)
+        url = served.url + "/threads/t"
+        messages = await served.session.get(url + "/messages")
+        assert (messages.status, (await messages.json())["messages"]) == (200, [])
+        state = await served.session.get(url + "/state")
+        assert (state.status, await state.json()) == (200, {"state": None})
+        renamed = await served.session.patch(url, json={"name": "Trip"})
+        assert renamed.status == 200
+        agent.gate.set()
+        await running.read()
+        body = await (await served.session.get(served.url + "/threads")).json()
+        assert [(t["id"], t["name"], t["title"]) for t in body["threads"]] == [
+            ("t", "Trip", "Plan my trip")]
+        assert len((await (await served.session.get(url + "/messages")).json())["messages"]) == 2
+
+
 async def test_a_running_thread_cannot_be_deleted(tmp_path: Path,
                                                   serve_runtime: ServeRuntime) -> None:
     agent = GatedAgent()

@@ -2,9 +2,10 @@
 
 A `nextCursor` says where the page ended in the list (the last thread's updated time and id)
 rather than how many threads came before it, so threads updated or made between two pages
-neither repeat a thread on the next page nor push one out of it; ties (threads updated at
-once) are split in one order on every store. A cursor this server did not make, or made for
-another agent's list, is a 400.
+neither repeat a thread on the next page nor push one out of it; a thread updated between
+two pages moves to the top of the list, above the cursor, and is listed again only by a
+fresh first page; ties (threads updated at once) are split in one order on every store. A
+cursor this server did not make, or made for another agent's list, is a 400.
 """
 
 from __future__ import annotations
@@ -68,6 +69,32 @@ async def test_pages_hold_when_threads_change_between_them(served: Served) -> No
     assert seen == expected
     status, got = await page(served, "?limit=2")
     assert [t["id"] for t in got["threads"]] == [f"new-{made}", f"new-{made - 1}"]
+
+
+async def test_a_thread_updated_mid_walk_moves_to_the_top_not_later_in_the_walk(
+        served: Served) -> None:
+    """What the README promises, and no more: the list is newest first by activity, so a
+    thread not listed yet that gets a run between two pages moves above the cursor: a
+    fresh first page shows it, not a later page of this walk; one listed already is not
+    listed again. (Paging on what never changes would break the order by activity.)"""
+    for index in range(5):
+        await store_thread(served, f"t{index}", 10.0 + index)
+    status, first = await page(served, "?limit=2")
+    assert [t["id"] for t in first["threads"]] == ["t4", "t3"]
+    for thread, at in (("t1", 20.0), ("t3", 21.0)):  # one not listed yet, one listed
+        events = [ev.run_started(thread, "r2", {"threadId": thread, "runId": "r2"}),
+                  ev.run_finished(thread, "r2")]
+        await served.runtime.store.append_run(thread, "default", StoredRun(
+            "r2", compact_events(events), at, 0, 2, 3), [])
+    seen, cursor = [], first["nextCursor"]
+    while cursor is not None:
+        status, got = await page(served, f"?limit=2&cursor={cursor}")
+        assert status == 200, got
+        seen += [t["id"] for t in got["threads"]]
+        cursor = got["nextCursor"]
+    assert seen == ["t2", "t0"]
+    status, fresh = await page(served, "?limit=2")
+    assert [t["id"] for t in fresh["threads"]] == ["t3", "t1"]
 
 
 async def test_cursors_of_another_list_or_made_up_are_refused(served: Served) -> None:

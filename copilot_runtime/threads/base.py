@@ -309,6 +309,10 @@ def id_problem(value: str) -> str | None:
         # A thread's or a user's id is shown in logs and lists, like a name: the same
         # characters would break a log line or make the id read as another one.
         return "contains a line separator or a character that reorders text"
+    if value in (".", ".."):
+        # Clients that read URLs as browsers do drop these segments, `%2E` written or not:
+        # a thread so named could never be read, renamed or deleted.
+        return "is '.' or '..', which a URL cannot carry as a path segment"
     return None
 
 

@@ -85,17 +85,7 @@ class InMemoryThreadStore:
                          ) -> None:
         if not run.size:
             run.size = _size(run.events)
-        record = self._threads.get(thread_id)
-        if record is None:
-            record = ThreadRecord(thread_id, agent_id, run.created_at, run.created_at,
-                                  owner=owner, title=title_of(run.events))
-            self._threads[thread_id] = record
-            self._sizes[thread_id] = 0
-            self._tombstones.pop(thread_id, None)  # the record carries its positions now
-        else:
-            self._threads.move_to_end(thread_id)
-            if not record.title:  # its first runs had no user message (the agent spoke first)
-                record.title = title_of(run.events)
+        record = self._thread(thread_id, agent_id, run.created_at, run.events, owner)
         record.runs.append(run)
         snapshot = state_snapshot(run.events)
         if snapshot is not None:  # kept past the run's eviction, and a bounded read's
@@ -105,13 +95,40 @@ class InMemoryThreadStore:
             dropped = record.runs[: -self.max_runs_per_thread]
             del record.runs[: -self.max_runs_per_thread]
             self._grow(thread_id, -sum(r.size for r in dropped))
-        # The latest start, as the SQL stores keep it: a clock stepped back between two runs
-        # made the thread older (listed lower, stale to retention sooner) here alone.
-        record.updated_at = max(record.updated_at, run.created_at)
         if run.last_position >= 0:
             record.next_position = max(record.next_position, run.last_position + 1)
         record.message_ids.update(message_ids)
         self._evict(thread_id)
+
+    async def begin_run(self, thread_id: str, agent_id: str, created_at: float,
+                        first_position: int, started: Event, *,
+                        owner: ThreadOwner | None = None) -> None:
+        """A run starts streaming on the thread, its start `started` at `first_position`: the
+        thread exists from now on (listed, read, renamed while its first run streams), as
+        the durable stores write it when the run's first events are, and `owner` is
+        recorded if this creates it. `append_run` stores the run at its end."""
+        record = self._thread(thread_id, agent_id, created_at, [started], owner)
+        record.next_position = max(record.next_position, first_position + 1)
+        self._evict(thread_id)
+
+    def _thread(self, thread_id: str, agent_id: str, created_at: float,
+                events: list[Event], owner: ThreadOwner | None) -> ThreadRecord:
+        """The thread a run started at `created_at` goes to, made if new, marked as used."""
+        record = self._threads.get(thread_id)
+        if record is None:
+            record = ThreadRecord(thread_id, agent_id, created_at, created_at,
+                                  owner=owner, title=title_of(events))
+            self._threads[thread_id] = record
+            self._sizes[thread_id] = 0
+            self._tombstones.pop(thread_id, None)  # the record carries its positions now
+            return record
+        self._threads.move_to_end(thread_id)
+        if not record.title:  # its first runs had no user message (the agent spoke first)
+            record.title = title_of(events)
+        # The latest start, as the SQL stores keep it: a clock stepped back between two runs
+        # made the thread older (listed lower, stale to retention sooner) here alone.
+        record.updated_at = max(record.updated_at, created_at)
+        return record
 
     def _report(self, thread_id: str, size: int) -> None:
         """Say that threads were evicted: the first at once, then at most once a minute with

@@ -212,17 +212,21 @@ class SQLiteThreadStore:
         self._lock = threading.Lock()
         self._pruned = 0.0
         self._first_positions = FirstPositions()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                                   timeout=_MIGRATE_WAIT)
         try:
-            with self._lock:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA synchronous=NORMAL")
-                self._db.execute("PRAGMA foreign_keys=ON")
-                self._migrate()
-                self._db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            # Opening too: its directory missing is "unable to open database file".
+            self._db = sqlite3.connect(self.path, check_same_thread=False,
+                                       isolation_level=None, timeout=_MIGRATE_WAIT)
+            try:
+                with self._lock:
+                    self._db.execute("PRAGMA journal_mode=WAL")
+                    self._db.execute("PRAGMA synchronous=NORMAL")
+                    self._db.execute("PRAGMA foreign_keys=ON")
+                    self._migrate()
+                    self._db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            except BaseException:
+                self._db.close()
+                raise
         except sqlite3.Error as exc:
-            self._db.close()
             # Which file ("database is locked", "file is not a database": the thread store's,
             # or the checkpoints'?).
             raise type(exc)(f"{exc} ({self.path})") from exc
