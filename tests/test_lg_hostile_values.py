@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import orjson
 import pydantic
 import pytest
-from langchain_core.messages import AIMessage, AnyMessage
+from langchain_core.messages import AIMessage, AnyMessage, RemoveMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -237,3 +237,64 @@ def test_parse_time_takes_epoch_seconds_and_iso_text() -> None:
     assert parse_time(0) == 0.0
     assert parse_time("1970-01-01T00:00:01Z") == 1.0
     assert parse_time(True) is None
+
+
+# ---- a graph that trims its history, then asks ---------------------------------------------
+
+
+def trims_then_asks() -> Any:
+    """Keeps only the last message (as summarising graphs do), then asks to approve."""
+    def trim(state: Asked) -> Json:
+        return {"messages": [RemoveMessage(id=m.id) for m in state["messages"][:-1]
+                             if m.id is not None]}
+
+    def act(state: Asked) -> Json:
+        last = state["messages"][-1].content
+        if "approve" in str(last):
+            answer = interrupt({"question": f"Really {last}?"})
+            return {"answer": answer, "messages": [AIMessage(f"done: {answer}", id="ai-done")]}
+        return {"messages": [AIMessage(f"echo {last}", id="ai-echo")]}
+
+    builder = StateGraph(Asked)
+    builder.add_node("trim", trim)
+    builder.add_node("act", act)
+    builder.add_edge(START, "trim")
+    builder.add_edge("trim", "act")
+    builder.add_edge("act", END)
+    return builder.compile(checkpointer=InMemorySaver())
+
+
+async def test_an_answer_sent_with_a_history_the_graph_trimmed_is_taken(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: the user messages the graph removed read as new ones sent with the answer,
+    which was refused (APPROVAL_ERROR) however often it was sent with the chat, as the 1.10
+    client always sends it. Only messages after the last one the graph knows are new."""
+    held = [{"id": "u1", "role": "user", "content": "hello"}]
+    async with serve_runtime(runtime_of(trims_then_asks())) as served:
+        first = await served.run(run_input("", thread="t", messages=held, **V1), agent="lg")
+        held += [{"id": "ai-echo", "role": "assistant", "content": "echo hello"},
+                 {"id": "u2", "role": "user", "content": "approve the payment"}]
+        asked = await served.run(run_input("", thread="t", run="r2", messages=held, **V1),
+                                 agent="lg")
+        (pending,) = asked[-1]["outcome"]["interrupts"]
+        answer = [{"interruptId": pending["id"], "status": "resolved", "payload": "yes"}]
+        # A message the graph never saw, sent with the answer, is still refused.
+        more = [*held, {"id": "u3", "role": "user", "content": "and more"}]
+        refused = await served.run(run_input("", thread="t", run="r3", messages=more,
+                                             resume=answer, **V1), agent="lg")
+        answered = await served.run(run_input("", thread="t", run="r4", messages=held,
+                                              resume=answer, **V1), agent="lg")
+        chat = [text_message("gu1", "user", "hello")]
+        await served.generate(chat_data(chat, thread="g", agentSession=SESSION))
+        chat.append(text_message("gu2", "user", "approve the payment"))
+        gql_asked = await served.generate(chat_data(chat, thread="g", agentSession=SESSION))
+        (meta,) = gql_asked["metaEvents"]
+        reply = {"name": meta["name"], "value": meta["value"], "response": "yes"}
+        gql_answered = await served.generate(chat_data(chat, thread="g", agentSession=SESSION,
+                                                       metaEvents=[reply]))
+    assert ending(first) == ("RUN_FINISHED", None)
+    assert ending(refused) == ("RUN_ERROR", "APPROVAL_ERROR")
+    assert ending(answered) == ("RUN_FINISHED", None)
+    assert "done: yes" in orjson.dumps(answered).decode()
+    assert gql_answered["status"]["code"] == "Success", gql_answered["status"]
+    assert "done: yes" in orjson.dumps(gql_answered).decode()

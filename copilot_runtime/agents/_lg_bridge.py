@@ -374,10 +374,11 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
 
 def _refuse_message_while_waiting(input: RunAgentInput, agent_state: Any,
                                   interrupts: Any) -> None:
-    """Raise if `input` brings a user message the checkpoint lacks while the graph waits
-    on an interrupt: the graph cannot take the message before the answer, and
-    ag-ui-langgraph would drop it, announcing the interrupt again, or, with the answer in
-    the same request, resuming with the answer alone (the message lost, the run a success)."""
+    """Raise if `input` brings a new user message (after the last one the checkpoint
+    holds) while the graph waits on an interrupt: the graph cannot take the message before
+    the answer, and ag-ui-langgraph would drop it, announcing the interrupt again, or, with
+    the answer in the same request, resuming with the answer alone (the message lost, the
+    run a success)."""
     if not interrupts:
         return
     command = (input.forwarded_props or {}).get("command")
@@ -386,7 +387,12 @@ def _refuse_message_while_waiting(input: RunAgentInput, agent_state: Any,
     values = getattr(agent_state, "values", None)
     known = {getattr(m, "id", None)
              for m in (values.get("messages") or () if isinstance(values, Mapping) else ())}
-    new = [m for m in input.messages or () if m.role == "user" and m.id not in known]
+    sent = list(input.messages or ())
+    # New: after the last message the checkpoint knows. Those before it that it lacks are
+    # ones the graph removed (`RemoveMessage`: trimmed, summarised), which clients that
+    # send their whole chat (the 1.10 client does, with every answer) still hold.
+    last_known = max((i for i, m in enumerate(sent) if m.id in known), default=-1)
+    new = [m for m in sent[last_known + 1:] if m.role == "user" and m.id not in known]
     if new:
         if answering:
             if not any(_says_something(m.content) for m in new):
