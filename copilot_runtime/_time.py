@@ -20,9 +20,16 @@ def now_iso() -> str:
 
 
 def parse_time(value: Any) -> float | None:
-    """An ISO 8601 time (as AG-UI's `expiresAt`) or epoch seconds; None if neither."""
+    """An ISO 8601 time (as AG-UI's `expiresAt`) or epoch seconds; None if neither, or if
+    no clock reaches it (NaN, infinities, beyond year 9999): `iso_time` could not write it,
+    and every listing of the approval holding it would fail."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+        try:
+            seconds = float(value)
+            datetime.fromtimestamp(seconds, UTC)
+        except (OverflowError, ValueError, OSError):  # (NaN is a ValueError)
+            return None
+        return seconds
     if not isinstance(value, str) or not value:
         return None
     try:

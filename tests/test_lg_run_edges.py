@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
+import orjson
 import psycopg
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage
@@ -38,6 +39,7 @@ from copilot_runtime.testing import verify_events
 from tests.agents_support.graphs import graph_values
 from tests.conftest import Served, ServeRuntime, run_input, text_of
 from tests.gql.wire import (
+    CLIENT_HEADERS,
     chat_data,
     text_message,
 )
@@ -269,13 +271,18 @@ def queries_its_own_database() -> Any:
 
 
 @contextlib.contextmanager
-def store(kind: str, tmp_path: Path) -> Iterator[tuple[str, Callable[[], None]]]:
-    """A checkpointer URL, and what drops its tables."""
+def store(kind: str, tmp_path: Path, tables: str = "checkpoints"
+          ) -> Iterator[tuple[str, Callable[[], None]]]:
+    """A checkpointer URL, and what drops its tables (its checkpoints', or its approval
+    ledger's: `tables="ledger"`)."""
     if kind == "sqlite":
         where = tmp_path / "cp.sqlite3"
 
         def drop_sqlite() -> None:
             with sqlite3.connect(where) as db:
+                if tables == "ledger":
+                    db.execute("DROP TABLE copilot_approvals")
+                    return
                 db.execute("DROP TABLE checkpoints")
                 db.execute("DROP TABLE writes")
 
@@ -286,6 +293,9 @@ def store(kind: str, tmp_path: Path) -> Iterator[tuple[str, Callable[[], None]]]
 
         def drop_postgres() -> None:
             with psycopg.connect(SERVER, autocommit=True) as conn:
+                if tables == "ledger":
+                    conn.execute(f'DROP TABLE "{schema}".copilot_approvals')
+                    return
                 conn.execute(f'DROP TABLE "{schema}".checkpoints, "{schema}".checkpoint_writes')
 
         yield url, drop_postgres
@@ -311,13 +321,47 @@ async def checkpoint_store_fails(serve_runtime: ServeRuntime, url: str,
         events = await served.run(run_input("go", thread="c3"), agent="lg")
         gql = await served.generate(chat_data([text_message("u1", "user", "go")], thread="c4",
                                            agentSession=SESSION))
+        # Reading a thread outside a run: as unavailable as runs (was 500).
+        loaded = await load_state(served, "c0")
+        listed = await served.session.get(served.url + "/approvals?threadId=c0")
         # The graph's own database failing is the graph's failure, as before.
         own = await served.run(run_input("go", thread="c5"), agent="own")
+    (error,) = loaded["errors"]
+    assert error["extensions"]["runtimeCode"] == "SERVICE_UNAVAILABLE", error
+    assert listed.status == 503, await listed.text()
     verify_events(events)
     assert (events[-1]["type"], events[-1]["code"]) == ("RUN_ERROR", "SERVICE_UNAVAILABLE")
     assert "no such table" not in events[-1]["message"]
     assert gql["status"]["details"]["originalError"]["code"] == "NETWORK_ERROR"
     assert (own[-1]["type"], own[-1]["code"]) == ("RUN_ERROR", "AGENT_ERROR")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_lost_approval_ledger_is_service_unavailable(
+        serve_runtime: ServeRuntime, tmp_path: Path, kind: str) -> None:
+    """Before: a run read the ledger's table (taken answers to carry on) and failed with
+    the generic AGENT_ERROR."""
+    with store(kind, tmp_path, tables="ledger") as (url, drop_tables):
+        graph = says_topic().builder.compile(checkpointer=checkpointer(url))
+        runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+        async with serve_runtime(runtime) as served:
+            ran = await served.run(run_input("go", thread="c0"), agent="lg")
+            assert ran[-1]["type"] == "RUN_FINISHED"
+            drop_tables()
+            events = await served.run(run_input("go", thread="c1"), agent="lg")
+    verify_events(events)
+    assert (events[-1]["type"], events[-1]["code"]) == ("RUN_ERROR", "SERVICE_UNAVAILABLE")
+
+
+async def load_state(served: Served, thread: str) -> Json:
+    response = await served.session.post(served.url, data=orjson.dumps({
+        "query": "query load($data: LoadAgentStateInput!) { loadAgentState(data: $data) "
+                 "{ threadId threadExists state } }",
+        "variables": {"data": {"threadId": thread, "agentName": "lg"}}}),
+        headers=CLIENT_HEADERS)
+    assert response.status == 200
+    answer: Json = await response.json()
+    return answer
 
 
 # ---- D. get_stream_writer() --------------------------------------------------------------

@@ -54,10 +54,13 @@ installed release, so a bump that moves one fails there, naming it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import orjson
+import pydantic
+import structlog
 from ag_ui.core import (
     CustomEvent,
     EventType,
@@ -76,6 +79,7 @@ from langgraph.pregel import Pregel
 from langgraph.types import Command, Interrupt, StateSnapshot
 
 from copilot_runtime._exceptions import ApprovalError, InvalidRequestError
+from copilot_runtime._time import iso_time, parse_time
 from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
 from copilot_runtime.agents._lg_state import graph_values
 from copilot_runtime.agents._lg_values import json_safe, known_messages
@@ -92,8 +96,14 @@ _EXIT_EVENT: Final = "copilotkit_exit"
 # The message roles the base turns into graph input; others (activity) are UI state.
 _GRAPH_INPUT_ROLES: Final = frozenset({"user", "assistant", "system", "tool", "developer",
                                        "reasoning"})
+# The fields of an interrupt's value the base lifts into AG-UI's Interrupt, and their types.
+_LIFTED_FIELDS: Final[dict[str, type | tuple[type, ...]]] = {
+    "reason": str, "message": str, "toolCallId": str, "tool_call_id": str,
+    "responseSchema": dict, "response_schema": dict, "expiresAt": str, "expires_at": str}
 #: The custom event carrying what a node wrote with `get_stream_writer()`.
 STREAM_WRITER_EVENT: Final = "langgraph_stream_writer"
+
+_log = structlog.get_logger("copilot_runtime.agents")
 
 
 class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
@@ -161,6 +171,7 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             # typed value, and a reducer would add it again. The graph keeps its own.
             input = input.model_copy(update={"state": {
                 k: v for k, v in (input.state or {}).items() if k not in echoed}})
+        _check_schema_fit(self.graph, input, getattr(agent_state, "values", None))
         prepared = await super().prepare_stream(input=input, agent_state=agent_state,
                                                 config=config)
         if echoed and isinstance(prepared.get("state"), dict):
@@ -298,7 +309,19 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         return list(super()._filter_orphan_tool_messages(known_messages(messages)))
 
     def _interrupts_to_agui(self, lg_interrupts: Any) -> Any:
-        return super()._interrupts_to_agui(_safe_interrupts(lg_interrupts))
+        out = []
+        for safe in _safe_interrupts(lg_interrupts):
+            liftable, kept = _liftable(safe)
+            for mapped in super()._interrupts_to_agui([liftable]):
+                raw = ((mapped.metadata or {}).get("langgraph") or {}).get("raw")
+                if kept and isinstance(raw, dict):
+                    # The value as the graph gave it, in its own order: what the client
+                    # (and the ledger) reads as the question.
+                    raw.update(kept)
+                    mapped.metadata["langgraph"]["raw"] = {
+                        key: raw[key] for key in safe.value if key in raw}
+                out.append(mapped)
+        return out
 
     def _prepare_interrupt_tail(self, lg_interrupts: Any) -> list:  # type: ignore[type-arg]
         return list(super()._prepare_interrupt_tail(_safe_interrupts(lg_interrupts)))
@@ -351,10 +374,11 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
 
 def _refuse_message_while_waiting(input: RunAgentInput, agent_state: Any,
                                   interrupts: Any) -> None:
-    """Raise if `input` brings a user message the checkpoint lacks while the graph waits
-    on an interrupt: the graph cannot take the message before the answer, and
-    ag-ui-langgraph would drop it, announcing the interrupt again, or, with the answer in
-    the same request, resuming with the answer alone (the message lost, the run a success)."""
+    """Raise if `input` brings a new user message (after the last one the checkpoint
+    holds) while the graph waits on an interrupt: the graph cannot take the message before
+    the answer, and ag-ui-langgraph would drop it, announcing the interrupt again, or, with
+    the answer in the same request, resuming with the answer alone (the message lost, the
+    run a success)."""
     if not interrupts:
         return
     command = (input.forwarded_props or {}).get("command")
@@ -363,7 +387,12 @@ def _refuse_message_while_waiting(input: RunAgentInput, agent_state: Any,
     values = getattr(agent_state, "values", None)
     known = {getattr(m, "id", None)
              for m in (values.get("messages") or () if isinstance(values, Mapping) else ())}
-    new = [m for m in input.messages or () if m.role == "user" and m.id not in known]
+    sent = list(input.messages or ())
+    # New: after the last message the checkpoint knows. Those before it that it lacks are
+    # ones the graph removed (`RemoveMessage`: trimmed, summarised), which clients that
+    # send their whole chat (the 1.10 client does, with every answer) still hold.
+    last_known = max((i for i, m in enumerate(sent) if m.id in known), default=-1)
+    new = [m for m in sent[last_known + 1:] if m.role == "user" and m.id not in known]
     if new:
         if answering:
             if not any(_says_something(m.content) for m in new):
@@ -458,6 +487,37 @@ def _safe_interrupts(lg_interrupts: Any) -> list[Any]:
             for i in lg_interrupts or ()]
 
 
+def _liftable(interrupt: Any) -> tuple[Any, dict[str, Any]]:
+    """`interrupt` without the fields the base would lift into AG-UI's Interrupt that are
+    not of the type it gives them (they failed its model: the run ended in error while the
+    graph waited on the interrupt, every run of the thread over again), and the original
+    values of the fields changed. A deadline in epoch seconds is lifted as its ISO time."""
+    value = getattr(interrupt, "value", None)
+    if not isinstance(interrupt, Interrupt) or not isinstance(value, dict):
+        return interrupt, {}
+    kept: dict[str, Any] = {}
+    lifted = dict(value)
+    for key, kind in _LIFTED_FIELDS.items():
+        field = value.get(key)
+        if field is None or isinstance(field, kind):
+            continue
+        if kind is str and key in ("expiresAt", "expires_at"):
+            seconds = parse_time(field)
+            if seconds is not None:
+                lifted[key], kept[key] = iso_time(seconds), field
+                continue
+        kept[key] = field
+        del lifted[key]
+        _log.warning("an interrupt's field is not of the type AG-UI gives it: it stays in "
+                     "the interrupt's value, not lifted" + (
+                         " (the interrupt has no deadline)" if kind is str
+                         and key in ("expiresAt", "expires_at") else ""),
+                     field=key, interrupt_id=interrupt.id)
+    if not kept:
+        return interrupt, {}
+    return dataclasses.replace(interrupt, value=lifted), kept
+
+
 def _model_run(event: Mapping[str, Any]) -> str | None:
     """The model call a model event comes from (its LangChain run id, one per call: per
     `Send` worker, per parallel node, per concurrent call inside one node), or None for
@@ -511,6 +571,68 @@ def _check_client_input(input: RunAgentInput) -> None:
                 raise InvalidRequestError(
                     f"Message '{message.id}': the arguments of tool call '{call.id}' must "
                     "be a JSON object")
+
+
+def _check_schema_fit(graph: Any, input: RunAgentInput, saved: Any) -> None:
+    """Refuse a client's value (its `state`, or a `forwardedProps` entry, which the base
+    merges into the graph's input) that the graph's pydantic state schema refuses.
+
+    LangGraph validates a pydantic state only when a node reads it, after it checkpointed
+    the input: that run failed, and so did every later one of the thread, each reading it
+    back. A TypedDict state is not validated by LangGraph, nor here. A key with a reducer
+    is checked as the reducer would leave it."""
+    models = _pydantic_schemas(graph)
+    if not models:
+        return
+    channels = getattr(graph, "channels", None) or {}
+    saved = saved if isinstance(saved, Mapping) else {}
+    forwarded = input.forwarded_props if isinstance(input.forwarded_props, dict) else {}
+    given = [("state", key, key, value) for key, value in (input.state or {}).items()]
+    given += [("forwardedProps", key, camel_to_snake(key), value)
+              for key, value in forwarded.items()]
+    for where, named, key, value in given:
+        if key == "messages" or not isinstance(key, str):
+            continue  # (the base puts the checkpoint's messages and the client's there)
+        for model in models:
+            field = model.model_fields.get(key)
+            if field is None:
+                continue
+            candidate = value
+            reducer = getattr(channels.get(key), "operator", None)
+            if callable(reducer) and key not in saved and field.is_required():
+                continue  # (what it starts from is the reducer's business)
+            try:
+                if callable(reducer):
+                    current = saved[key] if key in saved else field.get_default(
+                        call_default_factory=True)
+                    candidate = reducer(current, value)
+                _field_adapter(model, key).validate_python(candidate)
+            except pydantic.ValidationError as exc:
+                reason = exc.errors()[0]["msg"] if exc.errors() else "refused"
+                raise InvalidRequestError(
+                    f"{where}.{named} does not fit the agent's state schema "
+                    f"({model.__name__}.{key}: {reason})") from None
+            except Exception:
+                raise InvalidRequestError(
+                    f"{where}.{named} does not fit the agent's state schema "
+                    f"({model.__name__}.{key}: its reducer refuses it)") from None
+
+
+def _pydantic_schemas(graph: Any) -> list[type[pydantic.BaseModel]]:
+    """The pydantic models among a compiled graph's state schemas (its nodes' included)."""
+    schemas = getattr(getattr(graph, "builder", None), "schemas", None)
+    return [schema for schema in schemas or () if isinstance(schema, type)
+            and issubclass(schema, pydantic.BaseModel)] if isinstance(schemas, dict) else []
+
+
+@functools.lru_cache(maxsize=1024)
+def _field_adapter(model: type[pydantic.BaseModel], key: str) -> pydantic.TypeAdapter[Any]:
+    """A validator of `model`'s field `key`, its constraints included (`Field(gt=0)`)."""
+    field = model.model_fields[key]
+    annotation: Any = field.annotation
+    if field.metadata:
+        annotation = Annotated[(annotation, *field.metadata)]
+    return pydantic.TypeAdapter(annotation)
 
 
 def _without_answered_results(messages: Sequence[Any], saved: Any) -> list[Any]:

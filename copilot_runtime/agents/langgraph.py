@@ -45,11 +45,12 @@ import asyncio
 import contextlib
 import re
 import sqlite3
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import openai
 import orjson
+import pydantic
 import structlog
 from ag_ui.core import ResumeEntry
 from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
@@ -79,7 +80,7 @@ from copilot_runtime.agents._lg_events import (
     channel_for,
     filter_interrupt_event,
 )
-from copilot_runtime.agents._lg_state import load_graph_state
+from copilot_runtime.agents._lg_state import load_graph_state, thread_state_from_values
 from copilot_runtime.agents._lg_values import json_safe
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
@@ -106,10 +107,12 @@ try:  # the `postgres` extra
     _STORAGE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, _PostgresError)
 except ImportError:  # pragma: no cover - installed without it
     _STORAGE_ERRORS = (sqlite3.Error,)
-#: The modules a checkpointer's code lives in: a database error raised through one of
-#: them is the checkpoint store's, not one of the graph's own queries.
-_CHECKPOINT_MODULES = ("langgraph.checkpoint.", "copilot_runtime.checkpointers")
+#: The modules a checkpointer's (or the approval ledger's) code lives in: a database error
+#: raised through one of them is the store's, not one of the graph's own queries.
+_CHECKPOINT_MODULES = ("langgraph.checkpoint.", "copilot_runtime.checkpointers",
+                       "copilot_runtime.approvals")
 
+_STORE_UNAVAILABLE = "The checkpoint store cannot be used right now; try again later"
 #: The inbound body limit `create_app` sets by default (`max_body_size`): a state the
 #: client would send back larger than this is refused with 413 (see `state_warning_bytes`).
 _DEFAULT_BODY_LIMIT = 8 * 1024 * 1024
@@ -235,7 +238,8 @@ class LangGraphAgent(Agent):
     async def _waits(self, thread_id: str) -> tuple[dict[str, Any], bool]:
         """The interrupts the graph waits on (by id, with their values), and whether it is
         parked (see `parked`)."""
-        state = await self.graph.aget_state(self._graph_config(thread_id))
+        with self._reading():
+            state = await self.graph.aget_state(self._graph_config(thread_id))
         interrupts = _BaseBridge._collect_interrupts(state.tasks or ())
         return ({i.id: i.value for i in interrupts if getattr(i, "id", None)},
                 bool(state.next) and not interrupts)
@@ -246,7 +250,13 @@ class LangGraphAgent(Agent):
         after its checkpoint was written left them out of the ledger: never listed, their
         deadline never reached. Asked when the thread's approvals are listed and when a
         message is refused because the graph waits."""
-        waiting, _ = await self._waits(thread_id)
+        try:
+            waiting, _ = await self._waits(thread_id)
+        except AgentExecutionError:  # its state unreadable: what it waits on is unknown
+            _log.warning("a LangGraph thread's saved state does not fit its state schema: "
+                         "the interrupts it waits on are not known", thread_id=thread_id,
+                         agent=self.name)
+            return
         if waiting:
             await self._approvals.add(record_interrupts(
                 [_as_interrupt(interrupt_id, value) for interrupt_id, value in waiting.items()],
@@ -254,8 +264,37 @@ class LangGraphAgent(Agent):
 
     async def load_state(self, thread_id: str, *,
                          headers: Mapping[str, str] | None = None) -> AgentThreadState:
-        """The thread as the graph's checkpointer has it (GraphQL `loadAgentState`)."""
-        return await load_graph_state(self.graph, thread_id, self.config)
+        """The thread as the graph's checkpointer has it (GraphQL `loadAgentState`); as it
+        was saved when the graph's state schema refuses it (runs fail, saying so)."""
+        try:
+            with self._reading():
+                return await load_graph_state(self.graph, thread_id, self.config)
+        except AgentExecutionError:
+            with self._reading():
+                saved = await self.graph.checkpointer.aget_tuple(self._graph_config(thread_id))
+            values = dict(saved.checkpoint.get("channel_values") or {}) if saved else {}
+            return thread_state_from_values(thread_id, {
+                key: value for key, value in values.items() if isinstance(key, str)
+                and not key.startswith(("__", "branch:"))})
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """Reading a thread's checkpoint outside a run: its store failing is
+        `ServiceUnavailableError`, as in runs; a saved state the graph's pydantic state
+        schema refuses is `AgentExecutionError`, saying which keys."""
+        try:
+            yield
+        except _STORAGE_ERRORS as exc:
+            if not _raised_by_checkpointer(exc):
+                raise
+            _log.warning("the checkpoint store failed reading a LangGraph thread",
+                         agent=self.name, error=repr(exc))
+            raise ServiceUnavailableError(_STORE_UNAVAILABLE) from None
+        except pydantic.ValidationError as exc:
+            refusal = _schema_refusal(exc, self.name)
+            if refusal is None:
+                raise
+            raise AgentExecutionError(self.name, refusal) from None
 
     async def forget_thread(self, thread_id: str) -> None:
         """Delete the thread's checkpoints and its approvals."""
@@ -299,8 +338,12 @@ class LangGraphAgent(Agent):
                 raise InvalidRequestError(refusal) from None
             _log.warning("the checkpoint store failed during a LangGraph run",
                          agent=agent_id, error=repr(exc))
-            raise ServiceUnavailableError("The checkpoint store cannot be used right now; "
-                                          "try again later") from None
+            raise ServiceUnavailableError(_STORE_UNAVAILABLE) from None
+        except pydantic.ValidationError as exc:
+            refusal = _schema_refusal(exc, agent_id)
+            if refusal is None:
+                raise
+            raise AgentExecutionError(agent_id, refusal) from None
         finally:
             aclose = getattr(batches, "aclose", None)
             if aclose is not None:
@@ -526,6 +569,24 @@ def _data_refusal(exc: BaseException) -> str | None:
                 "character the store cannot keep (U+0000, NUL); send it without")
     return ("The checkpoint store cannot keep this run's data: it holds a value the store "
             "refuses")
+
+
+def _schema_refusal(exc: pydantic.ValidationError, agent_id: str) -> str | None:
+    """What to tell the client when LangGraph's reading of the thread's saved state into
+    the graph's pydantic state schema (`_coerce_state`) raised `exc`, else None (a node's
+    own validation). The refused values are not echoed: they are the thread's data."""
+    tb = exc.__traceback__
+    while tb is not None and not (tb.tb_frame.f_code.co_name == "_coerce_state" and str(
+            tb.tb_frame.f_globals.get("__name__") or "").startswith("langgraph.")):
+        tb = tb.tb_next
+    if tb is None:
+        return None
+    errors = exc.errors()
+    keys = ", ".join(dict.fromkeys(str(e["loc"][0]) for e in errors if e.get("loc")))
+    reason = f": {errors[0]['msg']}" if errors else ""
+    return (f"Agent '{agent_id}' cannot read this thread: its saved state does not fit the "
+            f"graph's state schema ({keys}{reason}); go on in a new thread, or correct the "
+            "value in the checkpoint")
 
 
 def _raised_by_checkpointer(exc: BaseException) -> bool:
