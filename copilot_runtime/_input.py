@@ -7,6 +7,7 @@ are rewritten into their 1.0 form before `ag_ui.core.RunAgentInput` validates th
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,10 +17,10 @@ from ag_ui.core import RunAgentInput
 from pydantic.alias_generators import to_camel
 
 from copilot_runtime._exceptions import InvalidRequestError
-from copilot_runtime._limits import check_json_depth, decode_json
+from copilot_runtime._limits import LARGE_JSON, check_json_depth, decode_json
 from copilot_runtime.threads.base import id_problem
 
-__all__ = ["RunInput", "parse_run_input", "validation_details"]
+__all__ = ["RunInput", "parse_json_body_off_loop", "parse_run_input", "validation_details"]
 
 
 @dataclass(slots=True)
@@ -66,6 +67,17 @@ def parse_json_body(body: bytes) -> Any:
         raise InvalidRequestError("Invalid request body", detail) from None
     check_json_depth(data, body)
     return data
+
+
+async def parse_json_body_off_loop(body: bytes) -> Any:
+    """`parse_json_body`, in a thread for a body of `LARGE_JSON` or more: the depth check
+    walks every container in Python, seconds for millions of them (8 MiB of `[],`), which
+    on the event loop held every stream and probe of the worker; a thread yields the GIL to
+    the loop as it walks. (The decode holds the GIL wherever it runs: `decode_json` keeps
+    it short.)"""
+    if len(body) < LARGE_JSON:
+        return parse_json_body(body)
+    return await asyncio.to_thread(parse_json_body, body)
 
 
 def parse_run_input(data: Any) -> RunInput:

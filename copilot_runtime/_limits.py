@@ -19,6 +19,7 @@ read through `replayable`, which drops what cannot be encoded instead of failing
 from __future__ import annotations
 
 import dataclasses
+import gc
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -31,6 +32,7 @@ from copilot_runtime.threads.base import ThreadRecord
 
 __all__ = [
     "DEFAULT_MAX_RUN_BYTES",
+    "LARGE_JSON",
     "LIVE_RUN_FACTOR",
     "MAX_JSON_DEPTH",
     "check_json_depth",
@@ -47,6 +49,10 @@ _log = structlog.get_logger("copilot_runtime.limits")
 
 #: The most containers (objects and arrays) a request's JSON may nest, counting the body.
 MAX_JSON_DEPTH = 64
+#: JSON text this long (bytes or characters) or longer is decoded with the cyclic garbage
+#: collector paused, and a body so long is parsed off the event loop
+#: (`_input.parse_json_body_off_loop`): below it, every body is read as it always was.
+LARGE_JSON = 256 * 1024
 #: The most bytes (as encoded JSON) one run keeps in a thread store.
 DEFAULT_MAX_RUN_BYTES = 16 * 1024 * 1024
 #: A running run keeps its events (for its followers' replay and its store) up to this many
@@ -71,15 +77,20 @@ def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     """True if `value` nests more than `limit` containers deep (iterative: no recursion)."""
     if not isinstance(value, dict | list):
         return False
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        container, depth = stack.pop()
+    # Two stacks, not one of (container, depth) pairs: a pair is an object the collector
+    # counts, and millions of them set off full collections (each ~0.5 s, holding the GIL
+    # in a thread too) over a body of millions of containers; small ints are shared.
+    containers: list[Any] = [value]
+    depths = [1]
+    while containers:
+        container = containers.pop()
+        depth = depths.pop()
         if depth > limit:
             return True
-        children = container.values() if isinstance(container, dict) else container
-        for child in children:
+        for child in container.values() if isinstance(container, dict) else container:
             if isinstance(child, dict | list):
-                stack.append((child, depth + 1))
+                containers.append(child)
+                depths.append(depth + 1)
     return False
 
 
@@ -150,12 +161,26 @@ def decode_json(text: bytes | str) -> Any:
     if isinstance(text, bytes) and text.startswith(_BYTE_ORDER_MARK):
         text = text[3:]  # (rare: the copy is fine)
     try:
-        return orjson.loads(text)
+        return _loads(text)
     except orjson.JSONDecodeError:
         rewritten = _without_lone_surrogates(text)
         if rewritten is None:
             raise
-    return orjson.loads(rewritten)
+    return _loads(rewritten)
+
+
+def _loads(text: bytes | str) -> Any:
+    if len(text) < LARGE_JSON or not gc.isenabled():
+        return orjson.loads(text)
+    # Each container orjson makes counts towards a collection, which then walks all made
+    # so far: 8 MiB of `[],` (2.8 million lists) took ~3 s, ~0.6 s with the collector off.
+    # orjson holds the GIL throughout, so no other code runs meanwhile; the lists are
+    # collected as any others once it is back on.
+    gc.disable()
+    try:
+        return orjson.loads(text)
+    finally:
+        gc.enable()
 
 
 def check_json_text(text: str | bytes, what: str) -> Any:

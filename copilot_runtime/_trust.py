@@ -403,8 +403,8 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
 
         run = await runtime.runs.begin(agent_id, agent, input, context, owner, remembered)
     except BaseException:
-        if lease is not None:
-            await lease.release()
+        if lease is not None:  # no run started: nothing of it counts (a busy thread, say)
+            await lease.give_back()
         raise
     # From here on, a run never driven gives back the caller's slot and ends its span.
     run.on_abandon = lambda run: _abandoned(run, lease)

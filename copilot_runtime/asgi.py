@@ -28,7 +28,7 @@ from copilot_runtime._exceptions import (
     RequestTimeoutError,
     UnsupportedEncodingError,
 )
-from copilot_runtime._input import parse_json_body
+from copilot_runtime._input import parse_json_body_off_loop
 from copilot_runtime.hooks import ErrorInfo
 from copilot_runtime.protocols.agui.handlers import AGUIProtocol
 from copilot_runtime.protocols.http import (
@@ -230,7 +230,7 @@ class CopilotEndpoint:
             return
         try:
             body = await read_body(request, self.max_body_size)
-            data = parse_json_body(body)
+            data = await parse_json_body_off_loop(body)
         except PayloadTooLargeError as exc:
             await send_json(request, 413, _graphql_error(exc.message, exc.code, 413) if graphql
                             else {"error": "Payload too large", "message": exc.message,

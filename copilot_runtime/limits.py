@@ -7,10 +7,12 @@ unaffected. Counters live in a `CounterBackend`: in this process by default, or 
 (`backend="redis://..."`, the `redis` extra) so that every worker shares them.
 
 Runs per minute are a sliding window (a log of start times), so a caller cannot double its
-rate across a minute boundary. A concurrency slot is held by a token, one per run, that
-expires `slot_ttl` seconds after its last renewal on a shared backend: the limiter renews the
-slots of this process's live runs, so a slot whose worker died frees itself within seconds,
-and a slot whose `acquire` failed half-way can be given back by its token alone.
+rate across a minute boundary. Only runs that start count: a request refused once counted
+(a busy thread, another caller's thread, a store away) gives its hit back. A concurrency
+slot is held by a token, one per run, that expires `slot_ttl` seconds after its last
+renewal on a shared backend: the limiter renews the slots of this process's live runs, so a
+slot whose worker died frees itself within seconds, and a slot whose `acquire` failed
+half-way can be given back by its token alone.
 """
 
 from __future__ import annotations
@@ -65,9 +67,14 @@ class CounterBackend(Protocol):
     #: themselves after this long); None: a slot lives until released (this process's own).
     slot_ttl: float | None
 
-    async def hit(self, key: str, limit: int, window: float) -> float:
-        """Count one event in the sliding `window` unless `limit` are in it already: 0.0 if
-        counted, else the seconds until one leaves the window."""
+    async def hit(self, key: str, limit: int, window: float, token: str | None = None
+                  ) -> float:
+        """Count one event, named `token`, in the sliding `window` unless `limit` are in it
+        already: 0.0 if counted, else the seconds until one leaves the window."""
+        ...
+
+    async def unhit(self, key: str, token: str) -> None:
+        """Forget the event `token` counted (nothing happens if it is not counted)."""
         ...
 
     async def acquire(self, key: str, limit: int, token: str) -> bool:
@@ -93,13 +100,15 @@ class InMemoryCounters:
     slot_ttl: float | None = None
 
     def __init__(self, max_keys: int = 100_000) -> None:
-        self._hits: dict[str, deque[float]] = {}
+        #: Each key's hits, oldest first: (when, token).
+        self._hits: dict[str, deque[tuple[float, str | None]]] = {}
         self._slots: dict[str, set[str]] = {}
         self.max_keys = max_keys
         #: While full of live keys: when the first of them leaves its window (monotonic).
         self._full_until = 0.0
 
-    async def hit(self, key: str, limit: int, window: float) -> float:
+    async def hit(self, key: str, limit: int, window: float, token: str | None = None
+                  ) -> float:
         now = time.monotonic()
         log = self._hits.get(key)
         if log is None:
@@ -113,18 +122,27 @@ class InMemoryCounters:
                 raise RateLimitedError("Too many callers at once; try again in "
                                        f"{int(wait) + 1} s", int(wait) + 1)
             log = self._hits[key] = deque()
-        while log and log[0] <= now - window:
+        while log and log[0][0] <= now - window:
             log.popleft()
         if len(log) >= limit:
-            return log[0] + window - now
-        log.append(now)
+            return log[0][0] + window - now
+        log.append((now, token))
         return 0.0
+
+    async def unhit(self, key: str, token: str) -> None:
+        log = self._hits.get(key)
+        if log is not None:
+            counted = next((entry for entry in log if entry[1] == token), None)
+            if counted is not None:
+                log.remove(counted)
 
     def _prune(self, now: float, window: float) -> None:
         """Forget the keys with no hit left in their window; note when the next one ends."""
-        for key in [k for k, log in self._hits.items() if not log or log[-1] <= now - window]:
+        for key in [k for k, log in self._hits.items()
+                    if not log or log[-1][0] <= now - window]:
             del self._hits[key]
-        self._full_until = min((log[-1] + window for log in self._hits.values()), default=now)
+        self._full_until = min((log[-1][0] + window for log in self._hits.values()),
+                               default=now)
 
     async def acquire(self, key: str, limit: int, token: str) -> bool:
         held = self._slots.get(key)
@@ -223,14 +241,20 @@ class RedisCounters:
         self._hit = self._redis.register_script(_HIT)
         self._acquire = self._redis.register_script(_ACQUIRE)
 
-    async def hit(self, key: str, limit: int, window: float) -> float:
+    async def hit(self, key: str, limit: int, window: float, token: str | None = None
+                  ) -> float:
         with self._reachable():
             # Redis' clock, not ours: every worker then measures the window the same way.
             seconds, micros = await self._redis.time()
             now = seconds + micros / 1e6
+            member = token if token is not None else f"{now}:{uuid.uuid4().hex[:8]}"
             result = await self._hit(keys=[self.prefix + "rate:" + key],
-                                     args=[now, window, limit, f"{now}:{uuid.uuid4().hex[:8]}"])
+                                     args=[now, window, limit, member])
         return float(result)
+
+    async def unhit(self, key: str, token: str) -> None:
+        with self._reachable():
+            await self._redis.zrem(self.prefix + "rate:" + key, token)
 
     def _holds(self, key: str) -> str:
         # Not the `slots:` counters of earlier releases: workers of both can run during an
@@ -308,19 +332,37 @@ def limit_key(request: RequestInfo) -> str:
 
 
 class Lease:
-    """A caller's concurrency slot, held by `token` while its run lives (its limiter renews
-    it) and given back once when the run ends."""
+    """What a run's start counted for its caller: its concurrency slot, held by `token`
+    while the run lives (its limiter renews it) and given back once when the run ends
+    (None: no concurrency limit), and its hit of the runs per minute, `hit` (None: no such
+    limit), given back only if the run never starts."""
 
-    __slots__ = ("_limiter", "_released", "key", "token")
+    __slots__ = ("_limiter", "_released", "hit", "key", "token")
 
-    def __init__(self, limiter: RateLimiter, key: str, token: str) -> None:
+    def __init__(self, limiter: RateLimiter, key: str, token: str | None,
+                 hit: str | None = None) -> None:
         self._limiter = limiter
         self.key = key
         self.token = token
+        self.hit = hit
         self._released = False
 
+    async def give_back(self) -> None:
+        """Uncount the run: it was refused after its caller's limits counted it (a busy
+        thread, a store away), so neither its slot nor its start counts."""
+        hit, self.hit = self.hit, None
+        unhit = getattr(self._limiter.backend, "unhit", None)
+        if hit is not None and unhit is not None:
+            try:
+                await unhit(self.key, hit)
+            except Exception as exc:  # counted until it leaves the window
+                _log.warning("could not give a caller's run start back", key=self.key,
+                             error=str(exc) or type(exc).__name__)
+        await self.release()
+
     async def release(self) -> None:
-        if self._released:
+        """Give the slot back (once; nothing happens without one)."""
+        if self._released or self.token is None:
             return
         self._released = True
         # Renewed no more: on a shared backend it expires within `slot_ttl` whatever follows.
@@ -389,12 +431,13 @@ class RateLimiter:
         self._live: dict[str, Lease] = {}
         self._renewing: asyncio.Task[None] | None = None
 
-    async def acquire(self, request: RequestInfo) -> Lease | None:
-        """Count a run start for `request`'s caller; its concurrency lease (None without a
-        concurrency limit), or `RateLimitedError`."""
+    async def acquire(self, request: RequestInfo) -> Lease:
+        """Count a run start for `request`'s caller: what was counted (a concurrency slot,
+        released when the run ends; given back whole if the run never starts), or
+        `RateLimitedError`."""
         key = limit_key(request)
         limit = self.limit
-        lease: Lease | None = None
+        lease = Lease(self, key, None)
         if limit.concurrent_runs is not None:
             token = uuid.uuid4().hex
             try:
@@ -410,25 +453,31 @@ class RateLimiter:
                 raise RateLimitedError(
                     f"Too many runs at once (at most {limit.concurrent_runs}); "
                     "wait for one to finish", 1)
-            lease = self._hold(Lease(self, key, token))
+            lease = self._hold(key, token)
         if limit.runs_per_minute is not None:
+            backend = self.backend
+            hit = uuid.uuid4().hex
             try:
-                wait = await self.backend.hit(key, limit.runs_per_minute, _WINDOW)
+                # A backend without `unhit` (written for an earlier release) names no hits:
+                # its count is not given back.
+                wait = await (backend.hit(key, limit.runs_per_minute, _WINDOW, token=hit)
+                              if hasattr(backend, "unhit")
+                              else backend.hit(key, limit.runs_per_minute, _WINDOW))
             except BaseException:
-                if lease is not None:  # the slot taken above goes back with the 503
-                    with contextlib.suppress(Exception):
-                        await lease.release()
+                # The slot taken above goes back with the 503.
+                with contextlib.suppress(Exception):
+                    await lease.release()
                 raise
             if wait > 0:
-                if lease is not None:
-                    await lease.release()
+                await lease.release()
                 raise RateLimitedError(
                     f"Too many runs (at most {limit.runs_per_minute} a minute); "
                     f"try again in {int(wait) + 1} s", int(wait) + 1)
+            lease.hit = hit
         return lease
 
-    def _hold(self, lease: Lease) -> Lease:
-        self._live[lease.token] = lease
+    def _hold(self, key: str, token: str) -> Lease:
+        lease = self._live[token] = Lease(self, key, token)
         ttl = self.backend.slot_ttl
         if ttl is not None and (self._renewing is None or self._renewing.done()):
             # A context of its own: its logs are no request's (not the one that started it).
@@ -441,18 +490,18 @@ class RateLimiter:
         (started again with the next slot taken)."""
         while True:
             await asyncio.sleep(ttl / 3)
-            held = list(self._live.values())
+            held = list(self._live.items())
             if not held:
                 return
             try:
-                lost = await self.backend.renew([(x.key, x.token) for x in held])
+                lost = await self.backend.renew([(x.key, token) for token, x in held])
             except Exception as exc:
                 # Tried again at the next turn; a slot that expires meanwhile is free.
                 _log.warning("could not renew callers' concurrency slots", slots=len(held),
                              error=str(exc) or type(exc).__name__)
                 continue
-            for lease in held:
-                if lease.token in lost and self._live.pop(lease.token, None) is not None:
+            for token, lease in held:
+                if token in lost and self._live.pop(token, None) is not None:
                     # The backend was away longer than `ttl`: its run goes on, uncounted.
                     _log.warning("a caller's concurrency slot expired while its run lives",
                                  key=lease.key)

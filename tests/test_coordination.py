@@ -224,6 +224,12 @@ async def test_rate_limits_are_shared_through_the_coordinator(pair: Pair, limit:
         assert await second.hit("h", 2, 60) == 0.0
         wait = await first.hit("h", 2, 60)
         assert 0 < wait <= 60
+        # A hit given back (its run never started) frees its place, on every worker.
+        assert await first.hit("g", 1, 60, token="start-1") == 0.0
+        await second.unhit("g", "start-1")
+        await second.unhit("g", "start-1")  # by token: once only
+        assert await first.hit("g", 1, 60, token="start-2") == 0.0
+        assert await second.hit("g", 1, 60, token="start-3") > 0
     finally:
         await first.aclose()
         await second.aclose()

@@ -124,6 +124,42 @@ async def test_too_deep_bodies_are_refused_before_streaming(served: Served, wher
         assert types(events)[-1] == "RUN_FINISHED"
 
 
+async def test_a_body_of_millions_of_containers_does_not_hold_the_event_loop(
+        served: Served) -> None:
+    """Before: an 8 MiB body of 2.8 million empty arrays held the worker's event loop for
+    ~10 s on a loaded machine (its decode ~3 s, the depth check's walk ~7 s): every stream
+    and probe of the worker waited. A large body is decoded with the collector paused and
+    checked off the loop now: /health answers meanwhile, and the body gets its 400."""
+    async with asyncio.timeout(TIMEOUT):
+        async def worst_probe(body: bytes) -> tuple[float, aiohttp.ClientResponse]:
+            big = asyncio.create_task(served.session.post(
+                served.url + "/agent/default/run", data=io.BytesIO(body),
+                headers={"Content-Type": "application/json"}))
+            # The server shares this loop: the longest a probe waits, its sleep counted
+            # (a stall that falls in it would go unseen), is the loop's longest stall.
+            worst, started = 0.0, time.monotonic()
+            while not big.done():
+                response = await served.session.get(served.url + "/health")
+                assert response.status == 200
+                await response.read()
+                await asyncio.sleep(0.02)
+                now = time.monotonic()
+                worst, started = max(worst, now - started), now
+            return worst, await big
+
+        body = b"[" + b",".join([b"[]"] * (8 * 1024 * 1024 // 3 - 1)) + b"]"
+        worst, response = await worst_probe(body)
+        assert response.status == 400
+        assert "must be a JSON object" in await response.text()
+        assert worst < 2.0, f"the loop stalled {worst:.2f} s"
+        # A large body too deep is refused as a small one is.
+        deep = b"[" + b"[]," * 100_000 + orjson.dumps(nested(MAX_JSON_DEPTH)) + b"]"
+        worst, response = await worst_probe(deep)
+        assert response.status == 400
+        assert (await response.json())["code"] == "JSON_TOO_DEEP"
+        assert types(await served.run(run_input("still fine"))) [-1] == "RUN_FINISHED"
+
+
 async def test_the_deepest_accepted_state_streams_and_replays(served: Served) -> None:
     """At the limit, every later stage (echo, store, replay) can still encode it."""
     async with asyncio.timeout(TIMEOUT):

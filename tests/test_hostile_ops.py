@@ -257,11 +257,12 @@ class Blipping(InMemoryCounters):
         self.fail_hit = 0
         self.released = asyncio.Event()
 
-    async def hit(self, key: str, limit: int, window: float) -> float:
+    async def hit(self, key: str, limit: int, window: float, token: str | None = None
+                  ) -> float:
         if self.fail_hit:
             self.fail_hit -= 1
             raise ServiceUnavailableError("The rate limits' Redis cannot be reached")
-        return await super().hit(key, limit, window)
+        return await super().hit(key, limit, window, token)
 
     async def release(self, key: str, token: str) -> None:
         if self.fail_release:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import orjson
 import pytest
@@ -16,12 +17,18 @@ from copilot_runtime import (
     OpenAIAdapter,
     RateLimit,
 )
-from copilot_runtime._exceptions import ConfigurationError, RateLimitedError
+from copilot_runtime._exceptions import (
+    ConfigurationError,
+    RateLimitedError,
+    ServiceUnavailableError,
+)
 from copilot_runtime.agents import BuiltInAgent
 from copilot_runtime.auth import Principal, RequestInfo
 from copilot_runtime.limits import InMemoryCounters, RateLimiter, RedisCounters
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import Served, ServeRuntime, parse_sse, run_input, text_of, types
+from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, user_turn
+from tests.scale_support.services import redis_prefix
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -264,10 +271,69 @@ async def test_a_backend_urls_prefix_names_the_keys_as_a_coordinators() -> None:
     redis = limiter.backend._redis  # type: ignore[attr-defined]
     try:
         assert limiter.backend.prefix == prefix + "limits:"  # type: ignore[attr-defined]
-        assert await limiter.acquire(caller("alice")) is None
+        assert (await limiter.acquire(caller("alice"))).token is None  # no slot to hold
         assert [k async for k in redis.scan_iter(match=prefix + "limits:rate:*")]
     finally:
         keys = [k async for k in redis.scan_iter(match=prefix + "*")]
         if keys:
             await redis.delete(*keys)
         await limiter.aclose()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def counters(request: pytest.FixtureRequest) -> Iterator[InMemoryCounters | RedisCounters]:
+    if request.param == "memory":
+        yield InMemoryCounters()
+        return
+    with redis_prefix() as url:
+        yield RedisCounters(url)
+
+
+async def test_requests_that_start_no_run_do_not_count(
+        counters: InMemoryCounters | RedisCounters, serve_runtime: ServeRuntime,
+        llm: MockOpenAIServer) -> None:
+    """Before: a request counted towards `runs_per_minute` before its run was reserved, so
+    one refused 409 THREAD_BUSY or 404 (another caller's thread) spent the caller's budget:
+    a client retrying on a busy thread locked itself out for a minute. Only runs that start
+    count now, on both protocols and every backend."""
+    runtime = CopilotRuntime(service_adapter=adapter(llm), auth=USERS,
+                             rate_limit=RateLimit(runs_per_minute=2, backend=counters))
+    async with serve_runtime(runtime) as served:
+        slow = asyncio.create_task(run(served, ALICE, "busy", "slow:100 a b c d"))
+        for _ in range(300):
+            if "busy" in runtime.runs.active:
+                break
+            await asyncio.sleep(0.01)
+        for _ in range(3):
+            status, body, _ = await run(served, ALICE, "busy")
+            assert (status, orjson.loads(body)["code"]) == (409, "THREAD_BUSY")
+            assert (await generate(served, ALICE, "busy"))["runtimeCode"] == "THREAD_BUSY"
+        status, body, _ = await slow
+        assert status == 200
+        for _ in range(3):  # alice's thread: not found for bob
+            status, body, _ = await run(served, BOB, "busy")
+            assert (status, orjson.loads(body)["code"]) == (404, "THREAD_NOT_FOUND"), body
+            assert (await generate(served, BOB, "busy"))["statusCode"] == 404
+        summary = runtime.store.summary
+
+        async def away(thread_id: str) -> Any:
+            if thread_id == "away":
+                raise ServiceUnavailableError("The thread store cannot be reached")
+            return await summary(thread_id)
+
+        runtime.store.summary = away  # type: ignore[method-assign]
+        for _ in range(3):
+            assert (await run(served, ALICE, "away"))[0] == 503
+        assert (await run(served, ALICE, "second"))[0] == 200
+        assert (await run(served, ALICE, "third"))[0] == 429  # still exactly 2 a minute
+        assert [(await run(served, BOB, f"b{n}"))[0] for n in range(3)] == [200, 200, 429]
+
+
+async def generate(served: Served, token: str, thread: str) -> dict[str, Any]:
+    """A GraphQL run's refusal: its error's extensions."""
+    response = await served.session.post(served.url, data=orjson.dumps({
+        "query": CHAT_DOCUMENT, "variables": {"data": user_turn("Hi", thread=thread)}}),
+        headers={**CLIENT_HEADERS, "Authorization": f"Bearer {token}"})
+    body = await response.read()
+    extensions: dict[str, Any] = orjson.loads(body)["errors"][0]["extensions"]
+    return extensions

@@ -67,7 +67,8 @@ class PostgresCounters:
         self.hits = f'"{schema}".rate_hits'
         self.holds = f'"{schema}".rate_slot_holds'
 
-    async def hit(self, key: str, limit: int, window: float) -> float:
+    async def hit(self, key: str, limit: int, window: float, token: str | None = None
+                  ) -> float:
         # Serialized per key by a transaction lock; measured by the database's clock.
         async with self._transaction() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (key,))
@@ -86,8 +87,11 @@ class PostgresCounters:
                 await conn.execute(f"DELETE FROM {self.hits} WHERE at <= %s",
                                    (float(now) - window,))
             await conn.execute(f"INSERT INTO {self.hits} (key, at, id) VALUES (%s, %s, %s)",
-                               (key, now, uuid.uuid4().hex))
+                               (key, now, token if token is not None else uuid.uuid4().hex))
         return 0.0
+
+    async def unhit(self, key: str, token: str) -> None:
+        await self._fetch(f"DELETE FROM {self.hits} WHERE key = %s AND id = %s", (key, token))
 
     async def acquire(self, key: str, limit: int, token: str) -> bool:
         # Counted under the key's lock (the statement's snapshot is taken once it holds it);

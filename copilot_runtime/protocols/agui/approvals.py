@@ -44,7 +44,7 @@ from copilot_runtime._exceptions import (
     InvalidRequestError,
     ThreadBusyError,
 )
-from copilot_runtime._input import parse_json_body
+from copilot_runtime._input import parse_json_body_off_loop
 from copilot_runtime.approvals import Approval, ApprovalService, ApprovalStatus
 from copilot_runtime.approvals.ledger import ApprovalKey, Viewer
 from copilot_runtime.auth import RequestInfo, owner_of
@@ -144,7 +144,8 @@ class ApprovalRoutes:
             "nextCursor": None if next_key is None else to_cursor(next_key)})
 
     async def _answer(self, request: Request, approval_id: str) -> None:
-        data = parse_json_body(await read_body(request, self.max_body_size, json=True))
+        body = await read_body(request, self.max_body_size, json=True)
+        data = await parse_json_body_off_loop(body)
         answer, wait = _parse_answer(data)
         approval, _, _ = await self.service.get(approval_id)
         await self._check_access(request, approval)

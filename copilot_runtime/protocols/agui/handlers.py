@@ -35,7 +35,7 @@ from copilot_runtime._exceptions import (
     ThreadBusyError,
     ThreadNotFoundError,
 )
-from copilot_runtime._input import parse_json_body, parse_run_input
+from copilot_runtime._input import parse_json_body_off_loop, parse_run_input
 from copilot_runtime._limits import readable
 from copilot_runtime._time import iso_time
 from copilot_runtime.protocols.agui.approvals import ApprovalRoutes, approval_route
@@ -159,7 +159,7 @@ class AGUIProtocol:
     async def _run_or_connect(self, request: Request, agent_id: str, what: str) -> None:
         self.runtime.agent(agent_id)  # 404 before reading a body we would not use
         body = await read_body(request, self.max_body_size, json=True)
-        await self._start(request, agent_id, what, parse_json_body(body))
+        await self._start(request, agent_id, what, await parse_json_body_off_loop(body))
 
     async def _start(self, request: Request, agent_id: str, what: str, data: Any) -> None:
         run_input = parse_run_input(data)
@@ -182,7 +182,7 @@ class AGUIProtocol:
         run_id: str | None = None
         if body.strip():
             try:
-                data = parse_json_body(body)
+                data = await parse_json_body_off_loop(body)
             except InvalidRequestError:
                 await send_json(request, 400, {"error": "Invalid stop request"})
                 return
@@ -279,7 +279,7 @@ class AGUIProtocol:
                 raise ThreadNotFoundError(thread_id)  # another request deleted it first
             await send_json(request, 200, {"deleted": True, "id": thread_id})
             return
-        data = parse_json_body(body)
+        data = await parse_json_body_off_loop(body)
         name = data.get("name") if isinstance(data, dict) else None
         if isinstance(name, str):
             # Blank is no name (the title shows), and what frames a name is not part of it.

@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 
 from copilot_runtime._exceptions import InvalidRequestError, TranscriptionError
-from copilot_runtime._input import parse_json_body
+from copilot_runtime._input import parse_json_body_off_loop
 from copilot_runtime.adapters.transcription import Transcriber
 from copilot_runtime.protocols.http import Request, read_body, send_json
 
@@ -70,7 +70,7 @@ async def _from_request(request: Request, max_body_size: int) -> tuple[bytes, st
     if content_type.lower().startswith("application/json"):
         body = await read_body(request, max_body_size)  # too large: the usual 413
         try:
-            data = parse_json_body(body)
+            data = await parse_json_body_off_loop(body)
         except InvalidRequestError:
             raise TranscriptionError("invalid_request",
                                      "Request body must be valid JSON") from None
