@@ -17,7 +17,7 @@ from ag_ui.core import RunAgentInput
 from pydantic.alias_generators import to_camel
 
 from copilot_runtime._exceptions import InvalidRequestError
-from copilot_runtime._limits import LARGE_JSON, check_json_depth, decode_json
+from copilot_runtime._limits import LARGE_JSON, MAX_INPUT_ITEMS, check_json_depth, decode_json
 from copilot_runtime.threads.base import id_problem
 
 __all__ = ["RunInput", "parse_json_body_off_loop", "parse_run_input", "validation_details"]
@@ -84,11 +84,28 @@ def parse_run_input(data: Any) -> RunInput:
     """Validate decoded JSON as a `RunAgentInput`; raise `InvalidRequestError` with details."""
     if not isinstance(data, dict):
         raise InvalidRequestError("Invalid request body", "The body must be a JSON object")
+    items = sum(len(v) for key in ("messages", "tools", "context")
+                if isinstance(v := data.get(key), list))
     messages = data.get("messages")
-    if isinstance(messages, list):  # anything else is left for the model to reject
+    if isinstance(messages, list) and items <= MAX_INPUT_ITEMS:  # else refused below
         for message in messages:
-            if isinstance(message, dict) and isinstance(message.get("content"), list):
-                message["content"] = [_upgrade_part(p) for p in message["content"]]
+            if not isinstance(message, dict):
+                continue  # left for the model to reject
+            calls = message.get("toolCalls")
+            if isinstance(calls, list):
+                items += len(calls)
+            content = message.get("content")
+            if isinstance(content, list):
+                items += len(content)
+                if items > MAX_INPUT_ITEMS:
+                    break
+                message["content"] = [_upgrade_part(p) for p in content]
+    if items > MAX_INPUT_ITEMS:
+        raise InvalidRequestError("Invalid request body", orjson.dumps([{
+            "path": [], "code": "too_many_items",
+            "message": f"The input lists more than {MAX_INPUT_ITEMS:,} items (messages, "
+                       "their content parts and tool calls, tools and context entries)"}],
+            option=orjson.OPT_INDENT_2).decode())
     try:
         model = RunAgentInput.model_validate(data)
     except pydantic.ValidationError as exc:

@@ -53,6 +53,10 @@ MAX_JSON_DEPTH = 64
 #: collector paused, and a body so long is parsed off the event loop
 #: (`_input.parse_json_body_off_loop`): below it, every body is read as it always was.
 LARGE_JSON = 256 * 1024
+#: The most items a run's input lists together (messages, their content parts and tool
+#: calls, tools, context entries): each is validated, and each invalid one costs pydantic
+#: a detailed error (an 8 MiB body of 2.8 million `{}` messages held the loop ~40 s).
+MAX_INPUT_ITEMS = 20_000
 #: The most bytes (as encoded JSON) one run keeps in a thread store.
 DEFAULT_MAX_RUN_BYTES = 16 * 1024 * 1024
 #: A running run keeps its events (for its followers' replay and its store) up to this many
