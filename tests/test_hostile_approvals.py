@@ -518,6 +518,124 @@ async def test_an_approval_asked_on_another_worker_times_out_at_its_deadline(
             await timing.aclose()
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_two_timers_that_both_read_an_approval_pending_time_it_out_once(
+        kind: str, tmp_path: Path) -> None:
+    """Two servers' timers on one ledger reach an approval at its deadline and both read it
+    pending. The winner resumed the graph with the timeout; the loser, having read "pending"
+    before the winner acted, began its own run once the winner's had ended: its start was
+    written to the thread, it found nothing to resume, and an extra closed run stayed in the
+    thread's history (a flaky CI failure of the test above). A timer now claims the timeout
+    in the ledger (pending -> expired) before it begins a run: the loser's claim fails, and
+    it begins none. Driven by hand: the loser is held at its first step after its reads."""
+    with contextlib.ExitStack() as stack:
+        if kind == "postgresql":
+            url = threads_url = stack.enter_context(postgres_schema())
+        else:
+            url = f"sqlite:///{tmp_path / 'checkpoints.sqlite3'}"
+            threads_url = f"sqlite:///{tmp_path / 'threads.sqlite3'}"
+        losing_payments, winning_payments = Payments(), Payments()
+        losing_payments.gate.set()
+        winning_payments.gate.set()
+        losing = paying_runtime(url, losing_payments, expires_in=0.2,
+                                thread_store=thread_store(threads_url))
+        winning = paying_runtime(url, winning_payments, thread_store=thread_store(threads_url))
+        for runtime in (losing, winning):
+            runtime.approvals.run_timer = False  # driven by hand below
+        read, release = asyncio.Event(), asyncio.Event()
+
+        def held(step: Any) -> Any:
+            async def wait_then(*args: Any, **kwargs: Any) -> Any:
+                if not read.is_set():  # the first step after its reads: a claim or a run
+                    read.set()
+                    await release.wait()
+                return await step(*args, **kwargs)
+            return wait_then
+
+        try:
+            approval = await asked(losing)
+            assert approval.expires_at is not None
+            await asyncio.sleep(max(0.0, approval.expires_at - time.time()) + 0.05)
+            ledger = agent_of(losing).approvals
+            ledger.claim = held(ledger.claim)  # type: ignore[method-assign]
+            losing.start_run = held(losing.start_run)  # type: ignore[method-assign]
+            loser = asyncio.create_task(losing.approvals._expire_due())
+            await asyncio.wait_for(read.wait(), 10)  # it read the approval pending
+
+            await winning.approvals._expire_due()
+            await asyncio.gather(*winning.approvals._runs)
+            won = await ledger.get(approval.id)
+            assert won is not None
+            assert (won.status, won.applied) == ("expired", True)
+
+            release.set()
+            await asyncio.wait_for(loser, 10)
+            await asyncio.gather(*losing.approvals._runs)
+            assert [answer["action"] for answer in losing_payments.done
+                    + winning_payments.done] == ["timeout"]
+            record = await winning.store.get(THREAD_PAY)
+            assert record is not None
+            # The question's run, then the timeout's: the loser began none.
+            assert [r.run_id.startswith("approval-") for r in record.runs] == [False, True]
+        finally:
+            release.set()
+            await losing.aclose()
+            await winning.aclose()
+
+
+@pytest.mark.parametrize("then", ["free", "reset"])
+async def test_a_timeout_claimed_on_a_busy_thread_is_sent_once_or_withdrawn(
+        then: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timer claims a timeout before its run begins; a thread busy on another server
+    then (a lease this process cannot see) keeps the claim, and the timer tries again: the
+    graph gets the timeout once the thread is free, or, if the thread was reset meanwhile,
+    the approval is withdrawn (as a pending one is), not left timed out and never sent."""
+    from copilot_runtime._exceptions import ThreadBusyError
+
+    ledger = MemoryApprovalStore()
+    runtime = approving_runtime(ledger)
+    runtime.approvals.run_timer = False  # driven by hand below
+    try:
+        approval = await interrupted(runtime)
+        ledger._items[approval.id].expires_at = time.time() - 1
+        start_run = runtime.start_run
+        busy = True
+
+        async def start_unless_busy(agent_id: str, input: Any, *args: Any,
+                                    **kwargs: Any) -> Any:
+            if busy:
+                raise ThreadBusyError(input.model.thread_id)
+            return await start_run(agent_id, input, *args, **kwargs)
+
+        monkeypatch.setattr(runtime, "start_run", start_unless_busy)
+        due = await runtime.approvals._expire_due()
+        assert due is not None
+        assert due <= time.time() + runtime.approvals.retry_interval  # tried again soon
+        claimed = await ledger.get(approval.id)
+        assert claimed is not None
+        assert (claimed.status, claimed.applied) == ("expired", False)
+        busy = False
+        if then == "reset":
+            agent = runtime.agents["lg"]
+            assert isinstance(agent, LangGraphAgent)
+            await agent.graph.checkpointer.adelete_thread(THREAD)  # type: ignore[union-attr]
+        assert await runtime.approvals._expire_due() is None
+        await asyncio.gather(*runtime.approvals._runs)
+        settled = await ledger.get(approval.id)
+        assert settled is not None
+        record = await runtime.store.get(THREAD)
+        assert record is not None
+        timeouts = [r for r in record.runs if r.run_id.startswith("approval-")]
+        if then == "reset":
+            assert (settled.status, timeouts) == ("withdrawn", [])
+        else:
+            assert len(timeouts) == 1
+            await assert_applied(runtime, approval.id, claimed.answer)
+        assert not runtime.approvals._timed_out
+    finally:
+        await runtime.aclose()
+
+
 async def test_the_timer_asks_a_shared_ledger_for_its_earliest_deadline_alone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Asking each second is cheap: one indexed row, not a read of every pending approval

@@ -14,8 +14,10 @@ and the caller hears back once the answer is recorded, so a close after that lea
 the next start to send, not lost (`_answer_in_background`).
 
 `start()` (idempotent) sends again the answers a crash interrupted, and runs the expiry
-timer: when an approval's `expiresAt` passes, its graph is resumed with a timeout answer
-(`decisions.timeout_answer`). The service sits below the runtime: it reaches the runtime's
+timer: when an approval's `expiresAt` passes, the timer claims it in the ledger with a
+timeout answer (`decisions.timeout_answer`), then resumes its graph with it. The claim is
+what decides between the timers of several servers on one ledger, and an answer racing
+them: only its winner begins a run. The service sits below the runtime: it reaches the runtime's
 agents and runs through the small `RunHost` interface, which `CopilotRuntime` implements.
 """
 
@@ -156,6 +158,8 @@ class ApprovalService:
         #: Runs cancelled before they were driven, giving their threads back (see `_resume`).
         self._giving_back: set[asyncio.Future[None]] = set()
         self._expiring: set[str] = set()
+        #: Timeouts this timer claimed in the ledger whose run has not begun (a busy thread).
+        self._timed_out: dict[str, Approval] = {}
         self._started = False
         self._subscribed: list[ApprovalStore] = []
 
@@ -217,6 +221,7 @@ class ApprovalService:
         while self._giving_back:
             await asyncio.wait(set(self._giving_back))  # not cancelled: they are short
         self._timer = None
+        self._timed_out.clear()  # claimed in the ledger: the next start sends them
         self._started = False
 
     # -- reading -----------------------------------------------------------------------
@@ -567,7 +572,8 @@ class ApprovalService:
                       if isinstance(store, SharedApprovalStore)])
 
     async def _expire_due(self) -> float | None:
-        """Resume the graphs of expired approvals; the next deadline, if any."""
+        """Claim the timeouts of expired approvals and resume their graphs with them; the
+        next deadline, if any (or soon, to try a busy thread again)."""
         now = time.time()
         next_due: float | None = None
         for store, owners in self._stores():
@@ -579,18 +585,54 @@ class ApprovalService:
                     continue
                 if approval.id in self._expiring:
                     continue
+                if self.host.is_running(approval.thread_id):
+                    # Its run may answer it or reset the thread: claim once it is done.
+                    next_due = min(next_due or now, now + self.retry_interval)
+                    continue
                 if not await self._still_waiting(store, owners[approval.agent_id], approval):
                     continue  # its thread was reset: nothing to time out (now withdrawn)
-                # Read again after the checkpoint's look (slow on a busy server): another
-                # server's timer may have timed it out meanwhile, and a run begun for it here
-                # would be given back only after its start was written to the thread.
-                fresh = await store.get(approval.id)
-                if fresh is None or fresh.status != "pending":
-                    continue
-                if not await self._try_resume(approval, timeout_answer(
-                        iso_time(approval.expires_at)), "runtime", own=True):
-                    next_due = min(next_due or now, now + self.retry_interval)
+                # Claimed before any run begins: another server's timer may have read it
+                # pending too, and only the one whose claim wins may begin one (a loser's
+                # run would find nothing to resume, its start written to the thread).
+                claimed = await store.claim(approval.id, "expired", timeout_answer(
+                    iso_time(approval.expires_at)), "runtime", time.time())
+                if claimed is None:
+                    continue  # another timer, or an answer, won
+                self._timed_out[claimed.id] = claimed
+        for claimed in list(self._timed_out.values()):
+            owned = next(((store, owners[claimed.agent_id]) for store, owners
+                          in self._stores() if claimed.agent_id in owners), None)
+            if owned is None or not await self._send_timeout(*owned, claimed):
+                next_due = min(next_due or now, now + self.retry_interval)
         return next_due
+
+    async def _send_timeout(self, store: ApprovalStore, agent: SupportsApprovals,
+                            claimed: Approval) -> bool:
+        """Resume the graph with a timeout this timer claimed; False to try again (its
+        thread is busy). Its claim stays in the ledger meanwhile: if this process dies,
+        recovery elsewhere sends it (`_recover`: "expired" is the runtime's own answer)."""
+        if claimed.id in self._expiring:
+            return True  # its run is under way here
+        if not self.host.is_running(claimed.thread_id) and claimed.id not in \
+                await agent.pending_interrupt_ids(claimed.thread_id):
+            # Checked before the claim; a thread busy since may have been reset.
+            current = await store.get(claimed.id)
+            if current is None or current.status != "expired" or current.applied:
+                self._timed_out.pop(claimed.id, None)
+                return True  # sent already (by recovery elsewhere, say)
+            if not await agent.parked(claimed.thread_id):
+                # It never reached the graph, whose interrupt is gone: withdrawn, as a
+                # pending one would have been, not timed out. (Parked: a run that took it
+                # was cut short, and resuming carries it on.)
+                await store.settle(claimed.id, "reopen")
+                await store.settle(claimed.id, "withdrawn")
+                self._timed_out.pop(claimed.id, None)
+                return True
+        if not await self._try_resume(claimed, claimed.answer, "runtime", own=True,
+                                      resend=True):
+            return False
+        self._timed_out.pop(claimed.id, None)
+        return True
 
     async def _try_resume(self, approval: Approval, payload: Any, answered_by: str, *,
                           own: bool = False, resend: bool = False) -> bool:
@@ -612,7 +654,8 @@ class ApprovalService:
         for store, owners in self._stores():
             for approval in await store.unapplied():
                 agent = owners.get(approval.agent_id)
-                if agent is None or approval.id in self._expiring:
+                if agent is None or approval.id in self._expiring \
+                        or approval.id in self._timed_out:
                     continue
                 if older and (approval.answered_at or now) > now - older:
                     continue
