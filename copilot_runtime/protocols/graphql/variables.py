@@ -46,6 +46,8 @@ __all__ = ["Signatures", "VariableCoercer"]
 _Coerce = Callable[[Any, int], Any]
 #: An operation's variables, each with its compiled coercer.
 Signatures = tuple[tuple[GraphQLVariableSignature, _Coerce], ...]
+#: Variable errors reported at most (graphql-core then adds one saying it stopped).
+MAX_ERRORS = 50
 
 
 class _GiveUp(Exception):
@@ -94,7 +96,9 @@ class VariableCoercer:
                 return VariableValues(sources, coerced)
             except (_GiveUp, RecursionError):
                 pass
-        return get_variable_values(self.schema, definitions, inputs)
+        # Bounded: each error costs a message built and sent (a million `{}` messages took
+        # the event loop ~150 s to refuse); graphql-core stops at the bound, saying so.
+        return get_variable_values(self.schema, definitions, inputs, max_errors=MAX_ERRORS)
 
     # -- compiling -------------------------------------------------------------------------
 
