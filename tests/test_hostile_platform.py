@@ -14,7 +14,10 @@ Before:
 - an answer that was not the JSON expected (a proxy's HTML page, an object where a list
   belongs, a message of the wrong shape in the thread's state) failed the run "unexpectedly"
   (AGENT_ERROR) and `loadAgentState` with a 500, and a run stream of another content type
-  read as a connection closed early.
+  read as a connection closed early;
+- a redirect (HTTP 3xx, which the SDK takes for success) of a thread delete read as done,
+  so `DELETE /threads/{id}` answered 200 while the platform kept the thread, and a
+  redirected assistant search or run stream failed with a misleading message.
 """
 
 from __future__ import annotations
@@ -145,6 +148,68 @@ async def test_an_answer_that_is_not_the_json_expected_is_an_upstream_error(
     UPSTREAM_CONNECTION_ERROR "closed the connection before its answer was complete"."""
     events = await run_on(fake, serve_runtime)
     assert ending(events) == ("RUN_ERROR", "UPSTREAM_ERROR", message)
+
+
+_REDIRECT = ("LangGraph Platform answered HTTP {}: a redirect, not followed (it would take "
+             "the request's credentials along): configure the URL it points to")
+
+
+@pytest.mark.parametrize("status", [301, 307, 308])
+@pytest.mark.parametrize("route", ["search", "stream"])
+async def test_a_redirect_is_an_upstream_error(
+        serve_runtime: ServeRuntime, route: str, status: int) -> None:
+    """Before: the SDK raises only from HTTP 400, so a redirected assistant search failed
+    as "something unusable" and a redirected run stream as another content type."""
+    fake = FakePlatform(frames=[frame("events", model_stream("hello"))],
+                        redirect=(route, status))
+    events = await run_on(fake, serve_runtime)
+    assert ending(events) == ("RUN_ERROR", "UPSTREAM_ERROR",
+                              "The " + _REDIRECT.format(status))
+    assert not any("elsewhere" in call for call in fake.calls)
+
+
+async def test_a_redirected_cancel_of_a_cut_run_still_says_the_stream_was_cut(
+        serve_runtime: ServeRuntime) -> None:
+    fake = FakePlatform(frames=HALF_ANSWER, run_status="running", redirect=("cancel", 307))
+    events = await run_on(fake, serve_runtime)
+    assert ending(events) == ("RUN_ERROR", "UPSTREAM_CONNECTION_ERROR",
+                              "The LangGraph Platform's run stream closed before the run ended")
+    assert any(call.endswith(f"/runs/{RUN_ID}/cancel") for call in fake.calls)
+
+
+@pytest.mark.parametrize("answer", [301, 307, 308, 500])
+async def test_a_thread_delete_the_platform_did_not_do_keeps_the_thread(
+        serve_runtime: ServeRuntime, answer: int) -> None:
+    """Before: a 3xx to the platform's thread delete read as done, and `DELETE /threads/{id}`
+    answered 200 {"deleted": true} while the platform kept the conversation."""
+    fake = FakePlatform(frames=[frame("events", model_stream("hello"))])
+    async with serve(fake.app) as platform:
+        runtime = CopilotRuntime(agents={"platform": LangGraphPlatformAgent(
+            deployment_url=platform, graph_id="fake")})
+        async with serve_runtime(runtime) as served:
+            events = await served.run(run_input("hi", thread="t1"), agent="platform")
+            assert ending(events) == ("RUN_FINISHED", None, None)
+            if answer >= 400:
+                fake.fail_with = answer
+            else:
+                fake.redirect = ("delete", answer)
+            response = await served.session.delete(f"{served.url}/threads/t1")
+            assert response.status == 503, await response.text()
+            fake.fail_with, fake.redirect = None, None
+            kept = await served.session.get(f"{served.url}/threads/t1/events")
+            assert kept.status == 200, await kept.text()
+    assert fake.calls[-1].startswith("DELETE /threads/"), fake.calls
+
+
+async def test_a_redirected_thread_delete_says_so() -> None:
+    async with serve(FakePlatform(redirect=("delete", 308)).app) as platform:
+        agent = LangGraphPlatformAgent(deployment_url=platform, graph_id="fake")
+        try:
+            with pytest.raises(UpstreamError) as caught:
+                await agent.forget_thread("t1")
+        finally:
+            await agent.aclose()
+    assert caught.value.message == "The " + _REDIRECT.format(308)
 
 
 async def load_state_error(fake: Any) -> UpstreamError:

@@ -91,6 +91,7 @@ def snapshot(messages: Any) -> list[bytes]:
 
 _NOT_MESSAGES = "sent MESSAGES_SNAPSHOT whose 'messages' is not a list of messages with string ids"
 _TOO_DEEP = f"sent an event nested deeper than {MAX_JSON_DEPTH} levels"
+_FINISHED_SCHEMA = "sent RUN_FINISHED that does not match the AG-UI schema "
 
 # name -> (the remote's SSE body, what the client's RUN_ERROR must say after "Remote agent 'name' ")
 SHAPES: dict[str, tuple[list[bytes], str]] = {
@@ -138,6 +139,26 @@ SHAPES: dict[str, tuple[list[bytes], str]] = {
     "token-timestamp": ([sse(STARTED), sse(START), sse({**CONTENT, "timestamp": "now"}),
                          sse(END), sse(FINISHED)],
                         "sent TEXT_MESSAGE_CONTENT with a 'timestamp' that is not an integer"),
+    # The run's own start and end too (their ids are the runtime's): a bad outcome was relayed
+    # as a normal end and stored for every replay.
+    "outcome-string": ([sse(STARTED), sse({**FINISHED, "outcome": "weird"})],
+                       _FINISHED_SCHEMA + "(outcome: Input should be a valid dictionary"),
+    "outcome-interrupts-string": (
+        [sse(STARTED), sse({**FINISHED, "outcome": {"type": "interrupt", "interrupts": "nope"}})],
+        _FINISHED_SCHEMA + "(outcome.interrupt.interrupts: Input should be a valid list)"),
+    "outcome-unknown-type": ([sse(STARTED), sse({**FINISHED, "outcome": {"type": "explode"}})],
+                             _FINISHED_SCHEMA + "(outcome: Input tag "),
+    "interrupt-without-id": (
+        [sse(STARTED), sse({**FINISHED, "outcome": {"type": "interrupt",
+                                                    "interrupts": [{"reason": "x"}]}})],
+        _FINISHED_SCHEMA + "(outcome.interrupt.interrupts.0.id: Field required)"),
+    "finished-timestamp-huge": ([sse(STARTED), sse({**FINISHED, "timestamp": 2 ** 60})],
+                                _FINISHED_SCHEMA + "(timestamp: Input should be less than"),
+    "finished-usage-string": ([sse(STARTED), sse({**FINISHED, "usage": "lots"})],
+                              _FINISHED_SCHEMA + "(usage: Input should be a valid list)"),
+    "started-parent-run-int": ([sse({**STARTED, "parentRunId": 5}), sse(FINISHED)],
+                               "sent RUN_STARTED that does not match the AG-UI schema "
+                               "(parentRunId: Input should be a valid string)"),
 }
 
 # name -> (HTTP status, the remote's SSE body or its JSON error body)
@@ -167,6 +188,10 @@ _NULL_DATA: list[Json] = [{"type": "CUSTOM", "name": "progress", "value": None},
 VALID: dict[str, list[bytes]] = {
     "null-data": [sse(STARTED), *map(sse, _NULL_DATA), sse(START), sse(CONTENT), sse(END),
                   sse(FINISHED)],
+    # The run's own ids are the runtime's, whatever the remote put there (or left out).
+    "own-ids": [sse({"type": "RUN_STARTED", "threadId": 5}),
+                sse({"type": "RUN_FINISHED", "runId": ["x"], "result": {"answer": 42},
+                     "outcome": {"type": "success"}})],
 }
 
 
@@ -266,6 +291,19 @@ async def test_a_remotes_null_application_data_is_relayed_and_stored_as_null(
     assert [e for e in events if e["type"] in ("CUSTOM", "STATE_SNAPSHOT", "RAW")] == _NULL_DATA
     for event in _NULL_DATA:
         assert event in stored["events"], stored
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_a_remotes_run_ids_are_not_held_against_its_run_end(
+        hostile: HostileAGUIServer, serve_runtime: ServeRuntime) -> None:
+    async with serve_runtime(remote_runtime(hostile, ["own-ids"])) as served:
+        events = await served.run(run_input("hello", thread="t-ids", run="r-ids"),
+                                  agent="own-ids")
+        stored = await get_json(served, "/threads/t-ids/events")
+    verify_events(events)
+    assert events[-1] == {"type": "RUN_FINISHED", "threadId": "t-ids", "runId": "r-ids",
+                          "result": {"answer": 42}, "outcome": {"type": "success"}}, events
+    assert stored["events"][-1] == events[-1]
 
 
 # ---- what a remote says about its own failure ------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import orjson
@@ -24,9 +24,14 @@ from copilot_runtime._exceptions import (
     scrub_secrets,
 )
 
-__all__ = ["SessionHolder", "Timeouts", "error_for_exception", "error_for_status"]
+__all__ = ["REDIRECT_NOT_FOLLOWED", "SessionHolder", "Timeouts", "error_for_exception",
+           "error_for_status"]
 
 _log = structlog.get_logger("copilot_runtime.agents")
+
+#: What a remote's 3xx answer is said to be, after its status.
+REDIRECT_NOT_FOLLOWED: Final = (": a redirect, not followed (it would take the request's "
+                                "credentials along): configure the URL it points to")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +138,6 @@ async def error_for_status(response: aiohttp.ClientResponse, what: str,
     except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, ValueError):
         pass
     if 300 <= response.status < 400:
-        detail = (": a redirect, not followed (it would take the request's credentials "
-                  "along): configure the URL it points to")
+        detail = REDIRECT_NOT_FOLLOWED
     return UpstreamError(f"{what} answered HTTP {response.status}{detail}",
                          status=response.status)

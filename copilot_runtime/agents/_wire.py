@@ -154,19 +154,25 @@ def _shape_problem(event: dict[str, Any]) -> str | None:
 
 #: Checked against the AG-UI schema, as a client's `@ag-ui/client` checks each event: every
 #: type but a stream's tokens (a few string fields each, which the order rules check, and
-#: which come by the thousand) and the run's own start and end (whose ids the runtime sets).
+#: which come by the thousand).
 _SCHEMA: Final = TypeAdapter(AGUIEvent)
 _NOT_SCHEMA_CHECKED: Final = frozenset({
     ev.TEXT_MESSAGE_CONTENT, ev.TOOL_CALL_ARGS, ev.TEXT_MESSAGE_CHUNK, ev.TOOL_CALL_CHUNK,
-    EventType.REASONING_MESSAGE_CONTENT.value, EventType.REASONING_MESSAGE_CHUNK.value,
-    ev.RUN_STARTED, ev.RUN_FINISHED})
+    EventType.REASONING_MESSAGE_CONTENT.value, EventType.REASONING_MESSAGE_CHUNK.value})
+#: The run's own start and end, checked with these in place of their ids (the runtime sets
+#: those, whatever the remote sent). RUN_STARTED's `input`, an echo of the request the
+#: runtime replaces with its own, is left out: checking it would walk the whole history.
+_RUN_IDS: Final = {"threadId": "-", "runId": "-"}
+_ENVELOPE: Final = frozenset({ev.RUN_STARTED, ev.RUN_FINISHED})
 _ROLES: Final = frozenset({"developer", "system", "assistant", "user"})
 
 
 def _schema_problem(event: dict[str, Any]) -> str | None:
     """Where `event` breaks the AG-UI schema (which a client enforces), or None."""
     kind = event["type"]
-    if kind in _NOT_SCHEMA_CHECKED:
+    if kind in _ENVELOPE:
+        event = {key: item for key, item in event.items() if key != "input"} | _RUN_IDS
+    elif kind in _NOT_SCHEMA_CHECKED:
         # A token's own fields: the order rules hold its ids and text to strings.
         if "timestamp" in event and (not isinstance(event["timestamp"], int)
                                      or isinstance(event["timestamp"], bool)):

@@ -81,6 +81,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._held import MAX_UPSTREAM_EVENT_BYTES
 from copilot_runtime._input import RunInput
+from copilot_runtime.agents._http_client import REDIRECT_NOT_FOLLOWED
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
 from copilot_runtime.agents._lg_events import WireEncoder
 from copilot_runtime.agents._lg_state import thread_state_from_values
@@ -331,13 +332,21 @@ class _BoundedBody(httpx.AsyncByteStream):
 
 
 class _BoundedTransport(httpx.AsyncBaseTransport):
-    """`inner`, its answers' bytes bounded (`_BoundedBody`)."""
+    """`inner`, its answers' bytes bounded (`_BoundedBody`), a redirect refused.
+
+    The SDK raises only from HTTP 400: a 3xx passed for success (a thread delete said done
+    while the platform kept the thread). It is not followed either, as `HttpAgent`'s are not:
+    the request's credentials would go along to wherever it points."""
 
     def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
         self._inner = inner
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self._inner.handle_async_request(request)
+        if 300 <= response.status_code < 400:
+            await response.aclose()
+            raise UpstreamError(f"The LangGraph Platform answered HTTP "
+                                f"{response.status_code}{REDIRECT_NOT_FOLLOWED}")
         if isinstance(response.stream, httpx.AsyncByteStream):
             events = "text/event-stream" in response.headers.get("content-type", "")
             response.stream = _BoundedBody(response.stream, events=events)
@@ -662,8 +671,8 @@ class _PlatformGraph:
             return
         if status in ("pending", "running"):
             # Cut short (a proxy, a restart): the run goes on there, unwatched; stopped
-            # as a client that left stops it.
-            with contextlib.suppress(httpx.HTTPError):
+            # as a client that left stops it (a failure to is not what the client hears).
+            with contextlib.suppress(httpx.HTTPError, UpstreamError):
                 await self.client.runs.cancel(thread, run_id, headers=self.headers)
             raise UpstreamConnectionError("The LangGraph Platform's run stream closed before "
                                           "the run ended")

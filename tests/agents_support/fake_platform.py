@@ -54,13 +54,17 @@ class FakePlatform:
     (None: 404, a server that does not keep its runs);
     `values`: the thread's state; `fail_with`: an HTTP status every route answers with;
     `unusable`: "search", "state" or "stream": that route answers 200 with an HTML page (a
-    proxy's), or "search-object": the assistant search answers an object."""
+    proxy's), or "search-object": the assistant search answers an object; `redirect`:
+    (route, status): that route ("search", "stream", "cancel" or "delete", a thread's)
+    answers that 3xx status, pointing at another host (a proxy's move to https, a moved
+    deployment)."""
 
     frames: list[bytes] = field(default_factory=list)
     run_status: str | None = "success"
     values: dict[str, Any] = field(default_factory=dict)
     fail_with: int | None = None
     unusable: str | None = None
+    redirect: tuple[str, int] | None = None
     #: The routes called, as "METHOD path", in order.
     calls: list[str] = field(default_factory=list)
     #: The headers of each call, in the same order.
@@ -75,6 +79,9 @@ class FakePlatform:
                 return JSONResponse({"detail": "Service Unavailable"},
                                     status_code=self.fail_with)
             path = request.url.path
+            if self.redirect is not None and _is_route(self.redirect[0], request):
+                return Response(status_code=self.redirect[1],
+                                headers={"Location": f"https://elsewhere.invalid{path}"})
             if self.unusable == "search-object" and path == "/assistants/search":
                 return JSONResponse({"assistants": []})
             if self.unusable is not None and path.endswith(
@@ -114,3 +121,12 @@ class FakePlatform:
         yield frame("metadata", {"run_id": RUN_ID, "attempt": 1})
         for item in self.frames:
             yield item
+
+
+def _is_route(route: str, request: Request) -> bool:
+    """Whether `request` is the call `route` names (see `FakePlatform.redirect`)."""
+    path, method = request.url.path, request.method
+    return {"search": path == "/assistants/search",
+            "stream": path.endswith("/runs/stream"),
+            "cancel": path.endswith("/cancel"),
+            "delete": method == "DELETE" and path.startswith("/threads/")}[route]
