@@ -151,7 +151,9 @@ class HookRunner:
         it returns, and its failure is logged like an async one's."""
         try:
             work = hook(argument)
-        except FAILURES_OF_CALLED_CODE:
+        except (*FAILURES_OF_CALLED_CODE, asyncio.CancelledError):
+            # A plain call has no await, so its `CancelledError` is the hook's own (it read
+            # a cancelled future), never its caller's cancellation: the run ends as usual.
             _log.exception(f"{name} hook failed")
             return
         if not inspect.isawaitable(work):
@@ -168,6 +170,10 @@ class HookRunner:
                                timeout=self.background_timeout)
                 else:
                     _log.exception(f"{name} hook failed")
+            except asyncio.CancelledError:
+                if not cancelled_itself():  # drain() at shutdown
+                    raise
+                _log.exception(f"{name} hook failed")
 
         task = asyncio.get_running_loop().create_task(guarded(), name=name)
         self._tasks.add(task)
