@@ -41,6 +41,11 @@ __all__ = ["ErrorInfo", "HookRunner", "OnError", "OnRequest", "OnRunFinished", "
 
 _log = structlog.get_logger("copilot_runtime.hooks")
 
+# What a plain (not async) hook's call may raise: it has no await, so a `CancelledError`
+# is the hook's own (it read a cancelled future), never its caller's cancellation.
+_PLAIN_HOOK_FAILURES: tuple[type[BaseException], ...] = (
+    *FAILURES_OF_CALLED_CODE, asyncio.CancelledError)
+
 #: Seconds `on_request` may take before its request is refused (503).
 DEFAULT_REQUEST_TIMEOUT = 10.0
 #: Seconds `on_run_finished` or `on_error` (async) may take before it is cancelled.
@@ -151,9 +156,7 @@ class HookRunner:
         it returns, and its failure is logged like an async one's."""
         try:
             work = hook(argument)
-        except (*FAILURES_OF_CALLED_CODE, asyncio.CancelledError):
-            # A plain call has no await, so its `CancelledError` is the hook's own (it read
-            # a cancelled future), never its caller's cancellation: the run ends as usual.
+        except _PLAIN_HOOK_FAILURES:
             _log.exception(f"{name} hook failed")
             return
         if not inspect.isawaitable(work):
