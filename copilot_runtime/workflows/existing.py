@@ -32,6 +32,7 @@ from langchain_core.callbacks.manager import adispatch_custom_event
 from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.errors import GraphBubbleUp
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
@@ -321,6 +322,8 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
             run = await run_existing_agent(agent, name, context, config,
                                            timeout_seconds=timeout_seconds,
                                            max_output_bytes=max_output_bytes)
+        except GraphBubbleUp:  # the agent asks a person (`interrupt`): the graph stops here
+            raise
         except FAILURES_OF_CALLED_CODE as exc:
             _log.warning("existing agent failed", agent=name, error=repr(exc))
             error = failure_text(name, exc)

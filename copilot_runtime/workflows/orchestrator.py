@@ -37,6 +37,7 @@ from typing import Annotated, Any, Literal
 import structlog
 from langchain_core.messages import AnyMessage
 from langchain_core.runnables import RunnableConfig
+from langgraph.errors import GraphBubbleUp
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
@@ -225,6 +226,8 @@ class Orchestrator:
             run = await run_existing_agent(step.runner, step.agent, context, config,
                                            timeout_seconds=step.timeout_seconds,
                                            max_output_bytes=step.max_output_bytes)
+        except GraphBubbleUp:  # the agent asks a person (`interrupt`): the graph stops here
+            raise
         except FAILURES_OF_CALLED_CODE as exc:
             error = failure_text(step.agent, exc)
             # The latest few: an optional step failing at every revision adds one each time.
