@@ -632,7 +632,9 @@ class ActiveRun:
         if self.on_end is not None:
             try:
                 self.on_end(self)
-            except Exception:
+            except BaseException:
+                # A plain call, so nothing it raises (a `CancelledError` of its own
+                # included) is this task's cancellation: logged, and the run ends.
                 _log.exception("run end observer failed", run_id=self.run_id)
 
     async def _store_and_give_back(self) -> None:

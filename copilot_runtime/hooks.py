@@ -41,6 +41,11 @@ __all__ = ["ErrorInfo", "HookRunner", "OnError", "OnRequest", "OnRunFinished", "
 
 _log = structlog.get_logger("copilot_runtime.hooks")
 
+# What a plain (not async) hook's call may raise: it has no await, so a `CancelledError`
+# is the hook's own (it read a cancelled future), never its caller's cancellation.
+_PLAIN_HOOK_FAILURES: tuple[type[BaseException], ...] = (
+    *FAILURES_OF_CALLED_CODE, asyncio.CancelledError)
+
 #: Seconds `on_request` may take before its request is refused (503).
 DEFAULT_REQUEST_TIMEOUT = 10.0
 #: Seconds `on_run_finished` or `on_error` (async) may take before it is cancelled.
@@ -151,7 +156,7 @@ class HookRunner:
         it returns, and its failure is logged like an async one's."""
         try:
             work = hook(argument)
-        except FAILURES_OF_CALLED_CODE:
+        except _PLAIN_HOOK_FAILURES:
             _log.exception(f"{name} hook failed")
             return
         if not inspect.isawaitable(work):
@@ -168,6 +173,10 @@ class HookRunner:
                                timeout=self.background_timeout)
                 else:
                     _log.exception(f"{name} hook failed")
+            except asyncio.CancelledError:
+                if not cancelled_itself():  # drain() at shutdown
+                    raise
+                _log.exception(f"{name} hook failed")
 
         task = asyncio.get_running_loop().create_task(guarded(), name=name)
         self._tasks.add(task)

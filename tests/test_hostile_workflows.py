@@ -347,7 +347,7 @@ async def test_a_step_answering_megabytes_fails_precisely_and_sends_little() -> 
     assert sum(len(str(e)) for e in events) < 20_000
     omitted = [e["value"] for e in events if e["type"] == "CUSTOM"
                and e["name"] == "tool_result"]
-    assert omitted == [{"agent": "hoarder", "omitted": "a tool_result event of 2000031 "
+    assert omitted == [{"agent": "hoarder", "omitted": "a tool_result event of 2000042 "
                         "bytes (events of more than 64000 are not forwarded)"}]
     # Optional, it is logged and the run goes on with what the others found.
     events, _ = await run_steps(

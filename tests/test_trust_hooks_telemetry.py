@@ -309,3 +309,37 @@ def test_configure_logging_writes_json(as_json: bool) -> None:
         assert line["run_id"] == "r1"
     finally:
         structlog.reset_defaults()
+
+
+async def test_hooks_raising_cancelled_error_are_logged_and_never_break_a_stream(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """A hook that raises `CancelledError` of its own (it read the result of a cancelled
+    future): it escaped the hook runner, and a plain one's ended the stream after
+    RUN_STARTED (GraphQL's body without its closing boundary, a SQLite store's run 10 s
+    late). Now it is logged as any failing hook is."""
+    def cancelled_future() -> Any:
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()
+        return future.result()
+
+    def plain(_: Any) -> None:
+        cancelled_future()
+
+    async def async_one(_: Any) -> None:
+        cancelled_future()
+
+    for on_run_finished, on_error in ((plain, plain), (async_one, async_one)):
+        runtime = CopilotRuntime(
+            service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock",
+                                          max_retries=0),
+            on_run_finished=on_run_finished, on_error=on_error)
+        async with serve_runtime(runtime) as served:
+            with structlog.testing.capture_logs() as logs:
+                for thread in ("t1", "t1", "t3"):  # the thread is given back each time
+                    assert text_of(await served.run(run_input("Hi", thread=thread))) == "echo: Hi"
+                events = await served.run(run_input("error:500", thread="t2"))
+                assert events[-1]["type"] == "RUN_ERROR"
+                await wait_for(lambda: sum("hook failed" in e["event"] for e in logs) >= 5,
+                               "the hook failures in the log")
+            assert {e["event"] for e in logs if "hook" in e["event"]} == {
+                "on_run_finished hook failed", "on_error hook failed"}

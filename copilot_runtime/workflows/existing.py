@@ -13,7 +13,10 @@ stops for an approval with a timeout.
 Bounds, so an agent that misbehaves fails its step instead of filling memory, checkpoints
 or the client: an output (or approval request) larger than `max_output_bytes` (1 MB by
 default, as the checkpoint stores it) fails the step; an event larger than
-`MAX_EVENT_BYTES` reaches the client as a notice of its size instead; the run keeps the
+`MAX_EVENT_BYTES` (its name counted; one that cannot be JSON) reaches the client as a
+notice instead, a name is cut to `MAX_EVENT_NAME_CHARS`, and one that CopilotKit or the
+runtime gives a meaning (`copilotkit_*`, `on_interrupt`, `Exit`, …) is forwarded as an
+`agent_event` naming it; the agent is read up to its `agent_completed`; the run keeps the
 first `MAX_KEPT_EVENTS` events (`events_seen` counts them all); and with `timeout_seconds`
 an agent that has not finished by then fails its step.
 """
@@ -21,6 +24,7 @@ an agent that has not finished by then fails its step.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +36,7 @@ from langchain_core.callbacks.manager import adispatch_custom_event
 from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.errors import GraphBubbleUp
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
@@ -45,6 +50,7 @@ from copilot_runtime.workflows._emit import say
 
 __all__ = [
     "MAX_EVENT_BYTES",
+    "MAX_EVENT_NAME_CHARS",
     "MAX_KEPT_EVENTS",
     "MAX_OUTPUT_BYTES",
     "AgentExecutionError",
@@ -78,6 +84,15 @@ MAX_OUTPUT_BYTES = 1_000_000
 MAX_EVENT_BYTES = 64_000
 #: How many of an agent run's events `AgentRun.events` keeps (the first ones).
 MAX_KEPT_EVENTS = 200
+#: The longest event name kept and forwarded (characters); a longer one is cut.
+MAX_EVENT_NAME_CHARS = 200
+# Names the runtime, CopilotKit or ag-ui-langgraph give a meaning of their own (a message
+# to emit, the agent's exit, an interrupt): an agent's event of such a name is forwarded
+# as an `agent_event` naming it, never taken for theirs.
+_RESERVED_NAMES = frozenset({"on_interrupt", "Exit", "PredictState", "manually_emit_message",
+                             "manually_emit_tool_call", "manually_emit_state",
+                             "langgraph_stream_writer"})
+_RESERVED_PREFIXES = ("copilotkit_", "on_copilotkit_", "copilot_runtime.")
 
 #: The answer an approval expects (the interrupt's `responseSchema`).
 APPROVAL_SCHEMA: dict[str, Any] = {
@@ -141,12 +156,11 @@ async def run_existing_agent(agent: ExistingAgent, name: str, context: dict[str,
 
 async def _consume(agent: ExistingAgent, name: str, context: dict[str, Any],
                    config: RunnableConfig | None, run: AgentRun) -> bool:
-    """Read `agent`'s events into `run`; whether it sent its `agent_completed`."""
-    completed = False
+    """Read `agent`'s events into `run` up to its `agent_completed`; whether it sent one."""
     events = agent.execute_with_events(context)
     try:
         async for event in events:
-            kind = str(event.get("event") or "agent_event")
+            kind = str(event.get("event") or "agent_event")[:MAX_EVENT_NAME_CHARS]
             data = dict(event.get("data") or {})
             if kind == "agent_error" and data.get("error_message") is not None:
                 # The agent's own words, as a provider's are passed on: secret-looking
@@ -157,33 +171,50 @@ async def _consume(agent: ExistingAgent, name: str, context: dict[str, Any],
             if len(run.events) < MAX_KEPT_EVENTS:
                 run.events.append({"event": kind, "data": data})
             if config is not None:
-                await adispatch_custom_event(kind, _forwarded(name, kind, data),
-                                             config=config)
+                await adispatch_custom_event(*_forwarded(name, kind, data), config=config)
             if kind == "agent_completed":
-                run.output, completed = data.get("output"), True
-            elif kind == "approval_required":
+                # Its result: what it sends after (a heartbeat, a late warning) is not read.
+                run.output = data.get("output")
+                return True
+            if kind == "approval_required":
                 run.approval = data
             elif kind == "agent_error":
                 raise AgentExecutionError(name, str(data.get("error_message") or
                                                     f"{name} reported an error"), data)
-        return completed
+        return False
     finally:
         aclose = getattr(events, "aclose", None)
-        if aclose is not None:  # an agent stopped early (its error, a timeout) cleans up now
+        if aclose is not None:  # an agent stopped early (its result, error, a timeout)
             await aclose()
 
 
-def _forwarded(name: str, kind: str, data: dict[str, Any]) -> dict[str, Any]:
-    """An event's value for the client: as it is, or a notice when it is too large."""
+def _forwarded(name: str, kind: str, data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """An event's name and value for the client: as it is, or a notice when it is too
+    large or cannot be sent as JSON; a name CopilotKit or the runtime gives a meaning of its
+    own becomes `agent_event`, the name in its value."""
     value = {"agent": name, **data}
-    try:
-        size = len(orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS))
-    except (orjson.JSONEncodeError, TypeError):
-        return value  # the runtime's encoder says what it cannot send
+    if kind in _RESERVED_NAMES or kind.startswith(_RESERVED_PREFIXES):
+        kind, value = "agent_event", {"agent": name, "event": kind, **data}
+    size = _json_size(value)
+    if size is None:
+        return kind, {"agent": name, "omitted": f"a {kind} event that cannot be sent as JSON"}
+    size += len(kind.encode())
     if size <= MAX_EVENT_BYTES:
-        return value
-    return {"agent": name, "omitted": f"a {kind} event of {size} bytes (events of more "
-                                      f"than {MAX_EVENT_BYTES} are not forwarded)"}
+        return kind, value
+    return kind, {"agent": name, "omitted": f"a {kind} event of {size} bytes (events of "
+                                            f"more than {MAX_EVENT_BYTES} are not forwarded)"}
+
+
+def _json_size(value: Any) -> int | None:
+    """Bytes of `value` as JSON, or None when it cannot be JSON (it holds itself)."""
+    try:
+        return len(orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS))
+    except (orjson.JSONEncodeError, TypeError):
+        pass  # an int past 64 bits, a cycle, nesting too deep: measured the slow way
+    try:
+        return len(json.dumps(value, default=str, ensure_ascii=False).encode())
+    except (ValueError, TypeError, RecursionError):
+        return None
 
 
 def _check_storable(name: str, what: str, value: Any, max_bytes: int) -> None:
@@ -321,6 +352,8 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
             run = await run_existing_agent(agent, name, context, config,
                                            timeout_seconds=timeout_seconds,
                                            max_output_bytes=max_output_bytes)
+        except GraphBubbleUp:  # the agent asks a person (`interrupt`): the graph stops here
+            raise
         except FAILURES_OF_CALLED_CODE as exc:
             _log.warning("existing agent failed", agent=name, error=repr(exc))
             error = failure_text(name, exc)

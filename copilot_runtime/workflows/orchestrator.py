@@ -19,11 +19,16 @@ A required step that fails stops the run, which finishes with the partial result
 optional one is logged in `errors` (the latest 20) and the run goes on. A step fails, too,
 when its agent has not finished within the step's `timeout_seconds` (None by default: no
 limit), or returns an output larger than its `max_output_bytes` (1 MB by default), which
-would otherwise be kept in every checkpoint after it and sent to the client. When the
+would otherwise be kept in every checkpoint after it and sent to the client. A step whose
+agent asks for an approval (`approval_required`, as under `existing_agent`) waits for a
+person (expiring after the step's `approval_timeout_seconds`) before its output is kept;
+rejected or timed out, the step fails. A revision that fails (an optional producer) asks
+the approval again about the earlier output, saying so. When the
 `ApprovalPolicy`'s key has a value, a person is asked to approve it; the request expires
 after `timeout_seconds`, after which the runtime answers it with a timeout; an answer
 longer than the review loop's `MAX_FEEDBACK_CHARS` is asked again. The final output
-(`status`, `agents_completed`, `results`, `approval`, `errors`), in `state["result"]`.
+(`status`, `agents_completed`, `results`, `approval`, `step_approvals`, `errors`), in
+`state["result"]`.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Annotated, Any, Literal
 import structlog
 from langchain_core.messages import AnyMessage
 from langchain_core.runnables import RunnableConfig
+from langgraph.errors import GraphBubbleUp
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
@@ -63,13 +69,15 @@ __all__ = ["ACCOUNT_ID_CHARS", "ACCOUNT_INPUT_KEYS", "ApprovalPolicy", "Orchestr
 _log = structlog.get_logger("copilot_runtime.workflows")
 
 Inputs = Callable[[str, Mapping[str, Any]], dict[str, Any]]
-_RESERVED = frozenset({"start", "approval", "finish"})
+_RESERVED = frozenset({"start", "step_approval", "approval", "finish"})
 # Keys of the shared state the orchestrator writes itself; `session_id` and `step` also
 # reach every step's context.
 _OWN_KEYS = frozenset({"session_id", "workflow", "step", "agents_completed", "errors",
-                       "feedback", "feedback_for", "approval"})
+                       "feedback", "feedback_for", "approval", "step_approvals"})
 # How many step errors the shared state keeps (the latest).
 _ERRORS_KEPT = 20
+# How much of an approver's reason a step's failure quotes.
+_REASON_CHARS = 200
 #: What `account_inputs` puts into the shared state.
 ACCOUNT_INPUT_KEYS = frozenset({"account_id", "user_message"})
 
@@ -85,6 +93,8 @@ class Step:
     timeout_seconds: float | None = None
     #: The largest output the step may keep, in bytes as the checkpoint stores it.
     max_output_bytes: int = MAX_OUTPUT_BYTES
+    #: Seconds a person has to answer the agent's `approval_required` (None: no expiry).
+    approval_timeout_seconds: float | None = 300
 
     def __post_init__(self) -> None:
         seconds = self.timeout_seconds
@@ -97,6 +107,8 @@ class Step:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ConfigurationError(f"step {self.agent!r}: max_output_bytes must be a "
                                      f"positive int, not {size!r}")
+        object.__setattr__(self, "approval_timeout_seconds", checked_timeout(
+            self.approval_timeout_seconds, f"step {self.agent!r}: approval_timeout_seconds"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +145,10 @@ class OrchestratorState(TypedDict, total=False):
     next_step: int
     status: Literal["running", "awaiting_approval", "completed", "error"]
     notice: str | None
+    #: A step's approval being asked: the step's index, its output and its request.
+    step_approval: dict[str, Any] | None
+    #: What the step approval's question opens with (an answer that was not understood).
+    step_notice: str | None
     #: The final output: `status`, `agents_completed`, `results`, `approval`, `errors`.
     result: dict[str, Any]
 
@@ -182,6 +198,7 @@ class Orchestrator:
         graph.add_node("start", self._start)
         for step in self.steps:
             graph.add_node(step.agent, self._step)  # the state says which step runs
+        graph.add_node("step_approval", self._step_approval)
         graph.add_node("approval", self._approval)
         graph.add_node("finish", self._finish)
         graph.add_edge(START, "start")
@@ -219,37 +236,101 @@ class Orchestrator:
         context.update(step=shared["step"], session_id=shared.get("session_id"))
         if shared.get("feedback") and shared.get("feedback_for") == step.agent:
             context["feedback"] = shared["feedback"]  # only the step asked to revise
-        following = self.steps[index + 1].agent if index + 1 < len(self.steps) else (
-            "approval" if self.approval else "finish")
         try:
             run = await run_existing_agent(step.runner, step.agent, context, config,
                                            timeout_seconds=step.timeout_seconds,
                                            max_output_bytes=step.max_output_bytes)
+        except GraphBubbleUp:  # the agent asks a person (`interrupt`): the graph stops here
+            raise
         except FAILURES_OF_CALLED_CODE as exc:
-            error = failure_text(step.agent, exc)
-            # The latest few: an optional step failing at every revision adds one each time.
-            shared["errors"] = [*shared.get("errors", []), {
-                "agent": step.agent, "error": error, "critical": step.required}][-_ERRORS_KEPT:]
-            if step.required:  # a critical failure: stop with what we have
-                _log.warning("required step failed", agent=step.agent, error=repr(exc))
-                return Command(goto="finish", update={
-                    "shared": shared, "status": "error",
-                    "messages": [await say(f"{step.agent} failed: {error}", config)]})
-            _log.warning("optional step failed", agent=step.agent, error=repr(exc))
-            return Command(goto=following, update={
-                "shared": shared, "next_step": index + 1,
-                "messages": [await say(f"{step.agent} failed (optional, continuing): "
-                                       f"{error}", config)]})
-        shared[step.output_key] = run.output
+            _log.warning("required step failed" if step.required else
+                         "optional step failed", agent=step.agent, error=repr(exc))
+            return await self._failed(index, shared, failure_text(step.agent, exc), config)
+        said = await say(f"{step.agent}: {_summary(run.output)}", config)
+        if run.approval is not None:
+            # What the agent did waits for a person, as under `existing_agent`: its output
+            # is kept only once approved.
+            return Command(goto="step_approval", update={
+                "shared": shared, "status": "awaiting_approval", "step_notice": None,
+                "step_approval": {"index": index, "output": run.output,
+                                  "request": run.approval},
+                "messages": [said]})
+        return self._completed(index, shared, run.output, [said])
+
+    def _following(self, index: int) -> str:
+        """The node after step `index`."""
+        if index + 1 < len(self.steps):
+            return self.steps[index + 1].agent
+        return "approval" if self.approval else "finish"
+
+    def _completed(self, index: int, shared: dict[str, Any], output: Any,
+                   messages: list[Any]) -> Command[str]:
+        step, following = self.steps[index], self._following(index)
+        shared[step.output_key] = output
         completed = list(shared.get("agents_completed", []))
         if step.agent not in completed:  # a step run again for a revision counts once
             completed.append(step.agent)
         shared["agents_completed"] = completed
-        summary = _summary(run.output)
         return Command(goto=following, update={
-            "shared": shared, "next_step": index + 1,
+            "shared": shared, "next_step": index + 1, "step_approval": None,
             "status": "awaiting_approval" if following == "approval" else "running",
-            "messages": [await say(f"{step.agent}: {summary}", config)]})
+            "messages": messages})
+
+    async def _failed(self, index: int, shared: dict[str, Any], error: str,
+                      config: RunnableConfig) -> Command[str]:
+        """Step `index` failed with `error`: a required one stops the run, an optional one
+        is logged and the run goes on."""
+        step = self.steps[index]
+        # The latest few: an optional step failing at every revision adds one each time.
+        shared["errors"] = [*shared.get("errors", []), {
+            "agent": step.agent, "error": error, "critical": step.required}][-_ERRORS_KEPT:]
+        if step.required:  # a critical failure: stop with what we have
+            return Command(goto="finish", update={
+                "shared": shared, "status": "error", "step_approval": None,
+                "messages": [await say(f"{step.agent} failed: {error}", config)]})
+        update: dict[str, Any] = {
+            "shared": shared, "next_step": index + 1, "step_approval": None,
+            "messages": [await say(f"{step.agent} failed (optional, continuing): "
+                                   f"{error}", config)]}
+        if shared.get("feedback") and shared.get("feedback_for") == step.agent:
+            # The approval is asked again about the earlier output: the person is told why.
+            update["notice"] = f"The revision failed ({error}); this is the earlier result."
+        return Command(goto=self._following(index), update=update)
+
+    async def _step_approval(self, state: OrchestratorState, config: RunnableConfig
+                             ) -> Command[str]:
+        """A person approves what a step's agent asked to have approved (its
+        `approval_required`), else the step fails under its required/optional rule."""
+        pending = dict(state.get("step_approval") or {})
+        index = int(pending.get("index", 0))
+        step = self.steps[index]
+        shared = dict(state.get("shared") or {})
+        answer = interrupt(approval_request(
+            {"agent": step.agent, "data": pending.get("request"),
+             "session_id": shared.get("session_id"), "account_id": shared.get("account_id")},
+            message=f"Approve what {step.agent} asks?",
+            timeout_seconds=step.approval_timeout_seconds, notice=state.get("step_notice")))
+        decision = parse_decision(answer)
+        if decision is None or decision.action == "revise":
+            return Command(goto="step_approval", update={
+                "step_notice": "Answer approve or reject."})
+        too_long = _answer_length(decision)
+        if too_long > MAX_FEEDBACK_CHARS:
+            return Command(goto="step_approval", update={
+                "step_notice": f"That answer was {too_long} characters long; answers may "
+                               f"be at most {MAX_FEEDBACK_CHARS}."})
+        outcome = approval_outcome(decision)
+        shared["step_approvals"] = {**shared.get("step_approvals", {}), step.agent: outcome}
+        said = await say(f"{step.agent}: approval {outcome['status']}.", config)
+        if decision.action == "approve":
+            return self._completed(index, shared, pending.get("output"), [said])
+        if decision.action == "timeout":
+            error = f"{step.agent}'s approval timed out"
+        else:
+            reason = (decision.feedback or "")[:_REASON_CHARS]
+            error = f"{step.agent}'s approval was rejected" + (f": {reason}" if reason else "")
+        _log.warning("step not approved", agent=step.agent, decision=decision.action)
+        return await self._failed(index, shared, error, config)
 
     def _approval(self, state: OrchestratorState) -> Command[str]:
         assert self.approval is not None
@@ -303,8 +384,13 @@ class Orchestrator:
                 "agents_completed": shared.get("agents_completed", []),
                 "results": {s.output_key: shared.get(s.output_key) for s in self.steps},
                 "approval": approval, "errors": shared.get("errors", []),
+                "step_approvals": shared.get("step_approvals", {}),
             }
-            verdict = f"approval: {approval['status']}" if approval else "no approval needed"
+            verdicts = [f"{agent}'s approval: {given['status']}"
+                        for agent, given in result["step_approvals"].items()]
+            if approval:
+                verdicts.append(f"approval: {approval['status']}")
+            verdict = ", ".join(verdicts) or "no approval needed"
             text = (f"Completed {len(result['agents_completed'])} of {len(self.steps)} "
                     f"steps; {verdict}.")
         return {"result": result, "status": result["status"],

@@ -63,6 +63,7 @@ import orjson
 import structlog
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
+from langgraph.errors import GraphBubbleUp
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
@@ -298,6 +299,8 @@ class ReviewLoop:
         """The router's choice, checked: `_NotRouted` names what was wrong with it."""
         try:
             chosen = self.router(task, list(self.specialists.values()))
+        except GraphBubbleUp:  # the router asks a person (`interrupt`): the graph stops here
+            raise
         except FAILURES_OF_CALLED_CODE as exc:
             _log.exception("the review loop's router failed")
             raise _NotRouted(f"the planner's router failed ({type(exc).__name__})") from None
@@ -327,6 +330,8 @@ class ReviewLoop:
         reviewing = self._reviewing(state)
         try:
             result = await specialist.run(request)
+        except GraphBubbleUp:  # the specialist asks a person (`interrupt`): the graph stops
+            raise
         except FAILURES_OF_CALLED_CODE as exc:
             _log.exception("specialist failed", specialist=name)
             failure = f"The {name} specialist failed ({type(exc).__name__})"
