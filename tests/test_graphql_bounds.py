@@ -3,9 +3,12 @@ selections counted with fragments expanded, and one `loadAgentState` per operati
 
 from __future__ import annotations
 
+import asyncio
+import io
 import time
 from typing import Any
 
+import orjson
 import pytest
 from graphql import get_introspection_query
 
@@ -13,7 +16,7 @@ from copilot_runtime.protocols.graphql.documents import DocumentCache
 from copilot_runtime.protocols.graphql.schema import copilot_schema
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import ServeRuntime, openai_runtime
-from tests.gql.wire import CHAT_DOCUMENT, CLIENT_DOCUMENT, CLIENT_HEADERS
+from tests.gql.wire import CHAT_DOCUMENT, CLIENT_DOCUMENT, CLIENT_HEADERS, chat_data
 
 SELECTIONS = ("The document makes more than 300 selections (fields and fragments); at most "
               "300 are served")
@@ -175,3 +178,46 @@ async def test_a_query_resolving_too_many_fields_is_refused(
         status, answer = await post(schema_walk(3))
         assert status == 200
         assert len(answer["data"]) == 3
+
+
+@pytest.mark.asyncio
+async def test_large_invalid_variables_are_judged_off_the_event_loop(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """A million `{}` messages took the worker's event loop ~150 s to refuse (graphql-core
+    walked and reported every one). Now a list of more than 20,000 values is refused at
+    once, errors stop at 50, and graphql-core's walk of a large invalid input (here 2
+    million arrays under 20,000 messages) runs off the loop."""
+    async with serve_runtime(openai_runtime(llm)) as served:
+        async def post(messages: list[Any]) -> tuple[int, list[dict[str, Any]], float]:
+            body = orjson.dumps({"query": CHAT_DOCUMENT,
+                                 "variables": {"data": chat_data(messages)}})
+            worst, last, done = 0.0, time.monotonic(), False
+
+            async def tick() -> None:
+                nonlocal worst, last
+                while not done:
+                    await asyncio.sleep(0.01)
+                    now = time.monotonic()
+                    worst, last = max(worst, now - last), now
+
+            ticking = asyncio.create_task(tick())
+            try:
+                response = await served.session.post(
+                    served.url, data=io.BytesIO(body),
+                    headers={**CLIENT_HEADERS, "Content-Type": "application/json"})
+                answer = await response.json()
+            finally:
+                done = True
+                await ticking
+            return response.status, answer["errors"], worst
+
+        status, errors, _ = await post([{}] * 1_000_000)
+        assert status == 400
+        assert [e["message"] for e in errors] == [
+            "Variable '$data' has a list of more than 20,000 values: at most that many are "
+            "taken"]
+        status, errors, worst = await post([{"a": [[]] * 100}] * 20_000)
+        assert status == 400
+        assert len(errors) == 51
+        assert errors[-1]["message"].startswith("Too many errors processing variables")
+        assert worst < 1.0, f"the event loop stalled {worst:.2f} s"

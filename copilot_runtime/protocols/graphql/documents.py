@@ -85,15 +85,17 @@ class Prepared:
     _signatures: dict[str | None, Signatures | None] = field(default_factory=dict)
 
     def coerce(self, coercer: VariableCoercer, operation: OperationDefinitionNode,
-               variables: dict[str, Any]) -> VariableValues | list[GraphQLError]:
-        """The operation's variables coerced (its signatures are worked out once)."""
+               variables: dict[str, Any], *, slow: bool = True
+               ) -> VariableValues | list[GraphQLError] | None:
+        """The operation's variables coerced (its signatures are worked out once); see
+        `VariableCoercer.coerce` for `slow`."""
         name = operation.name.value if operation.name else None
         definitions = operation.variable_definitions or ()
         try:
             signatures = self._signatures[name]
         except KeyError:
             signatures = self._signatures[name] = coercer.signatures(definitions)
-        return coercer.coerce(definitions, variables, signatures)
+        return coercer.coerce(definitions, variables, signatures, slow=slow)
 
     def plain(self) -> DocumentNode:
         """The document without `@defer`/`@stream`, for one-piece execution."""

@@ -12,6 +12,7 @@ run, so a client that leaves cancels it and its upstream LLM request.
 
 from __future__ import annotations
 
+import asyncio
 import urllib.parse
 from inspect import isawaitable
 from typing import Any
@@ -210,7 +211,11 @@ class GraphQLProtocol:
                        "The document has several operations: name one in 'operationName'")
         if operation.operation != OperationType.QUERY and via_get:
             raise _bad("Only queries may be sent with GET; use POST", 405, allow=b"POST")
-        coerced = prepared.coerce(self.variables, operation, variables)
+        coerced = prepared.coerce(self.variables, operation, variables, slow=False)
+        if coerced is None:  # a variable graphql-core must judge: its walk, off the loop
+            coerced = await asyncio.to_thread(prepared.coerce, self.variables, operation,
+                                              variables)
+            assert coerced is not None
         if isinstance(coerced, list):
             raise _BadRequest(request_errors(coerced))
         if operation.operation == OperationType.MUTATION:

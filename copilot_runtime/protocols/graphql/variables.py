@@ -41,6 +41,8 @@ from graphql.language.parser import MAX_NESTING_DEPTH
 from graphql.type import is_required_input_field
 from graphql.utilities.coerce_input_value import coerce_default_value
 
+from copilot_runtime._limits import MAX_INPUT_ITEMS
+
 __all__ = ["Signatures", "VariableCoercer"]
 
 _Coerce = Callable[[Any, int], Any]
@@ -48,10 +50,17 @@ _Coerce = Callable[[Any, int], Any]
 Signatures = tuple[tuple[GraphQLVariableSignature, _Coerce], ...]
 #: Variable errors reported at most (graphql-core then adds one saying it stopped).
 MAX_ERRORS = 50
+#: Values one list of a variable may hold (the 1.10 client's messages, actions, context...),
+#: as a run's input lists at most `MAX_INPUT_ITEMS` items over AG-UI.
+MAX_LIST_VALUES = MAX_INPUT_ITEMS
 
 
 class _GiveUp(Exception):
     """The short path cannot decide: graphql-core coerces (and reports) instead."""
+
+
+class _TooMany(Exception):
+    """A list longer than `MAX_LIST_VALUES`: refused before any of it is coerced."""
 
 
 
@@ -75,7 +84,12 @@ class VariableCoercer:
         return tuple(found)
 
     def coerce(self, definitions: Collection[VariableDefinitionNode], inputs: dict[str, Any],
-               signatures: Signatures | None = None) -> VariableValues | list[GraphQLError]:
+               signatures: Signatures | None = None, *, slow: bool = True
+               ) -> VariableValues | list[GraphQLError] | None:
+        """The variables coerced, or graphql-core's errors; None when the short path cannot
+        decide and `slow` is False (the caller runs it again, slow, off the event loop:
+        graphql-core walks all of a large input, ~1 s a million values, before it says
+        anything)."""
         if signatures is None:
             signatures = self.signatures(definitions)
         if signatures is not None:
@@ -92,10 +106,17 @@ class VariableCoercer:
                         sources[name] = VariableValueSource(signature)
                         continue
                     sources[name] = VariableValueSource(signature, value)
-                    coerced[name] = coerce(value, 0)
+                    try:
+                        coerced[name] = coerce(value, 0)
+                    except _TooMany:
+                        return [GraphQLError(
+                            f"Variable '${name}' has a list of more than {MAX_LIST_VALUES:,} "
+                            "values: at most that many are taken")]
                 return VariableValues(sources, coerced)
             except (_GiveUp, RecursionError):
                 pass
+        if not slow:
+            return None
         # Bounded: each error costs a message built and sent (a million `{}` messages took
         # the event loop ~150 s to refuse); graphql-core stops at the bound, saying so.
         return get_variable_values(self.schema, definitions, inputs, max_errors=MAX_ERRORS)
@@ -132,6 +153,8 @@ class VariableCoercer:
                     return None
                 if type(value) is not list or depth >= MAX_NESTING_DEPTH:
                     raise _GiveUp  # a value as a list of one; or too deep: the library's
+                if len(value) > MAX_LIST_VALUES:
+                    raise _TooMany
                 depth += 1
                 return [item(v, depth) for v in value]
             return list_of
