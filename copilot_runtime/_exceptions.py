@@ -26,7 +26,8 @@
     │   ├── UpstreamTimeoutError    ... by going silent (before or during its answer)
     │   ├── UpstreamConnectionError ... by refusing or closing the connection
     │   ├── UpstreamProtocolError   ... by answering with something its protocol forbids
-    │   └── ContentFilteredError    ... by withholding the whole answer (its content filter)
+    │   ├── ContentFilteredError    ... by withholding the whole answer (its content filter)
+    │   └── OutputTruncatedError    ... by ending it at the token limit before it was usable
     ├── ActionError                 a server-side action failed (the model sees it as a tool error)
     ├── ChunkError                  a *_CHUNK event that opens nothing (a remote's: UpstreamError)
     ├── ClientDisconnected          the client left before its request body arrived (no answer)
@@ -67,6 +68,7 @@ __all__ = [
     "JSONTooDeepError",
     "ModelNotAllowedError",
     "NothingToResumeError",
+    "OutputTruncatedError",
     "PayloadTooLargeError",
     "RateLimitedError",
     "RequestError",
@@ -463,6 +465,9 @@ class UpstreamError(CopilotRuntimeError):
     """An LLM provider or a remote agent failed; `status` is its HTTP status when it had one."""
 
     code = "UPSTREAM_ERROR"
+    #: What a provider's adapter parsed from the same read before the error: its route
+    #: delivers them first (whether they come depends on TCP read timing, not the answer).
+    pending: Sequence[Any] = ()
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
         super().__init__(message)
@@ -492,6 +497,13 @@ class ContentFilteredError(UpstreamError):
     text, no tool call. A user would otherwise see an empty answer and no reason."""
 
     code = "CONTENT_FILTERED"
+
+
+class OutputTruncatedError(UpstreamError):
+    """The answer reached the model's output token limit (`max_tokens`) before it was usable:
+    nothing said (every token went to reasoning), or a tool call cut mid-arguments."""
+
+    code = "OUTPUT_TRUNCATED"
 
 
 class ActionError(CopilotRuntimeError):

@@ -250,12 +250,16 @@ async def test_an_answer_the_filter_withheld_whole_is_a_precise_error(
 
 
 async def test_an_answer_the_filter_cut_keeps_its_text(serve_runtime: ServeRuntime) -> None:
-    """Regression guard: text before the filter stopped the answer stays a finished answer."""
+    """Text before the filter stopped the answer stays a finished answer, whose RUN_FINISHED
+    says why it ended (on 1.10, a successful turn)."""
     script: list[Step] = [HEAD, oa_text("Here is"), oa_finish("content_filter"), OA_DONE]
     async with hostile(serve_runtime, "openai", script) as (served, _):
         events = await run(served, run_input("hi"))
+        response = await turn(served, user_turn("hi", thread="gql-cut"))
     assert types(events)[-1] == "RUN_FINISHED", events
+    assert events[-1]["result"] == {"finishReason": "content_filter"}
     assert text_of(events) == "Here is"
+    assert response["status"]["__typename"] == "SuccessResponseStatus", response["status"]
 
 
 # ---- Anthropic: one code per fault, whichever route ------------------------------------------

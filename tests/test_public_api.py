@@ -27,7 +27,8 @@ EXPECTED = [
     "DurableThreadStore", "PostgresThreadStore", "thread_store", "OpenAITranscription",
     "Coordinator", "coordinator",
     "AgentExecutionError", "ContentFilteredError", "JSONTooDeepError", "ModelNotAllowedError",
-    "NothingToResumeError", "RateLimitedError", "RequestTimeoutError", "ThreadNotFoundError",
+    "NothingToResumeError", "OutputTruncatedError", "RateLimitedError", "RequestTimeoutError",
+    "ThreadNotFoundError",
     "TranscriptionError", "UnsupportedEncodingError", "UnsupportedMediaTypeError",
     "UpstreamConnectionError",
     "UpstreamProtocolError",
@@ -54,7 +55,8 @@ def test_exception_hierarchy() -> None:
     for name in ("RateLimitedError", "RequestTimeoutError", "ThreadNotFoundError",
                  "TranscriptionError", "UnsupportedMediaTypeError"):
         assert issubclass(getattr(copilot_runtime, name), copilot_runtime.RequestError)
-    for name in ("ContentFilteredError", "UpstreamConnectionError", "UpstreamProtocolError"):
+    for name in ("ContentFilteredError", "OutputTruncatedError", "UpstreamConnectionError",
+                 "UpstreamProtocolError"):
         assert issubclass(getattr(copilot_runtime, name), copilot_runtime.UpstreamError)
     assert issubclass(copilot_runtime.UnsupportedEncodingError,
                       copilot_runtime.UnsupportedMediaTypeError)

@@ -6,8 +6,9 @@ from typing import Any, TypeVar
 
 import orjson
 
-from copilot_runtime._exceptions import JSONTooDeepError
+from copilot_runtime._exceptions import JSONTooDeepError, UpstreamError
 from copilot_runtime._limits import check_json_text
+from copilot_runtime.adapters.base import ChatDelta
 
 _E = TypeVar("_E", bound=BaseException)
 
@@ -19,6 +20,13 @@ def find_cause(exc: BaseException, kind: type[_E]) -> _E | None:
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def after(deltas: list[ChatDelta], error: UpstreamError) -> UpstreamError:
+    """`error`, carrying the `deltas` its read parsed before it: the adapter's route delivers
+    them first (`UpstreamError.pending`), whatever the TCP reads were."""
+    error.pending = deltas
+    return error
 
 
 def cause_text(exc: BaseException) -> str:

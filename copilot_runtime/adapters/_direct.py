@@ -285,6 +285,11 @@ async def stream(response: _http1.Response, parser: StreamParser,
         deltas = parser.finish()
         if deltas:
             yield deltas
+    except UpstreamError as exc:
+        if exc.pending:  # the deltas its read parsed before it, which come first
+            pending, exc.pending = exc.pending, ()
+            yield pending
+        raise
     except _http1.ReadTimeout:
         raise UpstreamTimeoutError(failures.silent) from None
     except _http1.HTTPClientError:
@@ -315,6 +320,10 @@ async def after_finish(pieces: AsyncIterator[_T], feed: Callable[[_T], Sequence[
     except (TimeoutError, _http1.ReadTimeout, UpstreamTimeoutError):
         # (a read timeout shorter than the wait, the route's own bound, says the same)
         return out, True
+    except UpstreamError as exc:
+        if out:  # what came before it comes first (see `stream`)
+            exc.pending = [*out, *exc.pending]
+        raise
     return out, False
 
 

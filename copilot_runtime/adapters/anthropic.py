@@ -52,6 +52,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
+    after,
     arguments_object,
     error_body_message,
     find_cause,
@@ -87,7 +88,8 @@ _FAILURES = _direct.Failures(
 #: Unlike OpenAI's, the SDK waits for any Retry-After.
 _RETRIES = _direct.SDKRetries(max_retry_after=None)
 _FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls",
-                   "max_tokens": "length", "refusal": "content_filter", "pause_turn": "stop"}
+                   "max_tokens": "length", "refusal": "content_filter"}
+# (`pause_turn` passes as it is: a paused turn is not a finished answer)
 
 
 class AnthropicAdapter:
@@ -274,9 +276,19 @@ class AnthropicAdapter:
                     await events.close()
             parser.finish()  # (an end without `message_stop`: as the direct route says it)
             self._keep_thinking(parser)
+        except UpstreamError as exc:
+            if exc.pending:  # the deltas its read parsed before it, which come first
+                pending, exc.pending = exc.pending, ()
+                yield pending
+            raise
         except anthropic.APIStatusError as exc:
             # (not `exc.message`: the SDK's repr of the whole error body)
             said = error_body_message(exc.body) or f"Error code: {exc.status_code}"
+            if 200 <= exc.status_code < 300:
+                # The SDK's event iterator raises an `error` event as a status error of
+                # the answer's own status: worded as the parser words it.
+                raise UpstreamError("Anthropic reported an error mid-stream: "
+                                    f"{upstream_said(said, secrets)}") from None
             raise _direct.status_failure(
                 "Anthropic", exc.status_code, upstream_said(said, secrets),
                 _direct.unwaited(_direct.retry_after_seconds(exc.response.headers.get),
@@ -488,8 +500,8 @@ class AnthropicStreamParser:
         elif kind == "error":
             error = event.get("error") or {}
             message = error.get("message") if isinstance(error, dict) else str(error)
-            raise UpstreamError("Anthropic reported an error mid-stream: "
-                                f"{upstream_said(str(message), self.secrets)}")
+            raise after(out, UpstreamError("Anthropic reported an error mid-stream: "
+                                           f"{upstream_said(str(message), self.secrets)}"))
         # `ping` and unknown future events are ignored
 
     def _usage(self, data: Any) -> None:

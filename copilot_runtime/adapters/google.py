@@ -61,6 +61,7 @@ from copilot_runtime._held import HeldBytes
 from copilot_runtime._limits import check_json_text
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
+    after,
     arguments_object,
     text_of,
     usage,
@@ -336,8 +337,17 @@ class GoogleGenAIAdapter:
             out = parser.finish()
             if out:
                 yield out
+        except UpstreamError as exc:
+            if exc.pending:  # the deltas its read parsed before it, which come first
+                pending, exc.pending = exc.pending, ()
+                yield pending
+            raise
         except genai_errors.APIError as exc:
             said = upstream_said(str(exc.message or exc.status or f"HTTP {exc.code}"), secrets)
+            if _answered(exc.response):
+                # An error chunk of a streaming answer (the SDK raises it with the chunk's
+                # code): worded as the parser words it.
+                raise UpstreamError(f"Gemini reported an error mid-stream: {said}") from None
             raise _direct.status_failure("Gemini", exc.code, said, _direct.unwaited(
                 _retry_delay(exc.details), self._max_retry_wait)) from None
         except (TimeoutError, aiohttp.ServerTimeoutError):
@@ -491,6 +501,14 @@ def _retry_delay(body: object) -> float | None:
     return None
 
 
+def _answered(response: Any) -> bool:
+    """Whether the SDK's response (aiohttp's or httpx's) had a 2xx status."""
+    status = getattr(response, "status", None)
+    if not isinstance(status, int):
+        status = getattr(response, "status_code", None)
+    return isinstance(status, int) and 200 <= status < 300
+
+
 def _error_text(text: bytes, status: int) -> str:
     """What the SDK's `APIError` says for this error body: its message, else its status."""
     try:
@@ -561,7 +579,7 @@ class GeminiStreamParser:
         if error is not None:
             message = error.get("message") if isinstance(error, dict) else None
             said = upstream_said(str(message or error), self.secrets)
-            raise UpstreamError(f"Gemini reported an error mid-stream: {said}")
+            raise after(out, UpstreamError(f"Gemini reported an error mid-stream: {said}"))
         meta = chunk.get("usageMetadata")
         if isinstance(meta, dict):
             # counts of another type are left out rather than failing a finished answer
@@ -606,7 +624,7 @@ class GeminiStreamParser:
         if reason is not None:
             failed = _FAILED_REASONS.get(reason)
             if failed is not None:
-                raise UpstreamError(f"{failed} ({reason})")
+                raise after(out, UpstreamError(f"{failed} ({reason})"))
             self.reason = _FINISH_REASONS.get(reason, str(reason).lower())
             self.finished = True
 

@@ -35,6 +35,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
+from copilot_runtime.adapters._common import after
 from copilot_runtime.adapters._idle import DEFAULT_TIMEOUT, IdleBound, read_timeout, wait_bound
 from copilot_runtime.adapters.base import (
     ChatDelta,
@@ -236,6 +237,11 @@ class OpenAIAdapter:
             finally:
                 pieces.close()
                 await response.aclose()
+        except UpstreamError as exc:
+            if exc.pending:  # the deltas its read parsed before it, which come first
+                pending, exc.pending = exc.pending, ()
+                yield pending
+            raise
         except openai.APIStatusError as exc:
             raise _direct.status_failure(
                 "OpenAI", exc.status_code, upstream_said(_error_message(exc), secrets),
@@ -606,8 +612,9 @@ class ChatCompletionsStreamParser:
             if chunk.error:
                 error = chunk.error
                 message = error.get("message") if isinstance(error, dict) else str(error)
-                raise UpstreamError("OpenAI reported an error mid-stream: "
-                                    f"{upstream_said(str(message), self.secrets)}")
+                raise after(out, UpstreamError(
+                    "OpenAI reported an error mid-stream: "
+                    f"{upstream_said(str(message), self.secrets)}"))
             if chunk.usage:
                 self.usage = chunk.usage
                 if self.finish_reason is not None:

@@ -34,6 +34,8 @@ from copilot_runtime._exceptions import (
     ContentFilteredError,
     InvalidRequestError,
     ModelNotAllowedError,
+    OutputTruncatedError,
+    UpstreamError,
 )
 from copilot_runtime._input import RunInput
 from copilot_runtime.actions import Action
@@ -63,6 +65,7 @@ from copilot_runtime.events import (
     reasoning_content,
     reasoning_end,
     reasoning_start,
+    run_finished,
     text_message_end,
     text_message_start,
     tool_call_args,
@@ -219,6 +222,11 @@ class _Answer:
         self.open_call = None
         return tail
 
+    def cut_call(self) -> _Call | None:
+        """The first call whose arguments are not whole JSON (read once, at the answer's
+        end: an answer cut at the token limit may have stopped in the middle of them)."""
+        return next((c for c in self.calls if not c.complete()), None)
+
     def message(self) -> AssistantMessage:
         """The answer as the assistant message the next step's history holds."""
         return AssistantMessage(
@@ -301,6 +309,17 @@ class BuiltInAgent(Agent):
                 async for deltas in self.adapter.stream(request):
                     batch = answer.translate(deltas)
                     if answer.end is not None:
+                        if answer.end.finish_reason == "length":
+                            cut = answer.cut_call()
+                            if cut is not None:
+                                # Never a finished call with broken arguments (the client
+                                # or an action would run it): the run ends here.
+                                if batch:
+                                    yield batch
+                                raise OutputTruncatedError(
+                                    f"The model's call of {cut.name!r} was cut off at its "
+                                    "output token limit (maxTokens): its arguments are "
+                                    "incomplete")
                         # The stream's last read: its closing events go in the same write,
                         # and so do the run's when no server-side action is left to run.
                         batch.extend(answer.close())
@@ -318,17 +337,20 @@ class BuiltInAgent(Agent):
                 _add_usage(context.usage, end.usage)
             if span is not None:
                 span.end(end.finish_reason if end else None, end.usage if end else None)
-            if end is not None and end.finish_reason == "content_filter" and not (
-                    answer.text or answer.calls):
-                raise ContentFilteredError(
-                    f"The model gave no answer: the {self.adapter.provider} content filter "
-                    "withheld it")
+            reason = end.finish_reason if end is not None else None
+            if reason in _NOT_ENDED:  # (checked once per answer, never per piece)
+                _check_ended(reason, answer, self.adapter.provider)
             tail = answer.close()
             if tail:
                 yield tail
             # The tool step: run the server-side actions the answer called.
             server_calls = [c for c in answer.calls if c.name not in turn.frontend]
             if not server_calls:
+                if reason in _CUT and answer.text:
+                    # A finished answer, cut short: its RUN_FINISHED says why it ended.
+                    model = input.model
+                    yield [run_finished(model.thread_id, model.run_id,
+                                        result={"finishReason": reason})]
                 return  # a plain answer, or only frontend tools: the client runs them
             turn.history.append(answer.message())  # only a next step reads the history
             yield await self._run_tools(server_calls, turn, telemetry)
@@ -429,6 +451,30 @@ class BuiltInAgent(Agent):
             lines = [f"- {c.description}: {c.value}" for c in context]
             parts.append("The application shared this context with you:\n" + "\n".join(lines))
         return "\n\n".join(parts) or None
+
+
+#: Finish reasons of answers that may not be usable as they are (see `_check_ended`).
+_NOT_ENDED = frozenset({"length", "content_filter", "pause_turn"})
+#: Those of answers cut short whose text stays a finished answer.
+_CUT = frozenset({"length", "content_filter"})
+
+
+def _check_ended(reason: str | None, answer: _Answer, provider: str) -> None:
+    """The run's error when the answer that ended with `reason` is not one: the content
+    filter or the token limit left nothing, or the turn was paused."""
+    if reason == "pause_turn":
+        # Continuing needs the answer's server-tool blocks, which the adapters do not keep.
+        raise UpstreamError(
+            f"The {provider} model paused its turn (a long-running server tool) before it "
+            "finished its answer; continuing a paused turn is not supported")
+    if answer.text or answer.calls:
+        return
+    if reason == "content_filter":
+        raise ContentFilteredError(
+            f"The model gave no answer: the {provider} content filter withheld it")
+    raise OutputTruncatedError(
+        "The model gave no answer: it reached its output token limit (maxTokens) before "
+        "it said anything (its reasoning may have used every token)")
 
 
 def _change_state(shared: SharedState, call: _Call, telemetry: Any) -> StateChange:

@@ -1,0 +1,221 @@
+"""An answer the provider did not finish never looks finished, on every provider and route.
+
+A scripted loopback upstream (`test_hostile_providers`) ends an answer at the token limit
+(OpenAI `length`, Anthropic `max_tokens`, Gemini `MAX_TOKENS`): with nothing said (every token
+went to reasoning), in the middle of a tool call's arguments, or after some text. Anthropic's
+`pause_turn` is not an end either. And text that arrives in the same read as a mid-stream
+error event reaches the client and the thread before the error, worded as the direct routes
+word it on the SDK routes too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import pytest
+
+from copilot_runtime import CopilotRuntime, action
+from copilot_runtime._exceptions import UpstreamError
+from copilot_runtime.adapters.anthropic import AnthropicAdapter
+from copilot_runtime.adapters.base import ChatRequest, TextDelta
+from tests.conftest import ServeRuntime, run_input, text_of, types
+from tests.test_hostile_providers import (
+    AN_START,
+    HEAD,
+    OA_DONE,
+    SET_COLOR,
+    ScriptedUpstream,
+    Step,
+    an,
+    an_args,
+    an_delta,
+    an_end,
+    an_stop,
+    an_text_block,
+    an_tool_start,
+    gm_parts,
+    hostile,
+    make_adapter,
+    oa_finish,
+    oa_text,
+    oa_tool,
+    run,
+    sse,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+ROUTES = [(p, t) for p in ("openai", "anthropic", "google") for t in ("direct", "sdk")]
+GM_USAGE = {"promptTokenCount": 3, "candidatesTokenCount": 0, "thoughtsTokenCount": 100}
+AN_THINKING = [an({"type": "content_block_start", "index": 0,
+                   "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+               an_delta({"type": "thinking_delta", "thinking": "Let me think..."}),
+               an_stop()]
+
+#: The token limit reached before the model said anything (its tokens went to reasoning).
+NOTHING_SAID: dict[str, list[Step]] = {
+    "openai": [HEAD, oa_text(""), oa_finish("length"), OA_DONE],
+    "anthropic": [HEAD, AN_START, *AN_THINKING, *an_end("max_tokens")],
+    "google": [HEAD, gm_parts({"text": "thinking...", "thought": True}),
+               gm_parts(reason="MAX_TOKENS", usage=GM_USAGE)],
+}
+#: ... after some text.
+CUT_TEXT: dict[str, list[Step]] = {
+    "openai": [HEAD, oa_text("The three causes are: 1) the"), oa_finish("length"), OA_DONE],
+    "anthropic": [HEAD, AN_START, *an_text_block("The three causes are: 1) the"),
+                  *an_end("max_tokens")],
+    "google": [HEAD, gm_parts({"text": "The three causes are: 1) the"}),
+               gm_parts(reason="MAX_TOKENS", usage=GM_USAGE)],
+}
+#: ... in the middle of a tool call's arguments (Gemini sends its calls whole).
+CUT_CALL: dict[str, list[Step]] = {
+    "openai": [HEAD, oa_tool(0, "call_1", "setColor", '{"c": "re'), oa_finish("length"),
+               OA_DONE],
+    "anthropic": [HEAD, AN_START, an_tool_start(0), an_args(0, '{"c": "re'), an_stop(),
+                  *an_end("max_tokens")],
+}
+
+
+def truncated(events: list[dict[str, Any]]) -> str:
+    assert types(events)[-1] == "RUN_ERROR", events
+    assert events[-1]["code"] == "OUTPUT_TRUNCATED", events[-1]
+    assert "token limit" in events[-1]["message"], events[-1]
+    return str(events[-1]["message"])
+
+
+@pytest.mark.parametrize(("provider", "transport"), ROUTES)
+async def test_an_answer_cut_before_it_said_anything_is_an_error(
+        serve_runtime: ServeRuntime, provider: str, transport: str) -> None:
+    """Before: RUN_STARTED, RUN_FINISHED: an empty answer that looked complete."""
+    async with hostile(serve_runtime, provider, NOTHING_SAID[provider],
+                       transport=transport) as (served, _):
+        events = await run(served, run_input("hi"))
+    truncated(events)
+    assert text_of(events) == ""
+
+
+@pytest.mark.parametrize(("provider", "transport"), ROUTES)
+async def test_an_answer_cut_after_some_text_keeps_it_and_says_so(
+        serve_runtime: ServeRuntime, provider: str, transport: str) -> None:
+    """As text a content filter cut: a finished answer, whose RUN_FINISHED says why it
+    ended (before: nothing told a cut answer from a whole one)."""
+    thread = f"t-cut-{provider}-{transport}"
+    async with hostile(serve_runtime, provider, CUT_TEXT[provider],
+                       transport=transport) as (served, _):
+        events = await run(served, run_input("hi", thread=thread))
+        response = await served.session.get(served.url + f"/threads/{thread}/messages")
+        stored = (await response.json())["messages"]
+    assert types(events)[-1] == "RUN_FINISHED", events
+    assert events[-1]["result"] == {"finishReason": "length"}
+    assert text_of(events) == "The three causes are: 1) the"
+    assert [m.get("content") for m in stored if m["role"] == "assistant"] == [
+        "The three causes are: 1) the"]
+
+
+@pytest.mark.parametrize(("provider", "transport"),
+                         [r for r in ROUTES if r[0] in CUT_CALL])
+async def test_a_tool_call_cut_mid_arguments_fails_the_run(
+        serve_runtime: ServeRuntime, provider: str, transport: str) -> None:
+    """Before: TOOL_CALL_END and RUN_FINISHED: the client ran a call with broken JSON."""
+    async with hostile(serve_runtime, provider, CUT_CALL[provider],
+                       transport=transport) as (served, _):
+        events = await run(served, run_input("paint", tools=[SET_COLOR]))
+    assert "'setColor'" in truncated(events)
+
+
+@pytest.mark.parametrize("provider", list(CUT_CALL))
+async def test_a_server_action_is_not_run_with_cut_arguments(
+        serve_runtime: ServeRuntime, provider: str) -> None:
+    ran: list[str] = []
+
+    @action
+    def setColor(c: str) -> str:
+        """Sets the colour."""
+        ran.append(c)
+        return "done"
+
+    async with ScriptedUpstream(CUT_CALL[provider]) as upstream:
+        runtime = CopilotRuntime(service_adapter=make_adapter(provider, upstream.url,
+                                                              "direct"), actions=[setColor])
+        async with serve_runtime(runtime) as served:
+            events = await run(served, run_input("paint"))
+    truncated(events)
+    assert ran == []
+    assert len(upstream.requests) == 1
+    assert "TOOL_CALL_RESULT" not in types(events)
+
+
+@pytest.mark.parametrize("transport", ["direct", "sdk"])
+async def test_an_anthropic_paused_turn_does_not_look_finished(
+        serve_runtime: ServeRuntime, transport: str) -> None:
+    """Before: `pause_turn` was read as "stop", a finished answer."""
+    script: list[Step] = [HEAD, AN_START, *an_text_block("Searching the web for"),
+                          *an_end("pause_turn")]
+    async with hostile(serve_runtime, "anthropic", script, transport=transport) \
+            as (served, _):
+        events = await run(served, run_input("hi"))
+    assert types(events)[-1] == "RUN_ERROR", events
+    assert "paused" in events[-1]["message"], events[-1]
+    assert text_of(events) == "Searching the web for"
+
+
+# ---- text in the same read as a mid-stream error --------------------------------------------
+
+#: One write (one read): text, then the provider's error event.
+TEXT_THEN_ERROR: dict[str, list[Step]] = {
+    "openai": [HEAD, oa_text("Here is the first half of") + sse(
+        {"error": {"message": "The server had an error", "type": "server_error"}})],
+    "anthropic": [HEAD, AN_START, b"".join(
+        [*an_text_block("Here is the first half of"),  # type: ignore[list-item]
+         an({"type": "error", "error": {"type": "overloaded_error",
+                                        "message": "Overloaded"}})])],
+    "google": [HEAD, gm_parts({"text": "Here is the first half of"}) + sse(
+        {"error": {"code": 503, "message": "The model is overloaded",
+                   "status": "UNAVAILABLE"}})],
+}
+SAID = {"openai": "OpenAI reported an error mid-stream: The server had an error",
+        "anthropic": "Anthropic reported an error mid-stream: Overloaded",
+        "google": "Gemini reported an error mid-stream: The model is overloaded"}
+
+
+@pytest.mark.parametrize(("provider", "transport"), ROUTES)
+async def test_text_read_with_a_mid_stream_error_reaches_the_client_first(
+        serve_runtime: ServeRuntime, provider: str, transport: str) -> None:
+    """Before: the read's text was dropped with the error (kept only when it came in an
+    earlier read); the SDK route of Gemini said "Gemini request failed with HTTP 503"."""
+    thread = f"t-err-{provider}-{transport}"
+    async with hostile(serve_runtime, provider, TEXT_THEN_ERROR[provider],
+                       transport=transport) as (served, _):
+        events = await run(served, run_input("hi", thread=thread))
+        response = await served.session.get(served.url + f"/threads/{thread}/messages")
+        stored = (await response.json())["messages"]
+    assert types(events)[-1] == "RUN_ERROR", events
+    assert events[-1]["message"] == SAID[provider]
+    assert text_of(events) == "Here is the first half of"
+    assert [m.get("content") for m in stored if m["role"] == "assistant"] == [
+        "Here is the first half of"]
+
+
+async def test_anthropic_sdk_event_route_words_a_mid_stream_error_as_the_direct_route(
+        ) -> None:
+    """Before (Vertex, Bedrock): "Anthropic request failed with HTTP 200: Overloaded"."""
+    script: list[Step] = [HEAD, AN_START, *an_text_block("Here is"), 0.05,
+                          an({"type": "error", "error": {"type": "overloaded_error",
+                                                         "message": "Overloaded"}})]
+    async with ScriptedUpstream(script) as upstream:
+        client = anthropic.AsyncAnthropicVertex(
+            region="us-east5", project_id="p", access_token="tok", base_url=upstream.url,
+            max_retries=0)
+        adapter = AnthropicAdapter(model="claude-on-vertex", client=client)
+        text: list[str] = []
+        failure = ""
+        try:
+            async for batch in adapter.stream(ChatRequest(messages=[])):
+                text.extend(d.text for d in batch if isinstance(d, TextDelta))
+        except UpstreamError as exc:
+            failure = str(exc)
+        finally:
+            await adapter.aclose()
+    assert failure == SAID["anthropic"]
+    assert text == ["Here is"]
