@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import pickle
 import resource
 import signal
 import socket
@@ -395,10 +396,11 @@ class _Server(uvicorn.Server):
 
 
 def serve(app: Any, workers: int, **options: Any) -> None:
-    """Serve `app` (None with several workers: each builds its own) until a signal."""
+    """Serve `app` (None with several workers: each builds its own) until a signal. The
+    lifespan is "on" unless told (the runtime's app: its start must succeed)."""
     options.setdefault("limit_concurrency", default_connection_limit())
-    options.update(http=_StopRunsFirst, access_log=False, lifespan="on",
-                   timeout_graceful_shutdown=5,
+    options.setdefault("lifespan", "on")
+    options.update(http=_StopRunsFirst, access_log=False, timeout_graceful_shutdown=5,
                    # the runtime serves no WebSocket, and `websockets` costs each worker ~2 MB
                    ws="none")
     if workers == 1:
@@ -516,8 +518,9 @@ class _Supervisor(Multiprocess):
                     del self._restart_at[process]
                     self._replace(index)
                 continue
-            started = process._healthcheck(self.config.timeout_worker_healthcheck) \
-                if process.process.is_alive() else None
+            started = self._healthcheck(process) if process.process.is_alive() else None
+            if self._stopping.is_set():
+                return  # a worker that did not answer yet is stopped by `run`
             if started is not None:
                 if started:
                     self._served = True
@@ -540,12 +543,28 @@ class _Supervisor(Multiprocess):
                 logger.error("Child process [%s] failed to start; starting it again in "
                              "%.1f s (the other workers serve on).", process.pid, wait)
 
+    def _healthcheck(self, process: Process) -> bool | None:
+        """Whether `process` serves, or None if it does not answer in time: uvicorn's check,
+        given up on when a stop is asked (a worker still importing answers nothing, and the
+        stop waited for the check's whole timeout)."""
+        deadline = time.monotonic() + self.config.timeout_worker_healthcheck
+        try:
+            process.parent_conn.send(b"ping")
+            while not process.parent_conn.poll(0.05):
+                if self._stopping.is_set() or time.monotonic() >= deadline:
+                    return None
+            started: bool = process.parent_conn.recv()
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return None
+        return started
+
     def _replace(self, index: int) -> None:
         self.processes[index] = self._start_worker()
 
     def _start_worker(self) -> Process:
         process = _Worker(self.config, self.sockets)
-        process.start()
+        with _interrupts_ignored_by_children():
+            process.start()
         self._started = [started for started in self._started if started.exitcode is None]
         self._started.append(process)
         return process
@@ -600,6 +619,26 @@ class _Supervisor(Multiprocess):
             old.terminate()
             old.join()
             self.processes[index] = new
+
+
+@contextlib.contextmanager
+def _interrupts_ignored_by_children() -> Iterator[None]:
+    """Start processes with SIGINT ignored: a Ctrl-C (the terminal's whole process group)
+    while a worker still imports what it serves with printed its KeyboardInterrupt traceback;
+    the supervisor, which hears it too, stops its workers with SIGTERM. A worker's server
+    handles SIGINT again once it runs. Meanwhile the supervisor's own SIGINT is blocked, not
+    ignored: one sent then is handled once it is unblocked (Linux keeps a blocked signal,
+    even ignored)."""
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - Windows: no group SIGINT
+        yield
+        return
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def die_with_supervisor() -> None:

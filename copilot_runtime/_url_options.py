@@ -9,7 +9,7 @@ import urllib.parse
 from copilot_runtime._exceptions import SECRET_KEYS, ConfigurationError
 
 __all__ = ["checked_redis_db", "lease_ttl_option", "pool_size_option", "redacted_url",
-           "split_options"]
+           "schema_option", "split_options"]
 
 #: The most connections a `pool_size` option may ask for.
 _MOST_POOLED = 100
@@ -63,6 +63,16 @@ def redacted_url(url: str) -> str:
         else f"{key}{sep}{value}"
         for key, sep, value in (pair.partition("=") for pair in query.split("&")))
     return f"{base}{mark}{query}{hashmark}{fragment}"
+
+
+def schema_option(options: dict[str, str]) -> str | None:
+    """The `schema` option, or None without one. An empty one is refused: an unset shell
+    variable (`?schema=$SCHEMA`) would have shared the default schema, silently."""
+    schema = options.get("schema")
+    if schema == "":
+        raise ConfigurationError("?schema= is empty: give it a schema name, or leave it out "
+                                 "for the default")
+    return schema
 
 
 def pool_size_option(options: dict[str, str], default: int) -> int:

@@ -48,7 +48,12 @@ from langgraph.checkpoint.memory import InMemorySaver
 from copilot_runtime._again import worth_logging
 from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
 from copilot_runtime._sqlite_outage import sqlite_outages
-from copilot_runtime._url_options import pool_size_option, redacted_url, split_options
+from copilot_runtime._url_options import (
+    pool_size_option,
+    redacted_url,
+    schema_option,
+    split_options,
+)
 from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
 from copilot_runtime.approvals.sql import (
     PostgresApprovalStore,
@@ -220,7 +225,7 @@ class _PostgresBackend(_Backend):
         super().__init__()
         conninfo, options = split_options("postgresql:" + url.partition(":")[2],
                                           ("schema", "pool_size"))
-        schema = options.get("schema")
+        schema = schema_option(options)
         self.schema = check_identifier(schema) if schema else None
         self.conninfo = conninfo
         self.where = redacted_url(url)

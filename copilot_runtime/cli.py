@@ -17,6 +17,7 @@ import os
 import socket
 import sqlite3
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -53,24 +54,33 @@ def _load_target(target: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
+        # TARGET's module itself, or a package of its name, is missing; not a module that
+        # TARGET's module imports (`myap`, imported by `myapp`, is not `myapp`).
+        if exc.name and (module_name + ".").startswith(exc.name + "."):
             raise CLIError(f"cannot import module {module_name!r}") from None
         raise CLIError(f"importing {module_name!r} failed: {exc}") from None
-    except Exception as exc:  # the module's own error, a SyntaxError, a relative name
-        raise CLIError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
-    except SystemExit as exc:
-        raise CLIError(f"importing {module_name!r} exited (code {exc.code})") from None
-    except KeyboardInterrupt:  # the module's own, or ^C: not a clean stop (code 0)
-        raise CLIError(f"importing {module_name!r} was interrupted") from None
+    except BaseException as exc:
+        # Its own error (even a BaseException), a SyntaxError, a relative name, a
+        # `sys.exit`, ^C: told in one line.
+        raise CLIError(_stopped(f"importing {module_name!r}", exc)) from None
     obj: Any = module
     for part in attribute.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise CLIError(f"module {module_name!r} has no attribute {attribute!r}") from None
-        except Exception as exc:
-            raise CLIError(f"reading {attribute!r} of {module_name!r} failed: {exc}") from None
+        except BaseException as exc:  # a property's own, a `sys.exit` in it
+            raise CLIError(_stopped(f"reading {attribute!r} of {module_name!r}", exc)) from None
     return obj
+
+
+def _stopped(doing: str, exc: BaseException) -> str:
+    """Why `doing` (importing TARGET, reading it) stopped: `exc`, in a line."""
+    if isinstance(exc, SystemExit):
+        return f"{doing} exited (code {exc.code})"
+    if isinstance(exc, KeyboardInterrupt):  # its own, or ^C: not a clean stop (code 0)
+        return f"{doing} was interrupted"
+    return f"{doing} failed: {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
 
 
 def _to_app(obj: Any, path: str, max_body_size: int) -> Any:
@@ -127,8 +137,18 @@ def _tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
+def _check_path(path: str) -> None:
+    """Refuse a base path no request reaches: `?` and `#` end a URL's path, `%` is decoded
+    before the path is matched, and a control character cannot be sent."""
+    if any(char in "?#%" or unicodedata.category(char) == "Cc" for char in path):
+        raise CLIError(f"--path {path!r} cannot be reached by a URL: give one without '?', "
+                       "'#', '%' or control characters")
+
+
 def _serve(app: Any, host: str, port: int, log_level: str, workers: int = 1,
-           limit_concurrency: int | None = None) -> None:
+           limit_concurrency: int | None = None, *, lifespan: str = "on") -> None:
+    """Serve `app`; `lifespan` is uvicorn's: "on" for the runtime's own app, whose start
+    must succeed, "auto" for another ASGI app, which may not speak the lifespan protocol."""
     from copilot_runtime._serving import serve
 
     _check_port(host, port)
@@ -137,7 +157,8 @@ def _serve(app: Any, host: str, port: int, log_level: str, workers: int = 1,
     # With several workers, each imports `worker_app`, which builds its own runtime from the
     # target named in the environment; they share one listening socket.
     limits = {} if limit_concurrency is None else {"limit_concurrency": limit_concurrency}
-    serve(app, workers, host=host, port=port, log_level=log_level, **limits)
+    serve(app, workers, host=host, port=port, log_level=log_level, lifespan=lifespan,
+          **limits)
 
 
 #: How `serve --workers N` tells its worker processes what to serve.
@@ -159,6 +180,22 @@ def worker_app() -> Any:
         sys.exit(STARTUP_FAILURE)
     _tune_gc()
     return app
+
+
+def _stderr_kept_if_closed() -> None:
+    """With stderr closed (`2>&-`), what goes there goes to /dev/null, on descriptor 2: else
+    the first write failed the command without a word, and a socket the server opens could
+    take descriptor 2, a worker's or a library's writes to stderr reaching a client."""
+    if sys.stderr is not None:
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.fstat(2)
+    except OSError:  # closed: /dev/null takes its place (the workers inherit it)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+        devnull = 2
+    sys.stderr = open(devnull, "w", errors="backslashreplace")  # noqa: SIM115 - kept open
 
 
 def _configure_logging(level: str) -> None:
@@ -384,9 +421,11 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument("--approval-timeout", type=_positive_seconds, default=300.0,
                       help="seconds before an account_review approval times out "
                            "(default: %(default)s)")
+    _stderr_kept_if_closed()
     args = parser.parse_args(argv)
     _configure_logging(args.log_level)
     workers = 1
+    lifespan = "on"
 
     try:
         if args.max_body_size < 1:
@@ -395,6 +434,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.limit_concurrency is not None and args.limit_concurrency < 1:
             raise CLIError(f"--limit-concurrency must be at least 1, "
                            f"got {args.limit_concurrency}")
+        _check_path(args.path)
         if args.command == "serve":
             workers = args.workers
             if workers < 1:
@@ -410,7 +450,9 @@ def main(argv: list[str] | None = None) -> None:
             _check_port(args.host, args.port)
             from copilot_runtime.runtime import CopilotRuntime
 
-            if isinstance(target, CopilotRuntime) and target.auth is None:
+            if not isinstance(target, CopilotRuntime):
+                lifespan = "auto"  # as uvicorn serves it: its lifespan, if it has one
+            elif target.auth is None:
                 _warn_exposed(args.host, args.port, "the runtime", ", or give it auth= "
                               "(README: Many users on one runtime)")
             _print_next_steps(args.host, args.port, args.path, None)
@@ -457,7 +499,8 @@ def main(argv: list[str] | None = None) -> None:
                               f"{WORKFLOWS_NEED_EXTRA} (missing: {missing})" if missing
                               else None)
             _say(pages_note(app, _url_host(args.host), args.port))
-        _serve(app, args.host, args.port, args.log_level, workers, args.limit_concurrency)
+        _serve(app, args.host, args.port, args.log_level, workers, args.limit_concurrency,
+               lifespan=lifespan)
     except _ONE_LINE_ERRORS as exc:
         print(f"copilot-runtime: error: {_one_line(exc)}", file=sys.stderr)
         sys.exit(2)

@@ -287,3 +287,50 @@ def test_a_replacement_worker_that_cannot_start_yet_is_started_again_later(
     _out, err = process.communicate(timeout=15)
     assert process.returncode == 0, err
     assert b"failed to start; starting it again" in err, err
+
+
+#: A plain ASGI app that speaks no lifespan (as many do: uvicorn's "auto" serves them).
+NO_LIFESPAN_APP = """
+async def app(scope, receive, send):
+    assert scope["type"] == "http"
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+"""
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_an_asgi_app_without_a_lifespan_is_served(
+        tmp_path: Path, stopped: list[subprocess.Popen[bytes]], workers: str) -> None:
+    (tmp_path / "plain_app.py").write_text(NO_LIFESPAN_APP)
+    port = free_port()
+    process = _command(tmp_path, "serve", "plain_app:app", "--port", str(port),
+                       "--workers", workers)
+    stopped.append(process)
+    # Before: uvicorn's traceback of the app's assertion, and exit code 3.
+    wait_for_server(f"http://127.0.0.1:{port}/", process)
+    assert httpx2.get(f"http://127.0.0.1:{port}/", timeout=5).text == "ok"
+    process.send_signal(signal.SIGTERM)
+    _out, err = process.communicate(timeout=15)
+    # One process ends as SIGTERM asks, once shut down; a supervisor exits 0.
+    assert process.returncode == (-signal.SIGTERM if workers == "1" else 0), err
+    assert b"Traceback" not in err, err
+
+
+def test_serve_with_its_stderr_closed_serves(tmp_path: Path,
+                                             stopped: list[subprocess.Popen[bytes]]) -> None:
+    (tmp_path / "bare_app.py").write_text(BARE_APP)
+    port = free_port()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT}:{tmp_path}"}
+    # `serve ... 2>&-`: the shell closes descriptor 2, then runs the command in its place.
+    process = subprocess.Popen(
+        ["/bin/sh", "-c", f'exec "{sys.executable}" -m copilot_runtime serve bare_app:app '
+                          f'--port {port} 2>&-'],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE)
+    stopped.append(process)
+    # Before: exit code 1 at once, without a word (it read whether stderr is a terminal).
+    wait_for_server(f"http://127.0.0.1:{port}/", process)
+    assert httpx2.get(f"http://127.0.0.1:{port}/", timeout=5).text == "ok"
+    process.send_signal(signal.SIGTERM)
+    out, _err = process.communicate(timeout=15)
+    assert process.returncode == -signal.SIGTERM
+    assert b"serving http://" in out

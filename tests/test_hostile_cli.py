@@ -331,7 +331,7 @@ def test_the_runtimes_logs_follow_the_log_level_to_stderr_redacted(
     (tmp_path / "bare_target.py").write_text("async def app(scope, receive, send): pass\n")
     secret = "sk-" + "s3cr3t" * 4  # an API key's look: redacted
 
-    def serve(*args: Any) -> None:  # what the runtime logs while it serves
+    def serve(*args: Any, **kwargs: Any) -> None:  # what the runtime logs while it serves
         log = structlog.get_logger("copilot_runtime.test")
         log.warning("below the level")
         log.error("at the level", detail=f"key {secret}")
@@ -378,7 +378,7 @@ async def test_the_classic_redirect_keeps_the_pages_address(pages: Path) -> None
 def _banner(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
             args: list[str]) -> tuple[str, str]:
     """What `main(args)` prints before it would serve."""
-    monkeypatch.setattr(cli_module, "_serve", lambda *args: None)
+    monkeypatch.setattr(cli_module, "_serve", lambda *args, **kwargs: None)
     cli_module.main(args)
     out, err = capsys.readouterr()
     return out, err
@@ -539,7 +539,12 @@ async def test_an_unreachable_postgresql_coordinator_fails_the_start_at_once_in_
 @pytest.mark.parametrize(("source", "expected"), [
     ("raise KeyboardInterrupt\n", "importing 'hostile_stop' was interrupted"),
     ("import sys\nsys.exit(3)\n", "importing 'hostile_stop' exited (code 3)"),
-], ids=["keyboard-interrupt", "sys-exit"])
+    # Before: a traceback, exit code 1.
+    ("class Boom(BaseException):\n    pass\nraise Boom('at import')\n",
+     "importing 'hostile_stop' failed: Boom: at import"),
+    ("import asyncio\nraise asyncio.CancelledError()\n",
+     "importing 'hostile_stop' failed: CancelledError"),
+], ids=["keyboard-interrupt", "sys-exit", "base-exception", "cancelled"])
 def test_a_target_that_stops_at_import_is_one_line(
         cli: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], source: str,
         expected: str) -> None:
@@ -547,6 +552,119 @@ def test_a_target_that_stops_at_import_is_one_line(
     # Before: exit code 0 without a word, or 3 without one.
     line = _fails_with(capsys, ["serve", "hostile_stop:app", "--port", str(free_port())])
     assert line == f"copilot-runtime: error: {expected}"
+
+
+@pytest.mark.parametrize(("module", "raised", "expected"), [
+    # Before: exit code 5 without a word.
+    ("hostile_attr_exit", "SystemExit(5)", "exited (code 5)"),
+    ("hostile_attr_int", "KeyboardInterrupt()", "was interrupted"),
+    # Before: a traceback, exit code 1.
+    ("hostile_attr_base", "Boom('in a property')", "failed: Boom: in a property"),
+], ids=["sys-exit", "keyboard-interrupt", "base-exception"])
+def test_a_target_attribute_that_stops_when_read_is_one_line(
+        cli: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], module: str,
+        raised: str, expected: str) -> None:
+    (tmp_path / f"{module}.py").write_text(
+        "class Boom(BaseException):\n    pass\n\n"
+        f"class M:\n    @property\n    def app(self):\n        raise {raised}\n\nm = M()\n")
+    line = _fails_with(capsys, ["serve", f"{module}:m.app", "--port", str(free_port())])
+    assert line == f"copilot-runtime: error: reading 'm.app' of {module!r} {expected}"
+
+
+@pytest.mark.parametrize(("files", "target", "expected"), [
+    # Before: "cannot import module 'hostile_dep'", which exists.
+    ({"hostile_dep.py": "import hostile_de\n"}, "hostile_dep:app",
+     "importing 'hostile_dep' failed: No module named 'hostile_de'"),
+    ({"hostile_pkg/__init__.py": "", "hostile_pkg/server.py": "import hostile_pkg.other\n"},
+     "hostile_pkg.server:app",
+     "importing 'hostile_pkg.server' failed: No module named 'hostile_pkg.other'"),
+    ({}, "hostile_none:app", "cannot import module 'hostile_none'"),
+    ({}, "hostile_none.server:app", "cannot import module 'hostile_none.server'"),
+    ({"hostile_bare_pkg/__init__.py": ""}, "hostile_bare_pkg.server:app",
+     "cannot import module 'hostile_bare_pkg.server'"),
+], ids=["missing-dependency", "missing-sibling", "missing", "missing-package",
+        "missing-submodule"])
+def test_a_missing_module_is_told_from_a_target_missing_a_dependency(
+        cli: None, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        files: dict[str, str], target: str, expected: str) -> None:
+    for name, source in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(source)
+    line = _fails_with(capsys, ["serve", target, "--port", str(free_port())])
+    assert line == f"copilot-runtime: error: {expected}"
+
+
+@pytest.mark.parametrize("path", ["/a?b", "/copilot#kit", "/a%20b", "/a\tb", "/a\x7fb",
+                                  "/a\nb"])
+@pytest.mark.parametrize("command", ["serve", "demo"])
+def test_a_path_no_url_could_reach_is_refused(
+        cli: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str,
+        path: str) -> None:
+    """Before: served, and the banner's own URLs were 404 (`?` and `#` end a URL's path,
+    `%` is decoded, control characters cannot be sent)."""
+    (tmp_path / "path_app.py").write_text("async def app(scope, receive, send): pass\n")
+    args = ["serve", "path_app:app"] if command == "serve" else \
+        ["demo", "--db", ":memory:", "--checkpoints", "memory"]
+    line = _fails_with(capsys, [*args, "--port", str(free_port()), "--path", path])
+    assert line == (f"copilot-runtime: error: --path {path!r} cannot be reached by a URL: "
+                    "give one without '?', '#', '%' or control characters")
+
+
+@pytest.mark.parametrize("path", ["/co pilot", "/copilotkit/ü", "/a:b@c"])
+def test_a_path_a_url_can_reach_is_served(cli: None, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str],
+                                          path: str) -> None:
+    (tmp_path / "path_app.py").write_text("async def app(scope, receive, send): pass\n")
+    out, _ = _banner(monkeypatch, capsys, ["serve", "path_app:app", "--port",
+                                           str(free_port()), "--path", path])
+    assert path in out
+
+
+@pytest.mark.parametrize("value", ["", "  ", "local ", " local"])
+def test_the_coordinator_variable_empty_is_unset_and_is_read_without_spaces(
+        cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        value: str) -> None:
+    """Before: refused as an unknown coordinator URL, where COPILOT_RUNTIME_THREADS and
+    COPILOT_RUNTIME_CHECKPOINTS empty are unset."""
+    monkeypatch.setenv("COPILOT_RUNTIME_COORDINATOR", value)
+    out, err = _banner(monkeypatch, capsys, ["demo", "--port", str(free_port()),
+                                             "--db", ":memory:", "--checkpoints", "memory"])
+    assert "serving http://" in out
+    assert "error" not in err
+
+
+def test_a_coordinator_url_is_read_without_surrounding_spaces() -> None:
+    from copilot_runtime.coordination import LocalCoordinator, coordinator
+
+    assert isinstance(coordinator(""), LocalCoordinator)
+    assert isinstance(coordinator(" local\n"), LocalCoordinator)
+    shared = coordinator(" redis://127.0.0.1:6379/0?prefix=cli_strip: ")
+    assert shared.shared
+
+
+@pytest.mark.parametrize("option", ["--threads", "--coordinator", "--checkpoints"])
+def test_an_empty_schema_is_refused(cli: None, capsys: pytest.CaptureFixture[str],
+                                    option: str) -> None:
+    """Before: taken as the default schema (`public`, `copilot_runtime`, the search path),
+    silently: an unset shell variable (`?schema=$SCHEMA`) shared another deployment's."""
+    url = "postgresql://postgres@127.0.0.1:5432/test?schema="
+    line = _fails_with(capsys, ["demo", "--port", str(free_port()), "--db", ":memory:",
+                                "--threads", "postgresql://postgres@127.0.0.1:5432/test?"
+                                "schema=cli_empty", option, url])
+    assert line == ("copilot-runtime: error: ?schema= is empty: give it a schema name, or "
+                    "leave it out for the default")
+
+
+def test_an_empty_schema_is_refused_by_each_builder() -> None:
+    from copilot_runtime._exceptions import ConfigurationError
+    from copilot_runtime.coordination import coordinator
+    from copilot_runtime.threads import thread_store
+
+    url = "postgresql://postgres@127.0.0.1:5432/test?pool_size=2&schema="
+    for build in (thread_store, coordinator, checkpointer):
+        with pytest.raises(ConfigurationError, match=r"\?schema= is empty"):
+            build(url)
 
 
 def test_a_thread_file_that_is_not_a_database_is_named(

@@ -26,7 +26,7 @@ import redis
 from copilot_runtime import thread_store
 from copilot_runtime.threads.base import INTERRUPTED_CODE
 from tests.conftest import free_port, parse_sse, run_input, wait_for_server
-from tests.test_cli_lifecycle import SLOW_AGENT
+from tests.test_cli_lifecycle import BARE_APP, SLOW_AGENT
 from tests.test_store_outage import Proxy
 
 pytestmark = pytest.mark.timeout(60)
@@ -280,3 +280,53 @@ async def _close_terminal_while_streaming(tmp_path: Path,
     finally:
         if terminal >= 0:
             os.close(terminal)
+
+
+def _workers_spawned(process: subprocess.Popen[bytes], count: int) -> None:
+    """Until the supervisor `process` has `count` workers running Python (not serving yet)."""
+    deadline = time.monotonic() + 20
+    while True:
+        workers = []
+        for pid in Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split():
+            with contextlib.suppress(OSError):  # gone meanwhile
+                if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    workers.append(pid)
+        if len(workers) >= count:
+            return
+        assert process.poll() is None, process.communicate(timeout=10)
+        assert time.monotonic() < deadline, f"{len(workers)} workers, not {count}"
+        time.sleep(0.005)
+
+
+#: Each worker's Python takes 3 s to start (as a loaded machine's imports can), before it
+#: could answer the supervisor's health checks.
+SLOW_WORKER_START = """
+import sys, time
+if any("spawn_main" in arg for arg in sys.orig_argv):
+    time.sleep(3)
+"""
+
+
+def test_ctrl_c_while_workers_start_stops_them_at_once_without_a_traceback(
+        tmp_path: Path, stopped: list[subprocess.Popen[bytes]]) -> None:
+    (tmp_path / "bare_app.py").write_text(BARE_APP)
+    (tmp_path / "sitecustomize.py").write_text(SLOW_WORKER_START)
+    # As in a terminal: Ctrl-C reaches the supervisor and every worker (its process group).
+    process = _serve(tmp_path, "bare_app:app", free_port(), "--workers", "2",
+                     start_new_session=True)
+    stopped.append(process)
+    try:
+        _workers_spawned(process, 2)
+        time.sleep(0.8)  # the supervisor checks their health (from 0.5 s on)
+        os.killpg(process.pid, signal.SIGINT)
+        interrupted = time.monotonic()
+        _out, err = process.communicate(timeout=20)
+        ended = time.monotonic() - interrupted
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    # Before: each worker printed a KeyboardInterrupt traceback, and the supervisor waited
+    # 4-6 s for workers to answer its health check.
+    assert b"Traceback" not in err, err
+    assert process.returncode == 0, err
+    assert ended < 2, f"the command ended {ended:.1f} s after Ctrl-C"

@@ -461,7 +461,7 @@ def test_the_command_line_takes_a_connection_limit(monkeypatch: pytest.MonkeyPat
 
     asked: list[tuple[Any, ...]] = []
     serve = cli._serve
-    monkeypatch.setattr(cli, "_serve", lambda *args: asked.append(args))
+    monkeypatch.setattr(cli, "_serve", lambda *args, **kwargs: asked.append(args))
     monkeypatch.setattr(cli, "_print_next_steps", lambda *args: None)
     logging_config = structlog.get_config()  # `main` sets the runtime's logging up
     try:

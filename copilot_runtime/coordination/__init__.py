@@ -29,8 +29,10 @@ __all__ = ["LEASE_LOST_CODE", "Coordinator", "Lease", "LocalCoordinator", "Signa
 
 
 def coordinator(url: str | None = None) -> Coordinator:
-    """The coordinator `url` names (None or `local`: this process alone)."""
-    if url is None or url in ("local", "local://"):
+    """The coordinator `url` names (None, empty or `local`: this process alone); spaces
+    around it are not part of it."""
+    url = (url or "").strip()
+    if url in ("", "local", "local://"):
         return LocalCoordinator()
     scheme = url.partition("://")[0].lower()
     if scheme in ("postgresql", "postgres"):

@@ -21,7 +21,12 @@ from typing import Any
 
 from copilot_runtime._deadline import within
 from copilot_runtime._exceptions import ConfigurationError
-from copilot_runtime._url_options import lease_ttl_option, pool_size_option, split_options
+from copilot_runtime._url_options import (
+    lease_ttl_option,
+    pool_size_option,
+    schema_option,
+    split_options,
+)
 from copilot_runtime.coordination._pg_counters import PostgresCounters, migrate
 from copilot_runtime.coordination._shared import (
     DEFAULT_LEASE_TTL,
@@ -63,7 +68,7 @@ class PostgresCoordinator(SharedCoordinator):
                                          application_name="copilot-runtime coordinator")
         super().__init__(lease_ttl if lease_ttl is not None
                          else lease_ttl_option(options, DEFAULT_LEASE_TTL))
-        self.schema = schema or options.get("schema") or "copilot_runtime"
+        self.schema = schema or schema_option(options) or "copilot_runtime"
         if not _SCHEMA.fullmatch(self.schema):
             raise ConfigurationError(f"schema must be a lower-case SQL name, got "
                                      f"{self.schema!r}")

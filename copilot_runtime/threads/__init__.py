@@ -6,7 +6,12 @@ import urllib.parse
 from typing import TYPE_CHECKING
 
 from copilot_runtime._exceptions import ConfigurationError
-from copilot_runtime._url_options import pool_size_option, redacted_url, split_options
+from copilot_runtime._url_options import (
+    pool_size_option,
+    redacted_url,
+    schema_option,
+    split_options,
+)
 from copilot_runtime.threads.base import (
     INTERRUPTED_CODE,
     MAX_ID_LENGTH,
@@ -50,14 +55,14 @@ def thread_store(url: str) -> ThreadStore:
     if scheme in ("postgres", "postgresql"):
         conninfo, options = split_options("postgresql:" + rest, ("schema", "pool_size"))
         pool_size = pool_size_option(options, 10)
+        schema = schema_option(options) or "public"
         try:
             from copilot_runtime.threads.postgres import PostgresThreadStore
         except ImportError as exc:
             raise ConfigurationError(
                 "thread_store('postgresql://...') needs the postgres extra: pip install "
                 f"'copilot-runtime[postgres]' ({exc.name} is missing)") from None
-        return PostgresThreadStore(conninfo, schema=options.get("schema") or "public",
-                                   max_size=pool_size)
+        return PostgresThreadStore(conninfo, schema=schema, max_size=pool_size)
     raise ConfigurationError(
         f"Unsupported thread store URL {redacted_url(url)!r}: use memory://, "
         "sqlite:///path or postgresql://user@host:port/db?schema=NAME")
