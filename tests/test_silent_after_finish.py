@@ -179,3 +179,47 @@ async def test_gemini_finish_reason_without_usage_then_silence_is_waited_for_bri
     assert types(events)[-1] == "RUN_FINISHED", events[-1]
     assert text_of(events) == "Hello"
     assert took < FINISHED_WAIT + 2, took
+
+
+class PacedUpstream(RawServer):
+    """A sound keep-alive upstream that flushes each event apart: the usage chunk, then
+    (50 ms later) `[DONE]` and the body's end. `connections` counts the client's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.connections = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                writer.write(CHUNKED)
+                for event in (oa_text("hi"), oa_finish("stop"), USAGE, b"data: [DONE]\n\n"):
+                    writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
+                writer.write(b"0\r\n\r\n")
+        writer.close()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_sound_upstreams_connection_is_reused_after_the_answer(
+        serve_runtime: ServeRuntime, transport: str) -> None:
+    """The answer is complete at its usage chunk, but the body goes on to `[DONE]`: the
+    SDK route closed the response there, so its client dropped the connection and every
+    answer opened a new one. It reads on briefly to the body's end now."""
+    async with PacedUpstream() as upstream:
+        runtime = CopilotRuntime(
+            service_adapter=make_adapter("openai", upstream.url, transport, timeout=TIMEOUT))
+        async with serve_runtime(runtime) as served:
+            for i in range(3):
+                events = await run(served, run_input("hi", thread=f"t{i}"))
+                assert types(events)[-1] == "RUN_FINISHED", events[-1]
+                # (the direct route hands its connection back to drain on its own: the
+                # next request would find it still busy, and open another, sooner)
+                await asyncio.sleep(0.3)
+    assert upstream.connections == 1

@@ -302,17 +302,18 @@ async def stream(response: _http1.Response, parser: StreamParser,
 
 
 async def after_finish(pieces: AsyncIterator[_T], feed: Callable[[_T], Sequence[ChatDelta]],
-                       parser: StreamParser | None) -> tuple[list[ChatDelta], bool]:
+                       parser: StreamParser | None, wait: float = FINISHED_WAIT
+                       ) -> tuple[list[ChatDelta], bool]:
     """What follows an answer's finish reason (`parser.finished`): `feed`'s deltas of the
     `pieces` read until the parser is done (`parser` None: until the body's end) for at most
-    `FINISHED_WAIT` seconds; and whether the upstream was still silent then (its response
+    `wait` seconds; and whether the upstream was still silent then (its response
     is to be closed, the answer complete all the same: `parser.finish()` ends it).
 
     One timer per answer, armed only once its finish reason has come.
     """
     out: list[ChatDelta] = []
     try:
-        async with asyncio.timeout(FINISHED_WAIT):
+        async with asyncio.timeout(wait):
             async for piece in pieces:
                 out.extend(feed(piece))
                 if parser is not None and parser.done:

@@ -56,6 +56,8 @@ _E = TypeVar("_E", bound=BaseException)
 _DEFAULT_BASE_URL = "https://api.openai.com/v1"
 # The SDK gives up rather than wait for a Retry-After above two minutes (see _direct).
 _MAX_RETRY_AFTER = 120.0
+#: How long the SDK route reads on for the body's end once the answer is complete.
+BODY_END_WAIT = 0.25
 
 
 class OpenAIAdapter:
@@ -227,10 +229,17 @@ class OpenAIAdapter:
                         yield deltas
                     if parser.finished:
                         break
+                silent = False
                 if parser.finished and not parser.done:  # (see _direct.stream)
-                    deltas, _ = await _direct.after_finish(pieces, parser.feed, parser)
+                    deltas, silent = await _direct.after_finish(pieces, parser.feed, parser)
                     if deltas:
                         yield deltas
+                if parser.done and not silent:
+                    # Read on to the body's end (`[DONE]` and the last chunk follow the usage
+                    # at once from a sound server; briefly, so a silent one hardly delays the
+                    # run): the SDK's client reuses a connection only once its body was read
+                    # whole, else each answer opens a new one.
+                    await _direct.after_finish(pieces, parser.feed, None, BODY_END_WAIT)
                 deltas = parser.finish()
                 if deltas:
                     yield deltas
