@@ -149,7 +149,9 @@ MAIN_STEPS = ["chat", "weather card", "frontend tool", "refresh restores the thr
               "new thread and switching back", "stop mid-answer",
               "a failed run: its message kept, its error gone once a later run answers",
               "review loop: revise twice, then approve", "account review: approve",
-              "a thread opened while the runtime is away shows once it is back"]
+              "a thread opened while the runtime is away shows once it is back",
+              "an answer that failed is asked again",
+              "after an outage its banners go once the runtime is back"]
 
 
 @pytest.mark.parametrize("page", ["current", "classic"])

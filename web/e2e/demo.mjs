@@ -9,7 +9,11 @@
 //                    error banner gone once a later run answers, the review loop revised
 //                    twice then approved, the
 //                    account review approved (its timeout shown), a thread opened while
-//                    the runtime refuses connections shown once it is back; leaves a review-loop
+//                    the runtime refuses connections shown once it is back, an approval's
+//                    answer whose run failed (offline) asked again, and a message refused
+//                    meanwhile (classic) its banner gone once answered, the banners of an
+//                    outage (the thread list's, the current page's run's) gone once the
+//                    runtime is back; leaves a review-loop
 //                    approval pending on each page for the restart phase.
 //   phase "restart": after the server was restarted: the threads of phase one come back on
 //                    both pages, and the pending approvals are revised, then approved.
@@ -21,7 +25,8 @@
 //                    the runtime refuses (400) shows the runtime's words, a thread
 //                    listed mid-run shows its title, an expired approval cannot be answered
 //                    and its outcome shows, and a stale answer (another tab answered) shows
-//                    the run's error while a tab opened then is asked the current question.
+//                    the run's error while that tab, and one opened then, is asked the
+//                    current question.
 //
 // Writes ONE JSON line: {phase, steps: [{page, step, ok, error?, ms}], consoleErrors,
 // failedRequests, threads}. Screenshots go to options.screenshots (a directory).
@@ -103,7 +108,7 @@ class DemoPage {
     page.on("console", (message) => {
       if (message.type() === "error") consoleErrors.push({ page: kind, text: message.text().slice(0, 500) });
     });
-    page.on("pageerror", (error) => consoleErrors.push({ page: kind, text: String(error).slice(0, 500) }));
+    page.on("pageerror", (error) => consoleErrors.push({ page: kind, text: String(error).slice(0, 500), uncaught: true }));
   }
 
   async open(query = "") {
@@ -363,6 +368,58 @@ async function mainPhase(p) {
     forget(errorsBefore, failedBefore, (e) => refused.test(e.text), (r) => refused.test(r.error ?? ""));
   });
 
+  await step(p, "an answer that failed is asked again", async () => {
+    await p.chooseAgent("review_loop");
+    await p.send("Draft an invoice for UMBRELLA, a week of training");
+    await p.panel().waitFor({ timeout: TIMEOUT });
+    // The answer's run fails (the network is gone): the question is still the runtime's.
+    const [errorsBefore, failedBefore] = [consoleErrors.length, failedRequests.length];
+    const runtime = (url) => url.pathname.startsWith("/copilotkit");
+    await p.page.route(runtime, (route) => route.abort("internetdisconnected"));
+    try {
+      await p.panel().locator('[data-testid="approve"]').click();
+      await p.page.locator('[data-testid="run-error"]').waitFor({ timeout: TIMEOUT });
+    } finally {
+      await p.page.unroute(runtime);
+    }
+    // Back online, the page asks it again (and the current page's banner of the outage goes);
+    // answered, the thread moves on and the banner is gone.
+    await p.panel().locator('[data-testid="approve"]:enabled').waitFor({ timeout: 10000 });
+    if (kind === "current") await p.page.locator('[data-testid="run-error"]').waitFor({ state: "detached", timeout: 5000 });
+    if (kind === "classic") {
+      // The classic input sends while the question waits: the runtime refuses the message.
+      await p.send("Make it two weeks", { wait: false });
+      await p.page.locator('[data-testid="run-error"]', { hasText: "waits for an answer" }).waitFor({ timeout: TIMEOUT });
+      await p.idle();
+    }
+    await p.answer("draft 1", "approve");
+    await p.expectAssistant("Approved");
+    assert(await p.page.locator('[data-testid="run-error"]').count() === 0,
+           `the banner stays: ${await p.page.locator('[data-testid="run-error"]').allInnerTexts()}`);
+    const offline = /ERR_INTERNET_DISCONNECTED|Failed to fetch|Failed to load resource|waits for an answer/;
+    forget(errorsBefore, failedBefore, (e) => !e.uncaught && offline.test(e.text), (r) => offline.test(r.error ?? ""));
+  });
+
+  await step(p, "after an outage its banners go once the runtime is back", async () => {
+    await p.open("?agent=default");
+    const [errorsBefore, failedBefore] = [consoleErrors.length, failedRequests.length];
+    const runtime = (url) => url.pathname.startsWith("/copilotkit");
+    await p.page.route(runtime, (route) => route.abort("connectionrefused"));
+    const unavailable = p.page.locator(".threads .error", { hasText: "Threads unavailable" });
+    try {
+      await p.send("Sent while the runtime is away", { wait: false });
+      await p.page.locator('[data-testid="run-error"]').waitFor({ timeout: TIMEOUT });
+      await unavailable.waitFor({ timeout: TIMEOUT }); // the list's refresh after the run failed
+    } finally {
+      await p.page.unroute(runtime);
+    }
+    await unavailable.waitFor({ state: "detached", timeout: 8000 });
+    // (the classic page's banner stays until a run answers, as after any failed run)
+    if (kind === "current") await p.page.locator('[data-testid="run-error"]').waitFor({ state: "detached", timeout: 8000 });
+    const refused = /ERR_CONNECTION_REFUSED|Failed to fetch|Failed to load resource/;
+    forget(errorsBefore, failedBefore, (e) => !e.uncaught && refused.test(e.text), (r) => refused.test(r.error ?? ""));
+  });
+
   {
     await step(p, "an approval left pending for the restart", async () => {
       await p.chooseAgent("review_loop");
@@ -497,7 +554,10 @@ async function edgesPhase(p) {
     await banner.waitFor({ timeout: TIMEOUT });
     const text = await banner.innerText();
     assert(!text.includes("{"), `the banner shows ${JSON.stringify(text)}`);
-    forget(errorsBefore, failedBefore, (e) => /status of 400|longer than 256/.test(e.text), (r) => r.status === 400);
+    // (an uncaught error is the page's: the banner showed the run's error already)
+    await p.page.waitForTimeout(300);
+    forget(errorsBefore, failedBefore, (e) => !e.uncaught && /status of 400|longer than 256/.test(e.text),
+           (r) => r.status === 400);
   });
 
   await step(p, "a thread listed mid-run shows its title", async () => {
@@ -531,6 +591,10 @@ async function edgesPhase(p) {
     await p.panel().filter({ hasText: "draft 2" }).waitFor({ timeout: TIMEOUT });
     await other.panel().locator('[data-testid="approve"]').click();
     await other.page.locator('[data-testid="run-error"]', { hasText: /answered already|already answered/ }).waitFor({ timeout: TIMEOUT });
+    // The tab is asked the current question again, its error still shown.
+    await other.page.locator('[data-testid="approval-panel"]', { hasText: "draft 2" })
+      .locator('[data-testid="approve"]:enabled').waitFor({ timeout: 5000 });
+    assert(await other.page.locator('[data-testid="run-error"]').count() === 1, "the stale answer's error is gone");
     await other.page.close();
     // The refused run changed nothing: a tab opened now is asked about draft 2.
     const fresh = new DemoPage(kind, await p.page.context().newPage());

@@ -130,7 +130,8 @@ function PendingApproval({ agent, threadId, reload, showError }) {
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ action, payload: feedback }),
     });
-    if (!response.ok) showError((await response.json().catch(() => ({}))).error ?? `HTTP ${response.status}`);
+    // An answer taken puts away the error of what came before (a message refused meanwhile).
+    showError(response.ok ? null : (await response.json().catch(() => ({}))).error ?? `HTTP ${response.status}`);
     const messages = await loadThread(agent, threadId);
     if (messages) setMessages(messages);
     // A revision leads to a new draft and a new approval; look until it is listed.
@@ -147,6 +148,30 @@ function PendingApproval({ agent, threadId, reload, showError }) {
     </div>
   );
 }
+
+// A run the runtime refused because one runs on the thread already (the thread was opened
+// again mid-run: 1.10.6 shows it as stored, without that run): resolves once that run has
+// ended, as `connect` (the runtime's AG-UI route, which replays the thread and follows its
+// live run) tells, so the page can show the thread as it is then.
+const isThreadBusy = (error) => error?.extensions?.runtimeCode === "THREAD_BUSY"
+  || /already has an active run/.test(error?.message ?? "");
+async function runEnded(agent, threadId) {
+  const response = await fetch(`${RUNTIME_URL}/agent/${encodeURIComponent(agent)}/connect`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+    body: JSON.stringify({ threadId, runId: crypto.randomUUID(), state: {}, messages: [], tools: [],
+                           context: [], forwardedProps: {} }),
+  });
+  if (!response.ok) throw new Error(`HTTP ${response.status}`);
+  await response.text(); // the stream ends with the live run
+}
+
+// react-core 1.10.6 throws a failed run's error on after handing it to onError (its
+// useAsyncCallback), and nothing catches it: one the page's banner shows is no page error.
+const shownInBanner = new Set();
+window.addEventListener("unhandledrejection", (event) => {
+  if (shownInBanner.has(event.reason?.message)) event.preventDefault();
+});
 
 // The stock input keeps its text in its own state: `draft` is put there as typing would, once.
 function useDraftRestored(chat, draft, setDraft) {
@@ -191,6 +216,11 @@ function Chat({ address, setAccent, onRunFinished, showError, reload, draft, set
   // 1.10.6 stops a run by aborting its request, which then fails ("[Network] undefined"): a
   // stop the person asked for is no error.
   const stopped = useRef(false);
+  const mounted = useRef(true);
+  useEffect(() => {
+    mounted.current = true;
+    return () => { mounted.current = false; };
+  }, []);
   const onStopGeneration = ({ stopGeneration }) => { stopped.current = true; stopGeneration(); };
   // A run's start (a message sent, an approval answered) ends what a stop excused, and puts
   // the last run's error away.
@@ -198,8 +228,20 @@ function Chat({ address, setAccent, onRunFinished, showError, reload, draft, set
   useRunEdges(useCopilotChat().isLoading, onRunStarted, onRunFinished);
   const onError = ({ error }) => {
     if (stopped.current) return;
-    showError(error?.message || String(error));
-    reloadOnceAnswered();
+    const message = error?.message || String(error);
+    shownInBanner.add(message);
+    showError(message);
+    if (isThreadBusy(error)) {
+      // Shown again once the run going has ended: its answer, the message kept as the draft,
+      // and no error (the message can be sent now).
+      retried(() => runEnded(address.agent, address.threadId), () => !mounted.current).then(() => {
+        if (!mounted.current) return;
+        showError((shown) => (shown === message ? null : shown));
+        reloadKeepingUnsent();
+      });
+    } else {
+      reloadOnceAnswered();
+    }
   };
   return (
     <div className="classic-chat" ref={chat}>

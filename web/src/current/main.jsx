@@ -47,14 +47,17 @@ function useAccentTool(setAccent) {
 // The workflows' approval step, from the agent's interrupt (on_interrupt or the AG-UI outcome).
 // Past its deadline the runtime has answered it: the page then shows the thread again. Says
 // whether one is pending: the page places it in the chat itself, as useInterrupt would.
-function useApprovals(address, reload) {
+// `answered` is set as the person answers: 1.74 drops the question then, whether or not the
+// run carrying the answer gets through.
+function useApprovals(address, reload, answered) {
   const { copilotkit } = useCopilotKit();
   const approval = useInterrupt({
     agentId: address.agent,
     renderInChat: false,
     render: ({ event, interrupt, resolve }) => {
       const value = interrupt ? (interrupt.metadata?.langgraph?.raw ?? interrupt.value ?? interrupt) : event.value;
-      return <ApprovalPanel value={value} answer={(decision) => resolve(decision)}
+      const answer = (decision) => { answered.current = true; resolve(decision); };
+      return <ApprovalPanel value={value} answer={answer}
                             onExpired={() => deadlineAnswered(address.agent, address.threadId).then(reload)} />;
     },
   });
@@ -125,19 +128,31 @@ function errorText(error, code) {
 function Chat({ address, setAccent, onRunFinished, showError, reload, reconnect }) {
   useWeatherCard(address.agent);
   useAccentTool(setAccent);
-  const approvalPending = useApprovals(address, reload);
-  // A run's start puts the last run's error away; its end tells the thread list (a new
-  // thread shows up).
-  useRunEdges(useRunning(address.agent), () => showError(null), onRunFinished);
+  const answered = useRef(false);
+  const approvalPending = useApprovals(address, reload, answered);
   // The chat shows no run error itself: the page shows it above the chat. Only errors after
   // the person did something here: `connect` replays a thread's failed runs with their errors.
   const touched = useRef(false);
+  // A run's start puts the last run's error away (not `connect` replaying the thread, as after
+  // a failed answer: its error stays); its end tells the thread list (a new thread shows up),
+  // and ends what an answer's run could still make fail.
+  useRunEdges(useRunning(address.agent), () => { if (touched.current) showError(null); },
+              () => { answered.current = false; onRunFinished(); });
   const reconnectOnceAnswered = useReloadOnceAnswered(reconnect);
   const onError = ({ error, code }) => {
-    // A thread opened while the runtime is away (a restart) is connected again once it answers
-    // (a failed fetch; an HTTP error answer would only be given again).
-    if (code === "agent_connect_failed" && error instanceof TypeError) reconnectOnceAnswered();
-    if (touched.current) showError(errorText(error, code));
+    // A failed fetch: the runtime is away (a restart, a network blip), or was for this request.
+    const unreachable = error instanceof TypeError;
+    if (code === "agent_connect_failed") {
+      // A thread opened while the runtime is away is connected again once it answers (an
+      // HTTP error answer would only be given again).
+      if (unreachable) reconnectOnceAnswered();
+    } else if (answered.current) {
+      // The run carrying an answer failed (the runtime away, or a stale question another tab
+      // answered): the thread still asks, and is shown again once the runtime answers.
+      answered.current = false;
+      reconnectOnceAnswered();
+    }
+    if (touched.current) showError(errorText(error, code), unreachable);
   };
   return (
     <div className="chat-column" onKeyDownCapture={() => { touched.current = true; }}
@@ -166,17 +181,24 @@ function App() {
   // reached knows no agent, and its chat sends nothing.
   const [connections, setConnections] = useState(0);
   const reconnect = useCallback(() => setConnections((n) => n + 1), []);
+  // The last run's error, for the banner; one of a runtime away goes once it answers again.
   const [runError, setRunError] = useState(null);
   useEffect(() => setRunError(null), [address.agent, address.threadId]);
+  const awayErrorGone = useReloadOnceAnswered(useCallback(
+    () => setRunError((shown) => (shown?.unreachable ? null : shown)), []));
+  const showError = useCallback((message, unreachable = false) => {
+    setRunError(message && { message, unreachable });
+    if (message && unreachable) awayErrorGone();
+  }, [awayErrorGone]);
   return (
     <CopilotKitProvider key={connections} runtimeUrl={RUNTIME_URL}>
       <Frame generation="CopilotKit react-core 1.74 · v2 chat · AG-UI"
              other={{ href: "/classic", label: "classic page (1.10.6, GraphQL) →" }}
              accent={accent} address={address} refreshKey={finishedRuns}>
         <div className="chat-column">
-          {runError && <RunError message={runError} onDismiss={() => setRunError(null)} />}
+          {runError && <RunError message={runError.message} onDismiss={() => setRunError(null)} />}
           <Chat key={`${address.agent}:${address.threadId}:${reloads}`} address={address}
-                setAccent={setAccent} onRunFinished={onRunFinished} showError={setRunError} reload={reload}
+                setAccent={setAccent} onRunFinished={onRunFinished} showError={showError} reload={reload}
                 reconnect={reconnect} />
         </div>
       </Frame>

@@ -186,7 +186,20 @@ function ThreadList({ address, refreshKey }) {
       failed(e);
     }
   }, [address.agent]);
-  useEffect(() => { load(); }, [load, refreshKey, address.threadId]);
+  // A list that failed (the runtime away: a restart) is asked again, less often each time,
+  // until it answers.
+  const [retries, setRetries] = useState(0);
+  const failures = useRef(0);
+  useEffect(() => {
+    if (!error) {
+      failures.current = 0;
+      return undefined;
+    }
+    const timer = setTimeout(() => setRetries((n) => n + 1), Math.min(250 * 2 ** failures.current, 4000));
+    failures.current += 1;
+    return () => clearTimeout(timer);
+  }, [error, retries]);
+  useEffect(() => { load(); }, [load, refreshKey, address.threadId, retries]);
   const loadOlder = async () => {
     try {
       const page = await threadPage(list.agent, list.nextCursor);
