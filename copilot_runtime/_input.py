@@ -113,7 +113,7 @@ def parse_run_input(data: Any) -> RunInput:
     issues = [{"path": [key], "code": "invalid_id", "message": f"The id {problem}"}
               for key, value in (("threadId", model.thread_id), ("runId", model.run_id),
                                  ("parentRunId", model.parent_run_id))
-              if value is not None and (problem := id_problem(value)) is not None]
+              if value is not None and (problem := id_problem(value, new=True)) is not None]
     if issues:
         raise InvalidRequestError("Invalid request body",
                                   orjson.dumps(issues, option=orjson.OPT_INDENT_2).decode())

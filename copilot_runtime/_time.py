@@ -24,18 +24,22 @@ def parse_time(value: Any) -> float | None:
     no clock reaches it (NaN, infinities, beyond year 9999): `iso_time` could not write it,
     and every listing of the approval holding it would fail."""
     if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and value:
         try:
-            seconds = float(value)
-            datetime.fromtimestamp(seconds, UTC)
-        except (OverflowError, ValueError, OSError):  # (NaN is a ValueError)
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
             return None
-        return seconds
-    if not isinstance(value, str) or not value:
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)  # a time without a zone is taken as UTC
+        try:  # (year 9999 an hour west of UTC is in year 10000 in UTC)
+            seconds = parsed.timestamp()
+        except (OverflowError, ValueError):
+            return None
+    else:
         return None
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        datetime.fromtimestamp(seconds, UTC)
+    except (OverflowError, ValueError, OSError):  # (NaN is a ValueError)
         return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)  # a time without a zone is taken as UTC
-    return parsed.timestamp()
+    return seconds

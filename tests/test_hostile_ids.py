@@ -15,6 +15,7 @@ shown in logs and thread lists, where they break the line or make it read as ano
 
 from __future__ import annotations
 
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,11 +23,14 @@ from typing import Any
 
 import orjson
 import pytest
+import yarl
 
 from copilot_runtime import CopilotRuntime, coordinator, thread_store
+from copilot_runtime import events as ev
+from copilot_runtime._compaction import compact_events
 from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.testing import MockOpenAIServer
-from copilot_runtime.threads import MAX_ID_LENGTH
+from copilot_runtime.threads import MAX_ID_LENGTH, StoredRun
 from copilot_runtime.workflows.accounts import account_review
 from tests.conftest import Served, ServeRuntime, openai_runtime, parse_sse, run_input, types
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, user_turn
@@ -153,6 +157,37 @@ async def test_a_dot_segment_is_no_id(served: Served, dots: str) -> None:
     for near in ("...", ".a", "a.", "a..b"):  # only the two segments URLs drop
         assert types(await served.run(run_input("hi", thread=near, run="r1")))[-1] \
             == "RUN_FINISHED", near
+
+
+async def test_a_dot_thread_kept_before_stays_reachable(served: Served) -> None:
+    """Only a run's new ids are held to it: a thread "." a store kept from before (when runs
+    could make one) is listed and paged past, loaded, read and deleted as any other."""
+    kept = [ev.run_started(".", "r", {"threadId": ".", "runId": "r", "messages": [
+        {"id": "u-dot", "role": "user", "content": "dot"}]}), ev.run_finished(".", "r")]
+    store = served.runtime.store
+    await store.append_run(".", "default", StoredRun("r", compact_events(kept), time.time(),
+                                                       0, 0, 1), [])
+    await _still_serves(served, "older")
+    await store.append_run(".", "default", StoredRun("r2", compact_events(
+        [ev.run_started(".", "r2", {"threadId": ".", "runId": "r2", "messages": []}),
+         ev.run_finished(".", "r2")]), time.time() + 1, 0, 0, 1), [])
+    status, answer = await _answer(served, "GET", "/threads?limit=1")
+    page = orjson.loads(answer)
+    assert [t["id"] for t in page["threads"]] == ["."]
+    status, answer = await _answer(served, "GET", f"/threads?limit=1&cursor={page['nextCursor']}")
+    assert status == 200, answer
+    assert [t["id"] for t in orjson.loads(answer)["threads"]] == ["older"]
+    status, answer = await _answer(served, "POST", "", {
+        "query": "query load($data: LoadAgentStateInput!) { loadAgentState(data: $data) "
+                 "{ threadExists } }", "variables": {"data": {"threadId": ".",
+                                                             "agentName": "default"}}},
+        headers=CLIENT_HEADERS)
+    assert orjson.loads(answer)["data"]["loadAgentState"]["threadExists"] is True
+    for method, status_wanted in (("GET", 200), ("DELETE", 200), ("GET", 404)):
+        url = yarl.URL(served.url + "/threads/%2E" + ("/messages" if method == "GET" else ""),
+                       encoded=True)
+        async with served.session.request(method, url) as response:
+            assert response.status == status_wanted, (method, await response.text())
 
 
 async def test_control_characters_and_long_ids_inside_a_run_are_stored(served: Served) -> None:

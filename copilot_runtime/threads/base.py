@@ -299,8 +299,9 @@ def state_of_unkept(kept: bytes | None, blobs: Iterable[bytes], *,
     return None if kept is None or not complete else orjson.loads(kept)
 
 
-def id_problem(value: str) -> str | None:
-    """Why `value` cannot be an id every store keeps, or None if it can."""
+def id_problem(value: str, *, new: bool = False) -> str | None:
+    """Why `value` cannot be an id every store keeps, or None if it can; `new`: an id a
+    run is about to give a thread or run, held to more (one already kept stays reachable)."""
     if len(value) > MAX_ID_LENGTH:
         return f"is longer than {MAX_ID_LENGTH} characters"
     if CONTROL_CHARACTERS.search(value):
@@ -309,7 +310,7 @@ def id_problem(value: str) -> str | None:
         # A thread's or a user's id is shown in logs and lists, like a name: the same
         # characters would break a log line or make the id read as another one.
         return "contains a line separator or a character that reorders text"
-    if value in (".", ".."):
+    if new and value in (".", ".."):
         # Clients that read URLs as browsers do drop these segments, `%2E` written or not:
         # a thread so named could never be read, renamed or deleted.
         return "is '.' or '..', which a URL cannot carry as a path segment"
