@@ -137,6 +137,30 @@ async def test_a_typeddict_schema_is_not_validated(serve_runtime: ServeRuntime) 
     assert ending(events) == ("RUN_FINISHED", None)
 
 
+class Reshaped(pydantic.BaseModel):
+    messages: Annotated[list[AnyMessage], add_messages] = []
+    count: int = 0
+    tags: list[str] = []
+
+    @pydantic.field_validator("tags", mode="before")
+    @classmethod
+    def split(cls, value: Any) -> Any:
+        return value.split(",") if isinstance(value, str) else value
+
+
+async def test_a_value_the_schemas_validators_reshape_is_the_graphs_to_judge(
+        serve_runtime: ServeRuntime) -> None:
+    """The check read only a field's type: "a,b" for `list[str]` was refused though the
+    model's own validator makes it a list, and the graph takes it."""
+    async with serve_runtime(runtime_of(compiled(Reshaped))) as served:
+        events = await served.run(run_input("hi", thread="t", state={"tags": "a,b"}),
+                                  agent="lg")
+        refused = await served.run(run_input("hi", thread="t", run="r2",
+                                             state={"count": "abc"}), agent="lg")
+    assert ending(events) == ("RUN_FINISHED", None)
+    assert ending(refused) == ("RUN_ERROR", "INVALID_REQUEST")  # other fields still checked
+
+
 async def test_a_thread_already_holding_a_refused_value_is_readable(
         serve_runtime: ServeRuntime) -> None:
     """A thread poisoned before the check (by another process, or an older release)."""

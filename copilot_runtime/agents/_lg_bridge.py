@@ -595,7 +595,7 @@ def _check_schema_fit(graph: Any, input: RunAgentInput, saved: Any) -> None:
             continue  # (the base puts the checkpoint's messages and the client's there)
         for model in models:
             field = model.model_fields.get(key)
-            if field is None:
+            if field is None or _reshaped_by_validators(model, key):
                 continue
             candidate = value
             reducer = getattr(channels.get(key), "operator", None)
@@ -623,6 +623,20 @@ def _pydantic_schemas(graph: Any) -> list[type[pydantic.BaseModel]]:
     schemas = getattr(getattr(graph, "builder", None), "schemas", None)
     return [schema for schema in schemas or () if isinstance(schema, type)
             and issubclass(schema, pydantic.BaseModel)] if isinstance(schemas, dict) else []
+
+
+@functools.lru_cache(maxsize=1024)
+def _reshaped_by_validators(model: type[pydantic.BaseModel], key: str) -> bool:
+    """Whether the model's own validators may reshape field `key`'s input before its type
+    is checked (a field validator of mode before, wrap or plain; a model validator of mode
+    before or wrap): then a value its type alone refuses may be taken, so it is not judged
+    here (the graph judges it)."""
+    decorators = model.__pydantic_decorators__
+    if any(d.info.mode in ("before", "wrap") for d in decorators.model_validators.values()):
+        return True
+    return any(d.info.mode in ("before", "wrap", "plain")
+               and (key in d.info.fields or "*" in d.info.fields)
+               for d in decorators.field_validators.values())
 
 
 @functools.lru_cache(maxsize=1024)
