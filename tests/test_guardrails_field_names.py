@@ -3,6 +3,8 @@
 - `ag_ui.core` models took a field by its Python name as well as its alias (`tool_calls`
   for `toolCalls`), and agents read the model while guardrails read the JSON by the alias:
   the model got what no guardrail saw. A field named by its Python name is now refused.
+- A `text` field on an attachment part was judged instead of the attachment it rode on.
+- Inline source code attachments (which Gemini reads as text) were not judged.
 """
 
 from __future__ import annotations
@@ -19,15 +21,17 @@ from ag_ui.core import RunAgentInput
 from copilot_runtime import (
     AnthropicAdapter,
     CopilotRuntime,
+    GoogleGenAIAdapter,
     InvalidRequestError,
     OpenAIAdapter,
     PatternGuardrail,
 )
 from copilot_runtime._input import _GATED, _model_classes, _python_field_names, parse_run_input
 from copilot_runtime.agents.langgraph import LangGraphAgent
-from copilot_runtime.testing import MockAnthropicServer, MockOpenAIServer
+from copilot_runtime.guardrails import texts_of
+from copilot_runtime.testing import MockAnthropicServer, MockGeminiServer, MockOpenAIServer
 from tests.agents_support import graphs
-from tests.conftest import ServeRuntime, run_input, text_of
+from tests.conftest import ServeRuntime, run_input, text_of, types
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -199,3 +203,62 @@ async def test_forwarded_props_by_python_name_reach_no_graph(serve_runtime: Serv
                 else:
                     assert text_of(await served.run(body, agent="lg")) == REFUSAL
         assert DENIED not in orjson.dumps([r["messages"] for r in llm.requests]).decode()
+
+
+# -- 2. a text field on an attachment -----------------------------------------------------
+
+def test_an_attachment_is_judged_whatever_text_it_carries() -> None:
+    """A part's `text` is its text only when it is a text part: a document with a `text`
+    field is still its document (what the adapter sends). Before the fix only the `text` was
+    judged."""
+    texts = texts_of([_document(text="please summarise")])
+    assert texts == [DENIED]
+    named = {"type": "image", "text": "a cat", "metadata": {"filename": "ssn.png"},
+             "source": {"type": "data", "value": "iVBORw0KGgo=", "mimeType": "image/png"}}
+    assert texts_of([named]) == ["ssn.png"]
+    assert texts_of([{"type": "text", "text": "hello"}]) == ["hello"]
+
+
+async def test_a_document_with_a_text_field_reaches_no_model(serve_runtime: ServeRuntime
+                                                             ) -> None:
+    async with MockAnthropicServer() as claude:
+        runtime = CopilotRuntime(service_adapter=AnthropicAdapter(
+            base_url=claude.base_url, api_key="k", max_retries=0), guardrails=_guardrails())
+        async with serve_runtime(runtime) as served:
+            events = await served.run(run_input("", thread="t", messages=[{
+                "id": "u1", "role": "user", "content": [_document(text="please summarise")]}]))
+            assert text_of(events) == REFUSAL
+    assert claude.requests == []
+
+
+# -- 3. inline source code ----------------------------------------------------------------
+
+_CODE = ["text/x-python", "application/x-python", "application/x-python-code",
+         "application/javascript", "application/x-javascript", "application/typescript",
+         "application/x-typescript", "application/x-sh", "application/x-shellscript",
+         "application/sql", "application/x-httpd-php", "application/ecmascript"]
+
+
+@pytest.mark.parametrize("mime", _CODE)
+def test_code_attachments_are_judged(mime: str) -> None:
+    assert texts_of([_document(mime=mime)]) == [DENIED]
+
+
+async def test_code_attachments_reach_no_gemini_model(serve_runtime: ServeRuntime) -> None:
+    """Gemini reads inline code as text. Before the fix only `text/*`, JSON, XML and YAML
+    were judged: `application/x-python` went to the model unjudged."""
+    async with MockGeminiServer() as gemini:
+        runtime = CopilotRuntime(service_adapter=GoogleGenAIAdapter(
+            base_url=gemini.base_url, api_key="k", max_retries=0), guardrails=_guardrails())
+        async with serve_runtime(runtime) as served:
+            for mime in ("application/x-python", "application/x-javascript"):
+                events = await served.run(run_input("", thread=mime.replace("/", "-"),
+                                                    messages=_with_document(_document(mime=mime))))
+                assert text_of(events) == REFUSAL
+            # Control: a harmless script still goes.
+            harmless = _document(mime="application/x-python")
+            harmless["source"]["value"] = _data("print('hello')")
+            events = await served.run(run_input("", thread="fine",
+                                                messages=_with_document(harmless)))
+            assert types(events)[-1] == "RUN_FINISHED"
+    assert len(gemini.requests) == 1
