@@ -8,13 +8,15 @@ are rewritten into their 1.0 form before `ag_ui.core.RunAgentInput` validates th
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import orjson
 import pydantic
-from ag_ui.core import RunAgentInput
-from pydantic.alias_generators import to_camel
+from ag_ui.core import BinaryInputContent, RunAgentInput
+from pydantic.alias_generators import to_camel, to_snake
 
 from copilot_runtime._exceptions import InvalidRequestError
 from copilot_runtime._limits import LARGE_JSON, MAX_INPUT_ITEMS, check_json_depth, decode_json
@@ -87,19 +89,34 @@ def parse_run_input(data: Any) -> RunInput:
     items = sum(len(v) for key in ("messages", "tools", "context")
                 if isinstance(v := data.get(key), list))
     messages = data.get("messages")
+    names = _python_field_names()
+    # Whether some object where a model sits names a field by its Python name: only then is
+    # the model walked for them (`_python_names`); a long history's walk costs a fraction of
+    # its validation, this look at its objects' keys much less. `_GATED` lists where it looks.
+    suspect = not names.isdisjoint(data) or any(
+        _named_in(data.get(key), names) for key in ("resume", "tools", "context"))
+    # Legacy `binary` parts are rewritten before validation: their fields are named here.
+    named: list[dict[str, Any]] = []
     if isinstance(messages, list) and items <= MAX_INPUT_ITEMS:  # else refused below
-        for message in messages:
+        for index, message in enumerate(messages):
             if not isinstance(message, dict):
                 continue  # left for the model to reject
             calls = message.get("toolCalls")
             if isinstance(calls, list):
                 items += len(calls)
+                suspect = suspect or _named_in(calls, names, "function")
             content = message.get("content")
             if isinstance(content, list):
                 items += len(content)
                 if items > MAX_INPUT_ITEMS:
                     break
+                suspect = suspect or _named_in(content, names, "source")
+                for at, part in enumerate(content):
+                    if isinstance(part, dict) and part.get("type") == "binary":
+                        named.extend(_python_named(BinaryInputContent, part,
+                                                   ["messages", index, "content", at]))
                 message["content"] = [_upgrade_part(p) for p in content]
+            suspect = suspect or not names.isdisjoint(message)
     if items > MAX_INPUT_ITEMS:
         raise InvalidRequestError("Invalid request body", orjson.dumps([{
             "path": [], "code": "too_many_items",
@@ -107,26 +124,159 @@ def parse_run_input(data: Any) -> RunInput:
                        "their content parts and tool calls, tools and context entries)"}],
             option=orjson.OPT_INDENT_2).decode())
     try:
-        model = RunAgentInput.model_validate(data)
+        # By alias only: a field's Python name (`tool_calls`) is then an extra key, not the
+        # field, so that what the model holds is what the JSON says (guardrails and remote
+        # agents read the JSON). `_python_names` refuses such keys.
+        model = RunAgentInput.model_validate(data, by_name=False)
     except pydantic.ValidationError as exc:
         raise InvalidRequestError("Invalid request body", validation_details(exc)) from None
     issues = [{"path": [key], "code": "invalid_id", "message": f"The id {problem}"}
               for key, value in (("threadId", model.thread_id), ("runId", model.run_id),
                                  ("parentRunId", model.parent_run_id))
               if value is not None and (problem := id_problem(value, new=True)) is not None]
+    issues.extend(named)
+    if suspect:
+        issues.extend(_python_names(model))
     if issues:
         raise InvalidRequestError("Invalid request body",
-                                  orjson.dumps(issues, option=orjson.OPT_INDENT_2).decode())
+                                  orjson.dumps(issues[:20], option=orjson.OPT_INDENT_2).decode())
     return RunInput(model, data)
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What `_python_names` needs of a model class."""
+
+    #: Its fields whose alias differs from their Python name: Python name → alias.
+    renamed: dict[str, str]
+    #: Its fields that may hold models (or lists of them), with their aliases.
+    nested: tuple[tuple[str, str], ...]
+
+
+_SHAPES: dict[type[pydantic.BaseModel], _Shape] = {}
+
+
+def _shape(cls: type[pydantic.BaseModel]) -> _Shape:
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        fields = cls.model_fields
+        shape = _SHAPES[cls] = _Shape(
+            {name: field.alias for name, field in fields.items()
+             if field.alias is not None and field.alias != name},
+            tuple((name, field.alias or name) for name, field in fields.items()
+                  if _holds_models(field.annotation)))
+    return shape
+
+
+def _holds_models(annotation: Any) -> bool:
+    return bool(_model_classes(annotation))
+
+
+#: Where `parse_run_input` looks for Python field names before it walks the model: every
+#: field that holds models, from `RunAgentInput` down (a test holds it to ag_ui's models).
+_GATED = frozenset({"messages", "messages.content", "messages.content.source",
+                    "messages.toolCalls", "messages.toolCalls.function", "resume", "tools",
+                    "context"})
+
+
+@functools.cache
+def _python_field_names() -> frozenset[str]:
+    """The Python names of the fields, at any depth of `RunAgentInput`, that have an alias."""
+    names: set[str] = set()
+    classes: list[type[pydantic.BaseModel]] = [RunAgentInput]
+    for cls in classes:
+        names.update(_shape(cls).renamed)
+        for name, _ in _shape(cls).nested:
+            classes.extend(c for c in _model_classes(cls.model_fields[name].annotation)
+                           if c not in classes)
+    return frozenset(names)
+
+
+def _model_classes(annotation: Any) -> list[type[pydantic.BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return [annotation]
+    return [c for arg in get_args(annotation) for c in _model_classes(arg)]
+
+
+def _named_in(values: Any, names: frozenset[str], inner: str | None = None) -> bool:
+    """Whether an object of the list `values` (or its `inner` object) has a key of `names`."""
+    if not isinstance(values, list):
+        return False
+    for value in values:
+        if isinstance(value, dict) and not names.isdisjoint(value):
+            return True
+        nested = value.get(inner) if inner is not None and isinstance(value, dict) else None
+        if isinstance(nested, dict) and not names.isdisjoint(nested):
+            return True
+    return False
+
+
+def _python_named(cls: type[pydantic.BaseModel], keys: Iterable[str],
+                  path: list[Any]) -> list[dict[str, Any]]:
+    renamed = _shape(cls).renamed
+    return [{"path": [*path, key], "code": "python_field_name",
+             "message": f"`{key}` is not an AG-UI field name: the field is `{renamed[key]}`"}
+            for key in keys if key in renamed]
+
+
+def _python_names(model: pydantic.BaseModel) -> list[dict[str, Any]]:
+    """Where `model`, validated by alias only, was sent a field by its Python name
+    (`tool_calls` for `toolCalls`), as issues. The models take either name (populate by
+    name) and agents read them, but guardrails and remote agents read the JSON: with both,
+    each read its own. Such a key is an extra of the model that has the field. Only the
+    fields that hold models are walked (messages, their parts and tool calls...), never the
+    JSON values (`state`, `forwardedProps`): a long history costs a fraction of validating
+    it.
+    """
+    issues: list[dict[str, Any]] = []
+    # Each model, its parent's index and its step from there (a path is made only when
+    # needed: breadth first, the list grows as it is walked).
+    nodes: list[tuple[pydantic.BaseModel, int, Any]] = [(model, -1, None)]
+    shapes = _SHAPES
+    for index, (node, _, _) in enumerate(nodes):
+        cls = type(node)
+        shape = shapes.get(cls) or _shape(cls)
+        extra = node.__pydantic_extra__
+        if extra and not shape.renamed.keys().isdisjoint(extra):
+            issues.extend(_python_named(cls, extra, _path(nodes, index)))
+        for name, key in shape.nested:
+            value = getattr(node, name)
+            if type(value) is list:
+                for at, item in enumerate(value):
+                    if isinstance(item, pydantic.BaseModel):
+                        nodes.append((item, index, (key, at)))
+            elif isinstance(value, pydantic.BaseModel):
+                nodes.append((value, index, key))
+    return issues
+
+
+def _path(nodes: list[tuple[pydantic.BaseModel, int, Any]], index: int) -> list[Any]:
+    steps: list[Any] = []
+    while index > 0:
+        _, index, step = nodes[index]
+        steps[:0] = step if isinstance(step, tuple) else (step,)
+    return steps
 
 
 def validation_details(exc: pydantic.ValidationError) -> str:
     """The errors as JSON text: where, what and why, without echoing the input back."""
     issues = [
-        {"path": list(err["loc"]), "code": err["type"], "message": err["msg"]}
+        {"path": list(err["loc"]), "code": err["type"], "message": err["msg"] + _named(err)}
         for err in exc.errors(include_url=False)[:20]
     ]
     return orjson.dumps(issues, option=orjson.OPT_INDENT_2).decode()
+
+
+def _named(error: Any) -> str:
+    """For a missing field the client sent by its Python name (`tool_call_id`), which the
+    models take by alias only, a hint saying so."""
+    field = error["loc"][-1] if error["loc"] else None
+    given = error.get("input")
+    if error["type"] != "missing" or not isinstance(field, str) or not isinstance(given, dict):
+        return ""
+    name = to_snake(field)
+    return f" (`{name}` is not an AG-UI field name: the field is `{field}`)" \
+        if name != field and name in given else ""
 
 
 _MEDIA = ("image", "audio", "video")

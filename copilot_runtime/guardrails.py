@@ -100,18 +100,30 @@ def texts_of(content: Any) -> list[str]:
         for part in content:
             if not isinstance(part, Mapping):
                 continue
-            text = part.get("text")
-            if isinstance(text, str):
-                texts.append(text)
+            # By its type, as adapters read it: an attachment's own `text` (an extra field
+            # the model keeps) is not what a model is sent of it.
+            if part.get("type") == "text":
+                text = part.get("text")
+                if isinstance(text, str):
+                    texts.append(text)
             else:
                 texts.extend(_attachment_texts(part))
     return texts
 
 
-#: The MIME types, but `text/*`, of attachments a model reads as text (Gemini takes any
-#: inline).
-_TEXT_TYPES = frozenset({"application/json", "application/xml", "application/yaml",
-                         "application/x-yaml"})
+#: The MIME types, but `text/*` and `+json`/`+xml`/`+yaml` ones, of attachments a model
+#: reads as text (Gemini takes any inline): data formats, and source code as the systems
+#: that name it so send it.
+_TEXT_TYPES = frozenset({
+    "application/json", "application/x-ndjson", "application/xml", "application/yaml",
+    "application/x-yaml", "application/toml", "application/x-toml", "application/graphql",
+    "application/sql", "application/x-sql", "application/rtf", "application/x-tex",
+    "application/x-latex", "application/javascript", "application/x-javascript",
+    "application/ecmascript", "application/typescript", "application/x-typescript",
+    "application/x-python", "application/x-python-code", "application/x-sh",
+    "application/x-shellscript", "application/x-csh", "application/x-httpd-php",
+    "application/x-php", "application/x-perl", "application/x-ruby",
+})
 
 
 def _attachment_texts(part: Mapping[str, Any]) -> list[str]:
@@ -140,7 +152,7 @@ def _inline_texts(data: str, mime: str) -> list[str]:
     kind, _, parameters = mime.partition(";")
     kind = kind.strip().lower()
     if not (kind.startswith("text/") or kind in _TEXT_TYPES
-            or kind.endswith(("+json", "+xml"))):
+            or kind.endswith(("+json", "+xml", "+yaml"))):
         return []
     try:
         raw = base64.b64decode(data)  # (not validated: a lenient decoder reads as much)
