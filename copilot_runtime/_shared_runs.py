@@ -104,12 +104,16 @@ async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, a
                 yield batch
             if ended or last is None or last[1].get("type") in _TERMINAL:
                 return
-            # The stream stops inside a run: with no run followed yet, a run begun on some
-            # worker since the thread was read (followed, to its end); else the followed run
+            # The stream stops inside a run: with no run followed yet, the run whose
+            # RUN_STARTED was read (a dead worker's: nobody held its lease at connect), or if
+            # none was (a resume inside a run), the run live now; else the followed run
             # whose end is not stored yet, or a run whose worker died, closed as
-            # interrupted by a sweep within twice `lease_ttl` or so (waited for, bounded, so
-            # the follower gets the RUN_ERROR instead of a stream cut in a message). A run
-            # after the one followed is another response's: never streamed in this one.
+            # interrupted by a sweep or the thread's next run within twice `lease_ttl` or so
+            # (waited for, bounded, so the follower gets the RUN_ERROR instead of a stream
+            # cut in a message). A run after the one followed is another response's: never
+            # streamed in this one.
+            if end.run_id is None:
+                end.run_id = end.open
             with contextlib.suppress(ServiceUnavailableError):
                 live = await coordinator.follow(thread_id)
             if live is not None and end.run_id in (None, live):
@@ -134,6 +138,8 @@ class _RunEnd:
         self.run_id = run_id
         #: The run of the last RUN_STARTED read (None: none read, a resume inside a run).
         self.running: str | None = None
+        #: `running` while no end was read after its RUN_STARTED (None: none such).
+        self.open: str | None = None
         #: A RUN_ERROR of a run begun before the first event read was passed: the followed
         #: run's end, unless its RUN_STARTED comes after it (a resume inside an earlier run).
         self.maybe_ended = False
@@ -148,9 +154,12 @@ class _RunEnd:
         for index, (_, event) in enumerate(batch):
             kind = event.get("type")
             if kind == "RUN_STARTED":
-                self.running = event.get("runId")
+                self.running = self.open = event.get("runId")
                 self.maybe_ended = False
-            elif kind in _TERMINAL and self.run_id is not None:
+            elif kind in _TERMINAL:
+                self.open = None
+                if self.run_id is None:
+                    continue  # no run followed yet: nothing of it to end
                 owner = event.get("runId") or self.running
                 if owner == self.run_id or (owner is None and over and not _starts(
                         batch[index + 1:], self.run_id)):

@@ -419,6 +419,35 @@ async def test_a_follower_resuming_inside_an_ended_run_follows_the_live_one(
         "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END", "RUN_FINISHED"]
 
 
+@pytest.mark.parametrize("r2_read_whole", [False, True], ids=["r2-running", "r2-finished"])
+async def test_a_follower_of_a_dead_workers_run_ends_at_its_interrupted_end(
+        monkeypatch: pytest.MonkeyPatch, r2_read_whole: bool) -> None:
+    """r1's worker died: r1 is open in the store, its lease expired, so the follower follows
+    no run when it connects. Then r2 takes the thread, closing r1 first (a RUN_ERROR that
+    names no run). Before, the follower adopted r2 and streamed it after r1's end in the same
+    response; now it ends at r1's RUN_ERROR."""
+    monkeypatch.setattr(copilot_runtime._shared_runs, "POLL", 0.05)
+    store = _Thread()
+    store.add(*_run_start("r1"))
+    polls = 0
+
+    def answer() -> str | None:
+        nonlocal polls
+        polls += 1
+        if polls == 2:
+            store.add(ev.run_error("interrupted", code="RUN_INTERRUPTED"), *_run_start("r2"))
+            if r2_read_whole:
+                store.add(*_run_end("r2"))
+        if polls == 4 and not r2_read_whole:
+            store.add(*_run_end("r2"))
+        return "r2" if 1 < polls < 4 else None
+
+    got = await _followed(_Holders(answer), store)
+    assert [e["type"] for e in got] == [
+        "RUN_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "RUN_ERROR"]
+    assert got[-1]["code"] == "RUN_INTERRUPTED"
+
+
 @pytest.mark.parametrize("error", [False, True], ids=["finished", "error"])
 async def test_a_follower_ends_with_its_run_when_another_run_holds_the_thread(
         monkeypatch: pytest.MonkeyPatch, error: bool) -> None:
