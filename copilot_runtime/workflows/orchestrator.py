@@ -49,7 +49,7 @@ from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
 from copilot_runtime._exceptions import FAILURES_OF_CALLED_CODE, ConfigurationError
-from copilot_runtime.approvals.decisions import parse_decision
+from copilot_runtime.approvals.decisions import Decision, parse_decision
 from copilot_runtime.workflows._emit import say
 from copilot_runtime.workflows.existing import (
     MAX_OUTPUT_BYTES,
@@ -314,11 +314,8 @@ class Orchestrator:
         if decision is None or decision.action == "revise":
             return Command(goto="step_approval", update={
                 "step_notice": "Answer approve or reject."})
-        too_long = _answer_length(decision)
-        if too_long > MAX_FEEDBACK_CHARS:
-            return Command(goto="step_approval", update={
-                "step_notice": f"That answer was {too_long} characters long; answers may "
-                               f"be at most {MAX_FEEDBACK_CHARS}."})
+        if (notice := _too_long(decision)) is not None:
+            return Command(goto="step_approval", update={"step_notice": notice})
         outcome = approval_outcome(decision)
         shared["step_approvals"] = {**shared.get("step_approvals", {}), step.agent: outcome}
         said = await say(f"{step.agent}: approval {outcome['status']}.", config)
@@ -348,12 +345,9 @@ class Orchestrator:
         if decision is None:
             return Command(goto="approval", update={
                 "notice": "That answer was neither an approval nor a rejection."})
-        too_long = _answer_length(decision)
-        if too_long > MAX_FEEDBACK_CHARS:
+        if (notice := _too_long(decision)) is not None:
             # Kept, it would be in every checkpoint until the end and in the step's context.
-            return Command(goto="approval", update={
-                "notice": f"That answer was {too_long} characters long; answers may be at "
-                          f"most {MAX_FEEDBACK_CHARS}."})
+            return Command(goto="approval", update={"notice": notice})
         if decision.action == "revise":
             # The step that produced what is being approved runs again with the feedback.
             producer = next(i for i, s in enumerate(self.steps)
@@ -436,3 +430,12 @@ def _summary(output: Any) -> str:
     if isinstance(output, list):
         return f"{len(output)} item{'s' if len(output) != 1 else ''}"
     return "done"
+
+
+def _too_long(decision: Decision) -> str | None:
+    """What a person is told of an answer too long to keep, or None if it may be kept."""
+    length = _answer_length(decision)
+    if length <= MAX_FEEDBACK_CHARS:
+        return None
+    return (f"That answer was {length} characters long; answers may be at most "
+            f"{MAX_FEEDBACK_CHARS}.")
