@@ -503,3 +503,33 @@ async def test_a_server_offers_at_most_its_max_tools() -> None:
     for bad in (0, -1):
         with pytest.raises(ConfigurationError, match="max_tools"):
             MCPServer(url="http://x", max_tools=bad)
+
+
+async def test_names_equal_once_made_safe_stay_apart() -> None:
+    """Clashes were counted on the raw names: `get.user` (server a) and `get_user` (server
+    b) got no prefix, both became `get_user`, and b's was left out with a warning, so the
+    model's `get_user` ran a's tool; `天気` and `翻訳` both became `__` and one was left
+    out. Made-safe names two servers share are prefixed now; one that is still taken, or
+    ambiguous, ends with a hash of its raw name (a name that is its own stays as it is).
+    Each call reaches its own tool, and every toolset names them alike."""
+    async with asyncio.timeout(TIMEOUT_S), \
+            serve(named_server(["get.user", "天気", "翻訳", "list.x", "list_x", "ok"])
+                  .streamable_http_app()) as a, \
+            serve(named_server(["get_user"]).streamable_http_app()) as b:
+        offered: list[dict[str, str]] = []
+        for _ in range(2):
+            toolset = MCPToolset([MCPServer(url=a + "/mcp", name="a"),
+                                  MCPServer(url=b + "/mcp", name="b")])
+            with capture_logs() as logs:
+                await toolset.start()
+            try:
+                offered.append(await call_each(toolset))
+            finally:
+                await toolset.aclose()
+            assert [e for e in logs if e["log_level"] == "warning"] == []
+    assert offered[0] == offered[1]
+    assert offered[0] == {
+        "a__get_user": "get.user", "b__get_user": "get_user",
+        cut_name("天気", "__"): "天気", cut_name("翻訳", "__"): "翻訳",
+        cut_name("list.x", "list_x"): "list.x", "list_x": "list_x", "ok": "ok"}
+
