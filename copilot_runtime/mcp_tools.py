@@ -6,7 +6,7 @@ streamable HTTP, or stdio for a local command), lists its tools and turns each i
 a tool error. Two servers publishing the same name (once made safe) are told apart by a
 prefix; a name longer than providers accept is cut and ends with a hash of the whole, as does
 a made-safe name another tool has too (see `_names`); a server offers at most its `max_tools`
-tools.
+tools. Opening a session (discovery and `initialize`) is bounded by the server's `timeout`.
 
     toolset = MCPToolset([MCPServer(url="http://127.0.0.1:9000/mcp", headers={...}),
                           MCPServer.stdio("python", ["my_server.py"])])
@@ -449,7 +449,18 @@ class MCPToolset:
         conn.connecting = True
         try:
             async with AsyncExitStack() as stack:
-                client = await stack.enter_async_context(self._client(conn, stack))
+                # The SDK bounds discovery (by its own 10 s) and `initialize` apart: an
+                # unresponsive URL took both to fail an app's start, or a run's.
+                handshake = asyncio.timeout(server.timeout)
+                try:
+                    async with handshake:
+                        client = await stack.enter_async_context(self._client(conn, stack))
+                except Exception:
+                    if not handshake.expired():
+                        raise
+                    raise UpstreamError(f"MCP server {server.label} could not be connected: "
+                                        f"its handshake timed out ({server.timeout:g} s)"
+                                        ) from None
                 try:
                     tools = await _list_tools(client, server, refresh=ready is None)
                 except Exception as exc:
