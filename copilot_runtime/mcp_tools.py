@@ -3,9 +3,10 @@
 On the official `mcp` SDK (the `mcp` extra). `MCPToolset` connects to each server once (over
 streamable HTTP, or stdio for a local command), lists its tools and turns each into an
 `Action` whose handler calls the tool on that server; a tool error comes back to the model as
-a tool error. Two servers publishing the same name are told apart by a prefix; a name longer
-than providers accept is cut and ends with a hash of the whole (see `_names`); a server offers
-at most its `max_tools` tools.
+a tool error. Two servers publishing the same name (once made safe) are told apart by a
+prefix; a name longer than providers accept is cut and ends with a hash of the whole, as does
+a made-safe name another tool has too (see `_names`); a server offers at most its `max_tools`
+tools. Opening a session (discovery and `initialize`) is bounded by the server's `timeout`.
 
     toolset = MCPToolset([MCPServer(url="http://127.0.0.1:9000/mcp", headers={...}),
                           MCPServer.stdio("python", ["my_server.py"])])
@@ -448,7 +449,18 @@ class MCPToolset:
         conn.connecting = True
         try:
             async with AsyncExitStack() as stack:
-                client = await stack.enter_async_context(self._client(conn, stack))
+                # The SDK bounds discovery (by its own 10 s) and `initialize` apart: an
+                # unresponsive URL took both to fail an app's start, or a run's.
+                handshake = asyncio.timeout(server.timeout)
+                try:
+                    async with handshake:
+                        client = await stack.enter_async_context(self._client(conn, stack))
+                except Exception:
+                    if not handshake.expired():
+                        raise
+                    raise UpstreamError(f"MCP server {server.label} could not be connected: "
+                                        f"its handshake timed out ({server.timeout:g} s)"
+                                        ) from None
                 try:
                     tools = await _list_tools(client, server, refresh=ready is None)
                 except Exception as exc:
@@ -553,10 +565,14 @@ class MCPToolset:
 
     def _build(self) -> list[Action]:
         """The actions of every server's tools, in the servers' order; a name two servers
-        publish gets each server's prefix, so the result does not depend on timing."""
-        counts = Counter(tool.name for conn in self._connections for tool in conn.tools)
+        publish (once made safe: `get.user` and `get_user`) gets each server's prefix, so the
+        result does not depend on timing."""
+        # (one server's `a.b` and `a_b` count once: a prefix would not tell them apart)
+        counts = Counter(safe for conn in self._connections
+                         for safe in {_UNSAFE.sub("_", tool.name) for tool in conn.tools})
         listed = [(conn, tool) for conn in self._connections for tool in conn.tools]
-        names = iter(_names([(tool.name, conn.prefix if counts[tool.name] > 1 else None)
+        names = iter(_names([(tool.name, conn.prefix
+                              if counts[_UNSAFE.sub("_", tool.name)] > 1 else None)
                              for conn, tool in listed]))
         actions: dict[str, Action] = {}
         for conn in self._connections:
@@ -574,7 +590,7 @@ class MCPToolset:
                                  server=conn.server.label, tool=tool.name,
                                  error=failure_text(exc))
                     continue
-                if action.name in actions:  # e.g. `a.b` and `a_b` once made safe
+                if action.name in actions:  # (prefixes alike: `a_1` named, `a` numbered)
                     _log.warning("MCP tool left out: its name is taken",
                                  server=conn.server.label, tool=tool.name)
                     continue
@@ -646,28 +662,34 @@ def _prefixes(servers: Sequence[MCPServer]) -> list[str]:
 
 def _names(tools: Sequence[tuple[str, str | None]]) -> list[str]:
     """The action name of each tool (its name, and its server's prefix when another server
-    publishes that name too): the name made safe, after the prefix. One longer than providers
-    accept keeps its first characters and ends with a hash of the whole (its prefix and
-    unsafe characters with it), the same on every listing and worker: cut to 64 characters,
-    two tools sharing them were one action, whose calls ran either. A name that fits is
-    never taken by a cut one: that is hashed again (so is a cut name two tools would get)."""
+    publishes that name too): the name made safe, after the prefix. It stays so when it fits
+    and is unambiguous: no other tool's is the same, or it is the tool's own name unchanged
+    (`get_user` beside `get.user`). Otherwise it ends with a hash of the raw whole (its
+    prefix and unsafe characters with it), cut to fit when it is longer than providers
+    accept: the same on every listing and worker. Before, `get.user` and `get_user`, or
+    `天気` and `翻訳` (both `__`), were one action and the other tool was left out; cut to 64
+    characters, two tools sharing them were one action, whose calls ran either. A name kept
+    is never taken by a hashed one: that is hashed again (so is one two tools would get)."""
     wanted = [_UNSAFE.sub("_", name) if prefix is None
               else f"{prefix}__{_UNSAFE.sub('_', name)}" for name, prefix in tools]
-    taken = {name for name in wanted if len(name) <= _MAX_NAME}
+    counts = Counter(wanted)
+    kept = [len(want) <= _MAX_NAME and (counts[want] == 1 or (prefix is None and want == name))
+            for (name, prefix), want in zip(tools, wanted, strict=True)]
+    taken = {want for want, keep in zip(wanted, kept, strict=True) if keep}
     names = []
-    for (name, prefix), want in zip(tools, wanted, strict=True):
-        if len(want) > _MAX_NAME:
+    for (name, prefix), want, keep in zip(tools, wanted, kept, strict=True):
+        if not keep:
             whole = name if prefix is None else f"{prefix}__{name}"
             again = 0
-            while (want := _cut(want, whole, again)) in taken:
+            while (hashed := _cut(want, whole, again)) in taken:
                 again += 1
-            taken.add(want)
+            taken.add(want := hashed)
         names.append(want)
     return names
 
 
 def _cut(name: str, whole: str, again: int) -> str:
-    """`name` cut to fit, ending with a hash of `whole` (of it and `again`, after a clash)."""
+    """`name` (cut to fit) ending with a hash of `whole` (of it and `again`, after a clash)."""
     hashed = whole if again == 0 else f"{whole}\n{again}"
     digest = hashlib.sha256(hashed.encode("utf-8", "surrogatepass")).hexdigest()
     return f"{name[:_MAX_NAME - _HASH_DIGITS - 1]}_{digest[:_HASH_DIGITS]}"

@@ -6,6 +6,7 @@ until it is back (test_mcp_reconnect.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import sys
@@ -28,7 +29,7 @@ from copilot_runtime import (
 )
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.testing import MockOpenAIServer
-from tests.conftest import ServeRuntime, free_port, run_input, serve, text_of, types
+from tests.conftest import RawServer, ServeRuntime, free_port, run_input, serve, text_of, types
 from tests.mcp_support.servers import (
     changing_server,
     clock_server,
@@ -503,3 +504,83 @@ async def test_a_server_offers_at_most_its_max_tools() -> None:
     for bad in (0, -1):
         with pytest.raises(ConfigurationError, match="max_tools"):
             MCPServer(url="http://x", max_tools=bad)
+
+
+async def test_names_equal_once_made_safe_stay_apart() -> None:
+    """Clashes were counted on the raw names: `get.user` (server a) and `get_user` (server
+    b) got no prefix, both became `get_user`, and b's was left out with a warning, so the
+    model's `get_user` ran a's tool; `天気` and `翻訳` both became `__` and one was left
+    out. Made-safe names two servers share are prefixed now; one that is still taken, or
+    ambiguous, ends with a hash of its raw name (a name that is its own stays as it is).
+    Each call reaches its own tool, and every toolset names them alike."""
+    async with asyncio.timeout(TIMEOUT_S), \
+            serve(named_server(["get.user", "天気", "翻訳", "list.x", "list_x", "ok"])
+                  .streamable_http_app()) as a, \
+            serve(named_server(["get_user"]).streamable_http_app()) as b:
+        offered: list[dict[str, str]] = []
+        for _ in range(2):
+            toolset = MCPToolset([MCPServer(url=a + "/mcp", name="a"),
+                                  MCPServer(url=b + "/mcp", name="b")])
+            with capture_logs() as logs:
+                await toolset.start()
+            try:
+                offered.append(await call_each(toolset))
+            finally:
+                await toolset.aclose()
+            assert [e for e in logs if e["log_level"] == "warning"] == []
+    assert offered[0] == offered[1]
+    assert offered[0] == {
+        "a__get_user": "get.user", "b__get_user": "get_user",
+        cut_name("天気", "__"): "天気", cut_name("翻訳", "__"): "翻訳",
+        cut_name("list.x", "list_x"): "list.x", "list_x": "list_x", "ok": "ok"}
+
+
+class Unresponsive(RawServer):
+    """An MCP URL that answers every POST with an SSE stream of keep-alive comments and
+    never a message: no read timeout ever fires on it. Its streams end with it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closing = asyncio.Event()
+        self.streams: set[asyncio.Task[Any]] = set()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.closing.set()
+        await asyncio.gather(*self.streams)
+        await super().__aexit__(*exc)
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.streams.add(task)
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"transfer-encoding: chunked\r\n\r\n")
+            while not reader.at_eof() and not self.closing.is_set():
+                writer.write(b"8\r\n: ping\n\n\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.1)
+        writer.close()
+
+
+async def test_a_server_that_never_answers_fails_the_start_within_its_timeout() -> None:
+    """The SDK's discovery (its own 10 s) and `initialize` were bounded apart: a URL that
+    never answers took the server's timeout and 10 s more to fail the start (an app's
+    lifespan, each run of a request's server). The handshake is bounded by the timeout."""
+    from copilot_runtime import UpstreamError
+
+    async with asyncio.timeout(TIMEOUT_S), Unresponsive() as server:
+        toolset = MCPToolset([MCPServer(url=server.url + "/mcp", name="mute", timeout=1.0)])
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(UpstreamError) as caught:
+            await toolset.start()
+        took = loop.time() - began
+    assert took < 1.0 + 2.0, took
+    assert caught.value.message == (
+        "MCP server mute could not be connected: its handshake timed out (1 s)")
+    assert not toolset.started
