@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import subprocess
 import time
@@ -17,6 +18,7 @@ import httpx2
 import orjson
 import pytest
 import uvicorn
+from hypothesis import settings
 
 from copilot_runtime import CopilotRuntime, OpenAIAdapter, RunInput, create_app
 from copilot_runtime import events as ev
@@ -25,6 +27,12 @@ from copilot_runtime.events import EventBatches
 from copilot_runtime.testing import MockOpenAIServer
 from tests import background
 from tests.realclient_app import getWeather
+
+# Property tests draw the same examples on every run, so a suite that passed once passes
+# again (CI lands on it); HYPOTHESIS_PROFILE=explore draws new ones on each run.
+settings.register_profile("suite", derandomize=True, database=None)
+settings.register_profile("explore", database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from ag_ui.core import (
     UserMessage,
 )
 from google.genai import types as gemini_types
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from copilot_runtime import (
@@ -401,6 +401,7 @@ JSON_VALUES = st.recursive(JSON_LEAVES, lambda inner: st.lists(inner, max_size=4
 
 @settings(max_examples=300, deadline=None)
 @given(JSON_VALUES)
+@example({"$ref": "object", "description": False})  # (a $ref's non-text description)
 def test_gemini_schema_of_any_json_value_never_raises_and_is_a_gemini_schema(
         parameters: Any) -> None:
     """Any JSON value as a tool's parameters (a frontend's, an MCP server's) converts, to

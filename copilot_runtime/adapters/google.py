@@ -1000,7 +1000,7 @@ def _convert(schema: Any, definitions: dict[str, Any], depth: int,
 
 
 def _text_keys(schema: dict[str, Any]) -> dict[str, Any]:
-    return {k: schema[k] for k in ("description", "title") if k in schema}
+    return {k: schema[k] for k in ("description", "title") if isinstance(schema.get(k), str)}
 
 
 #: The SDK route's chunks are dumped to JSON by pydantic, which writes bytes in the URL-safe
