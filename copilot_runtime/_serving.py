@@ -454,6 +454,8 @@ def _start_resource_tracker_past_hangups() -> None:
 #: some worker had served: doubled at each failure up to the last, reset once one serves.
 RESTART_BACKOFF_SECONDS = 0.5
 RESTART_BACKOFF_MAX_SECONDS = 15.0
+#: How long a worker that did not answer its health check may take to end by itself.
+WORKER_EXIT_GRACE_SECONDS = 2.0
 
 
 class _Worker(Process):
@@ -526,7 +528,11 @@ class _Supervisor(Multiprocess):
                     self._served = True
                     self._backoff.pop(index, None)
                 continue
-            process.kill()  # dead, or hung
+            # Dead, or hung. One whose startup just failed may still be exiting, too busy to
+            # answer (the interpreter's finalization stops the answering thread): killed at
+            # once, its failure read as a death and it was started again at once, in a loop.
+            process.process.join(WORKER_EXIT_GRACE_SECONDS)
+            process.kill()
             process.join()
             if process.exitcode != STARTUP_FAILURE:
                 logger.info("Child process [%s] died", process.pid)

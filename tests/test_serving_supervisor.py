@@ -1,0 +1,80 @@
+"""The supervisor's reading of a worker that could not start, on a worker process of its own
+(no server: the timing of its exit is what is tested)."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import pytest
+
+from copilot_runtime import _serving
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _fail_slowly(conn: Connection) -> None:
+    """A worker whose startup failed: its end of the pipe closes first (its finalization),
+    then it takes a moment more to exit with the startup-failure code."""
+    conn.close()
+    time.sleep(1)
+    os._exit(_serving.STARTUP_FAILURE)
+
+
+class _FailingWorker:
+    """What the supervisor holds of a worker (uvicorn's `Process`), around a real process."""
+
+    def __init__(self) -> None:
+        self.parent_conn, child = multiprocessing.Pipe()
+        self.process = multiprocessing.get_context("fork").Process(target=_fail_slowly,
+                                                                   args=(child,))
+        self.process.start()
+        child.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def join(self) -> None:
+        self.process.join()
+
+
+def _supervisor(worker: Any) -> Any:
+    # (its constructor takes the signals of this process: the test needs none of that)
+    supervisor: Any = _serving._Supervisor.__new__(_serving._Supervisor)
+    supervisor.processes = [worker]
+    supervisor.should_exit = threading.Event()
+    supervisor._stopping = threading.Event()
+    supervisor._served = True
+    supervisor._restart_at = {}
+    supervisor._backoff = {}
+    supervisor.config = type("Config", (), {"timeout_worker_healthcheck": 5})()
+    supervisor.replaced = []
+    supervisor._replace = supervisor.replaced.append
+    return supervisor
+
+
+def test_a_worker_still_exiting_from_a_failed_startup_is_started_again_with_backoff(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Its pipe closed before it exited: killed then, its startup failure was read as a
+    death and it was started again at once (in a loop, on a loaded machine)."""
+    worker = _FailingWorker()
+    supervisor = _supervisor(worker)
+    with caplog.at_level(logging.INFO, logger="uvicorn.error"):
+        supervisor.keep_subprocess_alive()
+    assert worker.exitcode == _serving.STARTUP_FAILURE
+    assert supervisor.replaced == []
+    assert worker in supervisor._restart_at
+    assert "failed to start; starting it again" in caplog.text
