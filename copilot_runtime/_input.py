@@ -113,8 +113,13 @@ def parse_run_input(data: Any) -> RunInput:
                 suspect = suspect or _named_in(content, names, "source")
                 for at, part in enumerate(content):
                     if isinstance(part, dict) and part.get("type") == "binary":
-                        named.extend(_python_named(BinaryInputContent, part,
-                                                   ["messages", index, "content", at]))
+                        where = ["messages", index, "content", at]
+                        named.extend(_python_named(BinaryInputContent, part, where))
+                        if not any(part.get(key) for key in ("id", "url", "data")):
+                            # (else it would be upgraded to an empty attachment)
+                            named.append({"path": where, "code": "missing_source",
+                                          "message": "A binary part needs one of id, url "
+                                                     "or data"})
                 message["content"] = [_upgrade_part(p) for p in content]
             suspect = suspect or not names.isdisjoint(message)
     if items > MAX_INPUT_ITEMS:
@@ -288,10 +293,13 @@ def _upgrade_part(part: Any) -> Any:
     mime = part.get("mimeType") or "application/octet-stream"
     kind = mime.split("/", 1)[0]
     kind = kind if kind in _MEDIA else "document"
+    source: dict[str, Any]
     if part.get("url"):
         source = {"type": "url", "value": part["url"], "mimeType": mime}
-    else:
+    elif part.get("data") or not part.get("id"):  # (neither: refused by `parse_run_input`)
         source = {"type": "data", "value": part.get("data") or "", "mimeType": mime}
+    else:  # a file the provider already holds, by its id: kept as that id, never emptied
+        source = {"type": "file", "value": part["id"], "mimeType": mime}
     upgraded: dict[str, Any] = {"type": kind, "source": source}
     if part.get("id"):
         upgraded["id"] = part["id"]

@@ -39,6 +39,7 @@ from copilot_runtime._limits import check_json_text
 
 __all__ = [
     "attachment_filename",
+    "attachment_source",
     "from_graphql_inputs",
     "from_json_representation",
     "media_type",
@@ -357,7 +358,7 @@ def _openai_user_content(content: Any) -> Any:
         if kind == "text":
             parts.append({"type": "text", "text": part.text})
             continue
-        source = part.source
+        source = attachment_source(_OPENAI, part)
         mime = media_type(source)
         if kind == "image" and source.type != "file":
             url = source.value if source.type == "url" else \
@@ -422,6 +423,16 @@ def attachment_filename(part: Any, default: str | None) -> str | None:
 # What a MIME type is written with; anything else in one a client sent is not echoed back.
 _MIME_UNSAFE = re.compile(r"[^\w.+/-]+")
 _SOURCE_WORDS = {"data": "inline data", "url": "a URL", "file": "a provider file id"}
+
+
+def attachment_source(provider: str, part: Any) -> Any:
+    """A media part's source, which `provider` is to be sent; an attachment with no bytes
+    (empty inline data, as a GraphQL `imageMessage` may carry) fails the run instead of
+    reaching the model as an empty file."""
+    source = part.source
+    if source.type == "data" and not source.value:
+        raise unsupported_attachment(provider, part, "its data is empty")
+    return source
 
 
 def unsupported_attachment(provider: str, part: Any, why: str) -> UnsupportedAttachmentError:

@@ -4,8 +4,11 @@ no input form for (before: dropped, and the model answered as if nothing had bee
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 from ag_ui.core import (
     AudioPart,
@@ -19,13 +22,19 @@ from ag_ui.core import (
     VideoPart,
 )
 
-from copilot_runtime import CopilotRuntime, GoogleGenAIAdapter, InvalidRequestError
+from copilot_runtime import (
+    AnthropicAdapter,
+    CopilotRuntime,
+    GoogleGenAIAdapter,
+    InvalidRequestError,
+    OpenAIAdapter,
+)
 from copilot_runtime._exceptions import UnsupportedAttachmentError
 from copilot_runtime.adapters.anthropic import to_anthropic_messages
 from copilot_runtime.adapters.google import to_gemini_contents
 from copilot_runtime.adapters.langchain import to_langchain_messages
 from copilot_runtime.messages import attachment_filename, to_openai
-from copilot_runtime.testing import MockGeminiServer, MockOpenAIServer
+from copilot_runtime.testing import MockAnthropicServer, MockGeminiServer, MockOpenAIServer
 from tests.conftest import Served, ServeRuntime, run_input, text_of, types
 from tests.gql.wire import CREATED, chat_data
 
@@ -202,6 +211,108 @@ async def test_an_attachment_the_model_cannot_take_fails_the_run(
     assert llm.requests == []  # nothing was sent without it
 
 
+def legacy_by_id(mime: str) -> dict[str, Any]:
+    """A 0.x `binary` part naming a file the provider already holds, by its id only."""
+    return {"type": "binary", "mimeType": mime, "id": "file-abc123", "filename": "report.pdf"}
+
+
+def by_id(kind: str, mime: str) -> dict[str, Any]:
+    """The part `legacy_by_id(mime)` is given back as: the id is its source."""
+    return {"type": kind, "source": {"type": "file", "value": "file-abc123", "mimeType": mime},
+            "id": "file-abc123", "metadata": {"filename": "report.pdf"}}
+
+
+@contextlib.asynccontextmanager
+async def provider_runtime(provider: str) -> AsyncIterator[tuple[CopilotRuntime,
+                                                                 list[dict[str, Any]]]]:
+    """A runtime on `provider`'s mock, with the list of the requests the mock is sent."""
+    mock: MockOpenAIServer | MockAnthropicServer | MockGeminiServer
+    async with contextlib.AsyncExitStack() as stack:
+        if provider == "openai":
+            mock = await stack.enter_async_context(MockOpenAIServer())
+            adapter: Any = OpenAIAdapter(base_url=mock.base_url, api_key="k", max_retries=0)
+        elif provider == "anthropic":
+            mock = await stack.enter_async_context(MockAnthropicServer())
+            adapter = AnthropicAdapter(base_url=mock.base_url, api_key="k", max_retries=0)
+        else:
+            mock = await stack.enter_async_context(MockGeminiServer())
+            adapter = GoogleGenAIAdapter(base_url=mock.base_url, api_key="k", max_retries=0)
+        yield CopilotRuntime(service_adapter=adapter), mock.requests
+
+
+def sent_user_parts(provider: str, request: dict[str, Any]) -> Any:
+    """What a provider request carries of the user message after its text."""
+    if provider == "gemini":
+        return request["contents"][-1]["parts"][1:]
+    return request["messages"][-1]["content"][1:]
+
+
+@pytest.mark.parametrize(("provider", "mime", "sent"), [
+    ("openai", "application/pdf", [{"type": "file", "file": {"file_id": "file-abc123"}}]),
+    ("anthropic", "application/pdf", [
+        {"type": "document", "source": {"type": "file", "file_id": "file-abc123"},
+         "title": "report.pdf"}]),
+    ("anthropic", "image/png", [
+        {"type": "image", "source": {"type": "file", "file_id": "file-abc123"}}]),
+    ("gemini", "application/pdf", [
+        {"fileData": {"file_uri": "file-abc123", "mime_type": "application/pdf"}}]),
+    ("gemini", "image/png", [
+        {"fileData": {"file_uri": "file-abc123", "mime_type": "image/png"}}]),
+])
+async def test_a_legacy_binary_part_given_by_id_reaches_the_model_by_that_id(
+        serve_runtime: ServeRuntime, provider: str, mime: str, sent: Any) -> None:
+    """Before: an EMPTY inline attachment (`data:application/pdf;base64,`), stored so and
+    sent again on every later run of the thread, with the id lost from its source."""
+    kind = "image" if mime.startswith("image/") else "document"
+    async with provider_runtime(provider) as (runtime, requests), \
+            serve_runtime(runtime) as served:
+        events = await served.run(with_parts("t-by-id", legacy_by_id(mime)))
+        assert events[-1]["type"] == "RUN_FINISHED", events[-1]
+        assert sent_user_parts(provider, requests[-1]) == sent
+        assert events[0]["input"]["messages"][0]["content"][1] == by_id(kind, mime)
+        stored = await (await served.session.get(
+            served.url + "/threads/t-by-id/messages")).json()
+        assert stored["messages"][0]["content"][1] == by_id(kind, mime)
+        replay = await served.run(run_input("", thread="t-by-id"),
+                                  path="/agent/default/connect")
+        assert replay[0]["input"]["messages"][0]["content"][1] == by_id(kind, mime)
+
+
+async def test_an_image_given_by_id_fails_the_run_on_openai(
+        served: Served, llm: MockOpenAIServer) -> None:
+    """Chat Completions takes images inline or by URL only: the run fails, saying so,
+    instead of sending an empty image."""
+    events = await served.run(with_parts("t-image-id", legacy_by_id("image/png")))
+    assert types(events) == ["RUN_STARTED", "RUN_ERROR"]
+    assert events[-1]["code"] == "UNSUPPORTED_ATTACHMENT"
+    assert "image attachment (image/png) given as a provider file id" in events[-1]["message"]
+    assert llm.requests == []
+
+
+async def test_a_legacy_binary_part_with_no_id_url_or_data_is_refused(served: Served) -> None:
+    """AG-UI 0.x required one of them; with none there is nothing to attach (before: an
+    empty inline attachment)."""
+    response = await served.post("/agent/default/run", with_parts(
+        "t-nothing", {"type": "binary", "mimeType": "image/png", "data": ""}))
+    assert response.status == 400, await response.text()
+    [issue] = orjson.loads((await response.json())["details"])
+    assert issue["path"] == ["messages", 0, "content", 1]
+    assert "one of id, url or data" in issue["message"]
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "gemini", "langchain"])
+def test_empty_inline_data_is_refused_by_every_adapter(provider: str) -> None:
+    """An image with no bytes (a GraphQL `imageMessage` with empty `bytes`, or a part with an
+    empty data source) is not sent as an empty attachment."""
+    part = ImagePart(source=DataSource(value="", mime_type="image/png"))
+    convert: Any = {"openai": to_openai, "anthropic": to_anthropic_messages,
+                    "gemini": to_gemini_contents, "langchain": to_langchain_messages}[provider]
+    with pytest.raises(UnsupportedAttachmentError,
+                       match=r"image attachment \(image/png\) given as inline data: "
+                             r"its data is empty"):
+        convert(user(part))
+
+
 # ---- over GraphQL -----------------------------------------------------------------------------
 
 
@@ -223,3 +334,19 @@ async def test_graphql_names_the_attachment_its_model_cannot_take(
         status["details"]["description"]
     error = status["details"]["originalError"]
     assert (error["code"], error["originalErrorType"]) == ("MISUSE", "UNSUPPORTED_ATTACHMENT")
+
+
+async def test_graphql_refuses_an_image_with_no_bytes(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """Before: the model was sent `data:image/png;base64,` (an empty image)."""
+    runtime = CopilotRuntime(service_adapter=OpenAIAdapter(
+        base_url=llm.base_url, api_key="k", max_retries=0))
+    async with serve_runtime(runtime) as served:
+        result = await served.generate(chat_data([{
+            "id": "img-1", "createdAt": CREATED,
+            "imageMessage": {"format": "png", "bytes": "", "role": "user"}}]))
+    assert llm.requests == []
+    status = result["status"]
+    assert status["code"] == "Failed"
+    assert "its data is empty" in status["details"]["description"]
+    assert status["details"]["originalError"]["originalErrorType"] == "UNSUPPORTED_ATTACHMENT"

@@ -70,6 +70,7 @@ from copilot_runtime.adapters.base import (
 )
 from copilot_runtime.messages import (
     attachment_filename,
+    attachment_source,
     media_type,
     paired_tool_calls,
     unsupported_attachment,
@@ -587,8 +588,10 @@ def _user_blocks(content: Any) -> list[dict[str, Any]]:
             if part.text:
                 blocks.append({"type": "text", "text": part.text})
         elif kind == "image":
-            blocks.append({"type": "image", "source": _source(part.source, "image/png")})
+            blocks.append({"type": "image",
+                           "source": _source(attachment_source(_ANTHROPIC, part), "image/png")})
         elif kind == "document":
+            attachment_source(_ANTHROPIC, part)  # (refuses one with no bytes)
             block = {"type": "document", "source": _document_source(part)}
             title = attachment_filename(part, None)
             if title:

@@ -75,7 +75,7 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
 )
-from copilot_runtime.messages import paired_tool_calls, unsupported_attachment
+from copilot_runtime.messages import attachment_source, paired_tool_calls, unsupported_attachment
 
 if TYPE_CHECKING:
     import aiohttp
@@ -785,7 +785,7 @@ def _user_parts(content: Any) -> list[dict[str, Any]]:
             if part.text:
                 parts.append({"text": part.text})
         elif kind in ("image", "audio", "video", "document"):
-            source = part.source
+            source = attachment_source("The Gemini API", part)
             mime = getattr(source, "mime_type", None) or _DEFAULT_MIME[kind]
             if source.type == "data":
                 try:

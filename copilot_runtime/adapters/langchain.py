@@ -50,7 +50,7 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
 )
-from copilot_runtime.messages import attachment_filename, paired_tool_calls
+from copilot_runtime.messages import attachment_filename, attachment_source, paired_tool_calls
 
 __all__ = ["LangChainAdapter", "to_langchain_messages"]
 
@@ -194,7 +194,7 @@ def _user_content(content: Any) -> Any:
         if kind == "text":
             blocks.append({"type": "text", "text": part.text})
         elif kind in ("image", "audio", "video", "document"):
-            source = part.source
+            source = attachment_source("LangChain", part)
             block_type = "file" if kind == "document" else kind
             if source.type == "data":
                 block = {"type": block_type, "base64": source.value,
