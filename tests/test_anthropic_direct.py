@@ -219,3 +219,55 @@ async def test_connections_are_kept_alive_and_a_stop_cancels_upstream(
         assert mock.cancelled_streams == 1  # the upstream stream was cancelled
     finally:
         await claude.aclose()
+
+
+class _SubclassedClient:
+    """A client that is not the SDK's own class (as Bedrock's and Vertex's are not): the
+    adapter sends through its `messages.create`."""
+
+
+@pytest.mark.parametrize("route", ["direct", "sdk", "sdk-create"])
+async def test_a_file_id_is_sent_with_the_files_beta(mock: MockAnthropicServer,
+                                                     route: str) -> None:
+    """The Messages API reads a file by id only under the Files API's beta header: without
+    it, every attachment given by file id was refused upstream."""
+    import anthropic
+    from ag_ui.core import DocumentInputContent, FileSource, TextInputContent
+
+    document = UserMessage(id="u", content=[
+        TextInputContent(text="summarise it"),
+        DocumentInputContent(source=FileSource(value="file-abc123",
+                                                           mime_type="application/pdf"))])
+    plain = ChatRequest(messages=[UserMessage(id="p", content="hello")])
+    for request in (ChatRequest(messages=[document]), plain):
+        if route == "direct":
+            claude = adapter("direct", base_url=mock.base_url)
+        else:
+            kind: Any = anthropic.AsyncAnthropic if route == "sdk" else type(
+                "Subclassed", (anthropic.AsyncAnthropic, _SubclassedClient), {})
+            claude = AnthropicAdapter(client=kind(
+                api_key="sk-mock", base_url=mock.base_url, max_retries=0,
+                default_headers={"Anthropic-Beta": "prompt-caching-2024-07-31"},
+                http_client=anthropic.DefaultAioHttpClient()))
+        await answer(claude, request=request)
+    with_file, without = (lowered(h).get("anthropic-beta") for h in mock.headers)
+    configured = [] if route == "direct" else ["prompt-caching-2024-07-31"]
+    assert with_file == ",".join([*configured, "files-api-2025-04-14"])
+    assert without == (configured[0] if configured else None)
+    assert mock.requests[0]["messages"][0]["content"][1]["source"] == {
+        "type": "file", "file_id": "file-abc123"}
+
+
+def test_the_default_model_is_not_one_the_sdk_calls_deprecated() -> None:
+    """claude-sonnet-4-5, the default before, reaches its end of life on 2026-11-30: an app
+    that named no model would have stopped answering then."""
+    from anthropic._data import DEPRECATED_MODELS
+
+    from copilot_runtime.adapters.anthropic import DEFAULT_MODEL
+    from copilot_runtime.adapters.from_env import adapter_from_env
+
+    assert DEFAULT_MODEL not in DEPRECATED_MODELS
+    assert AnthropicAdapter(api_key="k").model == DEFAULT_MODEL
+    chosen = adapter_from_env({"ANTHROPIC_API_KEY": "k"})
+    assert chosen is not None
+    assert chosen[0].model == DEFAULT_MODEL  # type: ignore[attr-defined]

@@ -78,6 +78,10 @@ from copilot_runtime.messages import (
 
 __all__ = ["AnthropicAdapter", "AnthropicStreamParser", "to_anthropic_messages"]
 
+#: The model used when none is named (one the SDK does not list as deprecated: see
+#: tests/test_anthropic_direct.py).
+DEFAULT_MODEL = "claude-sonnet-4-6"
+
 #: The API requires `max_tokens`; this is used when neither the app nor the client set one.
 DEFAULT_MAX_TOKENS = 4096
 _THINKING_KEPT = 1024
@@ -116,7 +120,7 @@ class AnthropicAdapter:
     def __init__(
         self,
         *,
-        model: str = "claude-sonnet-4-5",
+        model: str = DEFAULT_MODEL,
         api_key: str | None = None,
         base_url: str | None = None,
         client: anthropic.AsyncAnthropic | anthropic.AsyncAnthropicBedrock
@@ -221,9 +225,23 @@ class AnthropicAdapter:
             return self._stream_direct(self._direct, params)
         return self._stream_sdk(params)
 
+    def _betas(self, params: dict[str, Any]) -> str | None:
+        """The `anthropic-beta` header `params` needs, with the client's own betas; None
+        if they need none beyond those. A file id is read only with the Files API's beta
+        (without it the API refuses the request)."""
+        if not _uses_files(params.get("messages")):
+            return None
+        headers = getattr(self.client, "default_headers", {})
+        betas = [b.strip() for name, value in headers.items()
+                 if name.lower() == "anthropic-beta" for b in str(value).split(",") if b.strip()]
+        if FILES_BETA in betas:
+            return None
+        return ",".join([*betas, FILES_BETA])
+
     async def _stream_direct(self, route: _DirectRoute, params: dict[str, Any]
                              ) -> AsyncIterator[Sequence[ChatDelta]]:
-        response = await route.send(orjson.dumps({**params, "stream": True}))
+        betas = self._betas(params)
+        response = await route.send(orjson.dumps({**params, "stream": True}), betas)
         parser = AnthropicStreamParser(secrets=route.secrets)
         async for deltas in _direct.stream(response, parser, _FAILURES):
             yield deltas
@@ -240,6 +258,8 @@ class AnthropicAdapter:
         # What the request carries: an upstream's words echoing one lose it.
         secrets = (self._api_key,
                    *_direct.header_credentials(getattr(client, "default_headers", {})))
+        betas = self._betas(params)
+        headers = {"anthropic-beta": betas} if betas else {}
         try:
             parser = AnthropicStreamParser(secrets=secrets)
             if type(client) is anthropic.AsyncAnthropic:
@@ -247,7 +267,7 @@ class AnthropicAdapter:
                 response = cast(httpx2.Response, await client.post(
                     "/v1/messages", cast_to=httpx2.Response,
                     content=orjson.dumps({**params, "stream": True}),
-                    options={"headers": {"Content-Type": "application/json"}},
+                    options={"headers": {"Content-Type": "application/json", **headers}},
                     stream=True, stream_cls=anthropic.AsyncStream[Any]))
                 # (the SDK's client alone may wait forever: see _idle)
                 pieces = IdleBound(response.aiter_bytes(), self._wait_bound, _FAILURES.silent)
@@ -262,7 +282,8 @@ class AnthropicAdapter:
                     pieces.close()
                     await response.aclose()
             else:
-                events = await client.messages.create(**params, stream=True)
+                events = await client.messages.create(**params, stream=True,
+                                                      extra_headers=headers or None)
                 bounded = IdleBound(aiter(events), self._wait_bound, _FAILURES.silent)
                 try:
                     async for event in bounded:
@@ -352,11 +373,35 @@ class _DirectRoute:
     def close(self) -> bool:
         return self.pool.close()
 
-    async def send(self, body: bytes) -> _http1.Response:
+    async def send(self, body: bytes, betas: str | None = None) -> _http1.Response:
+        """The answer to `body`; `betas`: the request's `anthropic-beta` header, in place of
+        the client's."""
+        tail = self.tail
+        if betas is not None:
+            tail = b"".join(line for line in tail.splitlines(keepends=True)
+                            if not line.lower().startswith(b"anthropic-beta:"))
+            tail += f"anthropic-beta: {betas}\r\n".encode("latin-1")
         return await _direct.send(
-            self.pool, self.head, self.tail, body, read_timeout=self.timeout,
+            self.pool, self.head, tail, body, read_timeout=self.timeout,
             max_retries=self.max_retries, max_wait=self.max_retry_wait, failures=_FAILURES,
             policy=_RETRIES)
+
+
+#: The beta under which the Messages API reads files by id (`source.type = "file"`).
+FILES_BETA = "files-api-2025-04-14"
+
+
+def _uses_files(blocks: Any) -> bool:
+    """Whether one of `blocks` (messages, or their content blocks: a tool result's
+    too) names a file by id."""
+    for block in blocks if isinstance(blocks, list) else ():
+        if not isinstance(block, dict):
+            continue
+        source = block.get("source")
+        if (isinstance(source, dict) and source.get("type") == "file") \
+                or _uses_files(block.get("content")):
+            return True
+    return False
 
 
 def _input_schema(parameters: dict[str, Any]) -> dict[str, Any]:

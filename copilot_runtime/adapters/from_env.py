@@ -39,9 +39,9 @@ def adapter_from_env(env: Mapping[str, str] | None = None,
         return None
     try:
         if provider == "anthropic":
-            from copilot_runtime.adapters.anthropic import AnthropicAdapter
+            from copilot_runtime.adapters.anthropic import DEFAULT_MODEL, AnthropicAdapter
 
-            model = env.get("ANTHROPIC_MODEL", "claude-sonnet-4-5")
+            model = env.get("ANTHROPIC_MODEL", DEFAULT_MODEL)
             return (AnthropicAdapter(model=model, api_key=env.get("ANTHROPIC_API_KEY")),
                     f"model {model} at Anthropic")
         if provider == "google":

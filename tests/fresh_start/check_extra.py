@@ -235,7 +235,7 @@ async def check_anthropic() -> None:
     from copilot_runtime import AnthropicAdapter
 
     await check_unreachable_provider(AnthropicAdapter(
-        model="claude-sonnet-4-5", api_key="sk-test", base_url="http://127.0.0.1:9",
+        model="claude-sonnet-4-6", api_key="sk-test", base_url="http://127.0.0.1:9",
         max_retries=0))
 
 
