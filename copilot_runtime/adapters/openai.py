@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import msgspec
 import orjson
+import structlog
 
 from copilot_runtime._exceptions import (
     ConfigurationError,
@@ -49,11 +50,38 @@ from copilot_runtime.messages import to_openai
 if TYPE_CHECKING:
     import openai
 
-__all__ = ["OpenAIAdapter"]
+__all__ = ["OpenAIAdapter", "is_reasoning_model"]
+
+_log = structlog.get_logger("copilot_runtime.adapters.openai")
 
 _E = TypeVar("_E", bound=BaseException)
 
 _DEFAULT_BASE_URL = "https://api.openai.com/v1"
+# OpenAI's model names: the o series (o1, o3-mini, o4-mini-2025-04-16) and the GPT versions.
+_O_SERIES = re.compile(r"o\d+(?:-.*)?", re.S)
+_GPT_VERSION = re.compile(r"gpt-(?P<major>\d+)(?:\.(?P<minor>\d+))?(?:-(?P<variant>.*))?", re.S)
+
+
+def is_reasoning_model(model: str) -> bool:
+    """Whether OpenAI runs `model` as a reasoning model, which refuses `max_tokens` and
+    sampling settings: the o series and GPT-5 on, but a major version's chat model
+    (`gpt-5-chat-latest`). Other names (other servers' models, fine-tunes, `openai/o3`
+    behind a proxy that translates itself) are not."""
+    if _O_SERIES.fullmatch(model):
+        return True
+    version = _GPT_VERSION.fullmatch(model)
+    if version is None or int(version["major"]) < 5:
+        return False
+    return version["minor"] is not None or not (version["variant"] or "").startswith("chat")
+
+
+def _samples_without_reasoning(model: str) -> bool:
+    """Whether `model` takes `temperature` when told not to reason (`reasoning_effort`
+    "none"): GPT-5.1 and later do, GPT-5 and the o series never."""
+    version = _GPT_VERSION.fullmatch(model)
+    return version is not None and (int(version["major"]), int(version["minor"] or 0)) >= (5, 1)
+
+
 # The SDK gives up rather than wait for a Retry-After above two minutes (see _direct).
 _MAX_RETRY_AFTER = 120.0
 #: How long the SDK route reads on for the body's end once the answer is complete.
@@ -77,6 +105,12 @@ class OpenAIAdapter:
 
     `timeout` (seconds, 120 by default) bounds each wait for the answer. A ready `client=`
     given no `timeout` keeps its own read timeout (`AsyncOpenAI(timeout=600)`: 600 s).
+
+    `reasoning_model` says whether the model is one of OpenAI's reasoning models, which take
+    a client's maxTokens as `max_completion_tokens` and no `temperature` (it is left out,
+    with a warning). By default (None) the model's name decides (`is_reasoning_model`):
+    set it for an Azure deployment named otherwise. Every other model gets `max_tokens`,
+    the field every OpenAI-compatible server reads (Ollama and LM Studio ignore the other).
     """
 
     provider = "openai"
@@ -96,8 +130,10 @@ class OpenAIAdapter:
         project: str | None = None,
         default_headers: Mapping[str, str] | None = None,
         transport: Literal["auto", "direct", "sdk"] = "auto",
+        reasoning_model: bool | None = None,
     ) -> None:
         self.model = model
+        self._reasoning_model = reasoning_model
         self._client = client
         self._api_key = api_key or os.environ.get("OPENAI_API_KEY")
         self._base_url = base_url
@@ -177,10 +213,20 @@ class OpenAIAdapter:
             else:
                 params["tool_choice"] = {"type": "function",
                                          "function": {"name": request.tool_choice}}
+        model = params["model"]
+        reasoning = (is_reasoning_model(model) if self._reasoning_model is None
+                     else self._reasoning_model)
         if request.temperature is not None:
-            params["temperature"] = request.temperature
+            if reasoning and not (self._extra_body.get("reasoning_effort") == "none"
+                                  and _samples_without_reasoning(model)):
+                # OpenAI refuses any value but the default with a 400, which would fail
+                # the run over a setting the client cannot know the model ignores.
+                _log.warning("temperature not sent to a reasoning model", model=model,
+                             temperature=request.temperature)
+            else:
+                params["temperature"] = request.temperature
         if request.max_tokens is not None:
-            params["max_tokens"] = request.max_tokens
+            params["max_completion_tokens" if reasoning else "max_tokens"] = request.max_tokens
         if request.stop:
             params["stop"] = request.stop
         return params

@@ -15,7 +15,9 @@ run end to end without a network or a key. What it answers depends on the last m
 
 Like the real API it refuses (400, ``invalid_request_error``) a history whose tool calls are
 not each answered by the tool messages right after them, and a tool message that answers no
-call of the assistant message before it.
+call of the assistant message before it; and, for a reasoning model (``o1``, ``o3-mini``,
+``gpt-5``...; not ``gpt-5-chat-latest``), ``max_tokens`` and a ``temperature`` other than 1
+(but from ``gpt-5.1`` on with ``reasoning_effort: "none"``), with the real API's words.
 
 Chunk ids derive from a hash of the request, so the same request gets the same bytes.
 Run it alone with ``python -m copilot_runtime.testing.mock_openai --port 8090``.
@@ -43,6 +45,9 @@ __all__ = ["MockOpenAIServer"]
 _CREATED = 1700000000
 _CALL = re.compile(r"^call:([A-Za-z0-9_\-]+)\s*(.*)$", re.S)
 _DIRECTIVE = re.compile(r"^(error|breaks|slow|chunks):(\d+)\s*(.*)$", re.S)
+# The model names OpenAI runs as reasoning models: the o series and GPT-5 on, but the chat
+# models of a major version (`gpt-5-chat-latest`); the version is kept to tell 5 from 5.1.
+_REASONING_MODEL = re.compile(r"^(?:o\d+(?:-.*)?|gpt-(\d+)(\.\d+)?(?:-(?!chat).*)?)$", re.S)
 
 
 def _text_of(message: dict[str, Any]) -> str:
@@ -167,10 +172,10 @@ class MockOpenAIServer(LoopbackServer):
         if self.record:
             self.requests.append(body)
             self.headers.append({k.lower(): v for k, v in request.headers.items()})
-        refused = _refusal(body.get("messages"))
+        refused = _refusal(body.get("messages")) or _reasoning_refusal(body)
         if refused is not None:
-            message, param = refused
-            return _error(400, message, "invalid_request_error", param)
+            message, param, *code = refused
+            return _error(400, message, "invalid_request_error", param, *code)
         if self.statuses:
             status = self.statuses.pop(0)
             failure = _error(status, f"mock error {status}", "server_error")
@@ -201,10 +206,32 @@ class MockOpenAIServer(LoopbackServer):
         return response
 
 
-def _error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
+def _error(status: int, message: str, kind: str, param: str | None = None,
+           code: str | None = None) -> web.Response:
     return web.json_response(
-        {"error": {"message": message, "type": kind, "param": param, "code": None}},
+        {"error": {"message": message, "type": kind, "param": param, "code": code}},
         status=status)
+
+
+def _reasoning_refusal(body: dict[str, Any]) -> tuple[str, str, str] | None:
+    """Why the real API refuses `body`'s settings for a reasoning model (the message, the
+    `param` and the `code` it sends), or None."""
+    model = body.get("model")
+    match = _REASONING_MODEL.match(model) if isinstance(model, str) else None
+    if match is None or (match.group(1) is not None and int(match.group(1)) < 5):
+        return None
+    if "max_tokens" in body:
+        return ("Unsupported parameter: 'max_tokens' is not supported with this model. Use "
+                "'max_completion_tokens' instead.", "max_tokens", "unsupported_parameter")
+    temperature = body.get("temperature")
+    # GPT-5.1 and later sample again when told not to reason.
+    sampling = (match.group(1) is not None and (int(match.group(1)) > 5 or bool(
+        match.group(2))) and body.get("reasoning_effort") == "none")
+    if temperature is not None and temperature != 1 and not sampling:
+        return (f"Unsupported value: 'temperature' does not support {temperature} with this "
+                "model. Only the default (1) value is supported.", "temperature",
+                "unsupported_value")
+    return None
 
 
 def _refusal(messages: Any) -> tuple[str, str] | None:
