@@ -212,6 +212,9 @@ class ActiveRun:
         #: Whether its client left while it goes on (see `detach`).
         self.detached = False
         self._detached_bound: asyncio.TimerHandle | None = None
+        #: A run kept out of its thread (`RunManager.begin_unstored`): not stored, and not
+        #: holding the thread.
+        self.unstored = False
 
     @property
     def terminated(self) -> bool:
@@ -384,7 +387,7 @@ class ActiveRun:
         first = [self.started_event()]
         self._publish(first)
         memory = self.manager.memory
-        if memory is not None:
+        if memory is not None and not self.unstored:
             # The thread exists from its first run's start, as on a durable store (whose
             # first write of the run's events makes it).
             await memory.begin_run(self.thread_id, self.agent_id, self.created_at,
@@ -521,7 +524,7 @@ class ActiveRun:
         for follower in self.listeners:
             follower.wake()
         if self.manager.durable is not None and self._flush_timer is None \
-                and self._flushing is None and not self._finished:
+                and self._flushing is None and not self._finished and not self.unstored:
             self._flush_timer = asyncio.get_running_loop().call_later(
                 FLUSH_INTERVAL, self._start_flush)
 
@@ -599,6 +602,10 @@ class ActiveRun:
         for queue in self.listeners:
             queue.put_nowait(None)
         self.listeners.clear()
+        if self.unstored:  # nothing to write, no thread to give back
+            self.manager._release(self)
+            self._ended()
+            return
         if self.manager.durable is None:  # in this process: nothing to wait for
             try:
                 await self._store_and_give_back()
@@ -796,6 +803,8 @@ class RunManager:
         #: at once; None: to its end.
         self.detached_run_seconds = detached_run_seconds
         self.active: dict[str, ActiveRun] = {}
+        #: Runs kept out of their threads (`begin_unstored`), driven in this process.
+        self.unstored: set[ActiveRun] = set()
         #: Threads being deleted here (how many deletes of each): a run asking for one is
         #: busy until the deletes are done.
         self._deleting: dict[str, int] = {}
@@ -884,6 +893,29 @@ class RunManager:
             thread_id, placeholder.first_position)
         placeholder.confirmed = True
         return placeholder
+
+    async def begin_unstored(self, agent_id: str, agent: Agent, input: RunInput,
+                             context: RunContext, owner: ThreadOwner | None = None,
+                             remembered: Callable[[str], Awaitable[bool]] | None = None
+                             ) -> ActiveRun:
+        """Prepare a run kept out of its thread (a chat suggestion's): driven and bounded
+        as any run, but not stored, not replayed by `connect`, and not holding the thread (a
+        chat's run on it goes on, and another may start). With `owner`, a thread someone
+        else owns does not exist (`ThreadNotFoundError`), as for `begin`."""
+        thread_id = input.thread_id
+        if owner is not None:
+            running = self.active.get(thread_id)
+            if self._owners.refuses(thread_id, owner) or (
+                    running is not None and running.confirmed and running.owner != owner):
+                raise ThreadNotFoundError(thread_id)
+            await self._check_owner(thread_id, await self.store.summary(thread_id), owner,
+                                    remembered)
+        run = ActiveRun(self, agent_id, agent, input, context, set())
+        run.unstored = True
+        run.owner = owner
+        run.confirmed = True
+        self.unstored.add(run)
+        return run
 
     async def _check_owner(self, thread_id: str, record: ThreadRecord | None,
                            owner: ThreadOwner | None,
@@ -1155,7 +1187,7 @@ class RunManager:
                 loop = asyncio.get_running_loop()
                 for woken in self._ending:
                     loop.call_later(SHUTDOWN_STORE_WAIT, _wake, woken)
-        running = list(self.active.values())
+        running = [*self.active.values(), *self.unstored]
         for run in running:
             run.cancel("shutdown")
         return [r.task for r in running if r.task is not None and not r.task.done()]
@@ -1231,6 +1263,7 @@ class RunManager:
             await followed.aclose()
 
     def _release(self, run: ActiveRun) -> None:
+        self.unstored.discard(run)
         if self.active.get(run.thread_id) is run:
             del self.active[run.thread_id]
 

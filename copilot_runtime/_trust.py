@@ -377,9 +377,11 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
                     context: RunContext, request: RequestInfo | None,
                     topics: tuple[Sequence[str], Sequence[str]] | None,
                     registered: Agent | None = None,
-                    answering: RequestInfo | None = None) -> ActiveRun:
+                    answering: RequestInfo | None = None,
+                    unstored: bool = False) -> ActiveRun:
     """`request` asks for the run; `answering` (without `request`) answered an approval whose
-    run this is: the run is theirs, on a thread whose owner stays whoever it is."""
+    run this is: the run is theirs, on a thread whose owner stays whoever it is. An
+    `unstored` run is kept out of its thread (`RunManager.begin_unstored`)."""
     asker = request if request is not None else answering
     principal = asker.principal if asker is not None else None
     context.principal = principal
@@ -401,7 +403,8 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
 
             remembered = kept_by_agent
 
-        run = await runtime.runs.begin(agent_id, agent, input, context, owner, remembered)
+        begin = runtime.runs.begin_unstored if unstored else runtime.runs.begin
+        run = await begin(agent_id, agent, input, context, owner, remembered)
     except BaseException:
         if lease is not None:  # no run started: nothing of it counts (a busy thread, say)
             await lease.give_back()

@@ -414,7 +414,8 @@ class CopilotRuntime:
                         agent: Agent | None = None,
                         request: RequestInfo | None = None,
                         topics: tuple[Sequence[str], Sequence[str]] | None = None,
-                        answering: RequestInfo | None = None) -> ActiveRun:
+                        answering: RequestInfo | None = None,
+                        unstored: bool = False) -> ActiveRun:
         """Reserve the thread and prepare a run; drive it with `ActiveRun.drive`. A run
         that may not be driven (something can fail or be cancelled first) is given back with
         `ActiveRun.abandon`, or by `async with run:` around what leads to `drive`.
@@ -425,16 +426,19 @@ class CopilotRuntime:
         the request's own rules for the `TopicGuardrail`. `answering` is the request of a
         person whose approval answer starts the run (`ApprovalService`, which checked their
         access): its principal and annotations are the run's, the thread stays its owner's,
-        and its limits do not apply (answers are not run starts).
+        and its limits do not apply (answers are not run starts). An `unstored` run (a chat
+        suggestion's) is checked, limited and observed as any run, but kept out of its
+        thread: not stored, and not holding the thread (`RunManager.begin_unstored`).
         """
         registered = self.agent(agent_id)
         context = RunContext(agent_id=agent_id, headers=dict(headers or {}),
                              follow_up_server_tools=follow_up_server_tools)
         if request is None and answering is None and not self.guardrails and \
                 topics is None and not self.observed:
-            return await self.runs.begin(agent_id, agent or registered, input, context)
+            begin = self.runs.begin_unstored if unstored else self.runs.begin
+            return await begin(agent_id, agent or registered, input, context)
         return await _trust.start_run(self, agent_id, agent or registered, input, context,
-                                      request, topics, registered, answering)
+                                      request, topics, registered, answering, unstored)
 
     def stop_run(self, agent_id: str, thread_id: str, run_id: str | None = None, *,
                  request: RequestInfo | None = None) -> bool:

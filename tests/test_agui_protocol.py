@@ -165,6 +165,34 @@ async def test_context_and_forwarded_model_settings(served: Served,
             sent["tool_choice"]) == ("gpt-4o-mini", 0.2, 50, ["END"], "none")
 
 
+@pytest.mark.parametrize("choice", [
+    "getWeather", {"type": "function", "function": {"name": "getWeather"}}])
+async def test_tool_choice_names_a_tool_as_text_or_as_openai_object(
+        served: Served, llm: MockOpenAIServer, choice: Any) -> None:
+    events = await served.run(run_input("hi", forwardedProps={"toolChoice": choice}))
+    verify_events(events)
+    assert events[-1]["type"] == "RUN_FINISHED", events[-1]
+    assert llm.requests[0]["tool_choice"] == {"type": "function",
+                                              "function": {"name": "getWeather"}}
+
+
+@pytest.mark.parametrize(("choice", "problem"), [
+    ({"type": "function", "function": {"name": "nowhere"}}, "'nowhere', which is not one"),
+    ("nowhere", "'nowhere', which is not one"),
+    ({"type": "function", "function": {"name": ""}}, '"auto", "none", "required"'),
+    ({"type": "function"}, '"auto", "none", "required"'),
+    ({"type": "tool", "name": "getWeather"}, '"auto", "none", "required"'),
+    (["getWeather"], '"auto", "none", "required"'),
+])
+async def test_tool_choice_of_no_tool_or_of_another_form_is_a_run_error(
+        served: Served, llm: MockOpenAIServer, choice: Any, problem: str) -> None:
+    events = await served.run(run_input("hi", forwardedProps={"toolChoice": choice}))
+    verify_events(events)
+    assert (events[-1]["type"], events[-1]["code"]) == ("RUN_ERROR", "INVALID_REQUEST")
+    assert problem in events[-1]["message"]
+    assert llm.requests == []
+
+
 async def test_bad_forwarded_setting_is_a_run_error(served: Served) -> None:
     events = await served.run(run_input("hi", forwardedProps={"temperature": "hot"}))
     verify_events(events)

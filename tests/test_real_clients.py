@@ -376,6 +376,45 @@ def test_chat_rest(rc: RealClientEnv) -> None:
     assert run["contentType"].startswith("text/event-stream")
 
 
+SUGGESTED = [{"title": "Weather", "message": "What is the weather in Paris?",
+              "isLoading": False}]
+#: The mock LLM calls the forced copilotkitSuggest with this line's arguments.
+SUGGEST_LINE = ('call:copilotkitSuggest {"suggestions":[{"title":"Weather",'
+                '"message":"What is the weather in Paris?"}]}')
+
+
+def test_dynamic_suggestions(rc: RealClientEnv) -> None:
+    """CopilotKit 1.75's dynamic suggestions: /info says `suggestions`, so the core posts its
+    forced-tool run to `agent/default/suggest`; the suggestions arrive, and the chat's thread
+    keeps only the chat."""
+    thread = thread_id("suggest")
+    result = rc.drive("suggestions", threadId=thread, instructions=SUGGEST_LINE)
+    assert result["advertised"] is True
+    assert result["suggestions"] == SUGGESTED
+    assert result["coreErrors"] == []
+    suggests = requests_to(result, "POST", f"{rc.url}/agent/default/suggest")
+    assert [s["status"] for s in suggests] == [200]
+    sent = suggests[0]["requestBody"]
+    assert sent["forwardedProps"]["toolChoice"] == {
+        "type": "function", "function": {"name": "copilotkitSuggest"}}
+    assert sent["threadId"] != thread  # the core's own throwaway id
+    assert user_and_assistant(result["messages"]) == HELLO_CHAT
+    assert result["after"] == result["before"]
+    assert len(run_requests(result, rc)) == 1  # the chat's turn only
+
+
+def test_dynamic_suggestions_single_route(rc: RealClientEnv) -> None:
+    """The single-route client runs its suggestions as a plain `agent/run` (on a throwaway
+    thread) with the OpenAI object form of `toolChoice`."""
+    result = rc.drive("suggestions", url=rc.single_url, transport="single",
+                      threadId=thread_id("suggest-single"), instructions=SUGGEST_LINE)
+    assert result["suggestions"] == SUGGESTED
+    assert result["coreErrors"] == []
+    methods = [h["requestBody"].get("method") for h in requests_to(result, "POST", rc.single_url)
+               if isinstance(h["requestBody"], dict)]
+    assert methods.count("agent/run") == 2, methods  # the chat's turn, then the suggestion's
+
+
 def test_chat_single_route(rc: RealClientEnv) -> None:
     thread = thread_id("chat-single")
     result = rc.drive("chat", url=rc.single_url, transport="single", text="Hello",

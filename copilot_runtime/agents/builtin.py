@@ -378,10 +378,12 @@ class BuiltInAgent(Agent):
                                 - frontend.keys()) if wanted else frozenset()
             shared = SharedState(model.state, offered)
             tools.extend(shared.tools())
+        settings = model_settings(model.forwarded_props)
+        _check_forced_tool(settings, tools)
         return _Turn(tools=tools, frontend=set(frontend),
                      history=list(model.messages),
                      system_prompt=self._system_prompt(model.context or ()),
-                     settings=model_settings(model.forwarded_props), shared=shared)
+                     settings=settings, shared=shared)
 
     @staticmethod
     def _request(turn: _Turn, *, last_step: bool) -> ChatRequest:
@@ -542,7 +544,39 @@ def model_settings(forwarded_props: Any) -> dict[str, Any]:
             value = [value] if isinstance(value, str) else value
             if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
                 raise InvalidRequestError("forwardedProps.stop must be a string or strings")
-        if name == "tool_choice" and not isinstance(value, str):
-            raise InvalidRequestError("forwardedProps.toolChoice must be a string")
+        if name == "tool_choice":
+            value = _tool_choice(value)
         settings[name] = value
     return settings
+
+
+#: The `toolChoice` words that name no tool (the rest name the one tool the model must call).
+TOOL_CHOICE_WORDS = frozenset({"auto", "none", "required"})
+_TOOL_CHOICE_FORMS = ('forwardedProps.toolChoice must be "auto", "none", "required", a tool\'s '
+                      'name, or {"type": "function", "function": {"name": <a tool\'s name>}}')
+
+
+def _tool_choice(value: Any) -> str:
+    """`toolChoice` as the adapters take it: a word or the forced tool's name. The OpenAI
+    object form (what `@copilotkit/core` 1.75 sends to force its suggestion tool) means
+    the same as the name alone."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and value.get("type") == "function" and set(value) <= {
+            "type", "function"}:
+        function = value.get("function")
+        if isinstance(function, dict) and set(function) == {"name"} \
+                and isinstance(function["name"], str) and function["name"]:
+            return function["name"]
+    raise InvalidRequestError(_TOOL_CHOICE_FORMS)
+
+
+def _check_forced_tool(settings: dict[str, Any], tools: Sequence[ToolSpec]) -> None:
+    """Refuse a forced tool the run does not offer: the adapters would drop it silently (a
+    run without tools) or the provider would refuse the request with a less clear error."""
+    choice = settings.get("tool_choice")
+    if choice is None or choice in TOOL_CHOICE_WORDS or choice == "any":
+        return  # ("any": what LangChain's bind_tools also takes)
+    if not any(tool.name == choice for tool in tools):
+        raise InvalidRequestError(
+            f"forwardedProps.toolChoice names {choice!r}, which is not one of this run's tools")

@@ -6,6 +6,9 @@ run end to end without a network or a key. What it answers depends on the last m
 * a user message ``call:NAME {json}``: a tool call to NAME with those arguments, the arguments
   streamed in pieces; several ``call:`` lines give several tool calls in one answer (unless
   the request says ``tool_choice: "none"``);
+* a request whose ``tool_choice`` forces a function NAME, and a user message with a
+  ``call:NAME {json}`` line among other text (a prompt the client wrote around the test's
+  line, as `@copilotkit/core`'s suggestions do): that one call;
 * ``error:NNN``: HTTP NNN with an OpenAI error body;
 * ``breaks:N text``: N content pieces, then the connection is cut mid-stream;
 * ``slow:MS text``: MS milliseconds between pieces (to stop or disconnect mid-stream);
@@ -80,6 +83,12 @@ def _plan(body: dict[str, Any], delay: float) -> _Plan:
     text = _text_of(last).strip()
     plan = _Plan(delay=delay)
     tools_allowed = body.get("tool_choice") != "none"
+    forced = _forced_tool(body.get("tool_choice"))
+    if forced is not None and last.get("role") == "user":
+        arguments = _forced_arguments(text, forced)
+        if arguments is not None:
+            plan.tool_calls.append((forced, arguments))
+            return plan
     if last.get("role") == "user":
         calls = [_CALL.match(line.strip()) for line in text.splitlines() if line.strip()]
         if tools_allowed and calls and all(calls):
@@ -104,6 +113,28 @@ def _plan(body: dict[str, Any], delay: float) -> _Plan:
                 plan.delay = number / 1000
     plan.text = "echo: " + _text_of(last)
     return plan
+
+
+def _forced_tool(tool_choice: Any) -> str | None:
+    """The function `tool_choice` forces the model to call, or None."""
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        function = tool_choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if isinstance(name, str):
+            return name
+    return None
+
+
+def _forced_arguments(text: str, name: str) -> str | None:
+    """The arguments a ``call:NAME {json}`` line of `text` gives the forced tool, or None."""
+    for line in text.splitlines():
+        match = _CALL.match(line.strip())
+        if match is not None and match.group(1) == name:
+            raw_args = match.group(2).strip() or "{}"
+            with contextlib.suppress(orjson.JSONDecodeError):
+                raw_args = orjson.dumps(orjson.loads(raw_args)).decode()
+            return raw_args
+    return None
 
 
 class MockOpenAIServer(LoopbackServer):

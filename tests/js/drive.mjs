@@ -247,6 +247,32 @@ const scenarios = {
     };
   },
 
+  // Dynamic chat suggestions (useConfigureSuggestions): a chat turn, then reloadSuggestions;
+  // the suggestions the core parsed from the forced copilotkitSuggest call, and the thread as
+  // the runtime keeps it before and after (a suggestion is not a chat turn).
+  async suggestions({ transport = "rest", threadId = uid("thread"), instructions }) {
+    const core = await startCore(runtimeUrl, transport);
+    const agent = freshThread(runtimeAgent(core), threadId);
+    agent.addMessage(userMessage("Hello"));
+    await core.runAgent({ agent });
+    const threadMessages = async () =>
+      transport === "rest" ? (await rawRequest({ method: "GET", path: `/threads/${threadId}/messages` })).body : null;
+    const before = await threadMessages();
+    let finished = false;
+    core.subscribe({ onSuggestionsFinishedLoading: () => { finished = true; } });
+    core.addSuggestionsConfig({ instructions, available: "always", minSuggestions: 1, maxSuggestions: 2 });
+    core.reloadSuggestions("default");
+    await waitFor(() => finished, 10000, "the suggestions to finish loading");
+    return {
+      threadId,
+      advertised: core.suggestions ?? null,
+      suggestions: clone(core.getSuggestions("default").suggestions),
+      messages: clone(agent.messages),
+      before,
+      after: await threadMessages(),
+    };
+  },
+
   // A fresh CopilotKitCore (as after a page reload) restores an existing thread.
   async connect({ transport = "rest", threadId }) {
     if (!threadId) throw new Error("connect needs options.threadId");

@@ -5,6 +5,9 @@ TypeScript router does):
 
     GET  info                         RuntimeInfo
     POST agent/{agentId}/run          RunAgentInput in, AG-UI events out (SSE)
+    POST agent/{agentId}/suggest      a chat suggestion's run: as `run`, but kept out of the
+                                      thread (not stored, not holding it); its client leaving
+                                      stops it
     POST agent/{agentId}/connect      the thread's runs replayed (compacted), then the live run
     POST agent/{agentId}/stop/{id}    stop the thread's active run
     GET  threads[?agentId=&limit=&cursor=]   threads, newest first, a page at a time
@@ -71,7 +74,8 @@ _PAGE = 100
 _MAX_PAGE = 500
 _MAX_NAME = 200
 _INTEGER = re.compile(r"-?[0-9]{1,19}")
-_ENVELOPE_METHODS = ("info", "agent/run", "agent/connect", "agent/stop", "transcribe")
+_ENVELOPE_METHODS = ("info", "agent/run", "agent/suggest", "agent/connect", "agent/stop",
+                     "transcribe")
 
 
 class AGUIProtocol:
@@ -101,7 +105,8 @@ class AGUIProtocol:
             thread_id = urllib.parse.unquote(tail[3])
             await self._guarded(request, self._stop_rest(request, agent_id, thread_id))
             return True
-        if len(tail) >= 3 and tail[-3] == "agent" and tail[-1] in ("run", "connect"):
+        if len(tail) >= 3 and tail[-3] == "agent" and tail[-1] in ("run", "suggest",
+                                                                  "connect"):
             if method != "POST":
                 await send_method_not_allowed(request, b"POST")
                 return True
@@ -146,7 +151,8 @@ class AGUIProtocol:
             "audioFileTranscriptionEnabled": self.runtime.transcription is not None,
             "mode": "sse",
             "threadEndpoints": _NO_THREAD_ENDPOINTS if single_route else _THREAD_ENDPOINTS,
-            "suggestions": False,
+            # `@copilotkit/core` then asks `agent/{id}/suggest` for dynamic suggestions.
+            "suggestions": True,
             "a2uiEnabled": False,
             "openGenerativeUIEnabled": False,
             "telemetryDisabled": True,
@@ -169,11 +175,15 @@ class AGUIProtocol:
                 after=_last_event_id(request)), keepalive=self.keepalive)
             return
         headers = request.forwardable_headers(credentials=self.runtime.forwards_credentials)
-        run = await self.runtime.start_run(agent_id, run_input, headers, request=request.info)
+        suggestion = what == "suggest"
+        run = await self.runtime.start_run(agent_id, run_input, headers, request=request.info,
+                                           unstored=suggestion)
         async with run:  # given back if the stream fails or is cancelled before it drives
-            # A client that leaves (a reload, a network change) does not stop the run: it
-            # goes on, bounded by `detached_run_seconds`, and a `connect` picks it up.
-            await stream_run(request, run, keepalive=self.keepalive, outlives_client=True)
+            # A client that leaves (a reload, a network change) does not stop a chat's run:
+            # it goes on, bounded by `detached_run_seconds`, and a `connect` picks it up. A
+            # suggestion's has no one to pick it up (it is not stored): it stops.
+            await stream_run(request, run, keepalive=self.keepalive,
+                             outlives_client=not suggestion)
 
     async def _stop_rest(self, request: Request, agent_id: str, thread_id: str) -> None:
         self.runtime.agent(agent_id)
