@@ -8,6 +8,7 @@ specialists, answering each clarification request from a generated script.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from copilot_runtime.approvals.decisions import Decision, parse_decision
-from copilot_runtime.workflows.review_loop import ReviewLoop
+from copilot_runtime.workflows.review_loop import ReviewLoop, Router
 from copilot_runtime.workflows.specialists import (
     SpecialistRequest,
     finance_specialists,
@@ -65,6 +66,45 @@ class Trace:
         return sorted(out, key=lambda call: call[1].iteration)
 
 
+@dataclass
+class Slot:
+    """A specialist of a compiled graph shared by many runs: it hands each request to the
+    recording of the run in progress."""
+
+    name: str
+    current: dict[str, Recording]
+    description: str = "records its requests"
+
+    async def run(self, request: SpecialistRequest) -> str:
+        return await self.current[self.name].run(request)
+
+
+@dataclass
+class SharedGraph:
+    """One compiled loop per set of options: compiling costs far more than a run, and
+    every run gets a thread of its own, so the examples stay independent."""
+
+    graph: Any
+    saver: InMemorySaver
+    recordings: dict[str, Recording]
+    routers: list[Router]
+
+
+_graphs: dict[tuple[tuple[str, Any], ...], SharedGraph] = {}
+
+
+def shared_graph(options: dict[str, Any]) -> SharedGraph:
+    key = tuple(sorted(options.items()))
+    if key not in _graphs:
+        recordings: dict[str, Recording] = {}
+        routers: list[Router] = []
+        loop = ReviewLoop([Slot(n, recordings) for n in NAMES],
+                          router=lambda text, named: routers[0](text, named), **options)
+        saver = InMemorySaver()
+        _graphs[key] = SharedGraph(loop.compile(saver), saver, recordings, routers)
+    return _graphs[key]
+
+
 def run_loop(task: str, answers: Sequence[Any], *, chosen: str = "Invoice",
              review: bool | None = None, results: Sequence[str] = (),
              fail_on: set[int] | None = None, **options: Any) -> Trace:
@@ -78,9 +118,13 @@ def run_loop(task: str, answers: Sequence[Any], *, chosen: str = "Invoice",
         routed.append(text)
         return chosen, "chosen by the test"
 
-    loop = ReviewLoop(list(specialists.values()), router=router, **options)
-    graph = loop.compile(InMemorySaver())
-    config = {"configurable": {"thread_id": "thread"}}
+    shared = shared_graph(options)
+    shared.recordings.clear()
+    shared.recordings.update(specialists)
+    shared.routers[:] = [router]
+    graph = shared.graph
+    thread_id = str(uuid.uuid4())
+    config = {"configurable": {"thread_id": thread_id}}
 
     async def go() -> Trace:
         start: dict[str, Any] = {"messages": [HumanMessage(content=task)]}
@@ -97,7 +141,10 @@ def run_loop(task: str, answers: Sequence[Any], *, chosen: str = "Invoice",
         state = (await graph.aget_state(config)).values
         return Trace(requests, dict(state), specialists, routed)
 
-    return asyncio.run(go())
+    try:
+        return asyncio.run(go())
+    finally:
+        shared.saver.delete_thread(thread_id)
 
 
 # -- strategies -------------------------------------------------------------------------
