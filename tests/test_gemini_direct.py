@@ -15,7 +15,6 @@ import base64
 import contextlib
 import re
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -381,17 +380,28 @@ async def test_client_errors_are_not_retried(mock: MockGeminiServer, status: int
     assert errors[0].status == errors[1].status == status
 
 
-async def test_refused_connection() -> None:
+async def test_refused_connection(monkeypatch: pytest.MonkeyPatch) -> None:
     """With `max_retries=0`, a refused connection is an error at once on both routes: the
     SDK route slept 1 to 10 s and tried again (google-genai's own retry of a connection
-    error when it is given no retry options)."""
+    error when it is given no retry options). The sleeps are counted, not timed: a loaded
+    machine took nearly 1 s without any."""
+    waits: list[float] = []
+    sleep = asyncio.sleep
+
+    async def counted(delay: float, *args: Any, **kwargs: Any) -> Any:
+        if delay >= 0.5:  # (a retry's wait; the event loop's own are 0)
+            waits.append(delay)
+        return await sleep(delay, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "sleep", counted)
     dead = f"http://127.0.0.1:{free_port()}"
     for route in ROUTES:
-        started = time.monotonic()
         error = await failure(adapter(route, base_url=dead))
         assert type(error) is UpstreamConnectionError
         assert error.message == "Could not reach the Gemini API"
-        assert time.monotonic() - started < 0.9, route
+        assert waits == [], route
+    await failure(adapter("sdk", base_url=dead, max_retries=1))
+    assert waits, "the SDK's retry wait is not seen: this test would miss it"
 
 
 @pytest.mark.parametrize(("mode", "kind", "message", "attempts"), [
