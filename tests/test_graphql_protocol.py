@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 
-from copilot_runtime import Agent, RunContext, RunInput, action
+from copilot_runtime import Agent, RunContext, RunInput, action, thread_store
+from copilot_runtime._compaction import events_to_messages
 from copilot_runtime.events import (
     EventBatches,
     custom,
@@ -457,6 +459,88 @@ async def test_the_clients_instructions_reach_the_model_and_are_not_kept(
     sent = llm.requests[-1]["messages"]
     assert [m["content"] for m in sent if m["role"] in ("system", "developer")] == [
         "Be brief."]
+
+
+async def _kept_and_replayed(served: Served, thread: str
+                             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The thread's messages as `GET /threads/{id}/messages` reads them, and as a client
+    applying its `connect` replay has them."""
+    response = await served.session.get(f"{served.url}/threads/{thread}/messages")
+    assert response.status == 200, await response.text()
+    kept: list[dict[str, Any]] = (await response.json())["messages"]
+    replay = await served.run({"threadId": thread, "runId": "replay", "messages": [],
+                               "tools": [], "context": [], "state": {}, "forwardedProps": {}},
+                              path="/agent/default/connect")
+    return kept, events_to_messages([replay])
+
+
+def _tool_messages(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(m["id"], m.get("toolCallId") or m.get("tool_call_id"))
+            for m in messages if m["role"] == "tool"]
+
+
+@pytest.mark.parametrize("store_url", ["memory://", "sqlite:///{tmp}/threads.sqlite3"],
+                         ids=["memory", "sqlite"])
+async def test_a_server_actions_result_the_client_sends_back_is_kept_once(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime, tmp_path: Path,
+        store_url: str) -> None:
+    """After a server action, react-core 1.10 follows up with the call and its result under
+    the ids the stream gave them: the result's, `result-<call id>`, is not the id the thread
+    keeps it under, so the thread kept it again, and a page opening the thread (or a
+    `connect` replay) had two results for one call, and sent the model both."""
+    store = thread_store(store_url.format(tmp=tmp_path))
+    async with serve_runtime(openai_runtime(llm, thread_store=store)) as served:
+        history = [text_message("sys-1", "system", "Be brief."),
+                   text_message("user-1", "user", 'call:getWeather {"city": "Paris"}')]
+        first, _ = await generate(served, chat_data(history, thread="weather"))
+        call, answer = first["messages"]
+        assert answer["id"] == "result-" + call["id"]
+        history += [call_message(call["id"], call["name"], "".join(call["arguments"]),
+                                 parent=call["parentMessageId"]),
+                    result_message(answer["id"], call["id"], answer["actionName"],
+                                   answer["result"])]
+        second, _ = await generate(served, chat_data(history, thread="weather"))
+        (reply,) = second["messages"]
+        history += [text_message(reply["id"], "assistant", "".join(reply["content"])),
+                    text_message("user-2", "user", "thanks")]
+        await generate(served, chat_data(history, thread="weather"))
+        kept, replayed = await _kept_and_replayed(served, "weather")
+    (kept_result,) = _tool_messages(kept)
+    assert kept_result[1] == call["id"]
+    assert _tool_messages(replayed) == [kept_result]
+    assert [m["role"] for m in kept] == ["user", "assistant", "tool", "assistant", "user",
+                                        "assistant"]
+    # The model reads the call's result once in every request after it.
+    assert [[m["tool_call_id"] for m in request["messages"] if m["role"] == "tool"]
+            for request in llm.requests] == [[], [call["id"]], [call["id"]]]
+
+
+async def test_a_frontend_actions_result_is_kept_once(llm: MockOpenAIServer,
+                                                      serve_runtime: ServeRuntime) -> None:
+    """The result of a frontend action is the client's: the thread keeps it, once, however
+    often the client sends it back."""
+    schema = json.dumps({"type": "object", "properties": {"message": {"type": "string"}}})
+    actions = [{"name": "notify", "description": "Shows a notification", "jsonSchema": schema,
+                "available": "enabled"}]
+    async with serve_runtime(openai_runtime(llm)) as served:
+        history = [text_message("sys-1", "system", "Be brief."),
+                   text_message("user-1", "user", 'call:notify {"message": "hi"}')]
+        first, _ = await generate(served, chat_data(history, thread="notified",
+                                                    actions=actions))
+        (call,) = first["messages"]
+        history += [call_message(call["id"], call["name"], "".join(call["arguments"]),
+                                 parent=call["parentMessageId"]),
+                    result_message("client-result", call["id"], "notify", "shown")]
+        second, _ = await generate(served, chat_data(history, thread="notified",
+                                                     actions=actions))
+        (reply,) = second["messages"]
+        history += [text_message(reply["id"], "assistant", "".join(reply["content"])),
+                    text_message("user-2", "user", "thanks")]
+        await generate(served, chat_data(history, thread="notified", actions=actions))
+        kept, replayed = await _kept_and_replayed(served, "notified")
+    assert _tool_messages(kept) == _tool_messages(replayed) == [("client-result", call["id"])]
+    assert [[m["tool_call_id"] for m in request["messages"] if m["role"] == "tool"]
+            for request in llm.requests] == [[], [call["id"]], [call["id"]]]
 
 
 async def test_busy_thread(llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:

@@ -397,6 +397,31 @@ async def test_interrupted_run_is_closed_with_what_it_streamed(store: ThreadStor
     assert [r.run_id for r in (await durable.get("t")).runs] == ["r1", "r2"]  # type: ignore[union-attr]
 
 
+async def test_an_interrupted_runs_tool_results_are_kept_as_answered(store: ThreadStore
+                                                                     ) -> None:
+    """The thread keeps, among its message ids, a mark of each call it holds a result for
+    (a client's sent under another id later is not a new message), also of a run closed
+    as interrupted; a client's id that reads as such a mark is not kept."""
+    durable = _durable(store)
+    forged = threads_base.answered_mark("call-9")
+    events = [
+        ev.run_started("t", "r1", {"threadId": "t", "runId": "r1", "messages": [
+            {"id": forged, "role": "user", "content": "hello"},
+            {"id": "given", "role": "tool", "toolCallId": "call-0", "content": "x"}]}),
+        ev.tool_call_start("call-1", "lookup", "m-r1"),
+        ev.tool_call_args("call-1", "{}"),
+        ev.tool_call_end("call-1"),
+        ev.tool_call_result("res-1", "call-1", "found"),
+    ]
+    await durable.append_events("t", "default", "r1", 1.0, 0, events)
+    assert await durable.close_interrupted("t", "r1") is True
+    summary = await durable.summary("t")
+    assert summary is not None
+    assert {threads_base.answered_mark("call-0"), threads_base.answered_mark("call-1"),
+            "given", "res-1"} <= summary.message_ids
+    assert forged not in summary.message_ids
+
+
 async def test_interrupted_before_any_event(store: ThreadStore) -> None:
     durable = _durable(store)
     await durable.append_events("t", "default", "r1", 1.0, 0, [])

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import uuid
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
-from copilot_runtime import CopilotRuntime, DemoAdapter
+from copilot_runtime import Agent, CopilotRuntime, DemoAdapter, RunContext, RunInput
 from copilot_runtime import events as ev
 from copilot_runtime._compaction import compact_events, events_to_messages
+from copilot_runtime.events import EventBatches
 from copilot_runtime.testing import verify_events
 from copilot_runtime.threads import InMemoryThreadStore, SQLiteThreadStore, StoredRun
 from tests.conftest import ServeRuntime, run_input, text_of
@@ -228,3 +230,61 @@ async def test_a_run_writes_only_the_message_ids_its_thread_lacks(
     assert record.message_ids == {"r1-u", answer, "r2-u", again}
     assert [m["id"] for m in events_to_messages(r.events for r in record.runs)] == [
         "r1-u", answer, "r2-u", again]
+
+
+class _ToolThenTextAgent(Agent):
+    """Runs a tool of its own on its first run (its result under an id of its own making),
+    answers in text after; remembers the ids of the messages each run was given."""
+
+    def __init__(self) -> None:
+        super().__init__(description="A custom agent with a server-side tool")
+        self.given: list[list[str]] = []
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        self.given.append([m.id for m in input.model.messages])
+        return self._events(first=len(self.given) == 1)
+
+    async def _events(self, first: bool) -> AsyncIterator[list[ev.Event]]:
+        if first:
+            yield [ev.tool_call_start("call-1", "lookup", "asked"),
+                   ev.tool_call_args("call-1", "{}"), ev.tool_call_end("call-1"),
+                   ev.tool_call_result(f"agent-{uuid.uuid4()}", "call-1", "found")]
+        else:
+            yield [ev.text_message_start(f"text-{len(self.given)}"),
+                   ev.text_message_content(f"text-{len(self.given)}", "ok"),
+                   ev.text_message_end(f"text-{len(self.given)}")]
+
+
+async def test_a_tool_result_sent_back_under_another_id_is_kept_once(
+        tmp_path: Path, serve_runtime: ServeRuntime) -> None:
+    """A client may send an agent's tool result back under another id (the 1.10 client
+    does, as `result-<call id>`): the thread holds a result for that call already, so the
+    message is not new, and is neither kept again nor echoed as the run's input. A result
+    for a call the thread has none for (a frontend tool's) is new, whatever its id."""
+    agent = _ToolThenTextAgent()
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0), agents={"custom": agent},
+                             thread_store=SQLiteThreadStore(tmp_path / "threads.sqlite3"))
+    async with serve_runtime(runtime) as served:
+        await served.run(run_input("look it up", thread="t", run="r1"), agent="custom")
+        call = {"id": "asked", "role": "assistant", "toolCalls": [
+            {"id": "call-1", "type": "function",
+             "function": {"name": "lookup", "arguments": "{}"}}]}
+        frontend_call = {"id": "ui-call", "role": "assistant", "toolCalls": [
+            {"id": "call-2", "type": "function",
+             "function": {"name": "notify", "arguments": "{}"}}]}
+        resent = {"id": "result-call-1", "role": "tool", "toolCallId": "call-1",
+                  "content": "found"}
+        frontend_result = {"id": "ui-result", "role": "tool", "toolCallId": "call-2",
+                           "content": "shown"}
+        history = [{"id": "r1-u", "role": "user", "content": "look it up"}, call, resent,
+                   frontend_call, frontend_result]
+        second = await served.run({**run_input("", thread="t", run="r2"),
+                                   "messages": history}, agent="custom")
+        kept = (await (await served.session.get(
+            served.url + "/threads/t/messages")).json())["messages"]
+    assert second[0]["input"]["messages"] == [frontend_call, frontend_result]
+    assert [(m["id"], m.get("toolCallId")) for m in kept if m["role"] == "tool"] == [
+        (next(m["id"] for m in kept if m["role"] == "tool"), "call-1"), ("ui-result", "call-2")]
+    assert not any(m["id"] == "result-call-1" for m in kept)
+    # The agent is given what the client sent, as always.
+    assert agent.given[1] == [m["id"] for m in history]
