@@ -43,9 +43,9 @@ def _run(thread: str) -> dict[str, Any]:
         "state": {}, "forwardedProps": {}}
 
 
-def _store(port: int, schema: str = "outage") -> PostgresThreadStore:
+def _store(port: int, schema: str = "outage", timeout: float = TIMEOUT) -> PostgresThreadStore:
     return PostgresThreadStore(f"postgresql://postgres@127.0.0.1:{port}/test",
-                               schema=schema, timeout=TIMEOUT)
+                               schema=schema, timeout=timeout)
 
 
 @pytest.fixture
@@ -190,13 +190,16 @@ async def test_a_store_that_cannot_be_reached_answers_503(
         server: str, llm: MockOpenAIServer, serve_runtime: ServeRuntime,
         request: pytest.FixtureRequest) -> None:
     port = request.getfixturevalue(server)
-    runtime = openai_runtime(llm, thread_store=_store(port))
+    # Half the file's timeout: a silent server waits it out at start-up and on each of the
+    # three requests that try the store, and nothing here answers late whatever the load.
+    timeout = TIMEOUT / 2
+    runtime = openai_runtime(llm, thread_store=_store(port, timeout=timeout))
     async with serve_runtime(runtime) as served:
         for attempt in range(2):  # the first attempt opens the store; the next tries again
             started = time.monotonic()
             response = await served.post("/agent/default/run", _run(f"t{attempt}"))
             _assert_unavailable(response.status, response.headers, await response.read())
-            assert time.monotonic() - started < 3 * TIMEOUT + 1
+            assert time.monotonic() - started < 3 * timeout + 1
         # Reading threads too; and the server goes on serving what needs no store.
         listed = await served.session.get(served.url + "/threads?agentId=default")
         _assert_unavailable(listed.status, listed.headers, await listed.read())
