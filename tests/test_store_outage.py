@@ -432,7 +432,9 @@ async def test_a_lease_ended_while_its_coordinator_is_away_is_given_back_once_it
         back = time.monotonic()
         async for _ in poll(8):
             response = await served.post("/agent/default/run", {**_run("blip"), "runId": "r2"})
-            if response.status != 409:
+            # Busy until the lease is given back; unavailable while the client's connections,
+            # cut by the outage, are opened again (Redis: seen as a flaky 503 here).
+            if response.status not in (409, 503):
                 break
         assert response.status == 200, await response.text()
         assert time.monotonic() - back < 5
