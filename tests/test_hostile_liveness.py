@@ -255,6 +255,13 @@ def shared() -> Iterator[tuple[str, str]]:
         yield threads, f"{threads}&lease_ttl=5"
 
 
+@pytest.fixture
+def shared_short_lease() -> Iterator[tuple[str, str]]:
+    """`shared` with a 2 s lease: a run without holder is swept once it stayed so for one."""
+    with postgres_schema("live") as threads:
+        yield threads, f"{threads}&lease_ttl=2"
+
+
 def _input(thread: str, run: str) -> Any:
     return parse_run_input({"threadId": thread, "runId": run, "messages": [
         {"id": f"{run}-u", "role": "user", "content": "hi"}]})
@@ -336,12 +343,12 @@ async def test_a_follower_ends_with_its_run_when_the_next_begins_before_the_end_
 
 
 async def test_connect_to_a_run_left_open_waits_for_the_sweep(
-        shared: tuple[str, str]) -> None:
+        shared_short_lease: tuple[str, str]) -> None:
     """A run stays open with no lease holder (its worker died, its lease expired) until a
     sweep closes it. Before, a `connect` arriving then found nobody to follow and ended at
     once after the run's events so far, in the middle of a message; now it waits (bounded)
     for the sweep's RUN_ERROR."""
-    threads, coordination = shared
+    threads, coordination = shared_short_lease
     runtime = CopilotRuntime(service_adapter=ScriptedAdapter(),
                              thread_store=thread_store(threads), coordinator=coordination)
     received: list[Event] = []

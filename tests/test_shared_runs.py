@@ -306,7 +306,12 @@ async def test_an_id_of_the_live_run_not_yet_written_resumes_exactly(
                 got.extend(batch)
 
         reading = asyncio.create_task(read())
-        await asyncio.sleep(1.5)  # written meanwhile
+
+        async def written() -> bool:
+            summary = await b.store.summary("t")  # type: ignore[union-attr]
+            return summary is not None and summary.next_position > seen
+
+        await eventually(written, deadline=5, what="the streamed words written")
         gate.set()
         async with asyncio.timeout(10):
             await driving
