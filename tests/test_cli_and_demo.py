@@ -46,19 +46,24 @@ def test_port_in_use() -> None:
                     f"port {port} on 127.0.0.1 is already in use")
 
 
-@pytest.fixture
-def demo_server(tmp_path: object) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def demo_server() -> Iterator[str]:
+    # One demo for the tests that only ask it (each of its runs on a thread of its own):
+    # starting one takes seconds.
     port = free_port()
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": "."}
     process = subprocess.Popen([*CLI, "demo", "--port", str(port), "--db", ":memory:"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     url = f"http://127.0.0.1:{port}/copilotkit"
     try:
-        for _ in range(200):
+        deadline = time.monotonic() + 60  # a loaded machine imports the demo slowly
+        while True:
             try:
                 httpx2.get(url + "/info", timeout=1)
                 break
             except httpx2.TransportError:
+                assert process.poll() is None, process.communicate(timeout=10)
+                assert time.monotonic() < deadline, "the demo did not start"
                 time.sleep(0.05)
         yield url
     finally:
