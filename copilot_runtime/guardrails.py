@@ -350,7 +350,8 @@ class TopicGuardrail:
             f"Latest user message:\n{text}")
         request = ChatRequest(messages=[UserMessage(id="judge", content=prompt)],
                               system_prompt=_JUDGE_PROMPT.format(rules="\n".join(rules)),
-                              model=self.model, temperature=0, max_tokens=_JUDGE_MAX_TOKENS)
+                              model=self.model, temperature=0, max_tokens=_JUDGE_MAX_TOKENS,
+                              runtime_settings=True)
         answer: list[str] = []
         size = 0
         # A judge that never ends (a slow trickle is not silence, so the adapter's timeout

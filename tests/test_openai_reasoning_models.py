@@ -1,17 +1,20 @@
 """OpenAI reasoning models (o1, o3-mini, o4-mini, gpt-5...) refuse `max_tokens` and any
 `temperature` but 1: a client's maxTokens becomes `max_completion_tokens` for them and its
-temperature is left out (with a warning), on both of the adapter's routes and from both
-protocols; every other model, and every OpenAI-compatible server's, keeps `max_tokens`."""
+temperature and (all but o1 and o3-mini) its stop are left out (with a warning), on both of
+the adapter's routes and from both protocols; every other model, and every
+OpenAI-compatible server's, keeps `max_tokens`. A guardrail judge's own settings fit the
+model quietly, with room to reason."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
+import aiohttp
 import pytest
 from ag_ui.core import UserMessage
 from structlog.testing import capture_logs
 
-from copilot_runtime import OpenAIAdapter
+from copilot_runtime import OpenAIAdapter, TopicGuardrail
 from copilot_runtime.adapters import ChatRequest, StreamEnd, TextDelta
 from copilot_runtime.adapters.openai import is_reasoning_model
 from copilot_runtime.testing import MockOpenAIServer, verify_events
@@ -116,7 +119,8 @@ def test_reasoning_model_option_overrides_the_name(reasoning_model: bool, model:
     ("o1", True), ("o1-mini", True), ("o1-preview", True), ("o3", True), ("o3-mini", True),
     ("o3-pro-2025-06-10", True), ("o4-mini", True), ("gpt-5", True), ("gpt-5-mini", True),
     ("gpt-5-nano", True), ("gpt-5-2025-08-07", True), ("gpt-5.1", True),
-    ("gpt-5.1-chat-latest", True), ("gpt-5.2-pro", True), ("gpt-6", True),
+    ("gpt-5.1-chat-latest", True), ("gpt-5.2-chat-latest", True), ("gpt-5.2-pro", True),
+    ("gpt-6", True),
     ("gpt-5-chat-latest", False), ("gpt-4o", False), ("gpt-4o-mini", False),
     ("gpt-4.1", False), ("gpt-3.5-turbo", False), ("llama3.2", False), ("qwen3:8b", False),
     ("omni-moderation-latest", False), ("o1x", False), ("openai/o3-mini", False),
@@ -149,3 +153,97 @@ async def test_graphql_forwarded_parameters_reach_a_reasoning_model_as_it_takes_
     assert (sent["model"], sent["max_completion_tokens"]) == ("gpt-5", 100)
     assert "max_tokens" not in sent
     assert "temperature" not in sent
+
+
+@pytest.mark.parametrize(("model", "kept"), [
+    # OpenAI's API reference: `stop` is "not supported with latest reasoning models o3 and
+    # o4-mini"; the GPT-5 family refuses it too (gpt-5, -mini, -nano, 5.1, 5.2); o1 and
+    # o3-mini take it.
+    ("o3", False), ("o3-pro-2025-06-10", False), ("o4-mini", False),
+    ("o4-mini-2025-04-16", False), ("gpt-5", False), ("gpt-5-nano", False),
+    ("gpt-5.1", False), ("gpt-5.2-chat-latest", False), ("o1-mini", False),
+    ("o1", True), ("o1-2024-12-17", True), ("o3-mini", True), ("o3-mini-2025-01-31", True),
+    ("gpt-5-chat-latest", True), ("gpt-4o", True),
+])
+async def test_stop_is_left_out_for_the_reasoning_models_that_refuse_it(
+        llm: MockOpenAIServer, model: str, kept: bool) -> None:
+    adapter = OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0)
+    with capture_logs() as logs:
+        text = await _answer(adapter, ChatRequest(
+            messages=[UserMessage(id="u", content="hi")], model=model, stop=["\n\n"]))
+    assert text == "echo: hi"
+    assert llm.requests[-1].get("stop") == (["\n\n"] if kept else None)
+    dropped = [e for e in logs if e["event"] == "stop not sent to a reasoning model"]
+    if kept:
+        assert not dropped
+    else:
+        assert [(e["log_level"], e["model"], e["stop"]) for e in dropped] == [
+            ("warning", model, ["\n\n"])]
+
+
+async def _refusal(llm: MockOpenAIServer, **settings: Any) -> dict[str, Any] | None:
+    """The mock's error for a request with these settings, or None when it answers."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, **settings}
+    async with aiohttp.ClientSession() as session, session.post(
+            f"{llm.base_url}/chat/completions", json=body,
+            headers={"Authorization": "Bearer sk-mock"}) as response:
+        if response.status == 200:
+            await response.read()
+            return None
+        assert response.status == 400
+        error: dict[str, Any] = (await response.json())["error"]
+        return error
+
+
+async def test_the_mock_refuses_stop_as_openai_does(llm: MockOpenAIServer) -> None:
+    assert await _refusal(llm, model="o4-mini", stop=["END"]) == {
+        "message": "Unsupported parameter: 'stop' is not supported with this model.",
+        "type": "invalid_request_error", "param": "stop", "code": "unsupported_parameter"}
+    assert (await _refusal(llm, model="gpt-5.1", stop="END",
+                           reasoning_effort="none"))["param"] == "stop"  # type: ignore[index]
+    for model in ("o1", "o3-mini", "gpt-5-chat-latest", "gpt-4o"):
+        assert await _refusal(llm, model=model, stop=["END"]) is None, model
+
+
+@pytest.mark.parametrize("model", [
+    "o1", "o3-mini", "o4-mini", "gpt-5", "gpt-5-mini", "gpt-5-chat-latest",
+    "gpt-5.1", "gpt-5.1-chat-latest", "gpt-5.2-chat-latest", "gpt-5.3-chat-latest",
+    "gpt-6-chat-latest", "gpt-4o", "gpt-4.1", "GPT-5", "openai/gpt-5", "o1x", "llama3.2",
+])
+async def test_the_mock_and_the_adapter_agree_on_which_models_reason(
+        llm: MockOpenAIServer, model: str) -> None:
+    """GPT-5.1's and later chat models (`gpt-5.1-chat-latest`, GPT-5.1 Instant) reason and
+    refuse `max_tokens` and temperatures as the others do; only GPT-5's does not."""
+    refused = await _refusal(llm, model=model, temperature=0.2)
+    assert (refused is not None) is is_reasoning_model(model)
+    refused = await _refusal(llm, model=model, max_tokens=10)
+    assert (refused is not None) is is_reasoning_model(model)
+
+
+@pytest.mark.parametrize(("model", "reasoning"), [
+    ("o4-mini", True), ("gpt-5", True), ("gpt-5.1-chat-latest", True),
+    ("gpt-4o", False), ("gpt-5-chat-latest", False)])
+async def test_a_topic_judge_on_a_reasoning_model_has_room_to_reason_and_logs_no_warning(
+        llm: MockOpenAIServer, model: str, reasoning: bool) -> None:
+    """The judge's short answer budget would go to the reasoning tokens a reasoning model
+    spends first (they count against `max_completion_tokens`), leaving an empty or cut
+    answer that the judge reads as a refusal; and its temperature 0 is the runtime's own
+    choice, not a client's to be warned about."""
+    adapter = OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0)
+    judge = TopicGuardrail(adapter, deny=["cooking"], model=model)
+    try:
+        with capture_logs() as logs:
+            await judge.check([{"id": "u", "role": "user", "content": "Is it sunny?"}], None)
+    finally:
+        await adapter.aclose()
+    sent = llm.requests[-1]
+    assert sent["model"] == model
+    if reasoning:
+        assert "max_tokens" not in sent
+        assert "temperature" not in sent
+        assert sent["max_completion_tokens"] >= 4000
+    else:
+        assert (sent["max_tokens"], sent["temperature"]) == (100, 0)
+        assert "max_completion_tokens" not in sent
+    assert not [e for e in logs if e["event"].endswith("not sent to a reasoning model")
+                and e["log_level"] != "debug"]

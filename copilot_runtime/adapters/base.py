@@ -47,6 +47,10 @@ class ChatRequest:
     stop: list[str] | None = None
     #: "auto", "none", "required", or the name of one tool the model must call.
     tool_choice: str | None = None
+    #: The settings are the runtime's own (a guardrail judge's), not a client's: an adapter
+    #: fits them to its model without a warning, and `max_tokens` bounds the answer alone
+    #: (a model that reasons first gets room for that on top).
+    runtime_settings: bool = False
 
 
 class TextDelta(NamedTuple):

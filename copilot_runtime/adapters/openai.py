@@ -75,6 +75,14 @@ def is_reasoning_model(model: str) -> bool:
     return version["minor"] is not None or not (version["variant"] or "").startswith("chat")
 
 
+# The reasoning models that take `stop`: o1 itself and o3-mini. OpenAI's API reference says
+# o3 and o4-mini refuse it; o1-mini, o1-preview and the GPT-5 family do too.
+_TAKES_STOP = re.compile(r"o1(?:-\d{4}-\d\d-\d\d)?|o3-mini(?:-.*)?", re.S)
+#: Tokens a reasoning model may reason for on top of the runtime's own `max_tokens` (they
+#: count against `max_completion_tokens`; a guardrail judge's 100 would leave no answer).
+_REASONING_ROOM = 4000
+
+
 def _samples_without_reasoning(model: str) -> bool:
     """Whether `model` takes `temperature` when told not to reason (`reasoning_effort`
     "none"): GPT-5.1 and later do, GPT-5 and the o series never."""
@@ -107,10 +115,11 @@ class OpenAIAdapter:
     given no `timeout` keeps its own read timeout (`AsyncOpenAI(timeout=600)`: 600 s).
 
     `reasoning_model` says whether the model is one of OpenAI's reasoning models, which take
-    a client's maxTokens as `max_completion_tokens` and no `temperature` (it is left out,
-    with a warning). By default (None) the model's name decides (`is_reasoning_model`):
-    set it for an Azure deployment named otherwise. Every other model gets `max_tokens`,
-    the field every OpenAI-compatible server reads (Ollama and LM Studio ignore the other).
+    a client's maxTokens as `max_completion_tokens` and no `temperature` nor (but o1 and
+    o3-mini) `stop` (they are left out, with a warning). By default (None) the model's name
+    decides (`is_reasoning_model`): set it for an Azure deployment named otherwise. Every
+    other model gets `max_tokens`, the field every OpenAI-compatible server reads (Ollama
+    and LM Studio ignore the other).
     """
 
     provider = "openai"
@@ -216,19 +225,29 @@ class OpenAIAdapter:
         model = params["model"]
         reasoning = (is_reasoning_model(model) if self._reasoning_model is None
                      else self._reasoning_model)
+        # OpenAI refuses these with a 400, which would fail the run over a setting the
+        # client cannot know the model ignores; the runtime's own are left out quietly.
+        dropped = _log.debug if request.runtime_settings else _log.warning
         if request.temperature is not None:
             if reasoning and not (self._extra_body.get("reasoning_effort") == "none"
                                   and _samples_without_reasoning(model)):
-                # OpenAI refuses any value but the default with a 400, which would fail
-                # the run over a setting the client cannot know the model ignores.
-                _log.warning("temperature not sent to a reasoning model", model=model,
-                             temperature=request.temperature)
+                dropped("temperature not sent to a reasoning model", model=model,
+                        temperature=request.temperature)
             else:
                 params["temperature"] = request.temperature
         if request.max_tokens is not None:
-            params["max_completion_tokens" if reasoning else "max_tokens"] = request.max_tokens
+            if not reasoning:
+                params["max_tokens"] = request.max_tokens
+            elif request.runtime_settings:
+                params["max_completion_tokens"] = request.max_tokens + _REASONING_ROOM
+            else:
+                params["max_completion_tokens"] = request.max_tokens
         if request.stop:
-            params["stop"] = request.stop
+            # (a name that does not tell, with `reasoning_model=True`, may refuse it too)
+            if reasoning and not _TAKES_STOP.fullmatch(model):
+                dropped("stop not sent to a reasoning model", model=model, stop=request.stop)
+            else:
+                params["stop"] = request.stop
         return params
 
     def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:

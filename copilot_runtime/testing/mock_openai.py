@@ -19,8 +19,9 @@ run end to end without a network or a key. What it answers depends on the last m
 Like the real API it refuses (400, ``invalid_request_error``) a history whose tool calls are
 not each answered by the tool messages right after them, and a tool message that answers no
 call of the assistant message before it; and, for a reasoning model (``o1``, ``o3-mini``,
-``gpt-5``...; not ``gpt-5-chat-latest``), ``max_tokens`` and a ``temperature`` other than 1
-(but from ``gpt-5.1`` on with ``reasoning_effort: "none"``), with the real API's words.
+``gpt-5``...; not ``gpt-5-chat-latest``), ``max_tokens``, a ``temperature`` other than 1
+(but from ``gpt-5.1`` on with ``reasoning_effort: "none"``) and ``stop`` (but for ``o1`` and
+``o3-mini``), with the real API's words.
 
 Chunk ids derive from a hash of the request, so the same request gets the same bytes.
 Run it alone with ``python -m copilot_runtime.testing.mock_openai --port 8090``.
@@ -49,8 +50,13 @@ _CREATED = 1700000000
 _CALL = re.compile(r"^call:([A-Za-z0-9_\-]+)\s*(.*)$", re.S)
 _DIRECTIVE = re.compile(r"^(error|breaks|slow|chunks):(\d+)\s*(.*)$", re.S)
 # The model names OpenAI runs as reasoning models: the o series and GPT-5 on, but the chat
-# models of a major version (`gpt-5-chat-latest`); the version is kept to tell 5 from 5.1.
-_REASONING_MODEL = re.compile(r"^(?:o\d+(?:-.*)?|gpt-(\d+)(\.\d+)?(?:-(?!chat).*)?)$", re.S)
+# model of a major version (`gpt-5-chat-latest`; a minor version's, `gpt-5.1-chat-latest`,
+# reasons); the version is kept to tell 5 from 5.1.
+_REASONING_MODEL = re.compile(
+    r"^(?:o\d+(?:-.*)?|gpt-(\d+)(?:(\.\d+)(?:-.*)?|(?:-(?!chat).*)?))$", re.S)
+# The reasoning models that take `stop`: o1 itself and o3-mini (o1-mini, o1-preview, o3,
+# o4-mini and the GPT-5 family refuse it).
+_TAKES_STOP = re.compile(r"^(?:o1(?:-\d{4}-\d\d-\d\d)?|o3-mini(?:-.*)?)$", re.S)
 
 
 def _text_of(message: dict[str, Any]) -> str:
@@ -248,7 +254,9 @@ def _reasoning_refusal(body: dict[str, Any]) -> tuple[str, str, str] | None:
     """Why the real API refuses `body`'s settings for a reasoning model (the message, the
     `param` and the `code` it sends), or None."""
     model = body.get("model")
-    match = _REASONING_MODEL.match(model) if isinstance(model, str) else None
+    if not isinstance(model, str):
+        return None
+    match = _REASONING_MODEL.match(model)
     if match is None or (match.group(1) is not None and int(match.group(1)) < 5):
         return None
     if "max_tokens" in body:
@@ -262,6 +270,9 @@ def _reasoning_refusal(body: dict[str, Any]) -> tuple[str, str, str] | None:
         return (f"Unsupported value: 'temperature' does not support {temperature} with this "
                 "model. Only the default (1) value is supported.", "temperature",
                 "unsupported_value")
+    if body.get("stop") and not _TAKES_STOP.match(model):
+        return ("Unsupported parameter: 'stop' is not supported with this model.", "stop",
+                "unsupported_parameter")
     return None
 
 
