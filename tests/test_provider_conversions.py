@@ -156,6 +156,13 @@ def test_anthropic_request_parameters() -> None:
     params = thinking.build_params(ChatRequest(messages=[], temperature=0.3))
     assert "temperature" not in params  # refused by the API with thinking on
     assert params["thinking"]["budget_tokens"] == 64
+    assert params["max_tokens"] == 4096  # (room past the budget already)
+    # A judge's 100 tokens (or a client's maxTokens) at or under the budget: the API
+    # refused max_tokens <= budget_tokens, and a guardrail judge refused everything.
+    thinking.thinking = {"type": "enabled", "budget_tokens": 2048}
+    for asked in (100, 2048):
+        assert thinking.build_params(ChatRequest(messages=[], max_tokens=asked))[
+            "max_tokens"] == asked + 2048
 
 
 def test_anthropic_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:

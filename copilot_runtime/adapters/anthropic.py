@@ -215,6 +215,11 @@ class AnthropicAdapter:
         if self.thinking is not None:
             params["thinking"] = self.thinking
             params.pop("temperature", None)  # extended thinking only runs at the default
+            budget = self.thinking.get("budget_tokens")
+            if isinstance(budget, int) and params["max_tokens"] <= budget:
+                # The API wants room past the thinking budget (else a 400): the answer keeps
+                # the room asked for (a guardrail judge's 100 tokens, a client's maxTokens).
+                params["max_tokens"] += budget
         return params
 
     def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
