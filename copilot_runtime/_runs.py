@@ -61,15 +61,13 @@ from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event, EventBatches, LastBatch
 from copilot_runtime.threads.base import (
     INTERRUPTED_CODE,
+    JUDGED_MARK_PREFIX,
     DurableThreadStore,
     Positioned,
     StoredRun,
     ThreadOwner,
     ThreadRecord,
     ThreadStore,
-    answered_mark,
-    answered_marks,
-    is_runtime_mark,
     storable_ids,
 )
 from copilot_runtime.threads.memory import InMemoryThreadStore
@@ -199,6 +197,10 @@ class ActiveRun:
         #: The marks of what the run's agent wrote, kept with the thread's message ids
         #: (what its guardrails need not judge when a client sends it back), if wanted.
         self.output_marks: Callable[[list[Event]], set[str]] | None = None
+        #: The ids its protocol gave the run's messages on the wire where they are not the
+        #: thread's (GraphQL's `result-<call id>`), kept with the thread's message ids: a
+        #: client sends them back as history, and such a message is not new.
+        self.wire_ids: Callable[[list[Event]], set[str]] | None = None
         self.compacted: list[Event] = []
         #: The agent's `LastBatch`, normalized but not yet published (see `_stream`).
         self._held: list[Event] = []
@@ -577,25 +579,15 @@ class ActiveRun:
         echo: dict[str, Any] = {}
         for key in _INPUT_KEYS:
             if key == "messages":
+                unkept = self.input.transient
                 echo[key] = [m for m in raw.get("messages") or ()
-                             if not (isinstance(m, dict) and self._known(m))]
+                             if not (isinstance(m, dict) and (
+                                 m.get("id") in self._seen or m.get("id") in unkept))]
             elif key in raw and raw[key] is not None:
                 echo[key] = raw[key]
             elif key in ("tools", "context"):
                 echo[key] = []
         return echo
-
-    def _known(self, message: dict[str, Any]) -> bool:
-        """Whether the thread holds `message` already, or keeps none of it: a message of an
-        id it holds, one the client makes again each request, and a tool result for a call
-        it holds a result for, whatever the result's id (the 1.10 client sends a server
-        action's back as `result-<call id>`, not under the id the thread keeps it under)."""
-        message_id = message.get("id")
-        if message_id in self._seen or message_id in self.input.transient:
-            return True
-        call_id = message.get("toolCallId")
-        return message.get("role") == "tool" and isinstance(call_id, str) \
-            and answered_mark(call_id) in self._seen
 
     async def _finish(self) -> None:
         if self._finished:
@@ -690,12 +682,12 @@ class ActiveRun:
                     if isinstance(value, str):
                         ids.add(value)
             # Marks are the runtime's alone: a client's (or an agent's) id that reads as
-            # one would make text the guardrails never saw pass for let through, or a
-            # call's result pass for one the thread holds.
-            ids = {i for i in ids if not is_runtime_mark(i)} | self.extra_ids \
-                | answered_marks(compacted)
+            # one would make text the guardrails never saw pass for let through.
+            ids = {i for i in ids if not i.startswith(JUDGED_MARK_PREFIX)} | self.extra_ids
             if self.output_marks is not None:
                 ids |= self.output_marks(compacted)
+            if self.wire_ids is not None:
+                ids |= self.wire_ids(compacted)
             # The thread holds the ids it had when the run began: a client sends the whole
             # history with each message, and writing all its ids again cost a durable store
             # a conflicting insert per message per run.

@@ -16,10 +16,15 @@ from copilot_runtime import Agent, RunContext, RunInput, action, thread_store
 from copilot_runtime._compaction import events_to_messages
 from copilot_runtime.events import (
     EventBatches,
+    LastBatch,
     custom,
     text_message_content,
     text_message_end,
     text_message_start,
+    tool_call_args,
+    tool_call_end,
+    tool_call_result,
+    tool_call_start,
 )
 from copilot_runtime.protocols.graphql import documents
 from copilot_runtime.testing import MockOpenAIServer
@@ -513,6 +518,50 @@ async def test_a_server_actions_result_the_client_sends_back_is_kept_once(
     # The model reads the call's result once in every request after it.
     assert [[m["tool_call_id"] for m in request["messages"] if m["role"] == "tool"]
             for request in llm.requests] == [[], [call["id"]], [call["id"]]]
+
+
+class _LookupThenTextAgent(Agent):
+    """Runs a tool of its own in its first run, its result (under an id of its own making)
+    in the batch that ends the run; answers in text after."""
+
+    def __init__(self) -> None:
+        super().__init__(description="A custom agent with a server-side tool")
+        self.runs = 0
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        self.runs += 1
+        return self._events(self.runs)
+
+    async def _events(self, number: int) -> AsyncIterator[list[dict[str, Any]]]:
+        if number == 1:
+            yield LastBatch([tool_call_start("call-1", "lookup", "asked"),
+                             tool_call_args("call-1", "{}"), tool_call_end("call-1"),
+                             tool_call_result("agent-result", "call-1", "found")])
+        else:
+            yield LastBatch([text_message_start(f"text-{number}"),
+                             text_message_content(f"text-{number}", "ok"),
+                             text_message_end(f"text-{number}")])
+
+
+async def test_any_agents_result_the_client_sends_back_is_kept_once(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """The response's id for a tool result is kept with the thread however the run's agent
+    streamed it (here in the batch that ends the run, stored before the client reads it):
+    the follow-up sending it back adds nothing."""
+    runtime = openai_runtime(llm, agents={"custom": _LookupThenTextAgent()})
+    session = {"agentName": "custom"}
+    async with serve_runtime(runtime) as served:
+        history = [text_message("user-1", "user", "look it up")]
+        first, _ = await generate(served, chat_data(history, thread="looked",
+                                                    agentSession=session))
+        call, answer = [m for m in first["messages"]
+                        if m["__typename"] != "AgentStateMessageOutput"]
+        assert answer["id"] == "result-call-1"
+        history += [call_message(call["id"], call["name"], "".join(call["arguments"])),
+                    result_message(answer["id"], call["id"], "lookup", answer["result"])]
+        await generate(served, chat_data(history, thread="looked", agentSession=session))
+        kept, _ = await _kept_and_replayed(served, "looked")
+    assert _tool_messages(kept) == [("agent-result", "call-1")]
 
 
 async def test_a_frontend_actions_result_is_kept_once(llm: MockOpenAIServer,

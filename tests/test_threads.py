@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from copilot_runtime import Agent, CopilotRuntime, DemoAdapter, RunContext, RunInput
+import pytest
+
+from copilot_runtime import Agent, CopilotRuntime, DemoAdapter, RunContext, RunInput, thread_store
 from copilot_runtime import events as ev
 from copilot_runtime._compaction import compact_events, events_to_messages
 from copilot_runtime.events import EventBatches
 from copilot_runtime.testing import verify_events
 from copilot_runtime.threads import InMemoryThreadStore, SQLiteThreadStore, StoredRun
 from tests.conftest import ServeRuntime, run_input, text_of
+from tests.hitl_support.postgres import postgres_schema
 
 
 def _run() -> list[ev.Event]:
@@ -255,25 +258,25 @@ class _ToolThenTextAgent(Agent):
                    ev.text_message_end(f"text-{len(self.given)}")]
 
 
-async def test_a_tool_result_sent_back_under_another_id_is_kept_once(
+async def test_an_agents_tool_result_sent_back_is_kept_once(
         tmp_path: Path, serve_runtime: ServeRuntime) -> None:
-    """A client may send an agent's tool result back under another id (the 1.10 client
-    does, as `result-<call id>`): the thread holds a result for that call already, so the
-    message is not new, and is neither kept again nor echoed as the run's input. A result
-    for a call the thread has none for (a frontend tool's) is new, whatever its id."""
+    """An AG-UI client sends an agent's tool result back under the id it streamed: the
+    thread holds it, so it is neither kept again nor echoed as the run's input; a frontend
+    tool's result is new. The agent is given what the client sent, as always."""
     agent = _ToolThenTextAgent()
     runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0), agents={"custom": agent},
                              thread_store=SQLiteThreadStore(tmp_path / "threads.sqlite3"))
     async with serve_runtime(runtime) as served:
-        await served.run(run_input("look it up", thread="t", run="r1"), agent="custom")
+        first = await served.run(run_input("look it up", thread="t", run="r1"),
+                                 agent="custom")
+        streamed = next(e["messageId"] for e in first if e["type"] == "TOOL_CALL_RESULT")
         call = {"id": "asked", "role": "assistant", "toolCalls": [
             {"id": "call-1", "type": "function",
              "function": {"name": "lookup", "arguments": "{}"}}]}
         frontend_call = {"id": "ui-call", "role": "assistant", "toolCalls": [
             {"id": "call-2", "type": "function",
              "function": {"name": "notify", "arguments": "{}"}}]}
-        resent = {"id": "result-call-1", "role": "tool", "toolCallId": "call-1",
-                  "content": "found"}
+        resent = {"id": streamed, "role": "tool", "toolCallId": "call-1", "content": "found"}
         frontend_result = {"id": "ui-result", "role": "tool", "toolCallId": "call-2",
                            "content": "shown"}
         history = [{"id": "r1-u", "role": "user", "content": "look it up"}, call, resent,
@@ -284,7 +287,80 @@ async def test_a_tool_result_sent_back_under_another_id_is_kept_once(
             served.url + "/threads/t/messages")).json())["messages"]
     assert second[0]["input"]["messages"] == [frontend_call, frontend_result]
     assert [(m["id"], m.get("toolCallId")) for m in kept if m["role"] == "tool"] == [
-        (next(m["id"] for m in kept if m["role"] == "tool"), "call-1"), ("ui-result", "call-2")]
-    assert not any(m["id"] == "result-call-1" for m in kept)
-    # The agent is given what the client sent, as always.
+        (streamed, "call-1"), ("ui-result", "call-2")]
     assert agent.given[1] == [m["id"] for m in history]
+
+
+class _CallNumberingAgent(Agent):
+    """Asks for a frontend tool under `call_0` in every answer (as providers that number an
+    answer's calls from 0 do), and answers in text once given its result."""
+
+    def __init__(self) -> None:
+        super().__init__(description="Calls a frontend tool, its calls numbered per answer")
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._events(input.model.messages[-1].role == "user", input.run_id)
+
+    async def _events(self, asked: bool, run_id: str) -> AsyncIterator[list[ev.Event]]:
+        if asked:
+            yield [ev.tool_call_start("call_0", "notify", f"a-{run_id}"),
+                   ev.tool_call_args("call_0", "{}"), ev.tool_call_end("call_0")]
+        else:
+            yield [ev.text_message_start(f"t-{run_id}"),
+                   ev.text_message_content(f"t-{run_id}", "done"),
+                   ev.text_message_end(f"t-{run_id}")]
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "memory":
+        yield "memory://"
+    elif request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/threads.sqlite3"
+    else:
+        with postgres_schema() as url:
+            yield url
+
+
+async def test_a_frontend_result_for_a_call_id_used_again_is_kept(
+        store_url: str, serve_runtime: ServeRuntime) -> None:
+    """An agent that numbers its calls from 0 in each answer asks again under `call_0`: the
+    client's result for the new call is new (echoed and kept), not taken for the earlier
+    call's, which left the thread with a call without a result (a model refuses that)."""
+    store = thread_store(store_url)
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0),
+                             agents={"custom": _CallNumberingAgent()}, thread_store=store)
+
+    def asked(run: str) -> dict[str, Any]:
+        return {"id": f"a-{run}", "role": "assistant", "toolCalls": [
+            {"id": "call_0", "type": "function",
+             "function": {"name": "notify", "arguments": "{}"}}]}
+
+    try:
+        async with serve_runtime(runtime) as served:
+            async def run(run_id: str, messages: list[dict[str, Any]]) -> list[ev.Event]:
+                return await served.run({**run_input("", thread="t", run=run_id),
+                                         "messages": messages}, agent="custom")
+
+            history: list[dict[str, Any]] = [
+                {"id": "u1", "role": "user", "content": "notify me"}]
+            await run("r1", history)
+            history += [asked("r1"),
+                        {"id": "res-1", "role": "tool", "toolCallId": "call_0",
+                         "content": "shown 1"}]
+            await run("r2", history)
+            history += [{"id": "t-r2", "role": "assistant", "content": "done"},
+                        {"id": "u2", "role": "user", "content": "notify me again"}]
+            await run("r3", history)
+            second_result = {"id": "res-2", "role": "tool", "toolCallId": "call_0",
+                             "content": "shown 2"}
+            history += [asked("r3"), second_result]
+            fourth = await run("r4", history)
+            kept = (await (await served.session.get(
+                served.url + "/threads/t/messages")).json())["messages"]
+    finally:
+        await store.aclose()
+    assert fourth[0]["input"]["messages"] == [second_result]
+    assert [(m["id"], m["role"]) for m in kept] == [
+        ("u1", "user"), ("a-r1", "assistant"), ("res-1", "tool"), ("t-r2", "assistant"),
+        ("u2", "user"), ("a-r3", "assistant"), ("res-2", "tool"), ("t-r4", "assistant")]

@@ -14,10 +14,9 @@ from copilot_runtime._compaction import compact_events
 from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime.events import Event
 from copilot_runtime.threads.base import (
+    JUDGED_MARK_PREFIX,
     Positioned,
-    answered_marks,
     interrupted_tail,
-    is_runtime_mark,
     refused_answer,
     storable_ids,
     with_omission,
@@ -144,7 +143,7 @@ def closed_run(thread_id: str, run_id: str, first_position: int,
     return tail, next_position, compact_events(streamed + tail), next_position + len(tail) - 1
 
 
-def message_ids_of(events: Sequence[Event]) -> set[str]:
+def message_ids_of(events: Iterable[Event]) -> set[str]:
     ids: set[str] = set()
     for event in events:
         if event.get("type") == ev.RUN_STARTED:
@@ -155,7 +154,7 @@ def message_ids_of(events: Sequence[Event]) -> set[str]:
             value = event.get(key)
             if isinstance(value, str):
                 ids.add(value)
-    return {i for i in storable_ids(ids) if not is_runtime_mark(i)} | answered_marks(events)
+    return {i for i in storable_ids(ids) if not i.startswith(JUDGED_MARK_PREFIX)}
 
 
 def dumps(events: Sequence[Event]) -> bytes:

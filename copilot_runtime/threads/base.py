@@ -25,7 +25,6 @@ positions are kept, so later ids go on past them.
 from __future__ import annotations
 
 import builtins
-import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +38,6 @@ from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event
 
 __all__ = [
-    "ANSWERED_MARK_PREFIX",
     "CONTROL_CHARACTERS",
     "DELETED_RETENTION",
     "INTERRUPTED_CODE",
@@ -55,11 +53,8 @@ __all__ = [
     "ThreadOwner",
     "ThreadRecord",
     "ThreadStore",
-    "answered_mark",
-    "answered_marks",
     "id_problem",
     "interrupted_tail",
-    "is_runtime_mark",
     "newest_within",
     "omission",
     "positioned_runs",
@@ -327,48 +322,6 @@ def id_problem(value: str, *, new: bool = False) -> str | None:
 #: not kept: a client could forge a mark. (Older versions' marks began "judged:", among ids
 #: clients could send: they are only ids now, and their text is judged again.)
 JUDGED_MARK_PREFIX = "judged-v2:"
-
-#: What begins the marks a thread keeps among its message ids of the tool calls it holds a
-#: result for (`answered_mark`): a result a client sends back under an id other than the
-#: thread's (the 1.10 client's `result-<call id>`) is not a new message. Not kept from the
-#: ids clients send and agents make either: a forged one would hide a call's real result.
-ANSWERED_MARK_PREFIX = "answered-v1:"
-
-
-def is_runtime_mark(message_id: str) -> bool:
-    """Whether `message_id` reads as one of the runtime's marks (which no client's or
-    agent's id may pass for)."""
-    return message_id.startswith((JUDGED_MARK_PREFIX, ANSWERED_MARK_PREFIX))
-
-
-def answered_mark(tool_call_id: str) -> str:
-    """The mark of a tool call the thread holds a result for: a digest, so that a call id
-    of any length makes an id every store keeps."""
-    digest = hashlib.blake2b(tool_call_id.encode("utf-8", "surrogatepass"),
-                             digest_size=16).hexdigest()
-    return ANSWERED_MARK_PREFIX + digest
-
-
-def answered_marks(events: Iterable[Event]) -> set[str]:
-    """The marks of the tool calls a run's `events` hold a result for: its tool messages
-    (of its input, as its `RUN_STARTED` echoes it, and of its messages snapshots) and its
-    `TOOL_CALL_RESULT`s."""
-    answered: list[object] = []
-    for event in events:
-        kind = event.get("type")
-        if kind == ev.TOOL_CALL_RESULT:
-            answered.append(event.get("toolCallId"))
-            continue
-        if kind == ev.RUN_STARTED:
-            messages = (event.get("input") or {}).get("messages")
-        elif kind == ev.MESSAGES_SNAPSHOT:
-            messages = event.get("messages")
-        else:
-            continue
-        answered.extend(message.get("toolCallId") for message in (
-            messages if isinstance(messages, list) else ())
-            if isinstance(message, dict) and message.get("role") == "tool")
-    return {answered_mark(call_id) for call_id in answered if isinstance(call_id, str)}
 
 
 def storable_ids(ids: Iterable[str]) -> set[str]:

@@ -41,7 +41,7 @@ from copilot_runtime.protocols.graphql.agent_tools import (
 )
 from copilot_runtime.protocols.graphql.documents import DocumentCache, Prepared
 from copilot_runtime.protocols.graphql.errors import error_extensions, said_of
-from copilot_runtime.protocols.graphql.increments import ResponseEncoder
+from copilot_runtime.protocols.graphql.increments import ResponseEncoder, result_message_ids
 from copilot_runtime.protocols.graphql.plan import ROOT_FIELD, OperationPlan
 from copilot_runtime.protocols.graphql.queries import QueryContext, agent_not_found, query_root
 from copilot_runtime.protocols.graphql.schema import copilot_schema
@@ -292,6 +292,9 @@ class GraphQLProtocol:
             await send_result(request, 200, orjson.dumps(
                 {"errors": [error.formatted], "data": None}))
             return
+        # Its follow-up sends a server-side action's result back under the response's id,
+        # not the thread's: the thread keeps that id too, so the result is not kept again.
+        run.wire_ids = result_message_ids
         async with run:  # given back if anything fails or is cancelled before it drives
             encoder = ResponseEncoder(
                 plan, thread_id=wanted.input.thread_id, run_id=wanted.client_run_id,

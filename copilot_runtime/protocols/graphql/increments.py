@@ -64,7 +64,8 @@ from copilot_runtime.protocols.graphql.transport import (
     multipart_start,
 )
 
-__all__ = ["STATE_REPEATED_BELOW", "ResponseEncoder", "encode_result"]
+__all__ = ["STATE_REPEATED_BELOW", "ResponseEncoder", "encode_result", "result_message_id",
+           "result_message_ids"]
 
 #: States (as JSON) this long or longer are sent again only when they change.
 STATE_REPEATED_BELOW = 64 * 1024
@@ -89,6 +90,20 @@ def encode_result(content: str, error: str | None = None) -> str:
         return content
     return orjson.dumps({"error": {"code": "HANDLER_ERROR", "message": error},
                          "result": ""}).decode()
+
+
+def result_message_id(call_id: str) -> str:
+    """The id a tool call's result goes under in a response (the 1.10 runtime's), whatever
+    the id the agent gave it, which the thread keeps it under."""
+    return "result-" + call_id
+
+
+def result_message_ids(events: Sequence[Event]) -> set[str]:
+    """The ids the tool results among a run's `events` go under in its response: the
+    client's follow-up sends them back, and the thread holds those results already."""
+    return {result_message_id(call_id) for event in events
+            if event["type"] == ev.TOOL_CALL_RESULT
+            and isinstance(call_id := event.get("toolCallId"), str)}
 
 
 class _Message:
@@ -323,7 +338,7 @@ class ResponseEncoder:
 
     def _result(self, event: Event, out: list[dict[str, Any]]) -> None:
         call_id = event["toolCallId"]
-        values = {"id": "result-" + call_id, "createdAt": _now(),
+        values = {"id": result_message_id(call_id), "createdAt": _now(),
                   "result": encode_result(str(event.get("content", "")), event.get("error")),
                   "actionExecutionId": call_id, "actionName": self._call_names.get(call_id, ""),
                   "status": _SUCCESS}
