@@ -445,6 +445,19 @@ def test_gemini_tool_whose_schema_cannot_be_converted_costs_only_that_tool(
         ("tool schema not converted for Gemini", "odd")]
 
 
+def test_gemini_gives_the_runtimes_own_output_bound_room_to_think() -> None:
+    """Gemini counts its thinking (on by default from 2.5 on) against maxOutputTokens: a
+    guardrail judge's 100 tokens went to thinking, the answer came back empty, and the judge
+    refused everything. A client's maxTokens is sent as given."""
+    adapter = GoogleGenAIAdapter(api_key="k", max_retries=0)
+    messages = [UserMessage(id="u", content="hi")]
+    _, judge = adapter.build_config(ChatRequest(messages=messages, max_tokens=100,
+                                                runtime_settings=True))
+    _, client = adapter.build_config(ChatRequest(messages=messages, max_tokens=100))
+    assert judge["max_output_tokens"] == 4100
+    assert client["max_output_tokens"] == 100
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=80), st.text(max_size=80))
 def test_gemini_names_are_names_gemini_takes_and_stay_apart(first: str, second: str) -> None:

@@ -253,7 +253,10 @@ class GoogleGenAIAdapter:
         if request.temperature is not None:
             config["temperature"] = request.temperature
         if request.max_tokens is not None:
-            config["max_output_tokens"] = request.max_tokens
+            # Gemini counts thinking (on by default from 2.5 on) against the output bound:
+            # the runtime's own small bound (a guardrail judge's) gets room for it on top.
+            config["max_output_tokens"] = request.max_tokens + (
+                _THINKING_ROOM if request.runtime_settings else 0)
         if request.stop:
             config["stop_sequences"] = request.stop
         return contents, config
@@ -857,6 +860,10 @@ def _tool_parameters(name: str, parameters: Any) -> dict[str, Any]:
     except (TypeError, ValueError, AttributeError, KeyError, RecursionError):
         _log.warning("tool schema not converted for Gemini", tool=name, exc_info=True)
         return {"type": "OBJECT"}
+
+
+#: Output tokens added to a bound the runtime sets itself, for the model's thinking.
+_THINKING_ROOM = 4000
 
 
 def to_gemini_schema(schema: Any) -> dict[str, Any]:
