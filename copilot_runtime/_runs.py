@@ -607,6 +607,9 @@ class ActiveRun:
             queue.put_nowait(None)
         self.listeners.clear()
         if self.unstored:  # nothing to write, no thread to give back
+            # Compacted all the same, once: its end's observers read its messages.
+            self.compacted = storable(compact_events(self.events),
+                                      self.manager.max_run_bytes)[0]
             self.manager._release(self)
             self._ended()
             return

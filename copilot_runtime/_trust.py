@@ -10,7 +10,17 @@ import asyncio
 import hashlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from typing import Any, Protocol
 
 import orjson
@@ -49,6 +59,7 @@ class Host(Protocol):
     runs: RunManager
     limiter: RateLimiter | None
     guardrails: list[Guardrail]
+    allowed_marks: AllowedMarks
     #: Seconds each guardrail check may take (None: no bound).
     guardrail_timeout: float | None
     telemetry: Telemetry | None
@@ -122,6 +133,79 @@ _MOST_JUDGED = 32
 #: walked further.
 _DEEPEST = 32
 _MOST_VALUES = 50_000
+
+
+#: How many marks of allowed text (`AllowedMarks`) a runtime remembers outside its threads.
+MOST_ALLOWED_MARKS = 10_000
+
+#: The topic rules a text was judged under (allowed, denied), None for the configured ones.
+TopicRules = tuple[tuple[str, ...], tuple[str, ...]] | None
+
+
+def topic_rules(topics: tuple[Sequence[str], Sequence[str]] | None) -> TopicRules:
+    return None if topics is None or not (topics[0] or topics[1]) else (
+        tuple(topics[0]), tuple(topics[1]))
+
+
+class AllowedMarks:
+    """The marks (content digests) of text this process's guardrails let through, or its
+    agents wrote, for each owner and topic rules: a run kept out of any thread (a chat
+    suggestion, which sends the chat's whole history under a throwaway thread id) judges
+    only what is not among them. Bounded: past `most` marks, the least recently used are
+    forgotten, and their text is judged again (as on another worker, which never saw it)."""
+
+    __slots__ = ("_marks", "most")
+
+    def __init__(self, most: int = MOST_ALLOWED_MARKS) -> None:
+        self.most = most
+        self._marks: OrderedDict[tuple[ThreadOwner | None, TopicRules | str, str], None] = \
+            OrderedDict()
+
+    def add(self, owner: ThreadOwner | None, rules: TopicRules | str,
+            marks: Iterable[str]) -> None:
+        for mark in marks:
+            key = (owner, rules, mark)
+            self._marks[key] = None
+            self._marks.move_to_end(key)
+        while len(self._marks) > self.most:
+            self._marks.popitem(last=False)
+
+    def holds(self, owner: ThreadOwner | None, rules: TopicRules | str, mark: str) -> bool:
+        key = (owner, rules, mark)
+        if key not in self._marks:
+            return False
+        self._marks.move_to_end(key)
+        return True
+
+    def seen_by(self, owner: ThreadOwner | None, rules: TopicRules) -> Collection[str]:
+        """The marks `owner` had let through under `rules`, or that its agents wrote, as
+        `judged` takes a thread's message ids."""
+        return _Remembered(self, owner, rules)
+
+
+#: What a thread's marks (its agent's output, `output_marks`, and what its guardrails let
+#: through) are remembered under in place of topic rules (no client's rules can equal it):
+#: the thread takes them as let through under any rules, and so does a suggestion.
+_KEPT = "kept by a thread"
+
+
+class _Remembered(Collection[str]):
+    __slots__ = ("_allowed", "_owner", "_rules")
+
+    def __init__(self, allowed: AllowedMarks, owner: ThreadOwner | None,
+                 rules: TopicRules) -> None:
+        self._allowed, self._owner, self._rules = allowed, owner, rules
+
+    def __contains__(self, mark: object) -> bool:
+        return isinstance(mark, str) and (
+            self._allowed.holds(self._owner, self._rules, mark)
+            or self._allowed.holds(self._owner, _KEPT, mark))
+
+    def __iter__(self) -> Iterator[str]:  # (only asked whether it holds a mark)
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
 
 
 class _TooMuchToJudge(Exception):
@@ -414,6 +498,20 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
     try:
         if runtime.guardrails or topics is not None:
             verdict = ALLOWED
+            allowed = runtime.allowed_marks
+            judged_for = (owner_of(principal) if principal is not None else None,
+                          topic_rules(topics))
+            # A run kept out of threads has no thread's marks: what this process let through
+            # for the same person and rules stands in (a chat's history, sent again).
+            if unstored:
+                seen = allowed.seen_by(*judged_for)
+            else:
+                seen = run.seen_message_ids
+                # Its thread's marks, remembered again: a suggestion after this turn does not
+                # judge the chat's history again, even once this process forgot it (a
+                # restart, the bound) or another worker judged it.
+                allowed.add(judged_for[0], _KEPT,
+                            (m for m in seen if m.startswith(JUDGED_MARK_PREFIX)))
             offered = agent.tools.specs() if isinstance(agent, ServerToolsAgent) else []
             try:
                 # The runtime's own answer to an approval (a deadline's timeout) is not a
@@ -422,12 +520,18 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
                 as_input = (registered or agent).forwarded_input(props) \
                     if isinstance(props, dict) and props else ()
                 to_judge = [] if is_runtime_answer(input) else judged(
-                    input.raw, run.seen_message_ids, offered, as_input)
+                    input.raw, seen, offered, as_input)
             except _TooMuchToJudge as exc:
                 to_judge, verdict = [], exc.verdict
             if to_judge:
                 verdict = await _judged_unless_stopped(runtime, run, to_judge, principal, topics)
-            run.output_marks = output_marks
+
+            def written_marks(events: list[Event]) -> set[str]:
+                marks = output_marks(events)
+                allowed.add(judged_for[0], _KEPT, marks)
+                return marks
+
+            run.output_marks = written_marks
             if not verdict.allowed:
                 run.agent = RefusalAgent(verdict.reason)
                 run.refusal = verdict.reason
@@ -480,6 +584,8 @@ async def _judge(runtime: Host, run: ActiveRun, to_judge: list[tuple[list[str], 
         if not verdict.allowed:
             break
         run.extra_ids.update(marks)  # kept with the thread once the run is stored
+        runtime.allowed_marks.add(owner_of(principal) if principal is not None else None,
+                                  topic_rules(topics), marks)
     return verdict
 
 
@@ -529,7 +635,7 @@ def _ended(runtime: Host, run: ActiveRun, lease: Lease | None,
             agent_id=run.agent_id, thread_id=run.thread_id, run_id=run.run_id,
             principal=principal, new_messages=events_to_messages([run.compacted]),
             usage=dict(context.usage), outcome=outcome, duration=duration, error=error,
-            annotations=context.annotations))
+            annotations=context.annotations, suggestion=run.unstored))
     if error is not None and hooks.on_error is not None:
         hooks.error(ErrorInfo(
             message=str(error.get("message") or ""), code=str(error.get("code") or ""),

@@ -58,7 +58,8 @@ class RunFinished:
     thread_id: str
     run_id: str
     principal: Principal | None
-    #: The messages the run added (AG-UI messages as dicts), the user's input included.
+    #: The messages the run added (AG-UI messages as dicts), the user's input included; for
+    #: a `suggestion`, every message it was sent, then its answer.
     new_messages: list[dict[str, Any]]
     #: Token counts summed over the run's model calls (`input_tokens`, `output_tokens`),
     #: where the agent reports them.
@@ -68,6 +69,9 @@ class RunFinished:
     duration: float
     error: Mapping[str, Any] | None = None
     annotations: Mapping[str, Any] = field(default_factory=dict)
+    #: A chat suggestion's run (`/agent/{id}/suggest`), kept out of its thread (stored
+    #: nowhere; its thread id is often a throwaway one), not a turn of the chat.
+    suggestion: bool = False
 
 
 @dataclass(frozen=True, slots=True)

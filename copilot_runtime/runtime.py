@@ -192,6 +192,9 @@ class CopilotRuntime:
         self.forwards_credentials = auth is None or forward_credentials
         self.approver_roles = frozenset(approver_roles)
         self.guardrails: list[Guardrail] = list(guardrails)
+        #: What this process's guardrails let through (and its agents wrote), for the runs
+        #: kept out of threads (chat suggestions), which no thread's marks cover.
+        self.allowed_marks = _trust.AllowedMarks()
         #: Seconds each guardrail check may take before it refuses (None: no bound).
         self.guardrail_timeout = checked_seconds(guardrail_timeout, "guardrail_timeout",
                                                  none_means="no bound")

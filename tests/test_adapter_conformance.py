@@ -372,6 +372,26 @@ async def test_forwarded_model_settings_mapped_or_refused(
         "tool": "getWeather"}
 
 
+#: How each provider's request says "call one of the tools, any" (a `toolConfig` for Gemini).
+_ANY_TOOL = {"openai": "required", "anthropic": {"type": "any"},
+             "google": {"functionCallingConfig": {"mode": "ANY"}}}
+
+
+@pytest.mark.parametrize("choice", ["any", "required"])
+async def test_tool_choice_any_makes_the_model_call_some_tool(
+        harness: Harness, serve_runtime: ServeRuntime, choice: str) -> None:
+    """LangChain's "any" and OpenAI's "required" say the same: some tool must be called
+    (never a tool named "any")."""
+    runtime = CopilotRuntime(service_adapter=harness.make(), actions=[getWeather])
+    async with asyncio.timeout(TIMEOUT_S), serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", forwardedProps={"toolChoice": choice}))
+    assert types(events)[-1] == "RUN_FINISHED", events
+    body = harness.server.requests[-1]
+    provider = harness.name.split("-")[0].replace("langchain", "openai")
+    sent = body.get("toolConfig") if provider == "google" else body.get("tool_choice")
+    assert sent == _ANY_TOOL[provider]
+
+
 # ---- failures --------------------------------------------------------------------------------
 
 _PROVIDER_WORDS = {"openai": "OpenAI", "openai-sdk": "OpenAI", "anthropic": "Anthropic",

@@ -10,7 +10,17 @@ from typing import Any
 import orjson
 import pytest
 
-from copilot_runtime import BearerTokenAuth, CopilotRuntime, PatternGuardrail, RateLimit
+from copilot_runtime import (
+    BearerTokenAuth,
+    CopilotRuntime,
+    PatternGuardrail,
+    Principal,
+    RateLimit,
+    Verdict,
+)
+from copilot_runtime._trust import AllowedMarks
+from copilot_runtime.guardrails import Messages
+from copilot_runtime.hooks import RunFinished
 from copilot_runtime.testing import MockOpenAIServer, verify_events
 from tests.conftest import (
     GatedAgent,
@@ -150,8 +160,10 @@ async def test_guardrails_limits_and_ownership_apply(serve_runtime: ServeRuntime
 async def test_a_suggestion_whose_client_leaves_is_stopped(serve_runtime: ServeRuntime) -> None:
     """No one could pick a suggestion up again (it is not stored): the core's abort of a
     stale suggestion stops its run, where a chat's run would go on without its client."""
-    agent = GatedAgent()
-    async with serve_runtime(CopilotRuntime(agents={"gated": agent})) as served:
+    agent = _WatchedGate()
+    finished = _Finishes()
+    async with serve_runtime(CopilotRuntime(agents={"gated": agent},
+                                            on_run_finished=finished)) as served:
         response = await served.post("/agent/gated/suggest", run_input("hi", thread="left"))
         received = b""
         async with asyncio.timeout(10):
@@ -159,9 +171,152 @@ async def test_a_suggestion_whose_client_leaves_is_stopped(serve_runtime: ServeR
                 received += await response.content.readany()
         assert len(served.runtime.runs.unstored) == 1
         response.close()
-        async for _ in poll(10, every=0.01):
-            if not served.runtime.runs.unstored:
-                break
+        # Stopped while its agent waited at its gate, not run to its end (nothing opens
+        # the gate), nor left running: the agent was cancelled there, and the run ended as
+        # its client's leaving, before the server's shutdown could have ended it.
+        async with asyncio.timeout(10):
+            await agent.cancelled_at_gate.wait()
+        await finished.reach(1)
+        assert [f.outcome for f in finished.runs] == ["disconnected"]
+        assert [m.get("content") for m in finished.runs[0].new_messages] == ["hi", "one "]
         assert not served.runtime.runs.unstored
-        assert not agent.gate.is_set()  # stopped, not run to its end
         assert await served.runtime.store.get("left") is None
+
+class _Finishes:
+    """An `on_run_finished` hook that keeps what it is told, and can be awaited."""
+
+    def __init__(self) -> None:
+        self.runs: list[RunFinished] = []
+        self._more = asyncio.Event()
+
+    def __call__(self, finished: RunFinished) -> None:
+        self.runs.append(finished)
+        self._more.set()
+
+    async def reach(self, count: int) -> None:
+        async with asyncio.timeout(10):
+            while len(self.runs) < count:
+                self._more.clear()
+                await self._more.wait()
+
+
+class _WatchedGate(GatedAgent):
+    """A `GatedAgent` that says whether its run was cancelled while waiting at the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled_at_gate = asyncio.Event()
+
+    async def _run(self, run_id: str) -> Any:
+        try:
+            async for batch in super()._run(run_id):
+                yield batch
+        except asyncio.CancelledError:
+            if not self.gate.is_set():
+                self.cancelled_at_gate.set()
+            raise
+
+
+class _CountingGuardrail(PatternGuardrail):
+    """Refuses "password"; counts its judge calls."""
+
+    def __init__(self) -> None:
+        super().__init__(deny=[r"\bpassword\b"])
+        self.calls = 0
+
+    async def check(self, messages: Messages, principal: Principal | None) -> Verdict:
+        self.calls += 1
+        return await super().check(messages, principal)
+
+
+async def _long_chat(served: Served, thread: str, token: str | None = None
+                     ) -> list[dict[str, Any]]:
+    """Two chat runs of 20 user messages each on `thread`; its history as a client holds it."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    history: list[dict[str, Any]] = []
+    for batch in range(2):
+        history += [{"id": f"u{batch}-{i}", "role": "user", "content": f"question {batch} {i}"}
+                    for i in range(20)]
+        response = await served.post("/agent/default/run", run_input(
+            "", thread=thread, run=f"chat-{batch}", messages=history), headers=headers)
+        assert types(parse_sse(await response.read()))[-1] == "RUN_FINISHED"
+        listed = await served.session.get(served.url + f"/threads/{thread}/messages",
+                                          headers=headers)
+        history = (await listed.json())["messages"]
+    assert sum(m["role"] == "user" for m in history) == 40
+    return history
+
+
+async def test_a_suggestion_judges_only_what_the_chat_has_not(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """The client sends the chat's whole history under a throwaway thread id: what the
+    chat's runs let through (and what its agent wrote) is not judged again, so a long chat
+    keeps its suggestions, at one judge call for the prompt and one for the tool."""
+    guard = _CountingGuardrail()
+    async with serve_runtime(openai_runtime(llm, guardrails=[guard])) as served:
+        history = await _long_chat(served, "chat")
+        before = guard.calls
+        events = await served.run(suggest_input("sugg-1", history),
+                                  path="/agent/default/suggest")
+        assert suggested(events) == SUGGESTIONS, text_of(events)
+        assert guard.calls - before == 2
+        # Forgotten (a restart, another worker, past the bound): judged again, and 41 new
+        # messages are too many to judge, so it is refused; the chat's next turn has its
+        # thread's marks remembered again.
+        served.runtime.allowed_marks = AllowedMarks()
+        events = await served.run(suggest_input("sugg-3", history),
+                                  path="/agent/default/suggest")
+        assert "more than 32 new messages" in text_of(events)
+        history = [*history, {"id": "u-last", "role": "user", "content": "one more"}]
+        events = await served.run(run_input("", thread="chat", run="chat-3", messages=history))
+        assert types(events)[-1] == "RUN_FINISHED"
+        before = guard.calls
+        events = await served.run(suggest_input("sugg-4", history),
+                                  path="/agent/default/suggest")
+        assert suggested(events) == SUGGESTIONS, text_of(events)
+        assert guard.calls - before == 2
+        # Text no run let through is judged still: refused.
+        sneaky = [*history, {"id": "new", "role": "user", "content": "my password is x"}]
+        events = await served.run(suggest_input("sugg-2", sneaky),
+                                  path="/agent/default/suggest")
+        assert "TOOL_CALL_START" not in types(events)
+        assert text_of(events) == "Sorry, I can't help with that request."
+
+
+async def test_what_one_user_had_judged_is_judged_again_for_another(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    guard = _CountingGuardrail()
+    runtime = openai_runtime(llm, guardrails=[guard],
+                             auth=BearerTokenAuth({ALICE: "alice", BOB: "bob"}))
+    async with serve_runtime(runtime) as served:
+        history = await _long_chat(served, "alices", ALICE)
+        response = await served.post("/agent/default/suggest", suggest_input("s", history),
+                                     headers={"Authorization": f"Bearer {BOB}"})
+        events = parse_sse(await response.read())
+        assert "TOOL_CALL_START" not in types(events)  # 41 messages new to bob: too many
+        assert "more than 32 new messages" in text_of(events)
+
+
+async def test_allowed_marks_forget_the_oldest_past_their_bound() -> None:
+    marks = AllowedMarks(most=2)
+    marks.add(None, None, ["a", "b"])
+    assert marks.holds(None, None, "a")  # (now the newest used)
+    marks.add(None, None, ["c"])
+    assert [marks.holds(None, None, m) for m in "abc"] == [True, False, True]
+    assert not marks.holds(None, (("x",), ()), "a")  # judged under other topic rules
+
+
+async def test_a_suggestion_reports_its_messages_and_says_it_is_one(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    finished = _Finishes()
+    async with serve_runtime(openai_runtime(llm, on_run_finished=finished)) as served:
+        await served.run(run_input("hello", thread="chat"))
+        await served.run(suggest_input("sugg"), path="/agent/default/suggest")
+        await finished.reach(2)
+    chat, suggestion = finished.runs
+    assert (chat.suggestion, suggestion.suggestion) == (False, True)
+    assert [m["role"] for m in chat.new_messages] == ["user", "assistant"]
+    assert [m["role"] for m in suggestion.new_messages] == ["user", "assistant"]
+    call = suggestion.new_messages[-1]["toolCalls"][0]["function"]
+    assert call["name"] == "copilotkitSuggest"
+    assert orjson.loads(call["arguments"]) == SUGGESTIONS

@@ -561,6 +561,27 @@ async def test_a_langchain_model_that_takes_no_tools_is_a_configuration_error() 
             pass
 
 
+async def test_a_langchain_model_must_call_some_tool_by_langchains_word() -> None:
+    """"required" reaches `bind_tools` as LangChain's "any", which every LangChain chat
+    model takes for "some tool" (ChatAnthropic takes any other word for a tool's name)."""
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+
+    chosen: list[Any] = []
+
+    class ToolTaking(GenericFakeChatModel):
+        def bind_tools(self, tools: Any, *, tool_choice: Any = None, **_: Any) -> Any:
+            chosen.append(tool_choice)
+            return self
+
+    model = ToolTaking(messages=iter([AIMessage(content="hi")]))
+    request = ChatRequest(messages=[UserMessage(id="u", content="hi")], tool_choice="required",
+                          tools=[ToolSpec("getWeather", "", {"type": "object"})])
+    async for _ in LangChainAdapter(model).stream(request):
+        pass
+    assert chosen == ["any"]
+
+
 async def test_empty_adapter_serves_agents_only() -> None:
     agent = HttpAgent(url="http://127.0.0.1:9/agent")
     runtime = CopilotRuntime(service_adapter=EmptyAdapter(), agents={"remote": agent})

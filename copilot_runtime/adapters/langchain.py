@@ -84,7 +84,10 @@ class LangChainAdapter:
         try:
             if request.tool_choice in (None, "auto"):
                 return self.chat_model.bind_tools(tools)
-            return self.chat_model.bind_tools(tools, tool_choice=request.tool_choice)
+            # "any" is the word every LangChain chat model takes for "some tool" (ChatAnthropic
+            # would take "required" for a tool's name).
+            choice = "any" if request.tool_choice == "required" else request.tool_choice
+            return self.chat_model.bind_tools(tools, tool_choice=choice)
         except NotImplementedError:  # a chat model that takes no tools: say so, not a crash
             raise ConfigurationError(
                 f"The LangChain chat model {type(self.chat_model).__name__} takes no tools, "

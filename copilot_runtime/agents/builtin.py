@@ -552,8 +552,9 @@ def model_settings(forwarded_props: Any) -> dict[str, Any]:
 
 #: The `toolChoice` words that name no tool (the rest name the one tool the model must call).
 TOOL_CHOICE_WORDS = frozenset({"auto", "none", "required"})
-_TOOL_CHOICE_FORMS = ('forwardedProps.toolChoice must be "auto", "none", "required", a tool\'s '
-                      'name, or {"type": "function", "function": {"name": <a tool\'s name>}}')
+_TOOL_CHOICE_FORMS = ('forwardedProps.toolChoice must be "auto", "none", "required" (or "any"), '
+                      'a tool\'s name, or {"type": "function", "function": '
+                      '{"name": <a tool\'s name>}}')
 
 
 def _tool_choice(value: Any) -> str:
@@ -561,7 +562,9 @@ def _tool_choice(value: Any) -> str:
     object form (what `@copilotkit/core` 1.75 sends to force its suggestion tool) means
     the same as the name alone."""
     if isinstance(value, str):
-        return value
+        # LangChain's word for "some tool" (what `bind_tools` takes): the adapters know it
+        # as "required", and would send "any" as a tool's name.
+        return "required" if value == "any" else value
     if isinstance(value, dict) and value.get("type") == "function" and set(value) <= {
             "type", "function"}:
         function = value.get("function")
@@ -575,8 +578,8 @@ def _check_forced_tool(settings: dict[str, Any], tools: Sequence[ToolSpec]) -> N
     """Refuse a forced tool the run does not offer: the adapters would drop it silently (a
     run without tools) or the provider would refuse the request with a less clear error."""
     choice = settings.get("tool_choice")
-    if choice is None or choice in TOOL_CHOICE_WORDS or choice == "any":
-        return  # ("any": what LangChain's bind_tools also takes)
+    if choice is None or choice in TOOL_CHOICE_WORDS:
+        return
     if not any(tool.name == choice for tool in tools):
         raise InvalidRequestError(
             f"forwardedProps.toolChoice names {choice!r}, which is not one of this run's tools")
