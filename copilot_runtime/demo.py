@@ -23,7 +23,9 @@ pending approval survives a restart of the demo.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from copilot_runtime.actions import action
 from copilot_runtime.adapters.base import ServiceAdapter
@@ -54,10 +56,10 @@ def get_weather(city: str) -> dict[str, Any]:
 
 
 @action
-def roll_dice(sides: int = 6, count: int = 1) -> dict[str, Any]:
+def roll_dice(sides: Annotated[int, Field(ge=2, le=1000)] = 6,
+              count: Annotated[int, Field(ge=1, le=100)] = 1) -> dict[str, Any]:
     """Roll `count` dice with `sides` sides each."""
-    if not 2 <= sides <= 1000 or not 1 <= count <= 100:
-        raise ValueError("sides must be 2-1000 and count 1-100")
+    # The bounds are in the schema, so a model (the offline one too) keeps within them.
     rolls = [random.randint(1, sides) for _ in range(count)]
     return {"rolls": rolls, "total": sum(rolls)}
 

@@ -13,8 +13,10 @@ from typing import Any
 import httpx2
 import orjson
 import pytest
+from ag_ui.core import AssistantMessage, FunctionCall, ToolCall, ToolMessage, UserMessage
 
 from copilot_runtime import ActionError, CopilotRuntime, DemoAdapter
+from copilot_runtime.adapters.base import ChatRequest, TextDelta, ToolCallDelta, ToolSpec
 from copilot_runtime.demo import build_demo_runtime, get_weather, roll_dice
 from copilot_runtime.testing import verify_events
 from tests.conftest import ServeRuntime, free_port, parse_sse, run_input, text_of
@@ -131,8 +133,10 @@ async def test_demo_actions() -> None:
     rolls = orjson.loads(await roll_dice.execute('{"sides": 20, "count": 3}'))
     assert len(rolls["rolls"]) == 3
     assert all(1 <= r <= 20 for r in rolls["rolls"])
-    with pytest.raises(ActionError, match="sides must be"):
+    with pytest.raises(ActionError, match="sides: Input should be greater than or equal to 2"):
         await roll_dice.execute('{"sides": 1}')
+    with pytest.raises(ActionError, match="count: Input should be less than or equal to 100"):
+        await roll_dice.execute('{"count": 101}')
 
 
 async def test_mount_into_fastapi() -> None:
@@ -282,3 +286,107 @@ def test_demo_on_shared_threads_and_a_coordinator(tmp_path: Path) -> None:
         _out, err = process.communicate(timeout=30)
     assert b"Traceback" not in err, err
     assert (tmp_path / "threads.sqlite3").exists()
+
+
+# -- the offline model: arguments from everyday wording, bounded answers ----------------------
+
+#: The demo's tools as the model sees them: its two actions and the pages' accent tool
+#: (`ACCENTS` of web/src/shared/demo.jsx).
+DEMO_TOOLS = [
+    ToolSpec(get_weather.name, get_weather.description, get_weather.parameters),
+    ToolSpec(roll_dice.name, roll_dice.description, roll_dice.parameters),
+    ToolSpec("set_accent_color", "Change the accent colour of the demo page.", {
+        "type": "object", "required": ["color"], "properties": {"color": {
+            "type": "string",
+            "enum": ["teal", "crimson", "indigo", "orange", "green", "purple"]}}}),
+]
+
+
+class DemoTurn:
+    """What the offline model streamed for one message: a tool call or text, and in how many
+    pieces."""
+
+    def __init__(self) -> None:
+        self.call: tuple[str | None, dict[str, Any]] | None = None
+        self.text = ""
+        self.pieces = 0
+
+
+async def _demo_turn(text: str, tools: list[ToolSpec] = DEMO_TOOLS) -> DemoTurn:
+    request = ChatRequest(messages=[UserMessage(id="u1", role="user", content=text)],
+                          tools=tools)
+    turn = DemoTurn()
+    async for deltas in DemoAdapter(delay=0).stream(request):
+        for delta in deltas:
+            if isinstance(delta, ToolCallDelta):
+                turn.call = delta.name, orjson.loads(delta.arguments or "{}")
+            elif isinstance(delta, TextDelta):
+                turn.text += delta.text
+                turn.pieces += 1
+    return turn
+
+
+@pytest.mark.parametrize(("text", "city"), [
+    ("what's the weather in paris?", "Paris"),
+    ("What is the weather in Paris today?", "Paris"),
+    ("Weather for London this weekend please", "London"),
+    ("how's the weather in new york right now", "New York"),
+    ("Weather in Rio de Janeiro, please", "Rio de Janeiro"),  # as typed: kept
+])
+async def test_the_offline_model_finds_the_city_in_everyday_wording(text: str, city: str) -> None:
+    assert (await _demo_turn(text)).call == ("get_weather", {"city": city})
+
+
+async def test_the_offline_model_asks_for_a_city_instead_of_inventing_one() -> None:
+    turn = await _demo_turn("What's the weather like today?")
+    assert turn.call is None
+    assert "Name a city" in turn.text
+    assert "You said" not in turn.text
+
+
+async def test_the_offline_model_names_the_colours_it_can_set_for_another() -> None:
+    turn = await _demo_turn("Set the accent colour to blue")
+    assert turn.call is None
+    assert "I can set: teal, crimson, indigo, orange, green, purple" in turn.text
+    assert (await _demo_turn("Set the accent colour to Purple.")).call == (
+        "set_accent_color", {"color": "purple"})
+
+
+@pytest.mark.parametrize(("text", "arguments"), [
+    ("Roll 3 dice with 20 sides", {"count": 3, "sides": 20}),
+    ("roll a 12-sided die", {"sides": 12}),
+    ("Roll a d20", {"sides": 20}),
+    ("roll 2d8 please", {"count": 2, "sides": 8}),
+    ("Roll a die", {}),  # the tool's defaults
+    ("Roll 500 dice with 5000 sides", {"count": 100, "sides": 1000}),  # the schema's bounds
+])
+async def test_the_offline_model_takes_numbers_from_the_text(
+        text: str, arguments: dict[str, int]) -> None:
+    assert (await _demo_turn(text)).call == ("roll_dice", arguments)
+
+
+@pytest.mark.parametrize("size", [15_000, 370_000])
+async def test_the_offline_model_quotes_a_long_paste_briefly_and_quickly(size: int) -> None:
+    paste = ("Traceback line with words " * (size // 26 + 1))[:size - 1] + "."
+    turn = await _demo_turn(paste, tools=[])
+    assert f"... ({size} characters)" in turn.text
+    assert len(turn.text) < 800
+    assert paste[:150] in turn.text
+    # Each piece waits `delay` (20 ms): the answer streams for at most ~3 s.
+    assert turn.pieces <= 150
+
+
+async def test_the_offline_model_streams_a_long_answer_in_bounded_pieces() -> None:
+    result = " ".join(f"word{i}" for i in range(20_000))
+    request = ChatRequest(messages=[
+        UserMessage(id="u1", role="user", content="call get_weather"),
+        AssistantMessage(id="a1", role="assistant", tool_calls=[ToolCall(
+            id="c1", type="function", function=FunctionCall(name="get_weather",
+                                                            arguments="{}"))]),
+        ToolMessage(id="t1", role="tool", tool_call_id="c1", content=result),
+    ])
+    pieces: list[str] = []
+    async for deltas in DemoAdapter(delay=0).stream(request):
+        pieces += [d.text for d in deltas if isinstance(d, TextDelta)]
+    assert result in "".join(pieces)
+    assert len(pieces) <= 150

@@ -3,8 +3,12 @@
 It says plainly that it is not a real model. It calls a declared tool when the user names
 it, as it is or in words in order ("set the accent colour" for `set_accent_color`; an enum
 argument takes the value the user named), or asks about the weather or for a dice roll and
-such tools exist; after a tool result it reports what the tool returned. Answers stream
-word by word.
+such tools exist; after a tool result it reports what the tool returned. Arguments come from
+the wording: a city after "in", "for" or "at" ("weather in paris today?" -> "Paris"), numbers
+before or after a parameter's name or in dice notation ("3 dice with 20 sides", "2d8"),
+within the schema's bounds. When the city or the value of an enum is missing or not offered,
+it says what it can do instead of calling the tool. Answers stream word by word, then in
+larger pieces, so a long one ends within a few seconds; a long message is quoted in part.
 """
 
 from __future__ import annotations
@@ -29,7 +33,31 @@ from copilot_runtime.adapters.base import (
 
 __all__ = ["DemoAdapter"]
 
-_CITY = re.compile(r"\b(?:in|for|at)\s+([A-Z][\w\-' ]*[\w])", re.UNICODE)
+_CITY_START = re.compile(r"\b(?:in|for|at)\s+", re.IGNORECASE)
+_WORD = re.compile(r"[^\W\d_][\w'\-]*")
+_SPACES = re.compile(r" +")
+#: Words that end a city's name ("in Paris today", "for London this weekend please").
+_NOT_CITY = frozenset({
+    "today", "tomorrow", "tonight", "now", "right", "currently", "later", "soon", "this",
+    "next", "these", "that", "the", "a", "an", "me", "us", "please", "thanks", "week",
+    "weekend", "morning", "afternoon", "evening", "night", "and", "or", "but", "in", "for",
+    "at", "on", "of", "with", "is", "are", "was", "will", "be", "like"
+})
+_CITY_WORDS = 4
+_CITY_ARGUMENTS = ("city", "location", "place")
+_SIDES_ARGUMENTS = ("sides", "faces")
+_COUNT_ARGUMENTS = ("count", "number", "times", "n")
+#: Colours a user may name: one of them that the tool's enum does not offer is refused.
+_COLOURS = frozenset({
+    "red", "blue", "green", "yellow", "orange", "purple", "violet", "pink", "black", "white",
+    "grey", "gray", "brown", "cyan", "magenta", "teal", "crimson", "indigo", "navy", "gold",
+    "silver", "maroon", "olive", "lime", "turquoise", "beige"
+})
+#: The quote of the user's message, and how many words stream one by one before the rest
+#: goes in larger pieces (each piece waits `delay`: at most ~150 pieces, 3 s at 20 ms).
+_QUOTE_CHARS = 200
+_SINGLE_WORDS = 100
+_GROUPED_PIECES = 50
 
 
 class DemoAdapter:
@@ -42,18 +70,19 @@ class DemoAdapter:
         return None
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
-        call = None if request.tool_choice == "none" else _choose_tool(request)
-        if call is not None:
-            name, arguments = call
+        choice = None if request.tool_choice == "none" else _choose_tool(request)
+        if isinstance(choice, tuple):
+            name, arguments = choice
             seed = f"{len(request.messages)}:{name}:{arguments}".encode()
             call_id = "call_demo_" + hashlib.sha256(seed).hexdigest()[:16]
             yield [ToolCallDelta(0, call_id, name, arguments)]
             yield [StreamEnd("tool_calls")]
             return
-        for word in re.findall(r"\S+\s*", _answer(request)):
+        answer = choice if isinstance(choice, str) else _answer(request)
+        for piece in _pieces(answer):
             if self.delay:
                 await asyncio.sleep(self.delay)
-            yield [TextDelta(word)]
+            yield [TextDelta(piece)]
         yield [StreamEnd("stop")]
 
 
@@ -67,7 +96,19 @@ def _last_user_text(request: ChatRequest) -> str:
     return ""
 
 
-def _choose_tool(request: ChatRequest) -> tuple[str, str] | None:
+def _pieces(answer: str) -> list[str]:
+    """`answer` as streamed: word by word, then the rest in at most `_GROUPED_PIECES` pieces."""
+    words: list[str] = re.findall(r"\S+\s*", answer)
+    if len(words) <= _SINGLE_WORDS:
+        return words
+    rest = words[_SINGLE_WORDS:]
+    size = -(-len(rest) // _GROUPED_PIECES)
+    return words[:_SINGLE_WORDS] + ["".join(rest[i:i + size]) for i in range(0, len(rest), size)]
+
+
+def _choose_tool(request: ChatRequest) -> tuple[str, str] | str | None:
+    """The tool to call and its arguments (JSON); or why a tool asked for cannot be called,
+    as the answer; or None: no tool asked for."""
     if not request.messages or not isinstance(request.messages[-1], UserMessage):
         return None
     text = _last_user_text(request)
@@ -78,16 +119,23 @@ def _choose_tool(request: ChatRequest) -> tuple[str, str] | None:
         # "set_accent_color" is named either as it is or in words ("set the accent colour").
         words = name.lower().replace("-", "_").split("_")
         if name.lower() in lowered or _in_order(words, spoken):
-            return name, orjson.dumps(_arguments_for(tool, text)).decode()
+            return _call(tool, text)
     if "weather" in lowered:
         for name, tool in tools.items():
             if "weather" in name.lower():
-                return name, orjson.dumps(_arguments_for(tool, text)).decode()
+                return _call(tool, text)
     if re.search(r"\b(dice|die|roll)\b", lowered):
         for name, tool in tools.items():
             if "dice" in name.lower() or "roll" in name.lower():
-                return name, orjson.dumps(_arguments_for(tool, text)).decode()
+                return _call(tool, text)
     return None
+
+
+def _call(tool: ToolSpec, text: str) -> tuple[str, str] | str:
+    arguments = _arguments_for(tool, text)
+    if isinstance(arguments, str):
+        return f"(Offline demo model) {arguments}"
+    return tool.name, orjson.dumps(arguments).decode()
 
 
 def _in_order(words: list[str], text: str) -> bool:
@@ -97,27 +145,92 @@ def _in_order(words: list[str], text: str) -> bool:
     return re.search(r"\b" + r"\b.*?\b".join(map(re.escape, words)) + r"\b", text) is not None
 
 
-def _arguments_for(tool: ToolSpec, text: str) -> dict[str, Any]:
-    """Plausible arguments: a city if one is named, otherwise simple defaults per type."""
+def _city(text: str) -> str | None:
+    """The place named after "in", "for" or "at", up to punctuation or a word such as "today"."""
+    for start in _CITY_START.finditer(text):
+        words: list[str] = []
+        position = start.end()
+        while len(words) < _CITY_WORDS:
+            word = _WORD.match(text, position)
+            if word is None or word.group().lower() in _NOT_CITY:
+                break
+            words.append(word.group())
+            position = word.end()
+            gap = _SPACES.match(text, position)
+            if gap is None:
+                break  # punctuation, or the end
+            position = gap.end()
+        if words:
+            # Typed in lower case ("paris"): capitalised; "Rio de Janeiro" stays as typed.
+            if not any(c.isupper() for word in words for c in word):
+                words = [w[:1].upper() + w[1:] for w in words]
+            return " ".join(words)
+    return None
+
+
+def _number_for(name: str, spec: dict[str, Any], text: str) -> int | float | None:
+    """The number `text` gives the parameter `name` ("20 sides", "a 12-sided die", "sides 20";
+    "d20" and "2d8" for sides and count; "3 dice" for a count), within the schema's bounds."""
+    stem = re.escape(name.lower().rstrip("s"))
+    dice = re.search(r"\b(\d*)d(\d+)\b", text)
+    found = (re.search(rf"\b(\d+(?:\.\d+)?)[\s-]*{stem}", text)
+             or re.search(rf"\b{stem}\w*\s*(?:of|=|:)?\s*(\d+(?:\.\d+)?)\b", text))
+    if found:
+        value = found.group(1)
+    elif dice and name.lower() in _SIDES_ARGUMENTS:
+        value = dice.group(2)
+    elif dice and dice.group(1) and name.lower() in _COUNT_ARGUMENTS:
+        value = dice.group(1)
+    elif name.lower() in _COUNT_ARGUMENTS and (
+            counted := re.search(r"\b(\d+)\s+(?:dice|die|times|rolls?)\b", text)):
+        value = counted.group(1)
+    else:
+        return None
+    number: int | float = int(float(value)) if spec.get("type") == "integer" else float(value)
+    if isinstance(spec.get("minimum"), int | float):
+        number = max(number, spec["minimum"])
+    if isinstance(spec.get("maximum"), int | float):
+        number = min(number, spec["maximum"])
+    return number
+
+
+def _arguments_for(tool: ToolSpec, text: str) -> dict[str, Any] | str:
+    """Plausible arguments: a city and numbers the user named, otherwise simple defaults per
+    type; or, when a city or an enum's value is missing or not offered, what it can do."""
     properties = tool.parameters.get("properties") or {}
     required = tool.parameters.get("required") or []
+    lowered = text.lower()
     arguments: dict[str, Any] = {}
-    city = _CITY.search(text)
-    for name in required:
-        spec = properties.get(name) or {}
+    city = _city(text)
+    for name, spec in properties.items():
+        spec = spec if isinstance(spec, dict) else {}
         kind = spec.get("type")
-        if name.lower() in ("city", "location", "place") and city:
-            arguments[name] = city.group(1).strip()
-        elif kind in ("integer", "number"):
-            arguments[name] = spec.get("default", 6)
+        if kind in ("integer", "number"):
+            number = _number_for(name, spec, lowered)
+            if number is not None:
+                arguments[name] = number
+            elif name in required:
+                arguments[name] = spec.get("default", 6)
+        elif name not in required:
+            continue
+        elif name.lower() in _CITY_ARGUMENTS:
+            if city is None:
+                return ('Name a city for the weather, e.g. "What is the weather in Paris?" '
+                        "A real model would ask which one.")
+            arguments[name] = city
         elif kind == "boolean":
             arguments[name] = True
         elif spec.get("enum"):
-            named = [v for v in spec["enum"] if isinstance(v, str) and re.search(
-                rf"\b{re.escape(v.lower())}\b", text.lower())]
+            offered = [v for v in spec["enum"] if isinstance(v, str)]
+            named = [v for v in offered if re.search(rf"\b{re.escape(v.lower())}\b", lowered)]
+            other_colours = [c for c in re.findall(r"[a-z]+", lowered)
+                             if c in _COLOURS and c not in map(str.lower, offered)]
+            if not named and other_colours and any(v.lower() in _COLOURS for v in offered):
+                return (f"I cannot set {other_colours[0]} with {tool.name}. "
+                        f"I can set: {', '.join(offered)}.")
             arguments[name] = named[0] if named else spec["enum"][0]
         else:
-            arguments[name] = city.group(1).strip() if city else "demo"
+            arguments[name] = city or "demo"
     return arguments
 
 
@@ -134,6 +247,8 @@ def _answer(request: ChatRequest) -> str:
         return (f"(Offline demo model) {name} returned: {content}. "
                 "A real model would now phrase this as an answer.")
     text = _last_user_text(request).strip()
+    if len(text) > _QUOTE_CHARS:
+        text = f"{text[:_QUOTE_CHARS].rstrip()}... ({len(text)} characters)"
     tools = ", ".join(t.name for t in request.tools) or "none"
     return (
         "I am the offline demo model of copilot-runtime, not a real LLM: set OPENAI_API_KEY "

@@ -262,8 +262,9 @@ async function mainPhase(p) {
   await step(p, "stop mid-answer", async () => {
     await p.page.locator('[data-testid="new-thread"]').click();
     await p.page.locator(p.ui.input).waitFor({ timeout: TIMEOUT });
-    // The demo model repeats what it was told, word by word: a long message, a long answer.
-    const long = `Please repeat this: ${"lorem ipsum dolor sit amet ".repeat(60)}the end.`;
+    // The demo model quotes the first 200 characters of what it was told, word by word: short
+    // words give its longest answer (~2 s).
+    const long = `Please repeat this: ${"a b c d e ".repeat(40)}the end.`;
     await p.send(long, { wait: false });
     await p.page.locator(p.ui.assistant, { hasText: "offline demo model" }).last().waitFor({ timeout: TIMEOUT });
     await p.page.locator(p.ui.stop).click();
