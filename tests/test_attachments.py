@@ -316,6 +316,15 @@ def test_empty_inline_data_is_refused_by_every_adapter(provider: str) -> None:
 # ---- over GraphQL -----------------------------------------------------------------------------
 
 
+async def _image_status(served: Any, data: str) -> dict[str, Any]:
+    """The status of a GraphQL turn of one PNG `imageMessage` whose bytes are `data`."""
+    result = await served.generate(chat_data([{
+        "id": "img-1", "createdAt": CREATED,
+        "imageMessage": {"format": "png", "bytes": data, "role": "user"}}]))
+    status: dict[str, Any] = result["status"]
+    return status
+
+
 async def test_graphql_names_the_attachment_its_model_cannot_take(
         serve_runtime: ServeRuntime) -> None:
     """An `imageMessage` whose bytes are not base64: Gemini's conversion dropped it, and the
@@ -324,11 +333,8 @@ async def test_graphql_names_the_attachment_its_model_cannot_take(
         runtime = CopilotRuntime(service_adapter=GoogleGenAIAdapter(
             api_key="k", base_url=gemini.base_url, max_retries=0))
         async with serve_runtime(runtime) as served:
-            result = await served.generate(chat_data([{
-                "id": "img-1", "createdAt": CREATED,
-                "imageMessage": {"format": "png", "bytes": "%%%", "role": "user"}}]))
+            status = await _image_status(served, "%%%")
         assert gemini.requests == []
-    status = result["status"]
     assert (status["code"], status["reason"]) == ("Failed", "UNKNOWN_ERROR")
     assert "image attachment (image/png) given as inline data" in \
         status["details"]["description"]
@@ -342,11 +348,8 @@ async def test_graphql_refuses_an_image_with_no_bytes(
     runtime = CopilotRuntime(service_adapter=OpenAIAdapter(
         base_url=llm.base_url, api_key="k", max_retries=0))
     async with serve_runtime(runtime) as served:
-        result = await served.generate(chat_data([{
-            "id": "img-1", "createdAt": CREATED,
-            "imageMessage": {"format": "png", "bytes": "", "role": "user"}}]))
+        status = await _image_status(served, "")
     assert llm.requests == []
-    status = result["status"]
     assert status["code"] == "Failed"
     assert "its data is empty" in status["details"]["description"]
     assert status["details"]["originalError"]["originalErrorType"] == "UNSUPPORTED_ATTACHMENT"
