@@ -194,6 +194,16 @@ def test_a_restart_restores_the_threads(demo: DemoServer, main_phase: dict[str, 
     assert after["failedRequests"] == []
 
 
+def test_both_pages_fit_a_phone(demo: DemoServer, screenshots: Path) -> None:
+    """At 390x844 the side panel stacks above the chat: the page fits the screen, the chat
+    keeps the full width and its send button is on the screen."""
+    result = drive(demo, "phone", screenshots)
+    assert failures(result) == [], json.dumps(failures(result), indent=1)
+    assert [s["step"] for s in result["steps"]] == 2 * ["fits a phone's width"]
+    assert result["consoleErrors"] == []
+    assert result["failedRequests"] == []
+
+
 def test_edges(built_pages: Path, tmp_path_factory: pytest.TempPathFactory,
                screenshots: Path) -> None:
     """Planted HTML, a thread on the list's second page, a thread listed mid-run, an expired

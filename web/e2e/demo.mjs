@@ -27,6 +27,9 @@
 //                    and its outcome shows, and a stale answer (another tab answered) shows
 //                    the run's error while that tab, and one opened then, is asked the
 //                    current question.
+//   phase "phone":   both pages at a phone's size (390x844, touch): the page no wider or
+//                    higher than the screen, the chat keeps the width and half the height or
+//                    more, its send button and the side panel's controls on the screen.
 //
 // Writes ONE JSON line: {phase, steps: [{page, step, ok, error?, ms}], consoleErrors,
 // failedRequests, threads}. Screenshots go to options.screenshots (a directory).
@@ -58,6 +61,7 @@ const UI = {
     idle: '[data-testid="copilot-chat"][data-copilot-running="false"]',
     running: '[data-testid="copilot-chat"][data-copilot-running="true"]',
     stop: '[data-testid="copilot-send-button"]',
+    sendButton: '[data-testid="copilot-send-button"]',
   },
   classic: {
     path: "/classic/",
@@ -67,6 +71,7 @@ const UI = {
     idle: '[data-test-id="copilot-chat-ready"]',
     running: '[data-test-id="copilot-chat-request-in-progress"]',
     stop: '[data-test-id="copilot-chat-request-in-progress"]',
+    sendButton: ".copilotKitInputControls button >> nth=-1",
   },
 };
 
@@ -461,6 +466,40 @@ async function restartPhase(p) {
   });
 }
 
+// ---- a phone's screen (phase "phone") ------------------------------------------------------
+const PHONE = { width: 390, height: 844 };
+
+async function phonePhase(p) {
+  const kind = p.kind;
+  await step(p, "fits a phone's width", async () => {
+    await p.open("?agent=default");
+    await p.send("What is the weather in Paris?");
+    await p.page.locator('[data-testid="weather-card"][data-status="complete"]').last().waitFor({ timeout: TIMEOUT });
+    await p.shot(`${kind}-phone`);
+    const page = await p.page.evaluate(() => {
+      const { scrollWidth, clientWidth, scrollHeight, clientHeight } = document.documentElement;
+      return { scrollWidth, clientWidth, scrollHeight, clientHeight };
+    });
+    assert(page.scrollWidth <= page.clientWidth, `the page is ${page.scrollWidth} px wide on a ${page.clientWidth} px screen`);
+    // The chat scrolls its messages itself: were the page taller, its input would go off the screen.
+    assert(page.scrollHeight <= page.clientHeight, `the page is ${page.scrollHeight} px high on a ${page.clientHeight} px screen`);
+    const chat = p.page.locator(".demo-chat");
+    const chatBox = await chat.boundingBox();
+    assert(chatBox.width >= 300, `the chat is ${Math.round(chatBox.width)} px wide`);
+    assert(chatBox.height >= PHONE.height / 2, `the chat is ${Math.round(chatBox.height)} px high`);
+    const [chatContentWidth, chatWidth] = await chat.evaluate((e) => [e.scrollWidth, e.clientWidth]);
+    assert(chatContentWidth <= chatWidth, `the chat's content is ${chatContentWidth} px wide in ${chatWidth} px`);
+    const onScreen = async (selector, what) => {
+      const box = await p.page.locator(selector).first().boundingBox();
+      assert(box && box.x >= 0 && box.y >= 0 && box.x + box.width <= PHONE.width && box.y + box.height <= PHONE.height,
+             `${what} is off the screen: ${JSON.stringify(box)}`);
+    };
+    await onScreen(p.ui.sendButton, "the send button");
+    await onScreen('[data-testid="agent-picker"]', "the agent picker");
+    await onScreen('[data-testid="new-thread"]', "the new-thread button");
+  });
+}
+
 // ---- phase three: edges (a server with a short approval timeout) ----------------------------
 // Raw HTML in a message: an iframe whose srcdoc runs script, an image whose onerror does, and
 // an outside image (a tracking pixel, fetched as the thread is shown) and link (phishing); and
@@ -612,10 +651,12 @@ let exitCode = 0;
 try {
   const kinds = options.pages ?? ["current", "classic"];
   for (const kind of kinds) {
-    const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+    const context = await browser.newContext(phase === "phone"
+      ? { viewport: PHONE, isMobile: true, hasTouch: true }
+      : { viewport: { width: 1280, height: 860 } });
     const page = new DemoPage(kind, await context.newPage());
     page.page.setDefaultTimeout(TIMEOUT);
-    await ({ main: mainPhase, restart: restartPhase, edges: edgesPhase })[phase](page);
+    await ({ main: mainPhase, restart: restartPhase, edges: edgesPhase, phone: phonePhase })[phase](page);
     await context.close();
   }
 } catch (error) {
