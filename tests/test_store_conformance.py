@@ -597,6 +597,77 @@ async def test_a_state_only_an_older_releases_run_left_is_found(store: ThreadSto
         assert record.state == {"v": "A"}, bound
 
 
+async def stored_before_positions(store: ThreadStore, thread: str, run: str,
+                                  events: list[ev.Event], title: str = "") -> None:
+    """`run` (finished) as the releases before positions stored it: no positions (-1) and
+    the thread's next position 0, its thread titled `title` (what 624f558 wrote: its SQLite
+    migration and PostgreSQL's first schema gave earlier runs -1, and the runs it stored
+    itself too)."""
+    compacted = compact_events(events)
+    if isinstance(store, InMemoryThreadStore):
+        await store.append_run(thread, "default", StoredRun(run, compacted, 1.0), [])
+        return
+    thread_row = ("INSERT INTO threads (thread_id, agent_id, created_at, updated_at, title, "
+                  "next_position) VALUES ({p}, 'default', 1, 1, {p}, 0) ON CONFLICT DO NOTHING")
+    run_row = ("INSERT INTO runs (thread_id, seq, run_id, created_at, events) VALUES "
+               "({p}, (SELECT COALESCE(MAX(seq), 0) + 1 FROM runs WHERE thread_id = {p}), "
+               "{p}, 1, {p})")
+    if isinstance(store, SQLiteThreadStore):
+        db = sqlite3.connect(store.path)
+        with db:
+            db.execute(thread_row.format(p="?"), (thread, title))
+            db.execute(run_row.format(p="?"), (thread, thread, run, orjson.dumps(compacted)))
+        db.close()
+        return
+    await store.summary(thread)  # (the store makes its tables as it is first used)
+    schema = store.schema  # type: ignore[attr-defined]
+    async with await psycopg.AsyncConnection.connect(SERVER, autocommit=True) as conn:
+        await conn.execute(f'SET search_path TO "{schema}"')
+        await conn.execute(thread_row.format(p="%s").encode(), (thread, title))
+        await conn.execute(run_row.format(p="%s").encode(),
+                           (thread, thread, run, orjson.dumps(compacted)))
+
+
+async def test_a_run_stored_before_positions_is_replayed_only_with_the_whole_thread(
+        store: ThreadStore) -> None:
+    """Before: a run stored before positions existed (-1) was replayed after every position,
+    so a resume inside a later run got that whole run again in the middle of it (a
+    RUN_STARTED after the later run's: the real clients reject the stream), and an
+    up-to-date client got it on every reconnect. Every position a client holds is of a newer
+    run: the old run comes only in a whole-thread replay (no Last-Event-ID, or an id the
+    thread never reached)."""
+    from copilot_runtime._shared_runs import replay_stored
+
+    await stored_before_positions(store, "t", "r0", _run("t", "r0", "old answer",
+                                                        user="from before"), "from before")
+    await stored_before_positions(store, "only", "r0", _run("only", "r0", "old"))
+    new = _run("t", "r1", "a b c", user="after the upgrade")
+    last = len(new) - 1
+    raw = {"raw_first": 0, "raw": new} if isinstance(store, DurableThreadStore) else {}
+    await store.append_run("t", "default", StoredRun("r1", compact_events(new), 2.0, 0, 0,
+                                                     last), ["u-r1"], **raw)
+
+    def started(replayed: list[Any]) -> list[str]:
+        return [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"]
+
+    whole = await store.events_after("t", -1)
+    assert started(whole) == ["r0", "r1"]
+    verify_events([e for _, e in whole])
+    for position in range(last):
+        replayed = await store.events_after("t", position)
+        if isinstance(store, DurableThreadStore):  # its raw events: exactly the rest
+            assert [e for _, e in replayed] == new[position + 1:], position
+        else:
+            assert started(replayed) == ["r1"], position
+    assert await store.events_after("t", last) == []
+    # An id the thread never reached: the whole thread, the old run with it.
+    assert await replay_stored(store, "t", last + 1) == whole
+    assert started(await replay_stored(store, "only", 0)) == ["r0"]
+    assert started(await store.events_after("only", -1)) == ["r0"]
+    # The old run's title stays the thread's.
+    assert (await store.summary("t")).title == "from before"  # type: ignore[union-attr]
+
+
 async def test_a_state_evicted_from_memory_is_still_the_threads() -> None:
     """Before: the in-memory store's eviction of a thread's oldest runs (past
     `max_runs_per_thread`, or over its byte budget) took the thread's state with them."""

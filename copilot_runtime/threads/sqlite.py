@@ -357,9 +357,10 @@ class SQLiteThreadStore:
             "CASE WHEN open = 1 THEN 0 ELSE length(events) END AS own, "
             "sum(CASE WHEN open = 1 THEN 0 ELSE length(events) END) "
             "OVER (ORDER BY seq DESC) AS newer, sum(1 - open) OVER () AS finished FROM runs "
-            "WHERE thread_id = ? AND (open = 1 OR last_position < 0 "
-            "OR last_position > ?)) WHERE open = 1 OR newer <= ? OR newer = own "
-            "ORDER BY seq", (thread_id, position, self.replay_bytes)).fetchall()
+            # (runs stored before positions, -1: only in a whole-thread replay, `ends_after`)
+            "WHERE thread_id = ? AND (open = 1 OR ? < 0 OR last_position > ?)) "
+            "WHERE open = 1 OR newer <= ? OR newer = own ORDER BY seq",
+            (thread_id, position, position, self.replay_bytes)).fetchall()
         runs = [RunRow(run_id, bool(is_open), first, last,
                        [] if is_open or (0 <= last <= position) else orjson.loads(events))
                 for run_id, is_open, first, last, events, _ in rows]
