@@ -705,7 +705,7 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     db.close()
     store = SQLiteThreadStore(path)
     try:
-        assert store.schema_version == 6
+        assert store.schema_version == 7
         record = await store.get("old")
         assert record is not None
         assert [r.run_id for r in record.runs] == ["r0"]
@@ -718,8 +718,74 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     finally:
         await store.aclose()
     reopened = SQLiteThreadStore(path)
-    assert reopened.schema_version == 6
+    assert reopened.schema_version == 7
     await reopened.aclose()
+
+
+def _first_schema_run(thread: str, run: str, messages: list[dict[str, Any]]) -> bytes:
+    """A run as the first releases stored it: its compacted events, the new messages in its
+    start's input."""
+    return orjson.dumps(compact_events([
+        ev.run_started(thread, run, {"threadId": thread, "runId": run, "messages": messages}),
+        ev.run_finished(thread, run)]))
+
+
+async def test_a_sqlite_file_of_the_first_schema_keeps_its_threads_titles(
+        tmp_path: Path) -> None:
+    """Before: a file of the first schema (before titles) was migrated with every title
+    blank and never filled, so lists showed its threads untitled and a thread's next run
+    titled it with that run's own message (the newest one). Each thread is titled now as if
+    this release had stored its runs: by the first of them with a user message's text."""
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE threads (thread_id TEXT PRIMARY KEY, agent_id TEXT NOT NULL,
+            created_at REAL NOT NULL, updated_at REAL NOT NULL);
+        CREATE TABLE runs (thread_id TEXT NOT NULL, seq INTEGER NOT NULL, run_id TEXT NOT NULL,
+            created_at REAL NOT NULL, events BLOB NOT NULL, PRIMARY KEY (thread_id, seq));
+        CREATE TABLE message_ids (thread_id TEXT NOT NULL, message_id TEXT NOT NULL,
+            PRIMARY KEY (thread_id, message_id)) WITHOUT ROWID;
+    """)
+    image = [{"type": "image", "source": {"type": "url", "value": "https://x.test/a.png"}}]
+    runs = {
+        "asked": [[{"id": "u1", "role": "user", "content": "first question"}],
+                  [{"id": "u2", "role": "user", "content": "second question"}]],
+        "greeted": [[], [{"id": "u1", "role": "user", "content": "asked after a greeting"}]],
+        "pictured": [[{"id": "u1", "role": "user", "content": image}],
+                     [{"id": "u2", "role": "user", "content": "what is in it"}]],
+        "silent": [[]],
+    }
+    for thread, messages in runs.items():
+        db.execute("INSERT INTO threads VALUES (?, 'default', 1.0, 1.0)", (thread,))
+        for seq, new in enumerate(messages, start=1):
+            db.execute("INSERT INTO runs VALUES (?, ?, ?, 1.0, ?)",
+                       (thread, seq, f"r{seq}", _first_schema_run(thread, f"r{seq}", new)))
+    db.commit()
+    db.close()
+    expected = {"asked": "first question", "greeted": "asked after a greeting",
+                "pictured": "what is in it", "silent": ""}
+    store = SQLiteThreadStore(path)
+    try:
+        assert {r.thread_id: r.title for r in await store.list()} == expected
+        await _finish(store, "asked", "r3", _run("asked", "r3", "ok", user="third"), 0)
+        assert (await store.summary("asked")).title == "first question"  # type: ignore[union-attr]
+    finally:
+        await store.aclose()
+    # A file an earlier release migrated already (titles blank, or its newest message's
+    # since): titled the same.
+    db = sqlite3.connect(path)
+    with db:
+        version = db.execute("SELECT version FROM schema_version").fetchone()[0]
+        db.execute("UPDATE schema_version SET version = ?", (version - 1,))
+        db.execute("UPDATE threads SET title = 'third' WHERE thread_id = 'asked'")
+        db.execute("UPDATE threads SET title = '' WHERE thread_id = 'greeted'")
+    db.close()
+    store = SQLiteThreadStore(path)
+    try:
+        assert {r.thread_id: r.title for r in await store.list()} == expected
+        assert store.schema_version == version
+    finally:
+        await store.aclose()
 
 
 async def test_postgres_workers_starting_together_migrate_once() -> None:
@@ -895,8 +961,9 @@ async def test_a_newer_release_that_only_added_to_the_store_can_be_rolled_back(
         await _finish(current, "t", "r1", _run("t", "r1", "a b"), 0)
         known, readers = await version_and_readers(current)
         # This release's last migrations are additive: the deleted threads' times (both),
-        # SQLite's index of threads by update, and the states kept with threads (both).
-        assert readers == known - (3 if kind == "sqlite" else 2)
+        # SQLite's index of threads by update, the states kept with threads (both), and
+        # SQLite's titles of threads begun before titles.
+        assert readers == known - (4 if kind == "sqlite" else 2)
     finally:
         await current.aclose()
     # A newer release migrated it once more, additively.
