@@ -746,6 +746,15 @@ def _before_run(stored: list[Positioned], run_id: str, first_position: int | Non
             position = stored[index][0]
             if position is not None and position < first_position:
                 return stored[:index + 1]
+        # None before it: what comes before the live run's start are runs stored before
+        # positions existed (none of their events has one), in a whole-thread replay.
+        first_positioned = next((index for index, (position, _) in enumerate(stored)
+                                 if position is not None), None)
+        if first_positioned is None:
+            return stored  # (the live run has nothing stored yet)
+        for index in range(first_positioned, -1, -1):
+            if stored[index][1].get("type") == ev.RUN_STARTED:
+                return stored[:index]
         return []
     for index in range(len(stored) - 1, -1, -1):
         event = stored[index][1]

@@ -597,6 +597,77 @@ async def test_a_state_only_an_older_releases_run_left_is_found(store: ThreadSto
         assert record.state == {"v": "A"}, bound
 
 
+async def stored_before_positions(store: ThreadStore, thread: str, run: str,
+                                  events: list[ev.Event], title: str = "") -> None:
+    """`run` (finished) as the releases before positions stored it: no positions (-1) and
+    the thread's next position 0, its thread titled `title` (what 624f558 wrote: its SQLite
+    migration and PostgreSQL's first schema gave earlier runs -1, and the runs it stored
+    itself too)."""
+    compacted = compact_events(events)
+    if isinstance(store, InMemoryThreadStore):
+        await store.append_run(thread, "default", StoredRun(run, compacted, 1.0), [])
+        return
+    thread_row = ("INSERT INTO threads (thread_id, agent_id, created_at, updated_at, title, "
+                  "next_position) VALUES ({p}, 'default', 1, 1, {p}, 0) ON CONFLICT DO NOTHING")
+    run_row = ("INSERT INTO runs (thread_id, seq, run_id, created_at, events) VALUES "
+               "({p}, (SELECT COALESCE(MAX(seq), 0) + 1 FROM runs WHERE thread_id = {p}), "
+               "{p}, 1, {p})")
+    if isinstance(store, SQLiteThreadStore):
+        db = sqlite3.connect(store.path)
+        with db:
+            db.execute(thread_row.format(p="?"), (thread, title))
+            db.execute(run_row.format(p="?"), (thread, thread, run, orjson.dumps(compacted)))
+        db.close()
+        return
+    await store.summary(thread)  # (the store makes its tables as it is first used)
+    schema = store.schema  # type: ignore[attr-defined]
+    async with await psycopg.AsyncConnection.connect(SERVER, autocommit=True) as conn:
+        await conn.execute(f'SET search_path TO "{schema}"')
+        await conn.execute(thread_row.format(p="%s").encode(), (thread, title))
+        await conn.execute(run_row.format(p="%s").encode(),
+                           (thread, thread, run, orjson.dumps(compacted)))
+
+
+async def test_a_run_stored_before_positions_is_replayed_only_with_the_whole_thread(
+        store: ThreadStore) -> None:
+    """Before: a run stored before positions existed (-1) was replayed after every position,
+    so a resume inside a later run got that whole run again in the middle of it (a
+    RUN_STARTED after the later run's: the real clients reject the stream), and an
+    up-to-date client got it on every reconnect. Every position a client holds is of a newer
+    run: the old run comes only in a whole-thread replay (no Last-Event-ID, or an id the
+    thread never reached)."""
+    from copilot_runtime._shared_runs import replay_stored
+
+    await stored_before_positions(store, "t", "r0", _run("t", "r0", "old answer",
+                                                        user="from before"), "from before")
+    await stored_before_positions(store, "only", "r0", _run("only", "r0", "old"))
+    new = _run("t", "r1", "a b c", user="after the upgrade")
+    last = len(new) - 1
+    raw = {"raw_first": 0, "raw": new} if isinstance(store, DurableThreadStore) else {}
+    await store.append_run("t", "default", StoredRun("r1", compact_events(new), 2.0, 0, 0,
+                                                     last), ["u-r1"], **raw)
+
+    def started(replayed: list[Any]) -> list[str]:
+        return [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"]
+
+    whole = await store.events_after("t", -1)
+    assert started(whole) == ["r0", "r1"]
+    verify_events([e for _, e in whole])
+    for position in range(last):
+        replayed = await store.events_after("t", position)
+        if isinstance(store, DurableThreadStore):  # its raw events: exactly the rest
+            assert [e for _, e in replayed] == new[position + 1:], position
+        else:
+            assert started(replayed) == ["r1"], position
+    assert await store.events_after("t", last) == []
+    # An id the thread never reached: the whole thread, the old run with it.
+    assert await replay_stored(store, "t", last + 1) == whole
+    assert started(await replay_stored(store, "only", 0)) == ["r0"]
+    assert started(await store.events_after("only", -1)) == ["r0"]
+    # The old run's title stays the thread's.
+    assert (await store.summary("t")).title == "from before"  # type: ignore[union-attr]
+
+
 async def test_a_state_evicted_from_memory_is_still_the_threads() -> None:
     """Before: the in-memory store's eviction of a thread's oldest runs (past
     `max_runs_per_thread`, or over its byte budget) took the thread's state with them."""
@@ -634,7 +705,7 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     db.close()
     store = SQLiteThreadStore(path)
     try:
-        assert store.schema_version == 6
+        assert store.schema_version == 7
         record = await store.get("old")
         assert record is not None
         assert [r.run_id for r in record.runs] == ["r0"]
@@ -647,8 +718,74 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     finally:
         await store.aclose()
     reopened = SQLiteThreadStore(path)
-    assert reopened.schema_version == 6
+    assert reopened.schema_version == 7
     await reopened.aclose()
+
+
+def _first_schema_run(thread: str, run: str, messages: list[dict[str, Any]]) -> bytes:
+    """A run as the first releases stored it: its compacted events, the new messages in its
+    start's input."""
+    return orjson.dumps(compact_events([
+        ev.run_started(thread, run, {"threadId": thread, "runId": run, "messages": messages}),
+        ev.run_finished(thread, run)]))
+
+
+async def test_a_sqlite_file_of_the_first_schema_keeps_its_threads_titles(
+        tmp_path: Path) -> None:
+    """Before: a file of the first schema (before titles) was migrated with every title
+    blank and never filled, so lists showed its threads untitled and a thread's next run
+    titled it with that run's own message (the newest one). Each thread is titled now as if
+    this release had stored its runs: by the first of them with a user message's text."""
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE threads (thread_id TEXT PRIMARY KEY, agent_id TEXT NOT NULL,
+            created_at REAL NOT NULL, updated_at REAL NOT NULL);
+        CREATE TABLE runs (thread_id TEXT NOT NULL, seq INTEGER NOT NULL, run_id TEXT NOT NULL,
+            created_at REAL NOT NULL, events BLOB NOT NULL, PRIMARY KEY (thread_id, seq));
+        CREATE TABLE message_ids (thread_id TEXT NOT NULL, message_id TEXT NOT NULL,
+            PRIMARY KEY (thread_id, message_id)) WITHOUT ROWID;
+    """)
+    image = [{"type": "image", "source": {"type": "url", "value": "https://x.test/a.png"}}]
+    runs = {
+        "asked": [[{"id": "u1", "role": "user", "content": "first question"}],
+                  [{"id": "u2", "role": "user", "content": "second question"}]],
+        "greeted": [[], [{"id": "u1", "role": "user", "content": "asked after a greeting"}]],
+        "pictured": [[{"id": "u1", "role": "user", "content": image}],
+                     [{"id": "u2", "role": "user", "content": "what is in it"}]],
+        "silent": [[]],
+    }
+    for thread, messages in runs.items():
+        db.execute("INSERT INTO threads VALUES (?, 'default', 1.0, 1.0)", (thread,))
+        for seq, new in enumerate(messages, start=1):
+            db.execute("INSERT INTO runs VALUES (?, ?, ?, 1.0, ?)",
+                       (thread, seq, f"r{seq}", _first_schema_run(thread, f"r{seq}", new)))
+    db.commit()
+    db.close()
+    expected = {"asked": "first question", "greeted": "asked after a greeting",
+                "pictured": "what is in it", "silent": ""}
+    store = SQLiteThreadStore(path)
+    try:
+        assert {r.thread_id: r.title for r in await store.list()} == expected
+        await _finish(store, "asked", "r3", _run("asked", "r3", "ok", user="third"), 0)
+        assert (await store.summary("asked")).title == "first question"  # type: ignore[union-attr]
+    finally:
+        await store.aclose()
+    # A file an earlier release migrated already (titles blank, or its newest message's
+    # since): titled the same.
+    db = sqlite3.connect(path)
+    with db:
+        version = db.execute("SELECT version FROM schema_version").fetchone()[0]
+        db.execute("UPDATE schema_version SET version = ?", (version - 1,))
+        db.execute("UPDATE threads SET title = 'third' WHERE thread_id = 'asked'")
+        db.execute("UPDATE threads SET title = '' WHERE thread_id = 'greeted'")
+    db.close()
+    store = SQLiteThreadStore(path)
+    try:
+        assert {r.thread_id: r.title for r in await store.list()} == expected
+        assert store.schema_version == version
+    finally:
+        await store.aclose()
 
 
 async def test_postgres_workers_starting_together_migrate_once() -> None:
@@ -824,8 +961,9 @@ async def test_a_newer_release_that_only_added_to_the_store_can_be_rolled_back(
         await _finish(current, "t", "r1", _run("t", "r1", "a b"), 0)
         known, readers = await version_and_readers(current)
         # This release's last migrations are additive: the deleted threads' times (both),
-        # SQLite's index of threads by update, and the states kept with threads (both).
-        assert readers == known - (3 if kind == "sqlite" else 2)
+        # SQLite's index of threads by update, the states kept with threads (both), and
+        # SQLite's titles of threads begun before titles.
+        assert readers == known - (4 if kind == "sqlite" else 2)
     finally:
         await current.aclose()
     # A newer release migrated it once more, additively.

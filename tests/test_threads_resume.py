@@ -263,6 +263,42 @@ async def test_connect_to_a_running_thread_says_which_runs_it_left_out(
     assert omissions(replayed) == [(1, {"omittedRuns": 2})]
 
 
+async def test_a_running_thread_with_a_run_stored_before_positions_resumes_once(
+        store_url: str, serve_runtime: ServeRuntime) -> None:
+    """A thread an older release began (its run stored without positions), running now:
+    a resume with the id of an event of the live run got the old run again in the middle
+    of the live one (the real clients reject a RUN_STARTED after one not finished), and a
+    connect without an id lost it. The old run comes once, before the live one, in a
+    whole-thread replay alone."""
+    agent = GatedAgent()
+    options: dict[str, Any] = {"thread_store": thread_store(store_url)}
+    if store_url.startswith("postgresql"):
+        options["coordinator"] = coordinator(store_url)
+    runtime = CopilotRuntime(agents={"default": agent}, **options)
+    await conformance.stored_before_positions(
+        runtime.store, "t", "r0", conformance._run("t", "r0", "old", user="before"))
+    async with worker(store_url, serve_runtime, runtime) as served:
+        running = await served.post("/agent/default/run", run_input("live", thread="t",
+                                                                     run="r1"))
+        body = b""
+        async with asyncio.timeout(20):
+            while b"TEXT_MESSAGE_CONTENT" not in body:
+                body += await running.content.readany()
+        seen = parse_sse_ids(body.rpartition(b"\n\n")[0])
+        last_seen = max(p for p, _ in seen if p is not None)
+        whole = asyncio.ensure_future(connect(served, "t"))
+        resumed = asyncio.ensure_future(connect(served, "t", str(last_seen)))
+        await asyncio.sleep(0.2)
+        agent.gate.set()
+        await running.read()
+        (status, replayed), (resumed_status, rest) = await whole, await resumed
+    assert (status, resumed_status) == (200, 200)
+    assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == ["r0", "r1"]
+    verify_events([e for _, e in replayed])
+    assert [e["type"] for _, e in rest if e["type"] == "RUN_STARTED"] == []
+    verify_events([e for _, e in seen] + [e for _, e in rest])
+
+
 async def drive(scenario: str, url: str, **options: Any) -> dict[str, Any]:
     """One scenario of the real-client driver (tests/js/drive.mjs) against `url`."""
     process = await asyncio.create_subprocess_exec(

@@ -16,6 +16,7 @@ from copilot_runtime.events import Event
 from copilot_runtime.threads.base import (
     JUDGED_MARK_PREFIX,
     Positioned,
+    ends_after,
     interrupted_tail,
     refused_answer,
     storable_ids,
@@ -103,7 +104,7 @@ def events_after(runs: Sequence[RunRow], chunks: Iterable[Chunk],
     for run in runs:
         if run.open:
             result.extend(after(_chunks_of(run, ordered)))
-        elif run.last_position < 0 or run.last_position > position:
+        elif ends_after(run.last_position, position):
             inside = 0 <= run.first_position <= position
             kept = _chunks_of(run, ordered) if inside else []
             if kept:

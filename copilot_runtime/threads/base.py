@@ -19,7 +19,8 @@ resume inside that run replays it whole.
 (all of them for -1) as pairs (position, event); events inside a compacted run have the
 position None and the run's last event has its last position. A run refused over its
 approval answer (`refused_answer`) is left out, unless `position` falls inside it: its
-positions are kept, so later ids go on past them.
+positions are kept, so later ids go on past them. A run stored before positions existed
+(-1) is in a whole-thread replay (-1) alone (`ends_after`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ __all__ = [
     "ThreadOwner",
     "ThreadRecord",
     "ThreadStore",
+    "ends_after",
     "id_problem",
     "interrupted_tail",
     "newest_within",
@@ -377,6 +379,14 @@ def refused_answer(events: Sequence[Event]) -> bool:
             and events[1].get("code") in APPROVAL_REFUSAL_CODES)
 
 
+def ends_after(last_position: int, position: int) -> bool:
+    """Whether a finished run whose last event is at `last_position` is replayed after
+    `position` (-1: the whole thread). A run stored before positions existed (-1) only is
+    in a whole-thread replay: every position a client can hold is of a later run (a resume
+    in one got that run again in the middle of it, which the clients reject)."""
+    return last_position > position if last_position >= 0 else position < 0
+
+
 def positioned_runs(runs: Iterable[StoredRun], position: int, omitted: int = 0
                     ) -> list[Positioned]:
     """The events of finished runs after `position`, as `events_after` returns them, told
@@ -385,7 +395,7 @@ def positioned_runs(runs: Iterable[StoredRun], position: int, omitted: int = 0
     A run that `position` falls inside is replayed whole (its raw events are gone)."""
     out: list[Positioned] = []
     for run in runs:
-        if not run.events or (run.last_position >= 0 and run.last_position <= position):
+        if not run.events or not ends_after(run.last_position, position):
             continue
         if not 0 <= run.first_position <= position and refused_answer(run.events):
             continue

@@ -19,6 +19,7 @@ from copilot_runtime.threads.base import (
     StoredRun,
     ThreadOwner,
     ThreadRecord,
+    ends_after,
     newest_within,
     positioned_runs,
     state_snapshot,
@@ -185,8 +186,7 @@ class InMemoryThreadStore:
         record = self._threads.get(thread_id)
         if record is None:
             return []
-        runs = [r for r in record.runs if r.events
-                and not 0 <= r.last_position <= position]
+        runs = [r for r in record.runs if r.events and ends_after(r.last_position, position)]
         kept = newest_within([r.size for r in reversed(runs)], self.replay_bytes)
         return positioned_runs(runs[len(runs) - kept:], position, len(runs) - kept)
 

@@ -584,10 +584,12 @@ class PostgresThreadStore:
                     "END AS own, sum(CASE WHEN open THEN 0 ELSE octet_length(events) END) "
                     "OVER (ORDER BY seq DESC) AS newer, "
                     "count(*) FILTER (WHERE NOT open) OVER () AS finished "
+                    # (runs stored before positions, -1: only in a whole-thread replay,
+                    # `ends_after`)
                     "FROM runs WHERE thread_id = %s AND "
-                    "(open OR last_position < 0 OR last_position > %s)) r "
+                    "(open OR %s < 0 OR last_position > %s)) r "
                     "WHERE open OR newer <= %s OR newer = own ORDER BY seq",
-                    (position, thread_id, position, self.replay_bytes))
+                    (position, thread_id, position, position, self.replay_bytes))
                 rows = await cursor.fetchall()
                 runs = [RunRow(run_id, is_open, first, last,
                                orjson.loads(events) if events is not None else [])

@@ -178,13 +178,36 @@ def _v6(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE runs ADD COLUMN has_state INTEGER")
 
 
+def _v7(db: sqlite3.Connection) -> None:
+    """Titles of threads begun before titles existed. `_v2` left every thread of a file of
+    the first schema untitled, so a thread's next run titled it with its own message (the
+    newest); each is titled from its runs now, as if this release had stored them: by the
+    first with a user message's text (`title_of`). Threads with runs stored before positions
+    (-1: from before 624f558, or by it) are titled again too: a release since may have
+    titled them so."""
+    threads = db.execute(
+        "SELECT thread_id, title FROM threads t WHERE title = '' OR EXISTS (SELECT 1 FROM "
+        "runs r WHERE r.thread_id = t.thread_id AND r.open = 0 AND r.last_position < 0)"
+    ).fetchall()
+    for thread_id, title in threads:
+        found = ""
+        # One run read at a time: the first titled one is, most often, the first run.
+        for (events,) in db.execute("SELECT events FROM runs WHERE thread_id = ? AND open = 0 "
+                                    "ORDER BY seq", (thread_id,)):
+            found = title_of(orjson.loads(events))
+            if found:
+                break
+        if found and found != title:
+            db.execute("UPDATE threads SET title = ? WHERE thread_id = ?", (found, thread_id))
+
+
 #: Seconds between deletions of the raw events whose retention ended.
 _PRUNE_EVERY = 30.0
 
 _MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
-    _v1, _v2, _v3, _v4, _v5, _v6)
+    _v1, _v2, _v3, _v4, _v5, _v6, _v7)
 #: The migrations older releases cannot tell from their absence (see `oldest_reader`).
-_ADDITIVE = frozenset({4, 5, 6})
+_ADDITIVE = frozenset({4, 5, 6, 7})
 
 
 class SQLiteThreadStore:
@@ -357,9 +380,10 @@ class SQLiteThreadStore:
             "CASE WHEN open = 1 THEN 0 ELSE length(events) END AS own, "
             "sum(CASE WHEN open = 1 THEN 0 ELSE length(events) END) "
             "OVER (ORDER BY seq DESC) AS newer, sum(1 - open) OVER () AS finished FROM runs "
-            "WHERE thread_id = ? AND (open = 1 OR last_position < 0 "
-            "OR last_position > ?)) WHERE open = 1 OR newer <= ? OR newer = own "
-            "ORDER BY seq", (thread_id, position, self.replay_bytes)).fetchall()
+            # (runs stored before positions, -1: only in a whole-thread replay, `ends_after`)
+            "WHERE thread_id = ? AND (open = 1 OR ? < 0 OR last_position > ?)) "
+            "WHERE open = 1 OR newer <= ? OR newer = own ORDER BY seq",
+            (thread_id, position, position, self.replay_bytes)).fetchall()
         runs = [RunRow(run_id, bool(is_open), first, last,
                        [] if is_open or (0 <= last <= position) else orjson.loads(events))
                 for run_id, is_open, first, last, events, _ in rows]
