@@ -6,6 +6,7 @@ run through them, printing `ok EXTRA` at the end. It imports nothing from the te
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import json
 import os
 import socket
@@ -286,4 +287,7 @@ CHECKS: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
 if __name__ == "__main__":
     extra = sys.argv[1] if len(sys.argv) > 1 else ""
     asyncio.run(CHECKS[extra]())
-    print(f"ok {extra or 'base'}")
+    print(f"ok {extra or 'base'}", flush=True)
+    # Exiting takes a moment; one that hangs (seen once under heavy load, after "ok") shows
+    # every thread's stack and fails, instead of running into the caller's timeout blind.
+    faulthandler.dump_traceback_later(30, exit=True)
