@@ -45,6 +45,8 @@ overrides):
   announces the interrupt again and drops the message;
 * what nodes write with `get_stream_writer()` (LangGraph's "custom" stream mode) sent as
   the `langgraph_stream_writer` custom event, where the base drops it;
+* what a node's `Command(update=...)` writes folded into the state the base snapshots
+  mid-run, as it folds a node's dict output;
 * a tool's result message given its id as the tool ends (`_ToolMessageIds`), so its
   `TOOL_CALL_RESULT` names the message the checkpoint keeps.
 
@@ -350,6 +352,11 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
                 self.active_run["manually_emitted_state"] = None
             if metadata and any(key.startswith("copilotkit:") for key in metadata):
                 event = {**event, "metadata": self._base_metadata(event, metadata)}
+            written = _command_writes(event)
+            if written is not None:
+                # The base folds only a node's dict output into the state it snapshots
+                # mid-run: what a `Command` wrote was missing until the run's end.
+                event = {**event, "data": {**event["data"], "output": written}}
             yield event
 
     def _base_metadata(self, event: dict[str, Any], metadata: dict[str, Any]
@@ -499,6 +506,25 @@ def _names_breakpoint(breakpoints: Any, nodes: Sequence[str]) -> bool:
     if breakpoints == "*":
         return any(not node.startswith("__") for node in nodes)
     return any(node in breakpoints for node in nodes)
+
+
+def _command_writes(event: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The state keys a `Command` that ends a chain (`on_chain_end`: a node's) writes to
+    its own graph, as the dict a node would return, or None for other events and for a
+    `Command` to the parent graph or with an update of another shape (a state object)."""
+    if event.get("event") != "on_chain_end":
+        return None
+    command = (event.get("data") or {}).get("output")
+    if not isinstance(command, Command) or command.graph is not None:
+        return None
+    update = command.update
+    if isinstance(update, dict):
+        return dict(update)
+    if isinstance(update, (list, tuple)) and all(
+            isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)
+            for pair in update):
+        return dict(update)
+    return None
 
 
 def _says_something(content: Any) -> bool:
