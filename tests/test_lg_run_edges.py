@@ -17,7 +17,7 @@ import contextlib
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 import psycopg
@@ -27,11 +27,12 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
-from langgraph.types import interrupt
+from langgraph.types import Command, interrupt
 from structlog.testing import capture_logs
 from typing_extensions import TypedDict
 
 from copilot_runtime import CopilotRuntime, PatternGuardrail
+from copilot_runtime._compaction import patched_state
 from copilot_runtime._trust import judged
 from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.checkpointers import checkpointer
@@ -486,3 +487,47 @@ async def test_a_state_nested_deeper_than_a_client_can_send_back_is_logged_once(
     assert response.status == 400
     assert "nested too deep" in await response.text()
     assert again[-1]["type"] == "RUN_FINISHED"
+
+
+# ---- F. what a node's Command writes is in the run's next state snapshot ------------------
+
+
+def commands() -> Any:
+    """Nodes that write state with `Command(update=..., goto=...)`, as a dict and as pairs."""
+    def choose(state: State) -> Command[Literal["assign"]]:
+        return Command(update={"topic": "weather"}, goto="assign")
+
+    def assign(state: State) -> Command[Literal["finish"]]:
+        return Command(update=[("user_role", "admin")], goto="finish")
+
+    def finish(state: State) -> Json:
+        return {"blob": "b"}
+
+    graph = StateGraph(State)
+    graph.add_node("choose", choose)
+    graph.add_node("assign", assign)
+    graph.add_node("finish", finish)
+    graph.add_edge(START, "choose")
+    graph.add_edge("finish", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_a_command_update_is_in_the_state_as_its_step_ends(
+        serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=commands())})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("go", thread="f1", **V1), agent="lg")
+    verify_events(events)
+    # The state the client holds as each step ends (snapshots, then deltas on them).
+    held: Any = {}
+    at_step_end: dict[str, Any] = {}
+    for event in events:
+        if event["type"] == "STATE_SNAPSHOT":
+            held = event["snapshot"]
+        elif event["type"] == "STATE_DELTA":
+            held = patched_state(held, event["delta"])
+        elif event["type"] == "STEP_FINISHED":
+            at_step_end[event["stepName"]] = held
+    assert at_step_end == {"choose": {"topic": "weather"},
+                           "assign": {"topic": "weather", "user_role": "admin"},
+                           "finish": {"topic": "weather", "user_role": "admin", "blob": "b"}}

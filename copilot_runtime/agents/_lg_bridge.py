@@ -44,7 +44,11 @@ overrides):
 * a new user message while an interrupt waits refused (`ApprovalError`), where the base
   announces the interrupt again and drops the message;
 * what nodes write with `get_stream_writer()` (LangGraph's "custom" stream mode) sent as
-  the `langgraph_stream_writer` custom event, where the base drops it.
+  the `langgraph_stream_writer` custom event, where the base drops it;
+* what a node's `Command(update=...)` writes folded into the state the base snapshots
+  mid-run, as it folds a node's dict output;
+* a tool's result message given its id as the tool ends (`_ToolMessageIds`), so its
+  `TOOL_CALL_RESULT` names the message the checkpoint keeps.
 
 The hooks overridden here are private to ag-ui-langgraph (its version is pinned in
 pyproject); tests/test_lg_bridge_contract.py checks their names and signatures against the
@@ -55,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Annotated, Any, Final, Literal
 
@@ -74,6 +79,7 @@ from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
     camel_to_snake,
     langchain_messages_to_agui,
 )
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import ToolMessage
 from langgraph.pregel import Pregel
 from langgraph.types import Command, Interrupt, StateSnapshot
@@ -192,6 +198,7 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             # "custom" adds what nodes write with get_stream_writer() (as the root graph's
             # `on_chain_stream` events); "values" is a compiled graph's default.
             kwargs["stream_mode"] = ["values", "custom"]
+            kwargs["config"] = _with_tool_message_ids(kwargs.get("config"))
         return kwargs
 
     def get_schema_keys(self, config: Any) -> dict[str, list[str]]:
@@ -345,6 +352,11 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
                 self.active_run["manually_emitted_state"] = None
             if metadata and any(key.startswith("copilotkit:") for key in metadata):
                 event = {**event, "metadata": self._base_metadata(event, metadata)}
+            written = _command_writes(event)
+            if written is not None:
+                # The base folds only a node's dict output into the state it snapshots
+                # mid-run: what a `Command` wrote was missing until the run's end.
+                event = {**event, "data": {**event["data"], "output": written}}
             yield event
 
     def _base_metadata(self, event: dict[str, Any], metadata: dict[str, Any]
@@ -370,6 +382,51 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             if not emit and call_id:
                 self._hidden_tool_calls.add(call_id)
         return out
+
+
+class _ToolMessageIds(BaseCallbackHandler):
+    """Gives a tool's result messages without an id one as the tool ends.
+
+    ToolNode's ToolMessage has no id until `add_messages` gives it one, after the base
+    streamed the result under the tool call's id: the run's MESSAGES_SNAPSHOT then carried
+    another id, and a client merging it (ours: `_compaction`) moved the result after the
+    answer, a history models refuse. Run inline, before the tool returns its message
+    (the object ToolNode passes on, or deep-copies out of a `Command`) and before the
+    event stream reads it."""
+
+    run_inline = True
+
+    def on_tool_end(self, output: Any, **kwargs: Any) -> None:
+        update = output.update if isinstance(output, Command) else None
+        if isinstance(update, dict):
+            results = update.get("messages")
+        elif isinstance(update, list):
+            results = update
+        else:
+            results = [output]
+        for result in results if isinstance(results, (list, tuple)) else [results]:
+            if isinstance(result, ToolMessage) and not result.id:
+                result.id = str(uuid.uuid4())
+            elif isinstance(result, dict) and result.get("tool_call_id") \
+                    and result.get("type", result.get("role")) == "tool" \
+                    and not result.get("id"):
+                result["id"] = str(uuid.uuid4())
+
+
+def _with_tool_message_ids(config: Any) -> dict[str, Any]:
+    """`config` (a run's RunnableConfig, or None) with `_ToolMessageIds` among the callbacks
+    every node and tool of the graph, its subgraphs' included, inherits."""
+    out: dict[str, Any] = dict(config or {})
+    callbacks = out.get("callbacks")
+    if callbacks is None:
+        out["callbacks"] = [_ToolMessageIds()]
+    elif isinstance(callbacks, list):
+        out["callbacks"] = [*callbacks, _ToolMessageIds()]
+    else:  # a callback manager: a copy, the caller's stays as it was
+        manager = callbacks.copy()
+        manager.add_handler(_ToolMessageIds(), inherit=True)
+        out["callbacks"] = manager
+    return out
 
 
 def _refuse_message_while_waiting(input: RunAgentInput, agent_state: Any,
@@ -449,6 +506,25 @@ def _names_breakpoint(breakpoints: Any, nodes: Sequence[str]) -> bool:
     if breakpoints == "*":
         return any(not node.startswith("__") for node in nodes)
     return any(node in breakpoints for node in nodes)
+
+
+def _command_writes(event: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The state keys a `Command` that ends a chain (`on_chain_end`: a node's) writes to
+    its own graph, as the dict a node would return, or None for other events and for a
+    `Command` to the parent graph or with an update of another shape (a state object)."""
+    if event.get("event") != "on_chain_end":
+        return None
+    command = (event.get("data") or {}).get("output")
+    if not isinstance(command, Command) or command.graph is not None:
+        return None
+    update = command.update
+    if isinstance(update, dict):
+        return dict(update)
+    if isinstance(update, (list, tuple)) and all(
+            isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)
+            for pair in update):
+        return dict(update)
+    return None
 
 
 def _says_something(content: Any) -> bool:

@@ -1,0 +1,129 @@
+"""A server-side tool's result keeps its place in the chat: before the answer the model gave
+from it, in the client's history, in the stored thread and in what a reload replays.
+
+Before the fix, TOOL_CALL_RESULT named its message by the tool call's id (ToolNode's
+ToolMessage had none yet) while the checkpoint, and so the run's MESSAGES_SNAPSHOT, held the
+uuid LangGraph gave it later: the client (and the stored thread, which mirrors it) merged the
+snapshot by id and moved the result after the answer, a history OpenAI refuses."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+import httpx
+import pytest
+from copilotkit import CopilotKitState
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.tools import InjectedToolCallId, tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.prebuilt import ToolNode
+from langgraph.types import Command, interrupt
+
+from copilot_runtime import CopilotRuntime
+from copilot_runtime.agents.langgraph import LangGraphAgent
+from copilot_runtime.testing import MockOpenAIServer, verify_events
+from tests.agents_support import graphs
+from tests.conftest import ServeRuntime, run_input
+from tests.test_real_clients import run_client_script
+
+pytestmark = pytest.mark.timeout(120)
+
+WEATHER_CALL = 'call:get_weather {"city":"Oslo"}'
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as http:
+        yield http
+
+
+@tool
+def record_city(city: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> Command[Any]:
+    """Remember a city."""
+    # A ToolMessage without an id inside a Command, which ToolNode deep-copies.
+    return Command(update={"messages": [ToolMessage(content=f"noted {city}",
+                                                    tool_call_id=tool_call_id)]})
+
+
+@tool
+def confirm_city(city: str) -> str:
+    """Confirm a city with the user."""
+    return f"{city}: {interrupt('sure?')}"
+
+
+def _tool_loop(base_url: str, client: httpx.AsyncClient, tools: list[Any]) -> Any:
+    llm = graphs.model(base_url, client)
+
+    async def chat(state: CopilotKitState) -> dict[str, Any]:
+        return {"messages": [await llm.bind_tools(tools).ainvoke(state["messages"])]}
+
+    def route(state: CopilotKitState) -> Literal["tools", "__end__"]:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    builder = StateGraph(CopilotKitState)
+    builder.add_node("chat", chat)
+    builder.add_node("tools", ToolNode(tools))
+    builder.add_edge(START, "chat")
+    builder.add_conditional_edges("chat", route)
+    builder.add_edge("tools", "chat")
+    return builder
+
+
+def _inside_a_subgraph(base_url: str, client: httpx.AsyncClient) -> Any:
+    inner = _tool_loop(base_url, client, graphs.SERVER_TOOLS).compile()
+    outer = StateGraph(CopilotKitState)
+    outer.add_node("assistant", inner)
+    outer.add_edge(START, "assistant")
+    outer.add_edge("assistant", END)
+    return outer.compile(checkpointer=InMemorySaver())
+
+
+def _runtime(llm: MockOpenAIServer, client: httpx.AsyncClient) -> CopilotRuntime:
+    return CopilotRuntime(agents={
+        "chat": LangGraphAgent(name="chat", graph=graphs.chat_graph(llm.base_url, client)),
+        "sub": LangGraphAgent(name="sub", graph=_inside_a_subgraph(llm.base_url, client)),
+        "command": LangGraphAgent(name="command", graph=_tool_loop(
+            llm.base_url, client, [record_city]).compile(checkpointer=InMemorySaver())),
+        "interrupted": LangGraphAgent(name="interrupted", graph=_tool_loop(
+            llm.base_url, client, [confirm_city]).compile(checkpointer=InMemorySaver())),
+    })
+
+
+def _shape(messages: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    return [(m["id"], m["role"], bool(m.get("toolCalls"))) for m in messages]
+
+
+async def test_a_server_tool_result_stays_before_the_answer(
+        llm: MockOpenAIServer, client: httpx.AsyncClient,
+        serve_runtime: ServeRuntime) -> None:
+    asks = {"chat": WEATHER_CALL, "sub": WEATHER_CALL,
+            "command": 'call:record_city {"city":"Oslo"}',
+            "interrupted": 'call:confirm_city {"city":"Oslo"}'}
+    runs: dict[str, list[list[dict[str, Any]]]] = {}
+    stored: dict[str, Any] = {}
+    async with serve_runtime(_runtime(llm, client)) as served:
+        for agent, text in asks.items():
+            runs[agent] = [await served.run(run_input(text, thread=f"t-{agent}"), agent=agent)]
+        # The tool asked (interrupt()); its result comes in the run that answers.
+        runs["interrupted"].append(await served.run(run_input(
+            "", thread="t-interrupted", run="run-2", messages=[],
+            forwardedProps={"command": {"resume": "yes"}}), agent="interrupted"))
+        for agent in asks:
+            stored[agent] = await (await served.session.get(
+                f"{served.url}/threads/t-{agent}/messages")).json()
+    held = run_client_script("apply_events.mjs", [
+        {"events": [e for run in runs[agent] for e in run], "state": {}} for agent in asks])
+    for agent, client_held in zip(asks, held, strict=True):
+        for run in runs[agent]:
+            verify_events(run)
+        events = runs[agent][-1]
+        (result,) = [e for e in events if e["type"] == "TOOL_CALL_RESULT"]
+        snapshot = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"][-1]["messages"]
+        assert [m["role"] for m in snapshot] == ["user", "assistant", "tool", "assistant"], agent
+        # The result streamed is the message the graph keeps.
+        assert result["messageId"] == snapshot[2]["id"], agent
+        assert _shape(client_held["messages"]) == _shape(snapshot), agent
+        assert _shape(stored[agent]["messages"]) == _shape(snapshot), agent
