@@ -171,19 +171,22 @@ class CopilotEndpoint:
                     "The runtime failed to handle the request", "INTERNAL_ERROR",
                     principal=request.info.principal, request_id=request.info.request_id))
             message = "The runtime failed to handle the request"
-            body = _graphql_error(message, "UNKNOWN", 500) if _speaks_graphql(request) \
-                else {"error": "internal_error", "message": message}
             with contextlib.suppress(Exception):
-                await send_json(request, 500, body)
+                if _speaks_graphql(request):
+                    await self.graphql.refuse(request, 500, message, "UNKNOWN")
+                else:
+                    await send_json(request, 500, {"error": "internal_error", "message": message})
 
     async def _identify(self, request: Request) -> bool:
         assert request.info is not None
         try:
             await self.runtime.identify(request.info)
         except RequestError as exc:
-            body = _graphql_error(exc.message, exc.code, exc.status) \
-                if _speaks_graphql(request) else error_body(exc)
-            await send_json(request, exc.status, body, error_headers(exc))
+            if _speaks_graphql(request):
+                await self.graphql.refuse(request, exc.status, exc.message, exc.code,
+                                          error_headers(exc))
+            else:
+                await send_json(request, exc.status, error_body(exc), error_headers(exc))
             return False
         return True
 
@@ -232,9 +235,11 @@ class CopilotEndpoint:
             body = await read_body(request, self.max_body_size)
             data = await parse_json_body_off_loop(body)
         except PayloadTooLargeError as exc:
-            await send_json(request, 413, _graphql_error(exc.message, exc.code, 413) if graphql
-                            else {"error": "Payload too large", "message": exc.message,
-                                  "code": exc.code})
+            if graphql:
+                await self.graphql.refuse(request, 413, exc.message, exc.code)
+            else:
+                await send_json(request, 413, {"error": "Payload too large",
+                                               "message": exc.message, "code": exc.code})
             return
         except InvalidRequestError as exc:
             too_deep = isinstance(exc, JSONTooDeepError)
@@ -249,9 +254,8 @@ class CopilotEndpoint:
             return
         except (RequestTimeoutError, UnsupportedEncodingError) as exc:
             if graphql:
-                await send_json(request, exc.status,
-                                _graphql_error(exc.message, exc.code, exc.status),
-                                error_headers(exc))
+                await self.graphql.refuse(request, exc.status, exc.message, exc.code,
+                                          error_headers(exc))
             else:
                 await send_error(request, exc)
             return
@@ -378,11 +382,6 @@ def mount_runtime(
 
 def _speaks_graphql(request: Request) -> bool:
     """Whether the client is CopilotKit's GraphQL client (1.10), which reads errors in the
-    GraphQL form only."""
+    GraphQL form only, and only with the statuses `GraphQLProtocol.refuse` gives them."""
     return b"x-copilotkit-runtime-client-gql-version" in request.headers
 
-
-def _graphql_error(message: str, code: str, status: int) -> dict[str, Any]:
-    return {"errors": [{"message": message, "extensions": {"code": code,
-                                                            "statusCode": status}}],
-            "data": None}

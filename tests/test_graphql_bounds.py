@@ -16,7 +16,7 @@ from copilot_runtime.protocols.graphql.documents import DocumentCache
 from copilot_runtime.protocols.graphql.schema import copilot_schema
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import ServeRuntime, openai_runtime
-from tests.gql.wire import CHAT_DOCUMENT, CLIENT_DOCUMENT, CLIENT_HEADERS, chat_data
+from tests.gql.wire import CHAT_DOCUMENT, CLIENT_DOCUMENT, OTHER_CLIENT_HEADERS, chat_data
 
 SELECTIONS = ("The document makes more than 300 selections (fields and fragments); at most "
               "300 are served")
@@ -122,7 +122,7 @@ async def test_fanned_out_documents_are_refused_quickly_over_http(
             started = time.monotonic()
             response = await served.session.post(
                 served.url, json={"query": text, "variables": variables or {}},
-                headers=CLIENT_HEADERS)
+                headers=OTHER_CLIENT_HEADERS)
             answer = await response.json()
             return response.status, answer, time.monotonic() - started
 
@@ -164,7 +164,7 @@ async def test_a_query_resolving_too_many_fields_is_refused(
     async with serve_runtime(openai_runtime(llm)) as served:
         async def post(text: str) -> tuple[int, dict[str, Any]]:
             response = await served.session.post(served.url, json={"query": text},
-                                                 headers=CLIENT_HEADERS)
+                                                 headers=OTHER_CLIENT_HEADERS)
             return response.status, await response.json()
 
         status, answer = await post(schema_walk(20))
@@ -204,7 +204,7 @@ async def test_large_invalid_variables_are_judged_off_the_event_loop(
             try:
                 response = await served.session.post(
                     served.url, data=io.BytesIO(body),
-                    headers={**CLIENT_HEADERS, "Content-Type": "application/json"})
+                    headers={**OTHER_CLIENT_HEADERS, "Content-Type": "application/json"})
                 answer = await response.json()
             finally:
                 done = True

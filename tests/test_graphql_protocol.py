@@ -32,6 +32,7 @@ from tests.conftest import Served, ServeRuntime, openai_runtime
 from tests.gql.wire import (
     CHAT_DOCUMENT,
     CLIENT_HEADERS,
+    OTHER_CLIENT_HEADERS,
     call_message,
     chat_data,
     merge,
@@ -208,7 +209,7 @@ async def test_documents_too_big_to_check_cheaply_are_refused_before_validation(
     }
     async with serve_runtime(openai_runtime(llm)) as served:
         for name, (message, code, document) in cases.items():
-            response = await post(served, {"query": document})
+            response = await post(served, {"query": document}, OTHER_CLIENT_HEADERS)
             error = (await response.json())["errors"][0]
             assert (response.status, error["extensions"]["code"]) == (400, code), name
             assert message in error["message"], name
@@ -703,10 +704,15 @@ async def test_a_failure_outside_any_operation_is_a_graphql_error(
         response = await post(served, {"query": CHAT_DOCUMENT, "variables": {
             "data": chat_data([text_message("m1", "user", "Hi")])}})
         answer = await response.json()
-        assert response.status == 500
+        # (200: the 1.10 client reads no error answer from 400 to 500)
+        assert response.status == 200
         assert answer["data"] is None
         assert answer["errors"][0]["extensions"]["code"] == "UNKNOWN"
+        assert answer["errors"][0]["extensions"]["statusCode"] == 500
         assert "secret" not in json.dumps(answer)
+        other = await post(served, {"query": CHAT_DOCUMENT, "variables": {
+            "data": chat_data([text_message("m2", "user", "Hi")])}}, OTHER_CLIENT_HEADERS)
+        assert other.status == 500
         plain = await served.post("/agent/default/run", {
             "threadId": "t", "runId": "r", "messages": [], "tools": [], "context": [],
             "state": {}, "forwardedProps": {}})
@@ -724,23 +730,25 @@ async def test_requests_that_cannot_run(llm: MockOpenAIServer,
         response = await post(served, body, headers, raw=raw)
         return response.status, await response.json()
 
+    requests: dict[str, dict[str, Any]] = {
+        "parse": {"body": {"query": "mutation { generateCopilotResponse( }"}},
+        "validation": {"body": {"query": "{ hello nope }"}},
+        "coercion": {"body": {"query": CHAT_DOCUMENT, "variables": {
+            "data": {**user_turn("hi"), "frontend": None}}}},
+        "date": {"body": {"query": CHAT_DOCUMENT, "variables": {"data": chat_data(
+            [{**text_message("u", "user", "hi"), "createdAt": "yesterday"}])}}},
+        "properties": {"body": {"query": CHAT_DOCUMENT, "variables": {
+            "data": user_turn("hi"), "properties": [1]}}},
+        "no query": {"body": {"query": ""}},
+        "variables": {"body": {"query": "{ hello }", "variables": [1]}},
+        "operation": {"body": {"query": "query a { hello } query b { hello }"}},
+        "unknown operation": {"body": {"query": "query a { hello }", "operationName": "b"}},
+        "bad json": {"raw": b'{"query": "{ hello }", "variables": {'},
+    }
     async with serve_runtime(openai_runtime(llm)) as served:
-        cases = {
-            "parse": await answer({"query": "mutation { generateCopilotResponse( }"}),
-            "validation": await answer({"query": "{ hello nope }"}),
-            "coercion": await answer({"query": CHAT_DOCUMENT, "variables": {
-                "data": {**user_turn("hi"), "frontend": None}}}),
-            "date": await answer({"query": CHAT_DOCUMENT, "variables": {"data": chat_data(
-                [{**text_message("u", "user", "hi"), "createdAt": "yesterday"}])}}),
-            "properties": await answer({"query": CHAT_DOCUMENT, "variables": {
-                "data": user_turn("hi"), "properties": [1]}}),
-            "no query": await answer({"query": ""}),
-            "variables": await answer({"query": "{ hello }", "variables": [1]}),
-            "operation": await answer({"query": "query a { hello } query b { hello }"}),
-            "unknown operation": await answer({"query": "query a { hello }",
-                                               "operationName": "b"}),
-            "bad json": await answer(raw=b'{"query": "{ hello }", "variables": {'),
-        }
+        cases = {name: await answer(**request, headers=OTHER_CLIENT_HEADERS)
+                 for name, request in requests.items() if name != "bad json"}
+        kit = {name: await answer(**request) for name, request in requests.items()}
         envelope = await answer(raw=b'{"query": ', headers={"Content-Type": "application/json"})
     codes = {name: (status, [e.get("extensions", {}).get("code") for e in body["errors"]])
              for name, (status, body) in cases.items()}
@@ -754,8 +762,14 @@ async def test_requests_that_cannot_run(llm: MockOpenAIServer,
         "variables": (400, ["BAD_REQUEST"]),
         "operation": (400, ["BAD_REQUEST"]),
         "unknown operation": (400, ["BAD_REQUEST"]),
-        "bad json": (400, ["BAD_REQUEST"]),
     }
+    # The 1.10 client gets each with 200 (else it shows "Unknown error occurred"), a code it
+    # knows, and what happened beside it.
+    assert {name: (status, [(e["extensions"]["code"], e["extensions"].get("runtimeCode"),
+                             e["extensions"]["statusCode"]) for e in body["errors"]])
+            for name, (status, body) in kit.items()} == {
+        name: (200, [("MISUSE", code, 400) for code in codes.get(name, (0, ["BAD_REQUEST"]))[1]])
+        for name in requests}
     # Without the GraphQL client's header, a body that is not JSON gets the envelope's answer.
     assert envelope == (400, {"error": "invalid_request", "message": "Invalid JSON payload"})
     assert not llm.requests
@@ -775,9 +789,13 @@ async def test_the_graphql_client_reads_every_refusal_in_its_form(
         response = await served.session.request(method, served.url, data=body, params=params,
                                                 headers={**CLIENT_HEADERS, **(headers or {})})
         assert response.headers["x-copilotkit-runtime-version"] == "1.10.6"
+        # With 200 (else the client shows "Unknown error occurred"), a code it knows, and
+        # the real status and what happened beside it.
+        assert response.status == 200
         errors = (await response.json())["errors"]
-        return (response.status, response.headers.get("allow"),
-                [error["extensions"]["code"] for error in errors], errors[0]["message"])
+        assert {error["extensions"]["code"] for error in errors} == {"MISUSE"}
+        return (errors[0]["extensions"]["statusCode"], response.headers.get("allow"),
+                [error["extensions"]["runtimeCode"] for error in errors], errors[0]["message"])
 
     async with serve_runtime(openai_runtime(llm)) as served:
         batch = await answer("POST", orjson.dumps([{"query": "{ hello }"}] * 2))
@@ -796,8 +814,11 @@ async def test_the_graphql_client_reads_every_refusal_in_its_form(
                               {"Content-Type": "application/json"})
     async with serve_runtime(openai_runtime(llm), max_body_size=64) as served:
         large = await post(served, {"query": "{ " + "hello " * 20 + "}"})
-        assert large.status == 413
-        assert (await large.json())["errors"][0]["extensions"]["code"] == "PAYLOAD_TOO_LARGE"
+        assert large.status == 200
+        assert (await large.json())["errors"][0]["extensions"]["runtimeCode"] \
+            == "PAYLOAD_TOO_LARGE"
+        other = await post(served, {"query": "{ " + "hello " * 20 + "}"}, OTHER_CLIENT_HEADERS)
+        assert other.status == 413
     assert batch[:3] == (400, None, ["BAD_REQUEST"])
     assert "one operation per request" in batch[3]
     # The message and code Apollo's persisted-query link looks for, to send the query instead.

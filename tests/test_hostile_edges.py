@@ -57,6 +57,7 @@ from tests.conftest import (
 from tests.gql.wire import (
     CHAT_DOCUMENT,
     CLIENT_HEADERS,
+    OTHER_CLIENT_HEADERS,
     chat_data,
     merge,
     parse_multipart,
@@ -160,9 +161,10 @@ async def answer_httpx(client: httpx.AsyncClient, served: Served, method: str, p
     return response.status_code, response.content
 
 
-async def graphql(served: Served, document: str, data: dict[str, Any]) -> tuple[int, bytes]:
+async def graphql(served: Served, document: str, data: dict[str, Any],
+                  headers: dict[str, str] = CLIENT_HEADERS) -> tuple[int, bytes]:
     return await answer(served, "POST", "", {"query": document, "variables": {"data": data}},
-                        headers=CLIENT_HEADERS)
+                        headers=headers)
 
 
 def streamed(body: bytes) -> dict[str, Any]:
@@ -209,7 +211,8 @@ async def test_graphql_literals_beyond_64_bits_or_too_deep_are_refused(
     for index, (name, (literal, message)) in enumerate(HOSTILE_LITERALS.items(), 1):
         thread = f"lit-{index}"
         status, body = await graphql(served, with_properties(literal),
-                                     user_turn(f"hostile {name}", thread=thread))
+                                     user_turn(f"hostile {name}", thread=thread),
+                                     OTHER_CLIENT_HEADERS)
         assert status == 400, (name, body[:300])
         assert_clean(body)
         assert orjson.loads(body) == {"errors": [{

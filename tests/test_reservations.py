@@ -30,7 +30,7 @@ from copilot_runtime.protocols.graphql import handlers as graphql_handlers
 from copilot_runtime.testing import ScriptedAdapter, text_turn
 from copilot_runtime.threads import INTERRUPTED_CODE
 from tests.conftest import ServeRuntime, parse_sse, poll, run_input, types
-from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, user_turn
+from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, OTHER_CLIENT_HEADERS, user_turn
 from tests.scale_support.services import postgres_schema, redis_prefix
 
 pytestmark = pytest.mark.timeout(60)
@@ -235,7 +235,7 @@ async def test_graphql_encoder_fails(monkeypatch: pytest.MonkeyPatch) -> None:
         raise RuntimeError("cannot build the response")
 
     monkeypatch.setattr(graphql_handlers, "ResponseEncoder", broken)
-    status, _ = await request(app, *graphql(), CLIENT_HEADERS)
+    status, _ = await request(app, *graphql(), OTHER_CLIENT_HEADERS)
     assert status == 500
     await assert_runs_again(app, runtime)
     await runtime.aclose()

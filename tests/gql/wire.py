@@ -15,6 +15,9 @@ CLIENT_ACCEPT = ("application/graphql-response+json, application/graphql+json, "
                  "application/json, text/event-stream, multipart/mixed")
 CLIENT_HEADERS = {"Content-Type": "application/json", "Accept": CLIENT_ACCEPT,
                   "X-CopilotKit-Runtime-Client-GQL-Version": "1.10.6"}
+#: Another GraphQL client's: refusals come with their real HTTP status (the 1.10 client,
+#: which reads no error answer from 400 to 500, gets them with 200).
+OTHER_CLIENT_HEADERS = {"Content-Type": "application/json", "Accept": CLIENT_ACCEPT}
 
 CHAT_DOCUMENT = """
 mutation chat($data: GenerateCopilotResponseInput!, $properties: JSONObject) {

@@ -28,6 +28,7 @@ __all__ = [
     "interrupted_status",
     "kit_code",
     "kit_code_of",
+    "kit_errors",
     "kit_extensions",
     "said_of",
 ]
@@ -77,6 +78,9 @@ _FROM_RUNTIME = {
         "MODEL_NOT_ALLOWED", "UNSUPPORTED_ATTACHMENT", "APPROVAL_ERROR", "APPROVAL_NOT_FOUND",
         "APPROVAL_EXPIRED", "APPROVAL_WITHDRAWN", "APPROVAL_ALREADY_ANSWERED",
         "INTERRUPT_NOT_PENDING"), "MISUSE"),
+    # A request the GraphQL edge cannot execute (the codes the TypeScript runtime sends).
+    **dict.fromkeys(("BAD_REQUEST", "GRAPHQL_PARSE_FAILED", "GRAPHQL_VALIDATION_FAILED",
+                     "PERSISTED_QUERY_NOT_SUPPORTED"), "MISUSE"),
 }
 
 
@@ -137,6 +141,31 @@ def error_extensions(exc: CopilotRuntimeError, message: str) -> dict[str, Any]:
     status = getattr(exc, "status", None)  # (a request's error has one)
     return kit_extensions(kit_code_of(exc), message, exc.code,
                           status if isinstance(status, int) else None)
+
+
+def kit_errors(errors: list[dict[str, Any]], status: int) -> list[dict[str, Any]]:
+    """`errors` of a request refused with HTTP `status`, each with `kit_extensions`: its
+    `extensions.code` as `runtimeCode` and the real status as `statusCode`, so the 1.10
+    client's page can show it (react-core builds its error class from the code, and that
+    throws on a code the client lacks). An error in that form already (with a `visibility`)
+    is kept."""
+    kept = []
+    for error in errors:
+        extensions = error.get("extensions") or {}
+        if "visibility" in extensions:
+            kept.append(error)
+            continue
+        runtime_code = extensions.get("code")
+        real_status = extensions.get("statusCode")
+        real_status = real_status if isinstance(real_status, int) else status
+        if runtime_code is None:  # graphql-core's variable errors have none
+            code = "MISUSE" if real_status < 500 else "UNKNOWN"
+        else:
+            code = runtime_code if runtime_code in _KIT else kit_code(runtime_code)
+        message = str(error.get("message", ""))
+        kept.append({**error, "extensions": {
+            **kit_extensions(code, message, runtime_code), "statusCode": real_status}})
+    return kept
 
 
 def failed_status(message: str, runtime_code: str | None) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from copilot_runtime.protocols.graphql.transport import (
     accepts_multipart,
     json_content_type,
     request_errors,
+    send_refusal,
     send_result,
     version_header,
 )
@@ -139,7 +140,7 @@ class GraphQLProtocol:
                 raise _bad("'operationName' must be a string")
             await self._serve(request, query, variables or {}, name, via_get=False)
         except _BadRequest as exc:
-            await send_result(request, exc.status, orjson.dumps(exc.payload), exc.headers)
+            await send_refusal(request, exc.status, exc.payload, exc.headers)
 
     async def get(self, request: Request) -> None:
         """Serve `GET ?query=` (queries only, as GraphQL over HTTP allows)."""
@@ -161,7 +162,7 @@ class GraphQLProtocol:
             name = params.get("operationName", [None])[0]
             await self._serve(request, query, variables or {}, name, via_get=True)
         except _BadRequest as exc:
-            await send_result(request, exc.status, orjson.dumps(exc.payload), exc.headers)
+            await send_refusal(request, exc.status, exc.payload, exc.headers)
 
     async def not_one_operation(self, request: Request, data: Any) -> None:
         """The answer to a JSON body without `query` (nor the envelope's `method`): a batch,
@@ -173,7 +174,7 @@ class GraphQLProtocol:
                    if isinstance(data, list) else
                    'The request body must be a JSON object: {"query": ...}')
         error = _bad(message)
-        await send_result(request, error.status, orjson.dumps(error.payload))
+        await send_refusal(request, error.status, error.payload)
 
     async def not_served(self, request: Request, status: int, message: str) -> None:
         """A request this endpoint does not serve (a method, a content type), in the error
@@ -190,13 +191,20 @@ class GraphQLProtocol:
                 extensions = None
             error = _persisted_only(extensions, status, allow)
         error = error or _bad(message, status, allow)
-        await send_result(request, error.status, orjson.dumps(error.payload), error.headers)
+        await send_refusal(request, error.status, error.payload, error.headers)
 
     async def invalid_json(self, request: Request, message: str | None = None) -> None:
         """The answer to a GraphQL client whose body is not JSON (or nests too deep)."""
         message = message or "The request body is not valid JSON"
-        await send_result(request, 400, orjson.dumps(
-            {"errors": [{"message": message, "extensions": {"code": "BAD_REQUEST"}}]}))
+        await send_refusal(request, 400, {"errors": [
+            {"message": message, "extensions": {"code": "BAD_REQUEST"}}]})
+
+    async def refuse(self, request: Request, status: int, message: str, code: str,
+                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        """The answer to a 1.10 client's request the endpoint refuses before GraphQL reads
+        it (credentials, a hook, the body's size or pace, a failure): see `send_refusal`."""
+        await send_refusal(request, status, {"errors": [{"message": message, "extensions": {
+            "code": code, "statusCode": status}}], "data": None}, headers)
 
     # -- operations ----------------------------------------------------------------------
 
@@ -241,7 +249,7 @@ class GraphQLProtocol:
         if budget.spent:
             error = _bad(f"The query resolves more than {MAX_RESOLVED_FIELDS:,} fields: "
                          "ask for fewer")
-            await send_result(request, error.status, orjson.dumps(error.payload))
+            await send_refusal(request, error.status, error.payload)
             return
         payload: dict[str, Any] = {}
         if result.errors:
@@ -278,12 +286,12 @@ class GraphQLProtocol:
                                           follow_up_server_tools=False, agent=agent,
                                           request=request.info, topics=_topics(args["data"]))
         except RateLimitedError as exc:
-            # Before anything streamed: the plain HTTP answer, so clients and proxies see it.
+            # Before anything streamed: the plain HTTP answer, so other clients and proxies
+            # see it (the 1.10 client gets 200: `send_refusal`).
             error = GraphQLError(exc.message, plan.field_node, path=[plan.root_key],
                                  extensions=error_extensions(exc, exc.message))
-            await send_result(request, 429, orjson.dumps(
-                {"errors": [error.formatted], "data": None}),
-                [(b"retry-after", str(exc.retry_after).encode())])
+            await send_refusal(request, 429, {"errors": [error.formatted], "data": None},
+                               [(b"retry-after", str(exc.retry_after).encode())])
             return
         except CopilotRuntimeError as exc:
             said = said_of(exc)
