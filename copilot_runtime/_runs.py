@@ -104,6 +104,8 @@ _CUT_MESSAGE = "The run was interrupted: it stopped before its end"
 RUN_TIMEOUT_CODE = "RUN_TIMEOUT"
 _LEASE_LOST_MESSAGE = ("The run was stopped: this server could not keep its hold on the "
                        "thread, which another server may now take")
+#: The start of the thread ids a suggestion's agent runs on (`RunManager.begin_unstored`).
+SUGGESTION_THREAD_PREFIX = "copilot-suggestion-"
 _INPUT_KEYS = ("threadId", "runId", "parentRunId", "state", "messages", "tools", "context",
                "forwardedProps", "resume")
 
@@ -219,6 +221,12 @@ class ActiveRun:
         #: A run kept out of its thread (`RunManager.begin_unstored`): not stored, and not
         #: holding the thread.
         self.unstored = False
+        #: What the agent runs on: `input`, but for a suggestion's run, whose agent runs on
+        #: a throwaway thread (see `begin_unstored`).
+        self.agent_input = input
+        #: The agent that forgets the throwaway thread of a suggestion's run at its end.
+        self.forgetter: Agent | None = None
+        self._agent_asked = False
 
     @property
     def terminated(self) -> bool:
@@ -407,7 +415,8 @@ class ActiveRun:
         try:
             # Inside the `try`: an agent whose `run` raises before it returns its stream
             # fails as one whose stream raises (before, the stream was cut without its end).
-            iterator = self.agent.run(self.input, self.context)
+            self._agent_asked = True
+            iterator = self.agent.run(self.agent_input, self.context)
             async for batch in iterator:
                 out = self.order.normalize(batch)
                 self._keep(out)
@@ -610,8 +619,16 @@ class ActiveRun:
             # Compacted all the same, once: its end's observers read its messages.
             self.compacted = storable(compact_events(self.events),
                                       self.manager.max_run_bytes)[0]
-            self.manager._release(self)
-            self._ended()
+            try:
+                if self.forgetter is not None and self._agent_asked:
+                    # Before the client hears the end, as a chat's run is stored first; in a
+                    # task of its own (a cancellation does not cut it), waited for as long
+                    # as a store's write is.
+                    forgetting = self.manager._adopt(self._forget_throwaway(self.forgetter))
+                    await asyncio.wait((forgetting,), timeout=STORE_RETRY_FOR)
+            finally:
+                self.manager._release(self)
+                self._ended()
             return
         if self.manager.durable is None:  # in this process: nothing to wait for
             try:
@@ -641,6 +658,15 @@ class ActiveRun:
         if not stored.done():
             _log.warning("run not stored yet: written once its store is back, its thread "
                          "busy until then", thread_id=self.thread_id, run_id=self.run_id)
+
+    async def _forget_throwaway(self, agent: Agent) -> None:
+        """Have the agent forget the throwaway thread it ran a suggestion on (a graph's
+        checkpoints, the approvals an interrupt filed)."""
+        try:
+            await agent.forget_thread(self.agent_input.thread_id)
+        except Exception:
+            _log.exception("an agent could not forget a suggestion's thread",
+                           agent=self.agent_id, thread_id=self.agent_input.thread_id)
 
     def _ended(self, _: object = None) -> None:
         if self.on_end is not None:
@@ -919,7 +945,12 @@ class RunManager:
         """Prepare a run kept out of its thread (a chat suggestion's): driven and bounded
         as any run, but not stored, not replayed by `connect`, and not holding the thread (a
         chat's run on it goes on, and another may start). With `owner`, a thread someone
-        else owns does not exist (`ThreadNotFoundError`), as for `begin`."""
+        else owns does not exist (`ThreadNotFoundError`), as for `begin`.
+
+        Its agent runs on a throwaway thread, forgotten at the run's end: an agent that keeps
+        threads (a graph's checkpoints) would otherwise take the suggestion's prompt and
+        answer into the chat's, or know a new id the store does not, which makes it
+        nobody's. Its events still name the caller's thread."""
         thread_id = input.thread_id
         if owner is not None:
             running = self.active.get(thread_id)
@@ -929,6 +960,9 @@ class RunManager:
             await self._check_owner(thread_id, await self.store.summary(thread_id), owner,
                                     remembered)
         run = ActiveRun(self, agent_id, agent, input, context, set())
+        run.agent_input = input.replace(
+            thread_id=f"{SUGGESTION_THREAD_PREFIX}{uuid.uuid4().hex}")
+        run.forgetter = agent
         run.unstored = True
         run.owner = owner
         run.confirmed = True

@@ -5,8 +5,11 @@ ownership), kept out of its thread: never stored, never holding the thread."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -16,12 +19,18 @@ from copilot_runtime import (
     PatternGuardrail,
     Principal,
     RateLimit,
+    SQLiteThreadStore,
     Verdict,
 )
 from copilot_runtime._trust import AllowedMarks
+from copilot_runtime.agents.langgraph import LangGraphAgent
+from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.guardrails import Messages
 from copilot_runtime.hooks import RunFinished
+from copilot_runtime.runtime import approval_service
 from copilot_runtime.testing import MockOpenAIServer, verify_events
+from copilot_runtime.workflows.review_loop import ReviewLoop
+from tests.agents_support import graphs
 from tests.conftest import (
     GatedAgent,
     Served,
@@ -33,6 +42,8 @@ from tests.conftest import (
     text_of,
     types,
 )
+from tests.hitl_support.postgres import postgres_schema
+from tests.test_hitl_agui import Drafting
 
 pytestmark = pytest.mark.asyncio
 
@@ -320,3 +331,96 @@ async def test_a_suggestion_reports_its_messages_and_says_it_is_one(
     call = suggestion.new_messages[-1]["toolCalls"][0]["function"]
     assert call["name"] == "copilotkitSuggest"
     assert orjson.loads(call["arguments"]) == SUGGESTIONS
+
+
+# -- agents that keep their own threads (LangGraph checkpoints) ---------------------------
+
+
+async def _checkpointed_threads(saver: Any) -> set[str]:
+    """The thread ids a LangGraph checkpointer holds checkpoints of."""
+    return {c.config["configurable"]["thread_id"] async for c in saver.alist(None)}
+
+
+def _authorized(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def test_a_suggestion_never_touches_a_langgraph_thread(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """The graph runs a suggestion on a throwaway thread it forgets at the run's end: the
+    chat's thread keeps only the chat's turns, and an id suggested on before its first
+    message stays free for its owner."""
+    async with httpx.AsyncClient() as client:
+        graph = graphs.chat_graph(llm.base_url, client)
+        runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)},
+                                 auth=BearerTokenAuth({ALICE: "alice"}))
+        async with serve_runtime(runtime) as served:
+            async def post(path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+                response = await served.post(path, body, headers=_authorized(ALICE))
+                assert response.status == 200, await response.text()
+                return parse_sse(await response.read())
+
+            events = await post("/agent/lg/suggest", run_input("Suggest", thread="chat-new",
+                                                               run="s1"))
+            # What the client hears is of the thread it named.
+            assert {e["threadId"] for e in events if "threadId" in e} == {"chat-new"}
+            events = await post("/agent/lg/run", run_input("Hello", thread="chat-new"))
+            assert types(events)[-1] == "RUN_FINISHED"
+
+            await post("/agent/lg/run", run_input("Hello there", thread="chat-1", run="r1"))
+            history = [{"id": "r1-u", "role": "user", "content": "Hello there"}]
+            await post("/agent/lg/suggest", run_input("", thread="chat-1", run="s2", messages=[
+                *history, {"id": "s2-p", "role": "user", "content": "SUGGESTION-PROMPT"}]))
+            kept = await runtime.agent("lg").load_state("chat-1")
+            assert kept is not None
+            assert [m.get("content") for m in kept.messages] == [
+                "Hello there", "echo: Hello there"]
+            await post("/agent/lg/run", run_input("", thread="chat-1", run="r3", messages=[
+                *history, {"id": "r3-u", "role": "user", "content": "Next question"}]))
+            assert [m.get("content") for m in llm.requests[-1]["messages"]] == [
+                "Hello there", "echo: Hello there", "Next question"]
+            assert await _checkpointed_threads(graph.checkpointer) == {"chat-new", "chat-1"}
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+def checkpoints_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "postgresql":
+        with postgres_schema() as url:
+            yield url
+    else:
+        yield "memory" if request.param == "memory" else f"sqlite:///{tmp_path}/cp.sqlite3"
+
+
+async def test_a_suggestion_claims_no_thread_of_a_checkpointed_workflow(
+        serve_runtime: ServeRuntime, tmp_path: Path, checkpoints_url: str) -> None:
+    """A ReviewLoop asks for approval on its first run: a suggestion that reaches that
+    interrupt leaves no approval nor checkpoint behind, and its thread id to whoever runs
+    on it first (before, bob's suggestion made alice's next thread nobody's)."""
+    saver = checkpointer(checkpoints_url)
+    loop = ReviewLoop([Drafting(name) for name in ("Invoice", "Closing")])
+    runtime = CopilotRuntime(
+        agents={"review": loop.agent(name="review", checkpointer=saver)},
+        thread_store=SQLiteThreadStore(tmp_path / "threads.sqlite3"),
+        auth=BearerTokenAuth({ALICE: "alice", BOB: "bob"}))
+    async with serve_runtime(runtime) as served:
+        async def post(token: str, path: str, thread: str) -> list[dict[str, Any]]:
+            response = await served.post(path, run_input("Prepare the invoice", thread=thread),
+                                         headers=_authorized(token))
+            assert response.status == 200, await response.text()
+            return parse_sse(await response.read())
+
+        try:
+            events = await post(ALICE, "/agent/review/suggest", "fresh-1")
+            assert any(e["type"] == "CUSTOM" and e["name"] == "on_interrupt" for e in events)
+            assert await runtime.store.summary("fresh-1") is None
+            assert types(await post(ALICE, "/agent/review/run", "fresh-1"))[-1] == \
+                "RUN_FINISHED"
+            await post(BOB, "/agent/review/suggest", "fresh-3")
+            assert types(await post(ALICE, "/agent/review/run", "fresh-3"))[-1] == \
+                "RUN_FINISHED"
+            approvals = await approval_service(runtime).list(status=None)
+            assert sorted(a.thread_id for a in approvals) == ["fresh-1", "fresh-3"]
+            assert await _checkpointed_threads(saver) == {"fresh-1", "fresh-3"}
+        finally:
+            await approval_service(runtime).aclose()
+            await saver.aclose()

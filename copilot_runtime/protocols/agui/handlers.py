@@ -6,8 +6,8 @@ TypeScript router does):
     GET  info                         RuntimeInfo
     POST agent/{agentId}/run          RunAgentInput in, AG-UI events out (SSE)
     POST agent/{agentId}/suggest      a chat suggestion's run: as `run`, but kept out of the
-                                      thread (not stored, not holding it); its client leaving
-                                      stops it
+                                      thread (not stored, not holding it, its agent on a
+                                      throwaway thread); its client leaving stops it
     POST agent/{agentId}/connect      the thread's runs replayed (compacted), then the live run
     POST agent/{agentId}/stop/{id}    stop the thread's active run
     GET  threads[?agentId=&limit=&cursor=]   threads, newest first, a page at a time
