@@ -210,6 +210,9 @@ class CopilotRuntimeError(Exception):
 
     #: A stable machine-readable code, sent to clients as `RUN_ERROR.code` or a GraphQL extension.
     code: str = "RUNTIME_ERROR"
+    #: Whether it was logged where it was raised (a remote call's failure, with its URL): the
+    #: run it ends does not log it again.
+    logged: bool = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

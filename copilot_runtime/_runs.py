@@ -39,11 +39,14 @@ from copilot_runtime import events as ev
 from copilot_runtime._again import worth_logging
 from copilot_runtime._compaction import compact_events
 from copilot_runtime._exceptions import (
+    ContentFilteredError,
     CopilotRuntimeError,
     PayloadTooLargeError,
+    RequestError,
     ServiceUnavailableError,
     ThreadBusyError,
     ThreadNotFoundError,
+    UpstreamError,
     cancelled_itself,
 )
 from copilot_runtime._input import RunInput
@@ -114,6 +117,7 @@ class _RunTooLarge(CopilotRuntimeError):
     """A run's events passed what a running run may keep (`RunManager.max_live_bytes`)."""
 
     code = PayloadTooLargeError.code
+    logged = True  # (by `ActiveRun._keep`, with the bound)
 
     def __init__(self, limit: int) -> None:
         super().__init__(f"The run was stopped: its events passed {limit} bytes, the most a "
@@ -317,8 +321,19 @@ class ActiveRun:
 
     # -- driving -----------------------------------------------------------------------
 
+    def log_context(self) -> contextlib.AbstractContextManager[None]:
+        """The run's ids bound to every log line written inside (and in the tasks started
+        there: actions, hooks, its store's write)."""
+        return structlog.contextvars.bound_contextvars(
+            agent=self.agent_id, thread_id=self.thread_id, run_id=self.run_id)
+
     async def drive(self, write: Writer) -> None:
         """Run the agent to its end, handing each batch to `write`."""
+        # Once per run, around all of it: a detached run goes on in this same task.
+        with self.log_context():
+            await self._drive(write)
+
+    async def _drive(self, write: Writer) -> None:
         if self._finished:
             raise RuntimeError("the run's thread was given back: it cannot be driven")
         self._driven = True
@@ -436,6 +451,7 @@ class ActiveRun:
                 if self.order.terminated:
                     return
         except CopilotRuntimeError as exc:
+            self._run_failed(exc)
             tail = self.order.closing_events()
             tail.append(ev.run_error(exc.message, code=exc.code))
         except BaseException as exc:
@@ -492,6 +508,30 @@ class ActiveRun:
                    exc_info=exc)
         if self.context.telemetry is not None:
             self.context.telemetry.agent_failed(exc)
+
+    def _run_failed(self, exc: CopilotRuntimeError) -> None:
+        """Log once why the run ends with `exc`'s RUN_ERROR: its message is what the client
+        reads (no secrets, no internals). ERROR when the provider refused the runtime's own
+        credentials, INFO for what the client caused, WARNING for any other failure."""
+        if exc.logged:
+            return
+        status = getattr(exc, "status", None)
+        fields: dict[str, Any] = {"agent": self.agent_id, "thread_id": self.thread_id,
+                                  "run_id": self.run_id, "code": exc.code,
+                                  "error": exc.message}
+        if isinstance(status, int):
+            fields["status"] = status
+        provider = getattr(getattr(self.agent, "adapter", None), "provider", None)
+        if isinstance(provider, str):
+            fields["provider"] = provider
+        if (isinstance(exc, RequestError) and exc.status < 500) or isinstance(
+                exc, ContentFilteredError):
+            _log.info("run refused", **fields)
+        elif isinstance(exc, UpstreamError) and status in (401, 403) and provider is not None:
+            # (A remote agent's 401 may be the client's forwarded credentials: a WARNING.)
+            _log.error("run failed: the provider refused the runtime's credentials", **fields)
+        else:
+            _log.warning("run failed", **fields)
 
     def _agent_error(self) -> Event:
         return ev.run_error(f"Agent '{self.agent_id}' failed unexpectedly", code="AGENT_ERROR")
@@ -671,7 +711,8 @@ class ActiveRun:
     def _ended(self, _: object = None) -> None:
         if self.on_end is not None:
             try:
-                self.on_end(self)
+                with self.log_context():  # (also called back outside `drive`)
+                    self.on_end(self)
             except BaseException:
                 # A plain call, so nothing it raises (a `CancelledError` of its own
                 # included) is this task's cancellation: logged, and the run ends.

@@ -524,7 +524,9 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
             except _TooMuchToJudge as exc:
                 to_judge, verdict = [], exc.verdict
             if to_judge:
-                verdict = await _judged_unless_stopped(runtime, run, to_judge, principal, topics)
+                with run.log_context():  # a guardrail's failure names the run it judged
+                    verdict = await _judged_unless_stopped(runtime, run, to_judge, principal,
+                                                           topics)
 
             def written_marks(events: list[Event]) -> set[str]:
                 marks = output_marks(events)

@@ -425,7 +425,8 @@ def escape_controls(logger: Any, method: str, event: MutableMapping[str, Any]
 
 
 def configure_logging(*, json: bool = True, level: int | None = None) -> None:
-    """Structured logs for the runtime: request and run ids bound by the runtime, secrets
+    """Structured logs for the runtime: the request id on every line written for a request,
+    the run's `agent`, `thread_id` and `run_id` on those written during a run, secrets
     redacted, one JSON object a line (or readable console lines with `json=False`)."""
     import logging
 

@@ -77,6 +77,12 @@ def error_for_exception(exc: BaseException, what: str, url: str) -> UpstreamErro
     """The client-facing error for a failed call to `what` (e.g. "Agent 'x'")."""
     _log.warning("remote call failed", target=what, url=scrub_secrets(url),
                  error=scrub_secrets(_described(exc)))
+    error = _error_for(exc, what)
+    error.logged = True
+    return error
+
+
+def _error_for(exc: BaseException, what: str) -> UpstreamError:
     if isinstance(exc, TimeoutError):
         return UpstreamTimeoutError(f"{what} did not answer in time")
     if isinstance(exc, aiohttp.ClientConnectorError):
