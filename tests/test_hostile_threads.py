@@ -219,7 +219,7 @@ async def test_a_thread_route_reads_only_the_newest_runs_that_fit(
         "q0", "q1", "q2", "q3", "q4"]
 
     # Each run stores about 21 KB (the question, and the demo's echo of it): two fit, not three.
-    monkeypatch.setattr(served.runtime.store, "replay_bytes", 50_000, raising=False)
+    monkeypatch.setattr(served.runtime.store, "replay_bytes", 25_000, raising=False)  # two runs
     status, got = await answer(served, "GET", "/threads/big/messages")
     assert status == 200
     assert got["omittedRuns"] == 3
@@ -318,7 +318,7 @@ async def test_connect_replays_only_the_newest_runs_that_fit(served: Served) -> 
 
     assert await replayed() == ["r0", "r1", "r2", "r3", "r4"]
     store: Any = served.runtime.store  # (a built-in store: it has `replay_bytes`)
-    store.replay_bytes = 50_000  # each run stores ~21 KB
+    store.replay_bytes = 25_000  # each run stores ~10.5 KB (the answer quotes 200 characters)
     assert await replayed() == ["r3", "r4"]
     store.replay_bytes = 1
     assert await replayed() == ["r4"]

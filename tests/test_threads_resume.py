@@ -194,7 +194,7 @@ async def test_connect_says_which_runs_it_left_out(served: Served) -> None:
         ran = await run_ids(served, "big", f"q{index} {FILLER}", f"r{index}")
         lasts.append(ran[-1][0])
     store: Any = served.runtime.store
-    store.replay_bytes = 50_000  # each run stores ~21 KB: two fit
+    store.replay_bytes = 25_000  # each run stores ~10.5 KB (a 200-character quote): two fit
     status, replayed = await connect(served, "big")
     assert status == 200
     verify_events([e for _, e in replayed])
@@ -369,7 +369,7 @@ async def test_load_agent_state_reads_only_the_newest_runs_that_fit(served: Serv
 
     assert await users() == ["q0", "q1", "q2", "q3"]
     store: Any = served.runtime.store
-    store.replay_bytes = 50_000  # each run stores ~21 KB: two fit
+    store.replay_bytes = 25_000  # each run stores ~10.5 KB (a 200-character quote): two fit
     assert await users() == ["q2", "q3"]
 
 
