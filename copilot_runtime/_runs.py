@@ -41,6 +41,7 @@ from copilot_runtime._compaction import compact_events
 from copilot_runtime._exceptions import (
     ContentFilteredError,
     CopilotRuntimeError,
+    InvalidRequestError,
     PayloadTooLargeError,
     RequestError,
     ServiceUnavailableError,
@@ -65,6 +66,7 @@ from copilot_runtime.events import Event, EventBatches, LastBatch
 from copilot_runtime.threads.base import (
     INTERRUPTED_CODE,
     JUDGED_MARK_PREFIX,
+    SUGGESTION_THREAD_PREFIX,
     DurableThreadStore,
     Positioned,
     StoredRun,
@@ -91,6 +93,9 @@ STORE_RETRY_FOR = 10.0
 #: grace period (5 s), and the write is given up on at the end of the drain (the next start
 #: closes the run as interrupted).
 SHUTDOWN_STORE_WAIT = 1.0
+#: Seconds a suggestion's end (its client) waits for its agent to forget its throwaway
+#: thread; the forget goes on in the background, bounded as a store's write is.
+FORGET_WAIT = 1.5
 #: Seconds a run's end waits for its lease to be given back (then left to the background).
 GIVE_BACK_WAIT = 0.5
 #: Seconds the next run on a thread waits for this worker to give its last run's lease back
@@ -107,8 +112,6 @@ _CUT_MESSAGE = "The run was interrupted: it stopped before its end"
 RUN_TIMEOUT_CODE = "RUN_TIMEOUT"
 _LEASE_LOST_MESSAGE = ("The run was stopped: this server could not keep its hold on the "
                        "thread, which another server may now take")
-#: The start of the thread ids a suggestion's agent runs on (`RunManager.begin_unstored`).
-SUGGESTION_THREAD_PREFIX = "copilot-suggestion-"
 _INPUT_KEYS = ("threadId", "runId", "parentRunId", "state", "messages", "tools", "context",
                "forwardedProps", "resume")
 
@@ -662,10 +665,11 @@ class ActiveRun:
             try:
                 if self.forgetter is not None and self._agent_asked:
                     # Before the client hears the end, as a chat's run is stored first; in a
-                    # task of its own (a cancellation does not cut it), waited for as long
-                    # as a store's write is.
-                    forgetting = self.manager._adopt(self._forget_throwaway(self.forgetter))
-                    await asyncio.wait((forgetting,), timeout=STORE_RETRY_FOR)
+                    # task of its own (a cancellation does not cut it), waited for briefly:
+                    # a slow checkpointer delays no suggestion, nor a shutdown.
+                    forgetting = self.manager._adopt_forget(
+                        self._forget_throwaway(self.forgetter))
+                    await self.manager._wait_ending(forgetting, FORGET_WAIT)
             finally:
                 self.manager._release(self)
                 self._ended()
@@ -681,32 +685,25 @@ class ActiveRun:
         # goes on until the store is back, and the thread is given back only then (a write
         # given up on could still commit after a next run had read the thread's head).
         stored = self.manager._adopt(self._store_and_give_back())
-        # Woken by whichever comes first, the write or the deadline (what `asyncio.wait`
-        # does, with fewer futures and callbacks: this is once per run).
-        loop = asyncio.get_running_loop()
-        woken = loop.create_future()
-        stored.add_done_callback(partial(_stored, self, woken))
-        stopping = self.manager.stopping_since is not None
-        timer = loop.call_later(SHUTDOWN_STORE_WAIT if stopping else STORE_RETRY_FOR,
-                                _wake, woken)
-        self.manager._ending.add(woken)
-        try:
-            await woken
-        finally:
-            timer.cancel()
-            self.manager._ending.discard(woken)
+        stored.add_done_callback(partial(_stored, self))
+        await self.manager._wait_ending(stored, STORE_RETRY_FOR)
         if not stored.done():
             _log.warning("run not stored yet: written once its store is back, its thread "
                          "busy until then", thread_id=self.thread_id, run_id=self.run_id)
 
     async def _forget_throwaway(self, agent: Agent) -> None:
         """Have the agent forget the throwaway thread it ran a suggestion on (a graph's
-        checkpoints, the approvals an interrupt filed)."""
+        checkpoints, the approvals an interrupt filed), for as long as a store's write is
+        waited for: no approval of it is served meanwhile (the thread is nobody's)."""
         try:
-            await agent.forget_thread(self.agent_input.thread_id)
-        except Exception:
-            _log.exception("an agent could not forget a suggestion's thread",
-                           agent=self.agent_id, thread_id=self.agent_input.thread_id)
+            await asyncio.wait_for(agent.forget_thread(self.agent_input.thread_id),
+                                   STORE_RETRY_FOR)
+        except NotImplementedError:
+            pass  # a checkpointer that cannot delete (LangGraph's base): its approvals went
+        except Exception as exc:
+            _log.warning("an agent could not forget a suggestion's thread",
+                         agent=self.agent_id, thread_id=self.agent_input.thread_id,
+                         error=repr(exc))
 
     def _ended(self, _: object = None) -> None:
         if self.on_end is not None:
@@ -830,9 +827,17 @@ def _before_run(stored: list[Positioned], run_id: str, first_position: int | Non
     return stored
 
 
-def _stored(run: ActiveRun, woken: asyncio.Future[None], _: object) -> None:
+def _stored(run: ActiveRun, _: object) -> None:
     run._ended()
-    _wake(woken)
+
+
+def _answers_interrupt(input: RunInput) -> bool:
+    """Whether `input` resumes an interrupt (AG-UI's `resume`, or the older clients'
+    `forwardedProps.command.resume`)."""
+    props = input.model.forwarded_props
+    command = props.get("command") if isinstance(props, dict) else None
+    return bool(input.model.resume) or (
+        isinstance(command, dict) and command.get("resume") is not None)
 
 
 def _wake(woken: asyncio.Future[None]) -> None:
@@ -919,6 +924,8 @@ class RunManager:
         self.stopping_since: float | None = None
         #: What wakes each run waiting for its end to be stored (see `ActiveRun._finish`).
         self._ending: set[asyncio.Future[None]] = set()
+        #: Suggestions' throwaway threads being forgotten (see `_adopt_forget`).
+        self._forgetting: set[asyncio.Future[None]] = set()
         #: One future a stream following a run another worker drives, done at `stop_all`.
         self._following: set[asyncio.Future[None]] = set()
         #: Whether `recover` closed the runs a previous process left open (this process
@@ -1000,10 +1007,17 @@ class RunManager:
                 raise ThreadNotFoundError(thread_id)
             await self._check_owner(thread_id, await self.store.summary(thread_id), owner,
                                     remembered)
+        if _answers_interrupt(input):
+            raise InvalidRequestError("A suggestion cannot answer an interrupt: send the "
+                                      "answer on the chat's run")
         run = ActiveRun(self, agent_id, agent, input, context, set())
-        run.agent_input = input.replace(
-            thread_id=f"{SUGGESTION_THREAD_PREFIX}{uuid.uuid4().hex}")
-        run.forgetter = agent
+        if agent.keeps_threads_here:
+            # An agent whose threads live upstream gets the thread sent (the client sends a
+            # fresh id per suggestion), as on the TypeScript runtime: a throwaway id there
+            # would be a thread nobody deletes.
+            run.agent_input = input.replace(
+                thread_id=f"{SUGGESTION_THREAD_PREFIX}{uuid.uuid4().hex}")
+            run.forgetter = agent
         run.unstored = True
         run.owner = owner
         run.confirmed = True
@@ -1184,6 +1198,33 @@ class RunManager:
         task.add_done_callback(self._background.discard)
         return task
 
+    def _adopt_forget(self, work: Awaitable[None]) -> asyncio.Future[None]:
+        """`work` (a suggestion's throwaway thread forgotten) adopted, and given up on
+        `SHUTDOWN_STORE_WAIT` after shutdown begins: a shutdown waits no longer for it."""
+        task = self._adopt(work)
+        self._forgetting.add(task)
+        task.add_done_callback(self._forgetting.discard)
+        if self.stopping_since is not None:
+            asyncio.get_running_loop().call_later(SHUTDOWN_STORE_WAIT, task.cancel)
+        return task
+
+    async def _wait_ending(self, work: asyncio.Future[None], seconds: float) -> None:
+        """Wait for `work` (what a run's end waits for) at most `seconds`, or
+        `SHUTDOWN_STORE_WAIT` once shutdown began (from its start for one waiting already)."""
+        # Woken by whichever comes first, the work or the deadline (what `asyncio.wait`
+        # does, with fewer futures and callbacks: this is once per run).
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        work.add_done_callback(lambda _: _wake(woken))
+        stopping = self.stopping_since is not None
+        timer = loop.call_later(SHUTDOWN_STORE_WAIT if stopping else seconds, _wake, woken)
+        self._ending.add(woken)
+        try:
+            await woken
+        finally:
+            timer.cancel()
+            self._ending.discard(woken)
+
     def _progressed(self, run: ActiveRun, position: int) -> None:
         """After each batched write of a run's events: tell followers on other workers."""
         self._adopt(self._signal_progress(run, position))
@@ -1276,10 +1317,11 @@ class RunManager:
         if self.stopping_since is None:
             self.stopping_since = time.monotonic()
             # Runs already waiting for a store that is away wait no longer than those to come.
-            if self._ending:
-                loop = asyncio.get_running_loop()
-                for woken in self._ending:
-                    loop.call_later(SHUTDOWN_STORE_WAIT, _wake, woken)
+            loop = asyncio.get_running_loop()
+            for woken in self._ending:
+                loop.call_later(SHUTDOWN_STORE_WAIT, _wake, woken)
+            for forgetting in self._forgetting:
+                loop.call_later(SHUTDOWN_STORE_WAIT, forgetting.cancel)
         running = [*self.active.values(), *self.unstored]
         for run in running:
             run.cancel("shutdown")

@@ -5,6 +5,7 @@ ownership), kept out of its thread: never stored, never holding the thread."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,9 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.memory import InMemorySaver
+from structlog.testing import capture_logs
 
 from copilot_runtime import (
     BearerTokenAuth,
@@ -21,14 +25,24 @@ from copilot_runtime import (
     RateLimit,
     SQLiteThreadStore,
     Verdict,
+    _runs,
 )
+from copilot_runtime import events as ev
+from copilot_runtime._exceptions import ApprovalNotFoundError
+from copilot_runtime._input import RunInput
 from copilot_runtime._trust import AllowedMarks
+from copilot_runtime.agents.base import EventBatches, RunContext
+from copilot_runtime.agents.http import HttpAgent
 from copilot_runtime.agents.langgraph import LangGraphAgent
+from copilot_runtime.agents.langgraph_platform import LangGraphPlatformAgent
+from copilot_runtime.agents.remote_endpoint import RemoteEndpointAgent
+from copilot_runtime.approvals.resume import record_interrupts
 from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.guardrails import Messages
 from copilot_runtime.hooks import RunFinished
 from copilot_runtime.runtime import approval_service
 from copilot_runtime.testing import MockOpenAIServer, verify_events
+from copilot_runtime.threads.base import SUGGESTION_THREAD_PREFIX
 from copilot_runtime.workflows.review_loop import ReviewLoop
 from tests.agents_support import graphs
 from tests.conftest import (
@@ -424,3 +438,178 @@ async def test_a_suggestion_claims_no_thread_of_a_checkpointed_workflow(
         finally:
             await approval_service(runtime).aclose()
             await saver.aclose()
+
+
+# -- the throwaway thread's leftovers -----------------------------------------------------
+
+
+def _review_runtime(tmp_path: Path, saver: Any) -> CopilotRuntime:
+    loop = ReviewLoop([Drafting(name) for name in ("Invoice", "Closing")])
+    return CopilotRuntime(agents={"review": loop.agent(name="review", checkpointer=saver)},
+                          thread_store=SQLiteThreadStore(tmp_path / "threads.sqlite3"))
+
+
+class _NoDeleteSaver(InMemorySaver):
+    """A checkpointer that cannot delete threads (LangGraph's base raises)."""
+
+    adelete_thread = BaseCheckpointSaver.adelete_thread  # type: ignore[assignment]
+
+
+async def _hanging_delete(thread_id: str) -> None:
+    await asyncio.Event().wait()
+
+
+async def _failing_delete(thread_id: str) -> None:
+    raise ConnectionError("checkpoint store down")
+
+
+@pytest.mark.parametrize("delete", ["unsupported", "raises", "hangs"])
+async def test_a_suggestions_approval_goes_even_when_its_checkpoints_cannot(
+        serve_runtime: ServeRuntime, tmp_path: Path, delete: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The approvals of a suggestion's interrupt are forgotten whether or not its
+    checkpointer deletes the throwaway thread (before, a delete that raised or hung left
+    one pending, listed and answerable: answering ran a stored 'copilot-suggestion-' thread);
+    a checkpointer that cannot delete is skipped without an error logged."""
+    monkeypatch.setattr(_runs, "FORGET_WAIT", 0.2, raising=False)
+    monkeypatch.setattr(_runs, "SHUTDOWN_STORE_WAIT", 0.2)
+    runtime = _review_runtime(tmp_path, _NoDeleteSaver() if delete == "unsupported"
+                              else checkpointer("memory"))
+    saver = runtime.agent("review").graph.checkpointer
+    if delete != "unsupported":
+        monkeypatch.setattr(saver, "adelete_thread",
+                            _hanging_delete if delete == "hangs" else _failing_delete)
+    async with serve_runtime(runtime) as served:
+        with capture_logs() as logs:
+            response = await served.post("/agent/review/suggest", run_input(
+                "Prepare the invoice", thread="fresh-1"))
+            events = parse_sse(await response.read())
+            assert types(events)[-1] == "RUN_FINISHED"
+            async for _ in poll(within=5):
+                if not await approval_service(runtime).list(status=None) and not [
+                        a for a in await runtime.agent("review").approvals.find()]:
+                    break
+        listed = await served.session.get(served.url + "/approvals")
+        assert (await listed.json())["approvals"] == []
+        assert not [e for e in logs if e["log_level"] == "error"]  # no stack, ever
+        if delete == "unsupported":  # nothing to tell: deleting is optional to LangGraph
+            assert not [e for e in logs if "forget" in e["event"]]
+
+
+async def test_no_approval_of_a_suggestions_thread_is_listed_nor_answered(
+        serve_runtime: ServeRuntime, tmp_path: Path) -> None:
+    """Even in the moment before its suggestion's end forgets it, an approval filed on a
+    throwaway thread is nobody's: not listed, not found to answer."""
+    runtime = _review_runtime(tmp_path, checkpointer("memory"))
+    ledger = runtime.agent("review").approvals
+    await ledger.add(record_interrupts(
+        [{"id": "i-1", "value": {"question": "ok?"}}],
+        thread_id=f"{SUGGESTION_THREAD_PREFIX}abc", agent_id="review", channel="outcome"))
+    filed = [a.id for a in await ledger.find()]  # as a run in flight would have
+    assert filed
+    async with serve_runtime(runtime) as served:
+        assert await approval_service(runtime).list(status=None) == []
+        listed = await served.session.get(served.url + "/approvals?status=all")
+        assert (await listed.json())["approvals"] == [], await listed.text()
+        answered = await served.post(f"/approvals/{filed[0]}", {"action": "approve"})
+        assert answered.status == 404, await answered.text()
+        with pytest.raises(ApprovalNotFoundError):
+            await approval_service(runtime).answer(filed[0], {"action": "approve"})
+
+
+@pytest.mark.parametrize("resume", [
+    {"forwardedProps": {"command": {"resume": "approve", "interruptEvent": "x"}}},
+    {"resume": [{"interruptId": "abc", "status": "resolved", "payload": {"action": "approve"}}]},
+])
+async def test_a_suggestion_refuses_a_resume_naming_nothing_internal(
+        serve_runtime: ServeRuntime, tmp_path: Path, resume: dict[str, Any]) -> None:
+    """A suggestion answers no interrupt: a resume is refused before its run starts (before,
+    its agent's refusal quoted the throwaway thread's id)."""
+    runtime = _review_runtime(tmp_path, checkpointer("memory"))
+    async with serve_runtime(runtime) as served:
+        response = await served.post("/agent/review/suggest", {
+            **run_input("Prepare the invoice", thread="fresh-5"), **resume})
+        body = await response.read()
+        assert response.status == 400, body
+        assert b"suggestion" in body
+        assert SUGGESTION_THREAD_PREFIX.encode() not in body
+
+
+async def test_no_event_of_a_suggestion_names_its_throwaway_thread(
+        serve_runtime: ServeRuntime, tmp_path: Path) -> None:
+    runtime = _review_runtime(tmp_path, checkpointer("memory"))
+    async with serve_runtime(runtime) as served:
+        response = await served.post("/agent/review/suggest", run_input(
+            "Prepare the invoice", thread="fresh-6"))
+        body = await response.read()
+        assert "on_interrupt" in [e.get("name") for e in parse_sse(body)]
+        assert SUGGESTION_THREAD_PREFIX.encode() not in body
+
+
+class _RecordingHttpAgent(HttpAgent):
+    """An HttpAgent whose upstream is this test: what thread it was run on, and forgot."""
+
+    def __init__(self) -> None:
+        super().__init__("http://127.0.0.1:9/agent")
+        self.ran_on: list[str] = []
+        self.forgotten: list[str] = []
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        self.ran_on.append(input.thread_id)
+        return self._answer(input)
+
+    async def _answer(self, input: RunInput) -> EventBatches:
+        yield [ev.run_started(input.thread_id, input.run_id),
+               ev.run_finished(input.thread_id, input.run_id)]
+
+    async def forget_thread(self, thread_id: str) -> None:
+        self.forgotten.append(thread_id)
+
+
+async def test_a_remote_agent_runs_a_suggestion_on_the_thread_sent(
+        serve_runtime: ServeRuntime) -> None:
+    """An agent whose threads live upstream gets the client's thread id, as on the
+    TypeScript runtime (the client sends a fresh one per suggestion), and is asked to forget
+    nothing (before: a throwaway id upstream per suggestion, never deleted there)."""
+    agent = _RecordingHttpAgent()
+    runtime = CopilotRuntime(agents={"remote": agent})
+    async with serve_runtime(runtime) as served:
+        response = await served.post("/agent/remote/suggest", run_input("Hi", thread="s-9"))
+        assert types(parse_sse(await response.read()))[-1] == "RUN_FINISHED"
+    assert agent.ran_on == ["s-9"]
+    assert agent.forgotten == []
+    assert not any(kind.keeps_threads_here for kind in (
+        HttpAgent, RemoteEndpointAgent, LangGraphPlatformAgent))
+    assert LangGraphAgent.keeps_threads_here
+
+
+async def test_a_slow_forget_holds_neither_the_suggestion_nor_shutdown(
+        serve_runtime: ServeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpointer that does not answer the delete: the client hears the suggestion's end
+    within `FORGET_WAIT` (before: 10 s), and a shutdown meanwhile waits for the forget for
+    `SHUTDOWN_STORE_WAIT` (before: the whole grace)."""
+    monkeypatch.setattr(_runs, "FORGET_WAIT", 0.3, raising=False)
+    monkeypatch.setattr(_runs, "SHUTDOWN_STORE_WAIT", 0.3)
+    runtime = _review_runtime(tmp_path, checkpointer("memory"))
+    saver = runtime.agent("review").graph.checkpointer
+    deleting = asyncio.Event()
+
+    async def hanging(thread_id: str) -> None:
+        deleting.set()
+        await asyncio.Event().wait()
+    monkeypatch.setattr(saver, "adelete_thread", hanging)
+    async with serve_runtime(runtime) as served:
+        started = time.monotonic()
+        response = await served.post("/agent/review/suggest", run_input(
+            "Prepare the invoice", thread="fresh-7"))
+        assert types(parse_sse(await response.read()))[-1] == "RUN_FINISHED"
+        assert time.monotonic() - started < 1.5
+        # A second suggestion, shut down while its end waits for the delete.
+        deleting.clear()
+        second = asyncio.ensure_future(served.post("/agent/review/suggest", run_input(
+            "Prepare the invoice", thread="fresh-8", run="run-2")))
+        await deleting.wait()
+        started = time.monotonic()
+        await runtime.aclose()
+        assert time.monotonic() - started < 1.5
+        await (await second).read()

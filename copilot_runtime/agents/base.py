@@ -71,6 +71,10 @@ class Agent(abc.ABC):
 
     #: Shown to clients as `className` in `/info`.
     class_name: str = "Agent"
+    #: Whether the agent keeps its threads in this process (a LangGraph graph's
+    #: checkpointer): a chat suggestion then runs on a throwaway thread it forgets at the
+    #: end. An agent whose threads live upstream is sent the client's thread id as is.
+    keeps_threads_here: bool = False
 
     def __init__(self, *, description: str = "") -> None:
         self.description = description

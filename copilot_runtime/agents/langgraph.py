@@ -152,6 +152,7 @@ class LangGraphAgent(Agent):
     """
 
     class_name = "LangGraphAgent"
+    keeps_threads_here = True
 
     def __init__(
         self,
@@ -297,14 +298,25 @@ class LangGraphAgent(Agent):
             raise AgentExecutionError(self.name, refusal) from None
 
     async def forget_thread(self, thread_id: str) -> None:
-        """Delete the thread's checkpoints and its approvals."""
-        saver = getattr(self.graph, "checkpointer", None)
-        if saver is not None and hasattr(saver, "adelete_thread"):
-            await saver.adelete_thread(thread_id)
+        """Delete the thread's approvals and its checkpoints: each is tried even when the
+        other fails (the first failure is raised after both; `NotImplementedError` from a
+        checkpointer that cannot delete threads)."""
+        failures: list[Exception] = []
         # A ledger of another make may not know how (`ApprovalStore` does not require it).
         forget = getattr(self._approvals, "forget_thread", None)
         if forget is not None:
-            await forget(thread_id)
+            try:
+                await forget(thread_id)
+            except Exception as exc:
+                failures.append(exc)
+        saver = getattr(self.graph, "checkpointer", None)
+        if saver is not None and hasattr(saver, "adelete_thread"):
+            try:
+                await saver.adelete_thread(thread_id)
+            except Exception as exc:
+                failures.append(exc)
+        if failures:
+            raise failures[0]
 
     def _graph_config(self, thread_id: str) -> dict[str, Any]:
         configurable = {**(self.config.get("configurable") or {}), "thread_id": thread_id}

@@ -59,7 +59,7 @@ from copilot_runtime.approvals.ledger import (
 from copilot_runtime.approvals.resume import refuse_unkeepable, sent_by_service
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.events import Event
-from copilot_runtime.threads.base import ThreadOwner
+from copilot_runtime.threads.base import SUGGESTION_THREAD_PREFIX, ThreadOwner
 
 __all__ = ["ApprovalService", "HostedRun", "RunHost", "is_runtime_answer"]
 
@@ -310,7 +310,8 @@ class ApprovalService:
         found = [(approval, store, owners) for store, owners in self._stores()
                  for approval in await store.find(
                      status=status, thread_id=thread_id, agent_id=agent_id, after=after,
-                     limit=None if limit is None else limit + 1, **seen_by)]
+                     limit=None if limit is None else limit + 1, **seen_by)
+                 if not _of_a_suggestion(approval)]
         found.sort(key=lambda listed: listed[0].key)
         if limit is None or len(found) <= limit:
             return found, False  # each ledger gave fewer than it was asked: all read
@@ -335,7 +336,8 @@ class ApprovalService:
     async def get(self, approval_id: str) -> tuple[Approval, str, SupportsApprovals]:
         for store, owners in self._stores():
             approval = await store.get(approval_id)
-            if approval is not None and approval.agent_id in owners:
+            if approval is not None and approval.agent_id in owners \
+                    and not _of_a_suggestion(approval):
                 return approval, approval.agent_id, owners[approval.agent_id]
         raise ApprovalNotFoundError(approval_id)
 
@@ -578,7 +580,8 @@ class ApprovalService:
         next_due: float | None = None
         for store, owners in self._stores():
             for approval in await store.find(status="pending"):
-                if approval.expires_at is None or approval.agent_id not in owners:
+                if approval.expires_at is None or approval.agent_id not in owners \
+                        or _of_a_suggestion(approval):
                     continue
                 if approval.expires_at > now:
                     next_due = min(next_due or approval.expires_at, approval.expires_at)
@@ -742,6 +745,13 @@ class _Owners:
 
 #: The code of an answer a guardrail refused (as the GraphQL edge says of a refused run).
 _REFUSED = "GUARDRAILS_VALIDATION_FAILED"
+
+
+def _of_a_suggestion(approval: Approval) -> bool:
+    """Whether `approval` was filed on a chat suggestion's throwaway thread: nobody's to
+    list, answer or time out (its run's end forgets it; answering it would run the graph
+    on, into a stored thread nobody asked for)."""
+    return approval.thread_id.startswith(SUGGESTION_THREAD_PREFIX)
 
 
 def _refused(reason: str) -> ApprovalError:

@@ -79,6 +79,9 @@ _TITLE_LENGTH = 80
 #: store must hold every id it accepts: PostgreSQL indexes two ids in one entry, at most
 #: 2,704 bytes, and a character takes up to 4.
 MAX_ID_LENGTH = 256
+#: The start of the thread ids a chat suggestion's agent runs on when it keeps threads in
+#: this process (`RunManager.begin_unstored`): nobody's, so no approval on one is served.
+SUGGESTION_THREAD_PREFIX = "copilot-suggestion-"
 #: What no id, title or name holds (PostgreSQL's text cannot even hold NUL).
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 #: What no title or name holds either: C1 control characters ("\x85" breaks a line, "\x9b"
