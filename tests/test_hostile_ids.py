@@ -159,6 +159,20 @@ async def test_a_dot_segment_is_no_id(served: Served, dots: str) -> None:
             == "RUN_FINISHED", near
 
 
+async def test_a_suggestions_thread_prefix_is_no_clients_id(served: Served) -> None:
+    """The runtime runs suggestions on threads of this prefix and hides their approvals:
+    a client's thread so named had its approvals hidden too."""
+    for route in ("run", "connect", "suggest"):
+        status, answer = await _answer(served, "POST", f"/agent/default/{route}", run_input(
+            "hi", thread="copilot-suggestion-mine", run="r1"))
+        assert status == 400, (route, answer)
+        assert orjson.loads(orjson.loads(answer)["details"]) == [{
+            "path": ["threadId"], "code": "invalid_id", "message": "The id begins with "
+            "'copilot-suggestion-', which the runtime keeps for itself"}]
+    assert types(await served.run(run_input("hi", thread="my-copilot-suggestion-x",
+                                            run="r1")))[-1] == "RUN_FINISHED"
+
+
 async def test_a_dot_thread_kept_before_stays_reachable(served: Served) -> None:
     """Only a run's new ids are held to it: a thread "." a store kept from before (when runs
     could make one) is listed and paged past, loaded, read and deleted as any other."""

@@ -319,6 +319,9 @@ def id_problem(value: str, *, new: bool = False) -> str | None:
         # Clients that read URLs as browsers do drop these segments, `%2E` written or not:
         # a thread so named could never be read, renamed or deleted.
         return "is '.' or '..', which a URL cannot carry as a path segment"
+    if new and value.startswith(SUGGESTION_THREAD_PREFIX):
+        # The runtime's own, for suggestions' throwaway threads, whose approvals are hidden.
+        return f"begins with {SUGGESTION_THREAD_PREFIX!r}, which the runtime keeps for itself"
     return None
 
 
