@@ -218,17 +218,23 @@ async def test_a_thread_route_reads_only_the_newest_runs_that_fit(
     assert [m["content"][:2] for m in whole["messages"] if m["role"] == "user"] == [
         "q0", "q1", "q2", "q3", "q4"]
 
-    # Each run stores about 21 KB (the question, and the demo's echo of it): two fit, not three.
+    # Each run stores about 10.5 KB (the question, and the demo's short quote): two fit.
     monkeypatch.setattr(served.runtime.store, "replay_bytes", 25_000, raising=False)  # two runs
     status, got = await answer(served, "GET", "/threads/big/messages")
     assert status == 200
     assert got["omittedRuns"] == 3
-    assert [m["content"][:2] for m in got["messages"] if m["role"] == "user"] == ["q3", "q4"]
+    # The messages of the runs left out come first, as many as `replay_bytes` holds of the
+    # newest of them (what reading back as much of those runs gave): those of r1 and r2.
+    assert [m["content"][:2] for m in got["messages"] if m["role"] == "user"] == [
+        "q1", "q2", "q3", "q4"]
     assert got["messages"] == whole["messages"][-len(got["messages"]):]
     status, got = await answer(served, "GET", "/threads/big/events")
     assert status == 200
     assert got["omittedRuns"] == 3
     assert [e["runId"] for e in got["events"] if e["type"] == "RUN_STARTED"] == ["r3", "r4"]
+    # As `connect` replays it: the omission, then those messages, after the first start.
+    assert [e["type"] for e in got["events"][:3]] == [
+        "RUN_STARTED", "CUSTOM", "MESSAGES_SNAPSHOT"]
 
     # A bound smaller than any run: the last run all the same.
     monkeypatch.setattr(served.runtime.store, "replay_bytes", 1, raising=False)

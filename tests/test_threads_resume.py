@@ -21,12 +21,16 @@ from typing import Any
 import orjson
 import pytest
 
-from copilot_runtime import CopilotRuntime, DemoAdapter, coordinator, thread_store
+from copilot_runtime import CopilotRuntime, DemoAdapter, RunInput, coordinator, thread_store
+from copilot_runtime import events as ev
+from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.events import EventBatches
 from copilot_runtime.testing import verify_events
 from copilot_runtime.threads import DurableThreadStore, InMemoryThreadStore, ThreadStore
 from tests import test_store_conformance as conformance
 from tests.conftest import GatedAgent, Served, ServeRuntime, parse_sse_ids, run_input
 from tests.hitl_support.postgres import postgres_schema
+from tests.test_real_clients import run_client_script
 from tests.test_trust_ownership import call
 
 pytestmark = pytest.mark.timeout(60)
@@ -185,6 +189,48 @@ async def test_a_store_replay_that_leaves_runs_out_says_so(any_store: ThreadStor
         assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == ["r3", "r4"]
 
 
+def earlier_ids(replayed: list[tuple[int | None, dict[str, Any]]]) -> list[str] | None:
+    """The ids of the MESSAGES_SNAPSHOT right after the omission event, or None."""
+    (index, _), = omissions(replayed)
+    following = replayed[index + 1][1]
+    return [m["id"] for m in following["messages"]] \
+        if following["type"] == "MESSAGES_SNAPSHOT" else None
+
+
+async def test_a_replay_that_leaves_runs_out_gives_their_messages_first(
+        any_store: ThreadStore) -> None:
+    """A whole-thread replay that leaves runs out has, right after the omission event, a
+    MESSAGES_SNAPSHOT of the messages of the runs left out, then the first replayed run's
+    input messages (moved from its start: a client adds a start's messages at once, above
+    the snapshot's); within `replay_bytes`, the newest, in order; a bounded `get` has the
+    same snapshot. A resume (its client holds the earlier messages) has none."""
+    position, lasts = 0, []
+    for index in range(4):
+        events = conformance._run("t", f"r{index}", "a b", user=f"u{index} {FILLER}")
+        await conformance._finish(any_store, "t", f"r{index}", events, position,
+                                  created=1.0 + index)
+        position += len(events)
+        lasts.append(position - 1)
+    store: Any = any_store
+    store.replay_bytes = 25_000  # two runs of ~10 KB fit, and the messages of two
+    replayed = await any_store.events_after("t", -1)
+    verify_events([e for _, e in replayed])
+    assert earlier_ids(replayed) == ["u-r0", "m-r0", "u-r1", "m-r1", "u-r2"]
+    assert replayed[0][1]["input"]["messages"] == []
+    record = await any_store.get("t", max_bytes=25_000)
+    assert record is not None
+    assert record.earlier is not None
+    assert [m["id"] for m in record.earlier["messages"]] == ["u-r0", "m-r0", "u-r1", "m-r1"]
+    store.replay_bytes = 15_000  # one run, and the one before it read back for messages
+    assert earlier_ids(await any_store.events_after("t", -1)) == ["u-r2", "m-r2", "u-r3"]
+    store.replay_bytes = 5_000  # of those messages, only the newest fits (the ~10 KB one not)
+    replayed = await any_store.events_after("t", -1)
+    verify_events([e for _, e in replayed])
+    assert earlier_ids(replayed) == ["m-r2", "u-r3"]
+    assert omissions(await any_store.events_after("t", lasts[0])) == [(1, {"omittedRuns": 2})]
+    assert earlier_ids(await any_store.events_after("t", lasts[0])) is None
+
+
 async def test_connect_says_which_runs_it_left_out(served: Served) -> None:
     """`connect` of a thread too big to replay whole: the client gets the newest runs and
     the omission event in the first of them, and the real clients (CopilotKitCore 1.75 and
@@ -211,8 +257,9 @@ async def test_connect_says_which_runs_it_left_out(served: Served) -> None:
     assert result["coreErrors"] == []
     customs = [e for e in result["events"] if e["type"] == "CUSTOM"]
     assert [(e["name"], e["value"]) for e in customs] == [(REPLAY_OMITTED, {"omittedRuns": 2})]
+    # The messages of the runs left out come first (a MESSAGES_SNAPSHOT after the omission).
     users = [m["content"][:2] for m in result["messages"] if m["role"] == "user"]
-    assert users == ["q2", "q3"]
+    assert users == ["q0", "q1", "q2", "q3"]
 
 
 async def replayed_while_running(
@@ -370,7 +417,10 @@ async def test_load_agent_state_reads_only_the_newest_runs_that_fit(served: Serv
     assert await users() == ["q0", "q1", "q2", "q3"]
     store: Any = served.runtime.store
     store.replay_bytes = 25_000  # each run stores ~10.5 KB (a 200-character quote): two fit
-    assert await users() == ["q2", "q3"]
+    # The runs left out give their messages (within `replay_bytes` too), in order.
+    assert await users() == ["q0", "q1", "q2", "q3"]
+    store.replay_bytes = 1  # the last run, and of the others' messages only the newest
+    assert await users() == ["q3"]
 
 
 async def test_load_agent_state_leaves_out_a_run_refused_over_its_approval_answer(
@@ -409,3 +459,63 @@ async def test_connect_to_a_run_whose_id_the_thread_used_before_misses_nothing(
         store_url, serve_runtime, [("first", "r1"), ("second", "r2")], ("third", "r1"))
     assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == [
         "r1", "r2", "r1"]
+
+
+# -- a replay that leaves runs out keeps the history's order ------------------------------------
+
+
+class SnapshottingAgent(Agent):
+    """Says one message a run, then sends the whole conversation as a MESSAGES_SNAPSHOT (as a
+    LangGraph agent does at a run's end): the history it remembers itself, as a graph's
+    checkpoint holds it, the client sending only its new message."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: list[dict[str, Any]] = []
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._run(input)
+
+    async def _run(self, input: RunInput) -> Any:
+        self.history.extend(m for m in input.raw["messages"]
+                            if m["id"] not in {h["id"] for h in self.history})
+        reply = f"a-{input.run_id}"
+        self.history.append({"id": reply, "role": "assistant", "content": f"answer {FILLER}"})
+        yield [ev.text_message_start(reply), ev.text_message_content(reply, f"answer {FILLER}"),
+               ev.text_message_end(reply)]
+        yield [{"type": "MESSAGES_SNAPSHOT", "messages": list(self.history)}]
+
+
+async def test_a_replay_that_leaves_runs_out_keeps_the_history_in_order(
+        store_url: str, serve_runtime: ServeRuntime) -> None:
+    """Before: a thread whose runs outgrew `replay_bytes` came back out of order on a reloaded
+    page and in GET messages: the first replayed run's answer above the first user message
+    (the replay began at that run, whose start carries no earlier message, and a later
+    MESSAGES_SNAPSHOT's earlier messages were put after it). Now the replay holds the
+    messages of the runs left out (a MESSAGES_SNAPSHOT right after the omission event), and
+    every reading of the thread has the live order, on every store."""
+    options: dict[str, Any] = {"thread_store": thread_store(store_url)}
+    if store_url.startswith("postgresql"):
+        options["coordinator"] = coordinator(store_url)
+    runtime = CopilotRuntime(agents={"default": SnapshottingAgent()}, **options)
+    async with worker(store_url, serve_runtime, runtime) as served:
+        live: list[str] = []
+        for index in range(6):
+            await run_ids(served, "order", f"q{index}", f"r{index}")
+            live += [f"r{index}-u", f"a-r{index}"]
+        store: Any = served.runtime.store
+        # A run stores its answer (~10 KB) and a snapshot of every answer so far: the last
+        # one (~70 KB) is replayed alone.
+        store.replay_bytes = 60_000
+
+        status, replayed = await connect(served, "order")
+        assert status == 200
+        events = [e for _, e in replayed]
+        verify_events(events)
+        assert omissions(replayed) == [(1, {"omittedRuns": 5})]
+        applied = run_client_script("apply_events.mjs", [{"events": events, "state": {}}])
+        assert [m["id"] for m in applied[0]["messages"]] == live
+
+        status, body, _ = await call(served, "GET", "/threads/order/messages", None)
+        assert status == 200
+        assert [m["id"] for m in orjson.loads(body)["messages"]] == live

@@ -4,7 +4,7 @@ closing a run left open, and checking a schema's version."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -24,7 +24,7 @@ from copilot_runtime.threads.base import (
 )
 
 __all__ = ["Chunk", "FirstPositions", "RunRow", "check_schema_version", "closed_run",
-           "events_after", "message_ids_of", "oldest_reader"]
+           "decoded", "events_after", "message_ids_of", "oldest_reader"]
 
 
 def check_schema_version(store: str, version: int, known: int,
@@ -89,10 +89,11 @@ class Chunk:
     events: list[Event]
 
 
-def events_after(runs: Sequence[RunRow], chunks: Iterable[Chunk],
-                 position: int, omitted: int = 0) -> list[Positioned]:
+def events_after(runs: Sequence[RunRow], chunks: Iterable[Chunk], position: int,
+                 omitted: int = 0, earlier: Event | None = None) -> list[Positioned]:
     """`ThreadStore.events_after` from a thread's runs (in order) and the raw chunks kept,
-    `omitted` older finished runs after `position` having been left out."""
+    `omitted` older finished runs after `position` having been left out, whose messages
+    are `earlier` (`with_omission`)."""
     ordered = sorted(chunks, key=lambda c: c.first_position)
 
     def after(kept: list[Chunk]) -> list[Positioned]:
@@ -113,7 +114,7 @@ def events_after(runs: Sequence[RunRow], chunks: Iterable[Chunk],
                 result.extend((None, event) for event in run.events[:-1])
                 result.append((run.last_position if run.last_position >= 0 else None,
                                run.events[-1]))
-    return with_omission(result, omitted)
+    return with_omission(result, omitted, earlier)
 
 
 def _chunks_of(run: RunRow, ordered: list[Chunk]) -> list[Chunk]:
@@ -156,6 +157,13 @@ def message_ids_of(events: Iterable[Event]) -> set[str]:
             if isinstance(value, str):
                 ids.add(value)
     return {i for i in storable_ids(ids) if not i.startswith(JUDGED_MARK_PREFIX)}
+
+
+def decoded(blobs: Iterable[bytes]) -> Iterator[list[Event]]:
+    """Encoded runs, decoded one by one as they are read (`earlier_messages` stops at the
+    first that has a snapshot: those after it are never decoded)."""
+    for blob in blobs:
+        yield orjson.loads(blob)
 
 
 def dumps(events: Sequence[Event]) -> bytes:

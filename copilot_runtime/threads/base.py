@@ -34,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from copilot_runtime import events as ev
+from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._exceptions import APPROVAL_REFUSAL_CODES
 from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event
@@ -48,12 +49,14 @@ __all__ = [
     "NOT_IN_NAMES",
     "REPLAY_OMITTED",
     "DurableThreadStore",
+    "EarlierRuns",
     "ListPosition",
     "Positioned",
     "StoredRun",
     "ThreadOwner",
     "ThreadRecord",
     "ThreadStore",
+    "earlier_messages",
     "ends_after",
     "id_problem",
     "interrupted_tail",
@@ -144,6 +147,10 @@ class ThreadRecord:
     #: read left it out, the memory store evicted it). None: no run had one, the thread was
     #: stored before stores kept it, or `get` read it in `runs` (it need not read it twice).
     kept_state: Any = None
+    #: When a bounded read left runs out: a MESSAGES_SNAPSHOT of the thread's messages as
+    #: they stood at the end of the last run left out (`earlier_messages`), which goes before
+    #: `runs` so that the messages read keep the thread's order; None otherwise.
+    earlier: Event | None = None
 
     @property
     def state(self) -> Any:
@@ -192,7 +199,9 @@ class ThreadStore(Protocol):
         """The thread's events after `position` (-1: all), a running run's included; of its
         finished runs, the newest within `MAX_REPLAY_BYTES` (the built-in stores), and if
         that left some out, the `omission` event after the first replayed run's start; not
-        a run `refused_answer` that `position` is not inside."""
+        a run `refused_answer` that `position` is not inside. A whole-thread replay (-1)
+        that left runs out has the `earlier_messages` of those runs right after the
+        omission event."""
         ...
 
     async def rename(self, thread_id: str, name: str | None) -> bool:
@@ -393,10 +402,11 @@ def ends_after(last_position: int, position: int) -> bool:
     return last_position > position if last_position >= 0 else position < 0
 
 
-def positioned_runs(runs: Iterable[StoredRun], position: int, omitted: int = 0
-                    ) -> list[Positioned]:
+def positioned_runs(runs: Iterable[StoredRun], position: int, omitted: int = 0,
+                    earlier: Event | None = None) -> list[Positioned]:
     """The events of finished runs after `position`, as `events_after` returns them, told
-    that `omitted` older runs after `position` were left out (see `omission`).
+    that `omitted` older runs after `position` were left out, whose messages are `earlier`
+    (see `with_omission`).
 
     A run that `position` falls inside is replayed whole (its raw events are gone)."""
     out: list[Positioned] = []
@@ -407,7 +417,7 @@ def positioned_runs(runs: Iterable[StoredRun], position: int, omitted: int = 0
             continue
         out.extend((None, event) for event in run.events[:-1])
         out.append((run.last_position if run.last_position >= 0 else None, run.events[-1]))
-    return with_omission(out, omitted)
+    return with_omission(out, omitted, earlier)
 
 
 def omission(omitted_runs: int) -> Event:
@@ -417,12 +427,82 @@ def omission(omitted_runs: int) -> Event:
     return ev.custom(REPLAY_OMITTED, {"omittedRuns": omitted_runs})
 
 
-def with_omission(replayed: list[Positioned], omitted_runs: int) -> list[Positioned]:
+def with_omission(replayed: list[Positioned], omitted_runs: int,
+                  earlier: Event | None = None) -> list[Positioned]:
     """`replayed` with `omission` right after its first run's start (before any run started
-    the clients refuse every event but a start), when runs were left out."""
+    the clients refuse every event but a start), when runs were left out, then `earlier`
+    (the messages of the runs left out, `earlier_messages`): a client applies a later
+    snapshot by keeping the messages it holds in place and adding the others after them, so
+    without them first the replayed runs' messages went above the thread's first ones.
+    The start's input messages move into that snapshot, after the earlier ones: a client
+    adds a start's messages at once, which put them above the earlier ones."""
     if omitted_runs > 0:
-        for index, (_, event) in enumerate(replayed):
+        for index, (position, event) in enumerate(replayed):
             if event.get("type") == ev.RUN_STARTED:
-                replayed.insert(index + 1, (None, omission(omitted_runs)))
+                inserted: list[Positioned] = [(None, omission(omitted_runs))]
+                if earlier is not None:
+                    started, snapshot = _input_after(event, earlier)
+                    replayed[index] = (position, started)
+                    inserted.append((None, snapshot))
+                replayed[index + 1:index + 1] = inserted
                 break
     return replayed
+
+
+def _input_after(started: Event, earlier: Event) -> tuple[Event, Event]:
+    """The start `started` without its input messages, and the snapshot `earlier` with
+    those of them it does not hold after its own."""
+    run_input = started.get("input")
+    if not isinstance(run_input, dict) or not isinstance(run_input.get("messages"), list):
+        return started, earlier
+    messages = list(earlier["messages"])
+    held = {m.get("id") for m in messages}
+    for message in run_input["messages"]:
+        if isinstance(message, dict) and message.get("id") not in held:
+            held.add(message.get("id"))
+            messages.append(message)
+    return ({**started, "input": {**run_input, "messages": []}},
+            {**earlier, "messages": messages})
+
+
+#: A thread's runs left out of a bounded read, the newest first: each one's events, read
+#: only as far as `earlier_messages` needs them.
+EarlierRuns = Iterable[Sequence[Event]]
+
+
+def earlier_messages(omitted_newest_first: EarlierRuns, max_bytes: int | None
+                     ) -> Event | None:
+    """A MESSAGES_SNAPSHOT of a thread's messages as they stood at the end of the last of
+    the runs a bounded read left out (`omitted_newest_first`, which the caller bounds by
+    what it reads of them), or None when they had none. Their runs are read back only to
+    the last MESSAGES_SNAPSHOT (an agent's whole conversation, as LangGraph's are). Past
+    `max_bytes` of messages, the newest that fit (at least one), in order."""
+    tail: list[Sequence[Event]] = []
+    for events in omitted_newest_first:
+        if refused_answer(events):
+            continue  # as a replay leaves it out
+        last_snapshot = _last_snapshot(events)
+        if last_snapshot is not None:
+            tail.append(events[last_snapshot:])
+            break
+        tail.append(events)
+    messages = events_to_messages(reversed(tail))
+    if not messages:
+        return None
+    kept = newest_within([_encoded_size(m) for m in reversed(messages)], max_bytes)
+    return {"type": ev.MESSAGES_SNAPSHOT, "messages": messages[len(messages) - kept:]}
+
+
+def _last_snapshot(events: Sequence[Event]) -> int | None:
+    for index in range(len(events) - 1, -1, -1):
+        if events[index].get("type") == ev.MESSAGES_SNAPSHOT and isinstance(
+                events[index].get("messages"), list):
+            return index
+    return None
+
+
+def _encoded_size(message: Any) -> int:
+    try:
+        return len(orjson.dumps(message))
+    except (orjson.JSONEncodeError, TypeError):
+        return len(repr(message))  # (what the runtime never stores)

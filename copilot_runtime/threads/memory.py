@@ -19,6 +19,7 @@ from copilot_runtime.threads.base import (
     StoredRun,
     ThreadOwner,
     ThreadRecord,
+    earlier_messages,
     ends_after,
     newest_within,
     positioned_runs,
@@ -74,8 +75,10 @@ class InMemoryThreadStore:
             self._threads.move_to_end(thread_id)
             kept = newest_within([r.size for r in reversed(record.runs)], max_bytes)
             if kept < len(record.runs):
+                omitted = record.runs[:-kept]
                 record = dataclasses.replace(record, runs=record.runs[-kept:],
-                                             omitted_runs=len(record.runs) - kept)
+                                             omitted_runs=len(omitted),
+                                             earlier=_earlier(omitted, max_bytes))
         return record
 
     async def summary(self, thread_id: str) -> ThreadRecord | None:
@@ -188,7 +191,10 @@ class InMemoryThreadStore:
             return []
         runs = [r for r in record.runs if r.events and ends_after(r.last_position, position)]
         kept = newest_within([r.size for r in reversed(runs)], self.replay_bytes)
-        return positioned_runs(runs[len(runs) - kept:], position, len(runs) - kept)
+        omitted = runs[:len(runs) - kept]
+        # (a resume's client holds the thread's messages before its position already)
+        earlier = _earlier(omitted, self.replay_bytes) if omitted and position < 0 else None
+        return positioned_runs(runs[len(runs) - kept:], position, len(omitted), earlier)
 
     async def rename(self, thread_id: str, name: str | None) -> bool:
         record = self._threads.get(thread_id)
@@ -222,6 +228,14 @@ class InMemoryThreadStore:
         self._sizes.clear()
         self._tombstones.clear()
         self.bytes = 0
+
+
+def _earlier(omitted: list[StoredRun], max_bytes: int | None) -> Event | None:
+    """`earlier_messages` of the runs left out, read back as far as `max_bytes` of them
+    (at least the last), as the durable stores read them."""
+    newest = omitted[len(omitted) - newest_within([r.size for r in reversed(omitted)],
+                                                  max_bytes):]
+    return earlier_messages((r.events for r in reversed(newest)), max_bytes)
 
 
 def _size(events: list[Event]) -> int:

@@ -36,6 +36,7 @@ from copilot_runtime.threads._rows import (
     RunRow,
     check_schema_version,
     closed_run,
+    decoded,
     events_after,
     message_ids_of,
     oldest_reader,
@@ -49,6 +50,7 @@ from copilot_runtime.threads.base import (
     StoredRun,
     ThreadOwner,
     ThreadRecord,
+    earlier_messages,
     newest_within,
     state_of_unkept,
     state_snapshot,
@@ -526,6 +528,9 @@ class PostgresThreadStore:
                 for run_id, created_at, events, first, last in await runs.fetchall():
                     record.runs.append(StoredRun(run_id, orjson.loads(events), created_at,
                                                  len(events), first, last))
+                if record.omitted_runs:
+                    record.earlier = await _earlier(conn, thread_id, sizes[kept - 1][0],
+                                                    max_bytes)
                 if not row[-1] and record.omitted_runs and not any(
                         state_snapshot(run.events) is not None for run in record.runs):
                     # No state kept: one only an older release's runs left, if any.
@@ -579,8 +584,9 @@ class PostgresThreadStore:
                 cursor = await conn.execute(
                     "SELECT run_id, open, first_position, last_position, "
                     "CASE WHEN open OR (last_position >= 0 AND last_position <= %s) THEN NULL "
-                    "ELSE events END, finished FROM (SELECT seq, run_id, open, first_position, "
-                    "last_position, events, CASE WHEN open THEN 0 ELSE octet_length(events) "
+                    "ELSE events END, finished, seq FROM (SELECT seq, run_id, open, "
+                    "first_position, last_position, events, "
+                    "CASE WHEN open THEN 0 ELSE octet_length(events) "
                     "END AS own, sum(CASE WHEN open THEN 0 ELSE octet_length(events) END) "
                     "OVER (ORDER BY seq DESC) AS newer, "
                     "count(*) FILTER (WHERE NOT open) OVER () AS finished "
@@ -593,10 +599,14 @@ class PostgresThreadStore:
                 rows = await cursor.fetchall()
                 runs = [RunRow(run_id, is_open, first, last,
                                orjson.loads(events) if events is not None else [])
-                        for run_id, is_open, first, last, events, _ in rows]
+                        for run_id, is_open, first, last, events, _, _ in rows]
                 chunks = await _chunks(conn, thread_id, position)
-            omitted = rows[0][5] - sum(not run.open for run in runs) if rows else 0
-            return events_after(runs, chunks, position, omitted)
+                omitted = rows[0][5] - sum(not run.open for run in runs) if rows else 0
+                # (a resume's client holds the thread's messages before its position)
+                first_kept = min((row[6] for row in rows if not row[1]), default=0)
+                earlier = await _earlier(conn, thread_id, first_kept, self.replay_bytes) \
+                    if omitted and position < 0 else None
+            return events_after(runs, chunks, position, omitted, earlier)
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
                    owner: ThreadOwner | None = None, offset: int = 0,
@@ -785,6 +795,19 @@ async def _chunks(conn: AsyncConnection[Any], thread_id: str, position: int,
 
 def _future() -> asyncio.Future[None]:
     return asyncio.get_running_loop().create_future()
+
+
+async def _earlier(conn: AsyncConnection[Any], thread_id: str, before: int,
+                   max_bytes: int | None) -> Event | None:
+    """`earlier_messages` of the finished runs before the run `before` (seq), read back as
+    far as `max_bytes` of them (at least the last; sizes from the values' headers)."""
+    cursor = await conn.execute(
+        "SELECT events FROM (SELECT seq, events, octet_length(events) AS own, "
+        "sum(octet_length(events)) OVER (ORDER BY seq DESC) AS newer FROM runs "
+        "WHERE thread_id = %s AND NOT open AND seq < %s) r "
+        "WHERE %s::bigint IS NULL OR newer <= %s OR newer = own ORDER BY seq DESC",
+        (thread_id, before, max_bytes, max_bytes))
+    return earlier_messages(decoded(blob for (blob,) in await cursor.fetchall()), max_bytes)
 
 
 async def _state_of_unkept(conn: AsyncConnection[Any], thread_id: str, kept: bytes | None,

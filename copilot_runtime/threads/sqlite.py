@@ -33,6 +33,7 @@ from copilot_runtime.threads._rows import (
     RunRow,
     check_schema_version,
     closed_run,
+    decoded,
     events_after,
     message_ids_of,
     oldest_reader,
@@ -46,6 +47,7 @@ from copilot_runtime.threads.base import (
     StoredRun,
     ThreadOwner,
     ThreadRecord,
+    earlier_messages,
     newest_within,
     state_of_unkept,
     state_snapshot,
@@ -333,6 +335,8 @@ class SQLiteThreadStore:
                 (thread_id, oldest)):
             record.runs.append(StoredRun(run_id, orjson.loads(events), created_at,
                                          len(events), first, last))
+        if record.omitted_runs:
+            record.earlier = self._earlier(thread_id, oldest, max_bytes)
         if not any(state_snapshot(run.events) is not None for run in record.runs):
             # The run that left the state was not read (or there is none).
             state, seq = self._db.execute("SELECT state, state_seq FROM threads WHERE "
@@ -375,7 +379,7 @@ class SQLiteThreadStore:
         # size of each and of those after it, read without reading the events; and how
         # many finished runs there are after `position`, to count those left out.
         rows = self._db.execute(
-            "SELECT run_id, open, first_position, last_position, events, finished FROM ("
+            "SELECT run_id, open, first_position, last_position, events, finished, seq FROM ("
             "SELECT seq, run_id, open, first_position, last_position, events, "
             "CASE WHEN open = 1 THEN 0 ELSE length(events) END AS own, "
             "sum(CASE WHEN open = 1 THEN 0 ELSE length(events) END) "
@@ -386,10 +390,25 @@ class SQLiteThreadStore:
             (thread_id, position, position, self.replay_bytes)).fetchall()
         runs = [RunRow(run_id, bool(is_open), first, last,
                        [] if is_open or (0 <= last <= position) else orjson.loads(events))
-                for run_id, is_open, first, last, events, _ in rows]
+                for run_id, is_open, first, last, events, _, _ in rows]
         chunks = self._chunks(thread_id, position)
         omitted = rows[0][5] - sum(not run.open for run in runs) if rows else 0
-        return events_after(runs, chunks, position, omitted)
+        # (a resume's client holds the thread's messages before its position already)
+        first_kept = min((row[6] for row in rows if not row[1]), default=0)
+        earlier = self._earlier(thread_id, first_kept, self.replay_bytes) \
+            if omitted and position < 0 else None
+        return events_after(runs, chunks, position, omitted, earlier)
+
+    def _earlier(self, thread_id: str, before: int, max_bytes: int | None) -> Event | None:
+        """`earlier_messages` of the finished runs before the run `before` (seq), read back
+        as far as `max_bytes` of them (at least the last)."""
+        blobs = self._db.execute(
+            "SELECT events FROM (SELECT seq, events, length(events) AS own, "
+            "sum(length(events)) OVER (ORDER BY seq DESC) AS newer FROM runs "
+            "WHERE thread_id = ? AND open = 0 AND seq < ?) "
+            "WHERE ? IS NULL OR newer <= ? OR newer = own ORDER BY seq DESC",
+            (thread_id, before, max_bytes, max_bytes))
+        return earlier_messages(decoded(blob for (blob,) in blobs), max_bytes)
 
     def _chunks(self, thread_id: str, position: int,
                 run_id: str | None = None) -> builtins.list[Chunk]:

@@ -62,6 +62,7 @@ from copilot_runtime.threads.base import (
     ThreadRecord,
     id_problem,
     refused_answer,
+    with_omission,
 )
 
 __all__ = ["AGUIProtocol"]
@@ -254,13 +255,16 @@ class AGUIProtocol:
         if record is None or (owner is not None and record.owner != owner):
             raise ThreadNotFoundError(thread_id)  # the same 404 body as PATCH and DELETE
         elif what in ("messages", "events"):
-            # As `connect` replays it: without the answers refused (the graph still waits).
-            runs = [r.events for r in record.runs if not refused_answer(r.events)]
+            # As `connect` replays it: without the answers refused (the graph still waits),
+            # and with the omission and the messages of the runs left out, if any.
+            events = [event for _, event in with_omission(
+                [(None, e) for r in record.runs if not refused_answer(r.events)
+                 for e in r.events], record.omitted_runs, record.earlier)]
             if what == "messages":
-                await send_json(request, 200, {"messages": events_to_messages(runs),
+                await send_json(request, 200, {"messages": events_to_messages([events]),
                                                "omittedRuns": record.omitted_runs})
             else:
-                await send_json(request, 200, {"events": [e for run in runs for e in run],
+                await send_json(request, 200, {"events": events,
                                                "omittedRuns": record.omitted_runs})
         else:
             await send_json(request, 200, {"state": record.state})

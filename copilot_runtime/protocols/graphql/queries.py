@@ -96,10 +96,12 @@ async def load_agent_state(runtime: CopilotRuntime, data: Mapping[str, Any],
         return _no_thread(thread_id)
     record = readable(record)  # a thread stored broken is still read
     state = record.state
-    # A run refused over its approval answer is left out, as the AG-UI replays leave it.
+    # A run refused over its approval answer is left out, as the AG-UI replays leave it;
+    # the messages of the runs left out go first, as they do there.
+    earlier = [[record.earlier]] if record.earlier is not None else []
     return _thread(thread_id, state if isinstance(state, dict) else {},
-                   events_to_messages(r.events for r in record.runs
-                                      if not refused_answer(r.events)))
+                   events_to_messages(earlier + [r.events for r in record.runs
+                                                 if not refused_answer(r.events)]))
 
 
 def _no_thread(thread_id: str) -> dict[str, Any]:
