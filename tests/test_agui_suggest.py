@@ -517,6 +517,31 @@ async def test_no_approval_of_a_suggestions_thread_is_listed_nor_answered(
             await approval_service(runtime).answer(filed[0], {"action": "approve"})
 
 
+async def test_hidden_approvals_of_suggestions_do_not_end_a_listing_early(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page's read of the ledgers said "nothing left" when the rows it got, less the
+    suggestions' it hid, were fewer than it asked for: the approvals after them were never
+    listed (50 of 300 in a reviewer's run)."""
+    import copilot_runtime.approvals.service as service
+
+    monkeypatch.setattr(service, "_BATCH", 1)  # (each read asks for limit + 1 rows)
+    runtime = _review_runtime(tmp_path, checkpointer("memory"))
+    ledger = runtime.agent("review").approvals
+    for index, thread in enumerate([f"{SUGGESTION_THREAD_PREFIX}a", f"{SUGGESTION_THREAD_PREFIX}b",
+                                    "t1", "t2", "t3", "t4", "t5"]):
+        await ledger.add(record_interrupts(
+            [{"id": f"i-{index}", "value": {"question": "ok?"}}], thread_id=thread,
+            agent_id="review", channel="outcome"))
+    listed: list[str] = []
+    after = None
+    for _ in range(10):
+        page, after = await approval_service(runtime).page(status=None, limit=3, after=after)
+        listed += [approval.thread_id for approval in page]
+        if after is None:
+            break
+    assert listed == ["t1", "t2", "t3", "t4", "t5"]
+
+
 @pytest.mark.parametrize("resume", [
     {"forwardedProps": {"command": {"resume": "approve", "interruptEvent": "x"}}},
     {"resume": [{"interruptId": "abc", "status": "resolved", "payload": {"action": "approve"}}]},

@@ -270,6 +270,8 @@ class ApprovalService:
                     cut = True  # the lookups of this page are spent: the rest next time
                     break
                 after = approval.key
+                if _of_a_suggestion(approval):
+                    continue  # (skipped here, not in the read: what is left is counted there)
                 if owners is not None and not owners.sees(approval):
                     continue
                 agent = agents.get(approval.agent_id)
@@ -310,8 +312,7 @@ class ApprovalService:
         found = [(approval, store, owners) for store, owners in self._stores()
                  for approval in await store.find(
                      status=status, thread_id=thread_id, agent_id=agent_id, after=after,
-                     limit=None if limit is None else limit + 1, **seen_by)
-                 if not _of_a_suggestion(approval)]
+                     limit=None if limit is None else limit + 1, **seen_by)]
         found.sort(key=lambda listed: listed[0].key)
         if limit is None or len(found) <= limit:
             return found, False  # each ledger gave fewer than it was asked: all read
