@@ -686,16 +686,21 @@ async def test_a_state_evicted_from_memory_is_still_the_threads() -> None:
         assert record.state == {"plan": ["a"]}
 
 
-async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> None:
-    path = tmp_path / "old.sqlite3"
-    db = sqlite3.connect(path)
-    db.executescript("""
+#: The SQLite store's first schema (before titles and SSE positions).
+_FIRST_SCHEMA = """
         CREATE TABLE threads (thread_id TEXT PRIMARY KEY, agent_id TEXT NOT NULL,
             created_at REAL NOT NULL, updated_at REAL NOT NULL);
         CREATE TABLE runs (thread_id TEXT NOT NULL, seq INTEGER NOT NULL, run_id TEXT NOT NULL,
             created_at REAL NOT NULL, events BLOB NOT NULL, PRIMARY KEY (thread_id, seq));
         CREATE TABLE message_ids (thread_id TEXT NOT NULL, message_id TEXT NOT NULL,
             PRIMARY KEY (thread_id, message_id)) WITHOUT ROWID;
+"""
+
+
+async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(_FIRST_SCHEMA + """
         INSERT INTO threads VALUES ('old', 'default', 1.0, 1.0);
         INSERT INTO runs VALUES ('old', 1, 'r0', 1.0, '[{"type":"RUN_STARTED",
             "threadId":"old","runId":"r0"},{"type":"RUN_FINISHED","threadId":"old",
@@ -738,14 +743,7 @@ async def test_a_sqlite_file_of_the_first_schema_keeps_its_threads_titles(
     this release had stored its runs: by the first of them with a user message's text."""
     path = tmp_path / "old.sqlite3"
     db = sqlite3.connect(path)
-    db.executescript("""
-        CREATE TABLE threads (thread_id TEXT PRIMARY KEY, agent_id TEXT NOT NULL,
-            created_at REAL NOT NULL, updated_at REAL NOT NULL);
-        CREATE TABLE runs (thread_id TEXT NOT NULL, seq INTEGER NOT NULL, run_id TEXT NOT NULL,
-            created_at REAL NOT NULL, events BLOB NOT NULL, PRIMARY KEY (thread_id, seq));
-        CREATE TABLE message_ids (thread_id TEXT NOT NULL, message_id TEXT NOT NULL,
-            PRIMARY KEY (thread_id, message_id)) WITHOUT ROWID;
-    """)
+    db.executescript(_FIRST_SCHEMA)
     image = [{"type": "image", "source": {"type": "url", "value": "https://x.test/a.png"}}]
     runs = {
         "asked": [[{"id": "u1", "role": "user", "content": "first question"}],
