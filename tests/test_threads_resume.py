@@ -155,17 +155,23 @@ def omissions(replayed: list[tuple[int | None, dict[str, Any]]]) -> list[tuple[i
             if e["type"] == "CUSTOM" and e.get("name") == REPLAY_OMITTED]
 
 
+async def _four_runs(store: ThreadStore) -> list[int]:
+    """Four finished runs of ~10 KB on thread "t" of `store`; each one's last position."""
+    position, lasts = 0, []
+    for index in range(4):
+        events = conformance._run("t", f"r{index}", "a b", user=f"u{index} {FILLER}")
+        await conformance._finish(store, "t", f"r{index}", events, position,
+                                  created=1.0 + index)
+        position += len(events)
+        lasts.append(position - 1)
+    return lasts
+
+
 async def test_a_store_replay_that_leaves_runs_out_says_so(any_store: ThreadStore) -> None:
     """Before: `events_after` left the oldest runs out silently. Now the replay holds an
     omission event right after its first run's start, saying how many of the runs after
     the position it left out, on every store."""
-    position, lasts = 0, []
-    for index in range(4):
-        events = conformance._run("t", f"r{index}", "a b", user=f"u{index} {FILLER}")
-        await conformance._finish(any_store, "t", f"r{index}", events, position,
-                                  created=1.0 + index)
-        position += len(events)
-        lasts.append(position - 1)
+    lasts = await _four_runs(any_store)
     store: Any = any_store  # (a built-in store: it has `replay_bytes`)
     assert omissions(await any_store.events_after("t", -1)) == []
     store.replay_bytes = 25_000  # two runs of ~10 KB fit
@@ -183,7 +189,7 @@ async def test_a_store_replay_that_leaves_runs_out_says_so(any_store: ThreadStor
     if isinstance(any_store, DurableThreadStore):
         # A running run is not a finished run left out.
         events = conformance._run("t", "r4", "c")
-        await any_store.append_events("t", "default", "r4", 9.0, position, events[:2])
+        await any_store.append_events("t", "default", "r4", 9.0, lasts[-1] + 1, events[:2])
         replayed = await any_store.events_after("t", -1)
         assert omissions(replayed) == [(1, {"omittedRuns": 3})]
         assert [e["runId"] for _, e in replayed if e["type"] == "RUN_STARTED"] == ["r3", "r4"]
@@ -204,13 +210,7 @@ async def test_a_replay_that_leaves_runs_out_gives_their_messages_first(
     input messages (moved from its start: a client adds a start's messages at once, above
     the snapshot's); within `replay_bytes`, the newest, in order; a bounded `get` has the
     same snapshot. A resume (its client holds the earlier messages) has none."""
-    position, lasts = 0, []
-    for index in range(4):
-        events = conformance._run("t", f"r{index}", "a b", user=f"u{index} {FILLER}")
-        await conformance._finish(any_store, "t", f"r{index}", events, position,
-                                  created=1.0 + index)
-        position += len(events)
-        lasts.append(position - 1)
+    lasts = await _four_runs(any_store)
     store: Any = any_store
     store.replay_bytes = 25_000  # two runs of ~10 KB fit, and the messages of two
     replayed = await any_store.events_after("t", -1)
