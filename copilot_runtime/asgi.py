@@ -45,6 +45,7 @@ from copilot_runtime.protocols.http import (
     send_error,
     send_json,
     send_method_not_allowed,
+    tell_request_id,
 )
 from copilot_runtime.runtime import CopilotRuntime
 
@@ -104,6 +105,8 @@ class CopilotEndpoint:
         request = Request(scope, receive, send, path, [])
         readiness = self._probes.get(path.rstrip("/") or "/")
         if readiness is not None:
+            if self.runtime.wants_request_info:  # told as on every other answer, unidentified
+                tell_request_id(request)
             await self._probe(request, readiness)
             return
         if not self.runtime.started:
@@ -111,10 +114,13 @@ class CopilotEndpoint:
             # client): what runs beside the requests starts with the first one.
             await self.runtime.start()
         request.answer_headers = self.cors.headers(request.headers)
-        if self.runtime.wants_request_info and request.method != "OPTIONS":
-            await self._identified(request, path)
-        else:
+        if not self.runtime.wants_request_info:
             await self._answered(request, path, identify=False)
+        elif request.method != "OPTIONS":
+            await self._identified(request, path)
+        else:  # a preflight carries no credentials: told its id, never identified
+            with structlog.contextvars.bound_contextvars(request_id=tell_request_id(request)):
+                await self._answered(request, path, identify=False)
 
     async def _probe(self, request: Request, readiness: bool) -> None:
         """`health`: 200 while the process serves. `ready`: 200, or 503 naming what cannot
@@ -197,8 +203,10 @@ class CopilotEndpoint:
             return
         relative = path[len(base):].strip("/")
         if request.method == "OPTIONS":
-            await send_bytes(request, 204, b"", self.cors.preflight(request.headers)[
-                len(request.answer_headers):])
+            # `answer_headers` holds the CORS headers already (and the request id).
+            allowed = self.cors.headers(request.headers)
+            await send_bytes(request, 204, b"", self.cors.preflight_extra(allowed,
+                                                                          request.headers))
             return
         if not relative:
             await self._base(request)

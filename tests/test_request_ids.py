@@ -64,3 +64,36 @@ async def test_a_plain_request_id_is_kept_and_every_answer_carries_it(
         status, made = await answer_id("GET", "/info", None, None)
         assert MADE.fullmatch(made)
         assert seen[-1] == made
+
+
+async def test_preflights_and_probes_carry_the_request_id_too(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    # A preflight and the balancer's probes were the only answers without the id: a proxy's
+    # log line for them could not be joined to ours, nor told from a cached answer.
+    runtime = openai_runtime(llm, auth=BearerTokenAuth({TOKEN: "alice"}))
+    async with serve_runtime(runtime) as served:
+        session, url = served.session, served.url
+        preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "authorization, content-type"}
+        for given in ("lb-1", None):
+            sent = {} if given is None else {"X-Request-ID": given}
+            for method, path, headers, status in (
+                    ("OPTIONS", "/agent/default/run", preflight, 204),
+                    ("GET", "/health", {}, 200), ("GET", "/ready", {}, 200),
+                    ("HEAD", "/ready/", {}, 200), ("POST", "/health", {}, 405)):
+                async with session.request(method, url + path,
+                                           headers={**headers, **sent}) as response:
+                    await response.read()
+                    assert response.status == status, (method, path)
+                    told = response.headers.getall("x-request-id")
+                    assert len(told) == 1, (method, path, told)
+                    if given is None:
+                        assert MADE.fullmatch(told[0]), (method, path, told)
+                    else:
+                        assert told == [given], (method, path)
+                    if method == "OPTIONS":  # the preflight's own headers are all still there
+                        assert response.headers["access-control-allow-origin"] == "*"
+                        assert response.headers["access-control-allow-headers"] == (
+                            "authorization, content-type")
+                        assert "OPTIONS" in response.headers["access-control-allow-methods"]
+                        assert response.headers["access-control-max-age"] == "600"

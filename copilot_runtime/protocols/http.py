@@ -10,6 +10,7 @@ import asyncio
 import base64
 import contextlib
 import re
+import uuid
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -130,11 +131,15 @@ class CORSPolicy:
 
     def preflight(self, request_headers: Mapping[bytes, bytes]) -> Headers:
         allowed = self.headers(request_headers)
+        return [*allowed, *self.preflight_extra(allowed, request_headers)]
+
+    def preflight_extra(self, allowed: Headers, request_headers: Mapping[bytes, bytes]
+                        ) -> Headers:
+        """What a preflight's answer adds to `allowed` (`headers`'s answer to it)."""
         if allowed[0][0] != b"access-control-allow-origin":
-            return allowed  # an origin not allowed learns nothing of what others may do
+            return []  # an origin not allowed learns nothing of what others may do
         requested = request_headers.get(b"access-control-request-headers")
         return [
-            *allowed,
             (b"access-control-allow-methods", b"GET, HEAD, PUT, POST, DELETE, PATCH, OPTIONS"),
             # Reflecting the requested headers lets `Authorization` through, which `*` does not.
             (b"access-control-allow-headers", requested or b"*"),
@@ -220,16 +225,22 @@ def request_info(request: Request) -> RequestInfo:
     `X-Request-ID` when that is a plain token (a load balancer's, to follow a request from
     its logs into ours), else a new one. Every answer carries it back as `X-Request-ID`."""
     client = request.scope.get("client")
-    info = RequestInfo(
+    return RequestInfo(
         method=request.method, path=request.path,
         headers={k.decode("latin-1"): v.decode("latin-1") for k, v in request.headers.items()},
-        client=client[0] if client else None)
+        client=client[0] if client else None, request_id=tell_request_id(request))
+
+
+def tell_request_id(request: Request) -> str:
+    """The request's id (its plain `X-Request-ID`, else a new one), added to what every
+    answer to it carries."""
     given = request.headers.get(b"x-request-id")
-    if given is not None and _REQUEST_ID.fullmatch(given):
-        info.request_id = given.decode()
-    request.answer_headers = [*request.answer_headers,
-                              (b"x-request-id", info.request_id.encode())]
-    return info
+    request_id = (given.decode() if given is not None and _REQUEST_ID.fullmatch(given)
+                  else uuid.uuid4().hex)
+    request.answer_headers = [*request.answer_headers, (b"x-request-id", request_id.encode())]
+    return request_id
+
+
 # How much of an over-limit body is read (and discarded) before answering 413, and for how
 # long: see `_drain`.
 _DRAIN_BYTES = 64 * 1024 * 1024
