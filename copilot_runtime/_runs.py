@@ -382,6 +382,8 @@ class ActiveRun:
                         code=RUN_TIMEOUT_CODE))
                 else:
                     tail.append(ev.run_finished(self.thread_id, self.run_id))
+                if tail[-1]["type"] == ev.RUN_ERROR:
+                    self._run_cut(tail[-1])
                 self.order.terminated = True
             self._publish(tail)
             if cut or reason == "shutdown":
@@ -536,6 +538,13 @@ class ActiveRun:
             _log.error("run failed: the provider refused the runtime's credentials", **fields)
         else:
             _log.warning("run failed", **fields)
+
+    def _run_cut(self, end: Event) -> None:
+        """Log once that the runtime cut the run (its time bound, its lease lost, shutdown)
+        with `end`, its RUN_ERROR: not the client's doing, and an operator's to see, as a
+        provider's failure is (`_run_failed`)."""
+        _log.warning("run failed", agent=self.agent_id, thread_id=self.thread_id,
+                     run_id=self.run_id, code=end["code"], error=end["message"])
 
     def _agent_error(self) -> Event:
         return ev.run_error(f"Agent '{self.agent_id}' failed unexpectedly", code="AGENT_ERROR")

@@ -9,6 +9,7 @@ during a run names its agent, thread and run.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from collections.abc import Iterator
@@ -22,7 +23,14 @@ from copilot_runtime.auth import Principal
 from copilot_runtime.guardrails import Messages, Verdict
 from copilot_runtime.telemetry import configure_logging
 from copilot_runtime.testing import MockOpenAIServer
-from tests.conftest import ServeRuntime, free_port, parse_sse, poll, run_input
+from tests.conftest import (
+    GatedAgent,
+    ServeRuntime,
+    free_port,
+    parse_sse,
+    poll,
+    run_input,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -159,3 +167,30 @@ async def test_every_line_written_during_a_run_names_the_run(
         assert line.get("run_id") in ("run-a", "run-b", "run-g"), line
         assert line.get("thread_id") == f"thread-{line['run_id'][-1]}", line
         assert line["agent"] == "default", line
+
+
+@pytest.mark.parametrize(("cut", "code"), [
+    ("timeout", "RUN_TIMEOUT"), ("lost", "LEASE_LOST"), ("shutdown", "RUN_INTERRUPTED")])
+async def test_a_run_the_runtime_cuts_is_logged_once_with_the_runs_ids(
+        serve_runtime: ServeRuntime, log_lines: io.StringIO, cut: str, code: str) -> None:
+    """Cut by the run-time bound, by its lease's loss or by shutdown, a run ended with a
+    RUN_ERROR and left no line: an operator saw runs fail only from the clients."""
+    agent = GatedAgent()
+    runtime = CopilotRuntime(agents={"default": agent},
+                             max_run_seconds=0.5 if cut == "timeout" else None)
+    async with serve_runtime(runtime) as served:
+        answer = asyncio.create_task(served.run(run_input("hi", thread="thread-x", run="run-x")))
+        async for _ in poll(10):
+            if "thread-x" in runtime.runs.active and runtime.runs.active["thread-x"].events[1:]:
+                break
+        if cut == "lost":
+            assert runtime.runs.stop("thread-x", "run-x", "lost")
+        elif cut == "shutdown":
+            runtime.runs.stop_all()
+        events = await answer
+    assert (events[-1]["type"], events[-1]["code"]) == ("RUN_ERROR", code)
+    (line,) = _loud(log_lines)
+    assert (line["event"], line["level"], line["code"]) == ("run failed", "warning", code)
+    assert (line["agent"], line["thread_id"], line["run_id"]) == (
+        "default", "thread-x", "run-x")
+    assert line["error"] == events[-1]["message"]
