@@ -297,8 +297,9 @@ async def test_tool_calling_graph(llm: MockOpenAIServer, client: httpx.AsyncClie
 
 
 def unanswered_call_graphs(base_url: str, client: httpx.AsyncClient) -> dict[str, Any]:
-    """Two graphs whose tool call gets no result, then an answer: a tool that raises in a
-    `ToolNode(handle_tool_errors=True)`, and a call a node only announces."""
+    """Two graphs whose tool call gets no result from its tool, then an answer: a tool that
+    raises in a `ToolNode(handle_tool_errors=True)` (its result is ToolNode's error
+    message), and a call a node only announces (no result at all)."""
     llm = graphs.model(base_url, client)
 
     @tool
@@ -367,7 +368,13 @@ async def test_answer_after_a_call_without_result_streams(
     (card,) = [m for m in announced["messages"]
                if m["__typename"] == "ActionExecutionMessageOutput"]
     assert card["name"] == "showCard"
-    assert "Result" not in kinds(failed)
+    assert "Result" not in kinds(announced)
+    # The caught error is the call's result, before the answer, in the 1.10 error form.
+    (result,) = [m for m in failed["messages"] if m["__typename"] == "ResultMessageOutput"]
+    assert kinds(failed).index("Result") < kinds(failed).index("Text")
+    error = json.loads(result["result"])["error"]
+    assert error["code"] == "HANDLER_ERROR"
+    assert "backend down" in error["message"]
 
 
 async def test_shared_state_read_and_written(llm: MockOpenAIServer, client: httpx.AsyncClient,

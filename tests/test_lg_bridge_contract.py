@@ -31,13 +31,18 @@ HOOKS = ("prepare_stream", "get_schema_keys", "langgraph_default_merge_state",
          "_record_tool_call_owners", "_build_command_from_agui_resume",
          "get_state_and_messages_snapshots", "get_stream_kwargs")
 #: The bridge's own methods: the base must not have them, or the bridge would shadow it.
-OWN = ("stream", "_translate_metadata", "_base_metadata", "_translate_event")
+OWN = ("stream", "_translate_metadata", "_base_metadata", "_translate_event",
+       "_failed_tool_results")
 #: The base's methods the bridge or `agents/langgraph*.py` call, with their parameters.
 CALLED = {"_handle_stream_events": ["self", "input"], "clone": ["self"],
           "get_capabilities": ["self"], "get_state_snapshot": ["self", "state"],
           "_translate_snapshot_ids": ["self", "agui_messages"],
           "_merge_subagent_messages": ["self", "agui_messages"],
-          "_collect_interrupts": ["tasks"]}
+          "_collect_interrupts": ["tasks"],
+          "_resolve_public_tool_call_id": ["self", "upstream_id", "lane"],
+          "_resolve_public_message_id": ["self", "upstream_id", "lane"],
+          "_streamed_call_key": ["self", "public_call_id"],
+          "_tool_call_owner": ["self", "tool_call_id"]}
 #: Keyword arguments `agents/langgraph.py` and `agents/langgraph_platform.py` construct with.
 CONSTRUCTED_WITH = ("name", "graph", "description", "config", "emit_raw_events",
                     "emit_interrupt_outcome", "enable_legacy_on_interrupt_event")
@@ -45,7 +50,8 @@ CONSTRUCTED_WITH = ("name", "graph", "description", "config", "emit_raw_events",
 SHARED_NAMES = ("self._inbound_subagent_messages", "self.active_run",
                 '"manually_emitted_state"', "self.constant_schema_keys", '"emit-messages"',
                 '"emit-tool-calls"', '"predict_state"', "self.emit_subagent_events",
-                '"current_subagent_run_id"', "self._ORPHAN_TOOL_MSG_RE")
+                '"current_subagent_run_id"', "self._ORPHAN_TOOL_MSG_RE",
+                '"streamed_tool_call_ids"', '"tool_call_id"')
 
 
 def _methods(cls: type) -> set[str]:

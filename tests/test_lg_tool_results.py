@@ -53,7 +53,14 @@ def confirm_city(city: str) -> str:
     return f"{city}: {interrupt('sure?')}"
 
 
-def _tool_loop(base_url: str, client: httpx.AsyncClient, tools: list[Any]) -> Any:
+@tool
+def look_up(query: str) -> str:
+    """Look something up."""
+    raise ValueError("the index is down")
+
+
+def _tool_loop(base_url: str, client: httpx.AsyncClient, tools: list[Any],
+               **tool_node: Any) -> Any:
     llm = graphs.model(base_url, client)
 
     async def chat(state: CopilotKitState) -> dict[str, Any]:
@@ -65,7 +72,7 @@ def _tool_loop(base_url: str, client: httpx.AsyncClient, tools: list[Any]) -> An
 
     builder = StateGraph(CopilotKitState)
     builder.add_node("chat", chat)
-    builder.add_node("tools", ToolNode(tools))
+    builder.add_node("tools", ToolNode(tools, **tool_node))
     builder.add_edge(START, "chat")
     builder.add_conditional_edges("chat", route)
     builder.add_edge("tools", "chat")
@@ -87,6 +94,13 @@ def _runtime(llm: MockOpenAIServer, client: httpx.AsyncClient) -> CopilotRuntime
         "sub": LangGraphAgent(name="sub", graph=_inside_a_subgraph(llm.base_url, client)),
         "command": LangGraphAgent(name="command", graph=_tool_loop(
             llm.base_url, client, [record_city]).compile(checkpointer=InMemorySaver())),
+        # A tool that raises, ToolNode catching it: an error ToolMessage is its result.
+        "failing": LangGraphAgent(name="failing", graph=_tool_loop(
+            llm.base_url, client, [look_up], handle_tool_errors=True).compile(
+                checkpointer=InMemorySaver())),
+        # Arguments the tool refuses: ToolNode's default handler answers with the error.
+        "invalid": LangGraphAgent(name="invalid", graph=_tool_loop(
+            llm.base_url, client, graphs.SERVER_TOOLS).compile(checkpointer=InMemorySaver())),
         "interrupted": LangGraphAgent(name="interrupted", graph=_tool_loop(
             llm.base_url, client, [confirm_city]).compile(checkpointer=InMemorySaver())),
     })
@@ -101,6 +115,8 @@ async def test_a_server_tool_result_stays_before_the_answer(
         serve_runtime: ServeRuntime) -> None:
     asks = {"chat": WEATHER_CALL, "sub": WEATHER_CALL,
             "command": 'call:record_city {"city":"Oslo"}',
+            "failing": 'call:look_up {"query":"Oslo"}',
+            "invalid": 'call:get_weather {"town":"Oslo"}',
             "interrupted": 'call:confirm_city {"city":"Oslo"}'}
     runs: dict[str, list[list[dict[str, Any]]]] = {}
     stored: dict[str, Any] = {}
@@ -127,3 +143,8 @@ async def test_a_server_tool_result_stays_before_the_answer(
         assert result["messageId"] == snapshot[2]["id"], agent
         assert _shape(client_held["messages"]) == _shape(snapshot), agent
         assert _shape(stored[agent]["messages"]) == _shape(snapshot), agent
+        if agent in ("failing", "invalid"):
+            # A tool's failure is its result, told as one (what the model reads next).
+            assert "error" in result, result
+            assert result["content"] == snapshot[2]["content"], agent
+            assert ("the index is down" if agent == "failing" else "city") in result["content"]

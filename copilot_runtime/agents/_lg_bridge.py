@@ -48,7 +48,11 @@ overrides):
 * what a node's `Command(update=...)` writes folded into the state the base snapshots
   mid-run, as it folds a node's dict output;
 * a tool's result message given its id as the tool ends (`_ToolMessageIds`), so its
-  `TOOL_CALL_RESULT` names the message the checkpoint keeps.
+  `TOOL_CALL_RESULT` names the message the checkpoint keeps;
+* the result of a tool whose exception ToolNode caught (`handle_tool_errors`: the error
+  ToolMessage it made), sent as a `TOOL_CALL_RESULT` with its `error`: the base sends
+  results on `on_tool_end` only, which a raising tool never reaches, so the call had no
+  result in the stream, and the stored thread put the error after the answer.
 
 The hooks overridden here are private to ag-ui-langgraph (its version is pinned in
 pyproject); tests/test_lg_bridge_contract.py checks their names and signatures against the
@@ -73,11 +77,16 @@ from ag_ui.core import (
     RunAgentInput,
     StateSnapshotEvent,
     ToolCallArgsEvent,
+    ToolCallEndEvent,
+    ToolCallResultEvent,
+    ToolCallStartEvent,
 )
 from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import-untyped]
+from ag_ui_langgraph.agent import dump_json_safe  # type: ignore[import-untyped]
 from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
     camel_to_snake,
     langchain_messages_to_agui,
+    normalize_tool_content,
 )
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import ToolMessage
@@ -120,6 +129,9 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         # Tool calls whose announcement `copilotkit:emit-tool-calls` withheld: their
         # results are withheld too, or the client would get a result for a call it never saw.
         self._hidden_tool_calls: set[str] = set()
+        # Tool calls whose tool raised (`on_tool_error`), by id, with their name and input:
+        # ToolNode may catch it and make their result (see `_failed_tool_results`).
+        self._failed_tool_calls: dict[str, tuple[str, Any]] = {}
         # The model call (its LangChain run id) of the model event being translated: its
         # streaming slot (see `_current_lane`).
         self._task_lane: str | None = None
@@ -276,6 +288,16 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             messages=self._merge_subagent_messages(self._translate_snapshot_ids(messages))))
 
     async def _translate_event(self, event: Any, state: Any) -> AsyncIterator[Any]:
+        kind = event.get("event")
+        if kind == "on_tool_error":
+            data = event.get("data") or {}
+            call_id = data.get("tool_call_id")
+            if isinstance(call_id, str):
+                self._failed_tool_calls[call_id] = (str(event.get("name") or ""),
+                                                    data.get("input"))
+        elif kind == "on_chain_end" and self._failed_tool_calls:
+            for out in self._failed_tool_results(event):
+                yield out
         written = _stream_writer_chunk(event)
         if written is not None:
             yield self._dispatch_event(CustomEvent(
@@ -339,6 +361,42 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             return None
         return super()._dispatch_event(event)
 
+    def _failed_tool_results(self, event: Any) -> list[Any]:
+        """The results, among what a node returned (`event`, its `on_chain_end`), of tool
+        calls whose tool raised: the messages ToolNode made of their errors, announced as
+        the base announces a result on `on_tool_end` (the call first, if it never streamed),
+        with the AG-UI tool message's `error`."""
+        out: list[Any] = []
+        for message in _tool_results((event.get("data") or {}).get("output")):
+            if not isinstance(message, ToolMessage):
+                continue
+            failed = self._failed_tool_calls.pop(message.tool_call_id, None)
+            if failed is None:
+                continue
+            call_id = self._resolve_public_tool_call_id(message.tool_call_id)
+            streamed: set[Any] = self.active_run["streamed_tool_call_ids"]
+            key = self._streamed_call_key(call_id)
+            if key not in streamed:
+                name, arguments = failed
+                out += [
+                    ToolCallStartEvent(
+                        type=EventType.TOOL_CALL_START, tool_call_id=call_id,
+                        tool_call_name=message.name or name,
+                        parent_message_id=self._tool_call_owner(message.tool_call_id)),
+                    ToolCallArgsEvent(type=EventType.TOOL_CALL_ARGS, tool_call_id=call_id,
+                                      delta=dump_json_safe(arguments or {})),
+                    ToolCallEndEvent(type=EventType.TOOL_CALL_END, tool_call_id=call_id)]
+            streamed.discard(key)
+            content = normalize_tool_content(message.content)
+            # (`error` is the runtime's field of a failed result: an extra to AG-UI's model.)
+            failure: dict[str, Any] = {"error": content} if message.status == "error" else {}
+            out.append(ToolCallResultEvent(
+                type=EventType.TOOL_CALL_RESULT, tool_call_id=call_id,
+                message_id=self._resolve_public_message_id(
+                    str(message.id or message.tool_call_id)),
+                content=content, role="tool", **failure))
+        return [self._dispatch_event(e) for e in out]
+
     # -- CopilotKit metadata -----------------------------------------------------------
 
     async def _translate_metadata(self, stream: AsyncIterator[dict[str, Any]]
@@ -392,25 +450,52 @@ class _ToolMessageIds(BaseCallbackHandler):
     another id, and a client merging it (ours: `_compaction`) moved the result after the
     answer, a history models refuse. Run inline, before the tool returns its message
     (the object ToolNode passes on, or deep-copies out of a `Command`) and before the
-    event stream reads it."""
+    event stream reads it. A tool that raised never ends: the message ToolNode makes of
+    its error gets its id as ToolNode itself ends."""
 
     run_inline = True
 
+    def __init__(self) -> None:
+        super().__init__()
+        # The runs (ToolNodes) one of whose tools raised, until they end.
+        self._failed_in: set[Any] = set()
+
+    def on_tool_error(self, error: BaseException, *, run_id: Any, parent_run_id: Any = None,
+                      **kwargs: Any) -> None:
+        if parent_run_id is not None:
+            self._failed_in.add(parent_run_id)
+
+    def on_chain_end(self, outputs: Any, *, run_id: Any, **kwargs: Any) -> None:
+        if self._failed_in and run_id in self._failed_in:
+            self._failed_in.discard(run_id)
+            self.on_tool_end(outputs)
+
+    def on_chain_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
+        self._failed_in.discard(run_id)
+
     def on_tool_end(self, output: Any, **kwargs: Any) -> None:
-        update = output.update if isinstance(output, Command) else None
-        if isinstance(update, dict):
-            results = update.get("messages")
-        elif isinstance(update, list):
-            results = update
-        else:
-            results = [output]
-        for result in results if isinstance(results, (list, tuple)) else [results]:
+        for result in _tool_results(output):
             if isinstance(result, ToolMessage) and not result.id:
                 result.id = str(uuid.uuid4())
             elif isinstance(result, dict) and result.get("tool_call_id") \
                     and result.get("type", result.get("role")) == "tool" \
                     and not result.get("id"):
                 result["id"] = str(uuid.uuid4())
+
+
+def _tool_results(output: Any) -> list[Any]:
+    """The messages a tool or a ToolNode returned: a message, a `Command`'s update, a node's
+    `{"messages": [...]}`, or a list of those."""
+    if isinstance(output, (list, tuple)):
+        return [m for item in output for m in _tool_results(item)]
+    if isinstance(output, Command):
+        output = output.update
+        if isinstance(output, (list, tuple)):
+            return list(output)
+    if isinstance(output, dict) and "messages" in output:
+        messages = output["messages"]
+        return list(messages) if isinstance(messages, (list, tuple)) else [messages]
+    return [output]
 
 
 def _with_tool_message_ids(config: Any) -> dict[str, Any]:
