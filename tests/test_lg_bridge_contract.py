@@ -32,7 +32,7 @@ HOOKS = ("prepare_stream", "get_schema_keys", "langgraph_default_merge_state",
          "get_state_and_messages_snapshots", "get_stream_kwargs")
 #: The bridge's own methods: the base must not have them, or the bridge would shadow it.
 OWN = ("stream", "_translate_metadata", "_base_metadata", "_translate_event",
-       "_failed_tool_results")
+       "_failed_tool_results", "_reduced")
 #: The base's methods the bridge or `agents/langgraph*.py` call, with their parameters.
 CALLED = {"_handle_stream_events": ["self", "input"], "clone": ["self"],
           "get_capabilities": ["self"], "get_state_snapshot": ["self", "state"],

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import operator
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -531,3 +532,54 @@ async def test_a_command_update_is_in_the_state_as_its_step_ends(
     assert at_step_end == {"choose": {"topic": "weather"},
                            "assign": {"topic": "weather", "user_role": "admin"},
                            "finish": {"topic": "weather", "user_role": "admin", "blob": "b"}}
+
+
+class Listed(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    items: Annotated[list[str], operator.add]
+
+
+def reduced() -> Any:
+    """Nodes that add to a key with a reducer: by a returned dict and by a Command."""
+    def seed(state: Listed) -> Json:
+        return {"items": ["a"]}
+
+    def more(state: Listed) -> Command[Literal["last"]]:
+        return Command(update={"items": ["b"], "messages": [AIMessage(content="noted")]},
+                       goto="last")
+
+    def last(state: Listed) -> Json:
+        return {"items": ["c"]}
+
+    graph = StateGraph(Listed)
+    graph.add_node("seed", seed)
+    graph.add_node("more", more)
+    graph.add_node("last", last)
+    graph.add_edge(START, "seed")
+    graph.add_edge("seed", "more")
+    graph.add_edge("last", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_a_write_to_a_key_with_a_reducer_is_reduced_in_the_state_as_its_step_ends(
+        serve_runtime: ServeRuntime) -> None:
+    """A node's `{"items": ["b"]}` (or its Command's) on `operator.add`'s key adds to the
+    state: the snapshot as its step ended showed `["b"]` alone, as if it replaced it."""
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=reduced())})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("go", thread="f2", **V1), agent="lg")
+        again = await served.run(run_input("go", thread="f2", run="r2", **V1), agent="lg")
+    for run, before in ((events, []), (again, ["a", "b", "c"])):
+        verify_events(run)
+        held: Any = {}
+        at_step_end: dict[str, Any] = {}
+        for event in run:
+            if event["type"] == "STATE_SNAPSHOT":
+                held = event["snapshot"]
+            elif event["type"] == "STATE_DELTA":
+                held = patched_state(held, event["delta"])
+            elif event["type"] == "STEP_FINISHED":
+                at_step_end[event["stepName"]] = held.get("items")
+        assert at_step_end == {"seed": [*before, "a"], "more": [*before, "a", "b"],
+                               "last": [*before, "a", "b", "c"]}, before
+        assert held["items"] == [*before, "a", "b", "c"]

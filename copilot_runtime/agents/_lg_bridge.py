@@ -46,7 +46,9 @@ overrides):
 * what nodes write with `get_stream_writer()` (LangGraph's "custom" stream mode) sent as
   the `langgraph_stream_writer` custom event, where the base drops it;
 * what a node's `Command(update=...)` writes folded into the state the base snapshots
-  mid-run, as it folds a node's dict output;
+  mid-run, as it folds a node's dict output; and what a node writes to a key with a
+  reducer (`operator.add`, `add_messages`) folded by that reducer, where the base replaced
+  the key's value with the write (`_reduced`);
 * a tool's result message given its id as the tool ends (`_ToolMessageIds`), so its
   `TOOL_CALL_RESULT` names the message the checkpoint keeps;
 * the result of a tool whose exception ToolNode caught (`handle_tool_errors`: the error
@@ -61,6 +63,7 @@ installed release, so a bump that moves one fails there, naming it.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import uuid
@@ -90,6 +93,7 @@ from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
 )
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import ToolMessage
+from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.pregel import Pregel
 from langgraph.types import Command, Interrupt, StateSnapshot
 
@@ -115,6 +119,8 @@ _GRAPH_INPUT_ROLES: Final = frozenset({"user", "assistant", "system", "tool", "d
 _LIFTED_FIELDS: Final[dict[str, type | tuple[type, ...]]] = {
     "reason": str, "message": str, "toolCallId": str, "tool_call_id": str,
     "responseSchema": dict, "response_schema": dict, "expiresAt": str, "expires_at": str}
+#: The events that carry a node's writes or the graph's state (see `_reduced`).
+_CHAIN_EVENTS: Final = frozenset({"on_chain_end", "on_chain_stream"})
 #: The custom event carrying what a node wrote with `get_stream_writer()`.
 STREAM_WRITER_EVENT: Final = "langgraph_stream_writer"
 
@@ -135,6 +141,10 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         # The model call (its LangChain run id) of the model event being translated: its
         # streaming slot (see `_current_lane`).
         self._task_lane: str | None = None
+        # The root graph's keys with a reducer (none: nothing to fold), and its state as of
+        # the last superstep (its "values"), plus what its nodes wrote since (`_reduced`).
+        self._reducers: dict[str, BinaryOperatorAggregate[Any]] = {}
+        self._running: dict[str, Any] | None = None
 
     # -- entry point -------------------------------------------------------------------
 
@@ -211,6 +221,10 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             # `on_chain_stream` events); "values" is a compiled graph's default.
             kwargs["stream_mode"] = ["values", "custom"]
             kwargs["config"] = _with_tool_message_ids(kwargs.get("config"))
+            self._reducers = {
+                key: channel for key, channel in self.graph.channels.items()
+                if isinstance(channel, BinaryOperatorAggregate)
+                and key not in PLUMBING_STATE_KEYS}  # (never in a state snapshot)
         return kwargs
 
     def get_schema_keys(self, config: Any) -> dict[str, list[str]]:
@@ -415,7 +429,46 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
                 # The base folds only a node's dict output into the state it snapshots
                 # mid-run: what a `Command` wrote was missing until the run's end.
                 event = {**event, "data": {**event["data"], "output": written}}
+            if self._reducers and event.get("event") in _CHAIN_EVENTS:  # (not per token)
+                event = self._reduced(event)
             yield event
+
+    def _reduced(self, event: dict[str, Any]) -> dict[str, Any]:
+        """`event` with a root node's writes to keys with a reducer folded into the state
+        by it: the base sets a node's output keys as they are, so `{"items": ["b"]}` on
+        `operator.add`'s key showed `["b"]` as the state until the run's end. Each
+        superstep's "values" (the graph's own state) is the base the next writes fold onto."""
+        kind = event.get("event")
+        if kind == "on_chain_stream":
+            values = _root_values(event)
+            if values is not None:
+                self._running = dict(values)
+            return event
+        metadata = event.get("metadata") or {}
+        output = (event.get("data") or {}).get("output")
+        if kind != "on_chain_end" or self._running is None or not isinstance(output, dict) \
+                or event.get("name") != metadata.get("langgraph_node") \
+                or "|" in str(metadata.get("langgraph_checkpoint_ns") or ""):
+            return event  # (a subgraph's node writes to its own graph's state)
+        folded: dict[str, Any] = {}
+        for key, value in output.items():
+            channel = self._reducers.get(key)
+            if channel is None:
+                continue
+            try:
+                # A reducer may change its left value in place: never the graph's own.
+                reducer = channel.from_checkpoint(copy.copy(self._running[key])) \
+                    if key in self._running else BinaryOperatorAggregate(channel.typ,
+                                                                         channel.operator)
+                reducer.update([value])
+                folded[key] = reducer.get()
+            except Exception:
+                # The graph's own write of it fails and says why; until then, the base's.
+                continue
+        if not folded:
+            return event
+        self._running.update(folded)
+        return {**event, "data": {**event["data"], "output": {**output, **folded}}}
 
     def _base_metadata(self, event: dict[str, Any], metadata: dict[str, Any]
                        ) -> dict[str, Any]:
@@ -614,6 +667,17 @@ def _command_writes(event: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def _says_something(content: Any) -> bool:
     return bool(content.strip()) if isinstance(content, str) else bool(content)
+
+
+def _root_values(event: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The root graph's state, if `event` carries its "values" (after each superstep)."""
+    if event.get("parent_ids"):
+        return None
+    chunk = (event.get("data") or {}).get("chunk")
+    if isinstance(chunk, tuple) and len(chunk) in (2, 3) and chunk[-2] == "values" \
+            and (len(chunk) == 2 or chunk[0] == ()) and isinstance(chunk[-1], dict):
+        return chunk[-1]
+    return None
 
 
 def _stream_writer_chunk(event: Mapping[str, Any]) -> tuple[Any] | None:
