@@ -206,6 +206,7 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
             return existing
         by_id[message["id"]] = message
         messages.append(message)
+        _index_calls(message, calls)
         return message
 
     def answer(message_id: str, role: str) -> dict[str, Any]:
@@ -239,6 +240,12 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
                 if target is not None and isinstance(target.get("content") or "", str):
                     target["content"] = (target.get("content") or "") + event["delta"]
             elif kind == ev.TOOL_CALL_START:
+                known_call = calls.get(event["toolCallId"])
+                if known_call is not None:
+                    # A call of this id the messages hold already (an agent may start one
+                    # again): the client continues it, under the name given last.
+                    known_call["function"]["name"] = event["toolCallName"]
+                    continue
                 parent_id = event.get("parentMessageId") or event["toolCallId"]
                 parent = answer(parent_id, "assistant")
                 call = {"id": event["toolCallId"], "type": "function",
@@ -277,11 +284,25 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
                 _apply_snapshot(messages, by_id, [
                     copy.deepcopy(m) for m in snapshot
                     if isinstance(m, dict) and isinstance(m.get("id"), str)])
+                calls.clear()  # (the calls are the snapshot's now)
+                for message in messages:
+                    _index_calls(message, calls)
     for message in messages:
         if message.get("role") == "assistant" and message.get("content") == "" \
                 and message.get("toolCalls"):
             del message["content"]
     return messages
+
+
+def _index_calls(message: dict[str, Any], calls: dict[str, dict[str, Any]]) -> None:
+    """Keep the tool calls of `message` by id (the first of an id), as a client finds them."""
+    tool_calls = message.get("toolCalls")
+    if isinstance(tool_calls, list):
+        for call in tool_calls:
+            if isinstance(call, dict) and isinstance(call.get("id"), str) and isinstance(
+                    call.get("function"), dict) and isinstance(
+                    call["function"].get("arguments"), str):
+                calls.setdefault(call["id"], call)
 
 
 def _apply_snapshot(messages: list[dict[str, Any]], by_id: dict[str, dict[str, Any]],

@@ -824,6 +824,14 @@ LEGACY_VALID: dict[str, bytes] = {
                        {"type": "TextMessageContent", "messageId": "m", "content": "done"},
                        {"type": "TextMessageEnd", "messageId": "m"}),
 }
+# name -> `langgraph` JSONL lines of a run that must succeed
+LEGACY_GRAPHS: dict[str, bytes] = {
+    # Each chunk of one call repeating its id and name: the call was started again at each.
+    "call-chunks-with-ids": jsonl(
+        model_chunk(tool_call_chunks=[{"name": "f", "id": "c1", "args": '{"a"'}]),
+        model_chunk(tool_call_chunks=[{"name": "f", "id": "c1", "args": ":1}"}]),
+        {"event": "on_chat_model_end", "data": {}, "metadata": {}}),
+}
 # One line of a `langgraph` agent holding two tool calls, the second of a wrong shape.
 _TWO_CALLS = jsonl(model_chunk(tool_call_chunks=[
     {"name": "f", "id": "c1", "args": '{"a": 1}'}, {"name": "g", "id": 7, "args": "{}"}]))
@@ -846,8 +854,8 @@ class LegacyEndpoint(LoopbackServer):
         await request.read()
         name = request.match_info["name"]
         if name != "huge":
-            body = LEGACY_VALID[name] if name in LEGACY_VALID else \
-                _TWO_CALLS if name == "two-calls" else LEGACY[name][0]
+            body = LEGACY_VALID.get(name) or LEGACY_GRAPHS.get(name) or (
+                _TWO_CALLS if name == "two-calls" else LEGACY[name][0])
             return web.Response(body=body, content_type="application/x-ndjson")
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
@@ -903,6 +911,23 @@ async def test_legacy_meta_event_with_a_null_value_is_relayed_as_null(
     verify_events(events)
     assert types(events)[-1] == "RUN_FINISHED", events[-1]
     assert {"type": "CUSTOM", "name": "progress", "value": None} in events
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_legacy_graph_call_chunks_repeating_their_id_are_one_call(
+        legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    name = "call-chunks-with-ids"
+    runtime = CopilotRuntime(agents={name: legacy_agent(legacy, name)})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread="t-chunks"), agent=name)
+        stored = await get_json(served, "/threads/t-chunks/messages")
+    verify_events(events)
+    assert [(e["type"], e.get("delta")) for e in events if e.get("toolCallId") == "c1"] == [
+        ("TOOL_CALL_START", None), ("TOOL_CALL_ARGS", '{"a"'), ("TOOL_CALL_ARGS", ":1}"),
+        ("TOOL_CALL_END", None)]
+    calls = [c for m in stored["messages"] for c in m.get("toolCalls", ())]
+    assert calls == [{"id": "c1", "type": "function",
+                      "function": {"name": "f", "arguments": '{"a":1}'}}]
 
 
 @pytest.mark.timeout(TIMEOUT_S)

@@ -185,7 +185,9 @@ class LangGraphJsonlTranslator(_Translator):
         emit_messages = metadata.get("copilotkit:emit-messages", True) is not False
         wanted = metadata.get("copilotkit:emit-tool-calls", True)
         for call in chunk.get("tool_call_chunks") or ():
-            if call.get("name") and call.get("id"):
+            # (a chunk repeating the id and name of the call it continues does not start it
+            # again)
+            if call.get("name") and call.get("id") and call["id"] != self.call:
                 visible = wanted if isinstance(wanted, bool) else (
                     call["name"] == wanted if isinstance(wanted, str) else call["name"] in wanted)
                 if visible:
