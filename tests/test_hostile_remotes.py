@@ -823,6 +823,12 @@ LEGACY_VALID: dict[str, bytes] = {
                        {"type": "TextMessageStart", "messageId": "m"},
                        {"type": "TextMessageContent", "messageId": "m", "content": "done"},
                        {"type": "TextMessageEnd", "messageId": "m"}),
+    # An object's arguments were sent as its Python repr ("{'x': 1}").
+    "args-object": jsonl({"type": "ActionExecutionStart", "actionExecutionId": "a1",
+                          "actionName": "f", "parentMessageId": "m"},
+                         {"type": "ActionExecutionArgs", "actionExecutionId": "a1",
+                          "args": {"x": 1, "say": "it's"}},
+                         {"type": "ActionExecutionEnd", "actionExecutionId": "a1"}),
 }
 # name -> `langgraph` JSONL lines of a run that must succeed
 LEGACY_GRAPHS: dict[str, bytes] = {
@@ -911,6 +917,18 @@ async def test_legacy_meta_event_with_a_null_value_is_relayed_as_null(
     verify_events(events)
     assert types(events)[-1] == "RUN_FINISHED", events[-1]
     assert {"type": "CUSTOM", "name": "progress", "value": None} in events
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_legacy_object_args_are_sent_as_json(
+        legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(agents={"args-object": legacy_agent(legacy, "args-object",
+                                                                 kind="")})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread="t-args"), agent="args-object")
+    verify_events(events)
+    (args,) = [e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS"]
+    assert orjson.loads(args) == {"x": 1, "say": "it's"}
 
 
 @pytest.mark.timeout(TIMEOUT_S)

@@ -255,9 +255,11 @@ class RuntimeEventTranslator(_Translator):
             self.start_call(str(line.get("actionExecutionId")), str(line.get("actionName")),
                             line.get("parentMessageId"), out)
         elif kind == "ActionExecutionArgs":
-            if line.get("args"):
-                out.append(ev.tool_call_args(str(line.get("actionExecutionId")),
-                                             str(line["args"])))
+            args = line.get("args")
+            if args:  # (an object's arguments as JSON, what a client parses)
+                out.append(ev.tool_call_args(str(line.get("actionExecutionId")), args
+                                             if isinstance(args, str)
+                                             else orjson.dumps(args).decode()))
         elif kind == "ActionExecutionEnd":
             out.append(ev.tool_call_end(str(line.get("actionExecutionId"))))
             self.call = None
