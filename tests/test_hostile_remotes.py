@@ -192,6 +192,13 @@ VALID: dict[str, list[bytes]] = {
     "own-ids": [sse({"type": "RUN_STARTED", "threadId": 5}),
                 sse({"type": "RUN_FINISHED", "runId": ["x"], "result": {"answer": 42},
                      "outcome": {"type": "success"}})],
+    # Empty deltas (which the 0.0.59 client and the TypeScript runtime take) failed the run.
+    "empty-deltas": [sse(STARTED), sse(START), sse({**CONTENT, "delta": ""}), sse(CONTENT),
+                     sse(END), sse({"type": "TOOL_CALL_START", "toolCallId": "c1",
+                                    "toolCallName": "f", "parentMessageId": "m1"}),
+                     sse({"type": "TOOL_CALL_ARGS", "toolCallId": "c1", "delta": ""}),
+                     sse({"type": "TOOL_CALL_ARGS", "toolCallId": "c1", "delta": "{}"}),
+                     sse({"type": "TOOL_CALL_END", "toolCallId": "c1"}), sse(FINISHED)],
 }
 
 
@@ -304,6 +311,22 @@ async def test_a_remotes_run_ids_are_not_held_against_its_run_end(
     assert events[-1] == {"type": "RUN_FINISHED", "threadId": "t-ids", "runId": "r-ids",
                           "result": {"answer": 42}, "outcome": {"type": "success"}}, events
     assert stored["events"][-1] == events[-1]
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_a_remotes_empty_deltas_are_dropped_not_its_runs_failure(
+        hostile: HostileAGUIServer, serve_runtime: ServeRuntime) -> None:
+    async with serve_runtime(remote_runtime(hostile, ["empty-deltas"])) as served:
+        events = await served.run(run_input("hello", thread="t-empty"), agent="empty-deltas")
+        stored = await get_json(served, "/threads/t-empty/messages")
+    verify_events(events)  # (which holds a delta to be non-empty, as the 1.50 client does)
+    assert types(events)[-1] == "RUN_FINISHED", events[-1]
+    assert text_of(events) == "hello"
+    assert [e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS"] == ["{}"]
+    assert stored["messages"][-1] == {"id": "m1", "role": "assistant", "content": "hello",
+                                      "toolCalls": [{"id": "c1", "type": "function",
+                                                     "function": {"name": "f",
+                                                                  "arguments": "{}"}}]}
 
 
 # ---- what a remote says about its own failure ------------------------------------------------
