@@ -836,6 +836,9 @@ LEGACY: dict[str, tuple[bytes, str]] = {
                        "sent STEP_STARTED without a string 'stepName'"),
     "error-traceback": (jsonl(model_chunk(content="hi"), {"event": "error", "data": {
         "error": {"type": 'Traceback File "/srv/x.py"'}}}), "failed"),
+    # Said of "The remote agent", unnamed, unlike every other error of a remote.
+    "not-json": (b"<html>Please log in</html>\n", "sent a line that is not JSON"),
+    "not-an-object": (b"[1, 2]\n", "sent a line that is not a JSON object"),
     # a control: a plain kind of error is still named
     "error-plain": (jsonl(model_chunk(content="hi"), {"event": "error", "data": {
         "error": {"type": "RateLimitError"}}}), "failed (RateLimitError)"),
@@ -1031,7 +1034,7 @@ async def test_legacy_line_longer_than_the_cap_fails_the_run(
         events = await served.run(run_input("hello", thread="t-huge"), agent="huge")
     error = one_run_error(events)
     assert (error["code"], error["message"]) == (
-        "UPSTREAM_ERROR", f"The remote agent sent a line larger than {cap} bytes")
+        "UPSTREAM_ERROR", f"Remote agent 'huge' sent a line larger than {cap} bytes")
 
 
 # ---- MCP tools with hostile input schemas ----------------------------------------------------
