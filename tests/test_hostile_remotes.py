@@ -192,6 +192,13 @@ VALID: dict[str, list[bytes]] = {
     "own-ids": [sse({"type": "RUN_STARTED", "threadId": 5}),
                 sse({"type": "RUN_FINISHED", "runId": ["x"], "result": {"answer": 42},
                      "outcome": {"type": "success"}})],
+    # A call started again by its id, before any result: the client continues it; the
+    # thread's messages held two calls of that id, each with half the arguments.
+    "tool-reopen": [sse(STARTED), *[sse(event) for args in ('{"a"', ":1}") for event in (
+        {"type": "TOOL_CALL_START", "toolCallId": "c1", "toolCallName": "f",
+         "parentMessageId": "m1"},
+        {"type": "TOOL_CALL_ARGS", "toolCallId": "c1", "delta": args},
+        {"type": "TOOL_CALL_END", "toolCallId": "c1"})], sse(FINISHED)],
     # Empty deltas (which the 0.0.59 client and the TypeScript runtime take) failed the run.
     "empty-deltas": [sse(STARTED), sse(START), sse({**CONTENT, "delta": ""}), sse(CONTENT),
                      sse(END), sse({"type": "TOOL_CALL_START", "toolCallId": "c1",
@@ -327,6 +334,17 @@ async def test_a_remotes_empty_deltas_are_dropped_not_its_runs_failure(
                                       "toolCalls": [{"id": "c1", "type": "function",
                                                      "function": {"name": "f",
                                                                   "arguments": "{}"}}]}
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_a_remotes_call_started_again_is_stored_as_one_call(
+        hostile: HostileAGUIServer, serve_runtime: ServeRuntime) -> None:
+    async with serve_runtime(remote_runtime(hostile, ["tool-reopen"])) as served:
+        events = await served.run(run_input("hello", thread="t-reopen"), agent="tool-reopen")
+        stored = await get_json(served, "/threads/t-reopen/messages")
+    verify_events(events)
+    assert stored["messages"][-1] == {"id": "m1", "role": "assistant", "toolCalls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}]}
 
 
 # ---- what a remote says about its own failure ------------------------------------------------
