@@ -198,7 +198,11 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
     """The AG-UI messages of a thread: each run's new input messages, then what it produced."""
     messages: list[dict[str, Any]] = []
     by_id: dict[str, dict[str, Any]] = {}
+    # The last call of each id, and the ids whose last call has a result: a call started
+    # again before its result is the same call continued (the client finds it by id), one
+    # started after its result a new call (a model numbering its calls per answer).
     calls: dict[str, dict[str, Any]] = {}
+    answered: set[str] = set()
 
     def add(message: dict[str, Any]) -> dict[str, Any]:
         existing = by_id.get(message["id"])
@@ -206,6 +210,7 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
             return existing
         by_id[message["id"]] = message
         messages.append(message)
+        _index_calls(message, calls, answered)
         return message
 
     def answer(message_id: str, role: str) -> dict[str, Any]:
@@ -239,12 +244,17 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
                 if target is not None and isinstance(target.get("content") or "", str):
                     target["content"] = (target.get("content") or "") + event["delta"]
             elif kind == ev.TOOL_CALL_START:
+                known_call = calls.get(event["toolCallId"])
+                if known_call is not None and event["toolCallId"] not in answered:
+                    known_call["function"]["name"] = event["toolCallName"]  # (as the client)
+                    continue
                 parent_id = event.get("parentMessageId") or event["toolCallId"]
                 parent = answer(parent_id, "assistant")
                 call = {"id": event["toolCallId"], "type": "function",
                         "function": {"name": event["toolCallName"], "arguments": ""}}
                 parent.setdefault("toolCalls", []).append(call)
                 calls[event["toolCallId"]] = call
+                answered.discard(event["toolCallId"])
             elif kind == ev.TOOL_CALL_ARGS:
                 target_call = calls.get(event["toolCallId"])
                 if target_call is not None:
@@ -252,6 +262,7 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
             elif kind == ev.TOOL_CALL_RESULT:
                 result = add({"id": event["messageId"], "role": "tool",
                               "toolCallId": event["toolCallId"], "content": event["content"]})
+                answered.add(event["toolCallId"])
                 if event.get("error") is not None:
                     result["error"] = event["error"]
             elif kind == ev.ACTIVITY_SNAPSHOT:
@@ -277,11 +288,30 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
                 _apply_snapshot(messages, by_id, [
                     copy.deepcopy(m) for m in snapshot
                     if isinstance(m, dict) and isinstance(m.get("id"), str)])
+                calls.clear()  # (the calls are the snapshot's now)
+                answered.clear()
+                for message in messages:
+                    _index_calls(message, calls, answered)
     for message in messages:
         if message.get("role") == "assistant" and message.get("content") == "" \
                 and message.get("toolCalls"):
             del message["content"]
     return messages
+
+
+def _index_calls(message: dict[str, Any], calls: dict[str, dict[str, Any]],
+                 answered: set[str]) -> None:
+    """Note the tool calls `message` holds, or the call it answers (`events_to_messages`)."""
+    if message.get("role") == "tool" and isinstance(message.get("toolCallId"), str):
+        answered.add(message["toolCallId"])
+    tool_calls = message.get("toolCalls")
+    if isinstance(tool_calls, list):
+        for call in tool_calls:
+            if isinstance(call, dict) and isinstance(call.get("id"), str) and isinstance(
+                    call.get("function"), dict) and isinstance(
+                    call["function"].get("arguments"), str):
+                calls[call["id"]] = call
+                answered.discard(call["id"])
 
 
 def _apply_snapshot(messages: list[dict[str, Any]], by_id: dict[str, dict[str, Any]],

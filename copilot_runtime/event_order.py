@@ -12,7 +12,9 @@ translator, remote AG-UI servers. Two tools keep every run in order:
   and the thread stores see its output only, so none of them handles chunks.
 * `OrderChecker` says what is wrong with an event, for the places that must not repair:
   a remote agent that breaks the rules fails its run with a message naming the mistake
-  (`agents.http`), and `testing.verify_events` fails a test.
+  (`agents.http`), and `testing.verify_events` fails a test. An empty content delta is
+  said as `EMPTY_DELTA`: the 1.50 client refuses it, so `verify_events` does, but the
+  newer clients take it, so a remote's is dropped rather than failing its run.
 
 The common event (a content or argument delta) costs two comparisons in `RunEventOrder`.
 """
@@ -27,6 +29,7 @@ from copilot_runtime._exceptions import ChunkError
 from copilot_runtime.events import Event
 
 __all__ = [
+    "EMPTY_DELTA",
     "REQUIRED_FIELDS",
     "ChunkState",
     "OrderChecker",
@@ -69,6 +72,10 @@ REQUIRED_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     ev.REASONING_MESSAGE_CONTENT: ("messageId", "delta"),
     ev.REASONING_MESSAGE_END: ("messageId",),
 }
+
+
+#: What `OrderChecker.check` says of a TEXT_MESSAGE_CONTENT with an empty delta.
+EMPTY_DELTA: Final = "with an empty delta"
 
 
 class ChunkState:
@@ -307,7 +314,7 @@ class OrderChecker:
             if kind == ev.TEXT_MESSAGE_END:
                 self._text.discard(event["messageId"])
             elif not event["delta"]:
-                return "with an empty delta"
+                return EMPTY_DELTA
         elif kind == ev.TOOL_CALL_START:
             if event["toolCallId"] in self._calls:
                 return f"for tool call '{event['toolCallId']}', which is already open"

@@ -46,6 +46,11 @@ def _activity(message_id: str, content: Any, replace: bool | None = None) -> ev.
     return event
 
 
+def _call(call_id: str, parent: str, args: str) -> list[ev.Event]:
+    return [ev.tool_call_start(call_id, "f", parent), ev.tool_call_args(call_id, args),
+            ev.tool_call_end(call_id)]
+
+
 def _snapshot(messages: list[dict[str, Any]]) -> ev.Event:
     return {"type": "MESSAGES_SNAPSHOT", "messages": messages}
 
@@ -87,6 +92,16 @@ CASES: dict[str, tuple[list[list[ev.Event]], Any]] = {
          ev.state_delta([{"op": "replace", "path": "/count", "value": 2},
                          {"op": "add", "path": "/items/-", "value": "b"}]),
          *_text("a2", "It is sunny"), _done("r1")]], {"count": 1, "items": ["a"]}),
+    # A call started again by its id (a remote agent may) is the same call, its arguments
+    # continued: the runtime stored two calls of one id, each with half of them.
+    "a tool call reopened by its id": ([
+        [_started("r1", [_user("u1", "go")]), *_call("c1", "a1", '{"a"'),
+         *_call("c1", "a1", ":1}"), _done("r1")]], {}),
+    "a tool call reopened in a later run, or from the history sent": ([
+        [_started("r1", [_user("u1", "go")]), *_call("c1", "a1", '{"a"'), _done("r1")],
+        [_started("r2", [_user("u2", "more"), {"id": "h0", "role": "assistant", "toolCalls": [
+            {"id": "h1", "type": "function", "function": {"name": "f", "arguments": "[1,"}}]}]),
+         *_call("c1", "a2", ":1}"), *_call("h1", "a3", "2]"), _done("r2")]], {}),
 }
 
 

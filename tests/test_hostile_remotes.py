@@ -192,6 +192,20 @@ VALID: dict[str, list[bytes]] = {
     "own-ids": [sse({"type": "RUN_STARTED", "threadId": 5}),
                 sse({"type": "RUN_FINISHED", "runId": ["x"], "result": {"answer": 42},
                      "outcome": {"type": "success"}})],
+    # A call started again by its id, before any result: the client continues it; the
+    # thread's messages held two calls of that id, each with half the arguments.
+    "tool-reopen": [sse(STARTED), *[sse(event) for args in ('{"a"', ":1}") for event in (
+        {"type": "TOOL_CALL_START", "toolCallId": "c1", "toolCallName": "f",
+         "parentMessageId": "m1"},
+        {"type": "TOOL_CALL_ARGS", "toolCallId": "c1", "delta": args},
+        {"type": "TOOL_CALL_END", "toolCallId": "c1"})], sse(FINISHED)],
+    # Empty deltas (which the 0.0.59 client and the TypeScript runtime take) failed the run.
+    "empty-deltas": [sse(STARTED), sse(START), sse({**CONTENT, "delta": ""}), sse(CONTENT),
+                     sse(END), sse({"type": "TOOL_CALL_START", "toolCallId": "c1",
+                                    "toolCallName": "f", "parentMessageId": "m1"}),
+                     sse({"type": "TOOL_CALL_ARGS", "toolCallId": "c1", "delta": ""}),
+                     sse({"type": "TOOL_CALL_ARGS", "toolCallId": "c1", "delta": "{}"}),
+                     sse({"type": "TOOL_CALL_END", "toolCallId": "c1"}), sse(FINISHED)],
 }
 
 
@@ -304,6 +318,33 @@ async def test_a_remotes_run_ids_are_not_held_against_its_run_end(
     assert events[-1] == {"type": "RUN_FINISHED", "threadId": "t-ids", "runId": "r-ids",
                           "result": {"answer": 42}, "outcome": {"type": "success"}}, events
     assert stored["events"][-1] == events[-1]
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_a_remotes_empty_deltas_are_dropped_not_its_runs_failure(
+        hostile: HostileAGUIServer, serve_runtime: ServeRuntime) -> None:
+    async with serve_runtime(remote_runtime(hostile, ["empty-deltas"])) as served:
+        events = await served.run(run_input("hello", thread="t-empty"), agent="empty-deltas")
+        stored = await get_json(served, "/threads/t-empty/messages")
+    verify_events(events)  # (which holds a delta to be non-empty, as the 1.50 client does)
+    assert types(events)[-1] == "RUN_FINISHED", events[-1]
+    assert text_of(events) == "hello"
+    assert [e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS"] == ["{}"]
+    assert stored["messages"][-1] == {"id": "m1", "role": "assistant", "content": "hello",
+                                      "toolCalls": [{"id": "c1", "type": "function",
+                                                     "function": {"name": "f",
+                                                                  "arguments": "{}"}}]}
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_a_remotes_call_started_again_is_stored_as_one_call(
+        hostile: HostileAGUIServer, serve_runtime: ServeRuntime) -> None:
+    async with serve_runtime(remote_runtime(hostile, ["tool-reopen"])) as served:
+        events = await served.run(run_input("hello", thread="t-reopen"), agent="tool-reopen")
+        stored = await get_json(served, "/threads/t-reopen/messages")
+    verify_events(events)
+    assert stored["messages"][-1] == {"id": "m1", "role": "assistant", "toolCalls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}]}
 
 
 # ---- what a remote says about its own failure ------------------------------------------------
@@ -813,6 +854,9 @@ LEGACY: dict[str, tuple[bytes, str]] = {
                        "sent STEP_STARTED without a string 'stepName'"),
     "error-traceback": (jsonl(model_chunk(content="hi"), {"event": "error", "data": {
         "error": {"type": 'Traceback File "/srv/x.py"'}}}), "failed"),
+    # Said of "The remote agent", unnamed, unlike every other error of a remote.
+    "not-json": (b"<html>Please log in</html>\n", "sent a line that is not JSON"),
+    "not-an-object": (b"[1, 2]\n", "sent a line that is not a JSON object"),
     # a control: a plain kind of error is still named
     "error-plain": (jsonl(model_chunk(content="hi"), {"event": "error", "data": {
         "error": {"type": "RateLimitError"}}}), "failed (RateLimitError)"),
@@ -823,6 +867,20 @@ LEGACY_VALID: dict[str, bytes] = {
                        {"type": "TextMessageStart", "messageId": "m"},
                        {"type": "TextMessageContent", "messageId": "m", "content": "done"},
                        {"type": "TextMessageEnd", "messageId": "m"}),
+    # An object's arguments were sent as its Python repr ("{'x': 1}").
+    "args-object": jsonl({"type": "ActionExecutionStart", "actionExecutionId": "a1",
+                          "actionName": "f", "parentMessageId": "m"},
+                         {"type": "ActionExecutionArgs", "actionExecutionId": "a1",
+                          "args": {"x": 1, "say": "it's"}},
+                         {"type": "ActionExecutionEnd", "actionExecutionId": "a1"}),
+}
+# name -> `langgraph` JSONL lines of a run that must succeed
+LEGACY_GRAPHS: dict[str, bytes] = {
+    # Each chunk of one call repeating its id and name: the call was started again at each.
+    "call-chunks-with-ids": jsonl(
+        model_chunk(tool_call_chunks=[{"name": "f", "id": "c1", "args": '{"a"'}]),
+        model_chunk(tool_call_chunks=[{"name": "f", "id": "c1", "args": ":1}"}]),
+        {"event": "on_chat_model_end", "data": {}, "metadata": {}}),
 }
 # One line of a `langgraph` agent holding two tool calls, the second of a wrong shape.
 _TWO_CALLS = jsonl(model_chunk(tool_call_chunks=[
@@ -846,8 +904,8 @@ class LegacyEndpoint(LoopbackServer):
         await request.read()
         name = request.match_info["name"]
         if name != "huge":
-            body = LEGACY_VALID[name] if name in LEGACY_VALID else \
-                _TWO_CALLS if name == "two-calls" else LEGACY[name][0]
+            body = LEGACY_VALID.get(name) or LEGACY_GRAPHS.get(name) or (
+                _TWO_CALLS if name == "two-calls" else LEGACY[name][0])
             return web.Response(body=body, content_type="application/x-ndjson")
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
@@ -903,6 +961,35 @@ async def test_legacy_meta_event_with_a_null_value_is_relayed_as_null(
     verify_events(events)
     assert types(events)[-1] == "RUN_FINISHED", events[-1]
     assert {"type": "CUSTOM", "name": "progress", "value": None} in events
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_legacy_object_args_are_sent_as_json(
+        legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(agents={"args-object": legacy_agent(legacy, "args-object",
+                                                                 kind="")})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread="t-args"), agent="args-object")
+    verify_events(events)
+    (args,) = [e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS"]
+    assert orjson.loads(args) == {"x": 1, "say": "it's"}
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_legacy_graph_call_chunks_repeating_their_id_are_one_call(
+        legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    name = "call-chunks-with-ids"
+    runtime = CopilotRuntime(agents={name: legacy_agent(legacy, name)})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread="t-chunks"), agent=name)
+        stored = await get_json(served, "/threads/t-chunks/messages")
+    verify_events(events)
+    assert [(e["type"], e.get("delta")) for e in events if e.get("toolCallId") == "c1"] == [
+        ("TOOL_CALL_START", None), ("TOOL_CALL_ARGS", '{"a"'), ("TOOL_CALL_ARGS", ":1}"),
+        ("TOOL_CALL_END", None)]
+    calls = [c for m in stored["messages"] for c in m.get("toolCalls", ())]
+    assert calls == [{"id": "c1", "type": "function",
+                      "function": {"name": "f", "arguments": '{"a":1}'}}]
 
 
 @pytest.mark.timeout(TIMEOUT_S)
@@ -965,7 +1052,7 @@ async def test_legacy_line_longer_than_the_cap_fails_the_run(
         events = await served.run(run_input("hello", thread="t-huge"), agent="huge")
     error = one_run_error(events)
     assert (error["code"], error["message"]) == (
-        "UPSTREAM_ERROR", f"The remote agent sent a line larger than {cap} bytes")
+        "UPSTREAM_ERROR", f"Remote agent 'huge' sent a line larger than {cap} bytes")
 
 
 # ---- MCP tools with hostile input schemas ----------------------------------------------------

@@ -114,7 +114,8 @@ def test_hostile_escapes_take_one_linear_pass() -> None:
 
 
 def test_remote_agent_lines_and_events_take_lone_surrogates() -> None:
-    assert _parse_line(rb'{"type": "x", "text": "\ud83d"}')["text"] == REPLACEMENT
+    line = _parse_line(rb'{"type": "x", "text": "\ud83d"}', "Remote agent 'x'")
+    assert line["text"] == REPLACEMENT
     events = RemoteEventChecker("Remote agent 'x'").payloads(
         [rb'{"type": "CUSTOM", "name": "n", "value": "cut \ud83d"}'])
     assert events[0]["value"] == "cut " + REPLACEMENT

@@ -185,7 +185,9 @@ class LangGraphJsonlTranslator(_Translator):
         emit_messages = metadata.get("copilotkit:emit-messages", True) is not False
         wanted = metadata.get("copilotkit:emit-tool-calls", True)
         for call in chunk.get("tool_call_chunks") or ():
-            if call.get("name") and call.get("id"):
+            # (a chunk repeating the id and name of the call it continues does not start it
+            # again)
+            if call.get("name") and call.get("id") and call["id"] != self.call:
                 visible = wanted if isinstance(wanted, bool) else (
                     call["name"] == wanted if isinstance(wanted, str) else call["name"] in wanted)
                 if visible:
@@ -253,9 +255,11 @@ class RuntimeEventTranslator(_Translator):
             self.start_call(str(line.get("actionExecutionId")), str(line.get("actionName")),
                             line.get("parentMessageId"), out)
         elif kind == "ActionExecutionArgs":
-            if line.get("args"):
-                out.append(ev.tool_call_args(str(line.get("actionExecutionId")),
-                                             str(line["args"])))
+            args = line.get("args")
+            if args:  # (an object's arguments as JSON, what a client parses)
+                out.append(ev.tool_call_args(str(line.get("actionExecutionId")), args
+                                             if isinstance(args, str)
+                                             else orjson.dumps(args).decode()))
         elif kind == "ActionExecutionEnd":
             out.append(ev.tool_call_end(str(line.get("actionExecutionId"))))
             self.call = None

@@ -28,6 +28,7 @@ from copilot_runtime._exceptions import ChunkError, UpstreamError, quoted
 from copilot_runtime._held import HeldBytes
 from copilot_runtime._limits import MAX_JSON_DEPTH, decode_json, nests_too_deep
 from copilot_runtime.event_order import (
+    EMPTY_DELTA,
     REQUIRED_FIELDS,
     ChunkState,
     OrderChecker,
@@ -230,7 +231,8 @@ class RemoteEventChecker:
     """Normalises and checks one run's events from a remote producer named `source`.
 
     Chunks are expanded and the order rules checked by the core's `event_order`, strictly:
-    a remote agent that breaks them fails its run with a message naming the mistake. What
+    a remote agent that breaks them fails its run with a message naming the mistake (an
+    empty content delta, which the newer clients take, is dropped instead). What
     the remote says is passed on `quoted`, the `known` secrets (the credentials its request
     carried) blanked.
     """
@@ -359,6 +361,8 @@ class RemoteEventChecker:
                 continue
             problem = self._order.check(event)
             if problem is not None:
+                if problem == EMPTY_DELTA:
+                    continue  # dropped, as the run's own are (clients since 0.0.59 take it)
                 # (it names the remote's ids: quoted as its words are, and bounded)
                 said = quoted(f"sent {event['type']} {problem}", 300, self.known)
                 return out, self._error(said or f"sent {event['type']} out of order (its ids "

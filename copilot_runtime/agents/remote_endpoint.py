@@ -310,7 +310,7 @@ class RemoteEndpointAgent(Agent):
         async with self.endpoint.post("/agents/execute", self._body(input), what,
                                       context.headers, safe=False) as response:
             try:
-                async for line in _json_lines(response.content):
+                async for line in _json_lines(response.content, what):
                     try:
                         translated = translator.translate(line)
                     except (AttributeError, TypeError, KeyError, ValueError):
@@ -392,10 +392,11 @@ def _closing(translator: LangGraphJsonlTranslator | RuntimeEventTranslator) -> l
     return tail
 
 
-async def _json_lines(content: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]]:
+async def _json_lines(content: aiohttp.StreamReader, what: str
+                      ) -> AsyncIterator[dict[str, Any]]:
     """The objects of a JSONL body, as lines complete (blank lines skipped); a line held past
-    the bound (`HeldBytes`) is the remote's error."""
-    held = HeldBytes("The remote agent", UpstreamError, record="a line")
+    the bound (`HeldBytes`) is the remote's error, said of `what` (the agent, named)."""
+    held = HeldBytes(what, UpstreamError, record="a line")
     async for chunk in content.iter_any():
         data = held.take(chunk)
         if data is None:
@@ -404,20 +405,19 @@ async def _json_lines(content: aiohttp.StreamReader) -> AsyncIterator[dict[str, 
         held.hold(rest)
         for line in lines:
             if line.strip():
-                yield _parse_line(line)
+                yield _parse_line(line, what)
     rest = held.rest()
     if rest.strip():
-        yield _parse_line(rest)
+        yield _parse_line(rest, what)
 
 
-def _parse_line(line: bytes) -> dict[str, Any]:
+def _parse_line(line: bytes, what: str) -> dict[str, Any]:
     try:
         value = decode_json(line)
     except orjson.JSONDecodeError:
-        raise UpstreamError("The remote agent sent a line that is not JSON") from None
+        raise UpstreamError(f"{what} sent a line that is not JSON") from None
     if not isinstance(value, dict):
-        raise UpstreamError("The remote agent sent a line that is not a JSON object")
+        raise UpstreamError(f"{what} sent a line that is not a JSON object")
     if nests_too_deep(value, line):
-        raise UpstreamError(f"The remote agent sent a line nested deeper than {MAX_JSON_DEPTH} "
-                            "levels")
+        raise UpstreamError(f"{what} sent a line nested deeper than {MAX_JSON_DEPTH} levels")
     return value
