@@ -490,3 +490,26 @@ def test_an_unusable_answer_echoing_the_key_is_logged_without_it() -> None:
     assert logs
     assert key not in repr(logs)
     assert "[REDACTED]" in logs[0]["error"]
+
+
+def _object(*keys: str) -> dict[str, Any]:
+    return {"type": "object", "properties": {key: {} for key in keys}}
+
+
+async def test_a_loaded_thread_shows_only_the_keys_of_the_graphs_output_schema() -> None:
+    """Before: `loadAgentState` showed every key of the thread's values, where the run's
+    snapshots show the output schema's only."""
+    fake = FakePlatform(values={"messages": [], "answer": "A", "secret": "s3cr3t",
+                                "question": "why"},
+                        schemas={"graph_id": "fake", "input_schema": _object(
+                            "messages", "question"), "output_schema": _object(
+                            "messages", "answer"), "state_schema": _object(
+                            "messages", "question", "secret", "answer")})
+    async with serve(fake.app) as platform:
+        agent = LangGraphPlatformAgent(deployment_url=platform, graph_id="fake")
+        try:
+            loaded = await agent.load_state("t1")
+        finally:
+            await agent.aclose()
+    assert loaded.exists
+    assert loaded.state == {"answer": "A"}

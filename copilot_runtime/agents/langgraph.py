@@ -80,7 +80,11 @@ from copilot_runtime.agents._lg_events import (
     channel_for,
     filter_interrupt_event,
 )
-from copilot_runtime.agents._lg_state import load_graph_state, thread_state_from_values
+from copilot_runtime.agents._lg_state import (
+    load_graph_state,
+    schema_keys,
+    thread_state_from_values,
+)
 from copilot_runtime.agents._lg_values import json_safe
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
@@ -274,9 +278,11 @@ class LangGraphAgent(Agent):
             with self._reading():
                 saved = await self.graph.checkpointer.aget_tuple(self._graph_config(thread_id))
             values = dict(saved.checkpoint.get("channel_values") or {}) if saved else {}
+            # (the raw channels hold every key: the output schema's cut applies as ever)
             return thread_state_from_values(thread_id, {
                 key: value for key, value in values.items() if isinstance(key, str)
-                and not key.startswith(("__", "branch:"))})
+                and not key.startswith(("__", "branch:"))},
+                schema_keys(self.graph, self.config)["output"])
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[None]:

@@ -84,7 +84,7 @@ from copilot_runtime._input import RunInput
 from copilot_runtime.agents._http_client import REDIRECT_NOT_FOLLOWED
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
 from copilot_runtime.agents._lg_events import WireEncoder
-from copilot_runtime.agents._lg_state import thread_state_from_values
+from copilot_runtime.agents._lg_state import schema_keys, thread_state_from_values
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.agents.langgraph import translate_bridge_run
 from copilot_runtime.events import EventBatches
@@ -224,11 +224,15 @@ class LangGraphPlatformAgent(Agent):
         forwarded = self._forwarded(headers)
         what = self._graph_named()
         try:
+            assistant_id, schemas = await self._assistant(forwarded, what)
             state = await self._client.threads.get_state(platform_thread_id(thread_id),
                                                          headers=forwarded)
             values = state.get("values")  # (empty for a thread without any: none)
+            # Cut to the output schema's keys, as the run's snapshots are.
+            graph = _PlatformGraph(self._client, assistant_id, schemas, forwarded,
+                                   agent_id=self.name, known=self._secrets)
             return thread_state_from_values(thread_id, _thread_values(values) if values
-                                            else None)
+                                            else None, schema_keys(graph)["output"])
         except NotFoundError:
             return AgentThreadState(thread_id, exists=False)
         except httpx.HTTPError as exc:
