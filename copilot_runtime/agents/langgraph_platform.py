@@ -83,6 +83,11 @@ from copilot_runtime._held import MAX_UPSTREAM_EVENT_BYTES
 from copilot_runtime._input import RunInput
 from copilot_runtime.agents._http_client import REDIRECT_NOT_FOLLOWED
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
+from copilot_runtime.agents._lg_config import (
+    client_run_config,
+    declared_keys,
+    recursion_bound,
+)
 from copilot_runtime.agents._lg_events import WireEncoder
 from copilot_runtime.agents._lg_state import schema_keys, thread_state_from_values
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
@@ -198,9 +203,10 @@ class LangGraphPlatformAgent(Agent):
             assistant_id, schemas = await self._assistant(headers, what)
             graph = _PlatformGraph(self._client, assistant_id, schemas, headers,
                                    agent_id=context.agent_id, known=self._secrets)
+            config = self._run_config(input, schemas)
             bridge = CopilotKitLangGraphBridge(
                 name=self.name, graph=graph, description=self.description or None,
-                config=dict(self.config) or None, emit_raw_events=False, **self._bridge_flags)
+                config=config or None, emit_raw_events=False, **self._bridge_flags)
             async for batch in translate_bridge_run(
                     bridge, input, WireEncoder(state_deltas=self.state_deltas)):
                 yield batch
@@ -216,6 +222,16 @@ class LangGraphPlatformAgent(Agent):
                          agent=context.agent_id, error=type(exc).__name__)
             raise UpstreamError("The LangGraph Platform sent an event of an unexpected "
                                 "shape") from None
+
+    def _run_config(self, input: RunInput, schemas: Mapping[str, Any]) -> dict[str, Any]:
+        """The run's config: the agent's, with what the client's `forwardedProps.config`
+        may set (see `_lg_config`): the `configurable` keys the assistant's config and
+        context schemas declare, a lower `recursion_limit`."""
+        props = input.model.forwarded_props
+        sent = props.get("config") if isinstance(props, dict) else None
+        return client_run_config(self.config, sent, declared_keys(
+            schemas.get("config_schema"), schemas.get("context_schema")),
+            recursion_bound(self.config))
 
     async def load_state(self, thread_id: str, *,
                          headers: Mapping[str, str] | None = None) -> AgentThreadState:
