@@ -11,20 +11,23 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import httpx
 import orjson
+import pydantic
 import pytest
 from aiohttp import web
 from copilotkit import CopilotKitState
 from copilotkit.langgraph import copilotkit_emit_tool_call, copilotkit_interrupt
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
+from typing_extensions import TypedDict
 
 from copilot_runtime import Agent, BuiltInAgent, CopilotRuntime, OpenAIAdapter, RunContext, RunInput
 from copilot_runtime import events as ev
@@ -566,6 +569,82 @@ async def test_load_agent_state_of_a_langgraph_thread(
         "Through the runtime", "echo: Through the runtime"]  # the system prompt is not kept
     assert nowhere == {"threadId": "t-nowhere", "threadExists": False, "state": "{}",
                        "messages": "[]"}
+
+
+class Inside(CopilotKitState):
+    question: str
+    secret: str
+    answer: str
+
+
+class Asked(CopilotKitState):
+    question: str
+
+
+class Answered(TypedDict):
+    messages: list[Any]
+    answer: str
+
+
+def answering_graph() -> Any:
+    """A graph whose `output_schema` hides a key its node writes (`secret`) and one only
+    its input schema has (`question`)."""
+    def answer(state: Inside) -> Json:
+        return {"messages": [AIMessage(f"q={state.get('question')}")], "secret": "s3cr3t",
+                "answer": f"A:{state.get('question')}"}
+
+    graph = StateGraph(Inside, input_schema=Asked, output_schema=Answered)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "answer")
+    graph.add_edge("answer", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_load_agent_state_shows_only_the_keys_of_the_graphs_output_schema(
+        serve_runtime: ServeRuntime) -> None:
+    """loadAgentState showed every key of the checkpoint, while the streamed state and
+    AG-UI's `GET /threads/{id}/state` showed the output schema's only."""
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=answering_graph())})
+    async with serve_runtime(runtime) as served:
+        response = await turn(served, session("lg", "go", "t-io", agentStates=[{
+            "agentName": "lg", "state": json.dumps({"question": "why"}), "config": "{}"}]))
+        loaded = (await query(served, LOAD_STATE, {"data": {
+            "threadId": "t-io", "agentName": "lg"}}))["data"]["loadAgentState"]
+        stored = await served.session.get(served.url + "/threads/t-io/state")
+        stored_state = (await stored.json())["state"]
+    streamed = {k: v for k, v in states(response)[-1]["state"].items() if k != "messages"}
+    assert streamed == {"answer": "A:why"}
+    assert json.loads(loaded["state"]) == streamed
+    assert stored_state == streamed
+
+
+class Poisoned(pydantic.BaseModel):
+    messages: Annotated[list[AnyMessage], add_messages] = []
+    count: int = 0
+    secret: str = ""
+
+
+class Shown(TypedDict):
+    messages: list[Any]
+    count: int
+
+
+async def test_load_agent_state_of_an_unreadable_thread_keeps_to_the_output_schema(
+        serve_runtime: ServeRuntime) -> None:
+    """A saved state the graph's pydantic schema refuses is shown as saved (its runs say
+    what is wrong), but still only its output schema's keys."""
+    builder = StateGraph(Poisoned, output_schema=Shown)
+    builder.add_node("n", lambda state: {"count": state.count + 1})
+    builder.add_edge(START, "n")
+    builder.add_edge("n", END)
+    graph = builder.compile(checkpointer=InMemorySaver())
+    with pytest.raises(pydantic.ValidationError):
+        await graph.ainvoke({"count": "abc", "secret": "s3cr3t"},
+                            {"configurable": {"thread_id": "t-bad"}})
+    agent = LangGraphAgent(name="lg", graph=graph)
+    loaded = await agent.load_state("t-bad")
+    assert loaded.exists
+    assert loaded.state == {"count": "abc"}
 
 
 # ---- a client's own copy of a graph-side tool result ---------------------------------------

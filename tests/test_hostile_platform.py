@@ -490,3 +490,69 @@ def test_an_unusable_answer_echoing_the_key_is_logged_without_it() -> None:
     assert logs
     assert key not in repr(logs)
     assert "[REDACTED]" in logs[0]["error"]
+
+
+def _object(*keys: str) -> dict[str, Any]:
+    return {"type": "object", "properties": {key: {} for key in keys}}
+
+
+async def test_a_loaded_thread_shows_only_the_keys_of_the_graphs_output_schema() -> None:
+    """Before: `loadAgentState` showed every key of the thread's values, where the run's
+    snapshots show the output schema's only."""
+    fake = FakePlatform(values={"messages": [], "answer": "A", "secret": "s3cr3t",
+                                "question": "why"},
+                        schemas={"graph_id": "fake", "input_schema": _object(
+                            "messages", "question"), "output_schema": _object(
+                            "messages", "answer"), "state_schema": _object(
+                            "messages", "question", "secret", "answer")})
+    async with serve(fake.app) as platform:
+        agent = LangGraphPlatformAgent(deployment_url=platform, graph_id="fake")
+        try:
+            loaded = await agent.load_state("t1")
+        finally:
+            await agent.aclose()
+    assert loaded.exists
+    assert loaded.state == {"answer": "A"}
+
+
+async def test_the_clients_config_sets_only_the_configurable_keys_the_assistant_declares(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: the client's `forwardedProps.config` never reached the platform's run. Now
+    the keys its config or context schema declares do (never the thread's address, nor
+    the platform's own keys), and a `recursion_limit` only below the agent's own."""
+    schemas = {"graph_id": "fake", "input_schema": _object("messages"),
+               "output_schema": _object("messages"), "state_schema": _object("messages"),
+               "config_schema": _object("model", "thread_id"),
+               "context_schema": _object("tone", "langgraph_auth_user")}
+    sent = {"configurable": {"model": "m1", "tone": "dry", "user": "u1", "thread_id": "other",
+                             "checkpoint_id": "c0", "langgraph_auth_user": "admin"},
+            "recursion_limit": 50, "tags": ["client"], "metadata": {"a": 1}}
+    fake = FakePlatform(frames=HALF_ANSWER, schemas=schemas)
+    async with serve(fake.app) as platform:
+        runtime = CopilotRuntime(agents={
+            "free": LangGraphPlatformAgent(deployment_url=platform, graph_id="fake"),
+            "bound": LangGraphPlatformAgent(deployment_url=platform, graph_id="fake",
+                                            config={"recursion_limit": 9})})
+        async with serve_runtime(runtime) as served:
+            free = await served.run(run_input("hi", thread="t1", forwardedProps={
+                "config": sent}), agent="free")
+            bound = await served.run(run_input("hi", thread="t2", forwardedProps={
+                "config": {**sent, "recursion_limit": 50}}), agent="bound")
+            lower = await served.run(run_input("hi", thread="t3", forwardedProps={
+                "config": {**sent, "recursion_limit": 3}}), agent="bound")
+            refused = await served.run(run_input("hi", thread="t4", forwardedProps={
+                "config": {"configurable": "x"}}), agent="free")
+    for events in (free, bound, lower):
+        assert ending(events)[0] == "RUN_FINISHED", events[-1]
+    assert ending(refused)[:2] == ("RUN_ERROR", "INVALID_REQUEST")
+    first, second, third = fake.run_bodies
+    assert first["config"]["configurable"] == {"model": "m1", "tone": "dry"}
+    assert first["config"]["recursion_limit"] == 25  # (LangChain's default, as in-process)
+    assert second["config"]["configurable"] == {"model": "m1", "tone": "dry"}
+    assert second["config"]["recursion_limit"] == 9
+    assert third["config"]["recursion_limit"] == 3
+    for body in (first, second, third):
+        assert "client" not in json.dumps(body["config"])  # (its tags)
+        assert "checkpoint_id" not in body
+    assert f"POST /threads/{langgraph_platform.platform_thread_id('t1')}/runs/stream" in \
+        fake.calls

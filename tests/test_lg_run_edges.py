@@ -8,7 +8,10 @@
 * the recursion limit and a failing checkpoint store end the run with precise codes;
 * what a node writes with `get_stream_writer()` is sent as the `langgraph_stream_writer`
   custom event (GraphQL 1.10 has no place for custom events: they are not carried there);
-* a state larger than the inbound body limit is logged, once per thread.
+* a state larger than the inbound body limit is logged, once per thread;
+* the client's run config (`forwardedProps.config`, 1.10's `agentStates[].config`) sets
+  only the `configurable` keys the graph declares, never the runtime's (another thread's
+  `thread_id`), and may only lower the recursion limit.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import orjson
 import psycopg
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
@@ -583,3 +587,141 @@ async def test_a_write_to_a_key_with_a_reducer_is_reduced_in_the_state_as_its_st
         assert at_step_end == {"seed": [*before, "a"], "more": [*before, "a", "b"],
                                "last": [*before, "a", "b", "c"]}, before
         assert held["items"] == [*before, "a", "b", "c"]
+
+
+# ---- G. the client's run config (useCoAgent's `config`) -------------------------------------
+
+
+class Settings(TypedDict, total=False):
+    """The graph's context schema: the `configurable` keys a client may set. It names
+    `thread_id` and `checkpoint_ns` too: those stay the runtime's all the same."""
+    model: str
+    thread_id: str
+    checkpoint_ns: str
+
+
+def reads_config(*, declared: bool = True) -> Any:
+    """One node that answers with what its config and state hold."""
+    def answer(state: State, config: RunnableConfig) -> Json:
+        conf = config.get("configurable") or {}
+        heard = [m.content for m in state["messages"] if m.type == "human"]
+        return {"messages": [AIMessage(
+            f"model={conf.get('model')} user={conf.get('user')} "
+            f"limit={config.get('recursion_limit')} tags={config.get('tags')} heard={heard}")]}
+
+    graph = StateGraph(State, context_schema=Settings if declared else None)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "answer")
+    graph.add_edge("answer", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+def with_config(config: Any) -> Json:
+    """1.10's `agentStates` entry carrying `config` (as JSON text, as the client sends it)."""
+    return {"agentStates": [{"agentName": "lg", "state": "{}",
+                             "config": orjson.dumps(config).decode()}]}
+
+
+def gql_said(response: Json) -> str:
+    """The last assistant message of the last agent state (a node's message that no model
+    streamed arrives only there)."""
+    last = [m for m in response["messages"] if m["__typename"] == "AgentStateMessageOutput"
+            and "messages" in orjson.loads(m["state"])][-1]
+    content: str = [m for m in orjson.loads(last["state"])["messages"]
+                    if m["role"] == "assistant"][-1]["content"]
+    return content
+
+
+CLIENT_CONFIG = {"configurable": {"model": "m1", "user": "u1"}, "recursion_limit": 5,
+                 "tags": ["client"], "callbacks": "x", "metadata": {"a": 1}}
+
+
+async def test_the_clients_config_sets_the_configurable_keys_the_graph_declares(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: `forwardedProps.config` (1.10's `agentStates[].config`) never reached the
+    graph. Now its declared `configurable` keys and a lower `recursion_limit` do; an
+    undeclared key (`user`), `tags`, `callbacks` and `metadata` do not."""
+    agents = {"lg": LangGraphAgent(name="lg", graph=reads_config()),
+              "none": LangGraphAgent(name="none", graph=reads_config(declared=False))}
+    async with serve_runtime(CopilotRuntime(agents=agents)) as served:
+        agui = await served.run(run_input("hi", thread="g1", forwardedProps={
+            "config": CLIENT_CONFIG}), agent="lg")
+        gql = await served.generate(chat_data(
+            [text_message("u1", "user", "hi")], thread="g2", agentSession=SESSION,
+            **with_config(CLIENT_CONFIG)))
+        undeclared = await served.run(run_input("hi", thread="g3", forwardedProps={
+            "config": CLIENT_CONFIG}), agent="none")
+    verify_events(agui)
+    assert said(agui) == "model=m1 user=None limit=5 tags=None heard=['hi']"
+    assert gql["status"]["code"] == "Success", gql["status"]
+    assert gql_said(gql) == "model=m1 user=None limit=5 tags=None heard=['hi']"
+    # A graph that declares no configurable keys takes none.
+    assert said(undeclared).startswith("model=None user=None limit=5 ")
+
+
+async def test_a_client_cannot_raise_the_recursion_limit(serve_runtime: ServeRuntime) -> None:
+    agent = LangGraphAgent(name="lg", graph=reads_config(), config={"recursion_limit": 7})
+    async with serve_runtime(CopilotRuntime(agents={"lg": agent})) as served:
+        higher = await served.run(run_input("hi", thread="r1", forwardedProps={
+            "config": {"recursion_limit": 1000}}), agent="lg")
+        lower = await served.run(run_input("hi", thread="r2", forwardedProps={
+            "config": {"recursion_limit": 3}}), agent="lg")
+    assert "limit=7 " in said(higher)
+    assert "limit=3 " in said(lower)
+
+
+async def test_a_clients_config_cannot_reach_another_thread(
+        serve_runtime: ServeRuntime) -> None:
+    """`thread_id`, `checkpoint_ns`, `checkpoint_id` and LangGraph's own keys stay the
+    runtime's, even where the graph's context schema names them."""
+    graph = reads_config()
+    hostile = {"configurable": {
+        "thread_id": "victim", "checkpoint_ns": "", "checkpoint_id": "1",
+        "checkpoint_map": {"": "1"}, "__pregel_durability": "exit", "model": "m2"}}
+    async with serve_runtime(CopilotRuntime(agents={
+            "lg": LangGraphAgent(name="lg", graph=graph)})) as served:
+        victim = await served.run(run_input("victim secret", thread="victim"), agent="lg")
+        agui = await served.run(run_input("hi", thread="attacker", forwardedProps={
+            "config": hostile}), agent="lg")
+        gql = await served.generate(chat_data(
+            [text_message("u1", "user", "hi")], thread="attacker-2", agentSession=SESSION,
+            **with_config(hostile)))
+    assert said(victim).endswith("heard=['victim secret']")
+    assert said(agui) == "model=m2 user=None limit=25 tags=None heard=['hi']"
+    assert "victim secret" not in orjson.dumps(agui).decode()
+    assert gql_said(gql) == "model=m2 user=None limit=25 tags=None heard=['hi']"
+    assert "victim secret" not in orjson.dumps(gql).decode()
+    # The victim's thread is as its owner left it.
+    assert [m.content for m in (await graph_values(graph, "victim"))["messages"]] == [
+        "victim secret", said(victim)]
+    assert [m.content for m in (await graph_values(graph, "attacker"))["messages"]] == [
+        "hi", said(agui)]
+
+
+@pytest.mark.parametrize("config", [
+    "text", [1], {"configurable": [1]}, {"configurable": "x"}, {"recursion_limit": 0},
+    {"recursion_limit": -3}, {"recursion_limit": True}, {"recursion_limit": "5"},
+    {"recursion_limit": 2.5}], ids=["text", "list", "configurable-list", "configurable-text",
+                                     "limit-0", "limit-negative", "limit-bool",
+                                     "limit-text", "limit-float"])
+async def test_a_config_of_the_wrong_shape_is_invalid_request(
+        serve_runtime: ServeRuntime, config: Any) -> None:
+    graph = reads_config()
+    async with serve_runtime(CopilotRuntime(agents={
+            "lg": LangGraphAgent(name="lg", graph=graph)})) as served:
+        refused = await served.run(run_input("hi", thread="w1", forwardedProps={
+            "config": config}), agent="lg")
+        after = await served.run(run_input("hi", thread="w1", run="r2"), agent="lg")
+        gql = None
+        if isinstance(config, dict):  # (GraphQL's `config` is a JSON object already)
+            gql = await served.generate(chat_data(
+                [text_message("u1", "user", "hi")], thread="w2", agentSession=SESSION,
+                **with_config(config)))
+    verify_events(refused)
+    assert (refused[-1]["type"], refused[-1]["code"]) == ("RUN_ERROR", "INVALID_REQUEST")
+    assert refused[-1]["message"].startswith("forwardedProps.config")
+    assert said(after).endswith("heard=['hi']")  # nothing of the refused run was kept
+    if gql is not None:
+        assert gql["status"]["code"] == "Failed"
+        assert gql["status"]["details"]["originalError"]["originalErrorType"] == \
+            "INVALID_REQUEST"

@@ -100,7 +100,7 @@ from langgraph.types import Command, Interrupt, StateSnapshot
 from copilot_runtime._exceptions import ApprovalError, InvalidRequestError
 from copilot_runtime._time import iso_time, parse_time
 from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
-from copilot_runtime.agents._lg_state import graph_values
+from copilot_runtime.agents._lg_state import graph_values, schema_keys
 from copilot_runtime.agents._lg_values import json_safe, known_messages
 
 __all__ = ["STREAM_WRITER_EVENT", "CopilotKitLangGraphBridge"]
@@ -229,16 +229,8 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
 
     def get_schema_keys(self, config: Any) -> dict[str, list[str]]:
         constant: list[str] = list(self.constant_schema_keys)
-        try:
-            inputs = list(self.graph.get_input_jsonschema(config).get("properties") or ())
-            outputs = list(self.graph.get_output_jsonschema(config).get("properties") or ())
-        except Exception:  # pydantic's schema errors are RuntimeErrors
-            # A state schema pydantic cannot describe (`typing.TypedDict` before Python
-            # 3.12, a field of an arbitrary class) runs fine in LangGraph: the compiled
-            # graph's channels say the same, instead of failing every run.
-            inputs = _schema_channels(self.graph, "input")
-            outputs = _schema_channels(self.graph, "output")
-        return {"input": [*inputs, *constant], "output": [*outputs, *constant],
+        keys = schema_keys(self.graph, config)
+        return {"input": [*keys["input"], *constant], "output": [*keys["output"], *constant],
                 "config": [], "context": []}
 
     def langgraph_default_merge_state(self, state: Any, messages: Any,
@@ -690,19 +682,6 @@ def _stream_writer_chunk(event: Mapping[str, Any]) -> tuple[Any] | None:
     if isinstance(chunk, tuple) and len(chunk) in (2, 3) and chunk[-2] == "custom":
         return (chunk[-1],)
     return None
-
-
-def _schema_channels(graph: Any, which: str) -> list[str]:
-    """The state keys of a compiled graph's input or output schema, read from its builder
-    (a compiled graph's `input_channels` is only its start node), else all its channels."""
-    builder = getattr(graph, "builder", None)
-    schemas = getattr(builder, "schemas", None)
-    schema = getattr(builder, f"{which}_schema", None)
-    channels = schemas.get(schema) if isinstance(schemas, dict) else None
-    if channels is None:
-        channels = getattr(graph, "channels", None) or ()
-    return [name for name in channels if isinstance(name, str) and not name.startswith("__")
-            and not name.startswith("branch:")]
 
 
 def _safe_interrupts(lg_interrupts: Any) -> list[Any]:

@@ -4,7 +4,8 @@ The checkpoint is the truth about a LangGraph thread: it holds every message, in
 those of runs the runtime never saw (another process, a script, a previous deployment).
 Its LangChain messages become AG-UI messages through ag-ui-langgraph's own converter, the
 one its MESSAGES_SNAPSHOT uses, so a loaded thread and a streamed one read alike; the
-state leaves out what `_lg_events` keeps out of snapshots (messages and the tool plumbing).
+state leaves out what `_lg_events` keeps out of snapshots (messages and the tool plumbing),
+and, as snapshots do, the keys the graph's output schema leaves out (`schema_keys`).
 
 While a subgraph waits on an interrupt, what it said so far is in the subgraph's state,
 not yet in its parent's: `graph_values` adds those messages, so a snapshot, a loaded
@@ -13,7 +14,7 @@ thread and a reconnecting client show the chat the user saw streamed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, cast
 
 from ag_ui_langgraph.utils import langchain_messages_to_agui  # type: ignore[import-untyped]
@@ -24,12 +25,45 @@ from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
 from copilot_runtime.agents._lg_values import json_safe, known_messages
 from copilot_runtime.agents.base import AgentThreadState
 
-__all__ = ["graph_values", "load_graph_state", "thread_state_from_values"]
+__all__ = ["graph_values", "load_graph_state", "schema_keys", "thread_state_from_values"]
 
 
-def thread_state_from_values(thread_id: str, values: Mapping[str, Any] | None
-                             ) -> AgentThreadState:
-    """The thread whose checkpoint holds `values` (LangChain messages under `messages`).
+def schema_keys(graph: Any, config: Any = None) -> dict[str, list[str]]:
+    """The state keys of a graph's input and output schemas (`"input"`, `"output"`).
+
+    What a run's snapshots show (the translator's `get_schema_keys`) and what a loaded
+    thread shows are both cut to the "output" keys: one reading, so the two cannot
+    disagree on what the graph's output schema hides. `graph` is a compiled graph or the
+    platform's stand-in (which answers the JSON schema methods only)."""
+    try:
+        inputs = list(graph.get_input_jsonschema(config).get("properties") or ())
+        outputs = list(graph.get_output_jsonschema(config).get("properties") or ())
+    except Exception:  # pydantic's schema errors are RuntimeErrors
+        # A state schema pydantic cannot describe (`typing.TypedDict` before Python
+        # 3.12, a field of an arbitrary class) runs fine in LangGraph: the compiled
+        # graph's channels say the same, instead of failing every run.
+        inputs = _schema_channels(graph, "input")
+        outputs = _schema_channels(graph, "output")
+    return {"input": inputs, "output": outputs}
+
+
+def _schema_channels(graph: Any, which: str) -> list[str]:
+    """The state keys of a compiled graph's input or output schema, read from its builder
+    (a compiled graph's `input_channels` is only its start node), else all its channels."""
+    builder = getattr(graph, "builder", None)
+    schemas = getattr(builder, "schemas", None)
+    schema = getattr(builder, f"{which}_schema", None)
+    channels = schemas.get(schema) if isinstance(schemas, dict) else None
+    if channels is None:
+        channels = getattr(graph, "channels", None) or ()
+    return [name for name in channels if isinstance(name, str) and not name.startswith("__")
+            and not name.startswith("branch:")]
+
+
+def thread_state_from_values(thread_id: str, values: Mapping[str, Any] | None,
+                             output_keys: Collection[str] | None = None) -> AgentThreadState:
+    """The thread whose checkpoint holds `values` (LangChain messages under `messages`),
+    its state cut to `output_keys` when given (`schema_keys(graph)["output"]`).
 
     A thread without values does not exist as far as the client is concerned: LangGraph
     answers an unknown thread with an empty snapshot rather than an error.
@@ -37,7 +71,8 @@ def thread_state_from_values(thread_id: str, values: Mapping[str, Any] | None
     if not values:
         return AgentThreadState(thread_id, exists=False)
     state = {key: json_safe(value) for key, value in values.items()
-             if key not in PLUMBING_STATE_KEYS}
+             if key not in PLUMBING_STATE_KEYS
+             and (output_keys is None or key in output_keys)}
     raw = values.get("messages")
     messages = [m.model_dump(mode="json", by_alias=True, exclude_none=True)
                 for m in langchain_messages_to_agui(known_messages(raw))] if raw else []
@@ -54,7 +89,7 @@ async def load_graph_state(graph: Any, thread_id: str,
     base = dict(config or {})
     configurable = {**(base.get("configurable") or {}), "thread_id": thread_id}
     values = await graph_values(graph, {**base, "configurable": configurable})
-    return thread_state_from_values(thread_id, values)
+    return thread_state_from_values(thread_id, values, schema_keys(graph, base)["output"])
 
 
 async def graph_values(graph: Any, config: Mapping[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,8 @@ the context as `state["copilotkit"]["context"]`: the `CopilotKitState` conventio
 `copilotkit` SDK. The client's `state` is the graph's input state (filtered to the keys of
 its input schema), and so are the `forwardedProps` entries named like one of those keys
 (as ag-ui-langgraph merges them: `forwarded_input` names them, for guardrails to judge);
-state changes come back as `STATE_SNAPSHOT`, then `STATE_DELTA`.
+state changes come back as `STATE_SNAPSHOT`, then `STATE_DELTA`. The client's run config
+(`forwardedProps.config`) sets only what `_lg_config` lets a client set.
 Raw LangChain events stay off the wire unless `emit_raw_events=True`.
 
 Interrupts (`langgraph.types.interrupt(value)`) end the run. How the client hears of them
@@ -74,13 +75,22 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import MAX_JSON_DEPTH, check_json_text, too_deep
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
+from copilot_runtime.agents._lg_config import (
+    client_run_config,
+    graph_config_keys,
+    recursion_bound,
+)
 from copilot_runtime.agents._lg_events import (
     InterruptChannel,
     WireEncoder,
     channel_for,
     filter_interrupt_event,
 )
-from copilot_runtime.agents._lg_state import load_graph_state, thread_state_from_values
+from copilot_runtime.agents._lg_state import (
+    load_graph_state,
+    schema_keys,
+    thread_state_from_values,
+)
 from copilot_runtime.agents._lg_values import json_safe
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
@@ -182,6 +192,8 @@ class LangGraphAgent(Agent):
         # (thread, "size" or "depth") warned of, oldest first
         self._warned: dict[tuple[str, str], None] = {}
         self._input_keys: frozenset[str] | None = None
+        # The `configurable` keys a client may set (`_lg_config`), read on first use.
+        self._config_keys: frozenset[str] | None = None
         # "sync": each step's checkpoint is stored before the next step runs. With LangGraph's
         # default ("async") the node after an interrupt ran, its effects done, while the
         # checkpoint saying the interrupt was answered was still being written: a crash then
@@ -274,9 +286,11 @@ class LangGraphAgent(Agent):
             with self._reading():
                 saved = await self.graph.checkpointer.aget_tuple(self._graph_config(thread_id))
             values = dict(saved.checkpoint.get("channel_values") or {}) if saved else {}
+            # (the raw channels hold every key: the output schema's cut applies as ever)
             return thread_state_from_values(thread_id, {
                 key: value for key, value in values.items() if isinstance(key, str)
-                and not key.startswith(("__", "branch:"))})
+                and not key.startswith(("__", "branch:"))},
+                schema_keys(self.graph, self.config)["output"])
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[None]:
@@ -365,6 +379,7 @@ class LangGraphAgent(Agent):
         if not isinstance(input.model.state, dict | None):
             # The graph's input state: ag-ui-langgraph assigns keys into it.
             raise InvalidRequestError("A LangGraph agent's state must be a JSON object")
+        run_config = self._run_config(input)
         channel = channel_for(self.interrupts, input.model.protocol_version)
         ledger_channel: Literal["outcome", "legacy"] = \
             "legacy" if channel == "legacy" else "outcome"
@@ -387,9 +402,10 @@ class LangGraphAgent(Agent):
         settled = not claims.ids
         cut_short = False
         encoder = WireEncoder(state_deltas=self.state_deltas)
+        bridge = self._template.clone()
+        bridge.config = run_config
         try:
-            async for batch in translate_bridge_run(
-                    self._template.clone(), claims.input, encoder):
+            async for batch in translate_bridge_run(bridge, claims.input, encoder):
                 out = await self._interrupts_of(batch, channel, ledger_channel, thread_id,
                                                 context.agent_id)
                 if not settled and any(e["type"] in ev.TERMINAL_TYPES for e in out):
@@ -415,6 +431,18 @@ class LangGraphAgent(Agent):
         finally:
             if not settled:  # stopped, failed or cancelled before its end
                 await self._settle(claims, thread_id, cut_short=cut_short)
+
+    def _run_config(self, input: RunInput) -> dict[str, Any]:
+        """The run's config: the agent's, with what the client's `forwardedProps.config`
+        (1.10's `agentStates[].config`) may set (see `_lg_config`)."""
+        props = input.model.forwarded_props
+        sent = props.get("config") if isinstance(props, dict) else None
+        if sent is None:
+            return dict(self.config)
+        if self._config_keys is None:
+            self._config_keys = graph_config_keys(self.graph)
+        return client_run_config(self.config, sent, self._config_keys,
+                                 recursion_bound(self.config))
 
     def _check_state(self, encoder: WireEncoder, thread_id: str) -> None:
         """Warn, once per thread, of a state the client could not send back."""

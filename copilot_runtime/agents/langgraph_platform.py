@@ -83,8 +83,13 @@ from copilot_runtime._held import MAX_UPSTREAM_EVENT_BYTES
 from copilot_runtime._input import RunInput
 from copilot_runtime.agents._http_client import REDIRECT_NOT_FOLLOWED
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
+from copilot_runtime.agents._lg_config import (
+    client_run_config,
+    declared_keys,
+    recursion_bound,
+)
 from copilot_runtime.agents._lg_events import WireEncoder
-from copilot_runtime.agents._lg_state import thread_state_from_values
+from copilot_runtime.agents._lg_state import schema_keys, thread_state_from_values
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.agents.langgraph import translate_bridge_run
 from copilot_runtime.events import EventBatches
@@ -198,9 +203,10 @@ class LangGraphPlatformAgent(Agent):
             assistant_id, schemas = await self._assistant(headers, what)
             graph = _PlatformGraph(self._client, assistant_id, schemas, headers,
                                    agent_id=context.agent_id, known=self._secrets)
+            config = self._run_config(input, schemas)
             bridge = CopilotKitLangGraphBridge(
                 name=self.name, graph=graph, description=self.description or None,
-                config=dict(self.config) or None, emit_raw_events=False, **self._bridge_flags)
+                config=config or None, emit_raw_events=False, **self._bridge_flags)
             async for batch in translate_bridge_run(
                     bridge, input, WireEncoder(state_deltas=self.state_deltas)):
                 yield batch
@@ -217,6 +223,16 @@ class LangGraphPlatformAgent(Agent):
             raise UpstreamError("The LangGraph Platform sent an event of an unexpected "
                                 "shape") from None
 
+    def _run_config(self, input: RunInput, schemas: Mapping[str, Any]) -> dict[str, Any]:
+        """The run's config: the agent's, with what the client's `forwardedProps.config`
+        may set (see `_lg_config`): the `configurable` keys the assistant's config and
+        context schemas declare, a lower `recursion_limit`."""
+        props = input.model.forwarded_props
+        sent = props.get("config") if isinstance(props, dict) else None
+        return client_run_config(self.config, sent, declared_keys(
+            schemas.get("config_schema"), schemas.get("context_schema")),
+            recursion_bound(self.config))
+
     async def load_state(self, thread_id: str, *,
                          headers: Mapping[str, str] | None = None) -> AgentThreadState:
         """The platform thread's current values (`threads.get_state`); a thread the
@@ -224,11 +240,15 @@ class LangGraphPlatformAgent(Agent):
         forwarded = self._forwarded(headers)
         what = self._graph_named()
         try:
+            assistant_id, schemas = await self._assistant(forwarded, what)
             state = await self._client.threads.get_state(platform_thread_id(thread_id),
                                                          headers=forwarded)
             values = state.get("values")  # (empty for a thread without any: none)
+            # Cut to the output schema's keys, as the run's snapshots are.
+            graph = _PlatformGraph(self._client, assistant_id, schemas, forwarded,
+                                   agent_id=self.name, known=self._secrets)
             return thread_state_from_values(thread_id, _thread_values(values) if values
-                                            else None)
+                                            else None, schema_keys(graph)["output"])
         except NotFoundError:
             return AgentThreadState(thread_id, exists=False)
         except httpx.HTTPError as exc:

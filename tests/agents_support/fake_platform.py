@@ -69,6 +69,10 @@ class FakePlatform:
     calls: list[str] = field(default_factory=list)
     #: The headers of each call, in the same order.
     headers: list[dict[str, str]] = field(default_factory=list)
+    #: What the schemas route answers (None: every schema `{messages}` only).
+    schemas: dict[str, Any] | None = None
+    #: The JSON body of each run stream's request, in order.
+    run_bodies: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def app(self) -> Starlette:
@@ -98,13 +102,15 @@ class FakePlatform:
         if path == "/assistants/search":
             return JSONResponse([{"assistant_id": ASSISTANT_ID, "graph_id": "fake"}])
         if path.endswith("/schemas"):
-            return JSONResponse({"graph_id": "fake", "input_schema": _SCHEMA,
-                                 "output_schema": _SCHEMA, "state_schema": _SCHEMA})
+            return JSONResponse(self.schemas or {
+                "graph_id": "fake", "input_schema": _SCHEMA, "output_schema": _SCHEMA,
+                "state_schema": _SCHEMA})
         if path.endswith("/state"):
             return JSONResponse({"values": self.values, "next": [], "tasks": [],
                                  "checkpoint": {"checkpoint_id": "c1", "checkpoint_ns": ""},
                                  "metadata": {}, "created_at": None})
         if path.endswith("/runs/stream") and method == "POST":
+            self.run_bodies.append(json.loads(await request.body()))
             thread = path.split("/")[2]
             return StreamingResponse(
                 self._stream(), media_type="text/event-stream",
