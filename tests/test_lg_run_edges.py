@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import operator
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -25,6 +26,7 @@ from typing import Annotated, Any, Literal
 
 import orjson
 import psycopg
+import pydantic
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage
 from langchain_core.runnables import RunnableConfig
@@ -32,6 +34,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
+from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 from structlog.testing import capture_logs
 from typing_extensions import TypedDict
@@ -725,3 +728,49 @@ async def test_a_config_of_the_wrong_shape_is_invalid_request(
         assert gql["status"]["code"] == "Failed"
         assert gql["status"]["details"]["originalError"]["originalErrorType"] == \
             "INVALID_REQUEST"
+
+
+@dataclasses.dataclass
+class DataclassContext:
+    model: str = "default"
+
+
+class PydanticContext(pydantic.BaseModel):
+    model: str = "default"
+
+
+def reads_context(schema: Any) -> Any:
+    """One node that answers with its run's context (LangGraph 1.x's `Runtime.context`)."""
+    def answer(state: State, runtime: Runtime[Any]) -> Json:
+        return {"messages": [AIMessage(f"model={runtime.context.model}")]}
+
+    graph = StateGraph(State, context_schema=schema)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "answer")
+    graph.add_edge("answer", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+@pytest.mark.parametrize("schema", [DataclassContext, PydanticContext])
+async def test_a_graph_with_a_dataclass_or_pydantic_context_runs(
+        serve_runtime: ServeRuntime, schema: Any) -> None:
+    """Before: the whole `configurable` (`thread_id`, `__pregel_durability`) was passed as
+    the run's context, and a context class that names fewer keys refused it: every run of
+    such a graph failed with AGENT_ERROR. Now the context holds the keys it names."""
+    agents = {"lg": LangGraphAgent(name="lg", graph=reads_context(schema)),
+              "own": LangGraphAgent(name="own", graph=reads_context(schema),
+                                    config={"configurable": {"model": "agent's"}})}
+    async with serve_runtime(CopilotRuntime(agents=agents)) as served:
+        plain = await served.run(run_input("hi", thread="x1"), agent="lg")
+        sent = await served.run(run_input("hi", thread="x2", forwardedProps={
+            "config": {"configurable": {"model": "m1"}}}), agent="lg")
+        own = await served.run(run_input("hi", thread="x3"), agent="own")
+        gql = await served.generate(chat_data(
+            [text_message("u1", "user", "hi")], thread="x4", agentSession=SESSION,
+            **with_config({"configurable": {"model": "m2"}})))
+    for events in (plain, sent, own):
+        verify_events(events)
+    assert said(plain) == "model=default"
+    assert said(sent) == "model=m1"
+    assert said(own) == "model=agent's"
+    assert gql_said(gql) == "model=m2"

@@ -67,6 +67,7 @@ import copy
 import dataclasses
 import functools
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Annotated, Any, Final, Literal
 
@@ -99,6 +100,7 @@ from langgraph.types import Command, Interrupt, StateSnapshot
 
 from copilot_runtime._exceptions import ApprovalError, InvalidRequestError
 from copilot_runtime._time import iso_time, parse_time
+from copilot_runtime.agents._lg_config import graph_config_keys
 from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
 from copilot_runtime.agents._lg_state import graph_values, schema_keys
 from copilot_runtime.agents._lg_values import json_safe, known_messages
@@ -217,6 +219,14 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             input=input, subgraphs=subgraphs, version=version, config=config,
             context=context, fork=fork)
         if isinstance(self.graph, Pregel):
+            if "context" in kwargs and self.graph.context_schema is not None:
+                # The base passes the whole `configurable` (`thread_id`, LangGraph's own
+                # `__pregel_*`) as the run's context; a dataclass or pydantic context
+                # schema refuses any key it does not name, failing every run.
+                # Always one (if empty, the schema's defaults), as a graph reads it.
+                named = _context_keys(self.graph)
+                kwargs["context"] = {key: value for key, value in kwargs["context"].items()
+                                     if key in named}
             # "custom" adds what nodes write with get_stream_writer() (as the root graph's
             # `on_chain_stream` events); "values" is a compiled graph's default.
             kwargs["stream_mode"] = ["values", "custom"]
@@ -892,3 +902,14 @@ def _tool_call_chunks(event: Mapping[str, Any]) -> list[Any]:
     chunk = (event.get("data") or {}).get("chunk")
     chunks = _get(chunk, "tool_call_chunks") if chunk is not None else None
     return list(chunks or ())
+
+
+#: Each compiled graph's context keys, read once (a pydantic schema is built to read them).
+_CONTEXT_KEYS: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.WeakKeyDictionary()
+
+
+def _context_keys(graph: Any) -> frozenset[str]:
+    keys = _CONTEXT_KEYS.get(graph)
+    if keys is None:
+        keys = _CONTEXT_KEYS[graph] = graph_config_keys(graph)
+    return keys
