@@ -455,6 +455,7 @@ class MCPToolset:
                 try:
                     async with handshake:
                         client = await stack.enter_async_context(self._client(conn, stack))
+                    _tolerate_output_mismatch(client, server)
                 except Exception:
                     if not handshake.expired():
                         raise
@@ -843,6 +844,30 @@ def _tool_action(conn: _Connection, tool: Any, name: str) -> Action:
                                  "not 'object'")
     return Action(name, call, description=tool.description or "",
                   parameters=schema or {"type": "object", "properties": {}})
+
+
+def _tolerate_output_mismatch(client: Client, server: MCPServer) -> None:
+    """Keep a result that breaks its tool's `outputSchema` instead of failing the call.
+
+    The SDK checks a result against the schema after the call has run, and raises: the
+    model read a tool failure for a side effect that happened (a booking made). The SDK has
+    no switch for it; its public check, `validate_tool_result`, which every `call_tool`
+    path calls, is wrapped for this session: a result that breaks the schema is logged and
+    kept, its structured content dropped when it has content blocks to fall back on."""
+    session = client.session
+    strict = session.validate_tool_result
+
+    async def validate(name: str, result: types.CallToolResult) -> None:
+        try:
+            await strict(name, result)
+        except Exception as exc:  # (a RuntimeError: no, or wrong, content; a schema unusable)
+            _log.warning("MCP tool result breaks its outputSchema; passed on all the same",
+                         server=server.label, tool=name[:100],
+                         error=scrub_secrets(f"{exc}"[:500], *server.secrets))
+            if result.content:
+                result.structured_content = None
+
+    session.validate_tool_result = validate  # type: ignore[method-assign]
 
 
 async def _call_tool(client: Client, remote: str, arguments: dict[str, Any],

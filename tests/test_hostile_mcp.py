@@ -53,6 +53,9 @@ class ScriptedMCP:
         self.delays: dict[str, float] = {"hang": 3600.0}
         self.errors: dict[str, Json] = {}
         self.texts: dict[str, str] = {}
+        #: `structuredContent` a tools/call with argument x answers with besides its text
+        #: (an empty text: no content blocks at all).
+        self.structured: dict[str, Any] = {}
         self.holding, self.held = asyncio.Event(), asyncio.Event()
         #: Answers come as one SSE event each (as the TypeScript SDK's servers send them).
         self.sse = False
@@ -128,7 +131,10 @@ class ScriptedMCP:
                 await answer(200, {"jsonrpc": "2.0", "id": request_id, "error": self.errors[x]})
                 return
             said = f"key {key} revoked" if x == "key" else self.texts.get(x, f"echoed {x}")
-            result = {"isError": x == "key", "content": [{"type": "text", "text": said}]}
+            result = {"isError": x == "key",
+                      "content": [{"type": "text", "text": said}] if said else []}
+            if x in self.structured:
+                result["structuredContent"] = self.structured[x]
         else:
             result = {}
         await answer(200, {"jsonrpc": "2.0", "id": request_id, "result": result})
@@ -547,3 +553,34 @@ async def test_a_listing_whose_cursor_never_ends_is_cut_off_once_and_said() -> N
     assert server.methods.count("tools/list") == 100
     assert [entry["event"] for entry in logs if entry["log_level"] == "warning"] == [
         "MCP tool listing cut off: its cursor did not end"]
+
+
+# ---- a result that breaks the tool's outputSchema: the tool ran, the model must know --------
+
+BOOK = {"name": "book", "description": "Books a flight",
+        "inputSchema": {"type": "object", "properties": {"x": {"type": "string"}}},
+        "outputSchema": {"type": "object", "properties": {"booking": {"type": "string"}},
+                         "required": ["booking"]}}
+
+
+async def test_a_result_breaking_its_output_schema_still_reaches_the_model() -> None:
+    """Before: the SDK checks a result against the tool's `outputSchema` after the call has
+    run, and raised; the model read "the MCP tool book failed" for a flight that was booked.
+    Now the result reaches it (its blocks when its structured content is missing or wrong,
+    else that content), and the log says the server broke its schema."""
+    server = ScriptedMCP(tools=[BOOK])
+    server.texts.update({"none": '{"booking": "BK-1"}', "wrong": "booked BK-2", "ok": "BK-3",
+                         "bare": ""})
+    server.structured.update({"wrong": {"booking": 2}, "ok": {"booking": "BK-3"},
+                              "bare": {"booking": 4}})
+    async with started(server, bound=10) as toolset:
+        book = tool(toolset, "book")
+        with capture_logs() as logs:
+            assert await book.execute('{"x": "none"}') == '"{\\"booking\\": \\"BK-1\\"}"'
+            assert await book.execute('{"x": "wrong"}') == '"booked BK-2"'
+            # (no blocks to fall back on: its structured content, as it is)
+            assert await book.execute('{"x": "bare"}') == '{"booking":4}'
+        assert await book.execute('{"x": "ok"}') == '{"booking":"BK-3"}'
+    warned = [e for e in logs if e["event"].startswith("MCP tool result breaks its outputSchema")]
+    assert [e["tool"] for e in warned] == ["book"] * 3, logs
+    assert "did not return structured content" in warned[0]["error"]
