@@ -25,7 +25,7 @@ from copilot_runtime import ActionError, CopilotRuntime, MCPServer, MCPToolset, 
 from copilot_runtime.actions import Action
 from copilot_runtime.protocols.graphql.agent_tools import MAX_REQUEST_MCP_SERVERS
 from copilot_runtime.testing import ScriptedAdapter, text_turn, tool_turn
-from tests.conftest import ServeRuntime, run_input
+from tests.conftest import ServeRuntime, parse_sse, run_input
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, merge, parse_multipart, user_turn
 from tests.mcp_support.serving import killable
 
@@ -62,6 +62,8 @@ class ScriptedMCP:
         #: The `nextCursor` of every listing page (one that never ends, when set).
         self.next_cursor: str | None = None
         self.methods: list[str] = []
+        #: The `Authorization` header of each request ("" without one).
+        self.authorizations: list[str] = []
         #: The answers under way (a hanging one never notices its client gone).
         self.answering: set[asyncio.Task[Any]] = set()
 
@@ -98,6 +100,7 @@ class ScriptedMCP:
         request = orjson.loads(body)
         method, request_id = request.get("method"), request.get("id")
         self.methods.append(method)
+        self.authorizations.append(dict(scope["headers"]).get(b"authorization", b"").decode())
         if request_id is None:
             await answer(202)
             return
@@ -235,6 +238,33 @@ async def test_a_request_names_each_server_once_and_a_few_at_most(
     assert too_many["data"] is None
     assert too_many["errors"][0]["message"] == (
         f"properties.mcpServers names more than {MAX_REQUEST_MCP_SERVERS} MCP servers")
+
+
+async def test_a_request_scoped_servers_api_key_serves_the_run_and_is_not_kept(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: `properties` were merged into the run's `forwardedProps` whole, so the
+    server's `apiKey` sat in the RUN_STARTED input the thread stored: `connect` replayed it
+    to any later reader of the thread. The run still sends it to the server."""
+    key = "mcpkey-VERYSECRET-0123456789"
+    server = ScriptedMCP()
+    model = ScriptedAdapter(tool_turn(("echo", '{"x": "hi"}')), text_turn("done"))
+    async with scripted(server) as url:
+        runtime = CopilotRuntime(service_adapter=model, mcp_allowed_urls=[url])
+        async with serve_runtime(runtime) as served:
+            answer = await chat(served, [{"endpoint": url, "apiKey": key,
+                                          "headers": {"X-Other": "other-secret-42"}}])
+            connect = await served.post("/agent/default/connect", {
+                "threadId": "gql-thread", "runId": "r2", "messages": [], "tools": [],
+                "context": [], "state": {}, "forwardedProps": {}})
+            replayed = await connect.read()
+    assert answer["data"]["generateCopilotResponse"]["status"]["code"] == "Success", answer
+    assert "tools/call" in server.methods
+    assert set(server.authorizations) == {f"Bearer {key}"}  # (the run did send it)
+    assert connect.status == 200
+    started = next(e for e in parse_sse(replayed) if e["type"] == "RUN_STARTED")
+    assert started["input"]["forwardedProps"]["mcpServers"] == [{"endpoint": url}]
+    assert key.encode() not in replayed
+    assert b"other-secret-42" not in replayed
 
 
 @pytest.mark.parametrize("key", ["s3cret\r\nX-Injected: 1", "s3crét", "s3cr3t7 ", " s3cr3t7",
