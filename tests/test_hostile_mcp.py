@@ -62,6 +62,8 @@ class ScriptedMCP:
         #: The `nextCursor` of every listing page (one that never ends, when set).
         self.next_cursor: str | None = None
         self.methods: list[str] = []
+        #: An HTTP status every request is answered with (a revoked token: 401), when set.
+        self.status: int | None = None
         #: The `Authorization` header of each request ("" without one).
         self.authorizations: list[str] = []
         #: The answers under way (a hanging one never notices its client gone).
@@ -94,6 +96,13 @@ class ScriptedMCP:
             await send({"type": "http.response.body",
                         "body": b"event: message\ndata: " + body + b"\n\n" if sse else body})
 
+        if self.status is not None:
+            await send({"type": "http.response.start", "status": self.status, "headers": [
+                (b"content-type", b"application/json"),
+                (b"www-authenticate", b'Bearer error="invalid_token"')]})
+            await send({"type": "http.response.body",
+                        "body": b'{"error":"invalid_token","error_description":"expired"}'})
+            return
         if scope["method"] != "POST":
             await answer(405)
             return
@@ -377,6 +386,39 @@ async def test_a_tool_error_echoing_the_servers_key_does_not_show_it() -> None:
             await toolset.aclose()
     assert errors == ["key [REDACTED] revoked",
                       "the MCP tool echo of h failed: MCPError: key [REDACTED] revoked"]
+
+
+@pytest.mark.parametrize(("status", "said"), [(401, "HTTP 401 Unauthorized"),
+                                              (403, "HTTP 403 Forbidden"),
+                                              (500, "HTTP 500 Internal Server Error")])
+async def test_an_http_error_answer_names_its_status(status: int, said: str) -> None:
+    """Before: a server answering 401 (its token revoked), 403 or 500 gave "MCPError: Server
+    returned an error response" (the SDK's words) and logged nothing: nobody could tell an
+    expired token from a crash. The call's error, the start's and a log line name the HTTP
+    status; never the token."""
+    token = "tok-1234567890abcdef"
+    server = ScriptedMCP()
+    async with scripted(server) as url:
+        toolset = MCPToolset([MCPServer(url=url, name="h", timeout=10,
+                                        headers={"Authorization": f"Bearer {token}"})])
+        await toolset.start()
+        try:
+            assert await tool(toolset).execute('{"x": "1"}') == '"echoed 1"'
+            server.status = status
+            with capture_logs() as logs, pytest.raises(ActionError) as caught:
+                await tool(toolset).execute('{"x": "2"}')
+        finally:
+            await toolset.aclose()
+        with pytest.raises(UpstreamError) as at_start:
+            await MCPToolset([MCPServer(url=url, name="h", timeout=10,
+                                        headers={"Authorization": f"Bearer {token}"})]).start()
+    assert said in caught.value.message, caught.value.message
+    assert said in at_start.value.message, at_start.value.message
+    logged = [e for e in logs if e.get("status") == status]
+    assert logged, logs
+    assert logged[0]["server"] == "h"
+    for text in (caught.value.message, at_start.value.message, str(logs)):
+        assert token not in text
 
 
 SECRET_STDIO = Path(__file__).parent / "mcp_support" / "secret_stdio.py"
