@@ -91,6 +91,9 @@ _LEGACY_SSE = ("it looks like a legacy HTTP+SSE MCP server (its URL refuses a PO
                "streamable HTTP and stdio are supported")
 #: The SDK's message for a call whose session's transport closed.
 _SDK_CLOSED = "Connection closed"
+#: The SDK's stand-in for a POST answered with an HTTP error status (no JSON-RPC error in
+#: its body): the status, which tells a revoked token from a crash, is not in it.
+_SDK_HTTP_ERROR = "Server returned an error response"
 #: A transport failure before any byte of the request left: the server never saw it.
 _NOT_CONNECTED = (httpx2.ConnectError, httpx2.ConnectTimeout)
 #: An `env` value of a stdio server shorter than this is a setting ("1", "debug"), not a
@@ -106,6 +109,8 @@ class _Sending:
         self.unconnected = False
         #: A request of the call was answered (the server saw it).
         self.answered = False
+        #: The HTTP error status a POST of the call was answered with, if any.
+        self.refused: int | None = None
 
 
 #: The call whose requests are being sent. The SDK sends each request from a task of its own
@@ -131,6 +136,9 @@ class _NotingTransport(httpx2.AsyncBaseTransport):
         self.inner = inner
         #: A POST was answered 405: opening, the mark of a legacy HTTP+SSE server's URL.
         self.post_refused = False
+        #: The HTTP error status the latest POST was answered with (None: a success): what
+        #: an opening or a listing that failed with `_SDK_HTTP_ERROR` was told.
+        self.refused: int | None = None
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         sending = _SENDING.get()
@@ -149,8 +157,12 @@ class _NotingTransport(httpx2.AsyncBaseTransport):
                              else b"no connection free within the pool timeout")
         if sending is not None:
             sending.answered = True
-        if request.method == "POST" and response.status_code == 405:
-            self.post_refused = True
+        if request.method == "POST":
+            self.refused = response.status_code if response.status_code >= 400 else None
+            if sending is not None and self.refused is not None:
+                sending.refused = self.refused
+            if response.status_code == 405:
+                self.post_refused = True
         if request.method == "POST" and response.headers.get(
                 "content-type", "").lower().startswith("application/json"):
             # (an SSE answer's read timeout already fails its request alone, in the SDK)
@@ -269,6 +281,10 @@ class _Connection:
         self.task: asyncio.Task[None] | None = None
         #: The HTTP transport of the latest session (None over stdio).
         self.transport: _NotingTransport | None = None
+
+    def refused(self) -> int | None:
+        """The HTTP error status the latest session's latest POST was answered with."""
+        return None if self.transport is None else self.transport.refused
 
     def unavailable(self) -> str:
         if self.closing.is_set():
@@ -403,7 +419,7 @@ class MCPToolset:
                 task = asyncio.current_task()
                 if isinstance(exc, asyncio.CancelledError) and task and task.cancelling():
                     raise  # cancelled from outside, not by the session's own task group
-                reason = _reason(exc, server)
+                reason = _reason(exc, server, conn.refused())
                 if conn.opened_at is None and conn.transport and conn.transport.post_refused:
                     reason = _LEGACY_SSE  # (the SDK says only "an error response")
                 if not ready.done():  # never connected: the start fails, no reconnecting
@@ -455,6 +471,7 @@ class MCPToolset:
                 try:
                     async with handshake:
                         client = await stack.enter_async_context(self._client(conn, stack))
+                    _tolerate_output_mismatch(client, server)
                 except Exception:
                     if not handshake.expired():
                         raise
@@ -470,7 +487,7 @@ class MCPToolset:
                                  error=scrub_secrets(f"{type(exc).__name__}: {exc}",
                                                      *server.secrets))
                     raise UpstreamError(f"MCP server {server.label} could not list its tools: "
-                                        f"{failure_text(exc, known=server.secrets)}") from None
+                                        f"{_reason(exc, server, conn.refused())}") from None
                 changes = await _listen_for_changes(client, server, stack)
                 conn.wake.clear()
                 if conn.closing.is_set():
@@ -615,14 +632,24 @@ async def _close(connections: Sequence[_Connection]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _reason(exc: BaseException, server: MCPServer) -> str:
+def _reason(exc: BaseException, server: MCPServer, refused: int | None = None) -> str:
     """The first cause of a session's end, its exception groups opened, without the
-    credentials `server` was configured with (an HTTP client quotes a header it refused)."""
+    credentials `server` was configured with (an HTTP client quotes a header it refused);
+    the SDK's stand-in for an HTTP error answer names its status (`refused`)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     if isinstance(exc, UpstreamError):  # ours, made fit to show: blanked once more all the same
         return scrub_secrets(str(exc), *server.secrets)
-    return failure_text(exc, known=server.secrets)
+    said = failure_text(exc, known=server.secrets)
+    status = _http_status(exc, refused)
+    return said if status is None else f"{said} (HTTP {status})"
+
+
+def _http_status(exc: BaseException, refused: int | None) -> str | None:
+    """"401 Unauthorized" when `exc` is the SDK's stand-in for an answer of HTTP `refused`."""
+    if refused is None or not isinstance(exc, MCPError) or exc.message != _SDK_HTTP_ERROR:
+        return None
+    return f"{refused} {httpx2.codes.get_reason_phrase(refused)}".strip()
 
 
 def _connection_gone(exc: Exception, client: Client) -> bool:
@@ -817,7 +844,7 @@ def _tool_action(conn: _Connection, tool: Any, name: str) -> Action:
             try:
                 result = await _call_tool(client, remote, arguments, sending)
             except Exception as exc:
-                failure = _failure(conn, client, remote, exc)
+                failure = _failure(conn, client, remote, exc, sending)
                 if not _never_reached(exc, sending):
                     raise failure from None
             else:
@@ -830,10 +857,11 @@ def _tool_action(conn: _Connection, tool: Any, name: str) -> Action:
         if fresh is None:
             raise ActionError(f"the MCP tool {remote} is unavailable: {conn.unavailable()}")
         remaining = deadline - asyncio.get_running_loop().time()
+        again = _Sending()
         try:
-            result = await _call_tool(fresh, remote, arguments, None, read_timeout=remaining)
+            result = await _call_tool(fresh, remote, arguments, again, read_timeout=remaining)
         except Exception as exc:
-            raise _failure(conn, fresh, remote, exc) from None
+            raise _failure(conn, fresh, remote, exc, again) from None
         return _answer(remote, result, conn.server.secrets)
 
     schema = tool.input_schema if isinstance(tool.input_schema, dict) else None
@@ -843,6 +871,30 @@ def _tool_action(conn: _Connection, tool: Any, name: str) -> Action:
                                  "not 'object'")
     return Action(name, call, description=tool.description or "",
                   parameters=schema or {"type": "object", "properties": {}})
+
+
+def _tolerate_output_mismatch(client: Client, server: MCPServer) -> None:
+    """Keep a result that breaks its tool's `outputSchema` instead of failing the call.
+
+    The SDK checks a result against the schema after the call has run, and raises: the
+    model read a tool failure for a side effect that happened (a booking made). The SDK has
+    no switch for it; its public check, `validate_tool_result`, which every `call_tool`
+    path calls, is wrapped for this session: a result that breaks the schema is logged and
+    kept, its structured content dropped when it has content blocks to fall back on."""
+    session = client.session
+    strict = session.validate_tool_result
+
+    async def validate(name: str, result: types.CallToolResult) -> None:
+        try:
+            await strict(name, result)
+        except Exception as exc:  # (a RuntimeError: no, or wrong, content; a schema unusable)
+            _log.warning("MCP tool result breaks its outputSchema; passed on all the same",
+                         server=server.label, tool=name[:100],
+                         error=scrub_secrets(f"{exc}"[:500], *server.secrets))
+            if result.content:
+                result.structured_content = None
+
+    session.validate_tool_result = validate  # type: ignore[method-assign]
 
 
 async def _call_tool(client: Client, remote: str, arguments: dict[str, Any],
@@ -856,9 +908,17 @@ async def _call_tool(client: Client, remote: str, arguments: dict[str, Any],
         _SENDING.reset(token)
 
 
-def _failure(conn: _Connection, client: Client, remote: str, exc: Exception) -> ActionError:
-    """The tool error of a call that raised `exc`; a connection found gone ends its session."""
+def _failure(conn: _Connection, client: Client, remote: str, exc: Exception,
+             sending: _Sending) -> ActionError:
+    """The tool error of a call that raised `exc`; a connection found gone ends its session.
+    An HTTP error answer is logged too: a revoked token or a server failing needs the
+    operator, and the model may not say so."""
     said = failure_text(exc, known=conn.server.secrets)
+    if (status := _http_status(exc, sending.refused)) is not None:
+        said = f"{said} (HTTP {status})"
+        _log.warning("MCP server answered a tool call with an HTTP error",
+                     server=conn.server.label, tool=remote[:100], status=sending.refused,
+                     error=status)
     if _connection_gone(exc, client):
         conn.lose(client, said)
     return ActionError(f"the MCP tool {remote} of {conn.server.label} failed: {said}")

@@ -348,6 +348,63 @@ async def test_a_frontend_tool_sent_twice_is_offered_once(
     assert sorted(_tool_names(harness.server.requests[-1])) == ["getWeather", "sayHello"]
 
 
+def _tool_schemas(body: dict[str, Any]) -> dict[str, Any]:
+    """Each offered tool's parameters, in any provider's shape, by name."""
+    schemas: dict[str, Any] = {}
+    for tool in body.get("tools") or ():
+        if "function" in tool:
+            schemas[tool["function"]["name"]] = tool["function"].get("parameters")
+        elif "functionDeclarations" in tool:
+            schemas.update({d["name"]: d.get("parameters") for d in tool["functionDeclarations"]})
+        else:
+            schemas[tool["name"]] = tool.get("input_schema")
+    return schemas
+
+
+#: Tool schemas MCP servers publish that providers refuse at the top: Anthropic any
+#: combinator, OpenAI those, a missing type, `enum`, `const` and `not`.
+HOSTILE_TOOLS = [
+    {"name": "attach", "description": "Attach a file", "parameters": {
+        "type": "object", "anyOf": [
+            {"properties": {"content": {"type": "string"}}, "required": ["content"]},
+            {"properties": {"source_url": {"type": "string"}}, "required": ["source_url"]}]}},
+    {"name": "analyze", "description": "Analyze an image", "parameters": {
+        "type": "object", "required": ["prompt"],
+        "properties": {"prompt": {"type": "string"}, "imageUrl": {"type": "string"}},
+        "oneOf": [{"required": ["imageUrl"]}, {"required": ["imageBase64"]}]}},
+    {"name": "merged", "description": "allOf", "parameters": {"allOf": [
+        {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+        {"properties": {"b": {"type": "integer"}}, "not": {"required": ["c"]}}]}},
+    {"name": "loose", "description": "No type", "parameters": {
+        "properties": {"x": {"type": "string"}}}},
+]
+
+
+async def test_tool_schemas_providers_refuse_at_the_top_are_offered_as_objects(
+        harness: Harness, serve_runtime: ServeRuntime) -> None:
+    """One tool whose schema has a combinator at the top (Notion's MCP tools do) or no
+    `type` made the provider refuse every request offering it: every run failed. Each is
+    offered as one object schema accepting what it accepted, and the mocks refuse the
+    rest as the real APIs do."""
+    runtime = CopilotRuntime(service_adapter=harness.make())
+    async with asyncio.timeout(TIMEOUT_S), serve_runtime(runtime) as served:
+        events = await served.run(run_input('call:attach {"source_url":"https://x.test/a"}',
+                                            tools=HOSTILE_TOOLS))
+    assert types(events)[-1] == "RUN_FINISHED", events
+    args = "".join(e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS")
+    assert orjson.loads(args) == {"source_url": "https://x.test/a"}
+    schemas = _tool_schemas(harness.server.requests[-1])
+    for name in ("attach", "analyze", "merged", "loose"):
+        top = schemas[name]
+        assert str(top["type"]).lower() == "object", (name, top)
+        assert not {"anyOf", "oneOf", "allOf", "not"} & top.keys(), (name, top)
+    assert set(schemas["attach"]["properties"]) == {"content", "source_url"}
+    assert "required" not in schemas["attach"]  # (neither is required by both)
+    assert set(schemas["merged"]["properties"]) == {"a", "b"}
+    assert schemas["merged"]["required"] == ["a"]
+    assert schemas["analyze"]["required"] == ["prompt"]
+
+
 async def test_forwarded_model_settings_mapped_or_refused(
         harness: Harness, serve_runtime: ServeRuntime) -> None:
     runtime = CopilotRuntime(service_adapter=harness.make(), actions=[getWeather])

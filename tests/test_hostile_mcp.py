@@ -25,7 +25,7 @@ from copilot_runtime import ActionError, CopilotRuntime, MCPServer, MCPToolset, 
 from copilot_runtime.actions import Action
 from copilot_runtime.protocols.graphql.agent_tools import MAX_REQUEST_MCP_SERVERS
 from copilot_runtime.testing import ScriptedAdapter, text_turn, tool_turn
-from tests.conftest import ServeRuntime, run_input
+from tests.conftest import ServeRuntime, parse_sse, run_input
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, merge, parse_multipart, user_turn
 from tests.mcp_support.serving import killable
 
@@ -53,12 +53,19 @@ class ScriptedMCP:
         self.delays: dict[str, float] = {"hang": 3600.0}
         self.errors: dict[str, Json] = {}
         self.texts: dict[str, str] = {}
+        #: `structuredContent` a tools/call with argument x answers with besides its text
+        #: (an empty text: no content blocks at all).
+        self.structured: dict[str, Any] = {}
         self.holding, self.held = asyncio.Event(), asyncio.Event()
         #: Answers come as one SSE event each (as the TypeScript SDK's servers send them).
         self.sse = False
         #: The `nextCursor` of every listing page (one that never ends, when set).
         self.next_cursor: str | None = None
         self.methods: list[str] = []
+        #: An HTTP status every request is answered with (a revoked token: 401), when set.
+        self.status: int | None = None
+        #: The `Authorization` header of each request ("" without one).
+        self.authorizations: list[str] = []
         #: The answers under way (a hanging one never notices its client gone).
         self.answering: set[asyncio.Task[Any]] = set()
 
@@ -89,12 +96,20 @@ class ScriptedMCP:
             await send({"type": "http.response.body",
                         "body": b"event: message\ndata: " + body + b"\n\n" if sse else body})
 
+        if self.status is not None:
+            await send({"type": "http.response.start", "status": self.status, "headers": [
+                (b"content-type", b"application/json"),
+                (b"www-authenticate", b'Bearer error="invalid_token"')]})
+            await send({"type": "http.response.body",
+                        "body": b'{"error":"invalid_token","error_description":"expired"}'})
+            return
         if scope["method"] != "POST":
             await answer(405)
             return
         request = orjson.loads(body)
         method, request_id = request.get("method"), request.get("id")
         self.methods.append(method)
+        self.authorizations.append(dict(scope["headers"]).get(b"authorization", b"").decode())
         if request_id is None:
             await answer(202)
             return
@@ -128,7 +143,10 @@ class ScriptedMCP:
                 await answer(200, {"jsonrpc": "2.0", "id": request_id, "error": self.errors[x]})
                 return
             said = f"key {key} revoked" if x == "key" else self.texts.get(x, f"echoed {x}")
-            result = {"isError": x == "key", "content": [{"type": "text", "text": said}]}
+            result = {"isError": x == "key",
+                      "content": [{"type": "text", "text": said}] if said else []}
+            if x in self.structured:
+                result["structuredContent"] = self.structured[x]
         else:
             result = {}
         await answer(200, {"jsonrpc": "2.0", "id": request_id, "result": result})
@@ -229,6 +247,33 @@ async def test_a_request_names_each_server_once_and_a_few_at_most(
     assert too_many["data"] is None
     assert too_many["errors"][0]["message"] == (
         f"properties.mcpServers names more than {MAX_REQUEST_MCP_SERVERS} MCP servers")
+
+
+async def test_a_request_scoped_servers_api_key_serves_the_run_and_is_not_kept(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: `properties` were merged into the run's `forwardedProps` whole, so the
+    server's `apiKey` sat in the RUN_STARTED input the thread stored: `connect` replayed it
+    to any later reader of the thread. The run still sends it to the server."""
+    key = "mcpkey-VERYSECRET-0123456789"
+    server = ScriptedMCP()
+    model = ScriptedAdapter(tool_turn(("echo", '{"x": "hi"}')), text_turn("done"))
+    async with scripted(server) as url:
+        runtime = CopilotRuntime(service_adapter=model, mcp_allowed_urls=[url])
+        async with serve_runtime(runtime) as served:
+            answer = await chat(served, [{"endpoint": url, "apiKey": key,
+                                          "headers": {"X-Other": "other-secret-42"}}])
+            connect = await served.post("/agent/default/connect", {
+                "threadId": "gql-thread", "runId": "r2", "messages": [], "tools": [],
+                "context": [], "state": {}, "forwardedProps": {}})
+            replayed = await connect.read()
+    assert answer["data"]["generateCopilotResponse"]["status"]["code"] == "Success", answer
+    assert "tools/call" in server.methods
+    assert set(server.authorizations) == {f"Bearer {key}"}  # (the run did send it)
+    assert connect.status == 200
+    started = next(e for e in parse_sse(replayed) if e["type"] == "RUN_STARTED")
+    assert started["input"]["forwardedProps"]["mcpServers"] == [{"endpoint": url}]
+    assert key.encode() not in replayed
+    assert b"other-secret-42" not in replayed
 
 
 @pytest.mark.parametrize("key", ["s3cret\r\nX-Injected: 1", "s3crét", "s3cr3t7 ", " s3cr3t7",
@@ -341,6 +386,39 @@ async def test_a_tool_error_echoing_the_servers_key_does_not_show_it() -> None:
             await toolset.aclose()
     assert errors == ["key [REDACTED] revoked",
                       "the MCP tool echo of h failed: MCPError: key [REDACTED] revoked"]
+
+
+@pytest.mark.parametrize(("status", "said"), [(401, "HTTP 401 Unauthorized"),
+                                              (403, "HTTP 403 Forbidden"),
+                                              (500, "HTTP 500 Internal Server Error")])
+async def test_an_http_error_answer_names_its_status(status: int, said: str) -> None:
+    """Before: a server answering 401 (its token revoked), 403 or 500 gave "MCPError: Server
+    returned an error response" (the SDK's words) and logged nothing: nobody could tell an
+    expired token from a crash. The call's error, the start's and a log line name the HTTP
+    status; never the token."""
+    token = "tok-1234567890abcdef"
+    server = ScriptedMCP()
+    async with scripted(server) as url:
+        toolset = MCPToolset([MCPServer(url=url, name="h", timeout=10,
+                                        headers={"Authorization": f"Bearer {token}"})])
+        await toolset.start()
+        try:
+            assert await tool(toolset).execute('{"x": "1"}') == '"echoed 1"'
+            server.status = status
+            with capture_logs() as logs, pytest.raises(ActionError) as caught:
+                await tool(toolset).execute('{"x": "2"}')
+        finally:
+            await toolset.aclose()
+        with pytest.raises(UpstreamError) as at_start:
+            await MCPToolset([MCPServer(url=url, name="h", timeout=10,
+                                        headers={"Authorization": f"Bearer {token}"})]).start()
+    assert said in caught.value.message, caught.value.message
+    assert said in at_start.value.message, at_start.value.message
+    logged = [e for e in logs if e.get("status") == status]
+    assert logged, logs
+    assert logged[0]["server"] == "h"
+    for text in (caught.value.message, at_start.value.message, str(logs)):
+        assert token not in text
 
 
 SECRET_STDIO = Path(__file__).parent / "mcp_support" / "secret_stdio.py"
@@ -547,3 +625,34 @@ async def test_a_listing_whose_cursor_never_ends_is_cut_off_once_and_said() -> N
     assert server.methods.count("tools/list") == 100
     assert [entry["event"] for entry in logs if entry["log_level"] == "warning"] == [
         "MCP tool listing cut off: its cursor did not end"]
+
+
+# ---- a result that breaks the tool's outputSchema: the tool ran, the model must know --------
+
+BOOK = {"name": "book", "description": "Books a flight",
+        "inputSchema": {"type": "object", "properties": {"x": {"type": "string"}}},
+        "outputSchema": {"type": "object", "properties": {"booking": {"type": "string"}},
+                         "required": ["booking"]}}
+
+
+async def test_a_result_breaking_its_output_schema_still_reaches_the_model() -> None:
+    """Before: the SDK checks a result against the tool's `outputSchema` after the call has
+    run, and raised; the model read "the MCP tool book failed" for a flight that was booked.
+    Now the result reaches it (its blocks when its structured content is missing or wrong,
+    else that content), and the log says the server broke its schema."""
+    server = ScriptedMCP(tools=[BOOK])
+    server.texts.update({"none": '{"booking": "BK-1"}', "wrong": "booked BK-2", "ok": "BK-3",
+                         "bare": ""})
+    server.structured.update({"wrong": {"booking": 2}, "ok": {"booking": "BK-3"},
+                              "bare": {"booking": 4}})
+    async with started(server, bound=10) as toolset:
+        book = tool(toolset, "book")
+        with capture_logs() as logs:
+            assert await book.execute('{"x": "none"}') == '"{\\"booking\\": \\"BK-1\\"}"'
+            assert await book.execute('{"x": "wrong"}') == '"booked BK-2"'
+            # (no blocks to fall back on: its structured content, as it is)
+            assert await book.execute('{"x": "bare"}') == '{"booking":4}'
+        assert await book.execute('{"x": "ok"}') == '{"booking":"BK-3"}'
+    warned = [e for e in logs if e["event"].startswith("MCP tool result breaks its outputSchema")]
+    assert [e["tool"] for e in warned] == ["book"] * 3, logs
+    assert "did not return structured content" in warned[0]["error"]

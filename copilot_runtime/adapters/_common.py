@@ -77,3 +77,88 @@ def usage(prompt: int | None, completion: int | None, **extra: Any) -> dict[str,
     prompt, completion = prompt or 0, completion or 0
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion, **{k: v for k, v in extra.items() if v}}
+
+
+#: Keywords the providers refuse at the top of a tool's schema (Anthropic: the three
+#: combinators; OpenAI: these and `enum`, `const`, `not`).
+_TOP_REFUSED = ("anyOf", "oneOf", "allOf", "enum", "const", "not")
+#: How deep combinators inside combinators are flattened (deeper members add no properties).
+_MAX_FLATTEN = 4
+
+
+def tool_schema(parameters: Any) -> dict[str, Any]:
+    """A tool's parameters as every provider takes them at the top: an object schema without
+    a combinator, `enum`, `const` or `not` (each of these, or a missing `type`, made the
+    provider refuse the whole request, so one MCP tool or frontend tool failed every run).
+
+    `allOf` members are merged; `anyOf`/`oneOf` become one object that accepts what any of
+    them accepted: the union of their properties (a property two members declare apart
+    takes either schema), required only what every member requires, the alternatives told
+    in the description for the model. A schema that needs none of this is returned as it is.
+    """
+    if not isinstance(parameters, dict) or not parameters:
+        return {"type": "object", "properties": {}}
+    if parameters.get("type") == "object" and not any(k in parameters for k in _TOP_REFUSED):
+        return parameters
+    return _flattened(parameters, 0)
+
+
+def _flattened(schema: dict[str, Any], depth: int) -> dict[str, Any]:
+    out = {k: v for k, v in schema.items() if k not in _TOP_REFUSED}
+    out["type"] = "object"
+    properties = dict(out["properties"]) if isinstance(out.get("properties"), dict) else {}
+    required = [r for r in out.get("required") or () if isinstance(r, str)] \
+        if isinstance(out.get("required"), list) else []
+    for member in _objects(schema.get("allOf"), depth):
+        _add_properties(properties, member.get("properties"))
+        required += [r for r in member.get("required") or () if isinstance(r, str)] \
+            if isinstance(member.get("required"), list) else []
+    alternatives = [m for key in ("anyOf", "oneOf") for m in _objects(schema.get(key), depth)]
+    if alternatives:
+        sets = []
+        for member in alternatives:
+            _add_properties(properties, member.get("properties"))
+            wanted = member.get("required")
+            sets.append([r for r in wanted if isinstance(r, str)]
+                        if isinstance(wanted, list) else [])
+        # (a name every alternative requires is still required; the rest depend on the choice)
+        required += [r for r in sets[0] if all(r in s for s in sets[1:])]
+        told = "; ".join(f"({i}) " + (", ".join(s) if s else "no required arguments")
+                         for i, s in enumerate(sets, 1))
+        keyword = "exactly one" if "oneOf" in schema and "anyOf" not in schema else "at least one"
+        note = f"Arguments: {keyword} of these sets of required names: {told}."
+        description = out.get("description")
+        out["description"] = f"{description}\n{note}" if isinstance(description, str) \
+            and description else note
+    out["properties"] = properties
+    if required:
+        out["required"] = list(dict.fromkeys(required))
+    else:
+        out.pop("required", None)
+    return out
+
+
+def _objects(members: Any, depth: int) -> list[dict[str, Any]]:
+    """The object members of a combinator, each flattened in turn (a member with nothing to
+    say about properties, such as `{"type": "string"}`, adds none)."""
+    if not isinstance(members, list):
+        return []
+    found = [m for m in members if isinstance(m, dict)]
+    if depth >= _MAX_FLATTEN:
+        return found
+    return [_flattened(m, depth + 1) if any(k in m for k in _TOP_REFUSED) else m for m in found]
+
+
+def _add_properties(properties: dict[str, Any], more: Any) -> None:
+    """`more`'s property schemas added to `properties`; one declared apart takes either."""
+    if not isinstance(more, dict):
+        return
+    for name, schema in more.items():
+        if name not in properties:
+            properties[name] = schema
+        elif properties[name] != schema:
+            mine = properties[name]
+            members = mine["anyOf"] if isinstance(mine, dict) and list(mine) == ["anyOf"] \
+                else [mine]
+            if schema not in members:
+                properties[name] = {"anyOf": [*members, schema]}

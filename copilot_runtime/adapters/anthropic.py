@@ -57,6 +57,7 @@ from copilot_runtime.adapters._common import (
     error_body_message,
     find_cause,
     text_of,
+    tool_schema,
     usage,
 )
 from copilot_runtime.adapters._idle import DEFAULT_TIMEOUT, IdleBound, read_timeout, wait_bound
@@ -198,7 +199,7 @@ class AnthropicAdapter:
             params["system"] = "\n\n".join(system)
         if request.tools:
             params["tools"] = [{"name": t.name, "description": t.description,
-                                "input_schema": _input_schema(t.parameters)}
+                                "input_schema": tool_schema(t.parameters)}
                                for t in request.tools]
             choice = request.tool_choice
             if choice in ("auto", "none"):
@@ -407,15 +408,6 @@ def _uses_files(blocks: Any) -> bool:
                 or _uses_files(block.get("content")):
             return True
     return False
-
-
-def _input_schema(parameters: dict[str, Any]) -> dict[str, Any]:
-    # The API insists on an object schema at the top.
-    if parameters.get("type") == "object":
-        return parameters
-    if not parameters:
-        return {"type": "object", "properties": {}}
-    return {"type": "object", **{k: v for k, v in parameters.items() if k != "type"}}
 
 
 class AnthropicStreamParser:

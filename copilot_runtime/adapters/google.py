@@ -64,6 +64,7 @@ from copilot_runtime.adapters._common import (
     after,
     arguments_object,
     text_of,
+    tool_schema,
     usage,
 )
 from copilot_runtime.adapters._idle import DEFAULT_TIMEOUT, IdleBound, read_timeout, wait_bound
@@ -856,7 +857,8 @@ def _tool_parameters(name: str, parameters: Any) -> dict[str, Any]:
     """`to_gemini_schema` of a tool's parameters; open ones (none declared) when the
     conversion fails, so a schema it cannot take costs that tool's arguments, not the run."""
     try:
-        return to_gemini_schema(parameters)
+        # (flattened first: a top-level anyOf left Gemini no properties, so no arguments)
+        return to_gemini_schema(tool_schema(parameters))
     except (TypeError, ValueError, AttributeError, KeyError, RecursionError):
         _log.warning("tool schema not converted for Gemini", tool=name, exc_info=True)
         return {"type": "OBJECT"}

@@ -42,7 +42,13 @@ from copilot_runtime._exceptions import (
     UpstreamTimeoutError,
     upstream_said,
 )
-from copilot_runtime.adapters._common import arguments_object, error_body_message, text_of, usage
+from copilot_runtime.adapters._common import (
+    arguments_object,
+    error_body_message,
+    text_of,
+    tool_schema,
+    usage,
+)
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -79,8 +85,8 @@ class LangChainAdapter:
         if not request.tools or request.tool_choice == "none":
             return self.chat_model
         tools = [{"type": "function", "function": {
-            "name": t.name, "description": t.description, "parameters": t.parameters}}
-            for t in request.tools]
+            "name": t.name, "description": t.description,
+            "parameters": tool_schema(t.parameters)}} for t in request.tools]
         try:
             if request.tool_choice in (None, "auto"):
                 return self.chat_model.bind_tools(tools)

@@ -36,7 +36,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
-from copilot_runtime.adapters._common import after
+from copilot_runtime.adapters._common import after, tool_schema
 from copilot_runtime.adapters._idle import DEFAULT_TIMEOUT, IdleBound, read_timeout, wait_bound
 from copilot_runtime.adapters.base import (
     ChatDelta,
@@ -213,7 +213,8 @@ class OpenAIAdapter:
         if request.tools:
             params["tools"] = [
                 {"type": "function", "function": {
-                    "name": t.name, "description": t.description, "parameters": t.parameters}}
+                    "name": t.name, "description": t.description,
+                    "parameters": tool_schema(t.parameters)}}
                 for t in request.tools
             ]
             if request.tool_choice in (None, "auto", "none", "required"):

@@ -10,9 +10,9 @@ Like the real API it refuses what the real API refuses, with its error shapes: a
 (401) or ``anthropic-version`` header, a missing ``max_tokens``, a ``system`` role among the
 messages, tool arguments that are not objects, a ``tool_use`` without its ``tool_result`` in
 the next turn (or a result without its call), blank text blocks, tool schemas that are not
-objects, two tools of one name, ``tool_choice`` without tools, a temperature outside 0..1.
-A 429 carries ``retry-after``. Run it alone with
-``python -m copilot_runtime.testing.mock_anthropic``.
+objects or have a combinator (``anyOf``...) at the top, two tools of one name,
+``tool_choice`` without tools, a temperature outside 0..1. A 429 carries ``retry-after``.
+Run it alone with ``python -m copilot_runtime.testing.mock_anthropic``.
 """
 
 from __future__ import annotations
@@ -94,6 +94,9 @@ def validate(body: Any) -> None:
         schema = tool.get("input_schema")
         if not isinstance(schema, dict) or schema.get("type") != "object":
             raise Refused(f"tools.{i}.custom.input_schema.type: Field required")
+        if any(key in schema for key in ("oneOf", "allOf", "anyOf")):
+            raise Refused(f"tools.{i}.custom.input_schema: input_schema does not support "
+                          "oneOf, allOf, or anyOf at the top level")
     if len({tool.get("name") for tool in tools}) < len(tools):
         raise Refused("tools: Tool names must be unique.")
     if body.get("tool_choice") is not None and not tools:

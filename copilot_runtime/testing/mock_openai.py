@@ -18,10 +18,11 @@ run end to end without a network or a key. What it answers depends on the last m
 
 Like the real API it refuses (400, ``invalid_request_error``) a history whose tool calls are
 not each answered by the tool messages right after them, and a tool message that answers no
-call of the assistant message before it; and, for a reasoning model (``o1``, ``o3-mini``,
-``gpt-5``...; not ``gpt-5-chat-latest``), ``max_tokens``, a ``temperature`` other than 1
-(but from ``gpt-5.1`` on with ``reasoning_effort: "none"``) and ``stop`` (but for ``o1`` and
-``o3-mini``), with the real API's words.
+call of the assistant message before it; a tool whose parameters are not an object schema
+or have a combinator, ``enum``, ``const`` or ``not`` at the top; and, for a reasoning model
+(``o1``, ``o3-mini``, ``gpt-5``...; not ``gpt-5-chat-latest``), ``max_tokens``, a
+``temperature`` other than 1 (but from ``gpt-5.1`` on with ``reasoning_effort: "none"``) and
+``stop`` (but for ``o1`` and ``o3-mini``), with the real API's words.
 
 Chunk ids derive from a hash of the request, so the same request gets the same bytes.
 Run it alone with ``python -m copilot_runtime.testing.mock_openai --port 8090``.
@@ -209,7 +210,8 @@ class MockOpenAIServer(LoopbackServer):
         if self.record:
             self.requests.append(body)
             self.headers.append({k.lower(): v for k, v in request.headers.items()})
-        refused = _refusal(body.get("messages")) or _reasoning_refusal(body)
+        refused = (_refusal(body.get("messages")) or _reasoning_refusal(body)
+                   or _tools_refusal(body.get("tools")))
         if refused is not None:
             message, param, *code = refused
             return _error(400, message, "invalid_request_error", param, *code)
@@ -248,6 +250,27 @@ def _error(status: int, message: str, kind: str, param: str | None = None,
     return web.json_response(
         {"error": {"message": message, "type": kind, "param": param, "code": code}},
         status=status)
+
+
+def _tools_refusal(tools: Any) -> tuple[str, str, str] | None:
+    """Why the real API refuses a tool's parameters (the message, `param` and `code`), or
+    None: the top of each must be an object schema with no combinator, enum, const or not."""
+    for i, tool in enumerate(tools if isinstance(tools, list) else ()):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or "parameters" not in function:
+            continue
+        schema, name = function["parameters"], function.get("name")
+        where = f"tools[{i}].function.parameters"
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        if kind != "object":
+            return (f"Invalid schema for function '{name}': schema must be a JSON Schema of "
+                    f"'type: \"object\"', got 'type: \"{kind}\"'.", where,
+                    "invalid_function_parameters")
+        if any(key in schema for key in ("oneOf", "anyOf", "allOf", "enum", "const", "not")):
+            return (f"Invalid schema for function '{name}': schema must have type 'object' and "
+                    "not have 'oneOf'/'anyOf'/'allOf'/'enum'/'const'/'not' at the top level.",
+                    where, "invalid_function_parameters")
+    return None
 
 
 def _reasoning_refusal(body: dict[str, Any]) -> tuple[str, str, str] | None:

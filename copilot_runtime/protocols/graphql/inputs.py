@@ -76,7 +76,7 @@ def run_request(data: Mapping[str, Any], properties: Mapping[str, Any] | None,
                                for a in actions if a.get("available") != "remote"
                                and a["name"] not in offered)]
     state, agent_props = _agent_state(data, agent_id, session)
-    forwarded: dict[str, Any] = {**agent_props, **(properties or {}),
+    forwarded: dict[str, Any] = {**agent_props, **_kept_properties(properties),
                                  "forwardedParameters": _settings(data)}
     messages = from_graphql_inputs(data.get("messages") or ())
     raw = {
@@ -95,6 +95,23 @@ def run_request(data: Mapping[str, Any], properties: Mapping[str, Any] | None,
     run_input.transient = frozenset(m["id"] for m in messages if m["role"] == "developer")
     return RunRequest(agent_id, run_input, client_run_id, frontend,
                       frozenset(server_actions) | offered)
+
+
+#: What a request-scoped MCP server entry may hold that is a credential: used for the run
+#: only (`agent_tools.with_request_mcp` reads the request's own `properties`).
+_SERVER_CREDENTIALS = frozenset({"apiKey", "headers"})
+
+
+def _kept_properties(properties: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`properties` as the run's input keeps them: the MCP servers named without their keys.
+    The input is stored with the thread (its RUN_STARTED) and replayed by `connect`."""
+    kept = dict(properties or {})
+    for name in ("mcpServers", "mcpEndpoints"):
+        named = kept.get(name)
+        if isinstance(named, list):
+            kept[name] = [{k: v for k, v in entry.items() if k not in _SERVER_CREDENTIALS}
+                          if isinstance(entry, dict) else entry for entry in named]
+    return kept
 
 
 def _schema(text: Any) -> dict[str, Any]:
