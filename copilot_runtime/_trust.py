@@ -594,7 +594,7 @@ async def _judge(runtime: Host, run: ActiveRun, to_judge: list[tuple[list[str], 
 async def _abandoned(run: ActiveRun, lease: Lease | None) -> None:
     """A run reserved and never driven: its caller's slot and its span end with it."""
     if lease is not None:
-        await lease.release()
+        await lease.release_quietly()
     if run.context.telemetry is not None:
         run.context.telemetry.end("abandoned", None)
 
@@ -623,7 +623,7 @@ def _outcome(run: ActiveRun) -> tuple[str, dict[str, Any] | None]:
 def _ended(runtime: Host, run: ActiveRun, lease: Lease | None,
            request: RequestInfo | None, duration: float) -> None:
     if lease is not None:
-        task = asyncio.get_running_loop().create_task(lease.release())
+        task = asyncio.get_running_loop().create_task(lease.release_quietly())
         _pending.add(task)
         task.add_done_callback(_pending.discard)
     outcome, error = _outcome(run)

@@ -377,6 +377,12 @@ class Lease:
             _retry_release(backend, self.key, self.token)
             raise
 
+    async def release_quietly(self) -> None:
+        """`release`, its failure logged and retried in the background but not raised: for a
+        run's end, where nobody is left to hear it."""
+        with contextlib.suppress(Exception):
+            await self.release()
+
 
 _background: set[asyncio.Task[None]] = set()
 
