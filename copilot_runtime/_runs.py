@@ -198,8 +198,10 @@ class ActiveRun:
         #: False while `begin` has not yet checked the thread's stored owner: until then
         #: `owner` is only who asks, and must not be taken as the thread's owner.
         self.confirmed = False
-        #: Called once when the run has ended and been stored (limits, hooks, telemetry).
-        self.on_end: Callable[[ActiveRun], None] | None = None
+        #: Called once when the run has ended and been stored (limits, hooks, telemetry):
+        #: what it gives back (the caller's slot), which the run's end waits for briefly.
+        self.on_end: Callable[[ActiveRun], asyncio.Future[None] | None] | None = None
+        self._giving_slot: asyncio.Future[None] | None = None
         #: Why a guardrail refused the run's input (its agent was not called), or None.
         self.refusal: str | None = None
         #: Ids kept with the thread's message ids when the run is stored (what its
@@ -683,12 +685,14 @@ class ActiveRun:
             finally:
                 self.manager._release(self)
                 self._ended()
+            await self._slot_given_back()
             return
         if self.manager.durable is None:  # in this process: nothing to wait for
             try:
                 await self._store_and_give_back()
             finally:
                 self._ended()
+            await self._slot_given_back()
             return
         # In a task of its own, waited for at most `STORE_RETRY_FOR`: a store that is away,
         # or does not answer, must not hold the run's end (and its client) longer. The write
@@ -700,6 +704,17 @@ class ActiveRun:
         if not stored.done():
             _log.warning("run not stored yet: written once its store is back, its thread "
                          "busy until then", thread_id=self.thread_id, run_id=self.run_id)
+        else:  # (its end observed already: `_stored` was called back before this wait's)
+            await self._slot_given_back()
+
+    async def _slot_given_back(self) -> None:
+        """Wait up to `GIVE_BACK_WAIT` for the caller's slot the run's end gives back: a
+        backend that answers has it back before the client hears the end (its follow-up, a
+        tool's result sent at once, may go to another worker); a slower one, in the
+        background."""
+        giving = self._giving_slot
+        if giving is not None and not giving.done():
+            await asyncio.wait((giving,), timeout=GIVE_BACK_WAIT)
 
     async def _forget_throwaway(self, agent: Agent) -> None:
         """Have the agent forget the throwaway thread it ran a suggestion on (a graph's
@@ -719,7 +734,7 @@ class ActiveRun:
         if self.on_end is not None:
             try:
                 with self.log_context():  # (also called back outside `drive`)
-                    self.on_end(self)
+                    self._giving_slot = self.on_end(self)
             except BaseException:
                 # A plain call, so nothing it raises (a `CancelledError` of its own
                 # included) is this task's cancellation: logged, and the run ends.

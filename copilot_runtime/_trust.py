@@ -546,8 +546,8 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
                     agent_id, run.thread_id, run.run_id, principal.id if principal else None)
             started = time.monotonic()
 
-            def ended(run: ActiveRun) -> None:
-                _ended(runtime, run, lease, asker, time.monotonic() - started)
+            def ended(run: ActiveRun) -> asyncio.Future[None] | None:
+                return _ended(runtime, run, lease, asker, time.monotonic() - started)
 
             run.on_end = ended
     except BaseException:
@@ -594,7 +594,7 @@ async def _judge(runtime: Host, run: ActiveRun, to_judge: list[tuple[list[str], 
 async def _abandoned(run: ActiveRun, lease: Lease | None) -> None:
     """A run reserved and never driven: its caller's slot and its span end with it."""
     if lease is not None:
-        await lease.release()
+        await lease.release_quietly()
     if run.context.telemetry is not None:
         run.context.telemetry.end("abandoned", None)
 
@@ -621,11 +621,13 @@ def _outcome(run: ActiveRun) -> tuple[str, dict[str, Any] | None]:
 
 
 def _ended(runtime: Host, run: ActiveRun, lease: Lease | None,
-           request: RequestInfo | None, duration: float) -> None:
-    if lease is not None:
-        task = asyncio.get_running_loop().create_task(lease.release())
-        _pending.add(task)
-        task.add_done_callback(_pending.discard)
+           request: RequestInfo | None, duration: float) -> asyncio.Future[None] | None:
+    """Observe the run's end; what it gives back (the caller's slot), for its stream's end
+    to wait for briefly."""
+    giving = lease.end() if lease is not None else None
+    if giving is not None:
+        _pending.add(giving)
+        giving.add_done_callback(_pending.discard)
     outcome, error = _outcome(run)
     context = run.context
     if context.telemetry is not None:
@@ -643,6 +645,7 @@ def _ended(runtime: Host, run: ActiveRun, lease: Lease | None,
             message=str(error.get("message") or ""), code=str(error.get("code") or ""),
             agent_id=run.agent_id, thread_id=run.thread_id, run_id=run.run_id,
             principal=principal, request_id=request.request_id if request else None))
+    return giving
 
 
 _pending: set[asyncio.Task[None]] = set()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
@@ -35,6 +36,7 @@ from redis.exceptions import ResponseError
 from copilot_runtime import CopilotRuntime, OpenAIAdapter, RateLimit, TopicGuardrail
 from copilot_runtime import limits as limits_module
 from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
+from copilot_runtime._input import parse_run_input
 from copilot_runtime._url_options import redacted_url
 from copilot_runtime.adapters import ServiceAdapter
 from copilot_runtime.adapters.anthropic import AnthropicAdapter
@@ -309,6 +311,41 @@ async def test_a_slot_whose_release_failed_is_given_back(
     again = await limiter.acquire(caller("bob"))  # not 429: the slot went back with the 503
     assert again is not None
     await again.release()
+
+
+async def test_a_runs_end_while_the_limits_backend_is_away_logs_only_its_warning(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the run's end gave its slot back in a task nobody awaited, and `release`
+    raised after scheduling its retry: each run ending while the backend was away logged
+    "Task exception was never retrieved" with a raw traceback, besides the warning."""
+    retry: Callable[..., None] | None = getattr(limits_module, "_retry_release", None)
+    if retry is not None:
+        monkeypatch.setattr(limits_module, "_retry_release",
+                            functools.partial(retry, delay=0.01))
+    backend = Blipping()
+    runtime = CopilotRuntime(service_adapter=ScriptedAdapter(text_turn("hi")),
+                             rate_limit=RateLimit(concurrent_runs=1, backend=backend))
+    loop = asyncio.get_running_loop()
+    unretrieved: list[str] = []
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context["message"]))
+    try:
+        async with asyncio.timeout(TIMEOUT_S):
+            run = await runtime.start_run("default", parse_run_input(run_input("Hi")),
+                                          request=caller("alice"))
+            backend.fail_release = 1
+            written: list[Any] = []
+
+            async def write(events: Sequence[Any]) -> None:
+                written.extend(events)
+            await run.drive(write)
+            await backend.released.wait()  # given back by the retry
+            del run
+            gc.collect()
+            await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+        await runtime.aclose()
+    assert unretrieved == []
 
 
 @pytest.fixture

@@ -198,6 +198,84 @@ async def test_rate_limits_count_across_workers_through_the_coordinator(
             await runtime.aclose()
 
 
+class _SlowReleases:
+    """Two runtimes on one SQLite file and the PostgreSQL coordinator's counters (one slot a
+    caller), whose slot releases take `delay` seconds (a busy database)."""
+
+    def __init__(self, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        from copilot_runtime import RateLimit
+
+        self.delay = 0.0
+        self.made = [CopilotRuntime(service_adapter=ScriptedAdapter(*[text_turn("hi")] * 4),
+                                    thread_store=thread_store(f"sqlite:///{tmp_path}/t.db"),
+                                    coordinator=url, rate_limit=RateLimit(concurrent_runs=1))
+                     for _ in range(2)]
+        for runtime in self.made:
+            assert runtime.limiter is not None
+            counters = runtime.limiter.backend
+            monkeypatch.setattr(counters, "release", self._slowed(counters.release))
+
+    def _slowed(self, release: Any) -> Any:
+        async def slowly(key: str, token: str) -> None:
+            await asyncio.sleep(self.delay)
+            await release(key, token)
+        return slowly
+
+    async def run_to_its_end(self, runtime: CopilotRuntime, thread: str, request: Any
+                             ) -> float:
+        """Drive one run of `request`'s caller to its stream's end: how long its end took."""
+        run = await runtime.start_run("default", run_input(thread, "r1"), request=request)
+        events: list[Event] = []
+
+        async def write(batch: Any) -> None:
+            events.extend(batch)
+        started = time.monotonic()
+        await run.drive(write)
+        assert events[-1]["type"] == ev.RUN_FINISHED
+        return time.monotonic() - started
+
+
+async def test_a_callers_slot_is_back_once_its_runs_stream_ended(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a run's end gave its caller's concurrency slot back in a task its stream's end
+    did not wait for: a follow-up sent at once (a frontend tool's result) was refused 429
+    RATE_LIMITED, on this worker or another, until the release's round trip was over."""
+    from copilot_runtime.auth import RequestInfo
+
+    workers = _SlowReleases(url, tmp_path, monkeypatch)
+    request = RequestInfo(method="POST", path="/", headers={}, client="10.0.0.8")
+    try:
+        workers.delay = 0.05
+        first, other = workers.made
+        await workers.run_to_its_end(first, "slot-1", request)
+        follow_up = await other.limiter.acquire(request)  # type: ignore[union-attr]
+        await follow_up.release()
+    finally:
+        for runtime in workers.made:
+            await runtime.aclose()
+
+
+async def test_a_callers_next_run_waits_for_its_slot_still_on_its_way_back(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release slower than the run's end waits for (`GIVE_BACK_WAIT`): the stream ends at
+    that bound, and the caller's next run on the same worker waits for the release rather
+    than being refused as over its limit."""
+    from copilot_runtime.auth import RequestInfo
+
+    workers = _SlowReleases(url, tmp_path, monkeypatch)
+    request = RequestInfo(method="POST", path="/", headers={}, client="10.0.0.9")
+    try:
+        workers.delay = copilot_runtime._runs.GIVE_BACK_WAIT + 0.5
+        first = workers.made[0]
+        took = await workers.run_to_its_end(first, "slot-2", request)
+        assert took < workers.delay, "the stream's end waited for the whole release"
+        follow_up = await first.limiter.acquire(request)  # type: ignore[union-attr]
+        await follow_up.release()
+    finally:
+        for runtime in workers.made:
+            await runtime.aclose()
+
+
 async def test_the_sweep_clears_a_dead_workers_redis_marker(tmp_path: Path) -> None:
     # Redis remembers that a lease expired unreleased with an `open:` key; once the sweep
     # has closed the dead worker's run, nothing of it is left in Redis.
