@@ -366,6 +366,13 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _setting(name: str) -> str | None:
+    """An environment variable standing for a flag: an empty or blank one (`NAME=` left in
+    a .env or compose file) counts as unset, and spaces around a value are not part of it."""
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="copilot-runtime",
                                      description="The CopilotKit runtime, in Python.")
@@ -401,20 +408,20 @@ def main(argv: list[str] | None = None) -> None:
     common(serve, 8000)
     demo = commands.add_parser("demo", help="serve the demo runtime")
     common(demo, 8000)
-    demo.add_argument("--db", default=os.environ.get("COPILOT_RUNTIME_DB",
-                                                     "copilot-runtime-demo.sqlite3"),
+    demo.add_argument("--db",
+                      default=_setting("COPILOT_RUNTIME_DB") or "copilot-runtime-demo.sqlite3",
                       help="SQLite file for threads (':memory:' keeps nothing; default: "
                            "$COPILOT_RUNTIME_DB, else copilot-runtime-demo.sqlite3)")
-    demo.add_argument("--checkpoints", default=os.environ.get("COPILOT_RUNTIME_CHECKPOINTS"),
+    demo.add_argument("--checkpoints", default=_setting("COPILOT_RUNTIME_CHECKPOINTS"),
                       help="where the workflows keep their graphs and approvals: a "
                            "sqlite:///path, postgresql://... or memory URL (default: "
                            "$COPILOT_RUNTIME_CHECKPOINTS, else with the threads: a SQLite "
                            "file beside theirs, their PostgreSQL database, or memory)")
-    demo.add_argument("--threads", default=os.environ.get("COPILOT_RUNTIME_THREADS"),
+    demo.add_argument("--threads", default=_setting("COPILOT_RUNTIME_THREADS"),
                       help="where threads live, as a thread store URL (sqlite:///path, "
                            "postgresql://...?schema=NAME, memory://); overrides --db "
                            "(default: $COPILOT_RUNTIME_THREADS)")
-    demo.add_argument("--coordinator", default=os.environ.get("COPILOT_RUNTIME_COORDINATOR"),
+    demo.add_argument("--coordinator", default=_setting("COPILOT_RUNTIME_COORDINATOR"),
                       help="how workers share runs: local, postgresql://... or "
                            "redis://... (see copilot_runtime.coordination; default: "
                            "$COPILOT_RUNTIME_COORDINATOR, else local)")

@@ -701,3 +701,21 @@ async def test_a_postgresql_thread_store_on_a_reserved_schema_name_fails_the_sta
                    "store cannot use schema 'pg_fc_reserved': unacceptable schema name "
                    "\"pg_fc_reserved\" (give ?schema= a name not beginning with pg_)"}
     await runtime.aclose()
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+@pytest.mark.parametrize("variable", ["COPILOT_RUNTIME_DB", "COPILOT_RUNTIME_THREADS",
+                                      "COPILOT_RUNTIME_CHECKPOINTS"])
+def test_a_demo_variable_empty_or_blank_is_unset(
+        cli: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], variable: str, value: str) -> None:
+    """Before: COPILOT_RUNTIME_DB= (a .env line left empty) stopped the demo with "--db
+    must name a file", and a blank COPILOT_RUNTIME_CHECKPOINTS made a checkpoint file
+    named by its spaces; the README says an empty one counts as unset."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(variable, value)
+    out, err = _banner(monkeypatch, capsys, ["demo", "--port", str(free_port())])
+    assert "serving http://" in out
+    assert "error" not in err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.strip() != p.name) == []
+    assert (tmp_path / "copilot-runtime-demo.sqlite3").exists()
