@@ -532,10 +532,18 @@ class _Supervisor(Multiprocess):
             # answer (the interpreter's finalization stops the answering thread): killed at
             # once, its failure read as a death and it was started again at once, in a loop.
             process.process.join(WORKER_EXIT_GRACE_SECONDS)
+            hung = process.process.is_alive()
             process.kill()
             process.join()
             if process.exitcode != STARTUP_FAILURE:
-                logger.info("Child process [%s] died", process.pid)
+                # A WARNING, not uvicorn's INFO: at the usual level an operator otherwise
+                # never learns a worker died (its runs were cut) or hung.
+                if hung:
+                    logger.warning("Child process [%s] did not answer its health check in "
+                                   "time: killed, starting another", process.pid)
+                else:
+                    logger.warning("Child process [%s] died (exit code %s): starting "
+                                   "another", process.pid, process.exitcode)
                 self._replace(index)
             elif not self._served:
                 logger.error("Child process [%s] failed to start, stopping the parent "

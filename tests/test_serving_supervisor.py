@@ -78,3 +78,38 @@ def test_a_worker_still_exiting_from_a_failed_startup_is_started_again_with_back
     assert supervisor.replaced == []
     assert worker in supervisor._restart_at
     assert "failed to start; starting it again" in caplog.text
+
+
+def _die(conn: Connection) -> None:
+    conn.close()
+    os._exit(9)
+
+
+def _hang(conn: Connection) -> None:
+    time.sleep(30)  # (never answers the health check's ping)
+
+
+class _Worker(_FailingWorker):
+    def __init__(self, target: Any) -> None:
+        self.parent_conn, child = multiprocessing.Pipe()
+        self.process = multiprocessing.get_context("fork").Process(target=target, args=(child,))
+        self.process.start()
+        child.close()
+
+
+@pytest.mark.parametrize(("target", "said"), [
+    (_die, "died (exit code 9): starting another"),
+    (_hang, "did not answer its health check in time: killed, starting another")])
+def test_a_dead_or_hung_worker_is_a_warning(caplog: pytest.LogCaptureFixture, target: Any,
+                                            said: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: logged at INFO, as uvicorn does, so at the usual WARNING level a worker that
+    died (its runs cut) or hung left no line at all."""
+    monkeypatch.setattr(_serving, "WORKER_EXIT_GRACE_SECONDS", 0.5)
+    worker = _Worker(target)
+    supervisor = _supervisor(worker)
+    supervisor.config.timeout_worker_healthcheck = 0.5
+    with caplog.at_level(logging.WARNING, logger="uvicorn.error"):
+        supervisor.keep_subprocess_alive()
+    assert supervisor.replaced == [0]
+    assert [(r.levelname, r.getMessage().split("] ", 1)[1]) for r in caplog.records] == \
+        [("WARNING", said)]
