@@ -822,3 +822,53 @@ def test_gemini_stand_in_goes_only_on_an_answers_first_unsigned_call() -> None:
         "skip_thought_signature_validator")
     assert "thought_signature" not in second
     assert contents[3]["parts"][0]["thought_signature"] == b"own"
+
+
+# ---- histories the APIs refuse as they are ---------------------------------------------------
+
+
+@pytest.mark.parametrize("history", [[], [SystemMessage(id="s", content="Greet the user.")]],
+                         ids=["empty", "system-only"])
+@pytest.mark.parametrize("provider", ["anthropic", "gemini"])
+async def test_a_run_without_user_messages_gets_an_answer(provider: str,
+                                                         history: list[Any]) -> None:
+    """`runAgent()` with no messages (or only a system one) is answered by OpenAI from the
+    system prompt; Anthropic ("at least one message is required") and Gemini ("contents is
+    not specified") refused it: they now get a minimal user turn."""
+    from copilot_runtime.testing import MockAnthropicServer
+
+    server: Any = MockAnthropicServer(chunks=3) if provider == "anthropic" else \
+        MockGeminiServer(chunks=3)
+    async with asyncio.timeout(TIMEOUT_S), server:
+        adapter: Any = AnthropicAdapter(api_key="k", base_url=server.base_url, max_retries=0) \
+            if provider == "anthropic" else GoogleGenAIAdapter(
+                api_key="k", base_url=server.base_url, max_retries=0)
+        try:
+            answer = await _deltas(adapter, ChatRequest(messages=history))
+        finally:
+            await adapter.aclose()
+    assert _echo(answer) == "echo: Begin."
+    assert isinstance(answer[-1], StreamEnd)
+
+
+@pytest.mark.parametrize("content", [
+    "\n", [TextPart(text=" "), ImagePart(source=DataSource(value="aGk=", mime_type="image/png"))]],
+    ids=["blank", "blank-beside-an-image"])
+async def test_anthropic_blank_user_text_is_left_out(content: Any) -> None:
+    """The API refuses text blocks of whitespace only: one in a user turn failed that run and,
+    kept in the history, every later run of the thread."""
+    from copilot_runtime.testing import MockAnthropicServer
+
+    async with asyncio.timeout(TIMEOUT_S), MockAnthropicServer(chunks=3) as server:
+        adapter = AnthropicAdapter(api_key="k", base_url=server.base_url, max_retries=0)
+        try:
+            answer = await _deltas(adapter, ChatRequest(messages=[
+                UserMessage(id="u", content=content),
+                AssistantMessage(id="a", content="Hello."),
+                UserMessage(id="u2", content="again")]))
+        finally:
+            await adapter.aclose()
+    assert _echo(answer) == "echo: again"
+    sent = server.requests[0]["messages"]
+    assert not [b for m in sent for b in m["content"]
+                if b["type"] == "text" and b["text"].isspace()]

@@ -53,6 +53,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
+    OPENING_TURN,
     after,
     arguments_object,
     error_body_message,
@@ -651,6 +652,8 @@ def to_anthropic_messages(
             if text:
                 system.append(text)
         # activity and reasoning messages are UI state, not model input
+    if not turns:
+        turns.append({"role": "user", "content": [{"type": "text", "text": OPENING_TURN}]})
     return system, turns
 
 
@@ -664,13 +667,14 @@ def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]
 
 
 def _user_blocks(content: Any) -> list[dict[str, Any]]:
+    # The API refuses blank text blocks: one kept in the history failed every later request.
     if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content else []
+        return [{"type": "text", "text": content}] if content and not content.isspace() else []
     blocks: list[dict[str, Any]] = []
     for part in content:
         kind = getattr(part, "type", None)
         if kind == "text":
-            if part.text:
+            if part.text and not part.text.isspace():
                 blocks.append({"type": "text", "text": part.text})
         elif kind == "image":
             blocks.append({"type": "image",

@@ -63,6 +63,7 @@ from copilot_runtime._held import HeldBytes
 from copilot_runtime._limits import check_json_text
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
+    OPENING_TURN,
     after,
     arguments_object,
     text_of,
@@ -776,6 +777,8 @@ def to_gemini_contents(
             text = text_of(message.content)
             if text:
                 system.append(text)
+    if not turns:
+        turns.append(("user", [{"text": OPENING_TURN}]))
     return system, [{"role": role, "parts": parts} for role, parts in turns]
 
 
