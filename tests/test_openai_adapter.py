@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
+import orjson
 import pytest
 from ag_ui.core import AssistantMessage, FunctionCall, ToolCall, ToolMessage, UserMessage
+from aiohttp import web
 
 from copilot_runtime import (
     ConfigurationError,
@@ -11,7 +15,14 @@ from copilot_runtime import (
     UpstreamError,
     UpstreamProtocolError,
 )
-from copilot_runtime.adapters import ChatRequest, StreamEnd, TextDelta, ToolCallDelta, ToolSpec
+from copilot_runtime.adapters import (
+    ChatRequest,
+    ReasoningDelta,
+    StreamEnd,
+    TextDelta,
+    ToolCallDelta,
+    ToolSpec,
+)
 from copilot_runtime.adapters.openai import ChatCompletionsStreamParser
 from copilot_runtime.testing import MockOpenAIServer
 
@@ -187,3 +198,77 @@ async def test_stream_against_the_mock(llm: MockOpenAIServer) -> None:
         assert info.value.status == 429
     finally:
         await adapter.aclose()
+
+
+# ---- reasoning as OpenAI-compatible servers stream it ----------------------------------------
+
+
+def test_parser_reads_reasoning_content_and_reasoning() -> None:
+    """DeepSeek streams `reasoning_content`, OpenRouter and vLLM `reasoning`: both were
+    skipped, so a client saw no REASONING events; a value of another type is skipped."""
+    kept: list[tuple[str, list[str]]] = []
+    parser = ChatCompletionsStreamParser(keep_reasoning=lambda i, r: kept.append((i, r)))
+    out = parser.feed(
+        _frame('{"choices":[{"index":0,"delta":{"content":null,"reasoning_content":"a"}}]}')
+        + _frame('{"choices":[{"index":0,"delta":{"reasoning":"b"}}]}')
+        + _frame('{"choices":[{"index":0,"delta":{"reasoning":{"odd":1}}}]}')
+        + _frame('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1",'
+                 '"function":{"name":"f","arguments":"{}"}}]}}]}'))
+    assert out == [ReasoningDelta("a"), ReasoningDelta("b"), ToolCallDelta(0, "c1", "f", "{}")]
+    assert kept == [("c1", ["a"])]  # (only `reasoning_content` is asked back)
+
+
+@pytest.mark.parametrize("transport", ["direct", "sdk"])
+async def test_the_tool_loop_sends_deepseeks_reasoning_content_back(
+        transport: Literal["direct", "sdk"]) -> None:
+    """DeepSeek's thinking mode refuses the tool loop's next request when the assistant
+    message of its call lacks the `reasoning_content` the model streamed with it (400
+    "Missing reasoning_content field in the assistant message")."""
+    bodies: list[dict[str, Any]] = []
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        bodies.append(body)
+        if any(m["role"] == "assistant" and m.get("tool_calls") and "reasoning_content" not in m
+               for m in body["messages"]):
+            return web.json_response({"error": {"message": "Missing reasoning_content field "
+                                                "in the assistant message"}}, status=400)
+        deltas = ([{"reasoning_content": "Oslo: "}, {"reasoning_content": "call it."},
+                   {"tool_calls": [{"index": 0, "id": "call_0", "type": "function",
+                                    "function": {"name": "f", "arguments": "{}"}}]}]
+                  if len(bodies) == 1 else [{"content": "Sunny."}])
+        reason = "tool_calls" if len(bodies) == 1 else "stop"
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for delta in [*deltas, {}]:
+            await response.write(_frame(orjson.dumps({"choices": [{
+                "index": 0, "delta": delta,
+                "finish_reason": None if delta else reason}]}).decode()))
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    adapter = OpenAIAdapter(base_url=f"http://127.0.0.1:{port}/v1", model="deepseek-chat",
+                            max_retries=0, transport=transport)
+    tools = [ToolSpec("f", "does f", {"type": "object"})]
+    history: list[Any] = [UserMessage(id="u", content="weather?")]
+    try:
+        first = [d async for b in adapter.stream(ChatRequest(messages=history, tools=tools))
+                 for d in b]
+        history += [AssistantMessage(id="a", tool_calls=[ToolCall(
+                        id="call_0", function=FunctionCall(name="f", arguments="{}"))]),
+                    ToolMessage(id="t", tool_call_id="call_0", content="21")]
+        second = [d async for b in adapter.stream(ChatRequest(messages=history, tools=tools))
+                  for d in b]
+    finally:
+        await adapter.aclose()
+        await runner.cleanup()
+    assert [d.text for d in first if isinstance(d, ReasoningDelta)] == ["Oslo: ", "call it."]
+    assert [d.text for d in second if isinstance(d, TextDelta)] == ["Sunny."]
+    assert bodies[1]["messages"][1]["reasoning_content"] == "Oslo: call it."

@@ -4,8 +4,9 @@ contents and thought signatures, LangChain's stream end, and the EmptyAdapter.""
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import pytest
@@ -484,7 +485,8 @@ def test_gemini_contents_function_responses() -> None:
         ToolMessage(id="t2", tool_call_id="c2", content="plain", error="bad")])
     assert system == ["sys"]
     assert contents[1] == {"role": "model", "parts": [
-        {"function_call": {"name": "f", "args": {"x": 1}}},
+        {"function_call": {"name": "f", "args": {"x": 1}}, "thought_signature": base64.
+         urlsafe_b64decode("skip_thought_signature_validator")},  # (its own is not known)
         {"function_call": {"name": "g", "args": {"value": 7}}}]}
     assert contents[2] == {"role": "user", "parts": [
         {"function_response": {"name": "f", "response": {"ok": True}}},
@@ -679,3 +681,194 @@ async def test_anthropic_thinking_streams_as_reasoning_to_new_clients_only(
     replayed = server.requests[-1]["messages"][1]["content"]
     assert replayed[0]["type"] == "thinking"
     assert replayed[0]["signature"]
+
+
+# ---- provider memory this process lacks: the thread stays usable ----------------------------
+
+_WEATHER = [ToolSpec("getWeather", "w", {"type": "object", "properties": {
+    "city": {"type": "string"}}})]
+_THINKING = {"type": "enabled", "budget_tokens": 1024}
+
+
+def _answered_call(call_id: str, ask: str = 'call:getWeather {"city":"Oslo"}') -> list[Any]:
+    """A history whose last answer is a tool call, now answered by the client."""
+    return [UserMessage(id="u", content=ask),
+            AssistantMessage(id="a", tool_calls=[call(call_id, "getWeather", '{"city":"Oslo"}')]),
+            ToolMessage(id="t", tool_call_id=call_id, content='{"t":21}')]
+
+
+async def _deltas(adapter: Any, request: ChatRequest) -> list[Any]:
+    return [d async for b in adapter.stream(request) for d in b]
+
+
+def _echo(deltas: list[Any]) -> str:
+    return "".join(d.text for d in deltas if isinstance(d, TextDelta))
+
+
+async def test_anthropic_tool_loop_whose_thinking_another_worker_holds_goes_without() -> None:
+    """The signed thinking of a tool call lives in the adapter that streamed it: the client's
+    tool result reaching another worker (a restart, an evicted entry) was refused with thinking
+    on (the assistant turn must start with it), and every later message of the thread too."""
+    from copilot_runtime.testing import MockAnthropicServer
+
+    async with asyncio.timeout(TIMEOUT_S), MockAnthropicServer(chunks=3) as server:
+        first, other = (AnthropicAdapter(api_key="k", base_url=server.base_url, max_retries=0,
+                                         thinking=_THINKING) for _ in range(2))
+        try:
+            asked = await _deltas(first, ChatRequest(messages=[UserMessage(
+                id="u", content='think: call:getWeather {"city":"Oslo"}')], tools=_WEATHER))
+            (head,) = [d for d in asked if isinstance(d, ToolCallDelta) and d.id]
+            assert head.id is not None
+            history = _answered_call(head.id, 'think: call:getWeather {"city":"Oslo"}')
+            elsewhere = await _deltas(other, ChatRequest(messages=history, tools=_WEATHER))
+            here = await _deltas(first, ChatRequest(messages=history, tools=_WEATHER))
+        finally:
+            await first.aclose()
+            await other.aclose()
+    assert _echo(elsewhere) == _echo(here) == 'echo: {"t":21}'
+    assert "thinking" not in server.requests[1]  # (thinking is only checked when on)
+    assert server.requests[2]["thinking"] == _THINKING  # the worker that holds it sends it
+    assert server.requests[2]["messages"][1]["content"][0]["type"] == "thinking"
+
+
+@pytest.mark.parametrize("choice", ["required", "getWeather"])
+async def test_anthropic_forced_tool_choice_goes_without_thinking(choice: str) -> None:
+    """The API refuses thinking with a tool choice that forces a tool (chat suggestions,
+    GraphQL's toolChoice "function", AG-UI's "required"): the forced call is what is needed."""
+    from copilot_runtime.testing import MockAnthropicServer
+
+    async with asyncio.timeout(TIMEOUT_S), MockAnthropicServer(chunks=3) as server:
+        adapter = AnthropicAdapter(api_key="k", base_url=server.base_url, max_retries=0,
+                                   thinking=_THINKING)
+        try:
+            forced = await _deltas(adapter, ChatRequest(messages=[UserMessage(
+                id="u", content='call:getWeather {"city":"Oslo"}')], tools=_WEATHER,
+                tool_choice=choice))
+        finally:
+            await adapter.aclose()
+    assert [d.name for d in forced if isinstance(d, ToolCallDelta) and d.id] == ["getWeather"]
+    assert "thinking" not in server.requests[0]
+    free = adapter.build_params(ChatRequest(messages=[UserMessage(id="u", content="hi")],
+                                            tools=_WEATHER, tool_choice="auto"))
+    assert free["thinking"] == _THINKING
+
+
+@pytest.mark.parametrize("transport", ["direct", "sdk"])
+async def test_anthropic_run_stopped_during_a_tool_call_keeps_its_thinking(
+        transport: Literal["direct", "sdk"]) -> None:
+    """The thinking was recorded only once the answer had streamed to its end: a run stopped
+    during its tool call lost it, and the thread's next request went without it."""
+    from copilot_runtime.testing import MockAnthropicServer
+
+    async with asyncio.timeout(TIMEOUT_S), MockAnthropicServer(chunks=3) as server:
+        adapter = AnthropicAdapter(api_key="k", base_url=server.base_url, max_retries=0,
+                                   thinking=_THINKING, transport=transport)
+        try:
+            stream = adapter.stream(ChatRequest(messages=[UserMessage(
+                id="u", content='think: call:getWeather {"city":"Oslo"}')], tools=_WEATHER))
+            head = None
+            async for batch in stream:
+                head = next((d for d in batch if isinstance(d, ToolCallDelta) and d.id), None)
+                if head is not None:
+                    break  # the run is stopped here, its call's arguments still streaming
+            await stream.aclose()  # type: ignore[attr-defined]
+            assert head is not None
+            assert head.id is not None
+            follow = await _deltas(adapter, ChatRequest(
+                messages=_answered_call(head.id), tools=_WEATHER))
+        finally:
+            await adapter.aclose()
+    assert _echo(follow) == 'echo: {"t":21}'
+    assert server.requests[1]["thinking"] == _THINKING
+    replayed = server.requests[1]["messages"][1]["content"][0]
+    assert replayed["type"] == "thinking"
+    assert replayed["signature"]
+
+
+@pytest.mark.parametrize("transport", ["direct", "sdk"])
+async def test_gemini_call_whose_signature_another_worker_holds_goes_with_the_stand_in(
+        transport: Literal["direct", "sdk"]) -> None:
+    """Gemini 3 refuses a replayed call without its thought signature, which only the adapter
+    that streamed the call held: another worker now sends Google's documented stand-in."""
+    async with asyncio.timeout(TIMEOUT_S), MockGeminiServer(sign_calls=True) as server:
+        first, other = (GoogleGenAIAdapter(api_key="k", base_url=server.base_url,
+                                           max_retries=0, transport=transport)
+                        for _ in range(2))
+        try:
+            asked = await _deltas(first, ChatRequest(messages=[UserMessage(
+                id="u", content='call:getWeather {"city":"Oslo"}')], tools=_WEATHER))
+            (head,) = [d for d in asked if isinstance(d, ToolCallDelta)]
+            assert head.id is not None
+            follow = await _deltas(other, ChatRequest(messages=_answered_call(head.id),
+                                                      tools=_WEATHER))
+        finally:
+            await first.aclose()
+            await other.aclose()
+    assert _echo(follow) == 'echo: {"t":21}'
+    replayed = server.requests[1]["contents"][1]["parts"][0]
+    assert replayed["thoughtSignature"] == "skip_thought_signature_validator"
+
+
+def test_gemini_stand_in_goes_only_on_an_answers_first_unsigned_call() -> None:
+    history = [UserMessage(id="u", content="x"),
+               AssistantMessage(id="a", tool_calls=[call("c1"), call("c2")]),
+               ToolMessage(id="t1", tool_call_id="c1", content="1"),
+               ToolMessage(id="t2", tool_call_id="c2", content="2"),
+               AssistantMessage(id="b", tool_calls=[call("c3")]),
+               ToolMessage(id="t3", tool_call_id="c3", content="3")]
+    _, contents = to_gemini_contents(history, {"c3": b"own"})
+    first, second = contents[1]["parts"]
+    assert first["thought_signature"] == base64.urlsafe_b64decode(
+        "skip_thought_signature_validator")
+    assert "thought_signature" not in second
+    assert contents[3]["parts"][0]["thought_signature"] == b"own"
+
+
+# ---- histories the APIs refuse as they are ---------------------------------------------------
+
+
+@pytest.mark.parametrize("history", [[], [SystemMessage(id="s", content="Greet the user.")]],
+                         ids=["empty", "system-only"])
+@pytest.mark.parametrize("provider", ["anthropic", "gemini"])
+async def test_a_run_without_user_messages_gets_an_answer(provider: str,
+                                                         history: list[Any]) -> None:
+    """`runAgent()` with no messages (or only a system one) is answered by OpenAI from the
+    system prompt; Anthropic ("at least one message is required") and Gemini ("contents is
+    not specified") refused it: they now get a minimal user turn."""
+    from copilot_runtime.testing import MockAnthropicServer
+
+    server: Any = MockAnthropicServer(chunks=3) if provider == "anthropic" else \
+        MockGeminiServer(chunks=3)
+    async with asyncio.timeout(TIMEOUT_S), server:
+        adapter: Any = AnthropicAdapter(api_key="k", base_url=server.base_url, max_retries=0) \
+            if provider == "anthropic" else GoogleGenAIAdapter(
+                api_key="k", base_url=server.base_url, max_retries=0)
+        try:
+            answer = await _deltas(adapter, ChatRequest(messages=history))
+        finally:
+            await adapter.aclose()
+    assert _echo(answer) == "echo: Begin."
+    assert isinstance(answer[-1], StreamEnd)
+
+
+@pytest.mark.parametrize("content", [
+    "\n", [TextPart(text=" "), ImagePart(source=DataSource(value="aGk=", mime_type="image/png"))]],
+    ids=["blank", "blank-beside-an-image"])
+async def test_anthropic_blank_user_text_is_left_out(content: Any) -> None:
+    """The API refuses text blocks of whitespace only: one in a user turn failed that run and,
+    kept in the history, every later run of the thread."""
+    from copilot_runtime.testing import MockAnthropicServer
+
+    async with asyncio.timeout(TIMEOUT_S), MockAnthropicServer(chunks=3) as server:
+        adapter = AnthropicAdapter(api_key="k", base_url=server.base_url, max_retries=0)
+        try:
+            answer = await _deltas(adapter, ChatRequest(messages=[
+                UserMessage(id="u", content=content),
+                AssistantMessage(id="a", content="Hello."),
+                UserMessage(id="u2", content="again")]))
+        finally:
+            await adapter.aclose()
+    assert _echo(answer) == "echo: again"
+    sent = server.requests[0]["messages"]
+    assert not [b for m in sent for b in m["content"]
+                if b["type"] == "text" and b["text"].isspace()]

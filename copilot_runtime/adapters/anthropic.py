@@ -25,13 +25,14 @@ import binascii
 import os
 import urllib.parse
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Literal, cast
 
 import aiohttp
 import anthropic
 import httpx2
 import orjson
+import structlog
 from ag_ui.core import (
     AssistantMessage,
     DeveloperMessage,
@@ -52,6 +53,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
+    OPENING_TURN,
     after,
     arguments_object,
     error_body_message,
@@ -86,6 +88,7 @@ DEFAULT_MODEL = "claude-sonnet-4-6"
 #: The API requires `max_tokens`; this is used when neither the app nor the client set one.
 DEFAULT_MAX_TOKENS = 4096
 _THINKING_KEPT = 1024
+_log = structlog.get_logger("copilot_runtime.adapters.anthropic")
 _FAILURES = _direct.Failures(
     "Anthropic", "Anthropic request timed out", "Could not reach the Anthropic API",
     "The Anthropic API closed the connection without answering",
@@ -187,7 +190,7 @@ class AnthropicAdapter:
 
     def build_params(self, request: ChatRequest) -> dict[str, Any]:
         """The Messages request body for `request` (without `stream`)."""
-        system, messages = to_anthropic_messages(request.messages, self._thinking)
+        system, messages = to_anthropic_messages(request.messages, self._thinking_of)
         if request.system_prompt:
             system.insert(0, request.system_prompt)
         params: dict[str, Any] = {
@@ -213,7 +216,7 @@ class AnthropicAdapter:
             params["temperature"] = min(max(float(request.temperature), 0.0), 1.0)
         if request.stop:
             params["stop_sequences"] = request.stop
-        if self.thinking is not None:
+        if self.thinking is not None and _thinking_allowed(params):
             params["thinking"] = self.thinking
             params.pop("temperature", None)  # extended thinking only runs at the default
             budget = self.thinking.get("budget_tokens")
@@ -222,6 +225,17 @@ class AnthropicAdapter:
                 # the room asked for (a guardrail judge's 100 tokens, a client's maxTokens).
                 params["max_tokens"] += budget
         return params
+
+    def _thinking_of(self, tool_use_id: str) -> list[dict[str, Any]] | None:
+        """The signed thinking blocks of the answer whose first tool call is `tool_use_id`,
+        when this process still holds them."""
+        return self._thinking.get(tool_use_id)
+
+    def _keep_thinking(self, tool_use_id: str, blocks: list[dict[str, Any]]) -> None:
+        # (`blocks` is the parser's own list: thinking that follows the call is kept too)
+        self._thinking[tool_use_id] = blocks
+        if len(self._thinking) > _THINKING_KEPT:
+            self._thinking.popitem(last=False)
 
     def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
         params = {**self.build_params(request), **self._extra_body}
@@ -248,16 +262,9 @@ class AnthropicAdapter:
                              ) -> AsyncIterator[Sequence[ChatDelta]]:
         betas = self._betas(params)
         response = await route.send(orjson.dumps({**params, "stream": True}), betas)
-        parser = AnthropicStreamParser(secrets=route.secrets)
+        parser = AnthropicStreamParser(secrets=route.secrets, keep_thinking=self._keep_thinking)
         async for deltas in _direct.stream(response, parser, _FAILURES):
             yield deltas
-        self._keep_thinking(parser)
-
-    def _keep_thinking(self, parser: AnthropicStreamParser) -> None:
-        if parser.thinking and parser.tool_ids:
-            self._thinking[parser.tool_ids[0]] = parser.thinking
-            if len(self._thinking) > _THINKING_KEPT:
-                self._thinking.popitem(last=False)
 
     async def _stream_sdk(self, params: dict[str, Any]) -> AsyncIterator[Sequence[ChatDelta]]:
         client = self.client
@@ -267,7 +274,7 @@ class AnthropicAdapter:
         betas = self._betas(params)
         headers = {"anthropic-beta": betas} if betas else {}
         try:
-            parser = AnthropicStreamParser(secrets=secrets)
+            parser = AnthropicStreamParser(secrets=secrets, keep_thinking=self._keep_thinking)
             if type(client) is anthropic.AsyncAnthropic:
                 # The SDK's raw route: its authentication, retries and errors, our parser.
                 response = cast(httpx2.Response, await client.post(
@@ -303,7 +310,6 @@ class AnthropicAdapter:
                     bounded.close()
                     await events.close()
             parser.finish()  # (an end without `message_stop`: as the direct route says it)
-            self._keep_thinking(parser)
         except UpstreamError as exc:
             if exc.pending:  # the deltas its read parsed before it, which come first
                 pending, exc.pending = exc.pending, ()
@@ -410,6 +416,26 @@ def _uses_files(blocks: Any) -> bool:
     return False
 
 
+def _thinking_allowed(params: dict[str, Any]) -> bool:
+    """Whether the request `params` may be sent with thinking on. The API refuses thinking
+    with a forced tool choice, and, with thinking on, a tool loop whose last assistant turn
+    does not start with its signed thinking (lost: another worker's, a restarted process's,
+    an evicted one); thinking is checked only when on, so such a request goes without."""
+    if (params.get("tool_choice") or {}).get("type") in ("any", "tool"):
+        _log.debug("anthropic_thinking_off", reason="the tool choice forces a tool")
+        return False
+    for turn in reversed(params["messages"]):
+        if turn["role"] == "assistant":
+            content = turn["content"]
+            if any(b.get("type") == "tool_use" for b in content) and content[0].get(
+                    "type") not in ("thinking", "redacted_thinking"):
+                _log.debug("anthropic_thinking_off",
+                           reason="the tool calls' signed thinking is not known here")
+                return False
+            break
+    return True
+
+
 class AnthropicStreamParser:
     """Incremental parser of a Messages SSE stream into `ChatDelta`s.
 
@@ -417,17 +443,22 @@ class AnthropicStreamParser:
     numbered by the API (`index`); tool-use blocks are renumbered 0, 1, ... as call indexes.
     """
 
-    __slots__ = ("_args_seen", "_calls", "_held", "_open_thinking", "done", "extra_usage",
-                 "finish_reason", "finished", "input_tokens", "output_tokens", "secrets",
-                 "thinking", "tool_ids")
+    __slots__ = ("_args_seen", "_calls", "_held", "_keep_thinking", "_open_thinking", "done",
+                 "extra_usage", "finish_reason", "finished", "input_tokens", "output_tokens",
+                 "secrets", "thinking", "tool_ids")
 
-    def __init__(self, *, secrets: Sequence[str | None] = ()) -> None:
+    def __init__(self, *, secrets: Sequence[str | None] = (),
+                 keep_thinking: Callable[[str, list[dict[str, Any]]], None] | None = None,
+                 ) -> None:
         self._held = HeldBytes("The Anthropic stream", UpstreamProtocolError)
         #: The credentials the request carried: an error event echoing one loses it.
         self.secrets = secrets
         #: The answer's thinking blocks, whole and signed, and its tool_use ids.
         self.thinking: list[dict[str, Any]] = []
         self.tool_ids: list[str] = []
+        #: Told (first tool_use id, thinking blocks) as the first call starts: a run stopped
+        #: during the call must not lose the blocks its next request has to send back.
+        self._keep_thinking = keep_thinking
         self._open_thinking: dict[int, tuple[list[str], list[str]]] = {}
         self._calls: dict[int, int] = {}
         self._args_seen: set[int] = set()
@@ -513,6 +544,9 @@ class AnthropicStreamParser:
                 _text(block.get("id")), _text(block.get("name"))
                 if block.get("id"):
                     self.tool_ids.append(block["id"])
+                    if (len(self.tool_ids) == 1 and self.thinking
+                            and self._keep_thinking is not None):
+                        self._keep_thinking(block["id"], self.thinking)
                 call = self._calls[index] = len(self._calls)
                 out.append(ToolCallDelta(call, block.get("id"), block.get("name"), ""))
                 if block.get("input"):
@@ -572,13 +606,15 @@ def _text(value: Any) -> str | None:
 
 def to_anthropic_messages(
         messages: Sequence[Message],
-        thinking: dict[str, list[dict[str, Any]]] | None = None,
+        thinking: Mapping[str, list[dict[str, Any]]]
+        | Callable[[str], list[dict[str, Any]] | None] | None = None,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """AG-UI history → (system texts, Messages turns), repaired as the module says.
 
-    `thinking` maps the first tool_use id of an answer to that answer's thinking blocks,
-    which are put back in front of its tool calls.
+    `thinking` maps (or looks up) the first tool_use id of an answer to that answer's
+    thinking blocks, which are put back in front of its tool calls.
     """
+    thinking_of = thinking if callable(thinking) else (thinking or {}).get
     system: list[str] = []
     turns: list[dict[str, Any]] = []
     for message in paired_tool_calls(messages):
@@ -586,8 +622,8 @@ def to_anthropic_messages(
             _append(turns, "user", _user_blocks(message.content))
         elif isinstance(message, AssistantMessage):
             blocks: list[dict[str, Any]] = []
-            if thinking and message.tool_calls and message.tool_calls[0].id in thinking:
-                blocks.extend(thinking[message.tool_calls[0].id])
+            if message.tool_calls:
+                blocks.extend(thinking_of(message.tool_calls[0].id) or ())
             text = text_of(message.content)
             if text and not text.isspace():  # the API refuses blank text blocks
                 blocks.append({"type": "text", "text": text})
@@ -608,6 +644,8 @@ def to_anthropic_messages(
             if text:
                 system.append(text)
         # activity and reasoning messages are UI state, not model input
+    if not turns:
+        turns.append({"role": "user", "content": [{"type": "text", "text": OPENING_TURN}]})
     return system, turns
 
 
@@ -621,13 +659,14 @@ def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]
 
 
 def _user_blocks(content: Any) -> list[dict[str, Any]]:
+    # The API refuses blank text blocks: one kept in the history failed every later request.
     if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content else []
+        return [{"type": "text", "text": content}] if content and not content.isspace() else []
     blocks: list[dict[str, Any]] = []
     for part in content:
         kind = getattr(part, "type", None)
         if kind == "text":
-            if part.text:
+            if part.text and not part.text.isspace():
                 blocks.append({"type": "text", "text": part.text})
         elif kind == "image":
             blocks.append({"type": "image",

@@ -14,7 +14,9 @@ OpenAPI subset it accepts (`to_gemini_schema`, each rule tested), every function
 function response in the next turn, arguments and responses are always objects, system and
 developer messages go to `system_instruction`. Gemini 3 signs its function calls
 (`thought_signature`) and refuses a history that drops the signature; the adapter remembers
-the signatures of the calls it streamed, by call id, and puts them back.
+the signatures of the calls it streamed, by call id, and puts them back; a call whose
+signature it does not hold (streamed by another worker or before a restart) goes with the
+signature Google documents for history it did not sign, which skips the check.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from copilot_runtime._held import HeldBytes
 from copilot_runtime._limits import check_json_text
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
+    OPENING_TURN,
     after,
     arguments_object,
     text_of,
@@ -98,6 +101,10 @@ _FAILED_REASONS = {
     "MISSING_THOUGHT_SIGNATURE": "Gemini refused the history: a thought signature is missing",
 }
 _SIGNATURES_KEPT = 4096
+#: Google's documented stand-in signature for a function call whose own is unknown: the API
+#: then skips its validation (written in the URL-safe alphabet, as the SDK writes bytes).
+_UNSIGNED_TEXT = "skip_thought_signature_validator"
+_UNSIGNED = base64.urlsafe_b64decode(_UNSIGNED_TEXT)
 _DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com/"
 # The SDK's defaults (google.genai._api_client): API version, and the retry policy of
 # `HttpRetryOptions`: these statuses and transport failures, exponential waits from 1 s
@@ -226,7 +233,7 @@ class GoogleGenAIAdapter:
 
     def build_config(self, request: ChatRequest) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """(contents, config) of the `generate_content_stream` call for `request`."""
-        system, contents = to_gemini_contents(request.messages, self._signatures)
+        system, contents = to_gemini_contents(request.messages, self._signature_of)
         if request.system_prompt:
             system.insert(0, request.system_prompt)
         config: dict[str, Any] = {}
@@ -364,6 +371,10 @@ class GoogleGenAIAdapter:
         except aiohttp.ClientError:
             raise UpstreamConnectionError(
                 "The Gemini stream broke off before the answer was complete") from None
+
+    def _signature_of(self, call_id: str) -> bytes | None:
+        """The thought signature Gemini gave call `call_id`, when this process holds it."""
+        return self._signatures.get(call_id)
 
     def _remember(self, call_id: str, signature: bytes) -> None:
         self._signatures[call_id] = signature
@@ -691,7 +702,8 @@ def _rest_part(part: dict[str, Any]) -> dict[str, Any]:
         elif key == "function_response":
             out["functionResponse"] = value
         elif key == "thought_signature":
-            out["thoughtSignature"] = base64.b64encode(value).decode()
+            out["thoughtSignature"] = (_UNSIGNED_TEXT if value == _UNSIGNED
+                                       else base64.b64encode(value).decode())
         elif key == "inline_data":  # the SDK keeps the inner names as they are
             out["inlineData"] = {"data": base64.b64encode(value["data"]).decode(),
                                  "mime_type": value["mime_type"]}
@@ -722,9 +734,16 @@ def _gemini_name(name: str) -> str:
     return f"_{_NOT_IN_NAMES.sub('_', name)[:54]}_{digest}"
 
 
-def to_gemini_contents(messages: Sequence[Message], signatures: dict[str, bytes] | None = None,
-                       ) -> tuple[list[str], list[dict[str, Any]]]:
-    """AG-UI history → (system texts, Gemini contents), repaired as the module says."""
+def to_gemini_contents(
+        messages: Sequence[Message],
+        signatures: Mapping[str, bytes] | Callable[[str], bytes | None] | None = None,
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """AG-UI history → (system texts, Gemini contents), repaired as the module says.
+
+    `signatures` maps (or looks up) a call id to its thought signature; the first call of
+    an answer whose signature is unknown gets Google's stand-in.
+    """
+    signature_of = signatures if callable(signatures) else (signatures or {}).get
     system: list[str] = []
     turns: list[tuple[str, list[dict[str, Any]]]] = []
     names: dict[str, str] = {}  # call id → function name, for the responses
@@ -736,12 +755,13 @@ def to_gemini_contents(messages: Sequence[Message], signatures: dict[str, bytes]
             text = text_of(message.content)
             if text:
                 parts.append({"text": text})
-            for call in message.tool_calls or ():
+            for i, call in enumerate(message.tool_calls or ()):
                 names[call.id] = _gemini_name(call.function.name)
                 part: dict[str, Any] = {"function_call": {
                     "name": names[call.id],
                     "args": arguments_object(call.function.arguments)}}
-                signature = (signatures or {}).get(call.id)
+                # Gemini 3 signs (and checks) the first call of each answer only
+                signature = signature_of(call.id) or (None if i else _UNSIGNED)
                 if signature:
                     part["thought_signature"] = signature
                 parts.append(part)
@@ -758,6 +778,8 @@ def to_gemini_contents(messages: Sequence[Message], signatures: dict[str, bytes]
             text = text_of(message.content)
             if text:
                 system.append(text)
+    if not turns:
+        turns.append(("user", [{"text": OPENING_TURN}]))
     return system, [{"role": role, "parts": parts} for role, parts in turns]
 
 

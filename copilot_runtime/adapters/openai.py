@@ -19,7 +19,8 @@ import platform
 import re
 import sys
 import urllib.parse
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import msgspec
@@ -41,6 +42,7 @@ from copilot_runtime.adapters._idle import DEFAULT_TIMEOUT, IdleBound, read_time
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
+    ReasoningDelta,
     StreamEnd,
     TextDelta,
     ToolCallDelta,
@@ -155,6 +157,9 @@ class OpenAIAdapter:
         self._organization = organization or os.environ.get("OPENAI_ORG_ID")
         self._project = project or os.environ.get("OPENAI_PROJECT_ID")
         self._default_headers = dict(default_headers or {})
+        # first tool call id of an answer → the `reasoning_content` it streamed: DeepSeek's
+        # thinking mode wants it back on that assistant message as the tool loop goes on
+        self._reasoning: OrderedDict[str, list[str]] = OrderedDict()
         if client is None and not self._api_key and not base_url:
             raise ConfigurationError(
                 "OpenAIAdapter needs api_key (or OPENAI_API_KEY), or a base_url for an "
@@ -205,6 +210,11 @@ class OpenAIAdapter:
         if request.system_prompt:
             messages.append({"role": "system", "content": request.system_prompt})
         messages.extend(to_openai(request.messages))
+        if self._reasoning:
+            for item in messages:
+                calls = item.get("tool_calls")
+                if calls and (said := self._reasoning_of(calls[0]["id"])) is not None:
+                    item["reasoning_content"] = said
         params: dict[str, Any] = {
             "model": request.model or self.model,
             "messages": messages,
@@ -251,6 +261,18 @@ class OpenAIAdapter:
                 params["stop"] = request.stop
         return params
 
+    def _reasoning_of(self, call_id: str) -> str | None:
+        """The `reasoning_content` of the answer whose first tool call is `call_id`, when
+        this process holds it."""
+        said = self._reasoning.get(call_id)
+        return None if said is None else "".join(said)
+
+    def _keep_reasoning(self, call_id: str, pieces: list[str]) -> None:
+        # (`pieces` is the parser's own list: what streams after the call is kept too)
+        self._reasoning[call_id] = pieces
+        if len(self._reasoning) > _REASONING_KEPT:
+            self._reasoning.popitem(last=False)
+
     def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
         params = {**self.build_params(request), "stream": True, **self._extra_body}
         body = orjson.dumps(params)
@@ -264,7 +286,8 @@ class OpenAIAdapter:
     async def _stream_direct(self, route: _DirectRoute, body: bytes,
                              usage: bool) -> AsyncIterator[Sequence[ChatDelta]]:
         response = await route.send(body)
-        parser = ChatCompletionsStreamParser(secrets=route.secrets, expects_usage=usage)
+        parser = ChatCompletionsStreamParser(secrets=route.secrets, expects_usage=usage,
+                                             keep_reasoning=self._keep_reasoning)
         async for deltas in _direct.stream(response, parser, route.failures):
             yield deltas
 
@@ -288,7 +311,8 @@ class OpenAIAdapter:
             # (the SDK's client alone may wait forever: see _idle)
             pieces = IdleBound(response.aiter_bytes(), self._wait_bound, self._silent())
             try:
-                parser = ChatCompletionsStreamParser(secrets=secrets, expects_usage=usage)
+                parser = ChatCompletionsStreamParser(secrets=secrets, expects_usage=usage,
+                                                     keep_reasoning=self._keep_reasoning)
                 async for data in pieces:
                     deltas = parser.feed(data)
                     if deltas:
@@ -514,6 +538,10 @@ class _Delta(msgspec.Struct):
     #: What the model says instead of an answer it refuses (structured outputs).
     refusal: str | None = None
     tool_calls: list[_ToolCall] | None = None
+    #: The model's reasoning, as DeepSeek (`reasoning_content`) and OpenRouter or vLLM
+    #: (`reasoning`) stream it; of any type, so that an unexpected one is skipped, not fatal.
+    reasoning_content: Any = None
+    reasoning: Any = None
 
 
 class _Choice(msgspec.Struct):
@@ -532,6 +560,7 @@ class _Chunk(msgspec.Struct):
 
 
 _CHUNKS = msgspec.json.Decoder(list[_Chunk])
+_REASONING_KEPT = 1024
 _CUT_SHORT = "The OpenAI stream ended before the answer was complete"
 _DATA_LINE = re.compile(rb"^data:(.*)$", re.MULTILINE)
 
@@ -596,11 +625,11 @@ class ChatCompletionsStreamParser:
     for it): some servers and proxies send nothing after it, and keep the stream open.
     """
 
-    __slots__ = ("_calls", "_count", "_held", "_other_choices", "done", "expects_usage",
-                 "finish_reason", "finished", "secrets", "usage")
+    __slots__ = ("_calls", "_count", "_held", "_keep_reasoning", "_other_choices", "done",
+                 "expects_usage", "finish_reason", "finished", "reasoning", "secrets", "usage")
 
-    def __init__(self, *, secrets: Sequence[str | None] = (),
-                 expects_usage: bool = True) -> None:
+    def __init__(self, *, secrets: Sequence[str | None] = (), expects_usage: bool = True,
+                 keep_reasoning: Callable[[str, list[str]], None] | None = None) -> None:
         self._held = HeldBytes("The OpenAI stream", UpstreamProtocolError)
         #: The credentials the request carried: an error event echoing one loses it.
         self.secrets = secrets
@@ -616,6 +645,10 @@ class ChatCompletionsStreamParser:
         self._count = 0
         #: The choices other than the first (`n` > 1 in `extra_body`) → whether each ended.
         self._other_choices: dict[int, bool] = {}
+        #: The answer's `reasoning_content` pieces, which the server may want back.
+        self.reasoning: list[str] = []
+        #: Told (first tool call id, `reasoning`) as that call starts, when there is any.
+        self._keep_reasoning = keep_reasoning
 
     def feed(self, data: bytes) -> list[ChatDelta]:
         if self.done:
@@ -708,7 +741,11 @@ class ChatCompletionsStreamParser:
                         append(make(TextDelta, (content,)))
                     elif delta.refusal:  # the user reads it as the answer, as in ChatGPT
                         append(make(TextDelta, (delta.refusal,)))
+                    elif delta.reasoning_content or delta.reasoning:  # (never per text piece)
+                        self._reasoned(delta, out)
                     if tool_calls := delta.tool_calls:  # (no empty loop per text piece)
+                        if self.reasoning and not self._count:
+                            self._first_call(tool_calls)
                         for call in tool_calls:
                             function = call.function
                             append(ToolCallDelta(
@@ -718,6 +755,22 @@ class ChatCompletionsStreamParser:
                 if choice.finish_reason:
                     self.finish_reason = choice.finish_reason
                     self._ended()
+
+    def _reasoned(self, delta: _Delta, out: list[ChatDelta]) -> None:
+        said = delta.reasoning_content
+        if isinstance(said, str) and said:
+            self.reasoning.append(said)
+        else:
+            said = delta.reasoning
+        if isinstance(said, str) and said:
+            out.append(ReasoningDelta(said))
+
+    def _first_call(self, tool_calls: list[_ToolCall]) -> None:
+        """The answer's first call starts, after its `reasoning_content`: kept by id now, as
+        a run stopped during the call still sends it back."""
+        call_id = tool_calls[0].id
+        if call_id and self._keep_reasoning is not None:
+            self._keep_reasoning(call_id, self.reasoning)
 
     def _ended(self) -> None:
         """A finish reason or the usage came (after the first choice's finish reason): the

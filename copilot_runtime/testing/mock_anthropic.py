@@ -11,7 +11,8 @@ Like the real API it refuses what the real API refuses, with its error shapes: a
 messages, tool arguments that are not objects, a ``tool_use`` without its ``tool_result`` in
 the next turn (or a result without its call), blank text blocks, tool schemas that are not
 objects or have a combinator (``anyOf``...) at the top, two tools of one name,
-``tool_choice`` without tools, a temperature outside 0..1. A 429 carries ``retry-after``.
+``tool_choice`` without tools, a temperature outside 0..1, thinking with a forced
+``tool_choice``, an empty ``messages``. A 429 carries ``retry-after``.
 Run it alone with ``python -m copilot_runtime.testing.mock_anthropic``.
 """
 
@@ -105,6 +106,8 @@ def validate(body: Any) -> None:
     if not isinstance(messages, list) or not messages:
         raise Refused("messages: at least one message is required")
     thinking_on = isinstance(thinking, dict) and thinking.get("type") == "enabled"
+    if thinking_on and (body.get("tool_choice") or {}).get("type") in ("any", "tool"):
+        raise Refused("Thinking may not be enabled when tool_choice forces tool use.")
     assistants = [m for m in messages if m.get("role") == "assistant"
                   and isinstance(m.get("content"), list)]
     if thinking_on and assistants and messages[-1].get("role") == "user" and any(
