@@ -24,6 +24,7 @@ __all__ = [
     "LastBatch",
     "custom",
     "failed_tool_content",
+    "messages_snapshot",
     "reasoning_content",
     "reasoning_end",
     "reasoning_start",
@@ -181,6 +182,10 @@ def tool_call_result(message_id: str, tool_call_id: str, content: str, *,
 def failed_tool_content(message: str) -> str:
     """What a model reads as the result of a tool that failed."""
     return orjson.dumps({"error": message}).decode()
+
+
+def messages_snapshot(messages: list[dict[str, Any]]) -> Event:
+    return {"type": MESSAGES_SNAPSHOT, "messages": messages}
 
 
 def state_snapshot(snapshot: Any) -> Event:

@@ -23,6 +23,8 @@ from tests import background
 from tests.agents_support.legacy_env import legacy_python
 from tests.agents_support.processes import REPO_ROOT, child_process, free_port, mock_llm
 from tests.conftest import ServeRuntime, run_input, text_of, types
+from tests.gql.wire import chat_data, text_message
+from tests.test_graphql_agents import history_of, states, texts
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +62,7 @@ async def test_discovery(legacy: tuple[str, str], serve_runtime: ServeRuntime) -
     runtime, found = await legacy_runtime(*legacy)
     assert {name: agent.kind for name, agent in found.agents.items()} == {
         "chat": "langgraph", "planner": "langgraph", "reporter": "langgraph",
-        "scripted": "crewai"}
+        "asking": "langgraph", "scripted": "crewai"}
     add = next(a for a in found.actions if a.name == "add")
     assert add.description == "Add two numbers"
     assert add.parameters == {"type": "object", "required": ["a", "b"], "properties": {
@@ -148,6 +150,99 @@ async def test_state_sync_and_custom_events(legacy: tuple[str, str],
     assert {"type": "CUSTOM", "name": "Exit", "value": True} in reported
     first_state = of_type(reported, "STATE_SNAPSHOT")[0]["snapshot"]
     assert first_state.get("progress") in (None, 50)
+
+
+async def stored(served: Any, conversation: str) -> list[dict[str, Any]]:
+    """The thread's messages as the runtime keeps them, checked in order and unrepeated."""
+    answer = await (await served.session.get(
+        f"{served.url}/threads/{conversation}/messages")).json()
+    messages: list[dict[str, Any]] = answer["messages"]
+    ids = [m["id"] for m in messages]
+    assert len(ids) == len(set(ids)), messages
+    return messages
+
+
+def roles(messages: list[dict[str, Any]]) -> list[str]:
+    return ["call" if m.get("toolCalls") else m["role"] for m in messages]
+
+
+async def test_a_turn_after_a_server_tool_continues_the_checkpoint(
+        legacy: tuple[str, str], serve_runtime: ServeRuntime) -> None:
+    runtime, _ = await legacy_runtime(*legacy)
+    agent = runtime.agents["chat"]
+    conversation = thread()
+    async with serve_runtime(runtime) as served:
+        first = await served.run(run_input('call:get_weather {"city":"Paris"}',
+                                           thread=conversation), agent="chat")
+        after_first = await stored(served, conversation)
+        history = [*after_first, {"id": "run-2-u", "role": "user", "content": "thanks"}]
+        second = await served.run(run_input("", thread=conversation, run="run-2",
+                                            messages=history), agent="chat")
+        after_second = await stored(served, conversation)
+        replay = await served.run(run_input("", thread=conversation, run="run-3"),
+                                  path="/agent/chat/connect")
+        saved = await agent.load_state(conversation)  # type: ignore[attr-defined]
+    for events in (first, second):
+        verify_events(events)
+    # The run tells the client the checkpoint's messages, the tool's result under the id
+    # the service gave it (the client sends it back, and the service skips what it has).
+    assert roles(after_first) == ["user", "call", "tool", "assistant"], after_first
+    assert [m["id"] for m in after_first] == [m["id"] for m in saved.messages[:4]]
+    assert of_type(first, "MESSAGES_SNAPSHOT")[-1]["messages"] == after_first
+    assert not of_type(second, "RUN_ERROR"), second[-1]
+    assert text_of(second) == "echo: thanks"
+    assert roles(after_second) == ["user", "call", "tool", "assistant", "user", "assistant"]
+    assert [m["id"] for m in after_second] == [m["id"] for m in saved.messages]
+    assert of_type(replay, "MESSAGES_SNAPSHOT")[-1]["messages"] == after_second
+
+
+async def test_the_graphql_client_follows_up_a_server_tool(
+        legacy: tuple[str, str], serve_runtime: ServeRuntime) -> None:
+    runtime, _ = await legacy_runtime(*legacy)
+    conversation = thread()
+    async with serve_runtime(runtime) as served:
+        first = await served.generate(chat_data(
+            [text_message("u1", "user", 'call:get_weather {"city":"Paris"}')],
+            thread=conversation, agentSession={"agentName": "chat"}))
+        final = states(first)[-1]
+        second = await served.generate(chat_data(
+            [*history_of(final), text_message("u2", "user", "thanks")], thread=conversation,
+            agentSession={"agentName": "chat", "nodeName": final["nodeName"]}))
+        saved = await runtime.agents["chat"].load_state(conversation)  # type: ignore[attr-defined]
+    # The client replaces its history with the last agent state's: the checkpoint's ids.
+    assert [m["id"] for m in final["state"]["messages"]] == [
+        m["id"] for m in saved.messages[:1]] + [
+        c["id"] for c in saved.messages[1]["toolCalls"]] + [
+        m["id"] for m in saved.messages[2:4]]
+    assert second["status"]["code"] == "Success", second["status"]
+    assert texts(second) == ["echo: thanks"]
+    assert [m.get("content") for m in states(second)[-1]["state"]["messages"]
+            if "content" in m] == [
+        'call:get_weather {"city":"Paris"}', texts(first)[0], "thanks", "echo: thanks"]
+    assert len(saved.messages) == 6
+
+
+async def test_messages_a_node_returns_reach_the_chat(
+        legacy: tuple[str, str], serve_runtime: ServeRuntime) -> None:
+    runtime, _ = await legacy_runtime(*legacy)
+    asked, reporting = thread(), thread()
+    async with serve_runtime(runtime) as served:
+        question = await served.run(run_input("ask me", thread=asked), agent="asking")
+        answer = await served.run(run_input(
+            "", thread=asked, run="run-2", messages=await stored(served, asked),
+            forwardedProps={"command": {"resume": "cats"}}), agent="asking")
+        answered = await stored(served, asked)
+        reported = await served.run(run_input("Go", thread=reporting), agent="reporter")
+        report = await stored(served, reporting)
+    for events in (question, answer, reported):
+        verify_events(events)
+    assert any(e.get("name") == "on_interrupt" for e in of_type(question, "CUSTOM")), question
+    assert [(m["role"], m["content"]) for m in answered] == [
+        ("user", "ask me"), ("assistant", "topic=cats")]
+    # (as the TypeScript runtime: the checkpoint's conversation, which the message emitted
+    # by hand is not part of)
+    assert [(m["role"], m["content"]) for m in report] == [
+        ("user", "Go"), ("assistant", "Done")]
 
 
 async def test_runtime_event_form(legacy: tuple[str, str], serve_runtime: ServeRuntime) -> None:

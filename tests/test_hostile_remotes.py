@@ -881,6 +881,31 @@ LEGACY_GRAPHS: dict[str, bytes] = {
         model_chunk(tool_call_chunks=[{"name": "f", "id": "c1", "args": '{"a"'}]),
         model_chunk(tool_call_chunks=[{"name": "f", "id": "c1", "args": ":1}"}]),
         {"event": "on_chat_model_end", "data": {}, "metadata": {}}),
+    # The SDK's run with a server tool: ToolNode's message has no id as the tool ends, the
+    # checkpoint gives it one; a node's message the model never streamed precedes the
+    # answer. The last sync carries the checkpoint's conversation (its JSON representation).
+    "checkpoint-ids": jsonl(
+        model_chunk(tool_call_chunks=[{"name": "f", "id": "c1", "args": '{"a":1}'}]),
+        {"event": "on_chat_model_end", "data": {}, "metadata": {}},
+        {"event": "on_tool_end", "data": {"output": {"lc": 1, "type": "constructor", "kwargs": {
+            "content": "ok", "type": "tool", "name": "f", "tool_call_id": "c1"}}}},
+        {"event": "on_chat_model_stream", "metadata": {},
+         "data": {"chunk": {"id": "m2", "content": "answer"}}},
+        {"event": "on_chat_model_end", "data": {}, "metadata": {}},
+        {"event": "on_copilotkit_state_sync", "node_name": "__end__", "active": False,
+         "state": {"x": 1, "messages": [
+             {"role": "user", "content": "hello", "id": "run-1-u"},
+             {"id": "c1", "name": "f", "arguments": {"a": 1}, "parentMessageId": "m1"},
+             {"actionExecutionId": "c1", "actionName": "f", "result": "ok", "id": "t-9"},
+             {"role": "assistant", "content": "from a node", "id": "n1"},
+             {"role": "assistant", "content": "answer", "id": "m2"}]}}),
+    # Conversations that are none: nothing to show, the run goes on.
+    "odd-messages": jsonl(
+        {"event": "on_copilotkit_state_sync", "node_name": "a", "active": True,
+         "state": {"messages": ["x", 5, {"role": "user", "content": "no id"}]}},
+        {"event": "on_copilotkit_state_sync", "node_name": "a", "active": False,
+         "state": {"messages": {"not": "a list"}}},
+        model_chunk(content="still here")),
 }
 # One line of a `langgraph` agent holding two tool calls, the second of a wrong shape.
 _TWO_CALLS = jsonl(model_chunk(tool_call_chunks=[
@@ -990,6 +1015,34 @@ async def test_legacy_graph_call_chunks_repeating_their_id_are_one_call(
     calls = [c for m in stored["messages"] for c in m.get("toolCalls", ())]
     assert calls == [{"id": "c1", "type": "function",
                       "function": {"name": "f", "arguments": '{"a":1}'}}]
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_legacy_graph_conversation_reaches_the_client_in_the_checkpoints_order(
+        legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    """Before: the synced conversation was dropped, so the client sent the tool's result
+    back under the id this runtime made up (the SDK appended it after the answer, a history
+    its model refused) and never saw the node's message."""
+    runtime = CopilotRuntime(agents={n: legacy_agent(legacy, n)
+                                     for n in ("checkpoint-ids", "odd-messages")})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread="t-ck"), agent="checkpoint-ids")
+        stored = await get_json(served, "/threads/t-ck/messages")
+        odd = await served.run(run_input("hello", thread="t-odd"), agent="odd-messages")
+    for run in (events, odd):
+        verify_events(run)
+    snapshots = [[m["id"] for m in e["messages"]] for e in events
+                 if e["type"] == "MESSAGES_SNAPSHOT"]
+    # (first what precedes the messages new to the client, so that merging the whole
+    # conversation, new messages after those it holds, keeps this order)
+    assert snapshots == [["run-1-u", "m1"], ["run-1-u", "m1", "t-9", "n1", "m2"]]
+    assert [(m["id"], m["role"]) for m in stored["messages"]] == [
+        ("run-1-u", "user"), ("m1", "assistant"), ("t-9", "tool"), ("n1", "assistant"),
+        ("m2", "assistant")]
+    assert stored["messages"][1]["toolCalls"][0]["function"] == {
+        "name": "f", "arguments": '{"a":1}'}
+    assert "MESSAGES_SNAPSHOT" not in types(odd)
+    assert text_of(odd) == "still here"
 
 
 @pytest.mark.timeout(TIMEOUT_S)

@@ -6,13 +6,16 @@ Outbound: AG-UI messages as the typed message JSON (`TextMessage`, `ActionExecut
 as AG-UI events: LangChain `astream_events` plus `on_copilotkit_*` events (agents of type
 `langgraph`), or CopilotKit runtime events (any other type). Node changes in state syncs
 become STEP events and the synced state a STATE_SNAPSHOT/DELTA, which is what the GraphQL
-protocol later turns back into `AgentStateMessage`s.
+protocol later turns back into `AgentStateMessage`s. The conversation a sync carries (the
+SDK sends the checkpoint's at the end of a run) becomes a MESSAGES_SNAPSHOT: the client
+then holds the checkpoint's own message ids, which the SDK needs back to tell what it
+already has, and sees the messages a node returned without streaming them.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -22,6 +25,7 @@ from copilot_runtime._exceptions import UpstreamError, quoted
 from copilot_runtime._limits import MAX_JSON_DEPTH, decode_json, nests_too_deep
 from copilot_runtime.agents._wire import StateDeltaEncoder
 from copilot_runtime.events import Event
+from copilot_runtime.messages import from_json_representation
 
 __all__ = ["LangGraphJsonlTranslator", "RuntimeEventTranslator", "parameters_schema"]
 
@@ -67,9 +71,11 @@ def _parameter_schema(parameter: dict[str, Any]) -> dict[str, Any]:
 
 class _Translator:
     """What both JSONL forms share: open message/call tracking, steps and state; `known`:
-    the secrets the request carried, blanked in what the remote says."""
+    the secrets the request carried, blanked in what the remote says; `history`: the ids of
+    the messages the run was given."""
 
-    def __init__(self, source: str, known: Sequence[str] = ()) -> None:
+    def __init__(self, source: str, known: Sequence[str] = (),
+                 history: Iterable[str] = ()) -> None:
         self.source = source
         self.known = known
         self.text: str | None = None
@@ -77,6 +83,9 @@ class _Translator:
         self.step: str | None = None
         self.announced_calls: set[str] = set()
         self.states = StateDeltaEncoder()
+        #: The ids of the messages the client holds: the run's input, then what it streamed.
+        self.held: set[str] = set(history)
+        self.snapshot: list[dict[str, Any]] | None = None
 
     def close_text(self, out: list[Event]) -> None:
         if self.text is not None:
@@ -94,6 +103,12 @@ class _Translator:
         out.append(ev.tool_call_start(call_id, name, parent))
         self.call = call_id
         self.announced_calls.add(call_id)
+        self.held.add(parent or call_id)
+
+    def tool_result(self, message_id: str, call_id: str, content: str,
+                    out: list[Event]) -> None:
+        out.append(ev.tool_call_result(message_id, call_id, content))
+        self.held.add(message_id)
 
     def text_delta(self, message_id: str, delta: str, out: list[Event]) -> None:
         self.close_call(out)
@@ -101,6 +116,7 @@ class _Translator:
             self.close_text(out)
             out.append(ev.text_message_start(message_id))
             self.text = message_id
+            self.held.add(message_id)
         out.append(ev.text_message_content(message_id, delta))
 
     def state_sync(self, node: str | None, active: bool, state: Any, out: list[Event]) -> None:
@@ -110,13 +126,39 @@ class _Translator:
             self.finish_step(out)
             out.append(ev.step_started(node))
             self.step = node
+        messages = None
         if isinstance(state, dict):
+            messages = state.get("messages")
             state = {k: v for k, v in state.items() if k != "messages"}
         event = self.states.encode(state)
         if event is not None:
             out.append(event)
+        if isinstance(messages, list):
+            self.messages_snapshot(from_json_representation(messages), out)
         if not active and node is not None and node == self.step:
             self.finish_step(out)
+
+    def messages_snapshot(self, messages: list[dict[str, Any]], out: list[Event]) -> None:
+        """The remote's conversation (AG-UI messages) as the client's.
+
+        A client merging a snapshot keeps the messages it holds where they are and puts
+        the others after them; a message new to it before one it holds (the tool result
+        streamed under an id of ours, the checkpoint's own id unknown until now; a node's
+        message before a streamed answer) would land after it, a history models refuse.
+        Then a snapshot of what precedes the first new message goes first: the merge of
+        the whole one after it keeps the remote's order. An empty conversation is left
+        alone, as the 1.10 client does."""
+        if not messages or messages == self.snapshot:
+            return
+        self.close_text(out)
+        self.close_call(out)
+        first_new = next((i for i, m in enumerate(messages) if m["id"] not in self.held),
+                         len(messages))
+        if any(m["id"] in self.held for m in messages[first_new:]):
+            out.append(ev.messages_snapshot(messages[:first_new]))
+        out.append(ev.messages_snapshot(messages))
+        self.held = {m["id"] for m in messages}
+        self.snapshot = messages
 
     def finish_step(self, out: list[Event]) -> None:
         if self.step is not None:
@@ -210,9 +252,11 @@ class LangGraphJsonlTranslator(_Translator):
         self.close_text(out)
         self.close_call(out)
         content = output.get("content")
-        out.append(ev.tool_call_result(str(output.get("id") or f"result-{call_id}"), call_id,
-                                       content if isinstance(content, str)
-                                       else orjson.dumps(content).decode()))
+        # (ToolNode's message has no id until the checkpoint gives it one: the run's
+        # messages snapshot then tells the client that one)
+        self.tool_result(str(output.get("id") or f"result-{call_id}"), call_id,
+                         content if isinstance(content, str)
+                         else orjson.dumps(content).decode(), out)
 
     def _custom(self, name: str, data: Any, out: list[Event]) -> None:
         if name == "copilotkit_manually_emit_message" and isinstance(data, dict):
@@ -244,6 +288,7 @@ class RuntimeEventTranslator(_Translator):
             self.close_text(out)
             out.append(ev.text_message_start(str(line.get("messageId"))))
             self.text = str(line.get("messageId"))
+            self.held.add(self.text)
         elif kind == "TextMessageContent":
             if line.get("content"):
                 out.append(ev.text_message_content(str(line.get("messageId")),
@@ -266,9 +311,8 @@ class RuntimeEventTranslator(_Translator):
         elif kind == "ActionExecutionResult":
             call_id = str(line.get("actionExecutionId"))
             result = line.get("result")
-            out.append(ev.tool_call_result(f"result-{call_id}", call_id, result
-                                           if isinstance(result, str)
-                                           else orjson.dumps(result).decode()))
+            self.tool_result(f"result-{call_id}", call_id, result if isinstance(result, str)
+                             else orjson.dumps(result).decode(), out)
         elif kind == "AgentStateMessage":
             state = line.get("state")
             if isinstance(state, str):

@@ -303,8 +303,10 @@ class RemoteEndpointAgent(Agent):
     async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
         what = f"Remote agent '{context.agent_id}'"
         known = header_secrets(self.endpoint.headers)  # (a remote may echo its key)
-        translator = (LangGraphJsonlTranslator(what, known) if self.kind == "langgraph"
-                      else RuntimeEventTranslator(what, known))
+        history = [m["id"] for m in input.raw.get("messages") or ()
+                   if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        translator = (LangGraphJsonlTranslator(what, known, history) if self.kind == "langgraph"
+                      else RuntimeEventTranslator(what, known, history))
         checker = RemoteEventChecker(what, known)
         url = self.endpoint.url + "/agents/execute"
         async with self.endpoint.post("/agents/execute", self._body(input), what,

@@ -8,6 +8,7 @@ current SDK no longer ships the agent that serves a LangGraph graph on `/agents/
 * agent `chat` (type `langgraph`): `graphs.chat_graph`, server tool `get_weather`;
 * agent `planner` (type `langgraph`): `graphs.shared_state_graph`;
 * agent `reporter` (type `langgraph`): emits a message, intermediate state, and exits;
+* agent `asking` (type `langgraph`): interrupts for a topic, then a node answers it;
 * agent `scripted` (type `crewai`): streams CopilotKit runtime events itself;
 * action `add(a, b)`, and action `explode` that raises.
 """
@@ -42,6 +43,7 @@ from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
 
 from tests.agents_support import graphs
 
@@ -61,6 +63,27 @@ def reporter_graph() -> Any:
     builder.add_node("report", report)
     builder.add_edge(START, "report")
     builder.add_edge("report", END)
+    return builder.compile(checkpointer=InMemorySaver())
+
+
+class AskState(CopilotKitState):
+    topic: str
+
+
+def asking_graph() -> Any:
+    """Asks for a topic (an interrupt); the answer is a node's message, no model streams."""
+    def ask(state: AskState) -> dict[str, Any]:
+        return {"topic": interrupt("which topic?")}
+
+    def reply(state: AskState) -> dict[str, Any]:
+        return {"messages": [AIMessage(content=f"topic={state['topic']}")]}
+
+    builder = StateGraph(AskState)
+    builder.add_node("ask", ask)
+    builder.add_node("reply", reply)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", "reply")
+    builder.add_edge("reply", END)
     return builder.compile(checkpointer=InMemorySaver())
 
 
@@ -120,6 +143,7 @@ def build_app(base_url: str) -> FastAPI:
                        graph=graphs.shared_state_graph(base_url)),
         LangGraphAgent(name="reporter", description="Reports progress",
                        graph=reporter_graph()),
+        LangGraphAgent(name="asking", description="Asks for a topic", graph=asking_graph()),
         ScriptedAgent(name="scripted", description="Speaks runtime events"),
     ]
     sdk = CopilotKitRemoteEndpoint(
