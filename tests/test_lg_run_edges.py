@@ -29,7 +29,7 @@ import psycopg
 import pydantic
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
@@ -578,18 +578,56 @@ async def test_a_write_to_a_key_with_a_reducer_is_reduced_in_the_state_as_its_st
         again = await served.run(run_input("go", thread="f2", run="r2", **V1), agent="lg")
     for run, before in ((events, []), (again, ["a", "b", "c"])):
         verify_events(run)
-        held: Any = {}
-        at_step_end: dict[str, Any] = {}
-        for event in run:
-            if event["type"] == "STATE_SNAPSHOT":
-                held = event["snapshot"]
-            elif event["type"] == "STATE_DELTA":
-                held = patched_state(held, event["delta"])
-            elif event["type"] == "STEP_FINISHED":
-                at_step_end[event["stepName"]] = held.get("items")
+        at_step_end, held = held_at_step_ends(run, "items")
         assert at_step_end == {"seed": [*before, "a"], "more": [*before, "a", "b"],
                                "last": [*before, "a", "b", "c"]}, before
         assert held["items"] == [*before, "a", "b", "c"]
+
+
+def held_at_step_ends(run: list[Json], key: str) -> tuple[dict[str, Any], Json]:
+    """The state's `key` as the client held it when each step ended (by step name, the
+    last time it ended), and the state it held at the run's end."""
+    held: Any = {}
+    at_step_end: dict[str, Any] = {}
+    for event in run:
+        if event["type"] == "STATE_SNAPSHOT":
+            held = event["snapshot"]
+        elif event["type"] == "STATE_DELTA":
+            held = patched_state(held, event["delta"])
+        elif event["type"] == "STEP_FINISHED":
+            at_step_end[event["stepName"]] = held.get(key)
+    return at_step_end, held
+
+
+def named_like_their_nodes() -> Any:
+    """A node whose runnable has the node's name, and a subgraph compiled under the name of
+    the node it is added as: each has two chains named as its node."""
+    inner = StateGraph(Listed)
+    inner.add_node("inner", lambda state: {"items": ["in"]})
+    inner.add_edge(START, "inner")
+    inner.add_edge("inner", END)
+    graph = StateGraph(Listed)
+    graph.add_node("a", RunnableLambda(lambda state: {"items": ["a"]}, name="a"))
+    graph.add_node("research", inner.compile(name="research"))
+    graph.add_edge(START, "a")
+    graph.add_edge("a", "research")
+    graph.add_edge("research", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_a_node_named_as_its_runnable_adds_its_write_once(
+        serve_runtime: ServeRuntime) -> None:
+    """The node's task and its runnable both end under the node's name: the write was
+    added for each (`["a", "a"]` as "a" ended)."""
+    graph = named_like_their_nodes()
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+    async with serve_runtime(runtime) as served:
+        run = await served.run(run_input("go", thread="f3", **V1), agent="lg")
+    verify_events(run)
+    at_step_end, held = held_at_step_ends(run, "items")
+    # (The subgraph returns its whole state, ["a", "in"], which operator.add appends.)
+    assert (at_step_end["a"], at_step_end["research"]) == (["a"], ["a", "a", "in"])
+    assert held["items"] == ["a", "a", "in"] == (await graph_values(graph, "f3"))["items"]
 
 
 # ---- G. the client's run config (useCoAgent's `config`) -------------------------------------

@@ -449,9 +449,12 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         metadata = event.get("metadata") or {}
         output = (event.get("data") or {}).get("output")
         if kind != "on_chain_end" or self._running is None or not isinstance(output, dict) \
-                or event.get("name") != metadata.get("langgraph_node") \
+                or len(event.get("parent_ids") or ()) != 1 \
                 or "|" in str(metadata.get("langgraph_checkpoint_ns") or ""):
-            return event  # (a subgraph's node writes to its own graph's state)
+            # A root node's task is a child of the graph's run: the runnable inside it may
+            # bear the node's name (a compiled subgraph, `RunnableLambda(name=...)`), and
+            # its end carries the same writes. A subgraph's node writes to its own state.
+            return event
         folded: dict[str, Any] = {}
         for key, value in output.items():
             channel = self._reducers.get(key)
