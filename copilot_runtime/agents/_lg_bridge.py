@@ -312,6 +312,12 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             if isinstance(call_id, str):
                 self._failed_tool_calls[call_id] = (str(event.get("name") or ""),
                                                     data.get("input"))
+        elif kind == "on_tool_end" and self._failed_tool_calls:
+            # A retry of the node (its RetryPolicy) ran the call again, and it succeeded:
+            # the base answers it now; ToolNode's end must not answer it again.
+            for message in _tool_results((event.get("data") or {}).get("output")):
+                if isinstance(message, ToolMessage):
+                    self._failed_tool_calls.pop(message.tool_call_id, None)
         elif kind == "on_chain_end" and self._failed_tool_calls:
             for out in self._failed_tool_results(event):
                 yield out
