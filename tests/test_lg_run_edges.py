@@ -28,12 +28,14 @@ import orjson
 import psycopg
 import pydantic
 import pytest
-from langchain_core.messages import AIMessage, AnyMessage
-from langchain_core.runnables import RunnableConfig
+from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode
 from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 from structlog.testing import capture_logs
@@ -578,18 +580,99 @@ async def test_a_write_to_a_key_with_a_reducer_is_reduced_in_the_state_as_its_st
         again = await served.run(run_input("go", thread="f2", run="r2", **V1), agent="lg")
     for run, before in ((events, []), (again, ["a", "b", "c"])):
         verify_events(run)
-        held: Any = {}
-        at_step_end: dict[str, Any] = {}
-        for event in run:
-            if event["type"] == "STATE_SNAPSHOT":
-                held = event["snapshot"]
-            elif event["type"] == "STATE_DELTA":
-                held = patched_state(held, event["delta"])
-            elif event["type"] == "STEP_FINISHED":
-                at_step_end[event["stepName"]] = held.get("items")
+        at_step_end, held = held_at_step_ends(run, "items")
         assert at_step_end == {"seed": [*before, "a"], "more": [*before, "a", "b"],
                                "last": [*before, "a", "b", "c"]}, before
         assert held["items"] == [*before, "a", "b", "c"]
+
+
+def held_at_step_ends(run: list[Json], key: str) -> tuple[dict[str, Any], Json]:
+    """The state's `key` as the client held it when each step ended (by step name, the
+    last time it ended), and the state it held at the run's end."""
+    held: Any = {}
+    at_step_end: dict[str, Any] = {}
+    for event in run:
+        if event["type"] == "STATE_SNAPSHOT":
+            held = event["snapshot"]
+        elif event["type"] == "STATE_DELTA":
+            held = patched_state(held, event["delta"])
+        elif event["type"] == "STEP_FINISHED":
+            at_step_end[event["stepName"]] = held.get(key)
+    return at_step_end, held
+
+
+def named_like_their_nodes() -> Any:
+    """A node whose runnable has the node's name, and a subgraph compiled under the name of
+    the node it is added as: each has two chains named as its node."""
+    inner = StateGraph(Listed)
+    inner.add_node("inner", lambda state: {"items": ["in"]})
+    inner.add_edge(START, "inner")
+    inner.add_edge("inner", END)
+    graph = StateGraph(Listed)
+    graph.add_node("a", RunnableLambda(lambda state: {"items": ["a"]}, name="a"))
+    graph.add_node("research", inner.compile(name="research"))
+    graph.add_edge(START, "a")
+    graph.add_edge("a", "research")
+    graph.add_edge("research", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_a_node_named_as_its_runnable_adds_its_write_once(
+        serve_runtime: ServeRuntime) -> None:
+    """The node's task and its runnable both end under the node's name: the write was
+    added for each (`["a", "a"]` as "a" ended)."""
+    graph = named_like_their_nodes()
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+    async with serve_runtime(runtime) as served:
+        run = await served.run(run_input("go", thread="f3", **V1), agent="lg")
+    verify_events(run)
+    at_step_end, held = held_at_step_ends(run, "items")
+    # (The subgraph returns its whole state, ["a", "in"], which operator.add appends.)
+    assert (at_step_end["a"], at_step_end["research"]) == (["a"], ["a", "a", "in"])
+    assert held["items"] == ["a", "a", "in"] == (await graph_values(graph, "f3"))["items"]
+
+
+#: What `merge` was given, call by call.
+MERGED: list[Json] = []
+
+
+def merge(left: dict[str, list[str]] | None, right: dict[str, list[str]]
+          ) -> dict[str, list[str]]:
+    """A reducer that returns a new dict but extends the lists it shares with `left`."""
+    MERGED.append(right)
+    out = dict(left or {})
+    for key, value in right.items():
+        out.setdefault(key, []).extend(value)
+    return out
+
+
+class ByTopic(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    by_topic: Annotated[dict[str, list[str]], merge]
+
+
+async def test_a_reducer_that_changes_its_left_value_is_not_run_on_the_graphs_state(
+        serve_runtime: ServeRuntime) -> None:
+    """The mid-run fold called `merge` on a shallow copy of the graph's own value: its
+    lists, extended in place, put "b" in the checkpoint twice; and it ran once more per
+    write than the graph does."""
+    graph = StateGraph(ByTopic)
+    graph.add_node("a", lambda state: {"by_topic": {"t": ["a"]}})
+    graph.add_node("b", lambda state: {"by_topic": {"t": ["b"]}})
+    graph.add_edge(START, "a")
+    graph.add_edge("a", "b")
+    graph.add_edge("b", END)
+    compiled = graph.compile(checkpointer=InMemorySaver())
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=compiled)})
+    MERGED.clear()
+    async with serve_runtime(runtime) as served:
+        run = await served.run(run_input("go", thread="f4", **V1), agent="lg")
+    verify_events(run)
+    assert (await graph_values(compiled, "f4"))["by_topic"] == {"t": ["a", "b"]}
+    assert MERGED == [{"t": ["a"]}, {"t": ["b"]}]
+    at_step_end, held = held_at_step_ends(run, "by_topic")
+    assert at_step_end == {"a": {"t": ["a"]}, "b": {"t": ["a", "b"]}}
+    assert held["by_topic"] == {"t": ["a", "b"]}
 
 
 # ---- G. the client's run config (useCoAgent's `config`) -------------------------------------
@@ -774,3 +857,33 @@ async def test_a_graph_with_a_dataclass_or_pydantic_context_runs(
     assert said(sent) == "model=m1"
     assert said(own) == "model=agent's"
     assert gql_said(gql) == "model=m2"
+
+
+@tool
+def add_item(item: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> Command[Any]:
+    """Add an item."""
+    return Command(update={"items": [item], "messages": [
+        ToolMessage(content="added", tool_call_id=tool_call_id)]})
+
+
+async def test_a_tools_command_write_to_a_key_with_a_reducer_is_in_the_state_as_its_step_ends(
+        serve_runtime: ServeRuntime) -> None:
+    """ToolNode returns its tools' `Command`s as a list, not a dict of writes: the state
+    showed none of them until the next node's step ended."""
+    graph = StateGraph(Listed)
+    graph.add_node("a", lambda state: {"items": ["a"], "messages": [AIMessage(
+        content="", tool_calls=[{"name": "add_item", "args": {"item": "t"}, "id": "c1"}])]})
+    graph.add_node("tools", ToolNode([add_item]))
+    graph.add_node("z", lambda state: {"items": ["z"]})
+    graph.add_edge(START, "a")
+    graph.add_edge("a", "tools")
+    graph.add_edge("tools", "z")
+    graph.add_edge("z", END)
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(
+        name="lg", graph=graph.compile(checkpointer=InMemorySaver()))})
+    async with serve_runtime(runtime) as served:
+        run = await served.run(run_input("go", thread="f5", **V1), agent="lg")
+    verify_events(run)
+    at_step_end, held = held_at_step_ends(run, "items")
+    assert at_step_end == {"a": ["a"], "tools": ["a", "t"], "z": ["a", "t", "z"]}
+    assert held["items"] == ["a", "t", "z"]

@@ -8,6 +8,7 @@ snapshot by id and moved the result after the answer, a history OpenAI refuses."
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
@@ -19,7 +20,7 @@ from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.prebuilt import ToolNode
-from langgraph.types import Command, interrupt
+from langgraph.types import Command, RetryPolicy, interrupt
 
 from copilot_runtime import CopilotRuntime
 from copilot_runtime.agents.langgraph import LangGraphAgent
@@ -148,3 +149,39 @@ async def test_a_server_tool_result_stays_before_the_answer(
             assert "error" in result, result
             assert result["content"] == snapshot[2]["content"], agent
             assert ("the index is down" if agent == "failing" else "city") in result["content"]
+
+
+async def test_a_tool_that_succeeds_on_a_retry_is_announced_and_answered_once(
+        llm: MockOpenAIServer, client: httpx.AsyncClient,
+        serve_runtime: ServeRuntime) -> None:
+    """Its failed try was kept as a failed call, never cleared by the try that succeeded:
+    as ToolNode ended, the call was announced and answered a second time (the client held
+    two tool messages with one id)."""
+    tries = itertools.count()
+
+    @tool
+    def flaky(query: str) -> str:
+        """Look something up, failing the first time."""
+        if next(tries) == 0:
+            raise ValueError("first try fails")
+        return "second try ok"
+
+    builder = _tool_loop(llm.base_url, client, [flaky])
+    builder.nodes["tools"].retry_policy = RetryPolicy(retry_on=ValueError, max_attempts=2,
+                                                      initial_interval=0.01)
+    runtime = CopilotRuntime(agents={"retried": LangGraphAgent(
+        name="retried", graph=builder.compile(checkpointer=InMemorySaver()))})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input('call:flaky {"query":"x"}', thread="t-retried"),
+                                  agent="retried")
+    verify_events(events)
+    announced = [e["type"] for e in events if e["type"] in (
+        "TOOL_CALL_START", "TOOL_CALL_END", "TOOL_CALL_RESULT")]
+    assert announced == ["TOOL_CALL_START", "TOOL_CALL_END", "TOOL_CALL_RESULT"]
+    (result,) = [e for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert result["content"] == "second try ok"
+    assert "error" not in result
+    snapshot = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"][-1]["messages"]
+    (held,) = run_client_script("apply_events.mjs", [{"events": events, "state": {}}])
+    assert _shape(held["messages"]) == _shape(snapshot)
+    assert [m["role"] for m in snapshot] == ["user", "assistant", "tool", "assistant"]

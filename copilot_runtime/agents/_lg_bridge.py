@@ -46,9 +46,9 @@ overrides):
 * what nodes write with `get_stream_writer()` (LangGraph's "custom" stream mode) sent as
   the `langgraph_stream_writer` custom event, where the base drops it;
 * what a node's `Command(update=...)` writes folded into the state the base snapshots
-  mid-run, as it folds a node's dict output; and what a node writes to a key with a
-  reducer (`operator.add`, `add_messages`) folded by that reducer, where the base replaced
-  the key's value with the write (`_reduced`);
+  mid-run, as it folds a node's dict output; and a key with a reducer (`operator.add`)
+  shown as LangGraph reduced it when its step ended, where the base replaced the key's
+  value with a node's write (`_reduced`);
 * a tool's result message given its id as the tool ends (`_ToolMessageIds`), so its
   `TOOL_CALL_RESULT` names the message the checkpoint keeps;
 * the result of a tool whose exception ToolNode caught (`handle_tool_errors`: the error
@@ -63,7 +63,6 @@ installed release, so a bump that moves one fails there, naming it.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import uuid
@@ -143,10 +142,12 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         # The model call (its LangChain run id) of the model event being translated: its
         # streaming slot (see `_current_lane`).
         self._task_lane: str | None = None
-        # The root graph's keys with a reducer (none: nothing to fold), and its state as of
-        # the last superstep (its "values"), plus what its nodes wrote since (`_reduced`).
-        self._reducers: dict[str, BinaryOperatorAggregate[Any]] = {}
+        # The root graph's keys with a reducer (none: nothing to do), its state as of the
+        # last superstep (its "values"), and which of those keys its nodes wrote since
+        # (see `_reduced`).
+        self._reducers: frozenset[str] = frozenset()
         self._running: dict[str, Any] | None = None
+        self._written: set[str] = set()
 
     # -- entry point -------------------------------------------------------------------
 
@@ -231,10 +232,10 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             # `on_chain_stream` events); "values" is a compiled graph's default.
             kwargs["stream_mode"] = ["values", "custom"]
             kwargs["config"] = _with_tool_message_ids(kwargs.get("config"))
-            self._reducers = {
-                key: channel for key, channel in self.graph.channels.items()
+            self._reducers = frozenset(
+                key for key, channel in self.graph.channels.items()
                 if isinstance(channel, BinaryOperatorAggregate)
-                and key not in PLUMBING_STATE_KEYS}  # (never in a state snapshot)
+                and key not in PLUMBING_STATE_KEYS)  # (never in a state snapshot)
         return kwargs
 
     def get_schema_keys(self, config: Any) -> dict[str, list[str]]:
@@ -311,6 +312,12 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             if isinstance(call_id, str):
                 self._failed_tool_calls[call_id] = (str(event.get("name") or ""),
                                                     data.get("input"))
+        elif kind == "on_tool_end" and self._failed_tool_calls:
+            # A retry of the node (its RetryPolicy) ran the call again, and it succeeded:
+            # the base answers it now; ToolNode's end must not answer it again.
+            for message in _tool_results((event.get("data") or {}).get("output")):
+                if isinstance(message, ToolMessage):
+                    self._failed_tool_calls.pop(message.tool_call_id, None)
         elif kind == "on_chain_end" and self._failed_tool_calls:
             for out in self._failed_tool_results(event):
                 yield out
@@ -432,45 +439,62 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
                 # mid-run: what a `Command` wrote was missing until the run's end.
                 event = {**event, "data": {**event["data"], "output": written}}
             if self._reducers and event.get("event") in _CHAIN_EVENTS:  # (not per token)
-                event = self._reduced(event)
+                for reduced in self._reduced(event):
+                    yield reduced
+                continue
             yield event
 
-    def _reduced(self, event: dict[str, Any]) -> dict[str, Any]:
-        """`event` with a root node's writes to keys with a reducer folded into the state
-        by it: the base sets a node's output keys as they are, so `{"items": ["b"]}` on
-        `operator.add`'s key showed `["b"]` as the state until the run's end. Each
-        superstep's "values" (the graph's own state) is the base the next writes fold onto."""
+    def _reduced(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        """`event`, and the state LangGraph reduced as a superstep ended, for keys with a
+        reducer: the base sets a node's output keys as they are, so `{"items": ["b"]}` on
+        `operator.add`'s key showed `["b"]` as the state until the run's end.
+
+        A root node's write to such a key is shown as the value before its step; the step's
+        "values" (the graph's own state, after its reducers ran) then goes to the base as
+        the graph's output so far, for the keys written. The user's reducer is never run
+        here: it may have side effects, or change its left value, the graph's own, in
+        place."""
         kind = event.get("event")
         if kind == "on_chain_stream":
             values = _root_values(event)
-            if values is not None:
-                self._running = dict(values)
-            return event
+            if values is None:
+                return [event]
+            previous, self._running = self._running, values
+            changed = set(self._written)
+            self._written.clear()
+            if previous is not None:
+                # Also what no dict output said it wrote (a ToolNode's `Command`s, a
+                # subgraph's `Command.PARENT`): a reducer's result is a new object.
+                changed.update(key for key in self._reducers if key in values and (
+                    key not in previous or values[key] is not previous[key]))
+            settled = {key: values[key] for key in changed if key in values}
+            if not settled:
+                return [event]
+            # Where the base takes a graph's output (its final one is the root's own
+            # `on_chain_end`); under the node whose step it ends, as that node's exit
+            # snapshot (withheld where the base withholds those: intermediate state).
+            node = self.active_run.get("node_name") if self.active_run is not None else None
+            return [event, {**event, "event": "on_chain_end", "data": {"output": settled},
+                            "metadata": {**(event.get("metadata") or {}),
+                                         "langgraph_node": node}}]
         metadata = event.get("metadata") or {}
         output = (event.get("data") or {}).get("output")
-        if kind != "on_chain_end" or self._running is None or not isinstance(output, dict) \
-                or event.get("name") != metadata.get("langgraph_node") \
+        if kind != "on_chain_end" or not isinstance(output, dict) \
+                or not event.get("parent_ids") \
                 or "|" in str(metadata.get("langgraph_checkpoint_ns") or ""):
-            return event  # (a subgraph's node writes to its own graph's state)
-        folded: dict[str, Any] = {}
-        for key, value in output.items():
-            channel = self._reducers.get(key)
-            if channel is None:
-                continue
-            try:
-                # A reducer may change its left value in place: never the graph's own.
-                reducer = channel.from_checkpoint(copy.copy(self._running[key])) \
-                    if key in self._running else BinaryOperatorAggregate(channel.typ,
-                                                                         channel.operator)
-                reducer.update([value])
-                folded[key] = reducer.get()
-            except Exception:
-                # The graph's own write of it fails and says why; until then, the base's.
-                continue
-        if not folded:
-            return event
-        self._running.update(folded)
-        return {**event, "data": {**event["data"], "output": {**output, **folded}}}
+            # (the graph's own end carries its state; a subgraph's node writes to its own)
+            return [event]
+        written = self._reducers.intersection(output)
+        if not written:
+            return [event]
+        # A node's task, and any chain inside it (the runnable bears the node's name when
+        # it is a compiled subgraph, or a `RunnableLambda(name=...)`), carry the write.
+        self._written |= written
+        running = self._running or {}
+        kept = {key: value for key, value in output.items()
+                if key not in written or key in running}
+        kept.update((key, running[key]) for key in written if key in running)
+        return [{**event, "data": {**event["data"], "output": kept}}]
 
     def _base_metadata(self, event: dict[str, Any], metadata: dict[str, Any]
                        ) -> dict[str, Any]:
