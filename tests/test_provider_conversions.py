@@ -417,6 +417,102 @@ def test_gemini_schema_of_any_json_value_never_raises_and_is_a_gemini_schema(
     gemini_types.Schema.model_validate(out)
 
 
+def _pydantic_union_schema() -> dict[str, Any]:
+    """What pydantic writes for a discriminated union as a tool's arguments: a `oneOf` of
+    `$ref`s into `$defs`, an OpenAPI `discriminator`."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field, RootModel
+
+    class Email(BaseModel):
+        kind: Literal["email"]
+        to: str
+        subject: str
+
+    class Sms(BaseModel):
+        kind: Literal["sms"]
+        phone: str
+
+    class Send(RootModel[Email | Sms]):
+        root: Email | Sms = Field(discriminator="kind")
+
+    return Send.model_json_schema()
+
+
+#: Tool schemas whose properties are behind `$ref`s: (the schema, an input it accepts, the
+#: properties the flattened one offers, the names it requires).
+REF_SCHEMAS: dict[str, tuple[dict[str, Any], dict[str, Any], set[str], list[str]]] = {
+    "pydantic union": (_pydantic_union_schema(), {"kind": "sms", "phone": "1"},
+                       {"kind", "to", "subject", "phone"}, ["kind"]),
+    "allOf with a $ref base": ({
+        "$defs": {"Base": {"type": "object", "properties": {"id": {"type": "string"}},
+                           "required": ["id"]}},
+        "allOf": [{"$ref": "#/$defs/Base"},
+                  {"type": "object", "properties": {"note": {"type": "string"}}}]},
+        {"id": "x", "note": "n"}, {"id", "note"}, ["id"]),
+    "zod's named schema (a top-level $ref)": ({
+        "$ref": "#/definitions/Args", "$schema": "http://json-schema.org/draft-07/schema#",
+        "definitions": {"Args": {"type": "object", "properties": {"city": {"type": "string"}},
+                                 "required": ["city"]}}},
+        {"city": "Paris"}, {"city"}, ["city"]),
+    "a chain of $refs to an anyOf, one member a JSON pointer": ({
+        "$ref": "#/definitions/Args",
+        "definitions": {"Args": {"$ref": "#/definitions/Either"}, "Either": {"anyOf": [
+            {"$ref": "#/definitions/ByName"}, {"$ref": "#/definitions/Either/x-id"}],
+            "x-id": {"type": "object", "properties": {"id": {"type": "integer"}}}},
+            "ByName": {"type": "object", "properties": {"name": {"type": "string"}},
+                       "required": ["name"]}}},
+        {"id": 3}, {"name", "id"}, []),
+}
+
+
+def _declared_names(gemini: dict[str, Any]) -> set[str]:
+    """The argument names a Gemini schema declares: its own properties and those of its
+    top-level alternatives."""
+    names = set(gemini.get("properties") or ())
+    for member in gemini.get("anyOf") or ():
+        names |= set(member.get("properties") or ())
+    return names
+
+
+@pytest.mark.parametrize("shape", REF_SCHEMAS)
+def test_tool_schema_follows_refs_of_members_and_at_the_top(shape: str) -> None:
+    """Before: flattening read only the properties written on each member, so a member
+    `{"$ref": ...}` added none and a top-level `$ref` was offered as an object of no
+    properties: every provider saw a pydantic union or zod's named schema as a tool with no
+    arguments, and Gemini, whose own conversion had followed them, lost its arguments too."""
+    import jsonschema
+
+    from copilot_runtime.adapters._common import tool_schema
+    from copilot_runtime.adapters.google import _tool_parameters
+
+    schema, accepted, offered, required = REF_SCHEMAS[shape]
+    before = orjson.loads(orjson.dumps(schema))
+    out = tool_schema(schema)
+    assert schema == before  # (not changed in place)
+    assert out["type"] == "object"
+    assert not {"$ref", "anyOf", "oneOf", "allOf", "discriminator"} & out.keys(), out
+    assert set(out["properties"]) == offered
+    assert out.get("required", []) == required
+    checker = jsonschema.validators.validator_for(out)
+    checker.check_schema(out)
+    checker(out).validate(accepted)
+    gemini = _tool_parameters("t", schema)
+    assert _declared_names(to_gemini_schema(schema)) <= set(gemini["properties"])
+    assert gemini.get("required", []) == required
+    gemini_types.Schema.model_validate(gemini)
+
+
+def test_tool_schema_that_needs_no_flattening_is_passed_as_it_is() -> None:
+    from copilot_runtime.adapters._common import tool_schema
+
+    schema = {"type": "object", "$defs": {"City": {"type": "string"}},
+              "properties": {"city": {"$ref": "#/$defs/City"},
+                             "home": {"anyOf": [{"$ref": "#/$defs/City"}, {"type": "null"}]}},
+              "required": ["city"]}
+    assert tool_schema(schema) is schema
+
+
 def test_gemini_tool_whose_schema_cannot_be_converted_costs_only_that_tool(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Were a schema to break the conversion still, that tool is offered with open
