@@ -391,7 +391,20 @@ HOSTILE_TOOLS = [
         "$ref": "#/definitions/Args", "$schema": "http://json-schema.org/draft-07/schema#",
         "definitions": {"Args": {"type": "object", "properties": {"city": {"type": "string"}},
                                  "required": ["city"]}}}},
+    # (zod-to-json-schema's `$refStrategy: "root"`: a reused schema is a path to its first use)
+    {"name": "reuse", "description": "a $ref into an anyOf member", "parameters": {"anyOf": [
+        {"type": "object", "properties": {"home": {
+            "type": "object", "properties": {"city": {"type": "string"}}}}},
+        {"type": "object", "properties": {"work": {"$ref": "#/anyOf/0/properties/home"}}}]}},
 ]
+
+
+def _ref_target(schema: dict[str, Any], ref: str) -> Any:
+    """What a local `$ref` names in `schema`, None if nothing."""
+    node: Any = schema
+    for token in ref.split("/")[1:]:
+        node = node.get(token) if isinstance(node, dict) else None
+    return node
 
 
 async def test_tool_schemas_providers_refuse_at_the_top_are_offered_as_objects(
@@ -408,7 +421,7 @@ async def test_tool_schemas_providers_refuse_at_the_top_are_offered_as_objects(
     args = "".join(e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS")
     assert orjson.loads(args) == {"source_url": "https://x.test/a"}
     schemas = _tool_schemas(harness.server.requests[-1])
-    for name in ("attach", "analyze", "merged", "loose", "send", "named"):
+    for name in ("attach", "analyze", "merged", "loose", "send", "named", "reuse"):
         top = schemas[name]
         assert str(top["type"]).lower() == "object", (name, top)
         assert not {"anyOf", "oneOf", "allOf", "not", "$ref"} & top.keys(), (name, top)
@@ -422,6 +435,11 @@ async def test_tool_schemas_providers_refuse_at_the_top_are_offered_as_objects(
     assert schemas["send"]["required"] == ["kind"]
     assert set(schemas["named"]["properties"]) == {"city"}
     assert schemas["named"]["required"] == ["city"]
+    # (a `$ref` into the flattened `anyOf` dangled: the real APIs refuse such a schema)
+    work = schemas["reuse"]["properties"]["work"]
+    work = _ref_target(schemas["reuse"], work["$ref"]) if "$ref" in work else work
+    assert isinstance(work, dict), schemas["reuse"]
+    assert set(work.get("properties") or ()) == {"city"}, schemas["reuse"]
 
 
 async def test_forwarded_model_settings_mapped_or_refused(

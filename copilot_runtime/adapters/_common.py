@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
@@ -96,14 +97,15 @@ def tool_schema(parameters: Any) -> dict[str, Any]:
     merged; `anyOf`/`oneOf` become one object that accepts what any of them accepted: the
     union of their properties (a property two members declare apart takes either schema),
     required only what every member requires, the alternatives told in the description for
-    the model. A schema that needs none of this is returned as it is.
+    the model. A `$ref` left pointing into what was flattened away points at a copy of its
+    old target in the definitions. A schema that needs none of this is returned as it is.
     """
     if not isinstance(parameters, dict) or not parameters:
         return {"type": "object", "properties": {}}
     if parameters.get("type") == "object" and "$ref" not in parameters \
             and not any(k in parameters for k in _TOP_REFUSED):
         return parameters
-    return _flattened(parameters, 0, parameters)
+    return _repaired(_flattened(parameters, 0, parameters), parameters)
 
 
 def _flattened(schema: dict[str, Any], depth: int, root: dict[str, Any]) -> dict[str, Any]:
@@ -162,6 +164,11 @@ def _objects(members: Any, depth: int, root: dict[str, Any]) -> list[dict[str, A
 _MAX_REF_HOPS = 8
 #: What `_pointed` answers for a reference to nothing it can find.
 _MISSING: Any = object()
+#: Keywords whose values are data, not schemas: a "$ref" key in them refers to nothing.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "example"})
+#: Keywords whose values map names (any name, "enum" too) to schemas.
+_NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions",
+                            "dependentSchemas", "dependencies"})
 
 
 def _pointed(root: Any, ref: Any) -> Any:
@@ -201,6 +208,64 @@ def _resolved(schema: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
             merged["required"] = [*target["required"], *own["required"]]
         schema = merged
     return schema
+
+
+def _repaired(out: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+    """`out` (flattened from `root`) with each local `$ref` that no longer names what it named
+    in `root` (zod's `#/anyOf/0/properties/home`, into a combinator flattened away; `#`, the
+    root) pointed at a copy of its old target added to the definitions: a dangling one made
+    the provider refuse the request."""
+    names: set[str] = set()
+    for key in ("$defs", "definitions"):
+        if isinstance(out.get(key), dict):
+            names.update(out[key])
+    home = "definitions" if not isinstance(out.get("$defs"), dict) \
+        and isinstance(out.get("definitions"), dict) else "$defs"
+    moved: dict[str, str] = {}
+    intact: set[str] = set()  # (each compared once: a target may be large)
+    pending: list[tuple[str, Any]] = []
+
+    def fixed(node: Any, named: bool = False) -> Any:
+        if isinstance(node, list):
+            return [fixed(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        if named:
+            return {k: fixed(v) for k, v in node.items()}
+        new = {k: v if k in _DATA_KEYWORDS else fixed(v, k in _NAMED_SCHEMAS)
+               for k, v in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref not in moved and ref not in intact:
+            was = _pointed(root, ref)
+            if was is _MISSING or _pointed(out, ref) == was:
+                intact.add(ref)  # (one `root` could not follow either is left as it was)
+            else:
+                # (Gemini's converter finds a definition by the last segment: kept unique)
+                last = ref.rsplit("/", 1)[-1] if "/" in ref else "root"
+                base = "flat_" + re.sub(r"[^A-Za-z0-9_]", "_", last)
+                name, n = base, 1
+                while name in names:
+                    n += 1
+                    name = f"{base}_{n}"
+                names.add(name)
+                moved[ref] = f"#/{home}/{name}"
+                pending.append((name, was))
+        if isinstance(ref, str) and ref in moved:
+            new["$ref"] = moved[ref]
+        return new
+
+    result: dict[str, Any] = fixed(out)
+    added: dict[str, Any] = {}
+    while pending:
+        name, target = pending.pop()
+        if target is root:  # (its definitions stay where they are, at the top)
+            target = {k: v for k, v in root.items()
+                      if k not in ("$defs", "definitions", "$schema", "$id")}
+        added[name] = fixed(target)
+    if added:
+        kept = result.get(home)
+        result[home] = {**(kept if isinstance(kept, dict) else {}), **added}
+    return result
 
 
 def _add_properties(properties: dict[str, Any], more: Any) -> None:
