@@ -377,7 +377,34 @@ HOSTILE_TOOLS = [
         {"properties": {"b": {"type": "integer"}}, "not": {"required": ["c"]}}]}},
     {"name": "loose", "description": "No type", "parameters": {
         "properties": {"x": {"type": "string"}}}},
+    # (pydantic's discriminated union: `$ref`s into `$defs`)
+    {"name": "send", "description": "oneOf of $refs", "parameters": {
+        "$defs": {"Email": {"type": "object", "required": ["kind", "to"], "properties": {
+            "kind": {"const": "email", "type": "string"}, "to": {"type": "string"}}},
+                  "Sms": {"type": "object", "required": ["kind", "phone"], "properties": {
+            "kind": {"const": "sms", "type": "string"}, "phone": {"type": "string"}}}},
+        "oneOf": [{"$ref": "#/$defs/Email"}, {"$ref": "#/$defs/Sms"}],
+        "discriminator": {"propertyName": "kind", "mapping": {
+            "email": "#/$defs/Email", "sms": "#/$defs/Sms"}}}},
+    # (zod-to-json-schema's named schema)
+    {"name": "named", "description": "a $ref at the top", "parameters": {
+        "$ref": "#/definitions/Args", "$schema": "http://json-schema.org/draft-07/schema#",
+        "definitions": {"Args": {"type": "object", "properties": {"city": {"type": "string"}},
+                                 "required": ["city"]}}}},
+    # (zod-to-json-schema's `$refStrategy: "root"`: a reused schema is a path to its first use)
+    {"name": "reuse", "description": "a $ref into an anyOf member", "parameters": {"anyOf": [
+        {"type": "object", "properties": {"home": {
+            "type": "object", "properties": {"city": {"type": "string"}}}}},
+        {"type": "object", "properties": {"work": {"$ref": "#/anyOf/0/properties/home"}}}]}},
 ]
+
+
+def _ref_target(schema: dict[str, Any], ref: str) -> Any:
+    """What a local `$ref` names in `schema`, None if nothing."""
+    node: Any = schema
+    for token in ref.split("/")[1:]:
+        node = node.get(token) if isinstance(node, dict) else None
+    return node
 
 
 async def test_tool_schemas_providers_refuse_at_the_top_are_offered_as_objects(
@@ -394,15 +421,25 @@ async def test_tool_schemas_providers_refuse_at_the_top_are_offered_as_objects(
     args = "".join(e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS")
     assert orjson.loads(args) == {"source_url": "https://x.test/a"}
     schemas = _tool_schemas(harness.server.requests[-1])
-    for name in ("attach", "analyze", "merged", "loose"):
+    for name in ("attach", "analyze", "merged", "loose", "send", "named", "reuse"):
         top = schemas[name]
         assert str(top["type"]).lower() == "object", (name, top)
-        assert not {"anyOf", "oneOf", "allOf", "not"} & top.keys(), (name, top)
+        assert not {"anyOf", "oneOf", "allOf", "not", "$ref"} & top.keys(), (name, top)
     assert set(schemas["attach"]["properties"]) == {"content", "source_url"}
     assert "required" not in schemas["attach"]  # (neither is required by both)
     assert set(schemas["merged"]["properties"]) == {"a", "b"}
     assert schemas["merged"]["required"] == ["a"]
     assert schemas["analyze"]["required"] == ["prompt"]
+    # (each member's properties, behind its `$ref`; the top-level `$ref` followed)
+    assert set(schemas["send"]["properties"]) == {"kind", "to", "phone"}
+    assert schemas["send"]["required"] == ["kind"]
+    assert set(schemas["named"]["properties"]) == {"city"}
+    assert schemas["named"]["required"] == ["city"]
+    # (a `$ref` into the flattened `anyOf` dangled: the real APIs refuse such a schema)
+    work = schemas["reuse"]["properties"]["work"]
+    work = _ref_target(schemas["reuse"], work["$ref"]) if "$ref" in work else work
+    assert isinstance(work, dict), schemas["reuse"]
+    assert set(work.get("properties") or ()) == {"city"}, schemas["reuse"]
 
 
 async def test_forwarded_model_settings_mapped_or_refused(

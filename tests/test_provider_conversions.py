@@ -418,6 +418,207 @@ def test_gemini_schema_of_any_json_value_never_raises_and_is_a_gemini_schema(
     gemini_types.Schema.model_validate(out)
 
 
+def _pydantic_union_schema() -> dict[str, Any]:
+    """What pydantic writes for a discriminated union as a tool's arguments: a `oneOf` of
+    `$ref`s into `$defs`, an OpenAPI `discriminator`."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field, RootModel
+
+    class Email(BaseModel):
+        kind: Literal["email"]
+        to: str
+        subject: str
+
+    class Sms(BaseModel):
+        kind: Literal["sms"]
+        phone: str
+
+    class Send(RootModel[Email | Sms]):
+        root: Email | Sms = Field(discriminator="kind")
+
+    return Send.model_json_schema()
+
+
+#: Tool schemas whose properties are behind `$ref`s: (the schema, an input it accepts, the
+#: properties the flattened one offers, the names it requires).
+REF_SCHEMAS: dict[str, tuple[dict[str, Any], dict[str, Any], set[str], list[str]]] = {
+    "pydantic union": (_pydantic_union_schema(), {"kind": "sms", "phone": "1"},
+                       {"kind", "to", "subject", "phone"}, ["kind"]),
+    "allOf with a $ref base": ({
+        "$defs": {"Base": {"type": "object", "properties": {"id": {"type": "string"}},
+                           "required": ["id"]}},
+        "allOf": [{"$ref": "#/$defs/Base"},
+                  {"type": "object", "properties": {"note": {"type": "string"}}}]},
+        {"id": "x", "note": "n"}, {"id", "note"}, ["id"]),
+    "zod's named schema (a top-level $ref)": ({
+        "$ref": "#/definitions/Args", "$schema": "http://json-schema.org/draft-07/schema#",
+        "definitions": {"Args": {"type": "object", "properties": {"city": {"type": "string"}},
+                                 "required": ["city"]}}},
+        {"city": "Paris"}, {"city"}, ["city"]),
+    "a chain of $refs to an anyOf, one member a JSON pointer": ({
+        "$ref": "#/definitions/Args",
+        "definitions": {"Args": {"$ref": "#/definitions/Either"}, "Either": {"anyOf": [
+            {"$ref": "#/definitions/ByName"}, {"$ref": "#/definitions/Either/x-id"}],
+            "x-id": {"type": "object", "properties": {"id": {"type": "integer"}}}},
+            "ByName": {"type": "object", "properties": {"name": {"type": "string"}},
+                       "required": ["name"]}}},
+        {"id": 3}, {"name", "id"}, []),
+}
+
+
+def _declared_names(gemini: dict[str, Any]) -> set[str]:
+    """The argument names a Gemini schema declares: its own properties and those of its
+    top-level alternatives."""
+    names = set(gemini.get("properties") or ())
+    for member in gemini.get("anyOf") or ():
+        names |= set(member.get("properties") or ())
+    return names
+
+
+@pytest.mark.parametrize("shape", REF_SCHEMAS)
+def test_tool_schema_follows_refs_of_members_and_at_the_top(shape: str) -> None:
+    """Before: flattening read only the properties written on each member, so a member
+    `{"$ref": ...}` added none and a top-level `$ref` was offered as an object of no
+    properties: every provider saw a pydantic union or zod's named schema as a tool with no
+    arguments, and Gemini, whose own conversion had followed them, lost its arguments too."""
+    import jsonschema
+
+    from copilot_runtime.adapters._common import tool_schema
+    from copilot_runtime.adapters.google import _tool_parameters
+
+    schema, accepted, offered, required = REF_SCHEMAS[shape]
+    before = orjson.loads(orjson.dumps(schema))
+    out = tool_schema(schema)
+    assert schema == before  # (not changed in place)
+    assert out["type"] == "object"
+    assert not {"$ref", "anyOf", "oneOf", "allOf", "discriminator"} & out.keys(), out
+    assert set(out["properties"]) == offered
+    assert out.get("required", []) == required
+    checker = jsonschema.validators.validator_for(out)
+    checker.check_schema(out)
+    checker(out).validate(accepted)
+    gemini = _tool_parameters("t", schema)
+    assert _declared_names(to_gemini_schema(schema)) <= set(gemini["properties"])
+    assert gemini.get("required", []) == required
+    gemini_types.Schema.model_validate(gemini)
+
+
+def test_tool_schema_that_needs_no_flattening_is_passed_as_it_is() -> None:
+    from copilot_runtime.adapters._common import tool_schema
+
+    schema = {"type": "object", "$defs": {"City": {"type": "string"}},
+              "properties": {"city": {"$ref": "#/$defs/City"},
+                             "home": {"anyOf": [{"$ref": "#/$defs/City"}, {"type": "null"}]}},
+              "required": ["city"]}
+    assert tool_schema(schema) is schema
+
+
+ADDRESS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+#: Tool schemas with `$ref`s into what flattening removes (zod-to-json-schema's default
+#: `$refStrategy: "root"` writes a reused schema as a path to its first place): (the
+#: schema, an input it accepts, one it refuses).
+PATH_REF_SCHEMAS: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
+    "into an anyOf member": ({
+        "$schema": "http://json-schema.org/draft-07/schema#", "anyOf": [
+            {"type": "object", "properties": {"home": ADDRESS, "name": {"type": "string"}},
+             "required": ["home", "name"]},
+            {"type": "object", "properties": {
+                "work": {"$ref": "#/anyOf/0/properties/home"}, "company": {"type": "string"}},
+             "required": ["work"]}]},
+        {"work": {"city": "Paris"}}, {"work": {"city": 1}}),
+    "into an allOf member": ({"allOf": [
+        {"type": "object", "properties": {"a": {"type": "string", "minLength": 2}}},
+        {"properties": {"b": {"$ref": "#/allOf/0/properties/a"}}}]},
+        {"a": "xx", "b": "yy"}, {"b": "y"}),
+    "to the root, recursively": ({"anyOf": [
+        {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+        {"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#"}}},
+         "required": ["children"]}]},
+        {"children": [{"a": "x"}, {"children": []}]}, {"children": [{"a": 1}]}),
+    "into a property two members declare apart": ({
+        "type": "object", "properties": {
+            "x": {"type": "object", "properties": {"y": {"type": "string"}}},
+            "z": {"$ref": "#/properties/x/properties/y"}},
+        "anyOf": [{"properties": {"x": {"type": "integer"}}}, {"required": ["z"]}]},
+        {"z": "s"}, {"z": 5}),
+}
+
+
+def _local_refs(node: Any) -> list[str]:
+    if isinstance(node, list):
+        return [r for v in node for r in _local_refs(v)]
+    if not isinstance(node, dict):
+        return []
+    own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+    return own + [r for k, v in node.items() if k not in ("enum", "const")
+                  for r in _local_refs(v)]
+
+
+def _points_somewhere(root: Any, ref: str) -> bool:
+    node = root
+    for token in ref.lstrip("#").split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("shape", PATH_REF_SCHEMAS)
+def test_tool_schema_keeps_no_ref_into_what_it_flattened(shape: str) -> None:
+    """Before: flattening removed the `anyOf`/`allOf` (or widened the property) a `$ref`
+    pointed into and kept the `$ref`: OpenAI and Anthropic were sent a schema with a
+    reference to nothing (jsonschema: PointerToNowhere), and refused it. Each such `$ref`
+    now names a copy of its old target in the definitions: the flattened schema is valid,
+    accepts what the original accepted and refuses what that part refused."""
+    import jsonschema
+
+    from copilot_runtime.adapters._common import tool_schema
+    from copilot_runtime.adapters.google import _tool_parameters
+
+    schema, accepted, refused = PATH_REF_SCHEMAS[shape]
+    before = orjson.loads(orjson.dumps(schema))
+    out = tool_schema(schema)
+    assert schema == before
+    assert not {"anyOf", "oneOf", "allOf"} & out.keys(), out
+    assert all(_points_somewhere(out, ref) for ref in _local_refs(out)), out
+    checker = jsonschema.validators.validator_for(out)
+    checker.check_schema(out)
+    for s in (schema, out):
+        checker(s).validate(accepted)
+        assert not checker(s).is_valid(refused), (s, refused)
+    gemini = _tool_parameters("t", schema)
+    gemini_types.Schema.model_validate(gemini)
+    assert _declared_names(to_gemini_schema(schema)) <= set(gemini["properties"])
+
+
+def test_gemini_follows_a_path_ref_into_a_flattened_member() -> None:
+    """Gemini's conversion finds a definition by the `$ref`'s last segment: a path into an
+    `anyOf` member left the argument an object of unknown fields."""
+    from copilot_runtime.adapters.google import _tool_parameters
+
+    gemini = _tool_parameters("t", PATH_REF_SCHEMAS["into an anyOf member"][0])
+    assert gemini["properties"]["work"] == {"type": "OBJECT", "properties": {
+        "city": {"type": "STRING"}}, "required": ["city"]}
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES)
+@example({"$ref": "#", "anyOf": [{"$ref": "#"}], "properties": {"a": {"$ref": "#/anyOf/0"}}})
+def test_tool_schema_of_any_json_value_never_raises(parameters: Any) -> None:
+    """Any JSON value as a tool's parameters is offered as an object schema (the `$ref`s
+    followed and repaired: a loop, a pointer to nothing, a reference to the root too)."""
+    from copilot_runtime.adapters._common import tool_schema
+
+    out = tool_schema(parameters)
+    assert out["type"] == "object"
+    assert not {"$ref", "anyOf", "oneOf", "allOf", "enum", "const", "not"} & out.keys()
+
+
 def test_gemini_tool_whose_schema_cannot_be_converted_costs_only_that_tool(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Were a schema to break the conversion still, that tool is offered with open

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import orjson
 
@@ -93,32 +95,40 @@ _MAX_FLATTEN = 4
 
 def tool_schema(parameters: Any) -> dict[str, Any]:
     """A tool's parameters as every provider takes them at the top: an object schema without
-    a combinator, `enum`, `const` or `not` (each of these, or a missing `type`, made the
-    provider refuse the whole request, so one MCP tool or frontend tool failed every run).
+    a combinator, `enum`, `const`, `not` or `$ref` (each of these, or a missing `type`, made
+    the provider refuse the whole request, so one MCP tool or frontend tool failed every run).
 
-    `allOf` members are merged; `anyOf`/`oneOf` become one object that accepts what any of
-    them accepted: the union of their properties (a property two members declare apart
-    takes either schema), required only what every member requires, the alternatives told
-    in the description for the model. A schema that needs none of this is returned as it is.
+    A `$ref` (at the top or a combinator's member) is followed first. `allOf` members are
+    merged; `anyOf`/`oneOf` become one object that accepts what any of them accepted: the
+    union of their properties (a property two members declare apart takes either schema),
+    required only what every member requires, the alternatives told in the description for
+    the model. A `$ref` left pointing into what was flattened away points at a copy of its
+    old target in the definitions. A schema that needs none of this is returned as it is.
     """
     if not isinstance(parameters, dict) or not parameters:
         return {"type": "object", "properties": {}}
-    if parameters.get("type") == "object" and not any(k in parameters for k in _TOP_REFUSED):
+    if parameters.get("type") == "object" and "$ref" not in parameters \
+            and not any(k in parameters for k in _TOP_REFUSED):
         return parameters
-    return _flattened(parameters, 0)
+    return _repaired(_flattened(parameters, 0, parameters), parameters)
 
 
-def _flattened(schema: dict[str, Any], depth: int) -> dict[str, Any]:
-    out = {k: v for k, v in schema.items() if k not in _TOP_REFUSED}
+def _flattened(schema: dict[str, Any], depth: int, root: dict[str, Any]) -> dict[str, Any]:
+    schema = _resolved(schema, root)
+    # (a `$ref` still here is remote, dangling or a cycle: no provider could follow it)
+    out = {k: v for k, v in schema.items() if k not in _TOP_REFUSED and k != "$ref"}
     out["type"] = "object"
     properties = dict(out["properties"]) if isinstance(out.get("properties"), dict) else {}
     required = [r for r in out.get("required") or () if isinstance(r, str)] \
         if isinstance(out.get("required"), list) else []
-    for member in _objects(schema.get("allOf"), depth):
+    for member in _objects(schema.get("allOf"), depth, root):
         _add_properties(properties, member.get("properties"))
         required += [r for r in member.get("required") or () if isinstance(r, str)] \
             if isinstance(member.get("required"), list) else []
-    alternatives = [m for key in ("anyOf", "oneOf") for m in _objects(schema.get(key), depth)]
+    alternatives = [m for key in ("anyOf", "oneOf")
+                    for m in _objects(schema.get(key), depth, root)]
+    if "anyOf" in schema or "oneOf" in schema:
+        out.pop("discriminator", None)  # (OpenAPI's: names the alternatives just removed)
     if alternatives:
         sets = []
         for member in alternatives:
@@ -143,15 +153,124 @@ def _flattened(schema: dict[str, Any], depth: int) -> dict[str, Any]:
     return out
 
 
-def _objects(members: Any, depth: int) -> list[dict[str, Any]]:
-    """The object members of a combinator, each flattened in turn (a member with nothing to
-    say about properties, such as `{"type": "string"}`, adds none)."""
+def _objects(members: Any, depth: int, root: dict[str, Any]) -> list[dict[str, Any]]:
+    """The object members of a combinator, each `$ref` followed and each flattened in turn (a
+    member with nothing to say about properties, such as `{"type": "string"}`, adds none)."""
     if not isinstance(members, list):
         return []
-    found = [m for m in members if isinstance(m, dict)]
+    found = [_resolved(m, root) for m in members if isinstance(m, dict)]
     if depth >= _MAX_FLATTEN:
         return found
-    return [_flattened(m, depth + 1) if any(k in m for k in _TOP_REFUSED) else m for m in found]
+    return [_flattened(m, depth + 1, root) if any(k in m for k in _TOP_REFUSED) else m
+            for m in found]
+
+
+#: How many `$ref`s in a row are followed (a longer chain is left as it is).
+_MAX_REF_HOPS = 8
+#: What `_pointed` answers for a reference to nothing it can find.
+_MISSING: Any = object()
+#: Keywords whose values are data, not schemas: a "$ref" key in them refers to nothing.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "example"})
+#: Keywords whose values map names (any name, "enum" too) to schemas.
+_NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions",
+                            "dependentSchemas", "dependencies"})
+
+
+def _pointed(root: Any, ref: Any) -> Any:
+    """What the local reference `ref` (`#`, or `#` and a JSON pointer: `#/$defs/X`,
+    `#/anyOf/0/properties/home`) names in `root`, or `_MISSING` (a remote one, an anchor)."""
+    if not isinstance(ref, str) or not ref.startswith("#") or ref[1:2] not in ("", "/"):
+        return _MISSING
+    node = root
+    for token in unquote(ref[1:]).split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isascii() and token.isdigit() \
+                and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return _MISSING
+    return node
+
+
+def _resolved(schema: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+    """`schema` with the `$ref`s at its top followed in `root`, its own keywords over the
+    target's (properties and required of both); as it is where a reference leads nowhere or
+    back (pydantic's unions are `$ref`s to `$defs`, zod's named schemas a top-level one)."""
+    seen: set[str] = set()
+    while isinstance(ref := schema.get("$ref"), str) and len(seen) < _MAX_REF_HOPS:
+        target = _pointed(root, ref)
+        target = {} if target is True else target
+        if not isinstance(target, dict) or ref in seen:
+            break
+        seen.add(ref)
+        own = {k: v for k, v in schema.items() if k != "$ref"}
+        merged = {**target, **own}
+        if isinstance(target.get("properties"), dict) and isinstance(own.get("properties"), dict):
+            merged["properties"] = {**target["properties"], **own["properties"]}
+        if isinstance(target.get("required"), list) and isinstance(own.get("required"), list):
+            merged["required"] = [*target["required"], *own["required"]]
+        schema = merged
+    return schema
+
+
+def _repaired(out: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+    """`out` (flattened from `root`) with each local `$ref` that no longer names what it named
+    in `root` (zod's `#/anyOf/0/properties/home`, into a combinator flattened away; `#`, the
+    root) pointed at a copy of its old target added to the definitions: a dangling one made
+    the provider refuse the request."""
+    names: set[str] = set()
+    for key in ("$defs", "definitions"):
+        if isinstance(out.get(key), dict):
+            names.update(out[key])
+    home = "definitions" if not isinstance(out.get("$defs"), dict) \
+        and isinstance(out.get("definitions"), dict) else "$defs"
+    moved: dict[str, str] = {}
+    intact: set[str] = set()  # (each compared once: a target may be large)
+    pending: list[tuple[str, Any]] = []
+
+    def fixed(node: Any, named: bool = False) -> Any:
+        if isinstance(node, list):
+            return [fixed(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        if named:
+            return {k: fixed(v) for k, v in node.items()}
+        new = {k: v if k in _DATA_KEYWORDS else fixed(v, k in _NAMED_SCHEMAS)
+               for k, v in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref not in moved and ref not in intact:
+            was = _pointed(root, ref)
+            if was is _MISSING or _pointed(out, ref) == was:
+                intact.add(ref)  # (one `root` could not follow either is left as it was)
+            else:
+                # (Gemini's converter finds a definition by the last segment: kept unique)
+                last = ref.rsplit("/", 1)[-1] if "/" in ref else "root"
+                base = "flat_" + re.sub(r"[^A-Za-z0-9_]", "_", last)
+                name, n = base, 1
+                while name in names:
+                    n += 1
+                    name = f"{base}_{n}"
+                names.add(name)
+                moved[ref] = f"#/{home}/{name}"
+                pending.append((name, was))
+        if isinstance(ref, str) and ref in moved:
+            new["$ref"] = moved[ref]
+        return new
+
+    result: dict[str, Any] = fixed(out)
+    added: dict[str, Any] = {}
+    while pending:
+        name, target = pending.pop()
+        if target is root:  # (its definitions stay where they are, at the top)
+            target = {k: v for k, v in root.items()
+                      if k not in ("$defs", "definitions", "$schema", "$id")}
+        added[name] = fixed(target)
+    if added:
+        kept = result.get(home)
+        result[home] = {**(kept if isinstance(kept, dict) else {}), **added}
+    return result
 
 
 def _add_properties(properties: dict[str, Any], more: Any) -> None:
