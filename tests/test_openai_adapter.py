@@ -23,6 +23,7 @@ from copilot_runtime.adapters import (
     ToolCallDelta,
     ToolSpec,
 )
+from copilot_runtime.adapters import openai as openai_module
 from copilot_runtime.adapters.openai import ChatCompletionsStreamParser
 from copilot_runtime.testing import MockOpenAIServer
 
@@ -206,7 +207,7 @@ async def test_stream_against_the_mock(llm: MockOpenAIServer) -> None:
 def test_parser_reads_reasoning_content_and_reasoning() -> None:
     """DeepSeek streams `reasoning_content`, OpenRouter and vLLM `reasoning`: both were
     skipped, so a client saw no REASONING events; a value of another type is skipped."""
-    kept: list[tuple[str, list[str]]] = []
+    kept: list[tuple[str, str]] = []
     parser = ChatCompletionsStreamParser(keep_reasoning=lambda i, r: kept.append((i, r)))
     out = parser.feed(
         _frame('{"choices":[{"index":0,"delta":{"content":null,"reasoning_content":"a"}}]}')
@@ -215,7 +216,26 @@ def test_parser_reads_reasoning_content_and_reasoning() -> None:
         + _frame('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1",'
                  '"function":{"name":"f","arguments":"{}"}}]}}]}'))
     assert out == [ReasoningDelta("a"), ReasoningDelta("b"), ToolCallDelta(0, "c1", "f", "{}")]
-    assert kept == [("c1", ["a"])]  # (only `reasoning_content` is asked back)
+    assert kept == [("c1", "a")]  # (only `reasoning_content` is asked back)
+
+
+def test_the_reasoning_kept_for_tool_loops_is_bounded_by_its_size(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: bounded by count (1,024 answers) and kept as the stream's pieces, one string
+    per token: 8,000-token answers held ~0.5 MB each, ~0.5 GB at the bound."""
+    monkeypatch.setattr(openai_module, "_REASONING_KEPT_CHARS", 1000)
+    adapter = OpenAIAdapter(api_key="k")
+    for n in range(10):
+        parser = ChatCompletionsStreamParser(keep_reasoning=adapter._keep_reasoning)
+        parser.feed(b"".join(
+            _frame('{"choices":[{"index":0,"delta":{"reasoning_content":"xxxxxxxxxx"}}]}')
+            for _ in range(30)) + _frame(
+            f'{{"choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":0,"id":"c{n}",'
+            '"function":{"name":"f","arguments":"{}"}}]}}]}'))
+    assert list(adapter._reasoning) == ["c7", "c8", "c9"]  # (300 characters each)
+    assert adapter._reasoning_chars == 900
+    assert adapter._reasoning_of("c9") == "x" * 300
+    assert adapter._reasoning_of("c0") is None
 
 
 @pytest.mark.parametrize("transport", ["direct", "sdk"])

@@ -421,7 +421,6 @@ def test_gemini_schema_of_any_json_value_never_raises_and_is_a_gemini_schema(
 def _pydantic_union_schema() -> dict[str, Any]:
     """What pydantic writes for a discriminated union as a tool's arguments: a `oneOf` of
     `$ref`s into `$defs`, an OpenAPI `discriminator`."""
-    from typing import Literal
 
     from pydantic import BaseModel, Field, RootModel
 
@@ -930,6 +929,42 @@ async def test_anthropic_tool_loop_whose_thinking_another_worker_holds_goes_with
     assert "thinking" not in server.requests[1]  # (thinking is only checked when on)
     assert server.requests[2]["thinking"] == _THINKING  # the worker that holds it sends it
     assert server.requests[2]["messages"][1]["content"][0]["type"] == "thinking"
+
+
+async def test_anthropic_tool_loop_keeps_thinking_through_its_later_rounds() -> None:
+    """A tool loop is one assistant turn: only its first assistant message starts with the
+    signed thinking, later rounds carry none. Thinking was turned off from the second round
+    on, as if the first round's thinking were unknown."""
+    from copilot_runtime.testing import MockAnthropicServer
+
+    async with asyncio.timeout(TIMEOUT_S), MockAnthropicServer(chunks=3) as server:
+        adapter = AnthropicAdapter(api_key="k", base_url=server.base_url, max_retries=0,
+                                   thinking=_THINKING)
+        try:
+            asked = await _deltas(adapter, ChatRequest(messages=[UserMessage(
+                id="u", content='think: call:getWeather {"city":"Oslo"}')], tools=_WEATHER))
+            (head,) = [d for d in asked if isinstance(d, ToolCallDelta) and d.id]
+            assert head.id is not None
+            history = [*_answered_call(head.id, 'think: call:getWeather {"city":"Oslo"}'),
+                       AssistantMessage(id="a2", tool_calls=[
+                           call("c2", "getWeather", '{"city":"Bergen"}')]),
+                       ToolMessage(id="t2", tool_call_id="c2", content='{"t":12}')]
+            again = await _deltas(adapter, ChatRequest(messages=history, tools=_WEATHER))
+        finally:
+            await adapter.aclose()
+    assert _echo(again) == 'echo: {"t":12}'
+    sent = server.requests[1]
+    assert sent["thinking"] == _THINKING
+    assert [m["content"][0]["type"] for m in sent["messages"] if m["role"] == "assistant"] \
+        == ["thinking", "tool_use"]
+
+
+def test_anthropic_adaptive_thinking_stays_with_a_forced_tool_choice() -> None:
+    """The API refuses a forced tool choice with manual thinking only; adaptive takes it."""
+    adapter = AnthropicAdapter(api_key="k", thinking={"type": "adaptive"})
+    params = adapter.build_params(ChatRequest(messages=[UserMessage(id="u", content="hi")],
+                                              tools=_WEATHER, tool_choice="required"))
+    assert params["thinking"] == {"type": "adaptive"}
 
 
 @pytest.mark.parametrize("choice", ["required", "getWeather"])

@@ -216,7 +216,7 @@ class AnthropicAdapter:
             params["temperature"] = min(max(float(request.temperature), 0.0), 1.0)
         if request.stop:
             params["stop_sequences"] = request.stop
-        if self.thinking is not None and _thinking_allowed(params):
+        if self.thinking is not None and _thinking_allowed(params, self.thinking):
             params["thinking"] = self.thinking
             params.pop("temperature", None)  # extended thinking only runs at the default
             budget = self.thinking.get("budget_tokens")
@@ -416,15 +416,26 @@ def _uses_files(blocks: Any) -> bool:
     return False
 
 
-def _thinking_allowed(params: dict[str, Any]) -> bool:
-    """Whether the request `params` may be sent with thinking on. The API refuses thinking
-    with a forced tool choice, and, with thinking on, a tool loop whose last assistant turn
-    does not start with its signed thinking (lost: another worker's, a restarted process's,
-    an evicted one); thinking is checked only when on, so such a request goes without."""
-    if (params.get("tool_choice") or {}).get("type") in ("any", "tool"):
+def _thinking_allowed(params: dict[str, Any], thinking: Any) -> bool:
+    """Whether the request `params` may be sent with `thinking` on. The API refuses manual
+    thinking (`enabled`; adaptive takes it) with a forced tool choice, and, with thinking
+    on, a tool loop whose turn does not start with its signed thinking (lost: another
+    worker's, a restarted process's, an evicted one). A tool loop is one assistant turn:
+    its first assistant message (after the last user message that is not only tool
+    results) is the one that must start so; later rounds of the loop carry no thinking."""
+    manual = isinstance(thinking, dict) and thinking.get("type") == "enabled"
+    if manual and (params.get("tool_choice") or {}).get("type") in ("any", "tool"):
         _log.debug("anthropic_thinking_off", reason="the tool choice forces a tool")
         return False
-    for turn in reversed(params["messages"]):
+    messages = params["messages"]
+    start = 0
+    for index in range(len(messages) - 1, -1, -1):
+        turn = messages[index]
+        if turn["role"] == "user" and not (isinstance(turn["content"], list) and all(
+                b.get("type") == "tool_result" for b in turn["content"])):
+            start = index + 1
+            break
+    for turn in messages[start:]:
         if turn["role"] == "assistant":
             content = turn["content"]
             if any(b.get("type") == "tool_use" for b in content) and content[0].get(

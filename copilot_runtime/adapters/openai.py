@@ -159,7 +159,8 @@ class OpenAIAdapter:
         self._default_headers = dict(default_headers or {})
         # first tool call id of an answer → the `reasoning_content` it streamed: DeepSeek's
         # thinking mode wants it back on that assistant message as the tool loop goes on
-        self._reasoning: OrderedDict[str, list[str]] = OrderedDict()
+        self._reasoning: OrderedDict[str, str] = OrderedDict()
+        self._reasoning_chars = 0
         if client is None and not self._api_key and not base_url:
             raise ConfigurationError(
                 "OpenAIAdapter needs api_key (or OPENAI_API_KEY), or a base_url for an "
@@ -264,14 +265,17 @@ class OpenAIAdapter:
     def _reasoning_of(self, call_id: str) -> str | None:
         """The `reasoning_content` of the answer whose first tool call is `call_id`, when
         this process holds it."""
-        said = self._reasoning.get(call_id)
-        return None if said is None else "".join(said)
+        return self._reasoning.get(call_id)
 
-    def _keep_reasoning(self, call_id: str, pieces: list[str]) -> None:
-        # (`pieces` is the parser's own list: what streams after the call is kept too)
-        self._reasoning[call_id] = pieces
-        if len(self._reasoning) > _REASONING_KEPT:
-            self._reasoning.popitem(last=False)
+    def _keep_reasoning(self, call_id: str, said: str) -> None:
+        # Bounded by what it holds, not by count: one answer may reason for 30k tokens.
+        if len(said) > _REASONING_KEPT_CHARS:
+            return
+        previous = self._reasoning.pop(call_id, None)
+        self._reasoning_chars += len(said) - (len(previous) if previous else 0)
+        self._reasoning[call_id] = said
+        while self._reasoning_chars > _REASONING_KEPT_CHARS:
+            self._reasoning_chars -= len(self._reasoning.popitem(last=False)[1])
 
     def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
         params = {**self.build_params(request), "stream": True, **self._extra_body}
@@ -560,7 +564,8 @@ class _Chunk(msgspec.Struct):
 
 
 _CHUNKS = msgspec.json.Decoder(list[_Chunk])
-_REASONING_KEPT = 1024
+#: The most `reasoning_content` an adapter keeps for the tool loops in flight, in characters.
+_REASONING_KEPT_CHARS = 16_000_000
 _CUT_SHORT = "The OpenAI stream ended before the answer was complete"
 _DATA_LINE = re.compile(rb"^data:(.*)$", re.MULTILINE)
 
@@ -629,7 +634,7 @@ class ChatCompletionsStreamParser:
                  "expects_usage", "finish_reason", "finished", "reasoning", "secrets", "usage")
 
     def __init__(self, *, secrets: Sequence[str | None] = (), expects_usage: bool = True,
-                 keep_reasoning: Callable[[str, list[str]], None] | None = None) -> None:
+                 keep_reasoning: Callable[[str, str], None] | None = None) -> None:
         self._held = HeldBytes("The OpenAI stream", UpstreamProtocolError)
         #: The credentials the request carried: an error event echoing one loses it.
         self.secrets = secrets
@@ -770,7 +775,7 @@ class ChatCompletionsStreamParser:
         a run stopped during the call still sends it back."""
         call_id = tool_calls[0].id
         if call_id and self._keep_reasoning is not None:
-            self._keep_reasoning(call_id, self.reasoning)
+            self._keep_reasoning(call_id, "".join(self.reasoning))
 
     def _ended(self) -> None:
         """A finish reason or the usage came (after the first choice's finish reason): the

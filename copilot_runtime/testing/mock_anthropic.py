@@ -108,11 +108,20 @@ def validate(body: Any) -> None:
     thinking_on = isinstance(thinking, dict) and thinking.get("type") == "enabled"
     if thinking_on and (body.get("tool_choice") or {}).get("type") in ("any", "tool"):
         raise Refused("Thinking may not be enabled when tool_choice forces tool use.")
-    assistants = [m for m in messages if m.get("role") == "assistant"
+    # A tool loop is one assistant turn: its first assistant message must start with the
+    # signed thinking (later rounds carry none).
+    start = 0
+    for index in range(len(messages) - 1, -1, -1):
+        content = messages[index].get("content")
+        if messages[index].get("role") == "user" and not (isinstance(content, list) and all(
+                isinstance(b, dict) and b.get("type") == "tool_result" for b in content)):
+            start = index + 1
+            break
+    assistants = [m for m in messages[start:] if m.get("role") == "assistant"
                   and isinstance(m.get("content"), list)]
     if thinking_on and assistants and messages[-1].get("role") == "user" and any(
-            b.get("type") == "tool_use" for b in assistants[-1]["content"]):
-        first = assistants[-1]["content"][0]
+            b.get("type") == "tool_use" for b in assistants[0]["content"]):
+        first = assistants[0]["content"][0]
         if first.get("type") not in ("thinking", "redacted_thinking") or (
                 first.get("type") == "thinking" and not first.get("signature")):
             raise Refused(
