@@ -886,3 +886,33 @@ async def test_a_client_value_of_the_wrong_type_is_invalid_request(
     assert said(right) == "model=m1"
     assert not [log for log in logs if log["log_level"] in ("error", "critical")]
 
+
+class AliasedState(pydantic.BaseModel):
+    messages: Annotated[list[AnyMessage], add_messages] = []
+    user_name: str = pydantic.Field(default="", alias="userName")
+    score: int = 0
+
+
+async def test_a_pydantic_state_field_with_an_alias_is_shown(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: the state keys were read as the JSON schema names them (`userName`), the
+    checkpoint's as the fields are named (`user_name`): the streamed and the loaded
+    state dropped the field."""
+    def answer(state: AliasedState) -> Json:
+        return {"messages": [AIMessage("ok")], "user_name": "bob", "score": 7}
+
+    graph = StateGraph(AliasedState)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "answer")
+    graph.add_edge("answer", END)
+    agent = LangGraphAgent(name="lg", graph=graph.compile(checkpointer=InMemorySaver()))
+    async with serve_runtime(CopilotRuntime(agents={"lg": agent})) as served:
+        events = await served.run(run_input("hi", thread="al1"), agent="lg")
+        loaded = await load_state(served, "al1")
+    verify_events(events)
+    streamed = [e["snapshot"] for e in events if e["type"] == "STATE_SNAPSHOT"][-1]
+    assert {k: v for k, v in streamed.items() if k != "messages"} == {
+        "user_name": "bob", "score": 7}
+    state = orjson.loads(loaded["data"]["loadAgentState"]["state"])
+    assert {k: v for k, v in state.items() if k != "messages"} == {
+        "user_name": "bob", "score": 7}
