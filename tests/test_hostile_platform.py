@@ -556,3 +556,40 @@ async def test_the_clients_config_sets_only_the_configurable_keys_the_assistant_
         assert "checkpoint_id" not in body
     assert f"POST /threads/{langgraph_platform.platform_thread_id('t1')}/runs/stream" in \
         fake.calls
+
+
+async def test_the_clients_config_keeps_to_what_the_operator_left_unset(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: a client replaced what the agent's or its assistant's config set (the
+    Platform lays a run's config over the assistant's), and raised the assistant's
+    `recursion_limit` to LangChain's 25. Now those stay the operator's."""
+    schemas = {"graph_id": "fake", "input_schema": _object("messages"),
+               "output_schema": _object("messages"), "state_schema": _object("messages"),
+               "config_schema": _object("model", "tenant", "style"),
+               "context_schema": _object("tone")}
+    fake = FakePlatform(frames=HALF_ANSWER, schemas=schemas, assistant={
+        "config": {"recursion_limit": 5, "configurable": {"model": "operator's"}},
+        "context": {"tone": "formal"}})
+    sent = {"configurable": {"model": "m1", "tone": "rude", "tenant": "globex",
+                             "style": "terse"}, "recursion_limit": 50}
+    async with serve(fake.app) as platform:
+        runtime = CopilotRuntime(agents={
+            "lg": LangGraphPlatformAgent(deployment_url=platform, graph_id="fake", config={
+                "configurable": {"tenant": "acme"}}),
+            "own": LangGraphPlatformAgent(deployment_url=platform, graph_id="fake",
+                                          config={"recursion_limit": 8})})
+        async with serve_runtime(runtime) as served:
+            first = await served.run(run_input("hi", thread="t1", forwardedProps={
+                "config": sent}), agent="lg")
+            lower = await served.run(run_input("hi", thread="t2", forwardedProps={
+                "config": {"recursion_limit": 3}}), agent="lg")
+            own = await served.run(run_input("hi", thread="t3", forwardedProps={
+                "config": sent}), agent="own")
+    for events in (first, lower, own):
+        assert ending(events)[0] == "RUN_FINISHED", events[-1]
+    bodies = fake.run_bodies
+    assert bodies[0]["config"]["configurable"] == {"tenant": "acme", "style": "terse"}
+    assert bodies[0]["config"]["recursion_limit"] == 5
+    assert bodies[1]["config"]["recursion_limit"] == 3
+    # (the agent's own limit is sent with every run: it is the one that applies)
+    assert bodies[2]["config"]["recursion_limit"] == 8

@@ -44,6 +44,7 @@ from typing_extensions import TypedDict
 from copilot_runtime import CopilotRuntime, PatternGuardrail
 from copilot_runtime._compaction import patched_state
 from copilot_runtime._trust import judged
+from copilot_runtime.agents._lg_config import graph_config_keys
 from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.testing import verify_events
@@ -887,3 +888,144 @@ async def test_a_tools_command_write_to_a_key_with_a_reducer_is_in_the_state_as_
     at_step_end, held = held_at_step_ends(run, "items")
     assert at_step_end == {"a": ["a"], "tools": ["a", "t"], "z": ["a", "t", "z"]}
     assert held["items"] == ["a", "t", "z"]
+
+
+@dataclasses.dataclass
+class TenantContext:
+    tenant_id: str = "none"
+    model: str = "default"
+
+
+class LooseContext(TypedDict, total=False):
+    model: str
+
+
+def reads_tenant(schema: Any) -> Any:
+    """One node that answers with its run's context, as the graph reads it."""
+    def answer(state: State, runtime: Runtime[Any]) -> Json:
+        context = runtime.context
+        if isinstance(context, dict):
+            shown = {k: v for k, v in context.items() if k in ("model", "api_base")}
+            return {"messages": [AIMessage(f"context={sorted(shown.items())}")]}
+        return {"messages": [AIMessage(f"tenant={context.tenant_id} model={context.model}")]}
+
+    graph = StateGraph(State, context_schema=schema)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "answer")
+    graph.add_edge("answer", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_a_client_cannot_replace_the_operators_configurable_keys(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: a key the agent's `config` set and the context schema declared was the
+    client's to replace (tenant "acme" ran as "globex"). Now it stays the operator's; the
+    declared keys the operator left unset are the client's. And a TypedDict context gets
+    the operator's undeclared keys again (they were dropped for every context schema)."""
+    hostile = {"configurable": {"tenant_id": "globex", "model": "m1"}}
+    agents = {"lg": LangGraphAgent(name="lg", graph=reads_tenant(TenantContext),
+                                   config={"configurable": {"tenant_id": "acme"}}),
+              "loose": LangGraphAgent(name="loose", graph=reads_tenant(LooseContext),
+                                      config={"configurable": {
+                                          "model": "m0", "api_base": "https://internal"}})}
+    async with serve_runtime(CopilotRuntime(agents=agents)) as served:
+        agui = await served.run(run_input("hi", thread="op1", forwardedProps={
+            "config": hostile}), agent="lg")
+        gql = await served.generate(chat_data(
+            [text_message("u1", "user", "hi")], thread="op2", agentSession=SESSION,
+            **with_config(hostile)))
+        loose = await served.run(run_input("hi", thread="op3", forwardedProps={
+            "config": {"configurable": {"model": "m9"}}}), agent="loose")
+    verify_events(agui)
+    assert said(agui) == "tenant=acme model=m1"
+    assert gql_said(gql) == "tenant=acme model=m1"
+    assert said(loose) == "context=[('api_base', 'https://internal'), ('model', 'm0')]"
+
+
+class Opaque:
+    """A type pydantic cannot describe: the context schema is read from the class."""
+
+
+@dataclasses.dataclass
+class RequiredTenant:
+    tenant_id: str
+
+
+@dataclasses.dataclass
+class InheritingContext(RequiredTenant):
+    client: Opaque | None = None
+    model: str = "default"
+
+
+async def test_an_inherited_context_field_is_declared(serve_runtime: ServeRuntime) -> None:
+    """Before: a context pydantic cannot describe was read from its own
+    `__annotations__`, without its base's fields: the operator's required `tenant_id` was
+    dropped from the context, and every run failed."""
+    graph = reads_tenant(InheritingContext)
+    assert graph_config_keys(graph) == {"tenant_id", "client", "model"}
+    agent = LangGraphAgent(name="lg", graph=graph,
+                           config={"configurable": {"tenant_id": "acme"}})
+    async with serve_runtime(CopilotRuntime(agents={"lg": agent})) as served:
+        events = await served.run(run_input("hi", thread="in1", forwardedProps={
+            "config": {"configurable": {"model": "m1"}}}), agent="lg")
+    verify_events(events)
+    assert said(events) == "tenant=acme model=m1"
+
+
+@pytest.mark.parametrize("schema", [DataclassContext, PydanticContext, InheritingContext])
+async def test_a_client_value_of_the_wrong_type_is_invalid_request(
+        serve_runtime: ServeRuntime, schema: Any) -> None:
+    """Before: a pydantic context refused it inside the graph (AGENT_ERROR, an error log
+    with a traceback at any client's will), a dataclass took it as it was. Now the run is
+    refused before the graph starts, naming the key."""
+    wrong = {"configurable": {"model": {"nested": [1]}}}
+    config = {"configurable": {"tenant_id": "acme"}} if schema is InheritingContext else {}
+    agent = LangGraphAgent(name="lg", graph=reads_context(schema), config=config)
+    with capture_logs() as logs:
+        async with serve_runtime(CopilotRuntime(agents={"lg": agent})) as served:
+            agui = await served.run(run_input("hi", thread="v1", forwardedProps={
+                "config": wrong}), agent="lg")
+            gql = await served.generate(chat_data(
+                [text_message("u1", "user", "hi")], thread="v2", agentSession=SESSION,
+                **with_config(wrong)))
+            right = await served.run(run_input("hi", thread="v3", forwardedProps={
+                "config": {"configurable": {"model": "m1"}}}), agent="lg")
+    verify_events(agui)
+    assert (agui[-1]["type"], agui[-1]["code"]) == ("RUN_ERROR", "INVALID_REQUEST")
+    assert agui[-1]["message"].startswith("forwardedProps.config.configurable.model: ")
+    assert gql["status"]["code"] == "Failed"
+    assert gql["status"]["details"]["originalError"]["originalErrorType"] == \
+        "INVALID_REQUEST"
+    assert said(right) == "model=m1"
+    assert not [log for log in logs if log["log_level"] in ("error", "critical")]
+
+
+class AliasedState(pydantic.BaseModel):
+    messages: Annotated[list[AnyMessage], add_messages] = []
+    user_name: str = pydantic.Field(default="", alias="userName")
+    score: int = 0
+
+
+async def test_a_pydantic_state_field_with_an_alias_is_shown(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: the state keys were read as the JSON schema names them (`userName`), the
+    checkpoint's as the fields are named (`user_name`): the streamed and the loaded
+    state dropped the field."""
+    def answer(state: AliasedState) -> Json:
+        return {"messages": [AIMessage("ok")], "user_name": "bob", "score": 7}
+
+    graph = StateGraph(AliasedState)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "answer")
+    graph.add_edge("answer", END)
+    agent = LangGraphAgent(name="lg", graph=graph.compile(checkpointer=InMemorySaver()))
+    async with serve_runtime(CopilotRuntime(agents={"lg": agent})) as served:
+        events = await served.run(run_input("hi", thread="al1"), agent="lg")
+        loaded = await load_state(served, "al1")
+    verify_events(events)
+    streamed = [e["snapshot"] for e in events if e["type"] == "STATE_SNAPSHOT"][-1]
+    assert {k: v for k, v in streamed.items() if k != "messages"} == {
+        "user_name": "bob", "score": 7}
+    state = orjson.loads(loaded["data"]["loadAgentState"]["state"])
+    assert {k: v for k, v in state.items() if k != "messages"} == {
+        "user_name": "bob", "score": 7}

@@ -99,7 +99,7 @@ from langgraph.types import Command, Interrupt, StateSnapshot
 
 from copilot_runtime._exceptions import ApprovalError, InvalidRequestError
 from copilot_runtime._time import iso_time, parse_time
-from copilot_runtime.agents._lg_config import graph_config_keys
+from copilot_runtime.agents._lg_config import context_init_keys
 from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
 from copilot_runtime.agents._lg_state import graph_values, schema_keys
 from copilot_runtime.agents._lg_values import json_safe, known_messages
@@ -220,12 +220,13 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             input=input, subgraphs=subgraphs, version=version, config=config,
             context=context, fork=fork)
         if isinstance(self.graph, Pregel):
-            if "context" in kwargs and self.graph.context_schema is not None:
+            named = _context_keys(self.graph)
+            if "context" in kwargs and named is not None:
                 # The base passes the whole `configurable` (`thread_id`, LangGraph's own
                 # `__pregel_*`) as the run's context; a dataclass or pydantic context
-                # schema refuses any key it does not name, failing every run.
+                # class refuses any key it does not name, failing every run. (A TypedDict
+                # or dict context takes it all, as it always did.)
                 # Always one (if empty, the schema's defaults), as a graph reads it.
-                named = _context_keys(self.graph)
                 kwargs["context"] = {key: value for key, value in kwargs["context"].items()
                                      if key in named}
             # "custom" adds what nodes write with get_stream_writer() (as the root graph's
@@ -928,12 +929,13 @@ def _tool_call_chunks(event: Mapping[str, Any]) -> list[Any]:
     return list(chunks or ())
 
 
-#: Each compiled graph's context keys, read once (a pydantic schema is built to read them).
-_CONTEXT_KEYS: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.WeakKeyDictionary()
+#: Each compiled graph's context keys, read once (None: its context takes any key).
+_CONTEXT_KEYS: weakref.WeakKeyDictionary[Any, frozenset[str] | None] = \
+    weakref.WeakKeyDictionary()
 
 
-def _context_keys(graph: Any) -> frozenset[str]:
-    keys = _CONTEXT_KEYS.get(graph)
-    if keys is None:
-        keys = _CONTEXT_KEYS[graph] = graph_config_keys(graph)
+def _context_keys(graph: Any) -> frozenset[str] | None:
+    if graph in _CONTEXT_KEYS:
+        return _CONTEXT_KEYS[graph]
+    keys = _CONTEXT_KEYS[graph] = context_init_keys(graph.context_schema)
     return keys

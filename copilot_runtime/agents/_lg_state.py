@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any, cast
 
+import pydantic
 from ag_ui_langgraph.utils import langchain_messages_to_agui  # type: ignore[import-untyped]
 from langchain_core.runnables import RunnableConfig
 from langgraph.pregel import Pregel
@@ -36,8 +37,8 @@ def schema_keys(graph: Any, config: Any = None) -> dict[str, list[str]]:
     disagree on what the graph's output schema hides. `graph` is a compiled graph or the
     platform's stand-in (which answers the JSON schema methods only)."""
     try:
-        inputs = list(graph.get_input_jsonschema(config).get("properties") or ())
-        outputs = list(graph.get_output_jsonschema(config).get("properties") or ())
+        inputs = _field_keys(graph, "input", graph.get_input_jsonschema(config))
+        outputs = _field_keys(graph, "output", graph.get_output_jsonschema(config))
     except Exception:  # pydantic's schema errors are RuntimeErrors
         # A state schema pydantic cannot describe (`typing.TypedDict` before Python
         # 3.12, a field of an arbitrary class) runs fine in LangGraph: the compiled
@@ -45,6 +46,22 @@ def schema_keys(graph: Any, config: Any = None) -> dict[str, list[str]]:
         inputs = _schema_channels(graph, "input")
         outputs = _schema_channels(graph, "output")
     return {"input": inputs, "output": outputs}
+
+
+def _field_keys(graph: Any, which: str, schema: Any) -> list[str]:
+    """The JSON schema's property names as state keys: a pydantic state's field with an
+    alias is named by its alias there, by its field name in the checkpoint."""
+    names = list(schema.get("properties") or ())
+    model = getattr(getattr(graph, "builder", None), f"{which}_schema", None)
+    if not (isinstance(model, type) and issubclass(model, pydantic.BaseModel)):
+        return names
+    by_alias: dict[str, str] = {}
+    for name, info in model.model_fields.items():
+        for alias in (info.alias, info.validation_alias, info.serialization_alias):
+            if isinstance(alias, str):
+                by_alias.setdefault(alias, name)
+    return [by_alias.get(key, key) if key not in model.model_fields else key
+            for key in names]
 
 
 def _schema_channels(graph: Any, which: str) -> list[str]:

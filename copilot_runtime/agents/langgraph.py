@@ -76,6 +76,7 @@ from copilot_runtime._input import RunInput
 from copilot_runtime._limits import MAX_JSON_DEPTH, check_json_text, too_deep
 from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
 from copilot_runtime.agents._lg_config import (
+    check_client_context,
     client_run_config,
     graph_config_keys,
     recursion_bound,
@@ -441,8 +442,13 @@ class LangGraphAgent(Agent):
             return dict(self.config)
         if self._config_keys is None:
             self._config_keys = graph_config_keys(self.graph)
-        return client_run_config(self.config, sent, self._config_keys,
-                                 recursion_bound(self.config))
+        config = client_run_config(self.config, sent, self._config_keys,
+                                   recursion_bound(self.config))
+        configurable = config.get("configurable") or {}
+        # (the operator's keys are never replaced: what is new is the client's)
+        check_client_context(getattr(self.graph, "context_schema", None), configurable,
+                             configurable.keys() - (self.config.get("configurable") or {}))
+        return config
 
     def _check_state(self, encoder: WireEncoder, thread_id: str) -> None:
         """Warn, once per thread, of a state the client could not send back."""

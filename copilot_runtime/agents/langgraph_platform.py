@@ -177,6 +177,10 @@ class LangGraphPlatformAgent(Agent):
             transport=_BoundedTransport(httpx.AsyncHTTPTransport(retries=connect_retries)),
             timeout=httpx.Timeout(timeout, connect=10.0)))
         self._resolved: tuple[str, dict[str, Any]] | None = None
+        #: The chosen assistant's own `config` and `context` (its search's answer): the
+        #: Platform lays a run's over them, so what they set stays the operator's.
+        self._assistant_config: Mapping[str, Any] = {}
+        self._assistant_context: Mapping[str, Any] = {}
 
     def capabilities(self) -> dict[str, Any]:
         return {"identity": {"type": "langgraph"},
@@ -226,12 +230,17 @@ class LangGraphPlatformAgent(Agent):
     def _run_config(self, input: RunInput, schemas: Mapping[str, Any]) -> dict[str, Any]:
         """The run's config: the agent's, with what the client's `forwardedProps.config`
         may set (see `_lg_config`): the `configurable` keys the assistant's config and
-        context schemas declare, a lower `recursion_limit`."""
+        context schemas declare and neither the agent nor the assistant sets, a lower
+        `recursion_limit`."""
         props = input.model.forwarded_props
         sent = props.get("config") if isinstance(props, dict) else None
+        assistant = self._assistant_config
+        configurable = assistant.get("configurable")
+        operator = {*(configurable if isinstance(configurable, Mapping) else ()),
+                    *self._assistant_context}
         return client_run_config(self.config, sent, declared_keys(
             schemas.get("config_schema"), schemas.get("context_schema")),
-            recursion_bound(self.config))
+            recursion_bound(self.config, assistant), operator)
 
     async def load_state(self, thread_id: str, *,
                          headers: Mapping[str, str] | None = None) -> AgentThreadState:
@@ -296,6 +305,9 @@ class LangGraphPlatformAgent(Agent):
             raise UpstreamError(f"The LangGraph deployment has no assistant for graph "
                                 f"'{self.graph_id}'")
         assistant_id = str(chosen["assistant_id"])
+        config, context = chosen.get("config"), chosen.get("context")
+        self._assistant_config = config if isinstance(config, Mapping) else {}
+        self._assistant_context = context if isinstance(context, Mapping) else {}
         schemas = dict(await self._client.assistants.get_schemas(assistant_id,
                                                                  headers=headers))
         return assistant_id, schemas

@@ -73,6 +73,8 @@ class FakePlatform:
     schemas: dict[str, Any] | None = None
     #: The JSON body of each run stream's request, in order.
     run_bodies: list[dict[str, Any]] = field(default_factory=list)
+    #: More of the assistant the search answers (its `config`, `context`).
+    assistant: dict[str, Any] = field(default_factory=dict)
 
     @property
     def app(self) -> Starlette:
@@ -100,7 +102,8 @@ class FakePlatform:
     async def _answer(self, request: Request) -> Response:
         path, method = request.url.path, request.method
         if path == "/assistants/search":
-            return JSONResponse([{"assistant_id": ASSISTANT_ID, "graph_id": "fake"}])
+            return JSONResponse([{"assistant_id": ASSISTANT_ID, "graph_id": "fake",
+                                  **self.assistant}])
         if path.endswith("/schemas"):
             return JSONResponse(self.schemas or {
                 "graph_id": "fake", "input_schema": _SCHEMA, "output_schema": _SCHEMA,
