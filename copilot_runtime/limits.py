@@ -367,6 +367,8 @@ class Lease:
         self._released = True
         # Renewed no more: on a shared backend it expires within `slot_ttl` whatever follows.
         self._limiter._live.pop(self.token, None)
+        if self._limiter._closed:
+            return  # left to expire, as the slots still held at the close are
         backend = self._limiter.backend
         try:
             await backend.release(self.key, self.token)
@@ -443,11 +445,16 @@ class RateLimiter:
         #: The slots this process's live runs hold, by token: renewed together.
         self._live: dict[str, Lease] = {}
         self._renewing: asyncio.Task[None] | None = None
+        #: Set by `aclose`: a backend's connections are gone (a coordinator's counters
+        #: share its pool), so nothing is asked of it any more.
+        self._closed = False
 
     async def acquire(self, request: RequestInfo) -> Lease:
         """Count a run start for `request`'s caller: what was counted (a concurrency slot,
         released when the run ends; given back whole if the run never starts), or
         `RateLimitedError`."""
+        if self._closed:
+            raise ServiceUnavailableError("The rate limits are closed (the runtime shut down)")
         key = limit_key(request)
         limit = self.limit
         lease = Lease(self, key, None)
@@ -521,6 +528,7 @@ class RateLimiter:
 
     async def aclose(self) -> None:
         # Slots still held are left to expire, as a coordinator's leases are.
+        self._closed = True
         if self._renewing is not None:
             self._renewing.cancel()
             await asyncio.gather(self._renewing, return_exceptions=True)

@@ -309,6 +309,33 @@ async def test_a_runs_end_waits_once_for_its_thread_and_its_slot_given_back(
             await runtime.aclose()
 
 
+@pytest.mark.parametrize("kind", ["postgresql", "redis"])
+async def test_a_closed_runtimes_limits_refuse_a_start_as_unavailable(
+        kind: str, tmp_path: Path) -> None:
+    """Before: a run start counted after `aclose` on the coordinator's counters failed with
+    a raw AttributeError (its connections gone: 'NoneType' object has no attribute ...)."""
+    from copilot_runtime import RateLimit
+    from copilot_runtime.auth import RequestInfo
+
+    request = RequestInfo(method="POST", path="/", headers={}, client="10.0.0.11")
+    places = postgres_schema("shared") if kind == "postgresql" else redis_prefix()
+    with places as base:
+        runtime = CopilotRuntime(service_adapter=ScriptedAdapter(text_turn("hi")),
+                                 thread_store=thread_store(f"sqlite:///{tmp_path}/t.db"),
+                                 coordinator=base, rate_limit=RateLimit(
+                                     concurrent_runs=1, runs_per_minute=5))
+        await runtime.start()
+        held = await runtime.limiter.acquire(request)  # type: ignore[union-attr]
+        await runtime.aclose()
+        with pytest.raises(ServiceUnavailableError):
+            await runtime.limiter.acquire(request)  # type: ignore[union-attr]
+        with pytest.raises(ServiceUnavailableError):
+            await runtime.start_run("default", run_input("closed-1", "r1"), request=request)
+        with capture_logs() as logs:
+            await held.release()  # left to expire, as a slot still held at the close is
+        assert not logs, logs
+
+
 async def test_the_sweep_clears_a_dead_workers_redis_marker(tmp_path: Path) -> None:
     # Redis remembers that a lease expired unreleased with an `open:` key; once the sweep
     # has closed the dead worker's run, nothing of it is left in Redis.
