@@ -198,10 +198,11 @@ class ActiveRun:
         #: False while `begin` has not yet checked the thread's stored owner: until then
         #: `owner` is only who asks, and must not be taken as the thread's owner.
         self.confirmed = False
-        #: Called once when the run has ended and been stored (limits, hooks, telemetry):
-        #: what it gives back (the caller's slot), which the run's end waits for briefly.
-        self.on_end: Callable[[ActiveRun], asyncio.Future[None] | None] | None = None
-        self._giving_slot: asyncio.Future[None] | None = None
+        #: Called once when the run has ended and been stored (hooks, telemetry).
+        self.on_end: Callable[[ActiveRun], None] | None = None
+        #: Called once as the run gives its thread back: starts giving back what it holds of
+        #: its caller's limits (a concurrency slot), the future the run's end waits for.
+        self.give_slot_back: Callable[[], asyncio.Future[None] | None] | None = None
         #: Why a guardrail refused the run's input (its agent was not called), or None.
         self.refusal: str | None = None
         #: Ids kept with the thread's message ids when the run is stored (what its
@@ -684,15 +685,16 @@ class ActiveRun:
                     await self.manager._wait_ending(forgetting, FORGET_WAIT)
             finally:
                 self.manager._release(self)
+                slot = self._slot_on_its_way()
                 self._ended()
-            await self._slot_given_back()
+            if slot is not None:
+                await asyncio.wait((slot,), timeout=GIVE_BACK_WAIT)
             return
         if self.manager.durable is None:  # in this process: nothing to wait for
             try:
                 await self._store_and_give_back()
             finally:
                 self._ended()
-            await self._slot_given_back()
             return
         # In a task of its own, waited for at most `STORE_RETRY_FOR`: a store that is away,
         # or does not answer, must not hold the run's end (and its client) longer. The write
@@ -704,17 +706,18 @@ class ActiveRun:
         if not stored.done():
             _log.warning("run not stored yet: written once its store is back, its thread "
                          "busy until then", thread_id=self.thread_id, run_id=self.run_id)
-        else:  # (its end observed already: `_stored` was called back before this wait's)
-            await self._slot_given_back()
 
-    async def _slot_given_back(self) -> None:
-        """Wait up to `GIVE_BACK_WAIT` for the caller's slot the run's end gives back: a
-        backend that answers has it back before the client hears the end (its follow-up, a
-        tool's result sent at once, may go to another worker); a slower one, in the
-        background."""
-        giving = self._giving_slot
-        if giving is not None and not giving.done():
-            await asyncio.wait((giving,), timeout=GIVE_BACK_WAIT)
+    def _slot_on_its_way(self) -> asyncio.Future[None] | None:
+        """Start giving the caller's slot back (once): its release, or None."""
+        give, self.give_slot_back = self.give_slot_back, None
+        if give is None:
+            return None
+        try:
+            with self.log_context():
+                return give()
+        except Exception:
+            _log.exception("could not give a caller's slot back", run_id=self.run_id)
+            return None
 
     async def _forget_throwaway(self, agent: Agent) -> None:
         """Have the agent forget the throwaway thread it ran a suggestion on (a graph's
@@ -731,10 +734,11 @@ class ActiveRun:
                          error=repr(exc))
 
     def _ended(self, _: object = None) -> None:
+        self._slot_on_its_way()  # (given back with the thread already, on every path)
         if self.on_end is not None:
             try:
                 with self.log_context():  # (also called back outside `drive`)
-                    self._giving_slot = self.on_end(self)
+                    self.on_end(self)
             except BaseException:
                 # A plain call, so nothing it raises (a `CancelledError` of its own
                 # included) is this task's cancellation: logged, and the run ends.
@@ -750,14 +754,19 @@ class ActiveRun:
             # meanwhile would read its head without this run, and a `connect` would miss it
             # (until then it replays the run from memory).
             self.manager._release(self)
+            # The thread and the caller's slot, given back together under one deadline, in
+            # the background (`drain` waits for them): the run's end waits for its store,
+            # not for a coordinator or limits backend that stops answering; ones that answer
+            # have both back before the client hears the end (its next run, a tool's result
+            # sent at once, may go to another worker).
+            slot = self._slot_on_its_way()
+            giving = None
             if self.lease is not None:
-                # In the background (`drain` waits for it): the run's end waits for its
-                # store, not for a coordinator that stops answering; one that answers has
-                # given the thread back before the client hears the end (its next run may
-                # go to another worker).
                 giving = self.manager._adopt(self.manager.let_go(self.lease))
                 self.manager._note_giving_back(self.thread_id, giving)
-                await asyncio.wait((giving,), timeout=GIVE_BACK_WAIT)
+            waited = [f for f in (giving, slot) if f is not None and not f.done()]
+            if waited:
+                await asyncio.wait(waited, timeout=GIVE_BACK_WAIT)
 
     async def _store(self) -> None:
         try:

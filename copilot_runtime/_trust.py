@@ -21,6 +21,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from functools import partial
 from typing import Any, Protocol
 
 import orjson
@@ -546,10 +547,12 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
                     agent_id, run.thread_id, run.run_id, principal.id if principal else None)
             started = time.monotonic()
 
-            def ended(run: ActiveRun) -> asyncio.Future[None] | None:
-                return _ended(runtime, run, lease, asker, time.monotonic() - started)
+            def ended(run: ActiveRun) -> None:
+                _ended(runtime, run, asker, time.monotonic() - started)
 
             run.on_end = ended
+            if lease is not None:
+                run.give_slot_back = partial(_give_back, lease)
     except BaseException:
         await run.abandon()
         raise
@@ -620,14 +623,17 @@ def _outcome(run: ActiveRun) -> tuple[str, dict[str, Any] | None]:
     return "finished", None
 
 
-def _ended(runtime: Host, run: ActiveRun, lease: Lease | None,
-           request: RequestInfo | None, duration: float) -> asyncio.Future[None] | None:
-    """Observe the run's end; what it gives back (the caller's slot), for its stream's end
-    to wait for briefly."""
-    giving = lease.end() if lease is not None else None
+def _give_back(lease: Lease) -> asyncio.Future[None] | None:
+    """Start giving the caller's slot back (`drain_releases` waits for it): its release."""
+    giving = lease.end()
     if giving is not None:
         _pending.add(giving)
         giving.add_done_callback(_pending.discard)
+    return giving
+
+
+def _ended(runtime: Host, run: ActiveRun, request: RequestInfo | None,
+           duration: float) -> None:
     outcome, error = _outcome(run)
     context = run.context
     if context.telemetry is not None:
@@ -645,7 +651,6 @@ def _ended(runtime: Host, run: ActiveRun, lease: Lease | None,
             message=str(error.get("message") or ""), code=str(error.get("code") or ""),
             agent_id=run.agent_id, thread_id=run.thread_id, run_id=run.run_id,
             principal=principal, request_id=request.request_id if request else None))
-    return giving
 
 
 _pending: set[asyncio.Task[None]] = set()

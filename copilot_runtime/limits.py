@@ -26,7 +26,6 @@ import uuid
 from collections import deque
 from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import structlog
@@ -57,9 +56,6 @@ __all__ = [
 _log = structlog.get_logger("copilot_runtime.limits")
 
 _WINDOW = 60.0
-#: Seconds a caller's run start that finds no slot free waits for the slots its caller's ended
-#: runs are still giving back from this process (then refused as over its limit).
-NEXT_RUN_WAITS_FOR_RELEASE = 5.0
 #: Seconds a shared backend's concurrency slot outlives its last renewal, as a coordinator's
 #: `lease_ttl`: a dead worker's slots free themselves within this long.
 DEFAULT_SLOT_TTL = 10.0
@@ -371,6 +367,8 @@ class Lease:
         self._released = True
         # Renewed no more: on a shared backend it expires within `slot_ttl` whatever follows.
         self._limiter._live.pop(self.token, None)
+        if self._limiter._closed:
+            return  # left to expire, as the slots still held at the close are
         backend = self._limiter.backend
         try:
             await backend.release(self.key, self.token)
@@ -389,12 +387,10 @@ class Lease:
 
     def end(self) -> asyncio.Task[None] | None:
         """Give the slot back in a task of its own, as a run's end does (None: nothing to
-        give back). Until it is done, its caller's next run start in this process that finds
-        no slot free waits for it (a slow backend): a follow-up sent at once, a tool's
-        result, is not refused for a slot on its way back."""
+        give back)."""
         if self._released or self.token is None:
             return None
-        return self._limiter._ending(self)
+        return asyncio.get_running_loop().create_task(self.release_quietly())
 
 
 _background: set[asyncio.Task[None]] = set()
@@ -449,26 +445,16 @@ class RateLimiter:
         #: The slots this process's live runs hold, by token: renewed together.
         self._live: dict[str, Lease] = {}
         self._renewing: asyncio.Task[None] | None = None
-        #: The slots being given back (`Lease.end`), by caller: their next run waits for them.
-        self._giving_back: dict[str, set[asyncio.Task[None]]] = {}
-
-    def _ending(self, lease: Lease) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(lease.release_quietly())
-        self._giving_back.setdefault(lease.key, set()).add(task)
-        task.add_done_callback(partial(self._given_back, lease.key))
-        return task
-
-    def _given_back(self, key: str, task: asyncio.Task[None]) -> None:
-        pending = self._giving_back.get(key)
-        if pending is not None:
-            pending.discard(task)
-            if not pending:
-                del self._giving_back[key]
+        #: Set by `aclose`: a backend's connections are gone (a coordinator's counters
+        #: share its pool), so nothing is asked of it any more.
+        self._closed = False
 
     async def acquire(self, request: RequestInfo) -> Lease:
         """Count a run start for `request`'s caller: what was counted (a concurrency slot,
         released when the run ends; given back whole if the run never starts), or
         `RateLimitedError`."""
+        if self._closed:
+            raise ServiceUnavailableError("The rate limits are closed (the runtime shut down)")
         key = limit_key(request)
         limit = self.limit
         lease = Lease(self, key, None)
@@ -476,12 +462,6 @@ class RateLimiter:
             token = uuid.uuid4().hex
             try:
                 taken = await self.backend.acquire(key, limit.concurrent_runs, token)
-                giving = self._giving_back.get(key)
-                if not taken and giving:
-                    # Its caller's last run ended but its slot is still on its way back:
-                    # asked again once it is (a release is one round trip, when healthy).
-                    await asyncio.wait(tuple(giving), timeout=NEXT_RUN_WAITS_FOR_RELEASE)
-                    taken = await self.backend.acquire(key, limit.concurrent_runs, token)
             except BaseException:
                 # The answer was lost, maybe not the slot (a timeout after the server took
                 # it): given back by its token, which frees nobody else's.
@@ -548,6 +528,7 @@ class RateLimiter:
 
     async def aclose(self) -> None:
         # Slots still held are left to expire, as a coordinator's leases are.
+        self._closed = True
         if self._renewing is not None:
             self._renewing.cancel()
             await asyncio.gather(self._renewing, return_exceptions=True)

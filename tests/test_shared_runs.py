@@ -255,11 +255,12 @@ async def test_a_callers_slot_is_back_once_its_runs_stream_ended(
             await runtime.aclose()
 
 
-async def test_a_callers_next_run_waits_for_its_slot_still_on_its_way_back(
+async def test_a_release_slower_than_the_runs_end_is_not_waited_for_by_the_next_run(
         url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A release slower than the run's end waits for (`GIVE_BACK_WAIT`): the stream ends at
-    that bound, and the caller's next run on the same worker waits for the release rather
-    than being refused as over its limit."""
+    that bound, and the caller's next run meanwhile is refused at once, as over its limit
+    (before, it waited for the release, unbounded and unaware of its client leaving); once
+    the release is done, the caller has its slot."""
     from copilot_runtime.auth import RequestInfo
 
     workers = _SlowReleases(url, tmp_path, monkeypatch)
@@ -269,11 +270,70 @@ async def test_a_callers_next_run_waits_for_its_slot_still_on_its_way_back(
         first = workers.made[0]
         took = await workers.run_to_its_end(first, "slot-2", request)
         assert took < workers.delay, "the stream's end waited for the whole release"
+        asked = time.monotonic()
+        with pytest.raises(RateLimitedError):
+            await first.limiter.acquire(request)  # type: ignore[union-attr]
+        assert time.monotonic() - asked < 0.3, "the refusal waited for the release"
+        await asyncio.sleep(workers.delay)
         follow_up = await first.limiter.acquire(request)  # type: ignore[union-attr]
         await follow_up.release()
     finally:
         for runtime in workers.made:
             await runtime.aclose()
+
+
+async def test_a_runs_end_waits_once_for_its_thread_and_its_slot_given_back(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the stream's end waited up to `GIVE_BACK_WAIT` for its thread's lease to be
+    given back, only then started giving its caller's slot back, and waited as long again:
+    1 s, not 0.5 s, with a coordinator and limits backend both slow to answer."""
+    from copilot_runtime.auth import RequestInfo
+
+    workers = _SlowReleases(url, tmp_path, monkeypatch)
+    request = RequestInfo(method="POST", path="/", headers={}, client="10.0.0.10")
+    first = workers.made[0]
+    let_go = first.runs.let_go
+
+    async def slowly(lease: Any) -> None:
+        await asyncio.sleep(workers.delay)
+        await let_go(lease)
+    monkeypatch.setattr(first.runs, "let_go", slowly)
+    try:
+        wait = copilot_runtime._runs.GIVE_BACK_WAIT
+        workers.delay = 2 * wait
+        took = await workers.run_to_its_end(first, "slot-3", request)
+        assert took < wait + 0.25, f"the stream's end took {took:.2f} s"
+        await asyncio.sleep(workers.delay)  # both given back meanwhile, in the background
+    finally:
+        for runtime in workers.made:
+            await runtime.aclose()
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "redis"])
+async def test_a_closed_runtimes_limits_refuse_a_start_as_unavailable(
+        kind: str, tmp_path: Path) -> None:
+    """Before: a run start counted after `aclose` on the coordinator's counters failed with
+    a raw AttributeError (its connections gone: 'NoneType' object has no attribute ...)."""
+    from copilot_runtime import RateLimit
+    from copilot_runtime.auth import RequestInfo
+
+    request = RequestInfo(method="POST", path="/", headers={}, client="10.0.0.11")
+    places = postgres_schema("shared") if kind == "postgresql" else redis_prefix()
+    with places as base:
+        runtime = CopilotRuntime(service_adapter=ScriptedAdapter(text_turn("hi")),
+                                 thread_store=thread_store(f"sqlite:///{tmp_path}/t.db"),
+                                 coordinator=base, rate_limit=RateLimit(
+                                     concurrent_runs=1, runs_per_minute=5))
+        await runtime.start()
+        held = await runtime.limiter.acquire(request)  # type: ignore[union-attr]
+        await runtime.aclose()
+        with pytest.raises(ServiceUnavailableError):
+            await runtime.limiter.acquire(request)  # type: ignore[union-attr]
+        with pytest.raises(ServiceUnavailableError):
+            await runtime.start_run("default", run_input("closed-1", "r1"), request=request)
+        with capture_logs() as logs:
+            await held.release()  # left to expire, as a slot still held at the close is
+        assert not logs, logs
 
 
 async def test_the_sweep_clears_a_dead_workers_redis_marker(tmp_path: Path) -> None:
