@@ -145,6 +145,22 @@ async def test_check_input_rules() -> None:
                               alice, (["weather"], []))).allowed
 
 
+async def test_a_langchain_judge_allows_and_denies() -> None:
+    # Its temperature and token bound were refused by the adapter: every message refused.
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+
+    from copilot_runtime import LangChainAdapter
+
+    model = GenericFakeChatModel(messages=iter([AIMessage(content="ALLOWED"),
+                                                AIMessage(content="DENIED: not billing.")]))
+    judge = TopicGuardrail(LangChainAdapter(model), allow=["billing"])
+    user = {"id": "u", "role": "user", "content": "How do I pay my invoice?"}
+    assert (await check_input([judge], [user], None)).allowed
+    refused = await check_input([judge], [user], None)
+    assert (refused.allowed, refused.reason) == (False, "not billing.")
+
+
 async def test_guardrails_cost_nothing_when_absent(served: Served) -> None:
     runtime = served.runtime
     assert not runtime.guardrails
