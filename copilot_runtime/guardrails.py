@@ -379,16 +379,31 @@ _JUDGE_MAX_TOKENS = 100
 _JUDGE_MAX_CHARS = 2000
 
 
+#: A reasoning model's visible thought before its answer (DeepSeek-R1, Qwen, served as text).
+_THOUGHT = re.compile(r"\s*<(think|thinking)>.*?</\1>", re.S | re.I)
+#: The verdict as the first word, after the markdown a model may wrap it in.
+_VERDICT = re.compile(r"[\s*_`#>]*(ALLOWED|DENIED)(?![A-Za-z0-9])", re.I)
+#: A second verdict after an ALLOWED: in capitals (the prompt's words; a reason's "not a
+#: denied topic" is not one), or starting a line.
+_CAPITAL_VERDICT = re.compile(r"\b(?:ALLOWED|DENIED)\b")
+_LINE_VERDICT = re.compile(r"^[ \t*_`#>]*(?:allowed|denied)(?![A-Za-z0-9])", re.M | re.I)
+_REFUSED_TOPIC = "Sorry, I can't help with that topic."
+
+
 def _parse_judgement(answer: str) -> Verdict:
-    line = answer.strip()
-    upper = line.upper()
-    if upper.startswith("ALLOWED") and "DENIED" not in upper:  # not "ALLOWED ... DENIED"
-        return ALLOWED
-    if upper.startswith("DENIED"):
-        reason = line[len("DENIED"):].lstrip(" :-").strip()
-        return Verdict(False, reason or "Sorry, I can't help with that topic.")
-    _log.warning("unclear guardrail judgement", answer=line[:200])
-    return Verdict(False, "Sorry, I can't help with that topic.")  # unclear: fail closed
+    """The judge's verdict: its first word (after any leading thought and markdown); an
+    answer without one, or with both, refuses (fail closed)."""
+    thought = _THOUGHT.match(answer)
+    text = answer[thought.end():] if thought is not None else answer
+    verdict = _VERDICT.match(text)
+    if verdict is not None:
+        rest = text[verdict.end():]
+        if verdict.group(1).upper() == "DENIED":
+            return Verdict(False, rest.strip(" \t\r\n:-*_`") or _REFUSED_TOPIC)
+        if _CAPITAL_VERDICT.search(rest) is None and _LINE_VERDICT.search(rest) is None:
+            return ALLOWED
+    _log.warning("unclear guardrail judgement", answer=answer.strip()[:200])
+    return Verdict(False, _REFUSED_TOPIC)  # unclear: fail closed
 
 
 #: Seconds one guardrail's check may take before it counts as failed (a refusal).

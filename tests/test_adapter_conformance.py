@@ -442,6 +442,19 @@ async def test_tool_schemas_providers_refuse_at_the_top_are_offered_as_objects(
     assert set(work.get("properties") or ()) == {"city"}, schemas["reuse"]
 
 
+async def test_the_runtimes_own_settings_never_fail_a_request(harness: Harness) -> None:
+    """A guardrail judge's temperature and token bound (`runtime_settings`) are fitted to the
+    model or left out: refused, every judgement failed and every message was refused."""
+    deltas = await answer(harness, ChatRequest(messages=[user("hello")], temperature=0,
+                                               max_tokens=100, runtime_settings=True))
+    assert "".join(d.text for d in deltas if isinstance(d, TextDelta)) == "echo: hello"
+    if harness.name == "langchain":
+        # The chat model's own settings apply: a bound forced on it could break a reasoning
+        # model (no temperature 0, thinking eating the tokens).
+        assert {k: v for k, v in harness.settings(harness.server).items() if v is not None} \
+            == {"model": "gpt-4o"}
+
+
 async def test_forwarded_model_settings_mapped_or_refused(
         harness: Harness, serve_runtime: ServeRuntime) -> None:
     runtime = CopilotRuntime(service_adapter=harness.make(), actions=[getWeather])

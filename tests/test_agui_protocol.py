@@ -176,6 +176,21 @@ async def test_tool_choice_names_a_tool_as_text_or_as_openai_object(
                                               "function": {"name": "getWeather"}}
 
 
+@pytest.mark.parametrize("choice", [
+    "required", "getWeather", {"type": "function", "function": {"name": "getWeather"}}])
+async def test_a_forced_tool_is_forced_on_the_first_step_only(
+        served: Served, llm: MockOpenAIServer, choice: Any) -> None:
+    # Forced again after its result, an obedient model would call the action on every step.
+    events = await served.run(run_input('call:getWeather {"city":"Paris"}',
+                                        forwardedProps={"toolChoice": choice}))
+    verify_events(events)
+    assert events[-1]["type"] == "RUN_FINISHED", events[-1]
+    assert types(events).count("TOOL_CALL_RESULT") == 1
+    assert [r["tool_choice"] for r in llm.requests][1:] == ["auto"]
+    assert llm.requests[0]["tool_choice"] in (
+        "required", {"type": "function", "function": {"name": "getWeather"}})
+
+
 @pytest.mark.parametrize(("choice", "problem"), [
     ({"type": "function", "function": {"name": "nowhere"}}, "'nowhere', which is not one"),
     ("nowhere", "'nowhere', which is not one"),

@@ -168,6 +168,22 @@ async def test_a_draft_broken_off_is_closed_and_the_person_may_revise() -> None:
         "Please approve or provide revision"
 
 
+async def test_a_langchain_model_behind_the_adapter_streams_each_draft_once() -> None:
+    # The inner model inherited the graph's callbacks: every token streamed twice, as two
+    # interleaved text messages.
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+    from copilot_runtime import LangChainAdapter
+
+    inner = GenericFakeChatModel(messages=iter([AIMessage(content="A whole draft.")]))
+    model = AdapterChatModel(adapter=LangChainAdapter(inner))
+    specialist = ModelSpecialist("Invoice", "invoices", "Prepare invoices.", model)
+    agent = ReviewLoop([specialist]).agent(name="review", checkpointer=InMemorySaver())
+    events = await run_agent(agent, "r1", messages=[
+        {"id": "u1", "role": "user", "content": "Prepare the invoice"}])
+    assert texts(events).count("A whole draft.") == 1
+
+
 async def test_a_draft_broken_off_without_review_fails_the_task_and_the_thread_goes_on(
         ) -> None:
     agent = breaking_loop(client_may_skip_review=True)

@@ -166,6 +166,19 @@ def test_anthropic_request_parameters() -> None:
             "max_tokens"] == asked + 2048
 
 
+def test_anthropic_adaptive_thinking_gives_a_judge_room() -> None:
+    # Adaptive thinking has no budget to add: the judge's 100 tokens went to its thinking
+    # and the verdict never came (every message refused).
+    adapter = AnthropicAdapter(api_key="k", thinking={"type": "adaptive"})
+    judge = adapter.build_params(ChatRequest(messages=[], max_tokens=100, temperature=0,
+                                             runtime_settings=True))
+    assert judge["max_tokens"] == 4100
+    assert adapter.build_params(ChatRequest(messages=[], max_tokens=100))["max_tokens"] == 100
+    adapter.thinking = {"type": "disabled"}
+    assert adapter.build_params(ChatRequest(messages=[], max_tokens=100,
+                                            runtime_settings=True))["max_tokens"] == 100
+
+
 def test_anthropic_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     with pytest.raises(ConfigurationError, match="api_key"):

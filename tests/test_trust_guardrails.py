@@ -16,7 +16,7 @@ from copilot_runtime import (
     Verdict,
 )
 from copilot_runtime.adapters.base import ChatDelta, ChatRequest
-from copilot_runtime.guardrails import check_input
+from copilot_runtime.guardrails import _parse_judgement, check_input
 from copilot_runtime.testing import MockOpenAIServer, ScriptedAdapter, text_turn, verify_events
 from tests.conftest import Served, ServeRuntime, run_input, text_of, types
 
@@ -143,6 +143,52 @@ async def test_check_input_rules() -> None:
     # Topics from a request without a configured judge are ignored (and logged).
     assert (await check_input([pattern], [{"id": "x", "role": "user", "content": "hi"}],
                               alice, (["weather"], []))).allowed
+
+
+async def test_a_langchain_judge_allows_and_denies() -> None:
+    # Its temperature and token bound were refused by the adapter: every message refused.
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+
+    from copilot_runtime import LangChainAdapter
+
+    model = GenericFakeChatModel(messages=iter([AIMessage(content="ALLOWED"),
+                                                AIMessage(content="DENIED: not billing.")]))
+    judge = TopicGuardrail(LangChainAdapter(model), allow=["billing"])
+    user = {"id": "u", "role": "user", "content": "How do I pay my invoice?"}
+    assert (await check_input([judge], [user], None)).allowed
+    refused = await check_input([judge], [user], None)
+    assert (refused.allowed, refused.reason) == (False, "not billing.")
+
+
+@pytest.mark.parametrize("answer", [
+    "ALLOWED", "allowed.", "**ALLOWED**", "`ALLOWED`", "__ALLOWED__", "## ALLOWED",
+    "ALLOWED: the message is about billing, not a denied topic.",
+    "<think>\nThe user asks about paying an invoice: billing.\n</think>\n\nALLOWED",
+])
+def test_a_clear_allowed_is_read_as_one(answer: str) -> None:
+    # Refused before: a "DENIED" anywhere in a reason, or markup around the word.
+    assert _parse_judgement(answer).allowed
+
+
+@pytest.mark.parametrize(("answer", "reason"), [
+    ("DENIED: legal advice is not offered here.", "legal advice is not offered here."),
+    ("**DENIED**: not billing.", "not billing."),
+    ("`DENIED: not billing`", "not billing"),
+    ("<think>legal advice</think>DENIED - not billing", "not billing"),
+    ("DENIED", "Sorry, I can't help with that topic."),
+])
+def test_a_denied_keeps_its_reason(answer: str, reason: str) -> None:
+    assert _parse_judgement(answer) == Verdict(False, reason)
+
+
+@pytest.mark.parametrize("answer", [
+    "", "   ", "maybe?", "Verdict: ALLOWED", "NOT ALLOWED", "ALLOWEDX", "ALLOWED or DENIED",
+    "ALLOWED\nDENIED: legal advice", "**ALLOWED**\n**Denied**", "<think>ALLOWED",
+    "<think>unfinished thought ALLOWED", "<think>x</think>", "I think it is ALLOWED",
+])
+def test_an_unclear_judgement_refuses(answer: str) -> None:
+    assert _parse_judgement(answer) == Verdict(False, "Sorry, I can't help with that topic.")
 
 
 async def test_guardrails_cost_nothing_when_absent(served: Served) -> None:

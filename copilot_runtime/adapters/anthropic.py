@@ -88,6 +88,9 @@ DEFAULT_MODEL = "claude-sonnet-4-6"
 #: The API requires `max_tokens`; this is used when neither the app nor the client set one.
 DEFAULT_MAX_TOKENS = 4096
 _THINKING_KEPT = 1024
+#: Tokens adaptive thinking may use on top of the runtime's own `max_tokens` (as the OpenAI
+#: and Gemini adapters give reasoning models).
+_THINKING_ROOM = 4000
 _log = structlog.get_logger("copilot_runtime.adapters.anthropic")
 _FAILURES = _direct.Failures(
     "Anthropic", "Anthropic request timed out", "Could not reach the Anthropic API",
@@ -224,6 +227,12 @@ class AnthropicAdapter:
                 # The API wants room past the thinking budget (else a 400): the answer keeps
                 # the room asked for (a guardrail judge's 100 tokens, a client's maxTokens).
                 params["max_tokens"] += budget
+            elif (not isinstance(budget, int) and request.runtime_settings
+                  and request.max_tokens is not None
+                  and self.thinking.get("type") != "disabled"):
+                # Adaptive thinking has no budget but counts against max_tokens: the runtime's
+                # own small bound (a judge's) gets room to think before its answer.
+                params["max_tokens"] += _THINKING_ROOM
         return params
 
     def _thinking_of(self, tool_use_id: str) -> list[dict[str, Any]] | None:

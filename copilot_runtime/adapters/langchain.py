@@ -7,7 +7,9 @@ event: the end of the iterator is the end of the answer, and the finish reason i
 the chunks' metadata when the integration reports one.
 
 Per-request model settings LangChain cannot apply generically (a different model, temperature
-or token limit) are refused with a clear error; `stop` and `tool_choice` are applied.
+or token limit) are refused with a clear error; `stop` and `tool_choice` are applied. The
+runtime's own temperature and token limit (a guardrail judge's) are left out: the chat model's
+settings apply.
 """
 
 from __future__ import annotations
@@ -74,10 +76,15 @@ class LangChainAdapter:
 
     def runnable(self, request: ChatRequest) -> Any:
         """The model with the request's tools bound (none when tools are forbidden)."""
-        unsupported = [name for name, value in (("model", request.model),
-                                                ("temperature", request.temperature),
-                                                ("maxTokens", request.max_tokens))
-                       if value is not None]
+        settings: tuple[tuple[str, Any], ...] = (("model", request.model),)
+        if not request.runtime_settings:
+            # The runtime's own (a judge's) are left out, not refused: refused, the judge
+            # failed closed on every message. Not bound either: which a model takes is not
+            # knowable generically (a reasoning model refuses temperature 0, and its
+            # thinking would use up a small token limit).
+            settings += (("temperature", request.temperature),
+                         ("maxTokens", request.max_tokens))
+        unsupported = [name for name, value in settings if value is not None]
         if unsupported:
             raise InvalidRequestError(
                 f"LangChainAdapter cannot change {', '.join(unsupported)} per request; "

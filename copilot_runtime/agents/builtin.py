@@ -302,7 +302,7 @@ class BuiltInAgent(Agent):
             # The streaming step: one model answer, its events as they arrive.
             answer = _Answer(str(uuid.uuid4()), taken, show_reasoning=show_reasoning)
             last_step = follow_up and step == self.max_steps - 1
-            request = self._request(turn, last_step=last_step)
+            request = self._request(turn, first_step=step == 0, last_step=last_step)
             span = telemetry.model_call(self.adapter.provider, request.model) if (
                 telemetry is not None) else None
             try:
@@ -386,9 +386,16 @@ class BuiltInAgent(Agent):
                      settings=settings, shared=shared)
 
     @staticmethod
-    def _request(turn: _Turn, *, last_step: bool) -> ChatRequest:
+    def _request(turn: _Turn, *, first_step: bool, last_step: bool) -> ChatRequest:
         """The next step's request; the last step of a follow-up run forbids tools."""
         settings = turn.settings
+        choice = settings.get("tool_choice")
+        if last_step and turn.tools:
+            choice = "none"
+        elif not first_step and choice not in (None, "auto", "none"):
+            # A forced tool is forced once: forcing it again after its result would have
+            # an obedient model call it on every step until the step limit.
+            choice = "auto"
         # The state as it is now: a step after a state tool call sees the change.
         state_part = turn.shared.prompt() if turn.shared is not None else None
         system_prompt = "\n\n".join(p for p in (turn.system_prompt, state_part) if p) or None
@@ -396,7 +403,7 @@ class BuiltInAgent(Agent):
             messages=turn.history, tools=turn.tools, system_prompt=system_prompt,
             model=settings.get("model"), temperature=settings.get("temperature"),
             max_tokens=settings.get("max_tokens"), stop=settings.get("stop"),
-            tool_choice="none" if last_step and turn.tools else settings.get("tool_choice"),
+            tool_choice=choice,
         )
 
     async def _run_tools(self, calls: list[_Call], turn: _Turn,

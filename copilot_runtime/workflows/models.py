@@ -24,6 +24,7 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables.config import var_child_runnable_config
 from pydantic import ConfigDict
 
 from copilot_runtime.adapters.base import (
@@ -69,8 +70,17 @@ class AdapterChatModel(BaseChatModel):
                               model=self.model_name, stop=stop, tool_choice="none")
         adapter: ServiceAdapter = self.adapter
         said = False
+        stream = aiter(adapter.stream(request))
+        # A LangChain model inside the adapter (LangChainAdapter) must not inherit this run's
+        # callbacks, or the graph streams its tokens a second time, as another message. It
+        # reads them as it starts, in the first step: only that one runs without them.
+        outer = var_child_runnable_config.set(None)
         try:
-            async for batch in adapter.stream(request):
+            batch = await anext(stream, None)
+        finally:
+            var_child_runnable_config.reset(outer)
+        try:
+            while batch is not None:
                 for delta in batch:
                     if isinstance(delta, TextDelta) and delta.text:
                         said = True
@@ -78,6 +88,7 @@ class AdapterChatModel(BaseChatModel):
                         if run_manager is not None:
                             await run_manager.on_llm_new_token(delta.text, chunk=chunk)
                         yield chunk
+                batch = await anext(stream, None)
         except Exception:
             if said:
                 # Broken off mid-answer: LangChain reports no end for a model that failed,
