@@ -899,6 +899,16 @@ LEGACY_GRAPHS: dict[str, bytes] = {
              {"actionExecutionId": "c1", "actionName": "f", "result": "ok", "id": "t-9"},
              {"role": "assistant", "content": "from a node", "id": "n1"},
              {"role": "assistant", "content": "answer", "id": "m2"}]}}),
+    # None of the client's messages in the checkpoint (a node rewrote the conversation):
+    # a node's message, then the streamed answer.
+    "rewritten": jsonl(
+        {"event": "on_chat_model_stream", "metadata": {},
+         "data": {"chunk": {"id": "m2", "content": "answer"}}},
+        {"event": "on_chat_model_end", "data": {}, "metadata": {}},
+        {"event": "on_copilotkit_state_sync", "node_name": "__end__", "active": False,
+         "state": {"messages": [
+             {"role": "assistant", "content": "summary", "id": "n0"},
+             {"role": "assistant", "content": "answer", "id": "m2"}]}}),
     # Conversations that are none: nothing to show, the run goes on.
     "odd-messages": jsonl(
         {"event": "on_copilotkit_state_sync", "node_name": "a", "active": True,
@@ -1043,6 +1053,22 @@ async def test_legacy_graph_conversation_reaches_the_client_in_the_checkpoints_o
         "name": "f", "arguments": '{"a":1}'}
     assert "MESSAGES_SNAPSHOT" not in types(odd)
     assert text_of(odd) == "still here"
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_legacy_graph_conversation_new_from_its_start_never_blanks_the_chat(
+        legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    """Before: with none of the client's messages in it, what preceded the first new one
+    was an empty snapshot, and a client applying it held no message for a moment."""
+    runtime = CopilotRuntime(agents={"rewritten": legacy_agent(legacy, "rewritten")})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread="t-rw"), agent="rewritten")
+        stored = await get_json(served, "/threads/t-rw/messages")
+    verify_events(events)
+    snapshots = [[m["id"] for m in e["messages"]] for e in events
+                 if e["type"] == "MESSAGES_SNAPSHOT"]
+    assert snapshots == [["n0"], ["n0", "m2"]]
+    assert [m["id"] for m in stored["messages"]] == ["n0", "m2"]
 
 
 @pytest.mark.timeout(TIMEOUT_S)

@@ -145,9 +145,10 @@ class _Translator:
         the others after them; a message new to it before one it holds (the tool result
         streamed under an id of ours, the checkpoint's own id unknown until now; a node's
         message before a streamed answer) would land after it, a history models refuse.
-        Then a snapshot of what precedes the first new message goes first: the merge of
-        the whole one after it keeps the remote's order. An empty conversation is left
-        alone, as the 1.10 client does."""
+        Then a snapshot of what precedes the first new message goes first (that message
+        too when nothing does: an empty one would blank the chat): the merge of the whole
+        one after it keeps the remote's order. An empty conversation is left alone, as the
+        1.10 client does."""
         if not messages or messages == self.snapshot:
             return
         self.close_text(out)
@@ -155,7 +156,7 @@ class _Translator:
         first_new = next((i for i, m in enumerate(messages) if m["id"] not in self.held),
                          len(messages))
         if any(m["id"] in self.held for m in messages[first_new:]):
-            out.append(ev.messages_snapshot(messages[:first_new]))
+            out.append(ev.messages_snapshot(messages[:max(first_new, 1)]))
         out.append(ev.messages_snapshot(messages))
         self.held = {m["id"] for m in messages}
         self.snapshot = messages
