@@ -874,6 +874,34 @@ LEGACY_VALID: dict[str, bytes] = {
                           "args": {"x": 1, "say": "it's"}},
                          {"type": "ActionExecutionEnd", "actionExecutionId": "a1"}),
 }
+# What a CrewAI flow's `copilotkit_emit_state` sends: the flow's whole state, its raw
+# (OpenAI-shaped) messages included, a call without an id and a result without one.
+_FLOW_STATE = {"logs": ["searching"], "messages": [
+    {"id": "run-1-u", "role": "user", "content": "hello"},
+    {"content": None, "role": "assistant", "function_call": None, "tool_calls": [
+        {"id": "c1", "type": "function",
+         "function": {"name": "search", "arguments": '{"q":"x"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "3 results"}]}
+_FLOW_CALL = (
+    {"type": "ActionExecutionStart", "actionExecutionId": "c1", "actionName": "search",
+     "parentMessageId": "chatcmpl-1"},
+    {"type": "ActionExecutionArgs", "actionExecutionId": "c1", "args": '{"q":"x"}'},
+    {"type": "ActionExecutionEnd", "actionExecutionId": "c1"},
+    {"type": "ActionExecutionResult", "actionExecutionId": "c1", "actionName": "search",
+     "result": "3 results"},
+    {"type": "AgentStateMessage", "threadId": "t", "agentName": "crew", "nodeName": "chat",
+     "runId": "x", "active": True, "role": "assistant", "state": orjson.dumps(
+         _FLOW_STATE).decode(), "running": True})
+LEGACY_VALID["flow-state"] = jsonl(*_FLOW_CALL, {"type": "RunError", "message": "quota"})
+# The same flow syncing a conversation in the SDK's JSON representation.
+LEGACY_VALID["flow-json-conversation"] = jsonl(*_FLOW_CALL[:4], {
+    "type": "AgentStateMessage", "threadId": "t", "agentName": "crew", "nodeName": "chat",
+    "runId": "x", "active": False, "role": "assistant", "running": True,
+    "state": orjson.dumps({"messages": [
+        {"id": "run-1-u", "role": "user", "content": "hello"},
+        {"id": "c1", "name": "search", "arguments": {"q": "x"}, "parentMessageId": "chatcmpl-1"},
+        {"id": "r-1", "actionExecutionId": "c1", "actionName": "search",
+         "result": "3 results"}]}).decode()})
 # name -> `langgraph` JSONL lines of a run that must succeed
 LEGACY_GRAPHS: dict[str, bytes] = {
     # Each chunk of one call repeating its id and name: the call was started again at each.
@@ -1069,6 +1097,34 @@ async def test_legacy_graph_conversation_new_from_its_start_never_blanks_the_cha
                  if e["type"] == "MESSAGES_SNAPSHOT"]
     assert snapshots == [["n0"], ["n0", "m2"]]
     assert [m["id"] for m in stored["messages"]] == ["n0", "m2"]
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize("name", ["flow-state", "flow-json-conversation"])
+async def test_legacy_runtime_event_state_messages_make_a_snapshot_only_when_a_conversation(
+        name: str, legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    """Before: a flow's raw messages (calls and results without ids) became a snapshot
+    that wiped the streamed call and result, for good once the flow failed."""
+    runtime = CopilotRuntime(agents={name: legacy_agent(legacy, name, kind="crewai")})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread=f"t-{name}"), agent=name)
+        stored = await get_json(served, f"/threads/t-{name}/messages")
+    snapshots = [e["messages"] for e in events if e["type"] == "MESSAGES_SNAPSHOT"]
+    held = [(m["id"], m["role"], m.get("content")) for m in stored["messages"]]
+    if name == "flow-state":
+        assert snapshots == []
+        assert held == [("run-1-u", "user", "hello"), ("chatcmpl-1", "assistant", None),
+                        ("result-c1", "tool", "3 results")]
+        assert types(events)[-1] == "RUN_ERROR"
+        assert of_state(events)[-1] == {"logs": ["searching"]}
+    else:
+        assert [[m["id"] for m in s] for s in snapshots] == [["run-1-u", "chatcmpl-1", "r-1"]]
+        assert held == [("run-1-u", "user", "hello"), ("chatcmpl-1", "assistant", None),
+                        ("r-1", "tool", "3 results")]
+
+
+def of_state(events: list[Json]) -> list[Any]:
+    return [e["snapshot"] for e in events if e["type"] == "STATE_SNAPSHOT"]
 
 
 @pytest.mark.timeout(TIMEOUT_S)

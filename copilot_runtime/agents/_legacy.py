@@ -133,7 +133,7 @@ class _Translator:
         event = self.states.encode(state)
         if event is not None:
             out.append(event)
-        if isinstance(messages, list):
+        if _conversation(messages):
             self.messages_snapshot(from_json_representation(messages), out)
         if not active and node is not None and node == self.step:
             self.finish_step(out)
@@ -170,6 +170,21 @@ class _Translator:
         said = quoted(kind, 100, self.known) if isinstance(kind, str) and kind else None
         detail = f" ({said})" if said else ""
         return UpstreamError(f"{self.source} failed{detail}")
+
+
+def _conversation(items: Any) -> bool:
+    """Whether `items` is a conversation in the SDK's JSON representation (what its
+    LangGraph agent syncs at the end of a run): every item has an id and is a text, a tool
+    call or a tool result of that form. A CrewAI flow's `copilotkit_emit_state` sends the
+    flow's own state, whose raw OpenAI-shaped messages (calls and results without ids)
+    would make a snapshot that wipes what the run streamed."""
+    return isinstance(items, list) and bool(items) and all(
+        isinstance(item, dict) and isinstance(item.get("id"), str) and (
+            ("arguments" in item and "name" in item)
+            or ("result" in item and "actionExecutionId" in item)
+            or ("content" in item and item.get("role") in ("user", "assistant", "system")
+                and "tool_calls" not in item))
+        for item in items)
 
 
 def _dict(value: Any) -> dict[str, Any]:
