@@ -31,6 +31,8 @@ from mcp.types import Tool
 from structlog.testing import capture_logs
 
 from copilot_runtime import (
+    Action,
+    BuiltInAgent,
     CopilotRuntime,
     MCPServer,
     MCPToolset,
@@ -50,7 +52,9 @@ from copilot_runtime.agents.remote_endpoint import (
 )
 from copilot_runtime.testing import MockOpenAIServer, verify_events
 from copilot_runtime.testing.loopback import LoopbackServer, pause
+from copilot_runtime.testing.scripted import ScriptedAdapter, text_turn
 from tests.conftest import Served, ServeRuntime, run_input, serve, text_of, types
+from tests.gql.wire import chat_data, text_message
 
 TIMEOUT_S = 60
 Json = dict[str, Any]
@@ -937,6 +941,16 @@ LEGACY_GRAPHS: dict[str, bytes] = {
          "state": {"messages": [
              {"role": "assistant", "content": "summary", "id": "n0"},
              {"role": "assistant", "content": "answer", "id": "m2"}]}}),
+    # The SDK lists the runtime's actions and other agents among the client's: the model
+    # calls one, the graph ends, and the last sync's checkpoint knows nothing of the answer.
+    **{name: jsonl(
+        model_chunk(tool_call_chunks=[{"name": tool, "id": "c1", "args": "{}"}]),
+        {"event": "on_chat_model_end", "data": {}, "metadata": {}},
+        {"event": "on_copilotkit_state_sync", "node_name": "__end__", "active": False,
+         "state": {"messages": [
+             {"role": "user", "content": "go", "id": "u1"},
+             {"id": "c1", "name": tool, "arguments": {}, "parentMessageId": "m1"}]}})
+       for name, tool in (("calls-action", "lookup"), ("calls-agent", "helper"))},
     # Conversations that are none: nothing to show, the run goes on.
     "odd-messages": jsonl(
         {"event": "on_copilotkit_state_sync", "node_name": "a", "active": True,
@@ -1125,6 +1139,32 @@ async def test_legacy_runtime_event_state_messages_make_a_snapshot_only_when_a_c
 
 def of_state(events: list[Json]) -> list[Any]:
     return [e["snapshot"] for e in events if e["type"] == "STATE_SNAPSHOT"]
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize("name", ["calls-action", "calls-agent"])
+async def test_legacy_graph_checkpoint_keeps_what_the_runtime_answered_over_graphql(
+        name: str, legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    """The runtime answers a call to its action or another agent in the run; before, the
+    checkpoint's conversation (which ends at the call) then replaced the 1.10 client's
+    history, and the stored thread's, without the answer."""
+    helper = BuiltInAgent(ScriptedAdapter(text_turn("helper ", "says 42")), description="helper")
+    runtime = CopilotRuntime(agents={"chat": legacy_agent(legacy, name), "helper": helper},
+                             actions=[Action("lookup", lambda: {"answer": 42})],
+                             service_adapter=ScriptedAdapter())
+    async with serve_runtime(runtime) as served:
+        response = await served.generate(chat_data(
+            [text_message("u1", "user", "go")], thread=f"g-{name}",
+            agentSession={"agentName": "chat"}))
+        stored = await get_json(served, f"/threads/g-{name}/messages")
+    assert response["status"]["code"] == "Success", response["status"]
+    final = [orjson.loads(m["state"]) for m in response["messages"]
+             if m["__typename"] == "AgentStateMessageOutput"][-1]
+    said = [m.get("content") or m.get("result") or m.get("name") for m in final["messages"]]
+    answer = [orjson.dumps({"answer": 42}).decode()] if name == "calls-action" else [
+        "helper agent started", "helper says 42"]
+    assert said == ["go", {"calls-action": "lookup", "calls-agent": "helper"}[name], *answer]
+    assert [m.get("content") for m in stored["messages"]][2:] == answer
 
 
 @pytest.mark.timeout(TIMEOUT_S)
