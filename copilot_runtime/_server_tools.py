@@ -10,6 +10,10 @@ itself without end). When the agent calls one of them, the runtime answers in th
   `AGENT_STARTED` and `AGENT_FINISHED` (so a protocol can attribute its state to it); its
   own RUN_STARTED and RUN_FINISHED are left out, and its RUN_ERROR ends the whole run.
 
+A messages snapshot the agent sends after such answers (a legacy LangGraph endpoint's
+checkpoint) gets them after its own messages: a client takes a snapshot for the whole
+conversation, and the agent's does not have them until the next turn brings them.
+
 `ServerToolsAgent` wraps the agent of such a run. Which runs get it is the protocol's
 choice: the GraphQL protocol of 1.x does this, the AG-UI protocol of 1.50+ does not.
 """
@@ -17,12 +21,13 @@ choice: the GraphQL protocol of 1.x does this, the AG-UI protocol of 1.50+ does 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from copilot_runtime import events as ev
+from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._exceptions import ActionError
 from copilot_runtime._input import RunInput
 from copilot_runtime.actions import Action
@@ -84,10 +89,14 @@ class ServerToolsAgent(Agent):
     async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
         handled = {*self.tools.actions, *self.tools.agents}
         calls: dict[str, tuple[str, list[str]]] = {}
+        #: The batches the runtime answered with (read only if a snapshot follows them).
+        answers: list[Sequence[Event]] = []
         async with _closing(self.agent.run(input, context)) as batches:
             async for batch in batches:
                 start = 0
-                for index, event in enumerate(batch):
+                # (by index: a snapshot amended below replaces `batch` with a copy)
+                for index in range(len(batch)):
+                    event = batch[index]
                     kind = event["type"]
                     if kind == ev.TOOL_CALL_START:
                         if event.get("toolCallName") in handled:
@@ -103,7 +112,15 @@ class ServerToolsAgent(Agent):
                         name, pieces = calls.pop(event["toolCallId"])
                         async for answer in self._answer(event["toolCallId"], name,
                                                          "".join(pieces), context):
+                            answers.append(answer)
                             yield answer
+                    elif kind == ev.MESSAGES_SNAPSHOT and answers and not any(
+                            later["type"] == ev.MESSAGES_SNAPSHOT for later in batch[index + 1:]):
+                        # (one followed by another in its batch only orders a merging
+                        # client's messages before that one: left as it is)
+                        amended = _with_answers(event, answers, input)
+                        if amended is not event:
+                            batch = [*batch[:index], amended, *batch[index + 1:]]
                 if start == 0:
                     yield batch
                 elif start < len(batch):
@@ -147,6 +164,22 @@ class ServerToolsAgent(Agent):
                 if ended:
                     break
         yield [ev.custom(AGENT_FINISHED, {"agentName": name})]
+
+
+def _with_answers(snapshot: Event, answers: Sequence[Sequence[Event]],
+                  input: RunInput) -> Event:
+    """The agent's messages snapshot with the messages the runtime answered with in this run
+    (results, a handed-over agent's messages) after its own. The agent's conversation (a
+    LangGraph checkpoint) knows nothing of them, and a client takes a snapshot for the whole
+    conversation: it would lose them, and the next turn would send a call without its
+    result. (The agent learns them from that next turn's messages.)"""
+    messages = snapshot.get("messages")
+    if not isinstance(messages, list):
+        return snapshot
+    known = {m.get("id") for m in messages if isinstance(m, dict)}
+    known.update(m.get("id") for m in input.raw.get("messages") or () if isinstance(m, dict))
+    missing = [m for m in events_to_messages(answers) if m["id"] not in known]
+    return {**snapshot, "messages": [*messages, *missing]} if missing else snapshot
 
 
 @asynccontextmanager

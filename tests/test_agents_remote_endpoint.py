@@ -16,7 +16,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from copilot_runtime import BuiltInAgent, CopilotRuntime, OpenAIAdapter, UpstreamError
+from copilot_runtime import Action, BuiltInAgent, CopilotRuntime, OpenAIAdapter, UpstreamError
 from copilot_runtime.agents.remote_endpoint import CopilotKitRemoteEndpoint, RetryPolicy
 from copilot_runtime.testing import verify_events
 from tests import background
@@ -220,6 +220,39 @@ async def test_the_graphql_client_follows_up_a_server_tool(
             if "content" in m] == [
         'call:get_weather {"city":"Paris"}', texts(first)[0], "thanks", "echo: thanks"]
     assert len(saved.messages) == 6
+
+
+async def test_the_graphql_client_keeps_a_runtime_actions_result_and_follows_up(
+        legacy: tuple[str, str], serve_runtime: ServeRuntime) -> None:
+    """The SDK sees a runtime action among the client's: its graph ends at the call, the
+    runtime answers it, then the last sync carries the checkpoint, which lacks the answer.
+    Before, that checkpoint's snapshot replaced the 1.10 client's history without the
+    result; the next turn sent a call without a result."""
+    found = await CopilotKitRemoteEndpoint(legacy[0]).discover()
+    runtime = CopilotRuntime(agents=found.agents,
+                             actions=[Action("lookup", lambda: {"answer": 42})],
+                             service_adapter=OpenAIAdapter(base_url=legacy[1], api_key="sk-mock",
+                                                           max_retries=0))
+    conversation = thread()
+    async with serve_runtime(runtime) as served:
+        first = await served.generate(chat_data(
+            [text_message("u1", "user", "call:lookup {}")], thread=conversation,
+            agentSession={"agentName": "chat"}))
+        final = states(first)[-1]
+        second = await served.generate(chat_data(
+            [*history_of(final), text_message("u2", "user", "thanks")], thread=conversation,
+            agentSession={"agentName": "chat", "nodeName": final["nodeName"]}))
+        saved = await runtime.agents["chat"].load_state(conversation)  # type: ignore[attr-defined]
+    assert first["status"]["code"] == "Success", first["status"]
+    held = final["state"]["messages"]
+    assert [next(k for k in ("content", "arguments", "result") if k in m) for m in held] == [
+        "content", "arguments", "result"], held
+    assert orjson.loads(held[2]["result"]) == {"answer": 42}
+    assert held[2]["actionExecutionId"] == held[1]["id"]
+    assert second["status"]["code"] == "Success", second["status"]
+    assert texts(second) == ["echo: thanks"]
+    assert [m["role"] for m in saved.messages] == ["user", "assistant", "tool", "user",
+                                                   "assistant"]
 
 
 async def test_messages_a_node_returns_reach_the_chat(

@@ -31,6 +31,8 @@ from mcp.types import Tool
 from structlog.testing import capture_logs
 
 from copilot_runtime import (
+    Action,
+    BuiltInAgent,
     CopilotRuntime,
     MCPServer,
     MCPToolset,
@@ -50,7 +52,9 @@ from copilot_runtime.agents.remote_endpoint import (
 )
 from copilot_runtime.testing import MockOpenAIServer, verify_events
 from copilot_runtime.testing.loopback import LoopbackServer, pause
+from copilot_runtime.testing.scripted import ScriptedAdapter, text_turn
 from tests.conftest import Served, ServeRuntime, run_input, serve, text_of, types
+from tests.gql.wire import chat_data, text_message
 
 TIMEOUT_S = 60
 Json = dict[str, Any]
@@ -874,6 +878,34 @@ LEGACY_VALID: dict[str, bytes] = {
                           "args": {"x": 1, "say": "it's"}},
                          {"type": "ActionExecutionEnd", "actionExecutionId": "a1"}),
 }
+# What a CrewAI flow's `copilotkit_emit_state` sends: the flow's whole state, its raw
+# (OpenAI-shaped) messages included, a call without an id and a result without one.
+_FLOW_STATE = {"logs": ["searching"], "messages": [
+    {"id": "run-1-u", "role": "user", "content": "hello"},
+    {"content": None, "role": "assistant", "function_call": None, "tool_calls": [
+        {"id": "c1", "type": "function",
+         "function": {"name": "search", "arguments": '{"q":"x"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "3 results"}]}
+_FLOW_CALL = (
+    {"type": "ActionExecutionStart", "actionExecutionId": "c1", "actionName": "search",
+     "parentMessageId": "chatcmpl-1"},
+    {"type": "ActionExecutionArgs", "actionExecutionId": "c1", "args": '{"q":"x"}'},
+    {"type": "ActionExecutionEnd", "actionExecutionId": "c1"},
+    {"type": "ActionExecutionResult", "actionExecutionId": "c1", "actionName": "search",
+     "result": "3 results"},
+    {"type": "AgentStateMessage", "threadId": "t", "agentName": "crew", "nodeName": "chat",
+     "runId": "x", "active": True, "role": "assistant", "state": orjson.dumps(
+         _FLOW_STATE).decode(), "running": True})
+LEGACY_VALID["flow-state"] = jsonl(*_FLOW_CALL, {"type": "RunError", "message": "quota"})
+# The same flow syncing a conversation in the SDK's JSON representation.
+LEGACY_VALID["flow-json-conversation"] = jsonl(*_FLOW_CALL[:4], {
+    "type": "AgentStateMessage", "threadId": "t", "agentName": "crew", "nodeName": "chat",
+    "runId": "x", "active": False, "role": "assistant", "running": True,
+    "state": orjson.dumps({"messages": [
+        {"id": "run-1-u", "role": "user", "content": "hello"},
+        {"id": "c1", "name": "search", "arguments": {"q": "x"}, "parentMessageId": "chatcmpl-1"},
+        {"id": "r-1", "actionExecutionId": "c1", "actionName": "search",
+         "result": "3 results"}]}).decode()})
 # name -> `langgraph` JSONL lines of a run that must succeed
 LEGACY_GRAPHS: dict[str, bytes] = {
     # Each chunk of one call repeating its id and name: the call was started again at each.
@@ -899,6 +931,26 @@ LEGACY_GRAPHS: dict[str, bytes] = {
              {"actionExecutionId": "c1", "actionName": "f", "result": "ok", "id": "t-9"},
              {"role": "assistant", "content": "from a node", "id": "n1"},
              {"role": "assistant", "content": "answer", "id": "m2"}]}}),
+    # None of the client's messages in the checkpoint (a node rewrote the conversation):
+    # a node's message, then the streamed answer.
+    "rewritten": jsonl(
+        {"event": "on_chat_model_stream", "metadata": {},
+         "data": {"chunk": {"id": "m2", "content": "answer"}}},
+        {"event": "on_chat_model_end", "data": {}, "metadata": {}},
+        {"event": "on_copilotkit_state_sync", "node_name": "__end__", "active": False,
+         "state": {"messages": [
+             {"role": "assistant", "content": "summary", "id": "n0"},
+             {"role": "assistant", "content": "answer", "id": "m2"}]}}),
+    # The SDK lists the runtime's actions and other agents among the client's: the model
+    # calls one, the graph ends, and the last sync's checkpoint knows nothing of the answer.
+    **{name: jsonl(
+        model_chunk(tool_call_chunks=[{"name": tool, "id": "c1", "args": "{}"}]),
+        {"event": "on_chat_model_end", "data": {}, "metadata": {}},
+        {"event": "on_copilotkit_state_sync", "node_name": "__end__", "active": False,
+         "state": {"messages": [
+             {"role": "user", "content": "go", "id": "u1"},
+             {"id": "c1", "name": tool, "arguments": {}, "parentMessageId": "m1"}]}})
+       for name, tool in (("calls-action", "lookup"), ("calls-agent", "helper"))},
     # Conversations that are none: nothing to show, the run goes on.
     "odd-messages": jsonl(
         {"event": "on_copilotkit_state_sync", "node_name": "a", "active": True,
@@ -1043,6 +1095,76 @@ async def test_legacy_graph_conversation_reaches_the_client_in_the_checkpoints_o
         "name": "f", "arguments": '{"a":1}'}
     assert "MESSAGES_SNAPSHOT" not in types(odd)
     assert text_of(odd) == "still here"
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_legacy_graph_conversation_new_from_its_start_never_blanks_the_chat(
+        legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    """Before: with none of the client's messages in it, what preceded the first new one
+    was an empty snapshot, and a client applying it held no message for a moment."""
+    runtime = CopilotRuntime(agents={"rewritten": legacy_agent(legacy, "rewritten")})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread="t-rw"), agent="rewritten")
+        stored = await get_json(served, "/threads/t-rw/messages")
+    verify_events(events)
+    snapshots = [[m["id"] for m in e["messages"]] for e in events
+                 if e["type"] == "MESSAGES_SNAPSHOT"]
+    assert snapshots == [["n0"], ["n0", "m2"]]
+    assert [m["id"] for m in stored["messages"]] == ["n0", "m2"]
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize("name", ["flow-state", "flow-json-conversation"])
+async def test_legacy_runtime_event_state_messages_make_a_snapshot_only_when_a_conversation(
+        name: str, legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    """Before: a flow's raw messages (calls and results without ids) became a snapshot
+    that wiped the streamed call and result, for good once the flow failed."""
+    runtime = CopilotRuntime(agents={name: legacy_agent(legacy, name, kind="crewai")})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input("hello", thread=f"t-{name}"), agent=name)
+        stored = await get_json(served, f"/threads/t-{name}/messages")
+    snapshots = [e["messages"] for e in events if e["type"] == "MESSAGES_SNAPSHOT"]
+    held = [(m["id"], m["role"], m.get("content")) for m in stored["messages"]]
+    if name == "flow-state":
+        assert snapshots == []
+        assert held == [("run-1-u", "user", "hello"), ("chatcmpl-1", "assistant", None),
+                        ("result-c1", "tool", "3 results")]
+        assert types(events)[-1] == "RUN_ERROR"
+        assert of_state(events)[-1] == {"logs": ["searching"]}
+    else:
+        assert [[m["id"] for m in s] for s in snapshots] == [["run-1-u", "chatcmpl-1", "r-1"]]
+        assert held == [("run-1-u", "user", "hello"), ("chatcmpl-1", "assistant", None),
+                        ("r-1", "tool", "3 results")]
+
+
+def of_state(events: list[Json]) -> list[Any]:
+    return [e["snapshot"] for e in events if e["type"] == "STATE_SNAPSHOT"]
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize("name", ["calls-action", "calls-agent"])
+async def test_legacy_graph_checkpoint_keeps_what_the_runtime_answered_over_graphql(
+        name: str, legacy: LegacyEndpoint, serve_runtime: ServeRuntime) -> None:
+    """The runtime answers a call to its action or another agent in the run; before, the
+    checkpoint's conversation (which ends at the call) then replaced the 1.10 client's
+    history, and the stored thread's, without the answer."""
+    helper = BuiltInAgent(ScriptedAdapter(text_turn("helper ", "says 42")), description="helper")
+    runtime = CopilotRuntime(agents={"chat": legacy_agent(legacy, name), "helper": helper},
+                             actions=[Action("lookup", lambda: {"answer": 42})],
+                             service_adapter=ScriptedAdapter())
+    async with serve_runtime(runtime) as served:
+        response = await served.generate(chat_data(
+            [text_message("u1", "user", "go")], thread=f"g-{name}",
+            agentSession={"agentName": "chat"}))
+        stored = await get_json(served, f"/threads/g-{name}/messages")
+    assert response["status"]["code"] == "Success", response["status"]
+    final = [orjson.loads(m["state"]) for m in response["messages"]
+             if m["__typename"] == "AgentStateMessageOutput"][-1]
+    said = [m.get("content") or m.get("result") or m.get("name") for m in final["messages"]]
+    answer = [orjson.dumps({"answer": 42}).decode()] if name == "calls-action" else [
+        "helper agent started", "helper says 42"]
+    assert said == ["go", {"calls-action": "lookup", "calls-agent": "helper"}[name], *answer]
+    assert [m.get("content") for m in stored["messages"]][2:] == answer
 
 
 @pytest.mark.timeout(TIMEOUT_S)

@@ -133,7 +133,7 @@ class _Translator:
         event = self.states.encode(state)
         if event is not None:
             out.append(event)
-        if isinstance(messages, list):
+        if _conversation(messages):
             self.messages_snapshot(from_json_representation(messages), out)
         if not active and node is not None and node == self.step:
             self.finish_step(out)
@@ -145,9 +145,10 @@ class _Translator:
         the others after them; a message new to it before one it holds (the tool result
         streamed under an id of ours, the checkpoint's own id unknown until now; a node's
         message before a streamed answer) would land after it, a history models refuse.
-        Then a snapshot of what precedes the first new message goes first: the merge of
-        the whole one after it keeps the remote's order. An empty conversation is left
-        alone, as the 1.10 client does."""
+        Then a snapshot of what precedes the first new message goes first (that message
+        too when nothing does: an empty one would blank the chat): the merge of the whole
+        one after it keeps the remote's order. An empty conversation is left alone, as the
+        1.10 client does."""
         if not messages or messages == self.snapshot:
             return
         self.close_text(out)
@@ -155,7 +156,7 @@ class _Translator:
         first_new = next((i for i, m in enumerate(messages) if m["id"] not in self.held),
                          len(messages))
         if any(m["id"] in self.held for m in messages[first_new:]):
-            out.append(ev.messages_snapshot(messages[:first_new]))
+            out.append(ev.messages_snapshot(messages[:max(first_new, 1)]))
         out.append(ev.messages_snapshot(messages))
         self.held = {m["id"] for m in messages}
         self.snapshot = messages
@@ -169,6 +170,21 @@ class _Translator:
         said = quoted(kind, 100, self.known) if isinstance(kind, str) and kind else None
         detail = f" ({said})" if said else ""
         return UpstreamError(f"{self.source} failed{detail}")
+
+
+def _conversation(items: Any) -> bool:
+    """Whether `items` is a conversation in the SDK's JSON representation (what its
+    LangGraph agent syncs at the end of a run): every item has an id and is a text, a tool
+    call or a tool result of that form. A CrewAI flow's `copilotkit_emit_state` sends the
+    flow's own state, whose raw OpenAI-shaped messages (calls and results without ids)
+    would make a snapshot that wipes what the run streamed."""
+    return isinstance(items, list) and bool(items) and all(
+        isinstance(item, dict) and isinstance(item.get("id"), str) and (
+            ("arguments" in item and "name" in item)
+            or ("result" in item and "actionExecutionId" in item)
+            or ("content" in item and item.get("role") in ("user", "assistant", "system")
+                and "tool_calls" not in item))
+        for item in items)
 
 
 def _dict(value: Any) -> dict[str, Any]:
