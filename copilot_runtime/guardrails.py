@@ -348,6 +348,7 @@ class TopicGuardrail:
                                for m in earlier[-self.history:])
         prompt = (f"Earlier conversation:\n{transcript}\n\n" if transcript else "") + (
             f"Latest user message:\n{text}")
+        prompt = _THOUGHT_TAG.sub(r"[\1\2]", prompt)  # (see _THOUGHT)
         request = ChatRequest(messages=[UserMessage(id="judge", content=prompt)],
                               system_prompt=_JUDGE_PROMPT.format(rules="\n".join(rules)),
                               model=self.model, temperature=0, max_tokens=_JUDGE_MAX_TOKENS,
@@ -380,27 +381,36 @@ _JUDGE_MAX_CHARS = 2000
 
 
 #: A reasoning model's visible thought before its answer (DeepSeek-R1, Qwen, served as text).
-_THOUGHT = re.compile(r"\s*<(think|thinking)>.*?</\1>", re.S | re.I)
+#: A leading thought (models that write their reasoning as text): it ends at the answer's
+#: LAST closing tag, so a `</think>` the judge quotes from the user's message cannot end it.
+_THOUGHT = re.compile(r"\s*<(think|thinking)>.*</\1>", re.S | re.I)
 #: The verdict as the first word, after the markdown a model may wrap it in.
 _VERDICT = re.compile(r"[\s*_`#>]*(ALLOWED|DENIED)(?![A-Za-z0-9])", re.I)
-#: A second verdict after an ALLOWED: in capitals (the prompt's words; a reason's "not a
-#: denied topic" is not one), or starting a line.
-_CAPITAL_VERDICT = re.compile(r"\b(?:ALLOWED|DENIED)\b")
-_LINE_VERDICT = re.compile(r"^[ \t*_`#>]*(?:allowed|denied)(?![A-Za-z0-9])", re.M | re.I)
+#: Any verdict word, in any case: after an ALLOWED it makes the answer unclear.
+_ANY_VERDICT = re.compile(r"(?<![A-Za-z0-9])(?:allowed|denied)(?![A-Za-z0-9])", re.I)
+#: Characters that hide a line start or a word from the checks above.
+_HIDING = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u200e\u200f\u2060\ufeff\u00ad"))
+_LINE_BREAKS = re.compile(r"\r\n?|[\x0b\x0c\x85\u2028\u2029]")
+#: Thought tags in the text the judge reads are defused: a user cannot close its thought.
+_THOUGHT_TAG = re.compile(r"<(/?)(think|thinking)>", re.I)
 _REFUSED_TOPIC = "Sorry, I can't help with that topic."
 
 
 def _parse_judgement(answer: str) -> Verdict:
-    """The judge's verdict: its first word (after any leading thought and markdown); an
-    answer without one, or with both, refuses (fail closed)."""
-    thought = _THOUGHT.match(answer)
-    text = answer[thought.end():] if thought is not None else answer
+    """The judge's verdict: its first word (after any leading thought and markdown). An
+    ALLOWED is read only as the one line asked for with no other verdict word in it; an
+    answer without a verdict, or saying more, refuses (fail closed)."""
+    text = _LINE_BREAKS.sub("\n", answer.translate(_HIDING))
+    thought = _THOUGHT.match(text)
+    if thought is not None:
+        text = text[thought.end():]
     verdict = _VERDICT.match(text)
     if verdict is not None:
         rest = text[verdict.end():]
         if verdict.group(1).upper() == "DENIED":
-            return Verdict(False, rest.strip(" \t\r\n:-*_`") or _REFUSED_TOPIC)
-        if _CAPITAL_VERDICT.search(rest) is None and _LINE_VERDICT.search(rest) is None:
+            return Verdict(False, rest.strip(" \t\n:-*_`") or _REFUSED_TOPIC)
+        line, _, after = rest.partition("\n")
+        if not after.strip() and _ANY_VERDICT.search(line) is None:
             return ALLOWED
     _log.warning("unclear guardrail judgement", answer=answer.strip()[:200])
     return Verdict(False, _REFUSED_TOPIC)  # unclear: fail closed
