@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import re
+from collections import OrderedDict
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
@@ -105,6 +108,15 @@ _log = structlog.get_logger("copilot_runtime.adapters")
 _warned: set[str] = set()
 
 
+#: Flattened schemas kept, by a digest of their JSON text: adapters ask for every tool's schema
+#: on each model request and each step of a tool loop, and a frontend tool arrives as a new
+#: object each request (an identity would miss; its text and digest cost ~0.05 ms for 20 KB,
+#: flattening it ~1.5 ms). Bounded (each kept outcome may hold up to its schema's size).
+_cache: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
+_CACHED_TOOLS = 256
+_CACHED_MAX_BYTES = 64 * 1024
+
+
 class _TooCostly(Exception):
     """The schema spent its budget: it is offered open instead."""
 
@@ -139,10 +151,30 @@ def tool_schema(parameters: Any, name: str = "") -> dict[str, Any]:
     if parameters.get("type") == "object" and "$ref" not in parameters \
             and not any(k in parameters for k in _TOP_REFUSED):
         return parameters
+    try:
+        text: bytes | None = orjson.dumps(parameters)
+    except (orjson.JSONEncodeError, TypeError):
+        text = None  # (not JSON, or nested past orjson's depth: flattened every time)
+    key = hashlib.blake2b(text, digest_size=16).digest() \
+        if text is not None and len(text) <= _CACHED_MAX_BYTES else None
+    if key is not None and (cached := _cache.get(key)) is not None:
+        with contextlib.suppress(KeyError):  # (evicted meanwhile by another thread)
+            _cache.move_to_end(key, last=True)
+        return cached
+    out = _flattened_tool(parameters, name, text)
+    if key is not None:
+        _cache[key] = out
+        if len(_cache) > _CACHED_TOOLS:
+            with contextlib.suppress(KeyError):
+                _cache.popitem(last=False)
+    return out
+
+
+def _flattened_tool(parameters: dict[str, Any], name: str, text: bytes | None) -> dict[str, Any]:
     budget = _Budget(_BUDGET)
     try:
         return _repaired(_flattened(parameters, 0, parameters, frozenset({id(parameters)}),
-                                    budget), parameters, budget)
+                                    budget), parameters, budget, text)
     except _TooCostly:
         if name not in _warned:
             if len(_warned) >= 1024:
@@ -230,6 +262,8 @@ def _objects(members: Any, depth: int, root: dict[str, Any], path: frozenset[int
 
 #: How many `$ref`s in a row are followed (a longer chain is left as it is).
 _MAX_REF_HOPS = 8
+#: A `"$ref": "..."` member in orjson's compact text (in data too: a few more to compare).
+_REF_TEXT = re.compile(rb'"\$ref":("(?:[^"\\]|\\.)*")')
 #: A `$ref` to the schema `true` follows this (one object: its identity is on paths).
 _ANYTHING: dict[str, Any] = {}
 #: What `_pointed` answers for a reference to nothing it can find.
@@ -287,7 +321,8 @@ def _resolved(schema: dict[str, Any], root: dict[str, Any], path: frozenset[int]
     return schema, path, False
 
 
-def _repaired(out: dict[str, Any], root: dict[str, Any], budget: _Budget) -> dict[str, Any]:
+def _repaired(out: dict[str, Any], root: dict[str, Any], budget: _Budget,
+              text: bytes | None = None) -> dict[str, Any]:
     """`out` (flattened from `root`) with each local `$ref` that no longer names what it named
     in `root` (zod's `#/anyOf/0/properties/home`, into a combinator flattened away; `#`, the
     root) pointed at a copy of its old target added to the definitions: a dangling one made
@@ -302,6 +337,26 @@ def _repaired(out: dict[str, Any], root: dict[str, Any], budget: _Budget) -> dic
     intact: set[str] = set()  # (each compared once: a target may be large)
     pending: list[tuple[str, Any]] = []
 
+    def holds(ref: str) -> bool:
+        was = _pointed(root, ref)
+        got = _pointed(out, ref)
+        return was is _MISSING or got is was or got == was
+
+    # (mostly every `$ref` still holds: `out` is then kept as it is, not copied node by node;
+    # flattening makes no `$ref`, so those of `root`'s JSON `text` are all `out` may hold)
+    refs: set[str] = set()
+    if text is None:
+        _collect_refs(out, refs, budget)
+    else:
+        for found in _REF_TEXT.finditer(text):
+            budget.spend()
+            ref = orjson.loads(found.group(1))
+            if isinstance(ref, str):
+                refs.add(ref)
+    intact.update(ref for ref in refs if holds(ref))
+    if len(intact) == len(refs):
+        return out
+
     def fixed(node: Any, named: bool = False) -> Any:
         budget.spend()
         if isinstance(node, list):
@@ -315,7 +370,7 @@ def _repaired(out: dict[str, Any], root: dict[str, Any], budget: _Budget) -> dic
         ref = node.get("$ref")
         if isinstance(ref, str) and ref not in moved and ref not in intact:
             was = _pointed(root, ref)
-            if was is _MISSING or _pointed(out, ref) == was:
+            if holds(ref):
                 intact.add(ref)  # (one `root` could not follow either is left as it was)
             else:
                 # (Gemini's converter finds a definition by the last segment: kept unique)
@@ -344,6 +399,24 @@ def _repaired(out: dict[str, Any], root: dict[str, Any], budget: _Budget) -> dic
         kept = result.get(home)
         result[home] = {**(kept if isinstance(kept, dict) else {}), **added}
     return result
+
+
+def _collect_refs(node: Any, refs: set[str], budget: _Budget, named: bool = False) -> None:
+    """The `$ref`s in `node` (walked as `_repaired` walks it) added to `refs`."""
+    budget.spend()
+    if isinstance(node, list):
+        for value in node:
+            _collect_refs(value, refs, budget)
+    elif isinstance(node, dict):
+        if named:
+            for value in node.values():
+                _collect_refs(value, refs, budget)
+            return
+        for k, v in node.items():
+            if k == "$ref" and isinstance(v, str):
+                refs.add(v)
+            elif k not in _DATA_KEYWORDS:
+                _collect_refs(v, refs, budget, k in _NAMED_SCHEMAS)
 
 
 def _add_properties(properties: dict[str, Any], more: Any, budget: _Budget) -> None:
