@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+import time
 from typing import Any, Literal
 
 import orjson
@@ -629,6 +630,118 @@ def test_tool_schema_of_any_json_value_never_raises(parameters: Any) -> None:
     out = tool_schema(parameters)
     assert out["type"] == "object"
     assert not {"$ref", "anyOf", "oneOf", "allOf", "enum", "const", "not"} & out.keys()
+
+
+def _zod_named(i: int) -> dict[str, Any]:
+    """zod-to-json-schema's named schema: a top-level `$ref` into `definitions`."""
+    return {"$ref": f"#/definitions/tool{i}", "$schema": "http://json-schema.org/draft-07/schema#",
+            "definitions": {f"tool{i}": {"type": "object", "properties": {
+                "f": {"type": "string"},
+                "addr": {"type": "object", "properties": {"city": {"type": "string"}}},
+                "other": {"$ref": f"#/definitions/tool{i}/properties/addr"}},
+                "required": ["f"], "additionalProperties": False}}}
+
+
+def test_flattened_tool_schema_whose_refs_all_hold_is_not_rebuilt() -> None:
+    """Before: every flattened schema was copied node by node to repair its `$ref`s, even
+    when each still named what it named (zod's named schema: ~0.1 ms a tool, each request)."""
+    from copilot_runtime.adapters._common import tool_schema
+
+    schema = _zod_named(1)
+    out = tool_schema(schema)
+    declared = schema["definitions"]["tool1"]
+    assert out["properties"]["addr"] is declared["properties"]["addr"]
+    assert out["definitions"] is schema["definitions"]
+    assert out["required"] == ["f"]
+
+
+def test_tool_schema_is_flattened_once_per_schema() -> None:
+    """Before: each adapter flattened every tool's schema again for each model request and
+    each step of a tool loop (50 flattened tools: ~20 ms of blocked event loop a request).
+    The same schema (a server action's object, or a frontend tool sent again) is flattened
+    once; one needing nothing is still returned as it is."""
+    from copilot_runtime.adapters._common import tool_schema
+
+    first = tool_schema(_zod_named(2))
+    again = _zod_named(2)
+    assert tool_schema(again) is first
+    assert tool_schema(_self_union(5)) is tool_schema(_self_union(5))
+    plain = {"type": "object", "properties": {"a": {"type": "string"}}}
+    assert tool_schema(plain) is plain
+    assert tool_schema(_zod_named(3)) is not first
+
+
+def _self_union(b: int) -> dict[str, Any]:
+    """The reviewer's shape: `X = anyOf[$ref X * (b-1), {object}]`, ~500 bytes at b=16."""
+    return {"$defs": {"X": {"anyOf": [{"$ref": "#/$defs/X"}] * (b - 1) + [
+        {"type": "object", "properties": {"q": {"type": "string"}}}]}}, "$ref": "#/$defs/X"}
+
+
+@pytest.mark.parametrize("b", [12, 16, 20, 30])
+def test_self_referencing_union_is_flattened_in_a_few_milliseconds(b: int) -> None:
+    """Before: each member `$ref X` was followed and flattened again down to the depth limit
+    (~b^5 resolves): 4 s of blocked event loop at b=16, 41 s at b=25, from a 500-byte
+    frontend tool. A `$ref` to what is already being flattened adds nothing now."""
+    from copilot_runtime.adapters._common import tool_schema
+
+    schema = _self_union(b)
+    started = time.perf_counter()
+    out = tool_schema(schema)
+    assert time.perf_counter() - started < 0.05
+    assert out["properties"] == {"q": {"type": "string"}}
+    assert len(orjson.dumps(out)) < 1000
+
+
+def test_tool_schema_too_costly_to_flatten_is_offered_open(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A union of references without a cycle (each level `b` differently annotated `$ref`s to
+    the next) still costs b^depth: past a fixed budget of work the tool is offered as an open
+    object with its description, and a warning said once for that tool."""
+    from collections import OrderedDict
+
+    from copilot_runtime.adapters import _common
+    from copilot_runtime.adapters._common import tool_schema
+
+    monkeypatch.setattr(_common, "_cache", OrderedDict())  # (said once per process)
+    monkeypatch.setattr(_common, "_warned", set())
+    b, levels = 30, 5
+    defs = {f"L{i}": {"anyOf": [{"$ref": f"#/$defs/L{i + 1}", "title": str(j)}
+                                for j in range(b)]} for i in range(levels)}
+    defs[f"L{levels}"] = {"type": "object", "properties": {"q": {"type": "string"}}}
+    schema = {"description": "Deep.", "$defs": defs, "$ref": "#/$defs/L0"}
+    with structlog.testing.capture_logs() as logs:
+        started = time.perf_counter()
+        for _ in range(3):
+            out = tool_schema(orjson.loads(orjson.dumps(schema)), "deep")
+        assert time.perf_counter() - started < 1.0
+    assert out == {"type": "object", "properties": {}, "description": "Deep."}
+    assert [e["tool"] for e in logs if e["log_level"] == "warning"] == ["deep"]
+
+
+_REF = st.builds(lambda i: {"$ref": f"#/$defs/D{i}"}, st.integers(0, 3)) | st.just({"$ref": "#"})
+_OBJECT = st.builds(lambda name, req: {"type": "object", "properties": {name: {"type": "string"}},
+                                        **({"required": [name]} if req else {})},
+                    st.sampled_from("abcd"), st.booleans())
+_MEMBERS = st.lists(_REF | _OBJECT, min_size=1, max_size=24)
+_COMBINED = st.builds(lambda key, members: {key: members},
+                      st.sampled_from(["anyOf", "oneOf", "allOf"]), _MEMBERS)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_COMBINED, min_size=4, max_size=4), _COMBINED)
+def test_recursive_tool_schemas_are_flattened_in_bounded_time(
+        defs: list[dict[str, Any]], top: dict[str, Any]) -> None:
+    """Small schemas of unions, intersections and references to each other and to the root
+    (cycles of any length, members repeated) are flattened within a bounded time."""
+    from copilot_runtime.adapters._common import tool_schema
+
+    schema = {**top, "$defs": {f"D{i}": d for i, d in enumerate(defs)}}
+    started = time.perf_counter()
+    out = tool_schema(schema)
+    assert time.perf_counter() - started < 0.25
+    assert out["type"] == "object"
+    assert not {"$ref", "anyOf", "oneOf", "allOf"} & out.keys()
+    assert len(orjson.dumps(out)) < 200_000
 
 
 def test_gemini_tool_whose_schema_cannot_be_converted_costs_only_that_tool(

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import re
+from collections import OrderedDict
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import orjson
+import structlog
 
 from copilot_runtime._exceptions import JSONTooDeepError, UpstreamError
 from copilot_runtime._limits import check_json_text
@@ -91,9 +95,45 @@ def usage(prompt: int | None, completion: int | None, **extra: Any) -> dict[str,
 _TOP_REFUSED = ("anyOf", "oneOf", "allOf", "enum", "const", "not")
 #: How deep combinators inside combinators are flattened (deeper members add no properties).
 _MAX_FLATTEN = 4
+#: Steps of work (references followed, members and properties merged, nodes walked) one
+#: schema may cost (~2 µs each): unions of references without a cycle still cost
+#: members^depth. Real schemas take far fewer (a 20 KB pydantic union of ten nested models:
+#: ~1,800).
+_BUDGET = 10_000
+#: Keywords that say nothing about which values a schema accepts.
+_ANNOTATIONS = frozenset({"$ref", "title", "description", "$comment", "examples", "example",
+                          "default", "deprecated", "readOnly", "writeOnly"})
+_log = structlog.get_logger("copilot_runtime.adapters")
+#: Tools already warned about (bounded: names come from clients).
+_warned: set[str] = set()
 
 
-def tool_schema(parameters: Any) -> dict[str, Any]:
+#: Flattened schemas kept, by a digest of their JSON text: adapters ask for every tool's schema
+#: on each model request and each step of a tool loop, and a frontend tool arrives as a new
+#: object each request (an identity would miss; its text and digest cost ~0.05 ms for 20 KB,
+#: flattening it ~1.5 ms). Bounded (each kept outcome may hold up to its schema's size).
+_cache: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
+_CACHED_TOOLS = 256
+_CACHED_MAX_BYTES = 64 * 1024
+
+
+class _TooCostly(Exception):
+    """The schema spent its budget: it is offered open instead."""
+
+
+class _Budget:
+    __slots__ = ("left",)
+
+    def __init__(self, steps: int) -> None:
+        self.left = steps
+
+    def spend(self, steps: int = 1) -> None:
+        self.left -= steps
+        if self.left < 0:
+            raise _TooCostly
+
+
+def tool_schema(parameters: Any, name: str = "") -> dict[str, Any]:
     """A tool's parameters as every provider takes them at the top: an object schema without
     a combinator, `enum`, `const`, `not` or `$ref` (each of these, or a missing `type`, made
     the provider refuse the whole request, so one MCP tool or frontend tool failed every run).
@@ -103,36 +143,73 @@ def tool_schema(parameters: Any) -> dict[str, Any]:
     union of their properties (a property two members declare apart takes either schema),
     required only what every member requires, the alternatives told in the description for
     the model. A `$ref` left pointing into what was flattened away points at a copy of its
-    old target in the definitions. A schema that needs none of this is returned as it is.
+    old target in the definitions. A schema that needs none of this is returned as it is;
+    one that would cost too much work to flatten is offered as an open object.
     """
     if not isinstance(parameters, dict) or not parameters:
         return {"type": "object", "properties": {}}
     if parameters.get("type") == "object" and "$ref" not in parameters \
             and not any(k in parameters for k in _TOP_REFUSED):
         return parameters
-    return _repaired(_flattened(parameters, 0, parameters), parameters)
+    try:
+        text: bytes | None = orjson.dumps(parameters)
+    except (orjson.JSONEncodeError, TypeError):
+        text = None  # (not JSON, or nested past orjson's depth: flattened every time)
+    key = hashlib.blake2b(text, digest_size=16).digest() \
+        if text is not None and len(text) <= _CACHED_MAX_BYTES else None
+    if key is not None and (cached := _cache.get(key)) is not None:
+        with contextlib.suppress(KeyError):  # (evicted meanwhile by another thread)
+            _cache.move_to_end(key, last=True)
+        return cached
+    out = _flattened_tool(parameters, name, text)
+    if key is not None:
+        _cache[key] = out
+        if len(_cache) > _CACHED_TOOLS:
+            with contextlib.suppress(KeyError):
+                _cache.popitem(last=False)
+    return out
 
 
-def _flattened(schema: dict[str, Any], depth: int, root: dict[str, Any]) -> dict[str, Any]:
-    schema = _resolved(schema, root)
+def _flattened_tool(parameters: dict[str, Any], name: str, text: bytes | None) -> dict[str, Any]:
+    budget = _Budget(_BUDGET)
+    try:
+        return _repaired(_flattened(parameters, 0, parameters, frozenset({id(parameters)}),
+                                    budget), parameters, budget, text)
+    except _TooCostly:
+        if name not in _warned:
+            if len(_warned) >= 1024:
+                _warned.clear()
+            _warned.add(name)
+            _log.warning("tool schema too costly to flatten: offered with open parameters",
+                         tool=name)
+        out: dict[str, Any] = {"type": "object", "properties": {}}
+        if isinstance(parameters.get("description"), str):
+            out["description"] = parameters["description"]
+        return out
+
+
+def _flattened(schema: dict[str, Any], depth: int, root: dict[str, Any],
+               path: frozenset[int], budget: _Budget) -> dict[str, Any]:
+    """`schema` flattened; `path`: the schemas (by identity) being flattened around it."""
+    schema, path, _ = _resolved(schema, root, path, budget)
     # (a `$ref` still here is remote, dangling or a cycle: no provider could follow it)
     out = {k: v for k, v in schema.items() if k not in _TOP_REFUSED and k != "$ref"}
     out["type"] = "object"
     properties = dict(out["properties"]) if isinstance(out.get("properties"), dict) else {}
     required = [r for r in out.get("required") or () if isinstance(r, str)] \
         if isinstance(out.get("required"), list) else []
-    for member in _objects(schema.get("allOf"), depth, root):
-        _add_properties(properties, member.get("properties"))
+    for member in _objects(schema.get("allOf"), depth, root, path, budget):
+        _add_properties(properties, member.get("properties"), budget)
         required += [r for r in member.get("required") or () if isinstance(r, str)] \
             if isinstance(member.get("required"), list) else []
     alternatives = [m for key in ("anyOf", "oneOf")
-                    for m in _objects(schema.get(key), depth, root)]
+                    for m in _objects(schema.get(key), depth, root, path, budget)]
     if "anyOf" in schema or "oneOf" in schema:
         out.pop("discriminator", None)  # (OpenAPI's: names the alternatives just removed)
     if alternatives:
         sets = []
         for member in alternatives:
-            _add_properties(properties, member.get("properties"))
+            _add_properties(properties, member.get("properties"), budget)
             wanted = member.get("required")
             sets.append([r for r in wanted if isinstance(r, str)]
                         if isinstance(wanted, list) else [])
@@ -153,20 +230,42 @@ def _flattened(schema: dict[str, Any], depth: int, root: dict[str, Any]) -> dict
     return out
 
 
-def _objects(members: Any, depth: int, root: dict[str, Any]) -> list[dict[str, Any]]:
+def _objects(members: Any, depth: int, root: dict[str, Any], path: frozenset[int],
+             budget: _Budget) -> list[dict[str, Any]]:
     """The object members of a combinator, each `$ref` followed and each flattened in turn (a
-    member with nothing to say about properties, such as `{"type": "string"}`, adds none)."""
+    member with nothing to say about properties, such as `{"type": "string"}`, adds none).
+
+    A member repeated, or a reference to a schema being flattened on this path (whose
+    properties are already in: `X = anyOf[X, ...]`), is taken once or not at all: following
+    them again cost members^depth."""
     if not isinstance(members, list):
         return []
-    found = [_resolved(m, root) for m in members if isinstance(m, dict)]
-    if depth >= _MAX_FLATTEN:
-        return found
-    return [_flattened(m, depth + 1, root) if any(k in m for k in _TOP_REFUSED) else m
-            for m in found]
+    found = []
+    taken: set[Any] = set()
+    for member in members:
+        if not isinstance(member, dict):
+            continue
+        budget.spend()
+        ref = member.get("$ref")
+        key = ref if isinstance(ref, str) and len(member) == 1 else id(member)
+        if key in taken:
+            continue
+        taken.add(key)
+        resolved, inner, looped = _resolved(member, root, path | {id(member)}, budget)
+        if looped and resolved.keys() <= _ANNOTATIONS:
+            continue
+        if depth < _MAX_FLATTEN and any(k in resolved for k in _TOP_REFUSED):
+            resolved = _flattened(resolved, depth + 1, root, inner, budget)
+        found.append(resolved)
+    return found
 
 
 #: How many `$ref`s in a row are followed (a longer chain is left as it is).
 _MAX_REF_HOPS = 8
+#: A `"$ref": "..."` member in orjson's compact text (in data too: a few more to compare).
+_REF_TEXT = re.compile(rb'"\$ref":("(?:[^"\\]|\\.)*")')
+#: A `$ref` to the schema `true` follows this (one object: its identity is on paths).
+_ANYTHING: dict[str, Any] = {}
 #: What `_pointed` answers for a reference to nothing it can find.
 _MISSING: Any = object()
 #: Keywords whose values are data, not schemas: a "$ref" key in them refers to nothing.
@@ -194,17 +293,24 @@ def _pointed(root: Any, ref: Any) -> Any:
     return node
 
 
-def _resolved(schema: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+def _resolved(schema: dict[str, Any], root: dict[str, Any], path: frozenset[int],
+              budget: _Budget) -> tuple[dict[str, Any], frozenset[int], bool]:
     """`schema` with the `$ref`s at its top followed in `root`, its own keywords over the
     target's (properties and required of both); as it is where a reference leads nowhere or
-    back (pydantic's unions are `$ref`s to `$defs`, zod's named schemas a top-level one)."""
+    back (pydantic's unions are `$ref`s to `$defs`, zod's named schemas a top-level one).
+    Also `path` with the targets followed, and whether a `$ref` was left because its target
+    is on `path` (being flattened already)."""
     seen: set[str] = set()
     while isinstance(ref := schema.get("$ref"), str) and len(seen) < _MAX_REF_HOPS:
+        budget.spend()
         target = _pointed(root, ref)
-        target = {} if target is True else target
+        target = _ANYTHING if target is True else target
         if not isinstance(target, dict) or ref in seen:
             break
+        if id(target) in path:
+            return schema, path, True
         seen.add(ref)
+        path |= {id(target)}
         own = {k: v for k, v in schema.items() if k != "$ref"}
         merged = {**target, **own}
         if isinstance(target.get("properties"), dict) and isinstance(own.get("properties"), dict):
@@ -212,10 +318,11 @@ def _resolved(schema: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
         if isinstance(target.get("required"), list) and isinstance(own.get("required"), list):
             merged["required"] = [*target["required"], *own["required"]]
         schema = merged
-    return schema
+    return schema, path, False
 
 
-def _repaired(out: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+def _repaired(out: dict[str, Any], root: dict[str, Any], budget: _Budget,
+              text: bytes | None = None) -> dict[str, Any]:
     """`out` (flattened from `root`) with each local `$ref` that no longer names what it named
     in `root` (zod's `#/anyOf/0/properties/home`, into a combinator flattened away; `#`, the
     root) pointed at a copy of its old target added to the definitions: a dangling one made
@@ -230,7 +337,28 @@ def _repaired(out: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
     intact: set[str] = set()  # (each compared once: a target may be large)
     pending: list[tuple[str, Any]] = []
 
+    def holds(ref: str) -> bool:
+        was = _pointed(root, ref)
+        got = _pointed(out, ref)
+        return was is _MISSING or got is was or got == was
+
+    # (mostly every `$ref` still holds: `out` is then kept as it is, not copied node by node;
+    # flattening makes no `$ref`, so those of `root`'s JSON `text` are all `out` may hold)
+    refs: set[str] = set()
+    if text is None:
+        _collect_refs(out, refs, budget)
+    else:
+        for found in _REF_TEXT.finditer(text):
+            budget.spend()
+            ref = orjson.loads(found.group(1))
+            if isinstance(ref, str):
+                refs.add(ref)
+    intact.update(ref for ref in refs if holds(ref))
+    if len(intact) == len(refs):
+        return out
+
     def fixed(node: Any, named: bool = False) -> Any:
+        budget.spend()
         if isinstance(node, list):
             return [fixed(v) for v in node]
         if not isinstance(node, dict):
@@ -242,7 +370,7 @@ def _repaired(out: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
         ref = node.get("$ref")
         if isinstance(ref, str) and ref not in moved and ref not in intact:
             was = _pointed(root, ref)
-            if was is _MISSING or _pointed(out, ref) == was:
+            if holds(ref):
                 intact.add(ref)  # (one `root` could not follow either is left as it was)
             else:
                 # (Gemini's converter finds a definition by the last segment: kept unique)
@@ -273,16 +401,36 @@ def _repaired(out: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _add_properties(properties: dict[str, Any], more: Any) -> None:
+def _collect_refs(node: Any, refs: set[str], budget: _Budget, named: bool = False) -> None:
+    """The `$ref`s in `node` (walked as `_repaired` walks it) added to `refs`."""
+    budget.spend()
+    if isinstance(node, list):
+        for value in node:
+            _collect_refs(value, refs, budget)
+    elif isinstance(node, dict):
+        if named:
+            for value in node.values():
+                _collect_refs(value, refs, budget)
+            return
+        for k, v in node.items():
+            if k == "$ref" and isinstance(v, str):
+                refs.add(v)
+            elif k not in _DATA_KEYWORDS:
+                _collect_refs(v, refs, budget, k in _NAMED_SCHEMAS)
+
+
+def _add_properties(properties: dict[str, Any], more: Any, budget: _Budget) -> None:
     """`more`'s property schemas added to `properties`; one declared apart takes either."""
     if not isinstance(more, dict):
         return
     for name, schema in more.items():
+        budget.spend()
         if name not in properties:
             properties[name] = schema
         elif properties[name] != schema:
             mine = properties[name]
             members = mine["anyOf"] if isinstance(mine, dict) and list(mine) == ["anyOf"] \
                 else [mine]
+            budget.spend(len(members))
             if schema not in members:
                 properties[name] = {"anyOf": [*members, schema]}

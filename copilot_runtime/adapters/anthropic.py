@@ -205,7 +205,7 @@ class AnthropicAdapter:
             params["system"] = "\n\n".join(system)
         if request.tools:
             params["tools"] = [{"name": t.name, "description": t.description,
-                                "input_schema": tool_schema(t.parameters)}
+                                "input_schema": tool_schema(t.parameters, t.name)}
                                for t in request.tools]
             choice = request.tool_choice
             if choice in ("auto", "none"):

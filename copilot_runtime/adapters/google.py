@@ -880,7 +880,7 @@ def _tool_parameters(name: str, parameters: Any) -> dict[str, Any]:
     conversion fails, so a schema it cannot take costs that tool's arguments, not the run."""
     try:
         # (flattened first: a top-level anyOf left Gemini no properties, so no arguments)
-        return to_gemini_schema(tool_schema(parameters))
+        return to_gemini_schema(tool_schema(parameters, name))
     except (TypeError, ValueError, AttributeError, KeyError, RecursionError):
         _log.warning("tool schema not converted for Gemini", tool=name, exc_info=True)
         return {"type": "OBJECT"}

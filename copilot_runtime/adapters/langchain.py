@@ -93,7 +93,7 @@ class LangChainAdapter:
             return self.chat_model
         tools = [{"type": "function", "function": {
             "name": t.name, "description": t.description,
-            "parameters": tool_schema(t.parameters)}} for t in request.tools]
+            "parameters": tool_schema(t.parameters, t.name)}} for t in request.tools]
         try:
             if request.tool_choice in (None, "auto"):
                 return self.chat_model.bind_tools(tools)

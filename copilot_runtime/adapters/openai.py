@@ -225,7 +225,7 @@ class OpenAIAdapter:
             params["tools"] = [
                 {"type": "function", "function": {
                     "name": t.name, "description": t.description,
-                    "parameters": tool_schema(t.parameters)}}
+                    "parameters": tool_schema(t.parameters, t.name)}}
                 for t in request.tools
             ]
             if request.tool_choice in (None, "auto", "none", "required"):
