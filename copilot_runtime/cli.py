@@ -7,6 +7,7 @@ Serving a `CopilotRuntime`, the command also starts its approval service with th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import gc
 import importlib
@@ -17,6 +18,7 @@ import os
 import socket
 import sqlite3
 import sys
+import threading
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -209,7 +211,27 @@ def _configure_logging(level: str) -> None:
     from copilot_runtime.telemetry import configure_logging
 
     configure_logging(json=not sys.stderr.isatty(), level=logging.getLevelName(level.upper()))
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    structlog.configure(logger_factory=lambda *args: _LineLogger(sys.stderr))
+
+
+_LINES = threading.Lock()
+
+
+class _LineLogger:
+    """structlog's `PrintLogger`, except that a line stderr cannot take is lost, not raised:
+    a terminal gone (SIGHUP), a full pipe or a closed one raised in the code that logged,
+    and a run cut at shutdown, logging it, then ended its stream without its last event."""
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+
+    def msg(self, message: str) -> None:
+        # (ValueError: the file was closed; the lock keeps threads' lines whole)
+        with _LINES, contextlib.suppress(OSError, ValueError):
+            print(message, file=self._file, flush=True)
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
 
 
 #: What gives back the SQLite files this process holds (see `_serve_alone`): never called.
