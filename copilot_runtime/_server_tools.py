@@ -36,8 +36,8 @@ from copilot_runtime.events import Event, EventBatches
 
 __all__ = ["AGENT_FINISHED", "AGENT_STARTED", "ServerTools", "ServerToolsAgent"]
 
-AGENT_STARTED: Final = "copilot_runtime.agent_started"
-AGENT_FINISHED: Final = "copilot_runtime.agent_finished"
+AGENT_STARTED: Final = ev.AGENT_STARTED
+AGENT_FINISHED: Final = ev.AGENT_FINISHED
 _NO_PARAMETERS: Final = {"type": "object", "properties": {}}
 
 #: Given another agent's id: that agent, ready to run (wrapped again if it has tools too),
@@ -178,7 +178,10 @@ def _with_answers(snapshot: Event, answers: Sequence[Sequence[Event]],
         return snapshot
     known = {m.get("id") for m in messages if isinstance(m, dict)}
     known.update(m.get("id") for m in input.raw.get("messages") or () if isinstance(m, dict))
-    missing = [m for m in events_to_messages(answers) if m["id"] not in known]
+    # (one run's events: a handed-over agent's snapshot is read between its AGENT_STARTED
+    # and AGENT_FINISHED)
+    events = [event for batch in answers for event in batch]
+    missing = [m for m in events_to_messages([events]) if m["id"] not in known]
     return {**snapshot, "messages": [*messages, *missing]} if missing else snapshot
 
 
