@@ -30,6 +30,7 @@ from langgraph.prebuilt import ToolNode
 from typing_extensions import TypedDict
 
 from copilot_runtime import (
+    Action,
     Agent,
     BuiltInAgent,
     CopilotRuntime,
@@ -909,6 +910,19 @@ async def answered_in_the_run(served: Served, thread: str, tool: str
         agentSession={"agentName": "lg", "nodeName": final["nodeName"]}))
     return ([m.get("content") or m.get("result") or m.get("name") for m in held],
             [m.get("content") for m in stored], second)
+
+
+async def test_a_runtime_actions_result_follows_its_call_in_a_langgraph_checkpoint(
+        llm: MockOpenAIServer, client: httpx.AsyncClient, serve_runtime: ServeRuntime) -> None:
+    """The model calls a runtime action, then a later node says "Done". Before, the result
+    went after the whole checkpoint (after "Done"), which the 1.10 client took for its
+    history: the next turn sent a call not answered before the next message."""
+    runtime = openai_runtime(llm, agents={"lg": LangGraphAgent(name="lg", graph=calls_graph(
+        llm.base_url, client, then="Done"))}, actions=[Action("lookup", lambda: {"answer": 42})])
+    async with serve_runtime(runtime) as served:
+        held, stored, _ = await answered_in_the_run(served, "t-result-then", "lookup")
+    assert held == ["call:lookup {}", "lookup", '{"answer":42}', "Done"]
+    assert stored[2:] == ['{"answer":42}', "Done"]
 
 
 async def test_a_handed_over_langgraph_agents_snapshot_keeps_the_calls_result(
