@@ -916,13 +916,21 @@ async def test_a_runtime_actions_result_follows_its_call_in_a_langgraph_checkpoi
         llm: MockOpenAIServer, client: httpx.AsyncClient, serve_runtime: ServeRuntime) -> None:
     """The model calls a runtime action, then a later node says "Done". Before, the result
     went after the whole checkpoint (after "Done"), which the 1.10 client took for its
-    history: the next turn sent a call not answered before the next message."""
-    runtime = openai_runtime(llm, agents={"lg": LangGraphAgent(name="lg", graph=calls_graph(
-        llm.base_url, client, then="Done"))}, actions=[Action("lookup", lambda: {"answer": 42})])
+    history: the next turn sent a call not answered before the next message. And sent in
+    its place, the graph appended it after "Done" all the same."""
+    graph = calls_graph(llm.base_url, client, then="Done")
+    runtime = openai_runtime(llm, agents={"lg": LangGraphAgent(name="lg", graph=graph)},
+                             actions=[Action("lookup", lambda: {"answer": 42})])
     async with serve_runtime(runtime) as served:
-        held, stored, _ = await answered_in_the_run(served, "t-result-then", "lookup")
+        held, stored, second = await answered_in_the_run(served, "t-result-then", "lookup")
     assert held == ["call:lookup {}", "lookup", '{"answer":42}', "Done"]
     assert stored[2:] == ['{"answer":42}', "Done"]
+    # The graph takes the result after its call, not after "Done", which the model refuses.
+    assert second["status"]["code"] == "Success", second["status"]
+    assert texts(second) == ["echo: thanks"]
+    values = await graph.aget_state({"configurable": {"thread_id": "t-result-then"}})
+    assert [type(m).__name__ for m in values.values["messages"]] == [
+        "HumanMessage", "AIMessage", "ToolMessage", "AIMessage", "HumanMessage", "AIMessage"]
 
 
 async def test_a_handed_over_langgraph_agents_snapshot_keeps_the_calls_result(
