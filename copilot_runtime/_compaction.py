@@ -18,7 +18,7 @@ from copilot_runtime import events as ev
 from copilot_runtime.events import Event
 
 __all__ = ["MAX_PATCHED_STATE_BYTES", "StateTooLarge", "apply_state_delta", "compact_events",
-           "events_to_messages", "patched_state"]
+           "events_to_messages", "handed_over", "patched_state"]
 
 
 #: The largest state, as JSON, a patch may leave when it is applied here. A patch past it
@@ -194,8 +194,23 @@ def compact_events(events: Sequence[Event]) -> list[Event]:
         e["type"] in (ev.TEXT_MESSAGE_CONTENT, ev.TOOL_CALL_ARGS) and not e.get("delta"))]
 
 
+def handed_over(depth: int, event: Event) -> int:
+    """How many hand-overs deep (`ev.AGENT_STARTED`) a run is after `event`, `depth` before it."""
+    if event["type"] == ev.CUSTOM:
+        name = event.get("name")
+        if name == ev.AGENT_STARTED:
+            return depth + 1
+        if name == ev.AGENT_FINISHED:
+            return max(depth - 1, 0)
+    return depth
+
+
 def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
-    """The AG-UI messages of a thread: each run's new input messages, then what it produced."""
+    """The AG-UI messages of a thread: each run's new input messages, then what it produced.
+
+    A messages snapshot of an agent a call handed the conversation over to (between
+    `ev.AGENT_STARTED` and `ev.AGENT_FINISHED`) holds that agent's conversation, which has
+    neither the call nor its result: its messages are merged in, not taken for the whole."""
     messages: list[dict[str, Any]] = []
     by_id: dict[str, dict[str, Any]] = {}
     # The last call of each id, and the ids whose last call has a result: a call started
@@ -229,9 +244,12 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
         return message
 
     for run in runs:
+        depth = 0  # (of hand-overs)
         for event in run:
             kind = event["type"]
-            if kind == ev.RUN_STARTED:
+            if kind == ev.CUSTOM:
+                depth = handed_over(depth, event)
+            elif kind == ev.RUN_STARTED:
                 for message in (event.get("input") or {}).get("messages") or ():
                     if isinstance(message, dict) and "id" in message:
                         add(copy.deepcopy(message))
@@ -285,7 +303,7 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
                 snapshot = event.get("messages")
                 if not isinstance(snapshot, list):
                     continue  # not a snapshot a client could have applied
-                _apply_snapshot(messages, by_id, [
+                (_merge_snapshot if depth else _apply_snapshot)(messages, by_id, [
                     copy.deepcopy(m) for m in snapshot
                     if isinstance(m, dict) and isinstance(m.get("id"), str)])
                 calls.clear()  # (the calls are the snapshot's now)
@@ -331,3 +349,14 @@ def _apply_snapshot(messages: list[dict[str, Any]], by_id: dict[str, dict[str, A
     messages[:] = kept
     by_id.clear()
     by_id.update((m["id"], m) for m in kept)
+
+
+def _merge_snapshot(messages: list[dict[str, Any]], by_id: dict[str, dict[str, Any]],
+                    snapshot: list[dict[str, Any]]) -> None:
+    """A handed-over agent's messages snapshot merged in: its messages replace theirs in
+    place and new ones follow; none is dropped."""
+    incoming = {m["id"]: m for m in snapshot}
+    messages[:] = [incoming.pop(m["id"], m) for m in messages]
+    messages.extend(incoming.values())
+    by_id.clear()
+    by_id.update((m["id"], m) for m in messages)

@@ -10,9 +10,10 @@ itself without end). When the agent calls one of them, the runtime answers in th
   `AGENT_STARTED` and `AGENT_FINISHED` (so a protocol can attribute its state to it); its
   own RUN_STARTED and RUN_FINISHED are left out, and its RUN_ERROR ends the whole run.
 
-A messages snapshot the agent sends after such answers (a legacy LangGraph endpoint's
-checkpoint) gets them after its own messages: a client takes a snapshot for the whole
-conversation, and the agent's does not have them until the next turn brings them.
+A messages snapshot the agent sends after such answers (a LangGraph checkpoint) gets them,
+each right after the message holding its call (and the results already following that):
+a client takes a snapshot for the whole conversation, and the agent's does not have them
+until the next turn brings them.
 
 `ServerToolsAgent` wraps the agent of such a run. Which runs get it is the protocol's
 choice: the GraphQL protocol of 1.x does this, the AG-UI protocol of 1.50+ does not.
@@ -36,8 +37,8 @@ from copilot_runtime.events import Event, EventBatches
 
 __all__ = ["AGENT_FINISHED", "AGENT_STARTED", "ServerTools", "ServerToolsAgent"]
 
-AGENT_STARTED: Final = "copilot_runtime.agent_started"
-AGENT_FINISHED: Final = "copilot_runtime.agent_finished"
+AGENT_STARTED: Final = ev.AGENT_STARTED
+AGENT_FINISHED: Final = ev.AGENT_FINISHED
 _NO_PARAMETERS: Final = {"type": "object", "properties": {}}
 
 #: Given another agent's id: that agent, ready to run (wrapped again if it has tools too),
@@ -89,8 +90,7 @@ class ServerToolsAgent(Agent):
     async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
         handled = {*self.tools.actions, *self.tools.agents}
         calls: dict[str, tuple[str, list[str]]] = {}
-        #: The batches the runtime answered with (read only if a snapshot follows them).
-        answers: list[Sequence[Event]] = []
+        answers: list[_Answer] = []
         async with _closing(self.agent.run(input, context)) as batches:
             async for batch in batches:
                 start = 0
@@ -110,9 +110,11 @@ class ServerToolsAgent(Agent):
                         yield batch[start:index + 1]
                         start = index + 1
                         name, pieces = calls.pop(event["toolCallId"])
+                        answered = _Answer(event["toolCallId"])
+                        answers.append(answered)
                         async for answer in self._answer(event["toolCallId"], name,
                                                          "".join(pieces), context):
-                            answers.append(answer)
+                            answered.batches.append(answer)
                             yield answer
                     elif kind == ev.MESSAGES_SNAPSHOT and answers and not any(
                             later["type"] == ev.MESSAGES_SNAPSHOT for later in batch[index + 1:]):
@@ -166,20 +168,64 @@ class ServerToolsAgent(Agent):
         yield [ev.custom(AGENT_FINISHED, {"agentName": name})]
 
 
-def _with_answers(snapshot: Event, answers: Sequence[Sequence[Event]],
-                  input: RunInput) -> Event:
+@dataclass(slots=True)
+class _Answer:
+    """What the runtime answered one call with, read only if a snapshot follows it."""
+
+    call_id: str
+    batches: list[Sequence[Event]] = field(default_factory=list)
+    #: The messages `batches` make; built once, for the first snapshot after them (a run
+    #: may send one a step, and a handed-over agent's answer may be thousands of batches).
+    _messages: list[dict[str, Any]] | None = None
+
+    def messages(self) -> list[dict[str, Any]]:
+        if self._messages is None:
+            # (complete: the agent's next batch, a snapshot among them, comes after it)
+            events = [event for batch in self.batches for event in batch]  # (one run's)
+            self._messages, self.batches = events_to_messages([events]), []
+        return self._messages
+
+
+def _with_answers(snapshot: Event, answers: Sequence[_Answer], input: RunInput) -> Event:
     """The agent's messages snapshot with the messages the runtime answered with in this run
-    (results, a handed-over agent's messages) after its own. The agent's conversation (a
-    LangGraph checkpoint) knows nothing of them, and a client takes a snapshot for the whole
-    conversation: it would lose them, and the next turn would send a call without its
+    (results, a handed-over agent's messages), each answer right after its call's message
+    and the results following it, as the stored thread has them. The agent's conversation
+    (a LangGraph checkpoint) knows nothing of them, and a client takes a snapshot for the
+    whole conversation: it would lose them, and the next turn would send a call without its
     result. (The agent learns them from that next turn's messages.)"""
     messages = snapshot.get("messages")
     if not isinstance(messages, list):
         return snapshot
     known = {m.get("id") for m in messages if isinstance(m, dict)}
     known.update(m.get("id") for m in input.raw.get("messages") or () if isinstance(m, dict))
-    missing = [m for m in events_to_messages(answers) if m["id"] not in known]
-    return {**snapshot, "messages": [*messages, *missing]} if missing else snapshot
+    amended: list[Any] | None = None
+    for answer in answers:
+        missing = [m for m in answer.messages() if m["id"] not in known]
+        if not missing:
+            continue
+        known.update(m["id"] for m in missing)
+        if amended is None:
+            amended = list(messages)
+        at = _after_call(amended, answer.call_id)
+        amended[at:at] = missing
+    return snapshot if amended is None else {**snapshot, "messages": amended}
+
+
+def _after_call(messages: list[Any], call_id: str) -> int:
+    """Where the answer to `call_id` goes: after the last message holding that call (an id
+    may be used again in a later turn) and the tool results right after it, which a model
+    provider wants before any other message; at the end when no message holds it."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        calls = message.get("toolCalls") if isinstance(message, dict) else None
+        if isinstance(calls, list) and any(isinstance(c, dict) and c.get("id") == call_id
+                                           for c in calls):
+            index += 1
+            while index < len(messages) and isinstance(messages[index], dict) \
+                    and messages[index].get("role") == "tool":
+                index += 1
+            return index
+    return len(messages)
 
 
 @asynccontextmanager

@@ -88,6 +88,12 @@ SUBAGENT_ERROR: Final = EventType.SUBAGENT_ERROR.value
 
 TERMINAL_TYPES: Final = frozenset({RUN_FINISHED, RUN_ERROR})
 
+#: The names of the runtime's CUSTOM events around another agent's part of a run, when a
+#: call hands the conversation over to it (`copilot_runtime._server_tools`): what that
+#: agent sends between them (its messages snapshots included) is its own.
+AGENT_STARTED: Final = "copilot_runtime.agent_started"
+AGENT_FINISHED: Final = "copilot_runtime.agent_finished"
+
 #: Event fields whose values are the application's data, kept exactly as they came: a null
 #: inside them means something (elsewhere nulls are dropped, as the clients require).
 APPLICATION_DATA_KEYS: Final = frozenset({

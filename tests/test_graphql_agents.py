@@ -29,7 +29,15 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
 from typing_extensions import TypedDict
 
-from copilot_runtime import Agent, BuiltInAgent, CopilotRuntime, OpenAIAdapter, RunContext, RunInput
+from copilot_runtime import (
+    Action,
+    Agent,
+    BuiltInAgent,
+    CopilotRuntime,
+    OpenAIAdapter,
+    RunContext,
+    RunInput,
+)
 from copilot_runtime import events as ev
 from copilot_runtime.agents._lg_state import load_graph_state
 from copilot_runtime.agents.http import HttpAgent
@@ -836,3 +844,109 @@ async def test_an_answer_after_an_announced_call_in_its_step_streams(
              if m["__typename"] == "AgentStateMessageOutput"]
     assert ("work", False) in after, order
 
+
+
+# ---- what the runtime answers in a LangGraph agent's run ------------------------------------
+
+
+def calls_graph(base_url: str, client: httpx.AsyncClient, *, then: str | None = None) -> Any:
+    """The model may call any action the run offers (the runtime's among them); with
+    `then`, a node after it says that when it did, so the checkpoint goes on past the call."""
+    llm = graphs.model(base_url, client)
+
+    async def chat(state: CopilotKitState, config: RunnableConfig) -> Json:
+        bound = llm.bind_tools(state.get("copilotkit", {}).get("actions", []))
+        return {"messages": [await bound.ainvoke(state["messages"], config)]}
+
+    async def report(state: CopilotKitState) -> Json:
+        last = state["messages"][-1]
+        called = isinstance(last, AIMessage) and last.tool_calls
+        return {"messages": [AIMessage(content=then)]} if called else {}
+
+    graph = StateGraph(CopilotKitState)
+    graph.add_node("chat", chat)
+    graph.add_edge(START, "chat")
+    if then is None:
+        graph.add_edge("chat", END)
+    else:
+        graph.add_node("report", report)
+        graph.add_edge("chat", "report")
+        graph.add_edge("report", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+def says_graph(text: str) -> Any:
+    """A graph whose model streams `text` (it ends, as every in-process run, with its own
+    MESSAGES_SNAPSHOT)."""
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+    async def chat(state: CopilotKitState, config: RunnableConfig) -> Json:
+        model = GenericFakeChatModel(messages=iter([AIMessage(content=text)]))
+        return {"messages": [await model.ainvoke(state["messages"], config)]}
+
+    graph = StateGraph(CopilotKitState)
+    graph.add_node("chat", chat)
+    graph.add_edge(START, "chat")
+    graph.add_edge("chat", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def answered_in_the_run(served: Served, thread: str, tool: str
+                              ) -> tuple[list[Any], list[Any], Json]:
+    """A turn whose model calls `tool`, and a follow-up: what the first response's last
+    `lg` state and the stored thread say, and the follow-up's response."""
+    first = await turn(served, chat_data(
+        [text_message("u1", "user", f"call:{tool} {{}}")], thread=thread,
+        agentSession={"agentName": "lg"}))
+    assert first["status"]["code"] == "Success", first["status"]
+    final = [s for s in states(first) if s["agentName"] == "lg"][-1]
+    held = final["state"]["messages"]
+    assert held[2]["actionExecutionId"] == held[1]["id"]
+    stored = (await (await served.session.get(
+        served.url + f"/threads/{thread}/messages")).json())["messages"]
+    assert [m["role"] for m in stored][:3] == ["user", "assistant", "tool"]
+    second = await turn(served, chat_data(
+        [*history_of(final), text_message("u2", "user", "thanks")], thread=thread,
+        agentSession={"agentName": "lg", "nodeName": final["nodeName"]}))
+    return ([m.get("content") or m.get("result") or m.get("name") for m in held],
+            [m.get("content") for m in stored], second)
+
+
+async def test_a_runtime_actions_result_follows_its_call_in_a_langgraph_checkpoint(
+        llm: MockOpenAIServer, client: httpx.AsyncClient, serve_runtime: ServeRuntime) -> None:
+    """The model calls a runtime action, then a later node says "Done". Before, the result
+    went after the whole checkpoint (after "Done"), which the 1.10 client took for its
+    history: the next turn sent a call not answered before the next message. And sent in
+    its place, the graph appended it after "Done" all the same."""
+    graph = calls_graph(llm.base_url, client, then="Done")
+    runtime = openai_runtime(llm, agents={"lg": LangGraphAgent(name="lg", graph=graph)},
+                             actions=[Action("lookup", lambda: {"answer": 42})])
+    async with serve_runtime(runtime) as served:
+        held, stored, second = await answered_in_the_run(served, "t-result-then", "lookup")
+    assert held == ["call:lookup {}", "lookup", '{"answer":42}', "Done"]
+    assert stored[2:] == ['{"answer":42}', "Done"]
+    # The graph takes the result after its call, not after "Done", which the model refuses.
+    assert second["status"]["code"] == "Success", second["status"]
+    assert texts(second) == ["echo: thanks"]
+    values = await graph.aget_state({"configurable": {"thread_id": "t-result-then"}})
+    assert [type(m).__name__ for m in values.values["messages"]] == [
+        "HumanMessage", "AIMessage", "ToolMessage", "AIMessage", "HumanMessage", "AIMessage"]
+
+
+async def test_a_handed_over_langgraph_agents_snapshot_keeps_the_calls_result(
+        llm: MockOpenAIServer, client: httpx.AsyncClient, serve_runtime: ServeRuntime) -> None:
+    """The model hands over to an in-process LangGraph agent, which sends its own
+    MESSAGES_SNAPSHOT (its conversation, without the call). Before, that snapshot dropped
+    the call's result from the answer added to the caller's snapshot, and put the stored
+    thread out of order: the next turn sent a call without its result."""
+    runtime = openai_runtime(llm, agents={
+        "lg": LangGraphAgent(name="lg", graph=calls_graph(llm.base_url, client)),
+        "helper": LangGraphAgent(name="helper", graph=says_graph("helper says 42"),
+                                 description="Helps")})
+    async with serve_runtime(runtime) as served:
+        held, stored, second = await answered_in_the_run(served, "t-handed", "helper")
+    answer = ["helper agent started", "helper says 42"]
+    assert held == ["call:helper {}", "helper", *answer]
+    assert stored[2:] == answer
+    assert second["status"]["code"] == "Success", second["status"]
+    assert texts(second) == ["echo: thanks"]

@@ -306,3 +306,64 @@ def test_agent_state_input_drops_the_conversation() -> None:
     assert [t["name"] for t in request.input.raw["tools"]] == ["serverTool", "pageTool"]
     assert request.input.raw["tools"][0]["parameters"] == {"type": "object"}
     assert request.frontend_tools == frozenset({"pageTool"})
+
+
+# ---- a snapshot after what the runtime answered -----------------------------------------------
+
+
+async def test_the_runtimes_answers_are_made_messages_once_for_all_later_snapshots(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each snapshot after a hand-over rebuilt the messages of every answered event (40 ms
+    a snapshot after a long answer); they are built once, until another answer comes."""
+    from copilot_runtime import _server_tools
+    from copilot_runtime._input import parse_run_input
+    from copilot_runtime._server_tools import ServerTools, ServerToolsAgent
+    from copilot_runtime.agents.base import Agent, RunContext
+
+    go = {"id": "u1", "role": "user", "content": "go"}
+
+    class Script(Agent):
+        def __init__(self, *batches: Batch) -> None:
+            super().__init__()
+            self.batches = batches
+
+        def run(self, input: Any, context: RunContext) -> Any:
+            async def batches() -> Any:
+                for batch in self.batches:
+                    yield batch
+            return batches()
+
+    snapshots = [[{"type": ev.MESSAGES_SNAPSHOT, "messages": [go, {
+        "id": "m1", "role": "assistant", "toolCalls": [{
+            "id": call, "type": "function", "function": {"name": "helper", "arguments": "{}"}}
+            for call in calls]}, *({"id": f"s{i}", "role": "assistant", "content": "step"}
+                                   for i in range(n))]}]
+                 for calls, n in [*((["c1"], n) for n in range(20)), (["c1", "c2"], 1),
+                                  (["c1", "c2"], 2)]]
+    outer = Script([ev.tool_call_start("c1", "helper", "m1"), ev.tool_call_end("c1")],
+                   *snapshots[:20],
+                   [ev.tool_call_start("c2", "helper", "m1"), ev.tool_call_end("c2")],
+                   *snapshots[20:])
+    helper = Script([ev.text_message_start("h1"), ev.text_message_content("h1", "42"),
+                     ev.text_message_end("h1")])
+    input = parse_run_input({"threadId": "t", "runId": "r", "messages": [go], "tools": [],
+                             "context": [], "state": {}, "forwardedProps": {}})
+    built = 0
+    real = _server_tools.events_to_messages
+
+    def counted(runs: Any) -> list[dict[str, Any]]:
+        nonlocal built
+        built += 1
+        return real(runs)
+
+    monkeypatch.setattr(_server_tools, "events_to_messages", counted)
+    agent = ServerToolsAgent(outer, ServerTools({}, {"helper": "h"}), lambda _: (helper, input))
+    last: list[Any] = []
+    async for batch in agent.run(input, RunContext(agent_id="outer")):
+        last.extend(e["messages"] for e in batch if e["type"] == ev.MESSAGES_SNAPSHOT)
+    assert built == 2  # once for each answered call
+    assert [m["id"] for m in last[19]] == ["u1", "m1", last[19][2]["id"], "h1",
+                                           *(f"s{i}" for i in range(19))]
+    # The second call's result goes with the first's, before the first's agent's answer.
+    assert [m.get("toolCallId") or m["id"] for m in last[-1]] == [
+        "u1", "m1", "c1", "c2", "h1", "s0", "s1"]

@@ -102,6 +102,47 @@ def test_events_to_messages() -> None:
     ]
 
 
+def _handed_over_run() -> list[ev.Event]:
+    """An agent (sending no snapshot of its own) hands over to one that sends its own."""
+    go = {"id": "u1", "role": "user", "content": "go"}
+    return [
+        ev.run_started("t", "r", {"threadId": "t", "runId": "r", "messages": [go]}),
+        ev.tool_call_start("c1", "helper", "m1"), ev.tool_call_end("c1"),
+        ev.tool_call_result("r1", "c1", "helper agent started"),
+        ev.custom(ev.AGENT_STARTED, {"agentName": "helper", "runId": "r2"}),
+        ev.text_message_start("h1"), ev.text_message_content("h1", "helper says 42"),
+        ev.text_message_end("h1"),
+        {"type": ev.MESSAGES_SNAPSHOT, "messages": [
+            go, {"id": "h1", "role": "assistant", "content": "helper says 42"},
+            {"id": "h2", "role": "assistant", "content": "not streamed"}]},
+        ev.custom(ev.AGENT_FINISHED, {"agentName": "helper"}),
+        ev.run_finished("t", "r"),
+    ]
+
+
+def test_a_handed_over_agents_snapshot_adds_to_the_conversation() -> None:
+    """A handed-over agent's MESSAGES_SNAPSHOT is its own conversation, not the run's: it
+    replaced the thread's, dropping the call and its result (and a bounded read started
+    from it)."""
+    from copilot_runtime.threads.base import earlier_messages
+
+    expected = [("u1", "go"), ("m1", None), ("r1", "helper agent started"),
+                ("h1", "helper says 42"), ("h2", "not streamed")]
+    for events in (_handed_over_run(), compact_events(_handed_over_run())):
+        assert [(m["id"], m.get("content")) for m in events_to_messages([events])] == expected
+        earlier = earlier_messages([events], None)
+        assert earlier is not None
+        assert [(m["id"], m.get("content")) for m in earlier["messages"]] == expected
+    # The agent's own snapshot after the hand-over is the conversation again.
+    outer = {"type": ev.MESSAGES_SNAPSHOT, "messages": [{"id": "u1", "role": "user",
+                                                         "content": "go"}]}
+    events = [*_handed_over_run()[:-1], outer]
+    assert [m["id"] for m in events_to_messages([events])] == ["u1"]
+    earlier = earlier_messages([events], None)
+    assert earlier is not None
+    assert [m["id"] for m in earlier["messages"]] == ["u1"]
+
+
 def test_an_agent_message_with_an_input_message_id_is_a_message_of_its_own() -> None:
     """An agent's text message whose id a client had given a message of its own with a list
     of parts made `GET /threads/{id}/messages` a 500 (text added to a list), on every store,

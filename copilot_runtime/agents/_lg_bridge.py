@@ -92,8 +92,9 @@ from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
     normalize_tool_content,
 )
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.messages import ToolMessage
+from langchain_core.messages import AIMessage, RemoveMessage, ToolMessage
 from langgraph.channels.binop import BinaryOperatorAggregate
+from langgraph.graph.message import REMOVE_ALL_MESSAGES, add_messages
 from langgraph.pregel import Pregel
 from langgraph.types import Command, Interrupt, StateSnapshot
 
@@ -205,6 +206,10 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         _check_schema_fit(self.graph, input, getattr(agent_state, "values", None))
         prepared = await super().prepare_stream(input=input, agent_state=agent_state,
                                                 config=config)
+        running = prepared.get("state")
+        if isinstance(running, dict) and _rewrites_messages(running.get("messages")):
+            # (the graph's input rewrites them; the base's running state shows them)
+            prepared["state"] = {**running, "messages": running["messages"][1:]}
         if echoed and isinstance(prepared.get("state"), dict):
             # The base's running state (its snapshots' starting point) still has them. A
             # new dict: on the regeneration path it is the checkpoint's own values.
@@ -247,8 +252,17 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
 
     def langgraph_default_merge_state(self, state: Any, messages: Any,
                                       input: RunAgentInput) -> Any:
+        saved = state.get("messages")
         merged = super().langgraph_default_merge_state(
-            state, _without_answered_results(messages, state.get("messages")), input)
+            state, _without_answered_results(messages, saved), input)
+        placed = _results_in_place(saved, merged.get("messages"))
+        if placed is not None and isinstance(self.graph, Pregel) and getattr(
+                self.graph.channels.get("messages"), "operator", None) is add_messages:
+            # A result for a call the checkpoint went on past (the runtime answered it in
+            # the last run, after the graph's later nodes spoke): appended, it would follow
+            # those messages, which a model refuses. The conversation is written anew
+            # with it after its call (add_messages only appends what it does not know).
+            merged["messages"] = [RemoveMessage(id=REMOVE_ALL_MESSAGES), *placed]
         context = [{"description": c.description, "value": c.value}
                    for c in input.context or ()]
         merged["copilotkit"] = {**merged.get("copilotkit", {}), "context": context}
@@ -902,6 +916,43 @@ def _without_answered_results(messages: Sequence[Any], saved: Any) -> list[Any]:
     known = {m.id for m in saved or ()}
     return [m for m in messages if not (isinstance(m, ToolMessage) and m.id not in known
                                         and m.tool_call_id in answered)]
+
+
+def _results_in_place(saved: Any, new: Any) -> list[Any] | None:
+    """The checkpoint's messages (`saved`) with the base's `new` ones for the graph, each
+    tool result for a call of the checkpoint that other messages follow put right after
+    that call (and its results); None when no result needs that (all go at the end)."""
+    if not saved or not new:
+        return None
+    saved, new = list(saved), list(new)
+    holders = {call.get("id"): index for index, message in enumerate(saved)
+               if isinstance(message, AIMessage) for call in message.tool_calls}
+    known = {message.id for message in saved}
+    misplaced = [m for m in new if isinstance(m, ToolMessage) and m.id not in known
+                 and m.tool_call_id in holders and any(
+                     not isinstance(later, ToolMessage)
+                     for later in saved[holders[m.tool_call_id] + 1:])]
+    if not misplaced:
+        return None
+    replaced = {m.id: m for m in new if m.id in known}  # (the base's repairs, in place)
+    placed = [replaced.get(m.id, m) for m in saved]
+    for result in misplaced:
+        at = next(index for index in range(len(placed) - 1, -1, -1)
+                  if isinstance(placed[index], AIMessage) and any(
+                      call.get("id") == result.tool_call_id
+                      for call in placed[index].tool_calls)) + 1
+        while at < len(placed) and isinstance(placed[at], ToolMessage):
+            at += 1
+        placed.insert(at, result)
+    moved = {id(m) for m in misplaced}
+    placed.extend(m for m in new if m.id not in known and id(m) not in moved)
+    return placed
+
+
+def _rewrites_messages(messages: Any) -> bool:
+    """Whether `messages` is the conversation written anew (`_results_in_place`)."""
+    return isinstance(messages, list) and bool(messages) and isinstance(
+        messages[0], RemoveMessage) and messages[0].id == REMOVE_ALL_MESSAGES
 
 
 def _is_orphan_placeholder(message: ToolMessage) -> bool:

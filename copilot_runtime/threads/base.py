@@ -34,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from copilot_runtime import events as ev
-from copilot_runtime._compaction import events_to_messages
+from copilot_runtime._compaction import events_to_messages, handed_over
 from copilot_runtime._exceptions import APPROVAL_REFUSAL_CODES
 from copilot_runtime.event_order import RunEventOrder
 from copilot_runtime.events import Event
@@ -494,11 +494,18 @@ def earlier_messages(omitted_newest_first: EarlierRuns, max_bytes: int | None
 
 
 def _last_snapshot(events: Sequence[Event]) -> int | None:
-    for index in range(len(events) - 1, -1, -1):
-        if events[index].get("type") == ev.MESSAGES_SNAPSHOT and isinstance(
-                events[index].get("messages"), list):
-            return index
-    return None
+    """Where the run's last messages snapshot of its own is: not one of an agent it handed
+    over to (that agent's conversation, which `events_to_messages` merges in). Read from
+    the start: a hand-over a RUN_ERROR ended has no end to read back from."""
+    found, depth = None, 0
+    for index, event in enumerate(events):
+        kind = event.get("type")
+        if kind == ev.CUSTOM:
+            depth = handed_over(depth, event)
+        elif kind == ev.MESSAGES_SNAPSHOT and not depth and isinstance(
+                event.get("messages"), list):
+            found = index
+    return found
 
 
 def _encoded_size(message: Any) -> int:
