@@ -22,7 +22,12 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
 from copilot_runtime import CopilotRuntime, coordinator, thread_store
-from copilot_runtime._exceptions import ApprovalClosedError, ApprovalError, InvalidRequestError
+from copilot_runtime._exceptions import (
+    ApprovalClosedError,
+    ApprovalError,
+    ApprovalNotFoundError,
+    InvalidRequestError,
+)
 from copilot_runtime._input import parse_run_input
 from copilot_runtime._time import iso_time
 from copilot_runtime.agents.langgraph import LangGraphAgent
@@ -809,3 +814,76 @@ async def test_a_resume_that_names_an_interrupt_twice_is_refused() -> None:
     assert (still.status, still.answer) == ("pending", None)
     events = await drive(runtime, resume_body("r-once", (approval.id, {"action": "approve"})))
     await assert_applied(runtime, approval.id, {"action": "approve"})
+
+
+async def test_the_memory_ledger_keeps_a_bounded_number_of_settled_approvals() -> None:
+    """The in-memory ledger kept every approval for the life of the process (~1 KB an
+    interrupt, answered, expired or withdrawn long ago). Settled ones are kept among the
+    latest `max_settled` (10,000 by default); live ones (pending, answered and not yet
+    applied) are never dropped for settled ones."""
+    store = MemoryApprovalStore()
+    assert (store.max_settled, store.max_live) == (10_000, 10_000)
+    now = time.time()
+    await store.add([pending("live"), answered("unapplied", now)])
+    for n in range(10_050):
+        await store.add([pending(f"a{n}")])
+        assert await store.claim(f"a{n}", "answered", {"action": "approve"}, "http", now)
+        await store.settle(f"a{n}", "applied")
+    assert len(store._items) == 10_002
+    assert await store.get("a49") is None  # the oldest settled went first
+    recent = await store.get("a10049")
+    assert recent is not None
+    assert (recent.status, recent.applied) == ("answered", True)
+    assert await store.claim("a10049", "answered", {}, "http", now) is None  # still refused
+    assert [a.id for a in await store.find()] == ["live"]
+    assert [a.id for a in await store.unapplied()] == ["unapplied"]
+    # Withdrawn is settled too; a thread's delete forgets its approvals from both orders.
+    await store.add([pending("gone", thread="t2")])
+    await store.settle("gone", "withdrawn")
+    assert await store.get("a50") is None
+    assert await store.get("gone") is not None
+    await store.forget_thread("t2")
+    await store.forget_thread("t")
+    assert (store._items, store._live, store._settled) == ({}, {}, {})
+
+
+async def test_the_memory_ledger_drops_settled_approvals_after_a_while() -> None:
+    store = MemoryApprovalStore(settled_seconds=0.05)
+    await store.add([pending("old"), pending("waits")])
+    await store.settle("old", "withdrawn")
+    await asyncio.sleep(0.1)
+    await store.add([pending("new")])
+    assert await store.get("old") is None
+    assert {a.id for a in await store.find()} == {"waits", "new"}  # pending: no deadline here
+
+
+async def test_the_memory_ledger_drops_the_oldest_live_approval_past_its_bound() -> None:
+    """Pending approvals are obligations, but bounded too: past `max_live` the oldest goes
+    (its graph still waits: a resume or a listing of its thread records it again)."""
+    store = MemoryApprovalStore(max_live=2)
+    await store.add([pending("p1"), pending("p2")])
+    await store.add([pending("p3")])
+    assert [a.id for a in await store.find()] == ["p2", "p3"]
+    await store.add([pending("p1")])  # recorded again, as `record_waiting` does
+    assert [a.id for a in await store.find()] == ["p3", "p1"]
+
+
+async def test_an_answer_to_a_recently_settled_approval_is_still_refused_as_answered() -> None:
+    """Through the service: a second answer to an approval the ledger still keeps is a
+    409 saying it was answered; one past the bound is a 404, as one never asked."""
+    ledger = MemoryApprovalStore(max_settled=1)
+    runtime = approving_runtime(ledger)
+    first = await interrupted(runtime)
+    assert (await runtime.approvals.answer(first.id, {"action": "approve"}))[
+        "run"]["status"] == "finished"
+    with pytest.raises(ApprovalClosedError) as closed:
+        await runtime.approvals.answer(first.id, {"action": "approve"})
+    assert closed.value.code == "APPROVAL_ALREADY_ANSWERED"
+    # The thread's next question, answered, pushes the first out of the ledger.
+    second = await interrupted(runtime)
+    await runtime.approvals.answer(second.id, {"action": "reject"})
+    with pytest.raises(ApprovalNotFoundError):
+        await runtime.approvals.answer(first.id, {"action": "approve"})
+    with pytest.raises(ApprovalClosedError):
+        await runtime.approvals.answer(second.id, {"action": "approve"})
+    await runtime.aclose()

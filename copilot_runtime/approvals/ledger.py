@@ -25,10 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import structlog
+
+from copilot_runtime._again import worth_logging
 from copilot_runtime._time import iso_time
 from copilot_runtime.threads.base import ThreadOwner
 
@@ -196,6 +200,9 @@ class SupportsApprovals(Protocol):
         ...
 
 
+_log = structlog.get_logger("copilot_runtime.approvals")
+
+
 class _Listeners:
     def __init__(self) -> None:
         self._listeners: list[Callable[[], None]] = []
@@ -212,12 +219,36 @@ def _key(approval: Approval) -> ApprovalKey:
     return approval.key
 
 
-class MemoryApprovalStore(_Listeners):
-    """Approvals in this process, for graphs whose checkpoints are in memory too."""
+def _is_settled(approval: Approval) -> bool:
+    """Whether `approval` is over: in a state nothing moves it out of (`settle`, `claim`)."""
+    return approval.status == "withdrawn" or (
+        approval.status in ("answered", "expired") and approval.applied)
 
-    def __init__(self) -> None:
+
+class MemoryApprovalStore(_Listeners):
+    """Approvals in this process, for graphs whose checkpoints are in memory too.
+
+    Bounded, as the in-memory thread store is: an approval that is over (withdrawn, or
+    answered or expired and applied) is kept for `settled_seconds` and among the latest
+    `max_settled`, long enough to say why a second answer is refused and to list it; then
+    dropped (an answer to it is a 404). Live ones (pending, or answered and not applied
+    yet: recovery sends those) are kept, at most `max_live` of them, the oldest dropped
+    first: its graph still waits, and the interrupt is recorded again when its thread is
+    listed or answered. Each was kept for the life of the process (~1 KB an interrupt)."""
+
+    def __init__(self, *, max_settled: int = 10_000, settled_seconds: float = 86_400.0,
+                 max_live: int = 10_000) -> None:
         super().__init__()
+        self.max_settled = max_settled
+        self.settled_seconds = settled_seconds
+        self.max_live = max_live
         self._items: dict[str, Approval] = {}
+        # Both orders are insertion orders, so each bound drops from the front in O(1).
+        #: Live ids, oldest added first.
+        self._live: dict[str, None] = {}
+        #: Settled ids, by when they settled (monotonic: a clock stepped back keeps order).
+        self._settled: dict[str, float] = {}
+        self._dropped_live = 0  # so far: logged at the 1st, 2nd, 4th... (`worth_logging`)
         self._lock = asyncio.Lock()
 
     async def add(self, approvals: Sequence[Approval]) -> None:
@@ -225,9 +256,44 @@ class MemoryApprovalStore(_Listeners):
         for approval in approvals:
             if approval.id not in self._items:
                 self._items[approval.id] = replace(approval)
+                if _is_settled(approval):
+                    self._settled[approval.id] = time.monotonic()
+                else:
+                    self._live[approval.id] = None
                 added = True
         if added:
+            self._trim()
             self._notify()
+
+    def _now_settled(self, approval: Approval) -> None:
+        """`approval` moved to a state it never leaves: it counts as settled from now."""
+        if _is_settled(approval) and approval.id in self._live:
+            del self._live[approval.id]
+            self._settled[approval.id] = time.monotonic()
+            self._trim()
+
+    def _trim(self) -> None:
+        too_old = time.monotonic() - self.settled_seconds
+        settled = self._settled
+        while settled and (len(settled) > self.max_settled
+                           or next(iter(settled.values())) < too_old):
+            del self._items[self._pop_first(settled)]
+        if len(self._live) > self.max_live:
+            dropped = 0
+            while len(self._live) > self.max_live:
+                del self._items[self._pop_first(self._live)]
+                dropped += 1
+            self._dropped_live += dropped
+            if worth_logging(self._dropped_live):
+                _log.warning("the oldest pending approvals were dropped from the in-memory "
+                             "ledger: it keeps max_live of them (their graphs still wait)",
+                             max_live=self.max_live, dropped_so_far=self._dropped_live)
+
+    @staticmethod
+    def _pop_first(ordered: dict[str, Any]) -> str:
+        first = next(iter(ordered))
+        del ordered[first]
+        return first
 
     async def get(self, approval_id: str) -> Approval | None:
         found = self._items.get(approval_id)
@@ -274,22 +340,27 @@ class MemoryApprovalStore(_Listeners):
             return
         if outcome == "applied":
             found.applied = True
+            self._now_settled(found)
         elif outcome == "withdrawn":
             if found.status == "pending":  # an answer that won meanwhile stays
                 found.status = "withdrawn"
+                self._now_settled(found)
         elif found.status in ("answered", "expired") and not found.applied:
             found.status, found.answer, found.answered_by = "pending", None, None
             found.answered_at, found.applied = None, False
             self._notify()
 
     async def unapplied(self) -> list[Approval]:
-        return [replace(a) for a in self._items.values()
+        # (only a live one can be: a settled one is applied or withdrawn)
+        return [replace(a) for a in map(self._items.__getitem__, self._live)
                 if a.status in ("answered", "expired") and not a.applied]
 
     async def forget_thread(self, thread_id: str) -> None:
         """Drop the approvals of a deleted thread (its checkpoints are gone with it)."""
         for approval_id in [k for k, a in self._items.items() if a.thread_id == thread_id]:
             del self._items[approval_id]
+            self._live.pop(approval_id, None)
+            self._settled.pop(approval_id, None)
 
     async def aclose(self) -> None:
         return None
