@@ -47,8 +47,8 @@ overrides):
   the `langgraph_stream_writer` custom event, where the base drops it;
 * what a node's `Command(update=...)` writes folded into the state the base snapshots
   mid-run, as it folds a node's dict output; and a key with a reducer (`operator.add`)
-  shown as LangGraph reduced it when its step ended, where the base replaced the key's
-  value with a node's write (`_reduced`);
+  shown as LangGraph reduced it, in the first snapshot after its step ended, where the
+  base replaced the key's value with a node's write (`_reduced`);
 * a tool's result message given its id as the tool ends (`_ToolMessageIds`), so its
   `TOOL_CALL_RESULT` names the message the checkpoint keeps;
 * the result of a tool whose exception ToolNode caught (`handle_tool_errors`: the error
@@ -148,6 +148,9 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         self._reducers: frozenset[str] = frozenset()
         self._running: dict[str, Any] | None = None
         self._written: set[str] = set()
+        # The base's running state (what its mid-run snapshots show): the dict its
+        # `prepare_stream` returned, which it updates in place with each node's output.
+        self._base_state: dict[str, Any] | None = None
 
     # -- entry point -------------------------------------------------------------------
 
@@ -209,6 +212,8 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             # The base's running state (its snapshots' starting point) still has them. A
             # new dict: on the regeneration path it is the checkpoint's own values.
             prepared["state"] = {**echoed, **prepared["state"]}
+        if isinstance(prepared.get("state"), dict):
+            self._base_state = prepared["state"]
         if prepared.get("stream") is not None:
             prepared["stream"] = self._translate_metadata(prepared["stream"])
         return prepared
@@ -440,62 +445,53 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
                 # mid-run: what a `Command` wrote was missing until the run's end.
                 event = {**event, "data": {**event["data"], "output": written}}
             if self._reducers and event.get("event") in _CHAIN_EVENTS:  # (not per token)
-                for reduced in self._reduced(event):
-                    yield reduced
-                continue
+                event = self._reduced(event)
             yield event
 
-    def _reduced(self, event: dict[str, Any]) -> list[dict[str, Any]]:
-        """`event`, and the state LangGraph reduced as a superstep ended, for keys with a
-        reducer: the base sets a node's output keys as they are, so `{"items": ["b"]}` on
-        `operator.add`'s key showed `["b"]` as the state until the run's end.
-
-        A root node's write to such a key is shown as the value before its step; the step's
-        "values" (the graph's own state, after its reducers ran) then goes to the base as
-        the graph's output so far, for the keys written. The user's reducer is never run
+    def _reduced(self, event: dict[str, Any]) -> dict[str, Any]:
+        """`event` without a root node's writes to keys with a reducer, which the base
+        would set as they are (`{"items": ["b"]}` on `operator.add`'s key showed `["b"]`
+        as the state); and, as a superstep ends, the state LangGraph reduced for those keys
+        put in the base's running state, so the next snapshot the base sends anyway (the
+        next node's exit, the run's end) shows them. No event is added: a made-up node
+        exit brought back a snapshot the base withholds (predicted state), one more per
+        step, and a RAW end of the root graph mid-run. The user's reducer is never run
         here: it may have side effects, or change its left value, the graph's own, in
         place."""
         kind = event.get("event")
         if kind == "on_chain_stream":
             values = _root_values(event)
             if values is None:
-                return [event]
+                return event
             previous, self._running = self._running, values
             changed = set(self._written)
             self._written.clear()
-            if previous is not None:
-                # Also what no dict output said it wrote (a ToolNode's `Command`s, a
-                # subgraph's `Command.PARENT`): a reducer's result is a new object.
-                changed.update(key for key in self._reducers if key in values and (
-                    key not in previous or values[key] is not previous[key]))
-            settled = {key: values[key] for key in changed if key in values}
-            if not settled:
-                return [event]
-            # Where the base takes a graph's output (its final one is the root's own
-            # `on_chain_end`); under the node whose step it ends, as that node's exit
-            # snapshot (withheld where the base withholds those: intermediate state).
-            node = self.active_run.get("node_name") if self.active_run is not None else None
-            return [event, {**event, "event": "on_chain_end", "data": {"output": settled},
-                            "metadata": {**(event.get("metadata") or {}),
-                                         "langgraph_node": node}}]
-        metadata = event.get("metadata") or {}
+            # Also what no dict output said it wrote (a ToolNode's `Command`s, a
+            # subgraph's `Command.PARENT`): a reducer's result is a new object. The first
+            # "values" (the input's step) brings the checkpoint's, which the base's state,
+            # made of the client's input, lacks.
+            changed.update(key for key in self._reducers if key in values and (
+                previous is None or key not in previous or values[key] is not previous[key]))
+            if self._base_state is not None:
+                self._base_state.update(
+                    (key, values[key]) for key in changed if key in values)
+            return event
         output = (event.get("data") or {}).get("output")
         if kind != "on_chain_end" or not isinstance(output, dict) \
-                or not event.get("parent_ids") \
-                or "|" in str(metadata.get("langgraph_checkpoint_ns") or ""):
-            # (the graph's own end carries its state; a subgraph's node writes to its own)
-            return [event]
+                or not event.get("parent_ids"):
+            return event  # (the graph's own end carries its state)
         written = self._reducers.intersection(output)
         if not written:
-            return [event]
-        # A node's task, and any chain inside it (the runnable bears the node's name when
-        # it is a compiled subgraph, or a `RunnableLambda(name=...)`), carry the write.
-        self._written |= written
-        running = self._running or {}
-        kept = {key: value for key, value in output.items()
-                if key not in written or key in running}
-        kept.update((key, running[key]) for key in written if key in running)
-        return [{**event, "data": {**event["data"], "output": kept}}]
+            return event
+        namespace = str((event.get("metadata") or {}).get("langgraph_checkpoint_ns") or "")
+        if "|" not in namespace:
+            # A node's task, and any chain inside it (the runnable bears the node's name
+            # when it is a compiled subgraph, or a `RunnableLambda(name=...)`), carry the
+            # write. (A subgraph's node writes to the subgraph's state, not the root's:
+            # the base would show that value as the root's.)
+            self._written |= written
+        kept = {key: value for key, value in output.items() if key not in written}
+        return {**event, "data": {**event["data"], "output": kept}}
 
     def _base_metadata(self, event: dict[str, Any], metadata: dict[str, Any]
                        ) -> dict[str, Any]:
