@@ -22,7 +22,7 @@ import operator
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired, Required
 
 import orjson
 import psycopg
@@ -1146,3 +1146,107 @@ async def test_a_pydantic_state_field_with_an_alias_is_shown(
     state = orjson.loads(loaded["data"]["loadAgentState"]["state"])
     assert {k: v for k, v in state.items() if k != "messages"} == {
         "user_name": "bob", "score": 7}
+
+
+class NamedTenant(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(populate_by_name=True)
+    tenant: str = pydantic.Field("none", alias="tenantId")
+
+
+class ChoiceTenant(pydantic.BaseModel):
+    tenant: str = pydantic.Field(
+        "none", validation_alias=pydantic.AliasChoices("tenant_id", "tenantId"))
+
+
+def says_tenant(schema: Any) -> Any:
+    def answer(state: State, runtime: Runtime[Any]) -> Json:
+        return {"messages": [AIMessage(f"tenant={runtime.context.tenant}")]}
+
+    graph = StateGraph(State, context_schema=schema)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "answer")
+    graph.add_edge("answer", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+@pytest.mark.parametrize(("schema", "operator_key", "client_key"), [
+    (NamedTenant, "tenant", "tenantId"), (NamedTenant, "tenantId", "tenant"),
+    (ChoiceTenant, "tenant_id", "tenantId"), (ChoiceTenant, "tenantId", "tenant_id")])
+async def test_an_operators_context_field_is_kept_whatever_name_either_side_uses(
+        serve_runtime: ServeRuntime, schema: Any, operator_key: str, client_key: str) -> None:
+    """Before: a field's names were compared one by one: the operator's `tenant` was
+    replaced by a client's `tenantId` (its alias); and the operator's value under an
+    `AliasChoices` name was cut from the run's context (the field's default ran)."""
+    agent = LangGraphAgent(name="lg", graph=says_tenant(schema),
+                           config={"configurable": {operator_key: "acme"}})
+    async with serve_runtime(CopilotRuntime(agents={"lg": agent})) as served:
+        plain = await served.run(run_input("hi", thread="n1"), agent="lg")
+        hostile = await served.run(run_input("hi", thread="n2", forwardedProps={
+            "config": {"configurable": {client_key: "globex"}}}), agent="lg")
+    for events in (plain, hostile):
+        verify_events(events)
+        assert said(events) == "tenant=acme"
+
+
+@dataclasses.dataclass
+class Depth:
+    depth: int = 1
+
+
+class DepthModel(pydantic.BaseModel):
+    depth: int = 1
+
+
+@dataclasses.dataclass
+class Limits:
+    limit: int = 3
+    opts: DepthModel = dataclasses.field(default_factory=DepthModel)
+    nested: Depth = dataclasses.field(default_factory=Depth)
+
+
+class LimitsDict(TypedDict):
+    limit: NotRequired[int]
+    opts: NotRequired[Annotated[DepthModel, "meta"]]
+    nested: Required[Depth]
+
+
+def reads_limits(schema: Any) -> Any:
+    def answer(state: State, runtime: Runtime[Any]) -> Json:
+        context = runtime.context
+        get = context.get if isinstance(context, dict) else \
+            lambda key, default=None: getattr(context, key)
+        opts, nested = get("opts", DepthModel()), get("nested", Depth())
+        return {"messages": [AIMessage(
+            f"limit+1={get('limit', 3) + 1} depth={opts.depth} nested={nested.depth}")]}
+
+    graph = StateGraph(State, context_schema=schema)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "answer")
+    graph.add_edge("answer", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+@pytest.mark.parametrize("schema", [Limits, LimitsDict])
+async def test_the_graph_gets_a_clients_context_value_as_it_was_checked(
+        serve_runtime: ServeRuntime, schema: Any) -> None:
+    """Before: a dataclass's `limit: int` took "7" (the check coerced it, the graph got
+    the text: AGENT_ERROR), its model and dataclass fields got plain dicts, and a
+    TypedDict's `NotRequired`/`Required` fields took anything. Now the graph gets what
+    the check made of the value, and a value it refuses is INVALID_REQUEST."""
+    agent = LangGraphAgent(name="lg", graph=reads_limits(schema), config={
+        "configurable": {"nested": Depth(5)}} if schema is LimitsDict else {})
+    sent = {"limit": "7", "opts": {"depth": 2}}
+    wrong = {"limit": {"x": 1}}
+    async with serve_runtime(CopilotRuntime(agents={"lg": agent})) as served:
+        right = await served.run(run_input("hi", thread="k1", forwardedProps={
+            "config": {"configurable": sent}}), agent="lg")
+        refused = await served.run(run_input("hi", thread="k2", forwardedProps={
+            "config": {"configurable": wrong}}), agent="lg")
+        if schema is Limits:
+            nested = await served.run(run_input("hi", thread="k3", forwardedProps={
+                "config": {"configurable": {"nested": {"depth": 4}}}}), agent="lg")
+            assert said(nested) == "limit+1=4 depth=1 nested=4"
+    verify_events(right)
+    assert said(right) == f"limit+1=8 depth=2 nested={5 if schema is LimitsDict else 1}"
+    assert (refused[-1]["type"], refused[-1]["code"]) == ("RUN_ERROR", "INVALID_REQUEST")
+    assert refused[-1]["message"].startswith("forwardedProps.config.configurable.limit: ")
