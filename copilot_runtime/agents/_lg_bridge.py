@@ -139,6 +139,9 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         # Tool calls whose tool raised (`on_tool_error`), by id, with their name and input:
         # ToolNode may catch it and make their result (see `_failed_tool_results`).
         self._failed_tool_calls: dict[str, tuple[str, Any]] = {}
+        # The (call id, message id) of each tool result the base announced: a node's retry
+        # runs a call its failed try answered again, under the same ids (`_ToolMessageIds`).
+        self._answered: set[tuple[str, Any]] = set()
         # The model call (its LangChain run id) of the model event being translated: its
         # streaming slot (see `_current_lane`).
         self._task_lane: str | None = None
@@ -318,12 +321,16 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             if isinstance(call_id, str):
                 self._failed_tool_calls[call_id] = (str(event.get("name") or ""),
                                                     data.get("input"))
-        elif kind == "on_tool_end" and self._failed_tool_calls:
+        elif kind == "on_tool_end":
+            answers = {(message.tool_call_id, message.id) for message in _tool_results(
+                (event.get("data") or {}).get("output")) if isinstance(message, ToolMessage)}
+            if answers and answers <= self._answered:
+                return  # (a retry of the node ran a call its failed try answered)
+            self._answered |= answers
             # A retry of the node (its RetryPolicy) ran the call again, and it succeeded:
             # the base answers it now; ToolNode's end must not answer it again.
-            for message in _tool_results((event.get("data") or {}).get("output")):
-                if isinstance(message, ToolMessage):
-                    self._failed_tool_calls.pop(message.tool_call_id, None)
+            for call_id, _ in answers:
+                self._failed_tool_calls.pop(call_id, None)
         elif kind == "on_chain_end" and self._failed_tool_calls:
             for out in self._failed_tool_results(event):
                 yield out
@@ -527,7 +534,11 @@ class _ToolMessageIds(BaseCallbackHandler):
     answer, a history models refuse. Run inline, before the tool returns its message
     (the object ToolNode passes on, or deep-copies out of a `Command`) and before the
     event stream reads it. A tool that raised never ends: the message ToolNode makes of
-    its error gets its id as ToolNode itself ends."""
+    its error gets its id as ToolNode itself ends.
+
+    A node retried (its RetryPolicy) after some of its calls' tools ended runs them again:
+    each such call's new result gets the id its first result got (and was announced
+    under), so the checkpoint keeps that one, and the bridge sends it once."""
 
     run_inline = True
 
@@ -535,6 +546,10 @@ class _ToolMessageIds(BaseCallbackHandler):
         super().__init__()
         # The runs (ToolNodes) one of whose tools raised, until they end.
         self._failed_in: set[Any] = set()
+        # Per run (ToolNode) until it ends: its tool calls' result ids, by call id; and
+        # those of a run that failed, for the node's retry.
+        self._given: dict[Any, dict[str, str]] = {}
+        self._retried: dict[str, str] = {}
 
     def on_tool_error(self, error: BaseException, *, run_id: Any, parent_run_id: Any = None,
                       **kwargs: Any) -> None:
@@ -542,21 +557,32 @@ class _ToolMessageIds(BaseCallbackHandler):
             self._failed_in.add(parent_run_id)
 
     def on_chain_end(self, outputs: Any, *, run_id: Any, **kwargs: Any) -> None:
+        if self._given:
+            self._given.pop(run_id, None)
         if self._failed_in and run_id in self._failed_in:
             self._failed_in.discard(run_id)
             self.on_tool_end(outputs)
 
     def on_chain_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
         self._failed_in.discard(run_id)
+        given = self._given.pop(run_id, None) if self._given else None
+        if given:
+            self._retried.update(given)
 
-    def on_tool_end(self, output: Any, **kwargs: Any) -> None:
+    def on_tool_end(self, output: Any, *, parent_run_id: Any = None, **kwargs: Any) -> None:
         for result in _tool_results(output):
             if isinstance(result, ToolMessage) and not result.id:
-                result.id = str(uuid.uuid4())
+                result.id = self._id_for(result.tool_call_id, parent_run_id)
             elif isinstance(result, dict) and result.get("tool_call_id") \
                     and result.get("type", result.get("role")) == "tool" \
                     and not result.get("id"):
-                result["id"] = str(uuid.uuid4())
+                result["id"] = self._id_for(str(result["tool_call_id"]), parent_run_id)
+
+    def _id_for(self, call_id: str, run: Any) -> str:
+        given = self._retried.pop(call_id, None) or str(uuid.uuid4())
+        if run is not None:
+            self._given.setdefault(run, {})[call_id] = given
+        return given
 
 
 def _tool_results(output: Any) -> list[Any]:
