@@ -51,7 +51,10 @@ SHARED_NAMES = ("self._inbound_subagent_messages", "self.active_run",
                 '"manually_emitted_state"', "self.constant_schema_keys", '"emit-messages"',
                 '"emit-tool-calls"', '"predict_state"', "self.emit_subagent_events",
                 '"current_subagent_run_id"', "self._ORPHAN_TOOL_MSG_RE",
-                '"streamed_tool_call_ids"', '"tool_call_id"')
+                '"streamed_tool_call_ids"', '"tool_call_id"',
+                # (`_reduced` updates the base's running state: `prepare_stream`'s dict)
+                'state = prepared_stream_response["state"]', "current_graph_state = state",
+                "current_graph_state.update(output)")
 
 
 def _methods(cls: type) -> set[str]:

@@ -22,13 +22,21 @@ import operator
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired, Required
 
 import orjson
 import psycopg
 import pydantic
 import pytest
-from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    AnyMessage,
+    BaseMessage,
+    ToolMessage,
+)
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -571,10 +579,12 @@ def reduced() -> Any:
     return graph.compile(checkpointer=InMemorySaver())
 
 
-async def test_a_write_to_a_key_with_a_reducer_is_reduced_in_the_state_as_its_step_ends(
+async def test_a_write_to_a_key_with_a_reducer_is_reduced_in_the_next_state_sent(
         serve_runtime: ServeRuntime) -> None:
     """A node's `{"items": ["b"]}` (or its Command's) on `operator.add`'s key adds to the
-    state: the snapshot as its step ended showed `["b"]` alone, as if it replaced it."""
+    state: the snapshot as its step ended showed `["b"]` alone, as if it replaced it. Now
+    a node's exit shows the key as it was before its step, and the next snapshot as
+    LangGraph reduced it (the step's reduced state exists only after the node's exit)."""
     runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=reduced())})
     async with serve_runtime(runtime) as served:
         events = await served.run(run_input("go", thread="f2", **V1), agent="lg")
@@ -582,8 +592,8 @@ async def test_a_write_to_a_key_with_a_reducer_is_reduced_in_the_state_as_its_st
     for run, before in ((events, []), (again, ["a", "b", "c"])):
         verify_events(run)
         at_step_end, held = held_at_step_ends(run, "items")
-        assert at_step_end == {"seed": [*before, "a"], "more": [*before, "a", "b"],
-                               "last": [*before, "a", "b", "c"]}, before
+        assert at_step_end == {"seed": before, "more": [*before, "a"],
+                               "last": [*before, "a", "b"]}, before
         assert held["items"] == [*before, "a", "b", "c"]
 
 
@@ -629,7 +639,9 @@ async def test_a_node_named_as_its_runnable_adds_its_write_once(
     verify_events(run)
     at_step_end, held = held_at_step_ends(run, "items")
     # (The subgraph returns its whole state, ["a", "in"], which operator.add appends.)
-    assert (at_step_end["a"], at_step_end["research"]) == (["a"], ["a", "a", "in"])
+    # (the base reads the checkpoint as the subgraph starts; never the subgraph's own
+    # `["in"]` as the graph's)
+    assert (at_step_end["a"], at_step_end["research"]) == (["a"], ["a"])
     assert held["items"] == ["a", "a", "in"] == (await graph_values(graph, "f3"))["items"]
 
 
@@ -672,8 +684,112 @@ async def test_a_reducer_that_changes_its_left_value_is_not_run_on_the_graphs_st
     assert (await graph_values(compiled, "f4"))["by_topic"] == {"t": ["a", "b"]}
     assert MERGED == [{"t": ["a"]}, {"t": ["b"]}]
     at_step_end, held = held_at_step_ends(run, "by_topic")
-    assert at_step_end == {"a": {"t": ["a"]}, "b": {"t": ["a", "b"]}}
+    assert at_step_end == {"a": {}, "b": {"t": ["a"]}}
     assert held["by_topic"] == {"t": ["a", "b"]}
+
+
+class Predicted(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    log: Annotated[list[str], operator.add]
+    doc: str
+
+
+class DocWriter(BaseChatModel):
+    """A model that streams one `write_doc` tool call, its `text` in pieces."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "doc-writer"
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        raise NotImplementedError
+
+    def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                run_manager: Any = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+        yield ChatGenerationChunk(message=AIMessageChunk(content="", id="ai1", tool_call_chunks=[
+            {"name": "write_doc", "args": "", "id": "call1", "index": 0}]))
+        for piece in ('{"text": "', "new ", 'doc"}'):
+            yield ChatGenerationChunk(message=AIMessageChunk(
+                content="", id="ai1",
+                tool_call_chunks=[{"name": None, "args": piece, "id": None, "index": 0}]))
+
+
+def predicts_doc() -> Any:
+    """A model node that streams `doc` as predicted state and adds to a reducer's key; the
+    tool node writes `doc`."""
+    model = DocWriter()
+
+    def chat(state: Predicted, config: RunnableConfig) -> Json:
+        config = {**config, "metadata": {**(config.get("metadata") or {}),
+                  "copilotkit:emit-intermediate-state": [
+                      {"state_key": "doc", "tool": "write_doc", "tool_argument": "text"}]}}
+        return {"messages": [model.invoke(state["messages"], config)], "log": ["chat ran"]}
+
+    def write(state: Predicted) -> Json:
+        call = state["messages"][-1].tool_calls[0]  # type: ignore[union-attr]
+        return {"messages": [ToolMessage("ok", tool_call_id=call["id"], id="tm1")],
+                "doc": call["args"]["text"]}
+
+    graph = StateGraph(Predicted)
+    graph.add_node("chat", chat)
+    graph.add_node("write", write)
+    graph.add_edge(START, "chat")
+    graph.add_edge("chat", "write")
+    graph.add_edge("write", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_a_reducer_write_does_not_undo_the_predicted_state(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: the reduced `log` went to the base as a made-up exit of "chat", whose state
+    snapshot the base withholds while a predicted-state tool call waits for its tool: it
+    was sent, with the old `doc`, wiping what the client predicted."""
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=predicts_doc())})
+    async with serve_runtime(runtime) as served:
+        run = await served.run(run_input("go", thread="f6", state={"doc": "old"}, **V1),
+                               agent="lg")
+    verify_events(run)
+    started = next(i for i, e in enumerate(run) if e["type"] == "TOOL_CALL_START")
+    tool_step = next(i for i, e in enumerate(run)
+                     if e["type"] == "STEP_STARTED" and e["stepName"] == "write")
+    assert [e for e in run[started:tool_step] if e["type"] == "STATE_SNAPSHOT"] == []
+    _, held = held_at_step_ends(run, "doc")
+    assert (held["doc"], held["log"]) == ("new doc", ["chat ran"])
+
+
+class Tagged(Listed, total=False):
+    topic: str
+
+
+def chain_of_two() -> Any:
+    graph = StateGraph(Tagged)
+    graph.add_node("a", lambda state: {"items": ["a"], "topic": "A"})
+    graph.add_node("b", lambda state: {"items": ["b"], "topic": "B"})
+    graph.add_edge(START, "a")
+    graph.add_edge("a", "b")
+    graph.add_edge("b", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_a_reducer_write_adds_no_events_of_its_own(serve_runtime: ServeRuntime) -> None:
+    """Before: each step that wrote a reducer's key added a made-up `on_chain_end` of the
+    root graph (its name and run id, the keys written as its output): one more state
+    snapshot per step and, with raw events on, the graph seen to end after each step."""
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=chain_of_two(),
+                                                          emit_raw_events=True)})
+    async with serve_runtime(runtime) as served:
+        run = await served.run(run_input("go", thread="f7", **V1), agent="lg")
+    verify_events(run)
+    raw = [e["event"] for e in run if e["type"] == "RAW"]
+    root = next(e["run_id"] for e in raw if not e.get("parent_ids"))
+    ends = [i for i, e in enumerate(raw) if e["run_id"] == root and e["event"] == "on_chain_end"]
+    assert len(ends) == 1
+    assert not any(e["event"] == "on_chain_end" for e in raw[ends[0] + 1:])
+    # each node's exit, then the run's end
+    assert sum(e["type"] == "STATE_SNAPSHOT" for e in run) == 3
+    _, held = held_at_step_ends(run, "items")
+    assert (held["items"], held["topic"]) == (["a", "b"], "B")
 
 
 # ---- G. the client's run config (useCoAgent's `config`) -------------------------------------
@@ -867,10 +983,11 @@ def add_item(item: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> Com
         ToolMessage(content="added", tool_call_id=tool_call_id)]})
 
 
-async def test_a_tools_command_write_to_a_key_with_a_reducer_is_in_the_state_as_its_step_ends(
+async def test_a_tools_command_write_to_a_key_with_a_reducer_is_in_the_next_state_sent(
         serve_runtime: ServeRuntime) -> None:
-    """ToolNode returns its tools' `Command`s as a list, not a dict of writes: the state
-    showed none of them until the next node's step ended."""
+    """ToolNode returns its tools' `Command`s as a list, not a dict of writes (the base
+    sends no snapshot as it exits): the state showed none of them until the run's end.
+    Now the next node's exit does."""
     graph = StateGraph(Listed)
     graph.add_node("a", lambda state: {"items": ["a"], "messages": [AIMessage(
         content="", tool_calls=[{"name": "add_item", "args": {"item": "t"}, "id": "c1"}])]})
@@ -886,7 +1003,7 @@ async def test_a_tools_command_write_to_a_key_with_a_reducer_is_in_the_state_as_
         run = await served.run(run_input("go", thread="f5", **V1), agent="lg")
     verify_events(run)
     at_step_end, held = held_at_step_ends(run, "items")
-    assert at_step_end == {"a": ["a"], "tools": ["a", "t"], "z": ["a", "t", "z"]}
+    assert at_step_end == {"a": [], "tools": [], "z": ["a", "t"]}
     assert held["items"] == ["a", "t", "z"]
 
 
@@ -1029,3 +1146,107 @@ async def test_a_pydantic_state_field_with_an_alias_is_shown(
     state = orjson.loads(loaded["data"]["loadAgentState"]["state"])
     assert {k: v for k, v in state.items() if k != "messages"} == {
         "user_name": "bob", "score": 7}
+
+
+class NamedTenant(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(populate_by_name=True)
+    tenant: str = pydantic.Field("none", alias="tenantId")
+
+
+class ChoiceTenant(pydantic.BaseModel):
+    tenant: str = pydantic.Field(
+        "none", validation_alias=pydantic.AliasChoices("tenant_id", "tenantId"))
+
+
+def says_tenant(schema: Any) -> Any:
+    def answer(state: State, runtime: Runtime[Any]) -> Json:
+        return {"messages": [AIMessage(f"tenant={runtime.context.tenant}")]}
+
+    graph = StateGraph(State, context_schema=schema)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "answer")
+    graph.add_edge("answer", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+@pytest.mark.parametrize(("schema", "operator_key", "client_key"), [
+    (NamedTenant, "tenant", "tenantId"), (NamedTenant, "tenantId", "tenant"),
+    (ChoiceTenant, "tenant_id", "tenantId"), (ChoiceTenant, "tenantId", "tenant_id")])
+async def test_an_operators_context_field_is_kept_whatever_name_either_side_uses(
+        serve_runtime: ServeRuntime, schema: Any, operator_key: str, client_key: str) -> None:
+    """Before: a field's names were compared one by one: the operator's `tenant` was
+    replaced by a client's `tenantId` (its alias); and the operator's value under an
+    `AliasChoices` name was cut from the run's context (the field's default ran)."""
+    agent = LangGraphAgent(name="lg", graph=says_tenant(schema),
+                           config={"configurable": {operator_key: "acme"}})
+    async with serve_runtime(CopilotRuntime(agents={"lg": agent})) as served:
+        plain = await served.run(run_input("hi", thread="n1"), agent="lg")
+        hostile = await served.run(run_input("hi", thread="n2", forwardedProps={
+            "config": {"configurable": {client_key: "globex"}}}), agent="lg")
+    for events in (plain, hostile):
+        verify_events(events)
+        assert said(events) == "tenant=acme"
+
+
+@dataclasses.dataclass
+class Depth:
+    depth: int = 1
+
+
+class DepthModel(pydantic.BaseModel):
+    depth: int = 1
+
+
+@dataclasses.dataclass
+class Limits:
+    limit: int = 3
+    opts: DepthModel = dataclasses.field(default_factory=DepthModel)
+    nested: Depth = dataclasses.field(default_factory=Depth)
+
+
+class LimitsDict(TypedDict):
+    limit: NotRequired[int]
+    opts: NotRequired[Annotated[DepthModel, "meta"]]
+    nested: Required[Depth]
+
+
+def reads_limits(schema: Any) -> Any:
+    def answer(state: State, runtime: Runtime[Any]) -> Json:
+        context = runtime.context
+        get = context.get if isinstance(context, dict) else \
+            lambda key, default=None: getattr(context, key)
+        opts, nested = get("opts", DepthModel()), get("nested", Depth())
+        return {"messages": [AIMessage(
+            f"limit+1={get('limit', 3) + 1} depth={opts.depth} nested={nested.depth}")]}
+
+    graph = StateGraph(State, context_schema=schema)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "answer")
+    graph.add_edge("answer", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+@pytest.mark.parametrize("schema", [Limits, LimitsDict])
+async def test_the_graph_gets_a_clients_context_value_as_it_was_checked(
+        serve_runtime: ServeRuntime, schema: Any) -> None:
+    """Before: a dataclass's `limit: int` took "7" (the check coerced it, the graph got
+    the text: AGENT_ERROR), its model and dataclass fields got plain dicts, and a
+    TypedDict's `NotRequired`/`Required` fields took anything. Now the graph gets what
+    the check made of the value, and a value it refuses is INVALID_REQUEST."""
+    agent = LangGraphAgent(name="lg", graph=reads_limits(schema), config={
+        "configurable": {"nested": Depth(5)}} if schema is LimitsDict else {})
+    sent = {"limit": "7", "opts": {"depth": 2}}
+    wrong = {"limit": {"x": 1}}
+    async with serve_runtime(CopilotRuntime(agents={"lg": agent})) as served:
+        right = await served.run(run_input("hi", thread="k1", forwardedProps={
+            "config": {"configurable": sent}}), agent="lg")
+        refused = await served.run(run_input("hi", thread="k2", forwardedProps={
+            "config": {"configurable": wrong}}), agent="lg")
+        if schema is Limits:
+            nested = await served.run(run_input("hi", thread="k3", forwardedProps={
+                "config": {"configurable": {"nested": {"depth": 4}}}}), agent="lg")
+            assert said(nested) == "limit+1=4 depth=1 nested=4"
+    verify_events(right)
+    assert said(right) == f"limit+1=8 depth=2 nested={5 if schema is LimitsDict else 1}"
+    assert (refused[-1]["type"], refused[-1]["code"]) == ("RUN_ERROR", "INVALID_REQUEST")
+    assert refused[-1]["message"].startswith("forwardedProps.config.configurable.limit: ")

@@ -185,3 +185,48 @@ async def test_a_tool_that_succeeds_on_a_retry_is_announced_and_answered_once(
     (held,) = run_client_script("apply_events.mjs", [{"events": events, "state": {}}])
     assert _shape(held["messages"]) == _shape(snapshot)
     assert [m["role"] for m in snapshot] == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_a_sibling_call_answered_before_a_retry_is_answered_once(
+        llm: MockOpenAIServer, client: httpx.AsyncClient,
+        serve_runtime: ServeRuntime) -> None:
+    """Before: the node's retry ran `steady` again, and its call was announced and
+    answered a second time, under another message id (the first try's result, which the
+    client held, is in no checkpoint). Now the retry's result keeps the first try's id,
+    and is not sent again."""
+    tries = itertools.count()
+
+    @tool
+    def flaky(query: str) -> str:
+        """Look something up, failing the first time."""
+        if next(tries) == 0:
+            raise ValueError("first try fails")
+        return "second try ok"
+
+    @tool
+    def steady(query: str) -> str:
+        """Look something up."""
+        return "steady ok"
+
+    builder = _tool_loop(llm.base_url, client, [steady, flaky])
+    builder.nodes["tools"].retry_policy = RetryPolicy(retry_on=ValueError, max_attempts=2,
+                                                      initial_interval=0.01)
+    runtime = CopilotRuntime(agents={"retried": LangGraphAgent(
+        name="retried", graph=builder.compile(checkpointer=InMemorySaver()))})
+    async with serve_runtime(runtime) as served:
+        events = await served.run(run_input(
+            'call:steady {"query":"a"}\ncall:flaky {"query":"b"}', thread="t-sibling"),
+            agent="retried")
+    verify_events(events)
+    started = [e["toolCallId"] for e in events if e["type"] == "TOOL_CALL_START"]
+    answered = {e["toolCallId"]: (e["messageId"], e["content"])
+                for e in events if e["type"] == "TOOL_CALL_RESULT"}
+    assert len(started) == len(set(started)) == 2
+    assert sum(e["type"] == "TOOL_CALL_RESULT" for e in events) == 2
+    snapshot = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"][-1]["messages"]
+    assert answered == {m["toolCallId"]: (m["id"], m["content"])
+                        for m in snapshot if m["role"] == "tool"}
+    assert sorted(content for _, content in answered.values()) == [
+        "second try ok", "steady ok"]
+    (held,) = run_client_script("apply_events.mjs", [{"events": events, "state": {}}])
+    assert _shape(held["messages"]) == _shape(snapshot)

@@ -47,8 +47,8 @@ overrides):
   the `langgraph_stream_writer` custom event, where the base drops it;
 * what a node's `Command(update=...)` writes folded into the state the base snapshots
   mid-run, as it folds a node's dict output; and a key with a reducer (`operator.add`)
-  shown as LangGraph reduced it when its step ended, where the base replaced the key's
-  value with a node's write (`_reduced`);
+  shown as LangGraph reduced it, in the first snapshot after its step ended, where the
+  base replaced the key's value with a node's write (`_reduced`);
 * a tool's result message given its id as the tool ends (`_ToolMessageIds`), so its
   `TOOL_CALL_RESULT` names the message the checkpoint keeps;
 * the result of a tool whose exception ToolNode caught (`handle_tool_errors`: the error
@@ -140,6 +140,9 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         # Tool calls whose tool raised (`on_tool_error`), by id, with their name and input:
         # ToolNode may catch it and make their result (see `_failed_tool_results`).
         self._failed_tool_calls: dict[str, tuple[str, Any]] = {}
+        # The (call id, message id) of each tool result the base announced: a node's retry
+        # runs a call its failed try answered again, under the same ids (`_ToolMessageIds`).
+        self._answered: set[tuple[str, Any]] = set()
         # The model call (its LangChain run id) of the model event being translated: its
         # streaming slot (see `_current_lane`).
         self._task_lane: str | None = None
@@ -149,6 +152,9 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         self._reducers: frozenset[str] = frozenset()
         self._running: dict[str, Any] | None = None
         self._written: set[str] = set()
+        # The base's running state (what its mid-run snapshots show): the dict its
+        # `prepare_stream` returned, which it updates in place with each node's output.
+        self._base_state: dict[str, Any] | None = None
 
     # -- entry point -------------------------------------------------------------------
 
@@ -214,6 +220,8 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             # The base's running state (its snapshots' starting point) still has them. A
             # new dict: on the regeneration path it is the checkpoint's own values.
             prepared["state"] = {**echoed, **prepared["state"]}
+        if isinstance(prepared.get("state"), dict):
+            self._base_state = prepared["state"]
         if prepared.get("stream") is not None:
             prepared["stream"] = self._translate_metadata(prepared["stream"])
         return prepared
@@ -327,12 +335,16 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             if isinstance(call_id, str):
                 self._failed_tool_calls[call_id] = (str(event.get("name") or ""),
                                                     data.get("input"))
-        elif kind == "on_tool_end" and self._failed_tool_calls:
+        elif kind == "on_tool_end":
+            answers = {(message.tool_call_id, message.id) for message in _tool_results(
+                (event.get("data") or {}).get("output")) if isinstance(message, ToolMessage)}
+            if answers and answers <= self._answered:
+                return  # (a retry of the node ran a call its failed try answered)
+            self._answered |= answers
             # A retry of the node (its RetryPolicy) ran the call again, and it succeeded:
             # the base answers it now; ToolNode's end must not answer it again.
-            for message in _tool_results((event.get("data") or {}).get("output")):
-                if isinstance(message, ToolMessage):
-                    self._failed_tool_calls.pop(message.tool_call_id, None)
+            for call_id, _ in answers:
+                self._failed_tool_calls.pop(call_id, None)
         elif kind == "on_chain_end" and self._failed_tool_calls:
             for out in self._failed_tool_results(event):
                 yield out
@@ -454,62 +466,53 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
                 # mid-run: what a `Command` wrote was missing until the run's end.
                 event = {**event, "data": {**event["data"], "output": written}}
             if self._reducers and event.get("event") in _CHAIN_EVENTS:  # (not per token)
-                for reduced in self._reduced(event):
-                    yield reduced
-                continue
+                event = self._reduced(event)
             yield event
 
-    def _reduced(self, event: dict[str, Any]) -> list[dict[str, Any]]:
-        """`event`, and the state LangGraph reduced as a superstep ended, for keys with a
-        reducer: the base sets a node's output keys as they are, so `{"items": ["b"]}` on
-        `operator.add`'s key showed `["b"]` as the state until the run's end.
-
-        A root node's write to such a key is shown as the value before its step; the step's
-        "values" (the graph's own state, after its reducers ran) then goes to the base as
-        the graph's output so far, for the keys written. The user's reducer is never run
+    def _reduced(self, event: dict[str, Any]) -> dict[str, Any]:
+        """`event` without a root node's writes to keys with a reducer, which the base
+        would set as they are (`{"items": ["b"]}` on `operator.add`'s key showed `["b"]`
+        as the state); and, as a superstep ends, the state LangGraph reduced for those keys
+        put in the base's running state, so the next snapshot the base sends anyway (the
+        next node's exit, the run's end) shows them. No event is added: a made-up node
+        exit brought back a snapshot the base withholds (predicted state), one more per
+        step, and a RAW end of the root graph mid-run. The user's reducer is never run
         here: it may have side effects, or change its left value, the graph's own, in
         place."""
         kind = event.get("event")
         if kind == "on_chain_stream":
             values = _root_values(event)
             if values is None:
-                return [event]
+                return event
             previous, self._running = self._running, values
             changed = set(self._written)
             self._written.clear()
-            if previous is not None:
-                # Also what no dict output said it wrote (a ToolNode's `Command`s, a
-                # subgraph's `Command.PARENT`): a reducer's result is a new object.
-                changed.update(key for key in self._reducers if key in values and (
-                    key not in previous or values[key] is not previous[key]))
-            settled = {key: values[key] for key in changed if key in values}
-            if not settled:
-                return [event]
-            # Where the base takes a graph's output (its final one is the root's own
-            # `on_chain_end`); under the node whose step it ends, as that node's exit
-            # snapshot (withheld where the base withholds those: intermediate state).
-            node = self.active_run.get("node_name") if self.active_run is not None else None
-            return [event, {**event, "event": "on_chain_end", "data": {"output": settled},
-                            "metadata": {**(event.get("metadata") or {}),
-                                         "langgraph_node": node}}]
-        metadata = event.get("metadata") or {}
+            # Also what no dict output said it wrote (a ToolNode's `Command`s, a
+            # subgraph's `Command.PARENT`): a reducer's result is a new object. The first
+            # "values" (the input's step) brings the checkpoint's, which the base's state,
+            # made of the client's input, lacks.
+            changed.update(key for key in self._reducers if key in values and (
+                previous is None or key not in previous or values[key] is not previous[key]))
+            if self._base_state is not None:
+                self._base_state.update(
+                    (key, values[key]) for key in changed if key in values)
+            return event
         output = (event.get("data") or {}).get("output")
         if kind != "on_chain_end" or not isinstance(output, dict) \
-                or not event.get("parent_ids") \
-                or "|" in str(metadata.get("langgraph_checkpoint_ns") or ""):
-            # (the graph's own end carries its state; a subgraph's node writes to its own)
-            return [event]
+                or not event.get("parent_ids"):
+            return event  # (the graph's own end carries its state)
         written = self._reducers.intersection(output)
         if not written:
-            return [event]
-        # A node's task, and any chain inside it (the runnable bears the node's name when
-        # it is a compiled subgraph, or a `RunnableLambda(name=...)`), carry the write.
-        self._written |= written
-        running = self._running or {}
-        kept = {key: value for key, value in output.items()
-                if key not in written or key in running}
-        kept.update((key, running[key]) for key in written if key in running)
-        return [{**event, "data": {**event["data"], "output": kept}}]
+            return event
+        namespace = str((event.get("metadata") or {}).get("langgraph_checkpoint_ns") or "")
+        if "|" not in namespace:
+            # A node's task, and any chain inside it (the runnable bears the node's name
+            # when it is a compiled subgraph, or a `RunnableLambda(name=...)`), carry the
+            # write. (A subgraph's node writes to the subgraph's state, not the root's:
+            # the base would show that value as the root's.)
+            self._written |= written
+        kept = {key: value for key, value in output.items() if key not in written}
+        return {**event, "data": {**event["data"], "output": kept}}
 
     def _base_metadata(self, event: dict[str, Any], metadata: dict[str, Any]
                        ) -> dict[str, Any]:
@@ -545,7 +548,11 @@ class _ToolMessageIds(BaseCallbackHandler):
     answer, a history models refuse. Run inline, before the tool returns its message
     (the object ToolNode passes on, or deep-copies out of a `Command`) and before the
     event stream reads it. A tool that raised never ends: the message ToolNode makes of
-    its error gets its id as ToolNode itself ends."""
+    its error gets its id as ToolNode itself ends.
+
+    A node retried (its RetryPolicy) after some of its calls' tools ended runs them again:
+    each such call's new result gets the id its first result got (and was announced
+    under), so the checkpoint keeps that one, and the bridge sends it once."""
 
     run_inline = True
 
@@ -553,6 +560,10 @@ class _ToolMessageIds(BaseCallbackHandler):
         super().__init__()
         # The runs (ToolNodes) one of whose tools raised, until they end.
         self._failed_in: set[Any] = set()
+        # Per run (ToolNode) until it ends: its tool calls' result ids, by call id; and
+        # those of a run that failed, for the node's retry.
+        self._given: dict[Any, dict[str, str]] = {}
+        self._retried: dict[str, str] = {}
 
     def on_tool_error(self, error: BaseException, *, run_id: Any, parent_run_id: Any = None,
                       **kwargs: Any) -> None:
@@ -560,21 +571,32 @@ class _ToolMessageIds(BaseCallbackHandler):
             self._failed_in.add(parent_run_id)
 
     def on_chain_end(self, outputs: Any, *, run_id: Any, **kwargs: Any) -> None:
+        if self._given:
+            self._given.pop(run_id, None)
         if self._failed_in and run_id in self._failed_in:
             self._failed_in.discard(run_id)
             self.on_tool_end(outputs)
 
     def on_chain_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
         self._failed_in.discard(run_id)
+        given = self._given.pop(run_id, None) if self._given else None
+        if given:
+            self._retried.update(given)
 
-    def on_tool_end(self, output: Any, **kwargs: Any) -> None:
+    def on_tool_end(self, output: Any, *, parent_run_id: Any = None, **kwargs: Any) -> None:
         for result in _tool_results(output):
             if isinstance(result, ToolMessage) and not result.id:
-                result.id = str(uuid.uuid4())
+                result.id = self._id_for(result.tool_call_id, parent_run_id)
             elif isinstance(result, dict) and result.get("tool_call_id") \
                     and result.get("type", result.get("role")) == "tool" \
                     and not result.get("id"):
-                result["id"] = str(uuid.uuid4())
+                result["id"] = self._id_for(str(result["tool_call_id"]), parent_run_id)
+
+    def _id_for(self, call_id: str, run: Any) -> str:
+        given = self._retried.pop(call_id, None) or str(uuid.uuid4())
+        if run is not None:
+            self._given.setdefault(run, {})[call_id] = given
+        return given
 
 
 def _tool_results(output: Any) -> list[Any]:

@@ -8,9 +8,10 @@ and as AG-UI's `forwardedProps.config`; the TypeScript runtimes merge it into th
   reads a `config_schema` into; on the Platform, its assistant's config and context
   schemas) that the operator left unset: a key the agent's own `config` sets (on the
   Platform, also its assistant's config or context) stays the operator's, so a client
-  cannot move a run to another tenant, model or endpoint. A graph that declares none
-  takes none. A client's value the context schema's type refuses is refused before the
-  graph starts (`check_client_context`).
+  cannot move a run to another tenant, model or endpoint; a field's names (a pydantic
+  field's name, alias and validation aliases) are one key there. A graph that declares
+  none takes none. A client's value the context schema's type refuses is refused before
+  the graph starts, and the graph gets it as the check made it (`check_client_context`).
 * Never the keys that address a checkpoint or that the runtime, LangGraph or the Platform
   set (`OWNED_KEYS`, `OWNED_PREFIXES`), declared or not: a client naming another
   thread's `thread_id` or `checkpoint_ns` would read and write that thread.
@@ -30,12 +31,15 @@ from collections.abc import Collection, Mapping
 from typing import Any, Final
 
 import pydantic
+import typing_extensions
 from langchain_core.runnables.config import DEFAULT_RECURSION_LIMIT
+from pydantic.fields import FieldInfo
 
 from copilot_runtime._exceptions import InvalidRequestError
 
 __all__ = ["OWNED_KEYS", "OWNED_PREFIXES", "check_client_context", "client_run_config",
-           "context_init_keys", "declared_keys", "graph_config_keys", "recursion_bound"]
+           "context_init_keys", "context_key_names", "declared_keys", "graph_config_keys",
+           "recursion_bound"]
 
 #: `configurable` keys a client never sets: the checkpoint's address (LangGraph's
 #: `thread_id`, `checkpoint_id`, `checkpoint_ns`, `checkpoint_map`, and the older
@@ -96,16 +100,44 @@ def context_init_keys(schema: Any) -> frozenset[str] | None:
     if isinstance(schema, type) and issubclass(schema, pydantic.BaseModel):
         if schema.model_config.get("extra") == "allow":
             return None
-        keys = set(schema.model_fields)
-        for info in schema.model_fields.values():  # a model may be built by alias only
-            keys.update(alias for alias in (info.alias, info.validation_alias)
-                        if isinstance(alias, str))
+        keys: set[str] = set()
+        for name, info in schema.model_fields.items():  # (a model may take aliases only)
+            keys |= _input_names(name, info)
         return frozenset(keys)
     return None
 
 
+def _input_names(name: str, info: FieldInfo) -> set[str]:
+    """Every key a model's field may be given under: its name, its alias, its validation
+    aliases (each of an `AliasChoices`; an `AliasPath`'s first key)."""
+    names = {name}
+    if isinstance(info.alias, str):
+        names.add(info.alias)
+    alias = info.validation_alias
+    for choice in alias.choices if isinstance(alias, pydantic.AliasChoices) else [alias]:
+        first = choice.path[0] if isinstance(choice, pydantic.AliasPath) and choice.path \
+            else choice
+        if isinstance(first, str):
+            names.add(first)
+    return names
+
+
+def context_key_names(schema: Any) -> dict[str, frozenset[str]]:
+    """For each key a context class's field may be given under, all of that field's keys
+    (a pydantic model's: see `_input_names`; other classes' fields have one)."""
+    if not (isinstance(schema, type) and issubclass(schema, pydantic.BaseModel)):
+        return {}
+    out: dict[str, frozenset[str]] = {}
+    for name, info in schema.model_fields.items():
+        names = frozenset(_input_names(name, info))
+        if len(names) > 1:
+            out.update(dict.fromkeys(names, names))
+    return out
+
+
 #: Per context class, how to check a client's values: a pydantic model's validator, else
-#: one per field its type hints name (a dataclass's `__post_init__` is not run for it).
+#: one per field its type hints name (a dataclass's `__post_init__` is not run for it;
+#: LangGraph builds a dataclass without validation, a TypedDict is passed as it is).
 _CHECKERS: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
 _ARBITRARY: Final = pydantic.ConfigDict(arbitrary_types_allowed=True)
 
@@ -117,12 +149,35 @@ def _checker(schema: type) -> Any:
             checker = pydantic.TypeAdapter(schema)
         else:
             checker = {}
-            for name, hint in (_hints(schema) or {}).items():
-                adapter = _adapter(hint)
+            hints = _hints(schema) or {}
+            if dataclasses.is_dataclass(schema):  # (not its ClassVars, nor init=False)
+                hints = {f.name: hints[f.name] for f in dataclasses.fields(schema)
+                         if f.init and f.name in hints}
+            for name, hint in hints.items():
+                adapter = _adapter(_bare(hint))
                 if adapter is not None:  # (else a type pydantic cannot check: the graph's)
                     checker[name] = adapter
         _CHECKERS[schema] = checker
     return checker
+
+
+#: A TypedDict's key qualifiers: pydantic takes a hint wrapped in one for any value.
+_QUALIFIERS: Final = frozenset({typing.Required, typing.NotRequired,
+                                typing_extensions.Required, typing_extensions.NotRequired,
+                                typing_extensions.ReadOnly})
+
+
+def _bare(hint: Any) -> Any:
+    """`hint` without its TypedDict qualifiers, at any depth of `Annotated` (whose other
+    metadata, such as pydantic's constraints, stays)."""
+    origin = typing.get_origin(hint)
+    if origin in _QUALIFIERS:
+        return _bare(typing.get_args(hint)[0])
+    if origin is typing.Annotated:
+        inner = _bare(hint.__origin__)
+        if inner is not hint.__origin__:
+            return typing.Annotated[(inner, *hint.__metadata__)]
+    return hint
 
 
 def _adapter(hint: Any) -> pydantic.TypeAdapter[Any] | None:
@@ -136,13 +191,19 @@ def _adapter(hint: Any) -> pydantic.TypeAdapter[Any] | None:
 
 
 def check_client_context(schema: Any, context: Mapping[str, Any],
-                         client_keys: Collection[str]) -> None:
+                         client_keys: Collection[str]) -> dict[str, Any]:
     """Refuse (`InvalidRequestError`) a client's value of `context` (the run's whole
     `configurable`) that the context schema's type refuses. Checked once, before the run:
     inside the graph it failed as the agent's error, logged with a traceback at any
-    client's will. The operator's values are the graph's to judge, as before."""
+    client's will. The operator's values are the graph's to judge, as before.
+
+    Returns the client's values as the check made them ("7" for an `int`, a dict for a
+    model or dataclass field), to run with: LangGraph validates a pydantic context
+    itself, but builds a dataclass without coercion and passes a TypedDict as it is, so
+    the graph got a value other than the one checked (none for a pydantic context)."""
+    checked: dict[str, Any] = {}
     if not client_keys or not isinstance(schema, type):
-        return
+        return checked
     checker = _checker(schema)
     bad: list[str] = []
     if isinstance(checker, pydantic.TypeAdapter):
@@ -159,12 +220,13 @@ def check_client_context(schema: Any, context: Mapping[str, Any],
             if adapter is None:
                 continue
             try:
-                adapter.validate_python(context[key])
+                checked[key] = adapter.validate_python(context[key])
             except pydantic.ValidationError as exc:
                 bad.append(f"{key}: {exc.errors()[0]['msg']}")
     if bad:
         raise InvalidRequestError("; ".join(
             f"forwardedProps.config.configurable.{said}" for said in sorted(set(bad))))
+    return checked
 
 
 def recursion_bound(config: Mapping[str, Any],
@@ -181,10 +243,12 @@ def recursion_bound(config: Mapping[str, Any],
 
 
 def client_run_config(base: Mapping[str, Any], sent: Any, declared: Collection[str],
-                      bound: int, operator: Collection[str] = ()) -> dict[str, Any]:
+                      bound: int, operator: Collection[str] = (),
+                      names: Mapping[str, Collection[str]] | None = None) -> dict[str, Any]:
     """The run's config: `base` (the agent's) with what the client `sent` may set (see
     the module docstring). `operator`: keys set elsewhere than `base` that stay the
-    operator's (a Platform assistant's)."""
+    operator's (a Platform assistant's). `names`: per key, all the keys of its field
+    (`context_key_names`): if the operator set one, the client sets none."""
     config = dict(base)
     if sent is None:
         return config
@@ -199,10 +263,12 @@ def client_run_config(base: Mapping[str, Any], sent: Any, declared: Collection[s
         raise InvalidRequestError(
             "forwardedProps.config.recursion_limit must be a positive integer")
     own = base.get("configurable") or {}
+    kept = {*own, *operator}
+    for key in list(kept):
+        kept.update((names or {}).get(key, ()))
     taken = {key: value for key, value in (configurable or {}).items()
              if key in declared and key not in OWNED_KEYS
-             and not key.startswith(OWNED_PREFIXES)
-             and key not in own and key not in operator}
+             and not key.startswith(OWNED_PREFIXES) and key not in kept}
     if taken:
         config["configurable"] = {**own, **taken}
     if limit is not None:

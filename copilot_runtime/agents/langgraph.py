@@ -78,6 +78,7 @@ from copilot_runtime.agents._lg_bridge import CopilotKitLangGraphBridge
 from copilot_runtime.agents._lg_config import (
     check_client_context,
     client_run_config,
+    context_key_names,
     graph_config_keys,
     recursion_bound,
 )
@@ -195,6 +196,8 @@ class LangGraphAgent(Agent):
         self._input_keys: frozenset[str] | None = None
         # The `configurable` keys a client may set (`_lg_config`), read on first use.
         self._config_keys: frozenset[str] | None = None
+        # ... and, per key, all the keys of its context field (its pydantic aliases).
+        self._config_names: dict[str, frozenset[str]] = {}
         # "sync": each step's checkpoint is stored before the next step runs. With LangGraph's
         # default ("async") the node after an interrupt ran, its effects done, while the
         # checkpoint saying the interrupt was answered was still being written: a crash then
@@ -440,14 +443,18 @@ class LangGraphAgent(Agent):
         sent = props.get("config") if isinstance(props, dict) else None
         if sent is None:
             return dict(self.config)
+        schema = getattr(self.graph, "context_schema", None)
         if self._config_keys is None:
             self._config_keys = graph_config_keys(self.graph)
+            self._config_names = context_key_names(schema)
         config = client_run_config(self.config, sent, self._config_keys,
-                                   recursion_bound(self.config))
+                                   recursion_bound(self.config), names=self._config_names)
         configurable = config.get("configurable") or {}
         # (the operator's keys are never replaced: what is new is the client's)
-        check_client_context(getattr(self.graph, "context_schema", None), configurable,
-                             configurable.keys() - (self.config.get("configurable") or {}))
+        checked = check_client_context(
+            schema, configurable, configurable.keys() - (self.config.get("configurable") or {}))
+        if checked:
+            config["configurable"] = {**configurable, **checked}
         return config
 
     def _check_state(self, encoder: WireEncoder, thread_id: str) -> None:
