@@ -44,6 +44,7 @@ __all__ = [
     "from_json_representation",
     "media_type",
     "paired_tool_calls",
+    "shows_attachments",
     "text_of",
     "to_json_representation",
     "to_legacy",
@@ -133,7 +134,8 @@ def to_json_representation(messages: Iterable[Mapping[str, Any]]) -> list[dict[s
     `content` a text, `arguments` a tool call, `result` a tool result).
 
     System and developer messages are left out: the 1.10 client rebuilds its system prompt
-    for every request, so a loaded one would be sent twice.
+    for every request, so a loaded one would be sent twice. An attachment, which that
+    client cannot load, is shown as a placeholder (`[image]`) after the message's text.
     """
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}
@@ -152,7 +154,7 @@ def to_json_representation(messages: Iterable[Mapping[str, Any]]) -> list[dict[s
                         "actionName": names.get(call_id, ""),
                         "result": text_of(message.get("content"))})
             continue
-        content = text_of(message.get("content"))
+        content = _shown(message.get("content"))
         calls = message.get("toolCalls") or ()
         if role in ("user", "assistant") and (content or not calls):
             item: dict[str, Any] = {"id": message_id, "role": role, "content": content}
@@ -166,6 +168,32 @@ def to_json_representation(messages: Iterable[Mapping[str, Any]]) -> list[dict[s
             out.append({"id": call["id"], "name": function.get("name", ""),
                         "arguments": arguments, "parentMessageId": message_id})
     return out
+
+
+#: What the 1.10 client is shown of an attachment: it loads text messages only, and one
+#: loaded empty is sent back empty (a GraphQL turn puts the stored one back in its place:
+#: `stored_in_place`).
+_SHOWN_KINDS = frozenset({"image", "audio", "video", "document"})
+_SHOWN = re.compile(r"\[(?:image|audio|video|document)\]\Z")
+
+
+def _shown(content: Any) -> str:
+    """`text_of(content)`, with a `[kind]` placeholder for each attachment after it."""
+    text = text_of(content)
+    if not isinstance(content, list):
+        return text
+    kinds = [kind for part in content if isinstance(part, Mapping)
+             and (kind := part.get("type")) in _SHOWN_KINDS]
+    if not kinds:
+        return text
+    shown = " ".join(f"[{kind}]" for kind in kinds)
+    return f"{text}\n{shown}" if text else shown
+
+
+def shows_attachments(text: str) -> bool:
+    """Whether `text` may be a message `to_json_representation` gave with attachments
+    shown as placeholders (the text a 1.10 client sends back after loading it)."""
+    return _SHOWN.search(text) is not None
 
 
 def text_of(content: Any) -> str:

@@ -353,3 +353,34 @@ async def test_graphql_refuses_an_image_with_no_bytes(
     assert status["code"] == "Failed"
     assert "its data is empty" in status["details"]["description"]
     assert status["details"]["originalError"]["originalErrorType"] == "UNSUPPORTED_ATTACHMENT"
+
+
+LOAD_STATE = """query loadAgentState($data: LoadAgentStateInput!) {
+  loadAgentState(data: $data) { threadId threadExists state messages } }"""
+
+
+async def test_an_image_survives_a_graphql_reload(served: Served, llm: MockOpenAIServer) -> None:
+    """A 1.10 page reload: `loadAgentState` gave the image message as `content: ""` (what
+    the client can show of it was nothing), the client sent that back as a text message,
+    and every later turn reached the model without the image."""
+    image = {"format": "png", "bytes": "iVBORw0KGgo=", "role": "user"}
+    first = [{"id": "u-1", "createdAt": CREATED,
+              "textMessage": {"content": "what is it?", "role": "user"}},
+             {"id": "img-1", "createdAt": CREATED, "imageMessage": image}]
+    assert (await served.generate(chat_data(first, thread="t-reload")))["status"][
+        "code"] == "Success"
+    response = await served.post("", {"query": LOAD_STATE, "variables": {
+        "data": {"threadId": "t-reload", "agentName": "default"}}})
+    loaded = orjson.loads((await response.json())["data"]["loadAgentState"]["messages"])
+    assert {"id": "img-1", "role": "user", "content": "[image]"} in loaded
+    # What the 1.10 client's `loadMessagesFromJsonRepresentation` makes of it, sent back.
+    history = [{"id": item["id"], "createdAt": CREATED, "textMessage": {
+        "content": item["content"], "role": item["role"]}} for item in loaded]
+    history.append({"id": "u-2", "createdAt": CREATED,
+                    "textMessage": {"content": "and the colour?", "role": "user"}})
+    assert (await served.generate(chat_data(history, thread="t-reload")))["status"][
+        "code"] == "Success"
+    sent = llm.requests[-1]["messages"]
+    assert {"role": "user", "content": [{"type": "image_url", "image_url": {
+        "url": "data:image/png;base64,iVBORw0KGgo="}}]} in sent
+    assert sent[-1] == {"role": "user", "content": "and the colour?"}
