@@ -211,6 +211,16 @@ async def test_an_attachment_the_model_cannot_take_fails_the_run(
     assert llm.requests == []  # nothing was sent without it
 
 
+async def test_a_legacy_binary_part_of_an_upper_case_image_type_is_an_image(
+        served: Served, llm: MockOpenAIServer) -> None:
+    """MIME types are case-insensitive: `IMAGE/PNG` was upgraded to a document (refused)."""
+    events = await served.run(with_parts(
+        "t-upper", {"type": "binary", "mimeType": "IMAGE/PNG", "data": "iVBORw0KGgo="}))
+    assert events[-1]["type"] == "RUN_FINISHED", events[-1]
+    assert llm.requests[-1]["messages"][-1]["content"][1:] == [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
+
+
 def legacy_by_id(mime: str) -> dict[str, Any]:
     """A 0.x `binary` part naming a file the provider already holds, by its id only."""
     return {"type": "binary", "mimeType": mime, "id": "file-abc123", "filename": "report.pdf"}
