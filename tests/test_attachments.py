@@ -164,6 +164,22 @@ def test_gemini_refuses_data_that_is_not_base64() -> None:
         {"inline_data": {"mime_type": "video/mp4", "data": b"hi"}}]
 
 
+@pytest.mark.parametrize("mime", ["Image/PNG; charset=binary", "image/PNG",
+                                  "image/png;base64,AAAA#"])
+def test_gemini_and_langchain_get_the_media_type_without_case_or_parameters(
+        mime: str) -> None:
+    """As OpenAI and Anthropic do: the client's MIME type was sent raw (a GraphQL `format`
+    of `PNG` as `image/PNG`), which the APIs refuse or misread."""
+    data = ImagePart(source=DataSource(value="aGk=", mime_type=mime))
+    url = ImagePart(source=UrlSource(value="https://example.test/a.png", mime_type=mime))
+    _, contents = to_gemini_contents(user(data, url))
+    assert contents[0]["parts"][1:] == [
+        {"inline_data": {"mime_type": "image/png", "data": b"hi"}},
+        {"file_data": {"file_uri": "https://example.test/a.png", "mime_type": "image/png"}}]
+    [message] = to_langchain_messages(user(data, url))
+    assert [block.get("mime_type") for block in message.content[1:]] == ["image/png"] * 2
+
+
 def test_langchain_file_blocks_carry_the_filename() -> None:
     [message] = to_langchain_messages(user(DocumentPart(
         source=DataSource(value="JVBE", mime_type="application/pdf"),
