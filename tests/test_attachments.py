@@ -4,7 +4,9 @@ no input form for (before: dropped, and the model answered as if nothing had bee
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import io
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -35,7 +37,7 @@ from copilot_runtime.adapters.google import to_gemini_contents
 from copilot_runtime.adapters.langchain import to_langchain_messages
 from copilot_runtime.messages import attachment_filename, to_openai
 from copilot_runtime.testing import MockAnthropicServer, MockGeminiServer, MockOpenAIServer
-from tests.conftest import Served, ServeRuntime, run_input, text_of, types
+from tests.conftest import Served, ServeRuntime, parse_sse, run_input, text_of, types
 from tests.gql.wire import CREATED, chat_data
 
 pytestmark = pytest.mark.timeout(30)
@@ -410,3 +412,53 @@ async def test_an_image_survives_a_graphql_reload(served: Served, llm: MockOpenA
     assert {"role": "user", "content": [{"type": "image_url", "image_url": {
         "url": "data:image/png;base64,iVBORw0KGgo="}}]} in sent
     assert sent[-1] == {"role": "user", "content": "and the colour?"}
+
+
+# ---- the provider mocks' request bounds ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "gemini"])
+async def test_the_provider_mocks_take_an_image_of_megabytes(
+        serve_runtime: ServeRuntime, provider: str) -> None:
+    """The mocks took aiohttp's 1 MiB bound: any image of a few MB was a 413 there, though
+    the real APIs take tens of MB."""
+    image = {"type": "image", "source": {"type": "data", "value": "iVBORw0K" * 400_000,
+                                         "mimeType": "image/png"}}
+    async with provider_runtime(provider) as (runtime, requests), \
+            serve_runtime(runtime) as served:
+        response = await served.session.post(  # (a stream: aiohttp warns of big bytes)
+            served.url + "/agent/default/run", headers={"Content-Type": "application/json"},
+            data=io.BytesIO(orjson.dumps(with_parts("t-large", image))))
+        events = parse_sse(await response.read())
+    assert events[-1]["type"] == "RUN_FINISHED", events[-1]
+    assert len(requests) == 1
+
+
+@pytest.mark.parametrize(("mock", "path", "status", "error"), [
+    (MockOpenAIServer, "/v1/chat/completions", 413, {"type": "invalid_request_error"}),
+    (MockAnthropicServer, "/v1/messages", 413, {"type": "request_too_large"}),
+    (MockGeminiServer, "/v1beta/models/m:generateContent", 400,
+     {"code": 400, "status": "INVALID_ARGUMENT"}),
+])
+async def test_the_provider_mocks_refuse_a_request_over_their_apis_bound(
+        mock: type[MockOpenAIServer | MockAnthropicServer | MockGeminiServer], path: str,
+        status: int, error: dict[str, Any]) -> None:
+    """Refused as the API refuses it, from its length alone (nothing of it is sent)."""
+    async with mock() as server:
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {server.max_body + 1}\r\nConnection: close\r\n\r\n"
+                     .encode())
+        await writer.drain()
+        # (read by its length: the server lingers for the body it was promised)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        body = await reader.readexactly(length)
+        writer.close()
+        await writer.wait_closed()
+    assert head.split()[1] == str(status).encode()
+    said = orjson.loads(body)["error"]
+    assert said.items() >= error.items()
+    assert "exceeds" in said["message"]
+
