@@ -154,6 +154,38 @@ def test_anthropic_refuses_what_it_cannot_take(part: Part, said: str) -> None:
     assert said in raised.value.message
 
 
+@pytest.mark.parametrize(("provider", "name"), [
+    ("openai", "OpenAI Chat Completions"), ("anthropic", "The Anthropic Messages API")])
+@pytest.mark.parametrize(("mime", "data", "why"), [
+    ("application/pdf", "JVBERi0=", r"\(application/pdf\) given as inline data: images go "
+                                    r"as PNG, JPEG, GIF or WebP"),
+    ("image/svg+xml", "PHN2Zz4=", r"\(image/svg\+xml\) given as inline data: images go"),
+    ("image/png", "%%%not-base64", r"\(image/png\) given as inline data: its data is not "
+                                   r"base64"),
+    ("image/png", "iVBORw0KGgo", r"\(image/png\) given as inline data: its data is not "
+                                 r"base64"),  # (cut: its padding gone)
+])
+def test_an_image_its_provider_cannot_read_is_refused_before_the_model_is_called(
+        provider: str, name: str, mime: str, data: str, why: str) -> None:
+    """Before: sent, and refused by the API (a generic upstream error), never saying what."""
+    convert: Any = {"openai": to_openai, "anthropic": to_anthropic_messages}[provider]
+    with pytest.raises(UnsupportedAttachmentError, match=f"^{name} cannot take the image "
+                                                        f"attachment {why}"):
+        convert(user(ImagePart(source=DataSource(value=data, mime_type=mime))))
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_an_image_typed_jpg_goes_as_jpeg(provider: str) -> None:
+    """`image/jpg` (a GraphQL `imageMessage` of format `jpg`) is no type the APIs know."""
+    part = ImagePart(source=DataSource(value="/9j/", mime_type="image/JPG"))
+    if provider == "openai":
+        assert openai_parts(part) == [
+            {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/"}}]
+    else:
+        [message] = to_anthropic_messages(user(part))[1]
+        assert message["content"][1]["source"]["media_type"] == "image/jpeg"
+
+
 def test_gemini_refuses_data_that_is_not_base64() -> None:
     with pytest.raises(UnsupportedAttachmentError, match=r"image attachment .* not base64"):
         to_gemini_contents(user(ImagePart(source=DataSource(value="%%%not base64",
