@@ -291,7 +291,7 @@ def _upgrade_part(part: Any) -> Any:
     if not isinstance(part, dict) or part.get("type") != "binary":
         return part
     mime = part.get("mimeType") or "application/octet-stream"
-    kind = mime.split("/", 1)[0]
+    kind = mime.split("/", 1)[0].strip().lower()  # (MIME types are case-insensitive)
     kind = kind if kind in _MEDIA else "document"
     source: dict[str, Any]
     if part.get("url"):

@@ -11,14 +11,16 @@ The runtime's own shape is the AG-UI message as JSON (camelCase dicts: `{"id", "
 * `paired_tool_calls`: a history whose tool calls are each answered at once, as the model
   APIs require.
 * `text_of`: the text of any message content.
-* `attachment_filename`, `media_type`, `unsupported_attachment`: what each provider's
-  conversion reads of a user's file, and the error for a file its provider cannot take.
+* `attachment_filename`, `media_type`, `inline_image_type`, `unsupported_attachment`: what
+  each provider's conversion reads of a user's file, and the error for a file its provider
+  cannot take.
 
 Streams of events become messages in `_compaction.events_to_messages`.
 """
 
 from __future__ import annotations
 
+import binascii
 import re
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -42,8 +44,10 @@ __all__ = [
     "attachment_source",
     "from_graphql_inputs",
     "from_json_representation",
+    "inline_image_type",
     "media_type",
     "paired_tool_calls",
+    "shows_attachments",
     "text_of",
     "to_json_representation",
     "to_legacy",
@@ -133,7 +137,8 @@ def to_json_representation(messages: Iterable[Mapping[str, Any]]) -> list[dict[s
     `content` a text, `arguments` a tool call, `result` a tool result).
 
     System and developer messages are left out: the 1.10 client rebuilds its system prompt
-    for every request, so a loaded one would be sent twice.
+    for every request, so a loaded one would be sent twice. An attachment, which that
+    client cannot load, is shown as a placeholder (`[image]`) after the message's text.
     """
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}
@@ -152,7 +157,7 @@ def to_json_representation(messages: Iterable[Mapping[str, Any]]) -> list[dict[s
                         "actionName": names.get(call_id, ""),
                         "result": text_of(message.get("content"))})
             continue
-        content = text_of(message.get("content"))
+        content = _shown(message.get("content"))
         calls = message.get("toolCalls") or ()
         if role in ("user", "assistant") and (content or not calls):
             item: dict[str, Any] = {"id": message_id, "role": role, "content": content}
@@ -166,6 +171,32 @@ def to_json_representation(messages: Iterable[Mapping[str, Any]]) -> list[dict[s
             out.append({"id": call["id"], "name": function.get("name", ""),
                         "arguments": arguments, "parentMessageId": message_id})
     return out
+
+
+#: What the 1.10 client is shown of an attachment: it loads text messages only, and one
+#: loaded empty is sent back empty (a GraphQL turn puts the stored one back in its place:
+#: `stored_in_place`).
+_SHOWN_KINDS = frozenset({"image", "audio", "video", "document"})
+_SHOWN = re.compile(r"\[(?:image|audio|video|document)\]\Z")
+
+
+def _shown(content: Any) -> str:
+    """`text_of(content)`, with a `[kind]` placeholder for each attachment after it."""
+    text = text_of(content)
+    if not isinstance(content, list):
+        return text
+    kinds = [kind for part in content if isinstance(part, Mapping)
+             and (kind := part.get("type")) in _SHOWN_KINDS]
+    if not kinds:
+        return text
+    shown = " ".join(f"[{kind}]" for kind in kinds)
+    return f"{text}\n{shown}" if text else shown
+
+
+def shows_attachments(text: str) -> bool:
+    """Whether `text` may be a message `to_json_representation` gave with attachments
+    shown as placeholders (the text a 1.10 client sends back after loading it)."""
+    return _SHOWN.search(text) is not None
 
 
 def text_of(content: Any) -> str:
@@ -359,7 +390,7 @@ def _openai_user_content(content: Any) -> Any:
             parts.append({"type": "text", "text": part.text})
             continue
         source = attachment_source(_OPENAI, part)
-        mime = media_type(source)
+        mime = inline_image_type(_OPENAI, part) if kind == "image" else media_type(source)
         if kind == "image" and source.type != "file":
             url = source.value if source.type == "url" else \
                 f"data:{mime or 'image/png'};base64,{source.value}"
@@ -394,6 +425,31 @@ def media_type(source: Any) -> str | None:
     if not isinstance(mime, str) or not mime.strip():
         return None
     return mime.split(";", 1)[0].strip().lower()
+
+
+#: The image types OpenAI and Anthropic read; `image/jpg` (no registered type, but what a
+#: GraphQL `imageMessage` of format `jpg` becomes) is JPEG.
+_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+_IMAGE_ALIASES = {"image/jpg": "image/jpeg"}
+
+
+def inline_image_type(provider: str, part: Any) -> str | None:
+    """The media type an image part is sent with (None: the client gave none), refused up
+    front when given inline as a type or data `provider` (OpenAI, Anthropic) cannot read:
+    else the API refused it with an error that named nothing (a PDF or an SVG sent as an
+    image, data that is not base64). By URL or file id the provider reads the type itself."""
+    source = part.source
+    mime = media_type(source)
+    if source.type != "data":
+        return mime
+    mime = _IMAGE_ALIASES.get(mime or "", mime)
+    if mime is not None and mime not in _IMAGE_TYPES:
+        raise unsupported_attachment(provider, part, "images go as PNG, JPEG, GIF or WebP")
+    try:  # (checked where it is, once per part: the bytes are not kept)
+        binascii.a2b_base64(source.value, strict_mode=True)
+    except (binascii.Error, ValueError, TypeError):
+        raise unsupported_attachment(provider, part, "its data is not base64") from None
+    return mime
 
 
 #: The longest name an attachment is sent on with (a model needs a hint, not an essay).

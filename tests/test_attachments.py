@@ -4,7 +4,9 @@ no input form for (before: dropped, and the model answered as if nothing had bee
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import io
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -35,7 +37,7 @@ from copilot_runtime.adapters.google import to_gemini_contents
 from copilot_runtime.adapters.langchain import to_langchain_messages
 from copilot_runtime.messages import attachment_filename, to_openai
 from copilot_runtime.testing import MockAnthropicServer, MockGeminiServer, MockOpenAIServer
-from tests.conftest import Served, ServeRuntime, run_input, text_of, types
+from tests.conftest import Served, ServeRuntime, parse_sse, run_input, text_of, types
 from tests.gql.wire import CREATED, chat_data
 
 pytestmark = pytest.mark.timeout(30)
@@ -152,6 +154,38 @@ def test_anthropic_refuses_what_it_cannot_take(part: Part, said: str) -> None:
     assert said in raised.value.message
 
 
+@pytest.mark.parametrize(("provider", "name"), [
+    ("openai", "OpenAI Chat Completions"), ("anthropic", "The Anthropic Messages API")])
+@pytest.mark.parametrize(("mime", "data", "why"), [
+    ("application/pdf", "JVBERi0=", r"\(application/pdf\) given as inline data: images go "
+                                    r"as PNG, JPEG, GIF or WebP"),
+    ("image/svg+xml", "PHN2Zz4=", r"\(image/svg\+xml\) given as inline data: images go"),
+    ("image/png", "%%%not-base64", r"\(image/png\) given as inline data: its data is not "
+                                   r"base64"),
+    ("image/png", "iVBORw0KGgo", r"\(image/png\) given as inline data: its data is not "
+                                 r"base64"),  # (cut: its padding gone)
+])
+def test_an_image_its_provider_cannot_read_is_refused_before_the_model_is_called(
+        provider: str, name: str, mime: str, data: str, why: str) -> None:
+    """Before: sent, and refused by the API (a generic upstream error), never saying what."""
+    convert: Any = {"openai": to_openai, "anthropic": to_anthropic_messages}[provider]
+    with pytest.raises(UnsupportedAttachmentError, match=f"^{name} cannot take the image "
+                                                        f"attachment {why}"):
+        convert(user(ImagePart(source=DataSource(value=data, mime_type=mime))))
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_an_image_typed_jpg_goes_as_jpeg(provider: str) -> None:
+    """`image/jpg` (a GraphQL `imageMessage` of format `jpg`) is no type the APIs know."""
+    part = ImagePart(source=DataSource(value="/9j/", mime_type="image/JPG"))
+    if provider == "openai":
+        assert openai_parts(part) == [
+            {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/"}}]
+    else:
+        [message] = to_anthropic_messages(user(part))[1]
+        assert message["content"][1]["source"]["media_type"] == "image/jpeg"
+
+
 def test_gemini_refuses_data_that_is_not_base64() -> None:
     with pytest.raises(UnsupportedAttachmentError, match=r"image attachment .* not base64"):
         to_gemini_contents(user(ImagePart(source=DataSource(value="%%%not base64",
@@ -162,6 +196,22 @@ def test_gemini_refuses_data_that_is_not_base64() -> None:
     assert contents[0]["parts"][1:] == [
         {"inline_data": {"mime_type": "audio/wav", "data": b"hi"}},
         {"inline_data": {"mime_type": "video/mp4", "data": b"hi"}}]
+
+
+@pytest.mark.parametrize("mime", ["Image/PNG; charset=binary", "image/PNG",
+                                  "image/png;base64,AAAA#"])
+def test_gemini_and_langchain_get_the_media_type_without_case_or_parameters(
+        mime: str) -> None:
+    """As OpenAI and Anthropic do: the client's MIME type was sent raw (a GraphQL `format`
+    of `PNG` as `image/PNG`), which the APIs refuse or misread."""
+    data = ImagePart(source=DataSource(value="aGk=", mime_type=mime))
+    url = ImagePart(source=UrlSource(value="https://example.test/a.png", mime_type=mime))
+    _, contents = to_gemini_contents(user(data, url))
+    assert contents[0]["parts"][1:] == [
+        {"inline_data": {"mime_type": "image/png", "data": b"hi"}},
+        {"file_data": {"file_uri": "https://example.test/a.png", "mime_type": "image/png"}}]
+    [message] = to_langchain_messages(user(data, url))
+    assert [block.get("mime_type") for block in message.content[1:]] == ["image/png"] * 2
 
 
 def test_langchain_file_blocks_carry_the_filename() -> None:
@@ -209,6 +259,16 @@ async def test_an_attachment_the_model_cannot_take_fails_the_run(
     assert said in events[-1]["message"]
     assert text_of(events) == ""
     assert llm.requests == []  # nothing was sent without it
+
+
+async def test_a_legacy_binary_part_of_an_upper_case_image_type_is_an_image(
+        served: Served, llm: MockOpenAIServer) -> None:
+    """MIME types are case-insensitive: `IMAGE/PNG` was upgraded to a document (refused)."""
+    events = await served.run(with_parts(
+        "t-upper", {"type": "binary", "mimeType": "IMAGE/PNG", "data": "iVBORw0KGgo="}))
+    assert events[-1]["type"] == "RUN_FINISHED", events[-1]
+    assert llm.requests[-1]["messages"][-1]["content"][1:] == [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
 
 
 def legacy_by_id(mime: str) -> dict[str, Any]:
@@ -353,3 +413,84 @@ async def test_graphql_refuses_an_image_with_no_bytes(
     assert status["code"] == "Failed"
     assert "its data is empty" in status["details"]["description"]
     assert status["details"]["originalError"]["originalErrorType"] == "UNSUPPORTED_ATTACHMENT"
+
+
+LOAD_STATE = """query loadAgentState($data: LoadAgentStateInput!) {
+  loadAgentState(data: $data) { threadId threadExists state messages } }"""
+
+
+async def test_an_image_survives_a_graphql_reload(served: Served, llm: MockOpenAIServer) -> None:
+    """A 1.10 page reload: `loadAgentState` gave the image message as `content: ""` (what
+    the client can show of it was nothing), the client sent that back as a text message,
+    and every later turn reached the model without the image."""
+    image = {"format": "png", "bytes": "iVBORw0KGgo=", "role": "user"}
+    first = [{"id": "u-1", "createdAt": CREATED,
+              "textMessage": {"content": "what is it?", "role": "user"}},
+             {"id": "img-1", "createdAt": CREATED, "imageMessage": image}]
+    assert (await served.generate(chat_data(first, thread="t-reload")))["status"][
+        "code"] == "Success"
+    response = await served.post("", {"query": LOAD_STATE, "variables": {
+        "data": {"threadId": "t-reload", "agentName": "default"}}})
+    loaded = orjson.loads((await response.json())["data"]["loadAgentState"]["messages"])
+    assert {"id": "img-1", "role": "user", "content": "[image]"} in loaded
+    # What the 1.10 client's `loadMessagesFromJsonRepresentation` makes of it, sent back.
+    history = [{"id": item["id"], "createdAt": CREATED, "textMessage": {
+        "content": item["content"], "role": item["role"]}} for item in loaded]
+    history.append({"id": "u-2", "createdAt": CREATED,
+                    "textMessage": {"content": "and the colour?", "role": "user"}})
+    assert (await served.generate(chat_data(history, thread="t-reload")))["status"][
+        "code"] == "Success"
+    sent = llm.requests[-1]["messages"]
+    assert {"role": "user", "content": [{"type": "image_url", "image_url": {
+        "url": "data:image/png;base64,iVBORw0KGgo="}}]} in sent
+    assert sent[-1] == {"role": "user", "content": "and the colour?"}
+
+
+# ---- the provider mocks' request bounds ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "gemini"])
+async def test_the_provider_mocks_take_an_image_of_megabytes(
+        serve_runtime: ServeRuntime, provider: str) -> None:
+    """The mocks took aiohttp's 1 MiB bound: any image of a few MB was a 413 there, though
+    the real APIs take tens of MB."""
+    image = {"type": "image", "source": {"type": "data", "value": "iVBORw0K" * 400_000,
+                                         "mimeType": "image/png"}}
+    async with provider_runtime(provider) as (runtime, requests), \
+            serve_runtime(runtime) as served:
+        response = await served.session.post(  # (a stream: aiohttp warns of big bytes)
+            served.url + "/agent/default/run", headers={"Content-Type": "application/json"},
+            data=io.BytesIO(orjson.dumps(with_parts("t-large", image))))
+        events = parse_sse(await response.read())
+    assert events[-1]["type"] == "RUN_FINISHED", events[-1]
+    assert len(requests) == 1
+
+
+@pytest.mark.parametrize(("mock", "path", "status", "error"), [
+    (MockOpenAIServer, "/v1/chat/completions", 413, {"type": "invalid_request_error"}),
+    (MockAnthropicServer, "/v1/messages", 413, {"type": "request_too_large"}),
+    (MockGeminiServer, "/v1beta/models/m:generateContent", 400,
+     {"code": 400, "status": "INVALID_ARGUMENT"}),
+])
+async def test_the_provider_mocks_refuse_a_request_over_their_apis_bound(
+        mock: type[MockOpenAIServer | MockAnthropicServer | MockGeminiServer], path: str,
+        status: int, error: dict[str, Any]) -> None:
+    """Refused as the API refuses it, from its length alone (nothing of it is sent)."""
+    async with mock() as server:
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {server.max_body + 1}\r\nConnection: close\r\n\r\n"
+                     .encode())
+        await writer.drain()
+        # (read by its length: the server lingers for the body it was promised)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        body = await reader.readexactly(length)
+        writer.close()
+        await writer.wait_closed()
+    assert head.split()[1] == str(status).encode()
+    said = orjson.loads(body)["error"]
+    assert said.items() >= error.items()
+    assert "exceeds" in said["message"]
+

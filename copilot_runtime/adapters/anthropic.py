@@ -74,6 +74,7 @@ from copilot_runtime.adapters.base import (
 from copilot_runtime.messages import (
     attachment_filename,
     attachment_source,
+    inline_image_type,
     media_type,
     paired_tool_calls,
     unsupported_attachment,
@@ -689,8 +690,9 @@ def _user_blocks(content: Any) -> list[dict[str, Any]]:
             if part.text and not part.text.isspace():
                 blocks.append({"type": "text", "text": part.text})
         elif kind == "image":
-            blocks.append({"type": "image",
-                           "source": _source(attachment_source(_ANTHROPIC, part), "image/png")})
+            source = attachment_source(_ANTHROPIC, part)
+            blocks.append({"type": "image", "source": _source(
+                source, "image/png", inline_image_type(_ANTHROPIC, part))})
         elif kind == "document":
             attachment_source(_ANTHROPIC, part)  # (refuses one with no bytes)
             block = {"type": "document", "source": _document_source(part)}
@@ -724,9 +726,9 @@ def _document_source(part: Any) -> dict[str, Any]:
                                  "as a file id) or as inline plain text")
 
 
-def _source(source: Any, default_mime: str) -> dict[str, Any]:
+def _source(source: Any, default_mime: str, mime: str | None = None) -> dict[str, Any]:
     if source.type == "data":
-        return {"type": "base64", "media_type": media_type(source) or default_mime,
+        return {"type": "base64", "media_type": mime or media_type(source) or default_mime,
                 "data": source.value}
     if source.type == "url":
         return {"type": "url", "url": source.value}

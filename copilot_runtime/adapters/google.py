@@ -79,7 +79,12 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
 )
-from copilot_runtime.messages import attachment_source, paired_tool_calls, unsupported_attachment
+from copilot_runtime.messages import (
+    attachment_source,
+    media_type,
+    paired_tool_calls,
+    unsupported_attachment,
+)
 
 if TYPE_CHECKING:
     import aiohttp
@@ -812,7 +817,7 @@ def _user_parts(content: Any) -> list[dict[str, Any]]:
                 parts.append({"text": part.text})
         elif kind in ("image", "audio", "video", "document"):
             source = attachment_source("The Gemini API", part)
-            mime = getattr(source, "mime_type", None) or _DEFAULT_MIME[kind]
+            mime = media_type(source) or _DEFAULT_MIME[kind]
             if source.type == "data":
                 try:
                     data = base64.b64decode(source.value, validate=True)

@@ -58,7 +58,12 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
 )
-from copilot_runtime.messages import attachment_filename, attachment_source, paired_tool_calls
+from copilot_runtime.messages import (
+    attachment_filename,
+    attachment_source,
+    media_type,
+    paired_tool_calls,
+)
 
 __all__ = ["LangChainAdapter", "to_langchain_messages"]
 
@@ -212,16 +217,16 @@ def _user_content(content: Any) -> Any:
         elif kind in ("image", "audio", "video", "document"):
             source = attachment_source("LangChain", part)
             block_type = "file" if kind == "document" else kind
+            mime = media_type(source)
             if source.type == "data":
-                block = {"type": block_type, "base64": source.value,
-                         "mime_type": source.mime_type}
+                block = {"type": block_type, "base64": source.value, "mime_type": mime}
                 filename = attachment_filename(part, None)
                 if filename and kind == "document":  # (OpenAI's integration needs one)
                     block["filename"] = filename
                 blocks.append(block)
             elif source.type == "url":
                 blocks.append({"type": block_type, "url": source.value,
-                               **({"mime_type": source.mime_type} if source.mime_type else {})})
+                               **({"mime_type": mime} if mime else {})})
             elif source.type == "file":
                 blocks.append({"type": block_type, "file_id": source.value})
     return blocks

@@ -173,6 +173,9 @@ class MockAnthropicServer(LoopbackServer):
     ``[529, 429]``: two failures, then the answer); ``retry_after`` adds that `Retry-After`.
     """
 
+    #: The Messages API's bound on a request: 32 MB.
+    max_body = 32 * 1024**2
+
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, chunks: int = 10,
                  delay_ms: float = 0) -> None:
         super().__init__(host, port)
@@ -188,6 +191,9 @@ class MockAnthropicServer(LoopbackServer):
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def too_large(self) -> web.Response:
+        return _error(413, "Request exceeds the maximum allowed number of bytes.")
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/messages", self._messages)

@@ -179,6 +179,9 @@ class MockGeminiServer(LoopbackServer):
     ``sign_calls`` (the default) function calls carry a thought signature, as Gemini 3's do.
     """
 
+    #: The API's bound on a request (what inline data may add up to): 20 MB.
+    max_body = 20 * 1024**2
+
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, chunks: int = 10,
                  delay_ms: float = 0, sign_calls: bool = True) -> None:
         super().__init__(host, port)
@@ -196,6 +199,9 @@ class MockGeminiServer(LoopbackServer):
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def too_large(self) -> web.Response:
+        return _error(400, f"Request payload size exceeds the limit: {self.max_body} bytes.")
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/{version}/models/{call}", self._generate)

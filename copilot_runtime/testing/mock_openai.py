@@ -153,6 +153,9 @@ class MockOpenAIServer(LoopbackServer):
     ``retry_after`` adds that `Retry-After` to them).
     """
 
+    #: The API's bound on a request (its image guide: 50 MB of payload per request).
+    max_body = 50 * 1024**2
+
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, chunks: int = 10,
                  delay_ms: float = 0) -> None:
         super().__init__(host, port)
@@ -170,6 +173,10 @@ class MockOpenAIServer(LoopbackServer):
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
+
+    def too_large(self) -> web.Response:
+        return _error(413, f"The request body exceeds the maximum size of {self.max_body} "
+                           "bytes", "invalid_request_error")
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._completions)

@@ -43,7 +43,12 @@ from copilot_runtime.protocols.graphql.documents import DocumentCache, Prepared
 from copilot_runtime.protocols.graphql.errors import error_extensions, said_of
 from copilot_runtime.protocols.graphql.increments import ResponseEncoder, result_message_ids
 from copilot_runtime.protocols.graphql.plan import ROOT_FIELD, OperationPlan
-from copilot_runtime.protocols.graphql.queries import QueryContext, agent_not_found, query_root
+from copilot_runtime.protocols.graphql.queries import (
+    QueryContext,
+    agent_not_found,
+    query_root,
+    stored_in_place,
+)
 from copilot_runtime.protocols.graphql.schema import copilot_schema
 from copilot_runtime.protocols.graphql.transport import (
     MULTIPART,
@@ -282,7 +287,8 @@ class GraphQLProtocol:
             forwarded = request.forwardable_headers(
                 credentials=runtime.forwards_credentials)
             # `agent`, when set, is the session's agent wrapped with its server-side tools.
-            run = await runtime.start_run(wanted.agent_id, wanted.input, forwarded,
+            run_input = await stored_in_place(runtime, wanted.input, request.info)
+            run = await runtime.start_run(wanted.agent_id, run_input, forwarded,
                                           follow_up_server_tools=False, agent=agent,
                                           request=request.info, topics=_topics(args["data"]))
         except RateLimitedError as exc:

@@ -17,16 +17,17 @@ from graphql import GraphQLError, GraphQLResolveInfo
 
 from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._exceptions import AgentNotFoundError, CopilotRuntimeError
+from copilot_runtime._input import RunInput, parse_run_input
 from copilot_runtime._limits import readable
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.auth import RequestInfo
-from copilot_runtime.messages import to_json_representation
+from copilot_runtime.messages import shows_attachments, to_json_representation
 from copilot_runtime.protocols.graphql.errors import error_extensions, kit_extensions
 from copilot_runtime.runtime import CopilotRuntime
 from copilot_runtime.threads.base import MAX_REPLAY_BYTES, id_problem, refused_answer
 
 __all__ = ["QueryContext", "agent_not_found", "is_service_adapter", "listed_agents",
-           "query_root"]
+           "query_root", "stored_in_place"]
 
 _log = structlog.get_logger("copilot_runtime.graphql")
 
@@ -88,20 +89,57 @@ async def load_agent_state(runtime: CopilotRuntime, data: Mapping[str, Any],
         if not loaded.exists:
             return _no_thread(thread_id)
         return _thread(thread_id, loaded.state, loaded.messages)
+    stored = await _stored(runtime, thread_id)
+    if stored is None:
+        return _no_thread(thread_id)
+    state, messages = stored
+    return _thread(thread_id, state, messages)
+
+
+async def _stored(runtime: CopilotRuntime, thread_id: str
+                  ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """The thread's state and messages as the runtime stored them; None for no thread."""
     # The newest runs a replay reads (the store's `replay_bytes`), as the AG-UI routes do:
     # a thread of many big runs read whole took gigabytes per request.
     record = await runtime.store.get(thread_id, max_bytes=getattr(
         runtime.store, "replay_bytes", MAX_REPLAY_BYTES))
     if record is None:
-        return _no_thread(thread_id)
+        return None
     record = readable(record)  # a thread stored broken is still read
     state = record.state
     # A run refused over its approval answer is left out, as the AG-UI replays leave it;
     # the messages of the runs left out go first, as they do there.
     earlier = [[record.earlier]] if record.earlier is not None else []
-    return _thread(thread_id, state if isinstance(state, dict) else {},
-                   events_to_messages(earlier + [r.events for r in record.runs
-                                                 if not refused_answer(r.events)]))
+    return state if isinstance(state, dict) else {}, events_to_messages(
+        earlier + [r.events for r in record.runs if not refused_answer(r.events)])
+
+
+async def stored_in_place(runtime: CopilotRuntime, run_input: RunInput,
+                          request: RequestInfo | None = None) -> RunInput:
+    """`run_input` with each user message a 1.10 client loaded with its attachments shown
+    as placeholders (`loadAgentState`: it loads text only) and sent back so, put back as
+    the thread stored it: else the model never saw the image again after a reload.
+
+    Only a message whose text ends in such a placeholder costs a read of the store; one
+    whose id the thread does not hold as a user message with attachments stays as sent."""
+    messages = run_input.raw.get("messages") or ()
+    wanted = {m["id"] for m in messages if isinstance(m, dict) and m.get("role") == "user"
+              and isinstance(m.get("content"), str) and shows_attachments(m["content"])}
+    thread_id = run_input.thread_id
+    if not wanted or (runtime.owner_filter(request) is not None
+                      and not await runtime.can_see(request, thread_id)):
+        return run_input  # (someone else's thread: its run is refused as it starts)
+    stored = await _stored(runtime, thread_id)
+    found = {m["id"]: m for m in stored[1] if m.get("id") in wanted
+             and m.get("role") == "user" and isinstance(m.get("content"), list)
+             } if stored is not None else {}
+    if not found:
+        return run_input
+    raw = {**run_input.raw, "messages": [
+        found.get(m.get("id"), m) if isinstance(m, dict) else m for m in messages]}
+    restored = parse_run_input(raw)
+    restored.transient = run_input.transient
+    return restored
 
 
 def _no_thread(thread_id: str) -> dict[str, Any]:
