@@ -394,11 +394,24 @@ async function mainPhase(p) {
     if (kind === "current") await p.page.locator('[data-testid="run-error"]').waitFor({ state: "detached", timeout: 5000 });
     if (kind === "classic") {
       // The classic input sends while the question waits: the runtime refuses the message.
+      // (Once the page is idle: 1.10.6 ignores Enter while a request of its own is in flight.)
+      await p.idle();
       await p.send("Make it two weeks", { wait: false });
       await p.page.locator('[data-testid="run-error"]', { hasText: "waits for an answer" }).waitFor({ timeout: TIMEOUT });
       await p.idle();
     }
     await p.answer("draft 1", "approve");
+    if (kind === "classic") {
+      // 1.10.6 after an outage: now and then the chat keeps the messages it had as the answer
+      // is applied (a race between its own reload and the page's, not yet understood); the
+      // thread has moved on all the same, as a reload shows.
+      const approved = p.page.locator(p.ui.assistant, { hasText: "Approved" }).last();
+      if (!(await approved.waitFor({ timeout: 8000 }).then(() => true, () => false))) {
+        await p.page.reload();
+        await p.page.locator(p.ui.input).waitFor({ timeout: TIMEOUT });
+        await p.idle();
+      }
+    }
     await p.expectAssistant("Approved");
     assert(await p.page.locator('[data-testid="run-error"]').count() === 0,
            `the banner stays: ${await p.page.locator('[data-testid="run-error"]').allInnerTexts()}`);
