@@ -1250,3 +1250,28 @@ async def test_the_graph_gets_a_clients_context_value_as_it_was_checked(
     assert said(right) == f"limit+1=8 depth=2 nested={5 if schema is LimitsDict else 1}"
     assert (refused[-1]["type"], refused[-1]["code"]) == ("RUN_ERROR", "INVALID_REQUEST")
     assert refused[-1]["message"].startswith("forwardedProps.config.configurable.limit: ")
+
+
+def test_a_compiled_graphs_schema_keys_are_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: pydantic built the graph's input and output JSON schemas on every run start
+    and every `loadAgentState` (~30 ms for the demo's review loop, on the event loop: a
+    1.10 page's burst of thread reloads queued behind each other)."""
+    from copilot_runtime.agents._lg_state import schema_keys
+
+    graph = says_topic()
+    calls: list[str] = []
+    read = type(graph).get_output_jsonschema
+
+    def counted(self: Any, config: Any = None) -> Any:
+        calls.append("output")
+        return read(self, config)
+
+    monkeypatch.setattr(type(graph), "get_output_jsonschema", counted)
+    first = schema_keys(graph, {})
+    first["output"].append("changed by a caller")
+    again = schema_keys(graph, {"recursion_limit": 5})
+    assert calls == ["output"]
+    assert "changed by a caller" not in again["output"]
+    assert set(again["output"]) >= {"messages", "topic"}
+    assert schema_keys(says_topic())["output"] == again["output"]  # another graph: read anew
+    assert calls == ["output", "output"]

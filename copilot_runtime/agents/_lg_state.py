@@ -14,6 +14,7 @@ thread and a reconnecting client show the chat the user saw streamed.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection, Mapping
 from typing import Any, cast
 
@@ -35,7 +36,23 @@ def schema_keys(graph: Any, config: Any = None) -> dict[str, list[str]]:
     What a run's snapshots show (the translator's `get_schema_keys`) and what a loaded
     thread shows are both cut to the "output" keys: one reading, so the two cannot
     disagree on what the graph's output schema hides. `graph` is a compiled graph or the
-    platform's stand-in (which answers the JSON schema methods only)."""
+    platform's stand-in (which answers the JSON schema methods only). A compiled graph's
+    are read once: pydantic builds both schemas (~30 ms for a workflow's graph, on the
+    event loop, on every run start and every `loadAgentState`)."""
+    if not isinstance(graph, Pregel):
+        return _read_schema_keys(graph, config)
+    keys = _SCHEMA_KEYS.get(graph)
+    if keys is None:
+        keys = _SCHEMA_KEYS[graph] = _read_schema_keys(graph, config)
+    return {"input": list(keys["input"]), "output": list(keys["output"])}
+
+
+#: Each compiled graph's schema keys (its state schemas do not change once compiled).
+_SCHEMA_KEYS: weakref.WeakKeyDictionary[Any, dict[str, list[str]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _read_schema_keys(graph: Any, config: Any) -> dict[str, list[str]]:
     try:
         inputs = _field_keys(graph, "input", graph.get_input_jsonschema(config))
         outputs = _field_keys(graph, "output", graph.get_output_jsonschema(config))
