@@ -348,7 +348,8 @@ class TopicGuardrail:
                                for m in earlier[-self.history:])
         prompt = (f"Earlier conversation:\n{transcript}\n\n" if transcript else "") + (
             f"Latest user message:\n{text}")
-        prompt = _THOUGHT_TAG.sub(r"[\1\2]", prompt)  # (see _THOUGHT)
+        # (see _THOUGHT; invisible characters out first, as the parser reads the answer)
+        prompt = _THOUGHT_TAG.sub(r"[\1\2]", _INVISIBLE.sub("", prompt))
         request = ChatRequest(messages=[UserMessage(id="judge", content=prompt)],
                               system_prompt=_JUDGE_PROMPT.format(rules="\n".join(rules)),
                               model=self.model, temperature=0, max_tokens=_JUDGE_MAX_TOKENS,
@@ -388,8 +389,6 @@ _THOUGHT = re.compile(r"\s*<(think|thinking)>.*</\1>", re.S | re.I)
 _VERDICT = re.compile(r"[\s*_`#>]*(ALLOWED|DENIED)(?![A-Za-z0-9])", re.I)
 #: Any verdict word, in any case: after an ALLOWED it makes the answer unclear.
 _ANY_VERDICT = re.compile(r"(?<![A-Za-z0-9])(?:allowed|denied)(?![A-Za-z0-9])", re.I)
-#: Characters that hide a line start or a word from the checks above.
-_HIDING = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u200e\u200f\u2060\ufeff\u00ad"))
 _LINE_BREAKS = re.compile(r"\r\n?|[\x0b\x0c\x85\u2028\u2029]")
 #: Thought tags in the text the judge reads are defused: a user cannot close its thought.
 _THOUGHT_TAG = re.compile(r"<(/?)(think|thinking)>", re.I)
@@ -400,7 +399,7 @@ def _parse_judgement(answer: str) -> Verdict:
     """The judge's verdict: its first word (after any leading thought and markdown). An
     ALLOWED is read only as the one line asked for with no other verdict word in it; an
     answer without a verdict, or saying more, refuses (fail closed)."""
-    text = _LINE_BREAKS.sub("\n", answer.translate(_HIDING))
+    text = _LINE_BREAKS.sub("\n", _INVISIBLE.sub("", answer))
     thought = _THOUGHT.match(text)
     if thought is not None:
         text = text[thought.end():]
