@@ -456,6 +456,10 @@ RESTART_BACKOFF_SECONDS = 0.5
 RESTART_BACKOFF_MAX_SECONDS = 15.0
 #: How long a worker that did not answer its health check may take to end by itself.
 WORKER_EXIT_GRACE_SECONDS = 2.0
+#: How long a new worker may take to answer its first health check: it answers only once it
+#: has imported the package and the app, which took over 5 s (uvicorn's health check
+#: timeout) on a loaded 2-core machine, where each start was killed as hung, again and again.
+WORKER_START_SECONDS = 60.0
 
 
 class _Worker(Process):
@@ -507,6 +511,10 @@ class _Supervisor(Multiprocess):
         #: restart may replace them first); the wait after that, by slot, if it fails again.
         self._restart_at: dict[Process, float] = {}
         self._backoff: dict[int, float] = {}
+        #: The workers that have not answered a health check yet, and until when they may
+        #: take to; those of them a ping was sent to (one at a time: they answer each).
+        self._starting: dict[Process, float] = {}
+        self._pinged: set[Process] = set()
 
     def keep_subprocess_alive(self) -> None:
         if not hasattr(Process, "_healthcheck"):  # a uvicorn this was not written for
@@ -520,7 +528,14 @@ class _Supervisor(Multiprocess):
                     del self._restart_at[process]
                     self._replace(index)
                 continue
-            started = self._healthcheck(process) if process.process.is_alive() else None
+            alive = process.process.is_alive()
+            if alive and process in self._starting:
+                started = self._first_answer(process)
+                if (started is None and process in self._starting
+                        and time.monotonic() < self._starting[process]):
+                    continue  # still starting: its next turn looks again
+            else:
+                started = self._healthcheck(process) if alive else None
             if self._stopping.is_set():
                 return  # a worker that did not answer yet is stopped by `run`
             if started is not None:
@@ -528,6 +543,8 @@ class _Supervisor(Multiprocess):
                     self._served = True
                     self._backoff.pop(index, None)
                 continue
+            self._starting.pop(process, None)
+            self._pinged.discard(process)
             # Dead, or hung. One whose startup just failed may still be exiting, too busy to
             # answer (the interpreter's finalization stops the answering thread): killed at
             # once, its failure read as a death and it was started again at once, in a loop.
@@ -572,6 +589,25 @@ class _Supervisor(Multiprocess):
             return None
         return started
 
+    def _first_answer(self, process: Process) -> bool | None:
+        """What a starting worker answers to the ping it was sent, or None while it has not
+        answered: asked without waiting, so one slow start holds up no other worker's check."""
+        try:
+            if process not in self._pinged:
+                process.parent_conn.send(b"ping")
+                self._pinged.add(process)
+            if not process.parent_conn.poll(0.05):
+                return None
+            started: bool = process.parent_conn.recv()
+        except (OSError, EOFError, pickle.UnpicklingError):
+            # Its end of the pipe is closed: it is exiting (a failed start), not starting.
+            self._starting.pop(process, None)
+            self._pinged.discard(process)
+            return None
+        del self._starting[process]
+        self._pinged.discard(process)
+        return started
+
     def _replace(self, index: int) -> None:
         self.processes[index] = self._start_worker()
 
@@ -579,6 +615,7 @@ class _Supervisor(Multiprocess):
         process = _Worker(self.config, self.sockets)
         with _interrupts_ignored_by_children():
             process.start()
+        self._starting[process] = time.monotonic() + WORKER_START_SECONDS
         self._started = [started for started in self._started if started.exitcode is None]
         self._started.append(process)
         return process
@@ -622,7 +659,10 @@ class _Supervisor(Multiprocess):
             if self._stopping.is_set() or self.should_exit.is_set():
                 return
             new = self._start_worker()
-            if not new.wait_until_ready(self.config.timeout_worker_healthcheck, self._stopping):
+            ready = new.wait_until_ready(
+                max(WORKER_START_SECONDS, self.config.timeout_worker_healthcheck), self._stopping)
+            self._starting.pop(new, None)  # (it answered, or is stopped below)
+            if not ready:
                 if self._stopping.is_set():  # it may serve already: stopped gracefully by `run`
                     return
                 new.kill()

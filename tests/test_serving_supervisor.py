@@ -60,6 +60,8 @@ def _supervisor(worker: Any) -> Any:
     supervisor._served = True
     supervisor._restart_at = {}
     supervisor._backoff = {}
+    supervisor._starting = {worker: time.monotonic() + _serving.WORKER_START_SECONDS}
+    supervisor._pinged = set()
     supervisor.config = type("Config", (), {"timeout_worker_healthcheck": 5})()
     supervisor.replaced = []
     supervisor._replace = supervisor.replaced.append
@@ -105,11 +107,51 @@ def test_a_dead_or_hung_worker_is_a_warning(caplog: pytest.LogCaptureFixture, ta
     """Before: logged at INFO, as uvicorn does, so at the usual WARNING level a worker that
     died (its runs cut) or hung left no line at all."""
     monkeypatch.setattr(_serving, "WORKER_EXIT_GRACE_SECONDS", 0.5)
+    monkeypatch.setattr(_serving, "WORKER_START_SECONDS", 0.5)
     worker = _Worker(target)
     supervisor = _supervisor(worker)
     supervisor.config.timeout_worker_healthcheck = 0.5
     with caplog.at_level(logging.WARNING, logger="uvicorn.error"):
-        supervisor.keep_subprocess_alive()
+        while not supervisor.replaced:  # (the supervisor looks every half second)
+            supervisor.keep_subprocess_alive()
+            time.sleep(0.1)
     assert supervisor.replaced == [0]
     assert [(r.levelname, r.getMessage().split("] ", 1)[1]) for r in caplog.records] == \
         [("WARNING", said)]
+
+
+def _start_slowly_then_hang(conn: Connection) -> None:
+    """A worker whose start (imports, the app) takes longer than a health check may, which
+    then serves, answering pings, until it hangs."""
+    time.sleep(2.0)
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        if conn.poll(0.05):
+            conn.recv()
+            conn.send(True)
+    time.sleep(30)
+
+
+def test_a_worker_slow_to_start_is_waited_for_and_one_that_hangs_later_is_replaced(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a worker that had not answered its first ping within the health check's
+    timeout (5 s) was killed as hung; under load every start took longer, so the slot was
+    killed and started again for ever, never serving. Once it has answered, the health
+    check's timeout applies."""
+    monkeypatch.setattr(_serving, "WORKER_EXIT_GRACE_SECONDS", 0.5)
+    worker = _Worker(_start_slowly_then_hang)
+    supervisor = _supervisor(worker)
+    supervisor.config.timeout_worker_healthcheck = 0.5
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="uvicorn.error"):
+        while time.monotonic() - started < 3.0:
+            supervisor.keep_subprocess_alive()
+            assert supervisor.replaced == [], caplog.text
+            time.sleep(0.2)
+        assert supervisor._served
+        assert worker not in supervisor._starting
+        while not supervisor.replaced:
+            supervisor.keep_subprocess_alive()
+            assert time.monotonic() - started < 15
+            time.sleep(0.2)
+    assert "did not answer its health check in time" in caplog.text
