@@ -283,6 +283,15 @@ def events_to_messages(runs: Iterable[Sequence[Event]]) -> list[dict[str, Any]]:
                 answered.add(event["toolCallId"])
                 if event.get("error") is not None:
                     result["error"] = event["error"]
+            elif kind == ev.REASONING_ENCRYPTED_VALUE:
+                # Kept on its call or message, as the client keeps it, and sent back so.
+                entity, value = event.get("entityId"), event.get("encryptedValue")
+                holder = None
+                if isinstance(entity, str) and isinstance(value, str):
+                    holder = calls.get(entity) if event.get("subtype") == "tool-call" \
+                        else by_id.get(entity)
+                if holder is not None and holder.get("role") != "activity":
+                    holder["encryptedValue"] = value
             elif kind == ev.ACTIVITY_SNAPSHOT:
                 activity = {"id": event["messageId"], "role": "activity",
                             "activityType": event.get("activityType"),

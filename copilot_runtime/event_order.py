@@ -71,6 +71,7 @@ REQUIRED_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     ev.REASONING_MESSAGE_START: ("messageId",),
     ev.REASONING_MESSAGE_CONTENT: ("messageId", "delta"),
     ev.REASONING_MESSAGE_END: ("messageId",),
+    ev.REASONING_ENCRYPTED_VALUE: ("subtype", "entityId", "encryptedValue"),
 }
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "failed_tool_content",
     "messages_snapshot",
     "reasoning_content",
+    "reasoning_encrypted_value",
     "reasoning_end",
     "reasoning_start",
     "run_error",
@@ -82,6 +83,7 @@ REASONING_END: Final = EventType.REASONING_END.value
 REASONING_MESSAGE_START: Final = EventType.REASONING_MESSAGE_START.value
 REASONING_MESSAGE_CONTENT: Final = EventType.REASONING_MESSAGE_CONTENT.value
 REASONING_MESSAGE_END: Final = EventType.REASONING_MESSAGE_END.value
+REASONING_ENCRYPTED_VALUE: Final = EventType.REASONING_ENCRYPTED_VALUE.value
 SUBAGENT_STARTED: Final = EventType.SUBAGENT_STARTED.value
 SUBAGENT_FINISHED: Final = EventType.SUBAGENT_FINISHED.value
 SUBAGENT_ERROR: Final = EventType.SUBAGENT_ERROR.value
@@ -223,6 +225,13 @@ def reasoning_content(message_id: str, delta: str) -> Event:
 def reasoning_end(message_id: str) -> list[Event]:
     return [{"type": REASONING_MESSAGE_END, "messageId": message_id},
             {"type": REASONING_END, "messageId": message_id}]
+
+
+def reasoning_encrypted_value(subtype: str, entity_id: str, value: str) -> Event:
+    """A model's reasoning as an opaque value the client keeps on the tool call
+    (`subtype` "tool-call") or message ("message") `entity_id` and sends back with it."""
+    return {"type": REASONING_ENCRYPTED_VALUE, "subtype": subtype, "entityId": entity_id,
+            "encryptedValue": value}
 
 
 def custom(name: str, value: Any) -> Event:

@@ -175,6 +175,21 @@ def test_results_follow_their_calls_as_in_1_10() -> None:
     assert all(m["status"]["code"] == "Success" for m in result["messages"])
 
 
+def test_signed_reasoning_is_not_shown_to_1_10_clients() -> None:
+    """REASONING_ENCRYPTED_VALUE (an AG-UI 1.0 run's, stored in the thread) has no GraphQL
+    form: the 1.10 client gets the call alone, as without it."""
+    signed = ev.reasoning_encrypted_value("tool-call", "c1", "opaque")
+    plain = streamed([call("c1", "notify", "{}"), FINISHED], frontend=frozenset({"notify"}))
+    with_signed = streamed([[*call("c1", "notify", "{}"), signed], FINISHED],
+                           frontend=frozenset({"notify"}))
+    def shown(result: dict[str, Any]) -> list[Any]:
+        return [{k: v for k, v in m.items() if k != "createdAt"} for m in result["messages"]]
+
+    assert shown(with_signed) == shown(plain)
+    assert [m["__typename"] for m in shown(plain)] == ["ActionExecutionMessageOutput"]
+    assert "opaque" not in json.dumps(with_signed)
+
+
 def test_held_messages_are_sent_when_no_result_comes() -> None:
     result = streamed([[*call("c1", "lookup", "{}"), ev.text_message_start("m"),
                         ev.text_message_content("m", "after")], FINISHED])

@@ -42,13 +42,18 @@ from copilot_runtime import (
 )
 from copilot_runtime.adapters import (
     ChatRequest,
+    EncryptedReasoning,
     ReasoningDelta,
     StreamEnd,
     TextDelta,
     ToolCallDelta,
     ToolSpec,
 )
-from copilot_runtime.adapters.anthropic import AnthropicStreamParser, to_anthropic_messages
+from copilot_runtime.adapters.anthropic import (
+    AnthropicStreamParser,
+    signed_thinking_value,
+    to_anthropic_messages,
+)
 from copilot_runtime.adapters.google import to_gemini_contents, to_gemini_schema
 from copilot_runtime.agents import HttpAgent
 from copilot_runtime.agents._shared_state import _DELTA_SPEC, _SNAPSHOT_SPEC
@@ -233,6 +238,8 @@ def test_anthropic_parser_handles_frames_split_anywhere() -> None:
             ToolCallDelta(0, "toolu_1", "f", ""), ToolCallDelta(0, None, None, '{"a":'),
             ToolCallDelta(0, None, None, "1}"),
             ToolCallDelta(1, "toolu_2", "g", ""), ToolCallDelta(1, None, None, "{}"),
+            # the answer's thinking, once, for the client to keep on its first call
+            EncryptedReasoning(0, signed_thinking_value(parser.thinking)),
             StreamEnd("tool_calls", {"prompt_tokens": 9, "completion_tokens": 5,
                                      "total_tokens": 14})]
         assert parser.done

@@ -11,6 +11,7 @@ from typing import Any
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
+    EncryptedReasoning,
     ReasoningDelta,
     ServiceAdapter,
     StreamEnd,
@@ -29,6 +30,7 @@ __all__ = [
     "ChatRequest",
     "DemoAdapter",
     "EmptyAdapter",
+    "EncryptedReasoning",
     "GoogleGenAIAdapter",
     "LangChainAdapter",
     "OpenAIAdapter",

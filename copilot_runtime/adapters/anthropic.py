@@ -66,6 +66,7 @@ from copilot_runtime.adapters._idle import DEFAULT_TIMEOUT, IdleBound, read_time
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
+    EncryptedReasoning,
     ReasoningDelta,
     StreamEnd,
     TextDelta,
@@ -194,7 +195,9 @@ class AnthropicAdapter:
 
     def build_params(self, request: ChatRequest) -> dict[str, Any]:
         """The Messages request body for `request` (without `stream`)."""
-        system, messages = to_anthropic_messages(request.messages, self._thinking_of)
+        thinking_on = self.thinking is not None and self.thinking.get("type") != "disabled"
+        system, messages = to_anthropic_messages(request.messages, self._thinking_of,
+                                                 client_thinking=thinking_on)
         if request.system_prompt:
             system.insert(0, request.system_prompt)
         params: dict[str, Any] = {
@@ -593,6 +596,10 @@ class AnthropicStreamParser:
             self._usage(event.get("usage"))
         elif kind == "message_stop":
             self.done = self.finished = True
+            if self.thinking and self.tool_ids:
+                # Once per answer, for the client to send back on its first call: the loop's
+                # next request may land on a worker whose `keep_thinking` never saw it.
+                out.append(EncryptedReasoning(0, signed_thinking_value(self.thinking)))
             out.append(StreamEnd(self.finish_reason, usage(
                 self.input_tokens, self.output_tokens, **self.extra_usage)))
         elif kind == "error":
@@ -629,11 +636,14 @@ def to_anthropic_messages(
         messages: Sequence[Message],
         thinking: Mapping[str, list[dict[str, Any]]]
         | Callable[[str], list[dict[str, Any]] | None] | None = None,
+        *, client_thinking: bool = False,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """AG-UI history → (system texts, Messages turns), repaired as the module says.
 
     `thinking` maps (or looks up) the first tool_use id of an answer to that answer's
-    thinking blocks, which are put back in front of its tool calls.
+    thinking blocks, which are put back in front of its tool calls. With
+    `client_thinking`, an answer it has none for takes them from its first call's
+    `encryptedValue` (`signed_thinking_value`), when that holds nothing but thinking blocks.
     """
     thinking_of = thinking if callable(thinking) else (thinking or {}).get
     system: list[str] = []
@@ -644,7 +654,11 @@ def to_anthropic_messages(
         elif isinstance(message, AssistantMessage):
             blocks: list[dict[str, Any]] = []
             if message.tool_calls:
-                blocks.extend(thinking_of(message.tool_calls[0].id) or ())
+                first = message.tool_calls[0]
+                kept = thinking_of(first.id)
+                if kept is None and client_thinking and first.encrypted_value is not None:
+                    kept = thinking_from_value(first.encrypted_value)
+                blocks.extend(kept or ())
             text = text_of(message.content)
             if text and not text.isspace():  # the API refuses blank text blocks
                 blocks.append({"type": "text", "text": text})
@@ -668,6 +682,56 @@ def to_anthropic_messages(
     if not turns:
         turns.append({"role": "user", "content": [{"type": "text", "text": OPENING_TURN}]})
     return system, turns
+
+
+#: What starts the opaque value an answer's thinking travels in through the client; the
+#: blocks follow as base64url JSON (opaque to clients, which only keep and return it).
+_SIGNED_PREFIX = "anthropic-thinking.1:"
+#: The longest such value read back: a 128k-token thinking budget is well under it.
+_MOST_SIGNED_CHARS = 4 * 1024 * 1024
+_MOST_SIGNED_BLOCKS = 256
+_THINKING_FIELDS = {"thinking": ("type", "thinking", "signature"),
+                    "redacted_thinking": ("type", "data")}
+
+
+def signed_thinking_value(blocks: Sequence[dict[str, Any]]) -> str:
+    """An answer's thinking blocks as the opaque string its client keeps on its first call."""
+    return _SIGNED_PREFIX + base64.urlsafe_b64encode(orjson.dumps(blocks)).decode()
+
+
+def thinking_from_value(value: Any) -> list[dict[str, Any]] | None:
+    """The thinking blocks of a value `signed_thinking_value` made, rebuilt from their own
+    fields alone; None (said at debug level) for anything else: the client is trusted to
+    forward only what Anthropic signed, which the API verifies."""
+    read = _signed_blocks(value)
+    if isinstance(read, str):
+        _log.debug("anthropic_thinking_ignored", reason=read)
+        return None
+    return read
+
+
+def _signed_blocks(value: Any) -> list[dict[str, Any]] | str:
+    """`thinking_from_value`'s blocks, or why there are none."""
+    if not isinstance(value, str) or not value.startswith(_SIGNED_PREFIX):
+        return "the encryptedValue is not this adapter's"
+    if len(value) > _MOST_SIGNED_CHARS:
+        return "the encryptedValue is too long"
+    try:
+        decoded = orjson.loads(base64.b64decode(value[len(_SIGNED_PREFIX):], altchars=b"-_",
+                                                validate=True))
+    except (binascii.Error, ValueError):  # (orjson's decode error is a ValueError)
+        return "the encryptedValue is not base64url JSON"
+    if not isinstance(decoded, list) or not 0 < len(decoded) <= _MOST_SIGNED_BLOCKS:
+        return "the encryptedValue is not a list of blocks"
+    blocks: list[dict[str, Any]] = []
+    for block in decoded:
+        kind = block.get("type") if isinstance(block, dict) else None
+        fields = _THINKING_FIELDS.get(kind) if isinstance(kind, str) else None
+        if fields is None or set(block) != set(fields) or not all(
+                isinstance(block[f], str) for f in fields) or not block[fields[-1]]:
+            return "the encryptedValue holds a block that is not a signed thinking block"
+        blocks.append({f: block[f] for f in fields})
+    return blocks
 
 
 def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:

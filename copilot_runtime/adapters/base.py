@@ -18,6 +18,7 @@ from ag_ui.core import Message
 __all__ = [
     "ChatDelta",
     "ChatRequest",
+    "EncryptedReasoning",
     "ReasoningDelta",
     "ServiceAdapter",
     "StreamEnd",
@@ -72,12 +73,21 @@ class ReasoningDelta(NamedTuple):
     text: str
 
 
+class EncryptedReasoning(NamedTuple):
+    """An answer's signed reasoning as an opaque string, once per answer, after its tool
+    call `call_index` started: the client keeps it on that call and sends it back, so the
+    loop's next request can carry the reasoning wherever it lands (Claude's thinking)."""
+
+    call_index: int
+    value: str
+
+
 class StreamEnd(NamedTuple):
     finish_reason: str | None
     usage: dict[str, Any] | None = None
 
 
-ChatDelta = TextDelta | ToolCallDelta | ReasoningDelta | StreamEnd
+ChatDelta = TextDelta | ToolCallDelta | ReasoningDelta | EncryptedReasoning | StreamEnd
 
 
 @runtime_checkable

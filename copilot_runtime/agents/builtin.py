@@ -42,6 +42,7 @@ from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
+    EncryptedReasoning,
     ReasoningDelta,
     ServiceAdapter,
     StreamEnd,
@@ -63,6 +64,7 @@ from copilot_runtime.events import (
     LastBatch,
     failed_tool_content,
     reasoning_content,
+    reasoning_encrypted_value,
     reasoning_end,
     reasoning_start,
     run_finished,
@@ -137,6 +139,10 @@ class _Answer:
     #: for the others the model's reasoning is left out.
     show_reasoning: bool = False
     reasoning_id: str | None = None
+    #: The answer's signed reasoning (`EncryptedReasoning`): the call it goes on, its value,
+    #: and whether its event was sent (it waits for the call's TOOL_CALL_START).
+    signed: tuple[_Call, str] | None = None
+    signed_said: bool = False
 
     def translate(self, deltas: Sequence[ChatDelta]) -> list[Event]:
         """The events of one batch of deltas.
@@ -199,6 +205,11 @@ class _Answer:
                         self.reasoning_id = str(uuid.uuid4())
                         batch.extend(reasoning_start(self.reasoning_id))
                     batch.append(reasoning_content(self.reasoning_id, delta.text))
+            elif type(delta) is EncryptedReasoning:
+                signed_call = by_index.get(delta.call_index)
+                if signed_call is not None:
+                    self.signed = (signed_call, delta.value)
+                    self._say_signed(batch)
             else:
                 self.end = delta  # type: ignore[assignment]
         self.text_open, self.open_call = text_open, open_call
@@ -219,8 +230,18 @@ class _Answer:
             if call.said == _OPEN:
                 call.said = _ENDED
                 tail.append(tool_call_end(call.id))
+        self._say_signed(tail)
         self.open_call = None
         return tail
+
+    def _say_signed(self, out: list[Event]) -> None:
+        """The REASONING_ENCRYPTED_VALUE of the answer's signed reasoning, once its call
+        started (for the clients that know the event: those shown reasoning)."""
+        if self.signed is None or self.signed_said or not self.show_reasoning \
+                or self.signed[0].said == _HELD:
+            return
+        self.signed_said = True
+        out.append(reasoning_encrypted_value("tool-call", self.signed[0].id, self.signed[1]))
 
     def cut_call(self) -> _Call | None:
         """The first call whose arguments are not whole JSON (read once, at the answer's
@@ -229,10 +250,13 @@ class _Answer:
 
     def message(self) -> AssistantMessage:
         """The answer as the assistant message the next step's history holds."""
-        return AssistantMessage(
-            id=self.message_id, content="".join(self.text) or None,
-            tool_calls=[ToolCall(id=c.id, function=FunctionCall(
-                name=c.name, arguments="".join(c.arguments))) for c in self.calls] or None)
+        calls = [ToolCall(id=c.id, function=FunctionCall(
+            name=c.name, arguments="".join(c.arguments))) for c in self.calls]
+        if self.signed is not None:  # (read back should the adapter no longer hold it)
+            at = self.calls.index(self.signed[0])
+            calls[at] = calls[at].model_copy(update={"encrypted_value": self.signed[1]})
+        return AssistantMessage(id=self.message_id, content="".join(self.text) or None,
+                                tool_calls=calls or None)
 
 
 class BuiltInAgent(Agent):

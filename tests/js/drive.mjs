@@ -437,6 +437,31 @@ const scenarios = {
       events: recorder.events,
     };
   },
+
+  // A frontend tool's loop with a plain AG-UI 1.0 HttpAgent, its second run sent to another
+  // runtime (options.secondUrl: another worker, or the same after a restart). The agent runs no
+  // tool itself: the driver answers the call and the agent sends back what it kept of the first
+  // run (a tool call's encryptedValue from REASONING_ENCRYPTED_VALUE among it).
+  async agui_tool_loop({ secondUrl = runtimeUrl, threadId = uid("thread"), text }) {
+    const tools = [{
+      name: "sayHello",
+      description: "Greet a person by name.",
+      parameters: { type: "object", properties: { name: { type: "string" } }, required: ["name"] },
+    }];
+    const agent = new HttpAgentV1({ url: `${runtimeUrl}/agent/default/run`, threadId });
+    const recorder = recordEvents(agent);
+    agent.addMessage(userMessage(text ?? 'think: call:sayHello {"name":"Ada"}'));
+    await agent.runAgent({ tools });
+    const firstMessages = clone(agent.messages);
+    const asked = agent.messages.findLast((m) => m.role === "assistant" && m.toolCalls?.length);
+    if (!asked) throw new Error("the model called no tool");
+    const call = asked.toolCalls[0];
+    agent.addMessage({ id: uid("tool"), role: "tool", toolCallId: call.id, content: '{"greeting":"Hello, Ada!"}' });
+    agent.url = `${secondUrl.replace(/\/+$/, "")}/agent/default/run`;
+    await agent.runAgent({ tools });
+    recorder.stop();
+    return { threadId, firstMessages, messages: clone(agent.messages), events: recorder.events };
+  },
 };
 
 // ---- main ---------------------------------------------------------------------------------------
