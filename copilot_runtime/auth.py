@@ -204,14 +204,15 @@ class JWTAuth:
         # Both name a thread's owner in every store. Only a non-empty string is an id: a
         # number or a boolean turned into one would share its owner with a string (5 and
         # "5" one tenant); ids a store could not keep are refused here rather than failing
-        # the run's write after it streamed.
+        # the run's write after it streamed. Held to what a new id is (not "." or
+        # ".."), as the documented bounds on ids promise of a token's.
         for name, value in ((self.principal_claim, subject), (self.tenant_claim, tenant)):
             if value is None:
                 continue
             if not isinstance(value, str) or not value:
                 raise AuthenticationError(f"The token's '{name}' claim is not a non-empty "
                                           "string")
-            if id_problem(value) is not None:
+            if id_problem(value, new=True) is not None:
                 raise AuthenticationError(f"The token's '{name}' claim is not a usable id")
         roles: Any = claims.get(self.roles_claim) if self.roles_claim else None
         if isinstance(roles, str):

@@ -9,16 +9,17 @@ principal claim that is not a non-empty string already was."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import jwt
 import orjson
 import pytest
 
-from copilot_runtime import AuthenticationError, JWTAuth
+from copilot_runtime import AuthenticationError, JWTAuth, SQLiteThreadStore
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.testing import MockOpenAIServer
-from tests.conftest import ServeRuntime, openai_runtime
+from tests.conftest import ServeRuntime, openai_runtime, run_input
 
 SECRET = "a-test-secret-of-at-least-32-bytes!!"
 
@@ -85,3 +86,35 @@ async def test_a_numeric_tenant_is_refused_over_http(serve_runtime: ServeRuntime
                 assert b"'org' claim" in body
                 assert SECRET.encode() not in body
                 assert token.removeprefix("Bearer ").encode() not in body
+
+
+@pytest.mark.parametrize("claims", [
+    {"sub": "mallory\ud800"}, {"sub": "\udfffmallory"}, {"org": "acme\udfff"},
+    {"sub": "."}, {"sub": ".."}],
+    ids=["sub-high-surrogate", "sub-low-surrogate", "tenant-surrogate", "sub-dot",
+         "sub-dot-dot"])
+async def test_a_claim_no_store_keeps_or_no_url_carries_is_a_401(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer, tmp_path: Path,
+        claims: dict[str, str]) -> None:
+    """A lone surrogate (a JSON escape PyJWT keeps, as `"\\ud800"`) passed as an id: the
+    listings answered 500 and every run streamed to its end and was never stored. A `sub`
+    of "." or ".." passed too, though the bounds on ids refuse them. Each is a 401 now, on
+    every route, and nothing is stored."""
+    runtime = openai_runtime(llm, auth=_auth(),
+                             thread_store=SQLiteThreadStore(tmp_path / "threads.sqlite3"))
+    async with serve_runtime(runtime) as served:
+        token = _request(**claims).headers["authorization"]
+        for method, path, body in (("GET", "/threads", None), ("GET", "/approvals", None),
+                                   ("POST", "/agent/default/run", run_input("hi"))):
+            response = await served.session.request(
+                method, served.url + path, data=None if body is None else orjson.dumps(body),
+                headers={"Authorization": token, "Content-Type": "application/json"})
+            answer = await response.read()
+            assert response.status == 401, (path, answer)
+            assert orjson.loads(answer)["code"] == "AUTHENTICATION_ERROR"
+            assert b"claim is not a usable id" in answer
+        assert (await runtime.store.list()) == []
+        fine = _request(sub="mallory", org="acme").headers["authorization"]
+        response = await served.session.get(served.url + "/threads",
+                                            headers={"Authorization": fine})
+        assert response.status == 200, await response.text()

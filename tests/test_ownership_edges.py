@@ -35,7 +35,7 @@ from copilot_runtime.threads import InMemoryThreadStore, ThreadStore
 from copilot_runtime.workflows.review_loop import ReviewLoop
 from tests.conftest import Served, ServeRuntime, run_input
 from tests.test_hitl_agui import Drafting
-from tests.test_trust_ownership import ALICE, BOB, TOKENS, call
+from tests.test_trust_ownership import ALICE, BOB, CAROL, TOKENS, call
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,12 +44,12 @@ LOAD = ("query($data: LoadAgentStateInput!) { loadAgentState(data: $data) "
 GQL = {"X-CopilotKit-Runtime-Client-GQL-Version": "1.10.6"}
 
 
-def review_runtime(saver: DurableCheckpointer, store: ThreadStore | None = None
-                   ) -> CopilotRuntime:
+def review_runtime(saver: DurableCheckpointer, store: ThreadStore | None = None,
+                   **options: Any) -> CopilotRuntime:
     agent = ReviewLoop([Drafting(n) for n in ("Invoice", "Closing", "Audit")]).agent(
         name="review", checkpointer=saver)
     return CopilotRuntime(agents={"review": agent}, auth=BearerTokenAuth(TOKENS),
-                          **({"thread_store": store} if store is not None else {}))
+                          **({"thread_store": store} if store is not None else {}), **options)
 
 
 async def state_seen_by(served: Served, token: str, thread: str) -> bytes:
@@ -106,6 +106,42 @@ async def test_a_thread_the_store_forgot_is_nobodys_while_its_agent_keeps_it(
         status, _, _ = await call(served, "POST", "/agent/review/run", BOB,
                                   run_input("Hi", thread="bob-new", run="b2"))
         assert status == 200  # a thread nobody keeps is still the caller's to start
+        await approval_service(restarted).aclose()
+    await restarted.aclose()
+
+
+async def test_every_approval_listed_opens_after_the_store_forgot_its_thread(
+        serve_runtime: ServeRuntime, tmp_path: Path) -> None:
+    """The ledger (beside durable checkpoints) records the owner of an approval's thread;
+    the in-memory store forgets the thread on a restart. The listing filtered by the
+    recorded owner and opening one by id by the thread's owner now: after a restart its
+    owner and an approver listed an approval whose GET and POST answered 404. A listing
+    leaves out what cannot be opened now."""
+    saver = checkpointer(f"sqlite:///{tmp_path}/cp.sqlite3")
+    runtime = review_runtime(saver, InMemoryThreadStore(), approver_roles={"approver"})
+    async with serve_runtime(runtime) as served:
+        forgotten = await alices_approval(served, "alice-before")
+        await approval_service(runtime).aclose()
+    await runtime.aclose()
+    restarted = review_runtime(checkpointer(f"sqlite:///{tmp_path}/cp.sqlite3"),
+                               InMemoryThreadStore(), approver_roles={"approver"})
+    async with serve_runtime(restarted) as served:
+        kept = await alices_approval(served, "alice-after")  # this process's store has it
+        for token in (ALICE, CAROL, BOB):
+            for query in ("", "?status=all", "?threadId=alice-before",
+                          "?status=all&limit=1", "?threadId=alice-after"):
+                status, body, _ = await call(served, "GET", f"/approvals{query}", token)
+                assert status == 200, body
+                listed = [a["id"] for a in orjson.loads(body)["approvals"]]
+                assert forgotten not in listed, (token, query)
+                for approval_id in listed:
+                    opened, body, _ = await call(served, "GET", f"/approvals/{approval_id}",
+                                                 token)
+                    assert opened == 200, (token, query, body)
+            _, body, _ = await call(served, "GET", "/approvals", token)
+            assert [a["id"] for a in orjson.loads(body)["approvals"]] == (
+                [] if token == BOB else [kept])
+        assert (await call(served, "GET", f"/approvals/{forgotten}", ALICE))[0] == 404
         await approval_service(restarted).aclose()
     await restarted.aclose()
 

@@ -245,7 +245,10 @@ class ApprovalService:
         it could not look up, and the next page goes on from there). The next key is one
         of the viewer's approvals, or the `after` it asked with (`_START` for none), so
         neither says anything of the others; a thread it may not see is listed as one
-        that does not exist."""
+        that does not exist. What a page returns is checked against the owner its thread
+        has now (`thread_owner`, once a thread), as opening an approval by id is: one
+        recorded as the viewer's on a thread that is no longer (a store that forgot it)
+        is left out, so every approval listed can be opened."""
         owners = None
         if viewer is not None:
             if thread_owner is None:
@@ -288,6 +291,8 @@ class ApprovalService:
             next_key = found[-1][0].key if found else asked_after or _START
         out: list[Approval] = []
         for approval, store, agent in found:
+            if owners is not None and not await owners.sees_now(approval):
+                continue  # recorded as the viewer's, its thread is not now: it would be a 404
             if approval.status == "pending" and not await self._still_waiting(
                     store, agent, approval):
                 # Withdrawn, unless an answer or a timeout claimed it since our read
@@ -707,7 +712,17 @@ class _Owners:
         self._met: set[str] = set()  # the approvals whose owner it found
 
     async def sees_thread(self, thread_id: str) -> bool:
-        return self.viewer.sees(await self._lookup(thread_id))
+        return self.viewer.sees(await self._owner_now(thread_id))
+
+    async def sees_now(self, approval: Approval) -> bool:
+        """Whether the viewer sees the owner its thread has now (not the one recorded):
+        what the routes of one approval decide by."""
+        return self.viewer.sees(await self._owner_now(approval.thread_id))
+
+    async def _owner_now(self, thread_id: str) -> ThreadOwner | None:
+        if thread_id not in self._found:
+            self._found[thread_id] = await self._lookup(thread_id)
+        return self._found[thread_id]
 
     async def record(self, read: Sequence[tuple[Approval, ApprovalStore, object]]) -> None:
         """Look up the owners of `read`'s threads that have none recorded, oldest first,
@@ -718,11 +733,9 @@ class _Owners:
             thread_id = approval.thread_id
             if approval.owner_known or len(self._met) >= _OWNER_ROWS:
                 continue
-            if thread_id not in self._found:
-                if len(self._found) >= _OWNER_READS:
-                    continue
-                self._found[thread_id] = await self._lookup(thread_id)
-            owner = self._found[thread_id]
+            if thread_id not in self._found and len(self._found) >= _OWNER_READS:
+                continue
+            owner = await self._owner_now(thread_id)
             self._met.add(approval.id)
             if owner is None and approval.created_at > now - _OWNER_GRACE:
                 continue  # maybe not stored yet: nobody's for now, looked up next time

@@ -85,12 +85,17 @@ MAX_ID_LENGTH = 256
 #: The start of the thread ids a chat suggestion's agent runs on when it keeps threads in
 #: this process (`RunManager.begin_unstored`): nobody's, so no approval on one is served.
 SUGGESTION_THREAD_PREFIX = "copilot-suggestion-"
-#: What no id, title or name holds (PostgreSQL's text cannot even hold NUL).
-CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+# What a string that encodes as UTF-8 never holds: half of a UTF-16 pair, alone (a Python
+# string keeps what a JSON escape such as "\ud800" says). No store can write it.
+_LONE_SURROGATES = re.compile(r"[\ud800-\udfff]")
+#: What no id, title or name holds (PostgreSQL's text cannot even hold NUL; no store, a
+#: lone surrogate).
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 #: What no title or name holds either: C1 control characters ("\x85" breaks a line, "\x9b"
 #: starts a terminal escape), line and paragraph separators, and the bidirectional
 #: embeddings, overrides and isolates that make a name read as other text ("Trojan Source").
-NOT_IN_NAMES = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+NOT_IN_NAMES = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 #: An event and its position in the thread (None inside a compacted run).
 Positioned = tuple[int | None, Event]
@@ -318,6 +323,10 @@ def id_problem(value: str, *, new: bool = False) -> str | None:
     run is about to give a thread or run, held to more (one already kept stays reachable)."""
     if len(value) > MAX_ID_LENGTH:
         return f"is longer than {MAX_ID_LENGTH} characters"
+    if _LONE_SURROGATES.search(value):
+        # Request bodies read one as U+FFFD, but a token's claims (PyJWT's `json`) keep it,
+        # and no store's encoder takes it: every read and write of the id would fail.
+        return "is not UTF-8 text (it holds a lone surrogate)"
     if CONTROL_CHARACTERS.search(value):
         return "contains a control character"
     if NOT_IN_NAMES.search(value):
