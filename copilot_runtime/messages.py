@@ -10,6 +10,8 @@ The runtime's own shape is the AG-UI message as JSON (camelCase dicts: `{"id", "
 * `to_openai`: Chat Completions messages (from the validated `ag_ui.core` models).
 * `paired_tool_calls`: a history whose tool calls are each answered at once, as the model
   APIs require.
+* `tool_media_after_results`: a tool result's attachments moved to a user turn after the
+  results, for the APIs whose tool results take text only.
 * `text_of`: the text of any message content.
 * `attachment_filename`, `media_type`, `inline_image_type`, `unsupported_attachment`: what
   each provider's conversion reads of a user's file, and the error for a file its provider
@@ -32,6 +34,7 @@ from ag_ui.core import (
     DeveloperMessage,
     Message,
     SystemMessage,
+    TextPart,
     ToolMessage,
     UserMessage,
 )
@@ -52,6 +55,7 @@ __all__ = [
     "to_json_representation",
     "to_legacy",
     "to_openai",
+    "tool_media_after_results",
     "unsupported_attachment",
 ]
 
@@ -305,8 +309,10 @@ def paired_tool_calls(messages: Sequence[Message]) -> Sequence[Message]:
         if isinstance(message, ToolMessage):
             if message.tool_call_id not in called:
                 said = text_of(message.content) or message.error or ""
+                quoted = f"(Result of tool call {message.tool_call_id}: {said})"
+                media = _media_parts(message.content)
                 out.append(UserMessage(id=message.id, content=(
-                    f"(Result of tool call {message.tool_call_id}: {said})")))
+                    [TextPart(text=quoted), *media] if media else quoted)))
             continue  # (placed after its call)
         out.append(message)
         if isinstance(message, AssistantMessage):
@@ -337,13 +343,55 @@ def _paired(messages: Sequence[Message]) -> bool:
     return not waiting
 
 
+def _media_parts(content: Any) -> list[Any]:
+    """The parts of a message's content that are not text (its attachments)."""
+    if not isinstance(content, list):
+        return []
+    return [part for part in content if getattr(part, "type", "text") != "text"]
+
+
+def tool_media_after_results(messages: Sequence[Message]) -> Sequence[Message]:
+    """A paired history (`paired_tool_calls`) with each tool result's attachments moved
+    into a user message after the results of its assistant message (tool call and results
+    stay together, as the APIs require): a short text naming the call, then the parts, for
+    the user-message conversion to send or refuse. For the APIs whose tool results take
+    text only (Chat Completions, Gemini, LangChain's messages); before, they were dropped."""
+    out: list[Message] = []
+    names: dict[str, str] = {}
+    waiting: list[Message] = []  # the attachments of the results since the last call
+    for message in messages:
+        if isinstance(message, ToolMessage):
+            media = _media_parts(message.content)
+            if media:
+                call = message.tool_call_id
+                name = names.get(call)
+                said = f"{name} ({call})" if name else call
+                waiting.append(UserMessage(id=f"{message.id}-attachments", content=[
+                    TextPart(text=f"(Attachments of the result of tool call {said}:)"),
+                    *media]))
+                message = message.model_copy(update={"content": text_of(message.content)})
+            out.append(message)
+            continue
+        if waiting and message.role not in _NOT_MODEL_INPUT:
+            out.extend(waiting)
+            waiting = []
+        if isinstance(message, AssistantMessage):
+            names.update((c.id, c.function.name) for c in message.tool_calls or ())
+        out.append(message)
+    out.extend(waiting)
+    return out
+
+
 def to_openai(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """AG-UI messages (`ag_ui.core` models) → Chat Completions messages, tool calls
-    paired (`paired_tool_calls`)."""
+    paired (`paired_tool_calls`), a tool result's attachments after the results
+    (`tool_media_after_results`: a tool message takes text only)."""
     out: list[dict[str, Any]] = []
-    for message in paired_tool_calls(messages):
+    for message in tool_media_after_results(paired_tool_calls(messages)):
         if isinstance(message, UserMessage):
-            out.append({"role": "user", "content": _openai_user_content(message.content)})
+            content = _openai_user_content(message.content)
+            if content != []:  # the API refuses an empty content array with a 400
+                out.append({"role": "user", "content": content})
         elif isinstance(message, AssistantMessage):
             item: dict[str, Any] = {"role": "assistant", "content": _text(message.content)}
             if message.tool_calls:
@@ -492,8 +540,9 @@ def attachment_source(provider: str, part: Any) -> Any:
 
 
 def unsupported_attachment(provider: str, part: Any, why: str) -> UnsupportedAttachmentError:
-    """The error failing a run whose user message has `part`, which `provider` cannot take
-    (`why` says what it does take): the kind, type and form of the file, never its bytes."""
+    """The error failing a run whose user (or tool) message has `part`, which `provider`
+    cannot take (`why` says what it does take): the kind, type and form of the file, never
+    its bytes."""
     kind = str(getattr(part, "type", "unknown"))[:20]
     source = getattr(part, "source", None)
     how = _SOURCE_WORDS.get(str(getattr(source, "type", "")), "an unknown source")

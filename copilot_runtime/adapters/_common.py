@@ -19,8 +19,8 @@ from copilot_runtime.adapters.base import ChatDelta
 _E = TypeVar("_E", bound=BaseException)
 
 #: The user turn sent for a history with none (a run started with no messages, or only a
-#: system one: `runAgent()` on load): Anthropic and Gemini refuse a request without any,
-#: where OpenAI answers from the system prompt alone; so do they now.
+#: system one or UI state: `runAgent()` on load): Anthropic and Gemini refuse a request
+#: without any, and Chat Completions one of no messages at all; every adapter sends this.
 OPENING_TURN = "Begin."
 
 def find_cause(exc: BaseException, kind: type[_E]) -> _E | None:

@@ -668,12 +668,7 @@ def to_anthropic_messages(
             if blocks:
                 _append(turns, "assistant", blocks)
         elif isinstance(message, ToolMessage):
-            content = text_of(message.content) or ""
-            result: dict[str, Any] = {"type": "tool_result",
-                                      "tool_use_id": message.tool_call_id, "content": content}
-            if message.error:
-                result.update(content=content or f"Error: {message.error}", is_error=True)
-            _append(turns, "user", [result])
+            _append(turns, "user", [_tool_result(message)])
         elif isinstance(message, SystemMessage | DeveloperMessage):
             text = text_of(message.content)
             if text:
@@ -741,6 +736,24 @@ def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]
         turns[-1]["content"].extend(blocks)
     else:
         turns.append({"role": role, "content": blocks})
+
+
+def _tool_result(message: ToolMessage) -> dict[str, Any]:
+    """A tool message as a `tool_result` block: its text, or, with attachments, its parts
+    as a user message's blocks (the API takes text, images and documents there)."""
+    result: dict[str, Any] = {"type": "tool_result", "tool_use_id": message.tool_call_id}
+    error = f"Error: {message.error}" if message.error else None
+    if isinstance(message.content, list) and any(
+            getattr(part, "type", "text") != "text" for part in message.content):
+        blocks = _user_blocks(message.content)
+        if error and not any(block["type"] == "text" for block in blocks):
+            blocks.insert(0, {"type": "text", "text": error})
+        result["content"] = blocks
+    else:
+        result["content"] = text_of(message.content) or error or ""
+    if error:
+        result["is_error"] = True
+    return result
 
 
 def _user_blocks(content: Any) -> list[dict[str, Any]]:

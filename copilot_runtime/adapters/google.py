@@ -11,8 +11,9 @@ connects directly) sends through the SDK; its chunks go through the same parser.
 
 What Gemini refuses is repaired on the way out: tool parameter schemas are converted to the
 OpenAPI subset it accepts (`to_gemini_schema`, each rule tested), every function call gets a
-function response in the next turn, arguments and responses are always objects, system and
-developer messages go to `system_instruction`. Gemini 3 signs its function calls
+function response in the next turn, arguments and responses are always objects (a tool
+result's attachments go in the user turn after the responses), system and developer messages
+go to `system_instruction`. Gemini 3 signs its function calls
 (`thought_signature`) and refuses a history that drops the signature; the adapter remembers
 the signatures of the calls it streamed, by call id, and puts them back; a call whose
 signature it does not hold (streamed by another worker or before a restart) goes with the
@@ -83,6 +84,7 @@ from copilot_runtime.messages import (
     attachment_source,
     media_type,
     paired_tool_calls,
+    tool_media_after_results,
     unsupported_attachment,
 )
 
@@ -752,7 +754,7 @@ def to_gemini_contents(
     system: list[str] = []
     turns: list[tuple[str, list[dict[str, Any]]]] = []
     names: dict[str, str] = {}  # call id → function name, for the responses
-    for message in paired_tool_calls(messages):
+    for message in tool_media_after_results(paired_tool_calls(messages)):
         if isinstance(message, UserMessage):
             _append(turns, "user", _user_parts(message.content))
         elif isinstance(message, AssistantMessage):

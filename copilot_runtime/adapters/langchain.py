@@ -45,6 +45,7 @@ from copilot_runtime._exceptions import (
     upstream_said,
 )
 from copilot_runtime.adapters._common import (
+    OPENING_TURN,
     arguments_object,
     error_body_message,
     text_of,
@@ -63,6 +64,7 @@ from copilot_runtime.messages import (
     attachment_source,
     media_type,
     paired_tool_calls,
+    tool_media_after_results,
 )
 
 __all__ = ["LangChainAdapter", "to_langchain_messages"]
@@ -184,11 +186,15 @@ def _chunk_text(content: Any) -> str:
 
 def to_langchain_messages(messages: Sequence[Message]) -> list[BaseMessage]:
     """AG-UI history → LangChain messages (tool arguments as objects, tool calls paired:
-    `paired_tool_calls`)."""
+    `paired_tool_calls`, a tool result's attachments in a human message after the results:
+    `tool_media_after_results`, as not every integration takes media in a tool message),
+    with an opening human message when no turn is left."""
     out: list[BaseMessage] = []
-    for message in paired_tool_calls(messages):
+    for message in tool_media_after_results(paired_tool_calls(messages)):
         if isinstance(message, UserMessage):
-            out.append(HumanMessage(content=_user_content(message.content)))
+            content = _user_content(message.content)
+            if content != []:  # (an empty content array is refused by OpenAI's API)
+                out.append(HumanMessage(content=content))
         elif isinstance(message, AssistantMessage):
             out.append(AIMessage(content=text_of(message.content) or "", tool_calls=[
                 {"id": c.id, "name": c.function.name,
@@ -203,6 +209,8 @@ def to_langchain_messages(messages: Sequence[Message]) -> list[BaseMessage]:
                 out.append(LCToolMessage(content=content, tool_call_id=message.tool_call_id))
         elif isinstance(message, SystemMessage | DeveloperMessage):
             out.append(LCSystemMessage(content=text_of(message.content) or ""))
+    if not any(isinstance(item, HumanMessage | AIMessage | LCToolMessage) for item in out):
+        out.append(HumanMessage(content=OPENING_TURN))
     return out
 
 

@@ -37,7 +37,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._held import HeldBytes
 from copilot_runtime.adapters import _direct, _http1
-from copilot_runtime.adapters._common import after, tool_schema
+from copilot_runtime.adapters._common import OPENING_TURN, after, tool_schema
 from copilot_runtime.adapters._idle import DEFAULT_TIMEOUT, IdleBound, read_timeout, wait_bound
 from copilot_runtime.adapters.base import (
     ChatDelta,
@@ -62,6 +62,10 @@ _DEFAULT_BASE_URL = "https://api.openai.com/v1"
 # OpenAI's model names: the o series (o1, o3-mini, o4-mini-2025-04-16) and the GPT versions.
 _O_SERIES = re.compile(r"o\d+(?:-.*)?", re.S)
 _GPT_VERSION = re.compile(r"gpt-(?P<major>\d+)(?:\.(?P<minor>\d+))?(?:-(?P<variant>.*))?", re.S)
+
+
+#: The roles of a conversation's turns: a request with none gets the opening one.
+_TURN_ROLES = frozenset({"user", "assistant", "tool"})
 
 
 def is_reasoning_model(model: str) -> bool:
@@ -211,6 +215,9 @@ class OpenAIAdapter:
         if request.system_prompt:
             messages.append({"role": "system", "content": request.system_prompt})
         messages.extend(to_openai(request.messages))
+        if not any(item["role"] in _TURN_ROLES for item in messages):
+            # (only UI state, or nothing: the API refuses an empty array with a 400)
+            messages.append({"role": "user", "content": OPENING_TURN})
         if self._reasoning:
             for item in messages:
                 calls = item.get("tool_calls")
