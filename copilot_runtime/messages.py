@@ -89,10 +89,14 @@ def to_legacy(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                             "arguments": arguments, "parentMessageId": message_id})
         elif role == "tool":
             call_id = str(message.get("toolCallId") or "")
+            result = content if isinstance(content, str) else ""
+            error = message.get("error")
+            if error and not result:  # (the format has no error field: as the built-in agent)
+                result = f"Error: {error}"
             out.append({"id": message_id, "createdAt": _CREATED_AT, "type": "ResultMessage",
                         "actionExecutionId": call_id,
                         "actionName": call_names.get(call_id, ""),
-                        "result": content if isinstance(content, str) else ""})
+                        "result": result})
     return out
 
 

@@ -119,6 +119,37 @@ async def test_server_tool_frontend_tool_and_follow_up(
     assert text_of(second) == "echo: hi Ada"
 
 
+async def test_a_clients_tool_result_in_parts_or_with_an_error_reaches_the_model(
+        deployment: str, serve_runtime: ServeRuntime) -> None:
+    """A frontend tool's result in parts reached the platform's graph as each part's Python
+    repr, and one with an `error` as an empty result; the platform's thread gave them back
+    as "" and with the word "error" for its error."""
+    parts = [{"type": "text", "text": "see"}, {"type": "image", "source": {
+        "type": "url", "value": "https://example.test/x.png"}}]
+    failed = {"content": "", "error": "lookup failed: quota exceeded"}
+    answers = {}
+    async with serve_runtime(platform_runtime(deployment)) as served:
+        for name, result in (("parts", {"content": parts}), ("error", failed)):
+            messages = [
+                {"id": "u1", "role": "user", "content": "hi"},
+                {"id": "a1", "role": "assistant", "toolCalls": [
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "lookup", "arguments": "{}"}}]},
+                {"id": "t1", "role": "tool", "toolCallId": "c1", **result}]
+            answers[name] = await served.run(run_input("", thread=thread(), messages=messages),
+                                             agent="platform")
+    for events in answers.values():
+        verify_events(events)
+    # (the mock model echoes the text of the last message: here the tool's result)
+    assert text_of(answers["parts"]) == "echo: see"
+    assert text_of(answers["error"]) == "echo: Error: lookup failed: quota exceeded"
+    snapshots = {name: [m for m in of_type(events, "MESSAGES_SNAPSHOT")[-1]["messages"]
+                        if m["role"] == "tool"] for name, events in answers.items()}
+    assert snapshots == {
+        "parts": [{"id": "t1", "role": "tool", "toolCallId": "c1", "content": parts}],
+        "error": [{"id": "t1", "role": "tool", "toolCallId": "c1", **failed}]}
+
+
 async def test_shared_state(deployment: str, serve_runtime: ServeRuntime) -> None:
     conversation = thread()
     async with serve_runtime(platform_runtime(deployment, "planner")) as served:

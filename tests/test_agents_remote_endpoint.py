@@ -305,6 +305,7 @@ class FlakyEndpoint:
         self.failures: dict[str, list[int]] = {}
         self.calls: dict[str, int] = {}
         self.headers: list[dict[str, str]] = []
+        self.bodies: list[Any] = []  # (the agent runs')
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         route = request.match_info["route"]
@@ -319,6 +320,7 @@ class FlakyEndpoint:
         if route == "actions/execute":
             return web.json_response({"result": "pong"})
         body = await request.json()
+        self.bodies.append(body)
         lines = [{"type": "TextMessageStart", "messageId": "m"},
                  {"type": "TextMessageContent", "messageId": "m",
                   "content": f"hi {body['messages'][-1]['content']}"},
@@ -397,3 +399,29 @@ async def test_agent_runs_forward_headers_by_policy(flaky: tuple[FlakyEndpoint, 
         "Bearer u", "acme", "runtime")
     assert "cookie" not in sent
     assert "x-forwarded-for" not in sent
+
+
+async def test_a_tool_results_error_reaches_the_endpoint(
+        flaky: tuple[FlakyEndpoint, str], serve_runtime: ServeRuntime) -> None:
+    """The legacy messages have no error field: a frontend tool's failed result reached the
+    endpoint as an empty result, which its model took for a success."""
+    fake, url = flaky
+    found = await CopilotKitRemoteEndpoint(url, retry=FAST).discover()
+    messages = [{"id": "u1", "role": "user", "content": "hi"},
+                {"id": "a1", "role": "assistant", "toolCalls": [
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "lookup", "arguments": "{}"}},
+                    {"id": "c2", "type": "function",
+                     "function": {"name": "lookup", "arguments": "{}"}}]},
+                {"id": "t1", "role": "tool", "toolCallId": "c1", "content": "",
+                 "error": "lookup failed: quota exceeded"},
+                {"id": "t2", "role": "tool", "toolCallId": "c2", "content": "rows",
+                 "error": "partial"},
+                {"id": "u2", "role": "user", "content": "why?"}]
+    async with serve_runtime(CopilotRuntime(agents=dict(found.agents))) as served:
+        events = await served.run(run_input("", messages=messages), agent="bot")
+    verify_events(events)
+    results = [m for m in fake.bodies[-1]["messages"] if m["type"] == "ResultMessage"]
+    # (as the built-in agent tells its model; a result that says something says it)
+    assert [(m["actionExecutionId"], m["result"]) for m in results] == [
+        ("c1", "Error: lookup failed: quota exceeded"), ("c2", "rows")]

@@ -49,6 +49,9 @@ overrides):
   mid-run, as it folds a node's dict output; and a key with a reducer (`operator.add`)
   shown as LangGraph reduced it, in the first snapshot after its step ended, where the
   base replaced the key's value with a node's write (`_reduced`);
+* a client's tool results as the model is to read them, and its snapshots showing them as
+  the client sent them (`_lg_tool_messages`): parts became their Python repr, and an
+  `error` an empty result (the snapshot's error the word "error");
 * a tool's result message given its id as the tool ends (`_ToolMessageIds`), so its
   `TOOL_CALL_RESULT` names the message the checkpoint keeps;
 * the result of a tool whose exception ToolNode caught (`handle_tool_errors`: the error
@@ -88,7 +91,6 @@ from ag_ui_langgraph import LangGraphAgent as _BaseBridge  # type: ignore[import
 from ag_ui_langgraph.agent import dump_json_safe  # type: ignore[import-untyped]
 from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
     camel_to_snake,
-    langchain_messages_to_agui,
     normalize_tool_content,
 )
 from langchain_core.callbacks import BaseCallbackHandler
@@ -103,6 +105,7 @@ from copilot_runtime._time import iso_time, parse_time
 from copilot_runtime.agents._lg_config import context_init_keys
 from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
 from copilot_runtime.agents._lg_state import graph_values, schema_keys
+from copilot_runtime.agents._lg_tool_messages import for_graph, to_agui
 from copilot_runtime.agents._lg_values import json_safe, known_messages
 
 __all__ = ["STREAM_WRITER_EVENT", "CopilotKitLangGraphBridge"]
@@ -261,6 +264,8 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
     def langgraph_default_merge_state(self, state: Any, messages: Any,
                                       input: RunAgentInput) -> Any:
         saved = state.get("messages")
+        # (the client's tool results as the model is to read them: `_lg_tool_messages`)
+        messages = for_graph(messages, input.messages or ())
         merged = super().langgraph_default_merge_state(
             state, _without_answered_results(messages, saved), input)
         placed = _results_in_place(saved, merged.get("messages"))
@@ -321,8 +326,7 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
             # (as the base: a subagent's state is a partial view, not the run's state)
             yield self._dispatch_event(StateSnapshotEvent(
                 type=EventType.STATE_SNAPSHOT, snapshot=self.get_state_snapshot(values)))
-        messages = langchain_messages_to_agui(
-            self._filter_orphan_tool_messages(values.get("messages") or []))
+        messages = to_agui(self._filter_orphan_tool_messages(values.get("messages") or []))
         yield self._dispatch_event(MessagesSnapshotEvent(
             type=EventType.MESSAGES_SNAPSHOT,
             messages=self._merge_subagent_messages(self._translate_snapshot_ids(messages))))

@@ -3,7 +3,8 @@
 The checkpoint is the truth about a LangGraph thread: it holds every message, including
 those of runs the runtime never saw (another process, a script, a previous deployment).
 Its LangChain messages become AG-UI messages through ag-ui-langgraph's own converter, the
-one its MESSAGES_SNAPSHOT uses, so a loaded thread and a streamed one read alike; the
+one its MESSAGES_SNAPSHOT uses (a client's tool results given back as it sent them:
+`_lg_tool_messages`), so a loaded thread and a streamed one read alike; the
 state leaves out what `_lg_events` keeps out of snapshots (messages and the tool plumbing),
 and, as snapshots do, the keys the graph's output schema leaves out (`schema_keys`).
 
@@ -19,11 +20,11 @@ from collections.abc import Collection, Mapping
 from typing import Any, cast
 
 import pydantic
-from ag_ui_langgraph.utils import langchain_messages_to_agui  # type: ignore[import-untyped]
 from langchain_core.runnables import RunnableConfig
 from langgraph.pregel import Pregel
 
 from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
+from copilot_runtime.agents._lg_tool_messages import to_agui
 from copilot_runtime.agents._lg_values import json_safe, known_messages
 from copilot_runtime.agents.base import AgentThreadState
 
@@ -109,7 +110,7 @@ def thread_state_from_values(thread_id: str, values: Mapping[str, Any] | None,
              and (output_keys is None or key in output_keys)}
     raw = values.get("messages")
     messages = [m.model_dump(mode="json", by_alias=True, exclude_none=True)
-                for m in langchain_messages_to_agui(known_messages(raw))] if raw else []
+                for m in to_agui(known_messages(raw))] if raw else []
     return AgentThreadState(thread_id, exists=True, state=state, messages=messages)
 
 
