@@ -108,21 +108,29 @@ function useRestoreDefaultThread(agent, threadId) {
   }, [agent, threadId]); // eslint-disable-line react-hooks/exhaustive-deps
 }
 
+// The thread's first pending approval, or null.
+async function pendingApproval(agent, threadId) {
+  const query = new URLSearchParams({ threadId, agentId: agent });
+  const response = await fetch(`${RUNTIME_URL}/approvals?${query}`);
+  return response.ok ? ((await response.json()).approvals[0] ?? null) : null;
+}
+
 // react-core 1.10 hears of an interrupt only in the response of the run that reached it. After
 // a reload (or a restart of the server) the page finds the thread's pending approval through
 // the runtime's approvals route, answers it there, and reloads the thread.
+// The answer's thread is shown by a remount (`reload`), not by setMessages: a remount already
+// under way (the page's reload after a refused message or an outage) would drop the messages
+// set in the chat it replaces, and the new chat's own load of the thread, asked before the
+// answer was applied, would then show the thread without it.
 function PendingApproval({ agent, threadId, reload, showError }) {
   const { langGraphInterruptAction } = useCopilotContext();
-  const { setMessages } = useCopilotMessagesContext();
   const [pending, setPending] = useState(null);
-  const check = useCallback(async (previous) => {
-    const query = new URLSearchParams({ threadId, agentId: agent });
-    const response = await fetch(`${RUNTIME_URL}/approvals?${query}`);
-    const found = response.ok ? ((await response.json()).approvals[0] ?? null) : null;
-    setPending(found && found.id !== previous ? found : null);
-    return found;
+  useEffect(() => {
+    if (agent === "default") return undefined;
+    let cancelled = false;
+    pendingApproval(agent, threadId).then((found) => { if (!cancelled) setPending(found); });
+    return () => { cancelled = true; };
   }, [agent, threadId]);
-  useEffect(() => { if (agent !== "default") check(); }, [agent, check]);
   if (!pending || langGraphInterruptAction?.event) return null;
   const answer = async ({ action, feedback }) => {
     const response = await fetch(`${RUNTIME_URL}/approvals/${encodeURIComponent(pending.id)}`, {
@@ -132,14 +140,14 @@ function PendingApproval({ agent, threadId, reload, showError }) {
     });
     // An answer taken puts away the error of what came before (a message refused meanwhile).
     showError(response.ok ? null : (await response.json().catch(() => ({}))).error ?? `HTTP ${response.status}`);
-    const messages = await loadThread(agent, threadId);
-    if (messages) setMessages(messages);
-    // A revision leads to a new draft and a new approval; look until it is listed.
-    for (let tries = action === "revise" ? 20 : 1; tries > 0; tries -= 1) {
-      const found = await check(pending.id);
+    // A revision leads to a new draft and a new approval: wait until it is listed, so that
+    // the remounted chat offers it.
+    for (let tries = action === "revise" ? 20 : 0; tries > 0; tries -= 1) {
+      const found = await pendingApproval(agent, threadId).catch(() => null);
       if (found && found.id !== pending.id) break;
       if (tries > 1) await new Promise((resolve) => setTimeout(resolve, 250));
     }
+    reload();
   };
   return (
     <div className="pending-approval">
@@ -201,12 +209,12 @@ function useReloadKeepingUnsent(address, reload, setDraft) {
   return [(text) => { lastSent.current = text; }, reloadKeepingUnsent];
 }
 
-function Chat({ address, setAccent, onRunFinished, showError, reload, draft, setDraft }) {
+function Chat({ address, setAccent, onRunFinished, showError, reload, reloadKeepingInput, chat, draft,
+                setDraft }) {
   useWeatherCard();
   useAccentTool(setAccent);
   useApprovals(address, reload);
   useRestoreDefaultThread(address.agent, address.threadId);
-  const chat = useRef(null);
   useDraftRestored(chat, draft, setDraft);
   // A run's error goes to the page's banner (the stock ErrorMessage renders it as markdown
   // with raw HTML too), and the thread is shown again as the runtime has it, once the runtime
@@ -245,7 +253,8 @@ function Chat({ address, setAccent, onRunFinished, showError, reload, draft, set
   };
   return (
     <div className="classic-chat" ref={chat}>
-      <PendingApproval agent={address.agent} threadId={address.threadId} reload={reload} showError={showError} />
+      <PendingApproval agent={address.agent} threadId={address.threadId} reload={reloadKeepingInput}
+                       showError={showError} />
       <CopilotChat labels={{ placeholder: "Ask the demo…", initial: "Hi! Ask me something." }}
                    AssistantMessage={AssistantMessage} ErrorMessage={() => null} onError={onError}
                    onStopGeneration={onStopGeneration} onSubmitMessage={onSubmitMessage} />
@@ -264,6 +273,14 @@ function App() {
   const [runError, setRunError] = useState(null);
   // A message whose run failed before the runtime got it, for the remounted chat's input.
   const [draft, setDraft] = useState(null);
+  // The chat mounted now (a late call from one a reload replaced reads the one shown).
+  const chat = useRef(null);
+  // `reload`, with what is typed in the input put back in the remounted one.
+  const reloadKeepingInput = useCallback(() => {
+    const typed = chat.current?.querySelector(".copilotKitInput textarea")?.value;
+    if (typed) setDraft(typed);
+    reload();
+  }, [reload]);
   useEffect(() => { setRunError(null); setDraft(null); }, [address.agent, address.threadId]);
   return (
     <Frame generation="CopilotKit react-core + react-ui 1.10.6 · classic chat · GraphQL"
@@ -276,7 +293,8 @@ function App() {
                     agent={address.agent === "default" ? undefined : address.agent}
                     showDevConsole={false}>
           <Chat address={address} setAccent={setAccent} onRunFinished={onRunFinished}
-                showError={setRunError} reload={reload} draft={draft} setDraft={setDraft} />
+                showError={setRunError} reload={reload} reloadKeepingInput={reloadKeepingInput}
+                chat={chat} draft={draft} setDraft={setDraft} />
         </CopilotKit>
       </div>
     </Frame>
