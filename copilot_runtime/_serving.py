@@ -543,8 +543,7 @@ class _Supervisor(Multiprocess):
                     self._served = True
                     self._backoff.pop(index, None)
                 continue
-            self._starting.pop(process, None)
-            self._pinged.discard(process)
+            self._forget(process)
             # Dead, or hung. One whose startup just failed may still be exiting, too busy to
             # answer (the interpreter's finalization stops the answering thread): killed at
             # once, its failure read as a death and it was started again at once, in a loop.
@@ -659,20 +658,60 @@ class _Supervisor(Multiprocess):
             if self._stopping.is_set() or self.should_exit.is_set():
                 return
             new = self._start_worker()
-            ready = new.wait_until_ready(
-                max(WORKER_START_SECONDS, self.config.timeout_worker_healthcheck), self._stopping)
-            self._starting.pop(new, None)  # (it answered, or is stopped below)
-            if not ready:
+            if not self._wait_until_serving(new):
                 if self._stopping.is_set():  # it may serve already: stopped gracefully by `run`
                     return
                 new.kill()
                 new.join()
+                self._forget(new)
                 logger.error("Child process [%s] did not serve in time: the restart stops, "
                              "worker [%s] serves on.", new.pid, old.pid)
                 return
             old.terminate()
             old.join()
+            self._forget(old)
             self.processes[index] = new
+
+    def _wait_until_serving(self, process: Process) -> bool:
+        """Whether the new `process` serves within a start's allowance, asked one ping at a
+        time: uvicorn's wait sent one a second and left the answers of a slow start in the
+        pipe, where the later health checks read them, stale, in place of the live one (a
+        worker hung after a restart was caught half a minute late)."""
+        deadline = time.monotonic() + max(WORKER_START_SECONDS,
+                                          self.config.timeout_worker_healthcheck)
+        while time.monotonic() < deadline:
+            if self._stopping.is_set() or not process.process.is_alive():
+                return False
+            if process in self._starting:
+                started = self._first_answer(process)
+                if started is None:
+                    continue  # (it waited a moment for the answer)
+            else:
+                started = self._healthcheck(process)
+                if started is None:
+                    return False
+            if started:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _forget(self, process: Process) -> None:
+        self._starting.pop(process, None)
+        self._pinged.discard(process)
+        self._restart_at.pop(process, None)
+
+    def handle_ttou(self) -> None:
+        # uvicorn's, forgetting what is known of the worker it stops
+        logger.info("Received SIGTTOU, decreasing number of processes.")
+        if self.processes_num <= 1:
+            logger.info("Already reached one process, cannot decrease the number of "
+                        "processes anymore.")
+            return
+        self.processes_num -= 1
+        process = self.processes.pop()
+        process.terminate()
+        process.join()
+        self._forget(process)
 
 
 @contextlib.contextmanager

@@ -41,6 +41,7 @@ __all__ = [
 _CHUNKS: Final = frozenset({ev.TEXT_MESSAGE_CHUNK, ev.TOOL_CALL_CHUNK})
 _REASONING: Final = frozenset({ev.REASONING_START, ev.REASONING_END, ev.REASONING_MESSAGE_START,
                                ev.REASONING_MESSAGE_CONTENT, ev.REASONING_MESSAGE_END})
+_ENCRYPTED_SUBTYPES: Final = frozenset({"tool-call", "message"})
 #: What is opened and ended by id: (the attribute of `RunEventOrder` keeping those open,
 #: the id's field, the end's type), in the order `closing_events` ends them.
 _ENDS: Final = (("_text", "messageId", ev.TEXT_MESSAGE_END),
@@ -327,6 +328,9 @@ class OrderChecker:
                 self._calls.discard(event["toolCallId"])
         elif kind in _REASONING:
             return self._reasoned(kind, event["messageId"])
+        elif kind == ev.REASONING_ENCRYPTED_VALUE:
+            if event["subtype"] not in _ENCRYPTED_SUBTYPES:  # the 1.0 client's schema refuses it
+                return "with a subtype other than 'tool-call' or 'message'"
         elif kind == ev.STEP_STARTED:
             self._steps.add((str(event.get("stepName")), event.get("subagentRunId")))
         elif kind == ev.STEP_FINISHED:

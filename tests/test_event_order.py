@@ -106,6 +106,19 @@ def test_the_checker_names_the_mistake() -> None:
         verify_events([ev.run_started("t", "r"), ev.text_message_end("m")])
 
 
+def test_an_encrypted_value_of_a_subtype_no_client_knows_is_refused() -> None:
+    """AG-UI 1.0's schema takes `tool-call` and `message` alone: a remote agent's other
+    subtype passed the runtime's checks and failed the client's."""
+    checker = OrderChecker()
+    assert checker.check(ev.run_started("t", "r")) is None
+    for subtype in ("tool-call", "message"):
+        assert checker.check({"type": ev.REASONING_ENCRYPTED_VALUE, "subtype": subtype,
+                              "entityId": "c", "encryptedValue": "v"}) is None
+    assert checker.check({"type": ev.REASONING_ENCRYPTED_VALUE, "subtype": "foo",
+                          "entityId": "c", "encryptedValue": "v"}) == (
+        "with a subtype other than 'tool-call' or 'message'")
+
+
 def test_reasoning_left_open_is_closed_and_the_checker_holds_it_to_the_rules() -> None:
     """A run stopped mid-reasoning ended with its reasoning message and span open: AG-UI
     1.0's client refuses that RUN_FINISHED ("while reasoning messages are still active"),

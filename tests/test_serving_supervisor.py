@@ -155,3 +155,48 @@ def test_a_worker_slow_to_start_is_waited_for_and_one_that_hangs_later_is_replac
             assert time.monotonic() - started < 15
             time.sleep(0.2)
     assert "did not answer its health check in time" in caplog.text
+
+
+def _start_slowly_then_serve(conn: Connection) -> None:
+    time.sleep(2.0)
+    while True:  # (uvicorn's answering thread: one answer a ping)
+        conn.recv()
+        conn.send(True)
+
+
+class _ServingWorker(_Worker):
+    def terminate(self) -> None:
+        self.process.terminate()
+
+
+def test_a_restart_waits_for_a_slow_start_without_leaving_answers_behind() -> None:
+    """A SIGHUP restart waited for a new worker with uvicorn's wait, which pings once a
+    second and leaves the answers it gave up on in the pipe: read later, one a turn, in
+    place of the live answer, they hid a hung worker for half a minute. The stopped worker
+    is forgotten too."""
+    old = _ServingWorker(_start_slowly_then_serve)
+    supervisor = _supervisor(old)
+    supervisor._started = []
+    supervisor.config.timeout_worker_healthcheck = 0.5
+    supervisor.keep_subprocess_alive()  # (pings it: it has not answered yet)
+    assert old in supervisor._pinged
+
+    def start_worker() -> Any:
+        worker = _ServingWorker(_start_slowly_then_serve)
+        supervisor._starting[worker] = time.monotonic() + _serving.WORKER_START_SECONDS
+        return worker
+
+    supervisor._start_worker = start_worker
+    supervisor.restart_all()
+    new = supervisor.processes[0]
+    try:
+        assert new is not old
+        assert old.exitcode is not None
+        assert old not in supervisor._starting
+        assert old not in supervisor._pinged
+        assert new not in supervisor._starting
+        assert not new.parent_conn.poll(0.5), "answers left in the pipe"
+        assert supervisor._healthcheck(new) is True
+    finally:
+        new.kill()
+        new.join()
