@@ -35,6 +35,7 @@ __all__ = [
     "LARGE_JSON",
     "LIVE_RUN_FACTOR",
     "MAX_JSON_DEPTH",
+    "STATE_NOT_STORED",
     "check_json_depth",
     "check_json_text",
     "decode_json",
@@ -68,6 +69,11 @@ _EVENT_OVERHEAD = 64
 _TOKEN_KEYS = 3
 #: ASCII: one character beyond Latin-1 makes CPython hold a whole string at 2 bytes each.
 _TRUNCATED = "...[truncated]"
+#: The shortest length a cut leaves a string (shorter ones are never cut).
+_MIN_CUT = 256
+#: The one key of the state a stored run has in place of one too large to store (its value
+#: tells how many bytes it took): what a replay, and the thread's state, then show.
+STATE_NOT_STORED = "copilot_runtime.state_not_stored"
 
 # The run-level events whose identity fields a client needs even when their payload is lost.
 _KEEP_FIELDS = {
@@ -282,10 +288,11 @@ def _encoded_size(value: Any) -> int:
 def storable(events: list[Any], max_bytes: int) -> tuple[list[Any], int]:
     """A run's events as a store may keep them, and their size as encoded JSON.
 
-    What cannot be encoded is reduced (`replayable`); a run over `max_bytes` has its
-    longest strings cut (a huge pasted message or answer), then, if that is not enough,
-    keeps only its run-level events. Either way the run stays replayable and is logged.
-    Costs one encoding when the run is fine.
+    What cannot be encoded is reduced (`replayable`); a run over `max_bytes` is cut
+    (`_cut`): what the thread shows (its messages) is kept. Either way the run stays
+    replayable, and a cut is logged. Costs one encoding when the run is fine; a cut costs a
+    few more, and Python walks of what is left: a caller on the event loop runs this in a
+    thread when the run may be large.
     """
     try:
         size = len(orjson.dumps(events))
@@ -294,19 +301,130 @@ def storable(events: list[Any], max_bytes: int) -> tuple[list[Any], int]:
         size = len(orjson.dumps(events))
     if size <= max_bytes:
         return events, size
-    original = size
-    cut = max_bytes // 2
-    while size > max_bytes and cut >= 256:
-        events = [_cut_strings(event, cut) for event in events]
-        size = len(orjson.dumps(events))
-        cut //= 4
-    if size > max_bytes:
-        events = [_reduced(event) for event in events
-                  if isinstance(event, dict) and event.get("type") in _KEEP_FIELDS]
-        size = len(orjson.dumps(events))
-    _log.warning("run over the byte limit stored cut", bytes=original, stored=size,
+    cut, stored = _cut(events, max_bytes)
+    _log.warning("run over the byte limit stored cut", bytes=size, stored=stored,
                  limit=max_bytes)
-    return events, size
+    return cut, stored
+
+
+class _Sized:
+    """A run's events, each with its encoded size: a change re-encodes one event only."""
+
+    def __init__(self, events: list[Any]) -> None:
+        self.events: list[Any] = list(events)
+        self.sizes = [len(orjson.dumps(event)) for event in self.events]
+        # The list's: its brackets and commas are one byte an event, and one.
+        self.total = sum(self.sizes) + len(self.sizes) + 1
+
+    def set(self, index: int, event: Any) -> None:
+        """Put `event` (None: no event, left out at the end) in place of the one at `index`."""
+        self.events[index] = event
+        size = 0 if event is None else len(orjson.dumps(event)) + 1
+        self.total += size - self.sizes[index] - 1
+        self.sizes[index] = max(size - 1, 0)
+
+
+def _cut(events: list[Any], max_bytes: int) -> tuple[list[Any], int]:
+    """`events` (encodable, over `max_bytes`) brought under it, the bulk first, the thread's
+    messages last: the state the client sent with the run (`RUN_STARTED.input.state`, which
+    the thread never shows), then its state snapshots and deltas (each replaced by a
+    snapshot of `STATE_NOT_STORED`, the largest first), then its longest strings, cut to one
+    length chosen from their lengths, then its events that carry no message; only if all
+    that is not enough, its run-level events alone."""
+    run = _Sized(events)
+    for index, event in enumerate(run.events):
+        if run.total <= max_bytes:
+            return run.events, run.total
+        if isinstance(event, dict) and event.get("type") == "RUN_STARTED" \
+                and isinstance(event.get("input"), dict) and event["input"].get("state"):
+            run.set(index, {**event, "input": {**event["input"], "state": {}}})
+    for index in _largest_first(run, _STATE_TYPES):
+        if run.total <= max_bytes:
+            return run.events, run.total
+        run.set(index, _state_not_stored(run.sizes[index]))
+    # The estimate of what a cut saves can fall short (a string of escapes or of
+    # multi-byte characters): a second try then cuts from the sizes as they are.
+    for _ in range(3):
+        if run.total <= max_bytes:
+            return run.events, run.total
+        length = _cut_length(run.events, run.total - max_bytes)
+        if length is None:
+            break
+        for index, event in enumerate(run.events):
+            cut = _cut_strings(event, length)
+            if cut is not event:
+                run.set(index, cut)
+    for index in _largest_first(run, None):
+        if run.total <= max_bytes:
+            break
+        run.set(index, None)
+    if run.total <= max_bytes:
+        kept = [e for e in run.events if e is not None]
+        return kept, run.total
+    kept = [_reduced(e) for e in events
+            if isinstance(e, dict) and e.get("type") in _KEEP_FIELDS]
+    return kept, len(orjson.dumps(kept))
+
+
+#: The events holding a run's state.
+_STATE_TYPES = frozenset({"STATE_SNAPSHOT", "STATE_DELTA"})
+#: The events a cut keeps to the end: the run-level ones, and those that carry a message.
+_MESSAGE_TYPES = frozenset({
+    "RUN_STARTED", "RUN_FINISHED", "RUN_ERROR", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT",
+    "TEXT_MESSAGE_END", "TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END",
+    "TOOL_CALL_RESULT", "REASONING_MESSAGE_START", "REASONING_MESSAGE_CONTENT",
+    "REASONING_MESSAGE_END", "REASONING_START", "REASONING_END", "MESSAGES_SNAPSHOT",
+})
+
+
+def _largest_first(run: _Sized, types: frozenset[str] | None) -> list[int]:
+    """The indexes of the events of `types` (None: those a cut may drop), largest first."""
+    def wanted(event: Any) -> bool:
+        kind = event.get("type") if isinstance(event, dict) else None
+        return kind in types if types is not None else (
+            event is not None and kind not in _MESSAGE_TYPES)
+    return sorted((i for i, e in enumerate(run.events) if wanted(e)),
+                  key=lambda i: -run.sizes[i])
+
+
+def _state_not_stored(size: int) -> dict[str, Any]:
+    return {"type": "STATE_SNAPSHOT", "snapshot": {STATE_NOT_STORED: {"bytes": size}}}
+
+
+def _cut_length(events: list[Any], excess: int) -> int | None:
+    """The longest length to cut strings to that saves about `excess` bytes, or None if
+    cutting them to `_MIN_CUT` would not (then no string is cut)."""
+    strings: list[tuple[int, int]] = []  # (length, encoded bytes) of the long ones
+    _long_strings(events, strings)
+    if not strings:
+        return None
+
+    def saved(length: int) -> int:
+        return sum(encoded - encoded * length // size - len(_TRUNCATED)
+                   for size, encoded in strings if size > length)
+
+    if saved(_MIN_CUT) < excess:
+        return None
+    low, high = _MIN_CUT, max(size for size, _ in strings)  # saved(low) >= excess
+    while high - low > 1:
+        middle = (low + high) // 2
+        if saved(middle) >= excess:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _long_strings(value: Any, out: list[tuple[int, int]]) -> None:
+    if isinstance(value, str):
+        if len(value) > _MIN_CUT:
+            out.append((len(value), len(orjson.dumps(value)) - 2))
+    elif isinstance(value, dict):
+        for item in value.values():
+            _long_strings(item, out)
+    elif isinstance(value, list):
+        for item in value:
+            _long_strings(item, out)
 
 
 def _reduced(event: dict[str, Any]) -> dict[str, Any]:
@@ -314,10 +432,14 @@ def _reduced(event: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cut_strings(value: Any, limit: int) -> Any:
+    """`value` with each string longer than `limit` cut to it: the same object when none
+    is (nothing of it is copied)."""
     if isinstance(value, str):
         return value if len(value) <= limit else value[:limit] + _TRUNCATED
     if isinstance(value, dict):
-        return {k: _cut_strings(v, limit) for k, v in value.items()}
+        items = {k: _cut_strings(v, limit) for k, v in value.items()}
+        return value if all(items[k] is v for k, v in value.items()) else items
     if isinstance(value, list):
-        return [_cut_strings(v, limit) for v in value]
+        cut = [_cut_strings(v, limit) for v in value]
+        return value if all(c is v for c, v in zip(cut, value, strict=True)) else cut
     return value

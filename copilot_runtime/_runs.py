@@ -55,6 +55,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import (
     DEFAULT_MAX_RUN_BYTES,
+    LARGE_JSON,
     LIVE_RUN_FACTOR,
     estimated_size,
     replayable,
@@ -673,8 +674,7 @@ class ActiveRun:
         self.listeners.clear()
         if self.unstored:  # nothing to write, no thread to give back
             # Compacted all the same, once: its end's observers read its messages.
-            self.compacted = storable(compact_events(self.events),
-                                      self.manager.max_run_bytes)[0]
+            self.compacted = (await self._storable())[0]
             try:
                 if self.forgetter is not None and self._agent_asked:
                     # Before the client hears the end, as a chat's run is stored first; in a
@@ -768,15 +768,30 @@ class ActiveRun:
             if waited:
                 await asyncio.wait(waited, timeout=GIVE_BACK_WAIT)
 
+    async def _storable(self) -> tuple[list[Event], int]:
+        """The run's events as its store keeps them (`storable`): never what cannot be
+        replayed, nor more than a run's byte bound. A large run's in a thread: its
+        compaction copies its state, and one over the bound is walked to be cut (seconds on
+        the event loop, where every stream and probe of the worker waited for it)."""
+        def compacted() -> tuple[list[Event], int]:
+            return storable(compact_events(self.events), self.manager.max_run_bytes)
+
+        # Most runs are small: compacted here, with no thread's hop nor suspension (a run
+        # whose agent raised GeneratorExit is stored as its drive closes, where none may be).
+        if self._kept_bytes + estimated_size(self.events[:1]) < LARGE_JSON:
+            return compacted()
+        return await asyncio.to_thread(compacted)
+
     async def _store(self) -> None:
         try:
-            # Never store what cannot be replayed, nor more than a run's byte bound.
-            compacted, size = storable(compact_events(self.events),
-                                       self.manager.max_run_bytes)
+            compacted, size = await self._storable()
             self.compacted = compacted
             ids = {m["id"] for m in self.input.raw.get("messages") or ()
                    if isinstance(m, dict) and isinstance(m.get("id"), str)
                    and m["id"] not in self.input.transient}
+            # Only those the stored run carries (or the thread had): a message cut out of a
+            # run too large to store, marked seen, was never stored by the next run either.
+            ids &= _input_message_ids(compacted) | self._seen
             for event in compacted:
                 for key in ("messageId", "parentMessageId"):
                     value = event.get(key)
@@ -828,6 +843,17 @@ class ActiveRun:
             # after them, though the store's head is behind (see `_UnstoredEnds`).
             self.manager._unstored.note(self.thread_id,
                                         self.first_position + len(self.events))
+
+
+def _input_message_ids(events: Sequence[Event]) -> set[str]:
+    """The ids of the input messages a run's `RUN_STARTED` (in `events`) carries."""
+    for event in events:
+        if event.get("type") == ev.RUN_STARTED:
+            run_input = event.get("input")
+            messages = run_input.get("messages") if isinstance(run_input, dict) else None
+            return {m["id"] for m in messages or () if isinstance(m, dict)
+                    and isinstance(m.get("id"), str)}
+    return set()
 
 
 def _before_run(stored: list[Positioned], run_id: str, first_position: int | None

@@ -27,6 +27,7 @@ from copilot_runtime._exceptions import (
     ConfigurationError,
     failure_text,
 )
+from copilot_runtime._limits import decode_json
 
 if TYPE_CHECKING:
     import jsonschema
@@ -190,7 +191,9 @@ class Action:
         Raises `ActionError` with a message meant for the model.
         """
         try:
-            arguments = orjson.loads(arguments_json or "{}")
+            # As every JSON a client or model sends is read: an escaped lone surrogate (a
+            # string cut inside an emoji) is U+FFFD, not a refusal.
+            arguments = decode_json(arguments_json or "{}")
         except orjson.JSONDecodeError as exc:
             raise ActionError(f"arguments are not valid JSON ({exc.msg})") from None
         if not isinstance(arguments, dict):

@@ -14,15 +14,19 @@ from typing import Any
 import orjson
 import pytest
 
+from copilot_runtime import CopilotRuntime
 from copilot_runtime._exceptions import InvalidRequestError, JSONTooDeepError
 from copilot_runtime._input import parse_json_body
 from copilot_runtime._limits import MAX_JSON_DEPTH, check_json_text, decode_json
+from copilot_runtime.actions import action
 from copilot_runtime.agents._legacy import RuntimeEventTranslator
 from copilot_runtime.agents._wire import RemoteEventChecker
+from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.agents.remote_endpoint import _parse_line
 from copilot_runtime.approvals.decisions import parse_decision
 from copilot_runtime.testing import MockOpenAIServer
-from tests.conftest import Served, parse_sse, run_input, text_of, types
+from copilot_runtime.testing.scripted import ScriptedAdapter, text_turn, tool_turn
+from tests.conftest import Served, ServeRuntime, parse_sse, run_input, text_of, types
 from tests.gql.wire import CLIENT_DOCUMENT, CLIENT_HEADERS, chat_data, merge, parse_multipart
 from tests.gql.wire import text_message as gql_text_message
 
@@ -183,6 +187,27 @@ def test_an_approval_answer_given_as_json_text_keeps_its_decision() -> None:
     decision = parse_decision('{"action": "approve", "reason": "cut \\ud83d"}')
     assert decision is not None
     assert (decision.action, decision.feedback) == ("approve", "cut " + REPLACEMENT)
+
+
+async def test_a_server_side_action_takes_arguments_with_a_lone_surrogate(
+        serve_runtime: ServeRuntime) -> None:
+    """A model's tool-call arguments holding an escaped lone surrogate (a string it cut
+    inside an emoji): read as U+FFFD, as every other JSON is. Before, the action refused
+    them as "not valid JSON (no low surrogate in string)"."""
+    @action
+    def lookup(q: str) -> dict[str, str]:
+        """Look something up."""
+        return {"got": q}
+
+    async with asyncio.timeout(TIMEOUT):
+        adapter = ScriptedAdapter(tool_turn(("lookup", '{"q": "smile \\ud83d"}')),
+                                  text_turn("done"))
+        runtime = CopilotRuntime(agents={"default": BuiltInAgent(adapter, actions=[lookup])})
+        async with serve_runtime(runtime) as served:
+            events = await served.run(run_input("look it up", thread="surrogate-action"))
+        results = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
+        assert [orjson.loads(r) for r in results] == [{"got": "smile " + REPLACEMENT}]
+        assert text_of(events) == "done"
 
 
 # -- a byte order mark -----------------------------------------------------------------------

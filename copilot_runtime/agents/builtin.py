@@ -38,6 +38,7 @@ from copilot_runtime._exceptions import (
     UpstreamError,
 )
 from copilot_runtime._input import RunInput
+from copilot_runtime._limits import decode_json
 from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import (
     ChatDelta,
@@ -101,7 +102,7 @@ class _Call:
     def complete(self) -> bool:
         """Whether its arguments so far are a whole JSON value (no piece can follow)."""
         try:
-            orjson.loads("".join(self.arguments))
+            decode_json("".join(self.arguments))  # (as the action reads them)
         except orjson.JSONDecodeError:
             return False
         return True

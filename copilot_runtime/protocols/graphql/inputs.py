@@ -149,7 +149,12 @@ def _json_object(text: Any, what: str) -> dict[str, Any]:
         return {}
     try:
         value = check_json_text(text, what)
-    except (orjson.JSONDecodeError, TypeError):
+    except orjson.JSONDecodeError as exc:
+        # What is wrong with the text, as AG-UI's refusal of a body says it (a number
+        # beyond a double's range is JSON, but not one the runtime can read).
+        raise InvalidRequestError(
+            f"{what} must be a JSON object encoded as a string ({exc.msg})") from None
+    except TypeError:
         raise InvalidRequestError(f"{what} must be a JSON object encoded as a string") from None
     if not isinstance(value, dict):
         raise InvalidRequestError(f"{what} must be a JSON object encoded as a string")
