@@ -161,9 +161,12 @@ def to_json_representation(messages: Iterable[Mapping[str, Any]]) -> list[dict[s
             if not isinstance(call_id, str) or call_id in answered:
                 continue  # the same result stored twice (by the run and by the follow-up)
             answered.add(call_id)
+            result = text_of(message.get("content"))
+            error = message.get("error")
+            if error and not result:  # (the format has no error field: as `to_legacy`)
+                result = f"Error: {error}"
             out.append({"id": message_id, "actionExecutionId": call_id,
-                        "actionName": names.get(call_id, ""),
-                        "result": text_of(message.get("content"))})
+                        "actionName": names.get(call_id, ""), "result": result})
             continue
         content = _shown(message.get("content"))
         calls = message.get("toolCalls") or ()

@@ -140,8 +140,9 @@ async def test_a_clients_tool_result_in_parts_or_with_an_error_reaches_the_model
                                              agent="platform")
     for events in answers.values():
         verify_events(events)
-    # (the mock model echoes the text of the last message: here the tool's result)
-    assert text_of(answers["parts"]) == "echo: see"
+    # (the mock model echoes the text of the last message: here the tool's result, its
+    # image named in a line of text, as a tool message takes no image)
+    assert text_of(answers["parts"]) == "echo: see\n[image attachment: https://example.test/x.png]"
     assert text_of(answers["error"]) == "echo: Error: lookup failed: quota exceeded"
     snapshots = {name: [m for m in of_type(events, "MESSAGES_SNAPSHOT")[-1]["messages"]
                         if m["role"] == "tool"] for name, events in answers.items()}

@@ -105,7 +105,7 @@ from copilot_runtime._time import iso_time, parse_time
 from copilot_runtime.agents._lg_config import context_init_keys
 from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
 from copilot_runtime.agents._lg_state import graph_values, schema_keys
-from copilot_runtime.agents._lg_tool_messages import for_graph, to_agui
+from copilot_runtime.agents._lg_tool_messages import for_graph, repaired, to_agui
 from copilot_runtime.agents._lg_values import json_safe, known_messages
 
 __all__ = ["STREAM_WRITER_EVENT", "CopilotKitLangGraphBridge"]
@@ -268,6 +268,8 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         messages = for_graph(messages, input.messages or ())
         merged = super().langgraph_default_merge_state(
             state, _without_answered_results(messages, saved), input)
+        if merged.get("messages"):
+            merged["messages"] = repaired(merged["messages"], messages)
         placed = _results_in_place(saved, merged.get("messages"))
         if placed is not None and isinstance(self.graph, Pregel) and getattr(
                 self.graph.channels.get("messages"), "operator", None) is add_messages:

@@ -6,11 +6,14 @@ got each part's Python repr (and a snapshot read no text: the result showed as "
 `error` it keeps only `status="error"`, so the model read an empty result, and a snapshot
 showed the word "error" as the failure.
 
-`for_graph` rewrites those results as the built-in agent sends them: parts as LangChain
-content blocks (media in LangChain's standard form, or a line of text where no block can
-carry it), and an error folded into the content when the result says nothing else
-(`Error: ...`). The client's error text rides along in `additional_kwargs`, which model
-integrations do not send, so `for_client` gives the client back its own message.
+`for_graph` rewrites those results as text, which every provider takes in a tool message
+(OpenAI's Chat Completions refuses an image there with a 400, and the checkpoint would keep
+it, failing every later run of the thread): the text parts, then a line naming each media
+part; an error is folded in when the result says nothing else (`Error: ...`), as the
+built-in agent does. The runtime adds no message of its own to the graph's checkpoint, so
+the media stay out of the model's view. What the client sent rides along in
+`additional_kwargs` (which model integrations do not send), and `for_client` gives the
+client back its own message while the graph has left the result as written.
 """
 
 from __future__ import annotations
@@ -18,21 +21,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
-    convert_langchain_multimodal_to_agui,
-    langchain_messages_to_agui,
-)
+from ag_ui_langgraph.utils import langchain_messages_to_agui  # type: ignore[import-untyped]
 from langchain_core.messages import ToolMessage
 
 from copilot_runtime.messages import media_type, text_of
 
-__all__ = ["for_client", "for_graph", "to_agui"]
+__all__ = ["for_client", "for_graph", "repaired", "to_agui"]
 
-#: Where a tool result keeps what the client sent that LangChain has no field for.
+#: Where a tool result keeps what the client sent that LangChain has no field for:
+#: `error` (its text), `folded` (the text put before the result for that error) and
+#: `parts` (the client's content parts, as JSON).
 _KEPT: Final = "copilot_runtime"
-#: LangChain's standard block type for each AG-UI media part.
-_BLOCK_TYPES: Final = {"image": "image", "audio": "audio", "video": "video",
-                       "document": "file"}
 
 
 def for_graph(messages: Sequence[Any], given: Sequence[Any]) -> list[Any]:
@@ -46,6 +45,26 @@ def for_graph(messages: Sequence[Any], given: Sequence[Any]) -> list[Any]:
     return out
 
 
+def repaired(merged: Sequence[Any], results: Sequence[Any]) -> list[Any]:
+    """`merged` with each tool message that answers a call of a result among `results` (the
+    `for_graph` messages) under another id given that result's status and kept fields.
+
+    ag-ui-langgraph writes the client's result over a placeholder LangGraph left for an
+    interrupted call, keeping the placeholder's id and copying the content only: the
+    client's error reached the model as a success, and its snapshot showed no error."""
+    by_call = {m.tool_call_id: m for m in results if isinstance(m, ToolMessage)}
+    out = []
+    for message in merged:
+        result = by_call.get(message.tool_call_id) if isinstance(message, ToolMessage) \
+            else None
+        if result is not None and result.id != message.id:
+            message = message.model_copy(update={
+                "status": result.status, "additional_kwargs": {
+                    **message.additional_kwargs, **result.additional_kwargs}})
+        out.append(message)
+    return out
+
+
 def to_agui(messages: Sequence[Any]) -> list[Any]:
     """LangChain messages → AG-UI messages, by ag-ui-langgraph's converter, with the tool
     results `for_graph` rewrote as the client sent them (`for_client`)."""
@@ -54,7 +73,7 @@ def to_agui(messages: Sequence[Any]) -> list[Any]:
 
 def for_client(converted: Sequence[Any], messages: Sequence[Any]) -> list[Any]:
     """`converted` (AG-UI messages the base made of LangChain `messages`) with each tool
-    result's error text and media parts restored."""
+    result's error text and parts restored."""
     results = {str(m.id): m for m in messages if isinstance(m, ToolMessage)}
     out = []
     for agui in converted:
@@ -64,56 +83,72 @@ def for_client(converted: Sequence[Any], messages: Sequence[Any]) -> list[Any]:
 
 
 def _tool_result(message: ToolMessage, client: Any) -> ToolMessage:
-    content: Any = client.content
-    if isinstance(content, list):
-        content = [_block(part) for part in content]
+    parts = client.content if isinstance(client.content, list) else None
     error = client.error
     kept: dict[str, Any] = {}
+    folded = None
     if error:
         kept["error"] = error
-        if not text_of(content):  # (as the built-in agent: the error is the result)
-            kept["folded"] = True
-            folded = f"Error: {error}"
-            content = [{"type": "text", "text": folded}, *content] \
-                if isinstance(content, list) and content else folded
+        if not text_of(client.content):  # (as the built-in agent: the error is the result)
+            folded = kept["folded"] = f"Error: {error}"
+    if parts is not None:
+        kept["parts"] = [part.model_dump(mode="json", by_alias=True, exclude_none=True)
+                         for part in parts]
+        content = _as_text(parts, folded)
+    else:
+        content = folded or client.content
     extra = {**message.additional_kwargs, _KEPT: kept} if kept else message.additional_kwargs
     return ToolMessage(id=message.id, content=content, tool_call_id=message.tool_call_id,
                        name=message.name, status="error" if error else "success",
                        additional_kwargs=extra)
 
 
-def _block(part: Any) -> dict[str, Any]:
-    """One AG-UI part as a LangChain content block; a media part whose source no standard
-    block carries (a provider's file id, inline data of no stated type) as a line of text."""
-    kind = getattr(part, "type", None)
-    if kind == "text":
-        return {"type": "text", "text": part.text}
+def _as_text(parts: Sequence[Any], folded: str | None) -> str:
+    """Parts as the text a graph gets: the folded error, the text parts, then a line
+    naming each media part."""
+    lines = [line for line in (folded, text_of(parts)) if line]
+    return "\n".join([*lines, *(_named(part) for part in parts
+                                if getattr(part, "type", None) != "text")])
+
+
+def _named(part: Any) -> str:
+    """A media part as a line of text: its kind, its type and where it is (never inline
+    data, which a model would read as text)."""
     source = getattr(part, "source", None)
-    block_type = _BLOCK_TYPES.get(str(kind))
-    mime = media_type(source)
-    if block_type is not None and source is not None and source.value:
-        if source.type == "url":
-            return {"type": block_type, "url": source.value,
-                    **({"mime_type": mime} if mime else {})}
-        if source.type == "data" and mime:
-            return {"type": block_type, "base64": source.value, "mime_type": mime}
-    named = f": {source.value}" if source is not None and source.type != "data" \
-        and source.value else ""
-    return {"type": "text", "text": f"[{kind} attachment{named}]"}
+    facts = [media_type(source) or ""]
+    if source is not None and source.type != "data" and source.value:
+        facts.append(str(source.value))
+    named = ", ".join(fact for fact in facts if fact)
+    return f"[{getattr(part, 'type', 'media')} attachment{': ' + named if named else ''}]"
 
 
 def _restored(agui: Any, result: ToolMessage) -> Any:
     kept = result.additional_kwargs.get(_KEPT)
     kept = kept if isinstance(kept, Mapping) else {}
-    content = result.content
     update: dict[str, Any] = {}
-    if isinstance(kept.get("error"), str):
-        update["error"] = kept["error"]
-    if kept.get("folded"):
-        # (the client's result said nothing but its error; media it had follow the text)
-        content = content[1:] if isinstance(content, list) else ""
-        update["content"] = content
-    if isinstance(content, list) and any(
-            isinstance(b, dict) and b.get("type") != "text" for b in content):
-        update["content"] = convert_langchain_multimodal_to_agui(content, {})
-    return agui.model_copy(update=update) if update else agui
+    error, folded = kept.get("error"), kept.get("folded")
+    folded = folded if isinstance(folded, str) else None
+    if isinstance(error, str) and result.status == "error":  # (else a node resolved it)
+        update["error"] = error
+    content = result.content
+    parts = kept.get("parts")
+    if isinstance(parts, list) and isinstance(content, str):
+        restored = _validated(agui, {**update, "content": parts})
+        # (the parts only while the graph left the result as it was written)
+        if restored is not None and content == _as_text(restored.content, folded):
+            return restored
+    if folded is not None and isinstance(content, str) and (
+            content == folded or content.startswith(folded + "\n")):
+        # (the error's line still leads what the graph kept: what follows is the result)
+        update["content"] = content[len(folded) + 1:]
+    return (_validated(agui, update) or agui) if update else agui
+
+
+def _validated(agui: Any, update: Mapping[str, Any]) -> Any:
+    """`agui` with `update` (fields by name, content as JSON), validated as its model is;
+    None when the stored value no longer validates (a message kept by another version)."""
+    fields = {**agui.model_dump(exclude_none=True), **update}
+    try:
+        return type(agui).model_validate(fields)
+    except ValueError:
+        return None

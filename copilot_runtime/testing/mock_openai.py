@@ -17,12 +17,14 @@ run end to end without a network or a key. What it answers depends on the last m
   split into ``chunks`` pieces on code-point boundaries.
 
 Like the real API it refuses (400, ``invalid_request_error``) a history whose tool calls are
-not each answered by the tool messages right after them, and a tool message that answers no
-call of the assistant message before it; a tool whose parameters are not an object schema
-or have a combinator, ``enum``, ``const`` or ``not`` at the top; and, for a reasoning model
-(``o1``, ``o3-mini``, ``gpt-5``...; not ``gpt-5-chat-latest``), ``max_tokens``, a
-``temperature`` other than 1 (but from ``gpt-5.1`` on with ``reasoning_effort: "none"``) and
-``stop`` (but for ``o1`` and ``o3-mini``), with the real API's words.
+not each answered by the tool messages right after them, a tool message that answers no
+call of the assistant message before it, and one whose content has a part other than text
+(an image, audio or a file: only a user message takes those); a tool whose parameters are
+not an object schema or have a combinator, ``enum``, ``const`` or ``not`` at the top; and,
+for a reasoning model (``o1``, ``o3-mini``, ``gpt-5``...; not ``gpt-5-chat-latest``),
+``max_tokens``, a ``temperature`` other than 1 (but from ``gpt-5.1`` on with
+``reasoning_effort: "none"``) and ``stop`` (but for ``o1`` and ``o3-mini``), with the real
+API's words.
 
 Chunk ids derive from a hash of the request, so the same request gets the same bytes.
 Run it alone with ``python -m copilot_runtime.testing.mock_openai --port 8090``.
@@ -217,7 +219,8 @@ class MockOpenAIServer(LoopbackServer):
         if self.record:
             self.requests.append(body)
             self.headers.append({k.lower(): v for k, v in request.headers.items()})
-        refused = (_refusal(body.get("messages")) or _reasoning_refusal(body)
+        refused = (_refusal(body.get("messages")) or _tool_content_refusal(body.get("messages"))
+                   or _reasoning_refusal(body)
                    or _tools_refusal(body.get("tools")))
         if refused is not None:
             message, param, *code = refused
@@ -332,6 +335,27 @@ def _refusal(messages: Any) -> tuple[str, str] | None:
         return ("An assistant message with 'tool_calls' must be followed by tool messages "
                 "responding to each 'tool_call_id'. The following tool_call_ids did not have "
                 f"response messages: {', '.join(map(str, waiting))}", f"messages.[{asked_at}].role")
+    return None
+
+
+def _tool_content_refusal(messages: Any) -> tuple[str, str, str] | None:
+    """Why the real API refuses a tool message's content parts (the message, `param` and
+    `code`), or None: a tool message takes text parts only."""
+    for i, message in enumerate(messages if isinstance(messages, list) else ()):
+        if not isinstance(message, dict) or message.get("role") != "tool" \
+                or not isinstance(message.get("content"), list):
+            continue
+        for j, part in enumerate(message["content"]):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind is None:
+                continue
+            if kind == "image_url":
+                return (f"Invalid 'messages[{i}]'. Image URLs are only allowed for messages "
+                        "with role 'user', but this message with role 'tool' contains an "
+                        "image URL.", f"messages[{i}]", "invalid_value")
+            if kind != "text":
+                return (f"Invalid value: '{kind}'. Supported values are: 'text'.",
+                        f"messages[{i}].content[{j}].type", "invalid_value")
     return None
 
 
