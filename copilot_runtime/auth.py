@@ -47,9 +47,10 @@ class Principal:
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise ConfigurationError("A principal needs a non-empty string id")
-        # Both name the owner of every thread the principal starts, in every store.
+        # Both name the owner of every thread the principal starts, in every store; held
+        # to what a new id is, as a token's claims are (not "." or "..").
         for name, value in (("id", self.id), ("tenant", self.tenant)):
-            problem = id_problem(value) if isinstance(value, str) else None
+            problem = id_problem(value, new=True) if isinstance(value, str) else None
             if problem is not None:
                 raise ConfigurationError(f"A principal's {name} {problem}")
         if not isinstance(self.roles, frozenset):

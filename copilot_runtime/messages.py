@@ -357,18 +357,22 @@ def _media_parts(content: Any) -> list[Any]:
     return [part for part in content if getattr(part, "type", "text") != "text"]
 
 
-def tool_media_after_results(messages: Sequence[Message]) -> Sequence[Message]:
+def tool_media_after_results(messages: Sequence[Message], *,
+                             failed_only: bool = False) -> Sequence[Message]:
     """A paired history (`paired_tool_calls`) with each tool result's attachments moved
     into a user message after the results of its assistant message (tool call and results
     stay together, as the APIs require): a short text naming the call, then the parts, for
     the user-message conversion to send or refuse. For the APIs whose tool results take
-    text only (Chat Completions, Gemini, LangChain's messages); before, they were dropped."""
+    text only (Chat Completions, Gemini, LangChain's messages); before, they were dropped.
+    `failed_only`: only a failed result's (Anthropic's `tool_result` takes images and
+    documents, but text only with `is_error`)."""
     out: list[Message] = []
     names: dict[str, str] = {}
     waiting: list[Message] = []  # the attachments of the results since the last call
     for message in messages:
         if isinstance(message, ToolMessage):
-            media = _media_parts(message.content)
+            media = _media_parts(message.content) if message.error or not failed_only \
+                else []
             if media:
                 call = message.tool_call_id
                 name = names.get(call)

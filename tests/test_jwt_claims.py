@@ -16,7 +16,14 @@ import jwt
 import orjson
 import pytest
 
-from copilot_runtime import AuthenticationError, JWTAuth, SQLiteThreadStore
+from copilot_runtime import (
+    AuthenticationError,
+    BearerTokenAuth,
+    ConfigurationError,
+    JWTAuth,
+    Principal,
+    SQLiteThreadStore,
+)
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import ServeRuntime, openai_runtime, run_input
@@ -118,3 +125,18 @@ async def test_a_claim_no_store_keeps_or_no_url_carries_is_a_401(
         response = await served.session.get(served.url + "/threads",
                                             headers={"Authorization": fine})
         assert response.status == 200, await response.text()
+
+
+@pytest.mark.parametrize("value", [".", "..", "copilot-suggestion-1", "a\ud800", "a\nb"])
+async def test_a_principal_is_held_to_what_a_tokens_claims_are(value: str) -> None:
+    """A JWT's `sub` or tenant of "." or ".." (or one starting `copilot-suggestion-`) is
+    refused, but a `Principal` built with one (a bearer token's, a custom authenticator's)
+    was accepted: the same owner ids passed by one route and not the other. Both refuse
+    them now, as the documented bounds on ids say."""
+    with pytest.raises(AuthenticationError, match="claim is not a usable id"):
+        await _auth().authenticate(_request(sub=value))
+    for made in ({"id": value}, {"id": "alice", "tenant": value}):
+        with pytest.raises(ConfigurationError, match="A principal's"):
+            Principal(**made)
+    with pytest.raises(ConfigurationError, match="A principal's id"):
+        BearerTokenAuth({"token-of-an-odd-id": value})

@@ -204,32 +204,97 @@ async def test_a_tool_results_image_goes_in_its_tool_result_on_anthropic(
 
 async def test_a_tool_results_image_follows_the_function_responses_on_gemini(
         serve_runtime: ServeRuntime) -> None:
+    """Gemini refuses (400 INVALID_ARGUMENT) a turn of function responses holding any other
+    part: the image, and the user's next message, were merged into it. Each is a user turn
+    of its own after the responses now (the mock refuses the merged shape, as the API does)."""
     async with provider_runtime("gemini") as (runtime, requests), \
             serve_runtime(runtime) as served:
         events = await served.run(history("t-tool-image-gemini", [
-            ASKED, calls("c1", "c2"), result("c1", IMAGE), result("c2"), FOLLOW_UP]))
+            ASKED, calls("c1", "c2"), result("c1", IMAGE), result("c2", IMAGE), FOLLOW_UP]))
     assert events[-1]["type"] == "RUN_FINISHED", events[-1]
-    assert sent_tool_turns("gemini", requests[-1]) == [{"role": "user", "content": [
-        {"functionResponse": {"name": "screenshot", "response": {"output": "shot c1"}}},
-        {"functionResponse": {"name": "screenshot", "response": {"output": "shot c2"}}},
-        {"text": "(Attachments of the result of tool call screenshot (c1):)"},
-        {"inlineData": {"data": PNG, "mime_type": "image/png"}},
-        {"text": "what is on them?"}]}]
+    assert sent_tool_turns("gemini", requests[-1]) == [
+        {"role": "user", "content": [
+            {"functionResponse": {"name": "screenshot", "response": {"output": "shot c1"}}},
+            {"functionResponse": {"name": "screenshot", "response": {"output": "shot c2"}}}]},
+        {"role": "user", "content": [
+            {"text": "(Attachments of the result of tool call screenshot (c1):)"},
+            {"inlineData": {"data": PNG, "mime_type": "image/png"}},
+            {"text": "(Attachments of the result of tool call screenshot (c2):)"},
+            {"inlineData": {"data": PNG, "mime_type": "image/png"}},
+            {"text": "what is on them?"}]}]
 
 
-async def test_a_failed_tool_results_image_still_says_the_error_on_anthropic(
+async def test_a_users_message_after_function_responses_is_its_own_turn_on_gemini(
         serve_runtime: ServeRuntime) -> None:
+    """Without any attachment too: a user's message after the results was merged into the
+    turn of function responses, which Gemini refuses."""
+    async with provider_runtime("gemini") as (runtime, requests), \
+            serve_runtime(runtime) as served:
+        events = await served.run(history("t-tool-text-gemini", [
+            ASKED, calls("c1"), result("c1"), FOLLOW_UP]))
+    assert events[-1]["type"] == "RUN_FINISHED", events[-1]
+    assert sent_tool_turns("gemini", requests[-1]) == [
+        {"role": "user", "content": [
+            {"functionResponse": {"name": "screenshot", "response": {"output": "shot c1"}}}]},
+        {"role": "user", "content": [{"text": "what is on them?"}]}]
+
+
+async def test_the_gemini_mock_refuses_function_responses_beside_other_parts() -> None:
+    """So that no test can pass on the shape the API refuses."""
+    async with MockGeminiServer() as mock, httpx.AsyncClient() as client:
+        response = await client.post(
+            f"{mock.base_url}/v1beta/models/gemini-2.5-flash:generateContent",
+            headers={"x-goog-api-key": "k"}, json={"contents": [
+                {"role": "user", "parts": [{"text": "go"}]},
+                {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {}}}]},
+                {"role": "user", "parts": [
+                    {"functionResponse": {"name": "f", "response": {"output": "ok"}}},
+                    {"text": "and then?"}]}]})
+    assert response.status_code == 400
+    assert response.json()["error"]["status"] == "INVALID_ARGUMENT"
+
+
+async def test_a_failed_tool_results_image_follows_its_results_on_anthropic(
+        serve_runtime: ServeRuntime) -> None:
+    """The Messages API takes only text in a `tool_result` with `is_error` (a 400: "all
+    content must be type 'text' if 'is_error' is true"): the image went in it. The failed
+    result says its error alone now, and the image follows every result of the message."""
     failed = {"id": "t-c1", "role": "tool", "toolCallId": "c1", "content": [IMAGE],
               "error": "timed out"}
     async with provider_runtime("anthropic") as (runtime, requests), \
             serve_runtime(runtime) as served:
         events = await served.run(history("t-tool-error-anthropic", [
-            ASKED, calls("c1"), failed, FOLLOW_UP]))
+            ASKED, calls("c1", "c2"), failed, result("c2"), FOLLOW_UP]))
     assert events[-1]["type"] == "RUN_FINISHED", events[-1]
-    [tool_result, _] = requests[-1]["messages"][-1]["content"]
-    assert tool_result["is_error"] is True
-    assert [block["type"] for block in tool_result["content"]] == ["text", "image"]
-    assert tool_result["content"][0]["text"] == "Error: timed out"
+    assert sent_tool_turns("anthropic", requests[-1]) == [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "c1", "content": "Error: timed out",
+         "is_error": True},
+        {"type": "tool_result", "tool_use_id": "c2", "content": "shot c2"},
+        {"type": "text", "text": "(Attachments of the result of tool call screenshot (c1):)"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": PNG}},
+        {"type": "text", "text": "what is on them?"}]}]
+
+
+async def test_the_anthropic_mock_refuses_media_in_a_failed_tool_result() -> None:
+    """So that no test can pass on the shape the API refuses."""
+    async with MockAnthropicServer() as mock, httpx.AsyncClient() as client:
+        response = await client.post(
+            f"{mock.base_url}/v1/messages",
+            headers={"x-api-key": "k", "anthropic-version": "2023-06-01"},
+            json={"model": "claude-sonnet-4-5", "max_tokens": 10, "messages": [
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "c1", "name": "f", "input": {}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "c1", "is_error": True,
+                     "content": [{"type": "text", "text": "Error: timed out"},
+                                 {"type": "image", "source": {
+                                     "type": "base64", "media_type": "image/png",
+                                     "data": PNG}}]}]}]})
+    assert response.status_code == 400
+    assert "all content must be type 'text' if 'is_error' is true" in response.json()[
+        "error"]["message"]
 
 
 @pytest.mark.parametrize(("provider", "said"), [

@@ -78,6 +78,7 @@ from copilot_runtime.messages import (
     inline_image_type,
     media_type,
     paired_tool_calls,
+    tool_media_after_results,
     unsupported_attachment,
 )
 
@@ -648,7 +649,8 @@ def to_anthropic_messages(
     thinking_of = thinking if callable(thinking) else (thinking or {}).get
     system: list[str] = []
     turns: list[dict[str, Any]] = []
-    for message in paired_tool_calls(messages):
+    # (a failed result's attachments: after all the results, in the same user message)
+    for message in tool_media_after_results(paired_tool_calls(messages), failed_only=True):
         if isinstance(message, UserMessage):
             _append(turns, "user", _user_blocks(message.content))
         elif isinstance(message, AssistantMessage):
@@ -740,15 +742,13 @@ def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]
 
 def _tool_result(message: ToolMessage) -> dict[str, Any]:
     """A tool message as a `tool_result` block: its text, or, with attachments, its parts
-    as a user message's blocks (the API takes text, images and documents there)."""
+    as a user message's blocks (the API takes text, images and documents there; a failed
+    result's were moved after the results, as it takes only text with `is_error`)."""
     result: dict[str, Any] = {"type": "tool_result", "tool_use_id": message.tool_call_id}
     error = f"Error: {message.error}" if message.error else None
-    if isinstance(message.content, list) and any(
+    if not error and isinstance(message.content, list) and any(
             getattr(part, "type", "text") != "text" for part in message.content):
-        blocks = _user_blocks(message.content)
-        if error and not any(block["type"] == "text" for block in blocks):
-            blocks.insert(0, {"type": "text", "text": error})
-        result["content"] = blocks
+        result["content"] = _user_blocks(message.content)
     else:
         result["content"] = text_of(message.content) or error or ""
     if error:

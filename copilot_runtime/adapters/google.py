@@ -11,13 +11,14 @@ connects directly) sends through the SDK; its chunks go through the same parser.
 
 What Gemini refuses is repaired on the way out: tool parameter schemas are converted to the
 OpenAPI subset it accepts (`to_gemini_schema`, each rule tested), every function call gets a
-function response in the next turn, arguments and responses are always objects (a tool
-result's attachments go in the user turn after the responses), system and developer messages
-go to `system_instruction`. Gemini 3 signs its function calls
-(`thought_signature`) and refuses a history that drops the signature; the adapter remembers
-the signatures of the calls it streamed, by call id, and puts them back; a call whose
-signature it does not hold (streamed by another worker or before a restart) goes with the
-signature Google documents for history it did not sign, which skips the check.
+function response in the next turn, a turn of responses holds nothing else (a tool
+result's attachments, and a user's next message, go in a user turn after it), arguments and
+responses are always objects, system and developer messages go to `system_instruction`.
+Gemini 3 signs its function calls (`thought_signature`) and refuses a history that drops
+the signature; the adapter remembers the signatures of the calls it streamed, by call id,
+and puts them back; a call whose signature it does not hold (streamed by another worker or
+before a restart) goes with the signature Google documents for history it did not sign,
+which skips the check.
 """
 
 from __future__ import annotations
@@ -800,12 +801,19 @@ def _response_object(content: str) -> dict[str, Any]:
 
 def _append(turns: list[tuple[str, list[dict[str, Any]]]], role: str,
             parts: list[dict[str, Any]]) -> None:
+    """Add `parts` to the last turn if it is `role`'s, else as a turn of their own; a turn
+    of function responses holds nothing else (Gemini refuses one holding text or data
+    beside them with a 400), so what follows the responses is a user turn after it."""
     if not parts:
         return
-    if turns and turns[-1][0] == role:
+    if turns and turns[-1][0] == role and _answers(turns[-1][1]) == _answers(parts):
         turns[-1][1].extend(parts)
     else:
         turns.append((role, parts))
+
+
+def _answers(parts: list[dict[str, Any]]) -> bool:
+    return any("function_response" in part for part in parts)
 
 
 def _user_parts(content: Any) -> list[dict[str, Any]]:

@@ -8,8 +8,9 @@ enables thinking.
 
 Like the real API it refuses what the real API refuses, with its error shapes: a missing key
 (401) or ``anthropic-version`` header, a missing ``max_tokens``, a ``system`` role among the
-messages, tool arguments that are not objects, a ``tool_use`` without its ``tool_result`` in
-the next turn (or a result without its call), blank text blocks, tool schemas that are not
+messages, tool arguments that are not objects, a ``tool_use`` without its ``tool_result`` first in
+the next turn (or a result without its call), a ``tool_result`` with ``is_error`` holding
+anything but text, blank text blocks, tool schemas that are not
 objects or have a combinator (``anyOf``...) at the top, two tools of one name,
 ``tool_choice`` without tools, a temperature outside 0..1, thinking with a forced
 ``tool_choice``, an empty ``messages``. A 429 carries ``retry-after``.
@@ -19,6 +20,7 @@ Run it alone with ``python -m copilot_runtime.testing.mock_anthropic``.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from typing import Any
 
 import orjson
@@ -139,7 +141,10 @@ def validate(body: Any) -> None:
             raise Refused(f"messages.{i}: all messages must have non-empty content")
         results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
         if pending:
-            missing = [p for p in pending if p not in results]
+            # (the results come first: a text or image block before one leaves it unmatched)
+            leading = itertools.takewhile(lambda b: b.get("type") == "tool_result", blocks)
+            first = [b.get("tool_use_id") for b in leading]
+            missing = [p for p in pending if p not in first]
             if role != "user" or missing:
                 raise Refused(
                     f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
@@ -156,6 +161,12 @@ def validate(body: Any) -> None:
             if kind == "text" and not str(block.get("text", "")).strip():
                 raise Refused(f"messages.{i}.content.{j}.text: text content blocks must "
                                f"contain non-whitespace text")
+            if kind == "tool_result" and block.get("is_error") and isinstance(
+                    block.get("content"), list) and any(
+                    not isinstance(b, dict) or b.get("type") != "text"
+                    for b in block["content"]):
+                raise Refused(f"messages.{i}.content.{j}.tool_result: all content must be "
+                               f"type 'text' if 'is_error' is true")
             if kind == "tool_use":
                 if role != "assistant":
                     raise Refused(f"messages.{i}.content.{j}: tool_use in a user turn")

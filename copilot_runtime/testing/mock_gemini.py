@@ -8,9 +8,10 @@ is of the last response: its ``output`` when that is all it holds, else its JSON
 
 Like the real API it refuses what the real API refuses, with its error shapes: a missing
 key, roles other than ``user``/``model``, empty parts, a function-call turn not answered by
-as many function responses, arguments or responses that are not objects, and schema
-keywords outside the OpenAPI subset (``additionalProperties``, ``$ref``, ...), enums on
-non-strings, arrays without ``items``, empty ``properties``. Function calls of Gemini 3
+as many function responses (in a turn holding nothing else), arguments or responses that
+are not objects, and schema keywords outside the OpenAPI subset (``additionalProperties``,
+``$ref``, ...), enums on non-strings, arrays without ``items``, empty ``properties``.
+Function calls of Gemini 3
 carry a ``thoughtSignature``; a later request that replays the call without it is refused.
 Run it alone with ``python -m copilot_runtime.testing.mock_gemini``.
 """
@@ -129,7 +130,8 @@ def validate(body: Any, signed: set[str]) -> None:
             raise Refused(f"* GenerateContentRequest.contents[{i}].parts: contents.parts "
                            f"must not be empty.")
         responses = [p for p in parts if "functionResponse" in p]
-        if calls and len(responses) != calls:
+        if (calls and len(responses) != calls) or 0 < len(responses) < len(parts):
+            # (a turn of function responses holding text or data beside them is refused too)
             raise Refused("Please ensure that the number of function response parts is equal "
                            "to the number of function call parts of the function call turn.")
         for part in responses:
