@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 import structlog
 
+from copilot_runtime import events as ev
 from copilot_runtime._exceptions import JSONTooDeepError
 from copilot_runtime.threads.base import ThreadRecord
 
@@ -328,9 +329,10 @@ def _cut(events: list[Any], max_bytes: int) -> tuple[list[Any], int]:
     """`events` (encodable, over `max_bytes`) brought under it, the bulk first, the thread's
     messages last: the state the client sent with the run (`RUN_STARTED.input.state`, which
     the thread never shows), then its state snapshots and deltas (each replaced by a
-    snapshot of `STATE_NOT_STORED`, the largest first), then its longest strings, cut to one
-    length chosen from their lengths, then its events that carry no message; only if all
-    that is not enough, its run-level events alone."""
+    snapshot of `STATE_NOT_STORED`, the largest first), then its events that carry no
+    message (the largest first, a step's start and end together), then its longest strings,
+    cut to one length measured to cover what is still over; then, one at a time, its
+    activity messages. Only if all that is not enough, its run-level events alone."""
     run = _Sized(events)
     for index, event in enumerate(run.events):
         if run.total <= max_bytes:
@@ -342,70 +344,128 @@ def _cut(events: list[Any], max_bytes: int) -> tuple[list[Any], int]:
         if run.total <= max_bytes:
             return run.events, run.total
         run.set(index, _state_not_stored(run.sizes[index]))
-    # The estimate of what a cut saves can fall short (a string of escapes or of
-    # multi-byte characters): a second try then cuts from the sizes as they are.
-    for _ in range(3):
-        if run.total <= max_bytes:
-            return run.events, run.total
-        length = _cut_length(run.events, run.total - max_bytes)
-        if length is None:
-            break
-        for index, event in enumerate(run.events):
-            cut = _cut_strings(event, length)
-            if cut is not event:
-                run.set(index, cut)
-    for index in _largest_first(run, None):
+    for unit in _droppable(run):
         if run.total <= max_bytes:
             break
-        run.set(index, None)
-    if run.total <= max_bytes:
-        kept = [e for e in run.events if e is not None]
-        return kept, run.total
-    kept = [_reduced(e) for e in events
-            if isinstance(e, dict) and e.get("type") in _KEEP_FIELDS]
-    return kept, len(orjson.dumps(kept))
+        for index in unit:
+            run.set(index, None)
+    # An activity (a message, but often the bulk of a run) goes before all the others do.
+    activities = _activities(run)
+    while not _strings_cut_to_fit(run, max_bytes):
+        if not activities:
+            kept = [_reduced(e) for e in events
+                    if isinstance(e, dict) and e.get("type") in _KEEP_FIELDS]
+            return kept, len(orjson.dumps(kept))
+        for index in activities.pop(0):
+            run.set(index, None)
+    return [e for e in run.events if e is not None], run.total
 
 
 #: The events holding a run's state.
 _STATE_TYPES = frozenset({"STATE_SNAPSHOT", "STATE_DELTA"})
-#: The events a cut keeps to the end: the run-level ones, and those that carry a message.
-_MESSAGE_TYPES = frozenset({
+#: The events a cut never drops: the run-level ones, those that carry a message (activities
+#: only as a last resort), the run's state (its marker once cut), the bounds of a subagent's
+#: part (the events between them name it), and the encrypted reasoning a message carries.
+_KEPT_TYPES = frozenset({
     "RUN_STARTED", "RUN_FINISHED", "RUN_ERROR", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT",
     "TEXT_MESSAGE_END", "TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END",
     "TOOL_CALL_RESULT", "REASONING_MESSAGE_START", "REASONING_MESSAGE_CONTENT",
     "REASONING_MESSAGE_END", "REASONING_START", "REASONING_END", "MESSAGES_SNAPSHOT",
+    "REASONING_ENCRYPTED_VALUE", "ACTIVITY_SNAPSHOT", "ACTIVITY_DELTA", "SUBAGENT_STARTED",
+    "SUBAGENT_FINISHED", "SUBAGENT_ERROR", *_STATE_TYPES,
 })
+#: The CUSTOM events a cut keeps: without a hand-over's start, the handed-over agent's
+#: messages snapshot reads as the whole conversation (`_compaction.events_to_messages`).
+_KEPT_CUSTOM = frozenset({ev.AGENT_STARTED, ev.AGENT_FINISHED})
 
 
-def _largest_first(run: _Sized, types: frozenset[str] | None) -> list[int]:
-    """The indexes of the events of `types` (None: those a cut may drop), largest first."""
-    def wanted(event: Any) -> bool:
-        kind = event.get("type") if isinstance(event, dict) else None
-        return kind in types if types is not None else (
-            event is not None and kind not in _MESSAGE_TYPES)
-    return sorted((i for i, e in enumerate(run.events) if wanted(e)),
+def _largest_first(run: _Sized, types: frozenset[str]) -> list[int]:
+    """The indexes of the events of `types`, largest first."""
+    return sorted((i for i, e in enumerate(run.events)
+                   if isinstance(e, dict) and e.get("type") in types),
                   key=lambda i: -run.sizes[i])
+
+
+def _droppable(run: _Sized) -> list[list[int]]:
+    """The events a cut may drop, as units dropped whole (a step's start with its end: the
+    order checks refuse one without the other), the largest first."""
+    units: list[list[int]] = []
+    steps: dict[tuple[Any, Any], list[int]] = {}  # the steps open, by name and subagent
+    for index, event in enumerate(run.events):
+        if not isinstance(event, dict):
+            continue
+        kind = event.get("type")
+        if kind == "STEP_STARTED" or kind == "STEP_FINISHED":
+            key = (event.get("stepName"), event.get("subagentRunId"))
+            if kind == "STEP_STARTED":
+                steps.setdefault(key, []).append(index)
+            elif steps.get(key):
+                units.append([steps[key].pop(), index])
+            # (an end without its start is kept: it is not this cut's to mend)
+        elif kind not in _KEPT_TYPES and not (
+                kind == "CUSTOM" and event.get("name") in _KEPT_CUSTOM):
+            units.append([index])
+    # A start never ended (a RUN_ERROR closes it) goes alone.
+    units += [[index] for starts in steps.values() for index in starts]
+    return sorted(units, key=lambda unit: -sum(run.sizes[i] for i in unit))
+
+
+def _activities(run: _Sized) -> list[list[int]]:
+    """The run's activity messages (each one's snapshots and deltas), the largest first."""
+    by_id: dict[Any, list[int]] = {}
+    for index, event in enumerate(run.events):
+        if isinstance(event, dict) and event.get("type") in ("ACTIVITY_SNAPSHOT",
+                                                              "ACTIVITY_DELTA"):
+            by_id.setdefault(event.get("messageId"), []).append(index)
+    return sorted(by_id.values(), key=lambda unit: -sum(run.sizes[i] for i in unit))
 
 
 def _state_not_stored(size: int) -> dict[str, Any]:
     return {"type": "STATE_SNAPSHOT", "snapshot": {STATE_NOT_STORED: {"bytes": size}}}
 
 
+def _strings_cut_to_fit(run: _Sized, max_bytes: int) -> bool:
+    """Cut `run`'s long strings to the longest length that brings it under `max_bytes`;
+    False (nothing cut) if even `_MIN_CUT` would not."""
+    if run.total <= max_bytes:
+        return True
+    length = _cut_length(run.events, run.total - max_bytes)
+    if length is None:
+        return False
+    for limit in (length, _MIN_CUT):
+        for index, event in enumerate(run.events):
+            cut = _cut_strings(event, limit)
+            if cut is not event:
+                run.set(index, cut)
+        # (measured, the first length fits; the shortest is the cut's last word all the same)
+        if run.total <= max_bytes:
+            return True
+    return False
+
+
 def _cut_length(events: list[Any], excess: int) -> int | None:
-    """The longest length to cut strings to that saves about `excess` bytes, or None if
-    cutting them to `_MIN_CUT` would not (then no string is cut)."""
-    strings: list[tuple[int, int]] = []  # (length, encoded bytes) of the long ones
+    """The longest length to cut strings to that saves `excess` bytes, or None if cutting
+    them to `_MIN_CUT` would not. What a cut keeps of a string is measured, not guessed from
+    its average bytes a character: a head of 3-byte characters or of 6-byte escapes keeps
+    far more than a string's average says."""
+    strings: list[tuple[int, int, str | None]] = []
     _long_strings(events, strings)
     if not strings:
         return None
 
     def saved(length: int) -> int:
-        return sum(encoded - encoded * length // size - len(_TRUNCATED)
-                   for size, encoded in strings if size > length)
+        # What each string longer than the cut's mark saves, exactly (never less than 0:
+        # each character is at least a byte): monotone, so bisected.
+        total = 0
+        for size, encoded, text in strings:
+            if size > length + _MARK:
+                kept = length + 2 if text is None else len(orjson.dumps(text[:length]))
+                total += encoded - kept - _MARK
+        return total
 
     if saved(_MIN_CUT) < excess:
         return None
-    low, high = _MIN_CUT, max(size for size, _ in strings)  # saved(low) >= excess
+    low, high = _MIN_CUT, max(size for size, _, _ in strings)  # saved(low) >= excess
     while high - low > 1:
         middle = (low + high) // 2
         if saved(middle) >= excess:
@@ -415,10 +475,19 @@ def _cut_length(events: list[Any], excess: int) -> int | None:
     return low
 
 
-def _long_strings(value: Any, out: list[tuple[int, int]]) -> None:
+#: What the mark a cut string ends with adds: one no longer than its cut plus the mark is
+#: left whole (cut, it would grow).
+_MARK = len(_TRUNCATED)
+
+
+def _long_strings(value: Any, out: list[tuple[int, int, str | None]]) -> None:
+    """Each string a cut may shorten, as its length, its encoded size and itself (None when
+    each of its characters is one byte encoded: any head's size is then its length)."""
     if isinstance(value, str):
-        if len(value) > _MIN_CUT:
-            out.append((len(value), len(orjson.dumps(value)) - 2))
+        if len(value) > _MIN_CUT + _MARK:
+            encoded = len(orjson.dumps(value))
+            plain = encoded == len(value) + 2  # (a wider character, or an escape, adds bytes)
+            out.append((len(value), encoded, None if plain else value))
     elif isinstance(value, dict):
         for item in value.values():
             _long_strings(item, out)
@@ -432,10 +501,10 @@ def _reduced(event: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cut_strings(value: Any, limit: int) -> Any:
-    """`value` with each string longer than `limit` cut to it: the same object when none
-    is (nothing of it is copied)."""
+    """`value` with each string longer than `limit` and the mark cut to `limit`: the same
+    object when none is (nothing of it is copied)."""
     if isinstance(value, str):
-        return value if len(value) <= limit else value[:limit] + _TRUNCATED
+        return value if len(value) <= limit + _MARK else value[:limit] + _TRUNCATED
     if isinstance(value, dict):
         items = {k: _cut_strings(v, limit) for k, v in value.items()}
         return value if all(items[k] is v for k, v in value.items()) else items

@@ -188,6 +188,8 @@ class ActiveRun:
         self._flush_timer: asyncio.TimerHandle | None = None
         self._flushing: asyncio.Task[None] | None = None
         self.task: asyncio.Task[Any] | None = None
+        #: True once a GeneratorExit goes through `drive`: its task may not suspend again.
+        self._closing = False
         self.cancel_reason: str | None = None
         #: The run's events kept in the order clients accept, whatever the agent yields.
         self.order = RunEventOrder(self.thread_id, self.run_id)
@@ -406,6 +408,10 @@ class ActiveRun:
             await self._finish()
             if reason != "disconnect":
                 await write(tail)
+        except GeneratorExit:
+            # (thrown in by an agent's task): the run is stored below, without a suspension
+            self._closing = True
+            raise
         finally:
             if deadline is not None:
                 deadline.cancel()
@@ -673,9 +679,9 @@ class ActiveRun:
             queue.put_nowait(None)
         self.listeners.clear()
         if self.unstored:  # nothing to write, no thread to give back
-            # Compacted all the same, once: its end's observers read its messages.
-            self.compacted = (await self._storable())[0]
             try:
+                # Compacted all the same, once: its end's observers read its messages.
+                self.compacted = (await self._storable(on_loop=self._closing))[0]
                 if self.forgetter is not None and self._agent_asked:
                     # Before the client hears the end, as a chat's run is stored first; in a
                     # task of its own (a cancellation does not cut it), waited for briefly:
@@ -691,10 +697,17 @@ class ActiveRun:
                 await asyncio.wait((slot,), timeout=GIVE_BACK_WAIT)
             return
         if self.manager.durable is None:  # in this process: nothing to wait for
-            try:
-                await self._store_and_give_back()
-            finally:
-                self._ended()
+            if self._closing or not self._large():
+                try:
+                    await self._store_and_give_back(on_loop=self._closing)
+                finally:
+                    self._ended()
+                return
+            # Cut in a thread, in a task of its own: a cancellation meanwhile (a hand-over,
+            # drain, shutdown) does not lose the run, and `drain` waits for it.
+            stored = self.manager._adopt(self._store_and_give_back())
+            stored.add_done_callback(partial(_stored, self))
+            await asyncio.shield(stored)
             return
         # In a task of its own, waited for at most `STORE_RETRY_FOR`: a store that is away,
         # or does not answer, must not hold the run's end (and its client) longer. The write
@@ -744,11 +757,11 @@ class ActiveRun:
                 # included) is this task's cancellation: logged, and the run ends.
                 _log.exception("run end observer failed", run_id=self.run_id)
 
-    async def _store_and_give_back(self) -> None:
+    async def _store_and_give_back(self, *, on_loop: bool = False) -> None:
         try:
             if self._flushing is not None:
                 await asyncio.shield(self._flushing)
-            await self._store()
+            await self._store(on_loop=on_loop)
         finally:
             # The thread is given back only once its run is stored: a run begun on it
             # meanwhile would read its head without this run, and a `connect` would miss it
@@ -768,23 +781,27 @@ class ActiveRun:
             if waited:
                 await asyncio.wait(waited, timeout=GIVE_BACK_WAIT)
 
-    async def _storable(self) -> tuple[list[Event], int]:
+    def _large(self) -> bool:
+        """Whether the run is large enough to be compacted (and cut) in a thread."""
+        return self._kept_bytes + estimated_size(self.events[:1]) >= LARGE_JSON
+
+    async def _storable(self, *, on_loop: bool = False) -> tuple[list[Event], int]:
         """The run's events as its store keeps them (`storable`): never what cannot be
         replayed, nor more than a run's byte bound. A large run's in a thread: its
         compaction copies its state, and one over the bound is walked to be cut (seconds on
-        the event loop, where every stream and probe of the worker waited for it)."""
+        the event loop, where every stream and probe of the worker waited for it); but
+        `on_loop` (the drive closing on a GeneratorExit, where no suspension may be)."""
         def compacted() -> tuple[list[Event], int]:
             return storable(compact_events(self.events), self.manager.max_run_bytes)
 
-        # Most runs are small: compacted here, with no thread's hop nor suspension (a run
-        # whose agent raised GeneratorExit is stored as its drive closes, where none may be).
-        if self._kept_bytes + estimated_size(self.events[:1]) < LARGE_JSON:
+        # Most runs are small: compacted here, with no thread's hop nor suspension.
+        if on_loop or not self._large():
             return compacted()
         return await asyncio.to_thread(compacted)
 
-    async def _store(self) -> None:
+    async def _store(self, *, on_loop: bool = False) -> None:
         try:
-            compacted, size = await self._storable()
+            compacted, size = await self._storable(on_loop=on_loop)
             self.compacted = compacted
             ids = {m["id"] for m in self.input.raw.get("messages") or ()
                    if isinstance(m, dict) and isinstance(m.get("id"), str)

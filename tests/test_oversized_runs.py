@@ -7,22 +7,26 @@ whole history, never stored the lost message), and the cut held the event loop ~
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import psycopg
 import pytest
 
-from copilot_runtime import CopilotRuntime, _limits, thread_store
+from copilot_runtime import CopilotRuntime, _limits, _runs, thread_store
 from copilot_runtime import events as ev
+from copilot_runtime._input import parse_run_input
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.agents.builtin import BuiltInAgent
-from copilot_runtime.events import EventBatches
+from copilot_runtime.events import Event, EventBatches
 from copilot_runtime.testing import verify_events
 from copilot_runtime.testing.scripted import ScriptedAdapter, text_turn
 from copilot_runtime.threads import ThreadStore
@@ -215,3 +219,261 @@ async def test_messages_a_cut_run_could_not_keep_are_stored_by_the_next_run(
         assert ids[:400] == [m["id"] for m in history]
         assert "r2-u" in ids
         assert "second" in [m.get("content") for m in messages]
+
+
+# -- the cut keeps what it can (follow-up: texts of multi-byte characters, stages together,
+# -- paired events, the events a message needs, a run whose agent raised GeneratorExit) --
+
+
+class _Says(Agent):
+    """Sends `events` (made for the run's id) in one batch."""
+
+    def __init__(self, events: Callable[[str], list[Event]]) -> None:
+        super().__init__()
+        self.events = events
+
+    def run(self, input: Any, context: RunContext) -> EventBatches:
+        return self._run(input.run_id)
+
+    async def _run(self, run_id: str) -> Any:
+        yield self.events(run_id)
+
+
+def _answer(text: str) -> Callable[[str], list[Event]]:
+    def events(run_id: str) -> list[Event]:
+        message = f"a-{run_id}"
+        return [ev.text_message_start(message), ev.text_message_content(message, text),
+                ev.text_message_end(message)]
+    return events
+
+
+async def _stored_size(serve_runtime: ServeRuntime, agent: Agent, body: dict[str, Any]
+                       ) -> int:
+    """The bytes the run of `body` takes stored whole (under a bound it does not reach)."""
+    async with serve_runtime(CopilotRuntime(agents={"default": agent})) as served:
+        await post_run(served, orjson.dumps(body))
+        _, events = await thread_reads(served, body["threadId"])
+    return len(orjson.dumps(events))
+
+
+def _history(count: int, length: int = 200) -> list[dict[str, Any]]:
+    """`count` user messages, none long enough to be cut."""
+    return [{"id": f"h-{i}", "role": "user", "content": f"{i:05d} " + "w" * length}
+            for i in range(count)]
+
+
+@pytest.mark.parametrize(("messages", "answer"), [
+    pytest.param([], "中文" * 39_000 + "english " * 11_000, id="cjk-answer"),
+    pytest.param([{"id": f"m-{i}", "role": "user", "content": "中" * 3000 + "a" * 3000}
+                  for i in range(32)], "ok", id="cjk-messages"),
+    pytest.param([{"id": f"m-{i}", "role": "user", "content": "\x01" * 3000 + "a" * 3000}
+                  for i in range(24)], "ok", id="escaped-messages"),
+])
+async def test_a_cut_run_of_multi_byte_or_escaped_text_keeps_its_messages(
+        serve_runtime: ServeRuntime, messages: list[dict[str, Any]], answer: str) -> None:
+    """Before: the cut guessed what cutting saves as if each string's bytes were spread
+    evenly over its characters; a head of 3-byte characters or of escapes (6 bytes each)
+    saves less, three guesses fell short and the run kept its run-level events only (every
+    message gone). The cut now measures what it keeps."""
+    async with asyncio.timeout(TIMEOUT):
+        bound = 256 * 1024
+        runtime = CopilotRuntime(agents={"default": _Says(_answer(answer))},
+                                 max_run_bytes=bound)
+        async with serve_runtime(runtime) as served:
+            body = run_input("translate", thread="t4", run="r1")
+            body["messages"] = [*messages, *body["messages"]]
+            await post_run(served, orjson.dumps(body))
+            stored, events = await thread_reads(served, "t4")
+        assert len(orjson.dumps(events)) <= bound
+        assert [m["id"] for m in stored] == [*(m["id"] for m in messages), "r1-u", "a-r1"]
+        for sent, kept in zip([*messages, *body["messages"][-1:], {"content": answer}],
+                              stored, strict=True):
+            if kept["content"] != sent["content"]:
+                head = kept["content"].removesuffix("...[truncated]")
+                assert len(head) >= 256
+                assert sent["content"].startswith(head)
+
+
+async def test_a_run_needing_both_its_events_dropped_and_its_strings_cut_keeps_its_messages(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: each stage was tried alone (strings cut only if that alone fitted, then events
+    dropped with no cut): a long answer plus a large telemetry event kept no message."""
+    async with asyncio.timeout(TIMEOUT):
+        bound = 256 * 1024
+
+        def events(run_id: str) -> list[Event]:
+            return [*_answer("y" * 400_000)(run_id),
+                    ev.custom("telemetry", list(range(60_000)))]
+
+        runtime = CopilotRuntime(agents={"default": _Says(events)}, max_run_bytes=bound)
+        async with serve_runtime(runtime) as served:
+            await post_run(served, orjson.dumps(run_input("hello", thread="t5", run="r1")))
+            messages, stored = await thread_reads(served, "t5")
+        assert len(orjson.dumps(stored)) <= bound
+        assert [m["id"] for m in messages] == ["r1-u", "a-r1"]
+        assert messages[0]["content"] == "hello"
+        assert messages[1]["content"].endswith("...[truncated]")
+        assert len(messages[1]["content"]) > 100_000  # the telemetry went, not the answer
+
+
+def _steps(run_id: str) -> list[Event]:
+    return [event for i in range(40) for event in (
+        {"type": "STEP_STARTED", "stepName": f"node-{i}-" + "s" * 200},
+        {"type": "STEP_FINISHED", "stepName": f"node-{i}-" + "s" * 200})] + _answer("ok")(run_id)
+
+
+def _subagent(run_id: str) -> list[Event]:
+    sub = {"subagentRunId": "s1"}
+    return [{"type": "SUBAGENT_STARTED", "name": "researcher", **sub},
+            *[ev.custom("progress", i) for i in range(20)],
+            {**ev.text_message_start(f"a-{run_id}"), **sub},
+            {**ev.text_message_content(f"a-{run_id}", "found"), **sub},
+            {**ev.text_message_end(f"a-{run_id}"), **sub},
+            {"type": "SUBAGENT_FINISHED", **sub}]
+
+
+@pytest.mark.parametrize(("make", "over"), [
+    pytest.param(_steps, 1500, id="steps"), pytest.param(_subagent, 60, id="subagent")])
+async def test_a_cut_run_keeps_paired_events_whole(
+        serve_runtime: ServeRuntime, make: Callable[[str], list[Event]], over: int) -> None:
+    """Before: events that carry no message were dropped one at a time, largest first: each
+    STEP_FINISHED (a byte longer) went before its STEP_STARTED, a SUBAGENT_STARTED before
+    its SUBAGENT_FINISHED, and the stored run no longer replayed ("... are still open").
+    Steps now go in pairs, and a subagent's bounds stay."""
+    async with asyncio.timeout(TIMEOUT):
+        body = run_input("go", thread="t6", run="r1")
+        body["messages"] = [*_history(2000), *body["messages"]]
+        agent = _Says(make)
+        bound = await _stored_size(serve_runtime, agent, body) - over
+        runtime = CopilotRuntime(agents={"default": agent}, max_run_bytes=bound)
+        async with serve_runtime(runtime) as served:
+            await post_run(served, orjson.dumps(body))
+            messages, stored = await thread_reads(served, "t6")  # (replayable)
+        assert len(orjson.dumps(stored)) <= bound
+        assert len(messages) == 2002
+        if make is _subagent:
+            assert [e["type"] for e in stored if e["type"].startswith("SUBAGENT")] == [
+                "SUBAGENT_STARTED", "SUBAGENT_FINISHED"]
+
+
+def _handed_over(run_id: str) -> list[Event]:
+    return [ev.custom("p", 1),  # (smaller than the hand-over's markers)
+            ev.custom(ev.AGENT_STARTED, {"agentName": "researcher", "runId": run_id}),
+            {"type": "MESSAGES_SNAPSHOT",
+             "messages": [{"id": f"s-{run_id}", "role": "assistant", "content": "sub answer"}]},
+            ev.custom(ev.AGENT_FINISHED, {"agentName": "researcher"})]
+
+
+def _activity(run_id: str) -> list[Event]:
+    return [{"type": "ACTIVITY_SNAPSHOT", "messageId": f"act-{run_id}", "activityType": "search",
+             "content": {"results": [{"id": i, "p": i % 97} for i in range(1000)]}},
+            ev.custom("telemetry", list(range(400))), *_answer("here")(run_id)]
+
+
+@pytest.mark.parametrize(("make", "over", "produced"), [
+    pytest.param(_handed_over, 20, ["s-r1"], id="hand-over"),
+    pytest.param(_activity, 500, ["act-r1", "a-r1"], id="activity"),
+])
+async def test_a_cut_run_keeps_the_events_its_messages_need(
+        serve_runtime: ServeRuntime, make: Callable[[str], list[Event]], over: int,
+        produced: list[str]) -> None:
+    """Before: a hand-over's start marker (larger than its end) was dropped as an event that
+    carries no message: the handed-over agent's messages snapshot was then read as the
+    whole conversation, and the thread's 1200 messages vanished; an ACTIVITY_SNAPSHOT (a
+    message the thread shows) was dropped as the largest such event."""
+    async with asyncio.timeout(TIMEOUT):
+        body = run_input("go", thread="t7", run="r1")
+        body["messages"] = [*_history(1200), *body["messages"]]
+        agent = _Says(make)
+        bound = await _stored_size(serve_runtime, agent, body) - over
+        runtime = CopilotRuntime(agents={"default": agent}, max_run_bytes=bound)
+        async with serve_runtime(runtime) as served:
+            await post_run(served, orjson.dumps(body))
+            messages, stored = await thread_reads(served, "t7")
+        assert len(orjson.dumps(stored)) <= bound
+        assert [m["id"] for m in messages] == [
+            *(m["id"] for m in body["messages"]), *produced]
+
+
+class _RaisesGeneratorExit(Agent):
+    """Says a long answer, then raises GeneratorExit in a task it awaits (thrown into the
+    run's drive, which must then store the run without suspending)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def run(self, input: Any, context: RunContext) -> EventBatches:
+        return self._run(input.run_id)
+
+    async def _run(self, run_id: str) -> Any:
+        yield [ev.text_message_start(f"a-{run_id}"),
+               ev.text_message_content(f"a-{run_id}", "o" * 400_000)]
+        await asyncio.ensure_future(self._fail())
+
+    async def _fail(self) -> None:
+        raise GeneratorExit("closed")
+
+
+async def test_a_large_run_whose_agent_raised_generator_exit_is_stored(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: a large run went to a worker thread to be stored, a suspension inside the
+    drive closing on the GeneratorExit ("coroutine ignored GeneratorExit"): the memory
+    store never had it. Each run is stored, with its end."""
+    async with asyncio.timeout(TIMEOUT), serve_runtime(
+            CopilotRuntime(agents={"default": _RaisesGeneratorExit()})) as served:
+        for run in ("run-1", "run-2"):
+            response = await served.post("/agent/default/run", run_input("go", run=run))
+            assert response.status == 200, await response.text()
+            with contextlib.suppress(aiohttp.ClientPayloadError):
+                await response.read()
+        messages, stored = await thread_reads(served, "thread-1")
+        assert [(e["type"], e.get("runId")) for e in stored if e["type"].startswith("RUN_")
+                ] == [("RUN_STARTED", "run-1"), ("RUN_ERROR", None),
+                      ("RUN_STARTED", "run-2"), ("RUN_ERROR", None)]
+        assert [len(m["content"]) for m in messages if m["role"] == "assistant"] == [
+            400_000, 400_000]
+
+
+class _LongAnswer(Agent):
+    def run(self, input: Any, context: RunContext) -> EventBatches:
+        return self._run(input.run_id)
+
+    async def _run(self, run_id: str) -> Any:
+        yield _answer("o" * 400_000)(run_id)
+
+
+async def test_a_large_run_cancelled_while_it_is_cut_is_stored_all_the_same(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a large run's store waited for its cut in a worker thread in the run's own
+    task; cancelled meanwhile (the server cutting its request, a shutdown), the memory
+    store never had the run. It is stored, in a task of its own."""
+    async with asyncio.timeout(TIMEOUT):
+        store = thread_store("memory://")
+        runtime = CopilotRuntime(agents={"default": _LongAnswer()}, thread_store=store)
+        loop = asyncio.get_running_loop()
+        cutting, go_on = asyncio.Event(), threading.Event()
+
+        def storable(events: list[Any], max_bytes: int) -> tuple[list[Any], int]:
+            loop.call_soon_threadsafe(cutting.set)  # (in the worker thread)
+            go_on.wait(TIMEOUT)
+            return _limits.storable(events, max_bytes)
+
+        monkeypatch.setattr(_runs, "storable", storable)
+        run = await runtime.start_run("default", parse_run_input(run_input("hi", thread="t8")))
+
+        async def write(batch: Sequence[Event]) -> None:
+            pass
+
+        task = asyncio.create_task(run.drive(write))
+        await cutting.wait()
+        task.cancel()
+        await asyncio.sleep(0.05)
+        go_on.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await runtime.runs.drain(TIMEOUT)
+        record = await store.get("t8")
+        assert record is not None
+        assert [e["type"] for e in record.runs[0].events][-1] == "RUN_FINISHED"
+        assert not runtime.is_running("t8")
+        await runtime.aclose()
