@@ -1047,7 +1047,7 @@ class RunManager:
         record of (an evicted in-memory thread, one from before a restart): its owner is
         unknown, so it becomes nobody's (`ThreadNotFoundError`)."""
         thread_id = input.thread_id
-        if owner is not None and self._owners.refuses(thread_id, owner):
+        if owner is not None and await self._refuses(thread_id, owner):
             # Refused before anything is reserved: a reservation (or a lease) of a caller
             # then refused makes the thread busy for its owner meanwhile, so anyone who knew
             # its id could keep it busy by asking again and again.
@@ -1101,8 +1101,9 @@ class RunManager:
         thread_id = input.thread_id
         if owner is not None:
             running = self.active.get(thread_id)
-            if self._owners.refuses(thread_id, owner) or (
-                    running is not None and running.confirmed and running.owner != owner):
+            if running is not None and running.confirmed and running.owner != owner:
+                raise ThreadNotFoundError(thread_id)
+            if await self._refuses(thread_id, owner):
                 raise ThreadNotFoundError(thread_id)
             await self._check_owner(thread_id, await self.store.summary(thread_id), owner,
                                     remembered)
@@ -1122,6 +1123,19 @@ class RunManager:
         run.confirmed = True
         self.unstored.add(run)
         return run
+
+    async def _refuses(self, thread_id: str, owner: ThreadOwner) -> bool:
+        """Whether the thread is known to be someone else's: the owner remembered for it,
+        if the store still agrees. The thread may have been deleted on another worker since
+        it was remembered, and its id taken by `owner`."""
+        if not self._owners.refuses(thread_id, owner):
+            return False
+        record = await self.store.summary(thread_id)
+        if record is None:
+            self._owners.forget(thread_id)
+            return False
+        self._owners.note(thread_id, record.owner)
+        return record.owner != owner
 
     async def _check_owner(self, thread_id: str, record: ThreadRecord | None,
                            owner: ThreadOwner | None,
@@ -1571,8 +1585,9 @@ class _UnstoredEnds:
 class _KnownOwners:
     """The owners of threads read lately, so that a caller who does not own a thread is
     refused before its run reserves it. A thread's owner never changes while it exists; a
-    thread deleted on another worker, its id taken by someone else, is refused here for at
-    most `ttl` seconds more."""
+    thread deleted on another worker, its id then taken by someone else, may be remembered
+    here as the first owner's for at most `ttl` seconds more: a refusal is checked with the
+    store (`RunManager._refuses`)."""
 
     ttl = 60.0
     most = 10_000
