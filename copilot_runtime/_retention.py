@@ -4,8 +4,10 @@ Every `every` seconds (the first time at a random moment of the first minute, so
 started together do not sweep together) the store is asked for the threads last updated
 before the retention, oldest first, a batch at a time, and each is deleted as
 `DELETE /threads/{id}` deletes one: what the agents keep of it first, then the store's
-records. A thread with a run on it is left for the next sweep. Every worker sweeps; deleting
-a thread twice is harmless (the second finds it gone), so no worker needs to be chosen.
+records; only if it is still stale once the delete holds it (used again since it was
+listed, it stays). A thread with a run on it is left for the next sweep. Every worker
+sweeps; deleting a thread twice is harmless (the second finds it gone), so no worker needs to
+be chosen.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ _FAILURES = 3
 
 class RetentionSweep:
     def __init__(self, stale: Callable[[float, int], Awaitable[list[str]]],
-                 delete: Callable[[str], Awaitable[bool]], retention: float,
+                 delete: Callable[[str, float], Awaitable[bool]], retention: float,
                  every: float) -> None:
         self._stale = stale
         self._delete = delete
@@ -81,7 +83,9 @@ class RetentionSweep:
             todo = [thread_id for thread_id in ids if thread_id not in left]
             for thread_id in todo:
                 try:
-                    if await self._delete(thread_id):
+                    # Only if still stale as it is deleted: its owner may have used it
+                    # since it was listed (on any worker).
+                    if await self._delete(thread_id, cutoff):
                         deleted += 1
                     else:
                         left.add(thread_id)

@@ -968,6 +968,11 @@ async def _retried(call: Callable[[], Awaitable[None]], seconds: float) -> None:
 
 #: How the lease a delete holds on its thread is named (a run id no client sends).
 _DELETE = "copilot_runtime.delete:"
+#: Seconds a delete waits for another delete of its thread (any worker's) to give the
+#: thread's lease back; still held then, the thread is busy (409).
+DELETE_WAITS_FOR_DELETE = 10.0
+#: Seconds between a waiting delete's tries at the lease.
+_DELETE_TRIES_EVERY = 0.05
 
 
 class RunManager:
@@ -1042,7 +1047,7 @@ class RunManager:
         record of (an evicted in-memory thread, one from before a restart): its owner is
         unknown, so it becomes nobody's (`ThreadNotFoundError`)."""
         thread_id = input.thread_id
-        if owner is not None and self._owners.refuses(thread_id, owner):
+        if owner is not None and await self._refuses(thread_id, owner):
             # Refused before anything is reserved: a reservation (or a lease) of a caller
             # then refused makes the thread busy for its owner meanwhile, so anyone who knew
             # its id could keep it busy by asking again and again.
@@ -1096,8 +1101,9 @@ class RunManager:
         thread_id = input.thread_id
         if owner is not None:
             running = self.active.get(thread_id)
-            if self._owners.refuses(thread_id, owner) or (
-                    running is not None and running.confirmed and running.owner != owner):
+            if running is not None and running.confirmed and running.owner != owner:
+                raise ThreadNotFoundError(thread_id)
+            if await self._refuses(thread_id, owner):
                 raise ThreadNotFoundError(thread_id)
             await self._check_owner(thread_id, await self.store.summary(thread_id), owner,
                                     remembered)
@@ -1117,6 +1123,19 @@ class RunManager:
         run.confirmed = True
         self.unstored.add(run)
         return run
+
+    async def _refuses(self, thread_id: str, owner: ThreadOwner) -> bool:
+        """Whether the thread is known to be someone else's: the owner remembered for it,
+        if the store still agrees. The thread may have been deleted on another worker since
+        it was remembered, and its id taken by `owner`."""
+        if not self._owners.refuses(thread_id, owner):
+            return False
+        record = await self.store.summary(thread_id)
+        if record is None:
+            self._owners.forget(thread_id)
+            return False
+        self._owners.note(thread_id, record.owner)
+        return record.owner != owner
 
     async def _check_owner(self, thread_id: str, record: ThreadRecord | None,
                            owner: ThreadOwner | None,
@@ -1143,7 +1162,10 @@ class RunManager:
         """Keep runs off the thread while it is deleted (its check that no run is on it, its
         agents' memory, its store): `ThreadBusyError` if a run is on it on any worker, and a
         run asking for it meanwhile, here or (through its lease) on another worker, is busy.
-        Deletes of one thread do not hold each other off: one finds it gone (a 404)."""
+        Under a shared coordinator, another delete of the thread (any worker's) is waited
+        for, at most `DELETE_WAITS_FOR_DELETE` seconds (busy after), and this one then finds
+        it gone (a 404); without one, deletes of a thread go on together, runs kept off
+        until the last one ends."""
         if thread_id in self.active:
             raise ThreadBusyError(thread_id)
         self._deleting[thread_id] = self._deleting.get(thread_id, 0) + 1
@@ -1151,11 +1173,7 @@ class RunManager:
         lease: Lease | None = None
         try:
             if coordinator is not None:
-                lease = await coordinator.acquire(thread_id, f"{_DELETE}{uuid.uuid4()}")
-                if lease is None:
-                    holder = await coordinator.holder(thread_id)
-                    if holder is not None and not holder.startswith(_DELETE):
-                        raise ThreadBusyError(thread_id)
+                lease = await self._lease_for_delete(coordinator, thread_id)
             yield
         finally:
             left = self._deleting.pop(thread_id) - 1
@@ -1163,6 +1181,23 @@ class RunManager:
                 self._deleting[thread_id] = left
             if lease is not None and coordinator is not None:
                 await coordinator.release(lease)
+
+    async def _lease_for_delete(self, coordinator: Coordinator, thread_id: str) -> Lease:
+        """The thread's lease, for a delete. Never gone on without it: once another delete
+        let go of the thread, a run may begin on it, which this delete would then delete
+        under the run."""
+        name = f"{_DELETE}{uuid.uuid4()}"
+        deadline = time.monotonic() + DELETE_WAITS_FOR_DELETE
+        while True:
+            lease = await coordinator.acquire(thread_id, name)
+            if lease is not None:
+                return lease
+            holder = await coordinator.holder(thread_id)
+            if holder is not None and not holder.startswith(_DELETE):
+                raise ThreadBusyError(thread_id)
+            if time.monotonic() >= deadline:
+                raise ThreadBusyError(thread_id)
+            await asyncio.sleep(_DELETE_TRIES_EVERY)
 
     def forget_owner(self, thread_id: str) -> None:
         """The thread is deleted: its id may become someone else's."""
@@ -1550,8 +1585,9 @@ class _UnstoredEnds:
 class _KnownOwners:
     """The owners of threads read lately, so that a caller who does not own a thread is
     refused before its run reserves it. A thread's owner never changes while it exists; a
-    thread deleted on another worker, its id taken by someone else, is refused here for at
-    most `ttl` seconds more."""
+    thread deleted on another worker, its id then taken by someone else, may be remembered
+    here as the first owner's for at most `ttl` seconds more: a refusal is checked with the
+    store (`RunManager._refuses`)."""
 
     ttl = 60.0
     most = 10_000

@@ -279,7 +279,7 @@ class CopilotRuntime:
         stale = getattr(self.store, "stale_threads", None)
         if self.thread_retention_seconds is not None and stale is not None \
                 and self._retention is None:
-            self._retention = RetentionSweep(stale, self.delete_thread,
+            self._retention = RetentionSweep(stale, self._delete_stale,
                                              self.thread_retention_seconds,
                                              self.retention_sweep_every)
             self._retention.start()
@@ -336,12 +336,20 @@ class CopilotRuntime:
             raise ServiceUnavailableError(
                 "What an agent keeps of the thread could not be deleted; try again")
 
-    async def delete_thread(self, thread_id: str) -> bool:
+    async def delete_thread(self, thread_id: str, *, updated_before: float | None = None
+                            ) -> bool:
         """Delete a thread, as `DELETE /threads/{id}` does: no run may begin on it meanwhile,
         on any worker; what the agents keep of it goes first (a failure there is a
         `ServiceUnavailableError`, the thread kept), then its records. False: no such
-        thread. `ThreadBusyError` while a run is on it."""
+        thread. `ThreadBusyError` while a run is on it. With `updated_before` (epoch
+        seconds; a retention sweep's), a thread updated since is kept, its agents' memory
+        too (False): the sweep listed it before someone used it again."""
         async with self.runs.held_for_delete(thread_id):
+            if updated_before is not None:
+                # Read under the delete's hold: no run can begin and update it now.
+                record = await self.store.summary(thread_id)
+                if record is None or record.updated_at >= updated_before:
+                    return False
             # A store that cannot write now (a SQLite file another connection holds) fails
             # the delete before anything is forgotten: after, the thread would be kept
             # without what its agents knew of it. (The records must go last: gone first,
@@ -351,7 +359,12 @@ class CopilotRuntime:
             if check_writable is not None:
                 await check_writable()
             await self.forget_thread(thread_id, strict=True)
-            return await self.store.delete(thread_id)
+            if updated_before is None:
+                return await self.store.delete(thread_id)
+            return await self.store.delete(thread_id, updated_before=updated_before)
+
+    async def _delete_stale(self, thread_id: str, updated_before: float) -> bool:
+        return await self.delete_thread(thread_id, updated_before=updated_before)
 
     def agent(self, agent_id: str) -> Agent:
         try:

@@ -365,17 +365,20 @@ async def test_of_two_racing_deletes_one_is_a_404(
     """Before: the route ignored what `store.delete` returned, so of two DELETEs that both
     found the thread both answered 200 (SQLite and PostgreSQL, where the lookup and the
     delete are separate awaits). The store is held here so that both always pass the lookup
-    before either deletes: exactly one 200, the other 404."""
+    before either deletes: exactly one 200, the other 404. (Under a shared coordinator the
+    second waits for the first's hold on the thread instead, then finds it gone.)"""
     threads = served.runtime.store
     delete = threads.delete
     entered: list[str] = []
     second_in, first_done = asyncio.Event(), asyncio.Event()
     deletes: list[bool] = []
+    waits_for_the_first = served.runtime.coordinator.shared
 
     async def held_delete(thread_id: str) -> bool:
         entered.append(thread_id)
         if len(entered) == 1:  # the first waits for the second to be in, then deletes
-            await second_in.wait()
+            if not waits_for_the_first:
+                await second_in.wait()
             done = await delete(thread_id)
             first_done.set()
         else:  # the second deletes after the first

@@ -17,8 +17,11 @@ import pytest
 from copilot_runtime import (
     BearerTokenAuth,
     CopilotRuntime,
+    DemoAdapter,
     OpenAIAdapter,
     SQLiteThreadStore,
+    coordinator,
+    thread_store,
 )
 from copilot_runtime import events as ev
 from copilot_runtime._exceptions import NothingToResumeError
@@ -34,6 +37,8 @@ from copilot_runtime.testing import MockOpenAIServer
 from copilot_runtime.threads import InMemoryThreadStore, ThreadStore
 from copilot_runtime.workflows.review_loop import ReviewLoop
 from tests.conftest import Served, ServeRuntime, run_input
+from tests.hitl_support.postgres import postgres_schema
+from tests.test_agui_suggest import suggest_input
 from tests.test_hitl_agui import Drafting
 from tests.test_trust_ownership import ALICE, BOB, CAROL, TOKENS, call
 
@@ -212,6 +217,46 @@ async def test_runs_refused_on_anothers_thread_never_make_it_busy_for_its_owner(
             await asyncio.gather(*flooding)
         assert statuses == [200] * 20
         assert set(refused) == {404}
+
+
+async def test_a_thread_id_deleted_on_another_worker_is_its_new_owners_on_every_worker(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: a worker that had read alice's thread remembered her as its owner for a
+    minute; alice deleted it on another worker and bob started a thread of the same id,
+    which the first worker's thread routes showed him, but his runs there were refused as
+    for a thread that does not exist (404) until that minute had passed. A remembered owner
+    who refuses a caller is now checked with the store."""
+    with postgres_schema() as url:
+        def runtime() -> CopilotRuntime:
+            return CopilotRuntime(service_adapter=DemoAdapter(delay=0),
+                                  thread_store=thread_store(url), coordinator=coordinator(url),
+                                  auth=BearerTokenAuth(TOKENS))
+
+        async with serve_runtime(runtime()) as one, serve_runtime(runtime()) as two:
+            async def run(served: Served, token: str, run_id: str) -> int:
+                status, body, _ = await call(served, "POST", "/agent/default/run", token,
+                                             run_input("hi", thread="t", run=run_id))
+                if status == 200:
+                    assert b"RUN_FINISHED" in body, body
+                return status
+
+            assert await run(two, ALICE, "a1") == 200
+            assert await run(two, ALICE, "a2") == 200  # `two` knows alice as its owner
+            assert await run(two, BOB, "b0") == 404
+            status, body, _ = await call(one, "DELETE", "/threads/t", ALICE)
+            assert status == 200, body
+            assert await run(one, BOB, "b1") == 200  # the id is free: bob's thread now
+            status, body, _ = await call(two, "GET", "/threads/t/messages", BOB)
+            assert status == 200, body
+            status, body, _ = await call(two, "POST", "/agent/default/suggest", BOB,
+                                         suggest_input("t"))  # a suggestion's run too
+            assert status == 200, body
+            assert await run(two, BOB, "b2") == 200
+            assert await run(two, ALICE, "a3") == 404
+            assert await run(one, ALICE, "a4") == 404
+            record = await one.runtime.store.get("t")
+            assert record is not None
+            assert [r.run_id for r in record.runs] == ["b1", "b2"]
 
 
 class WhoAsks(Agent):

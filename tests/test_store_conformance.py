@@ -223,6 +223,41 @@ async def test_stale_threads_oldest_first(store: ThreadStore) -> None:
     assert await stale(100.0) == ["c", "b", "d"]
 
 
+async def test_a_delete_on_condition_keeps_a_thread_updated_since(store: ThreadStore) -> None:
+    """Before: a retention sweep listed stale threads, then deleted each whatever had
+    happened to it since: a thread its owner had used again meanwhile was deleted with its
+    new run. `delete(updated_before=)` deletes only a thread still last updated before
+    then, checked as the store deletes it; on every store."""
+    first = _run("used", "r1", "a")
+    await _finish(store, "used", "r1", first, 0, created=20.0)
+    await _finish(store, "used", "r2", _run("used", "r2", "b"), len(first), created=40.0)
+    await _finish(store, "old", "r1", _run("old", "r1", "c"), 0, created=20.0)
+    await _finish(store, "edge", "r1", _run("edge", "r1", "d"), 0, created=25.0)
+    assert await store.delete("used", updated_before=25.0) is False
+    record = await store.get("used")
+    assert record is not None
+    assert [r.run_id for r in record.runs] == ["r1", "r2"]
+    assert await store.delete("edge", updated_before=25.0) is False  # as stale_threads(25)
+    assert await store.delete("nope", updated_before=25.0) is False
+    assert await store.delete("old", updated_before=25.0) is True
+    assert await store.get("old") is None
+    assert await store.first_position("old") == len(first)  # its positions kept, as ever
+    assert [r.thread_id for r in await store.list()] == ["used", "edge"]
+    assert await store.delete("used", updated_before=41.0) is True
+
+
+async def test_a_thread_running_since_is_kept_by_a_delete_on_condition(store: ThreadStore
+                                                                      ) -> None:
+    """A thread whose new run is streaming (written as it streams) was updated by it."""
+    first = _run("t", "r1", "a")
+    await _finish(store, "t", "r1", first, 0, created=20.0)
+    await _start(store, "t", "r2", _run("t", "r2", "b")[0], len(first), 40.0)
+    assert await store.delete("t", updated_before=25.0) is False
+    summary = await store.summary("t")
+    assert summary is not None
+    assert summary.updated_at == 40.0
+
+
 async def test_a_clock_stepped_back_never_makes_a_thread_older(store: ThreadStore) -> None:
     """Before: a run that started after the clock stepped back set the in-memory store's
     `updated_at` to its older start, while SQLite and PostgreSQL keep the latest: the thread

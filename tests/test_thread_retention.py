@@ -6,11 +6,14 @@ store kept every conversation for ever, whatever the deployment's retention poli
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from copilot_runtime import (
@@ -26,6 +29,7 @@ from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.events import EventBatches
 from tests.conftest import GatedAgent, ServeRuntime, poll, run_input, types
 from tests.hitl_support.postgres import postgres_schema
+from tests.scale_support.services import POSTGRES, redis_prefix
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,6 +104,65 @@ async def test_threads_past_the_retention_are_deleted_and_busy_ones_kept(
                     break
             assert (await response.json())["threads"] == []
         assert sorted(agent.forgotten) == ["busy", "new", "old"]
+
+
+@pytest.fixture(params=["postgresql", "redis"])
+def shared(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """(threads URL, coordinator URL) shared by two workers."""
+    with postgres_schema() as threads:
+        if request.param == "postgresql":
+            yield threads, threads
+        else:
+            with redis_prefix() as coordination:
+                yield threads, coordination
+
+
+async def test_a_thread_used_again_after_a_sweep_listed_it_is_kept(
+        shared: tuple[str, str], serve_runtime: ServeRuntime) -> None:
+    """Before: a sweep listed a batch of stale threads, then deleted each in turn: a thread
+    its owner came back to on another worker meanwhile (a run begun and finished before the
+    sweep reached it) was deleted, the new run with it, and its agents' memory of it. Now
+    the sweep deletes a thread only if it is still stale once the delete holds it."""
+    threads, coordination = shared
+    sweeping, other = Remembering(), Remembering()
+    one = CopilotRuntime(agents={"remembering": sweeping}, thread_store=thread_store(threads),
+                         coordinator=coordinator(coordination), thread_retention_seconds=3600)
+    one.retention_sweep_every = 0.2
+    two = CopilotRuntime(agents={"remembering": other}, thread_store=thread_store(threads),
+                         coordinator=coordinator(coordination))
+    listed: list[list[str]] = []
+    async with serve_runtime(two) as second:
+        for thread in ("old", "used"):
+            await second.run(run_input("long ago", thread=thread, run=f"r-{thread}"),
+                             agent="remembering")
+        with psycopg.connect(POSTGRES, autocommit=True) as conn:  # two days old
+            schema = threads.rsplit("schema=", 1)[1]
+            conn.execute(f'UPDATE "{schema}".threads SET updated_at = updated_at - 172800')
+        stale = one.store.stale_threads  # type: ignore[attr-defined]
+
+        async def listing(before: float, limit: int) -> list[str]:
+            ids: list[str] = await stale(before, limit)
+            if not listed:  # its owner comes back to it, once listed, on the other worker
+                events = await second.run(run_input("I am back", thread="used", run="r-back"),
+                                          agent="remembering")
+                assert types(events)[-1] == "RUN_FINISHED"
+            listed.append(ids)
+            return ids
+
+        one.store.stale_threads = listing  # type: ignore[attr-defined]
+        async with serve_runtime(one):
+            async for _ in poll(30, 0.05):
+                if len(listed) >= 2:  # a first sweep ended, a second began
+                    break
+            await asyncio.sleep(0.1)
+        assert sorted(listed[0]) == ["old", "used"]
+        response = await second.session.get(second.url + "/threads/used/messages")
+        assert response.status == 200, await response.text()
+        contents = [m["content"] for m in (await response.json())["messages"]]
+        assert contents == ["long ago", "noted", "I am back", "noted"]
+        response = await second.session.get(second.url + "/threads/old/messages")
+        assert response.status == 404
+        assert sweeping.forgotten == ["old"]
 
 
 class _NoSweeping:

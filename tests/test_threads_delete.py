@@ -116,6 +116,77 @@ async def test_a_run_asked_for_on_another_worker_while_the_thread_is_deleted_is_
             assert status == 200
 
 
+async def test_a_delete_while_another_worker_deletes_the_thread_waits_for_it(
+        serve_runtime: ServeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a second DELETE that found another worker's delete holding the thread went on
+    without holding it: answered "deleted" while the first was still at it, and, slower,
+    deleted a run begun on the thread once the first had ended. Now it waits for the first
+    (then finds the thread gone: a 404), and is busy (409) if that takes too long."""
+    with postgres_schema() as url:
+        def runtime() -> CopilotRuntime:
+            return CopilotRuntime(service_adapter=DemoAdapter(delay=0),
+                                  thread_store=thread_store(url), coordinator=coordinator(url))
+
+        one, two = runtime(), runtime()
+        async with serve_runtime(one) as first, serve_runtime(two) as second:
+            for thread in ("t", "u"):
+                status, _, _ = await call(first, "POST", "/agent/default/run", None,
+                                          run_input("first", thread=thread, run="r1"))
+                assert status == 200
+            forgetting, forgot = asyncio.Event(), asyncio.Event()
+            forget = one.forget_thread
+            forgotten_by_two: list[str] = []
+            forget_two = two.forget_thread
+
+            async def slow_forget(thread_id: str, *, strict: bool = False) -> None:
+                forgetting.set()
+                await forgot.wait()
+                await forget(thread_id, strict=strict)
+
+            async def noted_forget(thread_id: str, *, strict: bool = False) -> None:
+                forgotten_by_two.append(thread_id)
+                await forget_two(thread_id, strict=strict)
+
+            one.forget_thread = slow_forget  # type: ignore[method-assign]
+            two.forget_thread = noted_forget  # type: ignore[method-assign]
+            deleting = asyncio.ensure_future(call(first, "DELETE", "/threads/t", None))
+            try:
+                await asyncio.wait_for(forgetting.wait(), 10)
+                again = asyncio.ensure_future(call(second, "DELETE", "/threads/t", None))
+                await asyncio.sleep(0.5)
+                assert not again.done()  # it waits, holding nothing, forgetting nothing
+                assert forgotten_by_two == []
+            finally:
+                forgot.set()
+            status, body, _ = await deleting
+            assert (status, orjson.loads(body)) == (200, {"deleted": True, "id": "t"})
+            status, body, _ = await again
+            assert status == 404, body
+            # Deleted once, the thread takes runs again.
+            status, _, _ = await call(second, "POST", "/agent/default/run", None,
+                                      run_input("again", thread="t", run="r2"))
+            assert status == 200
+            record = await two.store.get("t")
+            assert record is not None
+            assert [r.run_id for r in record.runs] == ["r2"]
+
+            # A delete that holds the thread too long for the wait: busy, nothing deleted.
+            monkeypatch.setattr("copilot_runtime._runs.DELETE_WAITS_FOR_DELETE", 0.3)
+            forgetting.clear()
+            forgot.clear()
+            deleting = asyncio.ensure_future(call(first, "DELETE", "/threads/u", None))
+            try:
+                await asyncio.wait_for(forgetting.wait(), 10)
+                status, body, _ = await call(second, "DELETE", "/threads/u", None)
+            finally:
+                forgot.set()
+            assert status == 409, body
+            assert orjson.loads(body)["code"] == "THREAD_BUSY"
+            assert "u" not in forgotten_by_two
+            status, body, _ = await deleting
+            assert status == 200, body
+
+
 @contextlib.contextmanager
 def _held(path: Path) -> Iterator[None]:
     """Another connection holds the SQLite file's write lock meanwhile (a backup script's

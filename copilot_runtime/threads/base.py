@@ -213,9 +213,11 @@ class ThreadStore(Protocol):
         """Give the thread a name (None: none); False if there is no such thread."""
         ...
 
-    async def delete(self, thread_id: str) -> bool:
+    async def delete(self, thread_id: str, *, updated_before: float | None = None) -> bool:
         """Forget the thread and everything in it but how far its positions went (see
-        `first_position`); False if there was none."""
+        `first_position`); False if there was none. With `updated_before` (epoch seconds),
+        only a thread last updated before then, checked as it is deleted (a retention
+        sweep's: a thread used since it was listed stays); False for another."""
         ...
 
     async def first_position(self, thread_id: str) -> int:

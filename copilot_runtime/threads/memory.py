@@ -203,10 +203,12 @@ class InMemoryThreadStore:
         record.name = name
         return True
 
-    async def delete(self, thread_id: str) -> bool:
-        record = self._threads.pop(thread_id, None)
-        if record is None:
+    async def delete(self, thread_id: str, *, updated_before: float | None = None) -> bool:
+        record = self._threads.get(thread_id)
+        if record is None or (updated_before is not None
+                              and record.updated_at >= updated_before):
             return False
+        del self._threads[thread_id]
         self._bury(record)
         self.bytes -= self._sizes.pop(thread_id)
         return True

@@ -740,20 +740,27 @@ class PostgresThreadStore:
                                         (name, thread_id))
             return cursor.rowcount > 0
 
-    async def delete(self, thread_id: str) -> bool:
+    async def delete(self, thread_id: str, *, updated_before: float | None = None) -> bool:
         async with self._reachable(bounded=False), self._pool.connection() as conn:
             # One statement: the thread and its rows go together, or not at all, and how far
-            # its positions went stays.
+            # its positions went stays. Its row is locked as `updated_before` is checked: a
+            # write to it committed meanwhile is waited for and checked again.
             cursor = await conn.execute(
-                "WITH runs AS (DELETE FROM runs WHERE thread_id = %(t)s), "
-                "events AS (DELETE FROM run_events WHERE thread_id = %(t)s), "
-                "ids AS (DELETE FROM message_ids WHERE thread_id = %(t)s), "
+                "WITH target AS (SELECT thread_id, next_position FROM threads "
+                "WHERE thread_id = %(t)s AND (%(before)s::float8 IS NULL "
+                "OR updated_at < %(before)s::float8) FOR UPDATE), "
+                "runs AS (DELETE FROM runs WHERE thread_id IN (SELECT thread_id FROM target)), "
+                "events AS (DELETE FROM run_events "
+                "WHERE thread_id IN (SELECT thread_id FROM target)), "
+                "ids AS (DELETE FROM message_ids "
+                "WHERE thread_id IN (SELECT thread_id FROM target)), "
                 "kept AS (INSERT INTO deleted_threads (thread_id, next_position) "
-                "SELECT thread_id, next_position FROM threads WHERE thread_id = %(t)s "
+                "SELECT thread_id, next_position FROM target "
                 "ON CONFLICT (thread_id) DO UPDATE SET next_position = "
                 "GREATEST(deleted_threads.next_position, excluded.next_position), "
                 "deleted_at = excluded.deleted_at) "
-                "DELETE FROM threads WHERE thread_id = %(t)s", {"t": thread_id})
+                "DELETE FROM threads WHERE thread_id IN (SELECT thread_id FROM target)",
+                {"t": thread_id, "before": updated_before})
             return cursor.rowcount > 0
 
     async def first_position(self, thread_id: str) -> int:

@@ -14,6 +14,7 @@ processes that open the same new file together migrate it once.
 from __future__ import annotations
 
 import builtins
+import math
 import sqlite3
 import threading
 import time
@@ -617,18 +618,21 @@ class SQLiteThreadStore:
             "UPDATE threads SET name = ? WHERE thread_id = ?", (name, thread_id)
         ).rowcount > 0)
 
-    async def delete(self, thread_id: str) -> bool:
-        return await self._write(self._delete, thread_id)
+    async def delete(self, thread_id: str, *, updated_before: float | None = None) -> bool:
+        return await self._write(self._delete, thread_id, updated_before)
 
-    def _delete(self, thread_id: str) -> bool:
+    def _delete(self, thread_id: str, updated_before: float | None) -> bool:
+        # (`updated_before` checked in the write transaction: no run's write comes between)
+        before = math.inf if updated_before is None else updated_before
         self._db.execute(
             "INSERT INTO deleted_threads (thread_id, next_position, deleted_at) SELECT "
-            "thread_id, next_position, ? FROM threads WHERE thread_id = ? ON CONFLICT "
-            "(thread_id) DO UPDATE SET next_position = max(deleted_threads.next_position, "
-            "excluded.next_position), deleted_at = excluded.deleted_at",
-            (time.time(), thread_id))
-        return self._db.execute("DELETE FROM threads WHERE thread_id = ?",
-                                (thread_id,)).rowcount > 0
+            "thread_id, next_position, ? FROM threads WHERE thread_id = ? AND updated_at < ? "
+            "ON CONFLICT (thread_id) DO UPDATE SET next_position = "
+            "max(deleted_threads.next_position, excluded.next_position), "
+            "deleted_at = excluded.deleted_at",
+            (time.time(), thread_id, before))
+        return self._db.execute("DELETE FROM threads WHERE thread_id = ? AND updated_at < ?",
+                                (thread_id, before)).rowcount > 0
 
     async def first_position(self, thread_id: str) -> int:
         known = self._first_positions.take(thread_id)
