@@ -98,6 +98,23 @@ async def test_a_result_in_parts_reaches_the_model_as_text(
     assert text_of(later) == "echo: third"
 
 
+async def test_a_data_url_or_a_long_address_is_named_briefly(
+        llm: MockOpenAIServer, client: httpx.AsyncClient,
+        serve_runtime: ServeRuntime) -> None:
+    """A data URL given as a part's URL (what a browser's readAsDataURL gives) went into the
+    model's text whole: a screenshot's millions of base64 characters, kept by the checkpoint
+    for every later run. Now its type alone is named, and a long address is cut."""
+    inline = "data:image/png;base64," + "iVBORw0KGgo" * 2000
+    far = "https://example.test/" + "a" * 1000
+    parts = [{"type": "text", "text": "see"},
+             {"type": "image", "source": {"type": "url", "value": inline}},
+             {"type": "image", "source": {"type": "url", "value": far}}]
+    first, _, _, model_saw = await conversation(llm, client, serve_runtime, {"content": parts})
+    text = f"see\n[image attachment: image/png]\n[image attachment: {far[:300]}...]"
+    assert model_saw == [[{"role": "tool", "tool_call_id": "c1", "content": text}]] * 2
+    assert tool_messages(snapshot_of(first))[0]["content"] == parts  # (the client's, whole)
+
+
 async def test_the_mock_model_refuses_media_in_a_tool_message(llm: MockOpenAIServer) -> None:
     """As OpenAI's API does: a tool message takes text parts only."""
     async with openai.AsyncOpenAI(base_url=llm.base_url, api_key="sk-mock",

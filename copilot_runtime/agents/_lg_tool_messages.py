@@ -18,6 +18,7 @@ client back its own message while the graph has left the result as written.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -111,13 +112,23 @@ def _as_text(parts: Sequence[Any], folded: str | None) -> str:
                                 if getattr(part, "type", None) != "text")])
 
 
+_DATA_URL_TYPE = re.compile(r"data:([\w.+-]{1,60}/[\w.+-]{1,60})[;,]", re.IGNORECASE)
+#: The longest URL or file id a media part's line names whole.
+_NAMED_CHARS = 300
+
+
 def _named(part: Any) -> str:
     """A media part as a line of text: its kind, its type and where it is (never inline
     data, which a model would read as text)."""
     source = getattr(part, "source", None)
     facts = [media_type(source) or ""]
-    if source is not None and source.type != "data" and source.value:
-        facts.append(str(source.value))
+    value = str(source.value) if source is not None and source.value else ""
+    if value[:5].lower() == "data:":  # a data URL is inline data: its type alone
+        declared = _DATA_URL_TYPE.match(value)
+        facts[0] = facts[0] or (declared.group(1).lower() if declared else "")
+    elif source is not None and source.type != "data" and value:
+        # (a place, named briefly: a URL or file id of any length went into the text)
+        facts.append(value if len(value) <= _NAMED_CHARS else value[:_NAMED_CHARS] + "...")
     named = ", ".join(fact for fact in facts if fact)
     return f"[{getattr(part, 'type', 'media')} attachment{': ' + named if named else ''}]"
 
