@@ -1158,23 +1158,26 @@ class RunManager:
         return holder is not None and not holder.startswith(_DELETE)
 
     @contextlib.asynccontextmanager
-    async def held_for_delete(self, thread_id: str) -> AsyncIterator[None]:
+    async def held_for_delete(self, thread_id: str) -> AsyncIterator[float | None]:
         """Keep runs off the thread while it is deleted (its check that no run is on it, its
         agents' memory, its store): `ThreadBusyError` if a run is on it on any worker, and a
         run asking for it meanwhile, here or (through its lease) on another worker, is busy.
         Under a shared coordinator, another delete of the thread (any worker's) is waited
         for, at most `DELETE_WAITS_FOR_DELETE` seconds (busy after), and this one then finds
         it gone (a 404); without one, deletes of a thread go on together, runs kept off
-        until the last one ends."""
+        until the last one ends. Yields when this delete began waiting for another (epoch
+        seconds), or None: a thread of the id updated since is not the one it was asked
+        to delete (a run began on the id between the two deletes)."""
         if thread_id in self.active:
             raise ThreadBusyError(thread_id)
         self._deleting[thread_id] = self._deleting.get(thread_id, 0) + 1
         coordinator = self.coordinator
         lease: Lease | None = None
+        waited_since: float | None = None
         try:
             if coordinator is not None:
-                lease = await self._lease_for_delete(coordinator, thread_id)
-            yield
+                lease, waited_since = await self._lease_for_delete(coordinator, thread_id)
+            yield waited_since
         finally:
             left = self._deleting.pop(thread_id) - 1
             if left:
@@ -1182,16 +1185,21 @@ class RunManager:
             if lease is not None and coordinator is not None:
                 await coordinator.release(lease)
 
-    async def _lease_for_delete(self, coordinator: Coordinator, thread_id: str) -> Lease:
-        """The thread's lease, for a delete. Never gone on without it: once another delete
-        let go of the thread, a run may begin on it, which this delete would then delete
-        under the run."""
+    async def _lease_for_delete(self, coordinator: Coordinator, thread_id: str
+                                ) -> tuple[Lease, float | None]:
+        """The thread's lease, for a delete, and when it began waiting for another delete's
+        (None: it did not). Never gone on without it: once another delete let go of the
+        thread, a run may begin on it, which this delete would then delete under the run."""
         name = f"{_DELETE}{uuid.uuid4()}"
         deadline = time.monotonic() + DELETE_WAITS_FOR_DELETE
+        waited_since: float | None = None
         while True:
+            began = time.time()
             lease = await coordinator.acquire(thread_id, name)
             if lease is not None:
-                return lease
+                return lease, waited_since
+            if waited_since is None:
+                waited_since = began
             holder = await coordinator.holder(thread_id)
             if holder is not None and not holder.startswith(_DELETE):
                 raise ThreadBusyError(thread_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -344,11 +345,17 @@ class CopilotRuntime:
         thread. `ThreadBusyError` while a run is on it. With `updated_before` (epoch
         seconds; a retention sweep's), a thread updated since is kept, its agents' memory
         too (False): the sweep listed it before someone used it again."""
-        async with self.runs.held_for_delete(thread_id):
-            if updated_before is not None:
-                # Read under the delete's hold: no run can begin and update it now.
+        async with self.runs.held_for_delete(thread_id) as waited_since:
+            if updated_before is not None or waited_since is not None:
+                # Read under the delete's hold: no run can begin and update it now. After
+                # another delete of the id went first, a thread updated since began (or ran)
+                # after it: not the one this delete was asked for, whoever's it is.
                 record = await self.store.summary(thread_id)
-                if record is None or record.updated_at >= updated_before:
+                if record is None:
+                    return False
+                if waited_since is not None and record.updated_at >= waited_since:
+                    return False
+                if updated_before is not None and record.updated_at >= updated_before:
                     return False
             # A store that cannot write now (a SQLite file another connection holds) fails
             # the delete before anything is forgotten: after, the thread would be kept
@@ -359,7 +366,9 @@ class CopilotRuntime:
             if check_writable is not None:
                 await check_writable()
             await self.forget_thread(thread_id, strict=True)
-            if updated_before is None:
+            if updated_before is None or not _deletes_on_condition(self.store):
+                # (a store of an application's own without the condition: the read above,
+                # under the hold, is what keeps a thread used again)
                 return await self.store.delete(thread_id)
             return await self.store.delete(thread_id, updated_before=updated_before)
 
@@ -572,6 +581,17 @@ class CopilotRuntime:
         if self._alone is not None:
             self._alone()
             self._alone = None
+
+
+def _deletes_on_condition(store: ThreadStore) -> bool:
+    """Whether `store.delete` takes `updated_before` (the built-in stores do; a store an
+    application wrote before they did may not, and the sweep failed on it every time)."""
+    try:
+        parameters = inspect.signature(store.delete).parameters
+    except (TypeError, ValueError):
+        return False
+    return "updated_before" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def approval_service(runtime: CopilotRuntime) -> ApprovalService:

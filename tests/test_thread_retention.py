@@ -165,6 +165,41 @@ async def test_a_thread_used_again_after_a_sweep_listed_it_is_kept(
         assert sweeping.forgotten == ["old"]
 
 
+class _DeletesUnconditionally:
+    """A thread store of one's own written before `delete` took `updated_before`."""
+
+    def __init__(self) -> None:
+        self._inner = InMemoryThreadStore()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def stale_threads(self, before: float, limit: int) -> Any:
+        return await self._inner.stale_threads(before, limit)
+
+    async def delete(self, thread_id: str) -> bool:
+        return await self._inner.delete(thread_id)
+
+
+async def test_a_store_whose_delete_takes_no_condition_is_still_swept(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: the sweep made the agents forget the thread, then the store's delete refused
+    `updated_before` (a TypeError that ended the sweep): every sweep the thread lost what
+    its agents knew of it, and was kept. The read under the delete's hold is enough."""
+    agent = Remembering()
+    runtime = CopilotRuntime(agents={"remembering": agent},
+                             thread_store=_DeletesUnconditionally(),
+                             thread_retention_seconds=RETENTION)
+    runtime.retention_sweep_every = 0.2
+    async with serve_runtime(runtime) as served:
+        await served.run(run_input("keep this?", thread="old", run="r1"), agent="remembering")
+        async for _ in poll(15, 0.1):
+            response = await served.session.get(served.url + "/threads/old/messages")
+            if response.status == 404:
+                break
+        assert agent.forgotten == ["old"]
+
+
 class _NoSweeping:
     """A thread store of one's own without `stale_threads`."""
 
