@@ -922,8 +922,10 @@ def _tool_action(conn: _Connection, tool: Any, name: str) -> Action:
         # (a provider refuses a request offering it: every run would fail)
         raise ConfigurationError(f"its inputSchema is of type {str(schema['type'])[:40]!r}, "
                                  "not 'object'")
-    return Action(name, call, description=tool.description or "",
-                  parameters=schema or {"type": "object", "properties": {}})
+    action = Action(name, call, description=tool.description or "",
+                    parameters=schema or {"type": "object", "properties": {}})
+    action.expendable = True  # (left out first by a run offering too many tools)
+    return action
 
 
 def _tolerate_output_mismatch(client: Client, server: MCPServer) -> None:
@@ -1076,6 +1078,9 @@ def _answer(remote: str, result: types.CallToolResult, known: Sequence[str] = ()
     one a line; an error's text `quoted`, the `known` secrets (its server's) blanked."""
     text = "\n".join(said for said in map(_said, result.content) if said)
     if result.is_error:
+        if not text and result.structured_content is not None:
+            # (an error told only as structured content: its detail was lost)
+            text = orjson.dumps(result.structured_content).decode()
         # The server's own words, passed on as a remote agent's are: cut, and withheld when
         # they hold its stack or a source file's path (then only the log has them).
         said = quoted(text, 500, known) if text else None

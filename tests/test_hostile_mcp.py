@@ -58,6 +58,8 @@ class ScriptedMCP:
         self.structured: dict[str, Any] = {}
         #: The content blocks a tools/call with argument x answers with, as they are.
         self.blocks: dict[str, list[Any]] = {}
+        #: The arguments x whose tools/call answers a tool error (`isError`), besides "key".
+        self.failing: set[str] = set()
         self.holding, self.held = asyncio.Event(), asyncio.Event()
         #: Answers come as one SSE event each (as the TypeScript SDK's servers send them).
         self.sse = False
@@ -145,7 +147,7 @@ class ScriptedMCP:
                 await answer(200, {"jsonrpc": "2.0", "id": request_id, "error": self.errors[x]})
                 return
             said = f"key {key} revoked" if x == "key" else self.texts.get(x, f"echoed {x}")
-            result = {"isError": x == "key",
+            result = {"isError": x == "key" or x in self.failing,
                       "content": [{"type": "text", "text": said}] if said else []}
             if x in self.structured:
                 result["structuredContent"] = self.structured[x]
@@ -698,3 +700,28 @@ async def test_a_result_with_a_block_out_of_the_schema_keeps_its_other_blocks() 
     assert [e["event"] for e in warned] == [
         "MCP tool result breaks the MCP schema; its valid parts passed on"] * 4
     assert {e["tool"] for e in warned} == {"echo"}
+
+
+async def test_a_tool_error_told_only_as_structured_content_keeps_its_detail() -> None:
+    """Before: a tool error was built from its text blocks only, and one answered with
+    `structuredContent` alone reached the model as "the MCP tool echo reported an error".
+    Now its structured content is its detail, cut and scrubbed as an error's text is."""
+    server = ScriptedMCP()
+    server.failing.update({"quota", "trace", "long"})
+    server.texts.update({"quota": "", "trace": "", "long": ""})
+    server.structured.update({"quota": {"code": "E42", "detail": "quota exceeded"},
+                              "trace": {"trace": TRACE}, "long": {"detail": "z" * 2000}})
+    async with started(server, bound=10.0) as toolset:
+        echo = tool(toolset)
+        failures: dict[str, str] = {}
+        with capture_logs() as logs:
+            for x in ("quota", "trace", "long"):
+                with pytest.raises(ActionError) as caught:
+                    await echo.execute(orjson.dumps({"x": x}).decode())
+                failures[x] = caught.value.message
+    assert failures["quota"] == '{"code":"E42","detail":"quota exceeded"}'
+    assert failures["trace"] == "the MCP tool echo reported an error"  # withheld, logged
+    assert [e["event"] for e in logs] == ["MCP tool error withheld"]
+    assert "s3cr3t" not in logs[0]["error"]
+    assert len(failures["long"]) == 500
+    assert failures["long"].startswith('{"detail":"zzz')

@@ -577,6 +577,45 @@ async def test_a_server_offers_at_most_its_max_tools() -> None:
             MCPServer(url="http://x", max_tools=bad)
 
 
+async def test_a_run_offers_at_most_max_tools_across_servers(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """Two servers at their default `max_tools` (100 each) made every run offer 200 tools
+    and more, which OpenAI refuses: each run failed. A run now offers at most 128: the
+    application's action and the client's tool are kept, the last MCP tools are left out,
+    and one warning names them (not one per run)."""
+    from copilot_runtime import action
+
+    @action
+    def own() -> str:
+        """The application's own action."""
+        return "own"
+
+    a_names, b_names = [f"a{n:03}" for n in range(100)], [f"b{n:03}" for n in range(100)]
+    frontend = {"name": "pick", "description": "The client's tool",
+                "parameters": {"type": "object", "properties": {}}}
+    async with asyncio.timeout(TIMEOUT_S), \
+            serve(named_server(a_names).streamable_http_app()) as a, \
+            serve(named_server(b_names).streamable_http_app()) as b:
+        runtime = CopilotRuntime(
+            service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="k", max_retries=0),
+            actions=[own], mcp_servers=[MCPServer(url=a + "/mcp", name="a"),
+                                        MCPServer(url=b + "/mcp", name="b")])
+        async with serve_runtime(runtime) as served:
+            with capture_logs() as logs:
+                first = await served.run(run_input("call:a042 {}", tools=[frontend]))
+                second = await served.run(run_input("hello", run="r2", tools=[frontend]))
+    offered = [[tool["function"]["name"] for tool in request["tools"]]
+               for request in llm.requests]
+    assert offered[0] == ["own", *a_names, *b_names[:26], "pick"]
+    assert offered[-1] == offered[0]
+    assert orjson.loads(tool_results(first)[0]) == {"result": "a042"}
+    assert types(second)[-1] == "RUN_FINISHED"
+    warned = [e for e in logs if e["log_level"] == "warning"]
+    assert warned == [{"event": "MCP tools left out of runs: more tools than the agent's "
+                                "max_tools", "log_level": "warning", "tools": 202,
+                       "max_tools": 128, "left_out": b_names[26:]}]
+
+
 async def test_names_equal_once_made_safe_stay_apart() -> None:
     """Clashes were counted on the raw names: `get.user` (server a) and `get_user` (server
     b) got no prefix, both became `get_user`, and b's was left out with a warning, so the
