@@ -130,6 +130,10 @@ class Action:
         self.handler = handler
         self._is_async = inspect.iscoroutinefunction(handler)
 
+    #: Whether a run offering more tools than its agent's `max_tools` may leave it out: an
+    #: MCP server's tool is (the application's actions and the client's tools never are).
+    expendable = False
+
     #: Whether the schema is checked (and arguments validated) with jsonschema, imported
     #: only then: an `@action`'s schema comes from pydantic, which also validates.
     _checks_schema = True

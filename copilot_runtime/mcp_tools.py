@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 import anyio
 import httpx2
 import mcp.types as types
+import orjson
 import pydantic
 import structlog
 from mcp.client.client import Client
@@ -68,6 +69,8 @@ __all__ = ["MCPServer", "MCPToolset"]
 
 _log = structlog.get_logger("copilot_runtime.mcp_tools")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+#: Reads one block of a tool's result (see `_lenient_block`).
+_BLOCK: pydantic.TypeAdapter[types.ContentBlock] = pydantic.TypeAdapter(types.ContentBlock)
 #: Pages of one tool listing read at most (a server whose cursor never ends is cut off).
 _MAX_PAGES = 100
 #: The longest tool name providers accept (OpenAI's function names, as `Action` checks).
@@ -96,6 +99,13 @@ _SDK_CLOSED = "Connection closed"
 _SDK_HTTP_ERROR = "Server returned an error response"
 #: A transport failure before any byte of the request left: the server never saw it.
 _NOT_CONNECTED = (httpx2.ConnectError, httpx2.ConnectTimeout)
+#: How long a tool change stream may stay silent before it is read as lost (then listened
+#: to again, the tools listed again): a server's change stream is silent while nothing
+#: changes, and a call's read timeout (a short server `timeout`) dropped it every few seconds;
+#: a server gone without closing its connection is still noticed within this.
+_LISTEN_READ_TIMEOUT_S = 300.0
+#: The JSON-RPC method of a change stream's POST.
+_LISTEN = "subscriptions/listen"
 #: An `env` value of a stdio server shorter than this is a setting ("1", "debug"), not a
 #: credential: blanking it would garble every message it happens to appear in.
 _MIN_ENV_SECRET = 8
@@ -111,6 +121,9 @@ class _Sending:
         self.answered = False
         #: The HTTP error status a POST of the call was answered with, if any.
         self.refused: int | None = None
+        #: The latest `tools/call` result of the call as received, before the SDK reads it
+        #: (see `_note_call_results`).
+        self.result: object = None
 
 
 #: The call whose requests are being sent. The SDK sends each request from a task of its own
@@ -132,8 +145,10 @@ class _NotingTransport(httpx2.AsyncBaseTransport):
     its pool timeout: over 100 calls in flight on one session (the pool's connections) leave
     a POST waiting for one, which must not end the session either."""
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
+    def __init__(self, inner: httpx2.AsyncBaseTransport, listen_read_timeout: float) -> None:
         self.inner = inner
+        #: The read timeout of a change stream's POST (see `_LISTEN_READ_TIMEOUT_S`).
+        self.listen_read_timeout = listen_read_timeout
         #: A POST was answered 405: opening, the mark of a legacy HTTP+SSE server's URL.
         self.post_refused = False
         #: The HTTP error status the latest POST was answered with (None: a success): what
@@ -142,6 +157,10 @@ class _NotingTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         sending = _SENDING.get()
+        if request.method == "POST" and _is_listen(request):
+            bounds = request.extensions.get("timeout") or {}
+            request.extensions = {**request.extensions, "timeout": {
+                **bounds, "read": self.listen_read_timeout}}
         try:
             response = await self.inner.handle_async_request(request)
         except _NOT_CONNECTED:
@@ -171,6 +190,21 @@ class _NotingTransport(httpx2.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def _is_listen(request: httpx2.Request) -> bool:
+    """Whether `request` opens a change stream (`subscriptions/listen`)."""
+    try:
+        body = request.content
+    except httpx2.RequestNotRead:
+        return False
+    if _LISTEN.encode() not in body:
+        return False  # (most POSTs: read no further)
+    try:
+        sent = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(sent, dict) and sent.get("method") == _LISTEN
 
 
 def _stand_in(request: httpx2.Request, status: int, said: bytes) -> httpx2.Response:
@@ -391,6 +425,9 @@ class MCPToolset:
             raise
         self._connections = connections
         self.actions = self._build()
+        # A server that said its tools changed while another was still starting was not
+        # listed again then (nothing was published yet): it is now, before the start ends.
+        await asyncio.gather(*(self._relist_stale(conn) for conn in connections if conn.stale))
 
     async def _hold(self, conn: _Connection, ready: asyncio.Future[None]) -> None:
         """Open the session and keep it open until `aclose()`, reopening it when it ends."""
@@ -472,6 +509,7 @@ class MCPToolset:
                     async with handshake:
                         client = await stack.enter_async_context(self._client(conn, stack))
                     _tolerate_output_mismatch(client, server)
+                    _note_call_results(client)
                 except Exception:
                     if not handshake.expired():
                         raise
@@ -506,6 +544,10 @@ class MCPToolset:
                                   tools=[tool.name for tool in tools])
                         self._publish()  # (before a waiting call goes on: it sees them)
                     conn.settle(client)
+                    if conn.stale:
+                        # (a change said while this session was opening: its listing may
+                        # have been read before it)
+                        await self._relist_stale(conn)
                     await conn.wake.wait()
                 finally:
                     conn.client = None
@@ -529,7 +571,9 @@ class MCPToolset:
         if server.url is not None:
             # A mount, not `transport=`: that would drop the proxies the environment names
             # (a request through one is not noted, and not retried).
-            noting = conn.transport = _NotingTransport(httpx2.AsyncHTTPTransport())
+            noting = conn.transport = _NotingTransport(
+                httpx2.AsyncHTTPTransport(),
+                listen_read_timeout=max(_LISTEN_READ_TIMEOUT_S, server.timeout + 1.0))
             # Reads wait a little longer than a call: the call's own timeout says it first.
             http = httpx2.AsyncClient(headers=dict(server.headers),
                                       timeout=httpx2.Timeout(server.timeout,
@@ -547,7 +591,13 @@ class MCPToolset:
                       read_timeout_seconds=server.timeout, message_handler=on_message)
 
     async def _relist(self, conn: _Connection) -> None:
+        """The server said its tools changed: list them again. Said while the toolset starts
+        or the session opens, the connection stays stale: `start()` and `_session` list it
+        again once it can be (before, the change was lost until the next one)."""
         conn.stale = True
+        await self._relist_stale(conn)
+
+    async def _relist_stale(self, conn: _Connection) -> None:
         async with conn.lock:
             client = conn.client
             if not conn.stale or client is None or conn not in self._connections:
@@ -564,6 +614,8 @@ class MCPToolset:
                 return
             if conn.client is not client:
                 return  # the session ended meanwhile: its successor lists the tools itself
+            if tools == conn.tools:
+                return  # (a change stream that ended is listed again: mostly nothing changed)
             conn.tools = tools
         _log.info("MCP tools changed", server=conn.server.label,
                   tools=[tool.name for tool in tools])
@@ -842,7 +894,7 @@ def _tool_action(conn: _Connection, tool: Any, name: str) -> Action:
         if conn.gone is None and client is not None:
             sending = _Sending()
             try:
-                result = await _call_tool(client, remote, arguments, sending)
+                result = await _call_tool(client, conn.server, remote, arguments, sending)
             except Exception as exc:
                 failure = _failure(conn, client, remote, exc, sending)
                 if not _never_reached(exc, sending):
@@ -859,7 +911,8 @@ def _tool_action(conn: _Connection, tool: Any, name: str) -> Action:
         remaining = deadline - asyncio.get_running_loop().time()
         again = _Sending()
         try:
-            result = await _call_tool(fresh, remote, arguments, again, read_timeout=remaining)
+            result = await _call_tool(fresh, conn.server, remote, arguments, again,
+                                      read_timeout=remaining)
         except Exception as exc:
             raise _failure(conn, fresh, remote, exc, again) from None
         return _answer(remote, result, conn.server.secrets)
@@ -869,8 +922,10 @@ def _tool_action(conn: _Connection, tool: Any, name: str) -> Action:
         # (a provider refuses a request offering it: every run would fail)
         raise ConfigurationError(f"its inputSchema is of type {str(schema['type'])[:40]!r}, "
                                  "not 'object'")
-    return Action(name, call, description=tool.description or "",
-                  parameters=schema or {"type": "object", "properties": {}})
+    action = Action(name, call, description=tool.description or "",
+                    parameters=schema or {"type": "object", "properties": {}})
+    action.expendable = True  # (left out first by a run offering too many tools)
+    return action
 
 
 def _tolerate_output_mismatch(client: Client, server: MCPServer) -> None:
@@ -897,15 +952,78 @@ def _tolerate_output_mismatch(client: Client, server: MCPServer) -> None:
     session.validate_tool_result = validate  # type: ignore[method-assign]
 
 
-async def _call_tool(client: Client, remote: str, arguments: dict[str, Any],
-                     sending: _Sending | None, *, read_timeout: float | None = None
+def _note_call_results(client: Client) -> None:
+    """Note each `tools/call` result of this session, as received, in its call's `_Sending`:
+    a result the SDK refuses whole is then read leniently (`_call_tool`), not sent again.
+
+    The SDK has no public way to read a result it cannot validate: its dispatcher's
+    `send_raw_request`, which its `call_tool` awaits in the caller's task, is wrapped for
+    this session."""
+    dispatcher: Any = client.session._dispatcher
+    send = dispatcher.send_raw_request
+
+    async def noting(method: str, params: Any, opts: Any = None, **rest: Any) -> Any:
+        raw = await send(method, params, opts, **rest)
+        if method == "tools/call" and (sending := _SENDING.get()) is not None:
+            sending.result = raw
+        return raw
+
+    dispatcher.send_raw_request = noting
+
+
+async def _call_tool(client: Client, server: MCPServer, remote: str, arguments: dict[str, Any],
+                     sending: _Sending, *, read_timeout: float | None = None
                      ) -> types.CallToolResult:
-    """`client.call_tool`, its requests noted in `sending` (see `_NotingTransport`)."""
+    """`client.call_tool`, its requests noted in `sending` (see `_NotingTransport`). A result
+    the SDK refuses whole (a block of a type it does not know, a field out of its schema) is
+    read block by block: the tool ran, and the model read that it failed."""
     token = _SENDING.set(sending)
     try:
         return await client.call_tool(remote, arguments, read_timeout_seconds=read_timeout)
+    except pydantic.ValidationError as exc:
+        result = _lenient_result(sending.result, server, remote, exc)
+        if result is None:
+            raise
+        if not result.is_error:
+            await client.session.validate_tool_result(remote, result)  # (it only logs)
+        return result
     finally:
         _SENDING.reset(token)
+
+
+def _lenient_result(raw: object, server: MCPServer, remote: str,
+                    exc: pydantic.ValidationError) -> types.CallToolResult | None:
+    """A tool's result the SDK refused, its valid blocks kept and each other one told of
+    in a text block; None when `raw` is no finished result (an input request, say)."""
+    if not isinstance(raw, dict) or raw.get("resultType", "complete") != "complete":
+        return None
+    listed = raw.get("content")
+    blocks = [_lenient_block(item) for item in (listed if isinstance(listed, list) else ())]
+    structured = raw.get("structuredContent")
+    _log.warning("MCP tool result breaks the MCP schema; its valid parts passed on",
+                 server=server.label, tool=remote[:100],
+                 error=scrub_secrets(f"{exc}"[:500], *server.secrets))
+    return types.CallToolResult(content=blocks, is_error=raw.get("isError") is True,
+                                structured_content=structured
+                                if isinstance(structured, dict) else None)
+
+
+def _lenient_block(item: object) -> types.ContentBlock:
+    """One block of a result the SDK refused: as it is when valid, else without what only
+    annotates it (an audience the types do not know), else a text block saying what it was."""
+    tries = [item]
+    if isinstance(item, dict):
+        tries.append({key: value for key, value in item.items()
+                      if key not in ("annotations", "_meta")})
+    for candidate in tries:
+        try:
+            block: types.ContentBlock = _BLOCK.validate_python(candidate, by_name=False)
+        except pydantic.ValidationError:
+            continue
+        return block
+    kind = item.get("type") if isinstance(item, dict) else None
+    kind = _UNSAFE.sub("_", kind)[:40] if isinstance(kind, str) else type(item).__name__
+    return types.TextContent(type="text", text=f"[{kind} block, not understood, not shown]")
 
 
 def _failure(conn: _Connection, client: Client, remote: str, exc: Exception,
@@ -960,6 +1078,9 @@ def _answer(remote: str, result: types.CallToolResult, known: Sequence[str] = ()
     one a line; an error's text `quoted`, the `known` secrets (its server's) blanked."""
     text = "\n".join(said for said in map(_said, result.content) if said)
     if result.is_error:
+        if not text and result.structured_content is not None:
+            # (an error told only as structured content: its detail was lost)
+            text = orjson.dumps(result.structured_content).decode()
         # The server's own words, passed on as a remote agent's are: cut, and withheld when
         # they hold its stack or a source file's path (then only the log has them).
         said = quoted(text, 500, known) if text else None

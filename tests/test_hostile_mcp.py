@@ -56,6 +56,10 @@ class ScriptedMCP:
         #: `structuredContent` a tools/call with argument x answers with besides its text
         #: (an empty text: no content blocks at all).
         self.structured: dict[str, Any] = {}
+        #: The content blocks a tools/call with argument x answers with, as they are.
+        self.blocks: dict[str, list[Any]] = {}
+        #: The arguments x whose tools/call answers a tool error (`isError`), besides "key".
+        self.failing: set[str] = set()
         self.holding, self.held = asyncio.Event(), asyncio.Event()
         #: Answers come as one SSE event each (as the TypeScript SDK's servers send them).
         self.sse = False
@@ -143,10 +147,12 @@ class ScriptedMCP:
                 await answer(200, {"jsonrpc": "2.0", "id": request_id, "error": self.errors[x]})
                 return
             said = f"key {key} revoked" if x == "key" else self.texts.get(x, f"echoed {x}")
-            result = {"isError": x == "key",
+            result = {"isError": x == "key" or x in self.failing,
                       "content": [{"type": "text", "text": said}] if said else []}
             if x in self.structured:
                 result["structuredContent"] = self.structured[x]
+            if x in self.blocks:
+                result["content"] = self.blocks[x]
         else:
             result = {}
         await answer(200, {"jsonrpc": "2.0", "id": request_id, "result": result})
@@ -659,3 +665,66 @@ async def test_a_result_breaking_its_output_schema_still_reaches_the_model() -> 
     warned = [e for e in logs if e["event"].startswith("MCP tool result breaks its outputSchema")]
     assert [e["tool"] for e in warned] == ["book"] * 3, logs
     assert "did not return structured content" in warned[0]["error"]
+
+
+# ---- a result with a block the SDK's types refuse: the tool ran, the model must know ---------
+
+
+async def test_a_result_with_a_block_out_of_the_schema_keeps_its_other_blocks() -> None:
+    """Before: the SDK validates a tool's whole result, and one block it does not take (a
+    block type of a newer protocol or an extension, an image without its mimeType, a text
+    annotated for an audience it does not know) failed the call: the model read "the MCP
+    tool echo failed: ValidationError ..." for a booking that was made. Now the valid
+    blocks reach it, each other one said in a word, and the call is not sent again."""
+    server = ScriptedMCP()
+    booked = {"type": "text", "text": "booked #42"}
+    server.blocks.update({
+        "widget": [booked, {"type": "widget", "html": "<b>x</b>"}],
+        "image": [booked, {"type": "image", "data": "AAAA"}],
+        "audience": [booked, {"type": "text", "text": "ok",
+                              "annotations": {"audience": ["robot"]}}],
+        "junk": [booked, 7, {"type": "x" * 300 + "\n"}]})
+    server.structured["image"] = {"booking": 42}
+    async with started(server, bound=10.0) as toolset:
+        echo = tool(toolset)
+        with capture_logs() as logs:
+            said = {x: orjson.loads(await echo.execute(orjson.dumps({"x": x}).decode()))
+                    for x in ("widget", "image", "audience", "junk")}
+        assert await echo.execute('{"x": "after"}') == '"echoed after"'
+    assert said == {
+        "widget": "booked #42\n[widget block, not understood, not shown]",
+        "image": {"booking": 42},
+        "audience": "booked #42\nok",
+        "junk": "booked #42\n[int block, not understood, not shown]\n"
+                f"[{'x' * 40} block, not understood, not shown]"}
+    assert server.methods.count("tools/call") == 5
+    assert server.methods.count("initialize") == 1
+    warned = [e for e in logs if e["log_level"] == "warning"]
+    assert [e["event"] for e in warned] == [
+        "MCP tool result breaks the MCP schema; its valid parts passed on"] * 4
+    assert {e["tool"] for e in warned} == {"echo"}
+
+
+async def test_a_tool_error_told_only_as_structured_content_keeps_its_detail() -> None:
+    """Before: a tool error was built from its text blocks only, and one answered with
+    `structuredContent` alone reached the model as "the MCP tool echo reported an error".
+    Now its structured content is its detail, cut and scrubbed as an error's text is."""
+    server = ScriptedMCP()
+    server.failing.update({"quota", "trace", "long"})
+    server.texts.update({"quota": "", "trace": "", "long": ""})
+    server.structured.update({"quota": {"code": "E42", "detail": "quota exceeded"},
+                              "trace": {"trace": TRACE}, "long": {"detail": "z" * 2000}})
+    async with started(server, bound=10.0) as toolset:
+        echo = tool(toolset)
+        failures: dict[str, str] = {}
+        with capture_logs() as logs:
+            for x in ("quota", "trace", "long"):
+                with pytest.raises(ActionError) as caught:
+                    await echo.execute(orjson.dumps({"x": x}).decode())
+                failures[x] = caught.value.message
+    assert failures["quota"] == '{"code":"E42","detail":"quota exceeded"}'
+    assert failures["trace"] == "the MCP tool echo reported an error"  # withheld, logged
+    assert [e["event"] for e in logs] == ["MCP tool error withheld"]
+    assert "s3cr3t" not in logs[0]["error"]
+    assert len(failures["long"]) == 500
+    assert failures["long"].startswith('{"detail":"zzz')

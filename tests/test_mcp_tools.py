@@ -304,6 +304,77 @@ async def test_changed_tools_from_a_server_of_an_earlier_protocol(
     assert methods["tools/list"] == 2
 
 
+def held_until(app: Any, released: asyncio.Event) -> Any:
+    """`app`, whose requests wait for `released`: a server slow to start."""
+
+    async def wrapped(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
+                      send: Any) -> None:
+        if scope["type"] == "http":
+            await released.wait()
+        await app(scope, receive, send)
+
+    return wrapped
+
+
+async def test_a_change_said_while_the_toolset_starts_is_listed() -> None:
+    """Server a said its tools changed while the start still waited for server b: the
+    listing that followed was skipped (nothing was published yet) and the change was lost
+    until a's tools changed again. Now a's new tools are offered once the start is over."""
+    from mcp.client.client import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    methods: Counter[str] = Counter()
+    released = asyncio.Event()
+    async with asyncio.timeout(TIMEOUT_S), \
+            serve(counting(changing_server().streamable_http_app(), methods)) as a, \
+            serve(held_until(weather_server().streamable_http_app(), released)) as b:
+        toolset = MCPToolset([MCPServer(url=a + "/mcp", name="a"),
+                              MCPServer(url=b + "/mcp", name="b")])
+        changed = asyncio.Event()
+        toolset.on_change.append(lambda _: changed.set())
+        starting = asyncio.create_task(toolset.start())
+        while methods["subscriptions/listen"] == 0:  # noqa: ASYNC110 (a listens; b waits)
+            await asyncio.sleep(0.01)
+        async with Client(streamable_http_client(a + "/mcp")) as other:
+            await other.call_tool("swap", {})
+        await asyncio.sleep(0.5)  # (the change reaches the toolset)
+        released.set()
+        await starting
+        try:
+            async with asyncio.timeout(5):
+                await changed.wait()
+            assert sorted(a.name for a in toolset.actions) == [
+                "add", "explode", "forecast", "new", "swap", "vanish"]
+            new = next(a for a in toolset.actions if a.name == "new")
+            assert orjson.loads(await new.execute('{"word":"hi"}')) == {"result": "new: hi"}
+        finally:
+            await toolset.aclose()
+
+
+async def test_an_idle_servers_change_stream_is_kept_and_nothing_is_republished() -> None:
+    """With a short `timeout` the change stream read with a call's read timeout (the
+    timeout and 1 s): a server whose tools never changed had its stream dropped every 2 s,
+    its tools listed again, "MCP tools changed" logged and the tools published again. The
+    stream now stays open, and a listing that finds the same tools says nothing."""
+    methods: Counter[str] = Counter()
+    async with asyncio.timeout(TIMEOUT_S), \
+            serve(counting(weather_server().streamable_http_app(), methods)) as url:
+        toolset = MCPToolset([MCPServer(url=url + "/mcp", name="w", timeout=1.0)])
+        published: list[list[str]] = []
+        toolset.on_change.append(lambda actions: published.append([a.name for a in actions]))
+        await toolset.start()
+        try:
+            with capture_logs() as logs:
+                await asyncio.sleep(4.5)
+                forecast = next(a for a in toolset.actions if a.name == "forecast")
+                assert orjson.loads(await forecast.execute('{"city":"Oslo"}'))["sky"] == "clear"
+        finally:
+            await toolset.aclose()
+    assert (methods["subscriptions/listen"], methods["tools/list"]) == (1, 1)
+    assert published == []
+    assert [e["event"] for e in logs if e["log_level"] != "debug"] == []
+
+
 async def test_a_clash_between_unnamed_servers_is_numbered_in_the_servers_order() -> None:
     """Two servers on one host without a name publish `add`: each gets its own prefix, the
     same whichever answers first."""
@@ -504,6 +575,45 @@ async def test_a_server_offers_at_most_its_max_tools() -> None:
     for bad in (0, -1):
         with pytest.raises(ConfigurationError, match="max_tools"):
             MCPServer(url="http://x", max_tools=bad)
+
+
+async def test_a_run_offers_at_most_max_tools_across_servers(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """Two servers at their default `max_tools` (100 each) made every run offer 200 tools
+    and more, which OpenAI refuses: each run failed. A run now offers at most 128: the
+    application's action and the client's tool are kept, the last MCP tools are left out,
+    and one warning names them (not one per run)."""
+    from copilot_runtime import action
+
+    @action
+    def own() -> str:
+        """The application's own action."""
+        return "own"
+
+    a_names, b_names = [f"a{n:03}" for n in range(100)], [f"b{n:03}" for n in range(100)]
+    frontend = {"name": "pick", "description": "The client's tool",
+                "parameters": {"type": "object", "properties": {}}}
+    async with asyncio.timeout(TIMEOUT_S), \
+            serve(named_server(a_names).streamable_http_app()) as a, \
+            serve(named_server(b_names).streamable_http_app()) as b:
+        runtime = CopilotRuntime(
+            service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="k", max_retries=0),
+            actions=[own], mcp_servers=[MCPServer(url=a + "/mcp", name="a"),
+                                        MCPServer(url=b + "/mcp", name="b")])
+        async with serve_runtime(runtime) as served:
+            with capture_logs() as logs:
+                first = await served.run(run_input("call:a042 {}", tools=[frontend]))
+                second = await served.run(run_input("hello", run="r2", tools=[frontend]))
+    offered = [[tool["function"]["name"] for tool in request["tools"]]
+               for request in llm.requests]
+    assert offered[0] == ["own", *a_names, *b_names[:26], "pick"]
+    assert offered[-1] == offered[0]
+    assert orjson.loads(tool_results(first)[0]) == {"result": "a042"}
+    assert types(second)[-1] == "RUN_FINISHED"
+    warned = [e for e in logs if e["log_level"] == "warning"]
+    assert warned == [{"event": "MCP tools left out of runs: more tools than the agent's "
+                                "max_tools", "log_level": "warning", "tools": 202,
+                       "max_tools": 128, "left_out": b_names[26:]}]
 
 
 async def test_names_equal_once_made_safe_stay_apart() -> None:

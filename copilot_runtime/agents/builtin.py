@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import structlog
 from ag_ui.core import (
     AssistantMessage,
     FunctionCall,
@@ -260,6 +261,12 @@ class _Answer:
                                 tool_calls=calls or None)
 
 
+_log = structlog.get_logger("copilot_runtime.agents.builtin")
+#: The most tools a run offers unless `BuiltInAgent(max_tools=)` says otherwise: OpenAI
+#: refuses a request offering more than 128.
+MAX_OFFERED_TOOLS = 128
+
+
 class BuiltInAgent(Agent):
     """An agent that is one LLM behind a `ServiceAdapter`, with server-side actions.
 
@@ -268,6 +275,11 @@ class BuiltInAgent(Agent):
     runtime does: a model may then fill in an empty state), False never (it still reads the
     state). Offering tools on every run would break plain chat with a model that takes no
     tools (a LangChain model without `bind_tools`, a server that refuses `tools`).
+
+    A run offers at most `max_tools` tools (None: no bound): past it, MCP servers' tools
+    (`Action.expendable`) are left out, the last listed first, with a warning naming them.
+    Each server's own `max_tools` bounds it alone; two of them at their default (100 each)
+    made every run offer 200, which OpenAI refuses.
     """
 
     class_name = "BuiltInAgent"
@@ -282,8 +294,14 @@ class BuiltInAgent(Agent):
         max_steps: int = 10,
         allowed_models: Iterable[str] | None = None,
         state_tools: bool | None = None,
+        max_tools: int | None = MAX_OFFERED_TOOLS,
     ) -> None:
         super().__init__(description=description)
+        if max_tools is not None and max_tools < 1:
+            raise ConfigurationError("max_tools must be at least 1 (or None)")
+        self.max_tools = max_tools
+        #: The tools the latest run that left some out left out (each new set is logged).
+        self._left_out: list[str] = []
         #: The models a client may pick with `forwardedProps.model` (None: any).
         self.allowed_models = list(allowed_models) if allowed_models is not None else None
         if max_steps < 1:
@@ -382,6 +400,22 @@ class BuiltInAgent(Agent):
             if len(server_calls) < len(answer.calls) or not follow_up:
                 return  # the client has tools to run, or sends the follow-up itself
 
+    def _within_budget(self, tools: list[ToolSpec]) -> list[ToolSpec]:
+        """`tools` without the expendable ones (MCP servers') past `max_tools`."""
+        excess = len(tools) - (self.max_tools if self.max_tools is not None else len(tools))
+        if excess <= 0:
+            return tools
+        expendable = [tool.name for tool in tools
+                      if (action := self.actions.get(tool.name)) is not None
+                      and action.expendable]
+        left_out = expendable[-excess:] if expendable else []
+        if left_out != self._left_out:  # (once per change, not once per run)
+            self._left_out = left_out
+            _log.warning("MCP tools left out of runs: more tools than the agent's max_tools",
+                         tools=len(tools), max_tools=self.max_tools, left_out=left_out)
+        dropped = set(left_out)
+        return [tool for tool in tools if tool.name not in dropped]
+
     def _turn(self, input: RunInput, *, shares_state: bool = True) -> _Turn:
         model = input.model
         tools = [ToolSpec(a.name, a.description, a.parameters) for a in self.actions.values()]
@@ -403,6 +437,7 @@ class BuiltInAgent(Agent):
                                 - frontend.keys()) if wanted else frozenset()
             shared = SharedState(model.state, offered)
             tools.extend(shared.tools())
+        tools = self._within_budget(tools)
         settings = model_settings(model.forwarded_props)
         _check_forced_tool(settings, tools)
         return _Turn(tools=tools, frontend=set(frontend),
