@@ -330,9 +330,11 @@ def _cut(events: list[Any], max_bytes: int) -> tuple[list[Any], int]:
     messages last: the state the client sent with the run (`RUN_STARTED.input.state`, which
     the thread never shows), then its state snapshots and deltas (each replaced by a
     snapshot of `STATE_NOT_STORED`, the largest first), then its events that carry no
-    message (the largest first, a step's start and end together), then its longest strings,
-    cut to one length measured to cover what is still over; then, one at a time, its
-    activity messages. Only if all that is not enough, its run-level events alone."""
+    message (the largest first, a step's start and end together, as many as it takes), then
+    its longest strings (never an id or a name), cut to one length measured to cover what
+    is still over, the smallest of those events put back if a little more cut makes room;
+    then, the largest first, as many of its activity messages as the cut needs gone. Only
+    if all that is not enough, its run-level events alone (`_cut_strings_to_fit`)."""
     run = _Sized(events)
     for index, event in enumerate(run.events):
         if run.total <= max_bytes:
@@ -344,22 +346,69 @@ def _cut(events: list[Any], max_bytes: int) -> tuple[list[Any], int]:
         if run.total <= max_bytes:
             return run.events, run.total
         run.set(index, _state_not_stored(run.sizes[index]))
+    dropped: list[list[tuple[int, Any, int]]] = []  # each unit's (index, event, size)
     for unit in _droppable(run):
         if run.total <= max_bytes:
-            break
+            return [e for e in run.events if e is not None], run.total
+        dropped.append([(index, run.events[index], run.sizes[index]) for index in unit])
         for index in unit:
             run.set(index, None)
-    # An activity (a message, but often the bulk of a run) goes before all the others do.
+    return _cut_strings_to_fit(run, max_bytes, events, dropped)
+
+
+def _cut_strings_to_fit(run: _Sized, max_bytes: int, events: list[Any],
+                        dropped: list[list[tuple[int, Any, int]]]) -> tuple[list[Any], int]:
+    """The rest of `_cut`, its events that carry no message gone (`dropped`, the largest
+    first): strings cut to one length, after dropping as few activity messages (the largest
+    first) as that needs; then the smallest of `dropped` are put back (a step, a progress
+    event) as far as there is room, or cutting strings a little more makes room.
+
+    Whether strings cut to `_MIN_CUT` can fit the run, and with how many activities gone,
+    is counted from what each event's strings save, found in one walk of the run (a walk
+    for each activity tried took minutes over a run of many messages and activities)."""
+    if run.total <= max_bytes:
+        return [e for e in run.events if e is not None], run.total
+    savings = [sum(_saved(string, _MIN_CUT) for string in _long_strings_of(event))
+               for event in run.events]
+    excess, can_save = run.total - max_bytes, sum(savings)
     activities = _activities(run)
-    while not _strings_cut_to_fit(run, max_bytes):
-        if not activities:
+    going = 0
+    while can_save < excess:
+        if going == len(activities):
             kept = [_reduced(e) for e in events
                     if isinstance(e, dict) and e.get("type") in _KEEP_FIELDS]
             return kept, len(orjson.dumps(kept))
-        for index in activities.pop(0):
+        excess -= sum(run.sizes[i] + 1 for i in activities[going])
+        can_save -= sum(savings[i] for i in activities[going])
+        going += 1
+    for unit in activities[:going]:
+        for index in unit:
             run.set(index, None)
+    # Put back into what the cut has to spare: with an activity gone, only the room its
+    # going left (an event is not kept at a message's cost); else what cutting strings
+    # further saves, never more than a share of the bound.
+    spare = -excess if going else min(can_save - max(excess, 0),
+                                      max_bytes // _PUT_BACK_SHARE)
+    back: list[tuple[int, Any, int]] = []
+    room = 0
+    for unit in reversed(dropped):
+        size = sum(size + 1 for _, _, size in unit)
+        if room + size > spare:
+            break
+        room += size
+        back += unit
+    if not _strings_cut_to_fit(run, max_bytes - room):
+        kept = [_reduced(e) for e in events
+                if isinstance(e, dict) and e.get("type") in _KEEP_FIELDS]
+        return kept, len(orjson.dumps(kept))
+    for index, event, _ in back:
+        run.set(index, event)
     return [e for e in run.events if e is not None], run.total
 
+
+#: The events a cut dropped it puts back take at most this share of the bound from the
+#: strings it cuts: an answer is not cut to its first characters to keep a large event.
+_PUT_BACK_SHARE = 16
 
 #: The events holding a run's state.
 _STATE_TYPES = frozenset({"STATE_SNAPSHOT", "STATE_DELTA"})
@@ -375,8 +424,10 @@ _KEPT_TYPES = frozenset({
     "SUBAGENT_FINISHED", "SUBAGENT_ERROR", *_STATE_TYPES,
 })
 #: The CUSTOM events a cut keeps: without a hand-over's start, the handed-over agent's
-#: messages snapshot reads as the whole conversation (`_compaction.events_to_messages`).
-_KEPT_CUSTOM = frozenset({ev.AGENT_STARTED, ev.AGENT_FINISHED})
+#: messages snapshot reads as the whole conversation (`_compaction.events_to_messages`);
+#: without an interrupt's, a client reading the thread has no question to answer.
+_KEPT_CUSTOM = frozenset({ev.AGENT_STARTED, ev.AGENT_FINISHED, ev.LEGACY_INTERRUPT,
+                          ev.COPILOTKIT_INTERRUPT})
 
 
 def _largest_first(run: _Sized, types: frozenset[str]) -> list[int]:
@@ -448,20 +499,13 @@ def _cut_length(events: list[Any], excess: int) -> int | None:
     them to `_MIN_CUT` would not. What a cut keeps of a string is measured, not guessed from
     its average bytes a character: a head of 3-byte characters or of 6-byte escapes keeps
     far more than a string's average says."""
-    strings: list[tuple[int, int, str | None]] = []
-    _long_strings(events, strings)
+    strings = [string for event in events for string in _long_strings_of(event)]
     if not strings:
         return None
 
     def saved(length: int) -> int:
-        # What each string longer than the cut's mark saves, exactly (never less than 0:
-        # each character is at least a byte): monotone, so bisected.
-        total = 0
-        for size, encoded, text in strings:
-            if size > length + _MARK:
-                kept = length + 2 if text is None else len(orjson.dumps(text[:length]))
-                total += encoded - kept - _MARK
-        return total
+        # Monotone in `length`, so bisected.
+        return sum(_saved(string, length) for string in strings)
 
     if saved(_MIN_CUT) < excess:
         return None
@@ -475,25 +519,56 @@ def _cut_length(events: list[Any], excess: int) -> int | None:
     return low
 
 
+#: A string a cut may shorten: its length, its encoded size and itself (None when each of
+#: its characters is one byte encoded: any head's size is then its length).
+_String = tuple[int, int, str | None]
+
+
+def _saved(string: _String, length: int) -> int:
+    """What cutting `string` to `length` saves, exactly (never less than 0: each character
+    is at least a byte); nothing when it is no longer than the cut and its mark."""
+    size, encoded, text = string
+    if size <= length + _MARK:
+        return 0
+    kept = length + 2 if text is None else len(orjson.dumps(text[:length]))
+    return encoded - kept - _MARK
+
+
 #: What the mark a cut string ends with adds: one no longer than its cut plus the mark is
 #: left whole (cut, it would grow).
 _MARK = len(_TRUNCATED)
 
 
-def _long_strings(value: Any, out: list[tuple[int, int, str | None]]) -> None:
-    """Each string a cut may shorten, as its length, its encoded size and itself (None when
-    each of its characters is one byte encoded: any head's size is then its length)."""
+def _long_strings_of(value: Any) -> list[_String]:
+    out: list[_String] = []
+    _long_strings(value, out)
+    return out
+
+
+def _long_strings(value: Any, out: list[_String]) -> None:
+    """Each string of `value` a cut may shorten (`_String`), into `out`."""
     if isinstance(value, str):
         if len(value) > _MIN_CUT + _MARK:
             encoded = len(orjson.dumps(value))
             plain = encoded == len(value) + 2  # (a wider character, or an escape, adds bytes)
             out.append((len(value), encoded, None if plain else value))
     elif isinstance(value, dict):
-        for item in value.values():
-            _long_strings(item, out)
+        for key, item in value.items():
+            if not _names(key):
+                _long_strings(item, out)
     elif isinstance(value, list):
         for item in value:
             _long_strings(item, out)
+
+
+def _names(key: Any) -> bool:
+    """Whether the value of `key` names something (a message, a tool call, a run, a step):
+    never cut, as two ids cut to one common head would merge what they name."""
+    return isinstance(key, str) and (key.endswith(("id", "Id")) or key in _NAME_KEYS)
+
+
+#: Keys, besides ids, whose values name what other events refer to.
+_NAME_KEYS = frozenset({"name", "stepName", "toolCallName", "activityType", "type", "role"})
 
 
 def _reduced(event: dict[str, Any]) -> dict[str, Any]:
@@ -506,7 +581,7 @@ def _cut_strings(value: Any, limit: int) -> Any:
     if isinstance(value, str):
         return value if len(value) <= limit + _MARK else value[:limit] + _TRUNCATED
     if isinstance(value, dict):
-        items = {k: _cut_strings(v, limit) for k, v in value.items()}
+        items = {k: v if _names(k) else _cut_strings(v, limit) for k, v in value.items()}
         return value if all(items[k] is v for k, v in value.items()) else items
     if isinstance(value, list):
         cut = [_cut_strings(v, limit) for v in value]

@@ -697,11 +697,19 @@ class ActiveRun:
                 await asyncio.wait((slot,), timeout=GIVE_BACK_WAIT)
             return
         if self.manager.durable is None:  # in this process: nothing to wait for
-            if self._closing or not self._large():
+            if not self._large():
                 try:
                     await self._store_and_give_back(on_loop=self._closing)
                 finally:
                     self._ended()
+                return
+            if self._closing:
+                # No suspension here, and no cut on the loop (seconds of a large run's, every
+                # stream and probe of the worker held): stored in a task of its own, whose
+                # thread's next run waits for it (its client may hear the end first).
+                stored = self.manager._adopt(self._store_and_give_back())
+                stored.add_done_callback(partial(_stored, self))
+                self.manager._note_giving_back(self.thread_id, stored)
                 return
             # Cut in a thread, in a task of its own: a cancellation meanwhile (a hand-over,
             # drain, shutdown) does not lose the run, and `drain` waits for it.
@@ -997,8 +1005,9 @@ class RunManager:
         #: Threads being deleted here (how many deletes of each): a run asking for one is
         #: busy until the deletes are done.
         self._deleting: dict[str, int] = {}
-        #: Threads whose run ended here while its lease is still being given back: the
-        #: next run on one waits for that (its client heard the end and asks at once).
+        #: Threads whose run ended here while it is still being stored (a run closing on a
+        #: GeneratorExit) or its lease given back: the next run on one waits for that (its
+        #: client heard the end and asks at once).
         self._giving_back: dict[str, asyncio.Future[None]] = {}
         #: The store when it keeps running runs' events (written as runs go), else None.
         self.durable: DurableThreadStore | None = \
@@ -1052,6 +1061,11 @@ class RunManager:
             # then refused makes the thread busy for its owner meanwhile, so anyone who knew
             # its id could keep it busy by asking again and again.
             raise ThreadNotFoundError(thread_id)
+        giving = self._giving_back.get(thread_id)
+        if giving is not None and thread_id in self.active:
+            # The thread's last run here ended but is still being stored (see
+            # `ActiveRun._finish`): its client's next run waits for it, not refused as busy.
+            await asyncio.wait((giving,), timeout=NEXT_RUN_WAITS_FOR_GIVE_BACK)
         if thread_id in self._deleting:
             raise ThreadBusyError(thread_id)
         running = self.active.get(thread_id)

@@ -477,3 +477,148 @@ async def test_a_large_run_cancelled_while_it_is_cut_is_stored_all_the_same(
         assert [e["type"] for e in record.runs[0].events][-1] == "RUN_FINISHED"
         assert not runtime.is_running("t8")
         await runtime.aclose()
+
+
+# -- an interrupt kept, ids never cut, a closing run cut off the loop, many activities ----
+
+
+@pytest.mark.parametrize("interrupt", [ev.LEGACY_INTERRUPT, ev.COPILOTKIT_INTERRUPT])
+async def test_a_cut_run_keeps_its_interrupt_and_the_small_events_a_little_more_cut_fits(
+        serve_runtime: ServeRuntime, interrupt: str) -> None:
+    """Before: every event that carries no message was dropped before any string was cut: a
+    run whose answer alone passed the bound lost its interrupt (the thread read back had no
+    question to answer) and its step, though cutting the answer a few hundred bytes more
+    kept them. The interrupt is kept, and the step put back."""
+    async with asyncio.timeout(TIMEOUT):
+        bound = 256 * 1024
+
+        def events(run_id: str) -> list[Event]:
+            return [{"type": "STEP_STARTED", "stepName": "agent"},
+                    *_answer("y" * 300_000)(run_id),
+                    {"type": "STEP_FINISHED", "stepName": "agent"},
+                    ev.custom(interrupt, {"question": "approve the booking?"})]
+
+        runtime = CopilotRuntime(agents={"default": _Says(events)}, max_run_bytes=bound)
+        async with serve_runtime(runtime) as served:
+            await post_run(served, orjson.dumps(run_input("book it", thread="t9", run="r1")))
+            messages, stored = await thread_reads(served, "t9")
+        assert len(orjson.dumps(stored)) <= bound
+        assert [e.get("name") for e in stored if e["type"] == "CUSTOM"] == [interrupt]
+        assert [e["type"] for e in stored if e["type"].startswith("STEP_")] == [
+            "STEP_STARTED", "STEP_FINISHED"]
+        assert [m["id"] for m in messages] == ["r1-u", "a-r1"]
+        assert 200_000 < len(messages[1]["content"]) < 300_000
+
+
+async def test_a_cut_never_shortens_an_id(serve_runtime: ServeRuntime) -> None:
+    """Before: the cut shortened every long string, ids included: messages whose ids shared
+    a head longer than the cut became one message (the stored run failed to replay). Ids
+    are kept whole; only the texts are cut."""
+    async with asyncio.timeout(TIMEOUT):
+        head = "msg-" + "0" * 600
+        ids = [f"{head}-{i}" for i in range(400)]
+
+        def events(run_id: str) -> list[Event]:
+            return [event for message in ids for event in (
+                ev.text_message_start(message), ev.text_message_content(message, "y" * 2000),
+                ev.text_message_end(message))]
+
+        bound = 1_000_000
+        runtime = CopilotRuntime(agents={"default": _Says(events)}, max_run_bytes=bound)
+        async with serve_runtime(runtime) as served:
+            await post_run(served, orjson.dumps(run_input("hi", thread="t10", run="r1")))
+            messages, stored = await thread_reads(served, "t10")  # (replayable)
+        assert len(orjson.dumps(stored)) <= bound
+        assert [m["id"] for m in messages] == ["r1-u", *ids]
+        assert all(len(m["content"]) < 2000 for m in messages[1:])
+
+
+async def test_a_large_run_closing_on_generator_exit_is_cut_off_the_event_loop(
+        serve_runtime: ServeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a run whose agent raised GeneratorExit was compacted and cut on the event
+    loop whatever its size (a run of many messages held every stream and probe of the
+    worker 15 s). A large one is stored in a task of its own, cut in a worker thread. The
+    cut stands in for a large run's, slowed."""
+    async with asyncio.timeout(TIMEOUT):
+        slow = 6.0
+
+        def storable(events: list[Any], max_bytes: int) -> tuple[list[Any], int]:
+            time.sleep(slow)
+            return _limits.storable(events, max_bytes)
+
+        monkeypatch.setattr(_runs, "storable", storable)
+        runtime = CopilotRuntime(agents={"default": _RaisesGeneratorExit()})
+        async with serve_runtime(runtime) as served:
+
+            async def run() -> None:
+                response = await served.post("/agent/default/run", run_input("go", run="r1"))
+                assert response.status == 200, await response.text()
+                with contextlib.suppress(aiohttp.ClientPayloadError):
+                    await response.read()
+
+            ran = asyncio.create_task(run())
+            # The server shares this loop: the longest a probe waits is the loop's stall.
+            worst, started, probes = 0.0, time.monotonic(), 0
+            while not ran.done() or runtime.is_running("thread-1"):
+                response = await served.session.get(served.url + "/health")
+                assert response.status == 200
+                await response.read()
+                probes += 1
+                await asyncio.sleep(0.02)
+                now = time.monotonic()
+                worst, started = max(worst, now - started), now
+            await ran
+            assert probes > 1
+            assert worst < slow / 2, f"the loop stalled {worst:.2f} s"
+            messages, stored = await thread_reads(served, "thread-1")
+        assert [e["type"] for e in stored if e["type"].startswith("RUN_")] == [
+            "RUN_STARTED", "RUN_ERROR"]
+        assert [len(m["content"]) for m in messages if m["role"] == "assistant"] == [400_000]
+
+
+
+async def test_the_next_run_waits_for_a_closing_run_still_being_stored(
+        serve_runtime: ServeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large run closing on a GeneratorExit is stored after its client hears it end: that
+    client's next run on the thread, sent at once, waits for the store (not a 409)."""
+    async with asyncio.timeout(TIMEOUT):
+
+        def storable(events: list[Any], max_bytes: int) -> tuple[list[Any], int]:
+            time.sleep(1.0)
+            return _limits.storable(events, max_bytes)
+
+        monkeypatch.setattr(_runs, "storable", storable)
+        async with serve_runtime(
+                CopilotRuntime(agents={"default": _RaisesGeneratorExit()})) as served:
+            for run in ("run-1", "run-2"):
+                response = await served.post("/agent/default/run", run_input("go", run=run))
+                assert response.status == 200, await response.text()
+                with contextlib.suppress(aiohttp.ClientPayloadError):
+                    await response.read()
+            await served.runtime.runs.drain(TIMEOUT)  # (run-2's store)
+            _, stored = await thread_reads(served, "thread-1")
+        assert [e.get("runId") for e in stored if e["type"] == "RUN_STARTED"] == [
+            "run-1", "run-2"]
+
+def _activities_and_messages(run_id: str) -> list[Event]:
+    return [*({"type": "ACTIVITY_SNAPSHOT", "messageId": f"act-{i}", "activityType": "p",
+               "content": {"n": i}} for i in range(300)),
+            *(event for i in range(20_000) for event in _answer("x" * 200)(f"{run_id}-{i}"))]
+
+
+async def test_a_run_of_many_activities_and_short_messages_is_cut_in_bounded_time(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: the cut walked the whole run once for each activity message it dropped: a run
+    of 300 activities and 20,000 short messages (nothing long to cut) took tens of seconds
+    to learn that its messages alone cannot fit. That is known from one walk now."""
+    async with asyncio.timeout(TIMEOUT):
+        bound = 3 * 1024 * 1024  # (the messages take 7 MB: a live run keeps 12)
+        runtime = CopilotRuntime(agents={"default": _Says(_activities_and_messages)},
+                                 max_run_bytes=bound)
+        async with serve_runtime(runtime) as served:
+            began = time.monotonic()
+            await post_run(served, orjson.dumps(run_input("hi", thread="t11", run="r1")))
+            took = time.monotonic() - began
+            _, stored = await thread_reads(served, "t11")
+        assert [e["type"] for e in stored] == ["RUN_STARTED", "RUN_FINISHED"]
+        assert took < 15, f"the run took {took:.1f} s"
