@@ -998,19 +998,63 @@ def _lenient_result(raw: object, server: MCPServer, remote: str,
     if not isinstance(raw, dict) or raw.get("resultType", "complete") != "complete":
         return None
     listed = raw.get("content")
-    blocks = [_lenient_block(item) for item in (listed if isinstance(listed, list) else ())]
+    items = listed if isinstance(listed, list) else []
+    blocks: list[types.ContentBlock] = []
+    unread: tuple[str, int] | None = None  # (a run of unreadable blocks of one kind: a line)
+    for item in items[:_LENIENT_BLOCKS]:
+        block = _lenient_block(item)
+        if block is None:
+            kind = item.get("type") if isinstance(item, dict) else None
+            kind = _UNSAFE.sub("_", kind)[:40] if isinstance(kind, str) else type(item).__name__
+            if unread is not None and unread[0] == kind:
+                unread = (kind, unread[1] + 1)
+                continue
+            if unread is not None:
+                blocks.append(_unread(*unread))
+            unread = (kind, 1)
+            continue
+        if unread is not None:
+            blocks.append(_unread(*unread))
+            unread = None
+        blocks.append(block)
+    if unread is not None:
+        blocks.append(_unread(*unread))
+    if len(items) > _LENIENT_BLOCKS:
+        blocks.append(types.TextContent(
+            type="text", text=f"[{len(items) - _LENIENT_BLOCKS} more blocks not shown]"))
     structured = raw.get("structuredContent")
+    # (a few of the errors: formatting a huge result's every one took seconds on the loop)
+    first = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
     _log.warning("MCP tool result breaks the MCP schema; its valid parts passed on",
-                 server=server.label, tool=remote[:100],
-                 error=scrub_secrets(f"{exc}"[:500], *server.secrets))
-    return types.CallToolResult(content=blocks, is_error=raw.get("isError") is True,
+                 server=server.label, tool=remote[:100], errors=exc.error_count(),
+                 error=scrub_secrets(first[:500], *server.secrets))
+    return types.CallToolResult(content=blocks, is_error=_flag(raw.get("isError", False)),
                                 structured_content=structured
                                 if isinstance(structured, dict) else None)
 
 
-def _lenient_block(item: object) -> types.ContentBlock:
+#: The blocks of a result the SDK refused that are read one by one (the rest are counted).
+_LENIENT_BLOCKS = 1000
+_BOOL: pydantic.TypeAdapter[bool] = pydantic.TypeAdapter(bool)
+
+
+def _flag(value: object) -> bool:
+    """`isError` as the SDK's types read it ("true" and 1 are true): read otherwise, a tool
+    error was passed to the model as a success."""
+    try:
+        return _BOOL.validate_python(value)
+    except pydantic.ValidationError:
+        return bool(value)
+
+
+def _unread(kind: str, count: int) -> types.TextContent:
+    said = f"{kind} block" if count == 1 else f"{count} {kind} blocks"
+    return types.TextContent(type="text", text=f"[{said}, not understood, not shown]")
+
+
+def _lenient_block(item: object) -> types.ContentBlock | None:
     """One block of a result the SDK refused: as it is when valid, else without what only
-    annotates it (an audience the types do not know), else a text block saying what it was."""
+    annotates it (an audience the types do not know), else None."""
     tries = [item]
     if isinstance(item, dict):
         tries.append({key: value for key, value in item.items()
@@ -1021,9 +1065,7 @@ def _lenient_block(item: object) -> types.ContentBlock:
         except pydantic.ValidationError:
             continue
         return block
-    kind = item.get("type") if isinstance(item, dict) else None
-    kind = _UNSAFE.sub("_", kind)[:40] if isinstance(kind, str) else type(item).__name__
-    return types.TextContent(type="text", text=f"[{kind} block, not understood, not shown]")
+    return None
 
 
 def _failure(conn: _Connection, client: Client, remote: str, exc: Exception,

@@ -58,6 +58,8 @@ class ScriptedMCP:
         self.structured: dict[str, Any] = {}
         #: The content blocks a tools/call with argument x answers with, as they are.
         self.blocks: dict[str, list[Any]] = {}
+        #: The `isError` a tools/call with argument x answers with, as it is (not a bool).
+        self.error_flags: dict[str, Any] = {}
         #: The arguments x whose tools/call answers a tool error (`isError`), besides "key".
         self.failing: set[str] = set()
         self.holding, self.held = asyncio.Event(), asyncio.Event()
@@ -153,6 +155,8 @@ class ScriptedMCP:
                 result["structuredContent"] = self.structured[x]
             if x in self.blocks:
                 result["content"] = self.blocks[x]
+            if x in self.error_flags:
+                result["isError"] = self.error_flags[x]
         else:
             result = {}
         await answer(200, {"jsonrpc": "2.0", "id": request_id, "result": result})
@@ -700,6 +704,25 @@ async def test_a_result_with_a_block_out_of_the_schema_keeps_its_other_blocks() 
     assert [e["event"] for e in warned] == [
         "MCP tool result breaks the MCP schema; its valid parts passed on"] * 4
     assert {e["tool"] for e in warned} == {"echo"}
+
+
+async def test_a_result_read_leniently_keeps_its_error_flag_and_tells_of_many_blocks_briefly(
+        ) -> None:
+    """Found by review: `isError` of "true" or 1 (which the SDK's types read as true) was a
+    success once the result was read block by block; every unreadable block was a line of
+    its own (a result of 100,000 took seconds on the loop and reached the model whole)."""
+    server = ScriptedMCP()
+    booked = {"type": "text", "text": "booked #42"}
+    server.blocks.update({"flagged": [booked, {"type": "widget"}],
+                          "many": [booked, *[{"type": "widget"}] * 3000]})
+    server.error_flags.update({"flagged": "true"})
+    async with started(server, bound=10.0) as toolset:
+        echo = tool(toolset)
+        with pytest.raises(ActionError, match="booked #42"):
+            await echo.execute('{"x": "flagged"}')
+        said = orjson.loads(await echo.execute('{"x": "many"}'))
+    assert said == ("booked #42\n[999 widget blocks, not understood, not shown]\n"
+                    "[2001 more blocks not shown]")
 
 
 async def test_a_tool_error_told_only_as_structured_content_keeps_its_detail() -> None:

@@ -301,7 +301,9 @@ class BuiltInAgent(Agent):
             raise ConfigurationError("max_tools must be at least 1 (or None)")
         self.max_tools = max_tools
         #: The tools the latest run that left some out left out (each new set is logged).
-        self._left_out: list[str] = []
+        #: The sets of tools left out that were warned of (shared by the copies a request's
+        #: own MCP servers run on: each copy warned again, every run), a few at most.
+        self._left_out_warned: dict[frozenset[str], None] = {}
         #: The models a client may pick with `forwardedProps.model` (None: any).
         self.allowed_models = list(allowed_models) if allowed_models is not None else None
         if max_steps < 1:
@@ -409,8 +411,11 @@ class BuiltInAgent(Agent):
                       if (action := self.actions.get(tool.name)) is not None
                       and action.expendable]
         left_out = expendable[-excess:] if expendable else []
-        if left_out != self._left_out:  # (once per change, not once per run)
-            self._left_out = left_out
+        key = frozenset(left_out)
+        if key not in self._left_out_warned:  # (once per set, not once per run)
+            if len(self._left_out_warned) >= 32:
+                self._left_out_warned.pop(next(iter(self._left_out_warned)))
+            self._left_out_warned[key] = None
             _log.warning("MCP tools left out of runs: more tools than the agent's max_tools",
                          tools=len(tools), max_tools=self.max_tools, left_out=left_out)
         dropped = set(left_out)
