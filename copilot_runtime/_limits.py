@@ -554,17 +554,20 @@ def _long_strings(value: Any, out: list[_String]) -> None:
             out.append((len(value), encoded, None if plain else value))
     elif isinstance(value, dict):
         for key, item in value.items():
-            if not _names(key):
+            if not _names(key, item):
                 _long_strings(item, out)
     elif isinstance(value, list):
         for item in value:
             _long_strings(item, out)
 
 
-def _names(key: Any) -> bool:
-    """Whether the value of `key` names something (a message, a tool call, a run, a step):
-    never cut, as two ids cut to one common head would merge what they name."""
-    return isinstance(key, str) and (key.endswith(("id", "Id")) or key in _NAME_KEYS)
+def _names(key: Any, value: Any) -> bool:
+    """Whether `value`, under `key`, names something (a message, a tool call, a run, a step):
+    never cut, as two ids cut to one common head would merge what they name. A string
+    alone, under an id's key (`id`, `...Id`, `..._id`: not `grid` or `valid`, whose data
+    was kept whole) or a name's."""
+    return isinstance(key, str) and isinstance(value, str) and (
+        key == "id" or key.endswith(("Id", "_id")) or key in _NAME_KEYS)
 
 
 #: Keys, besides ids, whose values name what other events refer to.
@@ -581,7 +584,7 @@ def _cut_strings(value: Any, limit: int) -> Any:
     if isinstance(value, str):
         return value if len(value) <= limit + _MARK else value[:limit] + _TRUNCATED
     if isinstance(value, dict):
-        items = {k: v if _names(k) else _cut_strings(v, limit) for k, v in value.items()}
+        items = {k: v if _names(k, v) else _cut_strings(v, limit) for k, v in value.items()}
         return value if all(items[k] is v for k, v in value.items()) else items
     if isinstance(value, list):
         cut = [_cut_strings(v, limit) for v in value]

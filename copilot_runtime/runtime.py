@@ -337,21 +337,23 @@ class CopilotRuntime:
             raise ServiceUnavailableError(
                 "What an agent keeps of the thread could not be deleted; try again")
 
-    async def delete_thread(self, thread_id: str, *, updated_before: float | None = None
-                            ) -> bool:
+    async def delete_thread(self, thread_id: str, *, updated_before: float | None = None,
+                            owner: ThreadOwner | None = None) -> bool:
         """Delete a thread, as `DELETE /threads/{id}` does: no run may begin on it meanwhile,
         on any worker; what the agents keep of it goes first (a failure there is a
         `ServiceUnavailableError`, the thread kept), then its records. False: no such
         thread. `ThreadBusyError` while a run is on it. With `updated_before` (epoch
         seconds; a retention sweep's), a thread updated since is kept, its agents' memory
-        too (False): the sweep listed it before someone used it again."""
+        too (False): the sweep listed it before someone used it again. With `owner`, only a
+        thread of that owner (the caller's, checked before): under the hold, the id may name
+        a thread another user began since (False)."""
         async with self.runs.held_for_delete(thread_id) as waited_since:
-            if updated_before is not None or waited_since is not None:
+            if updated_before is not None or waited_since is not None or owner is not None:
                 # Read under the delete's hold: no run can begin and update it now. After
                 # another delete of the id went first, a thread updated since began (or ran)
                 # after it: not the one this delete was asked for, whoever's it is.
                 record = await self.store.summary(thread_id)
-                if record is None:
+                if record is None or (owner is not None and record.owner != owner):
                     return False
                 if waited_since is not None and record.updated_at >= waited_since:
                     return False

@@ -622,3 +622,19 @@ async def test_a_run_of_many_activities_and_short_messages_is_cut_in_bounded_tim
             _, stored = await thread_reads(served, "t11")
         assert [e["type"] for e in stored] == ["RUN_STARTED", "RUN_FINISHED"]
         assert took < 15, f"the run took {took:.1f} s"
+
+
+def test_only_ids_and_names_are_kept_from_the_cut() -> None:
+    """Found by review: every value under a key ending in "id" was kept whole, `grid`,
+    `valid` or `paid` included, whole trees under them too (an activity of a `grid` of
+    long cells was dropped whole where its strings could have been cut)."""
+    from copilot_runtime._limits import _cut_strings
+
+    long = "x" * 5000
+    cut = _cut_strings({"grid": {"cells": [long]}, "valid": long, "messageId": long,
+                        "tool_call_id": long, "id": long, "name": long,
+                        "ids": {"messageId": long}}, 300)
+    assert len(cut["grid"]["cells"][0]) < 400
+    assert len(cut["valid"]) < 400
+    assert cut["messageId"] == cut["tool_call_id"] == cut["id"] == cut["name"] == long
+    assert cut["ids"]["messageId"] == long

@@ -22,6 +22,7 @@ import pytest
 import structlog
 
 from copilot_runtime import (
+    BearerTokenAuth,
     CopilotRuntime,
     DemoAdapter,
     ServiceUnavailableError,
@@ -384,3 +385,47 @@ async def test_a_store_away_while_runs_stream_is_logged_now_and_then(
     assert 1 <= len(told) < 5, told
     assert [e["failures_in_a_row"] for e in told] == [1, 2, 4, 8][:len(told)]
     assert all("exc_info" not in e for e in told)
+
+
+async def test_a_delete_whose_thread_another_user_began_again_since_its_check_is_a_404(
+        serve_runtime: ServeRuntime) -> None:
+    """Found by review: a DELETE checked the thread's owner, then, held up before it held
+    the thread (a slow pool), deleted whatever thread of the id there was once it did: one
+    another user had begun after a second delete of the owner's went through. Under the hold
+    the thread must still be the caller's."""
+    from tests.test_trust_ownership import ALICE, BOB, TOKENS
+
+    with postgres_schema() as url:
+        def runtime() -> CopilotRuntime:
+            return CopilotRuntime(service_adapter=DemoAdapter(delay=0),
+                                  thread_store=thread_store(url), coordinator=coordinator(url),
+                                  auth=BearerTokenAuth(TOKENS))
+
+        one, two = runtime(), runtime()
+        async with serve_runtime(one) as first, serve_runtime(two) as second:
+            status, _, _ = await call(first, "POST", "/agent/default/run", ALICE,
+                                      run_input("alice's", thread="t", run="a1"))
+            assert status == 200
+            checked, go = asyncio.Event(), asyncio.Event()
+            delete = two.delete_thread
+
+            async def held_up(thread_id: str, **options: Any) -> bool:
+                checked.set()
+                await go.wait()
+                return await delete(thread_id, **options)
+
+            two.delete_thread = held_up  # type: ignore[method-assign]
+            late = asyncio.ensure_future(call(second, "DELETE", "/threads/t", ALICE))
+            try:
+                await asyncio.wait_for(checked.wait(), 10)  # (past its owner check)
+                status, _, _ = await call(first, "DELETE", "/threads/t", ALICE)
+                assert status == 200
+                status, _, _ = await call(first, "POST", "/agent/default/run", BOB,
+                                          run_input("bob's own", thread="t", run="b1"))
+                assert status == 200
+            finally:
+                go.set()
+            status, body, _ = await late
+            assert status == 404, body
+            status, body, _ = await call(first, "GET", "/threads/t/messages", BOB)
+            assert status == 200, body

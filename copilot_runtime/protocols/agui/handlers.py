@@ -289,7 +289,7 @@ class AGUIProtocol:
             # No run begins on it meanwhile (it would bring the thread back once it ended),
             # and what the agents keep of it goes first: a checkpointed graph would
             # otherwise hand the conversation to whoever starts a thread with this id next.
-            if not await self.runtime.delete_thread(thread_id):
+            if not await self.runtime.delete_thread(thread_id, owner=owner):
                 raise ThreadNotFoundError(thread_id)  # another request deleted it first
             await send_json(request, 200, {"deleted": True, "id": thread_id})
             return
