@@ -146,9 +146,12 @@ def main_phase(demo: DemoServer, screenshots: Path) -> dict[str, Any]:
 
 
 MAIN_STEPS = ["chat", "weather card", "frontend tool", "refresh restores the thread",
-              "new thread and switching back", "stop mid-answer",
+              "new thread and switching back",
+              "Back and Forward go through the threads and agents", "stop mid-answer",
               "a failed run: its message kept, its error gone once a later run answers",
-              "review loop: revise twice, then approve", "account review: approve",
+              "review loop: revise twice, then approve",
+              "a thread opened under another agent is shown as its agent's",
+              "account review: approve",
               "a thread opened while the runtime is away shows once it is back",
               "an answer that failed is asked again",
               "after an outage its banners go once the runtime is back"]

@@ -4,17 +4,19 @@
 //   node e2e/demo.mjs <baseUrl> <phase> [options-json]
 //
 //   phase "main":    on both pages: a chat answer, the weather card, the frontend tool's
-//                    effect, a refresh restoring the thread, new thread and switching back,
-//                    stop mid-answer (no error shown), a failed run's message kept and its
-//                    error banner gone once a later run answers, the review loop revised
-//                    twice then approved, the
-//                    account review approved (its timeout shown), a thread opened while
-//                    the runtime refuses connections shown once it is back, an approval's
-//                    answer whose run failed (offline) asked again, and a message refused
-//                    meanwhile (classic) its banner gone once answered, the banners of an
-//                    outage (the thread list's, the current page's run's) gone once the
-//                    runtime is back; leaves a review-loop
-//                    approval pending on each page for the restart phase.
+//                    effect, a refresh restoring the thread, new thread (its item's id label
+//                    within it) and switching back, Back and Forward through the threads
+//                    and agents chosen, stop mid-answer (no error shown), a failed run's
+//                    message kept and its error banner gone once a later run answers, the
+//                    review loop revised twice then approved (by keyboard: the question
+//                    takes the focus, an answer gives it back to the input), a thread
+//                    opened under another agent shown as its own agent's, the account
+//                    review approved (its timeout shown), a thread opened while the runtime
+//                    refuses connections shown once it is back, an approval's answer whose
+//                    run failed (offline) asked again, and a message refused meanwhile
+//                    (classic) its banner gone once answered, the banners of an outage (the
+//                    thread list's, the run's) gone once the runtime is back; leaves a
+//                    review-loop approval pending on each page for the restart phase.
 //   phase "restart": after the server was restarted: the threads of phase one come back on
 //                    both pages, and the pending approvals are revised, then approved.
 //   phase "edges":   against a server whose approvals time out in a few seconds: HTML planted
@@ -195,6 +197,19 @@ function assert(condition, message) {
   if (!condition) throw new Error(message);
 }
 
+// Waits until the element focused matches `selector`; says what has the focus if none does.
+async function focusOn(p, selector, what, timeout = TIMEOUT) {
+  try {
+    await p.page.waitForFunction((s) => document.activeElement?.matches(s), selector, { timeout });
+  } catch {
+    const has = await p.page.evaluate(() => {
+      const e = document.activeElement;
+      return e ? `${e.tagName.toLowerCase()}${e.dataset.testid ? `#${e.dataset.testid}` : ""}` : "nothing";
+    });
+    throw new Error(`${what}: the focus is on ${has}`);
+  }
+}
+
 async function step(page, name, work) {
   const started = Date.now();
   try {
@@ -214,6 +229,11 @@ async function mainPhase(p) {
     await p.open("?agent=default");
     await p.send("Hello, who are you?");
     await p.expectAssistant("offline demo model");
+    // 1.74's "+" (add menu) offers nothing here: no attachments, no tools menu.
+    if (kind === "current") {
+      assert(await p.page.locator('[data-testid="copilot-add-menu-button"]').count() === 0,
+             "a disabled add menu button is shown");
+    }
   });
 
   await step(p, "weather card", async () => {
@@ -251,6 +271,12 @@ async function mainPhase(p) {
     await p.page.waitForURL((url) => url.searchParams.get("thread") !== first, { timeout: TIMEOUT });
     await p.page.locator(p.ui.input).waitFor({ timeout: TIMEOUT });
     assert((await p.page.locator(p.ui.user).count()) === 0, "the new thread is not empty");
+    // The new thread's item shows its id's start within the side panel.
+    const item = p.page.locator('[data-testid="thread-item"].current', { hasText: "new thread" });
+    const itemBox = await item.boundingBox();
+    const labelBox = await item.locator("small").boundingBox();
+    assert(labelBox.x + labelBox.width <= itemBox.x + itemBox.width + 0.5,
+           `the new thread's id sticks out of its item: ${JSON.stringify({ itemBox, labelBox })}`);
     await p.send("Roll a die");
     await p.expectAssistant("roll_dice returned");
     const second = p.address().thread;
@@ -262,6 +288,41 @@ async function mainPhase(p) {
     await p.page.locator(p.ui.user, { hasText: "What is the weather in Paris?" }).waitFor({ timeout: TIMEOUT });
     assert((await p.page.locator(p.ui.user, { hasText: "Roll a die" }).count()) === 0,
            "the other thread's messages are shown");
+  });
+
+  await step(p, "Back and Forward go through the threads and agents", async () => {
+    // New thread, then the first one from the list: two steps in the history, each a thread.
+    const first = p.address().thread;
+    const thread = (id) => (url) => url.searchParams.get("thread") === id;
+    await p.page.goBack();
+    const second = p.address().thread;
+    const left = p.page.url();
+    if (!left.startsWith(base)) {
+      // Back left the demo: back to it, so that the steps after this one go on.
+      p.pagesOpened += 1;
+      await p.page.goForward();
+      await p.page.locator(p.ui.input).waitFor({ timeout: TIMEOUT });
+      throw new Error(`Back went to ${left}, not the thread before`);
+    }
+    assert(second && second !== first, `Back went to ${p.page.url()}, not the thread before`);
+    await p.page.locator(p.ui.user, { hasText: "Roll a die" }).waitFor({ timeout: TIMEOUT });
+    assert((await p.page.locator(p.ui.user, { hasText: "What is the weather in Paris?" }).count()) === 0,
+           "Back shows the other thread's messages");
+    await p.page.goForward();
+    await p.page.waitForURL(thread(first), { timeout: TIMEOUT });
+    await p.page.locator(p.ui.user, { hasText: "What is the weather in Paris?" }).waitFor({ timeout: TIMEOUT });
+    await p.page.goBack();
+    await p.page.waitForURL(thread(second), { timeout: TIMEOUT });
+    await p.page.locator(p.ui.user, { hasText: "Roll a die" }).waitFor({ timeout: TIMEOUT });
+    // Another agent is a step too.
+    await p.chooseAgent("review_loop");
+    await p.page.goBack();
+    await p.page.waitForURL((url) => url.searchParams.get("agent") === "default" && thread(second)(url),
+                            { timeout: TIMEOUT });
+    const picked = await p.page.locator('[data-testid="agent-picker"]').inputValue();
+    assert(picked === "default", `the picker shows ${picked} after Back`);
+    await p.page.locator(p.ui.user, { hasText: "Roll a die" }).waitFor({ timeout: TIMEOUT });
+    await p.idle();
   });
 
   await step(p, "stop mid-answer", async () => {
@@ -323,7 +384,17 @@ async function mainPhase(p) {
   await step(p, "review loop: revise twice, then approve", async () => {
     await p.chooseAgent("review_loop");
     await p.send("Draft an invoice for ACME, 3 hours of consulting");
-    await p.answer("draft 1", "revise", "Add the VAT line");
+    threads[`${kind}:review`] = p.address().thread;
+    // The question takes the keyboard's focus (its feedback box), and an answer gives it back
+    // to the chat's input.
+    await p.panel().filter({ hasText: "draft 1" }).waitFor({ timeout: TIMEOUT });
+    await focusOn(p, '[data-testid="approval-feedback"]', "the approval panel shown");
+    await p.page.keyboard.type("Add the VAT line");
+    await p.page.keyboard.press("Tab");
+    await p.page.keyboard.press("Tab");
+    await focusOn(p, '[data-testid="revise"]', "Tab from the feedback box twice");
+    await p.page.keyboard.press("Enter");
+    await p.settled();
     await p.answer("draft 2", "revise", "Make the due date 30 days");
     await p.shot(`${kind}-approval`);
     // The current chat's input waits while an approval does (the runtime would refuse a
@@ -331,12 +402,30 @@ async function mainPhase(p) {
     const waits = kind === "current" ? [`${p.ui.input}:disabled`, `${p.ui.input}:enabled`] : null;
     await p.page.locator('[data-testid="approval-panel"]', { hasText: "draft 3" }).last().waitFor({ timeout: TIMEOUT });
     if (waits) await p.page.locator(waits[0]).waitFor({ timeout: TIMEOUT });
-    await p.answer("draft 3", "approve");
+    await focusOn(p, '[data-testid="approval-feedback"]', "the next approval panel shown");
+    await p.page.keyboard.press("Tab");
+    await focusOn(p, '[data-testid="approve"]', "Tab from the feedback box");
+    await p.page.keyboard.press("Enter");
+    await p.settled();
     await p.expectAssistant("Approved");
     if (waits) await p.page.locator(waits[1]).waitFor({ timeout: TIMEOUT });
+    await focusOn(p, p.ui.input, "the approval answered");
     assert((await p.page.locator('[data-testid="approval-panel"] [data-testid="approve"]:enabled').count()) === 0,
            "an approval is still offered");
-    threads[`${kind}:review`] = p.address().thread;
+  });
+
+  await step(p, "a thread opened under another agent is shown as its agent's", async () => {
+    // An address naming the review loop's thread with the default agent (edited, or old).
+    const thread = threads[`${kind}:review`];
+    await p.open(`?agent=default&thread=${thread}`);
+    await p.page.waitForURL((url) => url.searchParams.get("agent") === "review_loop", { timeout: TIMEOUT });
+    const picked = await p.page.locator('[data-testid="agent-picker"]').inputValue();
+    assert(picked === "review_loop", `the picker shows ${picked}`);
+    assert(p.address().thread === thread, "another thread is shown");
+    await p.page.locator(`[data-testid="thread-item"][data-thread-id="${thread}"] button`).waitFor({ timeout: TIMEOUT });
+    await p.page.locator(p.ui.user, { hasText: "Draft an invoice for ACME" }).waitFor({ timeout: TIMEOUT });
+    await p.expectAssistant("Invoice specialist");
+    await p.idle();
   });
 
   await step(p, "account review: approve", async () => {
@@ -436,8 +525,7 @@ async function mainPhase(p) {
       await p.page.unroute(runtime);
     }
     await unavailable.waitFor({ state: "detached", timeout: 8000 });
-    // (the classic page's banner stays until a run answers, as after any failed run)
-    if (kind === "current") await p.page.locator('[data-testid="run-error"]').waitFor({ state: "detached", timeout: 8000 });
+    await p.page.locator('[data-testid="run-error"]').waitFor({ state: "detached", timeout: 8000 });
     const refused = /ERR_CONNECTION_REFUSED|Failed to fetch|Failed to load resource/;
     forget(errorsBefore, failedBefore, (e) => !e.uncaught && refused.test(e.text), (r) => refused.test(r.error ?? ""));
   });

@@ -46,12 +46,16 @@ function useAccentTool(setAccent) {
   }, [setAccent]);
 }
 
+// The chat's input, where the keyboard's focus goes back once an approval is answered.
+const CHAT_INPUT = ".copilotKitInput textarea";
+
 // The workflows' approval step, from the LangGraph interrupt meta event. Past its deadline the
 // runtime has answered it: the page then shows the thread again.
 function useApprovals(address, reload) {
   useLangGraphInterrupt({
     render: ({ event, resolve }) => (
       <ApprovalPanel value={event.value} answer={(decision) => resolve(JSON.stringify(decision))}
+                     chatInput={CHAT_INPUT}
                      onExpired={() => deadlineAnswered(address.agent, address.threadId).then(reload)} />
     ),
   });
@@ -152,6 +156,7 @@ function PendingApproval({ agent, threadId, reload, showError }) {
   return (
     <div className="pending-approval">
       <ApprovalPanel key={pending.id} value={pending.value} expiresAt={pending.expiresAt} answer={answer}
+                     chatInput={CHAT_INPUT}
                      onExpired={() => deadlineAnswered(agent, threadId).then(reload)} />
     </div>
   );
@@ -220,7 +225,16 @@ function Chat({ address, setAccent, onRunFinished, showError, reload, reloadKeep
   // with raw HTML too), and the thread is shown again as the runtime has it, once the runtime
   // answers: a reload while it is away (a restart mid-answer) would show an empty chat.
   const [onSubmitMessage, reloadKeepingUnsent] = useReloadKeepingUnsent(address, reload, setDraft);
-  const reloadOnceAnswered = useReloadOnceAnswered(reloadKeepingUnsent);
+  // The error of a run that never reached the runtime (away: a restart, the network gone)
+  // goes once the runtime answers and the thread is shown again, as the current page's does;
+  // one the runtime answered stays until a run answers.
+  const awayError = useRef(null);
+  const reloadOnceAnswered = useReloadOnceAnswered(useCallback(async () => {
+    const away = awayError.current;
+    awayError.current = null;
+    await reloadKeepingUnsent();
+    if (away) showError((shown) => (shown === away ? null : shown));
+  }, [reloadKeepingUnsent, showError]));
   // 1.10.6 stops a run by aborting its request, which then fails ("[Network] undefined"): a
   // stop the person asked for is no error.
   const stopped = useRef(false);
@@ -248,6 +262,8 @@ function Chat({ address, setAccent, onRunFinished, showError, reload, reloadKeep
         reloadKeepingUnsent();
       });
     } else {
+      // urql's error of a request that got no answer (a failed fetch, a stream cut off).
+      if (error?.networkError || /^\[Network\]/.test(message)) awayError.current = message;
       reloadOnceAnswered();
     }
   };

@@ -44,6 +44,9 @@ function useAccentTool(setAccent) {
   }, [setAccent]);
 }
 
+// The chat's input, where the keyboard's focus goes back once an approval is answered.
+const CHAT_INPUT = '[data-testid="copilot-chat-textarea"]';
+
 // The workflows' approval step, from the agent's interrupt (on_interrupt or the AG-UI outcome).
 // Past its deadline the runtime has answered it: the page then shows the thread again. Says
 // whether one is pending: the page places it in the chat itself, as useInterrupt would.
@@ -57,7 +60,7 @@ function useApprovals(address, reload, answered) {
     render: ({ event, interrupt, resolve }) => {
       const value = interrupt ? (interrupt.metadata?.langgraph?.raw ?? interrupt.value ?? interrupt) : event.value;
       const answer = (decision) => { answered.current = true; resolve(decision); };
-      return <ApprovalPanel value={value} answer={answer}
+      return <ApprovalPanel value={value} answer={answer} chatInput={CHAT_INPUT}
                             onExpired={() => deadlineAnswered(address.agent, address.threadId).then(reload)} />;
     },
   });
@@ -69,7 +72,11 @@ function useApprovals(address, reload, answered) {
 // A message sent while an approval waits is refused by the runtime after its run started, and
 // 1.74 then drops the approval until a reload: the input waits for the answer, as the classic
 // page's does.
-const INPUT_WHILE_APPROVAL_PENDING = { textArea: { disabled: true }, sendButton: { disabled: true } };
+// 1.74's "+" (add menu) offers attaching files and a tools menu: the demo has neither, and the
+// button stood there disabled, without a label. The slot renders nothing instead.
+const NO_ADD_MENU = () => null;
+const INPUT = { addMenuButton: NO_ADD_MENU };
+const INPUT_WHILE_APPROVAL_PENDING = { ...INPUT, textArea: { disabled: true }, sendButton: { disabled: true } };
 
 // 1.74's chat renders assistant markdown with Streamdown, whose default plugins make raw HTML
 // in a message real elements (scripts stripped, but an outside image is fetched as the thread
@@ -162,7 +169,7 @@ function Chat({ address, setAccent, onRunFinished, showError, reload, reconnect 
         threadId={address.threadId}
         labels={{ chatInputPlaceholder: "Ask the demo…" }}
         messageView={MESSAGE_VIEW}
-        input={approvalPending ? INPUT_WHILE_APPROVAL_PENDING : undefined}
+        input={approvalPending ? INPUT_WHILE_APPROVAL_PENDING : INPUT}
         onError={onError}
       />
     </div>

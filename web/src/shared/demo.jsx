@@ -23,23 +23,79 @@ const newThreadId = () => {
   return id;
 };
 
-// The agent and thread live in the address (?agent=&thread=), so a reload keeps them.
+// The agent and thread the address names (?agent=&thread=); a new thread when it names none.
+function readAddress() {
+  const query = new URLSearchParams(window.location.search);
+  const agent = AGENTS.some((a) => a.id === query.get("agent")) ? query.get("agent") : "default";
+  return { agent, threadId: query.get("thread") || newThreadId() };
+}
+
+// The agent the runtime lists the thread under (GET /threads gives each thread's agent), or
+// null: looked for in the newest threads of all agents, a few pages at most.
+async function listedAgent(threadId) {
+  let cursor = null;
+  for (let pages = 0; pages < 4; pages += 1) {
+    const query = new URLSearchParams({ limit: "500", ...(cursor ? { cursor } : {}) });
+    const response = await fetch(`${RUNTIME_URL}/threads?${query}`);
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    const page = await response.json();
+    const found = page.threads.find((t) => t.id === threadId);
+    if (found || !page.nextCursor) return found?.agentId ?? null;
+    cursor = page.nextCursor;
+  }
+  return null;
+}
+
+// The agent and thread live in the address (?agent=&thread=), so a reload keeps them. What
+// the person chooses (a thread, a new thread, an agent) is a step in the browser's history,
+// so Back and Forward go through them; the address read again then. An address naming a
+// thread the runtime lists under another agent (edited by hand, or from before) is shown as
+// that agent's: under the one named, the chat would mix in that agent's messages.
 export function useThreadAddress() {
-  const read = () => {
-    const query = new URLSearchParams(window.location.search);
-    const agent = AGENTS.some((a) => a.id === query.get("agent")) ? query.get("agent") : "default";
-    return { agent, threadId: query.get("thread") || newThreadId() };
-  };
-  const [address, setAddress] = useState(read);
+  const [address, setAddress] = useState(readAddress);
+  // Whether the next change of the address is the person's (a step in the history) or the
+  // page's own (the address completed or corrected in place).
+  const chosen = useRef(false);
+  // The address came from the location (opened, or Back/Forward): its agent is checked.
+  const [fromLocation, setFromLocation] = useState(1);
+  const shown = useRef(address);
   useEffect(() => {
-    const query = new URLSearchParams({ agent: address.agent, thread: address.threadId });
-    window.history.replaceState(null, "", `${window.location.pathname}?${query}`);
+    shown.current = address;
+    const search = `?${new URLSearchParams({ agent: address.agent, thread: address.threadId })}`;
+    const push = chosen.current;
+    chosen.current = false;
+    if (window.location.search === search) return; // Back/Forward: the browser is there already
+    window.history[push ? "pushState" : "replaceState"](null, "", `${window.location.pathname}${search}`);
   }, [address]);
+  useEffect(() => {
+    const onPopState = () => {
+      chosen.current = false;
+      setAddress(readAddress());
+      setFromLocation((n) => n + 1);
+    };
+    window.addEventListener("popstate", onPopState);
+    return () => window.removeEventListener("popstate", onPopState);
+  }, []);
+  useEffect(() => {
+    const { agent, threadId } = address;
+    if (startedHere.has(threadId)) return undefined;
+    let cancelled = false;
+    const movedOn = () => cancelled || shown.current.threadId !== threadId || shown.current.agent !== agent;
+    retried(() => listedAgent(threadId), movedOn).then((listed) => {
+      if (movedOn() || !listed || listed === agent || !AGENTS.some((a) => a.id === listed)) return;
+      setAddress((a) => (a.threadId === threadId && a.agent === agent ? { agent: listed, threadId } : a));
+    });
+    return () => { cancelled = true; };
+  }, [fromLocation]); // eslint-disable-line react-hooks/exhaustive-deps
+  const choose = (change) => {
+    chosen.current = true;
+    setAddress(change);
+  };
   return {
     ...address,
-    selectAgent: (agent) => setAddress({ agent, threadId: newThreadId() }),
-    selectThread: (threadId, agent) => setAddress((a) => ({ agent: agent || a.agent, threadId })),
-    newThread: () => setAddress((a) => ({ ...a, threadId: newThreadId() })),
+    selectAgent: (agent) => choose({ agent, threadId: newThreadId() }),
+    selectThread: (threadId, agent) => choose((a) => ({ agent: agent || a.agent, threadId })),
+    newThread: () => choose((a) => ({ ...a, threadId: newThreadId() })),
   };
 }
 
@@ -383,10 +439,31 @@ export async function deadlineAnswered(agentId, threadId) {
   }
 }
 
+// Gives the keyboard's focus to the chat's input (`selector`) once it can take it: the answer's
+// run may keep it disabled, or a remount replace it, for a while. Only while the focus is
+// nowhere (on the page's body, or a button the answer disabled): a question shown meanwhile,
+// or whatever the person moved to, keeps it.
+function focusChatInput(selector) {
+  let tries = 0;
+  const attempt = () => {
+    const focused = document.activeElement;
+    if (focused && focused !== document.body && !focused.disabled) return;
+    const input = document.querySelector(selector);
+    if (input && !input.disabled) input.focus();
+    else if (tries < 100) {
+      tries += 1;
+      setTimeout(attempt, 100);
+    }
+  };
+  setTimeout(attempt, 0); // after the panel's own removal or disabling took the focus away
+}
+
 // Approve, revise with feedback (as often as wanted), or reject. `answer` gets
 // {action: "approve" | "revise" | "reject", feedback?}. At its deadline the buttons go off
-// and `onExpired` is called.
-export function ApprovalPanel({ value, answer, expiresAt, onExpired }) {
+// and `onExpired` is called. A question shown takes the keyboard's focus (its feedback box);
+// once answered, timed out or gone, the focus goes back to the chat's input (`chatInput`, a
+// selector): a keyboard's user would otherwise be left on the page's body.
+export function ApprovalPanel({ value, answer, expiresAt, onExpired, chatInput }) {
   const request = describeRequest(value);
   if (expiresAt) request.expiresAt = expiresAt;
   const [feedback, setFeedback] = useState("");
@@ -396,6 +473,15 @@ export function ApprovalPanel({ value, answer, expiresAt, onExpired }) {
   useEffect(() => { if (expired) onExpired?.(); }, [expired]); // eslint-disable-line react-hooks/exhaustive-deps
   const closed = sent || expired;
   const send = (decision) => { setSent(true); answer(decision); };
+  const feedbackBox = useRef(null);
+  const closedAtMount = useRef(closed);
+  useEffect(() => {
+    if (!closedAtMount.current) feedbackBox.current?.focus();
+    return () => focusChatInput(chatInput);
+  }, []); // eslint-disable-line react-hooks/exhaustive-deps
+  useEffect(() => {
+    if (closed && !closedAtMount.current) focusChatInput(chatInput);
+  }, [closed]); // eslint-disable-line react-hooks/exhaustive-deps
   return (
     <div className="approval" data-testid="approval-panel" data-kind={request.kind}>
       <div className="approval-title">{request.title}</div>
@@ -406,7 +492,7 @@ export function ApprovalPanel({ value, answer, expiresAt, onExpired }) {
           {expired ? "Timed out" : `Answer within ${secondsLeft} s (then it times out)`}
         </p>
       )}
-      <textarea data-testid="approval-feedback" placeholder="What should change?"
+      <textarea ref={feedbackBox} data-testid="approval-feedback" placeholder="What should change?"
                 value={feedback} onChange={(e) => setFeedback(e.target.value)} disabled={closed} />
       <div className="approval-buttons">
         <button type="button" data-testid="approve" disabled={closed}
