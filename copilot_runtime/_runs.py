@@ -181,6 +181,8 @@ class ActiveRun:
         self.events: list[Event] = []
         #: About how many bytes the agent's events take (`estimated_size`), bounded.
         self._kept_bytes = 0
+        #: The estimated size of the run's start (its input), once weighed (`_large`).
+        self._start_bytes: int | None = None
         self.listeners: list[Follower] = []
         #: The position in the thread of the run's first event (its RUN_STARTED).
         self.first_position = 0
@@ -791,7 +793,9 @@ class ActiveRun:
 
     def _large(self) -> bool:
         """Whether the run is large enough to be compacted (and cut) in a thread."""
-        return self._kept_bytes + estimated_size(self.events[:1]) >= LARGE_JSON
+        if self._start_bytes is None:  # (weighed once: asked twice as every run ends)
+            self._start_bytes = estimated_size(self.events[:1])
+        return self._kept_bytes + self._start_bytes >= LARGE_JSON
 
     async def _storable(self, *, on_loop: bool = False) -> tuple[list[Event], int]:
         """The run's events as its store keeps them (`storable`): never what cannot be
