@@ -30,7 +30,7 @@ from copilot_runtime.events import Event, EventBatches
 from copilot_runtime.testing import verify_events
 from copilot_runtime.testing.scripted import ScriptedAdapter, text_turn
 from copilot_runtime.threads import ThreadStore
-from tests.conftest import Served, ServeRuntime, parse_sse, run_input, types
+from tests.conftest import Served, ServeRuntime, parse_sse, poll, run_input, types
 from tests.hitl_support.postgres import SERVER
 
 TIMEOUT = 120
@@ -426,7 +426,11 @@ async def test_a_large_run_whose_agent_raised_generator_exit_is_stored(
             assert response.status == 200, await response.text()
             with contextlib.suppress(aiohttp.ClientPayloadError):
                 await response.read()
-        messages, stored = await thread_reads(served, "thread-1")
+        # (a large run closing so is stored by a task of its own, just after its end)
+        async for _ in poll(10):
+            messages, stored = await thread_reads(served, "thread-1")
+            if [e["type"] for e in stored].count("RUN_STARTED") == 2:
+                break
         assert [(e["type"], e.get("runId")) for e in stored if e["type"].startswith("RUN_")
                 ] == [("RUN_STARTED", "run-1"), ("RUN_ERROR", None),
                       ("RUN_STARTED", "run-2"), ("RUN_ERROR", None)]
