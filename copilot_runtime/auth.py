@@ -49,10 +49,9 @@ class Principal:
             raise ConfigurationError("A principal needs a non-empty string id")
         # Both name the owner of every thread the principal starts, in every store; held
         # to what a new id is, as a token's claims are (not "." or "..").
-        if self.tenant is not None and (not isinstance(self.tenant, str) or not self.tenant):
-            # (as a token's tenant claim: another type failed every store's write, and ""
-            # read as no tenant in the threads API while it owned apart)
-            raise ConfigurationError("A principal's tenant is a non-empty string or None")
+        if self.tenant is not None and not isinstance(self.tenant, str):
+            # (another type passed, then failed every store's write)
+            raise ConfigurationError("A principal's tenant is a string or None")
         for name, value in (("id", self.id), ("tenant", self.tenant)):
             problem = id_problem(value, new=True) if isinstance(value, str) else None
             if problem is not None:
