@@ -54,6 +54,21 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
                 conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+async def _longest_stall(served: Served, done: Callable[[], bool]) -> tuple[float, int]:
+    """Probe `/health` until `done()`: the longest a probe waited, its sleep counted (the
+    server shares the test's loop: its longest stall), and how many probes answered."""
+    worst, started, probes = 0.0, time.monotonic(), 0
+    while not done():
+        response = await served.session.get(served.url + "/health")
+        assert response.status == 200
+        await response.read()
+        probes += 1
+        await asyncio.sleep(0.02)
+        now = time.monotonic()
+        worst, started = max(worst, now - started), now
+    return worst, probes
+
+
 def short_numbers_body(thread: str = "t1") -> bytes:
     """A body under the 8 MiB body bound whose state's numbers, written short ("1e15"),
     re-encode ~4x longer ("1000000000000000.0"): its run is ~30 MB stored."""
@@ -177,15 +192,7 @@ async def test_cutting_a_large_run_does_not_hold_the_event_loop(
             big = asyncio.create_task(post_run(served, short_numbers_body("big")))
             # The server shares this loop: the longest a probe waits, its sleep counted,
             # is the loop's longest stall.
-            worst, started, probes = 0.0, time.monotonic(), 0
-            while not big.done():
-                response = await served.session.get(served.url + "/health")
-                assert response.status == 200
-                await response.read()
-                probes += 1
-                await asyncio.sleep(0.02)
-                now = time.monotonic()
-                worst, started = max(worst, now - started), now
+            worst, probes = await _longest_stall(served, big.done)
             await big
             assert probes > 1
             # Generous: the run's own stages on the loop (its echo's encoding, the state in
@@ -562,15 +569,8 @@ async def test_a_large_run_closing_on_generator_exit_is_cut_off_the_event_loop(
 
             ran = asyncio.create_task(run())
             # The server shares this loop: the longest a probe waits is the loop's stall.
-            worst, started, probes = 0.0, time.monotonic(), 0
-            while not ran.done() or runtime.is_running("thread-1"):
-                response = await served.session.get(served.url + "/health")
-                assert response.status == 200
-                await response.read()
-                probes += 1
-                await asyncio.sleep(0.02)
-                now = time.monotonic()
-                worst, started = max(worst, now - started), now
+            worst, probes = await _longest_stall(
+                served, lambda: ran.done() and not runtime.is_running("thread-1"))
             await ran
             assert probes > 1
             assert worst < slow / 2, f"the loop stalled {worst:.2f} s"
