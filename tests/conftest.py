@@ -35,6 +35,18 @@ settings.register_profile("explore", database=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
+@contextlib.contextmanager
+def _no_signals_captured(self: uvicorn.Server) -> Iterator[None]:
+    yield
+
+
+# The servers a test starts in this process take no signals: each set uvicorn's SIGINT and
+# SIGTERM handlers and put back the ones it found when it ended, so servers that overlap and
+# end out of order left one behind. A process forked later inherited it and ignored SIGTERM
+# (a supervisor's test then waited for ever on a worker it had stopped).
+uvicorn.Server.capture_signals = _no_signals_captured  # type: ignore[method-assign]
+
+
 @pytest.fixture
 async def llm() -> AsyncIterator[MockOpenAIServer]:
     async with MockOpenAIServer(chunks=5) as server:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from copilot_runtime import _serving
+from tests.conftest import uvicorn_serving
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -200,3 +202,24 @@ def test_a_restart_waits_for_a_slow_start_without_leaving_answers_behind() -> No
     finally:
         new.kill()
         new.join()
+
+
+async def _app(scope: Any, receive: Any, send: Any) -> None:
+    while (await receive())["type"] == "lifespan.startup":
+        await send({"type": "lifespan.startup.complete"})
+    await send({"type": "lifespan.shutdown.complete"})
+
+
+async def test_servers_of_earlier_tests_leave_no_signal_handler_for_workers_to_inherit(
+        ) -> None:
+    """Before: two servers of a test ending in the order they started (not the reverse) put
+    back each other's handlers, leaving uvicorn's SIGTERM handler in the test process; a
+    worker forked later by a test above inherited it, and `terminate()` left it serving (the
+    restart's test waited on it until its time limit, once in CI)."""
+    first = uvicorn_serving(_app)
+    second = uvicorn_serving(_app)
+    await first.__aenter__()
+    await second.__aenter__()
+    await first.__aexit__(None, None, None)
+    await second.__aexit__(None, None, None)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
