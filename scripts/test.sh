@@ -31,7 +31,7 @@ if command -v redis-cli >/dev/null && ! redis-cli -h 127.0.0.1 ping >/dev/null 2
     redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
         --dir /var/lib/redis --logfile /var/log/redis/ci.log || true
 fi
-# Two processes, each taking whole test files (module fixtures are set up once): the tests
-# mostly wait, so one process used about a third of the machine's two cores. `-n 0` (given
-# after) runs in one.
-exec .venv/bin/python -m pytest -q -n "${TEST_PROCESSES:-2}" --dist loadfile "$@"
+# Three processes, each taking whole test files (module fixtures are set up once): the tests
+# mostly wait on sockets and timers, so two processes kept the machine's two cores less than
+# half busy (user + system time ~43 % of 2 x wall). `-n 0` (given after) runs in one.
+exec .venv/bin/python -m pytest -q -n "${TEST_PROCESSES:-3}" --dist loadfile "$@"
