@@ -135,6 +135,9 @@ class DemoPage {
   }
 
   async send(text, { wait = true } = {}) {
+    // (1.10.6 ignores Enter while a request of its own is in flight: a step that began as
+    // the last answer's words were shown, before its run had ended, sent nothing under load)
+    await this.idle();
     const input = this.page.locator(this.ui.input);
     await input.fill(text);
     await input.press("Enter");
