@@ -3,22 +3,30 @@
 A scripted loopback upstream (`test_hostile_providers`) ends an answer at the token limit
 (OpenAI `length`, Anthropic `max_tokens`, Gemini `MAX_TOKENS`): with nothing said (every token
 went to reasoning), in the middle of a tool call's arguments, or after some text. Anthropic's
-`pause_turn` is not an end either. And text that arrives in the same read as a mid-stream
+`pause_turn` is not an end either, and LangChain chat models' own stop reasons (ChatAnthropic's
+`max_tokens`/`refusal`, ChatGoogleGenerativeAI's `MAX_TOKENS`/`SAFETY`) mean what the direct
+adapters make of them. And text that arrives in the same read as a mid-stream
 error event reaches the client and the thread before the error, worded as the direct routes
 word it on the SDK routes too.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
 import pytest
+from ag_ui.core import UserMessage
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessageChunk
+from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
-from copilot_runtime import CopilotRuntime, action
+from copilot_runtime import CopilotRuntime, LangChainAdapter, action
 from copilot_runtime._exceptions import UpstreamError
 from copilot_runtime.adapters.anthropic import AnthropicAdapter
-from copilot_runtime.adapters.base import ChatRequest, TextDelta
+from copilot_runtime.adapters.base import ChatRequest, StreamEnd, TextDelta
 from tests.conftest import ServeRuntime, run_input, text_of, types
 from tests.test_hostile_providers import (
     AN_START,
@@ -219,3 +227,94 @@ async def test_anthropic_sdk_event_route_words_a_mid_stream_error_as_the_direct_
             await adapter.aclose()
     assert failure == SAID["anthropic"]
     assert text == ["Here is"]
+
+
+# ---- LangChain: each integration's own words for why an answer ended -------------------------
+
+
+class _ScriptedChatModel(BaseChatModel):
+    """A stand-in for langchain-anthropic's ChatAnthropic and langchain-google-genai's
+    ChatGoogleGenerativeAI (not installed here): it streams the chunks they yield, whose
+    `response_metadata` holds the provider's own stop reason (`stop_reason` "max_tokens" or
+    "refusal"; `finish_reason` "SAFETY", "MAX_TOKENS", ... as Gemini's enum names)."""
+
+    script: list[AIMessageChunk]
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def bind_tools(self, tools: Any, **_: Any) -> Any:
+        return self
+
+    def _generate(self, *_: Any, **__: Any) -> ChatResult:
+        raise NotImplementedError
+
+    async def _astream(self, *_: Any, **__: Any) -> AsyncIterator[ChatGenerationChunk]:
+        for chunk in self.script:
+            yield ChatGenerationChunk(message=chunk)
+
+
+LC_USAGE = {"input_tokens": 3, "output_tokens": 5, "total_tokens": 8}
+LC_CALL = [AIMessageChunk(content=[], tool_call_chunks=[tool_call_chunk(
+               name="setColor", args="", id="toolu_1", index=0)]),
+           AIMessageChunk(content=[], tool_call_chunks=[tool_call_chunk(
+               name=None, args='{"c": "re', id=None, index=0)])]
+
+
+def lc_end(metadata: dict[str, Any]) -> AIMessageChunk:
+    return AIMessageChunk(content="", response_metadata=metadata, usage_metadata=LC_USAGE)
+
+
+#: Provider-native reasons → the runtime's (as the direct adapters map them).
+LC_REASONS: dict[str, tuple[dict[str, Any], str]] = {
+    "anthropic end_turn": ({"stop_reason": "end_turn"}, "stop"),
+    "anthropic max_tokens": ({"stop_reason": "max_tokens"}, "length"),
+    "anthropic refusal": ({"stop_reason": "refusal"}, "content_filter"),
+    "google STOP": ({"finish_reason": "STOP"}, "stop"),
+    "google MAX_TOKENS": ({"finish_reason": "MAX_TOKENS"}, "length"),
+    **{f"google {reason}": ({"finish_reason": reason}, "content_filter")
+       for reason in ("SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII")},
+    "bedrock guardrail_intervened": ({"stopReason": "guardrail_intervened"},
+                                     "content_filter"),
+    "ollama length": ({"done_reason": "length"}, "length"),
+    "openai length": ({"finish_reason": "length"}, "length"),
+    "openai content_filter": ({"finish_reason": "content_filter"}, "content_filter"),
+}
+
+
+@pytest.mark.parametrize("case", LC_REASONS)
+async def test_langchain_provider_stop_reasons_are_the_runtimes(case: str) -> None:
+    """Before: passed through as they were ("max_tokens", "refusal", "SAFETY"), which the
+    agent does not know: a cut or filtered answer looked finished. Now each is `length`,
+    `content_filter` or `stop`, as the direct adapters say (OpenAI's pass as they are)."""
+    metadata, expected = LC_REASONS[case]
+    model = _ScriptedChatModel(script=[AIMessageChunk(content="Here is"), lc_end(metadata)])
+    deltas = [d async for b in LangChainAdapter(model).stream(ChatRequest(
+        messages=[UserMessage(id="u", content="hi")])) for d in b]
+    assert deltas[-1] == StreamEnd(expected, {"prompt_tokens": 3, "completion_tokens": 5,
+                                              "total_tokens": 8})
+
+
+async def test_a_langchain_call_cut_at_anthropics_max_tokens_fails_the_run(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: TOOL_CALL_END and RUN_FINISHED: the client ran a call with broken JSON. Now
+    OUTPUT_TRUNCATED, as through the direct Anthropic adapter."""
+    model = _ScriptedChatModel(script=[*LC_CALL, lc_end({"stop_reason": "max_tokens"})])
+    async with serve_runtime(CopilotRuntime(service_adapter=LangChainAdapter(model))) \
+            as served:
+        events = await run(served, run_input("paint", tools=[SET_COLOR]))
+    assert "'setColor'" in truncated(events)
+
+
+@pytest.mark.parametrize("metadata", [{"finish_reason": "SAFETY"}, {"stop_reason": "refusal"}])
+async def test_a_langchain_answer_withheld_whole_is_content_filtered(
+        serve_runtime: ServeRuntime, metadata: dict[str, Any]) -> None:
+    """Before: RUN_STARTED, RUN_FINISHED: an empty answer that looked complete, where the
+    direct Gemini and Anthropic adapters say CONTENT_FILTERED. Now CONTENT_FILTERED too."""
+    model = _ScriptedChatModel(script=[lc_end(metadata)])
+    async with serve_runtime(CopilotRuntime(service_adapter=LangChainAdapter(model))) \
+            as served:
+        events = await run(served, run_input("hi"))
+    assert types(events) == ["RUN_STARTED", "RUN_ERROR"], events
+    assert events[-1]["code"] == "CONTENT_FILTERED", events[-1]

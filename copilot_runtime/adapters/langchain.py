@@ -4,7 +4,9 @@ The model is streamed with `astream`, tools bound with `bind_tools` (in the Open
 format, which every integration accepts), and its tool-call chunks merged by index (or by id,
 for integrations that send whole calls without one). LangChain streams carry no terminal
 event: the end of the iterator is the end of the answer, and the finish reason is read from
-the chunks' metadata when the integration reports one.
+the chunks' metadata when the integration reports one, in the runtime's words (ChatAnthropic's
+`max_tokens` and ChatGoogleGenerativeAI's `SAFETY` are `length` and `content_filter`, as
+through the direct adapters).
 
 Per-request model settings LangChain cannot apply generically (a different model, temperature
 or token limit) are refused with a clear error; `stop` and `tool_choice` are applied. The
@@ -141,10 +143,9 @@ class LangChainAdapter:
                                                  call.get("args") or ""))
                     elif call.get("args"):
                         out.append(ToolCallDelta(index, None, None, call.get("args") or ""))
-                reason = (chunk.response_metadata or {}).get("finish_reason") \
-                    or (chunk.response_metadata or {}).get("stop_reason")
+                reason = _finish_reason(chunk.response_metadata)
                 if reason:
-                    finish = str(reason)
+                    finish = reason
                 if chunk.usage_metadata:
                     tokens = dict(chunk.usage_metadata)
                 if out:
@@ -157,6 +158,32 @@ class LangChainAdapter:
             finish = "tool_calls" if calls else "stop"
         yield [StreamEnd(finish, usage(tokens.get("input_tokens"), tokens.get("output_tokens"))
                          if tokens else None)]
+
+
+#: The integrations' own stop reasons → the runtime's, as the direct adapters map them:
+#: Anthropic's and Bedrock's (ChatAnthropic's `stop_reason`, ChatBedrockConverse's
+#: `stopReason`), Gemini's enum names (ChatGoogleGenerativeAI's `finish_reason`). OpenAI's,
+#: and Ollama's `done_reason`, are the runtime's words already; others pass as they are.
+_FINISH_REASONS = {
+    "end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls",
+    "max_tokens": "length", "refusal": "content_filter",
+    "guardrail_intervened": "content_filter", "content_filtered": "content_filter",
+    "STOP": "stop", "MAX_TOKENS": "length", **dict.fromkeys((
+        "SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY",
+        "IMAGE_PROHIBITED_CONTENT", "IMAGE_RECITATION", "MODEL_ARMOR"), "content_filter"),
+}
+_REASON_KEYS = ("finish_reason", "stop_reason", "stopReason", "done_reason")
+
+
+def _finish_reason(metadata: dict[str, Any] | None) -> str | None:
+    """The runtime's finish reason for the one a chunk's `response_metadata` reports."""
+    if not metadata:  # (most chunks: text pieces)
+        return None
+    for key in _REASON_KEYS:
+        reason = metadata.get(key)
+        if reason:
+            return _FINISH_REASONS.get(str(reason), str(reason))
+    return None
 
 
 def _upstream_error(exc: Exception) -> UpstreamError:
