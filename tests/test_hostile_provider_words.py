@@ -6,7 +6,8 @@ the runtime sent it (32 hex characters: an Azure-style key no pattern knows). On
 (direct and SDK) of OpenAI, Anthropic and Gemini, the client's `RUN_ERROR` (and the GraphQL
 `FailedResponseStatus`) and the stored thread must hold no trace, no key, and at most about
 500 characters of the upstream's words. Also: parallel tool calls sharing one `index`
-(Ollama), refusals and content-filtered answers, and the codes of Anthropic's broken streams.
+(Ollama; also through LangChain's ChatOpenAI), refusals and content-filtered answers, and the
+codes of Anthropic's broken streams.
 """
 
 from __future__ import annotations
@@ -176,13 +177,17 @@ SHARED_INDEX: dict[str, list[Step]] = {
 }
 
 
-@pytest.mark.parametrize("case", SHARED_INDEX)
+@pytest.mark.parametrize(("case", "transport"), [
+    *((case, "direct") for case in SHARED_INDEX),
+    # (ChatOpenAI drops tool calls without an index: no "no index" case)
+    *((case, "langchain") for case in SHARED_INDEX if case != "no index")])
 async def test_parallel_tool_calls_sharing_one_index_stay_two_calls(
-        serve_runtime: ServeRuntime, case: str) -> None:
+        serve_runtime: ServeRuntime, case: str, transport: str) -> None:
     """Before: one call c1 with arguments `{"c":"red"}{"c":"blue"}` (no client parses it), and
-    c2 lost."""
+    c2 lost (through LangChain's ChatOpenAI too, whose calls were keyed by index alone). Now
+    a new id at an index in use starts a new call."""
     script = [HEAD, *SHARED_INDEX[case], oa_finish("tool_calls"), OA_DONE]
-    async with hostile(serve_runtime, "openai", script) as (served, _):
+    async with hostile(serve_runtime, "openai", script, transport=transport) as (served, _):
         events = await run(served, run_input("paint", thread="t-shared", tools=[SET_COLOR]))
         stored = await (await served.session.get(
             served.url + "/threads/t-shared/messages")).json()
@@ -193,15 +198,16 @@ async def test_parallel_tool_calls_sharing_one_index_stay_two_calls(
     assert [c["id"] for c in assistant["toolCalls"]] == ["c1", "c2"]
 
 
+@pytest.mark.parametrize("transport", ["direct", "langchain"])
 async def test_a_call_whose_id_comes_again_with_each_piece_stays_one_call(
-        serve_runtime: ServeRuntime) -> None:
+        serve_runtime: ServeRuntime, transport: str) -> None:
     """Regression guard (passes on the old code too): an id repeated in every delta of one
     call does not split it."""
     script: list[Step] = [HEAD, oa_tool(0, "c1", "setColor", '{"c":'),
                           oa_tool(0, "c1", None, '"red"}'), oa_tool(1, "c2", "setColor", ""),
                           oa_tool(1, "c2", None, '{"c":"blue"}'),
                           oa_finish("tool_calls"), OA_DONE]
-    async with hostile(serve_runtime, "openai", script) as (served, _):
+    async with hostile(serve_runtime, "openai", script, transport=transport) as (served, _):
         events = await run(served, run_input("paint", tools=[SET_COLOR]))
     assert tool_calls(events) == {"c1": ("setColor", {"c": "red"}),
                                   "c2": ("setColor", {"c": "blue"})}

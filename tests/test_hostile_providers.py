@@ -5,7 +5,8 @@ A raw loopback upstream answers each request with a script of bytes, pauses and 
 served by uvicorn. Covered: fields of the wrong type (a number where text belongs), chunks of
 an unexpected shape, token counts that are strings, bytes that are not UTF-8, a thought
 signature that is not base64, interleaved parallel tool calls, a tool call whose name comes in
-a later delta, CRLF-framed SSE, and a reset of a body delimited by the connection's close.
+a later delta (also through LangChain's ChatOpenAI), CRLF-framed SSE, and a reset of a body
+delimited by the connection's close.
 Every client stream must pass `verify_events`.
 """
 
@@ -19,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -209,6 +211,15 @@ ANSWER = {"openai": oa_answer, "anthropic": an_answer, "google": gm_answer}
 
 def make_adapter(provider: str, url: str, transport: str, api_key: str | None = None,
                  **options: Any) -> ServiceAdapter:
+    if transport == "langchain":  # LangChain's ChatOpenAI (langchain-openai), OpenAI's wire
+        from langchain_openai import ChatOpenAI
+
+        from copilot_runtime import LangChainAdapter
+
+        assert provider == "openai", provider
+        return LangChainAdapter(ChatOpenAI(
+            model="gpt-4o", base_url=url + "/v1", api_key=api_key or "sk-mock",  # type: ignore[arg-type]
+            max_retries=0, timeout=10, stream_usage=True, **options))
     options = {"max_retries": 0, "timeout": 10, "transport": transport, **options}
     if provider == "openai":
         return OpenAIAdapter(base_url=url + "/v1", api_key=api_key or "sk-mock", **options)
@@ -222,7 +233,12 @@ async def hostile(serve_runtime: ServeRuntime, provider: str, *scripts: list[Ste
                   transport: str = "direct", **options: Any
                   ) -> AsyncIterator[tuple[Served, ScriptedUpstream]]:
     """The runtime served in front of a `ScriptedUpstream`; `options` go to the adapter."""
-    async with asyncio.timeout(TIMEOUT_S), ScriptedUpstream(*scripts) as upstream:
+    async with asyncio.timeout(TIMEOUT_S), ScriptedUpstream(*scripts) as upstream, \
+            contextlib.AsyncExitStack() as owned:
+        if transport == "langchain":
+            # A client of its own, closed here: langchain-openai's default one is cached for
+            # the whole process, and a later test's upstream may reuse this one's port.
+            options["http_async_client"] = await owned.enter_async_context(httpx.AsyncClient())
         runtime = CopilotRuntime(service_adapter=make_adapter(provider, upstream.url,
                                                               transport, **options))
         async with serve_runtime(runtime) as served:
@@ -427,9 +443,12 @@ async def test_sequential_tool_calls_keep_their_order(serve_runtime: ServeRuntim
 # ---- D: a tool call's name in a later delta --------------------------------------------------
 
 
-@pytest.mark.parametrize("transport", ["direct", "sdk"])
+@pytest.mark.parametrize("transport", ["direct", "sdk", "langchain"])
 async def test_a_tool_name_in_a_later_delta_calls_that_frontend_tool(
         serve_runtime: ServeRuntime, transport: str) -> None:
+    """Before, through LangChain (ChatOpenAI): the name was taken from the call's first
+    piece only: announced as toolCallName "", run server-side as "there is no tool named
+    ''", the frontend tool never ran. Now the name that comes later is the call's."""
     script: list[Step] = [HEAD, oa_tool(0, "c1"), oa_tool(0, name="setColor"),
                           oa_tool(0, arguments='{"c":"red"}'), oa_finish("tool_calls"), OA_DONE]
     async with hostile(serve_runtime, "openai", script, oa_answer("the model again"),

@@ -1,8 +1,9 @@
 """Any LangChain chat model (`BaseChatModel`): every provider LangChain has an integration for.
 
 The model is streamed with `astream`, tools bound with `bind_tools` (in the OpenAI function
-format, which every integration accepts), and its tool-call chunks merged by index (or by id,
-for integrations that send whole calls without one). LangChain streams carry no terminal
+format, which every integration accepts), and its tool-call chunks merged by index (a new id
+at an index in use starting a new call, a name in a later piece kept), or by id for
+integrations that send whole calls without an index. LangChain streams carry no terminal
 event: the end of the iterator is the end of the answer, and the finish reason is read from
 the chunks' metadata when the integration reports one, in the runtime's words (ChatAnthropic's
 `max_tokens` and ChatGoogleGenerativeAI's `SAFETY` are `length` and `content_filter`, as
@@ -121,7 +122,7 @@ class LangChainAdapter:
         if request.system_prompt:
             messages.insert(0, LCSystemMessage(content=request.system_prompt))
         options = {"stop": request.stop} if request.stop else {}
-        calls: dict[Any, int] = {}
+        calls = _CallPieces()
         finish: str | None = None
         tokens: dict[str, Any] | None = None
         try:
@@ -133,16 +134,10 @@ class LangChainAdapter:
                 if text:
                     out.append(TextDelta(text))
                 for call in chunk.tool_call_chunks:
-                    key: Any = call.get("index")
-                    if key is None:
-                        key = call.get("id") or len(calls)
-                    index = calls.get(key)
-                    if index is None:
-                        index = calls[key] = len(calls)
-                        out.append(ToolCallDelta(index, call.get("id"), call.get("name") or "",
-                                                 call.get("args") or ""))
-                    elif call.get("args"):
-                        out.append(ToolCallDelta(index, None, None, call.get("args") or ""))
+                    name, arguments = call.get("name"), call.get("args") or ""
+                    index, new = calls.place(call.get("index"), call.get("id"))
+                    if new or name or arguments:  # (a name may come after the first piece)
+                        out.append(ToolCallDelta(index, call.get("id"), name, arguments))
                 reason = _finish_reason(chunk.response_metadata)
                 if reason:
                     finish = reason
@@ -155,9 +150,34 @@ class LangChainAdapter:
         except Exception as exc:  # integrations raise their provider SDK's errors
             raise _upstream_error(exc) from None
         if finish is None:
-            finish = "tool_calls" if calls else "stop"
+            finish = "tool_calls" if calls.count else "stop"
         yield [StreamEnd(finish, usage(tokens.get("input_tokens"), tokens.get("output_tokens"))
                          if tokens else None)]
+
+
+class _CallPieces:
+    """Which call each tool-call piece belongs to. By the integration's `index`, but a new id
+    at an index in use starts a new call: Ollama gives each of its parallel calls index 0,
+    which merged them into one call with arguments no client parses. Pieces without an index
+    (integrations that send whole calls) are told apart by id, or are each a call."""
+
+    __slots__ = ("by_key", "count")
+
+    def __init__(self) -> None:
+        self.by_key: dict[Any, tuple[int, str | None]] = {}
+        self.count = 0
+
+    def place(self, index: int | None, call_id: str | None) -> tuple[int, bool]:
+        """Our index of the piece's call, and whether the piece starts it."""
+        key: Any = index if index is not None else (call_id or object())
+        known = self.by_key.get(key)
+        if known is not None and not (call_id and known[1] and call_id != known[1]):
+            if call_id and not known[1]:
+                self.by_key[key] = (known[0], call_id)  # the id came after the first piece
+            return known[0], False
+        self.by_key[key] = (self.count, call_id)
+        self.count += 1
+        return self.count - 1, True
 
 
 #: The integrations' own stop reasons → the runtime's, as the direct adapters map them:
