@@ -397,6 +397,81 @@ async def test_new_text_under_the_id_of_a_held_message_is_judged(
     assert len(llm.requests) == 1  # only the first run reached the model
 
 
+async def _stored(served: Served, thread: str, message_id: str) -> None:
+    """Wait until `served`'s store holds the run of `thread` that brought `message_id` (a
+    run is stored just after its stream ends)."""
+    deadline = time.monotonic() + 10
+    while True:
+        record = await served.runtime.runs.store.summary(thread)
+        if record is not None and message_id in record.message_ids and not record.open_run:
+            return
+        assert time.monotonic() < deadline, record
+        await asyncio.sleep(0.02)
+
+
+def _refusal_of(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The refusal answer of a run's events, as a client sends it back with the history."""
+    start = next(e for e in events if e["type"] == "TEXT_MESSAGE_START")
+    return {"id": start["messageId"], "role": "assistant", "content": text_of(events)}
+
+
+async def test_a_refused_message_sent_back_refuses_no_later_turn(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer, tmp_path: Path) -> None:
+    """Before: a refused message was never kept as judged, so each later turn, which sends
+    it back with the chat's history, was refused again: one refusal ended the chat. Now the
+    thread keeps a mark of the refused message (in its store: another worker sharing it
+    knows it too), and the message, sent back, is neither judged again nor given to the
+    model; the same text as a new message is refused, and so is the refused turn retried."""
+    recorder = Recorder()
+    store = tmp_path / "threads.sqlite3"
+
+    def runtime() -> CopilotRuntime:
+        return openai_runtime(llm, guardrails=[PatternGuardrail(deny=[r"\bpassword\b"]),
+                                               recorder],
+                              thread_store=SQLiteThreadStore(store))
+
+    denied = {"id": "u1", "role": "user", "content": DENIED}
+    async with serve_runtime(runtime()) as first, serve_runtime(runtime()) as second:
+        refused = await first.run(run_input("", thread="lock", run="r1", messages=[denied]))
+        assert text_of(refused) == REFUSAL
+        await _stored(second, "lock", "u1")  # the first worker's run, as the second reads it
+        history = [denied, _refusal_of(refused),
+                   {"id": "u2", "role": "user", "content": "hello"}]
+        events = await second.run(run_input("", thread="lock", run="r2", messages=history))
+        assert types(events)[-1] == "RUN_FINISHED", events
+        assert text_of(events) == "echo: hello", events
+        assert recorder.judged == ["hello"]  # the refused message was not judged again
+        history.append({"id": "a2", "role": "assistant", "content": "echo: hello"})
+        again = [*history, {"id": "u3", "role": "user", "content": DENIED}]
+        events = await second.run(run_input("", thread="lock", run="r3", messages=again))
+        assert text_of(events) == REFUSAL  # the same text as a new message
+        await _stored(first, "lock", "u3")
+        events = await first.run(run_input("", thread="lock", run="r4", messages=[denied]))
+        assert text_of(events) == REFUSAL  # the refused turn, retried
+    assert len(llm.requests) == 1
+    assert "password" not in orjson.dumps(llm.requests).decode()
+
+
+async def test_graphql_a_refused_message_sent_back_refuses_no_later_turn(
+        guarded: Served, llm: MockOpenAIServer) -> None:
+    """GraphQL: before, each turn after a refused one failed with
+    `GUARDRAILS_VALIDATION_FAILED`, as the 1.10 client sends the refused message back. Now
+    the next turn runs, and the model never reads the refused text."""
+    data: dict[str, Any] = {"threadId": "gq-lock", "frontend": {"actions": []},
+                            "metadata": {"requestType": "Chat"},
+                            "messages": [gql_text("u1", "user", DENIED)]}
+    await assert_graphql_refused(guarded, data)
+    data["messages"] += [gql_text("a1", "assistant", REFUSAL), gql_text("u2", "user", "hello")]
+    status, body = await call(guarded, "POST", "", None,
+                              {"query": _GENERATE, "variables": {"data": data}}, GQL)
+    assert status == 200, body
+    result = orjson.loads(body)["data"]["generateCopilotResponse"]
+    assert result["status"] == {"code": "Success"}, result
+    assert "".join(result["messages"][-1]["content"]) == "echo: hello", result
+    assert len(llm.requests) == 1
+    assert "password" not in orjson.dumps(llm.requests).decode()
+
+
 async def test_what_was_let_through_is_not_judged_again_after_a_restart(
         serve_runtime: ServeRuntime, llm: MockOpenAIServer, tmp_path: Path) -> None:
     """Control (passes before and after): the marks live in the thread store, so a restarted
