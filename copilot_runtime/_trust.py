@@ -342,12 +342,14 @@ def _json(text: Any) -> Any:
 
 
 def history_texts(message: Mapping[str, Any]) -> list[tuple[str, list[Any]]]:
-    """The texts of an assistant or tool message (its content, a tool result's `error`, each
-    tool call's name and arguments), each with its mark: JSON values whose strings are
-    judged. A tool call's mark is of its arguments as JSON values, so that a client that
-    parsed and wrote them again sends the same text."""
+    """The texts of an assistant, reasoning or tool message (its content, a tool result's
+    `error`, each tool call's name and arguments), each with its mark: JSON values whose
+    strings are judged. A tool call's mark is of its arguments as JSON values, so that a
+    client that parsed and wrote them again sends the same text. (Reasoning is text an
+    agent may take as input, a graph and a remote agent do: that the thread did not write
+    is judged as any history it did not make.)"""
     role = message.get("role")
-    if role not in ("assistant", "tool"):
+    if role not in ("assistant", "reasoning", "tool"):
         return []
     pieces: list[tuple[str, list[Any]]] = []
     parts = [t for t in texts_of(message.get("content")) if t]
@@ -409,12 +411,12 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
 
     All other client-written text the model or the agent reads and the thread has not let
     through or produced itself is judged at once, as one message with `CLIENT_TEXT` set:
-    `context` entries, tool definitions but `offered` (the runtime's own), assistant turns
-    and tool calls the thread did not make, tool results, messages' `name`s, the strings of
-    `state` (its entries the agent wrote in an earlier run are its own), and a LangGraph
-    interrupt's answers: `forwardedProps.command.resume` (a GraphQL `metaEvents` answer
-    arrives so too) and the payloads of `resume` (AG-UI 1.0's answers, and the approvals
-    service's). Of the rest of `forwardedProps`, only the entries named in `as_input` are
+    `context` entries, tool definitions but `offered` (the runtime's own), assistant turns,
+    reasoning and tool calls the thread did not make, tool results, messages' `name`s, the
+    strings of `state` (its entries the agent wrote in an earlier run are its own), and a
+    LangGraph interrupt's answers: `forwardedProps.command.resume` (a GraphQL `metaEvents`
+    answer arrives so too) and the payloads of `resume` (AG-UI 1.0's answers, and the
+    approvals service's). Of the rest of `forwardedProps`, only the entries named in `as_input` are
     judged, like `state` (the agent takes them as input: `Agent.forwarded_input`). A request
     with nothing new to judge is judged as it is.
 
