@@ -16,6 +16,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jwt
 import orjson
 import pytest
@@ -39,6 +40,7 @@ from copilot_runtime import (
 from copilot_runtime._input import parse_run_input
 from copilot_runtime._runs import RunManager
 from copilot_runtime.agents import BuiltInAgent
+from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.guardrails import latest_user_text
@@ -52,6 +54,7 @@ from copilot_runtime.threads import (
     ThreadRecord,
 )
 from copilot_runtime.workflows.review_loop import ReviewLoop
+from tests.agents_support import graphs
 from tests.conftest import (
     Served,
     ServeRuntime,
@@ -468,6 +471,32 @@ async def test_graphql_a_refused_message_sent_back_refuses_no_later_turn(
     result = orjson.loads(body)["data"]["generateCopilotResponse"]
     assert result["status"] == {"code": "Success"}, result
     assert "".join(result["messages"][-1]["content"]) == "echo: hello", result
+    assert len(llm.requests) == 1
+    assert "password" not in orjson.dumps(llm.requests).decode()
+
+
+async def test_a_refused_message_sent_back_never_reaches_a_graph(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """Before: the follow-up of a refused turn was refused too. Now a LangGraph agent runs
+    it, and neither its graph (its messages snapshot) nor its model gets the refused text."""
+    async with httpx.AsyncClient() as client:
+        runtime = CopilotRuntime(
+            guardrails=[PatternGuardrail(deny=[r"\bpassword\b"])],
+            agents={"chat": LangGraphAgent(name="chat",
+                                           graph=graphs.chat_graph(llm.base_url, client))})
+        denied = {"id": "u1", "role": "user", "content": DENIED}
+        async with serve_runtime(runtime) as served:
+            refused = await served.run(
+                run_input("", thread="lg-lock", run="r1", messages=[denied]), agent="chat")
+            assert text_of(refused) == REFUSAL
+            history = [denied, _refusal_of(refused),
+                       {"id": "u2", "role": "user", "content": "hello"}]
+            events = await served.run(
+                run_input("", thread="lg-lock", run="r2", messages=history), agent="chat")
+    assert text_of(events) == "echo: hello", events
+    snapshots = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"]
+    assert snapshots
+    assert "password" not in orjson.dumps(snapshots).decode()
     assert len(llm.requests) == 1
     assert "password" not in orjson.dumps(llm.requests).decode()
 
