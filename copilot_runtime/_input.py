@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -57,6 +57,15 @@ class RunInput:
             else:
                 raw[key] = dumped[key]
         return RunInput(model, raw, self.transient)
+
+    def without_messages(self, indices: Collection[int]) -> RunInput:
+        """A copy without the messages at `indices` (of `messages`, which the model holds
+        in the same order as the JSON), in the model and in the JSON alike."""
+        kept = [m for i, m in enumerate(self.model.messages) if i not in indices]
+        raw = dict(self.raw)
+        raw["messages"] = [m for i, m in enumerate(self.raw.get("messages") or ())
+                           if i not in indices]
+        return RunInput(self.model.model_copy(update={"messages": kept}), raw, self.transient)
 
 
 def parse_json_body(body: bytes) -> Any:

@@ -47,7 +47,12 @@ from copilot_runtime.guardrails import (
 from copilot_runtime.hooks import ErrorInfo, HookRunner, RunFinished
 from copilot_runtime.limits import Lease, RateLimiter
 from copilot_runtime.telemetry import Telemetry
-from copilot_runtime.threads.base import JUDGED_MARK_PREFIX, Positioned, ThreadOwner
+from copilot_runtime.threads.base import (
+    JUDGED_MARK_PREFIX,
+    REFUSED_MARK_PREFIX,
+    Positioned,
+    ThreadOwner,
+)
 
 __all__ = ["Host", "may_approve", "replay_visible", "start_run", "thread_owner"]
 
@@ -251,6 +256,45 @@ def judged_mark(message: dict[str, Any]) -> str:
     return _mark(message.get("role"), message.get("content"))
 
 
+def refused_mark(message: Mapping[str, Any]) -> str:
+    """What a thread keeps, among its message ids, of a client message its guardrails
+    refused: a digest of the message's id, role and content, so that it is neither judged
+    again nor given to the agent when clients send it back with the chat's history, while
+    the same text as a new message (another id) is judged again. Its prefix and digest are
+    not a `judged_mark`'s: it never passes for text let through."""
+    digest = hashlib.blake2b(orjson.dumps(
+        ["refused", message.get("id"), message.get("role"), message.get("content")],
+        default=str), digest_size=16).hexdigest()
+    return REFUSED_MARK_PREFIX + digest
+
+
+def _called_ids(messages: Sequence[Any]) -> set[Any]:
+    return {call["id"] for message in messages if isinstance(message, dict)
+            and message.get("role") == "assistant" and isinstance(message.get("toolCalls"), list)
+            for call in message["toolCalls"]
+            if isinstance(call, dict) and isinstance(call.get("id"), str)}
+
+
+def _judged_as_users(message: Mapping[str, Any], called: Collection[Any]) -> bool:
+    """Whether `message` is judged as the user's words: a client-written role, or a tool
+    result no call of the history asked for (`paired_tool_calls` shows the model it as the
+    user's)."""
+    role = message.get("role")
+    return role in _CLIENT_ROLES or (role == "tool" and message.get("toolCallId") not in called)
+
+
+def refused_before(messages: Sequence[Any], seen: Collection[str]) -> set[int]:
+    """The indices of the client messages of `messages` the thread refused in an earlier run
+    (their `refused_mark` is in `seen`): sent back as the chat's history, they are left out
+    of the agent's input, and not judged (judged, the chat was refused for good). The last
+    such message is not among them: a turn sent again with nothing after it (a retry) is
+    judged, and refused, again."""
+    called = _called_ids(messages)
+    users = [i for i, m in enumerate(messages)
+             if isinstance(m, dict) and _judged_as_users(m, called)]
+    return {i for i in users[:-1] if refused_mark(messages[i]) in seen}
+
+
 class _Walk:
     """Collects the strings of JSON values, keys too (a schema's property names and
     descriptions are text the model reads), within `_DEEPEST` levels and `_MOST_VALUES`
@@ -298,12 +342,14 @@ def _json(text: Any) -> Any:
 
 
 def history_texts(message: Mapping[str, Any]) -> list[tuple[str, list[Any]]]:
-    """The texts of an assistant or tool message (its content, a tool result's `error`, each
-    tool call's name and arguments), each with its mark: JSON values whose strings are
-    judged. A tool call's mark is of its arguments as JSON values, so that a client that
-    parsed and wrote them again sends the same text."""
+    """The texts of an assistant, reasoning or tool message (its content, a tool result's
+    `error`, each tool call's name and arguments), each with its mark: JSON values whose
+    strings are judged. A tool call's mark is of its arguments as JSON values, so that a
+    client that parsed and wrote them again sends the same text. (Reasoning is text an
+    agent may take as input, a graph and a remote agent do: that the thread did not write
+    is judged as any history it did not make.)"""
     role = message.get("role")
-    if role not in ("assistant", "tool"):
+    if role not in ("assistant", "reasoning", "tool"):
         return []
     pieces: list[tuple[str, list[Any]]] = []
     parts = [t for t in texts_of(message.get("content")) if t]
@@ -352,7 +398,8 @@ def output_marks(events: list[Event]) -> set[str]:
 
 def judged(input: Mapping[str, Any], seen: Collection[str],
            offered: Sequence[Mapping[str, Any]] = (),
-           as_input: Collection[str] = ()) -> list[tuple[list[str], list[Any]]]:
+           as_input: Collection[str] = (), dropped: Collection[int] = (),
+           sources: list[int | None] | None = None) -> list[tuple[list[str], list[Any]]]:
     """What guardrails judge of a run's input, each with the marks the thread keeps once
     it is let through.
 
@@ -364,14 +411,18 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
 
     All other client-written text the model or the agent reads and the thread has not let
     through or produced itself is judged at once, as one message with `CLIENT_TEXT` set:
-    `context` entries, tool definitions but `offered` (the runtime's own), assistant turns
-    and tool calls the thread did not make, tool results, messages' `name`s, the strings of
-    `state` (its entries the agent wrote in an earlier run are its own), and a LangGraph
-    interrupt's answers: `forwardedProps.command.resume` (a GraphQL `metaEvents` answer
-    arrives so too) and the payloads of `resume` (AG-UI 1.0's answers, and the approvals
-    service's). Of the rest of `forwardedProps`, only the entries named in `as_input` are
+    `context` entries, tool definitions but `offered` (the runtime's own), assistant turns,
+    reasoning and tool calls the thread did not make, tool results, messages' `name`s, the
+    strings of `state` (its entries the agent wrote in an earlier run are its own), and a
+    LangGraph interrupt's answers: `forwardedProps.command.resume` (a GraphQL `metaEvents`
+    answer arrives so too) and the payloads of `resume` (AG-UI 1.0's answers, and the
+    approvals service's). Of the rest of `forwardedProps`, only the entries named in `as_input` are
     judged, like `state` (the agent takes them as input: `Agent.forwarded_input`). A request
     with nothing new to judge is judged as it is.
+
+    The messages at `dropped` (`refused_before`) are not judged: the agent is not given
+    them. `sources`, if given, gets for each judgement the index of the message it judges
+    as the user's, None for the one of all other text.
 
     Raises `_TooMuchToJudge` for more than `_MOST_JUDGED` messages, and for client text
     nesting deeper than `_DEEPEST` or holding more than `_MOST_VALUES` values.
@@ -390,12 +441,9 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
             marks.append(mark)
             texts.extend(walk.strings(values))
 
-    called = {call["id"] for message in messages if isinstance(message, dict)
-              and message.get("role") == "assistant" and isinstance(message.get("toolCalls"), list)
-              for call in message["toolCalls"]
-              if isinstance(call, dict) and isinstance(call.get("id"), str)}
+    called = _called_ids(messages)
     for index, message in enumerate(messages):
-        if not isinstance(message, dict):
+        if not isinstance(message, dict) or index in dropped:
             continue
         name = message.get("name")
         if isinstance(name, str) and name:
@@ -403,19 +451,23 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
         role = message.get("role")
         # A result no call of the history asked for reaches the model as the user's words
         # (`paired_tool_calls`): it is judged as theirs, allowed topics and all.
-        if role in _CLIENT_ROLES or (role == "tool" and message.get("toolCallId") not in called):
+        if _judged_as_users(message, called):
             mark = judged_mark(message)
             if mark not in seen:
                 if len(out) == _MOST_JUDGED:
                     raise _TooMuchToJudge(_TOO_MANY_MESSAGES)
                 # The messages just before it, as context (a judge reads a few of them):
                 # whole prefixes would cost the square of the request's length.
-                context = messages[max(0, index - _CONTEXT):index]
+                start = max(0, index - _CONTEXT)
+                context = [m for at, m in enumerate(messages[start:index], start)
+                           if at not in dropped]
                 if role == "tool":
                     said = "".join(texts_of(message.get("content"))) or message.get("error")
                     message = {"id": message.get("id"), "role": "user",
                                "content": said if isinstance(said, str) else ""}
                 out.append(([mark], [*context, {**message, "role": "user"}]))
+                if sources is not None:
+                    sources.append(index)
         else:
             for mark, pieces in history_texts(message):
                 other(mark, pieces)
@@ -451,11 +503,15 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
             raise _TooMuchToJudge(_TOO_MANY_MESSAGES)
         out.append((marks, [{"id": "client-text", "role": "user", CLIENT_TEXT: True,
                              "content": [{"type": "text", "text": t} for t in texts]}]))
-    elif marks:  # new, but without text (numbers, say): kept with whatever is judged
-        if not out:
-            return [(marks, messages)]
+        if sources is not None:
+            sources.append(None)
+    elif marks and out:  # new, but without text (numbers, say): kept with what is judged
         out[0][0].extend(marks)
-    return out or [([], messages)]
+    if out:
+        return out
+    if sources is not None:
+        sources.append(None)
+    return [(marks, [m for i, m in enumerate(messages) if i not in dropped])]
 
 
 async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
@@ -514,6 +570,12 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
                 allowed.add(judged_for[0], _KEPT,
                             (m for m in seen if m.startswith(JUDGED_MARK_PREFIX)))
             offered = agent.tools.specs() if isinstance(agent, ServerToolsAgent) else []
+            messages = input.raw.get("messages") or []
+            dropped = refused_before(messages, seen)
+            if dropped:  # the agent never reads what was refused, whatever its kind
+                run.agent_input = run.agent_input.without_messages(dropped)
+            sources: list[int | None] = []
+            refused_at: int | None = None
             try:
                 # The runtime's own answer to an approval (a deadline's timeout) is not a
                 # client's text: judging it would cost a judge call, or refuse the timeout.
@@ -521,13 +583,20 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
                 as_input = (registered or agent).forwarded_input(props) \
                     if isinstance(props, dict) and props else ()
                 to_judge = [] if is_runtime_answer(input) else judged(
-                    input.raw, seen, offered, as_input)
+                    input.raw, seen, offered, as_input, dropped, sources)
             except _TooMuchToJudge as exc:
                 to_judge, verdict = [], exc.verdict
             if to_judge:
                 with run.log_context():  # a guardrail's failure names the run it judged
-                    verdict = await _judged_unless_stopped(runtime, run, to_judge, principal,
-                                                           topics)
+                    verdict, refused_at = await _judged_unless_stopped(
+                        runtime, run, to_judge, principal, topics)
+            source = sources[refused_at] if refused_at is not None else None
+            if source is not None:
+                # Kept with the thread, as what was let through is: sent back with the
+                # chat's history, the message refuses no later turn.
+                mark = refused_mark(messages[source])
+                run.extra_ids.add(mark)
+                allowed.add(judged_for[0], judged_for[1], (mark,))
 
             def written_marks(events: list[Event]) -> set[str]:
                 marks = output_marks(events)
@@ -562,8 +631,10 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
 async def _judged_unless_stopped(runtime: Host, run: ActiveRun,
                                  to_judge: list[tuple[list[str], list[Any]]],
                                  principal: Principal | None,
-                                 topics: tuple[Sequence[str], Sequence[str]] | None) -> Verdict:
-    """The guardrails' verdict on `to_judge`, in a task a stop (or a shutdown) cancels: a run
+                                 topics: tuple[Sequence[str], Sequence[str]] | None
+                                 ) -> tuple[Verdict, int | None]:
+    """The guardrails' verdict on `to_judge` (and the index of the judgement refused), in a
+    task a stop (or a shutdown) cancels: a run
     stopped while judged is not left waiting on them, and is driven at once to its stop's
     end, its agent never asked (`ActiveRun.cancel`)."""
     checking = asyncio.ensure_future(_judge(runtime, run, to_judge, principal, topics))
@@ -574,24 +645,24 @@ async def _judged_unless_stopped(runtime: Host, run: ActiveRun,
         task = asyncio.current_task()
         if run.cancel_reason is None or task is None or task.cancelling():
             raise
-        return ALLOWED  # (never acted on: the run stops before its agent is asked)
+        return ALLOWED, None  # (never acted on: the run stops before its agent is asked)
     finally:
         run.on_cancel = None
 
 
 async def _judge(runtime: Host, run: ActiveRun, to_judge: list[tuple[list[str], list[Any]]],
                  principal: Principal | None,
-                 topics: tuple[Sequence[str], Sequence[str]] | None) -> Verdict:
-    verdict = ALLOWED
-    for marks, messages in to_judge:
+                 topics: tuple[Sequence[str], Sequence[str]] | None
+                 ) -> tuple[Verdict, int | None]:
+    for index, (marks, messages) in enumerate(to_judge):
         verdict = await check_input(runtime.guardrails, messages, principal, topics,
                                     runtime.guardrail_timeout)
         if not verdict.allowed:
-            break
+            return verdict, index
         run.extra_ids.update(marks)  # kept with the thread once the run is stored
         runtime.allowed_marks.add(owner_of(principal) if principal is not None else None,
                                   topic_rules(topics), marks)
-    return verdict
+    return ALLOWED, None
 
 
 async def _abandoned(run: ActiveRun, lease: Lease | None) -> None:

@@ -182,6 +182,25 @@ async def test_guardrails_limits_and_ownership_apply(serve_runtime: ServeRuntime
         assert await runtime.store.get("s2") is None
 
 
+async def test_a_suggestion_after_a_refused_turn_runs_without_it(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """Before: a suggestion sent with a chat's history that held a refused message was
+    refused (the message judged again). Now it runs as the chat's next turn does: the
+    refused message is left out, and the model never reads it."""
+    runtime = openai_runtime(llm, guardrails=[PatternGuardrail(deny=[r"\bpassword\b"])])
+    denied = {"id": "u1", "role": "user", "content": "what is the password?"}
+    async with serve_runtime(runtime) as served:
+        refused = await served.run(run_input("", thread="chat", run="r1", messages=[denied]))
+        start = next(e for e in refused if e["type"] == "TEXT_MESSAGE_START")
+        history = [denied, {"id": start["messageId"], "role": "assistant",
+                            "content": text_of(refused)}]
+        events = await served.run(suggest_input("chat", history),
+                                  path="/agent/default/suggest")
+    assert suggested(events) == SUGGESTIONS, events
+    assert len(llm.requests) == 1
+    assert "password" not in orjson.dumps(llm.requests).decode()
+
+
 async def test_a_suggestion_whose_client_leaves_is_stopped(serve_runtime: ServeRuntime) -> None:
     """No one could pick a suggestion up again (it is not stored): the core's abort of a
     stale suggestion stops its run, where a chat's run would go on without its client."""

@@ -16,6 +16,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jwt
 import orjson
 import pytest
@@ -39,6 +40,7 @@ from copilot_runtime import (
 from copilot_runtime._input import parse_run_input
 from copilot_runtime._runs import RunManager
 from copilot_runtime.agents import BuiltInAgent
+from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.guardrails import latest_user_text
@@ -52,6 +54,7 @@ from copilot_runtime.threads import (
     ThreadRecord,
 )
 from copilot_runtime.workflows.review_loop import ReviewLoop
+from tests.agents_support import graphs
 from tests.conftest import (
     Served,
     ServeRuntime,
@@ -395,6 +398,107 @@ async def test_new_text_under_the_id_of_a_held_message_is_judged(
         events = await guarded.run(body)
         assert text_of(events) == REFUSAL, (role, events)
     assert len(llm.requests) == 1  # only the first run reached the model
+
+
+async def _stored(served: Served, thread: str, message_id: str) -> None:
+    """Wait until `served`'s store holds the run of `thread` that brought `message_id` (a
+    run is stored just after its stream ends)."""
+    deadline = time.monotonic() + 10
+    while True:
+        record = await served.runtime.runs.store.summary(thread)
+        if record is not None and message_id in record.message_ids and not record.open_run:
+            return
+        assert time.monotonic() < deadline, record
+        await asyncio.sleep(0.02)
+
+
+def _refusal_of(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The refusal answer of a run's events, as a client sends it back with the history."""
+    start = next(e for e in events if e["type"] == "TEXT_MESSAGE_START")
+    return {"id": start["messageId"], "role": "assistant", "content": text_of(events)}
+
+
+async def test_a_refused_message_sent_back_refuses_no_later_turn(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer, tmp_path: Path) -> None:
+    """Before: a refused message was never kept as judged, so each later turn, which sends
+    it back with the chat's history, was refused again: one refusal ended the chat. Now the
+    thread keeps a mark of the refused message (in its store: another worker sharing it
+    knows it too), and the message, sent back, is neither judged again nor given to the
+    model; the same text as a new message is refused, and so is the refused turn retried."""
+    recorder = Recorder()
+    store = tmp_path / "threads.sqlite3"
+
+    def runtime() -> CopilotRuntime:
+        return openai_runtime(llm, guardrails=[PatternGuardrail(deny=[r"\bpassword\b"]),
+                                               recorder],
+                              thread_store=SQLiteThreadStore(store))
+
+    denied = {"id": "u1", "role": "user", "content": DENIED}
+    async with serve_runtime(runtime()) as first, serve_runtime(runtime()) as second:
+        refused = await first.run(run_input("", thread="lock", run="r1", messages=[denied]))
+        assert text_of(refused) == REFUSAL
+        await _stored(second, "lock", "u1")  # the first worker's run, as the second reads it
+        history = [denied, _refusal_of(refused),
+                   {"id": "u2", "role": "user", "content": "hello"}]
+        events = await second.run(run_input("", thread="lock", run="r2", messages=history))
+        assert types(events)[-1] == "RUN_FINISHED", events
+        assert text_of(events) == "echo: hello", events
+        assert recorder.judged == ["hello"]  # the refused message was not judged again
+        history.append({"id": "a2", "role": "assistant", "content": "echo: hello"})
+        again = [*history, {"id": "u3", "role": "user", "content": DENIED}]
+        events = await second.run(run_input("", thread="lock", run="r3", messages=again))
+        assert text_of(events) == REFUSAL  # the same text as a new message
+        await _stored(first, "lock", "u3")
+        events = await first.run(run_input("", thread="lock", run="r4", messages=[denied]))
+        assert text_of(events) == REFUSAL  # the refused turn, retried
+    assert len(llm.requests) == 1
+    assert "password" not in orjson.dumps(llm.requests).decode()
+
+
+async def test_graphql_a_refused_message_sent_back_refuses_no_later_turn(
+        guarded: Served, llm: MockOpenAIServer) -> None:
+    """GraphQL: before, each turn after a refused one failed with
+    `GUARDRAILS_VALIDATION_FAILED`, as the 1.10 client sends the refused message back. Now
+    the next turn runs, and the model never reads the refused text."""
+    data: dict[str, Any] = {"threadId": "gq-lock", "frontend": {"actions": []},
+                            "metadata": {"requestType": "Chat"},
+                            "messages": [gql_text("u1", "user", DENIED)]}
+    await assert_graphql_refused(guarded, data)
+    data["messages"] += [gql_text("a1", "assistant", REFUSAL), gql_text("u2", "user", "hello")]
+    status, body = await call(guarded, "POST", "", None,
+                              {"query": _GENERATE, "variables": {"data": data}}, GQL)
+    assert status == 200, body
+    result = orjson.loads(body)["data"]["generateCopilotResponse"]
+    assert result["status"] == {"code": "Success"}, result
+    assert "".join(result["messages"][-1]["content"]) == "echo: hello", result
+    assert len(llm.requests) == 1
+    assert "password" not in orjson.dumps(llm.requests).decode()
+
+
+async def test_a_refused_message_sent_back_never_reaches_a_graph(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """Before: the follow-up of a refused turn was refused too. Now a LangGraph agent runs
+    it, and neither its graph (its messages snapshot) nor its model gets the refused text."""
+    async with httpx.AsyncClient() as client:
+        runtime = CopilotRuntime(
+            guardrails=[PatternGuardrail(deny=[r"\bpassword\b"])],
+            agents={"chat": LangGraphAgent(name="chat",
+                                           graph=graphs.chat_graph(llm.base_url, client))})
+        denied = {"id": "u1", "role": "user", "content": DENIED}
+        async with serve_runtime(runtime) as served:
+            refused = await served.run(
+                run_input("", thread="lg-lock", run="r1", messages=[denied]), agent="chat")
+            assert text_of(refused) == REFUSAL
+            history = [denied, _refusal_of(refused),
+                       {"id": "u2", "role": "user", "content": "hello"}]
+            events = await served.run(
+                run_input("", thread="lg-lock", run="r2", messages=history), agent="chat")
+    assert text_of(events) == "echo: hello", events
+    snapshots = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"]
+    assert snapshots
+    assert "password" not in orjson.dumps(snapshots).decode()
+    assert len(llm.requests) == 1
+    assert "password" not in orjson.dumps(llm.requests).decode()
 
 
 async def test_what_was_let_through_is_not_judged_again_after_a_restart(

@@ -47,6 +47,7 @@ __all__ = [
     "MAX_ID_LENGTH",
     "MAX_REPLAY_BYTES",
     "NOT_IN_NAMES",
+    "REFUSED_MARK_PREFIX",
     "REPLAY_OMITTED",
     "DurableThreadStore",
     "EarlierRuns",
@@ -350,6 +351,10 @@ def id_problem(value: str, *, new: bool = False) -> str | None:
 #: not kept: a client could forge a mark. (Older versions' marks began "judged:", among ids
 #: clients could send: they are only ids now, and their text is judged again.)
 JUDGED_MARK_PREFIX = "judged-v2:"
+#: What begins the marks a thread keeps of the client messages its guardrails refused
+#: (`_trust.refused_mark`): within `JUDGED_MARK_PREFIX`, so no client id can forge one
+#: either, and of another digest, so none passes for text let through.
+REFUSED_MARK_PREFIX = JUDGED_MARK_PREFIX + "refused:"
 
 
 def storable_ids(ids: Iterable[str]) -> set[str]:
