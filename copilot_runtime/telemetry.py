@@ -39,8 +39,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._version import __version__
 from copilot_runtime.auth import RequestInfo
-from copilot_runtime.coordination.base import LEASE_LOST_CODE
-from copilot_runtime.threads.base import INTERRUPTED_CODE
+from copilot_runtime.events import runtime_codes
 
 __all__ = ["ModelCall", "RunTelemetry", "Telemetry", "configure_logging", "escape_controls",
            "redact_secrets", "scrub"]
@@ -116,6 +115,9 @@ class Telemetry:
         """A run error's code as the errors metric labels it: the runtime's own codes, and
         "_OTHER" for any other (a remote agent's RUN_ERROR may carry a new code every run,
         each a metric series for the life of the process; the span keeps the code)."""
+        if code not in self._codes:
+            # Codes registered (or exceptions defined) by a module imported since.
+            self._codes = _runtime_codes()
         return code if code in self._codes else "_OTHER"
 
     def record_error(self, span: Any, error: BaseException) -> None:
@@ -201,9 +203,9 @@ class Telemetry:
 
 
 def _runtime_codes() -> frozenset[str]:
-    """Every code the runtime itself ends a run with."""
-    codes = {"RUN_ERROR", "AGENT_ERROR", INTERRUPTED_CODE, LEASE_LOST_CODE,
-             *ApprovalClosedError.CODES}
+    """Every code the runtime itself ends a run with: its exceptions', and those registered
+    with `events.runtime_code` (a run cut, interrupted, its lease lost)."""
+    codes = {"RUN_ERROR", *runtime_codes(), *ApprovalClosedError.CODES}
     kinds: list[type[CopilotRuntimeError]] = [CopilotRuntimeError]
     while kinds:
         kind = kinds.pop()
