@@ -349,6 +349,20 @@ def test_log_redaction_knows_token_keys_token_schemes_and_cookie_headers() -> No
     assert event["said"] == "sent headers [REDACTED]"
 
 
+def test_log_redaction_knows_private_key_pwd_access_key_and_auth_keys() -> None:
+    """`private_key`, `pwd`, `access_key` and `auth` were logged in clear (no name of
+    `SECRET_KEYS` matched them). Now they are redacted, and names that only hold such a
+    word (`author`, `auth_method`, `oauth_provider`) keep their values."""
+    secret = "c0ffee0123456789abcdef"
+    event = redact_secrets(None, "info", {
+        "event": "x", "private_key": secret, "pwd": secret, "access_key": secret,
+        "auth": secret, "proxy-auth": secret, "settings": {"privateKey": secret},
+        "author": "alice", "auth_method": "bearer", "oauth_provider": "github"})
+    assert secret not in orjson.dumps(event).decode()
+    assert (event["author"], event["auth_method"], event["oauth_provider"]) == (
+        "alice", "bearer", "github")
+
+
 @pytest.mark.parametrize("as_json", [True])
 def test_configure_logging_writes_json(as_json: bool) -> None:
     out = io.StringIO()
