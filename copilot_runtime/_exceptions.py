@@ -122,29 +122,43 @@ def upstream_said(text: str, known: Sequence[str | None] = ()) -> str:
 # message may carry that no client should read.
 _FILE_PATH = re.compile(r"(?<![\w:/.~-])(?:/[\w.@~-]+){2,}|\b[A-Za-z]:\\[\w.@ \\-]+")
 
+# A PEM private key block up to its END line, or to where its text was cut; its lines
+# broken by newlines or, in JSON, by `\n`.
+_PEM_PRIVATE_KEY = (
+    r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY-----[A-Za-z0-9+/=\s\\:,.-]*?"
+    r"(?:-----END[A-Z0-9 ]*PRIVATE KEY-----|(?![A-Za-z0-9+/=\s\\:,.-]))")
+
 #: Secret-looking values, as a pattern every redaction shares (upstream words passed on,
 #: action errors, logs): a URL's `user:password`, bearer and Basic credentials, provider and
-#: code-forge keys, JWTs, secret query parameters, and secrets given by name as
-#: `name: value` or `name=value` (a header dump, a DSN, a dict's repr, JSON): an
+#: code-forge keys, JWTs, PEM private keys, secret query parameters, and secrets given by
+#: name as `name: value` or `name=value` (a header dump, a DSN, a dict's repr, JSON): an
 #: authorization with any scheme word, a cookie header's whole value, and any name ending in
-#: password, secret, an API, access or private key, token or credential(s). Counts are
-#: spared: `max_tokens=100` names `tokens`, and a number alone is no secret.
+#: password, secret, an API, access or private key, token or credential(s), its value up to
+#: its closing quote when it is quoted (a libpq password with spaces). Counts are spared:
+#: `max_tokens=100` names `tokens`, and a number alone is no secret.
 SECRET_VALUES = (
     # A URL's user and password up to the `@` before its host, `@`s in the password too:
     # URL parsers (Redis', Python's) split at the last `@`, so `redis://:p@ss@host` is the
     # password `p@ss`, whose `ss` a match up to the first `@` left for all to read.
     r"(?<=://)[^\s/@]+(?:@[^\s/@]+)*(?=@)"
     r"|(?i:\b(?:bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,})"
-    r"|\b(?:sk|rk|pk|gsk|xai|ghp|gho|glpat)[-_][A-Za-z0-9_-]{8,}"
+    r"|\b(?:sk|rk|pk|gsk|xai|ghp|gho|ghu|ghs|ghr|glpat|github_pat)[-_][A-Za-z0-9_-]{8,}"
+    r"|\bhf_[A-Za-z0-9]{30,}"  # Hugging Face (30+: `hf_hub_download` is a name)
+    r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"  # Slack
     r"|\bAIza[0-9A-Za-z_-]{20,}"
     r"|\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9._-]+"
+    rf"|{_PEM_PRIVATE_KEY}"
     r"|(?i:(?<=[?&;])(?:api[-_]?key|key|token|access_token|secret|password|sig|signature)"
     r"=[^&\s\"']+)"
     r"|(?i:\b(?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?(?:[a-z][\w.-]*[ \t]+)?"
     r"[^\s,;\"'}]{6,})"
     r"|(?i:\bcookie[\"']?[ \t]*[:=][ \t]*[\"']?[^\r\n\"']+)"
     r"|(?i:(?<![\w-])[\w-]*?(?:passw(?:or)?d|pwd|secret|(?:api|access|private)[-_]?key|token"
-    r"|credentials?)[\"']?[ \t]*[:=][ \t]*[\"']?(?!\d+(?![^\s,;\"'}&]))[^\s,;\"'}&]{6,})")
+    r"|credentials?)[\"']?[ \t]*[:=][ \t]*[\"']?"
+    # The value: a private key, a quoted one up to its quote (spaces and all), or a word.
+    rf"(?:{_PEM_PRIVATE_KEY}"
+    r"|(?<=')(?!\d+')[^'\r\n]{6,}(?=')|(?<=\")(?!\d+\")(?:[^\"\\\r\n]|\\.){6,}(?=\")"
+    r"|(?!\d+(?![^\s,;\"'}&]))[^\s,;\"'}&]{6,}))")
 _SECRETS = re.compile(SECRET_VALUES)
 
 #: Names whose values are secrets, as a pattern searched in a name (a log field's, a URL
@@ -152,7 +166,9 @@ _SECRETS = re.compile(SECRET_VALUES)
 #: case. Any `*token` but counts and limits (`input_tokens`, `token_count`, `max_token`).
 SECRET_KEYS = (
     r"(authorization|cookie|api[-_]?key|(?<!max_)token(?!s|_count|_limit)|secret|password"
-    r"|passwd|credential|dsn)")
+    r"|passwd|pwd|credential|dsn|(?:private|access)[-_]?key"
+    # `auth` alone or as a name's last word (`proxy-auth`), not `author` or `auth_method`.
+    r"|(?:^|[-_])auth$)")
 
 
 def scrub_secrets(text: str, *known: str | None) -> str:

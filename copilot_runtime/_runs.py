@@ -112,7 +112,7 @@ _SHUTDOWN_MESSAGE = "The run was interrupted: the server driving it shut down"
 DETACHED_RUN_SECONDS = 60.0
 _CUT_MESSAGE = "The run was interrupted: it stopped before its end"
 #: The code of the `RUN_ERROR` that ends a run cut at its `max_run_seconds`.
-RUN_TIMEOUT_CODE = "RUN_TIMEOUT"
+RUN_TIMEOUT_CODE = ev.runtime_code("RUN_TIMEOUT")
 _LEASE_LOST_MESSAGE = ("The run was stopped: this server could not keep its hold on the "
                        "thread, which another server may now take")
 _INPUT_KEYS = ("threadId", "runId", "parentRunId", "state", "messages", "tools", "context",
@@ -559,7 +559,8 @@ class ActiveRun:
                      run_id=self.run_id, code=end["code"], error=end["message"])
 
     def _agent_error(self) -> Event:
-        return ev.run_error(f"Agent '{self.agent_id}' failed unexpectedly", code="AGENT_ERROR")
+        return ev.run_error(f"Agent '{self.agent_id}' failed unexpectedly",
+                            code=ev.AGENT_ERROR_CODE)
 
     def _keep(self, batch: Sequence[Event]) -> None:
         """Count `batch` against what a running run may keep: the events of one that never

@@ -32,6 +32,8 @@ __all__ = [
     "run_error",
     "run_finished",
     "run_started",
+    "runtime_code",
+    "runtime_codes",
     "state_delta",
     "state_snapshot",
     "step_finished",
@@ -130,6 +132,28 @@ def run_finished(
     if outcome is not None:
         event["outcome"] = outcome
     return event
+
+
+#: The codes the runtime itself ends runs with (`runtime_code`); a remote agent's RUN_ERROR
+#: may name any other.
+_RUNTIME_CODES: set[str] = set()
+
+
+def runtime_code(code: str) -> str:
+    """`code`, registered as one the runtime itself ends runs with: telemetry's errors metric
+    labels a run by it (any other code reads "_OTHER"), wherever the code is defined."""
+    _RUNTIME_CODES.add(code)
+    return code
+
+
+def runtime_codes() -> frozenset[str]:
+    """The codes registered with `runtime_code` so far."""
+    return frozenset(_RUNTIME_CODES)
+
+
+#: The code of the `RUN_ERROR` that ends a run whose agent raised what the runtime did not
+#: expect (its text in the log only).
+AGENT_ERROR_CODE: Final = runtime_code("AGENT_ERROR")
 
 
 def run_error(

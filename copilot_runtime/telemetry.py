@@ -39,8 +39,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._version import __version__
 from copilot_runtime.auth import RequestInfo
-from copilot_runtime.coordination.base import LEASE_LOST_CODE
-from copilot_runtime.threads.base import INTERRUPTED_CODE
+from copilot_runtime.events import runtime_codes
 
 __all__ = ["ModelCall", "RunTelemetry", "Telemetry", "configure_logging", "escape_controls",
            "redact_secrets", "scrub"]
@@ -116,6 +115,9 @@ class Telemetry:
         """A run error's code as the errors metric labels it: the runtime's own codes, and
         "_OTHER" for any other (a remote agent's RUN_ERROR may carry a new code every run,
         each a metric series for the life of the process; the span keeps the code)."""
+        if code not in self._codes:
+            # Codes registered (or exceptions defined) by a module imported since.
+            self._codes = _runtime_codes()
         return code if code in self._codes else "_OTHER"
 
     def record_error(self, span: Any, error: BaseException) -> None:
@@ -201,9 +203,9 @@ class Telemetry:
 
 
 def _runtime_codes() -> frozenset[str]:
-    """Every code the runtime itself ends a run with."""
-    codes = {"RUN_ERROR", "AGENT_ERROR", INTERRUPTED_CODE, LEASE_LOST_CODE,
-             *ApprovalClosedError.CODES}
+    """Every code the runtime itself ends a run with: its exceptions', and those registered
+    with `events.runtime_code` (a run cut, interrupted, its lease lost)."""
+    codes = {"RUN_ERROR", *runtime_codes(), *ApprovalClosedError.CODES}
     kinds: list[type[CopilotRuntimeError]] = [CopilotRuntimeError]
     while kinds:
         kind = kinds.pop()
@@ -366,32 +368,71 @@ def _scrub_for_log(text: str) -> str:
             f"{scrub_tail(text, half)}")
 
 
+def _text_of(value: Any) -> str:
+    """`value` as the renderers write what JSON has no form for: its `__structlog__`, else
+    its repr (an exception's, a config object's: they may name a password or a key)."""
+    try:
+        shown = getattr(value, "__structlog__", None)
+        return str(shown()) if callable(shown) else repr(value)
+    except Exception:  # a repr that raises: the log line is written all the same
+        return f"<{type(value).__name__} whose repr failed>"
+
+
+def _log_key(key: Any) -> Any:
+    """A mapping's key as JSON may hold it (a str, a number, a bool or None): bytes (raw
+    ASGI headers) decoded, any other key by its text."""
+    if key is None or isinstance(key, str | int | float | bool):
+        return key
+    if isinstance(key, bytes):
+        return key.decode("latin-1")
+    return _text_of(key)
+
+
 def _redact(value: Any, depth: int = 0) -> Any:
+    """`value` with its secrets blanked, as plain JSON data: what a renderer would write by
+    its repr is made text here, before it is blanked, not after."""
     if depth > 8:  # deeper than this: not inspected, so not logged either
         return REDACTED
+    if value is None or isinstance(value, bool | int | float):
+        return value
     if isinstance(value, str):
         return _scrub_for_log(value) if len(value) > 10 else value
     if isinstance(value, bytes):
         return _redact(value.decode("latin-1"), depth)
     if isinstance(value, Mapping):
-        return {k: REDACTED if isinstance(k, str) and _SECRET_KEYS.search(k) else
-                _redact(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        if len(value) == 2 and isinstance(value[0], str) and _SECRET_KEYS.search(value[0]):
-            return [value[0], REDACTED]  # a (name, value) pair: a header list's item
+        redacted: dict[Any, Any] = {}
+        for key, item in value.items():
+            key = _log_key(key)
+            if isinstance(key, str):
+                if _SECRET_KEYS.search(key):
+                    redacted[key] = REDACTED
+                    continue
+                key = _redact(key, depth + 1)  # a key may be a URL with its password
+            redacted[key] = _redact(item, depth + 1)
+        return redacted
+    if isinstance(value, list | tuple | set | frozenset):
+        if isinstance(value, list | tuple) and len(value) == 2:
+            name = _log_key(value[0])
+            if isinstance(name, str) and _SECRET_KEYS.search(name):
+                return [name, REDACTED]  # a (name, value) pair: a header list's item
         return [_redact(v, depth + 1) for v in value]
-    return value
+    return _redact(_text_of(value), depth)
 
 
 def redact_secrets(logger: Any, method: str, event: MutableMapping[str, Any]
                    ) -> MutableMapping[str, Any]:
     """A structlog processor: values under secret-looking keys (authorization, cookie,
-    api_key, token, ...) and bearer tokens, API keys and JWTs inside strings are replaced."""
+    api_key, token, ...) and bearer tokens, API keys and JWTs inside strings are replaced;
+    a value of any other type is redacted in its text (its repr, as the renderers write it),
+    and a mapping's bytes or other keys are made text (JSON has only string keys)."""
     for key in list(event):
         if key != "event" and _SECRET_KEYS.search(key):
             event[key] = REDACTED
-        else:
+            continue
+        try:
             event[key] = _redact(event[key])
+        except Exception:  # a mapping that cannot be read: a log call never raises
+            event[key] = f"<{type(event[key]).__name__} that could not be logged>"
     return event
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -142,6 +143,52 @@ def test_logs_blank_url_passwords_holding_at_signs_and_cut_huge_values() -> None
     assert event["type"].endswith("AAAA")
     assert "characters cut" in event["type"]
     assert "c0ffee" not in event["cut_through"]  # a cut ran through it: blanked all the same
+
+
+class _Config:
+    """An object whose repr names its key, as a client's config does."""
+
+    def __repr__(self) -> str:
+        return f"Config(base_url='https://llm.example', api_key='{BEARER}')"
+
+
+class _BadRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_logs_redact_secrets_in_values_of_any_type_and_never_raise(as_json: bool) -> None:
+    """Only strings, bytes, mappings, lists and tuples were redacted: an exception passed as
+    a value (`error=exc`), a set, any object was written by its repr after the redaction, a
+    database password or an API key in clear; and a mapping with bytes or tuple keys (raw
+    ASGI headers) made the log call raise TypeError into its caller. Now every value is
+    redacted in the text the renderer writes, and the line is written."""
+    out = io.StringIO()
+    try:
+        configure_logging(json=as_json)
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(out))
+        log = structlog.get_logger("t")
+        log.warning("x", error=RuntimeError(f"connect to postgresql://app:{DB_PASSWORD}@db/app"),
+                    key_error=OSError(f"Incorrect key provided: Bearer {BEARER}"),
+                    urls={f"postgresql://app:{DB_PASSWORD}@db/app"}, config=_Config(),
+                    odd=_BadRepr(), count=3)
+        log.warning("y", headers={b"authorization": f"Token {BEARER}".encode(),
+                                  b"accept": b"json"},
+                    pairs=[(b"x-api-key", BEARER.encode())], by_tuple={("a", "b"): 1})
+    finally:
+        structlog.reset_defaults()
+    text = out.getvalue()
+    assert DB_PASSWORD not in text
+    assert BEARER not in text
+    assert "RuntimeError" in text  # what failed stays readable
+    assert "_BadRepr" in text
+    assert "json" in text
+    if as_json:
+        first, second = (json.loads(line) for line in text.splitlines())
+        assert first["count"] == 3
+        assert second["headers"] == {"authorization": "[REDACTED]", "accept": "json"}
+        assert second["by_tuple"] == {"('a', 'b')": 1}
 
 
 async def test_a_hook_that_never_returns_is_cancelled_and_logged_once_per_run(

@@ -485,11 +485,44 @@ def test_a_urls_password_with_an_at_sign_is_blanked_whole(text: str, scrubbed: s
     assert scrub_secrets(text) == scrubbed
 
 
+_PEM_BODY = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7"
+
+
+@pytest.mark.parametrize(("text", "scrubbed"), [
+    (f"-----BEGIN PRIVATE KEY-----\n{_PEM_BODY}\n-----END PRIVATE KEY-----\ndone",
+     "[REDACTED]\ndone"),
+    (f'{{"type": "service_account", "private_key": "-----BEGIN RSA PRIVATE KEY-----\\n'
+     f'{_PEM_BODY}\\n-----END RSA PRIVATE KEY-----\\n", "client_email": "x@y"}}',
+     '{"type": "service_account", "[REDACTED]\\n", "client_email": "x@y"}'),
+    (f"key file cut: -----BEGIN EC PRIVATE KEY-----\n{_PEM_BODY[:30]}",
+     "key file cut: [REDACTED]"),
+    ("connection failed: host=db user=app password='correct horse battery' dbname=app",
+     "connection failed: host=db user=app [REDACTED]' dbname=app"),
+    ('{"password": "correct horse battery", "user": "app"}',
+     '{"[REDACTED]", "user": "app"}'),
+    ("token rejected: github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+     "token rejected: [REDACTED]"),
+    ("401 for hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345", "401 for [REDACTED]"),
+    ("invalid_auth xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",
+     "invalid_auth [REDACTED]"),
+])
+def test_private_keys_quoted_passwords_and_more_tokens_are_blanked(
+        text: str, scrubbed: str) -> None:
+    """A PEM private key kept its base64 body (only `-----BEGIN` was blanked, as the value
+    of `private_key`); a quoted libpq password lost its first word only (`horse battery'`
+    stayed); GitHub fine-grained, Hugging Face and Slack tokens went whole. Now each is
+    blanked whole."""
+    assert scrub_secrets(text) == scrubbed
+
+
 @pytest.mark.parametrize("text", [
     "the token expired", "Invalid password for user bob", "password: must be 8 characters",
     "max_tokens=100 is too large", "max_tokens: 5000000", "max_token=100000",
     "prompt_tokens: 12, completion_tokens: 30", "token limit exceeded: 5000 > 4096",
     "authorization failed for this user", "Secret Manager: access denied", "secret=42",
+    "auth failed: invalid_auth", "----- BEGIN REPORT -----", "-----BEGIN PUBLIC KEY-----",
+    "hf_hub_download failed", "the xoxo token", "password='123456789'", "github_pat_ is a "
+    "prefix", "the private key was rotated",
 ])
 def test_ordinary_words_about_secrets_are_kept(text: str) -> None:
     assert scrub_secrets(text) == text

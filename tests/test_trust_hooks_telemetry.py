@@ -3,10 +3,13 @@ the OpenTelemetry SDK's in-memory exporters; logs redact secrets."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import importlib
 import io
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -19,9 +22,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+import copilot_runtime
 from copilot_runtime import (
     BearerTokenAuth,
     CopilotRuntime,
+    CopilotRuntimeError,
     OpenAIAdapter,
     RequestError,
     RequestRejectedError,  # public: the README's way for a hook to refuse (403)
@@ -264,6 +269,54 @@ def test_the_errors_metric_labels_only_the_runtimes_own_codes() -> None:
         meter_provider.shutdown()
 
 
+def _codes_the_package_ends_runs_with() -> set[str]:
+    """The `code=` of every `run_error(...)` call in the package, resolved in its module
+    (an exception's own `exc.code` aside: the exceptions' codes are checked as a class walk)."""
+    package = Path(copilot_runtime.__file__).parent
+    codes: set[str] = set()
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        module_name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and getattr(
+                    node.func, "attr", getattr(node.func, "id", None)) == "run_error"):
+                continue
+            for keyword in node.keywords:
+                if keyword.arg != "code" or (isinstance(keyword.value, ast.Attribute)
+                                             and keyword.value.attr == "code"):
+                    continue
+                namespace = vars(importlib.import_module(module_name))
+                codes.add(eval(ast.unparse(keyword.value), dict(namespace)))
+    return codes
+
+
+def test_every_code_the_runtime_ends_a_run_with_has_its_own_errors_label() -> None:
+    """A run cut at `max_run_seconds` ends with RUN_TIMEOUT, which the errors metric counted
+    as "_OTHER" (the set of the runtime's codes was a list written by hand, and that code
+    was missing from it). Now each module registers the codes it ends runs with, and every
+    `run_error(code=...)` in the package (a new one too) is checked to keep its label."""
+    codes = _codes_the_package_ends_runs_with()
+    assert {"RUN_TIMEOUT", "RUN_INTERRUPTED", "LEASE_LOST", "AGENT_ERROR"} <= codes
+    kinds: list[type[CopilotRuntimeError]] = [CopilotRuntimeError]
+    while kinds:
+        kind = kinds.pop()
+        codes.add(kind.code)
+        kinds.extend(kind.__subclasses__())
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    telemetry = Telemetry(TracerProvider(), meter_provider)
+    try:
+        assert {code: telemetry.error_label(code) for code in codes} == {
+            code: code for code in codes}
+        telemetry.run_started("a", "t", "r", None).end("error", {"code": "RUN_TIMEOUT"})
+        metrics = {m.name: m for rm in reader.get_metrics_data().resource_metrics
+                   for sm in rm.scope_metrics for m in sm.metrics}
+        (point,) = metrics["copilotkit.run.errors"].data.data_points
+        assert point.attributes["error.type"] == "RUN_TIMEOUT"
+    finally:
+        meter_provider.shutdown()
+
+
 def test_secrets_are_redacted() -> None:
     event = redact_secrets(None, "info", {
         "event": "calling Bearer abc.def.ghi", "authorization": "Bearer s3cr3t-token",
@@ -294,6 +347,20 @@ def test_log_redaction_knows_token_keys_token_schemes_and_cookie_headers() -> No
     assert secret not in orjson.dumps(event).decode()
     assert (event["input_tokens"], event["max_token"], event["token_count"]) == (12, 100, 7)
     assert event["said"] == "sent headers [REDACTED]"
+
+
+def test_log_redaction_knows_private_key_pwd_access_key_and_auth_keys() -> None:
+    """`private_key`, `pwd`, `access_key` and `auth` were logged in clear (no name of
+    `SECRET_KEYS` matched them). Now they are redacted, and names that only hold such a
+    word (`author`, `auth_method`, `oauth_provider`) keep their values."""
+    secret = "c0ffee0123456789abcdef"
+    event = redact_secrets(None, "info", {
+        "event": "x", "private_key": secret, "pwd": secret, "access_key": secret,
+        "auth": secret, "proxy-auth": secret, "settings": {"privateKey": secret},
+        "author": "alice", "auth_method": "bearer", "oauth_provider": "github"})
+    assert secret not in orjson.dumps(event).decode()
+    assert (event["author"], event["auth_method"], event["oauth_provider"]) == (
+        "alice", "bearer", "github")
 
 
 @pytest.mark.parametrize("as_json", [True])

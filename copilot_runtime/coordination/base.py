@@ -18,6 +18,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import orjson
 
+from copilot_runtime.events import runtime_code
 from copilot_runtime.limits import CounterBackend
 
 __all__ = ["LEASE_LOST_CODE", "Coordinator", "Lease", "Signal", "SignalHub", "Subscription",
@@ -25,7 +26,7 @@ __all__ = ["LEASE_LOST_CODE", "Coordinator", "Lease", "Signal", "SignalHub", "Su
 
 #: The code of the `RUN_ERROR` that ends a run whose worker could not keep its thread's
 #: lease (the coordinator unreachable for the lease's life, or the lease taken over).
-LEASE_LOST_CODE = "LEASE_LOST"
+LEASE_LOST_CODE = runtime_code("LEASE_LOST")
 
 #: `lost` never crosses workers: this process could not keep a thread's lease, so it stops
 #: the thread's run before another worker may start one.

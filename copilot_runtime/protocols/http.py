@@ -742,7 +742,7 @@ def _unencodable_end(encode: Callable[[Sequence[Event]], bytes]) -> bytes:
                exc_info=True)
     try:
         return encode([ev.run_error("The agent's output could not be encoded for this "
-                                    "response (not JSON)", code="AGENT_ERROR")])
+                                    "response (not JSON)", code=ev.AGENT_ERROR_CODE)])
     except Exception:  # (its state is the failed batch's: the body is ended as it is)
         return b""
 

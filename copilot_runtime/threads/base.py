@@ -73,7 +73,7 @@ __all__ = [
 ]
 
 #: The code of the `RUN_ERROR` that ends a run whose worker stopped before it did.
-INTERRUPTED_CODE = "RUN_INTERRUPTED"
+INTERRUPTED_CODE = ev.runtime_code("RUN_INTERRUPTED")
 _INTERRUPTED_MESSAGE = "The run was interrupted: the server driving it stopped"
 #: The name of the CUSTOM event that says a replay left runs out (`omission`).
 REPLAY_OMITTED = "copilot_runtime.replay_omitted"
