@@ -296,6 +296,24 @@ async def test_langchain_provider_stop_reasons_are_the_runtimes(case: str) -> No
                                               "total_tokens": 8})
 
 
+WHOLE_CALL = AIMessageChunk(content=[], tool_call_chunks=[tool_call_chunk(
+    name="setColor", args='{"c": "red"}', id="call_1", index=0)])
+
+
+@pytest.mark.parametrize("metadata", [{"finish_reason": "STOP"}, {"done_reason": "stop"}])
+async def test_a_langchain_answer_with_calls_that_says_stop_ends_in_tool_calls(
+        metadata: dict[str, Any]) -> None:
+    """Gemini's STOP and Ollama's `done_reason` say "stop" after tool calls too: the direct
+    Gemini adapter says `tool_calls` then, and so did this adapter before it read
+    `done_reason` (telemetry's finish reason)."""
+    model = _ScriptedChatModel(script=[WHOLE_CALL, lc_end(metadata)])
+    deltas = [d async for b in LangChainAdapter(model).stream(ChatRequest(
+        messages=[UserMessage(id="u", content="hi")])) for d in b]
+    end = deltas[-1]
+    assert isinstance(end, StreamEnd)
+    assert end.finish_reason == "tool_calls"
+
+
 async def test_a_langchain_call_cut_at_anthropics_max_tokens_fails_the_run(
         serve_runtime: ServeRuntime) -> None:
     """Before: TOOL_CALL_END and RUN_FINISHED: the client ran a call with broken JSON. Now

@@ -149,7 +149,8 @@ class LangChainAdapter:
             raise
         except Exception as exc:  # integrations raise their provider SDK's errors
             raise _upstream_error(exc) from None
-        if finish is None:
+        if finish is None or (finish == "stop" and calls.count):
+            # (Gemini's STOP and Ollama's `done_reason` say "stop" after calls too)
             finish = "tool_calls" if calls.count else "stop"
         yield [StreamEnd(finish, usage(tokens.get("input_tokens"), tokens.get("output_tokens"))
                          if tokens else None)]
