@@ -3,9 +3,13 @@
 A scripted loopback upstream (`test_hostile_providers`) ends an answer at the token limit
 (OpenAI `length`, Anthropic `max_tokens`, Gemini `MAX_TOKENS`): with nothing said (every token
 went to reasoning), in the middle of a tool call's arguments, or after some text. Anthropic's
-`pause_turn` is not an end either, and LangChain chat models' own stop reasons (ChatAnthropic's
+`pause_turn` is not an end either. Nor is any other end but a normal one: a content filter
+or a refusal, Anthropic's `model_context_window_exceeded`, Mistral's `model_length` and
+`error`, DeepSeek's `insufficient_system_resource`: none ever finishes a call whose arguments
+it cut, and each says its own error. LangChain chat models' own stop reasons (ChatAnthropic's
 `max_tokens`/`refusal`, ChatGoogleGenerativeAI's `MAX_TOKENS`/`SAFETY`) mean what the direct
-adapters make of them. And text that arrives in the same read as a mid-stream
+adapters make of them. An answer with nothing in it, to the user's message, is no answer
+(after a tool's result it is one). And text that arrives in the same read as a mid-stream
 error event reaches the client and the thread before the error, worded as the direct routes
 word it on the SDK routes too.
 """
@@ -28,6 +32,8 @@ from copilot_runtime._exceptions import UpstreamError
 from copilot_runtime.adapters.anthropic import AnthropicAdapter
 from copilot_runtime.adapters.base import ChatRequest, StreamEnd, TextDelta
 from tests.conftest import ServeRuntime, run_input, text_of, types
+from tests.gql.wire import user_turn
+from tests.test_graphql_agents import turn
 from tests.test_hostile_providers import (
     AN_START,
     HEAD,
@@ -152,6 +158,160 @@ async def test_a_server_action_is_not_run_with_cut_arguments(
     assert ran == []
     assert len(upstream.requests) == 1
     assert "TOOL_CALL_RESULT" not in types(events)
+
+
+def cut_call_by(provider: str, reason: str) -> list[Step]:
+    """`setColor` called with `{"c": "re`, then the answer ended with `reason`."""
+    if provider == "openai":
+        return [HEAD, oa_tool(0, "call_1", "setColor", '{"c": "re'), oa_finish(reason),
+                OA_DONE]
+    return [HEAD, AN_START, an_tool_start(0), an_args(0, '{"c": "re'), an_stop(),
+            *an_end(reason)]
+
+
+#: Ends other than the token limit that cut a call, and the code that says so.
+CUT_CALL_BY = {
+    "openai content_filter": "CONTENT_FILTERED",
+    "anthropic refusal": "CONTENT_FILTERED",
+    "anthropic model_context_window_exceeded": "OUTPUT_TRUNCATED",
+    "openai model_length": "OUTPUT_TRUNCATED",  # Mistral's context window
+    "openai insufficient_system_resource": "UPSTREAM_ERROR",  # DeepSeek's
+    "openai error": "UPSTREAM_ERROR",  # Mistral's
+}
+
+
+@pytest.mark.parametrize("transport", ["direct", "sdk"])
+@pytest.mark.parametrize("case", CUT_CALL_BY)
+async def test_a_tool_call_cut_by_any_other_end_fails_the_run_with_its_reason(
+        serve_runtime: ServeRuntime, case: str, transport: str) -> None:
+    """Before: TOOL_CALL_START/ARGS/END then RUN_FINISHED, as if finished (the real client
+    failed with tool_argument_parse_failed). Now the run ends with the reason's error, as at
+    the token limit."""
+    provider, reason = case.split()
+    async with hostile(serve_runtime, provider, cut_call_by(provider, reason),
+                       transport=transport) as (served, _):
+        events = await run(served, run_input("paint", tools=[SET_COLOR]))
+    assert types(events)[-1] == "RUN_ERROR", events
+    assert events[-1]["code"] == CUT_CALL_BY[case], events[-1]
+    if reason != "error":
+        assert "'setColor'" in events[-1]["message"], events[-1]
+    assert "RUN_FINISHED" not in types(events), events
+
+
+@pytest.mark.parametrize("case", ["openai content_filter", "anthropic refusal",
+                                  "openai model_length"])
+async def test_a_server_action_is_not_run_with_arguments_cut_by_any_other_end(
+        serve_runtime: ServeRuntime, case: str) -> None:
+    """Before: the action ran with the cut JSON (a "not valid JSON" result), and the model was
+    asked again right after its filter or refusal. Now nothing runs and the run fails."""
+    ran: list[str] = []
+
+    @action
+    def setColor(c: str) -> str:
+        """Sets the colour."""
+        ran.append(c)
+        return "done"
+
+    provider, reason = case.split()
+    async with ScriptedUpstream(cut_call_by(provider, reason), cut_call_by(provider, reason)
+                                ) as upstream:
+        runtime = CopilotRuntime(service_adapter=make_adapter(provider, upstream.url,
+                                                              "direct"), actions=[setColor])
+        async with serve_runtime(runtime) as served:
+            events = await run(served, run_input("paint"))
+    assert events[-1]["code"] == CUT_CALL_BY[case], events[-1]
+    assert ran == []
+    assert len(upstream.requests) == 1
+    assert "TOOL_CALL_RESULT" not in types(events)
+
+
+async def test_a_graphql_call_cut_by_the_filter_is_a_failed_turn(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: an ActionExecutionMessage with the cut arguments and Success, in a successful
+    turn. Now the message and the turn are failed, the turn with CONTENT_FILTERED."""
+    show = {"name": "setColor", "description": "Sets the colour",
+            "jsonSchema": '{"type": "object", "properties": {"c": {"type": "string"}}}'}
+    async with hostile(serve_runtime, "openai", cut_call_by("openai", "content_filter")
+                       ) as (served, _):
+        response = await turn(served, user_turn("paint", actions=[show]))
+    status = response["status"]
+    assert status["__typename"] == "FailedResponseStatus", status
+    assert status["details"]["originalError"]["originalErrorType"] == "CONTENT_FILTERED"
+    calls = [m for m in response["messages"]
+             if m["__typename"] == "ActionExecutionMessageOutput"]
+    assert [m["status"]["code"] for m in calls] == ["Failed"], calls
+
+
+#: Text cut by the context window: the words Anthropic and Mistral use for it.
+CUT_BY_WINDOW: dict[str, list[Step]] = {
+    "anthropic": [HEAD, AN_START, *an_text_block("The three causes are: 1) the"),
+                  *an_end("model_context_window_exceeded")],
+    "openai": [HEAD, oa_text("The three causes are: 1) the"), oa_finish("model_length"),
+               OA_DONE],
+}
+
+
+@pytest.mark.parametrize("provider", list(CUT_BY_WINDOW))
+async def test_text_cut_by_the_context_window_says_it_was_cut(
+        serve_runtime: ServeRuntime, provider: str) -> None:
+    """Before: a bare RUN_FINISHED, as a whole answer. Now it says `length`, as at the token
+    limit."""
+    async with hostile(serve_runtime, provider, CUT_BY_WINDOW[provider]) as (served, _):
+        events = await run(served, run_input("hi"))
+    assert types(events)[-1] == "RUN_FINISHED", events
+    assert events[-1]["result"] == {"finishReason": "length"}
+    assert text_of(events) == "The three causes are: 1) the"
+
+
+@pytest.mark.parametrize("transport", ["direct", "sdk"])
+async def test_an_answer_ended_by_an_error_finish_reason_is_an_upstream_error(
+        serve_runtime: ServeRuntime, transport: str) -> None:
+    """Mistral's `finish_reason: "error"` (the generation failed). Before: RUN_FINISHED, as
+    a whole answer. Now the text said stays and the run fails with UPSTREAM_ERROR."""
+    script: list[Step] = [HEAD, oa_text("Here is the first half of"), oa_finish("error"),
+                          OA_DONE]
+    async with hostile(serve_runtime, "openai", script, transport=transport) as (served, _):
+        events = await run(served, run_input("hi"))
+    assert types(events)[-1] == "RUN_ERROR", events
+    assert events[-1]["code"] == "UPSTREAM_ERROR", events[-1]
+    assert "error" in events[-1]["message"], events[-1]
+    assert text_of(events) == "Here is the first half of"
+
+
+#: An answer with nothing in it at a normal end (Gemini 2.5 sends STOP with no parts at all).
+SILENT: dict[str, list[Step]] = {
+    "openai": [HEAD, oa_text(""), oa_finish("stop"), OA_DONE],
+    "anthropic": [HEAD, AN_START, *an_end("end_turn")],
+    "google": [HEAD, sse({"candidates": [{"content": {"role": "model"},
+                                          "finishReason": "STOP"}]})],
+}
+
+
+@pytest.mark.parametrize(("provider", "transport"), ROUTES)
+async def test_an_empty_answer_to_the_users_message_is_an_error(
+        serve_runtime: ServeRuntime, provider: str, transport: str) -> None:
+    """Before: a bare RUN_FINISHED: the user saw nothing and no reason. Now UPSTREAM_ERROR
+    says the model gave no answer."""
+    async with hostile(serve_runtime, provider, SILENT[provider],
+                       transport=transport) as (served, _):
+        events = await run(served, run_input("hi"))
+    assert types(events) == ["RUN_STARTED", "RUN_ERROR"], events
+    assert events[-1]["code"] == "UPSTREAM_ERROR", events[-1]
+    assert "gave no answer" in events[-1]["message"], events[-1]
+
+
+@pytest.mark.parametrize("provider", list(SILENT))
+async def test_an_empty_answer_after_a_tool_result_still_finishes(
+        serve_runtime: ServeRuntime, provider: str) -> None:
+    """Nothing more to say after a tool's result is an answer (Claude often ends so)."""
+    messages = [{"id": "u", "role": "user", "content": "paint it red"},
+                {"id": "a", "role": "assistant", "toolCalls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "setColor", "arguments": '{"c": "red"}'}}]},
+                {"id": "r", "role": "tool", "toolCallId": "call_1", "content": "done"}]
+    async with hostile(serve_runtime, provider, SILENT[provider]) as (served, _):
+        events = await run(served, run_input("", tools=[SET_COLOR], messages=messages))
+    assert types(events) == ["RUN_STARTED", "RUN_FINISHED"], events
 
 
 @pytest.mark.parametrize("transport", ["direct", "sdk"])

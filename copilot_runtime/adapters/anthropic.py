@@ -103,7 +103,8 @@ _FAILURES = _direct.Failures(
 #: Unlike OpenAI's, the SDK waits for any Retry-After.
 _RETRIES = _direct.SDKRetries(max_retry_after=None)
 _FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls",
-                   "max_tokens": "length", "refusal": "content_filter"}
+                   "max_tokens": "length", "model_context_window_exceeded": "length",
+                   "refusal": "content_filter"}
 # (`pause_turn` passes as it is: a paused turn is not a finished answer)
 
 

@@ -578,6 +578,8 @@ _DATA_LINE = re.compile(rb"^data:(.*)$", re.MULTILINE)
 
 
 _DONE_EVENT = b"data: [DONE]"
+#: OpenAI-compatible servers' own words for OpenAI's finish reasons (Mistral's context window).
+_FINISH_REASONS = {"model_length": "length"}
 
 
 def _plain_chunks(block: bytes) -> list[_Chunk] | None:
@@ -764,8 +766,11 @@ class ChatCompletionsStreamParser:
                                 self._call(call.index, call.id), call.id,
                                 function.name if function else None,
                                 (function.arguments or "") if function else ""))
-                if choice.finish_reason:
-                    self.finish_reason = choice.finish_reason
+                if reason := choice.finish_reason:
+                    if reason == "error":  # (Mistral's: the generation failed)
+                        raise after(out, UpstreamError(
+                            'OpenAI ended the answer with an error (finish_reason "error")'))
+                    self.finish_reason = _FINISH_REASONS.get(reason, reason)
                     self._ended()
 
     def _reasoned(self, delta: _Delta, out: list[ChatDelta]) -> None:

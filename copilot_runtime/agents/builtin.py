@@ -354,17 +354,13 @@ class BuiltInAgent(Agent):
                 async for deltas in self.adapter.stream(request):
                     batch = answer.translate(deltas)
                     if answer.end is not None:
-                        if answer.end.finish_reason == "length":
-                            cut = answer.cut_call()
-                            if cut is not None:
-                                # Never a finished call with broken arguments (the client
-                                # or an action would run it): the run ends here.
-                                if batch:
-                                    yield batch
-                                raise OutputTruncatedError(
-                                    f"The model's call of {cut.name!r} was cut off at its "
-                                    "output token limit (maxTokens): its arguments are "
-                                    "incomplete")
+                        reason = answer.end.finish_reason
+                        if reason not in _WHOLE and (cut := answer.cut_call()) is not None:
+                            # Never a finished call with broken arguments (the client or
+                            # an action would run it): whatever cut it, the run ends here.
+                            if batch:
+                                yield batch
+                            raise _cut_call_error(reason, cut.name, self.adapter.provider)
                         # The stream's last read: its closing events go in the same write,
                         # and so do the run's when no server-side action is left to run.
                         batch.extend(answer.close())
@@ -385,6 +381,13 @@ class BuiltInAgent(Agent):
             reason = end.finish_reason if end is not None else None
             if reason in _NOT_ENDED:  # (checked once per answer, never per piece)
                 _check_ended(reason, answer, self.adapter.provider)
+            elif not answer.text and not answer.calls and turn.history \
+                    and turn.history[-1].role == "user":
+                # Silence to the user's message (Gemini 2.5 may end so) is no answer; after
+                # a tool's result, nothing more to say is one.
+                raise UpstreamError(
+                    f"The model gave no answer: the {self.adapter.provider} model ended its "
+                    f"turn ({reason or 'no finish reason'}) without saying anything")
             tail = answer.close()
             if tail:
                 yield tail
@@ -527,10 +530,29 @@ class BuiltInAgent(Agent):
         return "\n\n".join(parts) or None
 
 
+#: Finish reasons of answers the model ended itself, as the adapters word them (None: an
+#: adapter that tells none); any other end may have cut a call's arguments.
+_WHOLE = frozenset({None, "stop", "tool_calls", "function_call"})
 #: Finish reasons of answers that may not be usable as they are (see `_check_ended`).
 _NOT_ENDED = frozenset({"length", "content_filter", "pause_turn"})
 #: Those of answers cut short whose text stays a finished answer.
 _CUT = frozenset({"length", "content_filter"})
+
+
+def _cut_call_error(reason: str | None, name: str, provider: str) -> Exception:
+    """The run's error when the answer ended with `reason` in the middle of a call's
+    arguments (a call said finished would have the client or an action run it)."""
+    if reason == "length":
+        return OutputTruncatedError(
+            f"The model's call of {name!r} was cut off at its output token limit "
+            "(maxTokens): its arguments are incomplete")
+    if reason == "content_filter":
+        return ContentFilteredError(
+            f"The model's call of {name!r} was cut off by the {provider} content filter: "
+            "its arguments are incomplete")
+    return UpstreamError(
+        f"The {provider} model's answer ended ({reason}) in the middle of its call of "
+        f"{name!r}: its arguments are incomplete")
 
 
 def _check_ended(reason: str | None, answer: _Answer, provider: str) -> None:
