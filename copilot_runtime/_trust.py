@@ -41,6 +41,7 @@ from copilot_runtime.guardrails import (
     CLIENT_TEXT,
     Guardrail,
     Verdict,
+    check_failed,
     check_input,
     texts_of,
 )
@@ -591,9 +592,10 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
                     verdict, refused_at = await _judged_unless_stopped(
                         runtime, run, to_judge, principal, topics)
             source = sources[refused_at] if refused_at is not None else None
-            if source is not None:
+            if source is not None and not check_failed(verdict):
                 # Kept with the thread, as what was let through is: sent back with the
-                # chat's history, the message refuses no later turn.
+                # chat's history, the message refuses no later turn. (Not when a guardrail
+                # failed: then it is judged again, once the guardrail is back.)
                 mark = refused_mark(messages[source])
                 run.extra_ids.add(mark)
                 allowed.add(judged_for[0], judged_for[1], (mark,))

@@ -455,6 +455,40 @@ async def test_a_refused_message_sent_back_refuses_no_later_turn(
     assert "password" not in orjson.dumps(llm.requests).decode()
 
 
+class FailsFirst:
+    """A guardrail whose backend fails on its first check, then allows (and notes, as
+    `Recorder`, what it judged)."""
+
+    def __init__(self) -> None:
+        self.judged: list[str | None] = []
+
+    async def check(self, messages: Any, principal: Principal | None) -> Verdict:
+        self.judged.append(latest_user_text(messages))
+        if len(self.judged) == 1:
+            raise ConnectionError("judge backend down")
+        return Verdict(True)
+
+
+async def test_a_message_a_failed_guardrail_refused_is_judged_again(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """Before: a guardrail that failed (raised, was late, answered no verdict) refused the
+    run, and the thread kept a refused mark of the message as for a verdict: once the
+    guardrail was back, the next turn ran without it, the model never read it. Now no mark
+    is kept for a failure: the message is judged again, and let through, with the next turn."""
+    flaky = FailsFirst()
+    order = {"id": "u1", "role": "user", "content": "My order number is 4417, where is it?"}
+    async with serve_runtime(openai_runtime(llm, guardrails=[flaky])) as served:
+        failed = await served.run(run_input("", thread="flaky", run="r1", messages=[order]))
+        assert "could not be checked" in text_of(failed), failed
+        history = [order, _refusal_of(failed),
+                   {"id": "u2", "role": "user", "content": "hello"}]
+        events = await served.run(run_input("", thread="flaky", run="r2", messages=history))
+        assert types(events)[-1] == "RUN_FINISHED", events
+    assert flaky.judged == [order["content"], order["content"], "hello"]
+    assert len(llm.requests) == 1
+    assert "4417" in orjson.dumps(llm.requests[0]).decode()  # the model reads the message
+
+
 async def test_graphql_a_refused_message_sent_back_refuses_no_later_turn(
         guarded: Served, llm: MockOpenAIServer) -> None:
     """GraphQL: before, each turn after a refused one failed with
