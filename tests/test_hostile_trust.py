@@ -36,6 +36,7 @@ from copilot_runtime import (
     RequestRejectedError,
     ServiceUnavailableError,
     Verdict,
+    _trust,
 )
 from copilot_runtime._input import parse_run_input
 from copilot_runtime._runs import RunManager
@@ -487,6 +488,38 @@ async def test_a_message_a_failed_guardrail_refused_is_judged_again(
     assert flaky.judged == [order["content"], order["content"], "hello"]
     assert len(llm.requests) == 1
     assert "4417" in orjson.dumps(llm.requests[0]).decode()  # the model reads the message
+
+
+def test_no_message_is_digested_for_a_refused_mark_no_thread_holds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: each guarded run digested every client message's whole content to look for
+    its refused mark, even on a thread (or for a suggestion's owner) holding none: on a chat
+    with large attachments that took a tenth of a second on the event loop. Now no digest is
+    made unless the thread (or, for a suggestion, what this process remembers of its
+    owner) holds a refused mark; one it forgot (past `AllowedMarks`' bound) no longer counts."""
+    digested: list[str] = []
+    real = _trust.refused_mark
+
+    def counted(message: Any) -> str:
+        digested.append(message["id"])
+        return real(message)
+
+    monkeypatch.setattr(_trust, "refused_mark", counted)
+    messages = [{"id": f"u{i}", "role": "user", "content": f"question {i}"} for i in range(3)]
+    thread = {_trust.judged_mark(m) for m in messages}
+    allowed = _trust.AllowedMarks(most=2)
+    remembered = allowed.seen_by(None, None)
+    assert _trust.refused_before(messages, thread) == set()
+    assert _trust.refused_before(messages, remembered) == set()
+    assert digested == []
+    thread.add(real(messages[0]))
+    allowed.add(None, None, [real(messages[0])])
+    assert _trust.refused_before(messages, thread) == {0}
+    assert _trust.refused_before(messages, remembered) == {0}
+    allowed.add(None, None, ["a", "b"])  # the refused mark forgotten
+    digested.clear()
+    assert _trust.refused_before(messages, remembered) == set()
+    assert digested == []
 
 
 async def test_graphql_a_refused_message_sent_back_refuses_no_later_turn(
