@@ -10,7 +10,7 @@ import asyncio
 import hashlib
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -41,6 +41,7 @@ from copilot_runtime.guardrails import (
     CLIENT_TEXT,
     Guardrail,
     Verdict,
+    check_failed,
     check_input,
     texts_of,
 )
@@ -160,21 +161,29 @@ class AllowedMarks:
     only what is not among them. Bounded: past `most` marks, the least recently used are
     forgotten, and their text is judged again (as on another worker, which never saw it)."""
 
-    __slots__ = ("_marks", "most")
+    __slots__ = ("_marks", "_refused", "most")
 
     def __init__(self, most: int = MOST_ALLOWED_MARKS) -> None:
         self.most = most
         self._marks: OrderedDict[tuple[ThreadOwner | None, TopicRules | str, str], None] = \
             OrderedDict()
+        #: How many refused marks each owner has among `_marks` (`refuses_any`).
+        self._refused: Counter[ThreadOwner | None] = Counter()
 
     def add(self, owner: ThreadOwner | None, rules: TopicRules | str,
             marks: Iterable[str]) -> None:
         for mark in marks:
             key = (owner, rules, mark)
+            if key not in self._marks and mark.startswith(REFUSED_MARK_PREFIX):
+                self._refused[owner] += 1
             self._marks[key] = None
             self._marks.move_to_end(key)
         while len(self._marks) > self.most:
-            self._marks.popitem(last=False)
+            gone, _, mark = self._marks.popitem(last=False)[0]
+            if mark.startswith(REFUSED_MARK_PREFIX):
+                self._refused[gone] -= 1
+                if not self._refused[gone]:
+                    del self._refused[gone]
 
     def holds(self, owner: ThreadOwner | None, rules: TopicRules | str, mark: str) -> bool:
         key = (owner, rules, mark)
@@ -182,6 +191,10 @@ class AllowedMarks:
             return False
         self._marks.move_to_end(key)
         return True
+
+    def refuses_any(self, owner: ThreadOwner | None) -> bool:
+        """Whether a refused mark of `owner`'s is remembered (under any rules)."""
+        return owner in self._refused
 
     def seen_by(self, owner: ThreadOwner | None, rules: TopicRules) -> Collection[str]:
         """The marks `owner` had let through under `rules`, or that its agents wrote, as
@@ -209,6 +222,9 @@ class _Remembered(Collection[str]):
 
     def __iter__(self) -> Iterator[str]:  # (only asked whether it holds a mark)
         return iter(())
+
+    def refuses_any(self) -> bool:
+        return self._allowed.refuses_any(self._owner)
 
     def __len__(self) -> int:
         return 0
@@ -289,10 +305,20 @@ def refused_before(messages: Sequence[Any], seen: Collection[str]) -> set[int]:
     of the agent's input, and not judged (judged, the chat was refused for good). The last
     such message is not among them: a turn sent again with nothing after it (a retry) is
     judged, and refused, again."""
+    if not _holds_refused(seen):  # most threads: no message is digested for nothing
+        return set()
     called = _called_ids(messages)
     users = [i for i, m in enumerate(messages)
              if isinstance(m, dict) and _judged_as_users(m, called)]
     return {i for i in users[:-1] if refused_mark(messages[i]) in seen}
+
+
+def _holds_refused(seen: Collection[str]) -> bool:
+    """Whether `seen` (a thread's message ids, or `AllowedMarks.seen_by`) may hold a
+    `refused_mark`."""
+    if isinstance(seen, _Remembered):
+        return seen.refuses_any()
+    return any(mark.startswith(REFUSED_MARK_PREFIX) for mark in seen)
 
 
 class _Walk:
@@ -591,9 +617,10 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
                     verdict, refused_at = await _judged_unless_stopped(
                         runtime, run, to_judge, principal, topics)
             source = sources[refused_at] if refused_at is not None else None
-            if source is not None:
+            if source is not None and not check_failed(verdict):
                 # Kept with the thread, as what was let through is: sent back with the
-                # chat's history, the message refuses no later turn.
+                # chat's history, the message refuses no later turn. (Not when a guardrail
+                # failed: then it is judged again, once the guardrail is back.)
                 mark = refused_mark(messages[source])
                 run.extra_ids.add(mark)
                 allowed.add(judged_for[0], judged_for[1], (mark,))

@@ -54,6 +54,7 @@ __all__ = [
     "PatternGuardrail",
     "TopicGuardrail",
     "Verdict",
+    "check_failed",
     "check_input",
     "latest_user_text",
     "latest_user_texts",
@@ -72,6 +73,8 @@ class Verdict:
 
 
 ALLOWED = Verdict(True)
+#: What a guardrail that failed, was late or answered no `Verdict` counts as (fail closed):
+#: no guardrail's judgement of the text (`check_failed`).
 _FAILED = Verdict(False, "Your message could not be checked, so it was not sent.")
 #: A refusal that gave no reason.
 _REFUSED = Verdict(False, "Your message was not sent.")
@@ -439,6 +442,12 @@ async def check_input(guardrails: Sequence[Guardrail], messages: Messages,
             return await _checked(partial(judge.judge, messages, topics[0], topics[1]),
                                   seconds)
     return ALLOWED
+
+
+def check_failed(verdict: Verdict) -> bool:
+    """Whether `check_input` refused because a guardrail failed, not by a guardrail's
+    verdict: the same text may be let through once the guardrail is back."""
+    return verdict is _FAILED
 
 
 async def _checked(check: Callable[[], Awaitable[Any]], seconds: float | None) -> Verdict:

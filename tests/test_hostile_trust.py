@@ -36,6 +36,7 @@ from copilot_runtime import (
     RequestRejectedError,
     ServiceUnavailableError,
     Verdict,
+    _trust,
 )
 from copilot_runtime._input import parse_run_input
 from copilot_runtime._runs import RunManager
@@ -453,6 +454,72 @@ async def test_a_refused_message_sent_back_refuses_no_later_turn(
         assert text_of(events) == REFUSAL  # the refused turn, retried
     assert len(llm.requests) == 1
     assert "password" not in orjson.dumps(llm.requests).decode()
+
+
+class FailsFirst:
+    """A guardrail whose backend fails on its first check, then allows (and notes, as
+    `Recorder`, what it judged)."""
+
+    def __init__(self) -> None:
+        self.judged: list[str | None] = []
+
+    async def check(self, messages: Any, principal: Principal | None) -> Verdict:
+        self.judged.append(latest_user_text(messages))
+        if len(self.judged) == 1:
+            raise ConnectionError("judge backend down")
+        return Verdict(True)
+
+
+async def test_a_message_a_failed_guardrail_refused_is_judged_again(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """Before: a guardrail that failed (raised, was late, answered no verdict) refused the
+    run, and the thread kept a refused mark of the message as for a verdict: once the
+    guardrail was back, the next turn ran without it, the model never read it. Now no mark
+    is kept for a failure: the message is judged again, and let through, with the next turn."""
+    flaky = FailsFirst()
+    order = {"id": "u1", "role": "user", "content": "My order number is 4417, where is it?"}
+    async with serve_runtime(openai_runtime(llm, guardrails=[flaky])) as served:
+        failed = await served.run(run_input("", thread="flaky", run="r1", messages=[order]))
+        assert "could not be checked" in text_of(failed), failed
+        history = [order, _refusal_of(failed),
+                   {"id": "u2", "role": "user", "content": "hello"}]
+        events = await served.run(run_input("", thread="flaky", run="r2", messages=history))
+        assert types(events)[-1] == "RUN_FINISHED", events
+    assert flaky.judged == [order["content"], order["content"], "hello"]
+    assert len(llm.requests) == 1
+    assert "4417" in orjson.dumps(llm.requests[0]).decode()  # the model reads the message
+
+
+def test_no_message_is_digested_for_a_refused_mark_no_thread_holds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: each guarded run digested every client message's whole content to look for
+    its refused mark, even on a thread (or for a suggestion's owner) holding none: on a chat
+    with large attachments that took a tenth of a second on the event loop. Now no digest is
+    made unless the thread (or, for a suggestion, what this process remembers of its
+    owner) holds a refused mark; one it forgot (past `AllowedMarks`' bound) no longer counts."""
+    digested: list[str] = []
+    real = _trust.refused_mark
+
+    def counted(message: Any) -> str:
+        digested.append(message["id"])
+        return real(message)
+
+    monkeypatch.setattr(_trust, "refused_mark", counted)
+    messages = [{"id": f"u{i}", "role": "user", "content": f"question {i}"} for i in range(3)]
+    thread = {_trust.judged_mark(m) for m in messages}
+    allowed = _trust.AllowedMarks(most=2)
+    remembered = allowed.seen_by(None, None)
+    assert _trust.refused_before(messages, thread) == set()
+    assert _trust.refused_before(messages, remembered) == set()
+    assert digested == []
+    thread.add(real(messages[0]))
+    allowed.add(None, None, [real(messages[0])])
+    assert _trust.refused_before(messages, thread) == {0}
+    assert _trust.refused_before(messages, remembered) == {0}
+    allowed.add(None, None, ["a", "b"])  # the refused mark forgotten
+    digested.clear()
+    assert _trust.refused_before(messages, remembered) == set()
+    assert digested == []
 
 
 async def test_graphql_a_refused_message_sent_back_refuses_no_later_turn(
