@@ -485,6 +485,20 @@ async def test_a_langchain_call_cut_at_anthropics_max_tokens_fails_the_run(
     assert "'setColor'" in truncated(events)
 
 
+async def test_a_langchain_gemini_answer_that_failed_is_the_runs_error(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: ChatGoogleGenerativeAI's MALFORMED_FUNCTION_CALL (and Gemini's other failures)
+    ended in RUN_STARTED, RUN_FINISHED: nothing said, as if complete. Now the error the direct
+    Gemini adapter gives."""
+    model = _ScriptedChatModel(script=[lc_end({"finish_reason": "MALFORMED_FUNCTION_CALL"})])
+    async with serve_runtime(CopilotRuntime(service_adapter=LangChainAdapter(model))) \
+            as served:
+        events = await run(served, run_input("hi"))
+    assert types(events) == ["RUN_STARTED", "RUN_ERROR"], events
+    assert events[-1]["message"].endswith(
+        "Gemini produced a malformed function call (MALFORMED_FUNCTION_CALL)"), events[-1]
+
+
 @pytest.mark.parametrize("metadata", [{"finish_reason": "SAFETY"}, {"stop_reason": "refusal"}])
 async def test_a_langchain_answer_withheld_whole_is_content_filtered(
         serve_runtime: ServeRuntime, metadata: dict[str, Any]) -> None:

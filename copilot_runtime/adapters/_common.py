@@ -23,6 +23,21 @@ _E = TypeVar("_E", bound=BaseException)
 #: without any, and Chat Completions one of no messages at all; every adapter sends this.
 OPENING_TURN = "Begin."
 
+#: Gemini's finish reasons (its enum's names) → the runtime's: what the direct adapter and a
+#: LangChain model (ChatGoogleGenerativeAI's `finish_reason`) report alike.
+GEMINI_FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length", **dict.fromkeys((
+    "SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY",
+    "IMAGE_PROHIBITED_CONTENT", "IMAGE_RECITATION", "MODEL_ARMOR"), "content_filter")}
+#: Gemini's finish reasons that say the model failed to give an answer: the run's error, not
+#: an empty answer that looks finished.
+GEMINI_FAILED_REASONS = {
+    "MALFORMED_FUNCTION_CALL": "Gemini produced a malformed function call",
+    "MALFORMED_RESPONSE": "Gemini produced a malformed answer",
+    "UNEXPECTED_TOOL_CALL": "Gemini called a tool where none was allowed",
+    "TOO_MANY_TOOL_CALLS": "Gemini called more tools than it may in one answer",
+    "MISSING_THOUGHT_SIGNATURE": "Gemini refused the history: a thought signature is missing",
+}
+
 def find_cause(exc: BaseException, kind: type[_E]) -> _E | None:
     """The first exception of `kind` in the cause/context chain of `exc`."""
     seen: BaseException | None = exc

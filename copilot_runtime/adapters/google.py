@@ -65,6 +65,8 @@ from copilot_runtime._held import HeldBytes
 from copilot_runtime._limits import check_json_text
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
+    GEMINI_FAILED_REASONS,
+    GEMINI_FINISH_REASONS,
     OPENING_TURN,
     after,
     arguments_object,
@@ -96,18 +98,6 @@ if TYPE_CHECKING:
 __all__ = ["GeminiStreamParser", "GoogleGenAIAdapter", "rest_body", "to_gemini_contents",
            "to_gemini_schema"]
 
-_FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length", **dict.fromkeys((
-    "SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY",
-    "IMAGE_PROHIBITED_CONTENT", "IMAGE_RECITATION", "MODEL_ARMOR"), "content_filter")}
-#: Finish reasons that say the model failed to give an answer: the run's error, not an
-#: empty answer that looks finished.
-_FAILED_REASONS = {
-    "MALFORMED_FUNCTION_CALL": "Gemini produced a malformed function call",
-    "MALFORMED_RESPONSE": "Gemini produced a malformed answer",
-    "UNEXPECTED_TOOL_CALL": "Gemini called a tool where none was allowed",
-    "TOO_MANY_TOOL_CALLS": "Gemini called more tools than it may in one answer",
-    "MISSING_THOUGHT_SIGNATURE": "Gemini refused the history: a thought signature is missing",
-}
 _SIGNATURES_KEPT = 4096
 #: Google's documented stand-in signature for a function call whose own is unknown: the API
 #: then skips its validation (written in the URL-safe alphabet, as the SDK writes bytes).
@@ -645,10 +635,10 @@ class GeminiStreamParser:
                            else TextDelta(part["text"]))
         reason = candidate.get("finishReason")
         if reason is not None:
-            failed = _FAILED_REASONS.get(reason)
+            failed = GEMINI_FAILED_REASONS.get(reason)
             if failed is not None:
                 raise after(out, UpstreamError(f"{failed} ({reason})"))
-            self.reason = _FINISH_REASONS.get(reason, str(reason).lower())
+            self.reason = GEMINI_FINISH_REASONS.get(reason, str(reason).lower())
             self.finished = True
 
     def finish(self) -> list[ChatDelta]:

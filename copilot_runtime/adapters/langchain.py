@@ -48,6 +48,8 @@ from copilot_runtime._exceptions import (
     upstream_said,
 )
 from copilot_runtime.adapters._common import (
+    GEMINI_FAILED_REASONS,
+    GEMINI_FINISH_REASONS,
     OPENING_TURN,
     arguments_object,
     error_body_message,
@@ -140,6 +142,11 @@ class LangChainAdapter:
                         out.append(ToolCallDelta(index, call.get("id"), name, arguments))
                 reason = _finish_reason(chunk.response_metadata)
                 if reason:
+                    failed = GEMINI_FAILED_REASONS.get(reason)
+                    if failed is not None:  # (no answer: an error, as the direct route's)
+                        if out:
+                            yield out
+                        raise UpstreamError(f"{failed} ({reason})")
                     finish = reason
                 if chunk.usage_metadata:
                     tokens = dict(chunk.usage_metadata)
@@ -189,9 +196,7 @@ _FINISH_REASONS = {
     "end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls",
     "max_tokens": "length", "refusal": "content_filter",
     "guardrail_intervened": "content_filter", "content_filtered": "content_filter",
-    "STOP": "stop", "MAX_TOKENS": "length", **dict.fromkeys((
-        "SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY",
-        "IMAGE_PROHIBITED_CONTENT", "IMAGE_RECITATION", "MODEL_ARMOR"), "content_filter"),
+    **GEMINI_FINISH_REASONS,
 }
 _REASON_KEYS = ("finish_reason", "stop_reason", "stopReason", "done_reason")
 
