@@ -71,12 +71,11 @@ async def test_any_stream_gives_valid_events_and_a_faithful_history(
 
     verify_events(events)
     verify_events(compact_events(events))
-    messages = events_to_messages([compact_events(events)])
-    if not text and not calls:  # the model said nothing to the user: no answer
-        assert events[-1]["type"] == "RUN_ERROR"
-        assert [m["role"] for m in messages] == ["user"]
-        return
     assert events[-1]["type"] == "RUN_FINISHED"
+    messages = events_to_messages([compact_events(events)])
+    if not text and not calls:
+        assert [m["role"] for m in messages] == ["user"]  # the model said nothing
+        return
     assistant = messages[1]
     assert assistant.get("content", "") == "".join(text)
     results = [m for m in messages if m["role"] == "tool"]

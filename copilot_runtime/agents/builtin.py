@@ -381,13 +381,6 @@ class BuiltInAgent(Agent):
             reason = end.finish_reason if end is not None else None
             if reason in _NOT_ENDED:  # (checked once per answer, never per piece)
                 _check_ended(reason, answer, self.adapter.provider)
-            elif not answer.text and not answer.calls and turn.history \
-                    and turn.history[-1].role == "user":
-                # Silence to the user's message (Gemini 2.5 may end so) is no answer; after
-                # a tool's result, nothing more to say is one.
-                raise UpstreamError(
-                    f"The model gave no answer: the {self.adapter.provider} model ended its "
-                    f"turn ({reason or 'no finish reason'}) without saying anything")
             tail = answer.close()
             if tail:
                 yield tail
