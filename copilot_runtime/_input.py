@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -61,11 +61,20 @@ class RunInput:
     def without_messages(self, indices: Collection[int]) -> RunInput:
         """A copy without the messages at `indices` (of `messages`, which the model holds
         in the same order as the JSON), in the model and in the JSON alike."""
-        kept = [m for i, m in enumerate(self.model.messages) if i not in indices]
+        return self.with_messages(dict.fromkeys(indices))
+
+    def with_messages(self, replaced: Mapping[int, dict[str, Any] | None]) -> RunInput:
+        """A copy whose messages at `replaced`'s indices are its JSON messages (left out
+        where None), in the model and in the JSON alike."""
+        models = [model if index not in replaced else type(model).model_validate(replaced[index])
+                  for index, model in enumerate(self.model.messages)
+                  if replaced.get(index, model) is not None]
         raw = dict(self.raw)
-        raw["messages"] = [m for i, m in enumerate(self.raw.get("messages") or ())
-                           if i not in indices]
-        return RunInput(self.model.model_copy(update={"messages": kept}), raw, self.transient)
+        raw["messages"] = [replaced.get(index, message)
+                           for index, message in enumerate(self.raw.get("messages") or ())
+                           if replaced.get(index, message) is not None]
+        return RunInput(self.model.model_copy(update={"messages": models}), raw,
+                        self.transient)
 
 
 def parse_json_body(body: bytes) -> Any:

@@ -32,6 +32,7 @@ from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._input import RunInput
 from copilot_runtime._runs import ActiveRun, RunManager
 from copilot_runtime._server_tools import ServerToolsAgent
+from copilot_runtime._withheld import stand_ins, withheld_mark
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.approvals.service import is_runtime_answer
 from copilot_runtime.auth import Principal, RequestInfo, owner_of
@@ -425,7 +426,9 @@ def output_marks(events: list[Event]) -> set[str]:
 def judged(input: Mapping[str, Any], seen: Collection[str],
            offered: Sequence[Mapping[str, Any]] = (),
            as_input: Collection[str] = (), dropped: Collection[int] = (),
-           sources: list[int | None] | None = None) -> list[tuple[list[str], list[Any]]]:
+           sources: list[int | None] | None = None, withheld: Collection[int] = (),
+           pieces: list[tuple[int, list[str]]] | None = None
+           ) -> list[tuple[list[str], list[Any]]]:
     """What guardrails judge of a run's input, each with the marks the thread keeps once
     it is let through.
 
@@ -448,7 +451,10 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
 
     The messages at `dropped` (`refused_before`) are not judged: the agent is not given
     them. `sources`, if given, gets for each judgement the index of the message it judges
-    as the user's, None for the one of all other text.
+    as the user's, None for the one of all other text. The messages at `withheld` are
+    stand-ins (`_withheld.stand_ins`): only the text they kept of the client's (a user
+    message's) is judged. `pieces`, if given, gets for each message that brings new text to
+    the one judgement of all other text, its index and that text (`_culprits`).
 
     Raises `_TooMuchToJudge` for more than `_MOST_JUDGED` messages, and for client text
     nesting deeper than `_DEEPEST` or holding more than `_MOST_VALUES` values.
@@ -458,26 +464,33 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
     marks: list[str] = []
     texts: list[str] = []
     walk = _Walk()
+    #: The strings of each new mark, and those the message being read brings.
+    strings_of: dict[str, list[str]] = {}
+    brought: list[str] = []
 
     def other(mark: str | None, values: list[Any]) -> None:
         if mark is None:  # not JSON (input built in process): walked to say why, if it can
             walk.strings(values)
             raise _TooMuchToJudge(_UNCHECKABLE)
-        if mark not in seen and mark not in marks:
-            marks.append(mark)
-            texts.extend(walk.strings(values))
+        if mark not in seen:
+            if mark not in marks:
+                marks.append(mark)
+                strings_of[mark] = walk.strings(values)
+                texts.extend(strings_of[mark])
+            brought.extend(strings_of[mark])
 
     called = _called_ids(messages)
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or index in dropped:
             continue
+        brought.clear()
         name = message.get("name")
-        if isinstance(name, str) and name:
+        if isinstance(name, str) and name and index not in withheld:
             other(_mark("name", name), [name])
         role = message.get("role")
         # A result no call of the history asked for reaches the model as the user's words
         # (`paired_tool_calls`): it is judged as theirs, allowed topics and all.
-        if _judged_as_users(message, called):
+        if _judged_as_users(message, called) and not (index in withheld and role == "tool"):
             mark = judged_mark(message)
             if mark not in seen:
                 if len(out) == _MOST_JUDGED:
@@ -494,9 +507,11 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
                 out.append(([mark], [*context, {**message, "role": "user"}]))
                 if sources is not None:
                     sources.append(index)
-        else:
-            for mark, pieces in history_texts(message):
-                other(mark, pieces)
+        elif index not in withheld:
+            for mark, values in history_texts(message):
+                other(mark, values)
+        if brought and pieces is not None:
+            pieces.append((index, list(brought)))
     for entry in input.get("context") or ():
         if isinstance(entry, dict):
             other(_mark("context", entry.get("description"), entry.get("value")),
@@ -598,10 +613,17 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
             offered = agent.tools.specs() if isinstance(agent, ServerToolsAgent) else []
             messages = input.raw.get("messages") or []
             dropped = refused_before(messages, seen)
-            if dropped:  # the agent never reads what was refused, whatever its kind
-                run.agent_input = run.agent_input.without_messages(dropped)
+            withheld = stand_ins(messages, seen, _tool_names(input.raw, offered)) \
+                if _holds_refused(seen) else {}
+            if dropped or withheld:  # the agent never reads what was refused, whatever its kind
+                run.agent_input = run.agent_input.with_messages(
+                    {**withheld, **dict.fromkeys(dropped)})
+            # Judged as the agent reads them: stand-ins for the messages withheld.
+            shown = [withheld.get(i, m) for i, m in enumerate(messages)]
             sources: list[int | None] = []
+            pieces: list[tuple[int, list[str]]] = []
             refused_at: int | None = None
+            culprits: list[int] = []
             try:
                 # The runtime's own answer to an approval (a deadline's timeout) is not a
                 # client's text: judging it would cost a judge call, or refuse the timeout.
@@ -609,21 +631,30 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
                 as_input = (registered or agent).forwarded_input(props) \
                     if isinstance(props, dict) and props else ()
                 to_judge = [] if is_runtime_answer(input) else judged(
-                    input.raw, seen, offered, as_input, dropped, sources)
+                    {**input.raw, "messages": shown}, seen, offered, as_input,
+                    dropped | {i for i, m in withheld.items() if m is None}, sources,
+                    withheld, pieces)
             except _TooMuchToJudge as exc:
                 to_judge, verdict = [], exc.verdict
             if to_judge:
                 with run.log_context():  # a guardrail's failure names the run it judged
-                    verdict, refused_at = await _judged_unless_stopped(
-                        runtime, run, to_judge, principal, topics)
+                    verdict, refused_at, culprits = await _judged_unless_stopped(
+                        runtime, run, to_judge, principal, topics,
+                        pieces if None in sources else [])
             source = sources[refused_at] if refused_at is not None else None
+            refused_marks: list[str] = []
             if source is not None and not check_failed(verdict):
                 # Kept with the thread, as what was let through is: sent back with the
                 # chat's history, the message refuses no later turn. (Not when a guardrail
                 # failed: then it is judged again, once the guardrail is back.)
-                mark = refused_mark(messages[source])
-                run.extra_ids.add(mark)
-                allowed.add(judged_for[0], judged_for[1], (mark,))
+                refused_marks.append(refused_mark(messages[source]))
+            elif refused_at is not None and not check_failed(verdict):
+                # The same for the other client messages found refused on their own: sent
+                # back, each is given to the agent as a stand-in (`_withheld`).
+                refused_marks.extend(withheld_mark(messages[i]) for i in culprits)
+            if refused_marks:
+                run.extra_ids.update(refused_marks)
+                allowed.add(judged_for[0], judged_for[1], refused_marks)
 
             def written_marks(events: list[Event]) -> set[str]:
                 marks = output_marks(events)
@@ -658,13 +689,17 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
 async def _judged_unless_stopped(runtime: Host, run: ActiveRun,
                                  to_judge: list[tuple[list[str], list[Any]]],
                                  principal: Principal | None,
-                                 topics: tuple[Sequence[str], Sequence[str]] | None
-                                 ) -> tuple[Verdict, int | None]:
-    """The guardrails' verdict on `to_judge` (and the index of the judgement refused), in a
+                                 topics: tuple[Sequence[str], Sequence[str]] | None,
+                                 pieces: list[tuple[int, list[str]]]
+                                 ) -> tuple[Verdict, int | None, list[int]]:
+    """The guardrails' verdict on `to_judge`, the index of the judgement refused, and when
+    the one of all other client text (brought by `pieces`' messages) was refused, the
+    indices of the messages refused on their own (`_culprits`), in a
     task a stop (or a shutdown) cancels: a run
     stopped while judged is not left waiting on them, and is driven at once to its stop's
     end, its agent never asked (`ActiveRun.cancel`)."""
-    checking = asyncio.ensure_future(_judge(runtime, run, to_judge, principal, topics))
+    checking = asyncio.ensure_future(_judge(runtime, run, to_judge, principal, topics,
+                                            pieces))
     run.on_cancel = checking.cancel
     try:
         return await checking
@@ -672,24 +707,63 @@ async def _judged_unless_stopped(runtime: Host, run: ActiveRun,
         task = asyncio.current_task()
         if run.cancel_reason is None or task is None or task.cancelling():
             raise
-        return ALLOWED, None  # (never acted on: the run stops before its agent is asked)
+        return ALLOWED, None, []  # (never acted on: the run stops before its agent is asked)
     finally:
         run.on_cancel = None
 
 
 async def _judge(runtime: Host, run: ActiveRun, to_judge: list[tuple[list[str], list[Any]]],
                  principal: Principal | None,
-                 topics: tuple[Sequence[str], Sequence[str]] | None
-                 ) -> tuple[Verdict, int | None]:
+                 topics: tuple[Sequence[str], Sequence[str]] | None,
+                 pieces: list[tuple[int, list[str]]]
+                 ) -> tuple[Verdict, int | None, list[int]]:
     for index, (marks, messages) in enumerate(to_judge):
         verdict = await check_input(runtime.guardrails, messages, principal, topics,
                                     runtime.guardrail_timeout)
         if not verdict.allowed:
-            return verdict, index
+            culprits: list[int] = []
+            if _is_other_text(messages) and not check_failed(verdict):
+                culprits = await _culprits(runtime, pieces, principal, topics,
+                                           _MOST_JUDGED - index - 1)
+            return verdict, index, culprits
         run.extra_ids.update(marks)  # kept with the thread once the run is stored
         runtime.allowed_marks.add(owner_of(principal) if principal is not None else None,
                                   topic_rules(topics), marks)
-    return ALLOWED, None
+    return ALLOWED, None, []
+
+
+def _is_other_text(messages: list[Any]) -> bool:
+    return bool(messages) and isinstance(messages[-1], dict) \
+        and bool(messages[-1].get(CLIENT_TEXT))
+
+
+async def _culprits(runtime: Host, pieces: list[tuple[int, list[str]]],
+                    principal: Principal | None,
+                    topics: tuple[Sequence[str], Sequence[str]] | None, calls: int
+                    ) -> list[int]:
+    """The indices of the messages whose text (of `pieces`) the guardrails refuse on its
+    own, each judged as the other client text is: at most `calls` judgements (none past
+    it: the run's bound on judge calls), and only a guardrail's verdict counts (a failure
+    marks nothing)."""
+    if len(pieces) > calls:
+        return []
+    found = []
+    for index, texts in pieces:
+        verdict = await check_input(
+            runtime.guardrails, [{"id": "client-text", "role": "user", CLIENT_TEXT: True,
+                                  "content": [{"type": "text", "text": t} for t in texts]}],
+            principal, topics, runtime.guardrail_timeout)
+        if not verdict.allowed and not check_failed(verdict):
+            found.append(index)
+    return found
+
+
+def _tool_names(input: Mapping[str, Any], offered: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The names of the run's tools (the client's, judged with its text, and the runtime's
+    own): a withheld tool call keeps its name only if it is one of them."""
+    tools = [*(input.get("tools") or ()), *offered]
+    return {tool["name"] for tool in tools
+            if isinstance(tool, Mapping) and isinstance(tool.get("name"), str)}
 
 
 async def _abandoned(run: ActiveRun, lease: Lease | None) -> None:

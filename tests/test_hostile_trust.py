@@ -568,6 +568,186 @@ async def test_a_refused_message_sent_back_never_reaches_a_graph(
     assert "password" not in orjson.dumps(llm.requests).decode()
 
 
+#: A chat whose client-made history holds refused text outside any user message: a frontend
+#: tool's result (paired with its call) and a made-up assistant turn, beside harmless ones.
+_LOOKUP = {"id": "a0", "role": "assistant", "content": "",
+           "toolCalls": [{"id": "tc1", "type": "function",
+                          "function": {"name": "lookup", "arguments": "{}"}}]}
+_RESULT = {"id": "t0", "role": "tool", "toolCallId": "tc1",
+           "content": "account note: reset your password monthly"}
+_MADE_UP = {"id": "x0", "role": "assistant", "content": "I will tell you the password later."}
+_HARMLESS = {"id": "h0", "role": "assistant", "content": "Your account is in good shape."}
+_OTHER_TEXT = [{"id": "u0", "role": "user", "content": "look up my account"}, _LOOKUP,
+               _RESULT, _MADE_UP, _HARMLESS, {"id": "u1", "role": "user", "content": "ok?"}]
+
+
+class RecordingAll:
+    """A guardrail that allows everything, and notes every text it was shown (the messages
+    it judges with included)."""
+
+    def __init__(self) -> None:
+        self.shown: list[Any] = []
+
+    async def check(self, messages: Any, principal: Principal | None) -> Verdict:
+        self.shown.append(messages)
+        return Verdict(True)
+
+
+async def test_refused_text_of_other_client_messages_refuses_no_later_turn(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer, tmp_path: Path) -> None:
+    """Before: a refused tool result or made-up assistant turn (judged with the rest of the
+    client's text, as one) kept no refused mark, so each later turn, sending it back, was
+    refused again: the chat was over. Now the refused group's messages are judged one by
+    one, the thread keeps a mark of each refused one (in its store), and sent back, a
+    refused tool result reaches the model as a fixed stand-in (paired with its call), a
+    refused assistant turn without calls not at all; neither is judged again, and the
+    harmless messages of the same group reach the model."""
+    recorder = RecordingAll()
+    store = tmp_path / "threads.sqlite3"
+
+    def runtime() -> CopilotRuntime:
+        return openai_runtime(llm, guardrails=[PatternGuardrail(deny=[r"\bpassword\b"]),
+                                               recorder],
+                              thread_store=SQLiteThreadStore(store))
+
+    async with serve_runtime(runtime()) as first, serve_runtime(runtime()) as second:
+        refused = await first.run(run_input("", thread="other", run="r1",
+                                            messages=_OTHER_TEXT))
+        assert text_of(refused) == REFUSAL
+        await _stored(second, "other", "u1")
+        recorder.shown.clear()
+        history = [*_OTHER_TEXT, _refusal_of(refused),
+                   {"id": "u2", "role": "user", "content": "hello"}]
+        events = await second.run(run_input("", thread="other", run="r2", messages=history))
+        assert text_of(events) == "echo: hello", events
+        assert "password" not in orjson.dumps(recorder.shown).decode()
+        # The stand-in is the runtime's own text: a judge's context, never what is judged.
+        assert "withheld" not in orjson.dumps([m[-1] for m in recorder.shown]).decode()
+        assert any("withheld" in orjson.dumps(m).decode() for m in recorder.shown)
+    assert len(llm.requests) == 1
+    sent = llm.requests[0]["messages"]
+    assert "password" not in orjson.dumps(sent).decode()
+    results = [m for m in sent if m["role"] == "tool"]
+    assert results == [{"role": "tool", "tool_call_id": "tc1",
+                        "content": "(withheld: the guardrails refused this tool result)"}]
+    calls = [m for m in sent if m.get("tool_calls")]
+    assert [c["function"] for m in calls for c in m["tool_calls"]] == [
+        {"name": "lookup", "arguments": "{}"}]
+    assert "Your account is in good shape." in orjson.dumps(sent).decode()
+
+
+class FailingAt:
+    """A guardrail that fails (raises) on the calls numbered in `failing`, else allows."""
+
+    def __init__(self, *failing: int) -> None:
+        self.failing, self.calls = set(failing), 0
+
+    async def check(self, messages: Any, principal: Principal | None) -> Verdict:
+        self.calls += 1
+        if self.calls in self.failing:
+            raise RuntimeError("judge backend down")
+        return Verdict(True)
+
+
+async def test_a_refused_tool_result_a_guardrail_failed_on_is_judged_again(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """A guardrail that fails while the refused group's messages are judged one by one keeps
+    no mark (as for a user message): sent back, the tool result is judged, and refused,
+    again; marked then, it refuses no later turn."""
+    # Calls 1-3 judge u0, u1 and the group (refused by the pattern); 4 and 5 the pieces.
+    failing = FailingAt(4, 5)
+    runtime = openai_runtime(llm, guardrails=[failing,
+                                              PatternGuardrail(deny=[r"\bpassword\b"])])
+    messages = [{"id": "u0", "role": "user", "content": "look up my account"}, _LOOKUP,
+                _RESULT, {"id": "u1", "role": "user", "content": "ok?"}]
+    async with serve_runtime(runtime) as served:
+        refused = await served.run(run_input("", thread="fail", run="r1", messages=messages))
+        assert text_of(refused) == REFUSAL
+        assert failing.calls == 5
+        history = [*messages, _refusal_of(refused), {"id": "u2", "role": "user", "content": "hi"}]
+        refused = await served.run(run_input("", thread="fail", run="r2", messages=history))
+        assert text_of(refused) == REFUSAL  # judged again: no mark was kept
+        history += [_refusal_of(refused), {"id": "u3", "role": "user", "content": "hello"}]
+        events = await served.run(run_input("", thread="fail", run="r3", messages=history))
+    assert text_of(events) == "echo: hello", events
+    assert "password" not in orjson.dumps(llm.requests).decode()
+
+
+async def test_other_client_text_is_not_searched_past_the_judging_bound(
+        guarded: Served, llm: MockOpenAIServer) -> None:
+    """Control of the bound: a refused group of more messages than `_MOST_JUDGED` judge calls
+    allow is refused as before, no message of it marked (the next turn is refused too)."""
+    made_up = [{"id": f"x{i}", "role": "assistant", "content": f"note {i}"} for i in range(40)]
+    messages = [*made_up, _MADE_UP, {"id": "u1", "role": "user", "content": "ok?"}]
+    refused = await guarded.run(run_input("", thread="many", run="r1", messages=messages))
+    assert text_of(refused) == REFUSAL
+    history = [*messages, _refusal_of(refused), {"id": "u2", "role": "user", "content": "hi"}]
+    events = await guarded.run(run_input("", thread="many", run="r2", messages=history))
+    assert text_of(events) == REFUSAL
+    assert llm.requests == []
+
+
+async def test_graphql_a_refused_action_result_refuses_no_later_turn(
+        guarded: Served, llm: MockOpenAIServer) -> None:
+    """GraphQL 1.10: before, a frontend action's result the guardrails refused failed every
+    later turn with `GUARDRAILS_VALIDATION_FAILED`, the client sending it back. Now the
+    next turn runs, the model reading a stand-in result paired with the action's call."""
+    created = "2025-01-01T00:00:00.000Z"
+    action = {"name": "lookup", "description": "Looks up the account",
+              "jsonSchema": '{"type":"object","properties":{}}'}
+    data: dict[str, Any] = {
+        "threadId": "gq-result", "frontend": {"actions": [action]},
+        "metadata": {"requestType": "Chat"},
+        "messages": [gql_text("u1", "user", "look up my account"),
+                     {"id": "x1", "createdAt": created, "actionExecutionMessage": {
+                         "name": "lookup", "arguments": "{}", "parentMessageId": "a1"}},
+                     {"id": "r1", "createdAt": created, "resultMessage": {
+                         "actionExecutionId": "x1", "actionName": "lookup",
+                         "result": "note: reset your password monthly"}}]}
+    await assert_graphql_refused(guarded, data)
+    data["messages"] += [gql_text("a2", "assistant", REFUSAL), gql_text("u2", "user", "hello")]
+    status, body = await call(guarded, "POST", "", None,
+                              {"query": _GENERATE, "variables": {"data": data}}, GQL)
+    assert status == 200, body
+    result = orjson.loads(body)["data"]["generateCopilotResponse"]
+    assert result["status"] == {"code": "Success"}, result
+    assert "".join(result["messages"][-1]["content"]) == "echo: hello", result
+    assert len(llm.requests) == 1
+    sent = orjson.dumps(llm.requests).decode()
+    assert "password" not in sent
+    assert "withheld" in sent
+
+
+async def test_a_refused_tool_result_sent_back_never_reaches_a_graph(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """Before: the follow-up of a turn refused for a tool result was refused too. Now a
+    LangGraph agent runs it, its graph and model holding the stand-in result, never the
+    refused text."""
+    async with httpx.AsyncClient() as client:
+        runtime = CopilotRuntime(
+            guardrails=[PatternGuardrail(deny=[r"\bpassword\b"])],
+            agents={"chat": LangGraphAgent(name="chat",
+                                           graph=graphs.chat_graph(llm.base_url, client))})
+        async with serve_runtime(runtime) as served:
+            refused = await served.run(
+                run_input("", thread="lg-result", run="r1", messages=_OTHER_TEXT),
+                agent="chat")
+            assert text_of(refused) == REFUSAL
+            history = [*_OTHER_TEXT, _refusal_of(refused),
+                       {"id": "u2", "role": "user", "content": "hello"}]
+            events = await served.run(
+                run_input("", thread="lg-result", run="r2", messages=history), agent="chat")
+    assert text_of(events) == "echo: hello", events
+    snapshots = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"]
+    assert snapshots
+    assert "password" not in orjson.dumps(snapshots).decode()
+    assert len(llm.requests) == 1
+    sent = orjson.dumps(llm.requests).decode()
+    assert "password" not in sent
+    assert "withheld" in sent
+    assert "Your account is in good shape." in sent
+
+
 async def test_what_was_let_through_is_not_judged_again_after_a_restart(
         serve_runtime: ServeRuntime, llm: MockOpenAIServer, tmp_path: Path) -> None:
     """Control (passes before and after): the marks live in the thread store, so a restarted

@@ -1,0 +1,75 @@
+"""Stand-ins for the client messages a thread's guardrails refused that are not the user's
+words (a tool result, a made-up assistant turn, reasoning, a message's name): sent back
+with the chat's history, each is given to the agent as a stand-in that keeps the chat's
+structure (a tool result stays paired with its call) and holds none of the refused text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from copilot_runtime.threads.base import REFUSED_MARK_PREFIX
+
+__all__ = ["WITHHELD_RESULT", "WITHHELD_TURN", "stand_ins", "withheld_mark"]
+
+#: What the agent reads in place of a refused tool result, and of a refused assistant turn
+#: that called tools (the runtime's own text: never judged).
+WITHHELD_RESULT = "(withheld: the guardrails refused this tool result)"
+WITHHELD_TURN = "(withheld: the guardrails refused this message)"
+#: The name a withheld call keeps when its own is no tool of the run (it may be the
+#: refused text).
+_WITHHELD_CALL = "withheld"
+
+
+def withheld_mark(message: Mapping[str, Any]) -> str:
+    """What a thread keeps, among its message ids, of a client message refused for text
+    that is not the user's words: a digest of the whole message (any change to it is
+    judged again), under the refused marks' prefix and of another digest than
+    `_trust.refused_mark`'s."""
+    try:
+        encoded = orjson.dumps(["withheld", message], default=str,
+                               option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    except (orjson.JSONEncodeError, TypeError):  # (such input is refused before judging)
+        encoded = orjson.dumps(["withheld", repr(message)])
+    return REFUSED_MARK_PREFIX + "w" + hashlib.blake2b(encoded, digest_size=16).hexdigest()
+
+
+def stand_ins(messages: Sequence[Any], seen: Collection[str],
+              tool_names: Collection[str]) -> dict[int, dict[str, Any] | None]:
+    """For each message of `messages` (but the last: a turn retried is judged, and refused,
+    again) whose `withheld_mark` is in `seen`, its stand-in (None: left out)."""
+    out: dict[int, dict[str, Any] | None] = {}
+    for index, message in enumerate(messages[:-1]):
+        if isinstance(message, dict) and withheld_mark(message) in seen:
+            out[index] = _stand_in(message, tool_names)
+    return out
+
+
+def _stand_in(message: Mapping[str, Any], tool_names: Collection[str]) -> dict[str, Any] | None:
+    role = message.get("role")
+    if role == "tool":
+        return {"id": message.get("id"), "role": "tool",
+                "toolCallId": message.get("toolCallId"), "content": WITHHELD_RESULT}
+    if role == "assistant":
+        calls = [call for call in message.get("toolCalls") or ()
+                 if isinstance(call, Mapping)]
+        if not calls:  # nothing pairs with it: left out
+            return None
+        return {"id": message.get("id"), "role": "assistant", "content": WITHHELD_TURN,
+                "toolCalls": [_withheld_call(call, tool_names) for call in calls]}
+    if role == "reasoning":
+        return None
+    # Any other message was refused for its name alone (its text is judged as the user's).
+    return {key: value for key, value in message.items() if key != "name"}
+
+
+def _withheld_call(call: Mapping[str, Any], tool_names: Collection[str]) -> dict[str, Any]:
+    function = call.get("function")
+    name = function.get("name") if isinstance(function, Mapping) else None
+    return {"id": call.get("id"), "type": "function",
+            "function": {"name": name if name in tool_names else _WITHHELD_CALL,
+                         "arguments": "{}"}}
