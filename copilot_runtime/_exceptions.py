@@ -166,7 +166,10 @@ _SECRETS = re.compile(SECRET_VALUES)
 #: case. Any `*token` but counts and limits (`input_tokens`, `token_count`, `max_token`).
 SECRET_KEYS = (
     r"(authorization|cookie|api[-_]?key|(?<!max_)token(?!s|_count|_limit)|secret|password"
-    r"|passwd|pwd|credential|dsn|(?:private|access)[-_]?key"
+    r"|passwd|credential|dsn"
+    # These as a name's last part only (`db_pwd`, `aws_access_key`, `privateKey`), not a
+    # path's, an id's or a directory's name (`private_key_path`, `access_key_id`, `pwd_dir`).
+    r"|pwd$|(?:private|access)[-_]?keys?$"
     # `auth` alone or as a name's last word (`proxy-auth`), not `author` or `auth_method`.
     r"|(?:^|[-_])auth$)")
 
