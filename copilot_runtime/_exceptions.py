@@ -122,20 +122,34 @@ def upstream_said(text: str, known: Sequence[str | None] = ()) -> str:
 # message may carry that no client should read.
 _FILE_PATH = re.compile(r"(?<![\w:/.~-])(?:/[\w.@~-]+){2,}|\b[A-Za-z]:\\[\w.@ \\-]+")
 
-# A PEM private key block up to its END line, or to where its text was cut; its lines
-# broken by newlines or, in JSON, by `\n`.
+# A PEM private key block up to its END line (its body stops at another BEGIN, so that
+# many headers cost one pass), or to where its text was cut: then only a base64 body that
+# runs to the text's end, which prose after a header (a format's description) never is. Its
+# lines broken by newlines or, in JSON, by `\n`.
 _PEM_PRIVATE_KEY = (
-    r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY-----[A-Za-z0-9+/=\s\\:,.-]*?"
-    r"(?:-----END[A-Z0-9 ]*PRIVATE KEY-----|(?![A-Za-z0-9+/=\s\\:,.-]))")
+    r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY-----"
+    r"(?:(?:[A-Za-z0-9+/=\s\\:,.]|-(?!----BEGIN))*?-----END[A-Z0-9 ]*PRIVATE KEY-----"
+    r"|(?:\s|\\[nr])*[A-Za-z0-9+/=]{16}(?:[A-Za-z0-9+/=\s]|\\[nr])*+\Z)")
+
+# Names whose values are secrets, as written before `:` or `=` in text.
+_SECRET_NAME = (r"(?<![\w-])[\w-]*?(?:passw(?:or)?d|pwd|secret|(?:api|access|private)[-_]?key"
+                r"|token|credentials?)")
+# A quoted value of 6 characters or more, not a number, its escapes read (libpq's `\'`, JSON's
+# `\"`), without its closing quote (there is none where the text was cut).
+_SINGLE_QUOTED = r"'(?!\d+')(?:[^'\\\r\n]|\\.){6,}"
+_DOUBLE_QUOTED = r'"(?!\d+")(?:[^"\\\r\n]|\\.){6,}'
 
 #: Secret-looking values, as a pattern every redaction shares (upstream words passed on,
 #: action errors, logs): a URL's `user:password`, bearer and Basic credentials, provider and
 #: code-forge keys, JWTs, PEM private keys, secret query parameters, and secrets given by
 #: name as `name: value` or `name=value` (a header dump, a DSN, a dict's repr, JSON): an
 #: authorization with any scheme word, a cookie header's whole value, and any name ending in
-#: password, secret, an API, access or private key, token or credential(s), its value up to
-#: its closing quote when it is quoted (a libpq password with spaces). Counts are spared:
-#: `max_tokens=100` names `tokens`, and a number alone is no secret.
+#: password, secret, an API, access or private key, token or credential(s). A quoted value
+#: goes whole (spaces and all) only where it is a value for sure: a DSN's or a call's
+#: `password='…'`, and a mapping's `"password": "…"` (its key quoted, not a label's in
+#: prose: `Field 'password': 'String should…'`); after a label (`password: "must contain a
+#: digit"`) its first word alone. Counts are spared: `max_tokens=100` names `tokens`, and a
+#: number alone is no secret.
 SECRET_VALUES = (
     # A URL's user and password up to the `@` before its host, `@`s in the password too:
     # URL parsers (Redis', Python's) split at the last `@`, so `redis://:p@ss@host` is the
@@ -153,12 +167,17 @@ SECRET_VALUES = (
     r"|(?i:\b(?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?(?:[a-z][\w.-]*[ \t]+)?"
     r"[^\s,;\"'}]{6,})"
     r"|(?i:\bcookie[\"']?[ \t]*[:=][ \t]*[\"']?[^\r\n\"']+)"
-    r"|(?i:(?<![\w-])[\w-]*?(?:passw(?:or)?d|pwd|secret|(?:api|access|private)[-_]?key|token"
-    r"|credentials?)[\"']?[ \t]*[:=][ \t]*[\"']?"
-    # The value: a private key, a quoted one up to its quote (spaces and all), or a word.
+    # `"name": "…"`, its key quoted and not after a word (a label in prose): from the key's
+    # name to the value's closing quote, which is left to close the key's opening one.
+    rf"|(?i:(?<=[\"'])(?<!\w [\"']){_SECRET_NAME}[\"'][ \t]*:[ \t]*"
+    rf"(?:{_SINGLE_QUOTED}(?='|\Z)|{_DOUBLE_QUOTED}(?=\"|\Z)))"
+    rf"|(?i:{_SECRET_NAME}"
+    # `name='…'`: the value with both its quotes (none is left behind).
+    rf"(?:[ \t]*=[ \t]*(?:{_SINGLE_QUOTED}(?:'|\Z)|{_DOUBLE_QUOTED}(?:\"|\Z))"
+    # Any other `name: value` or `name=value`: a private key, or one word.
+    r"|[\"']?[ \t]*[:=][ \t]*[\"']?"
     rf"(?:{_PEM_PRIVATE_KEY}"
-    r"|(?<=')(?!\d+')[^'\r\n]{6,}(?=')|(?<=\")(?!\d+\")(?:[^\"\\\r\n]|\\.){6,}(?=\")"
-    r"|(?!\d+(?![^\s,;\"'}&]))[^\s,;\"'}&]{6,}))")
+    r"|(?!\d+(?![^\s,;\"'}&]))[^\s,;\"'}&]{6,})))")
 _SECRETS = re.compile(SECRET_VALUES)
 
 #: Names whose values are secrets, as a pattern searched in a name (a log field's, a URL
@@ -166,7 +185,10 @@ _SECRETS = re.compile(SECRET_VALUES)
 #: case. Any `*token` but counts and limits (`input_tokens`, `token_count`, `max_token`).
 SECRET_KEYS = (
     r"(authorization|cookie|api[-_]?key|(?<!max_)token(?!s|_count|_limit)|secret|password"
-    r"|passwd|pwd|credential|dsn|(?:private|access)[-_]?key"
+    r"|passwd|credential|dsn"
+    # These as a name's last part only (`db_pwd`, `aws_access_key`, `privateKey`), not a
+    # path's, an id's or a directory's name (`private_key_path`, `access_key_id`, `pwd_dir`).
+    r"|pwd$|(?:private|access)[-_]?keys?$"
     # `auth` alone or as a name's last word (`proxy-auth`), not `author` or `auth_method`.
     r"|(?:^|[-_])auth$)")
 

@@ -35,7 +35,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 import copilot_runtime
 from copilot_runtime import ActionError, CopilotRuntime, MCPServer, action
-from copilot_runtime._exceptions import scrub_secrets
+from copilot_runtime._exceptions import failure_text, scrub_secrets
 from copilot_runtime.agents.langgraph_platform import LangGraphPlatformAgent, platform_thread_id
 from copilot_runtime.testing import ScriptedAdapter, text_turn, tool_turn, verify_events
 from copilot_runtime.testing.loopback import LoopbackServer
@@ -493,11 +493,11 @@ _PEM_BODY = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7"
      "[REDACTED]\ndone"),
     (f'{{"type": "service_account", "private_key": "-----BEGIN RSA PRIVATE KEY-----\\n'
      f'{_PEM_BODY}\\n-----END RSA PRIVATE KEY-----\\n", "client_email": "x@y"}}',
-     '{"type": "service_account", "[REDACTED]\\n", "client_email": "x@y"}'),
+     '{"type": "service_account", "[REDACTED]", "client_email": "x@y"}'),
     (f"key file cut: -----BEGIN EC PRIVATE KEY-----\n{_PEM_BODY[:30]}",
      "key file cut: [REDACTED]"),
     ("connection failed: host=db user=app password='correct horse battery' dbname=app",
-     "connection failed: host=db user=app [REDACTED]' dbname=app"),
+     "connection failed: host=db user=app [REDACTED] dbname=app"),
     ('{"password": "correct horse battery", "user": "app"}',
      '{"[REDACTED]", "user": "app"}'),
     ("token rejected: github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
@@ -513,6 +513,64 @@ def test_private_keys_quoted_passwords_and_more_tokens_are_blanked(
     stayed); GitHub fine-grained, Hugging Face and Slack tokens went whole. Now each is
     blanked whole."""
     assert scrub_secrets(text) == scrubbed
+
+
+@pytest.mark.parametrize("said", [
+    'password: "must contain a digit and a letter"',
+    "credentials: 'not configured for this project'",
+    "tool said: secret: 'the meeting is at noon' ok",
+    "Summary of the token: 'abc def ghi jkl'",
+])
+def test_quoted_words_after_a_secret_sounding_label_are_kept(said: str) -> None:
+    """Before: any quoted text after a label such as `password:` was blanked whole and its
+    closing quote left behind (`ValueError: [REDACTED]"`), in the error texts the model and
+    the user read. Now a quoted value is taken whole only where it is one for sure (a DSN's
+    `password='…'`, a mapping's `"password": "…"`): a label's first word alone, as before."""
+    assert scrub_secrets(said) == said
+    assert failure_text(ValueError(said)) == f"ValueError: {said}"
+
+
+@pytest.mark.parametrize(("text", "scrubbed"), [
+    ("host=db password='correct horse battery' dbname=app", "host=db [REDACTED] dbname=app"),
+    ('connect(password="correct horse battery")', "connect([REDACTED])"),
+    ("password = 'correct horse battery staple'", "[REDACTED]"),
+    ("{'db': 'x', 'password': 'correct horse battery'}", "{'db': 'x', '[REDACTED]'}"),
+    ('{\n  "token": "expired or revoked by the admin"\n}', '{\n  "[REDACTED]"\n}'),
+    ("password='correct horse batt", "[REDACTED]"),  # cut before its closing quote
+    # A label's quoted text is no mapping: its first word alone, as before.
+    ("Field 'password': 'String should have at least 8 characters'",
+     "Field '[REDACTED] should have at least 8 characters'"),
+])
+def test_a_quoted_value_is_blanked_whole_where_it_is_a_value_for_sure(
+        text: str, scrubbed: str) -> None:
+    """Before: a DSN's quoted password left its closing quote behind (`[REDACTED]' dbname`).
+    Now the value goes with both its quotes; a mapping's keeps the one that closes its key's."""
+    assert scrub_secrets(text) == scrubbed
+
+
+@pytest.mark.parametrize(("text", "scrubbed"), [
+    (r"connection failed: host=db password='it\'s a long secret' dbname=app",
+     "connection failed: host=db [REDACTED] dbname=app"),
+    (r"password='Tr0ub4dor\'s horse battery' dbname=app", "[REDACTED] dbname=app"),
+    (r"password='a\\b\'c d e f' x", "[REDACTED] x"),
+])
+def test_a_single_quoted_value_with_escaped_quotes_is_blanked_whole(
+        text: str, scrubbed: str) -> None:
+    """Before: libpq's `\\'` in a single-quoted password ended the match (the whole value
+    in clear, or its tail after the escaped quote). Now escapes are read as libpq reads them."""
+    assert scrub_secrets(text) == scrubbed
+
+
+@pytest.mark.parametrize("text", [
+    "Expected format: -----BEGIN PRIVATE KEY-----\nthen base64 then END. Contact support, "
+    "please.",
+    "-----BEGIN PRIVATE KEY----- header expected, found garbage at line 3: see docs (x)",
+    "Expected -----BEGIN PRIVATE KEY----- then the key",
+])
+def test_a_pem_header_in_prose_keeps_the_prose(text: str) -> None:
+    """Before: a PEM header without its END line blanked all the text after it, as if the
+    key had been cut there. Now only a base64 body that runs to the text's end is a cut key."""
+    assert scrub_secrets(text) == text
 
 
 @pytest.mark.parametrize("text", [

@@ -363,6 +363,21 @@ def test_log_redaction_knows_private_key_pwd_access_key_and_auth_keys() -> None:
         "alice", "bearer", "github")
 
 
+def test_log_redaction_keeps_paths_ids_and_dirs_named_after_keys() -> None:
+    """Before: `pwd` and `private_key`/`access_key` anywhere in a name redacted a key file's
+    path, an access key's id and a directory (`private_key_path`, `access_key_id`,
+    `pwd_dir`). Now they are secret names only as a name's last part (`db_pwd`,
+    `aws_access_key`, `privateKey`)."""
+    secret = "c0ffee0123456789abcdef"
+    kept = {"private_key_path": "/keys/k.pem", "access_key_id": "AKIAEXAMPLE",
+            "pwd_dir": "/srv/app", "private-key-file": "k.pem", "pwdfile": "p.txt"}
+    event = redact_secrets(None, "info", {
+        "event": "x", **kept, "db_pwd": secret, "aws_access_key": secret,
+        "privateKey": secret, "access_keys": [secret]})
+    assert secret not in orjson.dumps(event).decode()
+    assert {key: event[key] for key in kept} == kept
+
+
 @pytest.mark.parametrize("as_json", [True])
 def test_configure_logging_writes_json(as_json: bool) -> None:
     out = io.StringIO()
