@@ -370,14 +370,12 @@ class BuiltInAgent(Agent):
                     if batch:
                         yield batch
             except BaseException as exc:
-                if span is not None:
-                    span.end(None, None, exc)
+                # An answer that fails the run once its end came (a call cut at the token
+                # limit or by a filter) used its tokens all the same: they were billed.
+                _record_end(answer.end, context.usage, span, exc)
                 raise
             end = answer.end
-            if end is not None and end.usage:
-                _add_usage(context.usage, end.usage)
-            if span is not None:
-                span.end(end.finish_reason if end else None, end.usage if end else None)
+            _record_end(end, context.usage, span)
             reason = end.finish_reason if end is not None else None
             if reason in _NOT_ENDED:  # (checked once per answer, never per piece)
                 _check_ended(reason, answer, self.adapter.provider)
@@ -594,6 +592,16 @@ def _call_ids(history: Sequence[Message]) -> set[str]:
         elif isinstance(message, ToolMessage):
             ids.add(message.tool_call_id)
     return ids
+
+
+def _record_end(end: StreamEnd | None, total: dict[str, int], span: Any,
+                error: BaseException | None = None) -> None:
+    """What the answer's end said (finish reason, usage) in the run's usage and on its
+    model call's span (None: no telemetry), whether the run goes on or fails."""
+    if end is not None and end.usage:
+        _add_usage(total, end.usage)
+    if span is not None:
+        span.end(end.finish_reason if end else None, end.usage if end else None, error)
 
 
 def _add_usage(total: dict[str, int], usage: dict[str, Any]) -> None:
