@@ -25,6 +25,7 @@ __all__ = [
     "TextDelta",
     "ToolCallDelta",
     "ToolSpec",
+    "spent_before",
 ]
 
 
@@ -88,6 +89,18 @@ class StreamEnd(NamedTuple):
 
 
 ChatDelta = TextDelta | ToolCallDelta | ReasoningDelta | EncryptedReasoning | StreamEnd
+
+#: The attribute under which an adapter's error keeps the `StreamEnd` the provider told
+#: before it (its token counts): set by the adapters, read with `spent_before`.
+SPENT_ATTRIBUTE = "copilot_spent"
+
+
+def spent_before(error: BaseException) -> StreamEnd | None:
+    """The answer's end (finish reason, usage) as far as the provider told it before
+    `error`: it bills the tokens it counted though the answer failed (None: it counted
+    none)."""
+    spent = getattr(error, SPENT_ATTRIBUTE, None)
+    return spent if isinstance(spent, StreamEnd) else None
 
 
 @runtime_checkable

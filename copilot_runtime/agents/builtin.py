@@ -51,6 +51,7 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
     ToolSpec,
+    spent_before,
 )
 from copilot_runtime.agents._shared_state import (
     DELTA_TOOL,
@@ -371,8 +372,9 @@ class BuiltInAgent(Agent):
                         yield batch
             except BaseException as exc:
                 # An answer that fails the run once its end came (a call cut at the token
-                # limit or by a filter) used its tokens all the same: they were billed.
-                _record_end(answer.end, context.usage, span, exc)
+                # limit or by a filter), or once the provider counted its tokens (an error
+                # mid-stream), used its tokens all the same: they were billed.
+                _record_end(answer.end or spent_before(exc), context.usage, span, exc)
                 raise
             end = answer.end
             _record_end(end, context.usage, span)
