@@ -25,6 +25,7 @@ __all__ = [
     "TextDelta",
     "ToolCallDelta",
     "ToolSpec",
+    "configured_model",
     "spent_before",
 ]
 
@@ -90,6 +91,13 @@ class StreamEnd(NamedTuple):
 
 ChatDelta = TextDelta | ToolCallDelta | ReasoningDelta | EncryptedReasoning | StreamEnd
 
+def configured_model(adapter: object) -> str | None:
+    """The model `adapter` asks for when a request names none (for telemetry): its `model`,
+    as the provider adapters and `LangChainAdapter` name it (None: one that does not say)."""
+    model = getattr(adapter, "model", None)
+    return model if isinstance(model, str) and model else None
+
+
 #: The attribute under which an adapter's error keeps the `StreamEnd` the provider told
 #: before it (its token counts): set by the adapters, read with `spent_before`.
 SPENT_ATTRIBUTE = "copilot_spent"
@@ -105,7 +113,8 @@ def spent_before(error: BaseException) -> StreamEnd | None:
 
 @runtime_checkable
 class ServiceAdapter(Protocol):
-    """An LLM provider. `provider` names it in errors and telemetry."""
+    """An LLM provider. `provider` names it in errors and telemetry, and a `model` string
+    attribute, where it has one, the model it asks for (see `configured_model`)."""
 
     provider: str
 

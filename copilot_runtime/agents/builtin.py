@@ -51,6 +51,7 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
     ToolSpec,
+    configured_model,
     spent_before,
 )
 from copilot_runtime.agents._shared_state import (
@@ -344,13 +345,15 @@ class BuiltInAgent(Agent):
         version = input.model.protocol_version or "0"
         show_reasoning = version.split(".", 1)[0] not in ("", "0")
         taken = _call_ids(turn.history)
+        # The model each call asks for unless the client chose one (read once per run).
+        configured = configured_model(self.adapter) if telemetry is not None else None
         for step in range(self.max_steps):
             # The streaming step: one model answer, its events as they arrive.
             answer = _Answer(str(uuid.uuid4()), taken, show_reasoning=show_reasoning)
             last_step = follow_up and step == self.max_steps - 1
             request = self._request(turn, first_step=step == 0, last_step=last_step)
-            span = telemetry.model_call(self.adapter.provider, request.model) if (
-                telemetry is not None) else None
+            span = telemetry.model_call(self.adapter.provider, request.model or configured) \
+                if telemetry is not None else None
             try:
                 async for deltas in self.adapter.stream(request):
                     batch = answer.translate(deltas)
