@@ -15,6 +15,7 @@ word it on the SDK routes too.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,6 +31,7 @@ from copilot_runtime import CopilotRuntime, LangChainAdapter, action
 from copilot_runtime._exceptions import UpstreamError
 from copilot_runtime.adapters.anthropic import AnthropicAdapter
 from copilot_runtime.adapters.base import ChatRequest, StreamEnd, TextDelta
+from copilot_runtime.hooks import RunFinished
 from tests.conftest import ServeRuntime, run_input, text_of, types
 from tests.gql.wire import user_turn
 from tests.test_graphql_agents import turn
@@ -326,6 +328,50 @@ async def test_text_read_with_a_mid_stream_error_reaches_the_client_first(
     assert text_of(events) == "Here is the first half of"
     assert [m.get("content") for m in stored if m["role"] == "assistant"] == [
         "Here is the first half of"]
+
+
+#: The provider's token counts, then the error that ends the answer (Mistral's "error"
+#: finish carries its usage in the same chunk).
+USAGE_THEN_ERROR: dict[str, list[Step]] = {
+    "openai": [HEAD, oa_text("Here is"), sse({
+        "id": "c", "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "error"}],
+        "usage": {"prompt_tokens": 1200, "completion_tokens": 40}}), OA_DONE],
+    "anthropic": [HEAD, AN_START, *an_text_block("Here is"),
+                  an({"type": "error", "error": {"type": "overloaded_error",
+                                                 "message": "Overloaded"}})],
+    "google": [HEAD, gm_parts({"text": "Here is"}, usage={
+        "promptTokenCount": 1200, "candidatesTokenCount": 40}),
+        sse({"error": {"code": 503, "message": "The model is overloaded"}})],
+}
+#: What `on_run_finished` reads of them (AN_START says 3 input tokens, no output yet).
+USED = {"openai": {"input_tokens": 1200, "output_tokens": 40},
+        "anthropic": {"input_tokens": 3, "output_tokens": 0},
+        "google": {"input_tokens": 1200, "output_tokens": 40}}
+
+
+@pytest.mark.parametrize(("provider", "transport"), ROUTES)
+async def test_tokens_reported_before_a_mid_stream_error_are_counted(
+        serve_runtime: ServeRuntime, provider: str, transport: str) -> None:
+    """Before: an upstream error raised after the provider reported its token counts lost
+    them: `on_run_finished` said usage {}. Now the run's usage holds them."""
+    finished: list[RunFinished] = []
+    reported = asyncio.Event()
+
+    def on_run_finished(ended: RunFinished) -> None:
+        finished.append(ended)
+        reported.set()
+
+    async with ScriptedUpstream(USAGE_THEN_ERROR[provider]) as upstream:
+        runtime = CopilotRuntime(
+            service_adapter=make_adapter(provider, upstream.url, transport),
+            on_run_finished=on_run_finished)
+        async with serve_runtime(runtime) as served:
+            events = await run(served, run_input("hi"))
+            # (the hook runs after the answer's end)
+            await asyncio.wait_for(reported.wait(), 10)
+    assert types(events)[-1] == "RUN_ERROR", events
+    assert finished[0].usage == USED[provider]
 
 
 async def test_anthropic_sdk_event_route_words_a_mid_stream_error_as_the_direct_route(

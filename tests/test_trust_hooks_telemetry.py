@@ -31,10 +31,20 @@ from copilot_runtime import (
     RequestError,
     RequestRejectedError,  # public: the README's way for a hook to refuse (403)
 )
+from copilot_runtime.adapters.anthropic import AnthropicAdapter
+from copilot_runtime.adapters.base import (
+    ChatDelta,
+    StreamEnd,
+    TextDelta,
+    ToolCallDelta,
+    configured_model,
+)
+from copilot_runtime.adapters.google import GoogleGenAIAdapter
+from copilot_runtime.adapters.langchain import LangChainAdapter
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.hooks import ErrorInfo, RunFinished
 from copilot_runtime.telemetry import Telemetry, configure_logging, redact_secrets
-from copilot_runtime.testing import MockOpenAIServer
+from copilot_runtime.testing import MockOpenAIServer, ScriptedAdapter
 from tests.conftest import ServeRuntime, parse_sse, run_input, text_of, types
 from tests.realclient_app import getWeather
 
@@ -239,6 +249,126 @@ async def test_spans_and_metrics(serve_runtime: ServeRuntime, llm: MockOpenAISer
     finally:
         tracer_provider.shutdown()
         meter_provider.shutdown()
+
+
+#: What a provider billed for an answer that ended the run with an error.
+BILLED = {"prompt_tokens": 1200, "completion_tokens": 4096}
+_CUT_CALL: list[ChatDelta] = [ToolCallDelta(0, "call_1", "setColor", '{"c": "re')]
+#: Answers whose end fails the run (reason, its deltas): a call cut by each abnormal end,
+#: nothing said at the token limit, silence to the user's message, a paused turn.
+FAILED_ENDINGS: list[tuple[str, list[ChatDelta]]] = [
+    *((reason, [*_CUT_CALL, StreamEnd(reason, BILLED)]) for reason in (
+        "length", "content_filter", "refusal", "model_context_window_exceeded", "error")),
+    ("length", [StreamEnd("length", BILLED)]),
+    ("stop", [StreamEnd("stop", BILLED)]),
+    ("pause_turn", [TextDelta("Searching"), StreamEnd("pause_turn", BILLED)]),
+]
+
+
+async def test_tokens_of_an_answer_that_fails_the_run_are_recorded(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: a call cut at the output limit (or by any other abnormal end) raised inside
+    the adapter's stream loop, so its chat span had no usage and no finish reason, the token
+    metric no points and `on_run_finished` usage {}: billed tokens appeared nowhere. Now
+    every answer that fails the run records them, as a finished one does."""
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    finished: list[RunFinished] = []
+    runtime = CopilotRuntime(
+        service_adapter=ScriptedAdapter(*([deltas] for _, deltas in FAILED_ENDINGS)),
+        telemetry=Telemetry(tracer_provider, meter_provider),
+        on_run_finished=finished.append)
+    tools = [{"name": "setColor", "description": "Sets the colour.",
+              "parameters": {"type": "object", "properties": {"c": {"type": "string"}}}}]
+    try:
+        async with serve_runtime(runtime) as served:
+            for n in range(len(FAILED_ENDINGS)):
+                events = await served.run(run_input("paint it", run=f"r{n}", tools=tools))
+                assert types(events)[-1] == "RUN_ERROR", (n, events)
+            await wait_for(lambda: len(finished) == len(FAILED_ENDINGS), "on_run_finished")
+        assert [run.usage for run in finished] == [
+            {"input_tokens": 1200, "output_tokens": 4096}] * len(FAILED_ENDINGS)
+        spans = exporter.get_finished_spans()
+        run_ids = {s.context.span_id: s.attributes["copilotkit.run_id"]
+                   for s in spans if s.name == "copilotkit.run"}
+        chats = {run_ids[s.parent.span_id]: s.attributes for s in spans
+                 if s.name.startswith("chat ")}
+        for n, (reason, _) in enumerate(FAILED_ENDINGS):
+            chat = chats[f"r{n}"]
+            assert (chat.get("gen_ai.usage.input_tokens"),
+                    chat.get("gen_ai.usage.output_tokens")) == (1200, 4096), (n, chat)
+            assert tuple(chat.get("gen_ai.response.finish_reasons", ())) == (reason,), n
+        metrics = {m.name: m for rm in reader.get_metrics_data().resource_metrics
+                   for sm in rm.scope_metrics for m in sm.metrics}
+        tokens = {p.attributes["gen_ai.token.type"]: p.sum
+                  for p in metrics["gen_ai.client.token.usage"].data.data_points}
+        assert tokens == {"input": 1200 * len(FAILED_ENDINGS),
+                          "output": 4096 * len(FAILED_ENDINGS)}
+    finally:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+
+
+async def test_spans_and_metrics_name_the_model_requested(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """Before: `OpenAIAdapter(model="gpt-4o-mini")` gave `gen_ai.request.model` "default" on
+    the span and the metrics (only a client's forwardedProps.model was named). Now the model
+    the call asked for: the client's choice, else the adapter's."""
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    runtime = CopilotRuntime(
+        service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock",
+                                      max_retries=0, model="gpt-4o-mini"),
+        telemetry=Telemetry(tracer_provider, meter_provider))
+    try:
+        async with serve_runtime(runtime) as served:
+            await served.run(run_input("Hi", run="r-configured"))
+            await served.run(run_input("Hi", run="r-chosen",
+                                       forwardedProps={"model": "gpt-4.1"}))
+        spans = exporter.get_finished_spans()
+        run_ids = {s.context.span_id: s.attributes["copilotkit.run_id"]
+                   for s in spans if s.name == "copilotkit.run"}
+        chats = {run_ids[s.parent.span_id]: s for s in spans if s.name.startswith("chat ")}
+        assert {run: (span.name, span.attributes["gen_ai.request.model"])
+                for run, span in chats.items()} == {
+            "r-configured": ("chat gpt-4o-mini", "gpt-4o-mini"),
+            "r-chosen": ("chat gpt-4.1", "gpt-4.1")}
+        metrics = {m.name: m for rm in reader.get_metrics_data().resource_metrics
+                   for sm in rm.scope_metrics for m in sm.metrics}
+        for name in ("gen_ai.client.token.usage", "gen_ai.client.operation.duration"):
+            assert {p.attributes["gen_ai.request.model"]
+                    for p in metrics[name].data.data_points} == {"gpt-4o-mini", "gpt-4.1"}
+    finally:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+
+
+def test_every_adapter_names_its_configured_model() -> None:
+    """The model each adapter asks for when the client names none, as telemetry reads it: a
+    LangChain model's `model_name` (ChatOpenAI) or `model` (most others)."""
+    from langchain_core.language_models import FakeListChatModel
+    from langchain_openai import ChatOpenAI
+
+    class Named(FakeListChatModel):
+        model: str = "llama3.2"
+
+    adapters = {
+        "gpt-4o-mini": OpenAIAdapter(api_key="sk-x", model="gpt-4o-mini"),
+        "claude-x": AnthropicAdapter(api_key="sk-x", model="claude-x"),
+        "gemini-x": GoogleGenAIAdapter(api_key="k", model="gemini-x"),
+        "gpt-4.1": LangChainAdapter(ChatOpenAI(model="gpt-4.1", api_key="sk-x")),  # type: ignore[arg-type]
+        "llama3.2": LangChainAdapter(Named(responses=["hi"])),
+        None: LangChainAdapter(FakeListChatModel(responses=["hi"])),
+    }
+    for model, adapter in adapters.items():
+        assert configured_model(adapter) == model
+    assert configured_model(ScriptedAdapter()) is None
 
 
 def test_the_errors_metric_labels_only_the_runtimes_own_codes() -> None:

@@ -14,7 +14,7 @@ import structlog
 
 from copilot_runtime._exceptions import JSONTooDeepError, UpstreamError
 from copilot_runtime._limits import check_json_text
-from copilot_runtime.adapters.base import ChatDelta
+from copilot_runtime.adapters.base import SPENT_ATTRIBUTE, ChatDelta, StreamEnd
 
 _E = TypeVar("_E", bound=BaseException)
 
@@ -48,10 +48,14 @@ def find_cause(exc: BaseException, kind: type[_E]) -> _E | None:
     return None
 
 
-def after(deltas: list[ChatDelta], error: UpstreamError) -> UpstreamError:
+def after(deltas: list[ChatDelta], error: UpstreamError,
+          spent: StreamEnd | None = None) -> UpstreamError:
     """`error`, carrying the `deltas` its read parsed before it: the adapter's route delivers
-    them first (`UpstreamError.pending`), whatever the TCP reads were."""
+    them first (`UpstreamError.pending`), whatever the TCP reads were. `spent`: the
+    answer's end as far as the provider told it (its token counts), see `spent_before`."""
     error.pending = deltas
+    if spent is not None and spent.usage:
+        setattr(error, SPENT_ATTRIBUTE, spent)
     return error
 
 

@@ -607,8 +607,12 @@ class AnthropicStreamParser:
         elif kind == "error":
             error = event.get("error") or {}
             message = error.get("message") if isinstance(error, dict) else str(error)
+            spent = None if self.input_tokens is None else StreamEnd(
+                self.finish_reason, usage(self.input_tokens, self.output_tokens,
+                                          **self.extra_usage))
             raise after(out, UpstreamError("Anthropic reported an error mid-stream: "
-                                           f"{upstream_said(str(message), self.secrets)}"))
+                                           f"{upstream_said(str(message), self.secrets)}"),
+                        spent)
         # `ping` and unknown future events are ignored
 
     def _usage(self, data: Any) -> None:

@@ -25,6 +25,8 @@ __all__ = [
     "TextDelta",
     "ToolCallDelta",
     "ToolSpec",
+    "configured_model",
+    "spent_before",
 ]
 
 
@@ -89,10 +91,30 @@ class StreamEnd(NamedTuple):
 
 ChatDelta = TextDelta | ToolCallDelta | ReasoningDelta | EncryptedReasoning | StreamEnd
 
+def configured_model(adapter: object) -> str | None:
+    """The model `adapter` asks for when a request names none (for telemetry): its `model`,
+    as the provider adapters and `LangChainAdapter` name it (None: one that does not say)."""
+    model = getattr(adapter, "model", None)
+    return model if isinstance(model, str) and model else None
+
+
+#: The attribute under which an adapter's error keeps the `StreamEnd` the provider told
+#: before it (its token counts): set by the adapters, read with `spent_before`.
+SPENT_ATTRIBUTE = "copilot_spent"
+
+
+def spent_before(error: BaseException) -> StreamEnd | None:
+    """The answer's end (finish reason, usage) as far as the provider told it before
+    `error`: it bills the tokens it counted though the answer failed (None: it counted
+    none)."""
+    spent = getattr(error, SPENT_ATTRIBUTE, None)
+    return spent if isinstance(spent, StreamEnd) else None
+
 
 @runtime_checkable
 class ServiceAdapter(Protocol):
-    """An LLM provider. `provider` names it in errors and telemetry."""
+    """An LLM provider. `provider` names it in errors and telemetry, and a `model` string
+    attribute, where it has one, the model it asks for (see `configured_model`)."""
 
     provider: str
 

@@ -356,7 +356,8 @@ class GoogleGenAIAdapter:
             if _answered(exc.response):
                 # An error chunk of a streaming answer (the SDK raises it with the chunk's
                 # code): worded as the parser words it.
-                raise UpstreamError(f"Gemini reported an error mid-stream: {said}") from None
+                raise after([], UpstreamError(f"Gemini reported an error mid-stream: {said}"),
+                            parser.spent(None)) from None
             raise _direct.status_failure("Gemini", exc.code, said, _direct.unwaited(
                 _retry_delay(exc.details), self._max_retry_wait)) from None
         except (TimeoutError, aiohttp.ServerTimeoutError):
@@ -592,7 +593,8 @@ class GeminiStreamParser:
         if error is not None:
             message = error.get("message") if isinstance(error, dict) else None
             said = upstream_said(str(message or error), self.secrets)
-            raise after(out, UpstreamError(f"Gemini reported an error mid-stream: {said}"))
+            raise after(out, UpstreamError(f"Gemini reported an error mid-stream: {said}"),
+                        self.spent(None))
         meta = chunk.get("usageMetadata")
         if isinstance(meta, dict):
             # counts of another type are left out rather than failing a finished answer
@@ -637,7 +639,8 @@ class GeminiStreamParser:
         if reason is not None:
             failed = GEMINI_FAILED_REASONS.get(reason)
             if failed is not None:
-                raise after(out, UpstreamError(f"{failed} ({reason})"))
+                raise after(out, UpstreamError(f"{failed} ({reason})"),
+                            self.spent(str(reason).lower()))
             self.reason = GEMINI_FINISH_REASONS.get(reason, str(reason).lower())
             self.finished = True
 
@@ -650,10 +653,16 @@ class GeminiStreamParser:
                 "The Gemini stream ended before the answer was complete")
         self.done = True
         finish = "tool_calls" if self.calls and self.reason == "stop" else self.reason
+        return [StreamEnd(finish, self._usage())]
+
+    def _usage(self) -> dict[str, Any]:
         meta = self._meta
-        return [StreamEnd(finish, usage(meta.get("promptTokenCount"),
-                                        meta.get("candidatesTokenCount"),
-                                        reasoning_tokens=meta.get("thoughtsTokenCount")))]
+        return usage(meta.get("promptTokenCount"), meta.get("candidatesTokenCount"),
+                     reasoning_tokens=meta.get("thoughtsTokenCount"))
+
+    def spent(self, reason: str | None) -> StreamEnd | None:
+        """What the stream said of its tokens before an error (None: nothing yet)."""
+        return StreamEnd(reason, self._usage()) if self._meta else None
 
 
 def rest_body(contents: list[dict[str, Any]], config: dict[str, Any]) -> bytes:

@@ -83,6 +83,16 @@ class LangChainAdapter:
     def __init__(self, chat_model: BaseChatModel) -> None:
         self.chat_model = chat_model
 
+    @property
+    def model(self) -> str | None:
+        """The chat model's model name, for telemetry: ChatOpenAI's `model_name`, most
+        other integrations' `model` (None: a model that has neither)."""
+        for name in ("model_name", "model"):
+            value = getattr(self.chat_model, name, None)
+            if isinstance(value, str) and value:
+                return value
+        return None
+
     async def aclose(self) -> None:
         return None  # the application owns the model and its clients
 

@@ -736,7 +736,8 @@ class ChatCompletionsStreamParser:
                 message = error.get("message") if isinstance(error, dict) else str(error)
                 raise after(out, UpstreamError(
                     "OpenAI reported an error mid-stream: "
-                    f"{upstream_said(str(message), self.secrets)}"))
+                    f"{upstream_said(str(message), self.secrets)}"),
+                    StreamEnd(self.finish_reason, self.usage))
             if chunk.usage:
                 self.usage = chunk.usage
                 if self.finish_reason is not None:
@@ -769,7 +770,8 @@ class ChatCompletionsStreamParser:
                 if reason := choice.finish_reason:
                     if reason == "error":  # (Mistral's: the generation failed)
                         raise after(out, UpstreamError(
-                            'OpenAI ended the answer with an error (finish_reason "error")'))
+                            'OpenAI ended the answer with an error (finish_reason "error")'),
+                            StreamEnd(reason, self.usage))
                     self.finish_reason = _FINISH_REASONS.get(reason, reason)
                     self._ended()
 

@@ -51,6 +51,8 @@ from copilot_runtime.adapters.base import (
     TextDelta,
     ToolCallDelta,
     ToolSpec,
+    configured_model,
+    spent_before,
 )
 from copilot_runtime.agents._shared_state import (
     DELTA_TOOL,
@@ -343,13 +345,15 @@ class BuiltInAgent(Agent):
         version = input.model.protocol_version or "0"
         show_reasoning = version.split(".", 1)[0] not in ("", "0")
         taken = _call_ids(turn.history)
+        # The model each call asks for unless the client chose one (read once per run).
+        configured = configured_model(self.adapter) if telemetry is not None else None
         for step in range(self.max_steps):
             # The streaming step: one model answer, its events as they arrive.
             answer = _Answer(str(uuid.uuid4()), taken, show_reasoning=show_reasoning)
             last_step = follow_up and step == self.max_steps - 1
             request = self._request(turn, first_step=step == 0, last_step=last_step)
-            span = telemetry.model_call(self.adapter.provider, request.model) if (
-                telemetry is not None) else None
+            span = telemetry.model_call(self.adapter.provider, request.model or configured) \
+                if telemetry is not None else None
             try:
                 async for deltas in self.adapter.stream(request):
                     batch = answer.translate(deltas)
@@ -370,14 +374,13 @@ class BuiltInAgent(Agent):
                     if batch:
                         yield batch
             except BaseException as exc:
-                if span is not None:
-                    span.end(None, None, exc)
+                # An answer that fails the run once its end came (a call cut at the token
+                # limit or by a filter), or once the provider counted its tokens (an error
+                # mid-stream), used its tokens all the same: they were billed.
+                _record_end(answer.end or spent_before(exc), context.usage, span, exc)
                 raise
             end = answer.end
-            if end is not None and end.usage:
-                _add_usage(context.usage, end.usage)
-            if span is not None:
-                span.end(end.finish_reason if end else None, end.usage if end else None)
+            _record_end(end, context.usage, span)
             reason = end.finish_reason if end is not None else None
             if reason in _NOT_ENDED:  # (checked once per answer, never per piece)
                 _check_ended(reason, answer, self.adapter.provider)
@@ -587,6 +590,16 @@ def _call_ids(history: Sequence[Message]) -> set[str]:
         elif isinstance(message, ToolMessage):
             ids.add(message.tool_call_id)
     return ids
+
+
+def _record_end(end: StreamEnd | None, total: dict[str, int], span: Any,
+                error: BaseException | None = None) -> None:
+    """What the answer's end said (finish reason, usage) in the run's usage and on its
+    model call's span (None: no telemetry), whether the run goes on or fails."""
+    if end is not None and end.usage:
+        _add_usage(total, end.usage)
+    if span is not None:
+        span.end(end.finish_reason if end else None, end.usage if end else None, error)
 
 
 def _add_usage(total: dict[str, int], usage: dict[str, Any]) -> None:
