@@ -255,12 +255,11 @@ async def test_spans_and_metrics(serve_runtime: ServeRuntime, llm: MockOpenAISer
 BILLED = {"prompt_tokens": 1200, "completion_tokens": 4096}
 _CUT_CALL: list[ChatDelta] = [ToolCallDelta(0, "call_1", "setColor", '{"c": "re')]
 #: Answers whose end fails the run (reason, its deltas): a call cut by each abnormal end,
-#: nothing said at the token limit, silence to the user's message, a paused turn.
+#: nothing said at the token limit, a paused turn.
 FAILED_ENDINGS: list[tuple[str, list[ChatDelta]]] = [
     *((reason, [*_CUT_CALL, StreamEnd(reason, BILLED)]) for reason in (
         "length", "content_filter", "refusal", "model_context_window_exceeded", "error")),
     ("length", [StreamEnd("length", BILLED)]),
-    ("stop", [StreamEnd("stop", BILLED)]),
     ("pause_turn", [TextDelta("Searching"), StreamEnd("pause_turn", BILLED)]),
 ]
 
