@@ -186,9 +186,11 @@ _SECRETS = re.compile(SECRET_VALUES)
 SECRET_KEYS = (
     r"(authorization|cookie|api[-_]?key|(?<!max_)token(?!s|_count|_limit)|secret|password"
     r"|passwd|credential|dsn"
-    # These as a name's last part only (`db_pwd`, `aws_access_key`, `privateKey`), not a
-    # path's, an id's or a directory's name (`private_key_path`, `access_key_id`, `pwd_dir`).
-    r"|pwd$|(?:private|access)[-_]?keys?$"
+    # These anywhere (`db_pwd`, `aws_access_key`, `private_key_passphrase`, `privateKeyPem`)
+    # but in a path's, a file's, an id's or a directory's name (`private_key_path`,
+    # `access_key_id`, `pwd_dir`): those name where a secret is, not the secret.
+    r"|pwd(?![-_]?(?:dir|file|path))"
+    r"|(?:private|access)[-_]?keys?(?![-_]?(?:path|file|id|dir|name|type))"
     # `auth` alone or as a name's last word (`proxy-auth`), not `author` or `auth_method`.
     r"|(?:^|[-_])auth$)")
 

@@ -495,14 +495,17 @@ def test_log_redaction_knows_private_key_pwd_access_key_and_auth_keys() -> None:
 def test_log_redaction_keeps_paths_ids_and_dirs_named_after_keys() -> None:
     """Before: `pwd` and `private_key`/`access_key` anywhere in a name redacted a key file's
     path, an access key's id and a directory (`private_key_path`, `access_key_id`,
-    `pwd_dir`). Now they are secret names only as a name's last part (`db_pwd`,
-    `aws_access_key`, `privateKey`)."""
+    `pwd_dir`). Now those keep their values, while the names that hold the secret itself
+    (`db_pwd`, `aws_access_key`, `privateKey`, `private_key_passphrase`, `pwd_value`, a
+    review found these logged in clear for a while) stay redacted."""
     secret = "c0ffee0123456789abcdef"
     kept = {"private_key_path": "/keys/k.pem", "access_key_id": "AKIAEXAMPLE",
             "pwd_dir": "/srv/app", "private-key-file": "k.pem", "pwdfile": "p.txt"}
     event = redact_secrets(None, "info", {
         "event": "x", **kept, "db_pwd": secret, "aws_access_key": secret,
-        "privateKey": secret, "access_keys": [secret]})
+        "privateKey": secret, "access_keys": [secret], "private_key_passphrase": secret,
+        "private_key_content": secret, "privateKeyBase64": secret, "pwd_value": secret,
+        "access_key_value": secret})
     assert secret not in orjson.dumps(event).decode()
     assert {key: event[key] for key in kept} == kept
 
