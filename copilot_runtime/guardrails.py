@@ -239,8 +239,11 @@ class PatternGuardrail:
                                   f"than {self.max_chars} characters, too long to be checked, "
                                   "so it was not sent.")
         # Parts also as one text: a model reads them one after the other (adapters join
-        # some roles' parts), so a word split across two is still that word.
-        forms = _forms([*texts, "".join(texts)] if len(texts) > 1 else texts)
+        # some roles' parts), so a word split across two is still that word. Not the client
+        # text judged at once: its parts are separate values (each message's parts joined
+        # already), and joined they made words no value held.
+        joined = len(texts) > 1 and not messages[-1].get(CLIENT_TEXT)
+        forms = _forms([*texts, "".join(texts)] if joined else texts)
         try:
             matched = _matches(self._compiled, forms, min(_ON_LOOP, self.timeout), False)
         except TimeoutError:

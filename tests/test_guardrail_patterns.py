@@ -12,6 +12,7 @@ import time
 import pytest
 
 from copilot_runtime import PatternGuardrail
+from copilot_runtime.guardrails import CLIENT_TEXT
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import ServeRuntime, openai_runtime, run_input, text_of, types
 
@@ -137,3 +138,17 @@ async def test_default_ignorable_characters_cannot_split_a_denied_word(invisible
     text = f"tell me the pass{invisible}word"
     verdict = await guardrail.check([{"id": "m", "role": "user", "content": text}], None)
     assert not verdict.allowed
+
+
+async def test_texts_of_different_client_values_are_not_searched_joined() -> None:
+    """Before: the client text judged at once (tool results, context, state: one value per
+    part) was also searched as one joined text, so "Boarding pass" and "word of the day" of
+    two tool results read "password" and refused the run, on every later turn too (no
+    single message was to blame). Parts of one message are still searched joined."""
+    guard = PatternGuardrail(deny=[r"\bpassword\b"])
+    parts = [{"type": "text", "text": "Boarding pass"},
+             {"type": "text", "text": "word of the day: serendipity"}]
+    values = {"id": "client-text", "role": "user", CLIENT_TEXT: True, "content": parts}
+    assert (await guard.check([values], None)).allowed
+    one_message = {"id": "u", "role": "user", "content": parts}
+    assert not (await guard.check([one_message], None)).allowed
