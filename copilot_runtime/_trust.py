@@ -32,7 +32,7 @@ from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._input import RunInput
 from copilot_runtime._runs import ActiveRun, RunManager
 from copilot_runtime._server_tools import ServerToolsAgent
-from copilot_runtime._withheld import stand_ins, withheld_mark
+from copilot_runtime._withheld import WITHHELD_MARK_PREFIX, stand_ins, withheld_mark
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.approvals.service import is_runtime_answer
 from copilot_runtime.auth import Principal, RequestInfo, owner_of
@@ -314,12 +314,12 @@ def refused_before(messages: Sequence[Any], seen: Collection[str]) -> set[int]:
     return {i for i in users[:-1] if refused_mark(messages[i]) in seen}
 
 
-def _holds_refused(seen: Collection[str]) -> bool:
+def _holds_refused(seen: Collection[str], prefix: str = REFUSED_MARK_PREFIX) -> bool:
     """Whether `seen` (a thread's message ids, or `AllowedMarks.seen_by`) may hold a
-    `refused_mark`."""
+    `refused_mark` (or, with its prefix, a `withheld_mark`)."""
     if isinstance(seen, _Remembered):
         return seen.refuses_any()
-    return any(mark.startswith(REFUSED_MARK_PREFIX) for mark in seen)
+    return any(mark.startswith(prefix) for mark in seen)
 
 
 class _Walk:
@@ -614,7 +614,7 @@ async def start_run(runtime: Host, agent_id: str, agent: Agent, input: RunInput,
             messages = input.raw.get("messages") or []
             dropped = refused_before(messages, seen)
             withheld = stand_ins(messages, seen, _tool_names(input.raw, offered)) \
-                if _holds_refused(seen) else {}
+                if _holds_refused(seen, WITHHELD_MARK_PREFIX) else {}
             if dropped or withheld:  # the agent never reads what was refused, whatever its kind
                 run.agent_input = run.agent_input.with_messages(
                     {**withheld, **dict.fromkeys(dropped)})

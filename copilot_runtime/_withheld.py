@@ -14,7 +14,8 @@ import orjson
 
 from copilot_runtime.threads.base import REFUSED_MARK_PREFIX
 
-__all__ = ["WITHHELD_RESULT", "WITHHELD_TURN", "stand_ins", "withheld_mark"]
+__all__ = ["WITHHELD_MARK_PREFIX", "WITHHELD_RESULT", "WITHHELD_TURN", "stand_ins",
+           "withheld_mark"]
 
 #: What the agent reads in place of a refused tool result, and of a refused assistant turn
 #: that called tools (the runtime's own text: never judged).
@@ -23,6 +24,12 @@ WITHHELD_TURN = "(withheld: the guardrails refused this message)"
 #: The name a withheld call keeps when its own is no tool of the run (it may be the
 #: refused text).
 _WITHHELD_CALL = "withheld"
+#: The roles whose text is judged as the user's words (refused, they are left out: `_trust`).
+_USERS_WORDS = frozenset({"user", "system", "developer"})
+
+
+#: The prefix of every `withheld_mark` (a refused mark's, then a letter no hex digest has).
+WITHHELD_MARK_PREFIX = REFUSED_MARK_PREFIX + "w"
 
 
 def withheld_mark(message: Mapping[str, Any]) -> str:
@@ -35,7 +42,7 @@ def withheld_mark(message: Mapping[str, Any]) -> str:
                                option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
     except (orjson.JSONEncodeError, TypeError):  # (such input is refused before judging)
         encoded = orjson.dumps(["withheld", repr(message)])
-    return REFUSED_MARK_PREFIX + "w" + hashlib.blake2b(encoded, digest_size=16).hexdigest()
+    return WITHHELD_MARK_PREFIX + hashlib.blake2b(encoded, digest_size=16).hexdigest()
 
 
 def stand_ins(messages: Sequence[Any], seen: Collection[str],
@@ -44,7 +51,9 @@ def stand_ins(messages: Sequence[Any], seen: Collection[str],
     again) whose `withheld_mark` is in `seen`, its stand-in (None: left out)."""
     out: dict[int, dict[str, Any] | None] = {}
     for index, message in enumerate(messages[:-1]):
-        if isinstance(message, dict) and withheld_mark(message) in seen:
+        # (a user's own words, without a name, are never withheld: not digested for nothing)
+        if isinstance(message, dict) and (message.get("name") or message.get("role") not in
+                                          _USERS_WORDS) and withheld_mark(message) in seen:
             out[index] = _stand_in(message, tool_names)
     return out
 

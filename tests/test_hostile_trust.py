@@ -37,6 +37,7 @@ from copilot_runtime import (
     ServiceUnavailableError,
     Verdict,
     _trust,
+    _withheld,
 )
 from copilot_runtime._input import parse_run_input
 from copilot_runtime._runs import RunManager
@@ -520,6 +521,34 @@ def test_no_message_is_digested_for_a_refused_mark_no_thread_holds(
     digested.clear()
     assert _trust.refused_before(messages, remembered) == set()
     assert digested == []
+
+
+def test_no_message_is_digested_for_a_withheld_mark_no_thread_holds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a thread holding only a refused user message's mark digested every message of
+    each later run a second time, whole, looking for withheld tool results (another tenth of a
+    second on the event loop with large attachments). Now only a thread holding a withheld
+    mark looks, and never digests a user's own words (never withheld, only left out)."""
+    digested: list[str] = []
+    real = _withheld.withheld_mark
+
+    def counted(message: Any) -> str:
+        digested.append(message["id"])
+        return real(message)
+
+    monkeypatch.setattr(_withheld, "withheld_mark", counted)
+    messages = [{"id": "u0", "role": "user", "content": "question"},
+                {"id": "a0", "role": "assistant", "content": "",
+                 "toolCalls": [{"id": "tc1", "type": "function",
+                                "function": {"name": "lookup", "arguments": "{}"}}]},
+                {"id": "t0", "role": "tool", "toolCallId": "tc1", "content": "a result"},
+                {"id": "u1", "role": "user", "content": "next"}]
+    user_refused = {_trust.refused_mark(messages[0])}
+    assert not _trust._holds_refused(user_refused, _withheld.WITHHELD_MARK_PREFIX)
+    result_withheld = {real(messages[2])}
+    assert _trust._holds_refused(result_withheld, _withheld.WITHHELD_MARK_PREFIX)
+    assert list(_withheld.stand_ins(messages, result_withheld, ())) == [2]
+    assert digested == ["a0", "t0"]
 
 
 async def test_graphql_a_refused_message_sent_back_refuses_no_later_turn(
