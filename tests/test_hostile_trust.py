@@ -551,6 +551,19 @@ def test_no_message_is_digested_for_a_withheld_mark_no_thread_holds(
     assert digested == ["a0", "t0"]
 
 
+async def graphql_answered_once(guarded: Served, data: dict[str, Any],
+                                llm: MockOpenAIServer) -> str:
+    """`data`'s turn ("hello") answered, the model asked once: what the model was sent."""
+    status, body = await call(guarded, "POST", "", None,
+                              {"query": _GENERATE, "variables": {"data": data}}, GQL)
+    assert status == 200, body
+    result = orjson.loads(body)["data"]["generateCopilotResponse"]
+    assert result["status"] == {"code": "Success"}, result
+    assert "".join(result["messages"][-1]["content"]) == "echo: hello", result
+    assert len(llm.requests) == 1
+    return orjson.dumps(llm.requests).decode()
+
+
 async def test_graphql_a_refused_message_sent_back_refuses_no_later_turn(
         guarded: Served, llm: MockOpenAIServer) -> None:
     """GraphQL: before, each turn after a refused one failed with
@@ -561,14 +574,7 @@ async def test_graphql_a_refused_message_sent_back_refuses_no_later_turn(
                             "messages": [gql_text("u1", "user", DENIED)]}
     await assert_graphql_refused(guarded, data)
     data["messages"] += [gql_text("a1", "assistant", REFUSAL), gql_text("u2", "user", "hello")]
-    status, body = await call(guarded, "POST", "", None,
-                              {"query": _GENERATE, "variables": {"data": data}}, GQL)
-    assert status == 200, body
-    result = orjson.loads(body)["data"]["generateCopilotResponse"]
-    assert result["status"] == {"code": "Success"}, result
-    assert "".join(result["messages"][-1]["content"]) == "echo: hello", result
-    assert len(llm.requests) == 1
-    assert "password" not in orjson.dumps(llm.requests).decode()
+    assert "password" not in await graphql_answered_once(guarded, data, llm)
 
 
 async def test_a_refused_message_sent_back_never_reaches_a_graph(
@@ -735,14 +741,7 @@ async def test_graphql_a_refused_action_result_refuses_no_later_turn(
                          "result": "note: reset your password monthly"}}]}
     await assert_graphql_refused(guarded, data)
     data["messages"] += [gql_text("a2", "assistant", REFUSAL), gql_text("u2", "user", "hello")]
-    status, body = await call(guarded, "POST", "", None,
-                              {"query": _GENERATE, "variables": {"data": data}}, GQL)
-    assert status == 200, body
-    result = orjson.loads(body)["data"]["generateCopilotResponse"]
-    assert result["status"] == {"code": "Success"}, result
-    assert "".join(result["messages"][-1]["content"]) == "echo: hello", result
-    assert len(llm.requests) == 1
-    sent = orjson.dumps(llm.requests).decode()
+    sent = await graphql_answered_once(guarded, data, llm)
     assert "password" not in sent
     assert "withheld" in sent
 

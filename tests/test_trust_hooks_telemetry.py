@@ -180,12 +180,18 @@ async def test_plain_function_hooks_work_as_async_ones_do(
     assert finished[0].outcome == "finished"
 
 
-async def test_spans_and_metrics(serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+def in_memory_telemetry() -> tuple[InMemorySpanExporter, InMemoryMetricReader,
+                                   TracerProvider, MeterProvider]:
+    """Spans and metrics kept in memory: their exporter, reader and providers."""
     exporter = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     reader = InMemoryMetricReader()
-    meter_provider = MeterProvider(metric_readers=[reader])
+    return exporter, reader, tracer_provider, MeterProvider(metric_readers=[reader])
+
+
+async def test_spans_and_metrics(serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    exporter, reader, tracer_provider, meter_provider = in_memory_telemetry()
     runtime = CopilotRuntime(
         service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock", max_retries=0),
         actions=[getWeather], auth=BearerTokenAuth({TOKEN: "alice"}),
@@ -270,11 +276,7 @@ async def test_tokens_of_an_answer_that_fails_the_run_are_recorded(
     the adapter's stream loop, so its chat span had no usage and no finish reason, the token
     metric no points and `on_run_finished` usage {}: billed tokens appeared nowhere. Now
     every answer that fails the run records them, as a finished one does."""
-    exporter = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    reader = InMemoryMetricReader()
-    meter_provider = MeterProvider(metric_readers=[reader])
+    exporter, reader, tracer_provider, meter_provider = in_memory_telemetry()
     finished: list[RunFinished] = []
     runtime = CopilotRuntime(
         service_adapter=ScriptedAdapter(*([deltas] for _, deltas in FAILED_ENDINGS)),
@@ -316,11 +318,7 @@ async def test_spans_and_metrics_name_the_model_requested(
     """Before: `OpenAIAdapter(model="gpt-4o-mini")` gave `gen_ai.request.model` "default" on
     the span and the metrics (only a client's forwardedProps.model was named). Now the model
     the call asked for: the client's choice, else the adapter's."""
-    exporter = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    reader = InMemoryMetricReader()
-    meter_provider = MeterProvider(metric_readers=[reader])
+    exporter, reader, tracer_provider, meter_provider = in_memory_telemetry()
     runtime = CopilotRuntime(
         service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock",
                                       max_retries=0, model="gpt-4o-mini"),
@@ -374,11 +372,7 @@ def test_the_errors_metric_labels_only_the_runtimes_own_codes() -> None:
     """A remote agent's RUN_ERROR codes were each a label: 20 runs with a new code each made
     20 series of `copilotkit.run.errors`, for the life of the process. Now they are one
     "_OTHER" series; the runtime's codes keep theirs, and each span its own code."""
-    exporter = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    reader = InMemoryMetricReader()
-    meter_provider = MeterProvider(metric_readers=[reader])
+    exporter, reader, tracer_provider, meter_provider = in_memory_telemetry()
     telemetry = Telemetry(tracer_provider, meter_provider)
     try:
         codes = [f"E-{i}" for i in range(20)] + [
