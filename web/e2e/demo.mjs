@@ -456,7 +456,7 @@ async function mainPhase(p) {
     } finally {
       await p.page.unroute(runtime);
     }
-    await p.page.locator(p.ui.user, { hasText: "What is the weather in Paris?" }).waitFor({ timeout: 5000 });
+    await p.page.locator(p.ui.user, { hasText: "What is the weather in Paris?" }).waitFor({ timeout: TIMEOUT });
     await p.idle();
     await p.chooseAgent("review_loop"); // the page knows the runtime's agents again
     await p.send("Draft an invoice for INITECH, two hours of support");
@@ -482,8 +482,8 @@ async function mainPhase(p) {
     }
     // Back online, the page asks it again (and the current page's banner of the outage goes);
     // answered, the thread moves on and the banner is gone.
-    await p.panel().locator('[data-testid="approve"]:enabled').waitFor({ timeout: 10000 });
-    if (kind === "current") await p.page.locator('[data-testid="run-error"]').waitFor({ state: "detached", timeout: 5000 });
+    await p.panel().locator('[data-testid="approve"]:enabled').waitFor({ timeout: TIMEOUT });
+    if (kind === "current") await p.page.locator('[data-testid="run-error"]').waitFor({ state: "detached", timeout: TIMEOUT });
     // The classic page reloads its chat after the message refused below once the runtime
     // answers (`info`, held 1 s here), and the answer is held 3 s: that reload lands while
     // the answer is on its way, and the answer shows all the same.
@@ -527,8 +527,8 @@ async function mainPhase(p) {
     } finally {
       await p.page.unroute(runtime);
     }
-    await unavailable.waitFor({ state: "detached", timeout: 8000 });
-    await p.page.locator('[data-testid="run-error"]').waitFor({ state: "detached", timeout: 8000 });
+    await unavailable.waitFor({ state: "detached", timeout: TIMEOUT });
+    await p.page.locator('[data-testid="run-error"]').waitFor({ state: "detached", timeout: TIMEOUT });
     const refused = /ERR_CONNECTION_REFUSED|Failed to fetch|Failed to load resource/;
     forget(errorsBefore, failedBefore, (e) => !e.uncaught && refused.test(e.text), (r) => refused.test(r.error ?? ""));
   });
@@ -665,15 +665,15 @@ async function edgesPhase(p) {
     try {
       await p.open(`?agent=default&thread=${thread}`);
       const item = p.page.locator(`[data-testid="thread-item"][data-thread-id="${thread}"]`);
-      await item.filter({ hasText: "Summarise my account" }).waitFor({ timeout: 5000 });
+      await item.filter({ hasText: "Summarise my account" }).waitFor({ timeout: TIMEOUT });
       await p.page.locator('[data-testid="more-threads"]').click();
-      await item.locator("button", { hasText: "Summarise my account" }).waitFor({ timeout: 5000 });
+      await item.locator("button", { hasText: "Summarise my account" }).waitFor({ timeout: TIMEOUT });
       assert(await p.page.locator('[data-testid="thread-item"]').count() === 3, "a thread is listed twice");
       assert(await p.page.locator('[data-testid="more-threads"]').count() === 0, "more is offered past the end");
       // The list's refresh (here on a new thread) reads the older page again.
       changed = true;
       await p.page.locator('[data-testid="new-thread"]').click();
-      await item.locator("button", { hasText: "Renamed (e2e)" }).waitFor({ timeout: 5000 });
+      await item.locator("button", { hasText: "Renamed (e2e)" }).waitFor({ timeout: TIMEOUT });
       assert(await p.page.locator('[data-testid="thread-item"][data-thread-id="deleted-thread"]').count() === 0,
              "a deleted thread stays listed");
       // A new thread opened by its address (a reload before its first message) is no older
@@ -682,7 +682,7 @@ async function edgesPhase(p) {
       const fresh = crypto.randomUUID();
       await p.open(`?agent=default&thread=${fresh}`);
       await p.page.locator(`[data-testid="thread-item"][data-thread-id="${fresh}"]`, { hasText: "new thread" })
-        .waitFor({ timeout: 5000 });
+        .waitFor({ timeout: TIMEOUT });
       await p.page.waitForTimeout(500); // the title's question answered
       // A list read of the page before (its refresh after a `connect`) may be cut off by this one.
       forget(errorsBefore, failedBefore, () => false, (r) => r.error === "net::ERR_ABORTED" && /\/threads\?/.test(r.url));
@@ -713,8 +713,9 @@ async function edgesPhase(p) {
     await p.send(`Please repeat this: ${"lorem ipsum dolor sit amet ".repeat(40)}the end.`, { wait: false });
     await p.page.locator(p.ui.assistant, { hasText: "offline demo model" }).last().waitFor({ timeout: TIMEOUT });
     await p.page.locator('[data-testid="new-thread"]').click();
+    // (the run's answer takes ~2 s: a shorter bound proved nothing more, and failed under load)
     await p.page.locator(`[data-testid="thread-item"][data-thread-id="${first}"]`, { hasText: "Please repeat this" })
-      .waitFor({ timeout: 5000 });
+      .waitFor({ timeout: TIMEOUT });
   });
 
   await step(p, "an expired approval shows its outcome", async () => {
@@ -740,7 +741,7 @@ async function edgesPhase(p) {
     await other.page.locator('[data-testid="run-error"]', { hasText: /answered already|already answered/ }).waitFor({ timeout: TIMEOUT });
     // The tab is asked the current question again, its error still shown.
     await other.page.locator('[data-testid="approval-panel"]', { hasText: "draft 2" })
-      .locator('[data-testid="approve"]:enabled').waitFor({ timeout: 5000 });
+      .locator('[data-testid="approve"]:enabled').waitFor({ timeout: TIMEOUT });
     assert(await other.page.locator('[data-testid="run-error"]').count() === 1, "the stale answer's error is gone");
     await other.page.close();
     // The refused run changed nothing: a tab opened now is asked about draft 2.
