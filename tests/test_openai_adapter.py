@@ -292,3 +292,35 @@ async def test_the_tool_loop_sends_deepseeks_reasoning_content_back(
     assert [d.text for d in first if isinstance(d, ReasoningDelta)] == ["Oslo: ", "call it."]
     assert [d.text for d in second if isinstance(d, TextDelta)] == ["Sunny."]
     assert bodies[1]["messages"][1]["reasoning_content"] == "Oslo: call it."
+
+
+def _whole(body: dict[str, Any]) -> list[Any]:
+    parser = ChatCompletionsStreamParser(secrets=["sk-live-0123456789"])
+    return [*parser.feed(orjson.dumps(body)), *parser.finish()]
+
+
+def test_a_json_error_body_instead_of_a_stream_says_the_providers_words() -> None:
+    """Before: a gateway's `200 {"error": ...}` (a quota, a key) read "The OpenAI stream ended
+    before the answer was complete", the provider's own words lost. Now they are the error,
+    keys withheld."""
+    with pytest.raises(UpstreamError) as caught:
+        _whole({"error": {"message": "Insufficient quota for sk-live-0123456789",
+                          "type": "insufficient_quota"}})
+    assert caught.value.message.startswith("OpenAI answered an error: Insufficient quota")
+    assert "sk-live-0123456789" not in caught.value.message
+
+
+def test_a_whole_completion_instead_of_a_stream_is_the_answer() -> None:
+    """A server that ignores `stream: true` answers one `chat.completion`: before, the answer
+    was lost ("the stream ended before the answer was complete"); now it is read."""
+    assert _whole({"object": "chat.completion", "choices": [{
+        "index": 0, "message": {"role": "assistant", "content": "whole answer"},
+        "finish_reason": "stop"}], "usage": {"total_tokens": 3}}) == [
+        TextDelta("whole answer"), StreamEnd("stop", {"total_tokens": 3})]
+    deltas = _whole({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "getWeather", "arguments": '{"city":"Paris"}'}}]}}]})
+    assert [type(d).__name__ for d in deltas] == ["ToolCallDelta", "StreamEnd"]
+    assert deltas[0][1:] == ("call_1", "getWeather", '{"city":"Paris"}')
+    assert deltas[-1] == StreamEnd("tool_calls", None)

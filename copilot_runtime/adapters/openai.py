@@ -715,8 +715,11 @@ class ChatCompletionsStreamParser:
         out: list[ChatDelta] = []
         if self._held.held():
             # The last event not ended by a blank line: complete JSON is still a chunk.
+            rest = self._held.rest()
+            if rest.lstrip().startswith(b"{"):  # no stream at all: one JSON body
+                rest = self._whole_body(rest)
             try:
-                out.extend(self.feed(self._held.rest() + b"\n\n"))
+                out.extend(self.feed(rest + b"\n\n"))
             except UpstreamProtocolError:
                 raise UpstreamProtocolError(_CUT_SHORT) from None
             if self.done:
@@ -726,6 +729,35 @@ class ChatCompletionsStreamParser:
         self.done = True
         out.append(StreamEnd(self.finish_reason, self.usage))
         return out
+
+    def _whole_body(self, body: bytes) -> bytes:
+        """A body that is one JSON object, not a stream (a gateway's answer with status 200,
+        or a server that ignores `stream: true`): its error raised in its own words, or its
+        whole completion as the one chunk that says it; anything else as it is."""
+        try:
+            answer = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return body
+        if not isinstance(answer, dict):
+            return body
+        error = answer.get("error")
+        if error is not None:
+            message = error.get("message") if isinstance(error, dict) else error
+            raise UpstreamError(f"OpenAI answered an error: "
+                                f"{upstream_said(str(message), self.secrets)}")
+        choices = answer.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        if not isinstance(first, dict) or not isinstance(first.get("message"), dict):
+            return body
+        delta = dict(first["message"])
+        if isinstance(delta.get("tool_calls"), list):
+            delta["tool_calls"] = [{**call, "index": index} for index, call
+                                   in enumerate(delta["tool_calls"]) if isinstance(call, dict)]
+        chunk: dict[str, Any] = {"choices": [{"index": 0, "delta": delta,
+                                              "finish_reason": first.get("finish_reason")}]}
+        if answer.get("usage"):
+            chunk["usage"] = answer["usage"]
+        return b"data: " + orjson.dumps(chunk)
 
     def _chunks(self, chunks: list[_Chunk], out: list[ChatDelta]) -> None:
         append = out.append
