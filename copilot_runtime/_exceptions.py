@@ -511,6 +511,9 @@ class UpstreamError(CopilotRuntimeError):
     #: What a provider's adapter parsed from the same read before the error: its route
     #: delivers them first (whether they come depends on TCP read timing, not the answer).
     pending: Sequence[Any] = ()
+    #: The answer's end as far as the provider told it before the error (an adapter's
+    #: `StreamEnd`: its token counts, billed though the answer failed), or None.
+    spent: Any = None
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
         super().__init__(message)

@@ -14,7 +14,7 @@ import structlog
 
 from copilot_runtime._exceptions import JSONTooDeepError, UpstreamError
 from copilot_runtime._limits import check_json_text
-from copilot_runtime.adapters.base import SPENT_ATTRIBUTE, ChatDelta, StreamEnd
+from copilot_runtime.adapters.base import ChatDelta, StreamEnd
 
 _E = TypeVar("_E", bound=BaseException)
 
@@ -55,7 +55,7 @@ def after(deltas: list[ChatDelta], error: UpstreamError,
     answer's end as far as the provider told it (its token counts), see `spent_before`."""
     error.pending = deltas
     if spent is not None and spent.usage:
-        setattr(error, SPENT_ATTRIBUTE, spent)
+        error.spent = spent
     return error
 
 

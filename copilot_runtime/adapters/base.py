@@ -15,6 +15,8 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from ag_ui.core import Message
 
+from copilot_runtime._exceptions import UpstreamError
+
 __all__ = [
     "ChatDelta",
     "ChatRequest",
@@ -98,16 +100,11 @@ def configured_model(adapter: object) -> str | None:
     return model if isinstance(model, str) and model else None
 
 
-#: The attribute under which an adapter's error keeps the `StreamEnd` the provider told
-#: before it (its token counts): set by the adapters, read with `spent_before`.
-SPENT_ATTRIBUTE = "copilot_spent"
-
-
 def spent_before(error: BaseException) -> StreamEnd | None:
     """The answer's end (finish reason, usage) as far as the provider told it before
-    `error`: it bills the tokens it counted though the answer failed (None: it counted
-    none)."""
-    spent = getattr(error, SPENT_ATTRIBUTE, None)
+    `error` (`UpstreamError.spent`): it bills the tokens it counted though the answer
+    failed (None: it counted none)."""
+    spent = error.spent if isinstance(error, UpstreamError) else None
     return spent if isinstance(spent, StreamEnd) else None
 
 
