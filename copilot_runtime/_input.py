@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -57,11 +57,6 @@ class RunInput:
             else:
                 raw[key] = dumped[key]
         return RunInput(model, raw, self.transient)
-
-    def without_messages(self, indices: Collection[int]) -> RunInput:
-        """A copy without the messages at `indices` (of `messages`, which the model holds
-        in the same order as the JSON), in the model and in the JSON alike."""
-        return self.with_messages(dict.fromkeys(indices))
 
     def with_messages(self, replaced: Mapping[int, dict[str, Any] | None]) -> RunInput:
         """A copy whose messages at `replaced`'s indices are its JSON messages (left out
