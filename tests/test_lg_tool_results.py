@@ -9,6 +9,7 @@ snapshot by id and moved the result after the answer, a history OpenAI refuses."
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
@@ -111,6 +112,16 @@ def _shape(messages: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
     return [(m["id"], m["role"], bool(m.get("toolCalls"))) for m in messages]
 
 
+def _shape_by_call(messages: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    """`_shape`, each assistant turn's results in the order of its calls."""
+    order = {call["id"]: (i, n) for i, m in enumerate(messages)
+             for n, call in enumerate(m.get("toolCalls") or [])}
+    results = sorted((m for m in messages if m["role"] == "tool"),
+                     key=lambda m: order.get(m["toolCallId"], (-1, 0)))
+    out = iter(results)
+    return _shape([next(out) if m["role"] == "tool" else m for m in messages])
+
+
 async def test_a_server_tool_result_stays_before_the_answer(
         llm: MockOpenAIServer, client: httpx.AsyncClient,
         serve_runtime: ServeRuntime) -> None:
@@ -187,14 +198,18 @@ async def test_a_tool_that_succeeds_on_a_retry_is_announced_and_answered_once(
     assert [m["role"] for m in snapshot] == ["user", "assistant", "tool", "assistant"]
 
 
+@pytest.mark.parametrize("first_try_delay", [0.0, 0.3], ids=["ends-first", "ends-last"])
 async def test_a_sibling_call_answered_before_a_retry_is_answered_once(
         llm: MockOpenAIServer, client: httpx.AsyncClient,
-        serve_runtime: ServeRuntime) -> None:
+        serve_runtime: ServeRuntime, first_try_delay: float) -> None:
     """Before: the node's retry ran `steady` again, and its call was announced and
     answered a second time, under another message id (the first try's result, which the
     client held, is in no checkpoint). Now the retry's result keeps the first try's id,
-    and is not sent again."""
+    and is not sent again. "ends-last": the first try of `steady` ends after its node
+    failed and after the retry's own result (it was given a new id, the race that made this
+    test fail one run in six)."""
     tries = itertools.count()
+    steady_tries = itertools.count()
 
     @tool
     def flaky(query: str) -> str:
@@ -206,6 +221,8 @@ async def test_a_sibling_call_answered_before_a_retry_is_answered_once(
     @tool
     def steady(query: str) -> str:
         """Look something up."""
+        if next(steady_tries) == 0:
+            time.sleep(first_try_delay)
         return "steady ok"
 
     builder = _tool_loop(llm.base_url, client, [steady, flaky])
@@ -229,4 +246,6 @@ async def test_a_sibling_call_answered_before_a_retry_is_answered_once(
     assert sorted(content for _, content in answered.values()) == [
         "second try ok", "steady ok"]
     (held,) = run_client_script("apply_events.mjs", [{"events": events, "state": {}}])
-    assert _shape(held["messages"]) == _shape(snapshot)
+    # (the client holds parallel results in the order they ended; the checkpoint in the
+    # order of the calls)
+    assert _shape_by_call(held["messages"]) == _shape_by_call(snapshot)

@@ -556,9 +556,11 @@ class _ToolMessageIds(BaseCallbackHandler):
     event stream reads it. A tool that raised never ends: the message ToolNode makes of
     its error gets its id as ToolNode itself ends.
 
-    A node retried (its RetryPolicy) after some of its calls' tools ended runs them again:
-    each such call's new result gets the id its first result got (and was announced
-    under), so the checkpoint keeps that one, and the bridge sends it once."""
+    A node retried (its RetryPolicy) runs its calls' tools again: each call's result gets
+    the id its first result got, whichever try ends first (a sibling of the failing tool may
+    end after the node failed, even after the retry's own result), so the checkpoint keeps
+    the id the client was given, and the bridge sends the result once. Tries of one node are
+    told apart from a later step (whose calls may reuse ids) by their task's namespace."""
 
     run_inline = True
 
@@ -566,10 +568,17 @@ class _ToolMessageIds(BaseCallbackHandler):
         super().__init__()
         # The runs (ToolNodes) one of whose tools raised, until they end.
         self._failed_in: set[Any] = set()
-        # Per run (ToolNode) until it ends: its tool calls' result ids, by call id; and
-        # those of a run that failed, for the node's retry.
-        self._given: dict[Any, dict[str, str]] = {}
-        self._retried: dict[str, str] = {}
+        # The task (its checkpoint namespace; else the run itself) each tool's parent run
+        # (a try of a ToolNode) belongs to, and the result ids given, by task and call id.
+        self._task_of: dict[Any, Any] = {}
+        self._ids: dict[tuple[Any, str], str] = {}
+
+    def on_tool_start(self, serialized: Any, input_str: str, *, run_id: Any,
+                      parent_run_id: Any = None, metadata: dict[str, Any] | None = None,
+                      **kwargs: Any) -> None:
+        if parent_run_id is not None and parent_run_id not in self._task_of:
+            self._task_of[parent_run_id] = (metadata or {}).get(
+                "langgraph_checkpoint_ns") or parent_run_id
 
     def on_tool_error(self, error: BaseException, *, run_id: Any, parent_run_id: Any = None,
                       **kwargs: Any) -> None:
@@ -577,17 +586,12 @@ class _ToolMessageIds(BaseCallbackHandler):
             self._failed_in.add(parent_run_id)
 
     def on_chain_end(self, outputs: Any, *, run_id: Any, **kwargs: Any) -> None:
-        if self._given:
-            self._given.pop(run_id, None)
         if self._failed_in and run_id in self._failed_in:
             self._failed_in.discard(run_id)
-            self.on_tool_end(outputs)
+            self.on_tool_end(outputs, parent_run_id=run_id)
 
     def on_chain_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
         self._failed_in.discard(run_id)
-        given = self._given.pop(run_id, None) if self._given else None
-        if given:
-            self._retried.update(given)
 
     def on_tool_end(self, output: Any, *, parent_run_id: Any = None, **kwargs: Any) -> None:
         for result in _tool_results(output):
@@ -599,9 +603,12 @@ class _ToolMessageIds(BaseCallbackHandler):
                 result["id"] = self._id_for(str(result["tool_call_id"]), parent_run_id)
 
     def _id_for(self, call_id: str, run: Any) -> str:
-        given = self._retried.pop(call_id, None) or str(uuid.uuid4())
-        if run is not None:
-            self._given.setdefault(run, {})[call_id] = given
+        if run is None:
+            return str(uuid.uuid4())
+        key = (self._task_of.get(run, run), call_id)
+        given = self._ids.get(key)
+        if given is None:
+            given = self._ids[key] = str(uuid.uuid4())
         return given
 
 
