@@ -132,7 +132,8 @@ _PEM_PRIVATE_KEY = (
     r"|(?:\s|\\[nr])*[A-Za-z0-9+/=]{16}(?:[A-Za-z0-9+/=\s]|\\[nr])*+\Z)")
 
 # Names whose values are secrets, as written before `:` or `=` in text.
-_SECRET_NAME = (r"(?<![\w-])[\w-]*?(?:passw(?:or)?d|pwd|secret|(?:api|access|private)[-_]?key"
+_SECRET_NAME = (r"(?<![\w-])[\w-]*?(?:passw(?:or)?d|pwd|secret(?:[-_]?key)?"
+                r"|(?:api|access|private)[-_]?key"
                 r"|token|credentials?)")
 # A quoted value of 6 characters or more, not a number, its escapes read (libpq's `\'`, JSON's
 # `\"`), without its closing quote (there is none where the text was cut).
@@ -162,8 +163,12 @@ SECRET_VALUES = (
     r"|\bAIza[0-9A-Za-z_-]{20,}"
     r"|\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9._-]+"
     rf"|{_PEM_PRIVATE_KEY}"
-    r"|(?i:(?<=[?&;])(?:api[-_]?key|key|token|access_token|secret|password|sig|signature)"
-    r"=[^&\s\"']+)"
+    r"|(?i:(?<=[?&;])(?:api[-_]?key|key|access_token|secret|password"
+    # (a signed URL's `X-Amz-Signature`, `X-Amz-Security-Token`, `X-Goog-Signature`)
+    r"|(?:[\w-]*?[-_])?(?:token|sig|signature))=[^&\s\"']+)"
+    # A unique violation's `Key (token)=(…)` (PostgreSQL's DETAIL): the key's values.
+    r"|(?i:(?<=\bKey \()[^()\r\n]*(?:passw(?:or)?d|pwd|secret|token|api[-_]?key|credential)"
+    r"[^()\r\n]*\)=\([^\r\n]*?(?=\)(?:\s|\Z)))"
     r"|(?i:\b(?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?(?:[a-z][\w.-]*[ \t]+)?"
     r"[^\s,;\"'}]{6,})"
     r"|(?i:\bcookie[\"']?[ \t]*[:=][ \t]*[\"']?[^\r\n\"']+)"

@@ -515,6 +515,37 @@ def test_private_keys_quoted_passwords_and_more_tokens_are_blanked(
     assert scrub_secrets(text) == scrubbed
 
 
+@pytest.mark.parametrize(("text", "scrubbed"), [
+    ("settings: SECRET_KEY=django-insecure-abc123xyz", "settings: [REDACTED]"),
+    ("JWT_SECRET_KEY=abcdefgh12345 DEBUG=1", "[REDACTED] DEBUG=1"),
+    ("GET https://b.s3.amazonaws.com/o?X-Amz-Date=20261128&X-Amz-Signature=abcdef012345"
+     "&X-Amz-Security-Token=IQoJb3JpZ2luX2Vj", "GET https://b.s3.amazonaws.com/o?"
+     "X-Amz-Date=20261128&[REDACTED]&[REDACTED]"),
+    ("https://storage.googleapis.com/b/o?X-Goog-Signature=0a1b2c3d4e5f",
+     "https://storage.googleapis.com/b/o?[REDACTED]"),
+    ('duplicate key value violates unique constraint "sessions_token_key"\n'
+     "DETAIL:  Key (token)=(a1b2c3d4e5f6) already exists.",
+     'duplicate key value violates unique constraint "sessions_token_key"\n'
+     "DETAIL:  Key ([REDACTED]) already exists."),
+    ("DETAIL:  Key (user_id, api_key)=(42, k9876543210) already exists.",
+     "DETAIL:  Key ([REDACTED]) already exists."),
+])
+def test_secret_keys_signed_urls_and_unique_violations_are_blanked(
+        text: str, scrubbed: str) -> None:
+    """Before: a settings dump's `SECRET_KEY=…` (`secret` then `_KEY`), a signed URL's
+    `X-Amz-Signature` and `X-Amz-Security-Token`, and the key PostgreSQL names in a unique
+    violation's DETAIL were left in clear."""
+    assert scrub_secrets(text) == scrubbed
+
+
+@pytest.mark.parametrize("text", [
+    "DETAIL:  Key (email)=(bob@example.com) already exists.", "?page=2&sort_key=name",
+    "the secret key was rotated",
+])
+def test_other_keys_and_parameters_are_kept(text: str) -> None:
+    assert scrub_secrets(text) == text
+
+
 @pytest.mark.parametrize("said", [
     'password: "must contain a digit and a letter"',
     "credentials: 'not configured for this project'",
