@@ -559,6 +559,7 @@ class MCPToolset:
 
     def _client(self, conn: _Connection, stack: AsyncExitStack) -> Client:
         server = conn.server
+        made: Client | None = None
 
         async def on_message(message: Any) -> None:
             if isinstance(message, types.ToolListChangedNotification):
@@ -567,6 +568,8 @@ class MCPToolset:
                 _log.warning("MCP server connection fault", server=server.label,
                              error=scrub_secrets(f"{type(message).__name__}: {message}",
                                                  *server.secrets))
+                if made is not None:
+                    _fail_unreadable_answer(made, message)
 
         if server.url is not None:
             # A mount, not `transport=`: that would drop the proxies the environment names
@@ -580,15 +583,17 @@ class MCPToolset:
                                                              read=server.timeout + 1.0),
                                       mounts={"all://": noting})
             stack.push_async_callback(http.aclose)
-            return Client(streamable_http_client(server.url, http_client=http),
+            made = Client(streamable_http_client(server.url, http_client=http),
                           read_timeout_seconds=server.timeout, message_handler=on_message)
+            return made
         assert server.command is not None
         # A byte of stdout that is not UTF-8 (a legacy code page) reads as U+FFFD: strict, it
         # ended the SDK's reader silently, and every later call timed out.
-        return Client(StdioServerParameters(command=server.command, args=list(server.args),
+        made = Client(StdioServerParameters(command=server.command, args=list(server.args),
                                             env=dict(server.env) if server.env else None,
                                             encoding_error_handler="replace"),
                       read_timeout_seconds=server.timeout, message_handler=on_message)
+        return made
 
     async def _relist(self, conn: _Connection) -> None:
         """The server said its tools changed: list them again. Said while the toolset starts
@@ -715,6 +720,27 @@ def _connection_gone(exc: Exception, client: Client) -> bool:
             return _transport_closed(exc, client)
         return exc.code == types.INVALID_REQUEST and exc.message in _SESSION_UNKNOWN
     return isinstance(exc, _CONNECTION_ERRORS)
+
+
+def _fail_unreadable_answer(client: Client, fault: Exception) -> None:
+    """Fails the request a server answered with a line the SDK could not read (`"result":
+    null`, an error without its message): the SDK drops the line, and over stdio its caller
+    waited for the whole timeout, then read "timed out". The answer's id is in the parse
+    error; its request fails at once with what was wrong (the SDK's private table of pending
+    requests: nothing is done where it has none)."""
+    if not isinstance(fault, pydantic.ValidationError):
+        return
+    for error in fault.errors():
+        answer = error.get("input")
+        if isinstance(answer, dict) and "method" not in answer:
+            request = answer.get("id")
+            if isinstance(request, str | int) and not isinstance(request, bool):
+                fail = getattr(client.session._dispatcher, "_resolve_pending", None)
+                if fail is not None:
+                    fail(request, types.ErrorData(
+                        code=types.INTERNAL_ERROR,
+                        message="the server's answer is not a valid JSON-RPC response"))
+            return
 
 
 def _transport_closed(exc: MCPError, client: Client) -> bool:

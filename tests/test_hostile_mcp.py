@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -557,6 +558,27 @@ async def test_a_byte_not_utf8_on_a_stdio_servers_stdout_is_replaced() -> None:
     await toolset.start()
     try:
         assert await tool(toolset, "cafe").execute("{}") == '"caf\ufffd"'
+        assert await tool(toolset, "ping").execute("{}") == '"pong"'
+    finally:
+        await toolset.aclose()
+
+
+async def test_an_answer_that_is_no_json_rpc_fails_its_call_at_once() -> None:
+    """Before: the SDK's stdio reader dropped an answer it could not read (`"result": null`,
+    an error without its message), and the call waited for the server's whole timeout,
+    then read "timed out". Now it fails at once, saying why, and the session goes on."""
+    toolset = MCPToolset([MCPServer(command=sys.executable, args=[str(LEGACY)], name="legacy",
+                                    timeout=30)])
+    await toolset.start()
+    try:
+        for name in ("nothing", "mute"):
+            started = time.monotonic()
+            with pytest.raises(ActionError) as failed:
+                await tool(toolset, name).execute("{}")
+            assert time.monotonic() - started < 5
+            assert failed.value.message == (
+                f"the MCP tool {name} of legacy failed: MCPError: the server's answer is not "
+                "a valid JSON-RPC response")
         assert await tool(toolset, "ping").execute("{}") == '"pong"'
     finally:
         await toolset.aclose()

@@ -1,5 +1,6 @@
 """A stdio MCP server without the SDK, on a legacy code page: `cafe` answers "café" in
-Latin-1 (one byte of its line is not UTF-8), `ping` answers "pong"."""
+Latin-1 (one byte of its line is not UTF-8), `ping` answers "pong"; and careless: `nothing`
+answers `"result": null`, `mute` an error without its message (no JSON-RPC answer, either)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def answer(method: str, params: dict[str, Any]) -> tuple[dict[str, Any], str]:
                 "serverInfo": {"name": "legacy", "version": "1"}}, "utf-8"
     if method == "tools/list":
         return {"tools": [{"name": name, "description": name, "inputSchema": {"type": "object"}}
-                          for name in ("cafe", "ping")]}, "utf-8"
+                          for name in ("cafe", "ping", "nothing", "mute")]}, "utf-8"
     if method == "tools/call":
         cafe = params.get("name") == "cafe"
         return {"content": [{"type": "text", "text": "café" if cafe else "pong"}]}, \
@@ -33,5 +34,12 @@ if __name__ == "__main__":
         request = json.loads(line)
         if request.get("id") is None:
             continue  # a notification
-        result, encoding = answer(request.get("method"), request.get("params") or {})
-        send({"jsonrpc": "2.0", "id": request["id"], "result": result}, encoding)
+        params = request.get("params") or {}
+        if request.get("method") == "tools/call" and params.get("name") == "nothing":
+            send({"jsonrpc": "2.0", "id": request["id"], "result": None})
+        elif request.get("method") == "tools/call" and params.get("name") == "mute":
+            send({"jsonrpc": "2.0", "id": request["id"],
+                  "error": {"code": -32000, "message": None}})
+        else:
+            result, encoding = answer(request.get("method"), params)
+            send({"jsonrpc": "2.0", "id": request["id"], "result": result}, encoding)
