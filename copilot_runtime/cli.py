@@ -20,6 +20,7 @@ import sqlite3
 import sys
 import threading
 import unicodedata
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,8 @@ class CLIError(Exception):
 #: What goes wrong at start-up for a reason to tell in one line, without a traceback: the
 #: command line, the configuration, a database file that cannot be opened.
 _ONE_LINE_ERRORS = (CLIError, ConfigurationError, OSError, sqlite3.Error)
+#: The base path `serve` and `demo` give the runtime unless told another.
+_DEFAULT_PATH = "/copilotkit"
 
 
 def _one_line(exc: Exception) -> str:
@@ -309,10 +312,20 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def _app_served(target: str, host: str, port: int, path: str) -> str:
+    """What `serve` says of an ASGI app of the user's: where it is, not the runtime's routes
+    (it serves its own), and that `--path` does not apply to it."""
+    said = f"copilot-runtime {__version__} serving {target} at http://{_url_host(host)}:{port}/"
+    if path != _DEFAULT_PATH:
+        said += "\n--path applies to a CopilotRuntime only: this ASGI app serves its own routes"
+    return said
+
+
 def _print_next_steps(host: str, port: int, path: str, model: str | None,
                       workflows: str | None = None, notice: str | None = None) -> None:
     base = "/" + path.strip("/") if path.strip("/") else ""  # as create_app reads it
-    url = f"http://{_url_host(host)}:{port}{base}"
+    # (percent-encoded: a path with a space made each curl line two URLs)
+    url = f"http://{_url_host(host)}:{port}{urllib.parse.quote(base)}"
     lines = [
         f"copilot-runtime {__version__} serving {url}",
     ]
@@ -406,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
                          help="address to listen on (default: %(default)s)")
         sub.add_argument("--port", type=int, default=port,
                          help="port to listen on, 1-65535 (default: %(default)s)")
-        sub.add_argument("--path", default="/copilotkit",
+        sub.add_argument("--path", default=_DEFAULT_PATH,
                          help="base path of the runtime (default: %(default)s)")
         sub.add_argument("--log-level", default="warning",
                          choices=["critical", "error", "warning", "info", "debug"],
@@ -481,10 +494,12 @@ def main(argv: list[str] | None = None) -> None:
 
             if not isinstance(target, CopilotRuntime):
                 lifespan = "auto"  # as uvicorn serves it: its lifespan, if it has one
-            elif target.auth is None:
-                _warn_exposed(args.host, args.port, "the runtime", ", or give it auth= "
-                              "(README: Many users on one runtime)")
-            _print_next_steps(args.host, args.port, args.path, None)
+                _say(_app_served(args.target, args.host, args.port, args.path))
+            else:
+                if target.auth is None:
+                    _warn_exposed(args.host, args.port, "the runtime", ", or give it auth= "
+                                  "(README: Many users on one runtime)")
+                _print_next_steps(args.host, args.port, args.path, None)
         else:
             from copilot_runtime.demo import (
                 WORKFLOWS_NEED_EXTRA,

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from ag_ui.core import AssistantMessage, FunctionCall, ToolCall, ToolMessage, UserMessage
 
-from copilot_runtime import ActionError, CopilotRuntime, DemoAdapter
+from copilot_runtime import ActionError, CopilotRuntime, DemoAdapter, __version__
 from copilot_runtime.adapters.base import ChatRequest, TextDelta, ToolCallDelta, ToolSpec
 from copilot_runtime.demo import build_demo_runtime, get_weather, roll_dice
 from copilot_runtime.testing import verify_events
@@ -390,3 +390,21 @@ async def test_the_offline_model_streams_a_long_answer_in_bounded_pieces() -> No
         pieces += [d.text for d in deltas if isinstance(d, TextDelta)]
     assert result in "".join(pieces)
     assert len(pieces) <= 150
+
+
+def test_the_serving_banner_gives_urls_that_work(capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `--path "/a b"` printed `curl http://127.0.0.1:8000/a b/info` (two URLs to
+    curl), and an ASGI app of the user's was announced with the runtime's URLs and curl
+    lines, its `--path` silently ignored."""
+    from copilot_runtime.cli import _app_served, _print_next_steps
+
+    _print_next_steps("127.0.0.1", 8000, "/a b", None)
+    out = capsys.readouterr().out
+    assert "curl http://127.0.0.1:8000/a%20b/info" in out
+    assert "/a b" not in out
+    assert _app_served("myapp:app", "127.0.0.1", 8000, "/copilotkit") == (
+        f"copilot-runtime {__version__} serving myapp:app at http://127.0.0.1:8000/")
+    said = _app_served("myapp:app", "::1", 8000, "/api")
+    assert "at http://[::1]:8000/" in said
+    assert "--path applies to a CopilotRuntime only" in said
+    assert "curl" not in said

@@ -347,16 +347,20 @@ def test_an_asgi_app_without_a_lifespan_is_served(
     (tmp_path / "plain_app.py").write_text(NO_LIFESPAN_APP)
     port = free_port()
     process = _command(tmp_path, "serve", "plain_app:app", "--port", str(port),
-                       "--workers", workers)
+                       "--workers", workers, "--path", "/api")
     stopped.append(process)
     # Before: uvicorn's traceback of the app's assertion, and exit code 3.
     wait_for_server(f"http://127.0.0.1:{port}/", process)
     assert httpx2.get(f"http://127.0.0.1:{port}/", timeout=5).text == "ok"
     process.send_signal(signal.SIGTERM)
-    _out, err = process.communicate(timeout=15)
+    out, err = process.communicate(timeout=15)
     # One process ends as SIGTERM asks, once shut down; a supervisor exits 0.
     assert process.returncode == (-signal.SIGTERM if workers == "1" else 0), err
     assert b"Traceback" not in err, err
+    # Announced as what it is (before: with the runtime's URLs, /api/info and all).
+    assert f"serving plain_app:app at http://127.0.0.1:{port}/".encode() in out, out
+    assert b"--path applies to a CopilotRuntime only" in out, out
+    assert b"curl" not in out, out
 
 
 def test_serve_with_its_stderr_closed_serves(tmp_path: Path,
@@ -376,4 +380,4 @@ def test_serve_with_its_stderr_closed_serves(tmp_path: Path,
     process.send_signal(signal.SIGTERM)
     out, _err = process.communicate(timeout=15)
     assert process.returncode == -signal.SIGTERM
-    assert b"serving http://" in out
+    assert b"serving bare_app:app at http://" in out

@@ -11,6 +11,7 @@ import asyncio
 import socket
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -615,10 +616,13 @@ def test_a_path_a_url_can_reach_is_served(cli: None, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str],
                                           path: str) -> None:
-    (tmp_path / "path_app.py").write_text("async def app(scope, receive, send): pass\n")
-    out, _ = _banner(monkeypatch, capsys, ["serve", "path_app:app", "--port",
+    (tmp_path / "path_app.py").write_text(
+        "from copilot_runtime import CopilotRuntime, DemoAdapter\n"
+        "runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0))\n")
+    out, _ = _banner(monkeypatch, capsys, ["serve", "path_app:runtime", "--port",
                                            str(free_port()), "--path", path])
-    assert path in out
+    # (percent-encoded: the banner's URLs are to be copied whole)
+    assert f"{urllib.parse.quote(path)}/info" in out
 
 
 @pytest.mark.parametrize("value", ["", "  ", "local ", " local"])
