@@ -218,7 +218,9 @@ class CopilotEndpoint:
     async def _base(self, request: Request) -> None:
         """POST to the base path: the body says which protocol it speaks."""
         query = request.query
-        if request.method == "GET" and (query.startswith(b"query=") or b"&query=" in query):
+        # (HEAD as GET, as every GET route here: the server sends no body)
+        if request.method in ("GET", "HEAD") and (query.startswith(b"query=")
+                                                  or b"&query=" in query):
             await self.graphql.get(request)
             return
         # The 1.10 client reads errors in the GraphQL form only, whatever it sent.

@@ -845,6 +845,8 @@ async def test_one_base_url_for_both_protocols(llm: MockOpenAIServer,
             "query": "mutation { generateCopilotResponse(data: {frontend: {actions: []}, "
                      "messages: [], metadata: {}}) { threadId } }"})
         get_bare = await session.get(url)
+        # (before: 405, `Allow: POST`, where GET on the same URL answered)
+        head_query = await session.head(url, params={"query": "{ hello }"})
         info = await post(served, {"method": "info"}, {"Content-Type": "application/json"})
         neither = await post(served, {"params": {}}, {"Content-Type": "application/json"})
         preflight = await session.options(url, headers={
@@ -854,6 +856,9 @@ async def test_one_base_url_for_both_protocols(llm: MockOpenAIServer,
         assert get_query.status == 200
         assert get_query.headers["content-type"] == "application/json; charset=utf-8"
         assert await get_query.json() == {"data": {"hello": "Hello World"}}
+        assert head_query.status == 200
+        assert head_query.headers["content-type"] == get_query.headers["content-type"]
+        assert await head_query.read() == b""
         assert get_mutation.status == 405
         assert get_mutation.headers["allow"] == "POST"
         assert get_bare.status == 405
