@@ -342,11 +342,15 @@ class _ModelAction(Action):
     _checks_schema = False
 
     def __init__(self, name: str, handler: Callable[..., Any], description: str,
-                 model: type[pydantic.BaseModel]) -> None:
+                 model: type[pydantic.BaseModel], parameter_names: dict[str, str]) -> None:
         schema = model.model_json_schema()
         schema.pop("title", None)
         super().__init__(name, handler, description=description, parameters=schema)
         self._model = model
+        self._parameter_names = parameter_names  # the model's field name -> the handler's
+        self._positional = [
+            param.name for param in inspect.signature(handler).parameters.values()
+            if param.kind is param.POSITIONAL_ONLY]
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -357,23 +361,37 @@ class _ModelAction(Action):
                 for err in exc.errors(include_url=False)[:5]
             ]
             raise ActionError("; ".join(problems)) from None
-        return {field: getattr(parsed, field) for field in type(parsed).model_fields}
+        return {self._parameter_names[field]: getattr(parsed, field)
+                for field in type(parsed).model_fields}
+
+    def _call(self, kwargs: dict[str, Any]) -> Callable[[], Any]:
+        positional = [kwargs.pop(name) for name in self._positional]
+        return functools.partial(self.handler, *positional, **kwargs)
 
 
-def _model_for(handler: Callable[..., Any]) -> type[pydantic.BaseModel]:
+def _model_for(handler: Callable[..., Any]) -> tuple[type[pydantic.BaseModel], dict[str, str]]:
+    """A model of `handler`'s arguments, and its field names' parameter names.
+
+    Each field is named by its place and aliased to its parameter's name (unless the handler
+    gives an alias of its own): pydantic keeps a leading-underscore name private (left out
+    of the schema) and refuses names of its own (`model_dump`); the model sees the aliases.
+    """
     signature = inspect.signature(handler)
     hints = inspect.get_annotations(handler, eval_str=True)
     fields: dict[str, Any] = {}
-    for param in signature.parameters.values():
+    names: dict[str, str] = {}
+    for index, param in enumerate(signature.parameters.values()):
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
         annotation = hints.get(param.name, Any)
         default = ... if param.default is param.empty else param.default
-        fields[param.name] = (annotation, default)
-    config = pydantic.ConfigDict(extra="forbid")
+        field = f"argument_{index}"
+        fields[field] = (annotation, default)
+        names[field] = param.name
+    config = pydantic.ConfigDict(extra="forbid", alias_generator=names.__getitem__)
     model: type[pydantic.BaseModel] = pydantic.create_model(
         f"{handler.__name__}_arguments", __config__=config, **fields)
-    return model
+    return model, names
 
 
 @overload
@@ -398,12 +416,12 @@ def action(
 
     def build(fn: Callable[..., Any]) -> Action:
         try:
-            model = _model_for(fn)
-        except (pydantic.PydanticSchemaGenerationError, NameError, TypeError) as exc:
+            model, parameter_names = _model_for(fn)
+        except (pydantic.PydanticUserError, NameError, TypeError) as exc:
             raise ConfigurationError(
                 f"Cannot derive a schema for action {fn.__name__!r}: {exc}") from exc
         doc = inspect.getdoc(fn) or ""
-        return _ModelAction(name or fn.__name__, fn, description or doc, model)
+        return _ModelAction(name or fn.__name__, fn, description or doc, model, parameter_names)
 
     if handler is not None:
         return build(handler)

@@ -304,3 +304,35 @@ async def test_a_ref_that_fails_while_arguments_are_checked_is_a_tool_error(
             assert "7731" not in str(caught.value)
     assert asked == []
 
+
+async def test_parameters_pydantic_would_take_for_its_own_are_the_model_s() -> None:
+    # A leading underscore made the parameter private (left out of the schema) and a name
+    # like a model attribute was a raw pydantic error at decoration.
+    @action
+    def lookup(_id: int, model_dump: str = "no", json: bool = False) -> list[Any]:
+        return [_id, model_dump, json]
+
+    assert lookup.parameters["required"] == ["_id"]
+    assert list(lookup.parameters["properties"]) == ["_id", "model_dump", "json"]
+    assert await lookup.execute('{"_id": 7, "json": true}') == '[7,"no",true]'
+    with pytest.raises(ActionError, match="_id: Field required"):
+        await lookup.execute("{}")
+
+
+async def test_an_alias_the_handler_gives_is_the_name_the_model_sees() -> None:
+    @action
+    def weather(city: str = pydantic.Field("Oslo", alias="town")) -> str:
+        return city
+
+    assert list(weather.parameters["properties"]) == ["town"]
+    assert await weather.execute('{"town": "Rome"}') == '"Rome"'
+
+
+async def test_positional_only_parameters_are_passed_by_position() -> None:
+    @action
+    def area(width: float, height: float = 1.0, /, *, unit: str = "m") -> str:
+        return f"{width * height}{unit}2"
+
+    assert area.parameters["required"] == ["width"]
+    assert await area.execute('{"width": 2, "height": 3}') == '"6.0m2"'
+    assert await area.execute('{"width": 2, "unit": "cm"}') == '"2.0cm2"'
