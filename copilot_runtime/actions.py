@@ -13,7 +13,7 @@ import contextvars
 import functools
 import inspect
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, overload
 
@@ -62,22 +62,42 @@ def _sync_handler_threads() -> ThreadPoolExecutor:
 _Outcome = tuple[bool, Any]
 
 
-def _called(handler: Callable[..., Any], kwargs: dict[str, Any]) -> _Outcome:
+def _listed(result: Any) -> Any:
+    """`result`, an iterator's (a generator's) items listed: the encoder would iterate it,
+    so it is run here, in the handler's thread or task, and what it raises is the handler's
+    failure, not an encoding one."""
+    if isinstance(result, Iterator) and not inspect.isawaitable(result):
+        return list(result)
+    return result
+
+
+def _is_pending(result: Any) -> bool:
+    """Whether a handler's result is still to be awaited on the event loop: an awaitable (a
+    sync-looking handler, e.g. a lambda or decorator, that returned a coroutine) or an async
+    iterator (an async generator)."""
+    return inspect.isawaitable(result) or isinstance(result, AsyncIterator)
+
+
+def _called(call: Callable[[], Any]) -> _Outcome:
     try:
-        return True, handler(**kwargs)
+        return True, _listed(call())
     except BaseException as exc:  # (in a worker thread: raised again in the run's task)
         return False, exc
 
 
-async def _awaited(handler: Callable[..., Awaitable[Any]], kwargs: dict[str, Any]) -> _Outcome:
+async def _awaited(call: Callable[[], Any]) -> _Outcome:
     try:
-        return True, await handler(**kwargs)
+        result = call()
+        if inspect.isawaitable(result):  # (as the TypeScript runtime's `await handler(args)`)
+            result = await result
+        if isinstance(result, AsyncIterator):
+            return True, [item async for item in result]
+        return True, _listed(result)
     except BaseException as exc:
         return False, exc
 
 
-async def _in_own_task(handler: Callable[..., Awaitable[Any]],
-                       kwargs: dict[str, Any]) -> _Outcome:
+async def _in_own_task(call: Callable[[], Any]) -> _Outcome:
     """An async handler's outcome, the handler run in a task of its own.
 
     A future whose exception is a GeneratorExit (a task that raised one) is not raised into
@@ -86,7 +106,7 @@ async def _in_own_task(handler: Callable[..., Awaitable[Any]],
     an action awaiting such a task closed the run's drive, and the client's stream was cut
     without its end. At the top of a task of its own, `_awaited` catches it. A stop of the run
     stops the handler too, and waits for it, as when it ran in the run's task."""
-    task = asyncio.ensure_future(_awaited(handler, kwargs))
+    task = asyncio.ensure_future(_awaited(call))
     try:
         await asyncio.wait((task,))
     except asyncio.CancelledError:
@@ -103,12 +123,21 @@ def _result(outcome: _Outcome) -> Any:
     return value
 
 
+def _is_async(handler: Callable[..., Any]) -> bool:
+    """Whether `handler` is known async before it is called: a coroutine or async generator
+    function, or an object whose `__call__` is one. Any other handler returning an awaitable
+    has it awaited too, once its call in a worker thread returns it."""
+    return (inspect.iscoroutinefunction(handler) or inspect.isasyncgenfunction(handler)
+            or inspect.iscoroutinefunction(type(handler).__call__))
+
+
 class Action:
     """A tool that runs on the server.
 
     `handler` is called with the validated arguments as keyword arguments; it may be sync
-    (run in a worker thread so it cannot block the event loop) or async. Its return value is
-    sent to the model as JSON.
+    (run in a worker thread so it cannot block the event loop) or async, and an awaitable it
+    returns is awaited. Its return value is sent to the model as JSON; a generator (any
+    iterator, or async iterator) is run to its end where the handler ran, its items a list.
     """
 
     def __init__(
@@ -128,7 +157,7 @@ class Action:
             parameters or {"type": "object", "properties": {}})
         self._validator = self._schema_validator() if self._checks_schema else None
         self.handler = handler
-        self._is_async = inspect.iscoroutinefunction(handler)
+        self._is_async = _is_async(handler)
 
     #: Whether a run offering more tools than its agent's `max_tools` may leave it out: an
     #: MCP server's tool is (the application's actions and the client's tools never are).
@@ -170,6 +199,10 @@ class Action:
     def __repr__(self) -> str:
         return f"Action(name={self.name!r})"
 
+    def _call(self, kwargs: dict[str, Any]) -> Callable[[], Any]:
+        """The handler's call with the validated arguments `kwargs`."""
+        return functools.partial(self.handler, **kwargs)
+
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Check `arguments` against the schema; return the keyword arguments for the handler."""
         if self._validator is None:
@@ -202,14 +235,17 @@ class Action:
             raise ActionError(f"arguments are not valid JSON ({exc.msg})") from None
         if not isinstance(arguments, dict):
             raise ActionError("arguments must be a JSON object")
-        kwargs = self.validate(arguments)
+        call = self._call(self.validate(arguments))
         try:
             if self._is_async:
-                outcome = await _in_own_task(self.handler, kwargs)
+                outcome = await _in_own_task(call)
             else:
                 outcome = await asyncio.get_running_loop().run_in_executor(
                     _sync_handler_threads(), functools.partial(
-                        contextvars.copy_context().run, _called, self.handler, kwargs))
+                        contextvars.copy_context().run, _called, call))
+                done, value = outcome
+                if done and _is_pending(value):
+                    outcome = await _in_own_task(lambda: value)
             result = _result(outcome)
         except ActionError:
             raise
@@ -306,11 +342,15 @@ class _ModelAction(Action):
     _checks_schema = False
 
     def __init__(self, name: str, handler: Callable[..., Any], description: str,
-                 model: type[pydantic.BaseModel]) -> None:
+                 model: type[pydantic.BaseModel], parameter_names: dict[str, str]) -> None:
         schema = model.model_json_schema()
         schema.pop("title", None)
         super().__init__(name, handler, description=description, parameters=schema)
         self._model = model
+        self._parameter_names = parameter_names  # the model's field name -> the handler's
+        self._positional = [
+            param.name for param in inspect.signature(handler).parameters.values()
+            if param.kind is param.POSITIONAL_ONLY]
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -321,23 +361,37 @@ class _ModelAction(Action):
                 for err in exc.errors(include_url=False)[:5]
             ]
             raise ActionError("; ".join(problems)) from None
-        return {field: getattr(parsed, field) for field in type(parsed).model_fields}
+        return {self._parameter_names[field]: getattr(parsed, field)
+                for field in type(parsed).model_fields}
+
+    def _call(self, kwargs: dict[str, Any]) -> Callable[[], Any]:
+        positional = [kwargs.pop(name) for name in self._positional]
+        return functools.partial(self.handler, *positional, **kwargs)
 
 
-def _model_for(handler: Callable[..., Any]) -> type[pydantic.BaseModel]:
+def _model_for(handler: Callable[..., Any]) -> tuple[type[pydantic.BaseModel], dict[str, str]]:
+    """A model of `handler`'s arguments, and its field names' parameter names.
+
+    Each field is named by its place and aliased to its parameter's name (unless the handler
+    gives an alias of its own): pydantic keeps a leading-underscore name private (left out
+    of the schema) and refuses names of its own (`model_dump`); the model sees the aliases.
+    """
     signature = inspect.signature(handler)
     hints = inspect.get_annotations(handler, eval_str=True)
     fields: dict[str, Any] = {}
-    for param in signature.parameters.values():
+    names: dict[str, str] = {}
+    for index, param in enumerate(signature.parameters.values()):
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
         annotation = hints.get(param.name, Any)
         default = ... if param.default is param.empty else param.default
-        fields[param.name] = (annotation, default)
-    config = pydantic.ConfigDict(extra="forbid")
+        field = f"argument_{index}"
+        fields[field] = (annotation, default)
+        names[field] = param.name
+    config = pydantic.ConfigDict(extra="forbid", alias_generator=names.__getitem__)
     model: type[pydantic.BaseModel] = pydantic.create_model(
         f"{handler.__name__}_arguments", __config__=config, **fields)
-    return model
+    return model, names
 
 
 @overload
@@ -362,12 +416,12 @@ def action(
 
     def build(fn: Callable[..., Any]) -> Action:
         try:
-            model = _model_for(fn)
-        except (pydantic.PydanticSchemaGenerationError, NameError, TypeError) as exc:
+            model, parameter_names = _model_for(fn)
+        except (pydantic.PydanticUserError, NameError, TypeError) as exc:
             raise ConfigurationError(
                 f"Cannot derive a schema for action {fn.__name__!r}: {exc}") from exc
         doc = inspect.getdoc(fn) or ""
-        return _ModelAction(name or fn.__name__, fn, description or doc, model)
+        return _ModelAction(name or fn.__name__, fn, description or doc, model, parameter_names)
 
     if handler is not None:
         return build(handler)

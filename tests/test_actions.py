@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http.server
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +16,8 @@ import pydantic
 import pytest
 
 from copilot_runtime import Action, ActionError, ConfigurationError, action
+
+pytestmark = pytest.mark.timeout(60)
 
 
 def test_action_derives_schema_from_type_hints() -> None:
@@ -65,6 +68,74 @@ async def test_sync_handlers_run_off_the_event_loop() -> None:
     assert await where.execute("{}") == '"ok"'
     assert seen
     assert seen[0] != threading.main_thread().name
+
+
+async def test_a_sync_generator_handler_is_consumed_off_the_event_loop() -> None:
+    # Before, only the generator was made in the thread: the encoder ran its body on the loop.
+    seen: list[str] = []
+
+    def rows() -> Iterator[dict[str, int]]:
+        for row in range(2):
+            seen.append(threading.current_thread().name)
+            yield {"row": row}
+
+    assert await Action("rows", rows).execute("{}") == '[{"row":0},{"row":1}]'
+    assert seen
+    assert threading.main_thread().name not in seen
+
+
+async def test_a_failing_generator_reads_like_any_failing_handler() -> None:
+    def rows() -> Iterator[int]:
+        yield 1
+        raise ConnectionError("database went away")
+
+    async def async_rows() -> AsyncIterator[int]:
+        yield 1
+        raise ConnectionError("database went away")
+
+    for handler in (rows, async_rows):
+        with pytest.raises(ActionError) as info:
+            await Action("rows", handler).execute("{}")
+        assert info.value.message == "ConnectionError: database went away"
+
+
+async def test_an_async_generator_handler_answers_its_items() -> None:
+    async def rows() -> AsyncIterator[int]:
+        for row in range(3):
+            await asyncio.sleep(0)
+            yield row
+
+    async def returns_rows() -> AsyncIterator[int]:
+        return rows()
+
+    assert await Action("rows", rows).execute("{}") == "[0,1,2]"
+    assert await Action("rows", returns_rows).execute("{}") == "[0,1,2]"
+
+
+async def _fetch(city: str) -> dict[str, str]:
+    await asyncio.sleep(0)
+    return {"city": city}
+
+
+class _Weather:
+    async def __call__(self, city: str) -> dict[str, str]:
+        return await _fetch(city)
+
+
+def _logged(handler: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(**kwargs: Any) -> Any:  # a sync decorator around an async function
+        return handler(**kwargs)
+    return wrapper
+
+
+@pytest.mark.parametrize("handler", [
+    _Weather(), lambda **kwargs: _fetch(**kwargs), _logged(_fetch),
+    functools.partial(_fetch)], ids=["async-call", "lambda", "sync-decorator", "partial"])
+async def test_a_handler_returning_an_awaitable_has_it_awaited(
+        handler: Callable[..., Any]) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    weather = Action("weather", handler, parameters=schema)
+    assert await weather.execute('{"city": "Oslo"}') == '{"city":"Oslo"}'
 
 
 @pytest.mark.parametrize(("arguments", "message"), [
@@ -232,3 +303,36 @@ async def test_a_ref_that_fails_while_arguments_are_checked_is_a_tool_error(
                 await dangling.execute('{"x": "a"}')
             assert "7731" not in str(caught.value)
     assert asked == []
+
+
+async def test_parameters_pydantic_would_take_for_its_own_are_the_model_s() -> None:
+    # A leading underscore made the parameter private (left out of the schema) and a name
+    # like a model attribute was a raw pydantic error at decoration.
+    @action
+    def lookup(_id: int, model_dump: str = "no", json: bool = False) -> list[Any]:
+        return [_id, model_dump, json]
+
+    assert lookup.parameters["required"] == ["_id"]
+    assert list(lookup.parameters["properties"]) == ["_id", "model_dump", "json"]
+    assert await lookup.execute('{"_id": 7, "json": true}') == '[7,"no",true]'
+    with pytest.raises(ActionError, match="_id: Field required"):
+        await lookup.execute("{}")
+
+
+async def test_an_alias_the_handler_gives_is_the_name_the_model_sees() -> None:
+    @action
+    def weather(city: str = pydantic.Field("Oslo", alias="town")) -> str:
+        return city
+
+    assert list(weather.parameters["properties"]) == ["town"]
+    assert await weather.execute('{"town": "Rome"}') == '"Rome"'
+
+
+async def test_positional_only_parameters_are_passed_by_position() -> None:
+    @action
+    def area(width: float, height: float = 1.0, /, *, unit: str = "m") -> str:
+        return f"{width * height}{unit}2"
+
+    assert area.parameters["required"] == ["width"]
+    assert await area.execute('{"width": 2, "height": 3}') == '"6.0m2"'
+    assert await area.execute('{"width": 2, "unit": "cm"}') == '"2.0cm2"'

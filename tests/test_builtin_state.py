@@ -158,6 +158,19 @@ async def test_a_malformed_call_is_a_tool_error(serve_runtime: ServeRuntime) -> 
     assert result["error"] == "the arguments are not valid JSON"
 
 
+async def test_a_state_call_with_a_lone_surrogate_is_taken_as_server_actions_take_it(
+        serve_runtime: ServeRuntime) -> None:
+    # (a model cutting an emoji: valid JSON, refused as "not valid JSON" before)
+    arguments = '{"snapshot": {"note": "smile \\ud83d"}}'
+    model = ScriptedAdapter(tool_turn((SNAPSHOT, arguments)), text_turn("Done."))
+    async with serve_runtime(CopilotRuntime(service_adapter=model)) as served:
+        events = await _run(served, "t-surrogate", CART)
+    result, = _of(events, "TOOL_CALL_RESULT")
+    assert "error" not in result, result
+    snapshot, = _of(events, "STATE_SNAPSHOT")
+    assert snapshot["snapshot"] == {"note": "smile \ufffd"}
+
+
 async def test_state_tools_off_leaves_the_state_read_only(serve_runtime: ServeRuntime) -> None:
     model = ScriptedAdapter(_call(SNAPSHOT, {"snapshot": {}}), text_turn("No."))
     agent = BuiltInAgent(model, state_tools=False)

@@ -16,7 +16,7 @@ import orjson
 
 from copilot_runtime import events as ev
 from copilot_runtime._compaction import StateTooLarge, patched_state
-from copilot_runtime._limits import MAX_JSON_DEPTH, too_deep
+from copilot_runtime._limits import MAX_JSON_DEPTH, decode_json, too_deep
 from copilot_runtime.adapters.base import ToolSpec
 from copilot_runtime.events import Event
 
@@ -100,7 +100,9 @@ class SharedState:
     def apply(self, name: str, arguments: str) -> StateChange:
         """Carry out the state tool call `name` with its `arguments` (JSON text)."""
         try:
-            args = orjson.loads(arguments or "{}")
+            # Read as a server action's arguments are: an escaped lone surrogate (the model
+            # cut an emoji) is U+FFFD, not a refusal.
+            args = decode_json(arguments or "{}")
         except orjson.JSONDecodeError:
             return _refused("the arguments are not valid JSON")
         if not isinstance(args, dict):
