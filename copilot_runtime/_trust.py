@@ -105,8 +105,21 @@ async def replay_visible(runs: RunManager, owner: ThreadOwner, thread_id: str,
     exist)."""
     if await thread_owner(runs, thread_id) != owner:
         return
-    async for batch in runs.replay(thread_id, after):
-        yield batch
+    replay = runs.replay(thread_id, after)
+    try:
+        first = await anext(replay, None)
+        # Checked again once read: its owner may have deleted it and another started one of
+        # its id (stored, or running: the live run the replay follows). A thread with a run
+        # on it cannot be deleted, so the rest is of what was checked.
+        if first is None or await thread_owner(runs, thread_id) != owner:
+            return
+        yield first
+        async for batch in replay:
+            yield batch
+    finally:
+        aclose = getattr(replay, "aclose", None)  # its live run's follower given back
+        if aclose is not None:
+            await aclose()
 
 
 class RefusalAgent(Agent):

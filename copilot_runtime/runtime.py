@@ -368,11 +368,28 @@ class CopilotRuntime:
             if check_writable is not None:
                 await check_writable()
             await self.forget_thread(thread_id, strict=True)
-            if updated_before is None or not _deletes_on_condition(self.store):
+            if updated_before is None or not _takes(self.store.delete, "updated_before"):
                 # (a store of an application's own without the condition: the read above,
                 # under the hold, is what keeps a thread used again)
                 return await self.store.delete(thread_id)
             return await self.store.delete(thread_id, updated_before=updated_before)
+
+    async def rename_thread(self, thread_id: str, name: str | None, *,
+                            owner: ThreadOwner | None = None) -> bool:
+        """Name a thread (None: no name), as `PATCH /threads/{id}` does. False: no such
+        thread. With `owner`, only a thread of that owner (the caller's, checked before:
+        the id may name a thread another user began since), checked by the store as it
+        renames."""
+        if owner is None:
+            return await self.store.rename(thread_id, name)
+        if _takes(self.store.rename, "owner"):
+            return await self.store.rename(thread_id, name, owner=owner)
+        # A store of an application's own without the condition: checked just before, which
+        # leaves the short window the condition closes.
+        record = await self.store.summary(thread_id)
+        if record is None or record.owner != owner:
+            return False
+        return await self.store.rename(thread_id, name)
 
     async def _delete_stale(self, thread_id: str, updated_before: float) -> bool:
         return await self.delete_thread(thread_id, updated_before=updated_before)
@@ -585,14 +602,15 @@ class CopilotRuntime:
             self._alone = None
 
 
-def _deletes_on_condition(store: ThreadStore) -> bool:
-    """Whether `store.delete` takes `updated_before` (the built-in stores do; a store an
-    application wrote before they did may not, and the sweep failed on it every time)."""
+def _takes(method: Callable[..., Any], keyword: str) -> bool:
+    """Whether a store's method takes `keyword` (the built-in stores' take each the runtime
+    passes; a store an application wrote before they did may not: `delete`'s
+    `updated_before`, and the sweep failed on it every time; `rename`'s `owner`)."""
     try:
-        parameters = inspect.signature(store.delete).parameters
+        parameters = inspect.signature(method).parameters
     except (TypeError, ValueError):
         return False
-    return "updated_before" in parameters or any(
+    return keyword in parameters or any(
         p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 

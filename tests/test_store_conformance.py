@@ -210,6 +210,25 @@ async def test_list_pages_names_and_delete(store: ThreadStore) -> None:
     assert [r.thread_id for r in await store.list()] == ["t4", "t2", "t1", "t0"]
 
 
+async def test_a_rename_on_condition_of_its_owner(store: ThreadStore) -> None:
+    """Before: `rename` renamed by id alone, so a PATCH whose owner check passed renamed the
+    thread another principal began under the id after its owner deleted it. With `owner`,
+    only a thread of that owner (tenant included) is renamed, checked as it is; on every
+    store."""
+    alice, bob = ThreadOwner("alice", "acme"), ThreadOwner("bob")
+    await _finish(store, "bobs", "r", _run("bobs", "r", "x"), 0, owner=bob)
+    await _finish(store, "nobodys", "r", _run("nobodys", "r", "x"), 0)
+    assert await store.rename("bobs", "Mine", owner=alice) is False
+    assert await store.rename("bobs", "Mine", owner=ThreadOwner("bob", "acme")) is False
+    assert await store.rename("nobodys", "Mine", owner=alice) is False
+    assert await store.rename("nope", "Mine", owner=alice) is False
+    assert {r.thread_id: r.name for r in await store.list()} == {"bobs": None, "nobodys": None}
+    assert await store.rename("bobs", "Plans", owner=bob) is True
+    assert await store.rename("nobodys", "Notes") is True  # no condition: any thread
+    assert {r.thread_id: r.name for r in await store.list()} == {
+        "bobs": "Plans", "nobodys": "Notes"}
+
+
 async def test_stale_threads_oldest_first(store: ThreadStore) -> None:
     """What a retention sweep deletes: the threads last updated before a time, oldest first
     (two updated at once in the order of their ids' code points, as `list` orders them)."""

@@ -210,8 +210,11 @@ class ThreadStore(Protocol):
         omission event."""
         ...
 
-    async def rename(self, thread_id: str, name: str | None) -> bool:
-        """Give the thread a name (None: none); False if there is no such thread."""
+    async def rename(self, thread_id: str, name: str | None, *,
+                     owner: ThreadOwner | None = None) -> bool:
+        """Give the thread a name (None: none); False if there is no such thread. With
+        `owner`, only a thread of that owner, checked as it is renamed (False for another's:
+        the owner checked before may have deleted it, and another begun one of its id)."""
         ...
 
     async def delete(self, thread_id: str, *, updated_before: float | None = None) -> bool:

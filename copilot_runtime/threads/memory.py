@@ -196,9 +196,10 @@ class InMemoryThreadStore:
         earlier = _earlier(omitted, self.replay_bytes) if omitted and position < 0 else None
         return positioned_runs(runs[len(runs) - kept:], position, len(omitted), earlier)
 
-    async def rename(self, thread_id: str, name: str | None) -> bool:
+    async def rename(self, thread_id: str, name: str | None, *,
+                     owner: ThreadOwner | None = None) -> bool:
         record = self._threads.get(thread_id)
-        if record is None:
+        if record is None or (owner is not None and record.owner != owner):
             return False
         record.name = name
         return True

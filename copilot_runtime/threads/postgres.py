@@ -734,10 +734,17 @@ class PostgresThreadStore:
                             "ON CONFLICT DO NOTHING", ids)
             return True
 
-    async def rename(self, thread_id: str, name: str | None) -> bool:
+    async def rename(self, thread_id: str, name: str | None, *,
+                     owner: ThreadOwner | None = None) -> bool:
         async with self._reachable(bounded=False), self._pool.connection() as conn:
-            cursor = await conn.execute("UPDATE threads SET name = %s WHERE thread_id = %s",
-                                        (name, thread_id))
+            if owner is None:
+                cursor = await conn.execute(
+                    "UPDATE threads SET name = %s WHERE thread_id = %s", (name, thread_id))
+            else:
+                cursor = await conn.execute(
+                    "UPDATE threads SET name = %s WHERE thread_id = %s AND owner_id = %s "
+                    "AND tenant IS NOT DISTINCT FROM %s",
+                    (name, thread_id, owner.principal_id, owner.tenant))
             return cursor.rowcount > 0
 
     async def delete(self, thread_id: str, *, updated_before: float | None = None) -> bool:

@@ -613,10 +613,15 @@ class SQLiteThreadStore:
                              "VALUES (?, ?)", [(thread_id, m) for m in message_ids_of(compacted)])
         return True
 
-    async def rename(self, thread_id: str, name: str | None) -> bool:
+    async def rename(self, thread_id: str, name: str | None, *,
+                     owner: ThreadOwner | None = None) -> bool:
+        if owner is None:
+            return await self._write(lambda: self._db.execute(
+                "UPDATE threads SET name = ? WHERE thread_id = ?", (name, thread_id)
+            ).rowcount > 0)
         return await self._write(lambda: self._db.execute(
-            "UPDATE threads SET name = ? WHERE thread_id = ?", (name, thread_id)
-        ).rowcount > 0)
+            "UPDATE threads SET name = ? WHERE thread_id = ? AND owner_id = ? AND tenant IS ?",
+            (name, thread_id, owner.principal_id, owner.tenant)).rowcount > 0)
 
     async def delete(self, thread_id: str, *, updated_before: float | None = None) -> bool:
         return await self._write(self._delete, thread_id, updated_before)

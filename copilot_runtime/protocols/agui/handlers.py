@@ -304,7 +304,9 @@ class AGUIProtocol:
             raise InvalidRequestError(
                 f"A thread update is {{\"name\": string of at most {_MAX_NAME} characters "
                 "without control characters, or null}")
-        if not await self.runtime.store.rename(thread_id, name):
+        # On condition of its owner: the one checked above may have deleted it since, and
+        # another begun one of its id.
+        if not await self.runtime.rename_thread(thread_id, name, owner=owner):
             raise ThreadNotFoundError(thread_id)  # deleted meanwhile
         await send_json(request, 200, {"id": thread_id, "name": name})
 

@@ -24,7 +24,12 @@ from copilot_runtime.auth import RequestInfo
 from copilot_runtime.messages import shows_attachments, to_json_representation
 from copilot_runtime.protocols.graphql.errors import error_extensions, kit_extensions
 from copilot_runtime.runtime import CopilotRuntime
-from copilot_runtime.threads.base import MAX_REPLAY_BYTES, id_problem, refused_answer
+from copilot_runtime.threads.base import (
+    MAX_REPLAY_BYTES,
+    ThreadOwner,
+    id_problem,
+    refused_answer,
+)
 
 __all__ = ["QueryContext", "agent_not_found", "is_service_adapter", "listed_agents",
            "query_root", "stored_in_place"]
@@ -79,31 +84,37 @@ async def load_agent_state(runtime: CopilotRuntime, data: Mapping[str, Any],
     agent = runtime.agents.get(agent_id)
     if agent is None:
         raise agent_not_found(agent_id, runtime)
+    owner = runtime.owner_filter(request)
     if id_problem(thread_id) is not None or (
-            runtime.owner_filter(request) is not None
-            and not await runtime.can_see(request, thread_id)):
+            owner is not None and not await runtime.can_see(request, thread_id)):
         # Someone else's thread does not exist for this caller, nor one no store can keep.
         return _no_thread(thread_id)
     loaded = await agent.load_state(thread_id, headers=headers or {})
     if loaded is not None:
-        if not loaded.exists:
+        # Checked again once read: its owner may have deleted it and another started one
+        # of its id.
+        if not loaded.exists or (owner is not None
+                                 and not await runtime.can_see(request, thread_id)):
             return _no_thread(thread_id)
         return _thread(thread_id, loaded.state, loaded.messages)
-    stored = await _stored(runtime, thread_id)
+    stored = await _stored(runtime, thread_id, owner)
     if stored is None:
         return _no_thread(thread_id)
     state, messages = stored
     return _thread(thread_id, state, messages)
 
 
-async def _stored(runtime: CopilotRuntime, thread_id: str
+async def _stored(runtime: CopilotRuntime, thread_id: str, owner: ThreadOwner | None
                   ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
-    """The thread's state and messages as the runtime stored them; None for no thread."""
+    """The thread's state and messages as the runtime stored them; None for no thread, or
+    for one not `owner`'s (None: anyone's)."""
     # The newest runs a replay reads (the store's `replay_bytes`), as the AG-UI routes do:
     # a thread of many big runs read whole took gigabytes per request.
     record = await runtime.store.get(thread_id, max_bytes=getattr(
         runtime.store, "replay_bytes", MAX_REPLAY_BYTES))
-    if record is None:
+    # The owner of what was read: the one checked before may have deleted it since, and
+    # another started one of its id.
+    if record is None or (owner is not None and record.owner != owner):
         return None
     record = readable(record)  # a thread stored broken is still read
     state = record.state
@@ -126,10 +137,10 @@ async def stored_in_place(runtime: CopilotRuntime, run_input: RunInput,
     wanted = {m["id"] for m in messages if isinstance(m, dict) and m.get("role") == "user"
               and isinstance(m.get("content"), str) and shows_attachments(m["content"])}
     thread_id = run_input.thread_id
-    if not wanted or (runtime.owner_filter(request) is not None
-                      and not await runtime.can_see(request, thread_id)):
+    owner = runtime.owner_filter(request)
+    if not wanted or (owner is not None and not await runtime.can_see(request, thread_id)):
         return run_input  # (someone else's thread: its run is refused as it starts)
-    stored = await _stored(runtime, thread_id)
+    stored = await _stored(runtime, thread_id, owner)
     found = {m["id"]: m for m in stored[1] if m.get("id") in wanted
              and m.get("role") == "user" and isinstance(m.get("content"), list)
              } if stored is not None else {}
