@@ -1404,9 +1404,16 @@ class RunManager:
         """Stop the thread's run, here or on the worker that drives it."""
         if self.stop(thread_id, run_id):
             return True
-        if self.coordinator is None or thread_id in self.active:
+        if self.coordinator is None:
             return False
+        reserved = self.active.get(thread_id)
+        if reserved is not None and reserved.confirmed:
+            return False  # the thread's run is this worker's, stopped or ended already
         holder = await self.coordinator.holder(thread_id)
+        if reserved is not None and run_id is None and holder in (None, reserved.run_id):
+            # No other run holds the thread: the reservation waiting for its lease (or its
+            # store read) is the thread's run to be, stopped as it starts.
+            return reserved.cancel("stop")
         if holder is None or holder.startswith(_DELETE) or (
                 run_id is not None and holder != run_id):
             return False  # (a delete holding the thread is no run)
@@ -1484,17 +1491,28 @@ class RunManager:
         return [r.task for r in running if r.task is not None and not r.task.done()]
 
     def stop(self, thread_id: str, run_id: str | None = None, reason: str = "stop") -> bool:
-        run = self.active.get(thread_id)
+        """Stop the thread's run in this process; with `run_id`, only that run (a reservation
+        of that id too, whether or not its lease is held yet)."""
+        run = self.active.get(thread_id) if run_id is not None else self._run_here(thread_id)
         if run is None or (run_id is not None and run.run_id != run_id):
             return False
         return run.cancel(reason)
+
+    def _run_here(self, thread_id: str) -> ActiveRun | None:
+        """The thread's run if this process has it. Under a shared coordinator a reservation
+        is not one until `begin` confirmed it: another worker's run may hold the thread,
+        and the reservation is then refused (busy), its followers' streams ended."""
+        run = self.active.get(thread_id)
+        if run is not None and self.coordinator is not None and not run.confirmed:
+            return None
+        return run
 
     async def replay(self, thread_id: str, after: int = -1
                      ) -> AsyncIterator[Sequence[Positioned]]:
         """A thread's events after position `after` (all for -1): its stored runs, then the
         live run if there is one, to its end. The first batch comes as soon as the thread
         was read, even empty: a store that cannot be read fails before anything is sent."""
-        if self.coordinator is not None and thread_id not in self.active:
+        if self.coordinator is not None and self._run_here(thread_id) is None:
             async for followed in self._follow(self.coordinator, thread_id, after):
                 yield followed
             return

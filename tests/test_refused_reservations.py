@@ -1,0 +1,183 @@
+"""A run another worker's run makes busy is no run of its thread while it is being refused.
+
+Under a shared coordinator `RunManager.begin` reserves the thread in this process, then asks
+for its lease; until the lease is held the reservation is not the thread's run. Before, a
+`connect` on that worker followed the reservation (its stream ended, cut mid-message, when
+the reservation was refused 409) and a `stop` cancelled it (answering "stopped" while the
+other worker's run went on). Two runtimes on one SQLite store and the real PostgreSQL or
+Redis coordinator; the refused worker's lease request is held by an event, so the window is
+as long as the test wants."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from copilot_runtime import CopilotRuntime, ThreadBusyError, thread_store
+from copilot_runtime._input import parse_run_input
+from copilot_runtime.coordination import Lease
+from copilot_runtime.testing import verify_events
+from copilot_runtime.threads.base import Positioned
+from tests.conftest import GatedAgent
+from tests.scale_support.cluster import eventually
+from tests.scale_support.services import postgres_schema, redis_prefix
+
+pytestmark = pytest.mark.timeout(60)
+
+THREAD = "t-refused"
+
+
+class HeldAcquire:
+    """A worker's lease requests, each held until `go` is set (`asking` says one waits)."""
+
+    def __init__(self, runtime: CopilotRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+        coordinator = runtime.runs.coordinator
+        assert coordinator is not None
+        self.asking, self.go = asyncio.Event(), asyncio.Event()
+        acquire = coordinator.acquire
+
+        async def held(thread_id: str, run_id: str) -> Lease | None:
+            self.asking.set()
+            await self.go.wait()
+            return await acquire(thread_id, run_id)
+
+        monkeypatch.setattr(coordinator, "acquire", held)
+
+
+@pytest.fixture(params=["postgresql", "redis"])
+def coordinator_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    made = postgres_schema("refused") if request.param == "postgresql" else redis_prefix()
+    with made as url:
+        yield f"{url}&lease_ttl=2"
+
+
+@pytest.fixture
+async def workers(coordinator_url: str, tmp_path: Path
+                  ) -> AsyncIterator[tuple[CopilotRuntime, CopilotRuntime, GatedAgent]]:
+    """Workers a and b on one SQLite store and the coordinator; a's runs wait after their
+    first words until its agent's gate is set."""
+    agents = [GatedAgent(), GatedAgent()]
+    made = [CopilotRuntime(agents={"default": agent},
+                           thread_store=thread_store(f"sqlite:///{tmp_path}/threads.db"),
+                           coordinator=coordinator_url) for agent in agents]
+    try:
+        for runtime in made:
+            await runtime.start()
+        yield made[0], made[1], agents[0]
+    finally:
+        for runtime in made:
+            await runtime.aclose()
+
+
+def run_input(run: str) -> Any:
+    return parse_run_input({"threadId": THREAD, "runId": run, "messages": [
+        {"id": f"{run}-m", "role": "user", "content": "hi"}]})
+
+
+async def _ignore(batch: Any) -> None:
+    return None
+
+
+async def refused(runtime: CopilotRuntime, run: str) -> None:
+    with pytest.raises(ThreadBusyError):
+        await runtime.start_run("default", run_input(run))
+
+
+async def test_a_connect_follows_the_other_workers_run_past_a_refused_one(
+        workers: tuple[CopilotRuntime, CopilotRuntime, GatedAgent],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b, agent = workers
+    driving = asyncio.create_task(
+        (await a.start_run("default", run_input("r1"))).drive(_ignore))
+
+    async def first_words_stored() -> bool:
+        return any(e.get("delta") == "one " for _, e in await a.store.events_after(THREAD, -1))
+
+    await eventually(first_words_stored, deadline=10, what="a's first words stored")
+    held = HeldAcquire(b, monkeypatch)
+    refusing = asyncio.create_task(refused(b, "r2"))
+    async with asyncio.timeout(10):
+        await held.asking.wait()
+    got: list[Positioned] = []
+    replayed = asyncio.Event()
+
+    async def read() -> None:
+        async for batch in b.connect("default", THREAD):
+            got.extend(batch)
+            replayed.set()
+
+    reading = asyncio.create_task(read())
+    async with asyncio.timeout(10):
+        await replayed.wait()
+    held.go.set()
+    async with asyncio.timeout(10):
+        await refusing
+    agent.gate.set()
+    async with asyncio.timeout(10):
+        await driving
+        await reading
+    events = [e for _, e in got]
+    verify_events(events)
+    assert [e["type"] for e in events][-2:] == ["TEXT_MESSAGE_END", "RUN_FINISHED"]
+    assert events[-1]["runId"] == "r1"
+    assert "".join(e.get("delta", "") for e in events) == "one two"
+
+
+@pytest.mark.parametrize("named", [None, "r1"])
+async def test_a_stop_reaches_the_other_workers_run_past_a_refused_one(
+        workers: tuple[CopilotRuntime, CopilotRuntime, GatedAgent],
+        monkeypatch: pytest.MonkeyPatch, named: str | None) -> None:
+    """`named`: the run the stop names (None: the thread's, whichever it is)."""
+    a, b, _ = workers
+    run = await a.start_run("default", run_input("r1"))
+    written: list[Any] = []
+
+    async def write(batch: Any) -> None:
+        written.extend(batch)
+
+    driving = asyncio.create_task(run.drive(write))
+    held = HeldAcquire(b, monkeypatch)
+    starting = asyncio.create_task(b.start_run("default", run_input("r2")))
+    async with asyncio.timeout(10):
+        await held.asking.wait()
+    assert await b.stop("default", THREAD, named) is True
+    # The signal reaches the driving worker within 1 s, the second run still waiting.
+    await eventually(lambda: run.cancel_reason == "stop", deadline=1.0, what="the stop")
+    held.go.set()
+    async with asyncio.timeout(10):
+        await driving
+        # Busy, or the thread's once the stopped run gave it back: not stopped by the stop.
+        with contextlib.suppress(ThreadBusyError):
+            second = await starting
+            assert second.cancel_reason is None
+            await second.abandon()
+    assert written[-1]["type"] == "RUN_FINISHED"
+    assert "two" not in [e.get("delta") for e in written]  # stopped, not at its end
+
+
+async def test_a_stop_while_the_workers_own_run_waits_for_its_lease_stops_it(
+        workers: tuple[CopilotRuntime, CopilotRuntime, GatedAgent],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the tests above must not break: a reservation no other run holds the thread
+    against is the thread's run to be, stopped as the stop lands (it starts and ends as a
+    stop's run does)."""
+    _, b, _ = workers
+    held = HeldAcquire(b, monkeypatch)
+    starting = asyncio.create_task(b.start_run("default", run_input("r1")))
+    async with asyncio.timeout(10):
+        await held.asking.wait()
+    assert await b.stop("default", THREAD) is True
+    held.go.set()
+    written: list[Any] = []
+
+    async def write(batch: Any) -> None:
+        written.extend(batch)
+
+    async with asyncio.timeout(10):
+        await (await starting).drive(write)
+    assert [e["type"] for e in written] == ["RUN_STARTED", "RUN_FINISHED"]
