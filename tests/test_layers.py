@@ -35,7 +35,7 @@ LAYERS: dict[str, int] = {
     "agents": 2, "agents._shared_state": 2, "checkpointers": 2,
     # 3. the runtime: agents, runs, threads
     "runtime": 3, "_runs": 3, "_retention": 3, "_shared_runs": 3, "_server_tools": 3, "_trust": 3,
-    "_withheld": 3,
+    "_withheld": 3, "_thread_reads": 3,
     # 4. workflows built on agents and the runtime
     "workflows": 4,
     # 5. the wire edges, and the toolkit they share

@@ -40,6 +40,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._input import parse_json_body_off_loop, parse_run_input
 from copilot_runtime._limits import readable
+from copilot_runtime._thread_reads import read_thread
 from copilot_runtime._time import iso_time
 from copilot_runtime.protocols.agui.approvals import ApprovalRoutes, approval_route
 from copilot_runtime.protocols.agui.transcribe import serve_transcription
@@ -245,8 +246,9 @@ class AGUIProtocol:
         record = None
         if id_problem(thread_id) is None and await self.runtime.can_see(request.info,
                                                                         thread_id):
-            # The newest runs a replay reads (the store's `replay_bytes`), the rest counted.
-            record = await store.get(thread_id, max_bytes=getattr(
+            # The newest runs a replay reads (the store's `replay_bytes`), the rest counted;
+            # a running run as far as it went (`read_thread`).
+            record = await read_thread(self.runtime.runs, thread_id, getattr(
                 store, "replay_bytes", MAX_REPLAY_BYTES))
         if record is not None:
             record = readable(record)  # a thread stored broken is still read

@@ -19,6 +19,7 @@ from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._exceptions import AgentNotFoundError, CopilotRuntimeError
 from copilot_runtime._input import RunInput, parse_run_input
 from copilot_runtime._limits import readable
+from copilot_runtime._thread_reads import read_thread
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.messages import shows_attachments, to_json_representation
@@ -106,11 +107,12 @@ async def load_agent_state(runtime: CopilotRuntime, data: Mapping[str, Any],
 
 async def _stored(runtime: CopilotRuntime, thread_id: str, owner: ThreadOwner | None
                   ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
-    """The thread's state and messages as the runtime stored them; None for no thread, or
-    for one not `owner`'s (None: anyone's)."""
+    """The thread's state and messages as the runtime stored them, its running run as far
+    as it went included (`read_thread`); None for no thread, or for one not `owner`'s (None:
+    anyone's)."""
     # The newest runs a replay reads (the store's `replay_bytes`), as the AG-UI routes do:
     # a thread of many big runs read whole took gigabytes per request.
-    record = await runtime.store.get(thread_id, max_bytes=getattr(
+    record = await read_thread(runtime.runs, thread_id, getattr(
         runtime.store, "replay_bytes", MAX_REPLAY_BYTES))
     # The owner of what was read: the one checked before may have deleted it since, and
     # another started one of its id.

@@ -1,0 +1,197 @@
+"""A thread read while its run goes on (GraphQL `loadAgentState`, AG-UI
+`GET threads/{id}/messages`): it holds that run as far as it went, on every store, and on a
+worker other than the one driving the run; once the run ends, its messages are there once.
+
+Before, both reads built the thread from its finished runs alone: a thread read mid-run had
+none of its running run's messages (an empty thread on its first run), and the 1.10 page,
+which reads a thread once, showed it empty and sent its next message without the history."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from copilot_runtime import BearerTokenAuth, CopilotRuntime, thread_store
+from copilot_runtime._input import parse_run_input
+from copilot_runtime.events import Event
+from tests.conftest import GatedAgent, Served, ServeRuntime
+from tests.scale_support.cluster import eventually
+from tests.scale_support.services import postgres_schema
+
+pytestmark = pytest.mark.timeout(60)
+
+_LOAD = ("query loadAgentState($data: LoadAgentStateInput!) { loadAgentState(data: $data) "
+         "{ threadId threadExists messages } }")
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "memory":
+        yield "memory://"
+    elif request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/threads.sqlite3"
+    else:
+        with postgres_schema("midrun") as url:
+            yield url
+
+
+def _input(thread: str, run: str) -> Any:
+    return parse_run_input({"threadId": thread, "runId": run, "messages": [
+        {"id": f"{run}-u", "role": "user", "content": f"asked in {run}"}]})
+
+
+async def _ignore(batch: Any) -> None:
+    return None
+
+
+async def _read(served: Served, thread: str) -> tuple[list[tuple[str, Any]],
+                                                      list[tuple[str, Any]]]:
+    """The thread's messages (id, content) as `loadAgentState` and the AG-UI route give them."""
+    response = await served.session.post(served.url, data=orjson.dumps({
+        "query": _LOAD, "variables": {"data": {"threadId": thread, "agentName": "default"}}}),
+        headers={"Content-Type": "application/json"})
+    loaded = (await response.json())["data"]["loadAgentState"]
+    assert loaded["threadExists"] is True
+    graphql = [(m["id"], m.get("content")) for m in orjson.loads(loaded["messages"])]
+    response = await served.session.get(f"{served.url}/threads/{thread}/messages")
+    assert response.status == 200, await response.text()
+    agui = [(m["id"], m.get("content")) for m in (await response.json())["messages"]]
+    return graphql, agui
+
+
+async def _started(runtime: CopilotRuntime, thread: str, run: str
+                   ) -> tuple[asyncio.Task[None], list[Event]]:
+    """Run `run` driven until the gated agent waits (its first words written)."""
+    written: list[Event] = []
+
+    async def write(batch: Any) -> None:
+        written.extend(batch)
+
+    active = await runtime.start_run("default", _input(thread, run))
+    driving = asyncio.create_task(active.drive(write))
+    await eventually(lambda: any(e.get("delta") == "one " for e in written), deadline=10,
+                     what="the run's first words")
+    return driving, written
+
+
+async def test_a_thread_read_mid_run_holds_the_run_so_far(
+        store_url: str, serve_runtime: ServeRuntime) -> None:
+    agent = GatedAgent()
+    runtime = CopilotRuntime(agents={"default": agent}, thread_store=thread_store(store_url))
+    async with serve_runtime(runtime) as served:
+        agent.gate.set()
+        await (await runtime.start_run("default", _input("t", "r1"))).drive(_ignore)
+        agent.gate.clear()
+        finished = [("r1-u", "asked in r1"), ("m-r1", "one two")]
+        # A thread's later run, and a thread's first run (no finished run stored yet).
+        driving, _ = await _started(runtime, "t", "r2")
+        first, _ = await _started(runtime, "new", "n1")
+        midway = await _read(served, "t")
+        assert midway == ([*finished, ("r2-u", "asked in r2"), ("m-r2", "one ")],) * 2
+        assert await _read(served, "new") == ([("n1-u", "asked in n1"), ("m-n1", "one ")],) * 2
+        agent.gate.set()
+        async with asyncio.timeout(10):
+            await asyncio.gather(driving, first)
+        # Once stored, each message once.
+        assert await _read(served, "t") == (
+            [*finished, ("r2-u", "asked in r2"), ("m-r2", "one two")],) * 2
+        assert await _read(served, "new") == (
+            [("n1-u", "asked in n1"), ("m-n1", "one two")],) * 2
+
+
+@pytest.fixture
+def shared_url() -> Iterator[str]:
+    with postgres_schema("midrun") as base:
+        yield base
+
+
+@pytest.fixture
+async def workers(shared_url: str
+                  ) -> AsyncIterator[tuple[CopilotRuntime, CopilotRuntime, GatedAgent]]:
+    """Two runtimes as two workers on one PostgreSQL store and coordinator."""
+    agent = GatedAgent()
+    made = [CopilotRuntime(agents={"default": a}, thread_store=thread_store(shared_url),
+                           coordinator=f"{shared_url}&lease_ttl=2") for a in (agent, GatedAgent())]
+    try:
+        for runtime in made:
+            await runtime.start()
+        yield made[0], made[1], agent
+    finally:
+        for runtime in made:
+            await runtime.aclose()
+
+
+async def test_a_thread_read_on_another_worker_mid_run_holds_what_was_written(
+        workers: tuple[CopilotRuntime, CopilotRuntime, GatedAgent],
+        serve_runtime: ServeRuntime) -> None:
+    """The other worker has the running run's events as its worker wrote them so far."""
+    driver, reader, agent = workers
+    agent.gate.set()
+    await (await driver.start_run("default", _input("t", "r1"))).drive(_ignore)
+    agent.gate.clear()
+    driving, _ = await _started(driver, "t", "r2")
+
+    async def holds_first_words() -> bool:
+        # (the driver writes its events in batches as they stream)
+        stored = await reader.store.events_after("t", -1)
+        return any(e.get("delta") == "one " for _, e in stored)
+
+    await eventually(holds_first_words, deadline=10, what="the run's first words stored")
+    async with serve_runtime(reader) as served:
+        assert await _read(served, "t") == ([
+            ("r1-u", "asked in r1"), ("m-r1", "one two"), ("r2-u", "asked in r2"),
+            ("m-r2", "one ")],) * 2
+        agent.gate.set()
+        async with asyncio.timeout(10):
+            await driving
+        assert await _read(served, "t") == ([
+            ("r1-u", "asked in r1"), ("m-r1", "one two"), ("r2-u", "asked in r2"),
+            ("m-r2", "one two")],) * 2
+
+
+async def test_someone_elses_thread_read_mid_run_does_not_exist(
+        serve_runtime: ServeRuntime) -> None:
+    """A running run read from memory (a thread whose first run goes on, which the in-memory
+    store does not hold yet) is its owner's alone, as a stored thread is."""
+    agent = GatedAgent()
+    runtime = CopilotRuntime(agents={"default": agent}, thread_store=thread_store("memory://"),
+                             auth=BearerTokenAuth({"tok-alice-0001": "alice",
+                                                   "tok-bob-00002": "bob"}))
+    async with serve_runtime(runtime) as served:
+        async def run() -> None:
+            response = await served.session.post(
+                served.url + "/agent/default/run", data=orjson.dumps(
+                    {"threadId": "t", "runId": "r1", "tools": [], "context": [],
+                     "forwardedProps": {}, "state": {},
+                     "messages": [{"id": "u", "role": "user", "content": "mine"}]}),
+                headers={"Content-Type": "application/json",
+                         "Authorization": "Bearer tok-alice-0001"})
+            await response.read()
+
+        running = asyncio.create_task(run())
+        try:
+            await eventually(lambda: (live := runtime.runs.active.get("t")) is not None
+                             and any(e.get("delta") == "one " for e in live.events),
+                             deadline=10, what="the run's first words")
+            for token, seen in (("tok-alice-0001", True), ("tok-bob-00002", False)):
+                headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+                response = await served.session.post(served.url, data=orjson.dumps({
+                    "query": _LOAD,
+                    "variables": {"data": {"threadId": "t", "agentName": "default"}}}),
+                    headers=headers)
+                loaded = (await response.json())["data"]["loadAgentState"]
+                assert loaded["threadExists"] is seen
+                assert ("mine" in loaded["messages"]) is seen
+                response = await served.session.get(f"{served.url}/threads/t/messages",
+                                                    headers=headers)
+                assert response.status == (200 if seen else 404)
+                assert ("mine" in await response.text()) is seen
+        finally:  # (the server waits for the run's stream as it stops)
+            agent.gate.set()
+            async with asyncio.timeout(10):
+                await running
