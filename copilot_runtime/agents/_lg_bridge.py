@@ -556,11 +556,14 @@ class _ToolMessageIds(BaseCallbackHandler):
     event stream reads it. A tool that raised never ends: the message ToolNode makes of
     its error gets its id as ToolNode itself ends.
 
-    A node retried (its RetryPolicy) runs its calls' tools again: each call's result gets
-    the id its first result got, whichever try ends first (a sibling of the failing tool may
-    end after the node failed, even after the retry's own result), so the checkpoint keeps
-    the id the client was given, and the bridge sends the result once. Tries of one node are
-    told apart from a later step (whose calls may reuse ids) by their task's namespace."""
+    A node retried (its RetryPolicy; or a node around the subgraph holding the ToolNode)
+    runs its calls' tools again: each call's result gets the id its first result got,
+    whichever try ends first (a sibling of the failing tool may end after the node failed,
+    even after the retry's own result), so the checkpoint keeps the id the client was given,
+    and the bridge sends the result once. A retry of the ToolNode itself runs in the same
+    task (its checkpoint namespace), where a later step's calls (whose ids a model may
+    reuse) do not; a retry around a subgraph runs the ToolNode in a new task: there the ids
+    of a failed try's calls are carried over to the next try that runs them."""
 
     run_inline = True
 
@@ -572,6 +575,13 @@ class _ToolMessageIds(BaseCallbackHandler):
         # (a try of a ToolNode) belongs to, and the result ids given, by task and call id.
         self._task_of: dict[Any, Any] = {}
         self._ids: dict[tuple[Any, str], str] = {}
+        # Each parent run's ids by call id; the runs that failed; and the ids of failed
+        # runs' calls, for the next try that runs them (taken once), and the latest id
+        # given to each call (a failed try's late result takes its retry's).
+        self._by_run: dict[Any, dict[str, str]] = {}
+        self._failed: set[Any] = set()
+        self._carried: dict[str, str] = {}
+        self._latest: dict[str, tuple[Any, str]] = {}
 
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: Any,
                       parent_run_id: Any = None, metadata: dict[str, Any] | None = None,
@@ -592,6 +602,10 @@ class _ToolMessageIds(BaseCallbackHandler):
 
     def on_chain_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
         self._failed_in.discard(run_id)
+        if run_id in self._task_of:  # (a run whose tools started: a try of a ToolNode)
+            self._failed.add(run_id)
+            for call_id, result_id in self._by_run.get(run_id, {}).items():
+                self._carried.setdefault(call_id, result_id)
 
     def on_tool_end(self, output: Any, *, parent_run_id: Any = None, **kwargs: Any) -> None:
         for result in _tool_results(output):
@@ -608,7 +622,16 @@ class _ToolMessageIds(BaseCallbackHandler):
         key = (self._task_of.get(run, run), call_id)
         given = self._ids.get(key)
         if given is None:
-            given = self._ids[key] = str(uuid.uuid4())
+            latest = self._latest.get(call_id)
+            if run in self._failed and latest is not None and latest[0] != run:
+                given = latest[1]  # (a failed try's late result: its retry's id)
+            else:
+                given = self._carried.pop(call_id, None) or str(uuid.uuid4())
+            self._ids[key] = given
+        self._by_run.setdefault(run, {})[call_id] = given
+        self._latest[call_id] = (run, given)
+        if run in self._failed:
+            self._carried.setdefault(call_id, given)
         return given
 
 
