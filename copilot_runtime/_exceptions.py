@@ -132,13 +132,17 @@ _PEM_PRIVATE_KEY = (
     r"|(?:\s|\\[nr])*[A-Za-z0-9+/=]{16}(?:[A-Za-z0-9+/=\s]|\\[nr])*+\Z)")
 
 # Names whose values are secrets, as written before `:` or `=` in text.
-_SECRET_NAME = (r"(?<![\w-])[\w-]*?(?:passw(?:or)?d|pwd|secret(?:[-_]?key)?"
+_SECRET_NAME = (r"(?<![\w-])[\w-]*?(?:passw(?:or)?d|pwd|secret(?:[-_]?key(?:[-_]?base)?)?"
                 r"|(?:api|access|private)[-_]?key"
                 r"|token|credentials?)")
 # A quoted value of 6 characters or more, not a number, its escapes read (libpq's `\'`, JSON's
 # `\"`), without its closing quote (there is none where the text was cut).
 _SINGLE_QUOTED = r"'(?!\d+')(?:[^'\\\r\n]|\\.){6,}"
 _DOUBLE_QUOTED = r'"(?!\d+")(?:[^"\\\r\n]|\\.){6,}'
+
+# A character of the columns or expressions (`lower(token)`) of a key PostgreSQL names: any
+# before the `)=(` that ends them.
+_KEY_PART = r"(?:(?!\)=\()[^\r\n])"
 
 #: Secret-looking values, as a pattern every redaction shares (upstream words passed on,
 #: action errors, logs): a URL's `user:password`, bearer and Basic credentials, provider and
@@ -163,12 +167,19 @@ SECRET_VALUES = (
     r"|\bAIza[0-9A-Za-z_-]{20,}"
     r"|\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9._-]+"
     rf"|{_PEM_PRIVATE_KEY}"
-    r"|(?i:(?<=[?&;])(?:api[-_]?key|key|access_token|secret|password"
-    # (a signed URL's `X-Amz-Signature`, `X-Amz-Security-Token`, `X-Goog-Signature`)
-    r"|(?:[\w-]*?[-_])?(?:token|sig|signature))=[^&\s\"']+)"
-    # A unique violation's `Key (token)=(…)` (PostgreSQL's DETAIL): the key's values.
-    r"|(?i:(?<=\bKey \()[^()\r\n]*(?:passw(?:or)?d|pwd|secret|token|api[-_]?key|credential)"
-    r"[^()\r\n]*\)=\([^\r\n]*?(?=\)(?:\s|\Z)))"
+    r"|(?i:(?<=[?&;])(?:api[-_]?key|key|token|access_token|secret|password|sig|signature)"
+    r"=[^&\s\"']+"
+    # (a signed URL's `X-Amz-Signature`, `X-Amz-Security-Token`, `X-Goog-Signature`: 8
+    # characters or more, not a `page_token=2` or an `include_signature=true`)
+    r"|(?<=[?&;])[\w-]*?[-_](?:token|sig|signature)=[^&\s\"']{8,})"
+    # A unique or foreign key violation's `Key (token)=(…) already exists` (PostgreSQL's
+    # DETAIL; its columns or expressions, `lower(token)`): the key's values, to the words
+    # after them (a value may hold `) `), else to the line's end. Bounded: linear time.
+    rf"|(?i:(?<=\bKey \()(?={_KEY_PART}{{0,300}}?"
+    r"(?:passw(?:or)?d|pwd|secret|token(?!s|_count|_limit)|api[-_]?key|credential))"
+    rf"{_KEY_PART}{{0,300}}\)=\([^\r\n]{{0,4000}}?"
+    r"(?=\) (?:already exists|is not present|is still referenced|conflicts with)"
+    r"|\)?\.?[ \t]*(?:[\r\n]|\Z)))"
     r"|(?i:\b(?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?(?:[a-z][\w.-]*[ \t]+)?"
     r"[^\s,;\"'}]{6,})"
     r"|(?i:\bcookie[\"']?[ \t]*[:=][ \t]*[\"']?[^\r\n\"']+)"
