@@ -559,7 +559,9 @@ class MCPToolset:
 
     def _client(self, conn: _Connection, stack: AsyncExitStack) -> Client:
         server = conn.server
-        made: Client | None = None
+        # The session's dispatcher, once the client made it: `Client.session` is only set
+        # after the handshake, whose answers may be unreadable too.
+        dispatcher: Any = None
 
         async def on_message(message: Any) -> None:
             if isinstance(message, types.ToolListChangedNotification):
@@ -568,8 +570,22 @@ class MCPToolset:
                 _log.warning("MCP server connection fault", server=server.label,
                              error=scrub_secrets(f"{type(message).__name__}: {message}",
                                                  *server.secrets))
-                if made is not None:
-                    _fail_unreadable_answer(made, message)
+                if dispatcher is not None:
+                    _fail_unreadable_answer(dispatcher, message)
+
+        def noting_session(client: Client) -> Client:
+            build = getattr(client, "_build_session", None)
+            if build is None:
+                return client  # (an SDK without it: such answers time out, as they did)
+
+            async def building(stack: AsyncExitStack) -> Any:
+                nonlocal dispatcher
+                session = await build(stack)
+                dispatcher = getattr(session, "_dispatcher", None)
+                return session
+
+            client._build_session = building  # type: ignore[method-assign,assignment]
+            return client
 
         if server.url is not None:
             # A mount, not `transport=`: that would drop the proxies the environment names
@@ -583,17 +599,17 @@ class MCPToolset:
                                                              read=server.timeout + 1.0),
                                       mounts={"all://": noting})
             stack.push_async_callback(http.aclose)
-            made = Client(streamable_http_client(server.url, http_client=http),
-                          read_timeout_seconds=server.timeout, message_handler=on_message)
-            return made
+            return noting_session(Client(streamable_http_client(server.url, http_client=http),
+                                         read_timeout_seconds=server.timeout,
+                                         message_handler=on_message))
         assert server.command is not None
         # A byte of stdout that is not UTF-8 (a legacy code page) reads as U+FFFD: strict, it
         # ended the SDK's reader silently, and every later call timed out.
-        made = Client(StdioServerParameters(command=server.command, args=list(server.args),
-                                            env=dict(server.env) if server.env else None,
-                                            encoding_error_handler="replace"),
-                      read_timeout_seconds=server.timeout, message_handler=on_message)
-        return made
+        return noting_session(Client(
+            StdioServerParameters(command=server.command, args=list(server.args),
+                                  env=dict(server.env) if server.env else None,
+                                  encoding_error_handler="replace"),
+            read_timeout_seconds=server.timeout, message_handler=on_message))
 
     async def _relist(self, conn: _Connection) -> None:
         """The server said its tools changed: list them again. Said while the toolset starts
@@ -722,24 +738,24 @@ def _connection_gone(exc: Exception, client: Client) -> bool:
     return isinstance(exc, _CONNECTION_ERRORS)
 
 
-def _fail_unreadable_answer(client: Client, fault: Exception) -> None:
+def _fail_unreadable_answer(dispatcher: Any, fault: Exception) -> None:
     """Fails the request a server answered with a line the SDK could not read (`"result":
     null`, an error without its message): the SDK drops the line, and over stdio its caller
-    waited for the whole timeout, then read "timed out". The answer's id is in the parse
-    error; its request fails at once with what was wrong (the SDK's private table of pending
-    requests: nothing is done where it has none)."""
+    (a call, or the handshake) waited for the whole timeout, then read "timed out". The
+    answer's id is in the parse error; its request fails at once with what was wrong (the
+    SDK's private table of pending requests: nothing is done where it has none)."""
     if not isinstance(fault, pydantic.ValidationError):
         return
     for error in fault.errors():
         answer = error.get("input")
         if isinstance(answer, dict) and "method" not in answer:
             request = answer.get("id")
-            if isinstance(request, str | int) and not isinstance(request, bool):
-                fail = getattr(client.session._dispatcher, "_resolve_pending", None)
-                if fail is not None:
-                    fail(request, types.ErrorData(
-                        code=types.INTERNAL_ERROR,
-                        message="the server's answer is not a valid JSON-RPC response"))
+            fail = getattr(dispatcher, "_resolve_pending", None)
+            if isinstance(request, str | int) and not isinstance(request, bool) \
+                    and fail is not None:
+                fail(request, types.ErrorData(
+                    code=types.INTERNAL_ERROR,
+                    message="the server's answer is not a valid JSON-RPC response"))
             return
 
 

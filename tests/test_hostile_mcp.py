@@ -584,6 +584,20 @@ async def test_an_answer_that_is_no_json_rpc_fails_its_call_at_once() -> None:
         await toolset.aclose()
 
 
+async def test_a_handshake_answer_that_is_no_json_rpc_fails_the_start_at_once() -> None:
+    """Before (a review): the answer to `initialize` was dropped the same way, and the
+    start waited for the whole timeout, then read "timed out"."""
+    toolset = MCPToolset([MCPServer(command=sys.executable,
+                                    args=[str(LEGACY), "--unreadable-handshake"],
+                                    name="legacy", timeout=30)])
+    started = time.monotonic()
+    with pytest.raises(UpstreamError) as failed:
+        await toolset.start()
+    await toolset.aclose()
+    assert time.monotonic() - started < 5
+    assert "the server's answer is not a valid JSON-RPC response" in failed.value.message
+
+
 # ---- one tool that breaks the schema is left out alone ---------------------------------------
 
 BAD_TOOLS = [{"name": "string_schema", "description": "Its input is a string",

@@ -1,6 +1,7 @@
 """A stdio MCP server without the SDK, on a legacy code page: `cafe` answers "café" in
 Latin-1 (one byte of its line is not UTF-8), `ping` answers "pong"; and careless: `nothing`
-answers `"result": null`, `mute` an error without its message (no JSON-RPC answer, either)."""
+answers `"result": null`, `mute` an error without its message (no JSON-RPC answer, either);
+with `--unreadable-handshake`, `initialize` answers `"result": null`."""
 
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ if __name__ == "__main__":
         if request.get("id") is None:
             continue  # a notification
         params = request.get("params") or {}
-        if request.get("method") == "tools/call" and params.get("name") == "nothing":
+        method = request.get("method")
+        if (method == "initialize" and "--unreadable-handshake" in sys.argv) \
+                or (method == "tools/call" and params.get("name") == "nothing"):
             send({"jsonrpc": "2.0", "id": request["id"], "result": None})
         elif request.get("method") == "tools/call" and params.get("name") == "mute":
             send({"jsonrpc": "2.0", "id": request["id"],
