@@ -99,6 +99,33 @@ async def test_a_failing_generator_reads_like_any_failing_handler() -> None:
         assert info.value.message == "ConnectionError: database went away"
 
 
+async def test_a_generator_in_a_result_runs_where_its_handler_ran() -> None:
+    # Before, only a generator returned whole was run in the handler's thread: one in a dict
+    # was run by the encoder on the event loop, and its failure read "not JSON serializable".
+    seen: list[str] = []
+
+    def rows() -> Iterator[int]:
+        for row in range(2):
+            seen.append(threading.current_thread().name)
+            yield row
+
+    def failing_rows() -> Iterator[int]:
+        yield 1
+        raise ConnectionError("database went away")
+
+    assert await Action("rows", lambda: {"rows": rows()}).execute("{}") == '{"rows":[0,1]}'
+    assert seen
+    assert threading.main_thread().name not in seen
+
+    async def async_failing() -> dict[str, Any]:
+        return {"rows": [failing_rows()]}
+
+    for handler in (lambda: {"rows": failing_rows()}, async_failing):
+        with pytest.raises(ActionError) as info:
+            await Action("rows", handler).execute("{}")
+        assert info.value.message == "ConnectionError: database went away"
+
+
 async def test_an_async_generator_handler_answers_its_items() -> None:
     async def rows() -> AsyncIterator[int]:
         for row in range(3):
@@ -336,3 +363,4 @@ async def test_positional_only_parameters_are_passed_by_position() -> None:
     assert area.parameters["required"] == ["width"]
     assert await area.execute('{"width": 2, "height": 3}') == '"6.0m2"'
     assert await area.execute('{"width": 2, "unit": "cm"}') == '"2.0cm2"'
+
