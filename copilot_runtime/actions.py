@@ -14,7 +14,7 @@ import functools
 import inspect
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, overload
 
 import orjson
@@ -109,6 +109,28 @@ def _called(call: Callable[[], Any]) -> _Outcome:
     except BaseException as exc:  # (in a worker thread: raised again in the run's task)
         return False, exc
     return (True, result) if _is_pending(result) else _encoded(result)
+
+
+def _close_pending(thread_call: Future[_Outcome]) -> None:
+    """Closes what a sync handler returned to a run stopped meanwhile, still to be awaited:
+    dropped, a coroutine warns it was never awaited (an async generator not yet started
+    holds nothing to close)."""
+    if thread_call.cancelled() or thread_call.exception() is not None:
+        return
+    done, value = thread_call.result()
+    if done and inspect.iscoroutine(value):
+        value.close()
+
+
+async def _in_thread(call: Callable[[], Any]) -> _Outcome:
+    """A sync handler's outcome, the handler run in one of the sync handlers' threads. A stop
+    of the run does not wait for the thread (it cannot stop it); what it returns is closed."""
+    thread_call = _sync_handler_threads().submit(contextvars.copy_context().run, _called, call)
+    try:
+        return await asyncio.wrap_future(thread_call)
+    except asyncio.CancelledError:
+        thread_call.add_done_callback(_close_pending)
+        raise
 
 
 async def _awaited(call: Callable[[], Any]) -> _Outcome:
@@ -267,9 +289,7 @@ class Action:
             if self._is_async:
                 outcome = await _in_own_task(call)
             else:
-                outcome = await asyncio.get_running_loop().run_in_executor(
-                    _sync_handler_threads(), functools.partial(
-                        contextvars.copy_context().run, _called, call))
+                outcome = await _in_thread(call)
                 done, value = outcome
                 if done and _is_pending(value):
                     outcome = await _in_own_task(lambda: value)

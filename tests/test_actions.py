@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import http.server
+import inspect
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -124,6 +125,33 @@ async def test_a_generator_in_a_result_runs_where_its_handler_ran() -> None:
         with pytest.raises(ActionError) as info:
             await Action("rows", handler).execute("{}")
         assert info.value.message == "ConnectionError: database went away"
+
+
+async def test_a_coroutine_returned_after_its_run_stopped_is_closed() -> None:
+    # Before, a sync handler still in its thread when the run stopped had the coroutine it
+    # then returned dropped unawaited ("coroutine ... was never awaited").
+    returning = threading.Event()
+    returned: list[Any] = []
+
+    async def later() -> int:
+        return 1
+
+    def slow() -> Any:
+        returning.wait(5)
+        returned.append(later())
+        return returned[0]
+
+    run = asyncio.ensure_future(Action("slow", slow).execute("{}"))
+    await asyncio.sleep(0.05)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    returning.set()
+    for _ in range(200):
+        if returned and inspect.getcoroutinestate(returned[0]) == inspect.CORO_CLOSED:
+            break
+        await asyncio.sleep(0.01)
+    assert inspect.getcoroutinestate(returned[0]) == inspect.CORO_CLOSED
 
 
 async def test_an_async_generator_handler_answers_its_items() -> None:
