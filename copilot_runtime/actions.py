@@ -385,9 +385,8 @@ class _ModelAction(Action):
     _checks_schema = False
 
     def __init__(self, name: str, handler: Callable[..., Any], description: str,
-                 model: type[pydantic.BaseModel], parameter_names: dict[str, str]) -> None:
-        schema = model.model_json_schema()
-        schema.pop("title", None)
+                 model: type[pydantic.BaseModel], parameter_names: dict[str, str],
+                 schema: dict[str, Any]) -> None:
         super().__init__(name, handler, description=description, parameters=schema)
         self._model = model
         self._parameter_names = parameter_names  # the model's field name -> the handler's
@@ -460,11 +459,16 @@ def action(
     def build(fn: Callable[..., Any]) -> Action:
         try:
             model, parameter_names = _model_for(fn)
+            # (made here: a type pydantic validates but has no JSON schema for, a
+            # Callable, raises only now)
+            schema = model.model_json_schema()
         except (pydantic.PydanticUserError, NameError, TypeError) as exc:
             raise ConfigurationError(
                 f"Cannot derive a schema for action {fn.__name__!r}: {exc}") from exc
+        schema.pop("title", None)
         doc = inspect.getdoc(fn) or ""
-        return _ModelAction(name or fn.__name__, fn, description or doc, model, parameter_names)
+        return _ModelAction(name or fn.__name__, fn, description or doc, model, parameter_names,
+                            schema)
 
     if handler is not None:
         return build(handler)

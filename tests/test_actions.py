@@ -392,3 +392,11 @@ async def test_positional_only_parameters_are_passed_by_position() -> None:
     assert await area.execute('{"width": 2, "height": 3}') == '"6.0m2"'
     assert await area.execute('{"width": 2, "unit": "cm"}') == '"2.0cm2"'
 
+
+def test_a_parameter_pydantic_has_no_schema_for_is_a_configuration_error() -> None:
+    # Before, the model's schema was made outside the check: a raw pydantic error.
+    def cb(fn: Callable[[], int]) -> int:
+        return fn()
+
+    with pytest.raises(ConfigurationError, match="Cannot derive a schema for action 'cb': "):
+        action(cb)
