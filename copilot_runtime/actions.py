@@ -14,13 +14,13 @@ import functools
 import inspect
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, overload
 
 import orjson
 import pydantic
 import structlog
-from pydantic_core import PydanticSerializationError, to_jsonable_python
+from pydantic_core import to_jsonable_python
 
 from copilot_runtime._exceptions import (
     ActionError,
@@ -62,13 +62,37 @@ def _sync_handler_threads() -> ThreadPoolExecutor:
 _Outcome = tuple[bool, Any]
 
 
-def _listed(result: Any) -> Any:
-    """`result`, an iterator's (a generator's) items listed: the encoder would iterate it,
-    so it is run here, in the handler's thread or task, and what it raises is the handler's
-    failure, not an encoding one."""
-    if isinstance(result, Iterator) and not inspect.isawaitable(result):
-        return list(result)
-    return result
+class _IteratorFailed(Exception):
+    """What an iterator in a handler's result raised while it was listed: the handler's
+    failure (its code running late), not the encoding's."""
+
+    def __init__(self, failure: BaseException) -> None:
+        super().__init__(failure)
+        self.failure = failure
+
+
+def _jsonable(value: Any) -> Any:
+    """What the encoder writes for a value it has no JSON for: an iterator's (a generator's)
+    items, listed, wherever it is in the result; else pydantic's JSON form of it."""
+    if isinstance(value, Iterator) and not inspect.isawaitable(value):
+        try:
+            return list(value)
+        except BaseException as exc:
+            raise _IteratorFailed(exc) from None
+    return to_jsonable_python(value)
+
+
+def _encoded(result: Any) -> _Outcome:
+    """`result` as JSON, encoded where its handler ran (its thread or its task): encoding
+    runs the code of a generator anywhere in it, which must not run on the event loop, and
+    what that code raises is the handler's failure. A value JSON cannot hold is an
+    `ActionError` saying so."""
+    try:
+        return True, orjson.dumps(result, default=_jsonable)
+    except TypeError as exc:  # (orjson's error; what `_jsonable` raised is its cause)
+        if isinstance(exc.__cause__, _IteratorFailed):
+            return False, exc.__cause__.failure
+        return False, ActionError(f"the result could not be encoded as JSON ({exc})")
 
 
 def _is_pending(result: Any) -> bool:
@@ -79,10 +103,34 @@ def _is_pending(result: Any) -> bool:
 
 
 def _called(call: Callable[[], Any]) -> _Outcome:
+    """A sync handler's outcome, in its worker thread: its result encoded, unless pending."""
     try:
-        return True, _listed(call())
+        result = call()
     except BaseException as exc:  # (in a worker thread: raised again in the run's task)
         return False, exc
+    return (True, result) if _is_pending(result) else _encoded(result)
+
+
+def _close_pending(thread_call: Future[_Outcome]) -> None:
+    """Closes what a sync handler returned to a run stopped meanwhile, still to be awaited:
+    dropped, a coroutine warns it was never awaited (an async generator not yet started
+    holds nothing to close)."""
+    if thread_call.cancelled() or thread_call.exception() is not None:
+        return
+    done, value = thread_call.result()
+    if done and inspect.iscoroutine(value):
+        value.close()
+
+
+async def _in_thread(call: Callable[[], Any]) -> _Outcome:
+    """A sync handler's outcome, the handler run in one of the sync handlers' threads. A stop
+    of the run does not wait for the thread (it cannot stop it); what it returns is closed."""
+    thread_call = _sync_handler_threads().submit(contextvars.copy_context().run, _called, call)
+    try:
+        return await asyncio.wrap_future(thread_call)
+    except asyncio.CancelledError:
+        thread_call.add_done_callback(_close_pending)
+        raise
 
 
 async def _awaited(call: Callable[[], Any]) -> _Outcome:
@@ -91,10 +139,10 @@ async def _awaited(call: Callable[[], Any]) -> _Outcome:
         if inspect.isawaitable(result):  # (as the TypeScript runtime's `await handler(args)`)
             result = await result
         if isinstance(result, AsyncIterator):
-            return True, [item async for item in result]
-        return True, _listed(result)
+            result = [item async for item in result]
     except BaseException as exc:
         return False, exc
+    return _encoded(result)
 
 
 async def _in_own_task(call: Callable[[], Any]) -> _Outcome:
@@ -136,8 +184,9 @@ class Action:
 
     `handler` is called with the validated arguments as keyword arguments; it may be sync
     (run in a worker thread so it cannot block the event loop) or async, and an awaitable it
-    returns is awaited. Its return value is sent to the model as JSON; a generator (any
-    iterator, or async iterator) is run to its end where the handler ran, its items a list.
+    returns is awaited. Its return value is sent to the model as JSON, encoded where the
+    handler ran: a generator (any iterator) anywhere in it, or an async iterator it is, is
+    run to its end there, its items a list.
     """
 
     def __init__(
@@ -240,13 +289,11 @@ class Action:
             if self._is_async:
                 outcome = await _in_own_task(call)
             else:
-                outcome = await asyncio.get_running_loop().run_in_executor(
-                    _sync_handler_threads(), functools.partial(
-                        contextvars.copy_context().run, _called, call))
+                outcome = await _in_thread(call)
                 done, value = outcome
                 if done and _is_pending(value):
                     outcome = await _in_own_task(lambda: value)
-            result = _result(outcome)
+            encoded: bytes = _result(outcome)
         except ActionError:
             raise
         except BaseException as exc:
@@ -263,10 +310,6 @@ class Action:
             # result) gets the error's message without paths or credentials.
             _log.warning("action failed", action=self.name, exc_info=True)
             raise ActionError(failure_text(exc)) from None
-        try:
-            encoded = orjson.dumps(result, default=to_jsonable_python)
-        except (TypeError, PydanticSerializationError) as exc:
-            raise ActionError(f"the result could not be encoded as JSON ({exc})") from None
         if len(encoded) > MAX_ACTION_RESULT_BYTES:
             _log.warning("action result over the bound", action=self.name, size=len(encoded))
             raise ActionError(f"the result ({len(encoded)} bytes of JSON) is larger than "
@@ -342,9 +385,8 @@ class _ModelAction(Action):
     _checks_schema = False
 
     def __init__(self, name: str, handler: Callable[..., Any], description: str,
-                 model: type[pydantic.BaseModel], parameter_names: dict[str, str]) -> None:
-        schema = model.model_json_schema()
-        schema.pop("title", None)
+                 model: type[pydantic.BaseModel], parameter_names: dict[str, str],
+                 schema: dict[str, Any]) -> None:
         super().__init__(name, handler, description=description, parameters=schema)
         self._model = model
         self._parameter_names = parameter_names  # the model's field name -> the handler's
@@ -417,11 +459,16 @@ def action(
     def build(fn: Callable[..., Any]) -> Action:
         try:
             model, parameter_names = _model_for(fn)
+            # (made here: a type pydantic validates but has no JSON schema for, a
+            # Callable, raises only now)
+            schema = model.model_json_schema()
         except (pydantic.PydanticUserError, NameError, TypeError) as exc:
             raise ConfigurationError(
                 f"Cannot derive a schema for action {fn.__name__!r}: {exc}") from exc
+        schema.pop("title", None)
         doc = inspect.getdoc(fn) or ""
-        return _ModelAction(name or fn.__name__, fn, description or doc, model, parameter_names)
+        return _ModelAction(name or fn.__name__, fn, description or doc, model, parameter_names,
+                            schema)
 
     if handler is not None:
         return build(handler)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import http.server
+import inspect
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -97,6 +98,60 @@ async def test_a_failing_generator_reads_like_any_failing_handler() -> None:
         with pytest.raises(ActionError) as info:
             await Action("rows", handler).execute("{}")
         assert info.value.message == "ConnectionError: database went away"
+
+
+async def test_a_generator_in_a_result_runs_where_its_handler_ran() -> None:
+    # Before, only a generator returned whole was run in the handler's thread: one in a dict
+    # was run by the encoder on the event loop, and its failure read "not JSON serializable".
+    seen: list[str] = []
+
+    def rows() -> Iterator[int]:
+        for row in range(2):
+            seen.append(threading.current_thread().name)
+            yield row
+
+    def failing_rows() -> Iterator[int]:
+        yield 1
+        raise ConnectionError("database went away")
+
+    assert await Action("rows", lambda: {"rows": rows()}).execute("{}") == '{"rows":[0,1]}'
+    assert seen
+    assert threading.main_thread().name not in seen
+
+    async def async_failing() -> dict[str, Any]:
+        return {"rows": [failing_rows()]}
+
+    for handler in (lambda: {"rows": failing_rows()}, async_failing):
+        with pytest.raises(ActionError) as info:
+            await Action("rows", handler).execute("{}")
+        assert info.value.message == "ConnectionError: database went away"
+
+
+async def test_a_coroutine_returned_after_its_run_stopped_is_closed() -> None:
+    # Before, a sync handler still in its thread when the run stopped had the coroutine it
+    # then returned dropped unawaited ("coroutine ... was never awaited").
+    returning = threading.Event()
+    returned: list[Any] = []
+
+    async def later() -> int:
+        return 1
+
+    def slow() -> Any:
+        returning.wait(5)
+        returned.append(later())
+        return returned[0]
+
+    run = asyncio.ensure_future(Action("slow", slow).execute("{}"))
+    await asyncio.sleep(0.05)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    returning.set()
+    for _ in range(200):
+        if returned and inspect.getcoroutinestate(returned[0]) == inspect.CORO_CLOSED:
+            break
+        await asyncio.sleep(0.01)
+    assert inspect.getcoroutinestate(returned[0]) == inspect.CORO_CLOSED
 
 
 async def test_an_async_generator_handler_answers_its_items() -> None:
@@ -336,3 +391,12 @@ async def test_positional_only_parameters_are_passed_by_position() -> None:
     assert area.parameters["required"] == ["width"]
     assert await area.execute('{"width": 2, "height": 3}') == '"6.0m2"'
     assert await area.execute('{"width": 2, "unit": "cm"}') == '"2.0cm2"'
+
+
+def test_a_parameter_pydantic_has_no_schema_for_is_a_configuration_error() -> None:
+    # Before, the model's schema was made outside the check: a raw pydantic error.
+    def cb(fn: Callable[[], int]) -> int:
+        return fn()
+
+    with pytest.raises(ConfigurationError, match="Cannot derive a schema for action 'cb': "):
+        action(cb)
