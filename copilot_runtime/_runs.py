@@ -1014,6 +1014,9 @@ class RunManager:
         #: GeneratorExit) or its lease given back: the next run on one waits for that (its
         #: client heard the end and asks at once).
         self._giving_back: dict[str, asyncio.Future[None]] = {}
+        #: The run whose lease of each thread is on its way back to the coordinator (shared
+        #: coordinators): ended here, though the coordinator still names it the holder.
+        self._letting_go: dict[str, str] = {}
         #: The store when it keeps running runs' events (written as runs go), else None.
         self.durable: DurableThreadStore | None = \
             store if isinstance(store, DurableThreadStore) else None
@@ -1306,6 +1309,7 @@ class RunManager:
         coordinator = self.coordinator
         if coordinator is None:
             return
+        self._letting_go[lease.thread_id] = lease.run_id
         try:
             await coordinator.finish(lease)
         except ServiceUnavailableError:
@@ -1316,6 +1320,9 @@ class RunManager:
         except Exception:
             # The lease expires by itself; followers poll the store.
             _log.exception("could not release a lease", thread_id=lease.thread_id)
+        finally:
+            if self._letting_go.get(lease.thread_id) == lease.run_id:
+                del self._letting_go[lease.thread_id]
 
     async def _finish_later(self, coordinator: Coordinator, lease: Lease) -> None:
         try:
@@ -1409,10 +1416,14 @@ class RunManager:
         reserved = self.active.get(thread_id)
         if reserved is not None and reserved.confirmed:
             return False  # the thread's run is this worker's, stopped or ended already
+        # Looked at on both sides of the holder's answer: the give-back may end meanwhile.
+        ended_here = self._letting_go.get(thread_id)
         holder = await self.coordinator.holder(thread_id)
-        if reserved is not None and run_id is None and holder in (None, reserved.run_id):
-            # No other run holds the thread: the reservation waiting for its lease (or its
-            # store read) is the thread's run to be, stopped as it starts.
+        if reserved is not None and run_id is None and holder in (
+                None, reserved.run_id, ended_here, self._letting_go.get(thread_id)):
+            # No other run holds the thread (at most this worker's last one, ended, its
+            # lease on its way back): the reservation waiting for its lease (or its store
+            # read) is the thread's run to be, stopped as it starts.
             return reserved.cancel("stop")
         if holder is None or holder.startswith(_DELETE) or (
                 run_id is not None and holder != run_id):
@@ -1501,7 +1512,7 @@ class RunManager:
     def _run_here(self, thread_id: str) -> ActiveRun | None:
         """The thread's run if this process has it. Under a shared coordinator a reservation
         is not one until `begin` confirmed it: another worker's run may hold the thread,
-        and the reservation is then refused (busy), its followers' streams ended."""
+        and the reservation is then refused (busy)."""
         run = self.active.get(thread_id)
         if run is not None and self.coordinator is not None and not run.confirmed:
             return None
@@ -1512,7 +1523,7 @@ class RunManager:
         """A thread's events after position `after` (all for -1): its stored runs, then the
         live run if there is one, to its end. The first batch comes as soon as the thread
         was read, even empty: a store that cannot be read fails before anything is sent."""
-        if self.coordinator is not None and self._run_here(thread_id) is None:
+        if self.coordinator is not None and thread_id not in self.active:
             async for followed in self._follow(self.coordinator, thread_id, after):
                 yield followed
             return
@@ -1536,6 +1547,8 @@ class RunManager:
                 stored = await self.store.events_after(thread_id, after)
             out = _before_run(stored, live.run_id, known)
             out.extend((start + i, e) for i, e in enumerate(so_far) if start + i > after)
+            # Where the stream is in the thread, should the reservation be refused.
+            reached = max((p for p, _ in out if p is not None), default=after)
             yield out
             while (item := await queue.get()) is not None:
                 first, batch = item
@@ -1543,6 +1556,13 @@ class RunManager:
                     yield [(first + i, e) for i, e in enumerate(batch) if first + i > after]
         finally:
             live.unsubscribe(queue)
+        if self.coordinator is None or live.confirmed or self.stopping_since is not None:
+            return
+        # A reservation of this worker refused (another worker's run holds the thread): it
+        # sent nothing, and the stream goes on with the thread's run wherever it runs.
+        async for followed in self._follow(self.coordinator, thread_id, reached):
+            if followed:
+                yield followed
 
     async def _follow(self, coordinator: Coordinator, thread_id: str, after: int
                       ) -> AsyncIterator[Sequence[Positioned]]:
