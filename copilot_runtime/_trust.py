@@ -107,14 +107,14 @@ async def replay_visible(runs: RunManager, owner: ThreadOwner, thread_id: str,
         return
     replay = runs.replay(thread_id, after)
     try:
-        first = await anext(replay, None)
-        # Checked again once read: its owner may have deleted it and another started one of
-        # its id (stored, or running: the live run the replay follows). A thread with a run
-        # on it cannot be deleted, so the rest is of what was checked.
-        if first is None or await thread_owner(runs, thread_id) != owner:
-            return
-        yield first
+        # Each batch checked again once read: its owner may have deleted it and another
+        # started one of its id (stored, or running: the live run the replay follows). A
+        # run here holds the thread (its owner known without a read); a replay following
+        # another worker's run, or none, reads the store again later, after a delete and
+        # reuse as much as before.
         async for batch in replay:
+            if await thread_owner(runs, thread_id) != owner:
+                return
             yield batch
     finally:
         aclose = getattr(replay, "aclose", None)  # its live run's follower given back

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -19,7 +20,9 @@ from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.events import EventBatches
 from copilot_runtime.threads import InMemoryThreadStore, ThreadOwner, ThreadRecord
 from copilot_runtime.threads.base import Positioned
+from copilot_runtime.threads.sqlite import SQLiteThreadStore
 from tests.conftest import GatedAgent, Served, ServeRuntime, parse_sse, poll, run_input
+from tests.scale_support.services import redis_prefix
 from tests.test_hostile_trust import connect
 from tests.test_trust_ownership import ALICE, BOB, TOKENS, call
 
@@ -266,3 +269,113 @@ async def test_a_store_without_the_owner_condition_still_renames_its_owners_thre
         record = await runtime.store.summary(THREAD)
         assert record is not None
         assert record.name == "Mine"
+
+
+class UnconditionalReusingStore(ReusingStore):
+    """`ReusingStore` whose `rename` takes no `owner`, as an application's store written
+    before it did."""
+
+    async def rename(self, thread_id: str, name: str | None) -> bool:  # type: ignore[override]
+        return await super().rename(thread_id, name)
+
+
+async def test_a_store_without_the_owner_condition_renames_no_thread_reused_meanwhile(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: its owner was checked, then the thread renamed by id: a delete and a run of
+    another principal's between the two had alice rename bob's thread. Now the check and the
+    rename keep runs off the thread, as a delete does: no thread of another can begin under
+    its id in between."""
+    store = UnconditionalReusingStore()
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0.0), thread_store=store,
+                             auth=BearerTokenAuth(TOKENS))
+    async with serve_runtime(runtime) as s:
+        await alices_thread(s)
+        bobs: list[int] = []
+
+        async def deleted_and_tried() -> None:
+            status, body, _ = await call(s, "DELETE", f"/threads/{THREAD}", ALICE)
+            assert status == 200, body
+            status, body, _ = await call(s, "POST", "/agent/default/run", BOB,
+                                         run_input(SECRET, thread=THREAD, run="rb"))
+            bobs.append(status)
+
+        store.hooks["rename"] = deleted_and_tried
+        status, body, _ = await call(s, "PATCH", f"/threads/{THREAD}", ALICE,
+                                     {"name": "renamed by alice"})
+        assert "rename" not in store.hooks
+        assert status == 404, body
+        assert bobs == [409]  # the id held while alice's rename went on
+        status, body, _ = await call(s, "POST", "/agent/default/run", BOB,
+                                     run_input(SECRET, thread=THREAD, run="rb2"))
+        assert status == 200, body
+        status, body, _ = await call(s, "GET", "/threads", BOB)
+        assert [(t["id"], t["name"]) for t in orjson.loads(body)["threads"]] == [(THREAD, None)]
+
+
+async def test_a_store_without_the_owner_condition_renames_a_thread_while_it_runs(
+        serve_runtime: ServeRuntime) -> None:
+    """A run keeps a delete's hold off the thread: the rename is then checked just before,
+    as before (a running thread cannot be deleted), never refused as busy."""
+    gated = GatedAgent()
+    runtime = CopilotRuntime(agents={"default": gated}, thread_store=UnconditionalStore(),
+                             auth=BearerTokenAuth(TOKENS))
+    async with serve_runtime(runtime) as s:
+        running = asyncio.create_task(call(s, "POST", "/agent/default/run", ALICE,
+                                           run_input("alice's text", thread=THREAD, run="ra")))
+        try:
+            async for _ in poll(10, 0.01):
+                live = runtime.runs.active.get(THREAD)
+                if live is not None and live.confirmed \
+                        and await runtime.store.summary(THREAD) is not None:
+                    break
+            status, body, _ = await call(s, "PATCH", f"/threads/{THREAD}", BOB, {"name": "x"})
+            assert status == 404, body
+            status, body, _ = await call(s, "PATCH", f"/threads/{THREAD}", ALICE,
+                                         {"name": "Mine"})
+            assert (status, orjson.loads(body)) == (200, {"id": THREAD, "name": "Mine"})
+        finally:
+            gated.gate.set()
+        status, body, _ = await running
+        assert status == 200, body
+        record = await runtime.store.summary(THREAD)
+        assert record is not None
+        assert record.name == "Mine"
+
+
+class ReusingSQLiteStore(SQLiteThreadStore):
+    """A shared store (as a shared coordinator needs) whose `events_after` runs the hook set
+    before its call number `at` (1: the first)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.hook: Hook | None = None
+        self.at = 0
+        self.calls = 0
+
+    async def events_after(self, thread_id: str, position: int) -> list[Positioned]:
+        if self.hook is not None:
+            self.calls += 1
+            if self.calls == self.at:
+                hook, self.hook = self.hook, None
+                await hook()
+        return await super().events_after(thread_id, position)
+
+
+async def test_connect_through_a_coordinator_to_a_thread_reused_meanwhile_replays_nothing(
+        serve_runtime: ServeRuntime, tmp_path: Path) -> None:
+    """Before: with a shared coordinator, the replay read the store again after its first
+    batch (no run live), and alice's connect streamed bob's events read there."""
+    store = ReusingSQLiteStore(str(tmp_path / "threads.db"))
+    with redis_prefix() as url:
+        runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0.0), thread_store=store,
+                                 coordinator=url, auth=BearerTokenAuth(TOKENS))
+        async with serve_runtime(runtime) as s:
+            await alices_thread(s)
+            store.hook, store.at = deleted_and_reused(s), 2  # the read after the first batch
+            status, body, _ = await call(s, "POST", "/agent/default/connect", ALICE,
+                                         run_input("", thread=THREAD, run="rc"))
+            assert store.hook is None
+            assert SECRET.encode() not in body, "alice's connect streamed bob's thread"
+            assert b'"rb"' not in body, body
+            assert status == 200, body
+            assert b'"ra"' in body  # her own thread, read before the reuse
