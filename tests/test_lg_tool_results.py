@@ -334,3 +334,90 @@ async def test_each_try_of_a_call_gets_the_id_the_checkpoint_keeps(
     assert len(given) == 2
     assert set(given) == set(kept)
     assert len(kept) == 1
+
+
+def _reusing_graph(retry_around: str, turns: list[list[tuple[str, str, str]]],
+                   steady_delays: dict[int, float]) -> Any:
+    """A model reusing call ids from turn to turn (`call_0` each turn, as some local models
+    do): `turns` are each turn's calls (id, tool, query); `flaky` fails its first try."""
+    tries, steady_tries = itertools.count(), itertools.count()
+
+    @tool
+    def flaky(query: str) -> str:
+        """Fails its first try."""
+        if next(tries) == 0:
+            raise RuntimeError("first try fails")
+        return "flaky ok"
+
+    @tool
+    def steady(query: str) -> str:
+        """Answers."""
+        time.sleep(steady_delays.get(next(steady_tries), 0.0))
+        return f"steady {query}"
+
+    def agent(state: CopilotKitState) -> dict[str, Any]:
+        turn = sum(isinstance(m, AIMessage) for m in state["messages"])
+        if turn == len(turns):
+            return {"messages": [AIMessage("done", id="ai-done")]}
+        return {"messages": [AIMessage("", id=f"ai-{turn}", tool_calls=[
+            {"id": call, "name": name, "args": {"query": query}}
+            for call, name, query in turns[turn]])]}
+
+    def route(state: CopilotKitState) -> Literal["tools", "__end__"]:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    retry = RetryPolicy(max_attempts=2, initial_interval=0.05, retry_on=RuntimeError)
+    inner = StateGraph(CopilotKitState)
+    inner.add_node("agent", agent)
+    inner.add_node("tools", ToolNode([steady, flaky], handle_tool_errors=False),
+                   retry_policy=retry if retry_around == "toolnode" else None)
+    inner.add_edge(START, "agent")
+    inner.add_conditional_edges("agent", route)
+    inner.add_edge("tools", "agent")
+    if retry_around == "toolnode":
+        return inner.compile(checkpointer=InMemorySaver())
+    outer = StateGraph(CopilotKitState)
+    outer.add_node("sub", inner.compile(), retry_policy=retry)
+    outer.add_edge(START, "sub")
+    outer.add_edge("sub", END)
+    return outer.compile(checkpointer=InMemorySaver())
+
+
+_FAILING_FIRST = [[("call_0", "steady", "a"), ("call_1", "flaky", "b")],
+                  [("call_0", "steady", "c")]]
+_FAILING_SECOND = [[("call_0", "steady", "a")],
+                   [("call_0", "steady", "c"), ("call_1", "flaky", "b")]]
+
+
+@pytest.mark.parametrize(("retry_around", "turns", "steady_delays"), [
+    ("toolnode", _FAILING_FIRST, {}), ("toolnode", _FAILING_FIRST, {0: 0.15}),
+    ("subgraph", _FAILING_FIRST, {}), ("subgraph", _FAILING_FIRST, {0: 0.15}),
+    ("subgraph", _FAILING_SECOND, {}),
+], ids=["toolnode", "toolnode-ends-last", "subgraph", "subgraph-ends-last",
+        "subgraph-second-turn"])
+async def test_a_call_id_a_model_reuses_keeps_each_turns_result(
+        retry_around: str, turns: list[list[tuple[str, str, str]]],
+        steady_delays: dict[int, float], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: the first fix of the retry's ids gave a later turn's reused `call_0` the id
+    of an earlier turn's result, and the checkpoint kept one of the two (its turn's
+    assistant message left with a call and no result, a history models refuse). Now each
+    turn's result keeps an id of its own, the same on each try of that turn."""
+    given: dict[str, set[str]] = {}
+    original = _ToolMessageIds.on_tool_end
+
+    def noting(self: _ToolMessageIds, output: Any, **kwargs: Any) -> None:
+        original(self, output, **kwargs)
+        for m in _tool_results(output):
+            if isinstance(m, ToolMessage) and m.tool_call_id == "call_0":
+                given.setdefault(str(m.content), set()).add(str(m.id))
+
+    monkeypatch.setattr(_ToolMessageIds, "on_tool_end", noting)
+    graph = _reusing_graph(retry_around, turns, steady_delays)
+    config = {"configurable": {"thread_id": "t"}}
+    await graph.ainvoke({"messages": [("user", "hi")]}, _with_tool_message_ids(config))
+    await asyncio.sleep(0.3)  # (a first try ending last ends after the graph)
+    kept = {str(m.content): m.id for m in (await graph.aget_state(config)).values["messages"]
+            if isinstance(m, ToolMessage) and m.tool_call_id == "call_0"}
+    assert sorted(kept) == ["steady a", "steady c"]
+    assert {content: {result} for content, result in kept.items()} == given

@@ -556,14 +556,15 @@ class _ToolMessageIds(BaseCallbackHandler):
     event stream reads it. A tool that raised never ends: the message ToolNode makes of
     its error gets its id as ToolNode itself ends.
 
-    A node retried (its RetryPolicy; or a node around the subgraph holding the ToolNode)
-    runs its calls' tools again: each call's result gets the id its first result got,
-    whichever try ends first (a sibling of the failing tool may end after the node failed,
-    even after the retry's own result), so the checkpoint keeps the id the client was given,
-    and the bridge sends the result once. A retry of the ToolNode itself runs in the same
-    task (its checkpoint namespace), where a later step's calls (whose ids a model may
-    reuse) do not; a retry around a subgraph runs the ToolNode in a new task: there the ids
-    of a failed try's calls are carried over to the next try that runs them."""
+    A node retried (its RetryPolicy, or a node's around the subgraph holding the ToolNode,
+    which runs that subgraph's earlier steps again too) runs its calls' tools again: each
+    call's result gets the id its first try's got, whichever try ends first (a sibling of
+    the failing tool may end after its node failed, even after the retry's own result), so
+    the checkpoint keeps the id the client was given, and the bridge sends the result once.
+    A ToolNode run is a retry of one that failed, or ran inside a run that failed, when the
+    first call it starts is one of that run's (the same id and arguments); a later step's
+    calls, whose ids a model may reuse (`call_0` each turn), follow no failure and keep ids
+    of their own."""
 
     run_inline = True
 
@@ -571,24 +572,39 @@ class _ToolMessageIds(BaseCallbackHandler):
         super().__init__()
         # The runs (ToolNodes) one of whose tools raised, until they end.
         self._failed_in: set[Any] = set()
-        # The task (its checkpoint namespace; else the run itself) each tool's parent run
-        # (a try of a ToolNode) belongs to, and the result ids given, by task and call id.
-        self._task_of: dict[Any, Any] = {}
+        # Each chain run's parent (what a failure stopped is found by); per ToolNode run,
+        # its calls' arguments by call id and its first try (itself, or the first try of
+        # the run it retries); the runs a failure stopped that no retry took yet (in the
+        # order they ran), and those a retry took; the ids given, by first try and call id.
+        self._parent: dict[Any, Any] = {}
+        self._calls: dict[Any, dict[str, Any]] = {}
+        self._first: dict[Any, Any] = {}
+        self._stopped: dict[Any, None] = {}
+        self._retried: set[Any] = set()
         self._ids: dict[tuple[Any, str], str] = {}
-        # Each parent run's ids by call id; the runs that failed; and the ids of failed
-        # runs' calls, for the next try that runs them (taken once), and the latest id
-        # given to each call (a failed try's late result takes its retry's).
-        self._by_run: dict[Any, dict[str, str]] = {}
-        self._failed: set[Any] = set()
-        self._carried: dict[str, str] = {}
-        self._latest: dict[str, tuple[Any, str]] = {}
+
+    def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: Any,
+                       parent_run_id: Any = None, **kwargs: Any) -> None:
+        if parent_run_id is not None:
+            self._parent[run_id] = parent_run_id
 
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: Any,
-                      parent_run_id: Any = None, metadata: dict[str, Any] | None = None,
-                      **kwargs: Any) -> None:
-        if parent_run_id is not None and parent_run_id not in self._task_of:
-            self._task_of[parent_run_id] = (metadata or {}).get(
-                "langgraph_checkpoint_ns") or parent_run_id
+                      parent_run_id: Any = None, inputs: Any = None,
+                      tool_call_id: str | None = None, **kwargs: Any) -> None:
+        if parent_run_id is None or not isinstance(tool_call_id, str):
+            return
+        calls = self._calls.get(parent_run_id)
+        if calls is None:
+            calls = self._calls[parent_run_id] = {}
+            self._first[parent_run_id] = parent_run_id
+            for stopped in self._stopped:
+                earlier = self._calls[stopped]
+                if tool_call_id in earlier and earlier[tool_call_id] == inputs:
+                    del self._stopped[stopped]
+                    self._retried.add(stopped)
+                    self._first[parent_run_id] = self._first[stopped]
+                    break
+        calls[tool_call_id] = inputs
 
     def on_tool_error(self, error: BaseException, *, run_id: Any, parent_run_id: Any = None,
                       **kwargs: Any) -> None:
@@ -602,10 +618,20 @@ class _ToolMessageIds(BaseCallbackHandler):
 
     def on_chain_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
         self._failed_in.discard(run_id)
-        if run_id in self._task_of:  # (a run whose tools started: a try of a ToolNode)
-            self._failed.add(run_id)
-            for call_id, result_id in self._by_run.get(run_id, {}).items():
-                self._carried.setdefault(call_id, result_id)
+        for run in self._calls:
+            if run not in self._stopped and run not in self._retried \
+                    and self._within(run, run_id):
+                self._stopped[run] = None
+
+    def _within(self, run: Any, failed: Any) -> bool:
+        """Whether `run` is `failed` or ran inside it."""
+        for _ in range(1000):  # (a bound: parents recorded by LangChain form no cycle)
+            if run == failed:
+                return True
+            run = self._parent.get(run)
+            if run is None:
+                return False
+        return False
 
     def on_tool_end(self, output: Any, *, parent_run_id: Any = None, **kwargs: Any) -> None:
         for result in _tool_results(output):
@@ -619,19 +645,10 @@ class _ToolMessageIds(BaseCallbackHandler):
     def _id_for(self, call_id: str, run: Any) -> str:
         if run is None:
             return str(uuid.uuid4())
-        key = (self._task_of.get(run, run), call_id)
+        key = (self._first.get(run, run), call_id)
         given = self._ids.get(key)
         if given is None:
-            latest = self._latest.get(call_id)
-            if run in self._failed and latest is not None and latest[0] != run:
-                given = latest[1]  # (a failed try's late result: its retry's id)
-            else:
-                given = self._carried.pop(call_id, None) or str(uuid.uuid4())
-            self._ids[key] = given
-        self._by_run.setdefault(run, {})[call_id] = given
-        self._latest[call_id] = (run, given)
-        if run in self._failed:
-            self._carried.setdefault(call_id, given)
+            given = self._ids[key] = str(uuid.uuid4())
         return given
 
 
