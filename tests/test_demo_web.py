@@ -221,6 +221,7 @@ def test_edges(built_pages: Path, tmp_path_factory: pytest.TempPathFactory,
     assert [s["step"] for s in result["steps"]] == 2 * [
         "planted HTML stays text", "older threads are a click away",
         "a refused run shows the runtime's words", "a thread listed mid-run shows its title",
+        "a thread opened mid-answer shows the whole answer once it ends",
         "an expired approval shows its outcome", "a stale answer shows the error"]
     # The stale answer's refusal is all that may show up as an error: the current client logs
     # the run's error, the classic page's answer is a 409.

@@ -9,6 +9,7 @@ which reads a thread once, showed it empty and sent its next message without the
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,15 @@ from typing import Any
 import orjson
 import pytest
 
-from copilot_runtime import BearerTokenAuth, CopilotRuntime, thread_store
-from copilot_runtime._input import parse_run_input
-from copilot_runtime.events import Event
+from copilot_runtime import BearerTokenAuth, CopilotRuntime, _thread_reads, thread_store
+from copilot_runtime import events as ev
+from copilot_runtime._compaction import compact_events, events_to_messages
+from copilot_runtime._input import RunInput, parse_run_input
+from copilot_runtime._thread_reads import read_thread
+from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
+from copilot_runtime.auth import Principal, RequestInfo
+from copilot_runtime.events import Event, EventBatches
+from copilot_runtime.protocols.graphql.queries import load_agent_state
 from tests.conftest import GatedAgent, Served, ServeRuntime
 from tests.scale_support.cluster import eventually
 from tests.scale_support.services import postgres_schema
@@ -195,3 +202,173 @@ async def test_someone_elses_thread_read_mid_run_does_not_exist(
             agent.gate.set()
             async with asyncio.timeout(10):
                 await running
+
+
+def _as(who: str) -> RequestInfo:
+    return RequestInfo("POST", "/", {}, principal=Principal(who))
+
+
+async def test_a_read_racing_a_delete_holds_nothing_of_the_next_owners_run(
+        workers: tuple[CopilotRuntime, CopilotRuntime, GatedAgent]) -> None:
+    """Alice's read finds her thread running on the other worker; before it reads the
+    events written after the thread's record, her run ends, her thread is deleted, and bob
+    starts a run of its id there: her read holds none of bob's run (before, it held his
+    question and his answer so far)."""
+    driver, reader, agent = workers
+    agent.gate.set()
+    await (await driver.start_run("default", _input("t", "r1"), request=_as("alice"))
+           ).drive(_ignore)
+    agent.gate.clear()
+    alices = asyncio.create_task((await driver.start_run(
+        "default", _input("t", "r2"), request=_as("alice"))).drive(_ignore))
+    durable = reader.runs.durable
+    assert durable is not None
+    real = durable.events_after
+
+    async def written(run: str) -> bool:
+        return any(e.get("type") == ev.RUN_STARTED and e.get("runId") == run
+                   for _, e in await real("t", -1))
+
+    await eventually(lambda: written("r2"), deadline=10, what="alice's run stored")
+    bobs: list[asyncio.Task[None]] = []
+
+    async def deleted_then_bobs_run(thread_id: str, position: int) -> Any:
+        if not bobs:
+            agent.gate.set()
+            async with asyncio.timeout(10):
+                await alices
+            agent.gate.clear()
+            assert await driver.store.delete("t")
+            run = await driver.start_run("default", _input("t", "b1"), request=_as("bob"))
+            bobs.append(asyncio.create_task(run.drive(_ignore)))
+            await eventually(lambda: written("b1"), deadline=10, what="bob's run stored")
+        return await real(thread_id, position)
+
+    durable.events_after = deleted_then_bobs_run  # type: ignore[method-assign]
+    try:
+        loaded = await load_agent_state(reader, {"threadId": "t", "agentName": "default"},
+                                        None, request=_as("alice"))
+        assert bobs
+        assert "b1" not in loaded["messages"]
+        assert "asked in b1" not in loaded["messages"]
+    finally:
+        durable.events_after = real  # type: ignore[method-assign]
+        agent.gate.set()
+        async with asyncio.timeout(10):
+            await asyncio.gather(alices, *bobs)
+
+
+async def test_an_idle_thread_read_on_a_shared_coordinator_reads_no_written_events(
+        workers: tuple[CopilotRuntime, CopilotRuntime, GatedAgent]) -> None:
+    """Nothing runs on the thread (its record says where its events got to): the read is
+    its record alone, no look for a running run's events."""
+    driver, reader, agent = workers
+    agent.gate.set()
+    for run in ("r1", "r2"):
+        await (await driver.start_run("default", _input("t", run))).drive(_ignore)
+    durable = reader.runs.durable
+    assert durable is not None
+    real = durable.events_after
+    calls = 0
+
+    async def counted(thread_id: str, position: int) -> Any:
+        nonlocal calls
+        calls += 1
+        return await real(thread_id, position)
+
+    durable.events_after = counted  # type: ignore[method-assign]
+    try:
+        record = await read_thread(reader.runs, "t", None)
+    finally:
+        durable.events_after = real  # type: ignore[method-assign]
+    assert record is not None
+    assert [r.run_id for r in record.runs] == ["r1", "r2"]
+    assert calls == 0
+
+
+class _ManyPieces(Agent):
+    """Streams one message in `pieces` pieces, then waits for `gate`."""
+
+    def __init__(self, pieces: int) -> None:
+        super().__init__()
+        self.pieces = pieces
+        self.gate = asyncio.Event()
+
+    def run(self, input: RunInput, context: RunContext) -> EventBatches:
+        return self._run()
+
+    async def _run(self) -> Any:
+        yield [ev.text_message_start("m"),
+               *(ev.text_message_content("m", "a") for _ in range(self.pieces))]
+        await self.gate.wait()
+        yield [ev.text_message_end("m")]
+
+
+@pytest.mark.parametrize("pieces", [10, 2000])
+async def test_a_running_run_read_again_is_compacted_once_and_a_long_one_off_the_loop(
+        pieces: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each read of a running run compacted all of it again on the event loop (60,000
+    pieces: 24-37 ms a read, the worker's streams stalled): a read with nothing new since
+    the last one is that one's, and a run of many events is compacted in a thread."""
+    agent = _ManyPieces(pieces)
+    runtime = CopilotRuntime(agents={"default": agent}, thread_store=thread_store("memory://"))
+    compacted_in: list[int] = []
+
+    def counted(events: Any) -> list[Event]:
+        compacted_in.append(threading.get_ident())
+        return compact_events(events)
+
+    monkeypatch.setattr(_thread_reads, "compact_events", counted)
+    await runtime.start()
+    try:
+        driving = asyncio.create_task((await runtime.start_run(
+            "default", _input("t", "r"))).drive(_ignore))
+        await eventually(lambda: (live := runtime.runs.active.get("t")) is not None
+                         and len(live.events) > pieces, deadline=10, what="the pieces")
+        reads = [await read_thread(runtime.runs, "t", None) for _ in range(3)]
+        assert len(compacted_in) == 1
+        on_loop = compacted_in[0] == threading.get_ident()
+        assert on_loop is (pieces < 1000)
+        for record in reads:
+            assert record is not None
+            assert events_to_messages([record.runs[-1].events])[-1]["content"] == "a" * pieces
+        agent.gate.set()
+        async with asyncio.timeout(10):
+            await driving
+    finally:
+        await runtime.aclose()
+
+
+class _KeepsThreads(GatedAgent):
+    """Keeps its threads itself (as a checkpointed graph does), up to its running run's
+    input: its answer is not kept until the run ends."""
+
+    async def load_state(self, thread_id: str, *, headers: Any = None
+                         ) -> AgentThreadState | None:
+        return AgentThreadState(thread_id, True, {}, [
+            {"id": "r1-u", "role": "user", "content": "asked in r1"},
+            {"id": "m-r1", "role": "assistant", "content": "one two"},
+            {"id": "r2-u", "role": "user", "content": "asked in r2"}])
+
+
+async def test_an_agent_keeping_its_threads_is_read_mid_run_with_the_answer_so_far() -> None:
+    """loadAgentState of an agent that keeps its threads (`load_state`, a graph's
+    checkpointer) showed the thread without its running answer, which the AG-UI routes
+    show: the running run's messages this worker has go after the agent's, each once."""
+    agent = _KeepsThreads()
+    runtime = CopilotRuntime(agents={"default": agent}, thread_store=thread_store("memory://"))
+    await runtime.start()
+    try:
+        agent.gate.set()
+        await (await runtime.start_run("default", _input("t", "r1"))).drive(_ignore)
+        agent.gate.clear()
+        driving, _ = await _started(runtime, "t", "r2")
+        loaded = await load_agent_state(runtime, {"threadId": "t", "agentName": "default"})
+        assert [(m["id"], m.get("content")) for m in orjson.loads(loaded["messages"])] == [
+            ("r1-u", "asked in r1"), ("m-r1", "one two"), ("r2-u", "asked in r2"),
+            ("m-r2", "one ")]
+        agent.gate.set()
+        async with asyncio.timeout(10):
+            await driving
+    finally:
+        await runtime.aclose()

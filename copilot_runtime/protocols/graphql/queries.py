@@ -19,7 +19,7 @@ from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._exceptions import AgentNotFoundError, CopilotRuntimeError
 from copilot_runtime._input import RunInput, parse_run_input
 from copilot_runtime._limits import readable
-from copilot_runtime._thread_reads import read_thread
+from copilot_runtime._thread_reads import read_thread, running_messages
 from copilot_runtime.agents.builtin import BuiltInAgent
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.messages import shows_attachments, to_json_representation
@@ -97,7 +97,13 @@ async def load_agent_state(runtime: CopilotRuntime, data: Mapping[str, Any],
         if not loaded.exists or (owner is not None
                                  and not await runtime.can_see(request, thread_id)):
             return _no_thread(thread_id)
-        return _thread(thread_id, loaded.state, loaded.messages)
+        # The agent keeps a run's answer once it has it (a graph: at its node's end); the
+        # running run's messages this worker has so far go after, as the AG-UI routes
+        # show them (another worker's run: not until the agent keeps them).
+        kept = {m.get("id") for m in loaded.messages}
+        running = [m for m in await running_messages(runtime.runs, thread_id, agent_id, owner)
+                   if m.get("id") not in kept]
+        return _thread(thread_id, loaded.state, [*loaded.messages, *running])
     stored = await _stored(runtime, thread_id, owner)
     if stored is None:
         return _no_thread(thread_id)

@@ -100,15 +100,27 @@ async function loadThread(agentName, threadId) {
 
 // react-core 1.10 reloads a thread by itself only for agents (through loadAgentState); for the
 // default agent the page asks the runtime the same way and hands the messages to the chat.
+// A thread opened mid-answer holds the answer so far: it is read again once its run has ended
+// (`runEnded`: at once when none runs), else that part stayed shown, and sent as the history,
+// as it was then. Not over what the chat shows by then (a message sent meanwhile).
 function useRestoreDefaultThread(agent, threadId) {
-  const { setMessages } = useCopilotMessagesContext();
+  const { messages, setMessages } = useCopilotMessagesContext();
+  const shown = useRef(messages);
+  shown.current = messages;
   useEffect(() => {
     if (agent !== "default") return undefined;
     let cancelled = false;
-    retried(() => loadThread("default", threadId), () => cancelled).then((messages) => {
-      if (!cancelled && messages) setMessages(messages);
-    });
-    return () => { cancelled = true; };
+    const stopped = () => cancelled;
+    const ending = new AbortController();
+    (async () => {
+      const first = await retried(() => loadThread("default", threadId), stopped);
+      if (cancelled || !first) return;
+      setMessages(first);
+      await retried(() => runEnded("default", threadId, ending.signal), stopped);
+      const last = await retried(() => loadThread("default", threadId), stopped);
+      if (!cancelled && last && shown.current === first) setMessages(last);
+    })();
+    return () => { cancelled = true; ending.abort(); };
   }, [agent, threadId]); // eslint-disable-line react-hooks/exhaustive-deps
 }
 
@@ -168,9 +180,10 @@ function PendingApproval({ agent, threadId, reload, showError }) {
 // live run) tells, so the page can show the thread as it is then.
 const isThreadBusy = (error) => error?.extensions?.runtimeCode === "THREAD_BUSY"
   || /already has an active run/.test(error?.message ?? "");
-async function runEnded(agent, threadId) {
+async function runEnded(agent, threadId, signal) {
   const response = await fetch(`${RUNTIME_URL}/agent/${encodeURIComponent(agent)}/connect`, {
     method: "POST",
+    signal,
     headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
     body: JSON.stringify({ threadId, runId: crypto.randomUUID(), state: {}, messages: [], tools: [],
                            context: [], forwardedProps: {} }),
