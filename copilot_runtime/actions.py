@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, overload
 import orjson
 import pydantic
 import structlog
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaWarningKind
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from copilot_runtime._exceptions import (
@@ -502,6 +503,17 @@ def _model_for(handler: Callable[..., Any]) -> tuple[type[pydantic.BaseModel], d
     return model, names
 
 
+class _SchemaOfArguments(GenerateJsonSchema):
+    """pydantic's JSON schema, a default JSON cannot hold (`key: bytes = b"\\xff"`, a sentinel
+    object) left out of it silently: the argument is still optional and the default still
+    applies, so the action works as written; refusing it would break a plain handler, and
+    pydantic's warning told the developer nothing to act on (an error where warnings are)."""
+
+    # (pydantic's documented way; its base declares it an instance attribute, not a ClassVar)
+    ignored_warning_kinds: set[JsonSchemaWarningKind] = {  # noqa: RUF012
+        *GenerateJsonSchema.ignored_warning_kinds, "non-serializable-default"}
+
+
 @overload
 def action(handler: Callable[..., Any], /) -> Action: ...
 @overload
@@ -527,7 +539,7 @@ def action(
             model, parameter_names = _model_for(fn)
             # (made here: a type pydantic validates but has no JSON schema for, a
             # Callable, raises only now)
-            schema = model.model_json_schema()
+            schema = model.model_json_schema(schema_generator=_SchemaOfArguments)
         except (pydantic.PydanticUserError, NameError, TypeError) as exc:
             raise ConfigurationError(
                 f"Cannot derive a schema for action {fn.__name__!r}: {exc}") from exc

@@ -509,3 +509,14 @@ async def test_a_failure_while_pydantic_encodes_a_result_is_the_handler_s() -> N
     with pytest.raises(ActionError, match="could not be encoded as JSON"):
         await Action("rows", lambda: _Rows(rows=object())).execute("{}")
 
+
+async def test_a_default_json_cannot_hold_is_left_out_of_the_schema() -> None:
+    # Before, pydantic's PydanticJsonSchemaWarning escaped `@action`.
+    @action
+    def key_length(x: int, key: bytes = b"\xff") -> int:
+        return x + len(key)
+
+    assert key_length.parameters["properties"]["key"] == {
+        "format": "binary", "title": "Key", "type": "string"}
+    assert key_length.parameters["required"] == ["x"]
+    assert await key_length.execute('{"x": 1}') == "2"
