@@ -13,14 +13,15 @@ import contextvars
 import functools
 import inspect
 import re
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, overload
 
 import orjson
 import pydantic
 import structlog
-from pydantic_core import to_jsonable_python
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaWarningKind
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from copilot_runtime._exceptions import (
     ActionError,
@@ -40,6 +41,9 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI accepts for a functi
 #: The largest result (as JSON) an action may return: it goes to the model in the next
 #: request and to the client in the stream, whole.
 MAX_ACTION_RESULT_BYTES = 1024 * 1024
+#: The most items listed from the iterators in one result: each is at least two bytes of
+#: JSON (itself and a comma or bracket), so a result with more is over the bound anyway.
+_MOST_ITEMS = MAX_ACTION_RESULT_BYTES // 2
 
 
 #: The most sync handlers that run at once; more wait for a thread.
@@ -62,36 +66,97 @@ def _sync_handler_threads() -> ThreadPoolExecutor:
 _Outcome = tuple[bool, Any]
 
 
-class _IteratorFailed(Exception):
-    """What an iterator in a handler's result raised while it was listed: the handler's
-    failure (its code running late), not the encoding's."""
+class _ResultFailed(Exception):
+    """What the handler's own code raised while its result was encoded (an iterator in it, a
+    pydantic serializer of it): the handler's failure, running late, not the encoding's."""
 
     def __init__(self, failure: BaseException) -> None:
         super().__init__(failure)
         self.failure = failure
 
 
-def _jsonable(value: Any) -> Any:
-    """What the encoder writes for a value it has no JSON for: an iterator's (a generator's)
-    items, listed, wherever it is in the result; else pydantic's JSON form of it."""
-    if isinstance(value, Iterator) and not inspect.isawaitable(value):
+def _over_bound(action: str, said: str, **measured: int) -> ActionError:
+    _log.warning("action result over the bound", action=action, **measured)
+    return ActionError(f"the result ({said}) is larger than {MAX_ACTION_RESULT_BYTES} bytes")
+
+
+class _Listing:
+    """The listing of the iterators in one action's result: their items, counted against
+    the bound, and whether its run has stopped (set on the event loop, read per item where
+    the handler ran: a thread cannot be stopped, but its listing can)."""
+
+    __slots__ = ("action", "items", "stopped")
+
+    def __init__(self, action: str) -> None:
+        self.action = action
+        self.items = 0
+        self.stopped = False
+
+    def _refusal(self) -> ActionError:
+        if self.stopped:  # (no one reads it: the run is gone)
+            return ActionError("the run stopped while the result was listed")
+        return _over_bound(self.action, f"more than {_MOST_ITEMS} items", items=self.items)
+
+    def jsonable(self, value: Any) -> Any:
+        """What the encoder writes for a value it has no JSON for: an iterator's (a
+        generator's) items, listed, wherever it is in the result; else pydantic's JSON form
+        of it."""
+        if isinstance(value, Iterator) and not inspect.isawaitable(value):
+            return self._listed(value)
         try:
-            return list(value)
+            return to_jsonable_python(value)
+        except PydanticSerializationError as exc:
+            if exc.__cause__ is None:
+                raise  # a value it has no JSON for: the encoding's error
+            raise _ResultFailed(exc.__cause__) from None  # (a serializer of the result's)
+        except BaseException as exc:  # (an iterator in a model: pydantic lists it itself)
+            raise _ResultFailed(exc) from None
+
+    def _listed(self, iterator: Iterator[Any]) -> list[Any]:
+        items: list[Any] = []
+        room = _MOST_ITEMS - self.items
+        try:
+            for item in iterator:
+                if self.stopped or len(items) == room:
+                    if isinstance(iterator, Generator):
+                        iterator.close()  # (its cleanup runs here, now)
+                    break
+                items.append(item)
+            else:
+                self.items += len(items)
+                return items
         except BaseException as exc:
-            raise _IteratorFailed(exc) from None
-    return to_jsonable_python(value)
+            raise _ResultFailed(exc) from None
+        self.items += len(items)
+        raise self._refusal()
+
+    async def listed_async(self, iterator: AsyncIterator[Any]) -> list[Any]:
+        """An async iterator's items (it runs in the handler's task: a stop cancels it)."""
+        items: list[Any] = []
+        async for item in iterator:
+            if len(items) == _MOST_ITEMS - self.items:
+                self.items += len(items)
+                aclose = getattr(iterator, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+                raise self._refusal()
+            items.append(item)
+        self.items += len(items)
+        return items
 
 
-def _encoded(result: Any) -> _Outcome:
+def _encoded(result: Any, listing: _Listing) -> _Outcome:
     """`result` as JSON, encoded where its handler ran (its thread or its task): encoding
     runs the code of a generator anywhere in it, which must not run on the event loop, and
     what that code raises is the handler's failure. A value JSON cannot hold is an
     `ActionError` saying so."""
     try:
-        return True, orjson.dumps(result, default=_jsonable)
-    except TypeError as exc:  # (orjson's error; what `_jsonable` raised is its cause)
-        if isinstance(exc.__cause__, _IteratorFailed):
+        return True, orjson.dumps(result, default=listing.jsonable)
+    except TypeError as exc:  # (orjson's error; what `jsonable` raised is its cause)
+        if isinstance(exc.__cause__, _ResultFailed):
             return False, exc.__cause__.failure
+        if isinstance(exc.__cause__, ActionError):
+            return False, exc.__cause__
         return False, ActionError(f"the result could not be encoded as JSON ({exc})")
 
 
@@ -102,13 +167,13 @@ def _is_pending(result: Any) -> bool:
     return inspect.isawaitable(result) or isinstance(result, AsyncIterator)
 
 
-def _called(call: Callable[[], Any]) -> _Outcome:
+def _called(call: Callable[[], Any], listing: _Listing) -> _Outcome:
     """A sync handler's outcome, in its worker thread: its result encoded, unless pending."""
     try:
         result = call()
     except BaseException as exc:  # (in a worker thread: raised again in the run's task)
         return False, exc
-    return (True, result) if _is_pending(result) else _encoded(result)
+    return (True, result) if _is_pending(result) else _encoded(result, listing)
 
 
 def _close_pending(thread_call: Future[_Outcome]) -> None:
@@ -122,30 +187,33 @@ def _close_pending(thread_call: Future[_Outcome]) -> None:
         value.close()
 
 
-async def _in_thread(call: Callable[[], Any]) -> _Outcome:
+async def _in_thread(call: Callable[[], Any], listing: _Listing) -> _Outcome:
     """A sync handler's outcome, the handler run in one of the sync handlers' threads. A stop
-    of the run does not wait for the thread (it cannot stop it); what it returns is closed."""
-    thread_call = _sync_handler_threads().submit(contextvars.copy_context().run, _called, call)
+    of the run does not wait for the thread (it cannot stop the handler, only the listing of
+    its result, at the next item); what it returns is closed."""
+    thread_call = _sync_handler_threads().submit(
+        contextvars.copy_context().run, _called, call, listing)
     try:
         return await asyncio.wrap_future(thread_call)
     except asyncio.CancelledError:
+        listing.stopped = True
         thread_call.add_done_callback(_close_pending)
         raise
 
 
-async def _awaited(call: Callable[[], Any]) -> _Outcome:
+async def _awaited(call: Callable[[], Any], listing: _Listing) -> _Outcome:
     try:
         result = call()
         if inspect.isawaitable(result):  # (as the TypeScript runtime's `await handler(args)`)
             result = await result
         if isinstance(result, AsyncIterator):
-            result = [item async for item in result]
+            result = await listing.listed_async(result)
     except BaseException as exc:
         return False, exc
-    return _encoded(result)
+    return _encoded(result, listing)
 
 
-async def _in_own_task(call: Callable[[], Any]) -> _Outcome:
+async def _in_own_task(call: Callable[[], Any], listing: _Listing) -> _Outcome:
     """An async handler's outcome, the handler run in a task of its own.
 
     A future whose exception is a GeneratorExit (a task that raised one) is not raised into
@@ -154,7 +222,7 @@ async def _in_own_task(call: Callable[[], Any]) -> _Outcome:
     an action awaiting such a task closed the run's drive, and the client's stream was cut
     without its end. At the top of a task of its own, `_awaited` catches it. A stop of the run
     stops the handler too, and waits for it, as when it ran in the run's task."""
-    task = asyncio.ensure_future(_awaited(call))
+    task = asyncio.ensure_future(_awaited(call, listing))
     try:
         await asyncio.wait((task,))
     except asyncio.CancelledError:
@@ -285,14 +353,15 @@ class Action:
         if not isinstance(arguments, dict):
             raise ActionError("arguments must be a JSON object")
         call = self._call(self.validate(arguments))
+        listing = _Listing(self.name)
         try:
             if self._is_async:
-                outcome = await _in_own_task(call)
+                outcome = await _in_own_task(call, listing)
             else:
-                outcome = await _in_thread(call)
+                outcome = await _in_thread(call, listing)
                 done, value = outcome
                 if done and _is_pending(value):
-                    outcome = await _in_own_task(lambda: value)
+                    outcome = await _in_own_task(lambda: value, listing)
             encoded: bytes = _result(outcome)
         except ActionError:
             raise
@@ -311,9 +380,7 @@ class Action:
             _log.warning("action failed", action=self.name, exc_info=True)
             raise ActionError(failure_text(exc)) from None
         if len(encoded) > MAX_ACTION_RESULT_BYTES:
-            _log.warning("action result over the bound", action=self.name, size=len(encoded))
-            raise ActionError(f"the result ({len(encoded)} bytes of JSON) is larger than "
-                              f"{MAX_ACTION_RESULT_BYTES} bytes")
+            raise _over_bound(self.name, f"{len(encoded)} bytes of JSON", size=len(encoded))
         return encoded.decode()
 
 
@@ -436,6 +503,17 @@ def _model_for(handler: Callable[..., Any]) -> tuple[type[pydantic.BaseModel], d
     return model, names
 
 
+class _SchemaOfArguments(GenerateJsonSchema):
+    """pydantic's JSON schema, a default JSON cannot hold (`key: bytes = b"\\xff"`, a sentinel
+    object) left out of it silently: the argument is still optional and the default still
+    applies, so the action works as written; refusing it would break a plain handler, and
+    pydantic's warning told the developer nothing to act on (an error where warnings are)."""
+
+    # (pydantic's documented way; its base declares it an instance attribute, not a ClassVar)
+    ignored_warning_kinds: set[JsonSchemaWarningKind] = {  # noqa: RUF012
+        *GenerateJsonSchema.ignored_warning_kinds, "non-serializable-default"}
+
+
 @overload
 def action(handler: Callable[..., Any], /) -> Action: ...
 @overload
@@ -461,7 +539,7 @@ def action(
             model, parameter_names = _model_for(fn)
             # (made here: a type pydantic validates but has no JSON schema for, a
             # Callable, raises only now)
-            schema = model.model_json_schema()
+            schema = model.model_json_schema(schema_generator=_SchemaOfArguments)
         except (pydantic.PydanticUserError, NameError, TypeError) as exc:
             raise ConfigurationError(
                 f"Cannot derive a schema for action {fn.__name__!r}: {exc}") from exc

@@ -7,7 +7,9 @@ import contextlib
 import functools
 import http.server
 import inspect
+import itertools
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -15,8 +17,10 @@ from typing import Any, Literal
 import orjson
 import pydantic
 import pytest
+from structlog.testing import capture_logs
 
 from copilot_runtime import Action, ActionError, ConfigurationError, action
+from copilot_runtime.actions import MAX_ACTION_RESULT_BYTES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -400,3 +404,119 @@ def test_a_parameter_pydantic_has_no_schema_for_is_a_configuration_error() -> No
 
     with pytest.raises(ConfigurationError, match="Cannot derive a schema for action 'cb': "):
         action(cb)
+
+
+def _past_the_bound(listed: list[int]) -> Iterator[int]:
+    """Items without end, as far as the runtime can tell (it stops well past the bound)."""
+    for item in itertools.count():
+        if item > 2 * MAX_ACTION_RESULT_BYTES:
+            raise AssertionError("listed past the bound")
+        listed.append(item)
+        yield 0
+
+
+async def test_an_iterator_in_a_result_is_listed_only_up_to_the_bound() -> None:
+    # Before, an iterator was listed whole before the result's size was checked: an endless
+    # one grew the process's memory until it died.
+    listed: list[int] = []
+
+    async def async_handler() -> dict[str, Any]:
+        return {"rows": _past_the_bound(listed)}
+
+    async def endless_async() -> AsyncIterator[int]:
+        for item in itertools.count():
+            if item > 2 * MAX_ACTION_RESULT_BYTES:
+                raise AssertionError("listed past the bound")
+            listed.append(item)
+            yield 0
+
+    for handler in (lambda: {"rows": _past_the_bound(listed)}, async_handler,
+                    endless_async, lambda: ([0] for _ in _past_the_bound(listed))):
+        listed.clear()
+        with pytest.raises(ActionError, match=f"is larger than {MAX_ACTION_RESULT_BYTES} bytes"):
+            await Action("rows", handler).execute("{}")
+        # (each item is at least two bytes of JSON: past half the bound, it is over it)
+        assert len(listed) <= MAX_ACTION_RESULT_BYTES // 2 + 1
+
+    # The bound counts the items of every iterator in the result.
+    halves = {"a": iter([0] * (MAX_ACTION_RESULT_BYTES // 4 + 1)),
+              "b": iter([0] * (MAX_ACTION_RESULT_BYTES // 4 + 1))}
+    with pytest.raises(ActionError, match="is larger than"):
+        await Action("rows", lambda: halves).execute("{}")
+    rows = list(range(MAX_ACTION_RESULT_BYTES // 16))
+    assert orjson.loads(await Action("rows", lambda: {"rows": iter(rows)}).execute("{}")) == {
+        "rows": rows}
+
+
+async def test_a_stopped_run_stops_listing_its_result() -> None:
+    # Before, the worker thread went on listing a stopped run's result to its end, so a few
+    # stopped runs with endless results held every sync handler's thread for good.
+    listed: list[int] = []
+    listing, closed = threading.Event(), threading.Event()
+
+    def slow_rows() -> Iterator[int]:
+        end = time.monotonic() + 3  # (endless in spirit; ended so a failure frees its thread)
+        try:
+            while time.monotonic() < end:
+                time.sleep(0.001)
+                listed.append(0)
+                listing.set()
+                yield 0
+        finally:
+            closed.set()
+
+    run = asyncio.ensure_future(Action("rows", lambda: {"rows": slow_rows()}).execute("{}"))
+    assert await asyncio.to_thread(listing.wait, 5)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    await asyncio.to_thread(closed.wait, 1)
+    assert closed.is_set()  # (closed in its thread, at the next item)
+    stopped_at = len(listed)
+    await asyncio.sleep(0.1)
+    assert len(listed) == stopped_at
+
+
+class _Rows(pydantic.BaseModel):
+    rows: Any
+
+
+class _Serialised(pydantic.BaseModel):
+    x: int
+
+    @pydantic.field_serializer("x")
+    def _x(self, x: int) -> int:
+        raise ConnectionError("postgres://admin:hunter2@db.internal/prod went away")
+
+
+async def test_a_failure_while_pydantic_encodes_a_result_is_the_handler_s() -> None:
+    # Before, pydantic let what a generator in a model raised through, and the model read
+    # "could not be encoded as JSON (Type is not JSON serializable: _Rows)", nothing logged.
+    def failing_rows() -> Iterator[int]:
+        yield 1
+        raise ConnectionError("database went away")
+
+    for handler, message in (
+            (lambda: _Rows(rows=failing_rows()), "ConnectionError: database went away"),
+            (lambda: _Serialised(x=1),
+             "ConnectionError: postgres://[REDACTED]@db.internal/prod went away")):
+        with capture_logs() as logs, pytest.raises(ActionError) as info:
+            await Action("rows", handler).execute("{}")
+        assert info.value.message == message
+        assert [log["event"] for log in logs] == ["action failed"]
+
+    assert await Action("rows", lambda: _Rows(rows=iter([1]))).execute("{}") == '{"rows":[1]}'
+    with pytest.raises(ActionError, match="could not be encoded as JSON"):
+        await Action("rows", lambda: _Rows(rows=object())).execute("{}")
+
+
+async def test_a_default_json_cannot_hold_is_left_out_of_the_schema() -> None:
+    # Before, pydantic's PydanticJsonSchemaWarning escaped `@action`.
+    @action
+    def key_length(x: int, key: bytes = b"\xff") -> int:
+        return x + len(key)
+
+    assert key_length.parameters["properties"]["key"] == {
+        "format": "binary", "title": "Key", "type": "string"}
+    assert key_length.parameters["required"] == ["x"]
+    assert await key_length.execute('{"x": 1}') == "2"
