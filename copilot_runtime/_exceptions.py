@@ -174,10 +174,11 @@ SECRET_VALUES = (
     r"|(?<=[?&;])[\w-]*?[-_](?:token|sig|signature)=[^&\s\"']{8,})"
     # A unique or foreign key violation's `Key (token)=(…) already exists` (PostgreSQL's
     # DETAIL; its columns or expressions, `lower(token)`): the key's values, to the words
-    # after them (a value may hold `) `), else to the line's end. Bounded: linear time.
+    # after them (a value may hold `) `), else to the line's end (where the lookahead always
+    # stops a match: the text a match took is not read again, so the time stays linear).
     rf"|(?i:(?<=\bKey \()(?={_KEY_PART}{{0,300}}?"
     r"(?:passw(?:or)?d|pwd|secret|token(?!s|_count|_limit)|api[-_]?key|credential))"
-    rf"{_KEY_PART}{{0,300}}\)=\([^\r\n]{{0,4000}}?"
+    rf"{_KEY_PART}{{0,300}}\)=\([^\r\n]*?"
     r"(?=\) (?:already exists|is not present|is still referenced|conflicts with)"
     r"|\)?\.?[ \t]*(?:[\r\n]|\Z)))"
     r"|(?i:\b(?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?(?:[a-z][\w.-]*[ \t]+)?"
