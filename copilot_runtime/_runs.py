@@ -1454,7 +1454,15 @@ class RunManager:
                 return
 
     def _stop_signalled(self, signal: Signal) -> None:
-        self.stop(signal.thread_id, signal.run_id, "lost" if signal.kind == "lost" else "stop")
+        reason = "lost" if signal.kind == "lost" else "stop"
+        if self.stop(signal.thread_id, signal.run_id, reason) or reason != "stop":
+            return
+        reserved = self.active.get(signal.thread_id)
+        if reserved is not None and not reserved.confirmed and \
+                self._letting_go.get(signal.thread_id) == signal.run_id:
+            # The run signalled ended here, its lease on its way back (the coordinator still
+            # names it the holder): the stop is for the thread's next run, waiting for it.
+            reserved.cancel(reason)
 
     def flushed(self, run: ActiveRun, position: int) -> None:
         if self.on_flushed is not None:
