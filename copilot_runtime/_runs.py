@@ -1454,7 +1454,15 @@ class RunManager:
                 return
 
     def _stop_signalled(self, signal: Signal) -> None:
-        self.stop(signal.thread_id, signal.run_id, "lost" if signal.kind == "lost" else "stop")
+        reason = "lost" if signal.kind == "lost" else "stop"
+        if self.stop(signal.thread_id, signal.run_id, reason) or reason != "stop":
+            return
+        reserved = self.active.get(signal.thread_id)
+        if reserved is not None and not reserved.confirmed and \
+                self._letting_go.get(signal.thread_id) == signal.run_id:
+            # The run signalled ended here, its lease on its way back (the coordinator still
+            # names it the holder): the stop is for the thread's next run, waiting for it.
+            reserved.cancel(reason)
 
     def flushed(self, run: ActiveRun, position: int) -> None:
         if self.on_flushed is not None:
@@ -1537,6 +1545,9 @@ class RunManager:
         # it left out), then the live run from memory.
         stored = await self.store.events_after(thread_id, after)
         so_far, queue = live.subscribe()
+        # A reservation not yet confirmed: the first batch is the store as it was, and runs
+        # may end there (another worker's, or a dead one's closed) before its lease is held.
+        unconfirmed = not live.confirmed
         try:
             start = live.first_position
             # A reservation not yet confirmed does not know where it starts (its thread's
@@ -1551,11 +1562,19 @@ class RunManager:
             reached = max((p for p, _ in out if p is not None), default=after)
             yield out
             while (item := await queue.get()) is not None:
+                if unconfirmed and live.confirmed:
+                    unconfirmed = False
+                    if gap := await self._stored_before(live, reached):
+                        yield gap
                 first, batch = item
                 if first + len(batch) - 1 > after:
                     yield [(first + i, e) for i, e in enumerate(batch) if first + i > after]
         finally:
             live.unsubscribe(queue)
+        if unconfirmed and live.confirmed:
+            if gap := await self._stored_before(live, reached):
+                yield gap
+            return
         if self.coordinator is None or live.confirmed or self.stopping_since is not None:
             return
         # A reservation of this worker refused (another worker's run holds the thread): it
@@ -1563,6 +1582,12 @@ class RunManager:
         async for followed in self._follow(self.coordinator, thread_id, reached):
             if followed:
                 yield followed
+
+    async def _stored_before(self, run: ActiveRun, after: int) -> list[Positioned]:
+        """The events stored after position `after` that come before `run` (confirmed): what
+        was written while it waited for its lease, not yet sent to its follower."""
+        stored = await self.store.events_after(run.thread_id, after)
+        return _before_run(stored, run.run_id, run.first_position)
 
     async def _follow(self, coordinator: Coordinator, thread_id: str, after: int
                       ) -> AsyncIterator[Sequence[Positioned]]:

@@ -22,6 +22,7 @@ from copilot_runtime._input import parse_run_input
 from copilot_runtime.testing import verify_events
 from copilot_runtime.threads.base import Positioned
 from tests.conftest import GatedAgent
+from tests.scale_support.cluster import eventually
 from tests.scale_support.services import postgres_schema, redis_prefix
 
 pytestmark = pytest.mark.timeout(60)
@@ -133,6 +134,59 @@ async def test_a_stop_while_the_last_runs_lease_is_given_back_stops_the_next_run
     await asyncio.sleep(0.2)  # r1 reserved, waiting for r0's lease
     assert not starting.done()
     assert await runtime.stop("default", THREAD) is True
+    held.go.set()
+    written: list[Any] = []
+
+    async def write(batch: Any) -> None:
+        written.extend(batch)
+
+    async with asyncio.timeout(10):
+        await ending
+        second = await starting
+        driving = asyncio.create_task(second.drive(write))
+        await asyncio.sleep(0.2)
+        agent.gate.set()
+        await driving
+    assert second.cancel_reason == "stop"
+    assert [e["type"] for e in written] == ["RUN_STARTED", "RUN_FINISHED"]
+
+
+@pytest.fixture
+async def other_worker(coordinator_url: str, tmp_path: Path,
+                       worker: tuple[CopilotRuntime, GatedAgent]) -> AsyncIterator[CopilotRuntime]:
+    """A second worker on the first one's store and coordinator (its agent never ends a run
+    by itself)."""
+    runtime = CopilotRuntime(agents={"default": GatedAgent()},
+                             thread_store=thread_store(f"sqlite:///{tmp_path}/threads.db"),
+                             coordinator=coordinator_url)
+    await runtime.start()
+    try:
+        yield runtime
+    finally:
+        await runtime.aclose()
+
+
+async def test_a_stop_on_another_worker_while_the_last_runs_lease_is_given_back_stops_the_next(
+        worker: tuple[CopilotRuntime, GatedAgent], other_worker: CopilotRuntime,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, the stop reaching another worker (behind the same balancer): the coordinator
+    names the ended run the holder, the stop is signalled to it, and this worker stops the
+    next run in its place. Before, it found no run of that id and stopped nothing."""
+    runtime, agent = worker
+    agent.gate.set()
+    first = await runtime.start_run("default", run_input("r0"))
+    held = Held(runtime, "finish", monkeypatch)
+    ending = asyncio.create_task(first.drive(_ignore))
+    async with asyncio.timeout(10):
+        await held.asking.wait()
+    agent.gate.clear()
+    starting = asyncio.create_task(runtime.start_run("default", run_input("r1")))
+    await asyncio.sleep(0.2)  # r1 reserved, waiting for r0's lease
+    assert not starting.done()
+    assert await other_worker.stop("default", THREAD) is True
+    reserved = runtime.runs.active[THREAD]
+    await eventually(lambda: reserved.cancel_reason == "stop", deadline=2.0,
+                     what="the stop signalled")
     held.go.set()
     written: list[Any] = []
 

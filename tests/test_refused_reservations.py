@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,10 @@ from typing import Any
 import pytest
 
 from copilot_runtime import CopilotRuntime, ThreadBusyError, thread_store
+from copilot_runtime import events as ev
 from copilot_runtime._input import parse_run_input
 from copilot_runtime.coordination import Lease
+from copilot_runtime.coordination import coordinator as make_coordinator
 from copilot_runtime.testing import verify_events
 from copilot_runtime.threads.base import Positioned
 from tests.conftest import GatedAgent
@@ -181,3 +184,104 @@ async def test_a_stop_while_the_workers_own_run_waits_for_its_lease_stops_it(
     async with asyncio.timeout(10):
         await (await starting).drive(write)
     assert [e["type"] for e in written] == ["RUN_STARTED", "RUN_FINISHED"]
+
+
+async def test_a_connect_gets_the_other_workers_run_whole_before_the_reservations_own(
+        workers: tuple[CopilotRuntime, CopilotRuntime, GatedAgent],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other worker's run ends while the reservation waits for its lease, which it then
+    gets: a connect made meanwhile (its first batch the other run's start, from the store)
+    gets that run to its end, then the reservation's run. Before, the other run's end
+    (written while the reservation waited) was never sent."""
+    a, b, agent = workers
+    b_agent = b.agents["default"]
+    assert isinstance(b_agent, GatedAgent)
+    b_agent.gate.set()
+    driving = asyncio.create_task(
+        (await a.start_run("default", run_input("r1"))).drive(_ignore))
+
+    async def first_words_stored() -> bool:
+        return any(e.get("delta") == "one " for _, e in await a.store.events_after(THREAD, -1))
+
+    await eventually(first_words_stored, deadline=10, what="a's first words stored")
+    held = HeldAcquire(b, monkeypatch)
+    starting = asyncio.create_task(b.start_run("default", run_input("r2")))
+    async with asyncio.timeout(10):
+        await held.asking.wait()
+    got: list[Positioned] = []
+    replayed = asyncio.Event()
+
+    async def read() -> None:
+        async for batch in b.connect("default", THREAD):
+            got.extend(batch)
+            replayed.set()
+
+    reading = asyncio.create_task(read())
+    async with asyncio.timeout(10):
+        await replayed.wait()
+        agent.gate.set()
+        await driving  # r1 ended, stored and its lease given back
+        held.go.set()
+        await (await starting).drive(_ignore)
+        await reading
+    events = [e for _, e in got]
+    verify_events(events)
+    assert [(e["type"], e["runId"]) for e in events if e["type"].startswith("RUN_")] == [
+        ("RUN_STARTED", "r1"), ("RUN_FINISHED", "r1"),
+        ("RUN_STARTED", "r2"), ("RUN_FINISHED", "r2")]
+    assert "".join(e.get("delta", "") for e in events) == "one two" * 2
+    positions = [p for p, _ in got if p is not None]
+    assert positions == sorted(set(positions))
+
+
+async def test_a_connect_gets_a_dead_workers_run_closed_before_the_reservations_own(
+        workers: tuple[CopilotRuntime, CopilotRuntime, GatedAgent],
+        monkeypatch: pytest.MonkeyPatch, coordinator_url: str) -> None:
+    """As above, the run before the reservation's a dead worker's, left open: it is closed
+    (its RUN_ERROR written, as the reservation takes the expired lease or by the sweep)
+    while the reservation waits, and the connect gets that end before the new run."""
+    a, b, _ = workers
+    b_agent = b.agents["default"]
+    assert isinstance(b_agent, GatedAgent)
+    b_agent.gate.set()
+    coordinator, durable = a.runs.coordinator, a.runs.durable
+    assert coordinator is not None
+    assert durable is not None
+    # The dead worker: its lease, left to expire, and its run's first words, never ended.
+    dead = make_coordinator(coordinator_url)
+    await dead.start()
+    assert await dead.acquire(THREAD, "r1") is not None
+    await dead.aclose()
+    await durable.append_events(THREAD, "default", "r1", time.time(), 0, [
+        ev.run_started(THREAD, "r1"), ev.text_message_start("m-r1"),
+        ev.text_message_content("m-r1", "one ")])
+    held = HeldAcquire(b, monkeypatch)
+    starting = asyncio.create_task(b.start_run("default", run_input("r2")))
+    async with asyncio.timeout(10):
+        await held.asking.wait()
+    got: list[Positioned] = []
+    replayed = asyncio.Event()
+
+    async def read() -> None:
+        async for batch in b.connect("default", THREAD):
+            got.extend(batch)
+            replayed.set()
+
+    reading = asyncio.create_task(read())
+    async with asyncio.timeout(10):
+        await replayed.wait()
+    assert [e["type"] for _, e in got][-1] == "TEXT_MESSAGE_CONTENT"
+
+    async def expired() -> bool:
+        return await coordinator.holder(THREAD) is None
+
+    await eventually(expired, deadline=10, what="the dead worker's lease expired")
+    held.go.set()
+    async with asyncio.timeout(10):
+        await (await starting).drive(_ignore)
+        await reading
+    events = [e for _, e in got]
+    verify_events(events)
+    assert [(e["type"], e.get("runId")) for e in events if e["type"].startswith("RUN_")
+            ] == [("RUN_STARTED", "r1"), ("RUN_ERROR", None),
+                  ("RUN_STARTED", "r2"), ("RUN_FINISHED", "r2")]
