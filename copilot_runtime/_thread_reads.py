@@ -38,8 +38,8 @@ __all__ = ["read_thread", "running_messages"]
 _MANY_EVENTS = 1024
 
 
-async def read_thread(runs: RunManager, thread_id: str, max_bytes: int | None
-                      ) -> ThreadRecord | None:
+async def read_thread(runs: RunManager, thread_id: str, max_bytes: int | None, *,
+                      again: bool = True) -> ThreadRecord | None:
     """`store.get(thread_id, max_bytes=)` with the thread's running run, if any, as its last
     run (compacted as far as it went); None for no thread, running or stored."""
     # Taken before the store is read: a run that ends meanwhile is then either in the
@@ -54,6 +54,11 @@ async def read_thread(runs: RunManager, thread_id: str, max_bytes: int | None
     if live is not None:
         if live.first_position in starts or not live.events:
             return record
+        if runs.active.get(thread_id) is not live and again:
+            # It ended while the store was read: stored before it left, so read again (the
+            # thread may also have been deleted since, and begun again by another principal,
+            # whose record the first read may be: the run is not theirs).
+            return await read_thread(runs, thread_id, max_bytes, again=False)
         if record is None:  # its first run, in a store that keeps only finished runs
             record = ThreadRecord(thread_id, live.agent_id, live.created_at,
                                   live.created_at, owner=live.owner)

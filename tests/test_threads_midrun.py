@@ -372,3 +372,62 @@ async def test_an_agent_keeping_its_threads_is_read_mid_run_with_the_answer_so_f
             await driving
     finally:
         await runtime.aclose()
+
+
+async def test_a_read_on_the_running_worker_racing_a_delete_holds_no_run_of_the_last_owner(
+        tmp_path: Path) -> None:
+    """Review: the running run is taken before the store is read; if it ends meanwhile and
+    its thread is deleted and begun again by another principal, the record read is theirs,
+    and the run was shown in it (bob read alice's answer)."""
+    agent = GatedAgent()
+    runtime = CopilotRuntime(agents={"default": agent},
+                             thread_store=thread_store(f"sqlite:///{tmp_path}/t.sqlite3"),
+                             auth=BearerTokenAuth({"tok-alice-0001": "alice",
+                                                   "tok-bob-00002": "bob"}))
+
+    def as_(who: str) -> RequestInfo:
+        return RequestInfo("POST", "/", {}, principal=Principal(who))
+
+    def asked(run: str) -> RunInput:
+        return parse_run_input({"threadId": "t", "runId": run, "messages": [
+            {"id": f"{run}-u", "role": "user", "content": f"asked in {run}"}]})
+
+    async def ignore(_: Any) -> None:
+        pass
+
+    async def streamed(run_id: str) -> None:
+        def seen() -> bool:
+            live = runtime.runs.active.get("t")
+            return live is not None and live.run_id == run_id and any(
+                e.get("delta") == "one " for e in live.events)
+        await eventually(seen, what=f"{run_id} streaming")
+
+    await runtime.start()
+    try:
+        alices = asyncio.create_task((await runtime.start_run(
+            "default", asked("r1"), request=as_("alice"))).drive(ignore))
+        await streamed("r1")
+        real, bobs = runtime.runs.store.get, []
+
+        async def racing_get(thread_id: str, **options: Any) -> Any:
+            if not bobs:  # alice's run ends, her thread goes, bob begins one of its id
+                agent.gate.set()
+                await alices
+                agent.gate.clear()
+                assert await runtime.store.delete("t")
+                bobs.append(asyncio.create_task((await runtime.start_run(
+                    "default", asked("b1"), request=as_("bob"))).drive(ignore)))
+                await streamed("b1")
+            return await real(thread_id, **options)
+
+        runtime.runs.store.get = racing_get  # type: ignore[method-assign]
+        record = await read_thread(runtime.runs, "t", None)
+        runtime.runs.store.get = real  # type: ignore[method-assign]
+        assert record is not None
+        assert record.owner is not None
+        assert record.owner.principal_id == "bob"
+        assert "r1" not in [run.run_id for run in record.runs]
+        agent.gate.set()
+        await asyncio.gather(*bobs)
+    finally:
+        await runtime.aclose()
