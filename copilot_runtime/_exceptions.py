@@ -180,7 +180,7 @@ SECRET_VALUES = (
     r"(?:passw(?:or)?d|pwd|secret|token(?!s|_count|_limit)|api[-_]?key|credential))"
     rf"{_KEY_PART}{{0,300}}\)=\([^\r\n]*?"
     r"(?=\) (?:already exists|is not present|is still referenced|conflicts with)"
-    r"|\)?\.?[ \t]*(?:[\r\n]|\Z)))"
+    r"|\)?\.?(?:[\r\n]|\Z)))"
     r"|(?i:\b(?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?(?:[a-z][\w.-]*[ \t]+)?"
     r"[^\s,;\"'}]{6,})"
     r"|(?i:\bcookie[\"']?[ \t]*[:=][ \t]*[\"']?[^\r\n\"']+)"
