@@ -421,3 +421,56 @@ async def test_a_call_id_a_model_reuses_keeps_each_turns_result(
             if isinstance(m, ToolMessage) and m.tool_call_id == "call_0"}
     assert sorted(kept) == ["steady a", "steady c"]
     assert {content: {result} for content, result in kept.items()} == given
+
+
+async def test_a_handoff_to_the_parent_graph_is_no_failure_to_retry() -> None:
+    """Review: a tool's `Command(graph=PARENT)` raises through its ToolNode (LangGraph's
+    ParentCommand) and was taken for a failure: a later turn's `call_0` with the same
+    arguments was linked to it as its retry, got its id, and replaced the handoff's result
+    in the checkpoint."""
+
+    @tool
+    def transfer_to_b(tool_call_id: Annotated[str, InjectedToolCallId]) -> Command[Any]:
+        """Hand off."""
+        return Command(graph=Command.PARENT, goto="b", update={
+            "messages": [ToolMessage("transferred", tool_call_id=tool_call_id)]})
+
+    @tool
+    def get_time() -> str:
+        """The time."""
+        return "12:00"
+
+    def a_agent(state: CopilotKitState) -> dict[str, Any]:
+        return {"messages": [AIMessage("", id="ai-1", tool_calls=[
+            {"id": "call_0", "name": "transfer_to_b", "args": {}}])]}
+
+    def b_agent(state: CopilotKitState) -> dict[str, Any]:
+        if state["messages"][-1].content == "12:00":
+            return {"messages": [AIMessage("done", id="ai-3")]}
+        return {"messages": [AIMessage("", id="ai-2", tool_calls=[
+            {"id": "call_0", "name": "get_time", "args": {}}])]}
+
+    def route(state: CopilotKitState) -> Literal["b_tools", "__end__"]:
+        last = state["messages"][-1]
+        return "b_tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    inner = StateGraph(CopilotKitState)
+    inner.add_node("agent", a_agent)
+    inner.add_node("tools", ToolNode([transfer_to_b]))
+    inner.add_edge(START, "agent")
+    inner.add_edge("agent", "tools")
+    inner.add_edge("tools", END)
+    outer = StateGraph(CopilotKitState)
+    outer.add_node("a", inner.compile())
+    outer.add_node("b", b_agent)
+    outer.add_node("b_tools", ToolNode([get_time]))
+    outer.add_edge(START, "a")
+    outer.add_conditional_edges("b", route)
+    outer.add_edge("b_tools", "b")
+    graph = outer.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}}
+    await graph.ainvoke({"messages": [("user", "hi")]}, _with_tool_message_ids(config))
+    results = [m for m in (await graph.aget_state(config)).values["messages"]
+               if isinstance(m, ToolMessage)]
+    assert [m.content for m in results] == ["transferred", "12:00"]
+    assert len({m.id for m in results}) == 2

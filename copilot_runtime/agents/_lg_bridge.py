@@ -96,6 +96,7 @@ from ag_ui_langgraph.utils import (  # type: ignore[import-untyped]
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, RemoveMessage, ToolMessage
 from langgraph.channels.binop import BinaryOperatorAggregate
+from langgraph.errors import GraphBubbleUp
 from langgraph.graph.message import REMOVE_ALL_MESSAGES, add_messages
 from langgraph.pregel import Pregel
 from langgraph.types import Command, Interrupt, StateSnapshot
@@ -572,11 +573,13 @@ class _ToolMessageIds(BaseCallbackHandler):
         super().__init__()
         # The runs (ToolNodes) one of whose tools raised, until they end.
         self._failed_in: set[Any] = set()
-        # Each chain run's parent (what a failure stopped is found by); per ToolNode run,
-        # its calls' arguments by call id and its first try (itself, or the first try of
-        # the run it retries); the runs a failure stopped that no retry took yet (in the
-        # order they ran), and those a retry took; the ids given, by first try and call id.
+        # Each chain run's parent, and the ToolNode runs inside each run (what a failure
+        # stopped); per ToolNode run, its calls' arguments by call id and its first try
+        # (itself, or the first try of the run it retries); the runs a failure stopped that
+        # no retry took yet (in the order they ran), and those a retry took; the ids given,
+        # by first try and call id.
         self._parent: dict[Any, Any] = {}
+        self._inside: dict[Any, list[Any]] = {}
         self._calls: dict[Any, dict[str, Any]] = {}
         self._first: dict[Any, Any] = {}
         self._stopped: dict[Any, None] = {}
@@ -597,6 +600,12 @@ class _ToolMessageIds(BaseCallbackHandler):
         if calls is None:
             calls = self._calls[parent_run_id] = {}
             self._first[parent_run_id] = parent_run_id
+            run: Any = parent_run_id
+            for _ in range(1000):  # (a bound: parents recorded by LangChain form no cycle)
+                self._inside.setdefault(run, []).append(parent_run_id)
+                run = self._parent.get(run)
+                if run is None:
+                    break
             for stopped in self._stopped:
                 earlier = self._calls[stopped]
                 if tool_call_id in earlier and earlier[tool_call_id] == inputs:
@@ -618,20 +627,11 @@ class _ToolMessageIds(BaseCallbackHandler):
 
     def on_chain_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
         self._failed_in.discard(run_id)
-        for run in self._calls:
-            if run not in self._stopped and run not in self._retried \
-                    and self._within(run, run_id):
+        if isinstance(error, GraphBubbleUp):
+            return  # an interrupt or a Command to the parent graph: no failure, no retry
+        for run in self._inside.get(run_id, ()):
+            if run not in self._stopped and run not in self._retried:
                 self._stopped[run] = None
-
-    def _within(self, run: Any, failed: Any) -> bool:
-        """Whether `run` is `failed` or ran inside it."""
-        for _ in range(1000):  # (a bound: parents recorded by LangChain form no cycle)
-            if run == failed:
-                return True
-            run = self._parent.get(run)
-            if run is None:
-                return False
-        return False
 
     def on_tool_end(self, output: Any, *, parent_run_id: Any = None, **kwargs: Any) -> None:
         for result in _tool_results(output):
