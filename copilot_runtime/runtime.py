@@ -17,7 +17,6 @@ from copilot_runtime._exceptions import (
     AuthenticationError,
     ConfigurationError,
     ServiceUnavailableError,
-    ThreadBusyError,
 )
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES
@@ -380,26 +379,13 @@ class CopilotRuntime:
         """Name a thread (None: no name), as `PATCH /threads/{id}` does. False: no such
         thread. With `owner`, only a thread of that owner (the caller's, checked before:
         the id may name a thread another user began since), checked by the store as it
-        renames, or, for a store whose `rename` takes no `owner`, under a delete's hold
-        (a run beginning on the thread meanwhile is busy)."""
+        renames."""
         if owner is None:
             return await self.store.rename(thread_id, name)
         if _takes(self.store.rename, "owner"):
             return await self.store.rename(thread_id, name, owner=owner)
-        # A store of an application's own without the condition: checked, then renamed, under
-        # a delete's hold, which keeps runs off the thread (on any worker), so no thread of
-        # another can begin under its id in between (a delete meanwhile leaves none: False).
-        try:
-            async with self.runs.held_for_delete(thread_id):
-                return await self._rename_if_owned(thread_id, name, owner)
-        except ThreadBusyError:
-            pass
-        # A run is on it (or a delete holds it too long): checked just before, as a thread
-        # with a run on it cannot be deleted until the run ends.
-        return await self._rename_if_owned(thread_id, name, owner)
-
-    async def _rename_if_owned(self, thread_id: str, name: str | None,
-                               owner: ThreadOwner) -> bool:
+        # A store of an application's own without the condition: checked just before, which
+        # leaves the short window the condition closes.
         record = await self.store.summary(thread_id)
         if record is None or record.owner != owner:
             return False
