@@ -254,6 +254,12 @@ class CopilotRuntime:
                     "coordinator over a PostgreSQL store (README: Many workers, several "
                     "machines)") from None
         self._started = True
+        if self.auth is not None and not _takes(self.store.rename, "owner"):
+            # (its renames are checked just before: a thread its owner deleted in between,
+            # begun again under its id by another principal, is theirs to be renamed)
+            _log.warning("thread store renames without the owner's condition",
+                         store=type(self.store).__name__,
+                         fix="give its rename(thread_id, name) an owner= keyword (README)")
         if self.coordinator.shared:
             opening = getattr(self.store, "open", None)
             if opening is not None:

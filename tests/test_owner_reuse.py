@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 import pytest
+from structlog.testing import capture_logs
 
 from copilot_runtime import BearerTokenAuth, CopilotRuntime, DemoAdapter
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
@@ -259,6 +260,14 @@ async def test_a_store_without_the_owner_condition_still_renames_its_owners_thre
     a `rename` that would refuse it."""
     runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0.0),
                              thread_store=UnconditionalStore(), auth=BearerTokenAuth(TOKENS))
+    with capture_logs() as logs:
+        await runtime.start()
+    # (a review found the hold tried instead refusing the owner's runs mid-rename, failing
+    # renames while the coordinator is away, and a delete behind a rename: the window stays,
+    # and the operator is told)
+    assert [log["store"] for log in logs
+            if log["event"] == "thread store renames without the owner's condition"] == [
+        "UnconditionalStore"]
     async with serve_runtime(runtime) as s:
         await alices_thread(s)
         status, body, _ = await call(s, "PATCH", f"/threads/{THREAD}", BOB, {"name": "no"})
