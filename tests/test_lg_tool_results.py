@@ -474,3 +474,51 @@ async def test_a_handoff_to_the_parent_graph_is_no_failure_to_retry() -> None:
                if isinstance(m, ToolMessage)]
     assert [m.content for m in results] == ["transferred", "12:00"]
     assert len({m.id for m in results}) == 2
+
+
+async def test_a_result_given_before_an_interrupt_keeps_its_id_when_the_run_is_resumed() -> None:
+    """Review: a sibling's result streamed before another call of its ToolNode asked the
+    user (an interrupt) got a new id when the resumed run ran the ToolNode again (another
+    handler, another run): the client held a result the checkpoint did not keep."""
+
+    @tool
+    def steady(query: str) -> str:
+        """Answers."""
+        return f"steady {query}"
+
+    @tool
+    def ask(query: str) -> str:
+        """Asks the user."""
+        time.sleep(0.05)  # (the sibling ends first)
+        return f"user said {interrupt(query)}"
+
+    def agent(state: CopilotKitState) -> dict[str, Any]:
+        if isinstance(state["messages"][-1], ToolMessage):
+            return {"messages": [AIMessage("done", id="ai-2")]}
+        return {"messages": [AIMessage("", id="ai-1", tool_calls=[
+            {"id": "call_0", "name": "steady", "args": {"query": "a"}},
+            {"id": "call_1", "name": "ask", "args": {"query": "ok?"}}])]}
+
+    def route(state: CopilotKitState) -> Literal["tools", "__end__"]:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    builder = StateGraph(CopilotKitState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode([steady, ask]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", route)
+    builder.add_edge("tools", "agent")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}}
+    streamed: list[tuple[str, str | None]] = []
+    for given in ({"messages": [("user", "hi")]}, Command(resume="yes")):
+        async for event in graph.astream_events(given, _with_tool_message_ids(config),
+                                                version="v2"):
+            if event["event"] == "on_tool_end" and isinstance(
+                    result := event["data"]["output"], ToolMessage):
+                streamed.append((result.tool_call_id, result.id))
+    kept = {m.tool_call_id: m.id for m in (await graph.aget_state(config)).values["messages"]
+            if isinstance(m, ToolMessage)}
+    assert [call for call, _ in streamed] == ["call_0", "call_0", "call_1"]
+    assert {result for call, result in streamed if call == "call_0"} == {kept["call_0"]}

@@ -546,6 +546,10 @@ class CopilotKitLangGraphBridge(_BaseBridge):  # type: ignore[misc]
         return out
 
 
+# The namespace of the ids `_ToolMessageIds` derives from a task and a call.
+_TOOL_RESULT_IDS = uuid.UUID("5d0e2c8a-3f1b-4a57-9c3e-7b2f6a1d4e90")
+
+
 class _ToolMessageIds(BaseCallbackHandler):
     """Gives a tool's result messages without an id one as the tool ends.
 
@@ -585,6 +589,9 @@ class _ToolMessageIds(BaseCallbackHandler):
         self._stopped: dict[Any, None] = {}
         self._retried: set[Any] = set()
         self._ids: dict[tuple[Any, str], str] = {}
+        # Each ToolNode run's task (its checkpoint namespace): the run resumed after an
+        # interrupt runs that task again, under another handler (see `_id_for`).
+        self._task: dict[Any, str] = {}
 
     def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: Any,
                        parent_run_id: Any = None, **kwargs: Any) -> None:
@@ -593,13 +600,17 @@ class _ToolMessageIds(BaseCallbackHandler):
 
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: Any,
                       parent_run_id: Any = None, inputs: Any = None,
-                      tool_call_id: str | None = None, **kwargs: Any) -> None:
+                      tool_call_id: str | None = None, metadata: dict[str, Any] | None = None,
+                      **kwargs: Any) -> None:
         if parent_run_id is None or not isinstance(tool_call_id, str):
             return
         calls = self._calls.get(parent_run_id)
         if calls is None:
             calls = self._calls[parent_run_id] = {}
             self._first[parent_run_id] = parent_run_id
+            task = (metadata or {}).get("langgraph_checkpoint_ns")
+            if isinstance(task, str) and task:
+                self._task[parent_run_id] = task
             run: Any = parent_run_id
             for _ in range(1000):  # (a bound: parents recorded by LangChain form no cycle)
                 self._inside.setdefault(run, []).append(parent_run_id)
@@ -645,10 +656,17 @@ class _ToolMessageIds(BaseCallbackHandler):
     def _id_for(self, call_id: str, run: Any) -> str:
         if run is None:
             return str(uuid.uuid4())
-        key = (self._first.get(run, run), call_id)
+        first = self._first.get(run, run)
+        key = (first, call_id)
         given = self._ids.get(key)
         if given is None:
-            given = self._ids[key] = str(uuid.uuid4())
+            # Of the first try's task and the call: a ToolNode interrupted (one of its tools
+            # asked the user) runs again when the run is resumed, in the same task, and a
+            # sibling's result the client was given before keeps its id.
+            task = self._task.get(first)
+            given = self._ids[key] = str(
+                uuid.uuid5(_TOOL_RESULT_IDS, f"{task}\n{call_id}") if task is not None
+                else uuid.uuid4())
         return given
 
 
