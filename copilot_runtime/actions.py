@@ -12,9 +12,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
-import itertools
 import re
-import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, overload
@@ -43,11 +41,9 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI accepts for a functi
 #: The largest result (as JSON) an action may return: it goes to the model in the next
 #: request and to the client in the stream, whole.
 MAX_ACTION_RESULT_BYTES = 1024 * 1024
-#: The most items of an iterator listed (and encoded) at once, between two looks at the
-#: result's size and its run's stop; fewer while items come slowly or the bound is near.
-_MOST_CHUNK_ITEMS = 1024
-#: A chunk slower than this to list is halved, so a stop is seen soon after it is made.
-_CHUNK_SECONDS = 0.01
+#: The most items listed from the iterators in one result: each is at least two bytes of
+#: JSON (itself and a comma or bracket), so a result with more is over the bound anyway.
+_MOST_ITEMS = MAX_ACTION_RESULT_BYTES // 2
 
 
 #: The most sync handlers that run at once; more wait for a thread.
@@ -85,133 +81,68 @@ def _over_bound(action: str, said: str, **measured: int) -> ActionError:
 
 
 class _Listing:
-    """The listing of the iterators in one action's result: their items encoded as they come,
-    their JSON's size counted against the bound, and whether its run has stopped (set on
-    the event loop, read per chunk of items where the handler ran: a thread cannot be
-    stopped, but its listing can)."""
+    """The listing of the iterators in one action's result: their items, counted against
+    the bound, and whether its run has stopped (set on the event loop, read per item where
+    the handler ran: a thread cannot be stopped, but its listing can)."""
 
-    __slots__ = ("action", "size", "stopped")
+    __slots__ = ("action", "items", "stopped")
 
     def __init__(self, action: str) -> None:
         self.action = action
-        self.size = 0  # bytes of JSON listed, an iterator's within another's counted once
+        self.items = 0
         self.stopped = False
 
     def _refusal(self) -> ActionError:
         if self.stopped:  # (no one reads it: the run is gone)
             return ActionError("the run stopped while the result was listed")
-        return _over_bound(self.action, f"at least {self.size} bytes of JSON", size=self.size)
+        return _over_bound(self.action, f"more than {_MOST_ITEMS} items", items=self.items)
 
     def jsonable(self, value: Any) -> Any:
         """What the encoder writes for a value it has no JSON for: an iterator's (a
-        generator's) or a set's items, listed, wherever it is in the result; else
-        pydantic's form of it."""
+        generator's) items, listed, wherever it is in the result; else pydantic's JSON form
+        of it."""
         if isinstance(value, Iterator) and not inspect.isawaitable(value):
             return self._listed(value)
-        if isinstance(value, (set, frozenset)):
-            return self._listed(iter(value))
         try:
-            if isinstance(value, pydantic.BaseModel) and not _json_only(type(value)):
-                # (its Python form: an iterator in it comes back unlisted, for `_listed`)
-                return value.__pydantic_serializer__.to_python(value, by_alias=True)
             return to_jsonable_python(value)
         except PydanticSerializationError as exc:
-            failure = exc.__cause__
-            if failure is None or failure.__traceback__ is None:
+            if exc.__cause__ is None:
                 raise  # a value it has no JSON for: the encoding's error
-            raise _ResultFailed(failure) from None  # (a serializer of the result's)
-        except BaseException as exc:
-            # Raised in Python code pydantic called (an iterator it listed itself): the
-            # handler's; raised by pydantic itself (bytes not UTF-8, a model holding itself):
-            # the encoding's error.
-            if exc.__traceback__ is not None and exc.__traceback__.tb_next is not None:
-                raise _ResultFailed(exc) from None
-            raise
+            raise _ResultFailed(exc.__cause__) from None  # (a serializer of the result's)
+        except BaseException as exc:  # (an iterator in a model: pydantic lists it itself)
+            raise _ResultFailed(exc) from None
 
-    def _json(self, items: list[Any]) -> bytes:
-        """`items` as a JSON array, an iterator in them listed by this listing too; a chunk of
-        an iterator's items is encoded as it comes, so it is the size of its JSON that is
-        held, and bounded, not that of its items."""
-        started = self.size
+    def _listed(self, iterator: Iterator[Any]) -> list[Any]:
+        items: list[Any] = []
+        room = _MOST_ITEMS - self.items
         try:
-            encoded = orjson.dumps(items, default=self.jsonable)
-        except TypeError as exc:
-            if isinstance(exc.__cause__, (_ResultFailed, ActionError)):
-                raise exc.__cause__ from None
-            raise ActionError(f"the result could not be encoded as JSON ({exc})") from None
-        self.size = started + len(encoded) - 1  # (less a bracket: a comma joins the chunks)
-        return encoded
-
-    def _next_chunk(self, chunk: int, listed: bytes, seconds: float) -> int:
-        """How many items to list next, after a chunk of `chunk` items, `listed` as JSON,
-        took `seconds`: twice as many while that is fast and the bound far (items as long
-        as these)."""
-        if seconds > _CHUNK_SECONDS:
-            return max(1, chunk // 2)
-        room = (MAX_ACTION_RESULT_BYTES - self.size) * chunk // len(listed)
-        return max(1, min(2 * chunk, _MOST_CHUNK_ITEMS, room + 1))
-
-    def _listed(self, iterator: Iterator[Any]) -> orjson.Fragment:
-        parts: list[bytes] = []
-        chunk = 1
-        while not self.stopped and self.size <= MAX_ACTION_RESULT_BYTES:
-            started = time.monotonic()
-            try:
-                items = list(itertools.islice(iterator, chunk))
-            except BaseException as exc:
-                raise _ResultFailed(exc) from None
-            if len(items) < chunk:  # (its end)
-                if items:
-                    parts.append(self._json(items)[1:-1])
-                return orjson.Fragment(b"[" + b",".join(parts) + b"]")
-            listed = self._json(items)
-            parts.append(listed[1:-1])
-            chunk = self._next_chunk(chunk, listed, time.monotonic() - started)
-        if isinstance(iterator, Generator):
-            iterator.close()  # (its cleanup runs here, now)
+            for item in iterator:
+                if self.stopped or len(items) == room:
+                    if isinstance(iterator, Generator):
+                        iterator.close()  # (its cleanup runs here, now)
+                    break
+                items.append(item)
+            else:
+                self.items += len(items)
+                return items
+        except BaseException as exc:
+            raise _ResultFailed(exc) from None
+        self.items += len(items)
         raise self._refusal()
 
-    async def listed_async(self, iterator: AsyncIterator[Any]) -> orjson.Fragment:
+    async def listed_async(self, iterator: AsyncIterator[Any]) -> list[Any]:
         """An async iterator's items (it runs in the handler's task: a stop cancels it)."""
-        parts: list[bytes] = []
         items: list[Any] = []
-        chunk = 1
-        started = time.monotonic()
         async for item in iterator:
-            items.append(item)
-            if len(items) < chunk:
-                continue
-            listed = self._json(items)
-            parts.append(listed[1:-1])
-            chunk = self._next_chunk(chunk, listed, time.monotonic() - started)
-            items = []
-            if self.size > MAX_ACTION_RESULT_BYTES:
+            if len(items) == _MOST_ITEMS - self.items:
+                self.items += len(items)
                 aclose = getattr(iterator, "aclose", None)
                 if aclose is not None:
                     await aclose()
                 raise self._refusal()
-            started = time.monotonic()
-        if items:
-            parts.append(self._json(items)[1:-1])
-        return orjson.Fragment(b"[" + b",".join(parts) + b"]")
-
-
-@functools.lru_cache(maxsize=256)
-def _json_only(model: type[pydantic.BaseModel]) -> bool:
-    """Whether `model` serializes differently for JSON (a serializer `when_used="json"`, a
-    `ser_json_*` setting), which its Python form would not apply: such a model is left to
-    pydantic's JSON form, an iterator in it listed by pydantic, unbounded."""
-    pending: list[Any] = [model.__pydantic_core_schema__]
-    while pending:
-        node = pending.pop()
-        if isinstance(node, dict):
-            if node.get("when_used") in ("json", "json-unless-none") or any(
-                    isinstance(key, str) and key.startswith("ser_json_") for key in node):
-                return True
-            pending.extend(node.values())
-        elif isinstance(node, list):
-            pending.extend(node)
-    return False
+            items.append(item)
+        self.items += len(items)
+        return items
 
 
 def _encoded(result: Any, listing: _Listing) -> _Outcome:
@@ -277,8 +208,6 @@ async def _awaited(call: Callable[[], Any], listing: _Listing) -> _Outcome:
             result = await result
         if isinstance(result, AsyncIterator):
             result = await listing.listed_async(result)
-    except _ResultFailed as exc:  # (an item's encoding ran the handler's code)
-        return False, exc.failure
     except BaseException as exc:
         return False, exc
     return _encoded(result, listing)
