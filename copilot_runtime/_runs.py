@@ -1428,13 +1428,14 @@ class RunManager:
         if holder is None or holder.startswith(_DELETE) or (
                 run_id is not None and holder != run_id):
             return False  # (a delete holding the thread is no run)
-        await self.coordinator.publish(Signal("stop", thread_id, holder))
+        whole = run_id is None
+        await self.coordinator.publish(Signal("stop", thread_id, holder, whole=whole))
         # A signal is not kept: one sent while the driving worker's signal connection was
         # being opened again is lost. Sent again while the run still holds the thread.
-        self._adopt(self._stop_again(thread_id, holder))
+        self._adopt(self._stop_again(thread_id, holder, whole))
         return True
 
-    async def _stop_again(self, thread_id: str, run_id: str) -> None:
+    async def _stop_again(self, thread_id: str, run_id: str, whole: bool) -> None:
         coordinator = self.coordinator
         assert coordinator is not None
         # Long enough for a worker to notice a signal connection dropped without a word
@@ -1449,7 +1450,7 @@ class RunManager:
             try:
                 if await coordinator.holder(thread_id) != run_id:
                     return
-                await coordinator.publish(Signal("stop", thread_id, run_id))
+                await coordinator.publish(Signal("stop", thread_id, run_id, whole=whole))
             except Exception:
                 return
 
@@ -1458,10 +1459,11 @@ class RunManager:
         if self.stop(signal.thread_id, signal.run_id, reason) or reason != "stop":
             return
         reserved = self.active.get(signal.thread_id)
-        if reserved is not None and not reserved.confirmed and \
+        if signal.whole and reserved is not None and not reserved.confirmed and \
                 self._letting_go.get(signal.thread_id) == signal.run_id:
-            # The run signalled ended here, its lease on its way back (the coordinator still
-            # names it the holder): the stop is for the thread's next run, waiting for it.
+            # A stop of the thread signalled to the run that ended here, its lease on its way
+            # back (the coordinator still names it the holder): it is the thread's next
+            # run's, waiting for the lease. A stop naming the ended run stops nothing.
             reserved.cancel(reason)
 
     def flushed(self, run: ActiveRun, position: int) -> None:

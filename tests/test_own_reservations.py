@@ -202,3 +202,42 @@ async def test_a_stop_on_another_worker_while_the_last_runs_lease_is_given_back_
         await driving
     assert second.cancel_reason == "stop"
     assert [e["type"] for e in written] == ["RUN_STARTED", "RUN_FINISHED"]
+
+
+@pytest.mark.parametrize("here", [True, False])
+async def test_a_stop_naming_the_ended_run_while_its_lease_is_given_back_leaves_the_next(
+        worker: tuple[CopilotRuntime, GatedAgent], other_worker: CopilotRuntime,
+        monkeypatch: pytest.MonkeyPatch, here: bool) -> None:
+    """A stop naming r0 (ended, its lease on its way back) is signalled to r0, the holder,
+    on this worker (`here`) or another: it is not a stop of the thread, and r1, waiting for
+    the lease, runs to its end. Before, any stop signalled to r0 stopped r1."""
+    runtime, agent = worker
+    agent.gate.set()
+    first = await runtime.start_run("default", run_input("r0"))
+    held = Held(runtime, "finish", monkeypatch)
+    ending = asyncio.create_task(first.drive(_ignore))
+    async with asyncio.timeout(10):
+        await held.asking.wait()
+    agent.gate.clear()
+    starting = asyncio.create_task(runtime.start_run("default", run_input("r1")))
+    await asyncio.sleep(0.2)  # r1 reserved, waiting for r0's lease
+    assert not starting.done()
+    await (runtime if here else other_worker).stop("default", THREAD, "r0")
+    await asyncio.sleep(0.3)  # the signal delivered (it comes back to its sender too)
+    held.go.set()
+    written: list[Any] = []
+
+    async def write(batch: Any) -> None:
+        written.extend(batch)
+
+    async with asyncio.timeout(10):
+        await ending
+        second = await starting
+        driving = asyncio.create_task(second.drive(write))
+        await asyncio.sleep(0.2)
+        agent.gate.set()
+        await driving
+    assert second.cancel_reason is None
+    verify_events(written)
+    assert written[-1]["type"] == "RUN_FINISHED"
+    assert "".join(e.get("delta", "") for e in written) == "one two"

@@ -52,10 +52,16 @@ class Signal:
     run_id: str | None = None
     #: `progress`: the thread position up to which the run's events are stored.
     position: int | None = None
+    #: `stop`: for the thread's run, whichever it is (a stop naming no run); the one named
+    #: may have ended, its lease on its way back, the thread's next run waiting for it.
+    whole: bool = False
 
     def encode(self) -> bytes:
-        return orjson.dumps({"k": self.kind, "t": self.thread_id, "r": self.run_id,
-                             "p": self.position})
+        raw: dict[str, object] = {"k": self.kind, "t": self.thread_id, "r": self.run_id,
+                                  "p": self.position}
+        if self.whole:  # only then: a worker of the previous version decodes it as before
+            raw["w"] = True
+        return orjson.dumps(raw)
 
     @classmethod
     def decode(cls, data: bytes | str) -> Signal | None:
@@ -63,14 +69,15 @@ class Signal:
         try:
             raw = orjson.loads(data)
             kind, thread_id = raw["k"], raw["t"]
-            run_id, position = raw.get("r"), raw.get("p")
+            run_id, position, whole = raw.get("r"), raw.get("p"), raw.get("w", False)
         except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
             return None
         if kind not in ("progress", "end", "stop") or not isinstance(thread_id, str) or (
                 run_id is not None and not isinstance(run_id, str)) or (
-                position is not None and not isinstance(position, int)):
+                position is not None and not isinstance(position, int)) or (
+                not isinstance(whole, bool)):
             return None
-        return cls(kind, thread_id, run_id, position)
+        return cls(kind, thread_id, run_id, position, whole)
 
 
 def new_token() -> str:
