@@ -1545,11 +1545,18 @@ class RunManager:
             return
         # The runs before the live one as the store replays them (bounded, and saying what
         # it left out), then the live run from memory.
+        shared = self.coordinator is not None
+        confirmed = live.confirmed
         stored = await self.store.events_after(thread_id, after)
+        if shared and not confirmed and live.confirmed:
+            # The lease came during the read, which may predate the end of the run that
+            # held it; a lease is given back only once its run is stored: read again.
+            stored = await self.store.events_after(thread_id, after)
         so_far, queue = live.subscribe()
         # A reservation not yet confirmed: the first batch is the store as it was, and runs
-        # may end there (another worker's, or a dead one's closed) before its lease is held.
-        unconfirmed = not live.confirmed
+        # may end there (another worker's, or a dead one's closed) before its lease is held
+        # (with no shared coordinator no other run writes to the thread meanwhile).
+        unconfirmed = shared and not live.confirmed
         try:
             start = live.first_position
             # A reservation not yet confirmed does not know where it starts (its thread's

@@ -285,3 +285,64 @@ async def test_a_connect_gets_a_dead_workers_run_closed_before_the_reservations_
     assert [(e["type"], e.get("runId")) for e in events if e["type"].startswith("RUN_")
             ] == [("RUN_STARTED", "r1"), ("RUN_ERROR", None),
                   ("RUN_STARTED", "r2"), ("RUN_FINISHED", "r2")]
+
+
+async def test_a_connect_whose_first_read_outlasts_the_other_workers_run_gets_its_end(
+        workers: tuple[CopilotRuntime, CopilotRuntime, GatedAgent],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, the connect's first store read slow: it reads the other worker's run in
+    the middle, and before it answers that run ends and the reservation gets its lease.
+    The connect still gets that run's end before the reservation's run. Before, the
+    reservation confirmed by then, the stale read was trusted and the run's end skipped."""
+    a, b, agent = workers
+    b_agent = b.agents["default"]
+    assert isinstance(b_agent, GatedAgent)
+    b_agent.gate.set()
+    driving = asyncio.create_task(
+        (await a.start_run("default", run_input("r1"))).drive(_ignore))
+
+    async def first_words_stored() -> bool:
+        return any(e.get("delta") == "one " for _, e in await a.store.events_after(THREAD, -1))
+
+    await eventually(first_words_stored, deadline=10, what="a's first words stored")
+    held = HeldAcquire(b, monkeypatch)
+    starting = asyncio.create_task(b.start_run("default", run_input("r2")))
+    async with asyncio.timeout(10):
+        await held.asking.wait()
+    store = b.runs.store
+    events_after = store.events_after
+    read, answer = asyncio.Event(), asyncio.Event()
+
+    async def slow_first_read(thread_id: str, after: int) -> Any:
+        stored = await events_after(thread_id, after)
+        if not read.is_set():
+            read.set()
+            await answer.wait()
+        return stored
+
+    monkeypatch.setattr(store, "events_after", slow_first_read)
+    got: list[Positioned] = []
+
+    async def read_all() -> None:
+        async for batch in b.connect("default", THREAD):
+            got.extend(batch)
+
+    reading = asyncio.create_task(read_all())
+    reserved = b.runs.active[THREAD]
+    async with asyncio.timeout(10):
+        await read.wait()  # the store as it was: r1 in the middle
+        agent.gate.set()
+        await driving  # r1 ended, stored and its lease given back
+        held.go.set()
+        await eventually(lambda: reserved.confirmed, deadline=5, what="r2's lease")
+        answer.set()
+        await (await starting).drive(_ignore)
+        await reading
+    events = [e for _, e in got]
+    verify_events(events)
+    assert [(e["type"], e["runId"]) for e in events if e["type"].startswith("RUN_")] == [
+        ("RUN_STARTED", "r1"), ("RUN_FINISHED", "r1"),
+        ("RUN_STARTED", "r2"), ("RUN_FINISHED", "r2")]
+    assert "".join(e.get("delta", "") for e in events) == "one two" * 2
+    positions = [p for p, _ in got if p is not None]
+    assert positions == sorted(set(positions))
