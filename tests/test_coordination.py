@@ -175,10 +175,16 @@ async def test_stop_reaches_the_stop_handler_fast(pair: Pair) -> None:
 
 
 def test_signals_survive_their_encoding() -> None:
-    signal = Signal("progress", "thread ✓", "run", 7)
-    assert Signal.decode(signal.encode()) == signal
+    for signal in (Signal("progress", "thread ✓", "run", 7),
+                   Signal("stop", "t", "r0", whole=True), Signal("stop", "t", "r0")):
+        assert Signal.decode(signal.encode()) == signal
+    # A stop of the previous version (no "w") is a stop of its run alone; its encoding is
+    # unchanged, for workers of the previous version during a deploy.
+    assert Signal.decode(b'{"k": "stop", "t": "t", "r": "r0", "p": null}') == Signal(
+        "stop", "t", "r0")
+    assert b'"w"' not in Signal("stop", "t", "r0").encode()
     for bad in (b"", b"[]", b'{"k": "boom", "t": "x"}', b'{"k": "end", "t": 1}',
-                b'{"k": "end", "t": "x", "p": "9"}'):
+                b'{"k": "end", "t": "x", "p": "9"}', b'{"k": "stop", "t": "x", "w": 1}'):
         assert Signal.decode(bad) is None
 
 
