@@ -165,7 +165,9 @@ SECRET_VALUES = (
     r"|\bhf_[A-Za-z0-9]{30,}"  # Hugging Face (30+: `hf_hub_download` is a name)
     r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"  # Slack
     r"|\bAIza[0-9A-Za-z_-]{20,}"
-    r"|\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9._-]+"
+    # (where its characters' run begins: a long run of `eyJ-` with no dot was read again
+    # from each `eyJ` in it)
+    r"|(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]++\.[A-Za-z0-9._-]+"
     rf"|{_PEM_PRIVATE_KEY}"
     r"|(?i:(?<=[?&;])(?:api[-_]?key|key|token|access_token|secret|password|sig|signature)"
     r"=[^&\s\"']+"

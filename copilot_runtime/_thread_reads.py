@@ -55,10 +55,13 @@ async def read_thread(runs: RunManager, thread_id: str, max_bytes: int | None, *
         if live.first_position in starts or not live.events:
             return record
         if runs.active.get(thread_id) is not live and again:
-            # It ended while the store was read: stored before it left, so read again (the
-            # thread may also have been deleted since, and begun again by another principal,
-            # whose record the first read may be: the run is not theirs).
+            # It ended while the store was read: stored before it left (unless its store
+            # failed: then no read has it), so read again (the thread may also have been
+            # deleted since, and begun again by another principal, whose record the first
+            # read may be: the run is not theirs).
             return await read_thread(runs, thread_id, max_bytes, again=False)
+        if record is not None and record.owner != live.owner:
+            return record  # (the same, should it happen during the read again)
         if record is None:  # its first run, in a store that keeps only finished runs
             record = ThreadRecord(thread_id, live.agent_id, live.created_at,
                                   live.created_at, owner=live.owner)

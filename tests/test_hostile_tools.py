@@ -562,6 +562,7 @@ def test_other_keys_and_parameters_are_kept(text: str) -> None:
     "Key (token)=(" * 20_000, "Key (token)=(x) " * 16_000,
     # (a review: a run of blanks was read again from each position: 9 s for 32 kB)
     "Key (token)=(x" + " " * 64_000 + "y", "Key (token)=(x" + "\t" * 64_000 + "y",
+    "eyJ-" * 32_000,  # (a review: a JWT without its dot, quadratic before)
 ])
 def test_scrubbing_takes_linear_time(text: str) -> None:
     """Before (a review): a `Key (` without its `)=(` took time quadratic in the text's

@@ -632,15 +632,20 @@ class _ToolMessageIds(BaseCallbackHandler):
             self._failed_in.add(parent_run_id)
 
     def on_chain_end(self, outputs: Any, *, run_id: Any, **kwargs: Any) -> None:
+        # (only runs still going are looked up: an ended one's entries go)
+        self._parent.pop(run_id, None)
+        self._inside.pop(run_id, None)
         if self._failed_in and run_id in self._failed_in:
             self._failed_in.discard(run_id)
             self.on_tool_end(outputs, parent_run_id=run_id)
 
     def on_chain_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
         self._failed_in.discard(run_id)
+        self._parent.pop(run_id, None)
+        inside = self._inside.pop(run_id, ())
         if isinstance(error, GraphBubbleUp):
             return  # an interrupt or a Command to the parent graph: no failure, no retry
-        for run in self._inside.get(run_id, ()):
+        for run in inside:
             if run not in self._stopped and run not in self._retried:
                 self._stopped[run] = None
 
