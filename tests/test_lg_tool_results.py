@@ -257,54 +257,6 @@ async def test_a_sibling_call_answered_before_a_retry_is_answered_once(
     assert _shape_by_call(held["messages"]) == _shape_by_call(snapshot)
 
 
-def _retried_graph(retry_around: str, first_try_delay: float) -> Any:
-    """`steady` and `flaky` called together, `flaky` failing its first try; the retry on
-    the ToolNode or on a node around the subgraph that holds it (which runs the ToolNode in
-    a new task). No model: the calls' ids are made here."""
-    tries, steady_tries = itertools.count(), itertools.count()
-
-    @tool
-    def flaky(query: str) -> str:
-        """Fails its first try."""
-        if next(tries) == 0:
-            raise RuntimeError("first try fails")
-        return "ok"
-
-    @tool
-    def steady(query: str) -> str:
-        """Answers."""
-        if next(steady_tries) == 0:
-            time.sleep(first_try_delay)
-        return "steady ok"
-
-    def agent(state: CopilotKitState) -> dict[str, Any]:
-        if isinstance(state["messages"][-1], ToolMessage):
-            return {"messages": [AIMessage("done", id="ai-2")]}
-        return {"messages": [AIMessage("", id="ai-1", tool_calls=[
-            {"id": "c-steady", "name": "steady", "args": {"query": "x"}},
-            {"id": "c-flaky", "name": "flaky", "args": {"query": "y"}}])]}
-
-    def route(state: CopilotKitState) -> Literal["tools", "__end__"]:
-        last = state["messages"][-1]
-        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
-
-    retry = RetryPolicy(max_attempts=2, initial_interval=0.01, retry_on=RuntimeError)
-    inner = StateGraph(CopilotKitState)
-    inner.add_node("agent", agent)
-    inner.add_node("tools", ToolNode([steady, flaky], handle_tool_errors=False),
-                   retry_policy=retry if retry_around == "toolnode" else None)
-    inner.add_edge(START, "agent")
-    inner.add_conditional_edges("agent", route)
-    inner.add_edge("tools", "agent")
-    if retry_around == "toolnode":
-        return inner.compile(checkpointer=InMemorySaver())
-    outer = StateGraph(CopilotKitState)
-    outer.add_node("sub", inner.compile(), retry_policy=retry)
-    outer.add_edge(START, "sub")
-    outer.add_edge("sub", END)
-    return outer.compile(checkpointer=InMemorySaver())
-
-
 @pytest.mark.parametrize("first_try_delay", [0.0, 0.3], ids=["ends-first", "ends-last"])
 @pytest.mark.parametrize("retry_around", ["toolnode", "subgraph"])
 async def test_each_try_of_a_call_gets_the_id_the_checkpoint_keeps(
@@ -322,7 +274,8 @@ async def test_each_try_of_a_call_gets_the_id_the_checkpoint_keeps(
                      if isinstance(m, ToolMessage) and m.tool_call_id == "c-steady")
 
     monkeypatch.setattr(_ToolMessageIds, "on_tool_end", noting)
-    graph = _retried_graph(retry_around, first_try_delay)
+    graph = _reusing_graph(retry_around, [[("c-steady", "steady", "x"),
+                                           ("c-flaky", "flaky", "y")]], {0: first_try_delay})
     config = {"configurable": {"thread_id": "t"}}
     await graph.ainvoke({"messages": [("user", "hi")]}, _with_tool_message_ids(config))
     for _ in range(100):  # (a first try ending last ends after the graph)

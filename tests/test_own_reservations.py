@@ -11,7 +11,7 @@ PostgreSQL or Redis coordinator; its lease request (or give-back) is held by an 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,25 @@ async def _ignore(batch: Any) -> None:
     return None
 
 
+async def _next_run_driven(ending: Awaitable[Any], starting: Awaitable[Any],
+                           agent: GatedAgent) -> tuple[Any, list[Any]]:
+    """The last run ended (its lease given back), the next one begun and driven to its end
+    (its agent let go 0.2 s in): that run, and what it wrote."""
+    written: list[Any] = []
+
+    async def write(batch: Any) -> None:
+        written.extend(batch)
+
+    async with asyncio.timeout(10):
+        await ending
+        second = await starting
+        driving = asyncio.create_task(second.drive(write))
+        await asyncio.sleep(0.2)
+        agent.gate.set()
+        await driving
+    return second, written
+
+
 @pytest.mark.parametrize("stored_run", [False, True])
 async def test_a_connect_while_the_workers_run_waits_for_its_lease_follows_it(
         worker: tuple[CopilotRuntime, GatedAgent], monkeypatch: pytest.MonkeyPatch,
@@ -135,18 +154,7 @@ async def test_a_stop_while_the_last_runs_lease_is_given_back_stops_the_next_run
     assert not starting.done()
     assert await runtime.stop("default", THREAD) is True
     held.go.set()
-    written: list[Any] = []
-
-    async def write(batch: Any) -> None:
-        written.extend(batch)
-
-    async with asyncio.timeout(10):
-        await ending
-        second = await starting
-        driving = asyncio.create_task(second.drive(write))
-        await asyncio.sleep(0.2)
-        agent.gate.set()
-        await driving
+    second, written = await _next_run_driven(ending, starting, agent)
     assert second.cancel_reason == "stop"
     assert [e["type"] for e in written] == ["RUN_STARTED", "RUN_FINISHED"]
 
@@ -188,18 +196,7 @@ async def test_a_stop_on_another_worker_while_the_last_runs_lease_is_given_back_
     await eventually(lambda: reserved.cancel_reason == "stop", deadline=2.0,
                      what="the stop signalled")
     held.go.set()
-    written: list[Any] = []
-
-    async def write(batch: Any) -> None:
-        written.extend(batch)
-
-    async with asyncio.timeout(10):
-        await ending
-        second = await starting
-        driving = asyncio.create_task(second.drive(write))
-        await asyncio.sleep(0.2)
-        agent.gate.set()
-        await driving
+    second, written = await _next_run_driven(ending, starting, agent)
     assert second.cancel_reason == "stop"
     assert [e["type"] for e in written] == ["RUN_STARTED", "RUN_FINISHED"]
 
@@ -225,18 +222,7 @@ async def test_a_stop_naming_the_ended_run_while_its_lease_is_given_back_leaves_
     await (runtime if here else other_worker).stop("default", THREAD, "r0")
     await asyncio.sleep(0.3)  # the signal delivered (it comes back to its sender too)
     held.go.set()
-    written: list[Any] = []
-
-    async def write(batch: Any) -> None:
-        written.extend(batch)
-
-    async with asyncio.timeout(10):
-        await ending
-        second = await starting
-        driving = asyncio.create_task(second.drive(write))
-        await asyncio.sleep(0.2)
-        agent.gate.set()
-        await driving
+    second, written = await _next_run_driven(ending, starting, agent)
     assert second.cancel_reason is None
     verify_events(written)
     assert written[-1]["type"] == "RUN_FINISHED"

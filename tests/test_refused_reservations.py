@@ -86,6 +86,28 @@ async def _ignore(batch: Any) -> None:
     return None
 
 
+async def _a_runs_while_b_asks(a: CopilotRuntime, b: CopilotRuntime,
+                               monkeypatch: pytest.MonkeyPatch
+                               ) -> tuple[asyncio.Task[None], HeldAcquire, asyncio.Task[Any]]:
+    """Run r1 driven on worker a (its first words stored), and r2 begun on worker b, its
+    lease asked for and held (b's agent let go: r2 runs at once once it holds the lease)."""
+    b_agent = b.agents["default"]
+    assert isinstance(b_agent, GatedAgent)
+    b_agent.gate.set()
+    driving = asyncio.create_task(
+        (await a.start_run("default", run_input("r1"))).drive(_ignore))
+
+    async def first_words_stored() -> bool:
+        return any(e.get("delta") == "one " for _, e in await a.store.events_after(THREAD, -1))
+
+    await eventually(first_words_stored, deadline=10, what="a's first words stored")
+    held = HeldAcquire(b, monkeypatch)
+    starting = asyncio.create_task(b.start_run("default", run_input("r2")))
+    async with asyncio.timeout(10):
+        await held.asking.wait()
+    return driving, held, starting
+
+
 async def refused(runtime: CopilotRuntime, run: str) -> None:
     with pytest.raises(ThreadBusyError):
         await runtime.start_run("default", run_input(run))
@@ -194,20 +216,7 @@ async def test_a_connect_gets_the_other_workers_run_whole_before_the_reservation
     gets that run to its end, then the reservation's run. Before, the other run's end
     (written while the reservation waited) was never sent."""
     a, b, agent = workers
-    b_agent = b.agents["default"]
-    assert isinstance(b_agent, GatedAgent)
-    b_agent.gate.set()
-    driving = asyncio.create_task(
-        (await a.start_run("default", run_input("r1"))).drive(_ignore))
-
-    async def first_words_stored() -> bool:
-        return any(e.get("delta") == "one " for _, e in await a.store.events_after(THREAD, -1))
-
-    await eventually(first_words_stored, deadline=10, what="a's first words stored")
-    held = HeldAcquire(b, monkeypatch)
-    starting = asyncio.create_task(b.start_run("default", run_input("r2")))
-    async with asyncio.timeout(10):
-        await held.asking.wait()
+    driving, held, starting = await _a_runs_while_b_asks(a, b, monkeypatch)
     got: list[Positioned] = []
     replayed = asyncio.Event()
 
@@ -295,20 +304,7 @@ async def test_a_connect_whose_first_read_outlasts_the_other_workers_run_gets_it
     The connect still gets that run's end before the reservation's run. Before, the
     reservation confirmed by then, the stale read was trusted and the run's end skipped."""
     a, b, agent = workers
-    b_agent = b.agents["default"]
-    assert isinstance(b_agent, GatedAgent)
-    b_agent.gate.set()
-    driving = asyncio.create_task(
-        (await a.start_run("default", run_input("r1"))).drive(_ignore))
-
-    async def first_words_stored() -> bool:
-        return any(e.get("delta") == "one " for _, e in await a.store.events_after(THREAD, -1))
-
-    await eventually(first_words_stored, deadline=10, what="a's first words stored")
-    held = HeldAcquire(b, monkeypatch)
-    starting = asyncio.create_task(b.start_run("default", run_input("r2")))
-    async with asyncio.timeout(10):
-        await held.asking.wait()
+    driving, held, starting = await _a_runs_while_b_asks(a, b, monkeypatch)
     store = b.runs.store
     events_after = store.events_after
     read, answer = asyncio.Event(), asyncio.Event()
