@@ -80,6 +80,24 @@ async def _ignore(batch: Any) -> None:
     return None
 
 
+async def _next_run_waiting_for_the_last(
+        runtime: CopilotRuntime, agent: GatedAgent, monkeypatch: pytest.MonkeyPatch
+        ) -> tuple[Held, asyncio.Task[None], asyncio.Task[Any]]:
+    """Run r0 ended, its lease's give-back held; r1 begun, reserved, waiting for that
+    lease (its agent held): the hold, r0's ending and r1's start."""
+    agent.gate.set()
+    first = await runtime.start_run("default", run_input("r0"))
+    held = Held(runtime, "finish", monkeypatch)
+    ending = asyncio.create_task(first.drive(_ignore))
+    async with asyncio.timeout(10):
+        await held.asking.wait()
+    agent.gate.clear()
+    starting = asyncio.create_task(runtime.start_run("default", run_input("r1")))
+    await asyncio.sleep(0.2)  # r1 reserved, waiting for r0's lease
+    assert not starting.done()
+    return held, ending, starting
+
+
 async def _next_run_driven(ending: Awaitable[Any], starting: Awaitable[Any],
                            agent: GatedAgent) -> tuple[Any, list[Any]]:
     """The last run ended (its lease given back), the next one begun and driven to its end
@@ -142,16 +160,7 @@ async def test_a_stop_while_the_last_runs_lease_is_given_back_stops_the_next_run
     """The client's next run waits for its previous run's lease to come back (a slow
     coordinator): a stop meanwhile is the next run's, not the ended one's."""
     runtime, agent = worker
-    agent.gate.set()
-    first = await runtime.start_run("default", run_input("r0"))
-    held = Held(runtime, "finish", monkeypatch)
-    ending = asyncio.create_task(first.drive(_ignore))
-    async with asyncio.timeout(10):
-        await held.asking.wait()
-    agent.gate.clear()
-    starting = asyncio.create_task(runtime.start_run("default", run_input("r1")))
-    await asyncio.sleep(0.2)  # r1 reserved, waiting for r0's lease
-    assert not starting.done()
+    held, ending, starting = await _next_run_waiting_for_the_last(runtime, agent, monkeypatch)
     assert await runtime.stop("default", THREAD) is True
     held.go.set()
     second, written = await _next_run_driven(ending, starting, agent)
@@ -181,16 +190,7 @@ async def test_a_stop_on_another_worker_while_the_last_runs_lease_is_given_back_
     names the ended run the holder, the stop is signalled to it, and this worker stops the
     next run in its place. Before, it found no run of that id and stopped nothing."""
     runtime, agent = worker
-    agent.gate.set()
-    first = await runtime.start_run("default", run_input("r0"))
-    held = Held(runtime, "finish", monkeypatch)
-    ending = asyncio.create_task(first.drive(_ignore))
-    async with asyncio.timeout(10):
-        await held.asking.wait()
-    agent.gate.clear()
-    starting = asyncio.create_task(runtime.start_run("default", run_input("r1")))
-    await asyncio.sleep(0.2)  # r1 reserved, waiting for r0's lease
-    assert not starting.done()
+    held, ending, starting = await _next_run_waiting_for_the_last(runtime, agent, monkeypatch)
     assert await other_worker.stop("default", THREAD) is True
     reserved = runtime.runs.active[THREAD]
     await eventually(lambda: reserved.cancel_reason == "stop", deadline=2.0,
@@ -209,16 +209,7 @@ async def test_a_stop_naming_the_ended_run_while_its_lease_is_given_back_leaves_
     on this worker (`here`) or another: it is not a stop of the thread, and r1, waiting for
     the lease, runs to its end. Before, any stop signalled to r0 stopped r1."""
     runtime, agent = worker
-    agent.gate.set()
-    first = await runtime.start_run("default", run_input("r0"))
-    held = Held(runtime, "finish", monkeypatch)
-    ending = asyncio.create_task(first.drive(_ignore))
-    async with asyncio.timeout(10):
-        await held.asking.wait()
-    agent.gate.clear()
-    starting = asyncio.create_task(runtime.start_run("default", run_input("r1")))
-    await asyncio.sleep(0.2)  # r1 reserved, waiting for r0's lease
-    assert not starting.done()
+    held, ending, starting = await _next_run_waiting_for_the_last(runtime, agent, monkeypatch)
     await (runtime if here else other_worker).stop("default", THREAD, "r0")
     await asyncio.sleep(0.3)  # the signal delivered (it comes back to its sender too)
     held.go.set()

@@ -86,6 +86,23 @@ async def _ignore(batch: Any) -> None:
     return None
 
 
+async def _connected(runtime: CopilotRuntime) -> tuple[list[Positioned], asyncio.Task[None]]:
+    """A connect to the thread on `runtime`, read on in a task once its first batch came:
+    what it got so far (and gets on), and its task."""
+    got: list[Positioned] = []
+    replayed = asyncio.Event()
+
+    async def read() -> None:
+        async for batch in runtime.connect("default", THREAD):
+            got.extend(batch)
+            replayed.set()
+
+    reading = asyncio.create_task(read())
+    async with asyncio.timeout(10):
+        await replayed.wait()
+    return got, reading
+
+
 async def _a_runs_while_b_asks(a: CopilotRuntime, b: CopilotRuntime,
                                monkeypatch: pytest.MonkeyPatch
                                ) -> tuple[asyncio.Task[None], HeldAcquire, asyncio.Task[Any]]:
@@ -128,17 +145,7 @@ async def test_a_connect_follows_the_other_workers_run_past_a_refused_one(
     refusing = asyncio.create_task(refused(b, "r2"))
     async with asyncio.timeout(10):
         await held.asking.wait()
-    got: list[Positioned] = []
-    replayed = asyncio.Event()
-
-    async def read() -> None:
-        async for batch in b.connect("default", THREAD):
-            got.extend(batch)
-            replayed.set()
-
-    reading = asyncio.create_task(read())
-    async with asyncio.timeout(10):
-        await replayed.wait()
+    got, reading = await _connected(b)
     held.go.set()
     async with asyncio.timeout(10):
         await refusing
@@ -217,17 +224,8 @@ async def test_a_connect_gets_the_other_workers_run_whole_before_the_reservation
     (written while the reservation waited) was never sent."""
     a, b, agent = workers
     driving, held, starting = await _a_runs_while_b_asks(a, b, monkeypatch)
-    got: list[Positioned] = []
-    replayed = asyncio.Event()
-
-    async def read() -> None:
-        async for batch in b.connect("default", THREAD):
-            got.extend(batch)
-            replayed.set()
-
-    reading = asyncio.create_task(read())
+    got, reading = await _connected(b)
     async with asyncio.timeout(10):
-        await replayed.wait()
         agent.gate.set()
         await driving  # r1 ended, stored and its lease given back
         held.go.set()
@@ -268,17 +266,7 @@ async def test_a_connect_gets_a_dead_workers_run_closed_before_the_reservations_
     starting = asyncio.create_task(b.start_run("default", run_input("r2")))
     async with asyncio.timeout(10):
         await held.asking.wait()
-    got: list[Positioned] = []
-    replayed = asyncio.Event()
-
-    async def read() -> None:
-        async for batch in b.connect("default", THREAD):
-            got.extend(batch)
-            replayed.set()
-
-    reading = asyncio.create_task(read())
-    async with asyncio.timeout(10):
-        await replayed.wait()
+    got, reading = await _connected(b)
     assert [e["type"] for _, e in got][-1] == "TEXT_MESSAGE_CONTENT"
 
     async def expired() -> bool:
