@@ -254,7 +254,7 @@ class Action:
     (run in a worker thread so it cannot block the event loop) or async, and an awaitable it
     returns is awaited. Its return value is sent to the model as JSON, encoded where the
     handler ran: a generator (any iterator) anywhere in it, or an async iterator it is, is
-    run to its end there, its items a list.
+    listed there (up to a bound on its items, and until its run stops).
     """
 
     def __init__(
