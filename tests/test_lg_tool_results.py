@@ -475,3 +475,39 @@ async def test_a_result_given_before_an_interrupt_keeps_its_id_when_the_run_is_r
             if isinstance(m, ToolMessage)}
     assert [call for call, _ in streamed] == ["call_0", "call_0", "call_1"]
     assert {result for call, result in streamed if call == "call_0"} == {kept["call_0"]}
+
+
+async def test_two_calls_of_one_id_keep_both_results() -> None:
+    """Before: a model giving one id to two calls of a message (or a node's own loop reusing
+    `call_0` each turn) had both results given one id, and the checkpoint kept one of them
+    (its assistant turn left with a call and no result)."""
+
+    @tool
+    def steady(query: str) -> str:
+        """Answers."""
+        return f"steady {query}"
+
+    def agent(state: CopilotKitState) -> dict[str, Any]:
+        if isinstance(state["messages"][-1], ToolMessage):
+            return {"messages": [AIMessage("done", id="ai-2")]}
+        return {"messages": [AIMessage("", id="ai-1", tool_calls=[
+            {"id": "call_0", "name": "steady", "args": {"query": "a"}},
+            {"id": "call_0", "name": "steady", "args": {"query": "b"}}])]}
+
+    def route(state: CopilotKitState) -> Literal["tools", "__end__"]:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    builder = StateGraph(CopilotKitState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode([steady]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", route)
+    builder.add_edge("tools", "agent")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}}
+    await graph.ainvoke({"messages": [("user", "hi")]}, _with_tool_message_ids(config))
+    results = [m for m in (await graph.aget_state(config)).values["messages"]
+               if isinstance(m, ToolMessage)]
+    assert sorted(str(m.content) for m in results) == ["steady a", "steady b"]
+    assert len({m.id for m in results}) == 2

@@ -581,14 +581,16 @@ class _ToolMessageIds(BaseCallbackHandler):
         # stopped); per ToolNode run, its calls' arguments by call id and its first try
         # (itself, or the first try of the run it retries); the runs a failure stopped that
         # no retry took yet (in the order they ran), and those a retry took; the ids given,
-        # by first try and call id.
+        # by first try, call id and how many results of that id its run gave before.
         self._parent: dict[Any, Any] = {}
         self._inside: dict[Any, list[Any]] = {}
         self._calls: dict[Any, dict[str, Any]] = {}
         self._first: dict[Any, Any] = {}
         self._stopped: dict[Any, None] = {}
         self._retried: set[Any] = set()
-        self._ids: dict[tuple[Any, str], str] = {}
+        self._ids: dict[tuple[Any, str, int], str] = {}
+        # How many results each run gave each call id (see `_id_for`).
+        self._results_given: dict[tuple[Any, str], int] = {}
         # Each ToolNode run's task (its checkpoint namespace): the run resumed after an
         # interrupt runs that task again, under another handler (see `_id_for`).
         self._task: dict[Any, str] = {}
@@ -662,16 +664,21 @@ class _ToolMessageIds(BaseCallbackHandler):
         if run is None:
             return str(uuid.uuid4())
         first = self._first.get(run, run)
-        key = (first, call_id)
+        # A call id this run answered before is another call of that id (a model giving one
+        # id to two calls of a message; a node's own loop reusing `call_0` each turn): the
+        # same id would have the checkpoint keep one of the two results.
+        given_before = self._results_given.get((run, call_id), 0)
+        self._results_given[(run, call_id)] = given_before + 1
+        key = (first, call_id, given_before)
         given = self._ids.get(key)
         if given is None:
             # Of the first try's task and the call: a ToolNode interrupted (one of its tools
             # asked the user) runs again when the run is resumed, in the same task, and a
             # sibling's result the client was given before keeps its id.
             task = self._task.get(first)
+            name = f"{task}\n{call_id}" + (f"\n{given_before}" if given_before else "")
             given = self._ids[key] = str(
-                uuid.uuid5(_TOOL_RESULT_IDS, f"{task}\n{call_id}") if task is not None
-                else uuid.uuid4())
+                uuid.uuid5(_TOOL_RESULT_IDS, name) if task is not None else uuid.uuid4())
         return given
 
 
