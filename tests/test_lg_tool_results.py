@@ -74,16 +74,23 @@ def _tool_loop(base_url: str, client: httpx.AsyncClient, tools: list[Any],
     async def chat(state: CopilotKitState) -> dict[str, Any]:
         return {"messages": [await llm.bind_tools(tools).ainvoke(state["messages"])]}
 
-    def route(state: CopilotKitState) -> Literal["tools", "__end__"]:
-        last = state["messages"][-1]
-        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+    return _agent_loop("chat", chat, ToolNode(tools, **tool_node))
 
+
+def _to_tools(state: CopilotKitState) -> Literal["tools", "__end__"]:
+    last = state["messages"][-1]
+    return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+
+def _agent_loop(name: str, node: Any, tools: ToolNode,
+                tools_retry: RetryPolicy | None = None) -> Any:
+    """A graph (not compiled) of `node` calling `tools` until it calls none."""
     builder = StateGraph(CopilotKitState)
-    builder.add_node("chat", chat)
-    builder.add_node("tools", ToolNode(tools, **tool_node))
-    builder.add_edge(START, "chat")
-    builder.add_conditional_edges("chat", route)
-    builder.add_edge("tools", "chat")
+    builder.add_node(name, node)
+    builder.add_node("tools", tools, retry_policy=tools_retry)
+    builder.add_edge(START, name)
+    builder.add_conditional_edges(name, _to_tools)
+    builder.add_edge("tools", name)
     return builder
 
 
@@ -316,18 +323,9 @@ def _reusing_graph(retry_around: str, turns: list[list[tuple[str, str, str]]],
             {"id": call, "name": name, "args": {"query": query}}
             for call, name, query in turns[turn]])]}
 
-    def route(state: CopilotKitState) -> Literal["tools", "__end__"]:
-        last = state["messages"][-1]
-        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
-
     retry = RetryPolicy(max_attempts=2, initial_interval=0.05, retry_on=RuntimeError)
-    inner = StateGraph(CopilotKitState)
-    inner.add_node("agent", agent)
-    inner.add_node("tools", ToolNode([steady, flaky], handle_tool_errors=False),
-                   retry_policy=retry if retry_around == "toolnode" else None)
-    inner.add_edge(START, "agent")
-    inner.add_conditional_edges("agent", route)
-    inner.add_edge("tools", "agent")
+    inner = _agent_loop("agent", agent, ToolNode([steady, flaky], handle_tool_errors=False),
+                        retry if retry_around == "toolnode" else None)
     if retry_around == "toolnode":
         return inner.compile(checkpointer=InMemorySaver())
     outer = StateGraph(CopilotKitState)
@@ -452,17 +450,8 @@ async def test_a_result_given_before_an_interrupt_keeps_its_id_when_the_run_is_r
             {"id": "call_0", "name": "steady", "args": {"query": "a"}},
             {"id": "call_1", "name": "ask", "args": {"query": "ok?"}}])]}
 
-    def route(state: CopilotKitState) -> Literal["tools", "__end__"]:
-        last = state["messages"][-1]
-        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
-
-    builder = StateGraph(CopilotKitState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", ToolNode([steady, ask]))
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", route)
-    builder.add_edge("tools", "agent")
-    graph = builder.compile(checkpointer=InMemorySaver())
+    graph = _agent_loop("agent", agent, ToolNode([steady, ask])).compile(
+        checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "t"}}
     streamed: list[tuple[str, str | None]] = []
     for given in ({"messages": [("user", "hi")]}, Command(resume="yes")):
@@ -494,17 +483,8 @@ async def test_two_calls_of_one_id_keep_both_results() -> None:
             {"id": "call_0", "name": "steady", "args": {"query": "a"}},
             {"id": "call_0", "name": "steady", "args": {"query": "b"}}])]}
 
-    def route(state: CopilotKitState) -> Literal["tools", "__end__"]:
-        last = state["messages"][-1]
-        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
-
-    builder = StateGraph(CopilotKitState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", ToolNode([steady]))
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", route)
-    builder.add_edge("tools", "agent")
-    graph = builder.compile(checkpointer=InMemorySaver())
+    graph = _agent_loop("agent", agent, ToolNode([steady])).compile(
+        checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "t"}}
     await graph.ainvoke({"messages": [("user", "hi")]}, _with_tool_message_ids(config))
     results = [m for m in (await graph.aget_state(config)).values["messages"]
