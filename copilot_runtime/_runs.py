@@ -181,7 +181,7 @@ class ActiveRun:
         self.events: list[Event] = []
         #: About how many bytes the agent's events take (`estimated_size`), bounded.
         self._kept_bytes = 0
-        #: The estimated size of the run's start (its input), once weighed (`_large`).
+        #: The estimated size of the run's start (its input), once weighed (`large`).
         self._start_bytes: int | None = None
         self.listeners: list[Follower] = []
         #: The position in the thread of the run's first event (its RUN_STARTED).
@@ -700,7 +700,7 @@ class ActiveRun:
                 await asyncio.wait((slot,), timeout=GIVE_BACK_WAIT)
             return
         if self.manager.durable is None:  # in this process: nothing to wait for
-            if not self._large():
+            if not self.large():
                 try:
                     await self._store_and_give_back(on_loop=self._closing)
                 finally:
@@ -792,7 +792,7 @@ class ActiveRun:
             if waited:
                 await asyncio.wait(waited, timeout=GIVE_BACK_WAIT)
 
-    def _large(self) -> bool:
+    def large(self) -> bool:
         """Whether the run is large enough to be compacted (and cut) in a thread."""
         if self._start_bytes is None:  # (weighed once: asked twice as every run ends)
             self._start_bytes = estimated_size(self.events[:1])
@@ -808,7 +808,7 @@ class ActiveRun:
             return storable(compact_events(self.events), self.manager.max_run_bytes)
 
         # Most runs are small: compacted here, with no thread's hop nor suspension.
-        if on_loop or not self._large():
+        if on_loop or not self.large():
             return compacted()
         return await asyncio.to_thread(compacted)
 

@@ -130,16 +130,18 @@ async def _compacted_live(live: ActiveRun) -> list[Event]:
     kept = _last_compacted.get(live)
     if kept is not None and kept[0] == count:
         return kept[1]
-    # (a copy: the run goes on adding to its list while a thread may compact this one)
-    compacted = await _compacted(live.events[:count])
+    # (a copy: the run goes on adding to its list while a thread may compact this one; its
+    # size it keeps count of, not weighed again here)
+    compacted = await _compacted(live.events[:count], live.large())
     _last_compacted[live] = (count, compacted)
     return compacted
 
 
-async def _compacted(events: list[Event]) -> list[Event]:
+async def _compacted(events: list[Event], large: bool | None = None) -> list[Event]:
     # A large run's compaction copies its state, and a long one's goes through each of its
     # events (60,000 tokens: some 30 ms): in a thread, as a run's store's is.
-    if len(events) >= _MANY_EVENTS or estimated_size(events) >= LARGE_JSON:
+    if len(events) >= _MANY_EVENTS or (
+            large if large is not None else estimated_size(events) >= LARGE_JSON):
         return await asyncio.to_thread(compact_events, events)
     return compact_events(events)
 
