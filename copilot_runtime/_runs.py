@@ -101,8 +101,8 @@ SHUTDOWN_STORE_WAIT = 1.0
 FORGET_WAIT = 1.5
 #: Seconds a run's end waits for its lease to be given back (then left to the background).
 GIVE_BACK_WAIT = 0.5
-#: Seconds the next run on a thread waits for this worker to give its last run's lease back
-#: (then it asks the coordinator as any run does: busy while the lease is held).
+#: Seconds the next run on a thread waits for this worker to store a stopped run or give its
+#: last run's lease back (then it asks the coordinator as any run does: busy while held).
 NEXT_RUN_WAITS_FOR_GIVE_BACK = 5.0
 #: Seconds before a `stop` signal is sent again while the stopped run holds its thread
 #: (then twice as long each time, up to 2 s).
@@ -235,6 +235,8 @@ class ActiveRun:
         #: Whether its client left while it goes on (see `detach`).
         self.detached = False
         self._detached_bound: asyncio.TimerHandle | None = None
+        #: Set once the thread is given back here (made when a next run waits for it).
+        self._released: asyncio.Future[None] | None = None
         #: A run kept out of its thread (`RunManager.begin_unstored`): not stored, and not
         #: holding the thread.
         self.unstored = False
@@ -276,6 +278,14 @@ class ActiveRun:
         elif self.on_cancel is not None:
             self.on_cancel()
         return True
+
+    def released(self) -> asyncio.Future[None]:
+        """Done once this process no longer holds the thread for the run."""
+        if self._released is None:
+            self._released = asyncio.get_running_loop().create_future()
+            if self.manager.active.get(self.thread_id) is not self:
+                self._released.set_result(None)
+        return self._released
 
     def detach(self) -> None:
         """Its client left before its end: the run goes on without it (its events published
@@ -1069,6 +1079,11 @@ class RunManager:
             # then refused makes the thread busy for its owner meanwhile, so anyone who knew
             # its id could keep it busy by asking again and again.
             raise ThreadNotFoundError(thread_id)
+        running = self.active.get(thread_id)
+        if running is not None and running.confirmed and running.cancel_reason is not None:
+            # Stopped (or its client gone) and ending: it holds the thread until its end is
+            # stored. A user who stops an answer and types again waits for that, not a 409.
+            await asyncio.wait((running.released(),), timeout=NEXT_RUN_WAITS_FOR_GIVE_BACK)
         giving = self._giving_back.get(thread_id)
         if giving is not None and thread_id in self.active:
             # The thread's last run here ended but is still being stored (see
@@ -1629,6 +1644,8 @@ class RunManager:
         self.unstored.discard(run)
         if self.active.get(run.thread_id) is run:
             del self.active[run.thread_id]
+        if run._released is not None and not run._released.done():
+            run._released.set_result(None)
 
     async def _give_back(self, run: ActiveRun) -> None:
         """What `ActiveRun.abandon` leaves to be awaited: the store, the lease, observers."""
