@@ -148,6 +148,12 @@ def _check_path(path: str) -> None:
     if any(char in "?#%" or unicodedata.category(char) == "Cc" for char in path):
         raise CLIError(f"--path {path!r} cannot be reached by a URL: give one without '?', "
                        "'#', '%' or control characters")
+    # What a browser (or curl) rewrites before sending: the demo's pages, and the banner's
+    # own URLs, would ask for another path.
+    if "\\" in path or path.endswith(" ") or any(
+            segment in (".", "..") for segment in path.split("/")):
+        raise CLIError(f"--path {path!r} is rewritten by browsers before it is sent: give "
+                       "one without '.' or '..' segments, '\\' or a trailing space")
 
 
 def _serve(app: Any, host: str, port: int, log_level: str, workers: int = 1,

@@ -611,7 +611,25 @@ def test_a_path_no_url_could_reach_is_refused(
                     "give one without '?', '#', '%' or control characters")
 
 
-@pytest.mark.parametrize("path", ["/co pilot", "/copilotkit/ü", "/a:b@c"])
+@pytest.mark.parametrize("path", ["/x/../api", "/x/./api", "/api/..", "/my\\api",
+                                  "/copilotkit "])
+@pytest.mark.parametrize("command", ["serve", "demo"])
+def test_a_path_browsers_rewrite_is_refused(
+        cli: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str,
+        path: str) -> None:
+    """Before: served, and the demo's pages asked for another path (a browser resolves dot
+    segments, turns a backslash into a slash, drops a trailing space from the bare runtime
+    URL /classic posts to): 404s, 405s, or a message that vanished without a word."""
+    (tmp_path / "path_app.py").write_text("async def app(scope, receive, send): pass\n")
+    args = ["serve", "path_app:app"] if command == "serve" else \
+        ["demo", "--db", ":memory:", "--checkpoints", "memory"]
+    line = _fails_with(capsys, [*args, "--port", str(free_port()), "--path", path])
+    assert line == (f"copilot-runtime: error: --path {path!r} is rewritten by browsers "
+                    "before it is sent: give one without '.' or '..' segments, '\\' or a "
+                    "trailing space")
+
+
+@pytest.mark.parametrize("path", ["/co pilot", "/copilotkit/ü", "/a:b@c", "/a.b/..c"])
 def test_a_path_a_url_can_reach_is_served(cli: None, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str],
