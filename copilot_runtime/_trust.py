@@ -313,6 +313,25 @@ def _judged_as_users(message: Mapping[str, Any], called: Collection[Any]) -> boo
     return role in _CLIENT_ROLES or (role == "tool" and message.get("toolCallId") not in called)
 
 
+def _apart(message: Mapping[str, Any]) -> bool:
+    """Whether `message` comes between the user messages around it as the model reads them:
+    an answer with text or tool calls, or a tool result. System and developer messages go to
+    the system prompt, and blank answers, reasoning and activity to no one (the Anthropic
+    adapter sends the user messages around them as one turn)."""
+    role = message.get("role")
+    if role == "tool":
+        return True
+    return role == "assistant" and bool(
+        message.get("toolCalls") or "".join(texts_of(message.get("content"))).strip())
+
+
+def _parts(content: Any) -> list[Any]:
+    """A message's content as a list of parts."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content) if isinstance(content, list) else []
+
+
 def refused_before(messages: Sequence[Any], seen: Collection[str]) -> set[int]:
     """The indices of the client messages of `messages` the thread refused in an earlier run
     (their `refused_mark` is in `seen`): sent back as the chat's history, they are left out
@@ -449,7 +468,9 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
     thread has not let through before is judged as the user's, after the messages just
     before it. Judging only the last message let a client hide a refused one behind any
     other message, or send the refused text in a `system` or `developer` message; judging
-    by message id let it send new text under the id of a message the thread holds.
+    by message id let it send new text under the id of a message the thread holds. User
+    messages back to back (nothing `_apart` between them) are read by a model as one: the
+    last new one among them is judged with the content of them all.
 
     All other client-written text the model or the agent reads and the thread has not let
     through or produced itself is judged at once, as one message with `CLIENT_TEXT` set:
@@ -493,9 +514,30 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
             brought.extend(strings_of[mark])
 
     called = _called_ids(messages)
+    #: The user messages read back to back so far (`_apart` ends them), and the index in
+    #: `out` of the judgement of the last new one among them.
+    stretch: list[int] = []
+    stretch_judged: int | None = None
+
+    def stretch_ends() -> None:
+        nonlocal stretch_judged
+        if stretch_judged is not None and len(stretch) > 1:
+            # The model reads them as one (the Anthropic adapter sends one turn): judged
+            # also as one message, so a word split across two is still that word. Once per
+            # stretch, with its last new message: each text is judged at most twice.
+            judgement = out[stretch_judged][1]
+            judgement[-1] = {**judgement[-1], "content": [
+                part for at in stretch for part in _parts(messages[at].get("content"))]}
+        stretch.clear()
+        stretch_judged = None
+
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or index in dropped:
             continue
+        if message.get("role") == "user":
+            stretch.append(index)
+        elif _apart(message):
+            stretch_ends()
         brought.clear()
         name = message.get("name")
         if isinstance(name, str) and name and index not in withheld:
@@ -520,11 +562,14 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
                 out.append(([mark], [*context, {**message, "role": "user"}]))
                 if sources is not None:
                     sources.append(index)
+                if role == "user":
+                    stretch_judged = len(out) - 1
         elif index not in withheld:
             for mark, values in history_texts(message):
                 other(mark, values)
         if brought and pieces is not None:
             pieces.append((index, list(brought)))
+    stretch_ends()
     for entry in input.get("context") or ():
         if isinstance(entry, dict):
             other(_mark("context", entry.get("description"), entry.get("value")),

@@ -233,9 +233,11 @@ async def test_agui_the_agents_own_state_is_not_judged_again(
         events = await served.run(run_input("", thread="own", run="r4", state=edited,
                                             messages=messages), agent=_PLANNER)
         assert types(events)[-1] == "RUN_FINISHED", events
-    assert recorder.judged == [  # (keys too: a client can send any)
-        "Plan", "items\nfrom the page\ncounter", "Again r2", "Again r3", "Once more",
-        "\n".join(["items", *edited["items"]])]
+    # (keys too: a client can send any; the user messages, sent back to back with no
+    # answer between, are read by the model as one, and judged so with each new one)
+    assert recorder.judged == [
+        "Plan", "items\nfrom the page\ncounter", "Plan\nAgain r2", "Plan\nAgain r2\nAgain r3",
+        "Plan\nAgain r2\nAgain r3\nOnce more", "\n".join(["items", *edited["items"]])]
 
 
 async def test_graphql_the_agents_own_state_is_not_judged_again(
@@ -296,7 +298,7 @@ async def test_hostile_state_is_refused_not_walked(serve_runtime: ServeRuntime,
                                                       {"id": "r2-u", "role": "user",
                                                        "content": "more"}]), agent="writer")
         assert text_of(second) == "done"
-    assert recorder.judged == ["hello", "more"]
+    assert recorder.judged == ["hello", "hello\nmore"]  # (back to back: judged as one)
 
 
 def test_in_process_input_too_deep_to_encode_is_refused() -> None:
