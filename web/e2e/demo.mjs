@@ -6,7 +6,8 @@
 //   phase "main":    on both pages: a chat answer, the weather card, the frontend tool's
 //                    effect, a refresh restoring the thread, new thread (its item's id label
 //                    within it) and switching back, Back and Forward through the threads
-//                    and agents chosen, stop mid-answer (no error shown), a failed run's
+//                    and agents chosen (the agent picker by keyboard: arrows pass over
+//                    agents, Enter chooses), stop mid-answer (no error shown), a failed run's
 //                    message kept and its error banner gone once a later run answers, the
 //                    review loop revised twice then approved (by keyboard: the question
 //                    takes the focus, an answer gives it back to the input), a thread
@@ -325,6 +326,25 @@ async function mainPhase(p) {
                             { timeout: TIMEOUT });
     const picked = await p.page.locator('[data-testid="agent-picker"]').inputValue();
     assert(picked === "default", `the picker shows ${picked} after Back`);
+    await p.page.locator(p.ui.user, { hasText: "Roll a die" }).waitFor({ timeout: TIMEOUT });
+    await p.idle();
+    // By keyboard, arrow keys pass over the agents without switching to each (a new thread
+    // and a history entry apiece); Enter chooses.
+    const entries = await p.page.evaluate(() => window.history.length);
+    await p.page.locator('[data-testid="agent-picker"]').focus();
+    await p.page.keyboard.press("ArrowDown");
+    await p.page.keyboard.press("ArrowDown");
+    await p.page.waitForTimeout(300);
+    const passed = p.address();
+    assert(passed.agent === "default" && passed.thread === second, `arrow keys switched to ${p.page.url()}`);
+    assert(await p.page.evaluate(() => window.history.length) === entries, "arrow keys added history entries");
+    await p.page.keyboard.press("Enter");
+    await p.page.waitForURL((url) => url.searchParams.get("agent") === "account_review", { timeout: TIMEOUT });
+    await p.page.locator(p.ui.input).waitFor({ timeout: TIMEOUT });
+    await p.idle();
+    await p.page.goBack();
+    await p.page.waitForURL((url) => url.searchParams.get("agent") === "default" && thread(second)(url),
+                            { timeout: TIMEOUT });
     await p.page.locator(p.ui.user, { hasText: "Roll a die" }).waitFor({ timeout: TIMEOUT });
     await p.idle();
   });

@@ -123,19 +123,48 @@ export function Frame({ generation, other, accent, address, refreshKey, children
       </header>
       <div className="demo-body">
         <aside className="demo-side">
-          <label className="picker">
-            Agent
-            <select data-testid="agent-picker" value={address.agent}
-                    onChange={(e) => address.selectAgent(e.target.value)}>
-              {AGENTS.map((a) => <option key={a.id} value={a.id}>{a.label}</option>)}
-            </select>
-          </label>
+          <AgentPicker address={address} />
           <ThreadList address={address} refreshKey={refreshKey} />
           <Hints agent={address.agent} />
         </aside>
         <main className="demo-chat">{children}</main>
       </div>
     </div>
+  );
+}
+
+// The agent is switched (a new thread, a history entry) when it is chosen: with the mouse, at
+// once; with the keyboard, on Enter or on leaving the list, not on each arrow key passing
+// over the others (each pass switched and started a thread).
+function AgentPicker({ address }) {
+  const [shown, setShown] = useState(address.agent);
+  const keyed = useRef(false);
+  useEffect(() => setShown(address.agent), [address.agent]);
+  const choose = (agent) => {
+    keyed.current = false;
+    if (agent !== address.agent) address.selectAgent(agent);
+  };
+  return (
+    <label className="picker">
+      Agent
+      <select data-testid="agent-picker" value={shown}
+              onKeyDown={(e) => {
+                if (e.key === "Enter") {
+                  e.preventDefault();
+                  choose(shown);
+                } else if (e.key !== "Tab") {
+                  keyed.current = true;
+                }
+              }}
+              onPointerDown={() => { keyed.current = false; }}
+              onChange={(e) => {
+                setShown(e.target.value);
+                if (!keyed.current) choose(e.target.value);
+              }}
+              onBlur={() => choose(shown)}>
+        {AGENTS.map((a) => <option key={a.id} value={a.id}>{a.label}</option>)}
+      </select>
+    </label>
   );
 }
 
