@@ -53,7 +53,8 @@ class Principal:
             # (another type passed, then failed every store's write)
             raise ConfigurationError("A principal's tenant is a string or None")
         for name, value in (("id", self.id), ("tenant", self.tenant)):
-            problem = id_problem(value, new=True) if isinstance(value, str) else None
+            # (An empty tenant is a tenant, never in a URL; the id is non-empty already.)
+            problem = id_problem(value, new=True) if isinstance(value, str) and value else None
             if problem is not None:
                 raise ConfigurationError(f"A principal's {name} {problem}")
         if not isinstance(self.roles, frozenset):

@@ -159,6 +159,33 @@ async def test_a_dot_segment_is_no_id(served: Served, dots: str) -> None:
             == "RUN_FINISHED", near
 
 
+async def test_an_empty_id_is_no_new_id(served: Served) -> None:
+    """Before: a run made thread "", which no route could name (`/threads/` is the list,
+    `/stop/` and the envelope's "threadId": "" are refused), so it could never be deleted,
+    renamed or stopped. AG-UI refuses it as "." and ".."; the GraphQL edge, as the 1.10
+    runtime did, takes an empty threadId for none and starts a new thread."""
+    problem = "The id is empty, which a URL cannot carry as a path segment"
+    for field in ("threadId", "runId", "parentRunId"):
+        body = run_input("hi", thread="fine", run="r1", **{field: ""})
+        for route in ("run", "connect"):
+            status, answer = await _answer(served, "POST", f"/agent/default/{route}", body)
+            assert status == 400, (field, route, answer)
+            assert orjson.loads(orjson.loads(answer)["details"]) == [
+                {"path": [field], "code": "invalid_id", "message": problem}]
+    status, answer = await _answer(served, "GET", "/threads")
+    before = {t["id"] for t in orjson.loads(answer)["threads"]}  # (PostgreSQL's are kept)
+    status, answer = await _answer(served, "POST", "", {
+        "query": CHAT_DOCUMENT, "variables": {"data": user_turn("hi", thread="")}},
+        headers=CLIENT_HEADERS)
+    assert status == 200, answer
+    assert b'"errors"' not in answer, answer
+    status, answer = await _answer(served, "GET", "/threads")
+    (made,) = {t["id"] for t in orjson.loads(answer)["threads"]} - before
+    assert made, made
+    status, answer = await _answer(served, "DELETE", f"/threads/{made}")
+    assert status == 200, answer
+
+
 async def test_a_suggestions_thread_prefix_is_no_clients_id(served: Served) -> None:
     """The runtime runs suggestions on threads of this prefix and hides their approvals:
     a client's thread so named had its approvals hidden too."""

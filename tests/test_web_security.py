@@ -57,6 +57,25 @@ async def test_a_recording_form_parses(transcribing: httpx.AsyncClient) -> None:
     assert response.json()["text"] == "3  é.ogg"
 
 
+@pytest.mark.parametrize("charset", [b"idna", b"punycode", b"undefined"])
+async def test_a_filename_charset_that_cannot_decode_falls_back(
+        transcribing: httpx.AsyncClient, charset: bytes) -> None:
+    """These codecs raise UnicodeError even with errors="replace": it was a 500 with a logged
+    stack. The plain `filename` is used, as for a charset Python does not know; without
+    one the part is no file, and the form has no audio (a 400)."""
+    extended = b"filename*=" + charset + b"''%41%FF.webm"
+    response = await transcribing.post("/copilotkit/transcribe", content=_form(
+        b'Content-Disposition: form-data; name="audio"; filename="plain.webm"; ' + extended
+        + b"\r\nContent-Type: audio/webm"), headers=_FORM_TYPE)
+    assert response.status_code == 200, response.text
+    assert response.json()["text"] == "4 audio/webm plain.webm"
+    response = await transcribing.post("/copilotkit/transcribe", content=_form(
+        b'Content-Disposition: form-data; name="audio"; ' + extended
+        + b"\r\nContent-Type: audio/webm"), headers=_FORM_TYPE)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == "invalid_request"
+
+
 @pytest.mark.parametrize("headers", [
     # RFC 2047 encoded words and parameters: seconds in the email parser's header code.
     b'Content-Disposition: form-data; name="audio"; filename="' + b"=?utf-8?q?a?= " * 11_000

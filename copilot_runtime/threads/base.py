@@ -339,6 +339,10 @@ def id_problem(value: str, *, new: bool = False) -> str | None:
         # A thread's or a user's id is shown in logs and lists, like a name: the same
         # characters would break a log line or make the id read as another one.
         return "contains a line separator or a character that reorders text"
+    if new and not value:
+        # `/threads/` is the list route and `/stop/` no stop: a thread so named could never
+        # be renamed, deleted or stopped.
+        return "is empty, which a URL cannot carry as a path segment"
     if new and value in (".", ".."):
         # Clients that read URLs as browsers do drop these segments, `%2E` written or not:
         # a thread so named could never be read, renamed or deleted.

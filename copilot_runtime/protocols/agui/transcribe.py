@@ -171,7 +171,9 @@ def _filename(params: dict[str, str]) -> str | None:
         encoded = rest.partition("'")[2]
         try:
             return urllib.parse.unquote(encoded, encoding=charset or "utf-8", errors="replace")
-        except LookupError:  # an unknown charset: the plain name, if any, is better
+        except (LookupError, UnicodeError):
+            # An unknown charset, or a codec that fails whatever `errors` says (idna,
+            # punycode, undefined): the plain name, if any, is better.
             pass
     return params.get("filename")
 
