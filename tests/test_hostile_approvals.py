@@ -151,6 +151,27 @@ async def test_a_bare_answer_to_several_interrupts_records_the_caller(
         assert (answered.status, answered.answered_by) == ("answered", "bob")
 
 
+@pytest.mark.parametrize("answer", ["null", " null ", None, "{}", {}], ids=repr)
+async def test_a_legacy_answer_of_null_text_is_no_answer(answer: Any) -> None:
+    """The legacy answer `"null"` (what `JSON.stringify(null)` gives, GraphQL's
+    `metaEvents[].response` too) was decoded after the rule that drops empty answers, so
+    LangGraph got None and failed the run (AGENT_ERROR, a traceback in the log). It is no
+    answer, as `{}` already was: the question is asked again and the approval waits."""
+    runtime = approving_runtime()
+    approval = await interrupted(runtime)
+    events = await drive(runtime, run_input(
+        "", thread=THREAD, run="r-null", messages=[], protocolVersion="1.0",
+        forwardedProps={"command": {"resume": answer}}))
+    assert types(events)[-1] == "RUN_FINISHED", events[-1]
+    assert events[-1]["outcome"]["type"] == "interrupt"
+    still, _, _ = await runtime.approvals.get(approval.id)
+    assert (still.status, still.answer) == ("pending", None)
+    events = await drive(runtime, resume_body("r-real", (approval.id, {"action": "approve"})))
+    assert types(events)[-1] == "RUN_FINISHED"
+    await assert_applied(runtime, approval.id, {"action": "approve"})
+    await runtime.aclose()
+
+
 async def test_an_interrupt_id_no_ledger_can_keep_is_a_precise_error(
         ledger: ApprovalStore) -> None:
     """A NUL byte in a resume's `interruptId` was looked up (PostgreSQL refuses NUL in text:

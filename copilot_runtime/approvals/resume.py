@@ -164,8 +164,11 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
     if len(entries) != len(model.resume or ()):
         input = input.replace(resume=entries or None)
         model = input.model
-    command = _legacy_command(model)
-    if command == {}:
+    sent = _legacy_command(model)
+    # Decoded before the rule above: the text "null" (`JSON.stringify(null)`) or "{}" is
+    # no answer either.
+    command = _json_or_text(sent)
+    if sent is not None and command in (None, {}):
         command = None
         input = input.replace(forwarded_props={
             k: v for k, v in (model.forwarded_props or {}).items() if k != "command"})
@@ -178,6 +181,7 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
                 f"Thread '{model.thread_id}' is not waiting for an answer: there is nothing "
                 "to resume")
         if len(pending) > 1:
+            command = sent  # as the graph gets it, from forwardedProps
             # Which interrupt a bare answer is for is LangGraph's call; record it for all.
             for approval_id in sorted(pending):
                 await _claim(store, approval_id, command, principal_id or "chat", now=time.time(),
@@ -188,7 +192,7 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
         # The legacy form names no interrupt: it answers the one the thread waits on. As a
         # standard entry the bridge takes its documented path (and logs no deprecation).
         entries = [ResumeEntry(interrupt_id=next(iter(pending)), status="resolved",
-                               payload=_json_or_text(command))]
+                               payload=command)]
         input = input.replace(forwarded_props={
             k: v for k, v in (model.forwarded_props or {}).items() if k != "command"})
         model = input.model
