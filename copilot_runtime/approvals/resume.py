@@ -34,7 +34,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import check_json_text
 from copilot_runtime._time import iso_time, parse_time
-from copilot_runtime.approvals.decisions import parse_decision, timeout_answer
+from copilot_runtime.approvals.decisions import answered_by, parse_decision, timeout_answer
 from copilot_runtime.approvals.ledger import Approval, ApprovalStore, Channel
 from copilot_runtime.threads.base import id_problem
 
@@ -182,6 +182,12 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
                 "to resume")
         if len(pending) > 1:
             command = sent  # as the graph gets it, from forwardedProps
+            if principal_id:  # who answered is the caller, not whom the answer names
+                command = answered_by(sent, principal_id)
+                props = dict(model.forwarded_props or {})
+                props["command"] = {**props["command"], "resume": command}
+                input = input.replace(forwarded_props=props)
+                model = input.model
             # Which interrupt a bare answer is for is LangGraph's call; record it for all.
             for approval_id in sorted(pending):
                 await _claim(store, approval_id, command, principal_id or "chat", now=time.time(),
@@ -213,6 +219,9 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
         by = principal_id or (entry.metadata or {}).get("answeredBy")
         if not isinstance(by, str) or not by or id_problem(by) is not None:
             by = "chat"
+        if principal_id and entry.status == "resolved":
+            # The graph reads who approved from the answer: it is the caller there too.
+            given = answered_by(given, principal_id)
         answers[entry.interrupt_id] = await _claim(
             store, entry.interrupt_id, given, by,
             now=now, agent_id=agent_id, thread_id=model.thread_id, channel=channel,
