@@ -32,6 +32,7 @@ from copilot_runtime._input import parse_run_input
 from copilot_runtime._time import iso_time
 from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.approvals import ApprovalStore
+from copilot_runtime.approvals.decisions import parse_decision
 from copilot_runtime.approvals.ledger import Approval, MemoryApprovalStore, Viewer
 from copilot_runtime.approvals.resume import claim_resume
 from copilot_runtime.checkpointers import DurableCheckpointer, checkpointer
@@ -149,6 +150,88 @@ async def test_a_bare_answer_to_several_interrupts_records_the_caller(
         answered = await ledger.get(approval_id)
         assert answered is not None
         assert (answered.status, answered.answered_by) == ("answered", "bob")
+
+
+FORGED_APPROVERS = [
+    {"action": "approve", "userId": "cfo"}, {"action": "approve", "by": "cfo"},
+    {"approved": True, "user": "cfo"}, {"answer": {"action": "approve", "userId": "cfo"}},
+    '{"action": "approve", "by": "cfo"}', ' {"decision": "reject", "userId": "cfo"}']
+
+
+@pytest.mark.parametrize("payload", FORGED_APPROVERS, ids=repr)
+async def test_an_authenticated_answer_names_its_caller_as_the_approver(payload: Any) -> None:
+    """With `auth`, a chat resume saying `userId: "cfo"` was recorded in the ledger as the
+    caller's, but the graph got it unchanged: the workflows recorded the cfo as the one
+    who approved (`approved_by`, the review history's `by`). Over HTTP the caller is named
+    whatever the body says; now on every path: a resume entry, the legacy form with one
+    interrupt pending, and with several."""
+    ledger = MemoryApprovalStore()
+    await ledger.add([pending("i1"), pending("i2"), pending("i3"), pending("i4")])
+    entry = parse_run_input({
+        "threadId": "t", "runId": "r2", "messages": [], "tools": [], "context": [],
+        "state": {}, "forwardedProps": {},
+        "resume": [{"interruptId": "i1", "status": "resolved", "payload": payload}]})
+    claims = await claim_resume(ledger, agent_id="flow", input=entry, pending={"i1"},
+                                channel="outcome", principal_id="bob")
+    sent: list[Any] = [(claims.input.model.resume or [])[0].payload]
+
+    def legacy(run: str) -> Any:
+        return parse_run_input({
+            "threadId": "t", "runId": run, "messages": [], "tools": [], "context": [],
+            "state": {}, "forwardedProps": {"command": {"resume": payload}}})
+
+    claims = await claim_resume(ledger, agent_id="flow", input=legacy("r3"), pending={"i2"},
+                                channel="outcome", principal_id="bob")
+    sent.append((claims.input.model.resume or [])[0].payload)
+    claims = await claim_resume(ledger, agent_id="flow", input=legacy("r4"),
+                                pending={"i3", "i4"}, channel="outcome", principal_id="bob")
+    sent.append((claims.input.model.forwarded_props or {})["command"]["resume"])
+    for answer in sent:
+        decided = parse_decision(answer)
+        assert decided is not None
+        assert decided.by == "bob", answer
+        assert "cfo" not in str(answer)
+    for approval_id in ("i1", "i2", "i3", "i4"):
+        answered = await ledger.get(approval_id)
+        assert answered is not None
+        decided = parse_decision(answered.answer)
+        assert decided is not None
+        assert (answered.answered_by, decided.by) == ("bob", "bob")
+
+
+async def test_an_unauthenticated_answer_is_sent_as_it_came() -> None:
+    """Without a principal nobody is known to have answered: the answer's own word stays."""
+    ledger = MemoryApprovalStore()
+    await ledger.add([pending("i1")])
+    entry = parse_run_input({
+        "threadId": "t", "runId": "r2", "messages": [], "tools": [], "context": [],
+        "state": {}, "forwardedProps": {},
+        "resume": [{"interruptId": "i1", "status": "resolved",
+                    "payload": {"action": "approve", "by": "cfo"}}]})
+    claims = await claim_resume(ledger, agent_id="flow", input=entry, pending={"i1"},
+                                channel="outcome")
+    assert (claims.input.model.resume or [])[0].payload == {"action": "approve", "by": "cfo"}
+
+
+@pytest.mark.parametrize("answer", ["null", " null ", None, "{}", {}], ids=repr)
+async def test_a_legacy_answer_of_null_text_is_no_answer(answer: Any) -> None:
+    """The legacy answer `"null"` (what `JSON.stringify(null)` gives, GraphQL's
+    `metaEvents[].response` too) was decoded after the rule that drops empty answers, so
+    LangGraph got None and failed the run (AGENT_ERROR, a traceback in the log). It is no
+    answer, as `{}` already was: the question is asked again and the approval waits."""
+    runtime = approving_runtime()
+    approval = await interrupted(runtime)
+    events = await drive(runtime, run_input(
+        "", thread=THREAD, run="r-null", messages=[], protocolVersion="1.0",
+        forwardedProps={"command": {"resume": answer}}))
+    assert types(events)[-1] == "RUN_FINISHED", events[-1]
+    assert events[-1]["outcome"]["type"] == "interrupt"
+    still, _, _ = await runtime.approvals.get(approval.id)
+    assert (still.status, still.answer) == ("pending", None)
+    events = await drive(runtime, resume_body("r-real", (approval.id, {"action": "approve"})))
+    assert types(events)[-1] == "RUN_FINISHED"
+    await assert_applied(runtime, approval.id, {"action": "approve"})
+    await runtime.aclose()
 
 
 async def test_an_interrupt_id_no_ledger_can_keep_is_a_precise_error(

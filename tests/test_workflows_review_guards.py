@@ -54,6 +54,8 @@ def test_good_timeouts_are_kept() -> None:
     {"approved": "false"}, '{"approved": "false"}', {"is_approval": "no"},
     {"action": "revise", "payload": ""}, {"action": "revise"}, {"action": "dance"},
     {"answer": {"action": "revise", "payload": "  "}}, False, {"answer": False},
+    # Lists and a 0 were not looked into, so "no" in them was approved.
+    ["reject"], ["no"], {"answer": ["no"]}, 0, [{"action": "reject"}],
 ], ids=repr)
 def test_approve_on_malformed_still_asks_again_when_the_answer_names_a_choice(
         answer: Any) -> None:

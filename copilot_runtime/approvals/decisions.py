@@ -18,7 +18,7 @@ import orjson
 
 from copilot_runtime._limits import decode_json, nests_too_deep
 
-__all__ = ["Action", "Decision", "parse_decision", "timeout_answer"]
+__all__ = ["Action", "Decision", "answered_by", "parse_decision", "timeout_answer"]
 
 Action = Literal["approve", "reject", "revise", "timeout"]
 
@@ -31,6 +31,10 @@ _REVISE: Final = frozenset({"revise", "revision", "edit", "change", "changes"})
 _TIMEOUT: Final = frozenset({"timeout", "timed_out", "expired"})
 # ag-ui-langgraph's resume value for an AG-UI `ResumeEntry` with status "cancelled".
 _CANCELLED_SENTINEL: Final = "__agui_cancelled__"
+# The keys naming who answered, in the order `parse_decision` reads them.
+_APPROVER_KEYS: Final = ("userId", "by", "user")
+# The keys a decision may be nested under (`{"answer": {...}}`).
+_NESTED_KEYS: Final = ("answer", "feedback", "text")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +88,31 @@ def parse_decision(value: Any) -> Decision | None:
         return None if decided is None else Decision(
             decided.action, decided.feedback, decided.payload, by or decided.by)
     return None
+
+
+def answered_by(value: Any, who: str) -> Any:
+    """`value` as `who`'s answer: a JSON object (or its text) says `userId: who`, as the
+    HTTP route's answers do, and whatever else in it names who answered (what
+    `parse_decision` reads as `Decision.by`) names `who`. Other values name nobody and are
+    returned unchanged."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not text.startswith("{"):
+            return value  # words: they name nobody
+        try:
+            decoded = decode_json(text)
+        except orjson.JSONDecodeError:
+            return value
+        if not isinstance(decoded, dict) or nests_too_deep(decoded, text):
+            return value
+        return orjson.dumps(answered_by(decoded, who)).decode()
+    if not isinstance(value, dict) or value.get(_CANCELLED_SENTINEL):
+        return value
+    named = {key: who for key in _APPROVER_KEYS if key in value}
+    # A decision nested as its `answer` (or `feedback`, `text`) is read too when this one
+    # says nothing else: it names `who` as well.
+    nested = {key: answered_by(value[key], who) for key in _NESTED_KEYS if key in value}
+    return {**value, **named, **nested, "userId": who}
 
 
 def _from_action(action: str, value: dict[str, Any], reason: str | None,

@@ -34,7 +34,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import check_json_text
 from copilot_runtime._time import iso_time, parse_time
-from copilot_runtime.approvals.decisions import parse_decision, timeout_answer
+from copilot_runtime.approvals.decisions import answered_by, parse_decision, timeout_answer
 from copilot_runtime.approvals.ledger import Approval, ApprovalStore, Channel
 from copilot_runtime.threads.base import id_problem
 
@@ -164,8 +164,11 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
     if len(entries) != len(model.resume or ()):
         input = input.replace(resume=entries or None)
         model = input.model
-    command = _legacy_command(model)
-    if command == {}:
+    sent = _legacy_command(model)
+    # Decoded before the rule above: the text "null" (`JSON.stringify(null)`) or "{}" is
+    # no answer either.
+    command = _json_or_text(sent)
+    if sent is not None and command in (None, {}):
         command = None
         input = input.replace(forwarded_props={
             k: v for k, v in (model.forwarded_props or {}).items() if k != "command"})
@@ -178,6 +181,13 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
                 f"Thread '{model.thread_id}' is not waiting for an answer: there is nothing "
                 "to resume")
         if len(pending) > 1:
+            command = sent  # as the graph gets it, from forwardedProps
+            if principal_id:  # who answered is the caller, not whom the answer names
+                command = answered_by(sent, principal_id)
+                props = dict(model.forwarded_props or {})
+                props["command"] = {**props["command"], "resume": command}
+                input = input.replace(forwarded_props=props)
+                model = input.model
             # Which interrupt a bare answer is for is LangGraph's call; record it for all.
             for approval_id in sorted(pending):
                 await _claim(store, approval_id, command, principal_id or "chat", now=time.time(),
@@ -188,7 +198,7 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
         # The legacy form names no interrupt: it answers the one the thread waits on. As a
         # standard entry the bridge takes its documented path (and logs no deprecation).
         entries = [ResumeEntry(interrupt_id=next(iter(pending)), status="resolved",
-                               payload=_json_or_text(command))]
+                               payload=command)]
         input = input.replace(forwarded_props={
             k: v for k, v in (model.forwarded_props or {}).items() if k != "command"})
         model = input.model
@@ -209,6 +219,9 @@ async def _claim_all(store: ApprovalStore, *, agent_id: str, input: RunInput,
         by = principal_id or (entry.metadata or {}).get("answeredBy")
         if not isinstance(by, str) or not by or id_problem(by) is not None:
             by = "chat"
+        if principal_id and entry.status == "resolved":
+            # The graph reads who approved from the answer: it is the caller there too.
+            given = answered_by(given, principal_id)
         answers[entry.interrupt_id] = await _claim(
             store, entry.interrupt_id, given, by,
             now=now, agent_id=agent_id, thread_id=model.thread_id, channel=channel,

@@ -608,10 +608,14 @@ def _answer_length(decision: Decision | None) -> int:
 
 
 def _names_a_choice(answer: Any) -> bool:
-    """Whether an unreadable answer still names a choice (an action, an `approved` flag):
-    such an answer may mean "no", so `on_malformed="approve"` must not approve it."""
-    if answer is False:  # a bare "no"
+    """Whether an unreadable answer still names a choice (an action, an `approved` flag, a
+    0, a list holding a decision): such an answer may mean "no", so
+    `on_malformed="approve"` must not approve it."""
+    if answer is False or answer == 0:  # a bare "no"
         return True
+    if isinstance(answer, list):  # ["no"]: any item that reads as a decision, or names one
+        return any(parse_decision(item) is not None or _names_a_choice(item)
+                   for item in answer)
     if isinstance(answer, str) and answer.strip().startswith("{"):
         try:
             answer = orjson.loads(answer.strip())
