@@ -139,6 +139,8 @@ class ThreadRecord:
     owner: ThreadOwner | None = None
     #: A name given with `rename`, or None.
     name: str | None = None
+    #: Whether `archive` put the thread away: lists leave it out unless asked for it.
+    archived: bool = False
     #: The first user message's text, shortened: what a list of threads shows.
     title: str = ""
     #: The position the thread's next event gets.
@@ -193,11 +195,12 @@ class ThreadStore(Protocol):
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
                    owner: ThreadOwner | None = None, offset: int = 0,
-                   after: ListPosition | None = None) -> list[ThreadRecord]:
+                   after: ListPosition | None = None, include_archived: bool = True
+                   ) -> list[ThreadRecord]:
         """Threads without their runs, newest first (threads updated at the same time: the
         greater id first, ids compared by code point, on every store), optionally only those
-        of one agent and of one owner; `after`: only those listed after that position (a
-        page's last thread's), then `offset` skips that many."""
+        of one agent and of one owner, and without the archived ones; `after`: only those
+        listed after that position (a page's last thread's), then `offset` skips that many."""
         ...
 
     async def events_after(self, thread_id: str, position: int
@@ -215,6 +218,13 @@ class ThreadStore(Protocol):
         """Give the thread a name (None: none); False if there is no such thread. With
         `owner`, only a thread of that owner, checked as it is renamed (False for another's:
         the owner checked before may have deleted it, and another begun one of its id)."""
+        ...
+
+    async def archive(self, thread_id: str, archived: bool = True, *,
+                      owner: ThreadOwner | None = None) -> bool:
+        """Archive the thread (`archived` False: bring it back); False if there is no such
+        thread. With `owner`, only a thread of that owner, checked as it is changed (as
+        `rename`). Its runs, name and updated time stay; a run on it leaves it archived."""
         ...
 
     async def delete(self, thread_id: str, *, updated_before: float | None = None) -> bool:
