@@ -172,6 +172,13 @@ class ThreadRecord:
 
 @runtime_checkable
 class ThreadStore(Protocol):
+    """Where threads are kept. The built-in stores also have `archive(thread_id, archived=True,
+    *, owner=None) -> bool` (False: no such thread; with `owner`, checked as it is changed,
+    as `rename`; its runs, name and updated time stay, and a run on it leaves it archived).
+    It is optional, not part of the protocol, so that a store of an application's own
+    written before it stays one (a durable store of its own without it still is one):
+    `CopilotRuntime.archive_thread` answers 501 for such a store."""
+
     async def get(self, thread_id: str, *, max_bytes: int | None = None
                   ) -> ThreadRecord | None:
         """The thread with its finished runs, or None if it never started a run; with
@@ -218,13 +225,6 @@ class ThreadStore(Protocol):
         """Give the thread a name (None: none); False if there is no such thread. With
         `owner`, only a thread of that owner, checked as it is renamed (False for another's:
         the owner checked before may have deleted it, and another begun one of its id)."""
-        ...
-
-    async def archive(self, thread_id: str, archived: bool = True, *,
-                      owner: ThreadOwner | None = None) -> bool:
-        """Archive the thread (`archived` False: bring it back); False if there is no such
-        thread. With `owner`, only a thread of that owner, checked as it is changed (as
-        `rename`). Its runs, name and updated time stay; a run on it leaves it archived."""
         ...
 
     async def delete(self, thread_id: str, *, updated_before: float | None = None) -> bool:
