@@ -79,6 +79,7 @@ __all__ = [
     "ThreadNotFoundError",
     "TranscriptionError",
     "UnsupportedAttachmentError",
+    "UnsupportedOperationError",
     "UpstreamConnectionError",
     "UpstreamError",
     "UpstreamProtocolError",
@@ -419,6 +420,14 @@ class ThreadNotFoundError(RequestError):
     def __init__(self, thread_id: str) -> None:
         super().__init__(f"Thread '{thread_id}' does not exist")
         self.thread_id = thread_id
+
+
+class UnsupportedOperationError(RequestError):
+    """What was asked for is not something this runtime can do: its thread store, an
+    application's own, lacks the operation (`ThreadStore.archive`)."""
+
+    status = 501
+    code = "NOT_IMPLEMENTED"
 
 
 class RateLimitedError(RequestError):

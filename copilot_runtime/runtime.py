@@ -17,6 +17,7 @@ from copilot_runtime._exceptions import (
     AuthenticationError,
     ConfigurationError,
     ServiceUnavailableError,
+    UnsupportedOperationError,
 )
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES
@@ -44,7 +45,14 @@ from copilot_runtime.hooks import (
     policy_answer,
 )
 from copilot_runtime.limits import RateLimit, RateLimiter
-from copilot_runtime.threads.base import DurableThreadStore, Positioned, ThreadOwner, ThreadStore
+from copilot_runtime.threads.base import (
+    DurableThreadStore,
+    ListPosition,
+    Positioned,
+    ThreadOwner,
+    ThreadRecord,
+    ThreadStore,
+)
 from copilot_runtime.threads.memory import InMemoryThreadStore
 from copilot_runtime.threads.sqlite import SQLiteThreadStore
 
@@ -396,6 +404,36 @@ class CopilotRuntime:
         if record is None or record.owner != owner:
             return False
         return await self.store.rename(thread_id, name)
+
+    async def archive_thread(self, thread_id: str, archived: bool = True, *,
+                             owner: ThreadOwner | None = None) -> bool:
+        """Archive a thread (`archived` False: bring it back), as `POST
+        /threads/{id}/archive` and `PATCH /threads/{id}` do. False: no such thread. With
+        `owner`, as `rename_thread`. `UnsupportedOperationError` for a store of an
+        application's own that has no `archive`."""
+        archive = getattr(self.store, "archive", None)
+        if archive is None:
+            raise UnsupportedOperationError("This runtime's thread store cannot archive threads")
+        if owner is None:
+            return bool(await archive(thread_id, archived))
+        if _takes(archive, "owner"):
+            return bool(await archive(thread_id, archived, owner=owner))
+        record = await self.store.summary(thread_id)
+        if record is None or record.owner != owner:
+            return False
+        return bool(await archive(thread_id, archived))
+
+    async def list_threads(self, agent_id: str | None, limit: int, *,
+                           owner: ThreadOwner | None, offset: int = 0,
+                           after: ListPosition | None = None,
+                           include_archived: bool = True) -> list[ThreadRecord]:
+        """A page of threads, as `GET /threads` lists them (`ThreadStore.list`); a store of
+        an application's own without `include_archived` archives nothing, so lists all."""
+        if include_archived or not _takes(self.store.list, "include_archived"):
+            return await self.store.list(agent_id, limit, owner=owner, offset=offset,
+                                         after=after)
+        return await self.store.list(agent_id, limit, owner=owner, offset=offset,
+                                     after=after, include_archived=False)
 
     async def _delete_stale(self, thread_id: str, updated_before: float) -> bool:
         return await self.delete_thread(thread_id, updated_before=updated_before)

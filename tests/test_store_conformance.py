@@ -229,6 +229,51 @@ async def test_a_rename_on_condition_of_its_owner(store: ThreadStore) -> None:
         "bobs": "Plans", "nobodys": "Notes"}
 
 
+async def test_archived_threads_and_the_lists_that_leave_them_out(store: ThreadStore) -> None:
+    """Before: no store kept an archived flag, so `@copilotkit/core`'s archive could not be
+    served. Every store keeps it now (a run on the thread leaves it archived, a thread made
+    again after a delete is not); `list(include_archived=False)` leaves archived threads
+    out, its pages exact; `archive(owner=)` changes only a thread of that owner, as
+    `rename`."""
+    alice, bob = ThreadOwner("alice", "acme"), ThreadOwner("bob")
+    for index in range(6):
+        await _finish(store, f"t{index}", "r", _run(f"t{index}", "r", "x"), 0,
+                      created=10.0 + index, owner=alice if index % 2 == 0 else bob)
+    assert await store.archive("t3") is True
+    assert await store.archive("nope") is False
+    assert await store.archive("t2", owner=bob) is False
+    assert await store.archive("t2", owner=ThreadOwner("alice")) is False
+    assert await store.archive("t2", owner=alice) is True
+    assert await store.archive("t5", True) is True
+    for record in (await store.get("t3"), await store.summary("t3")):
+        assert record is not None
+        assert record.archived is True
+    assert (await store.summary("t4")).archived is False  # type: ignore[union-attr]
+    assert {r.thread_id: r.archived for r in await store.list()} == {
+        "t5": True, "t4": False, "t3": True, "t2": True, "t1": False, "t0": False}
+    assert [r.thread_id for r in await store.list(include_archived=False)] == [
+        "t4", "t1", "t0"]
+    assert [r.thread_id for r in await store.list(owner=alice, include_archived=False)] == [
+        "t4", "t0"]
+    assert [r.thread_id for r in await store.list(agent_id="default", limit=2, offset=1,
+                                                  include_archived=False)] == ["t1", "t0"]
+    # A page at a time from the last one's position (the keyset a cursor carries).
+    walked: list[str] = []
+    after = None
+    while page := await store.list(limit=1, after=after, include_archived=False):
+        walked.append(page[0].thread_id)
+        after = (page[0].updated_at, page[0].thread_id)
+    assert walked == ["t4", "t1", "t0"]
+    assert await store.archive("t3", False, owner=bob) is True
+    await _finish(store, "t5", "r2", _run("t5", "r2", "y"), 6, created=20.0)
+    assert [r.thread_id for r in await store.list(include_archived=False)] == [
+        "t4", "t3", "t1", "t0"]
+    assert [(r.thread_id, r.archived) for r in await store.list(limit=1)] == [("t5", True)]
+    assert await store.delete("t2") is True
+    await _finish(store, "t2", "r", _run("t2", "r", "z"), 0, created=30.0)
+    assert (await store.summary("t2")).archived is False  # type: ignore[union-attr]
+
+
 async def test_stale_threads_oldest_first(store: ThreadStore) -> None:
     """What a retention sweep deletes: the threads last updated before a time, oldest first
     (two updated at once in the order of their ids' code points, as `list` orders them)."""
@@ -764,7 +809,7 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     db.close()
     store = SQLiteThreadStore(path)
     try:
-        assert store.schema_version == 7
+        assert store.schema_version == 8
         record = await store.get("old")
         assert record is not None
         assert [r.run_id for r in record.runs] == ["r0"]
@@ -777,7 +822,7 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     finally:
         await store.aclose()
     reopened = SQLiteThreadStore(path)
-    assert reopened.schema_version == 7
+    assert reopened.schema_version == 8
     await reopened.aclose()
 
 
@@ -828,7 +873,7 @@ async def test_a_sqlite_file_of_the_first_schema_keeps_its_threads_titles(
     db = sqlite3.connect(path)
     with db:
         version = db.execute("SELECT version FROM schema_version").fetchone()[0]
-        db.execute("UPDATE schema_version SET version = ?", (version - 1,))
+        db.execute("UPDATE schema_version SET version = 6")  # before the titles' (7)
         db.execute("UPDATE threads SET title = 'third' WHERE thread_id = 'asked'")
         db.execute("UPDATE threads SET title = '' WHERE thread_id = 'greeted'")
     db.close()
@@ -1013,9 +1058,9 @@ async def test_a_newer_release_that_only_added_to_the_store_can_be_rolled_back(
         await _finish(current, "t", "r1", _run("t", "r1", "a b"), 0)
         known, readers = await version_and_readers(current)
         # This release's last migrations are additive: the deleted threads' times (both),
-        # SQLite's index of threads by update, the states kept with threads (both), and
-        # SQLite's titles of threads begun before titles.
-        assert readers == known - (4 if kind == "sqlite" else 2)
+        # SQLite's index of threads by update, the states kept with threads (both),
+        # SQLite's titles of threads begun before titles, and archived flags (both).
+        assert readers == known - (5 if kind == "sqlite" else 3)
     finally:
         await current.aclose()
     # A newer release migrated it once more, additively.

@@ -456,6 +456,7 @@ _TITLES = {
     "SERVICE_UNAVAILABLE": "Service unavailable",
     "AUTHENTICATION_ERROR": "Unauthorized",
     "REQUEST_REJECTED": "Forbidden",
+    "NOT_IMPLEMENTED": "Not implemented",
 }
 
 

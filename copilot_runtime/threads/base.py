@@ -139,6 +139,8 @@ class ThreadRecord:
     owner: ThreadOwner | None = None
     #: A name given with `rename`, or None.
     name: str | None = None
+    #: Whether `archive` put the thread away: lists leave it out unless asked for it.
+    archived: bool = False
     #: The first user message's text, shortened: what a list of threads shows.
     title: str = ""
     #: The position the thread's next event gets.
@@ -170,6 +172,13 @@ class ThreadRecord:
 
 @runtime_checkable
 class ThreadStore(Protocol):
+    """Where threads are kept. The built-in stores also have `archive(thread_id, archived=True,
+    *, owner=None) -> bool` (False: no such thread; with `owner`, checked as it is changed,
+    as `rename`; its runs, name and updated time stay, and a run on it leaves it archived).
+    It is optional, not part of the protocol, so that a store of an application's own
+    written before it stays one (a durable store of its own without it still is one):
+    `CopilotRuntime.archive_thread` answers 501 for such a store."""
+
     async def get(self, thread_id: str, *, max_bytes: int | None = None
                   ) -> ThreadRecord | None:
         """The thread with its finished runs, or None if it never started a run; with
@@ -193,11 +202,12 @@ class ThreadStore(Protocol):
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
                    owner: ThreadOwner | None = None, offset: int = 0,
-                   after: ListPosition | None = None) -> list[ThreadRecord]:
+                   after: ListPosition | None = None, include_archived: bool = True
+                   ) -> list[ThreadRecord]:
         """Threads without their runs, newest first (threads updated at the same time: the
         greater id first, ids compared by code point, on every store), optionally only those
-        of one agent and of one owner; `after`: only those listed after that position (a
-        page's last thread's), then `offset` skips that many."""
+        of one agent and of one owner, and without the archived ones; `after`: only those
+        listed after that position (a page's last thread's), then `offset` skips that many."""
         ...
 
     async def events_after(self, thread_id: str, position: int

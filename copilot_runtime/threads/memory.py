@@ -169,11 +169,13 @@ class InMemoryThreadStore:
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
                    owner: ThreadOwner | None = None, offset: int = 0,
-                   after: ListPosition | None = None) -> list[ThreadRecord]:
+                   after: ListPosition | None = None, include_archived: bool = True
+                   ) -> list[ThreadRecord]:
         records = sorted(self._threads.values(), key=lambda r: (r.updated_at, r.thread_id),
                          reverse=True)
         return [r for r in records if (agent_id is None or r.agent_id == agent_id)
                 and (owner is None or r.owner == owner)
+                and (include_archived or not r.archived)
                 and (after is None or (r.updated_at, r.thread_id) < after)
                 ][offset:offset + limit]
 
@@ -202,6 +204,14 @@ class InMemoryThreadStore:
         if record is None or (owner is not None and record.owner != owner):
             return False
         record.name = name
+        return True
+
+    async def archive(self, thread_id: str, archived: bool = True, *,
+                      owner: ThreadOwner | None = None) -> bool:
+        record = self._threads.get(thread_id)
+        if record is None or (owner is not None and record.owner != owner):
+            return False
+        record.archived = archived
         return True
 
     async def delete(self, thread_id: str, *, updated_before: float | None = None) -> bool:

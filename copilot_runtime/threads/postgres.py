@@ -195,10 +195,16 @@ _MIGRATIONS: tuple[str, ...] = (
         NULL;
     END $$;
     """,
+    # 9: whether a thread is archived (`archive`): lists leave it out unless asked for it.
+    # An older release (rolled back across this) lists every thread, as it did. (A constant
+    # default: no table rewrite.)
+    """
+    ALTER TABLE threads ADD COLUMN IF NOT EXISTS archived BOOLEAN NOT NULL DEFAULT false;
+    """,
 )
 
 #: The migrations older releases cannot tell from their absence (see `oldest_reader`).
-_ADDITIVE = frozenset({7, 8})
+_ADDITIVE = frozenset({7, 8, 9})
 
 #: Seconds between deletions of the raw events whose retention ended.
 _PRUNE_EVERY = 30.0
@@ -327,7 +333,7 @@ ON CONFLICT (thread_id, first_position) DO UPDATE SET events = excluded.events,
 #: At most this many finished runs are written in one statement.
 _MAX_BATCH = 32
 _THREAD_COLUMNS = ("agent_id, created_at, updated_at, owner_id, tenant, name, title, "
-                   "next_position")
+                   "next_position, archived")
 #: Threads' heads (their columns and message ids), any number at once.
 _SUMMARIES = (f"SELECT thread_id, {_THREAD_COLUMNS}, (SELECT run_id FROM runs r WHERE "
               "r.thread_id = t.thread_id AND r.open LIMIT 1), "
@@ -336,7 +342,7 @@ _SUMMARIES = (f"SELECT thread_id, {_THREAD_COLUMNS}, (SELECT run_id FROM runs r 
               "WHERE thread_id = ANY(%b::text[]) "
               # and where a deleted thread's positions had got to (agent_id NULL: no thread)
               "UNION ALL SELECT thread_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
-              "next_position, NULL, NULL FROM deleted_threads d "
+              "next_position, NULL, NULL, NULL FROM deleted_threads d "
               "WHERE thread_id = ANY(%b::text[]) AND NOT EXISTS "
               "(SELECT 1 FROM threads t WHERE t.thread_id = d.thread_id)").encode()
 
@@ -610,7 +616,8 @@ class PostgresThreadStore:
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
                    owner: ThreadOwner | None = None, offset: int = 0,
-                   after: ListPosition | None = None) -> builtins.list[ThreadRecord]:
+                   after: ListPosition | None = None, include_archived: bool = True
+                   ) -> builtins.list[ThreadRecord]:
         async with self._reachable():
             # Ids compare by their bytes ("C"), not by the database's collation: the order
             # of the other stores, whatever the database was made with.
@@ -625,6 +632,8 @@ class PostgresThreadStore:
             if owner is not None:
                 where.append("owner_id = %s AND tenant IS NOT DISTINCT FROM %s")
                 args.extend((owner.principal_id, owner.tenant))
+            if not include_archived:
+                where.append("NOT archived")
             query = (f"SELECT thread_id, {_THREAD_COLUMNS} FROM threads "
                      + ("WHERE " + " AND ".join(where) + " " if where else "")
                      + 'ORDER BY updated_at DESC, thread_id COLLATE "C" DESC LIMIT %s OFFSET %s')
@@ -745,6 +754,20 @@ class PostgresThreadStore:
                     "UPDATE threads SET name = %s WHERE thread_id = %s AND owner_id = %s "
                     "AND tenant IS NOT DISTINCT FROM %s",
                     (name, thread_id, owner.principal_id, owner.tenant))
+            return cursor.rowcount > 0
+
+    async def archive(self, thread_id: str, archived: bool = True, *,
+                      owner: ThreadOwner | None = None) -> bool:
+        async with self._reachable(bounded=False), self._pool.connection() as conn:
+            if owner is None:
+                cursor = await conn.execute(
+                    "UPDATE threads SET archived = %s WHERE thread_id = %s",
+                    (archived, thread_id))
+            else:
+                cursor = await conn.execute(
+                    "UPDATE threads SET archived = %s WHERE thread_id = %s AND owner_id = %s "
+                    "AND tenant IS NOT DISTINCT FROM %s",
+                    (archived, thread_id, owner.principal_id, owner.tenant))
             return cursor.rowcount > 0
 
     async def delete(self, thread_id: str, *, updated_before: float | None = None) -> bool:
@@ -924,7 +947,9 @@ def _summary(thread_id: str, row: Sequence[Any] | None) -> ThreadRecord | None:
 
 
 def _record(thread_id: str, row: Sequence[Any]) -> ThreadRecord:
-    agent_id, created_at, updated_at, owner_id, tenant, name, title, next_position = row
+    (agent_id, created_at, updated_at, owner_id, tenant, name, title, next_position,
+     archived) = row
     return ThreadRecord(thread_id, agent_id, created_at, updated_at,
                         owner=ThreadOwner(owner_id, tenant) if owner_id is not None else None,
-                        name=name, title=title or "", next_position=next_position)
+                        name=name, title=title or "", next_position=next_position,
+                        archived=bool(archived))

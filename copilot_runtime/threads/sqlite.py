@@ -204,13 +204,21 @@ def _v7(db: sqlite3.Connection) -> None:
             db.execute("UPDATE threads SET title = ? WHERE thread_id = ?", (found, thread_id))
 
 
+def _v8(db: sqlite3.Connection) -> None:
+    """Whether a thread is archived (`archive`): lists leave it out unless asked for it.
+    An older release (rolled back across this) lists every thread, as it did. (Added
+    once: a file whose recorded version was set back has it already.)"""
+    if "archived" not in {row[1] for row in db.execute("PRAGMA table_info(threads)")}:
+        db.execute("ALTER TABLE threads ADD COLUMN archived INTEGER NOT NULL DEFAULT 0")
+
+
 #: Seconds between deletions of the raw events whose retention ended.
 _PRUNE_EVERY = 30.0
 
 _MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
-    _v1, _v2, _v3, _v4, _v5, _v6, _v7)
+    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8)
 #: The migrations older releases cannot tell from their absence (see `oldest_reader`).
-_ADDITIVE = frozenset({4, 5, 6, 7})
+_ADDITIVE = frozenset({4, 5, 6, 7, 8})
 
 
 class SQLiteThreadStore:
@@ -359,7 +367,7 @@ class SQLiteThreadStore:
     def _summary(self, thread_id: str) -> ThreadRecord | None:
         row = self._db.execute(
             "SELECT agent_id, created_at, updated_at, owner_id, tenant, name, title, "
-            "next_position FROM threads WHERE thread_id = ?", (thread_id,)).fetchone()
+            "next_position, archived FROM threads WHERE thread_id = ?", (thread_id,)).fetchone()
         if row is None:
             # Where a new thread's positions go on from, read now: its run's start asks next.
             self._first_positions.note(thread_id, self._first_position(thread_id))
@@ -424,11 +432,14 @@ class SQLiteThreadStore:
 
     async def list(self, agent_id: str | None = None, limit: int = 100, *,
                    owner: ThreadOwner | None = None, offset: int = 0,
-                   after: ListPosition | None = None) -> builtins.list[ThreadRecord]:
-        return await self._call(self._list, agent_id, limit, owner, offset, after)
+                   after: ListPosition | None = None, include_archived: bool = True
+                   ) -> builtins.list[ThreadRecord]:
+        return await self._call(self._list, agent_id, limit, owner, offset, after,
+                                include_archived)
 
     def _list(self, agent_id: str | None, limit: int, owner: ThreadOwner | None,
-              offset: int, after: ListPosition | None) -> builtins.list[ThreadRecord]:
+              offset: int, after: ListPosition | None, include_archived: bool
+              ) -> builtins.list[ThreadRecord]:
         # Ids compare as SQLite's BINARY collation does: their UTF-8 bytes, the order of
         # their code points (as the other stores order them).
         where: builtins.list[str] = []
@@ -442,9 +453,11 @@ class SQLiteThreadStore:
         if owner is not None:
             where.append("owner_id = ? AND tenant IS ?")
             args.extend((owner.principal_id, owner.tenant))
+        if not include_archived:
+            where.append("archived = 0")
         rows = self._db.execute(
             "SELECT thread_id, agent_id, created_at, updated_at, owner_id, tenant, name, "
-            "title, next_position FROM threads "
+            "title, next_position, archived FROM threads "
             + ("WHERE " + " AND ".join(where) + " " if where else "")
             + "ORDER BY updated_at DESC, thread_id DESC LIMIT ? OFFSET ?",
             (*args, limit, offset))
@@ -623,6 +636,17 @@ class SQLiteThreadStore:
             "UPDATE threads SET name = ? WHERE thread_id = ? AND owner_id = ? AND tenant IS ?",
             (name, thread_id, owner.principal_id, owner.tenant)).rowcount > 0)
 
+    async def archive(self, thread_id: str, archived: bool = True, *,
+                      owner: ThreadOwner | None = None) -> bool:
+        if owner is None:
+            return await self._write(lambda: self._db.execute(
+                "UPDATE threads SET archived = ? WHERE thread_id = ?", (archived, thread_id)
+            ).rowcount > 0)
+        return await self._write(lambda: self._db.execute(
+            "UPDATE threads SET archived = ? WHERE thread_id = ? AND owner_id = ? "
+            "AND tenant IS ?", (archived, thread_id, owner.principal_id, owner.tenant)
+        ).rowcount > 0)
+
     async def delete(self, thread_id: str, *, updated_before: float | None = None) -> bool:
         return await self._write(self._delete, thread_id, updated_before)
 
@@ -696,7 +720,9 @@ class SQLiteThreadStore:
 
 
 def _record(thread_id: str, row: Sequence[Any]) -> ThreadRecord:
-    agent_id, created_at, updated_at, owner_id, tenant, name, title, next_position = row
+    (agent_id, created_at, updated_at, owner_id, tenant, name, title, next_position,
+     archived) = row
     return ThreadRecord(thread_id, agent_id, created_at, updated_at,
                         owner=ThreadOwner(owner_id, tenant) if owner_id is not None else None,
-                        name=name, title=title or "", next_position=next_position)
+                        name=name, title=title or "", next_position=next_position,
+                        archived=bool(archived))

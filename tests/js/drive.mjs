@@ -79,7 +79,7 @@ globalThis.fetch = (input, init = {}) => {
   return settled;
 };
 
-const { CopilotKitCore, ProxiedCopilotRuntimeAgent } = await import("@copilotkit/core");
+const { CopilotKitCore, ProxiedCopilotRuntimeAgent, ɵcreateThreadStore } = await import("@copilotkit/core");
 const { HttpAgent } = await import("@ag-ui/client");
 const { HttpAgent: HttpAgentV1 } = await import("agui-client-1");
 const { z } = await import("zod");
@@ -461,6 +461,42 @@ const scenarios = {
     await agent.runAgent({ tools });
     recorder.stop();
     return { threadId, firstMessages, messages: clone(agent.messages), events: recorder.events };
+  },
+
+  // The core's own thread store (what the threads drawer uses) renames, archives and
+  // unarchives a thread; `lists` are the threads it holds ([id, name, archived]) after each
+  // step, read again from the runtime (with archived threads once it asks for them).
+  async thread_store({ threadId, agentId = "default" }) {
+    const errors = [];
+    const store = ɵcreateThreadStore({ fetch: (...args) => fetch(...args),
+                                       onError: (error) => errors.push(errorText(error)) });
+    const lists = {};
+    const context = { runtimeUrl, agentId, headers: {} };
+    const listRequests = () => http.filter((e) => e.method === "GET" && e.url.includes("/threads?"));
+    const reload = async (name, trigger) => {
+      const before = listRequests().length;
+      trigger();
+      await waitFor(() => listRequests().length > before && listRequests().at(-1).status !== undefined,
+                    5000, `the thread list (${name})`);
+      await waitFor(() => !store.getState().isLoading, 5000, `the thread list applied (${name})`);
+      await sleep(50);
+      lists[name] = store.getState().threads.map((t) => [t.id, t.name ?? null, Boolean(t.archived)]);
+    };
+    store.start();
+    await reload("first", () => store.setContext(context));
+    await store.renameThread(threadId, "My trip");
+    await reload("renamed", () => store.refresh());
+    await store.archiveThread(threadId);
+    await reload("archived", () => store.refresh());
+    await reload("archivedIncluded", () => store.setContext({ ...context, includeArchived: true }));
+    await store.unarchiveThread(threadId);
+    await reload("unarchived", () => store.setContext(context));
+    store.stop();
+    delete lists.first;
+    const mutations = http.filter((e) => e.method !== "GET").map((e) => ({
+      method: e.method, path: e.url.slice(runtimeUrl.length), body: e.requestBody, status: e.status,
+      answer: e.responseBody ?? null }));
+    return { mutations, lists, errors };
   },
 };
 

@@ -10,9 +10,11 @@ TypeScript router does):
                                       throwaway thread); its client leaving stops it
     POST agent/{agentId}/connect      the thread's runs replayed (compacted), then the live run
     POST agent/{agentId}/stop/{id}    stop the thread's active run
-    GET  threads[?agentId=&limit=&cursor=]   threads, newest first, a page at a time
+    GET  threads[?agentId=&limit=&cursor=&includeArchived=]   threads, newest first, a page
+                                      at a time (archived ones only with includeArchived=true)
     GET  threads/{id}/messages|events|state
-    PATCH threads/{id} {"name"}, DELETE threads/{id}   rename, forget
+    PATCH threads/{id} {"agentId"?, "name"?, "archived"?}   rename, (un)archive
+    POST threads/{id}/archive {"agentId"?}, DELETE threads/{id}   archive, forget
     POST transcribe                   audio (multipart `audio`, or JSON base64) → its text
     GET  approvals, GET|POST approvals/{id}   pending approvals (see `approvals`)
     POST (the base path)              {method, params, body}: the same operations in one route
@@ -120,7 +122,13 @@ class AGUIProtocol:
         threads = _thread_route(segments, method)
         if threads is not None:
             changed, what = threads
-            if method in ("PATCH", "DELETE") and changed is not None and what is None:
+            if what == "archive" and changed is not None:
+                if method != "POST":
+                    await send_method_not_allowed(request, b"POST")
+                else:
+                    await self._guarded(request, self._change_thread(request, changed,
+                                                                     archive=True))
+            elif method in ("PATCH", "DELETE") and changed is not None and what is None:
                 await self._guarded(request, self._change_thread(request, changed))
             elif method not in ("GET", "HEAD") or (changed is not None and what is None):
                 await send_method_not_allowed(
@@ -228,13 +236,16 @@ class AGUIProtocol:
             agent_id = agent_ids[0] if agent_ids else None
             offset, after = _list_cursor(query, agent_id)
             limit = _query_int(query, "limit", _PAGE, 1, _MAX_PAGE)
+            include_archived = _query_flag(query, "includeArchived")
             records = [] if agent_id is not None and id_problem(agent_id) is not None \
-                else await store.list(agent_id, limit + 1, offset=offset, after=after,
-                                      owner=self.runtime.owner_filter(request.info))
+                else await self.runtime.list_threads(
+                    agent_id, limit + 1, offset=offset, after=after,
+                    owner=self.runtime.owner_filter(request.info),
+                    include_archived=include_archived)
             await send_json(request, 200, {"threads": [{
                 "id": r.thread_id, "name": r.name, "title": r.title, "agentId": r.agent_id,
                 "organizationId": "", "createdById": r.owner.principal_id if r.owner else "",
-                "archived": False,
+                "archived": r.archived,
                 "createdAt": iso_time(r.created_at), "updatedAt": iso_time(r.updated_at),
             } for r in records[:limit]],
                 "nextCursor": _next_cursor(records[limit - 1], agent_id)
@@ -271,11 +282,14 @@ class AGUIProtocol:
         else:
             await send_json(request, 200, {"state": record.state})
 
-    async def _change_thread(self, request: Request, thread_id: str) -> None:
-        """PATCH `{"name": ...}` renames a thread, DELETE forgets it; someone else's thread,
-        or a running one, is answered as the TypeScript runtime answers a missing one."""
-        body = await read_body(request, self.max_body_size, json=True) \
-            if request.method == "PATCH" else b""
+    async def _change_thread(self, request: Request, thread_id: str, *,
+                             archive: bool = False) -> None:
+        """PATCH `{"name": ..., "archived": ...}` renames a thread and (un)archives it, POST
+        `archive` archives it, DELETE forgets it; someone else's thread, one of another agent
+        than the body's `agentId`, or a running one (DELETE), is answered as the TypeScript
+        runtime answers a missing one."""
+        body = await read_body(request, self.max_body_size, json=True, empty_too=archive) \
+            if request.method in ("PATCH", "POST") else b""
         owner = self.runtime.owner_filter(request.info)
         if id_problem(thread_id) is not None:
             raise ThreadNotFoundError(thread_id)
@@ -295,22 +309,21 @@ class AGUIProtocol:
                 raise ThreadNotFoundError(thread_id)  # another request deleted it first
             await send_json(request, 200, {"deleted": True, "id": thread_id})
             return
-        data = await parse_json_body_off_loop(body)
-        name = data.get("name") if isinstance(data, dict) else None
-        if isinstance(name, str):
-            # Blank is no name (the title shows), and what frames a name is not part of it.
-            name = name.strip() or None
-        if not isinstance(data, dict) or set(data) - {"name"} or "name" not in data or not (
-                name is None or (isinstance(name, str) and len(name) <= _MAX_NAME
-                                 and not NOT_IN_NAMES.search(name))):
-            raise InvalidRequestError(
-                f"A thread update is {{\"name\": string of at most {_MAX_NAME} characters "
-                "without control characters, or null}")
+        data = await parse_json_body_off_loop(body) if body.strip() or not archive else {}
+        change = _archive_request(data) if archive else _thread_update(data)
+        agent_id = change.pop("agentId", None)
+        if agent_id is not None and agent_id != record.agent_id:
+            raise ThreadNotFoundError(thread_id)  # as the agent's list leaves it out
         # On condition of its owner: the one checked above may have deleted it since, and
-        # another begun one of its id.
-        if not await self.runtime.rename_thread(thread_id, name, owner=owner):
+        # another begun one of its id. Archived first: a store that cannot refuses it (501)
+        # before the name changes.
+        if "archived" in change and not await self.runtime.archive_thread(
+                thread_id, change["archived"], owner=owner):
             raise ThreadNotFoundError(thread_id)  # deleted meanwhile
-        await send_json(request, 200, {"id": thread_id, "name": name})
+        if "name" in change and not await self.runtime.rename_thread(
+                thread_id, change["name"], owner=owner):
+            raise ThreadNotFoundError(thread_id)
+        await send_json(request, 200, {"id": thread_id, **change})
 
     # -- single-route envelope ---------------------------------------------------------
 
@@ -365,6 +378,35 @@ class AGUIProtocol:
         except ClientDisconnected:
             return  # the client left while sending its body
 
+
+
+def _thread_update(data: Any) -> dict[str, Any]:
+    """A PATCH's body, as `@copilotkit/core` sends it (its agent, and a name, an archived
+    flag or both), with the name trimmed (blank: no name; what frames a name is not part of
+    it); `InvalidRequestError` for anything else."""
+    name = data.get("name") if isinstance(data, dict) else None
+    if isinstance(name, str):
+        name = name.strip() or None
+    if not isinstance(data, dict) or set(data) - {"agentId", "name", "archived"} \
+            or not ("name" in data or "archived" in data) \
+            or ("agentId" in data and not isinstance(data["agentId"], str)) \
+            or ("archived" in data and not isinstance(data["archived"], bool)) or not (
+                name is None or (isinstance(name, str) and len(name) <= _MAX_NAME
+                                 and not NOT_IN_NAMES.search(name))):
+        raise InvalidRequestError(
+            f"A thread update is {{\"agentId\"?: string, \"name\"?: string of at most "
+            f"{_MAX_NAME} characters without control characters, or null, \"archived\"?: "
+            "boolean}, with a name or archived")
+    return {**data, "name": name} if "name" in data else dict(data)
+
+
+def _archive_request(data: Any) -> dict[str, Any]:
+    """An archive's body (`{"agentId"?: string}`) with `archived` set; `InvalidRequestError`
+    for anything else."""
+    if not isinstance(data, dict) or set(data) - {"agentId"} or (
+            "agentId" in data and not isinstance(data["agentId"], str)):
+        raise InvalidRequestError("A thread archive is {\"agentId\"?: string}")
+    return {**data, "archived": True}
 
 
 def _stop_problem(data: Any) -> str | None:
@@ -431,6 +473,18 @@ def _list_cursor(query: dict[str, list[str]], agent_id: str | None
     return 0, (float(decoded[0]), decoded[1])
 
 
+def _query_flag(query: dict[str, list[str]], name: str) -> bool:
+    """A `true` or `false` parameter (absent: false)."""
+    values = query.get(name)
+    if not values:
+        return False
+    if len(values) > 1:
+        raise InvalidRequestError(f"'{name}' is given more than once")
+    if values[0] not in ("true", "false"):
+        raise InvalidRequestError(f"'{name}' must be true or false")
+    return values[0] == "true"
+
+
 def _query_int(query: dict[str, list[str]], name: str, default: int, low: int,
                high: int) -> int:
     values = query.get(name)
@@ -454,7 +508,7 @@ def _thread_route(segments: list[str], method: str = "GET"
     messages` is thread "threads"'s messages, and PATCH/DELETE `threads/threads` (or
     `threads/info`) change thread "threads" ("info"), not the list (the info route)."""
     if len(segments) >= 3 and segments[-3] == "threads" and segments[-1] in (
-            "messages", "events", "state"):
+            "messages", "events", "state", "archive"):
         return urllib.parse.unquote(segments[-2]), segments[-1]
     if len(segments) >= 2 and segments[-2] == "threads" and (
             segments[-1] != "threads" or method in ("PATCH", "DELETE")):

@@ -1,0 +1,165 @@
+"""What `@copilotkit/core`'s thread store sends to rename, archive and unarchive a thread, and
+its list with and without archived threads, on every store.
+
+Before: the client's rename (`PATCH threads/{id}` with `{"agentId", "name"}`) was a 400, as
+was its unarchive (`{"agentId", "archived": false}`), and its archive (`POST
+threads/{id}/archive`) a 404, while `/info` advertised thread mutations; no store kept an
+archived flag, and every listed thread said `"archived": false`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from copilot_runtime import CopilotRuntime, DemoAdapter
+from copilot_runtime.threads import InMemoryThreadStore, ThreadRecord
+from tests import test_threads_resume as resume
+from tests.conftest import Served, ServeRuntime
+from tests.test_trust_ownership import call
+
+pytestmark = pytest.mark.timeout(60)
+
+#: A runtime served on each store (memory, SQLite, PostgreSQL), as the resume tests have it.
+store_url = resume.store_url
+served = resume.served
+
+
+async def answer(served: Served, method: str, path: str, body: Any = None
+                 ) -> tuple[int, Any]:
+    status, raw, _ = await call(served, method, path, None, body)
+    return status, orjson.loads(raw)
+
+
+async def listed(served: Served, query: str = "") -> list[tuple[str, bool]]:
+    """(id, archived) of every thread listed with `query`, a page of one at a time (the
+    keyset cursor walked to its end)."""
+    seen: list[tuple[str, bool]] = []
+    cursor = None
+    while True:
+        page = f"/threads?limit=1{query}" + (f"&cursor={cursor}" if cursor else "")
+        status, body = await answer(served, "GET", page)
+        assert status == 200, body
+        seen += [(t["id"], t["archived"]) for t in body["threads"]]
+        cursor = body["nextCursor"]
+        if cursor is None:
+            return seen
+
+
+async def test_the_clients_rename_is_accepted(served: Served) -> None:
+    await resume.run_ids(served, "t", "hello", "r1")
+    assert await answer(served, "PATCH", "/threads/t", {"agentId": "default",
+                                                        "name": "My trip"}) == (
+        200, {"id": "t", "name": "My trip"})
+    _, body = await answer(served, "GET", "/threads?agentId=default")
+    assert [(t["id"], t["name"], t["archived"]) for t in body["threads"]] == [
+        ("t", "My trip", False)]
+
+
+async def test_archive_unarchive_and_the_lists(served: Served) -> None:
+    for thread in ("t1", "t2", "t3", "t4"):
+        await resume.run_ids(served, thread, "hello", "r1")
+    assert await answer(served, "POST", "/threads/t2/archive", {"agentId": "default"}) == (
+        200, {"id": "t2", "archived": True})
+    assert await answer(served, "POST", "/threads/t3/archive", {}) == (
+        200, {"id": "t3", "archived": True})
+    # Archived threads are left out of the list unless asked for, pages walked exactly.
+    assert await listed(served, "&agentId=default") == [("t4", False), ("t1", False)]
+    assert await listed(served, "&includeArchived=false") == [("t4", False), ("t1", False)]
+    assert await listed(served, "&agentId=default&includeArchived=true") == [
+        ("t4", False), ("t3", True), ("t2", True), ("t1", False)]
+    # Archived, a thread is still read.
+    assert (await answer(served, "GET", "/threads/t2/messages"))[0] == 200
+    assert await answer(served, "PATCH", "/threads/t2", {"agentId": "default",
+                                                         "archived": False}) == (
+        200, {"id": "t2", "archived": False})
+    assert await answer(served, "PATCH", "/threads/t3", {"name": "Old", "archived": True}) == (
+        200, {"id": "t3", "name": "Old", "archived": True})
+    assert await listed(served, "&includeArchived=true") == [
+        ("t4", False), ("t3", True), ("t2", False), ("t1", False)]
+    assert await listed(served) == [("t4", False), ("t2", False), ("t1", False)]
+    _, body = await answer(served, "GET", "/threads?includeArchived=true")
+    assert [(t["id"], t["name"]) for t in body["threads"]][1] == ("t3", "Old")
+
+
+async def test_wrong_bodies_and_another_agents_thread(served: Served) -> None:
+    await resume.run_ids(served, "t", "hello", "r1")
+    for body in ({"agentId": 5, "name": "x"}, {"agentId": "default"}, {}, {"archived": "yes"},
+                 {"archived": None}, {"archived": 1}, {"name": "x", "extra": 1}, [],
+                 {"agentId": None, "name": "x"}):
+        status, error = await answer(served, "PATCH", "/threads/t", body)
+        assert status == 400, body
+        assert "agentId" in error["error"], body
+        assert "archived" in error["error"], body
+    for body in ({"agentId": 5}, {"archived": True}, {"name": "x"}, ["default"]):
+        status, error = await answer(served, "POST", "/threads/t/archive", body)
+        assert status == 400, body
+        assert "agentId" in error["error"], body
+    for query in ("?includeArchived=yes", "?includeArchived=true&includeArchived=false"):
+        assert (await answer(served, "GET", "/threads" + query))[0] == 400, query
+    # A thread of another agent is not found, as the agent's list leaves it out.
+    missing = await answer(served, "PATCH", "/threads/nope", {"name": "x"})
+    assert missing[0] == 404
+    for method, path, body in (("PATCH", "/threads/t", {"agentId": "other", "name": "x"}),
+                               ("PATCH", "/threads/t", {"agentId": "other",
+                                                        "archived": True}),
+                               ("POST", "/threads/t/archive", {"agentId": "other"})):
+        status, error = await answer(served, method, path, body)
+        assert (status, error["code"]) == (404, "THREAD_NOT_FOUND"), (method, body)
+    assert await answer(served, "POST", "/threads/nope/archive", {}) == missing
+    assert (await answer(served, "GET", "/threads/t/archive"))[0] == 405
+    assert await listed(served, "&includeArchived=true") == [("t", False)]
+
+
+class OwnStore:
+    """A store of an application's own, written before stores archived: no `archive`, and a
+    `list` without `include_archived`."""
+
+    def __init__(self) -> None:
+        self.inner = InMemoryThreadStore()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "archive":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    async def list(self, agent_id: str | None = None, limit: int = 100, *,
+                   owner: Any = None, offset: int = 0, after: Any = None
+                   ) -> list[ThreadRecord]:
+        return await self.inner.list(agent_id, limit, owner=owner, offset=offset, after=after)
+
+
+async def test_a_store_without_archive_says_so(serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0),
+                             thread_store=OwnStore())  # type: ignore[arg-type]
+    async with serve_runtime(runtime) as s:
+        await resume.run_ids(s, "t", "hello", "r1")
+        status, body = await answer(s, "POST", "/threads/t/archive", {"agentId": "default"})
+        assert (status, body["code"]) == (501, "NOT_IMPLEMENTED")
+        assert body["message"] == "This runtime's thread store cannot archive threads"
+        assert (await answer(s, "PATCH", "/threads/t", {"archived": False}))[0] == 501
+        assert await answer(s, "PATCH", "/threads/t", {"agentId": "default", "name": "a"}) == (
+            200, {"id": "t", "name": "a"})
+        assert await listed(s, "&includeArchived=true") == [("t", False)]
+        assert await listed(s) == [("t", False)]
+
+
+async def test_the_real_clients_thread_store(served: Served) -> None:
+    """`@copilotkit/core`'s own thread store renames, archives and unarchives a thread, and
+    lists it as each left it, with and without archived threads."""
+    for thread in ("t1", "t2"):
+        await resume.run_ids(served, thread, "hello", "r1")
+    result = await resume.drive("thread_store", served.url, threadId="t1")
+    assert [(m["method"], m["path"], m["body"], m["status"]) for m in result["mutations"]] == [
+        ("PATCH", "/threads/t1", {"agentId": "default", "name": "My trip"}, 200),
+        ("POST", "/threads/t1/archive", {"agentId": "default"}, 200),
+        ("PATCH", "/threads/t1", {"agentId": "default", "archived": False}, 200)]
+    assert result["errors"] == []
+    assert result["lists"] == {
+        "renamed": [["t2", None, False], ["t1", "My trip", False]],
+        "archived": [["t2", None, False]],
+        "archivedIncluded": [["t2", None, False], ["t1", "My trip", True]],
+        "unarchived": [["t2", None, False], ["t1", "My trip", False]],
+    }
