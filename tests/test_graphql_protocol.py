@@ -358,6 +358,33 @@ async def test_frontend_actions_become_tools(llm: MockOpenAIServer,
     assert call["name"] == "shown"
 
 
+async def test_remote_actions_are_offered_to_agents_only(llm: MockOpenAIServer,
+                                                         serve_runtime: ServeRuntime) -> None:
+    """`available: "remote"` is "only available to the agent": an agent gets it (that of a
+    session, or a runtime's own `default` that is not the service adapter's loop); the
+    service adapter's loop does not (`test_frontend_actions_become_tools`)."""
+    actions = [{"name": name, "description": name, "jsonSchema": '{"type":"object"}',
+                "available": available}
+               for name, available in (("shown", "enabled"), ("hidden", "disabled"),
+                                       ("agentOnly", "remote"))]
+    planner = ScriptAgent([text_message_start("m1"), text_message_content("m1", "ok"),
+                           text_message_end("m1")])
+    own_default = ScriptAgent([text_message_start("m2"), text_message_content("m2", "ok"),
+                               text_message_end("m2")])
+    async with serve_runtime(openai_runtime(llm, agents={"planner": planner})) as served:
+        await generate(served, user_turn("hi", actions=actions,
+                                         agentSession={"agentName": "planner"}))
+    async with serve_runtime(openai_runtime(llm, actions=[],
+                                            agents={"default": own_default})) as served:
+        await generate(served, user_turn("hi", thread="t2", actions=actions))
+    for agent in (planner, own_default):
+        (seen, _), = agent.seen
+        names = {tool.name for tool in seen.model.tools}
+        assert {"shown", "agentOnly"} <= names, names
+        assert "hidden" not in names
+    assert not llm.requests
+
+
 async def test_agent_session_runs_that_agent(llm: MockOpenAIServer,
                                              serve_runtime: ServeRuntime) -> None:
     agent = ScriptAgent(
