@@ -415,6 +415,36 @@ async def test_agent_session_runs_that_agent(llm: MockOpenAIServer,
     assert not llm.requests
 
 
+async def test_a_users_authorization_reaches_the_agent_and_is_never_kept(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """Before: `properties.authorization` (a user's token, for the agent's back end) sat in
+    the RUN_STARTED input the thread stored, and every thread route and `connect` served it
+    back. The run still gets it; the thread keeps the rest of `properties`."""
+    secret = "user-jwt-SECRET-123"
+    agent = ScriptAgent([text_message_start("m1"), text_message_content("m1", "ok"),
+                         text_message_end("m1")])
+    async with serve_runtime(openai_runtime(llm, agents={"planner": agent})) as served:
+        await generate(served, user_turn("hi", thread="t-auth",
+                                         agentSession={"agentName": "planner"}),
+                       {"authorization": secret, "userId": "u1"})
+        events = await (await served.session.get(
+            f"{served.url}/threads/t-auth/events")).read()
+        connect = await served.session.post(served.url + "/agent/planner/connect", json={
+            "threadId": "t-auth", "runId": "r2", "messages": [], "tools": [], "context": [],
+            "state": {}, "forwardedProps": {}})
+        replayed = await connect.read()
+    (seen, _), = agent.seen
+    assert seen.model.forwarded_props["authorization"] == secret
+    started = orjson.loads(events)["events"][0]
+    assert started["type"] == "RUN_STARTED"
+    assert started["input"]["forwardedProps"]["userId"] == "u1"
+    assert "authorization" not in started["input"]["forwardedProps"]
+    assert connect.status == 200
+    assert b"RUN_STARTED" in replayed
+    assert secret.encode() not in events
+    assert secret.encode() not in replayed
+
+
 async def test_unknown_agent_session_and_cloud_without_key(
         llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
     async with serve_runtime(openai_runtime(llm)) as served:
