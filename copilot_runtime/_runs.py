@@ -117,6 +117,9 @@ _LEASE_LOST_MESSAGE = ("The run was stopped: this server could not keep its hold
                        "thread, which another server may now take")
 _INPUT_KEYS = ("threadId", "runId", "parentRunId", "state", "messages", "tools", "context",
                "forwardedProps", "resume")
+#: `forwardedProps` entries the agent gets but the thread never keeps: a user's token (the
+#: 1.x `properties.authorization`) stored in RUN_STARTED was served to every later reader.
+_UNKEPT_PROPS = frozenset({"authorization"})
 
 
 class _RunTooLarge(CopilotRuntimeError):
@@ -668,6 +671,8 @@ class ActiveRun:
                 echo[key] = [m for m in raw.get("messages") or ()
                              if not (isinstance(m, dict) and (
                                  m.get("id") in self._seen or m.get("id") in unkept))]
+            elif key == "forwardedProps" and isinstance(raw.get(key), dict):
+                echo[key] = {k: v for k, v in raw[key].items() if k not in _UNKEPT_PROPS}
             elif key in raw and raw[key] is not None:
                 echo[key] = raw[key]
             elif key in ("tools", "context"):

@@ -17,7 +17,7 @@ from copilot_runtime.agents.langgraph_platform import LangGraphPlatformAgent
 from tests.agents_support.fake_platform import FakePlatform, frame, model_stream
 from tests.agents_support.processes import REPO_ROOT, VENV_BIN, child_process, free_port, mock_llm
 from tests.conftest import ServeRuntime, serve
-from tests.gql.wire import chat_data, text_message
+from tests.gql.wire import CLIENT_DOCUMENT, CLIENT_HEADERS, chat_data, text_message
 from tests.test_graphql_agents import LOAD_STATE, history_of, query, session, states, texts, turn
 
 GRAPHS = REPO_ROOT / "tests" / "agents_support" / "platform_graphs.py"
@@ -106,3 +106,45 @@ async def test_load_agent_state_failing_on_the_platform_is_a_network_error_of_50
     assert error["message"] == "The LangGraph Platform's graph 'fake' answered HTTP 401"
     assert (error["extensions"]["code"], error["extensions"]["statusCode"]) == (
         "NETWORK_ERROR", 503)
+
+
+async def test_a_users_authorization_goes_to_the_platform_as_a_bearer_token(
+        serve_runtime: ServeRuntime) -> None:
+    """The 1.10 runtime sends `properties.authorization` to a LangGraph Platform deployment
+    as `authorization: Bearer <it>` (for a user's token its graph checks); before, it was
+    never sent. An `Authorization` the operator set (`headers=`) still wins."""
+    user = FakePlatform(frames=[frame("events", model_stream("Hi"))])
+    operator = FakePlatform(frames=[frame("events", model_stream("Hi"))])
+    async with serve(user.app) as user_url, serve(operator.app) as operator_url:
+        runtime = CopilotRuntime(agents={
+            "platform": LangGraphPlatformAgent(deployment_url=user_url, graph_id="fake"),
+            "operated": LangGraphPlatformAgent(
+                deployment_url=operator_url, graph_id="fake",
+                headers={"Authorization": "Bearer operator-token"})})
+        async with serve_runtime(runtime) as served:
+            for agent in ("platform", "operated"):
+                await served.generate(session(agent, "hi", f"t-{agent}"),
+                                      {"authorization": "user-token"})
+    assert user.headers
+    assert operator.headers
+    assert {seen.get("authorization") for seen in user.headers} == {"Bearer user-token"}
+    assert {seen.get("authorization") for seen in operator.headers} == {
+        "Bearer operator-token"}
+
+
+async def test_a_users_authorization_no_header_can_hold_refuses_the_run_unsaid(
+        serve_runtime: ServeRuntime) -> None:
+    fake = FakePlatform(frames=[frame("events", model_stream("Hi"))])
+    async with serve(fake.app) as platform:
+        runtime = CopilotRuntime(agents={"platform": LangGraphPlatformAgent(
+            deployment_url=platform, graph_id="fake")})
+        async with serve_runtime(runtime) as served:
+            response = await served.session.post(served.url, json={
+                "query": CLIENT_DOCUMENT, "variables": {
+                    "data": session("platform", "hi", "t-bad"),
+                    "properties": {"authorization": "tok\r\nX-Injected: 1"}}},
+                headers=CLIENT_HEADERS)
+            body = await response.read()
+    assert b"forwardedProps.authorization (properties.authorization) must be text" in body
+    assert b"X-Injected" not in body
+    assert not fake.calls

@@ -358,6 +358,33 @@ async def test_frontend_actions_become_tools(llm: MockOpenAIServer,
     assert call["name"] == "shown"
 
 
+async def test_remote_actions_are_offered_to_agents_only(llm: MockOpenAIServer,
+                                                         serve_runtime: ServeRuntime) -> None:
+    """`available: "remote"` is "only available to the agent": an agent gets it (that of a
+    session, or a runtime's own `default` that is not the service adapter's loop); the
+    service adapter's loop does not (`test_frontend_actions_become_tools`)."""
+    actions = [{"name": name, "description": name, "jsonSchema": '{"type":"object"}',
+                "available": available}
+               for name, available in (("shown", "enabled"), ("hidden", "disabled"),
+                                       ("agentOnly", "remote"))]
+    planner = ScriptAgent([text_message_start("m1"), text_message_content("m1", "ok"),
+                           text_message_end("m1")])
+    own_default = ScriptAgent([text_message_start("m2"), text_message_content("m2", "ok"),
+                               text_message_end("m2")])
+    async with serve_runtime(openai_runtime(llm, agents={"planner": planner})) as served:
+        await generate(served, user_turn("hi", actions=actions,
+                                         agentSession={"agentName": "planner"}))
+    async with serve_runtime(openai_runtime(llm, actions=[],
+                                            agents={"default": own_default})) as served:
+        await generate(served, user_turn("hi", thread="t2", actions=actions))
+    for agent in (planner, own_default):
+        (seen, _), = agent.seen
+        names = {tool.name for tool in seen.model.tools}
+        assert {"shown", "agentOnly"} <= names, names
+        assert "hidden" not in names
+    assert not llm.requests
+
+
 async def test_agent_session_runs_that_agent(llm: MockOpenAIServer,
                                              serve_runtime: ServeRuntime) -> None:
     agent = ScriptAgent(
@@ -386,6 +413,36 @@ async def test_agent_session_runs_that_agent(llm: MockOpenAIServer,
     assert props["config"] == {"depth": 2}
     assert props["streamSubgraphs"] is True
     assert not llm.requests
+
+
+async def test_a_users_authorization_reaches_the_agent_and_is_never_kept(
+        llm: MockOpenAIServer, serve_runtime: ServeRuntime) -> None:
+    """Before: `properties.authorization` (a user's token, for the agent's back end) sat in
+    the RUN_STARTED input the thread stored, and every thread route and `connect` served it
+    back. The run still gets it; the thread keeps the rest of `properties`."""
+    secret = "user-jwt-SECRET-123"
+    agent = ScriptAgent([text_message_start("m1"), text_message_content("m1", "ok"),
+                         text_message_end("m1")])
+    async with serve_runtime(openai_runtime(llm, agents={"planner": agent})) as served:
+        await generate(served, user_turn("hi", thread="t-auth",
+                                         agentSession={"agentName": "planner"}),
+                       {"authorization": secret, "userId": "u1"})
+        events = await (await served.session.get(
+            f"{served.url}/threads/t-auth/events")).read()
+        connect = await served.session.post(served.url + "/agent/planner/connect", json={
+            "threadId": "t-auth", "runId": "r2", "messages": [], "tools": [], "context": [],
+            "state": {}, "forwardedProps": {}})
+        replayed = await connect.read()
+    (seen, _), = agent.seen
+    assert seen.model.forwarded_props["authorization"] == secret
+    started = orjson.loads(events)["events"][0]
+    assert started["type"] == "RUN_STARTED"
+    assert started["input"]["forwardedProps"]["userId"] == "u1"
+    assert "authorization" not in started["input"]["forwardedProps"]
+    assert connect.status == 200
+    assert b"RUN_STARTED" in replayed
+    assert secret.encode() not in events
+    assert secret.encode() not in replayed
 
 
 async def test_unknown_agent_session_and_cloud_without_key(

@@ -40,6 +40,9 @@ CopilotKit conventions alike. What is particular to the platform:
   are sent on as `null`, as `JSON.stringify` has it.
 * **Headers.** `api_key` and `headers` go with every request, and the client's request
   headers allowed by `header_policy` too, but for the names the operator set (theirs win).
+  A run's `forwardedProps.authorization` (the 1.x `properties.authorization`, a user's
+  token) goes as `authorization: Bearer <it>`, as the 1.10 runtime sent it, unless the
+  operator set that header.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ from langgraph_sdk.errors import NotFoundError
 from copilot_runtime._exceptions import (
     AgentExecutionError,
     ConfigurationError,
+    InvalidRequestError,
     ServiceUnavailableError,
     UpstreamConnectionError,
     UpstreamError,
@@ -202,11 +206,16 @@ class LangGraphPlatformAgent(Agent):
 
     async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
         headers = self._forwarded(context.headers)
+        known = self._secrets
+        token = _user_token(input.model.forwarded_props)
+        if token and "authorization" not in self._static_names:
+            headers["authorization"] = f"Bearer {token}"
+            known = (*known, token)  # (blanked should the platform echo it)
         what = f"LangGraph Platform agent '{context.agent_id}'"
         try:
             assistant_id, schemas = await self._assistant(headers, what)
             graph = _PlatformGraph(self._client, assistant_id, schemas, headers,
-                                   agent_id=context.agent_id, known=self._secrets)
+                                   agent_id=context.agent_id, known=known)
             config = self._run_config(input, schemas)
             bridge = CopilotKitLangGraphBridge(
                 name=self.name, graph=graph, description=self.description or None,
@@ -467,6 +476,18 @@ _NOT_AN_EVENT_STREAM: Final = "Expected response header Content-Type to contain"
 #: What an answer that is not the JSON expected fails with when read: not JSON (the SDK's
 #: `orjson` decode error is a ValueError), or JSON of another shape.
 _UNUSABLE: Final = (ValueError, TypeError, KeyError, AttributeError)
+
+
+def _user_token(props: Any) -> str | None:
+    """A run's `forwardedProps.authorization`, refused when no HTTP header can hold it (a
+    line break would inject another header; the HTTP client's error would quote it)."""
+    token = props.get("authorization") if isinstance(props, dict) else None
+    if token is None or token == "":
+        return None
+    if not isinstance(token, str) or not (token.isascii() and token.isprintable()):
+        raise InvalidRequestError("forwardedProps.authorization (properties.authorization) "
+                                  "must be text an HTTP header can hold: printable ASCII")
+    return token
 
 
 def _unusable(what: str, part: str, exc: Exception, known: Sequence[str] = ()

@@ -56,6 +56,12 @@ def answered_later(runtime: CopilotRuntime, request: RunRequest) -> frozenset[st
     return request.server_tools
 
 
+def _builtin_loop(runtime: CopilotRuntime, agent_id: str) -> bool:
+    """Whether `agent_id` is the runtime's own built-in `default` agent: the service
+    adapter's chat of 1.10, which never saw actions `available: "remote"` (only agents do)."""
+    return agent_id == "default" and isinstance(runtime.agents.get(agent_id), BuiltInAgent)
+
+
 def _offered(runtime: CopilotRuntime, agent_id: str, actions: Mapping[str, Action],
              with_agents: bool) -> ServerTools:
     if agent_id not in runtime.agents or is_service_adapter(runtime, agent_id):
@@ -78,7 +84,8 @@ def session_run(runtime: CopilotRuntime, data: Mapping[str, Any],
                 handoffs: int) -> tuple[RunRequest, Agent | None]:
         tools = _offered(runtime, agent_id, actions, with_agents=handoffs < MAX_HANDOFFS)
         request = run_request(agent_data, properties, server_actions=names,
-                              has_public_key=has_public_key, offered_tools=tools.specs())
+                              has_public_key=has_public_key, offered_tools=tools.specs(),
+                              remote_actions=not _builtin_loop(runtime, agent_id))
         if not tools:
             return request, None
 
@@ -93,7 +100,8 @@ def session_run(runtime: CopilotRuntime, data: Mapping[str, Any],
     session = data.get("agentSession")
     if not session:
         return run_request(data, properties, server_actions=names,
-                           has_public_key=has_public_key), None
+                           has_public_key=has_public_key,
+                           remote_actions=not _builtin_loop(runtime, "default")), None
     return prepare(data, str(session.get("agentName") or "default"), 0)
 
 

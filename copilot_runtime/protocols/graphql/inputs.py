@@ -7,8 +7,10 @@ The translation follows what the 1.10 runtime does with a request:
   execution becomes a tool call of the assistant message it belongs to (`parentMessageId`),
   so the calls of one answer travel in one message, as models expect; a result without a
   call, or a second result for one call, is dropped;
-* frontend actions become the run's tools, except `disabled` ones and `remote` ones (which
-  the model must not see); their `jsonSchema` is the tool's parameters;
+* frontend actions become the run's tools, except `disabled` ones, and `remote` ones
+  ("only available to the agent") when the built-in loop runs, which stands for the service
+  adapter's own chat (1.10 dropped them there only); their `jsonSchema` is the tool's
+  parameters;
 * `forwardedParameters` become the model settings the core reads from `forwardedProps`,
   `properties` are merged into `forwardedProps` (as that runtime forwards them to agents),
   and an `agentSession` names the agent to run, with its state from `agentStates`, its
@@ -54,12 +56,15 @@ class RunRequest:
 
 def run_request(data: Mapping[str, Any], properties: Mapping[str, Any] | None,
                 *, server_actions: Collection[str], has_public_key: bool,
-                offered_tools: Sequence[Mapping[str, Any]] = ()) -> RunRequest:
+                offered_tools: Sequence[Mapping[str, Any]] = (),
+                remote_actions: bool = False) -> RunRequest:
     """Translate coerced GraphQL input; raise `InvalidRequestError` for what cannot run.
 
     `offered_tools` are the server-side tools of an agent session (`_server_tools`): they
     come first, and a frontend action with the same name as one of them is not offered
     again (the 1.10 runtime keeps the first of each name, server-side ones first).
+    `remote_actions`: whether actions `available: "remote"` are offered (to an agent, not
+    to the built-in loop).
     """
     if data.get("cloud") and not has_public_key:
         raise InvalidRequestError(
@@ -73,7 +78,8 @@ def run_request(data: Mapping[str, Any], properties: Mapping[str, Any] | None,
     offered = {t["name"] for t in offered_tools}
     tools = [*offered_tools, *({"name": a["name"], "description": a.get("description") or "",
                                 "parameters": _schema(a.get("jsonSchema"))}
-                               for a in actions if a.get("available") != "remote"
+                               for a in actions
+                               if (remote_actions or a.get("available") != "remote")
                                and a["name"] not in offered)]
     state, agent_props = _agent_state(data, agent_id, session)
     forwarded: dict[str, Any] = {**agent_props, **_kept_properties(properties),
