@@ -137,31 +137,43 @@ export function Frame({ generation, other, accent, address, refreshKey, children
 // once; with the keyboard, on Enter or on leaving the list, not on each arrow key passing
 // over the others (each pass switched and started a thread).
 function AgentPicker({ address }) {
-  const [shown, setShown] = useState(address.agent);
+  // An agent the arrow keys are on, not chosen yet (null: none; the picker shows the address's).
+  const [pending, setPending] = useState(null);
   const keyed = useRef(false);
-  useEffect(() => setShown(address.agent), [address.agent]);
+  useEffect(() => setPending(null), [address.agent]);
   const choose = (agent) => {
     keyed.current = false;
-    if (agent !== address.agent) address.selectAgent(agent);
+    setPending(null);
+    address.selectAgent(agent);
+  };
+  // The arrows may have come back to the agent already chosen: nothing to switch to.
+  const choosePending = () => {
+    if (pending === null) return;
+    if (pending === address.agent) {
+      keyed.current = false;
+      setPending(null);
+    } else {
+      choose(pending);
+    }
   };
   return (
     <label className="picker">
       Agent
-      <select data-testid="agent-picker" value={shown}
+      <select data-testid="agent-picker" value={pending ?? address.agent}
               onKeyDown={(e) => {
-                if (e.key === "Enter") {
+                if (e.key === "Enter" && pending !== null) {
                   e.preventDefault();
-                  choose(shown);
-                } else if (e.key !== "Tab") {
+                  choosePending();
+                } else if (e.key !== "Tab" && e.key !== "Enter") {
                   keyed.current = true;
                 }
               }}
               onPointerDown={() => { keyed.current = false; }}
               onChange={(e) => {
-                setShown(e.target.value);
-                if (!keyed.current) choose(e.target.value);
+                if (keyed.current) setPending(e.target.value);
+                else choose(e.target.value);
               }}
-              onBlur={() => choose(shown)}>
+              onBlur={choosePending}>
         {AGENTS.map((a) => <option key={a.id} value={a.id}>{a.label}</option>)}
       </select>
     </label>
