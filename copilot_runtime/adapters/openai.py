@@ -517,10 +517,15 @@ def _architecture() -> str:
 
 def _error_message(exc: openai.APIStatusError) -> str:
     body = exc.body
+    if isinstance(body, list) and body:  # [{"error": {...}}]: Gemini's OpenAI endpoint
+        body = body[0]
     if isinstance(body, dict):
-        message = body.get("message") or (body.get("error") or {}).get("message")
-        if isinstance(message, str):
-            return message
+        # (`error` may hold a string, or what is not an error's object at all)
+        error = body.get("error")
+        for message in (body.get("message"), error.get("message") if isinstance(
+                error, dict) else None):
+            if isinstance(message, str) and message:
+                return message
     return exc.message
 
 
