@@ -507,9 +507,12 @@ class AnthropicStreamParser:
             try:
                 event = orjson.loads(line[5:])
             except orjson.JSONDecodeError:
-                raise UpstreamProtocolError("The Anthropic stream sent malformed JSON") from None
+                # (what this read parsed before it goes out first, as if the reads split here)
+                raise after(out, UpstreamProtocolError(
+                    "The Anthropic stream sent malformed JSON")) from None
             if not isinstance(event, dict):
-                raise UpstreamProtocolError("The Anthropic stream sent an unexpected frame")
+                raise after(out, UpstreamProtocolError(
+                    "The Anthropic stream sent an unexpected frame"))
             self.event(event, out)
             if self.done:
                 break
@@ -528,8 +531,8 @@ class AnthropicStreamParser:
         try:
             self._event(event, out)
         except (AttributeError, TypeError, KeyError, ValueError):
-            raise UpstreamProtocolError(
-                "The Anthropic stream sent an event of an unexpected shape") from None
+            raise after(out, UpstreamProtocolError(
+                "The Anthropic stream sent an event of an unexpected shape")) from None
 
     def _event(self, event: dict[str, Any], out: list[ChatDelta]) -> None:
         kind = event.get("type")

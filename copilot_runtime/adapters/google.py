@@ -580,9 +580,12 @@ class GeminiStreamParser:
             try:
                 chunk = orjson.loads(line[5:])
             except orjson.JSONDecodeError:
-                raise UpstreamProtocolError("The Gemini stream sent malformed JSON") from None
+                # (what this read parsed before it goes out first, as if the reads split here)
+                raise after(out, UpstreamProtocolError(
+                    "The Gemini stream sent malformed JSON")) from None
             if not isinstance(chunk, dict):
-                raise UpstreamProtocolError("The Gemini stream sent an unexpected frame")
+                raise after(out, UpstreamProtocolError(
+                    "The Gemini stream sent an unexpected frame"))
             self.chunk(chunk, out)
             if self.done:
                 break  # (the answer's last chunk: nothing follows its end)
@@ -606,8 +609,8 @@ class GeminiStreamParser:
                 self._candidate(candidates[0], out)
             except (AttributeError, TypeError, KeyError, IndexError, ValueError):
                 # ValueError: binascii.Error of a thought signature that is not base64
-                raise UpstreamProtocolError(
-                    "The Gemini stream sent a chunk of an unexpected shape") from None
+                raise after(out, UpstreamProtocolError(
+                    "The Gemini stream sent a chunk of an unexpected shape")) from None
         feedback = chunk.get("promptFeedback")
         if isinstance(feedback, dict) and feedback.get("blockReason"):
             raise ContentFilteredError(

@@ -576,6 +576,7 @@ class _Chunk(msgspec.Struct):
 
 
 _CHUNKS = msgspec.json.Decoder(list[_Chunk])
+_CHUNK = msgspec.json.Decoder(_Chunk)
 #: The most `reasoning_content` an adapter keeps for the tool loops in flight, in characters.
 _REASONING_KEPT_CHARS = 16_000_000
 _CUT_SHORT = "The OpenAI stream ended before the answer was complete"
@@ -611,6 +612,26 @@ def _plain_chunks(block: bytes) -> list[_Chunk] | None:
         return _CHUNKS.decode(b"[" + inner + b"]")
     except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
         return None  # said as the line-by-line reading says it
+
+
+def _chunks_before_error(payloads: list[bytes]
+                         ) -> tuple[list[_Chunk], UpstreamProtocolError | None]:
+    """The chunks of `payloads` decoded one by one up to the first that fails, and its error:
+    only once their decode as one array failed. What came before it then goes out first,
+    as it does when the bad one comes in a read of its own."""
+    chunks: list[_Chunk] = []
+    for payload in payloads:
+        try:
+            chunks.append(_CHUNK.decode(payload))
+        except msgspec.ValidationError:
+            # A field of the wrong type (`choices` not a list, `delta` not an object).
+            return chunks, UpstreamProtocolError(
+                "The OpenAI stream sent a chunk that does not match the Chat Completions "
+                "format")
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            # msgspec reports bytes that are not UTF-8 as a UnicodeDecodeError
+            return chunks, UpstreamProtocolError("The OpenAI stream sent malformed JSON")
+    return chunks, None
 
 
 def _done_line(block: bytes) -> int:
@@ -694,15 +715,13 @@ class ChatCompletionsStreamParser:
         if payloads:
             try:
                 chunks = _CHUNKS.decode(b"[" + b",".join(payloads) + b"]")
-            except msgspec.ValidationError:
-                # A field of the wrong type (`choices` not a list, `delta` not an object).
-                raise UpstreamProtocolError(
-                    "The OpenAI stream sent a chunk that does not match the Chat Completions "
-                    "format") from None
-            except (msgspec.DecodeError, UnicodeDecodeError):
-                # msgspec reports bytes that are not UTF-8 as a UnicodeDecodeError
-                raise UpstreamProtocolError("The OpenAI stream sent malformed JSON") from None
-            self._chunks(chunks, out)
+            except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+                chunks, error = _chunks_before_error(payloads)
+                self._chunks(chunks, out)
+                if error is not None:
+                    raise after(out, error) from None
+            else:
+                self._chunks(chunks, out)
         if self.done:
             out.append(StreamEnd(self.finish_reason, self.usage))
         return out
