@@ -35,10 +35,11 @@ from copilot_runtime._exceptions import (
     UpstreamTimeoutError,
     upstream_said,
 )
-from copilot_runtime._held import HeldBytes
+from copilot_runtime._held import event_stream
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import OPENING_TURN, after, tool_schema
 from copilot_runtime.adapters._idle import DEFAULT_TIMEOUT, IdleBound, read_timeout, wait_bound
+from copilot_runtime.adapters._sse import event_data
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -616,9 +617,9 @@ def _plain_chunks(block: bytes) -> list[_Chunk] | None:
 
 def _chunks_before_error(payloads: list[bytes]
                          ) -> tuple[list[_Chunk], UpstreamProtocolError | None]:
-    """The chunks of `payloads` decoded one by one up to the first that fails, and its error:
-    only once their decode as one array failed. What came before it then goes out first,
-    as it does when the bad one comes in a read of its own."""
+    """The chunks of `payloads` (one per event) decoded one by one up to the first that fails,
+    and its error: only once a read's decode as one array failed. What came before it then
+    goes out first, as it does when the bad one comes in a read of its own."""
     chunks: list[_Chunk] = []
     for payload in payloads:
         try:
@@ -670,7 +671,7 @@ class ChatCompletionsStreamParser:
 
     def __init__(self, *, secrets: Sequence[str | None] = (), expects_usage: bool = True,
                  keep_reasoning: Callable[[str, str], None] | None = None) -> None:
-        self._held = HeldBytes("The OpenAI stream", UpstreamProtocolError)
+        self._held = event_stream("The OpenAI stream", UpstreamProtocolError)
         #: The credentials the request carried: an error event echoing one loses it.
         self.secrets = secrets
         #: Whether a usage chunk follows the finish reason (`stream_options.include_usage`).
@@ -716,7 +717,9 @@ class ChatCompletionsStreamParser:
             try:
                 chunks = _CHUNKS.decode(b"[" + b",".join(payloads) + b"]")
             except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
-                chunks, error = _chunks_before_error(payloads)
+                # Read event by event: an event may have its JSON over several `data:` lines
+                chunks, error = _chunks_before_error(
+                    event_data(block.split(b"\n"), ended=True)[0])
                 self._chunks(chunks, out)
                 if error is not None:
                     raise after(out, error) from None
