@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["MAX_UPSTREAM_EVENT_BYTES", "HeldBytes"]
+__all__ = ["MAX_UPSTREAM_EVENT_BYTES", "HeldBytes", "by_events", "event_stream"]
 
 #: The largest record (one event, one line) an upstream may send: far beyond any real one.
 MAX_UPSTREAM_EVENT_BYTES: Final = 16 * 1024 * 1024
+#: UTF-8's byte-order mark, which the SSE spec drops from the start of a stream.
+_BOM: Final = b"\xef\xbb\xbf"
 
 
 class HeldBytes:
@@ -89,3 +91,85 @@ class HeldBytes:
         if self._size > self._limit:
             raise self._error(f"{self._source} sent {self._record} larger than "
                               f"{self._limit} bytes")
+
+
+def event_stream(source: str, error: type[Exception]) -> HeldBytes:
+    """The `HeldBytes` of a server-sent event stream, which reads the stream's start as the
+    SSE spec does: a leading byte-order mark dropped, and lines ended by a bare "\\r" when
+    the first one is. Its start is read by classes of their own, which then make it a plain
+    `HeldBytes` (or one of bare "\\r" lines): nothing is added to a read after the start.
+    """
+    return _StreamStart(source, error)
+
+
+def by_events(held: HeldBytes) -> None:
+    """`held`, from now on giving what a read completes only once a blank line may have come,
+    every line end read as "\\n": for a parser that reads line by line, once its stream sent
+    an event over several lines before the event's end came (see `adapters._sse`). What a
+    read ends is then read once, not again with each line that follows it."""
+    if type(held) is not _ByEvents:
+        _become(held, _ByEvents)
+        held._end = b"\n\n"
+        held._parts = [_lines_ended_by_lf(part) for part in held._parts]
+
+
+def _lines_ended_by_lf(data: bytes) -> bytes:
+    # (a "\r\n" across two reads reads as two line ends: only in this rare stream's rare case)
+    return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+
+class _ByEvents(HeldBytes):
+    """See `by_events`."""
+
+    __slots__ = ()
+
+    def take(self, read: bytes) -> bytes | None:
+        return HeldBytes.take(self, _lines_ended_by_lf(read))
+
+
+def _become(held: HeldBytes, kind: type[HeldBytes]) -> None:
+    """`held`, read on as a `kind` (its fields the same: these classes add none)."""
+    held.__class__ = kind
+
+
+class _StreamStart(HeldBytes):
+    """A stream until its first bytes say whether they are a byte-order mark."""
+
+    __slots__ = ()
+
+    def take(self, read: bytes) -> bytes | None:
+        read = self.rest() + read  # (at most the mark's first two bytes are held)
+        if len(read) < len(_BOM) and _BOM.startswith(read):
+            self.hold(read)
+            return None
+        _become(self, _FirstLine)
+        return self.take(read.removeprefix(_BOM))
+
+
+class _FirstLine(HeldBytes):
+    """A stream until its first line end, which says how its lines end: "\\n" or "\\r\\n"
+    (read as they come), or a bare "\\r" (`_BareCR`)."""
+
+    __slots__ = ()
+
+    def take(self, read: bytes) -> bytes | None:
+        # (nothing held has a line end, but for a "\r" that ended the last read)
+        seen = b"\r" + read if self._parts and self._parts[-1].endswith(b"\r") else read
+        cr, lf = seen.find(b"\r"), seen.find(b"\n")
+        if 0 <= lf < cr or cr < 0 <= lf or seen[cr + 1:cr + 2] == b"\n":
+            _become(self, HeldBytes)
+        elif 0 <= cr < len(seen) - 1:
+            _become(self, _BareCR)
+            self._parts = [part.replace(b"\r", b"\n") for part in self._parts]
+        else:  # no line end yet, or a "\r" last: not known yet (no record can have ended)
+            return HeldBytes.take(self, read)
+        return self.take(read)
+
+
+class _BareCR(HeldBytes):
+    """A stream whose lines end with a bare "\\r", which the SSE spec allows: read as "\\n"."""
+
+    __slots__ = ()
+
+    def take(self, read: bytes) -> bytes | None:
+        return HeldBytes.take(self, _lines_ended_by_lf(read))

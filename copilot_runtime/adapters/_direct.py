@@ -369,6 +369,8 @@ def body_message(text: bytes, status: int) -> str:
         body = orjson.loads(text)
     except orjson.JSONDecodeError:
         body = None
+    if isinstance(body, list) and body:  # [{"error": {...}}]: Gemini's OpenAI endpoint
+        body = body[0]
     if isinstance(body, dict):
         error = body.get("error", body)
         if isinstance(error, dict):

@@ -50,7 +50,7 @@ from copilot_runtime._exceptions import (
     UpstreamTimeoutError,
     upstream_said,
 )
-from copilot_runtime._held import HeldBytes
+from copilot_runtime._held import event_stream
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
     OPENING_TURN,
@@ -63,6 +63,7 @@ from copilot_runtime.adapters._common import (
     usage,
 )
 from copilot_runtime.adapters._idle import DEFAULT_TIMEOUT, IdleBound, read_timeout, wait_bound
+from copilot_runtime.adapters._sse import event_data, line_at
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -476,7 +477,7 @@ class AnthropicStreamParser:
     def __init__(self, *, secrets: Sequence[str | None] = (),
                  keep_thinking: Callable[[str, list[dict[str, Any]]], None] | None = None,
                  ) -> None:
-        self._held = HeldBytes("The Anthropic stream", UpstreamProtocolError)
+        self._held = event_stream("The Anthropic stream", UpstreamProtocolError)
         #: The credentials the request carried: an error event echoing one loses it.
         self.secrets = secrets
         #: The answer's thinking blocks, whole and signed, and its tool_use ids.
@@ -501,15 +502,36 @@ class AnthropicStreamParser:
         if block is None:
             return []
         out: list[ChatDelta] = []
-        for line in block.split(b"\n"):
+        lines = block.split(b"\n")
+        for line in lines:
             if not line.startswith(b"data:"):
                 continue  # `event:` lines repeat the JSON's own `type`
             try:
                 event = orjson.loads(line[5:])
             except orjson.JSONDecodeError:
-                raise UpstreamProtocolError("The Anthropic stream sent malformed JSON") from None
+                # Its event may go on over several `data:` lines: read from here event by event
+                return self._by_event(lines[line_at(lines, line):], out)
             if not isinstance(event, dict):
-                raise UpstreamProtocolError("The Anthropic stream sent an unexpected frame")
+                raise after(out, UpstreamProtocolError(
+                    "The Anthropic stream sent an unexpected frame"))
+            self.event(event, out)
+            if self.done:
+                break
+        return out
+
+    def _by_event(self, lines: list[bytes], out: list[ChatDelta]) -> list[ChatDelta]:
+        """`out` and the events of `lines`, each one's `data:` lines joined as the SSE spec
+        joins them: the rare stream that splits an event's JSON over several lines."""
+        for data in event_data(lines, ended=True)[0]:
+            try:
+                event = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                # (what this read parsed before it goes out first, as if the reads split here)
+                raise after(out, UpstreamProtocolError(
+                    "The Anthropic stream sent malformed JSON")) from None
+            if not isinstance(event, dict):
+                raise after(out, UpstreamProtocolError(
+                    "The Anthropic stream sent an unexpected frame"))
             self.event(event, out)
             if self.done:
                 break
@@ -528,8 +550,8 @@ class AnthropicStreamParser:
         try:
             self._event(event, out)
         except (AttributeError, TypeError, KeyError, ValueError):
-            raise UpstreamProtocolError(
-                "The Anthropic stream sent an event of an unexpected shape") from None
+            raise after(out, UpstreamProtocolError(
+                "The Anthropic stream sent an event of an unexpected shape")) from None
 
     def _event(self, event: dict[str, Any], out: list[ChatDelta]) -> None:
         kind = event.get("type")

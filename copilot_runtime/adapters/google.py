@@ -61,7 +61,7 @@ from copilot_runtime._exceptions import (
     UpstreamTimeoutError,
     upstream_said,
 )
-from copilot_runtime._held import HeldBytes
+from copilot_runtime._held import by_events, event_stream
 from copilot_runtime._limits import check_json_text
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
@@ -75,6 +75,7 @@ from copilot_runtime.adapters._common import (
     usage,
 )
 from copilot_runtime.adapters._idle import DEFAULT_TIMEOUT, IdleBound, read_timeout, wait_bound
+from copilot_runtime.adapters._sse import event_data, line_at
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -547,7 +548,7 @@ class GeminiStreamParser:
     def __init__(self, remember: Callable[[str, bytes], None] | None = None, *,
                  secrets: Sequence[str | None] = (),
                  renamed: Mapping[str, str] | None = None) -> None:
-        self._held = HeldBytes("The Gemini stream", UpstreamProtocolError)
+        self._held = event_stream("The Gemini stream", UpstreamProtocolError)
         #: The tools' names as sent (`_gemini_name`) → as they are, for the calls' names.
         self._renamed = renamed or {}
         #: The credentials the request carried: an error event echoing one loses it.
@@ -574,18 +575,44 @@ class GeminiStreamParser:
             return []
         self._held.hold(buffer[end + 1 :])
         out: list[ChatDelta] = []
-        for line in buffer[:end].split(b"\n"):
+        lines = buffer[:end].split(b"\n")
+        for line in lines:
             if not line.startswith(b"data:"):
                 continue  # blank separators (\r\n\r\n or \n\n) and comments
             try:
                 chunk = orjson.loads(line[5:])
             except orjson.JSONDecodeError:
-                raise UpstreamProtocolError("The Gemini stream sent malformed JSON") from None
+                # Its event may go on over several `data:` lines: read from here event by event
+                return self._by_event(lines[line_at(lines, line):], out)
             if not isinstance(chunk, dict):
-                raise UpstreamProtocolError("The Gemini stream sent an unexpected frame")
+                raise after(out, UpstreamProtocolError(
+                    "The Gemini stream sent an unexpected frame"))
             self.chunk(chunk, out)
             if self.done:
                 break  # (the answer's last chunk: nothing follows its end)
+        return out
+
+    def _by_event(self, lines: list[bytes], out: list[ChatDelta]) -> list[ChatDelta]:
+        """`out` and the chunks of the events `lines` end, each one's `data:` lines joined as
+        the SSE spec joins them (the rare stream that splits a chunk over several lines); an
+        event not ended yet is held with what follows it, read again with the next read."""
+        chunks, rest = event_data(lines, ended=False)
+        if rest:
+            self._held.hold(b"\n".join(rest) + b"\n" + self._held.rest())
+            by_events(self._held)  # (else each line that follows would read it all again)
+        for data in chunks:
+            try:
+                chunk = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                # (what this read parsed before it goes out first, as if the reads split here)
+                raise after(out, UpstreamProtocolError(
+                    "The Gemini stream sent malformed JSON")) from None
+            if not isinstance(chunk, dict):
+                raise after(out, UpstreamProtocolError(
+                    "The Gemini stream sent an unexpected frame"))
+            self.chunk(chunk, out)
+            if self.done:
+                break
         return out
 
     def chunk(self, chunk: dict[str, Any], out: list[ChatDelta]) -> None:
@@ -606,8 +633,8 @@ class GeminiStreamParser:
                 self._candidate(candidates[0], out)
             except (AttributeError, TypeError, KeyError, IndexError, ValueError):
                 # ValueError: binascii.Error of a thought signature that is not base64
-                raise UpstreamProtocolError(
-                    "The Gemini stream sent a chunk of an unexpected shape") from None
+                raise after(out, UpstreamProtocolError(
+                    "The Gemini stream sent a chunk of an unexpected shape")) from None
         feedback = chunk.get("promptFeedback")
         if isinstance(feedback, dict) and feedback.get("blockReason"):
             raise ContentFilteredError(

@@ -35,10 +35,11 @@ from copilot_runtime._exceptions import (
     UpstreamTimeoutError,
     upstream_said,
 )
-from copilot_runtime._held import HeldBytes
+from copilot_runtime._held import event_stream
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import OPENING_TURN, after, tool_schema
 from copilot_runtime.adapters._idle import DEFAULT_TIMEOUT, IdleBound, read_timeout, wait_bound
+from copilot_runtime.adapters._sse import event_data
 from copilot_runtime.adapters.base import (
     ChatDelta,
     ChatRequest,
@@ -517,10 +518,15 @@ def _architecture() -> str:
 
 def _error_message(exc: openai.APIStatusError) -> str:
     body = exc.body
+    if isinstance(body, list) and body:  # [{"error": {...}}]: Gemini's OpenAI endpoint
+        body = body[0]
     if isinstance(body, dict):
-        message = body.get("message") or (body.get("error") or {}).get("message")
-        if isinstance(message, str):
-            return message
+        # (`error` may hold a string, or what is not an error's object at all)
+        error = body.get("error")
+        for message in (body.get("message"), error.get("message") if isinstance(
+                error, dict) else None):
+            if isinstance(message, str) and message:
+                return message
     return exc.message
 
 
@@ -571,6 +577,7 @@ class _Chunk(msgspec.Struct):
 
 
 _CHUNKS = msgspec.json.Decoder(list[_Chunk])
+_CHUNK = msgspec.json.Decoder(_Chunk)
 #: The most `reasoning_content` an adapter keeps for the tool loops in flight, in characters.
 _REASONING_KEPT_CHARS = 16_000_000
 _CUT_SHORT = "The OpenAI stream ended before the answer was complete"
@@ -606,6 +613,26 @@ def _plain_chunks(block: bytes) -> list[_Chunk] | None:
         return _CHUNKS.decode(b"[" + inner + b"]")
     except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
         return None  # said as the line-by-line reading says it
+
+
+def _chunks_before_error(payloads: list[bytes]
+                         ) -> tuple[list[_Chunk], UpstreamProtocolError | None]:
+    """The chunks of `payloads` (one per event) decoded one by one up to the first that fails,
+    and its error: only once a read's decode as one array failed. What came before it then
+    goes out first, as it does when the bad one comes in a read of its own."""
+    chunks: list[_Chunk] = []
+    for payload in payloads:
+        try:
+            chunks.append(_CHUNK.decode(payload))
+        except msgspec.ValidationError:
+            # A field of the wrong type (`choices` not a list, `delta` not an object).
+            return chunks, UpstreamProtocolError(
+                "The OpenAI stream sent a chunk that does not match the Chat Completions "
+                "format")
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            # msgspec reports bytes that are not UTF-8 as a UnicodeDecodeError
+            return chunks, UpstreamProtocolError("The OpenAI stream sent malformed JSON")
+    return chunks, None
 
 
 def _done_line(block: bytes) -> int:
@@ -644,7 +671,7 @@ class ChatCompletionsStreamParser:
 
     def __init__(self, *, secrets: Sequence[str | None] = (), expects_usage: bool = True,
                  keep_reasoning: Callable[[str, str], None] | None = None) -> None:
-        self._held = HeldBytes("The OpenAI stream", UpstreamProtocolError)
+        self._held = event_stream("The OpenAI stream", UpstreamProtocolError)
         #: The credentials the request carried: an error event echoing one loses it.
         self.secrets = secrets
         #: Whether a usage chunk follows the finish reason (`stream_options.include_usage`).
@@ -689,15 +716,15 @@ class ChatCompletionsStreamParser:
         if payloads:
             try:
                 chunks = _CHUNKS.decode(b"[" + b",".join(payloads) + b"]")
-            except msgspec.ValidationError:
-                # A field of the wrong type (`choices` not a list, `delta` not an object).
-                raise UpstreamProtocolError(
-                    "The OpenAI stream sent a chunk that does not match the Chat Completions "
-                    "format") from None
-            except (msgspec.DecodeError, UnicodeDecodeError):
-                # msgspec reports bytes that are not UTF-8 as a UnicodeDecodeError
-                raise UpstreamProtocolError("The OpenAI stream sent malformed JSON") from None
-            self._chunks(chunks, out)
+            except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+                # Read event by event: an event may have its JSON over several `data:` lines
+                chunks, error = _chunks_before_error(
+                    event_data(block.split(b"\n"), ended=True)[0])
+                self._chunks(chunks, out)
+                if error is not None:
+                    raise after(out, error) from None
+            else:
+                self._chunks(chunks, out)
         if self.done:
             out.append(StreamEnd(self.finish_reason, self.usage))
         return out
