@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 __all__ = ["CREDENTIAL_HEADERS", "DEFAULT_DENIED_HEADERS", "DEFAULT_DENIED_PREFIXES",
-           "HOP_BY_HOP", "HeaderPolicy", "forwardable"]
+           "HOP_BY_HOP", "HeaderPolicy", "for_aiohttp", "forwardable"]
 
 #: Never forwarded by the default policy: what the proxies in front of this runtime wrote
 #: about the client's hop to it (its address, host, scheme, a client certificate), and the
@@ -107,3 +107,20 @@ def forwardable(raw: Iterable[tuple[bytes, bytes]], *,
         for token in value.decode("latin-1").split(","):
             out.pop(token.strip().lower(), None)
     return out
+
+
+def for_aiohttp(forwarded: Mapping[str, str]) -> dict[str, str]:
+    """`forwarded` (values as `forwardable` reads them: one character per byte, so that
+    their latin-1 encoding is the client's bytes) as aiohttp must be handed them to send
+    those bytes unchanged: aiohttp writes a header value as UTF-8, so each value is given
+    as its bytes read as UTF-8. Bytes that are not UTF-8 cannot be sent unchanged through
+    aiohttp; their characters are sent (as UTF-8), as is a value that is already text
+    (one given to `CopilotRuntime.start_run` by code, not read off a request)."""
+    return {name: _as_utf8(value) for name, value in forwarded.items()}
+
+
+def _as_utf8(value: str) -> str:
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:  # (not bytes read as latin-1, or not UTF-8 bytes)
+        return value

@@ -13,7 +13,7 @@ from copilot_runtime import CopilotRuntime, UpstreamError
 from copilot_runtime.agents._http_client import Timeouts
 from copilot_runtime.agents._wire import RemoteEventChecker, SSEDecoder
 from copilot_runtime.agents.http import HttpAgent
-from copilot_runtime.headers import HeaderPolicy, forwardable
+from copilot_runtime.headers import HeaderPolicy, for_aiohttp, forwardable
 from copilot_runtime.testing import verify_events
 from tests.agents_support.agui_server import ScriptedAGUIServer
 from tests.conftest import ServeRuntime, free_port, run_input, text_of, types
@@ -162,6 +162,28 @@ async def test_no_header_a_proxy_set_reaches_a_remote_agent(
     assert sent["x-tenant"] == "acme"
     leaked = sorted(name for name in sent if name in {n.lower() for n in _PROXY_HEADERS})
     assert leaked == [], leaked
+
+
+async def test_a_non_ascii_forwarded_header_reaches_the_remote_byte_for_byte(
+        remote: ScriptedAGUIServer, serve_runtime: ServeRuntime) -> None:
+    """The client's UTF-8 bytes arrived UTF-8 encoded twice before (`Jos\\xc3\\x83\\xc2\\xa9`)."""
+    async with serve_runtime(runtime_for(HttpAgent(remote.url))) as served:
+        response = await served.post("/agent/remote/run", run_input("Hi"),
+                                     headers={"X-User-Name": "José"})  # (sent as UTF-8)
+        assert response.status == 200
+        await response.read()
+    got = remote.requests[0]["headers"]["x-user-name"]
+    assert got.encode("utf-8", "surrogateescape") == "José".encode()
+
+
+def test_forwarded_header_values_as_aiohttp_sends_them() -> None:
+    # `forwardable` reads a byte as one character; aiohttp writes characters as UTF-8.
+    (value,) = forwardable([(b"x-user-name", "José".encode())]).values()
+    assert value.encode("latin-1") == "José".encode()  # (what other agents rely on)
+    assert for_aiohttp({"x-user-name": value}) == {"x-user-name": "José"}
+    # Bytes that are not UTF-8 cannot go out unchanged: as before, their characters go.
+    assert for_aiohttp({"x-a": "Jos\xe9", "x-b": "plain", "x-c": "€"}) == {
+        "x-a": "Jos\xe9", "x-b": "plain", "x-c": "€"}
 
 
 def test_headers_a_connection_header_names_stay_on_that_connection() -> None:

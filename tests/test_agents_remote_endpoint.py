@@ -401,6 +401,20 @@ async def test_agent_runs_forward_headers_by_policy(flaky: tuple[FlakyEndpoint, 
     assert "x-forwarded-for" not in sent
 
 
+async def test_a_non_ascii_forwarded_header_reaches_the_endpoint_byte_for_byte(
+        flaky: tuple[FlakyEndpoint, str], serve_runtime: ServeRuntime) -> None:
+    """The client's UTF-8 bytes arrived UTF-8 encoded twice before."""
+    fake, url = flaky
+    found = await CopilotKitRemoteEndpoint(url, retry=FAST).discover()
+    async with serve_runtime(CopilotRuntime(agents=dict(found.agents))) as served:
+        response = await served.post("/agent/bot/run", run_input("Ada"),
+                                     headers={"X-User-Name": "José"})  # (sent as UTF-8)
+        assert response.status == 200
+        await response.read()
+    sent = fake.headers[-1]["x-user-name"]
+    assert sent.encode("utf-8", "surrogateescape") == "José".encode()
+
+
 async def test_a_tool_results_error_reaches_the_endpoint(
         flaky: tuple[FlakyEndpoint, str], serve_runtime: ServeRuntime) -> None:
     """The legacy messages have no error field: a frontend tool's failed result reached the

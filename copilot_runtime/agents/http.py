@@ -27,7 +27,7 @@ from copilot_runtime.agents._http_client import (
 from copilot_runtime.agents._wire import RemoteEventChecker, SSEDecoder
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.events import EventBatches
-from copilot_runtime.headers import HeaderPolicy
+from copilot_runtime.headers import HeaderPolicy, for_aiohttp
 
 __all__ = ["HttpAgent"]
 
@@ -69,7 +69,7 @@ class HttpAgent(Agent):
 
     def request_headers(self, context: RunContext) -> dict[str, str]:
         """The headers of the upstream request for a run with `context`."""
-        return {**self.header_policy.select(context.headers), **self.headers,
+        return {**for_aiohttp(self.header_policy.select(context.headers)), **self.headers,
                 "content-type": "application/json", "accept": "text/event-stream"}
 
     def run(self, input: RunInput, context: RunContext) -> EventBatches:

@@ -49,7 +49,7 @@ from copilot_runtime.agents._legacy import (
 from copilot_runtime.agents._wire import RemoteEventChecker
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.events import EventBatches
-from copilot_runtime.headers import HeaderPolicy
+from copilot_runtime.headers import HeaderPolicy, for_aiohttp
 from copilot_runtime.messages import from_json_representation, to_legacy
 from copilot_runtime.threads.base import id_problem
 
@@ -185,7 +185,7 @@ class CopilotKitRemoteEndpoint:
                       parameters=parameters_schema(item.get("parameters")))
 
     def request_headers(self, forwarded: Mapping[str, str] | None) -> dict[str, str]:
-        return {**self.header_policy.select(forwarded or {}), **self.headers,
+        return {**for_aiohttp(self.header_policy.select(forwarded or {})), **self.headers,
                 "content-type": "application/json"}
 
     async def _json(self, path: str, body: dict[str, Any], what: str,
