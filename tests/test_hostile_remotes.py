@@ -699,7 +699,7 @@ class _Wire:
     after them."""
 
     def __init__(self, writes: list[bytes], *, status: int = 200,
-                 content_type: str = "text/event-stream", open_for: float = 0) -> None:
+                 content_type: str | None = "text/event-stream", open_for: float = 0) -> None:
         self.writes, self.status, self.content_type = writes, status, content_type
         self.open_for = open_for
 
@@ -711,6 +711,12 @@ WIRES: dict[str, _Wire] = {
     "last-frame-no-blank-line": _Wire([b"".join(_FRAMES)[:-1]]),
     "bom": _Wire([b"\xef\xbb\xbf" + b"".join(_FRAMES[1:])]),
     "mixed-case-type": _Wire([b"".join(_FRAMES)], content_type="Text/Event-Stream"),
+    "text-plain-type": _Wire([b"".join(_FRAMES)], content_type="text/plain; charset=utf-8"),
+    "no-type": _Wire([b"".join(_FRAMES)], content_type=None),  # (aiohttp: octet-stream)
+    "html-page": _Wire([b"<html><body>Sign in</body></html>"],
+                       content_type="text/html; charset=utf-8"),
+    "protobuf-type": _Wire([b"\x00\x00\x00\x02\x08\x01"],
+                           content_type="application/vnd.ag-ui.event+proto"),
     "bad-frame-one-read": _Wire([b"".join(_FRAMES[:3]) + _BROKEN]),
     "bad-frame-own-read": _Wire([*_FRAMES[:3], _BROKEN]),
     "error-body-in-two-reads": _Wire([_QUOTA[:20], _QUOTA[20:]], status=429,
@@ -735,8 +741,8 @@ class _WireServer(LoopbackServer):
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         await request.read()
         wire = WIRES[request.match_info["name"]]
-        response = web.StreamResponse(status=wire.status,
-                                      headers={"Content-Type": wire.content_type})
+        response = web.StreamResponse(status=wire.status, headers={} if wire.content_type
+                                      is None else {"Content-Type": wire.content_type})
         await response.prepare(request)
         try:
             for write in wire.writes:
@@ -775,18 +781,32 @@ async def _wire_run(name: str, serve_runtime: ServeRuntime) -> list[Json]:
 
 @pytest.mark.timeout(TIMEOUT_S)
 @pytest.mark.parametrize("name", ["lone-cr-close", "lone-cr-open", "last-frame-no-blank-line",
-                                  "bom", "mixed-case-type"])
+                                  "bom", "mixed-case-type", "text-plain-type", "no-type"])
 async def test_a_remotes_valid_sse_variants_are_relayed_whole(
         name: str, serve_runtime: ServeRuntime) -> None:
     """Each failed or lost events before: lone-CR line ends (the last event held back, the
     run hanging while the stream stayed open), a last frame without its blank line (the run
-    failed), a leading BOM (the first event lost), a content type in capitals (refused)."""
+    failed), a leading BOM (the first event lost), a content type in capitals, another
+    content type or none (refused; @ag-ui/client reads SSE under any but protobuf's)."""
     started = time.monotonic()
     events = await _wire_run(name, serve_runtime)
     verify_events(events)
     assert types(events)[-1] == "RUN_FINISHED", events[-1]
     assert text_of(events) == "hello"
     assert time.monotonic() - started < 5  # (not when the remote closes its stream)
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize(("name", "said"), [
+    ("protobuf-type", "answered with content type 'application/vnd.ag-ui.event+proto' "
+                      "(AG-UI's protobuf encoding), not an event stream"),
+    ("html-page", "answered with content type 'text/html; charset=utf-8' and no event")])
+async def test_an_answer_that_is_no_event_stream_is_a_precise_error(
+        name: str, said: str, serve_runtime: ServeRuntime) -> None:
+    """Read as SSE, as @ag-ui/client reads any content type but protobuf's, a page or a
+    JSON answer holds no event: its content type says what it was."""
+    error = one_run_error(await _wire_run(name, serve_runtime))
+    assert error["message"] == f"Remote agent '{name}' {said}", error
 
 
 @pytest.mark.timeout(TIMEOUT_S)

@@ -34,6 +34,9 @@ __all__ = ["HttpAgent"]
 # What an AG-UI server may assume it receives, even from a client that omitted them.
 _INPUT_DEFAULTS: dict[str, Any] = {"tools": [], "context": [], "state": {},
                                    "forwardedProps": {}}
+#: The media type of AG-UI's protobuf encoding, the one answer @ag-ui/client does not read as
+#: SSE.
+_PROTOBUF = "application/vnd.ag-ui.event+proto"
 
 
 class HttpAgent(Agent):
@@ -89,15 +92,22 @@ class HttpAgent(Agent):
                                     allow_redirects=False) as response:
                 if response.status >= 300:
                     raise await error_for_status(response, what, known)
-                # (the parsed media type: its case and parameters are not part of it)
-                if response.content_type != "text/event-stream":
-                    content_type = response.headers.get("content-type", "")
+                # Any other content type is read as SSE, as @ag-ui/client reads it (servers
+                # that label their stream otherwise, or not at all, work with it); only its
+                # protobuf encoding is not SSE. (The parsed media type: its case and
+                # parameters are not part of it.)
+                content_type = response.headers.get("content-type", "")
+                if response.content_type == _PROTOBUF:
                     raise UpstreamError(f"{what} answered with content type "
-                                        f"{content_type or 'none'!r}, not an event stream")
+                                        f"{content_type!r} (AG-UI's protobuf encoding), not "
+                                        "an event stream")
+                labelled = response.content_type == "text/event-stream"
+                relayed = False
                 decoder = SSEDecoder(what)
                 async for chunk in response.content.iter_any():
                     batch = checker.payloads(decoder.feed(chunk))
                     if batch:
+                        relayed = True
                         yield batch
                     if checker.failure is not None:
                         raise checker.failure  # after the good events of the same read
@@ -110,6 +120,9 @@ class HttpAgent(Agent):
             yield last
         if checker.failure is not None:
             raise checker.failure
+        if not (labelled or relayed or last):  # (an HTML page, a JSON answer: say so)
+            raise UpstreamError(f"{what} answered with content type "
+                                f"{content_type or 'none'!r} and no event")
         checker.end_of_stream()
 
     async def aclose(self) -> None:
