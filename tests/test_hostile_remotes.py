@@ -16,6 +16,7 @@ schema refers to itself answers the model with a tool error instead of failing t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import time
@@ -37,9 +38,11 @@ from copilot_runtime import (
     MCPServer,
     MCPToolset,
     OpenAIAdapter,
+    RunContext,
     UpstreamError,
     _held,
 )
+from copilot_runtime._input import parse_run_input
 from copilot_runtime._limits import MAX_JSON_DEPTH
 from copilot_runtime.agents import remote_endpoint
 from copilot_runtime.agents._http_client import Timeouts
@@ -850,6 +853,96 @@ async def test_a_remote_streaming_without_end_is_stopped_at_the_live_bound(
         assert stored["events"][-1]["code"] == "PAYLOAD_TOO_LARGE"
         after = await served.run(run_input("again", thread="t-endless", run="r2"), agent="fine")
     assert types(after)[-1] == "RUN_FINISHED"
+
+
+#: More concurrent calls than aiohttp's default pool holds (100 connections).
+_CONCURRENT = 105
+
+
+class _HoldingServer(LoopbackServer):
+    """Every call reaches `_held` and waits for `release`: `POST /run` answers RUN_STARTED
+    first (a run streaming for a long time), `POST /ck/actions/execute` nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived = 0
+        self.all_arrived, self.release = asyncio.Event(), asyncio.Event()
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/run", self._run)
+        app.router.add_post("/ck/actions/execute", self._action)
+
+    def url(self, path: str) -> str:
+        return f"http://{self.host}:{self.port}{path}"
+
+    async def _held(self) -> None:
+        self.arrived += 1
+        if self.arrived == _CONCURRENT:
+            self.all_arrived.set()
+        await self.release.wait()
+
+    async def _run(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        ids = {"threadId": body["threadId"], "runId": body["runId"]}
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(sse({"type": "RUN_STARTED", **ids}))
+        await self._held()
+        await response.write(sse({"type": "RUN_FINISHED", **ids}))
+        await response.write_eof()
+        return response
+
+    async def _action(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        await self._held()
+        return web.json_response({"result": "done"})
+
+
+async def _all_arrive(server: _HoldingServer, calls: list[Awaitable[Any]]) -> list[Any]:
+    """Start `calls` together; each must reach `server` at once (not wait for another's
+    connection), then all are let finish."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(server.all_arrived.wait(), 10)
+        at_once = server.arrived
+    finally:
+        server.release.set()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+    assert at_once == len(calls), f"{at_once} of {len(calls)} reached the remote at once"
+    return done
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_concurrent_runs_of_a_remote_agent_are_not_queued_behind_each_other() -> None:
+    """Runs past the 100th waited, silently and without bound, for one of the first 100 to
+    end: aiohttp's default pool of 100 connections, shared by all runs of the agent."""
+    async with _HoldingServer() as server:
+        agent = HttpAgent(server.url("/run"))
+
+        async def one(i: int) -> list[Json]:
+            body = parse_run_input(run_input("hi", thread=f"t{i}", run=f"r{i}"))
+            return [event async for batch in agent.run(body, RunContext("remote"))
+                    for event in batch]
+
+        try:
+            ran = await _all_arrive(server, [one(i) for i in range(_CONCURRENT)])
+        finally:
+            await agent.aclose()
+    assert [types(events) for events in ran] == [["RUN_STARTED", "RUN_FINISHED"]] * _CONCURRENT
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+async def test_concurrent_calls_to_a_legacy_endpoint_are_not_queued_behind_each_other(
+        ) -> None:
+    async with _HoldingServer() as server:
+        endpoint = CopilotKitRemoteEndpoint(server.url("/ck"))
+        try:
+            results = await _all_arrive(server, [endpoint.execute_action("act", {})
+                                                 for _ in range(_CONCURRENT)])
+        finally:
+            await endpoint.aclose()
+    assert results == ["done"] * _CONCURRENT
 
 
 # ---- a legacy remote endpoint (CopilotKitRemoteEndpoint) -------------------------------------

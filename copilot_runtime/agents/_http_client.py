@@ -63,7 +63,10 @@ class SessionHolder:
         session, loop = self._session, asyncio.get_running_loop()
         if session is None or session.closed or self._loop is not loop:
             # A runtime reused across event loops (tests, notebooks) needs a fresh pool.
-            session = aiohttp.ClientSession()
+            # No cap on its connections: aiohttp's default holds 100, and the 101st stream
+            # waited for one of them to end, silently and without bound (Node's fetch, the
+            # TypeScript runtime's, has no cap either).
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
             self._session, self._loop = session, loop
         return session
 
