@@ -61,7 +61,7 @@ from copilot_runtime._limits import (
     replayable,
     storable,
 )
-from copilot_runtime._shared_runs import follow, replay_stored, unreached
+from copilot_runtime._shared_runs import follow, not_again, replay_stored, unreached
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.coordination import LEASE_LOST_CODE, Coordinator, Lease, Signal
 from copilot_runtime.event_order import RunEventOrder
@@ -1587,13 +1587,14 @@ class RunManager:
                 stored = await self.store.events_after(thread_id, after)
             out = _before_run(stored, live.run_id, known)
             out.extend((start + i, e) for i, e in enumerate(so_far) if start + i > after)
-            # Where the stream is in the thread, should the reservation be refused.
-            reached = max((p for p, _ in out if p is not None), default=after)
+            # Where the stream is in the thread, should the reservation be refused (None:
+            # nothing sent, the client's position).
+            reached = max((p for p, _ in out if p is not None), default=None)
             yield out
             while (item := await queue.get()) is not None:
                 if unconfirmed and live.confirmed:
                     unconfirmed = False
-                    if gap := await self._stored_before(live, reached):
+                    if gap := await self._stored_before(live, reached, after):
                         yield gap
                 first, batch = item
                 if first + len(batch) - 1 > after:
@@ -1601,30 +1602,37 @@ class RunManager:
         finally:
             live.unsubscribe(queue)
         if unconfirmed and live.confirmed:
-            if gap := await self._stored_before(live, reached):
+            if gap := await self._stored_before(live, reached, after):
                 yield gap
             return
         if self.coordinator is None or live.confirmed or self.stopping_since is not None:
             return
         # A reservation of this worker refused (another worker's run holds the thread): it
         # sent nothing, and the stream goes on with the thread's run wherever it runs.
-        async for followed in self._follow(self.coordinator, thread_id, reached):
+        async for followed in self._follow(self.coordinator, thread_id,
+                                           after if reached is None else reached,
+                                           sent=reached is not None):
             if followed:
                 yield followed
 
-    async def _stored_before(self, run: ActiveRun, after: int) -> list[Positioned]:
-        """The events stored after position `after` that come before `run` (confirmed): what
-        was written while it waited for its lease, not yet sent to its follower."""
-        stored = await self.store.events_after(run.thread_id, after)
+    async def _stored_before(self, run: ActiveRun, reached: int | None, after: int
+                             ) -> list[Positioned]:
+        """The events stored after position `reached` (None: the client's, `after`) that
+        come before `run` (confirmed): what was written while it waited for its lease, not
+        yet sent to its follower."""
+        stored = await self.store.events_after(run.thread_id,
+                                               after if reached is None else reached)
+        if reached is not None:
+            stored = not_again(stored, reached)
         return _before_run(stored, run.run_id, run.first_position)
 
-    async def _follow(self, coordinator: Coordinator, thread_id: str, after: int
-                      ) -> AsyncIterator[Sequence[Positioned]]:
+    async def _follow(self, coordinator: Coordinator, thread_id: str, after: int, *,
+                      sent: bool = False) -> AsyncIterator[Sequence[Positioned]]:
         """`follow`, ended by `stop_all`: a follower waits for a signal, or a poll, that a
         shutdown must not wait for (it was cut at the end of the grace, mid-event)."""
         stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._following.add(stopped)
-        followed = follow(coordinator, self.store, thread_id, after)
+        followed = follow(coordinator, self.store, thread_id, after, sent=sent)
         step: asyncio.Future[Sequence[Positioned]] | None = None
         try:
             while True:

@@ -20,7 +20,7 @@ from copilot_runtime._exceptions import ServiceUnavailableError
 from copilot_runtime.coordination import Coordinator, Signal
 from copilot_runtime.threads.base import DurableThreadStore, Positioned, ThreadStore
 
-__all__ = ["RecoverySweep", "follow", "replay_stored", "unreached"]
+__all__ = ["RecoverySweep", "follow", "not_again", "replay_stored", "unreached"]
 
 _log = structlog.get_logger("copilot_runtime.runs")
 #: Seconds after its expiry that a lease never released (its worker died) is deleted.
@@ -34,12 +34,13 @@ _WRITTEN_WITHIN = 2.0
 _TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
 
 
-async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, after: int = -1
-                 ) -> AsyncGenerator[Sequence[Positioned], None]:
+async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, after: int = -1,
+                 *, sent: bool = False) -> AsyncGenerator[Sequence[Positioned], None]:
     """The thread's stored events after position `after` (all for -1), then those of its
-    live run on any worker, to the run's end; each with its position."""
+    live run on any worker, to the run's end; each with its position. `sent`: `after` is
+    that of an event read from the store and sent, not the client's."""
     with coordinator.subscribe(thread_id) as signals:
-        batch, position = await _read(store, thread_id, after)
+        batch, position = await _read(store, thread_id, after, resumed=not sent)
         # Followed from now on: its worker signals its progress and end to us.
         live = await coordinator.follow(thread_id)
         unsure: _Unsure | None = None
@@ -66,7 +67,8 @@ async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, a
                 if signal is None or (signal.kind == "progress" and (
                         signal.position is None or signal.position > position
                         or unsure is not None)):
-                    batch, position = await _read(store, thread_id, position)
+                    batch, position = await _read(store, thread_id, position,
+                                                  resumed=last is None)
                     if batch:
                         unsure = None
                     elif unsure is not None and (whole := await unsure.known(
@@ -97,7 +99,8 @@ async def follow(coordinator: Coordinator, store: ThreadStore, thread_id: str, a
                 batch = await replay_stored(store, thread_id, position)
                 position = _last_position(batch, position)
             else:
-                batch, position = await _read(store, thread_id, position)
+                batch, position = await _read(store, thread_id, position,
+                                              resumed=last is None)
             batch, ended = end.cut(batch, over=True)
             if batch:
                 last = batch[-1]
@@ -226,11 +229,23 @@ async def replay_stored(store: ThreadStore, thread_id: str, after: int) -> list[
     return await store.events_after(thread_id, -1)
 
 
-async def _read(store: ThreadStore, thread_id: str, position: int
+async def _read(store: ThreadStore, thread_id: str, position: int, *, resumed: bool = False
                 ) -> tuple[list[Positioned], int]:
-    """The events stored after `position`, and the position to read after next."""
+    """The events stored after `position`, and the position to read after next. `resumed`:
+    `position` is the client's, not that of an event read."""
     rows = await store.events_after(thread_id, position)
+    if not resumed:
+        rows = not_again(rows, position)
     return rows, _last_position(rows, position)
+
+
+def not_again(rows: list[Positioned], position: int) -> list[Positioned]:
+    """`rows`, read after `position` (that of an event sent), without those at or before it:
+    a client resumed among a swept run's closing events was sent them all, which a store
+    gives again after the last of them (`resumed_at`, the client's id is not the store's)."""
+    sent = max((index + 1 for index, (at, _) in enumerate(rows)
+                if at is not None and at <= position), default=0)
+    return rows[sent:]
 
 
 def _last_position(rows: Sequence[Positioned], position: int) -> int:

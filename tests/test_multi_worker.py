@@ -214,6 +214,34 @@ async def test_a_killed_workers_run_is_closed_as_interrupted(
     await cluster.workers[0].ready(cluster.session)
 
 
+@needs_positions
+async def test_a_client_that_saw_what_a_killed_worker_never_wrote_resumes_to_the_runs_end(
+        cluster: Cluster, urls: tuple[str, str]) -> None:
+    """The killed worker sent events it had not written yet (it writes every 200 ms): the
+    closing events the sweep stores take their positions, so the client's Last-Event-ID is
+    at or past the first of them. Its resume on another worker ends its run all the same:
+    the message left open is ended, then the RUN_ERROR, each once. (Before, an id at the
+    RUN_ERROR's position got an empty stream, one before it the RUN_ERROR alone.)"""
+    only_once(urls)
+    thread = thread_id()
+    running = await start_run(cluster, 0, thread, "r1", "slow:400 a long answer to be cut")
+    await eventually(lambda: _text_written(urls[0], thread), deadline=10,
+                     what="part of the answer stored")
+    cluster.workers[0].kill()
+    running.close()
+    closed = await eventually(lambda: _interrupted(connect(cluster, 1, thread)),
+                              deadline=TTL + 10, what="the run closed as interrupted")
+    assert [e["type"] for e in closed[-2:]] == ["TEXT_MESSAGE_END", "RUN_ERROR"]
+    last = int(next(i for i, _ in reversed(await connect(cluster, 1, thread)) if i))
+    # The client saw one, two or five events the store never got (their ids are the closing
+    # events' positions, or past the thread's).
+    for seen in (last - 1, last, last + 3):
+        resumed = await connect(cluster, 1 + seen % 2, thread, last_event_id=str(seen))
+        assert [e["type"] for e in data(resumed)] == ["TEXT_MESSAGE_END", "RUN_ERROR"], seen
+    cluster.workers[0].start()
+    await cluster.workers[0].ready(cluster.session)
+
+
 async def _text_written(threads: str, thread: str) -> bool:
     """Whether the running run's events written so far hold some of the answer."""
     schema = threads.split("schema=")[1]

@@ -496,6 +496,45 @@ async def test_interrupted_run_is_closed_with_what_it_streamed(store: ThreadStor
     assert [r.run_id for r in (await durable.get("t")).runs] == ["r1", "r2"]  # type: ignore[union-attr]
 
 
+async def test_a_resume_past_what_a_dead_worker_wrote_gets_the_whole_closing_tail(
+        store: ThreadStore) -> None:
+    """A worker that died streamed events it never wrote: the closing events a sweep stores
+    take their positions, so a client's id at or after the first of them names an event the
+    store never had. It gets every closing event (some ids again), never an empty stream."""
+    durable = _durable(store)
+    events = _run("t", "r1", "partial answer")[:3]  # started, text open, one delta: 0-2
+    await durable.append_events("t", "default", "r1", 1.0, 0, events)
+    assert await durable.close_interrupted("t", "r1") is True
+    tail = ["TEXT_MESSAGE_END", "RUN_ERROR"]  # at 3 and 4
+    for seen in (3, 4, 9):  # the client saw 1, 2 or 7 events never written
+        rest = await durable.events_after("t", seen)
+        assert [(p, e["type"]) for p, e in rest] == list(zip((3, 4), tail, strict=True)), seen
+    assert [e["type"] for _, e in await durable.events_after("t", 2)] == tail
+    # Once a later run began, its positions are its own: only those before it are not.
+    await _finish(durable, "t", "r2", _run("t", "r2", "again"), 5)
+    assert [e["type"] for _, e in await durable.events_after("t", 4)][:3] == [
+        *tail, "RUN_STARTED"]
+    inside = await durable.events_after("t", 7)
+    assert inside[0][1]["type"] == "RUN_STARTED"
+    assert inside[0][1]["runId"] == "r2"
+
+
+async def test_a_run_ended_by_its_own_worker_is_not_sent_again(store: ThreadStore) -> None:
+    """A run its worker ended (stopped, or cut at shutdown: its RUN_ERROR written with the
+    run) sent exactly what it wrote: a resume at its last id gets nothing more."""
+    durable = _durable(store)
+    events = _run("t", "r1", "cut here")[:4]
+    events.append(ev.text_message_end("m-r1"))
+    events.append(ev.run_error("interrupted", code=INTERRUPTED_CODE))
+    await durable.append_events("t", "default", "r1", 1.0, 0, events[:3])
+    await durable.append_run("t", "default", StoredRun(
+        "r1", compact_events(events), 1.0, 0, 0, len(events) - 1), ["m-r1"],
+        raw_first=3, raw=events[3:])
+    assert await durable.events_after("t", len(events) - 1) == []
+    assert [e["type"] for _, e in await durable.events_after("t", 3)] == [
+        "TEXT_MESSAGE_END", "RUN_ERROR"]
+
+
 async def test_an_interrupted_runs_message_ids_are_kept_but_no_forged_mark(
         store: ThreadStore) -> None:
     """A run closed as interrupted leaves the ids of its messages (its input's and what it
@@ -809,7 +848,7 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     db.close()
     store = SQLiteThreadStore(path)
     try:
-        assert store.schema_version == 8
+        assert store.schema_version == 9
         record = await store.get("old")
         assert record is not None
         assert [r.run_id for r in record.runs] == ["r0"]
@@ -822,7 +861,7 @@ async def test_sqlite_file_of_the_first_schema_still_opens(tmp_path: Path) -> No
     finally:
         await store.aclose()
     reopened = SQLiteThreadStore(path)
-    assert reopened.schema_version == 8
+    assert reopened.schema_version == 9
     await reopened.aclose()
 
 
@@ -1059,8 +1098,9 @@ async def test_a_newer_release_that_only_added_to_the_store_can_be_rolled_back(
         known, readers = await version_and_readers(current)
         # This release's last migrations are additive: the deleted threads' times (both),
         # SQLite's index of threads by update, the states kept with threads (both),
-        # SQLite's titles of threads begun before titles, and archived flags (both).
-        assert readers == known - (5 if kind == "sqlite" else 3)
+        # SQLite's titles of threads begun before titles, archived flags (both), and where
+        # a sweep's closing events begin (both).
+        assert readers == known - (6 if kind == "sqlite" else 4)
     finally:
         await current.aclose()
     # A newer release migrated it once more, additively.

@@ -519,3 +519,26 @@ async def test_a_replay_that_leaves_runs_out_keeps_the_history_in_order(
         status, body, _ = await call(served, "GET", "/threads/order/messages", None)
         assert status == 200
         assert [m["id"] for m in orjson.loads(body)["messages"]] == live
+
+
+async def test_a_client_of_a_killed_process_resumes_to_its_runs_end_on_sqlite(
+        tmp_path: Path, serve_runtime: ServeRuntime) -> None:
+    """One process on a SQLite file was killed mid-answer having sent events it had not
+    written yet; the next process closes its run (`recover`), the closing events taking
+    those events' positions. The client's resume with the id it last got ends its run: the
+    message left open ended, then the RUN_ERROR. Before, an id at the RUN_ERROR's position
+    got nothing, one before it the RUN_ERROR alone."""
+    url = f"sqlite:///{tmp_path / 'threads.db'}"
+    killed = thread_store(url)
+    assert isinstance(killed, DurableThreadStore)
+    started = ev.run_started("t", "r1", {"threadId": "t", "runId": "r1", "messages": [
+        {"id": "u-r1", "role": "user", "content": "hello"}]})
+    await killed.append_events("t", "default", "r1", 1.0, 0, [
+        started, ev.text_message_start("m-r1"), ev.text_message_content("m-r1", "hel")])
+    await killed.aclose()  # (what it wrote before it died: positions 0-2)
+    async with worker(url, serve_runtime) as served:
+        for seen in ("3", "4", "9"):  # it sent 1, 2 or 7 events more
+            status, resumed = await connect(served, "t", seen)
+            assert status == 200
+            assert [(p, e["type"]) for p, e in resumed] == [
+                (3, "TEXT_MESSAGE_END"), (4, "RUN_ERROR")], seen

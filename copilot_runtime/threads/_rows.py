@@ -24,7 +24,7 @@ from copilot_runtime.threads.base import (
 )
 
 __all__ = ["Chunk", "FirstPositions", "RunRow", "check_schema_version", "closed_run",
-           "decoded", "events_after", "message_ids_of", "oldest_reader"]
+           "decoded", "events_after", "message_ids_of", "oldest_reader", "resumed_at"]
 
 
 def check_schema_version(store: str, version: int, known: int,
@@ -78,6 +78,9 @@ class RunRow:
     first_position: int
     last_position: int
     events: list[Event]
+    #: The position of the first of the closing events a sweep stored (`closed_run`) for
+    #: a run its worker left open; None: its worker ended it, or it is open.
+    swept_from: int | None = None
 
 
 @dataclass(slots=True)
@@ -96,25 +99,40 @@ def events_after(runs: Sequence[RunRow], chunks: Iterable[Chunk], position: int,
     are `earlier` (`with_omission`)."""
     ordered = sorted(chunks, key=lambda c: c.first_position)
 
-    def after(kept: list[Chunk]) -> list[Positioned]:
+    def after(kept: list[Chunk], at: int = position) -> list[Positioned]:
         return [(chunk.first_position + offset, event) for chunk in kept
                 for offset, event in enumerate(chunk.events)
-                if chunk.first_position + offset > position]
+                if chunk.first_position + offset > at]
 
     result: list[Positioned] = []
-    for run in runs:
+    for index, run in enumerate(runs):
+        at = resumed_at(runs[index:], position)
         if run.open:
             result.extend(after(_chunks_of(run, ordered)))
-        elif ends_after(run.last_position, position):
-            inside = 0 <= run.first_position <= position
+        elif ends_after(run.last_position, at):
+            inside = 0 <= run.first_position <= at
             kept = _chunks_of(run, ordered) if inside else []
             if kept:
-                result.extend(after(kept))  # resumed inside the run: the exact rest
+                result.extend(after(kept, at))  # resumed inside the run: the exact rest
             elif run.events and (inside or not refused_answer(run.events)):
                 result.extend((None, event) for event in run.events[:-1])
                 result.append((run.last_position if run.last_position >= 0 else None,
                                run.events[-1]))
     return with_omission(result, omitted, earlier)
+
+
+def resumed_at(runs: Sequence[RunRow], position: int) -> int:
+    """Where a client at `position` resumes `runs[0]`: before its closing events if a sweep
+    stored them (`swept_from`) at or before `position` and no later run began by then.
+
+    The run's worker died having sent events it never wrote, whose positions the closing
+    events took: the client's id names one of those, not what the store holds there, and
+    its stream would end without the run's end. It gets them all (ids it may have seen)."""
+    run = runs[0]
+    if run.swept_from is None or not 0 <= run.swept_from <= position or any(
+            0 <= later.first_position <= position for later in runs[1:]):
+        return position
+    return run.swept_from - 1
 
 
 def _chunks_of(run: RunRow, ordered: list[Chunk]) -> list[Chunk]:

@@ -40,6 +40,7 @@ from copilot_runtime.threads._rows import (
     events_after,
     message_ids_of,
     oldest_reader,
+    resumed_at,
 )
 from copilot_runtime.threads.base import (
     DELETED_RETENTION,
@@ -201,10 +202,16 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE threads ADD COLUMN IF NOT EXISTS archived BOOLEAN NOT NULL DEFAULT false;
     """,
+    # 10: where the closing events a sweep stored for a run its worker left open begin
+    # (`RunRow.swept_from`): a client resuming at or after it saw events never written.
+    # An older release (rolled back across this) replays such runs as before.
+    """
+    ALTER TABLE runs ADD COLUMN IF NOT EXISTS swept_from BIGINT;
+    """,
 )
 
 #: The migrations older releases cannot tell from their absence (see `oldest_reader`).
-_ADDITIVE = frozenset({7, 8, 9})
+_ADDITIVE = frozenset({7, 8, 9, 10})
 
 #: Seconds between deletions of the raw events whose retention ended.
 _PRUNE_EVERY = 30.0
@@ -589,24 +596,32 @@ class PostgresThreadStore:
                 # `position`, to count those left out.
                 cursor = await conn.execute(
                     "SELECT run_id, open, first_position, last_position, "
-                    "CASE WHEN open OR (last_position >= 0 AND last_position <= %s) THEN NULL "
-                    "ELSE events END, finished, seq FROM (SELECT seq, run_id, open, "
-                    "first_position, last_position, events, "
+                    "CASE WHEN open OR (last_position >= 0 AND last_position <= %(p)s "
+                    "AND NOT resumed) THEN NULL "
+                    "ELSE events END, finished, seq, swept_from FROM (SELECT seq, run_id, open, "
+                    "first_position, last_position, events, swept_from, resumed, "
                     "CASE WHEN open THEN 0 ELSE octet_length(events) "
                     "END AS own, sum(CASE WHEN open THEN 0 ELSE octet_length(events) END) "
                     "OVER (ORDER BY seq DESC) AS newer, "
                     "count(*) FILTER (WHERE NOT open) OVER () AS finished "
                     # (runs stored before positions, -1: only in a whole-thread replay,
                     # `ends_after`)
-                    "FROM runs WHERE thread_id = %s AND "
-                    "(open OR %s < 0 OR last_position > %s)) r "
-                    "WHERE open OR newer <= %s OR newer = own ORDER BY seq",
-                    (position, thread_id, position, position, self.replay_bytes))
+                    "FROM runs, LATERAL (SELECT COALESCE(swept_from BETWEEN 0 AND %(p)s "
+                    "AND NOT EXISTS (SELECT 1 FROM runs n WHERE n.thread_id = runs.thread_id "
+                    "AND n.seq > runs.seq AND n.first_position BETWEEN 0 AND %(p)s), false) "
+                    "AS resumed) AS s "  # (`resumed_at`)
+                    "WHERE thread_id = %(t)s AND "
+                    "(open OR %(p)s < 0 OR last_position > %(p)s OR resumed)) r "
+                    "WHERE open OR newer <= %(b)s OR newer = own ORDER BY seq",
+                    {"p": position, "t": thread_id, "b": self.replay_bytes})
                 rows = await cursor.fetchall()
                 runs = [RunRow(run_id, is_open, first, last,
-                               orjson.loads(events) if events is not None else [])
-                        for run_id, is_open, first, last, events, _, _ in rows]
-                chunks = await _chunks(conn, thread_id, position)
+                               orjson.loads(events) if events is not None else [], swept)
+                        for run_id, is_open, first, last, events, _, _, swept in rows]
+                # (a swept run's closing events, for a client resumed among them)
+                chunks = await _chunks(conn, thread_id, min(
+                    (resumed_at(runs[i:], position) for i in range(len(runs))),
+                    default=position))
                 omitted = rows[0][5] - sum(not run.open for run in runs) if rows else 0
                 # (a resume's client holds the thread's messages before its position)
                 first_kept = min((row[6] for row in rows if not row[1]), default=0)
@@ -727,8 +742,9 @@ class PostgresThreadStore:
                 snapshot = state_snapshot(compacted)
                 await conn.execute(
                     "UPDATE runs SET events = %s, open = FALSE, last_position = %s, ended_at = %s, "
-                    "has_state = %s WHERE thread_id = %s AND seq = %s",
-                    (orjson.dumps(compacted), last, now, snapshot is not None, thread_id, seq))
+                    "has_state = %s, swept_from = %s WHERE thread_id = %s AND seq = %s",
+                    (orjson.dumps(compacted), last, now, snapshot is not None,
+                     tail_first if tail else None, thread_id, seq))
                 await _advance(conn, thread_id, last)
                 if snapshot is not None:  # unless a later run (by `seq`) left one
                     await conn.execute(

@@ -38,6 +38,7 @@ from copilot_runtime.threads._rows import (
     events_after,
     message_ids_of,
     oldest_reader,
+    resumed_at,
 )
 from copilot_runtime.threads._store_thread import Call, StoreThread
 from copilot_runtime.threads.base import (
@@ -212,13 +213,22 @@ def _v8(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE threads ADD COLUMN archived INTEGER NOT NULL DEFAULT 0")
 
 
+def _v9(db: sqlite3.Connection) -> None:
+    """Where the closing events a sweep stored for a run its worker left open begin
+    (`RunRow.swept_from`): a client resuming at or after it saw events never written. An
+    older release (rolled back across this) replays such runs as before. (Added once, as
+    `_v8`.)"""
+    if "swept_from" not in {row[1] for row in db.execute("PRAGMA table_info(runs)")}:
+        db.execute("ALTER TABLE runs ADD COLUMN swept_from INTEGER")
+
+
 #: Seconds between deletions of the raw events whose retention ended.
 _PRUNE_EVERY = 30.0
 
 _MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
-    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8)
+    _v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9)
 #: The migrations older releases cannot tell from their absence (see `oldest_reader`).
-_ADDITIVE = frozenset({4, 5, 6, 7, 8})
+_ADDITIVE = frozenset({4, 5, 6, 7, 8, 9})
 
 
 class SQLiteThreadStore:
@@ -388,19 +398,27 @@ class SQLiteThreadStore:
         # size of each and of those after it, read without reading the events; and how
         # many finished runs there are after `position`, to count those left out.
         rows = self._db.execute(
-            "SELECT run_id, open, first_position, last_position, events, finished, seq FROM ("
-            "SELECT seq, run_id, open, first_position, last_position, events, "
+            "SELECT run_id, open, first_position, last_position, events, finished, seq, "
+            "swept_from, resumed FROM (SELECT seq, run_id, open, first_position, "
+            "last_position, events, swept_from, resumed, "
             "CASE WHEN open = 1 THEN 0 ELSE length(events) END AS own, "
             "sum(CASE WHEN open = 1 THEN 0 ELSE length(events) END) "
-            "OVER (ORDER BY seq DESC) AS newer, sum(1 - open) OVER () AS finished FROM runs "
+            "OVER (ORDER BY seq DESC) AS newer, sum(1 - open) OVER () AS finished FROM ("
+            # (`resumed_at`)
+            "SELECT *, coalesce(swept_from BETWEEN 0 AND :p AND NOT EXISTS (SELECT 1 FROM "
+            "runs n WHERE n.thread_id = r.thread_id AND n.seq > r.seq AND n.first_position "
+            "BETWEEN 0 AND :p), 0) AS resumed FROM runs r WHERE r.thread_id = :t) "
             # (runs stored before positions, -1: only in a whole-thread replay, `ends_after`)
-            "WHERE thread_id = ? AND (open = 1 OR ? < 0 OR last_position > ?)) "
-            "WHERE open = 1 OR newer <= ? OR newer = own ORDER BY seq",
-            (thread_id, position, position, self.replay_bytes)).fetchall()
+            "WHERE open = 1 OR :p < 0 OR last_position > :p OR resumed) "
+            "WHERE open = 1 OR newer <= :b OR newer = own ORDER BY seq",
+            {"t": thread_id, "p": position, "b": self.replay_bytes}).fetchall()
         runs = [RunRow(run_id, bool(is_open), first, last,
-                       [] if is_open or (0 <= last <= position) else orjson.loads(events))
-                for run_id, is_open, first, last, events, _, _ in rows]
-        chunks = self._chunks(thread_id, position)
+                       [] if is_open or (0 <= last <= position and not resumed)
+                       else orjson.loads(events), swept)
+                for run_id, is_open, first, last, events, _, _, swept, resumed in rows]
+        # (a swept run's closing events, for a client resumed among them)
+        chunks = self._chunks(thread_id, min(
+            (resumed_at(runs[i:], position) for i in range(len(runs))), default=position))
         omitted = rows[0][5] - sum(not run.open for run in runs) if rows else 0
         # (a resume's client holds the thread's messages before its position already)
         first_kept = min((row[6] for row in rows if not row[1]), default=0)
@@ -616,9 +634,10 @@ class SQLiteThreadStore:
                              (thread_id, tail_first, last, run_id, orjson.dumps(tail)))
         snapshot = state_snapshot(compacted)
         self._db.execute("UPDATE runs SET events = ?, open = 0, last_position = ?, "
-                         "ended_at = ?, has_state = ? WHERE thread_id = ? AND seq = ?",
+                         "ended_at = ?, has_state = ?, swept_from = ? WHERE thread_id = ? "
+                         "AND seq = ?",
                          (orjson.dumps(compacted), last, time.time(), snapshot is not None,
-                          thread_id, seq))
+                          tail_first if tail else None, thread_id, seq))
         self._advance(thread_id, last)
         if snapshot is not None:
             self._keep_state(thread_id, seq, snapshot)
