@@ -14,6 +14,7 @@ created it (`ThreadOwner`), and for anybody else it does not exist.
 from __future__ import annotations
 
 import hashlib
+import math
 import uuid
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -134,6 +135,11 @@ class BearerTokenAuth:
         return principal
 
 
+#: Seconds of clock skew `JWTAuth` allows by default: issuers' and hosts' clocks commonly
+#: drift apart by a few seconds, and NTP keeps them well within this.
+DEFAULT_LEEWAY = 30.0
+
+
 class JWTAuth:
     """Signed JSON Web Tokens, checked by PyJWT (install the `auth` extra).
 
@@ -146,6 +152,9 @@ class JWTAuth:
     is `sub` (or `principal_claim`), its tenant `tenant_claim` (each a non-empty string; a
     token without the tenant claim has no tenant) and its roles `roles_claim` (a list, whose
     strings are the roles, or a space-separated string).
+    `leeway` (seconds, default `DEFAULT_LEEWAY`: 30) is the clock skew allowed between the
+    issuer and this host when checking `exp`, `nbf` and `iat`: without it a token issued by
+    a clock even 1 s ahead of ours is "not valid yet". 0 allows none.
     """
 
     def __init__(
@@ -159,7 +168,7 @@ class JWTAuth:
         principal_claim: str = "sub",
         tenant_claim: str | None = None,
         roles_claim: str | None = "roles",
-        leeway: float = 0.0,
+        leeway: float = DEFAULT_LEEWAY,
         jwks_cache_seconds: int = 300,
     ) -> None:
         try:
@@ -171,6 +180,10 @@ class JWTAuth:
             raise ConfigurationError("JWTAuth needs exactly one of key and jwks_url")
         if not algorithms or "none" in {a.lower() for a in algorithms}:
             raise ConfigurationError("JWTAuth needs signing algorithms, never 'none'")
+        if isinstance(leeway, bool) or not isinstance(leeway, int | float) or not (
+                math.isfinite(leeway) and leeway >= 0):
+            raise ConfigurationError(f"JWTAuth's leeway must be a number of seconds, 0 or "
+                                     f"more, got {leeway!r}")
         self._jwt = jwt
         self.key = key
         self.algorithms = list(algorithms)
@@ -197,6 +210,8 @@ class JWTAuth:
                 options={"require": ["exp"], "verify_aud": self.audience is not None})
         except jwt.ExpiredSignatureError:
             raise AuthenticationError("The token has expired") from None
+        except jwt.ImmatureSignatureError:  # its `iat` or `nbf` is past now + leeway
+            raise AuthenticationError("The token is not valid yet") from None
         except (jwt.PyJWTError, TypeError, ValueError):
             # TypeError/ValueError: PyJWT preparing the key for the algorithm the token names
             # when it is another kind of key (an ES256 token for an RSA key): a forgery, not
