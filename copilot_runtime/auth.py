@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from copilot_runtime._exceptions import AuthenticationError, ConfigurationError
 from copilot_runtime._jwks import KeySet
+from copilot_runtime._strings import not_one_string
 from copilot_runtime.threads.base import ThreadOwner, id_problem
 
 __all__ = [
@@ -59,6 +60,7 @@ class Principal:
             if problem is not None:
                 raise ConfigurationError(f"A principal's {name} {problem}")
         if not isinstance(self.roles, frozenset):
+            not_one_string(self.roles, "A principal's roles")
             object.__setattr__(self, "roles", frozenset(self.roles))
 
     def __repr__(self) -> str:  # claims may hold personal data: keep them out of logs
@@ -178,6 +180,7 @@ class JWTAuth:
                 "JWTAuth needs PyJWT: pip install 'copilot-runtime[auth]'") from exc
         if (key is None) == (jwks_url is None):
             raise ConfigurationError("JWTAuth needs exactly one of key and jwks_url")
+        not_one_string(algorithms, "JWTAuth's algorithms")
         if not algorithms or "none" in {a.lower() for a in algorithms}:
             raise ConfigurationError("JWTAuth needs signing algorithms, never 'none'")
         if isinstance(leeway, bool) or not isinstance(leeway, int | float) or not (
