@@ -146,7 +146,8 @@ class JWTAuth:
     """Signed JSON Web Tokens, checked by PyJWT (install the `auth` extra).
 
     Give either `key` (a shared secret for HS*, a PEM public key for RS*/ES*/EdDSA) or
-    `jwks_url` (the issuer's key set; a token's `kid` picks the key). The set is fetched
+    `jwks_url` (the issuer's key set; a token's `kid` picks the key, and one without a `kid`
+    the set's only key without one of the token's family). The set is fetched
     again after `jwks_cache_seconds`, and for a `kid` it does not hold at most once every 30
     s (a key just rotated in); while the issuer cannot be reached the keys fetched last keep
     serving, and a runtime that never got them answers 503, not 401.
@@ -205,8 +206,10 @@ class JWTAuth:
         key = self.key
         try:
             if self._jwks is not None:
-                kid = jwt.get_unverified_header(token).get("kid")
-                key = (await self._jwks.key(kid if isinstance(kid, str) else None)).key
+                header = jwt.get_unverified_header(token)
+                kid = header.get("kid")
+                key = (await self._jwks.key(kid if isinstance(kid, str) else None,
+                                            header.get("alg"))).key
             claims: dict[str, Any] = jwt.decode(
                 token, key, algorithms=self.algorithms, audience=self.audience,
                 issuer=self.issuer, leeway=self.leeway,
