@@ -15,7 +15,11 @@ Here:
   again for `retry_after`), so a slow or failing issuer holds no caller up, for at most
   `max_stale` (an hour: a key the issuer withdrew must stop verifying tokens some time);
 * with no keys at all (the issuer unreachable since the start), the caller is answered 503:
-  its token may be good, the runtime cannot tell yet.
+  its token may be good, the runtime cannot tell yet;
+* `kid` is optional (RFC 7517): a token without one is checked with the set's one key
+  without a kid of the token's family (RSA, EC, ...), never with several in turn; with
+  none or several such keys it is an invalid token. (Such a key rotated is only seen at
+  the next fetch, after `fresh_for`: there is no unknown kid to fetch it for.)
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ _log = structlog.get_logger("copilot_runtime.auth")
 #: A key set is a few keys: a body past this is not one.
 MAX_BODY_BYTES = 1024 * 1024
 NOT_FETCHED = "The token's signing keys could not be fetched"
+#: A token's algorithm's prefix -> the `kty` of the keys it is checked with.
+_FAMILIES = {"HS": "oct", "RS": "RSA", "PS": "RSA", "ES": "EC", "Ed": "OKP"}
 
 
 class KeySet:
@@ -54,13 +60,15 @@ class KeySet:
         self.timeout = timeout
         self.max_stale = max_stale
         self._keys: dict[str, Any] | None = None
+        self._unnamed: tuple[Any, ...] = ()  # the keys without a kid, from the same fetch
         self._fetched_at = 0.0  # monotonic time of the last fetch that gave keys
         self._tried_at = -float("inf")  # ... of the last fetch, whatever it gave
         self._failing = False
         self._fetching: asyncio.Future[None] | None = None
 
-    async def key(self, kid: str | None) -> Any:
-        """The key named `kid` (a `PyJWK`): `AuthenticationError` if the issuer has none,
+    async def key(self, kid: str | None, algorithm: Any = None) -> Any:
+        """The key named `kid` (a `PyJWK`), or without a kid the one key without a kid of
+        `algorithm`'s family: `AuthenticationError` if the issuer has none,
         `ServiceUnavailableError` while its keys could never be fetched."""
         age = time.monotonic() - self._fetched_at
         if self._keys is not None and age > self.fresh_for + self.max_stale:
@@ -72,7 +80,7 @@ class KeySet:
         keys = self._keys
         if keys is None:
             raise ServiceUnavailableError(NOT_FETCHED)
-        found = keys.get(kid) if kid else None
+        found = keys.get(kid) if kid else _only_unnamed(self._unnamed, algorithm)
         if found is None and kid and time.monotonic() - self._tried_at >= self.refresh_interval:
             await self._refresh()  # perhaps a key the issuer has just added
             found = (self._keys or {}).get(kid)
@@ -110,9 +118,9 @@ class KeySet:
         if self._failing:
             _log.info("token signing keys fetched again", url=self.url)
         self._failing = False
-        self._keys, self._fetched_at = keys, time.monotonic()
+        (self._keys, self._unnamed), self._fetched_at = keys, time.monotonic()
 
-    async def _download(self) -> dict[str, Any]:
+    async def _download(self) -> tuple[dict[str, Any], tuple[Any, ...]]:
         import aiohttp  # (here: importing the package must not load it, see its tests)
 
         timeout = aiohttp.ClientTimeout(total=self.timeout)
@@ -131,11 +139,20 @@ class KeySet:
             raise _Unusable("not a key set")
         # PyJWKSet skips the keys it cannot use and raises if none is left.
         key_set = self._jwt.PyJWKSet.from_dict(data)
-        keys = {k.key_id: k for k in key_set.keys
-                if isinstance(k.key_id, str) and k.key_id and k.public_key_use in ("sig", None)}
-        if not keys:
-            raise _Unusable("no signing key with a key id")
-        return keys
+        signing = [k for k in key_set.keys if k.public_key_use in ("sig", None)]
+        keys = {k.key_id: k for k in signing if isinstance(k.key_id, str) and k.key_id}
+        unnamed = tuple(k for k in signing if not k.key_id)
+        if not keys and not unnamed:
+            raise _Unusable("no signing key")
+        return keys, unnamed
+
+
+def _only_unnamed(unnamed: tuple[Any, ...], algorithm: Any) -> Any:
+    """The one key of `unnamed` of `algorithm`'s family, or None (none, or several: the
+    token does not say which, and trying each would accept what any of them signed)."""
+    family = _FAMILIES.get(algorithm[:2]) if isinstance(algorithm, str) else None
+    fitting = [k for k in unnamed if family is not None and k.key_type == family]
+    return fitting[0] if len(fitting) == 1 else None
 
 
 class _Unusable(Exception):

@@ -319,10 +319,12 @@ class _Sized:
 
     def set(self, index: int, event: Any) -> None:
         """Put `event` (None: no event, left out at the end) in place of the one at `index`."""
+        # An event counts its size and its comma; a slot left empty counts neither (an
+        # event put back into one adds both).
+        before = 0 if self.events[index] is None else self.sizes[index] + 1
         self.events[index] = event
-        size = 0 if event is None else len(orjson.dumps(event)) + 1
-        self.total += size - self.sizes[index] - 1
-        self.sizes[index] = max(size - 1, 0)
+        self.sizes[index] = 0 if event is None else len(orjson.dumps(event))
+        self.total += (0 if event is None else self.sizes[index] + 1) - before
 
 
 def _cut(events: list[Any], max_bytes: int) -> tuple[list[Any], int]:

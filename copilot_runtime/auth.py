@@ -14,6 +14,7 @@ created it (`ThreadOwner`), and for anybody else it does not exist.
 from __future__ import annotations
 
 import hashlib
+import math
 import uuid
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from copilot_runtime._exceptions import AuthenticationError, ConfigurationError
 from copilot_runtime._jwks import KeySet
+from copilot_runtime._strings import not_one_string
 from copilot_runtime.threads.base import ThreadOwner, id_problem
 
 __all__ = [
@@ -58,6 +60,7 @@ class Principal:
             if problem is not None:
                 raise ConfigurationError(f"A principal's {name} {problem}")
         if not isinstance(self.roles, frozenset):
+            not_one_string(self.roles, "A principal's roles")
             object.__setattr__(self, "roles", frozenset(self.roles))
 
     def __repr__(self) -> str:  # claims may hold personal data: keep them out of logs
@@ -134,11 +137,17 @@ class BearerTokenAuth:
         return principal
 
 
+#: Seconds of clock skew `JWTAuth` allows by default: issuers' and hosts' clocks commonly
+#: drift apart by a few seconds, and NTP keeps them well within this.
+DEFAULT_LEEWAY = 30.0
+
+
 class JWTAuth:
     """Signed JSON Web Tokens, checked by PyJWT (install the `auth` extra).
 
     Give either `key` (a shared secret for HS*, a PEM public key for RS*/ES*/EdDSA) or
-    `jwks_url` (the issuer's key set; a token's `kid` picks the key). The set is fetched
+    `jwks_url` (the issuer's key set; a token's `kid` picks the key, and one without a `kid`
+    the set's only key without one of the token's family). The set is fetched
     again after `jwks_cache_seconds`, and for a `kid` it does not hold at most once every 30
     s (a key just rotated in); while the issuer cannot be reached the keys fetched last keep
     serving, and a runtime that never got them answers 503, not 401.
@@ -146,6 +155,9 @@ class JWTAuth:
     is `sub` (or `principal_claim`), its tenant `tenant_claim` (each a non-empty string; a
     token without the tenant claim has no tenant) and its roles `roles_claim` (a list, whose
     strings are the roles, or a space-separated string).
+    `leeway` (seconds, default `DEFAULT_LEEWAY`: 30) is the clock skew allowed between the
+    issuer and this host when checking `exp`, `nbf` and `iat`: without it a token issued by
+    a clock even 1 s ahead of ours is "not valid yet". 0 allows none.
     """
 
     def __init__(
@@ -159,7 +171,7 @@ class JWTAuth:
         principal_claim: str = "sub",
         tenant_claim: str | None = None,
         roles_claim: str | None = "roles",
-        leeway: float = 0.0,
+        leeway: float = DEFAULT_LEEWAY,
         jwks_cache_seconds: int = 300,
     ) -> None:
         try:
@@ -169,8 +181,13 @@ class JWTAuth:
                 "JWTAuth needs PyJWT: pip install 'copilot-runtime[auth]'") from exc
         if (key is None) == (jwks_url is None):
             raise ConfigurationError("JWTAuth needs exactly one of key and jwks_url")
+        not_one_string(algorithms, "JWTAuth's algorithms")
         if not algorithms or "none" in {a.lower() for a in algorithms}:
             raise ConfigurationError("JWTAuth needs signing algorithms, never 'none'")
+        if isinstance(leeway, bool) or not isinstance(leeway, int | float) or not (
+                math.isfinite(leeway) and leeway >= 0):
+            raise ConfigurationError(f"JWTAuth's leeway must be a number of seconds, 0 or "
+                                     f"more, got {leeway!r}")
         self._jwt = jwt
         self.key = key
         self.algorithms = list(algorithms)
@@ -189,14 +206,18 @@ class JWTAuth:
         key = self.key
         try:
             if self._jwks is not None:
-                kid = jwt.get_unverified_header(token).get("kid")
-                key = (await self._jwks.key(kid if isinstance(kid, str) else None)).key
+                header = jwt.get_unverified_header(token)
+                kid = header.get("kid")
+                key = (await self._jwks.key(kid if isinstance(kid, str) else None,
+                                            header.get("alg"))).key
             claims: dict[str, Any] = jwt.decode(
                 token, key, algorithms=self.algorithms, audience=self.audience,
                 issuer=self.issuer, leeway=self.leeway,
                 options={"require": ["exp"], "verify_aud": self.audience is not None})
         except jwt.ExpiredSignatureError:
             raise AuthenticationError("The token has expired") from None
+        except jwt.ImmatureSignatureError:  # its `iat` or `nbf` is past now + leeway
+            raise AuthenticationError("The token is not valid yet") from None
         except (jwt.PyJWTError, TypeError, ValueError):
             # TypeError/ValueError: PyJWT preparing the key for the algorithm the token names
             # when it is another kind of key (an ES256 token for an RSA key): a forgery, not

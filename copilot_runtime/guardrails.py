@@ -45,6 +45,7 @@ from copilot_runtime._exceptions import (
     ConfigurationError,
     cancelled_itself,
 )
+from copilot_runtime._strings import not_one_string
 from copilot_runtime.adapters.base import ChatRequest, ServiceAdapter, TextDelta
 from copilot_runtime.auth import Principal
 
@@ -218,6 +219,7 @@ class PatternGuardrail:
     def __init__(self, deny: Iterable[str | re.Pattern[str]], *,
                  reason: str = "Sorry, I can't help with that request.",
                  max_chars: int = 1_000_000, timeout: float = 2.0) -> None:
+        not_one_string(deny, "PatternGuardrail's deny")
         self.patterns = [p if isinstance(p, re.Pattern) else re.compile(p, re.IGNORECASE)
                          for p in deny]
         if not self.patterns:
@@ -325,6 +327,8 @@ class TopicGuardrail:
                  history: int = 6, timeout: float = 30.0) -> None:
         self.timeout = timeout
         self.adapter = adapter
+        not_one_string(allow, "TopicGuardrail's allow")
+        not_one_string(deny, "TopicGuardrail's deny")
         self.allow = [t for t in allow if t.strip()]
         self.deny = [t for t in deny if t.strip()]
         self.model = model

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from copilot_runtime._strings import not_one_string
+
 __all__ = ["CREDENTIAL_HEADERS", "DEFAULT_DENIED_HEADERS", "DEFAULT_DENIED_PREFIXES",
            "HOP_BY_HOP", "HeaderPolicy", "for_aiohttp", "forwardable"]
 
@@ -62,6 +64,8 @@ class HeaderPolicy:
     deny_prefixes: tuple[str, ...] = DEFAULT_DENIED_PREFIXES
 
     def __post_init__(self) -> None:
+        for name in ("allow", "allow_prefixes", "deny", "deny_prefixes"):
+            not_one_string(getattr(self, name), f"HeaderPolicy's {name}")
         # Names are matched lower-cased; normalise what the user wrote once, here.
         object.__setattr__(self, "allow", tuple(n.lower() for n in self.allow))
         object.__setattr__(self, "allow_prefixes", tuple(p.lower() for p in self.allow_prefixes))

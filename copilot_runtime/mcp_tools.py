@@ -63,6 +63,7 @@ from copilot_runtime._exceptions import (
     quoted,
     scrub_secrets,
 )
+from copilot_runtime._strings import not_one_string
 from copilot_runtime.actions import Action
 
 __all__ = ["MCPServer", "MCPToolset"]
@@ -249,6 +250,7 @@ class MCPServer:
     def __post_init__(self) -> None:
         if (self.url is None) == (self.command is None):
             raise ConfigurationError("An MCPServer needs either url= or a stdio command")
+        not_one_string(self.args, "An MCPServer's args")
         if self.max_tools is not None and self.max_tools < 1:
             raise ConfigurationError("An MCPServer's max_tools must be at least 1 (or None)")
 
@@ -256,6 +258,7 @@ class MCPServer:
     def stdio(cls, command: str, args: Sequence[str] = (), *,
               env: Mapping[str, str] | None = None, name: str | None = None,
               max_tools: int | None = MAX_TOOLS) -> MCPServer:
+        not_one_string(args, "An MCPServer's args")
         return cls(command=command, args=tuple(args), env=env, name=name, max_tools=max_tools)
 
     @property

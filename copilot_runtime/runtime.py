@@ -25,6 +25,7 @@ from copilot_runtime._retention import RetentionSweep
 from copilot_runtime._runs import DETACHED_RUN_SECONDS, ActiveRun, RunManager
 from copilot_runtime._seconds import checked_seconds
 from copilot_runtime._shared_runs import RecoverySweep
+from copilot_runtime._strings import not_one_string
 from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import ServiceAdapter
 from copilot_runtime.adapters.empty import EmptyAdapter
@@ -185,6 +186,7 @@ class CopilotRuntime:
         self.mcp: Any = None
         self._mcp_offered: list[Action] = []
         #: MCP servers a request may name (the 1.x `properties.mcpServers`); none by default.
+        not_one_string(mcp_allowed_urls, "mcp_allowed_urls")
         self.mcp_allowed_urls = frozenset(url.rstrip("/") for url in mcp_allowed_urls)
         if self.mcp_allowed_urls:
             try:
@@ -199,6 +201,7 @@ class CopilotRuntime:
             self.mcp = MCPToolset(mcp_servers)
         #: Whether agents see the caller's credential headers (always, without `auth`).
         self.forwards_credentials = auth is None or forward_credentials
+        not_one_string(approver_roles, "approver_roles")
         self.approver_roles = frozenset(approver_roles)
         self.guardrails: list[Guardrail] = list(guardrails)
         #: What this process's guardrails let through (and its agents wrote), for the runs

@@ -33,6 +33,8 @@ class Issuer(LoopbackServer):
     def __init__(self) -> None:
         super().__init__()
         self.keys: dict[str, rsa.RSAPrivateKey] = {}
+        #: Published without a `kid` (RFC 7517 makes it optional).
+        self.unnamed: list[rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey] = []
         self.status = 200
         self.body: bytes | None = None
         self.delay = 0.0
@@ -54,6 +56,11 @@ class Issuer(LoopbackServer):
             for kid, private in self.keys.items():
                 public = jwt.algorithms.RSAAlgorithm.to_jwk(private.public_key(), as_dict=True)
                 published.append({**public, "kid": kid, "use": "sig", "alg": "RS256"})
+            for private in self.unnamed:
+                kind = (jwt.algorithms.RSAAlgorithm if isinstance(private, rsa.RSAPrivateKey)
+                        else jwt.algorithms.ECAlgorithm)
+                published.append({**kind.to_jwk(private.public_key(), as_dict=True),
+                                  "use": "sig"})
             return web.json_response({"keys": published})
 
         app.router.add_get("/jwks.json", keys)
@@ -231,3 +238,51 @@ async def test_a_token_whose_algorithm_is_not_its_keys_kind_is_a_401() -> None:
             with pytest.raises(AuthenticationError, match=r"^Invalid token$"):
                 await auth.authenticate(RequestInfo(
                     "GET", "/info", {"authorization": f"Bearer {token}"}, "127.0.0.1"))
+
+
+async def test_a_key_without_a_kid_checks_tokens_without_one() -> None:
+    """`kid` is optional (RFC 7517): an issuer publishing its one key without one had every
+    request answered 503 "could not be fetched", for ever (the set was refused as holding no
+    key with a kid). Now a token without a kid is checked with the set's one key without a
+    kid of the token's family (RSA for RS256, EC for ES256), and a token naming a kid the
+    set does not hold is a 401."""
+    ec_key = ec.generate_private_key(ec.SECP256R1())
+    async with Issuer() as issuer:
+        rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        issuer.unnamed = [rsa_key, ec_key]
+        named = issuer.add("key-1")
+        auth = JWTAuth(jwks_url=issuer.jwks_url, algorithms=["RS256", "ES256"])
+        assert (await auth.authenticate(bearer(rsa_key, None, "rsa"))).id == "rsa"
+        token = jwt.encode({"sub": "ec", "exp": int(time.time()) + 60}, ec_key, "ES256")
+        assert (await auth.authenticate(RequestInfo(
+            "GET", "/info", {"authorization": f"Bearer {token}"}, "127.0.0.1"))).id == "ec"
+        assert (await auth.authenticate(bearer(named, "key-1", "named"))).id == "named"
+        for forged in (bearer(rsa_key, "key-9"), bearer(named, None),
+                       bearer(rsa_key, "key-1")):
+            with pytest.raises(AuthenticationError, match=r"^Invalid token$"):
+                await auth.authenticate(forged)
+        assert issuer.fetches == 1
+
+
+async def test_several_keys_without_a_kid_are_not_tried_in_turn() -> None:
+    """Two keys of one family without a kid: a token without a kid does not say which, and
+    is not tried against each (a 401, not a 503)."""
+    async with Issuer() as issuer:
+        first, second = (rsa.generate_private_key(public_exponent=65537, key_size=2048)
+                         for _ in range(2))
+        issuer.unnamed = [first, second]
+        auth = JWTAuth(jwks_url=issuer.jwks_url)
+        for key in (first, second):
+            with pytest.raises(AuthenticationError, match=r"^Invalid token$"):
+                await auth.authenticate(bearer(key, None))
+        assert issuer.fetches == 1
+
+
+async def test_an_issuer_whose_only_key_has_no_kid_is_used() -> None:
+    async with Issuer() as issuer:
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        issuer.unnamed = [key]
+        auth = JWTAuth(jwks_url=issuer.jwks_url)
+        assert (await auth.authenticate(bearer(key, None))).id == "carol"
+        with pytest.raises(AuthenticationError, match=r"^Invalid token$"):
+            await auth.authenticate(bearer(key, "key-1"))

@@ -149,3 +149,36 @@ async def test_a_principal_is_held_to_what_a_tokens_claims_are(value: str) -> No
             Principal(**made)
     with pytest.raises(ConfigurationError, match="A principal's id"):
         BearerTokenAuth({"token-of-an-odd-id": value})
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("ahead", [1, 2, 20])
+async def test_a_fresh_token_from_an_issuer_whose_clock_is_a_little_ahead_passes(
+        ahead: int) -> None:
+    """PyJWT refuses an `iat` (or `nbf`) later than now plus the leeway, and the leeway was 0:
+    a token issued a second ago by an issuer whose clock ran 1 s ahead of ours was a 401
+    "Invalid token". The default leeway (30 s) now absorbs such skew."""
+    issued = int(time.time()) + ahead
+    principal = await _auth().authenticate(
+        _request(iat=issued, nbf=issued - 10, exp=issued + 60))
+    assert principal.id == "alice"
+
+
+@pytest.mark.timeout(30)
+async def test_a_token_from_the_future_past_the_leeway_is_refused_precisely() -> None:
+    issued = int(time.time()) + 120
+    for auth in (_auth(), JWTAuth(SECRET, algorithms=["HS256"], leeway=0)):
+        with pytest.raises(AuthenticationError) as caught:
+            await auth.authenticate(_request(iat=issued, exp=issued + 60))
+        assert caught.value.status == 401
+        assert caught.value.message == "The token is not valid yet"
+    with pytest.raises(AuthenticationError, match="not valid yet"):
+        await JWTAuth(SECRET, algorithms=["HS256"], leeway=0).authenticate(
+            _request(iat=int(time.time()) + 2))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("leeway", [-1, float("nan"), float("inf"), True, "30"])
+def test_a_leeway_that_is_not_seconds_is_refused(leeway: Any) -> None:
+    with pytest.raises(ConfigurationError, match="leeway"):
+        JWTAuth(SECRET, algorithms=["HS256"], leeway=leeway)

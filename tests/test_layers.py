@@ -26,7 +26,7 @@ LAYERS: dict[str, int] = {
     "actions": 0, "_compaction": 0, "threads": 0, "approvals": 0, "messages": 0,
     "event_order": 0, "_limits": 0, "auth": 0, "_jwks": 0, "hooks": 0, "limits": 0, "telemetry": 0,
     "coordination": 0, "_batching": 0, "_pg_lane": 0, "_url_options": 0, "_redis_client": 0,
-    "_deadline": 0, "_held": 0, "_again": 0, "_sqlite_outage": 0,
+    "_deadline": 0, "_held": 0, "_again": 0, "_sqlite_outage": 0, "_strings": 0,
     # 1. model providers, and the guardrails that may use one as a judge
     "adapters": 1, "adapters._idle": 1, "guardrails": 1,
     # MCP servers' tools as actions for the agents

@@ -72,7 +72,7 @@ async def test_jwt_with_a_shared_key() -> None:
     assert principal.roles == {"approver", "reader"}
     assert principal.claims["org"] == "acme"
     bad = {
-        "expired": token(aud="copilot", iss="https://idp", exp=int(time.time()) - 10),
+        "expired": token(aud="copilot", iss="https://idp", exp=int(time.time()) - 120),
         "wrong audience": token(aud="other", iss="https://idp"),
         "wrong issuer": token(aud="copilot", iss="https://evil"),
         "wrong key": token("another-secret-of-at-least-32-bytes!", aud="copilot",

@@ -40,6 +40,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import decode_json
+from copilot_runtime._strings import not_one_string
 from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import (
     ChatDelta,
@@ -307,6 +308,7 @@ class BuiltInAgent(Agent):
         #: own MCP servers run on: each copy warned again, every run), a few at most.
         self._left_out_warned: dict[frozenset[str], None] = {}
         #: The models a client may pick with `forwardedProps.model` (None: any).
+        not_one_string(allowed_models, "allowed_models")
         self.allowed_models = list(allowed_models) if allowed_models is not None else None
         if max_steps < 1:
             raise ConfigurationError("max_steps must be at least 1")

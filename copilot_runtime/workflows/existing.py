@@ -44,6 +44,7 @@ from typing_extensions import TypedDict
 
 from copilot_runtime._exceptions import FAILURES_OF_CALLED_CODE, AgentExecutionError, upstream_said
 from copilot_runtime._seconds import MAX_SECONDS, checked_seconds
+from copilot_runtime._strings import not_one_string
 from copilot_runtime._time import iso_time
 from copilot_runtime.approvals.decisions import Decision, parse_decision
 from copilot_runtime.workflows._emit import say
@@ -340,6 +341,7 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
     """
     approval_timeout_seconds = checked_timeout(approval_timeout_seconds,
                                                "approval_timeout_seconds")
+    not_one_string(context_keys, "context_keys")
     allowed = None if context_keys is None else frozenset(context_keys)
 
     async def run_agent(state: WrappedAgentState, config: RunnableConfig) -> Command[str]:

@@ -49,6 +49,7 @@ from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
 from copilot_runtime._exceptions import FAILURES_OF_CALLED_CODE, ConfigurationError
+from copilot_runtime._strings import not_one_string
 from copilot_runtime.approvals.decisions import Decision, parse_decision
 from copilot_runtime.workflows._emit import say
 from copilot_runtime.workflows.existing import (
@@ -97,6 +98,7 @@ class Step:
     approval_timeout_seconds: float | None = 300
 
     def __post_init__(self) -> None:
+        not_one_string(self.input_keys, f"step {self.agent!r}: input_keys")
         seconds = self.timeout_seconds
         if seconds is not None and (isinstance(seconds, bool)
                                     or not isinstance(seconds, int | float)
@@ -182,6 +184,7 @@ class Orchestrator:
         if not steps or len(set(names)) != len(names) or _RESERVED & set(names):
             raise ConfigurationError(
                 f"steps need unique agent names, none of {sorted(_RESERVED)}")
+        not_one_string(provided_keys, "provided_keys")
         if provided_keys is None:
             provided_keys = ACCOUNT_INPUT_KEYS if inputs is account_inputs else ()
         _check_definition(steps, approval, frozenset(provided_keys))

@@ -19,6 +19,8 @@ from typing import Any, Protocol, runtime_checkable
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
+from copilot_runtime._strings import not_one_string
+
 __all__ = [
     "PROMPT_ENTRY_CHARS",
     "PROMPT_HISTORY_ENTRIES",
@@ -115,6 +117,9 @@ class ModelSpecialist:
     #: and the characters of each.
     history_entries: int = PROMPT_HISTORY_ENTRIES
     entry_chars: int = PROMPT_ENTRY_CHARS
+
+    def __post_init__(self) -> None:
+        not_one_string(self.keywords, f"specialist {self.name!r}: keywords")
 
     async def run(self, request: SpecialistRequest) -> BaseMessage:
         messages = [
