@@ -22,10 +22,11 @@ Before:
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -593,3 +594,232 @@ async def test_the_clients_config_keeps_to_what_the_operator_left_unset(
     assert bodies[1]["config"]["recursion_limit"] == 3
     # (the agent's own limit is sent with every run: it is the one that applies)
     assert bodies[2]["config"]["recursion_limit"] == 8
+
+
+async def test_an_error_event_naming_no_class_is_the_graphs_failure(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: an `error` field that is an object or a list failed the lookup of the storage
+    classes (unhashable): AGENT_ERROR "failed unexpectedly"."""
+    for error in ({"type": "ValueError"}, ["ValueError"]):
+        fake = FakePlatform(frames=[frame("error", {"error": error, "message": "x"})],
+                            run_status="error")
+        events = await run_on(fake, serve_runtime)
+        assert ending(events) == ("RUN_ERROR", "UPSTREAM_ERROR",
+                                  "The graph failed on the LangGraph Platform")
+
+
+class _ManyAssistants(FakePlatform):
+    """A graph with 150 assistants, searched a page at a time (newest first), each also
+    found by its id."""
+
+    ids: ClassVar[list[str]] = [f"a0000000-0000-4000-8000-{n:012d}" for n in range(150)]
+
+    async def _answer(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        path = request.url.path
+        if path == "/assistants/search":
+            body = json.loads(await request.body() or b"{}")
+            start, limit = body.get("offset", 0), body.get("limit", 10)
+            return JSONResponse([{"assistant_id": a, "graph_id": "fake"}
+                                 for a in self.ids[start:start + limit]])
+        if path.rstrip("/").rpartition("/")[2] in self.ids and request.method == "GET":
+            return JSONResponse({"assistant_id": path.rpartition("/")[2], "graph_id": "fake",
+                                 "config": {"configurable": {"model": "m"}}})
+        return await super()._answer(request)
+
+
+async def test_a_configured_assistant_past_the_first_page_is_found(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: only the search's first page (100) was looked in: "The LangGraph deployment
+    has no assistant for graph 'fake'"."""
+    fake = _ManyAssistants(frames=HALF_ANSWER)
+    async with serve(fake.app) as platform:
+        runtime = CopilotRuntime(agents={"platform": LangGraphPlatformAgent(
+            deployment_url=platform, graph_id="fake", assistant_id=fake.ids[-1]),
+            "other": LangGraphPlatformAgent(deployment_url=platform, graph_id="other",
+                                            assistant_id=fake.ids[-1])})
+        async with serve_runtime(runtime) as served:
+            events = await served.run(run_input("hi", thread="t1"), agent="platform")
+            other = await served.run(run_input("hi", thread="t1"), agent="other")
+    assert ending(events)[0] == "RUN_FINISHED", events[-1]
+    assert f"GET /assistants/{fake.ids[-1]}/schemas" in fake.calls
+    # (an assistant of another graph is not this agent's)
+    assert ending(other) == ("RUN_ERROR", "UPSTREAM_ERROR",
+                             "The LangGraph deployment has no assistant for graph 'other'")
+
+
+async def test_a_forwarded_header_reaches_the_platform_byte_for_byte() -> None:
+    """Before: a value beyond ASCII (a client's UTF-8 `X-User-Name: José`, given to the agent
+    as headers.py decodes it, latin-1) failed every call as "answered with something
+    unusable", the platform never called."""
+    sent = "José".encode().decode("latin-1")  # (how the runtime hands the raw bytes on)
+    fake = FakePlatform(values={"messages": []})
+    async with serve(fake.app) as platform:
+        agent = LangGraphPlatformAgent(deployment_url=platform, graph_id="fake")
+        try:
+            assert (await agent.load_state("t1", headers={"x-user-name": sent})).exists
+        finally:
+            await agent.aclose()
+    assert fake.headers
+    # (Starlette reads header bytes as latin-1: equal text, equal bytes)
+    assert {seen["x-user-name"] for seen in fake.headers} == {sent}
+
+
+class _Gzipping(FakePlatform):
+    """Its answers gzipped, though asked for uncompressed ones."""
+
+    async def _answer(self, request: Any) -> Any:
+        import gzip
+
+        from starlette.responses import Response
+
+        answer = await super()._answer(request)
+        if request.url.path.endswith("/runs/stream"):
+            body = b"".join([chunk async for chunk in answer.body_iterator])
+        else:
+            body = answer.body
+        return Response(gzip.compress(body), status_code=answer.status_code,
+                        media_type=answer.media_type, headers={"Content-Encoding": "gzip"})
+
+
+async def test_a_compressed_answer_is_bounded_as_it_expands(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the bound counted the compressed bytes: 80 MiB of state in 82 KB of gzip was
+    read whole."""
+    monkeypatch.setattr(langgraph_platform, "MAX_ANSWER_BYTES", 10_000)
+    fake = _Gzipping(values={"big": "x" * 500})
+    async with serve(fake.app) as platform:
+        agent = LangGraphPlatformAgent(deployment_url=platform, graph_id="fake")
+        try:
+            assert (await agent.load_state("t0")).exists  # (a small answer is read)
+            fake.values["big"] = "x" * 100_000
+            with pytest.raises(UpstreamError) as caught:
+                await agent.load_state("t1")
+        finally:
+            await agent.aclose()
+    assert caught.value.message == "The LangGraph Platform answered more than 10000 bytes"
+
+
+async def test_a_compressed_run_stream_is_bounded_per_event(
+        serve_runtime: ServeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(langgraph_platform, "MAX_UPSTREAM_EVENT_BYTES", 10_000)
+    small = await run_on(_Gzipping(frames=[frame("events", model_stream("Hi"))]),
+                         serve_runtime)
+    big = await run_on(_Gzipping(frames=[frame("events", model_stream("x" * 100_000))]),
+                       serve_runtime)
+    assert ending(small)[0] == "RUN_FINISHED", small[-1]
+    assert ending(big) == ("RUN_ERROR", "UPSTREAM_ERROR",
+                           "The LangGraph Platform sent an event larger than 10000 bytes")
+
+
+async def test_more_than_a_hundred_calls_at_once_reach_the_platform() -> None:
+    """Before: httpx's pool of 100 connections held the 101st call back (silently, up to the
+    read timeout) until one of the first hundred ended."""
+    many = 105
+    arrived = asyncio.Event()
+    waiting: list[str] = []
+    warm = langgraph_platform.platform_thread_id("warm")
+
+    class Slow(FakePlatform):
+        async def _answer(self, request: Any) -> Any:
+            if request.url.path.endswith("/state") and warm not in request.url.path:
+                waiting.append(request.url.path)
+                if len(waiting) == many:
+                    arrived.set()
+                await arrived.wait()
+            return await super()._answer(request)
+
+    fake = Slow(values={"messages": []})
+    async with serve(fake.app) as platform:
+        agent = LangGraphPlatformAgent(deployment_url=platform, graph_id="fake")
+        try:
+            await agent.load_state("warm")  # (the assistant looked up once, before)
+            loaded = await asyncio.wait_for(asyncio.gather(
+                *(agent.load_state(f"t{n}") for n in range(many))), 10)
+        finally:
+            arrived.set()
+            await agent.aclose()
+    assert all(state.exists for state in loaded)
+
+
+async def test_a_wait_for_a_connection_past_the_operators_limit_is_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(langgraph_platform, "_CONNECTION_WAIT", 0.5)
+    release = asyncio.Event()
+
+    class Slow(FakePlatform):
+        async def _answer(self, request: Any) -> Any:
+            if request.url.path.endswith("/state"):
+                await release.wait()
+            return await super()._answer(request)
+
+    fake = Slow(values={"messages": []})
+    async with serve(fake.app) as platform:
+        agent = LangGraphPlatformAgent(deployment_url=platform, graph_id="fake",
+                                       max_connections=1)
+        try:
+            first = asyncio.ensure_future(agent.load_state("t1"))
+            await asyncio.sleep(0.2)
+            with pytest.raises(UpstreamError) as caught:
+                await agent.load_state("t2")
+            release.set()
+            assert (await first).exists
+        finally:
+            release.set()
+            await agent.aclose()
+    assert caught.value.code == "UPSTREAM_TIMEOUT"
+    assert caught.value.message == (
+        "The LangGraph Platform's graph 'fake' had no free connection in time (all its "
+        "max_connections busy)")
+
+
+class _LegacyInterrupt(FakePlatform):
+    """A platform on langgraph < 0.4: after the first run its thread waits on an interrupt
+    written without an `id` (`value`, `resumable`, `ns`, `when`)."""
+
+    interrupt: ClassVar[dict[str, Any]] = {
+        "value": "approve?", "resumable": True, "ns": ["approve:abc"], "when": "during"}
+
+    async def _answer(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        if request.url.path.endswith("/state") and self.run_bodies:
+            return JSONResponse({
+                "values": {"messages": []}, "next": ["approve"],
+                "tasks": [{"id": "task1", "name": "approve", "interrupts": [self.interrupt]}],
+                "checkpoint": {"checkpoint_id": "c1", "checkpoint_ns": ""}, "metadata": {},
+                "created_at": None})
+        return await super()._answer(request)
+
+
+async def test_an_interrupt_without_an_id_can_be_answered(
+        serve_runtime: ServeRuntime) -> None:
+    """Before: AGENT_ERROR "failed unexpectedly" (the translator refuses an interrupt without
+    an id), the interrupt never shown, and every later run of the thread refused or failed
+    again. Now it has the id langgraph < 0.4 knew it by (of its `ns`), and its answer goes
+    as that version takes one: a bare `resume`."""
+    fake = _LegacyInterrupt(frames=HALF_ANSWER)
+    async with serve(fake.app) as platform:
+        runtime = CopilotRuntime(agents={"platform": LangGraphPlatformAgent(
+            deployment_url=platform, graph_id="fake")})
+        async with serve_runtime(runtime) as served:
+            asked = await served.run(run_input("hi", thread="t1"), agent="platform")
+            (shown,) = [e["value"] for e in asked
+                        if e["type"] == "CUSTOM" and e["name"] == "on_interrupt"]
+            finished = asked[-1]
+            answered = await served.run(run_input(
+                "", thread="t1", run="run-2", messages=[], forwardedProps={
+                    "command": {"resume": "yes"}}), agent="platform")
+            # (the id langgraph 0.2-0.3 gave it: xxh3-128 of its `ns` joined by "|")
+            by_id = await served.run(run_input("", thread="t1", run="run-3", messages=[],
+                                               resume=[{
+                "interruptId": "cf8fecf07cf270a5df8a052372fef65a", "status": "resolved",
+                "payload": "no"}]), agent="platform")
+    verify_events(asked)
+    assert finished["type"] == "RUN_FINISHED", finished
+    assert shown == "approve?"
+    for events in (answered, by_id):
+        assert ending(events)[0] == "RUN_FINISHED", events[-1]
+    assert [body["command"] for body in fake.run_bodies[1:]] == [{"resume": "yes"},
+                                                                   {"resume": "no"}]

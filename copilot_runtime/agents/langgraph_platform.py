@@ -10,7 +10,8 @@ CopilotKit conventions alike. What is particular to the platform:
   UUID5 of its own, so the same conversation always lands on the same platform thread, and
   no two runtime threads (each with its owner) share one. A thread that does not exist yet
   is created on first use.
-* **Assistant.** `graph_id` is resolved once with `assistants.search`, and its input and
+* **Assistant.** `graph_id` is resolved once with `assistants.search` (a configured
+  `assistant_id` past its first page with `assistants.get`), and its input and
   output schemas with `assistants.get_schemas`; the client's state is filtered to the input
   schema's keys before it is sent, as the translator does in-process.
 * **Runs.** `runs.stream(..., stream_mode=["events", "custom"])`: the graph's
@@ -34,7 +35,8 @@ CopilotKit conventions alike. What is particular to the platform:
   an event the translator cannot read (a field of another type than LangChain writes).
 * **Bounds.** One record of the run stream is bounded as every remote reader's
   (`MAX_UPSTREAM_EVENT_BYTES`), any other answer by `MAX_ANSWER_BYTES`: past them the
-  run (or the call) fails with `UPSTREAM_ERROR`. Answers are asked for uncompressed.
+  run (or the call) fails with `UPSTREAM_ERROR`. Answers are asked for uncompressed; one
+  gzipped regardless is bounded as it expands (decoded here, not by httpx).
 * **Non-finite numbers.** Python writes NaN and the infinities into JSON text as bare
   words no JSON parser takes; in a tool call's arguments (streamed or in a message) they
   are sent on as `null`, as `JSON.stringify` has it.
@@ -51,6 +53,7 @@ import contextlib
 import json
 import re
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Final
 
@@ -103,6 +106,9 @@ __all__ = ["LangGraphPlatformAgent", "finite_json_text", "platform_thread_id"]
 
 _log = structlog.get_logger("copilot_runtime.agents")
 
+#: How long a call waits for a connection when `max_connections` are all busy.
+_CONNECTION_WAIT: Final = 10.0
+
 # UUID5 namespace for AG-UI thread ids that are not UUIDs (fixed: the mapping must be stable).
 _THREAD_NAMESPACE: Final = uuid.UUID("6f0b8f8e-6f3c-4d7e-9a57-0c0a7c9f4e21")
 
@@ -129,7 +135,9 @@ class LangGraphPlatformAgent(Agent):
 
     `assistant_id` picks one of the graph's assistants (default: the first found).
     `headers` (and `api_key`, sent as `x-api-key`) go with every request; `timeout` bounds
-    each read, `connect_retries` the attempts to connect.
+    each read, `connect_retries` the attempts to connect. `max_connections` bounds the
+    connections open to the platform at once (default: none, so no run waits on another;
+    past it a call waits `_CONNECTION_WAIT` seconds at most for one to free).
     """
 
     class_name = "LangGraphPlatformAgent"
@@ -148,6 +156,7 @@ class LangGraphPlatformAgent(Agent):
         header_policy: HeaderPolicy | None = None,
         timeout: float = 300.0,
         connect_retries: int = 2,
+        max_connections: int | None = None,
         state_deltas: bool = True,
         emit_interrupt_outcome: bool = False,
         legacy_interrupt_events: bool = True,
@@ -176,10 +185,15 @@ class LangGraphPlatformAgent(Agent):
         # (5, with backoff) makes an unreachable deployment take ~8 s to report.
         # Answers uncompressed: their bytes are counted as they come (`_BoundedTransport`),
         # and a compressed one's count would not bound what it expands to.
+        # No pool limit unless the operator sets one: each run streams over a connection of
+        # its own for as long as it lasts, and httpx's default (100) held the 101st run back
+        # silently until one ended.
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=20)
         self._client = LangGraphClient(httpx.AsyncClient(
             base_url=self.deployment_url, headers={"accept-encoding": "identity", **static},
-            transport=_BoundedTransport(httpx.AsyncHTTPTransport(retries=connect_retries)),
-            timeout=httpx.Timeout(timeout, connect=10.0)))
+            transport=_BoundedTransport(httpx.AsyncHTTPTransport(retries=connect_retries,
+                                                                 limits=limits)),
+            timeout=httpx.Timeout(timeout, connect=10.0, pool=_CONNECTION_WAIT)))
         self._resolved: tuple[str, dict[str, Any]] | None = None
         #: The chosen assistant's own `config` and `context` (its search's answer): the
         #: Platform lays a run's over them, so what they set stays the operator's.
@@ -197,11 +211,14 @@ class LangGraphPlatformAgent(Agent):
     def run(self, input: RunInput, context: RunContext) -> EventBatches:
         return self._run(input, context)
 
-    def _forwarded(self, headers: Mapping[str, str] | None) -> dict[str, str]:
+    def _forwarded(self, headers: Mapping[str, str] | None) -> dict[str, str | bytes]:
         """The client's headers the policy forwards, minus those the operator set: the SDK
         lays a request's headers over the client's defaults, so a forwarded `x-api-key` or
-        `Authorization` would replace the operator's (as `HttpAgent`, the operator's win)."""
-        return {name: value for name, value in self.header_policy.select(headers or {}).items()
+        `Authorization` would replace the operator's (as `HttpAgent`, the operator's win).
+        Their values go as the bytes the client sent (`_header_bytes`): the SDK types a
+        request's headers as text, but hands them to httpx as they are."""
+        return {name: _header_bytes(value)
+                for name, value in self.header_policy.select(headers or {}).items()
                 if name not in self._static_names}
 
     async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
@@ -255,7 +272,7 @@ class LangGraphPlatformAgent(Agent):
                          headers: Mapping[str, str] | None = None) -> AgentThreadState:
         """The platform thread's current values (`threads.get_state`); a thread the
         platform does not know does not exist."""
-        forwarded = self._forwarded(headers)
+        forwarded: Mapping[str, Any] = self._forwarded(headers)
         what = self._graph_named()
         try:
             assistant_id, schemas = await self._assistant(forwarded, what)
@@ -288,7 +305,7 @@ class LangGraphPlatformAgent(Agent):
         known here; the graph's name, said as the agent's, read as a wrong agent id)."""
         return f"The LangGraph Platform's graph '{self.graph_id}'"
 
-    async def _assistant(self, headers: Mapping[str, str],
+    async def _assistant(self, headers: Mapping[str, Any],
                          what: str) -> tuple[str, dict[str, Any]]:
         """The assistant to run and its schemas, looked up once."""
         if self._resolved is None:
@@ -299,7 +316,7 @@ class LangGraphPlatformAgent(Agent):
                                 self._secrets) from None
         return self._resolved
 
-    async def _look_up_assistant(self, headers: Mapping[str, str]
+    async def _look_up_assistant(self, headers: Mapping[str, Any]
                                  ) -> tuple[str, dict[str, Any]]:
         try:
             found = await self._client.assistants.search(
@@ -308,8 +325,10 @@ class LangGraphPlatformAgent(Agent):
             found = []
         if not isinstance(found, list):
             raise TypeError("the assistants search answered no list")
-        chosen = next((a for a in found if self.assistant_id in (None, a["assistant_id"])),
-                      None)
+        chosen: Mapping[str, Any] | None = next(
+            (a for a in found if self.assistant_id in (None, a["assistant_id"])), None)
+        if chosen is None and self.assistant_id is not None:
+            chosen = await self._configured_assistant(headers)
         if chosen is None:
             raise UpstreamError(f"The LangGraph deployment has no assistant for graph "
                                 f"'{self.graph_id}'")
@@ -320,6 +339,19 @@ class LangGraphPlatformAgent(Agent):
         schemas = dict(await self._client.assistants.get_schemas(assistant_id,
                                                                  headers=headers))
         return assistant_id, schemas
+
+    async def _configured_assistant(self, headers: Mapping[str, Any]
+                                    ) -> Mapping[str, Any] | None:
+        """The configured assistant, asked for by its id (the search gives one page only: a
+        graph may have many, one per user), when it is this agent's graph's."""
+        try:
+            assistant = await self._client.assistants.get(str(self.assistant_id),
+                                                          headers=headers)
+        except NotFoundError:
+            return None
+        if not isinstance(assistant, Mapping):
+            raise TypeError("the assistant answered is not an object")
+        return assistant if assistant.get("graph_id") == self.graph_id else None
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -372,6 +404,62 @@ class _BoundedBody(httpx.AsyncByteStream):
         await self._inner.aclose()
 
 
+#: The content encodings a platform (or a proxy before it) may use though asked for none,
+#: and zlib's `wbits` for each ("deflate" is zlib's format; 32 also takes gzip's).
+_INFLATABLE: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS,
+                      "deflate": 32 + zlib.MAX_WBITS}
+#: The most a read's compressed bytes expand into at a time (so a bound is met before a
+#: small read has expanded whole).
+_INFLATED_PIECE: Final = 64 * 1024
+
+
+def _decoded(stream: httpx.AsyncByteStream, headers: httpx.Headers
+             ) -> httpx.AsyncByteStream:
+    """An answer's body decoded here rather than by httpx, which decodes after the
+    transport: the bound must count the bytes it expands to. Its `content-encoding` header
+    is taken off (httpx would decode again); an encoding zlib cannot read, refused."""
+    encoding = headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return stream
+    wbits = _INFLATABLE.get(encoding)
+    if wbits is None:
+        raise UpstreamError(f"The LangGraph Platform answered in content encoding "
+                            f"{quoted(encoding, 40)}, which it was not asked for")
+    del headers["content-encoding"]
+    headers.pop("content-length", None)  # (the compressed bytes')
+    return _Inflated(stream, wbits)
+
+
+class _Inflated(httpx.AsyncByteStream):
+    """A gzip or deflate body, expanded a bounded piece at a time."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, wbits: int) -> None:
+        self._inner = inner
+        self._wbits = wbits
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        inflater = zlib.decompressobj(self._wbits)
+        try:
+            async for chunk in self._inner:
+                data = chunk
+                while not inflater.eof:
+                    piece = inflater.decompress(data, _INFLATED_PIECE)
+                    data = inflater.unconsumed_tail
+                    if piece:
+                        yield piece
+                    if not data and len(piece) < _INFLATED_PIECE:
+                        break  # (a full piece may have more behind it)
+            rest = inflater.flush()
+            if rest:
+                yield rest
+        except zlib.error:
+            raise UpstreamError("The LangGraph Platform answered with a compressed body "
+                                "that does not decompress") from None
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class _BoundedTransport(httpx.AsyncBaseTransport):
     """`inner`, its answers' bytes bounded (`_BoundedBody`), a redirect refused.
 
@@ -390,7 +478,12 @@ class _BoundedTransport(httpx.AsyncBaseTransport):
                                 f"{response.status_code}{REDIRECT_NOT_FOLLOWED}")
         if isinstance(response.stream, httpx.AsyncByteStream):
             events = "text/event-stream" in response.headers.get("content-type", "")
-            response.stream = _BoundedBody(response.stream, events=events)
+            try:
+                decoded = _decoded(response.stream, response.headers)
+            except UpstreamError:
+                await response.aclose()
+                raise
+            response.stream = _BoundedBody(decoded, events=events)
         return response
 
     async def aclose(self) -> None:
@@ -461,8 +554,8 @@ def _snapshot(thread_id: str, state: Mapping[str, Any]) -> StateSnapshot:
     tasks = tuple(
         PregelTask(id=task.get("id", ""), name=task.get("name", ""), path=(),
                    error=task.get("error"), state=None, result=task.get("result"),
-                   interrupts=tuple(Interrupt(value=i.get("value"), id=i.get("id") or "")
-                                    for i in task.get("interrupts") or ()))
+                   interrupts=tuple(_interrupt(i, task.get("id"), n)
+                                    for n, i in enumerate(task.get("interrupts") or ())))
         for task in state.get("tasks") or ())
     return StateSnapshot(
         values=_thread_values(state.get("values") or {}), next=tuple(state.get("next") or ()),
@@ -471,11 +564,37 @@ def _snapshot(thread_id: str, state: Mapping[str, Any]) -> StateSnapshot:
         interrupts=tuple(i for task in tasks for i in task.interrupts))
 
 
+def _interrupt(raw: Mapping[str, Any], task_id: Any, position: int) -> Interrupt:
+    """One of a task's interrupts. Those langgraph < 0.4 wrote have no `id` (the translator
+    refuses an interrupt without one, and the thread stayed stuck): each gets the id that
+    version knew it by, of its `ns` (as langgraph's own `Interrupt(ns=...)` derives it), so a
+    map of answers by id reaches it, and a single answer goes bare, as it takes one; without
+    an `ns` either, one of its task and its place there, stable while the thread waits."""
+    value, found, ns = raw.get("value"), raw.get("id"), raw.get("ns")
+    if found:
+        return Interrupt(value=value, id=str(found))
+    if isinstance(ns, list) and ns and all(isinstance(part, str) for part in ns):
+        legacy: dict[str, Any] = {"ns": ns}  # (a keyword langgraph keeps for these, untyped)
+        return Interrupt(value=value, **legacy)
+    return Interrupt(value=value, id=f"{task_id}:{position}")
+
+
 #: How the SDK says a run stream's answer is not an event stream (an `httpx.TransportError`).
 _NOT_AN_EVENT_STREAM: Final = "Expected response header Content-Type to contain"
 #: What an answer that is not the JSON expected fails with when read: not JSON (the SDK's
 #: `orjson` decode error is a ValueError), or JSON of another shape.
 _UNUSABLE: Final = (ValueError, TypeError, KeyError, AttributeError)
+
+
+def _header_bytes(value: str) -> bytes:
+    """A forwarded header's value as the client sent it. The runtime reads a request's
+    header bytes as latin-1, whose encoding gives them back; httpx would encode the text as
+    ASCII, and fail (before sending) on any other byte. Text latin-1 cannot hold was not
+    read that way: it goes as UTF-8."""
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogateescape")
 
 
 def _user_token(props: Any) -> str | None:
@@ -506,6 +625,9 @@ def _upstream_error(what: str, exc: httpx.HTTPError
 
     503 is how `langgraph-api` answers while its storage is overloaded or down: the
     runtime's own code for a store it cannot use, as the in-process agent's checkpointer."""
+    if isinstance(exc, httpx.PoolTimeout):
+        return UpstreamTimeoutError(f"{what} had no free connection in time (all its "
+                                    "max_connections busy)")
     if isinstance(exc, httpx.TimeoutException):
         return UpstreamTimeoutError(f"{what} did not answer in time")
     if isinstance(exc, httpx.HTTPStatusError):
@@ -563,6 +685,7 @@ def _run_error(agent_id: str, error: Any, known: Sequence[str] = ()) -> Exceptio
     its class (the `known` secrets blanked), never its text (the graph's exception message),
     except what the runtime says in its own words, as in-process."""
     kind = error.get("error") if isinstance(error, dict) else None
+    kind = kind if isinstance(kind, str) else None  # (an object names no class)
     message = error.get("message") if isinstance(error, dict) else None
     if kind == "GraphRecursionError":
         found = re.search(r"limit of (\d+)", message) if isinstance(message, str) else None
@@ -573,7 +696,7 @@ def _run_error(agent_id: str, error: Any, known: Sequence[str] = ()) -> Exceptio
     if kind in _STORAGE_FAILURES:
         return ServiceUnavailableError("The LangGraph Platform's checkpoint store cannot be "
                                        "used right now; try again later")
-    name = quoted(kind, 80, known) if isinstance(kind, str) else None
+    name = quoted(kind, 80, known) if kind is not None else None
     return UpstreamError(f"The graph failed on the LangGraph Platform ({name})" if name
                          else "The graph failed on the LangGraph Platform")
 
@@ -586,7 +709,7 @@ class _PlatformGraph:
     context_schema = None
 
     def __init__(self, client: LangGraphClient, assistant_id: str, schemas: dict[str, Any],
-                 headers: Mapping[str, str], *, agent_id: str,
+                 headers: Mapping[str, Any], *, agent_id: str,
                  known: Sequence[str] = ()) -> None:
         self.agent_id = agent_id
         self.known = known
