@@ -265,7 +265,8 @@ class _PostgresBackend(_Backend):
         kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0,
                                   "row_factory": dict_row}
         if self.schema:
-            kwargs["options"] = f"-c search_path={self.schema}"
+            # quoted, as CREATE SCHEMA has it: unquoted, PostgreSQL folds capitals
+            kwargs["options"] = f'-c search_path="{self.schema}"'
         # As the thread store's pool: a connection the server closed while idle (it
         # restarted) is replaced as it is taken, not handed out to fail; a check-out waits
         # at most `timeout`; reconnecting gives up after `timeout` too, so a server that

@@ -107,7 +107,7 @@ from copilot_runtime.agents._lg_config import context_init_keys
 from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
 from copilot_runtime.agents._lg_state import graph_values, schema_keys
 from copilot_runtime.agents._lg_tool_messages import for_graph, repaired, to_agui
-from copilot_runtime.agents._lg_values import json_safe, known_messages
+from copilot_runtime.agents._lg_values import json_order, json_safe, known_messages
 
 __all__ = ["STREAM_WRITER_EVENT", "CopilotKitLangGraphBridge"]
 
@@ -1071,8 +1071,17 @@ def _echoed_keys(given: Any, saved: Any) -> dict[str, Any]:
     if not isinstance(given, dict) or not given or not isinstance(saved, Mapping) or not saved:
         return {}
     return {key: value for key, value in given.items()
-            if key not in PLUMBING_STATE_KEYS and key in saved
-            and json_safe(saved[key]) == value}
+            if key not in PLUMBING_STATE_KEYS and key in saved and _shown(saved[key], value)}
+
+
+def _shown(saved: Any, given: Any) -> bool:
+    """Whether `given` is `saved` as some process showed it: a set's items in any order
+    (before `json_safe` sorted them, each process showed its own hash order)."""
+    shown = json_safe(saved)
+    if shown == given:
+        return True
+    return isinstance(saved, set | frozenset) and isinstance(given, list) \
+        and sorted(given, key=json_order) == shown
 
 
 def _get(item: Any, key: str) -> Any:

@@ -34,7 +34,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-__all__ = ["json_safe", "known_messages"]
+__all__ = ["json_order", "json_safe", "known_messages"]
 
 # Deeper than this a value is cut (what the limits let through is far shallower).
 _MAX_DEPTH = 200
@@ -47,8 +47,10 @@ def json_safe(value: Any) -> Any:
     Plain JSON (the usual state) takes one encode and decode in C; anything else is
     converted: keys become their JSON text (1 → "1", None → "null"), integers beyond 64
     bits their digits, dates ISO 8601, decimals their text, bytes base64, enums their value,
-    dataclasses and pydantic models their fields, other objects their public attributes, a
-    cycle "<recursive>". NaN and the infinities become null, as `JSON.stringify` has it.
+    sets a list sorted by each item's JSON (their own order is the process's hash order:
+    another process showed the same set otherwise), dataclasses and pydantic models their
+    fields, other objects their public attributes, a cycle "<recursive>". NaN and the
+    infinities become null, as `JSON.stringify` has it.
     """
     try:
         return orjson.loads(orjson.dumps(value))
@@ -77,11 +79,19 @@ def _converted(value: Any, depth: int, path: set[int]) -> Any:
     try:
         if isinstance(value, Mapping):
             return {_key(key): _converted(item, depth + 1, path) for key, item in value.items()}
-        if isinstance(value, list | tuple | set | frozenset):
+        if isinstance(value, list | tuple):
             return [_converted(item, depth + 1, path) for item in value]
+        if isinstance(value, set | frozenset):  # (in an order every process agrees on)
+            items = [_converted(item, depth + 1, path) for item in value]
+            return sorted(items, key=json_order)
         return _converted(_fields(value), depth + 1, path)
     finally:
         path.discard(id(value))
+
+
+def json_order(value: Any) -> bytes:
+    """The key that sorts a set's JSON items as `json_safe` does."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
 def _fields(value: Any) -> Any:

@@ -17,7 +17,6 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-import jsonpatch
 import orjson
 import structlog
 from ag_ui.core import Event as AGUIEvent
@@ -27,6 +26,7 @@ from copilot_runtime import events as ev
 from copilot_runtime._exceptions import ChunkError, UpstreamError, quoted
 from copilot_runtime._held import HeldBytes
 from copilot_runtime._limits import MAX_JSON_DEPTH, decode_json, nests_too_deep
+from copilot_runtime.agents._state_diff import state_patch
 from copilot_runtime.event_order import (
     EMPTY_DELTA,
     REQUIRED_FIELDS,
@@ -383,31 +383,30 @@ class RemoteEventChecker:
 class StateDeltaEncoder:
     """One run's state changes as events: the first as a snapshot, then deltas.
 
-    A changed state goes out as an RFC 6902 `STATE_DELTA` when that is smaller than the
+    A changed state goes out as an RFC 6902 `STATE_DELTA` (`state_patch`: linear in the
+    state's size, only operations the clients apply) when that is smaller than the
     snapshot, an unchanged one not at all. Give it JSON-ready values it may keep.
     """
 
-    __slots__ = ("_sent", "_state", "deltas")
+    __slots__ = ("_encoded", "_sent", "_state", "deltas")
 
     def __init__(self, *, deltas: bool = True) -> None:
         self.deltas = deltas
         self._state: Any = None
+        self._encoded = b""
         self._sent = False
 
     def encode(self, state: Any) -> Event | None:
-        previous, sent = self._state, self._sent
-        self._state, self._sent = state, True
+        previous, previous_encoded, sent = self._state, self._encoded, self._sent
+        encoded = orjson.dumps(state, option=orjson.OPT_NON_STR_KEYS)
+        self._state, self._encoded, self._sent = state, encoded, True
         if not sent or not self.deltas:
             return ev.state_snapshot(state)
-        if state == previous:
+        if encoded == previous_encoded:  # (JSON's equality: `==` takes True for 1)
             return None
         if not isinstance(state, dict) or not isinstance(previous, dict):
             return ev.state_snapshot(state)
-        patch: list[dict[str, Any]] = jsonpatch.make_patch(previous, state).patch
-        if _json_size(patch) < _json_size(state):
-            return ev.state_delta(patch)
-        return ev.state_snapshot(state)
-
-
-def _json_size(value: Any) -> int:
-    return len(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS))
+        patch = state_patch(previous, state, len(encoded) - 1)
+        if patch is None:
+            return ev.state_snapshot(state)
+        return ev.state_delta(patch) if patch else None
