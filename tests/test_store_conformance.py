@@ -270,7 +270,8 @@ async def test_archived_threads_and_the_lists_that_leave_them_out(store: ThreadS
         "t4", "t3", "t1", "t0"]
     assert [(r.thread_id, r.archived) for r in await store.list(limit=1)] == [("t5", True)]
     assert await store.delete("t2") is True
-    await _finish(store, "t2", "r", _run("t2", "r", "z"), 0, created=30.0)
+    await _finish(store, "t2", "r", _run("t2", "r", "z"), await store.first_position("t2"),
+                  created=30.0)
     assert (await store.summary("t2")).archived is False  # type: ignore[union-attr]
 
 
@@ -320,6 +321,29 @@ async def test_a_thread_running_since_is_kept_by_a_delete_on_condition(store: Th
     summary = await store.summary("t")
     assert summary is not None
     assert summary.updated_at == 40.0
+
+
+async def test_a_delete_on_condition_of_its_position_keeps_a_thread_written_since(
+        store: ThreadStore) -> None:
+    """Found with several workers: a delete whose hold on the thread lapsed (its worker
+    stalled, its statement held up) still deleted it, with the run another worker had begun
+    and finished on it since. `delete(next_position=)` deletes only a thread whose next
+    position is still the one the delete read under its hold; on every store."""
+    first = _run("t", "r1", "a")
+    await _finish(store, "t", "r1", first, 0)
+    read = await store.summary("t")
+    assert read is not None
+    assert read.next_position == len(first)
+    second = _run("t", "r2", "b")
+    await _finish(store, "t", "r2", second, len(first), created=2.0)
+    assert await store.delete("t", next_position=len(first)) is False
+    record = await store.get("t")
+    assert record is not None
+    assert [r.run_id for r in record.runs] == ["r1", "r2"]
+    assert await store.delete("nope", next_position=0) is False
+    assert await store.delete("t", next_position=len(first) + len(second)) is True
+    assert await store.get("t") is None
+    assert await store.first_position("t") == len(first) + len(second)
 
 
 async def test_a_clock_stepped_back_never_makes_a_thread_older(store: ThreadStore) -> None:
@@ -464,6 +488,43 @@ async def test_running_run_is_readable_while_it_streams(store: ThreadStore) -> N
     # ... and a resume at a run boundary gets the compacted runs after it.
     await _finish(durable, "t", "r2", _run("t", "r2", "z"), len(events))
     assert [e["runId"] for _, e in await durable.events_after("t", len(events) - 1)
+            if e["type"] == "RUN_STARTED"] == ["r2"]
+
+
+@pytest.mark.parametrize("closed", [True, False], ids=["closed-by-the-sweep", "left-open"])
+async def test_a_late_write_of_a_run_begun_before_its_thread_was_deleted_writes_nothing(
+        store: ThreadStore, closed: bool) -> None:
+    """Found with several workers: a worker stalled mid-run; another closed the run as
+    interrupted (or not yet) and deleted the thread; the stalled worker came back and its
+    late writes (the run's next events, its end) made the thread again, the deleted run in
+    it. A late write of a run that began before the delete writes nothing now, and a new
+    thread of the id (which begins at the deleted one's end) is written as ever."""
+    durable = _durable(store)
+    events = _run("t", "r1", "one two three four five")
+    await durable.append_events("t", "default", "r1", 1.0, 0, events[:3])
+    if closed:
+        assert await durable.close_interrupted("t", "r1") is True
+    assert await durable.delete("t") is True
+    end = await durable.first_position("t")
+    assert end >= 3
+    await durable.append_events("t", "default", "r1", 1.0, 3, events[3:5], run_first=0)
+    await _finish(durable, "t", "r1", events, 0)
+    assert await durable.summary("t") is None
+    assert await durable.get("t") is None
+    assert await durable.list() == []
+    assert await durable.open_runs() == []
+    assert await durable.first_position("t") == end
+    # The id taken again: its runs are written, late writes of the old run still are not.
+    again = _run("t", "r2", "new")
+    await durable.append_events("t", "default", "r2", 2.0, end, again[:2], run_first=end)
+    await durable.append_events("t", "default", "r1", 1.0, 5, events[5:7], run_first=0)
+    await _finish(durable, "t", "r2", again, end, created=2.0)
+    await _finish(durable, "t", "r1", events, 0)
+    record = await durable.get("t")
+    assert record is not None
+    assert [r.run_id for r in record.runs] == ["r2"]
+    assert record.next_position == end + len(again)
+    assert [e["runId"] for _, e in await durable.events_after("t", -1)
             if e["type"] == "RUN_STARTED"] == ["r2"]
 
 
