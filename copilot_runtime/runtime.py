@@ -296,7 +296,8 @@ class CopilotRuntime:
                 and self._retention is None:
             self._retention = RetentionSweep(stale, self._delete_stale,
                                              self.thread_retention_seconds,
-                                             self.retention_sweep_every)
+                                             self.retention_sweep_every,
+                                             getattr(self.store, "clock", None))
             self._retention.start()
 
     async def _start_mcp(self) -> None:

@@ -253,11 +253,13 @@ WITH a AS (
 ), thread AS (
     INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title,
                          next_position, state, state_seq)
-    SELECT p.thread, p.agent, p.created, p.created, p.owner, p.tenant, p.title, p.last + 1,
-           CASE WHEN p.state_seq IS NOT NULL THEN p.state END, p.state_seq
+    SELECT p.thread, p.agent, p.created, extract(epoch FROM now()), p.owner, p.tenant,
+           p.title, p.last + 1, CASE WHEN p.state_seq IS NOT NULL THEN p.state END,
+           p.state_seq
     FROM p
     ON CONFLICT (thread_id) DO UPDATE SET
-        updated_at = GREATEST(threads.updated_at, excluded.updated_at),
+        -- (the database's clock: see `_APPEND_EVENTS`)
+        updated_at = excluded.updated_at,
         next_position = GREATEST(threads.next_position, excluded.next_position),
         title = CASE WHEN threads.title = '' THEN excluded.title ELSE threads.title END,
         -- unless a later run (by `seq`) left one: a run closed after the next one finished
@@ -319,11 +321,14 @@ WITH a AS (
 ), thread AS (
     INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title,
                          next_position)
-    SELECT p.thread, p.agent, p.created, p.created, p.owner, p.tenant, p.title,
-           COALESCE(p.last + 1, 0)
+    SELECT p.thread, p.agent, p.created, extract(epoch FROM now()), p.owner, p.tenant,
+           p.title, COALESCE(p.last + 1, 0)
     FROM p
     ON CONFLICT (thread_id) DO UPDATE SET
-        updated_at = GREATEST(threads.updated_at, excluded.updated_at),
+        -- Stamped by the database's clock, as the retention sweep's cutoff (`clock`): a
+        -- worker whose clock was behind made a thread just used look stale to the sweep,
+        -- and one ahead kept a thread from it (GREATEST kept its stamp) for as long.
+        updated_at = excluded.updated_at,
         next_position = GREATEST(threads.next_position, excluded.next_position),
         title = CASE WHEN threads.title = '' THEN excluded.title ELSE threads.title END
 ), opened AS (
@@ -649,6 +654,15 @@ class PostgresThreadStore:
                 rows = await (await conn.execute(query.encode(), (*args, limit, offset))
                               ).fetchall()
             return [_record(row[0], row[1:]) for row in rows]
+
+    async def clock(self) -> float:
+        """The database's time (epoch seconds): threads' `updated_at` is stamped by it, so
+        `stale_threads` and `delete(updated_before=)` are asked in it."""
+        async with self._reachable(), self._pool.connection() as conn:
+            row = await (await conn.execute("SELECT extract(epoch FROM now())::float8")
+                         ).fetchone()
+        assert row is not None
+        return float(row[0])
 
     async def stale_threads(self, before: float, limit: int = 100) -> builtins.list[str]:
         """The ids of the threads last updated before `before` (epoch seconds), the oldest
