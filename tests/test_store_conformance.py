@@ -547,6 +547,7 @@ async def test_a_late_write_of_a_run_begun_before_its_thread_was_deleted_writes_
     assert record is not None
     assert [r.run_id for r in record.runs] == ["r2"]
     assert record.next_position == end + len(again)
+    assert record.message_ids == {"u-r2", "m-r2"}
     assert [e["runId"] for _, e in await durable.events_after("t", -1)
             if e["type"] == "RUN_STARTED"] == ["r2"]
 

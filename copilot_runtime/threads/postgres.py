@@ -293,6 +293,8 @@ WITH a AS (
 )
 INSERT INTO message_ids (thread_id, message_id)
 SELECT m[2 * i + 1], m[2 * i + 2] FROM a, generate_series(0, cardinality(a.m) / 2 - 1) AS i
+-- (of the runs written: a fenced run's ids would be a deleted thread's, read as the next one's)
+WHERE EXISTS (SELECT 1 FROM p WHERE p.thread = m[2 * i + 1])
 ON CONFLICT DO NOTHING
 """
 #: Running runs' next events (a run's first call opens it, and creates its thread), any
