@@ -35,9 +35,12 @@ _FAILURES = 3
 class RetentionSweep:
     def __init__(self, stale: Callable[[float, int], Awaitable[list[str]]],
                  delete: Callable[[str, float], Awaitable[bool]], retention: float,
-                 every: float) -> None:
+                 every: float, clock: Callable[[], Awaitable[float]] | None = None) -> None:
         self._stale = stale
         self._delete = delete
+        #: The store's time, when it stamps threads by a clock of its own (a database's),
+        #: else None: this process's.
+        self._clock = clock
         self.retention = retention
         self.every = every
         self._task: asyncio.Task[None] | None = None
@@ -71,7 +74,10 @@ class RetentionSweep:
 
     async def sweep(self) -> int:
         """Delete the threads last updated more than `retention` seconds ago; how many."""
-        cutoff = time.time() - self.retention
+        # By the clock the store stamps threads with: a worker whose clock is behind or
+        # ahead of the one that ran a thread would sweep it early, or late.
+        now = time.time() if self._clock is None else await self._clock()
+        cutoff = now - self.retention
         deleted = 0
         # Left for the next sweep: busy now, gone meanwhile, or what an agent keeps of it
         # could not be deleted (logged where it failed).

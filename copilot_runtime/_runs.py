@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import math
 import time
 import uuid
@@ -32,6 +33,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -80,7 +82,7 @@ from copilot_runtime.threads.base import (
 )
 from copilot_runtime.threads.memory import InMemoryThreadStore
 
-__all__ = ["DETACHED_RUN_SECONDS", "ActiveRun", "RunManager"]
+__all__ = ["DETACHED_RUN_SECONDS", "ActiveRun", "DeleteHold", "RunManager"]
 
 _log = structlog.get_logger("copilot_runtime.runs")
 
@@ -633,15 +635,20 @@ class ActiveRun:
         store = self.manager.durable
         assert store is not None
         start, events = self._flushed, self.events[self._flushed:]
+        # The run's start position fences a late write (this process stalled) of a thread
+        # deleted meanwhile: it writes nothing (a store of an application's own may not
+        # take it).
+        fence: dict[str, Any] = {"run_first": self.first_position} \
+            if self.manager.durable_fences else {}
         try:
             try:
                 await store.append_events(self.thread_id, self.agent_id, self.run_id,
                                           self.created_at, self.first_position + start,
-                                          events, owner=self.owner)
+                                          events, owner=self.owner, **fence)
             except TypeError:  # orjson.JSONEncodeError: an event JSON cannot carry
                 await store.append_events(self.thread_id, self.agent_id, self.run_id,
                                           self.created_at, self.first_position + start,
-                                          _encodable(events), owner=self.owner)
+                                          _encodable(events), owner=self.owner, **fence)
             self._flushed = start + len(events)
             self.manager.flushed(self, self.first_position + self._flushed - 1)
             self.manager.unflushed = 0
@@ -1035,6 +1042,9 @@ class RunManager:
         #: The store when it keeps running runs' events (written as runs go), else None.
         self.durable: DurableThreadStore | None = \
             store if isinstance(store, DurableThreadStore) else None
+        #: Whether `durable.append_events` takes `run_first` (the built-in stores do).
+        self.durable_fences = self.durable is not None and "run_first" in \
+            inspect.signature(self.durable.append_events).parameters
         #: The store when it is the in-memory one (told when a run starts), else None.
         self.memory: InMemoryThreadStore | None = \
             store if isinstance(store, InMemoryThreadStore) else None
@@ -1200,16 +1210,14 @@ class RunManager:
         return holder is not None and not holder.startswith(_DELETE)
 
     @contextlib.asynccontextmanager
-    async def held_for_delete(self, thread_id: str) -> AsyncIterator[float | None]:
+    async def held_for_delete(self, thread_id: str) -> AsyncIterator[DeleteHold]:
         """Keep runs off the thread while it is deleted (its check that no run is on it, its
         agents' memory, its store): `ThreadBusyError` if a run is on it on any worker, and a
         run asking for it meanwhile, here or (through its lease) on another worker, is busy.
         Under a shared coordinator, another delete of the thread (any worker's) is waited
         for, at most `DELETE_WAITS_FOR_DELETE` seconds (busy after), and this one then finds
         it gone (a 404); without one, deletes of a thread go on together, runs kept off
-        until the last one ends. Yields when this delete began waiting for another (epoch
-        seconds), or None: a thread of the id updated since is not the one it was asked
-        to delete (a run began on the id between the two deletes)."""
+        until the last one ends. Yields the hold (`DeleteHold`)."""
         if thread_id in self.active:
             raise ThreadBusyError(thread_id)
         self._deleting[thread_id] = self._deleting.get(thread_id, 0) + 1
@@ -1219,7 +1227,7 @@ class RunManager:
         try:
             if coordinator is not None:
                 lease, waited_since = await self._lease_for_delete(coordinator, thread_id)
-            yield waited_since
+            yield DeleteHold(thread_id, waited_since, lease, self.lapsed)
         finally:
             left = self._deleting.pop(thread_id) - 1
             if left:
@@ -1677,6 +1685,26 @@ class RunManager:
                 await run.on_abandon(run)
             except Exception:
                 _log.exception("run abandon observer failed", run_id=run.run_id)
+
+
+@dataclass(slots=True)
+class DeleteHold:
+    """A delete's hold on its thread (`RunManager.held_for_delete`)."""
+
+    thread_id: str
+    #: When the delete began waiting for another (epoch seconds), or None: a thread of the
+    #: id updated since is not the one it was asked to delete (a run began on the id
+    #: between the two deletes).
+    waited_since: float | None
+    lease: Lease | None = None
+    lapsed: Callable[[Lease], bool] | None = None
+
+    def check(self) -> None:
+        """`ThreadBusyError` if the delete's lease may have expired (this process stalled,
+        or lost its coordinator): another worker may have run on the thread since, so the
+        delete must not go on as if it still held it."""
+        if self.lease is not None and self.lapsed is not None and self.lapsed(self.lease):
+            raise ThreadBusyError(self.thread_id)
 
 
 class _UnstoredEnds:

@@ -299,7 +299,8 @@ class CopilotRuntime:
                 and self._retention is None:
             self._retention = RetentionSweep(stale, self._delete_stale,
                                              self.thread_retention_seconds,
-                                             self.retention_sweep_every)
+                                             self.retention_sweep_every,
+                                             getattr(self.store, "clock", None))
             self._retention.start()
 
     async def _start_mcp(self) -> None:
@@ -364,18 +365,18 @@ class CopilotRuntime:
         too (False): the sweep listed it before someone used it again. With `owner`, only a
         thread of that owner (the caller's, checked before): under the hold, the id may name
         a thread another user began since (False)."""
-        async with self.runs.held_for_delete(thread_id) as waited_since:
-            if updated_before is not None or waited_since is not None or owner is not None:
-                # Read under the delete's hold: no run can begin and update it now. After
-                # another delete of the id went first, a thread updated since began (or ran)
-                # after it: not the one this delete was asked for, whoever's it is.
-                record = await self.store.summary(thread_id)
-                if record is None or (owner is not None and record.owner != owner):
+        async with self.runs.held_for_delete(thread_id) as hold:
+            # Read under the delete's hold: no run can begin and update it now. After
+            # another delete of the id went first, a thread updated since began (or ran)
+            # after it: not the one this delete was asked for, whoever's it is.
+            record = await self.store.summary(thread_id)
+            if record is None or (owner is not None and record.owner != owner):
+                if updated_before is not None or hold.waited_since is not None \
+                        or owner is not None:
                     return False
-                if waited_since is not None and record.updated_at >= waited_since:
-                    return False
-                if updated_before is not None and record.updated_at >= updated_before:
-                    return False
+            elif (hold.waited_since is not None and record.updated_at >= hold.waited_since) \
+                    or (updated_before is not None and record.updated_at >= updated_before):
+                return False
             # A store that cannot write now (a SQLite file another connection holds) fails
             # the delete before anything is forgotten: after, the thread would be kept
             # without what its agents knew of it. (The records must go last: gone first,
@@ -384,12 +385,24 @@ class CopilotRuntime:
             check_writable = getattr(self.store, "check_writable", None)
             if check_writable is not None:
                 await check_writable()
+            hold.check()  # a hold lost meanwhile: another worker may run on the thread
             await self.forget_thread(thread_id, strict=True)
-            if updated_before is None or not _takes(self.store.delete, "updated_before"):
-                # (a store of an application's own without the condition: the read above,
-                # under the hold, is what keeps a thread used again)
-                return await self.store.delete(thread_id)
-            return await self.store.delete(thread_id, updated_before=updated_before)
+            if record is None:
+                # Nothing stored to delete: a thread stored since came after the hold.
+                return False
+            # Only the thread as it was read under the hold: if the hold lapsed (this
+            # process stalled, its statement held up) a run another worker began since
+            # wrote to it, and stays. (A store of an application's own without the
+            # conditions: the read above, under the hold, is what keeps it.)
+            conditions: dict[str, Any] = {}
+            if _takes(self.store.delete, "next_position"):
+                conditions["next_position"] = record.next_position
+            if updated_before is not None and _takes(self.store.delete, "updated_before"):
+                conditions["updated_before"] = updated_before
+            deleted = await self.store.delete(thread_id, **conditions)
+            if not deleted:
+                hold.check()  # kept because the hold lapsed: busy, not "no such thread"
+            return deleted
 
     async def rename_thread(self, thread_id: str, name: str | None, *,
                             owner: ThreadOwner | None = None) -> bool:

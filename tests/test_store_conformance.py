@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -97,6 +98,16 @@ async def _start(store: ThreadStore, thread: str, run: str, started: ev.Event, f
         await store.begin_run(thread, "default", created, first, started, owner=owner)
 
 
+async def used_at(store: ThreadStore, at: float, *threads: str) -> None:
+    """PostgreSQL stamps a thread's use by the database's clock (`updated_at`, see its
+    `clock`), whatever time the write carried: set as if that clock had read `at` then.
+    The other stores stamp the time the write carried, `at` in these tests."""
+    if isinstance(store, threads_postgres.PostgresThreadStore):
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'UPDATE "{store.schema}".threads SET updated_at = %s '
+                         "WHERE thread_id = ANY(%s)", (at, list(threads)))
+
+
 def _durable(store: ThreadStore) -> DurableThreadStore:
     if not isinstance(store, DurableThreadStore):
         pytest.skip("the in-memory store keeps no running runs")
@@ -160,6 +171,7 @@ async def test_a_thread_exists_once_its_first_run_starts(store: ThreadStore) -> 
     alice = ThreadOwner("alice", "acme")
     one = _run("t", "r1", "a b c", user="Plan my trip")
     await _start(store, "t", "r1", one[0], 0, 5.0, owner=alice)
+    await used_at(store, 5.0, "t")
     for record in (await store.get("t"), await store.summary("t")):
         assert record is not None
         assert (record.agent_id, record.owner, record.title, record.name, record.runs) == (
@@ -170,6 +182,7 @@ async def test_a_thread_exists_once_its_first_run_starts(store: ThreadStore) -> 
     assert [r.thread_id for r in await store.list(agent_id="default")] == ["t"]
     assert await store.rename("t", "Trip") is True
     await _finish(store, "t", "r1", one, 0, created=5.0, owner=alice)
+    await used_at(store, 5.0, "t")
     record = await store.get("t")
     assert record is not None
     assert (record.name, record.title, record.owner) == ("Trip", "Plan my trip", alice)
@@ -177,7 +190,9 @@ async def test_a_thread_exists_once_its_first_run_starts(store: ThreadStore) -> 
     assert (record.created_at, record.updated_at) == (5.0, 5.0)
 
     await _finish(store, "u", "r1", _run("u", "r1", "x"), 0, created=6.0, owner=alice)
+    await used_at(store, 6.0, "u")
     await _start(store, "t", "r2", _run("t", "r2", "d")[0], len(one), 7.0, owner=alice)
+    await used_at(store, 7.0, "t")
     assert [(r.thread_id, r.updated_at) for r in await store.list()] == [
         ("t", 7.0), ("u", 6.0)]
     record = await store.summary("t")
@@ -270,7 +285,8 @@ async def test_archived_threads_and_the_lists_that_leave_them_out(store: ThreadS
         "t4", "t3", "t1", "t0"]
     assert [(r.thread_id, r.archived) for r in await store.list(limit=1)] == [("t5", True)]
     assert await store.delete("t2") is True
-    await _finish(store, "t2", "r", _run("t2", "r", "z"), 0, created=30.0)
+    await _finish(store, "t2", "r", _run("t2", "r", "z"), await store.first_position("t2"),
+                  created=30.0)
     assert (await store.summary("t2")).archived is False  # type: ignore[union-attr]
 
 
@@ -279,6 +295,7 @@ async def test_stale_threads_oldest_first(store: ThreadStore) -> None:
     (two updated at once in the order of their ids' code points, as `list` orders them)."""
     for thread, created in (("b", 20.0), ("a", 20.0), ("c", 10.0), ("d", 30.0)):
         await _finish(store, thread, "r", _run(thread, "r", "x"), 0, created=created)
+        await used_at(store, created, thread)
     stale = store.stale_threads  # type: ignore[attr-defined]
     assert await stale(25.0) == ["c", "a", "b"]
     assert await stale(25.0, 2) == ["c", "a"]
@@ -297,6 +314,8 @@ async def test_a_delete_on_condition_keeps_a_thread_updated_since(store: ThreadS
     await _finish(store, "used", "r2", _run("used", "r2", "b"), len(first), created=40.0)
     await _finish(store, "old", "r1", _run("old", "r1", "c"), 0, created=20.0)
     await _finish(store, "edge", "r1", _run("edge", "r1", "d"), 0, created=25.0)
+    for thread, at in (("used", 40.0), ("old", 20.0), ("edge", 25.0)):
+        await used_at(store, at, thread)
     assert await store.delete("used", updated_before=25.0) is False
     record = await store.get("used")
     assert record is not None
@@ -315,18 +334,45 @@ async def test_a_thread_running_since_is_kept_by_a_delete_on_condition(store: Th
     """A thread whose new run is streaming (written as it streams) was updated by it."""
     first = _run("t", "r1", "a")
     await _finish(store, "t", "r1", first, 0, created=20.0)
+    await used_at(store, 20.0, "t")
     await _start(store, "t", "r2", _run("t", "r2", "b")[0], len(first), 40.0)
     assert await store.delete("t", updated_before=25.0) is False
     summary = await store.summary("t")
     assert summary is not None
-    assert summary.updated_at == 40.0
+    assert summary.updated_at >= 40.0  # (PostgreSQL: its clock's time, now)
+
+
+async def test_a_delete_on_condition_of_its_position_keeps_a_thread_written_since(
+        store: ThreadStore) -> None:
+    """Found with several workers: a delete whose hold on the thread lapsed (its worker
+    stalled, its statement held up) still deleted it, with the run another worker had begun
+    and finished on it since. `delete(next_position=)` deletes only a thread whose next
+    position is still the one the delete read under its hold; on every store."""
+    first = _run("t", "r1", "a")
+    await _finish(store, "t", "r1", first, 0)
+    read = await store.summary("t")
+    assert read is not None
+    assert read.next_position == len(first)
+    second = _run("t", "r2", "b")
+    await _finish(store, "t", "r2", second, len(first), created=2.0)
+    assert await store.delete("t", next_position=len(first)) is False
+    record = await store.get("t")
+    assert record is not None
+    assert [r.run_id for r in record.runs] == ["r1", "r2"]
+    assert await store.delete("nope", next_position=0) is False
+    assert await store.delete("t", next_position=len(first) + len(second)) is True
+    assert await store.get("t") is None
+    assert await store.first_position("t") == len(first) + len(second)
 
 
 async def test_a_clock_stepped_back_never_makes_a_thread_older(store: ThreadStore) -> None:
     """Before: a run that started after the clock stepped back set the in-memory store's
     `updated_at` to its older start, while SQLite and PostgreSQL keep the latest: the thread
     was listed below the threads updated between the two runs, and stale to retention too
-    early, on memory alone. Every store keeps the latest now."""
+    early, on memory alone. Every store keeps the latest now. (PostgreSQL reads no
+    worker's clock: `test_postgres_stamps_threads_by_its_own_clock`.)"""
+    if isinstance(store, threads_postgres.PostgresThreadStore):
+        pytest.skip("PostgreSQL stamps threads by its own clock")
     one = _run("t", "r1", "a")
     await _finish(store, "t", "r1", one, 0, created=30.0)
     await _finish(store, "u", "r1", _run("u", "r1", "b"), 0, created=20.0)
@@ -415,6 +461,7 @@ async def _tied_threads(store: ThreadStore, agent: str = "default") -> None:
     for thread in TIED_IDS:
         await store.append_run(thread, agent, StoredRun(
             "r", compact_events(_run(thread, "r", "x")), 100.0, 0, 0, 5), [])
+    await used_at(store, 100.0, *TIED_IDS)
 
 
 async def test_threads_updated_at_once_list_in_one_order_on_every_store(
@@ -464,6 +511,44 @@ async def test_running_run_is_readable_while_it_streams(store: ThreadStore) -> N
     # ... and a resume at a run boundary gets the compacted runs after it.
     await _finish(durable, "t", "r2", _run("t", "r2", "z"), len(events))
     assert [e["runId"] for _, e in await durable.events_after("t", len(events) - 1)
+            if e["type"] == "RUN_STARTED"] == ["r2"]
+
+
+@pytest.mark.parametrize("closed", [True, False], ids=["closed-by-the-sweep", "left-open"])
+async def test_a_late_write_of_a_run_begun_before_its_thread_was_deleted_writes_nothing(
+        store: ThreadStore, closed: bool) -> None:
+    """Found with several workers: a worker stalled mid-run; another closed the run as
+    interrupted (or not yet) and deleted the thread; the stalled worker came back and its
+    late writes (the run's next events, its end) made the thread again, the deleted run in
+    it. A late write of a run that began before the delete writes nothing now, and a new
+    thread of the id (which begins at the deleted one's end) is written as ever."""
+    durable = _durable(store)
+    events = _run("t", "r1", "one two three four five")
+    await durable.append_events("t", "default", "r1", 1.0, 0, events[:3])
+    if closed:
+        assert await durable.close_interrupted("t", "r1") is True
+    assert await durable.delete("t") is True
+    end = await durable.first_position("t")
+    assert end >= 3
+    await durable.append_events("t", "default", "r1", 1.0, 3, events[3:5], run_first=0)
+    await _finish(durable, "t", "r1", events, 0)
+    assert await durable.summary("t") is None
+    assert await durable.get("t") is None
+    assert await durable.list() == []
+    assert await durable.open_runs() == []
+    assert await durable.first_position("t") == end
+    # The id taken again: its runs are written, late writes of the old run still are not.
+    again = _run("t", "r2", "new")
+    await durable.append_events("t", "default", "r2", 2.0, end, again[:2], run_first=end)
+    await durable.append_events("t", "default", "r1", 1.0, 5, events[5:7], run_first=0)
+    await _finish(durable, "t", "r2", again, end, created=2.0)
+    await _finish(durable, "t", "r1", events, 0)
+    record = await durable.get("t")
+    assert record is not None
+    assert [r.run_id for r in record.runs] == ["r2"]
+    assert record.next_position == end + len(again)
+    assert record.message_ids == {"u-r2", "m-r2"}
+    assert [e["runId"] for _, e in await durable.events_after("t", -1)
             if e["type"] == "RUN_STARTED"] == ["r2"]
 
 
@@ -987,6 +1072,41 @@ async def test_postgres_schema_of_the_first_version_is_migrated() -> None:
         assert [r.run_id for r in record.runs] == ["r"]
         assert record.runs[0].events == compact_events(events)
         assert [e for _, e in await store.events_after("t", 1)] == events[2:]
+    finally:
+        await store.aclose()
+        with psycopg.connect(SERVER, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def test_postgres_stamps_threads_by_its_own_clock() -> None:
+    """Found with several workers: a worker whose clock was 2 h behind stamped a thread it
+    had just run 2 h old, and another worker's retention sweep (1 h) deleted it at once;
+    one ahead kept a thread from every sweep for as long (the stamp never went back). The
+    store stamps a thread's use by the database's clock now, whatever time the write
+    carried, and the sweep asks by that clock (`clock`)."""
+    schema = f"store_{uuid.uuid4().hex[:10]}"
+    store: Any = thread_store(f"{SERVER}?schema={schema}")
+    try:
+        now = time.time()
+        behind, ahead = _run("behind", "r1", "a"), _run("ahead", "r1", "b")
+        await _start(store, "running", "r1", _run("running", "r1", "c")[0], 0, now - 7200)
+        await _finish(store, "behind", "r1", behind, 0, created=now - 7200)
+        await _finish(store, "ahead", "r1", ahead, 0, created=now + 7200)
+        clock = await store.clock()
+        for thread in ("running", "behind", "ahead"):
+            record = await store.summary(thread)
+            assert record is not None
+            assert clock - 60 < record.updated_at <= clock, thread
+        assert await store.stale_threads(clock - 3600) == []
+        assert await store.delete("behind", updated_before=clock - 3600) is False
+        # A stamp a fast clock left (a release before this one) goes at the next use.
+        await used_at(store, clock + 7200, "ahead")
+        await _finish(store, "ahead", "r2", _run("ahead", "r2", "d"), len(ahead),
+                      created=now + 7200)
+        record = await store.summary("ahead")
+        assert record is not None
+        assert record.updated_at < clock + 60
+        assert [r.thread_id for r in await store.list()] == ["ahead", "behind", "running"]
     finally:
         await store.aclose()
         with psycopg.connect(SERVER, autocommit=True) as conn:

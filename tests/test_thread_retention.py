@@ -219,3 +219,57 @@ def test_a_store_that_cannot_list_stale_threads_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="stale_threads"):
         CopilotRuntime(agents={}, thread_store=_NoSweeping(),  # type: ignore[arg-type]
                        thread_retention_seconds=86400)
+
+
+class _Skewed:
+    """The `time` module as a worker whose clock is `by` seconds off sees it."""
+
+    def __init__(self, by: float) -> None:
+        self.by = by
+
+    def time(self) -> float:
+        return time.time() + self.by
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+@pytest.mark.parametrize("skewed", ["runner-behind", "sweeper-ahead"])
+async def test_a_thread_just_used_is_kept_whatever_the_workers_clocks_say(
+        skewed: str, serve_runtime: ServeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found with several workers on PostgreSQL: a worker whose clock was 2 h behind ran a
+    thread, stamped with its clock, and another worker sweeping threads unused for 1 h
+    deleted it at once (as would a sweeping worker whose clock was ahead). The store stamps
+    a thread's use by the database's clock now, and the sweep's cutoff is read from it."""
+    with postgres_schema() as url:
+        sweeping = Remembering()
+        one = CopilotRuntime(agents={"remembering": sweeping}, thread_store=thread_store(url),
+                             coordinator=coordinator(url), thread_retention_seconds=3600)
+        one.retention_sweep_every = 0.2
+        two = CopilotRuntime(agents={"remembering": Remembering()},
+                             thread_store=thread_store(url), coordinator=coordinator(url))
+        if skewed == "runner-behind":  # (the sweeping worker runs nothing)
+            monkeypatch.setattr("copilot_runtime._runs.time", _Skewed(-7200))
+        else:
+            monkeypatch.setattr("copilot_runtime._retention.time", _Skewed(7200))
+        sweeps: list[list[str]] = []
+        stale = one.store.stale_threads  # type: ignore[attr-defined]
+
+        async def listing(before: float, limit: int) -> list[str]:
+            ids: list[str] = await stale(before, limit)
+            sweeps.append(ids)
+            return ids
+
+        one.store.stale_threads = listing  # type: ignore[attr-defined]
+        async with serve_runtime(two) as second:
+            events = await second.run(run_input("just now", thread="t", run="r1"),
+                                      agent="remembering")
+            assert types(events)[-1] == "RUN_FINISHED"
+            async with serve_runtime(one):
+                async for _ in poll(30, 0.05):
+                    if len(sweeps) >= 3:
+                        break
+            assert sweeps[-1] == []
+            response = await second.session.get(second.url + "/threads/t/messages")
+            assert response.status == 200, await response.text()
+            assert sweeping.forgotten == []

@@ -429,3 +429,144 @@ async def test_a_delete_whose_thread_another_user_began_again_since_its_check_is
             assert status == 404, body
             status, body, _ = await call(first, "GET", "/threads/t/messages", BOB)
             assert status == 200, body
+
+
+async def test_a_delete_whose_hold_lapsed_leaves_a_run_another_worker_began_since(
+        serve_runtime: ServeRuntime) -> None:
+    """Found with several workers: a DELETE whose statement was held up (its worker cut off
+    from PostgreSQL and from the coordinator) past its lease went on once the partition
+    healed, and deleted the run another worker had begun and finished on the thread
+    meanwhile, answering 200 "deleted". Now the store deletes only the thread as the delete
+    read it under its hold, and a delete whose hold lapsed is busy (409)."""
+    from tests.conftest import poll
+
+    with postgres_schema() as url:
+        def runtime() -> CopilotRuntime:
+            return CopilotRuntime(service_adapter=DemoAdapter(delay=0),
+                                  thread_store=thread_store(url),
+                                  coordinator=coordinator(f"{url}&lease_ttl=1.5"))
+
+        one, two = runtime(), runtime()
+        async with serve_runtime(one) as first, serve_runtime(two) as second:
+            status, _, _ = await call(second, "POST", "/agent/default/run", None,
+                                      run_input("first", thread="t", run="r1"))
+            assert status == 200
+            reached, go = asyncio.Event(), asyncio.Event()
+            delete = one.store.delete
+
+            async def held_up(thread_id: str, **conditions: Any) -> bool:
+                reached.set()
+                await go.wait()
+                return await delete(thread_id, **conditions)
+
+            shared = one.runs.coordinator
+            assert shared is not None
+            renew = shared._renew  # type: ignore[attr-defined]
+
+            async def cut_off(leases: Any) -> set[str]:
+                await asyncio.Event().wait()
+                raise AssertionError("never")
+
+            one.store.delete = held_up  # type: ignore[method-assign]
+            deleting = asyncio.ensure_future(call(first, "DELETE", "/threads/t", None))
+            try:
+                await asyncio.wait_for(reached.wait(), 10)
+                shared._renew = cut_off  # type: ignore[attr-defined]
+                async for _ in poll(15, 0.2):  # busy until the delete's lease expires
+                    status, body, _ = await call(second, "POST", "/agent/default/run", None,
+                                                 run_input("meanwhile", thread="t", run="r2"))
+                    if status != 409:
+                        break
+                assert status == 200, body
+            finally:
+                shared._renew = renew  # type: ignore[attr-defined]
+                go.set()
+            status, body, _ = await deleting
+            assert status == 409, body
+            assert orjson.loads(body)["code"] == "THREAD_BUSY"
+            record = await two.store.get("t")
+            assert record is not None
+            assert [r.run_id for r in record.runs] == ["r1", "r2"]
+
+
+@pytest.mark.parametrize("deleted_by", ["DELETE", "retention"])
+async def test_a_stalled_workers_late_writes_never_bring_a_deleted_thread_back(
+        serve_runtime: ServeRuntime, deleted_by: str) -> None:
+    """Found with several workers: a worker stalled mid-run (SIGSTOP) past its lease;
+    another deleted the thread (200, then 404), or its retention sweep did; the stalled
+    worker came back and its late writes (the run's next events, its end, LEASE_LOST) made
+    the thread again, the deleted run in it. A late write of a run that began before the
+    delete writes nothing now."""
+    from tests.conftest import poll
+
+    with postgres_schema() as url:
+        def runtime(**options: Any) -> CopilotRuntime:
+            return CopilotRuntime(service_adapter=DemoAdapter(delay=0.5),
+                                  thread_store=thread_store(url),
+                                  coordinator=coordinator(f"{url}&lease_ttl=1.5"), **options)
+
+        one = runtime()
+        two = runtime() if deleted_by == "DELETE" else runtime(thread_retention_seconds=1.0)
+        two.retention_sweep_every = 0.2
+        async with serve_runtime(one) as first, serve_runtime(two) as second:
+            running = asyncio.ensure_future(call(
+                first, "POST", "/agent/default/run", None,
+                run_input("tell me a long story about the sea", thread="t", run="r1")))
+            async for _ in poll(10, 0.05):
+                record = await two.store.summary("t")
+                if record is not None and record.open_run == "r1":
+                    break
+            # The first worker stalls: its writes held back, its lease no longer renewed.
+            go = asyncio.Event()
+            store: Any = one.store
+            originals = {name: getattr(store, name) for name in ("append_events", "append_run")}
+
+            def held_back(write: Any) -> Any:
+                async def late(*args: Any, **options: Any) -> None:
+                    await go.wait()
+                    await write(*args, **options)
+                return late
+
+            for name, write in originals.items():
+                setattr(store, name, held_back(write))
+            shared = one.runs.coordinator
+            assert shared is not None
+            renew = shared._renew  # type: ignore[attr-defined]
+
+            async def cut_off(leases: Any) -> set[str]:
+                await asyncio.Event().wait()
+                raise AssertionError("never")
+
+            shared._renew = cut_off  # type: ignore[attr-defined]
+            try:
+                async for _ in poll(15, 0.2):  # busy until the run's lease expires
+                    if deleted_by == "DELETE":
+                        status, body, _ = await call(second, "DELETE", "/threads/t", None)
+                        if status != 409:
+                            break
+                    elif await two.store.summary("t") is None:
+                        # (swept once: a thread its late writes brought back must stay)
+                        assert two._retention is not None
+                        await two._retention.aclose()
+                        status, body = 200, b"swept"
+                        break
+                assert status == 200, body
+            finally:
+                shared._renew = renew  # type: ignore[attr-defined]
+                go.set()
+            await asyncio.wait_for(running, 30)
+            assert await _written(one)
+            status, body, _ = await call(second, "GET", "/threads/t/messages", None)
+            assert status == 404, body
+            assert "t" not in [r.thread_id for r in await two.store.list()]
+
+
+async def _written(runtime: CopilotRuntime) -> bool:
+    """Once the runtime's runs have ended and their writes are done."""
+    from tests.conftest import poll
+
+    async for _ in poll(10, 0.05):
+        if not runtime.runs.active:
+            await asyncio.sleep(0.5)  # (a last write on its way)
+            return True
+    return False

@@ -21,7 +21,7 @@ from copilot_runtime._compaction import compact_events
 from copilot_runtime.threads import StoredRun
 from tests import test_threads_resume as resume
 from tests.conftest import Served
-from tests.test_store_conformance import TIED_IDS
+from tests.test_store_conformance import TIED_IDS, used_at
 from tests.test_trust_ownership import call
 
 pytestmark = pytest.mark.timeout(60)
@@ -37,6 +37,7 @@ async def store_thread(served: Served, thread: str, at: float, agent: str = "def
         ev.run_finished(thread, "r")]
     await served.runtime.store.append_run(thread, agent, StoredRun(
         "r", compact_events(events), at, 0, 0, 1), [])
+    await used_at(served.runtime.store, at, thread)
 
 
 async def page(served: Served, query: str) -> tuple[int, Any]:

@@ -227,11 +227,15 @@ class ThreadStore(Protocol):
         the owner checked before may have deleted it, and another begun one of its id)."""
         ...
 
-    async def delete(self, thread_id: str, *, updated_before: float | None = None) -> bool:
+    async def delete(self, thread_id: str, *, updated_before: float | None = None,
+                     next_position: int | None = None) -> bool:
         """Forget the thread and everything in it but how far its positions went (see
         `first_position`); False if there was none. With `updated_before` (epoch seconds),
         only a thread last updated before then, checked as it is deleted (a retention
-        sweep's: a thread used since it was listed stays); False for another."""
+        sweep's: a thread used since it was listed stays); False for another. With
+        `next_position`, only a thread whose next position is still that one (the
+        delete's read of it: a run written since, by a worker that took the thread once the
+        delete's hold lapsed, stays); False for another."""
         ...
 
     async def first_position(self, thread_id: str) -> int:
@@ -258,9 +262,12 @@ class DurableThreadStore(ThreadStore, Protocol):
 
     async def append_events(self, thread_id: str, agent_id: str, run_id: str,
                             created_at: float, first_position: int, events: Sequence[Event],
-                            *, owner: ThreadOwner | None = None) -> None:
+                            *, owner: ThreadOwner | None = None,
+                            run_first: int | None = None) -> None:
         """Write a running run's next events, the first at `first_position`; the first call
-        opens the run (and creates the thread for `owner`)."""
+        opens the run (and creates the thread for `owner`). `run_first`, the position of
+        the run's first event: a late write (its worker stalled) of a run that began before
+        its thread was deleted writes nothing, as `append_run` of such a run."""
         ...
 
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,

@@ -214,10 +214,12 @@ class InMemoryThreadStore:
         record.archived = archived
         return True
 
-    async def delete(self, thread_id: str, *, updated_before: float | None = None) -> bool:
+    async def delete(self, thread_id: str, *, updated_before: float | None = None,
+                     next_position: int | None = None) -> bool:
         record = self._threads.get(thread_id)
         if record is None or (updated_before is not None
-                              and record.updated_at >= updated_before):
+                              and record.updated_at >= updated_before) or (
+                next_position is not None and record.next_position != next_position):
             return False
         del self._threads[thread_id]
         self._bury(record)

@@ -253,14 +253,20 @@ WITH a AS (
     -- the whole index of runs for every batch (each run slower than the one before).
     WHERE NOT EXISTS (SELECT 1 FROM runs s WHERE s.thread_id = t[k + 1] AND s.run_id = t[k + 2]
                       AND NOT s.open AND s.first_position = t[k + 5]::int8 OFFSET 0)
+    -- Nor a run that began before its thread was deleted (the delete removed its row):
+    -- the thread stays deleted. A new thread of the id begins at the deleted one's end.
+    AND NOT EXISTS (SELECT 1 FROM deleted_threads d WHERE d.thread_id = t[k + 1]
+                    AND d.next_position > t[k + 5]::int8 OFFSET 0)
 ), thread AS (
     INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title,
                          next_position, state, state_seq)
-    SELECT p.thread, p.agent, p.created, p.created, p.owner, p.tenant, p.title, p.last + 1,
-           CASE WHEN p.state_seq IS NOT NULL THEN p.state END, p.state_seq
+    SELECT p.thread, p.agent, p.created, extract(epoch FROM now()), p.owner, p.tenant,
+           p.title, p.last + 1, CASE WHEN p.state_seq IS NOT NULL THEN p.state END,
+           p.state_seq
     FROM p
     ON CONFLICT (thread_id) DO UPDATE SET
-        updated_at = GREATEST(threads.updated_at, excluded.updated_at),
+        -- (the database's clock: see `_APPEND_EVENTS`)
+        updated_at = excluded.updated_at,
         next_position = GREATEST(threads.next_position, excluded.next_position),
         title = CASE WHEN threads.title = '' THEN excluded.title ELSE threads.title END,
         -- unless a later run (by `seq`) left one: a run closed after the next one finished
@@ -294,12 +300,14 @@ WITH a AS (
 )
 INSERT INTO message_ids (thread_id, message_id)
 SELECT m[2 * i + 1], m[2 * i + 2] FROM a, generate_series(0, cardinality(a.m) / 2 - 1) AS i
+-- (of the runs written: a fenced run's ids would be a deleted thread's, read as the next one's)
+WHERE EXISTS (SELECT 1 FROM p WHERE p.thread = m[2 * i + 1])
 ON CONFLICT DO NOTHING
 """
 #: Running runs' next events (a run's first call opens it, and creates its thread), any
 #: number of runs, one statement: a run streams for seconds and writes every 200 ms, so this
 #: is what a deployment mostly sends. At most one run per thread; packed as `_FINISH_RUNS`,
-#: nine texts and one blob per run (no blob, and NULL as the last position: no events).
+#: ten texts and one blob per run (no blob, and NULL as the last position: no events).
 #: Written twice, it changes nothing more (the run is open already, its events upserted).
 _APPEND_EVENTS = b"""
 WITH a AS (
@@ -308,21 +316,28 @@ WITH a AS (
     SELECT t[k + 1] AS thread, t[k + 2] AS run, t[k + 3]::float8 AS created,
            t[k + 4]::int8 AS first, t[k + 5]::int8 AS last, t[k + 6] AS agent,
            t[k + 7] AS owner, t[k + 8] AS tenant, t[k + 9] AS title, b[i + 1] AS events
-    FROM a, generate_series(0, cardinality(a.b) - 1) AS i, LATERAL (SELECT 9 * i AS k) AS o
+    FROM a, generate_series(0, cardinality(a.b) - 1) AS i, LATERAL (SELECT 10 * i AS k) AS o
     -- Fenced: events of a run closed meanwhile (a sweep found its lease expired while its
     -- worker stalled) neither reopen it nor overwrite the positions a later run took:
     -- every late chunk of it, not only the first (the run is known by its start time).
     WHERE NOT EXISTS (SELECT 1 FROM runs s WHERE s.thread_id = t[k + 1] AND s.run_id = t[k + 2]
                       AND NOT s.open AND (s.last_position >= t[k + 4]::int8
                                           OR s.created_at = t[k + 3]::float8) OFFSET 0)
+    -- Nor do those of a run that began (`t[k + 10]`, its first position) before its
+    -- thread was deleted bring the thread back.
+    AND NOT EXISTS (SELECT 1 FROM deleted_threads d WHERE d.thread_id = t[k + 1]
+                    AND d.next_position > t[k + 10]::int8 OFFSET 0)
 ), thread AS (
     INSERT INTO threads (thread_id, agent_id, created_at, updated_at, owner_id, tenant, title,
                          next_position)
-    SELECT p.thread, p.agent, p.created, p.created, p.owner, p.tenant, p.title,
-           COALESCE(p.last + 1, 0)
+    SELECT p.thread, p.agent, p.created, extract(epoch FROM now()), p.owner, p.tenant,
+           p.title, COALESCE(p.last + 1, 0)
     FROM p
     ON CONFLICT (thread_id) DO UPDATE SET
-        updated_at = GREATEST(threads.updated_at, excluded.updated_at),
+        -- Stamped by the database's clock, as the retention sweep's cutoff (`clock`): a
+        -- worker whose clock was behind made a thread just used look stale to the sweep,
+        -- and one ahead kept a thread from it (GREATEST kept its stamp) for as long.
+        updated_at = excluded.updated_at,
         next_position = GREATEST(threads.next_position, excluded.next_position),
         title = CASE WHEN threads.title = '' THEN excluded.title ELSE threads.title END
 ), opened AS (
@@ -657,6 +672,15 @@ class PostgresThreadStore:
                               ).fetchall()
             return [_record(row[0], row[1:]) for row in rows]
 
+    async def clock(self) -> float:
+        """The database's time (epoch seconds): threads' `updated_at` is stamped by it, so
+        `stale_threads` and `delete(updated_before=)` are asked in it."""
+        async with self._reachable(), self._pool.connection() as conn:
+            row = await (await conn.execute("SELECT extract(epoch FROM now())::float8")
+                         ).fetchone()
+        assert row is not None
+        return float(row[0])
+
     async def stale_threads(self, before: float, limit: int = 100) -> builtins.list[str]:
         """The ids of the threads last updated before `before` (epoch seconds), the oldest
         first, at most `limit` (what a retention sweep deletes; `threads_by_updated`, read
@@ -679,14 +703,15 @@ class PostgresThreadStore:
 
     async def append_events(self, thread_id: str, agent_id: str, run_id: str,
                             created_at: float, first_position: int, events: Sequence[Event],
-                            *, owner: ThreadOwner | None = None) -> None:
+                            *, owner: ThreadOwner | None = None,
+                            run_first: int | None = None) -> None:
         async with self._reachable(bounded=False):
             await self._running.write(_Running(
                 thread_id, run_id, created_at, first_position,
                 first_position + len(events) - 1 if events else None,
                 orjson.dumps(events) if events else b"", agent_id,
                 owner.principal_id if owner else None, owner.tenant if owner else None,
-                title_of(events)))
+                title_of(events), first_position if run_first is None else run_first))
 
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
                          message_ids: Iterable[str], *, owner: ThreadOwner | None = None,
@@ -786,15 +811,17 @@ class PostgresThreadStore:
                     (archived, thread_id, owner.principal_id, owner.tenant))
             return cursor.rowcount > 0
 
-    async def delete(self, thread_id: str, *, updated_before: float | None = None) -> bool:
+    async def delete(self, thread_id: str, *, updated_before: float | None = None,
+                     next_position: int | None = None) -> bool:
         async with self._reachable(bounded=False), self._pool.connection() as conn:
             # One statement: the thread and its rows go together, or not at all, and how far
-            # its positions went stays. Its row is locked as `updated_before` is checked: a
+            # its positions went stays. Its row is locked as the conditions are checked: a
             # write to it committed meanwhile is waited for and checked again.
             cursor = await conn.execute(
                 "WITH target AS (SELECT thread_id, next_position FROM threads "
                 "WHERE thread_id = %(t)s AND (%(before)s::float8 IS NULL "
-                "OR updated_at < %(before)s::float8) FOR UPDATE), "
+                "OR updated_at < %(before)s::float8) AND (%(next)s::int8 IS NULL "
+                "OR next_position = %(next)s::int8) FOR UPDATE), "
                 "runs AS (DELETE FROM runs WHERE thread_id IN (SELECT thread_id FROM target)), "
                 "events AS (DELETE FROM run_events "
                 "WHERE thread_id IN (SELECT thread_id FROM target)), "
@@ -806,7 +833,7 @@ class PostgresThreadStore:
                 "GREATEST(deleted_threads.next_position, excluded.next_position), "
                 "deleted_at = excluded.deleted_at) "
                 "DELETE FROM threads WHERE thread_id IN (SELECT thread_id FROM target)",
-                {"t": thread_id, "before": updated_before})
+                {"t": thread_id, "before": updated_before, "next": next_position})
             return cursor.rowcount > 0
 
     async def first_position(self, thread_id: str) -> int:
@@ -921,6 +948,7 @@ class _Running:
     owner_id: str | None
     tenant: str | None
     title: str
+    run_first: int  # the position of the run's first event
     done: asyncio.Future[None] = field(default_factory=_future)
 
 
@@ -930,7 +958,7 @@ async def _append_events(cursor: AsyncCursor[Any], batch: Sequence[_Running]) ->
     for r in batch:
         texts += (r.thread_id, r.run_id, repr(r.created_at), str(r.first_position),
                   None if r.last_position is None else str(r.last_position), r.agent_id,
-                  r.owner_id, r.tenant, r.title)
+                  r.owner_id, r.tenant, r.title, str(r.run_first))
     await cursor.execute(_APPEND_EVENTS, (texts, [r.events for r in batch]), prepare=True)
 
 

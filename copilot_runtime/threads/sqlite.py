@@ -524,6 +524,14 @@ class SQLiteThreadStore:
             f"SELECT 1 FROM runs WHERE thread_id = ? AND run_id = ? AND open = 0 AND {where}",
             (thread_id, run_id, *values)).fetchone() is not None
 
+    def _deleted_since(self, thread_id: str, run_first: int) -> bool:
+        """Whether the thread was deleted after the run beginning at `run_first` began
+        (workers sharing the file stall too): a late write of it must not bring the thread
+        back. A new thread of the id begins at the deleted one's end."""
+        return self._db.execute(
+            "SELECT 1 FROM deleted_threads WHERE thread_id = ? AND next_position > ?",
+            (thread_id, run_first)).fetchone() is not None
+
     def _keep_state(self, thread_id: str, seq: int, snapshot: Event) -> None:
         """Keep the state a finished run left with its thread, unless a later run (by
         `seq`) left one: a run closed as interrupted after the next one finished."""
@@ -537,16 +545,18 @@ class SQLiteThreadStore:
 
     async def append_events(self, thread_id: str, agent_id: str, run_id: str,
                             created_at: float, first_position: int, events: Sequence[Event],
-                            *, owner: ThreadOwner | None = None) -> None:
+                            *, owner: ThreadOwner | None = None,
+                            run_first: int | None = None) -> None:
         await self._write(self._append_events, thread_id, agent_id, run_id,
-                         created_at, first_position, orjson.dumps(events), events, owner)
+                         created_at, first_position, orjson.dumps(events), events, owner,
+                         first_position if run_first is None else run_first)
 
     def _append_events(self, thread_id: str, agent_id: str, run_id: str, created_at: float,
                        first_position: int, blob: bytes, events: Sequence[Event],
-                       owner: ThreadOwner | None) -> None:
+                       owner: ThreadOwner | None, run_first: int) -> None:
         # Every late chunk of a run closed meanwhile, not only the first (known by its start).
         if self._closed(thread_id, run_id, "(last_position >= ? OR created_at = ?)",
-                        first_position, created_at):
+                        first_position, created_at) or self._deleted_since(thread_id, run_first):
             return
         self._thread(thread_id, agent_id, created_at, owner, events)
         if self._open_seq(thread_id, run_id) is None:
@@ -572,7 +582,8 @@ class SQLiteThreadStore:
                 message_ids: builtins.list[str], owner: ThreadOwner | None,
                 raw_first: int, raw_blob: bytes, raw: Sequence[Event]) -> None:
         db = self._db
-        if self._closed(thread_id, run.run_id, "first_position = ?", run.first_position):
+        if self._closed(thread_id, run.run_id, "first_position = ?", run.first_position) \
+                or self._deleted_since(thread_id, run.first_position):
             return
         now = time.time()
         db.execute(
@@ -666,21 +677,26 @@ class SQLiteThreadStore:
             "AND tenant IS ?", (archived, thread_id, owner.principal_id, owner.tenant)
         ).rowcount > 0)
 
-    async def delete(self, thread_id: str, *, updated_before: float | None = None) -> bool:
-        return await self._write(self._delete, thread_id, updated_before)
+    async def delete(self, thread_id: str, *, updated_before: float | None = None,
+                     next_position: int | None = None) -> bool:
+        return await self._write(self._delete, thread_id, updated_before, next_position)
 
-    def _delete(self, thread_id: str, updated_before: float | None) -> bool:
-        # (`updated_before` checked in the write transaction: no run's write comes between)
+    def _delete(self, thread_id: str, updated_before: float | None,
+                next_position: int | None) -> bool:
+        # (the conditions checked in the write transaction: no run's write comes between)
         before = math.inf if updated_before is None else updated_before
         self._db.execute(
             "INSERT INTO deleted_threads (thread_id, next_position, deleted_at) SELECT "
             "thread_id, next_position, ? FROM threads WHERE thread_id = ? AND updated_at < ? "
+            "AND (? IS NULL OR next_position = ?) "
             "ON CONFLICT (thread_id) DO UPDATE SET next_position = "
             "max(deleted_threads.next_position, excluded.next_position), "
             "deleted_at = excluded.deleted_at",
-            (time.time(), thread_id, before))
-        return self._db.execute("DELETE FROM threads WHERE thread_id = ? AND updated_at < ?",
-                                (thread_id, before)).rowcount > 0
+            (time.time(), thread_id, before, next_position, next_position))
+        return self._db.execute("DELETE FROM threads WHERE thread_id = ? AND updated_at < ? "
+                                "AND (? IS NULL OR next_position = ?)",
+                                (thread_id, before, next_position, next_position)
+                                ).rowcount > 0
 
     async def first_position(self, thread_id: str) -> int:
         known = self._first_positions.take(thread_id)
