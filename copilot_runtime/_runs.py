@@ -1096,6 +1096,11 @@ class RunManager:
             raise ThreadNotFoundError(thread_id)
         running = self.active.get(thread_id)
         if running is not None and running.confirmed and running.cancel_reason is not None:
+            if owner is not None and running.owner != owner:
+                # Not the caller's: refused at once, as a thread that does not exist is (a
+                # wait would say how long its store takes, and its reservation after the
+                # wait would make the owner's own next run busy).
+                raise ThreadNotFoundError(thread_id)
             # Stopped (or its client gone) and ending: it holds the thread until its end is
             # stored. A user who stops an answer and types again waits for that, not a 409.
             await asyncio.wait((running.released(),), timeout=NEXT_RUN_WAITS_FOR_GIVE_BACK)

@@ -6,12 +6,13 @@ the next run reads its head with it)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from copilot_runtime import CopilotRuntime
+from copilot_runtime import BearerTokenAuth, CopilotRuntime, _runs
 from copilot_runtime.testing import verify_events
 from copilot_runtime.threads.base import StoredRun
 from copilot_runtime.threads.sqlite import SQLiteThreadStore
@@ -23,9 +24,11 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 class SlowWrites(SQLiteThreadStore):
     """A durable store whose finished runs take a while to write (a busy database)."""
 
+    takes = 0.5
+
     async def append_run(self, thread_id: str, agent_id: str, run: StoredRun,
                          *args: Any, **kwargs: Any) -> None:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(self.takes)
         await super().append_run(thread_id, agent_id, run, *args, **kwargs)
 
 
@@ -66,3 +69,44 @@ async def test_a_run_on_a_thread_whose_run_goes_on_is_still_busy(
         assert again.status == 409
         agent.gate.set()
         assert types(parse_sse(await first.read()))[-1] == "RUN_FINISHED"
+
+
+ALICE, BOB = {"Authorization": "Bearer token-alice"}, {"Authorization": "Bearer token-bob"}
+
+
+def owned_runtime(agent: GatedAgent, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                  ) -> CopilotRuntime:
+    # A run longer than the minute its owner is remembered for (`_KnownOwners`): the owner
+    # check is the live run's, not the remembered one's.
+    monkeypatch.setattr(_runs._KnownOwners, "ttl", 0.1)
+    store = SlowWrites(str(tmp_path / "threads.sqlite3"))
+    store.takes = 1.5
+    return CopilotRuntime(agents={"default": agent}, thread_store=store,
+                          auth=BearerTokenAuth({"token-alice": "alice", "token-bob": "bob"}))
+
+
+async def test_someone_elses_run_after_a_stop_is_refused_at_once(
+        serve_runtime: ServeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: Bob waited as long as Alice's stopped run took to store (then a 404): how long
+    said the thread was there; and his reservation meanwhile made Alice's next run a 409."""
+    agent = GatedAgent()
+    async with serve_runtime(owned_runtime(agent, tmp_path, monkeypatch)) as served:
+        first = await served.post("/agent/default/run", run_input("hi", thread="t-alice"),
+                                  headers=ALICE)
+        await first.content.readuntil(b"\n\n")
+        await asyncio.sleep(0.3)  # her owner is no longer remembered: the run is long
+        stop = await served.post("/agent/default/stop/t-alice", {"runId": "run-1"},
+                                 headers=ALICE)
+        assert stop.status == 200
+        agent.gate.set()
+        began = time.monotonic()
+        bob = await served.post("/agent/default/run",
+                                run_input("peek", thread="t-alice", run="bob-1"), headers=BOB)
+        assert bob.status == 404
+        assert time.monotonic() - began < 1.0
+        again = await served.post("/agent/default/run",
+                                  run_input("once more", thread="t-alice", run="run-2"),
+                                  headers=ALICE)
+        assert again.status == 200, await again.text()
+        assert types(parse_sse(await again.read()))[-1] == "RUN_FINISHED"
+        await first.read()
