@@ -106,8 +106,6 @@ __all__ = ["LangGraphPlatformAgent", "finite_json_text", "platform_thread_id"]
 
 _log = structlog.get_logger("copilot_runtime.agents")
 
-#: How long a call waits for a connection when `max_connections` are all busy.
-_CONNECTION_WAIT: Final = 10.0
 
 # UUID5 namespace for AG-UI thread ids that are not UUIDs (fixed: the mapping must be stable).
 _THREAD_NAMESPACE: Final = uuid.UUID("6f0b8f8e-6f3c-4d7e-9a57-0c0a7c9f4e21")
@@ -135,9 +133,10 @@ class LangGraphPlatformAgent(Agent):
 
     `assistant_id` picks one of the graph's assistants (default: the first found).
     `headers` (and `api_key`, sent as `x-api-key`) go with every request; `timeout` bounds
-    each read, `connect_retries` the attempts to connect. `max_connections` bounds the
-    connections open to the platform at once (default: none, so no run waits on another;
-    past it a call waits `_CONNECTION_WAIT` seconds at most for one to free).
+    each read, `connect_retries` the attempts to connect. Connections to the platform are
+    not capped: a run streams over one for as long as it lasts, and may read the thread's
+    state over another meanwhile (a graph with subgraphs), so any cap lets runs wait on each
+    other.
     """
 
     class_name = "LangGraphPlatformAgent"
@@ -156,7 +155,6 @@ class LangGraphPlatformAgent(Agent):
         header_policy: HeaderPolicy | None = None,
         timeout: float = 300.0,
         connect_retries: int = 2,
-        max_connections: int | None = None,
         state_deltas: bool = True,
         emit_interrupt_outcome: bool = False,
         legacy_interrupt_events: bool = True,
@@ -185,15 +183,14 @@ class LangGraphPlatformAgent(Agent):
         # (5, with backoff) makes an unreachable deployment take ~8 s to report.
         # Answers uncompressed: their bytes are counted as they come (`_BoundedTransport`),
         # and a compressed one's count would not bound what it expands to.
-        # No pool limit unless the operator sets one: each run streams over a connection of
-        # its own for as long as it lasts, and httpx's default (100) held the 101st run back
-        # silently until one ended.
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=20)
+        # No pool limit: each run streams over a connection of its own for as long as it
+        # lasts, and httpx's default (100) held the 101st run back silently until one ended.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=20)
         self._client = LangGraphClient(httpx.AsyncClient(
             base_url=self.deployment_url, headers={"accept-encoding": "identity", **static},
             transport=_BoundedTransport(httpx.AsyncHTTPTransport(retries=connect_retries,
                                                                  limits=limits)),
-            timeout=httpx.Timeout(timeout, connect=10.0, pool=_CONNECTION_WAIT)))
+            timeout=httpx.Timeout(timeout, connect=10.0)))
         self._resolved: tuple[str, dict[str, Any]] | None = None
         #: The chosen assistant's own `config` and `context` (its search's answer): the
         #: Platform lays a run's over them, so what they set stays the operator's.
@@ -418,9 +415,13 @@ def _decoded(stream: httpx.AsyncByteStream, headers: httpx.Headers
     """An answer's body decoded here rather than by httpx, which decodes after the
     transport: the bound must count the bytes it expands to. Its `content-encoding` header
     is taken off (httpx would decode again); an encoding zlib cannot read, refused."""
-    encoding = headers.get("content-encoding", "").strip().lower()
-    if encoding in ("", "identity"):
+    # ("gzip, identity": identity is no encoding; two compressions are not undone)
+    encodings = [part.strip() for part in headers.get("content-encoding", "").lower().split(",")]
+    encodings = [part for part in encodings if part not in ("", "identity")]
+    if not encodings:
+        headers.pop("content-encoding", None)
         return stream
+    encoding = ", ".join(encodings)
     wbits = _INFLATABLE.get(encoding)
     if wbits is None:
         raise UpstreamError(f"The LangGraph Platform answered in content encoding "
@@ -439,9 +440,18 @@ class _Inflated(httpx.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         inflater = zlib.decompressobj(self._wbits)
+        started = False
         try:
             async for chunk in self._inner:
                 data = chunk
+                if not started and data:
+                    started = True
+                    if self._wbits == _INFLATABLE["deflate"]:
+                        # "deflate" sent raw, without zlib's header (as some servers do)
+                        try:
+                            zlib.decompressobj(self._wbits).decompress(data[:2])
+                        except zlib.error:
+                            inflater = zlib.decompressobj(-zlib.MAX_WBITS)
                 while not inflater.eof:
                     piece = inflater.decompress(data, _INFLATED_PIECE)
                     data = inflater.unconsumed_tail
@@ -625,9 +635,6 @@ def _upstream_error(what: str, exc: httpx.HTTPError
 
     503 is how `langgraph-api` answers while its storage is overloaded or down: the
     runtime's own code for a store it cannot use, as the in-process agent's checkpointer."""
-    if isinstance(exc, httpx.PoolTimeout):
-        return UpstreamTimeoutError(f"{what} had no free connection in time (all its "
-                                    "max_connections busy)")
     if isinstance(exc, httpx.TimeoutException):
         return UpstreamTimeoutError(f"{what} did not answer in time")
     if isinstance(exc, httpx.HTTPStatusError):
