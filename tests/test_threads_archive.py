@@ -9,6 +9,7 @@ archived flag, and every listed thread said `"archived": false`.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 import orjson
@@ -163,3 +164,45 @@ async def test_the_real_clients_thread_store(served: Served) -> None:
         "archivedIncluded": [["t2", None, False], ["t1", "My trip", True]],
         "unarchived": [["t2", None, False], ["t1", "My trip", False]],
     }
+
+
+def test_thread_records_fields_keep_their_positions() -> None:
+    """An application's store may build its records by position. Before: `archived` went in
+    between `name` and `title`, so such a store's title read as `archived` and its next
+    position as the title."""
+    assert [f.name for f in fields(ThreadRecord)] == [
+        "thread_id", "agent_id", "created_at", "updated_at", "runs", "message_ids", "owner",
+        "name", "title", "next_position", "omitted_runs", "open_run", "kept_state", "earlier",
+        "archived"]
+    record = ThreadRecord("t", "default", 1.0, 2.0, [], set(), None, "Trip", "Plan my trip",
+                          49)
+    assert (record.title, record.next_position, record.archived) == ("Plan my trip", 49, False)
+
+
+class PositionalStore:
+    """A store of an application's own that builds its records by position, as from a row."""
+
+    def __init__(self) -> None:
+        self.inner = InMemoryThreadStore()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def list(self, agent_id: str | None = None, limit: int = 100, *,
+                   owner: Any = None, offset: int = 0, after: Any = None,
+                   include_archived: bool = True) -> list[ThreadRecord]:
+        rows = await self.inner.list(agent_id, limit, owner=owner, offset=offset, after=after,
+                                     include_archived=include_archived)
+        return [ThreadRecord(r.thread_id, r.agent_id, r.created_at, r.updated_at, [], set(),
+                             r.owner, r.name, r.title, r.next_position) for r in rows]
+
+
+async def test_a_store_building_records_by_position_lists_them(
+        serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0),
+                             thread_store=PositionalStore())  # type: ignore[arg-type]
+    async with serve_runtime(runtime) as s:
+        await resume.run_ids(s, "t", "Plan my trip", "r1")
+        _, body = await answer(s, "GET", "/threads")
+        assert [(t["id"], t["title"], t["archived"]) for t in body["threads"]] == [
+            ("t", "Plan my trip", False)]
