@@ -166,6 +166,31 @@ async def test_the_real_clients_thread_store(served: Served) -> None:
     }
 
 
+async def test_the_clients_delete_of_another_agents_thread_is_a_404(served: Served) -> None:
+    """`@copilotkit/core` sends `{"agentId"}` with a DELETE as with a PATCH. Before: the
+    DELETE never read it, and deleted another agent's thread that PATCH and archive 404."""
+    for thread in ("t1", "t2", "t3"):
+        await resume.run_ids(served, thread, "hello", "r1")
+    status, error = await answer(served, "DELETE", "/threads/t1", {"agentId": "other"})
+    assert (status, error["code"]) == (404, "THREAD_NOT_FOUND")
+    for body in ({"agentId": 5}, {"agentId": None}, {"name": "x"}, ["default"], "default"):
+        status, error = await answer(served, "DELETE", "/threads/t1", body)
+        assert status == 400, body
+        assert "agentId" in error["error"], body
+    response = await served.session.request(
+        "DELETE", served.url + "/threads/t1", data=b"{not json",
+        headers={"Content-Type": "application/json"})
+    assert response.status == 400
+    assert await listed(served, "&includeArchived=true") == [
+        ("t3", False), ("t2", False), ("t1", False)]
+    assert await answer(served, "DELETE", "/threads/t1", {"agentId": "default"}) == (
+        200, {"deleted": True, "id": "t1"})
+    assert await answer(served, "DELETE", "/threads/t2", {}) == (
+        200, {"deleted": True, "id": "t2"})
+    assert await answer(served, "DELETE", "/threads/t3") == (200, {"deleted": True, "id": "t3"})
+    assert await listed(served, "&includeArchived=true") == []
+
+
 def test_thread_records_fields_keep_their_positions() -> None:
     """An application's store may build its records by position. Before: `archived` went in
     between `name` and `title`, so such a store's title read as `archived` and its next
