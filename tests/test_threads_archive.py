@@ -14,8 +14,9 @@ from typing import Any
 
 import orjson
 import pytest
+from structlog.testing import capture_logs
 
-from copilot_runtime import CopilotRuntime, DemoAdapter
+from copilot_runtime import BearerTokenAuth, ConfigurationError, CopilotRuntime, DemoAdapter
 from copilot_runtime.threads import InMemoryThreadStore, ThreadRecord
 from tests import test_threads_resume as resume
 from tests.conftest import Served, ServeRuntime
@@ -231,3 +232,42 @@ async def test_a_store_building_records_by_position_lists_them(
         _, body = await answer(s, "GET", "/threads")
         assert [(t["id"], t["title"], t["archived"]) for t in body["threads"]] == [
             ("t", "Plan my trip", False)]
+
+
+class ArchiveWithOldList(OwnStore):
+    """A store of an application's own given `archive`, its `list` still without
+    `include_archived`: it could not leave its archived threads out of a list."""
+
+    async def archive(self, thread_id: str, archived: bool = True, *,
+                      owner: Any = None) -> bool:
+        return await self.inner.archive(thread_id, archived, owner=owner)
+
+
+def test_a_store_that_archives_but_cannot_list_without_is_refused() -> None:
+    """Before: accepted, and its archived threads stayed in every default list."""
+    with pytest.raises(ConfigurationError) as refused:
+        CopilotRuntime(service_adapter=DemoAdapter(delay=0),
+                       thread_store=ArchiveWithOldList())  # type: ignore[arg-type]
+    assert "include_archived" in refused.value.message
+    assert "ArchiveWithOldList" in refused.value.message
+
+
+class ArchiveWithoutOwner(PositionalStore):
+    """A store of an application's own whose `archive` (and not `rename`) takes no owner."""
+
+    async def archive(self, thread_id: str, archived: bool = True) -> bool:
+        return await self.inner.archive(thread_id, archived)
+
+
+async def test_an_archive_without_the_owners_condition_is_warned_of() -> None:
+    """The README says the runtime warns at start of a `rename` or `archive` without `owner=`;
+    before, it warned only of `rename`."""
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0),
+                             thread_store=ArchiveWithoutOwner(),  # type: ignore[arg-type]
+                             auth=BearerTokenAuth({"tok-alice-0001": "alice"}))
+    with capture_logs() as logs:
+        await runtime.start()
+    await runtime.aclose()
+    assert [(log["event"], log["fix"]) for log in logs if "owner" in log.get("fix", "")] == [
+        ("thread store archives without the owner's condition",
+         "give its archive(thread_id, archived) an owner= keyword (README)")]
