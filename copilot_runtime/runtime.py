@@ -167,6 +167,12 @@ class CopilotRuntime:
             raise ConfigurationError(
                 "thread_retention_seconds needs a thread store that can list its stale "
                 f"threads (stale_threads); {type(self.store).__name__} cannot")
+        if getattr(self.store, "archive", None) is not None \
+                and not _takes(self.store.list, "include_archived"):
+            # Its archived threads would stay in every list that leaves them out.
+            raise ConfigurationError(
+                f"{type(self.store).__name__} archives threads but its list() cannot leave "
+                "them out: give its list() an include_archived keyword (True: list them too)")
         #: Seconds after its last run a thread is deleted (None: kept for ever).
         self.thread_retention_seconds = thread_retention_seconds
         #: Seconds between two retention sweeps.
@@ -271,6 +277,11 @@ class CopilotRuntime:
             _log.warning("thread store renames without the owner's condition",
                          store=type(self.store).__name__,
                          fix="give its rename(thread_id, name) an owner= keyword (README)")
+        archive = getattr(self.store, "archive", None)
+        if self.auth is not None and archive is not None and not _takes(archive, "owner"):
+            _log.warning("thread store archives without the owner's condition",  # (as rename)
+                         store=type(self.store).__name__,
+                         fix="give its archive(thread_id, archived) an owner= keyword (README)")
         if self.coordinator.shared:
             opening = getattr(self.store, "open", None)
             if opening is not None:

@@ -9,12 +9,14 @@ archived flag, and every listed thread said `"archived": false`.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 import orjson
 import pytest
+from structlog.testing import capture_logs
 
-from copilot_runtime import CopilotRuntime, DemoAdapter
+from copilot_runtime import BearerTokenAuth, ConfigurationError, CopilotRuntime, DemoAdapter
 from copilot_runtime.threads import InMemoryThreadStore, ThreadRecord
 from tests import test_threads_resume as resume
 from tests.conftest import Served, ServeRuntime
@@ -163,3 +165,109 @@ async def test_the_real_clients_thread_store(served: Served) -> None:
         "archivedIncluded": [["t2", None, False], ["t1", "My trip", True]],
         "unarchived": [["t2", None, False], ["t1", "My trip", False]],
     }
+
+
+async def test_the_clients_delete_of_another_agents_thread_is_a_404(served: Served) -> None:
+    """`@copilotkit/core` sends `{"agentId"}` with a DELETE as with a PATCH. Before: the
+    DELETE never read it, and deleted another agent's thread that PATCH and archive 404."""
+    for thread in ("t1", "t2", "t3"):
+        await resume.run_ids(served, thread, "hello", "r1")
+    status, error = await answer(served, "DELETE", "/threads/t1", {"agentId": "other"})
+    assert (status, error["code"]) == (404, "THREAD_NOT_FOUND")
+    for body in ({"agentId": 5}, {"agentId": None}, {"name": "x"}, ["default"], "default"):
+        status, error = await answer(served, "DELETE", "/threads/t1", body)
+        assert status == 400, body
+        assert "agentId" in error["error"], body
+    response = await served.session.request(
+        "DELETE", served.url + "/threads/t1", data=b"{not json",
+        headers={"Content-Type": "application/json"})
+    assert response.status == 400
+    assert await listed(served, "&includeArchived=true") == [
+        ("t3", False), ("t2", False), ("t1", False)]
+    assert await answer(served, "DELETE", "/threads/t1", {"agentId": "default"}) == (
+        200, {"deleted": True, "id": "t1"})
+    assert await answer(served, "DELETE", "/threads/t2", {}) == (
+        200, {"deleted": True, "id": "t2"})
+    assert await answer(served, "DELETE", "/threads/t3") == (200, {"deleted": True, "id": "t3"})
+    assert await listed(served, "&includeArchived=true") == []
+
+
+def test_thread_records_fields_keep_their_positions() -> None:
+    """An application's store may build its records by position. Before: `archived` went in
+    between `name` and `title`, so such a store's title read as `archived` and its next
+    position as the title."""
+    assert [f.name for f in fields(ThreadRecord)] == [
+        "thread_id", "agent_id", "created_at", "updated_at", "runs", "message_ids", "owner",
+        "name", "title", "next_position", "omitted_runs", "open_run", "kept_state", "earlier",
+        "archived"]
+    record = ThreadRecord("t", "default", 1.0, 2.0, [], set(), None, "Trip", "Plan my trip",
+                          49)
+    assert (record.title, record.next_position, record.archived) == ("Plan my trip", 49, False)
+
+
+class PositionalStore:
+    """A store of an application's own that builds its records by position, as from a row."""
+
+    def __init__(self) -> None:
+        self.inner = InMemoryThreadStore()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def list(self, agent_id: str | None = None, limit: int = 100, *,
+                   owner: Any = None, offset: int = 0, after: Any = None,
+                   include_archived: bool = True) -> list[ThreadRecord]:
+        rows = await self.inner.list(agent_id, limit, owner=owner, offset=offset, after=after,
+                                     include_archived=include_archived)
+        return [ThreadRecord(r.thread_id, r.agent_id, r.created_at, r.updated_at, [], set(),
+                             r.owner, r.name, r.title, r.next_position) for r in rows]
+
+
+async def test_a_store_building_records_by_position_lists_them(
+        serve_runtime: ServeRuntime) -> None:
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0),
+                             thread_store=PositionalStore())  # type: ignore[arg-type]
+    async with serve_runtime(runtime) as s:
+        await resume.run_ids(s, "t", "Plan my trip", "r1")
+        _, body = await answer(s, "GET", "/threads")
+        assert [(t["id"], t["title"], t["archived"]) for t in body["threads"]] == [
+            ("t", "Plan my trip", False)]
+
+
+class ArchiveWithOldList(OwnStore):
+    """A store of an application's own given `archive`, its `list` still without
+    `include_archived`: it could not leave its archived threads out of a list."""
+
+    async def archive(self, thread_id: str, archived: bool = True, *,
+                      owner: Any = None) -> bool:
+        return await self.inner.archive(thread_id, archived, owner=owner)
+
+
+def test_a_store_that_archives_but_cannot_list_without_is_refused() -> None:
+    """Before: accepted, and its archived threads stayed in every default list."""
+    with pytest.raises(ConfigurationError) as refused:
+        CopilotRuntime(service_adapter=DemoAdapter(delay=0),
+                       thread_store=ArchiveWithOldList())  # type: ignore[arg-type]
+    assert "include_archived" in refused.value.message
+    assert "ArchiveWithOldList" in refused.value.message
+
+
+class ArchiveWithoutOwner(PositionalStore):
+    """A store of an application's own whose `archive` (and not `rename`) takes no owner."""
+
+    async def archive(self, thread_id: str, archived: bool = True) -> bool:
+        return await self.inner.archive(thread_id, archived)
+
+
+async def test_an_archive_without_the_owners_condition_is_warned_of() -> None:
+    """The README says the runtime warns at start of a `rename` or `archive` without `owner=`;
+    before, it warned only of `rename`."""
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0),
+                             thread_store=ArchiveWithoutOwner(),  # type: ignore[arg-type]
+                             auth=BearerTokenAuth({"tok-alice-0001": "alice"}))
+    with capture_logs() as logs:
+        await runtime.start()
+    await runtime.aclose()
+    assert [(log["event"], log["fix"]) for log in logs if "owner" in log.get("fix", "")] == [
+        ("thread store archives without the owner's condition",
+         "give its archive(thread_id, archived) an owner= keyword (README)")]

@@ -139,8 +139,6 @@ class ThreadRecord:
     owner: ThreadOwner | None = None
     #: A name given with `rename`, or None.
     name: str | None = None
-    #: Whether `archive` put the thread away: lists leave it out unless asked for it.
-    archived: bool = False
     #: The first user message's text, shortened: what a list of threads shows.
     title: str = ""
     #: The position the thread's next event gets.
@@ -159,6 +157,9 @@ class ThreadRecord:
     #: they stood at the end of the last run left out (`earlier_messages`), which goes before
     #: `runs` so that the messages read keep the thread's order; None otherwise.
     earlier: Event | None = None
+    #: Whether `archive` put the thread away: lists leave it out unless asked for it. (Last:
+    #: a store of an application's own may build its records by position.)
+    archived: bool = False
 
     @property
     def state(self) -> Any:

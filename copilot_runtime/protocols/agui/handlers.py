@@ -288,8 +288,8 @@ class AGUIProtocol:
         `archive` archives it, DELETE forgets it; someone else's thread, one of another agent
         than the body's `agentId`, or a running one (DELETE), is answered as the TypeScript
         runtime answers a missing one."""
-        body = await read_body(request, self.max_body_size, json=True, empty_too=archive) \
-            if request.method in ("PATCH", "POST") else b""
+        # (a DELETE's body is optional: `@copilotkit/core` sends its `agentId`, curl nothing)
+        body = await read_body(request, self.max_body_size, json=True, empty_too=archive)
         owner = self.runtime.owner_filter(request.info)
         if id_problem(thread_id) is not None:
             raise ThreadNotFoundError(thread_id)
@@ -302,6 +302,10 @@ class AGUIProtocol:
         if record is None or (owner is not None and record.owner != owner):
             raise ThreadNotFoundError(thread_id)
         if request.method == "DELETE":
+            agent_id = _delete_request(await parse_json_body_off_loop(body)
+                                       if body.strip() else {}).get("agentId")
+            if agent_id is not None and agent_id != record.agent_id:
+                raise ThreadNotFoundError(thread_id)  # as PATCH: the agent's list leaves it out
             # No run begins on it meanwhile (it would bring the thread back once it ended),
             # and what the agents keep of it goes first: a checkpointed graph would
             # otherwise hand the conversation to whoever starts a thread with this id next.
@@ -407,6 +411,14 @@ def _archive_request(data: Any) -> dict[str, Any]:
             "agentId" in data and not isinstance(data["agentId"], str)):
         raise InvalidRequestError("A thread archive is {\"agentId\"?: string}")
     return {**data, "archived": True}
+
+
+def _delete_request(data: Any) -> dict[str, Any]:
+    """A delete's body (`{"agentId"?: string}`); `InvalidRequestError` for anything else."""
+    if not isinstance(data, dict) or set(data) - {"agentId"} or (
+            "agentId" in data and not isinstance(data["agentId"], str)):
+        raise InvalidRequestError("A thread delete is {\"agentId\"?: string}")
+    return data
 
 
 def _stop_problem(data: Any) -> str | None:
