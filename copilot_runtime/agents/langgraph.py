@@ -88,12 +88,13 @@ from copilot_runtime.agents._lg_events import (
     channel_for,
     filter_interrupt_event,
 )
+from copilot_runtime.agents._lg_shown import is_shown
 from copilot_runtime.agents._lg_state import (
     load_graph_state,
     schema_keys,
     thread_state_from_values,
 )
-from copilot_runtime.agents._lg_values import json_safe
+from copilot_runtime.agents._lg_values import json_shown
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
 from copilot_runtime.approvals.resume import Claims, claim_resume, record_interrupts
@@ -137,8 +138,6 @@ _WARNED_THREADS = 10_000
 DURABILITY_KEY = "__pregel_durability"
 # The `copilotkit_interrupt` question inside its interrupt's value (what GraphQL shows).
 _COPILOTKIT_QUESTION = "__copilotkit_interrupt_value__"
-#: The largest integer up to which every integer is a JavaScript number exactly.
-_EXACT_IN_JAVASCRIPT = 2**53
 
 __all__ = ["LangGraphAgent"]
 
@@ -715,33 +714,14 @@ def _asking(asked: Any, pending: Mapping[str, Any]) -> str | None:
     value itself), or None."""
     quoted = [_parsed(asked, "The question answered"), asked] if isinstance(asked, str) \
         else [asked]
-    quoted = [_as_javascript_reads(given) for given in quoted]
     for interrupt_id, value in pending.items():
-        question = _as_javascript_reads(json_safe(value))
+        question = json_shown(value)  # (quoted as a browser read it: `is_shown`)
         questions = [question]
         if isinstance(question, dict) and _COPILOTKIT_QUESTION in question:
             questions.append(question[_COPILOTKIT_QUESTION])
-        if any(q == given for q in questions for given in quoted):
+        if any(is_shown(q, given) for q in questions for given in quoted):
             return str(interrupt_id)
     return None
-
-
-def _as_javascript_reads(value: Any) -> Any:
-    """`value` with each integer a JavaScript number cannot hold exactly (beyond 2**53) as
-    the nearest double: a browser parses a question and quotes it back so, and a 64-bit id
-    in it would otherwise never match the question asked."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and abs(value) > _EXACT_IN_JAVASCRIPT:
-        try:
-            return float(value)
-        except OverflowError:  # beyond any double: no client quotes it back anyway
-            return value
-    if isinstance(value, dict):
-        return {key: _as_javascript_reads(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_as_javascript_reads(item) for item in value]
-    return value
 
 
 def _parsed(text: Any, what: str) -> Any:
