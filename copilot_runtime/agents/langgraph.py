@@ -676,8 +676,8 @@ def _legacy_answer_by_question(input: RunInput, pending: Mapping[str, Any]) -> R
     props = dict(input.model.forwarded_props or {})
     command = props.pop("command")
     answer = command.get("resume")
-    if answer == {}:
-        return input  # no answer at all (the approval ledger's rule)
+    if _no_answer(answer):
+        return input
     asked = command.get("interruptEvent")
     if asked is None or asked == "":
         raise InvalidRequestError(
@@ -701,12 +701,18 @@ def _check_quoted_question(input: RunInput, pending: Mapping[str, Any]) -> None:
     An answer that quotes nothing goes to the one interrupt, as old clients expect."""
     command = (input.model.forwarded_props or {}).get("command") or {}
     asked = command.get("interruptEvent") if isinstance(command, Mapping) else None
-    if asked is None or asked == "" or command.get("resume") == {}:
+    if asked is None or asked == "" or _no_answer(command.get("resume")):
         return
     if _asking(asked, pending) is None:
         raise NothingToResumeError(
             f"Thread '{input.thread_id}' no longer asks the question this answers: it may "
             "have been answered already, and the thread now asks another")
+
+
+def _no_answer(answer: Any) -> bool:
+    """Whether a legacy answer is none at all: {} or null, or either as JSON text (the
+    approval ledger's rule, `claim_resume`: the questions are asked again)."""
+    return _parsed(answer, "The resume answer") in (None, {})
 
 
 def _asking(asked: Any, pending: Mapping[str, Any]) -> str | None:
