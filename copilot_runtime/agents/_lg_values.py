@@ -64,11 +64,12 @@ class Unordered(list[Any]):
 
 
 def json_shown(value: Any) -> Any:
-    """`json_safe(value)` with each set's items an `Unordered` list, and a float JSON has no
-    number for as itself: what comparing a client's echo with it needs (`_lg_shown`)."""
+    """`json_safe(value)` with each set's items an `Unordered` list (and NaN or an infinity
+    left as it is, where `json_safe` has null): what a client's echo is compared with
+    (`_lg_shown`)."""
     try:
         return orjson.loads(orjson.dumps(value))
-    except TypeError:  # (a set among them: orjson has no encoding for one)
+    except TypeError:  # (what orjson cannot encode, a set among it: `_converted` as is)
         return _converted(value, 0, set())
 
 
