@@ -216,6 +216,39 @@ async def test_legacy_answer_goes_to_the_question_it_quotes(
     assert "a" not in await graph_values(graph, "p3-x")
 
 
+@pytest.mark.parametrize("nothing", [{}, "null", " null ", "{}"], ids=repr)
+async def test_a_legacy_answer_of_nothing_is_no_answer_however_many_wait(
+        serve_runtime: ServeRuntime, nothing: Any) -> None:
+    """{}, or `null` or {} as JSON text, is no answer (the approval ledger's rule): the
+    questions are asked again. Before, the text was refused while several interrupts
+    waited ("must say which one it is for"), and with one left, quoting a question answered
+    already ("no longer asks"), where {} was no answer."""
+    graph = two_questions()
+    runtime = CopilotRuntime(agents={"lg": LangGraphAgent(name="lg", graph=graph)})
+    async with serve_runtime(runtime) as served:
+        asked = await served.run(run_input("go", thread="p7"), agent="lg")
+        questions = [e["value"] for e in asked if e.get("name") == "on_interrupt"]
+        both = await served.run(run_input("", thread="p7", run="r2", messages=[],
+                                          forwardedProps={"command": {"resume": nothing}}),
+                                agent="lg")
+        verify_events(both)
+        assert types(both)[-1] == "RUN_FINISHED", both[-1]
+        assert len([e for e in both if e.get("name") == "on_interrupt"]) == 2
+        asking_b = next(q for q in questions if json.loads(q) == ["b", 3])
+        await served.run(run_input("", thread="p7", run="r3", messages=[],
+                                   forwardedProps={"command": {
+                                       "resume": "yes", "interruptEvent": asking_b}}),
+                         agent="lg")
+        stale = await served.run(run_input("", thread="p7", run="r4", messages=[],
+                                           forwardedProps={"command": {
+                                               "resume": nothing, "interruptEvent": asking_b}}),
+                                 agent="lg")
+        verify_events(stale)
+        assert types(stale)[-1] == "RUN_FINISHED", stale[-1]
+    values = await graph_values(graph, "p7")
+    assert (values["b"], "a" in values) == ("yes", False)
+
+
 async def test_graphql_meta_event_answers_the_question_it_carries(
         serve_runtime: ServeRuntime) -> None:
     graph = two_questions()

@@ -105,9 +105,10 @@ from copilot_runtime._exceptions import ApprovalError, InvalidRequestError
 from copilot_runtime._time import iso_time, parse_time
 from copilot_runtime.agents._lg_config import context_init_keys
 from copilot_runtime.agents._lg_events import PLUMBING_STATE_KEYS
+from copilot_runtime.agents._lg_shown import is_shown
 from copilot_runtime.agents._lg_state import graph_values, schema_keys
 from copilot_runtime.agents._lg_tool_messages import for_graph, repaired, to_agui
-from copilot_runtime.agents._lg_values import json_order, json_safe, known_messages
+from copilot_runtime.agents._lg_values import json_safe, json_shown, known_messages
 
 __all__ = ["STREAM_WRITER_EVENT", "CopilotKitLangGraphBridge"]
 
@@ -1067,21 +1068,12 @@ def _is_orphan_placeholder(message: ToolMessage) -> bool:
 
 def _echoed_keys(given: Any, saved: Any) -> dict[str, Any]:
     """The keys of the client's `given` state that hold the checkpoint's `saved` value as
-    the client was shown it (`json_safe`): echoed, not written."""
+    the client was shown it (`is_shown`): echoed, not written."""
     if not isinstance(given, dict) or not given or not isinstance(saved, Mapping) or not saved:
         return {}
     return {key: value for key, value in given.items()
-            if key not in PLUMBING_STATE_KEYS and key in saved and _shown(saved[key], value)}
-
-
-def _shown(saved: Any, given: Any) -> bool:
-    """Whether `given` is `saved` as some process showed it: a set's items in any order
-    (before `json_safe` sorted them, each process showed its own hash order)."""
-    shown = json_safe(saved)
-    if shown == given:
-        return True
-    return isinstance(saved, set | frozenset) and isinstance(given, list) \
-        and sorted(given, key=json_order) == shown
+            if key not in PLUMBING_STATE_KEYS and key in saved
+            and is_shown(json_shown(saved[key]), value)}
 
 
 def _get(item: Any, key: str) -> Any:

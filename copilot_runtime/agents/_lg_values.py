@@ -34,7 +34,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-__all__ = ["json_order", "json_safe", "known_messages"]
+__all__ = ["Unordered", "json_order", "json_safe", "json_shown", "known_messages"]
 
 # Deeper than this a value is cut (what the limits let through is far shallower).
 _MAX_DEPTH = 200
@@ -56,6 +56,21 @@ def json_safe(value: Any) -> Any:
         return orjson.loads(orjson.dumps(value))
     except TypeError:  # (orjson.JSONEncodeError is one)
         return orjson.loads(orjson.dumps(_converted(value, 0, set())))
+
+
+class Unordered(list[Any]):
+    """A set's items in `json_shown`: shown sorted, but their order means nothing (a client
+    may hold them in the order an earlier process showed them)."""
+
+
+def json_shown(value: Any) -> Any:
+    """`json_safe(value)` with each set's items an `Unordered` list (and NaN or an infinity
+    left as it is, where `json_safe` has null): what a client's echo is compared with
+    (`_lg_shown`)."""
+    try:
+        return orjson.loads(orjson.dumps(value))
+    except TypeError:  # (what orjson cannot encode, a set among it: `_converted` as is)
+        return _converted(value, 0, set())
 
 
 def _converted(value: Any, depth: int, path: set[int]) -> Any:
@@ -83,7 +98,7 @@ def _converted(value: Any, depth: int, path: set[int]) -> Any:
             return [_converted(item, depth + 1, path) for item in value]
         if isinstance(value, set | frozenset):  # (in an order every process agrees on)
             items = [_converted(item, depth + 1, path) for item in value]
-            return sorted(items, key=json_order)
+            return Unordered(sorted(items, key=json_order))
         return _converted(_fields(value), depth + 1, path)
     finally:
         path.discard(id(value))

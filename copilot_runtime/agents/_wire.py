@@ -397,10 +397,13 @@ class StateDeltaEncoder:
         self._sent = False
 
     def encode(self, state: Any) -> Event | None:
+        if not self.deltas:  # (each state goes whole: no encoding to compare the next with)
+            self._state, self._encoded, self._sent = state, b"", True
+            return ev.state_snapshot(state)
         previous, previous_encoded, sent = self._state, self._encoded, self._sent
         encoded = orjson.dumps(state, option=orjson.OPT_NON_STR_KEYS)
         self._state, self._encoded, self._sent = state, encoded, True
-        if not sent or not self.deltas:
+        if not sent:
             return ev.state_snapshot(state)
         if encoded == previous_encoded:  # (JSON's equality: `==` takes True for 1)
             return None

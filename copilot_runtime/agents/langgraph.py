@@ -88,12 +88,13 @@ from copilot_runtime.agents._lg_events import (
     channel_for,
     filter_interrupt_event,
 )
+from copilot_runtime.agents._lg_shown import is_shown
 from copilot_runtime.agents._lg_state import (
     load_graph_state,
     schema_keys,
     thread_state_from_values,
 )
-from copilot_runtime.agents._lg_values import json_safe
+from copilot_runtime.agents._lg_values import json_shown
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
 from copilot_runtime.approvals.resume import Claims, claim_resume, record_interrupts
@@ -137,8 +138,6 @@ _WARNED_THREADS = 10_000
 DURABILITY_KEY = "__pregel_durability"
 # The `copilotkit_interrupt` question inside its interrupt's value (what GraphQL shows).
 _COPILOTKIT_QUESTION = "__copilotkit_interrupt_value__"
-#: The largest integer up to which every integer is a JavaScript number exactly.
-_EXACT_IN_JAVASCRIPT = 2**53
 
 __all__ = ["LangGraphAgent"]
 
@@ -677,8 +676,8 @@ def _legacy_answer_by_question(input: RunInput, pending: Mapping[str, Any]) -> R
     props = dict(input.model.forwarded_props or {})
     command = props.pop("command")
     answer = command.get("resume")
-    if answer == {}:
-        return input  # no answer at all (the approval ledger's rule)
+    if _no_answer(answer):
+        return input
     asked = command.get("interruptEvent")
     if asked is None or asked == "":
         raise InvalidRequestError(
@@ -702,7 +701,7 @@ def _check_quoted_question(input: RunInput, pending: Mapping[str, Any]) -> None:
     An answer that quotes nothing goes to the one interrupt, as old clients expect."""
     command = (input.model.forwarded_props or {}).get("command") or {}
     asked = command.get("interruptEvent") if isinstance(command, Mapping) else None
-    if asked is None or asked == "" or command.get("resume") == {}:
+    if asked is None or asked == "" or _no_answer(command.get("resume")):
         return
     if _asking(asked, pending) is None:
         raise NothingToResumeError(
@@ -710,38 +709,25 @@ def _check_quoted_question(input: RunInput, pending: Mapping[str, Any]) -> None:
             "have been answered already, and the thread now asks another")
 
 
+def _no_answer(answer: Any) -> bool:
+    """Whether a legacy answer is none at all: {} or null, or either as JSON text (the
+    approval ledger's rule, `claim_resume`: the questions are asked again)."""
+    return _parsed(answer, "The resume answer") in (None, {})
+
+
 def _asking(asked: Any, pending: Mapping[str, Any]) -> str | None:
     """The id of the pending interrupt whose question `asked` quotes (as JSON text, or the
     value itself), or None."""
     quoted = [_parsed(asked, "The question answered"), asked] if isinstance(asked, str) \
         else [asked]
-    quoted = [_as_javascript_reads(given) for given in quoted]
     for interrupt_id, value in pending.items():
-        question = _as_javascript_reads(json_safe(value))
+        question = json_shown(value)  # (quoted as a browser read it: `is_shown`)
         questions = [question]
         if isinstance(question, dict) and _COPILOTKIT_QUESTION in question:
             questions.append(question[_COPILOTKIT_QUESTION])
-        if any(q == given for q in questions for given in quoted):
+        if any(is_shown(q, given) for q in questions for given in quoted):
             return str(interrupt_id)
     return None
-
-
-def _as_javascript_reads(value: Any) -> Any:
-    """`value` with each integer a JavaScript number cannot hold exactly (beyond 2**53) as
-    the nearest double: a browser parses a question and quotes it back so, and a 64-bit id
-    in it would otherwise never match the question asked."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and abs(value) > _EXACT_IN_JAVASCRIPT:
-        try:
-            return float(value)
-        except OverflowError:  # beyond any double: no client quotes it back anyway
-            return value
-    if isinstance(value, dict):
-        return {key: _as_javascript_reads(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_as_javascript_reads(item) for item in value]
-    return value
 
 
 def _parsed(text: Any, what: str) -> Any:
