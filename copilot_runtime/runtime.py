@@ -167,12 +167,6 @@ class CopilotRuntime:
             raise ConfigurationError(
                 "thread_retention_seconds needs a thread store that can list its stale "
                 f"threads (stale_threads); {type(self.store).__name__} cannot")
-        if getattr(self.store, "archive", None) is not None \
-                and not _takes(self.store.list, "include_archived"):
-            # Its archived threads would stay in every list that leaves them out.
-            raise ConfigurationError(
-                f"{type(self.store).__name__} archives threads but its list() cannot leave "
-                "them out: give its list() an include_archived keyword (True: list them too)")
         #: Seconds after its last run a thread is deleted (None: kept for ever).
         self.thread_retention_seconds = thread_retention_seconds
         #: Seconds between two retention sweeps.
@@ -278,6 +272,12 @@ class CopilotRuntime:
                          store=type(self.store).__name__,
                          fix="give its rename(thread_id, name) an owner= keyword (README)")
         archive = getattr(self.store, "archive", None)
+        if archive is not None and not _takes(self.store.list, "include_archived"):
+            # (a store of one's own, or a wrapper whose `archive` shows through: it ran before
+            # archives existed, and runs on, its lists showing archived threads too)
+            _log.warning("thread store archives threads but its lists cannot leave them out",
+                         store=type(self.store).__name__,
+                         fix="give its list() an include_archived keyword (README)")
         if self.auth is not None and archive is not None and not _takes(archive, "owner"):
             _log.warning("thread store archives without the owner's condition",  # (as rename)
                          store=type(self.store).__name__,
@@ -406,7 +406,8 @@ class CopilotRuntime:
             # wrote to it, and stays. (A store of an application's own without the
             # conditions: the read above, under the hold, is what keeps it.)
             conditions: dict[str, Any] = {}
-            if _takes(self.store.delete, "next_position"):
+            # (named, not taken through **kwargs: a wrapper may pass it to a store without)
+            if _names(self.store.delete, "next_position"):
                 conditions["next_position"] = record.next_position
             if updated_before is not None and _takes(self.store.delete, "updated_before"):
                 conditions["updated_before"] = updated_before
@@ -455,8 +456,10 @@ class CopilotRuntime:
                            after: ListPosition | None = None,
                            include_archived: bool = True) -> list[ThreadRecord]:
         """A page of threads, as `GET /threads` lists them (`ThreadStore.list`); a store of
-        an application's own without `include_archived` archives nothing, so lists all."""
-        if include_archived or not _takes(self.store.list, "include_archived"):
+        an application's own without `archive`, or whose `list` takes no `include_archived`,
+        lists all."""
+        if include_archived or getattr(self.store, "archive", None) is None \
+                or not _takes(self.store.list, "include_archived"):
             return await self.store.list(agent_id, limit, owner=owner, offset=offset,
                                          after=after)
         return await self.store.list(agent_id, limit, owner=owner, offset=offset,
@@ -683,6 +686,14 @@ def _takes(method: Callable[..., Any], keyword: str) -> bool:
         return False
     return keyword in parameters or any(
         p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+def _names(method: Callable[..., Any], keyword: str) -> bool:
+    """Whether a store's method names `keyword` among its parameters (`**kwargs` does not)."""
+    try:
+        return keyword in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def approval_service(runtime: CopilotRuntime) -> ApprovalService:

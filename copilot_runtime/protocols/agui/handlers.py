@@ -293,8 +293,19 @@ class AGUIProtocol:
         owner = self.runtime.owner_filter(request.info)
         if id_problem(thread_id) is not None:
             raise ThreadNotFoundError(thread_id)
+        # (read first: a body that is wrong is a 400 whether or not a run is on the thread)
+        agent_id = _delete_request(await parse_json_body_off_loop(body) if body.strip()
+                                   else {}).get("agentId") if request.method == "DELETE" else None
         if request.method == "DELETE" and await self.runtime.is_running_anywhere(thread_id) \
                 and await self.runtime.can_see(request.info, thread_id):
+            if agent_id is not None:
+                # (its run's agent, if it runs here: the store may have no record of it yet)
+                live = self.runtime.runs.active.get(thread_id)
+                stored = await self.runtime.store.summary(thread_id) if live is None else None
+                running_agent = live.agent_id if live is not None else \
+                    stored.agent_id if stored is not None else None
+                if running_agent is not None and agent_id != running_agent:
+                    raise ThreadNotFoundError(thread_id)  # another agent's, running or not
             # Busy on every store, its first run's events written yet or not (the in-memory
             # store has no record of a thread before its first run ends).
             raise ThreadBusyError(thread_id)
@@ -302,8 +313,6 @@ class AGUIProtocol:
         if record is None or (owner is not None and record.owner != owner):
             raise ThreadNotFoundError(thread_id)
         if request.method == "DELETE":
-            agent_id = _delete_request(await parse_json_body_off_loop(body)
-                                       if body.strip() else {}).get("agentId")
             if agent_id is not None and agent_id != record.agent_id:
                 raise ThreadNotFoundError(thread_id)  # as PATCH: the agent's list leaves it out
             # No run begins on it meanwhile (it would bring the thread back once it ended),

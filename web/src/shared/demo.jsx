@@ -35,7 +35,8 @@ function readAddress() {
 async function listedAgent(threadId) {
   let cursor = null;
   for (let pages = 0; pages < 4; pages += 1) {
-    const query = new URLSearchParams({ limit: "500", ...(cursor ? { cursor } : {}) });
+    // (archived threads too: an address may name one)
+    const query = new URLSearchParams({ limit: "500", includeArchived: "true", ...(cursor ? { cursor } : {}) });
     const response = await fetch(`${RUNTIME_URL}/threads?${query}`);
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const page = await response.json();
