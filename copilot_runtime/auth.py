@@ -18,6 +18,7 @@ import math
 import uuid
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from copilot_runtime._exceptions import AuthenticationError, ConfigurationError
@@ -155,9 +156,9 @@ class JWTAuth:
     is `sub` (or `principal_claim`), its tenant `tenant_claim` (each a non-empty string; a
     token without the tenant claim has no tenant) and its roles `roles_claim` (a list, whose
     strings are the roles, or a space-separated string).
-    `leeway` (seconds, default `DEFAULT_LEEWAY`: 30) is the clock skew allowed between the
-    issuer and this host when checking `exp`, `nbf` and `iat`: without it a token issued by
-    a clock even 1 s ahead of ours is "not valid yet". 0 allows none.
+    `leeway` (seconds or a `timedelta`, default `DEFAULT_LEEWAY`: 30) is the clock skew
+    allowed between the issuer and this host when checking `exp`, `nbf` and `iat`: without
+    it a token issued by a clock even 1 s ahead of ours is "not valid yet". 0 allows none.
     """
 
     def __init__(
@@ -171,7 +172,7 @@ class JWTAuth:
         principal_claim: str = "sub",
         tenant_claim: str | None = None,
         roles_claim: str | None = "roles",
-        leeway: float = DEFAULT_LEEWAY,
+        leeway: float | timedelta = DEFAULT_LEEWAY,
         jwks_cache_seconds: int = 300,
     ) -> None:
         try:
@@ -184,6 +185,8 @@ class JWTAuth:
         not_one_string(algorithms, "JWTAuth's algorithms")
         if not algorithms or "none" in {a.lower() for a in algorithms}:
             raise ConfigurationError("JWTAuth needs signing algorithms, never 'none'")
+        if isinstance(leeway, timedelta):  # PyJWT takes one; checked as its seconds
+            leeway = leeway.total_seconds()
         if isinstance(leeway, bool) or not isinstance(leeway, int | float) or not (
                 math.isfinite(leeway) and leeway >= 0):
             raise ConfigurationError(f"JWTAuth's leeway must be a number of seconds, 0 or "

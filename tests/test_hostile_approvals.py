@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, TypedDict
 
+import orjson
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
@@ -197,6 +198,48 @@ async def test_an_authenticated_answer_names_its_caller_as_the_approver(payload:
         decided = parse_decision(answered.answer)
         assert decided is not None
         assert (answered.answered_by, decided.by) == ("bob", "bob")
+
+
+FORM_ANSWERS = [
+    {"user": "alice@example.com", "role": "admin"}, {"by": "2026-12-01", "amount": 100},
+    {"text": '{"port": 8080}'}, '{"port": 8080}']
+
+
+@pytest.mark.parametrize("payload", FORM_ANSWERS, ids=repr)
+async def test_an_authenticated_answer_that_is_no_decision_reaches_the_graph_unchanged(
+        payload: Any) -> None:
+    """Every authenticated answer was rewritten as an approval: a form's `user` became the
+    caller, its `by` date was lost, JSON text got a `userId`. Only a decision names the
+    caller; anything else is the graph's own data, sent as it came (the ledger still says
+    who answered)."""
+    ledger = MemoryApprovalStore()
+    await ledger.add([pending("i1"), pending("i2"), pending("i3"), pending("i4")])
+    entry = parse_run_input({
+        "threadId": "t", "runId": "r2", "messages": [], "tools": [], "context": [],
+        "state": {}, "forwardedProps": {},
+        "resume": [{"interruptId": "i1", "status": "resolved", "payload": payload}]})
+    claims = await claim_resume(ledger, agent_id="flow", input=entry, pending={"i1"},
+                                channel="outcome", principal_id="bob")
+    sent: list[Any] = [(claims.input.model.resume or [])[0].payload]
+
+    def legacy(run: str) -> Any:
+        return parse_run_input({
+            "threadId": "t", "runId": run, "messages": [], "tools": [], "context": [],
+            "state": {}, "forwardedProps": {"command": {"resume": payload}}})
+
+    claims = await claim_resume(ledger, agent_id="flow", input=legacy("r3"), pending={"i2"},
+                                channel="outcome", principal_id="bob")
+    sent.append((claims.input.model.resume or [])[0].payload)
+    claims = await claim_resume(ledger, agent_id="flow", input=legacy("r4"),
+                                pending={"i3", "i4"}, channel="outcome", principal_id="bob")
+    sent.append((claims.input.model.forwarded_props or {})["command"]["resume"])
+    # The legacy form's JSON text is decoded for the one interrupt it answers.
+    decoded = orjson.loads(payload) if isinstance(payload, str) else payload
+    assert sent == [payload, decoded, payload]
+    for approval_id in ("i1", "i2", "i3", "i4"):
+        answered = await ledger.get(approval_id)
+        assert answered is not None
+        assert answered.answered_by == "bob"
 
 
 async def test_an_unauthenticated_answer_is_sent_as_it_came() -> None:

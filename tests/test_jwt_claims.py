@@ -9,6 +9,7 @@ principal claim that is not a non-empty string already was."""
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,19 @@ async def test_a_token_from_the_future_past_the_leeway_is_refused_precisely() ->
     with pytest.raises(AuthenticationError, match="not valid yet"):
         await JWTAuth(SECRET, algorithms=["HS256"], leeway=0).authenticate(
             _request(iat=int(time.time()) + 2))
+
+
+@pytest.mark.timeout(30)
+async def test_a_leeway_given_as_a_timedelta_is_its_seconds() -> None:
+    """PyJWT takes a `timedelta` leeway, and JWTAuth passed it on; the check that it is
+    seconds refused it. It is taken as its seconds, held to the same bounds."""
+    auth = JWTAuth(SECRET, algorithms=["HS256"], leeway=timedelta(seconds=10))
+    principal = await auth.authenticate(_request(exp=int(time.time()) - 5))
+    assert principal.id == "alice"
+    with pytest.raises(AuthenticationError):
+        await auth.authenticate(_request(exp=int(time.time()) - 20))
+    with pytest.raises(ConfigurationError, match="leeway"):
+        JWTAuth(SECRET, algorithms=["HS256"], leeway=timedelta(seconds=-1))
 
 
 @pytest.mark.timeout(30)

@@ -91,10 +91,13 @@ def parse_decision(value: Any) -> Decision | None:
 
 
 def answered_by(value: Any, who: str) -> Any:
-    """`value` as `who`'s answer: a JSON object (or its text) says `userId: who`, as the
-    HTTP route's answers do, and whatever else in it names who answered (what
-    `parse_decision` reads as `Decision.by`) names `who`. Other values name nobody and are
-    returned unchanged."""
+    """`value` as `who`'s answer: a decision (what `parse_decision` reads as one), as a JSON
+    object or its text, says `userId: who`, as the HTTP route's answers do, and whatever
+    else in it names who answered (what `parse_decision` reads as `Decision.by`) names
+    `who`. Anything else (a form's answer, pasted JSON) is the graph's own data, where
+    `user` or `by` mean something else: returned unchanged."""
+    if parse_decision(value) is None:
+        return value
     if isinstance(value, str):
         text = value.strip()
         if not text.startswith("{"):
@@ -110,7 +113,7 @@ def answered_by(value: Any, who: str) -> Any:
         return value
     named = {key: who for key in _APPROVER_KEYS if key in value}
     # A decision nested as its `answer` (or `feedback`, `text`) is read too when this one
-    # says nothing else: it names `who` as well.
+    # says nothing else: it names `who` as well (anything else there is left as it is).
     nested = {key: answered_by(value[key], who) for key in _NESTED_KEYS if key in value}
     return {**value, **named, **nested, "userId": who}
 

@@ -45,6 +45,7 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._limits import replayable
 from copilot_runtime._runs import ActiveRun
+from copilot_runtime._strings import not_one_string
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.events import Event
 from copilot_runtime.headers import forwardable
@@ -111,6 +112,8 @@ class CORSPolicy:
     max_age: int = 600
 
     def __post_init__(self) -> None:
+        # One string would be matched as a substring: "https://app.example.co" in it.
+        not_one_string(self.origins, "CORSPolicy's origins")
         if self.allow_credentials and "*" in self.origins:
             # Reflecting every origin with credentials lets any site act as the signed-in user.
             raise ConfigurationError(
