@@ -27,6 +27,7 @@ from langchain_core.messages import AIMessage, AnyMessage
 from langgraph.graph.message import add_messages
 from langgraph.types import interrupt
 
+from copilot_runtime.agents._lg_bridge import _echoed_keys
 from copilot_runtime.agents._lg_values import json_safe
 from tests.conftest import ServeRuntime, run_input
 from tests.test_hostile_graphs import finished, graph_of, graph_values, lg_runtime
@@ -191,3 +192,19 @@ async def test_a_quoted_question_with_a_set_inside_is_the_question_asked(
                                     agent="lg")
     finished(answered)
     assert (await graph_values(graph, "q"))["messages"][-1].content == "answered blue"
+
+
+@pytest.mark.parametrize(("saved", "given", "echoed"), [
+    (2**60, 2**60 + 1, False),  # no double: a client reading integers whole changed it
+    (2**64 - 1, 2**64 - 2, False),
+    (2**53 + 1, 2**53, True),  # what a browser reads 2**53 + 1 as
+    (2**60, 2**60, True),
+    ({"tags": {"b", "a"}}, {"tags": ["a", "b"]}, True),
+    (1, True, False),
+])
+def test_an_integer_no_browser_could_send_is_compared_exactly(saved: Any, given: Any,
+                                                              echoed: bool) -> None:
+    """Before: every integer was compared as the double it rounds to, so a client that reads
+    integers whole (a server, a Python client) changing 2**60 to 2**60 + 1 had its change
+    dropped as an echo (a review)."""
+    assert bool(_echoed_keys({"k": given}, {"k": saved})) is echoed

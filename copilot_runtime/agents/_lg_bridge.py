@@ -1072,8 +1072,19 @@ def _echoed_keys(given: Any, saved: Any) -> dict[str, Any]:
     if not isinstance(given, dict) or not given or not isinstance(saved, Mapping) or not saved:
         return {}
     return {key: value for key, value in given.items()
-            if key not in PLUMBING_STATE_KEYS and key in saved
-            and is_shown(json_shown(saved[key]), value)}
+            if key not in PLUMBING_STATE_KEYS and key in saved and _echoes(saved[key], value)}
+
+
+def _echoes(saved: Any, given: Any) -> bool:
+    """Whether `given` is `saved` as the client was shown it. The same JSON text first (an
+    echo mostly is, and orjson compares megabytes in milliseconds, where `is_shown` walks
+    each item in Python): it keeps 1 and true apart as well."""
+    try:
+        if orjson.dumps(json_safe(saved)) == orjson.dumps(given):
+            return True
+    except (TypeError, orjson.JSONEncodeError):
+        pass  # (an integer beyond 64 bits)
+    return is_shown(json_shown(saved), given)
 
 
 def _get(item: Any, key: str) -> Any:

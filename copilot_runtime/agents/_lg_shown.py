@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from decimal import Decimal
 from typing import Any
 
 from copilot_runtime.agents._lg_values import Unordered, json_order
@@ -31,7 +32,12 @@ def is_shown(shown: Any, given: Any) -> bool:
     if isinstance(shown, bool) or isinstance(given, bool):
         return isinstance(shown, bool) and isinstance(given, bool) and shown == given
     if isinstance(shown, int | float):
-        return isinstance(given, int | float) and _number(shown) == _number(given)
+        if not isinstance(given, int | float):
+            return False
+        if isinstance(given, int) and not _a_double(given):
+            # No browser sends it (a client reading integers whole did): exactly, or changed.
+            return isinstance(shown, int) and shown == given
+        return _number(shown) == _number(given)
     if isinstance(shown, Unordered):
         return isinstance(given, list) and len(given) == len(shown) and _paired(shown, given)
     if isinstance(shown, list):
@@ -43,6 +49,16 @@ def is_shown(shown: Any, given: Any) -> bool:
     if isinstance(shown, str):
         return isinstance(given, str) and shown == given
     return shown is None and given is None
+
+
+def _a_double(value: int) -> bool:
+    """Whether a browser can send the integer: a double's value, exactly or as JavaScript
+    prints it (its shortest decimal: 2**60 as 1152921504606847000)."""
+    try:
+        nearest = float(value)
+    except OverflowError:
+        return False
+    return nearest == value or int(Decimal(repr(nearest))) == value
 
 
 def _number(value: int | float) -> int | float:
