@@ -897,6 +897,13 @@ class ActiveRun:
                                         self.first_position + len(self.events))
 
 
+def store_clock(store: Any) -> Callable[[], Awaitable[float]] | None:
+    """The clock a store stamps its threads by, when it has one of its own (PostgreSQL's:
+    `clock()`, a coroutine function); None: this process's `time.time`."""
+    clock = getattr(store, "clock", None)
+    return clock if inspect.iscoroutinefunction(clock) else None
+
+
 def _input_message_ids(events: Sequence[Event]) -> set[str]:
     """The ids of the input messages a run's `RUN_STARTED` (in `events`) carries."""
     for event in events:
@@ -1248,13 +1255,15 @@ class RunManager:
         name = f"{_DELETE}{uuid.uuid4()}"
         deadline = time.monotonic() + DELETE_WAITS_FOR_DELETE
         waited_since: float | None = None
+        clock = store_clock(self.store)
         while True:
-            began = time.time()
             lease = await coordinator.acquire(thread_id, name)
             if lease is not None:
                 return lease, waited_since
             if waited_since is None:
-                waited_since = began
+                # By the clock the store stamps threads with (compared with their updated
+                # time): the other delete holds the thread, so no run began on it since.
+                waited_since = time.time() if clock is None else await clock()
             holder = await coordinator.holder(thread_id)
             if holder is not None and not holder.startswith(_DELETE):
                 raise ThreadBusyError(thread_id)

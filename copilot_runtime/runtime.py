@@ -17,12 +17,13 @@ from copilot_runtime._exceptions import (
     AuthenticationError,
     ConfigurationError,
     ServiceUnavailableError,
+    ThreadBusyError,
     UnsupportedOperationError,
 )
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import DEFAULT_MAX_RUN_BYTES
 from copilot_runtime._retention import RetentionSweep
-from copilot_runtime._runs import DETACHED_RUN_SECONDS, ActiveRun, RunManager
+from copilot_runtime._runs import DETACHED_RUN_SECONDS, ActiveRun, RunManager, store_clock
 from copilot_runtime._seconds import checked_seconds
 from copilot_runtime._shared_runs import RecoverySweep
 from copilot_runtime._strings import not_one_string
@@ -311,7 +312,7 @@ class CopilotRuntime:
             self._retention = RetentionSweep(stale, self._delete_stale,
                                              self.thread_retention_seconds,
                                              self.retention_sweep_every,
-                                             getattr(self.store, "clock", None))
+                                             store_clock(self.store))
             self._retention.start()
 
     async def _start_mcp(self) -> None:
@@ -414,6 +415,11 @@ class CopilotRuntime:
             deleted = await self.store.delete(thread_id, **conditions)
             if not deleted:
                 hold.check()  # kept because the hold lapsed: busy, not "no such thread"
+                if "next_position" in conditions \
+                        and await self.store.summary(thread_id) is not None:
+                    # Written since it was read (a stalled worker's late write): still
+                    # there, so busy (try again), not "no such thread".
+                    raise ThreadBusyError(thread_id)
             return deleted
 
     async def rename_thread(self, thread_id: str, name: str | None, *,
