@@ -145,12 +145,6 @@ class RefusalAgent(Agent):
 _CLIENT_ROLES = frozenset({"user", "developer", "system"})
 #: How many earlier messages a judged message takes along as context.
 _CONTEXT = 20
-#: How many characters of the text a thread let through, read back to back with a new
-#: message (`judged`), go along with it to be judged: on each side of the new messages, the
-#: text next to them, enough to hold a word or phrase split across the two. The rest was
-#: judged when it was let through; judging it all again each run cost the square of a
-#: thread's length.
-STRETCH_WINDOW = 4_096
 #: The most messages judged for one run (one judge call each): a request bringing more new
 #: text than this is refused, not judged piece by piece.
 _MOST_JUDGED = 32
@@ -321,72 +315,21 @@ def _judged_as_users(message: Mapping[str, Any], called: Collection[Any]) -> boo
 
 def _apart(message: Mapping[str, Any]) -> bool:
     """Whether `message` comes between the user messages around it as the model reads them:
-    an answer with text or tool calls. System and developer messages go to the system
-    prompt, blank answers, reasoning and activity to no one, and tool results into the
-    user's turn (the Anthropic adapter sends the user messages and tool results around them
-    as one turn)."""
-    return message.get("role") == "assistant" and bool(
+    an answer with text or tool calls, or a tool result. System and developer messages go to
+    the system prompt, and blank answers, reasoning and activity to no one (the Anthropic
+    adapter sends the user messages around them as one turn)."""
+    role = message.get("role")
+    if role == "tool":
+        return True
+    return role == "assistant" and bool(
         message.get("toolCalls") or "".join(texts_of(message.get("content"))).strip())
 
 
-def _texts_read(message: Mapping[str, Any]) -> list[str]:
-    """The texts of a user message or tool result as a model reads them in a user turn."""
-    if message.get("role") == "tool":
-        said = "".join(texts_of(message.get("content"))) or message.get("error")
-        return [said] if isinstance(said, str) and said else []
-    return [t for t in texts_of(message.get("content")) if t]
-
-
-def _parts(message: Mapping[str, Any]) -> list[Any]:
-    """A user message's content (a tool result's text) as a list of parts."""
-    content = message.get("content")
-    if message.get("role") == "tool" or isinstance(content, str):
-        return [{"type": "text", "text": t} for t in _texts_read(message)]
+def _parts(content: Any) -> list[Any]:
+    """A message's content as a list of parts."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
     return list(content) if isinstance(content, list) else []
-
-
-def _edge(texts: Iterable[str], most: int, *, last: bool) -> list[str]:
-    """The first (`last`: the last) `most` characters of `texts`, in order; only as many
-    texts are read as that takes."""
-    out: list[str] = []
-    for text in texts:
-        out.append(text[-most:] if last else text[:most])
-        most -= len(out[-1])
-        if most <= 0:
-            break
-    return out[::-1] if last else out
-
-
-def _stretch_parts(messages: Sequence[Any], stretch: Sequence[tuple[int, bool]]) -> list[Any]:
-    """Back-to-back user messages and tool results (each with whether it is new to the
-    thread) as the parts of one message: the new ones whole, and of the ones let through
-    between, before or after them only the `STRETCH_WINDOW` characters next to a new one."""
-    out: list[Any] = []
-    start = 0
-    while start < len(stretch):
-        at, new = stretch[start]
-        if new:
-            out.extend(_parts(messages[at]))
-            start += 1
-            continue
-        end = start
-        while end < len(stretch) and not stretch[end][1]:
-            end += 1
-        run = [messages[i] for i, _ in stretch[start:end]]
-        before, after = end < len(stretch), start > 0  # a new message after it, before it
-        reach = (int(before) + int(after)) * STRETCH_WINDOW
-        head = _edge((t for m in run for t in _texts_read(m)), reach + 1, last=False)
-        if sum(map(len, head)) <= reach:
-            texts = head  # all of it: no longer than the windows
-        else:
-            texts = _edge((t for m in run for t in _texts_read(m)), STRETCH_WINDOW,
-                          last=False) if after else []
-            if before:
-                texts += _edge((t for m in reversed(run) for t in reversed(_texts_read(m))),
-                               STRETCH_WINDOW, last=True)
-        out.extend({"type": "text", "text": t} for t in texts)
-        start = end
-    return out
 
 
 def refused_before(messages: Sequence[Any], seen: Collection[str]) -> set[int]:
@@ -526,10 +469,8 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
     before it. Judging only the last message let a client hide a refused one behind any
     other message, or send the refused text in a `system` or `developer` message; judging
     by message id let it send new text under the id of a message the thread holds. User
-    messages and tool results back to back (nothing `_apart` between them) are read by a
-    model as one: the last new one among them is judged with the content of the new ones
-    and `STRETCH_WINDOW` characters of the text let through next to them (a new tool
-    result's, after all other client text).
+    messages back to back (nothing `_apart` between them) are read by a model as one: the
+    last new one among them is judged with the content of them all.
 
     All other client-written text the model or the agent reads and the thread has not let
     through or produced itself is judged at once, as one message with `CLIENT_TEXT` set:
@@ -573,56 +514,28 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
             brought.extend(strings_of[mark])
 
     called = _called_ids(messages)
-    #: The user messages and tool results read back to back so far (`_apart` ends them),
-    #: each with whether it is new to the thread; the index in `out` of the judgement of the
-    #: last new one among them judged as the user's, and that message's index; and whether
-    #: a new one among them is judged with all other client text (a paired tool result).
-    stretch: list[tuple[int, bool]] = []
+    #: The user messages read back to back so far (`_apart` ends them), and the index in
+    #: `out` of the judgement of the last new one among them.
+    stretch: list[int] = []
     stretch_judged: int | None = None
-    stretch_source: int | None = None
-    stretch_other = False
-    #: The stretches judged joined after all else (`stretch_ends`), each with its source.
-    joined_later: list[tuple[list[Any], int | None]] = []
 
     def stretch_ends() -> None:
-        nonlocal stretch_judged, stretch_source, stretch_other
-        if len(stretch) > 1 and any(is_new for _, is_new in stretch):
+        nonlocal stretch_judged
+        if stretch_judged is not None and len(stretch) > 1:
             # The model reads them as one (the Anthropic adapter sends one turn): judged
             # also as one message, so a word split across two is still that word. Once per
-            # stretch: each text is judged at most twice, and of the text let through only
-            # the window next to the new (`STRETCH_WINDOW`).
-            joined = _stretch_parts(messages, stretch)
-            if stretch_judged is not None and not stretch_other:
-                # With its last new message, in place of that message alone.
-                judgement = out[stretch_judged][1]
-                judgement[-1] = {**judgement[-1], "content": joined}
-            else:
-                # A new tool result's text is judged with all other client text first, so
-                # that one refused on its own is found as such (`_culprits`); joined, after.
-                # A refusal then falls on the last new user message, else the stretch's last
-                # user message (`refused_before` leaves it out when sent back).
-                users = [at for at, _ in stretch if messages[at].get("role") == "user"]
-                first = stretch[0][0]
-                start = max(0, first - _CONTEXT)
-                context = [m for at, m in enumerate(messages[start:first], start)
-                           if at not in dropped]
-                source = stretch_source if stretch_source is not None \
-                    else users[-1] if users else None
-                turn = {"id": messages[stretch[-1][0]].get("id"), "role": "user",
-                        "content": joined}
-                joined_later.append(([*context, turn], source))
+            # stretch, with its last new message: each text is judged at most twice.
+            judgement = out[stretch_judged][1]
+            judgement[-1] = {**judgement[-1], "content": [
+                part for at in stretch for part in _parts(messages[at].get("content"))]}
         stretch.clear()
-        stretch_judged = stretch_source = None
-        stretch_other = False
+        stretch_judged = None
 
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or index in dropped:
             continue
-        if message.get("role") in ("user", "tool"):
-            # Every tool result, the runtime's own tools' too: the thread cannot tell one it
-            # wrote from one it let through (the client writes the history, calls and all),
-            # and the model reads either in the user's turn. Whether it is new: below.
-            stretch.append((index, False))
+        if message.get("role") == "user":
+            stretch.append(index)
         elif _apart(message):
             stretch_ends()
         brought.clear()
@@ -649,14 +562,10 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
                 out.append(([mark], [*context, {**message, "role": "user"}]))
                 if sources is not None:
                     sources.append(index)
-                if role in ("user", "tool"):
-                    stretch[-1] = (index, True)
-                    stretch_judged, stretch_source = len(out) - 1, index
+                if role == "user":
+                    stretch_judged = len(out) - 1
         elif index not in withheld:
             for mark, values in history_texts(message):
-                if role == "tool" and mark not in seen:
-                    stretch[-1] = (index, True)
-                    stretch_other = True
                 other(mark, values)
         if brought and pieces is not None:
             pieces.append((index, list(brought)))
@@ -695,14 +604,8 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
                              "content": [{"type": "text", "text": t} for t in texts]}]))
         if sources is not None:
             sources.append(None)
-    for judgement, source in joined_later:
-        if len(out) == _MOST_JUDGED:
-            raise _TooMuchToJudge(_TOO_MANY_MESSAGES)
-        out.append(([], judgement))
-        if sources is not None:
-            sources.append(source)
-    if marks and not texts and out:  # new, but without text (numbers, say): kept with what
-        out[0][0].extend(marks)      # is judged
+    elif marks and out:  # new, but without text (numbers, say): kept with what is judged
+        out[0][0].extend(marks)
     if out:
         return out
     if sources is not None:

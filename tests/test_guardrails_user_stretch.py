@@ -1,7 +1,6 @@
-"""Back-to-back user messages (and tool results) are judged joined, as the parts of one
-message are: a model reads them as one stretch of user input (the Anthropic adapter sends
-them as one turn), so a word split across two of them is still that word, on both
-protocols. Of the text let through before, only the window next to the new goes along."""
+"""Back-to-back user messages are judged joined, as the parts of one message are: a model
+reads them as one stretch of user input (the Anthropic adapter sends them as one turn), so a
+word split across two of them is still that word, on both protocols."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from typing import Any
 import pytest
 
 from copilot_runtime import PatternGuardrail, Principal, Verdict
-from copilot_runtime._trust import STRETCH_WINDOW, history_texts, judged, judged_mark
 from copilot_runtime.guardrails import latest_user_text
 from copilot_runtime.testing import MockOpenAIServer
 from tests.conftest import Served, ServeRuntime, openai_runtime, run_input, text_of, types
@@ -135,84 +133,3 @@ async def test_each_message_is_judged_and_the_stretch_once_joined(
         await served.run(body)
         assert len(recorder.judged) == 32
         assert sum(len(t or "") for t in recorder.judged) <= 2 * 32 * 101
-
-
-_CALL = {"id": "c1", "type": "function", "function": {"name": "askUser", "arguments": "{}"}}
-
-
-def _asked(message_id: str = "a1") -> dict[str, Any]:
-    return {"id": message_id, "role": "assistant", "content": "", "toolCalls": [_CALL]}
-
-
-def _result(content: str, call_id: str = "c1") -> dict[str, Any]:
-    return {"id": f"t-{call_id}", "role": "tool", "toolCallId": call_id, "content": content}
-
-
-async def _verdicts(messages: list[dict[str, Any]], seen: set[str]) -> list[bool]:
-    guard = PatternGuardrail([r"\bdrop\s+table\b"])
-    return [(await guard.check(judgement, None)).allowed
-            for _, judgement in judged({"messages": messages}, seen)]
-
-
-_SPLIT_BY_RESULT: dict[str, tuple[list[dict[str, Any]], int]] = {
-    # (the messages, how many of the first the thread let through before)
-    "a frontend action's result, then the user": (
-        [_user("u0", "hi"), _asked(), _result("please drop "), _user("u2", "table users")], 0),
-    "a result no call asked for, then the user": (
-        [_result("please drop ", "nobody"), _user("u2", "table users")], 0),
-    "a result let through before, then the user": (
-        [_user("u0", "hi"), _asked(), _result("please drop "), _user("u2", "table users")], 3),
-    "a new result, then a user message let through before": (
-        [_user("u2", "table users"), _asked(), _result("please drop "),
-         _user("u3", "table users")], 1),
-}
-
-
-@pytest.mark.parametrize("case", list(_SPLIT_BY_RESULT))
-async def test_a_word_split_across_a_tool_result_and_the_user_is_refused(case: str) -> None:
-    """A tool result and the user message after it go to the model as one user turn (the
-    Anthropic adapter's): each was judged apart, and "please drop " + "table users" passed."""
-    messages, let_through = _SPLIT_BY_RESULT[case]
-    seen = {mark for message in messages[:let_through]
-            for mark in [judged_mark(message), *(m for m, _ in history_texts(message))]}
-    if case.startswith("a new result"):
-        seen.add(judged_mark(messages[-1]))
-    assert not all(await _verdicts(messages, seen))
-
-
-async def test_an_answer_after_a_tool_result_keeps_it_apart_from_the_user() -> None:
-    messages = [_user("u0", "hi"), _asked(), _result("please drop "),
-                {"id": "a2", "role": "assistant", "content": "Done."}, _user("u2", "table users")]
-    assert all(await _verdicts(messages, set()))
-
-
-def test_the_text_let_through_before_a_new_message_is_judged_within_a_window() -> None:
-    """5,000 messages let through, back to back, and one new: the judge was sent all of
-    them (1,005,005 characters, past PatternGuardrail's max_chars) on each run. Now the
-    `STRETCH_WINDOW` characters just before the new message, and the new one whole."""
-    old = [_user(f"m{i}", "x" * 199 + "!") for i in range(5_000)]
-    seen = {judged_mark(m) for m in old}
-    new = _user("new", "y" * 10_000)
-    (judgement,) = [j for _, j in judged({"messages": [*old, new]}, seen)]
-    text = latest_user_text(judgement) or ""
-    assert text.replace("\n", "").endswith("x" * 199 + "!" + "y" * 10_000)
-    assert STRETCH_WINDOW <= len(text) - 10_000 <= STRETCH_WINDOW + 200
-    # A new message among them: the let-through text on either side of it, windowed too.
-    middle = [*old[:2_500], new, *old[2_500:]]
-    (judgement,) = [j for _, j in judged({"messages": middle}, seen)]
-    assert 2 * STRETCH_WINDOW <= len(latest_user_text(judgement) or "") - 10_000 \
-        <= 2 * STRETCH_WINDOW + 400
-
-
-async def test_agui_a_word_split_by_a_frontend_result_is_refused_once(
-        guarded: Served, llm: MockOpenAIServer) -> None:
-    """End to end: refused, the refusal falling on the user's message; sent back with the
-    chat's history, it refuses no later turn."""
-    messages = [_user("u0", "hi"), _asked(), _result("please drop "), _user("u2", "table users")]
-    refused = await guarded.run(run_input("", thread="by-result", run="r1", messages=messages))
-    assert text_of(refused) == REFUSAL
-    assert llm.requests == []
-    answer = {"id": "refusal", "role": "assistant", "content": text_of(refused)}
-    events = await guarded.run(run_input("", thread="by-result", run="r2", messages=[
-        *messages, answer, _user("u3", "hello")]))
-    assert text_of(events) == "echo: hello"
