@@ -1257,13 +1257,15 @@ class RunManager:
         waited_since: float | None = None
         clock = store_clock(self.store)
         while True:
+            # Read before asking (by the clock the store stamps threads with: compared with
+            # their updated time): a thread begun after the other delete let go was begun
+            # after this.
+            began = time.time() if clock is None else await clock()
             lease = await coordinator.acquire(thread_id, name)
             if lease is not None:
                 return lease, waited_since
             if waited_since is None:
-                # By the clock the store stamps threads with (compared with their updated
-                # time): the other delete holds the thread, so no run began on it since.
-                waited_since = time.time() if clock is None else await clock()
+                waited_since = began
             holder = await coordinator.holder(thread_id)
             if holder is not None and not holder.startswith(_DELETE):
                 raise ThreadBusyError(thread_id)

@@ -44,6 +44,7 @@ from copilot_runtime.guardrails import (
     Verdict,
     check_failed,
     check_input,
+    normalised,
     texts_of,
 )
 from copilot_runtime.hooks import ErrorInfo, HookRunner, RunFinished
@@ -148,6 +149,13 @@ _CONTEXT = 20
 #: The most messages judged for one run (one judge call each): a request bringing more new
 #: text than this is refused, not judged piece by piece.
 _MOST_JUDGED = 32
+#: How many characters of the text a thread let through, read back to back with a new user
+#: message (`judged`), go along with it to be judged, on each side of the new messages:
+#: enough to hold a word or phrase split across the two. The rest was judged when it was
+#: let through; judging it all again each run cost the square of a thread's length. Counted
+#: in the text as a pattern reads it (`normalised`): padding of spaces or invisible
+#: characters does not push a split word out of it.
+STRETCH_WINDOW = 4_096
 #: How deep client text may nest within one value (a state entry, a tool's schema, an
 #: interrupt's answer), and how many values (strings, numbers, objects, arrays, object
 #: keys) the client text new to a run may hold: past either, the run is refused rather than
@@ -330,6 +338,48 @@ def _parts(content: Any) -> list[Any]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     return list(content) if isinstance(content, list) else []
+
+
+def _edge(texts: Iterable[str], most: int, *, last: bool) -> list[str]:
+    """The first (`last`: the last) `most` characters of `texts` as a pattern reads them
+    (`normalised`), in order; only as many texts are read as that takes."""
+    out: list[str] = []
+    for text in texts:
+        read = normalised(text)
+        out.append(read[-most:] if last else read[:most])
+        most -= len(out[-1])
+        if most <= 0:
+            break
+    return out[::-1] if last else out
+
+
+def _stretch_parts(messages: Sequence[Any], stretch: Sequence[tuple[int, bool]]) -> list[Any]:
+    """Back-to-back user messages (each with whether it is new to the thread) as the parts
+    of one message: the new ones whole, and of the ones let through before, between or after
+    them only the `STRETCH_WINDOW` characters next to a new one."""
+    out: list[Any] = []
+    start = 0
+    while start < len(stretch):
+        at, new = stretch[start]
+        if new:
+            out.extend(_parts(messages[at].get("content")))
+            start += 1
+            continue
+        end = start
+        while end < len(stretch) and not stretch[end][1]:
+            end += 1
+        run = [messages[i] for i, _ in stretch[start:end]]
+        texts: list[str] = []
+        if start > 0:  # a new message before it: the head of the run
+            texts += _edge((t for m in run for t in texts_of(m.get("content"))),
+                           STRETCH_WINDOW, last=False)
+        if end < len(stretch):  # a new message after it: the tail of the run
+            texts += _edge((t for m in reversed(run)
+                            for t in reversed(texts_of(m.get("content")))),
+                           STRETCH_WINDOW, last=True)
+        out.extend({"type": "text", "text": t} for t in texts)
+        start = end
+    return out
 
 
 def refused_before(messages: Sequence[Any], seen: Collection[str]) -> set[int]:
@@ -516,7 +566,7 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
     called = _called_ids(messages)
     #: The user messages read back to back so far (`_apart` ends them), and the index in
     #: `out` of the judgement of the last new one among them.
-    stretch: list[int] = []
+    stretch: list[tuple[int, bool]] = []
     stretch_judged: int | None = None
 
     def stretch_ends() -> None:
@@ -526,8 +576,7 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
             # also as one message, so a word split across two is still that word. Once per
             # stretch, with its last new message: each text is judged at most twice.
             judgement = out[stretch_judged][1]
-            judgement[-1] = {**judgement[-1], "content": [
-                part for at in stretch for part in _parts(messages[at].get("content"))]}
+            judgement[-1] = {**judgement[-1], "content": _stretch_parts(messages, stretch)}
         stretch.clear()
         stretch_judged = None
 
@@ -535,7 +584,7 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
         if not isinstance(message, dict) or index in dropped:
             continue
         if message.get("role") == "user":
-            stretch.append(index)
+            stretch.append((index, False))  # (new to the thread: below)
         elif _apart(message):
             stretch_ends()
         brought.clear()
@@ -563,6 +612,7 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
                 if sources is not None:
                     sources.append(index)
                 if role == "user":
+                    stretch[-1] = (index, True)
                     stretch_judged = len(out) - 1
         elif index not in withheld:
             for mark, values in history_texts(message):

@@ -133,3 +133,23 @@ async def test_each_message_is_judged_and_the_stretch_once_joined(
         await served.run(body)
         assert len(recorder.judged) == 32
         assert sum(len(t or "") for t in recorder.judged) <= 2 * 32 * 101
+
+
+async def test_the_text_let_through_beside_new_messages_goes_within_a_window() -> None:
+    """Before: the whole back-to-back history let through went to the judges each run (5,000
+    messages: a megabyte, past PatternGuardrail's bound); then a window counted in raw
+    characters, which 5,000 spaces or invisible characters pushed a split word out of (a
+    review)."""
+    from copilot_runtime._trust import STRETCH_WINDOW, _stretch_parts
+
+    history = [_user(f"m{i}", "x" * 200) for i in range(5000)]
+    messages = [*history, _user("new", "hello")]
+    stretch = [(i, i == len(history)) for i in range(len(messages))]
+    parts = _stretch_parts(messages, stretch)
+    assert sum(len(p["text"]) for p in parts) <= STRETCH_WINDOW + len("hello")
+    assert parts[-1] == {"type": "text", "text": "hello"}
+    for padding in (" " * 5000, "\u200b" * 5000):
+        messages = [_user("old", "please drop " + padding), _user("new", "table users")]
+        joined = {"role": "user", "content": _stretch_parts(messages, [(0, False), (1, True)])}
+        verdict = await PatternGuardrail(deny=[r"\bdrop\s+table\b"]).check([joined], None)
+        assert not verdict.allowed, repr(padding[:1])
