@@ -406,17 +406,16 @@ class CopilotRuntime:
             # process stalled, its statement held up) a run another worker began since
             # wrote to it, and stays. (A store of an application's own without the
             # conditions: the read above, under the hold, is what keeps it.)
-            conditions: dict[str, Any] = {}
-            # (named, not taken through **kwargs: a wrapper may pass it to a store without)
-            if _names(self.store.delete, "next_position"):
-                conditions["next_position"] = record.next_position
-            if updated_before is not None and _takes(self.store.delete, "updated_before"):
+            conditions: dict[str, Any] = {"next_position": record.next_position}
+            if updated_before is not None:
                 conditions["updated_before"] = updated_before
-            deleted = await self.store.delete(thread_id, **conditions)
+            given = await _given(self.store.delete, thread_id, optional=conditions)
+            deleted = bool(given) if given is not None else \
+                await self.store.delete(thread_id)  # (a store of one's own without either)
             if not deleted:
                 hold.check()  # kept because the hold lapsed: busy, not "no such thread"
-                if "next_position" in conditions \
-                        and await self.store.summary(thread_id) is not None:
+                now = await self.store.summary(thread_id) if given is not None else None
+                if now is not None and now.next_position != record.next_position:
                     # Written since it was read (a stalled worker's late write): still
                     # there, so busy (try again), not "no such thread".
                     raise ThreadBusyError(thread_id)
@@ -430,8 +429,9 @@ class CopilotRuntime:
         renames."""
         if owner is None:
             return await self.store.rename(thread_id, name)
-        if _takes(self.store.rename, "owner"):
-            return await self.store.rename(thread_id, name, owner=owner)
+        renamed = await _given(self.store.rename, thread_id, name, optional={"owner": owner})
+        if renamed is not None:
+            return bool(renamed)
         # A store of an application's own without the condition: checked just before, which
         # leaves the short window the condition closes.
         record = await self.store.summary(thread_id)
@@ -450,8 +450,9 @@ class CopilotRuntime:
             raise UnsupportedOperationError("This runtime's thread store cannot archive threads")
         if owner is None:
             return bool(await archive(thread_id, archived))
-        if _takes(archive, "owner"):
-            return bool(await archive(thread_id, archived, owner=owner))
+        done = await _given(archive, thread_id, archived, optional={"owner": owner})
+        if done is not None:
+            return bool(done)
         record = await self.store.summary(thread_id)
         if record is None or record.owner != owner:
             return False
@@ -464,12 +465,15 @@ class CopilotRuntime:
         """A page of threads, as `GET /threads` lists them (`ThreadStore.list`); a store of
         an application's own without `archive`, or whose `list` takes no `include_archived`,
         lists all."""
-        if include_archived or getattr(self.store, "archive", None) is None \
-                or not _takes(self.store.list, "include_archived"):
+        if include_archived or getattr(self.store, "archive", None) is None:
             return await self.store.list(agent_id, limit, owner=owner, offset=offset,
                                          after=after)
-        return await self.store.list(agent_id, limit, owner=owner, offset=offset,
-                                     after=after, include_archived=False)
+        listed = await _given(self.store.list, agent_id, limit, owner=owner, offset=offset,
+                              after=after, optional={"include_archived": False})
+        if listed is None:  # (its list cannot leave archived threads out: warned at start)
+            listed = await self.store.list(agent_id, limit, owner=owner, offset=offset,
+                                           after=after)
+        return list(listed)
 
     async def _delete_stale(self, thread_id: str, updated_before: float) -> bool:
         return await self.delete_thread(thread_id, updated_before=updated_before)
@@ -694,12 +698,24 @@ def _takes(method: Callable[..., Any], keyword: str) -> bool:
         p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
-def _names(method: Callable[..., Any], keyword: str) -> bool:
-    """Whether a store's method names `keyword` among its parameters (`**kwargs` does not)."""
-    try:
-        return keyword in inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return False
+async def _given(method: Callable[..., Awaitable[Any]], *args: Any,
+                 optional: dict[str, Any], **kwargs: Any) -> Any:
+    """`method(*args, **kwargs)` with the `optional` keywords of this session's stores (the
+    built-in stores take each; a store of an application's own written before may take
+    none). Those its signature takes are given; a wrapper taking `**kwargs` is tried, and
+    a store under it that takes fewer is called again with the ones it names only. None:
+    it takes none of them (the caller then does without)."""
+    given = {k: v for k, v in optional.items() if _takes(method, k)}
+    while given:
+        try:
+            return await method(*args, **kwargs, **given)
+        except TypeError as exc:
+            # (raised as it was called, before it did anything: "unexpected keyword")
+            refused = [k for k in given if f"'{k}'" in str(exc)]
+            if not refused or "keyword" not in str(exc):
+                raise
+            given = {k: v for k, v in given.items() if k not in refused}
+    return None
 
 
 def approval_service(runtime: CopilotRuntime) -> ApprovalService:

@@ -113,3 +113,53 @@ async def test_a_stores_own_plain_clock_is_not_the_sweeps() -> None:
         assert await store.summary("old") is None
     finally:
         await runtime.aclose()
+
+
+class _PassingOn:
+    """A store wrapper of an application's own (metrics, logging) passing every keyword on."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.deletes: list[dict[str, Any]] = []
+
+    async def delete(self, thread_id: str, **kwargs: Any) -> Any:
+        self.deletes.append(kwargs)
+        return await self.inner.delete(thread_id, **kwargs)
+
+    async def list(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.inner.list(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _OldList(InMemoryThreadStore):
+    """A store that archives (the built-in's) but whose `list` was written before."""
+
+    async def list(self, agent_id: str | None = None, limit: int = 100, *,  # type: ignore[override]
+                   owner: Any = None, offset: int = 0, after: Any = None) -> Any:
+        return await super().list(agent_id, limit, owner=owner, offset=offset, after=after)
+
+
+async def test_a_wrapper_passing_keywords_on_keeps_the_fence_and_lists() -> None:
+    """Before: the delete's condition was given only to a `delete` that named it, so behind
+    such a wrapper a late write was deleted with its thread; and a default list through it
+    to a `list` without `include_archived` was a 500 (reviews)."""
+    store = _PassingOn(InMemoryThreadStore())
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0), thread_store=store)  # type: ignore[arg-type]
+    await runtime.start()
+    try:
+        await store.append_run("t", "default", StoredRun("r", [], 1.0, 0, 0, -1), [])
+        assert await runtime.delete_thread("t") is True
+        assert [sorted(kwargs) for kwargs in store.deletes] == [["next_position"]]
+    finally:
+        await runtime.aclose()
+    old = _PassingOn(_OldList())
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0), thread_store=old)  # type: ignore[arg-type]
+    await runtime.start()
+    try:
+        await old.append_run("t", "default", StoredRun("r", [], 1.0, 0, 0, -1), [])
+        listed = await runtime.list_threads(None, 10, owner=None, include_archived=False)
+        assert [record.thread_id for record in listed] == ["t"]
+    finally:
+        await runtime.aclose()

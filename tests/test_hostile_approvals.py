@@ -1052,3 +1052,19 @@ async def test_an_answer_to_a_recently_settled_approval_is_still_refused_as_answ
     with pytest.raises(ApprovalClosedError):
         await runtime.approvals.answer(second.id, {"action": "approve"})
     await runtime.aclose()
+
+
+def test_only_what_names_the_approver_is_the_caller() -> None:
+    """Before: every `user`/`by` key of a decision was replaced, an object of the graph's
+    own included, and every nested `answer`/`feedback`/`text` rewritten (a review)."""
+    from copilot_runtime.approvals.decisions import answered_by
+
+    profile = {"id": 7, "email": "bob@example.com"}
+    assert answered_by({"approved": True, "user": profile}, "alice") == {
+        "approved": True, "user": profile, "userId": "alice"}
+    assert answered_by({"action": "approve", "userId": "bob", "by": {"deadline": "d"}},
+                       "alice") == {"action": "approve", "userId": "alice",
+                                    "by": {"deadline": "d"}}
+    assert answered_by({"action": "approve", "by": "bob", "text": '{"by": "x"}'},
+                       "alice") == {"action": "approve", "by": "alice", "userId": "alice",
+                                    "text": '{"by": "x"}'}

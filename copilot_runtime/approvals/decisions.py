@@ -111,10 +111,18 @@ def answered_by(value: Any, who: str) -> Any:
         return orjson.dumps(answered_by(decoded, who)).decode()
     if not isinstance(value, dict) or value.get(_CANCELLED_SENTINEL):
         return value
-    named = {key: who for key in _APPROVER_KEYS if key in value}
-    # A decision nested as its `answer` (or `feedback`, `text`) is read too when this one
-    # says nothing else: it names `who` as well (anything else there is left as it is).
-    nested = {key: answered_by(value[key], who) for key in _NESTED_KEYS if key in value}
+    # Only what `parse_decision` reads as the approver: a text under one of these keys (an
+    # object there is the graph's own data, left as it is).
+    named = {key: who for key in _APPROVER_KEYS if isinstance(value.get(key), str)}
+    # A decision nested as its `answer` (or `feedback`, `text`: the first there, as
+    # `parse_decision` reads it) when this one says nothing else: it names `who` as well.
+    nested: dict[str, Any] = {}
+    action = value.get("action", value.get("decision", value.get("status")))
+    approved = value.get("approved", value.get("is_approval", value.get("isApproval")))
+    if not isinstance(action, str) and not isinstance(approved, bool):
+        key = next((key for key in _NESTED_KEYS if key in value), None)
+        if key is not None:
+            nested[key] = answered_by(value[key], who)
     return {**value, **named, **nested, "userId": who}
 
 

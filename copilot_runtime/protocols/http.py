@@ -112,6 +112,9 @@ class CORSPolicy:
     max_age: int = 600
 
     def __post_init__(self) -> None:
+        # "*" alone: every origin, however written (as the TypeScript runtime's option is)
+        if self.origins == "*":  # type: ignore[comparison-overlap]
+            object.__setattr__(self, "origins", ("*",))
         # One string would be matched as a substring: "https://app.example.co" in it.
         not_one_string(self.origins, "CORSPolicy's origins")
         if self.allow_credentials and "*" in self.origins:
