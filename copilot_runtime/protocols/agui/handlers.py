@@ -293,11 +293,10 @@ class AGUIProtocol:
         owner = self.runtime.owner_filter(request.info)
         if id_problem(thread_id) is not None:
             raise ThreadNotFoundError(thread_id)
-        # (read first: a body that is wrong is a 400 whether or not a run is on the thread)
-        agent_id = _delete_request(await parse_json_body_off_loop(body) if body.strip()
-                                   else {}).get("agentId") if request.method == "DELETE" else None
         if request.method == "DELETE" and await self.runtime.is_running_anywhere(thread_id) \
                 and await self.runtime.can_see(request.info, thread_id):
+            # (its body read first: a wrong one is a 400, a run on the thread or not)
+            agent_id = await _delete_agent(body)
             if agent_id is not None:
                 # (its run's agent, if it runs here: the store may have no record of it yet)
                 live = self.runtime.runs.active.get(thread_id)
@@ -313,6 +312,9 @@ class AGUIProtocol:
         if record is None or (owner is not None and record.owner != owner):
             raise ThreadNotFoundError(thread_id)
         if request.method == "DELETE":
+            # (read once the thread is known to be the caller's: someone else's is a 404,
+            # whatever the body)
+            agent_id = await _delete_agent(body)
             if agent_id is not None and agent_id != record.agent_id:
                 raise ThreadNotFoundError(thread_id)  # as PATCH: the agent's list leaves it out
             # No run begins on it meanwhile (it would bring the thread back once it ended),
@@ -420,6 +422,12 @@ def _archive_request(data: Any) -> dict[str, Any]:
             "agentId" in data and not isinstance(data["agentId"], str)):
         raise InvalidRequestError("A thread archive is {\"agentId\"?: string}")
     return {**data, "archived": True}
+
+
+async def _delete_agent(body: bytes) -> Any:
+    """The agent a DELETE's optional body names (`{"agentId"?: string}`), or None."""
+    return _delete_request(await parse_json_body_off_loop(body) if body.strip() else {}
+                           ).get("agentId")
 
 
 def _delete_request(data: Any) -> dict[str, Any]:
