@@ -369,14 +369,17 @@ def _stretch_parts(messages: Sequence[Any], stretch: Sequence[tuple[int, bool]])
         while end < len(stretch) and not stretch[end][1]:
             end += 1
         run = [messages[i] for i, _ in stretch[start:end]]
-        texts: list[str] = []
-        if start > 0:  # a new message before it: the head of the run
-            texts += _edge((t for m in run for t in texts_of(m.get("content"))),
-                           STRETCH_WINDOW, last=False)
-        if end < len(stretch):  # a new message after it: the tail of the run
-            texts += _edge((t for m in reversed(run)
-                            for t in reversed(texts_of(m.get("content")))),
-                           STRETCH_WINDOW, last=True)
+        before, after = start > 0, end < len(stretch)  # a new message before it, after it
+        reach = (before + after) * STRETCH_WINDOW
+        texts = _edge((t for m in run for t in texts_of(m.get("content"))), reach + 1,
+                      last=False)
+        if sum(map(len, texts)) > reach:  # longer than its windows: each of them, once
+            texts = _edge((t for m in run for t in texts_of(m.get("content"))),
+                          STRETCH_WINDOW, last=False) if before else []
+            if after:
+                texts += _edge((t for m in reversed(run)
+                                for t in reversed(texts_of(m.get("content")))),
+                               STRETCH_WINDOW, last=True)
         out.extend({"type": "text", "text": t} for t in texts)
         start = end
     return out

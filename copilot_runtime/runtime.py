@@ -406,15 +406,28 @@ class CopilotRuntime:
             # process stalled, its statement held up) a run another worker began since
             # wrote to it, and stays. (A store of an application's own without the
             # conditions: the read above, under the hold, is what keeps it.)
-            conditions: dict[str, Any] = {"next_position": record.next_position}
-            if updated_before is not None:
-                conditions["updated_before"] = updated_before
-            given = await _given(self.store.delete, thread_id, optional=conditions)
-            deleted = bool(given) if given is not None else \
-                await self.store.delete(thread_id)  # (a store of one's own without either)
+            conditions: dict[str, Any] = {key: value for key, value in (
+                ("next_position", record.next_position), ("updated_before", updated_before))
+                if value is not None and _takes(self.store.delete, key)}
+            try:
+                deleted = bool(await self.store.delete(thread_id, **conditions))
+            except TypeError as exc:
+                if not _refused(exc, conditions):
+                    raise
+                # A wrapper passing keywords on to a store of one's own without them: what
+                # the conditions say, checked here (under the hold) before it is asked again
+                # without them; gone already, the call deleted it and failed after.
+                now = await self.store.summary(thread_id)
+                if now is None:
+                    return True
+                if now.next_position != record.next_position:
+                    raise ThreadBusyError(thread_id) from None
+                if updated_before is not None and now.updated_at >= updated_before:
+                    return False
+                deleted = bool(await self.store.delete(thread_id))
             if not deleted:
                 hold.check()  # kept because the hold lapsed: busy, not "no such thread"
-                now = await self.store.summary(thread_id) if given is not None else None
+                now = await self.store.summary(thread_id) if conditions else None
                 if now is not None and now.next_position != record.next_position:
                     # Written since it was read (a stalled worker's late write): still
                     # there, so busy (try again), not "no such thread".
@@ -430,7 +443,7 @@ class CopilotRuntime:
         if owner is None:
             return await self.store.rename(thread_id, name)
         renamed = await _given(self.store.rename, thread_id, name, optional={"owner": owner})
-        if renamed is not None:
+        if renamed is not _NOT_GIVEN:
             return bool(renamed)
         # A store of an application's own without the condition: checked just before, which
         # leaves the short window the condition closes.
@@ -451,7 +464,7 @@ class CopilotRuntime:
         if owner is None:
             return bool(await archive(thread_id, archived))
         done = await _given(archive, thread_id, archived, optional={"owner": owner})
-        if done is not None:
+        if done is not _NOT_GIVEN:
             return bool(done)
         record = await self.store.summary(thread_id)
         if record is None or record.owner != owner:
@@ -470,7 +483,7 @@ class CopilotRuntime:
                                          after=after)
         listed = await _given(self.store.list, agent_id, limit, owner=owner, offset=offset,
                               after=after, optional={"include_archived": False})
-        if listed is None:  # (its list cannot leave archived threads out: warned at start)
+        if listed is _NOT_GIVEN:  # (its list cannot leave archived threads out: warned at start)
             listed = await self.store.list(agent_id, limit, owner=owner, offset=offset,
                                            after=after)
         return list(listed)
@@ -698,24 +711,34 @@ def _takes(method: Callable[..., Any], keyword: str) -> bool:
         p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
+#: What `_given` returns for a method that takes none of the keywords.
+_NOT_GIVEN: Any = object()
+
+
 async def _given(method: Callable[..., Awaitable[Any]], *args: Any,
                  optional: dict[str, Any], **kwargs: Any) -> Any:
     """`method(*args, **kwargs)` with the `optional` keywords of this session's stores (the
     built-in stores take each; a store of an application's own written before may take
-    none). Those its signature takes are given; a wrapper taking `**kwargs` is tried, and
-    a store under it that takes fewer is called again with the ones it names only. None:
-    it takes none of them (the caller then does without)."""
+    none), when its signature takes them (a wrapper taking `**kwargs` too). `_NOT_GIVEN`:
+    it takes none, or the store under such a wrapper refused one: the caller then does
+    without them, its own way (an owner checked just before; every thread listed)."""
     given = {k: v for k, v in optional.items() if _takes(method, k)}
-    while given:
-        try:
-            return await method(*args, **kwargs, **given)
-        except TypeError as exc:
-            # (raised as it was called, before it did anything: "unexpected keyword")
-            refused = [k for k in given if f"'{k}'" in str(exc)]
-            if not refused or "keyword" not in str(exc):
-                raise
-            given = {k: v for k, v in given.items() if k not in refused}
-    return None
+    if not given:
+        return _NOT_GIVEN
+    try:
+        return await method(*args, **kwargs, **given)
+    except TypeError as exc:
+        if not _refused(exc, given):
+            raise
+        return _NOT_GIVEN
+
+
+def _refused(exc: TypeError, given: Mapping[str, Any]) -> list[str]:
+    """The keywords of `given` a call's TypeError says were not taken ("unexpected keyword
+    argument 'owner'")."""
+    said = str(exc)
+    return [k for k in given if f"keyword argument '{k}'" in said] if "unexpected" in said \
+        else []
 
 
 def approval_service(runtime: CopilotRuntime) -> ApprovalService:

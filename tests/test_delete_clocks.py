@@ -163,3 +163,32 @@ async def test_a_wrapper_passing_keywords_on_keeps_the_fence_and_lists() -> None
         assert [record.thread_id for record in listed] == ["t"]
     finally:
         await runtime.aclose()
+
+
+class _AuditedAfter(_PassingOn):
+    """A wrapper whose audit hook, called after the store's delete, refuses a keyword."""
+
+    async def delete(self, thread_id: str, **kwargs: Any) -> Any:
+        self.deletes.append(kwargs)
+        done = await self.inner.delete(thread_id, **kwargs)
+
+        def audit(thread_id: str) -> None:
+            pass
+
+        audit(thread_id, **kwargs)  # type: ignore[call-arg]  # raises TypeError
+        return done
+
+
+async def test_a_type_error_after_a_store_deleted_is_not_a_second_delete() -> None:
+    """Before: a TypeError naming a keyword, raised inside the store's delete after it
+    deleted, was taken for a refused keyword: the delete ran again without its conditions,
+    and the answer said no such thread (a review)."""
+    store = _AuditedAfter(InMemoryThreadStore())
+    runtime = CopilotRuntime(service_adapter=DemoAdapter(delay=0), thread_store=store)  # type: ignore[arg-type]
+    await runtime.start()
+    try:
+        await store.append_run("t", "default", StoredRun("r", [], 1.0, 0, 0, -1), [])
+        assert await runtime.delete_thread("t") is True
+        assert store.deletes == [{"next_position": 0}]
+    finally:
+        await runtime.aclose()

@@ -153,3 +153,16 @@ async def test_the_text_let_through_beside_new_messages_goes_within_a_window() -
         joined = {"role": "user", "content": _stretch_parts(messages, [(0, False), (1, True)])}
         verdict = await PatternGuardrail(deny=[r"\bdrop\s+table\b"]).check([joined], None)
         assert not verdict.allowed, repr(padding[:1])
+
+
+async def test_a_short_message_let_through_between_new_ones_is_judged_once() -> None:
+    """Before: both windows covered it whole, so it went twice, and "table please, drop "
+    twice made a "drop table" no one wrote: refused (a review)."""
+    from copilot_runtime._trust import _stretch_parts
+
+    messages = [_user("a", "Hello. "), _user("b", "table please, drop "), _user("c", "thanks")]
+    parts = _stretch_parts(messages, [(0, True), (1, False), (2, True)])
+    assert [p["text"] for p in parts] == ["Hello. ", "table please, drop ", "thanks"]
+    verdict = await PatternGuardrail(deny=[r"\bdrop\s+table\b"]).check(
+        [{"role": "user", "content": parts}], None)
+    assert verdict.allowed
