@@ -151,21 +151,23 @@ async def test_a_store_without_archive_says_so(serve_runtime: ServeRuntime) -> N
 
 
 async def test_the_real_clients_thread_store(served: Served) -> None:
-    """`@copilotkit/core`'s own thread store renames, archives and unarchives a thread, and
-    lists it as each left it, with and without archived threads."""
+    """`@copilotkit/core`'s own thread store renames, archives, unarchives and deletes a
+    thread, and lists it as each left it, with and without archived threads."""
     for thread in ("t1", "t2"):
         await resume.run_ids(served, thread, "hello", "r1")
     result = await resume.drive("thread_store", served.url, threadId="t1")
     assert [(m["method"], m["path"], m["body"], m["status"]) for m in result["mutations"]] == [
         ("PATCH", "/threads/t1", {"agentId": "default", "name": "My trip"}, 200),
         ("POST", "/threads/t1/archive", {"agentId": "default"}, 200),
-        ("PATCH", "/threads/t1", {"agentId": "default", "archived": False}, 200)]
+        ("PATCH", "/threads/t1", {"agentId": "default", "archived": False}, 200),
+        ("DELETE", "/threads/t1", {"agentId": "default"}, 200)]
     assert result["errors"] == []
     assert result["lists"] == {
         "renamed": [["t2", None, False], ["t1", "My trip", False]],
         "archived": [["t2", None, False]],
         "archivedIncluded": [["t2", None, False], ["t1", "My trip", True]],
         "unarchived": [["t2", None, False], ["t1", "My trip", False]],
+        "deleted": [["t2", None, False]],
     }
 
 

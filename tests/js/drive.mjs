@@ -491,6 +491,8 @@ const scenarios = {
     await reload("archivedIncluded", () => store.setContext({ ...context, includeArchived: true }));
     await store.unarchiveThread(threadId);
     await reload("unarchived", () => store.setContext(context));
+    await store.deleteThread(threadId);
+    await reload("deleted", () => store.refresh());
     store.stop();
     delete lists.first;
     const mutations = http.filter((e) => e.method !== "GET").map((e) => ({
