@@ -440,17 +440,7 @@ class CopilotRuntime:
         thread. With `owner`, only a thread of that owner (the caller's, checked before:
         the id may name a thread another user began since), checked by the store as it
         renames."""
-        if owner is None:
-            return await self.store.rename(thread_id, name)
-        renamed = await _given(self.store.rename, thread_id, name, optional={"owner": owner})
-        if renamed is not _NOT_GIVEN:
-            return bool(renamed)
-        # A store of an application's own without the condition: checked just before, which
-        # leaves the short window the condition closes.
-        record = await self.store.summary(thread_id)
-        if record is None or record.owner != owner:
-            return False
-        return await self.store.rename(thread_id, name)
+        return await self._as_owner(self.store.rename, thread_id, name, owner=owner)
 
     async def archive_thread(self, thread_id: str, archived: bool = True, *,
                              owner: ThreadOwner | None = None) -> bool:
@@ -461,15 +451,23 @@ class CopilotRuntime:
         archive = getattr(self.store, "archive", None)
         if archive is None:
             raise UnsupportedOperationError("This runtime's thread store cannot archive threads")
+        return await self._as_owner(archive, thread_id, archived, owner=owner)
+
+    async def _as_owner(self, change: Callable[..., Awaitable[Any]], thread_id: str,
+                        *args: Any, owner: ThreadOwner | None) -> bool:
+        """`change(thread_id, *args)` (a store's rename or archive); with `owner`, only of
+        that owner's thread: checked by the store as it changes it, or, a store of an
+        application's own without the condition, just before (which leaves the short window
+        the condition closes)."""
         if owner is None:
-            return bool(await archive(thread_id, archived))
-        done = await _given(archive, thread_id, archived, optional={"owner": owner})
+            return bool(await change(thread_id, *args))
+        done = await _given(change, thread_id, *args, optional={"owner": owner})
         if done is not _NOT_GIVEN:
             return bool(done)
         record = await self.store.summary(thread_id)
         if record is None or record.owner != owner:
             return False
-        return bool(await archive(thread_id, archived))
+        return bool(await change(thread_id, *args))
 
     async def list_threads(self, agent_id: str | None, limit: int, *,
                            owner: ThreadOwner | None, offset: int = 0,
