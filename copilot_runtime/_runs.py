@@ -668,6 +668,26 @@ class ActiveRun:
             self._flush_timer = asyncio.get_running_loop().call_later(
                 FLUSH_INTERVAL, self._start_flush)
 
+    async def write_first_batch(self) -> None:
+        """Write what the run streamed now if none of it is written yet: the write its timer
+        makes within `FLUSH_INTERVAL` (and the run's end after it, if it is ending), asked
+        for by a list, rename or archive of its thread, which exists from the run's start.
+        Only such a request costs the write sooner; a run's own path is as it was."""
+        if self._flushed or not self.events or self.unstored or not self.confirmed \
+                or self.manager.durable is None:
+            return
+        if self._finished:
+            # Ending: its whole run is being stored, which makes the thread.
+            await asyncio.wait((self.released(),), timeout=STORE_RETRY_FOR)
+            return
+        if self._flushing is None:
+            if self._flush_timer is not None:
+                self._flush_timer.cancel()
+                self._flush_timer = None
+            self._flushing = asyncio.ensure_future(self._flush())
+        # (shielded: a request that leaves does not cut the run's write)
+        await asyncio.shield(self._flushing)
+
     def _input_echo(self) -> dict[str, Any]:
         """The run's input as RUN_STARTED carries it: only the messages new to the thread."""
         raw = self.input.raw
@@ -1516,6 +1536,24 @@ class RunManager:
                 self.on_flushed(run, position)
             except Exception:
                 _log.exception("flush observer failed", run_id=run.run_id)
+
+    async def write_first_batches(self, thread_id: str | None = None, *,
+                                  owner: ThreadOwner | None = None,
+                                  agent_id: str | None = None) -> None:
+        """Have the runs driven here on `thread_id` (None: on any thread; with `owner` or
+        `agent_id`, only that owner's or agent's) whose events are not written yet write them
+        now (`ActiveRun.write_first_batch`): the store then has their threads, which a list,
+        rename or archive is about to ask it for. Runs on other workers wrote their start
+        before they streamed (`_begin_shared`)."""
+        if self.durable is None:
+            return
+        candidates = self.active.values() if thread_id is None else \
+            [run] if (run := self.active.get(thread_id)) is not None else []
+        unwritten = [run.write_first_batch() for run in candidates
+                     if not run._flushed and (owner is None or run.owner == owner)
+                     and (agent_id is None or run.agent_id == agent_id)]
+        if unwritten:
+            await asyncio.gather(*unwritten)
 
     async def recover(self) -> int:
         """Close the runs a previous process left open in a durable store, as interrupted

@@ -440,6 +440,7 @@ class CopilotRuntime:
         thread. With `owner`, only a thread of that owner (the caller's, checked before:
         the id may name a thread another user began since), checked by the store as it
         renames."""
+        await self.runs.write_first_batches(thread_id, owner=owner)
         return await self._as_owner(self.store.rename, thread_id, name, owner=owner)
 
     async def archive_thread(self, thread_id: str, archived: bool = True, *,
@@ -451,6 +452,7 @@ class CopilotRuntime:
         archive = getattr(self.store, "archive", None)
         if archive is None:
             raise UnsupportedOperationError("This runtime's thread store cannot archive threads")
+        await self.runs.write_first_batches(thread_id, owner=owner)
         return await self._as_owner(archive, thread_id, archived, owner=owner)
 
     async def _as_owner(self, change: Callable[..., Awaitable[Any]], thread_id: str,
@@ -475,7 +477,9 @@ class CopilotRuntime:
                            include_archived: bool = True) -> list[ThreadRecord]:
         """A page of threads, as `GET /threads` lists them (`ThreadStore.list`); a store of
         an application's own without `archive`, or whose `list` takes no `include_archived`,
-        lists all."""
+        lists all. The threads whose first run this worker drives are listed from that
+        run's start (their runs write what they streamed first)."""
+        await self.runs.write_first_batches(owner=owner, agent_id=agent_id)
         if include_archived or getattr(self.store, "archive", None) is None:
             return await self.store.list(agent_id, limit, owner=owner, offset=offset,
                                          after=after)

@@ -17,7 +17,14 @@ from typing import Any
 import orjson
 import pytest
 
-from copilot_runtime import BearerTokenAuth, CopilotRuntime, _thread_reads, thread_store
+import copilot_runtime._runs
+from copilot_runtime import (
+    BearerTokenAuth,
+    CopilotRuntime,
+    OpenAIAdapter,
+    _thread_reads,
+    thread_store,
+)
 from copilot_runtime import events as ev
 from copilot_runtime._compaction import compact_events, events_to_messages
 from copilot_runtime._input import RunInput, parse_run_input
@@ -26,9 +33,11 @@ from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.auth import Principal, RequestInfo
 from copilot_runtime.events import Event, EventBatches
 from copilot_runtime.protocols.graphql.queries import load_agent_state
-from tests.conftest import GatedAgent, Served, ServeRuntime
+from copilot_runtime.testing import MockOpenAIServer
+from tests.conftest import GatedAgent, Served, ServeRuntime, run_input
 from tests.scale_support.cluster import eventually
 from tests.scale_support.services import postgres_schema
+from tests.test_trust_ownership import call
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -111,6 +120,63 @@ async def test_a_thread_read_mid_run_holds_the_run_so_far(
             [("n1-u", "asked in n1"), ("m-n1", "one two")],) * 2
 
 
+async def test_a_thread_is_listed_renamed_and_archived_as_its_first_run_starts(
+        store_url: str, serve_runtime: ServeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, on SQLite and PostgreSQL a thread whose first run had not made its first
+    batched write yet (its first 200 ms) was not listed, and its rename and archive were
+    404s, while the in-memory store had it from the run's start. Its worker now has the run
+    write its events before it answers; someone else's thread stays a 404."""
+    # Never written as it goes here: what the list or PATCH asks is the run's first write.
+    monkeypatch.setattr(copilot_runtime._runs, "FLUSH_INTERVAL", 60.0)
+    alice, bob = "tok-alice-0001", "tok-bob-00002"
+    async with MockOpenAIServer(chunks=10) as llm:
+        runtime = CopilotRuntime(
+            service_adapter=OpenAIAdapter(base_url=llm.base_url, api_key="sk-mock",
+                                          max_retries=0),
+            thread_store=thread_store(store_url),
+            auth=BearerTokenAuth({alice: "alice", bob: "bob"}))
+        async with serve_runtime(runtime) as served:
+            async def listed(token: str, archived: bool = False) -> dict[str, Any]:
+                status, body, _ = await call(served, "GET", "/threads?includeArchived="
+                                             f"{str(archived).lower()}", token)
+                assert status == 200, body
+                return {t["id"]: t for t in orjson.loads(body)["threads"]}
+
+            def streaming(thread: str) -> bool:
+                live = runtime.runs.active.get(thread)
+                return live is not None and any(
+                    e.get("type") == "TEXT_MESSAGE_CONTENT" for e in live.events)
+
+            # A slow answer (300 ms a chunk, 3 s in all) on each of three new threads.
+            runs = {thread: asyncio.create_task(call(
+                served, "POST", "/agent/default/run", alice,
+                run_input("slow:300 plan my trip", thread=thread, run=f"{thread}-r")))
+                for thread in ("listed", "renamed", "archived")}
+            await eventually(lambda: all(map(streaming, runs)), deadline=10,
+                             what="the runs' first words")
+            assert await listed(bob) == {}
+            assert (await call(served, "PATCH", "/threads/renamed", bob,
+                               {"name": "Mine"}))[0] == 404
+            assert (await call(served, "PATCH", "/threads/renamed", alice,
+                               {"name": "Plans"}))[0] == 200
+            assert (await call(served, "PATCH", "/threads/renamed", alice,
+                               {"agentId": "other", "name": "Other"}))[0] == 404
+            assert (await call(served, "POST", "/threads/archived/archive", alice))[0] == 200
+            assert sorted(await listed(alice)) == ["listed", "renamed"]
+            assert all(map(streaming, runs))  # all of it while the runs went on
+            for running in runs.values():
+                status, body, _ = await running
+                assert status == 200, body
+                assert b"RUN_FINISHED" in body
+            # Kept once the runs were stored.
+            assert await listed(bob, archived=True) == {}
+            threads = await listed(alice, archived=True)
+            assert {t: (threads[t]["name"], threads[t]["archived"]) for t in threads} == {
+                "listed": (None, False), "renamed": ("Plans", False),
+                "archived": (None, True)}
+            assert sorted(await listed(alice)) == ["listed", "renamed"]
+
+
 @pytest.fixture
 def shared_url() -> Iterator[str]:
     with postgres_schema("midrun") as base:
@@ -159,6 +225,25 @@ async def test_a_thread_read_on_another_worker_mid_run_holds_what_was_written(
         assert await _read(served, "t") == ([
             ("r1-u", "asked in r1"), ("m-r1", "one two"), ("r2-u", "asked in r2"),
             ("m-r2", "one two")],) * 2
+
+
+async def test_another_worker_lists_renames_and_archives_a_thread_from_its_first_run_start(
+        workers: tuple[CopilotRuntime, CopilotRuntime, GatedAgent],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers sharing a coordinator write a run's start before it streams: the others have
+    its thread at once, before any of its batched writes."""
+    monkeypatch.setattr(copilot_runtime._runs, "FLUSH_INTERVAL", 60.0)
+    driver, reader, agent = workers
+    driving, _ = await _started(driver, "new", "n1")
+    assert [r.thread_id for r in await reader.list_threads(None, 10, owner=None)] == ["new"]
+    assert await reader.rename_thread("new", "Plans")
+    assert await reader.archive_thread("new")
+    agent.gate.set()
+    async with asyncio.timeout(10):
+        await driving
+    record = await reader.store.summary("new")
+    assert record is not None
+    assert (record.name, record.archived) == ("Plans", True)
 
 
 async def test_someone_elses_thread_read_mid_run_does_not_exist(

@@ -308,6 +308,10 @@ class AGUIProtocol:
             # Busy on every store, its first run's events written yet or not (the in-memory
             # store has no record of a thread before its first run ends).
             raise ThreadBusyError(thread_id)
+        if request.method != "DELETE":
+            # A thread whose first run this worker drives exists from that run's start: the
+            # run writes what it streamed before the store is asked (someone else's: not).
+            await self.runtime.runs.write_first_batches(thread_id, owner=owner)
         record = await self.runtime.store.summary(thread_id)
         if record is None or (owner is not None and record.owner != owner):
             raise ThreadNotFoundError(thread_id)
