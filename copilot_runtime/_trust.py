@@ -49,6 +49,7 @@ from copilot_runtime.guardrails import (
 )
 from copilot_runtime.hooks import ErrorInfo, HookRunner, RunFinished
 from copilot_runtime.limits import Lease, RateLimiter
+from copilot_runtime.messages import result_quote
 from copilot_runtime.telemetry import Telemetry
 from copilot_runtime.threads.base import (
     JUDGED_MARK_PREFIX,
@@ -286,12 +287,27 @@ def _value_mark(kind: str, key: Any, value: Any) -> str | None:
     return JUDGED_MARK_PREFIX + digest
 
 
-def judged_mark(message: dict[str, Any]) -> str:
+def judged_mark(message: Mapping[str, Any]) -> str:
     """What a thread keeps, among its message ids, of a client message its guardrails let
-    through: a digest of the message's role and content, so the same text is not judged
-    again, and other text under the same id is. Client ids never pass for one: the thread
-    keeps none that begins with `JUDGED_MARK_PREFIX`."""
+    through: a digest of the role and content of the message as the model reads it (a tool
+    result no call asked for: `_as_read`), so the same text is not judged again, and other
+    text under the same id is. Client ids never pass for one: the thread keeps none that
+    begins with `JUDGED_MARK_PREFIX`."""
     return _mark(message.get("role"), message.get("content"))
+
+
+def _as_read(result: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool result no call asked for as the model reads it (`paired_tool_calls`): a user
+    message quoting its call id and its text, else its `error`, its attachments after. It
+    is judged, and marked, so: the text a guardrail reads of its content (an attachment's
+    filename, say) is not always what the model does."""
+    content, error = result.get("content"), result.get("error")
+    quote = result_quote(str(result.get("toolCallId")), content,
+                         error if isinstance(error, str) else None)
+    media = [part for part in content if isinstance(part, Mapping)
+             and part.get("type") != "text"] if isinstance(content, list) else []
+    return {"id": result.get("id"), "role": "user",
+            "content": [{"type": "text", "text": quote}, *media] if media else quote}
 
 
 def refused_mark(message: Mapping[str, Any]) -> str:
@@ -299,7 +315,9 @@ def refused_mark(message: Mapping[str, Any]) -> str:
     refused: a digest of the message's id, role and content, so that it is neither judged
     again nor given to the agent when clients send it back with the chat's history, while
     the same text as a new message (another id) is judged again. Its prefix and digest are
-    not a `judged_mark`'s: it never passes for text let through."""
+    not a `judged_mark`'s: it never passes for text let through. (A tool result's `error`
+    and call id are not in it: it only leaves messages out, and a thread stored before
+    keeps leaving out what it refused.)"""
     digest = hashlib.blake2b(orjson.dumps(
         ["refused", message.get("id"), message.get("role"), message.get("content")],
         default=str), digest_size=16).hexdigest()
@@ -596,8 +614,11 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
             other(_mark("name", name), [name])
         role = message.get("role")
         # A result no call of the history asked for reaches the model as the user's words
-        # (`paired_tool_calls`): it is judged as theirs, allowed topics and all.
+        # (`paired_tool_calls`): it is judged as theirs, allowed topics and all, and marked,
+        # as the quote the model reads (its role and content left its error and call id out).
         if _judged_as_users(message, called) and not (index in withheld and role == "tool"):
+            if role == "tool":
+                message = _as_read(message)
             mark = judged_mark(message)
             if mark not in seen:
                 if len(out) == _MOST_JUDGED:
@@ -607,10 +628,6 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
                 start = max(0, index - _CONTEXT)
                 context = [m for at, m in enumerate(messages[start:index], start)
                            if at not in dropped]
-                if role == "tool":
-                    said = "".join(texts_of(message.get("content"))) or message.get("error")
-                    message = {"id": message.get("id"), "role": "user",
-                               "content": said if isinstance(said, str) else ""}
                 out.append(([mark], [*context, {**message, "role": "user"}]))
                 if sources is not None:
                     sources.append(index)

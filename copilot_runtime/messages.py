@@ -9,7 +9,7 @@ The runtime's own shape is the AG-UI message as JSON (camelCase dicts: `{"id", "
 * `to_legacy`: the typed messages a `copilotkit` SDK remote endpoint reads.
 * `to_openai`: Chat Completions messages (from the validated `ag_ui.core` models).
 * `paired_tool_calls`: a history whose tool calls are each answered at once, as the model
-  APIs require.
+  APIs require; `result_quote`: what it makes of a result no call asked for.
 * `tool_media_after_results`: a tool result's attachments moved to a user turn after the
   results, for the APIs whose tool results take text only.
 * `text_of`: the text of any message content.
@@ -50,6 +50,7 @@ __all__ = [
     "inline_image_type",
     "media_type",
     "paired_tool_calls",
+    "result_quote",
     "shows_attachments",
     "text_of",
     "to_json_representation",
@@ -315,8 +316,7 @@ def paired_tool_calls(messages: Sequence[Message]) -> Sequence[Message]:
     for message in messages:
         if isinstance(message, ToolMessage):
             if message.tool_call_id not in called:
-                said = text_of(message.content) or message.error or ""
-                quoted = f"(Result of tool call {message.tool_call_id}: {said})"
+                quoted = result_quote(message.tool_call_id, message.content, message.error)
                 media = _media_parts(message.content)
                 out.append(UserMessage(id=message.id, content=(
                     [TextPart(text=quoted), *media] if media else quoted)))
@@ -328,6 +328,13 @@ def paired_tool_calls(messages: Sequence[Message]) -> Sequence[Message]:
                     id=f"{call.id}-result", tool_call_id=call.id, content=MISSING_RESULT,
                     error=MISSING_RESULT))
     return out
+
+
+def result_quote(tool_call_id: str, content: Any, error: str | None) -> str:
+    """The text of the user message `paired_tool_calls` makes of a result no call asked for
+    (its attachments after it): its call id, and its text, else its error. Guardrails judge
+    this text as the user's (`_trust`)."""
+    return f"(Result of tool call {tool_call_id}: {text_of(content) or error or ''})"
 
 
 def _paired(messages: Sequence[Message]) -> bool:
