@@ -106,6 +106,10 @@ GIVE_BACK_WAIT = 0.5
 #: Seconds the next run on a thread waits for this worker to store a stopped run or give its
 #: last run's lease back (then it asks the coordinator as any run does: busy while held).
 NEXT_RUN_WAITS_FOR_GIVE_BACK = 5.0
+#: Seconds between a waiting next run's asks for the lease of a run being stopped on another
+#: worker (then twice as long each time, up to `_GIVE_BACK_ASKED_MOST`).
+_GIVE_BACK_ASKED_EVERY = 0.02
+_GIVE_BACK_ASKED_MOST = 0.25
 #: Seconds before a `stop` signal is sent again while the stopped run holds its thread
 #: (then twice as long each time, up to 2 s).
 _STOP_AGAIN = 0.5
@@ -1086,6 +1090,13 @@ class RunManager:
         #: Whether a run's lease may have expired in a stall (`SharedCoordinator.lapsed`;
         #: a coordinator of one's own may offer it too), checked before each batch goes out.
         self.lapsed: Callable[[Lease], bool] | None = getattr(self.coordinator, "lapsed", None)
+        #: Marking a run's lease as being stopped, and asking for the thread's holder and
+        #: whether it is (`SharedCoordinator`; without them a run stopped on another worker
+        #: makes its thread busy until it gave its lease back).
+        self._mark_stopping: Callable[[str, str], Awaitable[None]] | None = getattr(
+            self.coordinator, "mark_stopping", None)
+        self._holder_stopping: Callable[[str], Awaitable[tuple[str | None, bool]]] | None = \
+            getattr(self.coordinator, "holder_stopping", None)
         #: Work that outlives the call that started it (see `_adopt`).
         self._background: set[asyncio.Future[None]] = set()
         #: When `stop_all` was first called (`time.monotonic()`), or None.
@@ -1122,15 +1133,20 @@ class RunManager:
             # its id could keep it busy by asking again and again.
             raise ThreadNotFoundError(thread_id)
         running = self.active.get(thread_id)
-        if running is not None and running.confirmed and running.cancel_reason is not None:
+        if running is not None and running.confirmed:
             if owner is not None and running.owner != owner:
                 # Not the caller's: refused at once, as a thread that does not exist is (a
                 # wait would say how long its store takes, and its reservation after the
                 # wait would make the owner's own next run busy).
                 raise ThreadNotFoundError(thread_id)
-            # Stopped (or its client gone) and ending: it holds the thread until its end is
-            # stored. A user who stops an answer and types again waits for that, not a 409.
-            await asyncio.wait((running.released(),), timeout=NEXT_RUN_WAITS_FOR_GIVE_BACK)
+            if running.cancel_reason is None and await self._stop_asked_elsewhere(running):
+                running.cancel("stop")  # its signal is on its way: stopped as it would be
+            if running.cancel_reason is not None:
+                # Stopped (or its client gone) and ending: it holds the thread until its end
+                # is stored. A user who stops an answer and types again waits for that, not
+                # a 409.
+                await asyncio.wait((running.released(),),
+                                   timeout=NEXT_RUN_WAITS_FOR_GIVE_BACK)
         giving = self._giving_back.get(thread_id)
         if giving is not None and thread_id in self.active:
             # The thread's last run here ended but is still being stored (see
@@ -1326,7 +1342,10 @@ class RunManager:
             record = await self.store.summary(thread_id)
             await self._check_owner(thread_id, record, owner, remembered)
             if lease is None:  # a run on another worker has the thread
-                raise ThreadBusyError(thread_id)
+                lease = await self._lease_after_stop(placeholder)
+                # Read again under the lease: the stopped run is stored now.
+                record = await self.store.summary(thread_id)
+                await self._check_owner(thread_id, record, owner, remembered)
             if lease.inherited and record is not None and self.durable is not None:
                 # A dead worker's run the sweep may not have closed yet: close it first.
                 await self._close_left_open(self.durable, thread_id)
@@ -1361,6 +1380,51 @@ class RunManager:
         placeholder.lease = lease
         placeholder.confirmed = True
         return placeholder
+
+    async def _lease_after_stop(self, placeholder: ActiveRun) -> Lease:
+        """The thread's lease once the run holding it gives it back, if a stop was asked
+        for that run (on any worker): the next run waits for it, as on the worker that
+        drives it (`begin`), at most `NEXT_RUN_WAITS_FOR_GIVE_BACK` seconds. A run that
+        goes on (or takes longer) makes the thread busy (`ThreadBusyError`) at once."""
+        coordinator, holder_stopping = self.coordinator, self._holder_stopping
+        assert coordinator is not None
+        thread_id = placeholder.thread_id
+        deadline = time.monotonic() + NEXT_RUN_WAITS_FOR_GIVE_BACK
+        pause = _GIVE_BACK_ASKED_EVERY
+        # Asked again and again (its end is signalled only to the run's followers); a thread
+        # found free (given back since) is asked for once more.
+        while holder_stopping is not None and time.monotonic() < deadline:
+            holder, stopping = await holder_stopping(thread_id)
+            if holder is not None and not stopping:
+                break  # a run that goes on
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _GIVE_BACK_ASKED_MOST)
+            lease = await coordinator.acquire(thread_id, placeholder.run_id)
+            if lease is not None:
+                return lease
+        raise ThreadBusyError(thread_id)
+
+    async def _stop_asked_elsewhere(self, run: ActiveRun) -> bool:
+        """Whether another worker marked `run`, driven here, as being stopped (its stop
+        signal not here yet)."""
+        if run.lease is None or self._holder_stopping is None:
+            return False
+        try:
+            return await self._holder_stopping(run.thread_id) == (run.run_id, True)
+        except ServiceUnavailableError:
+            return False  # busy, as it is
+
+    async def _mark_stopping_everywhere(self, thread_id: str, run_id: str) -> None:
+        """Mark the lease of the run a stop was asked for here: the thread's next run waits
+        for it on any worker, even before the driving worker heard the stop."""
+        if self._mark_stopping is None:
+            return
+        try:
+            await self._mark_stopping(thread_id, run_id)
+        except Exception as exc:
+            # Only the next run on another worker needs it: busy until the give-back then.
+            _log.warning("could not mark a run as being stopped", thread_id=thread_id,
+                         run_id=run_id, error=str(exc))
 
     async def _close_left_open(self, durable: DurableThreadStore, thread_id: str) -> None:
         for open_thread, run_id in await durable.open_runs():
@@ -1493,6 +1557,7 @@ class RunManager:
                 run_id is not None and holder != run_id):
             return False  # (a delete holding the thread is no run)
         whole = run_id is None
+        await self._mark_stopping_everywhere(thread_id, holder)
         await self.coordinator.publish(Signal("stop", thread_id, holder, whole=whole))
         # A signal is not kept: one sent while the driving worker's signal connection was
         # being opened again is lost. Sent again while the run still holds the thread.
@@ -1520,7 +1585,8 @@ class RunManager:
 
     def _stop_signalled(self, signal: Signal) -> None:
         reason = "lost" if signal.kind == "lost" else "stop"
-        if self.stop(signal.thread_id, signal.run_id, reason) or reason != "stop":
+        # Its lease marked already, by the worker that asked.
+        if self._stop_here(signal.thread_id, signal.run_id, reason) or reason != "stop":
             return
         reserved = self.active.get(signal.thread_id)
         if signal.whole and reserved is not None and not reserved.confirmed and \
@@ -1596,10 +1662,19 @@ class RunManager:
     def stop(self, thread_id: str, run_id: str | None = None, reason: str = "stop") -> bool:
         """Stop the thread's run in this process; with `run_id`, only that run (a reservation
         of that id too, whether or not its lease is held yet)."""
+        run = self._stop_here(thread_id, run_id, reason)
+        if run is not None and run.lease is not None and reason == "stop":
+            # In the background (a stop's answer is not held by it): the thread's next run
+            # on another worker waits for this one's end, not refused as busy meanwhile.
+            self._adopt(self._mark_stopping_everywhere(thread_id, run.run_id))
+        return run is not None
+
+    def _stop_here(self, thread_id: str, run_id: str | None, reason: str) -> ActiveRun | None:
+        """`stop` without marking its lease: the run stopped, or None."""
         run = self.active.get(thread_id) if run_id is not None else self._run_here(thread_id)
         if run is None or (run_id is not None and run.run_id != run_id):
-            return False
-        return run.cancel(reason)
+            return None
+        return run if run.cancel(reason) else None
 
     def _run_here(self, thread_id: str) -> ActiveRun | None:
         """The thread's run if this process has it. Under a shared coordinator a reservation

@@ -137,6 +137,31 @@ async def test_only_the_holder_releases(pair: Pair) -> None:
         await third.aclose()
 
 
+async def test_a_stop_asked_for_a_leases_run_is_known_to_every_worker(pair: Pair) -> None:
+    """A worker that is asked to stop a run marks its lease, for the thread's next run on
+    any worker to wait for its give-back rather than be refused; the mark names the run,
+    and goes with its lease."""
+    a, b = pair
+    if not a.shared:
+        pytest.skip("one process: its runs waited for already")
+    asked: Any = b
+    assert await asked.holder_stopping("t1") == (None, False)
+    lease = await a.acquire("t1", "r1")
+    assert lease is not None
+    assert await asked.holder_stopping("t1") == ("r1", False)
+    await asked.mark_stopping("t1", "r0")  # a run that no longer holds it: nothing
+    assert await asked.holder_stopping("t1") == ("r1", False)
+    await asked.mark_stopping("t1", "r1")
+    assert await asked.holder_stopping("t1") == ("r1", True)
+    assert await a.holder_stopping("t1") == ("r1", True)  # type: ignore[attr-defined]
+    await a.release(lease)
+    assert await asked.holder_stopping("t1") == (None, False)
+    again = await b.acquire("t1", "r2")
+    assert again is not None
+    assert await asked.holder_stopping("t1") == ("r2", False)  # the next run's lease
+    await b.release(again)
+
+
 def _url_of(coordinator_: Coordinator) -> str:
     url = getattr(coordinator_, "url", None)
     if url is not None:  # Redis
@@ -595,6 +620,9 @@ async def test_postgresql_lease_table_of_the_previous_version_gets_followers() -
             lease = await made.acquire("t2", "r1")
             assert lease is not None
             assert await made.follow("t2") == "r1"
+            # ...and the one that says a stop was asked for a lease's run (`stopped_run`).
+            await made.mark_stopping("t", "r0")  # type: ignore[attr-defined]
+            assert await made.holder_stopping("t") == ("r0", True)  # type: ignore[attr-defined]
         finally:
             await made.aclose()
 

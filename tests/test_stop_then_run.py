@@ -1,12 +1,14 @@
 """A stop, then at once the thread's next run (a user who stops an answer and types again):
-the new run waits for the stopped one to be stored and begins, on every store, instead of a
-409 while a durable store writes the stopped run (its thread stays held until then, so that
-the next run reads its head with it)."""
+the new run waits for the stopped one to be stored and begins, on every store and on any
+worker of a shared coordinator, instead of a 409 while a durable store writes the stopped run
+(its thread stays held until then, so that the next run reads its head with it)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,16 @@ from copilot_runtime import BearerTokenAuth, CopilotRuntime, _runs
 from copilot_runtime.testing import verify_events
 from copilot_runtime.threads.base import StoredRun
 from copilot_runtime.threads.sqlite import SQLiteThreadStore
-from tests.conftest import GatedAgent, ServeRuntime, parse_sse, run_input, text_of, types
+from tests.conftest import (
+    GatedAgent,
+    Served,
+    ServeRuntime,
+    parse_sse,
+    run_input,
+    text_of,
+    types,
+)
+from tests.scale_support.services import postgres_schema, redis_prefix
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 
@@ -110,3 +121,120 @@ async def test_someone_elses_run_after_a_stop_is_refused_at_once(
         assert again.status == 200, await again.text()
         assert types(parse_sse(await again.read()))[-1] == "RUN_FINISHED"
         await first.read()
+
+
+# -- across workers: a shared coordinator ---------------------------------------------------
+
+
+@pytest.fixture(params=["postgresql", "redis"])
+def coordinator_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "postgresql":
+        with postgres_schema("stoprun") as url:
+            yield f"{url}&lease_ttl=2"
+    else:
+        with redis_prefix() as url:
+            yield f"{url}&lease_ttl=2"
+
+
+Workers = tuple[Served, Served, GatedAgent]
+
+
+@pytest.fixture
+async def workers(serve_runtime: ServeRuntime, tmp_path: Path, coordinator_url: str,
+                  monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Workers]:
+    """Workers A and B on one SQLite file (its finished runs slow to write) and a shared
+    coordinator, with Alice's and Bob's tokens; B's agent waits after its first words."""
+    idle, gated = GatedAgent(), GatedAgent()
+    idle.gate.set()
+    async with contextlib.AsyncExitStack() as stack:
+        a, b = [await stack.enter_async_context(serve_runtime(CopilotRuntime(
+            agents={"default": agent}, thread_store=SlowWrites(str(tmp_path / "t.sqlite3")),
+            coordinator=coordinator_url,
+            auth=BearerTokenAuth({"token-alice": "alice", "token-bob": "bob"}))))
+            for agent in (idle, gated)]
+        yield a, b, gated
+
+
+async def running_on(worker: Served, thread: str) -> Any:
+    """Alice's run on `worker`, streaming (its first words sent)."""
+    first = await worker.post("/agent/default/run", run_input("hi", thread=thread),
+                              headers=ALICE)
+    assert first.status == 200, await first.text()
+    await first.content.readuntil(b"\n\n")
+    return first
+
+
+async def test_a_run_right_after_a_stop_on_another_worker_waits_for_the_stopped_run(
+        workers: Workers) -> None:
+    """Before: the next run landing on a worker other than the stopped run's was refused
+    (409) until that worker had stored the run and given its lease back."""
+    a, b, gated = workers
+    first = await running_on(b, "t-elsewhere")
+    stop = await a.post("/agent/default/stop/t-elsewhere", {"runId": "run-1"}, headers=ALICE)
+    assert (await stop.json())["stopped"] is True
+    again = await a.post("/agent/default/run",
+                         run_input("once more", thread="t-elsewhere", run="run-2"),
+                         headers=ALICE)
+    assert again.status == 200, await again.text()
+    events = parse_sse(await again.read())
+    verify_events(events)
+    assert types(events)[-1] == "RUN_FINISHED"
+    assert text_of(events) == "one two"
+    assert types(parse_sse(await first.read()))[-1] == "RUN_FINISHED"
+    gated.gate.set()
+
+
+async def test_a_run_right_after_a_stop_on_the_driving_worker_waits_elsewhere(
+        workers: Workers) -> None:
+    """The stop asked where the run is driven (no signal goes out): the next run on
+    another worker waits for it all the same."""
+    a, b, _ = workers
+    first = await running_on(b, "t-driver")
+    stop = await b.post("/agent/default/stop/t-driver", {"runId": "run-1"}, headers=ALICE)
+    assert (await stop.json())["stopped"] is True
+    again = await a.post("/agent/default/run",
+                         run_input("once more", thread="t-driver", run="run-2"), headers=ALICE)
+    assert again.status == 200, await again.text()
+    assert types(parse_sse(await again.read()))[-1] == "RUN_FINISHED"
+    assert types(parse_sse(await first.read()))[-1] == "RUN_FINISHED"
+
+
+async def test_a_stop_not_yet_heard_by_the_driving_worker_is_waited_for_there(
+        workers: Workers) -> None:
+    """The next run lands on the driving worker before the stop's signal did: it stops its
+    run (the coordinator says a stop was asked) and waits for it, not a 409."""
+    a, b, gated = workers
+    hub = b.runtime.runs.coordinator._hub  # type: ignore[union-attr]
+    hub.stop_handler = None  # B hears no stop signal
+    first = await running_on(b, "t-unheard")
+    stop = await a.post("/agent/default/stop/t-unheard", {"runId": "run-1"}, headers=ALICE)
+    assert (await stop.json())["stopped"] is True
+    again = await b.post("/agent/default/run",
+                         run_input("once more", thread="t-unheard", run="run-2"),
+                         headers=ALICE)
+    assert again.status == 200, await again.text()
+    assert types(parse_sse(await first.read()))[-1] == "RUN_FINISHED"
+    gated.gate.set()  # the next run's agent goes on
+    assert types(parse_sse(await again.read()))[-1] == "RUN_FINISHED"
+
+
+async def test_a_run_that_goes_on_elsewhere_is_still_busy_and_someone_elses_at_once(
+        workers: Workers) -> None:
+    """Only a stopped run is waited for: one still going is a 409 at once, and the thread
+    of someone else's run does not exist for him (a 404 at once), stopped or not."""
+    a, b, gated = workers
+    first = await running_on(b, "t-going")
+    began = time.monotonic()
+    busy = await a.post("/agent/default/run",
+                        run_input("once more", thread="t-going", run="run-2"), headers=ALICE)
+    assert busy.status == 409
+    assert time.monotonic() - began < 0.5
+    stop = await a.post("/agent/default/stop/t-going", {"runId": "run-1"}, headers=ALICE)
+    assert (await stop.json())["stopped"] is True
+    began = time.monotonic()
+    bob = await a.post("/agent/default/run", run_input("peek", thread="t-going", run="bob-1"),
+                       headers=BOB)
+    assert bob.status == 404
+    assert time.monotonic() - began < 0.5
+    gated.gate.set()
+    await first.read()

@@ -103,6 +103,16 @@ class SharedCoordinator:
     async def release(self, lease: Lease) -> None:
         raise NotImplementedError
 
+    async def mark_stopping(self, thread_id: str, run_id: str) -> None:
+        """Tell every worker a stop was asked for `run_id`, if it holds the thread's lease
+        (before its worker may have heard the stop): the mark goes with the lease."""
+        raise NotImplementedError
+
+    async def holder_stopping(self, thread_id: str) -> tuple[str | None, bool]:
+        """The run holding the thread's lease (None: the thread is free), and whether a
+        stop was asked for it (`mark_stopping`): it gives the thread back soon."""
+        raise NotImplementedError
+
     async def _connect(self) -> None:
         raise NotImplementedError
 

@@ -45,6 +45,10 @@ _MAX_PAYLOAD = 7900
 #: The LISTEN connection's query after silence, and its answer's bound (as Redis's ping).
 _PING_EVERY = PING_EVERY
 _PONG_WITHIN = PONG_WITHIN
+#: The lease table's columns added since its first release, and their types. `stopped_run`:
+#: the run a stop was asked for (on any worker), named so that a worker of the previous
+#: release taking the lease over never inherits the mark.
+_ADDED_COLUMNS = {"followed": "boolean NOT NULL DEFAULT false", "stopped_run": "text"}
 
 
 class PostgresCoordinator(SharedCoordinator):
@@ -121,15 +125,18 @@ class PostgresCoordinator(SharedCoordinator):
             await conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {self.table} (thread_id text PRIMARY KEY, "
                 "run_id text NOT NULL, token text NOT NULL, worker text NOT NULL, "
-                "expires_at timestamptz NOT NULL, followed boolean NOT NULL DEFAULT false)")
-            # A table made before runs could be followed gets the column (altered only
-            # then: ALTER TABLE locks out the running workers' leases while it waits).
-            found = await (await conn.execute(
-                "SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass "
-                "AND attname = 'followed' AND NOT attisdropped", (self.table,))).fetchone()
-            if found is None:
-                await conn.execute(f"ALTER TABLE {self.table} ADD COLUMN followed boolean "
-                                   "NOT NULL DEFAULT false")
+                "expires_at timestamptz NOT NULL, followed boolean NOT NULL DEFAULT false, "
+                "stopped_run text)")
+            # A table made before runs could be followed, or marked as being stopped, gets
+            # the columns (altered only then: ALTER TABLE locks out the running workers'
+            # leases while it waits).
+            found = {row[0] for row in await (await conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass "
+                "AND attname IN ('followed', 'stopped_run') AND NOT attisdropped",
+                (self.table,))).fetchall()}
+            for column, kind in _ADDED_COLUMNS.items():
+                if column not in found:
+                    await conn.execute(f"ALTER TABLE {self.table} ADD COLUMN {column} {kind}")
             await migrate(conn, self.schema)
 
     async def _listen(self, ready: asyncio.Future[None]) -> None:
@@ -202,7 +209,7 @@ class PostgresCoordinator(SharedCoordinator):
             "FROM unnest(%b::text[], %b::text[], %b::text[]) AS u(t, r, k) "
             "ON CONFLICT (thread_id) DO UPDATE SET run_id = excluded.run_id, "
             "token = excluded.token, worker = excluded.worker, "
-            "expires_at = excluded.expires_at, followed = false "
+            "expires_at = excluded.expires_at, followed = false, stopped_run = NULL "
             "WHERE held.expires_at < now() "
             # xmax is set on a row the statement updated: an expired lease, never released.
             "RETURNING token, xmax <> 0",
@@ -231,6 +238,17 @@ class PostgresCoordinator(SharedCoordinator):
              [Signal("end", x.thread_id, x.run_id).encode().decode() for x in leases],
              self.channel))
         return [None] * len(leases)
+
+    async def mark_stopping(self, thread_id: str, run_id: str) -> None:
+        await self._fetch(
+            f"UPDATE {self.table} SET stopped_run = run_id WHERE thread_id = %s "
+            "AND run_id = %s AND expires_at >= now()", (thread_id, run_id))
+
+    async def holder_stopping(self, thread_id: str) -> tuple[str | None, bool]:
+        rows = await self._fetch(
+            f"SELECT run_id, stopped_run IS NOT DISTINCT FROM run_id FROM {self.table} "
+            "WHERE thread_id = %s AND expires_at >= now()", (thread_id,))
+        return (str(rows[0][0]), bool(rows[0][1])) if rows else (None, False)
 
     async def ping(self) -> None:
         """One round trip to the server, and the signal connection open (a readiness

@@ -91,6 +91,21 @@ if held then
 end
 return held
 """
+#: The run holding the lease (ARGV[1]) marked as being stopped, for as long as a lease
+#: lives unrenewed (ARGV[2]): a mark outliving its lease names a run no lease holds again.
+_MARK_STOPPING = """
+if string.sub(redis.call('GET', KEYS[1]) or '', 33) == ARGV[1] then
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+end
+return 0
+"""
+#: The run holding the lease, and 1 if it is marked as being stopped (nothing: no holder).
+_HOLDER_STOPPING = """
+local held = redis.call('GET', KEYS[1])
+if not held then return {} end
+local run = string.sub(held, 33)
+return {run, redis.call('GET', KEYS[2]) == run and 1 or 0}
+"""
 #: A run's progress, published only if someone follows that run.
 _PROGRESS = """
 if redis.call('GET', KEYS[1]) == ARGV[2] then
@@ -134,6 +149,9 @@ class RedisCoordinator(SharedCoordinator):
 
     def _followed_key(self, thread_id: str) -> str:
         return f"{self.prefix}followed:{thread_id}"
+
+    def _stopping_keys(self, thread_id: str) -> list[str]:
+        return [self._key(thread_id), f"{self.prefix}stopping:{thread_id}"]
 
     def _keys(self, thread_id: str) -> list[str]:
         return [self._key(thread_id), self._open_key(thread_id), self._followed_key(thread_id)]
@@ -218,6 +236,19 @@ class RedisCoordinator(SharedCoordinator):
                 _FOLLOW, [self._key(thread_id), self._followed_key(thread_id)],
                 [self._open_ms()])])
         return value[32:].decode() if value else None
+
+    async def mark_stopping(self, thread_id: str, run_id: str) -> None:
+        async with self._reachable():
+            await self.start()
+            await self._send([_eval(_MARK_STOPPING, self._stopping_keys(thread_id),
+                                    [run_id, int(self.lease_ttl * 1000)])])
+
+    async def holder_stopping(self, thread_id: str) -> tuple[str | None, bool]:
+        async with self._reachable():
+            await self.start()
+            [answer] = await self._send([_eval(_HOLDER_STOPPING,
+                                               self._stopping_keys(thread_id), [])])
+        return (answer[0].decode(), bool(answer[1])) if answer else (None, False)
 
     async def ping(self) -> None:
         """One round trip to the server, and the signal connection open (a readiness
