@@ -245,7 +245,8 @@ async def test_signed_calls_replayed_alike(mock: MockGeminiServer) -> None:
         gemini = adapter(route, base_url=mock.base_url)
         try:
             found = await deltas(gemini, ChatRequest(
-                messages=[user('call:getWeather {"city": "Oslo"}')], tools=[WEATHER]))
+                messages=[user('call:getWeather {"city": "Oslo"}')], tools=[WEATHER],
+                thread_id="t"))
             call = next(d for d in found if isinstance(d, ToolCallDelta))
             assert call.name == "getWeather"
             assert orjson.loads(call.arguments) == {"city": "Oslo"}
@@ -254,7 +255,8 @@ async def test_signed_calls_replayed_alike(mock: MockGeminiServer) -> None:
                 id="a", tool_calls=[ToolCall(id=call.id, function=FunctionCall(
                     name="getWeather", arguments=call.arguments))]),
                 ToolMessage(id="t", content="cold", tool_call_id=call.id)]
-            found = await deltas(gemini, ChatRequest(messages=history, tools=[WEATHER]))
+            found = await deltas(gemini, ChatRequest(messages=history, tools=[WEATHER],
+                                                     thread_id="t"))
             assert "".join(d.text for d in found if isinstance(d, TextDelta)) == "echo: cold"
         finally:
             await gemini.aclose()

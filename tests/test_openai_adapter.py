@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 import orjson
@@ -207,8 +208,9 @@ async def test_stream_against_the_mock(llm: MockOpenAIServer) -> None:
 def test_parser_reads_reasoning_content_and_reasoning() -> None:
     """DeepSeek streams `reasoning_content`, OpenRouter and vLLM `reasoning`: both were
     skipped, so a client saw no REASONING events; a value of another type is skipped."""
-    kept: list[tuple[str, str]] = []
-    parser = ChatCompletionsStreamParser(keep_reasoning=lambda i, r: kept.append((i, r)))
+    kept: list[tuple[str, str | None, str]] = []
+    parser = ChatCompletionsStreamParser(
+        keep_reasoning=lambda i, name, r: kept.append((i, name, r)))
     out = parser.feed(
         _frame('{"choices":[{"index":0,"delta":{"content":null,"reasoning_content":"a"}}]}')
         + _frame('{"choices":[{"index":0,"delta":{"reasoning":"b"}}]}')
@@ -216,7 +218,7 @@ def test_parser_reads_reasoning_content_and_reasoning() -> None:
         + _frame('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1",'
                  '"function":{"name":"f","arguments":"{}"}}]}}]}'))
     assert out == [ReasoningDelta("a"), ReasoningDelta("b"), ToolCallDelta(0, "c1", "f", "{}")]
-    assert kept == [("c1", "a")]  # (only `reasoning_content` is asked back)
+    assert kept == [("c1", "f", "a")]  # (only `reasoning_content` is asked back)
 
 
 def test_the_reasoning_kept_for_tool_loops_is_bounded_by_its_size(
@@ -226,16 +228,17 @@ def test_the_reasoning_kept_for_tool_loops_is_bounded_by_its_size(
     monkeypatch.setattr(openai_module, "_REASONING_KEPT_CHARS", 1000)
     adapter = OpenAIAdapter(api_key="k")
     for n in range(10):
-        parser = ChatCompletionsStreamParser(keep_reasoning=adapter._keep_reasoning)
+        parser = ChatCompletionsStreamParser(
+            keep_reasoning=functools.partial(adapter._reasoning.keep, "t"))
         parser.feed(b"".join(
             _frame('{"choices":[{"index":0,"delta":{"reasoning_content":"xxxxxxxxxx"}}]}')
             for _ in range(30)) + _frame(
             f'{{"choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":0,"id":"c{n}",'
             '"function":{"name":"f","arguments":"{}"}}]}}]}'))
-    assert list(adapter._reasoning) == ["c7", "c8", "c9"]  # (300 characters each)
-    assert adapter._reasoning_chars == 900
-    assert adapter._reasoning_of("c9") == "x" * 300
-    assert adapter._reasoning_of("c0") is None
+    assert len(adapter._reasoning) == 3  # c7, c8 and c9: 300 characters each
+    assert adapter._reasoning.held == 900
+    assert adapter._reasoning.get("t", "c9", "f", "{}") == "x" * 300
+    assert adapter._reasoning.get("t", "c6", "f", "{}") is None
 
 
 @pytest.mark.parametrize("transport", ["direct", "sdk"])
@@ -279,12 +282,14 @@ async def test_the_tool_loop_sends_deepseeks_reasoning_content_back(
     tools = [ToolSpec("f", "does f", {"type": "object"})]
     history: list[Any] = [UserMessage(id="u", content="weather?")]
     try:
-        first = [d async for b in adapter.stream(ChatRequest(messages=history, tools=tools))
+        first = [d async for b in adapter.stream(ChatRequest(messages=history, tools=tools,
+                                                             thread_id="t"))
                  for d in b]
         history += [AssistantMessage(id="a", tool_calls=[ToolCall(
                         id="call_0", function=FunctionCall(name="f", arguments="{}"))]),
                     ToolMessage(id="t", tool_call_id="call_0", content="21")]
-        second = [d async for b in adapter.stream(ChatRequest(messages=history, tools=tools))
+        second = [d async for b in adapter.stream(ChatRequest(messages=history, tools=tools,
+                                                              thread_id="t"))
                   for d in b]
     finally:
         await adapter.aclose()

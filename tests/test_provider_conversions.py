@@ -851,7 +851,7 @@ async def test_gemini_thought_signature_comes_back() -> None:
         try:
             first = [d async for b in adapter.stream(ChatRequest(
                 messages=[UserMessage(id="u", content='call:getWeather {"city":"Rome"}')],
-                tools=tools)) for d in b]
+                tools=tools, thread_id="t")) for d in b]
             (head,) = [d for d in first if isinstance(d, ToolCallDelta)]
             assert head.id is not None
             follow = [d async for b in adapter.stream(ChatRequest(messages=[
@@ -859,12 +859,12 @@ async def test_gemini_thought_signature_comes_back() -> None:
                 AssistantMessage(id="a", tool_calls=[call(head.id, "getWeather",
                                                           head.arguments)]),
                 ToolMessage(id="t", tool_call_id=head.id, content='{"t":21}')],
-                tools=tools)) for d in b]
+                tools=tools, thread_id="t")) for d in b]
         finally:
             await adapter.aclose()
     assert "".join(d.text for d in follow if isinstance(d, TextDelta)) == 'echo: {"t":21}'
     replayed = server.requests[1]["contents"][1]["parts"][0]
-    assert replayed["thoughtSignature"]
+    assert replayed["thoughtSignature"] not in ("", "skip_thought_signature_validator")
 
 
 # ---- LangChain and Empty ---------------------------------------------------------------------
@@ -1050,12 +1050,15 @@ async def test_anthropic_tool_loop_whose_thinking_another_worker_holds_goes_with
                                          thinking=_THINKING) for _ in range(2))
         try:
             asked = await _deltas(first, ChatRequest(messages=[UserMessage(
-                id="u", content='think: call:getWeather {"city":"Oslo"}')], tools=_WEATHER))
+                id="u", content='think: call:getWeather {"city":"Oslo"}')], tools=_WEATHER,
+                thread_id="t"))
             (head,) = [d for d in asked if isinstance(d, ToolCallDelta) and d.id]
             assert head.id is not None
             history = _answered_call(head.id, 'think: call:getWeather {"city":"Oslo"}')
-            elsewhere = await _deltas(other, ChatRequest(messages=history, tools=_WEATHER))
-            here = await _deltas(first, ChatRequest(messages=history, tools=_WEATHER))
+            elsewhere = await _deltas(other, ChatRequest(messages=history, tools=_WEATHER,
+                                                         thread_id="t"))
+            here = await _deltas(first, ChatRequest(messages=history, tools=_WEATHER,
+                                                    thread_id="t"))
         finally:
             await first.aclose()
             await other.aclose()
@@ -1076,14 +1079,16 @@ async def test_anthropic_tool_loop_keeps_thinking_through_its_later_rounds() -> 
                                    thinking=_THINKING)
         try:
             asked = await _deltas(adapter, ChatRequest(messages=[UserMessage(
-                id="u", content='think: call:getWeather {"city":"Oslo"}')], tools=_WEATHER))
+                id="u", content='think: call:getWeather {"city":"Oslo"}')], tools=_WEATHER,
+                thread_id="t"))
             (head,) = [d for d in asked if isinstance(d, ToolCallDelta) and d.id]
             assert head.id is not None
             history = [*_answered_call(head.id, 'think: call:getWeather {"city":"Oslo"}'),
                        AssistantMessage(id="a2", tool_calls=[
                            call("c2", "getWeather", '{"city":"Bergen"}')]),
                        ToolMessage(id="t2", tool_call_id="c2", content='{"t":12}')]
-            again = await _deltas(adapter, ChatRequest(messages=history, tools=_WEATHER))
+            again = await _deltas(adapter, ChatRequest(messages=history, tools=_WEATHER,
+                                                       thread_id="t"))
         finally:
             await adapter.aclose()
     assert _echo(again) == 'echo: {"t":12}'
@@ -1135,7 +1140,8 @@ async def test_anthropic_run_stopped_during_a_tool_call_keeps_its_thinking(
                                    thinking=_THINKING, transport=transport)
         try:
             stream = adapter.stream(ChatRequest(messages=[UserMessage(
-                id="u", content='think: call:getWeather {"city":"Oslo"}')], tools=_WEATHER))
+                id="u", content='think: call:getWeather {"city":"Oslo"}')], tools=_WEATHER,
+                thread_id="t"))
             head = None
             async for batch in stream:
                 head = next((d for d in batch if isinstance(d, ToolCallDelta) and d.id), None)
@@ -1145,7 +1151,7 @@ async def test_anthropic_run_stopped_during_a_tool_call_keeps_its_thinking(
             assert head is not None
             assert head.id is not None
             follow = await _deltas(adapter, ChatRequest(
-                messages=_answered_call(head.id), tools=_WEATHER))
+                messages=_answered_call(head.id), tools=_WEATHER, thread_id="t"))
         finally:
             await adapter.aclose()
     assert _echo(follow) == 'echo: {"t":21}'
@@ -1166,11 +1172,11 @@ async def test_gemini_call_whose_signature_another_worker_holds_goes_with_the_st
                         for _ in range(2))
         try:
             asked = await _deltas(first, ChatRequest(messages=[UserMessage(
-                id="u", content='call:getWeather {"city":"Oslo"}')], tools=_WEATHER))
+                id="u", content='call:getWeather {"city":"Oslo"}')], tools=_WEATHER, thread_id="t"))
             (head,) = [d for d in asked if isinstance(d, ToolCallDelta)]
             assert head.id is not None
             follow = await _deltas(other, ChatRequest(messages=_answered_call(head.id),
-                                                      tools=_WEATHER))
+                                                      tools=_WEATHER, thread_id="t"))
         finally:
             await first.aclose()
             await other.aclose()

@@ -6,17 +6,20 @@ import contextlib
 import hashlib
 import re
 from collections import OrderedDict
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
 from urllib.parse import unquote
 
 import orjson
 import structlog
+from ag_ui.core import ToolCall
 
 from copilot_runtime._exceptions import JSONTooDeepError, UpstreamError
 from copilot_runtime._limits import check_json_text
-from copilot_runtime.adapters.base import ChatDelta, StreamEnd
+from copilot_runtime.adapters.base import ChatDelta, ChatRequest, StreamEnd
 
 _E = TypeVar("_E", bound=BaseException)
+_V = TypeVar("_V")
 
 #: The user turn sent for a history with none (a run started with no messages, or only a
 #: system one or UI state: `runAgent()` on load): Anthropic and Gemini refuse a request
@@ -37,6 +40,72 @@ GEMINI_FAILED_REASONS = {
     "TOO_MANY_TOOL_CALLS": "Gemini called more tools than it may in one answer",
     "MISSING_THOUGHT_SIGNATURE": "Gemini refused the history: a thought signature is missing",
 }
+
+def request_thread(request: ChatRequest) -> str | None:
+    """The thread `request` is for: its own `thread_id`, else the thread of the run it is
+    made in (`ActiveRun.log_context` binds it for the whole run, and the tasks started in
+    it); None for neither (an adapter called outside any run)."""
+    thread = request.thread_id or structlog.contextvars.get_contextvars().get("thread_id")
+    return thread if isinstance(thread, str) and thread else None
+
+
+class KeptForThreads(Generic[_V]):
+    """What an adapter keeps of an answer for its tool loop's next request (its reasoning,
+    signed thinking, a thought signature), by the answer's first tool call; bounded: past
+    `most` (each value counted by `size`, else as 1), the least recently kept goes first.
+
+    A value goes back only into a request of the thread it was kept for, on a call of the
+    same id and of the same name and arguments where they were known as it was kept. Call
+    ids are the provider's (Kimi K2 names calls `functions.NAME:IDX` in every conversation)
+    and a history's are the client's to write: kept by id alone, one user's reasoning went
+    out in another user's requests.
+    """
+
+    __slots__ = ("_entries", "_most", "_size", "held")
+
+    def __init__(self, most: int, size: Callable[[_V], int] | None = None) -> None:
+        #: (thread, call id) → (the call's name, hash of its arguments, the value).
+        self._entries: OrderedDict[tuple[str, str], tuple[str | None, int | None, _V]] = \
+            OrderedDict()
+        self._most = most
+        self._size = size
+        #: What the kept values count for, all together.
+        self.held = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def keep(self, thread: str, call_id: str, name: str | None, value: _V,
+             arguments: str | None = None) -> None:
+        """Keep `value` for `thread`'s call `call_id`. `name` and `arguments` are None when
+        not known yet, and then not checked (a call's arguments still stream as the reasoning
+        before it is kept)."""
+        size = 1 if self._size is None else self._size(value)
+        if size > self._most:
+            return
+        previous = self._entries.pop((thread, call_id), None)
+        if previous is not None:
+            self.held -= 1 if self._size is None else self._size(previous[2])
+        self._entries[thread, call_id] = (
+            name, None if arguments is None else hash(arguments), value)
+        self.held += size
+        while self.held > self._most:
+            dropped = self._entries.popitem(last=False)[1][2]
+            self.held -= 1 if self._size is None else self._size(dropped)
+
+    def get(self, thread: str | None, call_id: str, name: str, arguments: str) -> _V | None:
+        """The value kept for `thread`'s call `call_id`, if it is that call."""
+        kept = None if thread is None else self._entries.get((thread, call_id))
+        if kept is None or (kept[0] is not None and kept[0] != name) or (
+                kept[1] is not None and kept[1] != hash(arguments)):
+            return None
+        return kept[2]
+
+
+def by_call_id(kept: Mapping[str, _V]) -> Callable[[ToolCall], _V | None]:
+    """A lookup of what `kept` holds for a call, by the call's id."""
+    return lambda call: kept.get(call.id)
+
 
 def find_cause(exc: BaseException, kind: type[_E]) -> _E | None:
     """The first exception of `kind` in the cause/context chain of `exc`."""

@@ -22,9 +22,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import os
 import urllib.parse
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Literal, cast
 
@@ -38,6 +38,7 @@ from ag_ui.core import (
     DeveloperMessage,
     Message,
     SystemMessage,
+    ToolCall,
     ToolMessage,
     UserMessage,
 )
@@ -54,10 +55,13 @@ from copilot_runtime._held import event_stream
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
     OPENING_TURN,
+    KeptForThreads,
     after,
     arguments_object,
+    by_call_id,
     error_body_message,
     find_cause,
+    request_thread,
     text_of,
     tool_schema,
     usage,
@@ -92,6 +96,8 @@ DEFAULT_MODEL = "claude-sonnet-4-6"
 #: The API requires `max_tokens`; this is used when neither the app nor the client set one.
 DEFAULT_MAX_TOKENS = 4096
 _THINKING_KEPT = 1024
+#: Keeps an answer's thinking blocks (its first tool_use's id and name, the blocks).
+_KeepThinking = Callable[[str, str | None, list[dict[str, Any]]], None]
 #: Tokens adaptive thinking may use on top of the runtime's own `max_tokens` (as the OpenAI
 #: and Gemini adapters give reasoning models).
 _THINKING_ROOM = 4000
@@ -157,9 +163,9 @@ class AnthropicAdapter:
         self.max_tokens = max_tokens
         self.thinking = thinking
         self._extra_body = extra_body or {}
-        # first tool_use id of an answer → its thinking blocks: with thinking on, the API
+        # an answer's first tool_use → its thinking blocks: with thinking on, the API
         # wants them back, signed, before the tool calls when the loop continues
-        self._thinking: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._thinking: KeptForThreads[list[dict[str, Any]]] = KeptForThreads(_THINKING_KEPT)
         if client is None and not self._api_key:
             raise ConfigurationError("AnthropicAdapter needs api_key (or ANTHROPIC_API_KEY)")
         if transport not in ("auto", "direct", "sdk"):
@@ -199,8 +205,9 @@ class AnthropicAdapter:
     def build_params(self, request: ChatRequest) -> dict[str, Any]:
         """The Messages request body for `request` (without `stream`)."""
         thinking_on = self.thinking is not None and self.thinking.get("type") != "disabled"
-        system, messages = to_anthropic_messages(request.messages, self._thinking_of,
-                                                 client_thinking=thinking_on)
+        system, messages = to_anthropic_messages(
+            request.messages, functools.partial(self._thinking_of, request_thread(request)),
+            client_thinking=thinking_on)
         if request.system_prompt:
             system.insert(0, request.system_prompt)
         params: dict[str, Any] = {
@@ -242,24 +249,21 @@ class AnthropicAdapter:
                 params["max_tokens"] += _THINKING_ROOM
         return params
 
-    def _thinking_of(self, tool_use_id: str) -> list[dict[str, Any]] | None:
-        """The signed thinking blocks of the answer whose first tool call is `tool_use_id`,
+    def _thinking_of(self, thread: str | None, call: ToolCall) -> list[dict[str, Any]] | None:
+        """The signed thinking blocks of `thread`'s answer whose first tool call is `call`,
         when this process still holds them."""
-        return self._thinking.get(tool_use_id)
-
-    def _keep_thinking(self, tool_use_id: str, blocks: list[dict[str, Any]]) -> None:
-        # (`blocks` is the parser's own list: thinking that follows the call is kept too)
-        self._thinking[tool_use_id] = blocks
-        if len(self._thinking) > _THINKING_KEPT:
-            self._thinking.popitem(last=False)
+        return self._thinking.get(thread, call.id, call.function.name, call.function.arguments)
 
     def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
         params = {**self.build_params(request), **self._extra_body}
+        thread = request_thread(request)
+        # (the parser's own list is kept: thinking that follows the call is kept too)
+        keep = None if thread is None else functools.partial(self._thinking.keep, thread)
         if self._sends_directly:
             if self._direct is None:
                 self._direct = _DirectRoute(self, self.client)
-            return self._stream_direct(self._direct, params)
-        return self._stream_sdk(params)
+            return self._stream_direct(self._direct, params, keep)
+        return self._stream_sdk(params, keep)
 
     def _betas(self, params: dict[str, Any]) -> str | None:
         """The `anthropic-beta` header `params` needs, with the client's own betas; None
@@ -274,15 +278,16 @@ class AnthropicAdapter:
             return None
         return ",".join([*betas, FILES_BETA])
 
-    async def _stream_direct(self, route: _DirectRoute, params: dict[str, Any]
-                             ) -> AsyncIterator[Sequence[ChatDelta]]:
+    async def _stream_direct(self, route: _DirectRoute, params: dict[str, Any],
+                             keep: _KeepThinking | None) -> AsyncIterator[Sequence[ChatDelta]]:
         betas = self._betas(params)
         response = await route.send(orjson.dumps({**params, "stream": True}), betas)
-        parser = AnthropicStreamParser(secrets=route.secrets, keep_thinking=self._keep_thinking)
+        parser = AnthropicStreamParser(secrets=route.secrets, keep_thinking=keep)
         async for deltas in _direct.stream(response, parser, _FAILURES):
             yield deltas
 
-    async def _stream_sdk(self, params: dict[str, Any]) -> AsyncIterator[Sequence[ChatDelta]]:
+    async def _stream_sdk(self, params: dict[str, Any], keep: _KeepThinking | None
+                          ) -> AsyncIterator[Sequence[ChatDelta]]:
         client = self.client
         # What the request carries: an upstream's words echoing one lose it.
         secrets = (self._api_key,
@@ -290,7 +295,7 @@ class AnthropicAdapter:
         betas = self._betas(params)
         headers = {"anthropic-beta": betas} if betas else {}
         try:
-            parser = AnthropicStreamParser(secrets=secrets, keep_thinking=self._keep_thinking)
+            parser = AnthropicStreamParser(secrets=secrets, keep_thinking=keep)
             if type(client) is anthropic.AsyncAnthropic:
                 # The SDK's raw route: its authentication, retries and errors, our parser.
                 response = cast(httpx2.Response, await client.post(
@@ -475,7 +480,7 @@ class AnthropicStreamParser:
                  "secrets", "thinking", "tool_ids")
 
     def __init__(self, *, secrets: Sequence[str | None] = (),
-                 keep_thinking: Callable[[str, list[dict[str, Any]]], None] | None = None,
+                 keep_thinking: _KeepThinking | None = None,
                  ) -> None:
         self._held = event_stream("The Anthropic stream", UpstreamProtocolError)
         #: The credentials the request carried: an error event echoing one loses it.
@@ -483,8 +488,9 @@ class AnthropicStreamParser:
         #: The answer's thinking blocks, whole and signed, and its tool_use ids.
         self.thinking: list[dict[str, Any]] = []
         self.tool_ids: list[str] = []
-        #: Told (first tool_use id, thinking blocks) as the first call starts: a run stopped
-        #: during the call must not lose the blocks its next request has to send back.
+        #: Told (first tool_use's id and name, thinking blocks) as the first call starts: a
+        #: run stopped during the call must not lose the blocks its next request has to send
+        #: back.
         self._keep_thinking = keep_thinking
         self._open_thinking: dict[int, tuple[list[str], list[str]]] = {}
         self._calls: dict[int, int] = {}
@@ -594,7 +600,7 @@ class AnthropicStreamParser:
                     self.tool_ids.append(block["id"])
                     if (len(self.tool_ids) == 1 and self.thinking
                             and self._keep_thinking is not None):
-                        self._keep_thinking(block["id"], self.thinking)
+                        self._keep_thinking(block["id"], block.get("name"), self.thinking)
                 call = self._calls[index] = len(self._calls)
                 out.append(ToolCallDelta(call, block.get("id"), block.get("name"), ""))
                 if block.get("input"):
@@ -663,17 +669,17 @@ def _text(value: Any) -> str | None:
 def to_anthropic_messages(
         messages: Sequence[Message],
         thinking: Mapping[str, list[dict[str, Any]]]
-        | Callable[[str], list[dict[str, Any]] | None] | None = None,
+        | Callable[[ToolCall], list[dict[str, Any]] | None] | None = None,
         *, client_thinking: bool = False,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """AG-UI history → (system texts, Messages turns), repaired as the module says.
 
-    `thinking` maps (or looks up) the first tool_use id of an answer to that answer's
-    thinking blocks, which are put back in front of its tool calls. With
+    `thinking` maps the first tool_use id of an answer (or looks up its first call) to that
+    answer's thinking blocks, which are put back in front of its tool calls. With
     `client_thinking`, an answer it has none for takes them from its first call's
     `encryptedValue` (`signed_thinking_value`), when that holds nothing but thinking blocks.
     """
-    thinking_of = thinking if callable(thinking) else (thinking or {}).get
+    thinking_of = thinking if callable(thinking) else by_call_id(thinking or {})
     system: list[str] = []
     turns: list[dict[str, Any]] = []
     # (a failed result's attachments: after all the results, in the same user message)
@@ -684,7 +690,7 @@ def to_anthropic_messages(
             blocks: list[dict[str, Any]] = []
             if message.tool_calls:
                 first = message.tool_calls[0]
-                kept = thinking_of(first.id)
+                kept = thinking_of(first)
                 if kept is None and client_thinking and first.encrypted_value is not None:
                     kept = thinking_from_value(first.encrypted_value)
                 blocks.extend(kept or ())

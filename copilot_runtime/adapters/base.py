@@ -56,6 +56,10 @@ class ChatRequest:
     #: fits them to its model without a warning, and `max_tokens` bounds the answer alone
     #: (a model that reasons first gets room for that on top).
     runtime_settings: bool = False
+    #: The thread the request is for (None: the run's, see `_common.request_thread`). What an
+    #: adapter keeps of an answer for the tool loop (reasoning, signatures) goes back only
+    #: into that thread's later requests; a request of no thread keeps nothing.
+    thread_id: str | None = None
 
 
 class TextDelta(NamedTuple):

@@ -15,10 +15,10 @@ function response in the next turn, a turn of responses holds nothing else (a to
 result's attachments, and a user's next message, go in a user turn after it), arguments and
 responses are always objects, system and developer messages go to `system_instruction`.
 Gemini 3 signs its function calls (`thought_signature`) and refuses a history that drops
-the signature; the adapter remembers the signatures of the calls it streamed, by call id,
-and puts them back; a call whose signature it does not hold (streamed by another worker or
-before a restart) goes with the signature Google documents for history it did not sign,
-which skips the check.
+the signature; the adapter remembers the signatures of the calls it streamed, by thread and
+call (`KeptForThreads`), and puts them back; a call whose signature it does not hold
+(streamed by another worker or before a restart) goes with the signature Google documents
+for history it did not sign, which skips the check.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import re
 import sys
 import urllib.parse
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -47,6 +46,7 @@ from ag_ui.core import (
     DeveloperMessage,
     Message,
     SystemMessage,
+    ToolCall,
     ToolMessage,
     UserMessage,
 )
@@ -68,8 +68,11 @@ from copilot_runtime.adapters._common import (
     GEMINI_FAILED_REASONS,
     GEMINI_FINISH_REASONS,
     OPENING_TURN,
+    KeptForThreads,
     after,
     arguments_object,
+    by_call_id,
+    request_thread,
     text_of,
     tool_schema,
     usage,
@@ -100,6 +103,8 @@ __all__ = ["GeminiStreamParser", "GoogleGenAIAdapter", "rest_body", "to_gemini_c
            "to_gemini_schema"]
 
 _SIGNATURES_KEPT = 4096
+#: Keeps a call's thought signature (the call's id and name, the signature, its arguments).
+_KeepSignature = Callable[[str, str, bytes, str], None]
 #: Google's documented stand-in signature for a function call whose own is unknown: the API
 #: then skips its validation (written in the URL-safe alphabet, as the SDK writes bytes).
 _UNSIGNED_TEXT = "skip_thought_signature_validator"
@@ -169,8 +174,8 @@ class GoogleGenAIAdapter:
         self._max_retries = max_retries
         self._max_retry_wait = _direct.check_max_retry_wait("GoogleGenAIAdapter",
                                                            max_retry_wait)
-        # call id → Gemini's thought signature of that call, for the calls streamed lately
-        self._signatures: OrderedDict[str, bytes] = OrderedDict()
+        # a call → Gemini's thought signature of that call, for the calls streamed lately
+        self._signatures: KeptForThreads[bytes] = KeptForThreads(_SIGNATURES_KEPT)
         if client is None and not self._api_key:
             raise ConfigurationError(
                 "GoogleGenAIAdapter needs api_key (or GOOGLE_API_KEY / GEMINI_API_KEY)")
@@ -232,7 +237,8 @@ class GoogleGenAIAdapter:
 
     def build_config(self, request: ChatRequest) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """(contents, config) of the `generate_content_stream` call for `request`."""
-        system, contents = to_gemini_contents(request.messages, self._signature_of)
+        system, contents = to_gemini_contents(
+            request.messages, functools.partial(self._signature_of, request_thread(request)))
         if request.system_prompt:
             system.insert(0, request.system_prompt)
         config: dict[str, Any] = {}
@@ -273,26 +279,29 @@ class GoogleGenAIAdapter:
         model = request.model or self.model
         sent = {tool.name: _gemini_name(tool.name) for tool in request.tools or ()}
         renamed = {as_sent: name for name, as_sent in sent.items() if as_sent != name}
+        thread = request_thread(request)
+        keep = None if thread is None else functools.partial(self._signatures.keep, thread)
         if self._direct is not None:
-            return self._stream_direct(self._direct, model, contents, config, renamed)
-        return self._stream_sdk(model, contents, config, renamed)
+            return self._stream_direct(self._direct, model, contents, config, renamed, keep)
+        return self._stream_sdk(model, contents, config, renamed, keep)
 
     async def _stream_direct(self, route: _DirectRoute, model: str,
                              contents: list[dict[str, Any]], config: dict[str, Any],
-                             renamed: Mapping[str, str]) -> AsyncIterator[Sequence[ChatDelta]]:
+                             renamed: Mapping[str, str], keep: _KeepSignature | None
+                             ) -> AsyncIterator[Sequence[ChatDelta]]:
         response = await route.send(model, rest_body(contents, config))
-        parser = GeminiStreamParser(self._remember, secrets=route.secrets, renamed=renamed)
+        parser = GeminiStreamParser(keep, secrets=route.secrets, renamed=renamed)
         async for deltas in _direct.stream(response, parser, _FAILURES):
             yield deltas
 
     async def _stream_sdk(self, model: str, contents: list[dict[str, Any]],
-                          config: dict[str, Any], renamed: Mapping[str, str]
-                          ) -> AsyncIterator[Sequence[ChatDelta]]:
+                          config: dict[str, Any], renamed: Mapping[str, str],
+                          keep: _KeepSignature | None) -> AsyncIterator[Sequence[ChatDelta]]:
         import aiohttp
         from google.genai import errors as genai_errors
 
         secrets = (self._api_key,)  # (a ready client's credentials are not a string)
-        parser = GeminiStreamParser(self._remember, secrets=secrets, renamed=renamed)
+        parser = GeminiStreamParser(keep, secrets=secrets, renamed=renamed)
         try:
             # (bounded for an SDK version that awaits the answer's head here: the SDK's own
             # timeout is not set, see `client`)
@@ -372,14 +381,10 @@ class GoogleGenAIAdapter:
             raise UpstreamConnectionError(
                 "The Gemini stream broke off before the answer was complete") from None
 
-    def _signature_of(self, call_id: str) -> bytes | None:
-        """The thought signature Gemini gave call `call_id`, when this process holds it."""
-        return self._signatures.get(call_id)
-
-    def _remember(self, call_id: str, signature: bytes) -> None:
-        self._signatures[call_id] = signature
-        if len(self._signatures) > _SIGNATURES_KEPT:
-            self._signatures.popitem(last=False)
+    def _signature_of(self, thread: str | None, call: ToolCall) -> bytes | None:
+        """The thought signature Gemini gave `thread`'s `call`, when this process holds it."""
+        return self._signatures.get(thread, call.id, call.function.name,
+                                    call.function.arguments)
 
 
 class _DirectRoute:
@@ -545,7 +550,7 @@ class GeminiStreamParser:
     __slots__ = ("_held", "_meta", "_remember", "_renamed", "calls", "done", "finished",
                  "reason", "secrets")
 
-    def __init__(self, remember: Callable[[str, bytes], None] | None = None, *,
+    def __init__(self, remember: _KeepSignature | None = None, *,
                  secrets: Sequence[str | None] = (),
                  renamed: Mapping[str, str] | None = None) -> None:
         self._held = event_stream("The Gemini stream", UpstreamProtocolError)
@@ -650,12 +655,13 @@ class GeminiStreamParser:
                         call.get("name") or "", str):
                     raise TypeError("a function call's id or name is not a string")
                 call_id = call.get("id") or f"call_{uuid.uuid4().hex[:24]}"
+                name = call.get("name") or ""
+                name = self._renamed.get(name, name)
+                arguments = orjson.dumps(call.get("args") or {}).decode()
                 signature = part.get("thoughtSignature")
                 if signature and self._remember is not None:
-                    self._remember(call_id, _signature_bytes(signature))
-                name = call.get("name") or ""
-                out.append(ToolCallDelta(self.calls, call_id, self._renamed.get(name, name),
-                                         orjson.dumps(call.get("args") or {}).decode()))
+                    self._remember(call_id, name, _signature_bytes(signature), arguments)
+                out.append(ToolCallDelta(self.calls, call_id, name, arguments))
                 self.calls += 1
             elif part.get("text"):
                 if not isinstance(part["text"], str):
@@ -770,14 +776,14 @@ def _gemini_name(name: str) -> str:
 
 def to_gemini_contents(
         messages: Sequence[Message],
-        signatures: Mapping[str, bytes] | Callable[[str], bytes | None] | None = None,
+        signatures: Mapping[str, bytes] | Callable[[ToolCall], bytes | None] | None = None,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """AG-UI history → (system texts, Gemini contents), repaired as the module says.
 
-    `signatures` maps (or looks up) a call id to its thought signature; the first call of
-    an answer whose signature is unknown gets Google's stand-in.
+    `signatures` maps a call id (or looks up a call) to its thought signature; the first call
+    of an answer whose signature is unknown gets Google's stand-in.
     """
-    signature_of = signatures if callable(signatures) else (signatures or {}).get
+    signature_of = signatures if callable(signatures) else by_call_id(signatures or {})
     system: list[str] = []
     turns: list[tuple[str, list[dict[str, Any]]]] = []
     names: dict[str, str] = {}  # call id → function name, for the responses
@@ -795,7 +801,7 @@ def to_gemini_contents(
                     "name": names[call.id],
                     "args": arguments_object(call.function.arguments)}}
                 # Gemini 3 signs (and checks) the first call of each answer only
-                signature = signature_of(call.id) or (None if i else _UNSIGNED)
+                signature = signature_of(call) or (None if i else _UNSIGNED)
                 if signature:
                     part["thought_signature"] = signature
                 parts.append(part)

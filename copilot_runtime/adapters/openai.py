@@ -14,12 +14,12 @@ pydantic model per chunk (about 50 µs each).
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import platform
 import re
 import sys
 import urllib.parse
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
@@ -37,7 +37,13 @@ from copilot_runtime._exceptions import (
 )
 from copilot_runtime._held import event_stream
 from copilot_runtime.adapters import _direct, _http1
-from copilot_runtime.adapters._common import OPENING_TURN, after, tool_schema
+from copilot_runtime.adapters._common import (
+    OPENING_TURN,
+    KeptForThreads,
+    after,
+    request_thread,
+    tool_schema,
+)
 from copilot_runtime.adapters._idle import DEFAULT_TIMEOUT, IdleBound, read_timeout, wait_bound
 from copilot_runtime.adapters._sse import event_data
 from copilot_runtime.adapters.base import (
@@ -162,10 +168,10 @@ class OpenAIAdapter:
         self._organization = organization or os.environ.get("OPENAI_ORG_ID")
         self._project = project or os.environ.get("OPENAI_PROJECT_ID")
         self._default_headers = dict(default_headers or {})
-        # first tool call id of an answer → the `reasoning_content` it streamed: DeepSeek's
-        # thinking mode wants it back on that assistant message as the tool loop goes on
-        self._reasoning: OrderedDict[str, str] = OrderedDict()
-        self._reasoning_chars = 0
+        # an answer's first tool call → the `reasoning_content` it streamed: DeepSeek's
+        # thinking mode wants it back on that assistant message as the tool loop goes on.
+        # Bounded by what it holds, not by count: one answer may reason for 30k tokens.
+        self._reasoning: KeptForThreads[str] = KeptForThreads(_REASONING_KEPT_CHARS, len)
         if client is None and not self._api_key and not base_url:
             raise ConfigurationError(
                 "OpenAIAdapter needs api_key (or OPENAI_API_KEY), or a base_url for an "
@@ -219,11 +225,14 @@ class OpenAIAdapter:
         if not any(item["role"] in _TURN_ROLES for item in messages):
             # (only UI state, or nothing: the API refuses an empty array with a 400)
             messages.append({"role": "user", "content": OPENING_TURN})
-        if self._reasoning:
+        if self._reasoning and (thread := request_thread(request)) is not None:
             for item in messages:
-                calls = item.get("tool_calls")
-                if calls and (said := self._reasoning_of(calls[0]["id"])) is not None:
-                    item["reasoning_content"] = said
+                if calls := item.get("tool_calls"):
+                    function = calls[0]["function"]
+                    said = self._reasoning.get(thread, calls[0]["id"], function["name"],
+                                               function["arguments"])
+                    if said is not None:
+                        item["reasoning_content"] = said
         params: dict[str, Any] = {
             "model": request.model or self.model,
             "messages": messages,
@@ -270,40 +279,28 @@ class OpenAIAdapter:
                 params["stop"] = request.stop
         return params
 
-    def _reasoning_of(self, call_id: str) -> str | None:
-        """The `reasoning_content` of the answer whose first tool call is `call_id`, when
-        this process holds it."""
-        return self._reasoning.get(call_id)
-
-    def _keep_reasoning(self, call_id: str, said: str) -> None:
-        # Bounded by what it holds, not by count: one answer may reason for 30k tokens.
-        if len(said) > _REASONING_KEPT_CHARS:
-            return
-        previous = self._reasoning.pop(call_id, None)
-        self._reasoning_chars += len(said) - (len(previous) if previous else 0)
-        self._reasoning[call_id] = said
-        while self._reasoning_chars > _REASONING_KEPT_CHARS:
-            self._reasoning_chars -= len(self._reasoning.popitem(last=False)[1])
-
     def stream(self, request: ChatRequest) -> AsyncIterator[Sequence[ChatDelta]]:
         params = {**self.build_params(request), "stream": True, **self._extra_body}
         body = orjson.dumps(params)
         options = params.get("stream_options")
         # (`extra_body` may have turned the usage chunk off)
         usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        thread = request_thread(request)
+        keep = None if thread is None else functools.partial(self._reasoning.keep, thread)
         if self._direct is not None:
-            return self._stream_direct(self._direct, body, usage)
-        return self._stream_sdk(body, usage)
+            return self._stream_direct(self._direct, body, usage, keep)
+        return self._stream_sdk(body, usage, keep)
 
-    async def _stream_direct(self, route: _DirectRoute, body: bytes,
-                             usage: bool) -> AsyncIterator[Sequence[ChatDelta]]:
+    async def _stream_direct(self, route: _DirectRoute, body: bytes, usage: bool,
+                             keep: _KeepReasoning | None) -> AsyncIterator[Sequence[ChatDelta]]:
         response = await route.send(body)
         parser = ChatCompletionsStreamParser(secrets=route.secrets, expects_usage=usage,
-                                             keep_reasoning=self._keep_reasoning)
+                                             keep_reasoning=keep)
         async for deltas in _direct.stream(response, parser, route.failures):
             yield deltas
 
-    async def _stream_sdk(self, body: bytes, usage: bool) -> AsyncIterator[Sequence[ChatDelta]]:
+    async def _stream_sdk(self, body: bytes, usage: bool, keep: _KeepReasoning | None
+                          ) -> AsyncIterator[Sequence[ChatDelta]]:
         # The SDK's documented route for raw requests (`client.post`) still gives us its
         # authentication, base URL, retries and error types, but skips the per-request walk
         # of its TypedDict annotations: the body is already plain JSON, so it is sent as is.
@@ -324,7 +321,7 @@ class OpenAIAdapter:
             pieces = IdleBound(response.aiter_bytes(), self._wait_bound, self._silent())
             try:
                 parser = ChatCompletionsStreamParser(secrets=secrets, expects_usage=usage,
-                                                     keep_reasoning=self._keep_reasoning)
+                                                     keep_reasoning=keep)
                 async for data in pieces:
                     deltas = parser.feed(data)
                     if deltas:
@@ -580,6 +577,8 @@ _CHUNKS = msgspec.json.Decoder(list[_Chunk])
 _CHUNK = msgspec.json.Decoder(_Chunk)
 #: The most `reasoning_content` an adapter keeps for the tool loops in flight, in characters.
 _REASONING_KEPT_CHARS = 16_000_000
+#: Keeps an answer's `reasoning_content` (its first call's id and name, the reasoning).
+_KeepReasoning = Callable[[str, str | None, str], None]
 _CUT_SHORT = "The OpenAI stream ended before the answer was complete"
 _DATA_LINE = re.compile(rb"^data:(.*)$", re.MULTILINE)
 
@@ -670,7 +669,7 @@ class ChatCompletionsStreamParser:
                  "expects_usage", "finish_reason", "finished", "reasoning", "secrets", "usage")
 
     def __init__(self, *, secrets: Sequence[str | None] = (), expects_usage: bool = True,
-                 keep_reasoning: Callable[[str, str], None] | None = None) -> None:
+                 keep_reasoning: _KeepReasoning | None = None) -> None:
         self._held = event_stream("The OpenAI stream", UpstreamProtocolError)
         #: The credentials the request carried: an error event echoing one loses it.
         self.secrets = secrets
@@ -688,7 +687,8 @@ class ChatCompletionsStreamParser:
         self._other_choices: dict[int, bool] = {}
         #: The answer's `reasoning_content` pieces, which the server may want back.
         self.reasoning: list[str] = []
-        #: Told (first tool call id, `reasoning`) as that call starts, when there is any.
+        #: Told (first tool call's id and name, `reasoning`) as that call starts, when there
+        #: is any.
         self._keep_reasoning = keep_reasoning
 
     def feed(self, data: bytes) -> list[ChatDelta]:
@@ -846,9 +846,10 @@ class ChatCompletionsStreamParser:
     def _first_call(self, tool_calls: list[_ToolCall]) -> None:
         """The answer's first call starts, after its `reasoning_content`: kept by id now, as
         a run stopped during the call still sends it back."""
-        call_id = tool_calls[0].id
-        if call_id and self._keep_reasoning is not None:
-            self._keep_reasoning(call_id, "".join(self.reasoning))
+        first = tool_calls[0]
+        if first.id and self._keep_reasoning is not None:
+            self._keep_reasoning(first.id, first.function.name if first.function else None,
+                                 "".join(self.reasoning))
 
     def _ended(self) -> None:
         """A finish reason or the usage came (after the first choice's finish reason): the

@@ -1,0 +1,165 @@
+"""What an adapter keeps of an answer for the tool loop's next request goes back to its own
+thread only: OpenAI-compatible `reasoning_content` (DeepSeek, Kimi K2), Claude's signed
+thinking, Gemini's thought signatures.
+
+Each was kept in one store for the whole process, keyed by the provider's id of the answer's
+first tool call, and put back on any later request whose history held a call of that id. Kimi
+K2 names calls `functions.NAME:IDX`, the same in every conversation, and a history's call ids
+are the client's to write: one user's reasoning went out in another user's requests (and to
+their model, which may repeat it). Now it is kept per thread, and only for the call that was
+streamed (same name; for Gemini, whose calls come whole, same arguments too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import orjson
+import pytest
+from ag_ui.core import UserMessage
+
+from copilot_runtime import OpenAIAdapter
+from copilot_runtime.adapters.base import ChatRequest
+from tests.conftest import ServeRuntime, run_input, text_of, types
+from tests.test_hostile_providers import (
+    AN_START,
+    ANSWER,
+    HEAD,
+    OA_DONE,
+    TIMEOUT_S,
+    ScriptedUpstream,
+    Step,
+    an,
+    an_args,
+    an_delta,
+    an_end,
+    an_stop,
+    an_tool_start,
+    gm_parts,
+    hostile,
+    oa_finish,
+    oa_tool,
+    run,
+    sse,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+#: The id every thread's first call gets, as Kimi K2 names calls.
+CALL_ID = "functions.lookup:0"
+ARGUMENTS = '{"q":"balance"}'
+LOOKUP = {"name": "lookup", "description": "Looks up an account",
+          "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}
+_THINKING = {"type": "enabled", "budget_tokens": 1024}
+
+
+def _calling(provider: str, reasoning: str) -> list[Step]:
+    """An answer that reasons (`reasoning`: its text, or its signature for Gemini), then
+    calls `lookup` under `CALL_ID`."""
+    if provider == "openai":
+        return [HEAD, sse({"choices": [{"index": 0, "delta": {
+                    "role": "assistant", "reasoning_content": reasoning}, "finish_reason": None}]}),
+                oa_tool(0, CALL_ID, "lookup", ARGUMENTS), oa_finish("tool_calls"), OA_DONE]
+    if provider == "anthropic":
+        return [HEAD, AN_START,
+                an({"type": "content_block_start", "index": 0, "content_block": {
+                    "type": "thinking", "thinking": "", "signature": ""}}),
+                an_delta({"type": "thinking_delta", "thinking": reasoning}),
+                an_delta({"type": "signature_delta", "signature": "sig-" + reasoning}),
+                an_stop(0), an_tool_start(1, CALL_ID, "lookup"), an_args(1, ARGUMENTS),
+                an_stop(1), *an_end("tool_use")]
+    return [HEAD, gm_parts({"text": "Let me look.", "thought": True}, {
+                "functionCall": {"id": CALL_ID, "name": "lookup",
+                                 "args": orjson.loads(ARGUMENTS)},
+                "thoughtSignature": base64.b64encode(reasoning.encode()).decode()},
+                reason="STOP", usage={"promptTokenCount": 3, "candidatesTokenCount": 2})]
+
+
+def _follow_up(thread: str, run: str, name: str = "lookup",
+               arguments: str = ARGUMENTS) -> dict[str, Any]:
+    """The client's tool result, after the history it kept of the thread's first run."""
+    return run_input("", thread=thread, run=run, tools=[LOOKUP], messages=[
+        {"id": "u", "role": "user", "content": "my balance?"},
+        {"id": "a", "role": "assistant", "toolCalls": [{
+            "id": CALL_ID, "type": "function",
+            "function": {"name": name, "arguments": arguments}}]},
+        {"id": "t", "role": "tool", "toolCallId": CALL_ID, "content": "12"}])
+
+
+def _sent_back(provider: str, request: bytes) -> str | None:
+    """What the request to the provider carried on the call's assistant message: reasoning
+    text, thinking text, or a signature (decoded; None for none or Google's stand-in)."""
+    body = orjson.loads(request.split(b"\r\n\r\n", 1)[1])
+    if provider == "openai":
+        (message,) = [m for m in body["messages"] if m.get("tool_calls")]
+        return message.get("reasoning_content")  # type: ignore[no-any-return]
+    if provider == "anthropic":
+        (turn,) = [m["content"] for m in body["messages"] if m["role"] == "assistant"]
+        if turn[0]["type"] != "thinking":
+            return None
+        assert turn[0]["signature"] == "sig-" + turn[0]["thinking"]
+        return turn[0]["thinking"]  # type: ignore[no-any-return]
+    (turn,) = [c["parts"] for c in body["contents"] if c["role"] == "model"]
+    signature = turn[0].get("thoughtSignature") or turn[0].get("thought_signature")
+    said = base64.urlsafe_b64decode(signature.replace("+", "-").replace("/", "_")).decode(
+        errors="replace")
+    return None if said == base64.urlsafe_b64decode(
+        "skip_thought_signature_validator").decode(errors="replace") else said
+
+
+@pytest.mark.parametrize("transport", ["direct", "sdk"])
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "google"])
+async def test_a_threads_kept_reasoning_never_goes_to_another_thread(
+        serve_runtime: ServeRuntime, provider: str, transport: str) -> None:
+    """Threads B and A (two users) each get a call under the same id; each one's tool result
+    goes back with its own reasoning, never the other's (B's carried A's, the latest); a
+    thread that never streamed the call gets none, nor does B's call under another name."""
+    b_said, a_said = "B thinks of B's account.", "A's private card is 4111-1111-1111-1111."
+    options = {"thinking": _THINKING} if provider == "anthropic" else {}
+    done = ANSWER[provider]("Done.")
+    async with hostile(serve_runtime, provider, _calling(provider, b_said),
+                       _calling(provider, a_said), done, transport=transport,
+                       **options) as (served, upstream):
+        for thread, run_id in (("thread-B", "b1"), ("thread-A", "a1")):
+            first = await run(served, run_input("my balance?", thread=thread, run=run_id,
+                                                tools=[LOOKUP]))
+            (start,) = [e for e in first if e["type"] == "TOOL_CALL_START"]
+            assert start["toolCallId"] == CALL_ID
+        followed = [await run(served, body) for body in (
+            _follow_up("thread-B", "b2"), _follow_up("thread-A", "a2"),
+            _follow_up("thread-C", "c1"), _follow_up("thread-B", "b3", name="other"))]
+    for events in followed:
+        assert types(events)[-1] == "RUN_FINISHED"
+        assert text_of(events)
+    sent = [_sent_back(provider, request) for request in upstream.requests[2:]]
+    assert sent == [b_said, a_said, None, None]
+
+
+async def test_gemini_signature_goes_back_only_with_the_arguments_it_was_given_for(
+        serve_runtime: ServeRuntime) -> None:
+    """A Gemini call comes whole: its signature goes back only on that call, not on one of
+    the same id and name with other arguments."""
+    async with hostile(serve_runtime, "google", _calling("google", "own"),
+                       ANSWER["google"]("Done.")) as (served, upstream):
+        await run(served, run_input("my balance?", thread="t", run="r1", tools=[LOOKUP]))
+        await run(served, _follow_up("t", "r2", arguments='{"q":"everything"}'))
+        await run(served, _follow_up("t", "r3"))
+    assert [_sent_back("google", r) for r in upstream.requests[1:]] == [None, "own"]
+
+
+async def test_a_request_of_no_thread_keeps_nothing() -> None:
+    """An adapter called outside any run, told no thread, keeps no reasoning (it could
+    never tell whose requests to give it back to)."""
+    async with ScriptedUpstream(_calling("openai", "unowned")) as upstream:
+        adapter = OpenAIAdapter(base_url=upstream.url + "/v1", api_key="sk-mock",
+                                max_retries=0)
+        try:
+            async with asyncio.timeout(TIMEOUT_S):
+                async for _ in adapter.stream(ChatRequest(
+                        messages=[UserMessage(id="u", content="my balance?")])):
+                    pass
+        finally:
+            await adapter.aclose()
+    assert len(adapter._reasoning) == 0
