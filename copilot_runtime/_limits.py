@@ -28,15 +28,17 @@ import orjson
 import structlog
 
 from copilot_runtime import events as ev
-from copilot_runtime._exceptions import JSONTooDeepError
+from copilot_runtime._exceptions import JSONTooDeepError, PayloadTooLargeError, UpstreamError
 from copilot_runtime.threads.base import ThreadRecord
 
 __all__ = [
     "DEFAULT_MAX_RUN_BYTES",
     "LARGE_JSON",
     "LIVE_RUN_FACTOR",
+    "MAX_HELD_BYTES",
     "MAX_JSON_DEPTH",
     "STATE_NOT_STORED",
+    "HeldTooLarge",
     "check_json_depth",
     "check_json_text",
     "decode_json",
@@ -64,6 +66,11 @@ DEFAULT_MAX_RUN_BYTES = 16 * 1024 * 1024
 #: A running run keeps its events (for its followers' replay and its store) up to this many
 #: times `max_run_bytes` (as `estimated_size` counts them); past that it is stopped.
 LIVE_RUN_FACTOR = 4
+#: The most (in characters) a model's answer may hold that no event carries: reasoning a
+#: client is not shown, thinking signatures, a tool call's arguments before its name. The
+#: bound of a running run counts only the events it sent: without this one, a stream that
+#: never ends filled the memory unseen. As much as that bound is by default.
+MAX_HELD_BYTES = LIVE_RUN_FACTOR * DEFAULT_MAX_RUN_BYTES
 #: What a token adds to its text as JSON: its keys, type name, a short id and punctuation.
 _EVENT_OVERHEAD = 64
 #: The keys of a token event (`type`, its id, `delta`); one with more is weighed whole.
@@ -75,6 +82,18 @@ _MIN_CUT = 256
 #: The one key of the state a stored run has in place of one too large to store (its value
 #: tells how many bytes it took): what a replay, and the thread's state, then show.
 STATE_NOT_STORED = "copilot_runtime.state_not_stored"
+
+
+class HeldTooLarge(UpstreamError):
+    """A model's answer held more than `MAX_HELD_BYTES` that no event carries: the run ends
+    as one whose events passed the bound of a running run does."""
+
+    code = PayloadTooLargeError.code
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"The run was stopped: the model's {what} passed {MAX_HELD_BYTES} "
+                         "bytes, the most a running run keeps")
+
 
 # The run-level events whose identity fields a client needs even when their payload is lost.
 _KEEP_FIELDS = {

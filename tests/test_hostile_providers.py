@@ -5,8 +5,10 @@ A raw loopback upstream answers each request with a script of bytes, pauses and 
 served by uvicorn. Covered: fields of the wrong type (a number where text belongs), chunks of
 an unexpected shape, token counts that are strings, bytes that are not UTF-8, a thought
 signature that is not base64, interleaved parallel tool calls, a tool call whose name comes in
-a later delta (also through LangChain's ChatOpenAI), CRLF-framed SSE, and a reset of a body
-delimited by the connection's close.
+a later delta (also through LangChain's ChatOpenAI), CRLF-framed SSE, a reset of a body
+delimited by the connection's close, reasoning (thinking, a call's arguments before its name)
+streamed without end to a client not shown it, Mistral's `content` as a list of chunks, and a
+frontend tool's call whose arguments are not JSON after a normal end.
 Every client stream must pass `verify_events`.
 """
 
@@ -34,13 +36,15 @@ from copilot_runtime.adapters.google import GeminiStreamParser, GoogleGenAIAdapt
 from copilot_runtime.adapters.openai import ChatCompletionsStreamParser
 from copilot_runtime.testing import verify_events
 from tests.conftest import RawServer, Served, ServeRuntime, parse_sse, run_input, text_of, types
+from tests.gql.wire import user_turn
 from tests.test_hardening import assert_clean
 
 pytestmark = pytest.mark.timeout(60)
 
 TIMEOUT_S = 30
 RESET = "reset"  # a step of a script: end the connection with a TCP RST
-Step = bytes | float | str  # bytes are written, a float is a pause in seconds, or RESET
+HANG = "hang"  # a step of a script: send nothing more until the client hangs up
+Step = bytes | float | str  # bytes are written, a float is a pause in seconds, RESET or HANG
 
 SET_COLOR = {"name": "setColor", "description": "Sets the colour",
              "parameters": {"type": "object", "properties": {"c": {"type": "string"}}}}
@@ -70,6 +74,8 @@ class ScriptedUpstream(RawServer):
                     await writer.drain()
                 elif isinstance(step, float):
                     await asyncio.sleep(step)
+                elif step == HANG:
+                    await reader.read()
                 else:
                     assert step == RESET
                     sock = writer.get_extra_info("socket")
@@ -556,3 +562,198 @@ def test_an_event_over_the_bound_is_a_protocol_error(provider: str) -> None:
     make, event = _LONG_EVENTS[provider]
     with pytest.raises(UpstreamProtocolError, match=f"larger than {MAX_EVENT_BYTES} bytes"):
         _feed(make(), event("x" * MAX_EVENT_BYTES), time.process_time() + 5)
+
+
+# ---- H: what an answer holds that no event carries has the live run's bound ----------------
+
+#: A piece of reasoning, thinking or arguments: 65 of them pass the bound (64 MiB).
+MIB = "x" * 2**20
+OVER_HELD_BOUND = 65
+
+
+def _endless(*steps: bytes) -> list[Step]:
+    """`steps`, then a stream that never ends (as far as the run can tell)."""
+    return [HEAD, *steps, HANG]
+
+
+ENDLESS: dict[str, tuple[str, list[Step]]] = {
+    "openai-reasoning_content": ("openai", _endless(*[sse({"choices": [{
+        "index": 0, "delta": {"reasoning_content": MIB}}]})] * OVER_HELD_BOUND)),
+    "anthropic-thinking": ("anthropic", _endless(AN_START, an({
+        "type": "content_block_start", "index": 0,
+        "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+        *[an_delta({"type": "thinking_delta", "thinking": MIB})] * OVER_HELD_BOUND)),
+    "anthropic-signature": ("anthropic", _endless(AN_START, an({
+        "type": "content_block_start", "index": 0,
+        "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+        *[an_delta({"type": "signature_delta", "signature": MIB})] * OVER_HELD_BOUND)),
+    "openai-call-without-name": ("openai", _endless(
+        oa_tool(0, "c1", None, '{"c":"'), *[oa_tool(0, arguments=MIB)] * OVER_HELD_BOUND)),
+}
+
+
+def _stopped_too_large(events: list[dict[str, Any]]) -> None:
+    assert types(events)[-1] == "RUN_ERROR", types(events)
+    assert events[-1]["code"] == "PAYLOAD_TOO_LARGE", events[-1]
+    assert f"passed {64 * 2**20} bytes" in events[-1]["message"], events[-1]
+    assert not any(e["type"].startswith(("REASONING", "TOOL_CALL")) for e in events), events
+
+
+@pytest.mark.parametrize("case", ENDLESS)
+async def test_an_endless_answer_no_event_carries_is_stopped_at_the_runs_bound(
+        serve_runtime: ServeRuntime, case: str) -> None:
+    """A client not shown reasoning (no `protocolVersion`) gets no event of it, and a call
+    without its name yet sends none: the live run's bound counts only events sent, so the
+    parser's reasoning (thinking, signature) or the call's held arguments grew without end
+    (1.2 GB streamed: RSS 122 -> 1327 MB). Now they count against the same bound: the run
+    ends PAYLOAD_TOO_LARGE as soon as they pass it (before: UPSTREAM_TIMEOUT, the stream's
+    silence after 65 MiB, with all of it held)."""
+    provider, script = ENDLESS[case]
+    async with hostile(serve_runtime, provider, script, timeout=3) as (served, _):
+        _stopped_too_large(await run(served, run_input("think")))
+
+
+async def test_endless_reasoning_over_graphql_is_stopped_at_the_runs_bound(
+        serve_runtime: ServeRuntime) -> None:
+    """The 1.10 GraphQL client is never shown reasoning: the same bound, the same failure."""
+    async with hostile(serve_runtime, "openai", ENDLESS["openai-reasoning_content"][1],
+                       timeout=3) as (served, _):
+        answer = await served.generate(user_turn("think"))
+    status = answer["status"]
+    assert status["code"] == "Failed", status
+    error = status["details"]["originalError"]
+    assert error["originalErrorType"] == "PAYLOAD_TOO_LARGE", error
+    assert f"passed {64 * 2**20} bytes" in status["details"]["description"], status
+
+
+# ---- I: Mistral's content as a list of chunks (Magistral, reasoning_effort) ----------------
+
+
+def _mistral(content: Any, finish: str | None = None) -> bytes:
+    return sse({"id": "c", "object": "chat.completion.chunk", "model": "magistral-medium-2509",
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": content},
+                             "finish_reason": finish}]})
+
+
+MISTRAL_THINKING = _mistral([{"type": "thinking", "thinking": [
+    {"type": "text", "text": "The user "}, {"type": "text", "text": "greets me."}]}])
+MISTRAL_ANSWER: list[Step] = [
+    HEAD, MISTRAL_THINKING,
+    _mistral([{"type": "text", "text": "Hello"},
+              {"type": "reference", "reference_ids": [1]}]),  # (a kind not read: left out)
+    _mistral(" there!"),  # its plain pieces are strings
+    _mistral("", "stop"),
+    sse({"id": "c", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 9}}),
+    OA_DONE]
+
+
+def _reasoning_of(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "REASONING_MESSAGE_CONTENT")
+
+
+@pytest.mark.parametrize("transport", ["direct", "sdk"])
+@pytest.mark.parametrize("framing", ["lf", "crlf"])
+async def test_mistrals_content_chunks_are_its_answer_and_its_reasoning(
+        serve_runtime: ServeRuntime, transport: str, framing: str) -> None:
+    """Before: `delta.content` had to be a string, and every answer of a Mistral reasoning
+    model failed UPSTREAM_PROTOCOL_ERROR. Now its text chunks are the answer, its thinking
+    chunks reasoning (for the clients shown it), other kinds of chunk left out."""
+    script = crlf(MISTRAL_ANSWER) if framing == "crlf" else MISTRAL_ANSWER
+    async with hostile(serve_runtime, "openai", script, transport=transport) as (served, _):
+        events = await run(served, run_input("hello", protocolVersion="1.0"))
+        unshown = await run(served, run_input("hello", thread="t-old", run="r-old"))
+    assert types(events)[-1] == "RUN_FINISHED", events
+    assert text_of(events) == "Hello there!"
+    assert _reasoning_of(events) == "The user greets me."
+    assert types(unshown)[-1] == "RUN_FINISHED", unshown
+    assert text_of(unshown) == "Hello there!"
+    assert not any(e["type"].startswith("REASONING") for e in unshown)
+
+
+async def test_mistrals_content_chunks_over_graphql(serve_runtime: ServeRuntime) -> None:
+    async with hostile(serve_runtime, "openai", MISTRAL_ANSWER) as (served, _):
+        answer = await served.generate(user_turn("hello"))
+    assert answer["status"]["code"] == "Success", answer["status"]
+    assert [m.get("content") for m in answer["messages"]
+            if m["__typename"] == "TextMessageOutput"] == [["Hello", " there!"]]
+
+
+async def test_mistrals_thinking_is_not_sent_back(serve_runtime: ServeRuntime) -> None:
+    """Mistral refuses an assistant message with `reasoning_content` (422 "Extra inputs are
+    not permitted"): its thinking is shown, never kept to go back as DeepSeek's is."""
+    first: list[Step] = [HEAD, MISTRAL_THINKING, oa_tool(0, "c1", "setColor", '{"c":"red"}'),
+                         oa_finish("tool_calls"), OA_DONE]
+    async with hostile(serve_runtime, "openai", first, oa_answer("done")) as (served, upstream):
+        events = await run(served, run_input("paint", thread="t-m", protocolVersion="1.0",
+                                              tools=[SET_COLOR]))
+        assert tool_calls(events) == {"c1": ("setColor", {"c": "red"})}
+        assert _reasoning_of(events) == "The user greets me."
+        follow_up = run_input("", thread="t-m", run="r2", protocolVersion="1.0",
+                              tools=[SET_COLOR], messages=[
+                                  {"id": "run-1-u", "role": "user", "content": "paint"},
+                                  {"id": "a1", "role": "assistant", "toolCalls": [{
+                                      "id": "c1", "type": "function", "function": {
+                                          "name": "setColor", "arguments": '{"c":"red"}'}}]},
+                                  {"id": "r1", "role": "tool", "toolCallId": "c1",
+                                   "content": "ok"}])
+        assert text_of(await run(served, follow_up)) == "done"
+    body = orjson.loads(upstream.requests[1].partition(b"\r\n\r\n")[2])
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "tool"]
+    assert "reasoning_content" not in body["messages"][1]
+
+
+# ---- J: a frontend tool is never handed arguments that are not JSON ------------------------
+
+BROKEN_ARGUMENTS: dict[str, tuple[str, list[Step]]] = {
+    # a small local model's single quotes, ended as every call is
+    "openai": ("openai", [HEAD, oa_tool(0, "call_1", "setColor", "{'c': 'red'}"),
+                          oa_finish("tool_calls"), OA_DONE]),
+    # a tool_use block whose input stops short, yet `stop_reason: tool_use`
+    "anthropic": ("anthropic", [HEAD, AN_START, an_tool_start(0), an_args(0, '{"c": "re'),
+                                an_stop(0), *an_end("tool_use")]),
+}
+
+
+def _broken_arguments_error(message: str, provider: str) -> None:
+    assert "'setColor'" in message, message
+    assert "not JSON" in message, message
+    assert PROVIDER_WORDS[provider] in message or provider in message, message
+
+
+@pytest.mark.parametrize("case", BROKEN_ARGUMENTS)
+async def test_a_frontend_tools_arguments_that_are_not_json_end_the_run(
+        serve_runtime: ServeRuntime, case: str) -> None:
+    """Before: RUN_FINISHED, and the client's tool was handed `{'c': 'red'}` (or
+    `{"c": "re`), which its JSON.parse throws on. Now the run ends with an UPSTREAM_ERROR
+    naming the tool, as a call cut by any other end does."""
+    provider, script = BROKEN_ARGUMENTS[case]
+    async with hostile(serve_runtime, provider, script) as (served, upstream):
+        events = await run(served, run_input("make it red", tools=[SET_COLOR]))
+    assert types(events)[-1] == "RUN_ERROR", types(events)
+    assert events[-1]["code"] == "UPSTREAM_ERROR", events[-1]
+    _broken_arguments_error(events[-1]["message"], provider)
+    assert len(upstream.requests) == 1
+
+
+@pytest.mark.parametrize("case", BROKEN_ARGUMENTS)
+async def test_a_frontend_tools_arguments_that_are_not_json_over_graphql(
+        serve_runtime: ServeRuntime, case: str) -> None:
+    provider, script = BROKEN_ARGUMENTS[case]
+    actions = [{"name": "setColor", "description": "Sets the colour",
+                "jsonSchema": orjson.dumps(SET_COLOR["parameters"]).decode()}]
+    async with hostile(serve_runtime, provider, script) as (served, _):
+        answer = await served.generate(user_turn("make it red", actions=actions))
+    status = answer["status"]
+    assert status["code"] == "Failed", status
+    assert status["details"]["originalError"]["originalErrorType"] == "UPSTREAM_ERROR", status
+    _broken_arguments_error(status["details"]["description"], provider)
+
+
+async def test_a_frontend_tool_without_arguments_still_runs(serve_runtime: ServeRuntime) -> None:
+    """Regression guard: a call that streamed no arguments at all is an empty object to the
+    client, as to an action; only text that is not JSON fails."""
+    script: list[Step] = [HEAD, oa_tool(0, "c1", "setColor", ""), oa_finish("tool_calls"),
+                          OA_DONE]
+    async with hostile(serve_runtime, "openai", script) as (served, _):
+        events = await run(served, run_input("paint", tools=[SET_COLOR]))
+    assert types(events)[-1] == "RUN_FINISHED", events

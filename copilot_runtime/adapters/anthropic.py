@@ -52,6 +52,7 @@ from copilot_runtime._exceptions import (
     upstream_said,
 )
 from copilot_runtime._held import event_stream
+from copilot_runtime._limits import MAX_HELD_BYTES, HeldTooLarge
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
     OPENING_TURN,
@@ -475,9 +476,9 @@ class AnthropicStreamParser:
     numbered by the API (`index`); tool-use blocks are renumbered 0, 1, ... as call indexes.
     """
 
-    __slots__ = ("_args_seen", "_calls", "_held", "_keep_thinking", "_open_thinking", "done",
-                 "extra_usage", "finish_reason", "finished", "input_tokens", "output_tokens",
-                 "secrets", "thinking", "tool_ids")
+    __slots__ = ("_args_seen", "_calls", "_held", "_keep_thinking", "_open_thinking",
+                 "_thinking_size", "done", "extra_usage", "finish_reason", "finished",
+                 "input_tokens", "output_tokens", "secrets", "thinking", "tool_ids")
 
     def __init__(self, *, secrets: Sequence[str | None] = (),
                  keep_thinking: _KeepThinking | None = None,
@@ -493,6 +494,9 @@ class AnthropicStreamParser:
         #: back.
         self._keep_thinking = keep_thinking
         self._open_thinking: dict[int, tuple[list[str], list[str]]] = {}
+        #: The length of the thinking (and signatures) held: no event counts them against
+        #: the run's bound when the client is not shown reasoning.
+        self._thinking_size = 0
         self._calls: dict[int, int] = {}
         self._args_seen: set[int] = set()
         self.done = False
@@ -578,11 +582,15 @@ class AnthropicStreamParser:
                 open_block = self._open_thinking.get(event.get("index", 0))
                 if text and open_block is not None:
                     open_block[0].append(text)
+                    self._thinking_size += len(text)  # (the hot path: the add, inline)
+                    if self._thinking_size > MAX_HELD_BYTES:
+                        raise after(out, HeldTooLarge("thinking"))
                     out.append(ReasoningDelta(text))
             elif delta_kind == "signature_delta":
                 open_block = self._open_thinking.get(event.get("index", 0))
                 if open_block is not None and _text(delta.get("signature")):
                     open_block[1].append(delta["signature"])
+                    self._held_thinking(len(delta["signature"]), out)
         elif kind == "content_block_start":
             block = event.get("content_block") or {}
             index = event.get("index", 0)
@@ -590,10 +598,13 @@ class AnthropicStreamParser:
                 if _text(block.get("text")):
                     out.append(TextDelta(block["text"]))
             elif block.get("type") == "thinking":
-                self._open_thinking[index] = ([block.get("thinking") or ""],
-                                              [block.get("signature") or ""])
+                said, signed = block.get("thinking") or "", block.get("signature") or ""
+                self._open_thinking[index] = ([said], [signed])
+                self._held_thinking(len(said) + len(signed), out)
             elif block.get("type") == "redacted_thinking":
-                self.thinking.append({"type": "redacted_thinking", "data": block.get("data")})
+                data = block.get("data")
+                self.thinking.append({"type": "redacted_thinking", "data": data})
+                self._held_thinking(len(data) if isinstance(data, str) else 0, out)
             elif block.get("type") == "tool_use":
                 _text(block.get("id")), _text(block.get("name"))
                 if block.get("id"):
@@ -642,6 +653,12 @@ class AnthropicStreamParser:
                                            f"{upstream_said(str(message), self.secrets)}"),
                         spent)
         # `ping` and unknown future events are ignored
+
+    def _held_thinking(self, size: int, out: list[ChatDelta]) -> None:
+        """`size` more characters of thinking held: past `MAX_HELD_BYTES`, the run ends."""
+        self._thinking_size += size
+        if self._thinking_size > MAX_HELD_BYTES:
+            raise after(out, HeldTooLarge("thinking"))
 
     def _usage(self, data: Any) -> None:
         """Token counts; one of another type is left out rather than failing the answer."""

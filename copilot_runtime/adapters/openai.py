@@ -36,6 +36,7 @@ from copilot_runtime._exceptions import (
     upstream_said,
 )
 from copilot_runtime._held import event_stream
+from copilot_runtime._limits import MAX_HELD_BYTES, HeldTooLarge
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
     OPENING_TURN,
@@ -575,6 +576,70 @@ class _Chunk(msgspec.Struct):
 
 _CHUNKS = msgspec.json.Decoder(list[_Chunk])
 _CHUNK = msgspec.json.Decoder(_Chunk)
+
+
+class _Part(msgspec.Struct):
+    """A chunk of a `content` that is a list (Mistral's reasoning models): `text`, or
+    `thinking` whose own chunks are text; other kinds (a reference) are left out."""
+
+    type: Any = None
+    text: Any = None
+    thinking: Any = None
+
+
+# The chunk's structs again, but `content` a list too: decoded only when a chunk failed the
+# plain decode, so that a string's path stays as it was.
+class _ListedDelta(_Delta):
+    content: str | list[_Part] | None = None  # type: ignore[assignment]
+
+
+class _ListedChoice(_Choice):
+    delta: _ListedDelta | None = None
+
+
+class _ListedChunk(_Chunk):
+    choices: list[_ListedChoice] | None = None  # type: ignore[assignment]
+
+
+_LISTED_CHUNK = msgspec.json.Decoder(_ListedChunk)
+
+
+def _listed_chunks(payload: bytes) -> list[_Chunk] | None:
+    """The chunks `payload` says when its `content` is a list of chunks (Mistral's
+    Magistral, or a model given `reasoning_effort`): its thinking first, as reasoning, then
+    its text; None when it does not decode so either.
+
+    The thinking goes as `reasoning` (shown, never sent back): Mistral refuses an assistant
+    message that carries `reasoning_content` ("Extra inputs are not permitted").
+    """
+    try:
+        chunk = _LISTED_CHUNK.decode(payload)
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    thought: list[_Choice] = []
+    for choice in chunk.choices or ():
+        delta = choice.delta
+        if delta is None or not isinstance(delta.content, list):
+            continue
+        parts = delta.content
+        thinking = "".join(_text_of(p.thinking) for p in parts if p.type == "thinking")
+        delta.content = "".join(p.text for p in parts if p.type == "text"
+                                and isinstance(p.text, str)) or None
+        if thinking:
+            thought.append(_Choice(choice.index, _Delta(reasoning=thinking)))
+    return [_Chunk(choices=thought), chunk] if thought else [chunk]
+
+
+def _text_of(thinking: Any) -> str:
+    """The text of a thinking chunk's `thinking`: its text chunks (or a plain string)."""
+    if isinstance(thinking, str):
+        return thinking
+    if not isinstance(thinking, list):
+        return ""
+    return "".join(p["text"] for p in thinking if isinstance(p, dict)
+                   and p.get("type") == "text" and isinstance(p.get("text"), str))
+
+
 #: The most `reasoning_content` an adapter keeps for the tool loops in flight, in characters.
 _REASONING_KEPT_CHARS = 16_000_000
 #: Keeps an answer's `reasoning_content` (its first call's id and name, the reasoning).
@@ -624,6 +689,10 @@ def _chunks_before_error(payloads: list[bytes]
         try:
             chunks.append(_CHUNK.decode(payload))
         except msgspec.ValidationError:
+            listed = _listed_chunks(payload)
+            if listed is not None:
+                chunks.extend(listed)
+                continue
             # A field of the wrong type (`choices` not a list, `delta` not an object).
             return chunks, UpstreamProtocolError(
                 "The OpenAI stream sent a chunk that does not match the Chat Completions "
@@ -665,8 +734,9 @@ class ChatCompletionsStreamParser:
     for it): some servers and proxies send nothing after it, and keep the stream open.
     """
 
-    __slots__ = ("_calls", "_count", "_held", "_keep_reasoning", "_other_choices", "done",
-                 "expects_usage", "finish_reason", "finished", "reasoning", "secrets", "usage")
+    __slots__ = ("_calls", "_count", "_held", "_keep_reasoning", "_other_choices",
+                 "_reasoning_size", "done", "expects_usage", "finish_reason", "finished",
+                 "reasoning", "secrets", "usage")
 
     def __init__(self, *, secrets: Sequence[str | None] = (), expects_usage: bool = True,
                  keep_reasoning: _KeepReasoning | None = None) -> None:
@@ -687,6 +757,9 @@ class ChatCompletionsStreamParser:
         self._other_choices: dict[int, bool] = {}
         #: The answer's `reasoning_content` pieces, which the server may want back.
         self.reasoning: list[str] = []
+        #: Their length: no event counts them against the run's bound when the client is
+        #: not shown reasoning.
+        self._reasoning_size = 0
         #: Told (first tool call's id and name, `reasoning`) as that call starts, when there
         #: is any.
         self._keep_reasoning = keep_reasoning
@@ -838,6 +911,9 @@ class ChatCompletionsStreamParser:
         said = delta.reasoning_content
         if isinstance(said, str) and said:
             self.reasoning.append(said)
+            self._reasoning_size += len(said)
+            if self._reasoning_size > MAX_HELD_BYTES:
+                raise after(out, HeldTooLarge("reasoning"))
         else:
             said = delta.reasoning
         if isinstance(said, str) and said:

@@ -39,7 +39,7 @@ from copilot_runtime._exceptions import (
     UpstreamError,
 )
 from copilot_runtime._input import RunInput
-from copilot_runtime._limits import decode_json
+from copilot_runtime._limits import MAX_HELD_BYTES, HeldTooLarge, decode_json
 from copilot_runtime._strings import not_one_string
 from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import (
@@ -148,6 +148,8 @@ class _Answer:
     #: and whether its event was sent (it waits for the call's TOOL_CALL_START).
     signed: tuple[_Call, str] | None = None
     signed_said: bool = False
+    #: The length of the arguments held that no event sent (a call's before its name).
+    held: int = 0
 
     def translate(self, deltas: Sequence[ChatDelta]) -> list[Event]:
         """The events of one batch of deltas.
@@ -201,6 +203,10 @@ class _Answer:
                     call.arguments.append(delta.arguments)
                     if call.said == _OPEN:
                         batch.append(tool_call_args(call.id, delta.arguments))
+                    else:  # (no event: the run's bound would never count them)
+                        self.held += len(delta.arguments)
+                        if self.held > MAX_HELD_BYTES:
+                            raise HeldTooLarge("tool call's arguments")
                 if call.said == _HELD and delta.name:
                     call.name = delta.name  # it may come after the id, as the SDK allows
                     call.start(message_id, batch)
@@ -252,6 +258,14 @@ class _Answer:
         """The first call whose arguments are not whole JSON (read once, at the answer's
         end: an answer cut at the token limit may have stopped in the middle of them)."""
         return next((c for c in self.calls if not c.complete()), None)
+
+    def broken_call(self, frontend: set[str]) -> _Call | None:
+        """The first call of a frontend tool whose arguments are not JSON, though the answer
+        ended as it should (a small model's single quotes, a provider's cut input): the
+        client would be handed them. No arguments at all are the empty object, as an
+        action takes them."""
+        return next((c for c in self.calls if c.name in frontend and c.arguments
+                     and not c.complete()), None)
 
     def message(self) -> AssistantMessage:
         """The answer as the assistant message the next step's history holds."""
@@ -367,6 +381,13 @@ class BuiltInAgent(Agent):
                             if batch:
                                 yield batch
                             raise _cut_call_error(reason, cut.name, self.adapter.provider)
+                        if answer.calls and (broken := answer.broken_call(
+                                turn.frontend)) is not None:
+                            # An action tells the model its arguments are not JSON; the
+                            # client's tool would throw on them, so the run ends here too.
+                            if batch:
+                                yield batch
+                            raise _broken_call_error(broken.name, self.adapter.provider)
                         # The stream's last read: its closing events go in the same write,
                         # and so do the run's when no server-side action is left to run.
                         batch.extend(answer.close())
@@ -551,6 +572,14 @@ def _cut_call_error(reason: str | None, name: str, provider: str) -> Exception:
     return UpstreamError(
         f"The {provider} model's answer ended ({reason}) in the middle of its call of "
         f"{name!r}: its arguments are incomplete")
+
+
+def _broken_call_error(name: str, provider: str) -> UpstreamError:
+    """The run's error when the answer ended as it should, but a frontend tool's call has
+    arguments that are not JSON."""
+    return UpstreamError(
+        f"The {provider} model called {name!r} with arguments that are not JSON: the "
+        "client's tool cannot take them")
 
 
 def _check_ended(reason: str | None, answer: _Answer, provider: str) -> None:
