@@ -20,8 +20,10 @@ import orjson
 import pytest
 from ag_ui.core import UserMessage
 
-from copilot_runtime import OpenAIAdapter
+from copilot_runtime import CopilotRuntime, OpenAIAdapter
+from copilot_runtime._input import parse_run_input
 from copilot_runtime.adapters.base import ChatRequest
+from copilot_runtime.testing import ScriptedAdapter, text_turn
 from tests.conftest import ServeRuntime, run_input, text_of, types
 from tests.test_hostile_providers import (
     AN_START,
@@ -163,3 +165,17 @@ async def test_a_request_of_no_thread_keeps_nothing() -> None:
         finally:
             await adapter.aclose()
     assert len(adapter._reasoning) == 0
+
+
+async def test_the_built_in_agent_names_its_runs_thread_in_every_request() -> None:
+    # The thread is the agent's to say, not only the run's log context's (an agent run
+    # outside the runtime's run machinery has none).
+    adapter = ScriptedAdapter([text_turn("hi")])
+    runtime = CopilotRuntime(service_adapter=adapter)
+    run = await runtime.start_run("default", parse_run_input(run_input("go", thread="t-own")))
+
+    async def write(batch: Any) -> None:
+        pass
+
+    await run.drive(write)
+    assert [r.thread_id for r in adapter.requests] == ["t-own"]

@@ -124,6 +124,8 @@ class _Turn:
     settings: dict[str, Any]
     #: The application state the model sees and may change (None: it sees none).
     shared: SharedState | None = None
+    #: The run's thread: what an adapter keeps of an answer goes back only to its requests.
+    thread_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -470,7 +472,7 @@ class BuiltInAgent(Agent):
         return _Turn(tools=tools, frontend=set(frontend),
                      history=list(model.messages),
                      system_prompt=self._system_prompt(model.context or ()),
-                     settings=settings, shared=shared)
+                     settings=settings, shared=shared, thread_id=input.thread_id)
 
     @staticmethod
     def _request(turn: _Turn, *, first_step: bool, last_step: bool) -> ChatRequest:
@@ -490,7 +492,7 @@ class BuiltInAgent(Agent):
             messages=turn.history, tools=turn.tools, system_prompt=system_prompt,
             model=settings.get("model"), temperature=settings.get("temperature"),
             max_tokens=settings.get("max_tokens"), stop=settings.get("stop"),
-            tool_choice=choice,
+            tool_choice=choice, thread_id=turn.thread_id,
         )
 
     async def _run_tools(self, calls: list[_Call], turn: _Turn,
