@@ -374,8 +374,10 @@ def _checkpoints_beside(db: str) -> str:
     """The demo's checkpoint URL: a SQLite file next to its thread database."""
     if db == ":memory:":
         return "memory"
-    path = Path(db)
-    return "sqlite:///" + str(path.with_name(path.stem + ".checkpoints.sqlite3"))
+    beside = str(Path(db).with_name(Path(db).stem + ".checkpoints.sqlite3"))
+    # The URL's reader decodes %XX and ends the path at "?": quoted, both stay in the name
+    # (not urllib.parse.quote: a name that is not UTF-8 would not round-trip).
+    return "sqlite:///" + beside.replace("%", "%25").replace("?", "%3F")
 
 
 def _default_checkpoints(store: Any, threads: str | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import socket
 import subprocess
 import sys
@@ -359,6 +360,8 @@ async def test_the_offline_model_names_the_colours_it_can_set_for_another() -> N
     ("roll 2d8 please", {"count": 2, "sides": 8}),
     ("Roll a die", {}),  # the tool's defaults
     ("Roll 500 dice with 5000 sides", {"count": 100, "sides": 1000}),  # the schema's bounds
+    ("Roll dice, sides: 20, count of 3", {"count": 3, "sides": 20}),
+    ("roll a die: sides = 10", {"sides": 10}),
 ])
 async def test_the_offline_model_takes_numbers_from_the_text(
         text: str, arguments: dict[str, int]) -> None:
@@ -374,6 +377,61 @@ async def test_the_offline_model_quotes_a_long_paste_briefly_and_quickly(size: i
     assert paste[:150] in turn.text
     # Each piece waits `delay` (20 ms): the answer streams for at most ~3 s.
     assert turn.pieces <= 150
+
+
+#: A tool named with many words, as a page may declare one.
+MANY_WORDS_TOOL = ToolSpec("a_a_a_a_a_a_a_a_zz", "x", {"type": "object", "properties": {}})
+#: Seconds the offline model may take for one hostile message below: 0.1 to 2 ms, at worst
+#: 30 ms, here (they took 4 to 41 s); and GET /info of a live demo that streams its answer
+#: meanwhile: 20 ms idle, 45 to 80 ms (it waited 18 s).
+QUICK = 0.3
+INFO_QUICK = 1.0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("text", "tools", "call"), [
+    pytest.param(" ".join(["a"] * 40), [MANY_WORDS_TOOL], None, id="a tool's 9 words"),
+    pytest.param("set accent " * 800, DEMO_TOOLS, None, id="the page's tool's words repeated"),
+    pytest.param("roll the dice sides" + " " * 16_000 + "x", DEMO_TOOLS, ("roll_dice", {}),
+                 id="spaces after a parameter's name"),
+    pytest.param("roll a die with side" + "0" * 16_000 + "x", DEMO_TOOLS, ("roll_dice", {}),
+                 id="digits in a parameter's word"),
+])
+async def test_the_offline_model_reads_a_hostile_message_quickly(
+        text: str, tools: list[ToolSpec], call: tuple[str, dict[str, Any]] | None) -> None:
+    """Before: a tool's words were matched with a backtracking regex (`a.*?b.*?c`), and a
+    number after a parameter's name too: a short message took seconds to minutes, all on the
+    server's event loop."""
+    start = time.perf_counter()
+    turn = await _demo_turn(text, tools)
+    assert time.perf_counter() - start < QUICK
+    assert turn.call == call
+
+
+async def test_the_offline_model_reads_a_messages_first_4000_characters() -> None:
+    assert (await _demo_turn("x" * 3_950 + " roll a die")).call == ("roll_dice", {})
+    assert (await _demo_turn("x" * 4_000 + " roll a die")).call is None
+
+
+@pytest.mark.timeout(120)
+def test_the_live_demo_answers_while_its_offline_model_reads_a_hostile_message(
+        demo_server: str) -> None:
+    """Before: the demo page's own tool and "set accent " * 800 (8.8 KB) held the server's
+    event loop: GET /info waited 18 s."""
+    tool = {"name": "set_accent_color", "description": "Set the page's accent colour",
+            "parameters": {"type": "object", "required": ["color"], "properties": {
+                "color": {"type": "string", "enum": ["teal", "crimson", "indigo"]}}}}
+    body = run_input("set accent " * 800, thread="t-hostile", tools=[tool])
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        run = pool.submit(httpx2.post, demo_server + "/agent/default/run", json=body,
+                          timeout=60)
+        for _ in range(5):  # while the run is read and answered (about 1.5 s)
+            time.sleep(0.1)
+            assert httpx2.get(demo_server + "/info", timeout=INFO_QUICK).status_code == 200
+        events = parse_sse(run.result().content)
+    verify_events(events)
+    assert events[-1]["type"] == "RUN_FINISHED"
+    assert "offline demo model" in text_of(events)
 
 
 async def test_the_offline_model_streams_a_long_answer_in_bounded_pieces() -> None:

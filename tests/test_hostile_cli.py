@@ -447,6 +447,29 @@ def test_the_demos_checkpoints_go_with_its_threads(
     assert f"(checkpoints: {expected.format(tmp=tmp_path)})" in out
 
 
+@pytest.mark.parametrize("name", ["team?a", "team?b", "pct%2Fx", "50%25off", "q#1 x"])
+def test_the_demos_checkpoints_are_exactly_beside_a_thread_file_of_any_name(
+        cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path, name: str) -> None:
+    """Before: the file's name went into the URL as it is, and the URL's reader decodes %XX
+    and ends the path at "?": `team?a.sqlite3` and `team?b.sqlite3` shared the checkpoints
+    of a file `team`, `pct%2Fx.sqlite3` kept them in a folder `pct/`."""
+    out, _ = _banner(monkeypatch, capsys, ["demo", "--port", str(free_port()),
+                                           "--db", str(tmp_path / f"{name}.sqlite3")])
+    (url,) = (line.split("(checkpoints: ", 1)[1].rstrip(")") for line in out.splitlines()
+              if "(checkpoints: " in line)
+    saver = checkpointer(url)
+
+    async def open_and_close() -> None:
+        await saver.aget_tuple({"configurable": {"thread_id": "t"}})  # creates the file
+        await saver.aclose()
+
+    asyncio.run(open_and_close())
+    assert (tmp_path / f"{name}.checkpoints.sqlite3").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if "checkpoints" in p.name
+                  or not p.name.startswith(name)) == [f"{name}.checkpoints.sqlite3"]
+
+
 def test_the_demos_banner_hides_a_password_given_as_a_query_option(
         cli: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Before: only `user:password@` was blanked: a libpq `?password=` (or `sslpassword=`)

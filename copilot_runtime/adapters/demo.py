@@ -6,14 +6,16 @@ argument takes the value the user named), or asks about the weather or for a dic
 such tools exist; after a tool result it reports what the tool returned. Arguments come from
 the wording: a city after "in", "for" or "at" ("weather in paris today?" -> "Paris"), numbers
 before or after a parameter's name or in dice notation ("3 dice with 20 sides", "2d8"),
-within the schema's bounds. When the city or the value of an enum is missing or not offered,
-it says what it can do instead of calling the tool. Answers stream word by word, then in
-larger pieces, so a long one ends within a few seconds; a long message is quoted in part.
+within the schema's bounds; all of it from the message's first 4,000 characters. When the
+city or the value of an enum is missing or not offered, it says what it can do instead of
+calling the tool. Answers stream word by word, then in larger pieces, so a long one ends
+within a few seconds; a long message is quoted in part.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import hashlib
 import re
 from collections.abc import AsyncIterator, Sequence
@@ -36,6 +38,14 @@ __all__ = ["DemoAdapter"]
 _CITY_START = re.compile(r"\b(?:in|for|at)\s+", re.IGNORECASE)
 _WORD = re.compile(r"[^\W\d_][\w'\-]*")
 _SPACES = re.compile(r" +")
+_WORD_RUN = re.compile(r"\w+")
+#: What may come between a parameter's name and its number: the rest of the word, then
+#: "of", "=" or ":" ("sides of 20", "count: 3"). Possessive (`*+`): nothing is tried twice,
+#: so a run of spaces costs its length, not its square.
+_NUMBER_AFTER = re.compile(r"\w*+\s*+(?:(?:of|=|:)\s*+)?(\d+(?:\.\d+)?)\b")
+#: The tool choice and its arguments read the message's first 4,000 characters only: a tool
+#: or a number named further on is not looked for, and a long message costs no more.
+_READ_CHARS = 4_000
 #: Words that end a city's name ("in Paris today", "for London this weekend please").
 _NOT_CITY = frozenset({
     "today", "tomorrow", "tonight", "now", "right", "currently", "later", "soon", "this",
@@ -111,10 +121,10 @@ def _choose_tool(request: ChatRequest) -> tuple[str, str] | str | None:
     as the answer; or None: no tool asked for."""
     if not request.messages or not isinstance(request.messages[-1], UserMessage):
         return None
-    text = _last_user_text(request)
+    text = _last_user_text(request)[:_READ_CHARS]
     lowered = text.lower()
     tools = {t.name: t for t in request.tools}
-    spoken = lowered.replace("colour", "color")
+    spoken = _word_positions(lowered.replace("colour", "color"))
     for name, tool in tools.items():
         # "set_accent_color" is named either as it is or in words ("set the accent colour").
         words = name.lower().replace("-", "_").split("_")
@@ -138,11 +148,30 @@ def _call(tool: ToolSpec, text: str) -> tuple[str, str] | str:
     return tool.name, orjson.dumps(arguments).decode()
 
 
-def _in_order(words: list[str], text: str) -> bool:
-    """Whether all of `words` (two or more) appear in `text` as words, in that order."""
+def _word_positions(text: str) -> dict[str, list[int]]:
+    """Each word of `text` (a run of letters, digits and "_") and where it is: its indexes,
+    in order, in the text's list of words."""
+    positions: dict[str, list[int]] = {}
+    for index, word in enumerate(_WORD_RUN.findall(text)):
+        positions.setdefault(word, []).append(index)
+    return positions
+
+
+def _in_order(words: list[str], positions: dict[str, list[int]]) -> bool:
+    """Whether all of `words` (two or more) are words of the text of `positions`, in that
+    order. Each is the first of its kind after the one before, found by bisection: a tool
+    costs a few steps per word, however long the text (a regex `a.*?b.*?c` backtracked: a
+    short message took minutes)."""
     if len(words) < 2 or not all(words):
         return False
-    return re.search(r"\b" + r"\b.*?\b".join(map(re.escape, words)) + r"\b", text) is not None
+    before = -1
+    for word in words:
+        found = positions.get(word, [])
+        after = bisect.bisect_right(found, before)
+        if after == len(found):
+            return False
+        before = found[after]
+    return True
 
 
 def _city(text: str) -> str | None:
@@ -173,10 +202,12 @@ def _number_for(name: str, spec: dict[str, Any], text: str) -> int | float | Non
     "d20" and "2d8" for sides and count; "3 dice" for a count), within the schema's bounds."""
     stem = re.escape(name.lower().rstrip("s"))
     dice = re.search(r"\b(\d*)d(\d+)\b", text)
-    found = (re.search(rf"\b(\d+(?:\.\d+)?)[\s-]*{stem}", text)
-             or re.search(rf"\b{stem}\w*\s*(?:of|=|:)?\s*(\d+(?:\.\d+)?)\b", text))
-    if found:
-        value = found.group(1)
+    before = re.search(rf"\b(\d+(?:\.\d+)?)[\s-]*{stem}", text)
+    after = None if before else _number_after(stem, text)
+    if before:
+        value = before.group(1)
+    elif after is not None:
+        value = after
     elif dice and name.lower() in _SIDES_ARGUMENTS:
         value = dice.group(2)
     elif dice and dice.group(1) and name.lower() in _COUNT_ARGUMENTS:
@@ -192,6 +223,16 @@ def _number_for(name: str, spec: dict[str, Any], text: str) -> int | float | Non
     if isinstance(spec.get("maximum"), int | float):
         number = min(number, spec["maximum"])
     return number
+
+
+def _number_after(stem: str, text: str) -> str | None:
+    """The number after the first word that begins with `stem` and is followed by one
+    ("sides 20", "sides: 20", "count of 3")."""
+    for word in re.finditer(rf"\b{stem}", text):
+        number = _NUMBER_AFTER.match(text, word.end())
+        if number:
+            return number.group(1)
+    return None
 
 
 def _arguments_for(tool: ToolSpec, text: str) -> dict[str, Any] | str:
