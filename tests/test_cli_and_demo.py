@@ -408,6 +408,31 @@ async def test_the_offline_model_reads_a_hostile_message_quickly(
     assert turn.call == call
 
 
+@pytest.mark.timeout(120)
+async def test_the_offline_model_reads_a_tools_first_parameters_and_values_only() -> None:
+    """Before: each parameter and enum value cost searches of the message, and the required
+    list was scanned for each: a tool of 20,000 numbers held the server 24 s, an enum of
+    20,000 values 5 s. The first 32 parameters and 64 values are read; the rest get
+    defaults."""
+    numbers = {f"p{i}": {"type": "integer"} for i in range(20_000)}
+    tools = [ToolSpec("set_accent_color", "x", {"type": "object", "properties": numbers,
+                                                "required": list(numbers)})]
+    start = time.perf_counter()
+    turn = await _demo_turn("set the accent color p1 7 and p40 9 " + "p2 " * 1_000, tools)
+    assert time.perf_counter() - start < QUICK
+    assert turn.call is not None
+    name, arguments = turn.call
+    assert (name, arguments["p1"], arguments["p40"]) == ("set_accent_color", 7, 6)
+    assert len(arguments) == 20_000
+    values = {"type": "string", "enum": [f"v{i}" for i in range(20_000)]}
+    tools = [ToolSpec("set_accent_color", "x", {"type": "object", "properties": {
+        "color": values}, "required": ["color"]})]
+    start = time.perf_counter()
+    turn = await _demo_turn("set the accent color to v3 " + "v2 " * 1_000, tools)
+    assert time.perf_counter() - start < QUICK
+    assert turn.call == ("set_accent_color", {"color": "v2"})
+
+
 async def test_the_offline_model_reads_a_messages_first_4000_characters() -> None:
     assert (await _demo_turn("x" * 3_950 + " roll a die")).call == ("roll_dice", {})
     assert (await _demo_turn("x" * 4_000 + " roll a die")).call is None

@@ -46,6 +46,11 @@ _NUMBER_AFTER = re.compile(r"\w*+\s*+(?:(?:of|=|:)\s*+)?(\d+(?:\.\d+)?)\b")
 #: The tool choice and its arguments read the message's first 4,000 characters only: a tool
 #: or a number named further on is not looked for, and a long message costs no more.
 _READ_CHARS = 4_000
+#: And a tool's first 32 parameters and an enum's first 64 values only: each costs a search
+#: of the message (a page declaring 20,000 numbers held the server 15 s); the rest of the
+#: required ones get defaults.
+_READ_PARAMETERS = 32
+_READ_VALUES = 64
 #: Words that end a city's name ("in Paris today", "for London this weekend please").
 _NOT_CITY = frozenset({
     "today", "tomorrow", "tonight", "now", "right", "currently", "later", "soon", "this",
@@ -239,15 +244,18 @@ def _arguments_for(tool: ToolSpec, text: str) -> dict[str, Any] | str:
     """Plausible arguments: a city and numbers the user named, otherwise simple defaults per
     type; or, when a city or an enum's value is missing or not offered, what it can do."""
     properties = tool.parameters.get("properties") or {}
-    required = tool.parameters.get("required") or []
+    listed = tool.parameters.get("required")
+    required = {r for r in listed if isinstance(r, str)} if isinstance(listed, list) else set()
     lowered = text.lower()
     arguments: dict[str, Any] = {}
     city = _city(text)
-    for name, spec in properties.items():
+    named_colours = [c for c in re.findall(r"[a-z]+", lowered) if c in _COLOURS]
+    for index, (name, spec) in enumerate(properties.items()):
         spec = spec if isinstance(spec, dict) else {}
         kind = spec.get("type")
+        read = lowered if index < _READ_PARAMETERS else ""
         if kind in ("integer", "number"):
-            number = _number_for(name, spec, lowered)
+            number = _number_for(name, spec, read) if read else None
             if number is not None:
                 arguments[name] = number
             elif name in required:
@@ -263,9 +271,10 @@ def _arguments_for(tool: ToolSpec, text: str) -> dict[str, Any] | str:
             arguments[name] = True
         elif spec.get("enum"):
             offered = [v for v in spec["enum"] if isinstance(v, str)]
-            named = [v for v in offered if re.search(rf"\b{re.escape(v.lower())}\b", lowered)]
-            other_colours = [c for c in re.findall(r"[a-z]+", lowered)
-                             if c in _COLOURS and c not in map(str.lower, offered)]
+            named = [v for v in offered[:_READ_VALUES] if read and re.search(
+                rf"\b{re.escape(v.lower())}\b", read)]
+            lowered_offered = {v.lower() for v in offered}
+            other_colours = [c for c in named_colours if c not in lowered_offered]
             if not named and other_colours and any(v.lower() in _COLOURS for v in offered):
                 return (f"I cannot set {other_colours[0]} with {tool.name}. "
                         f"I can set: {', '.join(offered)}.")
