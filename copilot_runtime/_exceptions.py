@@ -241,6 +241,19 @@ FAILURES_OF_CALLED_CODE: tuple[type[BaseException], ...] = (
     Exception, SystemExit, KeyboardInterrupt)
 
 
+#: The BaseExceptions that are no `Exception` Python itself raises to unwind a task, a
+#: generator or the process: they go on up, whoever catches failures.
+_UNWINDING: tuple[type[BaseException], ...] = (
+    asyncio.CancelledError, GeneratorExit, KeyboardInterrupt, SystemExit)
+
+
+def library_base_exception(exc: BaseException) -> bool:
+    """Whether `exc` is a library's own BaseException that is no `Exception` (gevent's
+    `Timeout`, func_timeout's `FunctionTimedOut`): a failure of the code that raised it, not
+    one Python unwinds with (`_UNWINDING`)."""
+    return not isinstance(exc, (Exception, *_UNWINDING))
+
+
 def cancelled_itself() -> bool:
     """Whether the `asyncio.CancelledError` being handled was raised by the code called (its
     failure), not by a cancellation of the current task (which must go on)."""

@@ -352,9 +352,11 @@ class Action:
             raise ActionError(f"arguments are not valid JSON ({exc.msg})") from None
         if not isinstance(arguments, dict):
             raise ActionError("arguments must be a JSON object")
-        call = self._call(self.validate(arguments))
         listing = _Listing(self.name)
         try:
+            # Inside: a validator of the arguments' model is the application's code too (a
+            # lookup's KeyError there ended the whole run).
+            call = self._call(self.validate(arguments))
             if self._is_async:
                 outcome = await _in_own_task(call, listing)
             else:

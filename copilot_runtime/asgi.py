@@ -27,6 +27,7 @@ from copilot_runtime._exceptions import (
     RequestError,
     RequestTimeoutError,
     UnsupportedEncodingError,
+    library_base_exception,
 )
 from copilot_runtime._input import parse_json_body_off_loop
 from copilot_runtime.hooks import ErrorInfo
@@ -99,8 +100,9 @@ class CopilotEndpoint:
         if kind != "http":
             return
         path = _routing_path(scope)
-        root: str = scope.get("root_path", "")
-        if root and path.startswith(root):
+        root: str = scope.get("root_path", "").rstrip("/")
+        if root and path.startswith(root) and path[len(root):len(root) + 1] in ("", "/"):
+            # (a whole segment only: root_path /copilot is no prefix of /copilotkit/info)
             path = path[len(root):]
         request = Request(scope, receive, send, path, [])
         readiness = self._probes.get(path.rstrip("/") or "/")
@@ -160,13 +162,16 @@ class CopilotEndpoint:
 
     async def _answered(self, request: Request, path: str, *, identify: bool,
                         span: Any = None) -> None:
-        """Dispatch (once identified, with `identify`). An unexpected failure is logged with
-        its stack and answered 500 here, inside the request's log context and its `span`
-        (which records the exception and then reads the 500)."""
+        """Dispatch (once identified, with `identify`). An unexpected failure (a library's own
+        BaseException too: gevent's `Timeout`) is logged with its stack and answered 500
+        here, inside the request's log context and its `span` (which records the exception
+        and then reads the 500)."""
         try:
             if not identify or await self._identify(request):
                 await self._dispatch(request, path)
-        except Exception as exc:
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and not library_base_exception(exc):
+                raise  # Python unwinding (a cancellation, a shutdown): not a failure here
             telemetry = self.runtime.telemetry
             if span is not None and telemetry is not None:
                 telemetry.span_failed(span, exc)

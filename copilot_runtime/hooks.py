@@ -34,6 +34,7 @@ from copilot_runtime._exceptions import (
     ServiceUnavailableError,
     cancelled_itself,
     is_error_status,
+    library_base_exception,
 )
 from copilot_runtime.auth import Principal, RequestInfo
 
@@ -97,8 +98,9 @@ async def policy_answer(who: str, call: Callable[[], Any], request_id: str,
                         seconds: float | None = None) -> Any:
     """What a policy the runtime calls for a request answers (the authenticator,
     `on_request`; a plain function's answer is used as is). A policy fails closed: anything
-    it raises but a `RequestError` with an HTTP error status (a `CancelledError` of its own
-    included), or no answer within `seconds`, refuses the request with 503, logged as `who`'s."""
+    it raises but a `RequestError` with an HTTP error status (a `CancelledError` of its own,
+    or a library's own BaseException, included), or no answer within `seconds`, refuses the
+    request with 503, logged as `who`'s."""
     try:
         async with asyncio.timeout(seconds):
             answer = call()
@@ -119,13 +121,18 @@ async def policy_answer(who: str, call: Callable[[], Any], request_id: str,
                    request_id=request_id)
     except FAILURES_OF_CALLED_CODE:
         _log.exception(f"{who} failed: request refused", request_id=request_id)
+    except BaseException as exc:
+        if not library_base_exception(exc):
+            raise  # a GeneratorExit: Python's, not the policy's answer
+        # (gevent's Timeout, func_timeout's: they left the ASGI app, a bare 500 for it)
+        _log.exception(f"{who} failed: request refused", request_id=request_id)
     raise ServiceUnavailableError("The request could not be checked; try again shortly")
 
 
 class HookRunner:
     def __init__(self, on_request: OnRequest | None, on_run_finished: OnRunFinished | None,
                  on_error: OnError | None, *,
-                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
                  background_timeout: float = DEFAULT_BACKGROUND_TIMEOUT) -> None:
         self.on_request = on_request
         self.request_timeout = request_timeout

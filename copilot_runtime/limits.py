@@ -526,6 +526,11 @@ class RateLimiter:
                     _log.warning("a caller's concurrency slot expired while its run lives",
                                  key=lease.key)
 
+    def reopen(self) -> None:
+        """Count again after `aclose` (its runtime started again): the backend connects
+        again as it is asked (the built-in ones do)."""
+        self._closed = False
+
     async def aclose(self) -> None:
         # Slots still held are left to expire, as a coordinator's leases are.
         self._closed = True

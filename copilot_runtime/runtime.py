@@ -122,7 +122,7 @@ class CopilotRuntime:
         on_request: OnRequest | None = None,
         on_run_finished: OnRunFinished | None = None,
         on_error: OnError | None = None,
-        on_request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        on_request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
         guardrail_timeout: float | None = DEFAULT_GUARDRAIL_TIMEOUT,
         telemetry: Any = None,
         max_run_bytes: int = DEFAULT_MAX_RUN_BYTES,
@@ -215,6 +215,8 @@ class CopilotRuntime:
             # Workers that share runs share their callers' counters too.
             rate_limit = replace(rate_limit, backend=self.coordinator.counters())
         self.limiter = RateLimiter(rate_limit) if rate_limit is not None else None
+        # Checked now, as the other bounds: a wrong one ("10") refused every request (503).
+        checked_seconds(on_request_timeout, "on_request_timeout", none_means="no bound")
         self.hooks = HookRunner(on_request, on_run_finished, on_error,
                                 request_timeout=on_request_timeout)
         #: A `copilot_runtime.telemetry.Telemetry`, or None.
@@ -250,10 +252,15 @@ class CopilotRuntime:
 
         Idempotent. The ASGI app calls it at start-up (and, when mounted into a host app,
         from the host's lifespan or its first request); call it yourself when you drive
-        the runtime without an app.
+        the runtime without an app. After `aclose` it starts again as the first time did
+        (an app's lifespan run twice), when its thread store can open again (`reopen()`:
+        the memory and SQLite stores) and its coordinator is this process's; else it raises
+        `ConfigurationError`.
         """
         if self._started:
             return
+        if self._closed:
+            self._reopen()
         if not self.coordinator.shared and isinstance(self.store, SQLiteThreadStore) \
                 and self._alone is None:
             # Before anything else: this process's start closes, as interrupted, the runs
@@ -315,12 +322,33 @@ class CopilotRuntime:
                                              store_clock(self.store))
             self._retention.start()
 
+    def _reopen(self) -> None:
+        """After `aclose` (an app's lifespan run again: a test client used twice), open
+        again what it closed, so that this start is as the first (the agents', the MCP
+        sessions' and the limits' connections open again as they are needed). A part that
+        cannot open again refuses the start (`ConfigurationError`): started, every request
+        failed on the closed store, and `/ready` said "closing" for good."""
+        reopen = getattr(self.store, "reopen", None)
+        if self.coordinator.shared or reopen is None:
+            cannot = "its shared coordinator" if self.coordinator.shared else \
+                f"its thread store ({type(self.store).__name__} has no reopen())"
+            raise ConfigurationError(
+                f"this CopilotRuntime was closed (aclose) and cannot start again: {cannot} "
+                "cannot be opened again; make a new CopilotRuntime for each start of the "
+                "app (in its factory, or a test's fixture)")
+        reopen()
+        if self.limiter is not None:
+            self.limiter.reopen()
+        self._readiness = None  # (a probe's from before: of the closed store)
+        self._closed = False
+
     async def _start_mcp(self) -> None:
         """Connect to the MCP servers and offer their tools as server-side actions; offer
         the new list whenever a server's tools change."""
         await self.mcp.start()
         self._offer_mcp(self.mcp.actions)
-        self.mcp.on_change.append(self._offer_mcp)
+        if self._offer_mcp not in self.mcp.on_change:  # (started again after aclose)
+            self.mcp.on_change.append(self._offer_mcp)
 
     def _offer_mcp(self, tools: list[Action]) -> None:
         """Replace the MCP tools offered so far by `tools` (an action of the application
@@ -659,7 +687,7 @@ class CopilotRuntime:
         """Stop the approvals' timer, then active runs; release agents, adapters and the store.
 
         The approval service stops first: its timer and its runs use the checkpointers the
-        agents close. Closing twice is harmless.
+        agents close. Closing twice is harmless; `start` may open it again.
         """
         self._started = False
         await self.approvals.aclose()

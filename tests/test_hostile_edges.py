@@ -512,3 +512,27 @@ async def test_a_path_without_raw_path_is_decoded_once(llm: MockOpenAIServer) ->
             assert [m["content"] for m in messages["messages"]] == [thread]
     finally:
         await runtime.aclose()
+
+
+async def test_root_path_is_stripped_only_as_whole_segments(llm: MockOpenAIServer) -> None:
+    """The server's `root_path` was stripped as a string prefix: with root_path `/copilot`
+    (a proxy's `--root-path`), the runtime at `/copilotkit` lost `/copilot` from its paths,
+    and `/copilotkit/info` was a 404. Now only a whole leading segment is stripped."""
+    runtime = openai_runtime(llm)
+    app = create_app(runtime, "/copilotkit")
+    try:
+        for root, path in (("/copilot", "/copilotkit/info"),
+                           ("/copilot", "/copilot/copilotkit/info"),
+                           ("/copilot/", "/copilot/copilotkit/info"),
+                           ("/api", "/api/copilotkit/info"),
+                           ("", "/copilotkit/info")):
+            transport = httpx.ASGITransport(app=app, root_path=root)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                response = await client.get(path)
+            assert response.status_code == 200, (root, path, response.text)
+            assert "default" in response.json()["agents"]
+        transport = httpx.ASGITransport(app=app, root_path="/copilot")
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            assert (await client.get("/copilot/info")).status_code == 404
+    finally:
+        await runtime.aclose()

@@ -29,6 +29,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pydantic
 import pytest
 from aiohttp import web
 from mcp.server.mcpserver import MCPServer as SDKServer
@@ -982,3 +983,51 @@ async def test_a_librarys_base_exception_from_a_handler_is_a_tool_error() -> Non
             pytest.fail(f"LibTimeout escaped the action {handler.name}")
         said.append(str(caught.value))
     assert said == ["LibTimeout: timed out talking to 10.0.0.5", "LibTimeout: timed out"]
+
+
+# ---- a validator of an action's arguments that raises -----------------------------------------
+
+
+class Order(pydantic.BaseModel):
+    code: str
+
+    @pydantic.field_validator("code")
+    @classmethod
+    def known(cls, code: str) -> str:
+        if code == "TYPE":
+            raise TypeError("codes are read from /srv/app/codes.py")
+        if code == "LIB":
+            raise LibTimeout("the code service timed out")
+        return {"A": "alpha"}[code[0]]  # the application's own lookup: a KeyError
+
+
+@action
+def look_up(order: Order) -> dict[str, str]:
+    """Look an order up."""
+    return {"found": order.code}
+
+
+async def test_a_validator_raising_what_pydantic_does_not_catch_is_a_tool_error(
+        serve_runtime: ServeRuntime) -> None:
+    """A validator of an `@action`'s argument model raising anything but ValueError or
+    AssertionError (which pydantic makes a ValidationError) ran outside the action's guard:
+    the whole run ended with an agent failure. Now it is the tool's error, as the handler's
+    own exception is, and the run goes on."""
+    said = []
+    for code in ("B2", "TYPE", "LIB"):
+        with pytest.raises(ActionError) as caught:
+            await look_up.execute(orjson.dumps({"order": {"code": code}}).decode())
+        said.append(str(caught.value))
+    assert said == ["KeyError: 'B'", "TypeError: codes are read from <path>",
+                    "LibTimeout: the code service timed out"]
+    assert orjson.loads(await look_up.execute('{"order": {"code": "A1"}}')) == {"found": "alpha"}
+
+    model = ScriptedAdapter(tool_turn(("look_up", '{"order": {"code": "B2"}}')),
+                            text_turn("no such order"))
+    runtime = CopilotRuntime(service_adapter=model, actions=[look_up])
+    async with asyncio.timeout(20), serve_runtime(runtime) as served:
+        events = await served.run(run_input("look B2 up"))
+        verify_events(events)
+        assert types(events)[-1] == "RUN_FINISHED", events[-1]
+        assert list(tool_errors(events).values()) == ["KeyError: 'B'"]
+        assert text_of(events) == "no such order"

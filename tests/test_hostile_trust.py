@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from copilot_runtime import (
     AuthenticationError,
     BearerTokenAuth,
+    ConfigurationError,
     CopilotRuntime,
     JWTAuth,
     OpenAIAdapter,
@@ -46,6 +47,7 @@ from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.guardrails import latest_user_text
+from copilot_runtime.hooks import ErrorInfo
 from copilot_runtime.limits import limit_key
 from copilot_runtime.runtime import approval_service
 from copilot_runtime.testing import MockOpenAIServer, verify_events
@@ -1169,6 +1171,52 @@ async def test_an_on_request_hook_that_fails_or_hangs_refuses_the_request(
         else "on_request hook timed out: request refused"] * 2
 
 
+class LibTimeout(BaseException):
+    """A library's own BaseException, as gevent's Timeout and func_timeout's are."""
+
+
+@pytest.mark.parametrize("timeout", [0, -5, float("nan"), float("inf"), "10", True])
+def test_on_request_timeout_is_checked_when_the_runtime_is_built(timeout: Any) -> None:
+    """`on_request_timeout` is checked as the other bounds are: "10" (a string from a config
+    file) was taken, and every request was then refused (503, a TypeError in the log); 0,
+    a negative number or NaN refused each at once. None: no bound."""
+    with pytest.raises(ConfigurationError, match="on_request_timeout"):
+        CopilotRuntime(agents={}, on_request=lambda request: None,
+                       on_request_timeout=timeout)
+    assert CopilotRuntime(agents={}, on_request_timeout=None).hooks.request_timeout is None
+    assert CopilotRuntime(agents={}, on_request_timeout=2).hooks.request_timeout == 2
+
+
+class TimesOutDescribing(BuiltInAgent):
+    """An agent whose description for `/info` waits on a library that times out its own way."""
+
+    def capabilities(self) -> dict[str, Any] | None:
+        raise LibTimeout("capabilities service timed out")
+
+
+async def test_a_librarys_base_exception_while_serving_is_a_500_the_runtime_answers(
+        serve_runtime: ServeRuntime, llm: MockOpenAIServer) -> None:
+    """A library's own BaseException raised while a request is served (not by a policy)
+    left the ASGI app: the server's text/plain 500, without CORS headers or the request's id,
+    and `on_error` never heard of it. Now it is answered as any failure is."""
+    errors: list[ErrorInfo] = []
+    agent = TimesOutDescribing(OpenAIAdapter(model="gpt-4o", api_key="sk-test",
+                                             base_url=llm.base_url))
+    runtime = CopilotRuntime(agents={"default": agent}, on_request=lambda request: None,
+                             on_error=errors.append)
+    async with serve_runtime(runtime) as served:
+        response = await served.session.get(served.url + "/info",
+                                            headers={"Origin": "https://app.example"})
+        body = await response.read()
+        assert response.status == 500, body
+        assert orjson.loads(body)["error"] == "internal_error"
+        assert response.headers["Access-Control-Allow-Origin"] == "*"
+        assert response.headers["X-Request-ID"]
+        assert [e.code for e in errors] == ["INTERNAL_ERROR"]
+        assert errors[0].request_id == response.headers["X-Request-ID"]
+        assert text_of(await served.run(run_input("Hi", thread="l-1"))) == "echo: Hi"
+
+
 class NoContent(RequestError):
     """A refusal of the application's own whose status is no HTTP error."""
 
@@ -1182,6 +1230,8 @@ def refusing(how: str) -> Any:
     def on_request(request: RequestInfo) -> None:
         if how == "cancels":
             raise asyncio.CancelledError
+        if how == "library-base-exception":
+            raise LibTimeout("the policy service at /srv/policy timed out")
         if how == "subclass-204":
             raise NoContent("no")
         raise RequestRejectedError("no", status={"str": "403", "99": 99, "1000": 1000,
@@ -1190,13 +1240,15 @@ def refusing(how: str) -> Any:
     return on_request
 
 
-@pytest.mark.parametrize("how", ["str", "99", "1000", "204", "bool", "subclass-204", "cancels"])
+@pytest.mark.parametrize("how", ["str", "99", "1000", "204", "bool", "subclass-204", "cancels",
+                                 "library-base-exception"])
 async def test_an_on_request_refusal_no_client_can_read_is_a_503(
         serve_runtime: ServeRuntime, llm: MockOpenAIServer, how: str) -> None:
     """A refusal whose status is no HTTP error (a string from a config file, 99, 1000, a
-    204), or a hook raising `CancelledError` itself, is a failed hook: 503 with `Retry-After`
-    on both protocols, logged. Before the fix the client got no HTTP answer at all, a JSON
-    body after a 204 (broken framing), or the ASGI server's text/plain 500."""
+    204), or a hook raising `CancelledError` itself or a library's own BaseException (gevent's
+    `Timeout`), is a failed hook: 503 with `Retry-After` on both protocols, logged. Before
+    the fix the client got no HTTP answer at all, a JSON body after a 204 (broken framing),
+    or the ASGI server's text/plain 500 (without CORS headers or the request's id)."""
     runtime = openai_runtime(llm, on_request=refusing(how))
     async with serve_runtime(runtime) as served:
         response = await served.post("/agent/default/run", run_input("Hi", thread="s-1"))
@@ -1355,18 +1407,21 @@ class FailingAuth:
             raise asyncio.CancelledError
         if self.failure == "raises":
             raise ConnectionError("session store at /srv/auth/db.sock is down")
+        if self.failure == "a library's BaseException":
+            raise LibTimeout("session store at /srv/auth/db.sock timed out")
         refused = RequestRejectedError("go away")
         refused.status = 204  # (set after it was made: the check is in its constructor)
         raise refused
 
 
-@pytest.mark.parametrize("failure", ["cancels itself", "raises", "a status no error has"])
+@pytest.mark.parametrize("failure", ["cancels itself", "raises", "a status no error has",
+                                     "a library's BaseException"])
 async def test_an_authenticator_that_fails_refuses_the_request_with_a_503(
         serve_runtime: ServeRuntime, llm: MockOpenAIServer, failure: str) -> None:
     """The authenticator fails closed as `on_request` does: 503 with `Retry-After` on both
-    protocols, its words in the log only. Before, a CancelledError it raised itself left the
-    ASGI app (the server's text/plain 500), a status no error has went out as it was (a
-    204 with a body), and anything else was a 500."""
+    protocols, its words in the log only. Before, a CancelledError it raised itself, or a
+    library's own BaseException, left the ASGI app (the server's text/plain 500), a status no
+    error has went out as it was (a 204 with a body), and anything else was a 500."""
     async with serve_runtime(openai_runtime(llm, auth=FailingAuth(failure))) as served:
         with structlog.testing.capture_logs() as logs:
             response = await served.session.get(served.url + "/info")

@@ -178,7 +178,9 @@ class ThreadStore(Protocol):
     as `rename`; its runs, name and updated time stay, and a run on it leaves it archived).
     It is optional, not part of the protocol, so that a store of an application's own
     written before it stays one (a durable store of its own without it still is one):
-    `CopilotRuntime.archive_thread` answers 501 for such a store."""
+    `CopilotRuntime.archive_thread` answers 501 for such a store. So is `reopen()`, which
+    opens a store closed by `aclose` again (the memory and SQLite stores have it): a runtime
+    started again after it closed (an app's lifespan run twice) needs its store to have it."""
 
     async def get(self, thread_id: str, *, max_bytes: int | None = None
                   ) -> ThreadRecord | None:

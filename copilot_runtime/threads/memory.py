@@ -244,6 +244,9 @@ class InMemoryThreadStore:
         self._tombstones.clear()
         self.bytes = 0
 
+    def reopen(self) -> None:
+        """Nothing to open again after `aclose`: the store is empty, as a new one is."""
+
 
 def _earlier(omitted: list[StoredRun], max_bytes: int | None) -> Event | None:
     """`earlier_messages` of the runs left out, read back as far as `max_bytes` of them

@@ -256,6 +256,9 @@ class SQLiteThreadStore:
         self._lock = threading.Lock()
         self._pruned = 0.0
         self._first_positions = FirstPositions()
+        self._open()
+
+    def _open(self) -> None:
         try:
             # Opening too: its directory missing is "unable to open database file".
             self._db = sqlite3.connect(self.path, check_same_thread=False,
@@ -275,8 +278,15 @@ class SQLiteThreadStore:
             # or the checkpoints'?).
             raise type(exc)(f"{exc} ({self.path})") from exc
         self._calls = StoreThread(self._db, self._lock)
+        self._file_closed = False
         # Dropped without `aclose()`: its thread ends now rather than once it has idled.
         weakref.finalize(self, self._calls.release)
+
+    def reopen(self) -> None:
+        """Open the file again after `aclose` (a runtime started again: an app's lifespan
+        run twice, as by a test client used twice); nothing while it is open."""
+        if self._file_closed:
+            self._open()
 
     def _migrate(self) -> None:
         db = self._db
@@ -752,6 +762,7 @@ class SQLiteThreadStore:
         await self._calls.aclose()
         with self._lock:
             self._db.close()
+        self._file_closed = True
 
 
 def _record(thread_id: str, row: Sequence[Any]) -> ThreadRecord:
