@@ -3,6 +3,9 @@ hand-over attribution, and the message conversions of `loadAgentState`."""
 
 from __future__ import annotations
 
+import random
+import time
+import tracemalloc
 from typing import Any
 
 import orjson
@@ -15,7 +18,7 @@ from copilot_runtime import events as ev
 from copilot_runtime._server_tools import AGENT_FINISHED, AGENT_STARTED
 from copilot_runtime.agents._lg_state import thread_state_from_values
 from copilot_runtime.messages import from_json_representation, to_json_representation
-from copilot_runtime.protocols.graphql.agent_state import partial_json
+from copilot_runtime.protocols.graphql.agent_state import PartialJson, partial_json
 from copilot_runtime.protocols.graphql.increments import ResponseEncoder
 from copilot_runtime.protocols.graphql.inputs import run_request
 from copilot_runtime.protocols.graphql.plan import OperationPlan, compile_operation
@@ -25,10 +28,14 @@ from tests.gql.wire import CLIENT_DOCUMENT, chat_data, merge, parse_multipart, t
 Batch = list[dict[str, Any]]
 
 
-def _plan() -> OperationPlan:
-    operation = parse(CLIENT_DOCUMENT).definitions[0]
+def _operation(document: str) -> OperationDefinitionNode:
+    operation = parse(document).definitions[0]
     assert isinstance(operation, OperationDefinitionNode)
-    return compile_operation(copilot_schema(), operation, {}, None)
+    return operation
+
+
+def _plan() -> OperationPlan:
+    return compile_operation(copilot_schema(), _operation(CLIENT_DOCUMENT), {}, None)
 
 
 PLAN = _plan()
@@ -154,6 +161,143 @@ def test_partial_json() -> None:
     assert partial_json('{"a": 1,') == {"a": 1}
     assert partial_json('{"a":') is None
     assert partial_json("[1, 2]") == [1, 2]
+
+
+def _partial_json_before(text: str) -> Any:
+    """`partial_json` as it was when it read the whole text at every piece: the reference
+    the piecewise reader must match."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        pass
+    closers: list[str] = []
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            closers.append("}" if char == "{" else "]")
+        elif char in "}]" and closers:
+            closers.pop()
+    if escaped:
+        text = text[:-1]
+    candidate = text + ('"' if in_string else "")
+    stripped = candidate.rstrip()
+    if stripped.endswith(","):
+        candidate = stripped[:-1]
+    try:
+        return orjson.loads(candidate + "".join(reversed(closers)))
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _random_json(rng: random.Random, depth: int = 0) -> str:
+    """A JSON text with the spacing, escapes and values streamed arguments have."""
+    def space() -> str:
+        return rng.choice(["", "", " ", "\n  ", "\t"])
+    # (arguments are an object or a list at the top)
+    kind = rng.randrange(2, 4) if depth == 0 else rng.randrange(4 if depth < 4 else 2)
+    if kind == 0:
+        return rng.choice(["0", "-12", "3.25", "1e3", "-0.5E-2", "true", "false", "null"])
+    if kind == 1:
+        chars = ["a", " ", "é", "😀", '\\"', "\\\\", "\\n", "\\u00e9", "\\ud83d\\ude00", "{",
+                 "]", ",", ":"]
+        return '"' + "".join(rng.choice(chars) for _ in range(rng.randrange(8))) + '"'
+    items = [_random_json(rng, depth + 1) for _ in range(rng.randrange(5))]
+    if kind == 2:
+        return "[" + ",".join(space() + item + space() for item in items) + "]"
+    return "{" + ",".join(f'{space()}"k{i}"{space()}:{space()}{item}{space()}'
+                          for i, item in enumerate(items)) + "}" + space()
+
+
+def _same(got: Any, expected: Any) -> bool:
+    return type(got) is type(expected) and got == expected
+
+
+def test_partial_json_read_in_pieces_is_what_the_whole_text_read_again_was() -> None:
+    # (re-reading all the pieces at every piece cost a streamed argument quadratic time)
+    rng = random.Random(1110)
+    texts = ['{"a": "b\\', '{"a": [1, {"b": 2', '{"a": 1,', '{"a":', "[1, 2]"]
+    texts += [_random_json(rng) for _ in range(300)]
+    # and text that is no JSON at all: stray closers, quotes, escapes
+    texts += ["".join(rng.choice('{}[]",:\\ a1\n') for _ in range(rng.randrange(40)))
+              for _ in range(200)]
+    for text in texts:
+        reader = PartialJson()
+        for end in range(1, len(text) + 1):  # every prefix, a character at a time
+            got = reader.add(text[end - 1])
+            assert _same(got, _partial_json_before(text[:end])), (text, end)
+        reader, end = PartialJson(), 0
+        while end < len(text):  # pieces of a few characters, as a model streams them
+            piece = text[end:end + rng.randrange(1, 8)]
+            end += len(piece)
+            assert _same(reader.add(piece), _partial_json_before(text[:end])), (text, end)
+        assert _same(partial_json(text), _partial_json_before(text)), text
+
+
+def _predicted_document(incremental: bool, plan: OperationPlan = PLAN) -> ResponseEncoder:
+    """An encoder that has sent a 40 KB document predicted as it streams, 4 bytes a piece:
+    an agent-state message for each piece after the first three (`{"document":` predicts
+    nothing), as the 1.10 runtime sends them."""
+    encoder = ResponseEncoder(plan, thread_id="t-1", run_id=None, frontend_tools=frozenset(),
+                              stopped=lambda: False, incremental=incremental,
+                              agent_name="planner", agent_run_id="run-9")
+    document = orjson.dumps({"document": "word " * 8000}).decode()
+    predict = [{"state_key": "document", "tool": "write", "tool_argument": "document"}]
+    for batch in [[ev.run_started("t-1", "run-9"), ev.step_started("write"),
+                   ev.custom("PredictState", predict), ev.tool_call_start("c1", "write", "m1")],
+                  *([ev.tool_call_args("c1", document[i:i + 4])]
+                    for i in range(0, len(document), 4)),
+                  [ev.tool_call_end("c1"), ev.step_finished("write"),
+                   ev.run_finished("t-1", "run-9")]]:
+        encoder.encode(batch)
+    assert encoder.done
+    return encoder
+
+
+def test_a_long_predicted_argument_takes_linear_time() -> None:
+    # 0.25 s here; reading the arguments whole at every piece took 7.5 s
+    started = time.process_time()
+    _predicted_document(incremental=True)
+    assert time.process_time() - started < 2.5
+
+
+def test_a_streamed_response_lets_superseded_agent_states_go() -> None:
+    # 4 MB at the peak here; keeping every message to the end held 212 MB
+    tracemalloc.start()
+    try:
+        _predicted_document(incremental=True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 40_000_000
+
+
+def test_a_complete_answer_lists_every_agent_state_message() -> None:
+    """The JSON answer, and a streamed one whose messages are deferred, send the list
+    whole at the end: every agent-state message is in it, as in a 1.10 answer."""
+    deferred = compile_operation(copilot_schema(), _operation("""
+        mutation m($data: GenerateCopilotResponseInput!) {
+          generateCopilotResponse(data: $data) {
+            threadId
+            ... @defer { messages { __typename ... on AgentStateMessageOutput { state } } }
+          }
+        }"""), {}, None)
+    assert deferred.incremental is not None
+    for encoder in (_predicted_document(incremental=False),
+                    _predicted_document(incremental=True, plan=deferred)):
+        values = encoder._root_values()["messages"]
+        assert [typename for typename, _ in values] == [
+            "AgentStateMessageOutput", "ActionExecutionMessageOutput",
+            *["AgentStateMessageOutput"] * 10_001, "AgentStateMessageOutput",
+            "AgentStateMessageOutput"]
 
 
 def test_interrupts_become_meta_events() -> None:

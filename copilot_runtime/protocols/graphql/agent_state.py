@@ -54,7 +54,7 @@ from copilot_runtime._time import now_iso
 from copilot_runtime.events import Event
 from copilot_runtime.messages import to_json_representation
 
-__all__ = ["STATE_EVENTS", "AgentStates"]
+__all__ = ["STATE_EVENTS", "AgentStates", "PartialJson"]
 
 _log = structlog.get_logger("copilot_runtime.graphql")
 
@@ -82,7 +82,8 @@ class AgentStates:
         self.messages: list[dict[str, Any]] | None = None
         #: `PredictState` entries ({state_key, tool, tool_argument}) of the current step.
         self.predict: list[Mapping[str, Any]] | None = None
-        self._arguments: dict[str, tuple[str, list[str]]] = {}
+        #: The tool name and arguments so far of each predicted call.
+        self._arguments: dict[str, tuple[str, PartialJson]] = {}
 
     # -- events --------------------------------------------------------------------------
 
@@ -124,16 +125,15 @@ class AgentStates:
         """Only called while `predict` is set."""
         assert self.predict is not None
         if any(entry.get("tool") == name for entry in self.predict):
-            self._arguments[call_id] = (name, [])
+            self._arguments[call_id] = (name, PartialJson())
 
     def call_arguments(self, call_id: str, delta: str) -> dict[str, Any] | None:
         """Only called while `predict` is set: the state the arguments so far predict."""
         entry = self._arguments.get(call_id)
         if entry is None or self.predict is None:
             return None
-        name, pieces = entry
-        pieces.append(delta)
-        arguments = partial_json("".join(pieces))
+        name, reader = entry
+        arguments = reader.add(delta)
         if not isinstance(arguments, dict):
             return None
         changed: dict[str, Any] = {}
@@ -192,33 +192,61 @@ def _usable_rule(entry: Any) -> bool:
 def partial_json(text: str) -> Any:
     """JSON that may be cut short (streamed tool arguments), with what is open closed;
     None when even that does not parse (say, the text stops after a colon)."""
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        pass
-    closers: list[str] = []
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
+    return PartialJson().add(text)
+
+
+class PartialJson:
+    """A text that arrives in pieces, read after each as `partial_json` reads it whole.
+
+    The scanner's state (an open string, a pending escape, the open brackets) is kept
+    between pieces, so each piece is scanned once: re-reading everything at every piece made
+    a streamed argument cost quadratic time.
+    """
+
+    __slots__ = ("_closers", "_escaped", "_in_string", "_text")
+
+    def __init__(self) -> None:
+        self._text = ""
+        #: What closes each open bracket, innermost last.
+        self._closers: list[str] = []
+        self._in_string = False
+        self._escaped = False
+
+    def add(self, piece: str) -> Any:
+        """The value of the text so far, with `piece` added (see `partial_json`)."""
+        self._text += piece
+        closers = self._closers
+        in_string, escaped = self._in_string, self._escaped
+        for char in piece:
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif char == "\\":
+                    escaped = True
+                elif char == '"':
+                    in_string = False
             elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "{[":
-            closers.append("}" if char == "{" else "]")
-        elif char in "}]" and closers:
-            closers.pop()
-    if escaped:
-        text = text[:-1]
-    candidate = text + ('"' if in_string else "")
-    stripped = candidate.rstrip()
-    if stripped.endswith(","):
-        candidate = stripped[:-1]
-    try:
-        return orjson.loads(candidate + "".join(reversed(closers)))
-    except orjson.JSONDecodeError:
-        return None
+                in_string = True
+            elif char in "{[":
+                closers.append("}" if char == "{" else "]")
+            elif char in "}]" and closers:
+                closers.pop()
+        self._in_string, self._escaped = in_string, escaped
+        text = self._text
+        # Complete JSON closes every string and bracket it opens: with one open, the text
+        # as it is cannot parse, and is not tried.
+        if not (in_string or closers):
+            try:
+                return orjson.loads(text)
+            except orjson.JSONDecodeError:
+                pass
+        if escaped:
+            text = text[:-1]
+        candidate = text + ('"' if in_string else "")
+        stripped = candidate.rstrip()
+        if stripped.endswith(","):
+            candidate = stripped[:-1]
+        try:
+            return orjson.loads(candidate + "".join(reversed(closers)))
+        except orjson.JSONDecodeError:
+            return None

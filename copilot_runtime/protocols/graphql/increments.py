@@ -35,7 +35,8 @@ message (`filterAdjacentAgentStateMessages`), whole, at every part; so a large s
 repeated: when it has not changed, the agent's last message is updated instead (a `data`
 patch with its new id, node and flags, which urql merges into it), and the client sees what
 a new message would have shown it. A state under `STATE_REPEATED_BELOW` bytes is repeated,
-as the 1.10 runtime did.
+as the 1.10 runtime did. Streamed, a message the agent's next one supersedes is not kept
+(a predicted state makes one per argument piece); the single JSON body lists them all.
 """
 
 from __future__ import annotations
@@ -150,7 +151,10 @@ class ResponseEncoder:
         self.stopped = stopped
         self.done = False
         self._started = False
-        self._messages: list[_Message] = []
+        #: The messages by index, in order: all of them while a complete list may still be
+        #: sent (see `_agent_message`).
+        self._messages: dict[int, _Message] = {}
+        self._message_count = 0
         self._meta: list[Obj] = []
         self._texts: dict[str, _Message] = {}
         self._calls: dict[str, _Message] = {}
@@ -170,6 +174,10 @@ class ResponseEncoder:
         messages = root.streamed.get("messages") if root else None
         meta = root.streamed.get("metaEvents") if root else None
         self._message_field: Field | None = messages
+        #: Whether messages are sent once, as they happen: nothing shows them again unless
+        #: a deferred fragment selects the whole list.
+        self._messages_sent_once = root is not None and not any(
+            f.name == "messages" for group in root.deferred for f in group.fields)
         self._meta_field: Field | None = meta
         self._root_key = plan.root_key
         self._thread_id = thread_id
@@ -219,7 +227,7 @@ class ResponseEncoder:
 
     def _root_values(self) -> dict[str, Any]:
         values = dict(self._root)
-        values["messages"] = [(m.typename, m.values) for m in self._messages]
+        values["messages"] = [(m.typename, m.values) for m in self._messages.values()]
         values["metaEvents"] = list(self._meta)
         return values
 
@@ -402,6 +410,11 @@ class ResponseEncoder:
         message = self._add("AgentStateMessageOutput", values, None, out)
         self._deferred(message, out)
         self._last_states[name] = message
+        if last is not None and self._messages_sent_once:
+            # Sent, and never updated again (the new one is): keeping each whole state to
+            # the end made a predicted state, one message per argument piece, cost memory
+            # quadratic in the argument's length.
+            del self._messages[last.index]
 
     def _update(self, message: _Message, values: dict[str, Any],
                 out: list[dict[str, Any]]) -> None:
@@ -421,8 +434,9 @@ class ResponseEncoder:
     def _add(self, typename: str, values: dict[str, Any], pieces_field: str | None,
              out: list[dict[str, Any]]) -> _Message:
         pieces = values[pieces_field] if pieces_field else None
-        message = _Message(len(self._messages), typename, values, pieces)
-        self._messages.append(message)
+        message = _Message(self._message_count, typename, values, pieces)
+        self._message_count += 1
+        self._messages[message.index] = message
         field = self._message_field
         if field is not None and field.sub is not None:
             plan = field.sub[typename]
@@ -489,7 +503,8 @@ class ResponseEncoder:
         """Statuses of the messages that ended in this batch, and the run's at the end."""
         if self.done:
             # The core closes every open message before the end; this is for other agents.
-            self._closing.extend(m for m in self._messages if m.values.get("status") is None
+            self._closing.extend(m for m in self._messages.values()
+                                 if m.values.get("status") is None
                                  and m not in self._closing)
         interrupted = self.done and self._status is not None and (
             self._status[1].get("reason") == "MESSAGE_STREAM_INTERRUPTED")
