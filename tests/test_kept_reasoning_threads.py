@@ -8,6 +8,11 @@ K2 names calls `functions.NAME:IDX`, the same in every conversation, and a histo
 are the client's to write: one user's reasoning went out in another user's requests (and to
 their model, which may repeat it). Now it is kept per thread, and only for the call that was
 streamed (same name; for Gemini, whose calls come whole, same arguments too).
+
+A thread's id is free again once the thread is deleted (by its owner, or by retention), and
+may become another principal's: kept by thread id alone, bob's reasoning went into alice's
+request on the id he had freed. Now the thread's owner is part of the key, and a deleted
+thread's values are dropped with it.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ import orjson
 import pytest
 from ag_ui.core import UserMessage
 
-from copilot_runtime import CopilotRuntime, OpenAIAdapter
+from copilot_runtime import BearerTokenAuth, CopilotRuntime, OpenAIAdapter
 from copilot_runtime._input import parse_run_input
-from copilot_runtime.adapters.base import ChatRequest
+from copilot_runtime.adapters._common import KeptForThreads
+from copilot_runtime.adapters.base import ChatRequest, ToolSpec
 from copilot_runtime.testing import ScriptedAdapter, text_turn
+from copilot_runtime.threads import ThreadOwner
 from tests.conftest import ServeRuntime, run_input, text_of, types
 from tests.test_hostile_providers import (
     AN_START,
@@ -41,11 +48,13 @@ from tests.test_hostile_providers import (
     an_tool_start,
     gm_parts,
     hostile,
+    make_adapter,
     oa_finish,
     oa_tool,
     run,
     sse,
 )
+from tests.test_trust_ownership import ALICE, BOB, TOKENS, auth, call
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -179,3 +188,97 @@ async def test_the_built_in_agent_names_its_runs_thread_in_every_request() -> No
 
     await run.drive(write)
     assert [r.thread_id for r in adapter.requests] == ["t-own"]
+
+
+async def _ask(adapter: Any, body: dict[str, Any], owner: ThreadOwner | None) -> None:
+    """One request of `body`'s run straight to `adapter`, for its thread and `owner`."""
+    model = parse_run_input(body).model
+    request = ChatRequest(messages=list(model.messages),
+                          tools=[ToolSpec(LOOKUP["name"], LOOKUP["description"],
+                                          LOOKUP["parameters"])],
+                          thread_id=model.thread_id, thread_owner=owner)
+    async with asyncio.timeout(TIMEOUT_S):
+        async for _ in adapter.stream(request):
+            pass
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "google"])
+async def test_kept_reasoning_goes_back_only_to_its_threads_owner(provider: str) -> None:
+    """What was kept for bob's thread goes into bob's next request on it, never into
+    alice's request on a thread of the same id (his deleted, the id hers now), nor into a
+    request that names no owner."""
+    bob, alice = ThreadOwner("bob"), ThreadOwner("alice")
+    options = {"thinking": _THINKING} if provider == "anthropic" else {}
+    async with ScriptedUpstream(_calling(provider, "bob's card"),
+                                ANSWER[provider]("Done.")) as upstream:
+        adapter = make_adapter(provider, upstream.url, "direct", **options)
+        try:
+            await _ask(adapter, run_input("my balance?", thread="t", run="b1"), bob)
+            for owner in (alice, None, bob):
+                await _ask(adapter, _follow_up("t", "r"), owner)
+        finally:
+            await adapter.aclose()
+    assert [_sent_back(provider, r) for r in upstream.requests[1:]] == [
+        None, None, "bob's card"]
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "google"])
+async def test_a_deleted_threads_kept_reasoning_never_goes_to_the_ids_next_owner(
+        serve_runtime: ServeRuntime, provider: str) -> None:
+    """Bob's thread reasons over his card and calls a tool; he deletes it; alice starts a
+    thread of the same id (hers now) with a history naming that call: her request to the
+    provider carries none of bob's reasoning."""
+    secret = "BOB: my card is 4111-1111-1111-1111"
+    options = {"thinking": _THINKING} if provider == "anthropic" else {}
+    async with asyncio.timeout(TIMEOUT_S), ScriptedUpstream(
+            _calling(provider, secret), ANSWER[provider]("Done.")) as upstream:
+        runtime = CopilotRuntime(
+            service_adapter=make_adapter(provider, upstream.url, "direct", **options),
+            auth=BearerTokenAuth(TOKENS))
+        async with serve_runtime(runtime) as served:
+            response = await served.post("/agent/default/run", run_input(
+                "my balance?", thread="t-1", run="b1", tools=[LOOKUP]), headers=auth(BOB))
+            assert response.status == 200
+            await response.read()
+            assert (await call(served, "DELETE", "/threads/t-1", BOB))[0] == 200
+            response = await served.post("/agent/default/run", _follow_up("t-1", "a1"),
+                                         headers=auth(ALICE))
+            assert response.status == 200
+            assert b"RUN_FINISHED" in await response.read()
+    assert _sent_back(provider, upstream.requests[1]) is None
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "google"])
+async def test_a_deleted_threads_kept_reasoning_is_dropped_with_it(
+        serve_runtime: ServeRuntime, provider: str) -> None:
+    """Without authentication too: a thread deleted, a new thread of its id gets nothing
+    the deleted one kept (nor does it stay held)."""
+    options = {"thinking": _THINKING} if provider == "anthropic" else {}
+    async with hostile(serve_runtime, provider, _calling(provider, "old thread's"),
+                       ANSWER[provider]("Done."), **options) as (served, upstream):
+        await run(served, run_input("my balance?", thread="t-1", run="r1", tools=[LOOKUP]))
+        response = await served.session.delete(served.url + "/threads/t-1")
+        assert response.status == 200
+        assert types(await run(served, _follow_up("t-1", "r2")))[-1] == "RUN_FINISHED"
+        adapter = served.runtime.service_adapter
+    assert _sent_back(provider, upstream.requests[1]) is None
+    kept = {"openai": "_reasoning", "anthropic": "_thinking", "google": "_signatures"}
+    assert len(getattr(adapter, kept[provider])) == 0
+
+
+def test_a_threads_values_are_forgotten_whoever_owned_them() -> None:
+    """`forget` drops a thread's values of every owner, and the bound's accounting with them,
+    evictions included."""
+    kept: KeptForThreads[str] = KeptForThreads(10, len)
+    kept.keep(("t", ThreadOwner("bob")), "c1", "f", "aaaa")
+    kept.keep(("t", None), "c2", "f", "bbb")
+    kept.keep(("u", None), "c1", "f", "cc")
+    kept.keep(("u", None), "c3", "f", "ddd")  # past 10 characters: bob's, the oldest, goes
+    assert (len(kept), kept.held) == (3, 8)
+    kept.forget("t")
+    assert (len(kept), kept.held) == (2, 5)
+    assert kept.get(("u", None), "c1", "f", "{}") == "cc"
+    assert kept.get(("u", ThreadOwner("bob")), "c1", "f", "{}") is None
+    kept.forget("u")
+    kept.forget("never kept")
+    assert (len(kept), kept.held) == (0, 0)

@@ -17,9 +17,12 @@ from ag_ui.core import ToolCall
 from copilot_runtime._exceptions import JSONTooDeepError, UpstreamError
 from copilot_runtime._limits import check_json_text
 from copilot_runtime.adapters.base import ChatDelta, ChatRequest, StreamEnd
+from copilot_runtime.threads.base import ThreadOwner
 
 _E = TypeVar("_E", bound=BaseException)
 _V = TypeVar("_V")
+#: A kept value's key: (thread id, its owner, the call's id).
+_KeptKey = tuple[str, ThreadOwner | None, str]
 
 #: The user turn sent for a history with none (a run started with no messages, or only a
 #: system one or UI state: `runAgent()` on load): Anthropic and Gemini refuse a request
@@ -41,12 +44,15 @@ GEMINI_FAILED_REASONS = {
     "MISSING_THOUGHT_SIGNATURE": "Gemini refused the history: a thought signature is missing",
 }
 
-def request_thread(request: ChatRequest) -> str | None:
-    """The thread `request` is for: its own `thread_id`, else the thread of the run it is
-    made in (`ActiveRun.log_context` binds it for the whole run, and the tasks started in
-    it); None for neither (an adapter called outside any run)."""
-    thread = request.thread_id or structlog.contextvars.get_contextvars().get("thread_id")
-    return thread if isinstance(thread, str) and thread else None
+#: The thread a value is kept for, and its owner (None: no authentication). A deleted
+#: thread's id is free again and may become another principal's: the owner tells them apart.
+OwnedThread = tuple[str, ThreadOwner | None]
+
+
+def request_thread(request: ChatRequest) -> OwnedThread | None:
+    """The thread `request` is for, with its owner; None when it names none (an adapter
+    called outside any run). Not the run's from the log context: that names no owner."""
+    return None if not request.thread_id else (request.thread_id, request.thread_owner)
 
 
 class KeptForThreads(Generic[_V]):
@@ -54,19 +60,22 @@ class KeptForThreads(Generic[_V]):
     signed thinking, a thought signature), by the answer's first tool call; bounded: past
     `most` (each value counted by `size`, else as 1), the least recently kept goes first.
 
-    A value goes back only into a request of the thread it was kept for, on a call of the
-    same id and of the same name and arguments where they were known as it was kept. Call
-    ids are the provider's (Kimi K2 names calls `functions.NAME:IDX` in every conversation)
-    and a history's are the client's to write: kept by id alone, one user's reasoning went
-    out in another user's requests.
+    A value goes back only into a request of the thread and owner it was kept for, on a
+    call of the same id and of the same name and arguments where they were known as it was
+    kept. Call ids are the provider's (Kimi K2 names calls `functions.NAME:IDX` in every
+    conversation) and a history's are the client's to write: kept by id alone, one user's
+    reasoning went out in another user's requests. A thread's values go when it is deleted
+    (`forget`): a later thread of its id, whoever's, starts with none.
     """
 
-    __slots__ = ("_entries", "_most", "_size", "held")
+    __slots__ = ("_entries", "_most", "_of_thread", "_size", "held")
 
     def __init__(self, most: int, size: Callable[[_V], int] | None = None) -> None:
-        #: (thread, call id) → (the call's name, hash of its arguments, the value).
-        self._entries: OrderedDict[tuple[str, str], tuple[str | None, int | None, _V]] = \
+        #: (thread, owner, call id) → (the call's name, hash of its arguments, the value).
+        self._entries: OrderedDict[_KeptKey, tuple[str | None, int | None, _V]] = \
             OrderedDict()
+        #: thread id → the keys of its entries (whatever their owner), for `forget`.
+        self._of_thread: dict[str, set[_KeptKey]] = {}
         self._most = most
         self._size = size
         #: What the kept values count for, all together.
@@ -75,7 +84,7 @@ class KeptForThreads(Generic[_V]):
     def __len__(self) -> int:
         return len(self._entries)
 
-    def keep(self, thread: str, call_id: str, name: str | None, value: _V,
+    def keep(self, thread: OwnedThread, call_id: str, name: str | None, value: _V,
              arguments: str | None = None) -> None:
         """Keep `value` for `thread`'s call `call_id`. `name` and `arguments` are None when
         not known yet, and then not checked (a call's arguments still stream as the reasoning
@@ -83,23 +92,37 @@ class KeptForThreads(Generic[_V]):
         size = 1 if self._size is None else self._size(value)
         if size > self._most:
             return
-        previous = self._entries.pop((thread, call_id), None)
-        if previous is not None:
-            self.held -= 1 if self._size is None else self._size(previous[2])
-        self._entries[thread, call_id] = (
-            name, None if arguments is None else hash(arguments), value)
+        key = (*thread, call_id)
+        self._drop(key)
+        self._entries[key] = (name, None if arguments is None else hash(arguments), value)
+        self._of_thread.setdefault(thread[0], set()).add(key)
         self.held += size
         while self.held > self._most:
-            dropped = self._entries.popitem(last=False)[1][2]
-            self.held -= 1 if self._size is None else self._size(dropped)
+            self._drop(next(iter(self._entries)))
 
-    def get(self, thread: str | None, call_id: str, name: str, arguments: str) -> _V | None:
+    def get(self, thread: OwnedThread | None, call_id: str, name: str,
+            arguments: str) -> _V | None:
         """The value kept for `thread`'s call `call_id`, if it is that call."""
-        kept = None if thread is None else self._entries.get((thread, call_id))
+        kept = None if thread is None else self._entries.get((*thread, call_id))
         if kept is None or (kept[0] is not None and kept[0] != name) or (
                 kept[1] is not None and kept[1] != hash(arguments)):
             return None
         return kept[2]
+
+    def forget(self, thread_id: str) -> None:
+        """Drop what is kept for the thread `thread_id`, whoever's (it was deleted)."""
+        for key in tuple(self._of_thread.get(thread_id, ())):
+            self._drop(key)
+
+    def _drop(self, key: _KeptKey) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return
+        self.held -= 1 if self._size is None else self._size(entry[2])
+        keys = self._of_thread[key[0]]
+        keys.discard(key)
+        if not keys:
+            del self._of_thread[key[0]]
 
 
 def by_call_id(kept: Mapping[str, _V]) -> Callable[[ToolCall], _V | None]:

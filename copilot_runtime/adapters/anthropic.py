@@ -57,6 +57,7 @@ from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
     OPENING_TURN,
     KeptForThreads,
+    OwnedThread,
     after,
     arguments_object,
     by_call_id,
@@ -203,6 +204,10 @@ class AnthropicAdapter:
         if self._client is not None:
             await self._client.close()
 
+    async def forget_thread(self, thread_id: str) -> None:
+        """Drop the thinking kept for a deleted thread: its id may be taken again."""
+        self._thinking.forget(thread_id)
+
     def build_params(self, request: ChatRequest) -> dict[str, Any]:
         """The Messages request body for `request` (without `stream`)."""
         thinking_on = self.thinking is not None and self.thinking.get("type") != "disabled"
@@ -250,7 +255,8 @@ class AnthropicAdapter:
                 params["max_tokens"] += _THINKING_ROOM
         return params
 
-    def _thinking_of(self, thread: str | None, call: ToolCall) -> list[dict[str, Any]] | None:
+    def _thinking_of(self, thread: OwnedThread | None,
+                     call: ToolCall) -> list[dict[str, Any]] | None:
         """The signed thinking blocks of `thread`'s answer whose first tool call is `call`,
         when this process still holds them."""
         return self._thinking.get(thread, call.id, call.function.name, call.function.arguments)

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 from ag_ui.core import Message
 
 from copilot_runtime._exceptions import UpstreamError
+from copilot_runtime.threads.base import ThreadOwner
 
 __all__ = [
     "ChatDelta",
@@ -56,10 +57,12 @@ class ChatRequest:
     #: fits them to its model without a warning, and `max_tokens` bounds the answer alone
     #: (a model that reasons first gets room for that on top).
     runtime_settings: bool = False
-    #: The thread the request is for (None: the run's, see `_common.request_thread`). What an
+    #: The thread the request is for, and its owner (None: no authentication). What an
     #: adapter keeps of an answer for the tool loop (reasoning, signatures) goes back only
-    #: into that thread's later requests; a request of no thread keeps nothing.
+    #: into later requests of that thread and owner: a deleted thread's id may become
+    #: another principal's. A request of no thread keeps and gets nothing.
     thread_id: str | None = None
+    thread_owner: ThreadOwner | None = None
 
 
 class TextDelta(NamedTuple):
@@ -115,7 +118,12 @@ def spent_before(error: BaseException) -> StreamEnd | None:
 @runtime_checkable
 class ServiceAdapter(Protocol):
     """An LLM provider. `provider` names it in errors and telemetry, and a `model` string
-    attribute, where it has one, the model it asks for (see `configured_model`)."""
+    attribute, where it has one, the model it asks for (see `configured_model`).
+
+    One that keeps something of a thread between requests (an answer's reasoning, for its
+    tool loop) also has `async forget_thread(thread_id)`, which the built-in agent calls
+    when the runtime deletes the thread (its owner, or retention): its id is free again.
+    """
 
     provider: str
 

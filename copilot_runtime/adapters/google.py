@@ -15,10 +15,11 @@ function response in the next turn, a turn of responses holds nothing else (a to
 result's attachments, and a user's next message, go in a user turn after it), arguments and
 responses are always objects, system and developer messages go to `system_instruction`.
 Gemini 3 signs its function calls (`thought_signature`) and refuses a history that drops
-the signature; the adapter remembers the signatures of the calls it streamed, by thread and
-call (`KeptForThreads`), and puts them back; a call whose signature it does not hold
-(streamed by another worker or before a restart) goes with the signature Google documents
-for history it did not sign, which skips the check.
+the signature; the adapter remembers the signatures of the calls it streamed, by thread (and
+its owner) and call (`KeptForThreads`, dropped when the thread is deleted), and puts them
+back; a call whose signature it does not hold (streamed by another worker or before a
+restart) goes with the signature Google documents for history it did not sign, which skips
+the check.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ from copilot_runtime.adapters._common import (
     GEMINI_FINISH_REASONS,
     OPENING_TURN,
     KeptForThreads,
+    OwnedThread,
     after,
     arguments_object,
     by_call_id,
@@ -235,6 +237,10 @@ class GoogleGenAIAdapter:
             await self._session.close()
             self._session = None
 
+    async def forget_thread(self, thread_id: str) -> None:
+        """Drop the signatures kept for a deleted thread: its id may be taken again."""
+        self._signatures.forget(thread_id)
+
     def build_config(self, request: ChatRequest) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """(contents, config) of the `generate_content_stream` call for `request`."""
         system, contents = to_gemini_contents(
@@ -381,7 +387,7 @@ class GoogleGenAIAdapter:
             raise UpstreamConnectionError(
                 "The Gemini stream broke off before the answer was complete") from None
 
-    def _signature_of(self, thread: str | None, call: ToolCall) -> bytes | None:
+    def _signature_of(self, thread: OwnedThread | None, call: ToolCall) -> bytes | None:
         """The thought signature Gemini gave `thread`'s `call`, when this process holds it."""
         return self._signatures.get(thread, call.id, call.function.name,
                                     call.function.arguments)

@@ -217,6 +217,10 @@ class OpenAIAdapter:
         if self._client is not None:
             await self._client.close()
 
+    async def forget_thread(self, thread_id: str) -> None:
+        """Drop the reasoning kept for a deleted thread: its id may be taken again."""
+        self._reasoning.forget(thread_id)
+
     def build_params(self, request: ChatRequest) -> dict[str, Any]:
         """The Chat Completions request body for `request` (without `stream`)."""
         messages: list[dict[str, Any]] = []

@@ -62,6 +62,7 @@ from copilot_runtime.agents._shared_state import (
     StateChange,
 )
 from copilot_runtime.agents.base import Agent, RunContext
+from copilot_runtime.auth import owner_of
 from copilot_runtime.events import (
     TEXT_MESSAGE_CONTENT,
     Event,
@@ -80,6 +81,7 @@ from copilot_runtime.events import (
     tool_call_result,
     tool_call_start,
 )
+from copilot_runtime.threads.base import ThreadOwner
 
 __all__ = ["BuiltInAgent"]
 
@@ -124,8 +126,10 @@ class _Turn:
     settings: dict[str, Any]
     #: The application state the model sees and may change (None: it sees none).
     shared: SharedState | None = None
-    #: The run's thread: what an adapter keeps of an answer goes back only to its requests.
+    #: The run's thread and its owner: what an adapter keeps of an answer goes back only to
+    #: their requests.
     thread_id: str | None = None
+    thread_owner: ThreadOwner | None = None
 
 
 @dataclass(slots=True)
@@ -347,12 +351,22 @@ class BuiltInAgent(Agent):
     async def aclose(self) -> None:
         await self.adapter.aclose()
 
+    async def forget_thread(self, thread_id: str) -> None:
+        # What the adapter keeps of the thread (reasoning for its tool loop) goes with it:
+        # a later thread of its id, whoever's, must not be given it.
+        forget = getattr(self.adapter, "forget_thread", None)
+        if forget is not None:
+            await forget(thread_id)
+
     def run(self, input: RunInput, context: RunContext) -> EventBatches:
         return self._run(input, context)
 
     async def _run(self, input: RunInput, context: RunContext) -> EventBatches:
         follow_up = context.follow_up_server_tools
         turn = self._turn(input, shares_state=follow_up)
+        # Under authentication, who asks for the run owns its thread (the runtime lets
+        # nobody else run on it).
+        turn.thread_owner = None if context.principal is None else owner_of(context.principal)
         wanted = turn.settings.get("model")
         if wanted is not None and self.allowed_models is not None and (
                 wanted not in self.allowed_models):
@@ -492,7 +506,7 @@ class BuiltInAgent(Agent):
             messages=turn.history, tools=turn.tools, system_prompt=system_prompt,
             model=settings.get("model"), temperature=settings.get("temperature"),
             max_tokens=settings.get("max_tokens"), stop=settings.get("stop"),
-            tool_choice=choice, thread_id=turn.thread_id,
+            tool_choice=choice, thread_id=turn.thread_id, thread_owner=turn.thread_owner,
         )
 
     async def _run_tools(self, calls: list[_Call], turn: _Turn,
