@@ -28,6 +28,7 @@ from ag_ui.core import UserMessage
 from copilot_runtime import BearerTokenAuth, CopilotRuntime, OpenAIAdapter
 from copilot_runtime._input import parse_run_input
 from copilot_runtime.adapters._common import KeptForThreads
+from copilot_runtime.adapters.anthropic import AnthropicAdapter, AnthropicStreamParser
 from copilot_runtime.adapters.base import ChatRequest, ToolSpec
 from copilot_runtime.testing import ScriptedAdapter, text_turn
 from copilot_runtime.threads import ThreadOwner
@@ -282,3 +283,51 @@ def test_a_threads_values_are_forgotten_whoever_owned_them() -> None:
     kept.forget("u")
     kept.forget("never kept")
     assert (len(kept), kept.held) == (0, 0)
+
+
+def test_a_value_that_grows_after_it_was_kept_leaves_the_bound_exact() -> None:
+    """A parser's thinking list grows after it was kept: counted again as it was dropped, the
+    bound's count fell below zero, and the store then held past its bound."""
+    kept: KeptForThreads[list[str]] = KeptForThreads(10, lambda v: sum(map(len, v)))
+    grown = ["aaaa"]
+    kept.keep(("t", None), "c1", "f", grown)
+    grown.append("x" * 1_000)
+    kept.forget("t")
+    assert (len(kept), kept.held) == (0, 0)
+
+
+def test_the_anthropic_parser_keeps_an_answers_whole_thinking_again_as_it_ends() -> None:
+    kept: list[tuple[str, str | None, int]] = []
+    parser = AnthropicStreamParser(keep_thinking=lambda call, name, blocks: kept.append(
+        (call, name, len(blocks))))
+    parser.feed(_anthropic_sse(
+        {"type": "message_start", "message": {"usage": {"input_tokens": 1}}},
+        {"type": "content_block_start", "index": 0,
+         "content_block": {"type": "thinking", "thinking": "first", "signature": "s1"}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1,
+         "content_block": {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}},
+        {"type": "content_block_stop", "index": 1},
+        {"type": "content_block_start", "index": 2,
+         "content_block": {"type": "thinking", "thinking": "after", "signature": "s2"}},
+        {"type": "content_block_stop", "index": 2},
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use"}},
+        {"type": "message_stop"}))
+    # As the call started (its thinking so far), then whole, so the store weighs it all.
+    assert kept == [("toolu_1", "f", 1), ("toolu_1", "f", 2)]
+
+
+def test_anthropics_kept_thinking_is_bounded_by_its_characters() -> None:
+    """Counted in answers (1,024), answers of nearly the run's bound of unseen thinking each
+    were kept after their runs: 288 MiB after six runs no client was shown."""
+    adapter = AnthropicAdapter(api_key="k")
+    block = {"type": "thinking", "thinking": "x" * 4_000_000, "signature": "s"}
+    for i in range(10):
+        adapter._thinking.keep((f"t{i}", None), "toolu_1", "f", [block])
+    assert adapter._thinking.held <= 16_000_000
+    assert len(adapter._thinking) == 3
+
+
+def _anthropic_sse(*events: dict[str, Any]) -> bytes:
+    return b"".join(b"event: " + str(e["type"]).encode() + b"\ndata: " + orjson.dumps(e)
+                    + b"\n\n" for e in events)

@@ -71,8 +71,9 @@ class KeptForThreads(Generic[_V]):
     __slots__ = ("_entries", "_most", "_of_thread", "_size", "held")
 
     def __init__(self, most: int, size: Callable[[_V], int] | None = None) -> None:
-        #: (thread, owner, call id) → (the call's name, hash of its arguments, the value).
-        self._entries: OrderedDict[_KeptKey, tuple[str | None, int | None, _V]] = \
+        #: (thread, owner, call id) → (the call's name, hash of its arguments, the value, what
+        #: it counted for as it was kept: a value may grow after, as a parser's thinking).
+        self._entries: OrderedDict[_KeptKey, tuple[str | None, int | None, _V, int]] = \
             OrderedDict()
         #: thread id → the keys of its entries (whatever their owner), for `forget`.
         self._of_thread: dict[str, set[_KeptKey]] = {}
@@ -94,7 +95,7 @@ class KeptForThreads(Generic[_V]):
             return
         key = (*thread, call_id)
         self._drop(key)
-        self._entries[key] = (name, None if arguments is None else hash(arguments), value)
+        self._entries[key] = (name, None if arguments is None else hash(arguments), value, size)
         self._of_thread.setdefault(thread[0], set()).add(key)
         self.held += size
         while self.held > self._most:
@@ -118,7 +119,7 @@ class KeptForThreads(Generic[_V]):
         entry = self._entries.pop(key, None)
         if entry is None:
             return
-        self.held -= 1 if self._size is None else self._size(entry[2])
+        self.held -= entry[3]
         keys = self._of_thread[key[0]]
         keys.discard(key)
         if not keys:

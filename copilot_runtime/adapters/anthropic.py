@@ -97,7 +97,10 @@ DEFAULT_MODEL = "claude-sonnet-4-6"
 
 #: The API requires `max_tokens`; this is used when neither the app nor the client set one.
 DEFAULT_MAX_TOKENS = 4096
-_THINKING_KEPT = 1024
+#: The most signed thinking an adapter keeps for the tool loops in flight, in characters of
+#: its blocks' strings (counted in answers, 1,024 answers just under the run's bound of
+#: unseen thinking each were kept: gigabytes no client was shown).
+_THINKING_KEPT_CHARS = 16_000_000
 #: Keeps an answer's thinking blocks (its first tool_use's id and name, the blocks).
 _KeepThinking = Callable[[str, str | None, list[dict[str, Any]]], None]
 #: Tokens adaptive thinking may use on top of the runtime's own `max_tokens` (as the OpenAI
@@ -167,7 +170,8 @@ class AnthropicAdapter:
         self._extra_body = extra_body or {}
         # an answer's first tool_use → its thinking blocks: with thinking on, the API
         # wants them back, signed, before the tool calls when the loop continues
-        self._thinking: KeptForThreads[list[dict[str, Any]]] = KeptForThreads(_THINKING_KEPT)
+        self._thinking: KeptForThreads[list[dict[str, Any]]] = KeptForThreads(
+            _THINKING_KEPT_CHARS, _thinking_chars)
         if client is None and not self._api_key:
             raise ConfigurationError("AnthropicAdapter needs api_key (or ANTHROPIC_API_KEY)")
         if transport not in ("auto", "direct", "sdk"):
@@ -482,9 +486,10 @@ class AnthropicStreamParser:
     numbered by the API (`index`); tool-use blocks are renumbered 0, 1, ... as call indexes.
     """
 
-    __slots__ = ("_args_seen", "_calls", "_held", "_keep_thinking", "_open_thinking",
-                 "_thinking_size", "done", "extra_usage", "finish_reason", "finished",
-                 "input_tokens", "output_tokens", "secrets", "thinking", "tool_ids")
+    __slots__ = ("_args_seen", "_calls", "_held", "_keep_thinking", "_kept_as",
+                 "_open_thinking", "_thinking_size", "done", "extra_usage", "finish_reason",
+                 "finished", "input_tokens", "output_tokens", "secrets", "thinking",
+                 "tool_ids")
 
     def __init__(self, *, secrets: Sequence[str | None] = (),
                  keep_thinking: _KeepThinking | None = None,
@@ -499,6 +504,8 @@ class AnthropicStreamParser:
         #: run stopped during the call must not lose the blocks its next request has to send
         #: back.
         self._keep_thinking = keep_thinking
+        #: The call (id, name) the answer's thinking was kept for, once it was.
+        self._kept_as: tuple[str, str | None] | None = None
         self._open_thinking: dict[int, tuple[list[str], list[str]]] = {}
         #: The length of the thinking (and signatures) held: no event counts them against
         #: the run's bound when the client is not shown reasoning.
@@ -617,7 +624,8 @@ class AnthropicStreamParser:
                     self.tool_ids.append(block["id"])
                     if (len(self.tool_ids) == 1 and self.thinking
                             and self._keep_thinking is not None):
-                        self._keep_thinking(block["id"], block.get("name"), self.thinking)
+                        self._kept_as = (block["id"], block.get("name"))
+                        self._keep_thinking(*self._kept_as, self.thinking)
                 call = self._calls[index] = len(self._calls)
                 out.append(ToolCallDelta(call, block.get("id"), block.get("name"), ""))
                 if block.get("input"):
@@ -643,6 +651,10 @@ class AnthropicStreamParser:
             self._usage(event.get("usage"))
         elif kind == "message_stop":
             self.done = self.finished = True
+            if self._kept_as is not None and self._keep_thinking is not None:
+                # Kept again, whole: thinking after the first call joined the kept list,
+                # and the store counts what a value weighs as it is kept.
+                self._keep_thinking(*self._kept_as, self.thinking)
             if self.thinking and self.tool_ids:
                 # Once per answer, for the client to send back on its first call: the loop's
                 # next request may land on a worker whose `keep_thinking` never saw it.
@@ -866,3 +878,9 @@ def _source(source: Any, default_mime: str, mime: str | None = None) -> dict[str
     if source.type == "url":
         return {"type": "url", "url": source.value}
     return {"type": "file", "file_id": source.value}
+
+
+def _thinking_chars(blocks: list[dict[str, Any]]) -> int:
+    """What kept thinking blocks weigh: the characters of their strings."""
+    return sum(len(value) for block in blocks for value in block.values()
+               if isinstance(value, str))
