@@ -91,6 +91,10 @@ Writer = Callable[[Sequence[Event]], Awaitable[None]]
 Published = tuple[int, Sequence[Event]]
 #: Seconds between writes of a running run's events to a durable store.
 FLUSH_INTERVAL = 0.2
+#: Seconds a list, rename or archive waits for a new thread's run to write (sooner than its
+#: timer would, or its end): about as long as that thread went unlisted before; a store that
+#: cannot write holds the answer no longer, which then comes without the thread.
+FIRST_WRITE_WAIT = 0.2
 #: Seconds a run's end (its client) waits for its write while its durable store is away
 #: or does not answer; the write goes on in the background until the store is back.
 STORE_RETRY_FOR = 10.0
@@ -196,6 +200,9 @@ class ActiveRun:
         #: The position in the thread of the run's first event (its RUN_STARTED).
         self.first_position = 0
         self._flushed = 0
+        #: Whether the store had no record of the thread when the run began (`begin`): until
+        #: the run writes, the store has no thread, which exists from the run's start.
+        self.new_thread = False
         self._flush_timer: asyncio.TimerHandle | None = None
         self._flushing: asyncio.Task[None] | None = None
         self.task: asyncio.Task[Any] | None = None
@@ -672,25 +679,30 @@ class ActiveRun:
             self._flush_timer = asyncio.get_running_loop().call_later(
                 FLUSH_INTERVAL, self._start_flush)
 
-    async def write_first_batch(self) -> None:
-        """Write what the run streamed now if none of it is written yet: the write its timer
-        makes within `FLUSH_INTERVAL` (and the run's end after it, if it is ending), asked
-        for by a list, rename or archive of its thread, which exists from the run's start.
-        Only such a request costs the write sooner; a run's own path is as it was."""
-        if self._flushed or not self.events or self.unstored or not self.confirmed \
-                or self.manager.durable is None:
-            return
+    async def write_first_batch(self) -> bool:
+        """Write what the run streamed now if its thread is new to the store and none of it
+        is written yet: the write its timer makes within `FLUSH_INTERVAL`, asked for by a
+        list, rename or archive of its thread, which exists from the run's start. Only such
+        a request costs the write sooner; a run's own path is as it was. Waited for at most
+        `FIRST_WRITE_WAIT`; True if the store has the run's thread now."""
+        if not self.new_thread or self._flushed or not self.events or self.unstored \
+                or not self.confirmed or self.manager.durable is None:
+            return False
         if self._finished:
-            # Ending: its whole run is being stored, which makes the thread.
-            await asyncio.wait((self.released(),), timeout=STORE_RETRY_FOR)
-            return
-        if self._flushing is None:
+            # Ending: its whole run is being written, which makes the thread. Not waited for
+            # longer: a store that cannot write keeps it pending for as long as it is away.
+            stored = self.released()
+            await asyncio.wait((stored,), timeout=FIRST_WRITE_WAIT)
+            return stored.done()
+        writing = self._flushing
+        if writing is None:
             if self._flush_timer is not None:
                 self._flush_timer.cancel()
                 self._flush_timer = None
-            self._flushing = asyncio.ensure_future(self._flush())
-        # (shielded: a request that leaves does not cut the run's write)
-        await asyncio.shield(self._flushing)
+            writing = self._flushing = asyncio.ensure_future(self._flush())
+        # (`wait` cuts neither on its bound nor when the request leaves: the run's write goes on)
+        await asyncio.wait((writing,), timeout=FIRST_WRITE_WAIT)
+        return self._flushed > 0
 
     def _input_echo(self) -> dict[str, Any]:
         """The run's input as RUN_STARTED carries it: only the messages new to the thread."""
@@ -1173,6 +1185,7 @@ class RunManager:
             await self._check_owner(thread_id, record, owner, remembered)
             if record is None:  # a new thread: positions go on from a deleted one's
                 placeholder.first_position = await self.store.first_position(thread_id)
+                placeholder.new_thread = True
         except BaseException:
             self._withdraw(placeholder)
             raise
@@ -1605,21 +1618,22 @@ class RunManager:
 
     async def write_first_batches(self, thread_id: str | None = None, *,
                                   owner: ThreadOwner | None = None,
-                                  agent_id: str | None = None) -> None:
+                                  agent_id: str | None = None) -> bool:
         """Have the runs driven here on `thread_id` (None: on any thread; with `owner` or
-        `agent_id`, only that owner's or agent's) whose events are not written yet write them
-        now (`ActiveRun.write_first_batch`): the store then has their threads, which a list,
-        rename or archive is about to ask it for. Runs on other workers wrote their start
-        before they streamed (`_begin_shared`)."""
+        `agent_id`, only that owner's or agent's) of threads new to the store, whose events
+        are not written yet, write them now (`ActiveRun.write_first_batch`): the store then
+        has their threads, which a list, rename or archive is about to ask it for. True if
+        it has one it had not. Runs on other workers wrote their start before they streamed
+        (`_begin_shared`)."""
         if self.durable is None:
-            return
+            return False
         candidates = self.active.values() if thread_id is None else \
             [run] if (run := self.active.get(thread_id)) is not None else []
         unwritten = [run.write_first_batch() for run in candidates
-                     if not run._flushed and (owner is None or run.owner == owner)
+                     if run.new_thread and not run._flushed
+                     and (owner is None or run.owner == owner)
                      and (agent_id is None or run.agent_id == agent_id)]
-        if unwritten:
-            await asyncio.gather(*unwritten)
+        return any(await asyncio.gather(*unwritten))
 
     async def recover(self) -> int:
         """Close the runs a previous process left open in a durable store, as interrupted

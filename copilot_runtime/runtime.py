@@ -468,8 +468,7 @@ class CopilotRuntime:
         thread. With `owner`, only a thread of that owner (the caller's, checked before:
         the id may name a thread another user began since), checked by the store as it
         renames."""
-        await self.runs.write_first_batches(thread_id, owner=owner)
-        return await self._as_owner(self.store.rename, thread_id, name, owner=owner)
+        return await self._changed(self.store.rename, thread_id, name, owner=owner)
 
     async def archive_thread(self, thread_id: str, archived: bool = True, *,
                              owner: ThreadOwner | None = None) -> bool:
@@ -480,8 +479,18 @@ class CopilotRuntime:
         archive = getattr(self.store, "archive", None)
         if archive is None:
             raise UnsupportedOperationError("This runtime's thread store cannot archive threads")
-        await self.runs.write_first_batches(thread_id, owner=owner)
-        return await self._as_owner(archive, thread_id, archived, owner=owner)
+        return await self._changed(archive, thread_id, archived, owner=owner)
+
+    async def _changed(self, change: Callable[..., Awaitable[Any]], thread_id: str,
+                       *args: Any, owner: ThreadOwner | None) -> bool:
+        """`_as_owner`; a thread the store has no record of yet, whose first run this worker
+        drives, exists from that run's start: the run writes, then it is changed. Asked of
+        the runs only then: once a request (the route wrote it before reading the thread),
+        and not for a thread that has its record."""
+        if await self._as_owner(change, thread_id, *args, owner=owner):
+            return True
+        return await self.runs.write_first_batches(thread_id, owner=owner) \
+            and await self._as_owner(change, thread_id, *args, owner=owner)
 
     async def _as_owner(self, change: Callable[..., Awaitable[Any]], thread_id: str,
                         *args: Any, owner: ThreadOwner | None) -> bool:

@@ -27,6 +27,7 @@ from copilot_runtime import (
 )
 from copilot_runtime import events as ev
 from copilot_runtime._compaction import compact_events, events_to_messages
+from copilot_runtime._exceptions import ServiceUnavailableError
 from copilot_runtime._input import RunInput, parse_run_input
 from copilot_runtime._thread_reads import read_thread
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
@@ -157,6 +158,8 @@ async def test_a_thread_is_listed_renamed_and_archived_as_its_first_run_starts(
             assert await listed(bob) == {}
             assert (await call(served, "PATCH", "/threads/renamed", bob,
                                {"name": "Mine"}))[0] == 404
+            # Someone else's list and change wrote none of alice's runs.
+            assert [runtime.runs.active[t]._flushed for t in runs] == [0, 0, 0]
             assert (await call(served, "PATCH", "/threads/renamed", alice,
                                {"name": "Plans"}))[0] == 200
             assert (await call(served, "PATCH", "/threads/renamed", alice,
@@ -175,6 +178,129 @@ async def test_a_thread_is_listed_renamed_and_archived_as_its_first_run_starts(
                 "listed": (None, False), "renamed": ("Plans", False),
                 "archived": (None, True)}
             assert sorted(await listed(alice)) == ["listed", "renamed"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def durable_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/threads.sqlite3"
+    else:
+        with postgres_schema("midrun") as url:
+            yield url
+
+
+def _runtime(llm: MockOpenAIServer, url: str) -> CopilotRuntime:
+    return CopilotRuntime(service_adapter=OpenAIAdapter(base_url=llm.base_url,
+                                                        api_key="sk-mock", max_retries=0),
+                          thread_store=thread_store(url))
+
+
+async def test_a_store_that_cannot_write_holds_no_list_or_change_of_a_thread(
+        durable_url: str, serve_runtime: ServeRuntime, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    """Before, while the store could not write, a list waited `STORE_RETRY_FOR` for a run
+    that had ended unwritten to be stored, and a PATCH twice that (its run's write asked
+    for by the route, the archive and the rename): where they answered at once before
+    threads were listed from their first run's start. They wait a first write's bound."""
+    monkeypatch.setattr(copilot_runtime._runs, "STORE_RETRY_FOR", 3.0)  # (the runs' ends)
+    async with MockOpenAIServer(chunks=2) as llm:
+        runtime = _runtime(llm, durable_url)
+        async with serve_runtime(runtime) as served:
+            assert (await call(served, "POST", "/agent/default/run", None,
+                               run_input("hi", thread="kept", run="kept-1")))[0] == 200
+            store = runtime.store
+            writes = {name: getattr(store, name)
+                      for name in ("append_events", "append_run", "rename", "archive")}
+
+            async def down(*args: Any, **kwargs: Any) -> Any:
+                raise ServiceUnavailableError("disk full (simulated)")
+
+            for name in writes:
+                setattr(store, name, down)
+            runs = [asyncio.create_task(call(served, "POST", "/agent/default/run", None,
+                                             run_input("again", thread=thread, run=run)))
+                    for thread, run in (("kept", "kept-2"), ("new", "new-1"))]
+
+            def ending(thread: str) -> bool:
+                live = runtime.runs.active.get(thread)
+                return live is not None and live._finished
+
+            await eventually(lambda: ending("kept") and ending("new"), deadline=10,
+                             what="the runs' ends, unwritten")
+            async with asyncio.timeout(1.5):  # before: 3 s, then 6 s
+                status, body, _ = await call(served, "GET", "/threads", None)
+                assert status == 200, body
+                assert [t["id"] for t in orjson.loads(body)["threads"]] == ["kept"]
+                change = {"name": "Plans", "archived": True}
+                assert (await call(served, "PATCH", "/threads/kept", None, change))[0] == 503
+                assert (await call(served, "PATCH", "/threads/new", None, change))[0] == 404
+            assert all(ending(thread) for thread in ("kept", "new"))  # answered meanwhile
+            for name, write in writes.items():  # the store is back: the runs are stored
+                setattr(store, name, write)
+            for running in runs:
+                assert (await running)[0] == 200
+            await eventually(lambda: not runtime.runs.active, deadline=10,
+                             what="the runs stored")
+            assert (await call(served, "PATCH", "/threads/new", None, change))[0] == 200
+
+
+async def test_only_a_new_threads_run_writes_sooner_once_a_request(
+        durable_url: str, serve_runtime: ServeRuntime, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    """Before, a list had every run here that had not written yet write at once, its thread
+    stored or not (a write more for each run begun in the last 200 ms, whenever anyone
+    listed), and a PATCH asked for its run's write three times. Only the runs of threads
+    the store has no record of write sooner, asked once a request."""
+    monkeypatch.setattr(copilot_runtime._runs, "FLUSH_INTERVAL", 60.0)  # (no timer's write)
+    async with MockOpenAIServer(chunks=10) as llm:
+        runtime = _runtime(llm, durable_url)
+        async with serve_runtime(runtime) as served:
+            for thread in ("old-a", "old-b"):
+                assert (await call(served, "POST", "/agent/default/run", None, run_input(
+                    "hi", thread=thread, run=f"{thread}-1")))[0] == 200
+            written: list[str] = []
+            append_events = runtime.store.append_events
+
+            async def counted(thread_id: str, *args: Any, **kwargs: Any) -> Any:
+                written.append(thread_id)
+                return await append_events(thread_id, *args, **kwargs)
+
+            monkeypatch.setattr(runtime.store, "append_events", counted)
+            asked: list[str | None] = []
+            write_first_batches = runtime.runs.write_first_batches
+
+            async def counted_asks(thread_id: str | None = None, **kwargs: Any) -> Any:
+                asked.append(thread_id)
+                return await write_first_batches(thread_id, **kwargs)
+
+            monkeypatch.setattr(runtime.runs, "write_first_batches", counted_asks)
+            threads = ("old-a", "old-b", "new-a", "new-b", "new-c")
+            runs = [asyncio.create_task(call(served, "POST", "/agent/default/run", None,
+                                             run_input("slow:300 again", thread=thread,
+                                                       run=f"{thread}-2")))
+                    for thread in threads]
+
+            def streaming(thread: str) -> bool:
+                live = runtime.runs.active.get(thread)
+                return live is not None and any(
+                    e.get("type") == "TEXT_MESSAGE_CONTENT" for e in live.events)
+
+            await eventually(lambda: all(map(streaming, threads)), deadline=10,
+                             what="the runs' first words")
+            assert (await call(served, "PATCH", "/threads/new-b", None,
+                               {"name": "Plans", "archived": True}))[0] == 200
+            assert (asked, written) == (["new-b"], ["new-b"])
+            # As a Python application asks it (no route before it).
+            assert await runtime.rename_thread("new-c", "Trip")
+            assert await runtime.archive_thread("new-c")
+            assert written == ["new-b", "new-c"]
+            status, body, _ = await call(served, "GET", "/threads?includeArchived=true", None)
+            assert status == 200, body
+            assert sorted(t["id"] for t in orjson.loads(body)["threads"]) == sorted(threads)
+            assert written == ["new-b", "new-c", "new-a"]  # not the stored threads' runs
+            assert all(map(streaming, threads))  # all of it while the runs went on
+            for running in runs:
+                assert (await running)[0] == 200
 
 
 @pytest.fixture

@@ -310,7 +310,8 @@ class AGUIProtocol:
             raise ThreadBusyError(thread_id)
         if request.method != "DELETE":
             # A thread whose first run this worker drives exists from that run's start: the
-            # run writes what it streamed before the store is asked (someone else's: not).
+            # run writes what it streamed before the store is asked (someone else's: not),
+            # once: the archive and rename below find the thread written.
             await self.runtime.runs.write_first_batches(thread_id, owner=owner)
         record = await self.runtime.store.summary(thread_id)
         if record is None or (owner is not None and record.owner != owner):
