@@ -18,6 +18,7 @@ read through `replayable`, which drops what cannot be encoded instead of failing
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import gc
 import re
@@ -33,6 +34,7 @@ from copilot_runtime.threads.base import ThreadRecord
 
 __all__ = [
     "DEFAULT_MAX_RUN_BYTES",
+    "HELD_BOUND",
     "LARGE_JSON",
     "LIVE_RUN_FACTOR",
     "MAX_HELD_BYTES",
@@ -71,6 +73,11 @@ LIVE_RUN_FACTOR = 4
 #: bound of a running run counts only the events it sent: without this one, a stream that
 #: never ends filled the memory unseen. As much as that bound is by default.
 MAX_HELD_BYTES = LIVE_RUN_FACTOR * DEFAULT_MAX_RUN_BYTES
+#: That bound for the run being driven: the runtime's bound of a running run (`LIVE_RUN_FACTOR`
+#: times its `max_run_bytes`), set around each run (`ActiveRun.drive`); `MAX_HELD_BYTES`
+#: outside any.
+HELD_BOUND: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "copilot_runtime.held_bound", default=MAX_HELD_BYTES)
 #: What a token adds to its text as JSON: its keys, type name, a short id and punctuation.
 _EVENT_OVERHEAD = 64
 #: The keys of a token event (`type`, its id, `delta`); one with more is weighed whole.
@@ -90,8 +97,8 @@ class HeldTooLarge(UpstreamError):
 
     code = PayloadTooLargeError.code
 
-    def __init__(self, what: str) -> None:
-        super().__init__(f"The run was stopped: the model's {what} passed {MAX_HELD_BYTES} "
+    def __init__(self, what: str, bound: int) -> None:
+        super().__init__(f"The run was stopped: the model's {what} passed {bound} "
                          "bytes, the most a running run keeps")
 
 

@@ -57,6 +57,7 @@ from copilot_runtime._exceptions import (
 from copilot_runtime._input import RunInput
 from copilot_runtime._limits import (
     DEFAULT_MAX_RUN_BYTES,
+    HELD_BOUND,
     LARGE_JSON,
     LIVE_RUN_FACTOR,
     estimated_size,
@@ -368,8 +369,12 @@ class ActiveRun:
     async def drive(self, write: Writer) -> None:
         """Run the agent to its end, handing each batch to `write`."""
         # Once per run, around all of it: a detached run goes on in this same task.
-        with self.log_context():
-            await self._drive(write)
+        held = HELD_BOUND.set(self.manager.max_live_bytes)
+        try:
+            with self.log_context():
+                await self._drive(write)
+        finally:
+            HELD_BOUND.reset(held)
 
     async def _drive(self, write: Writer) -> None:
         if self._finished:

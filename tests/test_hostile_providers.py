@@ -236,8 +236,8 @@ def make_adapter(provider: str, url: str, transport: str, api_key: str | None = 
 
 @contextlib.asynccontextmanager
 async def hostile(serve_runtime: ServeRuntime, provider: str, *scripts: list[Step],
-                  transport: str = "direct", **options: Any
-                  ) -> AsyncIterator[tuple[Served, ScriptedUpstream]]:
+                  transport: str = "direct", max_run_bytes: int | None = None,
+                  **options: Any) -> AsyncIterator[tuple[Served, ScriptedUpstream]]:
     """The runtime served in front of a `ScriptedUpstream`; `options` go to the adapter."""
     async with asyncio.timeout(TIMEOUT_S), ScriptedUpstream(*scripts) as upstream, \
             contextlib.AsyncExitStack() as owned:
@@ -246,7 +246,9 @@ async def hostile(serve_runtime: ServeRuntime, provider: str, *scripts: list[Ste
             # the whole process, and a later test's upstream may reuse this one's port.
             options["http_async_client"] = await owned.enter_async_context(httpx.AsyncClient())
         runtime = CopilotRuntime(service_adapter=make_adapter(provider, upstream.url,
-                                                              transport, **options))
+                                                              transport, **options),
+                                 **({} if max_run_bytes is None else
+                                    {"max_run_bytes": max_run_bytes}))
         async with serve_runtime(runtime) as served:
             yield served, upstream
 
@@ -592,10 +594,10 @@ ENDLESS: dict[str, tuple[str, list[Step]]] = {
 }
 
 
-def _stopped_too_large(events: list[dict[str, Any]]) -> None:
+def _stopped_too_large(events: list[dict[str, Any]], bound: int = 64 * 2**20) -> None:
     assert types(events)[-1] == "RUN_ERROR", types(events)
     assert events[-1]["code"] == "PAYLOAD_TOO_LARGE", events[-1]
-    assert f"passed {64 * 2**20} bytes" in events[-1]["message"], events[-1]
+    assert f"passed {bound} bytes" in events[-1]["message"], events[-1]
     assert not any(e["type"].startswith(("REASONING", "TOOL_CALL")) for e in events), events
 
 
@@ -611,6 +613,19 @@ async def test_an_endless_answer_no_event_carries_is_stopped_at_the_runs_bound(
     provider, script = ENDLESS[case]
     async with hostile(serve_runtime, provider, script, timeout=3) as (served, _):
         _stopped_too_large(await run(served, run_input("think")))
+
+
+@pytest.mark.parametrize("case", ["openai-reasoning_content", "anthropic-thinking",
+                                  "openai-call-without-name"])
+async def test_what_an_answer_holds_unseen_has_the_runtimes_own_bound(
+        serve_runtime: ServeRuntime, case: str) -> None:
+    """A runtime of `max_run_bytes=1 MiB` stops a shown run at 4 MiB: one whose client is
+    not shown its reasoning was held to a fixed 64 MiB (a review), so the same upstream
+    answer passed or failed by the client asking."""
+    provider, script = ENDLESS[case]
+    async with hostile(serve_runtime, provider, script, timeout=3,
+                       max_run_bytes=2**20) as (served, _):
+        _stopped_too_large(await run(served, run_input("think")), bound=4 * 2**20)
 
 
 async def test_endless_reasoning_over_graphql_is_stopped_at_the_runs_bound(

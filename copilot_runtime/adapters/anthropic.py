@@ -52,7 +52,7 @@ from copilot_runtime._exceptions import (
     upstream_said,
 )
 from copilot_runtime._held import event_stream
-from copilot_runtime._limits import MAX_HELD_BYTES, HeldTooLarge
+from copilot_runtime._limits import HELD_BOUND, HeldTooLarge
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
     OPENING_TURN,
@@ -486,7 +486,7 @@ class AnthropicStreamParser:
     numbered by the API (`index`); tool-use blocks are renumbered 0, 1, ... as call indexes.
     """
 
-    __slots__ = ("_args_seen", "_calls", "_held", "_keep_thinking", "_kept_as",
+    __slots__ = ("_args_seen", "_calls", "_held", "_held_most", "_keep_thinking", "_kept_as",
                  "_open_thinking", "_thinking_size", "done", "extra_usage", "finish_reason",
                  "finished", "input_tokens", "output_tokens", "secrets", "thinking",
                  "tool_ids")
@@ -510,6 +510,7 @@ class AnthropicStreamParser:
         #: The length of the thinking (and signatures) held: no event counts them against
         #: the run's bound when the client is not shown reasoning.
         self._thinking_size = 0
+        self._held_most = HELD_BOUND.get()
         self._calls: dict[int, int] = {}
         self._args_seen: set[int] = set()
         self.done = False
@@ -596,8 +597,8 @@ class AnthropicStreamParser:
                 if text and open_block is not None:
                     open_block[0].append(text)
                     self._thinking_size += len(text)  # (the hot path: the add, inline)
-                    if self._thinking_size > MAX_HELD_BYTES:
-                        raise after(out, HeldTooLarge("thinking"))
+                    if self._thinking_size > self._held_most:
+                        raise after(out, HeldTooLarge("thinking", self._held_most))
                     out.append(ReasoningDelta(text))
             elif delta_kind == "signature_delta":
                 open_block = self._open_thinking.get(event.get("index", 0))
@@ -673,10 +674,10 @@ class AnthropicStreamParser:
         # `ping` and unknown future events are ignored
 
     def _held_thinking(self, size: int, out: list[ChatDelta]) -> None:
-        """`size` more characters of thinking held: past `MAX_HELD_BYTES`, the run ends."""
+        """`size` more characters of thinking held: past the run's bound, the run ends."""
         self._thinking_size += size
-        if self._thinking_size > MAX_HELD_BYTES:
-            raise after(out, HeldTooLarge("thinking"))
+        if self._thinking_size > self._held_most:
+            raise after(out, HeldTooLarge("thinking", self._held_most))
 
     def _usage(self, data: Any) -> None:
         """Token counts; one of another type is left out rather than failing the answer."""

@@ -36,7 +36,7 @@ from copilot_runtime._exceptions import (
     upstream_said,
 )
 from copilot_runtime._held import event_stream
-from copilot_runtime._limits import MAX_HELD_BYTES, HeldTooLarge
+from copilot_runtime._limits import HELD_BOUND, HeldTooLarge
 from copilot_runtime.adapters import _direct, _http1
 from copilot_runtime.adapters._common import (
     OPENING_TURN,
@@ -738,7 +738,7 @@ class ChatCompletionsStreamParser:
     for it): some servers and proxies send nothing after it, and keep the stream open.
     """
 
-    __slots__ = ("_calls", "_count", "_held", "_keep_reasoning", "_other_choices",
+    __slots__ = ("_calls", "_count", "_held", "_held_most", "_keep_reasoning", "_other_choices",
                  "_reasoning_size", "done", "expects_usage", "finish_reason", "finished",
                  "reasoning", "secrets", "usage")
 
@@ -764,6 +764,7 @@ class ChatCompletionsStreamParser:
         #: Their length: no event counts them against the run's bound when the client is
         #: not shown reasoning.
         self._reasoning_size = 0
+        self._held_most = HELD_BOUND.get()
         #: Told (first tool call's id and name, `reasoning`) as that call starts, when there
         #: is any.
         self._keep_reasoning = keep_reasoning
@@ -916,8 +917,8 @@ class ChatCompletionsStreamParser:
         if isinstance(said, str) and said:
             self.reasoning.append(said)
             self._reasoning_size += len(said)
-            if self._reasoning_size > MAX_HELD_BYTES:
-                raise after(out, HeldTooLarge("reasoning"))
+            if self._reasoning_size > self._held_most:
+                raise after(out, HeldTooLarge("reasoning", self._held_most))
         else:
             said = delta.reasoning
         if isinstance(said, str) and said:

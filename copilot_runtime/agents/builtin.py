@@ -39,7 +39,7 @@ from copilot_runtime._exceptions import (
     UpstreamError,
 )
 from copilot_runtime._input import RunInput
-from copilot_runtime._limits import MAX_HELD_BYTES, HeldTooLarge, decode_json
+from copilot_runtime._limits import HELD_BOUND, HeldTooLarge, decode_json
 from copilot_runtime._strings import not_one_string
 from copilot_runtime.actions import Action
 from copilot_runtime.adapters.base import (
@@ -156,6 +156,8 @@ class _Answer:
     signed_said: bool = False
     #: The length of the arguments held that no event sent (a call's before its name).
     held: int = 0
+    #: The most it may hold (the run's bound: `HELD_BOUND`).
+    held_most: int = field(default_factory=HELD_BOUND.get)
 
     def translate(self, deltas: Sequence[ChatDelta]) -> list[Event]:
         """The events of one batch of deltas.
@@ -211,8 +213,8 @@ class _Answer:
                         batch.append(tool_call_args(call.id, delta.arguments))
                     else:  # (no event: the run's bound would never count them)
                         self.held += len(delta.arguments)
-                        if self.held > MAX_HELD_BYTES:
-                            raise HeldTooLarge("tool call's arguments")
+                        if self.held > self.held_most:
+                            raise HeldTooLarge("tool call's arguments", self.held_most)
                 if call.said == _HELD and delta.name:
                     call.name = delta.name  # it may come after the id, as the SDK allows
                     call.start(message_id, batch)
