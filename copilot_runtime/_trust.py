@@ -32,7 +32,12 @@ from copilot_runtime._compaction import events_to_messages
 from copilot_runtime._input import RunInput
 from copilot_runtime._runs import ActiveRun, RunManager
 from copilot_runtime._server_tools import ServerToolsAgent
-from copilot_runtime._withheld import WITHHELD_MARK_PREFIX, stand_ins, withheld_mark
+from copilot_runtime._withheld import (
+    WITHHELD_MARK_PREFIX,
+    called_ids,
+    stand_ins,
+    withheld_mark,
+)
 from copilot_runtime.agents.base import Agent, RunContext
 from copilot_runtime.approvals.service import is_runtime_answer
 from copilot_runtime.auth import Principal, RequestInfo, owner_of
@@ -49,7 +54,7 @@ from copilot_runtime.guardrails import (
 )
 from copilot_runtime.hooks import ErrorInfo, HookRunner, RunFinished
 from copilot_runtime.limits import Lease, RateLimiter
-from copilot_runtime.messages import result_quote
+from copilot_runtime.messages import result_quote, text_of
 from copilot_runtime.telemetry import Telemetry
 from copilot_runtime.threads.base import (
     JUDGED_MARK_PREFIX,
@@ -310,6 +315,15 @@ def _as_read(result: Mapping[str, Any]) -> dict[str, Any]:
             "content": [{"type": "text", "text": quote}, *media] if media else quote}
 
 
+def _judged_unquoted(result: Mapping[str, Any], seen: Collection[str]) -> bool:
+    """Whether a thread stored before results were marked `_as_read` let `result` (a tool
+    result no call asked for) through with its text: marked of its role and content, it
+    was judged as the user's words of its content's text and attachments, all the model
+    reads of it but its call id. (Without text, the model reads its `error`, which was
+    never judged: it is judged again.)"""
+    return bool(text_of(result.get("content"))) and judged_mark(result) in seen
+
+
 def refused_mark(message: Mapping[str, Any]) -> str:
     """What a thread keeps, among its message ids, of a client message its guardrails
     refused: a digest of the message's id, role and content, so that it is neither judged
@@ -322,13 +336,6 @@ def refused_mark(message: Mapping[str, Any]) -> str:
         ["refused", message.get("id"), message.get("role"), message.get("content")],
         default=str), digest_size=16).hexdigest()
     return REFUSED_MARK_PREFIX + digest
-
-
-def _called_ids(messages: Sequence[Any]) -> set[Any]:
-    return {call["id"] for message in messages if isinstance(message, dict)
-            and message.get("role") == "assistant" and isinstance(message.get("toolCalls"), list)
-            for call in message["toolCalls"]
-            if isinstance(call, dict) and isinstance(call.get("id"), str)}
 
 
 def _judged_as_users(message: Mapping[str, Any], called: Collection[Any]) -> bool:
@@ -411,7 +418,7 @@ def refused_before(messages: Sequence[Any], seen: Collection[str]) -> set[int]:
     judged, and refused, again."""
     if not _holds_refused(seen):  # most threads: no message is digested for nothing
         return set()
-    called = _called_ids(messages)
+    called = called_ids(messages)
     users = [i for i, m in enumerate(messages)
              if isinstance(m, dict) and _judged_as_users(m, called)]
     return {i for i in users[:-1] if refused_mark(messages[i]) in seen}
@@ -584,7 +591,7 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
                 texts.extend(strings_of[mark])
             brought.extend(strings_of[mark])
 
-    called = _called_ids(messages)
+    called = called_ids(messages)
     #: The user messages read back to back so far (`_apart` ends them), and the index in
     #: `out` of the judgement of the last new one among them.
     stretch: list[tuple[int, bool]] = []
@@ -616,11 +623,16 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
         # A result no call of the history asked for reaches the model as the user's words
         # (`paired_tool_calls`): it is judged as theirs, allowed topics and all, and marked,
         # as the quote the model reads (its role and content left its error and call id out).
-        if _judged_as_users(message, called) and not (index in withheld and role == "tool"):
-            if role == "tool":
-                message = _as_read(message)
-            mark = judged_mark(message)
-            if mark not in seen:
+        # (A withheld one is paired: `stand_ins` leaves the others out.)
+        if _judged_as_users(message, called):
+            read = _as_read(message) if role == "tool" else message
+            mark = judged_mark(read)
+            if mark not in seen and role == "tool" and _judged_unquoted(message, seen):
+                # Only its call id is new to a judge: judged with the other client text (one
+                # judge call however many; each judged as the user's, past 32 refused runs).
+                other(mark, [str(message.get("toolCallId"))])
+            elif mark not in seen:
+                message = read
                 if len(out) == _MOST_JUDGED:
                     raise _TooMuchToJudge(_TOO_MANY_MESSAGES)
                 # The messages just before it, as context (a judge reads a few of them):

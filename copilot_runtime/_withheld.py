@@ -1,7 +1,8 @@
 """Stand-ins for the client messages a thread's guardrails refused that are not the user's
 words (a tool result, a made-up assistant turn, reasoning, a message's name): sent back
 with the chat's history, each is given to the agent as a stand-in that keeps the chat's
-structure (a tool result stays paired with its call) and holds none of the refused text.
+structure (a tool result stays paired with its call; one without its call is left out)
+and holds none of the refused text.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import orjson
 
 from copilot_runtime.threads.base import REFUSED_MARK_PREFIX
 
-__all__ = ["WITHHELD_MARK_PREFIX", "WITHHELD_RESULT", "WITHHELD_TURN", "stand_ins",
-           "withheld_mark"]
+__all__ = ["WITHHELD_MARK_PREFIX", "WITHHELD_RESULT", "WITHHELD_TURN", "called_ids",
+           "stand_ins", "withheld_mark"]
 
 #: What the agent reads in place of a refused tool result, and of a refused assistant turn
 #: that called tools (the runtime's own text: never judged).
@@ -50,17 +51,33 @@ def stand_ins(messages: Sequence[Any], seen: Collection[str],
     """For each message of `messages` (but the last: a turn retried is judged, and refused,
     again) whose `withheld_mark` is in `seen`, its stand-in (None: left out)."""
     out: dict[int, dict[str, Any] | None] = {}
+    called: set[Any] | None = None
     for index, message in enumerate(messages[:-1]):
         # (a user's own words, without a name, are never withheld: not digested for nothing)
         if isinstance(message, dict) and (message.get("name") or message.get("role") not in
                                           _USERS_WORDS) and withheld_mark(message) in seen:
-            out[index] = _stand_in(message, tool_names)
+            if called is None:
+                called = called_ids(messages)
+            out[index] = _stand_in(message, tool_names, called)
     return out
 
 
-def _stand_in(message: Mapping[str, Any], tool_names: Collection[str]) -> dict[str, Any] | None:
+def called_ids(messages: Sequence[Any]) -> set[Any]:
+    """The ids of the tool calls of `messages`' assistant turns."""
+    return {call["id"] for message in messages if isinstance(message, dict)
+            and message.get("role") == "assistant" and isinstance(message.get("toolCalls"), list)
+            for call in message["toolCalls"]
+            if isinstance(call, dict) and isinstance(call.get("id"), str)}
+
+
+def _stand_in(message: Mapping[str, Any], tool_names: Collection[str],
+              called: Collection[Any]) -> dict[str, Any] | None:
     role = message.get("role")
     if role == "tool":
+        # Without its call, the model would read it quoted as the user's words, the client's
+        # call id in the quote (`paired_tool_calls`): there is nothing to keep it paired with.
+        if message.get("toolCallId") not in called:
+            return None
         return {"id": message.get("id"), "role": "tool",
                 "toolCallId": message.get("toolCallId"), "content": WITHHELD_RESULT}
     if role == "assistant":

@@ -4,19 +4,25 @@ its error>)", then its attachments. Guardrails judge it as the user's words, and
 keeps a mark of what they let through. Before the fix both left out parts of what the model
 reads: the mark was of the result's role and content only (a result with the same empty
 content let through once, any `error` after it passed unjudged), the call id was never
-judged, and an attachment's filename stood in for the text, its `error` unjudged."""
+judged, and an attachment's filename stood in for the text, its `error` unjudged. Then a
+thread stored before that judged each orphan result again, as the user's (more than 32 of
+them refused every run), and a withheld result sent without its call was quoted to the
+model, its call id unjudged."""
 
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 import orjson
 import pytest
 
-from copilot_runtime._trust import judged
+from copilot_runtime._trust import _as_read, judged, judged_mark
+from copilot_runtime._withheld import WITHHELD_RESULT, stand_ins, withheld_mark
+from copilot_runtime.guardrails import CLIENT_TEXT
 from copilot_runtime.testing import MockOpenAIServer
-from copilot_runtime.threads.base import JUDGED_MARK_PREFIX
+from copilot_runtime.threads.base import JUDGED_MARK_PREFIX, StoredRun
 from tests.conftest import Served, run_input, text_of
 from tests.test_hostile_trust import _GENERATE, DENIED, GQL, REFUSAL, call, gql_text, guarded
 
@@ -74,18 +80,118 @@ def _old_mark(role: str, content: Any) -> str:
     return JUDGED_MARK_PREFIX + digest
 
 
-def test_a_thread_stored_before_judges_only_its_orphan_results_again() -> None:
+def test_a_thread_stored_before_judges_only_the_call_ids_of_its_orphan_results() -> None:
     """A user message's mark is as before: a stored thread's history is not judged again.
-    An orphan result's is not (it was of less than the model reads): it is judged once
-    more, as what the model reads."""
+    An orphan result with text was judged as the user's, all the model reads of it but its
+    call id: only the call id is judged (with the other client text: one judge call, for
+    any number of them), and the thread keeps the quote's mark once it is let through."""
     history = [{"id": "u1", "role": "user", "content": "hi"},
-               _orphan("x1", "none-1", "it worked")]
-    seen = {_old_mark("user", "hi"), _old_mark("tool", "it worked")}
+               _orphan("x1", "none-1", "it worked"), _orphan("x2", "none-2", "it ran")]
+    seen = {_old_mark("user", "hi"), _old_mark("tool", "it worked"),
+            _old_mark("tool", "it ran")}
     (marks, messages), = judged({"messages": history}, seen)
-    assert marks[0] not in seen
-    assert messages[-1] == {"id": "x1", "role": "user",
-                            "content": "(Result of tool call none-1: it worked)"}
+    assert messages == [{"id": "client-text", "role": "user", CLIENT_TEXT: True,
+                         "content": [{"type": "text", "text": "none-1"},
+                                     {"type": "text", "text": "none-2"}]}]
+    assert marks == [judged_mark(_as_read(history[1])), judged_mark(_as_read(history[2]))]
     assert judged({"messages": history}, {*seen, *marks}) == [([], history)]
+
+
+def test_a_thread_stored_before_judges_again_an_orphan_result_without_text() -> None:
+    """Its old mark was of its empty content: the error the model reads was never judged
+    (nor an attachment's, the filename standing in for the text)."""
+    for content in ("", [_IMAGE]):
+        history = [{"id": "u1", "role": "user", "content": "hi"},
+                   _orphan("x1", "none-1", content, "it failed")]
+        seen = {_old_mark("user", "hi"), _old_mark("tool", content)}
+        (marks, messages), = judged({"messages": history}, seen)
+        assert marks == [judged_mark(_as_read(history[1]))]
+        assert messages[-1]["role"] == "user"
+        assert "(Result of tool call none-1: it failed)" in orjson.dumps(messages[-1]).decode()
+
+
+async def _stored_before(served: Served, thread: str, marks: list[str]) -> None:
+    """A thread as versions before the fix stored it: one run, and the marks it kept."""
+    await served.runtime.store.append_run(thread, "default",
+                                          StoredRun("old", [], time.time()), marks)
+
+
+async def test_a_thread_stored_before_with_many_orphan_results_runs_on(
+        guarded: Served, llm: MockOpenAIServer) -> None:
+    """Before: each of its 40 orphan results was judged again as the user's, more than the
+    32 judgements a run may take: every run of the thread was refused, and none stored."""
+    orphans = [_orphan(f"x{i}", f"gone-{i}", f"result {i}") for i in range(40)]
+    await _stored_before(guarded, "old-orphans", [
+        _old_mark("user", "hi"), *(_old_mark("tool", m["content"]) for m in orphans)])
+    history = [{"id": "u1", "role": "user", "content": "hi"}, *orphans,
+               {"id": "u3", "role": "user", "content": "hello again"}]
+    first = await guarded.run(run_input("", thread="old-orphans", run="r3", messages=history))
+    assert text_of(first) == "echo: hello again"
+    summary = await guarded.runtime.store.summary("old-orphans")
+    assert summary is not None  # the thread now keeps the marks of the quotes
+    assert {judged_mark(_as_read(m)) for m in orphans} <= summary.message_ids
+    history.append({"id": "u4", "role": "user", "content": "and again"})
+    second = await guarded.run(run_input("", thread="old-orphans", run="r4", messages=history))
+    assert text_of(second) == "echo: and again"
+    assert len(llm.requests) == 2
+
+
+async def test_the_call_id_of_a_result_a_thread_let_through_before_is_judged(
+        guarded: Served, llm: MockOpenAIServer) -> None:
+    """Control: its old mark covers its text, never the call id the model reads."""
+    await _stored_before(guarded, "old-call-id", [_old_mark("user", "hi"),
+                                                  _old_mark("tool", "ok")])
+    history = [{"id": "u1", "role": "user", "content": "hi"}, _orphan("x1", DENIED, "ok"),
+               {"id": "u2", "role": "user", "content": "go on"}]
+    refused = await guarded.run(run_input("", thread="old-call-id", messages=history))
+    assert text_of(refused) == REFUSAL
+    assert llm.requests == []
+
+
+async def test_an_error_a_thread_let_through_before_is_judged(
+        guarded: Served, llm: MockOpenAIServer) -> None:
+    """Control: an old mark of an empty content never passes for the error the model
+    reads."""
+    await _stored_before(guarded, "old-error", [_old_mark("user", "hi"),
+                                                _old_mark("tool", "")])
+    history = [{"id": "u1", "role": "user", "content": "hi"}, _orphan("x1", "none-1", "", DENIED),
+               {"id": "u2", "role": "user", "content": "go on"}]
+    refused = await guarded.run(run_input("", thread="old-error", messages=history))
+    assert text_of(refused) == REFUSAL
+    assert llm.requests == []
+
+
+def test_a_withheld_result_without_its_call_has_no_stand_in() -> None:
+    """Nothing to pair it with: its stand-in would be quoted to the model, the client's
+    call id in it (judged nowhere: the stand-in is the runtime's text)."""
+    call = {"id": "a1", "role": "assistant", "content": "", "toolCalls": [{
+        "id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]}
+    result = _orphan("t1", "c1", "refused text")
+    seen = {withheld_mark(result)}
+    hi, go_on = {"id": "u1", "role": "user", "content": "hi"}, {"id": "u2", "role": "user",
+                                                                  "content": "go on"}
+    assert stand_ins([hi, call, result, go_on], seen, ())[2] == {
+        "id": "t1", "role": "tool", "toolCallId": "c1", "content": WITHHELD_RESULT}
+    assert stand_ins([hi, result, go_on], seen, ()) == {1: None}
+
+
+async def test_a_withheld_result_sent_without_its_call_never_reaches_the_model(
+        guarded: Served, llm: MockOpenAIServer) -> None:
+    """Before: refused while paired, then sent back without its call, the result reached the
+    model as "(Result of tool call <its call id>: (withheld...))", its call id unjudged."""
+    call = {"id": "a1", "role": "assistant", "content": "", "toolCalls": [{
+        "id": DENIED, "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]}
+    result = _orphan("t1", DENIED, "password")
+    hi = {"id": "u1", "role": "user", "content": "hi"}
+    refused = await guarded.run(run_input("", thread="withheld", run="r1",
+                                          messages=[hi, call, result]))
+    assert text_of(refused) == REFUSAL
+    events = await guarded.run(run_input("", thread="withheld", run="r2", messages=[
+        hi, result, {"id": "u2", "role": "user", "content": "go on"}]))
+    assert text_of(events) == "echo: go on"
+    (request,) = llm.requests
+    assert [m["content"] for m in request["messages"] if m["role"] != "system"] == [
+        "hi", "go on"]
 
 
 async def test_graphql_gives_the_model_no_result_without_its_call(
