@@ -14,18 +14,24 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
+from ag_ui.core import UserMessage
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.types import Command
 
-from copilot_runtime._exceptions import ConfigurationError
+from copilot_runtime._exceptions import ConfigurationError, InvalidRequestError
 from copilot_runtime._input import parse_run_input
 from copilot_runtime.adapters.base import ChatDelta, ChatRequest, StreamEnd, TextDelta
 from copilot_runtime.agents.base import RunContext
 from copilot_runtime.testing import verify_events
-from copilot_runtime.workflows.existing import MAX_KEPT_EVENTS, existing_agent, run_existing_agent
-from copilot_runtime.workflows.models import AdapterChatModel
+from copilot_runtime.workflows.existing import (
+    MAX_KEPT_EVENTS,
+    existing_agent,
+    run_existing_agent,
+    wrap_existing_agent,
+)
+from copilot_runtime.workflows.models import AdapterChatModel, OfflineSpecialistAdapter
 from copilot_runtime.workflows.orchestrator import ApprovalPolicy, Orchestrator, Step
 from copilot_runtime.workflows.review_loop import HISTORY_ENTRIES, ReviewLoop
 from copilot_runtime.workflows.specialists import ModelSpecialist, SpecialistRequest
@@ -492,3 +498,227 @@ def test_a_specialist_answering_no_text_is_a_specialist_failure(answer: Any) -> 
     assert first["__interrupt__"][0].value["message"].startswith(
         f"The Invoice specialist answered {type(answer).__name__}, not text. Revise")
     assert second["__interrupt__"][0].value["data"]["agent_result"] == "a draft"
+
+
+# -- a client's context that is not an object, an agent's own CancelledError --------------------
+
+class Records:
+    """An existing agent that records each context it gets and says which keys it had; it
+    asks for an approval when told to pay."""
+
+    def __init__(self) -> None:
+        self.contexts: list[dict[str, Any]] = []
+
+    async def execute_with_events(self, context: dict[str, Any]
+                                  ) -> AsyncIterator[dict[str, Any]]:
+        self.contexts.append(dict(context))
+        if "pay" in str(context.get("user_message")):
+            yield {"event": "approval_required", "data": {"transfer": "10 EUR to ACME"}}
+        yield {"event": "agent_completed",
+               "data": {"output": {"summary": f"keys {sorted(context)}"}}}
+
+
+def user_says(*words: str) -> list[dict[str, Any]]:
+    return [{"id": f"u{index}", "role": "user", "content": text}
+            for index, text in enumerate(words)]
+
+
+@pytest.mark.parametrize("context", ["abc", [["a", "b"]], 5, ["ab"], True], ids=repr)
+@pytest.mark.parametrize("where", ["state", "forwardedProps"])
+async def test_a_context_that_is_no_object_is_refused_before_it_is_kept(
+        context: Any, where: str) -> None:
+    """`dict(context)` raised TypeError / ValueError (["ab"] became {"a": "b"}), after the
+    graph had kept the value: every later run of the thread failed the same way, until the
+    client sent a good one. Now the run is refused as the request it is, nothing is kept,
+    and the thread's next run works."""
+    recorder = Records()
+    agent = existing_agent(recorder, name="wrapped", checkpointer=InMemorySaver())
+    given = {"state": {"context": context}} if where == "state" else {
+        "forwardedProps": {"context": context}}
+    with pytest.raises(InvalidRequestError, match=r"^The wrapped agent's context must be "
+                                                  r"a JSON object, not "):
+        await run_agent(agent, "r1", messages=user_says("hello"), **given)
+    assert recorder.contexts == []
+    again = await run_agent(agent, "r2", messages=user_says("hello", "again"))
+    assert texts(again)[-1] == "keys ['user_message']"
+    good = await run_agent(agent, "r3", state={"context": {"k": 1}},
+                           messages=user_says("hello", "again", "with k"))
+    assert texts(good)[-1] == "keys ['k', 'user_message']"
+
+
+@pytest.mark.parametrize("context", ["abc", ["ab"], 5], ids=repr)
+async def test_the_bare_wrapper_graph_fails_the_run_of_a_context_that_is_no_object(
+        context: Any) -> None:
+    """The graph alone (served without `existing_agent`'s check) says so, runs nothing and
+    drops the value, so the thread's next run works."""
+    recorder = Records()
+    graph = wrap_existing_agent(recorder, "wrapped").compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "bare"}}
+    state = await graph.ainvoke({"messages": [HumanMessage(content="hello")],
+                                 "context": context}, config)
+    assert state["error"].startswith("The wrapped agent's context must be a JSON object")
+    assert state["context"] == {}
+    assert recorder.contexts == []
+    await graph.ainvoke({"messages": [HumanMessage(content="again")]}, config)
+    assert recorder.contexts == [{"user_message": "again"}]
+
+
+async def cancelled_elsewhere() -> None:
+    """Await a future another task cancelled: the awaiting code gets a CancelledError
+    though nobody cancelled it."""
+    future = asyncio.get_running_loop().create_future()
+    future.cancel()
+    await future
+
+
+class CancelledInside:
+    """An existing agent, and a specialist, whose own code raises CancelledError."""
+
+    name, description = "Invoice", "cancelled inside"
+
+    async def execute_with_events(self, context: dict[str, Any]
+                                  ) -> AsyncIterator[dict[str, Any]]:
+        yield {"event": "agent_started", "data": {}}
+        await cancelled_elsewhere()
+        yield {"event": "agent_completed", "data": {"output": "never"}}
+
+    async def run(self, request: SpecialistRequest) -> str:
+        if request.iteration == 1:
+            await cancelled_elsewhere()
+        return "a draft"
+
+
+async def test_an_agents_own_cancelled_error_is_its_failure() -> None:
+    """Such a CancelledError went past the failure rules (`except Exception`) and ended the
+    run with AGENT_ERROR. Now it is the agent's failure like any other: an optional step
+    is logged and the run goes on, a required one stops the run, a specialist's goes to
+    review, a wrapped agent's is said in the chat."""
+    events, _ = await run_steps(
+        Step("flaky", CancelledInside(), ("account_id",), "blob", required=False),
+        Step("scout", Misbehaving("small"), ("account_id",), "snapshot"))
+    assert texts(events)[-1] == "Completed 1 of 2 steps; no approval needed."
+    events, _ = await run_steps(Step("flaky", CancelledInside(), ("account_id",), "blob"))
+    assert texts(events)[-1] == ("Stopped: Critical agent flaky failed (flaky failed "
+                                 "(CancelledError)).")
+    loop = ReviewLoop([CancelledInside()]).agent(name="review", checkpointer=InMemorySaver())
+    first = await run_agent(loop, "r1", messages=user_says("Prepare the invoice"))
+    (interrupt,) = first[-1]["outcome"]["interrupts"]
+    assert interrupt["message"].startswith("The Invoice specialist failed (CancelledError).")
+    second = await run_agent(loop, "r2", resume=[{
+        "interruptId": interrupt["id"], "status": "resolved",
+        "payload": {"action": "revise", "payload": "try again"}}])
+    assert "a draft" in texts(second)
+    wrapped = existing_agent(CancelledInside(), name="wrapped", checkpointer=InMemorySaver())
+    events = await run_agent(wrapped, "r1", messages=user_says("go"))
+    assert texts(events)[-1] == "wrapped: wrapped failed (CancelledError)"
+
+
+class Waits:
+    """An existing agent, and a specialist, that wait until cancelled."""
+
+    name, description = "Invoice", "waits"
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+
+    async def execute_with_events(self, context: dict[str, Any]
+                                  ) -> AsyncIterator[dict[str, Any]]:
+        yield {"event": "agent_started", "data": {}}
+        self.started.set()
+        await asyncio.Event().wait()
+        yield {"event": "agent_completed", "data": {"output": "never"}}
+
+    async def run(self, request: SpecialistRequest) -> str:
+        self.started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+
+@pytest.mark.parametrize("workflow", ["optional step", "specialist", "wrapper"])
+async def test_a_cancelled_run_is_still_cancelled(workflow: str) -> None:
+    """The run itself being cancelled (a stop, a disconnect) is no failure of the agent: it
+    goes on as a cancellation."""
+    waits = Waits()
+    graph = {
+        "optional step": lambda: Orchestrator([Step("w", waits, (), "out", required=False)]
+                                              ).compile(InMemorySaver()),
+        "specialist": lambda: ReviewLoop([waits]).compile(InMemorySaver()),
+        "wrapper": lambda: wrap_existing_agent(waits, "w").compile(
+            checkpointer=InMemorySaver()),
+    }[workflow]()
+    config: Any = {"configurable": {"thread_id": "cut"}}
+    task = asyncio.create_task(graph.ainvoke(
+        {"messages": [HumanMessage(content="Prepare the invoice")]}, config))
+    await asyncio.wait_for(waits.started.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def asked_data(interrupt: dict[str, Any]) -> Any:
+    """What an approval's question shows the approver (the request's `data`)."""
+    return interrupt["metadata"]["langgraph"]["raw"]["data"]
+
+
+async def test_the_wrappers_approval_data_is_not_the_agents_context_later() -> None:
+    """The approval's request was written into the client's `context`: on the thread's
+    next run the agent got the earlier approval's data as if the client had sent it. Now
+    the wrapper keeps it apart; the agent gets the client's context and the message."""
+    recorder = Records()
+    agent = existing_agent(recorder, name="w", checkpointer=InMemorySaver())
+    first = await run_agent(agent, "r1", state={"context": {"tenant": "t1"}},
+                            messages=user_says("pay ACME"))
+    (interrupt,) = first[-1]["outcome"]["interrupts"]
+    assert asked_data(interrupt) == {"transfer": "10 EUR to ACME"}
+    unclear = await run_agent(agent, "r2", resume=[{
+        "interruptId": interrupt["id"], "status": "resolved", "payload": "hmm"}])
+    (interrupt,) = unclear[-1]["outcome"]["interrupts"]
+    assert interrupt["message"] == "Answer approve or reject. Approve this?"
+    assert asked_data(interrupt) == {"transfer": "10 EUR to ACME"}
+    await run_agent(agent, "r3", resume=[{"interruptId": interrupt["id"],
+                                          "status": "resolved",
+                                          "payload": {"action": "approve"}}])
+    await run_agent(agent, "r4", messages=user_says("pay ACME", "show the balance"))
+    assert recorder.contexts == [{"tenant": "t1", "user_message": "pay ACME"},
+                                 {"tenant": "t1", "user_message": "show the balance"}]
+    state = (await agent.graph.aget_state({"configurable": {"thread_id": "t"}})).values
+    assert state["context"] == {"tenant": "t1"}
+
+
+def test_an_oversized_answer_to_the_wrappers_approval_is_asked_again_and_not_kept() -> None:
+    """A reason of any length was kept in the graph's state (7.8 MB: a 62 MB SQLite file).
+    Now, as the orchestrator's approvals, one past MAX_FEEDBACK_CHARS is asked again."""
+    graph = wrap_existing_agent(Records(), "payer").compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "long-reason"}}
+
+    async def go() -> tuple[Any, dict[str, Any], Any]:
+        await graph.ainvoke({"messages": [HumanMessage(content="pay")]}, config)
+        again = await graph.ainvoke(Command(resume={"action": "reject",
+                                                    "reason": "n" * 40_000}), config)
+        state = dict((await graph.aget_state(config)).values)
+        done = await graph.ainvoke(Command(resume={"action": "reject", "reason": "no"}),
+                                   config)
+        return again, state, done
+
+    again, state, done = asyncio.run(go())
+    assert again["__interrupt__"][0].value["message"] == (
+        "That answer was 40000 characters long; answers may be at most 32000. "
+        "Approve this?")
+    assert state.get("approval_response") is None
+    assert stored_size(state) < 10_000
+    assert done["approval_response"]["status"] == "rejected"
+    assert done["approval_response"]["reason"] == "no"
+
+
+@pytest.mark.parametrize("iteration", ["²", "٣", "1" * 5000], ids=["superscript", "arabic",
+                                                                    "5000 digits"])
+async def test_the_offline_demo_model_reads_only_a_plain_iteration(iteration: str) -> None:
+    """'Iteration: ²' (isdigit, but no int) in a reviewer's revision crashed the demo's
+    offline model; so did 5000 digits (past int()'s limit)."""
+    request = ChatRequest(
+        messages=[UserMessage(id="u", role="user",
+                              content=f"Task: the invoice\nIteration: {iteration}")],
+        system_prompt="You are the Invoice specialist.")
+    pieces = [delta for batch in [b async for b in OfflineSpecialistAdapter(delay=0).stream(
+        request)] for delta in batch if isinstance(delta, TextDelta)]
+    assert "draft 1 for \"the invoice\"" in "".join(p.text for p in pieces)

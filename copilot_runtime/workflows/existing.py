@@ -42,7 +42,12 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
-from copilot_runtime._exceptions import FAILURES_OF_CALLED_CODE, AgentExecutionError, upstream_said
+from copilot_runtime._exceptions import (
+    FAILURES_OF_CALLED_CODE,
+    AgentExecutionError,
+    cancelled_itself,
+    upstream_said,
+)
 from copilot_runtime._seconds import MAX_SECONDS, checked_seconds
 from copilot_runtime._strings import not_one_string
 from copilot_runtime._time import iso_time
@@ -259,6 +264,30 @@ def checked_timeout(value: float | None, what: str) -> float | None:
     return checked_seconds(value, what, none_means="an approval that never expires")
 
 
+#: What an agent's (a step's, a specialist's) own code may raise that is its failure: beyond
+#: `FAILURES_OF_CALLED_CODE`, a CancelledError of its own (it awaited something another task
+#: cancelled), unless the run itself is being cancelled (`run_cancelled`).
+FAILURES_OF_AGENTS: tuple[type[BaseException], ...] = (
+    *FAILURES_OF_CALLED_CODE, asyncio.CancelledError)
+
+
+def run_cancelled(exc: BaseException) -> bool:
+    """Whether `exc`, caught as one of `FAILURES_OF_AGENTS`, is the run itself being
+    cancelled (a stop, a disconnect, a shutdown), which must go on, not the agent's failure."""
+    return isinstance(exc, asyncio.CancelledError) and not cancelled_itself()
+
+
+def context_refusal(given: Any) -> str | None:
+    """Why a client's `context` cannot be the wrapped agent's, or None when it can: a JSON
+    object, or nothing."""
+    if given is None or isinstance(given, dict):
+        return None
+    kinds = {str: "a string", bool: "a boolean", int: "a number", float: "a number",
+             list: "an array"}
+    kind = kinds.get(type(given), type(given).__name__)
+    return f"The wrapped agent's context must be a JSON object, not {kind}"
+
+
 def failure_text(name: str, exc: BaseException) -> str:
     """What the client may read about a failure: the agent's own words, else the kind."""
     if isinstance(exc, AgentExecutionError):
@@ -316,6 +345,8 @@ class WrappedAgentState(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
     context: dict[str, Any]
     approval_required: bool
+    #: What the agent asked to have approved: the wrapper's, apart from the client's context.
+    approval_data: dict[str, Any] | None
     approval_response: dict[str, Any] | None
     agent_outputs: dict[str, Any]
     error: str | None
@@ -332,10 +363,13 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
     one) an approval. Compile it with a checkpointer, or use `existing_agent`.
 
     The agent's context is the graph state's `context`, which the client sends (with the
-    chat, all it sets: `WrappedAgentInput`): it is input, not identity. `context_keys` lets
-    only those keys through (plus `user_message`, the latest user message); by default all
-    pass. The approval comes after the agent completed: its decision is in the state
-    (`approval_response`) and the chat, not sent back to the agent. `timeout_seconds` and
+    chat, all it sets: `WrappedAgentInput`): it is input, not identity, and a JSON object
+    (another value fails the run and is dropped; `existing_agent` refuses it before the
+    graph keeps it). `context_keys` lets only those keys through (plus `user_message`, the
+    latest user message); by default all pass. The approval comes after the agent
+    completed: what it approves is the wrapper's own (`approval_data`), its decision is in
+    the state (`approval_response`) and the chat, not sent back to the agent; an answer
+    longer than `MAX_FEEDBACK_CHARS` is asked again. `timeout_seconds` and
     `max_output_bytes` bound the agent's run (see the module docstring): past them, it ends
     with an error.
     """
@@ -343,8 +377,18 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
                                                "approval_timeout_seconds")
     not_one_string(context_keys, "context_keys")
     allowed = None if context_keys is None else frozenset(context_keys)
+    # (imported here: the review loop imports this module)
+    from copilot_runtime.workflows.review_loop import _too_long as too_long
 
     async def run_agent(state: WrappedAgentState, config: RunnableConfig) -> Command[str]:
+        refusal = context_refusal(state.get("context"))
+        if refusal is not None:
+            # (`existing_agent` refuses it before it is kept.) Served otherwise, the graph
+            # kept it: it is dropped, or every later run of the thread would fail as this one.
+            _log.warning("existing agent given a context that is not an object", agent=name)
+            return Command(goto=END, update={
+                "context": {}, "error": refusal,
+                "messages": [await say(f"{name}: {refusal}.", config)]})
         given = dict(state.get("context") or {})
         if allowed is not None:
             given = {key: value for key, value in given.items() if key in allowed}
@@ -356,7 +400,9 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
                                            max_output_bytes=max_output_bytes)
         except GraphBubbleUp:  # the agent asks a person (`interrupt`): the graph stops here
             raise
-        except FAILURES_OF_CALLED_CODE as exc:
+        except FAILURES_OF_AGENTS as exc:
+            if run_cancelled(exc):
+                raise
             _log.warning("existing agent failed", agent=name, error=repr(exc))
             error = failure_text(name, exc)
             return Command(goto=END, update={
@@ -365,13 +411,14 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
         update: dict[str, Any] = {"agent_outputs": outputs, "error": None,
                                   "messages": [await say(_summary(run.output), config)]}
         if run.approval is None:
-            return Command(goto=END, update={**update, "approval_required": False})
-        context["approval_data"] = run.approval
+            return Command(goto=END, update={**update, "approval_required": False,
+                                             "approval_data": None})
+        # Kept apart from the client's context: it is not what the agent is given next.
         return Command(goto="approval", update={**update, "approval_required": True,
-                                                "context": context})
+                                                "approval_data": run.approval})
 
     async def approval(state: WrappedAgentState, config: RunnableConfig) -> Command[str]:
-        data = (state.get("context") or {}).get("approval_data") or {}
+        data = state.get("approval_data") or {}
         answer = interrupt(approval_request(
             {"data": data}, message=approval_message,
             timeout_seconds=approval_timeout_seconds, notice=state.get("notice")))
@@ -379,6 +426,9 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
         if decision is None or decision.action == "revise":
             return Command(goto="approval", update={
                 "notice": "Answer approve or reject."})
+        if (notice := too_long(decision)) is not None:
+            # Kept, its reason would be in every checkpoint after it and every state snapshot.
+            return Command(goto="approval", update={"notice": notice})
         result = approval_outcome(decision)
         return Command(goto=END, update={
             "approval_response": result, "notice": None,
@@ -399,14 +449,14 @@ def existing_agent(agent: ExistingAgent, *, name: str, checkpointer: Any,
                    timeout_seconds: float | None = None,
                    max_output_bytes: int = MAX_OUTPUT_BYTES, **options: Any) -> Any:
     """`agent` as a `LangGraphAgent` the runtime can serve (see `wrap_existing_agent`)."""
-    from copilot_runtime.agents.langgraph import LangGraphAgent
+    from copilot_runtime.workflows._served import ServedExistingAgent
 
     graph = wrap_existing_agent(agent, name,
                                 approval_timeout_seconds=approval_timeout_seconds,
                                 context_keys=context_keys, timeout_seconds=timeout_seconds,
                                 max_output_bytes=max_output_bytes)
-    return LangGraphAgent(name=name, graph=graph.compile(checkpointer=checkpointer),
-                          description=description, **options)
+    return ServedExistingAgent(name=name, graph=graph.compile(checkpointer=checkpointer),
+                               description=description, **options)
 
 
 def _summary(output: Any) -> str:

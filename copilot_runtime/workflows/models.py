@@ -154,7 +154,8 @@ def _draft(request: ChatRequest) -> str:
     task = _line(prompt, "Task:") or first_line
     revision = _line(prompt, "Revision requested:")
     iteration = _line(prompt, "Iteration:")
-    attempt = int(iteration) if iteration and iteration.isdigit() else 1
+    # ASCII digits, a few: `isdigit` takes '²' (no int), and int() refuses 5000 digits.
+    attempt = int(iteration) if iteration and re.fullmatch(r"[0-9]{1,9}", iteration) else 1
     digest = int(hashlib.sha256(f"{specialist}:{task}".encode()).hexdigest()[:8], 16)
     figure = 1_000 + digest % 9_000
     focus = {

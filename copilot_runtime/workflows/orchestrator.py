@@ -48,11 +48,12 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 from typing_extensions import TypedDict
 
-from copilot_runtime._exceptions import FAILURES_OF_CALLED_CODE, ConfigurationError
+from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime._strings import not_one_string
-from copilot_runtime.approvals.decisions import Decision, parse_decision
+from copilot_runtime.approvals.decisions import parse_decision
 from copilot_runtime.workflows._emit import say
 from copilot_runtime.workflows.existing import (
+    FAILURES_OF_AGENTS,
     MAX_OUTPUT_BYTES,
     ExistingAgent,
     _last_user_text,
@@ -60,9 +61,10 @@ from copilot_runtime.workflows.existing import (
     approval_request,
     checked_timeout,
     failure_text,
+    run_cancelled,
     run_existing_agent,
 )
-from copilot_runtime.workflows.review_loop import MAX_FEEDBACK_CHARS, _answer_length, _shown
+from copilot_runtime.workflows.review_loop import _shown, _too_long
 
 __all__ = ["ACCOUNT_ID_CHARS", "ACCOUNT_INPUT_KEYS", "ApprovalPolicy", "Orchestrator",
            "OrchestratorInput", "OrchestratorState", "Step", "account_inputs"]
@@ -245,7 +247,9 @@ class Orchestrator:
                                            max_output_bytes=step.max_output_bytes)
         except GraphBubbleUp:  # the agent asks a person (`interrupt`): the graph stops here
             raise
-        except FAILURES_OF_CALLED_CODE as exc:
+        except FAILURES_OF_AGENTS as exc:
+            if run_cancelled(exc):
+                raise
             _log.warning("required step failed" if step.required else
                          "optional step failed", agent=step.agent, error=repr(exc))
             return await self._failed(index, shared, failure_text(step.agent, exc), config)
@@ -433,12 +437,3 @@ def _summary(output: Any) -> str:
     if isinstance(output, list):
         return f"{len(output)} item{'s' if len(output) != 1 else ''}"
     return "done"
-
-
-def _too_long(decision: Decision) -> str | None:
-    """What a person is told of an answer too long to keep, or None if it may be kept."""
-    length = _answer_length(decision)
-    if length <= MAX_FEEDBACK_CHARS:
-        return None
-    return (f"That answer was {length} characters long; answers may be at most "
-            f"{MAX_FEEDBACK_CHARS}.")

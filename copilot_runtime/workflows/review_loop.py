@@ -23,7 +23,8 @@
   with the original task, the draft, the history and the revision (2, 4), as often as the person
   asks (6: no limit; each answer is a new graph invocation, so LangGraph's recursion limit
   does not cap the loop).
-* Error rules: a specialist that fails, answers nothing or answers something that is not
+* Error rules: a specialist that fails (a CancelledError of its own too, unless the run
+  is being cancelled), answers nothing or answers something that is not
   text (None, a dict), sends the error to review so
   the person can revise again (without review the task fails); a task cut off while its
   specialist ran (a stop, a disconnect) and run again without a new message carries on
@@ -73,7 +74,7 @@ from copilot_runtime._exceptions import FAILURES_OF_CALLED_CODE, ConfigurationEr
 from copilot_runtime._time import iso_time
 from copilot_runtime.approvals.decisions import Decision, parse_decision
 from copilot_runtime.workflows._emit import say
-from copilot_runtime.workflows.existing import checked_timeout
+from copilot_runtime.workflows.existing import FAILURES_OF_AGENTS, checked_timeout, run_cancelled
 from copilot_runtime.workflows.specialists import (
     PROMPT_ENTRY_CHARS,
     Specialist,
@@ -332,7 +333,9 @@ class ReviewLoop:
             result = await specialist.run(request)
         except GraphBubbleUp:  # the specialist asks a person (`interrupt`): the graph stops
             raise
-        except FAILURES_OF_CALLED_CODE as exc:
+        except FAILURES_OF_AGENTS as exc:
+            if run_cancelled(exc):
+                raise
             _log.exception("specialist failed", specialist=name)
             failure = f"The {name} specialist failed ({type(exc).__name__})"
             return self._failed(state, name, failure, reviewing)
@@ -605,6 +608,16 @@ def _answer_length(decision: Decision | None) -> int:
     if decision.action == "revise" and decision.payload is not None:
         return len(_shown(decision.payload))
     return 0
+
+
+def _too_long(decision: Decision) -> str | None:
+    """What a person is told of an answer to an approval (the orchestrator's, the
+    wrapper's) too long to keep, or None if it may be kept."""
+    length = _answer_length(decision)
+    if length <= MAX_FEEDBACK_CHARS:
+        return None
+    return (f"That answer was {length} characters long; answers may be at most "
+            f"{MAX_FEEDBACK_CHARS}.")
 
 
 def _names_a_choice(answer: Any) -> bool:
