@@ -73,7 +73,8 @@ def checked_conninfo(conninfo: str) -> dict[str, Any]:
     except psycopg.ProgrammingError as exc:
         raise ConfigurationError(f"not a PostgreSQL connection URL: {str(exc).strip()}") from None
     for port in str(given.get("port") or "").split(","):  # one per host
-        if port and not (port.isdigit() and 0 < int(port) < 65536):
+        if port and not (port.isascii() and port.isdigit() and len(port) < 6
+                         and 0 < int(port) < 65536):
             raise ConfigurationError(f"PostgreSQL port must be 1-65535, got {port!r}")
     for name, words in _WORDS.items():
         value = given.get(name)

@@ -313,9 +313,14 @@ async def test_an_unusable_checkpoint_store_is_503(url: str) -> None:
      "cannot read the Redis URL: Invalid value for 'socket_timeout' in connection URL."),
     ("--coordinator", "redis://127.0.0.1:99999/0",
      "a Redis URL's port must be 1-65535, got '99999'"),
+    # Digits to str.isdigit that int() refuses. Before: a traceback; a database "²" served.
+    ("--threads", "postgresql://u@127.0.0.1:%C2%B2/db?schema=x",
+     "PostgreSQL port must be 1-65535, got '²'"),
+    ("--coordinator", "redis://127.0.0.1:6379/%C2%B2",
+     "a Redis URL's path is its database number, got '²'"),
 ], ids=["threads-param", "coordinator-param", "checkpoints-param", "threads-bracket",
         "redis-bracket", "pg-port", "pg-timeout", "redis-db", "pg-value", "redis-param",
-        "redis-value", "redis-port"])
+        "redis-value", "redis-port", "pg-port-superscript", "redis-db-superscript"])
 def test_a_store_url_no_server_could_accept_is_one_line(
         cli: None, capsys: pytest.CaptureFixture[str], tmp_path: Path, option: str, url: str,
         expected: str) -> None:

@@ -23,6 +23,7 @@ from langgraph.types import Command
 from copilot_runtime._exceptions import ConfigurationError, InvalidRequestError
 from copilot_runtime._input import parse_run_input
 from copilot_runtime.adapters.base import ChatDelta, ChatRequest, StreamEnd, TextDelta
+from copilot_runtime.agents._lg_events import channel_for
 from copilot_runtime.agents.base import RunContext
 from copilot_runtime.testing import verify_events
 from copilot_runtime.workflows.existing import (
@@ -722,3 +723,14 @@ async def test_the_offline_demo_model_reads_only_a_plain_iteration(iteration: st
     pieces = [delta for batch in [b async for b in OfflineSpecialistAdapter(delay=0).stream(
         request)] for delta in batch if isinstance(delta, TextDelta)]
     assert "draft 1 for \"the invoice\"" in "".join(p.text for p in pieces)
+
+
+@pytest.mark.parametrize(("version", "channel"), [
+    ("1.0", "outcome"), ("2", "outcome"), ("01.0", "outcome"), ("0.0.9", "legacy"),
+    ("00", "legacy"), (None, "legacy"), ("", "legacy"), ("².0", "legacy"), ("٣.0", "legacy"),
+    ("9" * 5_000, "outcome")])
+def test_a_clients_protocol_version_of_any_digits_picks_an_interrupt_channel(
+        version: str | None, channel: str) -> None:
+    """Before: "²" is a digit to str.isdigit and int() refused it (and 5,000 digits): a
+    LangGraph run of such a client failed."""
+    assert channel_for("auto", version) == channel

@@ -89,7 +89,9 @@ def channel_for(mode: str, protocol_version: str | None) -> InterruptChannel:
     if mode == "both":
         return "both"
     major = (protocol_version or "").split(".", 1)[0]
-    return "outcome" if major.isdigit() and int(major) >= 1 else "legacy"
+    # 1 or more, read without int(): "²" is a digit to str.isdigit, and int() refuses it
+    # (and more than 4,300 digits).
+    return "outcome" if major.isascii() and major.isdigit() and major.strip("0") else "legacy"
 
 
 def filter_interrupt_event(event: Event, channel: InterruptChannel) -> Event | None:
