@@ -30,6 +30,7 @@ from collections.abc import (
     Awaitable,
     Callable,
     Collection,
+    Iterator,
     Mapping,
     Sequence,
 )
@@ -42,7 +43,9 @@ import structlog
 from copilot_runtime import events as ev
 from copilot_runtime._again import worth_logging
 from copilot_runtime._compaction import compact_events
+from copilot_runtime._deadline import within
 from copilot_runtime._exceptions import (
+    ClientDisconnected,
     ContentFilteredError,
     CopilotRuntimeError,
     InvalidRequestError,
@@ -115,6 +118,11 @@ NEXT_RUN_WAITS_FOR_GIVE_BACK = 5.0
 #: worker (then twice as long each time, up to `_GIVE_BACK_ASKED_MOST`).
 _GIVE_BACK_ASKED_EVERY = 0.02
 _GIVE_BACK_ASKED_MOST = 0.25
+#: Seconds a second run on a thread whose run is driven here waits for the coordinator to
+#: say whether that run is being stopped elsewhere (then it is busy, as before), and a stop
+#: for its mark once its signal went out: neither a 409 nor a stop waits on a coordinator
+#: that does not answer.
+_GLANCE = 0.5
 #: Seconds before a `stop` signal is sent again while the stopped run holds its thread
 #: (then twice as long each time, up to 2 s).
 _STOP_AGAIN = 0.5
@@ -131,6 +139,68 @@ _INPUT_KEYS = ("threadId", "runId", "parentRunId", "state", "messages", "tools",
 #: `forwardedProps` entries the agent gets but the thread never keeps: a user's token (the
 #: 1.x `properties.authorization`) stored in RUN_STARTED was served to every later reader.
 _UNKEPT_PROPS = frozenset({"authorization"})
+
+
+#: The task of a request whose run is being begun, and what returns once its client left
+#: (`client_watched`).
+_client_leaves: contextvars.ContextVar[
+    tuple[asyncio.Task[Any] | None, Callable[[], Awaitable[None]]] | None] = \
+    contextvars.ContextVar("client_leaves", default=None)
+
+
+@contextlib.contextmanager
+def client_watched(leaves: Callable[[], Awaitable[None]]) -> Iterator[None]:
+    """Around a protocol edge's `start_run`: awaited, `leaves()` returns once the request's
+    client has left. Watched only while the run waits for a stopped one to give its thread
+    back: a client gone meanwhile gets no run (`ClientDisconnected`), which would start for
+    nobody and make its retry busy. Only in this task: the tasks it starts meanwhile copy
+    the context, and are not the request's."""
+    token = _client_leaves.set((asyncio.current_task(), leaves))
+    try:
+        yield
+    finally:
+        _client_leaves.reset(token)
+
+
+class _Leaving:
+    """The client of a run being begun, watched for leaving from the run's first wait on
+    (`client_watched`) until `close`."""
+
+    __slots__ = ("_watch",)
+
+    def __init__(self) -> None:
+        self._watch: asyncio.Future[None] | None = None
+
+    async def wait(self, waited: asyncio.Future[Any] | None, seconds: float) -> None:
+        """Wait for `waited` (None: for nothing) at most `seconds`; `ClientDisconnected`
+        once the client left, before or meanwhile."""
+        self.check()
+        watch = self._watch
+        said = _client_leaves.get()
+        if watch is None and said is not None and said[0] is asyncio.current_task():
+            watch = self._watch = asyncio.ensure_future(said[1]())
+        if waited is None or not waited.done():
+            either = [f for f in (waited, watch) if f is not None and not f.done()]
+            if either:
+                await asyncio.wait(either, timeout=seconds,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            else:
+                await asyncio.sleep(seconds)
+        self.check()
+
+    def check(self) -> None:
+        """`ClientDisconnected` if the client left (as far as it was watched)."""
+        watch = self._watch
+        if watch is not None and watch.done() and not watch.cancelled() and \
+                watch.exception() is None:
+            raise ClientDisconnected
+
+    def close(self) -> None:
+        watch = self._watch
+        if watch is not None:
+            if watch.done() and not watch.cancelled():
+                watch.exception()  # (a server's failed receive: not logged as unretrieved)
+            watch.cancel()
 
 
 class _RunTooLarge(CopilotRuntimeError):
@@ -1142,7 +1212,20 @@ class RunManager:
         or stored, does not exist (`ThreadNotFoundError`); a new thread becomes `owner`'s.
         `remembered(thread_id)` says whether an agent still keeps a thread the store has no
         record of (an evicted in-memory thread, one from before a restart): its owner is
-        unknown, so it becomes nobody's (`ThreadNotFoundError`)."""
+        unknown, so it becomes nobody's (`ThreadNotFoundError`). A run that waits for a
+        stopped one to give the thread back starts nothing if its client leaves meanwhile
+        (`ClientDisconnected`; its edge says how to see it: `client_watched`)."""
+        leaving = _Leaving()
+        try:
+            return await self._begin(agent_id, agent, input, context, owner, remembered,
+                                     leaving)
+        finally:
+            leaving.close()
+
+    async def _begin(self, agent_id: str, agent: Agent, input: RunInput,
+                     context: RunContext, owner: ThreadOwner | None,
+                     remembered: Callable[[str], Awaitable[bool]] | None,
+                     leaving: _Leaving) -> ActiveRun:
         thread_id = input.thread_id
         if owner is not None and await self._refuses(thread_id, owner):
             # Refused before anything is reserved: a reservation (or a lease) of a caller
@@ -1162,13 +1245,12 @@ class RunManager:
                 # Stopped (or its client gone) and ending: it holds the thread until its end
                 # is stored. A user who stops an answer and types again waits for that, not
                 # a 409.
-                await asyncio.wait((running.released(),),
-                                   timeout=NEXT_RUN_WAITS_FOR_GIVE_BACK)
+                await leaving.wait(running.released(), NEXT_RUN_WAITS_FOR_GIVE_BACK)
         giving = self._giving_back.get(thread_id)
         if giving is not None and thread_id in self.active:
             # The thread's last run here ended but is still being stored (see
             # `ActiveRun._finish`): its client's next run waits for it, not refused as busy.
-            await asyncio.wait((giving,), timeout=NEXT_RUN_WAITS_FOR_GIVE_BACK)
+            await leaving.wait(giving, NEXT_RUN_WAITS_FOR_GIVE_BACK)
         if thread_id in self._deleting:
             raise ThreadBusyError(thread_id)
         running = self.active.get(thread_id)
@@ -1182,7 +1264,7 @@ class RunManager:
         placeholder.owner = owner
         self.active[thread_id] = placeholder
         if self.coordinator is not None:
-            return await self._begin_shared(placeholder, owner, remembered)
+            return await self._begin_shared(placeholder, owner, remembered, leaving)
         try:
             if not self.recovered:
                 await self.recover()
@@ -1341,8 +1423,8 @@ class RunManager:
         placeholder.listeners.clear()
 
     async def _begin_shared(self, placeholder: ActiveRun, owner: ThreadOwner | None,
-                            remembered: Callable[[str], Awaitable[bool]] | None = None
-                            ) -> ActiveRun:
+                            remembered: Callable[[str], Awaitable[bool]] | None,
+                            leaving: _Leaving) -> ActiveRun:
         """`begin` across workers: the thread's lease first, then what the store says (read
         under the lease, so no run ends in between)."""
         coordinator = self.coordinator
@@ -1355,12 +1437,13 @@ class RunManager:
                 # This worker's last run on the thread ended but its lease is still on its
                 # way back (a slow coordinator): its client's next run (a tool's result,
                 # sent at once) waits for it rather than being refused as busy.
-                await asyncio.wait((giving,), timeout=NEXT_RUN_WAITS_FOR_GIVE_BACK)
+                await leaving.wait(giving, NEXT_RUN_WAITS_FOR_GIVE_BACK)
             lease = await coordinator.acquire(thread_id, placeholder.run_id)
             record = await self.store.summary(thread_id)
             await self._check_owner(thread_id, record, owner, remembered)
             if lease is None:  # a run on another worker has the thread
-                lease = await self._lease_after_stop(placeholder)
+                lease = await self._lease_after_stop(placeholder, leaving)
+                leaving.check()  # gone as the lease came: given back, nothing started
                 # Read again under the lease: the stopped run is stored now.
                 record = await self.store.summary(thread_id)
                 await self._check_owner(thread_id, record, owner, remembered)
@@ -1399,11 +1482,12 @@ class RunManager:
         placeholder.confirmed = True
         return placeholder
 
-    async def _lease_after_stop(self, placeholder: ActiveRun) -> Lease:
+    async def _lease_after_stop(self, placeholder: ActiveRun, leaving: _Leaving) -> Lease:
         """The thread's lease once the run holding it gives it back, if a stop was asked
         for that run (on any worker): the next run waits for it, as on the worker that
         drives it (`begin`), at most `NEXT_RUN_WAITS_FOR_GIVE_BACK` seconds. A run that
-        goes on (or takes longer) makes the thread busy (`ThreadBusyError`) at once."""
+        goes on (or takes longer) makes the thread busy (`ThreadBusyError`) at once; a
+        client that leaves meanwhile, `ClientDisconnected`."""
         coordinator, holder_stopping = self.coordinator, self._holder_stopping
         assert coordinator is not None
         thread_id = placeholder.thread_id
@@ -1415,7 +1499,7 @@ class RunManager:
             holder, stopping = await holder_stopping(thread_id)
             if holder is not None and not stopping:
                 break  # a run that goes on
-            await asyncio.sleep(pause)
+            await leaving.wait(None, pause)
             pause = min(pause * 2, _GIVE_BACK_ASKED_MOST)
             lease = await coordinator.acquire(thread_id, placeholder.run_id)
             if lease is not None:
@@ -1424,12 +1508,13 @@ class RunManager:
 
     async def _stop_asked_elsewhere(self, run: ActiveRun) -> bool:
         """Whether another worker marked `run`, driven here, as being stopped (its stop
-        signal not here yet)."""
+        signal not here yet), as far as the coordinator says within `_GLANCE`."""
         if run.lease is None or self._holder_stopping is None:
             return False
         try:
-            return await self._holder_stopping(run.thread_id) == (run.run_id, True)
-        except ServiceUnavailableError:
+            async with within(_GLANCE):
+                return await self._holder_stopping(run.thread_id) == (run.run_id, True)
+        except (ServiceUnavailableError, TimeoutError):
             return False  # busy, as it is
 
     async def _mark_stopping_everywhere(self, thread_id: str, run_id: str) -> None:
@@ -1575,8 +1660,12 @@ class RunManager:
                 run_id is not None and holder != run_id):
             return False  # (a delete holding the thread is no run)
         whole = run_id is None
-        await self._mark_stopping_everywhere(thread_id, holder)
+        # Marked as the signal goes out, not before (a coordinator that does not answer
+        # would hold the stop twice as long), and waited for at most `_GLANCE` more: the
+        # thread's next run may come as soon as the stop is answered.
+        marking = self._adopt(self._mark_stopping_everywhere(thread_id, holder))
         await self.coordinator.publish(Signal("stop", thread_id, holder, whole=whole))
+        await asyncio.wait((marking,), timeout=_GLANCE)
         # A signal is not kept: one sent while the driving worker's signal connection was
         # being opened again is lost. Sent again while the run still holds the thread.
         self._adopt(self._stop_again(thread_id, holder, whole))

@@ -162,6 +162,38 @@ async def test_a_stop_asked_for_a_leases_run_is_known_to_every_worker(pair: Pair
     await b.release(again)
 
 
+async def test_a_stop_mark_lives_as_long_as_its_lease(pair: Pair) -> None:
+    """Before (Redis): the mark lived `lease_ttl` from the stop, however long its stopped
+    run then held the lease (a slow store): the thread's next run was refused early."""
+    a, b = pair
+    if not a.shared:
+        pytest.skip("one process: its runs waited for already")
+    asked: Any = b
+    lease = await a.acquire("t1", "r1")
+    assert lease is not None
+    await asked.mark_stopping("t1", "r1")
+    await asyncio.sleep(TTL * 2.5)  # renewed meanwhile by its holder
+    assert await asked.holder_stopping("t1") == ("r1", True)
+    await a.release(lease)
+
+
+async def test_a_stop_mark_goes_with_its_lease(pair: Pair) -> None:
+    """Before (Redis): the mark outlived its lease, and a later lease of the same run id (a
+    client's choice), never stopped, inherited it."""
+    a, b = pair
+    if not a.shared:
+        pytest.skip("one process: its runs waited for already")
+    asked: Any = b
+    lease = await a.acquire("t1", "r1")
+    assert lease is not None
+    await asked.mark_stopping("t1", "r1")
+    await a.release(lease)
+    again = await a.acquire("t1", "r1")  # the same run id, anew
+    assert again is not None
+    assert await asked.holder_stopping("t1") == ("r1", False)
+    await a.release(again)
+
+
 def _url_of(coordinator_: Coordinator) -> str:
     url = getattr(coordinator_, "url", None)
     if url is not None:  # Redis
@@ -623,6 +655,31 @@ async def test_postgresql_lease_table_of_the_previous_version_gets_followers() -
             # ...and the one that says a stop was asked for a lease's run (`stopped_run`).
             await made.mark_stopping("t", "r0")  # type: ignore[attr-defined]
             assert await made.holder_stopping("t") == ("r0", True)  # type: ignore[attr-defined]
+        finally:
+            await made.aclose()
+
+
+async def test_postgresql_lease_table_of_the_last_version_gets_stop_marks() -> None:
+    """The real upgrade: a lease table with `followed` but not `stopped_run` gets it."""
+    import psycopg
+
+    with postgres_schema("coordlast") as url:
+        schema = url.split("schema=")[1].split("&")[0]
+        server = url.split("?")[0]
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            conn.execute(f'CREATE TABLE "{schema}".run_leases (thread_id text PRIMARY KEY, '
+                         "run_id text NOT NULL, token text NOT NULL, worker text NOT NULL, "
+                         "expires_at timestamptz NOT NULL, "
+                         "followed boolean NOT NULL DEFAULT false)")
+            conn.execute(f"INSERT INTO \"{schema}\".run_leases VALUES ('t', 'r0', 'k', 'w', "
+                         "now() + interval '1 hour', true)")
+        made: Any = coordinator(url)
+        try:
+            assert await made.holder_stopping("t") == ("r0", False)
+            await made.mark_stopping("t", "r0")
+            assert await made.holder_stopping("t") == ("r0", True)
+            assert await made.follow("t") == "r0"
         finally:
             await made.aclose()
 

@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import orjson
 import pytest
 
 from copilot_runtime import BearerTokenAuth, CopilotRuntime, _runs
@@ -238,3 +240,123 @@ async def test_a_run_that_goes_on_elsewhere_is_still_busy_and_someone_elses_at_o
     assert time.monotonic() - began < 0.5
     gated.gate.set()
     await first.read()
+
+
+async def test_a_stopped_run_slower_to_store_than_its_lease_lives_is_still_waited_for(
+        workers: Workers, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before (Redis): the stop's mark lived `lease_ttl` (2 s) from the stop, not as long as
+    the stopped run's lease: a store taking 3 s made the next run a 409 after 2 s."""
+    a, b, gated = workers
+    monkeypatch.setattr(SlowWrites, "takes", 3.0)
+    first = await running_on(b, "t-slow")
+    stop = await a.post("/agent/default/stop/t-slow", {"runId": "run-1"}, headers=ALICE)
+    assert (await stop.json())["stopped"] is True
+    again = await a.post("/agent/default/run",
+                         run_input("once more", thread="t-slow", run="run-2"), headers=ALICE)
+    assert again.status == 200, await again.text()
+    assert types(parse_sse(await again.read()))[-1] == "RUN_FINISHED"
+    assert types(parse_sse(await first.read()))[-1] == "RUN_FINISHED"
+    gated.gate.set()
+
+
+def hung(coordinator: Any) -> Any:
+    """A coordinator call that never answers, within the coordinator's own bound (shortened
+    to 3 s: 10 by default)."""
+    coordinator.timeout = 3.0
+
+    async def call(*_: Any) -> Any:
+        async with coordinator._reachable():
+            await asyncio.sleep(60)
+
+    return call
+
+
+async def test_a_second_run_on_the_driving_worker_is_busy_at_once_on_a_hung_coordinator(
+        workers: Workers, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the driving worker asked the coordinator whether its run was being stopped
+    elsewhere before the 409, and a coordinator that does not answer held it 3 s."""
+    _, b, gated = workers
+    monkeypatch.setattr(b.runtime.runs, "_holder_stopping", hung(b.runtime.runs.coordinator))
+    first = await running_on(b, "t-hung")
+    began = time.monotonic()
+    busy = await b.post("/agent/default/run", run_input("again", thread="t-hung", run="run-2"),
+                        headers=ALICE)
+    took = time.monotonic() - began
+    gated.gate.set()
+    assert busy.status == 409
+    assert took < 1.5
+    assert types(parse_sse(await first.read()))[-1] == "RUN_FINISHED"
+
+
+async def test_a_stop_is_not_held_by_a_mark_the_coordinator_does_not_answer(
+        workers: Workers, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the stop's mark was awaited before its signal went out (the coordinator's
+    bound, 3 s, then the signal's own: twice as long on a hung coordinator)."""
+    a, b, _ = workers
+    monkeypatch.setattr(a.runtime.runs, "_mark_stopping", hung(a.runtime.runs.coordinator))
+    first = await running_on(b, "t-unmarked")
+    began = time.monotonic()
+    stop = await a.post("/agent/default/stop/t-unmarked", {"runId": "run-1"}, headers=ALICE)
+    assert (await stop.json())["stopped"] is True
+    assert time.monotonic() - began < 1.5
+    assert types(parse_sse(await first.read()))[-1] == "RUN_FINISHED"
+
+
+async def leaves_while_it_waits(worker: Served, thread: str) -> None:
+    """Alice's next run on `thread`, whose client leaves (0.3 s) while it waits."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await worker.session.post(
+            worker.url + "/agent/default/run",
+            data=orjson.dumps(run_input("gone", thread=thread, run="run-2")),
+            headers={"Content-Type": "application/json", **ALICE},
+            timeout=aiohttp.ClientTimeout(total=0.3))
+        pytest.fail("it did not wait")
+
+
+async def runs_stored(worker: Served, thread: str) -> list[str]:
+    replay = await worker.post("/agent/default/connect", run_input("", thread=thread, run="c"),
+                               headers=ALICE)
+    return [e["runId"] for e in parse_sse(await replay.read()) if e["type"] == "RUN_STARTED"]
+
+
+async def test_a_next_run_whose_client_left_while_it_waited_elsewhere_starts_nothing(
+        workers: Workers, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: it started after the wait, for nobody (stored, and held the thread: its
+    client's retry was a 409)."""
+    a, b, gated = workers
+    monkeypatch.setattr(SlowWrites, "takes", 1.5)
+    first = await running_on(b, "t-leave")
+    stop = await a.post("/agent/default/stop/t-leave", {"runId": "run-1"}, headers=ALICE)
+    assert (await stop.json())["stopped"] is True
+    await leaves_while_it_waits(a, "t-leave")
+    assert types(parse_sse(await first.read()))[-1] == "RUN_FINISHED"
+    gated.gate.set()
+    retry = await a.post("/agent/default/run",
+                         run_input("retry", thread="t-leave", run="run-3"), headers=ALICE)
+    assert retry.status == 200, await retry.text()
+    assert types(parse_sse(await retry.read()))[-1] == "RUN_FINISHED"
+    assert await runs_stored(a, "t-leave") == ["run-1", "run-3"]
+
+
+async def test_a_next_run_whose_client_left_while_it_waited_here_starts_nothing(
+        serve_runtime: ServeRuntime, tmp_path: Path) -> None:
+    """The same on one worker (`begin`'s own wait for the stopped run)."""
+    agent = GatedAgent()
+    store = SlowWrites(str(tmp_path / "threads.sqlite3"))
+    store.takes = 1.5
+    runtime = CopilotRuntime(agents={"default": agent}, thread_store=store,
+                             auth=BearerTokenAuth({"token-alice": "alice"}))
+    async with serve_runtime(runtime) as served:
+        first = await running_on(served, "t-leave")
+        stop = await served.post("/agent/default/stop/t-leave", {"runId": "run-1"},
+                                 headers=ALICE)
+        assert (await stop.json())["stopped"] is True
+        await leaves_while_it_waits(served, "t-leave")
+        assert types(parse_sse(await first.read()))[-1] == "RUN_FINISHED"
+        agent.gate.set()
+        retry = await served.post("/agent/default/run",
+                                  run_input("retry", thread="t-leave", run="run-3"),
+                                  headers=ALICE)
+        assert retry.status == 200, await retry.text()
+        assert types(parse_sse(await retry.read()))[-1] == "RUN_FINISHED"
+        assert await runs_stored(served, "t-leave") == ["run-1", "run-3"]

@@ -49,31 +49,34 @@ _PING_EVERY = PING_EVERY
 _PONG_WITHIN = PONG_WITHIN
 
 #: A lease's value: the holder's 32-character token, then the run id. The marker (KEYS[2])
-#: is renewed with the lease, so it lasts as long as the lease, then `open_ttl` more.
+#: and a stop's mark (KEYS[3]) are renewed with the lease, so they last as long as the
+#: lease, then `open_ttl` more.
 _RENEW = """
 if string.sub(redis.call('GET', KEYS[1]) or '', 1, 32) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  redis.call('PEXPIRE', KEYS[3], ARGV[3])
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 """
 #: KEYS[2] marks a thread whose lease is held or expired unreleased (its worker died);
-#: KEYS[3], the run a worker follows on it, is a previous run's: forgotten.
+#: KEYS[3], the run a worker follows on it, and KEYS[4], a stop's mark, are a previous
+#: run's: forgotten.
 _ACQUIRE = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local inherited = redis.call('EXISTS', KEYS[2])
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
-  redis.call('DEL', KEYS[3])
+  redis.call('DEL', KEYS[3], KEYS[4])
   return 1 + inherited
 end
 return 0
 """
-#: Released by its holder; its `end` (ARGV[3]) published on ARGV[2] if someone follows the
-#: run (ARGV[2] empty: never).
+#: Released by its holder, with a stop's mark (KEYS[4]); its `end` (ARGV[3]) published on
+#: ARGV[2] if someone follows the run (ARGV[2] empty: never).
 _RELEASE = """
 local held = redis.call('GET', KEYS[1]) or ''
 if string.sub(held, 1, 32) == ARGV[1] then
-  redis.call('DEL', KEYS[2])
+  redis.call('DEL', KEYS[2], KEYS[4])
   if redis.call('GET', KEYS[3]) == string.sub(held, 33) then
     redis.call('DEL', KEYS[3])
     if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
@@ -91,11 +94,13 @@ if held then
 end
 return held
 """
-#: The run holding the lease (ARGV[1]) marked as being stopped, for as long as a lease
-#: lives unrenewed (ARGV[2]): a mark outliving its lease names a run no lease holds again.
+#: The run holding the lease (ARGV[1]) marked as being stopped: the mark is the lease's
+#: value (its token with the run), so a later lease of the same run id is not marked; it
+#: lasts as long as the lease (renewed with it, removed with it, or taken over).
 _MARK_STOPPING = """
-if string.sub(redis.call('GET', KEYS[1]) or '', 33) == ARGV[1] then
-  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+local held = redis.call('GET', KEYS[1]) or ''
+if string.sub(held, 33) == ARGV[1] then
+  redis.call('SET', KEYS[2], held, 'PX', ARGV[2])
 end
 return 0
 """
@@ -103,8 +108,7 @@ return 0
 _HOLDER_STOPPING = """
 local held = redis.call('GET', KEYS[1])
 if not held then return {} end
-local run = string.sub(held, 33)
-return {run, redis.call('GET', KEYS[2]) == run and 1 or 0}
+return {string.sub(held, 33), redis.call('GET', KEYS[2]) == held and 1 or 0}
 """
 #: A run's progress, published only if someone follows that run.
 _PROGRESS = """
@@ -150,11 +154,15 @@ class RedisCoordinator(SharedCoordinator):
     def _followed_key(self, thread_id: str) -> str:
         return f"{self.prefix}followed:{thread_id}"
 
+    def _stopping_key(self, thread_id: str) -> str:
+        return f"{self.prefix}stopping:{thread_id}"
+
     def _stopping_keys(self, thread_id: str) -> list[str]:
-        return [self._key(thread_id), f"{self.prefix}stopping:{thread_id}"]
+        return [self._key(thread_id), self._stopping_key(thread_id)]
 
     def _keys(self, thread_id: str) -> list[str]:
-        return [self._key(thread_id), self._open_key(thread_id), self._followed_key(thread_id)]
+        return [self._key(thread_id), self._open_key(thread_id), self._followed_key(thread_id),
+                self._stopping_key(thread_id)]
 
     async def _connect(self) -> None:
         # A server that does not answer fails a connection attempt in seconds; one
@@ -197,7 +205,8 @@ class RedisCoordinator(SharedCoordinator):
     async def _renew(self, leases: list[Lease]) -> set[str]:
         ttl_ms = int(self.lease_ttl * 1000)
         results = await self._send([
-            _eval(_RENEW, [self._key(lease.thread_id), self._open_key(lease.thread_id)],
+            _eval(_RENEW, [self._key(lease.thread_id), self._open_key(lease.thread_id),
+                           self._stopping_key(lease.thread_id)],
                   [lease.token, ttl_ms, self._open_ms()]) for lease in leases])
         return {lease.thread_id for lease, ok in zip(leases, results, strict=True) if not ok}
 
@@ -241,7 +250,7 @@ class RedisCoordinator(SharedCoordinator):
         async with self._reachable():
             await self.start()
             await self._send([_eval(_MARK_STOPPING, self._stopping_keys(thread_id),
-                                    [run_id, int(self.lease_ttl * 1000)])])
+                                    [run_id, self._open_ms()])])
 
     async def holder_stopping(self, thread_id: str) -> tuple[str | None, bool]:
         async with self._reachable():

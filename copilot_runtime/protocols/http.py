@@ -44,7 +44,7 @@ from copilot_runtime._exceptions import (
     UnsupportedMediaTypeError,
 )
 from copilot_runtime._limits import replayable
-from copilot_runtime._runs import ActiveRun
+from copilot_runtime._runs import ActiveRun, client_watched
 from copilot_runtime._strings import not_one_string
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.events import Event
@@ -581,6 +581,18 @@ _SSE_KEEPALIVE = b": keep-alive\n\n"
 
 def _sse_keepalive() -> bytes:
     return _SSE_KEEPALIVE
+
+
+async def _client_leaves(request: Request) -> None:
+    """Return once the client of `request` (its body read) has left."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def leaving_seen(request: Request) -> contextlib.AbstractContextManager[None]:
+    """Around `start_run`: a run that waits for a stopped one to give its thread back sees
+    `request`'s client leave (and starts nothing for nobody). Its body must be read."""
+    return client_watched(lambda: _client_leaves(request))
 
 
 def _give_up(request: Request, on_disconnect: Callable[[], object]) -> None:

@@ -49,6 +49,7 @@ from copilot_runtime.protocols.agui.transcribe import serve_transcription
 from copilot_runtime.protocols.http import (
     Request,
     from_cursor,
+    leaving_seen,
     read_body,
     send_error,
     send_json,
@@ -186,8 +187,9 @@ class AGUIProtocol:
             return
         headers = request.forwardable_headers(credentials=self.runtime.forwards_credentials)
         suggestion = what == "suggest"
-        run = await self.runtime.start_run(agent_id, run_input, headers, request=request.info,
-                                           unstored=suggestion)
+        with leaving_seen(request):
+            run = await self.runtime.start_run(agent_id, run_input, headers,
+                                               request=request.info, unstored=suggestion)
         async with run:  # given back if the stream fails or is cancelled before it drives
             # A client that leaves (a reload, a network change) does not stop a chat's run:
             # it goes on, bounded by `detached_run_seconds`, and a `connect` picks it up. A

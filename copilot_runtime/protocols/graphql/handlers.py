@@ -29,6 +29,7 @@ from graphql import (
 from graphql.execution.values import get_argument_values
 
 from copilot_runtime._exceptions import (
+    ClientDisconnected,
     CopilotRuntimeError,
     InvalidRequestError,
     RateLimitedError,
@@ -60,7 +61,7 @@ from copilot_runtime.protocols.graphql.transport import (
     version_header,
 )
 from copilot_runtime.protocols.graphql.variables import VariableCoercer
-from copilot_runtime.protocols.http import Request, stream_run
+from copilot_runtime.protocols.http import Request, leaving_seen, stream_run
 from copilot_runtime.runtime import CopilotRuntime
 
 __all__ = ["GraphQLProtocol"]
@@ -288,9 +289,13 @@ class GraphQLProtocol:
                 credentials=runtime.forwards_credentials)
             # `agent`, when set, is the session's agent wrapped with its server-side tools.
             run_input = await stored_in_place(runtime, wanted.input, request.info)
-            run = await runtime.start_run(wanted.agent_id, run_input, forwarded,
-                                          follow_up_server_tools=False, agent=agent,
-                                          request=request.info, topics=_topics(args["data"]))
+            with leaving_seen(request):
+                run = await runtime.start_run(wanted.agent_id, run_input, forwarded,
+                                              follow_up_server_tools=False, agent=agent,
+                                              request=request.info,
+                                              topics=_topics(args["data"]))
+        except ClientDisconnected:
+            return  # left while its run waited for a stopped one: nobody to answer
         except RateLimitedError as exc:
             # Before anything streamed: the plain HTTP answer, so other clients and proxies
             # see it (the 1.10 client gets 200: `send_refusal`).
