@@ -331,6 +331,11 @@ class BuiltInAgent(Agent):
     async def aclose(self) -> None:
         await self.adapter.aclose()
 
+    def reopen(self) -> None:
+        reopen = getattr(self.adapter, "reopen", None)  # (optional: an adapter of one's own)
+        if reopen is not None:
+            reopen()
+
     def run(self, input: RunInput, context: RunContext) -> EventBatches:
         return self._run(input, context)
 
