@@ -250,7 +250,10 @@ _UNWINDING: tuple[type[BaseException], ...] = (
 def library_base_exception(exc: BaseException) -> bool:
     """Whether `exc` is a library's own BaseException that is no `Exception` (gevent's
     `Timeout`, func_timeout's `FunctionTimedOut`): a failure of the code that raised it, not
-    one Python unwinds with (`_UNWINDING`)."""
+    one Python unwinds with (`_UNWINDING`), nor a group holding one (a TaskGroup cancelled
+    wraps its `CancelledError`: stopped here, the unwinding went no further)."""
+    if isinstance(exc, BaseExceptionGroup) and exc.subgroup(_UNWINDING) is not None:
+        return False
     return not isinstance(exc, (Exception, *_UNWINDING))
 
 
@@ -259,6 +262,14 @@ def cancelled_itself() -> bool:
     failure), not by a cancellation of the current task (which must go on)."""
     task = asyncio.current_task()
     return task is not None and not task.cancelling()
+
+
+def scrubbed(said: str, *known: str | None) -> str:
+    """What code the runtime calls said (an exception's message), its credentials, the
+    `known` secrets and file paths blanked, for the model and the client to read."""
+    # The known secrets first: a key holding "+/" would be cut by the paths' blanking, and
+    # its head then go out (`quoted` blanks the rest).
+    return _FILE_PATH.sub("<path>", scrub_secrets(said, *known))
 
 
 def failure_text(exc: BaseException, limit: int = 300, known: Sequence[str | None] = ()) -> str:
@@ -271,9 +282,7 @@ def failure_text(exc: BaseException, limit: int = 300, known: Sequence[str | Non
         said = str(exc)
     except Exception:  # an exception whose message cannot be made: its type says enough
         said = ""
-    # The known secrets first: a key holding "+/" would be cut by the paths' blanking, and
-    # its head then go out (`quoted` blanks the rest).
-    message = _FILE_PATH.sub("<path>", scrub_secrets(said, *known))
+    message = scrubbed(said, *known)
     text = f"{kind}: {message}" if message else kind
     return quoted(text, limit, known) or f"{kind} (its message is withheld: see the server's log)"
 

@@ -1767,6 +1767,11 @@ class RunManager:
             run.cancel("shutdown")
         return [r.task for r in running if r.task is not None and not r.task.done()]
 
+    def reopen(self) -> None:
+        """Serve as before `stop_all` (its runtime started again after `aclose`): a run's end
+        waits for its write `STORE_RETRY_FOR` again, and the next shutdown's grace is whole."""
+        self.stopping_since = None
+
     def stop(self, thread_id: str, run_id: str | None = None, reason: str = "stop") -> bool:
         """Stop the thread's run in this process; with `run_id`, only that run (a reservation
         of that id too, whether or not its lease is held yet)."""

@@ -27,6 +27,7 @@ from copilot_runtime._exceptions import (
     ActionError,
     ConfigurationError,
     failure_text,
+    scrubbed,
 )
 from copilot_runtime._limits import decode_json
 
@@ -467,8 +468,10 @@ class _ModelAction(Action):
         try:
             parsed = self._model.model_validate(arguments)
         except pydantic.ValidationError as exc:
+            # A validator's ValueError or AssertionError says its own words here: scrubbed
+            # as any other failure of the application's code is (`failure_text`).
             problems = [
-                f"{'/'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
+                f"{'/'.join(str(p) for p in err['loc']) or 'arguments'}: {scrubbed(err['msg'])}"
                 for err in exc.errors(include_url=False)[:5]
             ]
             raise ActionError("; ".join(problems)) from None

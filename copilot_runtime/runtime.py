@@ -231,6 +231,9 @@ class CopilotRuntime:
         self.approvals = ApprovalService(self)
         self._started = False
         self._closed = False
+        #: The `aclose` calls under way: a start meanwhile (a probe's, a request's) must not
+        #: open again what they are closing.
+        self._closing = 0
         self._readiness: asyncio.Future[list[str]] | None = None
         #: Gives back this process's hold on a SQLite store's file (`serve_alone`).
         self._alone: Callable[[], None] | None = None
@@ -254,10 +257,11 @@ class CopilotRuntime:
         from the host's lifespan or its first request); call it yourself when you drive
         the runtime without an app. After `aclose` it starts again as the first time did
         (an app's lifespan run twice), when its thread store can open again (`reopen()`:
-        the memory and SQLite stores) and its coordinator is this process's; else it raises
-        `ConfigurationError`.
+        the memory and SQLite stores), its coordinator is this process's and its agents
+        closed nothing they were given; else it raises `ConfigurationError`. While `aclose`
+        runs it does nothing: the runtime is closing, and only a start after that reopens.
         """
-        if self._started:
+        if self._started or self._closing:
             return
         if self._closed:
             self._reopen()
@@ -325,22 +329,38 @@ class CopilotRuntime:
     def _reopen(self) -> None:
         """After `aclose` (an app's lifespan run again: a test client used twice), open
         again what it closed, so that this start is as the first (the agents', the MCP
-        sessions' and the limits' connections open again as they are needed). A part that
-        cannot open again refuses the start (`ConfigurationError`): started, every request
-        failed on the closed store, and `/ready` said "closing" for good."""
+        sessions' and the limits' connections open again as they are needed; the runs no
+        longer shutting down). A part that cannot open again refuses the start
+        (`ConfigurationError`), before anything opens: started, every request failed on the
+        closed store, or every run on an adapter's closed `client=`."""
         reopen = getattr(self.store, "reopen", None)
-        if self.coordinator.shared or reopen is None:
-            cannot = "its shared coordinator" if self.coordinator.shared else \
-                f"its thread store ({type(self.store).__name__} has no reopen())"
+        if self.coordinator.shared:
+            cannot: str | None = "its shared coordinator"
+        elif reopen is None:
+            cannot = f"its thread store ({type(self.store).__name__} has no reopen())"
+        else:
+            cannot = self._agent_closed_for_good()
+        if reopen is None or cannot is not None:
             raise ConfigurationError(
                 f"this CopilotRuntime was closed (aclose) and cannot start again: {cannot} "
                 "cannot be opened again; make a new CopilotRuntime for each start of the "
                 "app (in its factory, or a test's fixture)")
         reopen()
+        self.runs.reopen()
         if self.limiter is not None:
             self.limiter.reopen()
         self._readiness = None  # (a probe's from before: of the closed store)
         self._closed = False
+
+    def _agent_closed_for_good(self) -> str | None:
+        """The first agent whose `aclose` closed what it cannot make again (a `client=` its
+        adapter was given), said as "agent 'x' (why)"; None when every one can serve again."""
+        for agent_id, agent in self.agents.items():
+            try:
+                agent.reopen()
+            except ConfigurationError as exc:
+                return f"agent {agent_id!r} ({exc.message})"
+        return None
 
     async def _start_mcp(self) -> None:
         """Connect to the MCP servers and offer their tools as server-side actions; offer
@@ -655,7 +675,7 @@ class CopilotRuntime:
         not answer one within `ready_timeout` seconds. Empty: ready. Probes that come while
         one is checked share its answer (a probe per second from each balancer never queues
         round trips to a server that hangs)."""
-        if self._closed:
+        if self._closed or self._closing:
             return ["closing"]
         checking = self._readiness
         if checking is None or checking.done():
@@ -696,9 +716,16 @@ class CopilotRuntime:
         """Stop the approvals' timer, then active runs; release agents, adapters and the store.
 
         The approval service stops first: its timer and its runs use the checkpointers the
-        agents close. Closing twice is harmless; `start` may open it again.
+        agents close. Closing twice is harmless; `start` may open it again, once closed.
         """
         self._started = False
+        self._closing += 1
+        try:
+            await self._close()
+        finally:
+            self._closing -= 1
+
+    async def _close(self) -> None:
         await self.approvals.aclose()
         if self._retention is not None:
             await self._retention.aclose()

@@ -998,6 +998,10 @@ class Order(pydantic.BaseModel):
             raise TypeError("codes are read from /srv/app/codes.py")
         if code == "LIB":
             raise LibTimeout("the code service timed out")
+        if code == "VALUE":
+            raise ValueError("codes are read from /srv/app/codes.py")
+        if code == "ASSERT":
+            raise AssertionError("token sk-live-0123456789abcdef rejected at /srv/app/codes.py")
         return {"A": "alpha"}[code[0]]  # the application's own lookup: a KeyError
 
 
@@ -1031,3 +1035,16 @@ async def test_a_validator_raising_what_pydantic_does_not_catch_is_a_tool_error(
         assert types(events)[-1] == "RUN_FINISHED", events[-1]
         assert list(tool_errors(events).values()) == ["KeyError: 'B'"]
         assert text_of(events) == "no such order"
+
+
+async def test_a_validators_value_or_assertion_error_is_scrubbed_as_other_failures_are() -> None:
+    """A validator's ValueError or AssertionError (pydantic's ValidationError then) reached the
+    model, and the client through the tool result, with its paths and tokens, where a
+    TypeError's went through `failure_text` (`<path>`): now each is scrubbed the same way."""
+    said = []
+    for code in ("VALUE", "ASSERT"):
+        with pytest.raises(ActionError) as caught:
+            await look_up.execute(orjson.dumps({"order": {"code": code}}).decode())
+        said.append(str(caught.value))
+    assert said == ["order/code: Value error, codes are read from <path>",
+                    "order/code: Assertion failed, token [REDACTED] rejected at <path>"]

@@ -40,6 +40,7 @@ from copilot_runtime import (
     _trust,
     _withheld,
 )
+from copilot_runtime._exceptions import library_base_exception
 from copilot_runtime._input import parse_run_input
 from copilot_runtime._runs import RunManager
 from copilot_runtime.agents import BuiltInAgent
@@ -47,7 +48,7 @@ from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.auth import RequestInfo
 from copilot_runtime.checkpointers import checkpointer
 from copilot_runtime.guardrails import latest_user_text
-from copilot_runtime.hooks import ErrorInfo
+from copilot_runtime.hooks import ErrorInfo, policy_answer
 from copilot_runtime.limits import limit_key
 from copilot_runtime.runtime import approval_service
 from copilot_runtime.testing import MockOpenAIServer, verify_events
@@ -1215,6 +1216,31 @@ async def test_a_librarys_base_exception_while_serving_is_a_500_the_runtime_answ
         assert [e.code for e in errors] == ["INTERNAL_ERROR"]
         assert errors[0].request_id == response.headers["X-Request-ID"]
         assert text_of(await served.run(run_input("Hi", thread="l-1"))) == "echo: Hi"
+
+
+@pytest.mark.parametrize("unwinding", [asyncio.CancelledError, SystemExit, KeyboardInterrupt,
+                                       GeneratorExit])
+async def test_a_group_wrapping_an_unwinding_exception_goes_on_up(
+        unwinding: type[BaseException]) -> None:
+    """A BaseExceptionGroup that wraps one of Python's unwinding exceptions (a TaskGroup's
+    cancellation, a SystemExit from a task) was taken for a library's own BaseException: a
+    policy's refused the request with 503 and the unwinding stopped there. Looked into now,
+    it goes on up; a group of a library's own alone is still the policy's failure."""
+    def raising(group: BaseExceptionGroup[BaseException]) -> Any:
+        def call() -> None:
+            raise group
+        return call
+
+    nested = BaseExceptionGroup("outer", [LibTimeout("slow"), BaseExceptionGroup(
+        "inner", [ValueError("x"), unwinding()])])
+    for group in (BaseExceptionGroup("g", [unwinding()]), nested):
+        assert not library_base_exception(group)
+        with pytest.raises(BaseExceptionGroup):
+            await policy_answer("on_request hook", raising(group), "r-1")
+    own = BaseExceptionGroup("g", [LibTimeout("slow"), ValueError("x")])
+    assert library_base_exception(own)
+    with pytest.raises(ServiceUnavailableError):
+        await policy_answer("on_request hook", raising(own), "r-1")
 
 
 class NoContent(RequestError):

@@ -24,18 +24,35 @@ import orjson
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from langgraph.checkpoint.memory import InMemorySaver
 
 from copilot_runtime import (
+    AnthropicAdapter,
     CopilotRuntime,
+    GoogleGenAIAdapter,
+    HttpAgent,
+    LangGraphPlatformAgent,
     OpenAIAdapter,
     RateLimit,
     create_app,
     mount_runtime,
     thread_store,
 )
+from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.auth import RequestInfo
-from copilot_runtime.testing import MockOpenAIServer, ScriptedAdapter, text_turn
-from tests.conftest import parse_sse, run_input, text_of, types
+from copilot_runtime.checkpointers import checkpointer
+from copilot_runtime.testing import (
+    MockAnthropicServer,
+    MockGeminiServer,
+    MockOpenAIServer,
+    ScriptedAdapter,
+    text_turn,
+)
+from copilot_runtime.threads import SQLiteThreadStore
+from tests.agents_support import graphs
+from tests.agents_support.agui_server import ScriptedAGUIServer
+from tests.agents_support.fake_platform import FakePlatform, frame, model_stream
+from tests.conftest import parse_sse, run_input, serve, text_of, types
 from tests.hitl_support.postgres import postgres_schema
 
 pytestmark = pytest.mark.timeout(60)
@@ -161,3 +178,183 @@ async def test_a_runtime_closed_by_hand_starts_again(tmp_path: Path) -> None:
         await runtime.aclose()
         assert await runtime.unready() == ["closing"]
     assert len(seen) == 2
+
+
+class SlowDisk(SQLiteThreadStore):
+    """A SQLite store whose run writes take 1.5 s (a busy disk): longer than a run's end
+    waits for its write once a shutdown began (`SHUTDOWN_STORE_WAIT`)."""
+
+    async def append_run(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(1.5)
+        return await super().append_run(*args, **kwargs)
+
+
+async def test_a_restarted_runtime_is_no_longer_shutting_down(tmp_path: Path) -> None:
+    """The first shutdown marked the runs as stopping (`RunManager.stopping_since`) for good:
+    in the second life a run's end waited for its write 1 s (a shutdown's wait) instead of
+    10 s, so the client heard RUN_FINISHED before its run was stored and its next message on
+    the thread was refused as busy (409); the second shutdown's grace was spent already."""
+    runtime = CopilotRuntime(
+        service_adapter=ScriptedAdapter(*(text_turn(f"answer {i}") for i in range(4))),
+        thread_store=SlowDisk(tmp_path / "threads.db"))
+    app = create_app(runtime)
+    transport = httpx.ASGITransport(app=app)
+    for cycle in range(2):
+        started, shut_down = await _lifespan(app)
+        assert started == {"type": "lifespan.startup.complete"}, cycle
+        assert runtime.runs.stopping_since is None, cycle
+        async with httpx.AsyncClient(transport=transport, base_url="http://t",
+                                     timeout=30) as client:
+            for text in ("hi", "and then?"):
+                response = await client.post(
+                    "/copilotkit/agent/default/run",
+                    content=orjson.dumps(run_input(text, thread=f"t-{cycle}")),
+                    headers={"Content-Type": "application/json"})
+                assert response.status_code == 200, (cycle, text, response.text)
+                assert types(parse_sse(response.content))[-1] == "RUN_FINISHED", cycle
+        assert await shut_down() == {"type": "lifespan.shutdown.complete"}
+
+
+async def test_a_probe_or_request_during_the_close_does_not_open_it_again(
+        tmp_path: Path) -> None:
+    """A readiness probe or a request that came while `aclose` ran (a hook being drained)
+    started the runtime again: nothing reopened (the store was still open), its closed state
+    was cleared and its sweeps started, then `aclose` closed the store anyway: `/ready` said
+    200 while every request was a 500. A probe during the close says "closing" now, a request
+    is served as it was before, and only a start once the close is over opens it again."""
+    async def slow_hook(run: Any) -> None:
+        await asyncio.sleep(1.0)  # posting the run to a webhook, say: the close drains it
+
+    async with MockOpenAIServer() as llm:
+        runtime = CopilotRuntime(
+            service_adapter=OpenAIAdapter(model="gpt-4o", api_key="sk-test",
+                                          base_url=llm.base_url),
+            thread_store=thread_store(f"sqlite:///{tmp_path / 'threads.db'}"),
+            thread_retention_seconds=3600, on_run_finished=slow_hook)
+        app = create_app(runtime)
+        started, shut_down = await _lifespan(app)
+        assert started == {"type": "lifespan.startup.complete"}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t", timeout=30) as client:
+            answered = await client.post(
+                "/copilotkit/agent/default/run", content=orjson.dumps(run_input("hi")),
+                headers={"Content-Type": "application/json"})
+            assert types(parse_sse(answered.content))[-1] == "RUN_FINISHED"
+            closing = asyncio.create_task(shut_down())
+            await asyncio.sleep(0.3)  # the close waits for the hook
+            assert not closing.done()
+            probe = await client.get("/copilotkit/ready")
+            assert (probe.status_code, probe.json()) == (
+                503, {"status": "unavailable", "unavailable": ["closing"]})
+            listed = await client.get("/copilotkit/threads")
+            assert listed.status_code == 200, listed.text
+            assert await closing == {"type": "lifespan.shutdown.complete"}
+            assert not runtime.started
+            assert await runtime.unready() == ["closing"]
+            # A start once the close is over (the next request's) opens it again.
+            ready = await client.get("/copilotkit/ready")
+            assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+            again = await client.post(
+                "/copilotkit/agent/default/run", content=orjson.dumps(run_input("hi")),
+                headers={"Content-Type": "application/json"})
+            assert types(parse_sse(again.content))[-1] == "RUN_FINISHED", again.text
+            assert (await client.get("/copilotkit/threads")).status_code == 200
+        await runtime.aclose()
+
+
+async def _served_twice(runtime: CopilotRuntime, agent: str = "default"
+                        ) -> list[tuple[str, Any]]:
+    """Each of two lifespans of `runtime`'s app: its start's answer and its run's last event."""
+    app = create_app(runtime)
+    transport = httpx.ASGITransport(app=app)
+    outcomes: list[tuple[str, Any]] = []
+    for _ in range(2):
+        started, shut_down = await _lifespan(app)
+        if started["type"] != "lifespan.startup.complete":
+            outcomes.append((started["type"], started.get("message")))
+            continue
+        async with httpx.AsyncClient(transport=transport, base_url="http://t",
+                                     timeout=30) as client:
+            response = await client.post(
+                f"/copilotkit/agent/{agent}/run", content=orjson.dumps(run_input("hi")),
+                headers={"Content-Type": "application/json"})
+        events = parse_sse(response.content)
+        outcomes.append((started["type"], (events[-1]["type"], events[-1].get("message"))))
+        assert await shut_down() == {"type": "lifespan.shutdown.complete"}
+    return outcomes
+
+
+SERVED_TWICE = [("lifespan.startup.complete", ("RUN_FINISHED", None))] * 2
+
+
+async def test_an_adapter_on_its_sdk_serves_a_restarted_runtime() -> None:
+    """Each provider's adapter sending through its SDK closed its client at `aclose` and
+    kept it: the second life's runs failed ("the client has been closed"). The client the
+    adapter made is made again now, on its next use."""
+    async with MockOpenAIServer() as openai_llm:
+        openai = OpenAIAdapter(model="gpt-4o", api_key="sk-test",
+                               base_url=openai_llm.base_url, transport="sdk")
+        assert await _served_twice(CopilotRuntime(service_adapter=openai)) == SERVED_TWICE
+    async with MockAnthropicServer() as anthropic_llm:
+        anthropic = AnthropicAdapter(api_key="sk-mock", base_url=anthropic_llm.base_url,
+                                     max_retries=0, transport="sdk")
+        assert await _served_twice(CopilotRuntime(service_adapter=anthropic)) == SERVED_TWICE
+    async with MockGeminiServer() as gemini_llm:
+        google = GoogleGenAIAdapter(api_key="mock-key", base_url=gemini_llm.base_url,
+                                    max_retries=0, transport="sdk")
+        assert await _served_twice(CopilotRuntime(service_adapter=google)) == SERVED_TWICE
+
+
+async def test_a_client_given_to_an_adapter_refuses_the_second_start() -> None:
+    """A `client=` the application gave is closed by `aclose` and cannot be made again: the
+    second start is refused, naming the agent and its adapter, not "complete" with runs
+    failing on the closed client."""
+    import openai
+
+    async with MockOpenAIServer() as llm:
+        given = openai.AsyncOpenAI(api_key="sk-test", base_url=llm.base_url)
+        runtime = CopilotRuntime(service_adapter=OpenAIAdapter(model="gpt-4o", client=given))
+        (first, second) = await _served_twice(runtime)
+        assert first == SERVED_TWICE[0]
+        assert second[0] == "lifespan.startup.failed"
+        assert "cannot start again: agent 'default' (OpenAIAdapter closed the client= it " \
+            "was given)" in second[1]
+
+
+async def test_remote_agents_serve_a_restarted_runtime() -> None:
+    """A remote AG-UI agent and a LangGraph Platform agent make their connections again
+    after `aclose` (the platform's client was made once, and closed for good)."""
+    async with ScriptedAGUIServer() as remote:
+        runtime = CopilotRuntime(agents={"remote": HttpAgent(remote.url)})
+        assert await _served_twice(runtime, "remote") == SERVED_TWICE
+    fake = FakePlatform(frames=[frame("events", model_stream("Hello"))])
+    async with serve(fake.app) as platform:
+        runtime = CopilotRuntime(agents={"platform": LangGraphPlatformAgent(
+            deployment_url=platform, graph_id="fake")})
+        assert await _served_twice(runtime, "platform") == SERVED_TWICE
+
+
+class ClosingSaver(InMemorySaver):
+    """A checkpointer of the application's own that `aclose` closes (and cannot open)."""
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_a_langgraph_agent_serves_again_unless_it_closed_a_saver_it_did_not_make(
+        tmp_path: Path) -> None:
+    """An in-process LangGraph agent on a `copilot_runtime.checkpointers` checkpointer (its
+    SQLite file closed by `aclose`, opened again on its next use) serves a restarted runtime;
+    one whose graph's own checkpointer `aclose` closed refuses the second start, naming it."""
+    async with MockOpenAIServer() as llm, httpx.AsyncClient() as client:
+        graph = graphs.chat_graph(llm.base_url, client)
+        graph.checkpointer = checkpointer(f"sqlite:///{tmp_path / 'checkpoints.db'}")
+        runtime = CopilotRuntime(agents={"chat": LangGraphAgent(name="chat", graph=graph)})
+        assert await _served_twice(runtime, "chat") == SERVED_TWICE
+        graph.checkpointer = ClosingSaver()
+        runtime = CopilotRuntime(agents={"chat": LangGraphAgent(name="chat", graph=graph)})
+        (first, second) = await _served_twice(runtime, "chat")
+        assert first == SERVED_TWICE[0]
+        assert second[0] == "lifespan.startup.failed"
+        assert "cannot start again: agent 'chat' (LangGraphAgent closed its graph's " \
+            "checkpointer (ClosingSaver), which it did not make)" in second[1]

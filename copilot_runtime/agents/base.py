@@ -108,3 +108,9 @@ class Agent(abc.ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release resources held by the agent (called when the runtime shuts down)."""
+
+    def reopen(self) -> None:  # noqa: B027 - optional hook
+        """Called when the runtime starts again after `aclose` (an app's lifespan run twice):
+        what the agent made itself it makes again on its next use; if `aclose` closed what it
+        was given and cannot make again, raise `ConfigurationError` saying what (the runtime
+        then refuses to start again, naming the agent)."""

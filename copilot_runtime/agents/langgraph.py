@@ -98,6 +98,7 @@ from copilot_runtime.agents._lg_values import json_shown
 from copilot_runtime.agents.base import Agent, AgentThreadState, RunContext
 from copilot_runtime.approvals.ledger import ApprovalStore, MemoryApprovalStore
 from copilot_runtime.approvals.resume import Claims, claim_resume, record_interrupts
+from copilot_runtime.checkpointers import DurableCheckpointer
 from copilot_runtime.events import Event, EventBatches
 
 #: How often, and how far apart, a run's interrupts are offered to a ledger that cannot be
@@ -208,6 +209,9 @@ class LangGraphAgent(Agent):
         self.config = base
         self._approvals: ApprovalStore = approvals or getattr(
             checkpointer, "approvals", None) or MemoryApprovalStore()
+        #: The kind of checkpointer `aclose` closed that may not open again (not one of
+        #: `copilot_runtime.checkpointers`, which open again on their next use), or None.
+        self._closed_for_good: str | None = None
         # Both interrupt forms are produced; `filter_interrupt_event` keeps the client's.
         self._template = CopilotKitLangGraphBridge(
             name=name, graph=graph, description=description or None,
@@ -601,9 +605,17 @@ class LangGraphAgent(Agent):
             _log.exception("could not settle approvals", thread_id=thread_id)
 
     async def aclose(self) -> None:
-        close = getattr(self.graph.checkpointer, "aclose", None)
+        saver = self.graph.checkpointer
+        close = getattr(saver, "aclose", None)
         if close is not None:
             await close()
+            if not isinstance(saver, DurableCheckpointer):
+                self._closed_for_good = type(saver).__name__
+
+    def reopen(self) -> None:
+        if self._closed_for_good is not None:
+            raise ConfigurationError(f"LangGraphAgent closed its graph's checkpointer "
+                                     f"({self._closed_for_good}), which it did not make")
 
 
 #: SQLSTATEs of text PostgreSQL cannot hold in the database's encoding (U+0000 above all).

@@ -186,11 +186,16 @@ class LangGraphPlatformAgent(Agent):
         # No pool limit: each run streams over a connection of its own for as long as it
         # lasts, and httpx's default (100) held the 101st run back silently until one ended.
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=20)
-        self._client = LangGraphClient(httpx.AsyncClient(
-            base_url=self.deployment_url, headers={"accept-encoding": "identity", **static},
-            transport=_BoundedTransport(httpx.AsyncHTTPTransport(retries=connect_retries,
-                                                                 limits=limits)),
-            timeout=httpx.Timeout(timeout, connect=10.0)))
+
+        def new_client() -> LangGraphClient:
+            return LangGraphClient(httpx.AsyncClient(
+                base_url=self.deployment_url, headers={"accept-encoding": "identity", **static},
+                transport=_BoundedTransport(httpx.AsyncHTTPTransport(retries=connect_retries,
+                                                                     limits=limits)),
+                timeout=httpx.Timeout(timeout, connect=10.0)))
+
+        self._new_client = new_client
+        self._made: LangGraphClient | None = None
         self._resolved: tuple[str, dict[str, Any]] | None = None
         #: The chosen assistant's own `config` and `context` (its search's answer): the
         #: Platform lays a run's over them, so what they set stays the operator's.
@@ -350,8 +355,18 @@ class LangGraphPlatformAgent(Agent):
             raise TypeError("the assistant answered is not an object")
         return assistant if assistant.get("graph_id") == self.graph_id else None
 
+    @property
+    def _client(self) -> LangGraphClient:
+        # Made on first use, and again after `aclose` (the runtime started again: an app's
+        # lifespan run twice), as a closed client cannot send.
+        if self._made is None:
+            self._made = self._new_client()
+        return self._made
+
     async def aclose(self) -> None:
-        await self._client.aclose()
+        client, self._made = self._made, None
+        if client is not None:
+            await client.aclose()
 
 
 # -- bounded answers -------------------------------------------------------------------
