@@ -110,5 +110,6 @@ def checked_redis_db(url: str) -> None:
     and uses database 0, which other deployments may share."""
     parts = urllib.parse.urlsplit(url)
     path = urllib.parse.unquote(parts.path).strip("/")
-    if parts.scheme != "unix" and path and not (path.isascii() and path.isdigit()):
+    if parts.scheme != "unix" and path and not (
+            path.isascii() and path.isdigit() and len(path) < 6):
         raise ConfigurationError(f"a Redis URL's path is its database number, got {path!r}")

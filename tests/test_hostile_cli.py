@@ -318,9 +318,13 @@ async def test_an_unusable_checkpoint_store_is_503(url: str) -> None:
      "PostgreSQL port must be 1-65535, got '²'"),
     ("--coordinator", "redis://127.0.0.1:6379/%C2%B2",
      "a Redis URL's path is its database number, got '²'"),
+    # Before: redis-py dropped a number int() refuses and used database 0 without a word.
+    ("--coordinator", "redis://127.0.0.1:6379/" + "1" * 5_000,
+     f"a Redis URL's path is its database number, got '{'1' * 5_000}'"),
 ], ids=["threads-param", "coordinator-param", "checkpoints-param", "threads-bracket",
         "redis-bracket", "pg-port", "pg-timeout", "redis-db", "pg-value", "redis-param",
-        "redis-value", "redis-port", "pg-port-superscript", "redis-db-superscript"])
+        "redis-value", "redis-port", "pg-port-superscript", "redis-db-superscript",
+        "redis-db-digits"])
 def test_a_store_url_no_server_could_accept_is_one_line(
         cli: None, capsys: pytest.CaptureFixture[str], tmp_path: Path, option: str, url: str,
         expected: str) -> None:

@@ -294,12 +294,16 @@ def test_a_value_that_grows_after_it_was_kept_leaves_the_bound_exact() -> None:
     grown.append("x" * 1_000)
     kept.forget("t")
     assert (len(kept), kept.held) == (0, 0)
+    # A value too large to keep drops what the call had kept: none is kept for it then.
+    kept.keep(("t", None), "c1", "f", ["aaaa"])
+    kept.keep(("t", None), "c1", "f", ["x" * 11])
+    assert (len(kept), kept.held) == (0, 0)
 
 
 def test_the_anthropic_parser_keeps_an_answers_whole_thinking_again_as_it_ends() -> None:
-    kept: list[tuple[str, str | None, int]] = []
+    kept: list[tuple[str, str | None, list[dict[str, Any]]]] = []
     parser = AnthropicStreamParser(keep_thinking=lambda call, name, blocks: kept.append(
-        (call, name, len(blocks))))
+        (call, name, blocks)))
     parser.feed(_anthropic_sse(
         {"type": "message_start", "message": {"usage": {"input_tokens": 1}}},
         {"type": "content_block_start", "index": 0,
@@ -313,8 +317,11 @@ def test_the_anthropic_parser_keeps_an_answers_whole_thinking_again_as_it_ends()
         {"type": "content_block_stop", "index": 2},
         {"type": "message_delta", "delta": {"stop_reason": "tool_use"}},
         {"type": "message_stop"}))
-    # As the call started (its thinking so far), then whole, so the store weighs it all.
-    assert kept == [("toolu_1", "f", 1), ("toolu_1", "f", 2)]
+    # As the call started (its thinking so far), then whole, so the store weighs it all;
+    # each a copy: what was kept first never grows after the store weighed it (a stream
+    # cut before its end kept the live list, counted at its first size).
+    assert [(call, name, len(blocks)) for call, name, blocks in kept] == [
+        ("toolu_1", "f", 1), ("toolu_1", "f", 2)]
 
 
 def test_anthropics_kept_thinking_is_bounded_by_its_characters() -> None:

@@ -91,10 +91,10 @@ class KeptForThreads(Generic[_V]):
         not known yet, and then not checked (a call's arguments still stream as the reasoning
         before it is kept)."""
         size = 1 if self._size is None else self._size(value)
+        key = (*thread, call_id)
+        self._drop(key)  # (also when this value is too large to keep: none is kept then)
         if size > self._most:
             return
-        key = (*thread, call_id)
-        self._drop(key)
         self._entries[key] = (name, None if arguments is None else hash(arguments), value, size)
         self._of_thread.setdefault(thread[0], set()).add(key)
         self.held += size

@@ -640,7 +640,9 @@ class AnthropicStreamParser:
                     if (len(self.tool_ids) == 1 and self.thinking
                             and self._keep_thinking is not None):
                         self._kept_as = (block["id"], block.get("name"))
-                        self._keep_thinking(*self._kept_as, self.thinking)
+                        # A copy: kept as it is now (the store weighs it as it keeps it),
+                        # kept again whole as the answer ends.
+                        self._keep_thinking(*self._kept_as, list(self.thinking))
                 call = self._calls[index] = len(self._calls)
                 out.append(ToolCallDelta(call, block.get("id"), block.get("name"), ""))
                 if block.get("input"):
@@ -667,9 +669,8 @@ class AnthropicStreamParser:
         elif kind == "message_stop":
             self.done = self.finished = True
             if self._kept_as is not None and self._keep_thinking is not None:
-                # Kept again, whole: thinking after the first call joined the kept list,
-                # and the store counts what a value weighs as it is kept.
-                self._keep_thinking(*self._kept_as, self.thinking)
+                # Kept again, whole: thinking may follow the first call (interleaved).
+                self._keep_thinking(*self._kept_as, list(self.thinking))
             if self.thinking and self.tool_ids:
                 # Once per answer, for the client to send back on its first call: the loop's
                 # next request may land on a worker whose `keep_thinking` never saw it.
