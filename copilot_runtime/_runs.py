@@ -360,6 +360,11 @@ class ActiveRun:
             # Not given back: given up already, and its server may not answer (the run's
             # end would wait for it).
             self.lease = None
+        elif reason == "disconnect" and self.lease is not None:
+            # A 1.10 client's stop is its leaving: its next message, on any worker, waits
+            # for this run's end as after a stop (`RunManager.stop` marks those).
+            self.manager._adopt(self.manager._mark_stopping_everywhere(
+                self.thread_id, self.run_id))
         if self.task is not None:
             self.task.cancel()
         elif self.on_cancel is not None:

@@ -25,10 +25,12 @@ from tests.conftest import (
     Served,
     ServeRuntime,
     parse_sse,
+    poll,
     run_input,
     text_of,
     types,
 )
+from tests.gql.wire import CLIENT_DOCUMENT, CLIENT_HEADERS, merge, parse_multipart, user_turn
 from tests.scale_support.services import postgres_schema, redis_prefix
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
@@ -183,6 +185,33 @@ async def test_a_run_right_after_a_stop_on_another_worker_waits_for_the_stopped_
     assert types(events)[-1] == "RUN_FINISHED"
     assert text_of(events) == "one two"
     assert types(parse_sse(await first.read()))[-1] == "RUN_FINISHED"
+    gated.gate.set()
+
+
+def graphql_turn(text: str, thread: str) -> bytes:
+    return orjson.dumps({"query": CLIENT_DOCUMENT,
+                         "variables": {"data": user_turn(text, thread=thread)}})
+
+
+async def test_a_graphql_clients_stop_then_its_next_message_elsewhere_waits(
+        workers: Workers) -> None:
+    """The 1.10 client's stop button aborts its request: the run is cut as its client left,
+    which marked nothing (a review): its next message on another worker was a 409."""
+    a, b, gated = workers
+    first = await b.session.post(b.url, data=graphql_turn("hi", "t-gql"),
+                                 headers={**CLIENT_HEADERS, **ALICE})
+    await first.content.readany()
+    first.close()  # the stop button
+    async for _ in poll(10):
+        run = b.runtime.runs.active.get("t-gql")
+        if run is not None and run.cancel_reason == "disconnect":
+            break
+    again = await a.session.post(a.url, data=graphql_turn("once more", "t-gql"),
+                                 headers={**CLIENT_HEADERS, **ALICE})
+    answer = merge(parse_multipart(await again.read()))
+    assert "errors" not in answer, answer["errors"]
+    turn = answer["data"]["generateCopilotResponse"]
+    assert turn["status"]["code"] == "Success", turn["status"]
     gated.gate.set()
 
 
