@@ -1715,6 +1715,13 @@ class RunManager:
             except Exception:
                 _log.exception("flush observer failed", run_id=run.run_id)
 
+    def unwritten(self, thread_id: str, owner: ThreadOwner | None) -> bool:
+        """Whether a run driven here on `thread_id` (of `owner`, with one) began a thread new
+        to the store and has written none of it yet (`write_first_batches`)."""
+        run = self.active.get(thread_id)
+        return self.durable is not None and run is not None and run.new_thread \
+            and not run._flushed and (owner is None or run.owner == owner)
+
     async def write_first_batches(self, thread_id: str | None = None, *,
                                   owner: ThreadOwner | None = None,
                                   agent_id: str | None = None) -> bool:

@@ -504,13 +504,13 @@ class CopilotRuntime:
     async def _changed(self, change: Callable[..., Awaitable[Any]], thread_id: str,
                        *args: Any, owner: ThreadOwner | None) -> bool:
         """`_as_owner`; a thread the store has no record of yet, whose first run this worker
-        drives, exists from that run's start: the run writes, then it is changed. Asked of
-        the runs only then: once a request (the route wrote it before reading the thread),
-        and not for a thread that has its record."""
-        if await self._as_owner(change, thread_id, *args, owner=owner):
-            return True
-        return await self.runs.write_first_batches(thread_id, owner=owner) \
-            and await self._as_owner(change, thread_id, *args, owner=owner)
+        drives, exists from that run's start: the run writes, then it is changed. Told by
+        the run, not by a change that found nothing (the run may end and be stored between
+        the two: a rename of a stored thread was refused); asked of it only while it has
+        written nothing (the route had it write before reading the thread)."""
+        if self.runs.unwritten(thread_id, owner):
+            await self.runs.write_first_batches(thread_id, owner=owner)
+        return await self._as_owner(change, thread_id, *args, owner=owner)
 
     async def _as_owner(self, change: Callable[..., Awaitable[Any]], thread_id: str,
                         *args: Any, owner: ThreadOwner | None) -> bool:

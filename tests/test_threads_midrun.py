@@ -303,6 +303,40 @@ async def test_only_a_new_threads_run_writes_sooner_once_a_request(
                 assert (await running)[0] == 200
 
 
+async def test_a_rename_as_a_new_threads_first_run_is_stored_changes_it(
+        durable_url: str, serve_runtime: ServeRuntime, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    """A review: the rename asked the store first, found no thread, and then asked the run,
+    which had meanwhile been stored and had left: refused, a stored thread (PostgreSQL's pool
+    can order them so). The run is asked first."""
+    async with MockOpenAIServer(chunks=4) as llm:
+        runtime = _runtime(llm, durable_url)
+        async with serve_runtime(runtime) as served:
+            rename = runtime.store.rename
+
+            async def answered_late(thread_id: str, *args: Any, **kwargs: Any) -> Any:
+                done = await rename(thread_id, *args, **kwargs)
+                await eventually(lambda: thread_id not in runtime.runs.active, deadline=10,
+                                 what="the run stored")
+                return done
+
+            monkeypatch.setattr(runtime.store, "rename", answered_late)
+            run = asyncio.create_task(call(served, "POST", "/agent/default/run", None,
+                                           run_input("slow:100 hi", thread="r", run="r-1")))
+
+            def streaming() -> bool:
+                live = runtime.runs.active.get("r")
+                return live is not None and any(
+                    e.get("type") == "TEXT_MESSAGE_CONTENT" for e in live.events)
+
+            await eventually(streaming, deadline=10, what="the run's first words")
+            assert await runtime.rename_thread("r", "Named")
+            assert (await run)[0] == 200
+            record = await runtime.store.summary("r")
+            assert record is not None
+            assert record.name == "Named"
+
+
 @pytest.fixture
 def shared_url() -> Iterator[str]:
     with postgres_schema("midrun") as base:
