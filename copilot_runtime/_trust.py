@@ -54,7 +54,7 @@ from copilot_runtime.guardrails import (
 )
 from copilot_runtime.hooks import ErrorInfo, HookRunner, RunFinished
 from copilot_runtime.limits import Lease, RateLimiter
-from copilot_runtime.messages import result_quote, text_of
+from copilot_runtime.messages import result_quote
 from copilot_runtime.telemetry import Telemetry
 from copilot_runtime.threads.base import (
     JUDGED_MARK_PREFIX,
@@ -155,6 +155,11 @@ _CONTEXT = 20
 #: The most messages judged for one run (one judge call each): a request bringing more new
 #: text than this is refused, not judged piece by piece.
 _MOST_JUDGED = 32
+#: The most tool results no call asked for that a thread stored before their mark was of
+#: the quote the model reads had let through (`_let_through_unquoted`), judged again in one
+#: run: they are no new text, and do not count toward `_MOST_JUDGED` (a thread holding
+#: more would refuse every run), but are still a judge call each.
+_MOST_REJUDGED = 256
 #: How many characters of the text a thread let through, read back to back with a new user
 #: message (`judged`), go along with it to be judged, on each side of the new messages:
 #: enough to hold a word or phrase split across the two. The rest was judged when it was
@@ -266,6 +271,8 @@ class _TooMuchToJudge(Exception):
 
 _TOO_MANY_MESSAGES = Verdict(False, f"Your request brings more than {_MOST_JUDGED} new "
                                     "messages to check, so it was not sent.")
+_TOO_MANY_REJUDGED = Verdict(False, f"Your request brings more than {_MOST_REJUDGED} earlier "
+                                    "tool results to check again, so it was not sent.")
 _TOO_MUCH_TEXT = Verdict(False, f"Your request brings more than {_MOST_VALUES} new values "
                                 "to check, so it was not sent.")
 _TOO_DEEP = Verdict(False, f"Your request nests values more than {_DEEPEST} levels deep, "
@@ -315,13 +322,13 @@ def _as_read(result: Mapping[str, Any]) -> dict[str, Any]:
             "content": [{"type": "text", "text": quote}, *media] if media else quote}
 
 
-def _judged_unquoted(result: Mapping[str, Any], seen: Collection[str]) -> bool:
+def _let_through_unquoted(result: Mapping[str, Any], seen: Collection[str]) -> bool:
     """Whether a thread stored before results were marked `_as_read` let `result` (a tool
-    result no call asked for) through with its text: marked of its role and content, it
-    was judged as the user's words of its content's text and attachments, all the model
-    reads of it but its call id. (Without text, the model reads its `error`, which was
-    never judged: it is judged again.)"""
-    return bool(text_of(result.get("content"))) and judged_mark(result) in seen
+    result no call asked for) through: its mark was of its role and content, and it was
+    judged as the joined text of its content, else its error. Neither covers all the model
+    reads of it (its call id, what a guardrail reads of its attachments): it is judged again
+    whole, as a new one is, but counted apart (`_MOST_REJUDGED`)."""
+    return judged_mark(result) in seen
 
 
 def refused_mark(message: Mapping[str, Any]) -> str:
@@ -568,7 +575,8 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
     message's) is judged. `pieces`, if given, gets for each message that brings new text to
     the one judgement of all other text, its index and that text (`_culprits`).
 
-    Raises `_TooMuchToJudge` for more than `_MOST_JUDGED` messages, and for client text
+    Raises `_TooMuchToJudge` for more than `_MOST_JUDGED` messages (not counting up to
+    `_MOST_REJUDGED` results judged again: `_let_through_unquoted`), and for client text
     nesting deeper than `_DEEPEST` or holding more than `_MOST_VALUES` values.
     """
     messages = input.get("messages") or []
@@ -596,6 +604,8 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
     #: `out` of the judgement of the last new one among them.
     stretch: list[tuple[int, bool]] = []
     stretch_judged: int | None = None
+    #: How many judgements of `out` are of results a thread stored before let through.
+    rejudged = 0
 
     def stretch_ends() -> None:
         nonlocal stretch_judged
@@ -627,14 +637,14 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
         if _judged_as_users(message, called):
             read = _as_read(message) if role == "tool" else message
             mark = judged_mark(read)
-            if mark not in seen and role == "tool" and _judged_unquoted(message, seen):
-                # Only its call id is new to a judge: judged with the other client text (one
-                # judge call however many; each judged as the user's, past 32 refused runs).
-                other(mark, [str(message.get("toolCallId"))])
-            elif mark not in seen:
-                message = read
-                if len(out) == _MOST_JUDGED:
+            if mark not in seen:
+                if role == "tool" and _let_through_unquoted(message, seen):
+                    if rejudged == _MOST_REJUDGED:
+                        raise _TooMuchToJudge(_TOO_MANY_REJUDGED)
+                    rejudged += 1
+                elif len(out) - rejudged == _MOST_JUDGED:
                     raise _TooMuchToJudge(_TOO_MANY_MESSAGES)
+                message = read
                 # The messages just before it, as context (a judge reads a few of them):
                 # whole prefixes would cost the square of the request's length.
                 start = max(0, index - _CONTEXT)
@@ -680,7 +690,7 @@ def judged(input: Mapping[str, Any], seen: Collection[str],
             payload = entry.get("payload")
             other(_value_mark("resume", None, payload), [payload])
     if texts:
-        if len(out) == _MOST_JUDGED:
+        if len(out) - rejudged == _MOST_JUDGED:
             raise _TooMuchToJudge(_TOO_MANY_MESSAGES)
         out.append((marks, [{"id": "client-text", "role": "user", CLIENT_TEXT: True,
                              "content": [{"type": "text", "text": t} for t in texts]}]))
