@@ -686,6 +686,20 @@ async def test_the_wrappers_approval_data_is_not_the_agents_context_later() -> N
     assert state["context"] == {"tenant": "t1"}
 
 
+async def test_the_approval_data_a_thread_kept_in_its_context_is_not_its_agents() -> None:
+    """A review: threads of the earlier code kept the approval's data in the client's
+    context (and their clients send it back, shown it): every later run gave the agent the
+    earlier approval's data. That key is not the agent's, and is dropped from the thread."""
+    recorder = Records()
+    agent = existing_agent(recorder, name="w", checkpointer=InMemorySaver())
+    await run_agent(agent, "r1", state={"context": {
+        "tenant": "t1", "approval_data": {"transfer": "10 EUR to ACME"}}},
+        messages=user_says("show the balance"))
+    assert recorder.contexts == [{"tenant": "t1", "user_message": "show the balance"}]
+    state = (await agent.graph.aget_state({"configurable": {"thread_id": "t"}})).values
+    assert state["context"] == {"tenant": "t1"}
+
+
 def test_an_oversized_answer_to_the_wrappers_approval_is_asked_again_and_not_kept() -> None:
     """A reason of any length was kept in the graph's state (7.8 MB: a 62 MB SQLite file).
     Now, as the orchestrator's approvals, one past MAX_FEEDBACK_CHARS is asked again."""

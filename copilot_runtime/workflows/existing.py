@@ -106,6 +106,8 @@ APPROVAL_SCHEMA: dict[str, Any] = {
     "properties": {"action": {"enum": ["approve", "reject"]}, "reason": {"type": "string"}},
     "required": ["action"],
 }
+#: The context key threads kept the wrapper's approval data under before it had its own.
+_OLD_APPROVAL_KEY = "approval_data"
 
 
 @runtime_checkable
@@ -364,7 +366,7 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
 
     The agent's context is the graph state's `context`, which the client sends (with the
     chat, all it sets: `WrappedAgentInput`): it is input, not identity, and a JSON object
-    (another value fails the run and is dropped; `existing_agent` refuses it before the
+    (another value ends the run with a message saying so, and is dropped; `existing_agent` refuses it before the
     graph keeps it). `context_keys` lets only those keys through (plus `user_message`, the
     latest user message); by default all pass. The approval comes after the agent
     completed: what it approves is the wrapper's own (`approval_data`), its decision is in
@@ -390,6 +392,10 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
                 "context": {}, "error": refusal,
                 "messages": [await say(f"{name}: {refusal}.", config)]})
         given = dict(state.get("context") or {})
+        # Where threads kept before the wrapper's approval data (each later run gave it to
+        # the agent as the client's): never the agent's, and dropped from what is kept.
+        old_approval = given.pop(_OLD_APPROVAL_KEY, None) is not None
+        kept_context = dict(given)
         if allowed is not None:
             given = {key: value for key, value in given.items() if key in allowed}
         context = {**given, "user_message": _last_user_text(state.get("messages") or [])}
@@ -409,6 +415,7 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
                 "error": error, "messages": [await say(f"{name}: {error}", config)]})
         outputs[name] = run.output
         update: dict[str, Any] = {"agent_outputs": outputs, "error": None,
+                                  **({"context": kept_context} if old_approval else {}),
                                   "messages": [await say(_summary(run.output), config)]}
         if run.approval is None:
             return Command(goto=END, update={**update, "approval_required": False,
@@ -418,7 +425,9 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
                                                 "approval_data": run.approval})
 
     async def approval(state: WrappedAgentState, config: RunnableConfig) -> Command[str]:
-        data = state.get("approval_data") or {}
+        # (a thread paused here before kept it in the context)
+        data = state.get("approval_data") or (state.get("context") or {}).get(
+            _OLD_APPROVAL_KEY) or {}
         answer = interrupt(approval_request(
             {"data": data}, message=approval_message,
             timeout_seconds=approval_timeout_seconds, notice=state.get("notice")))
