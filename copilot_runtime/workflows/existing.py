@@ -366,12 +366,12 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
 
     The agent's context is the graph state's `context`, which the client sends (with the
     chat, all it sets: `WrappedAgentInput`): it is input, not identity, and a JSON object
-    (another value ends the run with a message saying so, and is dropped; `existing_agent` refuses it before the
-    graph keeps it). `context_keys` lets only those keys through (plus `user_message`, the
-    latest user message); by default all pass. The approval comes after the agent
-    completed: what it approves is the wrapper's own (`approval_data`), its decision is in
-    the state (`approval_response`) and the chat, not sent back to the agent; an answer
-    longer than `MAX_FEEDBACK_CHARS` is asked again. `timeout_seconds` and
+    (another value ends the run with a message saying so, and is dropped; `existing_agent`
+    refuses it before the graph keeps it). `context_keys` lets only those keys through
+    (plus `user_message`, the latest user message); by default all pass. The approval comes
+    after the agent completed: what it approves is the wrapper's own (`approval_data`), its
+    decision is in the state (`approval_response`) and the chat, not sent back to the agent;
+    an answer longer than `MAX_FEEDBACK_CHARS` is asked again. `timeout_seconds` and
     `max_output_bytes` bound the agent's run (see the module docstring): past them, it ends
     with an error.
     """
