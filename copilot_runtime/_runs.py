@@ -95,10 +95,11 @@ Writer = Callable[[Sequence[Event]], Awaitable[None]]
 Published = tuple[int, Sequence[Event]]
 #: Seconds between writes of a running run's events to a durable store.
 FLUSH_INTERVAL = 0.2
-#: Seconds a list, rename or archive waits for a new thread's run to write (sooner than its
-#: timer would, or its end): about as long as that thread went unlisted before; a store that
-#: cannot write holds the answer no longer, which then comes without the thread.
-FIRST_WRITE_WAIT = 0.2
+#: Seconds a list, rename or archive waits for a new thread's ending run to be stored (its
+#: write of the running events is waited for whole: one attempt, which fails at once when
+#: the store cannot write); a store that keeps failing holds the answer no longer, which
+#: then comes without the thread.
+FIRST_WRITE_WAIT = 0.5
 #: Seconds a run's end (its client) waits for its write while its durable store is away
 #: or does not answer; the write goes on in the background until the store is back.
 STORE_RETRY_FOR = 10.0
@@ -763,8 +764,9 @@ class ActiveRun:
         """Write what the run streamed now if its thread is new to the store and none of it
         is written yet: the write its timer makes within `FLUSH_INTERVAL`, asked for by a
         list, rename or archive of its thread, which exists from the run's start. Only such
-        a request costs the write sooner; a run's own path is as it was. Waited for at most
-        `FIRST_WRITE_WAIT`; True if the store has the run's thread now."""
+        a request costs the write sooner; a run's own path is as it was. The write is waited
+        for (one attempt: a store that cannot write fails it at once), an ending run's store
+        at most `FIRST_WRITE_WAIT`; True if the store has the run's thread now."""
         if not self.new_thread or self._flushed or not self.events or self.unstored \
                 or not self.confirmed or self.manager.durable is None:
             return False
@@ -780,8 +782,9 @@ class ActiveRun:
                 self._flush_timer.cancel()
                 self._flush_timer = None
             writing = self._flushing = asyncio.ensure_future(self._flush())
-        # (`wait` cuts neither on its bound nor when the request leaves: the run's write goes on)
-        await asyncio.wait((writing,), timeout=FIRST_WRITE_WAIT)
+        # Whole: under load a write may take longer than any bound, and the thread would be
+        # answered missing (`wait` does not cut it when the request leaves: it goes on).
+        await asyncio.wait((writing,))
         return self._flushed > 0
 
     def _input_echo(self) -> dict[str, Any]:

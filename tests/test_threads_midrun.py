@@ -227,7 +227,7 @@ async def test_a_store_that_cannot_write_holds_no_list_or_change_of_a_thread(
 
             await eventually(lambda: ending("kept") and ending("new"), deadline=10,
                              what="the runs' ends, unwritten")
-            async with asyncio.timeout(1.5):  # before: 3 s, then 6 s
+            async with asyncio.timeout(2.5):  # before: 3 s, then 6 s
                 status, body, _ = await call(served, "GET", "/threads", None)
                 assert status == 200, body
                 assert [t["id"] for t in orjson.loads(body)["threads"]] == ["kept"]
