@@ -31,6 +31,15 @@ def bounded_redis(url: str, *, size: int, wait: float, **options: Any) -> Any:
     imports redis-py first, to say which extra installs it)."""
     import redis.asyncio as aioredis
 
+    try:
+        from redis.maint_notifications import MaintNotificationsConfig
+    except ImportError:  # redis-py before 7: no such notifications, the check is always made
+        pass
+    else:
+        # Off, as they are for a plain Redis server: left "auto", redis-py skips the check
+        # that replaces a pooled connection the server closed while idle (a restart, an
+        # idle timeout), and the next command on it failed (a run refused 503, Redis well).
+        options.setdefault("maint_notifications_config", MaintNotificationsConfig(enabled=False))
     pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=size, timeout=wait,
                                                     **options)
     return aioredis.Redis.from_pool(pool)
