@@ -264,6 +264,19 @@ def cancelled_itself() -> bool:
     return task is not None and not task.cancelling()
 
 
+def unwinding(exc: BaseException) -> bool:
+    """Whether `exc`, raised by code the runtime calls (a policy), is Python unwinding through
+    it rather than its failure: a GeneratorExit, or a CancelledError while the current task
+    is being cancelled. A group is answered as its members would be bare: an anyio task group
+    wraps the policy's own SystemExit or CancelledError too, which refuse the request."""
+    def holds(kind: type[BaseException]) -> bool:
+        if isinstance(exc, BaseExceptionGroup):
+            return exc.subgroup(kind) is not None
+        return isinstance(exc, kind)
+
+    return holds(GeneratorExit) or (holds(asyncio.CancelledError) and not cancelled_itself())
+
+
 def scrubbed(said: str, *known: str | None) -> str:
     """What code the runtime calls said (an exception's message), its credentials, the
     `known` secrets and file paths blanked, for the model and the client to read."""

@@ -21,7 +21,7 @@ import orjson
 import pydantic
 import structlog
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaWarningKind
-from pydantic_core import PydanticSerializationError, to_jsonable_python
+from pydantic_core import ErrorDetails, PydanticSerializationError, to_jsonable_python
 
 from copilot_runtime._exceptions import (
     ActionError,
@@ -468,12 +468,8 @@ class _ModelAction(Action):
         try:
             parsed = self._model.model_validate(arguments)
         except pydantic.ValidationError as exc:
-            # A validator's ValueError or AssertionError says its own words here: scrubbed
-            # as any other failure of the application's code is (`failure_text`).
-            problems = [
-                f"{'/'.join(str(p) for p in err['loc']) or 'arguments'}: {scrubbed(err['msg'])}"
-                for err in exc.errors(include_url=False)[:5]
-            ]
+            problems = [f"{'/'.join(str(p) for p in err['loc']) or 'arguments'}: {_said(err)}"
+                        for err in exc.errors(include_url=False)[:5]]
             raise ActionError("; ".join(problems)) from None
         return {self._parameter_names[field]: getattr(parsed, field)
                 for field in type(parsed).model_fields}
@@ -481,6 +477,20 @@ class _ModelAction(Action):
     def _call(self, kwargs: dict[str, Any]) -> Callable[[], Any]:
         positional = [kwargs.pop(name) for name in self._positional]
         return functools.partial(self.handler, *positional, **kwargs)
+
+
+#: The error types of a validator's ValueError and AssertionError (the application's text).
+_VALIDATORS_OWN = frozenset({"value_error", "assertion_error"})
+
+
+def _said(error: ErrorDetails) -> str:
+    """What a failed validation says of `error` to the model and the client."""
+    if error["type"] in _VALIDATORS_OWN:
+        # A validator's own words: scrubbed as any failure of the application's code is
+        # (`failure_text`). Pydantic's own quote the schema the model must follow (a
+        # Literal's allowed paths): scrubbed, the model could not correct its call.
+        return scrubbed(error["msg"])
+    return error["msg"]
 
 
 def _model_for(handler: Callable[..., Any]) -> tuple[type[pydantic.BaseModel], dict[str, str]]:

@@ -34,7 +34,7 @@ from copilot_runtime._exceptions import (
     ServiceUnavailableError,
     cancelled_itself,
     is_error_status,
-    library_base_exception,
+    unwinding,
 )
 from copilot_runtime.auth import Principal, RequestInfo
 
@@ -99,8 +99,8 @@ async def policy_answer(who: str, call: Callable[[], Any], request_id: str,
     """What a policy the runtime calls for a request answers (the authenticator,
     `on_request`; a plain function's answer is used as is). A policy fails closed: anything
     it raises but a `RequestError` with an HTTP error status (a `CancelledError` of its own,
-    or a library's own BaseException, included), or no answer within `seconds`, refuses the
-    request with 503, logged as `who`'s."""
+    a library's own BaseException or a group of them, included), or no answer within
+    `seconds`, refuses the request with 503, logged as `who`'s."""
     try:
         async with asyncio.timeout(seconds):
             answer = call()
@@ -122,9 +122,9 @@ async def policy_answer(who: str, call: Callable[[], Any], request_id: str,
     except FAILURES_OF_CALLED_CODE:
         _log.exception(f"{who} failed: request refused", request_id=request_id)
     except BaseException as exc:
-        if not library_base_exception(exc):
-            raise  # a GeneratorExit: Python's, not the policy's answer
-        # (gevent's Timeout, func_timeout's: they left the ASGI app, a bare 500 for it)
+        if unwinding(exc):
+            raise  # a GeneratorExit, the request's cancellation: Python's, not the policy's
+        # (gevent's Timeout, func_timeout's, a group: they left the ASGI app, a bare 500)
         _log.exception(f"{who} failed: request refused", request_id=request_id)
     raise ServiceUnavailableError("The request could not be checked; try again shortly")
 

@@ -234,6 +234,9 @@ class CopilotRuntime:
         #: The `aclose` calls under way: a start meanwhile (a probe's, a request's) must not
         #: open again what they are closing.
         self._closing = 0
+        #: Set when the start under way ends (None: none is): a close waits for it, or what
+        #: the start began after the close (the sweeps) ran on the closed store for ever.
+        self._starting: asyncio.Event | None = None
         self._readiness: asyncio.Future[list[str]] | None = None
         #: Gives back this process's hold on a SQLite store's file (`serve_alone`).
         self._alone: Callable[[], None] | None = None
@@ -257,12 +260,21 @@ class CopilotRuntime:
         from the host's lifespan or its first request); call it yourself when you drive
         the runtime without an app. After `aclose` it starts again as the first time did
         (an app's lifespan run twice), when its thread store can open again (`reopen()`:
-        the memory and SQLite stores), its coordinator is this process's and its agents
-        closed nothing they were given; else it raises `ConfigurationError`. While `aclose`
-        runs it does nothing: the runtime is closing, and only a start after that reopens.
+        the memory and SQLite stores) and its coordinator is this process's; else it raises
+        `ConfigurationError`. While `aclose` runs it does nothing: the runtime is closing,
+        and only a start after that reopens; an `aclose` that begins while it starts waits
+        for it to end, then closes what it started.
         """
         if self._started or self._closing:
             return
+        starting = self._starting = asyncio.Event()
+        try:
+            await self._start()
+        finally:
+            self._starting = None
+            starting.set()
+
+    async def _start(self) -> None:
         if self._closed:
             self._reopen()
         if not self.coordinator.shared and isinstance(self.store, SQLiteThreadStore) \
@@ -330,17 +342,13 @@ class CopilotRuntime:
         """After `aclose` (an app's lifespan run again: a test client used twice), open
         again what it closed, so that this start is as the first (the agents', the MCP
         sessions' and the limits' connections open again as they are needed; the runs no
-        longer shutting down). A part that cannot open again refuses the start
-        (`ConfigurationError`), before anything opens: started, every request failed on the
-        closed store, or every run on an adapter's closed `client=`."""
+        longer shutting down; what the application gave them was never closed). A part
+        that cannot open again refuses the start (`ConfigurationError`), before anything
+        opens: started, every request failed on the closed store."""
         reopen = getattr(self.store, "reopen", None)
-        if self.coordinator.shared:
-            cannot: str | None = "its shared coordinator"
-        elif reopen is None:
-            cannot = f"its thread store ({type(self.store).__name__} has no reopen())"
-        else:
-            cannot = self._agent_closed_for_good()
-        if reopen is None or cannot is not None:
+        if self.coordinator.shared or reopen is None:
+            cannot = "its shared coordinator" if self.coordinator.shared else \
+                f"its thread store ({type(self.store).__name__} has no reopen())"
             raise ConfigurationError(
                 f"this CopilotRuntime was closed (aclose) and cannot start again: {cannot} "
                 "cannot be opened again; make a new CopilotRuntime for each start of the "
@@ -351,16 +359,6 @@ class CopilotRuntime:
             self.limiter.reopen()
         self._readiness = None  # (a probe's from before: of the closed store)
         self._closed = False
-
-    def _agent_closed_for_good(self) -> str | None:
-        """The first agent whose `aclose` closed what it cannot make again (a `client=` its
-        adapter was given), said as "agent 'x' (why)"; None when every one can serve again."""
-        for agent_id, agent in self.agents.items():
-            try:
-                agent.reopen()
-            except ConfigurationError as exc:
-                return f"agent {agent_id!r} ({exc.message})"
-        return None
 
     async def _start_mcp(self) -> None:
         """Connect to the MCP servers and offer their tools as server-side actions; offer
@@ -716,11 +714,16 @@ class CopilotRuntime:
         """Stop the approvals' timer, then active runs; release agents, adapters and the store.
 
         The approval service stops first: its timer and its runs use the checkpointers the
-        agents close. Closing twice is harmless; `start` may open it again, once closed.
+        agents close. A start under way is waited for first. Closing twice is harmless;
+        `start` may open it again, once closed.
         """
         self._started = False
         self._closing += 1
         try:
+            if self._starting is not None:
+                # A start under way (a first request's, still recovering) ends first: what
+                # it starts from here on this close then closes.
+                await self._starting.wait()
             await self._close()
         finally:
             self._closing -= 1

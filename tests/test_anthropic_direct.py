@@ -241,15 +241,17 @@ async def test_a_file_id_is_sent_with_the_files_beta(mock: MockAnthropicServer,
     plain = ChatRequest(messages=[UserMessage(id="p", content="hello")])
     for request in (ChatRequest(messages=[document]), plain):
         if route == "direct":
-            claude = adapter("direct", base_url=mock.base_url)
-        else:
-            kind: Any = anthropic.AsyncAnthropic if route == "sdk" else type(
-                "Subclassed", (anthropic.AsyncAnthropic, _SubclassedClient), {})
-            claude = AnthropicAdapter(client=kind(
-                api_key="sk-mock", base_url=mock.base_url, max_retries=0,
-                default_headers={"Anthropic-Beta": "prompt-caching-2024-07-31"},
-                http_client=anthropic.DefaultAioHttpClient()))
-        await answer(claude, request=request)
+            await answer(adapter("direct", base_url=mock.base_url), request=request)
+            continue
+        kind: Any = anthropic.AsyncAnthropic if route == "sdk" else type(
+            "Subclassed", (anthropic.AsyncAnthropic, _SubclassedClient), {})
+        given = kind(api_key="sk-mock", base_url=mock.base_url, max_retries=0,
+                     default_headers={"Anthropic-Beta": "prompt-caching-2024-07-31"},
+                     http_client=anthropic.DefaultAioHttpClient())
+        try:
+            await answer(AnthropicAdapter(client=given), request=request)
+        finally:
+            await given.close()  # the application's: the adapter leaves it open
     with_file, without = (lowered(h).get("anthropic-beta") for h in mock.headers)
     configured = [] if route == "direct" else ["prompt-caching-2024-07-31"]
     assert with_file == ",".join([*configured, "files-api-2025-04-14"])

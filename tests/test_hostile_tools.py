@@ -25,7 +25,7 @@ import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import aiohttp
 import orjson
@@ -1048,3 +1048,26 @@ async def test_a_validators_value_or_assertion_error_is_scrubbed_as_other_failur
         said.append(str(caught.value))
     assert said == ["order/code: Value error, codes are read from <path>",
                     "order/code: Assertion failed, token [REDACTED] rejected at <path>"]
+
+
+class Route(pydantic.BaseModel):
+    path: Literal["/api/v1/users", "/api/v1/orders"]
+    slug: Annotated[str, pydantic.StringConstraints(pattern=r"^/docs/[a-z]+$")]
+
+
+@action
+def route_to(route: Route) -> dict[str, str]:
+    """Route a request."""
+    return {"path": route.path}
+
+
+async def test_pydantics_own_messages_keep_the_schema_they_quote() -> None:
+    """Every message of a failed validation went through `scrubbed`, pydantic's own too: the
+    allowed values of a Literal of paths read "Input should be '<path>' or '<path>'", and the
+    model could not correct its call. Only a validator's own words (a ValueError or an
+    AssertionError) are scrubbed now; what pydantic says of the schema is said whole."""
+    with pytest.raises(ActionError) as caught:
+        await route_to.execute('{"route": {"path": "/api/v2/users", "slug": "/api"}}')
+    assert str(caught.value) == (
+        "route/path: Input should be '/api/v1/users' or '/api/v1/orders'; "
+        "route/slug: String should match pattern '^/docs/[a-z]+$'")

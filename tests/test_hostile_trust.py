@@ -11,7 +11,7 @@ import asyncio
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,6 @@ from copilot_runtime import (
     _trust,
     _withheld,
 )
-from copilot_runtime._exceptions import library_base_exception
 from copilot_runtime._input import parse_run_input
 from copilot_runtime._runs import RunManager
 from copilot_runtime.agents import BuiltInAgent
@@ -1218,29 +1217,54 @@ async def test_a_librarys_base_exception_while_serving_is_a_500_the_runtime_answ
         assert text_of(await served.run(run_input("Hi", thread="l-1"))) == "echo: Hi"
 
 
-@pytest.mark.parametrize("unwinding", [asyncio.CancelledError, SystemExit, KeyboardInterrupt,
-                                       GeneratorExit])
-async def test_a_group_wrapping_an_unwinding_exception_goes_on_up(
-        unwinding: type[BaseException]) -> None:
-    """A BaseExceptionGroup that wraps one of Python's unwinding exceptions (a TaskGroup's
-    cancellation, a SystemExit from a task) was taken for a library's own BaseException: a
-    policy's refused the request with 503 and the unwinding stopped there. Looked into now,
-    it goes on up; a group of a library's own alone is still the policy's failure."""
-    def raising(group: BaseExceptionGroup[BaseException]) -> Any:
-        def call() -> None:
-            raise group
-        return call
+def _raising(exc: BaseException) -> Callable[[], None]:
+    def call() -> None:
+        raise exc
+    return call
 
+
+async def _policy_answered(exc: BaseException) -> str:
+    """How `policy_answer` answers a policy raising `exc`: "503", or "up" (raised on)."""
+    try:
+        await policy_answer("on_request hook", _raising(exc), "r-1")
+    except ServiceUnavailableError:
+        return "503"
+    except BaseException as raised:
+        return "up" if raised is exc else f"another: {raised!r}"
+    raise AssertionError("the policy's exception was taken for its answer")
+
+
+@pytest.mark.parametrize("member", [asyncio.CancelledError, SystemExit, KeyboardInterrupt,
+                                    GeneratorExit, LibTimeout])
+async def test_a_policys_exception_group_is_answered_as_its_members_would_be_bare(
+        member: type[BaseException]) -> None:
+    """A policy raising a CancelledError of its own or a SystemExit is refused with 503 (it
+    fails closed), but the same in a group (an anyio task group's) left the ASGI app, the
+    server's bare 500. A group is answered as its members would be bare: only a GeneratorExit
+    goes on up (and a cancellation of the request's own task, below)."""
+    bare = await _policy_answered(member())
+    assert bare == ("up" if member is GeneratorExit else "503")
     nested = BaseExceptionGroup("outer", [LibTimeout("slow"), BaseExceptionGroup(
-        "inner", [ValueError("x"), unwinding()])])
-    for group in (BaseExceptionGroup("g", [unwinding()]), nested):
-        assert not library_base_exception(group)
-        with pytest.raises(BaseExceptionGroup):
-            await policy_answer("on_request hook", raising(group), "r-1")
-    own = BaseExceptionGroup("g", [LibTimeout("slow"), ValueError("x")])
-    assert library_base_exception(own)
-    with pytest.raises(ServiceUnavailableError):
-        await policy_answer("on_request hook", raising(own), "r-1")
+        "inner", [ValueError("x"), member()])])
+    for group in (BaseExceptionGroup("g", [member()]), nested):
+        assert await _policy_answered(group) == bare, group
+
+
+async def test_a_group_holding_the_requests_own_cancellation_goes_on_up() -> None:
+    """A policy whose task group wraps the cancellation of the request's task (the server
+    cancelling it: its client left) lets it go on up, as a bare one does."""
+    async def waits() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError as exc:
+            raise BaseExceptionGroup("tg", [exc]) from None
+
+    asking = asyncio.create_task(policy_answer("on_request hook", waits, "r-1"))
+    await asyncio.sleep(0.05)
+    asking.cancel()
+    with pytest.raises(BaseExceptionGroup) as caught:
+        await asking
+    assert caught.value.subgroup(asyncio.CancelledError) is not None
 
 
 class NoContent(RequestError):

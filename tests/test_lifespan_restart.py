@@ -305,20 +305,38 @@ async def test_an_adapter_on_its_sdk_serves_a_restarted_runtime() -> None:
         assert await _served_twice(CopilotRuntime(service_adapter=google)) == SERVED_TWICE
 
 
-async def test_a_client_given_to_an_adapter_refuses_the_second_start() -> None:
-    """A `client=` the application gave is closed by `aclose` and cannot be made again: the
-    second start is refused, naming the agent and its adapter, not "complete" with runs
-    failing on the closed client."""
+async def test_a_client_given_to_an_adapter_is_left_open_for_the_next_runtime() -> None:
+    """A `client=` the application gave was closed by its adapter's `aclose`: the same
+    runtime's second start was refused, and a new runtime given the same adapter (built once
+    for every test, say) said "complete" while each of its runs failed ("the client has been
+    closed"). The application owns what it gave: an adapter closes only a client it made, so
+    the same runtime started again and a new one both serve, and the client is still open."""
+    import aiohttp
+    import anthropic
     import openai
+    from google import genai
 
-    async with MockOpenAIServer() as llm:
-        given = openai.AsyncOpenAI(api_key="sk-test", base_url=llm.base_url)
-        runtime = CopilotRuntime(service_adapter=OpenAIAdapter(model="gpt-4o", client=given))
-        (first, second) = await _served_twice(runtime)
-        assert first == SERVED_TWICE[0]
-        assert second[0] == "lifespan.startup.failed"
-        assert "cannot start again: agent 'default' (OpenAIAdapter closed the client= it " \
-            "was given)" in second[1]
+    async with MockOpenAIServer() as openai_llm, MockAnthropicServer() as anthropic_llm, \
+            MockGeminiServer() as gemini_llm, aiohttp.ClientSession() as session:
+        openai_client = openai.AsyncOpenAI(api_key="sk-test", base_url=openai_llm.base_url)
+        anthropic_client = anthropic.AsyncAnthropic(
+            api_key="sk-mock", base_url=anthropic_llm.base_url, max_retries=0)
+        google_client = genai.Client(api_key="mock-key", http_options={
+            "base_url": gemini_llm.base_url, "aiohttp_client": session})
+        adapters = [OpenAIAdapter(model="gpt-4o", client=openai_client),
+                    AnthropicAdapter(client=anthropic_client),
+                    GoogleGenAIAdapter(client=google_client)]
+        try:
+            for adapter in adapters:
+                for _ in range(2):  # a new runtime for the same adapter
+                    runtime = CopilotRuntime(service_adapter=adapter)
+                    assert await _served_twice(runtime) == SERVED_TWICE, adapter
+            assert not openai_client.is_closed()
+            assert not anthropic_client.is_closed()
+        finally:
+            await openai_client.close()
+            await anthropic_client.close()
+            await google_client.aio.aclose()
 
 
 async def test_remote_agents_serve_a_restarted_runtime() -> None:
@@ -335,26 +353,61 @@ async def test_remote_agents_serve_a_restarted_runtime() -> None:
 
 
 class ClosingSaver(InMemorySaver):
-    """A checkpointer of the application's own that `aclose` closes (and cannot open)."""
+    """A checkpointer of the application's own with an `aclose` (which cannot open it again)."""
+
+    closed = False
 
     async def aclose(self) -> None:
-        return None
+        self.closed = True
 
 
-async def test_a_langgraph_agent_serves_again_unless_it_closed_a_saver_it_did_not_make(
+async def test_a_langgraph_agent_closes_only_the_checkpointer_the_runtime_made(
         tmp_path: Path) -> None:
     """An in-process LangGraph agent on a `copilot_runtime.checkpointers` checkpointer (its
-    SQLite file closed by `aclose`, opened again on its next use) serves a restarted runtime;
-    one whose graph's own checkpointer `aclose` closed refuses the second start, naming it."""
+    SQLite file closed by `aclose`, opened again on its next use) serves a restarted runtime.
+    A graph's checkpointer of the application's own was closed by `aclose` too, and the
+    second start refused: it is the application's to close now, left open, and each start
+    serves (the same runtime's, a new runtime's)."""
     async with MockOpenAIServer() as llm, httpx.AsyncClient() as client:
         graph = graphs.chat_graph(llm.base_url, client)
         graph.checkpointer = checkpointer(f"sqlite:///{tmp_path / 'checkpoints.db'}")
         runtime = CopilotRuntime(agents={"chat": LangGraphAgent(name="chat", graph=graph)})
         assert await _served_twice(runtime, "chat") == SERVED_TWICE
-        graph.checkpointer = ClosingSaver()
-        runtime = CopilotRuntime(agents={"chat": LangGraphAgent(name="chat", graph=graph)})
-        (first, second) = await _served_twice(runtime, "chat")
-        assert first == SERVED_TWICE[0]
-        assert second[0] == "lifespan.startup.failed"
-        assert "cannot start again: agent 'chat' (LangGraphAgent closed its graph's " \
-            "checkpointer (ClosingSaver), which it did not make)" in second[1]
+        saver = graph.checkpointer = ClosingSaver()
+        agent = LangGraphAgent(name="chat", graph=graph)
+        for _ in range(2):
+            runtime = CopilotRuntime(agents={"chat": agent})
+            assert await _served_twice(runtime, "chat") == SERVED_TWICE
+        assert not saver.closed
+
+
+class SlowRecovery(SQLiteThreadStore):
+    """A SQLite store whose runs left open take 0.5 s to list (a slow disk at start-up)."""
+
+    async def open_runs(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.5)
+        return await super().open_runs(*args, **kwargs)
+
+
+async def test_a_start_under_way_when_the_close_begins_leaves_nothing_running(
+        tmp_path: Path) -> None:
+    """A start still recovering (a first request's) when `aclose` began went on once the
+    close was over: it started the retention sweep on the closed runtime (its SQLite file
+    closed), which ran for ever, failing at each turn. The close waits for a start under way
+    now, then closes what it started; the runtime starts again after, as any closed one."""
+    runtime = CopilotRuntime(service_adapter=ScriptedAdapter(text_turn("one")),
+                             thread_store=SlowRecovery(tmp_path / "threads.db"),
+                             thread_retention_seconds=3600)
+    others = asyncio.all_tasks()
+    for cycle in range(2):
+        starting = asyncio.create_task(runtime.start())
+        await asyncio.sleep(0.1)  # the start lists the runs left open
+        await runtime.aclose()
+        await starting
+        assert not runtime.started, cycle
+        assert runtime._retention is None, cycle
+        assert await runtime.unready() == ["closing"], cycle
+        assert asyncio.all_tasks() - others - {starting} == set(), cycle
+    await runtime.start()
+    assert await runtime.unready() == []
+    await runtime.aclose()

@@ -74,6 +74,7 @@ async def test_a_ready_client_or_a_proxy_goes_through_the_sdk(
     adapter = OpenAIAdapter(client=client)
     assert adapter.transport == "sdk"
     assert await answer(adapter) == "echo: hello"
+    await client.close()  # the application's: the adapter leaves it open
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
     assert OpenAIAdapter(base_url=mock.base_url).transport == "sdk"
     monkeypatch.delenv("HTTPS_PROXY")

@@ -954,6 +954,7 @@ async def test_anthropic_on_vertex_streams_through_the_sdk_iterator() -> None:
                     pass
         finally:
             await adapter.aclose()
+            await client.close()  # the application's: the adapter leaves it open
     assert "".join(d.text for d in text if isinstance(d, TextDelta)) == "echo: hello"
     assert text[-1].finish_reason == "stop"
     assert "".join(d.arguments for d in calls if isinstance(d, ToolCallDelta)) == '{"a":1}'

@@ -394,6 +394,7 @@ async def test_anthropic_sdk_event_route_words_a_mid_stream_error_as_the_direct_
             failure = str(exc)
         finally:
             await adapter.aclose()
+            await client.close()  # the application's: the adapter leaves it open
     assert failure == SAID["anthropic"]
     assert text == ["Here is"]
 

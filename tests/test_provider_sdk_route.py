@@ -264,17 +264,18 @@ async def test_a_gemini_head_that_never_comes_still_times_out_through_the_sdk(
 async def ready_client(provider: str, url: str, read_timeout_s: float | None
                        ) -> AsyncIterator[Any]:
     """The app's own SDK client (over aiohttp, as the adapters' own SDK clients are), whose
-    read timeout is `read_timeout_s`."""
+    read timeout is `read_timeout_s`; closed here, as the app closes it (not the adapter)."""
+    made: Any
     if provider == "openai":
         import openai
 
-        yield openai.AsyncOpenAI(
+        made = openai.AsyncOpenAI(
             api_key="sk-mock", base_url=url + "/v1", timeout=read_timeout_s, max_retries=0,
             http_client=openai.DefaultAioHttpClient(timeout=read_timeout_s))
     elif provider == "anthropic":
         import anthropic
 
-        yield anthropic.AsyncAnthropic(
+        made = anthropic.AsyncAnthropic(
             api_key="sk-mock", base_url=url, timeout=read_timeout_s, max_retries=0,
             http_client=anthropic.DefaultAioHttpClient(timeout=read_timeout_s))
     else:
@@ -288,6 +289,11 @@ async def ready_client(provider: str, url: str, read_timeout_s: float | None
                 base_url=url, retry_options=genai_types.HttpRetryOptions(attempts=1),
                 aiohttp_client=session,
                 timeout=None if read_timeout_s is None else round(read_timeout_s * 1000)))
+        return
+    try:
+        yield made
+    finally:
+        await made.close()
 
 
 def adapter_of(provider: str, **options: Any) -> Any:

@@ -158,9 +158,9 @@ class AnthropicAdapter:
     ) -> None:
         self.model = model
         self._client = client
-        #: Whether it makes its client (and may make it again), or was given one.
+        #: Whether it makes its client (and closes it), or was given one: the application
+        #: owns what it gave, and closes it (a module-level adapter serves each new runtime).
         self._owns_client = client is None
-        self._closed_given = False
         self._api_key = api_key or os.environ.get("ANTHROPIC_API_KEY")
         self._base_url = base_url
         self._timeout = DEFAULT_TIMEOUT if timeout is None else timeout
@@ -208,19 +208,9 @@ class AnthropicAdapter:
     async def aclose(self) -> None:
         if self._direct is not None and self._direct.close():
             await asyncio.sleep(0)  # the closed sockets are released on the loop's next turn
-        client = self._client
-        if client is not None:
-            if self._owns_client:
-                self._client = None  # made again on its next use (a runtime started again)
-            else:
-                self._closed_given = True
+        if self._owns_client and self._client is not None:
+            client, self._client = self._client, None  # made again on its next use
             await client.close()
-
-    def reopen(self) -> None:
-        """Serve again after `aclose` (its runtime started again): refused once it closed
-        the `client=` it was given, which it cannot make again."""
-        if self._closed_given:
-            raise ConfigurationError("AnthropicAdapter closed the client= it was given")
 
     async def forget_thread(self, thread_id: str) -> None:
         """Drop the thinking kept for a deleted thread: its id may be taken again."""

@@ -166,9 +166,9 @@ class GoogleGenAIAdapter:
         self.model = model
         self.thinking = thinking
         self._client = client
-        #: Whether it makes its client (and may make it again), or was given one.
+        #: Whether it makes its client (and closes it), or was given one: the application
+        #: owns what it gave, and closes it (a module-level adapter serves each new runtime).
         self._owns_client = client is None
-        self._closed_given = False
         self._session: aiohttp.ClientSession | None = None
         self._api_key = (api_key or os.environ.get("GOOGLE_API_KEY")
                          or os.environ.get("GEMINI_API_KEY"))
@@ -234,12 +234,8 @@ class GoogleGenAIAdapter:
     async def aclose(self) -> None:
         if self._direct is not None and self._direct.close():
             await asyncio.sleep(0)  # the closed sockets are released on the loop's next turn
-        client = self._client
-        if client is not None:
-            if self._owns_client:
-                self._client = None  # made again on its next use (a runtime started again)
-            else:
-                self._closed_given = True
+        if self._owns_client and self._client is not None:
+            client, self._client = self._client, None  # made again on its next use
             await client.aio.aclose()
         if self._session is not None:
             await self._session.close()
@@ -248,12 +244,6 @@ class GoogleGenAIAdapter:
     async def forget_thread(self, thread_id: str) -> None:
         """Drop the signatures kept for a deleted thread: its id may be taken again."""
         self._signatures.forget(thread_id)
-
-    def reopen(self) -> None:
-        """Serve again after `aclose` (its runtime started again): refused once it closed
-        the `client=` it was given, which it cannot make again."""
-        if self._closed_given:
-            raise ConfigurationError("GoogleGenAIAdapter closed the client= it was given")
 
     def build_config(self, request: ChatRequest) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """(contents, config) of the `generate_content_stream` call for `request`."""

@@ -107,10 +107,6 @@ class Agent(abc.ABC):
         """Forget what the agent keeps of a thread the runtime deleted (nothing by default)."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
-        """Release resources held by the agent (called when the runtime shuts down)."""
-
-    def reopen(self) -> None:  # noqa: B027 - optional hook
-        """Called when the runtime starts again after `aclose` (an app's lifespan run twice):
-        what the agent made itself it makes again on its next use; if `aclose` closed what it
-        was given and cannot make again, raise `ConfigurationError` saying what (the runtime
-        then refuses to start again, naming the agent)."""
+        """Release what the agent made itself (called when the runtime shuts down; a runtime
+        started again, or another runtime, may use the agent again after): not what the
+        application gave it, which is the application's to close."""

@@ -360,11 +360,6 @@ class BuiltInAgent(Agent):
         if forget is not None:
             await forget(thread_id)
 
-    def reopen(self) -> None:
-        reopen = getattr(self.adapter, "reopen", None)  # (optional: an adapter of one's own)
-        if reopen is not None:
-            reopen()
-
     def run(self, input: RunInput, context: RunContext) -> EventBatches:
         return self._run(input, context)
 

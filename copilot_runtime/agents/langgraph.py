@@ -209,9 +209,6 @@ class LangGraphAgent(Agent):
         self.config = base
         self._approvals: ApprovalStore = approvals or getattr(
             checkpointer, "approvals", None) or MemoryApprovalStore()
-        #: The kind of checkpointer `aclose` closed that may not open again (not one of
-        #: `copilot_runtime.checkpointers`, which open again on their next use), or None.
-        self._closed_for_good: str | None = None
         # Both interrupt forms are produced; `filter_interrupt_event` keeps the client's.
         self._template = CopilotKitLangGraphBridge(
             name=name, graph=graph, description=description or None,
@@ -606,16 +603,10 @@ class LangGraphAgent(Agent):
 
     async def aclose(self) -> None:
         saver = self.graph.checkpointer
-        close = getattr(saver, "aclose", None)
-        if close is not None:
-            await close()
-            if not isinstance(saver, DurableCheckpointer):
-                self._closed_for_good = type(saver).__name__
-
-    def reopen(self) -> None:
-        if self._closed_for_good is not None:
-            raise ConfigurationError(f"LangGraphAgent closed its graph's checkpointer "
-                                     f"({self._closed_for_good}), which it did not make")
+        # Only one of `copilot_runtime.checkpointers` (opened again on its next use): another
+        # is the application's, to close itself (a graph compiled once serves each runtime).
+        if isinstance(saver, DurableCheckpointer):
+            await saver.aclose()
 
 
 #: SQLSTATEs of text PostgreSQL cannot hold in the database's encoding (U+0000 above all).
