@@ -49,6 +49,7 @@ __all__ = [
     "readable",
     "replayable",
     "storable",
+    "without_lone_surrogates",
 ]
 
 _log = structlog.get_logger("copilot_runtime.limits")
@@ -163,9 +164,10 @@ _LONE_LOW = re.compile(rb"\\u[dD][c-fC-F][0-9a-fA-F]{2}"
 _SET_ASIDE = b"\x00\x00"
 
 
-def _without_lone_surrogates(text: bytes | str) -> bytes | None:
+def without_lone_surrogates(text: bytes | str) -> bytes | None:
     """`text` with each escaped lone surrogate written as `\\ufffd` (the same length, so
-    error positions hold); None when there is nothing to rewrite. Linear: a few passes of
+    error positions hold); None when there is nothing to rewrite. (Also for JSON another
+    reader refuses over one: pydantic's, an MCP server's answer.) Linear: a few passes of
     the regex engine and `bytes.replace`, whatever the text."""
     if isinstance(text, str):
         try:
@@ -200,7 +202,7 @@ def decode_json(text: bytes | str) -> Any:
     try:
         return _loads(text)
     except orjson.JSONDecodeError:
-        rewritten = _without_lone_surrogates(text)
+        rewritten = without_lone_surrogates(text)
         if rewritten is None:
             raise
     return _loads(rewritten)

@@ -29,6 +29,7 @@ chose.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import contextvars
 import functools
@@ -53,6 +54,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError, Subscription
 from mcp.shared.exceptions import MCPError
+from typing_extensions import Buffer
 
 from copilot_runtime._exceptions import (
     ActionError,
@@ -63,8 +65,9 @@ from copilot_runtime._exceptions import (
     quoted,
     scrub_secrets,
 )
+from copilot_runtime._limits import decode_json, without_lone_surrogates
 from copilot_runtime._strings import not_one_string
-from copilot_runtime.actions import Action
+from copilot_runtime.actions import MAX_ACTION_RESULT_BYTES, Action
 
 __all__ = ["MCPServer", "MCPToolset"]
 
@@ -110,6 +113,19 @@ _LISTEN = "subscriptions/listen"
 #: An `env` value of a stdio server shorter than this is a setting ("1", "debug"), not a
 #: credential: blanking it would garble every message it happens to appear in.
 _MIN_ENV_SECRET = 8
+#: The most bytes of one answer read: a stdio line, an HTTP JSON body (an SSE event has the
+#: SDK's own bound, 1 MiB). Both were read whole (200 MB: 1 GB more memory, and the loop held
+#: for seconds) before the action's bound was checked; past this one, reading stops and the
+#: call it answers fails. Room for a result at the action's bound told twice (as structured
+#: content and as text), escaped.
+MAX_ANSWER_BYTES = 4 * MAX_ACTION_RESULT_BYTES
+#: Why a call fails whose answer is past `MAX_ANSWER_BYTES`.
+_TOO_LARGE = f"the server's answer is larger than {MAX_ANSWER_BYTES} bytes, the most read"
+#: Why a call fails whose answer is valid JSON the SDK cannot read (300 levels deep), or is
+#: no JSON at all: pydantic's words quote the answer's bytes and a link, for the log only.
+_UNREADABLE = "the server's answer could not be read"
+#: How the SDK's failure to parse an HTTP answer starts (JSON, or an SSE event's).
+_SDK_UNPARSED = "Failed to parse "
 
 
 class _Sending:
@@ -186,7 +202,7 @@ class _NotingTransport(httpx2.AsyncBaseTransport):
         if request.method == "POST" and response.headers.get(
                 "content-type", "").lower().startswith("application/json"):
             # (an SSE answer's read timeout already fails its request alone, in the SDK)
-            response.stream = _EndsAtReadTimeout(response.stream)
+            response.stream = _JSONAnswer(response.stream)
         return response
 
     async def aclose(self) -> None:
@@ -214,19 +230,36 @@ def _stand_in(request: httpx2.Request, status: int, said: bytes) -> httpx2.Respo
                            request=request)
 
 
-class _EndsAtReadTimeout(httpx2.AsyncByteStream):
-    """A POST's JSON answer whose read timeout ends the body where it is: the SDK then
-    fails that request with a parse error, and the session goes on."""
+class _AnswerTooLarge(httpx2.StreamError):
+    """A JSON answer past `MAX_ANSWER_BYTES`: the SDK fails its request alone with it."""
+
+
+class _JSONAnswer(httpx2.AsyncByteStream):
+    """A POST's JSON answer, given to the SDK whole (it reads it whole anyway):
+
+    - read no further than `MAX_ANSWER_BYTES` (`_AnswerTooLarge`);
+    - each escaped lone surrogate read as U+FFFD, as `decode_json` reads one: what
+      `JSON.stringify` writes for text cut inside an emoji, and pydantic refuses (the call
+      failed, a tool listing failed the server's start);
+    - its read timeout ends the body where it is: the SDK then fails that request with a
+      parse error, and the session goes on."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        parts: list[bytes] = []
+        size = 0
         try:
             async for chunk in self.inner:
-                yield chunk
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise _AnswerTooLarge(_TOO_LARGE)
+                parts.append(chunk)
         except httpx2.ReadTimeout:
-            return
+            pass
+        body = b"".join(parts)
+        yield without_lone_surrogates(body) or body
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -607,11 +640,12 @@ class MCPToolset:
                                          message_handler=on_message))
         assert server.command is not None
         # A byte of stdout that is not UTF-8 (a legacy code page) reads as U+FFFD: strict, it
-        # ended the SDK's reader silently, and every later call timed out.
+        # ended the SDK's reader silently, and every later call timed out. Its lines are
+        # bounded (`_StdoutLines`).
         return noting_session(Client(
             StdioServerParameters(command=server.command, args=list(server.args),
                                   env=dict(server.env) if server.env else None,
-                                  encoding_error_handler="replace"),
+                                  encoding=_STDOUT_CODEC, encoding_error_handler="replace"),
             read_timeout_seconds=server.timeout, message_handler=on_message))
 
     async def _relist(self, conn: _Connection) -> None:
@@ -716,9 +750,29 @@ def _reason(exc: BaseException, server: MCPServer, refused: int | None = None) -
         exc = exc.exceptions[0]
     if isinstance(exc, UpstreamError):  # ours, made fit to show: blanked once more all the same
         return scrub_secrets(str(exc), *server.secrets)
-    said = failure_text(exc, known=server.secrets)
+    said = failure_text(_shown(exc, server), known=server.secrets)
     status = _http_status(exc, refused)
     return said if status is None else f"{said} (HTTP {status})"
+
+
+def _shown(exc: BaseException, server: MCPServer) -> BaseException:
+    """`exc` as a client or the model reads it. pydantic's words quote the server's answer
+    (`input_value`) and link to pydantic's site: an answer breaking the MCP schema is told
+    by its first few errors' places and messages, and the SDK's failure to parse an HTTP
+    answer (which quotes them whole) by what it means; the whole is logged."""
+    if isinstance(exc, pydantic.ValidationError):
+        # (a few of the errors: formatting a huge answer's every one took seconds)
+        first = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
+        said = f"the server's answer breaks the MCP schema ({first})"
+        detail = f"{exc.error_count()} errors: {first}"
+    elif isinstance(exc, MCPError) and exc.message.startswith(_SDK_UNPARSED):
+        said = _TOO_LARGE if exc.message.endswith(_TOO_LARGE) else _UNREADABLE
+        detail = exc.message
+    else:
+        return exc
+    _log.warning("MCP server's answer not shown as it was", server=server.label,
+                 error=scrub_secrets(detail[:500], *server.secrets))
+    return MCPError(types.INTERNAL_ERROR, said[:300])
 
 
 def _http_status(exc: BaseException, refused: int | None) -> str | None:
@@ -742,24 +796,174 @@ def _connection_gone(exc: Exception, client: Client) -> bool:
 
 
 def _fail_unreadable_answer(dispatcher: Any, fault: Exception) -> None:
-    """Fails the request a server answered with a line the SDK could not read (`"result":
-    null`, an error without its message): the SDK drops the line, and over stdio its caller
-    (a call, or the handshake) waited for the whole timeout, then read "timed out". The
-    answer's id is in the parse error; its request fails at once with what was wrong (the
-    SDK's private table of pending requests: nothing is done where it has none)."""
-    if not isinstance(fault, pydantic.ValidationError):
+    """Settles the request a server answered with a line the SDK could not read: the SDK
+    drops the line, and over stdio its caller (a call, or the handshake) waited for the
+    whole timeout, then read "timed out" (a tool that had run: the model may run it again).
+    A line holding an escaped lone surrogate (text cut inside an emoji, as `JSON.stringify`
+    writes it) is read with U+FFFD in its place, and answers its request. Any other fails
+    its request at once, saying what was wrong: JSON-RPC it is not (`"result": null`, an
+    error without its message), or JSON the SDK cannot read (300 levels deep). Its id is in
+    the parse error, or in the line (the SDK's private table of pending requests: nothing
+    is done where it has none)."""
+    resolve = getattr(dispatcher, "_resolve_pending", None)
+    if not isinstance(fault, pydantic.ValidationError) or resolve is None:
         return
     for error in fault.errors():
         answer = error.get("input")
+        if isinstance(answer, str):  # (pydantic's JSON reader refused the line)
+            _settle_refused_line(resolve, answer)
+            return
         if isinstance(answer, dict) and "method" not in answer:
             request = answer.get("id")
-            fail = getattr(dispatcher, "_resolve_pending", None)
-            if isinstance(request, str | int) and not isinstance(request, bool) \
-                    and fail is not None:
-                fail(request, types.ErrorData(
+            if _is_request_id(request):
+                resolve(request, types.ErrorData(
                     code=types.INTERNAL_ERROR,
                     message="the server's answer is not a valid JSON-RPC response"))
             return
+
+
+def _is_request_id(value: object) -> bool:
+    return isinstance(value, str | int) and not isinstance(value, bool)
+
+
+def _settle_refused_line(resolve: Callable[[Any, Any], None], line: str) -> None:
+    """Answer or fail the request of a stdio `line` pydantic refused (see
+    `_fail_unreadable_answer`); a line that answers nothing is left (dropped, as before)."""
+    rewritten = without_lone_surrogates(line)
+    if rewritten is not None:
+        try:
+            message = types.jsonrpc_message_adapter.validate_json(rewritten, by_name=False)
+        except pydantic.ValidationError:
+            pass  # (unreadable for another reason too)
+        else:
+            if isinstance(message, types.JSONRPCResponse):
+                resolve(message.id, message.result)
+            elif isinstance(message, types.JSONRPCError):
+                resolve(message.id, message.error)
+            return  # (a request or notification: dropped)
+    try:
+        answer = decode_json(line)  # (read as deep as orjson reads; the line is bounded)
+    except orjson.JSONDecodeError:
+        request = _answer_id(line[:_ENDS], line[-_ENDS:])
+    else:
+        request = answer.get("id") if isinstance(answer, dict) and "method" not in answer \
+            else None
+    if _is_request_id(request):
+        resolve(request, types.ErrorData(code=types.INTERNAL_ERROR, message=_UNREADABLE))
+
+
+#: The characters of each end of a line that are searched for its id (`_answer_id`).
+_ENDS = 256
+_ID = r'(-?\d{1,18}|"[^"\\]{0,200}")'
+#: An answer's start with its id, in the order the Python SDK writes its keys.
+_ID_FIRST = re.compile(r'\s*\{\s*"jsonrpc"\s*:\s*"2\.0"\s*,\s*"id"\s*:\s*' + _ID
+                       + r'\s*,\s*"(?:result|error)"\s*:')
+#: An answer's start in the TypeScript SDK's order (`{result, jsonrpc, id}`), and its end:
+#: the last key of the outermost object (its `}` ends the line).
+_RESULT_FIRST = re.compile(r'\s*\{\s*"(?:result|error)"\s*:')
+_ID_LAST = re.compile(r'[{,]\s*"id"\s*:\s*' + _ID + r'\s*\}\s*$')
+
+
+def _answer_id(start: str, end: str) -> int | str | None:
+    """The id of the answer whose line starts with `start` and ends with `end`, where the
+    SDKs write it (first, or last); None when it is not found there, or when the line may
+    be a request of the server's (its ids are not the client's)."""
+    found = _ID_FIRST.match(start) or (_RESULT_FIRST.match(start) and _ID_LAST.search(end))
+    if not found:
+        return None
+    request: int | str = orjson.loads(found.group(1))
+    return request
+
+
+def _error_line(request: int | str, message: str) -> str:
+    """A JSON-RPC error answering `request`, as a line of a stdio server's stdout."""
+    return orjson.dumps({"jsonrpc": "2.0", "id": request, "error": {
+        "code": types.INTERNAL_ERROR, "message": message}}).decode() + "\n"
+
+
+#: The codec a stdio server's stdout is read with (`_StdoutLines`): the SDK's reader takes
+#: an encoding by name, and has no other way in.
+_STDOUT_CODEC = "copilot_runtime_mcp_stdout"
+
+
+class _StdoutLines(codecs.IncrementalDecoder):
+    """A stdio server's stdout as UTF-8 (a byte that is not UTF-8 reads as U+FFFD), given to the
+    SDK's reader in whole lines, none longer than `MAX_ANSWER_BYTES` characters. The reader
+    held a line whole however long, copying it again at each chunk (a 50 MB line: 35 s of
+    the loop), then parsed it. The rest of a longer line is not held: in its place comes a
+    JSON-RPC error (`_TOO_LARGE`) failing the request it answers, as soon as its id is
+    found (at either end: `_answer_id`); without one, the line is dropped and logged."""
+
+    def __init__(self, errors: str = "replace") -> None:
+        super().__init__(errors)
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors)
+        self.reset()
+
+    def reset(self) -> None:
+        self.utf8.reset()
+        #: The line so far (while within the bound), its length, and its start.
+        self.parts: list[str] = []
+        self.held = 0
+        self.start = ""
+        #: A line past the bound is being skipped: its end so far, and whether its
+        #: request was failed already.
+        self.skipping = False
+        self.end = ""
+        self.told = False
+
+    def decode(self, input: Buffer, final: bool = False) -> str:
+        *ended, rest = self.utf8.decode(input, final).split("\n")
+        lines = []
+        for piece in ended:
+            lines.append(self._take(piece))
+            lines.append(self._line())
+        lines.append(self._take(rest))
+        return "".join(lines)
+
+    def _take(self, piece: str) -> str:
+        """Holds `piece` of the current line; what to give the reader at once."""
+        if len(self.start) < _ENDS:
+            self.start += piece[:_ENDS - len(self.start)]
+        if not self.skipping:
+            if self.held + len(piece) <= MAX_ANSWER_BYTES:
+                self.parts.append(piece)
+                self.held += len(piece)
+                return ""
+            self.skipping = True
+            self.end = "".join(self.parts[-_ENDS:])[-_ENDS:]
+            self.parts, self.held = [], 0
+            request = _answer_id(self.start, "")
+            if request is not None:
+                self.told = True
+                return _error_line(request, _TOO_LARGE)
+        self.end = (self.end + piece[-_ENDS:])[-_ENDS:]
+        return ""
+
+    def _line(self) -> str:
+        """The line that just ended, as the reader is given it."""
+        line = "".join(self.parts) + "\n"
+        if self.skipping:
+            line = ""
+            if not self.told and (request := _answer_id(self.start, self.end)) is not None:
+                line = _error_line(request, _TOO_LARGE)
+            elif not self.told:
+                _log.warning("MCP server's stdout line past the bound dropped; its request "
+                             "not found", bound=MAX_ANSWER_BYTES, start=self.start[:100])
+        self.parts, self.held, self.start = [], 0, ""
+        self.skipping, self.end, self.told = False, "", False
+        return line
+
+
+def _stdout_codec(name: str) -> codecs.CodecInfo | None:
+    if name != _STDOUT_CODEC:
+        return None
+    utf8 = codecs.lookup("utf-8")
+    return codecs.CodecInfo(utf8.encode, utf8.decode, name=_STDOUT_CODEC,
+                            incrementalencoder=utf8.incrementalencoder,
+                            incrementaldecoder=_StdoutLines)
+
+
+codecs.register(_stdout_codec)
 
 
 def _transport_closed(exc: MCPError, client: Client) -> bool:
@@ -1118,7 +1322,7 @@ def _failure(conn: _Connection, client: Client, remote: str, exc: Exception,
     """The tool error of a call that raised `exc`; a connection found gone ends its session.
     An HTTP error answer is logged too: a revoked token or a server failing needs the
     operator, and the model may not say so."""
-    said = failure_text(exc, known=conn.server.secrets)
+    said = failure_text(_shown(exc, conn.server), known=conn.server.secrets)
     if (status := _http_status(exc, sending.refused)) is not None:
         said = f"{said} (HTTP {status})"
         _log.warning("MCP server answered a tool call with an HTTP error",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,10 +25,12 @@ from structlog.testing import capture_logs
 
 from copilot_runtime import ActionError, CopilotRuntime, MCPServer, MCPToolset, UpstreamError
 from copilot_runtime.actions import Action
+from copilot_runtime.mcp_tools import MAX_ANSWER_BYTES
 from copilot_runtime.protocols.graphql.agent_tools import MAX_REQUEST_MCP_SERVERS
 from copilot_runtime.testing import ScriptedAdapter, text_turn, tool_turn
 from tests.conftest import ServeRuntime, parse_sse, run_input
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, merge, parse_multipart, user_turn
+from tests.mcp_support.legacy_stdio import nested
 from tests.mcp_support.serving import killable
 
 LEGACY = Path(__file__).parent / "mcp_support" / "legacy_stdio.py"
@@ -75,6 +78,11 @@ class ScriptedMCP:
         self.authorizations: list[str] = []
         #: The answers under way (a hanging one never notices its client gone).
         self.answering: set[asyncio.Task[Any]] = set()
+        #: The arguments x whose tools/call answer is a JSON body that goes on past
+        #: `MAX_ANSWER_BYTES` and never ends.
+        self.endless: set[str] = set()
+        #: The `serverInfo` `initialize` answers with.
+        self.server_info: Any = {"name": "scripted", "version": "1"}
 
     async def __call__(self, scope: Json, receive: Callable[[], Awaitable[Json]],
                        send: Callable[[Json], Awaitable[None]]) -> None:
@@ -95,7 +103,10 @@ class ScriptedMCP:
                 break
 
         async def answer(status: int, payload: Any = None) -> None:
-            body = orjson.dumps(payload) if payload is not None else b""
+            try:
+                body = orjson.dumps(payload) if payload is not None else b""
+            except orjson.JSONEncodeError:  # a lone surrogate (escaped, as JSON.stringify
+                body = json.dumps(payload).encode()  # writes it), or 300 levels
             sse = self.sse and payload is not None
             await send({"type": "http.response.start", "status": status, "headers": [
                 (b"content-type", b"text/event-stream" if sse else b"application/json"),
@@ -124,7 +135,7 @@ class ScriptedMCP:
         if method == "initialize":
             result = {"protocolVersion": "2025-06-18",
                       "capabilities": {"tools": {"listChanged": False}},
-                      "serverInfo": {"name": "scripted", "version": "1"}}
+                      "serverInfo": self.server_info}
         elif method == "tools/list":
             await asyncio.sleep(self.delays.get("list", 0.0))
             if self.list_error is not None:
@@ -140,6 +151,16 @@ class ScriptedMCP:
             if x == "held":
                 self.holding.set()
                 await self.held.wait()
+            if x in self.endless:
+                await send({"type": "http.response.start", "status": 200, "headers": [
+                    (b"content-type", b"application/json"), (b"mcp-session-id", b"sess-1")]})
+                head = b'{"jsonrpc":"2.0","id":%d,"result":{"content":[{"type":"text","text":"'
+                await send({"type": "http.response.body", "body": head % request_id,
+                            "more_body": True})
+                for _ in range(MAX_ANSWER_BYTES // 2**20 + 2):
+                    await send({"type": "http.response.body", "body": b"x" * 2**20,
+                                "more_body": True})
+                await asyncio.sleep(3600)
             # "key": a tool error, "key-rpc": a JSON-RPC error, echoing the key sent
             key = dict(scope["headers"]).get(b"x-api-key", b"").decode()
             if x == "key-rpc":
@@ -596,6 +617,142 @@ async def test_a_handshake_answer_that_is_no_json_rpc_fails_the_start_at_once() 
     await toolset.aclose()
     assert time.monotonic() - started < 5
     assert "the server's answer is not a valid JSON-RPC response" in failed.value.message
+
+
+# ---- answers pydantic cannot read, and answers too large to read -----------------------------
+
+def cut_emoji_listing(transport: str) -> contextlib.AbstractAsyncContextManager[MCPToolset]:
+    """A server whose `summarize` tool's description was cut inside an emoji."""
+    if transport == "stdio":
+        return started_stdio("--cut-emoji-listing")
+    server = ScriptedMCP(tools=[ECHO, {"name": "summarize", "description": "Summarizes text \ud83d",
+                                       "inputSchema": {"type": "object"}}])
+    return started(server, bound=30.0)
+
+
+@contextlib.asynccontextmanager
+async def started_stdio(*flags: str, bound: float = 30.0) -> AsyncIterator[MCPToolset]:
+    toolset = MCPToolset([MCPServer(command=sys.executable, args=[str(LEGACY), *flags],
+                                    name="legacy", timeout=bound)])
+    try:
+        async with asyncio.timeout(10):
+            await toolset.start()
+        yield toolset
+    finally:
+        await toolset.aclose()
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+async def test_an_answer_with_text_cut_inside_an_emoji_is_used(transport: str) -> None:
+    """`JSON.stringify` writes text cut inside an emoji as an escaped lone surrogate
+    (`"\\ud83d"`, valid JSON), which pydantic's JSON reader refuses. Before: over stdio the
+    SDK dropped the answer and the call waited for its whole timeout, then read "timed out"
+    (the tool had run: the model may run it again); over HTTP it failed with pydantic's text
+    (the answer's bytes, a link). Now the surrogate reads as U+FFFD and the answer is used."""
+    if transport == "stdio":
+        context = started_stdio(bound=10.0)
+        name, argument = "cut_emoji", "{}"
+    else:
+        server = ScriptedMCP()
+        server.texts["cut"] = "cut emoji: \ud83d"
+        context = started(server, bound=10.0)
+        name, argument = "echo", '{"x": "cut"}'
+    async with context as toolset:
+        started_at = time.monotonic()
+        assert await tool(toolset, name).execute(argument) == '"cut emoji: \ufffd"'
+        assert time.monotonic() - started_at < 5
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+async def test_a_listing_with_a_description_cut_inside_an_emoji_offers_every_tool(
+        transport: str) -> None:
+    """Before: one such description failed the server's start, over stdio after its whole
+    timeout, over HTTP at once with pydantic's text for the client. Now every tool is
+    offered, the description's cut character as U+FFFD."""
+    async with cut_emoji_listing(transport) as toolset:
+        summarize = tool(toolset, "summarize")
+        assert summarize.description == "Summarizes text \ufffd"
+        assert len(toolset.actions) > 1
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+async def test_an_answer_nesting_too_deep_to_read_fails_its_call_at_once(transport: str) -> None:
+    """Structured content 300 levels deep is valid JSON the SDK's reader refuses. Before: over
+    stdio the call waited for its whole timeout ("timed out"), over HTTP it failed with
+    pydantic's text. Now it fails at once, saying only that the answer could not be read,
+    and the session goes on."""
+    if transport == "stdio":
+        context = started_stdio(bound=30.0)
+        name, argument, again = "deep", "{}", ("ping", "{}", '"pong"')
+    else:
+        server = ScriptedMCP()
+        server.structured["deep"] = nested(300)
+        context = started(server, bound=30.0)
+        name, argument, again = "echo", '{"x": "deep"}', ("echo", '{"x": "a"}', '"echoed a"')
+    async with context as toolset:
+        started_at = time.monotonic()
+        with pytest.raises(ActionError) as failed:
+            await tool(toolset, name).execute(argument)
+        assert time.monotonic() - started_at < 5
+        label = "legacy" if transport == "stdio" else "h"
+        assert failed.value.message == (f"the MCP tool {name} of {label} failed: MCPError: "
+                                        "the server's answer could not be read")
+        assert await tool(toolset, again[0]).execute(again[1]) == again[2]
+
+
+async def test_a_json_answer_past_the_bound_is_not_read_on() -> None:
+    """Before: a JSON (not SSE) answer was read whole before the action's bound was checked
+    (200 MB: the process grew by 1 GB, the loop stalled 1.4 s), and one that never ended was
+    read until the read timeout. Now reading stops at `MAX_ANSWER_BYTES`: that call fails at
+    once, and the session goes on."""
+    server = ScriptedMCP()
+    server.endless.add("endless")
+    async with started(server, bound=30.0) as toolset:
+        echo = tool(toolset)
+        started_at = time.monotonic()
+        with pytest.raises(ActionError) as failed:
+            await echo.execute('{"x": "endless"}')
+        assert time.monotonic() - started_at < 10
+        assert failed.value.message == (
+            f"the MCP tool echo of h failed: MCPError: the server's answer is larger than "
+            f"{MAX_ANSWER_BYTES} bytes, the most read")
+        assert await echo.execute('{"x": "a"}') == '"echoed a"'
+
+
+@pytest.mark.parametrize("name", ["huge_ts", "huge_py"])
+async def test_a_stdio_line_past_the_bound_is_not_held(name: str) -> None:
+    """Before: the SDK held a stdout line whole however long, copying it again at each chunk
+    (a 50 MB line: 35 s of the loop), then parsed it. Now a line is read no further than
+    `MAX_ANSWER_BYTES`: the call it answers (its id at either end, where the SDKs write it)
+    fails at once, and the session goes on."""
+    async with started_stdio() as toolset:
+        started_at = time.monotonic()
+        with pytest.raises(ActionError) as failed:
+            await tool(toolset, name).execute("{}")
+        assert time.monotonic() - started_at < 10
+        assert failed.value.message == (
+            f"the MCP tool {name} of legacy failed: MCPError: the server's answer is larger "
+            f"than {MAX_ANSWER_BYTES} bytes, the most read")
+        assert await tool(toolset, "ping").execute("{}") == '"pong"'
+
+
+async def test_a_handshake_breaking_the_mcp_schema_is_told_without_pydantics_words() -> None:
+    """Before: the start failed with pydantic's text, for clients too: the server's answer
+    quoted (`input_value`) and a link to pydantic's site. Now the places and messages of
+    its first errors are told, and the whole is logged."""
+    server = ScriptedMCP()
+    server.server_info = {"name": "x" * 40 + "-secret-looking-value", "version": 12345}
+    async with scripted(server) as url:
+        toolset = MCPToolset([MCPServer(url=url, name="h", timeout=10)])
+        with pytest.raises(UpstreamError) as failed:
+            await toolset.start()
+        await toolset.aclose()
+    said = failed.value.message
+    assert "the server's answer breaks the MCP schema (serverInfo.version: Input should be " \
+           "a valid string)" in said, said
+    assert "input_value" not in said
+    assert "pydantic" not in said
+    assert "12345" not in said
 
 
 # ---- one tool that breaks the schema is left out alone ---------------------------------------
