@@ -270,6 +270,12 @@ class CopilotRuntime:
         starting = self._starting = asyncio.Event()
         try:
             await self._start()
+        except BaseException:
+            # Not started: the next request or probe tries again (each part starts once; an
+            # MCP server down at the first request's start was never asked again, and the
+            # runtime said ready without its tools or its approvals' timer).
+            self._started = False
+            raise
         finally:
             self._starting = None
             starting.set()

@@ -28,9 +28,10 @@ from copilot_runtime.actions import Action
 from copilot_runtime.mcp_tools import MAX_ANSWER_BYTES
 from copilot_runtime.protocols.graphql.agent_tools import MAX_REQUEST_MCP_SERVERS
 from copilot_runtime.testing import ScriptedAdapter, text_turn, tool_turn
-from tests.conftest import ServeRuntime, parse_sse, run_input
+from tests.conftest import ServeRuntime, free_port, parse_sse, run_input
 from tests.gql.wire import CHAT_DOCUMENT, CLIENT_HEADERS, merge, parse_multipart, user_turn
 from tests.mcp_support.legacy_stdio import nested
+from tests.mcp_support.servers import weather_server
 from tests.mcp_support.serving import killable
 
 LEGACY = Path(__file__).parent / "mcp_support" / "legacy_stdio.py"
@@ -950,3 +951,23 @@ async def test_a_tool_error_told_only_as_structured_content_keeps_its_detail() -
     assert "s3cr3t" not in logs[0]["error"]
     assert len(failures["long"]) == 500
     assert failures["long"].startswith('{"detail":"zzz')
+
+
+async def test_a_start_that_failed_on_an_mcp_server_down_is_tried_again() -> None:
+    """A runtime started by its first request (no lifespan): the start failed on an MCP
+    server that was down, yet counted as done, so it was never tried again: `/ready` said
+    200 without the server's tools, and the approvals' timer never ran (a hunt)."""
+    port = free_port()
+    runtime = CopilotRuntime(service_adapter=ScriptedAdapter([text_turn("hi")]), mcp_servers=[
+        MCPServer(url=f"http://127.0.0.1:{port}/mcp", timeout=5)])
+    try:
+        with pytest.raises(UpstreamError):
+            await runtime.start()
+        assert not runtime.started
+        async with killable(weather_server().streamable_http_app(), port):
+            await runtime.start()
+            assert runtime.started
+            assert "forecast" in [a.name for a in runtime.actions]
+            assert runtime.approvals._started
+    finally:
+        await runtime.aclose()
