@@ -632,10 +632,22 @@ async def test_only_the_runs_someone_follows_are_signalled(coordinator_url: str)
         await b.aclose()
 
 
-async def test_postgresql_lease_table_of_the_previous_version_gets_followers() -> None:
-    """A deployment's lease table made before runs could be followed is given the column."""
+#: Lease tables of earlier releases: before runs could be followed, and before stops were
+#: marked (the real upgrade of the last release).
+_EARLIER_LEASE_TABLES = {
+    "before followers": ("", ""),
+    "before stop marks": (", followed boolean NOT NULL DEFAULT false", ", true"),
+}
+
+
+@pytest.mark.parametrize("made_by", _EARLIER_LEASE_TABLES)
+async def test_postgresql_lease_table_of_an_earlier_release_gets_its_columns(
+        made_by: str) -> None:
+    """A deployment's lease table of an earlier release is given the columns it lacks
+    (`followed`, `stopped_run`), its lease still held."""
     import psycopg
 
+    columns, values = _EARLIER_LEASE_TABLES[made_by]
     with postgres_schema("coordold") as url:
         schema = url.split("schema=")[1].split("&")[0]
         server = url.split("?")[0]
@@ -643,43 +655,18 @@ async def test_postgresql_lease_table_of_the_previous_version_gets_followers() -
             conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
             conn.execute(f'CREATE TABLE "{schema}".run_leases (thread_id text PRIMARY KEY, '
                          "run_id text NOT NULL, token text NOT NULL, worker text NOT NULL, "
-                         "expires_at timestamptz NOT NULL)")
+                         f"expires_at timestamptz NOT NULL{columns})")
             conn.execute(f"INSERT INTO \"{schema}\".run_leases VALUES ('t', 'r0', 'k', 'w', "
-                         "now() + interval '1 hour')")
-        made = coordinator(url)
+                         f"now() + interval '1 hour'{values})")
+        made: Any = coordinator(url)
         try:
             assert await made.follow("t") == "r0"
             lease = await made.acquire("t2", "r1")
             assert lease is not None
             assert await made.follow("t2") == "r1"
-            # ...and the one that says a stop was asked for a lease's run (`stopped_run`).
-            await made.mark_stopping("t", "r0")  # type: ignore[attr-defined]
-            assert await made.holder_stopping("t") == ("r0", True)  # type: ignore[attr-defined]
-        finally:
-            await made.aclose()
-
-
-async def test_postgresql_lease_table_of_the_last_version_gets_stop_marks() -> None:
-    """The real upgrade: a lease table with `followed` but not `stopped_run` gets it."""
-    import psycopg
-
-    with postgres_schema("coordlast") as url:
-        schema = url.split("schema=")[1].split("&")[0]
-        server = url.split("?")[0]
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-            conn.execute(f'CREATE TABLE "{schema}".run_leases (thread_id text PRIMARY KEY, '
-                         "run_id text NOT NULL, token text NOT NULL, worker text NOT NULL, "
-                         "expires_at timestamptz NOT NULL, "
-                         "followed boolean NOT NULL DEFAULT false)")
-            conn.execute(f"INSERT INTO \"{schema}\".run_leases VALUES ('t', 'r0', 'k', 'w', "
-                         "now() + interval '1 hour', true)")
-        made: Any = coordinator(url)
-        try:
             assert await made.holder_stopping("t") == ("r0", False)
             await made.mark_stopping("t", "r0")
             assert await made.holder_stopping("t") == ("r0", True)
-            assert await made.follow("t") == "r0"
         finally:
             await made.aclose()
 
