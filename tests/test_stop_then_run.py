@@ -168,6 +168,19 @@ async def running_on(worker: Served, thread: str) -> Any:
     return first
 
 
+async def stopped_then_run(first: Any, stop_on: Served, run_on: Served, thread: str) -> None:
+    """Stop Alice's run on `thread` (streaming: `first`) on `stop_on`, send her next run to
+    `run_on` at once: it waits for the stopped run and streams to its end; so does `first`."""
+    stop = await stop_on.post(f"/agent/default/stop/{thread}", {"runId": "run-1"},
+                              headers=ALICE)
+    assert (await stop.json())["stopped"] is True
+    again = await run_on.post("/agent/default/run",
+                              run_input("once more", thread=thread, run="run-2"), headers=ALICE)
+    assert again.status == 200, await again.text()
+    assert types(parse_sse(await again.read()))[-1] == "RUN_FINISHED"
+    assert types(parse_sse(await first.read()))[-1] == "RUN_FINISHED"
+
+
 async def test_a_run_right_after_a_stop_on_another_worker_waits_for_the_stopped_run(
         workers: Workers) -> None:
     """Before: the next run landing on a worker other than the stopped run's was refused
@@ -220,14 +233,7 @@ async def test_a_run_right_after_a_stop_on_the_driving_worker_waits_elsewhere(
     """The stop asked where the run is driven (no signal goes out): the next run on
     another worker waits for it all the same."""
     a, b, _ = workers
-    first = await running_on(b, "t-driver")
-    stop = await b.post("/agent/default/stop/t-driver", {"runId": "run-1"}, headers=ALICE)
-    assert (await stop.json())["stopped"] is True
-    again = await a.post("/agent/default/run",
-                         run_input("once more", thread="t-driver", run="run-2"), headers=ALICE)
-    assert again.status == 200, await again.text()
-    assert types(parse_sse(await again.read()))[-1] == "RUN_FINISHED"
-    assert types(parse_sse(await first.read()))[-1] == "RUN_FINISHED"
+    await stopped_then_run(await running_on(b, "t-driver"), b, a, "t-driver")
 
 
 async def test_a_stop_not_yet_heard_by_the_driving_worker_is_waited_for_there(
@@ -277,14 +283,7 @@ async def test_a_stopped_run_slower_to_store_than_its_lease_lives_is_still_waite
     the stopped run's lease: a store taking 3 s made the next run a 409 after 2 s."""
     a, b, gated = workers
     monkeypatch.setattr(SlowWrites, "takes", 3.0)
-    first = await running_on(b, "t-slow")
-    stop = await a.post("/agent/default/stop/t-slow", {"runId": "run-1"}, headers=ALICE)
-    assert (await stop.json())["stopped"] is True
-    again = await a.post("/agent/default/run",
-                         run_input("once more", thread="t-slow", run="run-2"), headers=ALICE)
-    assert again.status == 200, await again.text()
-    assert types(parse_sse(await again.read()))[-1] == "RUN_FINISHED"
-    assert types(parse_sse(await first.read()))[-1] == "RUN_FINISHED"
+    await stopped_then_run(await running_on(b, "t-slow"), a, a, "t-slow")
     gated.gate.set()
 
 
