@@ -13,9 +13,8 @@ from copilot_runtime._input import RunInput
 from copilot_runtime.agents.base import RunContext
 from copilot_runtime.agents.langgraph import LangGraphAgent
 from copilot_runtime.events import EventBatches
-from copilot_runtime.workflows.existing import context_refusal
 
-__all__ = ["ServedExistingAgent"]
+__all__ = ["ServedExistingAgent", "context_refusal"]
 
 
 class ServedExistingAgent(LangGraphAgent):
@@ -46,3 +45,14 @@ async def _refused(refusal: str) -> EventBatches:
     """A run that ends at once with INVALID_REQUEST, as `LangGraphAgent`'s own refusals do."""
     raise InvalidRequestError(refusal)
     yield  # (an async generator, as runs are)
+
+
+def context_refusal(given: Any) -> str | None:
+    """Why a client's `context` cannot be the wrapped agent's, or None when it can: a JSON
+    object, or nothing."""
+    if given is None or isinstance(given, dict):
+        return None
+    kinds = {str: "a string", bool: "a boolean", int: "a number", float: "a number",
+             list: "an array"}
+    kind = kinds.get(type(given), type(given).__name__)
+    return f"The wrapped agent's context must be a JSON object, not {kind}"

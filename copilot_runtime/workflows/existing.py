@@ -52,7 +52,9 @@ from copilot_runtime._seconds import MAX_SECONDS, checked_seconds
 from copilot_runtime._strings import not_one_string
 from copilot_runtime._time import iso_time
 from copilot_runtime.approvals.decisions import Decision, parse_decision
+from copilot_runtime.workflows._answers import too_long
 from copilot_runtime.workflows._emit import say
+from copilot_runtime.workflows._served import ServedExistingAgent, context_refusal
 
 __all__ = [
     "MAX_EVENT_BYTES",
@@ -279,17 +281,6 @@ def run_cancelled(exc: BaseException) -> bool:
     return isinstance(exc, asyncio.CancelledError) and not cancelled_itself()
 
 
-def context_refusal(given: Any) -> str | None:
-    """Why a client's `context` cannot be the wrapped agent's, or None when it can: a JSON
-    object, or nothing."""
-    if given is None or isinstance(given, dict):
-        return None
-    kinds = {str: "a string", bool: "a boolean", int: "a number", float: "a number",
-             list: "an array"}
-    kind = kinds.get(type(given), type(given).__name__)
-    return f"The wrapped agent's context must be a JSON object, not {kind}"
-
-
 def failure_text(name: str, exc: BaseException) -> str:
     """What the client may read about a failure: the agent's own words, else the kind."""
     if isinstance(exc, AgentExecutionError):
@@ -379,9 +370,6 @@ def wrap_existing_agent(agent: ExistingAgent, name: str, *,
                                                "approval_timeout_seconds")
     not_one_string(context_keys, "context_keys")
     allowed = None if context_keys is None else frozenset(context_keys)
-    # (imported here: the review loop imports this module)
-    from copilot_runtime.workflows.review_loop import _too_long as too_long
-
     async def run_agent(state: WrappedAgentState, config: RunnableConfig) -> Command[str]:
         refusal = context_refusal(state.get("context"))
         if refusal is not None:
@@ -458,8 +446,6 @@ def existing_agent(agent: ExistingAgent, *, name: str, checkpointer: Any,
                    timeout_seconds: float | None = None,
                    max_output_bytes: int = MAX_OUTPUT_BYTES, **options: Any) -> Any:
     """`agent` as a `LangGraphAgent` the runtime can serve (see `wrap_existing_agent`)."""
-    from copilot_runtime.workflows._served import ServedExistingAgent
-
     graph = wrap_existing_agent(agent, name,
                                 approval_timeout_seconds=approval_timeout_seconds,
                                 context_keys=context_keys, timeout_seconds=timeout_seconds,

@@ -51,6 +51,7 @@ from typing_extensions import TypedDict
 from copilot_runtime._exceptions import ConfigurationError
 from copilot_runtime._strings import not_one_string
 from copilot_runtime.approvals.decisions import parse_decision
+from copilot_runtime.workflows._answers import shown, too_long
 from copilot_runtime.workflows._emit import say
 from copilot_runtime.workflows.existing import (
     FAILURES_OF_AGENTS,
@@ -64,7 +65,6 @@ from copilot_runtime.workflows.existing import (
     run_cancelled,
     run_existing_agent,
 )
-from copilot_runtime.workflows.review_loop import _shown, _too_long
 
 __all__ = ["ACCOUNT_ID_CHARS", "ACCOUNT_INPUT_KEYS", "ApprovalPolicy", "Orchestrator",
            "OrchestratorInput", "OrchestratorState", "Step", "account_inputs"]
@@ -321,7 +321,7 @@ class Orchestrator:
         if decision is None or decision.action == "revise":
             return Command(goto="step_approval", update={
                 "step_notice": "Answer approve or reject."})
-        if (notice := _too_long(decision)) is not None:
+        if (notice := too_long(decision)) is not None:
             return Command(goto="step_approval", update={"step_notice": notice})
         outcome = approval_outcome(decision)
         shared["step_approvals"] = {**shared.get("step_approvals", {}), step.agent: outcome}
@@ -352,14 +352,14 @@ class Orchestrator:
         if decision is None:
             return Command(goto="approval", update={
                 "notice": "That answer was neither an approval nor a rejection."})
-        if (notice := _too_long(decision)) is not None:
+        if (notice := too_long(decision)) is not None:
             # Kept, it would be in every checkpoint until the end and in the step's context.
             return Command(goto="approval", update={"notice": notice})
         if decision.action == "revise":
             # The step that produced what is being approved runs again with the feedback.
             producer = next(i for i, s in enumerate(self.steps)
                             if s.output_key == self.approval.key)
-            shared["feedback"] = decision.feedback or _shown(decision.payload)
+            shared["feedback"] = decision.feedback or shown(decision.payload)
             shared["feedback_for"] = self.steps[producer].agent
             return Command(goto=self.steps[producer].agent, update={
                 "shared": shared, "next_step": producer, "notice": None})

@@ -72,7 +72,8 @@ from typing_extensions import TypedDict
 
 from copilot_runtime._exceptions import FAILURES_OF_CALLED_CODE, ConfigurationError
 from copilot_runtime._time import iso_time
-from copilot_runtime.approvals.decisions import Decision, parse_decision
+from copilot_runtime.approvals.decisions import parse_decision
+from copilot_runtime.workflows._answers import MAX_FEEDBACK_CHARS, answer_length, shown
 from copilot_runtime.workflows._emit import say
 from copilot_runtime.workflows.existing import FAILURES_OF_AGENTS, checked_timeout, run_cancelled
 from copilot_runtime.workflows.specialists import (
@@ -91,10 +92,6 @@ _log = structlog.get_logger("copilot_runtime.workflows")
 Router = Callable[[str, Sequence[Specialist]], tuple[str, str]]
 Status = Literal["working", "awaiting_review", "completed", "rejected", "timed_out", "failed"]
 
-#: The longest answer a reviewer may give (characters of its text, or of a revision's
-#: payload): it is stored in the history and carried into the next prompt. Far more than
-#: anyone types, far less than a model's context.
-MAX_FEEDBACK_CHARS = 32_000
 #: How many of the latest drafts the chat keeps whole (the state keeps the chat), so a
 #: reviewer can look back over the last rounds: earlier ones become one line each.
 CHAT_DRAFTS = 5
@@ -450,7 +447,7 @@ class ReviewLoop:
                 "status": "failed", "notice": failure})
         answer = interrupt(request)  # the graph stops here until a person answers
         decision = parse_decision(answer)
-        too_long = _answer_length(decision)
+        too_long = answer_length(decision)
         if too_long > self.max_feedback_chars:
             return Command(goto="review", update={
                 **self._recorded(state, {
@@ -464,18 +461,18 @@ class ReviewLoop:
                 **self._recorded(state, {
                     "iteration": iteration, "agent": "HITL", "malformed": True,
                     "user_feedback": "approved (answer not understood: "
-                                     f"{_shown(answer)[:_ECHO_CHARS]})"}),
+                                     f"{shown(answer)[:_ECHO_CHARS]})"}),
                 "status": "completed", "notice": None,
                 "approved_as_malformed": True})
         if decision is None:
             return Command(goto="review", update={
                 **self._recorded(state, {
                     "iteration": iteration, "agent": "HITL",
-                    "user_feedback": _shown(answer)[:_ECHO_CHARS], "malformed": True}),
+                    "user_feedback": shown(answer)[:_ECHO_CHARS], "malformed": True}),
                 "notice": "That answer was neither an approval nor a revision. Approve, "
                           "or say what to change."})
         if decision.action == "revise":
-            feedback = decision.feedback or _shown(decision.payload)
+            feedback = decision.feedback or shown(decision.payload)
             return Command(goto=state.get("specialist") or next(iter(self.specialists)),
                            update={**self._recorded(state, _feedback_entry(
                                        iteration, feedback, decision.by)),
@@ -599,27 +596,6 @@ def _text_of(message: BaseMessage | None) -> str:
     return text.strip() if isinstance(text, str) else ""
 
 
-def _answer_length(decision: Decision | None) -> int:
-    """How much of `answer` would be stored and carried into prompts, in characters."""
-    if decision is None:
-        return 0  # only a short echo of it is kept
-    if decision.feedback:
-        return len(decision.feedback)
-    if decision.action == "revise" and decision.payload is not None:
-        return len(_shown(decision.payload))
-    return 0
-
-
-def _too_long(decision: Decision) -> str | None:
-    """What a person is told of an answer to an approval (the orchestrator's, the
-    wrapper's) too long to keep, or None if it may be kept."""
-    length = _answer_length(decision)
-    if length <= MAX_FEEDBACK_CHARS:
-        return None
-    return (f"That answer was {length} characters long; answers may be at most "
-            f"{MAX_FEEDBACK_CHARS}.")
-
-
 def _names_a_choice(answer: Any) -> bool:
     """Whether an unreadable answer still names a choice (an action, an `approved` flag, a
     0, a list holding a decision): such an answer may mean "no", so
@@ -640,12 +616,3 @@ def _names_a_choice(answer: Any) -> bool:
            ("action", "decision", "status", "approved", "is_approval", "isApproval")):
         return True
     return any(_names_a_choice(answer.get(key)) for key in ("answer", "feedback", "text"))
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    try:
-        return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
-    except (orjson.JSONEncodeError, TypeError):
-        return "(an answer that could not be shown)"
