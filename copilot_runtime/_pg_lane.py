@@ -15,13 +15,13 @@ from types import TracebackType
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection, AsyncCursor, pq
+from psycopg import AsyncConnection, AsyncCursor, pq, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from copilot_runtime._deadline import within
 from copilot_runtime._exceptions import ConfigurationError, ServiceUnavailableError
 
-__all__ = ["Lane", "check_alive", "checked_conninfo", "dropped", "reachable",
+__all__ = ["Lane", "check_alive", "checked_conninfo", "create_schema", "dropped", "reachable",
            "with_session_defaults"]
 
 
@@ -195,3 +195,15 @@ class Lane:
             if self._conn is not None:
                 conn, self._conn, self._cursor = self._conn, None, None
                 await conn.close()
+
+
+async def create_schema(conn: AsyncConnection[Any], schema: str) -> None:
+    """`CREATE SCHEMA IF NOT EXISTS schema`, which another process may run at the same moment
+    (the thread store, the coordinator and the checkpointer each take their own lock): one
+    of the two then fails on the catalog's unique name, the schema made by the other."""
+    try:
+        async with conn.transaction():  # (a savepoint, inside the caller's transaction)
+            await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                sql.Identifier(schema)))
+    except psycopg.errors.UniqueViolation:
+        pass

@@ -258,7 +258,7 @@ class _PostgresBackend(_Backend):
             raise ConfigurationError(
                 "PostgreSQL checkpoints need langgraph-checkpoint-postgres and psycopg: "
                 "pip install 'copilot-runtime[postgres]'") from exc
-        from copilot_runtime._pg_lane import check_alive, with_session_defaults
+        from copilot_runtime._pg_lane import check_alive, create_schema, with_session_defaults
 
         conninfo = with_session_defaults(self.conninfo, connect_timeout=self.timeout,
                                          application_name="copilot-runtime checkpoints")
@@ -288,7 +288,7 @@ class _PostgresBackend(_Backend):
                     break
                 await asyncio.sleep(0.05)  # another worker migrates: its turn ends soon
             if self.schema:
-                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+                await create_schema(conn, self.schema)
             try:
                 await pool.open(wait=True, timeout=30)
                 saver = AsyncPostgresSaver(pool)

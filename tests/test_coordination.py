@@ -811,3 +811,22 @@ async def test_close_does_not_wait_for_ever_on_a_task_that_ignores_its_cancellat
             release.set()
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_store_a_coordinator_and_a_checkpointer_open_a_new_schema_at_once() -> None:
+    """Each takes its own lock to create its tables: two creating the schema together
+    failed one of them on the catalog's unique name (a hunt: the coordinator, 10 times in
+    10), a worker then refusing to start."""
+    from copilot_runtime import checkpointer, thread_store
+
+    for _ in range(5):
+        with postgres_schema("fresh") as url:
+            store: Any = thread_store(url)
+            shared: Any = coordinator(url)
+            saver: Any = checkpointer(url)
+            try:
+                await asyncio.gather(store.open(), shared.start(), saver.ping())
+            finally:
+                await shared.aclose()
+                await store.aclose()
+                await saver.aclose()

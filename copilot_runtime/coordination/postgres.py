@@ -114,14 +114,14 @@ class PostgresCoordinator(SharedCoordinator):
             await pool.close()  # else it keeps trying to connect, for nobody
             raise
         self._pool = pool
-        from copilot_runtime._pg_lane import Lane
+        from copilot_runtime._pg_lane import Lane, create_schema
 
         self._taking, self._ending = Lane(self._connect_one), Lane(self._connect_one)
         async with pool.connection() as conn, conn.transaction():
             # Workers starting together take turns creating the schema and the table.
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
                                (f"copilot_runtime.coordination.{self.schema}",))
-            await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+            await create_schema(conn, self.schema)
             await conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {self.table} (thread_id text PRIMARY KEY, "
                 "run_id text NOT NULL, token text NOT NULL, worker text NOT NULL, "

@@ -27,7 +27,13 @@ from psycopg_pool import AsyncConnectionPool
 
 from copilot_runtime._batching import Batcher
 from copilot_runtime._exceptions import ConfigurationError
-from copilot_runtime._pg_lane import Lane, check_alive, reachable, with_session_defaults
+from copilot_runtime._pg_lane import (
+    Lane,
+    check_alive,
+    create_schema,
+    reachable,
+    with_session_defaults,
+)
 from copilot_runtime.events import Event
 from copilot_runtime.threads._grouped import GroupedWriter
 from copilot_runtime.threads._rows import (
@@ -480,8 +486,7 @@ class PostgresThreadStore:
                 conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
                                    ("copilot_runtime.threads:" + self.schema,))
-                await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
-                    sql.Identifier(self.schema)))
+                await create_schema(conn, self.schema)
                 await conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(
                     sql.Identifier(self.schema)))
                 await conn.execute(
