@@ -361,9 +361,11 @@ class ActiveRun:
             # Not given back: given up already, and its server may not answer (the run's
             # end would wait for it).
             self.lease = None
-        elif reason == "disconnect" and self.lease is not None:
-            # A 1.10 client's stop is its leaving: its next message, on any worker, waits
-            # for this run's end as after a stop (`RunManager.stop` marks those).
+        elif reason in ("stop", "disconnect") and self.lease is not None:
+            # Marked, in the background (a stop's answer is not held by it): the thread's
+            # next run on another worker waits for this one's end, not refused as busy. A
+            # 1.10 client's stop is its leaving. (A stop asked on another worker marked it
+            # already: marked again here, harmless.)
             self.manager._adopt(self.manager._mark_stopping_everywhere(
                 self.thread_id, self.run_id))
         if self.task is not None:
@@ -1700,8 +1702,7 @@ class RunManager:
 
     def _stop_signalled(self, signal: Signal) -> None:
         reason = "lost" if signal.kind == "lost" else "stop"
-        # Its lease marked already, by the worker that asked.
-        if self._stop_here(signal.thread_id, signal.run_id, reason) or reason != "stop":
+        if self.stop(signal.thread_id, signal.run_id, reason) or reason != "stop":
             return
         reserved = self.active.get(signal.thread_id)
         if signal.whole and reserved is not None and not reserved.confirmed and \
@@ -1790,19 +1791,10 @@ class RunManager:
     def stop(self, thread_id: str, run_id: str | None = None, reason: str = "stop") -> bool:
         """Stop the thread's run in this process; with `run_id`, only that run (a reservation
         of that id too, whether or not its lease is held yet)."""
-        run = self._stop_here(thread_id, run_id, reason)
-        if run is not None and run.lease is not None and reason == "stop":
-            # In the background (a stop's answer is not held by it): the thread's next run
-            # on another worker waits for this one's end, not refused as busy meanwhile.
-            self._adopt(self._mark_stopping_everywhere(thread_id, run.run_id))
-        return run is not None
-
-    def _stop_here(self, thread_id: str, run_id: str | None, reason: str) -> ActiveRun | None:
-        """`stop` without marking its lease: the run stopped, or None."""
         run = self.active.get(thread_id) if run_id is not None else self._run_here(thread_id)
         if run is None or (run_id is not None and run.run_id != run_id):
-            return None
-        return run if run.cancel(reason) else None
+            return False
+        return run.cancel(reason)
 
     def _run_here(self, thread_id: str) -> ActiveRun | None:
         """The thread's run if this process has it. Under a shared coordinator a reservation
